@@ -1,0 +1,42 @@
+# naples — see README.md. `make demo` runs the demo, `make test` runs every test.
+
+GO        ?= go
+BIN       := $(CURDIR)/bin
+TOOLS_BIN := $(BIN)/tools
+CMDS      := nimbus naples-agent naplesctl
+GOTEST    ?= $(GO) test -race -count=1 -timeout 20m
+
+.PHONY: all build test bench demo proto proto-check tools vet clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
+
+test:
+	$(GO) vet ./...
+	$(GOTEST) ./...
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+demo: build
+	./examples/demo.sh
+
+# tools builds the pinned code generators from tools/go.mod.
+tools:
+	cd tools && GOBIN=$(TOOLS_BIN) $(GO) install \
+		github.com/bufbuild/buf/cmd/buf \
+		google.golang.org/protobuf/cmd/protoc-gen-go \
+		google.golang.org/grpc/cmd/protoc-gen-go-grpc
+
+proto: tools
+	PATH="$(TOOLS_BIN):$$PATH" $(TOOLS_BIN)/buf generate
+
+# proto-check fails when the committed generated code differs from a fresh generation.
+proto-check: proto
+	git diff --exit-code -- proto
+	test -z "$$(git status --porcelain -- proto)"
+
+clean:
+	rm -rf $(BIN)

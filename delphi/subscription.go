@@ -1,0 +1,138 @@
+package delphi
+
+import (
+	"context"
+	"strings"
+	"sync"
+
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// SubscribeOptions selects what a subscription hears of.
+type SubscribeOptions struct {
+	// Table is the table to watch. Required.
+	Table Table
+	// Kind limits the subscription to one kind. Default: every kind.
+	Kind nimbusv1.Kind
+}
+
+// Subscription hands out the keys of a table that changed since the last Next, in the order
+// they first changed, each key once however often it changed in between.
+type Subscription struct {
+	s      *Store
+	opts   SubscribeOptions
+	prefix string
+	signal chan struct{}
+
+	// mu guards order, pending and closed.
+	mu      sync.Mutex
+	order   []string
+	pending map[string]struct{}
+	closed  bool
+}
+
+// Subscribe starts a subscription. Its first Next returns every key present now, so a
+// consumer that starts late still sees the whole table.
+func (s *Store) Subscribe(opts SubscribeOptions) (*Subscription, error) {
+	sub := &Subscription{
+		s:       s,
+		opts:    opts,
+		signal:  make(chan struct{}, 1),
+		pending: map[string]struct{}{},
+	}
+	if opts.Kind != nimbusv1.Kind_KIND_UNSPECIFIED {
+		sub.prefix = opts.Kind.Name() + "/"
+	}
+	// Register and read the current keys under writeMu, so no commit falls between them.
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, ErrClosed
+	}
+	s.subs[sub] = struct{}{}
+	s.mu.Unlock()
+	var ids []string
+	switch opts.Table {
+	case TableDesired:
+		for _, obj := range s.List(opts.Kind) {
+			ids = append(ids, obj.Key().ID())
+		}
+	case TableStatus:
+		for _, e := range s.Statuses() {
+			ids = append(ids, e.Key.ID())
+		}
+	}
+	sub.add(ids)
+	return sub, nil
+}
+
+// add queues changed keys; the caller holds s.mu or writeMu.
+func (sub *Subscription) add(ids []string) {
+	sub.mu.Lock()
+	defer sub.mu.Unlock()
+	if sub.closed {
+		return
+	}
+	added := false
+	for _, id := range ids {
+		if sub.prefix != "" && !strings.HasPrefix(id, sub.prefix) {
+			continue
+		}
+		if _, ok := sub.pending[id]; ok {
+			continue
+		}
+		sub.pending[id] = struct{}{}
+		sub.order = append(sub.order, id)
+		added = true
+	}
+	if added {
+		select {
+		case sub.signal <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Next blocks until keys have changed and returns their IDs (ObjectKey.ID form). It
+// returns ctx's error when ctx ends and ErrClosed once the subscription or store is closed.
+func (sub *Subscription) Next(ctx context.Context) ([]string, error) {
+	for {
+		sub.mu.Lock()
+		if sub.closed {
+			sub.mu.Unlock()
+			return nil, ErrClosed
+		}
+		if len(sub.order) > 0 {
+			out := sub.order
+			sub.order = nil
+			sub.pending = map[string]struct{}{}
+			sub.mu.Unlock()
+			return out, nil
+		}
+		sub.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-sub.signal:
+		}
+	}
+}
+
+// Close ends the subscription; a blocked Next returns ErrClosed. It is safe to call twice.
+func (sub *Subscription) Close() {
+	sub.s.mu.Lock()
+	delete(sub.s.subs, sub)
+	sub.s.mu.Unlock()
+	sub.close()
+}
+
+func (sub *Subscription) close() {
+	sub.mu.Lock()
+	defer sub.mu.Unlock()
+	if !sub.closed {
+		sub.closed = true
+		close(sub.signal)
+	}
+}

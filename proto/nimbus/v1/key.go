@@ -1,0 +1,62 @@
+package nimbusv1
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// DefaultTenant and DefaultNamespace are used where a key or meta leaves them empty.
+const (
+	DefaultTenant    = "default"
+	DefaultNamespace = "default"
+)
+
+// Key returns the object's key, with tenant and namespace defaulted.
+func (o *Object) Key() *ObjectKey {
+	m := o.GetMeta()
+	return NewKey(o.Kind(), m.GetTenant(), m.GetNamespace(), m.GetName())
+}
+
+// NewKey returns a key with empty tenant and namespace set to their defaults.
+func NewKey(kind Kind, tenant, namespace, name string) *ObjectKey {
+	if tenant == "" {
+		tenant = DefaultTenant
+	}
+	if namespace == "" {
+		namespace = DefaultNamespace
+	}
+	return &ObjectKey{Kind: kind, Tenant: tenant, Namespace: namespace, Name: name}
+}
+
+// Defaulted returns a copy of the key with empty tenant and namespace set to their defaults.
+func (k *ObjectKey) Defaulted() *ObjectKey {
+	return NewKey(k.GetKind(), k.GetTenant(), k.GetNamespace(), k.GetName())
+}
+
+// ID returns the key's canonical string form, "Kind/tenant/namespace/name", which is unique
+// per object and stable: tables, queues and kernel identifiers derive from it.
+func (k *ObjectKey) ID() string {
+	d := k.Defaulted()
+	return d.GetKind().Name() + "/" + d.GetTenant() + "/" + d.GetNamespace() + "/" + d.GetName()
+}
+
+// ParseKeyID parses the form ID returns.
+func ParseKeyID(id string) (*ObjectKey, error) {
+	parts := strings.Split(id, "/")
+	if len(parts) != 4 {
+		return nil, fmt.Errorf("key %q: want Kind/tenant/namespace/name", id)
+	}
+	kind, err := ParseKind(parts[0])
+	if err != nil {
+		return nil, err
+	}
+	return &ObjectKey{Kind: kind, Tenant: parts[1], Namespace: parts[2], Name: parts[3]}, nil
+}
+
+// TargetsNode reports whether the object is meant for the named node: its meta lists the
+// node, or lists no nodes at all.
+func (o *Object) TargetsNode(node string) bool {
+	nodes := o.GetMeta().GetNodes()
+	return len(nodes) == 0 || slices.Contains(nodes, node)
+}

@@ -1,0 +1,263 @@
+package nimbusv1
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// namePattern is what names, tenants, namespaces and node names may look like: DNS-style
+// lower-case labels separated by dots.
+var namePattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$`)
+
+// ifNamePattern is what a Linux interface name may look like.
+var ifNamePattern = regexp.MustCompile(`^[A-Za-z0-9_.:@-]{1,15}$`)
+
+// validator collects field errors.
+type validator struct{ errs []error }
+
+func (v *validator) add(field, value, reason string, args ...any) {
+	v.errs = append(v.errs, &FieldError{Field: field, Value: value, Reason: fmt.Sprintf(reason, args...)})
+}
+
+func (v *validator) err() error { return errors.Join(v.errs...) }
+
+// Validate checks the object's meta and spec and returns every bad field, each as a
+// *FieldError joined together; nil means the object is valid.
+func (o *Object) Validate() error {
+	v := &validator{}
+	m := o.GetMeta()
+	if m == nil {
+		v.add("meta", "", "is required")
+		return v.err()
+	}
+	v.name("meta.name", m.GetName(), true)
+	v.name("meta.tenant", m.GetTenant(), false)
+	v.name("meta.namespace", m.GetNamespace(), false)
+	for i, n := range m.GetNodes() {
+		v.name(fmt.Sprintf("meta.nodes[%d]", i), n, true)
+	}
+	switch s := o.GetSpec().(type) {
+	case nil:
+		v.add("spec", "", "is required")
+	case *Object_Node:
+		v.node(s.Node)
+	case *Object_Network:
+		v.network(s.Network)
+	case *Object_Endpoint:
+		v.endpoint(s.Endpoint)
+	case *Object_SecurityGroup:
+		for i, c := range s.SecurityGroup.GetCidrs() {
+			v.prefix(fmt.Sprintf("spec.cidrs[%d]", i), c)
+		}
+	case *Object_NetworkSecurityPolicy:
+		v.policy(s.NetworkSecurityPolicy)
+	case *Object_Route:
+		v.route(s.Route)
+	case *Object_Interface:
+		v.iface(s.Interface)
+	}
+	return v.err()
+}
+
+// Validate checks that the key names a known kind and a well-formed name.
+func (k *ObjectKey) Validate() error {
+	v := &validator{}
+	if _, ok := kindNames[k.GetKind()]; !ok {
+		v.add("key.kind", k.GetKind().String(), "unknown kind")
+	}
+	v.name("key.name", k.GetName(), true)
+	v.name("key.tenant", k.GetTenant(), false)
+	v.name("key.namespace", k.GetNamespace(), false)
+	return v.err()
+}
+
+func (v *validator) name(field, s string, required bool) {
+	switch {
+	case s == "" && required:
+		v.add(field, s, "is required")
+	case s != "" && (len(s) > 253 || !namePattern.MatchString(s)):
+		v.add(field, s, "must be lower-case letters, digits, '-' and '.', at most 253 characters")
+	}
+}
+
+func (v *validator) ifName(field, s string, required bool) {
+	switch {
+	case s == "" && required:
+		v.add(field, s, "is required")
+	case s != "" && !ifNamePattern.MatchString(s):
+		v.add(field, s, "not a Linux interface name (1 to 15 characters, no '/' or spaces)")
+	}
+}
+
+// prefix checks a CIDR with no host bits set and returns it.
+func (v *validator) prefix(field, s string) (netip.Prefix, bool) {
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		v.add(field, s, "%s", prefixReason(s, err))
+		return netip.Prefix{}, false
+	}
+	if p != p.Masked() {
+		v.add(field, s, "host bits set; did you mean %s?", p.Masked())
+		return netip.Prefix{}, false
+	}
+	return p, true
+}
+
+// prefixReason turns netip's parse error into a short reason.
+func prefixReason(s string, err error) string {
+	if s == "" {
+		return "is required"
+	}
+	if addr, bits, ok := strings.Cut(s, "/"); ok {
+		if a, aerr := netip.ParseAddr(addr); aerr == nil {
+			if n, nerr := strconv.Atoi(bits); nerr == nil && (n < 0 || n > a.BitLen()) {
+				return "prefix length out of range"
+			}
+		}
+	}
+	return "not a CIDR prefix: " + strings.TrimPrefix(err.Error(), "netip.ParsePrefix("+strconv.Quote(s)+"): ")
+}
+
+func (v *validator) addr(field, s string, required bool) (netip.Addr, bool) {
+	if s == "" {
+		if required {
+			v.add(field, s, "is required")
+		}
+		return netip.Addr{}, false
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil || a.Zone() != "" {
+		v.add(field, s, "not an IP address")
+		return netip.Addr{}, false
+	}
+	return a, true
+}
+
+func (v *validator) mtu(field string, mtu uint32) {
+	if mtu != 0 && (mtu < 68 || mtu > 65535) {
+		v.add(field, strconv.FormatUint(uint64(mtu), 10), "must be between 68 and 65535")
+	}
+}
+
+func (v *validator) node(s *NodeSpec) {
+	v.addr("spec.vtepAddress", s.GetVtepAddress(), false)
+}
+
+func (v *validator) network(s *NetworkSpec) {
+	if s.GetVni() == 0 || s.GetVni() > 1<<24-1 {
+		v.add("spec.vni", strconv.FormatUint(uint64(s.GetVni()), 10), "must be between 1 and 16777215")
+	}
+	subnet, ok := v.prefix("spec.subnet", s.GetSubnet())
+	if gw, gok := v.addr("spec.gateway", s.GetGateway(), false); gok && ok && !subnet.Contains(gw) {
+		v.add("spec.gateway", s.GetGateway(), "not inside spec.subnet %s", subnet)
+	}
+	v.mtu("spec.mtu", s.GetMtu())
+}
+
+func (v *validator) endpoint(s *EndpointSpec) {
+	v.name("spec.network", s.GetNetwork(), true)
+	v.name("spec.node", s.GetNode(), false)
+	v.ifName("spec.interface", s.GetInterface(), false)
+	if s.GetMac() != "" {
+		if hw, err := net.ParseMAC(s.GetMac()); err != nil || len(hw) != 6 {
+			v.add("spec.mac", s.GetMac(), "not an Ethernet MAC address")
+		}
+	}
+	for i, ip := range s.GetIps() {
+		v.addr(fmt.Sprintf("spec.ips[%d]", i), ip, true)
+	}
+	for i, g := range s.GetSecurityGroups() {
+		v.name(fmt.Sprintf("spec.securityGroups[%d]", i), g, true)
+	}
+}
+
+func (v *validator) policy(s *NetworkSecurityPolicySpec) {
+	for i, g := range s.GetAttachGroups() {
+		v.name(fmt.Sprintf("spec.attachGroups[%d]", i), g, true)
+	}
+	for i, r := range s.GetIngress() {
+		v.rule(fmt.Sprintf("spec.ingress[%d]", i), r)
+	}
+	for i, r := range s.GetEgress() {
+		v.rule(fmt.Sprintf("spec.egress[%d]", i), r)
+	}
+}
+
+func (v *validator) rule(field string, r *PolicyRule) {
+	if r.GetAction() == PolicyRule_ACTION_UNSPECIFIED {
+		v.add(field+".action", r.GetAction().String(), "must be ACTION_ALLOW or ACTION_DENY")
+	}
+	for i, c := range r.GetFromCidrs() {
+		v.prefix(fmt.Sprintf("%s.fromCidrs[%d]", field, i), c)
+	}
+	for i, c := range r.GetToCidrs() {
+		v.prefix(fmt.Sprintf("%s.toCidrs[%d]", field, i), c)
+	}
+	for i, g := range r.GetFromGroups() {
+		v.name(fmt.Sprintf("%s.fromGroups[%d]", field, i), g, true)
+	}
+	for i, g := range r.GetToGroups() {
+		v.name(fmt.Sprintf("%s.toGroups[%d]", field, i), g, true)
+	}
+	switch r.GetProtocol() {
+	case "", "tcp", "udp", "icmp":
+	default:
+		v.add(field+".protocol", r.GetProtocol(), `must be "tcp", "udp", "icmp" or empty`)
+	}
+	for i, p := range r.GetPorts() {
+		f := fmt.Sprintf("%s.ports[%d]", field, i)
+		if r.GetProtocol() != "tcp" && r.GetProtocol() != "udp" {
+			v.add(f, p, "ports need protocol tcp or udp")
+			continue
+		}
+		lo, hi, isRange := strings.Cut(p, "-")
+		if !isRange {
+			hi = lo
+		}
+		l, lerr := strconv.ParseUint(lo, 10, 16)
+		h, herr := strconv.ParseUint(hi, 10, 16)
+		if lerr != nil || herr != nil || l == 0 || l > h {
+			v.add(f, p, `must be a port 1-65535 or a range "low-high"`)
+		}
+	}
+}
+
+func (v *validator) route(s *RouteSpec) {
+	switch s.GetTable() {
+	case 0:
+		v.add("spec.table", "0", "is required (1 to 4294967295)")
+	case 255:
+		v.add("spec.table", "255", `table 255 is the kernel's "local" table and cannot be used`)
+	}
+	p, pok := v.prefix("spec.prefix", s.GetPrefix())
+	if len(s.GetNexthops()) == 0 {
+		v.add("spec.nexthops", "", "at least one next hop is required")
+	}
+	for i, nh := range s.GetNexthops() {
+		f := fmt.Sprintf("spec.nexthops[%d]", i)
+		gw, gok := v.addr(f+".gateway", nh.GetGateway(), nh.GetDevice() == "")
+		if gok && pok && gw.Is4() != p.Addr().Is4() {
+			v.add(f+".gateway", nh.GetGateway(), "address family differs from spec.prefix %s", p)
+		}
+		v.ifName(f+".device", nh.GetDevice(), false)
+		if nh.GetWeight() > 256 {
+			v.add(f+".weight", strconv.FormatUint(uint64(nh.GetWeight()), 10), "must be between 1 and 256")
+		}
+	}
+}
+
+func (v *validator) iface(s *InterfaceSpec) {
+	v.ifName("spec.device", s.GetDevice(), false)
+	v.mtu("spec.mtu", s.GetMtu())
+	for i, a := range s.GetAddresses() {
+		f := fmt.Sprintf("spec.addresses[%d]", i)
+		if _, err := netip.ParsePrefix(a); err != nil {
+			v.add(f, a, "not an address with prefix length, such as 10.0.0.1/24")
+		}
+	}
+}
