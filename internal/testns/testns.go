@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+
+	"github.com/vishvananda/netns"
 )
 
 // RequireRoot skips the test when not running as root outside CI, and fails it when CI is set:
@@ -54,4 +56,16 @@ func Run(t testing.TB, name string, args ...string) string {
 		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
 	}
 	return string(out)
+}
+
+// Handle opens the named namespace for netlink.NewHandleAt and friends and closes it when
+// the test ends.
+func Handle(t testing.TB, name string) netns.NsHandle {
+	t.Helper()
+	h, err := netns.GetFromName(name)
+	if err != nil {
+		t.Fatalf("opening namespace %s: %v", name, err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return h
 }
