@@ -1,0 +1,16 @@
+//go:build !linux
+
+package agent
+
+import (
+	"errors"
+	"log/slog"
+
+	"github.com/naplesnet/naples/delphi"
+	"github.com/naplesnet/naples/hal"
+)
+
+// backend reports that only Linux hosts can be programmed.
+func backend(*delphi.Store, *slog.Logger) ([]hal.Reconciler, func(), error) {
+	return nil, nil, errors.New("agent: the HAL programs Linux kernels only")
+}

@@ -1,0 +1,286 @@
+package delphi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func open(t *testing.T) (*Store, *DesiredWriter, *StatusWriter) {
+	t.Helper()
+	s, err := Open(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	d, err := s.ClaimDesired()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.ClaimStatus()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, d, st
+}
+
+func route(name string, table uint32, prefix, gw string) *nimbusv1.Object {
+	return &nimbusv1.Object{
+		Meta: &nimbusv1.ObjectMeta{Name: name, Generation: 1},
+		Spec: &nimbusv1.Object_Route{Route: &nimbusv1.RouteSpec{Table: table, Prefix: prefix, Nexthops: []*nimbusv1.NextHop{{Gateway: gw}}}},
+	}
+}
+
+func commit(t *testing.T, d *DesiredWriter, fn func(*DesiredTxn)) {
+	t.Helper()
+	txn := &DesiredTxn{}
+	fn(txn)
+	if err := d.Commit(txn); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func next(t *testing.T, sub *Subscription) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ids, err := sub.Next(ctx)
+	if err != nil {
+		t.Fatalf("Next: %v", err)
+	}
+	return ids
+}
+
+// pending reports whether Next would return at once.
+func pending(sub *Subscription) bool {
+	sub.mu.Lock()
+	defer sub.mu.Unlock()
+	return len(sub.order) > 0
+}
+
+func TestWritersAreClaimedOnce(t *testing.T) {
+	s, _, _ := open(t)
+	if _, err := s.ClaimDesired(); !errors.Is(err, ErrWriterClaimed) {
+		t.Errorf("second ClaimDesired: err = %v, want ErrWriterClaimed", err)
+	}
+	if _, err := s.ClaimStatus(); !errors.Is(err, ErrWriterClaimed) {
+		t.Errorf("second ClaimStatus: err = %v, want ErrWriterClaimed", err)
+	}
+}
+
+func TestDesiredReadsAndIndexes(t *testing.T) {
+	s, d, _ := open(t)
+	a := route("a", 100, "198.51.100.0/24", "10.0.0.1")
+	b := route("b", 100, "198.51.100.0/24", "10.0.0.2")
+	c := route("c", 200, "198.51.100.0/24", "10.0.0.3")
+	n := &nimbusv1.Object{Meta: &nimbusv1.ObjectMeta{Name: "host-a"}, Spec: &nimbusv1.Object_Node{Node: &nimbusv1.NodeSpec{}}}
+	commit(t, d, func(txn *DesiredTxn) {
+		txn.Put(c)
+		txn.Put(a)
+		txn.Put(b)
+		txn.Put(n)
+		txn.SetResume("epoch-1", 42)
+	})
+	a.Meta.Name = "mutated" // the store keeps its own copy
+	got, ok := s.Get(nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "", "", "a"))
+	if !ok || got.GetMeta().GetName() != "a" {
+		t.Fatalf("Get(a) = %v, %v", got, ok)
+	}
+	if names := names(s.List(nimbusv1.Kind_KIND_ROUTE)); !slices.Equal(names, []string{"a", "b", "c"}) {
+		t.Errorf("List(Route) = %v", names)
+	}
+	if names := names(s.List(nimbusv1.Kind_KIND_UNSPECIFIED)); len(names) != 4 {
+		t.Errorf("List(all) = %v", names)
+	}
+	if names := names(s.RoutesTo(100, "198.51.100.0/24")); !slices.Equal(names, []string{"a", "b"}) {
+		t.Errorf("RoutesTo(100) = %v", names)
+	}
+	if epoch, rev := s.Resume(); epoch != "epoch-1" || rev != 42 {
+		t.Errorf("Resume() = %q, %d", epoch, rev)
+	}
+}
+
+func names(objs []*nimbusv1.Object) []string {
+	var out []string
+	for _, o := range objs {
+		out = append(out, o.GetMeta().GetName())
+	}
+	return out
+}
+
+func TestSnapshotReplacesStaleObjects(t *testing.T) {
+	s, d, _ := open(t)
+	commit(t, d, func(txn *DesiredTxn) {
+		txn.Put(route("keep", 100, "10.1.0.0/24", "10.0.0.1"))
+		txn.Put(route("stale", 100, "10.2.0.0/24", "10.0.0.1"))
+	})
+	commit(t, d, func(txn *DesiredTxn) {
+		txn.Put(route("keep", 100, "10.1.0.0/24", "10.0.0.1"))
+		txn.Put(route("new", 100, "10.3.0.0/24", "10.0.0.1"))
+		txn.DeleteOthers(map[string]bool{})
+	})
+	if got := names(s.List(nimbusv1.Kind_KIND_ROUTE)); !slices.Equal(got, []string{"keep", "new"}) {
+		t.Errorf("after snapshot: %v, want [keep new]", got)
+	}
+}
+
+func TestSubscriptionCoalescesAndFilters(t *testing.T) {
+	s, d, st := open(t)
+	commit(t, d, func(txn *DesiredTxn) { txn.Put(route("existing", 1, "10.0.0.0/8", "10.0.0.1")) })
+
+	sub, err := s.Subscribe(SubscribeOptions{Table: TableDesired, Kind: nimbusv1.Kind_KIND_ROUTE})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	if got := next(t, sub); !slices.Equal(got, []string{"Route/default/default/existing"}) {
+		t.Fatalf("first Next = %v, want the existing key", got)
+	}
+	for i := range 5 {
+		commit(t, d, func(txn *DesiredTxn) { txn.Put(route("x", uint32(i+1), "10.0.0.0/8", "10.0.0.1")) })
+		commit(t, d, func(txn *DesiredTxn) { txn.Put(route("y", uint32(i+1), "10.0.0.0/8", "10.0.0.1")) })
+	}
+	commit(t, d, func(txn *DesiredTxn) {
+		txn.Put(&nimbusv1.Object{Meta: &nimbusv1.ObjectMeta{Name: "n"}, Spec: &nimbusv1.Object_Node{Node: &nimbusv1.NodeSpec{}}})
+	})
+	if got := next(t, sub); !slices.Equal(got, []string{"Route/default/default/x", "Route/default/default/y"}) {
+		t.Errorf("Next = %v, want x then y once each, and no Node", got)
+	}
+
+	// Rewriting an equal object, or an equal status, is not a change.
+	commit(t, d, func(txn *DesiredTxn) { txn.Put(route("x", 5, "10.0.0.0/8", "10.0.0.1")) })
+	if pending(sub) {
+		t.Errorf("an unchanged Put was announced")
+	}
+	ssub, err := s.Subscribe(SubscribeOptions{Table: TableStatus})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ssub.Close()
+	key := nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "", "", "x")
+	status := &nimbusv1.NodeStatus{Phase: nimbusv1.Phase_PHASE_PROGRAMMED, UpdateTime: timestamppb.Now()}
+	if err := st.Set(key, status); err != nil {
+		t.Fatal(err)
+	}
+	if got := next(t, ssub); !slices.Equal(got, []string{key.ID()}) {
+		t.Fatalf("status Next = %v", got)
+	}
+	status.UpdateTime = timestamppb.New(time.Now().Add(time.Second))
+	if err := st.Set(key, status); err != nil {
+		t.Fatal(err)
+	}
+	if pending(ssub) {
+		t.Errorf("a status differing only in update time was announced")
+	}
+	if err := st.Delete(key); err != nil {
+		t.Fatal(err)
+	}
+	if got := next(t, ssub); !slices.Equal(got, []string{key.ID()}) {
+		t.Errorf("status delete Next = %v", got)
+	}
+	if _, ok := s.Status(key); ok {
+		t.Errorf("status survived Delete")
+	}
+}
+
+func TestSubscriptionCloseUnblocksNext(t *testing.T) {
+	s, _, _ := open(t)
+	sub, err := s.Subscribe(SubscribeOptions{Table: TableDesired})
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := sub.Next(context.Background())
+		errc <- err
+	}()
+	sub.Close()
+	sub.Close()
+	if err := <-errc; !errors.Is(err, ErrClosed) {
+		t.Errorf("Next after Close: err = %v, want ErrClosed", err)
+	}
+	s.Close()
+	if _, err := s.Subscribe(SubscribeOptions{Table: TableDesired}); !errors.Is(err, ErrClosed) {
+		t.Errorf("Subscribe on closed store: err = %v, want ErrClosed", err)
+	}
+}
+
+// TestSubscriberEndsAtFinalState writes a random mix of puts and deletes from one
+// goroutine while a slow subscriber reads; once the writes stop, the state the subscriber
+// last read for every key equals the store's final state.
+func TestSubscriberEndsAtFinalState(t *testing.T) {
+	s, d, _ := open(t)
+	sub, err := s.Subscribe(SubscribeOptions{Table: TableDesired})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	rng := rand.New(rand.NewPCG(1, 2))
+	const keys, writes = 20, 2000
+
+	// The last write is to a sentinel key: it is the last key handed out, so once the
+	// consumer has read it, it has read everything before it.
+	sentinel := nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "", "", "sentinel").ID()
+	seen := map[string]*nimbusv1.Object{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			ids, err := sub.Next(context.Background())
+			if err != nil {
+				return
+			}
+			for _, id := range ids {
+				key, _ := nimbusv1.ParseKeyID(id)
+				obj, _ := s.Get(key)
+				seen[id] = obj
+				if id == sentinel {
+					return
+				}
+			}
+			time.Sleep(time.Millisecond) // a slow consumer
+		}
+	}()
+	for i := range writes {
+		name := fmt.Sprintf("r%d", rng.IntN(keys))
+		commit(t, d, func(txn *DesiredTxn) {
+			if rng.IntN(4) == 0 {
+				txn.Delete(nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "", "", name))
+			} else {
+				txn.Put(route(name, uint32(i+1), "10.0.0.0/8", "10.0.0.1"))
+			}
+		})
+	}
+	commit(t, d, func(txn *DesiredTxn) { txn.Put(route("sentinel", 1, "10.0.0.0/8", "10.0.0.1")) })
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the subscriber never saw the last write")
+	}
+	for i := range keys {
+		key := nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "", "", fmt.Sprintf("r%d", i))
+		final, _ := s.Get(key)
+		last, ok := seen[key.ID()]
+		if !ok {
+			t.Errorf("%s: never handed to the subscriber", key.ID())
+			continue
+		}
+		if !proto.Equal(last, final) {
+			t.Errorf("%s: subscriber ended at %v, store holds %v", key.ID(), last, final)
+		}
+	}
+}
