@@ -1,0 +1,23 @@
+// Command naplesctl applies, gets and deletes naples desired-state objects in nimbus. See
+// package internal/naplesctl for the commands.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/naplesnet/naples/internal/naplesctl"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := naplesctl.Run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.Getenv)
+	stop()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "naplesctl: %v\n", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,390 @@
+package manifest
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"sigs.k8s.io/yaml"
+
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// DecodeFile reads every object in the manifest file at path, as Decode does. Its errors
+// start with the path.
+func DecodeFile(path string) ([]*nimbusv1.Object, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading manifest: %w", err)
+	}
+	defer f.Close()
+	objs, err := Decode(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return objs, nil
+}
+
+// Decode reads every object in r, YAML or JSON, in the order they appear. Empty documents
+// are skipped. It stops at the first bad document and returns an error naming it and, where
+// known, the field. The objects are not validated.
+func Decode(r io.Reader) ([]*nimbusv1.Object, error) {
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return nil, fmt.Errorf("reading manifest: %w", err)
+	}
+	data = bytes.TrimPrefix(data, []byte("\xef\xbb\xbf"))
+	d := &decoder{}
+	if isJSON(data) {
+		err = d.decodeJSON(data)
+	} else {
+		err = d.decodeYAML(data)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return d.objs, nil
+}
+
+// decoder collects the objects of one input and counts its documents.
+type decoder struct {
+	// n is the number of documents seen so far; the one being decoded is document n.
+	n int
+	// yaml is set when the input is YAML rather than JSON.
+	yaml bool
+	objs []*nimbusv1.Object
+}
+
+// isJSON reports whether data starts like JSON rather than YAML.
+func isJSON(data []byte) bool {
+	trimmed := bytes.TrimLeft(data, " \t\r\n")
+	return len(trimmed) > 0 && (trimmed[0] == '{' || trimmed[0] == '[')
+}
+
+// decodeJSON decodes a stream of JSON values, each an object or an array of objects.
+func (d *decoder) decodeJSON(data []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	for {
+		var raw json.RawMessage
+		err := dec.Decode(&raw)
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("document %d: %w", d.n+1, jsonSyntaxError(data, err))
+		}
+		if err := d.value(raw); err != nil {
+			return err
+		}
+	}
+}
+
+// jsonSyntaxError adds the line to a JSON syntax error.
+func jsonSyntaxError(data []byte, err error) error {
+	var serr *json.SyntaxError
+	if errors.As(err, &serr) {
+		line := 1 + bytes.Count(data[:min(int(serr.Offset), len(data))], []byte("\n"))
+		return fmt.Errorf("invalid JSON at line %d: %w", line, err)
+	}
+	if errors.Is(err, io.ErrUnexpectedEOF) {
+		return fmt.Errorf("invalid JSON: unexpected end of input: %w", err)
+	}
+	return fmt.Errorf("invalid JSON: %w", err)
+}
+
+// decodeYAML splits data into YAML documents and decodes each.
+func (d *decoder) decodeYAML(data []byte) error {
+	d.yaml = true
+	for _, doc := range splitYAML(data) {
+		if doc.empty() {
+			continue
+		}
+		raw, err := yaml.YAMLToJSONStrict(doc.data)
+		if err != nil {
+			return fmt.Errorf("document %d: %w", d.n+1, &rewordedError{msg: fileLines(err.Error(), doc.line-1), err: err})
+		}
+		if err := d.value(raw); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// yamlDoc is one YAML document and the line of the file it starts on.
+type yamlDoc struct {
+	data []byte
+	line int
+}
+
+// empty reports whether the document holds nothing but blank lines and comments.
+func (doc yamlDoc) empty() bool {
+	for line := range bytes.Lines(doc.data) {
+		line = bytes.TrimSpace(line)
+		if len(line) > 0 && line[0] != '#' {
+			return false
+		}
+	}
+	return true
+}
+
+// splitYAML splits a YAML stream at its "---" document markers. A marker line becomes a
+// blank line of the next document, so line and column numbers within a document stay those
+// of the file once the document's start line is added.
+func splitYAML(data []byte) []yamlDoc {
+	var (
+		docs []yamlDoc
+		cur  = yamlDoc{line: 1}
+		n    = 0
+	)
+	for line := range bytes.Lines(data) {
+		n++
+		if rest, ok := bytes.CutPrefix(line, []byte("---")); ok && (len(rest) == 0 || strings.ContainsRune(" \t\r\n", rune(rest[0]))) {
+			docs = append(docs, cur)
+			cur = yamlDoc{line: n, data: append([]byte("   "), rest...)}
+			continue
+		}
+		cur.data = append(cur.data, line...)
+	}
+	return append(docs, cur)
+}
+
+// yamlLine matches the line numbers in the YAML parser's messages.
+var yamlLine = regexp.MustCompile(`\bline (\d+)\b`)
+
+// fileLines adds offset to every line number in a YAML parser message.
+func fileLines(msg string, offset int) string {
+	return yamlLine.ReplaceAllStringFunc(msg, func(m string) string {
+		n, err := strconv.Atoi(strings.TrimPrefix(m, "line "))
+		if err != nil {
+			return m
+		}
+		return "line " + strconv.Itoa(n+offset)
+	})
+}
+
+// value decodes one JSON value: null is an empty document, an array or a mapping holding
+// only "items" is a list of documents, and any other mapping is one object.
+func (d *decoder) value(raw json.RawMessage) error {
+	raw = bytes.TrimSpace(raw)
+	switch {
+	case bytes.Equal(raw, []byte("null")):
+		return nil
+	case len(raw) > 0 && raw[0] == '[':
+		var items []json.RawMessage
+		if err := json.Unmarshal(raw, &items); err != nil {
+			return fmt.Errorf("document %d: %w", d.n+1, err)
+		}
+		for _, item := range items {
+			if err := d.value(item); err != nil {
+				return err
+			}
+		}
+		return nil
+	case len(raw) == 0 || raw[0] != '{':
+		d.n++
+		return fmt.Errorf("document %d: want a mapping with kind, meta and spec, not %s", d.n, raw)
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		d.n++
+		return fmt.Errorf("document %d: %w", d.n, err)
+	}
+	if items, ok := fields["items"]; ok && len(fields) == 1 {
+		if t := bytes.TrimSpace(items); len(t) > 0 && t[0] != '[' && !bytes.Equal(t, []byte("null")) {
+			d.n++
+			return fmt.Errorf("document %d: items: want a list of objects, not %s", d.n, t)
+		}
+		return d.value(items)
+	}
+	d.n++
+	obj, err := decodeObject(fields)
+	if err != nil {
+		if d.yaml && yamlBool.MatchString(err.Error()) {
+			err = fmt.Errorf("%w (YAML reads unquoted y, yes, on, n, no and off as booleans: quote the value)", err)
+		}
+		return fmt.Errorf("document %d: %w", d.n, err)
+	}
+	d.objs = append(d.objs, obj)
+	return nil
+}
+
+// decodeObject turns the top-level fields of one document into an object. The object always
+// carries its kind's spec, empty when the document has none, so that its kind is kept.
+func decodeObject(fields map[string]json.RawMessage) (*nimbusv1.Object, error) {
+	for _, k := range sortedKeys(fields) {
+		switch k {
+		case "kind", "meta", "spec", "status":
+		default:
+			return nil, fmt.Errorf("unknown field %q (want kind, meta and spec)", k)
+		}
+	}
+	rawKind, ok := fields["kind"]
+	if !ok || isNull(rawKind) {
+		return nil, errors.New("missing kind")
+	}
+	var name string
+	if err := json.Unmarshal(rawKind, &name); err != nil {
+		return nil, fmt.Errorf("kind %s: must be a string", rawKind)
+	}
+	kind, err := nimbusv1.ParseKind(name)
+	if err != nil {
+		return nil, err
+	}
+	obj := &nimbusv1.Object{}
+	spec, err := setSpec(obj, kind)
+	if err != nil {
+		return nil, err
+	}
+	if raw, ok := fields["meta"]; ok && !isNull(raw) {
+		obj.Meta = &nimbusv1.ObjectMeta{}
+		if err := unmarshalField("meta", raw, obj.Meta); err != nil {
+			return nil, err
+		}
+	}
+	if raw, ok := fields["spec"]; ok && !isNull(raw) {
+		if err := unmarshalField("spec", raw, spec); err != nil {
+			return nil, err
+		}
+	}
+	return obj, nil
+}
+
+// setSpec sets the object's spec to an empty spec message of kind and returns it. The spec
+// field of a kind is named after the kind: KIND_SECURITY_GROUP's is security_group.
+func setSpec(obj *nimbusv1.Object, kind nimbusv1.Kind) (proto.Message, error) {
+	m := obj.ProtoReflect()
+	name := protoreflect.Name(strings.ToLower(strings.TrimPrefix(kind.String(), "KIND_")))
+	fd := m.Descriptor().Oneofs().ByName("spec").Fields().ByName(name)
+	if fd == nil || fd.Message() == nil {
+		return nil, fmt.Errorf("kind %q: no spec field %q in nimbus.v1.Object", kind.Name(), name)
+	}
+	spec := m.NewField(fd)
+	m.Set(fd, spec)
+	return spec.Message().Interface(), nil
+}
+
+// unmarshalField decodes raw, the JSON of the top-level field path, into m. Unknown fields
+// are reported with their full path, which protojson does not give.
+func unmarshalField(path string, raw json.RawMessage, m proto.Message) error {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if err := checkFields(path, v, m.ProtoReflect().Descriptor()); err != nil {
+		return err
+	}
+	if err := protojson.Unmarshal(raw, m); err != nil {
+		return &rewordedError{msg: path + ": " + protoMessage(err), err: err}
+	}
+	return nil
+}
+
+// checkFields reports the first field in v, the JSON form of a message md, that md does not
+// have. It accepts what protojson accepts: the JSON (camelCase) name or the .proto name.
+// Values of the wrong type are left for protojson to report.
+func checkFields(path string, v any, md protoreflect.MessageDescriptor) error {
+	obj, ok := v.(map[string]any)
+	if !ok || isWellKnown(md) {
+		return nil
+	}
+	for _, k := range sortedKeys(obj) {
+		fd := md.Fields().ByJSONName(k)
+		if fd == nil {
+			fd = md.Fields().ByTextName(k)
+		}
+		if fd == nil {
+			return fmt.Errorf("%s: unknown field %q", path, k)
+		}
+		if err := checkField(path+"."+k, obj[k], fd); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkField checks v, the JSON form of field fd at path, for unknown fields.
+func checkField(path string, v any, fd protoreflect.FieldDescriptor) error {
+	switch {
+	case fd.IsMap():
+		vd := fd.MapValue().Message()
+		m, _ := v.(map[string]any)
+		if vd == nil {
+			return nil
+		}
+		for _, k := range sortedKeys(m) {
+			if err := checkFields(fmt.Sprintf("%s[%q]", path, k), m[k], vd); err != nil {
+				return err
+			}
+		}
+	case fd.Message() == nil:
+		return nil
+	case fd.IsList():
+		list, _ := v.([]any)
+		for i, e := range list {
+			if err := checkFields(fmt.Sprintf("%s[%d]", path, i), e, fd.Message()); err != nil {
+				return err
+			}
+		}
+	default:
+		return checkFields(path, v, fd.Message())
+	}
+	return nil
+}
+
+// isWellKnown reports whether md is a google.protobuf type, which protojson maps to JSON
+// values of its own (a Timestamp is a string).
+func isWellKnown(md protoreflect.MessageDescriptor) bool {
+	return strings.HasPrefix(string(md.FullName()), "google.protobuf.")
+}
+
+// yamlBool matches protojson's error for a boolean where a string belongs, which in YAML is
+// most often an unquoted word such as "no" or "on".
+var yamlBool = regexp.MustCompile(`invalid value for string .*: (true|false)$`)
+
+// protoPosition matches the prefix of protojson's messages: "proto: (line 1:15): ". The
+// position is in JSON made from the manifest, not in the manifest, so it is dropped.
+var protoPosition = regexp.MustCompile(`^proto:[\s\x{00a0}]*(\(line \d+:\d+\):[\s\x{00a0}]*)?`)
+
+// protoMessage returns a protojson error's message without its prefix.
+func protoMessage(err error) string {
+	return protoPosition.ReplaceAllString(err.Error(), "")
+}
+
+// rewordedError is err with its message made readable; err stays in the chain.
+type rewordedError struct {
+	msg string
+	err error
+}
+
+// Error returns the reworded message.
+func (e *rewordedError) Error() string { return e.msg }
+
+// Unwrap returns the original error.
+func (e *rewordedError) Unwrap() error { return e.err }
+
+// isNull reports whether raw is JSON null.
+func isNull(raw json.RawMessage) bool {
+	return bytes.Equal(bytes.TrimSpace(raw), []byte("null"))
+}
+
+// sortedKeys returns the keys of m in order, so that the first error found is always the same.
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

@@ -1,0 +1,18 @@
+// Package naplesctl is the naplesctl command line: it applies, gets and deletes nimbus
+// objects written in the manifest shape of package manifest.
+//
+//	naplesctl apply -f route.yaml
+//	naplesctl get routes
+//	naplesctl get route to-dc2 -o yaml
+//	naplesctl delete route to-dc2
+//
+// [Run] runs one invocation with its arguments, streams and environment passed in, so the
+// whole command tree runs in-process in tests. It talks to the nimbus server named by
+// --server, or by the environment variable NAPLES_SERVER, or unix:///run/naples/nimbus.sock.
+//
+// apply validates every object of every file before it sends any: one invalid object
+// refuses the whole apply, naming the file, the document, the field and the value. It then
+// applies the objects one by one, in file order, and prints per object whether it was
+// created, configured (with its new generation) or unchanged. delete is idempotent: an
+// object that is already gone is reported as not found, which is not an error.
+package naplesctl

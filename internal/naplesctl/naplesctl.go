@@ -1,0 +1,217 @@
+package naplesctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/naplesnet/naples/internal/address"
+	"github.com/naplesnet/naples/internal/manifest"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// Defaults of the global flags.
+const (
+	// DefaultServer is the nimbus address used when neither --server nor NAPLES_SERVER is set.
+	DefaultServer = "unix:///run/naples/nimbus.sock"
+	// ServerEnv names the environment variable that sets the default of --server.
+	ServerEnv = "NAPLES_SERVER"
+)
+
+// Sentinel errors; check with errors.Is.
+var (
+	// ErrNotFound is wrapped by the error of a get of an object nimbus does not have.
+	ErrNotFound = errors.New("not found")
+)
+
+// Run runs naplesctl with args, the command line without the program name, reading
+// manifests given as "-" from stdin, writing results to stdout and notes to stderr, and
+// reading the environment with getenv. It returns the error that ends the command, which
+// the caller prints; usage errors are returned too.
+func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) error {
+	c := &cli{stdin: stdin, stdout: stdout, stderr: stderr, now: time.Now}
+	return c.run(ctx, args, getenv)
+}
+
+// cli is one invocation of naplesctl: its streams, clock and global flags.
+type cli struct {
+	stdin  io.Reader
+	stdout io.Writer
+	stderr io.Writer
+	// now tells the time that AGE is counted to.
+	now func() time.Time
+	// server is the --server flag.
+	server string
+}
+
+// run builds the command tree and executes it with args.
+func (c *cli) run(ctx context.Context, args []string, getenv func(string) string) error {
+	root := &cobra.Command{
+		Use:   "naplesctl",
+		Short: "naplesctl applies, gets and deletes naples desired-state objects in nimbus",
+		Long: `naplesctl applies, gets and deletes naples desired-state objects in nimbus.
+
+Objects are written as YAML or JSON manifests:
+
+  kind: Route
+  meta:
+    name: to-dc2
+    nodes: [host-a]
+  spec:
+    table: 100
+    prefix: 198.51.100.0/24
+    nexthops:
+      - gateway: 10.10.0.2`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	server := getenv(ServerEnv)
+	if server == "" {
+		server = DefaultServer
+	}
+	root.PersistentFlags().StringVar(&c.server, "server", server,
+		"nimbus address, unix:///path or tcp://host:port; $"+ServerEnv+" sets the default")
+	root.AddCommand(c.applyCommand(), c.getCommand(), c.deleteCommand())
+
+	if args == nil {
+		args = []string{} // nil makes cobra read os.Args
+	}
+	root.SetArgs(args)
+	root.SetIn(c.stdin)
+	root.SetOut(c.stdout)
+	root.SetErr(c.stderr)
+	return root.ExecuteContext(ctx)
+}
+
+// session is a connection to nimbus for one command.
+type session struct {
+	nimbus nimbusv1.NimbusClient
+	conn   *grpc.ClientConn
+	addr   address.Address
+}
+
+// connect returns a session with the server named by --server. The connection is made by
+// the first call; Close the session when done.
+func (c *cli) connect() (*session, error) {
+	addr, err := address.Parse(c.server)
+	if err != nil {
+		return nil, fmt.Errorf("parsing --server: %w", err)
+	}
+	// TODO: mTLS once nimbus serves it; the unix socket is protected by file permissions.
+	conn, err := grpc.NewClient(addr.GRPCTarget(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("connecting to nimbus at %s: %w", addr, err)
+	}
+	return &session{nimbus: nimbusv1.NewNimbusClient(conn), conn: conn, addr: addr}, nil
+}
+
+// Close closes the connection.
+func (s *session) Close() error { return s.conn.Close() }
+
+// rpcError turns the error of a call into one that reads well: the server's message, which
+// for a bad object names the field and the value, and the code when it adds something.
+// The gRPC status stays reachable with status.FromError.
+func (s *session) rpcError(err error) error {
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	return &statusError{st: st, addr: s.addr}
+}
+
+// statusError is a gRPC status error of a call to the nimbus at addr.
+type statusError struct {
+	st   *status.Status
+	addr address.Address
+}
+
+// Error returns the server's message, with the address or the code where they help.
+func (e *statusError) Error() string {
+	switch e.st.Code() {
+	case codes.InvalidArgument, codes.NotFound, codes.AlreadyExists, codes.FailedPrecondition:
+		return e.st.Message()
+	case codes.Unavailable:
+		return fmt.Sprintf("nimbus at %s is unavailable: %s", e.addr, e.st.Message())
+	}
+	return fmt.Sprintf("%s (%s)", e.st.Message(), e.st.Code())
+}
+
+// GRPCStatus returns the status, for status.FromError and status.Code.
+func (e *statusError) GRPCStatus() *status.Status { return e.st }
+
+// parseKind parses a kind given on the command line; its error lists the valid kinds.
+func parseKind(s string) (nimbusv1.Kind, error) {
+	kind, err := nimbusv1.ParseKind(s)
+	if err != nil {
+		names := make([]string, 0, len(nimbusv1.Kinds()))
+		for _, k := range nimbusv1.Kinds() {
+			names = append(names, k.Name())
+		}
+		return kind, fmt.Errorf("%w (valid kinds: %s)", err, strings.Join(names, ", "))
+	}
+	return kind, nil
+}
+
+// kindArg is how a kind is named in output: "route", "networksecuritypolicy".
+func kindArg(k nimbusv1.Kind) string { return strings.ToLower(k.Name()) }
+
+// ref is how an object is named in output: "route/to-dc2".
+func ref(k *nimbusv1.ObjectKey) string { return kindArg(k.GetKind()) + "/" + k.GetName() }
+
+// source is one object read from a manifest, with where it was read.
+type source struct {
+	file string
+	// doc is the object's document number in file, from 1.
+	doc int
+	obj *nimbusv1.Object
+}
+
+// String names where the object was read: "route.yaml: document 2".
+func (s source) String() string { return fmt.Sprintf("%s: document %d", s.file, s.doc) }
+
+// readManifests reads every object of files, in order; "-" is stdin.
+func (c *cli) readManifests(files []string) ([]source, error) {
+	var srcs []source
+	for _, f := range files {
+		var (
+			objs []*nimbusv1.Object
+			err  error
+		)
+		if f == "-" {
+			objs, err = manifest.Decode(c.stdin)
+			if err != nil {
+				err = fmt.Errorf("stdin: %w", err)
+			}
+			f = "stdin"
+		} else {
+			objs, err = manifest.DecodeFile(f)
+		}
+		if err != nil {
+			return nil, err
+		}
+		for i, o := range objs {
+			srcs = append(srcs, source{file: f, doc: i + 1, obj: o})
+		}
+	}
+	if len(srcs) == 0 {
+		return nil, fmt.Errorf("reading %s: no objects found", strings.Join(files, ", "))
+	}
+	return srcs, nil
+}
+
+// fieldErrors splits the joined error of a Validate into its field errors.
+func fieldErrors(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
+}

@@ -1,0 +1,300 @@
+package nimbus
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/hashicorp/go-memdb"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// Apply creates or updates an object. An invalid object is refused with
+// codes.InvalidArgument naming the bad fields, and nothing is stored.
+func (s *Server) Apply(ctx context.Context, req *nimbusv1.ApplyRequest) (*nimbusv1.ApplyResponse, error) {
+	in := req.GetObject()
+	if in == nil {
+		return nil, status.Error(codes.InvalidArgument, `object "": is required`)
+	}
+	if err := in.Validate(); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	obj, changed, err := s.apply(in)
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	return &nimbusv1.ApplyResponse{Object: obj, Changed: changed}, nil
+}
+
+// apply stores a clone of the valid object in and returns what is stored and whether that
+// changed anything.
+func (s *Server) apply(in *nimbusv1.Object) (*nimbusv1.Object, bool, error) {
+	key := in.Key()
+	id := key.ID()
+	obj := proto.Clone(in).(*nimbusv1.Object)
+	m := obj.GetMeta()
+	m.Tenant, m.Namespace = key.GetTenant(), key.GetNamespace()
+	m.Nodes = normalizeNodes(m.GetNodes())
+	now := timestamppb.New(s.opts.Now())
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, false, fmt.Errorf("applying %s: %w", id, ErrClosed)
+	}
+	txn := s.db.Txn(true)
+	defer txn.Abort()
+	old, err := getObject(txn, id)
+	if err != nil {
+		return nil, false, fmt.Errorf("applying %s: %w", id, err)
+	}
+	retargeted := false
+	if old == nil {
+		m.Uid = newUUID()
+		m.Generation = 1
+		m.CreateTime = now
+	} else {
+		om := old.GetMeta()
+		specChanged := !proto.Equal(&nimbusv1.Object{Spec: old.GetSpec()}, &nimbusv1.Object{Spec: obj.GetSpec()})
+		retargeted = !slices.Equal(om.GetNodes(), m.GetNodes())
+		if !specChanged && !retargeted && maps.Equal(om.GetLabels(), m.GetLabels()) {
+			s.log.Debug("object unchanged", "key", id, "revision", om.GetRevision())
+			return old, false, nil
+		}
+		m.Uid, m.CreateTime, m.Generation = om.GetUid(), om.GetCreateTime(), om.GetGeneration()
+		if specChanged || retargeted {
+			m.Generation++
+		}
+	}
+	rev := s.rev + 1
+	m.Revision = rev
+	m.UpdateTime = now
+	if err := putObject(txn, id, obj); err != nil {
+		return nil, false, fmt.Errorf("applying %s: %w", id, err)
+	}
+	if retargeted {
+		if err := dropStatuses(txn, id, obj.TargetsNode); err != nil {
+			return nil, false, fmt.Errorf("applying %s: %w", id, err)
+		}
+	}
+	if err := setRevision(txn, rev); err != nil {
+		return nil, false, fmt.Errorf("applying %s: %w", id, err)
+	}
+	txn.Commit()
+	s.rev = rev
+	s.publishLocked(newChange(s.epoch, rev, key, old, obj))
+	s.log.Info("object applied", "key", id, "revision", rev, "generation", m.GetGeneration(), "created", old == nil)
+	return obj, true, nil
+}
+
+// normalizeNodes returns the node names sorted and without duplicates, so that the order
+// a publisher lists them in is not a change.
+func normalizeNodes(nodes []string) []string {
+	if len(nodes) == 0 {
+		return nil
+	}
+	return slices.Compact(slices.Sorted(slices.Values(nodes)))
+}
+
+// Delete deletes an object and every status reported for it. Deleting an object that does
+// not exist succeeds with found false.
+func (s *Server) Delete(ctx context.Context, req *nimbusv1.DeleteRequest) (*nimbusv1.DeleteResponse, error) {
+	key := req.GetKey()
+	if err := key.Validate(); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	found, rev, err := s.delete(key.Defaulted())
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	return &nimbusv1.DeleteResponse{Found: found, Revision: rev}, nil
+}
+
+// delete deletes the object with the key and returns whether it existed and the revision
+// of the deletion, or the current revision when there was nothing to delete.
+func (s *Server) delete(key *nimbusv1.ObjectKey) (bool, uint64, error) {
+	id := key.ID()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false, 0, fmt.Errorf("deleting %s: %w", id, ErrClosed)
+	}
+	txn := s.db.Txn(true)
+	defer txn.Abort()
+	old, err := getObject(txn, id)
+	if err != nil {
+		return false, 0, fmt.Errorf("deleting %s: %w", id, err)
+	}
+	if old == nil {
+		s.log.Debug("object to delete not found", "key", id)
+		return false, s.rev, nil
+	}
+	rev := s.rev + 1
+	if _, err := txn.DeleteAll(tableObjects, indexID, id); err != nil {
+		return false, 0, fmt.Errorf("deleting %s: %w", id, err)
+	}
+	if _, err := txn.DeleteAll(tableStatus, indexObject, id); err != nil {
+		return false, 0, fmt.Errorf("deleting statuses of %s: %w", id, err)
+	}
+	if err := setRevision(txn, rev); err != nil {
+		return false, 0, fmt.Errorf("deleting %s: %w", id, err)
+	}
+	txn.Commit()
+	s.rev = rev
+	s.publishLocked(newChange(s.epoch, rev, key, old, nil))
+	s.log.Info("object deleted", "key", id, "revision", rev)
+	return true, rev, nil
+}
+
+// Get returns one object with its status, or codes.NotFound.
+func (s *Server) Get(ctx context.Context, req *nimbusv1.GetRequest) (*nimbusv1.GetResponse, error) {
+	key := req.GetKey()
+	if err := key.Validate(); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	id := key.ID()
+	v := s.view()
+	obj, err := getObject(v.txn, id)
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	if obj == nil {
+		return nil, status.Errorf(codes.NotFound, "object %s not found", id)
+	}
+	item, err := v.withStatus(obj)
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	return &nimbusv1.GetResponse{Item: item}, nil
+}
+
+// List returns the objects that match the request's filters with their status, ordered by
+// key ID, and the revision they are current at.
+func (s *Server) List(ctx context.Context, req *nimbusv1.ListRequest) (*nimbusv1.ListResponse, error) {
+	v := s.view()
+	rev, err := currentRevision(v.txn)
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	var it memdb.ResultIterator
+	if req.GetKind() == nimbusv1.Kind_KIND_UNSPECIFIED {
+		it, err = v.txn.Get(tableObjects, indexID)
+	} else {
+		it, err = v.txn.Get(tableObjects, indexKind, req.GetKind())
+	}
+	if err != nil {
+		return nil, rpcError(fmt.Errorf("listing objects: %w", err))
+	}
+	resp := &nimbusv1.ListResponse{Revision: rev}
+	for raw := it.Next(); raw != nil; raw = it.Next() {
+		obj := raw.(*objectRecord).Object
+		m := obj.GetMeta()
+		if (req.GetTenant() != "" && m.GetTenant() != req.GetTenant()) ||
+			(req.GetNamespace() != "" && m.GetNamespace() != req.GetNamespace()) {
+			continue
+		}
+		item, err := v.withStatus(obj)
+		if err != nil {
+			return nil, rpcError(err)
+		}
+		resp.Items = append(resp.Items, item)
+	}
+	return resp, nil
+}
+
+// view is one consistent read of the store.
+type view struct {
+	txn *memdb.Txn
+	// known holds the names of the known nodes once knownNodes has read them.
+	known map[string]struct{}
+}
+
+// view starts a read of the current state of the store. It takes no lock.
+func (s *Server) view() *view {
+	return &view{txn: s.db.Txn(false)}
+}
+
+// knownNodes returns the names of the nodes there are Node objects for, together with the
+// nodes that have opened a watch since the server started.
+func (v *view) knownNodes() (map[string]struct{}, error) {
+	if v.known != nil {
+		return v.known, nil
+	}
+	known := map[string]struct{}{}
+	it, err := v.txn.Get(tableObjects, indexKind, nimbusv1.Kind_KIND_NODE)
+	if err != nil {
+		return nil, fmt.Errorf("reading nodes: %w", err)
+	}
+	for raw := it.Next(); raw != nil; raw = it.Next() {
+		known[raw.(*objectRecord).Object.GetMeta().GetName()] = struct{}{}
+	}
+	it, err = v.txn.Get(tableWatchNodes, indexID)
+	if err != nil {
+		return nil, fmt.Errorf("reading watching nodes: %w", err)
+	}
+	for raw := it.Next(); raw != nil; raw = it.Next() {
+		known[raw.(*watchNodeRecord).Name] = struct{}{}
+	}
+	v.known = known
+	return known, nil
+}
+
+// withStatus pairs the stored object with its aggregated status.
+func (v *view) withStatus(obj *nimbusv1.Object) (*nimbusv1.ObjectWithStatus, error) {
+	st, err := v.status(obj)
+	if err != nil {
+		return nil, err
+	}
+	return &nimbusv1.ObjectWithStatus{Object: obj, Status: st}, nil
+}
+
+// status aggregates what the nodes the object targets reported about it.
+func (v *view) status(obj *nimbusv1.Object) (*nimbusv1.ObjectStatus, error) {
+	id := obj.Key().ID()
+	recs, err := statusesOf(v.txn, id)
+	if err != nil {
+		return nil, err
+	}
+	m := obj.GetMeta()
+	st := &nimbusv1.ObjectStatus{TargetNodes: int32(len(m.GetNodes()))}
+	var unknown int32 // reporting nodes that are not known nodes
+	for _, r := range recs {
+		if !obj.TargetsNode(r.Node) {
+			continue
+		}
+		st.Nodes = append(st.Nodes, r.Status)
+		if r.Status.GetObservedGeneration() == m.GetGeneration() {
+			switch r.Status.GetPhase() {
+			case nimbusv1.Phase_PHASE_PROGRAMMED:
+				st.ProgrammedNodes++
+			case nimbusv1.Phase_PHASE_FAILED:
+				st.FailedNodes++
+			}
+		}
+		if len(m.GetNodes()) == 0 {
+			known, err := v.knownNodes()
+			if err != nil {
+				return nil, err
+			}
+			if _, ok := known[r.Node]; !ok {
+				unknown++
+			}
+		}
+	}
+	if len(m.GetNodes()) == 0 {
+		known, err := v.knownNodes()
+		if err != nil {
+			return nil, err
+		}
+		// A node that reports is a node the object runs on, known or not, so that
+		// programmed_nodes never exceeds target_nodes.
+		st.TargetNodes = int32(len(known)) + unknown
+	}
+	return st, nil
+}

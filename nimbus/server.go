@@ -1,0 +1,245 @@
+package nimbus
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-memdb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/encoding"
+	protoenc "google.golang.org/grpc/encoding/proto"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
+
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// Sentinel errors; check with errors.Is.
+var (
+	// ErrClosed is returned by Serve on a closed Server. RPCs that write or watch fail with
+	// codes.Unavailable once the Server is closed.
+	ErrClosed = errors.New("nimbus server closed")
+	// ErrNoListeners is returned by Serve when it is given no listener.
+	ErrNoListeners = errors.New("no listeners")
+	// ErrInvalidOptions is wrapped by New when an option has an impossible value.
+	ErrInvalidOptions = errors.New("invalid options")
+)
+
+// Defaults of Options and fixed settings of the gRPC server Serve builds.
+const (
+	// DefaultWatchBuffer is the default of Options.WatchBuffer.
+	DefaultWatchBuffer = 4096
+	// DefaultBookmarkInterval is the default of Options.BookmarkInterval.
+	DefaultBookmarkInterval = 10 * time.Second
+
+	// drainTimeout is how long Serve lets running RPCs finish after its context ends.
+	drainTimeout = 10 * time.Second
+	// maxRecvMsgSize bounds a request; the largest object fits with room to spare.
+	maxRecvMsgSize = 16 << 20
+)
+
+// Options configures a Server. The zero value is usable.
+type Options struct {
+	// Logger receives the server's logs. Default: slog.Default().
+	Logger *slog.Logger
+	// WatchBuffer is how many events each watcher may have queued before it is reset.
+	// Default: DefaultWatchBuffer (4096). Negative values are refused.
+	WatchBuffer int
+	// BookmarkInterval is how often an idle watch receives a BOOKMARK with the current
+	// revision. Default: DefaultBookmarkInterval (10s). A negative value disables bookmarks.
+	BookmarkInterval time.Duration
+	// Now tells the time that create, update and status times record. Default: time.Now.
+	Now func() time.Time
+}
+
+// withDefaults returns the options with every unset field at its default.
+func (o Options) withDefaults() (Options, error) {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	switch {
+	case o.WatchBuffer < 0:
+		return o, fmt.Errorf("WatchBuffer %d: must not be negative: %w", o.WatchBuffer, ErrInvalidOptions)
+	case o.WatchBuffer == 0:
+		o.WatchBuffer = DefaultWatchBuffer
+	}
+	if o.BookmarkInterval == 0 {
+		o.BookmarkInterval = DefaultBookmarkInterval
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return o, nil
+}
+
+// Server is the nimbus bus: it implements the nimbus.v1.Nimbus gRPC service over an
+// in-memory store. Serve it with Serve; stop it by ending Serve's context or with Close.
+type Server struct {
+	nimbusv1.UnimplementedNimbusServer
+
+	opts  Options
+	log   *slog.Logger
+	db    *memdb.MemDB
+	epoch string
+	// done is closed by Close; watches and status streams end when it is.
+	done chan struct{}
+	// resets counts the watchers reset because they fell behind.
+	resets atomic.Uint64
+
+	// mu serializes object commits with the hand-over of their change to the watchers and
+	// with watcher registration. It guards rev, watchers and closed.
+	mu       sync.Mutex
+	rev      uint64
+	watchers map[*watcher]struct{}
+	closed   bool
+}
+
+var _ nimbusv1.NimbusServer = (*Server)(nil)
+
+// New returns a Server with an empty store and a fresh epoch.
+func New(opts Options) (*Server, error) {
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("creating nimbus server: %w", err)
+	}
+	db, err := newDB()
+	if err != nil {
+		return nil, fmt.Errorf("creating nimbus store: %w", err)
+	}
+	var epoch [16]byte
+	rand.Read(epoch[:]) // never fails; see crypto/rand.Read
+	return &Server{
+		opts:     opts,
+		log:      opts.Logger,
+		db:       db,
+		epoch:    hex.EncodeToString(epoch[:]),
+		done:     make(chan struct{}),
+		watchers: map[*watcher]struct{}{},
+	}, nil
+}
+
+// Epoch returns the store instance's epoch, which every watch event carries.
+func (s *Server) Epoch() string { return s.epoch }
+
+// WatcherResets returns how many watchers have been reset because they fell behind.
+func (s *Server) WatcherResets() uint64 { return s.resets.Load() }
+
+// Serve serves the Nimbus service on every listener until ctx ends or one listener fails.
+// When ctx ends it closes the Server, which ends the watches and status streams, lets the
+// remaining RPCs finish for up to 10s, stops the rest and returns nil. When a listener
+// fails it stops serving on all of them and returns that error. Serve closes the
+// listeners in either case.
+func (s *Server) Serve(ctx context.Context, lis ...net.Listener) error {
+	if len(lis) == 0 {
+		return fmt.Errorf("serving nimbus: %w", ErrNoListeners)
+	}
+	if s.isClosed() {
+		return fmt.Errorf("serving nimbus: %w", ErrClosed)
+	}
+	gs := grpc.NewServer(
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
+			MinTime:             5 * time.Second,
+			PermitWithoutStream: true,
+		}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			Time:    30 * time.Second,
+			Timeout: 10 * time.Second,
+		}),
+		grpc.MaxRecvMsgSize(maxRecvMsgSize),
+		grpc.ForceServerCodecV2(codec{encoding.GetCodecV2(protoenc.Name)}),
+		grpc.WaitForHandlers(true),
+	)
+	nimbusv1.RegisterNimbusServer(gs, s)
+
+	errc := make(chan error, len(lis))
+	var wg sync.WaitGroup
+	for _, l := range lis {
+		wg.Go(func() {
+			if err := gs.Serve(l); err != nil {
+				errc <- fmt.Errorf("serving nimbus on %s: %w", l.Addr(), err)
+			}
+		})
+	}
+	defer wg.Wait()
+
+	select {
+	case err := <-errc:
+		gs.Stop()
+		return err
+	case <-ctx.Done():
+	}
+	s.Close()
+	drained := make(chan struct{})
+	go func() {
+		gs.GracefulStop()
+		close(drained)
+	}()
+	t := time.NewTimer(drainTimeout)
+	defer t.Stop()
+	select {
+	case <-drained:
+	case <-t.C:
+		s.log.Warn("rpcs still running after the drain timeout; stopping them", "timeout", drainTimeout)
+		gs.Stop()
+		<-drained
+	}
+	return nil
+}
+
+// Close ends every watch and status stream and refuses further writes and watches. Reads
+// keep working. Close is safe to call more than once.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	close(s.done)
+	clear(s.watchers)
+	return nil
+}
+
+func (s *Server) isClosed() bool {
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// rpcError turns an internal error into the status an RPC returns.
+func rpcError(err error) error {
+	if errors.Is(err, ErrClosed) {
+		return status.Error(codes.Unavailable, err.Error())
+	}
+	return status.Error(codes.Internal, err.Error())
+}
+
+// preEncoded is a message already in wire form. The codec of the grpc.Server that Serve
+// builds sends it as it is, which lets every watcher send a shared event without encoding
+// it again.
+type preEncoded []byte
+
+// codec is the proto codec, extended to pass preEncoded messages through.
+type codec struct{ encoding.CodecV2 }
+
+// Marshal returns the wire form of v.
+func (c codec) Marshal(v any) (mem.BufferSlice, error) {
+	if b, ok := v.(preEncoded); ok {
+		// SliceBuffer's Free does nothing, so gRPC never recycles the shared bytes.
+		return mem.BufferSlice{mem.SliceBuffer(b)}, nil
+	}
+	return c.CodecV2.Marshal(v)
+}

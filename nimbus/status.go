@@ -1,0 +1,112 @@
+package nimbus
+
+import (
+	"errors"
+	"fmt"
+	"io"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// ReportStatus takes the status reports a node streams and keeps each for its object and
+// node. Reports for objects that do not exist or do not target the reporting node are
+// dropped. It answers when the client closes its side, and ends with codes.Unavailable
+// when the Server is closed.
+func (s *Server) ReportStatus(stream grpc.ClientStreamingServer[nimbusv1.StatusReport, nimbusv1.ReportStatusResponse]) error {
+	if s.isClosed() {
+		return rpcError(fmt.Errorf("taking status reports: %w", ErrClosed))
+	}
+	ctx := stream.Context()
+	type received struct {
+		report *nimbusv1.StatusReport
+		err    error
+	}
+	// Recv blocks, so it runs apart from the loop that must also notice Close. The
+	// goroutine ends at the stream's first error, which at the latest is the cancellation
+	// of ctx once this handler has returned.
+	reports := make(chan received)
+	go func() {
+		for {
+			r, err := stream.Recv()
+			select {
+			case reports <- received{r, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	errClosed := status.Error(codes.Unavailable, "nimbus is shutting down; report again")
+	for {
+		select {
+		case <-s.done:
+			return errClosed
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		case rcv := <-reports:
+			// Close wins over reports that were ready at the same time.
+			if s.isClosed() {
+				return errClosed
+			}
+			if errors.Is(rcv.err, io.EOF) {
+				return stream.SendAndClose(&nimbusv1.ReportStatusResponse{})
+			}
+			if rcv.err != nil {
+				return fmt.Errorf("receiving status reports: %w", rcv.err)
+			}
+			if err := s.recordStatus(rcv.report); err != nil {
+				return rpcError(err)
+			}
+		}
+	}
+}
+
+// recordStatus stores one report, or drops it when it does not belong to a stored object
+// that targets the reporting node.
+func (s *Server) recordStatus(r *nimbusv1.StatusReport) error {
+	key, st := r.GetKey(), r.GetStatus()
+	node := st.GetNode()
+	if err := key.Validate(); err != nil {
+		s.log.Debug("dropping status report with an invalid key", "node", node, "error", err)
+		return nil
+	}
+	id := key.ID()
+	if node == "" {
+		s.log.Debug("dropping status report without a node", "key", id)
+		return nil
+	}
+	txn := s.db.Txn(true)
+	defer txn.Abort()
+	obj, err := getObject(txn, id)
+	if err != nil {
+		return fmt.Errorf("recording status of %s on node %s: %w", id, node, err)
+	}
+	switch {
+	case obj == nil:
+		s.log.Debug("dropping status report for an unknown object", "key", id, "node", node)
+		return nil
+	case !obj.TargetsNode(node):
+		s.log.Debug("dropping status report from a node the object does not target", "key", id, "node", node)
+		return nil
+	}
+	st = proto.Clone(st).(*nimbusv1.NodeStatus)
+	if st.GetUpdateTime() == nil {
+		st.UpdateTime = timestamppb.New(s.opts.Now())
+	}
+	rec := &statusRecord{ID: statusID(id, node), KeyID: id, Node: node, Status: st}
+	if err := txn.Insert(tableStatus, rec); err != nil {
+		return fmt.Errorf("recording status of %s on node %s: %w", id, node, err)
+	}
+	txn.Commit()
+	s.log.Debug("status recorded", "key", id, "node", node,
+		"phase", st.GetPhase(), "observed_generation", st.GetObservedGeneration())
+	return nil
+}

@@ -1,0 +1,269 @@
+package test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/naplesnet/naples/internal/testns"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// bin is the directory holding the binaries TestMain builds.
+var bin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "naples-e2e-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	bin = dir
+	build := exec.Command("go", "build", "-race", "-o", dir+"/", "../cmd/nimbus", "../cmd/naples-agent", "../cmd/naplesctl")
+	build.Stdout, build.Stderr = os.Stdout, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building binaries:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// deadline is how long a test waits for the system to converge.
+const deadline = 30 * time.Second
+
+// proc is a running binary whose output goes to a log file shown when the test fails.
+type proc struct {
+	cmd  *exec.Cmd
+	log  string
+	done chan error
+}
+
+func start(t *testing.T, logName string, name string, args ...string) *proc {
+	t.Helper()
+	logPath := filepath.Join(t.TempDir(), logName+".log")
+	f, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(name, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting %s: %v", name, err)
+	}
+	f.Close()
+	p := &proc{cmd: cmd, log: logPath, done: make(chan error, 1)}
+	go func() { p.done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		p.stop(t)
+		if t.Failed() {
+			out, _ := os.ReadFile(logPath)
+			t.Logf("%s log:\n%s", logName, out)
+		}
+	})
+	return p
+}
+
+// stop sends SIGTERM and waits for a clean exit; it is safe to call twice.
+func (p *proc) stop(t *testing.T) {
+	t.Helper()
+	if p.cmd.ProcessState != nil {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-p.done:
+		if err != nil {
+			t.Errorf("%s exited with %v after SIGTERM", filepath.Base(p.cmd.Path), err)
+		}
+	case <-time.After(deadline):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		t.Errorf("%s did not stop within %v of SIGTERM", filepath.Base(p.cmd.Path), deadline)
+	}
+}
+
+// kill sends SIGKILL and reaps the process.
+func (p *proc) kill(t *testing.T) {
+	t.Helper()
+	if err := p.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-p.done
+}
+
+// cluster is one nimbus and a way to reach it with naplesctl.
+type cluster struct {
+	dir    string
+	server string
+	nimbus *proc
+}
+
+func newCluster(t *testing.T) *cluster {
+	t.Helper()
+	testns.RequireRoot(t)
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "nimbus.sock")
+	c := &cluster{dir: dir, server: "unix://" + sock}
+	c.nimbus = start(t, "nimbus", filepath.Join(bin, "nimbus"), "--listen", c.server, "--log-level", "debug")
+	waitFor(t, "nimbus to listen", func() bool {
+		conn, err := net.Dial("unix", sock)
+		if err == nil {
+			conn.Close()
+		}
+		return err == nil
+	})
+	return c
+}
+
+// host is a node: a network namespace with 10.10.0.1/24 on eth0 and 10.20.0.1/24 on
+// eth1, and the agent running inside it.
+type host struct {
+	name  string
+	ns    string
+	state string
+	c     *cluster
+	agent *proc
+}
+
+func (c *cluster) newHost(t *testing.T, name string) *host {
+	t.Helper()
+	ns := testns.Named(t, "naples-e2e")
+	for _, args := range [][]string{
+		{"link", "add", "eth0", "type", "veth", "peer", "name", "eth1"},
+		{"addr", "add", "10.10.0.1/24", "dev", "eth0"},
+		{"addr", "add", "10.20.0.1/24", "dev", "eth1"},
+		{"link", "set", "eth0", "up"},
+		{"link", "set", "eth1", "up"},
+	} {
+		testns.Run(t, "ip", append([]string{"-n", ns}, args...)...)
+	}
+	h := &host{name: name, ns: ns, state: filepath.Join(c.dir, "state-"+name), c: c}
+	h.startAgent(t)
+	return h
+}
+
+func (h *host) startAgent(t *testing.T) {
+	t.Helper()
+	h.agent = start(t, "agent-"+h.name, "ip", "netns", "exec", h.ns, filepath.Join(bin, "naples-agent"),
+		"--node", h.name, "--nimbus", h.c.server, "--state-dir", h.state, "--log-level", "debug")
+}
+
+// routes returns `ip route show table N` inside the host.
+func (h *host) routes(t *testing.T, table int) string {
+	t.Helper()
+	return testns.Run(t, "ip", "-n", h.ns, "route", "show", "table", fmt.Sprint(table))
+}
+
+// ctl runs naplesctl against the cluster's nimbus.
+func (c *cluster) ctl(t *testing.T, stdin string, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "naplesctl"), append([]string{"--server", c.server}, args...)...)
+	cmd.Stdin = strings.NewReader(stdin)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	if err != nil {
+		return stdout.String(), fmt.Errorf("naplesctl %s: %w: %s", strings.Join(args, " "), err, stderr.String())
+	}
+	return stdout.String(), nil
+}
+
+func (c *cluster) mustCtl(t *testing.T, stdin string, args ...string) string {
+	t.Helper()
+	out, err := c.ctl(t, stdin, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// apply applies a manifest given as text.
+func (c *cluster) apply(t *testing.T, manifest string) string {
+	t.Helper()
+	return c.mustCtl(t, manifest, "apply", "-f", "-")
+}
+
+// errNotFound is returned by get for an object nimbus does not have.
+var errNotFound = errors.New("not found")
+
+// get reads one object and its status with `naplesctl get KIND NAME -o json`.
+func (c *cluster) get(t *testing.T, kind, name string) (generation int64, status *nimbusv1.ObjectStatus, err error) {
+	t.Helper()
+	out, err := c.ctl(t, "", "get", kind, name, "-o", "json")
+	if err != nil {
+		if strings.Contains(err.Error(), "not found") {
+			return 0, nil, errNotFound
+		}
+		return 0, nil, err
+	}
+	var doc struct {
+		Meta   json.RawMessage `json:"meta"`
+		Status json.RawMessage `json:"status"`
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		return 0, nil, fmt.Errorf("parsing %q: %w", out, err)
+	}
+	meta := &nimbusv1.ObjectMeta{}
+	if err := protojson.Unmarshal(doc.Meta, meta); err != nil {
+		return 0, nil, fmt.Errorf("parsing meta %s: %w", doc.Meta, err)
+	}
+	status = &nimbusv1.ObjectStatus{}
+	if len(doc.Status) > 0 {
+		if err := protojson.Unmarshal(doc.Status, status); err != nil {
+			return 0, nil, fmt.Errorf("parsing status %s: %w", doc.Status, err)
+		}
+	}
+	return meta.GetGeneration(), status, nil
+}
+
+// nodeStatus returns the status one node reports for an object, or nil.
+func nodeStatus(st *nimbusv1.ObjectStatus, node string) *nimbusv1.NodeStatus {
+	for _, ns := range st.GetNodes() {
+		if ns.GetNode() == node {
+			return ns
+		}
+	}
+	return nil
+}
+
+// waitProgrammed waits until node reports the object PROGRAMMED at the given generation.
+func (c *cluster) waitProgrammed(t *testing.T, kind, name, node string, generation int64) *nimbusv1.NodeStatus {
+	t.Helper()
+	var last *nimbusv1.NodeStatus
+	waitFor(t, fmt.Sprintf("%s %s PROGRAMMED at generation %d on %s", kind, name, generation, node), func() bool {
+		gen, st, err := c.get(t, kind, name)
+		if err != nil {
+			return false
+		}
+		last = nodeStatus(st, node)
+		return gen == generation && last.GetPhase() == nimbusv1.Phase_PHASE_PROGRAMMED && last.GetObservedGeneration() == generation
+	})
+	return last
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	end := time.Now().Add(deadline)
+	for !cond() {
+		if time.Now().After(end) {
+			t.Fatalf("timed out after %v waiting for %s", deadline, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
