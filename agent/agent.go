@@ -9,11 +9,13 @@ import (
 	"path/filepath"
 	"sync"
 
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/hal"
 	"github.com/naplesnet/naples/nimbusclient"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
 // Config is what one agent needs to run.
@@ -26,13 +28,17 @@ type Config struct {
 	StateDir string
 	// Logger receives every log. Default: slog.Default().
 	Logger *slog.Logger
+
+	// netns, when set, is the network namespace the HAL programs instead of the
+	// agent's own; tests use it to keep their hands off the machine's namespace.
+	netns *netns.NsHandle
 }
 
 // Run runs the agent until ctx ends, then stops every part and returns nil. It returns an
 // error when the agent cannot start or a part fails.
 func Run(ctx context.Context, cfg Config) error {
-	if cfg.Node == "" {
-		return errors.New("agent: node name is required")
+	if err := nimbusv1.ValidateNodeName(cfg.Node); err != nil {
+		return fmt.Errorf("agent: --node: %w", err)
 	}
 	if cfg.StateDir == "" {
 		return errors.New("agent: state directory is required")
@@ -57,7 +63,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	reconcilers, closeBackend, err := backend(store, log)
+	reconcilers, closeBackend, err := backend(store, cfg.netns, log)
 	if err != nil {
 		return err
 	}

@@ -278,7 +278,9 @@ func (s *Store) notify(changes memdb.Changes) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for sub := range s.subs {
-		sub.add(byTable[sub.opts.Table])
+		for _, t := range sub.opts.Tables {
+			sub.add(byTable[t])
+		}
 	}
 }
 

@@ -142,7 +142,7 @@ func TestSubscriptionCoalescesAndFilters(t *testing.T) {
 	s, d, st := open(t)
 	commit(t, d, func(txn *DesiredTxn) { txn.Put(route("existing", 1, "10.0.0.0/8", "10.0.0.1")) })
 
-	sub, err := s.Subscribe(SubscribeOptions{Table: TableDesired, Kind: nimbusv1.Kind_KIND_ROUTE})
+	sub, err := s.Subscribe(SubscribeOptions{Tables: []Table{TableDesired}, Kind: nimbusv1.Kind_KIND_ROUTE})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +166,7 @@ func TestSubscriptionCoalescesAndFilters(t *testing.T) {
 	if pending(sub) {
 		t.Errorf("an unchanged Put was announced")
 	}
-	ssub, err := s.Subscribe(SubscribeOptions{Table: TableStatus})
+	ssub, err := s.Subscribe(SubscribeOptions{Tables: []Table{TableStatus}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +199,7 @@ func TestSubscriptionCoalescesAndFilters(t *testing.T) {
 
 func TestSubscriptionCloseUnblocksNext(t *testing.T) {
 	s, _, _ := open(t)
-	sub, err := s.Subscribe(SubscribeOptions{Table: TableDesired})
+	sub, err := s.Subscribe(SubscribeOptions{Tables: []Table{TableDesired}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +214,7 @@ func TestSubscriptionCloseUnblocksNext(t *testing.T) {
 		t.Errorf("Next after Close: err = %v, want ErrClosed", err)
 	}
 	s.Close()
-	if _, err := s.Subscribe(SubscribeOptions{Table: TableDesired}); !errors.Is(err, ErrClosed) {
+	if _, err := s.Subscribe(SubscribeOptions{Tables: []Table{TableDesired}}); !errors.Is(err, ErrClosed) {
 		t.Errorf("Subscribe on closed store: err = %v, want ErrClosed", err)
 	}
 }
@@ -224,7 +224,7 @@ func TestSubscriptionCloseUnblocksNext(t *testing.T) {
 // last read for every key equals the store's final state.
 func TestSubscriberEndsAtFinalState(t *testing.T) {
 	s, d, _ := open(t)
-	sub, err := s.Subscribe(SubscribeOptions{Table: TableDesired})
+	sub, err := s.Subscribe(SubscribeOptions{Tables: []Table{TableDesired}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,8 +10,9 @@ import (
 
 // SubscribeOptions selects what a subscription hears of.
 type SubscribeOptions struct {
-	// Table is the table to watch. Required.
-	Table Table
+	// Tables are the tables to watch; keys that change in any of them are handed out.
+	// Required.
+	Tables []Table
 	// Kind limits the subscription to one kind. Default: every kind.
 	Kind nimbusv1.Kind
 }
@@ -54,14 +55,16 @@ func (s *Store) Subscribe(opts SubscribeOptions) (*Subscription, error) {
 	s.subs[sub] = struct{}{}
 	s.mu.Unlock()
 	var ids []string
-	switch opts.Table {
-	case TableDesired:
-		for _, obj := range s.List(opts.Kind) {
-			ids = append(ids, obj.Key().ID())
-		}
-	case TableStatus:
-		for _, e := range s.Statuses() {
-			ids = append(ids, e.Key.ID())
+	for _, t := range opts.Tables {
+		switch t {
+		case TableDesired:
+			for _, obj := range s.List(opts.Kind) {
+				ids = append(ids, obj.Key().ID())
+			}
+		case TableStatus:
+			for _, e := range s.Statuses() {
+				ids = append(ids, e.Key.ID())
+			}
 		}
 	}
 	sub.add(ids)

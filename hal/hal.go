@@ -144,7 +144,7 @@ func DefaultRateLimiter() workqueue.TypedRateLimiter[string] {
 // Run reconciles until ctx ends, then stops every goroutine it started and returns nil.
 func (h *HAL) Run(ctx context.Context) error {
 	defer h.Close()
-	sub, err := h.store.Subscribe(delphi.SubscribeOptions{Table: delphi.TableDesired})
+	sub, err := h.store.Subscribe(delphi.SubscribeOptions{Tables: []delphi.Table{delphi.TableDesired}})
 	if err != nil {
 		return fmt.Errorf("subscribing to desired objects: %w", err)
 	}
@@ -214,7 +214,7 @@ func (h *HAL) sweepAndResync(ctx context.Context) {
 		case <-t.C:
 		}
 		h.sweep(ctx)
-		sub, err := h.store.Subscribe(delphi.SubscribeOptions{Table: delphi.TableDesired})
+		sub, err := h.store.Subscribe(delphi.SubscribeOptions{Tables: []delphi.Table{delphi.TableDesired}})
 		if err != nil {
 			return
 		}

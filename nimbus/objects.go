@@ -25,16 +25,16 @@ func (s *Server) Apply(ctx context.Context, req *nimbusv1.ApplyRequest) (*nimbus
 	if err := in.Validate(); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	obj, changed, err := s.apply(in)
+	resp, err := s.apply(in)
 	if err != nil {
 		return nil, rpcError(err)
 	}
-	return &nimbusv1.ApplyResponse{Object: obj, Changed: changed}, nil
+	return resp, nil
 }
 
-// apply stores a clone of the valid object in and returns what is stored and whether that
-// changed anything.
-func (s *Server) apply(in *nimbusv1.Object) (*nimbusv1.Object, bool, error) {
+// apply stores a clone of the valid object in and returns what is stored, whether that
+// changed anything and whether it created the object.
+func (s *Server) apply(in *nimbusv1.Object) (*nimbusv1.ApplyResponse, error) {
 	key := in.Key()
 	id := key.ID()
 	obj := proto.Clone(in).(*nimbusv1.Object)
@@ -46,13 +46,13 @@ func (s *Server) apply(in *nimbusv1.Object) (*nimbusv1.Object, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, false, fmt.Errorf("applying %s: %w", id, ErrClosed)
+		return nil, fmt.Errorf("applying %s: %w", id, ErrClosed)
 	}
 	txn := s.db.Txn(true)
 	defer txn.Abort()
 	old, err := getObject(txn, id)
 	if err != nil {
-		return nil, false, fmt.Errorf("applying %s: %w", id, err)
+		return nil, fmt.Errorf("applying %s: %w", id, err)
 	}
 	retargeted := false
 	if old == nil {
@@ -65,7 +65,7 @@ func (s *Server) apply(in *nimbusv1.Object) (*nimbusv1.Object, bool, error) {
 		retargeted = !slices.Equal(om.GetNodes(), m.GetNodes())
 		if !specChanged && !retargeted && maps.Equal(om.GetLabels(), m.GetLabels()) {
 			s.log.Debug("object unchanged", "key", id, "revision", om.GetRevision())
-			return old, false, nil
+			return &nimbusv1.ApplyResponse{Object: old}, nil
 		}
 		m.Uid, m.CreateTime, m.Generation = om.GetUid(), om.GetCreateTime(), om.GetGeneration()
 		if specChanged || retargeted {
@@ -76,21 +76,21 @@ func (s *Server) apply(in *nimbusv1.Object) (*nimbusv1.Object, bool, error) {
 	m.Revision = rev
 	m.UpdateTime = now
 	if err := putObject(txn, id, obj); err != nil {
-		return nil, false, fmt.Errorf("applying %s: %w", id, err)
+		return nil, fmt.Errorf("applying %s: %w", id, err)
 	}
 	if retargeted {
 		if err := dropStatuses(txn, id, obj.TargetsNode); err != nil {
-			return nil, false, fmt.Errorf("applying %s: %w", id, err)
+			return nil, fmt.Errorf("applying %s: %w", id, err)
 		}
 	}
 	if err := setRevision(txn, rev); err != nil {
-		return nil, false, fmt.Errorf("applying %s: %w", id, err)
+		return nil, fmt.Errorf("applying %s: %w", id, err)
 	}
 	txn.Commit()
 	s.rev = rev
 	s.publishLocked(newChange(s.epoch, rev, key, old, obj))
 	s.log.Info("object applied", "key", id, "revision", rev, "generation", m.GetGeneration(), "created", old == nil)
-	return obj, true, nil
+	return &nimbusv1.ApplyResponse{Object: obj, Changed: true, Created: old == nil}, nil
 }
 
 // normalizeNodes returns the node names sorted and without duplicates, so that the order

@@ -26,8 +26,8 @@ func TestApplyThenGet(t *testing.T) {
 	ts.clock.Advance(time.Hour)
 
 	resp := ts.apply(t, in)
-	if !resp.GetChanged() {
-		t.Error("Apply of a new object: changed = false")
+	if !resp.GetChanged() || !resp.GetCreated() {
+		t.Errorf("Apply of a new object: changed = %v, created = %v; want both true", resp.GetChanged(), resp.GetCreated())
 	}
 	got := ts.get(t, routeKey("r1")).GetObject()
 	if !proto.Equal(got, resp.GetObject()) {
@@ -82,8 +82,8 @@ func TestApplyAgain(t *testing.T) {
 			in := route("r1", []string{"a", "b"}, "192.0.2.1")
 			tc.change(in)
 			resp := ts.apply(t, in)
-			if resp.GetChanged() != tc.wantChanged {
-				t.Errorf("changed = %v, want %v", resp.GetChanged(), tc.wantChanged)
+			if resp.GetChanged() != tc.wantChanged || resp.GetCreated() {
+				t.Errorf("changed = %v, created = %v; want %v, false", resp.GetChanged(), resp.GetCreated(), tc.wantChanged)
 			}
 			got := ts.get(t, routeKey("r1")).GetObject()
 			m, fm := got.GetMeta(), first.GetMeta()

@@ -215,8 +215,10 @@ func (c *Client) report(ctx context.Context, api nimbusv1.NimbusClient) error {
 	if err != nil {
 		return fmt.Errorf("starting status stream: %w", err)
 	}
-	// A fresh subscription hands out every key first: all status goes up again.
-	sub, err := c.store.Subscribe(delphi.SubscribeOptions{Table: delphi.TableStatus})
+	// A fresh subscription hands out every key first: all status goes up again. A key's
+	// status also goes up again when its object changes, so a nimbus that lost an object
+	// and got it back (an ephemeral restart) hears the status of the object it has now.
+	sub, err := c.store.Subscribe(delphi.SubscribeOptions{Tables: []delphi.Table{delphi.TableStatus, delphi.TableDesired}})
 	if err != nil {
 		return fmt.Errorf("subscribing to status: %w", err)
 	}

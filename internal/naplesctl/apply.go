@@ -6,8 +6,6 @@ import (
 	"fmt"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -69,15 +67,8 @@ func (c *cli) apply(ctx context.Context, files []string) error {
 }
 
 // apply applies obj and says what that did: "created", "configured (generation 2)" or
-// "unchanged". Whether the object existed is asked first, since a change of labels alone
-// keeps the generation at 1.
+// "unchanged".
 func (s *session) apply(ctx context.Context, obj *nimbusv1.Object) (string, error) {
-	existed := true
-	if _, err := s.nimbus.Get(ctx, &nimbusv1.GetRequest{Key: obj.Key()}); status.Code(err) == codes.NotFound {
-		existed = false
-	} else if err != nil {
-		return "", s.rpcError(err)
-	}
 	resp, err := s.nimbus.Apply(ctx, &nimbusv1.ApplyRequest{Object: obj})
 	if err != nil {
 		return "", s.rpcError(err)
@@ -85,7 +76,7 @@ func (s *session) apply(ctx context.Context, obj *nimbusv1.Object) (string, erro
 	switch {
 	case !resp.GetChanged():
 		return "unchanged", nil
-	case !existed:
+	case resp.GetCreated():
 		return "created", nil
 	}
 	return fmt.Sprintf("configured (generation %d)", resp.GetObject().GetMeta().GetGeneration()), nil

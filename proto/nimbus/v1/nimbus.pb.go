@@ -1501,7 +1501,9 @@ type ApplyResponse struct {
 	// object is the stored object with the fields nimbus assigns filled in.
 	Object *Object `protobuf:"bytes,1,opt,name=object,proto3" json:"object,omitempty"`
 	// changed is false when the object was already stored with the same content.
-	Changed       bool `protobuf:"varint,2,opt,name=changed,proto3" json:"changed,omitempty"`
+	Changed bool `protobuf:"varint,2,opt,name=changed,proto3" json:"changed,omitempty"`
+	// created is true when the object did not exist before.
+	Created       bool `protobuf:"varint,3,opt,name=created,proto3" json:"created,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1546,6 +1548,13 @@ func (x *ApplyResponse) GetObject() *Object {
 func (x *ApplyResponse) GetChanged() bool {
 	if x != nil {
 		return x.Changed
+	}
+	return false
+}
+
+func (x *ApplyResponse) GetCreated() bool {
+	if x != nil {
+		return x.Created
 	}
 	return false
 }
@@ -2199,10 +2208,11 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\x06object\x18\x01 \x01(\v2\x11.nimbus.v1.ObjectR\x06object\x12/\n" +
 	"\x06status\x18\x02 \x01(\v2\x17.nimbus.v1.ObjectStatusR\x06status\"9\n" +
 	"\fApplyRequest\x12)\n" +
-	"\x06object\x18\x01 \x01(\v2\x11.nimbus.v1.ObjectR\x06object\"T\n" +
+	"\x06object\x18\x01 \x01(\v2\x11.nimbus.v1.ObjectR\x06object\"n\n" +
 	"\rApplyResponse\x12)\n" +
 	"\x06object\x18\x01 \x01(\v2\x11.nimbus.v1.ObjectR\x06object\x12\x18\n" +
-	"\achanged\x18\x02 \x01(\bR\achanged\"7\n" +
+	"\achanged\x18\x02 \x01(\bR\achanged\x12\x18\n" +
+	"\acreated\x18\x03 \x01(\bR\acreated\"7\n" +
 	"\rDeleteRequest\x12&\n" +
 	"\x03key\x18\x01 \x01(\v2\x14.nimbus.v1.ObjectKeyR\x03key\"B\n" +
 	"\x0eDeleteResponse\x12\x14\n" +

@@ -261,3 +261,10 @@ func (v *validator) iface(s *InterfaceSpec) {
 		}
 	}
 }
+
+// ValidateNodeName checks that name can name a node: lower-case DNS-style labels.
+func ValidateNodeName(name string) error {
+	v := &validator{}
+	v.name("node", name, true)
+	return v.err()
+}

@@ -1,0 +1,134 @@
+package agent
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/naplesnet/naples/internal/testns"
+	"github.com/naplesnet/naples/nimbus"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// TestRunReportsAndStops runs a whole agent, programming a fresh network namespace,
+// against a real nimbus: a route reaches the kernel, an object the agent does not program
+// is reported PENDING at nimbus, and when the context ends Run returns nil with every
+// goroutine stopped (goleak).
+func TestRunReportsAndStops(t *testing.T) {
+	nsName := testns.Named(t, "naples-agent")
+	testns.Run(t, "ip", "-n", nsName, "link", "add", "eth0", "type", "veth", "peer", "name", "eth1")
+	testns.Run(t, "ip", "-n", nsName, "addr", "add", "10.10.0.1/24", "dev", "eth0")
+	testns.Run(t, "ip", "-n", nsName, "link", "set", "eth0", "up")
+	ns := testns.Handle(t, nsName)
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "nimbus.sock")
+	srv, err := nimbus.New(nimbus.Options{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, stopServer := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(sctx, lis) }()
+	defer func() {
+		stopServer()
+		<-served
+	}()
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	api := nimbusv1.NewNimbusClient(conn)
+	network := &nimbusv1.Object{
+		Meta: &nimbusv1.ObjectMeta{Name: "blue", Nodes: []string{"host-a"}},
+		Spec: &nimbusv1.Object_Network{Network: &nimbusv1.NetworkSpec{Vni: 10, Subnet: "10.1.0.0/24"}},
+	}
+	route := &nimbusv1.Object{
+		Meta: &nimbusv1.ObjectMeta{Name: "to-dc2", Nodes: []string{"host-a"}},
+		Spec: &nimbusv1.Object_Route{Route: &nimbusv1.RouteSpec{Table: 100, Prefix: "198.51.100.0/24", Nexthops: []*nimbusv1.NextHop{{Gateway: "10.10.0.2"}}}},
+	}
+	for _, obj := range []*nimbusv1.Object{network, route} {
+		if _, err := api.Apply(context.Background(), &nimbusv1.ApplyRequest{Object: obj}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() {
+		ran <- Run(ctx, Config{Node: "host-a", Nimbus: "unix://" + sock, StateDir: filepath.Join(dir, "state"), Logger: quiet, netns: &ns})
+	}()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := api.Get(context.Background(), &nimbusv1.GetRequest{Key: network.Key()})
+		if err == nil && len(resp.GetItem().GetStatus().GetNodes()) == 1 {
+			st := resp.GetItem().GetStatus().GetNodes()[0]
+			if st.GetNode() != "host-a" || st.GetPhase() != nimbusv1.Phase_PHASE_PENDING || st.GetReason() != "Unsupported" {
+				t.Fatalf("status = %v, want host-a PENDING Unsupported", st)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the agent's status never reached nimbus")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	for !strings.Contains(testns.Run(t, "ip", "-n", nsName, "route", "show", "table", "100"), "198.51.100.0/24 via 10.10.0.2") {
+		if time.Now().After(deadline) {
+			t.Fatal("the route never reached the namespace's table 100")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	// A second agent on the same state directory is refused while the first runs.
+	err = Run(context.Background(), Config{Node: "host-a", Nimbus: "unix://" + sock, StateDir: filepath.Join(dir, "state"), Logger: quiet})
+	if err == nil || !strings.Contains(err.Error(), "another agent") {
+		t.Errorf("second agent on the same state directory: err = %v, want a lock refusal", err)
+	}
+
+	cancel()
+	select {
+	case err := <-ran:
+		if err != nil {
+			t.Errorf("Run after cancel = %v, want nil", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Run did not return after cancel")
+	}
+}
+
+func TestRunRefusesBadConfig(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Node: "Host_A", Nimbus: "unix:///x.sock", StateDir: t.TempDir()}, `node "Host_A"`},
+		{Config{Node: "host-a", Nimbus: "http://x", StateDir: t.TempDir()}, `address "http://x"`},
+		{Config{Node: "host-a", Nimbus: "unix:///x.sock"}, "state directory is required"},
+	} {
+		err := Run(context.Background(), tc.cfg)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Run(%+v) = %v, want an error containing %q", tc.cfg, err, tc.want)
+		}
+	}
+}

@@ -1,0 +1,106 @@
+package nimbusv1
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func validRoute() *Object {
+	return &Object{
+		Meta: &ObjectMeta{Name: "to-dc2", Nodes: []string{"host-a"}},
+		Spec: &Object_Route{Route: &RouteSpec{Table: 100, Prefix: "198.51.100.0/24", Nexthops: []*NextHop{{Gateway: "10.10.0.2"}}}},
+	}
+}
+
+func TestValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		mutate func(o *Object)
+		want   string // "" means valid; otherwise the exact error text
+	}{
+		{name: "valid", mutate: func(*Object) {}},
+		{name: "ecmp v6", mutate: func(o *Object) {
+			o.GetRoute().Prefix = "2001:db8::/32"
+			o.GetRoute().Nexthops = []*NextHop{{Gateway: "fe80::1", Device: "eth0"}, {Gateway: "2001:db8:1::1", Weight: 3}}
+		}},
+		{name: "prefix length", mutate: func(o *Object) { o.GetRoute().Prefix = "10.0.0.0/33" },
+			want: `spec.prefix "10.0.0.0/33": prefix length out of range`},
+		{name: "host bits", mutate: func(o *Object) { o.GetRoute().Prefix = "10.0.0.1/24" },
+			want: `spec.prefix "10.0.0.1/24": host bits set; did you mean 10.0.0.0/24?`},
+		{name: "gateway", mutate: func(o *Object) { o.GetRoute().Nexthops[0].Gateway = "10.10.0.999" },
+			want: `spec.nexthops[0].gateway "10.10.0.999": not an IP address`},
+		{name: "family", mutate: func(o *Object) { o.GetRoute().Nexthops[0].Gateway = "2001:db8::1" },
+			want: `spec.nexthops[0].gateway "2001:db8::1": address family differs from spec.prefix 198.51.100.0/24`},
+		{name: "no next hops", mutate: func(o *Object) { o.GetRoute().Nexthops = nil },
+			want: `spec.nexthops "": at least one next hop is required`},
+		{name: "table 0", mutate: func(o *Object) { o.GetRoute().Table = 0 },
+			want: `spec.table "0": is required (1 to 4294967295)`},
+		{name: "local table", mutate: func(o *Object) { o.GetRoute().Table = 255 },
+			want: `spec.table "255": table 255 is the kernel's "local" table and cannot be used`},
+		{name: "name", mutate: func(o *Object) { o.Meta.Name = "To_DC2" },
+			want: `meta.name "To_DC2": must be lower-case letters, digits, '-' and '.', at most 253 characters`},
+		{name: "missing name", mutate: func(o *Object) { o.Meta.Name = "" }, want: `meta.name "": is required`},
+		{name: "node", mutate: func(o *Object) { o.Meta.Nodes = []string{"host a"} },
+			want: `meta.nodes[0] "host a": must be lower-case letters, digits, '-' and '.', at most 253 characters`},
+		{name: "no spec", mutate: func(o *Object) { o.Spec = nil }, want: `spec "": is required`},
+		{name: "network vni", mutate: func(o *Object) {
+			o.Spec = &Object_Network{Network: &NetworkSpec{Vni: 1 << 24, Subnet: "10.1.0.0/24", Gateway: "10.2.0.1"}}
+		}, want: "spec.vni \"16777216\": must be between 1 and 16777215\nspec.gateway \"10.2.0.1\": not inside spec.subnet 10.1.0.0/24"},
+		{name: "policy ports", mutate: func(o *Object) {
+			o.Spec = &Object_NetworkSecurityPolicy{NetworkSecurityPolicy: &NetworkSecurityPolicySpec{
+				Ingress: []*PolicyRule{{Action: PolicyRule_ACTION_ALLOW, Protocol: "tcp", Ports: []string{"80", "9000-8000"}}},
+			}}
+		}, want: `spec.ingress[0].ports[1] "9000-8000": must be a port 1-65535 or a range "low-high"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := validRoute()
+			tc.mutate(o)
+			err := o.Validate()
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("Validate() = %v, want nil", err)
+				}
+				return
+			}
+			if err == nil || err.Error() != tc.want {
+				t.Fatalf("Validate() = %v\nwant %s", err, tc.want)
+			}
+			var fe *FieldError
+			if !errors.As(err, &fe) || !errors.Is(err, ErrInvalid) {
+				t.Errorf("error %v is not a *FieldError matching ErrInvalid", err)
+			}
+		})
+	}
+}
+
+func TestParseKind(t *testing.T) {
+	for in, want := range map[string]Kind{
+		"route": Kind_KIND_ROUTE, "Route": Kind_KIND_ROUTE, "ROUTES": Kind_KIND_ROUTE,
+		"networksecuritypolicies": Kind_KIND_NETWORK_SECURITY_POLICY, "network-security-policy": Kind_KIND_NETWORK_SECURITY_POLICY,
+		"SecurityGroups": Kind_KIND_SECURITY_GROUP, "interface": Kind_KIND_INTERFACE, "nodes": Kind_KIND_NODE,
+	} {
+		if got, err := ParseKind(in); err != nil || got != want {
+			t.Errorf("ParseKind(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	if _, err := ParseKind("rout"); !errors.Is(err, ErrUnknownKind) || !strings.Contains(err.Error(), `"rout"`) {
+		t.Errorf("ParseKind(rout) error = %v, want ErrUnknownKind naming the input", err)
+	}
+}
+
+func TestKeyIDRoundTrip(t *testing.T) {
+	k := NewKey(Kind_KIND_NETWORK_SECURITY_POLICY, "", "prod", "web")
+	if k.ID() != "NetworkSecurityPolicy/default/prod/web" {
+		t.Fatalf("ID() = %q", k.ID())
+	}
+	back, err := ParseKeyID(k.ID())
+	if err != nil || back.ID() != k.ID() {
+		t.Fatalf("ParseKeyID(%q) = %v, %v", k.ID(), back, err)
+	}
+	for _, bad := range []string{"Route/x", "Rout/a/b/c"} {
+		if _, err := ParseKeyID(bad); err == nil {
+			t.Errorf("ParseKeyID(%q) succeeded", bad)
+		}
+	}
+}
