@@ -204,6 +204,9 @@ const (
 	WatchEvent_TYPE_SYNCED WatchEvent_Type = 3
 	// TYPE_BOOKMARK carries the current revision while nothing changes.
 	WatchEvent_TYPE_BOOKMARK WatchEvent_Type = 4
+	// TYPE_RESUMED starts a watch that continues from the client's epoch and revision:
+	// only the changes after it follow, no snapshot.
+	WatchEvent_TYPE_RESUMED WatchEvent_Type = 5
 )
 
 // Enum value maps for WatchEvent_Type.
@@ -214,6 +217,7 @@ var (
 		2: "TYPE_DELETE",
 		3: "TYPE_SYNCED",
 		4: "TYPE_BOOKMARK",
+		5: "TYPE_RESUMED",
 	}
 	WatchEvent_Type_value = map[string]int32{
 		"TYPE_UNSPECIFIED": 0,
@@ -221,6 +225,7 @@ var (
 		"TYPE_DELETE":      2,
 		"TYPE_SYNCED":      3,
 		"TYPE_BOOKMARK":    4,
+		"TYPE_RESUMED":     5,
 	}
 )
 
@@ -1242,7 +1247,10 @@ type NodeStatus struct {
 	Message    string                 `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
 	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
 	// operational holds kind-specific operational data (link state, rule hits) as strings.
-	Operational   map[string]string `protobuf:"bytes,7,rep,name=operational,proto3" json:"operational,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Operational map[string]string `protobuf:"bytes,7,rep,name=operational,proto3" json:"operational,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// stale is set by nimbus when the node's agent has been disconnected for longer than
+	// the grace period: the status is the last one reported, not necessarily the truth.
+	Stale         bool `protobuf:"varint,8,opt,name=stale,proto3" json:"stale,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1326,7 +1334,14 @@ func (x *NodeStatus) GetOperational() map[string]string {
 	return nil
 }
 
-// ObjectStatus is the status of one object across its target nodes.
+func (x *NodeStatus) GetStale() bool {
+	if x != nil {
+		return x.Stale
+	}
+	return false
+}
+
+// ObjectStatus is the propagation status of one object across its target nodes.
 type ObjectStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// nodes holds the status each node reported, ordered by node name.
@@ -1336,7 +1351,20 @@ type ObjectStatus struct {
 	// programmed_nodes is the number of nodes PROGRAMMED at the current generation.
 	ProgrammedNodes int32 `protobuf:"varint,3,opt,name=programmed_nodes,json=programmedNodes,proto3" json:"programmed_nodes,omitempty"`
 	// failed_nodes is the number of nodes FAILED at the current generation.
-	FailedNodes   int32 `protobuf:"varint,4,opt,name=failed_nodes,json=failedNodes,proto3" json:"failed_nodes,omitempty"`
+	FailedNodes int32 `protobuf:"varint,4,opt,name=failed_nodes,json=failedNodes,proto3" json:"failed_nodes,omitempty"`
+	// generation is the object's current generation, the one the counts refer to.
+	Generation int64 `protobuf:"varint,5,opt,name=generation,proto3" json:"generation,omitempty"`
+	// current_nodes is the number of target nodes that report the current generation, in
+	// any phase.
+	CurrentNodes int32 `protobuf:"varint,6,opt,name=current_nodes,json=currentNodes,proto3" json:"current_nodes,omitempty"`
+	// pending lists, by name, the target nodes not yet PROGRAMMED or FAILED at the current
+	// generation (including nodes that have reported nothing).
+	Pending []string `protobuf:"bytes,7,rep,name=pending,proto3" json:"pending,omitempty"`
+	// stale_nodes is the number of target nodes whose status is stale.
+	StaleNodes int32 `protobuf:"varint,8,opt,name=stale_nodes,json=staleNodes,proto3" json:"stale_nodes,omitempty"`
+	// caught_up_time is when the last target node reported PROGRAMMED at the current
+	// generation; unset while any target node is not there yet.
+	CaughtUpTime  *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=caught_up_time,json=caughtUpTime,proto3" json:"caught_up_time,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1397,6 +1425,41 @@ func (x *ObjectStatus) GetFailedNodes() int32 {
 		return x.FailedNodes
 	}
 	return 0
+}
+
+func (x *ObjectStatus) GetGeneration() int64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *ObjectStatus) GetCurrentNodes() int32 {
+	if x != nil {
+		return x.CurrentNodes
+	}
+	return 0
+}
+
+func (x *ObjectStatus) GetPending() []string {
+	if x != nil {
+		return x.Pending
+	}
+	return nil
+}
+
+func (x *ObjectStatus) GetStaleNodes() int32 {
+	if x != nil {
+		return x.StaleNodes
+	}
+	return 0
+}
+
+func (x *ObjectStatus) GetCaughtUpTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CaughtUpTime
+	}
+	return nil
 }
 
 // ObjectWithStatus pairs an object with its status, as Get and List return them.
@@ -2185,7 +2248,7 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\x06device\x18\x01 \x01(\tR\x06device\x12\x19\n" +
 	"\badmin_up\x18\x02 \x01(\bR\aadminUp\x12\x10\n" +
 	"\x03mtu\x18\x03 \x01(\rR\x03mtu\x12\x1c\n" +
-	"\taddresses\x18\x04 \x03(\tR\taddresses\"\xf2\x02\n" +
+	"\taddresses\x18\x04 \x03(\tR\taddresses\"\x88\x03\n" +
 	"\n" +
 	"NodeStatus\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12/\n" +
@@ -2195,15 +2258,24 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\amessage\x18\x05 \x01(\tR\amessage\x12;\n" +
 	"\vupdate_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"updateTime\x12H\n" +
-	"\voperational\x18\a \x03(\v2&.nimbus.v1.NodeStatus.OperationalEntryR\voperational\x1a>\n" +
+	"\voperational\x18\a \x03(\v2&.nimbus.v1.NodeStatus.OperationalEntryR\voperational\x12\x14\n" +
+	"\x05stale\x18\b \x01(\bR\x05stale\x1a>\n" +
 	"\x10OperationalEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xac\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xee\x02\n" +
 	"\fObjectStatus\x12+\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x15.nimbus.v1.NodeStatusR\x05nodes\x12!\n" +
 	"\ftarget_nodes\x18\x02 \x01(\x05R\vtargetNodes\x12)\n" +
 	"\x10programmed_nodes\x18\x03 \x01(\x05R\x0fprogrammedNodes\x12!\n" +
-	"\ffailed_nodes\x18\x04 \x01(\x05R\vfailedNodes\"n\n" +
+	"\ffailed_nodes\x18\x04 \x01(\x05R\vfailedNodes\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x05 \x01(\x03R\n" +
+	"generation\x12#\n" +
+	"\rcurrent_nodes\x18\x06 \x01(\x05R\fcurrentNodes\x12\x18\n" +
+	"\apending\x18\a \x03(\tR\apending\x12\x1f\n" +
+	"\vstale_nodes\x18\b \x01(\x05R\n" +
+	"staleNodes\x12@\n" +
+	"\x0ecaught_up_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\fcaughtUpTime\"n\n" +
 	"\x10ObjectWithStatus\x12)\n" +
 	"\x06object\x18\x01 \x01(\v2\x11.nimbus.v1.ObjectR\x06object\x12/\n" +
 	"\x06status\x18\x02 \x01(\v2\x17.nimbus.v1.ObjectStatusR\x06status\"9\n" +
@@ -2233,7 +2305,7 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\fWatchRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\tR\x05epoch\x12\x1a\n" +
-	"\brevision\x18\x03 \x01(\x04R\brevision\"\xbe\x02\n" +
+	"\brevision\x18\x03 \x01(\x04R\brevision\"\xd0\x02\n" +
 	"\n" +
 	"WatchEvent\x12.\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x1a.nimbus.v1.WatchEvent.TypeR\x04type\x12)\n" +
@@ -2241,13 +2313,14 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\x03key\x18\x03 \x01(\v2\x14.nimbus.v1.ObjectKeyR\x03key\x12\x1a\n" +
 	"\brevision\x18\x04 \x01(\x04R\brevision\x12\x14\n" +
 	"\x05epoch\x18\x05 \x01(\tR\x05epoch\x12\x1a\n" +
-	"\bsnapshot\x18\x06 \x01(\bR\bsnapshot\"_\n" +
+	"\bsnapshot\x18\x06 \x01(\bR\bsnapshot\"q\n" +
 	"\x04Type\x12\x14\n" +
 	"\x10TYPE_UNSPECIFIED\x10\x00\x12\f\n" +
 	"\bTYPE_PUT\x10\x01\x12\x0f\n" +
 	"\vTYPE_DELETE\x10\x02\x12\x0f\n" +
 	"\vTYPE_SYNCED\x10\x03\x12\x11\n" +
-	"\rTYPE_BOOKMARK\x10\x04\"e\n" +
+	"\rTYPE_BOOKMARK\x10\x04\x12\x10\n" +
+	"\fTYPE_RESUMED\x10\x05\"e\n" +
 	"\fStatusReport\x12&\n" +
 	"\x03key\x18\x01 \x01(\v2\x14.nimbus.v1.ObjectKeyR\x03key\x12-\n" +
 	"\x06status\x18\x02 \x01(\v2\x15.nimbus.v1.NodeStatusR\x06status\"\x16\n" +
@@ -2346,37 +2419,38 @@ var file_nimbus_v1_nimbus_proto_depIdxs = []int32{
 	33, // 17: nimbus.v1.NodeStatus.update_time:type_name -> google.protobuf.Timestamp
 	32, // 18: nimbus.v1.NodeStatus.operational:type_name -> nimbus.v1.NodeStatus.OperationalEntry
 	16, // 19: nimbus.v1.ObjectStatus.nodes:type_name -> nimbus.v1.NodeStatus
-	6,  // 20: nimbus.v1.ObjectWithStatus.object:type_name -> nimbus.v1.Object
-	17, // 21: nimbus.v1.ObjectWithStatus.status:type_name -> nimbus.v1.ObjectStatus
-	6,  // 22: nimbus.v1.ApplyRequest.object:type_name -> nimbus.v1.Object
-	6,  // 23: nimbus.v1.ApplyResponse.object:type_name -> nimbus.v1.Object
-	4,  // 24: nimbus.v1.DeleteRequest.key:type_name -> nimbus.v1.ObjectKey
-	4,  // 25: nimbus.v1.GetRequest.key:type_name -> nimbus.v1.ObjectKey
-	18, // 26: nimbus.v1.GetResponse.item:type_name -> nimbus.v1.ObjectWithStatus
-	0,  // 27: nimbus.v1.ListRequest.kind:type_name -> nimbus.v1.Kind
-	18, // 28: nimbus.v1.ListResponse.items:type_name -> nimbus.v1.ObjectWithStatus
-	3,  // 29: nimbus.v1.WatchEvent.type:type_name -> nimbus.v1.WatchEvent.Type
-	6,  // 30: nimbus.v1.WatchEvent.object:type_name -> nimbus.v1.Object
-	4,  // 31: nimbus.v1.WatchEvent.key:type_name -> nimbus.v1.ObjectKey
-	4,  // 32: nimbus.v1.StatusReport.key:type_name -> nimbus.v1.ObjectKey
-	16, // 33: nimbus.v1.StatusReport.status:type_name -> nimbus.v1.NodeStatus
-	19, // 34: nimbus.v1.Nimbus.Apply:input_type -> nimbus.v1.ApplyRequest
-	21, // 35: nimbus.v1.Nimbus.Delete:input_type -> nimbus.v1.DeleteRequest
-	23, // 36: nimbus.v1.Nimbus.Get:input_type -> nimbus.v1.GetRequest
-	25, // 37: nimbus.v1.Nimbus.List:input_type -> nimbus.v1.ListRequest
-	27, // 38: nimbus.v1.Nimbus.Watch:input_type -> nimbus.v1.WatchRequest
-	29, // 39: nimbus.v1.Nimbus.ReportStatus:input_type -> nimbus.v1.StatusReport
-	20, // 40: nimbus.v1.Nimbus.Apply:output_type -> nimbus.v1.ApplyResponse
-	22, // 41: nimbus.v1.Nimbus.Delete:output_type -> nimbus.v1.DeleteResponse
-	24, // 42: nimbus.v1.Nimbus.Get:output_type -> nimbus.v1.GetResponse
-	26, // 43: nimbus.v1.Nimbus.List:output_type -> nimbus.v1.ListResponse
-	28, // 44: nimbus.v1.Nimbus.Watch:output_type -> nimbus.v1.WatchEvent
-	30, // 45: nimbus.v1.Nimbus.ReportStatus:output_type -> nimbus.v1.ReportStatusResponse
-	40, // [40:46] is the sub-list for method output_type
-	34, // [34:40] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	33, // 20: nimbus.v1.ObjectStatus.caught_up_time:type_name -> google.protobuf.Timestamp
+	6,  // 21: nimbus.v1.ObjectWithStatus.object:type_name -> nimbus.v1.Object
+	17, // 22: nimbus.v1.ObjectWithStatus.status:type_name -> nimbus.v1.ObjectStatus
+	6,  // 23: nimbus.v1.ApplyRequest.object:type_name -> nimbus.v1.Object
+	6,  // 24: nimbus.v1.ApplyResponse.object:type_name -> nimbus.v1.Object
+	4,  // 25: nimbus.v1.DeleteRequest.key:type_name -> nimbus.v1.ObjectKey
+	4,  // 26: nimbus.v1.GetRequest.key:type_name -> nimbus.v1.ObjectKey
+	18, // 27: nimbus.v1.GetResponse.item:type_name -> nimbus.v1.ObjectWithStatus
+	0,  // 28: nimbus.v1.ListRequest.kind:type_name -> nimbus.v1.Kind
+	18, // 29: nimbus.v1.ListResponse.items:type_name -> nimbus.v1.ObjectWithStatus
+	3,  // 30: nimbus.v1.WatchEvent.type:type_name -> nimbus.v1.WatchEvent.Type
+	6,  // 31: nimbus.v1.WatchEvent.object:type_name -> nimbus.v1.Object
+	4,  // 32: nimbus.v1.WatchEvent.key:type_name -> nimbus.v1.ObjectKey
+	4,  // 33: nimbus.v1.StatusReport.key:type_name -> nimbus.v1.ObjectKey
+	16, // 34: nimbus.v1.StatusReport.status:type_name -> nimbus.v1.NodeStatus
+	19, // 35: nimbus.v1.Nimbus.Apply:input_type -> nimbus.v1.ApplyRequest
+	21, // 36: nimbus.v1.Nimbus.Delete:input_type -> nimbus.v1.DeleteRequest
+	23, // 37: nimbus.v1.Nimbus.Get:input_type -> nimbus.v1.GetRequest
+	25, // 38: nimbus.v1.Nimbus.List:input_type -> nimbus.v1.ListRequest
+	27, // 39: nimbus.v1.Nimbus.Watch:input_type -> nimbus.v1.WatchRequest
+	29, // 40: nimbus.v1.Nimbus.ReportStatus:input_type -> nimbus.v1.StatusReport
+	20, // 41: nimbus.v1.Nimbus.Apply:output_type -> nimbus.v1.ApplyResponse
+	22, // 42: nimbus.v1.Nimbus.Delete:output_type -> nimbus.v1.DeleteResponse
+	24, // 43: nimbus.v1.Nimbus.Get:output_type -> nimbus.v1.GetResponse
+	26, // 44: nimbus.v1.Nimbus.List:output_type -> nimbus.v1.ListResponse
+	28, // 45: nimbus.v1.Nimbus.Watch:output_type -> nimbus.v1.WatchEvent
+	30, // 46: nimbus.v1.Nimbus.ReportStatus:output_type -> nimbus.v1.ReportStatusResponse
+	41, // [41:47] is the sub-list for method output_type
+	35, // [35:41] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_nimbus_v1_nimbus_proto_init() }
