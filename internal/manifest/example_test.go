@@ -62,7 +62,9 @@ func ExampleEncode() {
 	//   prefix: 198.51.100.0/24
 	//   table: 100
 	// status:
+	//   currentNodes: 0
 	//   failedNodes: 0
+	//   generation: "0"
 	//   nodes:
 	//   - message: ""
 	//     node: host-a
@@ -70,6 +72,9 @@ func ExampleEncode() {
 	//     operational: {}
 	//     phase: PHASE_PROGRAMMED
 	//     reason: ""
+	//     stale: false
+	//   pending: []
 	//   programmedNodes: 1
+	//   staleNodes: 0
 	//   targetNodes: 1
 }
