@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -56,7 +57,13 @@ type Client struct {
 	store   Store
 	desired *delphi.DesiredWriter
 	log     *slog.Logger
+	// received counts watch events received, snapshots included.
+	received atomic.Uint64
 }
+
+// EventsReceived returns how many watch events the client has received from nimbus,
+// snapshot events and markers included.
+func (c *Client) EventsReceived() uint64 { return c.received.Load() }
 
 // New builds a client and claims delphi's desired writer.
 func New(opts Options) (*Client, error) {
@@ -160,6 +167,7 @@ func (c *Client) watch(ctx context.Context, api nimbusv1.NimbusClient) error {
 		if err != nil {
 			return fmt.Errorf("receiving watch events: %w", err)
 		}
+		c.received.Add(1)
 		switch ev.GetType() {
 		case nimbusv1.WatchEvent_TYPE_PUT:
 			if ev.GetSnapshot() {
@@ -203,6 +211,10 @@ func (c *Client) watch(ctx context.Context, api nimbusv1.NimbusClient) error {
 			if err := c.desired.Commit(txn); err != nil {
 				return fmt.Errorf("storing resume point: %w", err)
 			}
+		case nimbusv1.WatchEvent_TYPE_RESUMED:
+			// delphi already holds the state as of this revision; only changes follow.
+			c.desired.MarkSynced()
+			c.log.Info("resumed watch", "revision", ev.GetRevision(), "epoch", ev.GetEpoch())
 		}
 	}
 }

@@ -104,19 +104,39 @@ type agent struct {
 
 func startClient(t *testing.T, b *bus) *agent {
 	t.Helper()
+	store, c := newClient(t, "a", "unix://"+b.path)
+	status, err := store.ClaimStatus()
+	if err != nil {
+		t.Fatal(err)
+	}
+	runClient(t, c)
+	return &agent{store: store, status: status}
+}
+
+// startNodeClient runs a client for node with its own delphi store.
+func startNodeClient(t *testing.T, node, addr string) *delphi.Store {
+	t.Helper()
+	store, c := newClient(t, node, addr)
+	runClient(t, c)
+	return store
+}
+
+func newClient(t *testing.T, node, addr string) (*delphi.Store, *Client) {
+	t.Helper()
 	store, err := delphi.Open(delphi.Options{Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	status, err := store.ClaimStatus()
+	c, err := New(Options{Node: node, Address: addr, Store: store, Logger: quiet, MaxBackoff: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := New(Options{Node: "a", Address: "unix://" + b.path, Store: store, Logger: quiet, MaxBackoff: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	return store, c
+}
+
+func runClient(t *testing.T, c *Client) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
@@ -126,7 +146,6 @@ func startClient(t *testing.T, b *bus) *agent {
 			t.Errorf("Run: %v", err)
 		}
 	})
-	return &agent{store: store, status: status}
 }
 
 func (a *agent) names() []string {
