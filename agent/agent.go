@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -24,10 +25,23 @@ type Config struct {
 	Node string
 	// Nimbus is nimbus's address, "unix:///path" or "tcp://host:port". Required.
 	Nimbus string
-	// StateDir holds the agent's state; one agent at a time may use it. Required.
+	// TLS is the TLS configuration the agent dials nimbus with, presenting this node's
+	// certificate, which must name Node. Default: nil, which dials plaintext.
+	TLS *tls.Config
+	// StateDir holds the agent's state; one agent at a time may use it. Delphi keeps the
+	// desired objects and the nimbus resume point there, so a restarted agent enforces
+	// them before nimbus is reachable. Required.
 	StateDir string
+	// DiscardState throws away the stored desired state at start, so the agent starts
+	// empty and resyncs from nimbus; it is the way out of a corrupt state file.
+	// Default: false.
+	DiscardState bool
 	// Logger receives every log. Default: slog.Default().
 	Logger *slog.Logger
+	// Socket is the path of the unix socket the agent serves its read-only local API on
+	// (delphi.v1.Delphi); its directory is created and the socket is made mode 0660.
+	// Default: empty, the API is not served.
+	Socket string
 
 	// netns, when set, is the network namespace the HAL programs instead of the
 	// agent's own; tests use it to keep their hands off the machine's namespace.
@@ -54,12 +68,16 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer unlock()
 
-	store, err := delphi.Open(delphi.Options{Logger: log})
+	// Delphi restores the stored desired state before the nimbus client starts.
+	store, err := delphi.Open(delphi.Options{Dir: cfg.StateDir, Discard: cfg.DiscardState, Logger: log})
+	if errors.Is(err, delphi.ErrCorrupt) {
+		return fmt.Errorf("agent: %w (start with --discard-state to discard it and resync from nimbus)", err)
+	}
 	if err != nil {
-		return err
+		return fmt.Errorf("agent: opening delphi: %w", err)
 	}
 	defer store.Close()
-	client, err := nimbusclient.New(nimbusclient.Options{Node: cfg.Node, Address: cfg.Nimbus, Store: store, Logger: log})
+	client, err := nimbusclient.New(nimbusclient.Options{Node: cfg.Node, Address: cfg.Nimbus, TLS: cfg.TLS, Store: store, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -76,8 +94,16 @@ func Run(ctx context.Context, cfg Config) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
-	errs := make(chan error, 2)
-	for name, run := range map[string]func(context.Context) error{"nimbus client": client.Run, "hal": h.Run} {
+	parts := map[string]func(context.Context) error{"nimbus client": client.Run, "hal": h.Run}
+	if cfg.Socket != "" {
+		serve, err := serveLocalAPI(ctx, cfg.Socket, store, log)
+		if err != nil {
+			return err
+		}
+		parts["local api"] = serve
+	}
+	errs := make(chan error, len(parts))
+	for name, run := range parts {
 		wg.Go(func() {
 			if err := run(ctx); err != nil {
 				errs <- fmt.Errorf("%s: %w", name, err)

@@ -10,6 +10,21 @@
 // handle and never lock: every read sees one committed state. Stored objects are immutable;
 // callers must not modify what Get and List return.
 //
+// Besides by key and kind, the desired table is indexed the way reconcilers look things up:
+// routes by table, endpoints by network and by security group, policies by attached group,
+// and objects by target node. References between objects resolve within the referring
+// object's tenant and namespace, so the reference indexes take scoped names,
+// "tenant/namespace/name" (ScopedName).
+//
 // Subscribe delivers the keys that changed, in commit order and coalesced per key, so a slow
 // consumer never loses the last state of a key: it reads the current state by key.
+//
+// With Options.Dir, the desired table and the resume point survive restarts. They are kept
+// in a bbolt file, StateFile, as serialized objects keyed by key ID. Every DesiredWriter
+// commit is one bbolt transaction, written and synced before the change becomes visible in
+// memory, so the file and the tables always agree and a crash leaves either the state before
+// a commit or the state after it, never a mix: the stored revision always matches the stored
+// objects. Open restores both and, when the file held anything, marks the store synced, so a
+// rebooted host enforces its last known policy before nimbus is reachable. A file that
+// cannot be read back fails Open with ErrCorrupt; Options.Discard starts over without it.
 package delphi

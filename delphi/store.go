@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
+	"strconv"
 	"sync"
 
 	"github.com/hashicorp/go-memdb"
@@ -18,6 +20,12 @@ var (
 	ErrWriterClaimed = errors.New("writer already claimed")
 	// ErrClosed is returned by operations on a closed store or subscription.
 	ErrClosed = errors.New("delphi closed")
+	// ErrCorrupt is returned by Open when the state file cannot be read back: bbolt
+	// rejects it, a value does not parse, or its format version is not this code's. The
+	// error names the file. Options.Discard starts over without it.
+	ErrCorrupt = errors.New("corrupt state file")
+	// ErrLocked is returned by Open when another process holds the state file open.
+	ErrLocked = errors.New("state file locked by another process")
 )
 
 // Table names one of delphi's tables.
@@ -31,13 +39,24 @@ const (
 
 const tableResume = "resume"
 
-// desiredRecord is one row of the desired table.
+// desiredRecord is one row of the desired table. Its fields other than Object are derived
+// from Object for the indexes; references are scoped, "tenant/namespace/name".
 type desiredRecord struct {
 	ID     string
 	Kind   int
 	Object *nimbusv1.Object
 	// RouteDst is "table/prefix" for Route objects, empty otherwise.
 	RouteDst string
+	// RouteTable is the decimal table of Route objects, empty otherwise.
+	RouteTable string
+	// Network is the scoped network of Endpoint objects, empty otherwise.
+	Network string
+	// Groups are the scoped security groups of Endpoint objects.
+	Groups []string
+	// AttachGroups are the scoped groups a NetworkSecurityPolicy is attached to.
+	AttachGroups []string
+	// Nodes are the nodes meta.nodes lists; empty for objects meant for every node.
+	Nodes []string
 }
 
 // statusRecord is one row of the status table.
@@ -59,9 +78,14 @@ func schema() *memdb.DBSchema {
 		string(TableDesired): {
 			Name: string(TableDesired),
 			Indexes: map[string]*memdb.IndexSchema{
-				"id":        {Name: "id", Unique: true, Indexer: &memdb.StringFieldIndex{Field: "ID"}},
-				"kind":      {Name: "kind", Indexer: &memdb.IntFieldIndex{Field: "Kind"}},
-				"route_dst": {Name: "route_dst", AllowMissing: true, Indexer: &memdb.StringFieldIndex{Field: "RouteDst"}},
+				"id":           {Name: "id", Unique: true, Indexer: &memdb.StringFieldIndex{Field: "ID"}},
+				"kind":         {Name: "kind", Indexer: &memdb.IntFieldIndex{Field: "Kind"}},
+				"route_dst":    {Name: "route_dst", AllowMissing: true, Indexer: &memdb.StringFieldIndex{Field: "RouteDst"}},
+				"route_table":  {Name: "route_table", AllowMissing: true, Indexer: &memdb.StringFieldIndex{Field: "RouteTable"}},
+				"network":      {Name: "network", AllowMissing: true, Indexer: &memdb.StringFieldIndex{Field: "Network"}},
+				"group":        {Name: "group", AllowMissing: true, Indexer: &memdb.StringSliceFieldIndex{Field: "Groups"}},
+				"attach_group": {Name: "attach_group", AllowMissing: true, Indexer: &memdb.StringSliceFieldIndex{Field: "AttachGroups"}},
+				"node":         {Name: "node", AllowMissing: true, Indexer: &memdb.StringSliceFieldIndex{Field: "Nodes"}},
 			},
 		},
 		string(TableStatus): {
@@ -81,6 +105,14 @@ func schema() *memdb.DBSchema {
 
 // Options configures a Store.
 type Options struct {
+	// Dir, when set, makes the desired table and the resume point durable: they are kept
+	// in the bbolt file StateFile in Dir (created when absent) and restored by Open. The
+	// status table is never kept; the HAL recomputes it. Default: "", memory only.
+	Dir string
+	// Discard removes any state file in Dir before opening, so the store starts empty and
+	// the nimbus client resyncs from a snapshot. It is the way out of ErrCorrupt; left set,
+	// it throws the stored state away on every start. Default: false.
+	Discard bool
 	// Logger receives the store's logs. Default: slog.Default().
 	Logger *slog.Logger
 }
@@ -91,9 +123,11 @@ type Store struct {
 	db  *memdb.MemDB
 	log *slog.Logger
 
-	// writeMu serializes write transactions together with the notification of their
-	// subscribers, so that subscribers see commits in commit order.
+	// writeMu serializes write transactions together with their writes to disk and the
+	// notification of their subscribers, so that the file follows commit order and
+	// subscribers see commits in commit order. It also guards disk against Close.
 	writeMu sync.Mutex
+	disk    *disk // nil without Options.Dir
 
 	// mu guards subs, desiredClaimed, statusClaimed, synced and closed.
 	mu             sync.Mutex
@@ -104,7 +138,13 @@ type Store struct {
 	closed         bool
 }
 
-// Open returns an empty store.
+// Open returns a store. Without Options.Dir it is empty. With Dir, Open first restores
+// every desired object and the resume point from the state file, so the HAL can enforce
+// the last known state before nimbus is reachable. When the file held anything, Open also
+// marks the store synced: the restored table was complete as of its resume revision, so
+// the HAL may sweep kernel state against it; the nimbus client then brings it up to date
+// by resuming, or by a snapshot that replaces it. A file that cannot be read back fails
+// with ErrCorrupt, one that another process holds with ErrLocked.
 func Open(opts Options) (*Store, error) {
 	db, err := memdb.NewMemDB(schema())
 	if err != nil {
@@ -114,25 +154,77 @@ func Open(opts Options) (*Store, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Store{
+	s := &Store{
 		db:     db,
 		log:    log,
 		subs:   make(map[*Subscription]struct{}),
 		synced: make(chan struct{}),
-	}, nil
+	}
+	if opts.Dir == "" {
+		return s, nil
+	}
+	path := filepath.Join(opts.Dir, StateFile)
+	if opts.Discard {
+		log.Warn("discarding stored desired state; starting empty", "path", path)
+	}
+	d, r, err := openDisk(path, opts.Discard)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.restore(r); err != nil {
+		d.close()
+		return nil, err
+	}
+	s.disk = d
+	epoch, rev := s.Resume()
+	switch {
+	case len(r.objects) > 0 || r.resume != nil:
+		close(s.synced)
+		log.Info("restored desired state", "path", path, "objects", len(r.objects), "epoch", epoch, "revision", rev)
+	case r.fromFile:
+		log.Info("no desired state stored; starting empty", "path", path)
+	default:
+		log.Info("created state file", "path", path)
+	}
+	return s, nil
 }
 
-// Close closes every subscription. It is safe to call twice.
+// restore loads what the state file held into the tables, in one transaction.
+func (s *Store) restore(r *restored) error {
+	txn := s.db.Txn(true)
+	defer txn.Abort()
+	for _, obj := range r.objects {
+		if err := txn.Insert(string(TableDesired), newDesiredRecord(obj)); err != nil {
+			return fmt.Errorf("restoring %s: %w", obj.Key().ID(), err)
+		}
+	}
+	if r.resume != nil {
+		if err := txn.Insert(tableResume, r.resume); err != nil {
+			return fmt.Errorf("restoring resume point: %w", err)
+		}
+	}
+	txn.Commit()
+	return nil
+}
+
+// Close closes every subscription and the state file, after any commit in progress. It is
+// safe to call twice.
 func (s *Store) Close() error {
+	s.writeMu.Lock()
 	s.mu.Lock()
 	s.closed = true
 	subs := s.subs
 	s.subs = map[*Subscription]struct{}{}
 	s.mu.Unlock()
+	var err error
+	if s.disk != nil {
+		err = s.disk.close()
+	}
+	s.writeMu.Unlock()
 	for sub := range subs {
 		sub.close()
 	}
-	return nil
+	return err
 }
 
 // Get returns the desired object with the given key.
@@ -146,28 +238,69 @@ func (s *Store) Get(key *nimbusv1.ObjectKey) (*nimbusv1.Object, bool) {
 
 // List returns the desired objects of one kind, ordered by key; KIND_UNSPECIFIED lists all.
 func (s *Store) List(kind nimbusv1.Kind) []*nimbusv1.Object {
-	txn := s.db.Txn(false)
-	var it memdb.ResultIterator
-	var err error
 	if kind == nimbusv1.Kind_KIND_UNSPECIFIED {
-		it, err = txn.Get(string(TableDesired), "id")
-	} else {
-		it, err = txn.Get(string(TableDesired), "kind", int(kind))
+		return s.desiredBy("id")
 	}
-	if err != nil {
-		return nil
-	}
-	var out []*nimbusv1.Object
-	for raw := it.Next(); raw != nil; raw = it.Next() {
-		out = append(out, raw.(*desiredRecord).Object)
-	}
-	return out
+	return s.desiredBy("kind", int(kind))
 }
 
 // RoutesTo returns the desired Route objects for the destination prefix in the given table,
 // ordered by key.
 func (s *Store) RoutesTo(table uint32, prefix string) []*nimbusv1.Object {
-	it, err := s.db.Txn(false).Get(string(TableDesired), "route_dst", routeDst(table, prefix))
+	return s.desiredBy("route_dst", routeDst(table, prefix))
+}
+
+// RoutesInTable returns the desired Route objects in the given kernel routing table,
+// ordered by key.
+func (s *Store) RoutesInTable(table uint32) []*nimbusv1.Object {
+	return s.desiredBy("route_table", strconv.FormatUint(uint64(table), 10))
+}
+
+// EndpointsOn returns the desired Endpoint objects attached to a network, ordered by key.
+// References resolve within the referring object's tenant and namespace, so network is
+// the network's scoped name, "tenant/namespace/name" (see ScopedName).
+func (s *Store) EndpointsOn(network string) []*nimbusv1.Object {
+	return s.desiredBy("network", network)
+}
+
+// EndpointsInGroup returns the desired Endpoint objects that list a security group,
+// ordered by key. group is the group's scoped name, "tenant/namespace/name".
+func (s *Store) EndpointsInGroup(group string) []*nimbusv1.Object {
+	return s.desiredBy("group", group)
+}
+
+// PoliciesFor returns the desired NetworkSecurityPolicy objects attached to a security
+// group, ordered by key. group is the group's scoped name, "tenant/namespace/name".
+func (s *Store) PoliciesFor(group string) []*nimbusv1.Object {
+	return s.desiredBy("attach_group", group)
+}
+
+// ObjectsFor returns the desired objects whose meta.nodes lists the node, ordered by key.
+// Objects meant for every node list no nodes, so they have no entry here; List returns
+// them.
+func (s *Store) ObjectsFor(node string) []*nimbusv1.Object {
+	return s.desiredBy("node", node)
+}
+
+// ScopedName returns the form in which the reference indexes hold a referenced object,
+// "tenant/namespace/name", with tenant and namespace defaulted.
+func ScopedName(key *nimbusv1.ObjectKey) string {
+	return scoped(key.GetTenant(), key.GetNamespace(), key.GetName())
+}
+
+func scoped(tenant, namespace, name string) string {
+	if tenant == "" {
+		tenant = nimbusv1.DefaultTenant
+	}
+	if namespace == "" {
+		namespace = nimbusv1.DefaultNamespace
+	}
+	return tenant + "/" + namespace + "/" + name
+}
+
+// desiredBy returns the desired objects an index lists under args, ordered by key.
+func (s *Store) desiredBy(index string, args ...any) []*nimbusv1.Object {
+	it, err := s.db.Txn(false).Get(string(TableDesired), index, args...)
 	if err != nil {
 		return nil
 	}
@@ -218,7 +351,8 @@ func (s *Store) Statuses() []StatusEntry {
 }
 
 // Synced returns a channel that is closed once the desired table has been marked complete
-// (DesiredWriter.MarkSynced): from then on, an object missing from it is meant to be absent.
+// (DesiredWriter.MarkSynced, or Open restoring a stored table): from then on, an object
+// missing from it is meant to be absent.
 func (s *Store) Synced() <-chan struct{} { return s.synced }
 
 // ClaimDesired returns the one writer handle of the desired table. Only the nimbus client
@@ -245,11 +379,19 @@ func (s *Store) ClaimStatus() (*StatusWriter, error) {
 	return &StatusWriter{s: s}, nil
 }
 
-// write runs fn in a write transaction, commits it, and tells subscribers which keys
-// changed, all under writeMu so that notifications follow commit order.
+// write runs fn in a write transaction, writes its durable changes to disk, commits it,
+// and tells subscribers which keys changed, all under writeMu so that the file and the
+// notifications follow commit order. The disk write comes before the commit, so readers
+// never see what the file does not hold; when it fails, nothing changes.
 func (s *Store) write(fn func(txn *memdb.Txn) error) error {
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
 	txn := s.db.Txn(true)
 	txn.TrackChanges()
 	defer txn.Abort()
@@ -257,6 +399,11 @@ func (s *Store) write(fn func(txn *memdb.Txn) error) error {
 		return err
 	}
 	changes := txn.Changes()
+	if s.disk != nil && persistent(changes) {
+		if err := s.disk.commit(changes); err != nil {
+			return fmt.Errorf("writing state file: %w", err)
+		}
+	}
 	txn.Commit()
 	s.notify(changes)
 	return nil
@@ -270,7 +417,9 @@ func (s *Store) notify(changes memdb.Changes) {
 		if t != TableDesired && t != TableStatus {
 			continue
 		}
-		byTable[t] = append(byTable[t], changeID(c))
+		if id := changeID(c); id != "" {
+			byTable[t] = append(byTable[t], id)
+		}
 	}
 	if len(byTable) == 0 {
 		return
@@ -303,9 +452,34 @@ func routeDst(table uint32, prefix string) string {
 }
 
 func newDesiredRecord(obj *nimbusv1.Object) *desiredRecord {
-	r := &desiredRecord{ID: obj.Key().ID(), Kind: int(obj.Kind()), Object: obj}
-	if rt := obj.GetRoute(); rt != nil {
+	m := obj.GetMeta()
+	r := &desiredRecord{ID: obj.Key().ID(), Kind: int(obj.Kind()), Object: obj, Nodes: m.GetNodes()}
+	ref := func(name string) string { return scoped(m.GetTenant(), m.GetNamespace(), name) }
+	refs := func(names []string) []string {
+		if len(names) == 0 {
+			return nil
+		}
+		out := make([]string, 0, len(names))
+		for _, n := range names {
+			if n != "" {
+				out = append(out, ref(n))
+			}
+		}
+		return out
+	}
+	switch {
+	case obj.GetRoute() != nil:
+		rt := obj.GetRoute()
 		r.RouteDst = routeDst(rt.GetTable(), rt.GetPrefix())
+		r.RouteTable = strconv.FormatUint(uint64(rt.GetTable()), 10)
+	case obj.GetEndpoint() != nil:
+		ep := obj.GetEndpoint()
+		if ep.GetNetwork() != "" {
+			r.Network = ref(ep.GetNetwork())
+		}
+		r.Groups = refs(ep.GetSecurityGroups())
+	case obj.GetNetworkSecurityPolicy() != nil:
+		r.AttachGroups = refs(obj.GetNetworkSecurityPolicy().GetAttachGroups())
 	}
 	return r
 }

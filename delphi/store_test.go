@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"testing"
 	"time"
@@ -17,6 +18,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if dir := os.Getenv(crashWriterEnv); dir != "" {
+		os.Exit(runCrashWriter(dir))
+	}
 	goleak.VerifyTestMain(m)
 }
 

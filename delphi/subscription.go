@@ -15,6 +15,9 @@ type SubscribeOptions struct {
 	Tables []Table
 	// Kind limits the subscription to one kind. Default: every kind.
 	Kind nimbusv1.Kind
+	// Key limits the subscription to the object with this key; Kind is then ignored.
+	// Default: nil, every key.
+	Key *nimbusv1.ObjectKey
 }
 
 // Subscription hands out the keys of a table that changed since the last Next, in the order
@@ -22,7 +25,8 @@ type SubscribeOptions struct {
 type Subscription struct {
 	s      *Store
 	opts   SubscribeOptions
-	prefix string
+	prefix string // when set, only IDs with this prefix
+	keyID  string // when set, only this ID
 	signal chan struct{}
 
 	// mu guards order, pending and closed.
@@ -32,8 +36,8 @@ type Subscription struct {
 	closed  bool
 }
 
-// Subscribe starts a subscription. Its first Next returns every key present now, so a
-// consumer that starts late still sees the whole table.
+// Subscribe starts a subscription. Its first Next returns every selected key present now,
+// so a consumer that starts late still sees the whole table.
 func (s *Store) Subscribe(opts SubscribeOptions) (*Subscription, error) {
 	sub := &Subscription{
 		s:       s,
@@ -41,7 +45,10 @@ func (s *Store) Subscribe(opts SubscribeOptions) (*Subscription, error) {
 		signal:  make(chan struct{}, 1),
 		pending: map[string]struct{}{},
 	}
-	if opts.Kind != nimbusv1.Kind_KIND_UNSPECIFIED {
+	switch {
+	case opts.Key != nil:
+		sub.keyID = opts.Key.ID()
+	case opts.Kind != nimbusv1.Kind_KIND_UNSPECIFIED:
 		sub.prefix = opts.Kind.Name() + "/"
 	}
 	// Register and read the current keys under writeMu, so no commit falls between them.
@@ -56,12 +63,20 @@ func (s *Store) Subscribe(opts SubscribeOptions) (*Subscription, error) {
 	s.mu.Unlock()
 	var ids []string
 	for _, t := range opts.Tables {
-		switch t {
-		case TableDesired:
+		switch {
+		case opts.Key != nil && t == TableDesired:
+			if _, ok := s.Get(opts.Key); ok {
+				ids = append(ids, sub.keyID)
+			}
+		case opts.Key != nil && t == TableStatus:
+			if _, ok := s.Status(opts.Key); ok {
+				ids = append(ids, sub.keyID)
+			}
+		case t == TableDesired:
 			for _, obj := range s.List(opts.Kind) {
 				ids = append(ids, obj.Key().ID())
 			}
-		case TableStatus:
+		case t == TableStatus:
 			for _, e := range s.Statuses() {
 				ids = append(ids, e.Key.ID())
 			}
@@ -81,6 +96,9 @@ func (sub *Subscription) add(ids []string) {
 	added := false
 	for _, id := range ids {
 		if sub.prefix != "" && !strings.HasPrefix(id, sub.prefix) {
+			continue
+		}
+		if sub.keyID != "" && id != sub.keyID {
 			continue
 		}
 		if _, ok := sub.pending[id]; ok {

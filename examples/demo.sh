@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # demo.sh: the walking skeleton end to end on one machine. It creates a host network
-# namespace, starts nimbus and a naples agent for that host, applies examples/route.yaml,
+# namespace, makes a CA and certificates with naplesctl certs, starts nimbus (mutual TLS)
+# and a naples agent for that host, applies examples/route.yaml,
 # shows the route in the host's kernel and its status at nimbus, deletes it, shows it gone,
 # and removes everything it created, also when interrupted.
 set -euo pipefail
@@ -16,7 +17,10 @@ fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/naples-demo.XXXXXX")
 sock="$work/nimbus.sock"
+pki="$work/pki"
 export NAPLES_SERVER="unix://$sock"
+# naplesctl authenticates as the publisher of the demo's CA.
+export NAPLES_TLS_CERT="$pki/publisher.crt" NAPLES_TLS_KEY="$pki/publisher.key" NAPLES_TLS_CA="$pki/ca.crt"
 pids=()
 
 cleanup() {
@@ -53,14 +57,19 @@ ip -n "$ns" addr add 10.10.0.1/24 dev eth0
 ip -n "$ns" link set eth0 up
 ip -n "$ns" link set eth1 up
 
-step "starting nimbus on $NAPLES_SERVER"
-"$bin/nimbus" --listen "$NAPLES_SERVER" 2>"$work/nimbus.log" &
+step "naplesctl certs --dir $pki --nodes host-a"
+"$bin/naplesctl" certs --dir "$pki" --nodes host-a
+
+step "starting nimbus on $NAPLES_SERVER with TLS"
+"$bin/nimbus" --listen "$NAPLES_SERVER" --ephemeral --tls-cert "$pki/nimbus.crt" --tls-key "$pki/nimbus.key" \
+	--tls-ca "$pki/ca.crt" 2>"$work/nimbus.log" &
 pids+=($!)
 wait_for "nimbus to listen" test -S "$sock"
 
 step "starting the naples agent for host-a inside $ns"
 ip netns exec "$ns" "$bin/naples-agent" --node host-a --nimbus "$NAPLES_SERVER" \
-	--state-dir "$work/state" 2>"$work/agent.log" &
+	--tls-cert "$pki/host-a.crt" --tls-key "$pki/host-a.key" --tls-ca "$pki/ca.crt" \
+	--state-dir "$work/state" --socket "$work/agent.sock" 2>"$work/agent.log" &
 pids+=($!)
 
 step "naplesctl apply -f examples/route.yaml"

@@ -28,16 +28,53 @@
 // revision and is shared by every watcher; its wire form is encoded at most once, however
 // many watchers send it.
 //
+// The last Options.HistoryWindow changes are kept, oldest dropped first. A Watch that
+// carries the server's epoch and a revision R whose later changes are all still kept resumes
+// instead: it receives RESUMED with R, then every kept change after R that concerns the node
+// (a PUT for an object that targets it, a DELETE for a deletion or a retarget away from it),
+// then the live changes; the kept changes are queued under the same lock as registration, so
+// again nothing is missed or sent twice. Any other Watch (no epoch, another epoch, R too old
+// or ahead of the current revision) gets the snapshot.
+//
 // Commits never wait for watchers. Each watcher has a bounded buffer; a watcher whose buffer
-// is full when a commit needs it is reset: its stream ends with codes.ResourceExhausted and
-// the client must watch again, receiving a fresh snapshot. An idle watch receives a BOOKMARK
-// with the current revision every Options.BookmarkInterval.
+// is full when a commit needs it is reset: it is unregistered and its queued events are
+// dropped at once, even when its stream is stuck sending to a client that does not read (a
+// stopped process), so it holds on to at most the event under way. Its stream ends with
+// codes.ResourceExhausted as soon as the client reads what was already sent, and the client
+// watches again, resuming from the last revision it received while that is in the window.
+// An idle watch receives a BOOKMARK with the current revision every Options.BookmarkInterval.
+//
+// # Persistence
+//
+// With Options.DataDir the store is durable: DataDir/nimbus.db is a bbolt file holding every
+// object, the revision and the epoch. A commit writes its object and revision there, in one
+// bbolt transaction, before the change becomes visible to readers and watchers. New loads the
+// file, so objects, revisions and the epoch carry on across restarts and agents can resume;
+// the history starts empty, so only a watch at the current revision resumes right after a
+// restart. Statuses and which nodes watch are memory only: the agents report them again.
+//
+// # Metrics
+//
+// The server registers with Options.Registerer: naples_nimbus_watcher_resets_total,
+// naples_nimbus_watch_starts_total{mode="resume"|"snapshot"}, and the gauges
+// naples_nimbus_watchers (streams receiving changes), naples_nimbus_revision and
+// naples_nimbus_objects. Close unregisters them.
 //
 // # Status
 //
 // Agents stream NodeStatus reports with ReportStatus. A report is kept for the pair (object,
-// node) while the object exists and targets the node. Get and List aggregate them into an
-// ObjectStatus counting the nodes programmed and failed at the object's current generation.
+// node) while the object exists and targets the node, and until the Node object of that name
+// is deleted. Get and List aggregate them into an ObjectStatus for the object's current
+// generation: the nodes programmed, failed and reporting it at all, the target nodes still
+// pending (not PROGRAMMED or FAILED at it, including those that reported nothing), and, once
+// every target node is PROGRAMMED, the time the last of them got there. The target nodes are
+// meta.nodes, or for an object for every node the known nodes (Node objects and nodes that
+// have watched) together with the nodes that reported.
+//
+// A node whose agent has had no open Watch stream for Options.StaleAfter, measured with
+// Options.Now, has its statuses marked stale: they are still reported and counted, as the
+// last word of the node, with stale set. A node that has never watched counts from New. A
+// new watch of the node clears it.
 //
 // Because watch events are sent in their pre-encoded form, a Server must be served with
 // Serve, which installs the codec that understands them, and not registered on a

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/hashicorp/go-memdb"
 	"google.golang.org/grpc/codes"
@@ -86,9 +87,17 @@ func (s *Server) apply(in *nimbusv1.Object) (*nimbusv1.ApplyResponse, error) {
 	if err := setRevision(txn, rev); err != nil {
 		return nil, fmt.Errorf("applying %s: %w", id, err)
 	}
+	if s.disk != nil {
+		if err := s.disk.commit(id, obj, rev); err != nil {
+			return nil, fmt.Errorf("applying %s: %w", id, err)
+		}
+	}
 	txn.Commit()
 	s.rev = rev
 	s.publishLocked(newChange(s.epoch, rev, key, old, obj))
+	if old == nil {
+		s.metrics.objects.Inc()
+	}
 	s.log.Info("object applied", "key", id, "revision", rev, "generation", m.GetGeneration(), "created", old == nil)
 	return &nimbusv1.ApplyResponse{Object: obj, Changed: true, Created: old == nil}, nil
 }
@@ -142,12 +151,24 @@ func (s *Server) delete(key *nimbusv1.ObjectKey) (bool, uint64, error) {
 	if _, err := txn.DeleteAll(tableStatus, indexObject, id); err != nil {
 		return false, 0, fmt.Errorf("deleting statuses of %s: %w", id, err)
 	}
+	if key.GetKind() == nimbusv1.Kind_KIND_NODE {
+		// The node is gone: what it reported about any object goes with it.
+		if _, err := txn.DeleteAll(tableStatus, indexNode, key.GetName()); err != nil {
+			return false, 0, fmt.Errorf("deleting statuses reported by node %s: %w", key.GetName(), err)
+		}
+	}
 	if err := setRevision(txn, rev); err != nil {
 		return false, 0, fmt.Errorf("deleting %s: %w", id, err)
+	}
+	if s.disk != nil {
+		if err := s.disk.commit(id, nil, rev); err != nil {
+			return false, 0, fmt.Errorf("deleting %s: %w", id, err)
+		}
 	}
 	txn.Commit()
 	s.rev = rev
 	s.publishLocked(newChange(s.epoch, rev, key, old, nil))
+	s.metrics.objects.Dec()
 	s.log.Info("object deleted", "key", id, "revision", rev)
 	return true, rev, nil
 }
@@ -213,11 +234,41 @@ type view struct {
 	txn *memdb.Txn
 	// known holds the names of the known nodes once knownNodes has read them.
 	known map[string]struct{}
+	// staleSince is the time a node must have had no open watch since for its statuses
+	// to be stale; zero when statuses never are.
+	staleSince time.Time
+	// started is when the Server was made, which counts as the last watch of a node that
+	// has never watched.
+	started time.Time
 }
 
 // view starts a read of the current state of the store. It takes no lock.
 func (s *Server) view() *view {
-	return &view{txn: s.db.Txn(false)}
+	v := &view{txn: s.db.Txn(false), started: s.started}
+	if s.opts.StaleAfter > 0 {
+		v.staleSince = s.opts.Now().Add(-s.opts.StaleAfter)
+	}
+	return v
+}
+
+// stale tells whether the node's statuses are stale: it has no open watch and has had
+// none since v.staleSince.
+func (v *view) stale(node string) (bool, error) {
+	if v.staleSince.IsZero() {
+		return false, nil
+	}
+	rec, err := getWatchNode(v.txn, node)
+	if err != nil {
+		return false, err
+	}
+	last := v.started
+	if rec != nil {
+		if rec.Streams > 0 {
+			return false, nil
+		}
+		last = rec.Since
+	}
+	return !last.After(v.staleSince), nil
 }
 
 // knownNodes returns the names of the nodes there are Node objects for, together with the
@@ -254,7 +305,9 @@ func (v *view) withStatus(obj *nimbusv1.Object) (*nimbusv1.ObjectWithStatus, err
 	return &nimbusv1.ObjectWithStatus{Object: obj, Status: st}, nil
 }
 
-// status aggregates what the nodes the object targets reported about it.
+// status aggregates what the nodes the object targets reported about it. The target nodes
+// are meta.nodes, or, for an object for every node, the known nodes together with the
+// nodes that reported, so that programmed_nodes never exceeds target_nodes.
 func (v *view) status(obj *nimbusv1.Object) (*nimbusv1.ObjectStatus, error) {
 	id := obj.Key().ID()
 	recs, err := statusesOf(v.txn, id)
@@ -262,39 +315,66 @@ func (v *view) status(obj *nimbusv1.Object) (*nimbusv1.ObjectStatus, error) {
 		return nil, err
 	}
 	m := obj.GetMeta()
-	st := &nimbusv1.ObjectStatus{TargetNodes: int32(len(m.GetNodes()))}
-	var unknown int32 // reporting nodes that are not known nodes
+	gen := m.GetGeneration()
+	reported := make(map[string]*nimbusv1.NodeStatus, len(recs))
 	for _, r := range recs {
-		if !obj.TargetsNode(r.Node) {
-			continue
-		}
-		st.Nodes = append(st.Nodes, r.Status)
-		if r.Status.GetObservedGeneration() == m.GetGeneration() {
-			switch r.Status.GetPhase() {
-			case nimbusv1.Phase_PHASE_PROGRAMMED:
-				st.ProgrammedNodes++
-			case nimbusv1.Phase_PHASE_FAILED:
-				st.FailedNodes++
-			}
-		}
-		if len(m.GetNodes()) == 0 {
-			known, err := v.knownNodes()
-			if err != nil {
-				return nil, err
-			}
-			if _, ok := known[r.Node]; !ok {
-				unknown++
-			}
+		if obj.TargetsNode(r.Node) {
+			reported[r.Node] = r.Status
 		}
 	}
-	if len(m.GetNodes()) == 0 {
+	targets := m.GetNodes()
+	if len(targets) == 0 {
 		known, err := v.knownNodes()
 		if err != nil {
 			return nil, err
 		}
-		// A node that reports is a node the object runs on, known or not, so that
-		// programmed_nodes never exceeds target_nodes.
-		st.TargetNodes = int32(len(known)) + unknown
+		all := maps.Clone(known)
+		for n := range reported {
+			all[n] = struct{}{}
+		}
+		targets = slices.Sorted(maps.Keys(all))
+	}
+	st := &nimbusv1.ObjectStatus{TargetNodes: int32(len(targets)), Generation: gen}
+	caughtUp := len(targets) > 0
+	var caughtUpTime *timestamppb.Timestamp
+	for _, n := range targets {
+		ns, ok := reported[n]
+		if !ok {
+			st.Pending = append(st.Pending, n)
+			caughtUp = false
+			continue
+		}
+		stale, err := v.stale(n)
+		if err != nil {
+			return nil, err
+		}
+		if stale {
+			// Stored statuses are immutable; the stale mark goes on a copy.
+			ns = proto.Clone(ns).(*nimbusv1.NodeStatus)
+			ns.Stale = true
+			st.StaleNodes++
+		}
+		st.Nodes = append(st.Nodes, ns)
+		current := ns.GetObservedGeneration() == gen
+		if current {
+			st.CurrentNodes++
+		}
+		switch {
+		case current && ns.GetPhase() == nimbusv1.Phase_PHASE_PROGRAMMED:
+			st.ProgrammedNodes++
+			if t := ns.GetUpdateTime(); caughtUpTime == nil || t.AsTime().After(caughtUpTime.AsTime()) {
+				caughtUpTime = t
+			}
+		case current && ns.GetPhase() == nimbusv1.Phase_PHASE_FAILED:
+			st.FailedNodes++
+			caughtUp = false
+		default:
+			st.Pending = append(st.Pending, n)
+			caughtUp = false
+		}
+	}
+	if caughtUp {
+		st.CaughtUpTime = caughtUpTime
 	}
 	return st, nil
 }

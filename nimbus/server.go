@@ -3,6 +3,7 @@ package nimbus
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-memdb"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding"
@@ -41,6 +43,10 @@ const (
 	DefaultWatchBuffer = 4096
 	// DefaultBookmarkInterval is the default of Options.BookmarkInterval.
 	DefaultBookmarkInterval = 10 * time.Second
+	// DefaultHistoryWindow is the default of Options.HistoryWindow.
+	DefaultHistoryWindow = 100000
+	// DefaultStaleAfter is the default of Options.StaleAfter.
+	DefaultStaleAfter = 30 * time.Second
 
 	// drainTimeout is how long Serve lets running RPCs finish after its context ends.
 	drainTimeout = 10 * time.Second
@@ -58,8 +64,31 @@ type Options struct {
 	// BookmarkInterval is how often an idle watch receives a BOOKMARK with the current
 	// revision. Default: DefaultBookmarkInterval (10s). A negative value disables bookmarks.
 	BookmarkInterval time.Duration
-	// Now tells the time that create, update and status times record. Default: time.Now.
+	// Now tells the time that create, update and status times record, and the time
+	// staleness is measured with. Default: time.Now.
 	Now func() time.Time
+	// HistoryWindow is how many of the latest changes are kept so that a watch can resume
+	// after them. Each kept change holds the object it stored and that object's encoded
+	// event. Default: DefaultHistoryWindow (100000). A negative value keeps none: only a
+	// watch at the current revision resumes.
+	HistoryWindow int
+	// DataDir is the directory of the durable store, whose file is DataDir/nimbus.db
+	// (DBFileName). Objects, the revision and the epoch survive restarts there; statuses
+	// do not. Default: "", which keeps everything in memory only.
+	DataDir string
+	// Registerer takes the server's Prometheus metrics. Default: a private
+	// prometheus.Registry, which Registry returns.
+	Registerer prometheus.Registerer
+	// StaleAfter is how long a node may have no open watch before the statuses it
+	// reported are marked stale. Default: DefaultStaleAfter (30s). A negative value
+	// never marks them stale.
+	StaleAfter time.Duration
+	// TLS, when set, makes Serve speak TLS with it and authorize every call by the
+	// client's certificate (see auth.go): its ClientAuth must be
+	// tls.RequireAndVerifyClientCert, and its ClientCAs name the CAs that issue node and
+	// publisher certificates; internal/pki's ServerConfig builds one. Default: nil, which
+	// serves plaintext and lets every client call everything.
+	TLS *tls.Config
 }
 
 // withDefaults returns the options with every unset field at its default.
@@ -79,11 +108,24 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	if o.HistoryWindow == 0 {
+		o.HistoryWindow = DefaultHistoryWindow
+	}
+	if o.Registerer == nil {
+		o.Registerer = prometheus.NewRegistry()
+	}
+	if o.StaleAfter == 0 {
+		o.StaleAfter = DefaultStaleAfter
+	}
+	if o.TLS != nil && o.TLS.ClientAuth != tls.RequireAndVerifyClientCert {
+		return o, fmt.Errorf("TLS.ClientAuth %v: must be RequireAndVerifyClientCert: %w", o.TLS.ClientAuth, ErrInvalidOptions)
+	}
 	return o, nil
 }
 
 // Server is the nimbus bus: it implements the nimbus.v1.Nimbus gRPC service over an
-// in-memory store. Serve it with Serve; stop it by ending Serve's context or with Close.
+// in-memory store, made durable on disk when Options.DataDir is set. Serve it with Serve;
+// stop it by ending Serve's context or with Close.
 type Server struct {
 	nimbusv1.UnimplementedNimbusServer
 
@@ -91,22 +133,31 @@ type Server struct {
 	log   *slog.Logger
 	db    *memdb.MemDB
 	epoch string
+	// started is when New made the Server; a node that never watched is stale from then.
+	started time.Time
+	// disk is the durable store; nil when the Server keeps everything in memory.
+	disk    *disk
+	metrics *metrics
 	// done is closed by Close; watches and status streams end when it is.
 	done chan struct{}
 	// resets counts the watchers reset because they fell behind.
 	resets atomic.Uint64
 
 	// mu serializes object commits with the hand-over of their change to the watchers and
-	// with watcher registration. It guards rev, watchers and closed.
+	// with watcher registration. It guards rev, history, watchers and closed, and the
+	// writes to disk.
 	mu       sync.Mutex
 	rev      uint64
+	history  history
 	watchers map[*watcher]struct{}
 	closed   bool
 }
 
 var _ nimbusv1.NimbusServer = (*Server)(nil)
 
-// New returns a Server with an empty store and a fresh epoch.
+// New returns a Server. Without Options.DataDir its store is empty and its epoch fresh;
+// with it, New loads the objects, the revision and the epoch from the directory's store
+// file, creating it when it does not exist. An unreadable file is an error naming it.
 func New(opts Options) (*Server, error) {
 	opts, err := opts.withDefaults()
 	if err != nil {
@@ -116,16 +167,70 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating nimbus store: %w", err)
 	}
-	var epoch [16]byte
-	rand.Read(epoch[:]) // never fails; see crypto/rand.Read
-	return &Server{
+	s := &Server{
 		opts:     opts,
 		log:      opts.Logger,
 		db:       db,
-		epoch:    hex.EncodeToString(epoch[:]),
+		epoch:    newEpoch(),
+		started:  opts.Now(),
+		history:  history{max: max(opts.HistoryWindow, 0)},
 		done:     make(chan struct{}),
 		watchers: map[*watcher]struct{}{},
-	}, nil
+	}
+	var objects int
+	if opts.DataDir != "" {
+		if objects, err = s.load(); err != nil {
+			return nil, fmt.Errorf("creating nimbus server: %w", err)
+		}
+	}
+	if s.metrics, err = newMetrics(opts.Registerer); err != nil {
+		if s.disk != nil {
+			s.disk.close()
+		}
+		return nil, fmt.Errorf("creating nimbus server: %w", err)
+	}
+	s.metrics.revision.Set(float64(s.rev))
+	s.metrics.objects.Set(float64(objects))
+	return s, nil
+}
+
+// newEpoch returns a random epoch.
+func newEpoch() string {
+	var epoch [16]byte
+	rand.Read(epoch[:]) // never fails; see crypto/rand.Read
+	return hex.EncodeToString(epoch[:])
+}
+
+// load opens the durable store in Options.DataDir and fills the memory store, the revision
+// and the epoch from it. It returns how many objects it loaded.
+func (s *Server) load() (int, error) {
+	d, st, err := openDisk(s.opts.DataDir, newEpoch)
+	if err != nil {
+		return 0, err
+	}
+	txn := s.db.Txn(true)
+	defer txn.Abort()
+	for _, obj := range st.objects {
+		if err := putObject(txn, obj.Key().ID(), obj); err != nil {
+			d.close()
+			return 0, fmt.Errorf("loading %s: %w", d.path, err)
+		}
+	}
+	if err := setRevision(txn, st.rev); err != nil {
+		d.close()
+		return 0, fmt.Errorf("loading %s: %w", d.path, err)
+	}
+	txn.Commit()
+	s.disk, s.epoch, s.rev = d, st.epoch, st.rev
+	s.log.Info("store loaded", "path", d.path, "objects", len(st.objects), "revision", st.rev, "epoch", st.epoch)
+	return len(st.objects), nil
+}
+
+// Registry returns the registry the server's metrics are registered with when that is a
+// *prometheus.Registry, as the default private one is, or nil.
+func (s *Server) Registry() *prometheus.Registry {
+	reg, _ := s.opts.Registerer.(*prometheus.Registry)
+	return reg
 }
 
 // Epoch returns the store instance's epoch, which every watch event carries.
@@ -158,6 +263,9 @@ func (s *Server) Serve(ctx context.Context, lis ...net.Listener) error {
 		grpc.MaxRecvMsgSize(maxRecvMsgSize),
 		grpc.ForceServerCodecV2(codec{encoding.GetCodecV2(protoenc.Name)}),
 		grpc.WaitForHandlers(true),
+		grpc.Creds(s.transportCredentials()),
+		grpc.ChainUnaryInterceptor(s.authorizeUnary),
+		grpc.ChainStreamInterceptor(s.authorizeStream),
 	)
 	nimbusv1.RegisterNimbusServer(gs, s)
 
@@ -196,8 +304,9 @@ func (s *Server) Serve(ctx context.Context, lis ...net.Listener) error {
 	return nil
 }
 
-// Close ends every watch and status stream and refuses further writes and watches. Reads
-// keep working. Close is safe to call more than once.
+// Close ends every watch and status stream, refuses further writes and watches,
+// unregisters the metrics and closes the durable store. Reads keep working. Close is safe
+// to call more than once.
 func (s *Server) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -207,6 +316,10 @@ func (s *Server) Close() error {
 	s.closed = true
 	close(s.done)
 	clear(s.watchers)
+	s.metrics.unregister()
+	if s.disk != nil {
+		return s.disk.close()
+	}
 	return nil
 }
 

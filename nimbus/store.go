@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/hashicorp/go-memdb"
 
@@ -21,6 +22,7 @@ const (
 	indexID     = "id"
 	indexKind   = "kind"
 	indexObject = "object"
+	indexNode   = "node"
 
 	// revisionRowID is the ID of the single row of the revision table.
 	revisionRowID = "current"
@@ -54,6 +56,11 @@ type revisionRecord struct {
 // the server started.
 type watchNodeRecord struct {
 	Name string
+	// Streams is how many watch streams of the node are open.
+	Streams int
+	// Since is when the node's last open watch stream ended; it means nothing while Streams
+	// is above zero.
+	Since time.Time
 }
 
 func schema() *memdb.DBSchema {
@@ -73,6 +80,7 @@ func schema() *memdb.DBSchema {
 			Indexes: map[string]*memdb.IndexSchema{
 				indexID:     id("ID"),
 				indexObject: {Name: indexObject, Indexer: &memdb.StringFieldIndex{Field: "KeyID"}},
+				indexNode:   {Name: indexNode, Indexer: &memdb.StringFieldIndex{Field: "Node"}},
 			},
 		},
 		tableRevision: {
@@ -162,6 +170,19 @@ func dropStatuses(txn *memdb.Txn, id string, keep func(node string) bool) error 
 		}
 	}
 	return nil
+}
+
+// getWatchNode returns the watch_nodes row of the node, or nil when the node has never
+// watched.
+func getWatchNode(txn *memdb.Txn, node string) (*watchNodeRecord, error) {
+	raw, err := txn.First(tableWatchNodes, indexID, node)
+	if err != nil {
+		return nil, fmt.Errorf("reading watch state of node %s: %w", node, err)
+	}
+	if raw == nil {
+		return nil, nil
+	}
+	return raw.(*watchNodeRecord), nil
 }
 
 // newUUID returns a random UUID, version 4, in its canonical text form.

@@ -3,6 +3,7 @@ package nimbus
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,27 +18,30 @@ import (
 )
 
 // change is one committed change of one object. It is built once per commit, shared by
-// every watcher and never modified. Keeping changes as values with their revision is what
-// a resume buffer will retain.
+// every watcher and the history, and never modified.
 type change struct {
 	rev uint64
-	// before and after are the stored object before and after the change; either may be
-	// nil.
-	before, after *nimbusv1.Object
+	// after is the stored object after the change; nil for a deletion.
+	after *nimbusv1.Object
+	// beforeNodes are the target nodes of the object before the change. Only they are
+	// kept of the object before, so the history does not hold on to replaced objects.
+	beforeNodes []string
 	// put is the event for nodes after targets; nil when after is nil.
 	put *sharedEvent
-	// del is the event for nodes before targeted and after does not; nil when before is nil.
+	// del is the event for nodes the object targeted before and after does not; nil when
+	// the change created the object.
 	del *sharedEvent
 }
 
 func newChange(epoch string, rev uint64, key *nimbusv1.ObjectKey, before, after *nimbusv1.Object) *change {
-	c := &change{rev: rev, before: before, after: after}
+	c := &change{rev: rev, after: after}
 	if after != nil {
 		c.put = newSharedEvent(&nimbusv1.WatchEvent{
 			Type: nimbusv1.WatchEvent_TYPE_PUT, Object: after, Key: key, Revision: rev, Epoch: epoch,
 		})
 	}
 	if before != nil {
+		c.beforeNodes = before.GetMeta().GetNodes()
 		c.del = newSharedEvent(&nimbusv1.WatchEvent{
 			Type: nimbusv1.WatchEvent_TYPE_DELETE, Key: key, Revision: rev, Epoch: epoch,
 		})
@@ -51,7 +55,7 @@ func (c *change) eventFor(node string) *sharedEvent {
 	switch {
 	case c.after != nil && c.after.TargetsNode(node):
 		return c.put
-	case c.before != nil && c.before.TargetsNode(node):
+	case c.del != nil && (len(c.beforeNodes) == 0 || slices.Contains(c.beforeNodes, node)):
 		return c.del
 	}
 	return nil
@@ -84,19 +88,58 @@ type watcher struct {
 	published atomic.Uint64
 }
 
-// publishLocked hands a committed change to every watcher, resetting those whose buffer is
-// full. The caller holds s.mu, which keeps the hand-over in commit order.
+// history is the window of the latest changes a watch can resume after. Revisions are
+// consecutive, so the newest kept change is always of the current revision and the kept
+// ones are the len latest.
+type history struct {
+	// max is how many changes are kept.
+	max int
+	// ring holds the kept changes; it grows to max, then the newest replaces the oldest,
+	// which is at head.
+	ring []*change
+	head int
+}
+
+// add keeps the change, the one of the revision after the newest kept.
+func (h *history) add(c *change) {
+	switch {
+	case h.max == 0:
+	case len(h.ring) < h.max:
+		h.ring = append(h.ring, c)
+	default:
+		h.ring[h.head] = c
+		h.head = (h.head + 1) % h.max
+	}
+}
+
+// after returns the changes after revision rev up to the current revision cur, oldest
+// first, when all of them are kept.
+func (h *history) after(rev, cur uint64) ([]*change, bool) {
+	if rev > cur || cur-rev > uint64(len(h.ring)) {
+		return nil, false
+	}
+	n := int(cur - rev)
+	out := make([]*change, 0, n)
+	for i := len(h.ring) - n; i < len(h.ring); i++ {
+		out = append(out, h.ring[(h.head+i)%len(h.ring)])
+	}
+	return out, true
+}
+
+// publishLocked keeps a committed change in the history and hands it to every watcher,
+// resetting those whose buffer is full. The caller holds s.mu, which keeps the hand-over
+// in commit order.
 func (s *Server) publishLocked(c *change) {
+	s.history.add(c)
+	s.metrics.revision.Set(float64(c.rev))
 	for w := range s.watchers {
 		if ev := c.eventFor(w.node); ev != nil {
 			select {
 			case w.events <- ev:
 			default:
-				delete(s.watchers, w)
-				close(w.reset)
-				s.resets.Add(1)
+				s.resetLocked(w)
 				s.log.Warn("watcher fell behind; resetting its stream",
-					"node", w.node, "buffer", cap(w.events), "revision", c.rev)
+					"node", w.node, "buffer", s.opts.WatchBuffer, "revision", c.rev)
 				continue
 			}
 		}
@@ -104,57 +147,182 @@ func (s *Server) publishLocked(c *change) {
 	}
 }
 
-// subscribe registers a watcher for the node and returns it with a read of the store at
-// the revision from which on every commit reaches the watcher.
-func (s *Server) subscribe(node string) (*watcher, *memdb.Txn, uint64, error) {
+// resetLocked unregisters a watcher that fell behind and tells its stream to end. Its
+// stream may be stuck sending to a client that does not read, so the events it has
+// queued are dropped here rather than when it ends: all the watcher holds on to after a
+// reset is the one event it may be sending.
+func (s *Server) resetLocked(w *watcher) {
+	delete(s.watchers, w)
+	close(w.reset)
+	for drained := false; !drained; {
+		select {
+		case <-w.events:
+		default:
+			drained = true
+		}
+	}
+	s.resets.Add(1)
+	s.metrics.resets.Inc()
+	s.metrics.watchers.Set(float64(len(s.watchers)))
+}
+
+// subscription is a registered watcher and where its stream starts.
+type subscription struct {
+	w *watcher
+	// resumed is true when the watcher's stream continues after the client's revision:
+	// its events start with every kept change after that revision that concerns the node.
+	resumed bool
+	// snap is the read of the store the snapshot is sent from; nil when resumed.
+	snap *memdb.Txn
+	// rev is the snapshot's revision, or the client's when resumed.
+	rev uint64
+	// replayed is how many kept changes were queued for a resumed watcher.
+	replayed int
+	// why says why a client that asked to resume gets a snapshot; empty when it did not ask
+	// or when resumed.
+	why string
+}
+
+// subscribe registers a watcher for the node. When epoch is the server's and every change
+// after rev is kept, the watcher resumes: the changes after rev that concern the node are
+// queued ahead of the ones to come. Otherwise it gets a read of the store at the revision
+// from which on every commit reaches the watcher, for a snapshot. Both happen under the
+// lock every commit holds, so no change is missed or queued twice.
+func (s *Server) subscribe(node, epoch string, rev uint64) (*subscription, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, nil, 0, fmt.Errorf("watching for node %s: %w", node, ErrClosed)
+		return nil, fmt.Errorf("watching for node %s: %w", node, ErrClosed)
 	}
 	txn := s.db.Txn(true)
-	if err := txn.Insert(tableWatchNodes, &watchNodeRecord{Name: node}); err != nil {
+	rec, err := getWatchNode(txn, node)
+	if err != nil {
 		txn.Abort()
-		return nil, nil, 0, fmt.Errorf("recording watching node %s: %w", node, err)
+		return nil, err
+	}
+	streams := 1
+	if rec != nil {
+		streams = rec.Streams + 1
+	}
+	if err := txn.Insert(tableWatchNodes, &watchNodeRecord{Name: node, Streams: streams}); err != nil {
+		txn.Abort()
+		return nil, fmt.Errorf("recording watching node %s: %w", node, err)
 	}
 	txn.Commit()
+
+	sub := &subscription{rev: s.rev}
+	var backlog []*sharedEvent
+	switch {
+	case epoch == "":
+	case epoch != s.epoch:
+		sub.why = fmt.Sprintf("epoch %s is not the current %s", epoch, s.epoch)
+	case rev > s.rev:
+		sub.why = fmt.Sprintf("revision %d is ahead of the current %d", rev, s.rev)
+	default:
+		changes, ok := s.history.after(rev, s.rev)
+		if !ok {
+			sub.why = fmt.Sprintf("changes after revision %d are no longer kept", rev)
+			break
+		}
+		for _, c := range changes {
+			if ev := c.eventFor(node); ev != nil {
+				backlog = append(backlog, ev)
+			}
+		}
+		sub.resumed, sub.rev, sub.replayed = true, rev, len(backlog)
+	}
+	// The buffer has room for the replayed changes on top of the usual WatchBuffer.
 	w := &watcher{
 		node:   node,
-		events: make(chan *sharedEvent, s.opts.WatchBuffer),
+		events: make(chan *sharedEvent, s.opts.WatchBuffer+len(backlog)),
 		reset:  make(chan struct{}),
+	}
+	for _, ev := range backlog {
+		w.events <- ev
 	}
 	w.published.Store(s.rev)
 	s.watchers[w] = struct{}{}
-	return w, s.db.Txn(false), s.rev, nil
+	sub.w = w
+	if sub.resumed {
+		s.metrics.watchStarts.WithLabelValues(watchModeResume).Inc()
+	} else {
+		sub.snap = s.db.Txn(false)
+		s.metrics.watchStarts.WithLabelValues(watchModeSnapshot).Inc()
+	}
+	s.metrics.watchers.Set(float64(len(s.watchers)))
+	return sub, nil
 }
 
+// unsubscribe unregisters the watcher of a stream that ended and records when the node
+// last had an open watch. The watchers gauge moves last, so whoever sees it move also
+// sees the node's watch state.
 func (s *Server) unsubscribe(w *watcher) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.watchers, w)
+	if err := s.recordWatchEndLocked(w.node); err != nil {
+		s.log.Error("recording the end of a watch", "node", w.node, "error", err)
+	}
+	s.metrics.watchers.Set(float64(len(s.watchers)))
 }
 
-// Watch streams the objects targeted at the requesting node: a snapshot, SYNCED, then
-// every change, with bookmarks while idle. It returns when the client goes away, when the
-// watcher falls behind (codes.ResourceExhausted) or when the Server is closed
-// (codes.Unavailable).
+// recordWatchEndLocked counts one open watch stream of the node less, and records the
+// time when it was the last.
+func (s *Server) recordWatchEndLocked(node string) error {
+	txn := s.db.Txn(true)
+	defer txn.Abort()
+	rec, err := getWatchNode(txn, node)
+	if err != nil {
+		return err
+	}
+	if rec == nil || rec.Streams == 0 {
+		return fmt.Errorf("node %s has no open watch stream on record", node)
+	}
+	next := &watchNodeRecord{Name: node, Streams: rec.Streams - 1, Since: rec.Since}
+	if next.Streams == 0 {
+		next.Since = s.opts.Now()
+	}
+	if err := txn.Insert(tableWatchNodes, next); err != nil {
+		return fmt.Errorf("recording watch state of node %s: %w", node, err)
+	}
+	txn.Commit()
+	return nil
+}
+
+// Watch streams the objects targeted at the requesting node. A request with the server's
+// epoch and a revision whose later changes are all kept resumes: RESUMED with that
+// revision, then every kept change after it that concerns the node. Any other request gets
+// a snapshot, then SYNCED. Either way every later change follows, with bookmarks while
+// idle. It returns when the client goes away, when the watcher falls behind
+// (codes.ResourceExhausted) or when the Server is closed (codes.Unavailable).
 func (s *Server) Watch(req *nimbusv1.WatchRequest, stream grpc.ServerStreamingServer[nimbusv1.WatchEvent]) error {
 	node := req.GetNode()
 	if err := validateNode(node); err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
-	// req.Epoch and req.Revision are not honoured yet: every watch starts with a snapshot.
-	// Resuming will replay the retained changes after req.Revision when req.Epoch matches.
-	w, snap, rev, err := s.subscribe(node)
+	sub, err := s.subscribe(node, req.GetEpoch(), req.GetRevision())
 	if err != nil {
 		return rpcError(err)
 	}
-	defer s.unsubscribe(w)
+	defer s.unsubscribe(sub.w)
 	log := s.log.With("node", node)
-	log.Info("watch started", "revision", rev)
-	err = s.sendSnapshot(stream, snap, node, rev)
+	if sub.resumed {
+		log.Info("watch resumed", "revision", sub.rev, "replayed", sub.replayed)
+		err = stream.Send(&nimbusv1.WatchEvent{Type: nimbusv1.WatchEvent_TYPE_RESUMED, Revision: sub.rev, Epoch: s.epoch})
+		if err != nil {
+			err = fmt.Errorf("sending resume to node %s: %w", node, err)
+		}
+	} else {
+		if sub.why != "" {
+			log.Info("watch cannot resume; sending a snapshot", "reason", sub.why)
+		}
+		log.Info("watch started", "revision", sub.rev)
+		err = s.sendSnapshot(stream, sub.snap, node, sub.rev)
+		// The read holds on to the store as it was; let it go before streaming changes.
+		sub.snap = nil
+	}
 	if err == nil {
-		err = s.sendChanges(stream, w)
+		err = s.sendChanges(stream, sub.w)
 	}
 	log.Info("watch ended", "reason", err)
 	return err
@@ -207,8 +375,8 @@ func (s *Server) sendSnapshot(stream grpc.ServerStreamingServer[nimbusv1.WatchEv
 // sendChanges sends the watcher's events as they come, and bookmarks while there are none.
 func (s *Server) sendChanges(stream grpc.ServerStreamingServer[nimbusv1.WatchEvent], w *watcher) error {
 	errReset := status.Errorf(codes.ResourceExhausted,
-		"watcher for node %s fell behind (more than %d events queued); watch again to resubscribe",
-		w.node, cap(w.events))
+		"watcher for node %s fell behind (more than %d events queued); watch again to resume or resubscribe",
+		w.node, s.opts.WatchBuffer)
 	var tick <-chan time.Time
 	if s.opts.BookmarkInterval > 0 {
 		t := time.NewTicker(s.opts.BookmarkInterval)

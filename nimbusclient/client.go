@@ -2,6 +2,7 @@ package nimbusclient
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 
 	"google.golang.org/grpc"
 	grpcbackoff "google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/proto"
@@ -44,7 +46,13 @@ type Options struct {
 	// HealthyAfter is how long a stream must stay up for the backoff to start over.
 	// Default: 10s.
 	HealthyAfter time.Duration
-	// DialOptions are added to the client's gRPC dial options.
+	// TLS, when set, is the TLS configuration the client dials nimbus with: the CAs that
+	// verify nimbus and this node's client certificate, whose name must be Node for nimbus
+	// to let the client watch and report; internal/pki's ClientConfig builds one.
+	// Default: nil, which dials plaintext.
+	TLS *tls.Config
+	// DialOptions are added to the client's gRPC dial options, after the ones the client
+	// sets itself.
 	DialOptions []grpc.DialOption
 	// Logger receives the client's logs. Default: slog.Default().
 	Logger *slog.Logger
@@ -106,7 +114,7 @@ func New(opts Options) (*Client, error) {
 // nil once ctx ends.
 func (c *Client) Run(ctx context.Context) error {
 	dial := append([]grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(c.transportCredentials()),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           grpcbackoff.Config{BaseDelay: c.opts.MinBackoff, Multiplier: 1.6, Jitter: 0.2, MaxDelay: c.opts.MaxBackoff},
@@ -125,6 +133,14 @@ func (c *Client) Run(ctx context.Context) error {
 	wg.Go(func() { c.loop(ctx, "status", func(ctx context.Context) error { return c.report(ctx, api) }) })
 	wg.Wait()
 	return nil
+}
+
+// transportCredentials returns TLS from Options.TLS, or no credentials without it.
+func (c *Client) transportCredentials() credentials.TransportCredentials {
+	if c.opts.TLS == nil {
+		return insecure.NewCredentials()
+	}
+	return credentials.NewTLS(c.opts.TLS)
 }
 
 // loop runs one stream again and again with backoff until ctx ends.

@@ -50,6 +50,8 @@ type proc struct {
 	cmd  *exec.Cmd
 	log  string
 	done chan error
+	// exited is set once the process has been reaped by stop or kill.
+	exited bool
 }
 
 func start(t *testing.T, logName string, name string, args ...string) *proc {
@@ -80,9 +82,10 @@ func start(t *testing.T, logName string, name string, args ...string) *proc {
 // stop sends SIGTERM and waits for a clean exit; it is safe to call twice.
 func (p *proc) stop(t *testing.T) {
 	t.Helper()
-	if p.cmd.ProcessState != nil {
+	if p.exited {
 		return
 	}
+	p.exited = true
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case err := <-p.done:
@@ -103,6 +106,7 @@ func (p *proc) kill(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-p.done
+	p.exited = true
 }
 
 // cluster is one nimbus and a way to reach it with naplesctl.
@@ -110,6 +114,9 @@ type cluster struct {
 	dir    string
 	server string
 	nimbus *proc
+	// pki is the directory of the certificates naplesctl certs makes: ca, nimbus,
+	// publisher and one per node.
+	pki string
 }
 
 func newCluster(t *testing.T) *cluster {
@@ -117,8 +124,11 @@ func newCluster(t *testing.T) *cluster {
 	testns.RequireRoot(t)
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "nimbus.sock")
-	c := &cluster{dir: dir, server: "unix://" + sock}
-	c.nimbus = start(t, "nimbus", filepath.Join(bin, "nimbus"), "--listen", c.server, "--log-level", "debug")
+	c := &cluster{dir: dir, server: "unix://" + sock, pki: filepath.Join(dir, "pki")}
+	c.certs(t)
+	c.nimbus = start(t, "nimbus", filepath.Join(bin, "nimbus"), "--listen", c.server, "--log-level", "debug",
+		"--data-dir", filepath.Join(dir, "nimbus-data"),
+		"--tls-cert", c.file("nimbus.crt"), "--tls-key", c.file("nimbus.key"), "--tls-ca", c.file("ca.crt"))
 	waitFor(t, "nimbus to listen", func() bool {
 		conn, err := net.Dial("unix", sock)
 		if err == nil {
@@ -129,6 +139,22 @@ func newCluster(t *testing.T) *cluster {
 	return c
 }
 
+// certs makes the cluster's CA, nimbus's and the publisher's certificates if missing,
+// and the certificates of the nodes, with naplesctl certs.
+func (c *cluster) certs(t *testing.T, nodes ...string) {
+	t.Helper()
+	args := []string{"certs", "--dir", c.pki}
+	if len(nodes) > 0 {
+		args = append(args, "--nodes", strings.Join(nodes, ","))
+	}
+	if out, err := exec.Command(filepath.Join(bin, "naplesctl"), args...).CombinedOutput(); err != nil {
+		t.Fatalf("naplesctl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+// file returns the path of a file of the cluster's pki directory.
+func (c *cluster) file(name string) string { return filepath.Join(c.pki, name) }
+
 // host is a node: a network namespace with 10.10.0.1/24 on eth0 and 10.20.0.1/24 on
 // eth1, and the agent running inside it.
 type host struct {
@@ -137,10 +163,19 @@ type host struct {
 	state string
 	c     *cluster
 	agent *proc
+	// cert is the node whose certificate the agent presents; normally name.
+	cert string
 }
 
 func (c *cluster) newHost(t *testing.T, name string) *host {
 	t.Helper()
+	return c.newHostWithCert(t, name, name)
+}
+
+// newHostWithCert is newHost with an agent presenting the certificate of node cert.
+func (c *cluster) newHostWithCert(t *testing.T, name, cert string) *host {
+	t.Helper()
+	c.certs(t, cert)
 	ns := testns.Named(t, "naples-e2e")
 	for _, args := range [][]string{
 		{"link", "add", "eth0", "type", "veth", "peer", "name", "eth1"},
@@ -151,7 +186,7 @@ func (c *cluster) newHost(t *testing.T, name string) *host {
 	} {
 		testns.Run(t, "ip", append([]string{"-n", ns}, args...)...)
 	}
-	h := &host{name: name, ns: ns, state: filepath.Join(c.dir, "state-"+name), c: c}
+	h := &host{name: name, ns: ns, state: filepath.Join(c.dir, "state-"+name), c: c, cert: cert}
 	h.startAgent(t)
 	return h
 }
@@ -159,7 +194,9 @@ func (c *cluster) newHost(t *testing.T, name string) *host {
 func (h *host) startAgent(t *testing.T) {
 	t.Helper()
 	h.agent = start(t, "agent-"+h.name, "ip", "netns", "exec", h.ns, filepath.Join(bin, "naples-agent"),
-		"--node", h.name, "--nimbus", h.c.server, "--state-dir", h.state, "--log-level", "debug")
+		"--node", h.name, "--nimbus", h.c.server, "--state-dir", h.state, "--log-level", "debug",
+		"--socket", filepath.Join(h.c.dir, "agent-"+h.name+".sock"),
+		"--tls-cert", h.c.file(h.cert+".crt"), "--tls-key", h.c.file(h.cert+".key"), "--tls-ca", h.c.file("ca.crt"))
 }
 
 // routes returns `ip route show table N` inside the host.
@@ -168,12 +205,15 @@ func (h *host) routes(t *testing.T, table int) string {
 	return testns.Run(t, "ip", "-n", h.ns, "route", "show", "table", fmt.Sprint(table))
 }
 
-// ctl runs naplesctl against the cluster's nimbus.
+// ctl runs naplesctl against the cluster's nimbus with the publisher's certificate;
+// TLS flags in args override it.
 func (c *cluster) ctl(t *testing.T, stdin string, args ...string) (string, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), deadline)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(bin, "naplesctl"), append([]string{"--server", c.server}, args...)...)
+	global := []string{"--server", c.server,
+		"--tls-cert", c.file("publisher.crt"), "--tls-key", c.file("publisher.key"), "--tls-ca", c.file("ca.crt")}
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "naplesctl"), append(global, args...)...)
 	cmd.Stdin = strings.NewReader(stdin)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

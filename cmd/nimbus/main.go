@@ -4,13 +4,26 @@
 // Usage:
 //
 //	nimbus [--listen ADDR]... [--log-level debug|info|warn|error]
+//	       [--tls-cert FILE --tls-key FILE --tls-ca FILE | --insecure]
+//	       [--data-dir DIR | --ephemeral] [--metrics HOST:PORT]
 //
 // ADDR is unix:///path/to/socket or tcp://host:port; the default is
-// unix:///run/naples/nimbus.sock. Bad flags exit with status 2, other errors with 1.
+// unix:///run/naples/nimbus.sock. nimbus serves mutual TLS with the certificate and key of
+// --tls-cert and --tls-key (defaults /etc/naples/pki/nimbus.crt and nimbus.key), requires
+// every client to present a certificate issued by a CA of --tls-ca (default
+// /etc/naples/pki/ca.crt), and lets nodes and publishers do only what their certificates
+// allow; `naplesctl certs` makes such certificates. --insecure serves plaintext instead
+// and checks nothing. Bad flags exit with status 2, other errors with 1.
+//
+// nimbus keeps its objects in DIR/nimbus.db (default DIR /var/lib/naples/nimbus), so that
+// they, the revision and the epoch survive a restart and agents resume where they were;
+// --ephemeral keeps everything in memory only. --metrics serves Prometheus metrics on
+// http://HOST:PORT/metrics; without it there is no metrics endpoint.
 package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -22,12 +35,27 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
 	"github.com/naplesnet/naples/internal/address"
+	"github.com/naplesnet/naples/internal/pki"
 	"github.com/naplesnet/naples/nimbus"
 )
 
 // defaultListen is where nimbus listens when no --listen is given.
 const defaultListen = "unix:///run/naples/nimbus.sock"
+
+// defaultDataDir is where nimbus keeps its store when neither --data-dir nor --ephemeral
+// is given.
+const defaultDataDir = "/var/lib/naples/nimbus"
+
+// Defaults of the TLS flags.
+const (
+	defaultTLSCert = "/etc/naples/pki/nimbus.crt"
+	defaultTLSKey  = "/etc/naples/pki/nimbus.key"
+	defaultTLSCA   = "/etc/naples/pki/ca.crt"
+)
 
 // errUsage marks errors in the command line, which exit with status 2.
 var errUsage = errors.New("usage")
@@ -50,14 +78,43 @@ func main() {
 type config struct {
 	listen   []address.Address
 	logLevel slog.Level
+	// tlsCert, tlsKey and tlsCA are the files of the server's certificate, its key and
+	// the CAs that issue client certificates.
+	tlsCert, tlsKey, tlsCA string
+	// insecure serves plaintext.
+	insecure bool
+	// dataDir is the directory of the durable store; empty with --ephemeral.
+	dataDir string
+	// metrics is the host:port to serve metrics on; empty for none.
+	metrics string
 }
 
 // parseFlags parses the command line. The flag package reports a bad flag on stderr
 // itself, so the error it returns only marks the failure.
 func parseFlags(args []string, stderr io.Writer) (config, error) {
-	cfg := config{logLevel: slog.LevelInfo}
+	cfg := config{logLevel: slog.LevelInfo, dataDir: defaultDataDir}
 	fs := flag.NewFlagSet("nimbus", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	dataDirSet, ephemeral := false, false
+	fs.Func("data-dir", "`directory` of the durable store, DIR/nimbus.db (default "+defaultDataDir+")", func(s string) error {
+		if s == "" {
+			return errors.New("must not be empty; --ephemeral keeps everything in memory")
+		}
+		cfg.dataDir, dataDirSet = s, true
+		return nil
+	})
+	fs.BoolVar(&ephemeral, "ephemeral", false, "keep objects in memory only: a restart loses them and every agent resyncs")
+	fs.Func("metrics", "`host:port` to serve Prometheus metrics on at /metrics (default: none)", func(s string) error {
+		if _, _, err := net.SplitHostPort(s); err != nil {
+			return fmt.Errorf("address %q: want host:port: %w", s, err)
+		}
+		cfg.metrics = s
+		return nil
+	})
+	fs.StringVar(&cfg.tlsCert, "tls-cert", defaultTLSCert, "`file` of nimbus's TLS certificate")
+	fs.StringVar(&cfg.tlsKey, "tls-key", defaultTLSKey, "`file` of nimbus's TLS private key")
+	fs.StringVar(&cfg.tlsCA, "tls-ca", defaultTLSCA, "`file` of the CA certificates that client certificates must chain to")
+	fs.BoolVar(&cfg.insecure, "insecure", false, "serve plaintext without TLS, letting every client do everything")
 	fs.Func("listen", "`address` to serve on, unix:///path or tcp://host:port; repeatable (default "+defaultListen+")",
 		func(s string) error {
 			a, err := address.Parse(s)
@@ -93,6 +150,14 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		fs.Usage()
 		return cfg, fmt.Errorf("parsing flags: %w", errUsage)
 	}
+	if ephemeral && dataDirSet {
+		fmt.Fprintln(stderr, "--ephemeral and --data-dir are mutually exclusive")
+		fs.Usage()
+		return cfg, fmt.Errorf("parsing flags: %w", errUsage)
+	}
+	if ephemeral {
+		cfg.dataDir = ""
+	}
 	if len(cfg.listen) == 0 {
 		a, err := address.Parse(defaultListen)
 		if err != nil {
@@ -110,11 +175,31 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
-	srv, err := nimbus.New(nimbus.Options{Logger: log})
+	var tlsConfig *tls.Config
+	if !cfg.insecure {
+		tlsConfig, err = pki.ServerConfig(cfg.tlsCert, cfg.tlsKey, cfg.tlsCA)
+		if err != nil {
+			return fmt.Errorf("loading TLS credentials (--insecure serves plaintext): %w", err)
+		}
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	srv, err := nimbus.New(nimbus.Options{Logger: log, TLS: tlsConfig, DataDir: cfg.dataDir, Registerer: reg})
 	if err != nil {
 		return err
 	}
 	defer srv.Close()
+	if cfg.dataDir == "" {
+		log.Info("store is ephemeral: a restart loses every object")
+	}
+	if cfg.metrics != "" {
+		m, err := startMetrics(ctx, cfg.metrics, reg, log)
+		if err != nil {
+			return err
+		}
+		defer m.close()
+		log.Info("serving metrics", "url", "http://"+m.addr+"/metrics")
+	}
 
 	var listeners []net.Listener
 	defer func() {
@@ -133,7 +218,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		// The listener's address, so that tcp://host:0 logs the port it got.
 		addrs = append(addrs, address.Address{Network: a.Network, Addr: l.Addr().String()}.String())
 	}
-	log.Info("serving", "addresses", addrs, "epoch", srv.Epoch())
+	log.Info("serving", "addresses", addrs, "epoch", srv.Epoch(), "tls", tlsConfig != nil)
 	if err := srv.Serve(ctx, listeners...); err != nil {
 		return err
 	}

@@ -36,7 +36,7 @@ func TestParseFlags(t *testing.T) {
 		{name: "bad level", args: []string{"--log-level", "loud"}, wantUsage: true},
 		{name: "bad scheme", args: []string{"--listen", "http://x:1"}, wantUsage: true},
 		{name: "relative socket", args: []string{"--listen", "unix://n.sock"}, wantUsage: true},
-		{name: "unknown flag", args: []string{"--data-dir", "/x"}, wantUsage: true},
+		{name: "unknown flag", args: []string{"--no-such-flag", "/x"}, wantUsage: true},
 		{name: "argument", args: []string{"serve"}, wantUsage: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -68,7 +68,7 @@ func TestRunServesUntilCanceled(t *testing.T) {
 	defer cancel()
 	var stderr bytes.Buffer
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"--listen", "unix://" + sock}, &stderr) }()
+	go func() { done <- run(ctx, []string{"--listen", "unix://" + sock, "--insecure", "--ephemeral"}, &stderr) }()
 
 	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

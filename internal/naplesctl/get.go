@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/naplesnet/naples/internal/manifest"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -43,8 +41,11 @@ KIND is a kind name in any case, singular or plural: route, Routes, securitygrou
 Without NAME every object of the kind is listed, in every tenant and namespace unless
 --tenant or --namespace narrow it; with NAME tenant and namespace default to "default".
 
-The table's PROGRAMMED column counts the target nodes that run the current generation,
-out of all target nodes; FAILED counts those that failed to program it. -o json and
+The table's GENERATION is the object's current generation. PROGRAMMED counts the target
+nodes that run it, out of all target nodes; FAILED counts those that failed to program
+it and PENDING those that have done neither yet; STALE counts the target nodes whose
+status is stale because their agent has been disconnected for a while. naplesctl
+describe lists every node. -o json and
 -o yaml print objects in manifest shape with their per-node status, and can be applied
 again.`,
 		Example: `  naplesctl get routes
@@ -79,18 +80,10 @@ func (c *cli) getOne(ctx context.Context, key *nimbusv1.ObjectKey, o getOptions)
 		return err
 	}
 	defer sess.Close()
-	resp, err := sess.nimbus.Get(ctx, &nimbusv1.GetRequest{Key: key})
-	if status.Code(err) == codes.NotFound {
-		if key.GetTenant() == nimbusv1.DefaultTenant && key.GetNamespace() == nimbusv1.DefaultNamespace {
-			return fmt.Errorf("%s %q %w", kindArg(key.GetKind()), key.GetName(), ErrNotFound)
-		}
-		return fmt.Errorf("%s %q %w in tenant %q, namespace %q",
-			kindArg(key.GetKind()), key.GetName(), ErrNotFound, key.GetTenant(), key.GetNamespace())
-	}
+	item, err := sess.get(ctx, key)
 	if err != nil {
-		return fmt.Errorf("getting %s: %w", ref(key), sess.rpcError(err))
+		return err
 	}
-	item := withStatus(resp.GetItem())
 	switch o.output {
 	case outputJSON:
 		return manifest.Encode(c.stdout, manifest.JSON, item.GetObject(), item.GetStatus())
@@ -148,17 +141,17 @@ func withStatus(item *nimbusv1.ObjectWithStatus) *nimbusv1.ObjectWithStatus {
 // table prints items as a table, one row per object.
 func (c *cli) table(items []*nimbusv1.ObjectWithStatus) error {
 	tw := tabwriter.NewWriter(c.stdout, 0, 8, 3, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tTENANT\tNAMESPACE\tGENERATION\tPROGRAMMED\tFAILED\tAGE")
+	fmt.Fprintln(tw, "NAME\tTENANT\tNAMESPACE\tGENERATION\tPROGRAMMED\tFAILED\tPENDING\tSTALE\tAGE")
 	now := c.now()
 	for _, it := range items {
-		m, st := it.GetObject().GetMeta(), it.GetStatus()
+		m, p := it.GetObject().GetMeta(), propagationOf(it, 0)
 		age := "<unknown>"
 		if m.GetCreateTime() != nil {
 			age = humanDuration(now.Sub(m.GetCreateTime().AsTime()))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d/%d\t%d\t%s\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d/%d\t%d\t%d\t%d\t%s\n",
 			m.GetName(), m.GetTenant(), m.GetNamespace(), m.GetGeneration(),
-			st.GetProgrammedNodes(), st.GetTargetNodes(), st.GetFailedNodes(), age)
+			p.programmed, p.target, p.failed, p.pendingCount(), p.stale, age)
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("writing table: %w", err)

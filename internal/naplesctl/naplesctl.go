@@ -11,7 +11,6 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/naplesnet/naples/internal/address"
@@ -31,6 +30,12 @@ const (
 var (
 	// ErrNotFound is wrapped by the error of a get of an object nimbus does not have.
 	ErrNotFound = errors.New("not found")
+	// ErrProgrammingFailed is wrapped by the error of a wait that ends because a target
+	// node reported FAILED at the generation waited for.
+	ErrProgrammingFailed = errors.New("programming failed")
+	// ErrWaitTimeout is wrapped by the error of a wait whose --timeout passed before every
+	// target node reported PROGRAMMED.
+	ErrWaitTimeout = errors.New("timed out")
 )
 
 // Run runs naplesctl with args, the command line without the program name, reading
@@ -51,6 +56,12 @@ type cli struct {
 	now func() time.Time
 	// server is the --server flag.
 	server string
+	// tls holds the --tls-* and --insecure flags.
+	tls tlsFlags
+	// agent is the --agent flag.
+	agent string
+	// poll is how often a wait asks nimbus how far an object has come. Default: 200ms.
+	poll time.Duration
 }
 
 // run builds the command tree and executes it with args.
@@ -80,7 +91,10 @@ Objects are written as YAML or JSON manifests:
 	}
 	root.PersistentFlags().StringVar(&c.server, "server", server,
 		"nimbus address, unix:///path or tcp://host:port; $"+ServerEnv+" sets the default")
-	root.AddCommand(c.applyCommand(), c.getCommand(), c.deleteCommand())
+	c.addAgentFlag(root, getenv)
+	c.addTLSFlags(root, getenv)
+	root.AddCommand(c.certsCommand(getenv))
+	root.AddCommand(c.applyCommand(), c.getCommand(), c.deleteCommand(), c.describeCommand(), c.waitCommand(), c.delphiCommand())
 
 	if args == nil {
 		args = []string{} // nil makes cobra read os.Args
@@ -106,8 +120,11 @@ func (c *cli) connect() (*session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("parsing --server: %w", err)
 	}
-	// TODO: mTLS once nimbus serves it; the unix socket is protected by file permissions.
-	conn, err := grpc.NewClient(addr.GRPCTarget(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds, err := c.transportCredentials()
+	if err != nil {
+		return nil, err
+	}
+	conn, err := grpc.NewClient(addr.GRPCTarget(), grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return nil, fmt.Errorf("connecting to nimbus at %s: %w", addr, err)
 	}

@@ -82,7 +82,7 @@ func newEnv(t *testing.T) *env {
 		server: addr.String(),
 		nimbus: nimbusv1.NewNimbusClient(conn),
 		dir:    dir,
-		vars:   map[string]string{ServerEnv: addr.String()},
+		vars:   map[string]string{ServerEnv: addr.String(), InsecureEnv: "1"},
 	}
 }
 
@@ -192,9 +192,9 @@ func TestApplyGetDelete(t *testing.T) {
 
 	equal(t, "first apply", e.ok("apply", "-f", routes), "route/to-dc2 created\nroute/to-dc3 created\n")
 	equal(t, "get routes", e.ok("get", "routes"), ""+
-		"NAME     TENANT    NAMESPACE   GENERATION   PROGRAMMED   FAILED   AGE\n"+
-		"to-dc2   default   default     1            0/1          0        90s\n"+
-		"to-dc3   default   default     1            0/1          0        90s\n")
+		"NAME     TENANT    NAMESPACE   GENERATION   PROGRAMMED   FAILED   PENDING   STALE   AGE\n"+
+		"to-dc2   default   default     1            0/1          0        1         0       90s\n"+
+		"to-dc3   default   default     1            0/1          0        1         0       90s\n")
 	for _, kind := range []string{"Routes", "ROUTE", "route"} {
 		if out := e.ok("get", kind, "to-dc2"); !strings.Contains(out, "to-dc2   default") || strings.Contains(out, "to-dc3") {
 			t.Errorf("get %s to-dc2:\n%s", kind, out)
@@ -326,8 +326,8 @@ func TestStatus(t *testing.T) {
 	}
 
 	equal(t, "get route", e.ok("get", "route", "to-dc2"), ""+
-		"NAME     TENANT    NAMESPACE   GENERATION   PROGRAMMED   FAILED   AGE\n"+
-		"to-dc2   default   default     1            1/1          0        90s\n")
+		"NAME     TENANT    NAMESPACE   GENERATION   PROGRAMMED   FAILED   PENDING   STALE   AGE\n"+
+		"to-dc2   default   default     1            1/1          0        0         0       90s\n")
 
 	var doc struct {
 		Status struct {

@@ -1,0 +1,309 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/naplesnet/naples/delphi"
+	"github.com/naplesnet/naples/internal/address"
+	delphiv1 "github.com/naplesnet/naples/proto/delphi/v1"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// socketMode is the file mode of the local API's socket: the agent's user and group may
+// read what delphi holds, nobody else.
+const socketMode = 0o660
+
+// inspectDrainTimeout is how long Serve lets running calls finish once its context ends.
+const inspectDrainTimeout = 5 * time.Second
+
+// InspectStore is what an Inspector reads of delphi. *delphi.Store implements it; the
+// Inspector never writes.
+type InspectStore interface {
+	// Get returns the desired object with the given key.
+	Get(key *nimbusv1.ObjectKey) (*nimbusv1.Object, bool)
+	// List returns the desired objects of one kind, ordered by key; KIND_UNSPECIFIED lists all.
+	List(kind nimbusv1.Kind) []*nimbusv1.Object
+	// Status returns this node's status of the object with the given key.
+	Status(key *nimbusv1.ObjectKey) (*nimbusv1.NodeStatus, bool)
+	// Statuses returns every status, ordered by key.
+	Statuses() []delphi.StatusEntry
+	// Resume returns the nimbus epoch and revision the desired objects correspond to.
+	Resume() (epoch string, revision uint64)
+	// Synced returns a channel that is closed once the desired objects are complete.
+	Synced() <-chan struct{}
+	// Subscribe starts a subscription to the keys that change.
+	Subscribe(opts delphi.SubscribeOptions) (*delphi.Subscription, error)
+}
+
+var _ InspectStore = (*delphi.Store)(nil)
+
+// InspectorOptions configures an Inspector.
+type InspectorOptions struct {
+	// Store is the delphi store the API reads. Required.
+	Store InspectStore
+	// Logger receives the API's logs. Default: slog.Default().
+	Logger *slog.Logger
+}
+
+// Inspector serves the agent's read-only local API, the delphi.v1.Delphi service: what
+// delphi holds on this host, desired objects and this node's status of them.
+type Inspector struct {
+	delphiv1.UnimplementedDelphiServer
+
+	store InspectStore
+	log   *slog.Logger
+	// done is closed by Close; it ends every watch.
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+var _ delphiv1.DelphiServer = (*Inspector)(nil)
+
+// NewInspector returns an Inspector over opts.Store.
+func NewInspector(opts InspectorOptions) (*Inspector, error) {
+	if opts.Store == nil {
+		return nil, errors.New("creating the local api: store is required")
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Inspector{store: opts.Store, log: log, done: make(chan struct{})}, nil
+}
+
+// Serve serves the API on lis until ctx ends or lis fails. When ctx ends it ends every
+// watch (Close), lets the other calls finish for up to 5s, stops the rest and returns nil.
+// Serve closes lis in either case.
+func (i *Inspector) Serve(ctx context.Context, lis net.Listener) error {
+	gs := grpc.NewServer(grpc.WaitForHandlers(true))
+	delphiv1.RegisterDelphiServer(gs, i)
+	served := make(chan error, 1)
+	go func() { served <- gs.Serve(lis) }()
+	select {
+	case err := <-served:
+		gs.Stop()
+		return fmt.Errorf("serving the local api on %s: %w", lis.Addr(), err)
+	case <-ctx.Done():
+	}
+	i.Close()
+	drained := make(chan struct{})
+	go func() {
+		gs.GracefulStop()
+		close(drained)
+	}()
+	t := time.NewTimer(inspectDrainTimeout)
+	defer t.Stop()
+	select {
+	case <-drained:
+	case <-t.C:
+		i.log.Warn("local api calls still running after the drain timeout; stopping them", "timeout", inspectDrainTimeout)
+		gs.Stop()
+		<-drained
+	}
+	<-served // nil once the server has stopped
+	return nil
+}
+
+// Close ends every watch, now and from then on. It is safe to call twice.
+func (i *Inspector) Close() error {
+	i.closeOnce.Do(func() { close(i.done) })
+	return nil
+}
+
+// List returns every entry of the requested kind, ordered by key, with the nimbus position
+// delphi stands at.
+func (i *Inspector) List(_ context.Context, req *delphiv1.ListRequest) (*delphiv1.ListResponse, error) {
+	if err := checkKind(req.GetKind()); err != nil {
+		return nil, err
+	}
+	epoch, rev := i.store.Resume()
+	byID := map[string]*delphiv1.Entry{}
+	for _, obj := range i.store.List(req.GetKind()) {
+		key := obj.Key()
+		byID[key.ID()] = &delphiv1.Entry{Key: key, Object: obj}
+	}
+	for _, st := range i.store.Statuses() {
+		if req.GetKind() != nimbusv1.Kind_KIND_UNSPECIFIED && st.Key.GetKind() != req.GetKind() {
+			continue
+		}
+		id := st.Key.ID()
+		e, ok := byID[id]
+		if !ok {
+			e = &delphiv1.Entry{Key: st.Key.Defaulted()}
+			byID[id] = e
+		}
+		e.Status = st.Status
+	}
+	ids := make([]string, 0, len(byID))
+	for id := range byID {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	resp := &delphiv1.ListResponse{Epoch: epoch, Revision: rev, Synced: i.synced()}
+	for _, id := range ids {
+		resp.Entries = append(resp.Entries, byID[id])
+	}
+	return resp, nil
+}
+
+// Get returns the entry of one key; codes.NotFound when delphi holds neither an object nor
+// a status for it.
+func (i *Inspector) Get(_ context.Context, req *delphiv1.GetRequest) (*delphiv1.GetResponse, error) {
+	key := req.GetKey()
+	if key == nil {
+		return nil, status.Error(codes.InvalidArgument, "key: is required")
+	}
+	key = key.Defaulted()
+	if err := key.Validate(); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	e, ok := i.entry(key)
+	if !ok {
+		return nil, status.Errorf(codes.NotFound, "%s: not in delphi", key.ID())
+	}
+	return &delphiv1.GetResponse{Entry: e}, nil
+}
+
+// Watch sends every current entry of the requested kind, ordered by key, then the entry of
+// each key whose object or status changes, in the order they change; a key whose object
+// and status are both gone is sent with deleted set. Changes that follow each other
+// quickly are coalesced: the entry sent is always the key's latest. Watch ends when the
+// client goes away, and with codes.Unavailable when the Inspector is closed.
+func (i *Inspector) Watch(req *delphiv1.WatchRequest, stream grpc.ServerStreamingServer[delphiv1.WatchEvent]) error {
+	if err := checkKind(req.GetKind()); err != nil {
+		return err
+	}
+	sub, err := i.store.Subscribe(delphi.SubscribeOptions{
+		Tables: []delphi.Table{delphi.TableDesired, delphi.TableStatus},
+		Kind:   req.GetKind(),
+	})
+	if err != nil {
+		return status.Errorf(codes.Unavailable, "subscribing to delphi: %v", err)
+	}
+	defer sub.Close()
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	// The goroutine ends with the handler at the latest: cancel is deferred.
+	go func() {
+		select {
+		case <-i.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+
+	first := true
+	for {
+		ids, err := sub.Next(ctx)
+		if err != nil {
+			return i.watchEnd(stream.Context(), err)
+		}
+		if first {
+			// The first batch is everything delphi holds: send it in key order.
+			slices.Sort(ids)
+		}
+		for _, id := range ids {
+			key, err := nimbusv1.ParseKeyID(id)
+			if err != nil {
+				i.log.Warn("skipping an unparsable delphi key", "key", id, "error", err)
+				continue
+			}
+			ev := &delphiv1.WatchEvent{}
+			if e, ok := i.entry(key); ok {
+				ev.Entry = e
+			} else if first {
+				continue // gone before it was ever sent
+			} else {
+				ev.Entry, ev.Deleted = &delphiv1.Entry{Key: key}, true
+			}
+			if err := stream.Send(ev); err != nil {
+				return fmt.Errorf("sending the entry of %s: %w", id, err)
+			}
+		}
+		first = false
+	}
+}
+
+// watchEnd returns the status a watch ends with after its subscription's Next returned err.
+func (i *Inspector) watchEnd(client context.Context, err error) error {
+	select {
+	case <-i.done:
+		return status.Error(codes.Unavailable, "the agent's local api is shutting down")
+	default:
+	}
+	if client.Err() != nil {
+		return status.FromContextError(client.Err()).Err()
+	}
+	if errors.Is(err, delphi.ErrClosed) {
+		return status.Error(codes.Unavailable, "delphi is closed")
+	}
+	return status.Errorf(codes.Internal, "watching delphi: %v", err)
+}
+
+// entry returns what delphi holds for key; false when it holds neither object nor status.
+func (i *Inspector) entry(key *nimbusv1.ObjectKey) (*delphiv1.Entry, bool) {
+	obj, hasObj := i.store.Get(key)
+	st, hasStatus := i.store.Status(key)
+	if !hasObj && !hasStatus {
+		return nil, false
+	}
+	return &delphiv1.Entry{Key: key.Defaulted(), Object: obj, Status: st}, true
+}
+
+// synced reports whether delphi's desired objects are complete.
+func (i *Inspector) synced() bool {
+	select {
+	case <-i.store.Synced():
+		return true
+	default:
+		return false
+	}
+}
+
+// checkKind refuses a kind that is neither KIND_UNSPECIFIED nor a known kind.
+func checkKind(k nimbusv1.Kind) error {
+	if k == nimbusv1.Kind_KIND_UNSPECIFIED || slices.Contains(nimbusv1.Kinds(), k) {
+		return nil
+	}
+	return status.Errorf(codes.InvalidArgument, "kind %q: %v", k.String(), nimbusv1.ErrUnknownKind)
+}
+
+// listenLocalAPI listens on the unix socket at path for the local API, replacing a stale
+// socket and creating its directory, and limits the socket to its owner and group.
+func listenLocalAPI(ctx context.Context, path string) (net.Listener, error) {
+	lis, err := address.Address{Network: "unix", Addr: path}.Listen(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("local api: %w", err)
+	}
+	if err := os.Chmod(path, socketMode); err != nil {
+		lis.Close()
+		return nil, fmt.Errorf("local api: setting the mode of %s: %w", path, err)
+	}
+	return lis, nil
+}
+
+// serveLocalAPI listens on the unix socket at path and returns the function that serves
+// the local API over store on it until its context ends.
+func serveLocalAPI(ctx context.Context, path string, store InspectStore, log *slog.Logger) (func(context.Context) error, error) {
+	insp, err := NewInspector(InspectorOptions{Store: store, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	lis, err := listenLocalAPI(ctx, path)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context) error { return insp.Serve(ctx, lis) }, nil
+}

@@ -1,0 +1,377 @@
+package delphi
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	bolt "go.etcd.io/bbolt"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// openDir opens a store on dir and claims its desired writer; Close runs at cleanup.
+func openDir(t *testing.T, dir string) (*Store, *DesiredWriter) {
+	t.Helper()
+	s, err := Open(Options{Dir: dir, Logger: quiet})
+	if err != nil {
+		t.Fatalf("Open(%s): %v", dir, err)
+	}
+	t.Cleanup(func() { s.Close() })
+	d, err := s.ClaimDesired()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, d
+}
+
+func isSynced(s *Store) bool {
+	select {
+	case <-s.Synced():
+		return true
+	default:
+		return false
+	}
+}
+
+// boltTxID returns the id of the last transaction committed to the store's state file.
+func boltTxID(t *testing.T, s *Store) int {
+	t.Helper()
+	var id int
+	if err := s.disk.db.View(func(tx *bolt.Tx) error { id = tx.ID(); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+func TestRestartRestoresObjectsAndResumePoint(t *testing.T) {
+	dir := t.TempDir()
+	s, d := openDir(t, dir)
+	if isSynced(s) {
+		t.Fatal("a store on an empty directory is synced")
+	}
+	objs := []*nimbusv1.Object{
+		route("a", 100, "198.51.100.0/24", "10.0.0.1"),
+		route("b", 100, "198.51.100.0/24", "10.0.0.2"),
+		{
+			Meta: &nimbusv1.ObjectMeta{Tenant: "t1", Namespace: "prod", Name: "web-1", Generation: 3, Labels: map[string]string{"app": "web"}, Nodes: []string{"host-a"}, CreateTime: timestamppb.Now()},
+			Spec: &nimbusv1.Object_Endpoint{Endpoint: &nimbusv1.EndpointSpec{Network: "blue", Mac: "02:00:00:00:00:01", Ips: []string{"10.1.0.5"}, SecurityGroups: []string{"web"}}},
+		},
+	}
+	commit(t, d, func(txn *DesiredTxn) {
+		for _, o := range objs {
+			txn.Put(o)
+		}
+		txn.Put(route("gone", 1, "10.9.0.0/16", "10.0.0.1"))
+		txn.SetResume("epoch-1", 41)
+	})
+	commit(t, d, func(txn *DesiredTxn) {
+		txn.Delete(nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "", "", "gone"))
+		txn.SetResume("epoch-1", 42)
+	})
+	st, err := s.ClaimStatus()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Set(objs[0].Key(), &nimbusv1.NodeStatus{Phase: nimbusv1.Phase_PHASE_PROGRAMMED}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+
+	r, _ := openDir(t, dir)
+	if !isSynced(r) {
+		t.Error("a store restored from disk is not synced")
+	}
+	if epoch, rev := r.Resume(); epoch != "epoch-1" || rev != 42 {
+		t.Errorf("Resume() = %q, %d; want epoch-1, 42", epoch, rev)
+	}
+	all := r.List(nimbusv1.Kind_KIND_UNSPECIFIED)
+	if len(all) != len(objs) {
+		t.Fatalf("restored %d objects %v, want %d", len(all), names(all), len(objs))
+	}
+	for _, want := range objs {
+		got, ok := r.Get(want.Key())
+		if !ok || !proto.Equal(got, want) {
+			t.Errorf("restored %s = %v, want %v", want.Key().ID(), got, want)
+		}
+	}
+	if got := names(r.RoutesTo(100, "198.51.100.0/24")); !slices.Equal(got, []string{"a", "b"}) {
+		t.Errorf("RoutesTo after restore = %v", got)
+	}
+	if got := names(r.EndpointsOn("t1/prod/blue")); !slices.Equal(got, []string{"web-1"}) {
+		t.Errorf("EndpointsOn after restore = %v", got)
+	}
+	if _, ok := r.Status(objs[0].Key()); ok {
+		t.Error("status was restored; it is not meant to be kept")
+	}
+}
+
+func TestSnapshotIsOneFileTransactionAndPersistsDeletions(t *testing.T) {
+	dir := t.TempDir()
+	s, d := openDir(t, dir)
+	commit(t, d, func(txn *DesiredTxn) {
+		txn.Put(route("keep", 100, "10.1.0.0/24", "10.0.0.1"))
+		txn.Put(route("stale", 100, "10.2.0.0/24", "10.0.0.1"))
+		txn.SetResume("epoch-1", 5)
+	})
+	const n = 10000
+	before := boltTxID(t, s)
+	commit(t, d, func(txn *DesiredTxn) {
+		keep := map[string]bool{}
+		txn.Put(route("keep", 100, "10.1.0.0/24", "10.0.0.1"))
+		for i := range n {
+			o := route(fmt.Sprintf("r%05d", i), 200, fmt.Sprintf("10.%d.%d.0/24", 100+i/256, i%256), "10.0.0.1")
+			txn.Put(o)
+			keep[o.Key().ID()] = true
+		}
+		txn.DeleteOthers(keep)
+		txn.SetResume("epoch-2", 9)
+	})
+	if got := boltTxID(t, s) - before; got != 1 {
+		t.Errorf("a %d-object snapshot took %d file transactions, want 1", n, got)
+	}
+	s.Close()
+
+	r, _ := openDir(t, dir)
+	if got := len(r.List(nimbusv1.Kind_KIND_ROUTE)); got != n+1 {
+		t.Errorf("restored %d routes, want %d", got, n+1)
+	}
+	if _, ok := r.Get(nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "", "", "stale")); ok {
+		t.Error("the object the snapshot dropped came back after restart")
+	}
+	if _, ok := r.Get(nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "", "", "keep")); !ok {
+		t.Error("the object the snapshot kept is gone after restart")
+	}
+	if epoch, rev := r.Resume(); epoch != "epoch-2" || rev != 9 {
+		t.Errorf("Resume() = %q, %d; want epoch-2, 9", epoch, rev)
+	}
+}
+
+func TestUnchangedCommitDoesNotWriteTheFile(t *testing.T) {
+	s, d := openDir(t, t.TempDir())
+	commit(t, d, func(txn *DesiredTxn) { txn.Put(route("a", 1, "10.0.0.0/8", "10.0.0.1")) })
+	before := boltTxID(t, s)
+	commit(t, d, func(txn *DesiredTxn) { txn.Put(route("a", 1, "10.0.0.0/8", "10.0.0.1")) })
+	st, err := s.ClaimStatus()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Set(nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "", "", "a"), &nimbusv1.NodeStatus{Phase: nimbusv1.Phase_PHASE_PENDING}); err != nil {
+		t.Fatal(err)
+	}
+	if got := boltTxID(t, s) - before; got != 0 {
+		t.Errorf("an unchanged Put and a status write made %d file transactions, want 0", got)
+	}
+}
+
+// TestFailedDiskWriteChangesNothing checks that a commit the file refuses is not applied
+// in memory either, and that nobody hears of it.
+func TestFailedDiskWriteChangesNothing(t *testing.T) {
+	s, d := openDir(t, t.TempDir())
+	commit(t, d, func(txn *DesiredTxn) {
+		txn.Put(route("a", 1, "10.0.0.0/8", "10.0.0.1"))
+		txn.SetResume("e", 1)
+	})
+	sub, err := s.Subscribe(SubscribeOptions{Tables: []Table{TableDesired}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	next(t, sub)
+	s.disk.db.Close() // the file goes away under the store
+	txn := &DesiredTxn{}
+	txn.Put(route("b", 1, "10.0.0.0/8", "10.0.0.1"))
+	txn.Delete(nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "", "", "a"))
+	txn.SetResume("e", 2)
+	if err := d.Commit(txn); err == nil {
+		t.Fatal("Commit succeeded with the state file closed")
+	}
+	if got := names(s.List(nimbusv1.Kind_KIND_UNSPECIFIED)); !slices.Equal(got, []string{"a"}) {
+		t.Errorf("after a failed commit the store holds %v, want [a]", got)
+	}
+	if _, rev := s.Resume(); rev != 1 {
+		t.Errorf("after a failed commit the revision is %d, want 1", rev)
+	}
+	if pending(sub) {
+		t.Error("a failed commit was announced")
+	}
+}
+
+func TestCommitAfterCloseFails(t *testing.T) {
+	s, d := openDir(t, t.TempDir())
+	s.Close()
+	txn := &DesiredTxn{}
+	txn.Put(route("a", 1, "10.0.0.0/8", "10.0.0.1"))
+	if err := d.Commit(txn); !errors.Is(err, ErrClosed) {
+		t.Errorf("Commit after Close: err = %v, want ErrClosed", err)
+	}
+}
+
+// writeBolt creates a state file at path with the given buckets and values.
+func writeBolt(t *testing.T, path string, buckets map[string]map[string][]byte) {
+	t.Helper()
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	err = db.Update(func(tx *bolt.Tx) error {
+		for name, kv := range buckets {
+			b, err := tx.CreateBucket([]byte(name))
+			if err != nil {
+				return err
+			}
+			for k, v := range kv {
+				if err := b.Put([]byte(k), v); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestBadStateFile(t *testing.T) {
+	u64 := func(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
+	good, err := proto.Marshal(route("a", 1, "10.0.0.0/8", "10.0.0.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	goodID := nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "", "", "a").ID()
+	tests := []struct {
+		name  string
+		write func(t *testing.T, path string)
+		want  string
+	}{
+		{"not a bbolt file", func(t *testing.T, path string) {
+			if err := os.WriteFile(path, []byte(strings.Repeat("not a database ", 1000)), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}, "invalid database"},
+		{"value does not parse", func(t *testing.T, path string) {
+			writeBolt(t, path, map[string]map[string][]byte{
+				"meta":    {"format": u64(formatVersion), "revision": u64(3)},
+				"objects": {goodID: good, "Route/default/default/b": {0xff, 0xff, 0xff}},
+			})
+		}, `object "Route/default/default/b"`},
+		{"object under another key", func(t *testing.T, path string) {
+			writeBolt(t, path, map[string]map[string][]byte{
+				"meta":    {"format": u64(formatVersion)},
+				"objects": {"Route/default/default/z": good},
+			})
+		}, "holds " + goodID},
+		{"unknown format version", func(t *testing.T, path string) {
+			writeBolt(t, path, map[string]map[string][]byte{
+				"meta":    {"format": u64(formatVersion + 1)},
+				"objects": {},
+			})
+		}, "format version 2"},
+		{"bucket missing", func(t *testing.T, path string) {
+			writeBolt(t, path, map[string]map[string][]byte{"objects": {goodID: good}})
+		}, "bucket is missing"},
+		{"short revision", func(t *testing.T, path string) {
+			writeBolt(t, path, map[string]map[string][]byte{
+				"meta":    {"format": u64(formatVersion), "revision": {1, 2}},
+				"objects": {},
+			})
+		}, `meta "revision"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, StateFile)
+			tt.write(t, path)
+			s, err := Open(Options{Dir: dir, Logger: quiet})
+			if err == nil {
+				s.Close()
+				t.Fatal("Open succeeded on a bad state file")
+			}
+			if !errors.Is(err, ErrCorrupt) {
+				t.Errorf("err = %v, want ErrCorrupt", err)
+			}
+			if !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("err = %q, want it to name %s and say %q", err, path, tt.want)
+			}
+
+			// Discard starts empty, and the new file works.
+			s, err = Open(Options{Dir: dir, Discard: true, Logger: quiet})
+			if err != nil {
+				t.Fatalf("Open with Discard: %v", err)
+			}
+			if n := len(s.List(nimbusv1.Kind_KIND_UNSPECIFIED)); n != 0 || isSynced(s) {
+				t.Errorf("after Discard: %d objects, synced %v; want empty and not synced", n, isSynced(s))
+			}
+			if epoch, rev := s.Resume(); epoch != "" || rev != 0 {
+				t.Errorf("after Discard: Resume() = %q, %d", epoch, rev)
+			}
+			d, _ := s.ClaimDesired()
+			commit(t, d, func(txn *DesiredTxn) {
+				txn.Put(route("fresh", 1, "10.0.0.0/8", "10.0.0.1"))
+				txn.SetResume("e", 7)
+			})
+			s.Close()
+			r, _ := openDir(t, dir)
+			if got := names(r.List(nimbusv1.Kind_KIND_UNSPECIFIED)); !slices.Equal(got, []string{"fresh"}) {
+				t.Errorf("after Discard and a commit, restart restores %v, want [fresh]", got)
+			}
+		})
+	}
+}
+
+func TestDiscardThrowsAwayGoodState(t *testing.T) {
+	dir := t.TempDir()
+	s, d := openDir(t, dir)
+	commit(t, d, func(txn *DesiredTxn) {
+		txn.Put(route("a", 1, "10.0.0.0/8", "10.0.0.1"))
+		txn.SetResume("e", 3)
+	})
+	s.Close()
+	r, err := Open(Options{Dir: dir, Discard: true, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if n := len(r.List(nimbusv1.Kind_KIND_UNSPECIFIED)); n != 0 || isSynced(r) {
+		t.Errorf("after Discard: %d objects, synced %v; want empty and not synced", n, isSynced(r))
+	}
+}
+
+func TestLockedStateFile(t *testing.T) {
+	dir := t.TempDir()
+	s, d := openDir(t, dir)
+	commit(t, d, func(txn *DesiredTxn) { txn.Put(route("a", 1, "10.0.0.0/8", "10.0.0.1")) })
+	var wg sync.WaitGroup
+	for _, discard := range []bool{false, true} {
+		wg.Go(func() { // each waits out the lock timeout; together, once
+			_, err := Open(Options{Dir: dir, Discard: discard, Logger: quiet})
+			if !errors.Is(err, ErrLocked) || errors.Is(err, ErrCorrupt) {
+				t.Errorf("Open (discard %v) of a file in use: err = %v, want ErrLocked", discard, err)
+			}
+		})
+	}
+	wg.Wait()
+	s.Close()
+	r, _ := openDir(t, dir)
+	if _, ok := r.Get(nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "", "", "a")); !ok {
+		t.Error("a refused Discard removed the state of the store that held it")
+	}
+}

@@ -1,0 +1,307 @@
+package naplesctl
+
+import (
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/naplesnet/naples/internal/pki"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// Environment variables that set the defaults of the TLS flags.
+const (
+	// TLSCertEnv names the environment variable that sets the default of --tls-cert.
+	TLSCertEnv = "NAPLES_TLS_CERT"
+	// TLSKeyEnv names the environment variable that sets the default of --tls-key.
+	TLSKeyEnv = "NAPLES_TLS_KEY"
+	// TLSCAEnv names the environment variable that sets the default of --tls-ca.
+	TLSCAEnv = "NAPLES_TLS_CA"
+	// InsecureEnv names the environment variable that, set to 1 or true, makes --insecure
+	// the default.
+	InsecureEnv = "NAPLES_INSECURE"
+
+	// DefaultPKIDir is where the TLS flags' default files are, under the home directory,
+	// and the default of certs --dir.
+	DefaultPKIDir = ".naples/pki"
+)
+
+// tlsFlags are the global flags that say how naplesctl authenticates to nimbus.
+type tlsFlags struct {
+	cert, key, ca string
+	serverName    string
+	insecure      bool
+}
+
+// addTLSFlags adds the global --tls-cert, --tls-key, --tls-ca, --tls-server-name and
+// --insecure flags to root.
+func (c *cli) addTLSFlags(root *cobra.Command, getenv func(string) string) {
+	dir := defaultPKIDir(getenv)
+	def := func(env, file string) string {
+		if v := getenv(env); v != "" {
+			return v
+		}
+		return filepath.Join(dir, file)
+	}
+	insecure, _ := strconv.ParseBool(getenv(InsecureEnv)) // anything else is false
+	f := root.PersistentFlags()
+	f.StringVar(&c.tls.cert, "tls-cert", def(TLSCertEnv, "publisher.crt"),
+		"file of the client certificate naplesctl presents to nimbus; $"+TLSCertEnv+" sets the default")
+	f.StringVar(&c.tls.key, "tls-key", def(TLSKeyEnv, "publisher.key"),
+		"file of the client certificate's private key; $"+TLSKeyEnv+" sets the default")
+	f.StringVar(&c.tls.ca, "tls-ca", def(TLSCAEnv, "ca.crt"),
+		"file of the CA certificates that verify nimbus; $"+TLSCAEnv+" sets the default")
+	f.StringVar(&c.tls.serverName, "tls-server-name", pki.DefaultServerName,
+		"name nimbus's certificate is verified for")
+	f.BoolVar(&c.tls.insecure, "insecure", insecure,
+		"talk to nimbus in plaintext, without TLS; $"+InsecureEnv+"=1 sets the default")
+}
+
+// defaultPKIDir returns ~/.naples/pki, or .naples/pki when there is no home directory.
+func defaultPKIDir(getenv func(string) string) string {
+	home := getenv("HOME")
+	if home == "" {
+		home, _ = os.UserHomeDir()
+	}
+	return filepath.Join(home, DefaultPKIDir)
+}
+
+// transportCredentials returns the credentials of the connection to nimbus: TLS with the
+// files of the TLS flags, or plaintext with --insecure.
+func (c *cli) transportCredentials() (credentials.TransportCredentials, error) {
+	if c.tls.insecure {
+		return insecure.NewCredentials(), nil
+	}
+	cfg, err := pki.ClientConfig(c.tls.cert, c.tls.key, c.tls.ca, c.tls.serverName)
+	if err != nil {
+		return nil, fmt.Errorf("loading TLS credentials (naplesctl certs makes them; --insecure talks plaintext): %w", err)
+	}
+	return credentials.NewTLS(cfg), nil
+}
+
+// certsOptions are the flags of the certs command.
+type certsOptions struct {
+	dir         string
+	nodes       []string
+	publisher   string
+	serverHosts []string
+}
+
+// Files certs writes besides one pair per node.
+const (
+	caFile        = "ca"
+	serverFile    = "nimbus"
+	publisherFile = "publisher"
+)
+
+// certsCommand returns the certs command.
+func (c *cli) certsCommand(getenv func(string) string) *cobra.Command {
+	var o certsOptions
+	cmd := &cobra.Command{
+		Use:   "certs [--dir DIR] [--nodes NODE,...] [--publisher NAME] [--server-hosts HOST,...]",
+		Short: "Make a CA and the certificates of nimbus, a publisher and nodes",
+		Long: `Make a CA and the certificates nimbus, naplesctl and the agents speak mutual TLS with,
+for tests and small deployments. It writes into --dir:
+
+  ca.crt, ca.key                 the CA; an existing one is used, not replaced
+  nimbus.crt, nimbus.key         nimbus's server certificate, for the names nimbus and
+                                 localhost, 127.0.0.1, ::1 and each of --server-hosts
+  publisher.crt, publisher.key   a publisher certificate named --publisher, for naplesctl
+                                 and controllers
+  NODE.crt, NODE.key             a node certificate for each of --nodes; on the node,
+                                 the agent reads it as /etc/naples/pki/node.crt and .key
+
+A certificate and key that already exist, were issued by the CA and are what was asked
+for are kept, so certs can run again to add nodes; one that differs is an error until it
+is removed. Keys are written with mode 0600. certs talks to no server.`,
+		Example: `  naplesctl certs --dir /etc/naples/pki --nodes host-a,host-b --server-hosts nimbus.example,10.0.0.1
+  naplesctl certs --dir ./pki --nodes host-c   # adds host-c's certificate, keeps the rest`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return c.certs(o)
+		},
+	}
+	cmd.Flags().StringVar(&o.dir, "dir", defaultPKIDir(getenv), "directory to write into; created when missing")
+	cmd.Flags().StringSliceVar(&o.nodes, "nodes", nil, "node names to make node certificates for")
+	cmd.Flags().StringVar(&o.publisher, "publisher", "admin", "name of the publisher certificate")
+	cmd.Flags().StringSliceVar(&o.serverHosts, "server-hosts", nil, "further DNS names and IP addresses of nimbus's certificate")
+	return cmd
+}
+
+// certs makes or keeps the CA and every certificate o asks for, saying what it did.
+func (c *cli) certs(o certsOptions) error {
+	for _, n := range o.nodes {
+		if err := nimbusv1.ValidateNodeName(n); err != nil {
+			return fmt.Errorf("--nodes: %w", err)
+		}
+		if slices.Contains([]string{caFile, serverFile, publisherFile}, n) {
+			return fmt.Errorf("--nodes: node %q would overwrite %s.crt; rename the node", n, n)
+		}
+	}
+	if o.publisher == "" {
+		return errors.New("--publisher: a name is required")
+	}
+	if err := os.MkdirAll(o.dir, 0o700); err != nil {
+		return fmt.Errorf("creating %s: %w", o.dir, err)
+	}
+	ca, err := c.ensureCA(o.dir)
+	if err != nil {
+		return err
+	}
+	servers := append([]string{pki.DefaultServerName, "localhost", "127.0.0.1", "::1"}, o.serverHosts...)
+	if err := c.ensureCert(ca, o.dir, serverFile, fmt.Sprintf("server certificate for %s", strings.Join(servers, ", ")),
+		func(cert *x509.Certificate) error {
+			if !slices.Contains(cert.ExtKeyUsage, x509.ExtKeyUsageServerAuth) {
+				return errors.New("not a server certificate")
+			}
+			for _, h := range servers {
+				if err := cert.VerifyHostname(h); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		func() (pki.KeyPair, error) { return ca.IssueServer(o.serverHosts, pki.CertOptions{}) },
+	); err != nil {
+		return err
+	}
+	if err := c.ensureCert(ca, o.dir, publisherFile, fmt.Sprintf("publisher certificate for %q", o.publisher),
+		wantIdentity(pki.Identity{Role: pki.RolePublisher, Name: o.publisher}),
+		func() (pki.KeyPair, error) { return ca.IssuePublisher(o.publisher, pki.CertOptions{}) },
+	); err != nil {
+		return err
+	}
+	for _, n := range o.nodes {
+		if err := c.ensureCert(ca, o.dir, n, fmt.Sprintf("node certificate for %q", n),
+			wantIdentity(pki.Identity{Role: pki.RoleNode, Name: n}),
+			func() (pki.KeyPair, error) { return ca.IssueNode(n, pki.CertOptions{}) },
+		); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// wantIdentity returns a check that a certificate names id.
+func wantIdentity(id pki.Identity) func(*x509.Certificate) error {
+	return func(cert *x509.Certificate) error {
+		got, err := pki.IdentityOf(cert)
+		if err != nil {
+			return err
+		}
+		if got != id {
+			return fmt.Errorf("names %s, not %s", got, id)
+		}
+		return nil
+	}
+}
+
+// ensureCA loads the CA of dir, or makes one when dir has none.
+func (c *cli) ensureCA(dir string) (*pki.CA, error) {
+	certPath, keyPath := pairPaths(dir, caFile)
+	exists, err := pairExists(certPath, keyPath)
+	if err != nil {
+		return nil, err
+	}
+	if exists {
+		ca, err := pki.LoadCA(certPath, keyPath)
+		if err != nil {
+			return nil, fmt.Errorf("using the existing CA: %w", err)
+		}
+		fmt.Fprintf(c.stdout, "kept    %s, %s: CA %q\n", certPath, keyPath, ca.Cert.Subject.CommonName)
+		return ca, nil
+	}
+	ca, err := pki.NewCA(pki.CAOptions{})
+	if err != nil {
+		return nil, err
+	}
+	if err := ca.WriteFiles(certPath, keyPath); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(c.stdout, "wrote   %s, %s: CA %q, valid until %s\n", certPath, keyPath,
+		ca.Cert.Subject.CommonName, ca.Cert.NotAfter.Format(time.DateOnly))
+	return ca, nil
+}
+
+// ensureCert keeps the pair name.crt and name.key in dir when the CA issued it, it is
+// valid now and check accepts it, and writes a new pair from issue when there is none.
+// A pair that exists but is not to be kept is an error: certs never replaces a
+// certificate that someone may be using.
+func (c *cli) ensureCert(ca *pki.CA, dir, name, what string, check func(*x509.Certificate) error, issue func() (pki.KeyPair, error)) error {
+	certPath, keyPath := pairPaths(dir, name)
+	exists, err := pairExists(certPath, keyPath)
+	if err != nil {
+		return err
+	}
+	if exists {
+		kp, err := pki.LoadKeyPair(certPath, keyPath)
+		if err != nil {
+			return err
+		}
+		now := time.Now()
+		switch {
+		case kp.Cert.CheckSignatureFrom(ca.Cert) != nil:
+			err = errors.New("not issued by the CA")
+		case now.After(kp.Cert.NotAfter):
+			err = fmt.Errorf("expired on %s", kp.Cert.NotAfter.Format(time.DateOnly))
+		default:
+			err = check(kp.Cert)
+		}
+		if err != nil {
+			return fmt.Errorf("keeping %s: %w; remove it and its key to make a new %s", certPath, err, what)
+		}
+		fmt.Fprintf(c.stdout, "kept    %s, %s: %s\n", certPath, keyPath, what)
+		return nil
+	}
+	kp, err := issue()
+	if err != nil {
+		return err
+	}
+	if err := kp.WriteFiles(certPath, keyPath); err != nil {
+		return err
+	}
+	fmt.Fprintf(c.stdout, "wrote   %s, %s: %s\n", certPath, keyPath, what)
+	return nil
+}
+
+// pairPaths returns the paths of name's certificate and key in dir.
+func pairPaths(dir, name string) (cert, key string) {
+	return filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
+}
+
+// pairExists reports whether both files exist; one without the other is an error.
+func pairExists(certPath, keyPath string) (bool, error) {
+	exists := func(p string) (bool, error) {
+		_, err := os.Stat(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			return false, nil
+		}
+		return err == nil, err
+	}
+	c, err := exists(certPath)
+	if err != nil {
+		return false, fmt.Errorf("checking %s: %w", certPath, err)
+	}
+	k, err := exists(keyPath)
+	if err != nil {
+		return false, fmt.Errorf("checking %s: %w", keyPath, err)
+	}
+	switch {
+	case c && !k:
+		return false, fmt.Errorf("%s exists without its key %s; restore the key or remove the certificate", certPath, keyPath)
+	case k && !c:
+		return false, fmt.Errorf("%s exists without its certificate %s; restore the certificate or remove the key", keyPath, certPath)
+	}
+	return c, nil
+}

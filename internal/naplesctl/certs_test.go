@@ -1,0 +1,220 @@
+package naplesctl
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/naplesnet/naples/internal/address"
+	"github.com/naplesnet/naples/internal/pki"
+	"github.com/naplesnet/naples/nimbus"
+)
+
+// tlsCtl runs naplesctl in-process with the environment vars and returns its stdout.
+func tlsCtl(t *testing.T, vars map[string]string, stdin string, args ...string) (string, error) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	c := &cli{stdin: strings.NewReader(stdin), stdout: &out, stderr: &errOut, now: time.Now}
+	err := c.run(t.Context(), args, func(k string) string { return vars[k] })
+	return out.String(), err
+}
+
+// pairIdentity loads the pair name.crt, name.key of dir and returns who it names.
+func pairIdentity(t *testing.T, dir, name string) pki.Identity {
+	t.Helper()
+	kp, err := pki.LoadKeyPair(filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := pki.IdentityOf(kp.Cert)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	return id
+}
+
+func TestCerts(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "pki")
+	out, err := tlsCtl(t, nil, "", "certs", "--dir", dir, "--nodes", "host-a,host-b", "--server-hosts", "nimbus.example,10.0.0.1")
+	if err != nil {
+		t.Fatalf("certs: %v", err)
+	}
+	for _, name := range []string{"ca", "nimbus", "publisher", "host-a", "host-b"} {
+		cert, key := filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
+		if !strings.Contains(out, "wrote   "+cert+", "+key) {
+			t.Errorf("output does not say it wrote %s and %s:\n%s", cert, key, out)
+		}
+		fi, err := os.Stat(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s has mode %v, want 0600", key, fi.Mode().Perm())
+		}
+	}
+	for name, want := range map[string]pki.Identity{
+		"publisher": {Role: pki.RolePublisher, Name: "admin"},
+		"host-a":    {Role: pki.RoleNode, Name: "host-a"},
+		"host-b":    {Role: pki.RoleNode, Name: "host-b"},
+	} {
+		if got := pairIdentity(t, dir, name); got != want {
+			t.Errorf("%s.crt names %v, want %v", name, got, want)
+		}
+	}
+	server, err := pki.LoadKeyPair(filepath.Join(dir, "nimbus.crt"), filepath.Join(dir, "nimbus.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []string{"nimbus", "localhost", "nimbus.example", "10.0.0.1", "::1"} {
+		if err := server.Cert.VerifyHostname(h); err != nil {
+			t.Errorf("nimbus.crt: %v", err)
+		}
+	}
+
+	// Again with another node: the CA and the existing certificates are kept as they are.
+	before := map[string][]byte{}
+	for _, f := range []string{"ca.crt", "ca.key", "nimbus.crt", "host-a.crt", "host-a.key"} {
+		before[f], _ = os.ReadFile(filepath.Join(dir, f))
+	}
+	out, err = tlsCtl(t, nil, "", "certs", "--dir", dir, "--nodes", "host-a,host-c", "--server-hosts", "10.0.0.1")
+	if err != nil {
+		t.Fatalf("certs again: %v", err)
+	}
+	for f, b := range before {
+		if now, _ := os.ReadFile(filepath.Join(dir, f)); !bytes.Equal(now, b) {
+			t.Errorf("%s changed when certs ran again", f)
+		}
+	}
+	if !strings.Contains(out, "kept    "+filepath.Join(dir, "ca.crt")) || !strings.Contains(out, "wrote   "+filepath.Join(dir, "host-c.crt")) {
+		t.Errorf("second run does not say it kept the CA and wrote host-c:\n%s", out)
+	}
+	ca, err := pki.LoadCA(filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := pki.LoadKeyPair(filepath.Join(dir, "host-c.crt"), filepath.Join(dir, "host-c.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Cert.CheckSignatureFrom(ca.Cert); err != nil {
+		t.Errorf("host-c.crt is not issued by the existing CA: %v", err)
+	}
+}
+
+func TestCertsRefuses(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := tlsCtl(t, nil, "", "certs", "--dir", dir, "--nodes", "host-a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, "host-a.key")); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"another publisher", []string{"--publisher", "ops"}, filepath.Join(dir, "publisher.crt")},
+		{"a server host the certificate lacks", []string{"--server-hosts", "other.example"}, "other.example"},
+		{"a certificate without its key", []string{"--nodes", "host-a"}, filepath.Join(dir, "host-a.key")},
+		{"a node named like a fixed file", []string{"--nodes", "nimbus"}, `"nimbus"`},
+		{"a bad node name", []string{"--nodes", "Host_A"}, "Host_A"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := tlsCtl(t, nil, "", append([]string{"certs", "--dir", dir}, tc.args...)...)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("certs %q = %v, want an error naming %s", tc.args, err, tc.want)
+			}
+		})
+	}
+}
+
+// startTLSNimbus serves nimbus with the certificates naplesctl certs wrote into dir, on a
+// unix socket, until the test ends, and returns its address.
+func startTLSNimbus(t *testing.T, dir string) string {
+	t.Helper()
+	cfg, err := pki.ServerConfig(filepath.Join(dir, "nimbus.crt"), filepath.Join(dir, "nimbus.key"), filepath.Join(dir, "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := nimbus.New(nimbus.Options{Logger: slog.New(slog.DiscardHandler), TLS: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := address.Address{Network: "unix", Addr: filepath.Join(t.TempDir(), "nimbus.sock")}
+	ctx, cancel := context.WithCancel(context.Background())
+	lis, err := addr.Listen(ctx)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx, lis) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return addr.String()
+}
+
+const tlsRoute = `kind: Route
+meta: {name: to-dc2, nodes: [host-a]}
+spec: {table: 100, prefix: 198.51.100.0/24, nexthops: [{gateway: 10.10.0.2}]}
+`
+
+func TestTLSToNimbus(t *testing.T) {
+	home := t.TempDir()
+	pkiDir := filepath.Join(home, DefaultPKIDir)
+	vars := map[string]string{"HOME": home}
+	// With no --dir, certs writes where the TLS flags look by default.
+	if _, err := tlsCtl(t, vars, "", "certs", "--nodes", "host-a"); err != nil {
+		t.Fatalf("certs: %v", err)
+	}
+	vars[ServerEnv] = startTLSNimbus(t, pkiDir)
+
+	if out, err := tlsCtl(t, vars, tlsRoute, "apply", "-f", "-"); err != nil || !strings.Contains(out, "created") {
+		t.Fatalf("apply with the default publisher certificate = %q, %v; want created", out, err)
+	}
+
+	node := map[string]string{
+		"HOME": home, ServerEnv: vars[ServerEnv],
+		TLSCertEnv: filepath.Join(pkiDir, "host-a.crt"), TLSKeyEnv: filepath.Join(pkiDir, "host-a.key"),
+	}
+	_, err := tlsCtl(t, node, "", "get", "routes")
+	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), `node "host-a" may not call List`) {
+		t.Errorf("get with a node certificate from $%s = %v, want PermissionDenied naming the node", TLSCertEnv, err)
+	}
+	_, err = tlsCtl(t, vars, "", "get", "routes", "--tls-cert", filepath.Join(pkiDir, "host-a.crt"), "--tls-key", filepath.Join(pkiDir, "host-a.key"))
+	if status.Code(err) != codes.PermissionDenied {
+		t.Errorf("get with a node certificate from --tls-cert = %v, want PermissionDenied", err)
+	}
+
+	_, err = tlsCtl(t, vars, "", "get", "routes", "--insecure")
+	if status.Code(err) != codes.Unavailable {
+		t.Errorf("plaintext get from a TLS nimbus = %v, want Unavailable", err)
+	}
+	insecure := map[string]string{"HOME": home, ServerEnv: vars[ServerEnv], InsecureEnv: "1"}
+	if _, err := tlsCtl(t, insecure, "", "get", "routes"); status.Code(err) != codes.Unavailable {
+		t.Errorf("get with $%s=1 from a TLS nimbus = %v, want Unavailable", InsecureEnv, err)
+	}
+
+	missing := filepath.Join(home, "nope.crt")
+	_, err = tlsCtl(t, vars, "", "get", "routes", "--tls-cert", missing)
+	if err == nil || !strings.Contains(err.Error(), missing) || !strings.Contains(err.Error(), "--insecure") {
+		t.Errorf("get with a missing certificate = %v, want an error naming %s and --insecure", err, missing)
+	}
+
+	if out, err := tlsCtl(t, vars, "", "get", "routes"); err != nil || !strings.Contains(out, "to-dc2") {
+		t.Errorf("get routes as publisher = %q, %v; want to-dc2", out, err)
+	}
+}

@@ -1,0 +1,307 @@
+package naplesctl
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// describeCommand returns the describe command.
+func (c *cli) describeCommand() *cobra.Command {
+	var tenant, namespace string
+	cmd := &cobra.Command{
+		Use:   "describe KIND NAME",
+		Short: "Show one object's propagation to every target node",
+		Long: `Show one object's propagation to every target node.
+
+The header says which generation the object is at and how many of its target nodes
+have programmed it, failed, are still pending or report a stale status, and when the
+last of them caught up. The table that follows has one row per target node: its
+phase, the generation it observed, whether its status is stale (its agent has been
+disconnected for longer than nimbus's grace period), when it last reported, and why.
+A target node that has reported nothing yet is shown with "-".`,
+		Example: `  naplesctl describe route to-dc2`,
+		Args:    cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			kind, err := parseKind(args[0])
+			if err != nil {
+				return err
+			}
+			return c.describe(cmd.Context(), nimbusv1.NewKey(kind, tenant, namespace, args[1]))
+		},
+	}
+	cmd.Flags().StringVar(&tenant, "tenant", "", `tenant of the object (default "default")`)
+	cmd.Flags().StringVarP(&namespace, "namespace", "n", "", `namespace of the object (default "default")`)
+	return cmd
+}
+
+// describe prints the object with key and its status on every target node.
+func (c *cli) describe(ctx context.Context, key *nimbusv1.ObjectKey) error {
+	sess, err := c.connect()
+	if err != nil {
+		return err
+	}
+	defer sess.Close()
+	item, err := sess.get(ctx, key)
+	if err != nil {
+		return err
+	}
+	return c.writeDescription(c.stdout, item)
+}
+
+// get returns the object with key and its status; its error wraps ErrNotFound when nimbus
+// does not have the object.
+func (s *session) get(ctx context.Context, key *nimbusv1.ObjectKey) (*nimbusv1.ObjectWithStatus, error) {
+	resp, err := s.nimbus.Get(ctx, &nimbusv1.GetRequest{Key: key})
+	if status.Code(err) == codes.NotFound {
+		return nil, notFound(key)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("getting %s: %w", ref(key), s.rpcError(err))
+	}
+	return withStatus(resp.GetItem()), nil
+}
+
+// notFound returns the error for an object nimbus does not have, naming tenant and
+// namespace when they are not the defaults.
+func notFound(key *nimbusv1.ObjectKey) error {
+	if key.GetTenant() == nimbusv1.DefaultTenant && key.GetNamespace() == nimbusv1.DefaultNamespace {
+		return fmt.Errorf("%s %q %w", kindArg(key.GetKind()), key.GetName(), ErrNotFound)
+	}
+	return fmt.Errorf("%s %q %w in tenant %q, namespace %q",
+		kindArg(key.GetKind()), key.GetName(), ErrNotFound, key.GetTenant(), key.GetNamespace())
+}
+
+// writeDescription writes the human-readable description of item to w.
+func (c *cli) writeDescription(w io.Writer, item *nimbusv1.ObjectWithStatus) error {
+	obj, st := item.GetObject(), item.GetStatus()
+	m := obj.GetMeta()
+	p := propagationOf(item, 0)
+	now := c.now()
+
+	targets := fmt.Sprintf("all nodes (%d)", p.target)
+	if len(m.GetNodes()) > 0 {
+		targets = strings.Join(m.GetNodes(), ", ")
+	}
+	pending := strconv.Itoa(p.pendingCount())
+	if names := p.pendingNames(); names != "" {
+		pending += " (" + names + ")"
+	}
+	caughtUp := "-"
+	if !p.caughtUp.IsZero() {
+		caughtUp = fmt.Sprintf("%s (%s ago)", p.caughtUp.UTC().Format(time.RFC3339), humanDuration(now.Sub(p.caughtUp)))
+	}
+
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	for _, row := range [][2]string{
+		{"Key", obj.Key().ID()},
+		{"UID", m.GetUid()},
+		{"Generation", strconv.FormatInt(m.GetGeneration(), 10)},
+		{"Revision", strconv.FormatUint(m.GetRevision(), 10)},
+		{"Targets", targets},
+		{"Programmed", fmt.Sprintf("%d/%d", p.programmed, p.target)},
+		{"Failed", strconv.Itoa(p.failed)},
+		{"Pending", pending},
+		{"Stale", strconv.Itoa(p.stale)},
+		{"Caught up", caughtUp},
+	} {
+		fmt.Fprintf(tw, "%s:\t%s\n", row[0], row[1])
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("writing description: %w", err)
+	}
+
+	// One row per node: those that reported, and the pending ones that have not.
+	type row struct {
+		name string
+		st   *nimbusv1.NodeStatus
+	}
+	var rows []row
+	reported := map[string]bool{}
+	for _, n := range st.GetNodes() {
+		rows = append(rows, row{n.GetNode(), n})
+		reported[n.GetNode()] = true
+	}
+	for _, name := range p.pending {
+		if !reported[name] {
+			rows = append(rows, row{name: name})
+		}
+	}
+	slices.SortFunc(rows, func(a, b row) int { return strings.Compare(a.name, b.name) })
+
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 8, 3, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tPHASE\tOBSERVED\tSTALE\tUPDATED\tREASON\tMESSAGE")
+	for _, r := range rows {
+		if r.st == nil {
+			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t-\n", r.name)
+			continue
+		}
+		stale := "no"
+		if r.st.GetStale() {
+			stale = "yes"
+		}
+		updated := "-"
+		if t := r.st.GetUpdateTime(); t != nil {
+			updated = humanDuration(now.Sub(t.AsTime())) + " ago"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", r.name, phaseName(r.st.GetPhase()),
+			r.st.GetObservedGeneration(), stale, updated, orDash(r.st.GetReason()), orDash(oneLine(r.st.GetMessage())))
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("writing node table: %w", err)
+	}
+	if p.unnamed > 0 {
+		fmt.Fprintf(w, "%d more target %s reported nothing yet.\n", p.unnamed, plural(p.unnamed, "node has", "nodes have"))
+	}
+	return nil
+}
+
+// propagation is how far one object has come at one generation across its target nodes.
+//
+// Nimbus reports generation, current_nodes, pending, stale_nodes and caught_up_time in the
+// ObjectStatus; where it leaves them unset (an older nimbus) or they refer to another
+// generation, propagationOf derives them from the nodes' reports, the number of target
+// nodes and the object's meta.
+type propagation struct {
+	// generation is the generation the counts refer to.
+	generation int64
+	// target is the number of target nodes.
+	target int
+	// programmed and failed count the target nodes PROGRAMMED or FAILED at generation or
+	// later; current counts those that observed generation in any phase.
+	programmed, failed, current int
+	// stale counts the target nodes whose status is stale.
+	stale int
+	// pending names the target nodes, known by name, that are neither PROGRAMMED nor
+	// FAILED at generation, in name order.
+	pending []string
+	// unnamed counts the pending target nodes whose names are not known: nodes that have
+	// not reported an object that targets every node, when nimbus does not name them.
+	unnamed int
+	// failures are the reports of the nodes FAILED at generation or later.
+	failures []*nimbusv1.NodeStatus
+	// caughtUp is when the last target node reported PROGRAMMED at generation; zero while
+	// any has not.
+	caughtUp time.Time
+}
+
+// propagationOf returns how far item has come at generation gen; 0 means the object's
+// current generation.
+func propagationOf(item *nimbusv1.ObjectWithStatus, gen int64) propagation {
+	obj, st := item.GetObject(), item.GetStatus()
+	if gen == 0 {
+		gen = obj.GetMeta().GetGeneration()
+	}
+	p := propagation{generation: gen, target: int(st.GetTargetNodes())}
+	settled := map[string]bool{}
+	var latest time.Time
+	for _, n := range st.GetNodes() {
+		if n.GetStale() {
+			p.stale++
+		}
+		if n.GetObservedGeneration() == gen {
+			p.current++
+		}
+		if n.GetObservedGeneration() < gen {
+			continue
+		}
+		switch n.GetPhase() {
+		case nimbusv1.Phase_PHASE_PROGRAMMED:
+			p.programmed++
+			settled[n.GetNode()] = true
+			if t := n.GetUpdateTime(); t != nil && t.AsTime().After(latest) {
+				latest = t.AsTime()
+			}
+		case nimbusv1.Phase_PHASE_FAILED:
+			p.failed++
+			settled[n.GetNode()] = true
+			p.failures = append(p.failures, n)
+		}
+	}
+	if st.GetGeneration() != 0 && st.GetGeneration() == gen {
+		// Nimbus aggregated this very generation: its counts and names are authoritative,
+		// and it knows the target nodes that have reported nothing.
+		p.programmed, p.failed, p.current = int(st.GetProgrammedNodes()), int(st.GetFailedNodes()), int(st.GetCurrentNodes())
+		p.stale = int(st.GetStaleNodes())
+		p.pending = slices.Sorted(slices.Values(st.GetPending()))
+		p.caughtUp = time.Time{}
+		if t := st.GetCaughtUpTime(); t != nil {
+			p.caughtUp = t.AsTime()
+		}
+	} else {
+		names := obj.GetMeta().GetNodes()
+		if len(names) == 0 {
+			for _, n := range st.GetNodes() {
+				names = append(names, n.GetNode())
+			}
+		}
+		for _, name := range names {
+			if !settled[name] {
+				p.pending = append(p.pending, name)
+			}
+		}
+		slices.Sort(p.pending)
+		p.pending = slices.Compact(p.pending)
+		if p.done() {
+			p.caughtUp = latest
+		}
+	}
+	p.unnamed = max(0, p.target-p.programmed-p.failed-len(p.pending))
+	return p
+}
+
+// done reports whether every target node, and at least one, is PROGRAMMED at the
+// generation.
+func (p propagation) done() bool { return p.target > 0 && p.programmed >= p.target }
+
+// pendingCount returns the number of target nodes neither PROGRAMMED nor FAILED at the
+// generation.
+func (p propagation) pendingCount() int { return len(p.pending) + p.unnamed }
+
+// pendingNames lists the pending nodes for a person: "host-c, host-d and 2 more".
+func (p propagation) pendingNames() string {
+	names := strings.Join(p.pending, ", ")
+	switch {
+	case p.unnamed == 0:
+		return names
+	case names == "":
+		return fmt.Sprintf("%d %s not reported", p.unnamed, plural(p.unnamed, "node has", "nodes have"))
+	}
+	return fmt.Sprintf("%s and %d more", names, p.unnamed)
+}
+
+// phaseName is how a phase is shown in tables: "PROGRAMMED".
+func phaseName(ph nimbusv1.Phase) string { return strings.TrimPrefix(ph.String(), "PHASE_") }
+
+// orDash returns s, or "-" when s is empty, so that table cells are never blank.
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// oneLine folds line breaks and tabs into spaces, so that a message stays in its cell.
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
+}
+
+// plural returns one when n is 1 and many otherwise.
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}

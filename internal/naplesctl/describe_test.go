@@ -1,0 +1,183 @@
+package naplesctl
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// TestDescribe has three target nodes report differently through the real status stream
+// and checks that get counts them and describe lists every node, including the one that
+// has reported nothing.
+func TestDescribe(t *testing.T) {
+	e := newEnv(t)
+	e.ok("apply", "-f", e.file("route.yaml", routeTo("to-dc2", "198.51.100.0/24", "10.10.0.2", "host-a", "host-b", "host-c")))
+	e.report("to-dc2", "host-a", 1, programmed, "", "route in table 100")
+	e.report("to-dc2", "host-b", 1, failed, "KernelError", "adding route:\nnetwork is unreachable")
+
+	equal(t, "get route", e.ok("get", "route", "to-dc2"), ""+
+		"NAME     TENANT    NAMESPACE   GENERATION   PROGRAMMED   FAILED   PENDING   STALE   AGE\n"+
+		"to-dc2   default   default     1            1/3          1        1         0       90s\n")
+
+	uid := e.get("to-dc2").GetObject().GetMeta().GetUid()
+	equal(t, "describe", e.ok("describe", "route", "to-dc2"), ""+
+		"Key:         Route/default/default/to-dc2\n"+
+		"UID:         "+uid+"\n"+
+		"Generation:  1\n"+
+		"Revision:    1\n"+
+		"Targets:     host-a, host-b, host-c\n"+
+		"Programmed:  1/3\n"+
+		"Failed:      1\n"+
+		"Pending:     1 (host-c)\n"+
+		"Stale:       0\n"+
+		"Caught up:   -\n"+
+		"\n"+
+		"NODE     PHASE        OBSERVED   STALE   UPDATED   REASON        MESSAGE\n"+
+		"host-a   PROGRAMMED   1          no      90s ago   -             route in table 100\n"+
+		"host-b   FAILED       1          no      90s ago   KernelError   adding route: network is unreachable\n"+
+		"host-c   -            -          -       -         -             -\n")
+
+	e.report("to-dc2", "host-b", 1, programmed, "", "")
+	e.report("to-dc2", "host-c", 1, programmed, "", "")
+	out := e.ok("describe", "route", "to-dc2")
+	for _, want := range []string{"Programmed:  3/3\n", "Pending:     0\n", "Caught up:   2026-11-21T10:00:00Z (90s ago)\n",
+		"host-c   PROGRAMMED   1          no      90s ago"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("describe once every node programmed does not contain %q:\n%s", want, out)
+		}
+	}
+
+	err := e.fails("describe", "route", "missing", "--namespace", "blue")
+	equal(t, "describe of a missing route", err.Error(), `route "missing" not found in tenant "default", namespace "blue"`)
+	if !errors.Is(err, ErrNotFound) {
+		t.Errorf("error %v is not ErrNotFound", err)
+	}
+	contains(t, "describe without a name", e.fails("describe", "route"), "accepts 2 arg(s)")
+}
+
+// TestPropagation reads the same node reports as an older nimbus aggregates them (counts
+// only) and as a newer one does (with generation, pending, current and stale nodes and the
+// caught-up time): both read the same.
+func TestPropagation(t *testing.T) {
+	at := func(sec int) *timestamppb.Timestamp {
+		return timestamppb.New(created.Add(time.Duration(sec) * time.Second))
+	}
+	node := func(name string, gen int64, ph nimbusv1.Phase, stale bool, sec int) *nimbusv1.NodeStatus {
+		return &nimbusv1.NodeStatus{Node: name, ObservedGeneration: gen, Phase: ph, Stale: stale, UpdateTime: at(sec)}
+	}
+	route := func(gen int64, nodes ...string) *nimbusv1.Object {
+		return &nimbusv1.Object{
+			Meta: &nimbusv1.ObjectMeta{Name: "r", Generation: gen, Nodes: nodes},
+			Spec: &nimbusv1.Object_Route{Route: &nimbusv1.RouteSpec{}},
+		}
+	}
+	type want struct {
+		programmed, failed, current, stale, unnamed int
+		pending                                     []string
+		done                                        bool
+		caughtUp                                    *timestamppb.Timestamp
+	}
+	tests := []struct {
+		name string
+		item *nimbusv1.ObjectWithStatus
+		gen  int64
+		want want
+	}{
+		{
+			name: "older nimbus, named targets",
+			item: &nimbusv1.ObjectWithStatus{Object: route(2, "a", "b", "c", "d"), Status: &nimbusv1.ObjectStatus{
+				TargetNodes: 4, ProgrammedNodes: 1, FailedNodes: 1,
+				Nodes: []*nimbusv1.NodeStatus{
+					node("a", 2, programmed, false, 5), node("b", 2, failed, true, 6), node("c", 1, programmed, false, 1),
+				},
+			}},
+			want: want{programmed: 1, failed: 1, current: 2, stale: 1, pending: []string{"c", "d"}},
+		},
+		{
+			name: "newer nimbus, named targets",
+			item: &nimbusv1.ObjectWithStatus{Object: route(2, "a", "b", "c", "d"), Status: &nimbusv1.ObjectStatus{
+				TargetNodes: 4, ProgrammedNodes: 1, FailedNodes: 1, Generation: 2, CurrentNodes: 2, StaleNodes: 1,
+				Pending: []string{"d", "c"},
+				Nodes: []*nimbusv1.NodeStatus{
+					node("a", 2, programmed, false, 5), node("b", 2, failed, true, 6), node("c", 1, programmed, false, 1),
+				},
+			}},
+			want: want{programmed: 1, failed: 1, current: 2, stale: 1, pending: []string{"c", "d"}},
+		},
+		{
+			name: "older nimbus, every node, some unreported",
+			item: &nimbusv1.ObjectWithStatus{Object: route(1), Status: &nimbusv1.ObjectStatus{
+				TargetNodes: 4, ProgrammedNodes: 1,
+				Nodes: []*nimbusv1.NodeStatus{node("a", 1, programmed, false, 5), node("b", 1, pending, false, 6)},
+			}},
+			want: want{programmed: 1, current: 2, pending: []string{"b"}, unnamed: 2},
+		},
+		{
+			name: "newer nimbus, every node, names the unreported",
+			item: &nimbusv1.ObjectWithStatus{Object: route(1), Status: &nimbusv1.ObjectStatus{
+				TargetNodes: 4, ProgrammedNodes: 1, Generation: 1, CurrentNodes: 2, Pending: []string{"b", "c", "d"},
+				Nodes: []*nimbusv1.NodeStatus{node("a", 1, programmed, false, 5), node("b", 1, pending, false, 6)},
+			}},
+			want: want{programmed: 1, current: 2, pending: []string{"b", "c", "d"}},
+		},
+		{
+			name: "older nimbus, caught up at the latest report",
+			item: &nimbusv1.ObjectWithStatus{Object: route(1, "a", "b"), Status: &nimbusv1.ObjectStatus{
+				TargetNodes: 2, ProgrammedNodes: 2,
+				Nodes: []*nimbusv1.NodeStatus{node("a", 1, programmed, false, 5), node("b", 1, programmed, false, 9)},
+			}},
+			want: want{programmed: 2, current: 2, done: true, caughtUp: at(9)},
+		},
+		{
+			name: "newer nimbus, caught up",
+			item: &nimbusv1.ObjectWithStatus{Object: route(1, "a", "b"), Status: &nimbusv1.ObjectStatus{
+				TargetNodes: 2, ProgrammedNodes: 2, Generation: 1, CurrentNodes: 2, CaughtUpTime: at(9),
+				Nodes: []*nimbusv1.NodeStatus{node("a", 1, programmed, false, 5), node("b", 1, programmed, false, 9)},
+			}},
+			want: want{programmed: 2, current: 2, done: true, caughtUp: at(9)},
+		},
+		{
+			name: "waiting on an older generation than the current one",
+			item: &nimbusv1.ObjectWithStatus{Object: route(3, "a", "b"), Status: &nimbusv1.ObjectStatus{
+				TargetNodes: 2, ProgrammedNodes: 1, Generation: 3, CurrentNodes: 1, Pending: []string{"b"},
+				Nodes: []*nimbusv1.NodeStatus{node("a", 3, programmed, false, 5), node("b", 2, programmed, false, 9)},
+			}},
+			gen:  2,
+			want: want{programmed: 2, current: 1, done: true, caughtUp: at(9)},
+		},
+		{
+			name: "no target nodes is never done",
+			item: &nimbusv1.ObjectWithStatus{Object: route(1), Status: &nimbusv1.ObjectStatus{}},
+			want: want{},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := propagationOf(tt.item, tt.gen)
+			w := tt.want
+			if p.programmed != w.programmed || p.failed != w.failed || p.current != w.current || p.stale != w.stale ||
+				p.unnamed != w.unnamed || !slices.Equal(p.pending, w.pending) || p.done() != w.done {
+				t.Errorf("propagation = programmed %d, failed %d, current %d, stale %d, pending %q + %d, done %t;\n"+
+					"want programmed %d, failed %d, current %d, stale %d, pending %q + %d, done %t",
+					p.programmed, p.failed, p.current, p.stale, p.pending, p.unnamed, p.done(),
+					w.programmed, w.failed, w.current, w.stale, w.pending, w.unnamed, w.done)
+			}
+			wantCaughtUp := time.Time{}
+			if w.caughtUp != nil {
+				wantCaughtUp = w.caughtUp.AsTime()
+			}
+			if !p.caughtUp.Equal(wantCaughtUp) {
+				t.Errorf("caught up = %v, want %v", p.caughtUp, wantCaughtUp)
+			}
+			if w.failed > 0 && len(p.failures) != w.failed {
+				t.Errorf("failures = %v, want %d", p.failures, w.failed)
+			}
+		})
+	}
+}

@@ -1,0 +1,269 @@
+package naplesctl
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// syncBuffer is a bytes.Buffer that a running command writes while the test reads.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// running is a naplesctl command running in the background.
+type running struct {
+	stdout, stderr *syncBuffer
+	done           chan error
+	cancel         context.CancelFunc
+}
+
+// start runs naplesctl with args in the background, polling nimbus every 10ms, until it
+// returns or the test ends.
+func (e *env) start(args ...string) *running {
+	e.t.Helper()
+	ctx, cancel := context.WithCancel(e.t.Context())
+	r := &running{stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan error, 1), cancel: cancel}
+	c := &cli{
+		stdin:  strings.NewReader(""),
+		stdout: r.stdout,
+		stderr: r.stderr,
+		now:    func() time.Time { return created.Add(90 * time.Second) },
+		poll:   10 * time.Millisecond,
+	}
+	go func() { r.done <- c.run(ctx, args, func(k string) string { return e.vars[k] }) }()
+	e.t.Cleanup(func() {
+		cancel()
+		<-r.done
+	})
+	return r
+}
+
+// result waits up to 10s for the command to return and returns its error.
+func (r *running) result(t *testing.T) error {
+	t.Helper()
+	select {
+	case err := <-r.done:
+		r.done <- err // for the cleanup
+		return err
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the command did not return within 10s; stderr:\n%s", r.stderr)
+		return nil
+	}
+}
+
+// eventually fails the test unless cond holds within 10s.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// waitStderr waits until the command has written want to stderr.
+func (r *running) waitStderr(t *testing.T, want string) {
+	t.Helper()
+	eventually(t, "stderr to contain "+want+"; it holds:\n"+r.stderr.String(), func() bool {
+		return strings.Contains(r.stderr.String(), want)
+	})
+}
+
+// report sends one status report for the route called name as node, through the real
+// ReportStatus stream.
+func (e *env) report(name, node string, gen int64, phase nimbusv1.Phase, reason, msg string) {
+	e.t.Helper()
+	stream, err := e.nimbus.ReportStatus(e.t.Context())
+	if err != nil {
+		e.t.Fatalf("ReportStatus: %v", err)
+	}
+	err = stream.Send(&nimbusv1.StatusReport{
+		Key:    nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "", "", name),
+		Status: &nimbusv1.NodeStatus{Node: node, ObservedGeneration: gen, Phase: phase, Reason: reason, Message: msg},
+	})
+	if err != nil {
+		e.t.Fatalf("sending a status report: %v", err)
+	}
+	if _, err := stream.CloseAndRecv(); err != nil {
+		e.t.Fatalf("ending the status reports: %v", err)
+	}
+}
+
+// routeTo returns a route manifest targeting nodes.
+func routeTo(name, prefix, gateway string, nodes ...string) string {
+	return strings.Replace(routeYAML(name, prefix, gateway), "nodes: [host-a]", "nodes: ["+strings.Join(nodes, ", ")+"]", 1)
+}
+
+const (
+	programmed = nimbusv1.Phase_PHASE_PROGRAMMED
+	failed     = nimbusv1.Phase_PHASE_FAILED
+	pending    = nimbusv1.Phase_PHASE_PENDING
+)
+
+// TestApplyWait applies a route for two nodes with --wait: the progress lines follow the
+// nodes' reports, and apply exits 0 once both are PROGRAMMED.
+func TestApplyWait(t *testing.T) {
+	e := newEnv(t)
+	f := e.file("route.yaml", routeTo("to-dc2", "198.51.100.0/24", "10.10.0.2", "host-a", "host-b"))
+	r := e.start("apply", "-f", f, "--wait", "--timeout", "20s")
+	r.waitStderr(t, "route/to-dc2: 0/2 nodes programmed (generation 1)\n")
+	e.report("to-dc2", "host-a", 1, pending, "Queued", "")
+	e.report("to-dc2", "host-a", 1, programmed, "", "route in table 100")
+	r.waitStderr(t, "route/to-dc2: 1/2 nodes programmed (generation 1)\n")
+	e.report("to-dc2", "host-b", 1, programmed, "", "route in table 100")
+	if err := r.result(t); err != nil {
+		t.Fatalf("apply --wait: %v\nstderr:\n%s", err, r.stderr)
+	}
+	equal(t, "apply --wait stdout", r.stdout.String(),
+		"route/to-dc2 created\nroute/to-dc2 programmed on 2/2 nodes (generation 1)\n")
+	equal(t, "apply --wait stderr", r.stderr.String(), ""+
+		"route/to-dc2: 0/2 nodes programmed (generation 1)\n"+
+		"route/to-dc2: 1/2 nodes programmed (generation 1)\n"+
+		"route/to-dc2: 2/2 nodes programmed (generation 1)\n")
+}
+
+// TestApplyWaitNewGeneration changes a route both nodes programmed: their reports of the
+// old generation do not count, so apply --wait waits for reports of the new one. An
+// unchanged object in the same apply is waited on at its generation, which is done.
+func TestApplyWaitNewGeneration(t *testing.T) {
+	e := newEnv(t)
+	other := routeTo("to-dc3", "203.0.113.0/24", "10.10.0.3", "host-a")
+	e.ok("apply", "-f", e.file("v1.yaml", routeTo("to-dc2", "198.51.100.0/24", "10.10.0.2", "host-a", "host-b")+"---\n"+other))
+	for _, n := range []string{"host-a", "host-b"} {
+		e.report("to-dc2", n, 1, programmed, "", "")
+	}
+	e.report("to-dc3", "host-a", 1, programmed, "", "")
+
+	f := e.file("v2.yaml", routeTo("to-dc2", "198.51.100.0/24", "10.10.0.12", "host-a", "host-b")+"---\n"+other)
+	r := e.start("apply", "-f", f, "--wait")
+	r.waitStderr(t, "route/to-dc2: 0/2 nodes programmed (generation 2)\n")
+	r.waitStderr(t, "route/to-dc3: 1/1 nodes programmed (generation 1)\n")
+	e.report("to-dc2", "host-a", 2, programmed, "", "")
+	e.report("to-dc2", "host-b", 2, programmed, "", "")
+	if err := r.result(t); err != nil {
+		t.Fatalf("apply --wait: %v\nstderr:\n%s", err, r.stderr)
+	}
+	equal(t, "apply --wait stdout", r.stdout.String(), ""+
+		"route/to-dc2 configured (generation 2)\nroute/to-dc3 unchanged\n"+
+		"route/to-dc3 programmed on 1/1 nodes (generation 1)\n"+
+		"route/to-dc2 programmed on 2/2 nodes (generation 2)\n")
+
+	// wait alone on an object that is programmed returns at once.
+	equal(t, "wait", e.ok("wait", "route", "to-dc2", "to-dc3"),
+		"route/to-dc2 programmed on 2/2 nodes (generation 2)\nroute/to-dc3 programmed on 1/1 nodes (generation 1)\n")
+}
+
+// TestWaitSucceedsWhenStatusArrives runs wait alone, before any node reported.
+func TestWaitSucceedsWhenStatusArrives(t *testing.T) {
+	e := newEnv(t)
+	e.ok("apply", "-f", e.file("route.yaml", routeYAML("to-dc2", "198.51.100.0/24", "10.10.0.2")))
+	r := e.start("wait", "route", "to-dc2")
+	r.waitStderr(t, "route/to-dc2: 0/1 nodes programmed (generation 1)\n")
+	e.report("to-dc2", "host-a", 1, programmed, "", "")
+	if err := r.result(t); err != nil {
+		t.Fatalf("wait: %v", err)
+	}
+	equal(t, "wait stdout", r.stdout.String(), "route/to-dc2 programmed on 1/1 nodes (generation 1)\n")
+}
+
+// TestWaitFailed has a node report FAILED: wait fails at once, naming the node, its reason
+// and its message.
+func TestWaitFailed(t *testing.T) {
+	e := newEnv(t)
+	e.ok("apply", "-f", e.file("route.yaml", routeTo("to-dc2", "198.51.100.0/24", "10.10.0.2", "host-a", "host-b", "host-c")))
+	e.report("to-dc2", "host-a", 1, programmed, "", "")
+	r := e.start("wait", "route", "to-dc2", "--timeout", "20s")
+	r.waitStderr(t, "route/to-dc2: 1/3 nodes programmed (generation 1)\n")
+	e.report("to-dc2", "host-b", 1, failed, "KernelError", "adding route 198.51.100.0/24: network is unreachable")
+	err := r.result(t)
+	if err == nil {
+		t.Fatal("wait succeeded though host-b FAILED")
+	}
+	equal(t, "wait error", err.Error(), "route/to-dc2: programming failed on 1 of 3 nodes (generation 1):\n"+
+		"  node host-b: KernelError: adding route 198.51.100.0/24: network is unreachable")
+	if !errors.Is(err, ErrProgrammingFailed) {
+		t.Errorf("error %v is not ErrProgrammingFailed", err)
+	}
+	if out := r.stdout.String(); out != "" {
+		t.Errorf("a failed wait wrote to stdout: %q", out)
+	}
+
+	// apply --wait of the same, unchanged route fails the same way, after applying it.
+	out, _, err := e.run("", "apply", "-f", e.file("again.yaml", routeTo("to-dc2", "198.51.100.0/24", "10.10.0.2", "host-a", "host-b", "host-c")), "--wait")
+	if err == nil || !errors.Is(err, ErrProgrammingFailed) || !strings.Contains(err.Error(), "node host-b: KernelError") {
+		t.Errorf("apply --wait of a failed route: %v", err)
+	}
+	equal(t, "apply --wait stdout", out, "route/to-dc2 unchanged\n")
+}
+
+// TestWaitTimeout waits on routes that are not programmed everywhere: the error says how
+// far each came and names the nodes still pending.
+func TestWaitTimeout(t *testing.T) {
+	e := newEnv(t)
+	e.ok("apply", "-f", e.file("routes.yaml", routeTo("to-dc2", "198.51.100.0/24", "10.10.0.2", "host-a", "host-b", "host-c")+
+		"---\n"+routeYAML("to-dc3", "203.0.113.0/24", "10.10.0.3")+
+		"---\n"+strings.Replace(routeYAML("to-all", "192.0.2.0/24", "10.10.0.4"), "  nodes: [host-a]\n", "", 1)))
+	e.report("to-dc2", "host-a", 1, programmed, "", "")
+	e.report("to-dc2", "host-b", 1, pending, "Queued", "")
+	e.report("to-dc3", "host-a", 1, programmed, "", "")
+
+	out, _, err := e.run("", "wait", "route", "to-dc2", "to-dc3", "to-all", "--timeout", "500ms")
+	if err == nil {
+		t.Fatal("wait succeeded though host-b and host-c never programmed to-dc2")
+	}
+	equal(t, "wait stdout", out, "route/to-dc3 programmed on 1/1 nodes (generation 1)\n")
+	equal(t, "wait error", err.Error(), ""+
+		"route/to-dc2: timed out after 500ms: 1/3 nodes programmed (generation 1); pending: host-b, host-c\n"+
+		"route/to-all: timed out after 500ms: the object targets no nodes (generation 1)")
+	if !errors.Is(err, ErrWaitTimeout) {
+		t.Errorf("error %v is not ErrWaitTimeout", err)
+	}
+}
+
+func TestWaitUsageErrors(t *testing.T) {
+	e := newEnv(t)
+	f := e.file("route.yaml", routeYAML("to-dc2", "198.51.100.0/24", "10.10.0.2"))
+	for _, tt := range []struct {
+		args  []string
+		parts []string
+		is    error
+	}{
+		{[]string{"wait", "route", "to-dc2", "--timeout", "soon"}, []string{`--timeout "soon"`, "duration"}, nil},
+		{[]string{"wait", "route", "to-dc2", "--timeout", "0s"}, []string{`--timeout "0s"`, "positive"}, nil},
+		{[]string{"wait", "route"}, []string{"requires at least 2 arg(s)"}, nil},
+		{[]string{"wait", "route", "missing"}, []string{`route "missing" not found`}, ErrNotFound},
+		{[]string{"apply", "-f", f, "--wait", "--timeout", "-1s"}, []string{`--timeout "-1s"`}, nil},
+		{[]string{"apply", "-f", f, "--timeout", "5s"}, []string{"--timeout needs --wait"}, nil},
+	} {
+		err := e.fails(tt.args...)
+		contains(t, strings.Join(tt.args, " "), err, tt.parts...)
+		if tt.is != nil && !errors.Is(err, tt.is) {
+			t.Errorf("%s: error %v is not %v", strings.Join(tt.args, " "), err, tt.is)
+		}
+	}
+	if names := e.routes(); len(names) != 0 {
+		t.Errorf("apply with a bad --timeout stored %v; want nothing applied", names)
+	}
+}

@@ -1,0 +1,269 @@
+package pki
+
+import (
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"slices"
+	"time"
+
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// Organizations that mark the role of a certificate, and defaults of the options.
+const (
+	// OrganizationNode is the Organization of a node's certificate.
+	OrganizationNode = "naples:node"
+	// OrganizationPublisher is the Organization of a publisher's certificate.
+	OrganizationPublisher = "naples:publisher"
+	// OrganizationCA is the Organization of the CA certificate NewCA makes.
+	OrganizationCA = "naples"
+
+	// DefaultServerName is a DNS name every server certificate carries and the ServerName
+	// clients verify by default.
+	DefaultServerName = "nimbus"
+	// DefaultCACommonName is the default of CAOptions.CommonName.
+	DefaultCACommonName = "naples CA"
+	// DefaultCAValidity is the default of CAOptions.Validity: ten years.
+	DefaultCAValidity = 10 * 365 * 24 * time.Hour
+	// DefaultCertValidity is the default of CertOptions.Validity: five years.
+	DefaultCertValidity = 5 * 365 * 24 * time.Hour
+
+	// backdate is how far before now certificates become valid, for clocks that lag.
+	backdate = time.Hour
+)
+
+// Sentinel errors; check with errors.Is.
+var (
+	// ErrNoIdentity is wrapped by IdentityOf when a certificate names no naples identity.
+	ErrNoIdentity = errors.New("certificate names no naples identity")
+	// ErrNotCA is wrapped by LoadCA when the certificate is not a CA.
+	ErrNotCA = errors.New("not a CA certificate")
+)
+
+// Role is what a certificate's holder is to nimbus.
+type Role int
+
+// The roles; the zero Role is none.
+const (
+	// RoleNode is a node: it watches its own objects and reports their status.
+	RoleNode Role = iota + 1
+	// RolePublisher is a publisher: it applies, deletes and reads objects.
+	RolePublisher
+)
+
+// String returns "node", "publisher" or "none".
+func (r Role) String() string {
+	switch r {
+	case RoleNode:
+		return "node"
+	case RolePublisher:
+		return "publisher"
+	}
+	return "none"
+}
+
+// Identity is who a certificate names.
+type Identity struct {
+	Role Role
+	// Name is the node's name or the publisher's name.
+	Name string
+}
+
+// String returns the identity as messages name it: `node "host-a"`.
+func (id Identity) String() string { return fmt.Sprintf("%s %q", id.Role, id.Name) }
+
+// IdentityOf returns the identity a certificate names: its role from the Organization and
+// its name from the CommonName, or for a node without one its single DNS name. Its error
+// wraps ErrNoIdentity when the certificate claims no role, both roles or no valid name.
+func IdentityOf(cert *x509.Certificate) (Identity, error) {
+	node := slices.Contains(cert.Subject.Organization, OrganizationNode)
+	publisher := slices.Contains(cert.Subject.Organization, OrganizationPublisher)
+	cn := cert.Subject.CommonName
+	switch {
+	case node && publisher:
+		return Identity{}, fmt.Errorf("certificate %q is both %s and %s: %w", cn, OrganizationNode, OrganizationPublisher, ErrNoIdentity)
+	case node:
+		name := cn
+		if name == "" && len(cert.DNSNames) == 1 {
+			name = cert.DNSNames[0]
+		}
+		if err := nimbusv1.ValidateNodeName(name); err != nil {
+			return Identity{}, fmt.Errorf("node certificate: %w: %w", err, ErrNoIdentity)
+		}
+		return Identity{Role: RoleNode, Name: name}, nil
+	case publisher:
+		if cn == "" {
+			return Identity{}, fmt.Errorf("publisher certificate without a common name: %w", ErrNoIdentity)
+		}
+		return Identity{Role: RolePublisher, Name: cn}, nil
+	}
+	return Identity{}, fmt.Errorf("certificate %q (organization %q): want organization %s or %s: %w",
+		cn, cert.Subject.Organization, OrganizationNode, OrganizationPublisher, ErrNoIdentity)
+}
+
+// KeyPair is a certificate and its private key.
+type KeyPair struct {
+	Cert *x509.Certificate
+	// Key is the private key; the keys this package makes are *ecdsa.PrivateKey.
+	Key crypto.Signer
+}
+
+// CA is a certificate authority: a self-signed CA certificate and its key.
+type CA struct {
+	KeyPair
+}
+
+// CAOptions configures NewCA. The zero value is usable.
+type CAOptions struct {
+	// CommonName names the CA. Default: DefaultCACommonName ("naples CA").
+	CommonName string
+	// Validity is how long the CA certificate is valid. Default: DefaultCAValidity (10y).
+	Validity time.Duration
+	// Now tells the time validity starts from. Default: time.Now.
+	Now func() time.Time
+}
+
+// CertOptions configures the certificates a CA issues. The zero value is usable.
+type CertOptions struct {
+	// Validity is how long the certificate is valid; it never outlasts the CA.
+	// Default: DefaultCertValidity (5y).
+	Validity time.Duration
+	// Now tells the time validity starts from. Default: time.Now.
+	Now func() time.Time
+}
+
+// NewCA makes a CA with a fresh ECDSA P-256 key and a self-signed certificate.
+func NewCA(opts CAOptions) (*CA, error) {
+	if opts.CommonName == "" {
+		opts.CommonName = DefaultCACommonName
+	}
+	if opts.Validity <= 0 {
+		opts.Validity = DefaultCAValidity
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("generating CA key: %w", err)
+	}
+	now := opts.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial(),
+		Subject:               pkix.Name{CommonName: opts.CommonName, Organization: []string{OrganizationCA}},
+		NotBefore:             now.Add(-backdate),
+		NotAfter:              now.Add(opts.Validity),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		MaxPathLenZero:        true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, fmt.Errorf("signing CA certificate: %w", err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, fmt.Errorf("parsing CA certificate: %w", err)
+	}
+	return &CA{KeyPair{Cert: cert, Key: key}}, nil
+}
+
+// IssueNode issues the certificate of the named node: CommonName and DNS name are the
+// node name, the Organization is OrganizationNode, and it is for client authentication.
+func (ca *CA) IssueNode(node string, opts CertOptions) (KeyPair, error) {
+	if err := nimbusv1.ValidateNodeName(node); err != nil {
+		return KeyPair{}, fmt.Errorf("issuing node certificate: %w", err)
+	}
+	return ca.issue(&x509.Certificate{
+		Subject:     pkix.Name{CommonName: node, Organization: []string{OrganizationNode}},
+		DNSNames:    []string{node},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}, opts)
+}
+
+// IssuePublisher issues the certificate of the named publisher: the CommonName is the
+// name, the Organization is OrganizationPublisher, and it is for client authentication.
+func (ca *CA) IssuePublisher(name string, opts CertOptions) (KeyPair, error) {
+	if name == "" {
+		return KeyPair{}, errors.New("issuing publisher certificate: name is required")
+	}
+	return ca.issue(&x509.Certificate{
+		Subject:     pkix.Name{CommonName: name, Organization: []string{OrganizationPublisher}},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}, opts)
+}
+
+// IssueServer issues nimbus's certificate for server authentication. Its names are
+// DefaultServerName, "localhost", 127.0.0.1, ::1 and each of hosts, a DNS name or an IP
+// address.
+func (ca *CA) IssueServer(hosts []string, opts CertOptions) (KeyPair, error) {
+	tmpl := &x509.Certificate{
+		Subject:     pkix.Name{CommonName: DefaultServerName, Organization: []string{OrganizationCA}},
+		DNSNames:    []string{DefaultServerName, "localhost"},
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	for _, h := range hosts {
+		switch ip := net.ParseIP(h); {
+		case h == "":
+			return KeyPair{}, errors.New("issuing server certificate: empty host name")
+		case ip != nil:
+			if !slices.ContainsFunc(tmpl.IPAddresses, ip.Equal) {
+				tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+			}
+		default:
+			if !slices.Contains(tmpl.DNSNames, h) {
+				tmpl.DNSNames = append(tmpl.DNSNames, h)
+			}
+		}
+	}
+	return ca.issue(tmpl, opts)
+}
+
+// issue completes tmpl with a serial, validity and key usage, and signs a fresh key.
+func (ca *CA) issue(tmpl *x509.Certificate, opts CertOptions) (KeyPair, error) {
+	if opts.Validity <= 0 {
+		opts.Validity = DefaultCertValidity
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return KeyPair{}, fmt.Errorf("generating key for %q: %w", tmpl.Subject.CommonName, err)
+	}
+	now := opts.Now()
+	tmpl.SerialNumber = serial()
+	tmpl.NotBefore = now.Add(-backdate)
+	tmpl.NotAfter = now.Add(opts.Validity)
+	if tmpl.NotAfter.After(ca.Cert.NotAfter) {
+		tmpl.NotAfter = ca.Cert.NotAfter
+	}
+	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
+	tmpl.BasicConstraintsValid = true
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, key.Public(), ca.Key)
+	if err != nil {
+		return KeyPair{}, fmt.Errorf("signing certificate for %q: %w", tmpl.Subject.CommonName, err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return KeyPair{}, fmt.Errorf("parsing certificate for %q: %w", tmpl.Subject.CommonName, err)
+	}
+	return KeyPair{Cert: cert, Key: key}, nil
+}
+
+// serial returns a random 128-bit serial number.
+func serial() *big.Int {
+	var b [16]byte
+	rand.Read(b[:]) // never fails; see crypto/rand.Read
+	return new(big.Int).SetBytes(b[:])
+}

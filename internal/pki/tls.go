@@ -1,0 +1,67 @@
+package pki
+
+import (
+	"crypto/tls"
+)
+
+// ServerConfig returns the tls.Config nimbus serves with: its certificate and key from
+// certFile and keyFile, TLS 1.3 at least, and a verified client certificate issued by a CA
+// of caFile required from every client.
+func ServerConfig(certFile, keyFile, caFile string) (*tls.Config, error) {
+	cert, err := loadTLSCertificate(certFile, keyFile)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := ReadCertPool(caFile)
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Config{
+		MinVersion:   tls.VersionTLS13,
+		Certificates: []tls.Certificate{cert},
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		ClientCAs:    pool,
+	}, nil
+}
+
+// ClientConfig returns the tls.Config a client of nimbus dials with: its certificate and
+// key from certFile and keyFile, TLS 1.3 at least, and the server's certificate verified
+// against the CAs of caFile for serverName. An empty serverName is DefaultServerName
+// ("nimbus"), which every server certificate this package issues carries.
+func ClientConfig(certFile, keyFile, caFile, serverName string) (*tls.Config, error) {
+	cert, err := loadTLSCertificate(certFile, keyFile)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := ReadCertPool(caFile)
+	if err != nil {
+		return nil, err
+	}
+	if serverName == "" {
+		serverName = DefaultServerName
+	}
+	return &tls.Config{
+		MinVersion:   tls.VersionTLS13,
+		Certificates: []tls.Certificate{cert},
+		RootCAs:      pool,
+		ServerName:   serverName,
+	}, nil
+}
+
+// loadTLSCertificate reads a certificate chain and its key, naming the file at fault.
+func loadTLSCertificate(certFile, keyFile string) (tls.Certificate, error) {
+	kp, err := LoadKeyPair(certFile, keyFile)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	// The rest of certFile is the chain the peer needs to reach its CA.
+	chain, err := ReadCertificates(certFile)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	c := tls.Certificate{PrivateKey: kp.Key, Leaf: kp.Cert}
+	for _, cert := range chain {
+		c.Certificate = append(c.Certificate, cert.Raw)
+	}
+	return c, nil
+}

@@ -1,0 +1,180 @@
+package nimbus
+
+import (
+	"context"
+	"fmt"
+	"path"
+	"sync/atomic"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/naplesnet/naples/internal/pki"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// Authorization
+//
+// When the Server serves TLS (Options.TLS is set), every client presents a certificate
+// that a CA of Options.TLS.ClientCAs issued, and its identity (see package internal/pki)
+// decides what it may call:
+//
+//   - Apply, Delete, Get and List: publishers only. Nodes learn their objects from Watch
+//     and have no need to read or change anyone else's.
+//   - Watch: a node for its own name only; a publisher for any node, which shows it no
+//     more than List does and lets tools watch what a node receives.
+//   - ReportStatus: nodes only, and every report must be for the reporting node
+//     (status.node equal to the certificate's node name). The first report for another
+//     node ends the stream with PermissionDenied; it and every report after it are not
+//     stored, the ones before it are.
+//   - Any other method: nobody.
+//
+// Refusals are codes.PermissionDenied with a message naming who asked for what, such as
+// `node "host-a" may not watch node "host-b"`. Without TLS nothing is checked.
+
+// transportCredentials returns the credentials Serve's gRPC server handshakes with: TLS
+// from Options.TLS, or none.
+func (s *Server) transportCredentials() credentials.TransportCredentials {
+	if s.opts.TLS == nil {
+		return insecure.NewCredentials()
+	}
+	return credentials.NewTLS(s.opts.TLS)
+}
+
+// authorizeUnary refuses unary calls the peer's identity does not allow.
+func (s *Server) authorizeUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if s.opts.TLS == nil {
+		return handler(ctx, req)
+	}
+	id, err := s.peerIdentity(ctx, info.FullMethod)
+	if err != nil {
+		return nil, err
+	}
+	method := path.Base(info.FullMethod)
+	switch info.FullMethod {
+	case nimbusv1.Nimbus_Apply_FullMethodName, nimbusv1.Nimbus_Delete_FullMethodName,
+		nimbusv1.Nimbus_Get_FullMethodName, nimbusv1.Nimbus_List_FullMethodName:
+		if id.Role != pki.RolePublisher {
+			return nil, s.deny(ctx, id, info.FullMethod, "%s may not call %s: a publisher certificate is required", id, method)
+		}
+	default:
+		return nil, s.deny(ctx, id, info.FullMethod, "%s may not call %s: no one may", id, info.FullMethod)
+	}
+	return handler(ctx, req)
+}
+
+// authorizeStream refuses streams the peer's identity does not allow, and checks every
+// message the handler receives against it.
+func (s *Server) authorizeStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if s.opts.TLS == nil {
+		return handler(srv, ss)
+	}
+	ctx := ss.Context()
+	id, err := s.peerIdentity(ctx, info.FullMethod)
+	if err != nil {
+		return err
+	}
+	var check func(m any) error
+	switch info.FullMethod {
+	case nimbusv1.Nimbus_Watch_FullMethodName:
+		check = func(m any) error {
+			req, ok := m.(*nimbusv1.WatchRequest)
+			if !ok {
+				return s.deny(ctx, id, info.FullMethod, "unexpected message %T", m)
+			}
+			if id.Role != pki.RolePublisher && (id.Role != pki.RoleNode || req.GetNode() != id.Name) {
+				return s.deny(ctx, id, info.FullMethod, "%s may not watch node %q", id, req.GetNode())
+			}
+			return nil
+		}
+	case nimbusv1.Nimbus_ReportStatus_FullMethodName:
+		if id.Role != pki.RoleNode {
+			return s.deny(ctx, id, info.FullMethod, "%s may not report status: a node certificate is required", id)
+		}
+		check = func(m any) error {
+			r, ok := m.(*nimbusv1.StatusReport)
+			if !ok {
+				return s.deny(ctx, id, info.FullMethod, "unexpected message %T", m)
+			}
+			if node := r.GetStatus().GetNode(); node != id.Name {
+				return s.deny(ctx, id, info.FullMethod, "%s may not report status for node %q (object %s)", id, node, r.GetKey().ID())
+			}
+			return nil
+		}
+	default:
+		return s.deny(ctx, id, info.FullMethod, "%s may not call %s: no one may", id, info.FullMethod)
+	}
+	as := &authorizedStream{ServerStream: ss, check: check}
+	err = handler(srv, as)
+	// The handler may have wrapped the refusal, or ended for another reason while it
+	// was on its way; the refusal is what the client needs to hear.
+	if denied := as.denied.Load(); denied != nil {
+		return denied.Err()
+	}
+	return err
+}
+
+// authorizedStream is a server stream whose received messages are checked before the
+// handler sees them.
+type authorizedStream struct {
+	grpc.ServerStream
+	// check returns the refusal of a message the peer may not send.
+	check func(m any) error
+	// denied is the first refusal; once set, every RecvMsg returns it.
+	denied atomic.Pointer[status.Status]
+}
+
+// RecvMsg receives the next message and hands it on only if the peer may send it.
+func (a *authorizedStream) RecvMsg(m any) error {
+	if denied := a.denied.Load(); denied != nil {
+		return denied.Err()
+	}
+	if err := a.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	if err := a.check(m); err != nil {
+		a.denied.CompareAndSwap(nil, status.Convert(err))
+		return a.denied.Load().Err()
+	}
+	return nil
+}
+
+// peerIdentity returns the identity of the RPC's peer, named by its verified client
+// certificate, or the status error to refuse the RPC with.
+func (s *Server) peerIdentity(ctx context.Context, method string) (pki.Identity, error) {
+	p, ok := peer.FromContext(ctx)
+	var info credentials.TLSInfo
+	if ok {
+		info, ok = p.AuthInfo.(credentials.TLSInfo)
+	}
+	if !ok || len(info.State.VerifiedChains) == 0 || len(info.State.VerifiedChains[0]) == 0 {
+		s.log.Warn("refused a call without a verified client certificate", "method", method, "peer", peerAddr(p))
+		return pki.Identity{}, status.Error(codes.Unauthenticated, "a verified client certificate is required")
+	}
+	id, err := pki.IdentityOf(info.State.VerifiedChains[0][0])
+	if err != nil {
+		s.log.Warn("refused a certificate without a naples identity", "method", method, "peer", peerAddr(p), "error", err)
+		return pki.Identity{}, status.Error(codes.PermissionDenied, err.Error())
+	}
+	return id, nil
+}
+
+// deny logs a refusal and returns it as a PermissionDenied status error.
+func (s *Server) deny(ctx context.Context, id pki.Identity, method, format string, args ...any) error {
+	msg := fmt.Sprintf(format, args...)
+	p, _ := peer.FromContext(ctx)
+	s.log.Warn("permission denied", "method", method, "identity", id.String(), "peer", peerAddr(p), "reason", msg)
+	return status.Error(codes.PermissionDenied, msg)
+}
+
+// peerAddr returns the peer's address for logs.
+func peerAddr(p *peer.Peer) string {
+	if p == nil || p.Addr == nil {
+		return "unknown"
+	}
+	return p.Addr.String()
+}

@@ -1,0 +1,99 @@
+package test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/naplesnet/naples/internal/testns"
+)
+
+// TestAgentWithAnotherNodesCertificate runs host-a's agent with host-b's certificate:
+// nimbus refuses its watch, so host-a's route never reaches the kernel and no status is
+// reported for it.
+func TestAgentWithAnotherNodesCertificate(t *testing.T) {
+	c := newCluster(t)
+	h := c.newHostWithCert(t, "host-a", "host-b")
+	c.apply(t, toDC2)
+
+	waitFor(t, "the agent to log its refused watch", func() bool {
+		out, _ := os.ReadFile(h.agent.log)
+		return strings.Contains(string(out), "PermissionDenied") && strings.Contains(string(out), `node \"host-b\" may not watch node \"host-a\"`)
+	})
+	if out, _ := os.ReadFile(c.nimbus.log); !strings.Contains(string(out), "permission denied") {
+		t.Errorf("nimbus did not log the refusal:\n%s", out)
+	}
+	_, st, err := c.get(t, "route", "to-dc2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ns := nodeStatus(st, "host-a"); ns != nil {
+		t.Errorf("host-a reported %v with another node's certificate, want no status", ns)
+	}
+	// Table 100 does not even exist while nothing was programmed, which ip reports as an
+	// error; either way the route must not be there.
+	got, _ := exec.Command("ip", "-n", h.ns, "route", "show", "table", "100").CombinedOutput()
+	if strings.Contains(string(got), "198.51.100.0/24") {
+		t.Errorf("route programmed although the watch was refused:\n%s", got)
+	}
+}
+
+// TestNaplesctlNeedsPublisherCertificate: naplesctl without TLS cannot reach nimbus, and
+// with a node's certificate it may neither read nor write.
+func TestNaplesctlNeedsPublisherCertificate(t *testing.T) {
+	c := newCluster(t)
+	c.certs(t, "host-a")
+
+	_, err := c.ctl(t, "", "get", "routes", "--insecure")
+	if err == nil || !strings.Contains(err.Error(), "unavailable") {
+		t.Errorf("plaintext naplesctl = %v, want nimbus unavailable", err)
+	}
+	asNode := []string{"--tls-cert", c.file("host-a.crt"), "--tls-key", c.file("host-a.key")}
+	_, err = c.ctl(t, toDC2, append([]string{"apply", "-f", "-"}, asNode...)...)
+	if err == nil || !strings.Contains(err.Error(), `node "host-a" may not call Apply`) || !strings.Contains(err.Error(), "PermissionDenied") {
+		t.Errorf("apply with a node certificate = %v, want PermissionDenied naming the node", err)
+	}
+	_, err = c.ctl(t, "", append([]string{"get", "routes"}, asNode...)...)
+	if err == nil || !strings.Contains(err.Error(), "may not call List") {
+		t.Errorf("get with a node certificate = %v, want PermissionDenied", err)
+	}
+	if _, _, err := c.get(t, "route", "to-dc2"); !errors.Is(err, errNotFound) {
+		t.Errorf("get after the refused apply: err = %v, want not found", err)
+	}
+}
+
+// TestNimbusPlaintextNeedsInsecure: nimbus without certificates does not start unless
+// told --insecure, and then serves plaintext.
+func TestNimbusPlaintextNeedsInsecure(t *testing.T) {
+	testns.RequireRoot(t)
+	dir := t.TempDir()
+	server := "unix://" + filepath.Join(dir, "nimbus.sock")
+	missing := filepath.Join(dir, "missing.crt")
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, filepath.Join(bin, "nimbus"), "--listen", server, "--ephemeral", "--tls-cert", missing).CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(string(out), missing) || !strings.Contains(string(out), "--insecure") {
+		t.Fatalf("nimbus without certificates: %v\n%s\nwant exit status 1 naming %s and --insecure", err, out, missing)
+	}
+
+	start(t, "nimbus", filepath.Join(bin, "nimbus"), "--listen", server, "--insecure", "--ephemeral")
+	waitFor(t, "nimbus to listen", func() bool {
+		conn, err := net.DialTimeout("unix", filepath.Join(dir, "nimbus.sock"), time.Second)
+		if err == nil {
+			conn.Close()
+		}
+		return err == nil
+	})
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "naplesctl"), "--server", server, "--insecure", "apply", "-f", "-")
+	cmd.Stdin = strings.NewReader(toDC2)
+	if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), "created") {
+		t.Fatalf("plaintext apply to an --insecure nimbus: %v\n%s", err, out)
+	}
+}
