@@ -119,16 +119,19 @@ type cluster struct {
 	pki string
 }
 
-func newCluster(t *testing.T) *cluster {
+// newCluster starts nimbus with TLS and a data directory in the test's temporary
+// directory; extra flags for nimbus are appended.
+func newCluster(t *testing.T, nimbusArgs ...string) *cluster {
 	t.Helper()
 	testns.RequireRoot(t)
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "nimbus.sock")
 	c := &cluster{dir: dir, server: "unix://" + sock, pki: filepath.Join(dir, "pki")}
 	c.certs(t)
-	c.nimbus = start(t, "nimbus", filepath.Join(bin, "nimbus"), "--listen", c.server, "--log-level", "debug",
+	args := []string{"--listen", c.server, "--log-level", "debug",
 		"--data-dir", filepath.Join(dir, "nimbus-data"),
-		"--tls-cert", c.file("nimbus.crt"), "--tls-key", c.file("nimbus.key"), "--tls-ca", c.file("ca.crt"))
+		"--tls-cert", c.file("nimbus.crt"), "--tls-key", c.file("nimbus.key"), "--tls-ca", c.file("ca.crt")}
+	c.nimbus = start(t, "nimbus", filepath.Join(bin, "nimbus"), append(args, nimbusArgs...)...)
 	waitFor(t, "nimbus to listen", func() bool {
 		conn, err := net.Dial("unix", sock)
 		if err == nil {

@@ -87,6 +87,8 @@ type config struct {
 	dataDir string
 	// metrics is the host:port to serve metrics on; empty for none.
 	metrics string
+	// watchBuffer is how many events a watcher may fall behind before it is reset.
+	watchBuffer int
 }
 
 // parseFlags parses the command line. The flag package reports a bad flag on stderr
@@ -103,6 +105,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		cfg.dataDir, dataDirSet = s, true
 		return nil
 	})
+	fs.IntVar(&cfg.watchBuffer, "watch-buffer", nimbus.DefaultWatchBuffer, "how many `events` a watcher may fall behind before it is reset and must resume")
 	fs.BoolVar(&ephemeral, "ephemeral", false, "keep objects in memory only: a restart loses them and every agent resyncs")
 	fs.Func("metrics", "`host:port` to serve Prometheus metrics on at /metrics (default: none)", func(s string) error {
 		if _, _, err := net.SplitHostPort(s); err != nil {
@@ -184,7 +187,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	srv, err := nimbus.New(nimbus.Options{Logger: log, TLS: tlsConfig, DataDir: cfg.dataDir, Registerer: reg})
+	srv, err := nimbus.New(nimbus.Options{Logger: log, TLS: tlsConfig, DataDir: cfg.dataDir, Registerer: reg, WatchBuffer: cfg.watchBuffer})
 	if err != nil {
 		return err
 	}
