@@ -24,9 +24,10 @@ import (
 // batch=1000, one commit carries 1000 objects.
 //
 // The restore benchmarks measure Open on a state file of 10k and 100k objects, and 1M when
-// asked for by name (-bench 'Restore/objects=1M'), as that one alone takes about a
-// minute and several GiB. They also report the heap that the restored store occupies per
-// object and the file size per object.
+// asked for by name (-bench 'Restore/objects=1M'), as that one alone takes minutes and
+// about 5 GiB. They also report the heap that the restored store occupies per object, the
+// part of it the decoded objects take, and the file size per object. BENCHMARKS.md at the
+// repository root holds the figures.
 
 // benchObject returns a representative Endpoint: labels, a target node, two addresses
 // and two security groups. gen varies its content.
