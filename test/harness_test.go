@@ -114,6 +114,8 @@ type cluster struct {
 	dir    string
 	server string
 	nimbus *proc
+	// nimbusArgs are nimbus's command-line flags.
+	nimbusArgs []string
 	// pki is the directory of the certificates naplesctl certs makes: ca, nimbus,
 	// publisher and one per node.
 	pki string
@@ -131,7 +133,16 @@ func newCluster(t *testing.T, nimbusArgs ...string) *cluster {
 	args := []string{"--listen", c.server, "--log-level", "debug",
 		"--data-dir", filepath.Join(dir, "nimbus-data"),
 		"--tls-cert", c.file("nimbus.crt"), "--tls-key", c.file("nimbus.key"), "--tls-ca", c.file("ca.crt")}
-	c.nimbus = start(t, "nimbus", filepath.Join(bin, "nimbus"), append(args, nimbusArgs...)...)
+	c.nimbusArgs = append(args, nimbusArgs...)
+	c.startNimbus(t)
+	return c
+}
+
+// startNimbus starts nimbus with the cluster's flags and waits until it listens.
+func (c *cluster) startNimbus(t *testing.T) {
+	t.Helper()
+	sock := strings.TrimPrefix(c.server, "unix://")
+	c.nimbus = start(t, "nimbus", filepath.Join(bin, "nimbus"), c.nimbusArgs...)
 	waitFor(t, "nimbus to listen", func() bool {
 		conn, err := net.Dial("unix", sock)
 		if err == nil {
@@ -139,7 +150,6 @@ func newCluster(t *testing.T, nimbusArgs ...string) *cluster {
 		}
 		return err == nil
 	})
-	return c
 }
 
 // certs makes the cluster's CA, nimbus's and the publisher's certificates if missing,
