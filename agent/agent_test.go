@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netns"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -25,16 +26,23 @@ func TestMain(m *testing.M) {
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
+// hostNamespace creates a fresh namespace with 10.10.0.1/24 on eth0, the subnet of the
+// tests' gateways, and returns its name and a handle for the agent to program it through.
+func hostNamespace(t *testing.T, prefix string) (string, netns.NsHandle) {
+	t.Helper()
+	name := testns.Named(t, prefix)
+	testns.Run(t, "ip", "-n", name, "link", "add", "eth0", "type", "veth", "peer", "name", "eth1")
+	testns.Run(t, "ip", "-n", name, "addr", "add", "10.10.0.1/24", "dev", "eth0")
+	testns.Run(t, "ip", "-n", name, "link", "set", "eth0", "up")
+	return name, testns.Handle(t, name)
+}
+
 // TestRunReportsAndStops runs a whole agent, programming a fresh network namespace,
 // against a real nimbus: a route reaches the kernel, an object the agent does not program
 // is reported PENDING at nimbus, and when the context ends Run returns nil with every
 // goroutine stopped (goleak).
 func TestRunReportsAndStops(t *testing.T) {
-	nsName := testns.Named(t, "naples-agent")
-	testns.Run(t, "ip", "-n", nsName, "link", "add", "eth0", "type", "veth", "peer", "name", "eth1")
-	testns.Run(t, "ip", "-n", nsName, "addr", "add", "10.10.0.1/24", "dev", "eth0")
-	testns.Run(t, "ip", "-n", nsName, "link", "set", "eth0", "up")
-	ns := testns.Handle(t, nsName)
+	nsName, ns := hostNamespace(t, "naples-agent")
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "nimbus.sock")
 	srv, err := nimbus.New(nimbus.Options{Logger: quiet})

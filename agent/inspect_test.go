@@ -16,7 +16,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/naplesnet/naples/delphi"
-	"github.com/naplesnet/naples/internal/testns"
 	"github.com/naplesnet/naples/nimbus"
 	delphiv1 "github.com/naplesnet/naples/proto/delphi/v1"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -369,11 +368,7 @@ func TestListenReplacesStaleSocket(t *testing.T) {
 // reads what it holds through the local API: the route nimbus sent, PROGRAMMED in the
 // namespace's kernel. When the agent stops, the socket is gone.
 func TestRunServesLocalAPI(t *testing.T) {
-	nsName := testns.Named(t, "naples-inspect")
-	testns.Run(t, "ip", "-n", nsName, "link", "add", "eth0", "type", "veth", "peer", "name", "eth1")
-	testns.Run(t, "ip", "-n", nsName, "addr", "add", "10.10.0.1/24", "dev", "eth0")
-	testns.Run(t, "ip", "-n", nsName, "link", "set", "eth0", "up")
-	ns := testns.Handle(t, nsName)
+	_, ns := hostNamespace(t, "naples-inspect")
 	dir := t.TempDir()
 	nimbusSock := filepath.Join(dir, "nimbus.sock")
 	srv, err := nimbus.New(nimbus.Options{Logger: quiet})

@@ -62,11 +62,7 @@ func waitRoute(t *testing.T, nsName, want string) {
 // is programmed, stops both, deletes the route by hand, and starts the agent again with
 // nimbus gone: the route comes back from the state delphi kept in the state directory.
 func TestRestartEnforcesStoredStateWithoutNimbus(t *testing.T) {
-	nsName := testns.Named(t, "naples-state")
-	testns.Run(t, "ip", "-n", nsName, "link", "add", "eth0", "type", "veth", "peer", "name", "eth1")
-	testns.Run(t, "ip", "-n", nsName, "addr", "add", "10.10.0.1/24", "dev", "eth0")
-	testns.Run(t, "ip", "-n", nsName, "link", "set", "eth0", "up")
-	ns := testns.Handle(t, nsName)
+	nsName, ns := hostNamespace(t, "naples-state")
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "nimbus.sock")
 	srv, err := nimbus.New(nimbus.Options{Logger: quiet})
