@@ -7,6 +7,7 @@ import (
 	"net"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -37,13 +38,11 @@ func hostNamespace(t *testing.T, prefix string) (string, netns.NsHandle) {
 	return name, testns.Handle(t, name)
 }
 
-// TestRunReportsAndStops runs a whole agent, programming a fresh network namespace,
-// against a real nimbus: a route reaches the kernel, an object the agent does not program
-// is reported PENDING at nimbus, and when the context ends Run returns nil with every
-// goroutine stopped (goleak).
-func TestRunReportsAndStops(t *testing.T) {
-	nsName, ns := hostNamespace(t, "naples-agent")
-	dir := t.TempDir()
+// startNimbus serves a real, in-memory nimbus on a unix socket in dir and returns its
+// address, a client of it, and a stop function that is safe to call twice (the test's
+// cleanup calls it too).
+func startNimbus(t *testing.T, dir string) (string, nimbusv1.NimbusClient, func()) {
+	t.Helper()
 	sock := filepath.Join(dir, "nimbus.sock")
 	srv, err := nimbus.New(nimbus.Options{Logger: quiet})
 	if err != nil {
@@ -53,19 +52,34 @@ func TestRunReportsAndStops(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sctx, stopServer := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(sctx, lis) }()
-	defer func() {
-		stopServer()
-		<-served
-	}()
+	go func() { served <- srv.Serve(ctx, lis) }()
 	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
-	api := nimbusv1.NewNimbusClient(conn)
+	stop := sync.OnceFunc(func() {
+		conn.Close()
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("nimbus Serve: %v", err)
+		}
+		srv.Close()
+	})
+	t.Cleanup(stop)
+	return "unix://" + sock, nimbusv1.NewNimbusClient(conn), stop
+}
+
+// TestRunReportsAndStops runs a whole agent, programming a fresh network namespace,
+// against a real nimbus: a route reaches the kernel, an object the agent does not program
+// is reported PENDING at nimbus, and when the context ends Run returns nil with every
+// goroutine stopped (goleak).
+func TestRunReportsAndStops(t *testing.T) {
+	nsName, ns := hostNamespace(t, "naples-agent")
+	dir := t.TempDir()
+	addr, api, stop := startNimbus(t, dir)
+	defer stop()
 	network := &nimbusv1.Object{
 		Meta: &nimbusv1.ObjectMeta{Name: "blue", Nodes: []string{"host-a"}},
 		Spec: &nimbusv1.Object_Network{Network: &nimbusv1.NetworkSpec{Vni: 10, Subnet: "10.1.0.0/24"}},
@@ -83,7 +97,7 @@ func TestRunReportsAndStops(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
 	go func() {
-		ran <- Run(ctx, Config{Node: "host-a", Nimbus: "unix://" + sock, StateDir: filepath.Join(dir, "state"), Logger: quiet, netns: &ns})
+		ran <- Run(ctx, Config{Node: "host-a", Nimbus: addr, StateDir: filepath.Join(dir, "state"), Logger: quiet, netns: &ns})
 	}()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -109,7 +123,7 @@ func TestRunReportsAndStops(t *testing.T) {
 	}
 
 	// A second agent on the same state directory is refused while the first runs.
-	err = Run(context.Background(), Config{Node: "host-a", Nimbus: "unix://" + sock, StateDir: filepath.Join(dir, "state"), Logger: quiet})
+	err := Run(context.Background(), Config{Node: "host-a", Nimbus: addr, StateDir: filepath.Join(dir, "state"), Logger: quiet})
 	if err == nil || !strings.Contains(err.Error(), "another agent") {
 		t.Errorf("second agent on the same state directory: err = %v, want a lock refusal", err)
 	}

@@ -16,7 +16,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/naplesnet/naples/delphi"
-	"github.com/naplesnet/naples/nimbus"
 	delphiv1 "github.com/naplesnet/naples/proto/delphi/v1"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -370,31 +369,10 @@ func TestListenReplacesStaleSocket(t *testing.T) {
 func TestRunServesLocalAPI(t *testing.T) {
 	_, ns := hostNamespace(t, "naples-inspect")
 	dir := t.TempDir()
-	nimbusSock := filepath.Join(dir, "nimbus.sock")
-	srv, err := nimbus.New(nimbus.Options{Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("unix", nimbusSock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sctx, stopServer := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(sctx, lis) }()
-	defer func() {
-		stopServer()
-		<-served
-		srv.Close()
-	}()
-	nconn, err := grpc.NewClient("unix://"+nimbusSock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nconn.Close()
+	addr, napi, _ := startNimbus(t, dir)
 	route := testRoute("to-dc2", 0, "198.51.100.0/24")
 	route.Meta.Nodes = []string{"host-a"}
-	if _, err := nimbusv1.NewNimbusClient(nconn).Apply(t.Context(), &nimbusv1.ApplyRequest{Object: route}); err != nil {
+	if _, err := napi.Apply(t.Context(), &nimbusv1.ApplyRequest{Object: route}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -402,7 +380,7 @@ func TestRunServesLocalAPI(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
 	go func() {
-		ran <- Run(ctx, Config{Node: "host-a", Nimbus: "unix://" + nimbusSock, StateDir: filepath.Join(dir, "state"),
+		ran <- Run(ctx, Config{Node: "host-a", Nimbus: addr, StateDir: filepath.Join(dir, "state"),
 			Logger: quiet, Socket: sock, netns: &ns})
 	}()
 	defer func() {

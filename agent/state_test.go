@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"errors"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,12 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
 	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/internal/testns"
-	"github.com/naplesnet/naples/nimbus"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -64,37 +59,20 @@ func waitRoute(t *testing.T, nsName, want string) {
 func TestRestartEnforcesStoredStateWithoutNimbus(t *testing.T) {
 	nsName, ns := hostNamespace(t, "naples-state")
 	dir := t.TempDir()
-	sock := filepath.Join(dir, "nimbus.sock")
-	srv, err := nimbus.New(nimbus.Options{Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sctx, stopServer := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(sctx, lis) }()
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	addr, api, stopNimbus := startNimbus(t, dir)
 	route := &nimbusv1.Object{
 		Meta: &nimbusv1.ObjectMeta{Name: "to-dc2", Nodes: []string{"host-a"}},
 		Spec: &nimbusv1.Object_Route{Route: &nimbusv1.RouteSpec{Table: 100, Prefix: "198.51.100.0/24", Nexthops: []*nimbusv1.NextHop{{Gateway: "10.10.0.2"}}}},
 	}
-	if _, err := nimbusv1.NewNimbusClient(conn).Apply(context.Background(), &nimbusv1.ApplyRequest{Object: route}); err != nil {
+	if _, err := api.Apply(context.Background(), &nimbusv1.ApplyRequest{Object: route}); err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{Node: "host-a", Nimbus: "unix://" + sock, StateDir: filepath.Join(dir, "state"), Logger: quiet, netns: &ns}
+	cfg := Config{Node: "host-a", Nimbus: addr, StateDir: filepath.Join(dir, "state"), Logger: quiet, netns: &ns}
 	stop := runAgent(t, cfg)
 	waitRoute(t, nsName, "198.51.100.0/24 via 10.10.0.2")
 	stop()
-	stopServer()
-	<-served
-	os.Remove(sock)
+	stopNimbus()
+	os.Remove(strings.TrimPrefix(addr, "unix://"))
 
 	testns.Run(t, "ip", "-n", nsName, "route", "del", "198.51.100.0/24", "table", "100")
 	stop = runAgent(t, cfg)
