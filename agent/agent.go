@@ -69,7 +69,7 @@ func Run(ctx context.Context, cfg Config) error {
 	defer unlock()
 
 	// Delphi restores the stored desired state before the nimbus client starts.
-	store, err := delphi.Open(delphi.Options{Dir: cfg.StateDir, Discard: cfg.DiscardState, Logger: log})
+	store, err := delphi.Open(delphi.Options{Dir: cfg.StateDir, Discard: cfg.DiscardState, Indexes: indexes(), Logger: log})
 	if errors.Is(err, delphi.ErrCorrupt) {
 		return fmt.Errorf("agent: %w (start with --discard-state to discard it and resync from nimbus)", err)
 	}
@@ -86,7 +86,11 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer closeBackend()
-	h, err := hal.New(hal.Options{Store: store, Reconcilers: reconcilers, Logger: log})
+	halStore, err := hal.Delphi(store)
+	if err != nil {
+		return err
+	}
+	h, err := hal.New(hal.Options{Store: halStore, Reconcilers: reconcilers, Logger: log})
 	if err != nil {
 		return err
 	}

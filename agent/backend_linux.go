@@ -10,6 +10,9 @@ import (
 	"github.com/naplesnet/naples/hal/linux"
 )
 
+// indexes returns the delphi indexes the backend's reconcilers look objects up by.
+func indexes() []delphi.Index { return linux.Indexes() }
+
 // backend returns the reconcilers that program this host's kernel, in namespace ns (nil:
 // the agent's own network namespace), and a function that releases them.
 func backend(store *delphi.Store, ns *netns.NsHandle, log *slog.Logger) ([]hal.Reconciler, func(), error) {

@@ -12,6 +12,9 @@ import (
 	"github.com/naplesnet/naples/hal"
 )
 
+// indexes returns no indexes: there is no backend to declare them.
+func indexes() []delphi.Index { return nil }
+
 // backend reports that only Linux hosts can be programmed.
 func backend(*delphi.Store, *netns.NsHandle, *slog.Logger) ([]hal.Reconciler, func(), error) {
 	return nil, nil, errors.New("agent: the HAL programs Linux kernels only")

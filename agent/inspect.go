@@ -17,6 +17,7 @@ import (
 
 	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/internal/address"
+	"github.com/naplesnet/naples/internal/grpcserver"
 	delphiv1 "github.com/naplesnet/naples/proto/delphi/v1"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -98,19 +99,10 @@ func (i *Inspector) Serve(ctx context.Context, lis net.Listener) error {
 	case <-ctx.Done():
 	}
 	i.Close()
-	drained := make(chan struct{})
-	go func() {
-		gs.GracefulStop()
-		close(drained)
-	}()
-	t := time.NewTimer(inspectDrainTimeout)
-	defer t.Stop()
-	select {
-	case <-drained:
-	case <-t.C:
-		i.log.Warn("local api calls still running after the drain timeout; stopping them", "timeout", inspectDrainTimeout)
-		gs.Stop()
-		<-drained
+	drainCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), inspectDrainTimeout)
+	defer cancel()
+	if grpcserver.Stop(drainCtx, gs) {
+		i.log.Warn("stopped the local api calls still running after the drain timeout", "timeout", inspectDrainTimeout)
 	}
 	<-served // nil once the server has stopped
 	return nil

@@ -64,7 +64,7 @@ func benchOps(b *testing.B, n, gen int) []benchOp {
 		if err != nil {
 			b.Fatal(err)
 		}
-		ops[i] = benchOp{obj: obj, rec: newDesiredRecord(obj), id: []byte(obj.Key().ID()), val: val}
+		ops[i] = benchOp{obj: obj, rec: (&Store{}).newDesiredRecord(obj), id: []byte(obj.Key().ID()), val: val}
 	}
 	return ops
 }
@@ -146,7 +146,11 @@ var benchStores = []struct {
 	{"delphi", func(b *testing.B) benchStore { return openDelphiBench(b, b.TempDir()) }},
 	{"delphi-memory", func(b *testing.B) benchStore { return openDelphiBench(b, "") }},
 	{"memdb", func(b *testing.B) benchStore {
-		db, err := memdb.NewMemDB(schema())
+		sch, err := schema(nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		db, err := memdb.NewMemDB(sch)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -10,11 +10,12 @@
 // handle and never lock: every read sees one committed state. Stored objects are immutable;
 // callers must not modify what Get and List return.
 //
-// Besides by key and kind, the desired table is indexed the way reconcilers look things up:
-// routes by table, endpoints by network and by security group, policies by attached group,
-// and objects by target node. References between objects resolve within the referring
-// object's tenant and namespace, so the reference indexes take scoped names,
-// "tenant/namespace/name" (ScopedName).
+// Besides by key and kind, the desired table is indexed the way its readers look things
+// up, by indexes they declare themselves (Options.Indexes, read with Lookup), as go-memdb
+// takes its schema from its caller: a reconciler that finds objects by a derived value
+// declares the index with it, and a new kind adds its indexes without editing the store.
+// References between objects resolve within the referring object's tenant and namespace,
+// so reference indexes list scoped names, "tenant/namespace/name" (ScopedName).
 //
 // Subscribe delivers the keys that changed, in commit order and coalesced per key, so a slow
 // consumer never loses the last state of a key: it reads the current state by key.

@@ -1,7 +1,10 @@
 package delphi
 
 import (
+	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -23,8 +26,57 @@ func policy(tenant, namespace, name string, groups ...string) *nimbusv1.Object {
 	}
 }
 
-func TestReferenceIndexes(t *testing.T) {
-	s, d, _ := open(t)
+// testIndexes are indexes of the kind reconcilers declare: by reference (scoped names),
+// by target node and by a value derived from the spec.
+var testIndexes = []Index{
+	{Name: "network", Values: func(o *nimbusv1.Object) []string {
+		if n := o.GetEndpoint().GetNetwork(); n != "" {
+			return []string{ScopedName(nimbusv1.NewKey(nimbusv1.Kind_KIND_NETWORK, o.GetMeta().GetTenant(), o.GetMeta().GetNamespace(), n))}
+		}
+		return nil
+	}},
+	{Name: "group", Values: func(o *nimbusv1.Object) []string {
+		return scopedAll(o, o.GetEndpoint().GetSecurityGroups())
+	}},
+	{Name: "attach_group", Values: func(o *nimbusv1.Object) []string {
+		return scopedAll(o, o.GetNetworkSecurityPolicy().GetAttachGroups())
+	}},
+	{Name: "node", Values: func(o *nimbusv1.Object) []string { return o.GetMeta().GetNodes() }},
+	{Name: "route_table", Values: func(o *nimbusv1.Object) []string {
+		if rt := o.GetRoute(); rt != nil {
+			return []string{fmt.Sprint(rt.GetTable())}
+		}
+		return nil
+	}},
+}
+
+func scopedAll(o *nimbusv1.Object, names []string) []string {
+	var out []string
+	for _, n := range names {
+		out = append(out, ScopedName(nimbusv1.NewKey(nimbusv1.Kind_KIND_SECURITY_GROUP, o.GetMeta().GetTenant(), o.GetMeta().GetNamespace(), n)))
+	}
+	return out
+}
+
+func lookup(t *testing.T, s *Store, index, value string) []string {
+	t.Helper()
+	objs, err := s.Lookup(index, value)
+	if err != nil {
+		t.Fatalf("Lookup(%s, %s): %v", index, value, err)
+	}
+	return names(objs)
+}
+
+func TestDeclaredIndexes(t *testing.T) {
+	s, err := Open(Options{Indexes: testIndexes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	d, err := s.ClaimDesired()
+	if err != nil {
+		t.Fatal(err)
+	}
 	commit(t, d, func(txn *DesiredTxn) {
 		txn.Put(endpoint("", "", "ep-1", "blue", []string{"web", "db"}, "host-a"))
 		txn.Put(endpoint("", "", "ep-2", "blue", []string{"web"}, "host-a", "host-b"))
@@ -40,28 +92,27 @@ func TestReferenceIndexes(t *testing.T) {
 	})
 	netKey := nimbusv1.NewKey(nimbusv1.Kind_KIND_NETWORK, "", "", "blue")
 	tests := []struct {
-		name string
-		got  []*nimbusv1.Object
-		want []string
+		index, value string
+		want         []string
 	}{
-		{"EndpointsOn(blue)", s.EndpointsOn(ScopedName(netKey)), []string{"ep-1", "ep-2"}},
-		{"EndpointsOn(t2 blue)", s.EndpointsOn("t2/default/blue"), []string{"ep-4"}},
-		{"EndpointsOn(red)", s.EndpointsOn("default/default/red"), []string{"ep-3"}},
-		{"EndpointsOn(unscoped name)", s.EndpointsOn("blue"), nil},
-		{"EndpointsInGroup(web)", s.EndpointsInGroup("default/default/web"), []string{"ep-1", "ep-2"}},
-		{"EndpointsInGroup(db)", s.EndpointsInGroup("default/default/db"), []string{"ep-1"}},
-		{"PoliciesFor(web)", s.PoliciesFor("default/default/web"), []string{"allow-both", "allow-web"}},
-		{"PoliciesFor(db)", s.PoliciesFor("default/default/db"), []string{"allow-both"}},
-		{"PoliciesFor(t2 web)", s.PoliciesFor("t2/default/web"), []string{"t2-web"}},
-		{"ObjectsFor(host-a)", s.ObjectsFor("host-a"), []string{"ep-1", "ep-2", "ep-4"}},
-		{"ObjectsFor(host-b)", s.ObjectsFor("host-b"), []string{"ep-2"}},
-		{"RoutesInTable(100)", s.RoutesInTable(100), []string{"r1", "r2"}},
-		{"RoutesInTable(10)", s.RoutesInTable(10), []string{"r3"}},
-		{"RoutesInTable(1)", s.RoutesInTable(1), nil},
+		{"network", ScopedName(netKey), []string{"ep-1", "ep-2"}},
+		{"network", "t2/default/blue", []string{"ep-4"}},
+		{"network", "default/default/red", []string{"ep-3"}},
+		{"network", "blue", nil},
+		{"group", "default/default/web", []string{"ep-1", "ep-2"}},
+		{"group", "default/default/db", []string{"ep-1"}},
+		{"attach_group", "default/default/web", []string{"allow-both", "allow-web"}},
+		{"attach_group", "default/default/db", []string{"allow-both"}},
+		{"attach_group", "t2/default/web", []string{"t2-web"}},
+		{"node", "host-a", []string{"ep-1", "ep-2", "ep-4"}},
+		{"node", "host-b", []string{"ep-2"}},
+		{"route_table", "100", []string{"r1", "r2"}},
+		{"route_table", "10", []string{"r3"}},
+		{"route_table", "1", nil},
 	}
 	for _, tt := range tests {
-		if got := names(tt.got); !slices.Equal(got, tt.want) {
-			t.Errorf("%s = %v, want %v", tt.name, got, tt.want)
+		if got := lookup(t, s, tt.index, tt.value); !slices.Equal(got, tt.want) {
+			t.Errorf("Lookup(%s, %s) = %v, want %v", tt.index, tt.value, got, tt.want)
 		}
 	}
 
@@ -72,21 +123,51 @@ func TestReferenceIndexes(t *testing.T) {
 		txn.Put(route("r2", 10, "10.2.0.0/24", "10.0.0.1"))
 	})
 	after := []struct {
-		name string
-		got  []*nimbusv1.Object
-		want []string
+		index, value string
+		want         []string
 	}{
-		{"EndpointsOn(blue)", s.EndpointsOn("default/default/blue"), []string{"ep-2"}},
-		{"EndpointsOn(red)", s.EndpointsOn("default/default/red"), []string{"ep-1", "ep-3"}},
-		{"EndpointsInGroup(web)", s.EndpointsInGroup("default/default/web"), []string{"ep-2"}},
-		{"PoliciesFor(web)", s.PoliciesFor("default/default/web"), []string{"allow-both"}},
-		{"ObjectsFor(host-a)", s.ObjectsFor("host-a"), []string{"ep-2", "ep-4"}},
-		{"RoutesInTable(100)", s.RoutesInTable(100), []string{"r1"}},
-		{"RoutesInTable(10)", s.RoutesInTable(10), []string{"r2", "r3"}},
+		{"network", "default/default/blue", []string{"ep-2"}},
+		{"network", "default/default/red", []string{"ep-1", "ep-3"}},
+		{"group", "default/default/web", []string{"ep-2"}},
+		{"attach_group", "default/default/web", []string{"allow-both"}},
+		{"node", "host-a", []string{"ep-2", "ep-4"}},
+		{"route_table", "100", []string{"r1"}},
+		{"route_table", "10", []string{"r2", "r3"}},
 	}
 	for _, tt := range after {
-		if got := names(tt.got); !slices.Equal(got, tt.want) {
-			t.Errorf("after changes: %s = %v, want %v", tt.name, got, tt.want)
+		if got := lookup(t, s, tt.index, tt.value); !slices.Equal(got, tt.want) {
+			t.Errorf("after changes: Lookup(%s, %s) = %v, want %v", tt.index, tt.value, got, tt.want)
+		}
+	}
+
+	// An index nobody declared is an error, not an empty answer.
+	for _, index := range []string{"route_dst", "id", "kind"} {
+		if _, err := s.Lookup(index, "x"); !errors.Is(err, ErrUnknownIndex) {
+			t.Errorf("Lookup(%s) error = %v, want ErrUnknownIndex", index, err)
+		}
+	}
+}
+
+func TestIndexDeclarationsChecked(t *testing.T) {
+	values := func(*nimbusv1.Object) []string { return nil }
+	for _, tt := range []struct {
+		name    string
+		indexes []Index
+		want    string
+	}{
+		{"no name", []Index{{Values: values}}, "Options.Indexes[0].Name: is required"},
+		{"no values", []Index{{Name: "x"}}, `Options.Indexes[0].Values (index "x"): is required`},
+		{"twice", []Index{{Name: "x", Values: values}, {Name: "x", Values: values}}, `Options.Indexes[1].Name "x"`},
+		{"built in", []Index{{Name: "kind", Values: values}}, `Options.Indexes[0].Name "kind"`},
+	} {
+		s, err := Open(Options{Indexes: tt.indexes})
+		if err == nil {
+			s.Close()
+			t.Errorf("%s: Open succeeded", tt.name)
+			continue
+		}
+		if !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: Open error = %v, want it to say %q", tt.name, err, tt.want)
 		}
 	}
 }

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
-	"strconv"
+	"slices"
 	"sync"
 
 	"github.com/hashicorp/go-memdb"
@@ -26,6 +26,9 @@ var (
 	ErrCorrupt = errors.New("corrupt state file")
 	// ErrLocked is returned by Open when another process holds the state file open.
 	ErrLocked = errors.New("state file locked by another process")
+	// ErrUnknownIndex is returned by Lookup for an index that Options.Indexes does not
+	// declare.
+	ErrUnknownIndex = errors.New("unknown index")
 )
 
 // Table names one of delphi's tables.
@@ -39,24 +42,13 @@ const (
 
 const tableResume = "resume"
 
-// desiredRecord is one row of the desired table. Its fields other than Object are derived
-// from Object for the indexes; references are scoped, "tenant/namespace/name".
+// desiredRecord is one row of the desired table. Indexed holds, per declared index, the
+// values the index lists the object under, computed once when the record is made.
 type desiredRecord struct {
-	ID     string
-	Kind   int
-	Object *nimbusv1.Object
-	// RouteDst is "table/prefix" for Route objects, empty otherwise.
-	RouteDst string
-	// RouteTable is the decimal table of Route objects, empty otherwise.
-	RouteTable string
-	// Network is the scoped network of Endpoint objects, empty otherwise.
-	Network string
-	// Groups are the scoped security groups of Endpoint objects.
-	Groups []string
-	// AttachGroups are the scoped groups a NetworkSecurityPolicy is attached to.
-	AttachGroups []string
-	// Nodes are the nodes meta.nodes lists; empty for objects meant for every node.
-	Nodes []string
+	ID      string
+	Kind    int
+	Object  *nimbusv1.Object
+	Indexed map[string][]string
 }
 
 // statusRecord is one row of the status table.
@@ -73,21 +65,64 @@ type resumeRecord struct {
 	Revision uint64
 }
 
-func schema() *memdb.DBSchema {
+// Index is a secondary index of the desired table, declared by the code that looks objects
+// up by it, as go-memdb takes its schema from its caller: a reconciler that needs to find
+// objects by some derived value declares an Index, and a new kind adds its indexes without
+// editing the store.
+type Index struct {
+	// Name names the index in Lookup. Required; unique among a store's indexes, and not
+	// one of the built-in "id" and "kind".
+	Name string
+	// Values returns the values under which obj is listed; none leaves it out of the index.
+	// It must depend on obj alone. Required.
+	Values func(obj *nimbusv1.Object) []string
+}
+
+// indexer is the go-memdb indexer of a declared index: it reads the values that
+// newDesiredRecord computed.
+type indexer struct{ name string }
+
+func (ix indexer) FromObject(raw any) (bool, [][]byte, error) {
+	vals := raw.(*desiredRecord).Indexed[ix.name]
+	if len(vals) == 0 {
+		return false, nil, nil
+	}
+	out := make([][]byte, len(vals))
+	for i, v := range vals {
+		out[i] = append([]byte(v), 0)
+	}
+	return true, out, nil
+}
+
+func (ix indexer) FromArgs(args ...any) ([]byte, error) {
+	if len(args) != 1 {
+		return nil, fmt.Errorf("index %s: want one value, got %d", ix.name, len(args))
+	}
+	v, ok := args[0].(string)
+	if !ok {
+		return nil, fmt.Errorf("index %s: value %v is a %T, want a string", ix.name, args[0], args[0])
+	}
+	return append([]byte(v), 0), nil
+}
+
+func schema(indexes []Index) (*memdb.DBSchema, error) {
+	desired := map[string]*memdb.IndexSchema{
+		"id":   {Name: "id", Unique: true, Indexer: &memdb.StringFieldIndex{Field: "ID"}},
+		"kind": {Name: "kind", Indexer: &memdb.IntFieldIndex{Field: "Kind"}},
+	}
+	for i, ix := range indexes {
+		switch {
+		case ix.Name == "":
+			return nil, fmt.Errorf("Options.Indexes[%d].Name: is required", i)
+		case ix.Values == nil:
+			return nil, fmt.Errorf("Options.Indexes[%d].Values (index %q): is required", i, ix.Name)
+		case desired[ix.Name] != nil:
+			return nil, fmt.Errorf("Options.Indexes[%d].Name %q: index declared twice or built in", i, ix.Name)
+		}
+		desired[ix.Name] = &memdb.IndexSchema{Name: ix.Name, AllowMissing: true, Indexer: indexer{ix.Name}}
+	}
 	return &memdb.DBSchema{Tables: map[string]*memdb.TableSchema{
-		string(TableDesired): {
-			Name: string(TableDesired),
-			Indexes: map[string]*memdb.IndexSchema{
-				"id":           {Name: "id", Unique: true, Indexer: &memdb.StringFieldIndex{Field: "ID"}},
-				"kind":         {Name: "kind", Indexer: &memdb.IntFieldIndex{Field: "Kind"}},
-				"route_dst":    {Name: "route_dst", AllowMissing: true, Indexer: &memdb.StringFieldIndex{Field: "RouteDst"}},
-				"route_table":  {Name: "route_table", AllowMissing: true, Indexer: &memdb.StringFieldIndex{Field: "RouteTable"}},
-				"network":      {Name: "network", AllowMissing: true, Indexer: &memdb.StringFieldIndex{Field: "Network"}},
-				"group":        {Name: "group", AllowMissing: true, Indexer: &memdb.StringSliceFieldIndex{Field: "Groups"}},
-				"attach_group": {Name: "attach_group", AllowMissing: true, Indexer: &memdb.StringSliceFieldIndex{Field: "AttachGroups"}},
-				"node":         {Name: "node", AllowMissing: true, Indexer: &memdb.StringSliceFieldIndex{Field: "Nodes"}},
-			},
-		},
+		string(TableDesired): {Name: string(TableDesired), Indexes: desired},
 		string(TableStatus): {
 			Name: string(TableStatus),
 			Indexes: map[string]*memdb.IndexSchema{
@@ -100,7 +135,7 @@ func schema() *memdb.DBSchema {
 				"id": {Name: "id", Unique: true, Indexer: &memdb.StringFieldIndex{Field: "ID"}},
 			},
 		},
-	}}
+	}}, nil
 }
 
 // Options configures a Store.
@@ -113,6 +148,9 @@ type Options struct {
 	// the nimbus client resyncs from a snapshot. It is the way out of ErrCorrupt; left set,
 	// it throws the stored state away on every start. Default: false.
 	Discard bool
+	// Indexes are the secondary indexes of the desired table, besides the built-in ones by
+	// key and kind; Lookup reads them. Default: none.
+	Indexes []Index
 	// Logger receives the store's logs. Default: slog.Default().
 	Logger *slog.Logger
 }
@@ -120,8 +158,9 @@ type Options struct {
 // Store is the local object store. Its read methods are safe for concurrent use and never
 // block on writers.
 type Store struct {
-	db  *memdb.MemDB
-	log *slog.Logger
+	db      *memdb.MemDB
+	log     *slog.Logger
+	indexes []Index
 
 	// writeMu serializes write transactions together with their writes to disk and the
 	// notification of their subscribers, so that the file follows commit order and
@@ -146,7 +185,11 @@ type Store struct {
 // by resuming, or by a snapshot that replaces it. A file that cannot be read back fails
 // with ErrCorrupt, one that another process holds with ErrLocked.
 func Open(opts Options) (*Store, error) {
-	db, err := memdb.NewMemDB(schema())
+	sch, err := schema(opts.Indexes)
+	if err != nil {
+		return nil, fmt.Errorf("delphi: %w", err)
+	}
+	db, err := memdb.NewMemDB(sch)
 	if err != nil {
 		return nil, fmt.Errorf("creating delphi tables: %w", err)
 	}
@@ -155,10 +198,11 @@ func Open(opts Options) (*Store, error) {
 		log = slog.Default()
 	}
 	s := &Store{
-		db:     db,
-		log:    log,
-		subs:   make(map[*Subscription]struct{}),
-		synced: make(chan struct{}),
+		db:      db,
+		log:     log,
+		indexes: opts.Indexes,
+		subs:    make(map[*Subscription]struct{}),
+		synced:  make(chan struct{}),
 	}
 	if opts.Dir == "" {
 		return s, nil
@@ -194,7 +238,7 @@ func (s *Store) restore(r *restored) error {
 	txn := s.db.Txn(true)
 	defer txn.Abort()
 	for _, obj := range r.objects {
-		if err := txn.Insert(string(TableDesired), newDesiredRecord(obj)); err != nil {
+		if err := txn.Insert(string(TableDesired), s.newDesiredRecord(obj)); err != nil {
 			return fmt.Errorf("restoring %s: %w", obj.Key().ID(), err)
 		}
 	}
@@ -244,42 +288,14 @@ func (s *Store) List(kind nimbusv1.Kind) []*nimbusv1.Object {
 	return s.desiredBy("kind", int(kind))
 }
 
-// RoutesTo returns the desired Route objects for the destination prefix in the given table,
-// ordered by key.
-func (s *Store) RoutesTo(table uint32, prefix string) []*nimbusv1.Object {
-	return s.desiredBy("route_dst", routeDst(table, prefix))
-}
-
-// RoutesInTable returns the desired Route objects in the given kernel routing table,
-// ordered by key.
-func (s *Store) RoutesInTable(table uint32) []*nimbusv1.Object {
-	return s.desiredBy("route_table", strconv.FormatUint(uint64(table), 10))
-}
-
-// EndpointsOn returns the desired Endpoint objects attached to a network, ordered by key.
-// References resolve within the referring object's tenant and namespace, so network is
-// the network's scoped name, "tenant/namespace/name" (see ScopedName).
-func (s *Store) EndpointsOn(network string) []*nimbusv1.Object {
-	return s.desiredBy("network", network)
-}
-
-// EndpointsInGroup returns the desired Endpoint objects that list a security group,
-// ordered by key. group is the group's scoped name, "tenant/namespace/name".
-func (s *Store) EndpointsInGroup(group string) []*nimbusv1.Object {
-	return s.desiredBy("group", group)
-}
-
-// PoliciesFor returns the desired NetworkSecurityPolicy objects attached to a security
-// group, ordered by key. group is the group's scoped name, "tenant/namespace/name".
-func (s *Store) PoliciesFor(group string) []*nimbusv1.Object {
-	return s.desiredBy("attach_group", group)
-}
-
-// ObjectsFor returns the desired objects whose meta.nodes lists the node, ordered by key.
-// Objects meant for every node list no nodes, so they have no entry here; List returns
-// them.
-func (s *Store) ObjectsFor(node string) []*nimbusv1.Object {
-	return s.desiredBy("node", node)
+// Lookup returns the desired objects that the declared index lists under value, ordered by
+// key. An index that was not declared in Options.Indexes is an error wrapping
+// ErrUnknownIndex.
+func (s *Store) Lookup(index, value string) ([]*nimbusv1.Object, error) {
+	if index == "id" || index == "kind" || !slices.ContainsFunc(s.indexes, func(ix Index) bool { return ix.Name == index }) {
+		return nil, fmt.Errorf("looking up %q in index %q: %w", value, index, ErrUnknownIndex)
+	}
+	return s.desiredBy(index, value), nil
 }
 
 // ScopedName returns the form in which the reference indexes hold a referenced object,
@@ -447,39 +463,17 @@ func changeID(c memdb.Change) string {
 	return ""
 }
 
-func routeDst(table uint32, prefix string) string {
-	return fmt.Sprintf("%d/%s", table, prefix)
-}
-
-func newDesiredRecord(obj *nimbusv1.Object) *desiredRecord {
-	m := obj.GetMeta()
-	r := &desiredRecord{ID: obj.Key().ID(), Kind: int(obj.Kind()), Object: obj, Nodes: m.GetNodes()}
-	ref := func(name string) string { return scoped(m.GetTenant(), m.GetNamespace(), name) }
-	refs := func(names []string) []string {
-		if len(names) == 0 {
-			return nil
-		}
-		out := make([]string, 0, len(names))
-		for _, n := range names {
-			if n != "" {
-				out = append(out, ref(n))
+// newDesiredRecord makes the desired-table row of obj, with the values of every declared
+// index.
+func (s *Store) newDesiredRecord(obj *nimbusv1.Object) *desiredRecord {
+	r := &desiredRecord{ID: obj.Key().ID(), Kind: int(obj.Kind()), Object: obj}
+	for _, ix := range s.indexes {
+		if vals := ix.Values(obj); len(vals) > 0 {
+			if r.Indexed == nil {
+				r.Indexed = make(map[string][]string, len(s.indexes))
 			}
+			r.Indexed[ix.Name] = vals
 		}
-		return out
-	}
-	switch {
-	case obj.GetRoute() != nil:
-		rt := obj.GetRoute()
-		r.RouteDst = routeDst(rt.GetTable(), rt.GetPrefix())
-		r.RouteTable = strconv.FormatUint(uint64(rt.GetTable()), 10)
-	case obj.GetEndpoint() != nil:
-		ep := obj.GetEndpoint()
-		if ep.GetNetwork() != "" {
-			r.Network = ref(ep.GetNetwork())
-		}
-		r.Groups = refs(ep.GetSecurityGroups())
-	case obj.GetNetworkSecurityPolicy() != nil:
-		r.AttachGroups = refs(obj.GetNetworkSecurityPolicy().GetAttachGroups())
 	}
 	return r
 }
@@ -524,7 +518,7 @@ func (w *DesiredWriter) Commit(t *DesiredTxn) error {
 	return w.s.write(func(txn *memdb.Txn) error {
 		put := map[string]bool{}
 		for _, obj := range t.puts {
-			rec := newDesiredRecord(obj)
+			rec := w.s.newDesiredRecord(obj)
 			put[rec.ID] = true
 			old, err := txn.First(string(TableDesired), "id", rec.ID)
 			if err != nil {

@@ -110,9 +110,6 @@ func TestDesiredReadsAndIndexes(t *testing.T) {
 	if names := names(s.List(nimbusv1.Kind_KIND_UNSPECIFIED)); len(names) != 4 {
 		t.Errorf("List(all) = %v", names)
 	}
-	if names := names(s.RoutesTo(100, "198.51.100.0/24")); !slices.Equal(names, []string{"a", "b"}) {
-		t.Errorf("RoutesTo(100) = %v", names)
-	}
 	if epoch, rev := s.Resume(); epoch != "epoch-1" || rev != 42 {
 		t.Errorf("Resume() = %q, %d", epoch, rev)
 	}

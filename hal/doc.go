@@ -1,15 +1,29 @@
-// Package hal programs the node from delphi: it turns desired objects into kernel state
-// and reports, per object, whether that worked.
+// Package hal programs the node from the local object store: it turns desired objects into
+// kernel state and reports, per object, whether that worked.
 //
-// The HAL is level-triggered. It never acts on an event: a change in delphi (or drift seen
-// by an observer) only puts the object's key on a rate-limited work queue, and a worker
-// handed that key reads the desired object from delphi and lets the kind's Reconciler make
-// the kernel match it. Running a reconcile twice changes nothing. The queue never hands one
-// key to two workers at once and coalesces repeated adds of a key, so a delete cannot
-// overtake the add before it. A failed reconcile is retried with per-key exponential
-// backoff under an overall rate limit, forever, and the object's status says why it is not
-// programmed yet.
+// The HAL is level-triggered. It never acts on an event: a change in the store (or drift
+// seen by an observer) only puts the object's key on a rate-limited work queue, and a
+// worker handed that key reads the desired object and lets the kind's Reconciler make the
+// kernel match it. Running a reconcile twice changes nothing. The queue never hands one key
+// to two workers at once and coalesces repeated adds of a key, so a delete cannot overtake
+// the add before it. A failed reconcile is retried with per-key exponential backoff under
+// an overall rate limit, forever, and the object's status says why it is not programmed
+// yet: the reason of the *Error it failed with (Conflict, KernelError, ...).
 //
-// The HAL is the only writer of delphi's status table; it claims that table's writer
-// handle when it is built.
+// Sweepers remove kernel state that no desired object owns. They run only once the store
+// says its desired table is complete (restored from disk, or synced with nimbus), so a
+// fresh agent never removes what a previous one programmed before it knows what is meant
+// to stay; then again at every resync, which also reconciles every key once more, as a
+// safety net for drift that no observer saw.
+//
+// Observers watch the kernel and enqueue the keys whose state drifted; they never write
+// the kernel themselves, so a worker and an observer cannot fight. An observer that fails
+// (a netlink socket that overflowed, say) is started again after a backoff, and once it is
+// subscribed again every object of its kind is reconciled, since changes may have been
+// missed meanwhile.
+//
+// The HAL reads the store through Store, an interface of what it needs; Delphi adapts a
+// delphi store to it and claims that store's status writer, so the HAL is the one writer of
+// status. Time comes from Options.Clock, so tests drive retries, resyncs and observer
+// restarts with a fake clock.
 package hal

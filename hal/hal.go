@@ -11,8 +11,8 @@ import (
 	"golang.org/x/time/rate"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/clock"
 
-	"github.com/naplesnet/naples/delphi"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -21,9 +21,10 @@ type Reconciler interface {
 	// Kind is the kind of object the reconciler programs.
 	Kind() nimbusv1.Kind
 	// Reconcile makes the kernel match obj, the desired state of key, or removes what it
-	// programmed for key when obj is nil. It must be idempotent. It returns kind-specific
-	// operational data for the object's status; an error leaves the object FAILED and is
-	// retried with backoff. An error that implements Reason() string names its reason.
+	// programmed for key when obj is nil. It must be idempotent and return soon after ctx
+	// ends. It returns kind-specific operational data for the object's status; an error
+	// leaves the object FAILED, with the reason of an *Error (ReasonFailed otherwise), and
+	// is retried with backoff.
 	Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (map[string]string, error)
 }
 
@@ -37,53 +38,76 @@ type Sweeper interface {
 
 // Observer is implemented by reconcilers that watch the kernel for drift.
 type Observer interface {
-	// Observe watches the kernel until ctx ends and calls enqueue with the key ID of every
-	// object whose kernel state changed behind the HAL's back. It never writes the kernel.
-	Observe(ctx context.Context, enqueue func(keyID string)) error
+	// Observe watches the kernel until ctx ends. It calls subscribed once it sees every
+	// change, then enqueue with the key ID of every object whose kernel state changed
+	// behind the HAL's back. It never writes the kernel. When it returns an error, changes
+	// may have been missed: the HAL starts it again after a backoff and, once it is
+	// subscribed again, reconciles every object of its kind.
+	Observe(ctx context.Context, enqueue func(keyID string), subscribed func()) error
 }
 
-// ReasonUnsupported is the status reason of objects whose kind no reconciler programs.
-const ReasonUnsupported = "Unsupported"
-
-// reasonFailed is the status reason of a failed reconcile whose error names no reason.
-const reasonFailed = "ProgrammingFailed"
-
-// Store is what the HAL needs of delphi.
+// Store is what the HAL needs of the local object store: the desired objects, a feed of
+// their changes, whether the desired table is complete, and the status table it alone
+// writes. Delphi adapts a delphi store to it.
 type Store interface {
+	// Get returns the desired object with the key.
 	Get(key *nimbusv1.ObjectKey) (*nimbusv1.Object, bool)
-	Subscribe(opts delphi.SubscribeOptions) (*delphi.Subscription, error)
+	// Keys returns the key IDs of the desired objects of one kind; KIND_UNSPECIFIED
+	// returns all.
+	Keys(kind nimbusv1.Kind) []string
+	// WatchDesired returns a feed of the key IDs of desired objects that change. Its first
+	// Next returns every key present.
+	WatchDesired() (Feed, error)
+	// Synced returns a channel that is closed once the desired table is complete: from
+	// then on an object missing from it is meant to be absent.
 	Synced() <-chan struct{}
-	ClaimStatus() (*delphi.StatusWriter, error)
+	// SetStatus records the status of the object with the key.
+	SetStatus(key *nimbusv1.ObjectKey, st *nimbusv1.NodeStatus) error
+	// DeleteStatus removes the status of the object with the key; an absent one is no
+	// error.
+	DeleteStatus(key *nimbusv1.ObjectKey) error
 }
 
-var _ Store = (*delphi.Store)(nil)
+// Feed hands out the key IDs of changed objects.
+type Feed interface {
+	// Next blocks until keys have changed and returns them, each once however often it
+	// changed. It returns ctx's error when ctx ends, and ErrClosed (or an error wrapping
+	// it) once the store is closed.
+	Next(ctx context.Context) ([]string, error)
+	// Close ends the feed.
+	Close()
+}
 
 // Options configures a HAL.
 type Options struct {
-	// Store is the delphi store to read desired objects from and write status to. Required.
+	// Store is the store to read desired objects from and write status to. Required.
 	Store Store
 	// Reconcilers program one kind each. Objects of other kinds are reported PENDING with
 	// reason Unsupported.
 	Reconcilers []Reconciler
 	// Workers is the number of keys reconciled at once. Default: 2.
 	Workers int
-	// RateLimiter decides how long a failed key waits before its retry. Default: the
-	// larger of a per-key exponential backoff from 50ms to 30s and an overall token bucket
-	// of 50 retries a second with a burst of 300.
+	// RateLimiter decides how long a failed key waits before its retry. Default:
+	// DefaultRateLimiter().
 	RateLimiter workqueue.TypedRateLimiter[string]
-	// ResyncInterval is how often every key is reconciled again and sweepers run, as a
-	// safety net for drift no observer saw. Default: 5m; negative disables.
+	// ResyncInterval is how often sweepers run again and every key is reconciled again, as
+	// a safety net for drift no observer saw. Default: 5m; negative disables.
 	ResyncInterval time.Duration
+	// ObserverBackoff bounds the delay before a failed observer is started again: it
+	// starts at Min and doubles with every failure in a row up to Max. An observer that
+	// ran for ObserverHealthy before it failed starts over at Min. Defaults: 100ms, 30s,
+	// 1m.
+	ObserverBackoff struct{ Min, Max, Healthy time.Duration }
+	// Clock tells the time for status updates and drives retries, resyncs and observer
+	// restarts; tests inject a fake one. Default: the real clock.
+	Clock clock.WithTicker
 	// Logger receives the HAL's logs. Default: slog.Default().
 	Logger *slog.Logger
-	// Now gives the time for status updates. Default: time.Now.
-	Now func() time.Time
 }
 
-// HAL reconciles delphi's desired objects into the kernel.
+// HAL reconciles the store's desired objects into the kernel.
 type HAL struct {
 	store       Store
-	status      *delphi.StatusWriter
 	reconcilers map[nimbusv1.Kind]Reconciler
 	queue       workqueue.TypedRateLimitingInterface[string]
 	opts        Options
@@ -91,7 +115,7 @@ type HAL struct {
 	closeOnce   sync.Once
 }
 
-// New builds a HAL and claims delphi's status writer.
+// New builds a HAL.
 func New(opts Options) (*HAL, error) {
 	if opts.Store == nil {
 		return nil, errors.New("hal: Options.Store is required")
@@ -105,15 +129,20 @@ func New(opts Options) (*HAL, error) {
 	if opts.ResyncInterval == 0 {
 		opts.ResyncInterval = 5 * time.Minute
 	}
+	if opts.ObserverBackoff.Min <= 0 {
+		opts.ObserverBackoff.Min = 100 * time.Millisecond
+	}
+	if opts.ObserverBackoff.Max <= 0 {
+		opts.ObserverBackoff.Max = 30 * time.Second
+	}
+	if opts.ObserverBackoff.Healthy <= 0 {
+		opts.ObserverBackoff.Healthy = time.Minute
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
-	}
-	if opts.Now == nil {
-		opts.Now = time.Now
-	}
-	status, err := opts.Store.ClaimStatus()
-	if err != nil {
-		return nil, err
 	}
 	recs := map[nimbusv1.Kind]Reconciler{}
 	for _, r := range opts.Reconcilers {
@@ -124,16 +153,17 @@ func New(opts Options) (*HAL, error) {
 	}
 	return &HAL{
 		store:       opts.Store,
-		status:      status,
 		reconcilers: recs,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(opts.RateLimiter,
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "hal"}),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "hal", Clock: opts.Clock}),
 		opts: opts,
 		log:  opts.Logger,
 	}, nil
 }
 
-// DefaultRateLimiter returns the retry policy New uses by default.
+// DefaultRateLimiter returns the retry policy New uses by default: the larger of a per-key
+// exponential backoff from 50ms to 30s and an overall token bucket of 50 retries a second
+// with a burst of 300.
 func DefaultRateLimiter() workqueue.TypedRateLimiter[string] {
 	return workqueue.NewTypedMaxOfRateLimiter(
 		workqueue.NewTypedItemExponentialFailureRateLimiter[string](50*time.Millisecond, 30*time.Second),
@@ -141,20 +171,23 @@ func DefaultRateLimiter() workqueue.TypedRateLimiter[string] {
 	)
 }
 
-// Run reconciles until ctx ends, then stops every goroutine it started and returns nil.
+// Run reconciles until ctx ends or the store is closed, then stops every goroutine it
+// started and returns nil.
 func (h *HAL) Run(ctx context.Context) error {
 	defer h.Close()
-	sub, err := h.store.Subscribe(delphi.SubscribeOptions{Tables: []delphi.Table{delphi.TableDesired}})
+	feed, err := h.store.WatchDesired()
 	if err != nil {
-		return fmt.Errorf("subscribing to desired objects: %w", err)
+		return fmt.Errorf("watching desired objects: %w", err)
 	}
-	defer sub.Close()
+	defer feed.Close()
 
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	var wg sync.WaitGroup
+	// Whatever ends Run, the goroutines see ctx end and the queue shut down before Run
+	// waits for them.
 	defer wg.Wait()
 	defer h.queue.ShutDown()
+	defer cancel()
 
 	for range h.opts.Workers {
 		wg.Go(func() {
@@ -164,19 +197,15 @@ func (h *HAL) Run(ctx context.Context) error {
 	}
 	for _, r := range h.reconcilers {
 		if o, ok := r.(Observer); ok {
-			wg.Go(func() {
-				if err := o.Observe(ctx, h.queue.Add); err != nil && ctx.Err() == nil {
-					h.log.Error("observer stopped", "kind", r.Kind().Name(), "err", err)
-				}
-			})
+			wg.Go(func() { h.superviseObserver(ctx, r.Kind(), o) })
 		}
 	}
 	wg.Go(func() { h.sweepAndResync(ctx) })
 
 	for {
-		ids, err := sub.Next(ctx)
+		ids, err := feed.Next(ctx)
 		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, delphi.ErrClosed) {
+			if ctx.Err() != nil || errors.Is(err, ErrClosed) {
 				return nil
 			}
 			return fmt.Errorf("watching desired objects: %w", err)
@@ -205,24 +234,17 @@ func (h *HAL) sweepAndResync(ctx context.Context) {
 	if h.opts.ResyncInterval < 0 {
 		return
 	}
-	t := time.NewTicker(h.opts.ResyncInterval)
+	t := h.opts.Clock.NewTicker(h.opts.ResyncInterval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-t.C():
 		}
+		h.log.Debug("resync")
 		h.sweep(ctx)
-		sub, err := h.store.Subscribe(delphi.SubscribeOptions{Tables: []delphi.Table{delphi.TableDesired}})
-		if err != nil {
-			return
-		}
-		ids, _ := sub.Next(ctx)
-		sub.Close()
-		for _, id := range ids {
-			h.queue.Add(id)
-		}
+		h.enqueueKind(nimbusv1.Kind_KIND_UNSPECIFIED)
 	}
 }
 
@@ -233,6 +255,44 @@ func (h *HAL) sweep(ctx context.Context) {
 				h.log.Warn("sweeping stale kernel state", "kind", r.Kind().Name(), "err", err)
 			}
 		}
+	}
+}
+
+// enqueueKind queues every desired key of the kind; KIND_UNSPECIFIED queues all.
+func (h *HAL) enqueueKind(kind nimbusv1.Kind) {
+	for _, id := range h.store.Keys(kind) {
+		h.queue.Add(id)
+	}
+}
+
+// superviseObserver runs the observer until ctx ends, starting it again with backoff
+// whenever it fails. After a restart, once the observer is subscribed, every object of
+// its kind is reconciled, since changes may have been missed while it was down.
+func (h *HAL) superviseObserver(ctx context.Context, kind nimbusv1.Kind, o Observer) {
+	b := h.opts.ObserverBackoff
+	delay := b.Min
+	for restarts := 0; ; restarts++ {
+		start := h.opts.Clock.Now()
+		subscribed := func() {}
+		if restarts > 0 {
+			subscribed = func() { h.enqueueKind(kind) }
+		}
+		err := o.Observe(ctx, h.queue.Add, subscribed)
+		if ctx.Err() != nil {
+			return
+		}
+		if h.opts.Clock.Since(start) >= b.Healthy {
+			delay = b.Min
+		}
+		h.log.Error("observer stopped; restarting it", "kind", kind.Name(), "err", err, "in", delay)
+		t := h.opts.Clock.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C():
+		}
+		delay = min(2*delay, b.Max)
 	}
 }
 
@@ -266,14 +326,14 @@ func (h *HAL) reconcile(ctx context.Context, id string) error {
 	r, ok := h.reconcilers[key.GetKind()]
 	if !ok {
 		if !present {
-			return h.status.Delete(key)
+			return h.store.DeleteStatus(key)
 		}
-		return h.status.Set(key, &nimbusv1.NodeStatus{
+		return h.store.SetStatus(key, &nimbusv1.NodeStatus{
 			ObservedGeneration: obj.GetMeta().GetGeneration(),
 			Phase:              nimbusv1.Phase_PHASE_PENDING,
 			Reason:             ReasonUnsupported,
 			Message:            "this agent does not program " + key.GetKind().Name() + " objects yet",
-			UpdateTime:         timestamppb.New(h.opts.Now()),
+			UpdateTime:         timestamppb.New(h.opts.Clock.Now()),
 		})
 	}
 	op, rerr := r.Reconcile(ctx, key, obj)
@@ -282,24 +342,20 @@ func (h *HAL) reconcile(ctx context.Context, id string) error {
 			return fmt.Errorf("removing %s: %w", id, rerr)
 		}
 		h.log.Info("removed", "key", id)
-		return h.status.Delete(key)
+		return h.store.DeleteStatus(key)
 	}
 	st := &nimbusv1.NodeStatus{
 		ObservedGeneration: obj.GetMeta().GetGeneration(),
 		Phase:              nimbusv1.Phase_PHASE_PROGRAMMED,
 		Operational:        op,
-		UpdateTime:         timestamppb.New(h.opts.Now()),
+		UpdateTime:         timestamppb.New(h.opts.Clock.Now()),
 	}
 	if rerr != nil {
 		st.Phase = nimbusv1.Phase_PHASE_FAILED
-		st.Reason = reasonFailed
-		var re interface{ Reason() string }
-		if errors.As(rerr, &re) {
-			st.Reason = re.Reason()
-		}
+		st.Reason = ReasonOf(rerr)
 		st.Message = rerr.Error()
 	}
-	if err := h.status.Set(key, st); err != nil {
+	if err := h.store.SetStatus(key, st); err != nil {
 		return fmt.Errorf("recording status of %s: %w", id, err)
 	}
 	if rerr != nil {

@@ -9,7 +9,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
@@ -35,15 +34,6 @@ import (
 //
 // Refusals are codes.PermissionDenied with a message naming who asked for what, such as
 // `node "host-a" may not watch node "host-b"`. Without TLS nothing is checked.
-
-// transportCredentials returns the credentials Serve's gRPC server handshakes with: TLS
-// from Options.TLS, or none.
-func (s *Server) transportCredentials() credentials.TransportCredentials {
-	if s.opts.TLS == nil {
-		return insecure.NewCredentials()
-	}
-	return credentials.NewTLS(s.opts.TLS)
-}
 
 // authorizeUnary refuses unary calls the peer's identity does not allow.
 func (s *Server) authorizeUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {

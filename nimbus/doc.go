@@ -47,11 +47,20 @@
 // # Persistence
 //
 // With Options.DataDir the store is durable: DataDir/nimbus.db is a bbolt file holding every
-// object, the revision and the epoch. A commit writes its object and revision there, in one
-// bbolt transaction, before the change becomes visible to readers and watchers. New loads the
+// object, the revision and the epoch, in the layout delphi's state file has too (see
+// internal/statefile). A commit writes its object and revision there, in one bbolt
+// transaction, before the change becomes visible to readers and watchers. New loads the
 // file, so objects, revisions and the epoch carry on across restarts and agents can resume;
 // the history starts empty, so only a watch at the current revision resumes right after a
-// restart. Statuses and which nodes watch are memory only: the agents report them again.
+// restart. A new file is given a fresh epoch. Statuses and which nodes watch are memory
+// only: the agents report them again.
+//
+// The file records the version of its layout. Files written before it did have none and
+// are read as version 1, the layout they have; New then records it. A file New cannot read
+// back (bbolt rejects it, an object does not parse, is stored under another key or has a
+// revision beyond the store's, the epoch is missing, or the version is not 1) fails New
+// with ErrCorrupt, and a file another process holds, after a 5s wait, with ErrLocked; both
+// errors name the file.
 //
 // # Metrics
 //
@@ -63,18 +72,29 @@
 // # Status
 //
 // Agents stream NodeStatus reports with ReportStatus. A report is kept for the pair (object,
-// node) while the object exists and targets the node, and until the Node object of that name
-// is deleted. Get and List aggregate them into an ObjectStatus for the object's current
-// generation: the nodes programmed, failed and reporting it at all, the target nodes still
-// pending (not PROGRAMMED or FAILED at it, including those that reported nothing), and, once
-// every target node is PROGRAMMED, the time the last of them got there. The target nodes are
-// meta.nodes, or for an object for every node the known nodes (Node objects and nodes that
-// have watched) together with the nodes that reported.
+// node) while the object exists and is meant for the node (its meta.nodes lists the node or
+// is empty), and until the Node object of that name is deleted. Get and List aggregate them
+// into an ObjectStatus for the object's current generation: the target nodes programmed,
+// failed and reporting it at all, the target nodes still pending (not PROGRAMMED or FAILED
+// at it, including those that reported nothing), and, once every target node is PROGRAMMED,
+// the time the last of them got there. An object with no target node is never caught up.
+//
+// The target nodes are meta.nodes, or for an object for every node (empty meta.nodes) the
+// nodes that have a Node object together with the nodes that have a Watch stream open now.
+// A node that watched once and went away without a Node object is no target, nor is a node
+// that only reported; deleting a node's Node object ends its membership unless it is
+// watching. Only target nodes count, in every field of the ObjectStatus: a report kept for a
+// node that is no target at the moment (an object for every node keeps reports from any
+// node) is left out, and counts again once the node is a target again, for example when its
+// agent watches again.
 //
 // A node whose agent has had no open Watch stream for Options.StaleAfter, measured with
 // Options.Now, has its statuses marked stale: they are still reported and counted, as the
-// last word of the node, with stale set. A node that has never watched counts from New. A
-// new watch of the node clears it.
+// last word of the node, with stale set. A new watch of the node clears it. The server keeps
+// when a node's last stream ended for as long as the node has a Node object or a stored
+// status, which is as long as staleness can concern it; once it has neither and no open
+// stream, that is forgotten, and a node with nothing on record, such as one that has never
+// watched, counts from New.
 //
 // Because watch events are sent in their pre-encoded form, a Server must be served with
 // Serve, which installs the codec that understands them, and not registered on a

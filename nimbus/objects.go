@@ -80,7 +80,7 @@ func (s *Server) apply(in *nimbusv1.Object) (*nimbusv1.ApplyResponse, error) {
 		return nil, fmt.Errorf("applying %s: %w", id, err)
 	}
 	if retargeted {
-		if err := dropStatuses(txn, id, obj.TargetsNode); err != nil {
+		if err := dropRetargetedStatuses(txn, id, obj); err != nil {
 			return nil, fmt.Errorf("applying %s: %w", id, err)
 		}
 	}
@@ -100,6 +100,26 @@ func (s *Server) apply(in *nimbusv1.Object) (*nimbusv1.ApplyResponse, error) {
 	}
 	s.log.Info("object applied", "key", id, "revision", rev, "generation", m.GetGeneration(), "created", old == nil)
 	return &nimbusv1.ApplyResponse{Object: obj, Changed: true, Created: old == nil}, nil
+}
+
+// dropRetargetedStatuses deletes the statuses of the object with the key ID, retargeted to
+// obj, that nodes it no longer targets reported, and forgets the watch state of those nodes
+// when nothing else keeps it.
+func dropRetargetedStatuses(txn *memdb.Txn, id string, obj *nimbusv1.Object) error {
+	recs, err := statusesOf(txn, id)
+	if err != nil {
+		return err
+	}
+	if err := dropStatuses(txn, id, obj.TargetsNode); err != nil {
+		return err
+	}
+	var dropped []string
+	for _, r := range recs {
+		if !obj.TargetsNode(r.Node) {
+			dropped = append(dropped, r.Node)
+		}
+	}
+	return forgetIdleNodes(txn, dropped...)
 }
 
 // normalizeNodes returns the node names sorted and without duplicates, so that the order
@@ -148,14 +168,28 @@ func (s *Server) delete(key *nimbusv1.ObjectKey) (bool, uint64, error) {
 	if _, err := txn.DeleteAll(tableObjects, indexID, id); err != nil {
 		return false, 0, fmt.Errorf("deleting %s: %w", id, err)
 	}
+	recs, err := statusesOf(txn, id)
+	if err != nil {
+		return false, 0, fmt.Errorf("deleting %s: %w", id, err)
+	}
 	if _, err := txn.DeleteAll(tableStatus, indexObject, id); err != nil {
 		return false, 0, fmt.Errorf("deleting statuses of %s: %w", id, err)
+	}
+	// The nodes that reported, and a deleted Node object's node, may have nothing left
+	// that keeps their watch state.
+	idle := make([]string, 0, len(recs)+1)
+	for _, r := range recs {
+		idle = append(idle, r.Node)
 	}
 	if key.GetKind() == nimbusv1.Kind_KIND_NODE {
 		// The node is gone: what it reported about any object goes with it.
 		if _, err := txn.DeleteAll(tableStatus, indexNode, key.GetName()); err != nil {
 			return false, 0, fmt.Errorf("deleting statuses reported by node %s: %w", key.GetName(), err)
 		}
+		idle = append(idle, key.GetName())
+	}
+	if err := forgetIdleNodes(txn, idle...); err != nil {
+		return false, 0, fmt.Errorf("deleting %s: %w", id, err)
 	}
 	if err := setRevision(txn, rev); err != nil {
 		return false, 0, fmt.Errorf("deleting %s: %w", id, err)
@@ -232,8 +266,10 @@ func (s *Server) List(ctx context.Context, req *nimbusv1.ListRequest) (*nimbusv1
 // view is one consistent read of the store.
 type view struct {
 	txn *memdb.Txn
-	// known holds the names of the known nodes once knownNodes has read them.
-	known map[string]struct{}
+	// every holds the target nodes of an object for every node, sorted, once everyNode
+	// has read them, which everyRead tells.
+	every     []string
+	everyRead bool
 	// staleSince is the time a node must have had no open watch since for its statuses
 	// to be stale; zero when statuses never are.
 	staleSince time.Time
@@ -271,29 +307,32 @@ func (v *view) stale(node string) (bool, error) {
 	return !last.After(v.staleSince), nil
 }
 
-// knownNodes returns the names of the nodes there are Node objects for, together with the
-// nodes that have opened a watch since the server started.
-func (v *view) knownNodes() (map[string]struct{}, error) {
-	if v.known != nil {
-		return v.known, nil
+// everyNode returns the target nodes of an object for every node, sorted: the nodes there
+// are Node objects for, together with the nodes that have a watch stream open now. A node
+// that only watched once, or only reported a status, is not among them.
+func (v *view) everyNode() ([]string, error) {
+	if v.everyRead {
+		return v.every, nil
 	}
-	known := map[string]struct{}{}
+	nodes := map[string]struct{}{}
 	it, err := v.txn.Get(tableObjects, indexKind, nimbusv1.Kind_KIND_NODE)
 	if err != nil {
 		return nil, fmt.Errorf("reading nodes: %w", err)
 	}
 	for raw := it.Next(); raw != nil; raw = it.Next() {
-		known[raw.(*objectRecord).Object.GetMeta().GetName()] = struct{}{}
+		nodes[raw.(*objectRecord).Object.GetMeta().GetName()] = struct{}{}
 	}
 	it, err = v.txn.Get(tableWatchNodes, indexID)
 	if err != nil {
 		return nil, fmt.Errorf("reading watching nodes: %w", err)
 	}
 	for raw := it.Next(); raw != nil; raw = it.Next() {
-		known[raw.(*watchNodeRecord).Name] = struct{}{}
+		if rec := raw.(*watchNodeRecord); rec.Streams > 0 {
+			nodes[rec.Name] = struct{}{}
+		}
 	}
-	v.known = known
-	return known, nil
+	v.every, v.everyRead = slices.Sorted(maps.Keys(nodes)), true
+	return v.every, nil
 }
 
 // withStatus pairs the stored object with its aggregated status.
@@ -306,8 +345,10 @@ func (v *view) withStatus(obj *nimbusv1.Object) (*nimbusv1.ObjectWithStatus, err
 }
 
 // status aggregates what the nodes the object targets reported about it. The target nodes
-// are meta.nodes, or, for an object for every node, the known nodes together with the
-// nodes that reported, so that programmed_nodes never exceeds target_nodes.
+// are meta.nodes, or, for an object for every node, those everyNode returns: the nodes
+// with a Node object and the nodes watching now. Only target nodes count, in every field:
+// a status kept for a node that is no target now (it stopped watching and has no Node
+// object) is left out, and counts again once the node is a target again.
 func (v *view) status(obj *nimbusv1.Object) (*nimbusv1.ObjectStatus, error) {
 	id := obj.Key().ID()
 	recs, err := statusesOf(v.txn, id)
@@ -324,15 +365,9 @@ func (v *view) status(obj *nimbusv1.Object) (*nimbusv1.ObjectStatus, error) {
 	}
 	targets := m.GetNodes()
 	if len(targets) == 0 {
-		known, err := v.knownNodes()
-		if err != nil {
+		if targets, err = v.everyNode(); err != nil {
 			return nil, err
 		}
-		all := maps.Clone(known)
-		for n := range reported {
-			all[n] = struct{}{}
-		}
-		targets = slices.Sorted(maps.Keys(all))
 	}
 	st := &nimbusv1.ObjectStatus{TargetNodes: int32(len(targets)), Generation: gen}
 	caughtUp := len(targets) > 0

@@ -1,40 +1,29 @@
 package nimbus
 
 import (
-	"encoding/binary"
 	"fmt"
-	"os"
 	"path/filepath"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
-	"google.golang.org/protobuf/proto"
-
+	"github.com/naplesnet/naples/internal/statefile"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
-// The layout of the durable store: the meta bucket holds the epoch and the revision, the
-// objects bucket every object in wire form under its key ID.
 const (
-	// DBFileName is the name of the durable store's file in Options.DataDir.
+	// DBFileName is the name of the durable store's file in Options.DataDir. Its layout
+	// is internal/statefile's: the objects under their key IDs, the epoch and the revision.
 	DBFileName = "nimbus.db"
 
 	// diskLockTimeout is how long opening the file waits for another process to let go of it.
 	diskLockTimeout = 5 * time.Second
 )
 
-var (
-	bucketMeta    = []byte("meta")
-	bucketObjects = []byte("objects")
-	keyEpoch      = []byte("epoch")
-	keyRevision   = []byte("revision")
-)
-
-// disk is the durable copy of the objects, the revision and the epoch, in a bbolt file.
+// disk is the durable copy of the objects, the revision and the epoch, in a state file.
 // Statuses and the watching nodes are not kept: they come back when the agents reconnect.
 type disk struct {
-	path string
-	db   *bolt.DB
+	file  *statefile.File
+	path  string
+	epoch string
 }
 
 // diskState is what a durable store holds.
@@ -44,115 +33,68 @@ type diskState struct {
 	objects []*nimbusv1.Object
 }
 
-// openDisk opens, or creates, the store file in dir and reads it. A new file is given the
-// epoch newEpoch returns.
-func openDisk(dir string, newEpoch func() string) (*disk, *diskState, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, nil, fmt.Errorf("creating data directory: %w", err)
-	}
+// openDisk opens, or creates, the store file in dir, waiting lockTimeout for another
+// process to let go of it, and reads it. A file that holds nothing yet, as a new one,
+// is given the epoch newEpoch returns. A file nimbus cannot use fails with an error that
+// wraps ErrCorrupt, or ErrLocked, and names it. Files written before the format version
+// was stored, which have none, are taken for version 1, the layout they have.
+func openDisk(dir string, lockTimeout time.Duration, newEpoch func() string) (*disk, *diskState, error) {
 	path := filepath.Join(dir, DBFileName)
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: diskLockTimeout})
+	f, c, err := statefile.Open(path, statefile.Options{
+		LockTimeout:       lockTimeout,
+		AcceptUnversioned: true,
+		Corrupt:           ErrCorrupt,
+		Locked:            ErrLocked,
+	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("opening nimbus store %s: %w", path, err)
+		return nil, nil, fmt.Errorf("opening nimbus store: %w", err)
 	}
-	d := &disk{path: path, db: db}
-	st, err := d.load(newEpoch)
-	if err != nil {
-		db.Close()
-		return nil, nil, err
+	d := &disk{file: f, path: path, epoch: c.Epoch}
+	if err := d.check(c); err != nil {
+		f.Close()
+		return nil, nil, fmt.Errorf("opening nimbus store: %w", err)
 	}
-	return d, st, nil
+	if d.epoch == "" {
+		d.epoch = newEpoch()
+		if err := f.Commit(statefile.Batch{Position: &statefile.Position{Epoch: d.epoch}}); err != nil {
+			f.Close()
+			return nil, nil, fmt.Errorf("initializing nimbus store: %w", err)
+		}
+	}
+	return d, &diskState{epoch: d.epoch, rev: c.Revision, objects: c.Objects}, nil
 }
 
-// load reads the epoch, the revision and every object, after giving a new file its epoch,
-// revision 0 and no objects.
-func (d *disk) load(newEpoch func() string) (*diskState, error) {
-	err := d.db.Update(func(tx *bolt.Tx) error {
-		if tx.Bucket(bucketMeta) != nil {
-			return nil
-		}
-		meta, err := tx.CreateBucket(bucketMeta)
-		if err != nil {
-			return err
-		}
-		if _, err := tx.CreateBucket(bucketObjects); err != nil {
-			return err
-		}
-		if err := meta.Put(keyEpoch, []byte(newEpoch())); err != nil {
-			return err
-		}
-		return meta.Put(keyRevision, binary.BigEndian.AppendUint64(nil, 0))
-	})
-	if err != nil {
-		return nil, fmt.Errorf("initializing nimbus store %s: %w", d.path, err)
+// check refuses contents nimbus cannot carry on from: objects or a revision without an
+// epoch, and an object whose revision is beyond the store's.
+func (d *disk) check(c *statefile.Contents) error {
+	if c.Epoch == "" && (c.Revision != 0 || len(c.Objects) > 0) {
+		return fmt.Errorf("%s: %w: the epoch is missing", d.path, ErrCorrupt)
 	}
-	st := &diskState{}
-	err = d.db.View(func(tx *bolt.Tx) error {
-		meta, objects := tx.Bucket(bucketMeta), tx.Bucket(bucketObjects)
-		if objects == nil {
-			return fmt.Errorf("bucket %q is missing", bucketObjects)
+	for _, obj := range c.Objects {
+		if r := obj.GetMeta().GetRevision(); r > c.Revision {
+			return fmt.Errorf("%s: %w: object %q: revision %d is beyond the store's revision %d",
+				d.path, ErrCorrupt, obj.Key().ID(), r, c.Revision)
 		}
-		st.epoch = string(meta.Get(keyEpoch))
-		if st.epoch == "" {
-			return fmt.Errorf("the epoch is missing")
-		}
-		rev := meta.Get(keyRevision)
-		if len(rev) != 8 {
-			return fmt.Errorf("revision %x: want 8 bytes", rev)
-		}
-		st.rev = binary.BigEndian.Uint64(rev)
-		return objects.ForEach(func(k, v []byte) error {
-			obj := &nimbusv1.Object{}
-			if err := proto.Unmarshal(v, obj); err != nil {
-				return fmt.Errorf("object %q: %w", k, err)
-			}
-			if id := obj.Key().ID(); id != string(k) {
-				return fmt.Errorf("object %q: stored under the key of %s", k, id)
-			}
-			if r := obj.GetMeta().GetRevision(); r > st.rev {
-				return fmt.Errorf("object %q: revision %d is beyond the store's revision %d", k, r, st.rev)
-			}
-			st.objects = append(st.objects, obj)
-			return nil
-		})
-	})
-	if err != nil {
-		return nil, fmt.Errorf("reading nimbus store %s: %w", d.path, err)
 	}
-	return st, nil
+	return nil
 }
 
 // commit durably stores the change of revision rev: obj under the key ID, or the deletion
 // of the key ID when obj is nil, together with the revision.
 func (d *disk) commit(id string, obj *nimbusv1.Object, rev uint64) error {
-	var b []byte
-	if obj != nil {
-		var err error
-		if b, err = proto.Marshal(obj); err != nil {
-			return fmt.Errorf("encoding %s: %w", id, err)
-		}
+	b := statefile.Batch{Position: &statefile.Position{Epoch: d.epoch, Revision: rev}}
+	if obj == nil {
+		b.Delete = []string{id}
+	} else {
+		b.Put = []*nimbusv1.Object{obj}
 	}
-	err := d.db.Update(func(tx *bolt.Tx) error {
-		objects := tx.Bucket(bucketObjects)
-		if obj == nil {
-			if err := objects.Delete([]byte(id)); err != nil {
-				return err
-			}
-		} else if err := objects.Put([]byte(id), b); err != nil {
-			return err
-		}
-		return tx.Bucket(bucketMeta).Put(keyRevision, binary.BigEndian.AppendUint64(nil, rev))
-	})
-	if err != nil {
-		return fmt.Errorf("writing revision %d to %s: %w", rev, d.path, err)
+	if err := d.file.Commit(b); err != nil {
+		return fmt.Errorf("storing revision %d: %w", rev, err)
 	}
 	return nil
 }
 
-// close closes the file.
+// close closes the file. It is safe to call twice.
 func (d *disk) close() error {
-	if err := d.db.Close(); err != nil {
-		return fmt.Errorf("closing nimbus store %s: %w", d.path, err)
-	}
-	return nil
+	return d.file.Close()
 }

@@ -2,13 +2,19 @@ package nimbus
 
 import (
 	"bytes"
+	"encoding/binary"
+	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/naplesnet/naples/internal/statefile"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -91,18 +97,148 @@ func TestEphemeralServersHaveFreshEpochs(t *testing.T) {
 	}
 }
 
-func TestNewRefusesCorruptStore(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, DBFileName)
-	if err := os.WriteFile(path, bytes.Repeat([]byte("garbage!"), 2048), 0o600); err != nil {
+// writeStore writes a store file at path with the given buckets and values, as bbolt
+// would find them.
+func writeStore(t *testing.T, path string, buckets map[string]map[string][]byte) {
+	t.Helper()
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := New(Options{DataDir: dir})
+	defer db.Close()
+	err = db.Update(func(tx *bolt.Tx) error {
+		for name, kv := range buckets {
+			b, err := tx.CreateBucket([]byte(name))
+			if err != nil {
+				return err
+			}
+			for k, v := range kv {
+				if err := b.Put([]byte(k), v); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// storedRoute returns the wire form of a route as Apply stores it at revision rev.
+func storedRoute(t *testing.T, name string, rev uint64) (id string, value []byte) {
+	t.Helper()
+	obj := route(name, nil, "192.0.2.1")
+	obj.Meta.Tenant, obj.Meta.Namespace, obj.Meta.Generation, obj.Meta.Revision = "default", "default", 1, rev
+	b, err := proto.Marshal(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return obj.Key().ID(), b
+}
+
+func u64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
+
+func TestNewRefusesBadStore(t *testing.T) {
+	id, value := storedRoute(t, "r1", 3)
+	tests := []struct {
+		name  string
+		write func(t *testing.T, path string)
+		want  string
+	}{
+		{"not a bbolt file", func(t *testing.T, path string) {
+			if err := os.WriteFile(path, bytes.Repeat([]byte("garbage!"), 2048), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}, "invalid database"},
+		{"unknown format version", func(t *testing.T, path string) {
+			writeStore(t, path, map[string]map[string][]byte{
+				statefile.BucketMeta:    {statefile.KeyFormat: u64(statefile.FormatVersion + 1), statefile.KeyEpoch: []byte("e"), statefile.KeyRevision: u64(3)},
+				statefile.BucketObjects: {id: value},
+			})
+		}, "format version 2, want 1"},
+		{"object beyond the revision", func(t *testing.T, path string) {
+			writeStore(t, path, map[string]map[string][]byte{
+				statefile.BucketMeta:    {statefile.KeyEpoch: []byte("e"), statefile.KeyRevision: u64(2)},
+				statefile.BucketObjects: {id: value},
+			})
+		}, "revision 3 is beyond the store's revision 2"},
+		{"objects without an epoch", func(t *testing.T, path string) {
+			writeStore(t, path, map[string]map[string][]byte{
+				statefile.BucketMeta:    {statefile.KeyRevision: u64(3)},
+				statefile.BucketObjects: {id: value},
+			})
+		}, "the epoch is missing"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, DBFileName)
+			tt.write(t, path)
+			srv, err := New(Options{DataDir: dir, Logger: slog.New(slog.DiscardHandler)})
+			if err == nil {
+				srv.Close()
+				t.Fatal("New on a bad store file succeeded")
+			}
+			if !errors.Is(err, ErrCorrupt) || errors.Is(err, ErrLocked) {
+				t.Errorf("New error = %v, want ErrCorrupt", err)
+			}
+			if !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("New error = %q, want it to name %s and say %q", err, path, tt.want)
+			}
+		})
+	}
+}
+
+// TestLoadsStoreWithoutFormatVersion checks that a store file of the layout nimbus wrote
+// before it stored the format version loads, and keeps loading once this version has
+// written to it.
+func TestLoadsStoreWithoutFormatVersion(t *testing.T) {
+	dir := t.TempDir()
+	id, value := storedRoute(t, "r1", 3)
+	writeStore(t, filepath.Join(dir, DBFileName), map[string]map[string][]byte{
+		statefile.BucketMeta:    {statefile.KeyEpoch: []byte("old-epoch"), statefile.KeyRevision: u64(3)},
+		statefile.BucketObjects: {id: value},
+	})
+	ts := start(t, Options{DataDir: dir})
+	if got := ts.srv.Epoch(); got != "old-epoch" {
+		t.Errorf("epoch = %q, want old-epoch", got)
+	}
+	if got := ts.get(t, routeKey("r1")).GetObject().GetMeta().GetRevision(); got != 3 {
+		t.Errorf("r1 at revision %d, want 3", got)
+	}
+	ts.apply(t, route("r2", nil, "192.0.2.1"))
+	ts.srv.Close()
+	// The file now carries the format version: an open that insists on one reads it.
+	f, _, err := statefile.Open(filepath.Join(dir, DBFileName), statefile.Options{})
+	if err != nil {
+		t.Fatalf("strict open after nimbus wrote to the file: %v", err)
+	}
+	f.Close()
+
+	again := start(t, Options{DataDir: dir})
+	list, err := again.client.List(testContext(t), &nimbusv1.ListRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list.GetItems()) != 2 || list.GetRevision() != 4 || again.srv.Epoch() != "old-epoch" {
+		t.Errorf("after a restart: %d objects at revision %d epoch %q, want 2 at 4 epoch old-epoch", len(list.GetItems()), list.GetRevision(), again.srv.Epoch())
+	}
+}
+
+func TestOpenDiskRefusesLockedStore(t *testing.T) {
+	dir := t.TempDir()
+	ts := start(t, Options{DataDir: dir})
+	// A nanosecond tries the lock once instead of waiting for it.
+	d, _, err := openDisk(dir, time.Nanosecond, newEpoch)
 	if err == nil {
-		srv.Close()
-		t.Fatal("New on a corrupt store succeeded")
+		d.close()
+		t.Fatal("a second open of a store in use succeeded")
 	}
-	if !strings.Contains(err.Error(), path) {
-		t.Errorf("New error = %q, want it to name %s", err, path)
+	path := filepath.Join(dir, DBFileName)
+	if !errors.Is(err, ErrLocked) || errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), path) {
+		t.Errorf("open of a store in use: err = %v, want ErrLocked naming %s", err, path)
 	}
+	// The server holding the file is unharmed.
+	ts.apply(t, route("r1", nil, "192.0.2.1"))
 }

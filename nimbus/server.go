@@ -23,6 +23,8 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 
+	"github.com/naplesnet/naples/internal/grpcserver"
+	"github.com/naplesnet/naples/internal/pki"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -35,6 +37,13 @@ var (
 	ErrNoListeners = errors.New("no listeners")
 	// ErrInvalidOptions is wrapped by New when an option has an impossible value.
 	ErrInvalidOptions = errors.New("invalid options")
+	// ErrCorrupt is wrapped by New when the durable store's file in Options.DataDir cannot
+	// be read back: bbolt rejects it, a value does not parse or contradicts another, or
+	// its format version is not one this code reads. The error names the file.
+	ErrCorrupt = errors.New("corrupt store file")
+	// ErrLocked is wrapped by New when another process holds the durable store's file
+	// open, such as another nimbus on the same Options.DataDir.
+	ErrLocked = errors.New("store file locked by another process")
 )
 
 // Defaults of Options and fixed settings of the gRPC server Serve builds.
@@ -157,7 +166,8 @@ var _ nimbusv1.NimbusServer = (*Server)(nil)
 
 // New returns a Server. Without Options.DataDir its store is empty and its epoch fresh;
 // with it, New loads the objects, the revision and the epoch from the directory's store
-// file, creating it when it does not exist. An unreadable file is an error naming it.
+// file, creating it when it does not exist. A file that cannot be read back fails with
+// ErrCorrupt, one another process holds with ErrLocked; the error names the file.
 func New(opts Options) (*Server, error) {
 	opts, err := opts.withDefaults()
 	if err != nil {
@@ -204,7 +214,7 @@ func newEpoch() string {
 // load opens the durable store in Options.DataDir and fills the memory store, the revision
 // and the epoch from it. It returns how many objects it loaded.
 func (s *Server) load() (int, error) {
-	d, st, err := openDisk(s.opts.DataDir, newEpoch)
+	d, st, err := openDisk(s.opts.DataDir, diskLockTimeout, newEpoch)
 	if err != nil {
 		return 0, err
 	}
@@ -263,7 +273,7 @@ func (s *Server) Serve(ctx context.Context, lis ...net.Listener) error {
 		grpc.MaxRecvMsgSize(maxRecvMsgSize),
 		grpc.ForceServerCodecV2(codec{encoding.GetCodecV2(protoenc.Name)}),
 		grpc.WaitForHandlers(true),
-		grpc.Creds(s.transportCredentials()),
+		grpc.Creds(pki.TransportCredentials(s.opts.TLS)),
 		grpc.ChainUnaryInterceptor(s.authorizeUnary),
 		grpc.ChainStreamInterceptor(s.authorizeStream),
 	)
@@ -287,19 +297,10 @@ func (s *Server) Serve(ctx context.Context, lis ...net.Listener) error {
 	case <-ctx.Done():
 	}
 	s.Close()
-	drained := make(chan struct{})
-	go func() {
-		gs.GracefulStop()
-		close(drained)
-	}()
-	t := time.NewTimer(drainTimeout)
-	defer t.Stop()
-	select {
-	case <-drained:
-	case <-t.C:
-		s.log.Warn("rpcs still running after the drain timeout; stopping them", "timeout", drainTimeout)
-		gs.Stop()
-		<-drained
+	drainCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), drainTimeout)
+	defer cancel()
+	if grpcserver.Stop(drainCtx, gs) {
+		s.log.Warn("stopped the rpcs still running after the drain timeout", "timeout", drainTimeout)
 	}
 	return nil
 }

@@ -112,7 +112,7 @@ func TestStatusOfObjectForAllNodes(t *testing.T) {
 	ts.apply(t, route("r1", nil, "192.0.2.1"))
 	wantStatus(t, ts, key, 0, 0, 0)
 
-	// Known nodes are the Node objects and the nodes that have watched.
+	// The targets are the nodes with a Node object and the nodes watching now.
 	ts.apply(t, nodeObject("n1"))
 	ts.apply(t, nodeObject("n2"))
 	recvUntilSynced(t, watch(t, ts.client, "n2"))
@@ -125,9 +125,9 @@ func TestStatusOfObjectForAllNodes(t *testing.T) {
 	)
 	wantStatus(t, ts, key, 3, 1, 1, "n1", "w1")
 
-	// A node that reports without being known still counts among the targets.
+	// A node that reports without being a target counts for nothing.
 	ts.report(t, statusReport(key, "x9", 1, nimbusv1.Phase_PHASE_PROGRAMMED, ""))
-	wantStatus(t, ts, key, 4, 2, 1, "n1", "w1", "x9")
+	wantStatus(t, ts, key, 3, 1, 1, "n1", "w1")
 }
 
 // stamped returns a report whose update time is the given minute of 2026-01-01.
@@ -184,15 +184,16 @@ func TestPropagationStatusOfObjectForAllNodes(t *testing.T) {
 	ts := start(t, Options{})
 	key := routeKey("r1")
 	ts.apply(t, route("r1", nil, "192.0.2.1"))
-	// No known node: nothing is pending, and nothing is caught up either.
+	// No target node: nothing is pending, and nothing is caught up either.
 	wantPropagation(t, ts.get(t, key).GetStatus(), 1, 0, nil, nil)
 
 	ts.apply(t, nodeObject("n1"))
 	ts.apply(t, nodeObject("n2"))
 	wantPropagation(t, ts.get(t, key).GetStatus(), 1, 0, []string{"n1", "n2"}, nil)
+	// x9 is no target: it is not pending, and what it reports does not count.
 	ts.report(t, stamped(key, "n2", 1, nimbusv1.Phase_PHASE_PROGRAMMED, 1), stamped(key, "x9", 1, nimbusv1.Phase_PHASE_PENDING, 2))
-	wantStatus(t, ts, key, 3, 1, 0, "n2", "x9")
-	wantPropagation(t, ts.get(t, key).GetStatus(), 1, 2, []string{"n1", "x9"}, nil)
+	wantStatus(t, ts, key, 2, 1, 0, "n2")
+	wantPropagation(t, ts.get(t, key).GetStatus(), 1, 1, []string{"n1"}, nil)
 }
 
 // waitWatchers waits until the server has n watch streams open; a stream that a client

@@ -267,7 +267,8 @@ func (s *Server) unsubscribe(w *watcher) {
 }
 
 // recordWatchEndLocked counts one open watch stream of the node less, and records the
-// time when it was the last.
+// time when it was the last. When it was the last, the node's watch state is forgotten
+// unless the node has a Node object or a stored status; see forgetIdleNodes.
 func (s *Server) recordWatchEndLocked(node string) error {
 	txn := s.db.Txn(true)
 	defer txn.Abort()
@@ -285,7 +286,54 @@ func (s *Server) recordWatchEndLocked(node string) error {
 	if err := txn.Insert(tableWatchNodes, next); err != nil {
 		return fmt.Errorf("recording watch state of node %s: %w", node, err)
 	}
+	if err := forgetIdleNodes(txn, node); err != nil {
+		return err
+	}
 	txn.Commit()
+	return nil
+}
+
+// forgetIdleNodes deletes the rows of watch_nodes of those of the nodes that nothing keeps
+// one for: no open watch stream, no Node object and no stored status. Once a node's streams
+// have ended, its row only serves the staleness of its statuses, and those matter only
+// while it has statuses that count: as a target by its Node object, or by meta.nodes with
+// a status stored. Every commit that can end the last of the three calls it for the node,
+// so the rows are bounded by the nodes watching, the Node objects and the nodes with a
+// status.
+func forgetIdleNodes(txn *memdb.Txn, nodes ...string) error {
+	var named map[string]bool // the names of the Node objects, read once when needed
+	for _, node := range nodes {
+		rec, err := getWatchNode(txn, node)
+		if err != nil {
+			return err
+		}
+		if rec == nil || rec.Streams > 0 {
+			continue
+		}
+		st, err := txn.First(tableStatus, indexNode, node)
+		if err != nil {
+			return fmt.Errorf("reading statuses reported by node %s: %w", node, err)
+		}
+		if st != nil {
+			continue
+		}
+		if named == nil {
+			named = map[string]bool{}
+			it, err := txn.Get(tableObjects, indexKind, nimbusv1.Kind_KIND_NODE)
+			if err != nil {
+				return fmt.Errorf("reading nodes: %w", err)
+			}
+			for raw := it.Next(); raw != nil; raw = it.Next() {
+				named[raw.(*objectRecord).Object.GetMeta().GetName()] = true
+			}
+		}
+		if named[node] {
+			continue
+		}
+		if err := txn.Delete(tableWatchNodes, rec); err != nil {
+			return fmt.Errorf("forgetting watch state of node %s: %w", node, err)
+		}
+	}
 	return nil
 }
 

@@ -13,13 +13,12 @@ import (
 
 	"google.golang.org/grpc"
 	grpcbackoff "google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/internal/address"
+	"github.com/naplesnet/naples/internal/pki"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -114,7 +113,7 @@ func New(opts Options) (*Client, error) {
 // nil once ctx ends.
 func (c *Client) Run(ctx context.Context) error {
 	dial := append([]grpc.DialOption{
-		grpc.WithTransportCredentials(c.transportCredentials()),
+		grpc.WithTransportCredentials(pki.TransportCredentials(c.opts.TLS)),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           grpcbackoff.Config{BaseDelay: c.opts.MinBackoff, Multiplier: 1.6, Jitter: 0.2, MaxDelay: c.opts.MaxBackoff},
@@ -133,14 +132,6 @@ func (c *Client) Run(ctx context.Context) error {
 	wg.Go(func() { c.loop(ctx, "status", func(ctx context.Context) error { return c.report(ctx, api) }) })
 	wg.Wait()
 	return nil
-}
-
-// transportCredentials returns TLS from Options.TLS, or no credentials without it.
-func (c *Client) transportCredentials() credentials.TransportCredentials {
-	if c.opts.TLS == nil {
-		return insecure.NewCredentials()
-	}
-	return credentials.NewTLS(c.opts.TLS)
 }
 
 // loop runs one stream again and again with backoff until ctx ends.

@@ -1,14 +1,17 @@
 // Command naples-agent runs the naples agent of one host: it watches nimbus for the host's
-// objects, keeps them in delphi and programs the kernel from there. It dials nimbus with
-// mutual TLS, presenting the node certificate of --tls-cert (default
-// /etc/naples/pki/node.crt), which must name --node; --insecure dials plaintext.
+// objects, keeps them in delphi and programs the kernel from there, until SIGINT or SIGTERM.
+// It dials nimbus with mutual TLS, presenting the node certificate of --tls-cert (default
+// /etc/naples/pki/node.crt), which must name --node; --insecure dials plaintext. Bad flags
+// exit with status 2, other errors with 1.
 package main
 
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -18,36 +21,59 @@ import (
 	"github.com/naplesnet/naples/internal/pki"
 )
 
+// errUsage marks errors in the command line, which exit with status 2.
+var errUsage = errors.New("usage")
+
 func main() {
-	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "naples-agent:", err)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stderr)
+	stop()
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+	case errors.Is(err, errUsage):
+		os.Exit(2)
+	default:
+		fmt.Fprintf(os.Stderr, "naples-agent: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func run() error {
+// run runs the agent until ctx ends. The flag package reports a bad flag on stderr
+// itself, so the error run returns for one only marks the failure as errUsage.
+func run(ctx context.Context, args []string, stderr io.Writer) error {
 	hostname, _ := os.Hostname()
 	fs := flag.NewFlagSet("naples-agent", flag.ContinueOnError)
+	fs.SetOutput(stderr)
 	node := fs.String("node", hostname, "this host's node `name` at nimbus")
 	nimbus := fs.String("nimbus", "unix:///run/naples/nimbus.sock", "nimbus `address`: unix:///path or tcp://host:port")
 	stateDir := fs.String("state-dir", "/var/lib/naples", "`directory` for the agent's state")
 	discardState := fs.Bool("discard-state", false, "discard the stored desired state and resync from nimbus (recovers from a corrupt state file)")
 	socket := fs.String("socket", "/run/naples/agent.sock", "unix socket `path` of the read-only local API; empty to not serve it")
-	logLevel := fs.String("log-level", "info", "log `level`: debug, info, warn or error")
+	level := slog.LevelInfo
+	fs.Func("log-level", "log `level`: debug, info, warn or error (default info)", func(s string) error {
+		if err := level.UnmarshalText([]byte(s)); err != nil {
+			return fmt.Errorf("level %q: want debug, info, warn or error", s)
+		}
+		return nil
+	})
 	tlsCert := fs.String("tls-cert", "/etc/naples/pki/node.crt", "`file` of this node's certificate, which must name --node")
 	tlsKey := fs.String("tls-key", "/etc/naples/pki/node.key", "`file` of this node's private key")
 	tlsCA := fs.String("tls-ca", "/etc/naples/pki/ca.crt", "`file` of the CA certificates that verify nimbus")
 	tlsServerName := fs.String("tls-server-name", pki.DefaultServerName, "`name` nimbus's certificate is verified for")
 	insecure := fs.Bool("insecure", false, "dial nimbus in plaintext, without TLS")
-	if err := fs.Parse(os.Args[1:]); err != nil {
-		os.Exit(2)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("parsing flags: %w: %w", errUsage, err)
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		fmt.Fprintf(os.Stderr, "naples-agent: --log-level %q: want debug, info, warn or error\n", *logLevel)
-		os.Exit(2)
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "unexpected arguments: %q\n", fs.Args())
+		fs.Usage()
+		return fmt.Errorf("parsing flags: %w", errUsage)
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	var tlsConfig *tls.Config
 	if !*insecure {
 		var err error
@@ -60,8 +86,5 @@ func run() error {
 				"certificate", *tlsCert, "identity", id.String(), "node", *node, "error", err)
 		}
 	}
-
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
 	return agent.Run(ctx, agent.Config{Node: *node, Nimbus: *nimbus, TLS: tlsConfig, StateDir: *stateDir, DiscardState: *discardState, Logger: log, Socket: *socket})
 }

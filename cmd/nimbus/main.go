@@ -17,7 +17,8 @@
 //
 // nimbus keeps its objects in DIR/nimbus.db (default DIR /var/lib/naples/nimbus), so that
 // they, the revision and the epoch survive a restart and agents resume where they were;
-// --ephemeral keeps everything in memory only. --metrics serves Prometheus metrics on
+// --ephemeral keeps everything in memory only. A store file nimbus cannot read back, or that
+// another process holds, is an error that names it. --metrics serves Prometheus metrics on
 // http://HOST:PORT/metrics; without it there is no metrics endpoint.
 package main
 
@@ -188,7 +189,12 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	srv, err := nimbus.New(nimbus.Options{Logger: log, TLS: tlsConfig, DataDir: cfg.dataDir, Registerer: reg, WatchBuffer: cfg.watchBuffer})
-	if err != nil {
+	switch {
+	case errors.Is(err, nimbus.ErrCorrupt):
+		return fmt.Errorf("%w (restore the file from a backup, or move it aside to start with an empty store: agents then remove every object until publishers apply it again)", err)
+	case errors.Is(err, nimbus.ErrLocked):
+		return fmt.Errorf("%w (is another nimbus running with --data-dir %s?)", err, cfg.dataDir)
+	case err != nil:
 		return err
 	}
 	defer srv.Close()

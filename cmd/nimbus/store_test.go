@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/naplesnet/naples/nimbus"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -161,5 +163,22 @@ func TestRunPersistsAndServesMetrics(t *testing.T) {
 	}
 	if len(list.GetItems()) != 1 || list.GetRevision() != 1 {
 		t.Errorf("List after restart = %d objects at revision %d, want 1 at 1", len(list.GetItems()), list.GetRevision())
+	}
+}
+
+func TestRunRefusesCorruptStore(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, nimbus.DBFileName)
+	if err := os.WriteFile(path, bytes.Repeat([]byte("garbage!"), 2048), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(t.TempDir(), "n.sock")
+	var stderr bytes.Buffer
+	err := run(context.Background(), []string{"--listen", "unix://" + sock, "--insecure", "--data-dir", dir}, &stderr)
+	if !errors.Is(err, nimbus.ErrCorrupt) || errors.Is(err, errUsage) {
+		t.Fatalf("run on a corrupt store = %v, want nimbus.ErrCorrupt", err)
+	}
+	if msg := err.Error(); !strings.Contains(msg, path) || !strings.Contains(msg, "move it aside") {
+		t.Errorf("run on a corrupt store = %q, want it to name %s and the way out", msg, path)
 	}
 }

@@ -13,11 +13,13 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/hal"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -26,28 +28,31 @@ import (
 // (`ip route show proto 241`).
 const RouteProtocol netlink.RouteProtocol = 241
 
-// Reasons a Route object can fail with, as its status reports them.
-const (
-	// ReasonConflict: another owner already holds the route's table, prefix and metric.
-	ReasonConflict = "Conflict"
-	// ReasonKernelError: the kernel refused the change.
-	ReasonKernelError = "KernelError"
-)
+// RouteIndex is the delphi index the route reconciler finds the owner of a kernel route
+// with: it lists a Route object under its kernel identity, derived from the parsed spec,
+// so that spellings of one prefix ("2001:DB8::/32", "2001:db8::/32") and the kernel's
+// default IPv6 metric find the same owner. Stores handed to NewRouteReconciler must
+// declare it (delphi.Options.Indexes).
+var RouteIndex = delphi.Index{Name: "route", Values: func(obj *nimbusv1.Object) []string {
+	spec := obj.GetRoute()
+	if spec == nil {
+		return nil
+	}
+	id, err := idOf(spec)
+	if err != nil {
+		return nil
+	}
+	return []string{id.String()}
+}}
 
-// reasonError is an error with a status reason.
-type reasonError struct {
-	reason string
-	err    error
-}
-
-func (e *reasonError) Error() string  { return e.err.Error() }
-func (e *reasonError) Unwrap() error  { return e.err }
-func (e *reasonError) Reason() string { return e.reason }
+// Indexes returns the delphi indexes the backend's reconcilers look objects up by.
+func Indexes() []delphi.Index { return []delphi.Index{RouteIndex} }
 
 // RouteStore is what the route reconciler reads of delphi.
 type RouteStore interface {
-	// RoutesTo returns the desired Route objects for prefix in table, ordered by key.
-	RoutesTo(table uint32, prefix string) []*nimbusv1.Object
+	// Lookup returns the desired objects a declared index lists under value, ordered by
+	// key.
+	Lookup(index, value string) ([]*nimbusv1.Object, error)
 }
 
 // RouteOptions configures a RouteReconciler.
@@ -56,11 +61,15 @@ type RouteOptions struct {
 	Store RouteStore
 	// Namespace is the network namespace to program. Default: the calling process's.
 	Namespace *netns.NsHandle
+	// Timeout bounds every netlink request, so a kernel that does not answer fails the
+	// reconcile, which is retried, instead of pinning a worker. Default: 10s.
+	Timeout time.Duration
 	// Logger receives the reconciler's logs. Default: slog.Default().
 	Logger *slog.Logger
 }
 
-// routeID is what identifies a naples route in the kernel.
+// routeID is what identifies a naples route in the kernel: its table, its destination and
+// its metric, as the kernel reports them (an IPv6 route asked for with metric 0 gets 1024).
 type routeID struct {
 	table  uint32
 	prefix netip.Prefix
@@ -86,8 +95,17 @@ type RouteReconciler struct {
 	// mu guards programmed.
 	mu sync.Mutex
 	// programmed remembers, per object key ID, the kernel route programmed for it, so a
-	// deleted or moved object's old route can be removed.
-	programmed map[string]routeID
+	// deleted or moved object's old route can be removed and the observer can tell our
+	// own writes from someone else's.
+	programmed map[string]programmedRoute
+}
+
+// programmedRoute is a route the reconciler programmed, or adopted, for an object.
+type programmedRoute struct {
+	id routeID
+	// route is what was written, or found correct; nil for an adopted route not yet
+	// reconciled.
+	route *netlink.Route
 }
 
 var (
@@ -104,6 +122,9 @@ func NewRouteReconciler(opts RouteOptions) (*RouteReconciler, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = 10 * time.Second
+	}
 	var h *netlink.Handle
 	var err error
 	if opts.Namespace != nil {
@@ -114,12 +135,16 @@ func NewRouteReconciler(opts RouteOptions) (*RouteReconciler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening netlink handle: %w", err)
 	}
+	if err := h.SetSocketTimeout(opts.Timeout); err != nil {
+		h.Close()
+		return nil, fmt.Errorf("setting netlink timeout %v: %w", opts.Timeout, err)
+	}
 	return &RouteReconciler{
 		store:      opts.Store,
 		handle:     h,
 		ns:         opts.Namespace,
 		log:        opts.Logger,
-		programmed: map[string]routeID{},
+		programmed: map[string]programmedRoute{},
 	}, nil
 }
 
@@ -151,8 +176,8 @@ func (r *RouteReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey
 			return nil, err
 		}
 	}
-	if hadOld && (obj == nil || old != want) {
-		if err := r.release(id, old); err != nil {
+	if hadOld && (obj == nil || old.id != want) {
+		if err := r.release(ctx, id, old.id); err != nil {
 			return nil, err
 		}
 	}
@@ -162,30 +187,37 @@ func (r *RouteReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey
 
 	unlock := r.dstLocks.lock(want)
 	defer unlock()
-	if owner := ownerOf(r.store, want); owner != nil && owner.Key().ID() != id {
-		return nil, &reasonError{ReasonConflict, fmt.Errorf("route %s is already claimed by %s", want, owner.Key().ID())}
+	owner, err := r.ownerOf(want)
+	if err != nil {
+		return nil, err
+	}
+	if owner != nil && owner.Key().ID() != id {
+		return nil, hal.Errorf(hal.ReasonConflict, "route %s is already claimed by %s", want, owner.Key().ID())
 	}
 	route, err := r.build(want, obj.GetRoute())
 	if err != nil {
 		return nil, err
 	}
-	existing, err := r.list(want)
+	existing, err := r.list(ctx, want)
 	if err != nil {
 		return nil, err
 	}
 	if len(existing) > 0 && existing[0].Protocol != RouteProtocol {
-		return nil, &reasonError{ReasonConflict, fmt.Errorf("route %s exists and was not created by naples (protocol %s); leaving it alone", want, existing[0].Protocol)}
+		return nil, hal.Errorf(hal.ReasonConflict, "route %s exists and was not created by naples (protocol %s); leaving it alone", want, existing[0].Protocol)
 	}
 	if len(existing) == 0 || !sameNexthops(existing[0], route) {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		// Recorded before the write, so the observer knows the change it is about to see.
+		r.remember(id, want, route)
 		if err := r.handle.RouteReplace(route); err != nil {
-			return nil, &reasonError{ReasonKernelError, fmt.Errorf("replacing route %s: %w", want, err)}
+			return nil, hal.Errorf(hal.ReasonKernelError, "replacing route %s: %w", want, err)
 		}
 		r.writes.Add(1)
 		r.log.Info("route programmed", "key", id, "route", want.String())
 	}
-	r.mu.Lock()
-	r.programmed[id] = want
-	r.mu.Unlock()
+	r.remember(id, want, route)
 	return map[string]string{
 		"table":    strconv.FormatUint(uint64(want.table), 10),
 		"prefix":   want.prefix.String(),
@@ -193,12 +225,23 @@ func (r *RouteReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey
 	}, nil
 }
 
+// remember records that route, with identity rid, is the one programmed for key ID id.
+func (r *RouteReconciler) remember(id string, rid routeID, route *netlink.Route) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.programmed[id] = programmedRoute{id: rid, route: route}
+}
+
 // release removes the route key had programmed, unless another object now owns it.
-func (r *RouteReconciler) release(id string, old routeID) error {
+func (r *RouteReconciler) release(ctx context.Context, id string, old routeID) error {
 	unlock := r.dstLocks.lock(old)
 	defer unlock()
-	if owner := ownerOf(r.store, old); owner == nil || owner.Key().ID() == id {
-		if err := r.delete(old); err != nil {
+	owner, err := r.ownerOf(old)
+	if err != nil {
+		return err
+	}
+	if owner == nil || owner.Key().ID() == id {
+		if err := r.delete(ctx, old); err != nil {
 			return err
 		}
 	}
@@ -225,34 +268,46 @@ func (r *RouteReconciler) Sweep(ctx context.Context) error {
 		if !ok {
 			continue
 		}
-		if err := r.sweepOne(id); err != nil {
+		if err := r.sweepOne(ctx, id); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (r *RouteReconciler) sweepOne(id routeID) error {
+func (r *RouteReconciler) sweepOne(ctx context.Context, id routeID) error {
 	unlock := r.dstLocks.lock(id)
 	defer unlock()
-	if owner := ownerOf(r.store, id); owner != nil {
+	owner, err := r.ownerOf(id)
+	if err != nil {
+		return err
+	}
+	if owner != nil {
 		r.mu.Lock()
 		if _, known := r.programmed[owner.Key().ID()]; !known {
-			r.programmed[owner.Key().ID()] = id
+			r.programmed[owner.Key().ID()] = programmedRoute{id: id}
 		}
 		r.mu.Unlock()
 		return nil
 	}
 	r.log.Info("removing stale route", "route", id.String())
-	return r.delete(id)
+	return r.delete(ctx, id)
 }
 
 // Observe enqueues the owner of every naples route that someone else changes or deletes,
-// so drift is repaired by a normal reconcile.
-func (r *RouteReconciler) Observe(ctx context.Context, enqueue func(keyID string)) error {
+// so drift is repaired by a normal reconcile. A route of protocol 241 that differs from
+// what the reconciler wrote counts as drift too: another writer may use the protocol.
+func (r *RouteReconciler) Observe(ctx context.Context, enqueue func(keyID string), subscribed func()) error {
 	updates := make(chan netlink.RouteUpdate, 256)
 	done := make(chan struct{})
-	defer close(done)
+	defer func() {
+		// Closing done closes the socket, which ends the subscription's goroutine; it
+		// may be blocked sending an update, so take what it still sends until it closes
+		// the channel.
+		close(done)
+		for range updates {
+		}
+	}()
 	errs := make(chan error, 1)
 	err := netlink.RouteSubscribeWithOptions(updates, done, netlink.RouteSubscribeOptions{
 		Namespace: r.ns,
@@ -266,6 +321,7 @@ func (r *RouteReconciler) Observe(ctx context.Context, enqueue func(keyID string
 	if err != nil {
 		return fmt.Errorf("subscribing to route changes: %w", err)
 	}
+	subscribed()
 	for {
 		select {
 		case <-ctx.Done():
@@ -276,18 +332,34 @@ func (r *RouteReconciler) Observe(ctx context.Context, enqueue func(keyID string
 			if !ok {
 				return errors.New("route change subscription closed")
 			}
-			if u.Type == unix.RTM_NEWROUTE && u.Protocol == RouteProtocol {
-				continue // our own write
-			}
-			id, ok := kernelID(u.Route)
-			if !ok {
-				continue
-			}
-			if owner := ownerOf(r.store, id); owner != nil {
-				enqueue(owner.Key().ID())
+			if keyID, drift := r.drift(u); drift {
+				enqueue(keyID)
 			}
 		}
 	}
+}
+
+// drift tells whether a route change is one the reconciler did not make to a route some
+// object owns, and which object that is.
+func (r *RouteReconciler) drift(u netlink.RouteUpdate) (keyID string, ok bool) {
+	id, ok := kernelID(u.Route)
+	if !ok {
+		return "", false
+	}
+	owner, err := r.ownerOf(id)
+	if err != nil || owner == nil {
+		return "", false
+	}
+	keyID = owner.Key().ID()
+	if u.Type == unix.RTM_NEWROUTE && u.Protocol == RouteProtocol {
+		r.mu.Lock()
+		p, known := r.programmed[keyID]
+		r.mu.Unlock()
+		if known && p.id == id && p.route != nil && sameNexthops(u.Route, p.route) {
+			return "", false // our own write
+		}
+	}
+	return keyID, true
 }
 
 // idOf derives the kernel identity of a route spec.
@@ -296,8 +368,17 @@ func idOf(spec *nimbusv1.RouteSpec) (routeID, error) {
 	if err != nil {
 		return routeID{}, fmt.Errorf("spec.prefix %q: %w", spec.GetPrefix(), err)
 	}
-	return routeID{table: spec.GetTable(), prefix: p.Masked(), metric: spec.GetMetric()}, nil
+	id := routeID{table: spec.GetTable(), prefix: p.Masked(), metric: spec.GetMetric()}
+	if id.metric == 0 && id.prefix.Addr().Is6() {
+		// The kernel stores an IPv6 route asked for with metric 0 at metric 1024.
+		id.metric = ip6DefaultMetric
+	}
+	return id, nil
 }
+
+// ip6DefaultMetric is the metric the kernel gives an IPv6 route added with metric 0
+// (IP6_RT_PRIO_USER).
+const ip6DefaultMetric = 1024
 
 // kernelID is the identity of a kernel route, if it is one naples could have created.
 func kernelID(rt netlink.Route) (routeID, bool) {
@@ -313,14 +394,16 @@ func kernelID(rt netlink.Route) (routeID, bool) {
 }
 
 // ownerOf returns the desired object that owns a kernel route: the first by key of the
-// Route objects for its table and prefix with the same metric.
-func ownerOf(store RouteStore, id routeID) *nimbusv1.Object {
-	for _, obj := range store.RoutesTo(id.table, id.prefix.String()) {
-		if obj.GetRoute().GetMetric() == id.metric {
-			return obj
-		}
+// Route objects with its identity.
+func (r *RouteReconciler) ownerOf(id routeID) (*nimbusv1.Object, error) {
+	objs, err := r.store.Lookup(RouteIndex.Name, id.String())
+	if err != nil {
+		return nil, fmt.Errorf("finding the owner of route %s: %w", id, err)
 	}
-	return nil
+	if len(objs) == 0 {
+		return nil, nil
+	}
+	return objs[0], nil
 }
 
 func (r *RouteReconciler) build(id routeID, spec *nimbusv1.RouteSpec) (*netlink.Route, error) {
@@ -344,7 +427,7 @@ func (r *RouteReconciler) build(id routeID, spec *nimbusv1.RouteSpec) (*netlink.
 		if nh.GetDevice() != "" {
 			link, err := r.handle.LinkByName(nh.GetDevice())
 			if err != nil {
-				return nil, &reasonError{ReasonKernelError, fmt.Errorf("spec.nexthops[%d].device %q: %w", i, nh.GetDevice(), err)}
+				return nil, hal.Errorf(hal.ReasonKernelError, "spec.nexthops[%d].device %q: %w", i, nh.GetDevice(), err)
 			}
 			info.LinkIndex = link.Attrs().Index
 		}
@@ -362,7 +445,10 @@ func (r *RouteReconciler) build(id routeID, spec *nimbusv1.RouteSpec) (*netlink.
 }
 
 // list returns the kernel routes with the identity's table, prefix and metric.
-func (r *RouteReconciler) list(id routeID) ([]netlink.Route, error) {
+func (r *RouteReconciler) list(ctx context.Context, id routeID) ([]netlink.Route, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	routes, err := r.handle.RouteListFiltered(family(id.prefix.Addr()),
 		&netlink.Route{Table: int(id.table), Dst: prefixNet(id.prefix), Priority: int(id.metric)},
 		netlink.RT_FILTER_TABLE|netlink.RT_FILTER_DST)
@@ -380,8 +466,8 @@ func (r *RouteReconciler) list(id routeID) ([]netlink.Route, error) {
 
 // delete removes the naples route with the identity, if any; one that is gone already, or
 // was not created by naples, is left alone.
-func (r *RouteReconciler) delete(id routeID) error {
-	existing, err := r.list(id)
+func (r *RouteReconciler) delete(ctx context.Context, id routeID) error {
+	existing, err := r.list(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -389,8 +475,11 @@ func (r *RouteReconciler) delete(id routeID) error {
 		if rt.Protocol != RouteProtocol {
 			continue
 		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		if err := r.handle.RouteDel(&rt); err != nil && !errors.Is(err, unix.ESRCH) {
-			return &reasonError{ReasonKernelError, fmt.Errorf("deleting route %s: %w", id, err)}
+			return hal.Errorf(hal.ReasonKernelError, "deleting route %s: %w", id, err)
 		}
 		r.writes.Add(1)
 		r.log.Info("route deleted", "route", id.String())

@@ -14,7 +14,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/naplesnet/naples/internal/pki"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -81,13 +80,13 @@ func defaultPKIDir(getenv func(string) string) string {
 // files of the TLS flags, or plaintext with --insecure.
 func (c *cli) transportCredentials() (credentials.TransportCredentials, error) {
 	if c.tls.insecure {
-		return insecure.NewCredentials(), nil
+		return pki.TransportCredentials(nil), nil
 	}
 	cfg, err := pki.ClientConfig(c.tls.cert, c.tls.key, c.tls.ca, c.tls.serverName)
 	if err != nil {
 		return nil, fmt.Errorf("loading TLS credentials (naplesctl certs makes them; --insecure talks plaintext): %w", err)
 	}
-	return credentials.NewTLS(cfg), nil
+	return pki.TransportCredentials(cfg), nil
 }
 
 // certsOptions are the flags of the certs command.

@@ -2,6 +2,9 @@ package pki
 
 import (
 	"crypto/tls"
+
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 )
 
 // ServerConfig returns the tls.Config nimbus serves with: its certificate and key from
@@ -46,6 +49,15 @@ func ClientConfig(certFile, keyFile, caFile, serverName string) (*tls.Config, er
 		RootCAs:      pool,
 		ServerName:   serverName,
 	}, nil
+}
+
+// TransportCredentials returns the gRPC transport credentials of cfg, a config from
+// ServerConfig or ClientConfig: TLS with cfg, or plaintext when cfg is nil.
+func TransportCredentials(cfg *tls.Config) credentials.TransportCredentials {
+	if cfg == nil {
+		return insecure.NewCredentials()
+	}
+	return credentials.NewTLS(cfg)
 }
 
 // loadTLSCertificate reads a certificate chain and its key, naming the file at fault.

@@ -94,7 +94,7 @@ func (v *validator) ifName(field, s string, required bool) {
 	}
 }
 
-// prefix checks a CIDR with no host bits set and returns it.
+// prefix checks a CIDR with no host bits set, in canonical form, and returns it.
 func (v *validator) prefix(field, s string) (netip.Prefix, bool) {
 	p, err := netip.ParsePrefix(s)
 	if err != nil {
@@ -103,6 +103,10 @@ func (v *validator) prefix(field, s string) (netip.Prefix, bool) {
 	}
 	if p != p.Masked() {
 		v.add(field, s, "host bits set; did you mean %s?", p.Masked())
+		return netip.Prefix{}, false
+	}
+	if p.String() != s {
+		v.add(field, s, "not in canonical form (RFC 5952: lower case, shortest); write %s", p)
 		return netip.Prefix{}, false
 	}
 	return p, true
@@ -133,6 +137,10 @@ func (v *validator) addr(field, s string, required bool) (netip.Addr, bool) {
 	a, err := netip.ParseAddr(s)
 	if err != nil || a.Zone() != "" {
 		v.add(field, s, "not an IP address")
+		return netip.Addr{}, false
+	}
+	if a.String() != s {
+		v.add(field, s, "not in canonical form (RFC 5952: lower case, shortest); write %s", a)
 		return netip.Addr{}, false
 	}
 	return a, true

@@ -28,6 +28,14 @@ func TestValidate(t *testing.T) {
 			want: `spec.prefix "10.0.0.0/33": prefix length out of range`},
 		{name: "host bits", mutate: func(o *Object) { o.GetRoute().Prefix = "10.0.0.1/24" },
 			want: `spec.prefix "10.0.0.1/24": host bits set; did you mean 10.0.0.0/24?`},
+		{name: "non-canonical v6 prefix", mutate: func(o *Object) {
+			o.GetRoute().Prefix = "2001:DB8:FF::/48"
+			o.GetRoute().Nexthops[0].Gateway = "2001:db8:1::2"
+		}, want: `spec.prefix "2001:DB8:FF::/48": not in canonical form (RFC 5952: lower case, shortest); write 2001:db8:ff::/48`},
+		{name: "non-canonical v6 gateway", mutate: func(o *Object) {
+			o.GetRoute().Prefix = "2001:db8:ff::/48"
+			o.GetRoute().Nexthops[0].Gateway = "2001:db8:1:0:0:0:0:2"
+		}, want: `spec.nexthops[0].gateway "2001:db8:1:0:0:0:0:2": not in canonical form (RFC 5952: lower case, shortest); write 2001:db8:1::2`},
 		{name: "gateway", mutate: func(o *Object) { o.GetRoute().Nexthops[0].Gateway = "10.10.0.999" },
 			want: `spec.nexthops[0].gateway "10.10.0.999": not an IP address`},
 		{name: "family", mutate: func(o *Object) { o.GetRoute().Nexthops[0].Gateway = "2001:db8::1" },

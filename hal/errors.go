@@ -1,0 +1,50 @@
+package hal
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors; check with errors.Is.
+var (
+	// ErrClosed is returned by a Feed whose store is closed; Run then returns nil.
+	ErrClosed = errors.New("store closed")
+)
+
+// Status reasons that objects of any kind report.
+const (
+	// ReasonUnsupported: no reconciler of this agent programs the object's kind.
+	ReasonUnsupported = "Unsupported"
+	// ReasonFailed: the reconcile failed with an error that names no reason.
+	ReasonFailed = "ProgrammingFailed"
+	// ReasonConflict: something else already holds the kernel object the object needs.
+	ReasonConflict = "Conflict"
+	// ReasonKernelError: the kernel refused the change.
+	ReasonKernelError = "KernelError"
+)
+
+// Error is a reconcile error that carries the reason the failed object's status reports.
+type Error struct {
+	// Reason is the status reason, such as ReasonConflict.
+	Reason string
+	// Err says what went wrong; its text is the status message.
+	Err error
+}
+
+// Errorf returns an *Error with the reason and a message formatted as fmt.Errorf does.
+func Errorf(reason, format string, args ...any) error {
+	return &Error{Reason: reason, Err: fmt.Errorf(format, args...)}
+}
+
+func (e *Error) Error() string { return e.Err.Error() }
+
+// Unwrap returns the underlying error.
+func (e *Error) Unwrap() error { return e.Err }
+
+// ReasonOf returns the reason of the first *Error in err's chain, or ReasonFailed.
+func ReasonOf(err error) string {
+	if e, ok := errors.AsType[*Error](err); ok {
+		return e.Reason
+	}
+	return ReasonFailed
+}
