@@ -6,21 +6,28 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/naplesnet/naples/delphi"
+	"github.com/naplesnet/naples/nimbus"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
 // cutProxy forwards a unix socket to nimbus and can cut every open connection at once, as
-// a broken network would, while the client keeps running.
+// a broken network would, while the client keeps running. It can also hold the client
+// away: while held, it closes every connection as soon as it is made.
 type cutProxy struct {
 	path string
 	lis  net.Listener
@@ -28,9 +35,10 @@ type cutProxy struct {
 	// accepted counts the connections the client made through the proxy.
 	accepted atomic.Int64
 
-	// mu guards conns.
+	// mu guards conns and held.
 	mu    sync.Mutex
 	conns map[net.Conn]struct{}
+	held  bool
 }
 
 func newCutProxy(t *testing.T, target string) *cutProxy {
@@ -53,7 +61,9 @@ func newCutProxy(t *testing.T, target string) *cutProxy {
 				c.Close()
 				continue
 			}
-			p.track(c, up)
+			if !p.track(c, up) {
+				continue
+			}
 			p.wg.Go(func() { io.Copy(up, c); up.Close(); c.Close() })
 			p.wg.Go(func() { io.Copy(c, up); up.Close(); c.Close() })
 		}
@@ -66,12 +76,34 @@ func newCutProxy(t *testing.T, target string) *cutProxy {
 	return p
 }
 
-func (p *cutProxy) track(conns ...net.Conn) {
+// track records the connections so that cut closes them; while the proxy holds the
+// client away it closes them instead and returns false.
+func (p *cutProxy) track(conns ...net.Conn) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, c := range conns {
+		if p.held {
+			c.Close()
+			continue
+		}
 		p.conns[c] = struct{}{}
 	}
+	return !p.held
+}
+
+// hold cuts every connection and turns the client away until release.
+func (p *cutProxy) hold() {
+	p.mu.Lock()
+	p.held = true
+	p.mu.Unlock()
+	p.cut()
+}
+
+// release lets the client connect again.
+func (p *cutProxy) release() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.held = false
 }
 
 // cut closes every connection the proxy carries now.
@@ -84,14 +116,111 @@ func (p *cutProxy) cut() {
 	clear(p.conns)
 }
 
+// seedEnv names the environment variable that fixes the seed of a randomized test, so
+// that a failure can be replayed with the seed the failed run logged.
+const seedEnv = "NAPLES_TEST_SEED"
+
+// testSeed returns the seed of a randomized test, from $NAPLES_TEST_SEED when set and the
+// clock otherwise, and logs it.
+func testSeed(t *testing.T) uint64 {
+	t.Helper()
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv(seedEnv); s != "" {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("%s=%q: want an unsigned integer: %v", seedEnv, s, err)
+		}
+		seed = v
+	}
+	t.Logf("seed %d (replay with %s=%d)", seed, seedEnv, seed)
+	return seed
+}
+
+// newWindowBus is newBus with a server that keeps only the latest window changes for
+// resuming watches and sends idle watches a bookmark every 10ms; it also returns the
+// server, whose metrics tell how watches started.
+func newWindowBus(t *testing.T, window int) (*bus, *nimbus.Server) {
+	t.Helper()
+	b := &bus{path: filepath.Join(t.TempDir(), "nimbus.sock")}
+	srv, err := nimbus.New(nimbus.Options{Logger: quiet, HistoryWindow: window, BookmarkInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("unix", b.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, lis) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	conn, err := grpc.NewClient("unix://"+b.path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	b.api = nimbusv1.NewNimbusClient(conn)
+	return b, srv
+}
+
+// Metrics of nimbus the randomized test reads.
+const (
+	metricResumes   = `naples_nimbus_watch_starts_total{mode="resume"}`
+	metricSnapshots = `naples_nimbus_watch_starts_total{mode="snapshot"}`
+)
+
+// nimbusMetric returns the value of one of the server's metrics, named the way the text
+// exposition format writes it: name{label="value",...}. It fails the test when the server
+// has no such metric.
+func nimbusMetric(t *testing.T, srv *nimbus.Server, want string) int {
+	t.Helper()
+	families, err := srv.Registry().Gather()
+	if err != nil {
+		t.Fatalf("gathering nimbus metrics: %v", err)
+	}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+			}
+			name := f.GetName()
+			if len(labels) > 0 {
+				name += "{" + strings.Join(labels, ",") + "}"
+			}
+			if name != want {
+				continue
+			}
+			switch {
+			case m.GetCounter() != nil:
+				return int(m.GetCounter().GetValue())
+			case m.GetGauge() != nil:
+				return int(m.GetGauge().GetValue())
+			}
+		}
+	}
+	t.Fatalf("nimbus has no metric %s", want)
+	return 0
+}
+
 // TestRandomizedConvergence applies random creates, updates, deletes and retargets while
 // the connections of three agents are cut at random points; at the end every agent's
-// delphi holds exactly what nimbus targets at it, object for object.
+// delphi holds exactly what nimbus targets at it, object for object. Nimbus keeps only a
+// short history of changes. After some cuts the agent is held away until more changes
+// than that happened, so it cannot resume and takes a snapshot and a sweep; after others
+// nothing changes until the agent, caught up, was cut and resumed. Both must have happened
+// after the first snapshots, or the test did not cover what it is for.
 func TestRandomizedConvergence(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
+	seed := testSeed(t)
 	rng := rand.New(rand.NewPCG(seed, seed))
-	b := newBus(t)
+	window := 8 + rng.IntN(57)
+	t.Logf("nimbus keeps the latest %d changes", window)
+	b, srv := newWindowBus(t, window)
 	nodes := []string{"a", "b", "c"}
 	agents := map[string]*delphi.Store{}
 	proxies := map[string]*cutProxy{}
@@ -99,9 +228,20 @@ func TestRandomizedConvergence(t *testing.T) {
 		proxies[n] = newCutProxy(t, b.path)
 		agents[n] = startNodeClient(t, n, "unix://"+proxies[n].path)
 	}
+	for _, n := range nodes {
+		select {
+		case <-agents[n].Synced():
+		case <-time.After(30 * time.Second):
+			t.Fatalf("node %s never took its first snapshot", n)
+		}
+	}
+	firstResumes, firstSnapshots := nimbusMetric(t, srv, metricResumes), nimbusMetric(t, srv, metricSnapshots)
 
 	ctx := context.Background()
 	const ops = 600
+	var rev uint64              // nimbus's revision after the latest change
+	held := map[string]uint64{} // node held away → nimbus's revision when it was cut
+	var holds, waits int
 	for i := range ops {
 		name := fmt.Sprintf("r%02d", rng.IntN(40))
 		switch op := rng.IntN(10); {
@@ -119,15 +259,53 @@ func TestRandomizedConvergence(t *testing.T) {
 					Nexthops: []*nimbusv1.NextHop{{Gateway: fmt.Sprintf("10.0.0.%d", 1+rng.IntN(200))}},
 				}},
 			}
-			if _, err := b.api.Apply(ctx, &nimbusv1.ApplyRequest{Object: obj}); err != nil {
+			resp, err := b.api.Apply(ctx, &nimbusv1.ApplyRequest{Object: obj})
+			if err != nil {
 				t.Fatal(err)
 			}
+			rev = max(rev, resp.GetObject().GetMeta().GetRevision())
 		case op < 8:
-			if _, err := b.api.Delete(ctx, &nimbusv1.DeleteRequest{Key: routeKey(name)}); err != nil {
+			resp, err := b.api.Delete(ctx, &nimbusv1.DeleteRequest{Key: routeKey(name)})
+			if err != nil {
 				t.Fatal(err)
 			}
+			rev = max(rev, resp.GetRevision())
 		default:
-			proxies[nodes[rng.IntN(len(nodes))]].cut()
+			n := nodes[rng.IntN(len(nodes))]
+			if _, ok := held[n]; ok {
+				break
+			}
+			switch rng.IntN(4) {
+			case 0: // away until its changes are no longer kept
+				holds++
+				held[n] = rev
+				proxies[n].hold()
+			case 1: // nothing changes until the agent has caught up, is cut and watches again
+				waits++
+				deadline := time.Now().Add(30 * time.Second)
+				for _, at := agents[n].Resume(); at != rev; _, at = agents[n].Resume() {
+					if time.Now().After(deadline) {
+						t.Fatalf("op %d: node %s stayed at revision %d, nimbus is at %d", i, n, at, rev)
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+				resumes, accepted := nimbusMetric(t, srv, metricResumes), proxies[n].accepted.Load()
+				proxies[n].cut()
+				for proxies[n].accepted.Load() == accepted || nimbusMetric(t, srv, metricResumes) == resumes {
+					if time.Now().After(deadline) {
+						t.Fatalf("op %d: node %s was cut at nimbus's revision %d and did not resume within 30s", i, n, rev)
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+			default:
+				proxies[n].cut()
+			}
+		}
+		for n, since := range held {
+			if rev > since+uint64(window) || i == ops-1 {
+				proxies[n].release()
+				delete(held, n)
+			}
 		}
 		if i%50 == 0 {
 			time.Sleep(time.Duration(rng.IntN(20)) * time.Millisecond)
@@ -160,6 +338,16 @@ func TestRandomizedConvergence(t *testing.T) {
 		if got := proxies[n].accepted.Load(); got < 2 {
 			t.Errorf("node %s connected %d times; the test meant to cut its connection", n, got)
 		}
+	}
+	resumed := nimbusMetric(t, srv, metricResumes) - firstResumes
+	snapshot := nimbusMetric(t, srv, metricSnapshots) - firstSnapshots
+	t.Logf("after the first snapshots: %d watches resumed, %d took a snapshot; %d agents were held away, %d cuts waited for",
+		resumed, snapshot, holds, waits)
+	if snapshot == 0 {
+		t.Errorf("no watch started with a snapshot after the first ones: the snapshot and sweep path went untested")
+	}
+	if resumed == 0 {
+		t.Errorf("no watch resumed: the resume path went untested")
 	}
 }
 

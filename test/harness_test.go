@@ -206,10 +206,17 @@ func (c *cluster) newHostWithCert(t *testing.T, name, cert string) *host {
 
 func (h *host) startAgent(t *testing.T) {
 	t.Helper()
-	h.agent = start(t, "agent-"+h.name, "ip", "netns", "exec", h.ns, filepath.Join(bin, "naples-agent"),
+	h.startAgentWith(t)
+}
+
+// startAgentWith starts the host's agent with extra flags appended to the usual ones.
+func (h *host) startAgentWith(t *testing.T, extra ...string) {
+	t.Helper()
+	args := []string{"netns", "exec", h.ns, filepath.Join(bin, "naples-agent"),
 		"--node", h.name, "--nimbus", h.c.server, "--state-dir", h.state, "--log-level", "debug",
 		"--socket", filepath.Join(h.c.dir, "agent-"+h.name+".sock"),
-		"--tls-cert", h.c.file(h.cert+".crt"), "--tls-key", h.c.file(h.cert+".key"), "--tls-ca", h.c.file("ca.crt"))
+		"--tls-cert", h.c.file(h.cert + ".crt"), "--tls-key", h.c.file(h.cert + ".key"), "--tls-ca", h.c.file("ca.crt")}
+	h.agent = start(t, "agent-"+h.name, "ip", append(args, extra...)...)
 }
 
 // routes returns `ip route show table N` inside the host.
@@ -319,4 +326,88 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// markerTable is the routing table monitorRoutes writes its marker routes to; no test
+// uses it otherwise.
+const markerTable = "250"
+
+// routeMonitor is `ip monitor route` running in a host.
+type routeMonitor struct {
+	log string
+	// offset is where the monitor's output starts after the markers.
+	offset int
+}
+
+// monitorRoutes starts `ip monitor route` in the host and returns once the monitor
+// provably receives route events: it adds and deletes marker routes (`blackhole
+// 10.20N.N.0/24 table 250 proto static`, a new one each time) until the monitor prints
+// one, then waits for the last one's deletion. What the monitor prints after that is what
+// output returns. The monitor stops when the test ends.
+func (h *host) monitorRoutes(t *testing.T) *routeMonitor {
+	t.Helper()
+	m := &routeMonitor{log: filepath.Join(t.TempDir(), "monitor.log")}
+	f, err := os.Create(m.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("ip", "-n", h.ns, "monitor", "route")
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		t.Fatalf("starting ip monitor route: %v", err)
+	}
+	f.Close()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			out, _ := os.ReadFile(m.log)
+			t.Logf("ip monitor route in %s:\n%s", h.name, out)
+		}
+	})
+	read := func() string {
+		out, err := os.ReadFile(m.log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(out)
+	}
+	markers := 0
+	waitFor(t, "ip monitor route to print a marker route", func() bool {
+		marker := fmt.Sprintf("10.%d.%d.0/24", 200+markers/256, markers%256)
+		markers++
+		for _, op := range []string{"add", "del"} {
+			testns.Run(t, "ip", "-n", h.ns, "route", op, "blackhole", marker, "table", markerTable, "proto", "static")
+		}
+		return strings.Contains(read(), " table "+markerTable+" ")
+	})
+	// The monitor prints every marker from the first one it printed on, in order, so the
+	// last one's deletion is the last of them.
+	last := markers - 1
+	end := fmt.Sprintf("Deleted blackhole 10.%d.%d.0/24 table %s", 200+last/256, last%256, markerTable)
+	waitFor(t, "ip monitor route to print the last marker's deletion", func() bool {
+		out := read()
+		i := strings.LastIndex(out, end)
+		if i < 0 {
+			return false
+		}
+		nl := strings.IndexByte(out[i:], '\n')
+		if nl < 0 {
+			return false
+		}
+		m.offset = i + nl + 1
+		return true
+	})
+	return m
+}
+
+// output returns what the monitor printed since monitorRoutes returned.
+func (m *routeMonitor) output(t *testing.T) string {
+	t.Helper()
+	out, err := os.ReadFile(m.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out[m.offset:])
 }

@@ -3,11 +3,9 @@ package test
 import (
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 )
 
 // delphiState is what `naplesctl delphi list -o json` says of one host.
@@ -51,18 +49,7 @@ func TestAgentRestartWithoutNimbus(t *testing.T) {
 	c.nimbus.stop(t)
 	h.agent.kill(t)
 
-	monitorLog := filepath.Join(t.TempDir(), "monitor.log")
-	f, err := os.Create(monitorLog)
-	if err != nil {
-		t.Fatal(err)
-	}
-	monitor := exec.Command("ip", "-n", h.ns, "monitor", "route")
-	monitor.Stdout, monitor.Stderr = f, f
-	if err := monitor.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { monitor.Process.Kill(); monitor.Wait(); f.Close() }()
-	time.Sleep(200 * time.Millisecond) // let the monitor subscribe before the agent starts
+	monitor := h.monitorRoutes(t) // subscribed before the agent starts
 
 	h.startAgent(t)
 	waitFor(t, "the restarted agent to restore and report both routes with nimbus down", func() bool {
@@ -80,7 +67,7 @@ func TestAgentRestartWithoutNimbus(t *testing.T) {
 	if got := h.routes(t, 100); !strings.Contains(got, "198.51.100.0/24") || !strings.Contains(got, "203.0.113.0/24") {
 		t.Fatalf("routes missing after the restart:\n%s", got)
 	}
-	if out, _ := os.ReadFile(monitorLog); strings.TrimSpace(string(out)) != "" {
+	if out := monitor.output(t); strings.TrimSpace(out) != "" {
 		t.Errorf("the restarted agent rewrote routes that were already correct:\n%s", out)
 	}
 
