@@ -17,6 +17,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+
+	"github.com/naplesnet/naples/internal/testrand"
 )
 
 // crashWriterEnv switches the test binary into the writer process of TestCrashSafety: it
@@ -139,26 +141,6 @@ func runCrashWriter(dir string) int {
 	return 0
 }
 
-// seedEnv names the environment variable that fixes the seed of a randomized test, so
-// that a failure can be replayed with the seed the failed run logged.
-const seedEnv = "NAPLES_TEST_SEED"
-
-// testSeed returns the seed of a randomized test, from $NAPLES_TEST_SEED when set and the
-// clock otherwise, and logs it.
-func testSeed(t *testing.T) uint64 {
-	t.Helper()
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv(seedEnv); s != "" {
-		v, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("%s=%q: want an unsigned integer: %v", seedEnv, s, err)
-		}
-		seed = v
-	}
-	t.Logf("seed %d (replay with %s=%d)", seed, seedEnv, seed)
-	return seed
-}
-
 // TestCrashSafety kills a writer process 20 times, each time once it has reported a
 // random number of commits, so that the kill lands in the middle of a later batch. After
 // each kill the store must open, hold at least every batch the writer reported committed,
@@ -167,7 +149,7 @@ func TestCrashSafety(t *testing.T) {
 	if testing.Short() {
 		t.Skip("re-executes the test binary")
 	}
-	rng := rand.New(rand.NewPCG(testSeed(t), 0))
+	rng := rand.New(rand.NewPCG(testrand.Seed(t), 0))
 	dir := t.TempDir()
 
 	const kills = 20

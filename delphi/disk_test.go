@@ -12,11 +12,11 @@ import (
 	"sync"
 	"testing"
 
-	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/naplesnet/naples/internal/statefile"
+	"github.com/naplesnet/naples/internal/statefile/statefiletest"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -224,33 +224,6 @@ func TestCommitAfterCloseFails(t *testing.T) {
 	}
 }
 
-// writeBolt creates a state file at path with the given buckets and values.
-func writeBolt(t *testing.T, path string, buckets map[string]map[string][]byte) {
-	t.Helper()
-	db, err := bolt.Open(path, 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	err = db.Update(func(tx *bolt.Tx) error {
-		for name, kv := range buckets {
-			b, err := tx.CreateBucket([]byte(name))
-			if err != nil {
-				return err
-			}
-			for k, v := range kv {
-				if err := b.Put([]byte(k), v); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestBadStateFile checks that Open refuses a state file it cannot read back with delphi's
 // ErrCorrupt naming the file, and that Discard is the way out. The ways a file can be
 // corrupt are internal/statefile's tests; these are a few, and the one delphi is strict
@@ -268,13 +241,13 @@ func TestBadStateFile(t *testing.T) {
 			}
 		}, "invalid database"},
 		{"unknown format version", func(t *testing.T, path string) {
-			writeBolt(t, path, map[string]map[string][]byte{
+			statefiletest.Write(t, path, map[string]map[string][]byte{
 				statefile.BucketMeta:    {statefile.KeyFormat: u64(statefile.FormatVersion + 1)},
 				statefile.BucketObjects: {},
 			})
 		}, "format version 2"},
 		{"no format version", func(t *testing.T, path string) {
-			writeBolt(t, path, map[string]map[string][]byte{
+			statefiletest.Write(t, path, map[string]map[string][]byte{
 				statefile.BucketMeta:    {statefile.KeyEpoch: []byte("e"), statefile.KeyRevision: u64(3)},
 				statefile.BucketObjects: {},
 			})

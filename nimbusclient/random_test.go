@@ -6,10 +6,8 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
-	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,6 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/naplesnet/naples/delphi"
+	"github.com/naplesnet/naples/internal/testrand"
 	"github.com/naplesnet/naples/nimbus"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -116,26 +115,6 @@ func (p *cutProxy) cut() {
 	clear(p.conns)
 }
 
-// seedEnv names the environment variable that fixes the seed of a randomized test, so
-// that a failure can be replayed with the seed the failed run logged.
-const seedEnv = "NAPLES_TEST_SEED"
-
-// testSeed returns the seed of a randomized test, from $NAPLES_TEST_SEED when set and the
-// clock otherwise, and logs it.
-func testSeed(t *testing.T) uint64 {
-	t.Helper()
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv(seedEnv); s != "" {
-		v, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("%s=%q: want an unsigned integer: %v", seedEnv, s, err)
-		}
-		seed = v
-	}
-	t.Logf("seed %d (replay with %s=%d)", seed, seedEnv, seed)
-	return seed
-}
-
 // newWindowBus is newBus with a server that keeps only the latest window changes for
 // resuming watches and sends idle watches a bookmark every 10ms; it also returns the
 // server, whose metrics tell how watches started.
@@ -216,7 +195,7 @@ func nimbusMetric(t *testing.T, srv *nimbus.Server, want string) int {
 // nothing changes until the agent, caught up, was cut and resumed. Both must have happened
 // after the first snapshots, or the test did not cover what it is for.
 func TestRandomizedConvergence(t *testing.T) {
-	seed := testSeed(t)
+	seed := testrand.Seed(t)
 	rng := rand.New(rand.NewPCG(seed, seed))
 	window := 8 + rng.IntN(57)
 	t.Logf("nimbus keeps the latest %d changes", window)

@@ -12,10 +12,11 @@ import (
 	"testing"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/proto"
 
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+
+	"github.com/naplesnet/naples/internal/statefile/statefiletest"
 )
 
 // once is a lock timeout that tries the lock once instead of waiting for it.
@@ -124,33 +125,6 @@ func TestCommitAfterCloseFails(t *testing.T) {
 	}
 }
 
-// writeBolt creates a bbolt file at path with the given buckets and values.
-func writeBolt(t *testing.T, path string, buckets map[string]map[string][]byte) {
-	t.Helper()
-	db, err := bolt.Open(path, 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	err = db.Update(func(tx *bolt.Tx) error {
-		for name, kv := range buckets {
-			b, err := tx.CreateBucket([]byte(name))
-			if err != nil {
-				return err
-			}
-			for k, v := range kv {
-				if err := b.Put([]byte(k), v); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
 // damagePages writes a good file of many objects at path, then zeroes 8 bytes at offset
 // off of every page after the two meta pages.
 func damagePages(t *testing.T, path string, off int64) {
@@ -206,43 +180,43 @@ func TestBadFile(t *testing.T) {
 			}
 		}, "invalid database"},
 		{"value does not parse", func(t *testing.T, path string) {
-			writeBolt(t, path, map[string]map[string][]byte{
+			statefiletest.Write(t, path, map[string]map[string][]byte{
 				BucketMeta:    meta(map[string][]byte{KeyRevision: u64(3)}),
 				BucketObjects: {routeID("a"): good, routeID("b"): {0xff, 0xff, 0xff}},
 			})
 		}, fmt.Sprintf("object %q", routeID("b"))},
 		{"object under another key", func(t *testing.T, path string) {
-			writeBolt(t, path, map[string]map[string][]byte{
+			statefiletest.Write(t, path, map[string]map[string][]byte{
 				BucketMeta:    meta(map[string][]byte{}),
 				BucketObjects: {routeID("z"): good},
 			})
 		}, "holds " + routeID("a")},
 		{"unknown format version", func(t *testing.T, path string) {
-			writeBolt(t, path, map[string]map[string][]byte{
+			statefiletest.Write(t, path, map[string]map[string][]byte{
 				BucketMeta:    {KeyFormat: u64(FormatVersion + 1)},
 				BucketObjects: {},
 			})
 		}, "format version 2, want 1"},
 		{"no format version", func(t *testing.T, path string) {
-			writeBolt(t, path, map[string]map[string][]byte{
+			statefiletest.Write(t, path, map[string]map[string][]byte{
 				BucketMeta:    {KeyEpoch: []byte("e"), KeyRevision: u64(3)},
 				BucketObjects: {},
 			})
 		}, `meta "format" is missing`},
 		{"short format version", func(t *testing.T, path string) {
-			writeBolt(t, path, map[string]map[string][]byte{
+			statefiletest.Write(t, path, map[string]map[string][]byte{
 				BucketMeta:    {KeyFormat: {1}},
 				BucketObjects: {},
 			})
 		}, `meta "format": 1 bytes, want 8`},
 		{"objects bucket missing", func(t *testing.T, path string) {
-			writeBolt(t, path, map[string]map[string][]byte{BucketMeta: meta(map[string][]byte{})})
+			statefiletest.Write(t, path, map[string]map[string][]byte{BucketMeta: meta(map[string][]byte{})})
 		}, `bucket "objects" is missing`},
 		{"meta bucket missing", func(t *testing.T, path string) {
-			writeBolt(t, path, map[string]map[string][]byte{BucketObjects: {routeID("a"): good}})
+			statefiletest.Write(t, path, map[string]map[string][]byte{BucketObjects: {routeID("a"): good}})
 		}, `bucket "meta" is missing`},
 		{"short revision", func(t *testing.T, path string) {
-			writeBolt(t, path, map[string]map[string][]byte{
+			statefiletest.Write(t, path, map[string]map[string][]byte{
 				BucketMeta:    meta(map[string][]byte{KeyRevision: {1, 2}}),
 				BucketObjects: {},
 			})
@@ -291,7 +265,7 @@ func TestAcceptUnversioned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeBolt(t, path, map[string]map[string][]byte{
+	statefiletest.Write(t, path, map[string]map[string][]byte{
 		BucketMeta:    {KeyEpoch: []byte("e"), KeyRevision: u64(3)},
 		BucketObjects: {routeID("a"): good},
 	})
