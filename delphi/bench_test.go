@@ -13,6 +13,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/naplesnet/naples/internal/statefile"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -121,7 +122,7 @@ type boltStore struct{ db *bolt.DB }
 
 func (s *boltStore) write(ops []benchOp, del bool) error {
 	return s.db.Update(func(tx *bolt.Tx) error {
-		objs := tx.Bucket(bucketObjects)
+		objs := tx.Bucket([]byte(statefile.BucketObjects))
 		for _, op := range ops {
 			var err error
 			if del {
@@ -162,7 +163,7 @@ var benchStores = []struct {
 			b.Fatal(err)
 		}
 		if err := db.Update(func(tx *bolt.Tx) error {
-			_, err := tx.CreateBucket(bucketObjects)
+			_, err := tx.CreateBucket([]byte(statefile.BucketObjects))
 			return err
 		}); err != nil {
 			b.Fatal(err)

@@ -19,10 +19,6 @@ const StateFile = "delphi.db"
 // ErrLocked.
 const lockTimeout = time.Second
 
-// bucketObjects is the bucket of the state file that holds the objects; the benchmarks'
-// plain bbolt baseline writes the same one.
-var bucketObjects = []byte(statefile.BucketObjects)
-
 // fileOptions are the options delphi opens and discards its state file with. The file
 // must carry its format version: delphi has always written it.
 var fileOptions = statefile.Options{LockTimeout: lockTimeout, Corrupt: ErrCorrupt, Locked: ErrLocked}
