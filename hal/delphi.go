@@ -37,6 +37,9 @@ func (d *delphiStore) Keys(kind nimbusv1.Kind) []string {
 
 func (d *delphiStore) WatchDesired() (Feed, error) {
 	sub, err := d.Subscribe(delphi.SubscribeOptions{Tables: []delphi.Table{delphi.TableDesired}})
+	if errors.Is(err, delphi.ErrClosed) {
+		return nil, errors.Join(ErrClosed, err)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -95,11 +95,12 @@ type Options struct {
 	ResyncInterval time.Duration
 	// ObserverBackoff bounds the delay before a failed observer is started again: it
 	// starts at Min and doubles with every failure in a row up to Max. An observer that
-	// ran for ObserverHealthy before it failed starts over at Min. Defaults: 100ms, 30s,
+	// ran for Healthy before it failed starts over at Min. Defaults: 100ms, 30s,
 	// 1m.
 	ObserverBackoff struct{ Min, Max, Healthy time.Duration }
-	// Clock tells the time for status updates and drives retries, resyncs and observer
-	// restarts; tests inject a fake one. Default: the real clock.
+	// Clock tells the time for status updates and drives the retry delays, resyncs and
+	// observer restarts; tests inject a fake one. (The default rate limiter's overall token
+	// bucket keeps real time.) Default: the real clock.
 	Clock clock.WithTicker
 	// Logger receives the HAL's logs. Default: slog.Default().
 	Logger *slog.Logger
@@ -172,10 +173,13 @@ func DefaultRateLimiter() workqueue.TypedRateLimiter[string] {
 }
 
 // Run reconciles until ctx ends or the store is closed, then stops every goroutine it
-// started and returns nil.
+// started and returns nil. A HAL runs once: after Run it is done.
 func (h *HAL) Run(ctx context.Context) error {
 	defer h.Close()
 	feed, err := h.store.WatchDesired()
+	if errors.Is(err, ErrClosed) {
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("watching desired objects: %w", err)
 	}
@@ -303,6 +307,10 @@ func (h *HAL) processNext(ctx context.Context) bool {
 		return false
 	}
 	defer h.queue.Done(id)
+	if ctx.Err() != nil {
+		// The queue still hands out what it holds after ShutDown: leave it to the next run.
+		return true
+	}
 	if err := h.reconcile(ctx, id); err != nil {
 		if ctx.Err() != nil {
 			return true
@@ -337,6 +345,9 @@ func (h *HAL) reconcile(ctx context.Context, id string) error {
 		})
 	}
 	op, rerr := r.Reconcile(ctx, key, obj)
+	if rerr != nil && ctx.Err() != nil {
+		return rerr // stopped, not failed: the status stays as it was
+	}
 	if !present {
 		if rerr != nil {
 			return fmt.Errorf("removing %s: %w", id, rerr)
