@@ -11,10 +11,10 @@ import (
 	"testing"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/naplesnet/naples/internal/statefile"
+	"github.com/naplesnet/naples/internal/statefile/statefiletest"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -97,34 +97,6 @@ func TestEphemeralServersHaveFreshEpochs(t *testing.T) {
 	}
 }
 
-// writeStore writes a store file at path with the given buckets and values, as bbolt
-// would find them.
-func writeStore(t *testing.T, path string, buckets map[string]map[string][]byte) {
-	t.Helper()
-	db, err := bolt.Open(path, 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	err = db.Update(func(tx *bolt.Tx) error {
-		for name, kv := range buckets {
-			b, err := tx.CreateBucket([]byte(name))
-			if err != nil {
-				return err
-			}
-			for k, v := range kv {
-				if err := b.Put([]byte(k), v); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
 // storedRoute returns the wire form of a route as Apply stores it at revision rev.
 func storedRoute(t *testing.T, name string, rev uint64) (id string, value []byte) {
 	t.Helper()
@@ -152,19 +124,19 @@ func TestNewRefusesBadStore(t *testing.T) {
 			}
 		}, "invalid database"},
 		{"unknown format version", func(t *testing.T, path string) {
-			writeStore(t, path, map[string]map[string][]byte{
+			statefiletest.Write(t, path, map[string]map[string][]byte{
 				statefile.BucketMeta:    {statefile.KeyFormat: u64(statefile.FormatVersion + 1), statefile.KeyEpoch: []byte("e"), statefile.KeyRevision: u64(3)},
 				statefile.BucketObjects: {id: value},
 			})
 		}, "format version 2, want 1"},
 		{"object beyond the revision", func(t *testing.T, path string) {
-			writeStore(t, path, map[string]map[string][]byte{
+			statefiletest.Write(t, path, map[string]map[string][]byte{
 				statefile.BucketMeta:    {statefile.KeyEpoch: []byte("e"), statefile.KeyRevision: u64(2)},
 				statefile.BucketObjects: {id: value},
 			})
 		}, "revision 3 is beyond the store's revision 2"},
 		{"objects without an epoch", func(t *testing.T, path string) {
-			writeStore(t, path, map[string]map[string][]byte{
+			statefiletest.Write(t, path, map[string]map[string][]byte{
 				statefile.BucketMeta:    {statefile.KeyRevision: u64(3)},
 				statefile.BucketObjects: {id: value},
 			})
@@ -196,7 +168,7 @@ func TestNewRefusesBadStore(t *testing.T) {
 func TestLoadsStoreWithoutFormatVersion(t *testing.T) {
 	dir := t.TempDir()
 	id, value := storedRoute(t, "r1", 3)
-	writeStore(t, filepath.Join(dir, DBFileName), map[string]map[string][]byte{
+	statefiletest.Write(t, filepath.Join(dir, DBFileName), map[string]map[string][]byte{
 		statefile.BucketMeta:    {statefile.KeyEpoch: []byte("old-epoch"), statefile.KeyRevision: u64(3)},
 		statefile.BucketObjects: {id: value},
 	})
