@@ -253,7 +253,62 @@ func (x WatchEvent_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WatchEvent_Type.Descriptor instead.
 func (WatchEvent_Type) EnumDescriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{24, 0}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{28, 0}
+}
+
+type StatusEvent_Type int32
+
+const (
+	StatusEvent_TYPE_UNSPECIFIED StatusEvent_Type = 0
+	// TYPE_PUT carries an object and its status, current or changed.
+	StatusEvent_TYPE_PUT StatusEvent_Type = 1
+	// TYPE_DELETE carries the key of an object that was deleted.
+	StatusEvent_TYPE_DELETE StatusEvent_Type = 2
+	// TYPE_SYNCED follows the current state of every selected object; changes follow it.
+	StatusEvent_TYPE_SYNCED StatusEvent_Type = 3
+)
+
+// Enum value maps for StatusEvent_Type.
+var (
+	StatusEvent_Type_name = map[int32]string{
+		0: "TYPE_UNSPECIFIED",
+		1: "TYPE_PUT",
+		2: "TYPE_DELETE",
+		3: "TYPE_SYNCED",
+	}
+	StatusEvent_Type_value = map[string]int32{
+		"TYPE_UNSPECIFIED": 0,
+		"TYPE_PUT":         1,
+		"TYPE_DELETE":      2,
+		"TYPE_SYNCED":      3,
+	}
+)
+
+func (x StatusEvent_Type) Enum() *StatusEvent_Type {
+	p := new(StatusEvent_Type)
+	*p = x
+	return p
+}
+
+func (x StatusEvent_Type) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (StatusEvent_Type) Descriptor() protoreflect.EnumDescriptor {
+	return file_nimbus_v1_nimbus_proto_enumTypes[4].Descriptor()
+}
+
+func (StatusEvent_Type) Type() protoreflect.EnumType {
+	return &file_nimbus_v1_nimbus_proto_enumTypes[4]
+}
+
+func (x StatusEvent_Type) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use StatusEvent_Type.Descriptor instead.
+func (StatusEvent_Type) EnumDescriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{31, 0}
 }
 
 // ObjectKey identifies one object. Tenant and namespace default to "default".
@@ -1719,6 +1774,206 @@ func (x *DeleteResponse) GetRevision() uint64 {
 	return 0
 }
 
+// ApplyBatchRequest applies many objects at once: all are validated first, and one invalid
+// object refuses the whole request; otherwise they are committed in one transaction, each
+// changed object with its own consecutive revision, and watchers see them together.
+type ApplyBatchRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Objects       []*Object              `protobuf:"bytes,1,rep,name=objects,proto3" json:"objects,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyBatchRequest) Reset() {
+	*x = ApplyBatchRequest{}
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyBatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyBatchRequest) ProtoMessage() {}
+
+func (x *ApplyBatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyBatchRequest.ProtoReflect.Descriptor instead.
+func (*ApplyBatchRequest) Descriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ApplyBatchRequest) GetObjects() []*Object {
+	if x != nil {
+		return x.Objects
+	}
+	return nil
+}
+
+type ApplyBatchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// results are in the order of the request's objects.
+	Results []*ApplyResponse `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	// revision is the store's revision after the batch.
+	Revision      uint64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyBatchResponse) Reset() {
+	*x = ApplyBatchResponse{}
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyBatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyBatchResponse) ProtoMessage() {}
+
+func (x *ApplyBatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyBatchResponse.ProtoReflect.Descriptor instead.
+func (*ApplyBatchResponse) Descriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *ApplyBatchResponse) GetResults() []*ApplyResponse {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+func (x *ApplyBatchResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+// DeleteBatchRequest deletes many objects in one transaction; absent ones are not errors.
+type DeleteBatchRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Keys          []*ObjectKey           `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteBatchRequest) Reset() {
+	*x = DeleteBatchRequest{}
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteBatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteBatchRequest) ProtoMessage() {}
+
+func (x *DeleteBatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteBatchRequest.ProtoReflect.Descriptor instead.
+func (*DeleteBatchRequest) Descriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *DeleteBatchRequest) GetKeys() []*ObjectKey {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+type DeleteBatchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// results are in the order of the request's keys.
+	Results []*DeleteResponse `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	// revision is the store's revision after the batch.
+	Revision      uint64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteBatchResponse) Reset() {
+	*x = DeleteBatchResponse{}
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteBatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteBatchResponse) ProtoMessage() {}
+
+func (x *DeleteBatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteBatchResponse.ProtoReflect.Descriptor instead.
+func (*DeleteBatchResponse) Descriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *DeleteBatchResponse) GetResults() []*DeleteResponse {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+func (x *DeleteBatchResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
 type GetRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Key           *ObjectKey             `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
@@ -1728,7 +1983,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[19]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1740,7 +1995,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[19]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1753,7 +2008,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{19}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetRequest) GetKey() *ObjectKey {
@@ -1772,7 +2027,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[20]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1784,7 +2039,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[20]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1797,7 +2052,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{20}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetResponse) GetItem() *ObjectWithStatus {
@@ -1820,7 +2075,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[21]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1832,7 +2087,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[21]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1845,7 +2100,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{21}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListRequest) GetKind() Kind {
@@ -1879,7 +2134,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[22]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1891,7 +2146,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[22]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1904,7 +2159,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{22}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListResponse) GetItems() []*ObjectWithStatus {
@@ -1934,7 +2189,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[23]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1946,7 +2201,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[23]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1959,7 +2214,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{23}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *WatchRequest) GetNode() string {
@@ -2000,7 +2255,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[24]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2012,7 +2267,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[24]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2025,7 +2280,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{24}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WatchEvent) GetType() WatchEvent_Type {
@@ -2070,6 +2325,227 @@ func (x *WatchEvent) GetSnapshot() bool {
 	return false
 }
 
+// WatchFrame carries consecutive watch events; a stream of frames is a stream of events in
+// order. Frames are bounded in size; a snapshot or a large commit spans several.
+type WatchFrame struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Events        []*WatchEvent          `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchFrame) Reset() {
+	*x = WatchFrame{}
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchFrame) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchFrame) ProtoMessage() {}
+
+func (x *WatchFrame) ProtoReflect() protoreflect.Message {
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchFrame.ProtoReflect.Descriptor instead.
+func (*WatchFrame) Descriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *WatchFrame) GetEvents() []*WatchEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+// WatchStatusRequest selects the objects whose propagation status to stream; empty fields
+// select everything.
+type WatchStatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Kind          Kind                   `protobuf:"varint,1,opt,name=kind,proto3,enum=nimbus.v1.Kind" json:"kind,omitempty"`
+	Tenant        string                 `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Namespace     string                 `protobuf:"bytes,3,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Name          string                 `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchStatusRequest) Reset() {
+	*x = WatchStatusRequest{}
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchStatusRequest) ProtoMessage() {}
+
+func (x *WatchStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchStatusRequest.ProtoReflect.Descriptor instead.
+func (*WatchStatusRequest) Descriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *WatchStatusRequest) GetKind() Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return Kind_KIND_UNSPECIFIED
+}
+
+func (x *WatchStatusRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *WatchStatusRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *WatchStatusRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type StatusEvent struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Type          StatusEvent_Type       `protobuf:"varint,1,opt,name=type,proto3,enum=nimbus.v1.StatusEvent_Type" json:"type,omitempty"`
+	Item          *ObjectWithStatus      `protobuf:"bytes,2,opt,name=item,proto3" json:"item,omitempty"`
+	Key           *ObjectKey             `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatusEvent) Reset() {
+	*x = StatusEvent{}
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatusEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatusEvent) ProtoMessage() {}
+
+func (x *StatusEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatusEvent.ProtoReflect.Descriptor instead.
+func (*StatusEvent) Descriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *StatusEvent) GetType() StatusEvent_Type {
+	if x != nil {
+		return x.Type
+	}
+	return StatusEvent_TYPE_UNSPECIFIED
+}
+
+func (x *StatusEvent) GetItem() *ObjectWithStatus {
+	if x != nil {
+		return x.Item
+	}
+	return nil
+}
+
+func (x *StatusEvent) GetKey() *ObjectKey {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+// StatusFrame carries consecutive status events.
+type StatusFrame struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Events        []*StatusEvent         `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatusFrame) Reset() {
+	*x = StatusFrame{}
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatusFrame) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatusFrame) ProtoMessage() {}
+
+func (x *StatusFrame) ProtoReflect() protoreflect.Message {
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatusFrame.ProtoReflect.Descriptor instead.
+func (*StatusFrame) Descriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *StatusFrame) GetEvents() []*StatusEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
 type StatusReport struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Key           *ObjectKey             `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
@@ -2080,7 +2556,7 @@ type StatusReport struct {
 
 func (x *StatusReport) Reset() {
 	*x = StatusReport{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[25]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2092,7 +2568,7 @@ func (x *StatusReport) String() string {
 func (*StatusReport) ProtoMessage() {}
 
 func (x *StatusReport) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[25]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2105,7 +2581,7 @@ func (x *StatusReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusReport.ProtoReflect.Descriptor instead.
 func (*StatusReport) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{25}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *StatusReport) GetKey() *ObjectKey {
@@ -2130,7 +2606,7 @@ type ReportStatusResponse struct {
 
 func (x *ReportStatusResponse) Reset() {
 	*x = ReportStatusResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[26]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2142,7 +2618,7 @@ func (x *ReportStatusResponse) String() string {
 func (*ReportStatusResponse) ProtoMessage() {}
 
 func (x *ReportStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[26]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2155,7 +2631,7 @@ func (x *ReportStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportStatusResponse.ProtoReflect.Descriptor instead.
 func (*ReportStatusResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{26}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{34}
 }
 
 var File_nimbus_v1_nimbus_proto protoreflect.FileDescriptor
@@ -2289,6 +2765,16 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\v2\x14.nimbus.v1.ObjectKeyR\x03key\"B\n" +
 	"\x0eDeleteResponse\x12\x14\n" +
 	"\x05found\x18\x01 \x01(\bR\x05found\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\"@\n" +
+	"\x11ApplyBatchRequest\x12+\n" +
+	"\aobjects\x18\x01 \x03(\v2\x11.nimbus.v1.ObjectR\aobjects\"d\n" +
+	"\x12ApplyBatchResponse\x122\n" +
+	"\aresults\x18\x01 \x03(\v2\x18.nimbus.v1.ApplyResponseR\aresults\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\">\n" +
+	"\x12DeleteBatchRequest\x12(\n" +
+	"\x04keys\x18\x01 \x03(\v2\x14.nimbus.v1.ObjectKeyR\x04keys\"f\n" +
+	"\x13DeleteBatchResponse\x123\n" +
+	"\aresults\x18\x01 \x03(\v2\x19.nimbus.v1.DeleteResponseR\aresults\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\"4\n" +
 	"\n" +
 	"GetRequest\x12&\n" +
@@ -2320,7 +2806,26 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\vTYPE_DELETE\x10\x02\x12\x0f\n" +
 	"\vTYPE_SYNCED\x10\x03\x12\x11\n" +
 	"\rTYPE_BOOKMARK\x10\x04\x12\x10\n" +
-	"\fTYPE_RESUMED\x10\x05\"e\n" +
+	"\fTYPE_RESUMED\x10\x05\";\n" +
+	"\n" +
+	"WatchFrame\x12-\n" +
+	"\x06events\x18\x01 \x03(\v2\x15.nimbus.v1.WatchEventR\x06events\"\x83\x01\n" +
+	"\x12WatchStatusRequest\x12#\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x0f.nimbus.v1.KindR\x04kind\x12\x16\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x1c\n" +
+	"\tnamespace\x18\x03 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04name\x18\x04 \x01(\tR\x04name\"\xe5\x01\n" +
+	"\vStatusEvent\x12/\n" +
+	"\x04type\x18\x01 \x01(\x0e2\x1b.nimbus.v1.StatusEvent.TypeR\x04type\x12/\n" +
+	"\x04item\x18\x02 \x01(\v2\x1b.nimbus.v1.ObjectWithStatusR\x04item\x12&\n" +
+	"\x03key\x18\x03 \x01(\v2\x14.nimbus.v1.ObjectKeyR\x03key\"L\n" +
+	"\x04Type\x12\x14\n" +
+	"\x10TYPE_UNSPECIFIED\x10\x00\x12\f\n" +
+	"\bTYPE_PUT\x10\x01\x12\x0f\n" +
+	"\vTYPE_DELETE\x10\x02\x12\x0f\n" +
+	"\vTYPE_SYNCED\x10\x03\"=\n" +
+	"\vStatusFrame\x12.\n" +
+	"\x06events\x18\x01 \x03(\v2\x16.nimbus.v1.StatusEventR\x06events\"e\n" +
 	"\fStatusReport\x12&\n" +
 	"\x03key\x18\x01 \x01(\v2\x14.nimbus.v1.ObjectKeyR\x03key\x12-\n" +
 	"\x06status\x18\x02 \x01(\v2\x15.nimbus.v1.NodeStatusR\x06status\"\x16\n" +
@@ -2339,13 +2844,17 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\x11PHASE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rPHASE_PENDING\x10\x01\x12\x14\n" +
 	"\x10PHASE_PROGRAMMED\x10\x02\x12\x10\n" +
-	"\fPHASE_FAILED\x10\x032\xf9\x02\n" +
+	"\fPHASE_FAILED\x10\x032\xda\x04\n" +
 	"\x06Nimbus\x12:\n" +
-	"\x05Apply\x12\x17.nimbus.v1.ApplyRequest\x1a\x18.nimbus.v1.ApplyResponse\x12=\n" +
-	"\x06Delete\x12\x18.nimbus.v1.DeleteRequest\x1a\x19.nimbus.v1.DeleteResponse\x124\n" +
+	"\x05Apply\x12\x17.nimbus.v1.ApplyRequest\x1a\x18.nimbus.v1.ApplyResponse\x12I\n" +
+	"\n" +
+	"ApplyBatch\x12\x1c.nimbus.v1.ApplyBatchRequest\x1a\x1d.nimbus.v1.ApplyBatchResponse\x12=\n" +
+	"\x06Delete\x12\x18.nimbus.v1.DeleteRequest\x1a\x19.nimbus.v1.DeleteResponse\x12L\n" +
+	"\vDeleteBatch\x12\x1d.nimbus.v1.DeleteBatchRequest\x1a\x1e.nimbus.v1.DeleteBatchResponse\x124\n" +
 	"\x03Get\x12\x15.nimbus.v1.GetRequest\x1a\x16.nimbus.v1.GetResponse\x127\n" +
 	"\x04List\x12\x16.nimbus.v1.ListRequest\x1a\x17.nimbus.v1.ListResponse\x129\n" +
-	"\x05Watch\x12\x17.nimbus.v1.WatchRequest\x1a\x15.nimbus.v1.WatchEvent0\x01\x12J\n" +
+	"\x05Watch\x12\x17.nimbus.v1.WatchRequest\x1a\x15.nimbus.v1.WatchEvent0\x01\x12F\n" +
+	"\vWatchStatus\x12\x1d.nimbus.v1.WatchStatusRequest\x1a\x16.nimbus.v1.StatusFrame0\x01\x12J\n" +
 	"\fReportStatus\x12\x17.nimbus.v1.StatusReport\x1a\x1f.nimbus.v1.ReportStatusResponse(\x01B6Z4github.com/naplesnet/naples/proto/nimbus/v1;nimbusv1b\x06proto3"
 
 var (
@@ -2360,97 +2869,122 @@ func file_nimbus_v1_nimbus_proto_rawDescGZIP() []byte {
 	return file_nimbus_v1_nimbus_proto_rawDescData
 }
 
-var file_nimbus_v1_nimbus_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_nimbus_v1_nimbus_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_nimbus_v1_nimbus_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_nimbus_v1_nimbus_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_nimbus_v1_nimbus_proto_goTypes = []any{
 	(Kind)(0),                         // 0: nimbus.v1.Kind
 	(Phase)(0),                        // 1: nimbus.v1.Phase
 	(PolicyRule_Action)(0),            // 2: nimbus.v1.PolicyRule.Action
 	(WatchEvent_Type)(0),              // 3: nimbus.v1.WatchEvent.Type
-	(*ObjectKey)(nil),                 // 4: nimbus.v1.ObjectKey
-	(*ObjectMeta)(nil),                // 5: nimbus.v1.ObjectMeta
-	(*Object)(nil),                    // 6: nimbus.v1.Object
-	(*NodeSpec)(nil),                  // 7: nimbus.v1.NodeSpec
-	(*NetworkSpec)(nil),               // 8: nimbus.v1.NetworkSpec
-	(*EndpointSpec)(nil),              // 9: nimbus.v1.EndpointSpec
-	(*SecurityGroupSpec)(nil),         // 10: nimbus.v1.SecurityGroupSpec
-	(*NetworkSecurityPolicySpec)(nil), // 11: nimbus.v1.NetworkSecurityPolicySpec
-	(*PolicyRule)(nil),                // 12: nimbus.v1.PolicyRule
-	(*RouteSpec)(nil),                 // 13: nimbus.v1.RouteSpec
-	(*NextHop)(nil),                   // 14: nimbus.v1.NextHop
-	(*InterfaceSpec)(nil),             // 15: nimbus.v1.InterfaceSpec
-	(*NodeStatus)(nil),                // 16: nimbus.v1.NodeStatus
-	(*ObjectStatus)(nil),              // 17: nimbus.v1.ObjectStatus
-	(*ObjectWithStatus)(nil),          // 18: nimbus.v1.ObjectWithStatus
-	(*ApplyRequest)(nil),              // 19: nimbus.v1.ApplyRequest
-	(*ApplyResponse)(nil),             // 20: nimbus.v1.ApplyResponse
-	(*DeleteRequest)(nil),             // 21: nimbus.v1.DeleteRequest
-	(*DeleteResponse)(nil),            // 22: nimbus.v1.DeleteResponse
-	(*GetRequest)(nil),                // 23: nimbus.v1.GetRequest
-	(*GetResponse)(nil),               // 24: nimbus.v1.GetResponse
-	(*ListRequest)(nil),               // 25: nimbus.v1.ListRequest
-	(*ListResponse)(nil),              // 26: nimbus.v1.ListResponse
-	(*WatchRequest)(nil),              // 27: nimbus.v1.WatchRequest
-	(*WatchEvent)(nil),                // 28: nimbus.v1.WatchEvent
-	(*StatusReport)(nil),              // 29: nimbus.v1.StatusReport
-	(*ReportStatusResponse)(nil),      // 30: nimbus.v1.ReportStatusResponse
-	nil,                               // 31: nimbus.v1.ObjectMeta.LabelsEntry
-	nil,                               // 32: nimbus.v1.NodeStatus.OperationalEntry
-	(*timestamppb.Timestamp)(nil),     // 33: google.protobuf.Timestamp
+	(StatusEvent_Type)(0),             // 4: nimbus.v1.StatusEvent.Type
+	(*ObjectKey)(nil),                 // 5: nimbus.v1.ObjectKey
+	(*ObjectMeta)(nil),                // 6: nimbus.v1.ObjectMeta
+	(*Object)(nil),                    // 7: nimbus.v1.Object
+	(*NodeSpec)(nil),                  // 8: nimbus.v1.NodeSpec
+	(*NetworkSpec)(nil),               // 9: nimbus.v1.NetworkSpec
+	(*EndpointSpec)(nil),              // 10: nimbus.v1.EndpointSpec
+	(*SecurityGroupSpec)(nil),         // 11: nimbus.v1.SecurityGroupSpec
+	(*NetworkSecurityPolicySpec)(nil), // 12: nimbus.v1.NetworkSecurityPolicySpec
+	(*PolicyRule)(nil),                // 13: nimbus.v1.PolicyRule
+	(*RouteSpec)(nil),                 // 14: nimbus.v1.RouteSpec
+	(*NextHop)(nil),                   // 15: nimbus.v1.NextHop
+	(*InterfaceSpec)(nil),             // 16: nimbus.v1.InterfaceSpec
+	(*NodeStatus)(nil),                // 17: nimbus.v1.NodeStatus
+	(*ObjectStatus)(nil),              // 18: nimbus.v1.ObjectStatus
+	(*ObjectWithStatus)(nil),          // 19: nimbus.v1.ObjectWithStatus
+	(*ApplyRequest)(nil),              // 20: nimbus.v1.ApplyRequest
+	(*ApplyResponse)(nil),             // 21: nimbus.v1.ApplyResponse
+	(*DeleteRequest)(nil),             // 22: nimbus.v1.DeleteRequest
+	(*DeleteResponse)(nil),            // 23: nimbus.v1.DeleteResponse
+	(*ApplyBatchRequest)(nil),         // 24: nimbus.v1.ApplyBatchRequest
+	(*ApplyBatchResponse)(nil),        // 25: nimbus.v1.ApplyBatchResponse
+	(*DeleteBatchRequest)(nil),        // 26: nimbus.v1.DeleteBatchRequest
+	(*DeleteBatchResponse)(nil),       // 27: nimbus.v1.DeleteBatchResponse
+	(*GetRequest)(nil),                // 28: nimbus.v1.GetRequest
+	(*GetResponse)(nil),               // 29: nimbus.v1.GetResponse
+	(*ListRequest)(nil),               // 30: nimbus.v1.ListRequest
+	(*ListResponse)(nil),              // 31: nimbus.v1.ListResponse
+	(*WatchRequest)(nil),              // 32: nimbus.v1.WatchRequest
+	(*WatchEvent)(nil),                // 33: nimbus.v1.WatchEvent
+	(*WatchFrame)(nil),                // 34: nimbus.v1.WatchFrame
+	(*WatchStatusRequest)(nil),        // 35: nimbus.v1.WatchStatusRequest
+	(*StatusEvent)(nil),               // 36: nimbus.v1.StatusEvent
+	(*StatusFrame)(nil),               // 37: nimbus.v1.StatusFrame
+	(*StatusReport)(nil),              // 38: nimbus.v1.StatusReport
+	(*ReportStatusResponse)(nil),      // 39: nimbus.v1.ReportStatusResponse
+	nil,                               // 40: nimbus.v1.ObjectMeta.LabelsEntry
+	nil,                               // 41: nimbus.v1.NodeStatus.OperationalEntry
+	(*timestamppb.Timestamp)(nil),     // 42: google.protobuf.Timestamp
 }
 var file_nimbus_v1_nimbus_proto_depIdxs = []int32{
 	0,  // 0: nimbus.v1.ObjectKey.kind:type_name -> nimbus.v1.Kind
-	31, // 1: nimbus.v1.ObjectMeta.labels:type_name -> nimbus.v1.ObjectMeta.LabelsEntry
-	33, // 2: nimbus.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
-	33, // 3: nimbus.v1.ObjectMeta.update_time:type_name -> google.protobuf.Timestamp
-	5,  // 4: nimbus.v1.Object.meta:type_name -> nimbus.v1.ObjectMeta
-	7,  // 5: nimbus.v1.Object.node:type_name -> nimbus.v1.NodeSpec
-	8,  // 6: nimbus.v1.Object.network:type_name -> nimbus.v1.NetworkSpec
-	9,  // 7: nimbus.v1.Object.endpoint:type_name -> nimbus.v1.EndpointSpec
-	10, // 8: nimbus.v1.Object.security_group:type_name -> nimbus.v1.SecurityGroupSpec
-	11, // 9: nimbus.v1.Object.network_security_policy:type_name -> nimbus.v1.NetworkSecurityPolicySpec
-	13, // 10: nimbus.v1.Object.route:type_name -> nimbus.v1.RouteSpec
-	15, // 11: nimbus.v1.Object.interface:type_name -> nimbus.v1.InterfaceSpec
-	12, // 12: nimbus.v1.NetworkSecurityPolicySpec.ingress:type_name -> nimbus.v1.PolicyRule
-	12, // 13: nimbus.v1.NetworkSecurityPolicySpec.egress:type_name -> nimbus.v1.PolicyRule
+	40, // 1: nimbus.v1.ObjectMeta.labels:type_name -> nimbus.v1.ObjectMeta.LabelsEntry
+	42, // 2: nimbus.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
+	42, // 3: nimbus.v1.ObjectMeta.update_time:type_name -> google.protobuf.Timestamp
+	6,  // 4: nimbus.v1.Object.meta:type_name -> nimbus.v1.ObjectMeta
+	8,  // 5: nimbus.v1.Object.node:type_name -> nimbus.v1.NodeSpec
+	9,  // 6: nimbus.v1.Object.network:type_name -> nimbus.v1.NetworkSpec
+	10, // 7: nimbus.v1.Object.endpoint:type_name -> nimbus.v1.EndpointSpec
+	11, // 8: nimbus.v1.Object.security_group:type_name -> nimbus.v1.SecurityGroupSpec
+	12, // 9: nimbus.v1.Object.network_security_policy:type_name -> nimbus.v1.NetworkSecurityPolicySpec
+	14, // 10: nimbus.v1.Object.route:type_name -> nimbus.v1.RouteSpec
+	16, // 11: nimbus.v1.Object.interface:type_name -> nimbus.v1.InterfaceSpec
+	13, // 12: nimbus.v1.NetworkSecurityPolicySpec.ingress:type_name -> nimbus.v1.PolicyRule
+	13, // 13: nimbus.v1.NetworkSecurityPolicySpec.egress:type_name -> nimbus.v1.PolicyRule
 	2,  // 14: nimbus.v1.PolicyRule.action:type_name -> nimbus.v1.PolicyRule.Action
-	14, // 15: nimbus.v1.RouteSpec.nexthops:type_name -> nimbus.v1.NextHop
+	15, // 15: nimbus.v1.RouteSpec.nexthops:type_name -> nimbus.v1.NextHop
 	1,  // 16: nimbus.v1.NodeStatus.phase:type_name -> nimbus.v1.Phase
-	33, // 17: nimbus.v1.NodeStatus.update_time:type_name -> google.protobuf.Timestamp
-	32, // 18: nimbus.v1.NodeStatus.operational:type_name -> nimbus.v1.NodeStatus.OperationalEntry
-	16, // 19: nimbus.v1.ObjectStatus.nodes:type_name -> nimbus.v1.NodeStatus
-	33, // 20: nimbus.v1.ObjectStatus.caught_up_time:type_name -> google.protobuf.Timestamp
-	6,  // 21: nimbus.v1.ObjectWithStatus.object:type_name -> nimbus.v1.Object
-	17, // 22: nimbus.v1.ObjectWithStatus.status:type_name -> nimbus.v1.ObjectStatus
-	6,  // 23: nimbus.v1.ApplyRequest.object:type_name -> nimbus.v1.Object
-	6,  // 24: nimbus.v1.ApplyResponse.object:type_name -> nimbus.v1.Object
-	4,  // 25: nimbus.v1.DeleteRequest.key:type_name -> nimbus.v1.ObjectKey
-	4,  // 26: nimbus.v1.GetRequest.key:type_name -> nimbus.v1.ObjectKey
-	18, // 27: nimbus.v1.GetResponse.item:type_name -> nimbus.v1.ObjectWithStatus
-	0,  // 28: nimbus.v1.ListRequest.kind:type_name -> nimbus.v1.Kind
-	18, // 29: nimbus.v1.ListResponse.items:type_name -> nimbus.v1.ObjectWithStatus
-	3,  // 30: nimbus.v1.WatchEvent.type:type_name -> nimbus.v1.WatchEvent.Type
-	6,  // 31: nimbus.v1.WatchEvent.object:type_name -> nimbus.v1.Object
-	4,  // 32: nimbus.v1.WatchEvent.key:type_name -> nimbus.v1.ObjectKey
-	4,  // 33: nimbus.v1.StatusReport.key:type_name -> nimbus.v1.ObjectKey
-	16, // 34: nimbus.v1.StatusReport.status:type_name -> nimbus.v1.NodeStatus
-	19, // 35: nimbus.v1.Nimbus.Apply:input_type -> nimbus.v1.ApplyRequest
-	21, // 36: nimbus.v1.Nimbus.Delete:input_type -> nimbus.v1.DeleteRequest
-	23, // 37: nimbus.v1.Nimbus.Get:input_type -> nimbus.v1.GetRequest
-	25, // 38: nimbus.v1.Nimbus.List:input_type -> nimbus.v1.ListRequest
-	27, // 39: nimbus.v1.Nimbus.Watch:input_type -> nimbus.v1.WatchRequest
-	29, // 40: nimbus.v1.Nimbus.ReportStatus:input_type -> nimbus.v1.StatusReport
-	20, // 41: nimbus.v1.Nimbus.Apply:output_type -> nimbus.v1.ApplyResponse
-	22, // 42: nimbus.v1.Nimbus.Delete:output_type -> nimbus.v1.DeleteResponse
-	24, // 43: nimbus.v1.Nimbus.Get:output_type -> nimbus.v1.GetResponse
-	26, // 44: nimbus.v1.Nimbus.List:output_type -> nimbus.v1.ListResponse
-	28, // 45: nimbus.v1.Nimbus.Watch:output_type -> nimbus.v1.WatchEvent
-	30, // 46: nimbus.v1.Nimbus.ReportStatus:output_type -> nimbus.v1.ReportStatusResponse
-	41, // [41:47] is the sub-list for method output_type
-	35, // [35:41] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	42, // 17: nimbus.v1.NodeStatus.update_time:type_name -> google.protobuf.Timestamp
+	41, // 18: nimbus.v1.NodeStatus.operational:type_name -> nimbus.v1.NodeStatus.OperationalEntry
+	17, // 19: nimbus.v1.ObjectStatus.nodes:type_name -> nimbus.v1.NodeStatus
+	42, // 20: nimbus.v1.ObjectStatus.caught_up_time:type_name -> google.protobuf.Timestamp
+	7,  // 21: nimbus.v1.ObjectWithStatus.object:type_name -> nimbus.v1.Object
+	18, // 22: nimbus.v1.ObjectWithStatus.status:type_name -> nimbus.v1.ObjectStatus
+	7,  // 23: nimbus.v1.ApplyRequest.object:type_name -> nimbus.v1.Object
+	7,  // 24: nimbus.v1.ApplyResponse.object:type_name -> nimbus.v1.Object
+	5,  // 25: nimbus.v1.DeleteRequest.key:type_name -> nimbus.v1.ObjectKey
+	7,  // 26: nimbus.v1.ApplyBatchRequest.objects:type_name -> nimbus.v1.Object
+	21, // 27: nimbus.v1.ApplyBatchResponse.results:type_name -> nimbus.v1.ApplyResponse
+	5,  // 28: nimbus.v1.DeleteBatchRequest.keys:type_name -> nimbus.v1.ObjectKey
+	23, // 29: nimbus.v1.DeleteBatchResponse.results:type_name -> nimbus.v1.DeleteResponse
+	5,  // 30: nimbus.v1.GetRequest.key:type_name -> nimbus.v1.ObjectKey
+	19, // 31: nimbus.v1.GetResponse.item:type_name -> nimbus.v1.ObjectWithStatus
+	0,  // 32: nimbus.v1.ListRequest.kind:type_name -> nimbus.v1.Kind
+	19, // 33: nimbus.v1.ListResponse.items:type_name -> nimbus.v1.ObjectWithStatus
+	3,  // 34: nimbus.v1.WatchEvent.type:type_name -> nimbus.v1.WatchEvent.Type
+	7,  // 35: nimbus.v1.WatchEvent.object:type_name -> nimbus.v1.Object
+	5,  // 36: nimbus.v1.WatchEvent.key:type_name -> nimbus.v1.ObjectKey
+	33, // 37: nimbus.v1.WatchFrame.events:type_name -> nimbus.v1.WatchEvent
+	0,  // 38: nimbus.v1.WatchStatusRequest.kind:type_name -> nimbus.v1.Kind
+	4,  // 39: nimbus.v1.StatusEvent.type:type_name -> nimbus.v1.StatusEvent.Type
+	19, // 40: nimbus.v1.StatusEvent.item:type_name -> nimbus.v1.ObjectWithStatus
+	5,  // 41: nimbus.v1.StatusEvent.key:type_name -> nimbus.v1.ObjectKey
+	36, // 42: nimbus.v1.StatusFrame.events:type_name -> nimbus.v1.StatusEvent
+	5,  // 43: nimbus.v1.StatusReport.key:type_name -> nimbus.v1.ObjectKey
+	17, // 44: nimbus.v1.StatusReport.status:type_name -> nimbus.v1.NodeStatus
+	20, // 45: nimbus.v1.Nimbus.Apply:input_type -> nimbus.v1.ApplyRequest
+	24, // 46: nimbus.v1.Nimbus.ApplyBatch:input_type -> nimbus.v1.ApplyBatchRequest
+	22, // 47: nimbus.v1.Nimbus.Delete:input_type -> nimbus.v1.DeleteRequest
+	26, // 48: nimbus.v1.Nimbus.DeleteBatch:input_type -> nimbus.v1.DeleteBatchRequest
+	28, // 49: nimbus.v1.Nimbus.Get:input_type -> nimbus.v1.GetRequest
+	30, // 50: nimbus.v1.Nimbus.List:input_type -> nimbus.v1.ListRequest
+	32, // 51: nimbus.v1.Nimbus.Watch:input_type -> nimbus.v1.WatchRequest
+	35, // 52: nimbus.v1.Nimbus.WatchStatus:input_type -> nimbus.v1.WatchStatusRequest
+	38, // 53: nimbus.v1.Nimbus.ReportStatus:input_type -> nimbus.v1.StatusReport
+	21, // 54: nimbus.v1.Nimbus.Apply:output_type -> nimbus.v1.ApplyResponse
+	25, // 55: nimbus.v1.Nimbus.ApplyBatch:output_type -> nimbus.v1.ApplyBatchResponse
+	23, // 56: nimbus.v1.Nimbus.Delete:output_type -> nimbus.v1.DeleteResponse
+	27, // 57: nimbus.v1.Nimbus.DeleteBatch:output_type -> nimbus.v1.DeleteBatchResponse
+	29, // 58: nimbus.v1.Nimbus.Get:output_type -> nimbus.v1.GetResponse
+	31, // 59: nimbus.v1.Nimbus.List:output_type -> nimbus.v1.ListResponse
+	33, // 60: nimbus.v1.Nimbus.Watch:output_type -> nimbus.v1.WatchEvent
+	37, // 61: nimbus.v1.Nimbus.WatchStatus:output_type -> nimbus.v1.StatusFrame
+	39, // 62: nimbus.v1.Nimbus.ReportStatus:output_type -> nimbus.v1.ReportStatusResponse
+	54, // [54:63] is the sub-list for method output_type
+	45, // [45:54] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_nimbus_v1_nimbus_proto_init() }
@@ -2472,8 +3006,8 @@ func file_nimbus_v1_nimbus_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nimbus_v1_nimbus_proto_rawDesc), len(file_nimbus_v1_nimbus_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   29,
+			NumEnums:      5,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -22,10 +22,13 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	Nimbus_Apply_FullMethodName        = "/nimbus.v1.Nimbus/Apply"
+	Nimbus_ApplyBatch_FullMethodName   = "/nimbus.v1.Nimbus/ApplyBatch"
 	Nimbus_Delete_FullMethodName       = "/nimbus.v1.Nimbus/Delete"
+	Nimbus_DeleteBatch_FullMethodName  = "/nimbus.v1.Nimbus/DeleteBatch"
 	Nimbus_Get_FullMethodName          = "/nimbus.v1.Nimbus/Get"
 	Nimbus_List_FullMethodName         = "/nimbus.v1.Nimbus/List"
 	Nimbus_Watch_FullMethodName        = "/nimbus.v1.Nimbus/Watch"
+	Nimbus_WatchStatus_FullMethodName  = "/nimbus.v1.Nimbus/WatchStatus"
 	Nimbus_ReportStatus_FullMethodName = "/nimbus.v1.Nimbus/ReportStatus"
 )
 
@@ -33,14 +36,18 @@ const (
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// Nimbus is the desired-state bus. Publishers call Apply, Delete, Get and List; agents call
-// Watch for their node and stream status back with ReportStatus.
+// Nimbus is the desired-state bus. Publishers call Apply, Delete, their batch forms, Get,
+// List and WatchStatus; agents call Watch for their node and stream status back with
+// ReportStatus.
 type NimbusClient interface {
 	Apply(ctx context.Context, in *ApplyRequest, opts ...grpc.CallOption) (*ApplyResponse, error)
+	ApplyBatch(ctx context.Context, in *ApplyBatchRequest, opts ...grpc.CallOption) (*ApplyBatchResponse, error)
 	Delete(ctx context.Context, in *DeleteRequest, opts ...grpc.CallOption) (*DeleteResponse, error)
+	DeleteBatch(ctx context.Context, in *DeleteBatchRequest, opts ...grpc.CallOption) (*DeleteBatchResponse, error)
 	Get(ctx context.Context, in *GetRequest, opts ...grpc.CallOption) (*GetResponse, error)
 	List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListResponse, error)
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEvent], error)
+	WatchStatus(ctx context.Context, in *WatchStatusRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StatusFrame], error)
 	ReportStatus(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[StatusReport, ReportStatusResponse], error)
 }
 
@@ -62,10 +69,30 @@ func (c *nimbusClient) Apply(ctx context.Context, in *ApplyRequest, opts ...grpc
 	return out, nil
 }
 
+func (c *nimbusClient) ApplyBatch(ctx context.Context, in *ApplyBatchRequest, opts ...grpc.CallOption) (*ApplyBatchResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ApplyBatchResponse)
+	err := c.cc.Invoke(ctx, Nimbus_ApplyBatch_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *nimbusClient) Delete(ctx context.Context, in *DeleteRequest, opts ...grpc.CallOption) (*DeleteResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(DeleteResponse)
 	err := c.cc.Invoke(ctx, Nimbus_Delete_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *nimbusClient) DeleteBatch(ctx context.Context, in *DeleteBatchRequest, opts ...grpc.CallOption) (*DeleteBatchResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteBatchResponse)
+	err := c.cc.Invoke(ctx, Nimbus_DeleteBatch_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -111,9 +138,28 @@ func (c *nimbusClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Nimbus_WatchClient = grpc.ServerStreamingClient[WatchEvent]
 
+func (c *nimbusClient) WatchStatus(ctx context.Context, in *WatchStatusRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StatusFrame], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Nimbus_ServiceDesc.Streams[1], Nimbus_WatchStatus_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchStatusRequest, StatusFrame]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Nimbus_WatchStatusClient = grpc.ServerStreamingClient[StatusFrame]
+
 func (c *nimbusClient) ReportStatus(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[StatusReport, ReportStatusResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Nimbus_ServiceDesc.Streams[1], Nimbus_ReportStatus_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Nimbus_ServiceDesc.Streams[2], Nimbus_ReportStatus_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -128,14 +174,18 @@ type Nimbus_ReportStatusClient = grpc.ClientStreamingClient[StatusReport, Report
 // All implementations must embed UnimplementedNimbusServer
 // for forward compatibility.
 //
-// Nimbus is the desired-state bus. Publishers call Apply, Delete, Get and List; agents call
-// Watch for their node and stream status back with ReportStatus.
+// Nimbus is the desired-state bus. Publishers call Apply, Delete, their batch forms, Get,
+// List and WatchStatus; agents call Watch for their node and stream status back with
+// ReportStatus.
 type NimbusServer interface {
 	Apply(context.Context, *ApplyRequest) (*ApplyResponse, error)
+	ApplyBatch(context.Context, *ApplyBatchRequest) (*ApplyBatchResponse, error)
 	Delete(context.Context, *DeleteRequest) (*DeleteResponse, error)
+	DeleteBatch(context.Context, *DeleteBatchRequest) (*DeleteBatchResponse, error)
 	Get(context.Context, *GetRequest) (*GetResponse, error)
 	List(context.Context, *ListRequest) (*ListResponse, error)
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchEvent]) error
+	WatchStatus(*WatchStatusRequest, grpc.ServerStreamingServer[StatusFrame]) error
 	ReportStatus(grpc.ClientStreamingServer[StatusReport, ReportStatusResponse]) error
 	mustEmbedUnimplementedNimbusServer()
 }
@@ -150,8 +200,14 @@ type UnimplementedNimbusServer struct{}
 func (UnimplementedNimbusServer) Apply(context.Context, *ApplyRequest) (*ApplyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Apply not implemented")
 }
+func (UnimplementedNimbusServer) ApplyBatch(context.Context, *ApplyBatchRequest) (*ApplyBatchResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ApplyBatch not implemented")
+}
 func (UnimplementedNimbusServer) Delete(context.Context, *DeleteRequest) (*DeleteResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Delete not implemented")
+}
+func (UnimplementedNimbusServer) DeleteBatch(context.Context, *DeleteBatchRequest) (*DeleteBatchResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteBatch not implemented")
 }
 func (UnimplementedNimbusServer) Get(context.Context, *GetRequest) (*GetResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Get not implemented")
@@ -161,6 +217,9 @@ func (UnimplementedNimbusServer) List(context.Context, *ListRequest) (*ListRespo
 }
 func (UnimplementedNimbusServer) Watch(*WatchRequest, grpc.ServerStreamingServer[WatchEvent]) error {
 	return status.Error(codes.Unimplemented, "method Watch not implemented")
+}
+func (UnimplementedNimbusServer) WatchStatus(*WatchStatusRequest, grpc.ServerStreamingServer[StatusFrame]) error {
+	return status.Error(codes.Unimplemented, "method WatchStatus not implemented")
 }
 func (UnimplementedNimbusServer) ReportStatus(grpc.ClientStreamingServer[StatusReport, ReportStatusResponse]) error {
 	return status.Error(codes.Unimplemented, "method ReportStatus not implemented")
@@ -204,6 +263,24 @@ func _Nimbus_Apply_Handler(srv interface{}, ctx context.Context, dec func(interf
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Nimbus_ApplyBatch_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ApplyBatchRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NimbusServer).ApplyBatch(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Nimbus_ApplyBatch_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NimbusServer).ApplyBatch(ctx, req.(*ApplyBatchRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Nimbus_Delete_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(DeleteRequest)
 	if err := dec(in); err != nil {
@@ -218,6 +295,24 @@ func _Nimbus_Delete_Handler(srv interface{}, ctx context.Context, dec func(inter
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(NimbusServer).Delete(ctx, req.(*DeleteRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Nimbus_DeleteBatch_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteBatchRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NimbusServer).DeleteBatch(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Nimbus_DeleteBatch_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NimbusServer).DeleteBatch(ctx, req.(*DeleteBatchRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -269,6 +364,17 @@ func _Nimbus_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Nimbus_WatchServer = grpc.ServerStreamingServer[WatchEvent]
 
+func _Nimbus_WatchStatus_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchStatusRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(NimbusServer).WatchStatus(m, &grpc.GenericServerStream[WatchStatusRequest, StatusFrame]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Nimbus_WatchStatusServer = grpc.ServerStreamingServer[StatusFrame]
+
 func _Nimbus_ReportStatus_Handler(srv interface{}, stream grpc.ServerStream) error {
 	return srv.(NimbusServer).ReportStatus(&grpc.GenericServerStream[StatusReport, ReportStatusResponse]{ServerStream: stream})
 }
@@ -288,8 +394,16 @@ var Nimbus_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Nimbus_Apply_Handler,
 		},
 		{
+			MethodName: "ApplyBatch",
+			Handler:    _Nimbus_ApplyBatch_Handler,
+		},
+		{
 			MethodName: "Delete",
 			Handler:    _Nimbus_Delete_Handler,
+		},
+		{
+			MethodName: "DeleteBatch",
+			Handler:    _Nimbus_DeleteBatch_Handler,
 		},
 		{
 			MethodName: "Get",
@@ -304,6 +418,11 @@ var Nimbus_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Watch",
 			Handler:       _Nimbus_Watch_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "WatchStatus",
+			Handler:       _Nimbus_WatchStatus_Handler,
 			ServerStreams: true,
 		},
 		{
