@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
@@ -30,6 +31,8 @@ import (
 //     (status.node equal to the certificate's node name). The first report for another
 //     node ends the stream with PermissionDenied; it and every report after it are not
 //     stored, the ones before it are.
+//   - The standard health service (grpc.health.v1.Health): anyone with a certificate the
+//     CAs issued, so probes need no role.
 //   - Any other method: nobody.
 //
 // Refusals are codes.PermissionDenied with a message naming who asked for what, such as
@@ -46,6 +49,7 @@ func (s *Server) authorizeUnary(ctx context.Context, req any, info *grpc.UnarySe
 	}
 	method := path.Base(info.FullMethod)
 	switch info.FullMethod {
+	case healthpb.Health_Check_FullMethodName, healthpb.Health_List_FullMethodName:
 	case nimbusv1.Nimbus_Apply_FullMethodName, nimbusv1.Nimbus_Delete_FullMethodName,
 		nimbusv1.Nimbus_Get_FullMethodName, nimbusv1.Nimbus_List_FullMethodName:
 		if id.Role != pki.RolePublisher {
@@ -70,6 +74,8 @@ func (s *Server) authorizeStream(srv any, ss grpc.ServerStream, info *grpc.Strea
 	}
 	var check func(m any) error
 	switch info.FullMethod {
+	case healthpb.Health_Watch_FullMethodName:
+		check = func(any) error { return nil }
 	case nimbusv1.Nimbus_Watch_FullMethodName:
 		check = func(m any) error {
 			req, ok := m.(*nimbusv1.WatchRequest)

@@ -18,6 +18,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	protoenc "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/mem"
@@ -151,6 +153,8 @@ type Server struct {
 	done chan struct{}
 	// resets counts the watchers reset because they fell behind.
 	resets atomic.Uint64
+	// serving is true while Serve serves.
+	serving atomic.Bool
 
 	// mu serializes object commits with the hand-over of their change to the watchers and
 	// with watcher registration. It guards rev, history, watchers and closed, and the
@@ -278,6 +282,11 @@ func (s *Server) Serve(ctx context.Context, lis ...net.Listener) error {
 		grpc.ChainStreamInterceptor(s.authorizeStream),
 	)
 	nimbusv1.RegisterNimbusServer(gs, s)
+	// The standard health service, so stock probes work: SERVING for the whole server and
+	// for nimbus.v1.Nimbus until Serve stops.
+	hs := health.NewServer()
+	hs.SetServingStatus(nimbusv1.Nimbus_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	healthpb.RegisterHealthServer(gs, hs)
 
 	errc := make(chan error, len(lis))
 	var wg sync.WaitGroup
@@ -289,13 +298,17 @@ func (s *Server) Serve(ctx context.Context, lis ...net.Listener) error {
 		})
 	}
 	defer wg.Wait()
+	s.serving.Store(true)
+	defer s.serving.Store(false)
 
 	select {
 	case err := <-errc:
+		hs.Shutdown()
 		gs.Stop()
 		return err
 	case <-ctx.Done():
 	}
+	hs.Shutdown()
 	s.Close()
 	drainCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), drainTimeout)
 	defer cancel()
@@ -320,6 +333,18 @@ func (s *Server) Close() error {
 	s.metrics.unregister()
 	if s.disk != nil {
 		return s.disk.close()
+	}
+	return nil
+}
+
+// Ready returns why the server is not ready to take requests, nothing when it is: it is
+// ready while Serve serves, until it is closed. /readyz reports it.
+func (s *Server) Ready() []string {
+	switch {
+	case s.isClosed():
+		return []string{"nimbus is shutting down"}
+	case !s.serving.Load():
+		return []string{"nimbus is not serving yet"}
 	}
 	return nil
 }

@@ -19,7 +19,9 @@
 // they, the revision and the epoch survive a restart and agents resume where they were;
 // --ephemeral keeps everything in memory only. A store file nimbus cannot read back, or that
 // another process holds, is an error that names it. --metrics serves Prometheus metrics on
-// http://HOST:PORT/metrics; without it there is no metrics endpoint.
+// http://HOST:PORT/metrics, liveness on /healthz and readiness on /readyz (200 while
+// serving); without it there is no HTTP endpoint. The gRPC listeners also serve the
+// standard health service, grpc.health.v1.Health.
 package main
 
 import (
@@ -41,6 +43,7 @@ import (
 
 	"github.com/naplesnet/naples/internal/address"
 	"github.com/naplesnet/naples/internal/pki"
+	"github.com/naplesnet/naples/internal/telemetry"
 	"github.com/naplesnet/naples/nimbus"
 )
 
@@ -108,7 +111,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	})
 	fs.IntVar(&cfg.watchBuffer, "watch-buffer", nimbus.DefaultWatchBuffer, "how many `events` a watcher may fall behind before it is reset and must resume")
 	fs.BoolVar(&ephemeral, "ephemeral", false, "keep objects in memory only: a restart loses them and every agent resyncs")
-	fs.Func("metrics", "`host:port` to serve Prometheus metrics on at /metrics (default: none)", func(s string) error {
+	fs.Func("metrics", "`host:port` to serve Prometheus metrics (/metrics) and probes (/healthz, /readyz) on (default: none)", func(s string) error {
 		if _, _, err := net.SplitHostPort(s); err != nil {
 			return fmt.Errorf("address %q: want host:port: %w", s, err)
 		}
@@ -202,12 +205,12 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		log.Info("store is ephemeral: a restart loses every object")
 	}
 	if cfg.metrics != "" {
-		m, err := startMetrics(ctx, cfg.metrics, reg, log)
+		m, err := telemetry.Serve(ctx, cfg.metrics, telemetry.Options{Gatherer: reg, Ready: srv.Ready, Logger: log})
 		if err != nil {
 			return err
 		}
-		defer m.close()
-		log.Info("serving metrics", "url", "http://"+m.addr+"/metrics")
+		defer m.Close()
+		log.Info("serving metrics", "url", "http://"+m.Addr()+"/metrics", "probes", []string{"/healthz", "/readyz"})
 	}
 
 	var listeners []net.Listener

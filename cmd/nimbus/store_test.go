@@ -16,6 +16,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/naplesnet/naples/nimbus"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -150,7 +151,46 @@ func TestRunPersistsAndServesMetrics(t *testing.T) {
 			t.Errorf("metrics lack %q:\n%s", want, body)
 		}
 	}
+	base := strings.TrimSuffix(url, "/metrics")
+	for _, probe := range []string{"/healthz", "/readyz"} {
+		resp, err := http.Get(base + probe)
+		if err != nil {
+			t.Fatalf("GET %s: %v", probe, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("GET %s while serving = %s, want 200", probe, resp.Status)
+		}
+	}
+	// The standard gRPC health service answers on the gRPC listener, and says so until
+	// nimbus stops.
+	hc := healthpb.NewHealthClient(conn)
+	for _, service := range []string{"", nimbusv1.Nimbus_ServiceDesc.ServiceName} {
+		got, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: service})
+		if err != nil || got.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			t.Errorf("health Check(%q) = %v, %v; want SERVING", service, got, err)
+		}
+	}
+	watchCtx, endWatch := context.WithCancel(ctx)
+	hw, err := hc.Watch(watchCtx, &healthpb.HealthCheckRequest{Service: nimbusv1.Nimbus_ServiceDesc.ServiceName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := hw.Recv(); err != nil || got.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health Watch first = %v, %v; want SERVING", got, err)
+	}
+	// A prober watching health hears NOT_SERVING as soon as nimbus starts to stop, and
+	// then goes away, which lets the graceful stop finish.
+	afterStop := make(chan *healthpb.HealthCheckResponse, 1)
+	go func() {
+		got, _ := hw.Recv()
+		afterStop <- got
+		endWatch()
+	}()
 	stop()
+	if got := <-afterStop; got.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Errorf("health Watch once nimbus stops = %v; want NOT_SERVING", got)
+	}
 	if _, err := http.Get(url); err == nil {
 		t.Errorf("metrics still served after nimbus stopped")
 	}

@@ -1,0 +1,79 @@
+package telemetry
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(b)
+}
+
+func TestProbesFollowTheProcess(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "naples_test_things_total", Help: "Things."})
+	reg.MustRegister(c)
+	var broken atomic.Bool
+	var reasons atomic.Pointer[[]string]
+	reasons.Store(&[]string{"delphi not restored yet", "3 objects not reconciled yet"})
+	s, err := Serve(context.Background(), "127.0.0.1:0", Options{
+		Gatherer: reg,
+		Healthy: func() error {
+			if broken.Load() {
+				return errors.New("hal: stopped")
+			}
+			return nil
+		},
+		Ready: func() []string { return *reasons.Load() },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	base := "http://" + s.Addr()
+
+	c.Add(3)
+	if code, body := get(t, base+"/metrics"); code != 200 || !strings.Contains(body, "naples_test_things_total 3") {
+		t.Errorf("/metrics = %d:\n%s", code, body)
+	}
+	if code, body := get(t, base+"/readyz"); code != 503 || !strings.Contains(body, "delphi not restored yet\n3 objects not reconciled yet") {
+		t.Errorf("/readyz while not ready = %d %q, want 503 with the reasons", code, body)
+	}
+	reasons.Store(&[]string{})
+	if code, _ := get(t, base+"/readyz"); code != 200 {
+		t.Errorf("/readyz when ready = %d, want 200", code)
+	}
+	if code, _ := get(t, base+"/healthz"); code != 200 {
+		t.Errorf("/healthz while healthy = %d, want 200", code)
+	}
+	broken.Store(true)
+	if code, body := get(t, base+"/healthz"); code != 503 || !strings.Contains(body, "hal: stopped") {
+		t.Errorf("/healthz while broken = %d %q, want 503 naming the cause", code, body)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := http.Get(base + "/healthz"); err == nil {
+		t.Error("still serving after Close")
+	}
+}
