@@ -23,8 +23,9 @@ import (
 // that a CA of Options.TLS.ClientCAs issued, and its identity (see package internal/pki)
 // decides what it may call:
 //
-//   - Apply, Delete, Get and List: publishers only. Nodes learn their objects from Watch
-//     and have no need to read or change anyone else's.
+//   - Apply, ApplyBatch, Delete, DeleteBatch, Get and List: publishers only. Nodes learn
+//     their objects from Watch and have no need to read or change anyone else's.
+//   - WatchStatus: publishers only, as List.
 //   - Watch: a node for its own name only; a publisher for any node, which shows it no
 //     more than List does and lets tools watch what a node receives.
 //   - ReportStatus: nodes only, and every report must be for the reporting node
@@ -50,7 +51,8 @@ func (s *Server) authorizeUnary(ctx context.Context, req any, info *grpc.UnarySe
 	method := path.Base(info.FullMethod)
 	switch info.FullMethod {
 	case healthpb.Health_Check_FullMethodName, healthpb.Health_List_FullMethodName:
-	case nimbusv1.Nimbus_Apply_FullMethodName, nimbusv1.Nimbus_Delete_FullMethodName,
+	case nimbusv1.Nimbus_Apply_FullMethodName, nimbusv1.Nimbus_ApplyBatch_FullMethodName,
+		nimbusv1.Nimbus_Delete_FullMethodName, nimbusv1.Nimbus_DeleteBatch_FullMethodName,
 		nimbusv1.Nimbus_Get_FullMethodName, nimbusv1.Nimbus_List_FullMethodName:
 		if id.Role != pki.RolePublisher {
 			return nil, s.deny(ctx, id, info.FullMethod, "%s may not call %s: a publisher certificate is required", id, method)
@@ -87,6 +89,11 @@ func (s *Server) authorizeStream(srv any, ss grpc.ServerStream, info *grpc.Strea
 			}
 			return nil
 		}
+	case nimbusv1.Nimbus_WatchStatus_FullMethodName:
+		if id.Role != pki.RolePublisher {
+			return s.deny(ctx, id, info.FullMethod, "%s may not watch status: a publisher certificate is required", id)
+		}
+		check = func(any) error { return nil }
 	case nimbusv1.Nimbus_ReportStatus_FullMethodName:
 		if id.Role != pki.RoleNode {
 			return s.deny(ctx, id, info.FullMethod, "%s may not report status: a node certificate is required", id)

@@ -18,38 +18,77 @@
 // change; a change of labels only takes a revision but keeps the generation, and applying
 // what is already stored changes nothing at all.
 //
+// ApplyBatch and DeleteBatch write many objects in one call, as that many Applies or
+// Deletes in a row would, but all or nothing: every entry is validated first, and one
+// invalid entry refuses the call with codes.InvalidArgument naming its position and key
+// (`objects[3] (Route/default/default/x): spec.prefix "10.0.0.0/33": ...`) before
+// anything is stored. A key may appear only once per call; a second appearance is refused
+// the same way, naming both positions, because a batch means one final state per object.
+// Each object that changes still takes its own revision, consecutive in the order of the
+// call, and unchanged ones take none. A single Apply or Delete is a batch of one: both go
+// through the same commit path.
+//
 // # Watch
 //
-// A node's Watch first receives every object that targets it as PUT events marked snapshot,
-// then SYNCED with the snapshot's revision, then one PUT or DELETE per committed change that
-// concerns the node, in commit order. Registration and the snapshot read happen under the
-// lock every commit holds while it hands its change to the watchers, so no change is missed
-// or sent twice. Each change is built once per commit as an immutable value carrying its
-// revision and is shared by every watcher; its wire form is encoded at most once, however
-// many watchers send it.
+// A node's Watch first receives every object that targets it as PUT events (the
+// snapshot), then SYNCED with the snapshot's revision, then one PUT or DELETE per committed
+// change that concerns the node, in commit order, each with its own revision, a batch's
+// changes too. Registration and the snapshot read happen under the lock every commit holds
+// while it hands its changes to the watchers, so no change is missed or sent twice.
+//
+// The stream carries WatchFrames: each holds as many consecutive events as are ready to
+// go, up to 32 KiB of them (an event larger than that travels alone), so a snapshot or a
+// burst of changes takes a frame per hundred events or so (of a few hundred bytes each)
+// rather than a message per event. Where a frame ends means nothing; a frame may hold the
+// end of a snapshot, SYNCED and the first changes.
+//
+// Every object's event is encoded once per revision and shared: each change is built once
+// per commit as an immutable value carrying its revision, its PUT event is also kept with
+// the stored object, and a snapshot sends the stored object's event. A frame is those
+// encoded events, each copied behind the tag and length of WatchFrame.events, so a change
+// or a snapshot sent to a thousand watchers encodes each object once. Snapshot events are therefore the very PUT events of the objects' last
+// changes and carry no snapshot mark: a watch that does not start with RESUMED starts with
+// a snapshot, and its events before SYNCED are the snapshot.
 //
 // The last Options.HistoryWindow changes are kept, oldest dropped first. A Watch that
 // carries the server's epoch and a revision R whose later changes are all still kept resumes
 // instead: it receives RESUMED with R, then every kept change after R that concerns the node
 // (a PUT for an object that targets it, a DELETE for a deletion or a retarget away from it),
 // then the live changes; the kept changes are queued under the same lock as registration, so
-// again nothing is missed or sent twice. Any other Watch (no epoch, another epoch, R too old
-// or ahead of the current revision) gets the snapshot.
+// again nothing is missed or sent twice. R may be any revision, one in the middle of a
+// batch's changes or of a frame included: a client that stored part of a frame resumes
+// right after what it stored. Any other Watch (no epoch, another epoch, R too old or
+// ahead of the current revision) gets the snapshot.
 //
-// Commits never wait for watchers. Each watcher has a bounded buffer; a watcher whose buffer
-// is full when a commit needs it is reset: it is unregistered and its queued events are
-// dropped at once, even when its stream is stuck sending to a client that does not read (a
-// stopped process), so it holds on to at most the event under way. Its stream ends with
-// codes.ResourceExhausted as soon as the client reads what was already sent, and the client
-// watches again, resuming from the last revision it received while that is in the window.
-// An idle watch receives a BOOKMARK with the current revision every Options.BookmarkInterval.
+// Commits never wait for watchers. Each watcher has a bounded queue; a watcher that has
+// Options.WatchBuffer events queued or more when a commit needs it is reset (a commit
+// that finds fewer queues all of its events, so one large batch alone resets no watcher
+// that keeps up): it is unregistered and its queued events are dropped at once, even when
+// its stream is stuck sending to a client that does not read (a stopped process), so it
+// holds on to at most the frame under way. Its stream ends with codes.ResourceExhausted as
+// soon as the client reads what was already sent, and the client watches again, resuming
+// from the last revision it stored while that is in the window. An idle watch receives a
+// BOOKMARK with the current revision every Options.BookmarkInterval.
 //
 // # Persistence
 //
 // With Options.DataDir the store is durable: DataDir/nimbus.db is a bbolt file holding every
 // object, the revision and the epoch, in the layout delphi's state file has too (see
-// internal/statefile). A commit writes its object and revision there, in one bbolt
-// transaction, before the change becomes visible to readers and watchers. New loads the
+// internal/statefile). A commit writes its objects and the revision there, in one bbolt
+// transaction (one fsync), before its changes become visible to readers and watchers; a
+// commit whose bbolt transaction fails stores nothing, in memory or on disk. Every call
+// that writes returns only once its changes are durable.
+//
+// Concurrent writers share commits (group commit). The first caller that finds no commit
+// under way leads: it takes every batch queued, its own included, and commits them in one
+// memdb transaction and one bbolt transaction, each batch after the one before, each
+// change with its own revision; then it hands the changes to the watchers in revision
+// order under the same lock, answers every caller, and passes the lead to the oldest
+// batch queued meanwhile, which commits everything that gathered while the previous commit
+// was being written. A lone caller commits at once and never waits for company. A batch is
+// validated by its own call before it is queued, so one caller's bad object fails that
+// call alone; only a failure of the shared commit itself (the store closed, the disk
+// write failing) fails every batch in it, and then none of them is stored. New loads the
 // file, so objects, revisions and the epoch carry on across restarts and agents can resume;
 // the history starts empty, so only a watch at the current revision resumes right after a
 // restart. A new file is given a fresh epoch. Statuses and which nodes watch are memory
@@ -67,7 +106,9 @@
 // The server registers with Options.Registerer: naples_nimbus_watcher_resets_total,
 // naples_nimbus_watch_starts_total{mode="resume"|"snapshot"}, and the gauges
 // naples_nimbus_watchers (streams receiving changes), naples_nimbus_revision and
-// naples_nimbus_objects. Close unregisters them.
+// naples_nimbus_objects, the counter naples_nimbus_commits_total (commits that changed
+// objects, each one bbolt transaction with a data directory) and the histogram
+// naples_nimbus_commit_batch_size (object changes per commit). Close unregisters them.
 //
 // # Status
 //
@@ -95,6 +136,22 @@
 // status, which is as long as staleness can concern it; once it has neither and no open
 // stream, that is forgotten, and a node with nothing on record, such as one that has never
 // watched, counts from New.
+//
+// WatchStatus streams the same ObjectStatus, as Get aggregates it, for the objects a
+// publisher selects by kind, tenant, namespace and name (empty fields select all): first
+// every selected object as a PUT, then SYNCED, then a PUT when an object's status may have
+// changed and a DELETE when a selected object the client has is deleted. Commits, status
+// reports and watch streams opening or ending only mark in each status watcher what may
+// have changed (an object; a node, whose objects are the ones targeting it); they never
+// wait for it. A watcher flushes at most every 5ms: it recomputes each marked object once,
+// in a read of the store taken after the marks, and sends only those that differ from
+// what it last sent the client, in frames of about 1 MiB at most. A burst of reports thus
+// costs one event per object per flush, and what a watcher holds is bounded by the
+// objects and nodes there are, however slowly its client reads. Staleness comes with
+// time, not with a change: a watcher looks for nodes whose statuses turned stale every
+// StaleAfter/2, at most every second, and sends the objects they concern; it may send a
+// stale mark up to that long after Get shows it. The stream ends with codes.Unavailable
+// when the Server is closed; watching again starts with the current state again.
 //
 // Because watch events are sent in their pre-encoded form, a Server must be served with
 // Serve, which installs the codec that understands them, and not registered on a

@@ -24,6 +24,8 @@ type metrics struct {
 	watchers    prometheus.Gauge
 	revision    prometheus.Gauge
 	objects     prometheus.Gauge
+	commits     prometheus.Counter
+	commitSize  prometheus.Histogram
 }
 
 // newMetrics creates the metrics and registers them with reg. On error nothing stays
@@ -52,11 +54,20 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: ns, Subsystem: sub, Name: "objects",
 			Help: "Objects in the store.",
 		}),
+		commits: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "commits_total",
+			Help: "Commits of object changes: each is one memdb transaction and, with a data directory, one bbolt transaction (one fsync), and may carry the writes of several calls.",
+		}),
+		commitSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: ns, Subsystem: sub, Name: "commit_batch_size",
+			Help:    "Object changes (revisions) per commit.",
+			Buckets: prometheus.ExponentialBuckets(1, 4, 10),
+		}),
 	}
 	// Both modes are present from the start, so that rates work from the first watch.
 	m.watchStarts.WithLabelValues(watchModeResume)
 	m.watchStarts.WithLabelValues(watchModeSnapshot)
-	for _, c := range []prometheus.Collector{m.resets, m.watchStarts, m.watchers, m.revision, m.objects} {
+	for _, c := range []prometheus.Collector{m.resets, m.watchStarts, m.watchers, m.revision, m.objects, m.commits, m.commitSize} {
 		if err := reg.Register(c); err != nil {
 			m.unregister()
 			var are prometheus.AlreadyRegisteredError

@@ -17,7 +17,8 @@ import (
 )
 
 // Apply creates or updates an object. An invalid object is refused with
-// codes.InvalidArgument naming the bad fields, and nothing is stored.
+// codes.InvalidArgument naming the bad fields, and nothing is stored. It returns once the
+// change is durable; concurrent writes share commits (see the package documentation).
 func (s *Server) Apply(ctx context.Context, req *nimbusv1.ApplyRequest) (*nimbusv1.ApplyResponse, error) {
 	in := req.GetObject()
 	if in == nil {
@@ -26,100 +27,16 @@ func (s *Server) Apply(ctx context.Context, req *nimbusv1.ApplyRequest) (*nimbus
 	if err := in.Validate(); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	resp, err := s.apply(in)
-	if err != nil {
+	b := &batch{writes: []write{applyWrite(in)}}
+	if err := s.submit(b); err != nil {
 		return nil, rpcError(err)
 	}
-	return resp, nil
+	return applyResponse(b.outcomes[0]), nil
 }
 
-// apply stores a clone of the valid object in and returns what is stored, whether that
-// changed anything and whether it created the object.
-func (s *Server) apply(in *nimbusv1.Object) (*nimbusv1.ApplyResponse, error) {
-	key := in.Key()
-	id := key.ID()
-	obj := proto.Clone(in).(*nimbusv1.Object)
-	m := obj.GetMeta()
-	m.Tenant, m.Namespace = key.GetTenant(), key.GetNamespace()
-	m.Nodes = normalizeNodes(m.GetNodes())
-	now := timestamppb.New(s.opts.Now())
-
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil, fmt.Errorf("applying %s: %w", id, ErrClosed)
-	}
-	txn := s.db.Txn(true)
-	defer txn.Abort()
-	old, err := getObject(txn, id)
-	if err != nil {
-		return nil, fmt.Errorf("applying %s: %w", id, err)
-	}
-	retargeted := false
-	if old == nil {
-		m.Uid = newUUID()
-		m.Generation = 1
-		m.CreateTime = now
-	} else {
-		om := old.GetMeta()
-		specChanged := !proto.Equal(&nimbusv1.Object{Spec: old.GetSpec()}, &nimbusv1.Object{Spec: obj.GetSpec()})
-		retargeted = !slices.Equal(om.GetNodes(), m.GetNodes())
-		if !specChanged && !retargeted && maps.Equal(om.GetLabels(), m.GetLabels()) {
-			s.log.Debug("object unchanged", "key", id, "revision", om.GetRevision())
-			return &nimbusv1.ApplyResponse{Object: old}, nil
-		}
-		m.Uid, m.CreateTime, m.Generation = om.GetUid(), om.GetCreateTime(), om.GetGeneration()
-		if specChanged || retargeted {
-			m.Generation++
-		}
-	}
-	rev := s.rev + 1
-	m.Revision = rev
-	m.UpdateTime = now
-	if err := putObject(txn, id, obj); err != nil {
-		return nil, fmt.Errorf("applying %s: %w", id, err)
-	}
-	if retargeted {
-		if err := dropRetargetedStatuses(txn, id, obj); err != nil {
-			return nil, fmt.Errorf("applying %s: %w", id, err)
-		}
-	}
-	if err := setRevision(txn, rev); err != nil {
-		return nil, fmt.Errorf("applying %s: %w", id, err)
-	}
-	if s.disk != nil {
-		if err := s.disk.commit(id, obj, rev); err != nil {
-			return nil, fmt.Errorf("applying %s: %w", id, err)
-		}
-	}
-	txn.Commit()
-	s.rev = rev
-	s.publishLocked(newChange(s.epoch, rev, key, old, obj))
-	if old == nil {
-		s.metrics.objects.Inc()
-	}
-	s.log.Info("object applied", "key", id, "revision", rev, "generation", m.GetGeneration(), "created", old == nil)
-	return &nimbusv1.ApplyResponse{Object: obj, Changed: true, Created: old == nil}, nil
-}
-
-// dropRetargetedStatuses deletes the statuses of the object with the key ID, retargeted to
-// obj, that nodes it no longer targets reported, and forgets the watch state of those nodes
-// when nothing else keeps it.
-func dropRetargetedStatuses(txn *memdb.Txn, id string, obj *nimbusv1.Object) error {
-	recs, err := statusesOf(txn, id)
-	if err != nil {
-		return err
-	}
-	if err := dropStatuses(txn, id, obj.TargetsNode); err != nil {
-		return err
-	}
-	var dropped []string
-	for _, r := range recs {
-		if !obj.TargetsNode(r.Node) {
-			dropped = append(dropped, r.Node)
-		}
-	}
-	return forgetIdleNodes(txn, dropped...)
+// applyResponse is the answer to the apply whose outcome is out.
+func applyResponse(out outcome) *nimbusv1.ApplyResponse {
+	return &nimbusv1.ApplyResponse{Object: out.obj, Changed: out.changed, Created: out.created}
 }
 
 // normalizeNodes returns the node names sorted and without duplicates, so that the order
@@ -132,79 +49,23 @@ func normalizeNodes(nodes []string) []string {
 }
 
 // Delete deletes an object and every status reported for it. Deleting an object that does
-// not exist succeeds with found false.
+// not exist succeeds with found false and the current revision. It returns once the
+// deletion is durable.
 func (s *Server) Delete(ctx context.Context, req *nimbusv1.DeleteRequest) (*nimbusv1.DeleteResponse, error) {
 	key := req.GetKey()
 	if err := key.Validate(); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	found, rev, err := s.delete(key.Defaulted())
-	if err != nil {
+	b := &batch{writes: []write{deleteWrite(key)}, deleting: true}
+	if err := s.submit(b); err != nil {
 		return nil, rpcError(err)
 	}
-	return &nimbusv1.DeleteResponse{Found: found, Revision: rev}, nil
+	return deleteResponse(b.outcomes[0]), nil
 }
 
-// delete deletes the object with the key and returns whether it existed and the revision
-// of the deletion, or the current revision when there was nothing to delete.
-func (s *Server) delete(key *nimbusv1.ObjectKey) (bool, uint64, error) {
-	id := key.ID()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return false, 0, fmt.Errorf("deleting %s: %w", id, ErrClosed)
-	}
-	txn := s.db.Txn(true)
-	defer txn.Abort()
-	old, err := getObject(txn, id)
-	if err != nil {
-		return false, 0, fmt.Errorf("deleting %s: %w", id, err)
-	}
-	if old == nil {
-		s.log.Debug("object to delete not found", "key", id)
-		return false, s.rev, nil
-	}
-	rev := s.rev + 1
-	if _, err := txn.DeleteAll(tableObjects, indexID, id); err != nil {
-		return false, 0, fmt.Errorf("deleting %s: %w", id, err)
-	}
-	recs, err := statusesOf(txn, id)
-	if err != nil {
-		return false, 0, fmt.Errorf("deleting %s: %w", id, err)
-	}
-	if _, err := txn.DeleteAll(tableStatus, indexObject, id); err != nil {
-		return false, 0, fmt.Errorf("deleting statuses of %s: %w", id, err)
-	}
-	// The nodes that reported, and a deleted Node object's node, may have nothing left
-	// that keeps their watch state.
-	idle := make([]string, 0, len(recs)+1)
-	for _, r := range recs {
-		idle = append(idle, r.Node)
-	}
-	if key.GetKind() == nimbusv1.Kind_KIND_NODE {
-		// The node is gone: what it reported about any object goes with it.
-		if _, err := txn.DeleteAll(tableStatus, indexNode, key.GetName()); err != nil {
-			return false, 0, fmt.Errorf("deleting statuses reported by node %s: %w", key.GetName(), err)
-		}
-		idle = append(idle, key.GetName())
-	}
-	if err := forgetIdleNodes(txn, idle...); err != nil {
-		return false, 0, fmt.Errorf("deleting %s: %w", id, err)
-	}
-	if err := setRevision(txn, rev); err != nil {
-		return false, 0, fmt.Errorf("deleting %s: %w", id, err)
-	}
-	if s.disk != nil {
-		if err := s.disk.commit(id, nil, rev); err != nil {
-			return false, 0, fmt.Errorf("deleting %s: %w", id, err)
-		}
-	}
-	txn.Commit()
-	s.rev = rev
-	s.publishLocked(newChange(s.epoch, rev, key, old, nil))
-	s.metrics.objects.Dec()
-	s.log.Info("object deleted", "key", id, "revision", rev)
-	return true, rev, nil
+// deleteResponse is the answer to the deletion whose outcome is out.
+func deleteResponse(out outcome) *nimbusv1.DeleteResponse {
+	return &nimbusv1.DeleteResponse{Found: out.changed, Revision: out.rev}
 }
 
 // Get returns one object with its status, or codes.NotFound.

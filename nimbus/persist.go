@@ -79,17 +79,16 @@ func (d *disk) check(c *statefile.Contents) error {
 	return nil
 }
 
-// commit durably stores the change of revision rev: obj under the key ID, or the deletion
-// of the key ID when obj is nil, together with the revision.
-func (d *disk) commit(id string, obj *nimbusv1.Object, rev uint64) error {
-	b := statefile.Batch{Position: &statefile.Position{Epoch: d.epoch, Revision: rev}}
-	if obj == nil {
-		b.Delete = []string{id}
-	} else {
-		b.Put = []*nimbusv1.Object{obj}
-	}
+// commit durably stores the changes of revisions from to to in one bbolt transaction,
+// one fsync: the objects of puts under their key IDs, the deletion of the key IDs of dels,
+// and to as the revision. A key ID is in puts or dels once at most.
+func (d *disk) commit(puts []*nimbusv1.Object, dels []string, from, to uint64) error {
+	b := statefile.Batch{Put: puts, Delete: dels, Position: &statefile.Position{Epoch: d.epoch, Revision: to}}
 	if err := d.file.Commit(b); err != nil {
-		return fmt.Errorf("storing revision %d: %w", rev, err)
+		if from == to {
+			return fmt.Errorf("storing revision %d: %w", to, err)
+		}
+		return fmt.Errorf("storing revisions %d to %d: %w", from, to, err)
 	}
 	return nil
 }

@@ -20,7 +20,7 @@ func watchFrom(t *testing.T, ctx context.Context, client nimbusv1.NimbusClient, 
 	if err != nil {
 		t.Fatalf("Watch %s from %s/%d: %v", node, epoch, rev, err)
 	}
-	return w
+	return &eventStream{frames: w}
 }
 
 // wantResumed fails the test unless the watch's first event is RESUMED at the revision of
@@ -176,7 +176,7 @@ func TestStoppedWatcherIsResetAndResumes(t *testing.T) {
 		ts.apply(t, padded(fmt.Sprintf("r%d", applied)))
 		applied++
 	}
-	if n := len(w.events); n != 0 {
+	if n := w.queued(); n != 0 {
 		t.Errorf("reset watcher still holds %d queued events", n)
 	}
 	wantMetrics(t, ts.srv, "naples_nimbus_watchers 0", "naples_nimbus_watcher_resets_total 1")
@@ -189,7 +189,7 @@ func TestStoppedWatcherIsResetAndResumes(t *testing.T) {
 	if _, err := ts.client.Delete(testContext(t), &nimbusv1.DeleteRequest{Key: routeKey("r0")}); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(w.events); n != 0 {
+	if n := w.queued(); n != 0 {
 		t.Errorf("reset watcher queued %d events after its reset", n)
 	}
 	current := uint64(applied + 21)
@@ -216,12 +216,90 @@ func TestStoppedWatcherIsResetAndResumes(t *testing.T) {
 	wantResumed(t, ts, again, last)
 	for rev := last + 1; rev <= current; rev++ {
 		ev := recv(t, again)
-		if ev.GetRevision() != rev || ev.GetSnapshot() {
-			t.Fatalf("resumed watch got revision %d snapshot %v, want %d", ev.GetRevision(), ev.GetSnapshot(), rev)
+		if ev.GetRevision() != rev || ev.GetType() == nimbusv1.WatchEvent_TYPE_SYNCED {
+			t.Fatalf("resumed watch got %v at revision %d, want a change at %d", ev.GetType(), ev.GetRevision(), rev)
 		}
 		if rev == current && ev.GetType() != nimbusv1.WatchEvent_TYPE_DELETE {
 			t.Fatalf("last replayed event = %v, want the DELETE of r0", ev.GetType())
 		}
 	}
 	wantLiveNext(t, ts, again, "live")
+}
+
+// TestWatchResumesInsideBatch resumes after revisions in the middle of one batch's
+// changes and of the frame that carried them, where a client that stored part of a frame
+// stands: the watch gets exactly the changes after that revision that concern the node,
+// the rest of the batch first, then the live ones.
+func TestWatchResumesInsideBatch(t *testing.T) {
+	ts := start(t, Options{BookmarkInterval: -1})
+	w := watch(t, ts.client, "a")
+	recvUntilSynced(t, w)
+
+	// One batch: objects for every node, objects for b only (nothing for a), and one that
+	// moves away from a (a DELETE for a).
+	ts.apply(t, route("leaving", []string{"a"}, "192.0.2.1"))
+	wantEvent(t, ts, recv(t, w), nimbusv1.WatchEvent_TYPE_PUT, routeKey("leaving"), 1)
+	var objs []*nimbusv1.Object
+	forA := map[string]bool{}
+	for i := range 300 {
+		name := fmt.Sprintf("r%03d", i)
+		var nodes []string
+		if i%3 == 0 {
+			nodes = []string{"b"}
+		} else {
+			forA[name] = true
+		}
+		objs = append(objs, padded(name, 200))
+		objs[i].Meta.Nodes = nodes
+	}
+	objs = append(objs, route("leaving", []string{"b"}, "192.0.2.1"))
+	resp := applyBatch(t, ts, objs)
+	last := resp.GetRevision()
+	if last != 302 {
+		t.Fatalf("batch ends at revision %d, want 302", last)
+	}
+
+	// The events for a, and the frames they came in.
+	framesBefore := len(w.received)
+	var got []*nimbusv1.WatchEvent
+	for len(got) < len(forA)+1 {
+		got = append(got, recv(t, w))
+	}
+	if ev := got[len(got)-1]; ev.GetType() != nimbusv1.WatchEvent_TYPE_DELETE || ev.GetRevision() != last {
+		t.Fatalf("last event of the batch = %v at %d, want the DELETE of leaving at %d", ev.GetType(), ev.GetRevision(), last)
+	}
+	// A revision in the middle of a frame of the batch.
+	var midFrame uint64
+	for _, f := range w.received[framesBefore:] {
+		if evs := f.GetEvents(); len(evs) >= 3 {
+			midFrame = evs[len(evs)/2].GetRevision()
+			break
+		}
+	}
+	if midFrame == 0 {
+		t.Fatalf("no frame of the batch held 3 events or more")
+	}
+
+	for i, tc := range []struct {
+		name string
+		rev  uint64
+	}{
+		{"in the middle of a frame", midFrame},
+		{"at a change that does not concern the node", 2 + 3*40},
+		{"at the batch's first change", 2},
+		{"at the batch's last change but one", last - 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			again := watchFrom(t, testContext(t), ts.client, "a", ts.srv.Epoch(), tc.rev)
+			wantResumed(t, ts, again, tc.rev)
+			for _, ev := range got {
+				if ev.GetRevision() > tc.rev {
+					wantEvent(t, ts, recv(t, again), ev.GetType(), ev.GetKey(), ev.GetRevision())
+				}
+			}
+			wantLiveNext(t, ts, again, fmt.Sprintf("live-%d", i))
+			// The first watch sees the live change too; later resumes expect it.
+			got = append(got, recv(t, w))
+		})
+	}
 }

@@ -18,9 +18,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding"
+	protoenc "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	protoenc "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
@@ -69,8 +69,9 @@ const (
 type Options struct {
 	// Logger receives the server's logs. Default: slog.Default().
 	Logger *slog.Logger
-	// WatchBuffer is how many events each watcher may have queued before it is reset.
-	// Default: DefaultWatchBuffer (4096). Negative values are refused.
+	// WatchBuffer is how many events each watcher may have queued before it is reset: a
+	// commit that finds that many queued resets the watcher, one that finds fewer queues
+	// all of its events. Default: DefaultWatchBuffer (4096). Negative values are refused.
 	WatchBuffer int
 	// BookmarkInterval is how often an idle watch receives a BOOKMARK with the current
 	// revision. Default: DefaultBookmarkInterval (10s). A negative value disables bookmarks.
@@ -153,6 +154,13 @@ type Server struct {
 	done chan struct{}
 	// resets counts the watchers reset because they fell behind.
 	resets atomic.Uint64
+	// encodes counts the watch events of object changes encoded: each once, however many
+	// watchers and snapshots send it.
+	encodes atomic.Uint64
+	// statusWatch holds the open WatchStatus streams; it has a lock of its own.
+	statusWatch statusHub
+	// commits groups the writes of concurrent calls into shared commits.
+	commits committer
 	// serving is true while Serve serves.
 	serving atomic.Bool
 
@@ -367,18 +375,27 @@ func rpcError(err error) error {
 }
 
 // preEncoded is a message already in wire form. The codec of the grpc.Server that Serve
-// builds sends it as it is, which lets every watcher send a shared event without encoding
-// it again.
+// builds sends it as it is, which lets a stream send bytes it assembled from shared,
+// already encoded parts without encoding them again.
 type preEncoded []byte
 
-// codec is the proto codec, extended to pass preEncoded messages through.
+// encodedFrame is a message already in wire form, in buffers whose reference passes to
+// gRPC with the message: gRPC frees them once it has written them, which returns a
+// pooled buffer to its pool. Watch streams send their frames as encodedFrames.
+type encodedFrame mem.BufferSlice
+
+// codec is the proto codec, extended to pass preEncoded messages and encodedFrames
+// through.
 type codec struct{ encoding.CodecV2 }
 
 // Marshal returns the wire form of v.
 func (c codec) Marshal(v any) (mem.BufferSlice, error) {
-	if b, ok := v.(preEncoded); ok {
+	switch m := v.(type) {
+	case preEncoded:
 		// SliceBuffer's Free does nothing, so gRPC never recycles the shared bytes.
-		return mem.BufferSlice{mem.SliceBuffer(b)}, nil
+		return mem.BufferSlice{mem.SliceBuffer(m)}, nil
+	case encodedFrame:
+		return mem.BufferSlice(m), nil
 	}
 	return c.CodecV2.Marshal(v)
 }

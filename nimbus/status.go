@@ -106,6 +106,7 @@ func (s *Server) recordStatus(r *nimbusv1.StatusReport) error {
 		return fmt.Errorf("recording status of %s on node %s: %w", id, node, err)
 	}
 	txn.Commit()
+	s.statusWatch.objectChanged(obj.Key())
 	s.log.Debug("status recorded", "key", id, "node", node,
 		"phase", st.GetPhase(), "observed_generation", st.GetObservedGeneration())
 	return nil

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-memdb"
@@ -34,6 +35,24 @@ type objectRecord struct {
 	ID     string
 	Kind   nimbusv1.Kind
 	Object *nimbusv1.Object
+	// put is the PUT event of Object, shared by the change that stored it and every
+	// snapshot that sends it, so that its wire form is encoded once; nil until the change
+	// is handed to the watchers or a snapshot needs it (see putEvent). It is the one part
+	// of a stored record that is set after the record is stored, once and atomically.
+	put atomic.Pointer[sharedEvent]
+}
+
+// putEvent returns the PUT event of the record's object, making it when no change and no
+// snapshot has yet.
+func (r *objectRecord) putEvent(epoch string) *sharedEvent {
+	if ev := r.put.Load(); ev != nil {
+		return ev
+	}
+	ev := newPutEvent(epoch, r.Object)
+	if r.put.CompareAndSwap(nil, ev) {
+		return ev
+	}
+	return r.put.Load()
 }
 
 // statusRecord is one row of the status table: what one node reported about one object.

@@ -11,14 +11,17 @@ import (
 	"github.com/hashicorp/go-memdb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
 // change is one committed change of one object. It is built once per commit, shared by
-// every watcher and the history, and never modified.
+// every watcher and the history, and never modified once publishLocked has handed it
+// over.
 type change struct {
 	rev uint64
 	// after is the stored object after the change; nil for a deletion.
@@ -36,9 +39,7 @@ type change struct {
 func newChange(epoch string, rev uint64, key *nimbusv1.ObjectKey, before, after *nimbusv1.Object) *change {
 	c := &change{rev: rev, after: after}
 	if after != nil {
-		c.put = newSharedEvent(&nimbusv1.WatchEvent{
-			Type: nimbusv1.WatchEvent_TYPE_PUT, Object: after, Key: key, Revision: rev, Epoch: epoch,
-		})
+		c.put = newPutEvent(epoch, after)
 	}
 	if before != nil {
 		c.beforeNodes = before.GetMeta().GetNodes()
@@ -62,30 +63,141 @@ func (c *change) eventFor(node string) *sharedEvent {
 }
 
 // sharedEvent is a watch event shared by the watchers it is sent to. Its wire form is
-// encoded once, by whichever watcher sends it first.
+// encoded once, by whichever watcher sends it first; frames copy it from there.
 type sharedEvent struct {
-	msg     *nimbusv1.WatchEvent
-	encoded func() ([]byte, error)
+	msg  *nimbusv1.WatchEvent
+	once sync.Once
+	// wire and err are the result of encoding msg; set by once.
+	wire []byte
+	err  error
 }
 
 func newSharedEvent(msg *nimbusv1.WatchEvent) *sharedEvent {
-	return &sharedEvent{
-		msg:     msg,
-		encoded: sync.OnceValues(func() ([]byte, error) { return proto.Marshal(msg) }),
-	}
+	return &sharedEvent{msg: msg}
+}
+
+// newPutEvent returns the PUT event of a stored object. It carries the object's revision,
+// so the change that stored the object and every snapshot that sends it later can share it.
+func newPutEvent(epoch string, obj *nimbusv1.Object) *sharedEvent {
+	return newSharedEvent(&nimbusv1.WatchEvent{
+		Type: nimbusv1.WatchEvent_TYPE_PUT, Object: obj, Key: obj.Key(),
+		Revision: obj.GetMeta().GetRevision(), Epoch: epoch,
+	})
+}
+
+// encoded returns the event's wire form, encoding it the first time and counting that in
+// encodes.
+func (e *sharedEvent) encoded(encodes *atomic.Uint64) ([]byte, error) {
+	e.once.Do(func() {
+		encodes.Add(1)
+		e.wire, e.err = proto.Marshal(e.msg)
+	})
+	return e.wire, e.err
 }
 
 // watcher is one node's watch stream as commits see it.
 type watcher struct {
 	node string
-	// events holds the events queued for the stream; its capacity is Options.WatchBuffer.
-	events chan *sharedEvent
-	// reset is closed by the commit that found events full.
+	// limit is how many events may be queued when a commit that concerns the node starts
+	// handing over its events: Options.WatchBuffer, plus the replayed changes of a resumed
+	// watch. A commit that finds limit or more queued resets the watcher; one that finds
+	// fewer queues all of its events, however many, so that one large commit alone never
+	// resets a watcher that keeps up.
+	limit int
+	// wake holds a token when events may have been queued since the stream last looked.
+	wake chan struct{}
+	// reset is closed by the commit that found the queue full.
 	reset chan struct{}
-	// published is the revision of the last commit handed to the watcher. A commit stores
-	// it after queueing its event, so a watcher that reads published and then finds events
-	// empty has sent everything up to published.
+	// published is the revision of the last change handed to the watcher. A commit stores
+	// it after queueing its event, so a watcher that reads published and then finds the
+	// queue empty has sent everything up to published.
 	published atomic.Uint64
+
+	// mu guards queue, head and commitRev. Commits take it under s.mu; the stream takes it
+	// alone, only to take an event off the queue.
+	mu sync.Mutex
+	// queue[head:] holds the events queued for the stream, oldest first.
+	queue []*sharedEvent
+	head  int
+	// commitRev is the last revision of the commit whose events the watcher was last
+	// handed; a change of another revision starts a new commit (see publishLocked).
+	commitRev uint64
+}
+
+// newWatcher returns a watcher for the node with the events of backlog queued.
+func newWatcher(node string, buffer int, backlog []*sharedEvent) *watcher {
+	return &watcher{
+		node:  node,
+		limit: buffer + len(backlog),
+		wake:  make(chan struct{}, 1),
+		reset: make(chan struct{}),
+		queue: backlog,
+	}
+}
+
+// queued returns how many events are queued.
+func (w *watcher) queued() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.queue) - w.head
+}
+
+// pop takes the oldest queued event off the queue; nil when there is none.
+func (w *watcher) pop() *sharedEvent {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.head == len(w.queue) {
+		return nil
+	}
+	ev := w.queue[w.head]
+	w.queue[w.head] = nil
+	w.head++
+	if w.head == len(w.queue) {
+		w.queue, w.head = w.queue[:0], 0
+		if cap(w.queue) > keptQueueCap {
+			// A large commit grew the queue; let it go rather than keep it per watcher.
+			w.queue = nil
+		}
+	}
+	return ev
+}
+
+// keptQueueCap is the capacity of an empty watcher queue beyond which it is let go.
+const keptQueueCap = 1024
+
+// pushLocked queues the event of the change of revision rev, which belongs to the commit
+// whose last revision is commitRev, and reports false, queueing nothing, when the watcher
+// is to be reset: the event is the commit's first for the watcher and limit events or more
+// are queued. The caller holds s.mu.
+func (w *watcher) pushLocked(ev *sharedEvent, commitRev uint64) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.commitRev != commitRev {
+		if len(w.queue)-w.head >= w.limit {
+			return false
+		}
+		w.commitRev = commitRev
+	}
+	if w.head > 0 && len(w.queue) == cap(w.queue) {
+		// Move the queued events to the front before growing the array.
+		n := copy(w.queue, w.queue[w.head:])
+		clear(w.queue[n:])
+		w.queue, w.head = w.queue[:n], 0
+	}
+	w.queue = append(w.queue, ev)
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// dropLocked empties the queue of a watcher being reset. The caller holds s.mu.
+func (w *watcher) dropLocked() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	clear(w.queue)
+	w.queue, w.head = nil, 0
 }
 
 // history is the window of the latest changes a watch can resume after. Revisions are
@@ -127,40 +239,59 @@ func (h *history) after(rev, cur uint64) ([]*change, bool) {
 }
 
 // publishLocked keeps a committed change in the history and hands it to every watcher,
-// resetting those whose buffer is full. The caller holds s.mu, which keeps the hand-over
-// in commit order.
+// resetting those whose queue is full. The caller holds s.mu, which keeps the hand-over
+// in commit order, and hands over the changes of one commit one by one, in revision
+// order, after setting s.rev to the commit's last revision: a watcher's queue is
+// checked against its limit at the first of a commit's changes that concern it, and then
+// takes the rest of the commit whatever its length.
+//
+// The PUT event of a change that stored an object becomes the stored record's (see
+// objectRecord.put), so that snapshots send the very bytes the change is sent as.
 func (s *Server) publishLocked(c *change) {
+	if c.put != nil {
+		c.put = s.sharePutLocked(c.put, c.after)
+	}
 	s.history.add(c)
 	s.metrics.revision.Set(float64(c.rev))
+	s.statusWatch.published(c)
 	for w := range s.watchers {
-		if ev := c.eventFor(w.node); ev != nil {
-			select {
-			case w.events <- ev:
-			default:
-				s.resetLocked(w)
-				s.log.Warn("watcher fell behind; resetting its stream",
-					"node", w.node, "buffer", s.opts.WatchBuffer, "revision", c.rev)
-				continue
-			}
+		if ev := c.eventFor(w.node); ev != nil && !w.pushLocked(ev, s.rev) {
+			s.resetLocked(w)
+			s.log.Warn("watcher fell behind; resetting its stream",
+				"node", w.node, "buffer", s.opts.WatchBuffer, "revision", c.rev)
+			continue
 		}
 		w.published.Store(c.rev)
 	}
 }
 
+// sharePutLocked returns the PUT event to hand to the watchers for the change that stored
+// obj: the one of obj's record, which becomes put when it has none yet. When obj is no
+// longer stored (a later change of the same commit replaced it), it returns put. The
+// caller holds s.mu, so obj's record is committed and no snapshot has read it yet.
+func (s *Server) sharePutLocked(put *sharedEvent, obj *nimbusv1.Object) *sharedEvent {
+	raw, err := s.db.Txn(false).First(tableObjects, indexID, put.msg.GetKey().ID())
+	if err != nil || raw == nil {
+		return put
+	}
+	rec := raw.(*objectRecord)
+	if rec.Object != obj {
+		return put
+	}
+	if rec.put.CompareAndSwap(nil, put) {
+		return put
+	}
+	return rec.put.Load()
+}
+
 // resetLocked unregisters a watcher that fell behind and tells its stream to end. Its
 // stream may be stuck sending to a client that does not read, so the events it has
 // queued are dropped here rather than when it ends: all the watcher holds on to after a
-// reset is the one event it may be sending.
+// reset is the frame it may be sending.
 func (s *Server) resetLocked(w *watcher) {
 	delete(s.watchers, w)
 	close(w.reset)
-	for drained := false; !drained; {
-		select {
-		case <-w.events:
-		default:
-			drained = true
-		}
-	}
+	w.dropLocked()
 	s.resets.Add(1)
 	s.metrics.resets.Inc()
 	s.metrics.watchers.Set(float64(len(s.watchers)))
@@ -209,6 +340,7 @@ func (s *Server) subscribe(node, epoch string, rev uint64) (*subscription, error
 		return nil, fmt.Errorf("recording watching node %s: %w", node, err)
 	}
 	txn.Commit()
+	s.statusWatch.nodeChanged(node)
 
 	sub := &subscription{rev: s.rev}
 	var backlog []*sharedEvent
@@ -231,15 +363,8 @@ func (s *Server) subscribe(node, epoch string, rev uint64) (*subscription, error
 		}
 		sub.resumed, sub.rev, sub.replayed = true, rev, len(backlog)
 	}
-	// The buffer has room for the replayed changes on top of the usual WatchBuffer.
-	w := &watcher{
-		node:   node,
-		events: make(chan *sharedEvent, s.opts.WatchBuffer+len(backlog)),
-		reset:  make(chan struct{}),
-	}
-	for _, ev := range backlog {
-		w.events <- ev
-	}
+	// The queue has room for the replayed changes on top of the usual WatchBuffer.
+	w := newWatcher(node, s.opts.WatchBuffer, backlog)
 	w.published.Store(s.rev)
 	s.watchers[w] = struct{}{}
 	sub.w = w
@@ -263,6 +388,7 @@ func (s *Server) unsubscribe(w *watcher) {
 	if err := s.recordWatchEndLocked(w.node); err != nil {
 		s.log.Error("recording the end of a watch", "node", w.node, "error", err)
 	}
+	s.statusWatch.nodeChanged(w.node)
 	s.metrics.watchers.Set(float64(len(s.watchers)))
 }
 
@@ -337,13 +463,14 @@ func forgetIdleNodes(txn *memdb.Txn, nodes ...string) error {
 	return nil
 }
 
-// Watch streams the objects targeted at the requesting node. A request with the server's
-// epoch and a revision whose later changes are all kept resumes: RESUMED with that
-// revision, then every kept change after it that concerns the node. Any other request gets
-// a snapshot, then SYNCED. Either way every later change follows, with bookmarks while
-// idle. It returns when the client goes away, when the watcher falls behind
-// (codes.ResourceExhausted) or when the Server is closed (codes.Unavailable).
-func (s *Server) Watch(req *nimbusv1.WatchRequest, stream grpc.ServerStreamingServer[nimbusv1.WatchEvent]) error {
+// Watch streams the objects targeted at the requesting node, in WatchFrames of many
+// events. A request with the server's epoch and a revision whose later changes are all
+// kept resumes: RESUMED with that revision, then every kept change after it that concerns
+// the node. Any other request gets a snapshot, then SYNCED. Either way every later change
+// follows, with bookmarks while idle. It returns when the client goes away, when the
+// watcher falls behind (codes.ResourceExhausted) or when the Server is closed
+// (codes.Unavailable).
+func (s *Server) Watch(req *nimbusv1.WatchRequest, stream grpc.ServerStreamingServer[nimbusv1.WatchFrame]) error {
 	node := req.GetNode()
 	if err := validateNode(node); err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
@@ -354,23 +481,22 @@ func (s *Server) Watch(req *nimbusv1.WatchRequest, stream grpc.ServerStreamingSe
 	}
 	defer s.unsubscribe(sub.w)
 	log := s.log.With("node", node)
+	fw := &frameWriter{stream: stream, node: node, encodes: &s.encodes}
 	if sub.resumed {
 		log.Info("watch resumed", "revision", sub.rev, "replayed", sub.replayed)
-		err = stream.Send(&nimbusv1.WatchEvent{Type: nimbusv1.WatchEvent_TYPE_RESUMED, Revision: sub.rev, Epoch: s.epoch})
-		if err != nil {
-			err = fmt.Errorf("sending resume to node %s: %w", node, err)
-		}
+		// RESUMED goes out with the first replayed changes, in the first frame.
+		err = fw.addControl(&nimbusv1.WatchEvent{Type: nimbusv1.WatchEvent_TYPE_RESUMED, Revision: sub.rev, Epoch: s.epoch})
 	} else {
 		if sub.why != "" {
 			log.Info("watch cannot resume; sending a snapshot", "reason", sub.why)
 		}
 		log.Info("watch started", "revision", sub.rev)
-		err = s.sendSnapshot(stream, sub.snap, node, sub.rev)
+		err = s.sendSnapshot(fw, sub.snap, node, sub.rev)
 		// The read holds on to the store as it was; let it go before streaming changes.
 		sub.snap = nil
 	}
 	if err == nil {
-		err = s.sendChanges(stream, sub.w)
+		err = s.sendChanges(fw, sub.w)
 	}
 	log.Info("watch ended", "reason", err)
 	return err
@@ -390,38 +516,31 @@ func validateNode(node string) error {
 	return &nimbusv1.FieldError{Field: "node", Value: node, Reason: reason}
 }
 
-// sendSnapshot sends every object in snap that targets the node, then SYNCED at rev.
-func (s *Server) sendSnapshot(stream grpc.ServerStreamingServer[nimbusv1.WatchEvent], snap *memdb.Txn, node string, rev uint64) error {
+// sendSnapshot sends every object in snap that targets the node, then adds SYNCED at rev
+// to the frame under way, which sendChanges sends with the first changes queued. Each
+// object's event is the one its record shares, so a snapshot encodes only the objects no
+// watcher has been sent yet.
+func (s *Server) sendSnapshot(fw *frameWriter, snap *memdb.Txn, node string, rev uint64) error {
 	it, err := snap.Get(tableObjects, indexID)
 	if err != nil {
 		return rpcError(fmt.Errorf("reading snapshot for node %s: %w", node, err))
 	}
 	for raw := it.Next(); raw != nil; raw = it.Next() {
-		obj := raw.(*objectRecord).Object
-		if !obj.TargetsNode(node) {
+		rec := raw.(*objectRecord)
+		if !rec.Object.TargetsNode(node) {
 			continue
 		}
-		err := stream.Send(&nimbusv1.WatchEvent{
-			Type:     nimbusv1.WatchEvent_TYPE_PUT,
-			Object:   obj,
-			Key:      obj.Key(),
-			Revision: obj.GetMeta().GetRevision(),
-			Epoch:    s.epoch,
-			Snapshot: true,
-		})
-		if err != nil {
-			return fmt.Errorf("sending snapshot to node %s: %w", node, err)
+		if err := fw.add(rec.putEvent(s.epoch)); err != nil {
+			return err
 		}
 	}
-	err = stream.Send(&nimbusv1.WatchEvent{Type: nimbusv1.WatchEvent_TYPE_SYNCED, Revision: rev, Epoch: s.epoch})
-	if err != nil {
-		return fmt.Errorf("sending snapshot end to node %s: %w", node, err)
-	}
-	return nil
+	return fw.addControl(&nimbusv1.WatchEvent{Type: nimbusv1.WatchEvent_TYPE_SYNCED, Revision: rev, Epoch: s.epoch})
 }
 
-// sendChanges sends the watcher's events as they come, and bookmarks while there are none.
-func (s *Server) sendChanges(stream grpc.ServerStreamingServer[nimbusv1.WatchEvent], w *watcher) error {
+// sendChanges sends the watcher's events as they come, as many as are queued and fit in
+// one frame at a time, and bookmarks while there are none. It first sends what the frame
+// writer holds already.
+func (s *Server) sendChanges(fw *frameWriter, w *watcher) error {
 	errReset := status.Errorf(codes.ResourceExhausted,
 		"watcher for node %s fell behind (more than %d events queued); watch again to resume or resubscribe",
 		w.node, s.opts.WatchBuffer)
@@ -431,7 +550,7 @@ func (s *Server) sendChanges(stream grpc.ServerStreamingServer[nimbusv1.WatchEve
 		defer t.Stop()
 		tick = t.C
 	}
-	ctx := stream.Context()
+	ctx := fw.stream.Context()
 	idle := true // nothing sent since the last tick
 	for {
 		// A reset wins over the events still queued: the client starts over anyway.
@@ -440,6 +559,30 @@ func (s *Server) sendChanges(stream grpc.ServerStreamingServer[nimbusv1.WatchEve
 			return errReset
 		default:
 		}
+		// Fill the frame with what is queued, without waiting, until an event does not fit
+		// and add sends the frame; that event starts the next one, which the next round
+		// fills further.
+		sent := fw.sent
+		for fw.sent == sent {
+			ev := w.pop()
+			if ev == nil {
+				break
+			}
+			if err := fw.add(ev); err != nil {
+				return err
+			}
+		}
+		if fw.sent != sent {
+			idle = false
+			continue
+		}
+		if fw.pending() {
+			if err := fw.flush(); err != nil {
+				return err
+			}
+			idle = false
+			continue
+		}
 		select {
 		case <-ctx.Done():
 			return status.FromContextError(ctx.Err()).Err()
@@ -447,29 +590,109 @@ func (s *Server) sendChanges(stream grpc.ServerStreamingServer[nimbusv1.WatchEve
 			return status.Error(codes.Unavailable, "nimbus is shutting down; watch again")
 		case <-w.reset:
 			return errReset
-		case ev := <-w.events:
-			b, err := ev.encoded()
-			if err != nil {
-				return status.Errorf(codes.Internal, "encoding event of revision %d: %v", ev.msg.GetRevision(), err)
-			}
-			if err := stream.SendMsg(preEncoded(b)); err != nil {
-				return fmt.Errorf("sending revision %d to node %s: %w", ev.msg.GetRevision(), w.node, err)
-			}
-			idle = false
+		case <-w.wake:
 		case <-tick:
 			if !idle {
 				idle = true
 				continue
 			}
-			// Read published before looking at events; see watcher.published.
+			// Read published before looking at the queue; see watcher.published.
 			rev := w.published.Load()
-			if len(w.events) > 0 {
+			if w.queued() > 0 {
 				continue
 			}
-			err := stream.Send(&nimbusv1.WatchEvent{Type: nimbusv1.WatchEvent_TYPE_BOOKMARK, Revision: rev, Epoch: s.epoch})
+			err := fw.addControl(&nimbusv1.WatchEvent{Type: nimbusv1.WatchEvent_TYPE_BOOKMARK, Revision: rev, Epoch: s.epoch})
 			if err != nil {
-				return fmt.Errorf("sending bookmark to node %s: %w", w.node, err)
+				return err
 			}
 		}
 	}
+}
+
+// maxFrameBytes bounds the wire form of a WatchFrame; an event larger than that travels
+// alone, in a frame just large enough. Frames far above the HTTP/2 frame size (16 KiB)
+// save nothing more per event, while every frame a stream has under way is held in
+// memory until it is written, so the bound stays small: it is gRPC's 32 KiB buffer size,
+// which its buffer pool recycles.
+const maxFrameBytes = 32 << 10
+
+// frameWriter assembles a watch stream's events into frames and sends them. A frame is a
+// WatchFrame in wire form: for each event the tag of field 1, the length and the event's
+// wire form, which for an object's event is the shared one, copied and never encoded
+// again.
+type frameWriter struct {
+	stream grpc.ServerStream
+	node   string
+	// encodes counts the shared events encoded; see Server.encodes.
+	encodes *atomic.Uint64
+	// events are the wire forms of the events of the frame under way, and size the length
+	// of the frame they make.
+	events [][]byte
+	size   int
+	// sent counts the frames sent.
+	sent int
+}
+
+// frameFieldSize returns the length an event of n bytes takes in a frame.
+func frameFieldSize(n int) int {
+	return protowire.SizeTag(1) + protowire.SizeBytes(n)
+}
+
+// pending reports whether the frame under way holds events.
+func (f *frameWriter) pending() bool { return len(f.events) > 0 }
+
+// add adds a shared event to the frame under way, sending the frame first when the event
+// does not fit in it.
+func (f *frameWriter) add(ev *sharedEvent) error {
+	b, err := ev.encoded(f.encodes)
+	if err != nil {
+		return status.Errorf(codes.Internal, "encoding event of revision %d: %v", ev.msg.GetRevision(), err)
+	}
+	return f.addEncoded(b)
+}
+
+// addControl adds an event made for this stream alone, such as SYNCED or a bookmark, as
+// add does.
+func (f *frameWriter) addControl(ev *nimbusv1.WatchEvent) error {
+	b, err := proto.Marshal(ev)
+	if err != nil {
+		return status.Errorf(codes.Internal, "encoding %v event: %v", ev.GetType(), err)
+	}
+	return f.addEncoded(b)
+}
+
+func (f *frameWriter) addEncoded(b []byte) error {
+	n := frameFieldSize(len(b))
+	if len(f.events) > 0 && f.size+n > maxFrameBytes {
+		if err := f.flush(); err != nil {
+			return err
+		}
+	}
+	f.events = append(f.events, b)
+	f.size += n
+	return nil
+}
+
+// flush sends the frame under way, if it holds events. The frame is written into a buffer
+// of gRPC's pool, which gRPC returns to the pool once the frame is on the wire.
+func (f *frameWriter) flush() error {
+	if len(f.events) == 0 {
+		return nil
+	}
+	pool := mem.DefaultBufferPool()
+	buf := pool.Get(f.size)
+	frame := (*buf)[:0]
+	for _, b := range f.events {
+		frame = protowire.AppendTag(frame, 1, protowire.BytesType)
+		frame = protowire.AppendBytes(frame, b)
+	}
+	*buf = frame
+	n := len(f.events)
+	clear(f.events)
+	f.events, f.size = f.events[:0], 0
+	f.sent++
+	if err := f.stream.SendMsg(encodedFrame{mem.NewBuffer(buf, pool)}); err != nil {
+		return fmt.Errorf("sending a frame of %d events to node %s: %w", n, f.node, err)
+	}
+	return nil
 }

@@ -3,6 +3,7 @@ package nimbus
 import (
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,7 +14,36 @@ import (
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
-type watchStream = grpc.ServerStreamingClient[nimbusv1.WatchEvent]
+// watchStream reads a watch's frames as the stream of events they carry, and records the
+// frames.
+type watchStream = *eventStream
+
+type eventStream struct {
+	frames grpc.ServerStreamingClient[nimbusv1.WatchFrame]
+	// unread are the events of the last frame not yet returned by Recv.
+	unread []*nimbusv1.WatchEvent
+	// received are the frames received so far, in order.
+	received []*nimbusv1.WatchFrame
+}
+
+// Recv returns the next event, receiving the next frame when every event of the last one
+// has been returned. An empty frame is an error: the server never sends one.
+func (s *eventStream) Recv() (*nimbusv1.WatchEvent, error) {
+	if len(s.unread) == 0 {
+		f, err := s.frames.Recv()
+		if err != nil {
+			return nil, err
+		}
+		if len(f.GetEvents()) == 0 {
+			return nil, fmt.Errorf("received an empty frame")
+		}
+		s.received = append(s.received, f)
+		s.unread = f.GetEvents()
+	}
+	ev := s.unread[0]
+	s.unread = s.unread[1:]
+	return ev, nil
+}
 
 // watch opens a watch for the node that ends with the test.
 func watch(t *testing.T, client nimbusv1.NimbusClient, node string) watchStream {
@@ -22,7 +52,7 @@ func watch(t *testing.T, client nimbusv1.NimbusClient, node string) watchStream 
 	if err != nil {
 		t.Fatalf("Watch %s: %v", node, err)
 	}
-	return w
+	return &eventStream{frames: w}
 }
 
 // recv receives one event and fails the test on error.
@@ -45,9 +75,6 @@ func recvUntilSynced(t *testing.T, w watchStream) ([]*nimbusv1.WatchEvent, *nimb
 		case nimbusv1.WatchEvent_TYPE_SYNCED:
 			return puts, ev
 		case nimbusv1.WatchEvent_TYPE_PUT:
-			if !ev.GetSnapshot() {
-				t.Fatalf("snapshot PUT %s without snapshot set", ev.GetKey().ID())
-			}
 			puts = append(puts, ev)
 		default:
 			t.Fatalf("unexpected %v in snapshot", ev.GetType())
@@ -55,13 +82,13 @@ func recvUntilSynced(t *testing.T, w watchStream) ([]*nimbusv1.WatchEvent, *nimb
 	}
 }
 
-// wantEvent fails the test unless ev is of the type, for the key, at the revision, not part
-// of a snapshot and of the server's epoch.
+// wantEvent fails the test unless ev is of the type, for the key, at the revision and of
+// the server's epoch.
 func wantEvent(t *testing.T, ts *testServer, ev *nimbusv1.WatchEvent, typ nimbusv1.WatchEvent_Type, key *nimbusv1.ObjectKey, rev uint64) {
 	t.Helper()
-	if ev.GetType() != typ || ev.GetKey().ID() != key.ID() || ev.GetRevision() != rev || ev.GetSnapshot() || ev.GetEpoch() != ts.srv.Epoch() {
-		t.Fatalf("event = %v %s rev %d snapshot %v epoch %q; want %v %s rev %d epoch %q",
-			ev.GetType(), ev.GetKey().ID(), ev.GetRevision(), ev.GetSnapshot(), ev.GetEpoch(),
+	if ev.GetType() != typ || ev.GetKey().ID() != key.ID() || ev.GetRevision() != rev || ev.GetEpoch() != ts.srv.Epoch() {
+		t.Fatalf("event = %v %s rev %d epoch %q; want %v %s rev %d epoch %q",
+			ev.GetType(), ev.GetKey().ID(), ev.GetRevision(), ev.GetEpoch(),
 			typ, key.ID(), rev, ts.srv.Epoch())
 	}
 	if typ == nimbusv1.WatchEvent_TYPE_PUT && ev.GetObject().GetMeta().GetRevision() != rev {
@@ -102,8 +129,8 @@ func TestWatchSnapshotThenChanges(t *testing.T) {
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("snapshot = %q, want %q", got, want)
 	}
-	if synced.GetRevision() != 5 || synced.GetEpoch() != ts.srv.Epoch() || synced.GetSnapshot() {
-		t.Errorf("SYNCED at revision %d epoch %q snapshot %v, want revision 5 epoch %q", synced.GetRevision(), synced.GetEpoch(), synced.GetSnapshot(), ts.srv.Epoch())
+	if synced.GetRevision() != 5 || synced.GetEpoch() != ts.srv.Epoch() {
+		t.Errorf("SYNCED at revision %d epoch %q, want revision 5 epoch %q", synced.GetRevision(), synced.GetEpoch(), ts.srv.Epoch())
 	}
 
 	// A change for another node only is not sent; the next event is the next change for a.
@@ -245,5 +272,229 @@ func TestSlowWatcherIsReset(t *testing.T) {
 	puts, synced := recvUntilSynced(t, again)
 	if len(puts) != applies || synced.GetRevision() != applies {
 		t.Errorf("resubscribed snapshot = %d objects at revision %d, want %d at %d", len(puts), synced.GetRevision(), applies, applies)
+	}
+}
+
+// padded returns a Route for every node whose label makes it about size bytes on the wire.
+func padded(name string, size int) *nimbusv1.Object {
+	o := route(name, nil, "192.0.2.1")
+	o.Meta.Labels = map[string]string{"pad": strings.Repeat("x", size)}
+	return o
+}
+
+// wantFramesBounded fails the test unless every frame received is at most maxFrameBytes
+// on the wire, or holds a single event, and returns how many events they held.
+func wantFramesBounded(t *testing.T, frames []*nimbusv1.WatchFrame) int {
+	t.Helper()
+	events := 0
+	for i, f := range frames {
+		n := len(f.GetEvents())
+		events += n
+		if size := proto.Size(f); size > maxFrameBytes && n > 1 {
+			t.Errorf("frame %d is %d bytes with %d events, over the bound of %d", i, size, n, maxFrameBytes)
+		}
+	}
+	return events
+}
+
+// wantFramesFull fails the test unless each frame but the last is full: the next one's
+// first event would not have fitted in it. That is how frames of events that were all
+// ready to go must look.
+func wantFramesFull(t *testing.T, frames []*nimbusv1.WatchFrame) {
+	t.Helper()
+	for i := 0; i+1 < len(frames); i++ {
+		size := proto.Size(frames[i])
+		next := frameFieldSize(proto.Size(frames[i+1].GetEvents()[0]))
+		if size+next <= maxFrameBytes {
+			t.Errorf("frame %d of %d is %d bytes with %d events, and the next frame's first event of %d bytes would have fitted in it",
+				i, len(frames), size, len(frames[i].GetEvents()), next)
+		}
+	}
+}
+
+// TestWatchFrames checks that a snapshot, a replayed backlog and a burst of changes
+// travel many events to a frame, no frame over the bound but for an event larger than
+// the bound, which travels alone.
+func TestWatchFrames(t *testing.T) {
+	const objects = 1000
+	ts := start(t, Options{BookmarkInterval: -1})
+	var objs []*nimbusv1.Object
+	for i := range objects {
+		objs = append(objs, padded(fmt.Sprintf("r%04d", i), 100))
+	}
+	// An object larger than a frame, amid the others.
+	objs[500] = padded("r0500", 2*maxFrameBytes)
+	applyBatch(t, ts, objs)
+
+	w := watch(t, ts.client, "a")
+	puts, synced := recvUntilSynced(t, w)
+	if len(puts) != objects || synced.GetRevision() != objects {
+		t.Fatalf("snapshot = %d objects at revision %d, want %d at %d", len(puts), synced.GetRevision(), objects, objects)
+	}
+	snapshotFrames := len(w.received)
+	wantFramesBounded(t, w.received)
+	wantFramesFull(t, w.received)
+	t.Logf("snapshot: %d events in %d frames", objects+1, snapshotFrames)
+	var oversized *nimbusv1.WatchFrame
+	for _, f := range w.received {
+		if proto.Size(f) > maxFrameBytes {
+			oversized = f
+		}
+	}
+	if len(oversized.GetEvents()) != 1 || oversized.GetEvents()[0].GetKey().GetName() != "r0500" {
+		t.Errorf("the oversized object did not travel alone in a frame of its own: %d events", len(oversized.GetEvents()))
+	}
+
+	// A burst: one batch of 1000 changes.
+	for i := range objs {
+		objs[i] = padded(fmt.Sprintf("r%04d", i), 101)
+	}
+	applyBatch(t, ts, objs)
+	for i := range objects {
+		wantEvent(t, ts, recv(t, w), nimbusv1.WatchEvent_TYPE_PUT, routeKey(fmt.Sprintf("r%04d", i)), uint64(objects+1+i))
+	}
+	burst := w.received[snapshotFrames:]
+	if n := wantFramesBounded(t, burst); n != objects {
+		t.Fatalf("burst frames hold %d events, want %d", n, objects)
+	}
+	t.Logf("burst: %d events in %d frames", objects, len(burst))
+	if len(burst) >= objects {
+		t.Errorf("burst of %d changes came in %d frames, want fewer frames than events", objects, len(burst))
+	}
+
+	// A resumed watch replays the burst from its queue, frames as full as they go.
+	again := watchFrom(t, testContext(t), ts.client, "a", ts.srv.Epoch(), objects)
+	wantResumed(t, ts, again, objects)
+	for i := range objects {
+		wantEvent(t, ts, recv(t, again), nimbusv1.WatchEvent_TYPE_PUT, routeKey(fmt.Sprintf("r%04d", i)), uint64(objects+1+i))
+	}
+	if n := wantFramesBounded(t, again.received); n != objects+1 {
+		t.Fatalf("replay frames hold %d events, want %d", n, objects+1)
+	}
+	wantFramesFull(t, again.received)
+	t.Logf("replay: %d events in %d frames", objects+1, len(again.received))
+}
+
+// TestWatchEncodesEachObjectOnce watches 100 nodes at once over a store of 1000 objects:
+// each object's event is encoded once for all the snapshots, a change once for all the
+// watchers, and a later snapshot sends the change's encoded event as it is.
+func TestWatchEncodesEachObjectOnce(t *testing.T) {
+	const (
+		objects  = 1000
+		watchers = 100
+	)
+	ts := start(t, Options{BookmarkInterval: -1})
+	var objs []*nimbusv1.Object
+	for i := range objects {
+		objs = append(objs, route(fmt.Sprintf("r%04d", i), nil, "192.0.2.1"))
+	}
+	applyBatch(t, ts, objs)
+	if n := ts.srv.encodes.Load(); n != 0 {
+		t.Fatalf("%d events encoded before anyone watched, want 0", n)
+	}
+
+	clients := []nimbusv1.NimbusClient{ts.client, dial(t, ts.path), dial(t, ts.path), dial(t, ts.path)}
+	streams := make([]watchStream, watchers)
+	var wg sync.WaitGroup
+	for i := range streams {
+		streams[i] = watch(t, clients[i%len(clients)], fmt.Sprintf("node-%03d", i))
+	}
+	for _, w := range streams {
+		wg.Go(func() {
+			for {
+				ev, err := w.Recv()
+				if err != nil {
+					t.Errorf("Recv: %v", err)
+					return
+				}
+				if ev.GetType() == nimbusv1.WatchEvent_TYPE_SYNCED {
+					if ev.GetRevision() != objects {
+						t.Errorf("SYNCED at revision %d, want %d", ev.GetRevision(), objects)
+					}
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := ts.srv.encodes.Load(); n != objects {
+		t.Fatalf("%d watchers' snapshots of %d objects encoded %d events, want %d", watchers, objects, n, objects)
+	}
+
+	changed := ts.apply(t, route("r0007", nil, "192.0.2.2")).GetObject()
+	var first *nimbusv1.WatchEvent
+	for _, w := range streams {
+		ev := recv(t, w)
+		wantEvent(t, ts, ev, nimbusv1.WatchEvent_TYPE_PUT, routeKey("r0007"), changed.GetMeta().GetRevision())
+		if first == nil {
+			first = ev
+		}
+	}
+	if n := ts.srv.encodes.Load(); n != objects+1 {
+		t.Fatalf("a change sent to %d watchers made %d encodings in all, want %d", watchers, n, objects+1)
+	}
+
+	// A new snapshot sends the change's event, identical, without encoding anything.
+	puts, _ := recvUntilSynced(t, watch(t, ts.client, "late"))
+	var late *nimbusv1.WatchEvent
+	for _, ev := range puts {
+		if ev.GetKey().GetName() == "r0007" {
+			late = ev
+		}
+	}
+	if !proto.Equal(late, first) {
+		t.Errorf("snapshot event of a changed object = %v, want the change's event %v", late, first)
+	}
+	if n := ts.srv.encodes.Load(); n != objects+1 {
+		t.Errorf("a snapshot after the change made %d encodings in all, want still %d", n, objects+1)
+	}
+}
+
+// applyBatch applies the objects in one ApplyBatch and fails the test on error.
+func applyBatch(t *testing.T, ts *testServer, objs []*nimbusv1.Object) *nimbusv1.ApplyBatchResponse {
+	t.Helper()
+	resp, err := ts.client.ApplyBatch(testContext(t), &nimbusv1.ApplyBatchRequest{Objects: objs})
+	if err != nil {
+		t.Fatalf("ApplyBatch of %d objects: %v", len(objs), err)
+	}
+	return resp
+}
+
+// TestLargeBatchKeepsWatchers applies batches of many times a watcher's buffer while the
+// watcher reads: a commit queues all its events for a watcher that had room when it
+// started, so the watcher is not reset and gets every change; a watcher that reads
+// nothing is reset by the next commit.
+func TestLargeBatchKeepsWatchers(t *testing.T) {
+	const (
+		buffer  = 8
+		batch   = 500
+		batches = 3
+	)
+	ts := start(t, Options{WatchBuffer: buffer, BookmarkInterval: -1})
+	w := watch(t, ts.client, "a")
+	recvUntilSynced(t, w)
+	stopped := watch(t, dial(t, ts.path, grpc.WithStaticStreamWindowSize(64<<10)), "a")
+	recvUntilSynced(t, stopped)
+
+	var rev uint64
+	for b := range batches {
+		var objs []*nimbusv1.Object
+		for i := range batch {
+			objs = append(objs, padded(fmt.Sprintf("r%03d", i), 200+b))
+		}
+		applyBatch(t, ts, objs)
+		for i := range batch {
+			rev++
+			wantEvent(t, ts, recv(t, w), nimbusv1.WatchEvent_TYPE_PUT, routeKey(fmt.Sprintf("r%03d", i)), rev)
+		}
+	}
+	if got := ts.srv.WatcherResets(); got != 1 {
+		t.Fatalf("WatcherResets = %d, want 1: the watcher that reads nothing only", got)
+	}
+	for {
+		if _, err := stopped.Recv(); err != nil {
+			wantCode(t, err, codes.ResourceExhausted)
+			break
+		}
 	}
 }

@@ -32,6 +32,30 @@ type Store interface {
 
 var _ Store = (*delphi.Store)(nil)
 
+// desiredWriter is what the client needs of delphi's desired writer.
+type desiredWriter interface {
+	Commit(t *delphi.DesiredTxn) error
+	MarkSynced()
+}
+
+var _ desiredWriter = (*delphi.DesiredWriter)(nil)
+
+// Bounds of the watch's group commits and of what it reads ahead of them.
+const (
+	// maxCommitEvents bounds how many changes one delphi commit takes; a snapshot is one
+	// commit however large.
+	maxCommitEvents = 10000
+	// maxCommitBytes bounds the wire size of the frames one delphi commit takes, but for
+	// its first frame and a snapshot.
+	maxCommitBytes = 8 << 20
+	// readAhead is how many received frames may wait for the next commit.
+	readAhead = 256
+	// maxFrameBytes is the largest frame the client accepts. nimbus bounds its frames far
+	// below, but sends an event larger than its bound alone, and takes objects up to
+	// 16 MiB.
+	maxFrameBytes = 32 << 20
+)
+
 // Options configures a Client.
 type Options struct {
 	// Node is this node's name; nimbus sends the objects targeted at it. Required.
@@ -62,8 +86,10 @@ type Client struct {
 	opts    Options
 	target  string
 	store   Store
-	desired *delphi.DesiredWriter
-	log     *slog.Logger
+	desired desiredWriter
+	// commitEvents bounds the changes of one commit: maxCommitEvents, less in tests.
+	commitEvents int
+	log          *slog.Logger
 	// received counts watch events received, snapshots included.
 	received atomic.Uint64
 }
@@ -101,11 +127,12 @@ func New(opts Options) (*Client, error) {
 		return nil, err
 	}
 	return &Client{
-		opts:    opts,
-		target:  addr.GRPCTarget(),
-		store:   opts.Store,
-		desired: desired,
-		log:     opts.Logger.With("nimbus", addr.String()),
+		opts:         opts,
+		target:       addr.GRPCTarget(),
+		store:        opts.Store,
+		desired:      desired,
+		commitEvents: maxCommitEvents,
+		log:          opts.Logger.With("nimbus", addr.String()),
 	}, nil
 }
 
@@ -158,72 +185,233 @@ func (c *Client) loop(ctx context.Context, stream string, run func(context.Conte
 	}
 }
 
-// watch runs one Watch stream, committing what it receives to delphi.
+// watch runs one Watch stream, committing what it receives to delphi. A goroutine
+// receives the frames while the last commit is written, and everything received by the
+// time it is done goes into the next commit (up to maxCommitEvents and maxCommitBytes),
+// with the resume point of its last event: a commit holds a prefix of the stream and says
+// which, so a crash between commits leaves delphi consistent at its resume point.
 func (c *Client) watch(ctx context.Context, api nimbusv1.NimbusClient) error {
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	epoch, rev := c.store.Resume()
-	stream, err := api.Watch(ctx, &nimbusv1.WatchRequest{Node: c.opts.Node, Epoch: epoch, Revision: rev}, grpc.WaitForReady(true))
+	stream, err := api.Watch(ctx, &nimbusv1.WatchRequest{Node: c.opts.Node, Epoch: epoch, Revision: rev},
+		grpc.WaitForReady(true), grpc.MaxCallRecvMsgSize(maxFrameBytes))
 	if err != nil {
+		cancel()
 		return fmt.Errorf("starting watch: %w", err)
 	}
-	var snapshot *delphi.DesiredTxn
-	var keep map[string]bool
-	for {
-		ev, err := stream.Recv()
-		if err != nil {
-			return fmt.Errorf("receiving watch events: %w", err)
+	frames := make(chan receivedFrame, readAhead)
+	var recvErr error
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+	wg.Go(func() {
+		defer close(frames)
+		for {
+			f, err := stream.Recv()
+			if err != nil {
+				recvErr = err
+				return
+			}
+			c.received.Add(uint64(len(f.GetEvents())))
+			select {
+			case frames <- receivedFrame{events: f.GetEvents(), size: proto.Size(f)}:
+			case <-ctx.Done():
+				recvErr = ctx.Err()
+				return
+			}
 		}
-		c.received.Add(1)
-		switch ev.GetType() {
-		case nimbusv1.WatchEvent_TYPE_PUT:
-			if ev.GetSnapshot() {
-				if snapshot == nil {
-					snapshot, keep = &delphi.DesiredTxn{}, map[string]bool{}
+	})
+
+	w := &watchStream{c: c}
+	for f := range frames {
+		if err := w.add(f); err != nil {
+			return err
+		}
+		// Everything already received joins the commit, up to its bounds. This loop is the
+		// only receiver, so a frame waiting is one it gets without blocking.
+		for len(frames) > 0 && !w.full() {
+			f := <-frames
+			if w.pending.events > 0 && w.pending.size+f.size > maxCommitBytes {
+				if err := w.commit(); err != nil {
+					return err
 				}
-				snapshot.Put(ev.GetObject())
-				keep[ev.GetObject().Key().ID()] = true
-				continue
 			}
-			txn := &delphi.DesiredTxn{}
-			txn.Put(ev.GetObject())
-			txn.SetResume(ev.GetEpoch(), ev.GetRevision())
-			if err := c.desired.Commit(txn); err != nil {
-				return fmt.Errorf("storing %s: %w", ev.GetObject().Key().ID(), err)
+			if err := w.add(f); err != nil {
+				return err
 			}
-			c.log.Debug("object received", "key", ev.GetObject().Key().ID(), "revision", ev.GetRevision())
-		case nimbusv1.WatchEvent_TYPE_DELETE:
-			txn := &delphi.DesiredTxn{}
-			txn.Delete(ev.GetKey())
-			txn.SetResume(ev.GetEpoch(), ev.GetRevision())
-			if err := c.desired.Commit(txn); err != nil {
-				return fmt.Errorf("deleting %s: %w", ev.GetKey().ID(), err)
-			}
-			c.log.Debug("object deleted", "key", ev.GetKey().ID(), "revision", ev.GetRevision())
-		case nimbusv1.WatchEvent_TYPE_SYNCED:
-			if snapshot == nil {
-				snapshot, keep = &delphi.DesiredTxn{}, map[string]bool{}
-			}
-			snapshot.DeleteOthers(keep)
-			snapshot.SetResume(ev.GetEpoch(), ev.GetRevision())
-			if err := c.desired.Commit(snapshot); err != nil {
-				return fmt.Errorf("storing snapshot: %w", err)
-			}
-			c.desired.MarkSynced()
-			c.log.Info("synced with nimbus", "objects", len(keep), "revision", ev.GetRevision(), "epoch", ev.GetEpoch())
-			snapshot, keep = nil, nil
-		case nimbusv1.WatchEvent_TYPE_BOOKMARK:
-			txn := &delphi.DesiredTxn{}
-			txn.SetResume(ev.GetEpoch(), ev.GetRevision())
-			if err := c.desired.Commit(txn); err != nil {
-				return fmt.Errorf("storing resume point: %w", err)
-			}
-		case nimbusv1.WatchEvent_TYPE_RESUMED:
-			// delphi already holds the state as of this revision; only changes follow.
-			c.desired.MarkSynced()
-			c.log.Info("resumed watch", "revision", ev.GetRevision(), "epoch", ev.GetEpoch())
+		}
+		if err := w.commit(); err != nil {
+			return err
 		}
 	}
+	// Frames are closed once receiving failed; recvErr is set by then.
+	return fmt.Errorf("receiving watch events: %w", recvErr)
+}
+
+// receivedFrame is a frame's events and its wire size.
+type receivedFrame struct {
+	events []*nimbusv1.WatchEvent
+	size   int
+}
+
+// watchStream is the state of one watch stream as its events are committed: whether it
+// started, the snapshot it is receiving, and the changes received since the last commit.
+type watchStream struct {
+	c *Client
+	// started tells that the stream's first event has come: RESUMED, or the first of a
+	// snapshot.
+	started bool
+	// snapshot holds the objects of the snapshot under way; nil outside one. The events
+	// of a stream that does not start with RESUMED are a snapshot up to SYNCED.
+	snapshot *delphi.DesiredTxn
+	// snapshotObjects counts them.
+	snapshotObjects int
+	pending         pendingChanges
+}
+
+// pendingChanges are the changes received since the last commit, one per key: the last.
+type pendingChanges struct {
+	// writes are the objects to store, or keys to delete, by key ID in index, in the
+	// order the keys first came.
+	writes []pendingWrite
+	index  map[string]int
+	// events and size count the events and the frame bytes they came in.
+	events int
+	size   int
+	// epoch and rev are the resume point of the last event; rev is 0 when there is none.
+	epoch string
+	rev   uint64
+}
+
+// pendingWrite is the last change of one key: an object to store, or a key to delete.
+type pendingWrite struct {
+	obj *nimbusv1.Object
+	key *nimbusv1.ObjectKey
+}
+
+// full reports whether the changes received since the last commit reached a bound.
+func (w *watchStream) full() bool {
+	return w.pending.events >= w.c.commitEvents || w.pending.size >= maxCommitBytes
+}
+
+// add takes in the events of a frame in order. It commits the snapshot at SYNCED, and
+// the changes received so far whenever they reach the bound of a commit. The frame's
+// bytes count towards the changes' bound unless the frame ends inside a snapshot.
+func (w *watchStream) add(f receivedFrame) error {
+	defer func() {
+		if w.snapshot == nil {
+			w.pending.size += f.size
+		}
+	}()
+	for _, ev := range f.events {
+		if err := w.addEvent(ev); err != nil {
+			return err
+		}
+		if w.pending.events >= w.c.commitEvents {
+			if err := w.commit(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (w *watchStream) addEvent(ev *nimbusv1.WatchEvent) error {
+	typ := ev.GetType()
+	if !w.started {
+		w.started = true
+		if typ == nimbusv1.WatchEvent_TYPE_RESUMED {
+			// delphi already holds the state as of this revision; only changes follow.
+			w.c.desired.MarkSynced()
+			w.c.log.Info("resumed watch", "revision", ev.GetRevision(), "epoch", ev.GetEpoch())
+			return nil
+		}
+		w.snapshot = &delphi.DesiredTxn{}
+	}
+	if w.snapshot != nil {
+		switch typ {
+		case nimbusv1.WatchEvent_TYPE_PUT:
+			w.snapshot.Put(ev.GetObject())
+			w.snapshotObjects++
+			return nil
+		case nimbusv1.WatchEvent_TYPE_SYNCED:
+			return w.commitSnapshot(ev)
+		}
+		return fmt.Errorf("receiving a snapshot: unexpected %v event at revision %d", typ, ev.GetRevision())
+	}
+	p := &w.pending
+	switch typ {
+	case nimbusv1.WatchEvent_TYPE_PUT:
+		p.write(pendingWrite{obj: ev.GetObject(), key: ev.GetObject().Key()})
+	case nimbusv1.WatchEvent_TYPE_DELETE:
+		p.write(pendingWrite{key: ev.GetKey()})
+	case nimbusv1.WatchEvent_TYPE_BOOKMARK:
+	default:
+		return fmt.Errorf("receiving changes: unexpected %v event at revision %d", typ, ev.GetRevision())
+	}
+	p.events++
+	p.epoch, p.rev = ev.GetEpoch(), ev.GetRevision()
+	return nil
+}
+
+// write records the last change of a key, replacing any earlier one.
+func (p *pendingChanges) write(pw pendingWrite) {
+	id := pw.key.ID()
+	if i, ok := p.index[id]; ok {
+		p.writes[i] = pw
+		return
+	}
+	if p.index == nil {
+		p.index = map[string]int{}
+	}
+	p.index[id] = len(p.writes)
+	p.writes = append(p.writes, pw)
+}
+
+// commitSnapshot commits the snapshot that SYNCED ends as one transaction that also
+// removes every stored object the snapshot did not hold, and marks delphi synced.
+func (w *watchStream) commitSnapshot(synced *nimbusv1.WatchEvent) error {
+	txn := w.snapshot
+	txn.DeleteOthers(nil)
+	txn.SetResume(synced.GetEpoch(), synced.GetRevision())
+	if err := w.c.desired.Commit(txn); err != nil {
+		return fmt.Errorf("storing snapshot: %w", err)
+	}
+	w.c.desired.MarkSynced()
+	w.c.log.Info("synced with nimbus", "objects", w.snapshotObjects, "revision", synced.GetRevision(), "epoch", synced.GetEpoch())
+	w.snapshot, w.snapshotObjects = nil, 0
+	return nil
+}
+
+// commit stores the changes received since the last commit, each key's last, with the
+// resume point of the last event, in one transaction.
+func (w *watchStream) commit() error {
+	p := &w.pending
+	if p.events == 0 {
+		p.size = 0
+		return nil
+	}
+	txn := &delphi.DesiredTxn{}
+	deleted := 0
+	for _, pw := range p.writes {
+		if pw.obj != nil {
+			txn.Put(pw.obj)
+		} else {
+			txn.Delete(pw.key)
+			deleted++
+		}
+	}
+	txn.SetResume(p.epoch, p.rev)
+	if err := w.c.desired.Commit(txn); err != nil {
+		return fmt.Errorf("storing changes up to revision %d: %w", p.rev, err)
+	}
+	w.c.log.Debug("changes stored", "events", p.events, "stored", len(p.writes)-deleted, "deleted", deleted, "revision", p.rev)
+	clear(p.index)
+	clear(p.writes)
+	*p = pendingChanges{writes: p.writes[:0], index: p.index}
+	return nil
 }
 
 // report runs one ReportStatus stream: every status first, then each change.
@@ -248,6 +436,9 @@ func (c *Client) report(ctx context.Context, api nimbusv1.NimbusClient) error {
 		if err != nil {
 			return fmt.Errorf("waiting for status changes: %w", err)
 		}
+		// The statuses of one Next go out back to back, without waiting for anything in
+		// between: gRPC's transport writes the messages queued by then together and flushes
+		// once, so a burst of statuses costs a few writes, not one per status.
 		for _, id := range ids {
 			key, err := nimbusv1.ParseKeyID(id)
 			if err != nil {

@@ -3,9 +3,22 @@
 // records in delphi back up to nimbus.
 //
 // The client is the only writer of delphi's desired table; it claims that table's writer
-// handle when it is built. A watch starts with a snapshot that ends in SYNCED; the snapshot
-// is committed to delphi as one transaction that also removes every local object the
-// snapshot did not contain, so objects deleted while the agent was away do not linger.
+// handle when it is built. A watch that cannot resume starts with a snapshot: the events
+// before SYNCED. The snapshot is committed to delphi as one transaction that also removes
+// every local object the snapshot did not contain, so objects deleted while the agent was
+// away do not linger. A watch that resumes starts with RESUMED instead, and only changes
+// follow.
+//
+// Watch events come in frames of many. The client commits them in groups: a goroutine
+// receives frames while the last commit is being written, and everything received by the
+// time it is done, up to 10,000 changes or 8 MiB of frames, goes into the next delphi
+// transaction, each key's last change only, with the resume point (epoch and revision) of
+// the group's last event. A transaction thus holds a prefix of the stream and records
+// which, so however the agent stops (a SIGKILL included), delphi holds nimbus's state as of
+// its resume point, and the next watch resumes right after it, whether that is the end of
+// a frame or the middle of one.
+//
 // When a stream breaks the client reconnects with exponential backoff and jitter, and
-// sends every status again on each new status stream.
+// sends every status again on each new status stream. The statuses that change together
+// go up back to back, which gRPC writes together.
 package nimbusclient

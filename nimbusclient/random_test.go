@@ -120,8 +120,15 @@ func (p *cutProxy) cut() {
 // server, whose metrics tell how watches started.
 func newWindowBus(t *testing.T, window int) (*bus, *nimbus.Server) {
 	t.Helper()
+	return newServedBus(t, nimbus.Options{HistoryWindow: window, BookmarkInterval: 10 * time.Millisecond})
+}
+
+// newServedBus is newBus with a server of the given options, which it also returns.
+func newServedBus(t *testing.T, opts nimbus.Options) (*bus, *nimbus.Server) {
+	t.Helper()
 	b := &bus{path: filepath.Join(t.TempDir(), "nimbus.sock")}
-	srv, err := nimbus.New(nimbus.Options{Logger: quiet, HistoryWindow: window, BookmarkInterval: 10 * time.Millisecond})
+	opts.Logger = quiet
+	srv, err := nimbus.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

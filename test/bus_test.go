@@ -77,8 +77,10 @@ func revisions(t *testing.T, out string) map[string]string {
 }
 
 // TestStoppedAgentIsResetAndCatchesUp stops one agent with SIGSTOP while hundreds of
-// changes are published: nimbus resets that watcher without holding back the other agent,
-// and after SIGCONT the stopped agent's delphi equals nimbus object for object.
+// changes are published, a hundred per apply: nimbus resets that watcher without holding
+// back the other agent, and after SIGCONT the stopped agent's delphi equals nimbus object
+// for object. (A commit queues all its events for a watcher that had room when it began,
+// so the watcher is reset by one of the commits after its stream stopped taking frames.)
 func TestStoppedAgentIsResetAndCatchesUp(t *testing.T) {
 	metrics := freePort(t)
 	c := newCluster(t, "--watch-buffer", "8", "--metrics", metrics)
@@ -89,8 +91,14 @@ func TestStoppedAgentIsResetAndCatchesUp(t *testing.T) {
 	if err := a.agent.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	c.apply(t, manyRoutes(n, "10.10.0.2"))
-	c.apply(t, manyRoutes(n, "10.20.0.2"))
+	for _, gateway := range []string{"10.10.0.2", "10.20.0.2"} {
+		docs := strings.SplitAfter(manyRoutes(n, gateway), "---\n")
+		for len(docs) > 1 {
+			k := min(100, len(docs))
+			c.apply(t, strings.Join(docs[:k], ""))
+			docs = docs[k:]
+		}
+	}
 	waitFor(t, "host-b to program every route while host-a is stopped", func() bool {
 		return strings.Count(b.routes(t, 100), "via 10.20.0.2") == n
 	})

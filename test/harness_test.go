@@ -5,11 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -31,7 +33,13 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	bin = dir
-	build := exec.Command("go", "build", "-race", "-o", dir+"/", "../cmd/nimbus", "../cmd/naples-agent", "../cmd/naplesctl")
+	// Tests run the binaries with the race detector; benchmarks measure them without.
+	flag.Parse()
+	args := []string{"build", "-race", "-o", dir + "/", "../cmd/nimbus", "../cmd/naples-agent", "../cmd/naplesctl"}
+	if flag.Lookup("test.bench").Value.String() != "" {
+		args = slices.Delete(args, 1, 2)
+	}
+	build := exec.Command("go", args...)
 	build.Stdout, build.Stderr = os.Stdout, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building binaries:", err)
@@ -54,7 +62,7 @@ type proc struct {
 	exited bool
 }
 
-func start(t *testing.T, logName string, name string, args ...string) *proc {
+func start(t testing.TB, logName string, name string, args ...string) *proc {
 	t.Helper()
 	logPath := filepath.Join(t.TempDir(), logName+".log")
 	f, err := os.Create(logPath)
@@ -80,7 +88,7 @@ func start(t *testing.T, logName string, name string, args ...string) *proc {
 }
 
 // stop sends SIGTERM and waits for a clean exit; it is safe to call twice.
-func (p *proc) stop(t *testing.T) {
+func (p *proc) stop(t testing.TB) {
 	t.Helper()
 	if p.exited {
 		return
@@ -100,7 +108,7 @@ func (p *proc) stop(t *testing.T) {
 }
 
 // kill sends SIGKILL and reaps the process.
-func (p *proc) kill(t *testing.T) {
+func (p *proc) kill(t testing.TB) {
 	t.Helper()
 	if err := p.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
@@ -123,7 +131,7 @@ type cluster struct {
 
 // newCluster starts nimbus with TLS and a data directory in the test's temporary
 // directory; extra flags for nimbus are appended.
-func newCluster(t *testing.T, nimbusArgs ...string) *cluster {
+func newCluster(t testing.TB, nimbusArgs ...string) *cluster {
 	t.Helper()
 	testns.RequireRoot(t)
 	dir := t.TempDir()
@@ -139,7 +147,7 @@ func newCluster(t *testing.T, nimbusArgs ...string) *cluster {
 }
 
 // startNimbus starts nimbus with the cluster's flags and waits until it listens.
-func (c *cluster) startNimbus(t *testing.T) {
+func (c *cluster) startNimbus(t testing.TB) {
 	t.Helper()
 	sock := strings.TrimPrefix(c.server, "unix://")
 	c.nimbus = start(t, "nimbus", filepath.Join(bin, "nimbus"), c.nimbusArgs...)
@@ -154,7 +162,7 @@ func (c *cluster) startNimbus(t *testing.T) {
 
 // certs makes the cluster's CA, nimbus's and the publisher's certificates if missing,
 // and the certificates of the nodes, with naplesctl certs.
-func (c *cluster) certs(t *testing.T, nodes ...string) {
+func (c *cluster) certs(t testing.TB, nodes ...string) {
 	t.Helper()
 	args := []string{"certs", "--dir", c.pki}
 	if len(nodes) > 0 {
@@ -180,13 +188,13 @@ type host struct {
 	cert string
 }
 
-func (c *cluster) newHost(t *testing.T, name string) *host {
+func (c *cluster) newHost(t testing.TB, name string) *host {
 	t.Helper()
 	return c.newHostWithCert(t, name, name)
 }
 
 // newHostWithCert is newHost with an agent presenting the certificate of node cert.
-func (c *cluster) newHostWithCert(t *testing.T, name, cert string) *host {
+func (c *cluster) newHostWithCert(t testing.TB, name, cert string) *host {
 	t.Helper()
 	c.certs(t, cert)
 	ns := testns.Named(t, "naples-e2e")
@@ -204,13 +212,13 @@ func (c *cluster) newHostWithCert(t *testing.T, name, cert string) *host {
 	return h
 }
 
-func (h *host) startAgent(t *testing.T) {
+func (h *host) startAgent(t testing.TB) {
 	t.Helper()
 	h.startAgentWith(t)
 }
 
 // startAgentWith starts the host's agent with extra flags appended to the usual ones.
-func (h *host) startAgentWith(t *testing.T, extra ...string) {
+func (h *host) startAgentWith(t testing.TB, extra ...string) {
 	t.Helper()
 	args := []string{"netns", "exec", h.ns, filepath.Join(bin, "naples-agent"),
 		"--node", h.name, "--nimbus", h.c.server, "--state-dir", h.state, "--log-level", "debug",
@@ -220,14 +228,14 @@ func (h *host) startAgentWith(t *testing.T, extra ...string) {
 }
 
 // routes returns `ip route show table N` inside the host.
-func (h *host) routes(t *testing.T, table int) string {
+func (h *host) routes(t testing.TB, table int) string {
 	t.Helper()
 	return testns.Run(t, "ip", "-n", h.ns, "route", "show", "table", fmt.Sprint(table))
 }
 
 // ctl runs naplesctl against the cluster's nimbus with the publisher's certificate;
 // TLS flags in args override it.
-func (c *cluster) ctl(t *testing.T, stdin string, args ...string) (string, error) {
+func (c *cluster) ctl(t testing.TB, stdin string, args ...string) (string, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), deadline)
 	defer cancel()
@@ -244,7 +252,7 @@ func (c *cluster) ctl(t *testing.T, stdin string, args ...string) (string, error
 	return stdout.String(), nil
 }
 
-func (c *cluster) mustCtl(t *testing.T, stdin string, args ...string) string {
+func (c *cluster) mustCtl(t testing.TB, stdin string, args ...string) string {
 	t.Helper()
 	out, err := c.ctl(t, stdin, args...)
 	if err != nil {
@@ -254,7 +262,7 @@ func (c *cluster) mustCtl(t *testing.T, stdin string, args ...string) string {
 }
 
 // apply applies a manifest given as text.
-func (c *cluster) apply(t *testing.T, manifest string) string {
+func (c *cluster) apply(t testing.TB, manifest string) string {
 	t.Helper()
 	return c.mustCtl(t, manifest, "apply", "-f", "-")
 }
@@ -263,7 +271,7 @@ func (c *cluster) apply(t *testing.T, manifest string) string {
 var errNotFound = errors.New("not found")
 
 // get reads one object and its status with `naplesctl get KIND NAME -o json`.
-func (c *cluster) get(t *testing.T, kind, name string) (generation int64, status *nimbusv1.ObjectStatus, err error) {
+func (c *cluster) get(t testing.TB, kind, name string) (generation int64, status *nimbusv1.ObjectStatus, err error) {
 	t.Helper()
 	out, err := c.ctl(t, "", "get", kind, name, "-o", "json")
 	if err != nil {
@@ -303,7 +311,7 @@ func nodeStatus(st *nimbusv1.ObjectStatus, node string) *nimbusv1.NodeStatus {
 }
 
 // waitProgrammed waits until node reports the object PROGRAMMED at the given generation.
-func (c *cluster) waitProgrammed(t *testing.T, kind, name, node string, generation int64) *nimbusv1.NodeStatus {
+func (c *cluster) waitProgrammed(t testing.TB, kind, name, node string, generation int64) *nimbusv1.NodeStatus {
 	t.Helper()
 	var last *nimbusv1.NodeStatus
 	waitFor(t, fmt.Sprintf("%s %s PROGRAMMED at generation %d on %s", kind, name, generation, node), func() bool {
@@ -317,7 +325,7 @@ func (c *cluster) waitProgrammed(t *testing.T, kind, name, node string, generati
 	return last
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
+func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	end := time.Now().Add(deadline)
 	for !cond() {
@@ -344,7 +352,7 @@ type routeMonitor struct {
 // 10.20N.N.0/24 table 250 proto static`, a new one each time) until the monitor prints
 // one, then waits for the last one's deletion. What the monitor prints after that is what
 // output returns. The monitor stops when the test ends.
-func (h *host) monitorRoutes(t *testing.T) *routeMonitor {
+func (h *host) monitorRoutes(t testing.TB) *routeMonitor {
 	t.Helper()
 	m := &routeMonitor{log: filepath.Join(t.TempDir(), "monitor.log")}
 	f, err := os.Create(m.log)
@@ -403,7 +411,7 @@ func (h *host) monitorRoutes(t *testing.T) *routeMonitor {
 }
 
 // output returns what the monitor printed since monitorRoutes returned.
-func (m *routeMonitor) output(t *testing.T) string {
+func (m *routeMonitor) output(t testing.TB) string {
 	t.Helper()
 	out, err := os.ReadFile(m.log)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/proto"
 
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -22,7 +23,10 @@ func (c *cli) deleteCommand() *cobra.Command {
 		Long: `Delete objects by kind and name or as listed in manifest files.
 
 Deleting an object that does not exist is not an error: it is reported as not found.
-With -f only the kind, tenant, namespace and name of each object are read.`,
+With -f only the kind, tenant, namespace and name of each object are read. Every key is
+checked first, and an object may be named only once; if any key is bad, nothing is
+deleted. The keys are then sent in order, in as few batches as their size allows (up to
+4 MiB each); nimbus deletes each batch whole or not at all.`,
 		Example: `  naplesctl delete route to-dc2
   naplesctl delete -f route.yaml`,
 		Args: func(cmd *cobra.Command, args []string) error {
@@ -38,7 +42,12 @@ With -f only the kind, tenant, namespace and name of each object are read.`,
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var keys []*nimbusv1.ObjectKey
+			var (
+				keys  []*nimbusv1.ObjectKey
+				where func(i int) string
+				// describe names the entries of a span in errors.
+				describe func(sp span) string
+			)
 			if len(files) > 0 {
 				if tenant != "" || namespace != "" {
 					return errors.New("--tenant and --namespace cannot be used with -f: the manifest names them")
@@ -47,18 +56,11 @@ With -f only the kind, tenant, namespace and name of each object are read.`,
 				if err != nil {
 					return err
 				}
-				var invalid []error
 				for _, s := range srcs {
 					keys = append(keys, s.obj.Key())
-					if err := s.obj.Key().Validate(); err != nil {
-						for _, fe := range fieldErrors(err) {
-							invalid = append(invalid, fmt.Errorf("%v: %w", s, fe))
-						}
-					}
 				}
-				if len(invalid) > 0 {
-					return fmt.Errorf("reading keys, nothing deleted:\n%w", errors.Join(invalid...))
-				}
+				where = func(i int) string { return srcs[i].String() }
+				describe = func(sp span) string { return describeSpan(srcs[sp.start:sp.end]) }
 			} else {
 				kind, err := parseKind(args[0])
 				if err != nil {
@@ -67,8 +69,28 @@ With -f only the kind, tenant, namespace and name of each object are read.`,
 				for _, name := range args[1:] {
 					keys = append(keys, nimbusv1.NewKey(kind, tenant, namespace, name))
 				}
+				// The names are arguments 2 on, after KIND.
+				where = func(i int) string { return fmt.Sprintf("argument %d", i+2) }
+				describe = func(sp span) string {
+					if sp.end-sp.start == 1 {
+						return ref(keys[sp.start])
+					}
+					return ref(keys[sp.start]) + " to " + ref(keys[sp.end-1])
+				}
 			}
-			return c.delete(cmd.Context(), keys)
+			var invalid []error
+			for i, k := range keys {
+				if err := k.Validate(); err != nil {
+					for _, fe := range fieldErrors(err) {
+						invalid = append(invalid, fmt.Errorf("%s: %w", where(i), fe))
+					}
+				}
+			}
+			invalid = append(invalid, duplicates(keys, "key.name", where)...)
+			if len(invalid) > 0 {
+				return fmt.Errorf("reading keys, nothing deleted:\n%w", errors.Join(invalid...))
+			}
+			return c.delete(cmd.Context(), keys, where, describe)
 		},
 	}
 	cmd.Flags().StringArrayVarP(&files, "filename", "f", nil, `manifest file whose objects to delete, "-" for stdin; repeatable`)
@@ -77,23 +99,32 @@ With -f only the kind, tenant, namespace and name of each object are read.`,
 	return cmd
 }
 
-// delete deletes keys in order and prints per key whether it was deleted or not found.
-func (c *cli) delete(ctx context.Context, keys []*nimbusv1.ObjectKey) error {
+// delete deletes the valid keys in order, in batches, and prints per key whether it was
+// deleted or not found. where names a key's place in errors, describe the keys of a
+// batch.
+func (c *cli) delete(ctx context.Context, keys []*nimbusv1.ObjectKey, where func(i int) string, describe func(sp span) string) error {
 	sess, err := c.connect()
 	if err != nil {
 		return err
 	}
 	defer sess.Close()
-	for _, k := range keys {
-		resp, err := sess.nimbus.Delete(ctx, &nimbusv1.DeleteRequest{Key: k})
+	for _, sp := range batches(len(keys), func(i int) int { return proto.Size(keys[i]) + deleteEntryOverhead }) {
+		part := keys[sp.start:sp.end]
+		resp, err := sess.nimbus.DeleteBatch(ctx, &nimbusv1.DeleteBatchRequest{Keys: part})
+		if err == nil && len(resp.GetResults()) != len(part) {
+			err = fmt.Errorf("nimbus answered %d results for %d keys", len(resp.GetResults()), len(part))
+		}
 		if err != nil {
-			return fmt.Errorf("deleting %s: %w", ref(k), sess.rpcError(err))
+			err = sess.batchError(err, "keys", func(i int) string { return where(sp.start + i) })
+			return batchFailed("deleting", "deleted", describe(sp), sp, err)
 		}
-		result := "deleted"
-		if !resp.GetFound() {
-			result = "not found"
+		for i, r := range resp.GetResults() {
+			result := "deleted"
+			if !r.GetFound() {
+				result = "not found"
+			}
+			fmt.Fprintf(c.stdout, "%s %s\n", ref(part[i]), result)
 		}
-		fmt.Fprintf(c.stdout, "%s %s\n", ref(k), result)
 	}
 	return nil
 }

@@ -60,8 +60,6 @@ type cli struct {
 	tls tlsFlags
 	// agent is the --agent flag.
 	agent string
-	// poll is how often a wait asks nimbus how far an object has come. Default: 200ms.
-	poll time.Duration
 }
 
 // run builds the command tree and executes it with args.

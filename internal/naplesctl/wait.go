@@ -1,15 +1,17 @@
 package naplesctl
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/status"
 
+	"github.com/naplesnet/naples/controller"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -17,8 +19,6 @@ import (
 const (
 	// defaultWaitTimeout is the default of --timeout.
 	defaultWaitTimeout = "60s"
-	// defaultPoll is how often a wait asks nimbus how far an object has come.
-	defaultPoll = 200 * time.Millisecond
 )
 
 // waitOptions are the flags of wait and of apply --wait.
@@ -107,66 +107,102 @@ type waitState struct {
 	done bool
 }
 
-// wait polls nimbus until every target is PROGRAMMED on all its target nodes at its
-// generation or later, printing a progress line to stderr whenever one changes and a line
-// to stdout when a target is done. It returns an error wrapping ErrProgrammingFailed as
-// soon as a target node reports FAILED at that generation, and one wrapping ErrWaitTimeout
-// that names the pending nodes when timeout passes first.
+// wait follows nimbus's status stream until every target is PROGRAMMED on all its target
+// nodes at its generation or later, printing a progress line to stderr whenever one
+// changes and a line to stdout when a target is done. It returns an error wrapping
+// ErrProgrammingFailed as soon as a target node reports FAILED at that generation, one
+// wrapping ErrNotFound when a target does not exist or is deleted, and one wrapping
+// ErrWaitTimeout that names the pending nodes when timeout passes first.
 func (c *cli) wait(ctx context.Context, sess *session, targets []waitTarget, timeout time.Duration) error {
-	pollCtx, cancel := context.WithTimeout(ctx, timeout)
+	waitCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	ticker := time.NewTicker(cmp.Or(c.poll, defaultPoll))
-	defer ticker.Stop()
-	states := make([]*waitState, len(targets))
-	for i, t := range targets {
-		states[i] = &waitState{waitTarget: t}
-	}
-	for {
-		var failed []error
-		for _, s := range states {
-			if s.done {
-				continue
-			}
-			if err := c.check(pollCtx, sess, s); err != nil {
-				if ctx.Err() == nil && pollCtx.Err() != nil {
-					return timedOut(states, timeout)
-				}
-				return err
-			}
-			if len(s.last.failures) > 0 {
-				failed = append(failed, failure(s))
-			}
-		}
-		if len(failed) > 0 {
-			return errors.Join(failed...)
-		}
-		if allDone(states) {
-			return nil
-		}
-		select {
-		case <-pollCtx.Done():
-			if ctx.Err() != nil {
-				return fmt.Errorf("waiting: %w", ctx.Err())
-			}
-			return timedOut(states, timeout)
-		case <-ticker.C:
-		}
-	}
-}
-
-// check reads how far the target of s has come and prints what changed.
-func (c *cli) check(ctx context.Context, sess *session, s *waitState) error {
-	item, err := sess.get(ctx, s.key)
-	if errors.Is(err, ErrNotFound) {
-		return fmt.Errorf("waiting for %s: %w: it was deleted", ref(s.key), err)
-	}
+	kit, err := controller.New(controller.Options{Conn: sess.conn, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return fmt.Errorf("waiting: %w", err)
 	}
-	if s.generation == 0 {
-		s.generation = item.GetObject().GetMeta().GetGeneration()
+	defer kit.Close()
+	states := make([]*waitState, len(targets))
+	byID := map[string][]*waitState{}
+	kitTargets := make([]controller.Target, len(targets))
+	for i, t := range targets {
+		states[i] = &waitState{waitTarget: t}
+		id := t.key.ID()
+		byID[id] = append(byID[id], states[i])
+		kitTargets[i] = controller.Target{Key: t.key, Generation: t.generation}
 	}
-	s.last = propagationOf(item, s.generation)
+	// Progress is called on this goroutine, and never after Wait returned.
+	progress := func(t controller.Target, item *nimbusv1.ObjectWithStatus) {
+		for _, s := range byID[t.Key.ID()] {
+			if !s.done && (s.generation == 0 || s.generation == t.Generation) {
+				s.generation = t.Generation
+				c.observe(s, item)
+			}
+		}
+	}
+	err = kit.Wait(waitCtx, kitTargets, controller.WaitOptions{Progress: progress})
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, controller.ErrFailed) || errors.Is(err, controller.ErrNotFound):
+		var errs []error
+		for _, we := range waitErrors(err) {
+			key := we.Target.Key
+			switch {
+			case errors.Is(we, controller.ErrNotFound) && we.Item == nil:
+				errs = append(errs, fmt.Errorf("waiting for %s: %w", ref(key), notFound(key)))
+			case errors.Is(we, controller.ErrNotFound):
+				errs = append(errs, fmt.Errorf("waiting for %s: %w: it was deleted", ref(key), notFound(key)))
+			default:
+				errs = append(errs, failureOf(byID[key.ID()], we))
+			}
+		}
+		return errors.Join(errs...)
+	case ctx.Err() != nil:
+		return fmt.Errorf("waiting: %w", ctx.Err())
+	case waitCtx.Err() != nil:
+		return timedOut(states, timeout)
+	}
+	// The call's own status reads better than the kit's wrapping of it.
+	var rpc interface{ GRPCStatus() *status.Status }
+	if errors.As(err, &rpc) {
+		if e, ok := rpc.(error); ok {
+			err = sess.rpcError(e)
+		}
+	}
+	return fmt.Errorf("waiting: %w", err)
+}
+
+// failureOf returns the error for the failed target of we, from the state of the
+// target's wait among states; we itself when no state saw the failure.
+func failureOf(states []*waitState, we *controller.WaitError) error {
+	for _, s := range states {
+		if s.generation == we.Target.Generation && len(s.last.failures) > 0 {
+			return failure(s)
+		}
+	}
+	return fmt.Errorf("%w: %w", ErrProgrammingFailed, we)
+}
+
+// waitErrors returns the WaitErrors err joins, in order.
+func waitErrors(err error) []*controller.WaitError {
+	errs := []error{err}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = j.Unwrap()
+	}
+	var out []*controller.WaitError
+	for _, e := range errs {
+		var we *controller.WaitError
+		if errors.As(e, &we) {
+			out = append(out, we)
+		}
+	}
+	return out
+}
+
+// observe takes the target's object and status as the status stream sent them and prints
+// what changed.
+func (c *cli) observe(s *waitState, item *nimbusv1.ObjectWithStatus) {
+	s.last = propagationOf(withStatus(item), s.generation)
 	if line := s.last.progress(s.key); line != s.line {
 		fmt.Fprintln(c.stderr, line)
 		s.line = line
@@ -176,23 +212,12 @@ func (c *cli) check(ctx context.Context, sess *session, s *waitState) error {
 		fmt.Fprintf(c.stdout, "%s programmed on %d/%d nodes (generation %d)\n",
 			ref(s.key), s.last.programmed, s.last.target, s.generation)
 	}
-	return nil
 }
 
 // progress is the progress line of an object: "route/to-dc2: 3/4 nodes programmed
 // (generation 2)".
 func (p propagation) progress(key *nimbusv1.ObjectKey) string {
 	return fmt.Sprintf("%s: %d/%d nodes programmed (generation %d)", ref(key), p.programmed, p.target, p.generation)
-}
-
-// allDone reports whether every wait is done.
-func allDone(states []*waitState) bool {
-	for _, s := range states {
-		if !s.done {
-			return false
-		}
-	}
-	return true
 }
 
 // failure returns the error for a target that a node reported FAILED, one line per

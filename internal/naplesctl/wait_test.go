@@ -4,11 +4,23 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
+
+	"github.com/naplesnet/naples/internal/address"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -37,8 +49,7 @@ type running struct {
 	cancel         context.CancelFunc
 }
 
-// start runs naplesctl with args in the background, polling nimbus every 10ms, until it
-// returns or the test ends.
+// start runs naplesctl with args in the background until it returns or the test ends.
 func (e *env) start(args ...string) *running {
 	e.t.Helper()
 	ctx, cancel := context.WithCancel(e.t.Context())
@@ -48,7 +59,6 @@ func (e *env) start(args ...string) *running {
 		stdout: r.stdout,
 		stderr: r.stderr,
 		now:    func() time.Time { return created.Add(90 * time.Second) },
-		poll:   10 * time.Millisecond,
 	}
 	go func() { r.done <- c.run(ctx, args, func(k string) string { return e.vars[k] }) }()
 	e.t.Cleanup(func() {
@@ -267,3 +277,141 @@ func TestWaitUsageErrors(t *testing.T) {
 		t.Errorf("apply with a bad --timeout stored %v; want nothing applied", names)
 	}
 }
+
+// TestWaitFollowsStatusStream runs wait through a proxy that sees every call naplesctl
+// makes: wait follows the status changes over one WatchStatus stream, and never asks
+// nimbus with Get or List.
+func TestWaitFollowsStatusStream(t *testing.T) {
+	e := newEnv(t)
+	e.ok("apply", "-f", e.file("route.yaml", routeTo("to-dc2", "198.51.100.0/24", "10.10.0.2", "host-a", "host-b")))
+	calls := e.proxy()
+	r := e.start("wait", "route", "to-dc2", "--timeout", "20s")
+	r.waitStderr(t, "route/to-dc2: 0/2 nodes programmed (generation 1)\n")
+	e.report("to-dc2", "host-a", 1, programmed, "", "")
+	r.waitStderr(t, "route/to-dc2: 1/2 nodes programmed (generation 1)\n")
+	e.report("to-dc2", "host-b", 1, programmed, "", "")
+	if err := r.result(t); err != nil {
+		t.Fatalf("wait: %v\nstderr:\n%s", err, r.stderr)
+	}
+	equal(t, "wait stdout", r.stdout.String(), "route/to-dc2 programmed on 2/2 nodes (generation 1)\n")
+	equal(t, "calls naplesctl made", calls.String(), "/nimbus.v1.Nimbus/WatchStatus: 1")
+}
+
+// TestWaitRefusedForGood waits with a node's certificate, which may not watch status: wait
+// fails at once with nimbus's refusal, not when its timeout passes.
+func TestWaitRefusedForGood(t *testing.T) {
+	home := t.TempDir()
+	pkiDir := filepath.Join(home, DefaultPKIDir)
+	vars := map[string]string{"HOME": home}
+	if _, err := tlsCtl(t, vars, "", "certs", "--nodes", "host-a"); err != nil {
+		t.Fatalf("certs: %v", err)
+	}
+	vars[ServerEnv] = startTLSNimbus(t, pkiDir)
+	if _, err := tlsCtl(t, vars, tlsRoute, "apply", "-f", "-"); err != nil {
+		t.Fatalf("apply: %v", err)
+	}
+	vars[TLSCertEnv], vars[TLSKeyEnv] = filepath.Join(pkiDir, "host-a.crt"), filepath.Join(pkiDir, "host-a.key")
+	_, err := tlsCtl(t, vars, "", "wait", "route", "to-dc2", "--timeout", "1h")
+	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), `node "host-a" may not watch status`) {
+		t.Fatalf("wait with a node certificate = %v, want PermissionDenied naming the node", err)
+	}
+}
+
+// callCounter counts the calls a proxy forwarded, by method.
+type callCounter struct {
+	mu    sync.Mutex
+	calls map[string]int
+}
+
+// String lists the calls: "/nimbus.v1.Nimbus/Get: 3, /nimbus.v1.Nimbus/List: 1".
+func (c *callCounter) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for _, m := range slices.Sorted(maps.Keys(c.calls)) {
+		out = append(out, fmt.Sprintf("%s: %d", m, c.calls[m]))
+	}
+	return strings.Join(out, ", ")
+}
+
+// proxy serves a gRPC proxy in front of the test's nimbus, points naplesctl at it, and
+// returns what counts the calls it forwards. The proxy passes messages on as they are,
+// whatever the method, so it sees calls as nimbus does.
+func (e *env) proxy() *callCounter {
+	e.t.Helper()
+	upstream, err := grpc.NewClient("unix://"+strings.TrimPrefix(e.server, "unix://"),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rawCodec{})))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { upstream.Close() })
+	counter := &callCounter{calls: map[string]int{}}
+	srv := grpc.NewServer(grpc.ForceServerCodecV2(rawCodec{}), grpc.UnknownServiceHandler(func(_ any, down grpc.ServerStream) error {
+		method, _ := grpc.MethodFromServerStream(down)
+		counter.mu.Lock()
+		counter.calls[method]++
+		counter.mu.Unlock()
+		ctx, cancel := context.WithCancel(down.Context())
+		defer cancel()
+		up, err := upstream.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}, method)
+		if err != nil {
+			return err
+		}
+		go func() {
+			for {
+				var m rawMessage
+				if err := down.RecvMsg(&m); err != nil {
+					up.CloseSend()
+					return
+				}
+				if err := up.SendMsg(&m); err != nil {
+					return
+				}
+			}
+		}()
+		for {
+			var m rawMessage
+			if err := up.RecvMsg(&m); errors.Is(err, io.EOF) {
+				return nil
+			} else if err != nil {
+				return err
+			}
+			if err := down.SendMsg(&m); err != nil {
+				return err
+			}
+		}
+	}))
+	addr := address.Address{Network: "unix", Addr: filepath.Join(e.t.TempDir(), "proxy.sock")}
+	lis, err := addr.Listen(e.t.Context())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(lis) }()
+	e.t.Cleanup(func() {
+		srv.Stop()
+		if err := <-served; err != nil {
+			e.t.Errorf("serving the proxy: %v", err)
+		}
+	})
+	e.vars[ServerEnv] = addr.String()
+	return counter
+}
+
+// rawMessage is a message in wire form, which rawCodec passes on as it is.
+type rawMessage []byte
+
+// rawCodec is a gRPC codec for rawMessage.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+	return mem.BufferSlice{mem.SliceBuffer(*v.(*rawMessage))}, nil
+}
+
+func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	*v.(*rawMessage) = data.Materialize()
+	return nil
+}
+
+func (rawCodec) Name() string { return "proto" }

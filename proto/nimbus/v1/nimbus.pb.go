@@ -201,6 +201,7 @@ const (
 	// TYPE_DELETE carries the key of an object the node should no longer have.
 	WatchEvent_TYPE_DELETE WatchEvent_Type = 2
 	// TYPE_SYNCED ends a snapshot: every object targeted at the node up to revision has been sent.
+	// The PUT events before it, in a watch that did not start with TYPE_RESUMED, are the snapshot.
 	WatchEvent_TYPE_SYNCED WatchEvent_Type = 3
 	// TYPE_BOOKMARK carries the current revision while nothing changes.
 	WatchEvent_TYPE_BOOKMARK WatchEvent_Type = 4
@@ -2247,7 +2248,11 @@ type WatchEvent struct {
 	Revision uint64 `protobuf:"varint,4,opt,name=revision,proto3" json:"revision,omitempty"`
 	// epoch identifies the nimbus store instance.
 	Epoch string `protobuf:"bytes,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	// snapshot is true for events that are part of a snapshot, before SYNCED.
+	// snapshot is never set: a snapshot's PUT events are the very events its objects' changes
+	// were sent as, shared by every watcher. A watch that does not start with TYPE_RESUMED
+	// starts with a snapshot, and the events before its TYPE_SYNCED are the snapshot.
+	//
+	// Deprecated: Marked as deprecated in nimbus/v1/nimbus.proto.
 	Snapshot      bool `protobuf:"varint,6,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2318,6 +2323,7 @@ func (x *WatchEvent) GetEpoch() string {
 	return ""
 }
 
+// Deprecated: Marked as deprecated in nimbus/v1/nimbus.proto.
 func (x *WatchEvent) GetSnapshot() bool {
 	if x != nil {
 		return x.Snapshot
@@ -2326,7 +2332,9 @@ func (x *WatchEvent) GetSnapshot() bool {
 }
 
 // WatchFrame carries consecutive watch events; a stream of frames is a stream of events in
-// order. Frames are bounded in size; a snapshot or a large commit spans several.
+// order, and where one frame ends carries no meaning. Frames are bounded in size (an event
+// larger than the bound travels alone); a snapshot or a large commit spans several, and a
+// frame may hold the end of a snapshot, SYNCED and the first changes after it.
 type WatchFrame struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Events        []*WatchEvent          `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
@@ -2791,15 +2799,15 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\fWatchRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\tR\x05epoch\x12\x1a\n" +
-	"\brevision\x18\x03 \x01(\x04R\brevision\"\xd0\x02\n" +
+	"\brevision\x18\x03 \x01(\x04R\brevision\"\xd4\x02\n" +
 	"\n" +
 	"WatchEvent\x12.\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x1a.nimbus.v1.WatchEvent.TypeR\x04type\x12)\n" +
 	"\x06object\x18\x02 \x01(\v2\x11.nimbus.v1.ObjectR\x06object\x12&\n" +
 	"\x03key\x18\x03 \x01(\v2\x14.nimbus.v1.ObjectKeyR\x03key\x12\x1a\n" +
 	"\brevision\x18\x04 \x01(\x04R\brevision\x12\x14\n" +
-	"\x05epoch\x18\x05 \x01(\tR\x05epoch\x12\x1a\n" +
-	"\bsnapshot\x18\x06 \x01(\bR\bsnapshot\"q\n" +
+	"\x05epoch\x18\x05 \x01(\tR\x05epoch\x12\x1e\n" +
+	"\bsnapshot\x18\x06 \x01(\bB\x02\x18\x01R\bsnapshot\"q\n" +
 	"\x04Type\x12\x14\n" +
 	"\x10TYPE_UNSPECIFIED\x10\x00\x12\f\n" +
 	"\bTYPE_PUT\x10\x01\x12\x0f\n" +
@@ -2853,7 +2861,7 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\vDeleteBatch\x12\x1d.nimbus.v1.DeleteBatchRequest\x1a\x1e.nimbus.v1.DeleteBatchResponse\x124\n" +
 	"\x03Get\x12\x15.nimbus.v1.GetRequest\x1a\x16.nimbus.v1.GetResponse\x127\n" +
 	"\x04List\x12\x16.nimbus.v1.ListRequest\x1a\x17.nimbus.v1.ListResponse\x129\n" +
-	"\x05Watch\x12\x17.nimbus.v1.WatchRequest\x1a\x15.nimbus.v1.WatchEvent0\x01\x12F\n" +
+	"\x05Watch\x12\x17.nimbus.v1.WatchRequest\x1a\x15.nimbus.v1.WatchFrame0\x01\x12F\n" +
 	"\vWatchStatus\x12\x1d.nimbus.v1.WatchStatusRequest\x1a\x16.nimbus.v1.StatusFrame0\x01\x12J\n" +
 	"\fReportStatus\x12\x17.nimbus.v1.StatusReport\x1a\x1f.nimbus.v1.ReportStatusResponse(\x01B6Z4github.com/naplesnet/naples/proto/nimbus/v1;nimbusv1b\x06proto3"
 
@@ -2977,7 +2985,7 @@ var file_nimbus_v1_nimbus_proto_depIdxs = []int32{
 	27, // 57: nimbus.v1.Nimbus.DeleteBatch:output_type -> nimbus.v1.DeleteBatchResponse
 	29, // 58: nimbus.v1.Nimbus.Get:output_type -> nimbus.v1.GetResponse
 	31, // 59: nimbus.v1.Nimbus.List:output_type -> nimbus.v1.ListResponse
-	33, // 60: nimbus.v1.Nimbus.Watch:output_type -> nimbus.v1.WatchEvent
+	34, // 60: nimbus.v1.Nimbus.Watch:output_type -> nimbus.v1.WatchFrame
 	37, // 61: nimbus.v1.Nimbus.WatchStatus:output_type -> nimbus.v1.StatusFrame
 	39, // 62: nimbus.v1.Nimbus.ReportStatus:output_type -> nimbus.v1.ReportStatusResponse
 	54, // [54:63] is the sub-list for method output_type

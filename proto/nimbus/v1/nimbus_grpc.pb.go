@@ -46,7 +46,7 @@ type NimbusClient interface {
 	DeleteBatch(ctx context.Context, in *DeleteBatchRequest, opts ...grpc.CallOption) (*DeleteBatchResponse, error)
 	Get(ctx context.Context, in *GetRequest, opts ...grpc.CallOption) (*GetResponse, error)
 	List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListResponse, error)
-	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEvent], error)
+	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchFrame], error)
 	WatchStatus(ctx context.Context, in *WatchStatusRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StatusFrame], error)
 	ReportStatus(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[StatusReport, ReportStatusResponse], error)
 }
@@ -119,13 +119,13 @@ func (c *nimbusClient) List(ctx context.Context, in *ListRequest, opts ...grpc.C
 	return out, nil
 }
 
-func (c *nimbusClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEvent], error) {
+func (c *nimbusClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchFrame], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &Nimbus_ServiceDesc.Streams[0], Nimbus_Watch_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
-	x := &grpc.GenericClientStream[WatchRequest, WatchEvent]{ClientStream: stream}
+	x := &grpc.GenericClientStream[WatchRequest, WatchFrame]{ClientStream: stream}
 	if err := x.ClientStream.SendMsg(in); err != nil {
 		return nil, err
 	}
@@ -136,7 +136,7 @@ func (c *nimbusClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc
 }
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type Nimbus_WatchClient = grpc.ServerStreamingClient[WatchEvent]
+type Nimbus_WatchClient = grpc.ServerStreamingClient[WatchFrame]
 
 func (c *nimbusClient) WatchStatus(ctx context.Context, in *WatchStatusRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StatusFrame], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -184,7 +184,7 @@ type NimbusServer interface {
 	DeleteBatch(context.Context, *DeleteBatchRequest) (*DeleteBatchResponse, error)
 	Get(context.Context, *GetRequest) (*GetResponse, error)
 	List(context.Context, *ListRequest) (*ListResponse, error)
-	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchEvent]) error
+	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchFrame]) error
 	WatchStatus(*WatchStatusRequest, grpc.ServerStreamingServer[StatusFrame]) error
 	ReportStatus(grpc.ClientStreamingServer[StatusReport, ReportStatusResponse]) error
 	mustEmbedUnimplementedNimbusServer()
@@ -215,7 +215,7 @@ func (UnimplementedNimbusServer) Get(context.Context, *GetRequest) (*GetResponse
 func (UnimplementedNimbusServer) List(context.Context, *ListRequest) (*ListResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method List not implemented")
 }
-func (UnimplementedNimbusServer) Watch(*WatchRequest, grpc.ServerStreamingServer[WatchEvent]) error {
+func (UnimplementedNimbusServer) Watch(*WatchRequest, grpc.ServerStreamingServer[WatchFrame]) error {
 	return status.Error(codes.Unimplemented, "method Watch not implemented")
 }
 func (UnimplementedNimbusServer) WatchStatus(*WatchStatusRequest, grpc.ServerStreamingServer[StatusFrame]) error {
@@ -358,11 +358,11 @@ func _Nimbus_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
 	if err := stream.RecvMsg(m); err != nil {
 		return err
 	}
-	return srv.(NimbusServer).Watch(m, &grpc.GenericServerStream[WatchRequest, WatchEvent]{ServerStream: stream})
+	return srv.(NimbusServer).Watch(m, &grpc.GenericServerStream[WatchRequest, WatchFrame]{ServerStream: stream})
 }
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type Nimbus_WatchServer = grpc.ServerStreamingServer[WatchEvent]
+type Nimbus_WatchServer = grpc.ServerStreamingServer[WatchFrame]
 
 func _Nimbus_WatchStatus_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(WatchStatusRequest)

@@ -1,0 +1,208 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// batchCalls counts the ApplyBatch and DeleteBatch calls a client makes and the largest
+// request of each.
+type batchCalls struct {
+	mu      sync.Mutex
+	calls   map[string]int
+	largest map[string]int
+	entries map[string]int
+}
+
+func (b *batchCalls) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	b.mu.Lock()
+	name := method[strings.LastIndex(method, "/")+1:]
+	b.calls[name]++
+	b.largest[name] = max(b.largest[name], proto.Size(req.(proto.Message)))
+	switch r := req.(type) {
+	case *nimbusv1.ApplyBatchRequest:
+		b.entries[name] += len(r.GetObjects())
+	case *nimbusv1.DeleteBatchRequest:
+		b.entries[name] += len(r.GetKeys())
+	}
+	b.mu.Unlock()
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+func TestApplyAndDeleteInChunks(t *testing.T) {
+	const (
+		objects  = 300
+		maxBytes = 4 << 10
+	)
+	socket := socketPath(t)
+	serve(t, socket, "")
+	calls := &batchCalls{calls: map[string]int{}, largest: map[string]int{}, entries: map[string]int{}}
+	c := newClient(t, socket, Options{
+		MaxBatchBytes: maxBytes,
+		DialOptions:   []grpc.DialOption{grpc.WithChainUnaryInterceptor(calls.intercept)},
+	})
+	ctx := testContext(t)
+	var objs []*nimbusv1.Object
+	var keys []*nimbusv1.ObjectKey
+	for i := range objects {
+		objs = append(objs, route(fmt.Sprintf("r%03d", i), "192.0.2.1", "host-a"))
+		keys = append(keys, routeKey(fmt.Sprintf("r%03d", i)))
+	}
+
+	results, err := c.Apply(ctx, objs...)
+	if err != nil {
+		t.Fatalf("Apply: %v", err)
+	}
+	if len(results) != objects {
+		t.Fatalf("Apply returned %d results, want %d", len(results), objects)
+	}
+	for i, r := range results {
+		if !r.GetCreated() || r.GetObject().GetMeta().GetName() != objs[i].GetMeta().GetName() || r.GetObject().GetMeta().GetGeneration() != 1 {
+			t.Fatalf("result %d = created %v %s generation %d; want objects[%d] created at generation 1",
+				i, r.GetCreated(), r.GetObject().GetMeta().GetName(), r.GetObject().GetMeta().GetGeneration(), i)
+		}
+	}
+	if calls.calls["ApplyBatch"] < 2 || calls.entries["ApplyBatch"] != objects || calls.largest["ApplyBatch"] > maxBytes {
+		t.Fatalf("ApplyBatch calls %d carrying %d objects, the largest %d bytes; want several of at most %d bytes carrying %d",
+			calls.calls["ApplyBatch"], calls.entries["ApplyBatch"], calls.largest["ApplyBatch"], maxBytes, objects)
+	}
+	list, err := rawClient(t, socket).List(ctx, &nimbusv1.ListRequest{Kind: nimbusv1.Kind_KIND_ROUTE})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, it := range list.GetItems() {
+		names = append(names, it.GetObject().GetMeta().GetName())
+	}
+	if len(names) != objects || names[0] != "r000" || names[objects-1] != fmt.Sprintf("r%03d", objects-1) {
+		t.Fatalf("nimbus holds %d routes (%q...), want all %d", len(names), names[:min(3, len(names))], objects)
+	}
+
+	// Applying the same again changes nothing.
+	results, err = c.Apply(ctx, objs...)
+	if err != nil {
+		t.Fatalf("second Apply: %v", err)
+	}
+	if slices.ContainsFunc(results, (*nimbusv1.ApplyResponse).GetChanged) {
+		t.Errorf("applying the same objects again changed some")
+	}
+
+	deleted, err := c.Delete(ctx, keys...)
+	if err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+	if len(deleted) != objects || slices.ContainsFunc(deleted, func(r *nimbusv1.DeleteResponse) bool { return !r.GetFound() }) {
+		t.Fatalf("Delete returned %d results, not all found; want %d found", len(deleted), objects)
+	}
+	if calls.calls["DeleteBatch"] < 2 || calls.entries["DeleteBatch"] != objects || calls.largest["DeleteBatch"] > maxBytes {
+		t.Fatalf("DeleteBatch calls %d carrying %d keys, the largest %d bytes; want several of at most %d bytes carrying %d",
+			calls.calls["DeleteBatch"], calls.entries["DeleteBatch"], calls.largest["DeleteBatch"], maxBytes, objects)
+	}
+	list, err = rawClient(t, socket).List(ctx, &nimbusv1.ListRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list.GetItems()) != 0 {
+		t.Fatalf("nimbus holds %d objects after Delete, want none", len(list.GetItems()))
+	}
+	// Deleting what is gone succeeds, found false.
+	deleted, err = c.Delete(ctx, keys[:3]...)
+	if err != nil || len(deleted) != 3 || deleted[0].GetFound() {
+		t.Fatalf("deleting again: %v found %v; want 3 results, not found", err, deleted)
+	}
+}
+
+func TestApplyRefusesBadObjectsWhole(t *testing.T) {
+	socket := socketPath(t)
+	serve(t, socket, "")
+	c := newClient(t, socket, Options{MaxBatchBytes: 512})
+	bad := route("r2", "192.0.2.1")
+	bad.GetRoute().Prefix = "10.0.0.0/33"
+	_, err := c.Apply(testContext(t), route("r1", "192.0.2.1"), bad, route("r3", "192.0.2.1"), route("r1", "192.0.2.9"))
+	if !errors.Is(err, nimbusv1.ErrInvalid) {
+		t.Fatalf("Apply of a bad object: %v, want an error wrapping nimbusv1.ErrInvalid", err)
+	}
+	for _, want := range []string{`objects[1] (Route/default/default/r2): spec.prefix "10.0.0.0/33"`, "objects[3] (Route/default/default/r1): the key of objects[0] again"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	list, err := rawClient(t, socket).List(testContext(t), &nimbusv1.ListRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list.GetItems()) != 0 {
+		t.Fatalf("nimbus holds %d objects after a refused Apply, want none", len(list.GetItems()))
+	}
+}
+
+func TestChunks(t *testing.T) {
+	for _, tt := range []struct {
+		sizes []int
+		max   int
+		want  [][2]int
+	}{
+		{nil, 100, nil},
+		{[]int{10, 10, 10}, 100, [][2]int{{0, 3}}},
+		// Each entry takes 12 bytes with its tag and length.
+		{[]int{10, 10, 10}, 24, [][2]int{{0, 2}, {2, 3}}},
+		{[]int{10, 10, 10}, 23, [][2]int{{0, 1}, {1, 2}, {2, 3}}},
+		// Too large for any chunk: alone.
+		{[]int{10, 500, 10}, 100, [][2]int{{0, 1}, {1, 2}, {2, 3}}},
+	} {
+		var got [][2]int
+		for lo, hi := range chunks(tt.sizes, tt.max) {
+			got = append(got, [2]int{lo, hi})
+		}
+		if !slices.Equal(got, tt.want) {
+			t.Errorf("chunks(%v, %d) = %v, want %v", tt.sizes, tt.max, got, tt.want)
+		}
+	}
+}
+
+func TestNewRefusesBadOptions(t *testing.T) {
+	for _, opts := range []Options{
+		{},
+		{Address: "http://nimbus"},
+		{Address: "unix:///run/n.sock", MaxBatchBytes: -1},
+		{Address: "unix:///run/n.sock", MinBackoff: 10, MaxBackoff: 5},
+	} {
+		if _, err := New(opts); !errors.Is(err, ErrInvalidOptions) {
+			t.Errorf("New(%+v) = %v, want ErrInvalidOptions", opts, err)
+		}
+	}
+}
+
+func TestCloseEndsWatchAndCalls(t *testing.T) {
+	socket := socketPath(t)
+	serve(t, socket, "")
+	c := newClient(t, socket, Options{})
+	done := make(chan error, 1)
+	synced := make(chan struct{})
+	go func() {
+		done <- c.WatchStatus(context.Background(), Filter{}, ReactorFuncs{Synced: func() { close(synced) }})
+	}()
+	<-synced
+	if err := c.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if err := <-done; !errors.Is(err, ErrClosed) {
+		t.Fatalf("WatchStatus after Close = %v, want ErrClosed", err)
+	}
+	if _, err := c.Apply(testContext(t), route("r1", "192.0.2.1")); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Apply after Close = %v, want ErrClosed", err)
+	}
+}

@@ -1,0 +1,233 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// Target is an object to wait for.
+type Target struct {
+	Key *nimbusv1.ObjectKey
+	// Generation is the generation the object must be PROGRAMMED at; a later one counts
+	// too. Default: 0, the generation the object has when the wait first sees it.
+	Generation int64
+}
+
+// WaitOptions configures Wait.
+type WaitOptions struct {
+	// Progress, when set, is called with a target, its Generation set, and the target's
+	// object and status, when the wait first sees the object and whenever the object or
+	// its status changes, until the target is done. It is called on the goroutine that
+	// called Wait. Default: nil.
+	Progress func(t Target, item *nimbusv1.ObjectWithStatus)
+}
+
+// WaitError is why Wait gave up on one target.
+type WaitError struct {
+	// Target is the target, its Generation set when the wait saw the object.
+	Target Target
+	// Item is the target's object and status when the wait gave up; nil when the object
+	// was never seen.
+	Item *nimbusv1.ObjectWithStatus
+	// Failed holds the statuses of the target nodes that reported FAILED at the
+	// generation or a later one.
+	Failed []*nimbusv1.NodeStatus
+	// Err is ErrNotFound or ErrFailed.
+	Err error
+}
+
+// Error says what happened to the target: "Route/default/default/r1: programming failed
+// on 1 of 3 nodes (generation 2): node host-b: KernelError: adding route: ...".
+func (e *WaitError) Error() string {
+	id := e.Target.Key.ID()
+	if !errors.Is(e.Err, ErrFailed) {
+		if e.Item != nil {
+			return fmt.Sprintf("%s: %v: it was deleted", id, e.Err)
+		}
+		return fmt.Sprintf("%s: %v", id, e.Err)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s: %v on %d of %d nodes (generation %d):", id, e.Err,
+		len(e.Failed), e.Item.GetStatus().GetTargetNodes(), e.Target.Generation)
+	for i, n := range e.Failed {
+		if i > 0 {
+			b.WriteString(";")
+		}
+		b.WriteString(" node " + n.GetNode() + ": ")
+		if r := n.GetReason(); r != "" {
+			b.WriteString(r + ": ")
+		}
+		b.WriteString(n.GetMessage())
+	}
+	return b.String()
+}
+
+// Unwrap returns Err.
+func (e *WaitError) Unwrap() error { return e.Err }
+
+// Wait waits, over one status stream, until every target is PROGRAMMED on every node it
+// targets at its generation or a later one, and returns nil then. It gives up as soon as
+// a target node reports FAILED at that generation or a later one, or a target does not
+// exist or is deleted: once it has seen the state of every target, it returns a
+// *WaitError for each target that failed or is not found, joined with errors.Join. An
+// object that targets no node is never done. When ctx ends first, Wait returns its error,
+// wrapped. It waits for nimbus when nimbus is unreachable, and rides out restarts.
+func (c *Client) Wait(ctx context.Context, targets []Target, opts WaitOptions) error {
+	if len(targets) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w := &waiter{opts: opts, byID: map[string][]*waitState{}, stop: cancel}
+	for _, t := range targets {
+		t.Key = t.Key.Defaulted()
+		s := &waitState{target: t}
+		w.states = append(w.states, s)
+		w.byID[t.Key.ID()] = append(w.byID[t.Key.ID()], s)
+	}
+	err := c.WatchStatus(ctx, filterOf(targets), w)
+	if w.finished {
+		return w.result
+	}
+	if err != nil {
+		return fmt.Errorf("waiting: %w", err)
+	}
+	return fmt.Errorf("waiting: %w", context.Cause(ctx))
+}
+
+// filterOf returns the narrowest filter that selects every target.
+func filterOf(targets []Target) Filter {
+	first := targets[0].Key.Defaulted()
+	f := Filter{Kind: first.GetKind(), Tenant: first.GetTenant(), Namespace: first.GetNamespace(), Name: first.GetName()}
+	for _, t := range targets[1:] {
+		k := t.Key.Defaulted()
+		if k.GetKind() != f.Kind {
+			f.Kind = nimbusv1.Kind_KIND_UNSPECIFIED
+		}
+		if k.GetTenant() != f.Tenant {
+			f.Tenant = ""
+		}
+		if k.GetNamespace() != f.Namespace {
+			f.Namespace = ""
+		}
+		if k.GetName() != f.Name {
+			f.Name = ""
+		}
+	}
+	return f
+}
+
+// waitState is where the wait for one target stands.
+type waitState struct {
+	target Target
+	item   *nimbusv1.ObjectWithStatus
+	done   bool
+	err    *WaitError
+}
+
+// waiter is the SyncReactor of one Wait.
+type waiter struct {
+	opts   WaitOptions
+	states []*waitState
+	byID   map[string][]*waitState
+	// synced is true once the state of every target has been seen.
+	synced bool
+	// stop ends the wait's status watch.
+	stop func()
+	// finished tells that result is the wait's result.
+	finished bool
+	result   error
+}
+
+var _ SyncReactor = (*waiter)(nil)
+
+// OnStatus moves the targets of the item's object on.
+func (w *waiter) OnStatus(item *nimbusv1.ObjectWithStatus) {
+	for _, s := range w.byID[item.GetObject().Key().ID()] {
+		if s.done || s.err != nil {
+			continue
+		}
+		if s.target.Generation == 0 {
+			s.target.Generation = item.GetObject().GetMeta().GetGeneration()
+		}
+		s.item = item
+		if w.opts.Progress != nil {
+			w.opts.Progress(s.target, item)
+		}
+		done, failed := progress(item, s.target.Generation)
+		switch {
+		case len(failed) > 0:
+			s.err = &WaitError{Target: s.target, Item: item, Failed: failed, Err: ErrFailed}
+		case done:
+			s.done = true
+		}
+	}
+	w.check()
+}
+
+// OnDelete gives up on the targets of the deleted object.
+func (w *waiter) OnDelete(key *nimbusv1.ObjectKey) {
+	for _, s := range w.byID[key.ID()] {
+		if !s.done && s.err == nil {
+			s.err = &WaitError{Target: s.target, Item: s.item, Err: ErrNotFound}
+		}
+	}
+	w.check()
+}
+
+// OnSynced gives up on the targets not seen, the first time.
+func (w *waiter) OnSynced() {
+	if w.synced {
+		return
+	}
+	w.synced = true
+	for _, s := range w.states {
+		if s.item == nil && s.err == nil {
+			s.err = &WaitError{Target: s.target, Err: ErrNotFound}
+		}
+	}
+	w.check()
+}
+
+// check ends the wait once its result is known.
+func (w *waiter) check() {
+	if !w.synced || w.finished {
+		return
+	}
+	var errs []error
+	done := true
+	for _, s := range w.states {
+		if s.err != nil {
+			errs = append(errs, s.err)
+		}
+		done = done && s.done
+	}
+	if len(errs) == 0 && !done {
+		return
+	}
+	w.finished, w.result = true, errors.Join(errs...)
+	w.stop()
+}
+
+// progress tells whether item is PROGRAMMED on every target node at generation gen or a
+// later one, and returns the statuses of the target nodes FAILED at it.
+func progress(item *nimbusv1.ObjectWithStatus, gen int64) (done bool, failed []*nimbusv1.NodeStatus) {
+	st := item.GetStatus()
+	var programmed int32
+	for _, n := range st.GetNodes() {
+		if n.GetObservedGeneration() < gen {
+			continue
+		}
+		switch n.GetPhase() {
+		case nimbusv1.Phase_PHASE_PROGRAMMED:
+			programmed++
+		case nimbusv1.Phase_PHASE_FAILED:
+			failed = append(failed, n)
+		}
+	}
+	return st.GetTargetNodes() > 0 && programmed >= st.GetTargetNodes(), failed
+}

@@ -1,0 +1,160 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// waiting is a Wait running in the background.
+type waiting struct {
+	done     chan error
+	progress chan string
+}
+
+// startWait runs c.Wait for the targets in the background.
+func startWait(t *testing.T, c *Client, targets ...Target) *waiting {
+	t.Helper()
+	w := &waiting{done: make(chan error, 1), progress: make(chan string, 100)}
+	ctx := testContext(t)
+	go func() {
+		w.done <- c.Wait(ctx, targets, WaitOptions{Progress: func(tg Target, item *nimbusv1.ObjectWithStatus) {
+			w.progress <- fmt.Sprintf("%s@%d: %d/%d", tg.Key.GetName(), tg.Generation,
+				item.GetStatus().GetProgrammedNodes(), item.GetStatus().GetTargetNodes())
+		}})
+	}()
+	t.Cleanup(func() { <-w.done })
+	return w
+}
+
+// wantProgress fails the test unless the next progress is line.
+func (w *waiting) wantProgress(t *testing.T, line string) {
+	t.Helper()
+	if got := recorder(w.progress).next(t); got != line {
+		t.Fatalf("progress = %q, want %q", got, line)
+	}
+}
+
+// result returns what Wait returned.
+func (w *waiting) result(t *testing.T) error {
+	t.Helper()
+	err := <-w.done
+	w.done <- err // for the cleanup
+	return err
+}
+
+func TestWaitUntilProgrammed(t *testing.T) {
+	socket := socketPath(t)
+	serve(t, socket, "")
+	c := newClient(t, socket, Options{})
+	api := rawClient(t, socket)
+	if _, err := c.Apply(testContext(t), route("r1", "192.0.2.1", "a", "b"), route("r2", "192.0.2.1", "a")); err != nil {
+		t.Fatal(err)
+	}
+	report(t, api, "r2", "a", 1, nimbusv1.Phase_PHASE_PROGRAMMED, "", "")
+
+	w := startWait(t, c, Target{Key: routeKey("r1")}, Target{Key: routeKey("r2")})
+	w.wantProgress(t, "r1@1: 0/2")
+	w.wantProgress(t, "r2@1: 1/1")
+	report(t, api, "r1", "a", 1, nimbusv1.Phase_PHASE_PROGRAMMED, "", "")
+	w.wantProgress(t, "r1@1: 1/2")
+	select {
+	case err := <-w.done:
+		t.Fatalf("Wait returned %v with r1 programmed on 1 of 2 nodes", err)
+	default:
+	}
+	report(t, api, "r1", "b", 1, nimbusv1.Phase_PHASE_PROGRAMMED, "", "")
+	if err := w.result(t); err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+}
+
+// TestWaitForGeneration waits for a generation not programmed yet: statuses of the one
+// before do not count.
+func TestWaitForGeneration(t *testing.T) {
+	socket := socketPath(t)
+	serve(t, socket, "")
+	c := newClient(t, socket, Options{})
+	api := rawClient(t, socket)
+	if _, err := c.Apply(testContext(t), route("r1", "192.0.2.1", "a")); err != nil {
+		t.Fatal(err)
+	}
+	report(t, api, "r1", "a", 1, nimbusv1.Phase_PHASE_PROGRAMMED, "", "")
+	res, err := c.Apply(testContext(t), route("r1", "192.0.2.2", "a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gen := res[0].GetObject().GetMeta().GetGeneration()
+	w := startWait(t, c, Target{Key: routeKey("r1"), Generation: gen})
+	w.wantProgress(t, "r1@2: 0/1")
+	report(t, api, "r1", "a", 2, nimbusv1.Phase_PHASE_PROGRAMMED, "", "")
+	if err := w.result(t); err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+}
+
+func TestWaitFailsFast(t *testing.T) {
+	socket := socketPath(t)
+	serve(t, socket, "")
+	c := newClient(t, socket, Options{})
+	api := rawClient(t, socket)
+	if _, err := c.Apply(testContext(t), route("r1", "192.0.2.1", "a", "b", "c")); err != nil {
+		t.Fatal(err)
+	}
+	w := startWait(t, c, Target{Key: routeKey("r1")})
+	w.wantProgress(t, "r1@1: 0/3")
+	report(t, api, "r1", "b", 1, nimbusv1.Phase_PHASE_FAILED, "KernelError", "adding route: network is unreachable")
+	err := w.result(t)
+	var we *WaitError
+	if !errors.As(err, &we) || !errors.Is(err, ErrFailed) {
+		t.Fatalf("Wait = %v, want a WaitError wrapping ErrFailed", err)
+	}
+	want := "Route/default/default/r1: programming failed on 1 of 3 nodes (generation 1): node b: KernelError: adding route: network is unreachable"
+	if err.Error() != want {
+		t.Fatalf("Wait error = %q, want %q", err, want)
+	}
+	if len(we.Failed) != 1 || we.Failed[0].GetNode() != "b" || we.Item.GetStatus().GetFailedNodes() != 1 {
+		t.Fatalf("WaitError = failed %v, item status %v; want node b's status and the item", we.Failed, we.Item.GetStatus())
+	}
+}
+
+func TestWaitNotFound(t *testing.T) {
+	socket := socketPath(t)
+	serve(t, socket, "")
+	c := newClient(t, socket, Options{})
+	if _, err := c.Apply(testContext(t), route("r1", "192.0.2.1", "a")); err != nil {
+		t.Fatal(err)
+	}
+	err := c.Wait(testContext(t), []Target{{Key: routeKey("r1")}, {Key: routeKey("missing")}}, WaitOptions{})
+	if !errors.Is(err, ErrNotFound) || err.Error() != "Route/default/default/missing: object not found" {
+		t.Fatalf("Wait for a missing object = %v, want it not found", err)
+	}
+
+	// Deleted while waited for.
+	w := startWait(t, c, Target{Key: routeKey("r1")})
+	w.wantProgress(t, "r1@1: 0/1")
+	if _, err := c.Delete(testContext(t), routeKey("r1")); err != nil {
+		t.Fatal(err)
+	}
+	err = w.result(t)
+	if !errors.Is(err, ErrNotFound) || err.Error() != "Route/default/default/r1: object not found: it was deleted" {
+		t.Fatalf("Wait for a deleted object = %v, want it deleted", err)
+	}
+}
+
+func TestWaitEndsWithContext(t *testing.T) {
+	socket := socketPath(t)
+	serve(t, socket, "")
+	c := newClient(t, socket, Options{})
+	if _, err := c.Apply(testContext(t), route("r1", "192.0.2.1", "a")); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(testContext(t))
+	err := c.Wait(ctx, []Target{{Key: routeKey("r1")}}, WaitOptions{Progress: func(Target, *nimbusv1.ObjectWithStatus) { cancel() }})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Wait = %v after its context ended, want context.Canceled", err)
+	}
+}

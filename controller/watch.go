@@ -1,0 +1,224 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// Filter selects objects by their key. Empty fields select everything: the zero Filter
+// selects every object, and Filter{Kind: nimbusv1.Kind_KIND_ROUTE, Tenant: "t1"} every
+// Route of tenant t1 in any namespace.
+type Filter struct {
+	Kind      nimbusv1.Kind
+	Tenant    string
+	Namespace string
+	Name      string
+}
+
+// Reactor is what WatchStatus hands changes to. Its methods are called one at a time, on
+// the goroutine that called WatchStatus; while they run, nimbus coalesces what changes.
+// They must not modify what they are handed.
+type Reactor interface {
+	// OnStatus is called with an object and its status, as Get returns them, when the
+	// watch first sees the object and whenever the object or its status changed.
+	OnStatus(item *nimbusv1.ObjectWithStatus)
+	// OnDelete is called with the key of an object OnStatus was called for, once the
+	// object is deleted.
+	OnDelete(key *nimbusv1.ObjectKey)
+}
+
+// SyncReactor is a Reactor that hears when it has been told the whole state of the
+// selection: OnSynced is called after the first stream's current state and after each
+// reconnect's, with the OnStatus and OnDelete calls of what changed meanwhile before it.
+type SyncReactor interface {
+	Reactor
+	OnSynced()
+}
+
+// ReactorFuncs is a SyncReactor made of functions; nil ones are not called.
+type ReactorFuncs struct {
+	// Status is called by OnStatus.
+	Status func(item *nimbusv1.ObjectWithStatus)
+	// Delete is called by OnDelete.
+	Delete func(key *nimbusv1.ObjectKey)
+	// Synced is called by OnSynced.
+	Synced func()
+}
+
+var _ SyncReactor = ReactorFuncs{}
+
+// OnStatus calls f.Status.
+func (f ReactorFuncs) OnStatus(item *nimbusv1.ObjectWithStatus) {
+	if f.Status != nil {
+		f.Status(item)
+	}
+}
+
+// OnDelete calls f.Delete.
+func (f ReactorFuncs) OnDelete(key *nimbusv1.ObjectKey) {
+	if f.Delete != nil {
+		f.Delete(key)
+	}
+}
+
+// OnSynced calls f.Synced.
+func (f ReactorFuncs) OnSynced() {
+	if f.Synced != nil {
+		f.Synced()
+	}
+}
+
+// WatchStatus follows the status of the objects the filter selects and hands each change
+// to r, until ctx ends, when it returns nil. When the stream breaks it opens it again
+// after a backoff (see Options.MinBackoff) and calls r only for what changed meanwhile:
+// OnStatus for the objects whose object or status differs from what r was last handed,
+// OnDelete for those that are gone. It returns an error without retrying when nimbus
+// refuses the watch for good: the filter is invalid, the client's certificate may not
+// watch status (codes.PermissionDenied) or nimbus does not know the call; and ErrClosed
+// when the Client is closed.
+func (c *Client) WatchStatus(ctx context.Context, f Filter, r Reactor) error {
+	req := &nimbusv1.WatchStatusRequest{Kind: f.Kind, Tenant: f.Tenant, Namespace: f.Namespace, Name: f.Name}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-c.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	sw := &statusWatch{r: r, delivered: map[string]*nimbusv1.ObjectWithStatus{}}
+	syncer, _ := r.(SyncReactor)
+	b := backoff{min: c.opts.MinBackoff, max: c.opts.MaxBackoff}
+	for {
+		synced, err := sw.stream(ctx, c.api, req, syncer)
+		switch {
+		case c.isClosed():
+			return fmt.Errorf("watching status: %w", ErrClosed)
+		case ctx.Err() != nil:
+			return nil
+		case permanent(err):
+			return fmt.Errorf("watching status: %w", err)
+		}
+		if synced {
+			b.reset()
+		}
+		delay := b.next()
+		c.log.Warn("status stream ended; watching again", "error", err, "in", delay)
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+		case <-t.C:
+		}
+	}
+}
+
+// permanent tells whether a stream's error will not go away by watching again.
+func permanent(err error) bool {
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated, codes.Unimplemented:
+		return true
+	}
+	return false
+}
+
+// statusWatch is what one WatchStatus call has handed its reactor, across streams.
+type statusWatch struct {
+	r Reactor
+	// delivered holds, by key ID, the last item handed to OnStatus of every object not
+	// deleted since.
+	delivered map[string]*nimbusv1.ObjectWithStatus
+}
+
+// stream runs one status stream until it breaks, and tells whether it got to SYNCED.
+func (sw *statusWatch) stream(ctx context.Context, api nimbusv1.NimbusClient, req *nimbusv1.WatchStatusRequest, syncer SyncReactor) (bool, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := api.WatchStatus(ctx, req, grpc.WaitForReady(true), recvLimit())
+	if err != nil {
+		return false, fmt.Errorf("opening status stream: %w", err)
+	}
+	// seen holds the objects of the current state until SYNCED; nil after.
+	seen := map[string]bool{}
+	for {
+		frame, err := stream.Recv()
+		if err != nil {
+			return seen == nil, fmt.Errorf("receiving status: %w", err)
+		}
+		for _, ev := range frame.GetEvents() {
+			switch ev.GetType() {
+			case nimbusv1.StatusEvent_TYPE_PUT:
+				id := ev.GetKey().ID()
+				if seen != nil {
+					seen[id] = true
+				}
+				item := ev.GetItem()
+				if old, ok := sw.delivered[id]; ok && proto.Equal(old, item) {
+					continue
+				}
+				sw.delivered[id] = item
+				sw.r.OnStatus(item)
+			case nimbusv1.StatusEvent_TYPE_DELETE:
+				sw.deleted(ev.GetKey().ID(), ev.GetKey())
+			case nimbusv1.StatusEvent_TYPE_SYNCED:
+				if seen == nil {
+					return true, errors.New("receiving status: SYNCED twice")
+				}
+				for id, item := range sw.delivered {
+					if !seen[id] {
+						sw.deleted(id, item.GetObject().Key())
+					}
+				}
+				seen = nil
+				if syncer != nil {
+					syncer.OnSynced()
+				}
+			}
+			if ctx.Err() != nil {
+				return seen == nil, ctx.Err()
+			}
+		}
+	}
+}
+
+// deleted hands the deletion of an object delivered to OnDelete.
+func (sw *statusWatch) deleted(id string, key *nimbusv1.ObjectKey) {
+	if _, ok := sw.delivered[id]; !ok {
+		return
+	}
+	delete(sw.delivered, id)
+	sw.r.OnDelete(key)
+}
+
+// backoff computes the delays before watching again: exponential, with jitter.
+type backoff struct {
+	min, max time.Duration
+	attempt  int
+}
+
+// next returns the delay before the next attempt: min·2^attempt capped at max, of which a
+// random half is kept so that many controllers do not reconnect in step.
+func (b *backoff) next() time.Duration {
+	d := b.max
+	if b.attempt < 32 {
+		if e := b.min << b.attempt; e > 0 && e < b.max {
+			d = e
+		}
+	}
+	b.attempt++
+	return d/2 + rand.N(d/2+1)
+}
+
+// reset starts the delays over from min.
+func (b *backoff) reset() { b.attempt = 0 }

@@ -1,0 +1,277 @@
+package naplesctl
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/naplesnet/naples/internal/address"
+	"github.com/naplesnet/naples/nimbus"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// batchEnv is an env whose nimbus registers its metrics with reg, so that a test counts
+// the commits, and with them the batch calls, naplesctl made.
+type batchEnv struct {
+	*env
+	reg *prometheus.Registry
+}
+
+// newBatchEnv starts a nimbus as newEnv does, with its metrics on a registry of the test.
+func newBatchEnv(t *testing.T) *batchEnv {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	srv, err := nimbus.New(nimbus.Options{Logger: slog.New(slog.DiscardHandler), Registerer: reg})
+	if err != nil {
+		t.Fatalf("nimbus.New: %v", err)
+	}
+	dir := t.TempDir()
+	addr := address.Address{Network: "unix", Addr: filepath.Join(dir, "nimbus.sock")}
+	ctx, cancel := context.WithCancel(context.Background())
+	lis, err := addr.Listen(ctx)
+	if err != nil {
+		cancel()
+		t.Fatalf("listening: %v", err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx, lis) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	conn, err := grpc.NewClient(addr.GRPCTarget(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatalf("grpc.NewClient: %v", err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return &batchEnv{
+		env: &env{
+			t:      t,
+			server: addr.String(),
+			nimbus: nimbusv1.NewNimbusClient(conn),
+			dir:    dir,
+			vars:   map[string]string{ServerEnv: addr.String(), InsecureEnv: "1"},
+		},
+		reg: reg,
+	}
+}
+
+// commits returns how many commits nimbus made and how many object changes they carried.
+func (e *batchEnv) commits() (commits uint64, changes float64) {
+	e.t.Helper()
+	families, err := e.reg.Gather()
+	if err != nil {
+		e.t.Fatalf("gathering metrics: %v", err)
+	}
+	for _, f := range families {
+		if f.GetName() == "naples_nimbus_commit_batch_size" {
+			h := f.GetMetric()[0].GetHistogram()
+			return h.GetSampleCount(), h.GetSampleSum()
+		}
+	}
+	e.t.Fatal("naples_nimbus_commit_batch_size is not registered")
+	return 0, 0
+}
+
+// count returns how many objects of the kind nimbus stores.
+func (e *env) count(kind nimbusv1.Kind) int {
+	e.t.Helper()
+	resp, err := e.nimbus.List(e.t.Context(), &nimbusv1.ListRequest{Kind: kind}, grpc.MaxCallRecvMsgSize(64<<20))
+	if err != nil {
+		e.t.Fatalf("List: %v", err)
+	}
+	return len(resp.GetItems())
+}
+
+// manyRoutes writes a JSON manifest of n routes, r00000 on, into the test's directory; the
+// route at bad, when bad is in range, has an invalid prefix, and every route has a label
+// of pad bytes. It returns the path and the routes.
+func (e *env) manyRoutes(name string, n, bad, pad int) (string, []*nimbusv1.Object) {
+	e.t.Helper()
+	type route struct {
+		Kind string               `json:"kind"`
+		Meta *nimbusv1.ObjectMeta `json:"meta"`
+		Spec *nimbusv1.RouteSpec  `json:"spec"`
+	}
+	routes := make([]route, n)
+	objs := make([]*nimbusv1.Object, n)
+	for i := range routes {
+		prefix := fmt.Sprintf("10.%d.%d.0/24", i/256, i%256)
+		if i == bad {
+			prefix = "10.0.0.0/33"
+		}
+		routes[i] = route{
+			Kind: "Route",
+			Meta: &nimbusv1.ObjectMeta{Name: fmt.Sprintf("r%05d", i), Nodes: []string{"host-a"}},
+			Spec: &nimbusv1.RouteSpec{Table: 100, Prefix: prefix, Nexthops: []*nimbusv1.NextHop{{Gateway: "10.10.0.2"}}},
+		}
+		if pad > 0 {
+			routes[i].Meta.Labels = map[string]string{"pad": strings.Repeat("x", pad)}
+		}
+		objs[i] = &nimbusv1.Object{Meta: routes[i].Meta, Spec: &nimbusv1.Object_Route{Route: routes[i].Spec}}
+	}
+	b, err := json.Marshal(routes)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return e.file(name, string(b)), objs
+}
+
+func TestApplyInvalidSecondDocumentStoresNothing(t *testing.T) {
+	e := newBatchEnv(t)
+	path := e.file("three.yaml", routeYAML("to-dc2", "198.51.100.0/24", "10.10.0.2")+"---\n"+
+		routeYAML("bad", "10.0.0.0/33", "10.10.0.5")+"---\n"+
+		routeYAML("to-dc3", "203.0.113.0/24", "10.10.0.3"))
+	err := e.fails("apply", "-f", path)
+	contains(t, "apply of a manifest with a bad 2nd document", err,
+		path+": document 2: route/bad: "+`spec.prefix "10.0.0.0/33": prefix length out of range`, "nothing applied")
+	if strings.Contains(err.Error(), "document 1") || strings.Contains(err.Error(), "document 3") {
+		t.Errorf("error %q names a valid document", err)
+	}
+	if !errors.Is(err, nimbusv1.ErrInvalid) {
+		t.Errorf("error %v is not nimbusv1.ErrInvalid", err)
+	}
+	if n := e.count(nimbusv1.Kind_KIND_ROUTE); n != 0 {
+		t.Errorf("nimbus stores %d routes after the refused apply, want none", n)
+	}
+	if commits, _ := e.commits(); commits != 0 {
+		t.Errorf("nimbus made %d commits for a refused apply, want none", commits)
+	}
+}
+
+func TestApplyLargeManifestInBatches(t *testing.T) {
+	const n, pad = 10000, 300 // 6 MiB counted as batches count
+	e := newBatchEnv(t)
+	path, _ := e.manyRoutes("routes.json", n, -1, pad)
+
+	out := e.ok("apply", "-f", path)
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	if len(lines) != n || lines[0] != "route/r00000 created" || lines[n-1] != fmt.Sprintf("route/r%05d created", n-1) {
+		t.Fatalf("apply printed %d lines from %q to %q, want %d from route/r00000 created", len(lines), lines[0], lines[len(lines)-1], n)
+	}
+	if got := e.count(nimbusv1.Kind_KIND_ROUTE); got != n {
+		t.Errorf("nimbus stores %d routes, want %d", got, n)
+	}
+	// Every call is one commit here, as nothing else writes.
+	calls, changes := e.commits()
+	if calls < 2 || calls > 3 || changes != n {
+		t.Errorf("apply made %d calls carrying %v objects; want 2 or 3 calls (about 6 MiB in calls of up to 4 MiB) carrying %d", calls, changes, n)
+	}
+	t.Logf("%d routes in %d calls", n, calls)
+
+	out = e.ok("delete", "-f", path)
+	if got := strings.Count(out, " deleted\n"); got != n {
+		t.Errorf("delete -f: %d objects deleted, want %d", got, n)
+	}
+	if got := e.count(nimbusv1.Kind_KIND_ROUTE); got != 0 {
+		t.Errorf("nimbus stores %d routes after delete -f, want none", got)
+	}
+	// The keys fit one call.
+	if after, changes := e.commits(); after != calls+1 || changes != 2*n {
+		t.Errorf("delete -f made %d commits of %v changes, want 1 of %d", after-calls, changes-n, n)
+	}
+}
+
+func TestApplyInvalidInLaterBatchStoresNothing(t *testing.T) {
+	const n, bad, pad = 2500, 2497, 2048 // 5.6 MiB: two batches
+	e := newBatchEnv(t)
+	path, objs := e.manyRoutes("routes.json", n, bad, pad)
+	// The premise: the bad object is not in the first batch.
+	first := batches(len(objs), func(i int) int { return proto.Size(objs[i]) + applyEntryOverhead })[0]
+	if first.end > bad {
+		t.Fatalf("the first batch holds objects %v, the bad one too", first)
+	}
+
+	err := e.fails("apply", "-f", path)
+	contains(t, "apply with an invalid object in a later batch", err,
+		fmt.Sprintf("%s: document %d: route/r%05d: ", path, bad+1, bad), `spec.prefix "10.0.0.0/33"`, "nothing applied")
+	if got := e.count(nimbusv1.Kind_KIND_ROUTE); got != 0 {
+		t.Errorf("nimbus stores %d routes, want none", got)
+	}
+	if commits, _ := e.commits(); commits != 0 {
+		t.Errorf("nimbus made %d commits, want none", commits)
+	}
+}
+
+func TestApplyRefusesDuplicates(t *testing.T) {
+	e := newBatchEnv(t)
+	a := e.file("a.yaml", routeYAML("to-dc2", "198.51.100.0/24", "10.10.0.2"))
+	b := e.file("b.yaml", routeYAML("to-dc3", "203.0.113.0/24", "10.10.0.3")+"---\n"+
+		routeYAML("to-dc2", "198.51.100.0/24", "10.10.0.9"))
+	err := e.fails("apply", "-f", a, "-f", b)
+	contains(t, "apply of one object twice", err,
+		b+": document 2: route/to-dc2: "+`meta.name "to-dc2": the same object as `+a+": document 1", "nothing applied")
+	if !errors.Is(err, nimbusv1.ErrInvalid) {
+		t.Errorf("error %v is not nimbusv1.ErrInvalid", err)
+	}
+	if got := e.count(nimbusv1.Kind_KIND_ROUTE); got != 0 {
+		t.Errorf("nimbus stores %d routes, want none", got)
+	}
+
+	err = e.fails("delete", "route", "to-dc2", "to-dc3", "to-dc2")
+	contains(t, "delete of one name twice", err,
+		`argument 4: route/to-dc2: key.name "to-dc2": the same object as argument 2`, "nothing deleted")
+}
+
+func TestBatches(t *testing.T) {
+	const third = maxBatchBytes / 3 // three fit a batch, four do not
+	for _, tt := range []struct {
+		name  string
+		costs []int
+		want  []span
+	}{
+		{name: "none"},
+		{name: "one", costs: []int{10}, want: []span{{0, 1}}},
+		{name: "full batches", costs: []int{third, third, third, third, third, third, 10}, want: []span{{0, 3}, {3, 6}, {6, 7}}},
+		{name: "too large alone", costs: []int{1, 2 * maxBatchBytes, 1}, want: []span{{0, 1}, {1, 2}, {2, 3}}},
+		{name: "exactly full", costs: []int{maxBatchBytes - 1, 1, 1}, want: []span{{0, 2}, {2, 3}}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got := batches(len(tt.costs), func(i int) int { return tt.costs[i] })
+			if fmt.Sprint(got) != fmt.Sprint(tt.want) {
+				t.Errorf("batches = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestBatchErrorNamesDocuments checks that nimbus's refusal of a batch, by position in the
+// call, comes out naming the documents.
+func TestBatchErrorNamesDocuments(t *testing.T) {
+	s := &session{addr: address.Address{Network: "unix", Addr: "/run/n.sock"}}
+	srcs := []source{
+		{file: "a.yaml", doc: 7, obj: &nimbusv1.Object{Meta: &nimbusv1.ObjectMeta{Name: "ok"}, Spec: &nimbusv1.Object_Route{}}},
+		{file: "a.yaml", doc: 8, obj: &nimbusv1.Object{Meta: &nimbusv1.ObjectMeta{Name: "x"}, Spec: &nimbusv1.Object_Route{}}},
+	}
+	msg := `objects[1] (Route/default/default/x): spec.prefix "10.0.0.0/33": prefix length out of range` + "\n" +
+		`objects[1] (Route/default/default/x): spec.nexthops[0].gateway "nope": not an IP address` + "\n" +
+		"(3 more bad entries not shown)"
+	err := s.batchError(status.Error(codes.InvalidArgument, msg), "objects", func(i int) string {
+		return fmt.Sprintf("%v: %s", srcs[i], ref(srcs[i].obj.Key()))
+	})
+	equal(t, "mapped refusal", err.Error(), ""+
+		`a.yaml: document 8: route/x: spec.prefix "10.0.0.0/33": prefix length out of range`+"\n"+
+		`a.yaml: document 8: route/x: spec.nexthops[0].gateway "nope": not an IP address`+"\n"+
+		"(3 more bad entries not shown)")
+	if status.Code(err) != codes.InvalidArgument {
+		t.Errorf("status.Code(%v) = %v, want InvalidArgument", err, status.Code(err))
+	}
+	err = batchFailed("applying", "applied", describeSpan(srcs), span{5, 7}, err)
+	if !strings.HasPrefix(err.Error(), "applying a.yaml: documents 7 to 8 (the 5 objects before them were applied):\na.yaml: document 8") {
+		t.Errorf("error of a later batch = %q, want it to say which documents and that the ones before were applied", err)
+	}
+}

@@ -1,0 +1,146 @@
+package nimbus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// maxReportedInvalid is how many bad entries the refusal of a batch describes; it counts
+// the rest.
+const maxReportedInvalid = 10
+
+// ApplyBatch creates or updates many objects at once. Every object is validated first: an
+// invalid one, or a key that appears twice, refuses the whole call with
+// codes.InvalidArgument, one line per bad field naming the object's position and key,
+// `objects[3] (Route/default/default/x): spec.prefix "10.0.0.0/33": prefix length out of
+// range`, and nothing is stored. Otherwise the objects are applied in order, each as Apply
+// would, in one memdb transaction and one bbolt transaction: every object that changes
+// takes the next revision, and watchers receive the changes together once they are
+// durable. The results are in the order of the objects; each carries the stored object,
+// so the response is larger than the request, and a client sending a large batch raises
+// its receive limit (grpc.MaxCallRecvMsgSize) to match. A request is at most 16 MiB.
+func (s *Server) ApplyBatch(ctx context.Context, req *nimbusv1.ApplyBatchRequest) (*nimbusv1.ApplyBatchResponse, error) {
+	objs := req.GetObjects()
+	b := &batch{writes: make([]write, 0, len(objs))}
+	var bad refusal
+	seen := make(map[string]int, len(objs))
+	for i, in := range objs {
+		if in == nil {
+			bad.add(fmt.Sprintf("objects[%d]", i), errors.New(`object "": is required`))
+			continue
+		}
+		id := in.Key().ID()
+		if err := in.Validate(); err != nil {
+			bad.add(fmt.Sprintf("objects[%d] (%s)", i, id), err)
+			continue
+		}
+		if j, ok := seen[id]; ok {
+			bad.add(fmt.Sprintf("objects[%d] (%s)", i, id),
+				fmt.Errorf("the key of objects[%d] again: a key may appear once per batch", j))
+			continue
+		}
+		seen[id] = i
+		if !bad.any() {
+			b.writes = append(b.writes, applyWrite(in))
+		}
+	}
+	if err := bad.err(); err != nil {
+		return nil, err
+	}
+	if err := s.submit(b); err != nil {
+		return nil, rpcError(err)
+	}
+	resp := &nimbusv1.ApplyBatchResponse{Results: make([]*nimbusv1.ApplyResponse, len(b.outcomes)), Revision: b.rev}
+	for i, out := range b.outcomes {
+		resp.Results[i] = applyResponse(out)
+	}
+	return resp, nil
+}
+
+// DeleteBatch deletes many objects at once, with every status reported for them. Every key
+// is validated first: an invalid one, or one that appears twice, refuses the whole call
+// with codes.InvalidArgument naming its position, `keys[2] (Route/default/default/R1):
+// key.name "R1": ...`, and nothing is deleted. Otherwise the objects are deleted in order,
+// each as Delete would, in one memdb transaction and one bbolt transaction: every object
+// that existed takes the next revision, absent ones are no error (found false), and
+// watchers receive the deletions together once they are durable.
+func (s *Server) DeleteBatch(ctx context.Context, req *nimbusv1.DeleteBatchRequest) (*nimbusv1.DeleteBatchResponse, error) {
+	keys := req.GetKeys()
+	b := &batch{writes: make([]write, 0, len(keys)), deleting: true}
+	var bad refusal
+	seen := make(map[string]int, len(keys))
+	for i, key := range keys {
+		id := key.ID()
+		if err := key.Validate(); err != nil {
+			bad.add(fmt.Sprintf("keys[%d] (%s)", i, id), err)
+			continue
+		}
+		if j, ok := seen[id]; ok {
+			bad.add(fmt.Sprintf("keys[%d] (%s)", i, id),
+				fmt.Errorf("the key of keys[%d] again: a key may appear once per batch", j))
+			continue
+		}
+		seen[id] = i
+		if !bad.any() {
+			b.writes = append(b.writes, deleteWrite(key))
+		}
+	}
+	if err := bad.err(); err != nil {
+		return nil, err
+	}
+	if err := s.submit(b); err != nil {
+		return nil, rpcError(err)
+	}
+	resp := &nimbusv1.DeleteBatchResponse{Results: make([]*nimbusv1.DeleteResponse, len(b.outcomes)), Revision: b.rev}
+	for i, out := range b.outcomes {
+		resp.Results[i] = deleteResponse(out)
+	}
+	return resp, nil
+}
+
+// refusal collects what is wrong with the entries of a batch.
+type refusal struct {
+	lines []string
+	// entries is how many bad entries there are; only the first maxReportedInvalid have
+	// lines.
+	entries int
+}
+
+// add records that the entry at position at is bad because of err, whose joined errors,
+// such as the field errors of a Validate, each take a line.
+func (r *refusal) add(at string, err error) {
+	r.entries++
+	if r.entries > maxReportedInvalid {
+		return
+	}
+	errs := []error{err}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = j.Unwrap()
+	}
+	for _, e := range errs {
+		r.lines = append(r.lines, at+": "+e.Error())
+	}
+}
+
+// any tells whether an entry is bad.
+func (r *refusal) any() bool { return r.entries > 0 }
+
+// err returns the codes.InvalidArgument status error refusing the batch, or nil when every
+// entry is good.
+func (r *refusal) err() error {
+	if r.entries == 0 {
+		return nil
+	}
+	msg := strings.Join(r.lines, "\n")
+	if more := r.entries - maxReportedInvalid; more > 0 {
+		msg += fmt.Sprintf("\n(%d more bad entries not shown)", more)
+	}
+	return status.Error(codes.InvalidArgument, msg)
+}

@@ -1,0 +1,377 @@
+package nimbus
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// batchSize is how many objects the batch tests write in one call.
+const batchSize = 1000
+
+// numberedRoutes returns n routes, r0000 on, for every node.
+func numberedRoutes(n int) []*nimbusv1.Object {
+	objs := make([]*nimbusv1.Object, n)
+	for i := range objs {
+		objs[i] = route(fmt.Sprintf("r%04d", i), nil, "192.0.2.1")
+	}
+	return objs
+}
+
+// txID returns the id of the last bbolt transaction of the server's store file.
+func txID(t *testing.T, ts *testServer) int {
+	t.Helper()
+	id, err := ts.srv.disk.file.TxID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// wantStored fails the test unless List returns the objects with these names, in key
+// order, at the revision.
+func wantStored(t *testing.T, ts *testServer, rev uint64, names ...string) {
+	t.Helper()
+	list, err := ts.client.List(testContext(t), &nimbusv1.ListRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, it := range list.GetItems() {
+		got = append(got, it.GetObject().GetMeta().GetName())
+	}
+	if strings.Join(got, ",") != strings.Join(names, ",") || list.GetRevision() != rev {
+		t.Fatalf("List = %d objects at revision %d, want %d at %d (got %.200q)", len(got), list.GetRevision(), len(names), rev, got)
+	}
+}
+
+// histogram returns the count and sum of the server's histogram with the name.
+func histogram(t *testing.T, srv *Server, name string) (uint64, float64) {
+	t.Helper()
+	families, err := srv.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == name && len(f.GetMetric()) == 1 {
+			h := f.GetMetric()[0].GetHistogram()
+			return h.GetSampleCount(), h.GetSampleSum()
+		}
+	}
+	t.Fatalf("histogram %s not registered", name)
+	return 0, 0
+}
+
+func TestApplyBatchRefusesInvalidObject(t *testing.T) {
+	ts := start(t, Options{DataDir: t.TempDir()})
+	before := txID(t, ts)
+	w := watch(t, ts.client, "a")
+	recvUntilSynced(t, w)
+
+	badPrefix := numberedRoutes(batchSize)
+	badPrefix[737].GetRoute().Prefix = "10.0.0.0/33"
+	twoBad := numberedRoutes(batchSize)
+	twoBad[3].GetRoute().Prefix = "10.1.2.3/16"
+	twoBad[3].GetRoute().Nexthops[0].Gateway = "nope"
+	twoBad[999].Meta.Nodes = []string{"Node_A"}
+	duplicate := numberedRoutes(batchSize)
+	duplicate[900].Meta.Name = "r0005"
+	empty := numberedRoutes(batchSize)
+	empty[10] = &nimbusv1.Object{}
+	for _, tc := range []struct {
+		name string
+		objs []*nimbusv1.Object
+		want []string
+	}{
+		{name: "prefix", objs: badPrefix, want: []string{
+			`objects[737] (Route/default/default/r0737): spec.prefix "10.0.0.0/33": prefix length out of range`,
+		}},
+		{name: "every bad field of every bad object", objs: twoBad, want: []string{
+			`objects[3] (Route/default/default/r0003): spec.prefix "10.1.2.3/16": host bits set`,
+			`objects[3] (Route/default/default/r0003): spec.nexthops[0].gateway "nope"`,
+			`objects[999] (Route/default/default/r0999): meta.nodes[0] "Node_A"`,
+		}},
+		{name: "duplicate key", objs: duplicate, want: []string{
+			`objects[900] (Route/default/default/r0005): the key of objects[5] again`,
+		}},
+		{name: "empty object", objs: empty, want: []string{`objects[10] (KIND_UNSPECIFIED/default/default/): meta "": is required`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ts.client.ApplyBatch(testContext(t), &nimbusv1.ApplyBatchRequest{Objects: tc.objs})
+			st := wantCode(t, err, codes.InvalidArgument)
+			for _, want := range tc.want {
+				if !strings.Contains(st.Message(), want) {
+					t.Errorf("message = %q, want it to contain %q", st.Message(), want)
+				}
+			}
+			wantStored(t, ts, 0)
+			if after := txID(t, ts); after != before {
+				t.Errorf("bbolt transaction id = %d after a refused batch, want %d as before", after, before)
+			}
+		})
+	}
+
+	// The watcher saw nothing of the refused batches: the first event after them is the
+	// first change after them.
+	ts.apply(t, route("after", nil, "192.0.2.1"))
+	wantEvent(t, ts, recv(t, w), nimbusv1.WatchEvent_TYPE_PUT, routeKey("after"), 1)
+}
+
+func TestApplyBatchRefusalIsBounded(t *testing.T) {
+	ts := start(t, Options{})
+	objs := numberedRoutes(batchSize)
+	for _, o := range objs {
+		o.GetRoute().Prefix = "10.0.0.0/33"
+	}
+	_, err := ts.client.ApplyBatch(testContext(t), &nimbusv1.ApplyBatchRequest{Objects: objs})
+	st := wantCode(t, err, codes.InvalidArgument)
+	lines := strings.Split(st.Message(), "\n")
+	if len(lines) != maxReportedInvalid+1 || lines[len(lines)-1] != "(990 more bad entries not shown)" {
+		t.Errorf("refusal of %d bad objects has %d lines, ending %q; want %d lines ending with the count of the rest",
+			batchSize, len(lines), lines[len(lines)-1], maxReportedInvalid+1)
+	}
+	wantStored(t, ts, 0)
+}
+
+func TestApplyBatchCommitsOnce(t *testing.T) {
+	dir := t.TempDir()
+	ts := start(t, Options{DataDir: dir})
+	w := watch(t, ts.client, "a")
+	recvUntilSynced(t, w)
+	before := txID(t, ts)
+
+	objs := numberedRoutes(batchSize)
+	resp, err := ts.client.ApplyBatch(testContext(t), &nimbusv1.ApplyBatchRequest{Objects: objs})
+	if err != nil {
+		t.Fatalf("ApplyBatch: %v", err)
+	}
+	if after := txID(t, ts); after != before+1 {
+		t.Errorf("bbolt transactions = %d, want 1", after-before)
+	}
+	if resp.GetRevision() != batchSize || len(resp.GetResults()) != batchSize {
+		t.Fatalf("ApplyBatch = %d results at revision %d, want %d at %d", len(resp.GetResults()), resp.GetRevision(), batchSize, batchSize)
+	}
+	for i, r := range resp.GetResults() {
+		m := r.GetObject().GetMeta()
+		if !r.GetChanged() || !r.GetCreated() || m.GetName() != objs[i].GetMeta().GetName() ||
+			m.GetRevision() != uint64(i+1) || m.GetGeneration() != 1 || !uuidPattern.MatchString(m.GetUid()) {
+			t.Fatalf("result %d = changed %v created %v %s revision %d generation %d uid %q; want a created %s at revision %d, generation 1",
+				i, r.GetChanged(), r.GetCreated(), m.GetName(), m.GetRevision(), m.GetGeneration(), m.GetUid(), objs[i].GetMeta().GetName(), i+1)
+		}
+		if !proto.Equal(ts.get(t, objs[i].Key()).GetObject(), r.GetObject()) {
+			t.Fatalf("Get %s differs from the result", objs[i].Key().ID())
+		}
+	}
+	for i, o := range objs {
+		wantEvent(t, ts, recv(t, w), nimbusv1.WatchEvent_TYPE_PUT, o.Key(), uint64(i+1))
+	}
+	wantMetrics(t, ts.srv, "naples_nimbus_objects 1000", "naples_nimbus_revision 1000", "naples_nimbus_commits_total 1")
+	if n, sum := histogram(t, ts.srv, "naples_nimbus_commit_batch_size"); n != 1 || sum != batchSize {
+		t.Errorf("commit batch sizes: %d commits of %v changes in all, want 1 of %d", n, sum, batchSize)
+	}
+
+	// Applying the same objects again changes nothing and writes nothing.
+	before = txID(t, ts)
+	resp, err = ts.client.ApplyBatch(testContext(t), &nimbusv1.ApplyBatchRequest{Objects: objs})
+	if err != nil {
+		t.Fatalf("second ApplyBatch: %v", err)
+	}
+	for i, r := range resp.GetResults() {
+		if r.GetChanged() || r.GetObject().GetMeta().GetRevision() != uint64(i+1) {
+			t.Fatalf("second ApplyBatch result %d = changed %v revision %d, want unchanged at %d",
+				i, r.GetChanged(), r.GetObject().GetMeta().GetRevision(), i+1)
+		}
+	}
+	if after := txID(t, ts); after != before || resp.GetRevision() != batchSize {
+		t.Errorf("unchanged batch: %d bbolt transactions, revision %d; want none at %d", after-before, resp.GetRevision(), batchSize)
+	}
+
+	// The objects are durable: a server on the same directory has all of them.
+	ts.srv.Close()
+	again := start(t, Options{DataDir: dir})
+	var names []string
+	for _, o := range objs {
+		names = append(names, o.GetMeta().GetName())
+	}
+	wantStored(t, again, batchSize, names...)
+}
+
+func TestDeleteBatchCommitsOnce(t *testing.T) {
+	dir := t.TempDir()
+	ts := start(t, Options{DataDir: dir})
+	objs := numberedRoutes(batchSize)
+	if _, err := ts.client.ApplyBatch(testContext(t), &nimbusv1.ApplyBatchRequest{Objects: objs}); err != nil {
+		t.Fatalf("ApplyBatch: %v", err)
+	}
+	w := watch(t, ts.client, "a")
+	recvUntilSynced(t, w)
+	before := txID(t, ts)
+
+	// The keys in reverse order, with an absent one in the middle.
+	var keys []*nimbusv1.ObjectKey
+	for i := len(objs) - 1; i >= 0; i-- {
+		keys = append(keys, objs[i].Key())
+		if i == batchSize/2 {
+			keys = append(keys, routeKey("absent"))
+		}
+	}
+	resp, err := ts.client.DeleteBatch(testContext(t), &nimbusv1.DeleteBatchRequest{Keys: keys})
+	if err != nil {
+		t.Fatalf("DeleteBatch: %v", err)
+	}
+	if after := txID(t, ts); after != before+1 {
+		t.Errorf("bbolt transactions = %d, want 1", after-before)
+	}
+	if resp.GetRevision() != 2*batchSize || len(resp.GetResults()) != len(keys) {
+		t.Fatalf("DeleteBatch = %d results at revision %d, want %d at %d", len(resp.GetResults()), resp.GetRevision(), len(keys), 2*batchSize)
+	}
+	rev := uint64(batchSize)
+	for i, r := range resp.GetResults() {
+		if keys[i].GetName() == "absent" {
+			if r.GetFound() || r.GetRevision() != rev {
+				t.Errorf("result for the absent key = found %v revision %d, want not found at %d", r.GetFound(), r.GetRevision(), rev)
+			}
+			continue
+		}
+		rev++
+		if !r.GetFound() || r.GetRevision() != rev {
+			t.Fatalf("result %d = found %v revision %d, want found at %d", i, r.GetFound(), r.GetRevision(), rev)
+		}
+		wantEvent(t, ts, recv(t, w), nimbusv1.WatchEvent_TYPE_DELETE, keys[i], rev)
+	}
+	wantStored(t, ts, 2*batchSize)
+	wantMetrics(t, ts.srv, "naples_nimbus_objects 0", "naples_nimbus_revision 2000", "naples_nimbus_commits_total 2")
+
+	ts.srv.Close()
+	again := start(t, Options{DataDir: dir})
+	wantStored(t, again, 2*batchSize)
+}
+
+func TestDeleteBatchRefusesBadKeys(t *testing.T) {
+	ts := start(t, Options{DataDir: t.TempDir()})
+	ts.apply(t, route("r1", nil, "192.0.2.1"))
+	before := txID(t, ts)
+	for _, tc := range []struct {
+		name string
+		keys []*nimbusv1.ObjectKey
+		want string
+	}{
+		{name: "bad name", keys: []*nimbusv1.ObjectKey{routeKey("r1"), routeKey("R 1")},
+			want: `keys[1] (Route/default/default/R 1): key.name "R 1"`},
+		{name: "no kind", keys: []*nimbusv1.ObjectKey{routeKey("r1"), {Name: "r1"}},
+			want: `keys[1] (KIND_UNSPECIFIED/default/default/r1): key.kind "KIND_UNSPECIFIED": unknown kind`},
+		{name: "duplicate key", keys: []*nimbusv1.ObjectKey{routeKey("r1"), {Kind: nimbusv1.Kind_KIND_ROUTE, Name: "r1", Tenant: "default"}},
+			want: `keys[1] (Route/default/default/r1): the key of keys[0] again`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ts.client.DeleteBatch(testContext(t), &nimbusv1.DeleteBatchRequest{Keys: tc.keys})
+			if st := wantCode(t, err, codes.InvalidArgument); !strings.Contains(st.Message(), tc.want) {
+				t.Errorf("message = %q, want it to contain %q", st.Message(), tc.want)
+			}
+			wantStored(t, ts, 1, "r1")
+			if after := txID(t, ts); after != before {
+				t.Errorf("bbolt transactions after a refused batch = %d, want none", after-before)
+			}
+		})
+	}
+}
+
+// TestApplyBatchAsApplies checks that a batch changes objects as the same Applies one
+// after the other do: generations, unchanged objects, retargets dropping statuses.
+func TestApplyBatchAsApplies(t *testing.T) {
+	ts := start(t, Options{})
+	for _, name := range []string{"same", "labels", "spec", "moved"} {
+		ts.apply(t, route(name, []string{"a", "b"}, "192.0.2.1"))
+	}
+	ts.report(t, statusReport(routeKey("moved"), "a", 1, nimbusv1.Phase_PHASE_PROGRAMMED, ""),
+		statusReport(routeKey("moved"), "b", 1, nimbusv1.Phase_PHASE_PROGRAMMED, ""))
+	labels := route("labels", []string{"b", "a"}, "192.0.2.1")
+	labels.Meta.Labels = map[string]string{"site": "dc2"}
+	resp, err := ts.client.ApplyBatch(testContext(t), &nimbusv1.ApplyBatchRequest{Objects: []*nimbusv1.Object{
+		route("same", []string{"b", "a"}, "192.0.2.1"),
+		labels,
+		route("spec", []string{"a", "b"}, "192.0.2.2"),
+		route("new", nil, "192.0.2.1"),
+		route("moved", []string{"b"}, "192.0.2.1"),
+	}})
+	if err != nil {
+		t.Fatalf("ApplyBatch: %v", err)
+	}
+	for i, want := range []struct {
+		changed, created bool
+		rev              uint64
+		gen              int64
+	}{
+		{changed: false, rev: 1, gen: 1},
+		{changed: true, rev: 5, gen: 1},
+		{changed: true, rev: 6, gen: 2},
+		{changed: true, created: true, rev: 7, gen: 1},
+		{changed: true, rev: 8, gen: 2},
+	} {
+		r := resp.GetResults()[i]
+		m := r.GetObject().GetMeta()
+		if r.GetChanged() != want.changed || r.GetCreated() != want.created || m.GetRevision() != want.rev || m.GetGeneration() != want.gen {
+			t.Errorf("result %d (%s) = changed %v created %v revision %d generation %d; want %v %v %d %d",
+				i, m.GetName(), r.GetChanged(), r.GetCreated(), m.GetRevision(), m.GetGeneration(),
+				want.changed, want.created, want.rev, want.gen)
+		}
+	}
+	if resp.GetRevision() != 8 {
+		t.Errorf("revision after the batch = %d, want 8", resp.GetRevision())
+	}
+	// The retarget away from a dropped its status; b's stays.
+	wantStatus(t, ts, routeKey("moved"), 1, 0, 0, "b")
+}
+
+func TestApplyBatchEmpty(t *testing.T) {
+	ts := start(t, Options{DataDir: t.TempDir()})
+	ts.apply(t, route("r1", nil, "192.0.2.1"))
+	before := txID(t, ts)
+	resp, err := ts.client.ApplyBatch(testContext(t), &nimbusv1.ApplyBatchRequest{})
+	if err != nil || resp.GetRevision() != 1 || len(resp.GetResults()) != 0 {
+		t.Fatalf("empty ApplyBatch = %v, %v; want no results at revision 1", resp, err)
+	}
+	dresp, err := ts.client.DeleteBatch(testContext(t), &nimbusv1.DeleteBatchRequest{})
+	if err != nil || dresp.GetRevision() != 1 || len(dresp.GetResults()) != 0 {
+		t.Fatalf("empty DeleteBatch = %v, %v; want no results at revision 1", dresp, err)
+	}
+	if after := txID(t, ts); after != before {
+		t.Errorf("empty batches wrote %d bbolt transactions, want none", after-before)
+	}
+}
+
+func TestApplyBatchTooLarge(t *testing.T) {
+	ts := start(t, Options{})
+	objs := numberedRoutes(17)
+	for _, o := range objs {
+		o.Meta.Labels = map[string]string{"padding": strings.Repeat("x", 1<<20)}
+	}
+	_, err := ts.client.ApplyBatch(testContext(t), &nimbusv1.ApplyBatchRequest{Objects: objs})
+	wantCode(t, err, codes.ResourceExhausted)
+	wantStored(t, ts, 0)
+}
+
+func TestBatchesArePublisherOnly(t *testing.T) {
+	ts, p := startTLS(t)
+	a := p.node(t, ts, "host-a")
+	ctx := testContext(t)
+	objs := []*nimbusv1.Object{route("r1", nil, "192.0.2.1")}
+	_, err := a.ApplyBatch(ctx, &nimbusv1.ApplyBatchRequest{Objects: objs})
+	wantDenied(t, err, `node "host-a"`, "ApplyBatch", "publisher certificate")
+	_, err = a.DeleteBatch(ctx, &nimbusv1.DeleteBatchRequest{Keys: []*nimbusv1.ObjectKey{routeKey("r1")}})
+	wantDenied(t, err, `node "host-a"`, "DeleteBatch", "publisher certificate")
+	wantStored(t, ts, 0)
+
+	if _, err := ts.client.ApplyBatch(ctx, &nimbusv1.ApplyBatchRequest{Objects: objs}); err != nil {
+		t.Fatalf("publisher's ApplyBatch: %v", err)
+	}
+	if _, err := ts.client.DeleteBatch(ctx, &nimbusv1.DeleteBatchRequest{Keys: []*nimbusv1.ObjectKey{routeKey("r1")}}); err != nil {
+		t.Fatalf("publisher's DeleteBatch: %v", err)
+	}
+	wantStored(t, ts, 2)
+}

@@ -1,0 +1,414 @@
+package nimbus
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+
+	"github.com/hashicorp/go-memdb"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// write is one object to store, or one key to delete, of a batch.
+type write struct {
+	// key is the object's key with tenant and namespace defaulted.
+	key *nimbusv1.ObjectKey
+	// id is key.ID().
+	id string
+	// obj is the object to store: a valid object the batch owns, with tenant, namespace and
+	// target nodes normalized. nil for a deletion.
+	obj *nimbusv1.Object
+}
+
+// applyWrite returns the write that stores a clone of the valid object in.
+func applyWrite(in *nimbusv1.Object) write {
+	key := in.Key()
+	obj := proto.Clone(in).(*nimbusv1.Object)
+	m := obj.GetMeta()
+	m.Tenant, m.Namespace = key.GetTenant(), key.GetNamespace()
+	m.Nodes = normalizeNodes(m.GetNodes())
+	return write{key: key, id: key.ID(), obj: obj}
+}
+
+// deleteWrite returns the write that deletes the object with the valid key.
+func deleteWrite(key *nimbusv1.ObjectKey) write {
+	key = key.Defaulted()
+	return write{key: key, id: key.ID()}
+}
+
+// outcome is what one write did.
+type outcome struct {
+	// obj is the stored object after an apply: the new one, or the one already stored when
+	// nothing changed. nil after a deletion.
+	obj *nimbusv1.Object
+	// changed tells that the write took a revision: an apply that changed something, or the
+	// deletion of an object that existed.
+	changed bool
+	// created tells that an apply created the object.
+	created bool
+	// rev is the revision of the change, or the store's revision at the write when it
+	// changed nothing.
+	rev uint64
+}
+
+// batch is the writes of one call, in order: a single Apply or Delete is a batch of one,
+// ApplyBatch and DeleteBatch a batch of many. A batch is committed whole, each write
+// seeing the ones before it, or not at all.
+type batch struct {
+	writes []write
+	// deleting tells that the writes are deletions, for what the batch is called in errors
+	// and logs.
+	deleting bool
+
+	// The commit sets outcomes, rev and err, then closes done.
+
+	// outcomes are the outcomes of the writes, in their order.
+	outcomes []outcome
+	// rev is the store's revision after the batch's last write.
+	rev uint64
+	err error
+	// done is closed once the batch is committed, and durable, or has failed.
+	done chan struct{}
+	// lead tells a waiting caller that it is to commit the queue.
+	lead chan struct{}
+}
+
+// what names what the batch does, for errors and logs: "applying Route/default/default/r1",
+// "deleting 1000 objects".
+func (b *batch) what() string {
+	verb := "applying"
+	if b.deleting {
+		verb = "deleting"
+	}
+	if len(b.writes) == 1 {
+		return verb + " " + b.writes[0].id
+	}
+	return fmt.Sprintf("%s %d objects", verb, len(b.writes))
+}
+
+// committer groups the batches of concurrent calls into shared commits. The caller whose
+// batch finds no commit under way leads: it takes every batch queued, its own included,
+// and commits them together in one memdb and one bbolt transaction. The batches of the
+// calls that arrive meanwhile queue, and when the commit is done and answered, the leader
+// hands over to the oldest of them, which commits everything queued by then. So while one
+// commit is being written and synced, the next one gathers, and concurrent callers share
+// fsyncs; a lone caller commits at once, without waiting for company.
+type committer struct {
+	// mu guards queue and leading.
+	mu sync.Mutex
+	// queue holds the batches waiting for a commit, oldest first.
+	queue []*batch
+	// leading tells that a caller is committing or about to.
+	leading bool
+}
+
+// submit commits the batch, together with the batches of concurrent calls, and returns
+// once it is durable and its changes are handed to the watchers, or once it failed. The
+// batch's outcomes and revision are set when it returns nil.
+func (s *Server) submit(b *batch) error {
+	b.done = make(chan struct{})
+	b.lead = make(chan struct{}, 1)
+	c := &s.commits
+	c.mu.Lock()
+	c.queue = append(c.queue, b)
+	if c.leading {
+		c.mu.Unlock()
+		select {
+		case <-b.done:
+			return b.err
+		case <-b.lead:
+		}
+		c.mu.Lock()
+	}
+	c.leading = true
+	group := c.queue
+	c.queue = nil
+	c.mu.Unlock()
+
+	s.commitGroup(group)
+
+	c.mu.Lock()
+	if len(c.queue) > 0 {
+		c.queue[0].lead <- struct{}{}
+	} else {
+		c.leading = false
+	}
+	c.mu.Unlock()
+	return b.err
+}
+
+// stagedChange is a change a commit has made in its memdb transaction.
+type stagedChange struct {
+	key *nimbusv1.ObjectKey
+	id  string
+	rev uint64
+	// before is the object before the change, nil when the change created it; after is
+	// the object after it, nil for a deletion.
+	before, after *nimbusv1.Object
+}
+
+// commitGroup commits the batches, in order, in one memdb transaction and, with a durable
+// store, one bbolt transaction; hands every change to the watchers once it is durable, in
+// revision order, under s.mu; and answers every batch. When the commit fails, every batch
+// fails with its error and nothing of any of them is stored: the batches share the
+// transactions. A batch's own bad input never gets this far; its call refuses it before
+// submitting.
+func (s *Server) commitGroup(group []*batch) {
+	defer func() {
+		for _, b := range group {
+			close(b.done)
+		}
+	}()
+	now := timestamppb.New(s.opts.Now())
+	s.mu.Lock()
+	changes, err := s.commitLocked(group, now)
+	if err == nil {
+		for _, c := range changes {
+			s.publishLocked(newChange(s.epoch, c.rev, c.key, c.before, c.after))
+			switch {
+			case c.before == nil:
+				s.metrics.objects.Inc()
+			case c.after == nil:
+				s.metrics.objects.Dec()
+			}
+		}
+		if len(changes) > 0 {
+			s.metrics.commits.Inc()
+			s.metrics.commitSize.Observe(float64(len(changes)))
+		}
+	}
+	s.mu.Unlock()
+	for _, b := range group {
+		if err != nil {
+			b.err = fmt.Errorf("%s: %w", b.what(), err)
+			continue
+		}
+		s.logBatch(b)
+	}
+}
+
+// commitLocked makes the writes of the batches in one memdb transaction, stores the
+// changes durably, then commits the transaction, and returns the changes in revision
+// order. Writes that change nothing take no revision, and a group that changes nothing
+// writes nothing. The caller holds s.mu.
+func (s *Server) commitLocked(group []*batch, now *timestamppb.Timestamp) ([]stagedChange, error) {
+	if s.closed {
+		return nil, ErrClosed
+	}
+	txn := s.db.Txn(true)
+	defer txn.Abort()
+	rev := s.rev
+	var changes []stagedChange
+	for _, b := range group {
+		b.outcomes = make([]outcome, len(b.writes))
+		for i, w := range b.writes {
+			var (
+				c   *stagedChange
+				out outcome
+				err error
+			)
+			if w.obj != nil {
+				c, out, err = stageApply(txn, w, rev+1, now)
+			} else {
+				c, out, err = stageDelete(txn, w, rev+1)
+			}
+			if err != nil {
+				return nil, err
+			}
+			if c != nil {
+				rev++
+				changes = append(changes, *c)
+			} else {
+				out.rev = rev
+			}
+			b.outcomes[i] = out
+		}
+		b.rev = rev
+	}
+	if len(changes) == 0 {
+		return nil, nil
+	}
+	if err := setRevision(txn, rev); err != nil {
+		return nil, err
+	}
+	if s.disk != nil {
+		puts, dels := finalStates(changes)
+		if err := s.disk.commit(puts, dels, s.rev+1, rev); err != nil {
+			return nil, err
+		}
+	}
+	txn.Commit()
+	s.rev = rev
+	return changes, nil
+}
+
+// finalStates returns what the changes leave of each object they touch: the objects
+// stored, and the key IDs of those deleted. A key is in one of them only, however many
+// changes touch it.
+func finalStates(changes []stagedChange) (puts []*nimbusv1.Object, dels []string) {
+	last := make(map[string]int, len(changes))
+	for i, c := range changes {
+		last[c.id] = i
+	}
+	for i, c := range changes {
+		switch {
+		case last[c.id] != i:
+		case c.after == nil:
+			dels = append(dels, c.id)
+		default:
+			puts = append(puts, c.after)
+		}
+	}
+	return puts, dels
+}
+
+// stageApply stores the write's object in txn as the change of revision rev, unless it
+// is what is stored already. It assigns uid, generation, revision and times as the package
+// documentation says, and drops the statuses of nodes a retarget leaves. The change is nil
+// when nothing changed; the outcome's rev is set only when something did.
+func stageApply(txn *memdb.Txn, w write, rev uint64, now *timestamppb.Timestamp) (*stagedChange, outcome, error) {
+	obj := w.obj
+	old, err := getObject(txn, w.id)
+	if err != nil {
+		return nil, outcome{}, err
+	}
+	m := obj.GetMeta()
+	retargeted := false
+	if old == nil {
+		m.Uid = newUUID()
+		m.Generation = 1
+		m.CreateTime = now
+	} else {
+		om := old.GetMeta()
+		specChanged := !proto.Equal(&nimbusv1.Object{Spec: old.GetSpec()}, &nimbusv1.Object{Spec: obj.GetSpec()})
+		retargeted = !slices.Equal(om.GetNodes(), m.GetNodes())
+		if !specChanged && !retargeted && maps.Equal(om.GetLabels(), m.GetLabels()) {
+			return nil, outcome{obj: old}, nil
+		}
+		m.Uid, m.CreateTime, m.Generation = om.GetUid(), om.GetCreateTime(), om.GetGeneration()
+		if specChanged || retargeted {
+			m.Generation++
+		}
+	}
+	m.Revision = rev
+	m.UpdateTime = now
+	if err := putObject(txn, w.id, obj); err != nil {
+		return nil, outcome{}, err
+	}
+	if retargeted {
+		if err := dropRetargetedStatuses(txn, w.id, obj); err != nil {
+			return nil, outcome{}, err
+		}
+	}
+	c := &stagedChange{key: w.key, id: w.id, rev: rev, before: old, after: obj}
+	return c, outcome{obj: obj, changed: true, created: old == nil, rev: rev}, nil
+}
+
+// dropRetargetedStatuses deletes the statuses of the object with the key ID, retargeted to
+// obj, that nodes it no longer targets reported, and forgets the watch state of those nodes
+// when nothing else keeps it.
+func dropRetargetedStatuses(txn *memdb.Txn, id string, obj *nimbusv1.Object) error {
+	recs, err := statusesOf(txn, id)
+	if err != nil {
+		return err
+	}
+	if err := dropStatuses(txn, id, obj.TargetsNode); err != nil {
+		return err
+	}
+	var dropped []string
+	for _, r := range recs {
+		if !obj.TargetsNode(r.Node) {
+			dropped = append(dropped, r.Node)
+		}
+	}
+	return forgetIdleNodes(txn, dropped...)
+}
+
+// stageDelete deletes the write's object and every status reported for it in txn as the
+// change of revision rev. The change is nil when there is no such object.
+func stageDelete(txn *memdb.Txn, w write, rev uint64) (*stagedChange, outcome, error) {
+	old, err := getObject(txn, w.id)
+	if err != nil || old == nil {
+		return nil, outcome{}, err
+	}
+	if _, err := txn.DeleteAll(tableObjects, indexID, w.id); err != nil {
+		return nil, outcome{}, fmt.Errorf("deleting object %s: %w", w.id, err)
+	}
+	recs, err := statusesOf(txn, w.id)
+	if err != nil {
+		return nil, outcome{}, err
+	}
+	if _, err := txn.DeleteAll(tableStatus, indexObject, w.id); err != nil {
+		return nil, outcome{}, fmt.Errorf("deleting statuses of %s: %w", w.id, err)
+	}
+	// The nodes that reported, and a deleted Node object's node, may have nothing left
+	// that keeps their watch state.
+	idle := make([]string, 0, len(recs)+1)
+	for _, r := range recs {
+		idle = append(idle, r.Node)
+	}
+	if name := w.key.GetName(); w.key.GetKind() == nimbusv1.Kind_KIND_NODE {
+		// The node is gone: what it reported about any object goes with it.
+		if _, err := txn.DeleteAll(tableStatus, indexNode, name); err != nil {
+			return nil, outcome{}, fmt.Errorf("deleting statuses reported by node %s: %w", name, err)
+		}
+		idle = append(idle, name)
+	}
+	if err := forgetIdleNodes(txn, idle...); err != nil {
+		return nil, outcome{}, err
+	}
+	c := &stagedChange{key: w.key, id: w.id, rev: rev, before: old}
+	return c, outcome{changed: true, rev: rev}, nil
+}
+
+// logBatch logs what a committed batch did: a line per change at INFO for a single
+// write, as a person following one object wants; for a batch of many, one INFO line with
+// the counts and, when DEBUG is on, a line per write.
+func (s *Server) logBatch(b *batch) {
+	if len(b.writes) == 0 {
+		return
+	}
+	single := len(b.writes) == 1
+	perWrite := single || s.log.Enabled(context.Background(), slog.LevelDebug)
+	changed, created := 0, 0
+	for i, w := range b.writes {
+		out := b.outcomes[i]
+		if out.changed {
+			changed++
+		}
+		if out.created {
+			created++
+		}
+		if !perWrite {
+			continue
+		}
+		level := s.log.Debug
+		if single && out.changed {
+			level = s.log.Info
+		}
+		switch {
+		case w.obj != nil && out.changed:
+			level("object applied", "key", w.id, "revision", out.rev,
+				"generation", out.obj.GetMeta().GetGeneration(), "created", out.created)
+		case w.obj != nil:
+			level("object unchanged", "key", w.id, "revision", out.obj.GetMeta().GetRevision())
+		case out.changed:
+			level("object deleted", "key", w.id, "revision", out.rev)
+		default:
+			level("object to delete not found", "key", w.id)
+		}
+	}
+	switch {
+	case single:
+	case b.deleting:
+		s.log.Info("objects deleted", "objects", len(b.writes), "deleted", changed, "revision", b.rev)
+	default:
+		s.log.Info("objects applied", "objects", len(b.writes), "changed", changed, "created", created, "revision", b.rev)
+	}
+}

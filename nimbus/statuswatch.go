@@ -1,0 +1,460 @@
+package nimbus
+
+import (
+	"fmt"
+	"hash/maphash"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-memdb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// Settings of the status watch.
+const (
+	// statusFlushInterval is the shortest time between two flushes of a status watcher:
+	// the changes marked meanwhile are sent together, each object once.
+	statusFlushInterval = 5 * time.Millisecond
+	// maxStatusFrameBytes bounds the events of one status frame; an event larger than
+	// that goes in a frame of its own.
+	maxStatusFrameBytes = 1 << 20
+	// maxStaleCheckInterval bounds how often a status watcher looks for nodes whose
+	// statuses became stale with time.
+	maxStaleCheckInterval = time.Second
+)
+
+// statusHub is the set of open status watches. Object commits, status intake and the
+// watch streams of nodes mark in it what may have changed; it never blocks them.
+type statusHub struct {
+	// mu guards watchers. Marks take it for reading, under s.mu when they come from a
+	// commit; it is never held while taking s.mu.
+	mu       sync.RWMutex
+	watchers map[*statusWatcher]struct{}
+}
+
+// add registers w; from now on it is marked with every change.
+func (h *statusHub) add(w *statusWatcher) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.watchers == nil {
+		h.watchers = map[*statusWatcher]struct{}{}
+	}
+	h.watchers[w] = struct{}{}
+}
+
+// remove unregisters w.
+func (h *statusHub) remove(w *statusWatcher) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.watchers, w)
+}
+
+// objectChanged marks the object with the key, which has tenant and namespace defaulted,
+// in every watcher that selects it: its object or a status of it changed.
+func (h *statusHub) objectChanged(key *nimbusv1.ObjectKey) {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	if len(h.watchers) == 0 {
+		return
+	}
+	id := key.ID()
+	for w := range h.watchers {
+		if w.selects(key) {
+			w.markObject(id)
+		}
+	}
+}
+
+// nodeChanged marks the node in every watcher: the objects that target it may have a
+// new status, because it joined or left the target nodes of the objects for every node
+// (a watch stream opened or ended, a Node object was created or deleted), because its
+// statuses are stale or no more, or because its statuses were dropped.
+func (h *statusHub) nodeChanged(node string) {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	for w := range h.watchers {
+		w.markNode(node)
+	}
+}
+
+// published marks what a committed change may have changed: its object, and for a Node
+// object created or deleted, the node.
+func (h *statusHub) published(c *change) {
+	var key *nimbusv1.ObjectKey
+	switch {
+	case c.put != nil:
+		key = c.put.msg.GetKey()
+	case c.del != nil:
+		key = c.del.msg.GetKey()
+	default:
+		return
+	}
+	h.objectChanged(key)
+	if key.GetKind() == nimbusv1.Kind_KIND_NODE && (c.after == nil || c.del == nil) {
+		h.nodeChanged(key.GetName())
+	}
+}
+
+// statusWatcher is one WatchStatus stream as the marks see it: the filter and what may
+// have changed since its last flush. What it holds is bounded by the objects and the
+// nodes there are, however many changes come and however slowly its client reads.
+type statusWatcher struct {
+	filter *nimbusv1.WatchStatusRequest
+	// wake has room for one signal: something was marked since the last take.
+	wake chan struct{}
+
+	// mu guards objects, nodes and all.
+	mu sync.Mutex
+	// objects holds the key IDs of the objects marked.
+	objects map[string]struct{}
+	// nodes holds the nodes marked: every object that targets one is recomputed.
+	nodes map[string]struct{}
+	// all asks for every selected object to be recomputed.
+	all bool
+}
+
+func newStatusWatcher(filter *nimbusv1.WatchStatusRequest) *statusWatcher {
+	return &statusWatcher{
+		filter:  filter,
+		wake:    make(chan struct{}, 1),
+		objects: map[string]struct{}{},
+		nodes:   map[string]struct{}{},
+	}
+}
+
+// selects tells whether the filter selects the key, which has tenant and namespace
+// defaulted.
+func (w *statusWatcher) selects(key *nimbusv1.ObjectKey) bool {
+	f := w.filter
+	return (f.GetKind() == nimbusv1.Kind_KIND_UNSPECIFIED || f.GetKind() == key.GetKind()) &&
+		(f.GetTenant() == "" || f.GetTenant() == key.GetTenant()) &&
+		(f.GetNamespace() == "" || f.GetNamespace() == key.GetNamespace()) &&
+		(f.GetName() == "" || f.GetName() == key.GetName())
+}
+
+// markObject marks the object with the key ID for a recompute.
+func (w *statusWatcher) markObject(id string) {
+	w.mu.Lock()
+	w.objects[id] = struct{}{}
+	w.mu.Unlock()
+	w.signal()
+}
+
+// markNode marks the objects that target the node for a recompute.
+func (w *statusWatcher) markNode(node string) {
+	w.mu.Lock()
+	w.nodes[node] = struct{}{}
+	w.mu.Unlock()
+	w.signal()
+}
+
+// markAll marks every selected object for a recompute.
+func (w *statusWatcher) markAll() {
+	w.mu.Lock()
+	w.all = true
+	w.mu.Unlock()
+	w.signal()
+}
+
+// signal wakes the watcher's stream up, unless a wake-up is pending already.
+func (w *statusWatcher) signal() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take returns what was marked and starts over. A view of the store taken after take
+// sees every change marked before it.
+func (w *statusWatcher) take() (objects, nodes map[string]struct{}, all bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	objects, nodes, all = w.objects, w.nodes, w.all
+	w.objects, w.nodes, w.all = map[string]struct{}{}, map[string]struct{}{}, false
+	return objects, nodes, all
+}
+
+// WatchStatus streams the propagation status of the objects the request selects: first
+// every selected object with its status, as Get aggregates it, then SYNCED, then a PUT
+// whenever an object's status or the object itself changed and a DELETE when it was
+// deleted. Changes are coalesced: an object is sent at most once per flush, at its state
+// when it is sent. It returns when the client goes away, and ends with codes.Unavailable
+// when the Server is closed.
+func (s *Server) WatchStatus(req *nimbusv1.WatchStatusRequest, stream grpc.ServerStreamingServer[nimbusv1.StatusFrame]) error {
+	if k := req.GetKind(); k != nimbusv1.Kind_KIND_UNSPECIFIED && !slices.Contains(nimbusv1.Kinds(), k) {
+		return status.Error(codes.InvalidArgument, (&nimbusv1.FieldError{Field: "kind", Value: k.String(), Reason: "unknown kind"}).Error())
+	}
+	if s.isClosed() {
+		return rpcError(fmt.Errorf("watching status: %w", ErrClosed))
+	}
+	w := newStatusWatcher(proto.CloneOf(req))
+	// Registered before the first read: every change after that read is marked.
+	s.statusWatch.add(w)
+	defer s.statusWatch.remove(w)
+	log := s.log.With("kind", req.GetKind().Name(), "tenant", req.GetTenant(), "namespace", req.GetNamespace(), "name", req.GetName())
+
+	ss := &statusStream{srv: s, w: w, stream: stream, seed: maphash.MakeSeed(), sent: map[string]uint64{}, knownStale: map[string]bool{}}
+	err := ss.run()
+	log.Info("status watch ended", "reason", err)
+	return err
+}
+
+// statusStream sends one status watcher's events.
+type statusStream struct {
+	srv    *Server
+	w      *statusWatcher
+	stream grpc.ServerStreamingServer[nimbusv1.StatusFrame]
+	// frame holds the encoded events not sent yet.
+	frame []byte
+	seed  maphash.Seed
+	// sent holds, per key ID of an object the client has, the hash of the last PUT sent.
+	sent map[string]uint64
+	// knownStale holds the nodes with a watch_nodes row, and whether their statuses were
+	// stale, as of the last look.
+	knownStale map[string]bool
+	// startStale is true once the nodes that never watched are stale.
+	startStale bool
+}
+
+// run sends the current state, SYNCED, then the changes, until the stream ends.
+func (ss *statusStream) run() error {
+	s := ss.srv
+	v := s.view()
+	ss.lookStale(v, false)
+	err := ss.scan(v, func(id string, obj *nimbusv1.Object) error { return ss.put(v, id, obj) })
+	if err != nil {
+		return err
+	}
+	if err := ss.add(&nimbusv1.StatusEvent{Type: nimbusv1.StatusEvent_TYPE_SYNCED}); err != nil {
+		return err
+	}
+	if err := ss.flush(); err != nil {
+		return err
+	}
+	var staleTick <-chan time.Time
+	if s.opts.StaleAfter > 0 {
+		t := time.NewTicker(min(s.opts.StaleAfter/2, maxStaleCheckInterval))
+		defer t.Stop()
+		staleTick = t.C
+	}
+	ctx := ss.stream.Context()
+	last := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		case <-s.done:
+			return status.Error(codes.Unavailable, "nimbus is shutting down; watch status again")
+		case <-staleTick:
+			// Marks the nodes whose staleness changed; the wake-up follows.
+			ss.lookStale(s.view(), true)
+			continue
+		case <-ss.w.wake:
+		}
+		// Let the changes of a burst gather: at most one flush per interval.
+		if wait := time.Until(last.Add(statusFlushInterval)); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return status.FromContextError(ctx.Err()).Err()
+			case <-s.done:
+				t.Stop()
+				return status.Error(codes.Unavailable, "nimbus is shutting down; watch status again")
+			case <-t.C:
+			}
+		}
+		last = time.Now()
+		if err := ss.sendChanges(); err != nil {
+			return err
+		}
+	}
+}
+
+// sendChanges recomputes what was marked, in a view of the store taken after the marks,
+// and sends what differs from what the client has.
+func (ss *statusStream) sendChanges() error {
+	objects, nodes, all := ss.w.take()
+	v := ss.srv.view()
+	if all || len(nodes) > 0 {
+		err := ss.scan(v, func(id string, obj *nimbusv1.Object) error {
+			if _, ok := objects[id]; !ok && !all && !targetsAny(obj, nodes) {
+				return nil
+			}
+			delete(objects, id)
+			return ss.put(v, id, obj)
+		})
+		if err != nil {
+			return err
+		}
+	}
+	for _, id := range slices.Sorted(maps.Keys(objects)) {
+		obj, err := getObject(v.txn, id)
+		if err != nil {
+			return rpcError(err)
+		}
+		if obj != nil {
+			if err := ss.put(v, id, obj); err != nil {
+				return err
+			}
+			continue
+		}
+		if _, ok := ss.sent[id]; !ok {
+			continue // created and deleted before the client heard of it
+		}
+		key, err := nimbusv1.ParseKeyID(id)
+		if err != nil {
+			return status.Errorf(codes.Internal, "parsing key %q: %v", id, err)
+		}
+		delete(ss.sent, id)
+		if err := ss.add(&nimbusv1.StatusEvent{Type: nimbusv1.StatusEvent_TYPE_DELETE, Key: key}); err != nil {
+			return err
+		}
+	}
+	return ss.flush()
+}
+
+// targetsAny tells whether the object targets one of the nodes.
+func targetsAny(obj *nimbusv1.Object, nodes map[string]struct{}) bool {
+	targets := obj.GetMeta().GetNodes()
+	if len(targets) == 0 {
+		return len(nodes) > 0
+	}
+	for _, n := range targets {
+		if _, ok := nodes[n]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// scan calls fn with every object of v the watcher selects, in key ID order within a
+// kind.
+func (ss *statusStream) scan(v *view, fn func(id string, obj *nimbusv1.Object) error) error {
+	f := ss.w.filter
+	var (
+		it  memdb.ResultIterator
+		err error
+	)
+	if f.GetKind() == nimbusv1.Kind_KIND_UNSPECIFIED {
+		it, err = v.txn.Get(tableObjects, indexID)
+	} else {
+		it, err = v.txn.Get(tableObjects, indexKind, f.GetKind())
+	}
+	if err != nil {
+		return rpcError(fmt.Errorf("reading objects: %w", err))
+	}
+	for raw := it.Next(); raw != nil; raw = it.Next() {
+		rec := raw.(*objectRecord)
+		m := rec.Object.GetMeta()
+		if (f.GetTenant() != "" && m.GetTenant() != f.GetTenant()) ||
+			(f.GetNamespace() != "" && m.GetNamespace() != f.GetNamespace()) ||
+			(f.GetName() != "" && m.GetName() != f.GetName()) {
+			continue
+		}
+		if err := fn(rec.ID, rec.Object); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// put queues a PUT of the object with its status in v, unless the client has it just so.
+func (ss *statusStream) put(v *view, id string, obj *nimbusv1.Object) error {
+	item, err := v.withStatus(obj)
+	if err != nil {
+		return rpcError(err)
+	}
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(&nimbusv1.StatusEvent{
+		Type: nimbusv1.StatusEvent_TYPE_PUT, Item: item, Key: obj.Key(),
+	})
+	if err != nil {
+		return status.Errorf(codes.Internal, "encoding status of %s: %v", id, err)
+	}
+	h := maphash.Bytes(ss.seed, b)
+	if old, ok := ss.sent[id]; ok && old == h {
+		return nil
+	}
+	ss.sent[id] = h
+	return ss.addEncoded(b)
+}
+
+// add queues an event.
+func (ss *statusStream) add(ev *nimbusv1.StatusEvent) error {
+	b, err := proto.Marshal(ev)
+	if err != nil {
+		return status.Errorf(codes.Internal, "encoding status event: %v", err)
+	}
+	return ss.addEncoded(b)
+}
+
+// addEncoded queues an encoded event, first sending the frame it would overfill.
+func (ss *statusStream) addEncoded(ev []byte) error {
+	if len(ss.frame) > 0 && len(ss.frame)+len(ev)+protowire.SizeVarint(uint64(len(ev)))+1 > maxStatusFrameBytes {
+		if err := ss.flush(); err != nil {
+			return err
+		}
+	}
+	// StatusFrame is field 1, repeated StatusEvent: a frame is its events, each tagged
+	// and length-prefixed.
+	ss.frame = protowire.AppendTag(ss.frame, 1, protowire.BytesType)
+	ss.frame = protowire.AppendBytes(ss.frame, ev)
+	return nil
+}
+
+// flush sends the queued events as one frame. gRPC may hold on to the frame's bytes
+// after SendMsg returns, so the next frame is a new slice.
+func (ss *statusStream) flush() error {
+	if len(ss.frame) == 0 {
+		return nil
+	}
+	frame := ss.frame
+	ss.frame = nil
+	if err := ss.stream.SendMsg(preEncoded(frame)); err != nil {
+		return fmt.Errorf("sending status frame: %w", err)
+	}
+	return nil
+}
+
+// lookStale compares the staleness of the nodes in v with what it was at the last look
+// and, with mark, marks the nodes whose staleness changed. Staleness changes with time
+// only, so it is looked at every StaleAfter/2, at most every second: a status turns
+// stale on the stream at most that long after it does for Get.
+func (ss *statusStream) lookStale(v *view, mark bool) {
+	if v.staleSince.IsZero() {
+		return
+	}
+	if !ss.startStale && !v.started.After(v.staleSince) {
+		// The nodes that never watched are stale from now on. They have no row to look
+		// at, so every object is recomputed, once.
+		ss.startStale = true
+		if mark {
+			ss.w.markAll()
+		}
+	}
+	it, err := v.txn.Get(tableWatchNodes, indexID)
+	if err != nil {
+		ss.srv.log.Error("reading watching nodes", "error", err)
+		return
+	}
+	now := make(map[string]bool, len(ss.knownStale))
+	for raw := it.Next(); raw != nil; raw = it.Next() {
+		rec := raw.(*watchNodeRecord)
+		stale := rec.Streams == 0 && !rec.Since.After(v.staleSince)
+		now[rec.Name] = stale
+		// A row new since the last look counts as not stale then: it came with a watch,
+		// which marked its node, and may have turned stale since.
+		if mark && ss.knownStale[rec.Name] != stale {
+			ss.w.markNode(rec.Name)
+		}
+	}
+	ss.knownStale = now
+}

@@ -1,0 +1,350 @@
+package test
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"google.golang.org/grpc"
+
+	"github.com/naplesnet/naples/internal/pki"
+	"github.com/naplesnet/naples/internal/testns"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// The bulk benchmarks run the whole chain with many routes — naplesctl, durable nimbus,
+// one agent with durable delphi in a host namespace — and, in the same run, the floor:
+// `ip -batch` adding and deleting the same routes in a fresh namespace. They report both
+// rates and their ratio. 10,000 routes run by default; 100,000 when named:
+//
+//	go test -run '^$' -bench 'BulkRoutes/routes=100k' -benchtime 1x ./test/
+func BenchmarkBulkRoutes(b *testing.B) {
+	for _, n := range []int{10_000, 100_000} {
+		name := fmt.Sprintf("routes=%dk", n/1000)
+		b.Run(name, func(b *testing.B) {
+			if n > 10_000 && !strings.Contains(benchFlag(), name) {
+				b.Skipf("run with -bench 'BulkRoutes/%s'", name)
+			}
+			for range b.N {
+				bulkRoutes(b, n)
+			}
+		})
+	}
+}
+
+// benchFlag returns the -test.bench pattern.
+func benchFlag() string {
+	if f := flag.Lookup("test.bench"); f != nil {
+		return f.Value.String()
+	}
+	return ""
+}
+
+func bulkRoutes(b *testing.B, n int) {
+	b.StopTimer()
+	dsts := bulkPrefixes(n)
+
+	// The floor: ip -batch in a namespace set up like the agent's host.
+	floorNS := testns.Named(b, "naples-floor")
+	for _, args := range [][]string{
+		{"link", "add", "eth0", "type", "veth", "peer", "name", "eth1"},
+		{"addr", "add", "10.10.0.1/24", "dev", "eth0"},
+		{"link", "set", "eth0", "up"},
+		{"link", "set", "eth1", "up"},
+	} {
+		testns.Run(b, "ip", append([]string{"-n", floorNS}, args...)...)
+	}
+	floorAdd := ipBatch(b, floorNS, dsts, "add")
+	if got := countRoutes(b, floorNS); got != n {
+		b.Fatalf("ip -batch added %d routes, want %d", got, n)
+	}
+	floorDel := ipBatch(b, floorNS, dsts, "del")
+
+	// The chain.
+	c := newCluster(b)
+	h := c.newHost(b, "host-a")
+	manifest := filepath.Join(b.TempDir(), "routes.yaml")
+	writeRouteManifest(b, manifest, dsts)
+	status := c.watchRouteStatus(b)
+
+	start := time.Now()
+	c.mustCtl(b, "", "apply", "-f", manifest)
+	applied := time.Since(start)
+	status.waitProgrammed(b, n)
+	chainAdd := time.Since(start)
+	if got := countRoutes(b, h.ns); got != n {
+		b.Fatalf("the agent programmed %d routes, want %d", got, n)
+	}
+	rss := agentRSS(b, h)
+
+	start = time.Now()
+	c.mustCtl(b, "", "delete", "-f", manifest)
+	status.waitDeleted(b, n)
+	waitFor(b, "the routes to leave the kernel", func() bool { return countRoutes(b, h.ns) == 0 })
+	chainDel := time.Since(start)
+
+	rate := func(d time.Duration) float64 { return float64(n) / d.Seconds() }
+	b.ReportMetric(rate(floorAdd), "ipbatch-add-routes/s")
+	b.ReportMetric(rate(chainAdd), "chain-add-routes/s")
+	b.ReportMetric(chainAdd.Seconds()/floorAdd.Seconds(), "add-x-ipbatch")
+	b.ReportMetric(applied.Seconds(), "apply-returned-s")
+	b.ReportMetric(rate(floorDel), "ipbatch-del-routes/s")
+	b.ReportMetric(rate(chainDel), "chain-del-routes/s")
+	b.ReportMetric(chainDel.Seconds()/floorDel.Seconds(), "del-x-ipbatch")
+	b.ReportMetric(float64(rss)/float64(n), "agent-rss-B/route")
+}
+
+// bulkPrefixes returns n /32 destinations from 100.64.0.0/10.
+func bulkPrefixes(n int) []string {
+	base := netip.MustParseAddr("100.64.0.0")
+	out := make([]string, n)
+	a := base
+	for i := range out {
+		a = a.Next()
+		out[i] = a.String() + "/32"
+	}
+	return out
+}
+
+// ipBatch runs `ip -n NS -batch FILE` with one `route OP` line per destination and
+// returns how long it took.
+func ipBatch(b *testing.B, ns string, dsts []string, op string) time.Duration {
+	b.Helper()
+	path := filepath.Join(b.TempDir(), "ip-"+op+".batch")
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	w := bufio.NewWriter(f)
+	for _, d := range dsts {
+		fmt.Fprintf(w, "route %s %s via 10.10.0.2 table 100 proto 241\n", op, d)
+	}
+	if err := w.Flush(); err != nil {
+		b.Fatal(err)
+	}
+	f.Close()
+	start := time.Now()
+	if out, err := exec.Command("ip", "-n", ns, "-batch", path).CombinedOutput(); err != nil {
+		b.Fatalf("ip -batch %s: %v\n%s", op, err, out)
+	}
+	return time.Since(start)
+}
+
+// countRoutes counts the routes of protocol 241 in table 100 of the namespace.
+func countRoutes(b testing.TB, ns string) int {
+	out := testns.Run(b, "ip", "-n", ns, "route", "show", "table", "100", "proto", "241")
+	return strings.Count(out, "\n")
+}
+
+func writeRouteManifest(b *testing.B, path string, dsts []string) {
+	b.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	w := bufio.NewWriter(f)
+	for i, d := range dsts {
+		fmt.Fprintf(w, "kind: Route\nmeta:\n  name: r%d\n  nodes: [host-a]\nspec:\n  table: 100\n  prefix: %s\n  nexthops:\n    - gateway: 10.10.0.2\n---\n", i, d)
+	}
+	if err := w.Flush(); err != nil {
+		b.Fatal(err)
+	}
+	f.Close()
+}
+
+// agentRSS returns the resident set size of the host's agent, in bytes.
+func agentRSS(b testing.TB, h *host) int64 {
+	b.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", h.agent.cmd.Process.Pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.Lines(string(data)) {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err != nil {
+				b.Fatalf("parsing VmRSS %q: %v", v, err)
+			}
+			return kb << 10
+		}
+	}
+	b.Fatal("no VmRSS in the agent's /proc status")
+	return 0
+}
+
+// routeStatus follows the propagation status of every Route through WatchStatus.
+type routeStatus struct {
+	// updates are the frames received; errs the error that ended the stream.
+	updates chan *nimbusv1.StatusFrame
+	errs    chan error
+}
+
+// watchRouteStatus opens a WatchStatus stream of Routes as the publisher.
+func (c *cluster) watchRouteStatus(t testing.TB) *routeStatus {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	stream, err := c.publisherAPI(t).WatchStatus(ctx, &nimbusv1.WatchStatusRequest{Kind: nimbusv1.Kind_KIND_ROUTE},
+		grpc.WaitForReady(true), grpc.MaxCallRecvMsgSize(64<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &routeStatus{updates: make(chan *nimbusv1.StatusFrame, 1024), errs: make(chan error, 1)}
+	go func() {
+		for {
+			f, err := stream.Recv()
+			if err != nil {
+				s.errs <- err
+				return
+			}
+			s.updates <- f
+		}
+	}()
+	return s
+}
+
+// waitProgrammed waits until n routes are PROGRAMMED on every target node.
+func (s *routeStatus) waitProgrammed(t testing.TB, n int) {
+	t.Helper()
+	s.wait(t, fmt.Sprintf("%d routes PROGRAMMED", n), n, func(ev *nimbusv1.StatusEvent) (string, bool, bool) {
+		if ev.GetType() != nimbusv1.StatusEvent_TYPE_PUT {
+			return "", false, false
+		}
+		st := ev.GetItem().GetStatus()
+		return ev.GetItem().GetObject().GetMeta().GetName(), st.GetTargetNodes() > 0 && st.GetProgrammedNodes() == st.GetTargetNodes(), true
+	})
+}
+
+// waitDeleted waits until n routes have been deleted.
+func (s *routeStatus) waitDeleted(t testing.TB, n int) {
+	t.Helper()
+	s.wait(t, fmt.Sprintf("%d routes deleted", n), n, func(ev *nimbusv1.StatusEvent) (string, bool, bool) {
+		return ev.GetKey().GetName(), true, ev.GetType() == nimbusv1.StatusEvent_TYPE_DELETE
+	})
+}
+
+// wait reads the stream until n names are done; judge tells, per event, the name it is
+// about, whether that name is now done, and whether the event says anything about it.
+func (s *routeStatus) wait(t testing.TB, what string, n int, judge func(ev *nimbusv1.StatusEvent) (name string, done, relevant bool)) {
+	t.Helper()
+	done := map[string]bool{}
+	count := 0
+	timeout := time.After(10 * time.Minute)
+	for count < n {
+		select {
+		case f := <-s.updates:
+			for _, ev := range f.GetEvents() {
+				name, ok, relevant := judge(ev)
+				if !relevant || done[name] == ok {
+					continue
+				}
+				done[name] = ok
+				if ok {
+					count++
+				} else {
+					count--
+				}
+			}
+		case err := <-s.errs:
+			t.Fatalf("status stream ended waiting for %s: %v", what, err)
+		case <-timeout:
+			t.Fatalf("timed out waiting for %s: %d so far", what, count)
+		}
+	}
+}
+
+// BenchmarkRouteLatency measures one route from Apply until a status stream shows it
+// PROGRAMMED, 100 times, and in the same run the floor: one gRPC round trip to nimbus
+// plus one netlink route write. It reports p50 and p99 of both and their ratio.
+//
+//	go test -run '^$' -bench RouteLatency -benchtime 1x ./test/
+func BenchmarkRouteLatency(b *testing.B) {
+	const samples = 100
+	for range b.N {
+		c := newCluster(b)
+		h := c.newHost(b, "host-a")
+		api := c.publisherAPI(b)
+		status := c.watchRouteStatus(b)
+		nl, err := netlink.NewHandleAt(testns.Handle(b, h.ns))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(nl.Close)
+		gw := net.ParseIP("10.20.0.2")
+		dsts := bulkPrefixes(2 * samples)
+
+		var chain, floor []time.Duration
+		ctx := context.Background()
+		for i := range samples {
+			obj := &nimbusv1.Object{
+				Meta: &nimbusv1.ObjectMeta{Name: fmt.Sprintf("lat%d", i), Nodes: []string{"host-a"}},
+				Spec: &nimbusv1.Object_Route{Route: &nimbusv1.RouteSpec{Table: 100, Prefix: dsts[i],
+					Nexthops: []*nimbusv1.NextHop{{Gateway: "10.10.0.2"}}}},
+			}
+			start := time.Now()
+			if _, err := api.Apply(ctx, &nimbusv1.ApplyRequest{Object: obj}); err != nil {
+				b.Fatal(err)
+			}
+			status.waitProgrammedNamed(b, obj.GetMeta().GetName())
+			chain = append(chain, time.Since(start))
+
+			_, dst, _ := net.ParseCIDR(dsts[samples+i])
+			start = time.Now()
+			if _, err := api.Get(ctx, &nimbusv1.GetRequest{Key: obj.Key()}); err != nil {
+				b.Fatal(err)
+			}
+			if err := nl.RouteReplace(&netlink.Route{Dst: dst, Gw: gw, Table: 200}); err != nil {
+				b.Fatal(err)
+			}
+			floor = append(floor, time.Since(start))
+		}
+		p := func(d []time.Duration, q float64) time.Duration {
+			s := slices.Clone(d)
+			slices.Sort(s)
+			return s[int(q*float64(len(s)-1))]
+		}
+		ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+		b.ReportMetric(ms(p(chain, 0.5)), "chain-p50-ms")
+		b.ReportMetric(ms(p(chain, 0.99)), "chain-p99-ms")
+		b.ReportMetric(ms(p(floor, 0.5)), "floor-p50-ms")
+		b.ReportMetric(ms(p(floor, 0.99)), "floor-p99-ms")
+		b.ReportMetric(float64(p(chain, 0.99))/float64(p(floor, 0.99)), "p99-x-floor")
+	}
+}
+
+// publisherAPI dials nimbus as the publisher.
+func (c *cluster) publisherAPI(t testing.TB) nimbusv1.NimbusClient {
+	t.Helper()
+	tlsConfig, err := pki.ClientConfig(c.file("publisher.crt"), c.file("publisher.key"), c.file("ca.crt"), pki.DefaultServerName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(c.server, grpc.WithTransportCredentials(pki.TransportCredentials(tlsConfig)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return nimbusv1.NewNimbusClient(conn)
+}
+
+// waitProgrammedNamed waits until the named route is PROGRAMMED on every target node.
+func (s *routeStatus) waitProgrammedNamed(t testing.TB, name string) {
+	t.Helper()
+	s.wait(t, name+" PROGRAMMED", 1, func(ev *nimbusv1.StatusEvent) (string, bool, bool) {
+		st := ev.GetItem().GetStatus()
+		n := ev.GetItem().GetObject().GetMeta().GetName()
+		return n, st.GetTargetNodes() > 0 && st.GetProgrammedNodes() == st.GetTargetNodes(), ev.GetType() == nimbusv1.StatusEvent_TYPE_PUT && n == name
+	})
+}
