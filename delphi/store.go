@@ -584,33 +584,82 @@ func (w *DesiredWriter) MarkSynced() {
 // StatusWriter is the one handle that writes the status table.
 type StatusWriter struct{ s *Store }
 
-// Set stores the status of the object with the given key. A status equal to the stored
-// one, apart from its update time, is not rewritten.
-func (w *StatusWriter) Set(key *nimbusv1.ObjectKey, st *nimbusv1.NodeStatus) error {
-	rec := &statusRecord{ID: key.ID(), Key: key.Defaulted(), Status: proto.CloneOf(st)}
+// StatusTxn is a batch of status-table writes committed atomically, in the order they
+// were added: the HAL records the statuses of many reconciles in one transaction.
+type StatusTxn struct {
+	ops []statusOp
+}
+
+// statusOp is one write of a StatusTxn: rec stored, or, with rec nil, the status of id
+// removed.
+type statusOp struct {
+	id  string
+	rec *statusRecord
+}
+
+// Set stores the status of the object with the given key. The store keeps its own copy.
+func (t *StatusTxn) Set(key *nimbusv1.ObjectKey, st *nimbusv1.NodeStatus) {
+	id := key.ID()
+	t.ops = append(t.ops, statusOp{id: id, rec: &statusRecord{ID: id, Key: key.Defaulted(), Status: proto.CloneOf(st)}})
+}
+
+// Delete removes the status of the object with the given key; an absent one is not an
+// error.
+func (t *StatusTxn) Delete(key *nimbusv1.ObjectKey) {
+	t.ops = append(t.ops, statusOp{id: key.ID()})
+}
+
+// Len returns the number of writes in the transaction.
+func (t *StatusTxn) Len() int { return len(t.ops) }
+
+// Commit applies the transaction atomically, in one write transaction with one
+// notification of subscribers. A status equal to the stored one, apart from its update
+// time, is not rewritten, so subscribers hear only of real changes; of several writes of
+// one key, the last one counts.
+func (w *StatusWriter) Commit(t *StatusTxn) error {
+	if len(t.ops) == 0 {
+		return nil
+	}
 	return w.s.write(func(txn *memdb.Txn) error {
-		old, err := txn.First(string(TableStatus), "id", rec.ID)
-		if err != nil {
-			return fmt.Errorf("reading status of %s: %w", rec.ID, err)
-		}
-		if old != nil && sameStatus(old.(*statusRecord).Status, rec.Status) {
-			return nil
-		}
-		if err := txn.Insert(string(TableStatus), rec); err != nil {
-			return fmt.Errorf("storing status of %s: %w", rec.ID, err)
+		for _, op := range t.ops {
+			old, err := txn.First(string(TableStatus), "id", op.id)
+			if err != nil {
+				return fmt.Errorf("reading status of %s: %w", op.id, err)
+			}
+			if op.rec == nil {
+				if old == nil {
+					continue
+				}
+				if err := txn.Delete(string(TableStatus), old); err != nil {
+					return fmt.Errorf("deleting status of %s: %w", op.id, err)
+				}
+				continue
+			}
+			if old != nil && sameStatus(old.(*statusRecord).Status, op.rec.Status) {
+				continue
+			}
+			if err := txn.Insert(string(TableStatus), op.rec); err != nil {
+				return fmt.Errorf("storing status of %s: %w", op.id, err)
+			}
 		}
 		return nil
 	})
 }
 
-// Delete removes the status of the object with the given key; an absent one is not an error.
+// Set stores the status of the object with the given key, in a transaction of its own. A
+// status equal to the stored one, apart from its update time, is not rewritten.
+func (w *StatusWriter) Set(key *nimbusv1.ObjectKey, st *nimbusv1.NodeStatus) error {
+	t := &StatusTxn{}
+	t.Set(key, st)
+	return w.Commit(t)
+}
+
+// Delete removes the status of the object with the given key, in a transaction of its
+// own; an absent one is not an error.
 func (w *StatusWriter) Delete(key *nimbusv1.ObjectKey) error {
-	return w.s.write(func(txn *memdb.Txn) error {
-		if _, err := txn.DeleteAll(string(TableStatus), "id", key.ID()); err != nil {
-			return fmt.Errorf("deleting status of %s: %w", key.ID(), err)
-		}
-		return nil
-	})
+	t := &StatusTxn{}
+	t.Delete(key)
+	return w.Commit(t)
 }
 
 func sameStatus(a, b *nimbusv1.NodeStatus) bool {

@@ -46,11 +46,22 @@ func (d *delphiStore) WatchDesired() (Feed, error) {
 	return delphiFeed{sub}, nil
 }
 
-func (d *delphiStore) SetStatus(key *nimbusv1.ObjectKey, st *nimbusv1.NodeStatus) error {
-	return d.status.Set(key, st)
+// WriteStatus records the statuses in one delphi transaction.
+func (d *delphiStore) WriteStatus(updates []StatusUpdate) error {
+	txn := &delphi.StatusTxn{}
+	for _, u := range updates {
+		if u.Status == nil {
+			txn.Delete(u.Key)
+		} else {
+			txn.Set(u.Key, u.Status)
+		}
+	}
+	err := d.status.Commit(txn)
+	if errors.Is(err, delphi.ErrClosed) {
+		return errors.Join(ErrClosed, err)
+	}
+	return err
 }
-
-func (d *delphiStore) DeleteStatus(key *nimbusv1.ObjectKey) error { return d.status.Delete(key) }
 
 // delphiFeed is a delphi subscription whose end reads as ErrClosed.
 type delphiFeed struct{ *delphi.Subscription }

@@ -10,20 +10,35 @@
 // an overall rate limit, forever, and the object's status says why it is not programmed
 // yet: the reason of the *Error it failed with (Conflict, KernelError, ...).
 //
+// Backends read the kernel from a Mirror, not by asking it per object: an in-memory copy of
+// the kernel objects of a kind, keyed by their kernel identity, filled by one dump, kept
+// current by the backend's netlink subscription (its observer), and dumped afresh whenever
+// that subscription starts over and at every resync. A reconcile compares the desired
+// object with the mirror, so it costs one kernel write, or none when the kernel already
+// matches. The mirror records the backend's own writes at once and applies the kernel's
+// events in order; an event that predates one of the backend's writes is passed over until
+// the write's echo arrives, so a lagging event does not take the mirror back to the state
+// the write replaced.
+//
 // Sweepers remove kernel state that no desired object owns. They run only once the store
 // says its desired table is complete (restored from disk, or synced with nimbus), so a
 // fresh agent never removes what a previous one programmed before it knows what is meant
-// to stay; then again at every resync, which also reconciles every key once more, as a
-// safety net for drift that no observer saw.
+// to stay; then again at every resync. A sweep reads the kernel afresh (its mirror's
+// Replace) and enqueues the objects whose kernel state changed without any event saying
+// so; the resync also reconciles every key once more, as a further safety net.
 //
 // Observers watch the kernel and enqueue the keys whose state drifted; they never write
-// the kernel themselves, so a worker and an observer cannot fight. An observer that fails
-// (a netlink socket that overflowed, say) is started again after a backoff, and once it is
-// subscribed again every object of its kind is reconciled, since changes may have been
+// the kernel themselves, so a worker and an observer cannot fight. An observer subscribes
+// first and then dumps, so no change falls between the two. One that fails (a netlink
+// socket that overflowed, say) is started again after a backoff, dumps again, and once it
+// is subscribed again every object of its kind is reconciled, since changes may have been
 // missed meanwhile.
 //
 // The HAL reads the store through Store, an interface of what it needs; Delphi adapts a
 // delphi store to it and claims that store's status writer, so the HAL is the one writer of
-// status. Time comes from Options.Clock, so tests drive retries, resyncs and observer
-// restarts with a fake clock.
+// status. Workers do not write statuses themselves: they hand them to one status writer,
+// which records everything pending in one store transaction (at most Options.StatusBatch
+// statuses, the latest of each key), so a bulk of reconciles costs a few transactions, not
+// one each. Stats counts reconciles, failures and kernel writes per kind. Time comes from
+// Options.Clock, so tests drive retries, resyncs and observer restarts with a fake clock.
 package hal

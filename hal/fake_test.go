@@ -78,10 +78,11 @@ type fakeStore struct {
 	synced   chan struct{}
 	syncOnce sync.Once
 
-	// mu guards objs, statuses, feeds and closed.
+	// mu guards objs, statuses, commits, feeds and closed.
 	mu       sync.Mutex
 	objs     map[string]*nimbusv1.Object
 	statuses map[string]*nimbusv1.NodeStatus
+	commits  int
 	feeds    map[*fakeFeed]struct{}
 	closed   bool
 }
@@ -135,18 +136,31 @@ func (s *fakeStore) WatchDesired() (hal.Feed, error) {
 
 func (s *fakeStore) Synced() <-chan struct{} { return s.synced }
 
-func (s *fakeStore) SetStatus(key *nimbusv1.ObjectKey, st *nimbusv1.NodeStatus) error {
+// WriteStatus records the statuses as one transaction: it counts the transaction and
+// applies the updates in order. A closed store fails it with hal.ErrClosed, as delphi
+// does.
+func (s *fakeStore) WriteStatus(updates []hal.StatusUpdate) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.statuses[key.ID()] = proto.CloneOf(st)
+	if s.closed {
+		return fmt.Errorf("fake store: %w", hal.ErrClosed)
+	}
+	s.commits++
+	for _, u := range updates {
+		if u.Status == nil {
+			delete(s.statuses, u.Key.ID())
+		} else {
+			s.statuses[u.Key.ID()] = proto.CloneOf(u.Status)
+		}
+	}
 	return nil
 }
 
-func (s *fakeStore) DeleteStatus(key *nimbusv1.ObjectKey) error {
+// statusCommits returns the number of WriteStatus transactions.
+func (s *fakeStore) statusCommits() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	delete(s.statuses, key.ID())
-	return nil
+	return s.commits
 }
 
 // put stores the objects, replacing those with the same keys, and tells the feeds.
@@ -288,9 +302,10 @@ type fakeReconciler struct {
 	ops        map[string]map[string]string
 	sweeps     int
 	sweepErr   error
-	sweepCtx   error // ctx.Err() seen by the latest sweep
-	starts     int   // Observe calls
-	subscribed int   // subscribed calls made by Observe
+	sweepCtx   error    // ctx.Err() seen by the latest sweep
+	drifted    []string // keys the next sweep enqueues
+	starts     int      // Observe calls
+	subscribed int      // subscribed calls made by Observe
 	observing  bool
 }
 
@@ -455,17 +470,30 @@ func (f *fakeReconciler) describe() string {
 		f.kind.Name(), f.calls, f.running, f.sweeps, f.starts, f.subscribed)
 }
 
-// sweeper is a fakeReconciler that also sweeps, counting its sweeps.
+// sweeper is a fakeReconciler that also sweeps, counting its sweeps; a sweep enqueues the
+// keys set with drift.
 type sweeper struct{ *fakeReconciler }
 
 var _ hal.Sweeper = sweeper{}
 
-func (s sweeper) Sweep(ctx context.Context) error {
+func (s sweeper) Sweep(ctx context.Context, enqueue func(keyID string)) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.sweeps++
 	s.sweepCtx = ctx.Err()
-	return s.sweepErr
+	err, drifted := s.sweepErr, s.drifted
+	s.drifted = nil
+	s.mu.Unlock()
+	for _, id := range drifted {
+		enqueue(id)
+	}
+	return err
+}
+
+// drift makes the next sweep enqueue the keys, as if it found their kernel state changed.
+func (f *fakeReconciler) drift(ids ...string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.drifted = append(f.drifted, ids...)
 }
 
 // observer is a fakeReconciler that also observes: Observe counts its starts, calls
@@ -545,6 +573,12 @@ var barrierSeq atomic.Int64
 // cancelled, Run awaited and required to return nil) when the test ends.
 func start(t *testing.T, store *fakeStore, opts hal.Options) *harness {
 	t.Helper()
+	return startOn(t, store, store, opts)
+}
+
+// startOn is start with the HAL reading halStore, which wraps store.
+func startOn(t *testing.T, halStore hal.Store, store *fakeStore, opts hal.Options) *harness {
+	t.Helper()
 	h := &harness{
 		t:     t,
 		store: store,
@@ -552,7 +586,7 @@ func start(t *testing.T, store *fakeStore, opts hal.Options) *harness {
 		gate:  newFakeReconciler(nimbusv1.Kind_KIND_NODE),
 		done:  make(chan error, 1),
 	}
-	opts.Store = store
+	opts.Store = halStore
 	opts.Clock = h.clock
 	opts.Logger = quiet
 	opts.Reconcilers = append(slices.Clone(opts.Reconcilers), h.gate)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -31,19 +32,32 @@ type Reconciler interface {
 // Sweeper is implemented by reconcilers that can find kernel state they created for
 // objects that no longer exist (after a restart, say) and remove it.
 type Sweeper interface {
-	// Sweep removes kernel state of the reconciler's kind that no desired object owns. The
-	// HAL calls it once the desired table is complete and then every resync interval.
-	Sweep(ctx context.Context) error
+	// Sweep reads the kernel state of the reconciler's kind afresh, enqueues the key ID of
+	// every object whose kernel state it finds changed without the reconciler hearing of
+	// it (drift that no observer reported), and removes kernel state that no desired object
+	// owns. The HAL calls it once the desired table is complete and then every resync
+	// interval.
+	Sweep(ctx context.Context, enqueue func(keyID string)) error
 }
 
 // Observer is implemented by reconcilers that watch the kernel for drift.
 type Observer interface {
-	// Observe watches the kernel until ctx ends. It calls subscribed once it sees every
-	// change, then enqueue with the key ID of every object whose kernel state changed
-	// behind the HAL's back. It never writes the kernel. When it returns an error, changes
-	// may have been missed: the HAL starts it again after a backoff and, once it is
-	// subscribed again, reconciles every object of its kind.
+	// Observe watches the kernel until ctx ends. It subscribes to kernel changes, reads
+	// the state of its kind afresh (a backend's Mirror), enqueues the key ID of every
+	// object whose state drifted, and calls subscribed once it sees every change; then it
+	// enqueues the key ID of every object whose kernel state changes behind the HAL's back.
+	// It never writes the kernel. When it returns an error, changes may have been missed:
+	// the HAL starts it again after a backoff and, once it is subscribed again, reconciles
+	// every object of its kind.
 	Observe(ctx context.Context, enqueue func(keyID string), subscribed func()) error
+}
+
+// KernelWriteCounter is implemented by reconcilers that count the kernel objects they
+// write; Stats reports the count.
+type KernelWriteCounter interface {
+	// KernelWrites returns how many kernel objects the reconciler created, replaced or
+	// removed since it was made.
+	KernelWrites() uint64
 }
 
 // Store is what the HAL needs of the local object store: the desired objects, a feed of
@@ -61,11 +75,19 @@ type Store interface {
 	// Synced returns a channel that is closed once the desired table is complete: from
 	// then on an object missing from it is meant to be absent.
 	Synced() <-chan struct{}
-	// SetStatus records the status of the object with the key.
-	SetStatus(key *nimbusv1.ObjectKey, st *nimbusv1.NodeStatus) error
-	// DeleteStatus removes the status of the object with the key; an absent one is no
-	// error.
-	DeleteStatus(key *nimbusv1.ObjectKey) error
+	// WriteStatus records the statuses in one transaction, in order: an update with a
+	// Status sets the status of the object with its Key, one without removes it (an absent
+	// one is no error).
+	WriteStatus(updates []StatusUpdate) error
+}
+
+// StatusUpdate is the status of one object for Store.WriteStatus to record, or, with
+// Status nil, to remove.
+type StatusUpdate struct {
+	// Key is the object's key.
+	Key *nimbusv1.ObjectKey
+	// Status is the object's status; nil removes it.
+	Status *nimbusv1.NodeStatus
 }
 
 // Feed hands out the key IDs of changed objects.
@@ -102,6 +124,11 @@ type Options struct {
 	// observer restarts; tests inject a fake one. (The default rate limiter's overall token
 	// bucket keeps real time.) Default: the real clock.
 	Clock clock.WithTicker
+	// StatusBatch bounds how many statuses one store transaction records. Workers hand
+	// the statuses they produce to one writer, which records what is pending, the latest
+	// status of each key, in transactions of StatusBatch statuses while more keys are
+	// queued, and at once whatever is pending when the queue is empty. Default: 1000.
+	StatusBatch int
 	// Logger receives the HAL's logs. Default: slog.Default().
 	Logger *slog.Logger
 }
@@ -110,10 +137,38 @@ type Options struct {
 type HAL struct {
 	store       Store
 	reconcilers map[nimbusv1.Kind]Reconciler
+	counts      map[nimbusv1.Kind]*kindCounts
 	queue       workqueue.TypedRateLimitingInterface[string]
+	status      *statusWriter
 	opts        Options
 	log         *slog.Logger
 	closeOnce   sync.Once
+}
+
+// kindCounts are the counts of one kind's reconciles.
+type kindCounts struct {
+	reconciles, errors atomic.Uint64
+}
+
+// Stats are counts of the HAL's work since New.
+type Stats struct {
+	// Kinds holds the counts of every kind that has a reconciler.
+	Kinds map[nimbusv1.Kind]KindStats
+	// StatusCommits is the number of store transactions that recorded statuses.
+	StatusCommits uint64
+	// StatusWrites is the number of statuses (and removals of statuses) they recorded.
+	StatusWrites uint64
+}
+
+// KindStats are counts of one kind's work.
+type KindStats struct {
+	// Reconciles is the number of reconciles run, whatever their outcome.
+	Reconciles uint64
+	// Errors is the number of reconciles that failed and are retried.
+	Errors uint64
+	// KernelWrites is the number of kernel objects the kind's reconciler wrote, when it
+	// counts them (KernelWriteCounter); 0 otherwise.
+	KernelWrites uint64
 }
 
 // New builds a HAL.
@@ -142,24 +197,48 @@ func New(opts Options) (*HAL, error) {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
+	if opts.StatusBatch <= 0 {
+		opts.StatusBatch = 1000
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
 	recs := map[nimbusv1.Kind]Reconciler{}
+	counts := map[nimbusv1.Kind]*kindCounts{}
 	for _, r := range opts.Reconcilers {
 		if _, dup := recs[r.Kind()]; dup {
 			return nil, fmt.Errorf("hal: two reconcilers for kind %s", r.Kind().Name())
 		}
 		recs[r.Kind()] = r
+		counts[r.Kind()] = &kindCounts{}
 	}
-	return &HAL{
+	h := &HAL{
 		store:       opts.Store,
 		reconcilers: recs,
+		counts:      counts,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(opts.RateLimiter,
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "hal", Clock: opts.Clock}),
 		opts: opts,
 		log:  opts.Logger,
-	}, nil
+	}
+	h.status = newStatusWriter(opts.Store, opts.StatusBatch, func() bool { return h.queue.Len() > 0 }, h.statusFailed)
+	return h, nil
+}
+
+// Stats returns counts of the HAL's work so far. It is safe to call at any time, also
+// while Run runs.
+func (h *HAL) Stats() Stats {
+	st := Stats{Kinds: make(map[nimbusv1.Kind]KindStats, len(h.reconcilers))}
+	for kind, r := range h.reconcilers {
+		c := h.counts[kind]
+		ks := KindStats{Reconciles: c.reconciles.Load(), Errors: c.errors.Load()}
+		if kw, ok := r.(KernelWriteCounter); ok {
+			ks.KernelWrites = kw.KernelWrites()
+		}
+		st.Kinds[kind] = ks
+	}
+	st.StatusCommits, st.StatusWrites = h.status.counts()
+	return st
 }
 
 // DefaultRateLimiter returns the retry policy New uses by default: the larger of a per-key
@@ -187,11 +266,20 @@ func (h *HAL) Run(ctx context.Context) error {
 
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	// Whatever ends Run, the goroutines see ctx end and the queue shut down before Run
-	// waits for them.
-	defer wg.Wait()
-	defer h.queue.ShutDown()
-	defer cancel()
+	statusDone := make(chan struct{})
+	go func() {
+		defer close(statusDone)
+		h.status.run()
+	}()
+	defer func() {
+		// Whatever ends Run, the goroutines see ctx end and the queue shut down before Run
+		// waits for them; then the status writer records what the workers reported last.
+		cancel()
+		h.queue.ShutDown()
+		wg.Wait()
+		h.status.stop()
+		<-statusDone
+	}()
 
 	for range h.opts.Workers {
 		wg.Go(func() {
@@ -255,7 +343,7 @@ func (h *HAL) sweepAndResync(ctx context.Context) {
 func (h *HAL) sweep(ctx context.Context) {
 	for _, r := range h.reconcilers {
 		if s, ok := r.(Sweeper); ok {
-			if err := s.Sweep(ctx); err != nil && ctx.Err() == nil {
+			if err := s.Sweep(ctx, h.queue.Add); err != nil && ctx.Err() == nil {
 				h.log.Warn("sweeping stale kernel state", "kind", r.Kind().Name(), "err", err)
 			}
 		}
@@ -306,6 +394,10 @@ func (h *HAL) processNext(ctx context.Context) bool {
 	if shutdown {
 		return false
 	}
+	// The status writer waits for full batches only while work is queued: tell it when
+	// the queue shrinks, and when a reconcile ends.
+	h.status.poke()
+	defer h.status.poke()
 	defer h.queue.Done(id)
 	if ctx.Err() != nil {
 		// The queue still hands out what it holds after ShutDown: leave it to the next run.
@@ -323,7 +415,8 @@ func (h *HAL) processNext(ctx context.Context) bool {
 	return true
 }
 
-// reconcile programs one key and records its status. A returned error means retry.
+// reconcile programs one key and hands its status to the status writer. A returned error
+// means retry.
 func (h *HAL) reconcile(ctx context.Context, id string) error {
 	key, err := nimbusv1.ParseKeyID(id)
 	if err != nil {
@@ -334,26 +427,34 @@ func (h *HAL) reconcile(ctx context.Context, id string) error {
 	r, ok := h.reconcilers[key.GetKind()]
 	if !ok {
 		if !present {
-			return h.store.DeleteStatus(key)
+			h.status.put(id, StatusUpdate{Key: key})
+			return nil
 		}
-		return h.store.SetStatus(key, &nimbusv1.NodeStatus{
+		h.status.put(id, StatusUpdate{Key: key, Status: &nimbusv1.NodeStatus{
 			ObservedGeneration: obj.GetMeta().GetGeneration(),
 			Phase:              nimbusv1.Phase_PHASE_PENDING,
 			Reason:             ReasonUnsupported,
 			Message:            "this agent does not program " + key.GetKind().Name() + " objects yet",
 			UpdateTime:         timestamppb.New(h.opts.Clock.Now()),
-		})
+		}})
+		return nil
 	}
+	counts := h.counts[key.GetKind()]
+	counts.reconciles.Add(1)
 	op, rerr := r.Reconcile(ctx, key, obj)
 	if rerr != nil && ctx.Err() != nil {
 		return rerr // stopped, not failed: the status stays as it was
+	}
+	if rerr != nil {
+		counts.errors.Add(1)
 	}
 	if !present {
 		if rerr != nil {
 			return fmt.Errorf("removing %s: %w", id, rerr)
 		}
 		h.log.Info("removed", "key", id)
-		return h.store.DeleteStatus(key)
+		h.status.put(id, StatusUpdate{Key: key})
+		return nil
 	}
 	st := &nimbusv1.NodeStatus{
 		ObservedGeneration: obj.GetMeta().GetGeneration(),
@@ -366,12 +467,22 @@ func (h *HAL) reconcile(ctx context.Context, id string) error {
 		st.Reason = ReasonOf(rerr)
 		st.Message = rerr.Error()
 	}
-	if err := h.store.SetStatus(key, st); err != nil {
-		return fmt.Errorf("recording status of %s: %w", id, err)
-	}
+	h.status.put(id, StatusUpdate{Key: key, Status: st})
 	if rerr != nil {
 		return rerr
 	}
 	h.log.Debug("programmed", "key", id, "generation", st.ObservedGeneration)
 	return nil
+}
+
+// statusFailed is called with the keys whose statuses the store could not record: they
+// are reconciled again, after a backoff, which reports their status anew.
+func (h *HAL) statusFailed(ids []string, err error) {
+	if errors.Is(err, ErrClosed) {
+		return // the store is closing, and Run with it
+	}
+	h.log.Warn("recording statuses failed; reconciling their objects again", "objects", len(ids), "err", err)
+	for _, id := range ids {
+		h.queue.AddRateLimited(id)
+	}
 }

@@ -571,20 +571,32 @@ func TestDelphi(t *testing.T) {
 	}
 
 	st := &nimbusv1.NodeStatus{ObservedGeneration: 2, Phase: nimbusv1.Phase_PHASE_PROGRAMMED, Operational: map[string]string{"table": "100"}}
-	if err := s.SetStatus(r2.Key(), st); err != nil {
+	st1 := &nimbusv1.NodeStatus{ObservedGeneration: 1, Phase: nimbusv1.Phase_PHASE_PROGRAMMED}
+	ssub, err := ds.Subscribe(delphi.SubscribeOptions{Tables: []delphi.Table{delphi.TableStatus}})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if got, ok := ds.Status(r2.Key()); !ok || !proto.Equal(got, st) {
-		t.Errorf("delphi status of %s = %v, %v; want %v", id(r2), got, ok, st)
+	defer ssub.Close()
+	// One transaction, in order: r1's first status is replaced by its second.
+	if err := s.WriteStatus([]hal.StatusUpdate{{Key: r1.Key(), Status: st1}, {Key: r2.Key(), Status: st}, {Key: r1.Key(), Status: st}}); err != nil {
+		t.Fatal(err)
 	}
-	if err := s.DeleteStatus(r2.Key()); err != nil {
+	for _, o := range []*nimbusv1.Object{r1, r2} {
+		if got, ok := ds.Status(o.Key()); !ok || !proto.Equal(got, st) {
+			t.Errorf("delphi status of %s = %v, %v; want %v", id(o), got, ok, st)
+		}
+	}
+	if ids, err := ssub.Next(ctx); err != nil || !slices.Equal(slices.Sorted(slices.Values(ids)), []string{id(r1), id(r2)}) {
+		t.Errorf("status subscription after WriteStatus: %q, %v; want r1 and r2", ids, err)
+	}
+	if err := s.WriteStatus([]hal.StatusUpdate{{Key: r2.Key()}, {Key: i1.Key()}}); err != nil {
 		t.Fatal(err)
 	}
 	if got, ok := ds.Status(r2.Key()); ok {
-		t.Errorf("delphi status of %s = %v after DeleteStatus; want none", id(r2), got)
+		t.Errorf("delphi status of %s = %v after its removal; want none", id(r2), got)
 	}
-	if err := s.DeleteStatus(r2.Key()); err != nil {
-		t.Errorf("DeleteStatus of an absent status: %v; want nil", err)
+	if _, ok := ds.Status(r1.Key()); !ok {
+		t.Errorf("delphi status of %s gone after removing others'", id(r1))
 	}
 
 	ds.Close()

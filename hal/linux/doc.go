@@ -10,6 +10,15 @@
 // reconcilers read must declare the indexes Indexes returns, by which they find the object
 // that owns a kernel route.
 //
+// The route reconciler reads the kernel from a hal.Mirror of every route in its namespace
+// (`ip route show table all`): one dump fills it, the observer's route subscription keeps
+// it current, and the observer's start (also after an overflow) and every sweep dump
+// again. A reconcile compares with the mirror and writes only what differs: `ip route
+// replace` over a naples route, `ip route add` where the mirror holds none, so that a route
+// someone else just added, which the mirror has not heard of yet, fails the write instead
+// of being overwritten; deletes name protocol 241, which the kernel matches, so they never
+// remove a foreign route either.
+//
 // Every netlink request is bounded by RouteOptions.Timeout and checks its context first,
 // so a stuck kernel fails a reconcile, which is retried, instead of pinning a worker or
 // blocking shutdown.

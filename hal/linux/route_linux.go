@@ -1,6 +1,7 @@
 package linux
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -8,9 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
-	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -64,6 +63,11 @@ type RouteOptions struct {
 	// Timeout bounds every netlink request, so a kernel that does not answer fails the
 	// reconcile, which is retried, instead of pinning a worker. Default: 10s.
 	Timeout time.Duration
+	// EventBuffer is the size in bytes of the kernel's receive buffer for the observer's
+	// route subscription (SO_RCVBUFFORCE, which needs CAP_NET_ADMIN). A burst of route
+	// changes bigger than it overflows it; the observer then fails, and its restart reads
+	// the kernel afresh. Default: 32 MiB.
+	EventBuffer int
 	// Logger receives the reconciler's logs. Default: slog.Default().
 	Logger *slog.Logger
 }
@@ -76,27 +80,63 @@ type routeID struct {
 	metric uint32
 }
 
+// String returns the identity as "PREFIX table T metric M", the form RouteIndex lists
+// owners under.
 func (id routeID) String() string {
-	return fmt.Sprintf("%s table %d metric %d", id.prefix, id.table, id.metric)
+	b := make([]byte, 0, 64)
+	b = id.prefix.AppendTo(b)
+	b = append(b, " table "...)
+	b = strconv.AppendUint(b, uint64(id.table), 10)
+	b = append(b, " metric "...)
+	b = strconv.AppendUint(b, uint64(id.metric), 10)
+	return string(b)
 }
 
-// RouteReconciler programs Route objects into policy-routing tables.
+// kernelRoute is what the mirror keeps of a kernel route: who made it and where it leads.
+type kernelRoute struct {
+	protocol netlink.RouteProtocol
+	// hops are the next hops, sorted by gateway and then interface.
+	hops []hop
+}
+
+// hop is a next hop in a form that compares equal however the kernel reports it.
+type hop struct {
+	gw     netip.Addr
+	link   int
+	weight int
+}
+
+// RouteReconciler programs Route objects into policy-routing tables. It reads the kernel
+// from a mirror of every route in its namespace (hal.Mirror), filled by one dump, kept
+// current by the observer's subscription and dumped afresh by every sweep, so a reconcile
+// costs one netlink write, or none when the kernel already holds the route.
 type RouteReconciler struct {
-	store  RouteStore
-	handle *netlink.Handle
-	ns     *netns.NsHandle
-	log    *slog.Logger
-	writes atomic.Uint64
+	store       RouteStore
+	handle      *netlink.Handle
+	ns          *netns.NsHandle
+	eventBuffer int
+	log         *slog.Logger
+	writes      atomic.Uint64
+	// dumps counts the full dumps of the kernel's routes, for tests.
+	dumps atomic.Uint64
+
+	// mirror holds every route of the namespace that has a destination, by identity.
+	mirror *hal.Mirror[routeID, kernelRoute]
+	// filled is set once the mirror has been loaded by a dump; fillMu serializes the
+	// first loads.
+	filled atomic.Bool
+	fillMu sync.Mutex
 
 	// dstLocks serializes work on one kernel route between the workers of different keys
-	// and the sweeper: whoever holds it reads delphi and then writes the kernel.
+	// and the sweeper: whoever holds it reads delphi and the mirror and then writes the
+	// kernel.
 	dstLocks keyedMutex[routeID]
 
 	// mu guards programmed.
 	mu sync.Mutex
 	// programmed remembers, per object key ID, the kernel route programmed for it, so a
-	// deleted or moved object's old route can be removed and the observer can tell our
-	// own writes from someone else's.
+	// deleted or moved object's old route can be removed and the observer can tell drift
+	// from a route that is as programmed.
 	programmed map[string]programmedRoute
 }
 
@@ -105,13 +145,14 @@ type programmedRoute struct {
 	id routeID
 	// route is what was written, or found correct; nil for an adopted route not yet
 	// reconciled.
-	route *netlink.Route
+	route *kernelRoute
 }
 
 var (
-	_ hal.Reconciler = (*RouteReconciler)(nil)
-	_ hal.Sweeper    = (*RouteReconciler)(nil)
-	_ hal.Observer   = (*RouteReconciler)(nil)
+	_ hal.Reconciler         = (*RouteReconciler)(nil)
+	_ hal.Sweeper            = (*RouteReconciler)(nil)
+	_ hal.Observer           = (*RouteReconciler)(nil)
+	_ hal.KernelWriteCounter = (*RouteReconciler)(nil)
 )
 
 // NewRouteReconciler returns a reconciler bound to the options' namespace.
@@ -124,6 +165,9 @@ func NewRouteReconciler(opts RouteOptions) (*RouteReconciler, error) {
 	}
 	if opts.Timeout <= 0 {
 		opts.Timeout = 10 * time.Second
+	}
+	if opts.EventBuffer <= 0 {
+		opts.EventBuffer = 32 << 20
 	}
 	var h *netlink.Handle
 	var err error
@@ -140,11 +184,13 @@ func NewRouteReconciler(opts RouteOptions) (*RouteReconciler, error) {
 		return nil, fmt.Errorf("setting netlink timeout %v: %w", opts.Timeout, err)
 	}
 	return &RouteReconciler{
-		store:      opts.Store,
-		handle:     h,
-		ns:         opts.Namespace,
-		log:        opts.Logger,
-		programmed: map[string]programmedRoute{},
+		store:       opts.Store,
+		handle:      h,
+		ns:          opts.Namespace,
+		eventBuffer: opts.EventBuffer,
+		log:         opts.Logger,
+		mirror:      hal.NewMirror[routeID, kernelRoute](sameRoute),
+		programmed:  map[string]programmedRoute{},
 	}, nil
 }
 
@@ -157,13 +203,17 @@ func (r *RouteReconciler) Close() error {
 // Kind returns KIND_ROUTE.
 func (r *RouteReconciler) Kind() nimbusv1.Kind { return nimbusv1.Kind_KIND_ROUTE }
 
-// KernelWrites returns how many routes the reconciler has replaced or deleted.
+// KernelWrites returns how many routes the reconciler has created, replaced or deleted.
 func (r *RouteReconciler) KernelWrites() uint64 { return r.writes.Load() }
 
 // Reconcile makes the kernel hold exactly the route obj describes for key: `ip route
-// replace PREFIX table T metric M proto 241 nexthop via GW ...`, written only when what is
-// there differs. With obj nil it deletes the route it programmed for key.
+// replace PREFIX table T metric M proto 241 nexthop via GW ...` (`ip route add` when the
+// mirror holds no route there), written only when the mirror shows that what is there
+// differs. With obj nil it deletes the route it programmed for key.
 func (r *RouteReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (map[string]string, error) {
+	if err := r.fill(ctx); err != nil {
+		return nil, err
+	}
 	id := key.ID()
 	r.mu.Lock()
 	old, hadOld := r.programmed[id]
@@ -198,35 +248,57 @@ func (r *RouteReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey
 	if err != nil {
 		return nil, err
 	}
-	existing, err := r.list(ctx, want)
-	if err != nil {
-		return nil, err
+	wantRoute := kernelRouteOf(route)
+	have, exists := r.mirror.Get(want)
+	if exists && have.protocol != RouteProtocol {
+		return nil, hal.Errorf(hal.ReasonConflict, "route %s exists and was not created by naples (protocol %s); leaving it alone", want, have.protocol)
 	}
-	if len(existing) > 0 && existing[0].Protocol != RouteProtocol {
-		return nil, hal.Errorf(hal.ReasonConflict, "route %s exists and was not created by naples (protocol %s); leaving it alone", want, existing[0].Protocol)
-	}
-	if len(existing) == 0 || !sameNexthops(existing[0], route) {
+	if !exists || !sameRoute(have, wantRoute) {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		// Recorded before the write, so the observer knows the change it is about to see.
-		r.remember(id, want, route)
-		if err := r.handle.RouteReplace(route); err != nil {
-			return nil, hal.Errorf(hal.ReasonKernelError, "replacing route %s: %w", want, err)
+		if err := r.write(want, route, wantRoute, exists); err != nil {
+			return nil, err
 		}
-		r.writes.Add(1)
 		r.log.Info("route programmed", "key", id, "route", want.String())
 	}
-	r.remember(id, want, route)
+	r.remember(id, want, &wantRoute)
 	return map[string]string{
 		"table":    strconv.FormatUint(uint64(want.table), 10),
 		"prefix":   want.prefix.String(),
-		"nexthops": describeNexthops(route),
+		"nexthops": describeNexthops(wantRoute),
 	}, nil
 }
 
+// write puts route into the kernel and the mirror: `ip route replace` over a naples route
+// the mirror holds, `ip route add` where it holds none, so that a route someone else added
+// that the mirror has not heard of yet fails the write instead of being overwritten.
+func (r *RouteReconciler) write(id routeID, route *netlink.Route, want kernelRoute, replace bool) error {
+	w := r.mirror.Expect(id, want)
+	var err error
+	if replace {
+		err = r.handle.RouteReplace(route)
+	} else {
+		err = r.handle.RouteAdd(route)
+	}
+	switch {
+	case err != nil && !replace && errors.Is(err, unix.EEXIST):
+		w.Fail()
+		return hal.Errorf(hal.ReasonKernelError, "adding route %s: a route the mirror has not heard of yet is there: %w", id, err)
+	case err != nil && !replace:
+		w.Fail()
+		return hal.Errorf(hal.ReasonKernelError, "adding route %s: %w", id, err)
+	case err != nil:
+		w.Fail()
+		return hal.Errorf(hal.ReasonKernelError, "replacing route %s: %w", id, err)
+	}
+	w.Done()
+	r.writes.Add(1)
+	return nil
+}
+
 // remember records that route, with identity rid, is the one programmed for key ID id.
-func (r *RouteReconciler) remember(id string, rid routeID, route *netlink.Route) {
+func (r *RouteReconciler) remember(id string, rid routeID, route *kernelRoute) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.programmed[id] = programmedRoute{id: rid, route: route}
@@ -251,22 +323,20 @@ func (r *RouteReconciler) release(ctx context.Context, id string, old routeID) e
 	return nil
 }
 
-// Sweep deletes every naples route that no desired Route object owns and adopts the
-// others, so a restarted agent knows what it programmed before.
-func (r *RouteReconciler) Sweep(ctx context.Context) error {
-	routes, err := r.handle.RouteListFiltered(netlink.FAMILY_ALL,
-		&netlink.Route{Table: unix.RT_TABLE_UNSPEC, Protocol: RouteProtocol},
-		netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
-	if err != nil {
-		return fmt.Errorf("listing naples routes: %w", err)
+// Sweep reads every route afresh into the mirror, enqueues the owners of routes that
+// changed without the observer reporting it, deletes every naples route that no desired
+// Route object owns, and adopts the others, so a restarted agent knows what it programmed
+// before.
+func (r *RouteReconciler) Sweep(ctx context.Context, enqueue func(keyID string)) error {
+	if err := r.resync(ctx, enqueue); err != nil {
+		return err
 	}
-	for _, rt := range routes {
+	for id, rt := range r.mirror.All() {
+		if rt.protocol != RouteProtocol {
+			continue
+		}
 		if ctx.Err() != nil {
 			return ctx.Err()
-		}
-		id, ok := kernelID(rt)
-		if !ok {
-			continue
 		}
 		if err := r.sweepOne(ctx, id); err != nil {
 			return err
@@ -294,23 +364,20 @@ func (r *RouteReconciler) sweepOne(ctx context.Context, id routeID) error {
 	return r.delete(ctx, id)
 }
 
-// Observe enqueues the owner of every naples route that someone else changes or deletes,
-// so drift is repaired by a normal reconcile. A route of protocol 241 that differs from
-// what the reconciler wrote counts as drift too: another writer may use the protocol.
+// Observe subscribes to route changes, reads every route afresh into the mirror (so a
+// restart after an overflow starts from the kernel's state), and then keeps the mirror
+// current from the subscription. It enqueues the owner of every naples route that someone
+// else changes or deletes, and of every route the fresh read finds changed, so drift is
+// repaired by a normal reconcile. A route of protocol 241 that differs from what the
+// reconciler wrote counts as drift too: another writer may use the protocol.
 func (r *RouteReconciler) Observe(ctx context.Context, enqueue func(keyID string), subscribed func()) error {
-	updates := make(chan netlink.RouteUpdate, 256)
+	updates := make(chan netlink.RouteUpdate, 4096)
 	done := make(chan struct{})
-	defer func() {
-		// Closing done closes the socket, which ends the subscription's goroutine; it
-		// may be blocked sending an update, so take what it still sends until it closes
-		// the channel.
-		close(done)
-		for range updates {
-		}
-	}()
 	errs := make(chan error, 1)
 	err := netlink.RouteSubscribeWithOptions(updates, done, netlink.RouteSubscribeOptions{
-		Namespace: r.ns,
+		Namespace:              r.ns,
+		ReceiveBufferSize:      r.eventBuffer,
+		ReceiveBufferForceSize: true,
 		ErrorCallback: func(err error) {
 			select {
 			case errs <- err:
@@ -319,7 +386,24 @@ func (r *RouteReconciler) Observe(ctx context.Context, enqueue func(keyID string
 		},
 	})
 	if err != nil {
+		close(done)
 		return fmt.Errorf("subscribing to route changes: %w", err)
+	}
+	defer func() {
+		// Closing done closes the socket, which ends the subscription's goroutine; it
+		// may be blocked sending an update, so take what it still sends until it closes
+		// the channel.
+		close(done)
+		for range updates {
+		}
+	}()
+	// Subscribed first, then dumped: a change that the dump misses is reported after it,
+	// and the mirror applies it in order.
+	if err := r.resync(ctx, enqueue); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
 	}
 	subscribed()
 	for {
@@ -332,20 +416,38 @@ func (r *RouteReconciler) Observe(ctx context.Context, enqueue func(keyID string
 			if !ok {
 				return errors.New("route change subscription closed")
 			}
-			if keyID, drift := r.drift(u); drift {
-				enqueue(keyID)
-			}
+			r.apply(u, enqueue)
 		}
 	}
 }
 
-// drift tells whether a route change is one the reconciler did not make to a route some
-// object owns, and which object that is.
-func (r *RouteReconciler) drift(u netlink.RouteUpdate) (keyID string, ok bool) {
+// apply applies a route change to the mirror and enqueues the route's owner when the
+// change is drift.
+func (r *RouteReconciler) apply(u netlink.RouteUpdate, enqueue func(keyID string)) {
 	id, ok := kernelID(u.Route)
 	if !ok {
-		return "", false
+		return
 	}
+	var echo bool
+	switch u.Type {
+	case unix.RTM_NEWROUTE:
+		echo = r.mirror.Update(id, kernelRouteOf(&u.Route))
+	case unix.RTM_DELROUTE:
+		echo = r.mirror.Remove(id)
+	default:
+		return
+	}
+	if echo {
+		return // our own write
+	}
+	if keyID, drift := r.drift(id, u); drift {
+		enqueue(keyID)
+	}
+}
+
+// drift tells whether a route change that is not the echo of the reconciler's own write
+// leaves a route some object owns other than programmed, and which object that is.
+func (r *RouteReconciler) drift(id routeID, u netlink.RouteUpdate) (keyID string, ok bool) {
 	owner, err := r.ownerOf(id)
 	if err != nil || owner == nil {
 		return "", false
@@ -355,11 +457,89 @@ func (r *RouteReconciler) drift(u netlink.RouteUpdate) (keyID string, ok bool) {
 		r.mu.Lock()
 		p, known := r.programmed[keyID]
 		r.mu.Unlock()
-		if known && p.id == id && p.route != nil && sameNexthops(u.Route, p.route) {
-			return "", false // our own write
+		if known && p.id == id && p.route != nil && sameRoute(kernelRouteOf(&u.Route), *p.route) {
+			return "", false // as programmed: another writer put back the same route
 		}
 	}
 	return keyID, true
+}
+
+// fill loads the mirror with a dump, unless one has loaded it already.
+func (r *RouteReconciler) fill(ctx context.Context) error {
+	if r.filled.Load() {
+		return nil
+	}
+	r.fillMu.Lock()
+	defer r.fillMu.Unlock()
+	if r.filled.Load() {
+		return nil
+	}
+	if _, err := r.dump(ctx); err != nil {
+		return err
+	}
+	r.filled.Store(true)
+	return nil
+}
+
+// resync loads the mirror with a fresh dump and enqueues the owners of the routes whose
+// state the dump found changed.
+func (r *RouteReconciler) resync(ctx context.Context, enqueue func(keyID string)) error {
+	drift, err := r.dump(ctx)
+	if err != nil {
+		return err
+	}
+	r.filled.Store(true)
+	for _, id := range drift {
+		owner, err := r.ownerOf(id)
+		if err != nil {
+			return err
+		}
+		if owner != nil {
+			r.log.Debug("route drifted unreported", "key", owner.Key().ID(), "route", id.String())
+			enqueue(owner.Key().ID())
+		}
+	}
+	return nil
+}
+
+// dumpAttempts bounds how often dump starts over when the kernel reports that routes
+// changed during a dump (NLM_F_DUMP_INTR).
+const dumpAttempts = 5
+
+// dump reads every route of the namespace into the mirror (`ip route show table all`, both
+// families) and returns the identities whose state differs from what the mirror held.
+func (r *RouteReconciler) dump(ctx context.Context) ([]routeID, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return r.mirror.Replace(func(add func(routeID, kernelRoute)) error {
+		type entry struct {
+			id routeID
+			rt kernelRoute
+		}
+		for attempt := 1; ; attempt++ {
+			r.dumps.Add(1)
+			var routes []entry
+			err := r.handle.RouteListFilteredIter(netlink.FAMILY_ALL,
+				&netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE,
+				func(rt netlink.Route) bool {
+					if id, ok := kernelID(rt); ok {
+						routes = append(routes, entry{id, kernelRouteOf(&rt)})
+					}
+					return true
+				})
+			if errors.Is(err, netlink.ErrDumpInterrupted) && attempt < dumpAttempts && ctx.Err() == nil {
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("listing routes: %w", err)
+			}
+			for _, e := range routes {
+				add(e.id, e.rt)
+			}
+			return nil
+		}
+	})
 }
 
 // idOf derives the kernel identity of a route spec.
@@ -444,95 +624,88 @@ func (r *RouteReconciler) build(id routeID, spec *nimbusv1.RouteSpec) (*netlink.
 	return route, nil
 }
 
-// list returns the kernel routes with the identity's table, prefix and metric.
-func (r *RouteReconciler) list(ctx context.Context, id routeID) ([]netlink.Route, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	routes, err := r.handle.RouteListFiltered(family(id.prefix.Addr()),
-		&netlink.Route{Table: int(id.table), Dst: prefixNet(id.prefix), Priority: int(id.metric)},
-		netlink.RT_FILTER_TABLE|netlink.RT_FILTER_DST)
-	if err != nil {
-		return nil, fmt.Errorf("listing routes to %s: %w", id, err)
-	}
-	var out []netlink.Route
-	for _, rt := range routes {
-		if rt.Priority == int(id.metric) {
-			out = append(out, rt)
-		}
-	}
-	return out, nil
-}
-
-// delete removes the naples route with the identity, if any; one that is gone already, or
-// was not created by naples, is left alone.
+// delete removes the naples route with the identity, if the mirror holds one: `ip route
+// del PREFIX table T metric M proto 241`, which the kernel refuses for a route of another
+// protocol. A route that is gone already, or was not created by naples, is left alone.
 func (r *RouteReconciler) delete(ctx context.Context, id routeID) error {
-	existing, err := r.list(ctx, id)
-	if err != nil {
+	have, ok := r.mirror.Get(id)
+	if !ok || have.protocol != RouteProtocol {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
 		return err
 	}
-	for _, rt := range existing {
-		if rt.Protocol != RouteProtocol {
-			continue
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if err := r.handle.RouteDel(&rt); err != nil && !errors.Is(err, unix.ESRCH) {
-			return hal.Errorf(hal.ReasonKernelError, "deleting route %s: %w", id, err)
-		}
-		r.writes.Add(1)
-		r.log.Info("route deleted", "route", id.String())
+	w := r.mirror.ExpectGone(id)
+	err := r.handle.RouteDel(&netlink.Route{
+		Family:   family(id.prefix.Addr()),
+		Table:    int(id.table),
+		Dst:      prefixNet(id.prefix),
+		Priority: int(id.metric),
+		Protocol: RouteProtocol,
+	})
+	switch {
+	case errors.Is(err, unix.ESRCH):
+		w.Gone()
+		return nil
+	case err != nil:
+		w.Fail()
+		return hal.Errorf(hal.ReasonKernelError, "deleting route %s: %w", id, err)
 	}
+	w.Done()
+	r.writes.Add(1)
+	r.log.Info("route deleted", "route", id.String())
 	return nil
 }
 
-// hop is a next hop in a form that compares equal however the kernel reports it.
-type hop struct {
-	gw     string
-	link   int
-	weight int
-}
-
-func hopsOf(rt *netlink.Route) []hop {
-	var hops []hop
+// kernelRouteOf is what the mirror keeps of a netlink route.
+func kernelRouteOf(rt *netlink.Route) kernelRoute {
+	k := kernelRoute{protocol: rt.Protocol}
 	if len(rt.MultiPath) == 0 {
-		hops = append(hops, hop{gw: ipString(rt.Gw), link: rt.LinkIndex, weight: 1})
-	}
-	for _, nh := range rt.MultiPath {
-		hops = append(hops, hop{gw: ipString(nh.Gw), link: nh.LinkIndex, weight: nh.Hops + 1})
-	}
-	sort.Slice(hops, func(i, j int) bool {
-		if hops[i].gw != hops[j].gw {
-			return hops[i].gw < hops[j].gw
+		k.hops = []hop{{gw: addrOf(rt.Gw), link: rt.LinkIndex, weight: 1}}
+	} else {
+		k.hops = make([]hop, 0, len(rt.MultiPath))
+		for _, nh := range rt.MultiPath {
+			k.hops = append(k.hops, hop{gw: addrOf(nh.Gw), link: nh.LinkIndex, weight: nh.Hops + 1})
 		}
-		return hops[i].link < hops[j].link
-	})
-	return hops
+		slices.SortFunc(k.hops, func(a, b hop) int {
+			if c := a.gw.Compare(b.gw); c != 0 {
+				return c
+			}
+			return cmp.Compare(a.link, b.link)
+		})
+	}
+	return k
 }
 
-// sameNexthops reports whether the kernel route has exactly the wanted next hops; a
-// wanted hop without a device matches whatever interface the kernel chose.
-func sameNexthops(have netlink.Route, want *netlink.Route) bool {
-	h, w := hopsOf(&have), hopsOf(want)
-	return slices.EqualFunc(h, w, func(a, b hop) bool {
+// sameRoute reports whether the kernel route have is the route want: the same protocol and
+// exactly the wanted next hops, where a wanted hop without an interface matches whatever
+// interface the kernel chose.
+func sameRoute(have, want kernelRoute) bool {
+	return have.protocol == want.protocol && slices.EqualFunc(have.hops, want.hops, func(a, b hop) bool {
 		return a.gw == b.gw && a.weight == b.weight && (b.link == 0 || a.link == b.link)
 	})
 }
 
-func describeNexthops(rt *netlink.Route) string {
-	var parts []string
-	for _, h := range hopsOf(rt) {
-		parts = append(parts, fmt.Sprintf("%s weight %d", h.gw, h.weight))
+// describeNexthops lists the route's next hops for its status: "GW weight W, ...".
+func describeNexthops(rt kernelRoute) string {
+	var b []byte
+	for i, h := range rt.hops {
+		if i > 0 {
+			b = append(b, ", "...)
+		}
+		if h.gw.IsValid() {
+			b = h.gw.AppendTo(b)
+		}
+		b = append(b, " weight "...)
+		b = strconv.AppendInt(b, int64(h.weight), 10)
 	}
-	return strings.Join(parts, ", ")
+	return string(b)
 }
 
-func ipString(ip net.IP) string {
-	if ip == nil {
-		return ""
-	}
-	return ip.String()
+// addrOf converts a netlink address; nil is the zero Addr.
+func addrOf(ip net.IP) netip.Addr {
+	a, _ := netip.AddrFromSlice(ip)
+	return a.Unmap()
 }
 
 func prefixNet(p netip.Prefix) *net.IPNet {

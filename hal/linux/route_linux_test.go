@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 
 	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/hal"
@@ -145,6 +147,65 @@ func (h *host) reconcile(t *testing.T, key *nimbusv1.ObjectKey) error {
 	return err
 }
 
+// sweep runs the reconciler's sweep, as the HAL's resync does, and returns the key IDs it
+// enqueued, sorted.
+func (h *host) sweep(t *testing.T) []string {
+	t.Helper()
+	var enqueued []string
+	if err := h.rec.Sweep(context.Background(), func(id string) { enqueued = append(enqueued, id) }); err != nil {
+		t.Fatalf("Sweep: %v", err)
+	}
+	slices.Sort(enqueued)
+	return slices.Compact(enqueued)
+}
+
+// observe runs the reconciler's observer until the test ends, and returns once it is
+// subscribed. The keys it enqueues arrive on the returned channel.
+func (h *host) observe(t *testing.T) <-chan string {
+	t.Helper()
+	enqueued := make(chan string, 10000)
+	subscribed := make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- h.rec.Observe(ctx, func(id string) { enqueued <- id }, func() { close(subscribed) })
+	}()
+	stopped := false
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Observe: %v", err)
+		}
+	}
+	t.Cleanup(stop)
+	select {
+	case <-subscribed:
+	case err := <-done:
+		stopped = true
+		t.Fatalf("Observe ended before it subscribed: %v", err)
+	}
+	return enqueued
+}
+
+// mirrored waits until the reconciler's mirror holds what ok accepts for the route with
+// the prefix (metric 0, or 1024 for IPv6) in table, the state in which the observer has
+// applied the kernel's latest change to it.
+func (h *host) mirrored(t *testing.T, table uint32, prefix string, what string, ok func(rt kernelRoute, present bool) bool) {
+	t.Helper()
+	id, err := idOf(&nimbusv1.RouteSpec{Table: table, Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the mirror to show "+id.String()+" "+what, func() bool {
+		rt, present := h.rec.mirror.Get(id)
+		return ok(rt, present)
+	})
+}
+
 // ip runs ip(8) in the host's namespace for the ipFamily.
 func (h *host) ip(t *testing.T, f ipFamily, args ...string) string {
 	t.Helper()
@@ -257,9 +318,7 @@ func TestRouteLeavesForeignRoutesAlone(t *testing.T) {
 		if h.rec.KernelWrites() != writes {
 			t.Errorf("reconciling onto a foreign route wrote the kernel")
 		}
-		if err := h.rec.Sweep(context.Background()); err != nil {
-			t.Fatal(err)
-		}
+		h.sweep(t)
 		if got := h.table(t, f, 100); !strings.Contains(got, f.prefix+" via "+f.gw1) {
 			t.Errorf("the sweep removed our own route:\n%s", got)
 		}
@@ -270,9 +329,7 @@ func TestRouteLeavesForeignRoutesAlone(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if err := h.rec.Sweep(context.Background()); err != nil {
-			t.Fatal(err)
-		}
+		h.sweep(t)
 		got := h.table(t, f, 100)
 		for _, want := range []string{f.prefix3 + " via " + f.foreignGW, f.prefix2 + " via " + f.foreignGW} {
 			if !strings.Contains(got, want) {
@@ -290,12 +347,16 @@ func TestRouteLeavesForeignRoutesAlone(t *testing.T) {
 func TestRouteReplacedByForeignRouteSurvivesDelete(t *testing.T) {
 	forEachFamily(t, func(t *testing.T, f ipFamily) {
 		h := newHost(t)
+		h.observe(t)
 		obj := route("ours", 100, f.prefix, f.gw1)
 		h.put(t, obj)
 		if err := h.reconcile(t, obj.Key()); err != nil {
 			t.Fatal(err)
 		}
 		h.ip(t, f, "route", "replace", f.prefix, "via", f.foreignGW, "table", "100", "proto", "static")
+		h.mirrored(t, 100, f.prefix, "replaced by a static route", func(rt kernelRoute, present bool) bool {
+			return present && rt.protocol == unix.RTPROT_STATIC
+		})
 		if err := h.reconcile(t, obj.Key()); !isConflict(err) {
 			t.Fatalf("reconcile after a foreign replace: err = %v, want a Conflict", err)
 		}
@@ -303,9 +364,7 @@ func TestRouteReplacedByForeignRouteSurvivesDelete(t *testing.T) {
 		if err := h.reconcile(t, obj.Key()); err != nil {
 			t.Fatal(err)
 		}
-		if err := h.rec.Sweep(context.Background()); err != nil {
-			t.Fatal(err)
-		}
+		h.sweep(t)
 		if got := h.table(t, f, 100); !strings.Contains(got, f.prefix+" via "+f.foreignGW+" dev eth0 proto static") {
 			t.Fatalf("the foreign route that replaced ours did not survive the delete:\n%s", got)
 		}
@@ -323,9 +382,7 @@ func TestRouteIdentityIsParsed(t *testing.T) {
 	if err := h.reconcile(t, obj.Key()); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.rec.Sweep(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	h.sweep(t)
 	writes := h.rec.KernelWrites()
 	if err := h.reconcile(t, obj.Key()); err != nil {
 		t.Fatal(err)
@@ -372,9 +429,7 @@ func TestSweepRemovesStaleAndAdopts(t *testing.T) {
 		kept := route("kept", 100, f.prefix, f.gw1)
 		h.put(t, kept)
 
-		if err := h.rec.Sweep(context.Background()); err != nil {
-			t.Fatal(err)
-		}
+		h.sweep(t)
 		if got := h.table(t, f, 200); strings.TrimSpace(got) != "" {
 			t.Errorf("stale route in table 200 survived the sweep:\n%s", got)
 		}

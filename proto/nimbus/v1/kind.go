@@ -35,15 +35,24 @@ func (k Kind) Name() string {
 // ParseKind parses a kind name case-insensitively, singular or plural: "route", "Route",
 // "routes", "networksecuritypolicies" and "network-security-policy" all work.
 func ParseKind(s string) (Kind, error) {
-	norm := strings.ToLower(strings.NewReplacer("-", "", "_", "").Replace(strings.TrimSpace(s)))
-	for k, n := range kindNames {
-		name := strings.ToLower(n)
-		if norm == name || norm == plural(name) {
-			return k, nil
-		}
+	if k, ok := kindsBySpelling[kindSeparators.Replace(strings.ToLower(strings.TrimSpace(s)))]; ok {
+		return k, nil
 	}
 	return Kind_KIND_UNSPECIFIED, fmt.Errorf("kind %q: %w", s, ErrUnknownKind)
 }
+
+// kindSeparators drops the separators ParseKind ignores.
+var kindSeparators = strings.NewReplacer("-", "", "_", "")
+
+// kindsBySpelling maps the lower-case singular and plural names of every kind to it.
+var kindsBySpelling = func() map[string]Kind {
+	m := make(map[string]Kind, 2*len(kindNames))
+	for k, n := range kindNames {
+		name := strings.ToLower(n)
+		m[name], m[plural(name)] = k, k
+	}
+	return m
+}()
 
 func plural(name string) string {
 	if strings.HasSuffix(name, "y") {

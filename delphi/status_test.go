@@ -1,0 +1,130 @@
+package delphi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+func statusKey(name string) *nimbusv1.ObjectKey {
+	return &nimbusv1.ObjectKey{Kind: nimbusv1.Kind_KIND_ROUTE, Name: name}
+}
+
+func programmed(gen int64) *nimbusv1.NodeStatus {
+	return &nimbusv1.NodeStatus{ObservedGeneration: gen, Phase: nimbusv1.Phase_PHASE_PROGRAMMED, UpdateTime: timestamppb.Now()}
+}
+
+// nextIDs returns the key IDs the subscription hands out next, sorted, or fails the test
+// after 10s.
+func nextIDs(t *testing.T, sub *Subscription) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ids, err := sub.Next(ctx)
+	if err != nil {
+		t.Fatalf("Next: %v", err)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// TestStatusTxn checks a batch of status writes: applied in order, in one commit that
+// subscribers hear of once, with unchanged statuses not rewritten.
+func TestStatusTxn(t *testing.T) {
+	s, _, st := open(t)
+	a, b, c, d := statusKey("a"), statusKey("b"), statusKey("c"), statusKey("d")
+	if err := st.Set(c, programmed(1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Set(d, programmed(1)); err != nil {
+		t.Fatal(err)
+	}
+	sub, err := s.Subscribe(SubscribeOptions{Tables: []Table{TableStatus}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	nextIDs(t, sub) // the statuses present
+
+	txn := &StatusTxn{}
+	txn.Set(a, programmed(1))
+	txn.Set(a, programmed(2)) // the last write of a key counts
+	txn.Set(b, programmed(1))
+	txn.Delete(b) // removed again within the batch
+	txn.Delete(c)
+	txn.Set(d, programmed(1))       // equal but for the update time: not rewritten
+	txn.Delete(statusKey("absent")) // an absent status is no error
+	if n := txn.Len(); n != 7 {
+		t.Errorf("Len = %d; want 7", n)
+	}
+	if err := st.Commit(txn); err != nil {
+		t.Fatalf("Commit: %v", err)
+	}
+	if got, ok := s.Status(a); !ok || got.GetObservedGeneration() != 2 {
+		t.Errorf("status of a = %v, %v; want generation 2, the batch's last", got, ok)
+	}
+	for _, k := range []*nimbusv1.ObjectKey{b, c} {
+		if got, ok := s.Status(k); ok {
+			t.Errorf("status of %s = %v; want none", k.GetName(), got)
+		}
+	}
+	// b came and went within the batch: nobody saw it.
+	if got, want := nextIDs(t, sub), []string{a.ID(), c.ID()}; !slices.Equal(got, want) {
+		t.Errorf("the subscription heard of %q; want %q, the keys the batch changed", got, want)
+	}
+	if err := st.Commit(&StatusTxn{}); err != nil {
+		t.Errorf("Commit of an empty batch: %v", err)
+	}
+
+	s.Close()
+	txn = &StatusTxn{}
+	txn.Set(a, programmed(3))
+	if err := st.Commit(txn); !errors.Is(err, ErrClosed) {
+		t.Errorf("Commit on a closed store: %v; want ErrClosed", err)
+	}
+}
+
+// TestStatusTxnIsAtomic: a reader running during the commit of a large batch sees either
+// none of its statuses or all of them.
+func TestStatusTxnIsAtomic(t *testing.T) {
+	s, _, st := open(t)
+	const n = 5000
+	txn := &StatusTxn{}
+	for i := range n {
+		txn.Set(statusKey(fmt.Sprintf("r%05d", i)), programmed(1))
+	}
+	committed := make(chan error, 1)
+	go func() { committed <- st.Commit(txn) }()
+	seen := map[int]bool{}
+	for done := false; !done; {
+		select {
+		case err := <-committed:
+			if err != nil {
+				t.Fatal(err)
+			}
+			done = true
+		default:
+		}
+		seen[len(s.Statuses())] = true
+	}
+	for count := range seen {
+		if count != 0 && count != n {
+			t.Errorf("a reader saw %d of the batch's %d statuses; want none or all", count, n)
+		}
+	}
+	if !seen[n] {
+		t.Errorf("the reader never saw the batch's statuses")
+	}
+	want := txn.ops[42].rec.Status
+	if got, ok := s.Status(statusKey("r00042")); !ok || !proto.Equal(got, want) {
+		t.Errorf("status of r00042 = %v, %v; want %v", got, ok, want)
+	}
+}

@@ -1,0 +1,384 @@
+package hal
+
+import (
+	"iter"
+	"slices"
+	"sync"
+)
+
+// Mirror is an in-memory copy of the kernel objects of one kind that a backend reads
+// instead of asking the kernel, keyed by their kernel identity K (a route's table, prefix
+// and metric, say) and holding what the backend needs to know of each, V. It is safe for
+// concurrent use.
+//
+// Three things keep it current:
+//
+//   - Replace loads a full dump: once at start, again whenever the backend's subscription
+//     to kernel changes starts over (a netlink socket that overflowed), and at every
+//     resync. It returns the keys whose dumped state differs from the mirrored one: drift
+//     that no event reported.
+//   - Update and Remove apply the changes the subscription reports, in the order it
+//     reports them: an event is the kernel's truth.
+//   - Expect, before the backend writes an object, and then Done, Fail or Gone on the
+//     returned Write, record the backend's own writes, so a reconcile that follows sees
+//     what was written without waiting for its event.
+//
+// Events lag the kernel: one that the subscription reports after a write may describe the
+// object as it was before. So while a write of a key waits for its echo (the event that
+// reports it), events of that key that differ from what was written are passed over, and
+// the mirror keeps showing the write; the echo, or any event equal to the written state,
+// ends the wait. An event passed over is not lost: should the write fail, the mirror takes
+// the latest such event. A write whose echo never comes (the kernel reports no replace
+// that changes nothing) stops waiting at the next Replace, which also ends the waits of
+// every write under way, as a subscription started anew may not carry their echoes; until
+// their echo, an event older than such a write may then show the object's older state for
+// a moment.
+//
+// A backend must not run two writes of one key at once; writes of different keys, events
+// and Replace may run concurrently with each other.
+type Mirror[K comparable, V any] struct {
+	equal func(have, want V) bool
+
+	// mu guards objs, pending and replacing.
+	mu sync.RWMutex
+	// objs holds the mirrored objects; a key that is absent in the kernel is absent here.
+	objs map[K]V
+	// pending holds, per key, the writes that wait for their echo.
+	pending map[K]*pendingWrites[K, V]
+	// replacing holds the Replace calls in progress, which must not overwrite what
+	// changes while they dump.
+	replacing map[*replaceRun[K]]struct{}
+}
+
+// NewMirror returns an empty mirror. equal reports whether an object the kernel reports,
+// have, is in the state want describes, which may be a state the backend wrote (and so
+// leave out what the kernel fills in, such as the interface of a gateway). Replace uses it
+// to find drift, Update to recognise the echo of a write.
+func NewMirror[K comparable, V any](equal func(have, want V) bool) *Mirror[K, V] {
+	return &Mirror[K, V]{
+		equal:     equal,
+		objs:      map[K]V{},
+		pending:   map[K]*pendingWrites[K, V]{},
+		replacing: map[*replaceRun[K]]struct{}{},
+	}
+}
+
+// mirrorState is an object's state: present with a value, or absent.
+type mirrorState[V any] struct {
+	v       V
+	present bool
+}
+
+// pendingWrites are a key's writes that wait for their echo, oldest first, and the latest
+// event of the key passed over meanwhile.
+type pendingWrites[K comparable, V any] struct {
+	writes []*Write[K, V]
+	seen   *mirrorState[V]
+}
+
+// maxPending bounds the writes of one key that wait for their echo; beyond it the oldest
+// stop waiting. An echo goes missing only where a Replace follows, such as a subscription
+// that overflowed and starts over.
+const maxPending = 8
+
+// replaceRun is one Replace in progress: the keys that changed while it dumped.
+type replaceRun[K comparable] struct {
+	touched map[K]struct{}
+}
+
+// Write is a write of one object that a backend is making to the kernel: Expect or
+// ExpectGone returned it, and exactly one of Done, Fail or Gone ends it.
+type Write[K comparable, V any] struct {
+	m    *Mirror[K, V]
+	key  K
+	want mirrorState[V]
+	// Guarded by m.mu:
+	ended  bool // Done, Fail or Gone was called
+	echoed bool // an event equal to want, or any event once loose, was applied
+	loose  bool // a Replace began while it was under way: it waits for no echo
+}
+
+// Get returns the mirrored state of the object with key k, and whether the kernel holds
+// it.
+func (m *Mirror[K, V]) Get(k K) (V, bool) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	v, ok := m.objs[k]
+	return v, ok
+}
+
+// Len returns the number of mirrored objects.
+func (m *Mirror[K, V]) Len() int {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return len(m.objs)
+}
+
+// All returns the mirrored objects as they are when it is called, in no particular order.
+func (m *Mirror[K, V]) All() iter.Seq2[K, V] {
+	type kv struct {
+		k K
+		v V
+	}
+	m.mu.RLock()
+	all := make([]kv, 0, len(m.objs))
+	for k, v := range m.objs {
+		all = append(all, kv{k, v})
+	}
+	m.mu.RUnlock()
+	return func(yield func(K, V) bool) {
+		for _, e := range all {
+			if !yield(e.k, e.v) {
+				return
+			}
+		}
+	}
+}
+
+// Update applies an event that reports the kernel holding v under k. It returns whether
+// the event is the echo of a write the backend made (or, what cannot be told apart, an
+// earlier event equal to it); an event that is not describes a change someone else made,
+// or one the kernel made, and may be drift.
+func (m *Mirror[K, V]) Update(k K, v V) (echo bool) {
+	return m.apply(k, mirrorState[V]{v: v, present: true})
+}
+
+// Remove applies an event that reports the object with key k gone from the kernel. Its
+// result is Update's.
+func (m *Mirror[K, V]) Remove(k K) (echo bool) {
+	return m.apply(k, mirrorState[V]{})
+}
+
+func (m *Mirror[K, V]) apply(k K, st mirrorState[V]) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.touchLocked(k)
+	p := m.pending[k]
+	echo := false
+	if p != nil {
+		// Writes that were under way when a Replace began wait for no echo: any event
+		// supersedes them.
+		p.writes = slices.DeleteFunc(p.writes, func(w *Write[K, V]) bool {
+			if !w.loose {
+				return false
+			}
+			w.echoed = true
+			echo = echo || m.sameLocked(st, w.want)
+			return true
+		})
+		if len(p.writes) == 0 {
+			delete(m.pending, k)
+			p = nil
+		}
+	}
+	if p == nil {
+		m.setLocked(k, st)
+		return echo
+	}
+	for i, w := range p.writes {
+		if !m.sameLocked(st, w.want) {
+			continue
+		}
+		// The echo of w, or a state equal to it: w and the writes before it wait no more.
+		for _, e := range p.writes[:i+1] {
+			e.echoed = true
+		}
+		p.writes = p.writes[i+1:]
+		if len(p.writes) == 0 {
+			delete(m.pending, k)
+			m.setLocked(k, st)
+		} else {
+			p.seen = &st
+		}
+		return true
+	}
+	// An event from before the pending writes: the mirror keeps what they wrote.
+	p.seen = &st
+	return echo
+}
+
+// Expect records that the backend is about to write v under k, and returns the write,
+// which the backend ends with Done once the kernel took it, or with Fail. The mirror
+// shows v from Done on.
+func (m *Mirror[K, V]) Expect(k K, v V) *Write[K, V] {
+	return m.expect(k, mirrorState[V]{v: v, present: true})
+}
+
+// ExpectGone records that the backend is about to delete the object with key k, and
+// returns the write, which the backend ends with Done once the kernel deleted it, with Gone
+// when the kernel had no such object, or with Fail.
+func (m *Mirror[K, V]) ExpectGone(k K) *Write[K, V] {
+	return m.expect(k, mirrorState[V]{})
+}
+
+func (m *Mirror[K, V]) expect(k K, st mirrorState[V]) *Write[K, V] {
+	w := &Write[K, V]{m: m, key: k, want: st}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.touchLocked(k)
+	p := m.pending[k]
+	if p == nil {
+		p = &pendingWrites[K, V]{}
+		m.pending[k] = p
+	}
+	if len(p.writes) >= maxPending {
+		p.writes = p.writes[1:]
+	}
+	p.writes = append(p.writes, w)
+	return w
+}
+
+// Done records that the kernel took the write. The mirror shows what was written, unless
+// an event that ends the write's wait was applied already: then it shows what the events
+// since report.
+func (w *Write[K, V]) Done() {
+	m := w.m
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if w.ended {
+		return
+	}
+	w.ended = true
+	m.touchLocked(w.key)
+	if w.echoed {
+		return
+	}
+	m.setLocked(w.key, w.want)
+	if w.loose {
+		m.dropLocked(w)
+	}
+}
+
+// Fail records that the kernel refused the write and so changed nothing: the mirror keeps
+// what it showed, or the latest event of the key applied while the write was under way.
+func (w *Write[K, V]) Fail() { w.end(nil) }
+
+// Gone records that the kernel answered a delete saying it held no such object: the
+// mirror shows the object absent, or the latest event of the key applied while the delete
+// was under way.
+func (w *Write[K, V]) Gone() { w.end(&mirrorState[V]{}) }
+
+// end ends a write that the kernel will not echo; known, when set, is the state the
+// kernel's answer proved.
+func (w *Write[K, V]) end(known *mirrorState[V]) {
+	m := w.m
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if w.ended {
+		return
+	}
+	w.ended = true
+	m.touchLocked(w.key)
+	if w.echoed {
+		return // the kernel already reported the state the write would have left
+	}
+	p := m.pending[w.key]
+	if p == nil {
+		return
+	}
+	switch {
+	case p.seen != nil:
+		m.setLocked(w.key, *p.seen)
+	case known != nil:
+		m.setLocked(w.key, *known)
+	}
+	m.dropLocked(w)
+}
+
+// dropLocked stops w waiting for its echo.
+func (m *Mirror[K, V]) dropLocked(w *Write[K, V]) {
+	p := m.pending[w.key]
+	if p == nil {
+		return
+	}
+	p.writes = slices.DeleteFunc(p.writes, func(e *Write[K, V]) bool { return e == w })
+	if len(p.writes) == 0 {
+		delete(m.pending, w.key)
+	}
+}
+
+// Replace loads a full dump of the kernel objects into the mirror: dump calls add with
+// every object the kernel holds. It returns the keys whose dumped state differs from the
+// mirrored one, in no particular order: drift that no event reported. Keys that change
+// while dump runs, by an event or a write, keep their newer state. When dump fails, the
+// mirror is left as it was.
+//
+// The dump is the mirror's new baseline: the writes made or under way when Replace is
+// called wait no more for their echo, which a subscription started since might never
+// carry; the first event of such a key applies, and a write still under way shows its
+// state from Done only if no event came first. So a backend that subscribes to kernel
+// changes anew calls Replace after subscribing.
+func (m *Mirror[K, V]) Replace(dump func(add func(K, V)) error) ([]K, error) {
+	run := &replaceRun[K]{touched: map[K]struct{}{}}
+	m.mu.Lock()
+	m.replacing[run] = struct{}{}
+	for k, p := range m.pending {
+		p.writes = slices.DeleteFunc(p.writes, func(w *Write[K, V]) bool {
+			w.loose = true
+			return w.ended
+		})
+		if len(p.writes) == 0 {
+			delete(m.pending, k)
+		}
+	}
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		delete(m.replacing, run)
+		m.mu.Unlock()
+	}()
+
+	fresh := map[K]V{}
+	if err := dump(func(k K, v V) { fresh[k] = v }); err != nil {
+		return nil, err
+	}
+
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var drift []K
+	settled := func(k K) bool {
+		_, touched := run.touched[k]
+		_, writing := m.pending[k]
+		return !touched && !writing
+	}
+	for k, v := range fresh {
+		if !settled(k) {
+			continue
+		}
+		if old, ok := m.objs[k]; !ok || !m.equal(v, old) {
+			drift = append(drift, k)
+		}
+		m.objs[k] = v
+	}
+	for k := range m.objs {
+		if _, ok := fresh[k]; !ok && settled(k) {
+			drift = append(drift, k)
+			delete(m.objs, k)
+		}
+	}
+	return drift, nil
+}
+
+// setLocked makes the mirror show st under k.
+func (m *Mirror[K, V]) setLocked(k K, st mirrorState[V]) {
+	if st.present {
+		m.objs[k] = st.v
+	} else {
+		delete(m.objs, k)
+	}
+}
+
+// sameLocked reports whether the kernel's state have is the state want describes.
+func (m *Mirror[K, V]) sameLocked(have, want mirrorState[V]) bool {
+	if have.present != want.present {
+		return false
+	}
+	return !have.present || m.equal(have.v, want.v)
+}
+
+// touchLocked tells every Replace in progress that k changed.
+func (m *Mirror[K, V]) touchLocked(k K) {
+	for run := range m.replacing {
+		run.touched[k] = struct{}{}
+	}
+}
