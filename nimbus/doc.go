@@ -143,10 +143,12 @@
 // changed and a DELETE when a selected object the client has is deleted. Commits, status
 // reports and watch streams opening or ending only mark in each status watcher what may
 // have changed (an object; a node, whose objects are the ones targeting it); they never
-// wait for it. A watcher flushes at most every 5ms: it recomputes each marked object once,
-// in a read of the store taken after the marks, and sends only those that differ from
-// what it last sent the client, in frames of about 1 MiB at most. A burst of reports thus
-// costs one event per object per flush, and what a watcher holds is bounded by the
+// wait for it. A watcher flushes as soon as something is marked and it is not busy
+// sending: it recomputes each marked object once, in a read of the store taken after the
+// marks, and sends only those that differ from
+// what it last sent the client, in frames of about 1 MiB at most. What is marked while a
+// flush is computed and sent waits for the next one, so a burst of reports costs one
+// event per object per flush, and what a watcher holds is bounded by the
 // objects and nodes there are, however slowly its client reads. Staleness comes with
 // time, not with a change: a watcher looks for nodes whose statuses turned stale every
 // StaleAfter/2, at most every second, and sends the objects they concern; it may send a

@@ -20,9 +20,6 @@ import (
 
 // Settings of the status watch.
 const (
-	// statusFlushInterval is the shortest time between two flushes of a status watcher:
-	// the changes marked meanwhile are sent together, each object once.
-	statusFlushInterval = 5 * time.Millisecond
 	// maxStatusFrameBytes bounds the events of one status frame; an event larger than
 	// that goes in a frame of its own.
 	maxStatusFrameBytes = 1 << 20
@@ -246,7 +243,6 @@ func (ss *statusStream) run() error {
 		staleTick = t.C
 	}
 	ctx := ss.stream.Context()
-	last := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
@@ -259,20 +255,9 @@ func (ss *statusStream) run() error {
 			continue
 		case <-ss.w.wake:
 		}
-		// Let the changes of a burst gather: at most one flush per interval.
-		if wait := time.Until(last.Add(statusFlushInterval)); wait > 0 {
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return status.FromContextError(ctx.Err()).Err()
-			case <-s.done:
-				t.Stop()
-				return status.Error(codes.Unavailable, "nimbus is shutting down; watch status again")
-			case <-t.C:
-			}
-		}
-		last = time.Now()
+		// No timer holds a change back: what is marked while a flush is computed and sent
+		// goes together in the next one, so a burst coalesces by itself and a lone change
+		// leaves at once.
 		if err := ss.sendChanges(); err != nil {
 			return err
 		}
