@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/hashicorp/go-memdb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -30,7 +31,7 @@ func (s *Server) ReportStatus(stream grpc.ClientStreamingServer[nimbusv1.StatusR
 	// Recv blocks, so it runs apart from the loop that must also notice Close. The
 	// goroutine ends at the stream's first error, which at the latest is the cancellation
 	// of ctx once this handler has returned.
-	reports := make(chan received)
+	reports := make(chan received, maxStatusBatch)
 	go func() {
 		for {
 			r, err := stream.Recv()
@@ -59,43 +60,85 @@ func (s *Server) ReportStatus(stream grpc.ClientStreamingServer[nimbusv1.StatusR
 			if errors.Is(rcv.err, io.EOF) {
 				return stream.SendAndClose(&nimbusv1.ReportStatusResponse{})
 			}
+			// Every report already received goes into the same transaction.
+			batch := []*nimbusv1.StatusReport{}
+			for rcv.err == nil {
+				batch = append(batch, rcv.report)
+				if len(batch) == maxStatusBatch {
+					break
+				}
+				select {
+				case rcv = <-reports:
+					continue
+				default:
+				}
+				break
+			}
+			if len(batch) > 0 {
+				if err := s.recordStatuses(batch); err != nil {
+					return rpcError(err)
+				}
+			}
+			if errors.Is(rcv.err, io.EOF) {
+				return stream.SendAndClose(&nimbusv1.ReportStatusResponse{})
+			}
 			if rcv.err != nil {
 				return fmt.Errorf("receiving status reports: %w", rcv.err)
-			}
-			if err := s.recordStatus(rcv.report); err != nil {
-				return rpcError(err)
 			}
 		}
 	}
 }
 
-// recordStatus stores one report, or drops it when it does not belong to a stored object
-// that targets the reporting node.
-func (s *Server) recordStatus(r *nimbusv1.StatusReport) error {
+// maxStatusBatch bounds how many status reports one transaction records.
+const maxStatusBatch = 1024
+
+// recordStatuses stores reports in one transaction, dropping those that do not belong to
+// a stored object that targets the reporting node.
+func (s *Server) recordStatuses(reports []*nimbusv1.StatusReport) error {
+	txn := s.db.Txn(true)
+	defer txn.Abort()
+	changed := make([]*nimbusv1.ObjectKey, 0, len(reports))
+	for _, r := range reports {
+		key, err := s.recordStatusIn(txn, r)
+		if err != nil {
+			return err
+		}
+		if key != nil {
+			changed = append(changed, key)
+		}
+	}
+	txn.Commit()
+	for _, key := range changed {
+		s.statusWatch.objectChanged(key)
+	}
+	return nil
+}
+
+// recordStatusIn stores one report in txn and returns the key of its object, or nil when
+// the report is dropped.
+func (s *Server) recordStatusIn(txn *memdb.Txn, r *nimbusv1.StatusReport) (*nimbusv1.ObjectKey, error) {
 	key, st := r.GetKey(), r.GetStatus()
 	node := st.GetNode()
 	if err := key.Validate(); err != nil {
 		s.log.Debug("dropping status report with an invalid key", "node", node, "error", err)
-		return nil
+		return nil, nil
 	}
 	id := key.ID()
 	if node == "" {
 		s.log.Debug("dropping status report without a node", "key", id)
-		return nil
+		return nil, nil
 	}
-	txn := s.db.Txn(true)
-	defer txn.Abort()
 	obj, err := getObject(txn, id)
 	if err != nil {
-		return fmt.Errorf("recording status of %s on node %s: %w", id, node, err)
+		return nil, fmt.Errorf("recording status of %s on node %s: %w", id, node, err)
 	}
 	switch {
 	case obj == nil:
 		s.log.Debug("dropping status report for an unknown object", "key", id, "node", node)
-		return nil
+		return nil, nil
 	case !obj.TargetsNode(node):
 		s.log.Debug("dropping status report from a node the object does not target", "key", id, "node", node)
-		return nil
+		return nil, nil
 	}
 	st = proto.Clone(st).(*nimbusv1.NodeStatus)
 	if st.GetUpdateTime() == nil {
@@ -103,11 +146,9 @@ func (s *Server) recordStatus(r *nimbusv1.StatusReport) error {
 	}
 	rec := &statusRecord{ID: statusID(id, node), KeyID: id, Node: node, Status: st}
 	if err := txn.Insert(tableStatus, rec); err != nil {
-		return fmt.Errorf("recording status of %s on node %s: %w", id, node, err)
+		return nil, fmt.Errorf("recording status of %s on node %s: %w", id, node, err)
 	}
-	txn.Commit()
-	s.statusWatch.objectChanged(obj.Key())
 	s.log.Debug("status recorded", "key", id, "node", node,
 		"phase", st.GetPhase(), "observed_generation", st.GetObservedGeneration())
-	return nil
+	return obj.Key(), nil
 }

@@ -8,9 +8,12 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -102,18 +105,37 @@ func jsonSyntaxError(data []byte, err error) error {
 	return fmt.Errorf("invalid JSON: %w", err)
 }
 
-// decodeYAML splits data into YAML documents and decodes each.
+// decodeYAML splits data into YAML documents and decodes each. The documents are
+// converted to JSON on every core at once, as that is most of the work in a large
+// manifest; they are then decoded, and errors reported, in order.
 func (d *decoder) decodeYAML(data []byte) error {
 	d.yaml = true
-	for _, doc := range splitYAML(data) {
+	docs := splitYAML(data)
+	type converted struct {
+		raw []byte
+		err error
+	}
+	out := make([]converted, len(docs))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), len(docs)) {
+		wg.Go(func() {
+			for i := int(next.Add(1)) - 1; i < len(docs); i = int(next.Add(1)) - 1 {
+				if !docs[i].empty() {
+					out[i].raw, out[i].err = yaml.YAMLToJSONStrict(docs[i].data)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for i, doc := range docs {
 		if doc.empty() {
 			continue
 		}
-		raw, err := yaml.YAMLToJSONStrict(doc.data)
-		if err != nil {
+		if err := out[i].err; err != nil {
 			return fmt.Errorf("document %d: %w", d.n+1, &rewordedError{msg: fileLines(err.Error(), doc.line-1), err: err})
 		}
-		if err := d.value(raw); err != nil {
+		if err := d.value(out[i].raw); err != nil {
 			return err
 		}
 	}
