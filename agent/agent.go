@@ -10,11 +10,14 @@ import (
 	"path/filepath"
 	"sync"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/hal"
+	"github.com/naplesnet/naples/internal/telemetry"
 	"github.com/naplesnet/naples/nimbusclient"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -42,6 +45,11 @@ type Config struct {
 	// (delphi.v1.Delphi); its directory is created and the socket is made mode 0660.
 	// Default: empty, the API is not served.
 	Socket string
+	// Metrics is the TCP address, host:port, the agent serves Prometheus metrics on
+	// (/metrics) together with its liveness (/healthz) and readiness (/readyz); port 0
+	// picks a free port, which the log's "serving metrics" line names. Default: empty,
+	// nothing is served.
+	Metrics string
 
 	// netns, when set, is the network namespace the HAL programs instead of the
 	// agent's own; tests use it to keep their hands off the machine's namespace.
@@ -49,7 +57,8 @@ type Config struct {
 }
 
 // Run runs the agent until ctx ends, then stops every part and returns nil. It returns an
-// error when the agent cannot start or a part fails.
+// error when the agent cannot start or a part fails. With Config.Metrics it serves its
+// metrics and probes until it returns.
 func Run(ctx context.Context, cfg Config) error {
 	if err := nimbusv1.ValidateNodeName(cfg.Node); err != nil {
 		return fmt.Errorf("agent: --node: %w", err)
@@ -68,8 +77,12 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer unlock()
 
+	// One registry takes the metrics of every part, and of the process.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
 	// Delphi restores the stored desired state before the nimbus client starts.
-	store, err := delphi.Open(delphi.Options{Dir: cfg.StateDir, Discard: cfg.DiscardState, Indexes: indexes(), Logger: log})
+	store, err := delphi.Open(delphi.Options{Dir: cfg.StateDir, Discard: cfg.DiscardState, Indexes: indexes(), Logger: log, Registerer: reg})
 	if errors.Is(err, delphi.ErrCorrupt) {
 		return fmt.Errorf("agent: %w (start with --discard-state to discard it and resync from nimbus)", err)
 	}
@@ -77,10 +90,11 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("agent: opening delphi: %w", err)
 	}
 	defer store.Close()
-	client, err := nimbusclient.New(nimbusclient.Options{Node: cfg.Node, Address: cfg.Nimbus, TLS: cfg.TLS, Store: store, Logger: log})
+	client, err := nimbusclient.New(nimbusclient.Options{Node: cfg.Node, Address: cfg.Nimbus, TLS: cfg.TLS, Store: store, Logger: log, Registerer: reg})
 	if err != nil {
 		return err
 	}
+	defer client.Close()
 	reconcilers, closeBackend, err := backend(store, cfg.netns, log)
 	if err != nil {
 		return err
@@ -90,10 +104,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	h, err := hal.New(hal.Options{Store: halStore, Reconcilers: reconcilers, Logger: log})
+	h, err := hal.New(hal.Options{Store: halStore, Reconcilers: reconcilers, Logger: log, Registerer: reg})
 	if err != nil {
 		return err
 	}
+	defer h.Close() // Run closes it too; this covers failing before Run
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -106,10 +121,40 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		parts["local api"] = serve
 	}
+	var health health
+	healthy := func() error { return health.check(ctx) }
+	ready := func() []string {
+		if err := healthy(); err != nil {
+			return []string{err.Error()}
+		}
+		return h.Ready()
+	}
+	readyGauge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "naples", Subsystem: "agent", Name: "ready",
+		Help: "1 while the agent is ready (what /readyz answers 200 to): its desired state is complete and every desired object was reconciled at least once since start; 0 otherwise.",
+	}, func() float64 {
+		if len(ready()) > 0 {
+			return 0
+		}
+		return 1
+	})
+	if err := reg.Register(readyGauge); err != nil {
+		return fmt.Errorf("agent: registering metrics: %w", err)
+	}
+	if cfg.Metrics != "" {
+		m, err := telemetry.Serve(ctx, cfg.Metrics, telemetry.Options{Gatherer: reg, Healthy: healthy, Ready: ready, Logger: log})
+		if err != nil {
+			return fmt.Errorf("agent: %w", err)
+		}
+		defer m.Close()
+		log.Info("serving metrics", "url", "http://"+m.Addr()+"/metrics", "probes", []string{"/healthz", "/readyz"})
+	}
 	errs := make(chan error, len(parts))
 	for name, run := range parts {
 		wg.Go(func() {
-			if err := run(ctx); err != nil {
+			err := run(ctx)
+			health.stopped(name, err)
+			if err != nil {
 				errs <- fmt.Errorf("%s: %w", name, err)
 				cancel()
 			}
@@ -122,6 +167,40 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	log.Info("agent stopped")
+	return nil
+}
+
+// health tracks whether every part of the agent still runs, for /healthz.
+type health struct {
+	// mu guards err.
+	mu sync.Mutex
+	// err says which part stopped first, and why; nil while all run.
+	err error
+}
+
+// stopped records that the named part's Run returned err.
+func (h *health) stopped(part string, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.err != nil {
+		return
+	}
+	h.err = fmt.Errorf("%s stopped", part)
+	if err != nil {
+		h.err = fmt.Errorf("%s failed: %w", part, err)
+	}
+}
+
+// check returns nil while every part runs and ctx, the agent's, has not ended.
+func (h *health) check(ctx context.Context) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.err != nil {
+		return h.err
+	}
+	if ctx.Err() != nil {
+		return errors.New("agent stopping")
+	}
 	return nil
 }
 

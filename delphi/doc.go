@@ -28,4 +28,17 @@
 // objects. Open restores both and, when the file held anything, marks the store synced, so a
 // rebooted host enforces its last known policy before nimbus is reachable. A file that
 // cannot be read back fails Open with ErrCorrupt; Options.Discard starts over without it.
+//
+// # Metrics
+//
+// The store registers with Options.Registerer, and Close unregisters:
+// naples_delphi_commit_duration_seconds and naples_delphi_commit_batch_size, histograms
+// of the time each write transaction takes and of the objects it changed, both by
+// table="desired"|"status"; naples_delphi_synced, 1 once the desired table is complete;
+// and naples_delphi_objects{kind,phase}, the desired objects by kind and by the phase of
+// their status for their current generation (PROGRAMMED, FAILED, or PENDING: a status
+// that says so, none yet, or one for an older generation). The object counts are not kept
+// up to date on every write: a scrape computes them in one read transaction, walking the
+// desired and the status table side by side in key order, so it costs one pass over the
+// objects and writers pay nothing for it.
 package delphi

@@ -7,8 +7,10 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/go-memdb"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
 
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -153,6 +155,9 @@ type Options struct {
 	Indexes []Index
 	// Logger receives the store's logs. Default: slog.Default().
 	Logger *slog.Logger
+	// Registerer takes the store's Prometheus metrics (see the package documentation);
+	// Close unregisters them. Default: a private prometheus.Registry.
+	Registerer prometheus.Registerer
 }
 
 // Store is the local object store. Its read methods are safe for concurrent use and never
@@ -161,10 +166,12 @@ type Store struct {
 	db      *memdb.MemDB
 	log     *slog.Logger
 	indexes []Index
+	metrics *metrics
 
 	// writeMu serializes write transactions together with their writes to disk and the
 	// notification of their subscribers, so that the file follows commit order and
-	// subscribers see commits in commit order. It also guards disk against Close.
+	// subscribers see commits in commit order. It also guards disk and the unregistering
+	// of metrics against Close.
 	writeMu sync.Mutex
 	disk    *disk // nil without Options.Dir
 
@@ -204,7 +211,14 @@ func Open(opts Options) (*Store, error) {
 		subs:    make(map[*Subscription]struct{}),
 		synced:  make(chan struct{}),
 	}
+	reg := opts.Registerer
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
 	if opts.Dir == "" {
+		if s.metrics, err = newMetrics(s, reg); err != nil {
+			return nil, fmt.Errorf("opening delphi: %w", err)
+		}
 		return s, nil
 	}
 	path := filepath.Join(opts.Dir, StateFile)
@@ -218,6 +232,10 @@ func Open(opts Options) (*Store, error) {
 	if err := s.restore(r); err != nil {
 		d.close()
 		return nil, err
+	}
+	if s.metrics, err = newMetrics(s, reg); err != nil {
+		d.close()
+		return nil, fmt.Errorf("opening delphi: %w", err)
 	}
 	s.disk = d
 	epoch, rev := s.Resume()
@@ -264,6 +282,7 @@ func (s *Store) Close() error {
 	if s.disk != nil {
 		err = s.disk.close()
 	}
+	s.metrics.unregister()
 	s.writeMu.Unlock()
 	for sub := range subs {
 		sub.close()
@@ -398,8 +417,9 @@ func (s *Store) ClaimStatus() (*StatusWriter, error) {
 // write runs fn in a write transaction, writes its durable changes to disk, commits it,
 // and tells subscribers which keys changed, all under writeMu so that the file and the
 // notifications follow commit order. The disk write comes before the commit, so readers
-// never see what the file does not hold; when it fails, nothing changes.
-func (s *Store) write(fn func(txn *memdb.Txn) error) error {
+// never see what the file does not hold; when it fails, nothing changes. table, the table
+// fn writes, labels the commit's metrics.
+func (s *Store) write(table Table, fn func(txn *memdb.Txn) error) error {
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
 	s.mu.Lock()
@@ -408,6 +428,7 @@ func (s *Store) write(fn func(txn *memdb.Txn) error) error {
 	if closed {
 		return ErrClosed
 	}
+	start := time.Now()
 	txn := s.db.Txn(true)
 	txn.TrackChanges()
 	defer txn.Abort()
@@ -421,12 +442,15 @@ func (s *Store) write(fn func(txn *memdb.Txn) error) error {
 		}
 	}
 	txn.Commit()
-	s.notify(changes)
+	changed := s.notify(changes)
+	s.metrics.commitDuration.WithLabelValues(string(table)).Observe(time.Since(start).Seconds())
+	s.metrics.commitSize.WithLabelValues(string(table)).Observe(float64(changed))
 	return nil
 }
 
-// notify hands the changed keys of a commit to the matching subscriptions.
-func (s *Store) notify(changes memdb.Changes) {
+// notify hands the changed keys of a commit to the matching subscriptions. It returns the
+// number of objects and statuses the commit changed.
+func (s *Store) notify(changes memdb.Changes) int {
 	byTable := map[Table][]string{}
 	for _, c := range changes {
 		t := Table(c.Table)
@@ -437,8 +461,9 @@ func (s *Store) notify(changes memdb.Changes) {
 			byTable[t] = append(byTable[t], id)
 		}
 	}
-	if len(byTable) == 0 {
-		return
+	changed := len(byTable[TableDesired]) + len(byTable[TableStatus])
+	if changed == 0 {
+		return 0
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -447,6 +472,7 @@ func (s *Store) notify(changes memdb.Changes) {
 			sub.add(byTable[t])
 		}
 	}
+	return changed
 }
 
 func changeID(c memdb.Change) string {
@@ -515,7 +541,7 @@ func (t *DesiredTxn) SetResume(epoch string, revision uint64) {
 // Commit applies the transaction atomically. Objects equal to what is stored are not
 // rewritten, so subscribers hear only of real changes.
 func (w *DesiredWriter) Commit(t *DesiredTxn) error {
-	return w.s.write(func(txn *memdb.Txn) error {
+	return w.s.write(TableDesired, func(txn *memdb.Txn) error {
 		put := map[string]bool{}
 		for _, obj := range t.puts {
 			rec := w.s.newDesiredRecord(obj)
@@ -620,7 +646,7 @@ func (w *StatusWriter) Commit(t *StatusTxn) error {
 	if len(t.ops) == 0 {
 		return nil
 	}
-	return w.s.write(func(txn *memdb.Txn) error {
+	return w.s.write(TableStatus, func(txn *memdb.Txn) error {
 		for _, op := range t.ops {
 			old, err := txn.First(string(TableStatus), "id", op.id)
 			if err != nil {

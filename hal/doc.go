@@ -41,4 +41,23 @@
 // statuses, the latest of each key), so a bulk of reconciles costs a few transactions, not
 // one each. Stats counts reconciles, failures and kernel writes per kind. Time comes from
 // Options.Clock, so tests drive retries, resyncs and observer restarts with a fake clock.
+//
+// Ready tells whether the HAL has caught up since it started: the store's desired table is
+// complete, and every desired object has been reconciled at least once, successfully or
+// not (a FAILED object counts: its status says why, and its retries are no reason to
+// wait). It tracks the keys it hears of from the feed and, once the table is complete,
+// every key the table holds, until their first reconcile ends; a later change to an object
+// reconciled before does not make it wait again, a new object does.
+//
+// # Metrics
+//
+// The HAL registers with Options.Registerer, and Close unregisters:
+// naples_hal_reconciles_total, naples_hal_reconcile_errors_total and
+// naples_hal_kernel_writes_total (kinds whose reconciler is a KernelWriteCounter), each by
+// kind and read from Stats at scrape time; the histogram
+// naples_hal_reconcile_duration_seconds by kind; naples_hal_queue_depth, the keys waiting
+// for a worker; naples_hal_retries_total, keys put back after a backoff;
+// naples_hal_unreconciled_objects, what Ready waits for; and naples_hal_status_commits_total
+// and naples_hal_status_writes_total, the status writer's transactions and the statuses in
+// them.
 package hal

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/client-go/util/workqueue"
@@ -120,9 +121,9 @@ type Options struct {
 	// ran for Healthy before it failed starts over at Min. Defaults: 100ms, 30s,
 	// 1m.
 	ObserverBackoff struct{ Min, Max, Healthy time.Duration }
-	// Clock tells the time for status updates and drives the retry delays, resyncs and
-	// observer restarts; tests inject a fake one. (The default rate limiter's overall token
-	// bucket keeps real time.) Default: the real clock.
+	// Clock tells the time for status updates and reconcile durations, and drives the
+	// retry delays, resyncs and observer restarts; tests inject a fake one. (The default
+	// rate limiter's overall token bucket keeps real time.) Default: the real clock.
 	Clock clock.WithTicker
 	// StatusBatch bounds how many statuses one store transaction records. Workers hand
 	// the statuses they produce to one writer, which records what is pending, the latest
@@ -131,6 +132,9 @@ type Options struct {
 	StatusBatch int
 	// Logger receives the HAL's logs. Default: slog.Default().
 	Logger *slog.Logger
+	// Registerer takes the HAL's Prometheus metrics (see the package documentation);
+	// Close unregisters them. Default: a private prometheus.Registry.
+	Registerer prometheus.Registerer
 }
 
 // HAL reconciles the store's desired objects into the kernel.
@@ -140,9 +144,13 @@ type HAL struct {
 	counts      map[nimbusv1.Kind]*kindCounts
 	queue       workqueue.TypedRateLimitingInterface[string]
 	status      *statusWriter
-	opts        Options
-	log         *slog.Logger
-	closeOnce   sync.Once
+	ready       *readiness
+	metrics     *metrics
+	// state is where Run is: runNotStarted, runRunning or runStopped.
+	state     atomic.Int32
+	opts      Options
+	log       *slog.Logger
+	closeOnce sync.Once
 }
 
 // kindCounts are the counts of one kind's reconciles.
@@ -203,6 +211,9 @@ func New(opts Options) (*HAL, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.Registerer == nil {
+		opts.Registerer = prometheus.NewRegistry()
+	}
 	recs := map[nimbusv1.Kind]Reconciler{}
 	counts := map[nimbusv1.Kind]*kindCounts{}
 	for _, r := range opts.Reconcilers {
@@ -218,10 +229,16 @@ func New(opts Options) (*HAL, error) {
 		counts:      counts,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(opts.RateLimiter,
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "hal", Clock: opts.Clock}),
-		opts: opts,
-		log:  opts.Logger,
+		ready: newReadiness(),
+		opts:  opts,
+		log:   opts.Logger,
 	}
 	h.status = newStatusWriter(opts.Store, opts.StatusBatch, func() bool { return h.queue.Len() > 0 }, h.statusFailed)
+	var err error
+	if h.metrics, err = newMetrics(h, opts.Registerer); err != nil {
+		h.queue.ShutDown()
+		return nil, fmt.Errorf("hal: %w", err)
+	}
 	return h, nil
 }
 
@@ -252,8 +269,10 @@ func DefaultRateLimiter() workqueue.TypedRateLimiter[string] {
 }
 
 // Run reconciles until ctx ends or the store is closed, then stops every goroutine it
-// started and returns nil. A HAL runs once: after Run it is done.
+// started and returns nil. A HAL runs once: after Run it is done, and closed.
 func (h *HAL) Run(ctx context.Context) error {
+	h.state.Store(runRunning)
+	defer h.state.Store(runStopped)
 	defer h.Close()
 	feed, err := h.store.WatchDesired()
 	if errors.Is(err, ErrClosed) {
@@ -302,15 +321,20 @@ func (h *HAL) Run(ctx context.Context) error {
 			}
 			return fmt.Errorf("watching desired objects: %w", err)
 		}
+		// Readiness hears of a key before a worker can take it.
+		h.ready.heard(ids)
 		for _, id := range ids {
 			h.queue.Add(id)
 		}
 	}
 }
 
-// Close stops the work queue. It is safe to call twice.
+// Close stops the work queue and unregisters the HAL's metrics. It is safe to call twice.
 func (h *HAL) Close() error {
-	h.closeOnce.Do(h.queue.ShutDown)
+	h.closeOnce.Do(func() {
+		h.queue.ShutDown()
+		h.metrics.unregister()
+	})
 	return nil
 }
 
@@ -321,6 +345,10 @@ func (h *HAL) sweepAndResync(ctx context.Context) {
 	case <-ctx.Done():
 		return
 	case <-h.store.Synced():
+	}
+	// The table is complete: every key in it is one readiness waits for. One pass, once.
+	for _, id := range h.ready.complete(h.store.Keys(nimbusv1.Kind_KIND_UNSPECIFIED)) {
+		h.queue.Add(id)
 	}
 	h.sweep(ctx)
 	if h.opts.ResyncInterval < 0 {
@@ -408,6 +436,7 @@ func (h *HAL) processNext(ctx context.Context) bool {
 			return true
 		}
 		h.log.Warn("reconcile failed; will retry", "key", id, "err", err, "retries", h.queue.NumRequeues(id))
+		h.metrics.retries.Inc()
 		h.queue.AddRateLimited(id)
 		return true
 	}
@@ -421,11 +450,13 @@ func (h *HAL) reconcile(ctx context.Context, id string) error {
 	key, err := nimbusv1.ParseKeyID(id)
 	if err != nil {
 		h.log.Error("dropping malformed key", "key", id, "err", err)
+		h.ready.reconciled(id, false)
 		return nil
 	}
 	obj, present := h.store.Get(key)
 	r, ok := h.reconcilers[key.GetKind()]
 	if !ok {
+		h.ready.reconciled(id, present)
 		if !present {
 			h.status.put(id, StatusUpdate{Key: key})
 			return nil
@@ -441,10 +472,13 @@ func (h *HAL) reconcile(ctx context.Context, id string) error {
 	}
 	counts := h.counts[key.GetKind()]
 	counts.reconciles.Add(1)
+	start := h.opts.Clock.Now()
 	op, rerr := r.Reconcile(ctx, key, obj)
 	if rerr != nil && ctx.Err() != nil {
 		return rerr // stopped, not failed: the status stays as it was
 	}
+	h.metrics.kinds[key.GetKind()].Observe(h.opts.Clock.Since(start).Seconds())
+	h.ready.reconciled(id, present)
 	if rerr != nil {
 		counts.errors.Add(1)
 	}
@@ -482,6 +516,7 @@ func (h *HAL) statusFailed(ids []string, err error) {
 		return // the store is closing, and Run with it
 	}
 	h.log.Warn("recording statuses failed; reconciling their objects again", "objects", len(ids), "err", err)
+	h.metrics.retries.Add(float64(len(ids)))
 	for _, id := range ids {
 		h.queue.AddRateLimited(id)
 	}

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/keepalive"
@@ -79,6 +80,9 @@ type Options struct {
 	DialOptions []grpc.DialOption
 	// Logger receives the client's logs. Default: slog.Default().
 	Logger *slog.Logger
+	// Registerer takes the client's Prometheus metrics (see the package documentation);
+	// Close unregisters them. Default: a private prometheus.Registry.
+	Registerer prometheus.Registerer
 }
 
 // Client keeps delphi's desired table in step with nimbus and reports status upstream.
@@ -90,6 +94,8 @@ type Client struct {
 	// commitEvents bounds the changes of one commit: maxCommitEvents, less in tests.
 	commitEvents int
 	log          *slog.Logger
+	metrics      *metrics
+	closeOnce    sync.Once
 	// received counts watch events received, snapshots included.
 	received atomic.Uint64
 }
@@ -98,7 +104,7 @@ type Client struct {
 // snapshot events and markers included.
 func (c *Client) EventsReceived() uint64 { return c.received.Load() }
 
-// New builds a client and claims delphi's desired writer.
+// New builds a client, registers its metrics and claims delphi's desired writer.
 func New(opts Options) (*Client, error) {
 	if opts.Node == "" {
 		return nil, errors.New("nimbusclient: Options.Node is required")
@@ -122,18 +128,31 @@ func New(opts Options) (*Client, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	desired, err := opts.Store.ClaimDesired()
-	if err != nil {
-		return nil, err
+	if opts.Registerer == nil {
+		opts.Registerer = prometheus.NewRegistry()
 	}
-	return &Client{
+	c := &Client{
 		opts:         opts,
 		target:       addr.GRPCTarget(),
 		store:        opts.Store,
-		desired:      desired,
 		commitEvents: maxCommitEvents,
 		log:          opts.Logger.With("nimbus", addr.String()),
-	}, nil
+	}
+	if c.metrics, err = newMetrics(c, opts.Registerer); err != nil {
+		return nil, fmt.Errorf("nimbusclient: %w", err)
+	}
+	if c.desired, err = opts.Store.ClaimDesired(); err != nil {
+		c.metrics.unregister()
+		return nil, err
+	}
+	return c, nil
+}
+
+// Close unregisters the client's metrics. Call it once Run has returned; it is safe to
+// call twice.
+func (c *Client) Close() error {
+	c.closeOnce.Do(c.metrics.unregister)
+	return nil
 }
 
 // Run watches and reports until ctx ends, reconnecting whenever a stream breaks. It returns
@@ -155,8 +174,8 @@ func (c *Client) Run(ctx context.Context) error {
 	api := nimbusv1.NewNimbusClient(conn)
 
 	var wg sync.WaitGroup
-	wg.Go(func() { c.loop(ctx, "watch", func(ctx context.Context) error { return c.watch(ctx, api) }) })
-	wg.Go(func() { c.loop(ctx, "status", func(ctx context.Context) error { return c.report(ctx, api) }) })
+	wg.Go(func() { c.loop(ctx, streamWatch, func(ctx context.Context) error { return c.watch(ctx, api) }) })
+	wg.Go(func() { c.loop(ctx, streamStatus, func(ctx context.Context) error { return c.report(ctx, api) }) })
 	wg.Wait()
 	return nil
 }
@@ -182,6 +201,7 @@ func (c *Client) loop(ctx context.Context, stream string, run func(context.Conte
 			return
 		case <-t.C:
 		}
+		c.metrics.reconnects.WithLabelValues(stream).Inc()
 	}
 }
 
@@ -205,6 +225,7 @@ func (c *Client) watch(ctx context.Context, api nimbusv1.NimbusClient) error {
 	defer func() {
 		cancel()
 		wg.Wait()
+		c.metrics.connected.Set(0)
 	}()
 	wg.Go(func() {
 		defer close(frames)
@@ -322,12 +343,15 @@ func (w *watchStream) addEvent(ev *nimbusv1.WatchEvent) error {
 	typ := ev.GetType()
 	if !w.started {
 		w.started = true
+		w.c.metrics.connected.Set(1)
 		if typ == nimbusv1.WatchEvent_TYPE_RESUMED {
 			// delphi already holds the state as of this revision; only changes follow.
+			w.c.metrics.watchStarts.WithLabelValues(watchModeResume).Inc()
 			w.c.desired.MarkSynced()
 			w.c.log.Info("resumed watch", "revision", ev.GetRevision(), "epoch", ev.GetEpoch())
 			return nil
 		}
+		w.c.metrics.watchStarts.WithLabelValues(watchModeSnapshot).Inc()
 		w.snapshot = &delphi.DesiredTxn{}
 	}
 	if w.snapshot != nil {
@@ -456,6 +480,7 @@ func (c *Client) report(ctx context.Context, api nimbusv1.NimbusClient) error {
 				}
 				return fmt.Errorf("sending status of %s: %w", id, err)
 			}
+			c.metrics.statusReports.Inc()
 		}
 	}
 }

@@ -21,4 +21,13 @@
 // When a stream breaks the client reconnects with exponential backoff and jitter, and
 // sends every status again on each new status stream. The statuses that change together
 // go up back to back, which gRPC writes together.
+//
+// # Metrics
+//
+// The client registers with Options.Registerer, and Close unregisters:
+// naples_nimbusclient_watch_connected (1 while a watch stream is up, from its first event),
+// naples_nimbusclient_reconnects_total{stream="watch"|"status"} (streams started again after
+// one ended), naples_nimbusclient_watch_starts_total{mode="resume"|"snapshot"},
+// naples_nimbusclient_events_received_total (watch events, snapshots and markers included)
+// and naples_nimbusclient_status_reports_total (statuses sent).
 package nimbusclient

@@ -148,7 +148,7 @@ func countRoutes(b testing.TB, ns string) int {
 	return strings.Count(out, "\n")
 }
 
-func writeRouteManifest(b *testing.B, path string, dsts []string) {
+func writeRouteManifest(b testing.TB, path string, dsts []string) {
 	b.Helper()
 	f, err := os.Create(path)
 	if err != nil {

@@ -196,6 +196,23 @@ func (c *cluster) newHost(t testing.TB, name string) *host {
 // newHostWithCert is newHost with an agent presenting the certificate of node cert.
 func (c *cluster) newHostWithCert(t testing.TB, name, cert string) *host {
 	t.Helper()
+	h := c.addHost(t, name, cert)
+	h.startAgent(t)
+	return h
+}
+
+// newHostWith is newHost with extra flags for the agent's first start.
+func (c *cluster) newHostWith(t testing.TB, name string, extra ...string) *host {
+	t.Helper()
+	h := c.addHost(t, name, name)
+	h.startAgentWith(t, extra...)
+	return h
+}
+
+// addHost makes the host, its namespace and the certificate of node cert for its agent,
+// without starting the agent.
+func (c *cluster) addHost(t testing.TB, name, cert string) *host {
+	t.Helper()
 	c.certs(t, cert)
 	ns := testns.Named(t, "naples-e2e")
 	for _, args := range [][]string{
@@ -207,9 +224,7 @@ func (c *cluster) newHostWithCert(t testing.TB, name, cert string) *host {
 	} {
 		testns.Run(t, "ip", append([]string{"-n", ns}, args...)...)
 	}
-	h := &host{name: name, ns: ns, state: filepath.Join(c.dir, "state-"+name), c: c, cert: cert}
-	h.startAgent(t)
-	return h
+	return &host{name: name, ns: ns, state: filepath.Join(c.dir, "state-"+name), c: c, cert: cert}
 }
 
 func (h *host) startAgent(t testing.TB) {

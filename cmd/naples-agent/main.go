@@ -3,6 +3,14 @@
 // It dials nimbus with mutual TLS, presenting the node certificate of --tls-cert (default
 // /etc/naples/pki/node.crt), which must name --node; --insecure dials plaintext. Bad flags
 // exit with status 2, other errors with 1.
+//
+// --metrics HOST:PORT serves Prometheus metrics on http://HOST:PORT/metrics (naples_agent_*,
+// naples_delphi_*, naples_hal_* and naples_nimbusclient_*, and the Go runtime's and the
+// process's), liveness on /healthz (200 while every part of the agent runs) and readiness
+// on /readyz: 200 once delphi holds a complete desired state, restored from --state-dir or
+// synced with nimbus, and every desired object has been reconciled at least once since
+// start, programmed or failed; 503 with the reasons otherwise. Port 0 takes a free port,
+// which the log line "serving metrics" names. Without --metrics there is no HTTP endpoint.
 package main
 
 import (
@@ -13,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"syscall"
@@ -49,6 +58,14 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	stateDir := fs.String("state-dir", "/var/lib/naples", "`directory` for the agent's state")
 	discardState := fs.Bool("discard-state", false, "discard the stored desired state and resync from nimbus (recovers from a corrupt state file)")
 	socket := fs.String("socket", "/run/naples/agent.sock", "unix socket `path` of the read-only local API; empty to not serve it")
+	var metrics string
+	fs.Func("metrics", "`host:port` to serve Prometheus metrics (/metrics) and probes (/healthz, /readyz) on (default: none)", func(s string) error {
+		if _, _, err := net.SplitHostPort(s); err != nil {
+			return fmt.Errorf("address %q: want host:port: %w", s, err)
+		}
+		metrics = s
+		return nil
+	})
 	level := slog.LevelInfo
 	fs.Func("log-level", "log `level`: debug, info, warn or error (default info)", func(s string) error {
 		if err := level.UnmarshalText([]byte(s)); err != nil {
@@ -86,5 +103,5 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 				"certificate", *tlsCert, "identity", id.String(), "node", *node, "error", err)
 		}
 	}
-	return agent.Run(ctx, agent.Config{Node: *node, Nimbus: *nimbus, TLS: tlsConfig, StateDir: *stateDir, DiscardState: *discardState, Logger: log, Socket: *socket})
+	return agent.Run(ctx, agent.Config{Node: *node, Nimbus: *nimbus, TLS: tlsConfig, StateDir: *stateDir, DiscardState: *discardState, Logger: log, Socket: *socket, Metrics: metrics})
 }

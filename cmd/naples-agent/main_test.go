@@ -20,6 +20,7 @@ func TestRunRefusesBadCommandLines(t *testing.T) {
 		{name: "unknown flag", args: []string{"--no-such-flag"}, want: []string{"no-such-flag"}},
 		{name: "bad log level", args: []string{"--log-level", "loud"}, want: []string{"log-level", `"loud"`}},
 		{name: "argument", args: []string{"run"}, want: []string{`"run"`}},
+		{name: "metrics without port", args: []string{"--metrics", "localhost"}, want: []string{"metrics", `"localhost"`, "host:port"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stderr bytes.Buffer

@@ -1,0 +1,157 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/naplesnet/naples/internal/telemetry/telemetrytest"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// logBuffer collects a logger's output for a test to read while the agent writes it.
+type logBuffer struct {
+	// mu guards buf.
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// httpGet returns the status code and body of GET url, or fails the test.
+func httpGet(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(body)
+}
+
+// TestRunServesTelemetry runs an agent with Config.Metrics against a real nimbus: it logs
+// where it serves, /readyz answers 200 once the route is reconciled, /metrics shows the
+// route programmed and the parts' metrics in one registry, and once Run returns nothing is
+// served any more.
+func TestRunServesTelemetry(t *testing.T) {
+	_, ns := hostNamespace(t, "naples-telemetry")
+	dir := t.TempDir()
+	addr, api, _ := startNimbus(t, dir)
+	route := &nimbusv1.Object{
+		Meta: &nimbusv1.ObjectMeta{Name: "to-dc2", Nodes: []string{"host-a"}},
+		Spec: &nimbusv1.Object_Route{Route: &nimbusv1.RouteSpec{Table: 100, Prefix: "198.51.100.0/24", Nexthops: []*nimbusv1.NextHop{{Gateway: "10.10.0.2"}}}},
+	}
+	if _, err := api.Apply(context.Background(), &nimbusv1.ApplyRequest{Object: route}); err != nil {
+		t.Fatal(err)
+	}
+	var logs logBuffer
+	stop := sync.OnceFunc(runAgent(t, Config{
+		Node: "host-a", Nimbus: addr, StateDir: filepath.Join(dir, "state"), Metrics: "127.0.0.1:0",
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)), netns: &ns,
+	}))
+	defer stop()
+
+	re := regexp.MustCompile(`msg="serving metrics" .*url=(http://\S+)/metrics`)
+	var base string
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if m := re.FindStringSubmatch(logs.String()); m != nil {
+			base = m[1]
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent never logged its metrics URL; its log:\n%s", logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for {
+		code, body := httpGet(t, base+"/readyz")
+		if code == http.StatusOK {
+			break
+		}
+		if code != http.StatusServiceUnavailable || time.Now().After(deadline) {
+			t.Fatalf("GET /readyz = %d %q, want 503 until ready, then 200", code, body)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if code, body := httpGet(t, base+"/healthz"); code != http.StatusOK {
+		t.Errorf("GET /healthz = %d %q, want 200", code, body)
+	}
+	code, body := httpGet(t, base+"/metrics")
+	if code != http.StatusOK {
+		t.Fatalf("GET /metrics = %d", code)
+	}
+	m := telemetrytest.Parse(t, body)
+	for series, want := range map[string]float64{
+		"naples_agent_ready":   1,
+		"naples_delphi_synced": 1,
+		`naples_nimbusclient_watch_starts_total{mode="snapshot"}`: 1,
+	} {
+		if v, ok := m[series]; !ok || v != want {
+			t.Errorf("%s = %v (present %v), want %v", series, v, ok, want)
+		}
+	}
+	if v := m[`naples_hal_reconciles_total{kind="Route"}`]; v < 1 {
+		t.Errorf("ready with %v route reconciles, want at least 1", v)
+	}
+	if _, ok := m["go_goroutines"]; !ok {
+		t.Errorf("/metrics lacks the Go runtime's metrics")
+	}
+
+	stop()
+	if _, err := http.Get(base + "/healthz"); err == nil {
+		t.Error("still serving after Run returned")
+	}
+}
+
+// TestHealthNamesWhatStopped checks what /healthz answers: healthy while every part runs,
+// then the first part that stopped, with its error, or that the agent is stopping.
+func TestHealthNamesWhatStopped(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var running health
+	if err := running.check(ctx); err != nil {
+		t.Fatalf("check while running = %v, want nil", err)
+	}
+	cancel()
+	if err := running.check(ctx); err == nil || !strings.Contains(err.Error(), "stopping") {
+		t.Errorf("check after the agent's context ended = %v, want stopping", err)
+	}
+
+	var failed health
+	broken := errors.New("watching desired objects: store closed")
+	failed.stopped("hal", broken)
+	failed.stopped("nimbus client", nil) // stopped because the HAL's failure cancelled it
+	if err := failed.check(ctx); !errors.Is(err, broken) || !strings.Contains(err.Error(), "hal failed") {
+		t.Errorf("check after the HAL failed = %v, want the HAL's failure", err)
+	}
+
+	var early health
+	early.stopped("local api", nil)
+	if err := early.check(context.Background()); err == nil || err.Error() != "local api stopped" {
+		t.Errorf("check after a part returned early = %v, want it named", err)
+	}
+}
