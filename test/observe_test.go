@@ -37,7 +37,7 @@ type telemetry struct {
 
 // telemetry waits for the host's running agent to log where it serves its telemetry and
 // returns a client of it.
-func (h *host) telemetry(t *testing.T) *telemetry {
+func (h *host) telemetry(t testing.TB) *telemetry {
 	t.Helper()
 	var base string
 	waitFor(t, "the agent to log its metrics URL", func() bool {
@@ -89,7 +89,7 @@ func dialIn(ctx context.Context, ns netns.NsHandle, network, addr string) (net.C
 }
 
 // get returns the status code and body of GET path.
-func (tel *telemetry) get(t *testing.T, path string) (int, string) {
+func (tel *telemetry) get(t testing.TB, path string) (int, string) {
 	t.Helper()
 	resp, err := tel.client.Get(tel.base + path)
 	if err != nil {
@@ -104,7 +104,7 @@ func (tel *telemetry) get(t *testing.T, path string) (int, string) {
 }
 
 // metrics scrapes /metrics.
-func (tel *telemetry) metrics(t *testing.T) map[string]float64 {
+func (tel *telemetry) metrics(t testing.TB) map[string]float64 {
 	t.Helper()
 	code, body := tel.get(t, "/metrics")
 	if code != http.StatusOK {
