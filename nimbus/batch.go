@@ -25,7 +25,8 @@ const maxReportedInvalid = 10
 // takes the next revision, and watchers receive the changes together once they are
 // durable. The results are in the order of the objects; each carries the stored object,
 // so the response is larger than the request, and a client sending a large batch raises
-// its receive limit (grpc.MaxCallRecvMsgSize) to match. A request is at most 16 MiB.
+// its receive limit (grpc.MaxCallRecvMsgSize) to match, or sets omit_objects to receive
+// only each object's generation and revision. A request is at most 16 MiB.
 func (s *Server) ApplyBatch(ctx context.Context, req *nimbusv1.ApplyBatchRequest) (*nimbusv1.ApplyBatchResponse, error) {
 	objs := req.GetObjects()
 	b := &batch{writes: make([]write, 0, len(objs))}
@@ -59,9 +60,24 @@ func (s *Server) ApplyBatch(ctx context.Context, req *nimbusv1.ApplyBatchRequest
 	}
 	resp := &nimbusv1.ApplyBatchResponse{Results: make([]*nimbusv1.ApplyResponse, len(b.outcomes)), Revision: b.rev}
 	for i, out := range b.outcomes {
+		if req.GetOmitObjects() {
+			resp.Results[i] = omittedResponse(out)
+			continue
+		}
 		resp.Results[i] = applyResponse(out)
 	}
 	return resp, nil
+}
+
+// omittedResponse returns the result of one apply without the stored object: only its
+// generation and revision, for a request with omit_objects.
+func omittedResponse(out outcome) *nimbusv1.ApplyResponse {
+	meta := out.obj.GetMeta()
+	return &nimbusv1.ApplyResponse{
+		Object:  &nimbusv1.Object{Meta: &nimbusv1.ObjectMeta{Generation: meta.GetGeneration(), Revision: meta.GetRevision()}},
+		Changed: out.changed,
+		Created: out.created,
+	}
 }
 
 // DeleteBatch deletes many objects at once, with every status reported for them. Every key

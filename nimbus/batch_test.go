@@ -375,3 +375,38 @@ func TestBatchesArePublisherOnly(t *testing.T) {
 	}
 	wantStored(t, ts, 2)
 }
+
+func TestApplyBatchOmitObjects(t *testing.T) {
+	ts := start(t, Options{})
+	ts.apply(t, route("same", nil, "192.0.2.1"))
+	ts.apply(t, route("spec", nil, "192.0.2.1"))
+	resp, err := ts.client.ApplyBatch(testContext(t), &nimbusv1.ApplyBatchRequest{OmitObjects: true, Objects: []*nimbusv1.Object{
+		route("same", nil, "192.0.2.1"),
+		route("spec", nil, "192.0.2.2"),
+		route("new", nil, "192.0.2.1"),
+	}})
+	if err != nil {
+		t.Fatalf("ApplyBatch: %v", err)
+	}
+	for i, want := range []struct {
+		changed, created bool
+		rev              uint64
+		gen              int64
+	}{
+		{changed: false, rev: 1, gen: 1},
+		{changed: true, rev: 3, gen: 2},
+		{changed: true, created: true, rev: 4, gen: 1},
+	} {
+		r := resp.GetResults()[i]
+		m := r.GetObject().GetMeta()
+		if r.GetChanged() != want.changed || r.GetCreated() != want.created || m.GetRevision() != want.rev || m.GetGeneration() != want.gen {
+			t.Errorf("result %d = changed %v created %v revision %d generation %d; want %v %v %d %d",
+				i, r.GetChanged(), r.GetCreated(), m.GetRevision(), m.GetGeneration(),
+				want.changed, want.created, want.rev, want.gen)
+		}
+		if r.GetObject().GetSpec() != nil || m.GetName() != "" {
+			t.Errorf("result %d carries the stored object with omit_objects: %v", i, r.GetObject())
+		}
+	}
+	wantStored(t, ts, 4, "new", "same", "spec")
+}

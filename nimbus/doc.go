@@ -25,8 +25,9 @@
 // anything is stored. A key may appear only once per call; a second appearance is refused
 // the same way, naming both positions, because a batch means one final state per object.
 // Each object that changes still takes its own revision, consecutive in the order of the
-// call, and unchanged ones take none. A single Apply or Delete is a batch of one: both go
-// through the same commit path.
+// call, and unchanged ones take none. ApplyBatch answers with every stored object unless
+// the request sets omit_objects, when each result carries only the generation and revision
+// stored. A single Apply or Delete is a batch of one: both go through the same commit path.
 //
 // # Watch
 //

@@ -106,14 +106,20 @@ func jsonSyntaxError(data []byte, err error) error {
 }
 
 // decodeYAML splits data into YAML documents and decodes each. The documents are
-// converted to JSON on every core at once, as that is most of the work in a large
-// manifest; they are then decoded, and errors reported, in order.
+// converted to JSON, and those that hold one object decoded, on every core at once, as
+// that is most of the work in a large manifest; documents are then counted, and errors
+// reported, in order.
 func (d *decoder) decodeYAML(data []byte) error {
 	d.yaml = true
 	docs := splitYAML(data)
 	type converted struct {
 		raw []byte
 		err error
+		// single is set when the document is one object, decoded into obj or failing with
+		// objErr; raw is then not kept.
+		single bool
+		obj    *nimbusv1.Object
+		objErr error
 	}
 	out := make([]converted, len(docs))
 	var next atomic.Int64
@@ -121,8 +127,19 @@ func (d *decoder) decodeYAML(data []byte) error {
 	for range min(runtime.GOMAXPROCS(0), len(docs)) {
 		wg.Go(func() {
 			for i := int(next.Add(1)) - 1; i < len(docs); i = int(next.Add(1)) - 1 {
-				if !docs[i].empty() {
-					out[i].raw, out[i].err = yaml.YAMLToJSONStrict(docs[i].data)
+				if docs[i].empty() {
+					continue
+				}
+				c := &out[i]
+				if fields, ok := simpleYAMLFields(docs[i].data); ok && !isItemList(fields) {
+					c.single = true
+					c.obj, c.objErr = decodeObject(fields)
+					continue
+				}
+				if c.raw, c.err = yaml.YAMLToJSONStrict(docs[i].data); c.err == nil {
+					if c.obj, c.single, c.objErr = decodeSingle(c.raw); c.single {
+						c.raw = nil
+					}
 				}
 			}
 		})
@@ -132,14 +149,46 @@ func (d *decoder) decodeYAML(data []byte) error {
 		if doc.empty() {
 			continue
 		}
-		if err := out[i].err; err != nil {
+		c := &out[i]
+		if err := c.err; err != nil {
 			return fmt.Errorf("document %d: %w", d.n+1, &rewordedError{msg: fileLines(err.Error(), doc.line-1), err: err})
 		}
-		if err := d.value(out[i].raw); err != nil {
+		if c.single {
+			d.n++
+			if err := d.add(c.obj, c.objErr); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := d.value(c.raw); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// decodeSingle decodes raw when it is one object, as value would: a mapping that is not a
+// list of items. It reports with single whether it was; when not, value decodes raw.
+func decodeSingle(raw []byte) (obj *nimbusv1.Object, single bool, err error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || raw[0] != '{' {
+		return nil, false, nil
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return nil, false, nil
+	}
+	if isItemList(fields) {
+		return nil, false, nil
+	}
+	obj, err = decodeObject(fields)
+	return obj, true, err
+}
+
+// isItemList reports whether the fields of a mapping are only "items", a list of objects.
+func isItemList(fields map[string]json.RawMessage) bool {
+	_, ok := fields["items"]
+	return ok && len(fields) == 1
 }
 
 // yamlDoc is one YAML document and the line of the file it starts on.
@@ -229,7 +278,12 @@ func (d *decoder) value(raw json.RawMessage) error {
 		return d.value(items)
 	}
 	d.n++
-	obj, err := decodeObject(fields)
+	return d.add(decodeObject(fields))
+}
+
+// add appends obj, the object of document d.n, or returns err, what decoding it found
+// wrong, naming the document.
+func (d *decoder) add(obj *nimbusv1.Object, err error) error {
 	if err != nil {
 		if d.yaml && yamlBool.MatchString(err.Error()) {
 			err = fmt.Errorf("%w (YAML reads unquoted y, yes, on, n, no and off as booleans: quote the value)", err)
@@ -296,8 +350,13 @@ func setSpec(obj *nimbusv1.Object, kind nimbusv1.Kind) (proto.Message, error) {
 }
 
 // unmarshalField decodes raw, the JSON of the top-level field path, into m. Unknown fields
-// are reported with their full path, which protojson does not give.
+// are reported with their full path, which protojson does not give: as protojson refuses
+// them too, raw is searched for them only when protojson fails.
 func unmarshalField(path string, raw json.RawMessage, m proto.Message) error {
+	perr := protojson.Unmarshal(raw, m)
+	if perr == nil {
+		return nil
+	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
 	var v any
@@ -307,10 +366,7 @@ func unmarshalField(path string, raw json.RawMessage, m proto.Message) error {
 	if err := checkFields(path, v, m.ProtoReflect().Descriptor()); err != nil {
 		return err
 	}
-	if err := protojson.Unmarshal(raw, m); err != nil {
-		return &rewordedError{msg: path + ": " + protoMessage(err), err: err}
-	}
-	return nil
+	return &rewordedError{msg: path + ": " + protoMessage(perr), err: perr}
 }
 
 // checkFields reports the first field in v, the JSON form of a message md, that md does not

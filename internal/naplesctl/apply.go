@@ -1,6 +1,7 @@
 package naplesctl
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -22,8 +23,9 @@ import (
 const (
 	// maxBatchBytes bounds what one ApplyBatch or DeleteBatch call carries, counted as
 	// the encoded objects or keys plus applyEntryOverhead or deleteEntryOverhead each: a
-	// quarter of the 16 MiB nimbus accepts, so that the answer, which carries every object
-	// with what nimbus assigns, stays well within what the client takes too.
+	// quarter of the 16 MiB nimbus accepts, so that nimbus commits, and the agents start
+	// on, the first objects of a large manifest while the next are on their way. (apply
+	// asks nimbus to leave the stored objects out of its answer, which is then small.)
 	maxBatchBytes = 4 << 20
 	// applyEntryOverhead bounds what one object adds to an ApplyBatch call beyond its
 	// encoded size: the framing of the request, and in the answer the uid, generation,
@@ -120,11 +122,16 @@ func (c *cli) apply(ctx context.Context, files []string, wait bool, timeout time
 		if err != nil {
 			return batchFailed("applying", "applied", describeSpan(part), sp, err)
 		}
+		// The lines of a batch go out in one write, not one per object.
+		var out bytes.Buffer
 		for i, r := range results {
 			result, gen := applyResult(r)
 			key := part[i].obj.Key()
-			fmt.Fprintf(c.stdout, "%s %s\n", ref(key), result)
+			fmt.Fprintf(&out, "%s %s\n", ref(key), result)
 			targets = append(targets, waitTarget{key: key, generation: gen})
+		}
+		if _, err := c.stdout.Write(out.Bytes()); err != nil {
+			return fmt.Errorf("writing results: %w", err)
 		}
 	}
 	if !wait {
@@ -136,7 +143,9 @@ func (c *cli) apply(ctx context.Context, files []string, wait bool, timeout time
 // applyBatch applies the objects of srcs in one ApplyBatch call and returns the results
 // in their order. A refusal of an invalid object names its document.
 func (s *session) applyBatch(ctx context.Context, srcs []source) ([]*nimbusv1.ApplyResponse, error) {
-	req := &nimbusv1.ApplyBatchRequest{Objects: make([]*nimbusv1.Object, len(srcs))}
+	// apply needs only the generation of each stored object, so nimbus leaves the objects
+	// out of its answer.
+	req := &nimbusv1.ApplyBatchRequest{Objects: make([]*nimbusv1.Object, len(srcs)), OmitObjects: true}
 	for i, src := range srcs {
 		req.Objects[i] = src.obj
 	}

@@ -1,6 +1,7 @@
 package naplesctl
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -118,12 +119,17 @@ func (c *cli) delete(ctx context.Context, keys []*nimbusv1.ObjectKey, where func
 			err = sess.batchError(err, "keys", func(i int) string { return where(sp.start + i) })
 			return batchFailed("deleting", "deleted", describe(sp), sp, err)
 		}
+		// The lines of a batch go out in one write, not one per key.
+		var out bytes.Buffer
 		for i, r := range resp.GetResults() {
 			result := "deleted"
 			if !r.GetFound() {
 				result = "not found"
 			}
-			fmt.Fprintf(c.stdout, "%s %s\n", ref(part[i]), result)
+			fmt.Fprintf(&out, "%s %s\n", ref(part[i]), result)
+		}
+		if _, err := c.stdout.Write(out.Bytes()); err != nil {
+			return fmt.Errorf("writing results: %w", err)
 		}
 	}
 	return nil

@@ -1779,8 +1779,12 @@ func (x *DeleteResponse) GetRevision() uint64 {
 // object refuses the whole request; otherwise they are committed in one transaction, each
 // changed object with its own consecutive revision, and watchers see them together.
 type ApplyBatchRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Objects       []*Object              `protobuf:"bytes,1,rep,name=objects,proto3" json:"objects,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Objects []*Object              `protobuf:"bytes,1,rep,name=objects,proto3" json:"objects,omitempty"`
+	// omit_objects leaves the stored objects out of the answer: each result's object then
+	// carries only meta.generation and meta.revision as stored, beside changed and created.
+	// A caller that does not need the stored objects sets it to keep the answer small.
+	OmitObjects   bool `protobuf:"varint,2,opt,name=omit_objects,json=omitObjects,proto3" json:"omit_objects,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1820,6 +1824,13 @@ func (x *ApplyBatchRequest) GetObjects() []*Object {
 		return x.Objects
 	}
 	return nil
+}
+
+func (x *ApplyBatchRequest) GetOmitObjects() bool {
+	if x != nil {
+		return x.OmitObjects
+	}
+	return false
 }
 
 type ApplyBatchResponse struct {
@@ -2773,9 +2784,10 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\v2\x14.nimbus.v1.ObjectKeyR\x03key\"B\n" +
 	"\x0eDeleteResponse\x12\x14\n" +
 	"\x05found\x18\x01 \x01(\bR\x05found\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x04R\brevision\"@\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\"c\n" +
 	"\x11ApplyBatchRequest\x12+\n" +
-	"\aobjects\x18\x01 \x03(\v2\x11.nimbus.v1.ObjectR\aobjects\"d\n" +
+	"\aobjects\x18\x01 \x03(\v2\x11.nimbus.v1.ObjectR\aobjects\x12!\n" +
+	"\fomit_objects\x18\x02 \x01(\bR\vomitObjects\"d\n" +
 	"\x12ApplyBatchResponse\x122\n" +
 	"\aresults\x18\x01 \x03(\v2\x18.nimbus.v1.ApplyResponseR\aresults\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\">\n" +

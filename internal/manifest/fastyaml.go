@@ -1,0 +1,290 @@
+package manifest
+
+import (
+	"encoding/json"
+	"strings"
+)
+
+// simpleYAMLToJSON converts a YAML document to JSON, as yaml.YAMLToJSONStrict does, when
+// the document keeps to the subset simpleYAMLFields takes, and reports whether it did.
+func simpleYAMLToJSON(doc []byte) ([]byte, bool) {
+	fields, ok := simpleYAMLFields(doc)
+	if !ok {
+		return nil, false
+	}
+	out, err := json.Marshal(fields)
+	return out, err == nil
+}
+
+// simpleYAMLFields converts a YAML document whose top level is a mapping to the JSON of
+// each of its fields, as yaml.YAMLToJSONStrict and then json.Unmarshal into a map of
+// json.RawMessage do, when the document keeps to the plain subset most manifests are
+// written in: block mappings and sequences indented with spaces, flow sequences of
+// scalars, plain scalars that are unmistakably strings or decimal integers, and quoted
+// strings without escapes. It reports false, and YAMLToJSONStrict is to be used, for
+// anything else: comments after a value, anchors, tags, flow mappings, multi-line
+// scalars, booleans, nulls, floats, duplicate keys. It is the same conversion at a
+// fraction of the cost.
+func simpleYAMLFields(doc []byte) (map[string]json.RawMessage, bool) {
+	p := &yamlSubset{}
+	for line := range strings.Lines(string(doc)) {
+		text := strings.TrimSuffix(line, "\n")
+		for i := 0; i < len(text); i++ {
+			if c := text[i]; c < ' ' || c > '~' {
+				return nil, false // tabs, CR, control and non-ASCII bytes
+			}
+		}
+		trimmed := strings.TrimLeft(text, " ")
+		if trimmed == "" || trimmed[0] == '#' {
+			continue
+		}
+		if strings.IndexByte(trimmed, '#') >= 0 {
+			return nil, false
+		}
+		p.lines = append(p.lines, subsetLine{indent: len(text) - len(trimmed), text: strings.TrimRight(trimmed, " ")})
+	}
+	if len(p.lines) == 0 || p.lines[0].indent != 0 {
+		return nil, false
+	}
+	m, ok := p.mapping(0)
+	if !ok || p.pos != len(p.lines) {
+		return nil, false
+	}
+	fields := make(map[string]json.RawMessage, len(m))
+	for k, v := range m {
+		raw, err := json.Marshal(v)
+		if err != nil {
+			return nil, false
+		}
+		fields[k] = raw
+	}
+	return fields, true
+}
+
+// yamlSubset parses the lines of one document in the subset simpleYAMLToJSON takes.
+type yamlSubset struct {
+	lines []subsetLine
+	pos   int
+}
+
+// subsetLine is one line that is not blank or a comment: its indentation and the rest,
+// without trailing spaces.
+type subsetLine struct {
+	indent int
+	text   string
+}
+
+// mapping parses the block mapping whose keys start at column indent, from the current line.
+func (p *yamlSubset) mapping(indent int) (map[string]any, bool) {
+	m := make(map[string]any)
+	for p.pos < len(p.lines) {
+		l := p.lines[p.pos]
+		if l.indent < indent {
+			break
+		}
+		if l.indent > indent || strings.HasPrefix(l.text, "-") {
+			return nil, false
+		}
+		key, rest, found := strings.Cut(l.text, ":")
+		if !found || !plainKey(key) || (rest != "" && rest[0] != ' ') {
+			return nil, false
+		}
+		if _, dup := m[key]; dup {
+			return nil, false
+		}
+		p.pos++
+		rest = strings.TrimLeft(rest, " ")
+		var (
+			v  any
+			ok bool
+		)
+		if rest == "" {
+			v, ok = p.nested(indent)
+		} else {
+			v, ok = inlineValue(rest)
+		}
+		if !ok {
+			return nil, false
+		}
+		m[key] = v
+	}
+	return m, true
+}
+
+// nested parses the value of a key at column indent whose line ends after the colon: a
+// block indented further, or a sequence at the key's own column.
+func (p *yamlSubset) nested(indent int) (any, bool) {
+	if p.pos >= len(p.lines) {
+		return nil, false // null
+	}
+	l := p.lines[p.pos]
+	switch {
+	case l.indent == indent && isItem(l.text):
+		return p.sequence(indent)
+	case l.indent <= indent:
+		return nil, false // null
+	case isItem(l.text):
+		return p.sequence(l.indent)
+	}
+	return p.mapping(l.indent)
+}
+
+// isItem reports whether a line starts a sequence item.
+func isItem(text string) bool {
+	return text == "-" || strings.HasPrefix(text, "- ")
+}
+
+// sequence parses the block sequence whose dashes are at column indent.
+func (p *yamlSubset) sequence(indent int) ([]any, bool) {
+	s := []any{}
+	for p.pos < len(p.lines) {
+		l := p.lines[p.pos]
+		if l.indent < indent || (l.indent == indent && !isItem(l.text)) {
+			break
+		}
+		if l.indent > indent || !strings.HasPrefix(l.text, "- ") {
+			return nil, false
+		}
+		item := l.text[2:]
+		if item == "" || item[0] == ' ' || item[0] == '-' {
+			return nil, false
+		}
+		if key, _, found := strings.Cut(item, ":"); found && plainKey(key) {
+			// A mapping that starts on the dash's line, its keys at the column after "- ".
+			p.lines[p.pos] = subsetLine{indent: indent + 2, text: item}
+			m, ok := p.mapping(indent + 2)
+			if !ok {
+				return nil, false
+			}
+			s = append(s, m)
+			continue
+		}
+		v, ok := inlineValue(item)
+		if !ok {
+			return nil, false
+		}
+		s = append(s, v)
+		p.pos++
+	}
+	return s, true
+}
+
+// inlineValue parses a value written on the line of its key or dash: a scalar or a flow
+// sequence of scalars.
+func inlineValue(text string) (any, bool) {
+	if inner, ok := strings.CutPrefix(text, "["); ok {
+		inner, ok = strings.CutSuffix(inner, "]")
+		// A colon inside a flow sequence makes a mapping in YAML, even without a space.
+		if !ok || strings.ContainsAny(inner, "[]{}:") {
+			return nil, false
+		}
+		s := []any{}
+		if strings.TrimSpace(inner) == "" {
+			return s, true
+		}
+		for e := range strings.SplitSeq(inner, ",") {
+			v, ok := scalar(strings.TrimSpace(e))
+			if !ok {
+				return nil, false
+			}
+			s = append(s, v)
+		}
+		return s, true
+	}
+	return scalar(text)
+}
+
+// scalar parses a scalar: a quoted string without escapes, a decimal integer, or a plain
+// string that YAML cannot read as anything else.
+func scalar(text string) (any, bool) {
+	if text == "" {
+		return nil, false
+	}
+	switch q := text[0]; q {
+	case '"', '\'':
+		if len(text) < 2 || text[len(text)-1] != q {
+			return nil, false
+		}
+		s := text[1 : len(text)-1]
+		if strings.ContainsAny(s, `"'\`) {
+			return nil, false
+		}
+		return s, true
+	}
+	for i := 0; i < len(text); i++ {
+		if !plainByte(text[i]) {
+			return nil, false
+		}
+	}
+	if strings.HasSuffix(text, ":") || strings.Contains(text, ": ") {
+		return nil, false
+	}
+	c := text[0]
+	switch {
+	case isLetter(c):
+		if yamlWord(text) {
+			return nil, false
+		}
+		return text, true
+	case c >= '0' && c <= '9':
+		if isDigits(text) {
+			if len(text) > 18 || (len(text) > 1 && c == '0') {
+				return nil, false
+			}
+			return json.Number(text), true
+		}
+		// Not an integer, float or timestamp: a prefix or an address.
+		if strings.ContainsAny(text, "- _") || !(strings.Contains(text, "/") || strings.Count(text, ".") >= 2) {
+			return nil, false
+		}
+		return text, true
+	}
+	return nil, false
+}
+
+// maxKeyLen bounds the keys of the subset, well below the 1024 characters YAML allows an
+// implicit key.
+const maxKeyLen = 128
+
+// plainKey reports whether a mapping key is a word YAML reads as that string.
+func plainKey(key string) bool {
+	if key == "" || len(key) > maxKeyLen || !isLetter(key[0]) || yamlWord(key) {
+		return false
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; !isLetter(c) && !(c >= '0' && c <= '9') && c != '_' {
+			return false
+		}
+	}
+	return true
+}
+
+// yamlWord reports whether a letter-led plain scalar is one YAML 1.1 reads as a boolean or
+// null, in any case.
+func yamlWord(s string) bool {
+	switch strings.ToLower(s) {
+	case "y", "yes", "n", "no", "true", "false", "on", "off", "null":
+		return true
+	}
+	return false
+}
+
+// plainByte reports whether c may appear in a plain scalar of the subset.
+func plainByte(c byte) bool {
+	return isLetter(c) || (c >= '0' && c <= '9') || strings.IndexByte("._/:- ", c) >= 0
+}
+
+// isLetter reports whether c is an ASCII letter.
+func isLetter(c byte) bool {
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
+}
+
+// isDigits reports whether s is all decimal digits.
+func isDigits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}

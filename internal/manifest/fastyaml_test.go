@@ -1,0 +1,102 @@
+package manifest
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+)
+
+// subsetCases are documents simpleYAMLToJSON converts, or leaves to YAMLToJSONStrict.
+var subsetCases = []struct {
+	doc    string
+	simple bool
+}{
+	{"kind: Route\nmeta:\n  name: r1\n  nodes: [host-a, host-b]\nspec:\n  table: 100\n  prefix: 10.0.0.1/32\n  nexthops:\n    - gateway: 10.10.0.2\n      dev: eth0\n    - gateway: fd00::1\n", true},
+	{"kind: Route\nmeta:\n  name: r1\n  labels:\n    site: \"dc2\"\n    zone: 'a b'\nspec:\n  nexthops:\n  - gateway: 10.10.0.2\n  prefix: 2001:db8::/32\n", true},
+	{"# a comment\nkind: Network\n\nspec:\n  vni: 0\n  mtu: 1450\n  subnet: 10.1.0.0/24\n  gateway: 10.1.0.1\n", true},
+	{"kind: Network\nmeta:\n  nodes: []\n  name: net\n", true},
+	{"kind: Network\nmeta:\n  name: n\n", false},
+	{"kind: Route\nspec:\n  nexthops:\n    -\n      gateway: a\n", false},
+	{"kind: Route # trailing\n", false},
+	{"kind: Route\nspec:\n  stateful: yes\n", false},
+	{"kind: Route\nspec:\n  stateful: true\n", false},
+	{"kind: Route\nspec:\n  x: 1.5\n", false},
+	{"kind: Route\nspec:\n  x: 012\n", false},
+	{"kind: Route\nspec:\n  x: 1e3\n", false},
+	{"kind: Route\nspec:\n  x: 2001-01-01\n", false},
+	{"kind: Route\nspec:\n  x: 1.2.3\n", true},
+	{"kind: Route\nspec:\n  x: ~\n", false},
+	{"kind: Route\nspec:\n  x:\n", false},
+	{"kind: Route\nkind: Network\n", false},
+	{"kind: Route\nspec: {a: b}\n", false},
+	{"kind: Route\nspec:\n  x: [a:b]\n", false},
+	{"kind: Route\nspec:\n  x: &a b\n", false},
+	{"kind: Route\nspec:\n  x: \"a\\tb\"\n", false},
+	{"kind: Route\nspec:\n  x: |\n    a\n", false},
+	{"kind: Route\nspec:\n  x: a\n    b\n", false},
+	{"kind: Route\n spec: a\n", false},
+	{"- a\n- b\n", false},
+	{"kind:\tRoute\n", false},
+	{"on: a\n", false},
+	{strings.Repeat("k", maxKeyLen) + ": 0\n", true},
+	{strings.Repeat("k", 1100) + ": 0\n", false},
+	{"kind: Route\nspec:\n  x: \"<&>\"\n", true},
+	{"kind: Route\nspec:\n  x: 123456789012345678\n", true},
+	{"kind: Route\nspec:\n  x: 1234567890123456789\n", false},
+}
+
+func TestSimpleYAMLToJSON(t *testing.T) {
+	for _, c := range subsetCases {
+		got, ok := simpleYAMLToJSON([]byte(c.doc))
+		if ok != c.simple {
+			t.Errorf("simpleYAMLToJSON(%q) converted %v, want %v", c.doc, ok, c.simple)
+		}
+		if ok {
+			sameAsYAMLToJSON(t, []byte(c.doc), got)
+		}
+	}
+}
+
+// TestSimpleYAMLToJSONExamples converts every document of the examples as YAMLToJSONStrict
+// does.
+func TestSimpleYAMLToJSONExamples(t *testing.T) {
+	files, _ := filepath.Glob("../../examples/*.yaml")
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, doc := range splitYAML(data) {
+			if got, ok := simpleYAMLToJSON(doc.data); ok {
+				sameAsYAMLToJSON(t, doc.data, got)
+			}
+		}
+	}
+}
+
+func FuzzSimpleYAMLToJSON(f *testing.F) {
+	for _, c := range subsetCases {
+		f.Add(c.doc)
+	}
+	f.Fuzz(func(t *testing.T, doc string) {
+		if got, ok := simpleYAMLToJSON([]byte(doc)); ok {
+			sameAsYAMLToJSON(t, []byte(doc), got)
+		}
+	})
+}
+
+// sameAsYAMLToJSON fails the test unless YAMLToJSONStrict converts doc to got.
+func sameAsYAMLToJSON(t *testing.T, doc, got []byte) {
+	t.Helper()
+	want, err := yaml.YAMLToJSONStrict(doc)
+	if err != nil {
+		t.Errorf("simpleYAMLToJSON(%q) = %s, but YAMLToJSONStrict fails: %v", doc, got, err)
+		return
+	}
+	if string(got) != string(want) {
+		t.Errorf("simpleYAMLToJSON(%q) = %s, want %s", doc, got, want)
+	}
+}
