@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"google.golang.org/grpc"
@@ -12,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/naplesnet/naples/internal/backoff"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -99,7 +99,7 @@ func (c *Client) WatchStatus(ctx context.Context, f Filter, r Reactor) error {
 	}()
 	sw := &statusWatch{r: r, delivered: map[string]*nimbusv1.ObjectWithStatus{}}
 	syncer, _ := r.(SyncReactor)
-	b := backoff{min: c.opts.MinBackoff, max: c.opts.MaxBackoff}
+	b := backoff.Backoff{Min: c.opts.MinBackoff, Max: c.opts.MaxBackoff}
 	for {
 		synced, err := sw.stream(ctx, c.api, req, syncer)
 		switch {
@@ -111,9 +111,9 @@ func (c *Client) WatchStatus(ctx context.Context, f Filter, r Reactor) error {
 			return fmt.Errorf("watching status: %w", err)
 		}
 		if synced {
-			b.reset()
+			b.Reset()
 		}
-		delay := b.next()
+		delay := b.Next()
 		c.log.Warn("status stream ended; watching again", "error", err, "in", delay)
 		t := time.NewTimer(delay)
 		select {
@@ -200,25 +200,3 @@ func (sw *statusWatch) deleted(id string, key *nimbusv1.ObjectKey) {
 	delete(sw.delivered, id)
 	sw.r.OnDelete(key)
 }
-
-// backoff computes the delays before watching again: exponential, with jitter.
-type backoff struct {
-	min, max time.Duration
-	attempt  int
-}
-
-// next returns the delay before the next attempt: min·2^attempt capped at max, of which a
-// random half is kept so that many controllers do not reconnect in step.
-func (b *backoff) next() time.Duration {
-	d := b.max
-	if b.attempt < 32 {
-		if e := b.min << b.attempt; e > 0 && e < b.max {
-			d = e
-		}
-	}
-	b.attempt++
-	return d/2 + rand.N(d/2+1)
-}
-
-// reset starts the delays over from min.
-func (b *backoff) reset() { b.attempt = 0 }

@@ -1,14 +1,18 @@
 // Package delphi is the agent's local object store: the place where the desired state that
 // nimbusclient receives meets the status that the HAL reports.
 //
-// Delphi keeps two tables on go-memdb. The desired table holds the objects targeted at this
-// node, as nimbus sent them, together with the nimbus epoch and revision they correspond to.
-// The status table holds, per object, the status the HAL reported for this node.
+// Delphi keeps two tables. The desired table, on go-memdb, holds the objects targeted at
+// this node, as nimbus sent them, together with the nimbus epoch and revision they
+// correspond to. The status table holds, per object, the status the HAL reported for this
+// node; statuses are many, small, rewritten on every reconcile and never kept on disk, so
+// it is a map under a read-write mutex rather than radix trees that copy nodes and make
+// watch channels on every write.
 //
 // Ownership is enforced by the API: each table has exactly one writer handle, claimed once
 // (ClaimDesired, ClaimStatus); a second claim fails with ErrWriterClaimed. Readers need no
-// handle and never lock: every read sees one committed state. Stored objects are immutable;
-// callers must not modify what Get and List return.
+// handle: every read sees one committed state. Readers of the desired table never lock;
+// readers of statuses wait at most for one status transaction to be applied in memory.
+// Stored objects are immutable; callers must not modify what Get and List return.
 //
 // Besides by key and kind, the desired table is indexed the way its readers look things
 // up, by indexes they declare themselves (Options.Indexes, read with Lookup), as go-memdb
@@ -38,7 +42,6 @@
 // and naples_delphi_objects{kind,phase}, the desired objects by kind and by the phase of
 // their status for their current generation (PROGRAMMED, FAILED, or PENDING: a status
 // that says so, none yet, or one for an older generation). The object counts are not kept
-// up to date on every write: a scrape computes them in one read transaction, walking the
-// desired and the status table side by side in key order, so it costs one pass over the
-// objects and writers pay nothing for it.
+// up to date on every write: a scrape computes them in one pass over the desired table,
+// looking up each object's status, and writers pay nothing for it.
 package delphi

@@ -114,6 +114,15 @@ func TestDeclaredIndexes(t *testing.T) {
 		if got := lookup(t, s, tt.index, tt.value); !slices.Equal(got, tt.want) {
 			t.Errorf("Lookup(%s, %s) = %v, want %v", tt.index, tt.value, got, tt.want)
 		}
+		obj, id, err := s.LookupFirst(tt.index, tt.value)
+		switch {
+		case err != nil:
+			t.Errorf("LookupFirst(%s, %s): %v", tt.index, tt.value, err)
+		case len(tt.want) == 0 && (obj != nil || id != ""):
+			t.Errorf("LookupFirst(%s, %s) = %s; want none", tt.index, tt.value, id)
+		case len(tt.want) > 0 && (obj.GetMeta().GetName() != tt.want[0] || id != obj.Key().ID()):
+			t.Errorf("LookupFirst(%s, %s) = %v, %s; want %s", tt.index, tt.value, obj.GetMeta().GetName(), id, tt.want[0])
+		}
 	}
 
 	// Changing and deleting objects moves and drops their index entries.
@@ -142,6 +151,9 @@ func TestDeclaredIndexes(t *testing.T) {
 
 	// An index nobody declared is an error, not an empty answer.
 	for _, index := range []string{"route_dst", "id", "kind"} {
+		if _, _, err := s.LookupFirst(index, "x"); !errors.Is(err, ErrUnknownIndex) {
+			t.Errorf("LookupFirst(%s) error = %v, want ErrUnknownIndex", index, err)
+		}
 		if _, err := s.Lookup(index, "x"); !errors.Is(err, ErrUnknownIndex) {
 			t.Errorf("Lookup(%s) error = %v, want ErrUnknownIndex", index, err)
 		}

@@ -1,13 +1,11 @@
 package delphi
 
 import (
-	"errors"
-	"fmt"
 	"strings"
 
-	"github.com/hashicorp/go-memdb"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/naplesnet/naples/internal/telemetry"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -27,9 +25,8 @@ type objectCounts [len(phases)]int
 
 // metrics are the Prometheus metrics of one Store.
 type metrics struct {
-	reg prometheus.Registerer
-	// registered holds what reg took, for unregister.
-	registered []prometheus.Collector
+	// unregister removes the metrics from the Registerer they were registered with.
+	unregister func()
 
 	commitDuration *prometheus.HistogramVec
 	commitSize     *prometheus.HistogramVec
@@ -40,7 +37,6 @@ type metrics struct {
 func newMetrics(s *Store, reg prometheus.Registerer) (*metrics, error) {
 	const ns, sub = "naples", "delphi"
 	m := &metrics{
-		reg: reg,
 		commitDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Subsystem: sub, Name: "commit_duration_seconds",
 			Help:    "Time a write transaction takes, by table: the memdb transaction, its write to the state file (one fsync) when durable changes are in it, and the notification of subscribers.",
@@ -73,26 +69,11 @@ func newMetrics(s *Store, reg prometheus.Registerer) (*metrics, error) {
 		"Desired objects by kind and by the phase of their status for their current generation: PROGRAMMED, FAILED, or PENDING (a status that says so, none yet, or one of an older generation). Counted at scrape time in one pass over both tables.",
 		[]string{"kind", "phase"}, nil,
 	)}
-	for _, c := range []prometheus.Collector{m.commitDuration, m.commitSize, synced, objects} {
-		if err := reg.Register(c); err != nil {
-			m.unregister()
-			var are prometheus.AlreadyRegisteredError
-			if errors.As(err, &are) {
-				err = fmt.Errorf("%w (is another Store using the same Registerer?)", err)
-			}
-			return nil, fmt.Errorf("registering metrics: %w", err)
-		}
-		m.registered = append(m.registered, c)
+	var err error
+	if m.unregister, err = telemetry.Register(reg, "Store", m.commitDuration, m.commitSize, synced, objects); err != nil {
+		return nil, err
 	}
 	return m, nil
-}
-
-// unregister removes the metrics from the Registerer they were registered with.
-func (m *metrics) unregister() {
-	for _, c := range m.registered {
-		m.reg.Unregister(c)
-	}
-	m.registered = nil
 }
 
 // objectsCollector collects naples_delphi_objects from the store's tables at scrape time.
@@ -120,28 +101,21 @@ func (c objectsCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// countObjects counts the desired objects per kind and phase in one read transaction. Both
-// tables are ordered by key ID, so one merged pass over them finds each object's status:
-// the cost is linear in the number of objects, without a lookup per object.
+// countObjects counts the desired objects per kind and phase: one read transaction of the
+// desired table, and a lookup of each object's status in the status map under one read
+// lock, so the cost is linear in the number of objects.
 func (s *Store) countObjects() map[nimbusv1.Kind]*objectCounts {
 	counts := map[nimbusv1.Kind]*objectCounts{}
-	txn := s.db.Txn(false)
-	desired, err := txn.Get(string(TableDesired), "id")
+	desired, err := s.db.Txn(false).Get(string(TableDesired), "id")
 	if err != nil {
 		return counts
 	}
-	statuses, err := txn.Get(string(TableStatus), "id")
-	if err != nil {
-		return counts
-	}
-	st := nextStatus(statuses)
+	s.statusMu.RLock()
+	defer s.statusMu.RUnlock()
 	for raw := desired.Next(); raw != nil; raw = desired.Next() {
 		d := raw.(*desiredRecord)
-		for st != nil && st.ID < d.ID {
-			st = nextStatus(statuses)
-		}
 		phase := phasePending
-		if st != nil && st.ID == d.ID && st.Status.GetObservedGeneration() == d.Object.GetMeta().GetGeneration() {
+		if st, ok := s.statuses[d.ID]; ok && st.Status.GetObservedGeneration() == d.Object.GetMeta().GetGeneration() {
 			switch st.Status.GetPhase() {
 			case nimbusv1.Phase_PHASE_PROGRAMMED:
 				phase = phaseProgrammed
@@ -158,11 +132,4 @@ func (s *Store) countObjects() map[nimbusv1.Kind]*objectCounts {
 		n[phase]++
 	}
 	return counts
-}
-
-func nextStatus(it memdb.ResultIterator) *statusRecord {
-	if raw := it.Next(); raw != nil {
-		return raw.(*statusRecord)
-	}
-	return nil
 }

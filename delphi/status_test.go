@@ -128,3 +128,26 @@ func TestStatusTxnIsAtomic(t *testing.T) {
 		t.Errorf("status of r00042 = %v, %v; want %v", got, ok, want)
 	}
 }
+
+// TestSameStatusComparesEveryField fails when NodeStatus gains a field that sameStatus
+// does not compare.
+func TestSameStatusComparesEveryField(t *testing.T) {
+	fields := (&nimbusv1.NodeStatus{}).ProtoReflect().Descriptor().Fields()
+	var names []string
+	for i := 0; i < fields.Len(); i++ {
+		names = append(names, string(fields.Get(i).Name()))
+	}
+	want := []string{"node", "observed_generation", "phase", "reason", "message", "update_time", "operational", "stale"}
+	if !slices.Equal(names, want) {
+		t.Fatalf("NodeStatus fields are %v; sameStatus compares %v: update it", names, want)
+	}
+	a := &nimbusv1.NodeStatus{Phase: nimbusv1.Phase_PHASE_PROGRAMMED, Operational: map[string]string{"a": "1"}, UpdateTime: timestamppb.Now()}
+	b := &nimbusv1.NodeStatus{Phase: nimbusv1.Phase_PHASE_PROGRAMMED, Operational: map[string]string{"a": "1"}}
+	if !sameStatus(a, b) {
+		t.Error("statuses that differ only in update time differ")
+	}
+	b.Operational["a"] = "2"
+	if sameStatus(a, b) {
+		t.Error("statuses with different operational data are the same")
+	}
+}

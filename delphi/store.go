@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -44,19 +45,19 @@ const (
 
 const tableResume = "resume"
 
-// desiredRecord is one row of the desired table. Indexed holds, per declared index, the
-// values the index lists the object under, computed once when the record is made.
+// desiredRecord is one row of the desired table. Indexed holds, per declared index in the
+// order of Options.Indexes, the values the index lists the object under, computed once
+// when the record is made; it is nil when no index lists the object.
 type desiredRecord struct {
 	ID      string
 	Kind    int
 	Object  *nimbusv1.Object
-	Indexed map[string][]string
+	Indexed [][]string
 }
 
-// statusRecord is one row of the status table.
+// statusRecord is one row of the status table. Its key is its key ID in the table;
+// Statuses parses it back.
 type statusRecord struct {
-	ID     string
-	Key    *nimbusv1.ObjectKey
 	Status *nimbusv1.NodeStatus
 }
 
@@ -80,12 +81,19 @@ type Index struct {
 	Values func(obj *nimbusv1.Object) []string
 }
 
-// indexer is the go-memdb indexer of a declared index: it reads the values that
-// newDesiredRecord computed.
-type indexer struct{ name string }
+// indexer is the go-memdb indexer of a declared index, the pos-th: it reads the values
+// that newDesiredRecord computed.
+type indexer struct {
+	name string
+	pos  int
+}
 
 func (ix indexer) FromObject(raw any) (bool, [][]byte, error) {
-	vals := raw.(*desiredRecord).Indexed[ix.name]
+	r := raw.(*desiredRecord)
+	if len(r.Indexed) == 0 {
+		return false, nil, nil
+	}
+	vals := r.Indexed[ix.pos]
 	if len(vals) == 0 {
 		return false, nil, nil
 	}
@@ -109,8 +117,7 @@ func (ix indexer) FromArgs(args ...any) ([]byte, error) {
 
 func schema(indexes []Index) (*memdb.DBSchema, error) {
 	desired := map[string]*memdb.IndexSchema{
-		"id":   {Name: "id", Unique: true, Indexer: &memdb.StringFieldIndex{Field: "ID"}},
-		"kind": {Name: "kind", Indexer: &memdb.IntFieldIndex{Field: "Kind"}},
+		"id": {Name: "id", Unique: true, Indexer: &memdb.StringFieldIndex{Field: "ID"}},
 	}
 	for i, ix := range indexes {
 		switch {
@@ -118,19 +125,13 @@ func schema(indexes []Index) (*memdb.DBSchema, error) {
 			return nil, fmt.Errorf("Options.Indexes[%d].Name: is required", i)
 		case ix.Values == nil:
 			return nil, fmt.Errorf("Options.Indexes[%d].Values (index %q): is required", i, ix.Name)
-		case desired[ix.Name] != nil:
+		case desired[ix.Name] != nil || ix.Name == "kind":
 			return nil, fmt.Errorf("Options.Indexes[%d].Name %q: index declared twice or built in", i, ix.Name)
 		}
-		desired[ix.Name] = &memdb.IndexSchema{Name: ix.Name, AllowMissing: true, Indexer: indexer{ix.Name}}
+		desired[ix.Name] = &memdb.IndexSchema{Name: ix.Name, AllowMissing: true, Indexer: indexer{ix.Name, i}}
 	}
 	return &memdb.DBSchema{Tables: map[string]*memdb.TableSchema{
 		string(TableDesired): {Name: string(TableDesired), Indexes: desired},
-		string(TableStatus): {
-			Name: string(TableStatus),
-			Indexes: map[string]*memdb.IndexSchema{
-				"id": {Name: "id", Unique: true, Indexer: &memdb.StringFieldIndex{Field: "ID"}},
-			},
-		},
 		tableResume: {
 			Name: tableResume,
 			Indexes: map[string]*memdb.IndexSchema{
@@ -160,8 +161,9 @@ type Options struct {
 	Registerer prometheus.Registerer
 }
 
-// Store is the local object store. Its read methods are safe for concurrent use and never
-// block on writers.
+// Store is the local object store. Its read methods are safe for concurrent use; reads of
+// the desired table never block on writers, and reads of the status table wait at most
+// for one status transaction to be applied to memory.
 type Store struct {
 	db      *memdb.MemDB
 	log     *slog.Logger
@@ -174,6 +176,13 @@ type Store struct {
 	// of metrics against Close.
 	writeMu sync.Mutex
 	disk    *disk // nil without Options.Dir
+
+	// statusMu guards statuses, the status table. Statuses are many, small, rewritten
+	// often and never kept on disk, so they live in a plain map rather than in go-memdb,
+	// whose radix trees copy nodes and make watch channels on every write. Writers also
+	// hold writeMu.
+	statusMu sync.RWMutex
+	statuses map[string]*statusRecord
 
 	// mu guards subs, desiredClaimed, statusClaimed, synced and closed.
 	mu             sync.Mutex
@@ -205,11 +214,12 @@ func Open(opts Options) (*Store, error) {
 		log = slog.Default()
 	}
 	s := &Store{
-		db:      db,
-		log:     log,
-		indexes: opts.Indexes,
-		subs:    make(map[*Subscription]struct{}),
-		synced:  make(chan struct{}),
+		db:       db,
+		log:      log,
+		indexes:  opts.Indexes,
+		subs:     make(map[*Subscription]struct{}),
+		synced:   make(chan struct{}),
+		statuses: make(map[string]*statusRecord),
 	}
 	reg := opts.Registerer
 	if reg == nil {
@@ -304,7 +314,9 @@ func (s *Store) List(kind nimbusv1.Kind) []*nimbusv1.Object {
 	if kind == nimbusv1.Kind_KIND_UNSPECIFIED {
 		return s.desiredBy("id")
 	}
-	return s.desiredBy("kind", int(kind))
+	// A key ID starts with its kind's name, so the id index lists a kind's objects
+	// together: no index of its own, which would cost a radix path per object.
+	return s.desiredBy("id_prefix", kind.Name()+"/")
 }
 
 // Lookup returns the desired objects that the declared index lists under value, ordered by
@@ -315,6 +327,25 @@ func (s *Store) Lookup(index, value string) ([]*nimbusv1.Object, error) {
 		return nil, fmt.Errorf("looking up %q in index %q: %w", value, index, ErrUnknownIndex)
 	}
 	return s.desiredBy(index, value), nil
+}
+
+// LookupFirst returns the first by key of the desired objects that the declared index
+// lists under value, with its key ID; obj is nil when there is none. It costs one index
+// lookup, without the listing of Lookup. An index that was not declared in
+// Options.Indexes is an error wrapping ErrUnknownIndex.
+func (s *Store) LookupFirst(index, value string) (obj *nimbusv1.Object, keyID string, err error) {
+	if index == "id" || index == "kind" || !slices.ContainsFunc(s.indexes, func(ix Index) bool { return ix.Name == index }) {
+		return nil, "", fmt.Errorf("looking up %q in index %q: %w", value, index, ErrUnknownIndex)
+	}
+	raw, err := s.db.Txn(false).First(string(TableDesired), index, value)
+	if err != nil {
+		return nil, "", fmt.Errorf("looking up %q in index %q: %w", value, index, err)
+	}
+	if raw == nil {
+		return nil, "", nil
+	}
+	r := raw.(*desiredRecord)
+	return r.Object, r.ID, nil
 }
 
 // ScopedName returns the form in which the reference indexes hold a referenced object,
@@ -358,11 +389,13 @@ func (s *Store) Resume() (epoch string, revision uint64) {
 
 // Status returns the status the HAL reported for the object with the given key.
 func (s *Store) Status(key *nimbusv1.ObjectKey) (*nimbusv1.NodeStatus, bool) {
-	raw, err := s.db.Txn(false).First(string(TableStatus), "id", key.ID())
-	if err != nil || raw == nil {
+	s.statusMu.RLock()
+	r, ok := s.statuses[key.ID()]
+	s.statusMu.RUnlock()
+	if !ok {
 		return nil, false
 	}
-	return raw.(*statusRecord).Status, true
+	return r.Status, true
 }
 
 // StatusEntry is one object's status as Statuses returns it.
@@ -373,16 +406,28 @@ type StatusEntry struct {
 
 // Statuses returns every status, ordered by key.
 func (s *Store) Statuses() []StatusEntry {
-	it, err := s.db.Txn(false).Get(string(TableStatus), "id")
-	if err != nil {
-		return nil
+	s.statusMu.RLock()
+	ids := s.statusIDsLocked()
+	out := make([]StatusEntry, 0, len(ids))
+	for _, id := range ids {
+		key, err := nimbusv1.ParseKeyID(id)
+		if err != nil {
+			continue // not stored: StatusTxn takes keys, whose IDs parse
+		}
+		out = append(out, StatusEntry{Key: key, Status: s.statuses[id].Status})
 	}
-	var out []StatusEntry
-	for raw := it.Next(); raw != nil; raw = it.Next() {
-		r := raw.(*statusRecord)
-		out = append(out, StatusEntry{Key: r.Key, Status: r.Status})
-	}
+	s.statusMu.RUnlock()
 	return out
+}
+
+// statusIDsLocked returns the key IDs of every status, ordered; the caller holds statusMu.
+func (s *Store) statusIDsLocked() []string {
+	ids := make([]string, 0, len(s.statuses))
+	for id := range s.statuses {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
 }
 
 // Synced returns a channel that is closed once the desired table has been marked complete
@@ -442,63 +487,48 @@ func (s *Store) write(table Table, fn func(txn *memdb.Txn) error) error {
 		}
 	}
 	txn.Commit()
-	changed := s.notify(changes)
+	var ids []string
+	for _, c := range changes {
+		if Table(c.Table) != TableDesired {
+			continue
+		}
+		obj := c.After
+		if obj == nil {
+			obj = c.Before
+		}
+		ids = append(ids, obj.(*desiredRecord).ID)
+	}
+	s.notify(TableDesired, ids)
 	s.metrics.commitDuration.WithLabelValues(string(table)).Observe(time.Since(start).Seconds())
-	s.metrics.commitSize.WithLabelValues(string(table)).Observe(float64(changed))
+	s.metrics.commitSize.WithLabelValues(string(table)).Observe(float64(len(ids)))
 	return nil
 }
 
-// notify hands the changed keys of a commit to the matching subscriptions. It returns the
-// number of objects and statuses the commit changed.
-func (s *Store) notify(changes memdb.Changes) int {
-	byTable := map[Table][]string{}
-	for _, c := range changes {
-		t := Table(c.Table)
-		if t != TableDesired && t != TableStatus {
-			continue
-		}
-		if id := changeID(c); id != "" {
-			byTable[t] = append(byTable[t], id)
-		}
-	}
-	changed := len(byTable[TableDesired]) + len(byTable[TableStatus])
-	if changed == 0 {
-		return 0
+// notify hands the keys of one table that a commit changed to the matching
+// subscriptions; the caller holds writeMu.
+func (s *Store) notify(table Table, ids []string) {
+	if len(ids) == 0 {
+		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for sub := range s.subs {
-		for _, t := range sub.opts.Tables {
-			sub.add(byTable[t])
+		if slices.Contains(sub.opts.Tables, table) {
+			sub.add(ids)
 		}
 	}
-	return changed
-}
-
-func changeID(c memdb.Change) string {
-	obj := c.After
-	if obj == nil {
-		obj = c.Before
-	}
-	switch r := obj.(type) {
-	case *desiredRecord:
-		return r.ID
-	case *statusRecord:
-		return r.ID
-	}
-	return ""
 }
 
 // newDesiredRecord makes the desired-table row of obj, with the values of every declared
 // index.
 func (s *Store) newDesiredRecord(obj *nimbusv1.Object) *desiredRecord {
 	r := &desiredRecord{ID: obj.Key().ID(), Kind: int(obj.Kind()), Object: obj}
-	for _, ix := range s.indexes {
+	for i, ix := range s.indexes {
 		if vals := ix.Values(obj); len(vals) > 0 {
 			if r.Indexed == nil {
-				r.Indexed = make(map[string][]string, len(s.indexes))
+				r.Indexed = make([][]string, len(s.indexes))
 			}
-			r.Indexed[ix.Name] = vals
+			r.Indexed[i] = vals
 		}
 	}
 	return r
@@ -519,6 +549,13 @@ type DesiredTxn struct {
 // Put stores obj, replacing any object with the same key. The store keeps its own copy.
 func (t *DesiredTxn) Put(obj *nimbusv1.Object) {
 	t.puts = append(t.puts, proto.CloneOf(obj))
+}
+
+// PutOwned stores obj itself, without the copy Put makes: the caller hands it over and
+// must not modify it afterwards. The nimbus client, which decodes a fresh object from
+// every watch event, uses it.
+func (t *DesiredTxn) PutOwned(obj *nimbusv1.Object) {
+	t.puts = append(t.puts, obj)
 }
 
 // Delete removes the object with the given key; an absent key is not an error.
@@ -626,7 +663,14 @@ type statusOp struct {
 // Set stores the status of the object with the given key. The store keeps its own copy.
 func (t *StatusTxn) Set(key *nimbusv1.ObjectKey, st *nimbusv1.NodeStatus) {
 	id := key.ID()
-	t.ops = append(t.ops, statusOp{id: id, rec: &statusRecord{ID: id, Key: key.Defaulted(), Status: proto.CloneOf(st)}})
+	t.ops = append(t.ops, statusOp{id: id, rec: &statusRecord{Status: proto.CloneOf(st)}})
+}
+
+// SetOwned stores st itself, without the copy Set makes: the caller hands it over and must
+// not modify it afterwards. The HAL, which builds a fresh status for every reconcile,
+// uses it.
+func (t *StatusTxn) SetOwned(key *nimbusv1.ObjectKey, st *nimbusv1.NodeStatus) {
+	t.ops = append(t.ops, statusOp{id: key.ID(), rec: &statusRecord{Status: st}})
 }
 
 // Delete removes the status of the object with the given key; an absent one is not an
@@ -646,30 +690,51 @@ func (w *StatusWriter) Commit(t *StatusTxn) error {
 	if len(t.ops) == 0 {
 		return nil
 	}
-	return w.s.write(TableStatus, func(txn *memdb.Txn) error {
-		for _, op := range t.ops {
-			old, err := txn.First(string(TableStatus), "id", op.id)
-			if err != nil {
-				return fmt.Errorf("reading status of %s: %w", op.id, err)
-			}
-			if op.rec == nil {
-				if old == nil {
-					continue
-				}
-				if err := txn.Delete(string(TableStatus), old); err != nil {
-					return fmt.Errorf("deleting status of %s: %w", op.id, err)
-				}
-				continue
-			}
-			if old != nil && sameStatus(old.(*statusRecord).Status, op.rec.Status) {
-				continue
-			}
-			if err := txn.Insert(string(TableStatus), op.rec); err != nil {
-				return fmt.Errorf("storing status of %s: %w", op.id, err)
-			}
+	s := w.s
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
+	start := time.Now()
+	// before holds, per key the batch wrote, its record before the batch (nil when it had
+	// none), so that subscribers hear of the keys whose status the batch as a whole changed.
+	var ids []string
+	before := make(map[string]*statusRecord, len(t.ops))
+	s.statusMu.Lock()
+	for _, op := range t.ops {
+		old, had := s.statuses[op.id]
+		switch {
+		case op.rec == nil && !had:
+			continue
+		case op.rec != nil && had && sameStatus(old.Status, op.rec.Status):
+			continue
 		}
-		return nil
-	})
+		if _, seen := before[op.id]; !seen {
+			before[op.id] = old
+			ids = append(ids, op.id)
+		}
+		if op.rec == nil {
+			delete(s.statuses, op.id)
+		} else {
+			s.statuses[op.id] = op.rec
+		}
+	}
+	changed := ids[:0]
+	for _, id := range ids {
+		if s.statuses[id] != before[id] {
+			changed = append(changed, id)
+		}
+	}
+	s.statusMu.Unlock()
+	ids = changed
+	s.notify(TableStatus, ids)
+	s.metrics.commitDuration.WithLabelValues(string(TableStatus)).Observe(time.Since(start).Seconds())
+	s.metrics.commitSize.WithLabelValues(string(TableStatus)).Observe(float64(len(ids)))
+	return nil
 }
 
 // Set stores the status of the object with the given key, in a transaction of its own. A
@@ -688,8 +753,16 @@ func (w *StatusWriter) Delete(key *nimbusv1.ObjectKey) error {
 	return w.Commit(t)
 }
 
+// sameStatus reports whether two statuses are equal apart from their update times. It
+// compares the fields of NodeStatus one by one instead of cloning both to clear their
+// times: it runs on every status write.
 func sameStatus(a, b *nimbusv1.NodeStatus) bool {
-	a, b = proto.CloneOf(a), proto.CloneOf(b)
-	a.UpdateTime, b.UpdateTime = nil, nil
-	return proto.Equal(a, b)
+	return a.GetNode() == b.GetNode() &&
+		a.GetObservedGeneration() == b.GetObservedGeneration() &&
+		a.GetPhase() == b.GetPhase() &&
+		a.GetReason() == b.GetReason() &&
+		a.GetMessage() == b.GetMessage() &&
+		a.GetStale() == b.GetStale() &&
+		maps.Equal(a.GetOperational(), b.GetOperational()) &&
+		len(a.ProtoReflect().GetUnknown()) == 0 && len(b.ProtoReflect().GetUnknown()) == 0
 }

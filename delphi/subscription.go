@@ -77,9 +77,9 @@ func (s *Store) Subscribe(opts SubscribeOptions) (*Subscription, error) {
 				ids = append(ids, obj.Key().ID())
 			}
 		case t == TableStatus:
-			for _, e := range s.Statuses() {
-				ids = append(ids, e.Key.ID())
-			}
+			s.statusMu.RLock()
+			ids = append(ids, s.statusIDsLocked()...)
+			s.statusMu.RUnlock()
 		}
 	}
 	sub.add(ids)

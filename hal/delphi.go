@@ -53,7 +53,7 @@ func (d *delphiStore) WriteStatus(updates []StatusUpdate) error {
 		if u.Status == nil {
 			txn.Delete(u.Key)
 		} else {
-			txn.Set(u.Key, u.Status)
+			txn.SetOwned(u.Key, u.Status)
 		}
 	}
 	err := d.status.Commit(txn)

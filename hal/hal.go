@@ -78,7 +78,8 @@ type Store interface {
 	Synced() <-chan struct{}
 	// WriteStatus records the statuses in one transaction, in order: an update with a
 	// Status sets the status of the object with its Key, one without removes it (an absent
-	// one is no error).
+	// one is no error). The store may keep the statuses themselves: the HAL never
+	// modifies a status once it has handed it over.
 	WriteStatus(updates []StatusUpdate) error
 }
 

@@ -1,19 +1,16 @@
 package hal
 
 import (
-	"errors"
-	"fmt"
-
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/naplesnet/naples/internal/telemetry"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
 // metrics are the Prometheus metrics of one HAL.
 type metrics struct {
-	reg prometheus.Registerer
-	// registered holds what reg took, for unregister.
-	registered []prometheus.Collector
+	// unregister removes the metrics from the Registerer they were registered with.
+	unregister func()
 
 	// duration observes reconciles by kind; kinds holds its observer per kind.
 	duration *prometheus.HistogramVec
@@ -26,7 +23,6 @@ type metrics struct {
 func newMetrics(h *HAL, reg prometheus.Registerer) (*metrics, error) {
 	const ns, sub = "naples", "hal"
 	m := &metrics{
-		reg: reg,
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Subsystem: sub, Name: "reconcile_duration_seconds",
 			Help:    "Time a reconcile takes, by kind, whatever its outcome (Options.Clock's time).",
@@ -59,26 +55,11 @@ func newMetrics(h *HAL, reg prometheus.Registerer) (*metrics, error) {
 		commits:    prometheus.NewDesc(prometheus.BuildFQName(ns, sub, "status_commits_total"), "Store transactions that recorded statuses.", nil, nil),
 		statuses:   prometheus.NewDesc(prometheus.BuildFQName(ns, sub, "status_writes_total"), "Statuses, and removals of statuses, recorded.", nil, nil),
 	}
-	for _, c := range []prometheus.Collector{m.duration, m.retries, depth, unreconciled, stats} {
-		if err := reg.Register(c); err != nil {
-			m.unregister()
-			var are prometheus.AlreadyRegisteredError
-			if errors.As(err, &are) {
-				err = fmt.Errorf("%w (is another HAL using the same Registerer?)", err)
-			}
-			return nil, fmt.Errorf("registering metrics: %w", err)
-		}
-		m.registered = append(m.registered, c)
+	var err error
+	if m.unregister, err = telemetry.Register(reg, "HAL", m.duration, m.retries, depth, unreconciled, stats); err != nil {
+		return nil, err
 	}
 	return m, nil
-}
-
-// unregister removes the metrics from the Registerer they were registered with.
-func (m *metrics) unregister() {
-	for _, c := range m.registered {
-		m.reg.Unregister(c)
-	}
-	m.registered = nil
 }
 
 // statsCollector collects the counts of HAL.Stats at scrape time.

@@ -1,10 +1,9 @@
 package nimbus
 
 import (
-	"errors"
-	"fmt"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/naplesnet/naples/internal/telemetry"
 )
 
 // Values of the mode label of naples_nimbus_watch_starts_total.
@@ -15,9 +14,8 @@ const (
 
 // metrics are the Prometheus metrics of one Server.
 type metrics struct {
-	reg prometheus.Registerer
-	// registered holds what reg took, for unregister.
-	registered []prometheus.Collector
+	// unregister removes the metrics from the Registerer they were registered with.
+	unregister func()
 
 	resets      prometheus.Counter
 	watchStarts *prometheus.CounterVec
@@ -33,7 +31,6 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	const ns, sub = "naples", "nimbus"
 	m := &metrics{
-		reg: reg,
 		resets: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "watcher_resets_total",
 			Help: "Watch streams ended with ResourceExhausted because their buffer was full.",
@@ -67,24 +64,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	// Both modes are present from the start, so that rates work from the first watch.
 	m.watchStarts.WithLabelValues(watchModeResume)
 	m.watchStarts.WithLabelValues(watchModeSnapshot)
-	for _, c := range []prometheus.Collector{m.resets, m.watchStarts, m.watchers, m.revision, m.objects, m.commits, m.commitSize} {
-		if err := reg.Register(c); err != nil {
-			m.unregister()
-			var are prometheus.AlreadyRegisteredError
-			if errors.As(err, &are) {
-				err = fmt.Errorf("%w (is another Server using the same Registerer?)", err)
-			}
-			return nil, fmt.Errorf("registering metrics: %w", err)
-		}
-		m.registered = append(m.registered, c)
+	var err error
+	if m.unregister, err = telemetry.Register(reg, "Server", m.resets, m.watchStarts, m.watchers, m.revision, m.objects, m.commits, m.commitSize); err != nil {
+		return nil, err
 	}
 	return m, nil
-}
-
-// unregister removes the metrics from the Registerer they were registered with.
-func (m *metrics) unregister() {
-	for _, c := range m.registered {
-		m.reg.Unregister(c)
-	}
-	m.registered = nil
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/internal/address"
+	"github.com/naplesnet/naples/internal/backoff"
 	"github.com/naplesnet/naples/internal/pki"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -182,7 +183,7 @@ func (c *Client) Run(ctx context.Context) error {
 
 // loop runs one stream again and again with backoff until ctx ends.
 func (c *Client) loop(ctx context.Context, stream string, run func(context.Context) error) {
-	b := backoff{min: c.opts.MinBackoff, max: c.opts.MaxBackoff}
+	b := backoff.Backoff{Min: c.opts.MinBackoff, Max: c.opts.MaxBackoff}
 	for {
 		start := time.Now()
 		err := run(ctx)
@@ -190,9 +191,9 @@ func (c *Client) loop(ctx context.Context, stream string, run func(context.Conte
 			return
 		}
 		if time.Since(start) >= c.opts.HealthyAfter {
-			b.reset()
+			b.Reset()
 		}
-		delay := b.next()
+		delay := b.Next()
 		c.log.Warn("nimbus stream ended; reconnecting", "stream", stream, "err", err, "in", delay)
 		t := time.NewTimer(delay)
 		select {
@@ -357,7 +358,7 @@ func (w *watchStream) addEvent(ev *nimbusv1.WatchEvent) error {
 	if w.snapshot != nil {
 		switch typ {
 		case nimbusv1.WatchEvent_TYPE_PUT:
-			w.snapshot.Put(ev.GetObject())
+			w.snapshot.PutOwned(ev.GetObject()) // decoded afresh for this event, kept by no one else
 			w.snapshotObjects++
 			return nil
 		case nimbusv1.WatchEvent_TYPE_SYNCED:
@@ -421,7 +422,7 @@ func (w *watchStream) commit() error {
 	deleted := 0
 	for _, pw := range p.writes {
 		if pw.obj != nil {
-			txn.Put(pw.obj)
+			txn.PutOwned(pw.obj)
 		} else {
 			txn.Delete(pw.key)
 			deleted++

@@ -236,23 +236,3 @@ func waitNodeStatus(t *testing.T, b *bus, name string) {
 		return false
 	})
 }
-
-func TestBackoff(t *testing.T) {
-	b := backoff{min: 100 * time.Millisecond, max: 30 * time.Second}
-	var prevCap time.Duration
-	for i := range 20 {
-		capd := min(b.min<<i, b.max)
-		d := b.next()
-		if d < capd/2 || d > capd {
-			t.Fatalf("attempt %d: delay %v outside [%v, %v]", i, d, capd/2, capd)
-		}
-		if capd < prevCap {
-			t.Fatalf("attempt %d: cap shrank", i)
-		}
-		prevCap = capd
-	}
-	b.reset()
-	if d := b.next(); d > b.min {
-		t.Errorf("after reset: delay %v, want at most %v", d, b.min)
-	}
-}

@@ -1,10 +1,9 @@
 package nimbusclient
 
 import (
-	"errors"
-	"fmt"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/naplesnet/naples/internal/telemetry"
 )
 
 // Values of the labels of the client's metrics.
@@ -19,9 +18,8 @@ const (
 
 // metrics are the Prometheus metrics of one Client.
 type metrics struct {
-	reg prometheus.Registerer
-	// registered holds what reg took, for unregister.
-	registered []prometheus.Collector
+	// unregister removes the metrics from the Registerer they were registered with.
+	unregister func()
 
 	connected     prometheus.Gauge
 	reconnects    *prometheus.CounterVec
@@ -34,7 +32,6 @@ type metrics struct {
 func newMetrics(c *Client, reg prometheus.Registerer) (*metrics, error) {
 	const ns, sub = "naples", "nimbusclient"
 	m := &metrics{
-		reg: reg,
 		connected: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "watch_connected",
 			Help: "1 while a watch stream is up, from its first event until it ends; 0 otherwise.",
@@ -61,24 +58,9 @@ func newMetrics(c *Client, reg prometheus.Registerer) (*metrics, error) {
 		Namespace: ns, Subsystem: sub, Name: "events_received_total",
 		Help: "Watch events received from nimbus, snapshot events and markers included.",
 	}, func() float64 { return float64(c.EventsReceived()) })
-	for _, col := range []prometheus.Collector{m.connected, m.reconnects, m.watchStarts, m.statusReports, received} {
-		if err := reg.Register(col); err != nil {
-			m.unregister()
-			var are prometheus.AlreadyRegisteredError
-			if errors.As(err, &are) {
-				err = fmt.Errorf("%w (is another Client using the same Registerer?)", err)
-			}
-			return nil, fmt.Errorf("registering metrics: %w", err)
-		}
-		m.registered = append(m.registered, col)
+	var err error
+	if m.unregister, err = telemetry.Register(reg, "Client", m.connected, m.reconnects, m.watchStarts, m.statusReports, received); err != nil {
+		return nil, err
 	}
 	return m, nil
-}
-
-// unregister removes the metrics from the Registerer they were registered with.
-func (m *metrics) unregister() {
-	for _, c := range m.registered {
-		m.reg.Unregister(c)
-	}
-	m.registered = nil
 }

@@ -3,6 +3,7 @@ package linux
 import (
 	"cmp"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -28,10 +29,10 @@ import (
 const RouteProtocol netlink.RouteProtocol = 241
 
 // RouteIndex is the delphi index the route reconciler finds the owner of a kernel route
-// with: it lists a Route object under its kernel identity, derived from the parsed spec,
-// so that spellings of one prefix ("2001:DB8::/32", "2001:db8::/32") and the kernel's
-// default IPv6 metric find the same owner. Stores handed to NewRouteReconciler must
-// declare it (delphi.Options.Indexes).
+// with: it lists a Route object under its kernel identity, derived from the parsed spec
+// and held in a compact binary form (routeID.indexKey), so that spellings of one prefix
+// ("2001:DB8::/32", "2001:db8::/32") and the kernel's default IPv6 metric find the same
+// owner. Stores handed to NewRouteReconciler must declare it (delphi.Options.Indexes).
 var RouteIndex = delphi.Index{Name: "route", Values: func(obj *nimbusv1.Object) []string {
 	spec := obj.GetRoute()
 	if spec == nil {
@@ -41,7 +42,7 @@ var RouteIndex = delphi.Index{Name: "route", Values: func(obj *nimbusv1.Object) 
 	if err != nil {
 		return nil
 	}
-	return []string{id.String()}
+	return []string{id.indexKey()}
 }}
 
 // Indexes returns the delphi indexes the backend's reconcilers look objects up by.
@@ -49,9 +50,9 @@ func Indexes() []delphi.Index { return []delphi.Index{RouteIndex} }
 
 // RouteStore is what the route reconciler reads of delphi.
 type RouteStore interface {
-	// Lookup returns the desired objects a declared index lists under value, ordered by
-	// key.
-	Lookup(index, value string) ([]*nimbusv1.Object, error)
+	// LookupFirst returns the first by key of the desired objects a declared index lists
+	// under value, with its key ID; obj is nil when there is none.
+	LookupFirst(index, value string) (obj *nimbusv1.Object, keyID string, err error)
 }
 
 // RouteOptions configures a RouteReconciler.
@@ -80,8 +81,30 @@ type routeID struct {
 	metric uint32
 }
 
-// String returns the identity as "PREFIX table T metric M", the form RouteIndex lists
-// owners under.
+// indexKey returns the identity in the compact binary form RouteIndex lists owners under:
+// the address length (4 or 16), table and metric (4 bytes each, big-endian), prefix
+// length, address. It is held once per route in the index and built for every owner
+// lookup, so it is about half as long as String's form. Keys of one family have one
+// length and the families' keys differ in their first byte, so no key is a prefix of
+// another, as go-memdb's lookups of non-unique indexes need.
+func (id routeID) indexKey() string {
+	addr := id.prefix.Addr()
+	b := make([]byte, 0, 26)
+	b = append(b, byte(addr.BitLen()/8))
+	b = binary.BigEndian.AppendUint32(b, id.table)
+	b = binary.BigEndian.AppendUint32(b, id.metric)
+	b = append(b, byte(id.prefix.Bits()))
+	if addr.Is4() {
+		a := addr.As4()
+		b = append(b, a[:]...)
+	} else {
+		a := addr.As16()
+		b = append(b, a[:]...)
+	}
+	return string(b)
+}
+
+// String returns the identity as "PREFIX table T metric M".
 func (id routeID) String() string {
 	b := make([]byte, 0, 64)
 	b = id.prefix.AppendTo(b)
@@ -122,10 +145,24 @@ type RouteReconciler struct {
 
 	// mirror holds every route of the namespace that has a destination, by identity.
 	mirror *hal.Mirror[routeID, kernelRoute]
-	// filled is set once the mirror has been loaded by a dump; fillMu serializes the
-	// first loads.
+	// filled is set once the mirror has been loaded by a dump.
 	filled atomic.Bool
-	fillMu sync.Mutex
+
+	// dumpMu guards the dump fields below; dumpDone is signalled when a dump ends. Dumps
+	// run one at a time, and one dump serves every caller that asked for a dump while it
+	// had not started yet (and fill, whenever it runs): at start-up the first reconcile,
+	// the observer and the sweep each ask for one, and 100,000 routes cost close to
+	// half a second of CPU to dump.
+	dumpMu   sync.Mutex
+	dumpDone *sync.Cond
+	// dumping tells that a dump runs; dumpsStarted and dumpsEnded number the dumps that
+	// started and ended; lastDrift and lastErr are what the last one to end returned,
+	// kept while dumpWaiters, the callers in sharedDump, may read them.
+	dumping                  bool
+	dumpsStarted, dumpsEnded uint64
+	dumpWaiters              int
+	lastDrift                []routeID
+	lastErr                  error
 
 	// dstLocks serializes work on one kernel route between the workers of different keys
 	// and the sweeper: whoever holds it reads delphi and the mirror and then writes the
@@ -143,9 +180,9 @@ type RouteReconciler struct {
 // programmedRoute is a route the reconciler programmed, or adopted, for an object.
 type programmedRoute struct {
 	id routeID
-	// route is what was written, or found correct; nil for an adopted route not yet
-	// reconciled.
-	route *kernelRoute
+	// route is what was written, or found correct, kept by value; its hops are nil for an
+	// adopted route not yet reconciled.
+	route kernelRoute
 }
 
 var (
@@ -183,7 +220,7 @@ func NewRouteReconciler(opts RouteOptions) (*RouteReconciler, error) {
 		h.Close()
 		return nil, fmt.Errorf("setting netlink timeout %v: %w", opts.Timeout, err)
 	}
-	return &RouteReconciler{
+	r := &RouteReconciler{
 		store:       opts.Store,
 		handle:      h,
 		ns:          opts.Namespace,
@@ -191,7 +228,9 @@ func NewRouteReconciler(opts RouteOptions) (*RouteReconciler, error) {
 		log:         opts.Logger,
 		mirror:      hal.NewMirror[routeID, kernelRoute](sameRoute),
 		programmed:  map[string]programmedRoute{},
-	}, nil
+	}
+	r.dumpDone = sync.NewCond(&r.dumpMu)
+	return r, nil
 }
 
 // Close releases the netlink handle. It is safe to call twice.
@@ -241,8 +280,8 @@ func (r *RouteReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey
 	if err != nil {
 		return nil, err
 	}
-	if owner != nil && owner.Key().ID() != id {
-		return nil, hal.Errorf(hal.ReasonConflict, "route %s is already claimed by %s", want, owner.Key().ID())
+	if owner != "" && owner != id {
+		return nil, hal.Errorf(hal.ReasonConflict, "route %s is already claimed by %s", want, owner)
 	}
 	route, err := r.build(want, obj.GetRoute())
 	if err != nil {
@@ -262,12 +301,10 @@ func (r *RouteReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey
 		}
 		r.log.Info("route programmed", "key", id, "route", want.String())
 	}
-	r.remember(id, want, &wantRoute)
-	return map[string]string{
-		"table":    strconv.FormatUint(uint64(want.table), 10),
-		"prefix":   want.prefix.String(),
-		"nexthops": describeNexthops(wantRoute),
-	}, nil
+	r.remember(id, want, wantRoute)
+	// No operational data: PROGRAMMED at the object's generation says that the kernel
+	// holds its spec, and an echo of the spec in every status cost each route a map.
+	return nil, nil
 }
 
 // write puts route into the kernel and the mirror: `ip route replace` over a naples route
@@ -298,7 +335,7 @@ func (r *RouteReconciler) write(id routeID, route *netlink.Route, want kernelRou
 }
 
 // remember records that route, with identity rid, is the one programmed for key ID id.
-func (r *RouteReconciler) remember(id string, rid routeID, route *kernelRoute) {
+func (r *RouteReconciler) remember(id string, rid routeID, route kernelRoute) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.programmed[id] = programmedRoute{id: rid, route: route}
@@ -312,7 +349,7 @@ func (r *RouteReconciler) release(ctx context.Context, id string, old routeID) e
 	if err != nil {
 		return err
 	}
-	if owner == nil || owner.Key().ID() == id {
+	if owner == "" || owner == id {
 		if err := r.delete(ctx, old); err != nil {
 			return err
 		}
@@ -352,10 +389,10 @@ func (r *RouteReconciler) sweepOne(ctx context.Context, id routeID) error {
 	if err != nil {
 		return err
 	}
-	if owner != nil {
+	if owner != "" {
 		r.mu.Lock()
-		if _, known := r.programmed[owner.Key().ID()]; !known {
-			r.programmed[owner.Key().ID()] = programmedRoute{id: id}
+		if _, known := r.programmed[owner]; !known {
+			r.programmed[owner] = programmedRoute{id: id}
 		}
 		r.mu.Unlock()
 		return nil
@@ -448,16 +485,15 @@ func (r *RouteReconciler) apply(u netlink.RouteUpdate, enqueue func(keyID string
 // drift tells whether a route change that is not the echo of the reconciler's own write
 // leaves a route some object owns other than programmed, and which object that is.
 func (r *RouteReconciler) drift(id routeID, u netlink.RouteUpdate) (keyID string, ok bool) {
-	owner, err := r.ownerOf(id)
-	if err != nil || owner == nil {
+	keyID, err := r.ownerOf(id)
+	if err != nil || keyID == "" {
 		return "", false
 	}
-	keyID = owner.Key().ID()
 	if u.Type == unix.RTM_NEWROUTE && u.Protocol == RouteProtocol {
 		r.mu.Lock()
 		p, known := r.programmed[keyID]
 		r.mu.Unlock()
-		if known && p.id == id && p.route != nil && sameRoute(kernelRouteOf(&u.Route), *p.route) {
+		if known && p.id == id && p.route.hops != nil && sameRoute(kernelRouteOf(&u.Route), p.route) {
 			return "", false // as programmed: another writer put back the same route
 		}
 	}
@@ -469,37 +505,87 @@ func (r *RouteReconciler) fill(ctx context.Context) error {
 	if r.filled.Load() {
 		return nil
 	}
-	r.fillMu.Lock()
-	defer r.fillMu.Unlock()
-	if r.filled.Load() {
-		return nil
-	}
-	if _, err := r.dump(ctx); err != nil {
-		return err
-	}
-	r.filled.Store(true)
-	return nil
+	_, err := r.sharedDump(ctx, true)
+	return err
 }
 
 // resync loads the mirror with a fresh dump and enqueues the owners of the routes whose
 // state the dump found changed.
 func (r *RouteReconciler) resync(ctx context.Context, enqueue func(keyID string)) error {
-	drift, err := r.dump(ctx)
+	drift, err := r.sharedDump(ctx, false)
 	if err != nil {
 		return err
 	}
-	r.filled.Store(true)
 	for _, id := range drift {
 		owner, err := r.ownerOf(id)
 		if err != nil {
 			return err
 		}
-		if owner != nil {
-			r.log.Debug("route drifted unreported", "key", owner.Key().ID(), "route", id.String())
-			enqueue(owner.Key().ID())
+		if owner != "" {
+			r.log.Debug("route drifted unreported", "key", owner, "route", id.String())
+			enqueue(owner)
 		}
 	}
 	return nil
+}
+
+// sharedDump loads the mirror with a dump that started after the call, or, with loaded,
+// with any dump, even one that ran or started before it; it returns the identities whose
+// state that dump found changed. Callers that ask while a dump has not started yet share
+// it.
+func (r *RouteReconciler) sharedDump(ctx context.Context, loaded bool) ([]routeID, error) {
+	r.dumpMu.Lock()
+	defer r.dumpMu.Unlock()
+	need := r.dumpsStarted + 1 // the first dump to start after this call
+	if loaded {
+		if r.filled.Load() {
+			return nil, nil
+		}
+		need = r.dumpsStarted // the running one, if any
+	}
+	r.dumpWaiters++
+	defer func() {
+		if r.dumpWaiters--; r.dumpWaiters == 0 {
+			r.lastDrift = nil // nobody else will read it: let it go
+		}
+	}()
+	for {
+		if loaded && r.filled.Load() {
+			return nil, nil
+		}
+		if need != 0 && r.dumpsEnded >= need {
+			// A dump that serves this call has ended.
+			if r.lastErr == nil || ctx.Err() != nil {
+				return r.lastDrift, r.lastErr
+			}
+			need = r.dumpsStarted + 1 // it failed for its caller; try again for this one
+			continue
+		}
+		if !r.dumping {
+			break // none serves this call: run one
+		}
+		r.dumpDone.Wait()
+	}
+	r.dumping = true
+	r.dumpsStarted++
+	first := !r.filled.Load()
+	r.dumpMu.Unlock()
+	drift, err := r.dump(ctx)
+	if first {
+		// The first load finds everything changed against an empty mirror; the HAL
+		// reconciles every desired object once at start anyway, so there is no drift to
+		// report yet.
+		drift = nil
+	}
+	r.dumpMu.Lock()
+	r.dumping = false
+	r.dumpsEnded = r.dumpsStarted
+	r.lastDrift, r.lastErr = drift, err
+	if err == nil {
+		r.filled.Store(true)
+	}
+	r.dumpDone.Broadcast()
+	return drift, err
 }
 
 // dumpAttempts bounds how often dump starts over when the kernel reports that routes
@@ -573,17 +659,14 @@ func kernelID(rt netlink.Route) (routeID, bool) {
 	return routeID{table: uint32(rt.Table), prefix: netip.PrefixFrom(addr.Unmap(), ones).Masked(), metric: uint32(rt.Priority)}, true
 }
 
-// ownerOf returns the desired object that owns a kernel route: the first by key of the
-// Route objects with its identity.
-func (r *RouteReconciler) ownerOf(id routeID) (*nimbusv1.Object, error) {
-	objs, err := r.store.Lookup(RouteIndex.Name, id.String())
+// ownerOf returns the key ID of the desired object that owns a kernel route, the first by
+// key of the Route objects with its identity; "" when none does.
+func (r *RouteReconciler) ownerOf(id routeID) (keyID string, err error) {
+	_, keyID, err = r.store.LookupFirst(RouteIndex.Name, id.indexKey())
 	if err != nil {
-		return nil, fmt.Errorf("finding the owner of route %s: %w", id, err)
+		return "", fmt.Errorf("finding the owner of route %s: %w", id, err)
 	}
-	if len(objs) == 0 {
-		return nil, nil
-	}
-	return objs[0], nil
+	return keyID, nil
 }
 
 func (r *RouteReconciler) build(id routeID, spec *nimbusv1.RouteSpec) (*netlink.Route, error) {
@@ -684,22 +767,6 @@ func sameRoute(have, want kernelRoute) bool {
 	return have.protocol == want.protocol && slices.EqualFunc(have.hops, want.hops, func(a, b hop) bool {
 		return a.gw == b.gw && a.weight == b.weight && (b.link == 0 || a.link == b.link)
 	})
-}
-
-// describeNexthops lists the route's next hops for its status: "GW weight W, ...".
-func describeNexthops(rt kernelRoute) string {
-	var b []byte
-	for i, h := range rt.hops {
-		if i > 0 {
-			b = append(b, ", "...)
-		}
-		if h.gw.IsValid() {
-			b = h.gw.AppendTo(b)
-		}
-		b = append(b, " weight "...)
-		b = strconv.AppendInt(b, int64(h.weight), 10)
-	}
-	return string(b)
 }
 
 // addrOf converts a netlink address; nil is the zero Addr.

@@ -348,3 +348,25 @@ func TestRouteAddLeavesUnseenForeignRouteAlone(t *testing.T) {
 		}
 	})
 }
+
+// TestRouteIndexKey checks that the index keys of distinct route identities are distinct
+// and that none is a prefix of another, which go-memdb's lookups of a non-unique index
+// need: an IPv4 route and an IPv6 route whose address starts with the same bytes must not
+// find each other's owner.
+func TestRouteIndexKey(t *testing.T) {
+	ids := []routeID{
+		{table: 100, prefix: netip.MustParsePrefix("1.2.3.4/32")},
+		{table: 100, prefix: netip.MustParsePrefix("102:304::/32")},
+		{table: 100, prefix: netip.MustParsePrefix("102:304::/32"), metric: 1024},
+		{table: 100, prefix: netip.MustParsePrefix("1.2.3.0/24")},
+		{table: 101, prefix: netip.MustParsePrefix("1.2.3.4/32")},
+		{table: 100, prefix: netip.MustParsePrefix("1.2.3.4/32"), metric: 1},
+	}
+	for i, a := range ids {
+		for j, b := range ids {
+			if i != j && strings.HasPrefix(b.indexKey(), a.indexKey()) {
+				t.Errorf("the index key of %s is a prefix of that of %s", a, b)
+			}
+		}
+	}
+}

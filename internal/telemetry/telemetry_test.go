@@ -77,3 +77,26 @@ func TestProbesFollowTheProcess(t *testing.T) {
 		t.Error("still serving after Close")
 	}
 }
+
+func TestRegisterAllOrNone(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	a := prometheus.NewCounter(prometheus.CounterOpts{Name: "naples_test_a_total", Help: "A."})
+	b := prometheus.NewCounter(prometheus.CounterOpts{Name: "naples_test_b_total", Help: "B."})
+	unregister, err := Register(reg, "Thing", a, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A second owner on the same registry fails, names the clash, and leaves nothing.
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "naples_test_c_total", Help: "C."})
+	if _, err := Register(reg, "Thing", c, prometheus.NewCounter(prometheus.CounterOpts{Name: "naples_test_a_total", Help: "A."})); err == nil ||
+		!strings.Contains(err.Error(), "is another Thing using the same Registerer?") {
+		t.Fatalf("second Register = %v, want an error naming the shared Registerer", err)
+	}
+	if err := reg.Register(c); err != nil {
+		t.Errorf("the failed Register left c registered: %v", err)
+	}
+	unregister()
+	if err := reg.Register(a); err != nil {
+		t.Errorf("unregister left a registered: %v", err)
+	}
+}
