@@ -1,19 +1,15 @@
 package naplesctl
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -33,41 +29,7 @@ type batchEnv struct {
 func newBatchEnv(t *testing.T) *batchEnv {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	srv, err := nimbus.New(nimbus.Options{Logger: slog.New(slog.DiscardHandler), Registerer: reg})
-	if err != nil {
-		t.Fatalf("nimbus.New: %v", err)
-	}
-	dir := t.TempDir()
-	addr := address.Address{Network: "unix", Addr: filepath.Join(dir, "nimbus.sock")}
-	ctx, cancel := context.WithCancel(context.Background())
-	lis, err := addr.Listen(ctx)
-	if err != nil {
-		cancel()
-		t.Fatalf("listening: %v", err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ctx, lis) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-served; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	conn, err := grpc.NewClient(addr.GRPCTarget(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatalf("grpc.NewClient: %v", err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return &batchEnv{
-		env: &env{
-			t:      t,
-			server: addr.String(),
-			nimbus: nimbusv1.NewNimbusClient(conn),
-			dir:    dir,
-			vars:   map[string]string{ServerEnv: addr.String(), InsecureEnv: "1"},
-		},
-		reg: reg,
-	}
+	return &batchEnv{env: newEnvWith(t, nimbus.Options{Registerer: reg}), reg: reg}
 }
 
 // commits returns how many commits nimbus made and how many object changes they carried.

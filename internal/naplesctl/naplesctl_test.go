@@ -47,10 +47,16 @@ type env struct {
 // when the test ends. naplesctl finds it through NAPLES_SERVER.
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	srv, err := nimbus.New(nimbus.Options{
-		Logger: slog.New(slog.DiscardHandler),
-		Now:    func() time.Time { return created },
-	})
+	return newEnvWith(t, nimbus.Options{Now: func() time.Time { return created }})
+}
+
+// newEnvWith is newEnv with the nimbus options given; an unset Logger discards.
+func newEnvWith(t *testing.T, opts nimbus.Options) *env {
+	t.Helper()
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	srv, err := nimbus.New(opts)
 	if err != nil {
 		t.Fatalf("nimbus.New: %v", err)
 	}
