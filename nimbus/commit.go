@@ -151,6 +151,8 @@ type stagedChange struct {
 	// before is the object before the change, nil when the change created it; after is
 	// the object after it, nil for a deletion.
 	before, after *nimbusv1.Object
+	// put is the PUT event of after, which its stored record shares; nil for a deletion.
+	put *sharedEvent
 }
 
 // commitGroup commits the batches, in order, in one memdb transaction and, with a durable
@@ -170,7 +172,7 @@ func (s *Server) commitGroup(group []*batch) {
 	changes, err := s.commitLocked(group, now)
 	if err == nil {
 		for _, c := range changes {
-			s.publishLocked(newChange(s.epoch, c.rev, c.key, c.before, c.after))
+			s.publishLocked(newChange(s.epoch, c.rev, c.key, c.before, c.after, c.put))
 			switch {
 			case c.before == nil:
 				s.metrics.objects.Inc()
@@ -214,7 +216,7 @@ func (s *Server) commitLocked(group []*batch, now *timestamppb.Timestamp) ([]sta
 				err error
 			)
 			if w.obj != nil {
-				c, out, err = stageApply(txn, w, rev+1, now)
+				c, out, err = stageApply(txn, w, rev+1, now, s.epoch)
 			} else {
 				c, out, err = stageDelete(txn, w, rev+1)
 			}
@@ -272,7 +274,7 @@ func finalStates(changes []stagedChange) (puts []*nimbusv1.Object, dels []string
 // is what is stored already. It assigns uid, generation, revision and times as the package
 // documentation says, and drops the statuses of nodes a retarget leaves. The change is nil
 // when nothing changed; the outcome's rev is set only when something did.
-func stageApply(txn *memdb.Txn, w write, rev uint64, now *timestamppb.Timestamp) (*stagedChange, outcome, error) {
+func stageApply(txn *memdb.Txn, w write, rev uint64, now *timestamppb.Timestamp, epoch string) (*stagedChange, outcome, error) {
 	obj := w.obj
 	old, err := getObject(txn, w.id)
 	if err != nil {
@@ -298,15 +300,20 @@ func stageApply(txn *memdb.Txn, w write, rev uint64, now *timestamppb.Timestamp)
 	}
 	m.Revision = rev
 	m.UpdateTime = now
-	if err := putObject(txn, w.id, obj); err != nil {
-		return nil, outcome{}, err
+	// The record shares the change's PUT event, so that snapshots and status streams send
+	// the very bytes the change is sent as, encoded once.
+	rec := &objectRecord{ID: w.id, Object: obj}
+	put := newPutEvent(epoch, obj)
+	rec.put.Store(put)
+	if err := txn.Insert(tableObjects, rec); err != nil {
+		return nil, outcome{}, fmt.Errorf("storing object %s: %w", w.id, err)
 	}
 	if retargeted {
 		if err := dropRetargetedStatuses(txn, w.id, obj); err != nil {
 			return nil, outcome{}, err
 		}
 	}
-	c := &stagedChange{key: w.key, id: w.id, rev: rev, before: old, after: obj}
+	c := &stagedChange{key: w.key, id: w.id, rev: rev, before: old, after: obj, put: put}
 	return c, outcome{obj: obj, changed: true, created: old == nil, rev: rev}, nil
 }
 
@@ -344,7 +351,7 @@ func stageDelete(txn *memdb.Txn, w write, rev uint64) (*stagedChange, outcome, e
 	if err != nil {
 		return nil, outcome{}, err
 	}
-	if _, err := txn.DeleteAll(tableStatus, indexObject, w.id); err != nil {
+	if _, err := txn.DeletePrefix(tableStatus, indexID+"_prefix", statusID(w.id, "")); err != nil {
 		return nil, outcome{}, fmt.Errorf("deleting statuses of %s: %w", w.id, err)
 	}
 	// The nodes that reported, and a deleted Node object's node, may have nothing left

@@ -102,7 +102,7 @@ func (s *Server) List(ctx context.Context, req *nimbusv1.ListRequest) (*nimbusv1
 	if req.GetKind() == nimbusv1.Kind_KIND_UNSPECIFIED {
 		it, err = v.txn.Get(tableObjects, indexID)
 	} else {
-		it, err = v.txn.Get(tableObjects, indexKind, req.GetKind())
+		it, err = objectsOfKind(v.txn, req.GetKind())
 	}
 	if err != nil {
 		return nil, rpcError(fmt.Errorf("listing objects: %w", err))
@@ -176,7 +176,7 @@ func (v *view) everyNode() ([]string, error) {
 		return v.every, nil
 	}
 	nodes := map[string]struct{}{}
-	it, err := v.txn.Get(tableObjects, indexKind, nimbusv1.Kind_KIND_NODE)
+	it, err := objectsOfKind(v.txn, nimbusv1.Kind_KIND_NODE)
 	if err != nil {
 		return nil, fmt.Errorf("reading nodes: %w", err)
 	}

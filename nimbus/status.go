@@ -9,7 +9,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -140,15 +139,15 @@ func (s *Server) recordStatusIn(txn *memdb.Txn, r *nimbusv1.StatusReport) (*nimb
 		s.log.Debug("dropping status report from a node the object does not target", "key", id, "node", node)
 		return nil, nil
 	}
-	st = proto.Clone(st).(*nimbusv1.NodeStatus)
+	// The report was decoded for this call alone, so its status is stored as it is.
 	if st.GetUpdateTime() == nil {
 		st.UpdateTime = timestamppb.New(s.opts.Now())
 	}
-	rec := &statusRecord{ID: statusID(id, node), KeyID: id, Node: node, Status: st}
+	rec := &statusRecord{ID: statusID(id, node), Node: node, Status: st}
 	if err := txn.Insert(tableStatus, rec); err != nil {
 		return nil, fmt.Errorf("recording status of %s on node %s: %w", id, node, err)
 	}
 	s.log.Debug("status recorded", "key", id, "node", node,
 		"phase", st.GetPhase(), "observed_generation", st.GetObservedGeneration())
-	return obj.Key(), nil
+	return key, nil
 }

@@ -226,7 +226,7 @@ func (ss *statusStream) run() error {
 	s := ss.srv
 	v := s.view()
 	ss.lookStale(v, false)
-	err := ss.scan(v, func(id string, obj *nimbusv1.Object) error { return ss.put(v, id, obj) })
+	err := ss.scan(v, func(rec *objectRecord) error { return ss.put(v, rec) })
 	if err != nil {
 		return err
 	}
@@ -270,24 +270,24 @@ func (ss *statusStream) sendChanges() error {
 	objects, nodes, all := ss.w.take()
 	v := ss.srv.view()
 	if all || len(nodes) > 0 {
-		err := ss.scan(v, func(id string, obj *nimbusv1.Object) error {
-			if _, ok := objects[id]; !ok && !all && !targetsAny(obj, nodes) {
+		err := ss.scan(v, func(rec *objectRecord) error {
+			if _, ok := objects[rec.ID]; !ok && !all && !targetsAny(rec.Object, nodes) {
 				return nil
 			}
-			delete(objects, id)
-			return ss.put(v, id, obj)
+			delete(objects, rec.ID)
+			return ss.put(v, rec)
 		})
 		if err != nil {
 			return err
 		}
 	}
 	for _, id := range slices.Sorted(maps.Keys(objects)) {
-		obj, err := getObject(v.txn, id)
+		rec, err := getRecord(v.txn, id)
 		if err != nil {
 			return rpcError(err)
 		}
-		if obj != nil {
-			if err := ss.put(v, id, obj); err != nil {
+		if rec != nil {
+			if err := ss.put(v, rec); err != nil {
 				return err
 			}
 			continue
@@ -323,7 +323,7 @@ func targetsAny(obj *nimbusv1.Object, nodes map[string]struct{}) bool {
 
 // scan calls fn with every object of v the watcher selects, in key ID order within a
 // kind.
-func (ss *statusStream) scan(v *view, fn func(id string, obj *nimbusv1.Object) error) error {
+func (ss *statusStream) scan(v *view, fn func(rec *objectRecord) error) error {
 	f := ss.w.filter
 	var (
 		it  memdb.ResultIterator
@@ -332,7 +332,7 @@ func (ss *statusStream) scan(v *view, fn func(id string, obj *nimbusv1.Object) e
 	if f.GetKind() == nimbusv1.Kind_KIND_UNSPECIFIED {
 		it, err = v.txn.Get(tableObjects, indexID)
 	} else {
-		it, err = v.txn.Get(tableObjects, indexKind, f.GetKind())
+		it, err = objectsOfKind(v.txn, f.GetKind())
 	}
 	if err != nil {
 		return rpcError(fmt.Errorf("reading objects: %w", err))
@@ -345,31 +345,86 @@ func (ss *statusStream) scan(v *view, fn func(id string, obj *nimbusv1.Object) e
 			(f.GetName() != "" && m.GetName() != f.GetName()) {
 			continue
 		}
-		if err := fn(rec.ID, rec.Object); err != nil {
+		if err := fn(rec); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// put queues a PUT of the object with its status in v, unless the client has it just so.
-func (ss *statusStream) put(v *view, id string, obj *nimbusv1.Object) error {
-	item, err := v.withStatus(obj)
+// put queues a PUT of the record's object with its status in v, unless the client has it
+// just so. The object and its key go out as the bytes of the record's shared watch event,
+// encoded once per revision for watchers and status streams alike; only the status is
+// encoded here.
+func (ss *statusStream) put(v *view, rec *objectRecord) error {
+	st, err := v.status(rec.Object)
 	if err != nil {
 		return rpcError(err)
 	}
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(&nimbusv1.StatusEvent{
-		Type: nimbusv1.StatusEvent_TYPE_PUT, Item: item, Key: obj.Key(),
-	})
+	wire, err := rec.putEvent(ss.srv.epoch).encoded(&ss.srv.encodes)
 	if err != nil {
-		return status.Errorf(codes.Internal, "encoding status of %s: %v", id, err)
+		return status.Errorf(codes.Internal, "encoding %s: %v", rec.ID, err)
 	}
+	object, key, err := objectAndKey(wire)
+	if err != nil {
+		return status.Errorf(codes.Internal, "reading the event of %s: %v", rec.ID, err)
+	}
+	stWire, err := proto.MarshalOptions{Deterministic: true}.Marshal(st)
+	if err != nil {
+		return status.Errorf(codes.Internal, "encoding status of %s: %v", rec.ID, err)
+	}
+	// StatusEvent{type: PUT, item: ObjectWithStatus{object, status}, key}.
+	itemLen := protowire.SizeTag(1) + protowire.SizeBytes(len(object)) +
+		protowire.SizeTag(2) + protowire.SizeBytes(len(stWire))
+	b := make([]byte, 0, 2+protowire.SizeTag(2)+protowire.SizeBytes(itemLen)+protowire.SizeTag(3)+protowire.SizeBytes(len(key)))
+	b = protowire.AppendTag(b, 1, protowire.VarintType)
+	b = protowire.AppendVarint(b, uint64(nimbusv1.StatusEvent_TYPE_PUT))
+	b = protowire.AppendTag(b, 2, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(itemLen))
+	b = protowire.AppendTag(b, 1, protowire.BytesType)
+	b = protowire.AppendBytes(b, object)
+	b = protowire.AppendTag(b, 2, protowire.BytesType)
+	b = protowire.AppendBytes(b, stWire)
+	b = protowire.AppendTag(b, 3, protowire.BytesType)
+	b = protowire.AppendBytes(b, key)
+
 	h := maphash.Bytes(ss.seed, b)
-	if old, ok := ss.sent[id]; ok && old == h {
+	if old, ok := ss.sent[rec.ID]; ok && old == h {
 		return nil
 	}
-	ss.sent[id] = h
+	ss.sent[rec.ID] = h
 	return ss.addEncoded(b)
+}
+
+// objectAndKey returns the encoded object and key of an encoded WatchEvent: its fields 2
+// and 3.
+func objectAndKey(event []byte) (object, key []byte, err error) {
+	for len(event) > 0 {
+		num, typ, n := protowire.ConsumeTag(event)
+		if n < 0 {
+			return nil, nil, protowire.ParseError(n)
+		}
+		event = event[n:]
+		if typ == protowire.BytesType && (num == 2 || num == 3) {
+			v, m := protowire.ConsumeBytes(event)
+			if m < 0 {
+				return nil, nil, protowire.ParseError(m)
+			}
+			if num == 2 {
+				object = v
+			} else {
+				key = v
+			}
+			event = event[m:]
+			continue
+		}
+		m := protowire.ConsumeFieldValue(num, typ, event)
+		if m < 0 {
+			return nil, nil, protowire.ParseError(m)
+		}
+		event = event[m:]
+	}
+	return object, key, nil
 }
 
 // add queues an event.

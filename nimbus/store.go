@@ -20,10 +20,8 @@ const (
 	tableRevision   = "revision"
 	tableWatchNodes = "watch_nodes"
 
-	indexID     = "id"
-	indexKind   = "kind"
-	indexObject = "object"
-	indexNode   = "node"
+	indexID   = "id"
+	indexNode = "node"
 
 	// revisionRowID is the ID of the single row of the revision table.
 	revisionRowID = "current"
@@ -33,12 +31,11 @@ const (
 type objectRecord struct {
 	// ID is the object's key ID, "Kind/tenant/namespace/name".
 	ID     string
-	Kind   nimbusv1.Kind
 	Object *nimbusv1.Object
-	// put is the PUT event of Object, shared by the change that stored it and every
-	// snapshot that sends it, so that its wire form is encoded once; nil until the change
-	// is handed to the watchers or a snapshot needs it (see putEvent). It is the one part
-	// of a stored record that is set after the record is stored, once and atomically.
+	// put is the PUT event of Object, shared by the change that stored it, every snapshot
+	// that sends it and every status stream, so that its wire form is encoded once. A
+	// record a commit stores has it from the start; one restored from disk gets it when
+	// first needed (see putEvent), once and atomically.
 	put atomic.Pointer[sharedEvent]
 }
 
@@ -57,9 +54,8 @@ func (r *objectRecord) putEvent(epoch string) *sharedEvent {
 
 // statusRecord is one row of the status table: what one node reported about one object.
 type statusRecord struct {
-	// ID is statusID(KeyID, Node).
+	// ID is statusID of the object's key ID and Node.
 	ID     string
-	KeyID  string
 	Node   string
 	Status *nimbusv1.NodeStatus
 }
@@ -90,16 +86,14 @@ func schema() *memdb.DBSchema {
 		tableObjects: {
 			Name: tableObjects,
 			Indexes: map[string]*memdb.IndexSchema{
-				indexID:   id("ID"),
-				indexKind: {Name: indexKind, Indexer: &memdb.IntFieldIndex{Field: "Kind"}},
+				indexID: id("ID"),
 			},
 		},
 		tableStatus: {
 			Name: tableStatus,
 			Indexes: map[string]*memdb.IndexSchema{
-				indexID:     id("ID"),
-				indexObject: {Name: indexObject, Indexer: &memdb.StringFieldIndex{Field: "KeyID"}},
-				indexNode:   {Name: indexNode, Indexer: &memdb.StringFieldIndex{Field: "Node"}},
+				indexID:   id("ID"),
+				indexNode: {Name: indexNode, Indexer: &memdb.StringFieldIndex{Field: "Node"}},
 			},
 		},
 		tableRevision: {
@@ -117,11 +111,22 @@ func newDB() (*memdb.MemDB, error) {
 	return memdb.NewMemDB(schema())
 }
 
-// statusID is the status table's ID of a node's status of an object.
+// statusID is the status table's ID of a node's status of an object. With node "" it is
+// the prefix of the IDs of every status of the object: key IDs hold no NUL, so the
+// statuses of an object are a prefix scan of the id index, with no index of their own.
 func statusID(keyID, node string) string { return keyID + "\x00" + node }
 
 // getObject returns the stored object with the key ID, or nil.
 func getObject(txn *memdb.Txn, id string) (*nimbusv1.Object, error) {
+	rec, err := getRecord(txn, id)
+	if rec == nil {
+		return nil, err
+	}
+	return rec.Object, nil
+}
+
+// getRecord returns the record of the object with the key ID, or nil.
+func getRecord(txn *memdb.Txn, id string) (*objectRecord, error) {
 	raw, err := txn.First(tableObjects, indexID, id)
 	if err != nil {
 		return nil, fmt.Errorf("reading object %s: %w", id, err)
@@ -129,12 +134,19 @@ func getObject(txn *memdb.Txn, id string) (*nimbusv1.Object, error) {
 	if raw == nil {
 		return nil, nil
 	}
-	return raw.(*objectRecord).Object, nil
+	return raw.(*objectRecord), nil
+}
+
+// objectsOfKind iterates over the objects of a kind in key ID order. Key IDs start with
+// the kind's name, so it is a prefix scan of the id index: a kind index would cost every
+// object one more radix path.
+func objectsOfKind(txn *memdb.Txn, kind nimbusv1.Kind) (memdb.ResultIterator, error) {
+	return txn.Get(tableObjects, indexID+"_prefix", kind.Name()+"/")
 }
 
 // putObject stores obj, which the caller must not modify afterwards.
 func putObject(txn *memdb.Txn, id string, obj *nimbusv1.Object) error {
-	if err := txn.Insert(tableObjects, &objectRecord{ID: id, Kind: obj.Kind(), Object: obj}); err != nil {
+	if err := txn.Insert(tableObjects, &objectRecord{ID: id, Object: obj}); err != nil {
 		return fmt.Errorf("storing object %s: %w", id, err)
 	}
 	return nil
@@ -162,7 +174,7 @@ func setRevision(txn *memdb.Txn, rev uint64) error {
 
 // statusesOf returns the statuses stored for the object with the key ID, ordered by node.
 func statusesOf(txn *memdb.Txn, id string) ([]*statusRecord, error) {
-	it, err := txn.Get(tableStatus, indexObject, id)
+	it, err := txn.Get(tableStatus, indexID+"_prefix", statusID(id, ""))
 	if err != nil {
 		return nil, fmt.Errorf("reading statuses of %s: %w", id, err)
 	}

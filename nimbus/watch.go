@@ -36,11 +36,10 @@ type change struct {
 	del *sharedEvent
 }
 
-func newChange(epoch string, rev uint64, key *nimbusv1.ObjectKey, before, after *nimbusv1.Object) *change {
-	c := &change{rev: rev, after: after}
-	if after != nil {
-		c.put = newPutEvent(epoch, after)
-	}
+// newChange returns the change of revision rev from before to after. put is the PUT event
+// of after, which its stored record shares; nil for a deletion.
+func newChange(epoch string, rev uint64, key *nimbusv1.ObjectKey, before, after *nimbusv1.Object, put *sharedEvent) *change {
+	c := &change{rev: rev, after: after, put: put}
 	if before != nil {
 		c.beforeNodes = before.GetMeta().GetNodes()
 		c.del = newSharedEvent(&nimbusv1.WatchEvent{
@@ -244,13 +243,7 @@ func (h *history) after(rev, cur uint64) ([]*change, bool) {
 // order, after setting s.rev to the commit's last revision: a watcher's queue is
 // checked against its limit at the first of a commit's changes that concern it, and then
 // takes the rest of the commit whatever its length.
-//
-// The PUT event of a change that stored an object becomes the stored record's (see
-// objectRecord.put), so that snapshots send the very bytes the change is sent as.
 func (s *Server) publishLocked(c *change) {
-	if c.put != nil {
-		c.put = s.sharePutLocked(c.put, c.after)
-	}
 	s.history.add(c)
 	s.metrics.revision.Set(float64(c.rev))
 	s.statusWatch.published(c)
@@ -263,25 +256,6 @@ func (s *Server) publishLocked(c *change) {
 		}
 		w.published.Store(c.rev)
 	}
-}
-
-// sharePutLocked returns the PUT event to hand to the watchers for the change that stored
-// obj: the one of obj's record, which becomes put when it has none yet. When obj is no
-// longer stored (a later change of the same commit replaced it), it returns put. The
-// caller holds s.mu, so obj's record is committed and no snapshot has read it yet.
-func (s *Server) sharePutLocked(put *sharedEvent, obj *nimbusv1.Object) *sharedEvent {
-	raw, err := s.db.Txn(false).First(tableObjects, indexID, put.msg.GetKey().ID())
-	if err != nil || raw == nil {
-		return put
-	}
-	rec := raw.(*objectRecord)
-	if rec.Object != obj {
-		return put
-	}
-	if rec.put.CompareAndSwap(nil, put) {
-		return put
-	}
-	return rec.put.Load()
 }
 
 // resetLocked unregisters a watcher that fell behind and tells its stream to end. Its
@@ -445,7 +419,7 @@ func forgetIdleNodes(txn *memdb.Txn, nodes ...string) error {
 		}
 		if named == nil {
 			named = map[string]bool{}
-			it, err := txn.Get(tableObjects, indexKind, nimbusv1.Kind_KIND_NODE)
+			it, err := objectsOfKind(txn, nimbusv1.Kind_KIND_NODE)
 			if err != nil {
 				return fmt.Errorf("reading nodes: %w", err)
 			}

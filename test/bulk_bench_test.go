@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 
 	"github.com/naplesnet/naples/internal/pki"
@@ -84,21 +85,25 @@ func bulkRoutes(b *testing.B, n int) {
 	writeRouteManifest(b, manifest, dsts)
 	status := c.watchRouteStatus(b)
 
+	cpu := startCPU(b, c, h)
 	start := time.Now()
 	c.mustCtl(b, "", "apply", "-f", manifest)
 	applied := time.Since(start)
 	status.waitProgrammed(b, n)
 	chainAdd := time.Since(start)
+	cpu.report(b, "add", n)
 	if got := countRoutes(b, h.ns); got != n {
 		b.Fatalf("the agent programmed %d routes, want %d", got, n)
 	}
 	rss := agentRSS(b, h)
 
+	cpu = startCPU(b, c, h)
 	start = time.Now()
 	c.mustCtl(b, "", "delete", "-f", manifest)
 	status.waitDeleted(b, n)
 	waitFor(b, "the routes to leave the kernel", func() bool { return countRoutes(b, h.ns) == 0 })
 	chainDel := time.Since(start)
+	cpu.report(b, "del", n)
 
 	rate := func(d time.Duration) float64 { return float64(n) / d.Seconds() }
 	b.ReportMetric(rate(floorAdd), "ipbatch-add-routes/s")
@@ -167,6 +172,71 @@ func writeRouteManifest(b testing.TB, path string, dsts []string) {
 		b.Fatal(err)
 	}
 	f.Close()
+}
+
+// chainCPU is the CPU time (user and system) the processes of the chain had used at a
+// start point: nimbus, the agent, naplesctl (the benchmark's finished children) and the
+// benchmark process itself (the status watcher).
+type chainCPU struct {
+	nimbus, agent, children, self time.Duration
+	c                             *cluster
+	h                             *host
+}
+
+func startCPU(b testing.TB, c *cluster, h *host) chainCPU {
+	b.Helper()
+	return chainCPU{
+		nimbus: procCPU(b, c.nimbus.cmd.Process.Pid), agent: procCPU(b, h.agent.cmd.Process.Pid),
+		children: rusageCPU(b, unix.RUSAGE_CHILDREN), self: rusageCPU(b, unix.RUSAGE_SELF),
+		c: c, h: h,
+	}
+}
+
+// report reports the CPU each process used since start, in µs per route, as
+// cpu-µs/route metrics prefixed by what.
+func (s chainCPU) report(b *testing.B, what string, n int) {
+	b.Helper()
+	now := startCPU(b, s.c, s.h)
+	per := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(n) }
+	b.ReportMetric(per(now.nimbus-s.nimbus), what+"-nimbus-cpu-µs/route")
+	b.ReportMetric(per(now.agent-s.agent), what+"-agent-cpu-µs/route")
+	b.ReportMetric(per(now.children-s.children), what+"-naplesctl-cpu-µs/route")
+	b.ReportMetric(per(now.self-s.self), what+"-watcher-cpu-µs/route")
+}
+
+// procCPU returns the user and system time process pid has used, from /proc/PID/stat.
+func procCPU(b testing.TB, pid int) time.Duration {
+	b.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The command name, in parentheses, may hold spaces; the fields after it are fixed.
+	_, rest, ok := strings.Cut(string(data), ") ")
+	f := strings.Fields(rest)
+	if !ok || len(f) < 13 {
+		b.Fatalf("parsing /proc/%d/stat: %q", pid, data)
+	}
+	var ticks int64
+	for _, s := range f[11:13] { // utime, stime: fields 14 and 15 of stat(5)
+		v, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			b.Fatalf("parsing /proc/%d/stat: %v", pid, err)
+		}
+		ticks += v
+	}
+	const clockTicks = 100 // USER_HZ, 100 on Linux
+	return time.Duration(ticks) * time.Second / clockTicks
+}
+
+// rusageCPU returns the user and system time of who (RUSAGE_SELF or RUSAGE_CHILDREN).
+func rusageCPU(b testing.TB, who int) time.Duration {
+	b.Helper()
+	var ru unix.Rusage
+	if err := unix.Getrusage(who, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // agentRSS returns the resident set size of the host's agent, in bytes.
