@@ -90,6 +90,8 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("agent: opening delphi: %w", err)
 	}
 	defer store.Close()
+	memory := newMemorySettler(log)
+	memory.release("restored")
 	client, err := nimbusclient.New(nimbusclient.Options{Node: cfg.Node, Address: cfg.Nimbus, TLS: cfg.TLS, Store: store, Logger: log, Registerer: reg})
 	if err != nil {
 		return err
@@ -127,7 +129,11 @@ func Run(ctx context.Context, cfg Config) error {
 		if err := healthy(); err != nil {
 			return []string{err.Error()}
 		}
-		return h.Ready()
+		reasons := h.Ready()
+		if len(reasons) == 0 {
+			memory.readyNow()
+		}
+		return reasons
 	}
 	readyGauge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "naples", Subsystem: "agent", Name: "ready",
@@ -160,8 +166,15 @@ func Run(ctx context.Context, cfg Config) error {
 			}
 		})
 	}
+	settled := make(chan struct{})
+	go func() {
+		defer close(settled)
+		memory.watch(ctx, settleInterval, ready)
+	}()
 	log.Info("agent started", "nimbus", cfg.Nimbus, "state_dir", cfg.StateDir)
 	wg.Wait()
+	cancel()
+	<-settled
 	close(errs)
 	if err := <-errs; err != nil {
 		return err

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/hashicorp/go-memdb"
-
 	"github.com/naplesnet/naples/internal/statefile"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -26,12 +24,13 @@ var fileOptions = statefile.Options{LockTimeout: lockTimeout, Corrupt: ErrCorrup
 // disk is the durable copy of the desired table and the resume point.
 type disk struct {
 	file *statefile.File
+	path string
 }
 
 // restored is what a state file held when the store was opened.
 type restored struct {
 	objects  []*nimbusv1.Object
-	resume   *resumeRecord
+	resume   *statefile.Position
 	fromFile bool
 }
 
@@ -49,39 +48,25 @@ func openDisk(path string, discard bool) (*disk, *restored, error) {
 	}
 	r := &restored{objects: c.Objects, fromFile: !c.Created}
 	if c.Epoch != "" || c.Revision != 0 {
-		r.resume = &resumeRecord{ID: tableResume, Epoch: c.Epoch, Revision: c.Revision}
+		r.resume = &c.Position
 	}
-	return &disk{file: f}, r, nil
+	return &disk{file: f, path: path}, r, nil
 }
 
-// persistent reports whether a memdb transaction's changes touch what the file keeps.
-func persistent(changes memdb.Changes) bool {
-	for _, c := range changes {
-		if c.Table == string(TableDesired) || c.Table == tableResume {
-			return true
-		}
-	}
-	return false
-}
-
-// commit writes the desired-table and resume changes of one memdb transaction in one file
-// transaction: after it returns nil they are on disk; after an error, or a crash, none are.
-func (d *disk) commit(changes memdb.Changes) error {
+// commit writes what a write transaction of the desired table changed, the keys ids, and
+// its resume point, in one file transaction: after it returns nil they are on disk; after
+// an error, or a crash, none are.
+func (d *disk) commit(w *desiredWrite, ids []string) error {
 	var b statefile.Batch
-	for _, c := range changes {
-		switch c.Table {
-		case string(TableDesired):
-			switch {
-			case c.After != nil:
-				b.Put = append(b.Put, c.After.(*desiredRecord).Object)
-			case c.Before != nil:
-				b.Delete = append(b.Delete, c.Before.(*desiredRecord).ID)
-			}
-			// Neither: created and deleted within the transaction.
-		case tableResume:
-			r := c.After.(*resumeRecord)
-			b.Position = &statefile.Position{Epoch: r.Epoch, Revision: r.Revision}
+	for _, id := range ids {
+		if c := w.changes[id]; c.after != nil {
+			b.Put = append(b.Put, c.obj)
+		} else {
+			b.Delete = append(b.Delete, id)
 		}
+	}
+	if w.resume {
+		b.Position = &statefile.Position{Epoch: w.st.epoch, Revision: w.st.revision}
 	}
 	return d.file.Commit(b)
 }

@@ -1,22 +1,26 @@
 // Package delphi is the agent's local object store: the place where the desired state that
 // nimbusclient receives meets the status that the HAL reports.
 //
-// Delphi keeps two tables. The desired table, on go-memdb, holds the objects targeted at
-// this node, as nimbus sent them, together with the nimbus epoch and revision they
-// correspond to. The status table holds, per object, the status the HAL reported for this
+// Delphi keeps two tables. The desired table holds the objects targeted at this node, as
+// nimbus sent them, together with the nimbus epoch and revision they correspond to. Each
+// commit publishes a new version of it, which shares with the one before all it did not
+// change, so readers never lock and each read sees one committed state, as in go-memdb;
+// but a version is a sorted list of chunks of records per index, not radix trees with a
+// node, a leaf and a watch channel per entry, and a record holds its object in wire form,
+// decoded for each reader, so an object costs a few hundred bytes rather than a few
+// kilobytes. The status table holds, per object, the status the HAL reported for this
 // node; statuses are many, small, rewritten on every reconcile and never kept on disk, so
-// it is a map under a read-write mutex rather than radix trees that copy nodes and make
-// watch channels on every write.
+// it is a map under a read-write mutex.
 //
 // Ownership is enforced by the API: each table has exactly one writer handle, claimed once
 // (ClaimDesired, ClaimStatus); a second claim fails with ErrWriterClaimed. Readers need no
 // handle: every read sees one committed state. Readers of the desired table never lock;
 // readers of statuses wait at most for one status transaction to be applied in memory.
-// Stored objects are immutable; callers must not modify what Get and List return.
+// Stored objects are immutable; callers must not modify what Get and List return, which
+// readers may share.
 //
 // Besides by key and kind, the desired table is indexed the way its readers look things
-// up, by indexes they declare themselves (Options.Indexes, read with Lookup), as go-memdb
-// takes its schema from its caller: a reconciler that finds objects by a derived value
+// up, by indexes they declare themselves (Options.Indexes, read with Lookup): a reconciler that finds objects by a derived value
 // declares the index with it, and a new kind adds its indexes without editing the store.
 // References between objects resolve within the referring object's tenant and namespace,
 // so reference indexes list scoped names, "tenant/namespace/name" (ScopedName).
@@ -30,8 +34,10 @@
 // memory, so the file and the tables always agree and a crash leaves either the state before
 // a commit or the state after it, never a mix: the stored revision always matches the stored
 // objects. Open restores both and, when the file held anything, marks the store synced, so a
-// rebooted host enforces its last known policy before nimbus is reachable. A file that
-// cannot be read back fails Open with ErrCorrupt; Options.Discard starts over without it.
+// rebooted host enforces its last known policy before nimbus is reachable. Restoring reads
+// every page of the file; on Linux, Open then takes them out of the process's resident set
+// again (they stay in the page cache), as commits read only a few. A file that cannot be
+// read back fails Open with ErrCorrupt; Options.Discard starts over without it.
 //
 // # Metrics
 //

@@ -106,30 +106,27 @@ func (c objectsCollector) Collect(ch chan<- prometheus.Metric) {
 // lock, so the cost is linear in the number of objects.
 func (s *Store) countObjects() map[nimbusv1.Kind]*objectCounts {
 	counts := map[nimbusv1.Kind]*objectCounts{}
-	desired, err := s.db.Txn(false).Get(string(TableDesired), "id")
-	if err != nil {
-		return counts
-	}
+	desired := s.desired.Load().byID
 	s.statusMu.RLock()
 	defer s.statusMu.RUnlock()
-	for raw := desired.Next(); raw != nil; raw = desired.Next() {
-		d := raw.(*desiredRecord)
+	desired.ascend(nil, func(d *record) bool {
 		phase := phasePending
-		if st, ok := s.statuses[d.ID]; ok && st.Status.GetObservedGeneration() == d.Object.GetMeta().GetGeneration() {
-			switch st.Status.GetPhase() {
+		if st, ok := s.statuses[d.id]; ok && st.GetObservedGeneration() == d.generation {
+			switch st.GetPhase() {
 			case nimbusv1.Phase_PHASE_PROGRAMMED:
 				phase = phaseProgrammed
 			case nimbusv1.Phase_PHASE_FAILED:
 				phase = phaseFailed
 			}
 		}
-		kind := nimbusv1.Kind(d.Kind)
+		kind := d.kind
 		n := counts[kind]
 		if n == nil {
 			n = &objectCounts{}
 			counts[kind] = n
 		}
 		n[phase]++
-	}
+		return true
+	})
 	return counts
 }

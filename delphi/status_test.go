@@ -123,7 +123,7 @@ func TestStatusTxnIsAtomic(t *testing.T) {
 	if !seen[n] {
 		t.Errorf("the reader never saw the batch's statuses")
 	}
-	want := txn.ops[42].rec.Status
+	want := txn.ops[42].st
 	if got, ok := s.Status(statusKey("r00042")); !ok || !proto.Equal(got, want) {
 		t.Errorf("status of r00042 = %v, %v; want %v", got, ok, want)
 	}

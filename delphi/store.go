@@ -1,19 +1,24 @@
 package delphi
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
+	"weak"
 
-	"github.com/hashicorp/go-memdb"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/naplesnet/naples/internal/statefile"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -43,35 +48,71 @@ const (
 	TableStatus  Table = "status"
 )
 
-const tableResume = "resume"
-
-// desiredRecord is one row of the desired table. Indexed holds, per declared index in the
-// order of Options.Indexes, the values the index lists the object under, computed once
-// when the record is made; it is nil when no index lists the object.
-type desiredRecord struct {
-	ID      string
-	Kind    int
-	Object  *nimbusv1.Object
-	Indexed [][]string
+// record is one row of the desired table: the object in wire form, which Get decodes
+// afresh for each reader, and what the table's indexes and metrics need of it, computed
+// once when the record is made. An object in wire form takes a quarter of the heap of the
+// decoded one, and a store holds many more objects than its readers decode at a time.
+type record struct {
+	// id is the object's key ID.
+	id string
+	// data is the object, serialized deterministically: an equal object has equal data.
+	data []byte
+	// indexed holds the values the declared indexes list the object under; nil when none.
+	indexed []indexedValue
+	// generation is the object's meta.generation, for the metrics.
+	generation int64
+	// kind is the object's kind, for the metrics.
+	kind nimbusv1.Kind
+	// decoded points weakly to the object as last decoded: readers share it while any of
+	// them holds it, and the collector frees it once none does.
+	decoded atomic.Pointer[weak.Pointer[nimbusv1.Object]]
 }
 
-// statusRecord is one row of the status table. Its key is its key ID in the table;
-// Statuses parses it back.
-type statusRecord struct {
-	Status *nimbusv1.NodeStatus
+// indexedValue is a value a declared index, the pos-th of Options.Indexes, lists a
+// record under.
+type indexedValue struct {
+	pos int
+	val string
 }
 
-// resumeRecord is the single row that holds where the desired table stands at nimbus.
-type resumeRecord struct {
-	ID       string
-	Epoch    string
-	Revision uint64
+// indexEntry is an entry of a declared index: the value it lists rec under. An index is
+// ordered by value and then by key ID.
+type indexEntry struct {
+	val string
+	rec *record
+}
+
+// byID returns the comparison of ordered.seek that finds the record with key ID id.
+func byID(id string) func(*record) int {
+	return func(r *record) int { return strings.Compare(r.id, id) }
+}
+
+// byEntry returns the comparison of ordered.seek that finds the entry of value val and
+// key ID id; with id "", the first entry of val.
+func byEntry(val, id string) func(indexEntry) int {
+	return func(e indexEntry) int {
+		if c := strings.Compare(e.val, val); c != 0 {
+			return c
+		}
+		return strings.Compare(e.rec.id, id)
+	}
+}
+
+// desiredState is one committed state of the desired table, with the resume point: the
+// records by key ID, each declared index, and where the table stands at nimbus. It is
+// never changed once published; a write transaction derives the next one.
+type desiredState struct {
+	byID    *ordered[*record]
+	indexes []*ordered[indexEntry]
+	// hasResume tells that a resume point was ever recorded.
+	hasResume bool
+	epoch     string
+	revision  uint64
 }
 
 // Index is a secondary index of the desired table, declared by the code that looks objects
-// up by it, as go-memdb takes its schema from its caller: a reconciler that needs to find
-// objects by some derived value declares an Index, and a new kind adds its indexes without
-// editing the store.
+// up by it: a reconciler that needs to find objects by some derived value declares an
+// Index, and a new kind adds its indexes without editing the store.
 type Index struct {
 	// Name names the index in Lookup. Required; unique among a store's indexes, and not
 	// one of the built-in "id" and "kind".
@@ -81,64 +122,21 @@ type Index struct {
 	Values func(obj *nimbusv1.Object) []string
 }
 
-// indexer is the go-memdb indexer of a declared index, the pos-th: it reads the values
-// that newDesiredRecord computed.
-type indexer struct {
-	name string
-	pos  int
-}
-
-func (ix indexer) FromObject(raw any) (bool, [][]byte, error) {
-	r := raw.(*desiredRecord)
-	if len(r.Indexed) == 0 {
-		return false, nil, nil
-	}
-	vals := r.Indexed[ix.pos]
-	if len(vals) == 0 {
-		return false, nil, nil
-	}
-	out := make([][]byte, len(vals))
-	for i, v := range vals {
-		out[i] = append([]byte(v), 0)
-	}
-	return true, out, nil
-}
-
-func (ix indexer) FromArgs(args ...any) ([]byte, error) {
-	if len(args) != 1 {
-		return nil, fmt.Errorf("index %s: want one value, got %d", ix.name, len(args))
-	}
-	v, ok := args[0].(string)
-	if !ok {
-		return nil, fmt.Errorf("index %s: value %v is a %T, want a string", ix.name, args[0], args[0])
-	}
-	return append([]byte(v), 0), nil
-}
-
-func schema(indexes []Index) (*memdb.DBSchema, error) {
-	desired := map[string]*memdb.IndexSchema{
-		"id": {Name: "id", Unique: true, Indexer: &memdb.StringFieldIndex{Field: "ID"}},
-	}
+// checkIndexes checks the declarations of Options.Indexes.
+func checkIndexes(indexes []Index) error {
+	names := map[string]bool{"id": true, "kind": true}
 	for i, ix := range indexes {
 		switch {
 		case ix.Name == "":
-			return nil, fmt.Errorf("Options.Indexes[%d].Name: is required", i)
+			return fmt.Errorf("Options.Indexes[%d].Name: is required", i)
 		case ix.Values == nil:
-			return nil, fmt.Errorf("Options.Indexes[%d].Values (index %q): is required", i, ix.Name)
-		case desired[ix.Name] != nil || ix.Name == "kind":
-			return nil, fmt.Errorf("Options.Indexes[%d].Name %q: index declared twice or built in", i, ix.Name)
+			return fmt.Errorf("Options.Indexes[%d].Values (index %q): is required", i, ix.Name)
+		case names[ix.Name]:
+			return fmt.Errorf("Options.Indexes[%d].Name %q: index declared twice or built in", i, ix.Name)
 		}
-		desired[ix.Name] = &memdb.IndexSchema{Name: ix.Name, AllowMissing: true, Indexer: indexer{ix.Name, i}}
+		names[ix.Name] = true
 	}
-	return &memdb.DBSchema{Tables: map[string]*memdb.TableSchema{
-		string(TableDesired): {Name: string(TableDesired), Indexes: desired},
-		tableResume: {
-			Name: tableResume,
-			Indexes: map[string]*memdb.IndexSchema{
-				"id": {Name: "id", Unique: true, Indexer: &memdb.StringFieldIndex{Field: "ID"}},
-			},
-		},
-	}}, nil
+	return nil
 }
 
 // Options configures a Store.
@@ -165,10 +163,13 @@ type Options struct {
 // the desired table never block on writers, and reads of the status table wait at most
 // for one status transaction to be applied to memory.
 type Store struct {
-	db      *memdb.MemDB
 	log     *slog.Logger
 	indexes []Index
 	metrics *metrics
+
+	// desired is the committed state of the desired table. Readers load it and read a
+	// state that no one changes; writers publish the next one under writeMu.
+	desired atomic.Pointer[desiredState]
 
 	// writeMu serializes write transactions together with their writes to disk and the
 	// notification of their subscribers, so that the file follows commit order and
@@ -177,12 +178,11 @@ type Store struct {
 	writeMu sync.Mutex
 	disk    *disk // nil without Options.Dir
 
-	// statusMu guards statuses, the status table. Statuses are many, small, rewritten
-	// often and never kept on disk, so they live in a plain map rather than in go-memdb,
-	// whose radix trees copy nodes and make watch channels on every write. Writers also
-	// hold writeMu.
+	// statusMu guards statuses, the status table, by key ID. Statuses are many, small,
+	// rewritten often and never kept on disk, so they live in a plain map rather than in
+	// versions of a table that each write would copy. Writers also hold writeMu.
 	statusMu sync.RWMutex
-	statuses map[string]*statusRecord
+	statuses map[string]*nimbusv1.NodeStatus
 
 	// mu guards subs, desiredClaimed, statusClaimed, synced and closed.
 	mu             sync.Mutex
@@ -201,30 +201,26 @@ type Store struct {
 // by resuming, or by a snapshot that replaces it. A file that cannot be read back fails
 // with ErrCorrupt, one that another process holds with ErrLocked.
 func Open(opts Options) (*Store, error) {
-	sch, err := schema(opts.Indexes)
-	if err != nil {
+	if err := checkIndexes(opts.Indexes); err != nil {
 		return nil, fmt.Errorf("delphi: %w", err)
-	}
-	db, err := memdb.NewMemDB(sch)
-	if err != nil {
-		return nil, fmt.Errorf("creating delphi tables: %w", err)
 	}
 	log := opts.Logger
 	if log == nil {
 		log = slog.Default()
 	}
 	s := &Store{
-		db:       db,
 		log:      log,
 		indexes:  opts.Indexes,
 		subs:     make(map[*Subscription]struct{}),
 		synced:   make(chan struct{}),
-		statuses: make(map[string]*statusRecord),
+		statuses: make(map[string]*nimbusv1.NodeStatus),
 	}
+	s.desired.Store(s.buildState(nil))
 	reg := opts.Registerer
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
+	var err error
 	if opts.Dir == "" {
 		if s.metrics, err = newMetrics(s, reg); err != nil {
 			return nil, fmt.Errorf("opening delphi: %w", err)
@@ -243,6 +239,10 @@ func Open(opts Options) (*Store, error) {
 		d.close()
 		return nil, err
 	}
+	objects := len(r.objects)
+	r.objects = nil
+	// The file's pages were all read once, to restore; from now on a commit reads a few.
+	d.release()
 	if s.metrics, err = newMetrics(s, reg); err != nil {
 		d.close()
 		return nil, fmt.Errorf("opening delphi: %w", err)
@@ -250,9 +250,9 @@ func Open(opts Options) (*Store, error) {
 	s.disk = d
 	epoch, rev := s.Resume()
 	switch {
-	case len(r.objects) > 0 || r.resume != nil:
+	case objects > 0 || r.resume != nil:
 		close(s.synced)
-		log.Info("restored desired state", "path", path, "objects", len(r.objects), "epoch", epoch, "revision", rev)
+		log.Info("restored desired state", "path", path, "objects", objects, "epoch", epoch, "revision", rev)
 	case r.fromFile:
 		log.Info("no desired state stored; starting empty", "path", path)
 	default:
@@ -261,22 +261,61 @@ func Open(opts Options) (*Store, error) {
 	return s, nil
 }
 
-// restore loads what the state file held into the tables, in one transaction.
+// restore loads what the state file held into the desired table. The objects are
+// encoded again, deterministically, by as many goroutines as may run at once.
 func (s *Store) restore(r *restored) error {
-	txn := s.db.Txn(true)
-	defer txn.Abort()
-	for _, obj := range r.objects {
-		if err := txn.Insert(string(TableDesired), s.newDesiredRecord(obj)); err != nil {
-			return fmt.Errorf("restoring %s: %w", obj.Key().ID(), err)
+	recs := make([]*record, len(r.objects))
+	errs := make([]error, len(r.objects))
+	workers := min(runtime.GOMAXPROCS(0), len(r.objects)/1000+1)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := w; i < len(r.objects); i += workers {
+				recs[i], errs[i] = s.newRecord(r.objects[i])
+				r.objects[i] = nil // garbage from here on, for the collector
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("restoring desired objects: %w", err)
+	}
+	slices.SortFunc(recs, func(a, b *record) int { return strings.Compare(a.id, b.id) })
+	for i := 1; i < len(recs); i++ {
+		if recs[i].id == recs[i-1].id {
+			return fmt.Errorf("restoring %s: %w: stored twice", recs[i].id, ErrCorrupt)
 		}
 	}
+	st := s.buildState(recs)
 	if r.resume != nil {
-		if err := txn.Insert(tableResume, r.resume); err != nil {
-			return fmt.Errorf("restoring resume point: %w", err)
+		st.hasResume, st.epoch, st.revision = true, r.resume.Epoch, r.resume.Revision
+	}
+	s.desired.Store(st)
+	return nil
+}
+
+// buildState returns a published state that holds recs, sorted by key ID, and no resume
+// point.
+func (s *Store) buildState(recs []*record) *desiredState {
+	st := &desiredState{byID: buildOrdered(recs), indexes: make([]*ordered[indexEntry], len(s.indexes))}
+	entries := make([][]indexEntry, len(s.indexes))
+	for _, r := range recs {
+		for _, v := range r.indexed {
+			entries[v.pos] = append(entries[v.pos], indexEntry{val: v.val, rec: r})
 		}
 	}
-	txn.Commit()
-	return nil
+	for i, es := range entries {
+		slices.SortFunc(es, func(a, b indexEntry) int {
+			if c := strings.Compare(a.val, b.val); c != 0 {
+				return c
+			}
+			return strings.Compare(a.rec.id, b.rec.id)
+		})
+		// An index that lists an object twice under one value holds it once.
+		es = slices.CompactFunc(es, func(a, b indexEntry) bool { return a.val == b.val && a.rec == b.rec })
+		st.indexes[i] = buildOrdered(es)
+	}
+	return st
 }
 
 // Close closes every subscription and the state file, after any commit in progress. It is
@@ -302,31 +341,86 @@ func (s *Store) Close() error {
 
 // Get returns the desired object with the given key.
 func (s *Store) Get(key *nimbusv1.ObjectKey) (*nimbusv1.Object, bool) {
-	raw, err := s.db.Txn(false).First(string(TableDesired), "id", key.ID())
-	if err != nil || raw == nil {
+	r, ok := s.desired.Load().byID.get(byID(key.ID()))
+	if !ok {
 		return nil, false
 	}
-	return raw.(*desiredRecord).Object, true
+	return s.decode(r), true
+}
+
+// decode returns the object of a record: the one decoded last when a reader still holds
+// it, as objects read are immutable, and otherwise one decoded afresh. So the HAL, which
+// reads an object by key and then, within the same reconcile, its owner by an index,
+// decodes it once. A record holds what newRecord encoded, so decoding fails only when
+// memory is corrupt; such a record reads as an empty object, and the failure is logged.
+func (s *Store) decode(r *record) *nimbusv1.Object {
+	if wp := r.decoded.Load(); wp != nil {
+		if obj := wp.Value(); obj != nil {
+			return obj
+		}
+	}
+	obj := &nimbusv1.Object{}
+	if err := proto.Unmarshal(r.data, obj); err != nil {
+		s.log.Error("decoding a stored object", "key", r.id, "err", err)
+	}
+	wp := weak.Make(obj)
+	r.decoded.Store(&wp)
+	return obj
 }
 
 // List returns the desired objects of one kind, ordered by key; KIND_UNSPECIFIED lists all.
 func (s *Store) List(kind nimbusv1.Kind) []*nimbusv1.Object {
+	var out []*nimbusv1.Object
+	s.desiredIDs(kind, func(r *record) { out = append(out, s.decode(r)) })
+	return out
+}
+
+// desiredIDs calls fn with every record of one kind in the committed desired table,
+// ordered by key; KIND_UNSPECIFIED lists all.
+func (s *Store) desiredIDs(kind nimbusv1.Kind, fn func(r *record)) {
+	byIDs := s.desired.Load().byID
 	if kind == nimbusv1.Kind_KIND_UNSPECIFIED {
-		return s.desiredBy("id")
+		byIDs.ascend(nil, func(r *record) bool { fn(r); return true })
+		return
 	}
-	// A key ID starts with its kind's name, so the id index lists a kind's objects
-	// together: no index of its own, which would cost a radix path per object.
-	return s.desiredBy("id_prefix", kind.Name()+"/")
+	// A key ID starts with its kind's name, so a kind's objects are together.
+	prefix := kind.Name() + "/"
+	byIDs.ascend(byID(prefix), func(r *record) bool {
+		if !strings.HasPrefix(r.id, prefix) {
+			return false
+		}
+		fn(r)
+		return true
+	})
+}
+
+// indexPos returns the position of a declared index in Options.Indexes, or an error
+// wrapping ErrUnknownIndex.
+func (s *Store) indexPos(index, value string) (int, error) {
+	i := slices.IndexFunc(s.indexes, func(ix Index) bool { return ix.Name == index })
+	if i < 0 {
+		return 0, fmt.Errorf("looking up %q in index %q: %w", value, index, ErrUnknownIndex)
+	}
+	return i, nil
 }
 
 // Lookup returns the desired objects that the declared index lists under value, ordered by
 // key. An index that was not declared in Options.Indexes is an error wrapping
 // ErrUnknownIndex.
 func (s *Store) Lookup(index, value string) ([]*nimbusv1.Object, error) {
-	if index == "id" || index == "kind" || !slices.ContainsFunc(s.indexes, func(ix Index) bool { return ix.Name == index }) {
-		return nil, fmt.Errorf("looking up %q in index %q: %w", value, index, ErrUnknownIndex)
+	pos, err := s.indexPos(index, value)
+	if err != nil {
+		return nil, err
 	}
-	return s.desiredBy(index, value), nil
+	var out []*nimbusv1.Object
+	s.desired.Load().indexes[pos].ascend(byEntry(value, ""), func(e indexEntry) bool {
+		if e.val != value {
+			return false
+		}
+		out = append(out, s.decode(e.rec))
+		return true
+	})
+	return out, nil
 }
 
 // LookupFirst returns the first by key of the desired objects that the declared index
@@ -334,18 +428,21 @@ func (s *Store) Lookup(index, value string) ([]*nimbusv1.Object, error) {
 // lookup, without the listing of Lookup. An index that was not declared in
 // Options.Indexes is an error wrapping ErrUnknownIndex.
 func (s *Store) LookupFirst(index, value string) (obj *nimbusv1.Object, keyID string, err error) {
-	if index == "id" || index == "kind" || !slices.ContainsFunc(s.indexes, func(ix Index) bool { return ix.Name == index }) {
-		return nil, "", fmt.Errorf("looking up %q in index %q: %w", value, index, ErrUnknownIndex)
-	}
-	raw, err := s.db.Txn(false).First(string(TableDesired), index, value)
+	pos, err := s.indexPos(index, value)
 	if err != nil {
-		return nil, "", fmt.Errorf("looking up %q in index %q: %w", value, index, err)
+		return nil, "", err
 	}
-	if raw == nil {
+	var rec *record
+	s.desired.Load().indexes[pos].ascend(byEntry(value, ""), func(e indexEntry) bool {
+		if e.val == value {
+			rec = e.rec
+		}
+		return false
+	})
+	if rec == nil {
 		return nil, "", nil
 	}
-	r := raw.(*desiredRecord)
-	return r.Object, r.ID, nil
+	return s.decode(rec), rec.id, nil
 }
 
 // ScopedName returns the form in which the reference indexes hold a referenced object,
@@ -364,38 +461,18 @@ func scoped(tenant, namespace, name string) string {
 	return tenant + "/" + namespace + "/" + name
 }
 
-// desiredBy returns the desired objects an index lists under args, ordered by key.
-func (s *Store) desiredBy(index string, args ...any) []*nimbusv1.Object {
-	it, err := s.db.Txn(false).Get(string(TableDesired), index, args...)
-	if err != nil {
-		return nil
-	}
-	var out []*nimbusv1.Object
-	for raw := it.Next(); raw != nil; raw = it.Next() {
-		out = append(out, raw.(*desiredRecord).Object)
-	}
-	return out
-}
-
 // Resume returns the nimbus epoch and revision the desired table corresponds to.
 func (s *Store) Resume() (epoch string, revision uint64) {
-	raw, err := s.db.Txn(false).First(tableResume, "id", tableResume)
-	if err != nil || raw == nil {
-		return "", 0
-	}
-	r := raw.(*resumeRecord)
-	return r.Epoch, r.Revision
+	st := s.desired.Load()
+	return st.epoch, st.revision
 }
 
 // Status returns the status the HAL reported for the object with the given key.
 func (s *Store) Status(key *nimbusv1.ObjectKey) (*nimbusv1.NodeStatus, bool) {
 	s.statusMu.RLock()
-	r, ok := s.statuses[key.ID()]
+	st, ok := s.statuses[key.ID()]
 	s.statusMu.RUnlock()
-	if !ok {
-		return nil, false
-	}
-	return r.Status, true
+	return st, ok
 }
 
 // StatusEntry is one object's status as Statuses returns it.
@@ -414,7 +491,7 @@ func (s *Store) Statuses() []StatusEntry {
 		if err != nil {
 			continue // not stored: StatusTxn takes keys, whose IDs parse
 		}
-		out = append(out, StatusEntry{Key: key, Status: s.statuses[id].Status})
+		out = append(out, StatusEntry{Key: key, Status: s.statuses[id]})
 	}
 	s.statusMu.RUnlock()
 	return out
@@ -459,12 +536,117 @@ func (s *Store) ClaimStatus() (*StatusWriter, error) {
 	return &StatusWriter{s: s}, nil
 }
 
-// write runs fn in a write transaction, writes its durable changes to disk, commits it,
-// and tells subscribers which keys changed, all under writeMu so that the file and the
-// notifications follow commit order. The disk write comes before the commit, so readers
-// never see what the file does not hold; when it fails, nothing changes. table, the table
-// fn writes, labels the commit's metrics.
-func (s *Store) write(table Table, fn func(txn *memdb.Txn) error) error {
+// newRecord makes the desired-table row of obj: its wire form, and the values of every
+// declared index.
+func (s *Store) newRecord(obj *nimbusv1.Object) (*record, error) {
+	id := obj.Key().ID()
+	data, err := proto.MarshalOptions{Deterministic: true}.Marshal(obj)
+	if err != nil {
+		return nil, fmt.Errorf("encoding %s: %w", id, err)
+	}
+	r := &record{id: id, data: data, generation: obj.GetMeta().GetGeneration(), kind: obj.Kind()}
+	for i, ix := range s.indexes {
+		for _, v := range ix.Values(obj) {
+			r.indexed = append(r.indexed, indexedValue{pos: i, val: v})
+		}
+	}
+	r.indexed = slices.Clip(r.indexed)
+	return r, nil
+}
+
+// desiredChange is what a write transaction did to one key: the record before it (nil
+// when there was none) and after it (nil when there is none).
+type desiredChange struct {
+	before, after *record
+	// obj is after decoded, the object Put, for the state file.
+	obj *nimbusv1.Object
+}
+
+// desiredWrite is a write transaction of the desired table in progress: the state it
+// derives from the committed one, and what it changed.
+type desiredWrite struct {
+	s       *Store
+	st      *desiredState
+	changes map[string]*desiredChange
+	// order holds the changed key IDs in the order of their first change.
+	order []string
+	// persist tells that the transaction writes what the file keeps; resume that it
+	// records a resume point.
+	persist, resume bool
+}
+
+// newDesiredWrite starts a write transaction from the committed state.
+func (s *Store) newDesiredWrite() *desiredWrite {
+	cur := s.desired.Load()
+	mark := &txnMark{}
+	st := *cur
+	st.byID = cur.byID.clone(mark)
+	st.indexes = make([]*ordered[indexEntry], len(cur.indexes))
+	for i, ix := range cur.indexes {
+		st.indexes[i] = ix.clone(mark)
+	}
+	return &desiredWrite{s: s, st: &st, changes: map[string]*desiredChange{}}
+}
+
+// get returns the record of key ID id as the transaction has it.
+func (w *desiredWrite) get(id string) (*record, bool) { return w.st.byID.get(byID(id)) }
+
+// put stores r, the record of obj, replacing the record with its key ID.
+func (w *desiredWrite) put(r *record, obj *nimbusv1.Object) {
+	old, _ := w.st.byID.set(byID(r.id), r)
+	w.unindex(old)
+	for _, v := range r.indexed {
+		w.st.indexes[v.pos].set(byEntry(v.val, r.id), indexEntry{val: v.val, rec: r})
+	}
+	w.changed(r.id, old, r).obj = obj
+}
+
+// delete removes the record of key ID id, if any.
+func (w *desiredWrite) delete(id string) {
+	old, ok := w.st.byID.delete(byID(id))
+	if !ok {
+		return
+	}
+	w.unindex(old)
+	w.changed(id, old, nil).obj = nil
+}
+
+// unindex removes the index entries of r, when not nil.
+func (w *desiredWrite) unindex(r *record) {
+	if r == nil {
+		return
+	}
+	for _, v := range r.indexed {
+		w.st.indexes[v.pos].delete(byEntry(v.val, r.id))
+	}
+}
+
+// changed records a change of the key ID id from before to after, and returns the
+// change of the key within the transaction.
+func (w *desiredWrite) changed(id string, before, after *record) *desiredChange {
+	w.persist = true
+	c, ok := w.changes[id]
+	if !ok {
+		c = &desiredChange{before: before}
+		w.changes[id] = c
+		w.order = append(w.order, id)
+	}
+	c.after = after
+	return c
+}
+
+// setResume records the resume point.
+func (w *desiredWrite) setResume(epoch string, revision uint64) {
+	w.persist, w.resume = true, true
+	w.st.hasResume, w.st.epoch, w.st.revision = true, epoch, revision
+}
+
+// write runs fn in a write transaction of the desired table, writes its changes to disk,
+// publishes the new state, and tells subscribers which keys changed, all under writeMu so
+// that the file and the notifications follow commit order. The disk write comes before
+// the state is published, so readers never see what the file does not hold; when it
+// fails, nothing changes.
+func (s *Store) write(fn func(w *desiredWrite) error) error {
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
 	s.mu.Lock()
@@ -474,33 +656,29 @@ func (s *Store) write(table Table, fn func(txn *memdb.Txn) error) error {
 		return ErrClosed
 	}
 	start := time.Now()
-	txn := s.db.Txn(true)
-	txn.TrackChanges()
-	defer txn.Abort()
-	if err := fn(txn); err != nil {
+	w := s.newDesiredWrite()
+	if err := fn(w); err != nil {
 		return err
 	}
-	changes := txn.Changes()
-	if s.disk != nil && persistent(changes) {
-		if err := s.disk.commit(changes); err != nil {
+	// A key created and deleted again, or changed back, within the transaction did not
+	// change.
+	ids := slices.DeleteFunc(w.order, func(id string) bool {
+		c := w.changes[id]
+		return c.before == c.after
+	})
+	if s.disk != nil && w.persist {
+		if err := s.disk.commit(w, ids); err != nil {
 			return fmt.Errorf("writing state file: %w", err)
 		}
 	}
-	txn.Commit()
-	var ids []string
-	for _, c := range changes {
-		if Table(c.Table) != TableDesired {
-			continue
-		}
-		obj := c.After
-		if obj == nil {
-			obj = c.Before
-		}
-		ids = append(ids, obj.(*desiredRecord).ID)
+	w.st.byID.publish()
+	for _, ix := range w.st.indexes {
+		ix.publish()
 	}
+	s.desired.Store(w.st)
 	s.notify(TableDesired, ids)
-	s.metrics.commitDuration.WithLabelValues(string(table)).Observe(time.Since(start).Seconds())
-	s.metrics.commitSize.WithLabelValues(string(table)).Observe(float64(len(ids)))
+	s.metrics.commitDuration.WithLabelValues(string(TableDesired)).Observe(time.Since(start).Seconds())
+	s.metrics.commitSize.WithLabelValues(string(TableDesired)).Observe(float64(len(ids)))
 	return nil
 }
 
@@ -519,21 +697,6 @@ func (s *Store) notify(table Table, ids []string) {
 	}
 }
 
-// newDesiredRecord makes the desired-table row of obj, with the values of every declared
-// index.
-func (s *Store) newDesiredRecord(obj *nimbusv1.Object) *desiredRecord {
-	r := &desiredRecord{ID: obj.Key().ID(), Kind: int(obj.Kind()), Object: obj}
-	for i, ix := range s.indexes {
-		if vals := ix.Values(obj); len(vals) > 0 {
-			if r.Indexed == nil {
-				r.Indexed = make([][]string, len(s.indexes))
-			}
-			r.Indexed[i] = vals
-		}
-	}
-	return r
-}
-
 // DesiredWriter is the one handle that writes the desired table.
 type DesiredWriter struct{ s *Store }
 
@@ -543,7 +706,7 @@ type DesiredTxn struct {
 	deletes []*nimbusv1.ObjectKey
 	keep    map[string]bool
 	sweep   bool
-	resume  *resumeRecord
+	resume  *statefile.Position
 }
 
 // Put stores obj, replacing any object with the same key. The store keeps its own copy.
@@ -572,64 +735,45 @@ func (t *DesiredTxn) DeleteOthers(keep map[string]bool) {
 
 // SetResume records the nimbus epoch and revision the table corresponds to after commit.
 func (t *DesiredTxn) SetResume(epoch string, revision uint64) {
-	t.resume = &resumeRecord{ID: tableResume, Epoch: epoch, Revision: revision}
+	t.resume = &statefile.Position{Epoch: epoch, Revision: revision}
 }
 
 // Commit applies the transaction atomically. Objects equal to what is stored are not
 // rewritten, so subscribers hear only of real changes.
 func (w *DesiredWriter) Commit(t *DesiredTxn) error {
-	return w.s.write(TableDesired, func(txn *memdb.Txn) error {
+	return w.s.write(func(dw *desiredWrite) error {
 		put := map[string]bool{}
 		for _, obj := range t.puts {
-			rec := w.s.newDesiredRecord(obj)
-			put[rec.ID] = true
-			old, err := txn.First(string(TableDesired), "id", rec.ID)
+			rec, err := w.s.newRecord(obj)
 			if err != nil {
-				return fmt.Errorf("reading %s: %w", rec.ID, err)
+				return err
 			}
-			if old != nil && proto.Equal(old.(*desiredRecord).Object, obj) {
+			put[rec.id] = true
+			if old, ok := dw.get(rec.id); ok && bytes.Equal(old.data, rec.data) {
 				continue
 			}
-			if err := txn.Insert(string(TableDesired), rec); err != nil {
-				return fmt.Errorf("storing %s: %w", rec.ID, err)
-			}
+			dw.put(rec, obj)
 		}
 		for _, key := range t.deletes {
-			if _, err := txn.DeleteAll(string(TableDesired), "id", key.ID()); err != nil {
-				return fmt.Errorf("deleting %s: %w", key.ID(), err)
-			}
+			dw.delete(key.ID())
 		}
 		if t.sweep {
-			if err := sweepDesired(txn, func(id string) bool { return t.keep[id] || put[id] }); err != nil {
-				return err
+			var stale []string
+			dw.st.byID.ascend(nil, func(r *record) bool {
+				if !t.keep[r.id] && !put[r.id] {
+					stale = append(stale, r.id)
+				}
+				return true
+			})
+			for _, id := range stale {
+				dw.delete(id)
 			}
 		}
 		if t.resume != nil {
-			if err := txn.Insert(tableResume, t.resume); err != nil {
-				return fmt.Errorf("storing resume point: %w", err)
-			}
+			dw.setResume(t.resume.Epoch, t.resume.Revision)
 		}
 		return nil
 	})
-}
-
-func sweepDesired(txn *memdb.Txn, keep func(id string) bool) error {
-	it, err := txn.Get(string(TableDesired), "id")
-	if err != nil {
-		return fmt.Errorf("listing desired objects: %w", err)
-	}
-	var stale []*desiredRecord
-	for raw := it.Next(); raw != nil; raw = it.Next() {
-		if r := raw.(*desiredRecord); !keep(r.ID) {
-			stale = append(stale, r)
-		}
-	}
-	for _, r := range stale {
-		if err := txn.Delete(string(TableDesired), r); err != nil {
-			return fmt.Errorf("deleting stale %s: %w", r.ID, err)
-		}
-	}
-	return nil
 }
 
 // MarkSynced records that the desired table is complete: it holds everything nimbus
@@ -653,30 +797,30 @@ type StatusTxn struct {
 	ops []statusOp
 }
 
-// statusOp is one write of a StatusTxn: rec stored, or, with rec nil, the status of id
+// statusOp is one write of a StatusTxn: st stored, or, with remove, the status of id
 // removed.
 type statusOp struct {
-	id  string
-	rec *statusRecord
+	id     string
+	st     *nimbusv1.NodeStatus
+	remove bool
 }
 
 // Set stores the status of the object with the given key. The store keeps its own copy.
 func (t *StatusTxn) Set(key *nimbusv1.ObjectKey, st *nimbusv1.NodeStatus) {
-	id := key.ID()
-	t.ops = append(t.ops, statusOp{id: id, rec: &statusRecord{Status: proto.CloneOf(st)}})
+	t.ops = append(t.ops, statusOp{id: key.ID(), st: proto.CloneOf(st)})
 }
 
 // SetOwned stores st itself, without the copy Set makes: the caller hands it over and must
 // not modify it afterwards. The HAL, which builds a fresh status for every reconcile,
 // uses it.
 func (t *StatusTxn) SetOwned(key *nimbusv1.ObjectKey, st *nimbusv1.NodeStatus) {
-	t.ops = append(t.ops, statusOp{id: key.ID(), rec: &statusRecord{Status: st}})
+	t.ops = append(t.ops, statusOp{id: key.ID(), st: st})
 }
 
 // Delete removes the status of the object with the given key; an absent one is not an
 // error.
 func (t *StatusTxn) Delete(key *nimbusv1.ObjectKey) {
-	t.ops = append(t.ops, statusOp{id: key.ID()})
+	t.ops = append(t.ops, statusOp{id: key.ID(), remove: true})
 }
 
 // Len returns the number of writes in the transaction.
@@ -700,32 +844,44 @@ func (w *StatusWriter) Commit(t *StatusTxn) error {
 		return ErrClosed
 	}
 	start := time.Now()
-	// before holds, per key the batch wrote, its record before the batch (nil when it had
-	// none), so that subscribers hear of the keys whose status the batch as a whole changed.
+	// before holds, per key the batch wrote, its status before the batch, so that
+	// subscribers hear of the keys whose status the batch as a whole changed.
+	type was struct {
+		st  *nimbusv1.NodeStatus
+		had bool
+	}
 	var ids []string
-	before := make(map[string]*statusRecord, len(t.ops))
+	before := make(map[string]was, len(t.ops))
+	desired := s.desired.Load().byID
 	s.statusMu.Lock()
 	for _, op := range t.ops {
 		old, had := s.statuses[op.id]
 		switch {
-		case op.rec == nil && !had:
+		case op.remove && !had:
 			continue
-		case op.rec != nil && had && sameStatus(old.Status, op.rec.Status):
+		case !op.remove && had && sameStatus(old, op.st):
 			continue
 		}
 		if _, seen := before[op.id]; !seen {
-			before[op.id] = old
+			before[op.id] = was{old, had}
 			ids = append(ids, op.id)
 		}
-		if op.rec == nil {
+		if op.remove {
 			delete(s.statuses, op.id)
-		} else {
-			s.statuses[op.id] = op.rec
+			continue
 		}
+		// The map keeps the key it is given last; the desired table's key ID is one
+		// string less per status.
+		id := op.id
+		if r, ok := desired.get(byID(id)); ok {
+			id = r.id
+		}
+		s.statuses[id] = op.st
 	}
 	changed := ids[:0]
 	for _, id := range ids {
-		if s.statuses[id] != before[id] {
+		st, had := s.statuses[id]
+		if b := before[id]; had != b.had || st != b.st {
 			changed = append(changed, id)
 		}
 	}

@@ -285,3 +285,36 @@ func TestSubscriberEndsAtFinalState(t *testing.T) {
 		}
 	}
 }
+
+// TestReadsDecodeStoredObjects checks that what readers get is the object Put, decoded
+// from the store's wire form, and that readers share one decoded object while one holds
+// it.
+func TestReadsDecodeStoredObjects(t *testing.T) {
+	s, d, _ := open(t)
+	obj := route("a", 1, "10.0.0.0/8", "10.0.0.1")
+	obj.Meta.Labels = map[string]string{"z": "1", "a": "2", "m": "3"}
+	commit(t, d, func(txn *DesiredTxn) { txn.Put(obj) })
+	got, ok := s.Get(obj.Key())
+	if !ok || !proto.Equal(got, obj) {
+		t.Fatalf("Get = %v, %v; want %v", got, ok, obj)
+	}
+	if again, _ := s.Get(obj.Key()); again != got {
+		t.Error("a second Get while the first object is held decoded the object again")
+	}
+	if list := s.List(nimbusv1.Kind_KIND_ROUTE); len(list) != 1 || list[0] != got {
+		t.Errorf("List = %v, want the object Get returned", list)
+	}
+	// An equal object with its labels in another order is no change.
+	same := proto.CloneOf(obj)
+	same.Meta.Labels = map[string]string{"m": "3", "a": "2", "z": "1"}
+	sub, err := s.Subscribe(SubscribeOptions{Tables: []Table{TableDesired}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	next(t, sub)
+	commit(t, d, func(txn *DesiredTxn) { txn.Put(same) })
+	if pending(sub) {
+		t.Error("putting an equal object announced a change")
+	}
+}

@@ -73,9 +73,7 @@ func (s *Store) Subscribe(opts SubscribeOptions) (*Subscription, error) {
 				ids = append(ids, sub.keyID)
 			}
 		case t == TableDesired:
-			for _, obj := range s.List(opts.Kind) {
-				ids = append(ids, obj.Key().ID())
-			}
+			s.desiredIDs(opts.Kind, func(r *record) { ids = append(ids, r.id) })
 		case t == TableStatus:
 			s.statusMu.RLock()
 			ids = append(ids, s.statusIDsLocked()...)

@@ -35,16 +35,7 @@ const (
 )
 
 func BenchmarkApplyBatch(b *testing.B) {
-	objs := make([]*nimbusv1.Object, benchRoutes)
-	for i := range objs {
-		objs[i] = &nimbusv1.Object{
-			Meta: &nimbusv1.ObjectMeta{Name: fmt.Sprintf("route-%06d", i)},
-			Spec: &nimbusv1.Object_Route{Route: &nimbusv1.RouteSpec{
-				Table: 100, Prefix: fmt.Sprintf("10.%d.%d.%d/32", i>>16, i>>8&0xff, i&0xff),
-				Nexthops: []*nimbusv1.NextHop{{Gateway: "192.0.2.1"}},
-			}},
-		}
-	}
+	objs := benchRoutesObjects()
 	b.Run("batch-4MiB", func(b *testing.B) {
 		benchDurableApply(b, objs, func(ctx context.Context, api nimbusv1.NimbusClient) error {
 			for _, part := range chunkBySize(objs, benchBatchBytes) {
@@ -86,6 +77,17 @@ func BenchmarkApplyBatch(b *testing.B) {
 			return <-errs
 		})
 	})
+}
+
+// benchRoute returns the i-th route of the durable write benchmarks.
+func benchRoute(i int) *nimbusv1.Object {
+	return &nimbusv1.Object{
+		Meta: &nimbusv1.ObjectMeta{Name: fmt.Sprintf("route-%06d", i)},
+		Spec: &nimbusv1.Object_Route{Route: &nimbusv1.RouteSpec{
+			Table: 100, Prefix: fmt.Sprintf("10.%d.%d.%d/32", i>>16, i>>8&0xff, i&0xff),
+			Nexthops: []*nimbusv1.NextHop{{Gateway: "192.0.2.1"}},
+		}},
+	}
 }
 
 // benchDurableApply runs apply against a fresh durable nimbus per iteration and reports

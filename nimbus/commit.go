@@ -340,19 +340,24 @@ func dropRetargetedStatuses(txn *memdb.Txn, id string, obj *nimbusv1.Object) err
 // stageDelete deletes the write's object and every status reported for it in txn as the
 // change of revision rev. The change is nil when there is no such object.
 func stageDelete(txn *memdb.Txn, w write, rev uint64) (*stagedChange, outcome, error) {
-	old, err := getObject(txn, w.id)
-	if err != nil || old == nil {
+	rec, err := getRecord(txn, w.id)
+	if err != nil || rec == nil {
 		return nil, outcome{}, err
 	}
-	if _, err := txn.DeleteAll(tableObjects, indexID, w.id); err != nil {
+	old := rec.Object
+	// Deleting the very records found costs one radix path per index; DeleteAll and
+	// DeletePrefix would search again.
+	if err := txn.Delete(tableObjects, rec); err != nil {
 		return nil, outcome{}, fmt.Errorf("deleting object %s: %w", w.id, err)
 	}
 	recs, err := statusesOf(txn, w.id)
 	if err != nil {
 		return nil, outcome{}, err
 	}
-	if _, err := txn.DeletePrefix(tableStatus, indexID+"_prefix", statusID(w.id, "")); err != nil {
-		return nil, outcome{}, fmt.Errorf("deleting statuses of %s: %w", w.id, err)
+	for _, r := range recs {
+		if err := txn.Delete(tableStatus, r); err != nil {
+			return nil, outcome{}, fmt.Errorf("deleting status of %s on node %s: %w", w.id, r.Node, err)
+		}
 	}
 	// The nodes that reported, and a deleted Node object's node, may have nothing left
 	// that keeps their watch state.
