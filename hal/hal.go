@@ -109,7 +109,9 @@ type Options struct {
 	// Reconcilers program one kind each. Objects of other kinds are reported PENDING with
 	// reason Unsupported.
 	Reconcilers []Reconciler
-	// Workers is the number of keys reconciled at once. Default: 2.
+	// Workers is the number of keys reconciled at once. A reconcile spends most of its
+	// time waiting for the kernel, and backends send the writes of concurrent reconciles
+	// to the kernel together, so more workers than cores pay. Default: 64.
 	Workers int
 	// RateLimiter decides how long a failed key waits before its retry. Default:
 	// DefaultRateLimiter().
@@ -186,7 +188,7 @@ func New(opts Options) (*HAL, error) {
 		return nil, errors.New("hal: Options.Store is required")
 	}
 	if opts.Workers <= 0 {
-		opts.Workers = 2
+		opts.Workers = 64
 	}
 	if opts.RateLimiter == nil {
 		opts.RateLimiter = DefaultRateLimiter()
@@ -487,7 +489,7 @@ func (h *HAL) reconcile(ctx context.Context, id string) error {
 		if rerr != nil {
 			return fmt.Errorf("removing %s: %w", id, rerr)
 		}
-		h.log.Info("removed", "key", id)
+		h.log.Debug("removed", "key", id)
 		h.status.put(id, StatusUpdate{Key: key})
 		return nil
 	}

@@ -145,7 +145,8 @@ func TestReadyAfterFirstReconciles(t *testing.T) {
 	}
 	idle.Close()
 
-	h := start(t, store, hal.Options{Reconcilers: []hal.Reconciler{rec}, ResyncInterval: -1})
+	// Two workers, so that an object waits on the queue while they are busy (see e below).
+	h := start(t, store, hal.Options{Reconcilers: []hal.Reconciler{rec}, Workers: 2, ResyncInterval: -1})
 	waitFor(t, "b failed and c programmed", func() bool {
 		sb, _ := store.status(id(b))
 		sc, _ := store.status(id(c))

@@ -1,6 +1,7 @@
 package hal
 
 import (
+	"hash/maphash"
 	"iter"
 	"slices"
 	"sync"
@@ -35,10 +36,24 @@ import (
 // a moment.
 //
 // A backend must not run two writes of one key at once; writes of different keys, events
-// and Replace may run concurrently with each other.
+// and Replace may run concurrently with each other. The mirror is split in shards by key,
+// each with its own lock, so that many workers writing different keys do not queue on
+// one lock.
 type Mirror[K comparable, V any] struct {
 	equal func(have, want V) bool
+	hash  func(K) uint64
+	seed  maphash.Seed
 
+	shards [mirrorShards]mirrorShard[K, V]
+}
+
+// mirrorShards is the number of shards of a Mirror.
+const mirrorShards = 16
+
+// mirrorShard holds the keys of a Mirror that hash to it.
+type mirrorShard[K comparable, V any] struct {
+	// index is the shard's place in Mirror.shards.
+	index int
 	// mu guards objs, pending and replacing.
 	mu sync.RWMutex
 	// objs holds the mirrored objects; a key that is absent in the kernel is absent here.
@@ -53,14 +68,31 @@ type Mirror[K comparable, V any] struct {
 // NewMirror returns an empty mirror. equal reports whether an object the kernel reports,
 // have, is in the state want describes, which may be a state the backend wrote (and so
 // leave out what the kernel fills in, such as the interface of a gateway). Replace uses it
-// to find drift, Update to recognise the echo of a write.
-func NewMirror[K comparable, V any](equal func(have, want V) bool) *Mirror[K, V] {
-	return &Mirror[K, V]{
-		equal:     equal,
-		objs:      map[K]V{},
-		pending:   map[K]*pendingWrites[K, V]{},
-		replacing: map[*replaceRun[K]]struct{}{},
+// to find drift, Update to recognise the echo of a write. hash, when not nil, spreads the
+// keys over the mirror's shards, and must return the same for equal keys; without it the
+// mirror hashes keys with hash/maphash, which allocates for most key types.
+func NewMirror[K comparable, V any](equal func(have, want V) bool, hash func(K) uint64) *Mirror[K, V] {
+	m := &Mirror[K, V]{equal: equal, hash: hash, seed: maphash.MakeSeed()}
+	for i := range m.shards {
+		m.shards[i] = mirrorShard[K, V]{
+			index:     i,
+			objs:      map[K]V{},
+			pending:   map[K]*pendingWrites[K, V]{},
+			replacing: map[*replaceRun[K]]struct{}{},
+		}
 	}
+	return m
+}
+
+// shard returns the shard of key k.
+func (m *Mirror[K, V]) shard(k K) *mirrorShard[K, V] {
+	var h uint64
+	if m.hash != nil {
+		h = m.hash(k)
+	} else {
+		h = maphash.Comparable(m.seed, k)
+	}
+	return &m.shards[h%mirrorShards]
 }
 
 // mirrorState is an object's state: present with a value, or absent.
@@ -81,18 +113,19 @@ type pendingWrites[K comparable, V any] struct {
 // that overflowed and starts over.
 const maxPending = 8
 
-// replaceRun is one Replace in progress: the keys that changed while it dumped.
+// replaceRun is one Replace in progress: the keys that changed while it dumped, by
+// shard, each guarded by its shard's lock.
 type replaceRun[K comparable] struct {
-	touched map[K]struct{}
+	touched [mirrorShards]map[K]struct{}
 }
 
 // Write is a write of one object that a backend is making to the kernel: Expect or
 // ExpectGone returned it, and exactly one of Done, Fail or Gone ends it.
 type Write[K comparable, V any] struct {
-	m    *Mirror[K, V]
+	s    *mirrorShard[K, V]
 	key  K
 	want mirrorState[V]
-	// Guarded by m.mu:
+	// Guarded by s.mu:
 	ended  bool // Done, Fail or Gone was called
 	echoed bool // an event equal to want, or any event once loose, was applied
 	loose  bool // a Replace began while it was under way: it waits for no echo
@@ -101,31 +134,42 @@ type Write[K comparable, V any] struct {
 // Get returns the mirrored state of the object with key k, and whether the kernel holds
 // it.
 func (m *Mirror[K, V]) Get(k K) (V, bool) {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	v, ok := m.objs[k]
+	sh := m.shard(k)
+	sh.mu.RLock()
+	defer sh.mu.RUnlock()
+	v, ok := sh.objs[k]
 	return v, ok
 }
 
 // Len returns the number of mirrored objects.
 func (m *Mirror[K, V]) Len() int {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	return len(m.objs)
+	n := 0
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.RLock()
+		n += len(sh.objs)
+		sh.mu.RUnlock()
+	}
+	return n
 }
 
-// All returns the mirrored objects as they are when it is called, in no particular order.
+// All returns the mirrored objects as they are when it is called (each shard's at one
+// moment), in no particular order.
 func (m *Mirror[K, V]) All() iter.Seq2[K, V] {
 	type kv struct {
 		k K
 		v V
 	}
-	m.mu.RLock()
-	all := make([]kv, 0, len(m.objs))
-	for k, v := range m.objs {
-		all = append(all, kv{k, v})
+	var all []kv
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.RLock()
+		all = slices.Grow(all, len(sh.objs))
+		for k, v := range sh.objs {
+			all = append(all, kv{k, v})
+		}
+		sh.mu.RUnlock()
 	}
-	m.mu.RUnlock()
 	return func(yield func(K, V) bool) {
 		for _, e := range all {
 			if !yield(e.k, e.v) {
@@ -150,10 +194,11 @@ func (m *Mirror[K, V]) Remove(k K) (echo bool) {
 }
 
 func (m *Mirror[K, V]) apply(k K, st mirrorState[V]) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.touchLocked(k)
-	p := m.pending[k]
+	sh := m.shard(k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sh.touchLocked(k)
+	p := sh.pending[k]
 	echo := false
 	if p != nil {
 		// Writes that were under way when a Replace began wait for no echo: any event
@@ -167,12 +212,12 @@ func (m *Mirror[K, V]) apply(k K, st mirrorState[V]) bool {
 			return true
 		})
 		if len(p.writes) == 0 {
-			delete(m.pending, k)
+			delete(sh.pending, k)
 			p = nil
 		}
 	}
 	if p == nil {
-		m.setLocked(k, st)
+		sh.setLocked(k, st)
 		return echo
 	}
 	for i, w := range p.writes {
@@ -185,8 +230,8 @@ func (m *Mirror[K, V]) apply(k K, st mirrorState[V]) bool {
 		}
 		p.writes = p.writes[i+1:]
 		if len(p.writes) == 0 {
-			delete(m.pending, k)
-			m.setLocked(k, st)
+			delete(sh.pending, k)
+			sh.setLocked(k, st)
 		} else {
 			p.seen = &st
 		}
@@ -211,16 +256,30 @@ func (m *Mirror[K, V]) ExpectGone(k K) *Write[K, V] {
 	return m.expect(k, mirrorState[V]{})
 }
 
+// writeAndPending is a write allocated together with the pending writes of its key, for
+// the usual case of a key with no other write under way: one allocation, not three.
+type writeAndPending[K comparable, V any] struct {
+	w    Write[K, V]
+	p    pendingWrites[K, V]
+	slot [1]*Write[K, V]
+}
+
 func (m *Mirror[K, V]) expect(k K, st mirrorState[V]) *Write[K, V] {
-	w := &Write[K, V]{m: m, key: k, want: st}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.touchLocked(k)
-	p := m.pending[k]
+	sh := m.shard(k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sh.touchLocked(k)
+	p := sh.pending[k]
+	var w *Write[K, V]
 	if p == nil {
-		p = &pendingWrites[K, V]{}
-		m.pending[k] = p
+		a := &writeAndPending[K, V]{}
+		w, p = &a.w, &a.p
+		p.writes = a.slot[:0]
+		sh.pending[k] = p
+	} else {
+		w = &Write[K, V]{}
 	}
+	*w = Write[K, V]{s: sh, key: k, want: st}
 	if len(p.writes) >= maxPending {
 		p.writes = p.writes[1:]
 	}
@@ -232,20 +291,20 @@ func (m *Mirror[K, V]) expect(k K, st mirrorState[V]) *Write[K, V] {
 // an event that ends the write's wait was applied already: then it shows what the events
 // since report.
 func (w *Write[K, V]) Done() {
-	m := w.m
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	sh := w.s
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
 	if w.ended {
 		return
 	}
 	w.ended = true
-	m.touchLocked(w.key)
+	sh.touchLocked(w.key)
 	if w.echoed {
 		return
 	}
-	m.setLocked(w.key, w.want)
+	sh.setLocked(w.key, w.want)
 	if w.loose {
-		m.dropLocked(w)
+		sh.dropLocked(w)
 	}
 }
 
@@ -261,39 +320,39 @@ func (w *Write[K, V]) Gone() { w.end(&mirrorState[V]{}) }
 // end ends a write that the kernel will not echo; known, when set, is the state the
 // kernel's answer proved.
 func (w *Write[K, V]) end(known *mirrorState[V]) {
-	m := w.m
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	sh := w.s
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
 	if w.ended {
 		return
 	}
 	w.ended = true
-	m.touchLocked(w.key)
+	sh.touchLocked(w.key)
 	if w.echoed {
 		return // the kernel already reported the state the write would have left
 	}
-	p := m.pending[w.key]
+	p := sh.pending[w.key]
 	if p == nil {
 		return
 	}
 	switch {
 	case p.seen != nil:
-		m.setLocked(w.key, *p.seen)
+		sh.setLocked(w.key, *p.seen)
 	case known != nil:
-		m.setLocked(w.key, *known)
+		sh.setLocked(w.key, *known)
 	}
-	m.dropLocked(w)
+	sh.dropLocked(w)
 }
 
 // dropLocked stops w waiting for its echo.
-func (m *Mirror[K, V]) dropLocked(w *Write[K, V]) {
-	p := m.pending[w.key]
+func (sh *mirrorShard[K, V]) dropLocked(w *Write[K, V]) {
+	p := sh.pending[w.key]
 	if p == nil {
 		return
 	}
 	p.writes = slices.DeleteFunc(p.writes, func(e *Write[K, V]) bool { return e == w })
 	if len(p.writes) == 0 {
-		delete(m.pending, w.key)
+		delete(sh.pending, w.key)
 	}
 }
 
@@ -309,62 +368,76 @@ func (m *Mirror[K, V]) dropLocked(w *Write[K, V]) {
 // state from Done only if no event came first. So a backend that subscribes to kernel
 // changes anew calls Replace after subscribing.
 func (m *Mirror[K, V]) Replace(dump func(add func(K, V)) error) ([]K, error) {
-	run := &replaceRun[K]{touched: map[K]struct{}{}}
-	m.mu.Lock()
-	m.replacing[run] = struct{}{}
-	for k, p := range m.pending {
-		p.writes = slices.DeleteFunc(p.writes, func(w *Write[K, V]) bool {
-			w.loose = true
-			return w.ended
-		})
-		if len(p.writes) == 0 {
-			delete(m.pending, k)
+	run := &replaceRun[K]{}
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		run.touched[i] = map[K]struct{}{}
+		sh.replacing[run] = struct{}{}
+		for k, p := range sh.pending {
+			p.writes = slices.DeleteFunc(p.writes, func(w *Write[K, V]) bool {
+				w.loose = true
+				return w.ended
+			})
+			if len(p.writes) == 0 {
+				delete(sh.pending, k)
+			}
 		}
+		sh.mu.Unlock()
 	}
-	m.mu.Unlock()
 	defer func() {
-		m.mu.Lock()
-		delete(m.replacing, run)
-		m.mu.Unlock()
+		for i := range m.shards {
+			sh := &m.shards[i]
+			sh.mu.Lock()
+			delete(sh.replacing, run)
+			sh.mu.Unlock()
+		}
 	}()
 
-	fresh := map[K]V{}
-	if err := dump(func(k K, v V) { fresh[k] = v }); err != nil {
+	var fresh [mirrorShards]map[K]V
+	for i := range fresh {
+		fresh[i] = map[K]V{}
+	}
+	if err := dump(func(k K, v V) { fresh[m.shard(k).index][k] = v }); err != nil {
 		return nil, err
 	}
 
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	var drift []K
-	settled := func(k K) bool {
-		_, touched := run.touched[k]
-		_, writing := m.pending[k]
-		return !touched && !writing
-	}
-	for k, v := range fresh {
-		if !settled(k) {
-			continue
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		touched := run.touched[i]
+		settled := func(k K) bool {
+			_, changed := touched[k]
+			_, writing := sh.pending[k]
+			return !changed && !writing
 		}
-		if old, ok := m.objs[k]; !ok || !m.equal(v, old) {
-			drift = append(drift, k)
+		for k, v := range fresh[i] {
+			if !settled(k) {
+				continue
+			}
+			if old, ok := sh.objs[k]; !ok || !m.equal(v, old) {
+				drift = append(drift, k)
+			}
+			sh.objs[k] = v
 		}
-		m.objs[k] = v
-	}
-	for k := range m.objs {
-		if _, ok := fresh[k]; !ok && settled(k) {
-			drift = append(drift, k)
-			delete(m.objs, k)
+		for k := range sh.objs {
+			if _, ok := fresh[i][k]; !ok && settled(k) {
+				drift = append(drift, k)
+				delete(sh.objs, k)
+			}
 		}
+		sh.mu.Unlock()
 	}
 	return drift, nil
 }
 
 // setLocked makes the mirror show st under k.
-func (m *Mirror[K, V]) setLocked(k K, st mirrorState[V]) {
+func (sh *mirrorShard[K, V]) setLocked(k K, st mirrorState[V]) {
 	if st.present {
-		m.objs[k] = st.v
+		sh.objs[k] = st.v
 	} else {
-		delete(m.objs, k)
+		delete(sh.objs, k)
 	}
 }
 
@@ -376,9 +449,9 @@ func (m *Mirror[K, V]) sameLocked(have, want mirrorState[V]) bool {
 	return !have.present || m.equal(have.v, want.v)
 }
 
-// touchLocked tells every Replace in progress that k changed.
-func (m *Mirror[K, V]) touchLocked(k K) {
-	for run := range m.replacing {
-		run.touched[k] = struct{}{}
+// touchLocked tells every Replace in progress that k, a key of the shard, changed.
+func (sh *mirrorShard[K, V]) touchLocked(k K) {
+	for run := range sh.replacing {
+		run.touched[sh.index][k] = struct{}{}
 	}
 }

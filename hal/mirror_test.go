@@ -25,7 +25,7 @@ func sameObj(have, want obj) bool {
 
 func newMirror(t *testing.T, dump map[string]obj) *hal.Mirror[string, obj] {
 	t.Helper()
-	m := hal.NewMirror[string, obj](sameObj)
+	m := hal.NewMirror[string, obj](sameObj, nil)
 	if _, err := m.Replace(dumpOf(dump)); err != nil {
 		t.Fatal(err)
 	}

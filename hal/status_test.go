@@ -297,7 +297,9 @@ func TestStatusBatchesFillUnderLoad(t *testing.T) {
 	objs = append(objs, route("last", 1)) // n+1 keys: the last batch is partial
 	store := newFakeStore(objs...)
 	rec := newFakeReconciler(nimbusv1.Kind_KIND_ROUTE)
-	h := start(t, store, hal.Options{Reconcilers: []hal.Reconciler{rec}, StatusBatch: batch, ResyncInterval: -1})
+	// Two workers: the statuses of the reconciles under way when the queue runs empty at
+	// the end are recorded as they end, a small transaction each at worst.
+	h := start(t, store, hal.Options{Reconcilers: []hal.Reconciler{rec}, StatusBatch: batch, Workers: 2, ResyncInterval: -1})
 	waitFor(t, "every status recorded", func() bool {
 		for _, o := range objs {
 			if st, ok := store.status(id(o)); !ok || st.GetPhase() != nimbusv1.Phase_PHASE_PROGRAMMED {

@@ -19,7 +19,14 @@
 // of being overwritten; deletes name protocol 241, which the kernel matches, so they never
 // remove a foreign route either.
 //
+// Writes go to the kernel through a batcher (nlBatcher), one netlink socket per
+// reconciler: a writer goroutine sends every request pending whenever it is free, many in
+// one sendmsg, each with its own sequence number and NLM_F_ACK, and each caller gets the
+// kernel's answer to its own request, so that concurrent reconciles share system calls
+// and a route the kernel refuses fails only its own reconcile. The observer reads route
+// notifications many to a recvmmsg and decodes only what the mirror keeps.
+//
 // Every netlink request is bounded by RouteOptions.Timeout and checks its context first,
 // so a stuck kernel fails a reconcile, which is retried, instead of pinning a worker or
-// blocking shutdown.
+// blocking shutdown; a request whose context ends before it is sent is not sent.
 package linux

@@ -6,7 +6,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
+	"math/bits"
 	"net"
 	"net/netip"
 	"slices"
@@ -75,11 +77,54 @@ type RouteOptions struct {
 
 // routeID is what identifies a naples route in the kernel: its table, its destination and
 // its metric, as the kernel reports them (an IPv6 route asked for with metric 0 gets 1024).
+// It is held in a compact form without pointers (28 bytes; a netip.Prefix alone takes 32),
+// as every mirrored and programmed route keeps one.
 type routeID struct {
-	table  uint32
-	prefix netip.Prefix
-	metric uint32
+	// addr is the destination's address: 4 bytes for IPv4, then zeros.
+	addr          [16]byte
+	table, metric uint32
+	// bits is the prefix length; v4 tells an IPv4 destination.
+	bits uint8
+	v4   bool
+	// pad is always zero: it keeps the struct free of padding, so that it hashes and
+	// compares as one block of memory.
+	pad uint16
 }
+
+// newRouteID returns the identity of the route to p (masked) in table with metric.
+func newRouteID(table uint32, p netip.Prefix, metric uint32) routeID {
+	p = p.Masked()
+	id := routeID{table: table, metric: metric, bits: uint8(p.Bits())}
+	if a := p.Addr(); a.Is4() {
+		a4 := a.As4()
+		copy(id.addr[:], a4[:])
+		id.v4 = true
+	} else {
+		id.addr = a.As16()
+	}
+	return id
+}
+
+// hash returns a hash of the identity, for the mirror's shards.
+func (id routeID) hash() uint64 {
+	ne := binary.NativeEndian
+	h := ne.Uint64(id.addr[0:8]) ^ bits.RotateLeft64(ne.Uint64(id.addr[8:16]), 29)
+	h ^= uint64(id.table)<<32 | uint64(id.metric)
+	h ^= uint64(id.bits) << 48
+	h *= 0x9e3779b97f4a7c15
+	return h ^ h>>29
+}
+
+// dst returns the destination's address.
+func (id routeID) dst() netip.Addr {
+	if id.v4 {
+		return netip.AddrFrom4([4]byte(id.addr[:4]))
+	}
+	return netip.AddrFrom16(id.addr)
+}
+
+// prefix returns the destination.
+func (id routeID) prefix() netip.Prefix { return netip.PrefixFrom(id.dst(), int(id.bits)) }
 
 // indexKey returns the identity in the compact binary form RouteIndex lists owners under:
 // the address length (4 or 16), table and metric (4 bytes each, big-endian), prefix
@@ -88,12 +133,12 @@ type routeID struct {
 // length and the families' keys differ in their first byte, so no key is a prefix of
 // another, as go-memdb's lookups of non-unique indexes need.
 func (id routeID) indexKey() string {
-	addr := id.prefix.Addr()
+	addr := id.dst()
 	b := make([]byte, 0, 26)
 	b = append(b, byte(addr.BitLen()/8))
 	b = binary.BigEndian.AppendUint32(b, id.table)
 	b = binary.BigEndian.AppendUint32(b, id.metric)
-	b = append(b, byte(id.prefix.Bits()))
+	b = append(b, id.bits)
 	if addr.Is4() {
 		a := addr.As4()
 		b = append(b, a[:]...)
@@ -107,7 +152,7 @@ func (id routeID) indexKey() string {
 // String returns the identity as "PREFIX table T metric M".
 func (id routeID) String() string {
 	b := make([]byte, 0, 64)
-	b = id.prefix.AppendTo(b)
+	b = id.prefix().AppendTo(b)
 	b = append(b, " table "...)
 	b = strconv.AppendUint(b, uint64(id.table), 10)
 	b = append(b, " metric "...)
@@ -125,8 +170,8 @@ type kernelRoute struct {
 // hop is a next hop in a form that compares equal however the kernel reports it.
 type hop struct {
 	gw     netip.Addr
-	link   int
-	weight int
+	link   int32
+	weight int32
 }
 
 // RouteReconciler programs Route objects into policy-routing tables. It reads the kernel
@@ -134,8 +179,11 @@ type hop struct {
 // current by the observer's subscription and dumped afresh by every sweep, so a reconcile
 // costs one netlink write, or none when the kernel already holds the route.
 type RouteReconciler struct {
-	store       RouteStore
-	handle      *netlink.Handle
+	store RouteStore
+	// handle dumps routes and resolves interface names; writes go through nl.
+	handle *netlink.Handle
+	// nl carries the route writes, many to a sendmsg.
+	nl          *nlBatcher
 	ns          *netns.NsHandle
 	eventBuffer int
 	log         *slog.Logger
@@ -169,20 +217,80 @@ type RouteReconciler struct {
 	// kernel.
 	dstLocks keyedMutex[routeID]
 
-	// mu guards programmed.
-	mu sync.Mutex
 	// programmed remembers, per object key ID, the kernel route programmed for it, so a
 	// deleted or moved object's old route can be removed and the observer can tell drift
-	// from a route that is as programmed.
-	programmed map[string]programmedRoute
+	// from a route that is as programmed. It holds the identity alone (the next hops are
+	// the object's), 32 bytes a route.
+	programmed programmedRoutes
+}
+
+// programmedRoutes maps object key IDs to the routes programmed for them, in shards by
+// key ID, each with its own lock, so that many workers do not queue on one lock.
+type programmedRoutes struct {
+	seed   maphash.Seed
+	shards [16]programmedShard
+}
+
+// programmedShard holds the programmed routes of the key IDs that hash to it.
+type programmedShard struct {
+	// mu guards m.
+	mu sync.Mutex
+	m  map[string]programmedRoute
+}
+
+// init makes the shards' maps.
+func (p *programmedRoutes) init() {
+	p.seed = maphash.MakeSeed()
+	for i := range p.shards {
+		p.shards[i].m = map[string]programmedRoute{}
+	}
+}
+
+// shard returns the shard of key ID id.
+func (p *programmedRoutes) shard(id string) *programmedShard {
+	return &p.shards[maphash.String(p.seed, id)%uint64(len(p.shards))]
+}
+
+// get returns the route programmed for key ID id.
+func (p *programmedRoutes) get(id string) (programmedRoute, bool) {
+	sh := p.shard(id)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	r, ok := sh.m[id]
+	return r, ok
+}
+
+// set records the route programmed for key ID id.
+func (p *programmedRoutes) set(id string, r programmedRoute) {
+	sh := p.shard(id)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sh.m[id] = r
+}
+
+// adopt records r for key ID id unless a route is recorded for it.
+func (p *programmedRoutes) adopt(id string, r programmedRoute) {
+	sh := p.shard(id)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if _, known := sh.m[id]; !known {
+		sh.m[id] = r
+	}
+}
+
+// remove forgets the route of key ID id.
+func (p *programmedRoutes) remove(id string) {
+	sh := p.shard(id)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	delete(sh.m, id)
 }
 
 // programmedRoute is a route the reconciler programmed, or adopted, for an object.
 type programmedRoute struct {
 	id routeID
-	// route is what was written, or found correct, kept by value; its hops are nil for an
-	// adopted route not yet reconciled.
-	route kernelRoute
+	// reconciled is false for an adopted route not yet reconciled.
+	reconciled bool
 }
 
 var (
@@ -220,21 +328,28 @@ func NewRouteReconciler(opts RouteOptions) (*RouteReconciler, error) {
 		h.Close()
 		return nil, fmt.Errorf("setting netlink timeout %v: %w", opts.Timeout, err)
 	}
+	b, err := newNLBatcher(nlBatcherOptions{Namespace: opts.Namespace, Protocol: unix.NETLINK_ROUTE, Timeout: opts.Timeout})
+	if err != nil {
+		h.Close()
+		return nil, err
+	}
 	r := &RouteReconciler{
 		store:       opts.Store,
 		handle:      h,
+		nl:          b,
 		ns:          opts.Namespace,
 		eventBuffer: opts.EventBuffer,
 		log:         opts.Logger,
-		mirror:      hal.NewMirror[routeID, kernelRoute](sameRoute),
-		programmed:  map[string]programmedRoute{},
+		mirror:      hal.NewMirror[routeID, kernelRoute](sameRoute, routeID.hash),
 	}
 	r.dumpDone = sync.NewCond(&r.dumpMu)
+	r.programmed.init()
 	return r, nil
 }
 
-// Close releases the netlink handle. It is safe to call twice.
+// Close releases the netlink sockets. It is safe to call twice.
 func (r *RouteReconciler) Close() error {
+	r.nl.Close()
 	r.handle.Close()
 	return nil
 }
@@ -254,9 +369,7 @@ func (r *RouteReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey
 		return nil, err
 	}
 	id := key.ID()
-	r.mu.Lock()
-	old, hadOld := r.programmed[id]
-	r.mu.Unlock()
+	old, hadOld := r.programmed.get(id)
 
 	var want routeID
 	if obj != nil {
@@ -274,8 +387,8 @@ func (r *RouteReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey
 		return nil, nil
 	}
 
-	unlock := r.dstLocks.lock(want)
-	defer unlock()
+	lock := r.dstLocks.lock(want)
+	defer r.dstLocks.unlock(want, lock)
 	owner, err := r.ownerOf(want)
 	if err != nil {
 		return nil, err
@@ -283,11 +396,10 @@ func (r *RouteReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey
 	if owner != "" && owner != id {
 		return nil, hal.Errorf(hal.ReasonConflict, "route %s is already claimed by %s", want, owner)
 	}
-	route, err := r.build(want, obj.GetRoute())
+	wantRoute, err := r.build(want, obj.GetRoute())
 	if err != nil {
 		return nil, err
 	}
-	wantRoute := kernelRouteOf(route)
 	have, exists := r.mirror.Get(want)
 	if exists && have.protocol != RouteProtocol {
 		return nil, hal.Errorf(hal.ReasonConflict, "route %s exists and was not created by naples (protocol %s); leaving it alone", want, have.protocol)
@@ -296,12 +408,16 @@ func (r *RouteReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		if err := r.write(want, route, wantRoute, exists); err != nil {
+		if err := r.write(ctx, want, wantRoute, exists); err != nil {
 			return nil, err
 		}
-		r.log.Info("route programmed", "key", id, "route", want.String())
+		if r.log.Enabled(ctx, slog.LevelDebug) {
+			r.log.Debug("route programmed", "key", id, "route", want.String())
+		}
 	}
-	r.remember(id, want, wantRoute)
+	if !hadOld || old != (programmedRoute{id: want, reconciled: true}) {
+		r.remember(id, want)
+	}
 	// No operational data: PROGRAMMED at the object's generation says that the kernel
 	// holds its spec, and an echo of the spec in every status cost each route a map.
 	return nil, nil
@@ -310,14 +426,14 @@ func (r *RouteReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey
 // write puts route into the kernel and the mirror: `ip route replace` over a naples route
 // the mirror holds, `ip route add` where it holds none, so that a route someone else added
 // that the mirror has not heard of yet fails the write instead of being overwritten.
-func (r *RouteReconciler) write(id routeID, route *netlink.Route, want kernelRoute, replace bool) error {
-	w := r.mirror.Expect(id, want)
-	var err error
+func (r *RouteReconciler) write(ctx context.Context, id routeID, want kernelRoute, replace bool) error {
+	flags := uint16(unix.NLM_F_CREATE | unix.NLM_F_EXCL)
 	if replace {
-		err = r.handle.RouteReplace(route)
-	} else {
-		err = r.handle.RouteAdd(route)
+		flags = unix.NLM_F_CREATE | unix.NLM_F_REPLACE
 	}
+	msg := appendRouteRequest(r.nl.buffer(), unix.RTM_NEWROUTE, flags, id, want.hops)
+	w := r.mirror.Expect(id, want)
+	err := r.nl.Do(ctx, msg)
 	switch {
 	case err != nil && !replace && errors.Is(err, unix.EEXIST):
 		w.Fail()
@@ -334,17 +450,15 @@ func (r *RouteReconciler) write(id routeID, route *netlink.Route, want kernelRou
 	return nil
 }
 
-// remember records that route, with identity rid, is the one programmed for key ID id.
-func (r *RouteReconciler) remember(id string, rid routeID, route kernelRoute) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.programmed[id] = programmedRoute{id: rid, route: route}
+// remember records that the route with identity rid is the one programmed for key ID id.
+func (r *RouteReconciler) remember(id string, rid routeID) {
+	r.programmed.set(id, programmedRoute{id: rid, reconciled: true})
 }
 
 // release removes the route key had programmed, unless another object now owns it.
 func (r *RouteReconciler) release(ctx context.Context, id string, old routeID) error {
-	unlock := r.dstLocks.lock(old)
-	defer unlock()
+	lock := r.dstLocks.lock(old)
+	defer r.dstLocks.unlock(old, lock)
 	owner, err := r.ownerOf(old)
 	if err != nil {
 		return err
@@ -354,9 +468,7 @@ func (r *RouteReconciler) release(ctx context.Context, id string, old routeID) e
 			return err
 		}
 	}
-	r.mu.Lock()
-	delete(r.programmed, id)
-	r.mu.Unlock()
+	r.programmed.remove(id)
 	return nil
 }
 
@@ -383,18 +495,14 @@ func (r *RouteReconciler) Sweep(ctx context.Context, enqueue func(keyID string))
 }
 
 func (r *RouteReconciler) sweepOne(ctx context.Context, id routeID) error {
-	unlock := r.dstLocks.lock(id)
-	defer unlock()
+	lock := r.dstLocks.lock(id)
+	defer r.dstLocks.unlock(id, lock)
 	owner, err := r.ownerOf(id)
 	if err != nil {
 		return err
 	}
 	if owner != "" {
-		r.mu.Lock()
-		if _, known := r.programmed[owner]; !known {
-			r.programmed[owner] = programmedRoute{id: id}
-		}
-		r.mu.Unlock()
+		r.programmed.adopt(owner, programmedRoute{id: id})
 		return nil
 	}
 	r.log.Info("removing stale route", "route", id.String())
@@ -408,31 +516,15 @@ func (r *RouteReconciler) sweepOne(ctx context.Context, id routeID) error {
 // repaired by a normal reconcile. A route of protocol 241 that differs from what the
 // reconciler wrote counts as drift too: another writer may use the protocol.
 func (r *RouteReconciler) Observe(ctx context.Context, enqueue func(keyID string), subscribed func()) error {
-	updates := make(chan netlink.RouteUpdate, 4096)
-	done := make(chan struct{})
-	errs := make(chan error, 1)
-	err := netlink.RouteSubscribeWithOptions(updates, done, netlink.RouteSubscribeOptions{
-		Namespace:              r.ns,
-		ReceiveBufferSize:      r.eventBuffer,
-		ReceiveBufferForceSize: true,
-		ErrorCallback: func(err error) {
-			select {
-			case errs <- err:
-			default:
-			}
-		},
-	})
+	sub, err := subscribeNetlink(r.ns, r.eventBuffer, unix.RTNLGRP_IPV4_ROUTE, unix.RTNLGRP_IPV6_ROUTE)
 	if err != nil {
-		close(done)
 		return fmt.Errorf("subscribing to route changes: %w", err)
 	}
+	// Closing the socket ends a Receive under way.
+	stop := context.AfterFunc(ctx, func() { sub.Close() })
 	defer func() {
-		// Closing done closes the socket, which ends the subscription's goroutine; it
-		// may be blocked sending an update, so take what it still sends until it closes
-		// the channel.
-		close(done)
-		for range updates {
-		}
+		stop()
+		sub.Close()
 	}()
 	// Subscribed first, then dumped: a change that the dump misses is reported after it,
 	// and the mirror applies it in order.
@@ -443,61 +535,138 @@ func (r *RouteReconciler) Observe(ctx context.Context, enqueue func(keyID string
 		return err
 	}
 	subscribed()
+	apply := func(typ uint16, payload []byte) { r.apply(typ, payload, enqueue) }
 	for {
-		select {
-		case <-ctx.Done():
+		err := sub.Receive(apply)
+		if ctx.Err() != nil {
 			return nil
-		case err := <-errs:
+		}
+		if err != nil {
 			return fmt.Errorf("watching route changes: %w", err)
-		case u, ok := <-updates:
-			if !ok {
-				return errors.New("route change subscription closed")
-			}
-			r.apply(u, enqueue)
 		}
 	}
 }
 
-// apply applies a route change to the mirror and enqueues the route's owner when the
-// change is drift.
-func (r *RouteReconciler) apply(u netlink.RouteUpdate, enqueue func(keyID string)) {
-	id, ok := kernelID(u.Route)
+// apply applies a route change, an RTM_NEWROUTE or RTM_DELROUTE notification, to the
+// mirror and enqueues the route's owner when the change is drift.
+func (r *RouteReconciler) apply(typ uint16, payload []byte, enqueue func(keyID string)) {
+	if typ != unix.RTM_NEWROUTE && typ != unix.RTM_DELROUTE {
+		return
+	}
+	id, rt, ok := parseRoute(payload)
 	if !ok {
 		return
 	}
 	var echo bool
-	switch u.Type {
-	case unix.RTM_NEWROUTE:
-		echo = r.mirror.Update(id, kernelRouteOf(&u.Route))
-	case unix.RTM_DELROUTE:
+	if typ == unix.RTM_NEWROUTE {
+		echo = r.mirror.Update(id, rt)
+	} else {
 		echo = r.mirror.Remove(id)
-	default:
-		return
 	}
 	if echo {
 		return // our own write
 	}
-	if keyID, drift := r.drift(id, u); drift {
+	if keyID, drift := r.drift(id, typ, rt); drift {
 		enqueue(keyID)
 	}
 }
 
 // drift tells whether a route change that is not the echo of the reconciler's own write
 // leaves a route some object owns other than programmed, and which object that is.
-func (r *RouteReconciler) drift(id routeID, u netlink.RouteUpdate) (keyID string, ok bool) {
-	keyID, err := r.ownerOf(id)
+func (r *RouteReconciler) drift(id routeID, typ uint16, rt kernelRoute) (keyID string, ok bool) {
+	obj, keyID, err := r.store.LookupFirst(RouteIndex.Name, id.indexKey())
 	if err != nil || keyID == "" {
 		return "", false
 	}
-	if u.Type == unix.RTM_NEWROUTE && u.Protocol == RouteProtocol {
-		r.mu.Lock()
-		p, known := r.programmed[keyID]
-		r.mu.Unlock()
-		if known && p.id == id && p.route.hops != nil && sameRoute(kernelRouteOf(&u.Route), p.route) {
-			return "", false // as programmed: another writer put back the same route
+	if typ == unix.RTM_NEWROUTE && rt.protocol == RouteProtocol {
+		p, known := r.programmed.get(keyID)
+		if known && p.id == id && p.reconciled {
+			if want, err := r.build(id, obj.GetRoute()); err == nil && sameRoute(rt, want) {
+				return "", false // as programmed: another writer put back the same route
+			}
 		}
 	}
 	return keyID, true
+}
+
+// parseRoute decodes the payload of an RTM_NEWROUTE or RTM_DELROUTE message (struct
+// rtmsg and its attributes) into the route's identity and what the mirror keeps of it,
+// as kernelID and kernelRouteOf do for a route the netlink library decoded; ok is false
+// for a route naples could not have created (one without a destination).
+func parseRoute(b []byte) (id routeID, rt kernelRoute, ok bool) {
+	if len(b) < unix.SizeofRtMsg {
+		return routeID{}, kernelRoute{}, false
+	}
+	ne := binary.NativeEndian
+	dstLen := int(b[1])
+	id.table = uint32(b[4])
+	rt.protocol = netlink.RouteProtocol(b[5])
+	var dst, gw netip.Addr
+	var link int32
+	var multipath []byte
+	for attrs := b[unix.SizeofRtMsg:]; len(attrs) >= unix.SizeofRtAttr; {
+		l := int(ne.Uint16(attrs[0:2]))
+		if l < unix.SizeofRtAttr || l > len(attrs) {
+			break
+		}
+		v := attrs[unix.SizeofRtAttr:l]
+		switch ne.Uint16(attrs[2:4]) & nlaTypeMask {
+		case unix.RTA_DST:
+			dst, _ = netip.AddrFromSlice(v)
+		case unix.RTA_GATEWAY:
+			gw, _ = netip.AddrFromSlice(v)
+		case unix.RTA_OIF:
+			if len(v) >= 4 {
+				link = int32(ne.Uint32(v))
+			}
+		case unix.RTA_PRIORITY:
+			if len(v) >= 4 {
+				id.metric = ne.Uint32(v)
+			}
+		case unix.RTA_TABLE:
+			if len(v) >= 4 {
+				id.table = ne.Uint32(v)
+			}
+		case unix.RTA_MULTIPATH:
+			multipath = v
+		}
+		attrs = attrs[min(len(attrs), rtaAlign(l)):]
+	}
+	if !dst.IsValid() {
+		return routeID{}, kernelRoute{}, false
+	}
+	id = newRouteID(id.table, netip.PrefixFrom(dst.Unmap(), dstLen), id.metric)
+	if multipath == nil {
+		rt.hops = []hop{{gw: gw.Unmap(), link: link, weight: 1}}
+		return id, rt, true
+	}
+	// struct rtnexthop, each followed by its attributes.
+	for len(multipath) >= unix.SizeofRtNexthop {
+		l := int(ne.Uint16(multipath[0:2]))
+		if l < unix.SizeofRtNexthop || l > len(multipath) {
+			break
+		}
+		h := hop{link: int32(ne.Uint32(multipath[4:8])), weight: int32(multipath[3]) + 1}
+		for attrs := multipath[unix.SizeofRtNexthop:l]; len(attrs) >= unix.SizeofRtAttr; {
+			al := int(ne.Uint16(attrs[0:2]))
+			if al < unix.SizeofRtAttr || al > len(attrs) {
+				break
+			}
+			if ne.Uint16(attrs[2:4])&nlaTypeMask == unix.RTA_GATEWAY {
+				a, _ := netip.AddrFromSlice(attrs[unix.SizeofRtAttr:al])
+				h.gw = a.Unmap()
+			}
+			attrs = attrs[min(len(attrs), rtaAlign(al)):]
+		}
+		rt.hops = append(rt.hops, h)
+		multipath = multipath[min(len(multipath), rtaAlign(l)):]
+	}
+	if len(rt.hops) == 0 {
+		// As the netlink library decodes it: no next hops is the route's own.
+		rt.hops = []hop{{gw: gw.Unmap(), link: link, weight: 1}}
+	}
+	slices.SortFunc(rt.hops, compareHops)
+	return id, rt, true
 }
 
 // fill loads the mirror with a dump, unless one has loaded it already.
@@ -634,8 +803,8 @@ func idOf(spec *nimbusv1.RouteSpec) (routeID, error) {
 	if err != nil {
 		return routeID{}, fmt.Errorf("spec.prefix %q: %w", spec.GetPrefix(), err)
 	}
-	id := routeID{table: spec.GetTable(), prefix: p.Masked(), metric: spec.GetMetric()}
-	if id.metric == 0 && id.prefix.Addr().Is6() {
+	id := newRouteID(spec.GetTable(), p, spec.GetMetric())
+	if id.metric == 0 && !id.v4 {
 		// The kernel stores an IPv6 route asked for with metric 0 at metric 1024.
 		id.metric = ip6DefaultMetric
 	}
@@ -656,7 +825,7 @@ func kernelID(rt netlink.Route) (routeID, bool) {
 		return routeID{}, false
 	}
 	ones, _ := rt.Dst.Mask.Size()
-	return routeID{table: uint32(rt.Table), prefix: netip.PrefixFrom(addr.Unmap(), ones).Masked(), metric: uint32(rt.Priority)}, true
+	return newRouteID(uint32(rt.Table), netip.PrefixFrom(addr.Unmap(), ones), uint32(rt.Priority)), true
 }
 
 // ownerOf returns the key ID of the desired object that owns a kernel route, the first by
@@ -669,42 +838,41 @@ func (r *RouteReconciler) ownerOf(id routeID) (keyID string, err error) {
 	return keyID, nil
 }
 
-func (r *RouteReconciler) build(id routeID, spec *nimbusv1.RouteSpec) (*netlink.Route, error) {
-	route := &netlink.Route{
-		Table:    int(id.table),
-		Dst:      prefixNet(id.prefix),
-		Priority: int(id.metric),
-		Protocol: RouteProtocol,
-		Family:   family(id.prefix.Addr()),
-	}
-	var hops []*netlink.NexthopInfo
-	for i, nh := range spec.GetNexthops() {
-		info := &netlink.NexthopInfo{}
+// build returns the route with identity id that spec describes, in the form the mirror keeps: its next hops
+// sorted, with interface names resolved to indexes.
+func (r *RouteReconciler) build(id routeID, spec *nimbusv1.RouteSpec) (kernelRoute, error) {
+	nhs := spec.GetNexthops()
+	k := kernelRoute{protocol: RouteProtocol, hops: make([]hop, 0, max(1, len(nhs)))}
+	for i, nh := range nhs {
+		h := hop{weight: 1}
 		if nh.GetGateway() != "" {
 			gw, err := netip.ParseAddr(nh.GetGateway())
 			if err != nil {
-				return nil, fmt.Errorf("spec.nexthops[%d].gateway %q: %w", i, nh.GetGateway(), err)
+				return kernelRoute{}, fmt.Errorf("spec.nexthops[%d].gateway %q: %w", i, nh.GetGateway(), err)
 			}
-			info.Gw = net.IP(gw.AsSlice())
+			if h.gw = gw.Unmap(); h.gw.Is4() != id.v4 {
+				return kernelRoute{}, fmt.Errorf("spec.nexthops[%d].gateway %q: not of the prefix's address family", i, nh.GetGateway())
+			}
 		}
 		if nh.GetDevice() != "" {
 			link, err := r.handle.LinkByName(nh.GetDevice())
 			if err != nil {
-				return nil, hal.Errorf(hal.ReasonKernelError, "spec.nexthops[%d].device %q: %w", i, nh.GetDevice(), err)
+				return kernelRoute{}, hal.Errorf(hal.ReasonKernelError, "spec.nexthops[%d].device %q: %w", i, nh.GetDevice(), err)
 			}
-			info.LinkIndex = link.Attrs().Index
+			h.link = int32(link.Attrs().Index)
 		}
 		if w := nh.GetWeight(); w > 1 {
-			info.Hops = int(w) - 1
+			h.weight = int32(w)
 		}
-		hops = append(hops, info)
+		k.hops = append(k.hops, h)
 	}
-	if len(hops) == 1 && hops[0].Hops == 0 {
-		route.Gw, route.LinkIndex = hops[0].Gw, hops[0].LinkIndex
-	} else {
-		route.MultiPath = hops
+	if len(k.hops) == 0 {
+		k.hops = append(k.hops, hop{weight: 1})
 	}
-	return route, nil
+	if len(k.hops) > 1 {
+		slices.SortFunc(k.hops, compareHops)
+	}
+	return k, nil
 }
 
 // delete removes the naples route with the identity, if the mirror holds one: `ip route
@@ -718,14 +886,9 @@ func (r *RouteReconciler) delete(ctx context.Context, id routeID) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	msg := appendRouteRequest(r.nl.buffer(), unix.RTM_DELROUTE, 0, id, nil)
 	w := r.mirror.ExpectGone(id)
-	err := r.handle.RouteDel(&netlink.Route{
-		Family:   family(id.prefix.Addr()),
-		Table:    int(id.table),
-		Dst:      prefixNet(id.prefix),
-		Priority: int(id.metric),
-		Protocol: RouteProtocol,
-	})
+	err := r.nl.Do(ctx, msg)
 	switch {
 	case errors.Is(err, unix.ESRCH):
 		w.Gone()
@@ -736,28 +899,100 @@ func (r *RouteReconciler) delete(ctx context.Context, id routeID) error {
 	}
 	w.Done()
 	r.writes.Add(1)
-	r.log.Info("route deleted", "route", id.String())
+	if r.log.Enabled(ctx, slog.LevelDebug) {
+		r.log.Debug("route deleted", "route", id.String())
+	}
 	return nil
+}
+
+// appendRouteRequest appends to b a request of type RTM_NEWROUTE (`ip route add` with
+// flags NLM_F_CREATE|NLM_F_EXCL, `ip route replace` with NLM_F_CREATE|NLM_F_REPLACE) or
+// RTM_DELROUTE (`ip route del`, hops nil) for the naples route with the identity: protocol
+// 241, scope universe (nowhere for a delete: any scope), unicast.
+func appendRouteRequest(b []byte, typ, flags uint16, id routeID, hops []hop) []byte {
+	b = nlMessage(b, typ, flags)
+	addr := id.dst()
+	fam := byte(unix.AF_INET6)
+	if addr.Is4() {
+		fam = unix.AF_INET
+	}
+	table := byte(unix.RT_TABLE_MAIN)
+	switch {
+	case id.table >= 256:
+		table = unix.RT_TABLE_UNSPEC
+	case id.table > 0:
+		table = byte(id.table)
+	}
+	scope, rtype := byte(unix.RT_SCOPE_UNIVERSE), byte(unix.RTN_UNICAST)
+	if typ == unix.RTM_DELROUTE {
+		scope, rtype = unix.RT_SCOPE_NOWHERE, unix.RTN_UNSPEC
+	}
+	// struct rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags.
+	b = append(b, fam, id.bits, 0, 0, table, byte(RouteProtocol), scope, rtype, 0, 0, 0, 0)
+	b = appendAttrAddr(b, unix.RTA_DST, addr)
+	if id.table > 0 {
+		b = appendAttrUint32(b, unix.RTA_TABLE, id.table)
+	}
+	if id.metric > 0 {
+		b = appendAttrUint32(b, unix.RTA_PRIORITY, id.metric)
+	}
+	switch {
+	case len(hops) == 1 && hops[0].weight <= 1:
+		if hops[0].gw.IsValid() {
+			b = appendAttrAddr(b, unix.RTA_GATEWAY, hops[0].gw)
+		}
+		if hops[0].link != 0 {
+			b = appendAttrUint32(b, unix.RTA_OIF, uint32(hops[0].link))
+		}
+	case len(hops) > 0:
+		start := len(b)
+		b = appendAttrHeader(b, unix.RTA_MULTIPATH, 0)
+		for _, h := range hops {
+			// struct rtnexthop: len, flags, hops (weight-1), ifindex; then attributes.
+			nh := len(b)
+			b = append(b, 0, 0, 0, byte(max(h.weight, 1)-1))
+			b = binary.NativeEndian.AppendUint32(b, uint32(h.link))
+			if h.gw.IsValid() {
+				b = appendAttrAddr(b, unix.RTA_GATEWAY, h.gw)
+			}
+			binary.NativeEndian.PutUint16(b[nh:], uint16(len(b)-nh))
+		}
+		binary.NativeEndian.PutUint16(b[start:], uint16(len(b)-start))
+	}
+	return b
+}
+
+// appendAttrAddr appends an attribute holding an address, 4 or 16 bytes.
+func appendAttrAddr(b []byte, typ uint16, a netip.Addr) []byte {
+	if a.Is4() {
+		v := a.As4()
+		return appendAttr(b, typ, v[:])
+	}
+	v := a.As16()
+	return appendAttr(b, typ, v[:])
 }
 
 // kernelRouteOf is what the mirror keeps of a netlink route.
 func kernelRouteOf(rt *netlink.Route) kernelRoute {
 	k := kernelRoute{protocol: rt.Protocol}
 	if len(rt.MultiPath) == 0 {
-		k.hops = []hop{{gw: addrOf(rt.Gw), link: rt.LinkIndex, weight: 1}}
+		k.hops = []hop{{gw: addrOf(rt.Gw), link: int32(rt.LinkIndex), weight: 1}}
 	} else {
 		k.hops = make([]hop, 0, len(rt.MultiPath))
 		for _, nh := range rt.MultiPath {
-			k.hops = append(k.hops, hop{gw: addrOf(nh.Gw), link: nh.LinkIndex, weight: nh.Hops + 1})
+			k.hops = append(k.hops, hop{gw: addrOf(nh.Gw), link: int32(nh.LinkIndex), weight: int32(nh.Hops) + 1})
 		}
-		slices.SortFunc(k.hops, func(a, b hop) int {
-			if c := a.gw.Compare(b.gw); c != 0 {
-				return c
-			}
-			return cmp.Compare(a.link, b.link)
-		})
+		slices.SortFunc(k.hops, compareHops)
 	}
 	return k
+}
+
+// compareHops orders next hops by gateway and then interface.
+func compareHops(a, b hop) int {
+	if c := a.gw.Compare(b.gw); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.link, b.link)
 }
 
 // sameRoute reports whether the kernel route have is the route want: the same protocol and
@@ -773,15 +1008,4 @@ func sameRoute(have, want kernelRoute) bool {
 func addrOf(ip net.IP) netip.Addr {
 	a, _ := netip.AddrFromSlice(ip)
 	return a.Unmap()
-}
-
-func prefixNet(p netip.Prefix) *net.IPNet {
-	return &net.IPNet{IP: net.IP(p.Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
-}
-
-func family(a netip.Addr) int {
-	if a.Is4() {
-		return netlink.FAMILY_V4
-	}
-	return netlink.FAMILY_V6
 }

@@ -355,12 +355,12 @@ func TestRouteAddLeavesUnseenForeignRouteAlone(t *testing.T) {
 // find each other's owner.
 func TestRouteIndexKey(t *testing.T) {
 	ids := []routeID{
-		{table: 100, prefix: netip.MustParsePrefix("1.2.3.4/32")},
-		{table: 100, prefix: netip.MustParsePrefix("102:304::/32")},
-		{table: 100, prefix: netip.MustParsePrefix("102:304::/32"), metric: 1024},
-		{table: 100, prefix: netip.MustParsePrefix("1.2.3.0/24")},
-		{table: 101, prefix: netip.MustParsePrefix("1.2.3.4/32")},
-		{table: 100, prefix: netip.MustParsePrefix("1.2.3.4/32"), metric: 1},
+		newRouteID(100, netip.MustParsePrefix("1.2.3.4/32"), 0),
+		newRouteID(100, netip.MustParsePrefix("102:304::/32"), 0),
+		newRouteID(100, netip.MustParsePrefix("102:304::/32"), 1024),
+		newRouteID(100, netip.MustParsePrefix("1.2.3.0/24"), 0),
+		newRouteID(101, netip.MustParsePrefix("1.2.3.4/32"), 0),
+		newRouteID(100, netip.MustParsePrefix("1.2.3.4/32"), 1),
 	}
 	for i, a := range ids {
 		for j, b := range ids {

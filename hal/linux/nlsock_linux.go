@@ -1,0 +1,199 @@
+package linux
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+	"unsafe"
+
+	"github.com/vishvananda/netlink/nl"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// openNetlink opens a netlink socket of the protocol in namespace ns (nil: the calling
+// process's), bound to the multicast groups (RTNLGRP_* numbers), non-blocking and ready
+// for the runtime's poller, with a receive buffer of rcvbuf bytes when rcvbuf > 0
+// (SO_RCVBUFFORCE, or SO_RCVBUF without CAP_NET_ADMIN). setup, when not nil, is called
+// with the descriptor before it is handed to the poller.
+func openNetlink(ns *netns.NsHandle, protocol int, rcvbuf int, setup func(fd int) error, groups ...uint) (*os.File, error) {
+	target := netns.None()
+	if ns != nil {
+		target = *ns
+	}
+	s, err := nl.SubscribeAt(target, netns.None(), protocol, groups...)
+	if err != nil {
+		return nil, fmt.Errorf("opening netlink socket: %w", err)
+	}
+	// Take the descriptor over from the library's socket, which reads it its own way.
+	fd, err := unix.Dup(s.GetFd())
+	s.Close()
+	if err != nil {
+		return nil, fmt.Errorf("opening netlink socket: %w", err)
+	}
+	unix.CloseOnExec(fd)
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("opening netlink socket: %w", err)
+	}
+	if rcvbuf > 0 {
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, rcvbuf); err != nil {
+			_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, rcvbuf)
+		}
+	}
+	if setup != nil {
+		if err := setup(fd); err != nil {
+			unix.Close(fd)
+			return nil, err
+		}
+	}
+	return os.NewFile(uintptr(fd), "netlink"), nil
+}
+
+// mmsgReader reads many datagrams from a socket in one recvmmsg.
+type mmsgReader struct {
+	slot  int
+	slab  []byte
+	iovs  []unix.Iovec
+	names []unix.RawSockaddrNetlink
+	hdrs  []mmsghdr
+}
+
+// mmsghdr is the kernel's struct mmsghdr.
+type mmsghdr struct {
+	hdr unix.Msghdr
+	n   uint32
+}
+
+// newMMsgReader returns a reader of up to n datagrams of up to slot bytes at once.
+func newMMsgReader(n, slot int) *mmsgReader {
+	return &mmsgReader{
+		slot:  slot,
+		slab:  make([]byte, n*slot),
+		iovs:  make([]unix.Iovec, n),
+		names: make([]unix.RawSockaddrNetlink, n),
+		hdrs:  make([]mmsghdr, n),
+	}
+}
+
+// read reads as many datagrams as are there on conn, up to the reader's capacity;
+// datagram returns them. With wait, it waits until there are some; without, it returns 0
+// when there are none.
+func (r *mmsgReader) read(conn syscall.RawConn, wait bool) (int, error) {
+	for i := range r.hdrs {
+		r.iovs[i].Base = &r.slab[i*r.slot]
+		r.iovs[i].SetLen(r.slot)
+		r.names[i] = unix.RawSockaddrNetlink{}
+		r.hdrs[i] = mmsghdr{}
+		r.hdrs[i].hdr.Name = (*byte)(unsafe.Pointer(&r.names[i]))
+		r.hdrs[i].hdr.Namelen = unix.SizeofSockaddrNetlink
+		r.hdrs[i].hdr.Iov = &r.iovs[i]
+		r.hdrs[i].hdr.SetIovlen(1)
+	}
+	var n int
+	var rerr error
+	err := conn.Read(func(fd uintptr) bool {
+		for {
+			got, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&r.hdrs[0])), uintptr(len(r.hdrs)), 0, 0, 0)
+			switch errno {
+			case 0:
+				n = int(got)
+				return true
+			case unix.EINTR:
+				continue
+			case unix.EAGAIN:
+				return !wait
+			default:
+				rerr = errno
+				return true
+			}
+		}
+	})
+	if rerr != nil {
+		return 0, rerr
+	}
+	return n, err
+}
+
+// datagram returns the i-th datagram the last read returned, and whether the kernel sent
+// it (a datagram from another netlink socket is not the kernel's word).
+func (r *mmsgReader) datagram(i int) (data []byte, fromKernel bool) {
+	h := &r.hdrs[i]
+	if h.hdr.Namelen >= unix.SizeofSockaddrNetlink && r.names[i].Family == unix.AF_NETLINK && r.names[i].Pid != 0 {
+		return nil, false
+	}
+	return r.slab[i*r.slot : i*r.slot+min(int(h.n), r.slot)], true
+}
+
+// nlaTypeMask masks the flags out of a netlink attribute's type (NLA_TYPE_MASK).
+const nlaTypeMask = ^uint16(unix.NLA_F_NESTED | unix.NLA_F_NET_BYTEORDER)
+
+// eachMessage calls f with the type, flags, sequence number and payload of every netlink
+// message in a datagram.
+func eachMessage(data []byte, f func(typ, flags uint16, seq uint32, payload []byte)) {
+	ne := binary.NativeEndian
+	for len(data) >= unix.NLMSG_HDRLEN {
+		l := int(ne.Uint32(data[0:4]))
+		if l < unix.NLMSG_HDRLEN || l > len(data) {
+			return
+		}
+		f(ne.Uint16(data[4:6]), ne.Uint16(data[6:8]), ne.Uint32(data[8:12]), data[unix.NLMSG_HDRLEN:l])
+		data = data[min(len(data), nlmAlign(l)):]
+	}
+}
+
+// errSubscriptionOverflow: the kernel dropped notifications that did not fit the
+// subscription's receive buffer.
+var errSubscriptionOverflow = errors.New("notifications lost: the receive buffer overflowed")
+
+// nlSubscription receives the kernel's notifications of one or more netlink multicast
+// groups (`ip monitor`), many datagrams to a system call.
+type nlSubscription struct {
+	file   *os.File
+	conn   syscall.RawConn
+	reader *mmsgReader
+}
+
+// subscribeNetlink subscribes to the groups (RTNLGRP_* numbers) of NETLINK_ROUTE in
+// namespace ns (nil: the calling process's) with a receive buffer of rcvbuf bytes.
+func subscribeNetlink(ns *netns.NsHandle, rcvbuf int, groups ...uint) (*nlSubscription, error) {
+	f, err := openNetlink(ns, unix.NETLINK_ROUTE, rcvbuf, nil, groups...)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return &nlSubscription{file: f, conn: conn, reader: newMMsgReader(64, 16<<10)}, nil
+}
+
+// Receive waits for notifications and calls f with the type and payload of each that the
+// kernel sent. It returns errSubscriptionOverflow when the kernel dropped some, and an
+// error once Close is called.
+func (s *nlSubscription) Receive(f func(typ uint16, payload []byte)) error {
+	n, err := s.reader.read(s.conn, true)
+	if errors.Is(err, unix.ENOBUFS) {
+		return errSubscriptionOverflow
+	}
+	if err != nil {
+		return err
+	}
+	for i := range n {
+		data, ok := s.reader.datagram(i)
+		if !ok {
+			continue
+		}
+		eachMessage(data, func(typ, _ uint16, _ uint32, payload []byte) { f(typ, payload) })
+	}
+	return nil
+}
+
+// Close ends the subscription; a Receive under way returns. It is safe to call twice.
+func (s *nlSubscription) Close() error {
+	s.file.Close()
+	return nil
+}
