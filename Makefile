@@ -28,7 +28,8 @@ tools:
 	cd tools && GOBIN=$(TOOLS_BIN) $(GO) install \
 		github.com/bufbuild/buf/cmd/buf \
 		google.golang.org/protobuf/cmd/protoc-gen-go \
-		google.golang.org/grpc/cmd/protoc-gen-go-grpc
+		google.golang.org/grpc/cmd/protoc-gen-go-grpc \
+		github.com/planetscale/vtprotobuf/cmd/protoc-gen-go-vtproto
 
 proto: tools
 	PATH="$(TOOLS_BIN):$$PATH" $(TOOLS_BIN)/buf generate

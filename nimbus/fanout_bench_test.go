@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/naplesnet/naples/internal/codec"
 	"github.com/naplesnet/naples/nimbus"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -33,8 +34,9 @@ import (
 // update in a frame of its own) to the same number of clients; the ratios are nimbus over
 // the floor.
 //
-// The clients decode every frame they receive, events and objects, as an agent does, so
-// the client side costs what it costs in practice; client and server share the machine.
+// The clients decode every frame they receive, events and objects, as an agent does and
+// with the agent's codec (internal/codec), so the client side costs what it costs in
+// practice; client and server share the machine.
 
 const fanoutObjects = 10000
 
@@ -233,7 +235,10 @@ func runFanout(b *testing.B, clients int, target fanoutTarget) fanoutResult {
 	defer cancel()
 	conns := make([]*grpc.ClientConn, clients)
 	for i := range conns {
-		c, err := grpc.NewClient(target.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		// The clients decode with the codec nimbusclient's watch uses, nimbus's and the
+		// floor's alike.
+		c, err := grpc.NewClient(target.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			codec.Codec{SkipUTF8Check: true}.DialOption())
 		if err != nil {
 			b.Fatal(err)
 		}

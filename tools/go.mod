@@ -4,6 +4,7 @@ go 1.26.7
 
 require (
 	github.com/bufbuild/buf v1.73.0
+	github.com/planetscale/vtprotobuf v0.6.1-0.20250313105119-ba97887b0a25
 	google.golang.org/grpc/cmd/protoc-gen-go-grpc v1.6.2
 	google.golang.org/protobuf v1.36.12
 )

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/naplesnet/naples/internal/address"
+	"github.com/naplesnet/naples/internal/codec"
 	"github.com/naplesnet/naples/internal/manifest"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -122,7 +123,7 @@ func (c *cli) connect() (*session, error) {
 	if err != nil {
 		return nil, err
 	}
-	conn, err := grpc.NewClient(addr.GRPCTarget(), grpc.WithTransportCredentials(creds))
+	conn, err := grpc.NewClient(addr.GRPCTarget(), grpc.WithTransportCredentials(creds), codec.Codec{}.DialOption())
 	if err != nil {
 		return nil, fmt.Errorf("connecting to nimbus at %s: %w", addr, err)
 	}
