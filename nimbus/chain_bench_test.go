@@ -5,11 +5,14 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/naplesnet/naples/nimbus"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -22,21 +25,24 @@ import (
 // PROGRAMMED at its generation, as a HAL that writes nothing would; and a WatchStatus
 // stream, as naplesctl wait or a controller follows, until every route is PROGRAMMED on
 // the node. Then every route is deleted in DeleteBatch calls until the status stream has
-// seen every deletion. It reports routes/s both ways.
+// seen every deletion. It reports routes/s both ways, and how many times the stand-in's
+// watch fell behind and was reset, after which it resumes as the agent does.
 func BenchmarkChain(b *testing.B) {
 	objs := benchRoutesObjects()
 	var add, del time.Duration
+	var resets int64
 	for range b.N {
-		a, d := runChain(b, objs)
-		add, del = add+a, del+d
+		a, d, r := runChain(b, objs)
+		add, del, resets = add+a, del+d, resets+r
 	}
 	n := float64(len(objs) * b.N)
 	b.ReportMetric(n/add.Seconds(), "add-routes/s")
 	b.ReportMetric(n/del.Seconds(), "del-routes/s")
+	b.ReportMetric(float64(resets)/float64(b.N), "watch-resets")
 	b.ReportMetric(0, "ns/op")
 }
 
-func runChain(b *testing.B, objs []*nimbusv1.Object) (add, del time.Duration) {
+func runChain(b *testing.B, objs []*nimbusv1.Object) (add, del time.Duration, resets int64) {
 	b.StopTimer()
 	defer b.StartTimer()
 	srv, err := nimbus.New(nimbus.Options{Logger: slog.New(slog.DiscardHandler), DataDir: b.TempDir()})
@@ -65,7 +71,8 @@ func runChain(b *testing.B, objs []*nimbusv1.Object) (add, del time.Duration) {
 	publisher, agent, controller := dialAPI(), dialAPI(), dialAPI()
 
 	// The agent stand-in: every PUT it receives is reported PROGRAMMED, in one report
-	// stream, as the agent's reporter sends them.
+	// stream, as the agent's reporter sends them. A watch reset because it fell behind is
+	// resumed after the last event received, as the agent does.
 	watch, err := agent.Watch(ctx, &nimbusv1.WatchRequest{Node: "bench-node"}, grpc.WaitForReady(true))
 	if err != nil {
 		b.Fatal(err)
@@ -83,16 +90,29 @@ func runChain(b *testing.B, objs []*nimbusv1.Object) (add, del time.Duration) {
 		cancel()
 	}
 	toReport := make(chan []*nimbusv1.StatusReport, 1024)
+	var watchResets atomic.Int64
 	go func() {
 		defer close(toReport)
+		var epoch string
+		var rev uint64
 		for {
 			frame, err := watch.Recv()
+			if status.Code(err) == codes.ResourceExhausted {
+				watchResets.Add(1)
+				watch, err = agent.Watch(ctx, &nimbusv1.WatchRequest{Node: "bench-node", Epoch: epoch, Revision: rev})
+				if err == nil {
+					continue
+				}
+			}
 			if err != nil {
 				stop(err)
 				return
 			}
 			var batch []*nimbusv1.StatusReport
 			for _, ev := range frame.GetEvents() {
+				if ev.GetRevision() != 0 {
+					epoch, rev = ev.GetEpoch(), ev.GetRevision()
+				}
 				if ev.GetType() != nimbusv1.WatchEvent_TYPE_PUT {
 					continue
 				}
@@ -183,7 +203,7 @@ func runChain(b *testing.B, objs []*nimbusv1.Object) (add, del time.Duration) {
 		}
 	default:
 	}
-	return add, del
+	return add, del, watchResets.Load()
 }
 
 // benchRoutesObjects returns benchRoutes Route objects as BenchmarkApplyBatch applies them.

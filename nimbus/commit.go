@@ -8,7 +8,6 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/hashicorp/go-memdb"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -94,7 +93,7 @@ func (b *batch) what() string {
 
 // committer groups the batches of concurrent calls into shared commits. The caller whose
 // batch finds no commit under way leads: it takes every batch queued, its own included,
-// and commits them together in one memdb and one bbolt transaction. The batches of the
+// and commits them together in one store and one bbolt transaction. The batches of the
 // calls that arrive meanwhile queue, and when the commit is done and answered, the leader
 // hands over to the oldest of them, which commits everything queued by then. So while one
 // commit is being written and synced, the next one gathers, and concurrent callers share
@@ -143,7 +142,7 @@ func (s *Server) submit(b *batch) error {
 	return b.err
 }
 
-// stagedChange is a change a commit has made in its memdb transaction.
+// stagedChange is a change a commit has made in its store transaction.
 type stagedChange struct {
 	key *nimbusv1.ObjectKey
 	id  string
@@ -155,7 +154,7 @@ type stagedChange struct {
 	put *sharedEvent
 }
 
-// commitGroup commits the batches, in order, in one memdb transaction and, with a durable
+// commitGroup commits the batches, in order, in one store transaction and, with a durable
 // store, one bbolt transaction; hands every change to the watchers once it is durable, in
 // revision order, under s.mu; and answers every batch. When the commit fails, every batch
 // fails with its error and nothing of any of them is stored: the batches share the
@@ -195,7 +194,7 @@ func (s *Server) commitGroup(group []*batch) {
 	}
 }
 
-// commitLocked makes the writes of the batches in one memdb transaction, stores the
+// commitLocked makes the writes of the batches in one store transaction, stores the
 // changes durably, then commits the transaction, and returns the changes in revision
 // order. Writes that change nothing take no revision, and a group that changes nothing
 // writes nothing. The caller holds s.mu.
@@ -203,8 +202,8 @@ func (s *Server) commitLocked(group []*batch, now *timestamppb.Timestamp) ([]sta
 	if s.closed {
 		return nil, ErrClosed
 	}
-	txn := s.db.Txn(true)
-	defer txn.Abort()
+	txn := s.store.write()
+	defer txn.abort()
 	rev := s.rev
 	var changes []stagedChange
 	for _, b := range group {
@@ -213,15 +212,11 @@ func (s *Server) commitLocked(group []*batch, now *timestamppb.Timestamp) ([]sta
 			var (
 				c   *stagedChange
 				out outcome
-				err error
 			)
 			if w.obj != nil {
-				c, out, err = stageApply(txn, w, rev+1, now, s.epoch)
+				c, out = stageApply(txn, w, rev+1, now, s.epoch)
 			} else {
-				c, out, err = stageDelete(txn, w, rev+1)
-			}
-			if err != nil {
-				return nil, err
+				c, out = stageDelete(txn, w, rev+1)
 			}
 			if c != nil {
 				rev++
@@ -236,16 +231,14 @@ func (s *Server) commitLocked(group []*batch, now *timestamppb.Timestamp) ([]sta
 	if len(changes) == 0 {
 		return nil, nil
 	}
-	if err := setRevision(txn, rev); err != nil {
-		return nil, err
-	}
+	txn.setRevision(rev)
 	if s.disk != nil {
 		puts, dels := finalStates(changes)
 		if err := s.disk.commit(puts, dels, s.rev+1, rev); err != nil {
 			return nil, err
 		}
 	}
-	txn.Commit()
+	txn.commit()
 	s.rev = rev
 	return changes, nil
 }
@@ -274,11 +267,11 @@ func finalStates(changes []stagedChange) (puts []*nimbusv1.Object, dels []string
 // is what is stored already. It assigns uid, generation, revision and times as the package
 // documentation says, and drops the statuses of nodes a retarget leaves. The change is nil
 // when nothing changed; the outcome's rev is set only when something did.
-func stageApply(txn *memdb.Txn, w write, rev uint64, now *timestamppb.Timestamp, epoch string) (*stagedChange, outcome, error) {
+func stageApply(txn *writeTxn, w write, rev uint64, now *timestamppb.Timestamp, epoch string) (*stagedChange, outcome) {
 	obj := w.obj
-	old, err := getObject(txn, w.id)
-	if err != nil {
-		return nil, outcome{}, err
+	var old *nimbusv1.Object
+	if rec := txn.object(w.id); rec != nil {
+		old = rec.Object
 	}
 	m := obj.GetMeta()
 	retargeted := false
@@ -291,7 +284,7 @@ func stageApply(txn *memdb.Txn, w write, rev uint64, now *timestamppb.Timestamp,
 		specChanged := !proto.Equal(&nimbusv1.Object{Spec: old.GetSpec()}, &nimbusv1.Object{Spec: obj.GetSpec()})
 		retargeted = !slices.Equal(om.GetNodes(), m.GetNodes())
 		if !specChanged && !retargeted && maps.Equal(om.GetLabels(), m.GetLabels()) {
-			return nil, outcome{obj: old}, nil
+			return nil, outcome{obj: old}
 		}
 		m.Uid, m.CreateTime, m.Generation = om.GetUid(), om.GetCreateTime(), om.GetGeneration()
 		if specChanged || retargeted {
@@ -305,59 +298,40 @@ func stageApply(txn *memdb.Txn, w write, rev uint64, now *timestamppb.Timestamp,
 	rec := &objectRecord{ID: w.id, Object: obj}
 	put := newPutEvent(epoch, obj)
 	rec.put.Store(put)
-	if err := txn.Insert(tableObjects, rec); err != nil {
-		return nil, outcome{}, fmt.Errorf("storing object %s: %w", w.id, err)
-	}
+	txn.putObject(rec)
 	if retargeted {
-		if err := dropRetargetedStatuses(txn, w.id, obj); err != nil {
-			return nil, outcome{}, err
-		}
+		dropRetargetedStatuses(txn, w.id, obj)
 	}
 	c := &stagedChange{key: w.key, id: w.id, rev: rev, before: old, after: obj, put: put}
-	return c, outcome{obj: obj, changed: true, created: old == nil, rev: rev}, nil
+	return c, outcome{obj: obj, changed: true, created: old == nil, rev: rev}
 }
 
 // dropRetargetedStatuses deletes the statuses of the object with the key ID, retargeted to
 // obj, that nodes it no longer targets reported, and forgets the watch state of those nodes
 // when nothing else keeps it.
-func dropRetargetedStatuses(txn *memdb.Txn, id string, obj *nimbusv1.Object) error {
-	recs, err := statusesOf(txn, id)
-	if err != nil {
-		return err
-	}
-	if err := dropStatuses(txn, id, obj.TargetsNode); err != nil {
-		return err
-	}
+func dropRetargetedStatuses(txn *writeTxn, id string, obj *nimbusv1.Object) {
 	var dropped []string
-	for _, r := range recs {
+	for _, r := range txn.statusesOf(id) {
 		if !obj.TargetsNode(r.Node) {
+			txn.deleteStatus(r)
 			dropped = append(dropped, r.Node)
 		}
 	}
-	return forgetIdleNodes(txn, dropped...)
+	forgetIdleNodes(txn, dropped...)
 }
 
 // stageDelete deletes the write's object and every status reported for it in txn as the
 // change of revision rev. The change is nil when there is no such object.
-func stageDelete(txn *memdb.Txn, w write, rev uint64) (*stagedChange, outcome, error) {
-	rec, err := getRecord(txn, w.id)
-	if err != nil || rec == nil {
-		return nil, outcome{}, err
+func stageDelete(txn *writeTxn, w write, rev uint64) (*stagedChange, outcome) {
+	rec := txn.object(w.id)
+	if rec == nil {
+		return nil, outcome{}
 	}
 	old := rec.Object
-	// Deleting the very records found costs one radix path per index; DeleteAll and
-	// DeletePrefix would search again.
-	if err := txn.Delete(tableObjects, rec); err != nil {
-		return nil, outcome{}, fmt.Errorf("deleting object %s: %w", w.id, err)
-	}
-	recs, err := statusesOf(txn, w.id)
-	if err != nil {
-		return nil, outcome{}, err
-	}
+	txn.deleteObject(w.id)
+	recs := txn.statusesOf(w.id)
 	for _, r := range recs {
-		if err := txn.Delete(tableStatus, r); err != nil {
-			return nil, outcome{}, fmt.Errorf("deleting status of %s on node %s: %w", w.id, r.Node, err)
-		}
+		txn.deleteStatus(r)
 	}
 	// The nodes that reported, and a deleted Node object's node, may have nothing left
 	// that keeps their watch state.
@@ -367,16 +341,14 @@ func stageDelete(txn *memdb.Txn, w write, rev uint64) (*stagedChange, outcome, e
 	}
 	if name := w.key.GetName(); w.key.GetKind() == nimbusv1.Kind_KIND_NODE {
 		// The node is gone: what it reported about any object goes with it.
-		if _, err := txn.DeleteAll(tableStatus, indexNode, name); err != nil {
-			return nil, outcome{}, fmt.Errorf("deleting statuses reported by node %s: %w", name, err)
+		for _, r := range txn.statusesBy(name) {
+			txn.deleteStatus(r)
 		}
 		idle = append(idle, name)
 	}
-	if err := forgetIdleNodes(txn, idle...); err != nil {
-		return nil, outcome{}, err
-	}
+	forgetIdleNodes(txn, idle...)
 	c := &stagedChange{key: w.key, id: w.id, rev: rev, before: old}
-	return c, outcome{changed: true, rev: rev}, nil
+	return c, outcome{changed: true, rev: rev}
 }
 
 // logBatch logs what a committed batch did: a line per change at INFO for a single

@@ -4,13 +4,19 @@
 //
 // # Store
 //
-// Objects and node statuses live in go-memdb tables. Every change to an object (Apply that
-// changes something, Delete of an existing object) takes the next value of a single
-// monotonic revision counter, which the stored object carries in meta.revision. The counter
-// is scoped by an epoch, a random 128-bit hex string made by New: a revision is only
-// meaningful together with the epoch it was issued in. Stored objects are immutable: every
-// write stores a fresh clone, so readers never lock and what Get, List and Watch hand out is
-// never modified afterwards.
+// Objects and node statuses live in memory, in tables that are copy-on-write B-trees
+// (github.com/tidwall/btree). One write transaction runs at a time, on a copy of the
+// tables that shares every tree node with them and copies each node it changes once; its
+// commit publishes the copy, and an aborted one leaves nothing. A read takes the last
+// published tables without a lock and sees one committed state, however much is committed
+// while it lasts.
+//
+// Every change to an object (Apply that changes something, Delete of an existing object)
+// takes the next value of a single monotonic revision counter, which the stored object
+// carries in meta.revision. The counter is scoped by an epoch, a random 128-bit hex string
+// made by New: a revision is only meaningful together with the epoch it was issued in.
+// Stored objects are immutable: every write stores a fresh clone, so readers never lock
+// and what Get, List and Watch hand out is never modified afterwards.
 //
 // Apply assigns uid, generation, revision and the times; whatever a client puts there is
 // ignored. It stores an empty tenant or namespace as "default" and the target nodes sorted
@@ -82,7 +88,7 @@
 //
 // Concurrent writers share commits (group commit). The first caller that finds no commit
 // under way leads: it takes every batch queued, its own included, and commits them in one
-// memdb transaction and one bbolt transaction, each batch after the one before, each
+// store transaction and one bbolt transaction, each batch after the one before, each
 // change with its own revision; then it hands the changes to the watchers in revision
 // order under the same lock, answers every caller, and passes the lead to the oldest
 // batch queued meanwhile, which commits everything that gathered while the previous commit

@@ -2,12 +2,10 @@ package nimbus
 
 import (
 	"context"
-	"fmt"
 	"maps"
 	"slices"
 	"time"
 
-	"github.com/hashicorp/go-memdb"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -76,57 +74,33 @@ func (s *Server) Get(ctx context.Context, req *nimbusv1.GetRequest) (*nimbusv1.G
 	}
 	id := key.ID()
 	v := s.view()
-	obj, err := getObject(v.txn, id)
-	if err != nil {
-		return nil, rpcError(err)
-	}
-	if obj == nil {
+	rec := v.object(id)
+	if rec == nil {
 		return nil, status.Errorf(codes.NotFound, "object %s not found", id)
 	}
-	item, err := v.withStatus(obj)
-	if err != nil {
-		return nil, rpcError(err)
-	}
-	return &nimbusv1.GetResponse{Item: item}, nil
+	return &nimbusv1.GetResponse{Item: v.withStatus(rec.Object)}, nil
 }
 
 // List returns the objects that match the request's filters with their status, ordered by
 // key ID, and the revision they are current at.
 func (s *Server) List(ctx context.Context, req *nimbusv1.ListRequest) (*nimbusv1.ListResponse, error) {
 	v := s.view()
-	rev, err := currentRevision(v.txn)
-	if err != nil {
-		return nil, rpcError(err)
-	}
-	var it memdb.ResultIterator
-	if req.GetKind() == nimbusv1.Kind_KIND_UNSPECIFIED {
-		it, err = v.txn.Get(tableObjects, indexID)
-	} else {
-		it, err = objectsOfKind(v.txn, req.GetKind())
-	}
-	if err != nil {
-		return nil, rpcError(fmt.Errorf("listing objects: %w", err))
-	}
-	resp := &nimbusv1.ListResponse{Revision: rev}
-	for raw := it.Next(); raw != nil; raw = it.Next() {
-		obj := raw.(*objectRecord).Object
-		m := obj.GetMeta()
+	resp := &nimbusv1.ListResponse{Revision: v.revision()}
+	for rec := range v.objectsOfKind(req.GetKind()) {
+		m := rec.Object.GetMeta()
 		if (req.GetTenant() != "" && m.GetTenant() != req.GetTenant()) ||
 			(req.GetNamespace() != "" && m.GetNamespace() != req.GetNamespace()) {
 			continue
 		}
-		item, err := v.withStatus(obj)
-		if err != nil {
-			return nil, rpcError(err)
-		}
-		resp.Items = append(resp.Items, item)
+		resp.Items = append(resp.Items, v.withStatus(rec.Object))
 	}
 	return resp, nil
 }
 
-// view is one consistent read of the store.
+// view is one consistent read of the store: a published version of its tables, with what
+// the status aggregation needs besides.
 type view struct {
-	txn *memdb.Txn
+	*tables
 	// every holds the target nodes of an object for every node, sorted, once everyNode
 	// has read them, which everyRead tells.
 	every     []string
@@ -141,7 +115,7 @@ type view struct {
 
 // view starts a read of the current state of the store. It takes no lock.
 func (s *Server) view() *view {
-	v := &view{txn: s.db.Txn(false), started: s.started}
+	v := &view{tables: s.store.read(), started: s.started}
 	if s.opts.StaleAfter > 0 {
 		v.staleSince = s.opts.Now().Add(-s.opts.StaleAfter)
 	}
@@ -150,59 +124,43 @@ func (s *Server) view() *view {
 
 // stale tells whether the node's statuses are stale: it has no open watch and has had
 // none since v.staleSince.
-func (v *view) stale(node string) (bool, error) {
+func (v *view) stale(node string) bool {
 	if v.staleSince.IsZero() {
-		return false, nil
-	}
-	rec, err := getWatchNode(v.txn, node)
-	if err != nil {
-		return false, err
+		return false
 	}
 	last := v.started
-	if rec != nil {
+	if rec := v.watchNode(node); rec != nil {
 		if rec.Streams > 0 {
-			return false, nil
+			return false
 		}
 		last = rec.Since
 	}
-	return !last.After(v.staleSince), nil
+	return !last.After(v.staleSince)
 }
 
 // everyNode returns the target nodes of an object for every node, sorted: the nodes there
 // are Node objects for, together with the nodes that have a watch stream open now. A node
 // that only watched once, or only reported a status, is not among them.
-func (v *view) everyNode() ([]string, error) {
+func (v *view) everyNode() []string {
 	if v.everyRead {
-		return v.every, nil
+		return v.every
 	}
 	nodes := map[string]struct{}{}
-	it, err := objectsOfKind(v.txn, nimbusv1.Kind_KIND_NODE)
-	if err != nil {
-		return nil, fmt.Errorf("reading nodes: %w", err)
+	for rec := range v.objectsOfKind(nimbusv1.Kind_KIND_NODE) {
+		nodes[rec.Object.GetMeta().GetName()] = struct{}{}
 	}
-	for raw := it.Next(); raw != nil; raw = it.Next() {
-		nodes[raw.(*objectRecord).Object.GetMeta().GetName()] = struct{}{}
-	}
-	it, err = v.txn.Get(tableWatchNodes, indexID)
-	if err != nil {
-		return nil, fmt.Errorf("reading watching nodes: %w", err)
-	}
-	for raw := it.Next(); raw != nil; raw = it.Next() {
-		if rec := raw.(*watchNodeRecord); rec.Streams > 0 {
+	for rec := range v.allWatchNodes() {
+		if rec.Streams > 0 {
 			nodes[rec.Name] = struct{}{}
 		}
 	}
 	v.every, v.everyRead = slices.Sorted(maps.Keys(nodes)), true
-	return v.every, nil
+	return v.every
 }
 
 // withStatus pairs the stored object with its aggregated status.
-func (v *view) withStatus(obj *nimbusv1.Object) (*nimbusv1.ObjectWithStatus, error) {
-	st, err := v.status(obj)
-	if err != nil {
-		return nil, err
-	}
-	return &nimbusv1.ObjectWithStatus{Object: obj, Status: st}, nil
+func (v *view) withStatus(obj *nimbusv1.Object) *nimbusv1.ObjectWithStatus {
+	return &nimbusv1.ObjectWithStatus{Object: obj, Status: v.status(obj)}
 }
 
 // status aggregates what the nodes the object targets reported about it. The target nodes
@@ -210,12 +168,8 @@ func (v *view) withStatus(obj *nimbusv1.Object) (*nimbusv1.ObjectWithStatus, err
 // with a Node object and the nodes watching now. Only target nodes count, in every field:
 // a status kept for a node that is no target now (it stopped watching and has no Node
 // object) is left out, and counts again once the node is a target again.
-func (v *view) status(obj *nimbusv1.Object) (*nimbusv1.ObjectStatus, error) {
-	id := obj.Key().ID()
-	recs, err := statusesOf(v.txn, id)
-	if err != nil {
-		return nil, err
-	}
+func (v *view) status(obj *nimbusv1.Object) *nimbusv1.ObjectStatus {
+	recs := v.statusesOf(obj.Key().ID())
 	m := obj.GetMeta()
 	gen := m.GetGeneration()
 	reported := make(map[string]*nimbusv1.NodeStatus, len(recs))
@@ -226,9 +180,7 @@ func (v *view) status(obj *nimbusv1.Object) (*nimbusv1.ObjectStatus, error) {
 	}
 	targets := m.GetNodes()
 	if len(targets) == 0 {
-		if targets, err = v.everyNode(); err != nil {
-			return nil, err
-		}
+		targets = v.everyNode()
 	}
 	st := &nimbusv1.ObjectStatus{TargetNodes: int32(len(targets)), Generation: gen}
 	caughtUp := len(targets) > 0
@@ -240,11 +192,7 @@ func (v *view) status(obj *nimbusv1.Object) (*nimbusv1.ObjectStatus, error) {
 			caughtUp = false
 			continue
 		}
-		stale, err := v.stale(n)
-		if err != nil {
-			return nil, err
-		}
-		if stale {
+		if v.stale(n) {
 			// Stored statuses are immutable; the stale mark goes on a copy.
 			ns = proto.Clone(ns).(*nimbusv1.NodeStatus)
 			ns.Stale = true
@@ -272,5 +220,5 @@ func (v *view) status(obj *nimbusv1.Object) (*nimbusv1.ObjectStatus, error) {
 	if caughtUp {
 		st.CaughtUpTime = caughtUpTime
 	}
-	return st, nil
+	return st
 }

@@ -13,18 +13,16 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/go-memdb"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/encoding"
-	protoenc "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 
+	wirecodec "github.com/naplesnet/naples/internal/codec"
 	"github.com/naplesnet/naples/internal/grpcserver"
 	"github.com/naplesnet/naples/internal/pki"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -143,7 +141,7 @@ type Server struct {
 
 	opts  Options
 	log   *slog.Logger
-	db    *memdb.MemDB
+	store *store
 	epoch string
 	// started is when New made the Server; a node that never watched is stale from then.
 	started time.Time
@@ -185,14 +183,10 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating nimbus server: %w", err)
 	}
-	db, err := newDB()
-	if err != nil {
-		return nil, fmt.Errorf("creating nimbus store: %w", err)
-	}
 	s := &Server{
 		opts:     opts,
 		log:      opts.Logger,
-		db:       db,
+		store:    newStore(),
 		epoch:    newEpoch(),
 		started:  opts.Now(),
 		history:  history{max: max(opts.HistoryWindow, 0)},
@@ -230,19 +224,12 @@ func (s *Server) load() (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	txn := s.db.Txn(true)
-	defer txn.Abort()
+	txn := s.store.write()
 	for _, obj := range st.objects {
-		if err := putObject(txn, obj.Key().ID(), obj); err != nil {
-			d.close()
-			return 0, fmt.Errorf("loading %s: %w", d.path, err)
-		}
+		txn.putObject(&objectRecord{ID: obj.Key().ID(), Object: obj})
 	}
-	if err := setRevision(txn, st.rev); err != nil {
-		d.close()
-		return 0, fmt.Errorf("loading %s: %w", d.path, err)
-	}
-	txn.Commit()
+	txn.setRevision(st.rev)
+	txn.commit()
 	s.disk, s.epoch, s.rev = d, st.epoch, st.rev
 	s.log.Info("store loaded", "path", d.path, "objects", len(st.objects), "revision", st.rev, "epoch", st.epoch)
 	return len(st.objects), nil
@@ -283,7 +270,7 @@ func (s *Server) Serve(ctx context.Context, lis ...net.Listener) error {
 			Timeout: 10 * time.Second,
 		}),
 		grpc.MaxRecvMsgSize(maxRecvMsgSize),
-		grpc.ForceServerCodecV2(codec{encoding.GetCodecV2(protoenc.Name)}),
+		grpc.ForceServerCodecV2(codec{wirecodec.Codec{}}),
 		grpc.WaitForHandlers(true),
 		grpc.Creds(pki.TransportCredentials(s.opts.TLS)),
 		grpc.ChainUnaryInterceptor(s.authorizeUnary),
@@ -384,9 +371,11 @@ type preEncoded []byte
 // pooled buffer to its pool. Watch streams send their frames as encodedFrames.
 type encodedFrame mem.BufferSlice
 
-// codec is the proto codec, extended to pass preEncoded messages and encodedFrames
-// through.
-type codec struct{ encoding.CodecV2 }
+// codec is the proto codec of internal/codec, extended to pass preEncoded messages and
+// encodedFrames through. It checks that the strings of what it decodes are UTF-8, as
+// proto.Unmarshal does: what nimbus takes in, it stores and encodes again with
+// proto.Marshal, which refuses any other.
+type codec struct{ wirecodec.Codec }
 
 // Marshal returns the wire form of v.
 func (c codec) Marshal(v any) (mem.BufferSlice, error) {
@@ -397,5 +386,5 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) {
 	case encodedFrame:
 		return mem.BufferSlice(m), nil
 	}
-	return c.CodecV2.Marshal(v)
+	return c.Codec.Marshal(v)
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/hashicorp/go-memdb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -74,9 +73,7 @@ func (s *Server) ReportStatus(stream grpc.ClientStreamingServer[nimbusv1.StatusR
 				break
 			}
 			if len(batch) > 0 {
-				if err := s.recordStatuses(batch); err != nil {
-					return rpcError(err)
-				}
+				s.recordStatuses(batch)
 			}
 			if errors.Is(rcv.err, io.EOF) {
 				return stream.SendAndClose(&nimbusv1.ReportStatusResponse{})
@@ -93,61 +90,49 @@ const maxStatusBatch = 1024
 
 // recordStatuses stores reports in one transaction, dropping those that do not belong to
 // a stored object that targets the reporting node.
-func (s *Server) recordStatuses(reports []*nimbusv1.StatusReport) error {
-	txn := s.db.Txn(true)
-	defer txn.Abort()
+func (s *Server) recordStatuses(reports []*nimbusv1.StatusReport) {
+	txn := s.store.write()
 	changed := make([]*nimbusv1.ObjectKey, 0, len(reports))
 	for _, r := range reports {
-		key, err := s.recordStatusIn(txn, r)
-		if err != nil {
-			return err
-		}
-		if key != nil {
+		if key := s.recordStatusIn(txn, r); key != nil {
 			changed = append(changed, key)
 		}
 	}
-	txn.Commit()
+	txn.commit()
 	for _, key := range changed {
 		s.statusWatch.objectChanged(key)
 	}
-	return nil
 }
 
 // recordStatusIn stores one report in txn and returns the key of its object, or nil when
 // the report is dropped.
-func (s *Server) recordStatusIn(txn *memdb.Txn, r *nimbusv1.StatusReport) (*nimbusv1.ObjectKey, error) {
+func (s *Server) recordStatusIn(txn *writeTxn, r *nimbusv1.StatusReport) *nimbusv1.ObjectKey {
 	key, st := r.GetKey(), r.GetStatus()
 	node := st.GetNode()
 	if err := key.Validate(); err != nil {
 		s.log.Debug("dropping status report with an invalid key", "node", node, "error", err)
-		return nil, nil
+		return nil
 	}
 	id := key.ID()
 	if node == "" {
 		s.log.Debug("dropping status report without a node", "key", id)
-		return nil, nil
+		return nil
 	}
-	obj, err := getObject(txn, id)
-	if err != nil {
-		return nil, fmt.Errorf("recording status of %s on node %s: %w", id, node, err)
-	}
+	rec := txn.object(id)
 	switch {
-	case obj == nil:
+	case rec == nil:
 		s.log.Debug("dropping status report for an unknown object", "key", id, "node", node)
-		return nil, nil
-	case !obj.TargetsNode(node):
+		return nil
+	case !rec.Object.TargetsNode(node):
 		s.log.Debug("dropping status report from a node the object does not target", "key", id, "node", node)
-		return nil, nil
+		return nil
 	}
 	// The report was decoded for this call alone, so its status is stored as it is.
 	if st.GetUpdateTime() == nil {
 		st.UpdateTime = timestamppb.New(s.opts.Now())
 	}
-	rec := &statusRecord{ID: statusID(id, node), Node: node, Status: st}
-	if err := txn.Insert(tableStatus, rec); err != nil {
-		return nil, fmt.Errorf("recording status of %s on node %s: %w", id, node, err)
-	}
+	txn.putStatus(&statusRecord{ObjectID: id, Node: node, Status: st})
 	s.log.Debug("status recorded", "key", id, "node", node,
 		"phase", st.GetPhase(), "observed_generation", st.GetObservedGeneration())
-	return key, nil
+	return key
 }

@@ -3,12 +3,12 @@ package nimbus
 import (
 	"fmt"
 	"hash/maphash"
+	"iter"
 	"maps"
 	"slices"
 	"sync"
 	"time"
 
-	"github.com/hashicorp/go-memdb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -226,9 +226,10 @@ func (ss *statusStream) run() error {
 	s := ss.srv
 	v := s.view()
 	ss.lookStale(v, false)
-	err := ss.scan(v, func(rec *objectRecord) error { return ss.put(v, rec) })
-	if err != nil {
-		return err
+	for rec := range ss.selected(v) {
+		if err := ss.put(v, rec); err != nil {
+			return err
+		}
 	}
 	if err := ss.add(&nimbusv1.StatusEvent{Type: nimbusv1.StatusEvent_TYPE_SYNCED}); err != nil {
 		return err
@@ -270,23 +271,18 @@ func (ss *statusStream) sendChanges() error {
 	objects, nodes, all := ss.w.take()
 	v := ss.srv.view()
 	if all || len(nodes) > 0 {
-		err := ss.scan(v, func(rec *objectRecord) error {
+		for rec := range ss.selected(v) {
 			if _, ok := objects[rec.ID]; !ok && !all && !targetsAny(rec.Object, nodes) {
-				return nil
+				continue
 			}
 			delete(objects, rec.ID)
-			return ss.put(v, rec)
-		})
-		if err != nil {
-			return err
+			if err := ss.put(v, rec); err != nil {
+				return err
+			}
 		}
 	}
 	for _, id := range slices.Sorted(maps.Keys(objects)) {
-		rec, err := getRecord(v.txn, id)
-		if err != nil {
-			return rpcError(err)
-		}
-		if rec != nil {
+		if rec := v.object(id); rec != nil {
 			if err := ss.put(v, rec); err != nil {
 				return err
 			}
@@ -321,35 +317,22 @@ func targetsAny(obj *nimbusv1.Object, nodes map[string]struct{}) bool {
 	return false
 }
 
-// scan calls fn with every object of v the watcher selects, in key ID order within a
-// kind.
-func (ss *statusStream) scan(v *view, fn func(rec *objectRecord) error) error {
+// selected iterates over the objects of v the watcher selects, in key ID order.
+func (ss *statusStream) selected(v *view) iter.Seq[*objectRecord] {
 	f := ss.w.filter
-	var (
-		it  memdb.ResultIterator
-		err error
-	)
-	if f.GetKind() == nimbusv1.Kind_KIND_UNSPECIFIED {
-		it, err = v.txn.Get(tableObjects, indexID)
-	} else {
-		it, err = objectsOfKind(v.txn, f.GetKind())
-	}
-	if err != nil {
-		return rpcError(fmt.Errorf("reading objects: %w", err))
-	}
-	for raw := it.Next(); raw != nil; raw = it.Next() {
-		rec := raw.(*objectRecord)
-		m := rec.Object.GetMeta()
-		if (f.GetTenant() != "" && m.GetTenant() != f.GetTenant()) ||
-			(f.GetNamespace() != "" && m.GetNamespace() != f.GetNamespace()) ||
-			(f.GetName() != "" && m.GetName() != f.GetName()) {
-			continue
-		}
-		if err := fn(rec); err != nil {
-			return err
+	return func(yield func(*objectRecord) bool) {
+		for rec := range v.objectsOfKind(f.GetKind()) {
+			m := rec.Object.GetMeta()
+			if (f.GetTenant() != "" && m.GetTenant() != f.GetTenant()) ||
+				(f.GetNamespace() != "" && m.GetNamespace() != f.GetNamespace()) ||
+				(f.GetName() != "" && m.GetName() != f.GetName()) {
+				continue
+			}
+			if !yield(rec) {
+				return
+			}
 		}
 	}
-	return nil
 }
 
 // put queues a PUT of the record's object with its status in v, unless the client has it
@@ -357,10 +340,7 @@ func (ss *statusStream) scan(v *view, fn func(rec *objectRecord) error) error {
 // encoded once per revision for watchers and status streams alike; only the status is
 // encoded here.
 func (ss *statusStream) put(v *view, rec *objectRecord) error {
-	st, err := v.status(rec.Object)
-	if err != nil {
-		return rpcError(err)
-	}
+	st := v.status(rec.Object)
 	wire, err := rec.putEvent(ss.srv.epoch).encoded(&ss.srv.encodes)
 	if err != nil {
 		return status.Errorf(codes.Internal, "encoding %s: %v", rec.ID, err)
@@ -480,14 +460,8 @@ func (ss *statusStream) lookStale(v *view, mark bool) {
 			ss.w.markAll()
 		}
 	}
-	it, err := v.txn.Get(tableWatchNodes, indexID)
-	if err != nil {
-		ss.srv.log.Error("reading watching nodes", "error", err)
-		return
-	}
 	now := make(map[string]bool, len(ss.knownStale))
-	for raw := it.Next(); raw != nil; raw = it.Next() {
-		rec := raw.(*watchNodeRecord)
+	for rec := range v.allWatchNodes() {
 		stale := rec.Streams == 0 && !rec.Since.After(v.staleSince)
 		now[rec.Name] = stale
 		// A row new since the last look counts as not stale then: it came with a watch,

@@ -1,30 +1,17 @@
 package nimbus
 
 import (
-	"cmp"
 	"crypto/rand"
 	"fmt"
-	"slices"
+	"iter"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/go-memdb"
+	"github.com/tidwall/btree"
 
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
-)
-
-// Table and index names of the store.
-const (
-	tableObjects    = "objects"
-	tableStatus     = "status"
-	tableRevision   = "revision"
-	tableWatchNodes = "watch_nodes"
-
-	indexID   = "id"
-	indexNode = "node"
-
-	// revisionRowID is the ID of the single row of the revision table.
-	revisionRowID = "current"
 )
 
 // objectRecord is one row of the objects table.
@@ -54,17 +41,10 @@ func (r *objectRecord) putEvent(epoch string) *sharedEvent {
 
 // statusRecord is one row of the status table: what one node reported about one object.
 type statusRecord struct {
-	// ID is statusID of the object's key ID and Node.
-	ID     string
-	Node   string
-	Status *nimbusv1.NodeStatus
-}
-
-// revisionRecord is the single row of the revision table. Keeping the revision in the store
-// lets a reader see the revision that matches exactly the objects it reads.
-type revisionRecord struct {
-	ID       string
-	Revision uint64
+	// ObjectID is the key ID of the object.
+	ObjectID string
+	Node     string
+	Status   *nimbusv1.NodeStatus
 }
 
 // watchNodeRecord is one row of the watch_nodes table: a node that has opened a watch since
@@ -78,143 +58,232 @@ type watchNodeRecord struct {
 	Since time.Time
 }
 
-func schema() *memdb.DBSchema {
-	id := func(field string) *memdb.IndexSchema {
-		return &memdb.IndexSchema{Name: indexID, Unique: true, Indexer: &memdb.StringFieldIndex{Field: field}}
-	}
-	return &memdb.DBSchema{Tables: map[string]*memdb.TableSchema{
-		tableObjects: {
-			Name: tableObjects,
-			Indexes: map[string]*memdb.IndexSchema{
-				indexID: id("ID"),
-			},
-		},
-		tableStatus: {
-			Name: tableStatus,
-			Indexes: map[string]*memdb.IndexSchema{
-				indexID:   id("ID"),
-				indexNode: {Name: indexNode, Indexer: &memdb.StringFieldIndex{Field: "Node"}},
-			},
-		},
-		tableRevision: {
-			Name:    tableRevision,
-			Indexes: map[string]*memdb.IndexSchema{indexID: id("ID")},
-		},
-		tableWatchNodes: {
-			Name:    tableWatchNodes,
-			Indexes: map[string]*memdb.IndexSchema{indexID: id("Name")},
-		},
-	}}
+// The tables are copy-on-write B-trees (github.com/tidwall/btree): a btree.Map where
+// the key is a string, a btree.BTreeG ordered by two fields for the statuses. A tree's
+// Copy shares every node with the tree it copies, and a write to either copies each node
+// it changes the first time and changes in place only the nodes it has copied itself, so
+// a commit of many changes copies each node it touches once, not a path per change.
+//
+// Copy is also a write, of the tree it copies: it gives it a new owner id, so that it no
+// longer changes the nodes it shares. The trees readers hold are therefore never copied,
+// nor written in any other way: the writer keeps a version of its own (store.base), and a
+// commit publishes a copy of it. Readers only use the reads that change nothing (Get,
+// Ascend, Scan); those read no owner id, and take no lock when the tree has none. So the
+// BTreeGs are made without their locks (a Map has none), which readers would otherwise
+// take for every read: a published tree is read-only, and the writer's are used under
+// store.writeMu.
+var treeOptions = btree.Options{NoLocks: true}
+
+// tables is one version of the store: the objects, the statuses the nodes reported, the
+// revision and the watch state of the nodes. A published version never changes; its
+// methods are the reads, which a write transaction has too.
+type tables struct {
+	// objects holds the objects by key ID.
+	objects *btree.Map[string, *objectRecord]
+	// statuses holds the statuses by object key ID, then node: the statuses of an object
+	// are adjacent, ordered by node.
+	statuses *btree.BTreeG[*statusRecord]
+	// statusesByNode holds the same records by node, then object key ID.
+	statusesByNode *btree.BTreeG[*statusRecord]
+	// watchNodes holds the watch state of the nodes by name.
+	watchNodes *btree.Map[string, *watchNodeRecord]
+	// rev is the revision of the last committed change, kept with the objects so that a
+	// reader sees the revision that matches exactly the objects it reads.
+	rev uint64
 }
 
-func newDB() (*memdb.MemDB, error) {
-	return memdb.NewMemDB(schema())
+func newTables() *tables {
+	return &tables{
+		objects: btree.NewMap[string, *objectRecord](0),
+		statuses: btree.NewBTreeGOptions(func(a, b *statusRecord) bool {
+			if a.ObjectID != b.ObjectID {
+				return a.ObjectID < b.ObjectID
+			}
+			return a.Node < b.Node
+		}, treeOptions),
+		statusesByNode: btree.NewBTreeGOptions(func(a, b *statusRecord) bool {
+			if a.Node != b.Node {
+				return a.Node < b.Node
+			}
+			return a.ObjectID < b.ObjectID
+		}, treeOptions),
+		watchNodes: btree.NewMap[string, *watchNodeRecord](0),
+	}
 }
 
-// statusID is the status table's ID of a node's status of an object. With node "" it is
-// the prefix of the IDs of every status of the object: key IDs hold no NUL, so the
-// statuses of an object are a prefix scan of the id index, with no index of their own.
-func statusID(keyID, node string) string { return keyID + "\x00" + node }
-
-// getObject returns the stored object with the key ID, or nil.
-func getObject(txn *memdb.Txn, id string) (*nimbusv1.Object, error) {
-	rec, err := getRecord(txn, id)
-	if rec == nil {
-		return nil, err
-	}
-	return rec.Object, nil
+// copy returns a version that shares everything with t; writing either copies what it
+// changes. It writes t (see treeOptions): t must not be a version readers hold.
+func (t *tables) copy() *tables {
+	c := *t
+	c.objects = t.objects.Copy()
+	c.statuses = t.statuses.Copy()
+	c.statusesByNode = t.statusesByNode.Copy()
+	c.watchNodes = t.watchNodes.Copy()
+	return &c
 }
 
-// getRecord returns the record of the object with the key ID, or nil.
-func getRecord(txn *memdb.Txn, id string) (*objectRecord, error) {
-	raw, err := txn.First(tableObjects, indexID, id)
-	if err != nil {
-		return nil, fmt.Errorf("reading object %s: %w", id, err)
-	}
-	if raw == nil {
-		return nil, nil
-	}
-	return raw.(*objectRecord), nil
+// object returns the record of the object with the key ID, or nil.
+func (t *tables) object(id string) *objectRecord {
+	rec, _ := t.objects.Get(id)
+	return rec
 }
 
-// objectsOfKind iterates over the objects of a kind in key ID order. Key IDs start with
-// the kind's name, so it is a prefix scan of the id index: a kind index would cost every
-// object one more radix path.
-func objectsOfKind(txn *memdb.Txn, kind nimbusv1.Kind) (memdb.ResultIterator, error) {
-	return txn.Get(tableObjects, indexID+"_prefix", kind.Name()+"/")
+// objectsOfKind iterates over the objects of a kind, or of every kind with
+// KIND_UNSPECIFIED, in key ID order. Key IDs start with the kind's name, so a kind is a
+// range of the objects.
+func (t *tables) objectsOfKind(kind nimbusv1.Kind) iter.Seq[*objectRecord] {
+	return func(yield func(*objectRecord) bool) {
+		if kind == nimbusv1.Kind_KIND_UNSPECIFIED {
+			t.objects.Scan(func(_ string, rec *objectRecord) bool { return yield(rec) })
+			return
+		}
+		prefix := kind.Name() + "/"
+		t.objects.Ascend(prefix, func(id string, rec *objectRecord) bool {
+			return strings.HasPrefix(id, prefix) && yield(rec)
+		})
+	}
 }
 
-// putObject stores obj, which the caller must not modify afterwards.
-func putObject(txn *memdb.Txn, id string, obj *nimbusv1.Object) error {
-	if err := txn.Insert(tableObjects, &objectRecord{ID: id, Object: obj}); err != nil {
-		return fmt.Errorf("storing object %s: %w", id, err)
-	}
-	return nil
-}
-
-// currentRevision returns the revision of the last committed change the transaction sees.
-func currentRevision(txn *memdb.Txn) (uint64, error) {
-	raw, err := txn.First(tableRevision, indexID, revisionRowID)
-	if err != nil {
-		return 0, fmt.Errorf("reading revision: %w", err)
-	}
-	if raw == nil {
-		return 0, nil
-	}
-	return raw.(*revisionRecord).Revision, nil
-}
-
-// setRevision records rev as the revision of the transaction's change.
-func setRevision(txn *memdb.Txn, rev uint64) error {
-	if err := txn.Insert(tableRevision, &revisionRecord{ID: revisionRowID, Revision: rev}); err != nil {
-		return fmt.Errorf("storing revision %d: %w", rev, err)
-	}
-	return nil
-}
+// revision returns the revision of the last committed change in t.
+func (t *tables) revision() uint64 { return t.rev }
 
 // statusesOf returns the statuses stored for the object with the key ID, ordered by node.
-func statusesOf(txn *memdb.Txn, id string) ([]*statusRecord, error) {
-	it, err := txn.Get(tableStatus, indexID+"_prefix", statusID(id, ""))
-	if err != nil {
-		return nil, fmt.Errorf("reading statuses of %s: %w", id, err)
-	}
+func (t *tables) statusesOf(id string) []*statusRecord {
 	var recs []*statusRecord
-	for raw := it.Next(); raw != nil; raw = it.Next() {
-		recs = append(recs, raw.(*statusRecord))
-	}
-	slices.SortFunc(recs, func(a, b *statusRecord) int { return cmp.Compare(a.Node, b.Node) })
-	return recs, nil
+	t.statuses.Ascend(&statusRecord{ObjectID: id}, func(rec *statusRecord) bool {
+		if rec.ObjectID != id {
+			return false
+		}
+		recs = append(recs, rec)
+		return true
+	})
+	return recs
 }
 
-// dropStatuses deletes the statuses of the object with the key ID whose node keep rejects.
-func dropStatuses(txn *memdb.Txn, id string, keep func(node string) bool) error {
-	recs, err := statusesOf(txn, id)
-	if err != nil {
-		return err
-	}
-	for _, r := range recs {
-		if keep(r.Node) {
-			continue
+// statusesBy returns the statuses the node reported, ordered by object key ID.
+func (t *tables) statusesBy(node string) []*statusRecord {
+	var recs []*statusRecord
+	t.statusesByNode.Ascend(&statusRecord{Node: node}, func(rec *statusRecord) bool {
+		if rec.Node != node {
+			return false
 		}
-		if err := txn.Delete(tableStatus, r); err != nil {
-			return fmt.Errorf("deleting status of %s on node %s: %w", id, r.Node, err)
-		}
-	}
-	return nil
+		recs = append(recs, rec)
+		return true
+	})
+	return recs
 }
 
-// getWatchNode returns the watch_nodes row of the node, or nil when the node has never
-// watched.
-func getWatchNode(txn *memdb.Txn, node string) (*watchNodeRecord, error) {
-	raw, err := txn.First(tableWatchNodes, indexID, node)
-	if err != nil {
-		return nil, fmt.Errorf("reading watch state of node %s: %w", node, err)
-	}
-	if raw == nil {
-		return nil, nil
-	}
-	return raw.(*watchNodeRecord), nil
+// hasStatusFrom tells whether a status the node reported is stored.
+func (t *tables) hasStatusFrom(node string) bool {
+	found := false
+	t.statusesByNode.Ascend(&statusRecord{Node: node}, func(rec *statusRecord) bool {
+		found = rec.Node == node
+		return false
+	})
+	return found
 }
+
+// watchNode returns the watch_nodes row of the node, or nil when nothing keeps one.
+func (t *tables) watchNode(node string) *watchNodeRecord {
+	rec, _ := t.watchNodes.Get(node)
+	return rec
+}
+
+// allWatchNodes iterates over the watch_nodes rows in name order.
+func (t *tables) allWatchNodes() iter.Seq[*watchNodeRecord] {
+	return func(yield func(*watchNodeRecord) bool) {
+		t.watchNodes.Scan(func(_ string, rec *watchNodeRecord) bool { return yield(rec) })
+	}
+}
+
+// store is the in-memory store, in versions (tables) that never change once published.
+// A read takes the published version without a lock and sees one committed state however
+// long it takes, whatever commits meanwhile. A write works on a copy of the last version,
+// which shares every tree node with it, and its commit publishes it; one write runs at a
+// time, and one that is aborted leaves nothing.
+type store struct {
+	// writeMu is held by the write transaction under way. It guards base.
+	writeMu sync.Mutex
+	// base is the writer's own copy of the published version, which no reader holds: a
+	// write copies it, and its commit replaces it (see treeOptions).
+	base *tables
+	// published is the version reads see.
+	published atomic.Pointer[tables]
+}
+
+func newStore() *store {
+	st := &store{base: newTables()}
+	st.published.Store(st.base.copy())
+	return st
+}
+
+// read returns the last committed version of the store, which the caller must not
+// modify. It takes no lock.
+func (st *store) read() *tables { return st.published.Load() }
+
+// write starts a write transaction, waiting for the one under way to end. Its reads see
+// its own writes. The caller must end it with commit or abort; abort is safe to defer
+// after commit.
+func (st *store) write() *writeTxn {
+	st.writeMu.Lock()
+	return &writeTxn{tables: st.base.copy(), st: st}
+}
+
+// writeTxn is a write transaction of the store.
+type writeTxn struct {
+	// tables is the version the transaction writes; nil once it ended.
+	*tables
+	st *store
+}
+
+// commit publishes what the transaction wrote, for every read that starts from now on.
+func (w *writeTxn) commit() {
+	st := w.st
+	st.base = w.tables
+	st.published.Store(w.tables.copy())
+	w.tables = nil
+	st.writeMu.Unlock()
+}
+
+// abort ends the transaction without publishing anything it wrote. It does nothing after
+// commit or abort.
+func (w *writeTxn) abort() {
+	if w.tables == nil {
+		return
+	}
+	w.tables = nil
+	w.st.writeMu.Unlock()
+}
+
+// putObject stores the record, replacing the one with its key ID. The record and its
+// object must not be modified afterwards.
+func (w *writeTxn) putObject(rec *objectRecord) { w.objects.Set(rec.ID, rec) }
+
+// deleteObject deletes the object with the key ID, but not its statuses.
+func (w *writeTxn) deleteObject(id string) { w.objects.Delete(id) }
+
+// setRevision records rev as the revision of the transaction's last change.
+func (w *writeTxn) setRevision(rev uint64) { w.rev = rev }
+
+// putStatus stores the record, replacing the one of its object and node. The record and
+// its status must not be modified afterwards.
+func (w *writeTxn) putStatus(rec *statusRecord) {
+	w.statuses.Set(rec)
+	w.statusesByNode.Set(rec)
+}
+
+// deleteStatus deletes the status of the record's object and node.
+func (w *writeTxn) deleteStatus(rec *statusRecord) {
+	w.statuses.Delete(rec)
+	w.statusesByNode.Delete(rec)
+}
+
+// putWatchNode stores the record, replacing the one of its node. The record must not be
+// modified afterwards.
+func (w *writeTxn) putWatchNode(rec *watchNodeRecord) { w.watchNodes.Set(rec.Name, rec) }
+
+// deleteWatchNode deletes the watch_nodes row of the node.
+func (w *writeTxn) deleteWatchNode(node string) { w.watchNodes.Delete(node) }
 
 // newUUID returns a random UUID, version 4, in its canonical text form.
 func newUUID() string {

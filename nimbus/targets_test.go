@@ -41,13 +41,9 @@ func (ts *testServer) del(t *testing.T, key *nimbusv1.ObjectKey) {
 // named nodes.
 func wantWatchRecords(t *testing.T, ts *testServer, nodes ...string) {
 	t.Helper()
-	it, err := ts.srv.db.Txn(false).Get(tableWatchNodes, indexID)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var got []string
-	for raw := it.Next(); raw != nil; raw = it.Next() {
-		got = append(got, raw.(*watchNodeRecord).Name)
+	for rec := range ts.srv.store.read().allWatchNodes() {
+		got = append(got, rec.Name)
 	}
 	if !slices.Equal(got, nodes) {
 		t.Fatalf("watch state kept for nodes %q, want %q", got, nodes)

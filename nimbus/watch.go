@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/go-memdb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/mem"
@@ -278,7 +277,7 @@ type subscription struct {
 	// its events start with every kept change after that revision that concerns the node.
 	resumed bool
 	// snap is the read of the store the snapshot is sent from; nil when resumed.
-	snap *memdb.Txn
+	snap *tables
 	// rev is the snapshot's revision, or the client's when resumed.
 	rev uint64
 	// replayed is how many kept changes were queued for a resumed watcher.
@@ -299,21 +298,13 @@ func (s *Server) subscribe(node, epoch string, rev uint64) (*subscription, error
 	if s.closed {
 		return nil, fmt.Errorf("watching for node %s: %w", node, ErrClosed)
 	}
-	txn := s.db.Txn(true)
-	rec, err := getWatchNode(txn, node)
-	if err != nil {
-		txn.Abort()
-		return nil, err
-	}
+	txn := s.store.write()
 	streams := 1
-	if rec != nil {
+	if rec := txn.watchNode(node); rec != nil {
 		streams = rec.Streams + 1
 	}
-	if err := txn.Insert(tableWatchNodes, &watchNodeRecord{Name: node, Streams: streams}); err != nil {
-		txn.Abort()
-		return nil, fmt.Errorf("recording watching node %s: %w", node, err)
-	}
-	txn.Commit()
+	txn.putWatchNode(&watchNodeRecord{Name: node, Streams: streams})
+	txn.commit()
 	s.statusWatch.nodeChanged(node)
 
 	sub := &subscription{rev: s.rev}
@@ -345,7 +336,7 @@ func (s *Server) subscribe(node, epoch string, rev uint64) (*subscription, error
 	if sub.resumed {
 		s.metrics.watchStarts.WithLabelValues(watchModeResume).Inc()
 	} else {
-		sub.snap = s.db.Txn(false)
+		sub.snap = s.store.read()
 		s.metrics.watchStarts.WithLabelValues(watchModeSnapshot).Inc()
 	}
 	s.metrics.watchers.Set(float64(len(s.watchers)))
@@ -370,12 +361,9 @@ func (s *Server) unsubscribe(w *watcher) {
 // time when it was the last. When it was the last, the node's watch state is forgotten
 // unless the node has a Node object or a stored status; see forgetIdleNodes.
 func (s *Server) recordWatchEndLocked(node string) error {
-	txn := s.db.Txn(true)
-	defer txn.Abort()
-	rec, err := getWatchNode(txn, node)
-	if err != nil {
-		return err
-	}
+	txn := s.store.write()
+	defer txn.abort()
+	rec := txn.watchNode(node)
 	if rec == nil || rec.Streams == 0 {
 		return fmt.Errorf("node %s has no open watch stream on record", node)
 	}
@@ -383,13 +371,9 @@ func (s *Server) recordWatchEndLocked(node string) error {
 	if next.Streams == 0 {
 		next.Since = s.opts.Now()
 	}
-	if err := txn.Insert(tableWatchNodes, next); err != nil {
-		return fmt.Errorf("recording watch state of node %s: %w", node, err)
-	}
-	if err := forgetIdleNodes(txn, node); err != nil {
-		return err
-	}
-	txn.Commit()
+	txn.putWatchNode(next)
+	forgetIdleNodes(txn, node)
+	txn.commit()
 	return nil
 }
 
@@ -400,41 +384,22 @@ func (s *Server) recordWatchEndLocked(node string) error {
 // a status stored. Every commit that can end the last of the three calls it for the node,
 // so the rows are bounded by the nodes watching, the Node objects and the nodes with a
 // status.
-func forgetIdleNodes(txn *memdb.Txn, nodes ...string) error {
+func forgetIdleNodes(txn *writeTxn, nodes ...string) {
 	var named map[string]bool // the names of the Node objects, read once when needed
 	for _, node := range nodes {
-		rec, err := getWatchNode(txn, node)
-		if err != nil {
-			return err
-		}
-		if rec == nil || rec.Streams > 0 {
-			continue
-		}
-		st, err := txn.First(tableStatus, indexNode, node)
-		if err != nil {
-			return fmt.Errorf("reading statuses reported by node %s: %w", node, err)
-		}
-		if st != nil {
+		if rec := txn.watchNode(node); rec == nil || rec.Streams > 0 || txn.hasStatusFrom(node) {
 			continue
 		}
 		if named == nil {
 			named = map[string]bool{}
-			it, err := objectsOfKind(txn, nimbusv1.Kind_KIND_NODE)
-			if err != nil {
-				return fmt.Errorf("reading nodes: %w", err)
-			}
-			for raw := it.Next(); raw != nil; raw = it.Next() {
-				named[raw.(*objectRecord).Object.GetMeta().GetName()] = true
+			for rec := range txn.objectsOfKind(nimbusv1.Kind_KIND_NODE) {
+				named[rec.Object.GetMeta().GetName()] = true
 			}
 		}
-		if named[node] {
-			continue
-		}
-		if err := txn.Delete(tableWatchNodes, rec); err != nil {
-			return fmt.Errorf("forgetting watch state of node %s: %w", node, err)
+		if !named[node] {
+			txn.deleteWatchNode(node)
 		}
 	}
-	return nil
 }
 
 // Watch streams the objects targeted at the requesting node, in WatchFrames of many
@@ -494,13 +459,8 @@ func validateNode(node string) error {
 // to the frame under way, which sendChanges sends with the first changes queued. Each
 // object's event is the one its record shares, so a snapshot encodes only the objects no
 // watcher has been sent yet.
-func (s *Server) sendSnapshot(fw *frameWriter, snap *memdb.Txn, node string, rev uint64) error {
-	it, err := snap.Get(tableObjects, indexID)
-	if err != nil {
-		return rpcError(fmt.Errorf("reading snapshot for node %s: %w", node, err))
-	}
-	for raw := it.Next(); raw != nil; raw = it.Next() {
-		rec := raw.(*objectRecord)
+func (s *Server) sendSnapshot(fw *frameWriter, snap *tables, node string, rev uint64) error {
+	for rec := range snap.objectsOfKind(nimbusv1.Kind_KIND_UNSPECIFIED) {
 		if !rec.Object.TargetsNode(node) {
 			continue
 		}
