@@ -20,7 +20,7 @@ import (
 // The write benchmarks compare, per object and in the same run, four ways to keep the
 // same objects: delphi with a state file (Options.Dir), delphi in memory only, plain
 // go-memdb with a table indexed by key ID (what delphi's desired table was built on
-// before it kept its own ordered sets), and plain bbolt with delphi's buckets. The
+// before its copy-on-write B-trees), and plain bbolt with delphi's buckets. The
 // baselines get their input ready-made (memdb the records, bbolt the serialized bytes),
 // so they measure the engine alone; delphi pays for everything it does. ns/op is per object: with
 // batch=1000, one commit carries 1000 objects.

@@ -5,12 +5,12 @@
 // nimbus sent them, together with the nimbus epoch and revision they correspond to. Each
 // commit publishes a new version of it, which shares with the one before all it did not
 // change, so readers never lock and each read sees one committed state, as in go-memdb;
-// but a version is a sorted list of chunks of records per index, not radix trees with a
-// node, a leaf and a watch channel per entry, and a record holds its object in wire form,
-// decoded for each reader, so an object costs a few hundred bytes rather than a few
-// kilobytes. The status table holds, per object, the status the HAL reported for this
-// node; statuses are many, small, rewritten on every reconcile and never kept on disk, so
-// it is a map under a read-write mutex.
+// but a version is a copy-on-write B-tree of records per index (github.com/tidwall/btree),
+// not radix trees with a node, a leaf and a watch channel per entry, and a record holds
+// its object in wire form, decoded for each reader, so an object costs a few hundred bytes
+// rather than a few kilobytes. The status table holds, per object, the status the HAL
+// reported for this node; statuses are many, small, rewritten on every reconcile and
+// never kept on disk, so it is a map under a read-write mutex.
 //
 // Ownership is enforced by the API: each table has exactly one writer handle, claimed once
 // (ClaimDesired, ClaimStatus); a second claim fails with ErrWriterClaimed. Readers need no

@@ -109,7 +109,7 @@ func (s *Store) countObjects() map[nimbusv1.Kind]*objectCounts {
 	desired := s.desired.Load().byID
 	s.statusMu.RLock()
 	defer s.statusMu.RUnlock()
-	desired.ascend(nil, func(d *record) bool {
+	desired.Scan(func(d *record) bool {
 		phase := phasePending
 		if st, ok := s.statuses[d.id]; ok && st.GetObservedGeneration() == d.generation {
 			switch st.GetPhase() {

@@ -16,6 +16,7 @@ import (
 	"weak"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/tidwall/btree"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/naplesnet/naples/internal/statefile"
@@ -82,28 +83,13 @@ type indexEntry struct {
 	rec *record
 }
 
-// byID returns the comparison of ordered.seek that finds the record with key ID id.
-func byID(id string) func(*record) int {
-	return func(r *record) int { return strings.Compare(r.id, id) }
-}
-
-// byEntry returns the comparison of ordered.seek that finds the entry of value val and
-// key ID id; with id "", the first entry of val.
-func byEntry(val, id string) func(indexEntry) int {
-	return func(e indexEntry) int {
-		if c := strings.Compare(e.val, val); c != 0 {
-			return c
-		}
-		return strings.Compare(e.rec.id, id)
-	}
-}
-
 // desiredState is one committed state of the desired table, with the resume point: the
 // records by key ID, each declared index, and where the table stands at nimbus. It is
-// never changed once published; a write transaction derives the next one.
+// never changed once published; the writer derives the next one from a version of its
+// own (see treeOptions).
 type desiredState struct {
-	byID    *ordered[*record]
-	indexes []*ordered[indexEntry]
+	byID    *idTree
+	indexes []*indexTree
 	// hasResume tells that a resume point was ever recorded.
 	hasResume bool
 	epoch     string
@@ -173,10 +159,15 @@ type Store struct {
 
 	// writeMu serializes write transactions together with their writes to disk and the
 	// notification of their subscribers, so that the file follows commit order and
-	// subscribers see commits in commit order. It also guards disk and the unregistering
-	// of metrics against Close.
+	// subscribers see commits in commit order. It also guards disk, work, base and the
+	// unregistering of metrics against Close.
 	writeMu sync.Mutex
 	disk    *disk // nil without Options.Dir
+	// work is the writer's own version of the desired table: a write transaction changes
+	// it in place, and a commit publishes a copy of it. base is a copy of the committed
+	// state, which work starts over from after a failed transaction. Readers hold
+	// neither.
+	work, base *desiredState
 
 	// statusMu guards statuses, the status table, by key ID. Statuses are many, small,
 	// rewritten often and never kept on disk, so they live in a plain map rather than in
@@ -215,7 +206,7 @@ func Open(opts Options) (*Store, error) {
 		synced:   make(chan struct{}),
 		statuses: make(map[string]*nimbusv1.NodeStatus),
 	}
-	s.desired.Store(s.buildState(nil))
+	s.commitLocked(s.buildState(nil))
 	reg := opts.Registerer
 	if reg == nil {
 		reg = prometheus.NewRegistry()
@@ -242,7 +233,9 @@ func Open(opts Options) (*Store, error) {
 	objects := len(r.objects)
 	r.objects = nil
 	// The file's pages were all read once, to restore; from now on a commit reads a few.
-	d.release()
+	if err := d.release(); err != nil {
+		log.Debug("state file pages stay resident", "path", path, "err", err)
+	}
 	if s.metrics, err = newMetrics(s, reg); err != nil {
 		d.close()
 		return nil, fmt.Errorf("opening delphi: %w", err)
@@ -290,14 +283,22 @@ func (s *Store) restore(r *restored) error {
 	if r.resume != nil {
 		st.hasResume, st.epoch, st.revision = true, r.resume.Epoch, r.resume.Revision
 	}
-	s.desired.Store(st)
+	s.commitLocked(st)
 	return nil
 }
 
-// buildState returns a published state that holds recs, sorted by key ID, and no resume
-// point.
+// commitLocked makes work the writer's version of the desired table, publishes a copy of
+// it and keeps another in base; the caller holds writeMu, or is Open.
+func (s *Store) commitLocked(work *desiredState) {
+	s.work = work
+	s.desired.Store(work.copy())
+	s.base = work.copy()
+}
+
+// buildState returns a state that holds recs, sorted by key ID, and no resume point.
 func (s *Store) buildState(recs []*record) *desiredState {
-	st := &desiredState{byID: buildOrdered(recs), indexes: make([]*ordered[indexEntry], len(s.indexes))}
+	st := &desiredState{byID: newIDTree(), indexes: make([]*indexTree, len(s.indexes))}
+	load(st.byID, recs)
 	entries := make([][]indexEntry, len(s.indexes))
 	for _, r := range recs {
 		for _, v := range r.indexed {
@@ -313,7 +314,8 @@ func (s *Store) buildState(recs []*record) *desiredState {
 		})
 		// An index that lists an object twice under one value holds it once.
 		es = slices.CompactFunc(es, func(a, b indexEntry) bool { return a.val == b.val && a.rec == b.rec })
-		st.indexes[i] = buildOrdered(es)
+		st.indexes[i] = newIndexTree()
+		load(st.indexes[i], es)
 	}
 	return st
 }
@@ -341,7 +343,7 @@ func (s *Store) Close() error {
 
 // Get returns the desired object with the given key.
 func (s *Store) Get(key *nimbusv1.ObjectKey) (*nimbusv1.Object, bool) {
-	r, ok := s.desired.Load().byID.get(byID(key.ID()))
+	r, ok := s.desired.Load().byID.Get(probe(key.ID()))
 	if !ok {
 		return nil, false
 	}
@@ -380,12 +382,12 @@ func (s *Store) List(kind nimbusv1.Kind) []*nimbusv1.Object {
 func (s *Store) desiredIDs(kind nimbusv1.Kind, fn func(r *record)) {
 	byIDs := s.desired.Load().byID
 	if kind == nimbusv1.Kind_KIND_UNSPECIFIED {
-		byIDs.ascend(nil, func(r *record) bool { fn(r); return true })
+		byIDs.Scan(func(r *record) bool { fn(r); return true })
 		return
 	}
 	// A key ID starts with its kind's name, so a kind's objects are together.
 	prefix := kind.Name() + "/"
-	byIDs.ascend(byID(prefix), func(r *record) bool {
+	byIDs.Ascend(probe(prefix), func(r *record) bool {
 		if !strings.HasPrefix(r.id, prefix) {
 			return false
 		}
@@ -413,7 +415,7 @@ func (s *Store) Lookup(index, value string) ([]*nimbusv1.Object, error) {
 		return nil, err
 	}
 	var out []*nimbusv1.Object
-	s.desired.Load().indexes[pos].ascend(byEntry(value, ""), func(e indexEntry) bool {
+	s.desired.Load().indexes[pos].Ascend(indexEntry{val: value}, func(e indexEntry) bool {
 		if e.val != value {
 			return false
 		}
@@ -433,7 +435,7 @@ func (s *Store) LookupFirst(index, value string) (obj *nimbusv1.Object, keyID st
 		return nil, "", err
 	}
 	var rec *record
-	s.desired.Load().indexes[pos].ascend(byEntry(value, ""), func(e indexEntry) bool {
+	s.desired.Load().indexes[pos].Ascend(indexEntry{val: value}, func(e indexEntry) bool {
 		if e.val == value {
 			rec = e.rec
 		}
@@ -562,8 +564,8 @@ type desiredChange struct {
 	obj *nimbusv1.Object
 }
 
-// desiredWrite is a write transaction of the desired table in progress: the state it
-// derives from the committed one, and what it changed.
+// desiredWrite is a write transaction of the desired table in progress: the writer's
+// version of the table, which it changes, and what it changed.
 type desiredWrite struct {
 	s       *Store
 	st      *desiredState
@@ -573,37 +575,42 @@ type desiredWrite struct {
 	// persist tells that the transaction writes what the file keeps; resume that it
 	// records a resume point.
 	persist, resume bool
+	// key is the record that searches by key ID, and hint where the last search ended,
+	// where the next one starts: a batch often writes keys that sort close together.
+	key  record
+	hint btree.PathHint
 }
 
-// newDesiredWrite starts a write transaction from the committed state.
-func (s *Store) newDesiredWrite() *desiredWrite {
-	cur := s.desired.Load()
-	mark := &txnMark{}
-	st := *cur
-	st.byID = cur.byID.clone(mark)
-	st.indexes = make([]*ordered[indexEntry], len(cur.indexes))
-	for i, ix := range cur.indexes {
-		st.indexes[i] = ix.clone(mark)
-	}
-	return &desiredWrite{s: s, st: &st, changes: map[string]*desiredChange{}}
+// newDesiredWriteLocked starts a write transaction on the writer's version of the
+// table; the caller holds writeMu.
+func (s *Store) newDesiredWriteLocked() *desiredWrite {
+	return &desiredWrite{s: s, st: s.work, changes: map[string]*desiredChange{}}
+}
+
+// probe returns the record that searches by key ID id.
+func (w *desiredWrite) probe(id string) *record {
+	w.key.id = id
+	return &w.key
 }
 
 // get returns the record of key ID id as the transaction has it.
-func (w *desiredWrite) get(id string) (*record, bool) { return w.st.byID.get(byID(id)) }
+func (w *desiredWrite) get(id string) (*record, bool) {
+	return w.st.byID.GetHint(w.probe(id), &w.hint)
+}
 
 // put stores r, the record of obj, replacing the record with its key ID.
 func (w *desiredWrite) put(r *record, obj *nimbusv1.Object) {
-	old, _ := w.st.byID.set(byID(r.id), r)
+	old, _ := w.st.byID.SetHint(r, &w.hint)
 	w.unindex(old)
 	for _, v := range r.indexed {
-		w.st.indexes[v.pos].set(byEntry(v.val, r.id), indexEntry{val: v.val, rec: r})
+		w.st.indexes[v.pos].Set(indexEntry{val: v.val, rec: r})
 	}
 	w.changed(r.id, old, r).obj = obj
 }
 
 // delete removes the record of key ID id, if any.
 func (w *desiredWrite) delete(id string) {
-	old, ok := w.st.byID.delete(byID(id))
+	old, ok := w.st.byID.DeleteHint(w.probe(id), &w.hint)
 	if !ok {
 		return
 	}
@@ -617,7 +624,7 @@ func (w *desiredWrite) unindex(r *record) {
 		return
 	}
 	for _, v := range r.indexed {
-		w.st.indexes[v.pos].delete(byEntry(v.val, r.id))
+		w.st.indexes[v.pos].Delete(indexEntry{val: v.val, rec: r})
 	}
 }
 
@@ -644,8 +651,9 @@ func (w *desiredWrite) setResume(epoch string, revision uint64) {
 // write runs fn in a write transaction of the desired table, writes its changes to disk,
 // publishes the new state, and tells subscribers which keys changed, all under writeMu so
 // that the file and the notifications follow commit order. The disk write comes before
-// the state is published, so readers never see what the file does not hold; when it
-// fails, nothing changes.
+// the state is published, so readers never see what the file does not hold; when fn or
+// the disk write fails, nothing changes, and the writer's version starts over from the
+// committed state.
 func (s *Store) write(fn func(w *desiredWrite) error) error {
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
@@ -656,8 +664,9 @@ func (s *Store) write(fn func(w *desiredWrite) error) error {
 		return ErrClosed
 	}
 	start := time.Now()
-	w := s.newDesiredWrite()
+	w := s.newDesiredWriteLocked()
 	if err := fn(w); err != nil {
+		s.work = s.base.copy()
 		return err
 	}
 	// A key created and deleted again, or changed back, within the transaction did not
@@ -668,14 +677,11 @@ func (s *Store) write(fn func(w *desiredWrite) error) error {
 	})
 	if s.disk != nil && w.persist {
 		if err := s.disk.commit(w, ids); err != nil {
+			s.work = s.base.copy()
 			return fmt.Errorf("writing state file: %w", err)
 		}
 	}
-	w.st.byID.publish()
-	for _, ix := range w.st.indexes {
-		ix.publish()
-	}
-	s.desired.Store(w.st)
+	s.commitLocked(w.st)
 	s.notify(TableDesired, ids)
 	s.metrics.commitDuration.WithLabelValues(string(TableDesired)).Observe(time.Since(start).Seconds())
 	s.metrics.commitSize.WithLabelValues(string(TableDesired)).Observe(float64(len(ids)))
@@ -759,7 +765,7 @@ func (w *DesiredWriter) Commit(t *DesiredTxn) error {
 		}
 		if t.sweep {
 			var stale []string
-			dw.st.byID.ascend(nil, func(r *record) bool {
+			dw.st.byID.Scan(func(r *record) bool {
 				if !t.keep[r.id] && !put[r.id] {
 					stale = append(stale, r.id)
 				}
@@ -873,7 +879,7 @@ func (w *StatusWriter) Commit(t *StatusTxn) error {
 		// The map keeps the key it is given last; the desired table's key ID is one
 		// string less per status.
 		id := op.id
-		if r, ok := desired.get(byID(id)); ok {
+		if r, ok := desired.Get(probe(id)); ok {
 			id = r.id
 		}
 		s.statuses[id] = op.st

@@ -317,6 +317,27 @@ func (f *File) TxID() (int, error) {
 	return id, nil
 }
 
+// ReleasePages takes the pages of the file that the process has read out of its resident
+// set. bbolt reads the file through a shared read-only mapping, and Open reads every page
+// of it: left alone, they count in the process's RSS for as long as the kernel does not
+// need the memory, while a commit reads only the few pages it changes. ReleasePages drops
+// them from the mapping (madvise MADV_DONTNEED); they stay in the page cache, and a later
+// read faults them back in. It finds the mapping through bbolt (DB.Info) and holds a read
+// transaction meanwhile, so that bbolt cannot map the file elsewhere as it grows. On
+// systems other than Linux it does nothing.
+func (f *File) ReleasePages() error {
+	err := f.db.View(func(tx *bolt.Tx) error {
+		// bbolt maps at least the whole file, and reads no page past the end of the
+		// database as of the last commit, tx.Size: the range is mapped, and holds every
+		// page bbolt has read.
+		return dropPages(f.db.Info().Data, int(tx.Size()))
+	})
+	if err != nil {
+		return fmt.Errorf("releasing the pages of %s: %w", f.path, err)
+	}
+	return nil
+}
+
 // Close closes the file. It is safe to call twice.
 func (f *File) Close() error {
 	if err := f.db.Close(); err != nil {

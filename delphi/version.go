@@ -1,0 +1,80 @@
+package delphi
+
+import (
+	"github.com/tidwall/btree"
+)
+
+// The versions of the desired table are copy-on-write B-trees (github.com/tidwall/btree):
+// a tree's Copy shares every node with the tree it copies, and a write to either copies
+// each node it changes the first time, and changes in place the nodes it has copied, so a
+// commit of 100,000 objects copies each node once, not a path per object. A node holds
+// up to 63 items (the library's default degree of 32) and a few dozen bytes of header;
+// load fills nodes almost full, and random writes leave them about two thirds full. So an
+// item costs its own size and up to as much again: 8 to 16 bytes for a record pointer,
+// 24 to 50 for an index entry, where go-memdb's radix trees spent several hundred per
+// item and index.
+//
+// Copy is also a write, of the tree it copies: it makes it a new owner that no longer
+// changes the nodes it shares. So the trees readers hold are never copied, nor written
+// in any other way: the writer keeps versions of its own (Store.work and Store.base) and
+// publishes copies of them. The trees are made without their locks, which readers would
+// otherwise take for every read: a published tree is read-only, and the writer's are
+// used under Store.writeMu.
+var treeOptions = btree.Options{NoLocks: true}
+
+// idTree is the desired table's records by key ID.
+type idTree = btree.BTreeG[*record]
+
+// indexTree is a declared index's entries, by value and then key ID.
+type indexTree = btree.BTreeG[indexEntry]
+
+func newIDTree() *idTree {
+	return btree.NewBTreeGOptions(func(a, b *record) bool { return a.id < b.id }, treeOptions)
+}
+
+func newIndexTree() *indexTree {
+	return btree.NewBTreeGOptions(func(a, b indexEntry) bool {
+		if a.val != b.val {
+			return a.val < b.val
+		}
+		return a.keyID() < b.keyID()
+	}, treeOptions)
+}
+
+// load fills the empty tree tr with items, which are sorted and distinct. Loading them in
+// order alone (Load) would leave every node half full: a full node splits in two, and
+// only the right half takes more items. So load loads every other item, and then sets
+// the others, each of which lands in the free half of the node that holds its
+// neighbours, without a copy since the tree owns its nodes.
+func load[T any](tr *btree.BTreeG[T], items []T) {
+	for i := 0; i < len(items); i += 2 {
+		tr.Load(items[i])
+	}
+	for i := 1; i < len(items); i += 2 {
+		tr.Set(items[i])
+	}
+}
+
+// keyID returns the key ID of the entry's record, "" for a probe without a record, which
+// sorts before every entry of its value.
+func (e indexEntry) keyID() string {
+	if e.rec == nil {
+		return ""
+	}
+	return e.rec.id
+}
+
+// probe returns a record to search the records by key ID with.
+func probe(id string) *record { return &record{id: id} }
+
+// copy returns a version of st that shares everything with it; writing either copies
+// what it changes. It writes st (see treeOptions): st must not be one that readers hold.
+func (st *desiredState) copy() *desiredState {
+	c := *st
+	c.byID = st.byID.Copy()
+	c.indexes = make([]*indexTree, len(st.indexes))
+	for i, ix := range st.indexes {
+		c.indexes[i] = ix.Copy()
+	}
+	return &c
+}
