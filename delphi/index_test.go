@@ -123,6 +123,9 @@ func TestDeclaredIndexes(t *testing.T) {
 		case len(tt.want) > 0 && (obj.GetMeta().GetName() != tt.want[0] || id != obj.Key().ID()):
 			t.Errorf("LookupFirst(%s, %s) = %v, %s; want %s", tt.index, tt.value, obj.GetMeta().GetName(), id, tt.want[0])
 		}
+		if firstID, err := s.LookupFirstID(tt.index, tt.value); err != nil || firstID != id {
+			t.Errorf("LookupFirstID(%s, %s) = %q, %v; want %q as LookupFirst", tt.index, tt.value, firstID, err, id)
+		}
 	}
 
 	// Changing and deleting objects moves and drops their index entries.
@@ -156,6 +159,9 @@ func TestDeclaredIndexes(t *testing.T) {
 		}
 		if _, err := s.Lookup(index, "x"); !errors.Is(err, ErrUnknownIndex) {
 			t.Errorf("Lookup(%s) error = %v, want ErrUnknownIndex", index, err)
+		}
+		if _, err := s.LookupFirstID(index, "x"); !errors.Is(err, ErrUnknownIndex) {
+			t.Errorf("LookupFirstID(%s) error = %v, want ErrUnknownIndex", index, err)
 		}
 	}
 }

@@ -361,13 +361,23 @@ func (s *Store) decode(r *record) *nimbusv1.Object {
 			return obj
 		}
 	}
+	// The generated decoder: the bytes are what newRecord's proto.Marshal made, so their
+	// strings were checked then.
 	obj := &nimbusv1.Object{}
-	if err := proto.Unmarshal(r.data, obj); err != nil {
+	if err := obj.UnmarshalVT(r.data); err != nil {
 		s.log.Error("decoding a stored object", "key", r.id, "err", err)
 	}
 	wp := weak.Make(obj)
 	r.decoded.Store(&wp)
 	return obj
+}
+
+// KeyIDs returns the key IDs of the desired objects of one kind, ordered; KIND_UNSPECIFIED
+// lists all. Unlike List it decodes no object.
+func (s *Store) KeyIDs(kind nimbusv1.Kind) []string {
+	var out []string
+	s.desiredIDs(kind, func(r *record) { out = append(out, r.id) })
+	return out
 }
 
 // List returns the desired objects of one kind, ordered by key; KIND_UNSPECIFIED lists all.
@@ -430,9 +440,30 @@ func (s *Store) Lookup(index, value string) ([]*nimbusv1.Object, error) {
 // lookup, without the listing of Lookup. An index that was not declared in
 // Options.Indexes is an error wrapping ErrUnknownIndex.
 func (s *Store) LookupFirst(index, value string) (obj *nimbusv1.Object, keyID string, err error) {
+	rec, err := s.lookupFirst(index, value)
+	if rec == nil {
+		return nil, "", err
+	}
+	return s.decode(rec), rec.id, nil
+}
+
+// LookupFirstID returns the key ID of the first by key of the desired objects that the
+// declared index lists under value, "" when there is none, as LookupFirst does but
+// without decoding the object.
+func (s *Store) LookupFirstID(index, value string) (keyID string, err error) {
+	rec, err := s.lookupFirst(index, value)
+	if rec == nil {
+		return "", err
+	}
+	return rec.id, nil
+}
+
+// lookupFirst returns the record of the first by key of the desired objects that the
+// declared index lists under value, or nil.
+func (s *Store) lookupFirst(index, value string) (*record, error) {
 	pos, err := s.indexPos(index, value)
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	var rec *record
 	s.desired.Load().indexes[pos].Ascend(indexEntry{val: value}, func(e indexEntry) bool {
@@ -441,10 +472,7 @@ func (s *Store) LookupFirst(index, value string) (obj *nimbusv1.Object, keyID st
 		}
 		return false
 	})
-	if rec == nil {
-		return nil, "", nil
-	}
-	return s.decode(rec), rec.id, nil
+	return rec, nil
 }
 
 // ScopedName returns the form in which the reference indexes hold a referenced object,

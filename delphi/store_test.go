@@ -110,6 +110,13 @@ func TestDesiredReadsAndIndexes(t *testing.T) {
 	if names := names(s.List(nimbusv1.Kind_KIND_UNSPECIFIED)); len(names) != 4 {
 		t.Errorf("List(all) = %v", names)
 	}
+	wantIDs := []string{"Route/default/default/a", "Route/default/default/b", "Route/default/default/c"}
+	if ids := s.KeyIDs(nimbusv1.Kind_KIND_ROUTE); !slices.Equal(ids, wantIDs) {
+		t.Errorf("KeyIDs(Route) = %v, want %v", ids, wantIDs)
+	}
+	if ids := s.KeyIDs(nimbusv1.Kind_KIND_UNSPECIFIED); len(ids) != 4 {
+		t.Errorf("KeyIDs(all) = %v", ids)
+	}
 	if epoch, rev := s.Resume(); epoch != "epoch-1" || rev != 42 {
 		t.Errorf("Resume() = %q, %d", epoch, rev)
 	}

@@ -26,14 +26,7 @@ func Delphi(s *delphi.Store) (Store, error) {
 	return &delphiStore{Store: s, status: status}, nil
 }
 
-func (d *delphiStore) Keys(kind nimbusv1.Kind) []string {
-	objs := d.List(kind)
-	ids := make([]string, len(objs))
-	for i, o := range objs {
-		ids[i] = o.Key().ID()
-	}
-	return ids
-}
+func (d *delphiStore) Keys(kind nimbusv1.Kind) []string { return d.KeyIDs(kind) }
 
 func (d *delphiStore) WatchDesired() (Feed, error) {
 	sub, err := d.Subscribe(delphi.SubscribeOptions{Tables: []delphi.Table{delphi.TableDesired}})

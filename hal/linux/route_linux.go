@@ -55,6 +55,9 @@ type RouteStore interface {
 	// LookupFirst returns the first by key of the desired objects a declared index lists
 	// under value, with its key ID; obj is nil when there is none.
 	LookupFirst(index, value string) (obj *nimbusv1.Object, keyID string, err error)
+	// LookupFirstID returns the key ID of the object LookupFirst returns, "" when there is
+	// none, without decoding it.
+	LookupFirstID(index, value string) (keyID string, err error)
 }
 
 // RouteOptions configures a RouteReconciler.
@@ -831,7 +834,7 @@ func kernelID(rt netlink.Route) (routeID, bool) {
 // ownerOf returns the key ID of the desired object that owns a kernel route, the first by
 // key of the Route objects with its identity; "" when none does.
 func (r *RouteReconciler) ownerOf(id routeID) (keyID string, err error) {
-	_, keyID, err = r.store.LookupFirst(RouteIndex.Name, id.indexKey())
+	keyID, err = r.store.LookupFirstID(RouteIndex.Name, id.indexKey())
 	if err != nil {
 		return "", fmt.Errorf("finding the owner of route %s: %w", id, err)
 	}
