@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -169,7 +170,9 @@ func Run(ctx context.Context, cfg Config) error {
 	settled := make(chan struct{})
 	go func() {
 		defer close(settled)
-		memory.watch(ctx, settleInterval, ready)
+		t := time.NewTicker(settleInterval)
+		defer t.Stop()
+		memory.watch(ctx, t.C, ready)
 	}()
 	log.Info("agent started", "nimbus", cfg.Nimbus, "state_dir", cfg.StateDir)
 	wg.Wait()

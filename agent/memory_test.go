@@ -18,7 +18,7 @@ func TestMemorySettlesOnceWhenReady(t *testing.T) {
 		frees.Add(1)
 		started <- struct{}{}
 		<-release
-	}}
+	}, allocated: func() uint64 { return 0 }}
 	var checks atomic.Int32
 	ready := func() []string {
 		if checks.Add(1) < 3 {
@@ -26,10 +26,12 @@ func TestMemorySettlesOnceWhenReady(t *testing.T) {
 		}
 		return nil
 	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	watched := make(chan struct{})
 	go func() {
 		defer close(watched)
-		m.watch(context.Background(), time.Millisecond, ready)
+		m.watch(ctx, time.NewTicker(time.Millisecond).C, ready)
 	}()
 	// A probe that finds the agent ready while the release runs waits for it.
 	var probes sync.WaitGroup
@@ -49,8 +51,10 @@ func TestMemorySettlesOnceWhenReady(t *testing.T) {
 	default:
 	}
 	close(release)
-	<-watched
 	probes.Wait()
+	// Nothing is allocated after ready, so nothing more is released.
+	cancel()
+	<-watched
 	if n := frees.Load(); n != 1 {
 		t.Errorf("released memory %d times, want once", n)
 	}
@@ -60,13 +64,13 @@ func TestMemorySettlesOnceWhenReady(t *testing.T) {
 // before it was ever ready, without releasing anything.
 func TestMemorySettlerStopsWithContext(t *testing.T) {
 	var frees atomic.Int32
-	m := &memorySettler{log: quiet, free: func() { frees.Add(1) }}
+	m := &memorySettler{log: quiet, free: func() { frees.Add(1) }, allocated: func() uint64 { return 0 }}
 	ctx, cancel := context.WithCancel(context.Background())
 	checked := make(chan struct{}, 1)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		m.watch(ctx, time.Millisecond, func() []string {
+		m.watch(ctx, time.NewTicker(time.Millisecond).C, func() []string {
 			select {
 			case checked <- struct{}{}:
 			default:
@@ -80,4 +84,72 @@ func TestMemorySettlerStopsWithContext(t *testing.T) {
 	if n := frees.Load(); n != 0 {
 		t.Errorf("released memory %d times for an agent never ready, want 0", n)
 	}
+}
+
+// TestMemorySettlesAfterBursts checks that, once ready, the agent releases memory when it
+// is idle after allocating burstBytes or more, not during the burst, and not after less.
+func TestMemorySettlesAfterBursts(t *testing.T) {
+	var allocated atomic.Uint64
+	// frees receives what was allocated at each release; reads signals every reading of
+	// what was allocated, which watch does once per tick and once after each release.
+	frees := make(chan uint64, 10)
+	reads := make(chan struct{}, 10)
+	m := &memorySettler{log: quiet, free: func() { frees <- allocated.Load() }, allocated: func() uint64 {
+		v := allocated.Load()
+		reads <- struct{}{}
+		return v
+	}}
+	ctx, cancel := context.WithCancel(context.Background())
+	ticks := make(chan time.Time)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		m.watch(ctx, ticks, func() []string { return nil })
+	}()
+	// tick allocates, ticks, and waits until watch has read what was allocated.
+	tick := func(alloc uint64) {
+		allocated.Add(alloc)
+		ticks <- time.Time{}
+		<-reads
+	}
+	// freed waits for a release and for watch's reading after it.
+	freed := func() uint64 {
+		t.Helper()
+		select {
+		case got := <-frees:
+			<-reads
+			return got
+		case <-time.After(10 * time.Second):
+			t.Fatal("no release")
+			return 0
+		}
+	}
+	none := func(when string) {
+		t.Helper()
+		select {
+		case got := <-frees:
+			t.Fatalf("released at %d bytes allocated %s", got, when)
+		default:
+		}
+	}
+
+	tick(0) // ready: the first release, then watch reads what was allocated
+	if got := <-frees; got != 0 {
+		t.Fatalf("the release on ready saw %d bytes allocated, want 0", got)
+	}
+	const steps = 21
+	for range steps {
+		tick(8 << 20) // a burst: more than idleBytes at every tick
+	}
+	none("during the burst")
+	tick(0) // idle
+	if got := freed(); got != steps*8<<20 {
+		t.Errorf("released at %d bytes allocated, want %d: once idle after the burst", got, steps*8<<20)
+	}
+	tick(burstBytes / 2) // less than a burst, then idle
+	tick(0)
+	tick(0)
+	none("after less than a burst")
+	cancel()
+	<-done
 }
