@@ -155,6 +155,9 @@ type Server struct {
 	// encodes counts the watch events of object changes encoded: each once, however many
 	// watchers and snapshots send it.
 	encodes atomic.Uint64
+	// everyNode is the part of the latest snapshot sent that every node receives alike;
+	// see sharedSnapshot.
+	everyNode atomic.Pointer[sharedSnapshot]
 	// statusWatch holds the open WatchStatus streams; it has a lock of its own.
 	statusWatch statusHub
 	// commits groups the writes of concurrent calls into shared commits.

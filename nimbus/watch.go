@@ -461,8 +461,27 @@ func validateNode(node string) error {
 // object's event is the one its record shares, so a snapshot encodes only the objects no
 // watcher has been sent yet.
 func (s *Server) sendSnapshot(fw *frameWriter, snap *tables, node string, rev uint64) error {
+	// The objects for every node go in frames that every snapshot of this revision shares;
+	// then the objects that name their nodes, this node among them. A client applies a
+	// snapshot whole at SYNCED, so the order of its events does not matter.
+	shared := s.everyNodeSnapshot(snap)
+	if shared.err != nil {
+		return status.Errorf(codes.Internal, "encoding the snapshot of revision %d: %v", snap.revision(), shared.err)
+	}
+	for _, frame := range shared.frames {
+		if err := fw.sendShared(frame); err != nil {
+			return err
+		}
+	}
+	// The events that did not fill a frame start this stream's own, so that every frame
+	// but the last is full.
+	for _, ev := range shared.tail {
+		if err := fw.addEncoded(ev); err != nil {
+			return err
+		}
+	}
 	for rec := range snap.objectsOfKind(nimbusv1.Kind_KIND_UNSPECIFIED) {
-		if !rec.Object.TargetsNode(node) {
+		if len(rec.Object.GetMeta().GetNodes()) == 0 || !rec.Object.TargetsNode(node) {
 			continue
 		}
 		if err := fw.add(rec.putEvent(s.epoch)); err != nil {
@@ -470,6 +489,73 @@ func (s *Server) sendSnapshot(fw *frameWriter, snap *tables, node string, rev ui
 		}
 	}
 	return fw.addControl(&nimbusv1.WatchEvent{Type: nimbusv1.WatchEvent_TYPE_SYNCED, Revision: rev, Epoch: s.epoch})
+}
+
+// sharedSnapshot is the part of the snapshot of one revision that every node receives
+// alike: the PUT events of the objects meant for every node (no meta.nodes), packed into
+// frames once, which every snapshot of that revision sends as they are. When a thousand
+// agents start over at once, the server then walks and copies the store once, not a
+// thousand times. The frames are plain slices: gRPC only reads what a stream sends as
+// preEncoded, so every stream can send the same bytes.
+type sharedSnapshot struct {
+	rev  uint64
+	once sync.Once
+	// frames are the full frames; tail the events left over, too few to fill one.
+	frames, tail [][]byte
+	err          error
+}
+
+// everyNodeSnapshot returns the shared part of the snapshot of snap, made by the first
+// snapshot of its revision. The server keeps the latest revision's only; a snapshot of an
+// older revision, which a newer one raced past, makes its own.
+func (s *Server) everyNodeSnapshot(snap *tables) *sharedSnapshot {
+	rev := snap.revision()
+	cur := s.everyNode.Load()
+	if cur == nil || cur.rev < rev {
+		next := &sharedSnapshot{rev: rev}
+		if s.everyNode.CompareAndSwap(cur, next) {
+			cur = next
+		} else {
+			cur = s.everyNode.Load()
+		}
+	}
+	if cur == nil || cur.rev != rev {
+		cur = &sharedSnapshot{rev: rev}
+	}
+	cur.once.Do(func() { cur.frames, cur.tail, cur.err = s.everyNodeFrames(snap) })
+	return cur
+}
+
+// everyNodeFrames packs the PUT events of the objects of snap meant for every node into
+// full frames of at most maxFrameBytes (an event larger than that alone in its frame), and
+// returns the events left over.
+func (s *Server) everyNodeFrames(snap *tables) (frames, tail [][]byte, err error) {
+	size := 0
+	pack := func() {
+		frame := make([]byte, 0, size)
+		for _, b := range tail {
+			frame = protowire.AppendTag(frame, 1, protowire.BytesType)
+			frame = protowire.AppendBytes(frame, b)
+		}
+		frames = append(frames, frame)
+		tail, size = nil, 0
+	}
+	for rec := range snap.objectsOfKind(nimbusv1.Kind_KIND_UNSPECIFIED) {
+		if len(rec.Object.GetMeta().GetNodes()) != 0 {
+			continue
+		}
+		b, err := rec.putEvent(s.epoch).encoded(&s.encodes)
+		if err != nil {
+			return nil, nil, fmt.Errorf("encoding %s: %w", rec.ID, err)
+		}
+		n := frameFieldSize(len(b))
+		if len(tail) > 0 && size+n > maxFrameBytes {
+			pack()
+		}
+		tail = append(tail, b)
+		size += n
+	}
+	return frames, tail, nil
 }
 
 // sendChanges sends the watcher's events as they come, as many as are queued and fit in
@@ -605,6 +691,18 @@ func (f *frameWriter) addEncoded(b []byte) error {
 	}
 	f.events = append(f.events, b)
 	f.size += n
+	return nil
+}
+
+// sendShared sends a frame shared with other streams, after the frame under way.
+func (f *frameWriter) sendShared(frame []byte) error {
+	if err := f.flush(); err != nil {
+		return err
+	}
+	f.sent++
+	if err := f.stream.SendMsg(preEncoded(frame)); err != nil {
+		return fmt.Errorf("sending a shared frame to node %s: %w", f.node, err)
+	}
 	return nil
 }
 
