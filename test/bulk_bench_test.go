@@ -96,6 +96,7 @@ func bulkRoutes(b *testing.B, n int) {
 		b.Fatalf("the agent programmed %d routes, want %d", got, n)
 	}
 	rss := agentRSS(b, h)
+	settled := settledRSS(b, h, start.Add(chainAdd))
 
 	cpu = startCPU(b, c, h)
 	start = time.Now()
@@ -114,6 +115,7 @@ func bulkRoutes(b *testing.B, n int) {
 	b.ReportMetric(rate(chainDel), "chain-del-routes/s")
 	b.ReportMetric(chainDel.Seconds()/floorDel.Seconds(), "del-x-ipbatch")
 	b.ReportMetric(float64(rss)/float64(n), "agent-rss-B/route")
+	b.ReportMetric(float64(settled)/float64(n), "agent-settled-rss-B/route")
 }
 
 // bulkPrefixes returns n /32 destinations from 100.64.0.0/10.
@@ -237,6 +239,18 @@ func rusageCPU(b testing.TB, who int) time.Duration {
 		b.Fatal(err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// settleTime is how long after the last route is programmed the agent's memory counts as
+// settled: the agent returns a burst's garbage to the OS once it has been idle for a tick
+// (100 ms), so right after the last status its resident set still holds that garbage.
+const settleTime = 3 * time.Second
+
+// settledRSS returns the agent's resident set size settleTime after since.
+func settledRSS(b testing.TB, h *host, since time.Time) int64 {
+	b.Helper()
+	time.Sleep(time.Until(since.Add(settleTime)))
+	return agentRSS(b, h)
 }
 
 // agentRSS returns the resident set size of the host's agent, in bytes.

@@ -134,7 +134,7 @@ func (id routeID) prefix() netip.Prefix { return netip.PrefixFrom(id.dst(), int(
 // length, address. It is held once per route in the index and built for every owner
 // lookup, so it is about half as long as String's form. Keys of one family have one
 // length and the families' keys differ in their first byte, so no key is a prefix of
-// another, as go-memdb's lookups of non-unique indexes need.
+// another.
 func (id routeID) indexKey() string {
 	addr := id.dst()
 	b := make([]byte, 0, 26)
