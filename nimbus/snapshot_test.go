@@ -3,6 +3,7 @@ package nimbus
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"slices"
 	"testing"
 
@@ -61,7 +62,7 @@ func TestSharedSnapshot(t *testing.T) {
 	if len(first.frames) < 2 {
 		t.Errorf("%d full frames for 2000 objects; want several", len(first.frames))
 	}
-	if !equalSets(got, want) {
+	if !maps.Equal(got, want) {
 		t.Errorf("the shared part holds %d objects, want the %d for every node", len(got), len(want))
 	}
 
@@ -87,16 +88,4 @@ func framed(events [][]byte) [][]byte {
 		out[i] = protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), b)
 	}
 	return out
-}
-
-func equalSets(a, b map[string]bool) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k := range a {
-		if !b[k] {
-			return false
-		}
-	}
-	return true
 }
