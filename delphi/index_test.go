@@ -3,10 +3,12 @@ package delphi
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -68,15 +70,7 @@ func lookup(t *testing.T, s *Store, index, value string) []string {
 }
 
 func TestDeclaredIndexes(t *testing.T) {
-	s, err := Open(Options{Indexes: testIndexes})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	d, err := s.ClaimDesired()
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, d, _ := openWith(t, Options{Indexes: testIndexes})
 	commit(t, d, func(txn *DesiredTxn) {
 		txn.Put(endpoint("", "", "ep-1", "blue", []string{"web", "db"}, "host-a"))
 		txn.Put(endpoint("", "", "ep-2", "blue", []string{"web"}, "host-a", "host-b"))
@@ -249,5 +243,36 @@ func TestKeySubscription(t *testing.T) {
 	commit(t, d, func(txn *DesiredTxn) { txn.Put(route("later", 1, "10.0.0.0/8", "10.0.0.1")) })
 	if got := next(t, later); !slices.Equal(got, []string{absent.ID()}) {
 		t.Errorf("Next after creation = %v", got)
+	}
+}
+
+// TestPutOwnedKeepsNoViews stores an object decoded as nimbusclient decodes it, with
+// every string a view of the received bytes, then overwrites those bytes: what delphi
+// stored and indexed is unchanged, so it kept copies and no view of them.
+func TestPutOwnedKeepsNoViews(t *testing.T) {
+	s, d, _ := openWith(t, Options{Indexes: testIndexes})
+	want := endpoint("", "", "ep-1", "blue", []string{"web"}, "host-a")
+	wire, err := want.MarshalVT()
+	if err != nil {
+		t.Fatal(err)
+	}
+	received := &nimbusv1.Object{}
+	if err := received.UnmarshalVTUnsafe(wire); err != nil {
+		t.Fatal(err)
+	}
+	commit(t, d, func(txn *DesiredTxn) { txn.PutOwned(received) })
+	clear(wire)
+	received = nil
+	runtime.GC() // drops any decoded object delphi caches, so reads decode what it stored
+
+	if got, _ := s.Get(want.Key()); !proto.Equal(got, want) {
+		t.Errorf("stored object after its received bytes were overwritten = %v, want %v", got, want)
+	}
+	for _, tt := range []struct{ index, value string }{
+		{"network", "default/default/blue"}, {"group", "default/default/web"}, {"node", "host-a"},
+	} {
+		if got := lookup(t, s, tt.index, tt.value); !slices.Equal(got, []string{"ep-1"}) {
+			t.Errorf("Lookup(%s, %s) after the received bytes were overwritten = %v, want [ep-1]", tt.index, tt.value, got)
+		}
 	}
 }

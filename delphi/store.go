@@ -577,7 +577,8 @@ func (s *Store) newRecord(obj *nimbusv1.Object) (*record, error) {
 	r := &record{id: id, data: data, generation: obj.GetMeta().GetGeneration(), kind: obj.Kind()}
 	for i, ix := range s.indexes {
 		for _, v := range ix.Values(obj) {
-			r.indexed = append(r.indexed, indexedValue{pos: i, val: v})
+			// A copy: obj's strings may be views of a whole received frame.
+			r.indexed = append(r.indexed, indexedValue{pos: i, val: strings.Clone(v)})
 		}
 	}
 	r.indexed = slices.Clip(r.indexed)

@@ -26,7 +26,13 @@ func TestMain(m *testing.M) {
 
 func open(t *testing.T) (*Store, *DesiredWriter, *StatusWriter) {
 	t.Helper()
-	s, err := Open(Options{})
+	return openWith(t, Options{})
+}
+
+// openWith opens a store with opts, closed when the test ends, and claims its writers.
+func openWith(t *testing.T, opts Options) (*Store, *DesiredWriter, *StatusWriter) {
+	t.Helper()
+	s, err := Open(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -115,7 +115,7 @@ func TestAuthWatchOnlyOwnNode(t *testing.T) {
 	a := p.node(t, ts, "host-a")
 
 	puts, _ := recvUntilSynced(t, watch(t, a, "host-a"))
-	if len(puts) != 1 || puts[0].GetKey().GetName() != "for-a" {
+	if len(puts) != 1 || puts[0].ObjectKey().GetName() != "for-a" {
 		t.Errorf("host-a's own watch sent %d objects, want only for-a", len(puts))
 	}
 
@@ -128,7 +128,7 @@ func TestAuthWatchOnlyOwnNode(t *testing.T) {
 
 	// A publisher may watch any node.
 	puts, _ = recvUntilSynced(t, watch(t, ts.client, "host-b"))
-	if len(puts) != 1 || puts[0].GetKey().GetName() != "for-b" {
+	if len(puts) != 1 || puts[0].ObjectKey().GetName() != "for-b" {
 		t.Errorf("publisher watching host-b got %d objects, want only for-b", len(puts))
 	}
 }

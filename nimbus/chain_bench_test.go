@@ -110,13 +110,16 @@ func runChain(b *testing.B, objs []*nimbusv1.Object) (add, del time.Duration, re
 			}
 			var batch []*nimbusv1.StatusReport
 			for _, ev := range frame.GetEvents() {
+				if e := ev.GetEpoch(); e != "" {
+					epoch = e
+				}
 				if ev.GetRevision() != 0 {
-					epoch, rev = ev.GetEpoch(), ev.GetRevision()
+					rev = ev.GetRevision()
 				}
 				if ev.GetType() != nimbusv1.WatchEvent_TYPE_PUT {
 					continue
 				}
-				batch = append(batch, &nimbusv1.StatusReport{Key: ev.GetKey(), Status: &nimbusv1.NodeStatus{
+				batch = append(batch, &nimbusv1.StatusReport{Key: ev.ObjectKey(), Status: &nimbusv1.NodeStatus{
 					Node: "bench-node", Phase: nimbusv1.Phase_PHASE_PROGRAMMED,
 					ObservedGeneration: ev.GetObject().GetMeta().GetGeneration(),
 				}})

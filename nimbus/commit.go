@@ -171,7 +171,7 @@ func (s *Server) commitGroup(group []*batch) {
 	changes, err := s.commitLocked(group, now)
 	if err == nil {
 		for _, c := range changes {
-			s.publishLocked(newChange(s.epoch, c.rev, c.key, c.before, c.after, c.put))
+			s.publishLocked(newChange(c.rev, c.key, c.before, c.after, c.put))
 			switch {
 			case c.before == nil:
 				s.metrics.objects.Inc()
@@ -214,7 +214,7 @@ func (s *Server) commitLocked(group []*batch, now *timestamppb.Timestamp) ([]sta
 				out outcome
 			)
 			if w.obj != nil {
-				c, out = stageApply(txn, w, rev+1, now, s.epoch)
+				c, out = stageApply(txn, w, rev+1, now)
 			} else {
 				c, out = stageDelete(txn, w, rev+1)
 			}
@@ -267,7 +267,7 @@ func finalStates(changes []stagedChange) (puts []*nimbusv1.Object, dels []string
 // is what is stored already. It assigns uid, generation, revision and times as the package
 // documentation says, and drops the statuses of nodes a retarget leaves. The change is nil
 // when nothing changed; the outcome's rev is set only when something did.
-func stageApply(txn *writeTxn, w write, rev uint64, now *timestamppb.Timestamp, epoch string) (*stagedChange, outcome) {
+func stageApply(txn *writeTxn, w write, rev uint64, now *timestamppb.Timestamp) (*stagedChange, outcome) {
 	obj := w.obj
 	var old *nimbusv1.Object
 	if rec := txn.object(w.id); rec != nil {
@@ -296,7 +296,7 @@ func stageApply(txn *writeTxn, w write, rev uint64, now *timestamppb.Timestamp, 
 	// The record shares the change's PUT event, so that snapshots and status streams send
 	// the very bytes the change is sent as, encoded once.
 	rec := &objectRecord{ID: w.id, Object: obj}
-	put := newPutEvent(epoch, obj)
+	put := newPutEvent(obj)
 	rec.put.Store(put)
 	txn.putObject(rec)
 	if retargeted {

@@ -73,10 +73,10 @@ func TestGroupCommit(t *testing.T) {
 	seen := map[string]bool{}
 	for rev := uint64(1); rev < n; rev++ {
 		ev := recv(t, w)
-		if ev.GetRevision() != rev || seen[ev.GetKey().GetName()] {
-			t.Fatalf("event %d = %s at revision %d, want a new object at %d", rev, ev.GetKey().ID(), ev.GetRevision(), rev)
+		if ev.GetRevision() != rev || seen[ev.ObjectKey().GetName()] {
+			t.Fatalf("event %d = %s at revision %d, want a new object at %d", rev, ev.ObjectKey().ID(), ev.GetRevision(), rev)
 		}
-		seen[ev.GetKey().GetName()] = true
+		seen[ev.ObjectKey().GetName()] = true
 	}
 	commits := txID(t, ts) - before
 	t.Logf("%d concurrent Applies took %d bbolt transactions", n-1, commits)

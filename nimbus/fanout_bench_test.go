@@ -20,8 +20,8 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/naplesnet/naples/internal/codec"
 	"github.com/naplesnet/naples/nimbus"
+	"github.com/naplesnet/naples/nimbusclient"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -238,7 +238,7 @@ func runFanout(b *testing.B, clients int, target fanoutTarget) fanoutResult {
 		// The clients decode with the codec nimbusclient's watch uses, nimbus's and the
 		// floor's alike.
 		c, err := grpc.NewClient(target.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-			codec.Codec{SkipUTF8Check: true}.DialOption())
+			nimbusclient.CodecOption())
 		if err != nil {
 			b.Fatal(err)
 		}

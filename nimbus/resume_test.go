@@ -294,7 +294,7 @@ func TestWatchResumesInsideBatch(t *testing.T) {
 			wantResumed(t, ts, again, tc.rev)
 			for _, ev := range got {
 				if ev.GetRevision() > tc.rev {
-					wantEvent(t, ts, recv(t, again), ev.GetType(), ev.GetKey(), ev.GetRevision())
+					wantEvent(t, ts, recv(t, again), ev.GetType(), ev.ObjectKey(), ev.GetRevision())
 				}
 			}
 			wantLiveNext(t, ts, again, fmt.Sprintf("live-%d", i))

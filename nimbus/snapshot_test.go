@@ -56,7 +56,7 @@ func TestSharedSnapshot(t *testing.T) {
 			t.Fatalf("frame %d: %v", i, err)
 		}
 		for _, ev := range f.GetEvents() {
-			got[ev.GetKey().ID()] = true
+			got[ev.ObjectKey().ID()] = true
 		}
 	}
 	if len(first.frames) < 2 {

@@ -85,15 +85,10 @@ func (h *statusHub) nodeChanged(node string) {
 // published marks what a committed change may have changed: its object, and for a Node
 // object created or deleted, the node.
 func (h *statusHub) published(c *change) {
-	var key *nimbusv1.ObjectKey
-	switch {
-	case c.put != nil:
-		key = c.put.msg.GetKey()
-	case c.del != nil:
-		key = c.del.msg.GetKey()
-	default:
+	if c.put == nil && c.del == nil {
 		return
 	}
+	key := c.key
 	h.objectChanged(key)
 	if key.GetKind() == nimbusv1.Kind_KIND_NODE && (c.after == nil || c.del == nil) {
 		h.nodeChanged(key.GetName())
@@ -336,18 +331,22 @@ func (ss *statusStream) selected(v *view) iter.Seq[*objectRecord] {
 }
 
 // put queues a PUT of the record's object with its status in v, unless the client has it
-// just so. The object and its key go out as the bytes of the record's shared watch event,
-// encoded once per revision for watchers and status streams alike; only the status is
-// encoded here.
+// just so. The object goes out as the bytes of the record's shared watch event, encoded
+// once per revision for watchers and status streams alike; only the key and the status
+// are encoded here.
 func (ss *statusStream) put(v *view, rec *objectRecord) error {
 	st := v.status(rec.Object)
-	wire, err := rec.putEvent(ss.srv.epoch).encoded(&ss.srv.encodes)
+	wire, err := rec.putEvent().encoded(&ss.srv.encodes)
 	if err != nil {
 		return status.Errorf(codes.Internal, "encoding %s: %v", rec.ID, err)
 	}
-	object, key, err := objectAndKey(wire)
+	object, err := eventObject(wire)
 	if err != nil {
 		return status.Errorf(codes.Internal, "reading the event of %s: %v", rec.ID, err)
+	}
+	key, err := rec.Object.Key().MarshalVT()
+	if err != nil {
+		return status.Errorf(codes.Internal, "encoding the key of %s: %v", rec.ID, err)
 	}
 	stWire, err := proto.MarshalOptions{Deterministic: true}.Marshal(st)
 	if err != nil {
@@ -376,35 +375,26 @@ func (ss *statusStream) put(v *view, rec *objectRecord) error {
 	return ss.addEncoded(b)
 }
 
-// objectAndKey returns the encoded object and key of an encoded WatchEvent: its fields 2
-// and 3.
-func objectAndKey(event []byte) (object, key []byte, err error) {
+// eventObject returns the encoded object of an encoded WatchEvent: its field 2.
+func eventObject(event []byte) ([]byte, error) {
+	var object []byte
 	for len(event) > 0 {
 		num, typ, n := protowire.ConsumeTag(event)
 		if n < 0 {
-			return nil, nil, protowire.ParseError(n)
+			return nil, protowire.ParseError(n)
 		}
 		event = event[n:]
-		if typ == protowire.BytesType && (num == 2 || num == 3) {
-			v, m := protowire.ConsumeBytes(event)
-			if m < 0 {
-				return nil, nil, protowire.ParseError(m)
-			}
-			if num == 2 {
-				object = v
-			} else {
-				key = v
-			}
-			event = event[m:]
-			continue
-		}
 		m := protowire.ConsumeFieldValue(num, typ, event)
 		if m < 0 {
-			return nil, nil, protowire.ParseError(m)
+			return nil, protowire.ParseError(m)
+		}
+		if num == 2 && typ == protowire.BytesType {
+			v, _ := protowire.ConsumeBytes(event)
+			object = v
 		}
 		event = event[m:]
 	}
-	return object, key, nil
+	return object, nil
 }
 
 // add queues an event.

@@ -28,11 +28,11 @@ type objectRecord struct {
 
 // putEvent returns the PUT event of the record's object, making it when no change and no
 // snapshot has yet.
-func (r *objectRecord) putEvent(epoch string) *sharedEvent {
+func (r *objectRecord) putEvent() *sharedEvent {
 	if ev := r.put.Load(); ev != nil {
 		return ev
 	}
-	ev := newPutEvent(epoch, r.Object)
+	ev := newPutEvent(r.Object)
 	if r.put.CompareAndSwap(nil, ev) {
 		return ev
 	}

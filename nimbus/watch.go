@@ -23,6 +23,8 @@ import (
 // over.
 type change struct {
 	rev uint64
+	// key is the changed object's key.
+	key *nimbusv1.ObjectKey
 	// after is the stored object after the change; nil for a deletion.
 	after *nimbusv1.Object
 	// beforeNodes are the target nodes of the object before the change. Only they are
@@ -37,12 +39,12 @@ type change struct {
 
 // newChange returns the change of revision rev from before to after. put is the PUT event
 // of after, which its stored record shares; nil for a deletion.
-func newChange(epoch string, rev uint64, key *nimbusv1.ObjectKey, before, after *nimbusv1.Object, put *sharedEvent) *change {
-	c := &change{rev: rev, after: after, put: put}
+func newChange(rev uint64, key *nimbusv1.ObjectKey, before, after *nimbusv1.Object, put *sharedEvent) *change {
+	c := &change{rev: rev, key: key, after: after, put: put}
 	if before != nil {
 		c.beforeNodes = before.GetMeta().GetNodes()
 		c.del = newSharedEvent(&nimbusv1.WatchEvent{
-			Type: nimbusv1.WatchEvent_TYPE_DELETE, Key: key, Revision: rev, Epoch: epoch,
+			Type: nimbusv1.WatchEvent_TYPE_DELETE, Key: key, Revision: rev,
 		})
 	}
 	return c
@@ -76,10 +78,11 @@ func newSharedEvent(msg *nimbusv1.WatchEvent) *sharedEvent {
 
 // newPutEvent returns the PUT event of a stored object. It carries the object's revision,
 // so the change that stored the object and every snapshot that sends it later can share it.
-func newPutEvent(epoch string, obj *nimbusv1.Object) *sharedEvent {
+// Like every change's event it leaves out what the client knows already: the key, which
+// the object holds, and the epoch, which the stream's start gave.
+func newPutEvent(obj *nimbusv1.Object) *sharedEvent {
 	return newSharedEvent(&nimbusv1.WatchEvent{
-		Type: nimbusv1.WatchEvent_TYPE_PUT, Object: obj, Key: obj.Key(),
-		Revision: obj.GetMeta().GetRevision(), Epoch: epoch,
+		Type: nimbusv1.WatchEvent_TYPE_PUT, Object: obj, Revision: obj.GetMeta().GetRevision(),
 	})
 }
 
@@ -484,7 +487,7 @@ func (s *Server) sendSnapshot(fw *frameWriter, snap *tables, node string, rev ui
 		if len(rec.Object.GetMeta().GetNodes()) == 0 || !rec.Object.TargetsNode(node) {
 			continue
 		}
-		if err := fw.add(rec.putEvent(s.epoch)); err != nil {
+		if err := fw.add(rec.putEvent()); err != nil {
 			return err
 		}
 	}
@@ -544,7 +547,7 @@ func (s *Server) everyNodeFrames(snap *tables) (frames, tail [][]byte, err error
 		if len(rec.Object.GetMeta().GetNodes()) != 0 {
 			continue
 		}
-		b, err := rec.putEvent(s.epoch).encoded(&s.encodes)
+		b, err := rec.putEvent().encoded(&s.encodes)
 		if err != nil {
 			return nil, nil, fmt.Errorf("encoding %s: %w", rec.ID, err)
 		}

@@ -83,17 +83,32 @@ func recvUntilSynced(t *testing.T, w watchStream) ([]*nimbusv1.WatchEvent, *nimb
 	}
 }
 
-// wantEvent fails the test unless ev is of the type, for the key, at the revision and of
-// the server's epoch.
+// wantEvent fails the test unless ev is of the type, for the key, at the revision, and
+// carries the server's epoch if it marks a position (SYNCED, RESUMED, BOOKMARK) and no
+// epoch if it is a change; a PUT carries its object and no key besides.
 func wantEvent(t *testing.T, ts *testServer, ev *nimbusv1.WatchEvent, typ nimbusv1.WatchEvent_Type, key *nimbusv1.ObjectKey, rev uint64) {
 	t.Helper()
-	if ev.GetType() != typ || ev.GetKey().ID() != key.ID() || ev.GetRevision() != rev || ev.GetEpoch() != ts.srv.Epoch() {
-		t.Fatalf("event = %v %s rev %d epoch %q; want %v %s rev %d epoch %q",
-			ev.GetType(), ev.GetKey().ID(), ev.GetRevision(), ev.GetEpoch(),
-			typ, key.ID(), rev, ts.srv.Epoch())
+	if ev.GetType() != typ || ev.ObjectKey().ID() != key.ID() || ev.GetRevision() != rev {
+		t.Fatalf("event = %v %s rev %d; want %v %s rev %d",
+			ev.GetType(), ev.ObjectKey().ID(), ev.GetRevision(), typ, key.ID(), rev)
 	}
-	if typ == nimbusv1.WatchEvent_TYPE_PUT && ev.GetObject().GetMeta().GetRevision() != rev {
-		t.Fatalf("PUT object revision = %d, want %d", ev.GetObject().GetMeta().GetRevision(), rev)
+	switch typ {
+	case nimbusv1.WatchEvent_TYPE_PUT, nimbusv1.WatchEvent_TYPE_DELETE:
+		if ev.GetEpoch() != "" {
+			t.Fatalf("%v event carries epoch %q; changes leave it out", typ, ev.GetEpoch())
+		}
+	default:
+		if ev.GetEpoch() != ts.srv.Epoch() {
+			t.Fatalf("%v event epoch = %q, want %q", typ, ev.GetEpoch(), ts.srv.Epoch())
+		}
+	}
+	if typ == nimbusv1.WatchEvent_TYPE_PUT {
+		if ev.GetKey() != nil {
+			t.Fatalf("PUT carries a key besides its object: %v", ev.GetKey())
+		}
+		if ev.GetObject().GetMeta().GetRevision() != rev {
+			t.Fatalf("PUT object revision = %d, want %d", ev.GetObject().GetMeta().GetRevision(), rev)
+		}
 	}
 	if typ == nimbusv1.WatchEvent_TYPE_DELETE && ev.GetObject() != nil {
 		t.Fatalf("DELETE carries an object: %v", ev.GetObject())
@@ -117,13 +132,13 @@ func TestWatchSnapshotThenChanges(t *testing.T) {
 	puts, synced := recvUntilSynced(t, w)
 	var got []string
 	for _, ev := range puts {
-		id := ev.GetKey().ID()
+		id := ev.ObjectKey().ID()
 		got = append(got, id)
 		if !proto.Equal(ev.GetObject(), stored[id]) {
 			t.Errorf("snapshot object %s = %v, want %v", id, ev.GetObject(), stored[id])
 		}
-		if ev.GetRevision() != stored[id].GetMeta().GetRevision() || ev.GetEpoch() != ts.srv.Epoch() {
-			t.Errorf("snapshot event %s at revision %d epoch %q, want %d %q", id, ev.GetRevision(), ev.GetEpoch(), stored[id].GetMeta().GetRevision(), ts.srv.Epoch())
+		if ev.GetRevision() != stored[id].GetMeta().GetRevision() || ev.GetEpoch() != "" || ev.GetKey() != nil {
+			t.Errorf("snapshot event %s at revision %d epoch %q key %v, want %d, no epoch and no key besides the object's", id, ev.GetRevision(), ev.GetEpoch(), ev.GetKey(), stored[id].GetMeta().GetRevision())
 		}
 	}
 	// A snapshot's events come in no particular order: the client applies it whole.
@@ -344,7 +359,7 @@ func TestWatchFrames(t *testing.T) {
 			oversized = f
 		}
 	}
-	if len(oversized.GetEvents()) != 1 || oversized.GetEvents()[0].GetKey().GetName() != "r0500" {
+	if len(oversized.GetEvents()) != 1 || oversized.GetEvents()[0].ObjectKey().GetName() != "r0500" {
 		t.Errorf("the oversized object did not travel alone in a frame of its own: %d events", len(oversized.GetEvents()))
 	}
 
@@ -441,7 +456,7 @@ func TestWatchEncodesEachObjectOnce(t *testing.T) {
 	puts, _ := recvUntilSynced(t, watch(t, ts.client, "late"))
 	var late *nimbusv1.WatchEvent
 	for _, ev := range puts {
-		if ev.GetKey().GetName() == "r0007" {
+		if ev.ObjectKey().GetName() == "r0007" {
 			late = ev
 		}
 	}

@@ -13,8 +13,8 @@
 // ratios nimbus/xDS for the snapshot time and CPU time, the update p99 and the heap.
 //
 // nimbus holds Route objects (table 100, a /24 prefix, one next hop) and its clients call
-// Watch until SYNCED, decoding with the agent's codec (internal/codec, vtprotobuf's
-// generated code). go-control-plane holds, in a LinearCache (its cache for one type
+// Watch until SYNCED, decoding with the agent's codec (nimbusclient.CodecOption:
+// internal/codec with vtprotobuf's generated code, strings as views of each frame's bytes). go-control-plane holds, in a LinearCache (its cache for one type
 // whose resources change one at a time), one envoy.config.route.v3.RouteConfiguration per
 // route, carrying the same name, table, prefix and gateway; its clients open
 // DeltaAggregatedResources, subscribe to every route configuration, unmarshal every

@@ -29,8 +29,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
-	"github.com/naplesnet/naples/internal/codec"
 	"github.com/naplesnet/naples/nimbus"
+	"github.com/naplesnet/naples/nimbusclient"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -216,7 +216,7 @@ func nimbusTarget(b *testing.B) fanoutTarget {
 	return fanoutTarget{
 		addr: lis.Addr().String(),
 		// The clients decode as an agent's nimbusclient does, with its codec.
-		dialOpts: []grpc.DialOption{codec.Codec{SkipUTF8Check: true}.DialOption()},
+		dialOpts: []grpc.DialOption{nimbusclient.CodecOption()},
 		watch: func(ctx context.Context, conn *grpc.ClientConn) (func(synced, updated func()), error) {
 			stream, err := nimbusv1.NewNimbusClient(conn).Watch(ctx, &nimbusv1.WatchRequest{Node: benchNode})
 			if err != nil {
@@ -259,8 +259,7 @@ func nimbusTarget(b *testing.B) fanoutTarget {
 			}
 		},
 		objectBytes: proto.Size(&nimbusv1.WatchEvent{
-			Type: nimbusv1.WatchEvent_TYPE_PUT, Object: stored,
-			Revision: stored.GetMeta().GetRevision(), Epoch: srv.Epoch(),
+			Type: nimbusv1.WatchEvent_TYPE_PUT, Object: stored, Revision: stored.GetMeta().GetRevision(),
 		}),
 	}
 }

@@ -39,6 +39,9 @@ func BenchmarkDecodeWatchFrame(b *testing.B) {
 		{"codec-SkipUTF8Check", func(m *nimbusv1.WatchFrame) error {
 			return Codec{SkipUTF8Check: true}.Unmarshal(mem.BufferSlice{mem.SliceBuffer(wire)}, m)
 		}},
+		{"codec-SkipUTF8Check-ShareData", func(m *nimbusv1.WatchFrame) error {
+			return Codec{SkipUTF8Check: true, ShareData: true}.Unmarshal(mem.BufferSlice{mem.SliceBuffer(wire)}, m)
+		}},
 		{"checkUTF8", func(m *nimbusv1.WatchFrame) error { return checkUTF8(wire, m.ProtoReflect().Descriptor()) }},
 	} {
 		b.Run(bc.name, func(b *testing.B) {

@@ -34,6 +34,15 @@ type Codec struct {
 	// what it checked when it took it in, and which checks what it receives. Default:
 	// false, which checks.
 	SkipUTF8Check bool
+	// ShareData makes Unmarshal decode strings and bytes fields as views of one copy of
+	// the message's bytes, made for that message, instead of a copy each: one allocation
+	// per message instead of one per string, with the generated UnmarshalVTUnsafe. What
+	// Unmarshal decodes then holds on to the whole message's bytes for as long as any of
+	// its strings or bytes lives, so use it only where decoded messages are short-lived
+	// or their strings are copied before they are kept, as nimbusclient's watch does
+	// (delphi keeps objects encoded afresh). The views are never written to. Default:
+	// false, which copies every string.
+	ShareData bool
 	// pool takes the buffers of large encodings and of decoded messages that arrive in
 	// pieces. Default (nil): mem.DefaultBufferPool(), as gRPC's proto codec uses.
 	pool mem.BufferPool
@@ -130,18 +139,35 @@ func (c Codec) marshalProto(v any) (mem.BufferSlice, error) {
 	return mem.BufferSlice{mem.NewBuffer(b, pool)}, nil
 }
 
+// unsafeMessage is a message with the methods protoc-gen-go-vtproto generates with the
+// unmarshal_unsafe feature.
+type unsafeMessage interface {
+	proto.Message
+	UnmarshalVTUnsafe(b []byte) error
+}
+
 // Unmarshal decodes data into v, a protobuf message, which it resets first, as
 // proto.Unmarshal does. It leaves data to the caller, and v holds no reference to it:
-// the generated UnmarshalVT copies every string and bytes field. Like proto.Unmarshal,
-// it refuses a proto3 string that is not valid UTF-8, unless c.SkipUTF8Check is set.
+// the generated UnmarshalVT copies every string and bytes field, and with c.ShareData
+// they share a copy of data made for v. Like proto.Unmarshal, it refuses a proto3
+// string that is not valid UTF-8, unless c.SkipUTF8Check is set.
 func (c Codec) Unmarshal(data mem.BufferSlice, v any) error {
+	if m, ok := v.(unsafeMessage); ok && c.ShareData {
+		// A new slice, which only m's fields will refer to.
+		return c.decode(data.Materialize(), m, m.UnmarshalVTUnsafe)
+	}
 	m, ok := v.(vtMessage)
 	if !ok {
 		return c.unmarshalProto(data, v)
 	}
 	buf := data.MaterializeToBuffer(c.bufferPool())
 	defer buf.Free()
-	b := buf.ReadOnlyData()
+	return c.decode(buf.ReadOnlyData(), m, m.UnmarshalVT)
+}
+
+// decode checks the strings of b unless c.SkipUTF8Check is set, resets m and decodes b
+// into it with unmarshal, one of m's generated decoders.
+func (c Codec) decode(b []byte, m proto.Message, unmarshal func([]byte) error) error {
 	md := m.ProtoReflect().Descriptor()
 	if !c.SkipUTF8Check {
 		if err := checkUTF8(b, md); err != nil {
@@ -149,7 +175,7 @@ func (c Codec) Unmarshal(data mem.BufferSlice, v any) error {
 		}
 	}
 	proto.Reset(m)
-	if err := m.UnmarshalVT(b); err != nil {
+	if err := unmarshal(b); err != nil {
 		return fmt.Errorf("decoding %s: %w", md.FullName(), err)
 	}
 	return nil

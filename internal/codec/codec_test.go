@@ -303,43 +303,55 @@ func putEvent(i int) *nimbusv1.WatchEvent {
 }
 
 // TestUnmarshalBuffers checks that Unmarshal handles data in one buffer or in pieces,
-// frees the buffer it gathers pieces into, leaves data to its caller, and keeps nothing
-// of either: the message stays intact once the buffers are back in their pool and
-// overwritten.
+// frees the buffer it gathers pieces into (with ShareData, takes none from the pool),
+// leaves data to its caller, and keeps nothing of either: the message stays intact once
+// the buffers are back in their pool and overwritten.
 func TestUnmarshalBuffers(t *testing.T) {
 	want := bigFrame(32 << 10)
 	wire, err := proto.Marshal(want)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, piece := range []int{len(wire), 8 << 10, 1000} {
-		t.Run(fmt.Sprintf("pieces-of-%d", piece), func(t *testing.T) {
-			dataPool, codecPool := &countingPool{}, &countingPool{}
-			data := split(wire, piece, dataPool)
-			got := &nimbusv1.WatchFrame{}
-			if err := (Codec{pool: codecPool}).Unmarshal(data, got); err != nil {
-				t.Fatalf("Unmarshal: %v", err)
-			}
-			if g, p := codecPool.counts(); g != p {
-				t.Errorf("codec pool: %d buffers taken, %d given back", g, p)
-			}
-			if g, p := codecPool.counts(); len(data) > 1 && g != 1 {
-				t.Errorf("codec pool: %d buffers taken (%d given back) to gather %d pieces, want 1", g, p, len(data))
-			}
-			if _, p := dataPool.counts(); p != 0 {
-				t.Errorf("Unmarshal gave back %d of the caller's buffers", p)
-			}
-			if !bytes.Equal(data.Materialize(), wire) {
-				t.Errorf("Unmarshal changed the caller's buffers")
-			}
-			data.Free() // As gRPC does once Unmarshal returns; the pool overwrites them.
-			if g, p := dataPool.counts(); piece >= 1<<10 && g != p {
-				t.Errorf("data pool: %d buffers taken, %d given back after Free", g, p)
-			}
-			if !proto.Equal(got, want) {
-				t.Errorf("decoded frame changed once its buffers were reused: aliasing")
-			}
-		})
+	for _, share := range []bool{false, true} {
+		for _, piece := range []int{len(wire), 8 << 10, 1000} {
+			t.Run(fmt.Sprintf("ShareData=%v/pieces-of-%d", share, piece), func(t *testing.T) {
+				testUnmarshalBuffers(t, Codec{ShareData: share}, wire, want, piece)
+			})
+		}
+	}
+}
+
+func testUnmarshalBuffers(t *testing.T, c Codec, wire []byte, want proto.Message, piece int) {
+	t.Helper()
+	dataPool, codecPool := &countingPool{}, &countingPool{}
+	c.pool = codecPool
+	data := split(wire, piece, dataPool)
+	got := &nimbusv1.WatchFrame{}
+	if err := c.Unmarshal(data, got); err != nil {
+		t.Fatalf("Unmarshal: %v", err)
+	}
+	if g, p := codecPool.counts(); g != p {
+		t.Errorf("codec pool: %d buffers taken, %d given back", g, p)
+	}
+	wantTaken := 0
+	if len(data) > 1 && !c.ShareData {
+		wantTaken = 1
+	}
+	if g, p := codecPool.counts(); g != wantTaken {
+		t.Errorf("codec pool: %d buffers taken (%d given back) for %d pieces, want %d", g, p, len(data), wantTaken)
+	}
+	if _, p := dataPool.counts(); p != 0 {
+		t.Errorf("Unmarshal gave back %d of the caller's buffers", p)
+	}
+	if !bytes.Equal(data.Materialize(), wire) {
+		t.Errorf("Unmarshal changed the caller's buffers")
+	}
+	data.Free() // As gRPC does once Unmarshal returns; the pool overwrites them.
+	if g, p := dataPool.counts(); piece >= 1<<10 && g != p {
+		t.Errorf("data pool: %d buffers taken, %d given back after Free", g, p)
+	}
+	if !proto.Equal(got, want) {
+		t.Errorf("decoded frame changed once its buffers were reused: aliasing")
 	}
 }
 

@@ -18,6 +18,18 @@ func (o *Object) Key() *ObjectKey {
 	return NewKey(o.Kind(), m.GetTenant(), m.GetNamespace(), m.GetName())
 }
 
+// ObjectKey returns the key of the object the event is about: the key of a DELETE, the
+// object's key for a PUT (which leaves the event's key out), nil for other events.
+func (e *WatchEvent) ObjectKey() *ObjectKey {
+	if k := e.GetKey(); k != nil {
+		return k
+	}
+	if o := e.GetObject(); o != nil {
+		return o.Key()
+	}
+	return nil
+}
+
 // NewKey returns a key with empty tenant and namespace set to their defaults.
 func NewKey(kind Kind, tenant, namespace, name string) *ObjectKey {
 	if tenant == "" {

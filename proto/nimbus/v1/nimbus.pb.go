@@ -2251,13 +2251,18 @@ func (x *WatchRequest) GetRevision() uint64 {
 }
 
 type WatchEvent struct {
-	state  protoimpl.MessageState `protogen:"open.v1"`
-	Type   WatchEvent_Type        `protobuf:"varint,1,opt,name=type,proto3,enum=nimbus.v1.WatchEvent_Type" json:"type,omitempty"`
-	Object *Object                `protobuf:"bytes,2,opt,name=object,proto3" json:"object,omitempty"`
-	Key    *ObjectKey             `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Type  WatchEvent_Type        `protobuf:"varint,1,opt,name=type,proto3,enum=nimbus.v1.WatchEvent_Type" json:"type,omitempty"`
+	// object is set on TYPE_PUT; its key (Object.Key) is the event's key.
+	Object *Object `protobuf:"bytes,2,opt,name=object,proto3" json:"object,omitempty"`
+	// key is set on TYPE_DELETE. TYPE_PUT leaves it out: the object carries it.
+	Key *ObjectKey `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
 	// revision is the store revision of this event.
 	Revision uint64 `protobuf:"varint,4,opt,name=revision,proto3" json:"revision,omitempty"`
-	// epoch identifies the nimbus store instance.
+	// epoch identifies the nimbus store instance. It is set on the events that start or
+	// mark a position in a stream (TYPE_SYNCED, TYPE_RESUMED, TYPE_BOOKMARK) and left out
+	// of TYPE_PUT and TYPE_DELETE: one stream is served by one store instance, so every
+	// event of a stream has the epoch its TYPE_RESUMED or TYPE_SYNCED gave.
 	Epoch string `protobuf:"bytes,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	// snapshot is never set: a snapshot's PUT events are the very events its objects' changes
 	// were sent as, shared by every watcher. A watch that does not start with TYPE_RESUMED
