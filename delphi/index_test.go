@@ -120,6 +120,14 @@ func TestDeclaredIndexes(t *testing.T) {
 		if firstID, err := s.LookupFirstID(tt.index, tt.value); err != nil || firstID != id {
 			t.Errorf("LookupFirstID(%s, %s) = %q, %v; want %q as LookupFirst", tt.index, tt.value, firstID, err, id)
 		}
+		objs, _ := s.Lookup(tt.index, tt.value)
+		var wantIDs []string
+		for _, o := range objs {
+			wantIDs = append(wantIDs, o.Key().ID())
+		}
+		if ids, err := s.LookupIDs(tt.index, tt.value); err != nil || !slices.Equal(ids, wantIDs) {
+			t.Errorf("LookupIDs(%s, %s) = %q, %v; want %q, the keys of Lookup", tt.index, tt.value, ids, err, wantIDs)
+		}
 	}
 
 	// Changing and deleting objects moves and drops their index entries.
@@ -156,6 +164,9 @@ func TestDeclaredIndexes(t *testing.T) {
 		}
 		if _, err := s.LookupFirstID(index, "x"); !errors.Is(err, ErrUnknownIndex) {
 			t.Errorf("LookupFirstID(%s) error = %v, want ErrUnknownIndex", index, err)
+		}
+		if _, err := s.LookupIDs(index, "x"); !errors.Is(err, ErrUnknownIndex) {
+			t.Errorf("LookupIDs(%s) error = %v, want ErrUnknownIndex", index, err)
 		}
 	}
 }

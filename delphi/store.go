@@ -435,6 +435,24 @@ func (s *Store) Lookup(index, value string) ([]*nimbusv1.Object, error) {
 	return out, nil
 }
 
+// LookupIDs returns the key IDs of the desired objects that the declared index lists
+// under value, ordered, as Lookup does but without decoding the objects.
+func (s *Store) LookupIDs(index, value string) ([]string, error) {
+	pos, err := s.indexPos(index, value)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	s.desired.Load().indexes[pos].Ascend(indexEntry{val: value}, func(e indexEntry) bool {
+		if e.val != value {
+			return false
+		}
+		out = append(out, e.rec.id)
+		return true
+	})
+	return out, nil
+}
+
 // LookupFirst returns the first by key of the desired objects that the declared index
 // lists under value, with its key ID; obj is nil when there is none. It costs one index
 // lookup, without the listing of Lookup. An index that was not declared in

@@ -20,6 +20,15 @@
 // the write's echo arrives, so a lagging event does not take the mirror back to the state
 // the write replaced.
 //
+// An object can wait for another: an endpoint for its network, say. Its reconcile then
+// returns a pending error (Pendingf), which leaves it PENDING with a reason naming what it
+// waits for, and it is not retried with backoff. Instead, a reconciler that is Dependent
+// names the kinds its objects depend on and, for a key of those kinds, the keys that depend
+// on it; the HAL enqueues those whenever such an object changes in the store and whenever
+// one is PROGRAMMED after it was not, so the waiting object is reconciled the moment what
+// it waits for is there. Observers enqueue what waits for kernel objects (a host
+// interface that appears), and every resync reconciles everything once more.
+//
 // Sweepers remove kernel state that no desired object owns. They run only once the store
 // says its desired table is complete (restored from disk, or synced with nimbus), so a
 // fresh agent never removes what a previous one programmed before it knows what is meant

@@ -21,6 +21,9 @@ const (
 	ReasonConflict = "Conflict"
 	// ReasonKernelError: the kernel refused the change.
 	ReasonKernelError = "KernelError"
+	// ReasonInvalid: the object is valid on its own but not with what it refers to (an
+	// endpoint address outside its network's subnets, say).
+	ReasonInvalid = "InvalidSpec"
 )
 
 // Error is a reconcile error that carries the reason the failed object's status reports.
@@ -29,11 +32,29 @@ type Error struct {
 	Reason string
 	// Err says what went wrong; its text is the status message.
 	Err error
+	// Pending tells that the object waits for something it depends on (another object,
+	// a host interface): its status is PENDING, not FAILED, and it is not retried with
+	// backoff, since what it waits for enqueues it when it comes (see Dependent and
+	// Observer), and every resync reconciles it again.
+	Pending bool
 }
 
 // Errorf returns an *Error with the reason and a message formatted as fmt.Errorf does.
 func Errorf(reason, format string, args ...any) error {
 	return &Error{Reason: reason, Err: fmt.Errorf(format, args...)}
+}
+
+// Pendingf returns a pending *Error (see Error.Pending) with the reason, such as
+// "WaitingForNetwork", and a message formatted as fmt.Errorf does that names what the
+// object waits for.
+func Pendingf(reason, format string, args ...any) error {
+	return &Error{Reason: reason, Err: fmt.Errorf(format, args...), Pending: true}
+}
+
+// IsPending reports whether err's chain holds a pending *Error.
+func IsPending(err error) bool {
+	e, ok := errors.AsType[*Error](err)
+	return ok && e.Pending
 }
 
 func (e *Error) Error() string { return e.Err.Error() }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -51,6 +52,20 @@ type Observer interface {
 	// the HAL starts it again after a backoff and, once it is subscribed again, reconciles
 	// every object of its kind.
 	Observe(ctx context.Context, enqueue func(keyID string), subscribed func()) error
+}
+
+// Dependent is implemented by reconcilers whose objects depend on objects of other kinds
+// (an endpoint on its network and nodes, say). Whenever a desired object of a kind they
+// depend on changes in the store, and whenever one is PROGRAMMED after it was not, the
+// HAL enqueues the keys they name, so that an object waiting for another one is
+// reconciled the moment that one comes, changes, is programmed or goes.
+type Dependent interface {
+	// DependsOn returns the kinds the reconciler's objects depend on.
+	DependsOn() []nimbusv1.Kind
+	// DependentsOf returns the key IDs of the reconciler's objects that depend on the
+	// object with the key ID, of one of the DependsOn kinds; that object may be gone.
+	// Typically it looks them up in the store's indexes.
+	DependentsOf(keyID string) []string
 }
 
 // KernelWriteCounter is implemented by reconcilers that count the kernel objects they
@@ -144,11 +159,17 @@ type Options struct {
 type HAL struct {
 	store       Store
 	reconcilers map[nimbusv1.Kind]Reconciler
-	counts      map[nimbusv1.Kind]*kindCounts
-	queue       workqueue.TypedRateLimitingInterface[string]
-	status      *statusWriter
-	ready       *readiness
-	metrics     *metrics
+	// dependents are the Dependent reconcilers by the kinds they depend on.
+	dependents map[nimbusv1.Kind][]Dependent
+	// programmed holds the key IDs of the kinds that have dependents whose last
+	// reconcile left them PROGRAMMED; guarded by programmedMu.
+	programmedMu sync.Mutex
+	programmed   map[string]bool
+	counts       map[nimbusv1.Kind]*kindCounts
+	queue        workqueue.TypedRateLimitingInterface[string]
+	status       *statusWriter
+	ready        *readiness
+	metrics      *metrics
 	// state is where Run is: runNotStarted, runRunning or runStopped.
 	state     atomic.Int32
 	opts      Options
@@ -219,16 +240,24 @@ func New(opts Options) (*HAL, error) {
 	}
 	recs := map[nimbusv1.Kind]Reconciler{}
 	counts := map[nimbusv1.Kind]*kindCounts{}
+	dependents := map[nimbusv1.Kind][]Dependent{}
 	for _, r := range opts.Reconcilers {
 		if _, dup := recs[r.Kind()]; dup {
 			return nil, fmt.Errorf("hal: two reconcilers for kind %s", r.Kind().Name())
 		}
 		recs[r.Kind()] = r
 		counts[r.Kind()] = &kindCounts{}
+		if d, ok := r.(Dependent); ok {
+			for _, k := range d.DependsOn() {
+				dependents[k] = append(dependents[k], d)
+			}
+		}
 	}
 	h := &HAL{
 		store:       opts.Store,
 		reconcilers: recs,
+		dependents:  dependents,
+		programmed:  map[string]bool{},
 		counts:      counts,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(opts.RateLimiter,
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "hal", Clock: opts.Clock}),
@@ -329,6 +358,55 @@ func (h *HAL) Run(ctx context.Context) error {
 		for _, id := range ids {
 			h.queue.Add(id)
 		}
+		h.enqueueDependents(ids)
+	}
+}
+
+// enqueueDependents queues the keys that depend on the keys ids.
+func (h *HAL) enqueueDependents(ids []string) {
+	if len(h.dependents) == 0 {
+		return
+	}
+	for _, id := range ids {
+		for _, d := range h.dependents[kindOfID(id)] {
+			for _, dep := range d.DependentsOf(id) {
+				h.queue.Add(dep)
+			}
+		}
+	}
+}
+
+// kindOfID returns the kind of a key ID, KIND_UNSPECIFIED when it names none.
+func kindOfID(id string) nimbusv1.Kind {
+	name, _, _ := strings.Cut(id, "/")
+	return kindsByName[name]
+}
+
+// kindsByName maps the name of every kind, as key IDs spell it, to the kind.
+var kindsByName = func() map[string]nimbusv1.Kind {
+	m := map[string]nimbusv1.Kind{}
+	for k := range nimbusv1.Kind_name {
+		m[nimbusv1.Kind(k).Name()] = nimbusv1.Kind(k)
+	}
+	return m
+}()
+
+// programmedNow records whether the last reconcile of id, of a kind that has
+// dependents, left it PROGRAMMED, and when it newly did, queues its dependents.
+func (h *HAL) programmedNow(id string, kind nimbusv1.Kind, programmed bool) {
+	if len(h.dependents[kind]) == 0 {
+		return
+	}
+	h.programmedMu.Lock()
+	was := h.programmed[id]
+	if programmed {
+		h.programmed[id] = true
+	} else {
+		delete(h.programmed, id)
+	}
+	h.programmedMu.Unlock()
+	if programmed && !was {
+		h.enqueueDependents([]string{id})
 	}
 }
 
@@ -438,6 +516,12 @@ func (h *HAL) processNext(ctx context.Context) bool {
 		if ctx.Err() != nil {
 			return true
 		}
+		if IsPending(err) {
+			// What the object waits for enqueues it when it comes; no retries meanwhile.
+			h.log.Debug("reconcile pending", "key", id, "reason", err)
+			h.queue.Forget(id)
+			return true
+		}
 		h.log.Warn("reconcile failed; will retry", "key", id, "err", err, "retries", h.queue.NumRequeues(id))
 		h.metrics.retries.Inc()
 		h.queue.AddRateLimited(id)
@@ -490,6 +574,7 @@ func (h *HAL) reconcile(ctx context.Context, id string) error {
 			return fmt.Errorf("removing %s: %w", id, rerr)
 		}
 		h.log.Debug("removed", "key", id)
+		h.programmedNow(id, key.GetKind(), false)
 		h.status.put(id, StatusUpdate{Key: key})
 		return nil
 	}
@@ -501,10 +586,14 @@ func (h *HAL) reconcile(ctx context.Context, id string) error {
 	}
 	if rerr != nil {
 		st.Phase = nimbusv1.Phase_PHASE_FAILED
+		if IsPending(rerr) {
+			st.Phase = nimbusv1.Phase_PHASE_PENDING
+		}
 		st.Reason = ReasonOf(rerr)
 		st.Message = rerr.Error()
 	}
 	h.status.put(id, StatusUpdate{Key: key, Status: st})
+	h.programmedNow(id, key.GetKind(), rerr == nil)
 	if rerr != nil {
 		return rerr
 	}

@@ -48,7 +48,9 @@ var RouteIndex = delphi.Index{Name: "route", Values: func(obj *nimbusv1.Object) 
 }}
 
 // Indexes returns the delphi indexes the backend's reconcilers look objects up by.
-func Indexes() []delphi.Index { return []delphi.Index{RouteIndex} }
+func Indexes() []delphi.Index {
+	return []delphi.Index{RouteIndex, EndpointNetworkIndex, EndpointNodeIndex, EndpointInterfaceIndex, NetworkVNIIndex}
+}
 
 // RouteStore is what the route reconciler reads of delphi.
 type RouteStore interface {

@@ -30,6 +30,16 @@ func (e *WatchEvent) ObjectKey() *ObjectKey {
 	return nil
 }
 
+// AllSubnets returns the network's subnets: the one of Subnet and Gateway, if set, then
+// those of Subnets.
+func (s *NetworkSpec) AllSubnets() []*Subnet {
+	var out []*Subnet
+	if s.GetSubnet() != "" {
+		out = append(out, &Subnet{Cidr: s.GetSubnet(), Gateway: s.GetGateway()})
+	}
+	return append(out, s.GetSubnets()...)
+}
+
 // NewKey returns a key with empty tenant and namespace set to their defaults.
 func NewKey(kind Kind, tenant, namespace, name string) *ObjectKey {
 	if tenant == "" {

@@ -189,7 +189,7 @@ func (x PolicyRule_Action) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PolicyRule_Action.Descriptor instead.
 func (PolicyRule_Action) EnumDescriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{8, 0}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{9, 0}
 }
 
 type WatchEvent_Type int32
@@ -254,7 +254,7 @@ func (x WatchEvent_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WatchEvent_Type.Descriptor instead.
 func (WatchEvent_Type) EnumDescriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{28, 0}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{29, 0}
 }
 
 type StatusEvent_Type int32
@@ -309,7 +309,7 @@ func (x StatusEvent_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use StatusEvent_Type.Descriptor instead.
 func (StatusEvent_Type) EnumDescriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{31, 0}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{32, 0}
 }
 
 // ObjectKey identifies one object. Tenant and namespace default to "default".
@@ -728,13 +728,23 @@ func (x *NodeSpec) GetVtepAddress() string {
 	return ""
 }
 
-// NetworkSpec describes an overlay network.
+// NetworkSpec describes an overlay network: one VXLAN segment (vni) with its subnets,
+// IPv4, IPv6 or both, each with an optional gateway address that every node of the
+// network serves (the same address and MAC everywhere, an anycast gateway). Networks of
+// one tenant route to each other through their gateways; networks of different tenants
+// never do.
 type NetworkSpec struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Vni           uint32                 `protobuf:"varint,1,opt,name=vni,proto3" json:"vni,omitempty"`
-	Subnet        string                 `protobuf:"bytes,2,opt,name=subnet,proto3" json:"subnet,omitempty"`
-	Gateway       string                 `protobuf:"bytes,3,opt,name=gateway,proto3" json:"gateway,omitempty"`
-	Mtu           uint32                 `protobuf:"varint,4,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// vni is the VXLAN network identifier, 1 to 16777215, unique among networks.
+	Vni uint32 `protobuf:"varint,1,opt,name=vni,proto3" json:"vni,omitempty"`
+	// subnet and gateway are the network's single subnet and its gateway: a shorthand for
+	// one entry of subnets, which comes first when both are given.
+	Subnet  string `protobuf:"bytes,2,opt,name=subnet,proto3" json:"subnet,omitempty"`
+	Gateway string `protobuf:"bytes,3,opt,name=gateway,proto3" json:"gateway,omitempty"`
+	// mtu is the MTU of the network's devices; 0 leaves the kernel's default.
+	Mtu uint32 `protobuf:"varint,4,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	// subnets are the network's subnets, which must not overlap.
+	Subnets       []*Subnet `protobuf:"bytes,5,rep,name=subnets,proto3" json:"subnets,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -797,6 +807,68 @@ func (x *NetworkSpec) GetMtu() uint32 {
 	return 0
 }
 
+func (x *NetworkSpec) GetSubnets() []*Subnet {
+	if x != nil {
+		return x.Subnets
+	}
+	return nil
+}
+
+// Subnet is one subnet of a network.
+type Subnet struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// cidr is the subnet, with no host bits set.
+	Cidr string `protobuf:"bytes,1,opt,name=cidr,proto3" json:"cidr,omitempty"`
+	// gateway is the subnet's gateway address, inside cidr; empty: no gateway, no routing.
+	Gateway       string `protobuf:"bytes,2,opt,name=gateway,proto3" json:"gateway,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Subnet) Reset() {
+	*x = Subnet{}
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Subnet) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Subnet) ProtoMessage() {}
+
+func (x *Subnet) ProtoReflect() protoreflect.Message {
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Subnet.ProtoReflect.Descriptor instead.
+func (*Subnet) Descriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Subnet) GetCidr() string {
+	if x != nil {
+		return x.Cidr
+	}
+	return ""
+}
+
+func (x *Subnet) GetGateway() string {
+	if x != nil {
+		return x.Gateway
+	}
+	return ""
+}
+
 // EndpointSpec describes a workload interface attached to a network on one node.
 type EndpointSpec struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
@@ -812,7 +884,7 @@ type EndpointSpec struct {
 
 func (x *EndpointSpec) Reset() {
 	*x = EndpointSpec{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[5]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -824,7 +896,7 @@ func (x *EndpointSpec) String() string {
 func (*EndpointSpec) ProtoMessage() {}
 
 func (x *EndpointSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[5]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -837,7 +909,7 @@ func (x *EndpointSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointSpec.ProtoReflect.Descriptor instead.
 func (*EndpointSpec) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{5}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *EndpointSpec) GetNetwork() string {
@@ -892,7 +964,7 @@ type SecurityGroupSpec struct {
 
 func (x *SecurityGroupSpec) Reset() {
 	*x = SecurityGroupSpec{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[6]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -904,7 +976,7 @@ func (x *SecurityGroupSpec) String() string {
 func (*SecurityGroupSpec) ProtoMessage() {}
 
 func (x *SecurityGroupSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[6]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -917,7 +989,7 @@ func (x *SecurityGroupSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SecurityGroupSpec.ProtoReflect.Descriptor instead.
 func (*SecurityGroupSpec) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{6}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SecurityGroupSpec) GetCidrs() []string {
@@ -939,7 +1011,7 @@ type NetworkSecurityPolicySpec struct {
 
 func (x *NetworkSecurityPolicySpec) Reset() {
 	*x = NetworkSecurityPolicySpec{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[7]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -951,7 +1023,7 @@ func (x *NetworkSecurityPolicySpec) String() string {
 func (*NetworkSecurityPolicySpec) ProtoMessage() {}
 
 func (x *NetworkSecurityPolicySpec) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[7]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -964,7 +1036,7 @@ func (x *NetworkSecurityPolicySpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkSecurityPolicySpec.ProtoReflect.Descriptor instead.
 func (*NetworkSecurityPolicySpec) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{7}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *NetworkSecurityPolicySpec) GetAttachGroups() []string {
@@ -1006,7 +1078,7 @@ type PolicyRule struct {
 
 func (x *PolicyRule) Reset() {
 	*x = PolicyRule{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[8]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1018,7 +1090,7 @@ func (x *PolicyRule) String() string {
 func (*PolicyRule) ProtoMessage() {}
 
 func (x *PolicyRule) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[8]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1031,7 +1103,7 @@ func (x *PolicyRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PolicyRule.ProtoReflect.Descriptor instead.
 func (*PolicyRule) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{8}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PolicyRule) GetAction() PolicyRule_Action {
@@ -1100,7 +1172,7 @@ type RouteSpec struct {
 
 func (x *RouteSpec) Reset() {
 	*x = RouteSpec{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[9]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1112,7 +1184,7 @@ func (x *RouteSpec) String() string {
 func (*RouteSpec) ProtoMessage() {}
 
 func (x *RouteSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[9]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1125,7 +1197,7 @@ func (x *RouteSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteSpec.ProtoReflect.Descriptor instead.
 func (*RouteSpec) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{9}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RouteSpec) GetTable() uint32 {
@@ -1171,7 +1243,7 @@ type NextHop struct {
 
 func (x *NextHop) Reset() {
 	*x = NextHop{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[10]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1183,7 +1255,7 @@ func (x *NextHop) String() string {
 func (*NextHop) ProtoMessage() {}
 
 func (x *NextHop) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[10]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1196,7 +1268,7 @@ func (x *NextHop) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NextHop.ProtoReflect.Descriptor instead.
 func (*NextHop) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{10}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *NextHop) GetGateway() string {
@@ -1234,7 +1306,7 @@ type InterfaceSpec struct {
 
 func (x *InterfaceSpec) Reset() {
 	*x = InterfaceSpec{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[11]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1246,7 +1318,7 @@ func (x *InterfaceSpec) String() string {
 func (*InterfaceSpec) ProtoMessage() {}
 
 func (x *InterfaceSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[11]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1259,7 +1331,7 @@ func (x *InterfaceSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InterfaceSpec.ProtoReflect.Descriptor instead.
 func (*InterfaceSpec) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{11}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *InterfaceSpec) GetDevice() string {
@@ -1313,7 +1385,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[12]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1325,7 +1397,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[12]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1338,7 +1410,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{12}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *NodeStatus) GetNode() string {
@@ -1427,7 +1499,7 @@ type ObjectStatus struct {
 
 func (x *ObjectStatus) Reset() {
 	*x = ObjectStatus{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[13]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1439,7 +1511,7 @@ func (x *ObjectStatus) String() string {
 func (*ObjectStatus) ProtoMessage() {}
 
 func (x *ObjectStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[13]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1452,7 +1524,7 @@ func (x *ObjectStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectStatus.ProtoReflect.Descriptor instead.
 func (*ObjectStatus) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{13}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ObjectStatus) GetNodes() []*NodeStatus {
@@ -1529,7 +1601,7 @@ type ObjectWithStatus struct {
 
 func (x *ObjectWithStatus) Reset() {
 	*x = ObjectWithStatus{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[14]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1541,7 +1613,7 @@ func (x *ObjectWithStatus) String() string {
 func (*ObjectWithStatus) ProtoMessage() {}
 
 func (x *ObjectWithStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[14]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1554,7 +1626,7 @@ func (x *ObjectWithStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectWithStatus.ProtoReflect.Descriptor instead.
 func (*ObjectWithStatus) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{14}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ObjectWithStatus) GetObject() *Object {
@@ -1580,7 +1652,7 @@ type ApplyRequest struct {
 
 func (x *ApplyRequest) Reset() {
 	*x = ApplyRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[15]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1592,7 +1664,7 @@ func (x *ApplyRequest) String() string {
 func (*ApplyRequest) ProtoMessage() {}
 
 func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[15]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1605,7 +1677,7 @@ func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyRequest.ProtoReflect.Descriptor instead.
 func (*ApplyRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{15}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ApplyRequest) GetObject() *Object {
@@ -1629,7 +1701,7 @@ type ApplyResponse struct {
 
 func (x *ApplyResponse) Reset() {
 	*x = ApplyResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[16]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1641,7 +1713,7 @@ func (x *ApplyResponse) String() string {
 func (*ApplyResponse) ProtoMessage() {}
 
 func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[16]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1654,7 +1726,7 @@ func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyResponse.ProtoReflect.Descriptor instead.
 func (*ApplyResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{16}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ApplyResponse) GetObject() *Object {
@@ -1687,7 +1759,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[17]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1699,7 +1771,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[17]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1712,7 +1784,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{17}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DeleteRequest) GetKey() *ObjectKey {
@@ -1733,7 +1805,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[18]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1745,7 +1817,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[18]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1758,7 +1830,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{18}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DeleteResponse) GetFound() bool {
@@ -1791,7 +1863,7 @@ type ApplyBatchRequest struct {
 
 func (x *ApplyBatchRequest) Reset() {
 	*x = ApplyBatchRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[19]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1803,7 +1875,7 @@ func (x *ApplyBatchRequest) String() string {
 func (*ApplyBatchRequest) ProtoMessage() {}
 
 func (x *ApplyBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[19]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1816,7 +1888,7 @@ func (x *ApplyBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyBatchRequest.ProtoReflect.Descriptor instead.
 func (*ApplyBatchRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{19}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ApplyBatchRequest) GetObjects() []*Object {
@@ -1845,7 +1917,7 @@ type ApplyBatchResponse struct {
 
 func (x *ApplyBatchResponse) Reset() {
 	*x = ApplyBatchResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[20]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1857,7 +1929,7 @@ func (x *ApplyBatchResponse) String() string {
 func (*ApplyBatchResponse) ProtoMessage() {}
 
 func (x *ApplyBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[20]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1870,7 +1942,7 @@ func (x *ApplyBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyBatchResponse.ProtoReflect.Descriptor instead.
 func (*ApplyBatchResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{20}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ApplyBatchResponse) GetResults() []*ApplyResponse {
@@ -1897,7 +1969,7 @@ type DeleteBatchRequest struct {
 
 func (x *DeleteBatchRequest) Reset() {
 	*x = DeleteBatchRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[21]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1909,7 +1981,7 @@ func (x *DeleteBatchRequest) String() string {
 func (*DeleteBatchRequest) ProtoMessage() {}
 
 func (x *DeleteBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[21]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1922,7 +1994,7 @@ func (x *DeleteBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBatchRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBatchRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{21}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DeleteBatchRequest) GetKeys() []*ObjectKey {
@@ -1944,7 +2016,7 @@ type DeleteBatchResponse struct {
 
 func (x *DeleteBatchResponse) Reset() {
 	*x = DeleteBatchResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[22]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1956,7 +2028,7 @@ func (x *DeleteBatchResponse) String() string {
 func (*DeleteBatchResponse) ProtoMessage() {}
 
 func (x *DeleteBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[22]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1969,7 +2041,7 @@ func (x *DeleteBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBatchResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBatchResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{22}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DeleteBatchResponse) GetResults() []*DeleteResponse {
@@ -1995,7 +2067,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[23]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2007,7 +2079,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[23]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2020,7 +2092,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{23}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetRequest) GetKey() *ObjectKey {
@@ -2039,7 +2111,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[24]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2051,7 +2123,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[24]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2064,7 +2136,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{24}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GetResponse) GetItem() *ObjectWithStatus {
@@ -2087,7 +2159,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[25]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2099,7 +2171,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[25]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2112,7 +2184,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{25}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListRequest) GetKind() Kind {
@@ -2146,7 +2218,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[26]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2158,7 +2230,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[26]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2171,7 +2243,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{26}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListResponse) GetItems() []*ObjectWithStatus {
@@ -2201,7 +2273,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[27]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2213,7 +2285,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[27]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2226,7 +2298,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{27}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WatchRequest) GetNode() string {
@@ -2276,7 +2348,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[28]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2288,7 +2360,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[28]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2301,7 +2373,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{28}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *WatchEvent) GetType() WatchEvent_Type {
@@ -2360,7 +2432,7 @@ type WatchFrame struct {
 
 func (x *WatchFrame) Reset() {
 	*x = WatchFrame{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[29]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2372,7 +2444,7 @@ func (x *WatchFrame) String() string {
 func (*WatchFrame) ProtoMessage() {}
 
 func (x *WatchFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[29]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2385,7 +2457,7 @@ func (x *WatchFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchFrame.ProtoReflect.Descriptor instead.
 func (*WatchFrame) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{29}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *WatchFrame) GetEvents() []*WatchEvent {
@@ -2409,7 +2481,7 @@ type WatchStatusRequest struct {
 
 func (x *WatchStatusRequest) Reset() {
 	*x = WatchStatusRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[30]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2421,7 +2493,7 @@ func (x *WatchStatusRequest) String() string {
 func (*WatchStatusRequest) ProtoMessage() {}
 
 func (x *WatchStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[30]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2434,7 +2506,7 @@ func (x *WatchStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchStatusRequest.ProtoReflect.Descriptor instead.
 func (*WatchStatusRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{30}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *WatchStatusRequest) GetKind() Kind {
@@ -2476,7 +2548,7 @@ type StatusEvent struct {
 
 func (x *StatusEvent) Reset() {
 	*x = StatusEvent{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[31]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2488,7 +2560,7 @@ func (x *StatusEvent) String() string {
 func (*StatusEvent) ProtoMessage() {}
 
 func (x *StatusEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[31]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2501,7 +2573,7 @@ func (x *StatusEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusEvent.ProtoReflect.Descriptor instead.
 func (*StatusEvent) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{31}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *StatusEvent) GetType() StatusEvent_Type {
@@ -2535,7 +2607,7 @@ type StatusFrame struct {
 
 func (x *StatusFrame) Reset() {
 	*x = StatusFrame{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[32]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2547,7 +2619,7 @@ func (x *StatusFrame) String() string {
 func (*StatusFrame) ProtoMessage() {}
 
 func (x *StatusFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[32]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2560,7 +2632,7 @@ func (x *StatusFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusFrame.ProtoReflect.Descriptor instead.
 func (*StatusFrame) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{32}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *StatusFrame) GetEvents() []*StatusEvent {
@@ -2580,7 +2652,7 @@ type StatusReport struct {
 
 func (x *StatusReport) Reset() {
 	*x = StatusReport{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[33]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2592,7 +2664,7 @@ func (x *StatusReport) String() string {
 func (*StatusReport) ProtoMessage() {}
 
 func (x *StatusReport) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[33]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2605,7 +2677,7 @@ func (x *StatusReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusReport.ProtoReflect.Descriptor instead.
 func (*StatusReport) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{33}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *StatusReport) GetKey() *ObjectKey {
@@ -2630,7 +2702,7 @@ type ReportStatusResponse struct {
 
 func (x *ReportStatusResponse) Reset() {
 	*x = ReportStatusResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[34]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2642,7 +2714,7 @@ func (x *ReportStatusResponse) String() string {
 func (*ReportStatusResponse) ProtoMessage() {}
 
 func (x *ReportStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[34]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2655,7 +2727,7 @@ func (x *ReportStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportStatusResponse.ProtoReflect.Descriptor instead.
 func (*ReportStatusResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{34}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{35}
 }
 
 var File_nimbus_v1_nimbus_proto protoreflect.FileDescriptor
@@ -2701,12 +2773,16 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\x04spec\"I\n" +
 	"\bNodeSpec\x12\x1a\n" +
 	"\bhostname\x18\x01 \x01(\tR\bhostname\x12!\n" +
-	"\fvtep_address\x18\x02 \x01(\tR\vvtepAddress\"c\n" +
+	"\fvtep_address\x18\x02 \x01(\tR\vvtepAddress\"\x90\x01\n" +
 	"\vNetworkSpec\x12\x10\n" +
 	"\x03vni\x18\x01 \x01(\rR\x03vni\x12\x16\n" +
 	"\x06subnet\x18\x02 \x01(\tR\x06subnet\x12\x18\n" +
 	"\agateway\x18\x03 \x01(\tR\agateway\x12\x10\n" +
-	"\x03mtu\x18\x04 \x01(\rR\x03mtu\"\xa7\x01\n" +
+	"\x03mtu\x18\x04 \x01(\rR\x03mtu\x12+\n" +
+	"\asubnets\x18\x05 \x03(\v2\x11.nimbus.v1.SubnetR\asubnets\"6\n" +
+	"\x06Subnet\x12\x12\n" +
+	"\x04cidr\x18\x01 \x01(\tR\x04cidr\x12\x18\n" +
+	"\agateway\x18\x02 \x01(\tR\agateway\"\xa7\x01\n" +
 	"\fEndpointSpec\x12\x18\n" +
 	"\anetwork\x18\x01 \x01(\tR\anetwork\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1c\n" +
@@ -2895,7 +2971,7 @@ func file_nimbus_v1_nimbus_proto_rawDescGZIP() []byte {
 }
 
 var file_nimbus_v1_nimbus_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_nimbus_v1_nimbus_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
+var file_nimbus_v1_nimbus_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_nimbus_v1_nimbus_proto_goTypes = []any{
 	(Kind)(0),                         // 0: nimbus.v1.Kind
 	(Phase)(0),                        // 1: nimbus.v1.Phase
@@ -2907,109 +2983,111 @@ var file_nimbus_v1_nimbus_proto_goTypes = []any{
 	(*Object)(nil),                    // 7: nimbus.v1.Object
 	(*NodeSpec)(nil),                  // 8: nimbus.v1.NodeSpec
 	(*NetworkSpec)(nil),               // 9: nimbus.v1.NetworkSpec
-	(*EndpointSpec)(nil),              // 10: nimbus.v1.EndpointSpec
-	(*SecurityGroupSpec)(nil),         // 11: nimbus.v1.SecurityGroupSpec
-	(*NetworkSecurityPolicySpec)(nil), // 12: nimbus.v1.NetworkSecurityPolicySpec
-	(*PolicyRule)(nil),                // 13: nimbus.v1.PolicyRule
-	(*RouteSpec)(nil),                 // 14: nimbus.v1.RouteSpec
-	(*NextHop)(nil),                   // 15: nimbus.v1.NextHop
-	(*InterfaceSpec)(nil),             // 16: nimbus.v1.InterfaceSpec
-	(*NodeStatus)(nil),                // 17: nimbus.v1.NodeStatus
-	(*ObjectStatus)(nil),              // 18: nimbus.v1.ObjectStatus
-	(*ObjectWithStatus)(nil),          // 19: nimbus.v1.ObjectWithStatus
-	(*ApplyRequest)(nil),              // 20: nimbus.v1.ApplyRequest
-	(*ApplyResponse)(nil),             // 21: nimbus.v1.ApplyResponse
-	(*DeleteRequest)(nil),             // 22: nimbus.v1.DeleteRequest
-	(*DeleteResponse)(nil),            // 23: nimbus.v1.DeleteResponse
-	(*ApplyBatchRequest)(nil),         // 24: nimbus.v1.ApplyBatchRequest
-	(*ApplyBatchResponse)(nil),        // 25: nimbus.v1.ApplyBatchResponse
-	(*DeleteBatchRequest)(nil),        // 26: nimbus.v1.DeleteBatchRequest
-	(*DeleteBatchResponse)(nil),       // 27: nimbus.v1.DeleteBatchResponse
-	(*GetRequest)(nil),                // 28: nimbus.v1.GetRequest
-	(*GetResponse)(nil),               // 29: nimbus.v1.GetResponse
-	(*ListRequest)(nil),               // 30: nimbus.v1.ListRequest
-	(*ListResponse)(nil),              // 31: nimbus.v1.ListResponse
-	(*WatchRequest)(nil),              // 32: nimbus.v1.WatchRequest
-	(*WatchEvent)(nil),                // 33: nimbus.v1.WatchEvent
-	(*WatchFrame)(nil),                // 34: nimbus.v1.WatchFrame
-	(*WatchStatusRequest)(nil),        // 35: nimbus.v1.WatchStatusRequest
-	(*StatusEvent)(nil),               // 36: nimbus.v1.StatusEvent
-	(*StatusFrame)(nil),               // 37: nimbus.v1.StatusFrame
-	(*StatusReport)(nil),              // 38: nimbus.v1.StatusReport
-	(*ReportStatusResponse)(nil),      // 39: nimbus.v1.ReportStatusResponse
-	nil,                               // 40: nimbus.v1.ObjectMeta.LabelsEntry
-	nil,                               // 41: nimbus.v1.NodeStatus.OperationalEntry
-	(*timestamppb.Timestamp)(nil),     // 42: google.protobuf.Timestamp
+	(*Subnet)(nil),                    // 10: nimbus.v1.Subnet
+	(*EndpointSpec)(nil),              // 11: nimbus.v1.EndpointSpec
+	(*SecurityGroupSpec)(nil),         // 12: nimbus.v1.SecurityGroupSpec
+	(*NetworkSecurityPolicySpec)(nil), // 13: nimbus.v1.NetworkSecurityPolicySpec
+	(*PolicyRule)(nil),                // 14: nimbus.v1.PolicyRule
+	(*RouteSpec)(nil),                 // 15: nimbus.v1.RouteSpec
+	(*NextHop)(nil),                   // 16: nimbus.v1.NextHop
+	(*InterfaceSpec)(nil),             // 17: nimbus.v1.InterfaceSpec
+	(*NodeStatus)(nil),                // 18: nimbus.v1.NodeStatus
+	(*ObjectStatus)(nil),              // 19: nimbus.v1.ObjectStatus
+	(*ObjectWithStatus)(nil),          // 20: nimbus.v1.ObjectWithStatus
+	(*ApplyRequest)(nil),              // 21: nimbus.v1.ApplyRequest
+	(*ApplyResponse)(nil),             // 22: nimbus.v1.ApplyResponse
+	(*DeleteRequest)(nil),             // 23: nimbus.v1.DeleteRequest
+	(*DeleteResponse)(nil),            // 24: nimbus.v1.DeleteResponse
+	(*ApplyBatchRequest)(nil),         // 25: nimbus.v1.ApplyBatchRequest
+	(*ApplyBatchResponse)(nil),        // 26: nimbus.v1.ApplyBatchResponse
+	(*DeleteBatchRequest)(nil),        // 27: nimbus.v1.DeleteBatchRequest
+	(*DeleteBatchResponse)(nil),       // 28: nimbus.v1.DeleteBatchResponse
+	(*GetRequest)(nil),                // 29: nimbus.v1.GetRequest
+	(*GetResponse)(nil),               // 30: nimbus.v1.GetResponse
+	(*ListRequest)(nil),               // 31: nimbus.v1.ListRequest
+	(*ListResponse)(nil),              // 32: nimbus.v1.ListResponse
+	(*WatchRequest)(nil),              // 33: nimbus.v1.WatchRequest
+	(*WatchEvent)(nil),                // 34: nimbus.v1.WatchEvent
+	(*WatchFrame)(nil),                // 35: nimbus.v1.WatchFrame
+	(*WatchStatusRequest)(nil),        // 36: nimbus.v1.WatchStatusRequest
+	(*StatusEvent)(nil),               // 37: nimbus.v1.StatusEvent
+	(*StatusFrame)(nil),               // 38: nimbus.v1.StatusFrame
+	(*StatusReport)(nil),              // 39: nimbus.v1.StatusReport
+	(*ReportStatusResponse)(nil),      // 40: nimbus.v1.ReportStatusResponse
+	nil,                               // 41: nimbus.v1.ObjectMeta.LabelsEntry
+	nil,                               // 42: nimbus.v1.NodeStatus.OperationalEntry
+	(*timestamppb.Timestamp)(nil),     // 43: google.protobuf.Timestamp
 }
 var file_nimbus_v1_nimbus_proto_depIdxs = []int32{
 	0,  // 0: nimbus.v1.ObjectKey.kind:type_name -> nimbus.v1.Kind
-	40, // 1: nimbus.v1.ObjectMeta.labels:type_name -> nimbus.v1.ObjectMeta.LabelsEntry
-	42, // 2: nimbus.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
-	42, // 3: nimbus.v1.ObjectMeta.update_time:type_name -> google.protobuf.Timestamp
+	41, // 1: nimbus.v1.ObjectMeta.labels:type_name -> nimbus.v1.ObjectMeta.LabelsEntry
+	43, // 2: nimbus.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
+	43, // 3: nimbus.v1.ObjectMeta.update_time:type_name -> google.protobuf.Timestamp
 	6,  // 4: nimbus.v1.Object.meta:type_name -> nimbus.v1.ObjectMeta
 	8,  // 5: nimbus.v1.Object.node:type_name -> nimbus.v1.NodeSpec
 	9,  // 6: nimbus.v1.Object.network:type_name -> nimbus.v1.NetworkSpec
-	10, // 7: nimbus.v1.Object.endpoint:type_name -> nimbus.v1.EndpointSpec
-	11, // 8: nimbus.v1.Object.security_group:type_name -> nimbus.v1.SecurityGroupSpec
-	12, // 9: nimbus.v1.Object.network_security_policy:type_name -> nimbus.v1.NetworkSecurityPolicySpec
-	14, // 10: nimbus.v1.Object.route:type_name -> nimbus.v1.RouteSpec
-	16, // 11: nimbus.v1.Object.interface:type_name -> nimbus.v1.InterfaceSpec
-	13, // 12: nimbus.v1.NetworkSecurityPolicySpec.ingress:type_name -> nimbus.v1.PolicyRule
-	13, // 13: nimbus.v1.NetworkSecurityPolicySpec.egress:type_name -> nimbus.v1.PolicyRule
-	2,  // 14: nimbus.v1.PolicyRule.action:type_name -> nimbus.v1.PolicyRule.Action
-	15, // 15: nimbus.v1.RouteSpec.nexthops:type_name -> nimbus.v1.NextHop
-	1,  // 16: nimbus.v1.NodeStatus.phase:type_name -> nimbus.v1.Phase
-	42, // 17: nimbus.v1.NodeStatus.update_time:type_name -> google.protobuf.Timestamp
-	41, // 18: nimbus.v1.NodeStatus.operational:type_name -> nimbus.v1.NodeStatus.OperationalEntry
-	17, // 19: nimbus.v1.ObjectStatus.nodes:type_name -> nimbus.v1.NodeStatus
-	42, // 20: nimbus.v1.ObjectStatus.caught_up_time:type_name -> google.protobuf.Timestamp
-	7,  // 21: nimbus.v1.ObjectWithStatus.object:type_name -> nimbus.v1.Object
-	18, // 22: nimbus.v1.ObjectWithStatus.status:type_name -> nimbus.v1.ObjectStatus
-	7,  // 23: nimbus.v1.ApplyRequest.object:type_name -> nimbus.v1.Object
-	7,  // 24: nimbus.v1.ApplyResponse.object:type_name -> nimbus.v1.Object
-	5,  // 25: nimbus.v1.DeleteRequest.key:type_name -> nimbus.v1.ObjectKey
-	7,  // 26: nimbus.v1.ApplyBatchRequest.objects:type_name -> nimbus.v1.Object
-	21, // 27: nimbus.v1.ApplyBatchResponse.results:type_name -> nimbus.v1.ApplyResponse
-	5,  // 28: nimbus.v1.DeleteBatchRequest.keys:type_name -> nimbus.v1.ObjectKey
-	23, // 29: nimbus.v1.DeleteBatchResponse.results:type_name -> nimbus.v1.DeleteResponse
-	5,  // 30: nimbus.v1.GetRequest.key:type_name -> nimbus.v1.ObjectKey
-	19, // 31: nimbus.v1.GetResponse.item:type_name -> nimbus.v1.ObjectWithStatus
-	0,  // 32: nimbus.v1.ListRequest.kind:type_name -> nimbus.v1.Kind
-	19, // 33: nimbus.v1.ListResponse.items:type_name -> nimbus.v1.ObjectWithStatus
-	3,  // 34: nimbus.v1.WatchEvent.type:type_name -> nimbus.v1.WatchEvent.Type
-	7,  // 35: nimbus.v1.WatchEvent.object:type_name -> nimbus.v1.Object
-	5,  // 36: nimbus.v1.WatchEvent.key:type_name -> nimbus.v1.ObjectKey
-	33, // 37: nimbus.v1.WatchFrame.events:type_name -> nimbus.v1.WatchEvent
-	0,  // 38: nimbus.v1.WatchStatusRequest.kind:type_name -> nimbus.v1.Kind
-	4,  // 39: nimbus.v1.StatusEvent.type:type_name -> nimbus.v1.StatusEvent.Type
-	19, // 40: nimbus.v1.StatusEvent.item:type_name -> nimbus.v1.ObjectWithStatus
-	5,  // 41: nimbus.v1.StatusEvent.key:type_name -> nimbus.v1.ObjectKey
-	36, // 42: nimbus.v1.StatusFrame.events:type_name -> nimbus.v1.StatusEvent
-	5,  // 43: nimbus.v1.StatusReport.key:type_name -> nimbus.v1.ObjectKey
-	17, // 44: nimbus.v1.StatusReport.status:type_name -> nimbus.v1.NodeStatus
-	20, // 45: nimbus.v1.Nimbus.Apply:input_type -> nimbus.v1.ApplyRequest
-	24, // 46: nimbus.v1.Nimbus.ApplyBatch:input_type -> nimbus.v1.ApplyBatchRequest
-	22, // 47: nimbus.v1.Nimbus.Delete:input_type -> nimbus.v1.DeleteRequest
-	26, // 48: nimbus.v1.Nimbus.DeleteBatch:input_type -> nimbus.v1.DeleteBatchRequest
-	28, // 49: nimbus.v1.Nimbus.Get:input_type -> nimbus.v1.GetRequest
-	30, // 50: nimbus.v1.Nimbus.List:input_type -> nimbus.v1.ListRequest
-	32, // 51: nimbus.v1.Nimbus.Watch:input_type -> nimbus.v1.WatchRequest
-	35, // 52: nimbus.v1.Nimbus.WatchStatus:input_type -> nimbus.v1.WatchStatusRequest
-	38, // 53: nimbus.v1.Nimbus.ReportStatus:input_type -> nimbus.v1.StatusReport
-	21, // 54: nimbus.v1.Nimbus.Apply:output_type -> nimbus.v1.ApplyResponse
-	25, // 55: nimbus.v1.Nimbus.ApplyBatch:output_type -> nimbus.v1.ApplyBatchResponse
-	23, // 56: nimbus.v1.Nimbus.Delete:output_type -> nimbus.v1.DeleteResponse
-	27, // 57: nimbus.v1.Nimbus.DeleteBatch:output_type -> nimbus.v1.DeleteBatchResponse
-	29, // 58: nimbus.v1.Nimbus.Get:output_type -> nimbus.v1.GetResponse
-	31, // 59: nimbus.v1.Nimbus.List:output_type -> nimbus.v1.ListResponse
-	34, // 60: nimbus.v1.Nimbus.Watch:output_type -> nimbus.v1.WatchFrame
-	37, // 61: nimbus.v1.Nimbus.WatchStatus:output_type -> nimbus.v1.StatusFrame
-	39, // 62: nimbus.v1.Nimbus.ReportStatus:output_type -> nimbus.v1.ReportStatusResponse
-	54, // [54:63] is the sub-list for method output_type
-	45, // [45:54] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	11, // 7: nimbus.v1.Object.endpoint:type_name -> nimbus.v1.EndpointSpec
+	12, // 8: nimbus.v1.Object.security_group:type_name -> nimbus.v1.SecurityGroupSpec
+	13, // 9: nimbus.v1.Object.network_security_policy:type_name -> nimbus.v1.NetworkSecurityPolicySpec
+	15, // 10: nimbus.v1.Object.route:type_name -> nimbus.v1.RouteSpec
+	17, // 11: nimbus.v1.Object.interface:type_name -> nimbus.v1.InterfaceSpec
+	10, // 12: nimbus.v1.NetworkSpec.subnets:type_name -> nimbus.v1.Subnet
+	14, // 13: nimbus.v1.NetworkSecurityPolicySpec.ingress:type_name -> nimbus.v1.PolicyRule
+	14, // 14: nimbus.v1.NetworkSecurityPolicySpec.egress:type_name -> nimbus.v1.PolicyRule
+	2,  // 15: nimbus.v1.PolicyRule.action:type_name -> nimbus.v1.PolicyRule.Action
+	16, // 16: nimbus.v1.RouteSpec.nexthops:type_name -> nimbus.v1.NextHop
+	1,  // 17: nimbus.v1.NodeStatus.phase:type_name -> nimbus.v1.Phase
+	43, // 18: nimbus.v1.NodeStatus.update_time:type_name -> google.protobuf.Timestamp
+	42, // 19: nimbus.v1.NodeStatus.operational:type_name -> nimbus.v1.NodeStatus.OperationalEntry
+	18, // 20: nimbus.v1.ObjectStatus.nodes:type_name -> nimbus.v1.NodeStatus
+	43, // 21: nimbus.v1.ObjectStatus.caught_up_time:type_name -> google.protobuf.Timestamp
+	7,  // 22: nimbus.v1.ObjectWithStatus.object:type_name -> nimbus.v1.Object
+	19, // 23: nimbus.v1.ObjectWithStatus.status:type_name -> nimbus.v1.ObjectStatus
+	7,  // 24: nimbus.v1.ApplyRequest.object:type_name -> nimbus.v1.Object
+	7,  // 25: nimbus.v1.ApplyResponse.object:type_name -> nimbus.v1.Object
+	5,  // 26: nimbus.v1.DeleteRequest.key:type_name -> nimbus.v1.ObjectKey
+	7,  // 27: nimbus.v1.ApplyBatchRequest.objects:type_name -> nimbus.v1.Object
+	22, // 28: nimbus.v1.ApplyBatchResponse.results:type_name -> nimbus.v1.ApplyResponse
+	5,  // 29: nimbus.v1.DeleteBatchRequest.keys:type_name -> nimbus.v1.ObjectKey
+	24, // 30: nimbus.v1.DeleteBatchResponse.results:type_name -> nimbus.v1.DeleteResponse
+	5,  // 31: nimbus.v1.GetRequest.key:type_name -> nimbus.v1.ObjectKey
+	20, // 32: nimbus.v1.GetResponse.item:type_name -> nimbus.v1.ObjectWithStatus
+	0,  // 33: nimbus.v1.ListRequest.kind:type_name -> nimbus.v1.Kind
+	20, // 34: nimbus.v1.ListResponse.items:type_name -> nimbus.v1.ObjectWithStatus
+	3,  // 35: nimbus.v1.WatchEvent.type:type_name -> nimbus.v1.WatchEvent.Type
+	7,  // 36: nimbus.v1.WatchEvent.object:type_name -> nimbus.v1.Object
+	5,  // 37: nimbus.v1.WatchEvent.key:type_name -> nimbus.v1.ObjectKey
+	34, // 38: nimbus.v1.WatchFrame.events:type_name -> nimbus.v1.WatchEvent
+	0,  // 39: nimbus.v1.WatchStatusRequest.kind:type_name -> nimbus.v1.Kind
+	4,  // 40: nimbus.v1.StatusEvent.type:type_name -> nimbus.v1.StatusEvent.Type
+	20, // 41: nimbus.v1.StatusEvent.item:type_name -> nimbus.v1.ObjectWithStatus
+	5,  // 42: nimbus.v1.StatusEvent.key:type_name -> nimbus.v1.ObjectKey
+	37, // 43: nimbus.v1.StatusFrame.events:type_name -> nimbus.v1.StatusEvent
+	5,  // 44: nimbus.v1.StatusReport.key:type_name -> nimbus.v1.ObjectKey
+	18, // 45: nimbus.v1.StatusReport.status:type_name -> nimbus.v1.NodeStatus
+	21, // 46: nimbus.v1.Nimbus.Apply:input_type -> nimbus.v1.ApplyRequest
+	25, // 47: nimbus.v1.Nimbus.ApplyBatch:input_type -> nimbus.v1.ApplyBatchRequest
+	23, // 48: nimbus.v1.Nimbus.Delete:input_type -> nimbus.v1.DeleteRequest
+	27, // 49: nimbus.v1.Nimbus.DeleteBatch:input_type -> nimbus.v1.DeleteBatchRequest
+	29, // 50: nimbus.v1.Nimbus.Get:input_type -> nimbus.v1.GetRequest
+	31, // 51: nimbus.v1.Nimbus.List:input_type -> nimbus.v1.ListRequest
+	33, // 52: nimbus.v1.Nimbus.Watch:input_type -> nimbus.v1.WatchRequest
+	36, // 53: nimbus.v1.Nimbus.WatchStatus:input_type -> nimbus.v1.WatchStatusRequest
+	39, // 54: nimbus.v1.Nimbus.ReportStatus:input_type -> nimbus.v1.StatusReport
+	22, // 55: nimbus.v1.Nimbus.Apply:output_type -> nimbus.v1.ApplyResponse
+	26, // 56: nimbus.v1.Nimbus.ApplyBatch:output_type -> nimbus.v1.ApplyBatchResponse
+	24, // 57: nimbus.v1.Nimbus.Delete:output_type -> nimbus.v1.DeleteResponse
+	28, // 58: nimbus.v1.Nimbus.DeleteBatch:output_type -> nimbus.v1.DeleteBatchResponse
+	30, // 59: nimbus.v1.Nimbus.Get:output_type -> nimbus.v1.GetResponse
+	32, // 60: nimbus.v1.Nimbus.List:output_type -> nimbus.v1.ListResponse
+	35, // 61: nimbus.v1.Nimbus.Watch:output_type -> nimbus.v1.WatchFrame
+	38, // 62: nimbus.v1.Nimbus.WatchStatus:output_type -> nimbus.v1.StatusFrame
+	40, // 63: nimbus.v1.Nimbus.ReportStatus:output_type -> nimbus.v1.ReportStatusResponse
+	55, // [55:64] is the sub-list for method output_type
+	46, // [46:55] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_nimbus_v1_nimbus_proto_init() }
@@ -3032,7 +3110,7 @@ func file_nimbus_v1_nimbus_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nimbus_v1_nimbus_proto_rawDesc), len(file_nimbus_v1_nimbus_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   37,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -160,9 +160,39 @@ func (v *validator) network(s *NetworkSpec) {
 	if s.GetVni() == 0 || s.GetVni() > 1<<24-1 {
 		v.add("spec.vni", strconv.FormatUint(uint64(s.GetVni()), 10), "must be between 1 and 16777215")
 	}
-	subnet, ok := v.prefix("spec.subnet", s.GetSubnet())
-	if gw, gok := v.addr("spec.gateway", s.GetGateway(), false); gok && ok && !subnet.Contains(gw) {
-		v.add("spec.gateway", s.GetGateway(), "not inside spec.subnet %s", subnet)
+	if s.GetSubnet() == "" && len(s.GetSubnets()) == 0 {
+		v.add("spec.subnets", "", "at least one subnet is required (spec.subnet or spec.subnets)")
+	}
+	if s.GetSubnet() == "" && s.GetGateway() != "" {
+		v.add("spec.gateway", s.GetGateway(), "needs spec.subnet")
+	}
+	type seen struct {
+		field  string
+		prefix netip.Prefix
+	}
+	var subnets []seen
+	check := func(field, cidr, gwField, gateway string) {
+		subnet, ok := v.prefix(field, cidr)
+		if gw, gok := v.addr(gwField, gateway, false); gok && ok && !subnet.Contains(gw) {
+			v.add(gwField, gateway, "not inside %s %s", field, subnet)
+		}
+		if !ok {
+			return
+		}
+		for _, o := range subnets {
+			if o.prefix.Overlaps(subnet) {
+				v.add(field, cidr, "overlaps %s %s", o.field, o.prefix)
+				return
+			}
+		}
+		subnets = append(subnets, seen{field, subnet})
+	}
+	if s.GetSubnet() != "" {
+		check("spec.subnet", s.GetSubnet(), "spec.gateway", s.GetGateway())
+	}
+	for i, sn := range s.GetSubnets() {
+		f := fmt.Sprintf("spec.subnets[%d]", i)
+		check(f+".cidr", sn.GetCidr(), f+".gateway", sn.GetGateway())
 	}
 	v.mtu("spec.mtu", s.GetMtu())
 }

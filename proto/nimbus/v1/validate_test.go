@@ -55,6 +55,23 @@ func TestValidate(t *testing.T) {
 		{name: "network vni", mutate: func(o *Object) {
 			o.Spec = &Object_Network{Network: &NetworkSpec{Vni: 1 << 24, Subnet: "10.1.0.0/24", Gateway: "10.2.0.1"}}
 		}, want: "spec.vni \"16777216\": must be between 1 and 16777215\nspec.gateway \"10.2.0.1\": not inside spec.subnet 10.1.0.0/24"},
+		{name: "dual-stack network", mutate: func(o *Object) {
+			o.Spec = &Object_Network{Network: &NetworkSpec{Vni: 100, Subnets: []*Subnet{
+				{Cidr: "10.1.0.0/24", Gateway: "10.1.0.1"}, {Cidr: "fd00:1::/64", Gateway: "fd00:1::1"}, {Cidr: "10.2.0.0/24"},
+			}}}
+		}},
+		{name: "network without subnet", mutate: func(o *Object) { o.Spec = &Object_Network{Network: &NetworkSpec{Vni: 100}} },
+			want: `spec.subnets "": at least one subnet is required (spec.subnet or spec.subnets)`},
+		{name: "network gateway without subnet", mutate: func(o *Object) {
+			o.Spec = &Object_Network{Network: &NetworkSpec{Vni: 100, Gateway: "10.1.0.1", Subnets: []*Subnet{{Cidr: "10.1.0.0/24"}}}}
+		}, want: `spec.gateway "10.1.0.1": needs spec.subnet`},
+		{name: "network subnets", mutate: func(o *Object) {
+			o.Spec = &Object_Network{Network: &NetworkSpec{Vni: 100, Subnet: "10.1.0.0/16", Subnets: []*Subnet{
+				{Cidr: "fd00:1::/64", Gateway: "fd00:2::1"}, {Cidr: "10.1.2.0/24"}, {Cidr: ""},
+			}}}
+		}, want: "spec.subnets[0].gateway \"fd00:2::1\": not inside spec.subnets[0].cidr fd00:1::/64\n" +
+			"spec.subnets[1].cidr \"10.1.2.0/24\": overlaps spec.subnet 10.1.0.0/16\n" +
+			"spec.subnets[2].cidr \"\": is required"},
 		{name: "policy ports", mutate: func(o *Object) {
 			o.Spec = &Object_NetworkSecurityPolicy{NetworkSecurityPolicy: &NetworkSecurityPolicySpec{
 				Ingress: []*PolicyRule{{Action: PolicyRule_ACTION_ALLOW, Protocol: "tcp", Ports: []string{"80", "9000-8000"}}},
