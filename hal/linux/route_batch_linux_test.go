@@ -50,7 +50,7 @@ func TestRouteReconcilesShareBatches(t *testing.T) {
 			t.Errorf("KernelWrites = %d, want %d", got, n-1)
 		}
 		for i, o := range objs {
-			id, err := idOf(o.GetRoute())
+			id, err := idOf(o.GetRoute(), o.GetMeta().GetTenant())
 			if err != nil {
 				t.Fatal(err)
 			}

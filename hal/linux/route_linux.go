@@ -40,7 +40,7 @@ var RouteIndex = delphi.Index{Name: "route", Values: func(obj *nimbusv1.Object) 
 	if spec == nil {
 		return nil
 	}
-	id, err := idOf(spec)
+	id, err := idOf(spec, obj.GetMeta().GetTenant())
 	if err != nil {
 		return nil
 	}
@@ -379,7 +379,7 @@ func (r *RouteReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey
 	var want routeID
 	if obj != nil {
 		var err error
-		if want, err = idOf(obj.GetRoute()); err != nil {
+		if want, err = idOf(obj.GetRoute(), obj.GetMeta().GetTenant()); err != nil {
 			return nil, err
 		}
 	}
@@ -802,13 +802,17 @@ func (r *RouteReconciler) dump(ctx context.Context) ([]routeID, error) {
 	})
 }
 
-// idOf derives the kernel identity of a route spec.
-func idOf(spec *nimbusv1.RouteSpec) (routeID, error) {
+// idOf derives the kernel identity of a route spec of an object of the tenant.
+func idOf(spec *nimbusv1.RouteSpec, tenant string) (routeID, error) {
 	p, err := netip.ParsePrefix(spec.GetPrefix())
 	if err != nil {
 		return routeID{}, fmt.Errorf("spec.prefix %q: %w", spec.GetPrefix(), err)
 	}
-	id := newRouteID(spec.GetTable(), p, spec.GetMetric())
+	table := spec.GetTable()
+	if spec.GetTenantTable() {
+		table = TenantTable(tenant)
+	}
+	id := newRouteID(table, p, spec.GetMetric())
 	if id.metric == 0 && !id.v4 {
 		// The kernel stores an IPv6 route asked for with metric 0 at metric 1024.
 		id.metric = ip6DefaultMetric

@@ -196,7 +196,7 @@ func (h *host) observe(t *testing.T) <-chan string {
 // applied the kernel's latest change to it.
 func (h *host) mirrored(t *testing.T, table uint32, prefix string, what string, ok func(rt kernelRoute, present bool) bool) {
 	t.Helper()
-	id, err := idOf(&nimbusv1.RouteSpec{Table: table, Prefix: prefix})
+	id, err := idOf(&nimbusv1.RouteSpec{Table: table, Prefix: prefix}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,6 +288,38 @@ func TestRouteLifecycle(t *testing.T) {
 		}
 		if got := h.table(t, f, 100); strings.TrimSpace(got) != "" {
 			t.Fatalf("table 100 after delete:\n%s", got)
+		}
+	})
+}
+
+// TestRouteInTenantTable puts a route in its tenant's table: the table TenantTable gives
+// for the object's tenant, which its networks route in, and moves it when the object
+// names a table again.
+func TestRouteInTenantTable(t *testing.T) {
+	forEachFamily(t, func(t *testing.T, f ipFamily) {
+		h := newHost(t)
+		obj := route("to-dc2", 0, f.prefix, f.gw1)
+		obj.Meta.Tenant = "acme"
+		obj.GetRoute().TenantTable = true
+		h.put(t, obj)
+		if err := h.reconcile(t, obj.Key()); err != nil {
+			t.Fatalf("reconcile: %v", err)
+		}
+		table := int(TenantTable("acme"))
+		if got := h.table(t, f, table); !strings.Contains(got, f.prefix+" via "+f.gw1+" dev eth0 proto 241") {
+			t.Fatalf("table %d (tenant acme) after add:\n%s", table, got)
+		}
+		moved := route("to-dc2", 100, f.prefix, f.gw1)
+		moved.Meta.Tenant = "acme"
+		h.put(t, moved)
+		if err := h.reconcile(t, obj.Key()); err != nil {
+			t.Fatalf("reconcile after the move: %v", err)
+		}
+		if got := h.table(t, f, table); strings.TrimSpace(got) != "" {
+			t.Errorf("table %d (tenant acme) after the route moved to table 100:\n%s", table, got)
+		}
+		if got := h.table(t, f, 100); !strings.Contains(got, f.prefix+" via "+f.gw1) {
+			t.Errorf("table 100 after the move:\n%s", got)
 		}
 	})
 }

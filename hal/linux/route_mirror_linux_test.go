@@ -313,7 +313,7 @@ func TestHALResyncRepairsUnreportedDrift(t *testing.T) {
 
 func mustID(t *testing.T, table uint32, prefix string) routeID {
 	t.Helper()
-	id, err := idOf(&nimbusv1.RouteSpec{Table: table, Prefix: prefix})
+	id, err := idOf(&nimbusv1.RouteSpec{Table: table, Prefix: prefix}, "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,8 @@
 // 	protoc        (unknown)
 // source: delphi/v1/delphi.proto
 
-// Package delphi.v1 is the agent's read-only local API: what delphi holds on one host.
+// Package delphi.v1 is the agent's read-only local API: what delphi holds on one host,
+// and the overlay dataplane the host's kernel has.
 
 package delphiv1
 
@@ -394,7 +395,7 @@ var File_delphi_v1_delphi_proto protoreflect.FileDescriptor
 
 const file_delphi_v1_delphi_proto_rawDesc = "" +
 	"\n" +
-	"\x16delphi/v1/delphi.proto\x12\tdelphi.v1\x1a\x16nimbus/v1/nimbus.proto\"\x89\x01\n" +
+	"\x16delphi/v1/delphi.proto\x12\tdelphi.v1\x1a\x19delphi/v1/dataplane.proto\x1a\x16nimbus/v1/nimbus.proto\"\x89\x01\n" +
 	"\x05Entry\x12&\n" +
 	"\x03key\x18\x01 \x01(\v2\x14.nimbus.v1.ObjectKeyR\x03key\x12)\n" +
 	"\x06object\x18\x02 \x01(\v2\x11.nimbus.v1.ObjectR\x06object\x12-\n" +
@@ -416,11 +417,12 @@ const file_delphi_v1_delphi_proto_rawDesc = "" +
 	"\n" +
 	"WatchEvent\x12&\n" +
 	"\x05entry\x18\x01 \x01(\v2\x10.delphi.v1.EntryR\x05entry\x12\x18\n" +
-	"\adeleted\x18\x02 \x01(\bR\adeleted2\xb2\x01\n" +
+	"\adeleted\x18\x02 \x01(\bR\adeleted2\xfa\x01\n" +
 	"\x06Delphi\x127\n" +
 	"\x04List\x12\x16.delphi.v1.ListRequest\x1a\x17.delphi.v1.ListResponse\x124\n" +
 	"\x03Get\x12\x15.delphi.v1.GetRequest\x1a\x16.delphi.v1.GetResponse\x129\n" +
-	"\x05Watch\x12\x17.delphi.v1.WatchRequest\x1a\x15.delphi.v1.WatchEvent0\x01B6Z4github.com/naplesnet/naples/proto/delphi/v1;delphiv1b\x06proto3"
+	"\x05Watch\x12\x17.delphi.v1.WatchRequest\x1a\x15.delphi.v1.WatchEvent0\x01\x12F\n" +
+	"\tDataplane\x12\x1b.delphi.v1.DataplaneRequest\x1a\x1c.delphi.v1.DataplaneResponseB6Z4github.com/naplesnet/naples/proto/delphi/v1;delphiv1b\x06proto3"
 
 var (
 	file_delphi_v1_delphi_proto_rawDescOnce sync.Once
@@ -436,17 +438,19 @@ func file_delphi_v1_delphi_proto_rawDescGZIP() []byte {
 
 var file_delphi_v1_delphi_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_delphi_v1_delphi_proto_goTypes = []any{
-	(*Entry)(nil),         // 0: delphi.v1.Entry
-	(*ListRequest)(nil),   // 1: delphi.v1.ListRequest
-	(*ListResponse)(nil),  // 2: delphi.v1.ListResponse
-	(*GetRequest)(nil),    // 3: delphi.v1.GetRequest
-	(*GetResponse)(nil),   // 4: delphi.v1.GetResponse
-	(*WatchRequest)(nil),  // 5: delphi.v1.WatchRequest
-	(*WatchEvent)(nil),    // 6: delphi.v1.WatchEvent
-	(*v1.ObjectKey)(nil),  // 7: nimbus.v1.ObjectKey
-	(*v1.Object)(nil),     // 8: nimbus.v1.Object
-	(*v1.NodeStatus)(nil), // 9: nimbus.v1.NodeStatus
-	(v1.Kind)(0),          // 10: nimbus.v1.Kind
+	(*Entry)(nil),             // 0: delphi.v1.Entry
+	(*ListRequest)(nil),       // 1: delphi.v1.ListRequest
+	(*ListResponse)(nil),      // 2: delphi.v1.ListResponse
+	(*GetRequest)(nil),        // 3: delphi.v1.GetRequest
+	(*GetResponse)(nil),       // 4: delphi.v1.GetResponse
+	(*WatchRequest)(nil),      // 5: delphi.v1.WatchRequest
+	(*WatchEvent)(nil),        // 6: delphi.v1.WatchEvent
+	(*v1.ObjectKey)(nil),      // 7: nimbus.v1.ObjectKey
+	(*v1.Object)(nil),         // 8: nimbus.v1.Object
+	(*v1.NodeStatus)(nil),     // 9: nimbus.v1.NodeStatus
+	(v1.Kind)(0),              // 10: nimbus.v1.Kind
+	(*DataplaneRequest)(nil),  // 11: delphi.v1.DataplaneRequest
+	(*DataplaneResponse)(nil), // 12: delphi.v1.DataplaneResponse
 }
 var file_delphi_v1_delphi_proto_depIdxs = []int32{
 	7,  // 0: delphi.v1.Entry.key:type_name -> nimbus.v1.ObjectKey
@@ -461,11 +465,13 @@ var file_delphi_v1_delphi_proto_depIdxs = []int32{
 	1,  // 9: delphi.v1.Delphi.List:input_type -> delphi.v1.ListRequest
 	3,  // 10: delphi.v1.Delphi.Get:input_type -> delphi.v1.GetRequest
 	5,  // 11: delphi.v1.Delphi.Watch:input_type -> delphi.v1.WatchRequest
-	2,  // 12: delphi.v1.Delphi.List:output_type -> delphi.v1.ListResponse
-	4,  // 13: delphi.v1.Delphi.Get:output_type -> delphi.v1.GetResponse
-	6,  // 14: delphi.v1.Delphi.Watch:output_type -> delphi.v1.WatchEvent
-	12, // [12:15] is the sub-list for method output_type
-	9,  // [9:12] is the sub-list for method input_type
+	11, // 12: delphi.v1.Delphi.Dataplane:input_type -> delphi.v1.DataplaneRequest
+	2,  // 13: delphi.v1.Delphi.List:output_type -> delphi.v1.ListResponse
+	4,  // 14: delphi.v1.Delphi.Get:output_type -> delphi.v1.GetResponse
+	6,  // 15: delphi.v1.Delphi.Watch:output_type -> delphi.v1.WatchEvent
+	12, // 16: delphi.v1.Delphi.Dataplane:output_type -> delphi.v1.DataplaneResponse
+	13, // [13:17] is the sub-list for method output_type
+	9,  // [9:13] is the sub-list for method input_type
 	9,  // [9:9] is the sub-list for extension type_name
 	9,  // [9:9] is the sub-list for extension extendee
 	0,  // [0:9] is the sub-list for field type_name
@@ -476,6 +482,7 @@ func file_delphi_v1_delphi_proto_init() {
 	if File_delphi_v1_delphi_proto != nil {
 		return
 	}
+	file_delphi_v1_dataplane_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -4,7 +4,8 @@
 // - protoc             (unknown)
 // source: delphi/v1/delphi.proto
 
-// Package delphi.v1 is the agent's read-only local API: what delphi holds on one host.
+// Package delphi.v1 is the agent's read-only local API: what delphi holds on one host,
+// and the overlay dataplane the host's kernel has.
 
 package delphiv1
 
@@ -21,9 +22,10 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Delphi_List_FullMethodName  = "/delphi.v1.Delphi/List"
-	Delphi_Get_FullMethodName   = "/delphi.v1.Delphi/Get"
-	Delphi_Watch_FullMethodName = "/delphi.v1.Delphi/Watch"
+	Delphi_List_FullMethodName      = "/delphi.v1.Delphi/List"
+	Delphi_Get_FullMethodName       = "/delphi.v1.Delphi/Get"
+	Delphi_Watch_FullMethodName     = "/delphi.v1.Delphi/Watch"
+	Delphi_Dataplane_FullMethodName = "/delphi.v1.Delphi/Dataplane"
 )
 
 // DelphiClient is the client API for Delphi service.
@@ -36,6 +38,8 @@ type DelphiClient interface {
 	Get(ctx context.Context, in *GetRequest, opts ...grpc.CallOption) (*GetResponse, error)
 	// Watch sends every current entry first, then each key whose object or status changes.
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEvent], error)
+	// Dataplane reads the overlay dataplane of the host's kernel for every network in delphi.
+	Dataplane(ctx context.Context, in *DataplaneRequest, opts ...grpc.CallOption) (*DataplaneResponse, error)
 }
 
 type delphiClient struct {
@@ -85,6 +89,16 @@ func (c *delphiClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Delphi_WatchClient = grpc.ServerStreamingClient[WatchEvent]
 
+func (c *delphiClient) Dataplane(ctx context.Context, in *DataplaneRequest, opts ...grpc.CallOption) (*DataplaneResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DataplaneResponse)
+	err := c.cc.Invoke(ctx, Delphi_Dataplane_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // DelphiServer is the server API for Delphi service.
 // All implementations must embed UnimplementedDelphiServer
 // for forward compatibility.
@@ -95,6 +109,8 @@ type DelphiServer interface {
 	Get(context.Context, *GetRequest) (*GetResponse, error)
 	// Watch sends every current entry first, then each key whose object or status changes.
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchEvent]) error
+	// Dataplane reads the overlay dataplane of the host's kernel for every network in delphi.
+	Dataplane(context.Context, *DataplaneRequest) (*DataplaneResponse, error)
 	mustEmbedUnimplementedDelphiServer()
 }
 
@@ -113,6 +129,9 @@ func (UnimplementedDelphiServer) Get(context.Context, *GetRequest) (*GetResponse
 }
 func (UnimplementedDelphiServer) Watch(*WatchRequest, grpc.ServerStreamingServer[WatchEvent]) error {
 	return status.Error(codes.Unimplemented, "method Watch not implemented")
+}
+func (UnimplementedDelphiServer) Dataplane(context.Context, *DataplaneRequest) (*DataplaneResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Dataplane not implemented")
 }
 func (UnimplementedDelphiServer) mustEmbedUnimplementedDelphiServer() {}
 func (UnimplementedDelphiServer) testEmbeddedByValue()                {}
@@ -182,6 +201,24 @@ func _Delphi_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Delphi_WatchServer = grpc.ServerStreamingServer[WatchEvent]
 
+func _Delphi_Dataplane_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DataplaneRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DelphiServer).Dataplane(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Delphi_Dataplane_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DelphiServer).Dataplane(ctx, req.(*DataplaneRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Delphi_ServiceDesc is the grpc.ServiceDesc for Delphi service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -196,6 +233,10 @@ var Delphi_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Get",
 			Handler:    _Delphi_Get_Handler,
+		},
+		{
+			MethodName: "Dataplane",
+			Handler:    _Delphi_Dataplane_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1158,14 +1158,19 @@ func (x *PolicyRule) GetPorts() []string {
 // RouteSpec is a route in a policy-routing table of the node's kernel.
 type RouteSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// table is the kernel routing table id (1..4294967295, not 255 "local").
+	// table is the kernel routing table id (1..4294967295, not 255 "local"); 0 with
+	// tenant_table.
 	Table uint32 `protobuf:"varint,1,opt,name=table,proto3" json:"table,omitempty"`
 	// prefix is the destination in CIDR form with no host bits set.
 	Prefix string `protobuf:"bytes,2,opt,name=prefix,proto3" json:"prefix,omitempty"`
 	// nexthops lists one or more next hops; more than one makes an ECMP route.
 	Nexthops []*NextHop `protobuf:"bytes,3,rep,name=nexthops,proto3" json:"nexthops,omitempty"`
 	// metric is the route priority; 0 is the kernel default.
-	Metric        uint32 `protobuf:"varint,4,opt,name=metric,proto3" json:"metric,omitempty"`
+	Metric uint32 `protobuf:"varint,4,opt,name=metric,proto3" json:"metric,omitempty"`
+	// tenant_table puts the route in the policy-routing table of the object's tenant, the
+	// one its networks route in (traffic entering from them), instead of table, which must
+	// then be 0.
+	TenantTable   bool `protobuf:"varint,5,opt,name=tenant_table,json=tenantTable,proto3" json:"tenant_table,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1226,6 +1231,13 @@ func (x *RouteSpec) GetMetric() uint32 {
 		return x.Metric
 	}
 	return 0
+}
+
+func (x *RouteSpec) GetTenantTable() bool {
+	if x != nil {
+		return x.TenantTable
+	}
+	return false
 }
 
 // NextHop is one next hop of a route.
@@ -2810,12 +2822,13 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\x06Action\x12\x16\n" +
 	"\x12ACTION_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fACTION_ALLOW\x10\x01\x12\x0f\n" +
-	"\vACTION_DENY\x10\x02\"\x81\x01\n" +
+	"\vACTION_DENY\x10\x02\"\xa4\x01\n" +
 	"\tRouteSpec\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\rR\x05table\x12\x16\n" +
 	"\x06prefix\x18\x02 \x01(\tR\x06prefix\x12.\n" +
 	"\bnexthops\x18\x03 \x03(\v2\x12.nimbus.v1.NextHopR\bnexthops\x12\x16\n" +
-	"\x06metric\x18\x04 \x01(\rR\x06metric\"S\n" +
+	"\x06metric\x18\x04 \x01(\rR\x06metric\x12!\n" +
+	"\ftenant_table\x18\x05 \x01(\bR\vtenantTable\"S\n" +
 	"\aNextHop\x12\x18\n" +
 	"\agateway\x18\x01 \x01(\tR\agateway\x12\x16\n" +
 	"\x06device\x18\x02 \x01(\tR\x06device\x12\x16\n" +

@@ -266,10 +266,14 @@ func (v *validator) rule(field string, r *PolicyRule) {
 }
 
 func (v *validator) route(s *RouteSpec) {
-	switch s.GetTable() {
-	case 0:
-		v.add("spec.table", "0", "is required (1 to 4294967295)")
-	case 255:
+	switch t := s.GetTable(); {
+	case s.GetTenantTable():
+		if t != 0 {
+			v.add("spec.table", strconv.FormatUint(uint64(t), 10), "must be 0 with spec.tenantTable, which picks the tenant's table")
+		}
+	case t == 0:
+		v.add("spec.table", "0", "is required (1 to 4294967295), or spec.tenantTable")
+	case t == 255:
 		v.add("spec.table", "255", `table 255 is the kernel's "local" table and cannot be used`)
 	}
 	p, pok := v.prefix("spec.prefix", s.GetPrefix())
