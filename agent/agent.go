@@ -51,6 +51,10 @@ type Config struct {
 	// picks a free port, which the log's "serving metrics" line names. Default: empty,
 	// nothing is served.
 	Metrics string
+	// InterfaceStats is how often the status of Interface objects is refreshed with
+	// their NIC's counters; a change of a NIC's state refreshes it at once. A status goes
+	// upstream only when it changed. Default: 10s.
+	InterfaceStats time.Duration
 
 	// netns, when set, is the network namespace the HAL programs instead of the
 	// agent's own; tests use it to keep their hands off the machine's namespace.
@@ -98,7 +102,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer client.Close()
-	reconcilers, closeBackend, err := backend(store, cfg.netns, log)
+	reconcilers, closeBackend, err := backend(store, cfg, log)
 	if err != nil {
 		return err
 	}
@@ -118,7 +122,7 @@ func Run(ctx context.Context, cfg Config) error {
 	var wg sync.WaitGroup
 	parts := map[string]func(context.Context) error{"nimbus client": client.Run, "hal": h.Run}
 	if cfg.Socket != "" {
-		serve, err := serveLocalAPI(ctx, cfg.Socket, store, log)
+		serve, err := serveLocalAPI(ctx, cfg.Socket, InspectorOptions{Store: store, Logger: log, Node: cfg.Node, Namespace: cfg.netns})
 		if err != nil {
 			return err
 		}

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"log/slog"
 
-	"github.com/vishvananda/netns"
-
 	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/hal"
 )
@@ -16,6 +14,6 @@ import (
 func indexes() []delphi.Index { return nil }
 
 // backend reports that only Linux hosts can be programmed.
-func backend(*delphi.Store, *netns.NsHandle, *slog.Logger) ([]hal.Reconciler, func(), error) {
+func backend(*delphi.Store, Config, *slog.Logger) ([]hal.Reconciler, func(), error) {
 	return nil, nil, errors.New("agent: the HAL programs Linux kernels only")
 }

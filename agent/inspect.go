@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vishvananda/netns"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -56,15 +57,25 @@ type InspectorOptions struct {
 	Store InspectStore
 	// Logger receives the API's logs. Default: slog.Default().
 	Logger *slog.Logger
+	// Node is this host's node name, which tells the endpoints on this host from the
+	// others in Dataplane's answer. Default: empty, and Dataplane fails.
+	Node string
+	// Namespace is the network namespace whose kernel Dataplane reads, the one the HAL
+	// programs. Default: nil, the agent's own.
+	Namespace *netns.NsHandle
 }
 
 // Inspector serves the agent's read-only local API, the delphi.v1.Delphi service: what
-// delphi holds on this host, desired objects and this node's status of them.
+// delphi holds on this host, desired objects and this node's status of them, and the
+// overlay dataplane the kernel has (Dataplane).
 type Inspector struct {
 	delphiv1.UnimplementedDelphiServer
 
 	store InspectStore
 	log   *slog.Logger
+	// node and netns are InspectorOptions.Node and Namespace, for Dataplane.
+	node  string
+	netns *netns.NsHandle
 	// done is closed by Close; it ends every watch.
 	done      chan struct{}
 	closeOnce sync.Once
@@ -81,7 +92,7 @@ func NewInspector(opts InspectorOptions) (*Inspector, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Inspector{store: opts.Store, log: log, done: make(chan struct{})}, nil
+	return &Inspector{store: opts.Store, log: log, node: opts.Node, netns: opts.Namespace, done: make(chan struct{})}, nil
 }
 
 // Serve serves the API on lis until ctx ends or lis fails. When ctx ends it ends every
@@ -288,8 +299,8 @@ func listenLocalAPI(ctx context.Context, path string) (net.Listener, error) {
 
 // serveLocalAPI listens on the unix socket at path and returns the function that serves
 // the local API over store on it until its context ends.
-func serveLocalAPI(ctx context.Context, path string, store InspectStore, log *slog.Logger) (func(context.Context) error, error) {
-	insp, err := NewInspector(InspectorOptions{Store: store, Logger: log})
+func serveLocalAPI(ctx context.Context, path string, opts InspectorOptions) (func(context.Context) error, error) {
+	insp, err := NewInspector(opts)
 	if err != nil {
 		return nil, err
 	}

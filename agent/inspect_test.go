@@ -50,7 +50,7 @@ func newInspectEnv(t *testing.T) *inspectEnv {
 	// The socket's directory does not exist yet: listening creates it.
 	sock := filepath.Join(t.TempDir(), "run", "agent.sock")
 	ctx, cancel := context.WithCancel(context.Background())
-	serve, err := serveLocalAPI(ctx, sock, store, quiet)
+	serve, err := serveLocalAPI(ctx, sock, InspectorOptions{Store: store, Logger: quiet})
 	if err != nil {
 		cancel()
 		t.Fatal(err)

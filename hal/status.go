@@ -1,8 +1,12 @@
 package hal
 
 import (
+	"encoding/binary"
+	"hash/maphash"
 	"sync"
 	"sync/atomic"
+
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
 // statusWriter records the statuses that workers hand it in batches, so that many
@@ -12,6 +16,14 @@ import (
 // whole transactions; once the queue is empty it records at once whatever is pending. It
 // keeps only the latest status of a key that is still pending, and records a key's
 // statuses in the order they were handed over.
+//
+// It records a status only when it changed: it remembers, per key, a hash of the content of
+// the last status it recorded (statusSum: everything but the update time), and passes over
+// a status whose content hashes the same, so that reconciles that change nothing, such as
+// the periodic refreshes of counters, cost no store transaction and send nothing upstream.
+// A removal is always recorded, and the key forgotten. A transaction that fails changes
+// nothing it remembers: the keys in it are reconciled again and their statuses recorded
+// anew.
 type statusWriter struct {
 	store  Store
 	batch  int
@@ -27,16 +39,24 @@ type statusWriter struct {
 	stopped bool
 
 	commits, writes atomic.Uint64
+
+	// seed seeds the hashes of statuses.
+	seed maphash.Seed
+	// recorded holds, per key ID, the statusSum of the last status recorded for it. Only
+	// run reads and writes it.
+	recorded map[string]uint64
 }
 
 func newStatusWriter(store Store, batch int, more func() bool, failed func(ids []string, err error)) *statusWriter {
 	return &statusWriter{
-		store:   store,
-		batch:   batch,
-		more:    more,
-		failed:  failed,
-		signal:  make(chan struct{}, 1),
-		pending: map[string]StatusUpdate{},
+		store:    store,
+		batch:    batch,
+		more:     more,
+		failed:   failed,
+		signal:   make(chan struct{}, 1),
+		pending:  map[string]StatusUpdate{},
+		seed:     maphash.MakeSeed(),
+		recorded: map[string]uint64{},
 	}
 }
 
@@ -71,13 +91,83 @@ func (w *statusWriter) run() {
 			<-w.signal
 			continue
 		}
+		ids, updates, sums := w.changed(ids, updates)
+		if len(updates) == 0 {
+			continue
+		}
 		if err := w.store.WriteStatus(updates); err != nil {
 			w.failed(ids, err)
 			continue
 		}
+		for i, u := range updates {
+			if u.Status == nil || sums[i] == 0 {
+				delete(w.recorded, ids[i])
+			} else {
+				w.recorded[ids[i]] = sums[i]
+			}
+		}
 		w.commits.Add(1)
 		w.writes.Add(uint64(len(updates)))
 	}
+}
+
+// changed returns the updates among those take returned that change what is recorded, with
+// their key IDs and the sums of their statuses (0 for a removal, or a status that cannot be
+// summed). It filters ids and updates in place: take hands them over.
+func (w *statusWriter) changed(ids []string, updates []StatusUpdate) ([]string, []StatusUpdate, []uint64) {
+	sums := make([]uint64, 0, len(updates))
+	n := 0
+	for i, u := range updates {
+		var sum uint64
+		if u.Status != nil {
+			sum = w.statusSum(u.Status)
+			if last, ok := w.recorded[ids[i]]; ok && sum != 0 && last == sum {
+				continue
+			}
+		}
+		ids[n], updates[n] = ids[i], u
+		sums = append(sums, sum)
+		n++
+	}
+	clear(updates[n:])
+	return ids[:n], updates[:n], sums
+}
+
+// statusSum returns a hash of the content of a status: every field but its update time.
+// It returns 0, which matches no status, for a status it cannot hash whole (one with
+// fields this build does not know).
+func (w *statusWriter) statusSum(st *nimbusv1.NodeStatus) uint64 {
+	if len(st.ProtoReflect().GetUnknown()) != 0 {
+		return 0
+	}
+	var h maphash.Hash
+	h.SetSeed(w.seed)
+	hashString(&h, st.GetNode())
+	hashUint(&h, uint64(st.GetObservedGeneration()))
+	hashUint(&h, uint64(st.GetPhase()))
+	hashString(&h, st.GetReason())
+	hashString(&h, st.GetMessage())
+	stale := uint64(0)
+	if st.GetStale() {
+		stale = 1
+	}
+	hashUint(&h, stale)
+	// The operational data in any order: the sum of the hashes of the entries.
+	var ops uint64
+	var e maphash.Hash
+	e.SetSeed(w.seed)
+	for k, v := range st.GetOperational() {
+		e.Reset()
+		hashString(&e, k)
+		hashString(&e, v)
+		ops += e.Sum64()
+	}
+	hashUint(&h, uint64(len(st.GetOperational())))
+	hashUint(&h, ops)
+	if sum := h.Sum64(); sum != 0 {
+		return sum
+	}
+	return 1
 }
 
 // take removes up to batch pending statuses, oldest first; none while fewer are pending
@@ -114,4 +204,18 @@ func (w *statusWriter) stop() {
 // counts returns the number of transactions recorded and of the statuses they held.
 func (w *statusWriter) counts() (commits, writes uint64) {
 	return w.commits.Load(), w.writes.Load()
+}
+
+// hashString adds s to h, preceded by its length, so that no two sequences of strings
+// hash alike by their concatenation.
+func hashString(h *maphash.Hash, s string) {
+	hashUint(h, uint64(len(s)))
+	h.WriteString(s)
+}
+
+// hashUint adds v to h.
+func hashUint(h *maphash.Hash, v uint64) {
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], v)
+	h.Write(b[:])
 }

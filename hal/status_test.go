@@ -3,6 +3,7 @@ package hal_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -316,4 +317,137 @@ func TestStatusBatchesFillUnderLoad(t *testing.T) {
 	// Stats counts a transaction once the store has returned from it.
 	waitFor(t, "Stats to count every status", func() bool { return h.hal.Stats().StatusWrites == uint64(n+1) },
 		func() string { return fmt.Sprintf("Stats: %+v", h.hal.Stats()) })
+}
+
+// keyCountingStore is a fakeStore that counts, per key, the status updates (statuses and
+// removals) written to it, and the transactions that held none.
+type keyCountingStore struct {
+	*fakeStore
+
+	// mu guards writes and empty.
+	mu     sync.Mutex
+	writes map[string]int
+	empty  int
+}
+
+func newKeyCountingStore(objs ...*nimbusv1.Object) *keyCountingStore {
+	return &keyCountingStore{fakeStore: newFakeStore(objs...), writes: map[string]int{}}
+}
+
+func (s *keyCountingStore) WriteStatus(updates []hal.StatusUpdate) error {
+	if err := s.fakeStore.WriteStatus(updates); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(updates) == 0 {
+		s.empty++
+	}
+	for _, u := range updates {
+		s.writes[u.Key.ID()]++
+	}
+	return nil
+}
+
+// writesOf returns the number of status updates written for each of the key IDs.
+func (s *keyCountingStore) writesOf(ids ...string) []int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]int, len(ids))
+	for i, id := range ids {
+		out[i] = s.writes[id]
+	}
+	return out
+}
+
+// TestStatusWrittenOnlyWhenChanged: the HAL writes an object's status to the store only
+// when its content (phase, reason, message, observed generation, operational data)
+// differs from the last one it wrote, whatever the update time says: reconciles that
+// change nothing, such as an observer's periodic refreshes, write nothing, while a change
+// of counters, phase or generation is written once. A removed object's status is removed
+// and the key forgotten, so the same status written again after it comes back is written.
+func TestStatusWrittenOnlyWhenChanged(t *testing.T) {
+	rec := newFakeReconciler(nimbusv1.Kind_KIND_INTERFACE)
+	obs := observer{rec}
+	a := object(nimbusv1.Kind_KIND_INTERFACE, "a", 1)
+	b := object(nimbusv1.Kind_KIND_INTERFACE, "b", 1)
+	rec.setOp(id(a), map[string]string{"operState": "up", "rxBytes": "0"})
+	store := newKeyCountingStore(a, b)
+	h := startOn(t, store, store.fakeStore, hal.Options{Reconcilers: []hal.Reconciler{obs}, ResyncInterval: -1})
+
+	wantWrites := func(what string, wa, wb int) {
+		t.Helper()
+		// Statuses are recorded in the order they are handed over: once the barrier's
+		// are in the store, those handed over before them are recorded, or passed over.
+		h.barrier()
+		if got := store.writesOf(id(a), id(b)); !slices.Equal(got, []int{wa, wb}) {
+			t.Fatalf("%s: status writes of a and b = %v; want [%d %d]", what, got, wa, wb)
+		}
+	}
+	statusOf := func(o *nimbusv1.Object) *nimbusv1.NodeStatus {
+		st, _ := store.status(id(o))
+		return st
+	}
+	refresh := func(o *nimbusv1.Object, times int) {
+		t.Helper()
+		for range times {
+			// A later update time: the status differs in it alone.
+			h.clock.Step(time.Second)
+			// One at a time: the queue coalesces a key added while it waits.
+			want := rec.callsOf(id(o)) + 1
+			obs.sendEnqueue(t, id(o))
+			waitFor(t, "the refresh of "+id(o), func() bool { return rec.callsOf(id(o)) == want }, rec.describe)
+		}
+	}
+
+	waitFor(t, "a and b PROGRAMMED", func() bool {
+		return statusOf(a).GetPhase() == nimbusv1.Phase_PHASE_PROGRAMMED && statusOf(b).GetPhase() == nimbusv1.Phase_PHASE_PROGRAMMED
+	}, rec.describe)
+	wantWrites("first reconciles", 1, 1)
+	first := statusOf(a).GetUpdateTime().AsTime()
+
+	refresh(a, 3)
+	refresh(b, 3)
+	wantWrites("refreshes that change nothing", 1, 1)
+	if got := statusOf(a).GetUpdateTime().AsTime(); !got.Equal(first) {
+		t.Errorf("a's update time = %v; want %v, the time of the status written first", got, first)
+	}
+
+	rec.setOp(id(a), map[string]string{"operState": "up", "rxBytes": "1500"})
+	refresh(a, 2)
+	wantWrites("a's counters changed", 2, 1)
+	if got := statusOf(a).GetOperational()["rxBytes"]; got != "1500" {
+		t.Errorf("a's rxBytes = %q; want the new count, 1500", got)
+	}
+
+	// b fails twice in a row with the same error, then succeeds: FAILED is written once.
+	rec.fail(id(b), 2, hal.Errorf(hal.ReasonConflict, "interface %q is already claimed by %s", "eth0", id(a)))
+	obs.sendEnqueue(t, id(b))
+	for i := 1; i <= 2; i++ {
+		waitFor(t, fmt.Sprintf("failure %d of b", i), func() bool { return rec.callsOf(id(b)) == 4+i }, rec.describe)
+		h.waitTimers(1) // the retry
+		h.clock.Step(time.Second)
+	}
+	waitFor(t, "b PROGRAMMED again", func() bool {
+		return rec.callsOf(id(b)) == 7 && statusOf(b).GetPhase() == nimbusv1.Phase_PHASE_PROGRAMMED
+	}, rec.describe)
+	wantWrites("b FAILED twice alike, then PROGRAMMED", 2, 3)
+
+	a2 := object(nimbusv1.Kind_KIND_INTERFACE, "a", 2)
+	store.put(a2)
+	waitFor(t, "a at generation 2", func() bool { return statusOf(a).GetObservedGeneration() == 2 }, rec.describe)
+	wantWrites("a's generation changed", 3, 3)
+
+	store.remove(id(a))
+	waitFor(t, "a's status removed", func() bool { return statusOf(a) == nil }, rec.describe)
+	store.put(a2)
+	waitFor(t, "a's status back", func() bool { return statusOf(a).GetObservedGeneration() == 2 }, rec.describe)
+	wantWrites("a removed and put back", 5, 3)
+
+	store.mu.Lock()
+	empty := store.empty
+	store.mu.Unlock()
+	if empty != 0 {
+		t.Errorf("%d status transactions held no status; want none", empty)
+	}
 }

@@ -25,6 +25,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/naplesnet/naples/agent"
 	"github.com/naplesnet/naples/internal/pki"
@@ -66,6 +67,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		metrics = s
 		return nil
 	})
+	interfaceStats := fs.Duration("interface-stats-interval", 10*time.Second, "how often the status of Interface objects is refreshed with their NIC's counters")
 	level := slog.LevelInfo
 	fs.Func("log-level", "log `level`: debug, info, warn or error (default info)", func(s string) error {
 		if err := level.UnmarshalText([]byte(s)); err != nil {
@@ -83,6 +85,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			return err
 		}
 		return fmt.Errorf("parsing flags: %w: %w", errUsage, err)
+	}
+	if *interfaceStats <= 0 {
+		fmt.Fprintf(stderr, "invalid value %q for flag -interface-stats-interval: must be positive\n", interfaceStats.String())
+		return fmt.Errorf("parsing flags: %w", errUsage)
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "unexpected arguments: %q\n", fs.Args())
@@ -103,5 +109,6 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 				"certificate", *tlsCert, "identity", id.String(), "node", *node, "error", err)
 		}
 	}
-	return agent.Run(ctx, agent.Config{Node: *node, Nimbus: *nimbus, TLS: tlsConfig, StateDir: *stateDir, DiscardState: *discardState, Logger: log, Socket: *socket, Metrics: metrics})
+	return agent.Run(ctx, agent.Config{Node: *node, Nimbus: *nimbus, TLS: tlsConfig, StateDir: *stateDir, DiscardState: *discardState, Logger: log, Socket: *socket, Metrics: metrics,
+		InterfaceStats: *interfaceStats})
 }

@@ -228,7 +228,8 @@ func TestRoundTrip(t *testing.T) {
 // as gRPC's proto codec does, and that values that are no messages are refused.
 func TestFallback(t *testing.T) {
 	grpcCodec := encoding.GetCodecV2(protoenc.Name)
-	large, err := structpb.NewStruct(map[string]any{"name": strings.Repeat("é", 4000), "n": 42.0})
+	// One field: proto.Marshal writes a map's entries in random order.
+	large, err := structpb.NewStruct(map[string]any{"name": strings.Repeat("é", 4000)})
 	if err != nil {
 		t.Fatal(err)
 	}

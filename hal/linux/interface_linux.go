@@ -1,0 +1,1231 @@
+package linux
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/naplesnet/naples/hal"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// AddressProtocol marks the addresses naples adds to host interfaces. The kernel keeps it
+// with each address as the address's protocol (IFA_PROTO, Linux 6.1 and later; `ip address
+// show proto 242` with iproute2 6.2 and later), so a restarted agent recognises the
+// addresses it added, and never removes one it did not. It is the number of
+// OverlayRouteProtocol: the kernel numbers address and route protocols apart, and 242
+// stands for naples in both.
+const AddressProtocol uint8 = uint8(OverlayRouteProtocol)
+
+// ifaProto is the attribute of an address's protocol (IFA_PROTO), which
+// golang.org/x/sys/unix does not define yet.
+const ifaProto = 11
+
+// InterfaceStore is what the interface reconciler reads of delphi.
+type InterfaceStore interface {
+	// Get returns the desired object with the key.
+	Get(key *nimbusv1.ObjectKey) (*nimbusv1.Object, bool)
+	// KeyIDs returns the key IDs of the desired objects of one kind, ordered.
+	KeyIDs(kind nimbusv1.Kind) []string
+}
+
+// InterfaceOptions configures an InterfaceReconciler.
+type InterfaceOptions struct {
+	// Store holds the desired Interface objects; the reconciler reads it to find which
+	// object names a link, and, when sweeping, which addresses are still wanted. Required.
+	Store InterfaceStore
+	// Namespace is the network namespace whose interfaces are programmed. Default: the
+	// calling process's.
+	Namespace *netns.NsHandle
+	// Timeout bounds every netlink request and dump, so a kernel that does not answer
+	// fails the reconcile, which is retried, instead of pinning a worker. Default: 10s.
+	Timeout time.Duration
+	// EventBuffer is the size in bytes of the kernel's receive buffer for the observer's
+	// link and address subscription (SO_RCVBUFFORCE, which needs CAP_NET_ADMIN). A burst
+	// of changes bigger than it overflows it; the observer then fails, and its restart
+	// reads the kernel afresh. Default: 32 MiB.
+	EventBuffer int
+	// StatsInterval is how often the observer reads every link afresh (one dump) and
+	// enqueues every Interface object, so that the counters in their statuses refresh.
+	// Default: 10s; negative disables the refresh.
+	StatsInterval time.Duration
+	// Logger receives the reconciler's logs. Default: slog.Default().
+	Logger *slog.Logger
+}
+
+// ifaceLink is what the link mirror keeps of a link (`ip -s link show`).
+type ifaceLink struct {
+	index int32
+	// up is the administrative state (IFF_UP).
+	up  bool
+	mtu uint32
+	// operState is the RFC 2863 operational state (IFLA_OPERSTATE).
+	operState uint8
+	carrier   bool
+	// owner is the key ID of the object naples created the link for, from its alias
+	// (OwnerOfAlias); "" for a link naples did not create, such as a host NIC.
+	owner string
+	stats ifaceStats
+}
+
+// ifaceStats are a link's counters (struct rtnl_link_stats64).
+type ifaceStats struct {
+	rxPackets, txPackets, rxBytes, txBytes, rxErrors, txErrors, rxDropped, txDropped uint64
+}
+
+// sameIfaceLink reports whether the link have is in the state want describes: the
+// same link, with the administrative state and MTU the reconciler writes. Operational
+// state and counters change on their own and are left out, so that the echo of a write
+// is recognised whatever they show.
+func sameIfaceLink(have, want ifaceLink) bool {
+	return have.index == want.index && have.up == want.up && have.mtu == want.mtu
+}
+
+// ifaceAddrID identifies an address in the kernel: its link and its address with prefix
+// length, as `ip address` shows it (10.0.0.1/24, not masked).
+type ifaceAddrID struct {
+	index  int32
+	prefix netip.Prefix
+}
+
+// ifaceAddr is what the address mirror keeps of an address: who added it.
+type ifaceAddr struct {
+	// proto is the address's protocol (IFA_PROTO): AddressProtocol for naples's.
+	proto uint8
+}
+
+// InterfaceReconciler programs Interface objects: host NICs that exist, whose
+// administrative state, MTU and addresses it sets. naples never creates or deletes such
+// a link. An object names its link by spec.device, or by its own name when that is
+// empty; an object whose link does not exist is PENDING (ReasonWaitingForInterface) until
+// the observer sees a link of that name appear. A link is programmed for one object only:
+// when several name it, the first by key ID owns it and the others are FAILED
+// (hal.ReasonConflict), as is an object naming a link naples created for another object.
+//
+// The addresses it adds carry AddressProtocol. Those of the owning object's addresses that
+// the link holds already, added by someone else, are left alone and make the object FAILED
+// with hal.ReasonConflict; addresses of naples that the object no longer lists are
+// removed, and other addresses are never touched. Deleting an object removes the addresses
+// naples added for it and leaves the link's administrative state and MTU as they are:
+// the link is the host's, and what it was before naples set them is not known.
+//
+// The link is set (`ip link set DEV up|down mtu M`) by name and only when the mirror shows
+// that it differs. IPv6 addresses go when a link goes down (unless
+// net.ipv6.conf.DEV.keep_addr_on_down is set): the observer then sees them go, and the
+// reconcile it triggers adds them again, so a link that is down keeps the addresses of
+// its object as well.
+//
+// It reads the kernel from two hal.Mirror instances, one of every link by name and one of
+// every address, each filled by one dump, kept current by the observer's subscription to
+// link and address changes, and dumped afresh when the observer starts and at every
+// sweep; every StatsInterval the observer dumps the links again, which refreshes their
+// counters, and enqueues every Interface object, so their statuses carry fresh counters
+// (the HAL sends a status upstream only when it changed). A reconcile compares with the
+// mirrors and writes only what differs, so a restarted agent that finds everything as
+// programmed writes nothing. Writes go through the batched netlink writer.
+//
+// The status's operational data are the link's: operState (as
+// netlink.LinkOperState.String spells it), carrier and adminUp ("true" or "false"), mtu,
+// and the counters rxBytes, txBytes, rxPackets, txPackets, rxErrors, txErrors, rxDropped
+// and txDropped, in decimal.
+type InterfaceReconciler struct {
+	store         InterfaceStore
+	ns            *netns.NsHandle
+	nl            *nlBatcher
+	timeout       time.Duration
+	eventBuffer   int
+	statsInterval time.Duration
+	log           *slog.Logger
+	writes        atomic.Uint64
+	// dumps counts the dumps of links and of addresses, for tests.
+	dumps atomic.Uint64
+
+	// links mirrors every link of the namespace by name; addrs every address.
+	links *hal.Mirror[string, ifaceLink]
+	addrs *hal.Mirror[ifaceAddrID, ifaceAddr]
+
+	// namesMu guards names, and is held while a link event is applied to links, so that
+	// names follows the mirror: a rename shows up as a link event of the new name only.
+	namesMu sync.Mutex
+	// names maps link indexes to names, as links shows them.
+	names map[int32]string
+
+	// oursMu guards ours.
+	oursMu sync.Mutex
+	// ours holds, per link index, the addresses that may carry AddressProtocol: every
+	// address of naples that a dump, an event or a write showed. It may hold addresses
+	// that are gone or foreign now (oursOn checks them against the mirror and drops
+	// them); it holds every address of naples the mirror holds.
+	ours map[int32]map[netip.Prefix]struct{}
+
+	// dumpMu serializes dumps and guards dumpReader.
+	dumpMu     sync.Mutex
+	dumpReader *mmsgReader
+	// filled is set once both mirrors have been loaded by a dump.
+	filled atomic.Bool
+
+	// devLocks serializes work on one link between the workers of different objects and
+	// the sweeper.
+	devLocks keyedMutex[string]
+
+	// programmedMu guards programmed.
+	programmedMu sync.Mutex
+	// programmed maps the key ID of every object that owned its link at its last
+	// reconcile to the link's name, so that deleting the object, or moving it to another
+	// link, removes the addresses added for it.
+	programmed map[string]string
+}
+
+var (
+	_ hal.Reconciler         = (*InterfaceReconciler)(nil)
+	_ hal.Sweeper            = (*InterfaceReconciler)(nil)
+	_ hal.Observer           = (*InterfaceReconciler)(nil)
+	_ hal.KernelWriteCounter = (*InterfaceReconciler)(nil)
+)
+
+// NewInterfaceReconciler returns a reconciler bound to the options' namespace.
+func NewInterfaceReconciler(opts InterfaceOptions) (*InterfaceReconciler, error) {
+	if opts.Store == nil {
+		return nil, errors.New("interface reconciler: InterfaceOptions.Store is required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = 10 * time.Second
+	}
+	if opts.EventBuffer <= 0 {
+		opts.EventBuffer = 32 << 20
+	}
+	if opts.StatsInterval == 0 {
+		opts.StatsInterval = 10 * time.Second
+	}
+	b, err := newNLBatcher(nlBatcherOptions{Namespace: opts.Namespace, Protocol: unix.NETLINK_ROUTE, Timeout: opts.Timeout})
+	if err != nil {
+		return nil, err
+	}
+	seed := maphash.MakeSeed()
+	return &InterfaceReconciler{
+		store:         opts.Store,
+		ns:            opts.Namespace,
+		nl:            b,
+		timeout:       opts.Timeout,
+		eventBuffer:   opts.EventBuffer,
+		statsInterval: opts.StatsInterval,
+		log:           opts.Logger,
+		links:         hal.NewMirror[string, ifaceLink](sameIfaceLink, func(name string) uint64 { return maphash.String(seed, name) }),
+		addrs:         hal.NewMirror[ifaceAddrID, ifaceAddr](func(have, want ifaceAddr) bool { return have == want }, nil),
+		names:         map[int32]string{},
+		ours:          map[int32]map[netip.Prefix]struct{}{},
+		// Dump answers come in datagrams of up to 32 KiB, more for a link with many
+		// virtual functions.
+		dumpReader: newMMsgReader(4, 64<<10),
+		programmed: map[string]string{},
+	}, nil
+}
+
+// Close releases the netlink socket. It is safe to call twice.
+func (r *InterfaceReconciler) Close() error {
+	return r.nl.Close()
+}
+
+// Kind returns KIND_INTERFACE.
+func (r *InterfaceReconciler) Kind() nimbusv1.Kind { return nimbusv1.Kind_KIND_INTERFACE }
+
+// KernelWrites returns how many link changes and addresses the reconciler has written:
+// one per request the kernel took (a link's state and MTU are set together).
+func (r *InterfaceReconciler) KernelWrites() uint64 { return r.writes.Load() }
+
+// ifaceSpec is an Interface object's spec, parsed.
+type ifaceSpec struct {
+	device  string
+	adminUp bool
+	mtu     uint32
+	// addrs are the addresses, without duplicates, in the order the spec lists them.
+	addrs []netip.Prefix
+}
+
+// deviceOf returns the name of the link an Interface object names: spec.device, or the
+// object's name.
+func deviceOf(obj *nimbusv1.Object) string {
+	if d := obj.GetInterface().GetDevice(); d != "" {
+		return d
+	}
+	return obj.GetMeta().GetName()
+}
+
+// parseIfaceSpec parses an Interface object's spec.
+func parseIfaceSpec(obj *nimbusv1.Object) (ifaceSpec, error) {
+	spec := obj.GetInterface()
+	s := ifaceSpec{device: deviceOf(obj), adminUp: spec.GetAdminUp(), mtu: spec.GetMtu()}
+	if s.device == "" {
+		return ifaceSpec{}, hal.Errorf(hal.ReasonInvalid, "spec.device is empty and so is the object's name")
+	}
+	if len(s.device) >= unix.IFNAMSIZ || strings.ContainsAny(s.device, "/: \t\n") {
+		return ifaceSpec{}, hal.Errorf(hal.ReasonInvalid, "spec.device %q: not a valid interface name", s.device)
+	}
+	for i, a := range spec.GetAddresses() {
+		p, err := netip.ParsePrefix(a)
+		if err != nil {
+			return ifaceSpec{}, hal.Errorf(hal.ReasonInvalid, "spec.addresses[%d] %q: %v", i, a, err)
+		}
+		if p.Addr().Is4In6() {
+			return ifaceSpec{}, hal.Errorf(hal.ReasonInvalid, "spec.addresses[%d] %q: an IPv4-mapped IPv6 address; write the IPv4 address", i, a)
+		}
+		if !slices.Contains(s.addrs, p) {
+			s.addrs = append(s.addrs, p)
+		}
+	}
+	return s, nil
+}
+
+// Reconcile makes the link obj names match it: `ip link set DEV up|down mtu M` when the
+// state or MTU differ, `ip address add ADDR dev DEV proto 242` for each listed address
+// the link lacks, `ip address del` for each address of naples on it that is not listed.
+// With obj nil it removes the addresses it added for key and leaves the link as it is.
+func (r *InterfaceReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (map[string]string, error) {
+	if err := r.fill(ctx); err != nil {
+		return nil, err
+	}
+	id := key.ID()
+	old, hadOld := r.programmedDevice(id)
+	if obj == nil {
+		if !hadOld {
+			return nil, nil // never programmed by this reconciler; Sweep removes leftovers
+		}
+		return nil, r.release(ctx, id, old)
+	}
+	want, err := parseIfaceSpec(obj)
+	if err != nil {
+		return nil, err
+	}
+	if hadOld && old != want.device {
+		if err := r.release(ctx, id, old); err != nil {
+			return nil, err
+		}
+	}
+
+	lock := r.devLocks.lock(want.device)
+	defer r.devLocks.unlock(want.device, lock)
+	if owner := r.ownerOf(want.device); owner != "" && owner != id {
+		r.forget(id, want.device)
+		return nil, hal.Errorf(hal.ReasonConflict, "interface %q is already claimed by %s", want.device, owner)
+	}
+	link, ok := r.links.Get(want.device)
+	if !ok {
+		// The link's addresses went with it: there is nothing to remove for key.
+		r.forget(id, want.device)
+		return nil, hal.Pendingf(ReasonWaitingForInterface, "waiting for interface %q: no such link", want.device)
+	}
+	if link.owner != "" {
+		r.forget(id, want.device)
+		return nil, hal.Errorf(hal.ReasonConflict, "interface %q was created by naples for %s; an Interface object describes a host NIC", want.device, link.owner)
+	}
+	r.remember(id, want.device)
+	if link.up != want.adminUp || (want.mtu != 0 && link.mtu != want.mtu) {
+		if err := r.setLink(ctx, want.device, link, want); err != nil {
+			return nil, err
+		}
+	}
+	if err := r.syncAddresses(ctx, want.device, link.index, want.addrs); err != nil {
+		return nil, err
+	}
+	if r.log.Enabled(ctx, slog.LevelDebug) {
+		r.log.Debug("interface programmed", "key", id, "device", want.device)
+	}
+	link, _ = r.links.Get(want.device)
+	return linkStatus(link), nil
+}
+
+// linkStatus returns the operational data of a link for its object's status.
+func linkStatus(l ifaceLink) map[string]string {
+	u := func(v uint64) string { return strconv.FormatUint(v, 10) }
+	return map[string]string{
+		"operState": netlink.LinkOperState(l.operState).String(),
+		"carrier":   strconv.FormatBool(l.carrier),
+		"adminUp":   strconv.FormatBool(l.up),
+		"mtu":       u(uint64(l.mtu)),
+		"rxBytes":   u(l.stats.rxBytes),
+		"txBytes":   u(l.stats.txBytes),
+		"rxPackets": u(l.stats.rxPackets),
+		"txPackets": u(l.stats.txPackets),
+		"rxErrors":  u(l.stats.rxErrors),
+		"txErrors":  u(l.stats.txErrors),
+		"rxDropped": u(l.stats.rxDropped),
+		"txDropped": u(l.stats.txDropped),
+	}
+}
+
+// ownersOf returns the key IDs of the desired Interface objects that name the link,
+// ordered.
+func (r *InterfaceReconciler) ownersOf(device string) []string {
+	var out []string
+	for _, id := range r.store.KeyIDs(nimbusv1.Kind_KIND_INTERFACE) {
+		key, err := nimbusv1.ParseKeyID(id)
+		if err != nil {
+			continue
+		}
+		if obj, ok := r.store.Get(key); ok && deviceOf(obj) == device {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// ownerOf returns the key ID of the desired Interface object that owns the link, the
+// first by key ID of those that name it; "" when none does.
+func (r *InterfaceReconciler) ownerOf(device string) string {
+	if owners := r.ownersOf(device); len(owners) > 0 {
+		return owners[0]
+	}
+	return ""
+}
+
+// programmedDevice returns the link programmed for key ID id.
+func (r *InterfaceReconciler) programmedDevice(id string) (string, bool) {
+	r.programmedMu.Lock()
+	defer r.programmedMu.Unlock()
+	d, ok := r.programmed[id]
+	return d, ok
+}
+
+// remember records that key ID id owns the link.
+func (r *InterfaceReconciler) remember(id, device string) {
+	r.programmedMu.Lock()
+	defer r.programmedMu.Unlock()
+	r.programmed[id] = device
+}
+
+// forget forgets that key ID id owned the link, if it did.
+func (r *InterfaceReconciler) forget(id, device string) {
+	r.programmedMu.Lock()
+	defer r.programmedMu.Unlock()
+	if r.programmed[id] == device {
+		delete(r.programmed, id)
+	}
+}
+
+// release removes the addresses of naples from the link key ID id owned, unless another
+// object owns it now, and forgets that id owned it.
+func (r *InterfaceReconciler) release(ctx context.Context, id, device string) error {
+	lock := r.devLocks.lock(device)
+	defer r.devLocks.unlock(device, lock)
+	if owner := r.ownerOf(device); owner == "" || owner == id {
+		if err := r.removeOurs(ctx, device); err != nil {
+			return err
+		}
+	}
+	r.forget(id, device)
+	return nil
+}
+
+// removeOurs removes every address of naples from the link, if it exists.
+func (r *InterfaceReconciler) removeOurs(ctx context.Context, device string) error {
+	link, ok := r.links.Get(device)
+	if !ok {
+		return nil
+	}
+	for _, p := range r.oursOn(link.index) {
+		if err := r.deleteAddr(ctx, device, ifaceAddrID{index: link.index, prefix: p}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// setLink sets the link's administrative state and, when want has one, its MTU, in one
+// request: `ip link set DEV up|down mtu M`. The request names the link, so it cannot
+// reach another link that took the index of a link of that name.
+func (r *InterfaceReconciler) setLink(ctx context.Context, device string, have ifaceLink, want ifaceSpec) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	next := have
+	next.up = want.adminUp
+	if want.mtu != 0 {
+		next.mtu = want.mtu
+	}
+	msg := nlMessage(r.nl.buffer(), unix.RTM_NEWLINK, 0)
+	var flags uint32
+	if next.up {
+		flags = unix.IFF_UP
+	}
+	// struct ifinfomsg: family, pad, type, index (0: by name), flags, change.
+	msg = append(msg, unix.AF_UNSPEC, 0, 0, 0, 0, 0, 0, 0)
+	msg = binary.NativeEndian.AppendUint32(msg, flags)
+	msg = binary.NativeEndian.AppendUint32(msg, unix.IFF_UP)
+	msg = appendAttr(msg, unix.IFLA_IFNAME, append([]byte(device), 0))
+	if next.mtu != have.mtu {
+		msg = appendAttrUint32(msg, unix.IFLA_MTU, next.mtu)
+	}
+	state := "down"
+	if next.up {
+		state = "up"
+	}
+	what := fmt.Sprintf("setting interface %q %s mtu %d", device, state, next.mtu)
+	w := r.links.Expect(device, next)
+	err := r.nl.Do(ctx, msg)
+	switch {
+	case errors.Is(err, unix.ENODEV):
+		w.Fail()
+		return hal.Pendingf(ReasonWaitingForInterface, "waiting for interface %q: it went away while %s", device, what)
+	case err != nil:
+		w.Fail()
+		return hal.Errorf(hal.ReasonKernelError, "%s: %w", what, err)
+	}
+	w.Done()
+	r.writes.Add(1)
+	r.log.Info("interface set", "device", device, "up", next.up, "mtu", next.mtu)
+	return nil
+}
+
+// syncAddresses removes the addresses of naples on the link that want does not list and
+// adds those it lists that the link lacks. A listed address that the link holds without
+// AddressProtocol is someone else's: it is left alone, the others are programmed, and
+// the error is a conflict that names it.
+func (r *InterfaceReconciler) syncAddresses(ctx context.Context, device string, index int32, want []netip.Prefix) error {
+	for _, p := range r.oursOn(index) {
+		if slices.Contains(want, p) {
+			continue
+		}
+		if err := r.deleteAddr(ctx, device, ifaceAddrID{index: index, prefix: p}); err != nil {
+			return err
+		}
+	}
+	var foreign []string
+	for _, p := range want {
+		id := ifaceAddrID{index: index, prefix: p}
+		have, ok := r.addrs.Get(id)
+		switch {
+		case ok && have.proto == AddressProtocol:
+		case ok:
+			foreign = append(foreign, p.String())
+		default:
+			if err := r.addAddr(ctx, device, id); err != nil {
+				return err
+			}
+		}
+	}
+	if len(foreign) > 0 {
+		return hal.Errorf(hal.ReasonConflict, "interface %q holds %s already, not added by naples (protocol other than %d); leaving it alone",
+			device, strings.Join(foreign, ", "), AddressProtocol)
+	}
+	return nil
+}
+
+// addAddr adds an address of naples to the link: `ip address add PREFIX dev DEV proto
+// 242`, which fails rather than take over an address the mirror has not heard of yet.
+func (r *InterfaceReconciler) addAddr(ctx context.Context, device string, id ifaceAddrID) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	msg := appendIfaceAddrRequest(r.nl.buffer(), unix.RTM_NEWADDR, unix.NLM_F_CREATE|unix.NLM_F_EXCL, id)
+	w := r.addrs.Expect(id, ifaceAddr{proto: AddressProtocol})
+	err := r.nl.Do(ctx, msg)
+	switch {
+	case errors.Is(err, unix.ENODEV):
+		w.Fail()
+		return hal.Pendingf(ReasonWaitingForInterface, "waiting for interface %q: it went away while adding %s", device, id.prefix)
+	case errors.Is(err, unix.EEXIST):
+		w.Fail()
+		return hal.Errorf(hal.ReasonConflict, "adding %s to interface %q: the interface holds the address already (with another prefix length, or added by someone else just now): %w", id.prefix, device, err)
+	case err != nil:
+		w.Fail()
+		return hal.Errorf(hal.ReasonKernelError, "adding %s to interface %q: %w", id.prefix, device, err)
+	}
+	w.Done()
+	r.addOurs(id)
+	r.writes.Add(1)
+	r.log.Info("address added", "device", device, "address", id.prefix.String())
+	return nil
+}
+
+// deleteAddr removes an address of naples from the link, if the mirror holds it: `ip
+// address del PREFIX dev DEV`. One that is gone already is no error.
+func (r *InterfaceReconciler) deleteAddr(ctx context.Context, device string, id ifaceAddrID) error {
+	have, ok := r.addrs.Get(id)
+	if !ok || have.proto != AddressProtocol {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	msg := appendIfaceAddrRequest(r.nl.buffer(), unix.RTM_DELADDR, 0, id)
+	w := r.addrs.ExpectGone(id)
+	err := r.nl.Do(ctx, msg)
+	switch {
+	case errors.Is(err, unix.EADDRNOTAVAIL), errors.Is(err, unix.ENODEV):
+		w.Gone()
+		return nil
+	case err != nil:
+		w.Fail()
+		return hal.Errorf(hal.ReasonKernelError, "deleting %s from interface %q: %w", id.prefix, device, err)
+	}
+	w.Done()
+	r.writes.Add(1)
+	r.log.Info("address deleted", "device", device, "address", id.prefix.String())
+	return nil
+}
+
+// appendIfaceAddrRequest appends to b a request of type RTM_NEWADDR (with protocol
+// AddressProtocol) or RTM_DELADDR for the address: struct ifaddrmsg, then IFA_LOCAL and
+// IFA_ADDRESS, both the address, as `ip address` sends them. (An IPv4 delete matches the
+// prefix length only when IFA_ADDRESS is there.)
+func appendIfaceAddrRequest(b []byte, typ, flags uint16, id ifaceAddrID) []byte {
+	b = nlMessage(b, typ, flags)
+	fam := byte(unix.AF_INET6)
+	if id.prefix.Addr().Is4() {
+		fam = unix.AF_INET
+	}
+	// struct ifaddrmsg: family, prefixlen, flags, scope (universe), index.
+	b = append(b, fam, byte(id.prefix.Bits()), 0, unix.RT_SCOPE_UNIVERSE)
+	b = binary.NativeEndian.AppendUint32(b, uint32(id.index))
+	b = appendAttrAddr(b, unix.IFA_LOCAL, id.prefix.Addr())
+	b = appendAttrAddr(b, unix.IFA_ADDRESS, id.prefix.Addr())
+	if typ == unix.RTM_NEWADDR {
+		b = appendAttr(b, ifaProto, []byte{AddressProtocol})
+	}
+	return b
+}
+
+// addOurs records that the link with the index may hold the address of naples.
+func (r *InterfaceReconciler) addOurs(id ifaceAddrID) {
+	r.oursMu.Lock()
+	defer r.oursMu.Unlock()
+	set := r.ours[id.index]
+	if set == nil {
+		set = map[netip.Prefix]struct{}{}
+		r.ours[id.index] = set
+	}
+	set[id.prefix] = struct{}{}
+}
+
+// oursOn returns the addresses of naples the mirror holds on the link with the index,
+// sorted, and drops from ours those it no longer holds.
+func (r *InterfaceReconciler) oursOn(index int32) []netip.Prefix {
+	r.oursMu.Lock()
+	candidates := slices.Collect(maps.Keys(r.ours[index]))
+	r.oursMu.Unlock()
+	var out []netip.Prefix
+	for _, p := range candidates {
+		id := ifaceAddrID{index: index, prefix: p}
+		if a, ok := r.addrs.Get(id); ok && a.proto == AddressProtocol {
+			out = append(out, p)
+			continue
+		}
+		// Dropped first, then checked again: an event that adds the address meanwhile
+		// updates the mirror before it adds the candidate, so the address is either seen
+		// here or recorded again by the event.
+		r.oursMu.Lock()
+		delete(r.ours[index], p)
+		if len(r.ours[index]) == 0 {
+			delete(r.ours, index)
+		}
+		r.oursMu.Unlock()
+		if a, ok := r.addrs.Get(id); ok && a.proto == AddressProtocol {
+			r.addOurs(id)
+			out = append(out, p)
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int {
+		if c := a.Addr().Compare(b.Addr()); c != 0 {
+			return c
+		}
+		return a.Bits() - b.Bits()
+	})
+	return out
+}
+
+// nameOf returns the name of the link with the index, as the mirror shows it.
+func (r *InterfaceReconciler) nameOf(index int32) (string, bool) {
+	r.namesMu.Lock()
+	defer r.namesMu.Unlock()
+	name, ok := r.names[index]
+	return name, ok
+}
+
+// Sweep reads every link and address afresh into the mirrors, enqueues the objects whose
+// links or addresses changed without the observer reporting it, and removes every
+// address of naples on a link that no Interface object lists it for. Links that naples
+// created for other objects (an overlay bridge, say) are left to their own reconcilers.
+func (r *InterfaceReconciler) Sweep(ctx context.Context, enqueue func(keyID string)) error {
+	if err := r.resync(ctx, enqueue); err != nil {
+		return err
+	}
+	for id, a := range r.addrs.All() {
+		if a.proto != AddressProtocol {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		name, ok := r.nameOf(id.index)
+		if !ok {
+			continue
+		}
+		if link, ok := r.links.Get(name); !ok || link.index != id.index || link.owner != "" {
+			continue
+		}
+		if err := r.sweepAddr(ctx, name, id); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sweepAddr removes the address of naples from the link unless the object that owns the
+// link lists it.
+func (r *InterfaceReconciler) sweepAddr(ctx context.Context, device string, id ifaceAddrID) error {
+	lock := r.devLocks.lock(device)
+	defer r.devLocks.unlock(device, lock)
+	if owner := r.ownerOf(device); owner != "" {
+		key, err := nimbusv1.ParseKeyID(owner)
+		if err != nil {
+			return err
+		}
+		if obj, ok := r.store.Get(key); ok {
+			if want, err := parseIfaceSpec(obj); err == nil && slices.Contains(want.addrs, id.prefix) {
+				return nil
+			}
+		}
+	}
+	r.log.Info("removing stale address", "device", device, "address", id.prefix.String())
+	return r.deleteAddr(ctx, device, id)
+}
+
+// Observe subscribes to link and address changes, reads every link and address afresh
+// into the mirrors (so a restart after an overflow starts from the kernel's state), and
+// then keeps the mirrors current from the subscription. It enqueues the objects that name
+// a link that appears, goes, or changes its administrative or operational state, carrier
+// or MTU, and those whose link's addresses change other than by the reconciler's own
+// writes; and every StatsInterval it dumps the links, which refreshes their counters, and
+// enqueues every Interface object.
+func (r *InterfaceReconciler) Observe(ctx context.Context, enqueue func(keyID string), subscribed func()) error {
+	sub, err := subscribeNetlink(r.ns, r.eventBuffer, unix.RTNLGRP_LINK, unix.RTNLGRP_IPV4_IFADDR, unix.RTNLGRP_IPV6_IFADDR)
+	if err != nil {
+		return fmt.Errorf("subscribing to link and address changes: %w", err)
+	}
+	// Closing the socket ends a Receive under way.
+	stop := context.AfterFunc(ctx, func() { sub.Close() })
+	defer func() {
+		stop()
+		sub.Close()
+	}()
+	// Subscribed first, then dumped: a change that the dump misses is reported after it,
+	// and the mirrors apply it in order.
+	if err := r.resync(ctx, enqueue); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	subscribed()
+
+	refreshCtx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { r.refreshStats(refreshCtx, enqueue) })
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+	apply := func(typ uint16, payload []byte) { r.apply(typ, payload, enqueue) }
+	for {
+		err := sub.Receive(apply)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("watching link and address changes: %w", err)
+		}
+	}
+}
+
+// refreshStats dumps the links every StatsInterval, which refreshes their counters in
+// the mirror, and enqueues every Interface object, so that their statuses report the
+// counters; until ctx ends.
+func (r *InterfaceReconciler) refreshStats(ctx context.Context, enqueue func(keyID string)) {
+	if r.statsInterval < 0 {
+		return
+	}
+	t := time.NewTicker(r.statsInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		r.dumpMu.Lock()
+		_, err := r.dumpLinksLocked(ctx)
+		r.dumpMu.Unlock()
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			r.log.Warn("reading link counters", "err", err)
+			continue
+		}
+		for _, id := range r.store.KeyIDs(nimbusv1.Kind_KIND_INTERFACE) {
+			enqueue(id)
+		}
+	}
+}
+
+// apply applies a link or address change (RTM_NEWLINK, RTM_DELLINK, RTM_NEWADDR or
+// RTM_DELADDR notification) to the mirrors and enqueues the objects it concerns.
+func (r *InterfaceReconciler) apply(typ uint16, payload []byte, enqueue func(keyID string)) {
+	switch typ {
+	case unix.RTM_NEWLINK, unix.RTM_DELLINK:
+		name, l, ok := parseIfaceLink(payload)
+		if !ok {
+			return
+		}
+		for _, device := range r.applyLink(typ, name, l) {
+			for _, id := range r.ownersOf(device) {
+				enqueue(id)
+			}
+		}
+	case unix.RTM_NEWADDR, unix.RTM_DELADDR:
+		id, a, ok := parseIfaceAddr(payload)
+		if !ok {
+			return
+		}
+		var echo bool
+		if typ == unix.RTM_NEWADDR {
+			echo = r.addrs.Update(id, a)
+			if a.proto == AddressProtocol {
+				r.addOurs(id)
+			}
+		} else {
+			echo = r.addrs.Remove(id)
+		}
+		if echo {
+			return // our own write
+		}
+		if name, ok := r.nameOf(id.index); ok {
+			for _, owner := range r.ownersOf(name) {
+				enqueue(owner)
+			}
+		}
+	}
+}
+
+// applyLink applies a link event to the mirror and returns the names of the links whose
+// objects should be reconciled: a link that appeared, went, was renamed, or changed
+// what their statuses show of it (the counters aside).
+func (r *InterfaceReconciler) applyLink(typ uint16, name string, l ifaceLink) (changed []string) {
+	r.namesMu.Lock()
+	defer r.namesMu.Unlock()
+	if typ == unix.RTM_DELLINK {
+		r.links.Remove(name)
+		if r.names[l.index] == name {
+			delete(r.names, l.index)
+		}
+		r.oursMu.Lock()
+		delete(r.ours, l.index)
+		r.oursMu.Unlock()
+		return []string{name}
+	}
+	if prev, ok := r.names[l.index]; ok && prev != name {
+		// Renamed: the link of the old name is gone.
+		if old, ok := r.links.Get(prev); ok && old.index == l.index {
+			r.links.Remove(prev)
+		}
+		changed = append(changed, prev)
+	}
+	before, had := r.links.Get(name)
+	r.links.Update(name, l)
+	r.names[l.index] = name
+	if !had || before.index != l.index || before.up != l.up || before.mtu != l.mtu ||
+		before.operState != l.operState || before.carrier != l.carrier || before.owner != l.owner {
+		changed = append(changed, name)
+	}
+	return changed
+}
+
+// fill loads the mirrors with a dump, unless one has loaded them already.
+func (r *InterfaceReconciler) fill(ctx context.Context) error {
+	if r.filled.Load() {
+		return nil
+	}
+	r.dumpMu.Lock()
+	defer r.dumpMu.Unlock()
+	if r.filled.Load() {
+		return nil
+	}
+	if _, err := r.dumpLinksLocked(ctx); err != nil {
+		return err
+	}
+	if _, err := r.dumpAddrsLocked(ctx); err != nil {
+		return err
+	}
+	r.filled.Store(true)
+	return nil
+}
+
+// resync loads the mirrors with fresh dumps and enqueues the objects whose links or
+// addresses the dumps found changed. The first load reports nothing: the HAL reconciles
+// every object once at start anyway.
+func (r *InterfaceReconciler) resync(ctx context.Context, enqueue func(keyID string)) error {
+	r.dumpMu.Lock()
+	first := !r.filled.Load()
+	linkDrift, err := r.dumpLinksLocked(ctx)
+	if err != nil {
+		r.dumpMu.Unlock()
+		return err
+	}
+	addrDrift, err := r.dumpAddrsLocked(ctx)
+	if err != nil {
+		r.dumpMu.Unlock()
+		return err
+	}
+	r.filled.Store(true)
+	r.dumpMu.Unlock()
+	if first {
+		return nil
+	}
+	devices := map[string]bool{}
+	for _, name := range linkDrift {
+		devices[name] = true
+	}
+	for _, id := range addrDrift {
+		if name, ok := r.nameOf(id.index); ok {
+			devices[name] = true
+		}
+	}
+	for device := range devices {
+		for _, id := range r.ownersOf(device) {
+			r.log.Debug("interface drifted unreported", "key", id, "device", device)
+			enqueue(id)
+		}
+	}
+	return nil
+}
+
+// ifaceDumpAttempts bounds how often a dump starts over when the kernel reports that
+// what it dumps changed meanwhile (NLM_F_DUMP_INTR).
+const ifaceDumpAttempts = 5
+
+// dumpLinksLocked reads every link into the link mirror (`ip -s link show`) and returns
+// the names of the links whose state differs from what the mirror held. dumpMu must be
+// held.
+func (r *InterfaceReconciler) dumpLinksLocked(ctx context.Context) ([]string, error) {
+	type entry struct {
+		name string
+		link ifaceLink
+	}
+	drift, err := r.links.Replace(func(add func(string, ifaceLink)) error {
+		links, err := ifaceDump(ctx, r, unix.RTM_GETLINK, func(typ uint16, b []byte) (entry, bool) {
+			if typ != unix.RTM_NEWLINK {
+				return entry{}, false
+			}
+			name, l, ok := parseIfaceLink(b)
+			return entry{name, l}, ok
+		})
+		if err != nil {
+			return fmt.Errorf("listing links: %w", err)
+		}
+		for _, e := range links {
+			add(e.name, e.link)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	// Events wait while names is rebuilt from the mirror, which the dump and the events
+	// that came during it left current.
+	r.namesMu.Lock()
+	clear(r.names)
+	for name, l := range r.links.All() {
+		r.names[l.index] = name
+	}
+	r.namesMu.Unlock()
+	return drift, nil
+}
+
+// dumpAddrsLocked reads every address of both families into the address mirror (`ip
+// address show`) and returns those whose state differs from what the mirror held.
+// dumpMu must be held.
+func (r *InterfaceReconciler) dumpAddrsLocked(ctx context.Context) ([]ifaceAddrID, error) {
+	type entry struct {
+		id   ifaceAddrID
+		addr ifaceAddr
+	}
+	drift, err := r.addrs.Replace(func(add func(ifaceAddrID, ifaceAddr)) error {
+		addrs, err := ifaceDump(ctx, r, unix.RTM_GETADDR, func(typ uint16, b []byte) (entry, bool) {
+			if typ != unix.RTM_NEWADDR {
+				return entry{}, false
+			}
+			id, a, ok := parseIfaceAddr(b)
+			return entry{id, a}, ok
+		})
+		if err != nil {
+			return fmt.Errorf("listing addresses: %w", err)
+		}
+		for _, e := range addrs {
+			add(e.id, e.addr)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for id, a := range r.addrs.All() {
+		if a.proto == AddressProtocol {
+			r.addOurs(id)
+		}
+	}
+	return drift, nil
+}
+
+// ifaceDump dumps the kernel objects of a type (RTM_GETLINK or RTM_GETADDR, both
+// families) in the reconciler's namespace and returns those parse accepts. It starts over
+// when the kernel reports the dump interrupted by a change. It opens a socket of its own,
+// so that a dump cut short by its deadline leaves nothing behind. r.dumpMu must be held.
+func ifaceDump[T any](ctx context.Context, r *InterfaceReconciler, typ uint16, parse func(typ uint16, payload []byte) (T, bool)) ([]T, error) {
+	for attempt := 1; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		r.dumps.Add(1)
+		out, interrupted, err := ifaceDumpOnce(ctx, r, typ, parse)
+		if err != nil {
+			return nil, err
+		}
+		if !interrupted {
+			return out, nil
+		}
+		if attempt == ifaceDumpAttempts {
+			return nil, fmt.Errorf("dump interrupted by changes %d times in a row", attempt)
+		}
+	}
+}
+
+// ifaceDumpOnce runs one dump for ifaceDump; interrupted tells that the kernel flagged it
+// NLM_F_DUMP_INTR.
+func ifaceDumpOnce[T any](ctx context.Context, r *InterfaceReconciler, typ uint16, parse func(typ uint16, payload []byte) (T, bool)) (out []T, interrupted bool, err error) {
+	f, err := openNetlink(r.ns, unix.NETLINK_ROUTE, 0, nil)
+	if err != nil {
+		return nil, false, err
+	}
+	defer f.Close()
+	conn, err := f.SyscallConn()
+	if err != nil {
+		return nil, false, err
+	}
+	deadline := time.Now().Add(r.timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	if err := f.SetDeadline(deadline); err != nil {
+		return nil, false, err
+	}
+	stop := context.AfterFunc(ctx, func() { _ = f.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+
+	const seq = 1
+	req := nlMessage(nil, typ, unix.NLM_F_REQUEST|unix.NLM_F_DUMP)
+	if typ == unix.RTM_GETLINK {
+		req = append(req, make([]byte, unix.SizeofIfInfomsg)...) // AF_UNSPEC: every link
+	} else {
+		req = append(req, make([]byte, unix.SizeofIfAddrmsg)...) // AF_UNSPEC: both families
+	}
+	binary.NativeEndian.PutUint32(req[0:4], uint32(len(req)))
+	binary.NativeEndian.PutUint32(req[8:12], seq)
+	var werr error
+	if err := conn.Write(func(fd uintptr) bool {
+		for {
+			_, werr = unix.Write(int(fd), req)
+			if werr != unix.EINTR {
+				return werr != unix.EAGAIN
+			}
+		}
+	}); err != nil {
+		return nil, false, fmt.Errorf("sending dump request: %w", err)
+	}
+	if werr != nil {
+		return nil, false, fmt.Errorf("sending dump request: %w", werr)
+	}
+
+	rd := r.dumpReader
+	for done := false; !done; {
+		n, err := rd.read(conn, true)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, false, ctx.Err()
+			}
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				return nil, false, fmt.Errorf("%w within %v", errNoAnswer, r.timeout)
+			}
+			return nil, false, fmt.Errorf("reading dump: %w", err)
+		}
+		var derr error
+		for i := range n {
+			data, ok := rd.datagram(i)
+			if !ok {
+				continue
+			}
+			eachMessage(data, func(mtyp, flags uint16, mseq uint32, payload []byte) {
+				if mseq != seq || done || derr != nil {
+					return
+				}
+				if flags&unix.NLM_F_DUMP_INTR != 0 {
+					interrupted = true
+				}
+				switch mtyp {
+				case unix.NLMSG_DONE:
+					done = true
+					if len(payload) >= 4 {
+						if errno := int32(binary.NativeEndian.Uint32(payload)); errno < 0 {
+							derr = unix.Errno(-errno)
+						}
+					}
+				case unix.NLMSG_ERROR:
+					done = true
+					if len(payload) >= 4 {
+						derr = ackError(payload, flags)
+					}
+				default:
+					if v, ok := parse(mtyp, payload); ok {
+						out = append(out, v)
+					}
+				}
+			})
+		}
+		if derr != nil {
+			return nil, false, derr
+		}
+	}
+	return out, interrupted, nil
+}
+
+// parseIfaceLink decodes the payload of an RTM_NEWLINK or RTM_DELLINK message (struct
+// ifinfomsg and its attributes); ok is false for messages that are not about a link as a
+// whole (those of family AF_BRIDGE are about bridge ports).
+func parseIfaceLink(b []byte) (name string, l ifaceLink, ok bool) {
+	if len(b) < unix.SizeofIfInfomsg || b[0] != unix.AF_UNSPEC {
+		return "", ifaceLink{}, false
+	}
+	ne := binary.NativeEndian
+	l.index = int32(ne.Uint32(b[4:8]))
+	l.up = ne.Uint32(b[8:12])&unix.IFF_UP != 0
+	stats64 := false
+	for attrs := b[unix.SizeofIfInfomsg:]; len(attrs) >= unix.SizeofRtAttr; {
+		n := int(ne.Uint16(attrs[0:2]))
+		if n < unix.SizeofRtAttr || n > len(attrs) {
+			break
+		}
+		v := attrs[unix.SizeofRtAttr:n]
+		switch ne.Uint16(attrs[2:4]) & nlaTypeMask {
+		case unix.IFLA_IFNAME:
+			name = unix.ByteSliceToString(v)
+		case unix.IFLA_MTU:
+			if len(v) >= 4 {
+				l.mtu = ne.Uint32(v)
+			}
+		case unix.IFLA_OPERSTATE:
+			if len(v) >= 1 {
+				l.operState = v[0]
+			}
+		case unix.IFLA_CARRIER:
+			if len(v) >= 1 {
+				l.carrier = v[0] != 0
+			}
+		case unix.IFLA_IFALIAS:
+			if owner, ok := OwnerOfAlias(unix.ByteSliceToString(v)); ok {
+				l.owner = owner
+			}
+		case unix.IFLA_STATS64:
+			// struct rtnl_link_stats64: rx_packets, tx_packets, rx_bytes, tx_bytes,
+			// rx_errors, tx_errors, rx_dropped, tx_dropped, ...
+			if len(v) >= 64 {
+				l.stats = ifaceStats{
+					rxPackets: ne.Uint64(v[0:]), txPackets: ne.Uint64(v[8:]),
+					rxBytes: ne.Uint64(v[16:]), txBytes: ne.Uint64(v[24:]),
+					rxErrors: ne.Uint64(v[32:]), txErrors: ne.Uint64(v[40:]),
+					rxDropped: ne.Uint64(v[48:]), txDropped: ne.Uint64(v[56:]),
+				}
+				stats64 = true
+			}
+		case unix.IFLA_STATS:
+			// struct rtnl_link_stats, the same counters in 32 bits, for kernels that
+			// send no IFLA_STATS64.
+			if len(v) >= 32 && !stats64 {
+				l.stats = ifaceStats{
+					rxPackets: uint64(ne.Uint32(v[0:])), txPackets: uint64(ne.Uint32(v[4:])),
+					rxBytes: uint64(ne.Uint32(v[8:])), txBytes: uint64(ne.Uint32(v[12:])),
+					rxErrors: uint64(ne.Uint32(v[16:])), txErrors: uint64(ne.Uint32(v[20:])),
+					rxDropped: uint64(ne.Uint32(v[24:])), txDropped: uint64(ne.Uint32(v[28:])),
+				}
+			}
+		}
+		attrs = attrs[min(len(attrs), rtaAlign(n)):]
+	}
+	if name == "" || l.index <= 0 {
+		return "", ifaceLink{}, false
+	}
+	return name, l, true
+}
+
+// parseIfaceAddr decodes the payload of an RTM_NEWADDR or RTM_DELADDR message (struct
+// ifaddrmsg and its attributes) into the address's identity and protocol. The address is
+// IFA_LOCAL when there is one (an IPv4 address; IFA_ADDRESS is then its peer), else
+// IFA_ADDRESS.
+func parseIfaceAddr(b []byte) (id ifaceAddrID, a ifaceAddr, ok bool) {
+	if len(b) < unix.SizeofIfAddrmsg {
+		return ifaceAddrID{}, ifaceAddr{}, false
+	}
+	ne := binary.NativeEndian
+	fam, bits := b[0], int(b[1])
+	id.index = int32(ne.Uint32(b[4:8]))
+	var local, address netip.Addr
+	for attrs := b[unix.SizeofIfAddrmsg:]; len(attrs) >= unix.SizeofRtAttr; {
+		n := int(ne.Uint16(attrs[0:2]))
+		if n < unix.SizeofRtAttr || n > len(attrs) {
+			break
+		}
+		v := attrs[unix.SizeofRtAttr:n]
+		switch ne.Uint16(attrs[2:4]) & nlaTypeMask {
+		case unix.IFA_LOCAL:
+			local, _ = netip.AddrFromSlice(v)
+		case unix.IFA_ADDRESS:
+			address, _ = netip.AddrFromSlice(v)
+		case ifaProto:
+			if len(v) >= 1 {
+				a.proto = v[0]
+			}
+		}
+		attrs = attrs[min(len(attrs), rtaAlign(n)):]
+	}
+	addr := address
+	if local.IsValid() {
+		addr = local
+	}
+	switch {
+	case fam == unix.AF_INET && addr.Is4(), fam == unix.AF_INET6 && addr.Is6():
+	default:
+		return ifaceAddrID{}, ifaceAddr{}, false
+	}
+	id.prefix = netip.PrefixFrom(addr, bits)
+	if !id.prefix.IsValid() || id.index <= 0 {
+		return ifaceAddrID{}, ifaceAddr{}, false
+	}
+	return id, a, true
+}
