@@ -80,15 +80,15 @@ func TestRunReportsAndStops(t *testing.T) {
 	dir := t.TempDir()
 	addr, api, stop := startNimbus(t, dir)
 	defer stop()
-	network := &nimbusv1.Object{
-		Meta: &nimbusv1.ObjectMeta{Name: "blue", Nodes: []string{"host-a"}},
-		Spec: &nimbusv1.Object_Network{Network: &nimbusv1.NetworkSpec{Vni: 10, Subnet: "10.1.0.0/24"}},
+	group := &nimbusv1.Object{
+		Meta: &nimbusv1.ObjectMeta{Name: "web", Nodes: []string{"host-a"}},
+		Spec: &nimbusv1.Object_SecurityGroup{SecurityGroup: &nimbusv1.SecurityGroupSpec{Cidrs: []string{"192.0.2.0/24"}}},
 	}
 	route := &nimbusv1.Object{
 		Meta: &nimbusv1.ObjectMeta{Name: "to-dc2", Nodes: []string{"host-a"}},
 		Spec: &nimbusv1.Object_Route{Route: &nimbusv1.RouteSpec{Table: 100, Prefix: "198.51.100.0/24", Nexthops: []*nimbusv1.NextHop{{Gateway: "10.10.0.2"}}}},
 	}
-	for _, obj := range []*nimbusv1.Object{network, route} {
+	for _, obj := range []*nimbusv1.Object{group, route} {
 		if _, err := api.Apply(context.Background(), &nimbusv1.ApplyRequest{Object: obj}); err != nil {
 			t.Fatal(err)
 		}
@@ -101,7 +101,7 @@ func TestRunReportsAndStops(t *testing.T) {
 	}()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		resp, err := api.Get(context.Background(), &nimbusv1.GetRequest{Key: network.Key()})
+		resp, err := api.Get(context.Background(), &nimbusv1.GetRequest{Key: group.Key()})
 		if err == nil && len(resp.GetItem().GetStatus().GetNodes()) == 1 {
 			st := resp.GetItem().GetStatus().GetNodes()[0]
 			if st.GetNode() != "host-a" || st.GetPhase() != nimbusv1.Phase_PHASE_PENDING || st.GetReason() != "Unsupported" {

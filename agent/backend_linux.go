@@ -11,35 +11,50 @@ import (
 // indexes returns the delphi indexes the backend's reconcilers look objects up by.
 func indexes() []delphi.Index { return linux.Indexes() }
 
+// closingReconciler is a reconciler that holds kernel sockets until closed.
+type closingReconciler interface {
+	hal.Reconciler
+	Close() error
+}
+
 // backend returns the reconcilers that program this host's kernel, in cfg.netns (nil: the
 // agent's own network namespace), and a function that releases them.
 func backend(store *delphi.Store, cfg Config, log *slog.Logger) ([]hal.Reconciler, func(), error) {
-	var recs []hal.Reconciler
-	var closers []func() error
+	var made []closingReconciler
 	closeAll := func() {
-		for _, c := range closers {
-			c()
+		for _, r := range made {
+			r.Close()
 		}
 	}
-	add := func(r hal.Reconciler, close func() error, err error) error {
+	for _, build := range []func() (closingReconciler, error){
+		func() (closingReconciler, error) {
+			return linux.NewRouteReconciler(linux.RouteOptions{Store: store, Namespace: cfg.netns, Logger: log})
+		},
+		func() (closingReconciler, error) {
+			return linux.NewInterfaceReconciler(linux.InterfaceOptions{
+				Store: store, Namespace: cfg.netns, StatsInterval: cfg.InterfaceStats, Logger: log,
+			})
+		},
+		func() (closingReconciler, error) {
+			return linux.NewNodeReconciler(linux.NodeOptions{Store: store, Node: cfg.Node, Namespace: cfg.netns, Logger: log})
+		},
+		func() (closingReconciler, error) {
+			return linux.NewNetworkReconciler(linux.NetworkOptions{Store: store, Node: cfg.Node, Namespace: cfg.netns, Logger: log})
+		},
+		func() (closingReconciler, error) {
+			return linux.NewEndpointReconciler(linux.EndpointOptions{Store: store, Node: cfg.Node, Namespace: cfg.netns, Logger: log})
+		},
+	} {
+		r, err := build()
 		if err != nil {
-			return err
+			closeAll()
+			return nil, nil, err
 		}
-		recs = append(recs, r)
-		closers = append(closers, close)
-		return nil
+		made = append(made, r)
 	}
-	routes, err := linux.NewRouteReconciler(linux.RouteOptions{Store: store, Namespace: cfg.netns, Logger: log})
-	if err := add(routes, func() error { return routes.Close() }, err); err != nil {
-		closeAll()
-		return nil, nil, err
-	}
-	ifaces, err := linux.NewInterfaceReconciler(linux.InterfaceOptions{
-		Store: store, Namespace: cfg.netns, StatsInterval: cfg.InterfaceStats, Logger: log,
-	})
-	if err := add(ifaces, func() error { return ifaces.Close() }, err); err != nil {
-		closeAll()
-		return nil, nil, err
+	recs := make([]hal.Reconciler, len(made))
+	for i, r := range made {
+		recs[i] = r
 	}
 	return recs, closeAll, nil
 }

@@ -49,7 +49,8 @@ var RouteIndex = delphi.Index{Name: "route", Values: func(obj *nimbusv1.Object) 
 
 // Indexes returns the delphi indexes the backend's reconcilers look objects up by.
 func Indexes() []delphi.Index {
-	return []delphi.Index{RouteIndex, EndpointNetworkIndex, EndpointNodeIndex, EndpointInterfaceIndex, NetworkVNIIndex}
+	return []delphi.Index{RouteIndex, EndpointNetworkIndex, EndpointNodeIndex, EndpointInterfaceIndex,
+		EndpointMACIndex, EndpointIPIndex, NetworkVNIIndex}
 }
 
 // RouteStore is what the route reconciler reads of delphi.

@@ -1,0 +1,498 @@
+package linux
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
+
+	"github.com/naplesnet/naples/hal"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// The kernel state the endpoint reconciler reads, in the forms its mirrors keep, and the
+// netlink messages it reads and writes. The mirrors hold:
+//
+//   - every link of the namespace (`ip link`), by interface index: its name, alias,
+//     master, MTU and whether it is up;
+//   - every static FDB entry (`bridge fdb show`, the entries shown "static" and not
+//     "permanent") without a VLAN: the entries the reconciler writes, a remote MAC's
+//     `self ... dst VTEP` entry on a VXLAN device and its `master` entry on the bridge
+//     port, are of that kind; learned and permanent entries (a device's own addresses, the
+//     network reconciler's head-end replication entries) are not;
+//   - every permanent neighbour (`ip neigh show nud permanent`), of either family.
+
+// epLink is what the mirror keeps of a link.
+type epLink struct {
+	name  string
+	alias string
+	// master is the index of the link's master (a bridge, for a bridge port); 0 for none.
+	master int32
+	mtu    uint32
+	// up tells the administrative state (IFF_UP), not whether the link has a carrier.
+	up bool
+}
+
+// fdbKey identifies a static FDB entry: the device it is on, its MAC, and whether it is a
+// bridge's entry for one of its ports (`bridge fdb ... master`, reported with NDA_MASTER)
+// or the device's own (`... self`, a VXLAN device's remote MAC).
+type fdbKey struct {
+	ifindex int32
+	mac     [6]byte
+	master  bool
+}
+
+// fdbEntry is what the mirror keeps of a static FDB entry: where a VXLAN device sends
+// frames to the MAC (NDA_DST, the remote VTEP); invalid for a bridge's entry.
+type fdbEntry struct {
+	dst netip.Addr
+}
+
+// neighKey identifies a neighbour entry: its device and IP address.
+type neighKey struct {
+	ifindex int32
+	ip      netip.Addr
+}
+
+// neighEntry is what the mirror keeps of a permanent neighbour: its link-layer address.
+type neighEntry struct {
+	mac [6]byte
+}
+
+// epMix spreads the bits of h, for the mirrors' shards.
+func epMix(h uint64) uint64 {
+	h *= 0x9e3779b97f4a7c15
+	return h ^ h>>29
+}
+
+func epHashLink(index int32) uint64 { return epMix(uint64(uint32(index))) }
+
+func (k fdbKey) hash() uint64 {
+	var m [8]byte
+	copy(m[:], k.mac[:])
+	h := binary.NativeEndian.Uint64(m[:]) ^ uint64(uint32(k.ifindex))<<32
+	if k.master {
+		h ^= 1 << 63
+	}
+	return epMix(h)
+}
+
+func (k neighKey) hash() uint64 {
+	a := k.ip.As16()
+	ne := binary.NativeEndian
+	return epMix(ne.Uint64(a[0:8]) ^ ne.Uint64(a[8:16])*31 ^ uint64(uint32(k.ifindex))<<17)
+}
+
+// epMACString formats a MAC address as ip(8) does: "02:00:00:00:00:01".
+func epMACString(mac [6]byte) string { return net.HardwareAddr(mac[:]).String() }
+
+// String names the entry as `bridge fdb` would: "02:00:00:00:00:01 dev 7 self".
+func (k fdbKey) String() string {
+	where := " self"
+	if k.master {
+		where = " master"
+	}
+	return fmt.Sprintf("%s dev %d%s", epMACString(k.mac), k.ifindex, where)
+}
+
+// String names the entry as `ip neigh` would: "10.0.0.5 dev 7".
+func (k neighKey) String() string { return fmt.Sprintf("%s dev %d", k.ip, k.ifindex) }
+
+// epLinkTable is the mirror of the namespace's links, by index, with a lookup by name.
+type epLinkTable struct {
+	mirror *hal.Mirror[int32, epLink]
+	// mu guards names, which maps a name to the index that had it last. It is a hint
+	// that byName checks against the mirror, since a name that went away stays in it.
+	mu    sync.Mutex
+	names map[string]int32
+}
+
+func newEPLinkTable() *epLinkTable {
+	return &epLinkTable{
+		mirror: hal.NewMirror[int32, epLink](func(have, want epLink) bool { return have == want }, epHashLink),
+		names:  map[string]int32{},
+	}
+}
+
+// get returns the link with the index.
+func (t *epLinkTable) get(index int32) (epLink, bool) { return t.mirror.Get(index) }
+
+// byName returns the link with the name, and its index.
+func (t *epLinkTable) byName(name string) (int32, epLink, bool) {
+	t.mu.Lock()
+	index, hinted := t.names[name]
+	t.mu.Unlock()
+	if hinted {
+		if l, ok := t.mirror.Get(index); ok && l.name == name {
+			return index, l, true
+		}
+	}
+	// The name went away, or moved to another index that the hint missed: look.
+	for i, l := range t.mirror.All() {
+		if l.name == name {
+			t.named(i, name)
+			return i, l, true
+		}
+	}
+	return 0, epLink{}, false
+}
+
+// named records that the link with the index has the name.
+func (t *epLinkTable) named(index int32, name string) {
+	t.mu.Lock()
+	t.names[name] = index
+	t.mu.Unlock()
+}
+
+// renamed rebuilds the names from the mirror, after a dump.
+func (t *epLinkTable) renamed() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	clear(t.names)
+	for i, l := range t.mirror.All() {
+		t.names[l.name] = i
+	}
+}
+
+// ours returns the link with the name when naples created it for the object with the
+// key ID (its alias is OwnerAlias(ownerID)).
+func (t *epLinkTable) ours(name, ownerID string) (int32, epLink, bool) {
+	i, l, ok := t.byName(name)
+	if !ok || l.alias != OwnerAlias(ownerID) {
+		return 0, epLink{}, false
+	}
+	return i, l, true
+}
+
+// networkDevice tells whether the link with the index is the bridge or the VXLAN device
+// of a network, and of which (its key ID).
+func (t *epLinkTable) networkDevice(index int32) (networkID string, bridge, vxlan bool) {
+	l, ok := t.get(index)
+	if !ok {
+		return "", false, false
+	}
+	return networkDeviceOf(l)
+}
+
+// networkDeviceOf tells whether the link is the bridge or the VXLAN device of a network,
+// and of which (its key ID).
+func networkDeviceOf(l epLink) (networkID string, bridge, vxlan bool) {
+	id, ok := OwnerOfAlias(l.alias)
+	if !ok || !strings.HasPrefix(id, nimbusv1.Kind_KIND_NETWORK.Name()+"/") {
+		return "", false, false
+	}
+	return id, l.name == BridgeName(id), l.name == VXLANName(id)
+}
+
+// parseEPLink decodes the payload of an RTM_NEWLINK or RTM_DELLINK message (struct
+// ifinfomsg and its attributes). ok is false for a message of another family than
+// AF_UNSPEC: the bridge's AF_BRIDGE messages describe a link as a port (an RTM_DELLINK of
+// that family says that it left the bridge), without its alias.
+func parseEPLink(b []byte) (index int32, l epLink, ok bool) {
+	if len(b) < unix.SizeofIfInfomsg || b[0] != unix.AF_UNSPEC {
+		return 0, epLink{}, false
+	}
+	ne := binary.NativeEndian
+	index = int32(ne.Uint32(b[4:8]))
+	l.up = ne.Uint32(b[8:12])&unix.IFF_UP != 0
+	for attrs := b[unix.SizeofIfInfomsg:]; len(attrs) >= unix.SizeofRtAttr; {
+		n := int(ne.Uint16(attrs[0:2]))
+		if n < unix.SizeofRtAttr || n > len(attrs) {
+			break
+		}
+		v := attrs[unix.SizeofRtAttr:n]
+		switch ne.Uint16(attrs[2:4]) & nlaTypeMask {
+		case unix.IFLA_IFNAME:
+			l.name = unix.ByteSliceToString(v)
+		case unix.IFLA_IFALIAS:
+			l.alias = unix.ByteSliceToString(v)
+		case unix.IFLA_MTU:
+			if len(v) >= 4 {
+				l.mtu = ne.Uint32(v)
+			}
+		case unix.IFLA_MASTER:
+			if len(v) >= 4 {
+				l.master = int32(ne.Uint32(v))
+			}
+		}
+		attrs = attrs[min(len(attrs), rtaAlign(n)):]
+	}
+	return index, l, index > 0 && l.name != ""
+}
+
+// neighMsg is a decoded RTM_NEWNEIGH or RTM_DELNEIGH message: a neighbour (AF_INET,
+// AF_INET6) or an FDB entry (AF_BRIDGE).
+type neighMsg struct {
+	family  uint8
+	ifindex int32
+	state   uint16
+	// dst is NDA_DST: a neighbour's address, a VXLAN FDB entry's remote.
+	dst netip.Addr
+	// mac is NDA_LLADDR when it is an Ethernet address (hasMAC).
+	mac    [6]byte
+	hasMAC bool
+	// vlan is NDA_VLAN; master tells that NDA_MASTER is there (a bridge's entry).
+	vlan   uint16
+	master bool
+}
+
+// parseNeighMsg decodes the payload of an RTM_NEWNEIGH or RTM_DELNEIGH message (struct
+// ndmsg and its attributes).
+func parseNeighMsg(b []byte) (m neighMsg, ok bool) {
+	if len(b) < unix.SizeofNdMsg {
+		return neighMsg{}, false
+	}
+	ne := binary.NativeEndian
+	m.family = b[0]
+	m.ifindex = int32(ne.Uint32(b[4:8]))
+	m.state = ne.Uint16(b[8:10])
+	for attrs := b[unix.SizeofNdMsg:]; len(attrs) >= unix.SizeofRtAttr; {
+		n := int(ne.Uint16(attrs[0:2]))
+		if n < unix.SizeofRtAttr || n > len(attrs) {
+			break
+		}
+		v := attrs[unix.SizeofRtAttr:n]
+		switch ne.Uint16(attrs[2:4]) & nlaTypeMask {
+		case unix.NDA_DST:
+			a, _ := netip.AddrFromSlice(v)
+			m.dst = a.Unmap()
+		case unix.NDA_LLADDR:
+			if len(v) == 6 {
+				m.mac = [6]byte(v)
+				m.hasMAC = true
+			}
+		case unix.NDA_VLAN:
+			if len(v) >= 2 {
+				m.vlan = ne.Uint16(v)
+			}
+		case unix.NDA_MASTER:
+			m.master = true
+		}
+		attrs = attrs[min(len(attrs), rtaAlign(n)):]
+	}
+	return m, m.ifindex > 0
+}
+
+// fdb returns the FDB entry an AF_BRIDGE message describes, and whether it is a static
+// entry without a VLAN for a unicast MAC: the kind the mirror keeps.
+func (m *neighMsg) fdb() (fdbKey, fdbEntry, bool) {
+	k := fdbKey{ifindex: m.ifindex, mac: m.mac, master: m.master}
+	static := m.state&unix.NUD_NOARP != 0 && m.state&unix.NUD_PERMANENT == 0
+	return k, fdbEntry{dst: m.dst}, static && m.hasMAC && m.vlan == 0 && epUnicastMAC(m.mac)
+}
+
+// neigh returns the neighbour an AF_INET or AF_INET6 message describes, and whether it
+// is a permanent one: the kind the mirror keeps.
+func (m *neighMsg) neigh() (neighKey, neighEntry, bool) {
+	k := neighKey{ifindex: m.ifindex, ip: m.dst}
+	return k, neighEntry{mac: m.mac}, m.state&unix.NUD_PERMANENT != 0 && m.hasMAC && m.dst.IsValid()
+}
+
+// epUnicastMAC tells whether mac is a unicast address other than all zeros.
+func epUnicastMAC(mac [6]byte) bool { return mac[0]&1 == 0 && mac != [6]byte{} }
+
+// appendNeighRequest appends to b a request of type RTM_NEWNEIGH or RTM_DELNEIGH (struct
+// ndmsg, then NDA_DST when dst is valid and NDA_LLADDR when mac is not nil).
+func appendNeighRequest(b []byte, typ, flags uint16, family uint8, ifindex int32, state uint16, ntf uint8, dst netip.Addr, mac []byte) []byte {
+	b = nlMessage(b, typ, flags)
+	b = append(b, family, 0, 0, 0)
+	b = binary.NativeEndian.AppendUint32(b, uint32(ifindex))
+	b = binary.NativeEndian.AppendUint16(b, state)
+	b = append(b, ntf, 0)
+	if dst.IsValid() {
+		b = appendAttrAddr(b, unix.NDA_DST, dst)
+	}
+	if mac != nil {
+		b = appendAttr(b, unix.NDA_LLADDR, mac)
+	}
+	return b
+}
+
+// appendFDBRequest appends to b a request that adds or replaces (RTM_NEWNEIGH) or deletes
+// (RTM_DELNEIGH) the static FDB entry with the key:
+//
+//	bridge fdb replace MAC dev VXLAN self static dst VTEP
+//	bridge fdb replace MAC dev PORT master static
+//	bridge fdb del MAC dev DEV self|master
+//
+// A VXLAN device wants the state of a static entry as iproute2 sends it (NUD_NOARP |
+// NUD_REACHABLE); a bridge keeps NUD_NOARP, which it reports back.
+func appendFDBRequest(b []byte, typ uint16, k fdbKey, e fdbEntry) []byte {
+	ntf, state := uint8(unix.NTF_SELF), uint16(unix.NUD_NOARP|unix.NUD_REACHABLE)
+	if k.master {
+		ntf, state = unix.NTF_MASTER, unix.NUD_NOARP
+	}
+	flags := uint16(unix.NLM_F_CREATE | unix.NLM_F_REPLACE)
+	if typ == unix.RTM_DELNEIGH {
+		flags, state, e = 0, 0, fdbEntry{}
+	}
+	return appendNeighRequest(b, typ, flags, unix.AF_BRIDGE, k.ifindex, state, ntf, e.dst, k.mac[:])
+}
+
+// appendNeighborRequest appends to b a request that adds or replaces (RTM_NEWNEIGH, `ip
+// neigh replace IP lladdr MAC dev DEV nud permanent`) or deletes (RTM_DELNEIGH, `ip neigh
+// del IP dev DEV`) a neighbour.
+func appendNeighborRequest(b []byte, typ uint16, k neighKey, e neighEntry) []byte {
+	family := uint8(unix.AF_INET6)
+	if k.ip.Is4() {
+		family = unix.AF_INET
+	}
+	if typ == unix.RTM_DELNEIGH {
+		return appendNeighRequest(b, typ, 0, family, k.ifindex, 0, 0, k.ip, nil)
+	}
+	return appendNeighRequest(b, typ, unix.NLM_F_CREATE|unix.NLM_F_REPLACE, family, k.ifindex, unix.NUD_PERMANENT, 0, k.ip, e.mac[:])
+}
+
+// appendSetLinkRequest appends to b a request that sets a link's master (0: none) and,
+// when set, its MTU, and sets it up when up is true: `ip link set DEV master BR mtu M up`,
+// or `ip link set DEV nomaster`.
+func appendSetLinkRequest(b []byte, index, master int32, mtu uint32, up bool) []byte {
+	b = nlMessage(b, unix.RTM_NEWLINK, 0)
+	var flags, change uint32
+	if up {
+		flags, change = unix.IFF_UP, unix.IFF_UP
+	}
+	// struct ifinfomsg: family, pad, type, index, flags, change.
+	b = append(b, unix.AF_UNSPEC, 0, 0, 0)
+	b = binary.NativeEndian.AppendUint32(b, uint32(index))
+	b = binary.NativeEndian.AppendUint32(b, flags)
+	b = binary.NativeEndian.AppendUint32(b, change)
+	if mtu != 0 {
+		b = appendAttrUint32(b, unix.IFLA_MTU, mtu)
+	}
+	return appendAttrUint32(b, unix.IFLA_MASTER, uint32(master))
+}
+
+// epDumper reads the kernel's links, FDB entries and neighbours over one netlink socket.
+type epDumper struct {
+	sockets map[int]*nl.SocketHandle
+}
+
+// dump sends a dump request of the type with the header hdr (struct ifinfomsg or
+// ndmsg) and calls f with the payload of every message of the answer; f must not keep
+// it. A dump that the kernel reports interrupted (NLM_F_DUMP_INTR) is an error wrapping
+// netlink.ErrDumpInterrupted, after f saw what it returned.
+func (d *epDumper) dump(typ, resType uint16, hdr []byte, f func(payload []byte)) error {
+	req := &nl.NetlinkRequest{
+		NlMsghdr: unix.NlMsghdr{Len: unix.SizeofNlMsghdr, Type: typ, Flags: unix.NLM_F_REQUEST | unix.NLM_F_DUMP},
+		Sockets:  d.sockets,
+	}
+	req.AddRawData(hdr)
+	return req.ExecuteIter(unix.NETLINK_ROUTE, resType, func(m []byte) bool {
+		f(m)
+		return true
+	})
+}
+
+// epRetryDump runs dump, which hands every message of the answer to the function it is
+// given, until the kernel reports a dump complete, at most dumpAttempts times; parse turns
+// a message into what it hands to its second argument, if anything, and add is called
+// with what the complete dump returned.
+func epRetryDump[T any](what string, dump func(f func([]byte)) error, parse func([]byte, func(T)), add func(T)) error {
+	for attempt := 1; ; attempt++ {
+		var got []T
+		err := dump(func(b []byte) { parse(b, func(v T) { got = append(got, v) }) })
+		if errors.Is(err, netlink.ErrDumpInterrupted) && attempt < dumpAttempts {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("listing %s: %w", what, err)
+		}
+		for _, v := range got {
+			add(v)
+		}
+		return nil
+	}
+}
+
+// epLinkDumpHeader is the header of a link dump request: struct ifinfomsg of AF_UNSPEC.
+var epLinkDumpHeader = make([]byte, unix.SizeofIfInfomsg)
+
+// epNeighDumpHeader returns the header of a neighbour or FDB dump request: struct ndmsg of the
+// family.
+func epNeighDumpHeader(family uint8) []byte {
+	h := make([]byte, unix.SizeofNdMsg)
+	h[0] = family
+	return h
+}
+
+// epDumpedLink is a dumped link.
+type epDumpedLink struct {
+	index int32
+	link  epLink
+}
+
+// dumpLinks reads every link (`ip link show`) and calls add with each.
+func (d *epDumper) dumpLinks(add func(int32, epLink)) error {
+	return epRetryDump("links",
+		func(f func([]byte)) error { return d.dump(unix.RTM_GETLINK, unix.RTM_NEWLINK, epLinkDumpHeader, f) },
+		func(b []byte, out func(epDumpedLink)) {
+			if i, l, ok := parseEPLink(b); ok {
+				out(epDumpedLink{i, l})
+			}
+		},
+		func(l epDumpedLink) { add(l.index, l.link) })
+}
+
+// epDumpedFDB is a dumped FDB entry.
+type epDumpedFDB struct {
+	key   fdbKey
+	entry fdbEntry
+}
+
+// dumpFDB reads every static FDB entry without a VLAN (`bridge fdb show`) and calls add
+// with each.
+func (d *epDumper) dumpFDB(add func(fdbKey, fdbEntry)) error {
+	return epRetryDump("FDB entries",
+		func(f func([]byte)) error {
+			return d.dump(unix.RTM_GETNEIGH, unix.RTM_NEWNEIGH, epNeighDumpHeader(unix.AF_BRIDGE), f)
+		},
+		func(b []byte, out func(epDumpedFDB)) {
+			m, ok := parseNeighMsg(b)
+			if !ok || m.family != unix.AF_BRIDGE {
+				return
+			}
+			if k, e, static := m.fdb(); static {
+				out(epDumpedFDB{k, e})
+			}
+		},
+		func(e epDumpedFDB) { add(e.key, e.entry) })
+}
+
+// epDumpedNeigh is a dumped neighbour.
+type epDumpedNeigh struct {
+	key   neighKey
+	entry neighEntry
+}
+
+// dumpNeighbours reads every permanent neighbour of both families (`ip neigh show nud
+// permanent`) and calls add with each.
+func (d *epDumper) dumpNeighbours(add func(neighKey, neighEntry)) error {
+	for _, family := range []uint8{unix.AF_INET, unix.AF_INET6} {
+		err := epRetryDump("neighbours",
+			func(f func([]byte)) error {
+				return d.dump(unix.RTM_GETNEIGH, unix.RTM_NEWNEIGH, epNeighDumpHeader(family), f)
+			},
+			func(b []byte, out func(epDumpedNeigh)) {
+				m, ok := parseNeighMsg(b)
+				if !ok || m.family != family {
+					return
+				}
+				if k, e, permanent := m.neigh(); permanent {
+					out(epDumpedNeigh{k, e})
+				}
+			},
+			func(e epDumpedNeigh) { add(e.key, e.entry) })
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}

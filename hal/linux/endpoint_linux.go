@@ -1,0 +1,1188 @@
+package linux
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vishvananda/netlink/nl"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/naplesnet/naples/delphi"
+	"github.com/naplesnet/naples/hal"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// The indexes the endpoint reconciler finds the owner of a kernel entry by. Stores handed
+// to NewEndpointReconciler must declare them (delphi.Options.Indexes), with
+// EndpointNetworkIndex, EndpointNodeIndex and EndpointInterfaceIndex.
+var (
+	// EndpointMACIndex lists an Endpoint under "NETWORK|MAC": the key ID of its network
+	// and its MAC address as ip(8) writes it ("02:00:00:00:00:01"), so that spellings of
+	// one address find the same endpoint.
+	EndpointMACIndex = delphi.Index{Name: "endpoint_mac", Values: func(obj *nimbusv1.Object) []string {
+		k := NetworkKeyOf(obj)
+		mac, err := parseEndpointMAC(obj.GetEndpoint().GetMac())
+		if k == nil || err != nil {
+			return nil
+		}
+		return []string{macIndexValue(k.ID(), mac)}
+	}}
+	// EndpointIPIndex lists an Endpoint under "NETWORK|IP" for each of its addresses: the
+	// key ID of its network and the address in its canonical form ("2001:db8::5").
+	EndpointIPIndex = delphi.Index{Name: "endpoint_ip", Values: func(obj *nimbusv1.Object) []string {
+		k := NetworkKeyOf(obj)
+		if k == nil {
+			return nil
+		}
+		var out []string
+		for _, s := range obj.GetEndpoint().GetIps() {
+			if a, err := netip.ParseAddr(s); err == nil {
+				out = append(out, ipIndexValue(k.ID(), a.Unmap()))
+			}
+		}
+		slices.Sort(out)
+		return slices.Compact(out)
+	}}
+)
+
+// macIndexValue is the value EndpointMACIndex lists an endpoint with the MAC in the
+// network under.
+func macIndexValue(networkID string, mac [6]byte) string { return networkID + "|" + epMACString(mac) }
+
+// ipIndexValue is the value EndpointIPIndex lists an endpoint with the address in the
+// network under.
+func ipIndexValue(networkID string, ip netip.Addr) string { return networkID + "|" + ip.String() }
+
+// parseEndpointMAC parses an Ethernet MAC address.
+func parseEndpointMAC(s string) ([6]byte, error) {
+	hw, err := net.ParseMAC(s)
+	if err != nil {
+		return [6]byte{}, err
+	}
+	if len(hw) != 6 {
+		return [6]byte{}, errors.New("not an Ethernet MAC address")
+	}
+	return [6]byte(hw), nil
+}
+
+// EndpointOptions configures an EndpointReconciler.
+type EndpointOptions struct {
+	// Store holds the desired Endpoint, Network and Node objects, and declares the
+	// indexes of the package documentation. Required.
+	Store OverlayStore
+	// Node is the name of this host's Node: endpoints on it are local, the others remote.
+	// Required.
+	Node string
+	// Namespace is the network namespace to program. Default: the calling process's.
+	Namespace *netns.NsHandle
+	// Timeout bounds every netlink request, so a kernel that does not answer fails the
+	// reconcile, which is retried, instead of pinning a worker. Default: 10s.
+	Timeout time.Duration
+	// EventBuffer is the size in bytes of the kernel's receive buffer for the observer's
+	// link and neighbour subscription (SO_RCVBUFFORCE, which needs CAP_NET_ADMIN). A burst
+	// of changes bigger than it overflows it; the observer then fails, and its restart
+	// reads the kernel afresh. Default: 32 MiB.
+	EventBuffer int
+	// Logger receives the reconciler's logs. Default: slog.Default().
+	Logger *slog.Logger
+}
+
+// EndpointReconciler programs Endpoint objects into the bridges and VXLAN devices of
+// their networks, which the network reconciler creates (BridgeName, VXLANName, marked
+// with OwnerAlias of the network).
+//
+// A local endpoint, on this host's node, is a host interface that someone else created
+// (a container runtime, say): the reconciler attaches it to the network's bridge, sets
+// it up and gives it the network's MTU (`ip link set IF master BR mtu M up`), and on
+// teardown releases it (`ip link set IF nomaster`) if its master is still a naples
+// bridge; it never deletes it.
+//
+// A remote endpoint, on another node, is reached through the VXLAN tunnel to that node's
+// VTEP: the reconciler writes its MAC to the VXLAN device (`bridge fdb replace MAC dev VX
+// self static dst VTEP`) and to the bridge, on the VXLAN port (`bridge fdb replace MAC dev
+// VX master static`), so the bridge sends frames for it into the tunnel without learning
+// it, and for every IP address a permanent neighbour on the bridge (`ip neigh replace IP
+// lladdr MAC dev BR nud permanent`), from which the VXLAN port's neigh_suppress answers
+// ARP and neighbour solicitations locally.
+//
+// Each of these kernel entries (a MAC's two FDB entries in a network, an IP's neighbour
+// in a network, an interface's attachment) belongs to one endpoint: the first by key of
+// the endpoints that the store's indexes list under it (EndpointMACIndex,
+// EndpointIPIndex, EndpointInterfaceIndex); the others are FAILED with reason Conflict.
+// A reconcile makes each entry the endpoint had and has match what its owner wants, or
+// removes it when no endpoint wants it, so a change of node, VTEP, MAC, addresses,
+// network or interface moves or removes what was there. It reads the kernel from
+// mirrors (links, static FDB entries, permanent neighbours; hal.Mirror), filled by one
+// dump, kept current by the observer and dumped afresh by every sweep, and writes only
+// what differs.
+type EndpointReconciler struct {
+	store       OverlayStore
+	node        string
+	ns          *netns.NsHandle
+	eventBuffer int
+	log         *slog.Logger
+	// nl carries the writes, many to a sendmsg; reader and its socket read the kernel.
+	nl     *nlBatcher
+	reader *epDumper
+	sock   *nl.NetlinkSocket
+	writes atomic.Uint64
+	// dumps counts the full reads of the kernel, for tests.
+	dumps atomic.Uint64
+
+	links *epLinkTable
+	fdb   *hal.Mirror[fdbKey, fdbEntry]
+	neigh *hal.Mirror[neighKey, neighEntry]
+
+	// dumpMu serializes the reads of the kernel into the mirrors; filled is set once one
+	// has loaded them.
+	dumpMu sync.Mutex
+	filled atomic.Bool
+
+	// locks serializes work on one kernel entry (endpointLock) between the workers of
+	// different endpoints and the sweeper: whoever holds it reads the store and the
+	// mirrors and then writes the kernel.
+	locks keyedMutex[endpointLock]
+
+	// mu guards programmed, which holds the entries each endpoint (by key ID) programmed
+	// or may have programmed, so that they can be removed or moved.
+	mu         sync.Mutex
+	programmed map[string]endpointRefs
+}
+
+var (
+	_ hal.Reconciler         = (*EndpointReconciler)(nil)
+	_ hal.Sweeper            = (*EndpointReconciler)(nil)
+	_ hal.Observer           = (*EndpointReconciler)(nil)
+	_ hal.Dependent          = (*EndpointReconciler)(nil)
+	_ hal.KernelWriteCounter = (*EndpointReconciler)(nil)
+)
+
+// endpointLock names the kernel entry a lock of EndpointReconciler.locks guards: a MAC's
+// FDB entries in a network, an IP's neighbour in a network, or a host interface.
+type endpointLock struct {
+	network string
+	mac     [6]byte
+	ip      netip.Addr
+	iface   string
+}
+
+// macRef names the FDB entries of a MAC in a network: on its VXLAN device and on its
+// bridge.
+type macRef struct {
+	network string
+	mac     [6]byte
+}
+
+// ipRef names the neighbour of an IP address on a network's bridge.
+type ipRef struct {
+	network string
+	ip      netip.Addr
+}
+
+// endpointRefs are the kernel entries an endpoint programs: for a remote endpoint its
+// MAC's FDB entries and its addresses' neighbours, for a local one its interface.
+type endpointRefs struct {
+	macs   []macRef
+	ips    []ipRef
+	ifaces []string
+}
+
+func (r endpointRefs) empty() bool { return len(r.macs) == 0 && len(r.ips) == 0 && len(r.ifaces) == 0 }
+
+func (r endpointRefs) equal(o endpointRefs) bool {
+	return slices.Equal(r.macs, o.macs) && slices.Equal(r.ips, o.ips) && slices.Equal(r.ifaces, o.ifaces)
+}
+
+// minus returns the entries of r that are not in o.
+func (r endpointRefs) minus(o endpointRefs) endpointRefs {
+	var d endpointRefs
+	for _, m := range r.macs {
+		if !slices.Contains(o.macs, m) {
+			d.macs = append(d.macs, m)
+		}
+	}
+	for _, ip := range r.ips {
+		if !slices.Contains(o.ips, ip) {
+			d.ips = append(d.ips, ip)
+		}
+	}
+	for _, i := range r.ifaces {
+		if !slices.Contains(o.ifaces, i) {
+			d.ifaces = append(d.ifaces, i)
+		}
+	}
+	return d
+}
+
+// plus returns the entries of r and then those of o.
+func (r endpointRefs) plus(o endpointRefs) endpointRefs {
+	return endpointRefs{
+		macs:   append(slices.Clip(r.macs), o.macs...),
+		ips:    append(slices.Clip(r.ips), o.ips...),
+		ifaces: append(slices.Clip(r.ifaces), o.ifaces...),
+	}
+}
+
+// endpointPlan is what an endpoint that can be programmed wants of the kernel.
+type endpointPlan struct {
+	// network is the key ID of its network; bridge and bridgeIndex name the network's
+	// bridge.
+	network     string
+	bridge      string
+	bridgeIndex int32
+	local       bool
+
+	// iface is a local endpoint's interface; mtu the MTU it gets, 0 to leave it.
+	iface string
+	mtu   uint32
+
+	// mac is the endpoint's MAC, when hasMAC; vtep and ips are a remote endpoint's.
+	mac    [6]byte
+	hasMAC bool
+	vtep   netip.Addr
+	ips    []netip.Addr
+}
+
+// refs returns the kernel entries the plan programs.
+func (p *endpointPlan) refs() endpointRefs {
+	if p.local {
+		return endpointRefs{ifaces: []string{p.iface}}
+	}
+	r := endpointRefs{macs: []macRef{{p.network, p.mac}}}
+	for _, ip := range p.ips {
+		r.ips = append(r.ips, ipRef{p.network, ip})
+	}
+	return r
+}
+
+// operational returns the operational data of the endpoint's status.
+func (p *endpointPlan) operational() map[string]string {
+	if p.local {
+		return map[string]string{"role": "local", "bridge": p.bridge, "interface": p.iface}
+	}
+	return map[string]string{"role": "remote", "bridge": p.bridge, "vtep": p.vtep.String(), "mac": epMACString(p.mac)}
+}
+
+// NewEndpointReconciler returns a reconciler bound to the options' namespace.
+func NewEndpointReconciler(opts EndpointOptions) (*EndpointReconciler, error) {
+	if opts.Store == nil {
+		return nil, errors.New("endpoint reconciler: EndpointOptions.Store is required")
+	}
+	if opts.Node == "" {
+		return nil, errors.New("endpoint reconciler: EndpointOptions.Node is required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = 10 * time.Second
+	}
+	if opts.EventBuffer <= 0 {
+		opts.EventBuffer = 32 << 20
+	}
+	target := netns.None()
+	if opts.Namespace != nil {
+		target = *opts.Namespace
+	}
+	sock, err := nl.GetNetlinkSocketAt(target, netns.None(), unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("opening netlink socket: %w", err)
+	}
+	tv := unix.NsecToTimeval(opts.Timeout.Nanoseconds())
+	if err := errors.Join(sock.SetSendTimeout(&tv), sock.SetReceiveTimeout(&tv)); err != nil {
+		sock.Close()
+		return nil, fmt.Errorf("setting netlink timeout %v: %w", opts.Timeout, err)
+	}
+	b, err := newNLBatcher(nlBatcherOptions{Namespace: opts.Namespace, Protocol: unix.NETLINK_ROUTE, Timeout: opts.Timeout})
+	if err != nil {
+		sock.Close()
+		return nil, err
+	}
+	return &EndpointReconciler{
+		store:       opts.Store,
+		node:        opts.Node,
+		ns:          opts.Namespace,
+		eventBuffer: opts.EventBuffer,
+		log:         opts.Logger,
+		nl:          b,
+		reader:      &epDumper{sockets: map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: {Socket: sock}}},
+		sock:        sock,
+		links:       newEPLinkTable(),
+		fdb:         hal.NewMirror[fdbKey, fdbEntry](func(have, want fdbEntry) bool { return have == want }, fdbKey.hash),
+		neigh:       hal.NewMirror[neighKey, neighEntry](func(have, want neighEntry) bool { return have == want }, neighKey.hash),
+		programmed:  map[string]endpointRefs{},
+	}, nil
+}
+
+// Close releases the netlink sockets. It is safe to call twice.
+func (r *EndpointReconciler) Close() error {
+	r.nl.Close()
+	r.dumpMu.Lock()
+	defer r.dumpMu.Unlock()
+	if r.sock != nil {
+		r.sock.Close()
+		r.sock = nil
+	}
+	return nil
+}
+
+// Kind returns KIND_ENDPOINT.
+func (r *EndpointReconciler) Kind() nimbusv1.Kind { return nimbusv1.Kind_KIND_ENDPOINT }
+
+// KernelWrites returns how many FDB entries, neighbours and interface attachments the
+// reconciler has written or removed.
+func (r *EndpointReconciler) KernelWrites() uint64 { return r.writes.Load() }
+
+// DependsOn returns the kinds endpoints depend on: their Network and their Node.
+func (r *EndpointReconciler) DependsOn() []nimbusv1.Kind {
+	return []nimbusv1.Kind{nimbusv1.Kind_KIND_NETWORK, nimbusv1.Kind_KIND_NODE}
+}
+
+// DependentsOf returns the endpoints of a Network, or on a Node.
+func (r *EndpointReconciler) DependentsOf(keyID string) []string {
+	key, err := nimbusv1.ParseKeyID(keyID)
+	if err != nil {
+		return nil
+	}
+	var ids []string
+	switch key.GetKind() {
+	case nimbusv1.Kind_KIND_NETWORK:
+		ids, err = r.store.LookupIDs(EndpointNetworkIndex.Name, keyID)
+	case nimbusv1.Kind_KIND_NODE:
+		ids, err = r.store.LookupIDs(EndpointNodeIndex.Name, key.GetName())
+	}
+	if err != nil {
+		r.log.Error("finding the endpoints that depend on an object", "key", keyID, "err", err)
+		return nil
+	}
+	return ids
+}
+
+// Reconcile makes the kernel hold what the endpoint obj describes for key (see
+// EndpointReconciler), and removes what the endpoint programmed before and no longer
+// wants. With obj nil it removes everything the endpoint programmed. An endpoint that
+// cannot be programmed (invalid, waiting for its network, node or interface, or in
+// conflict with another one) programs nothing: what it had is removed.
+func (r *EndpointReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (map[string]string, error) {
+	if err := r.fill(ctx); err != nil {
+		return nil, err
+	}
+	id := key.ID()
+	r.mu.Lock()
+	old := r.programmed[id]
+	r.mu.Unlock()
+
+	var plan *endpointPlan
+	var planErr error
+	var want endpointRefs
+	if obj != nil {
+		if plan, planErr = r.plan(id, obj); planErr == nil {
+			want = plan.refs()
+		} else {
+			plan = nil
+		}
+	}
+	// Until the writes are done, the endpoint may have programmed either set.
+	stale := old.minus(want)
+	all := stale.plus(want)
+	if !all.equal(old) {
+		r.remember(id, all)
+	}
+	if err := r.sync(ctx, id, plan, all); err != nil {
+		return nil, err
+	}
+	r.remember(id, want)
+	if planErr != nil {
+		return nil, planErr
+	}
+	if obj == nil {
+		return nil, nil
+	}
+	if r.log.Enabled(ctx, slog.LevelDebug) {
+		r.log.Debug("endpoint programmed", "key", id, "local", plan.local)
+	}
+	return plan.operational(), nil
+}
+
+// remember records the entries the endpoint with key ID id has programmed.
+func (r *EndpointReconciler) remember(id string, refs endpointRefs) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if refs.empty() {
+		delete(r.programmed, id)
+	} else {
+		r.programmed[id] = refs
+	}
+}
+
+// sync makes each entry of refs what its owner wants; plan is the plan of the endpoint
+// with key ID id, nil when it cannot be programmed.
+func (r *EndpointReconciler) sync(ctx context.Context, id string, plan *endpointPlan, refs endpointRefs) error {
+	for _, ref := range refs.macs {
+		if err := r.syncMAC(ctx, ref, id, plan, nil); err != nil {
+			return err
+		}
+	}
+	for _, ref := range refs.ips {
+		if err := r.syncIP(ctx, ref, id, plan, nil); err != nil {
+			return err
+		}
+	}
+	for _, name := range refs.ifaces {
+		if err := r.syncInterface(ctx, name, id, plan, nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// plan works out what the endpoint obj, with key ID id, wants of the kernel, or why it
+// cannot be programmed: an *hal.Error that is invalid (ReasonInvalid), pending
+// (ReasonWaitingForNetwork, ReasonWaitingForNode, ReasonWaitingForInterface) or in
+// conflict (hal.ReasonConflict).
+func (r *EndpointReconciler) plan(id string, obj *nimbusv1.Object) (*endpointPlan, error) {
+	spec := obj.GetEndpoint()
+	if spec == nil {
+		return nil, hal.Errorf(hal.ReasonInvalid, "spec: not an Endpoint")
+	}
+	if spec.GetNode() == "" {
+		return nil, hal.Errorf(hal.ReasonInvalid, `spec.node "": required`)
+	}
+	nk := NetworkKeyOf(obj)
+	if nk == nil {
+		return nil, hal.Errorf(hal.ReasonInvalid, `spec.network "": required`)
+	}
+	p := &endpointPlan{network: nk.ID(), local: spec.GetNode() == r.node}
+	p.bridge = BridgeName(p.network)
+	if s := spec.GetMac(); s != "" {
+		mac, err := parseEndpointMAC(s)
+		if err != nil {
+			return nil, hal.Errorf(hal.ReasonInvalid, "spec.mac %q: %v", s, err)
+		}
+		if !p.local && !epUnicastMAC(mac) {
+			return nil, hal.Errorf(hal.ReasonInvalid, "spec.mac %q: not a unicast address", s)
+		}
+		p.mac, p.hasMAC = mac, true
+	}
+	switch {
+	case !p.local && !p.hasMAC:
+		return nil, hal.Errorf(hal.ReasonInvalid, `spec.mac "": required for an endpoint on another node (%q)`, spec.GetNode())
+	case p.local && !p.hasMAC && len(spec.GetIps()) > 0:
+		return nil, hal.Errorf(hal.ReasonInvalid, `spec.mac "": required for an endpoint with spec.ips`)
+	case p.local && spec.GetInterface() == "":
+		return nil, hal.Errorf(hal.ReasonInvalid, `spec.interface "": required for an endpoint on this node (%q)`, r.node)
+	}
+
+	netObj, ok := r.store.Get(nk)
+	if !ok || netObj.GetNetwork() == nil {
+		return nil, hal.Pendingf(ReasonWaitingForNetwork, "waiting for %s: no such Network object", p.network)
+	}
+	if err := p.addIPs(spec.GetIps(), netObj.GetNetwork()); err != nil {
+		return nil, err
+	}
+	if err := r.checkClaims(id, p); err != nil {
+		return nil, err
+	}
+
+	bridge, _, ok := r.links.ours(p.bridge, p.network)
+	if !ok {
+		return nil, hal.Pendingf(ReasonWaitingForNetwork, "waiting for %s: its bridge %s is not there yet", p.network, p.bridge)
+	}
+	p.bridgeIndex = bridge
+	if p.local {
+		p.iface = spec.GetInterface()
+		p.mtu = netObj.GetNetwork().GetMtu()
+		if err := r.checkInterface(id, p); err != nil {
+			return nil, err
+		}
+		return p, nil
+	}
+	vxlan := VXLANName(p.network)
+	if _, vx, ok := r.links.ours(vxlan, p.network); !ok || vx.master != bridge {
+		return nil, hal.Pendingf(ReasonWaitingForNetwork, "waiting for %s: its VXLAN device %s is not attached to %s yet", p.network, vxlan, p.bridge)
+	}
+	vtep, err := NodeVTEP(r.store, spec.GetNode())
+	if err != nil {
+		return nil, err
+	}
+	p.vtep = vtep
+	return p, nil
+}
+
+// addIPs parses the endpoint's addresses into p.ips, each of which must be inside a
+// subnet of the network.
+func (p *endpointPlan) addIPs(ips []string, network *nimbusv1.NetworkSpec) error {
+	if len(ips) == 0 {
+		return nil
+	}
+	var subnets []netip.Prefix
+	var cidrs []string
+	for _, s := range network.AllSubnets() {
+		if pfx, err := netip.ParsePrefix(s.GetCidr()); err == nil {
+			subnets = append(subnets, pfx.Masked())
+			cidrs = append(cidrs, s.GetCidr())
+		}
+	}
+	for i, s := range ips {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return hal.Errorf(hal.ReasonInvalid, "spec.ips[%d] %q: %v", i, s, err)
+		}
+		a = a.Unmap()
+		if !slices.ContainsFunc(subnets, func(pfx netip.Prefix) bool { return pfx.Contains(a) }) {
+			return hal.Errorf(hal.ReasonInvalid, "spec.ips[%d] %q: outside every subnet of %s (%s)", i, s, p.network, strings.Join(cidrs, ", "))
+		}
+		if !slices.Contains(p.ips, a) {
+			p.ips = append(p.ips, a)
+		}
+	}
+	return nil
+}
+
+// checkClaims checks that the endpoint with key ID id owns its MAC and addresses in its
+// network: that no endpoint before it by key claims them.
+func (r *EndpointReconciler) checkClaims(id string, p *endpointPlan) error {
+	if p.hasMAC {
+		owner, err := r.firstOwner(EndpointMACIndex.Name, macIndexValue(p.network, p.mac))
+		if err != nil {
+			return err
+		}
+		if owner != "" && owner != id {
+			return hal.Errorf(hal.ReasonConflict, "spec.mac %q: %s has it in %s", epMACString(p.mac), owner, p.network)
+		}
+	}
+	for _, ip := range p.ips {
+		owner, err := r.firstOwner(EndpointIPIndex.Name, ipIndexValue(p.network, ip))
+		if err != nil {
+			return err
+		}
+		if owner != "" && owner != id {
+			return hal.Errorf(hal.ReasonConflict, "spec.ips %q: %s has it in %s", ip.String(), owner, p.network)
+		}
+	}
+	return nil
+}
+
+// checkInterface checks that a local endpoint's interface is there and can be attached
+// to its network's bridge: it is not a device of naples, no other endpoint of this node
+// before it by key names it, and it has no master, or a naples bridge.
+func (r *EndpointReconciler) checkInterface(id string, p *endpointPlan) error {
+	_, l, ok := r.links.byName(p.iface)
+	if !ok {
+		return hal.Pendingf(ReasonWaitingForInterface, "waiting for interface %q", p.iface)
+	}
+	if owner, ours := OwnerOfAlias(l.alias); ours {
+		return hal.Errorf(hal.ReasonConflict, "spec.interface %q: a device naples created for %s", p.iface, owner)
+	}
+	owner, err := r.interfaceOwner(p.iface)
+	if err != nil {
+		return err
+	}
+	if owner != "" && owner != id {
+		return hal.Errorf(hal.ReasonConflict, "spec.interface %q: %s has it on this node", p.iface, owner)
+	}
+	return r.checkMaster(p.iface, l, p.bridgeIndex)
+}
+
+// checkMaster returns a Conflict error when the link has a master other than bridge that
+// is not a naples bridge: an interface someone else attached is left alone.
+func (r *EndpointReconciler) checkMaster(name string, l epLink, bridge int32) error {
+	if l.master == 0 || l.master == bridge {
+		return nil
+	}
+	if _, isBridge, _ := r.links.networkDevice(l.master); isBridge {
+		return nil
+	}
+	m, _ := r.links.get(l.master)
+	return hal.Errorf(hal.ReasonConflict, "interface %q is attached to %q, which naples did not create; leaving it alone", name, m.name)
+}
+
+// firstOwner returns the first by key of the objects the index lists under value, ""
+// when there is none.
+func (r *EndpointReconciler) firstOwner(index, value string) (string, error) {
+	ids, err := r.store.LookupIDs(index, value)
+	if err != nil {
+		return "", fmt.Errorf("finding the owner of %q: %w", value, err)
+	}
+	if len(ids) == 0 {
+		return "", nil
+	}
+	return ids[0], nil
+}
+
+// interfaceOwner returns the first by key of the endpoints of this node that name the
+// interface, "" when there is none.
+func (r *EndpointReconciler) interfaceOwner(name string) (string, error) {
+	ids, err := r.store.LookupIDs(EndpointInterfaceIndex.Name, name)
+	if err != nil {
+		return "", fmt.Errorf("finding the endpoints of interface %q: %w", name, err)
+	}
+	for _, id := range ids {
+		key, err := nimbusv1.ParseKeyID(id)
+		if err != nil {
+			continue
+		}
+		if obj, ok := r.store.Get(key); ok && obj.GetEndpoint().GetNode() == r.node {
+			return id, nil
+		}
+	}
+	return "", nil
+}
+
+// wanted returns the plan of the endpoint owner, which owns an entry that the endpoint
+// with key ID id, whose plan is plan, may have programmed; nil when owner is "" or cannot
+// be programmed.
+func (r *EndpointReconciler) wanted(owner, id string, plan *endpointPlan) *endpointPlan {
+	if owner == "" {
+		return nil
+	}
+	if owner == id {
+		return plan
+	}
+	key, err := nimbusv1.ParseKeyID(owner)
+	if err != nil {
+		return nil
+	}
+	obj, ok := r.store.Get(key)
+	if !ok {
+		return nil
+	}
+	p, err := r.plan(owner, obj)
+	if err != nil {
+		return nil
+	}
+	return p
+}
+
+// syncMAC makes the FDB entries of a MAC in a network (on its VXLAN device, and on its
+// bridge for the VXLAN port) what the endpoint that owns them wants, or removes them
+// when none does. id and plan are the reconciling endpoint's key ID and plan (nil when it
+// cannot be programmed). With enqueue set (a sweep), entries that an endpoint wants are
+// not written: that endpoint is enqueued when they differ.
+func (r *EndpointReconciler) syncMAC(ctx context.Context, ref macRef, id string, plan *endpointPlan, enqueue func(string)) error {
+	lk := endpointLock{network: ref.network, mac: ref.mac}
+	m := r.locks.lock(lk)
+	defer r.locks.unlock(lk, m)
+	owner, err := r.firstOwner(EndpointMACIndex.Name, macIndexValue(ref.network, ref.mac))
+	if err != nil {
+		return err
+	}
+	want := r.wanted(owner, id, plan)
+	if want != nil && (want.local || want.network != ref.network || want.mac != ref.mac) {
+		want = nil
+	}
+	vx, _, ok := r.links.ours(VXLANName(ref.network), ref.network)
+	if !ok {
+		return nil // gone, and its entries with it
+	}
+	self := fdbKey{ifindex: vx, mac: ref.mac}
+	master := fdbKey{ifindex: vx, mac: ref.mac, master: true}
+	have, hasSelf := r.fdb.Get(self)
+	_, hasMaster := r.fdb.Get(master)
+	if want == nil {
+		if enqueue != nil && (hasSelf || hasMaster) {
+			r.log.Info("removing stale FDB entries", "mac", epMACString(ref.mac), "network", ref.network)
+		}
+		if hasSelf {
+			if err := r.deleteFDB(ctx, self); err != nil {
+				return err
+			}
+		}
+		if hasMaster {
+			return r.deleteFDB(ctx, master)
+		}
+		return nil
+	}
+	selfOK := hasSelf && have.dst == want.vtep
+	if enqueue != nil {
+		if !selfOK || !hasMaster {
+			enqueue(owner)
+		}
+		return nil
+	}
+	if !selfOK {
+		if err := r.writeFDB(ctx, self, fdbEntry{dst: want.vtep}); err != nil {
+			return err
+		}
+	}
+	if !hasMaster {
+		return r.writeFDB(ctx, master, fdbEntry{})
+	}
+	return nil
+}
+
+// syncIP makes the neighbour of an IP address on a network's bridge what the endpoint
+// that owns it wants, or removes it when none does; see syncMAC.
+func (r *EndpointReconciler) syncIP(ctx context.Context, ref ipRef, id string, plan *endpointPlan, enqueue func(string)) error {
+	lk := endpointLock{network: ref.network, ip: ref.ip}
+	m := r.locks.lock(lk)
+	defer r.locks.unlock(lk, m)
+	owner, err := r.firstOwner(EndpointIPIndex.Name, ipIndexValue(ref.network, ref.ip))
+	if err != nil {
+		return err
+	}
+	want := r.wanted(owner, id, plan)
+	if want != nil && (want.local || want.network != ref.network || !slices.Contains(want.ips, ref.ip)) {
+		want = nil
+	}
+	br, _, ok := r.links.ours(BridgeName(ref.network), ref.network)
+	if !ok {
+		return nil
+	}
+	k := neighKey{ifindex: br, ip: ref.ip}
+	have, has := r.neigh.Get(k)
+	switch {
+	case want == nil && has:
+		if enqueue != nil {
+			r.log.Info("removing stale neighbour", "ip", ref.ip, "network", ref.network)
+		}
+		return r.deleteNeigh(ctx, k)
+	case want == nil, has && have.mac == want.mac:
+		return nil
+	case enqueue != nil:
+		enqueue(owner)
+		return nil
+	}
+	return r.writeNeigh(ctx, k, neighEntry{mac: want.mac})
+}
+
+// syncInterface attaches a host interface to the bridge of the local endpoint that owns
+// it, up and with its network's MTU, or releases it from a naples bridge when no endpoint
+// wants it; see syncMAC.
+func (r *EndpointReconciler) syncInterface(ctx context.Context, name, id string, plan *endpointPlan, enqueue func(string)) error {
+	lk := endpointLock{iface: name}
+	m := r.locks.lock(lk)
+	defer r.locks.unlock(lk, m)
+	index, l, ok := r.links.byName(name)
+	if !ok {
+		return nil
+	}
+	if _, ours := OwnerOfAlias(l.alias); ours {
+		return nil // a device of naples: never an endpoint's
+	}
+	owner, err := r.interfaceOwner(name)
+	if err != nil {
+		return err
+	}
+	want := r.wanted(owner, id, plan)
+	if want != nil && (!want.local || want.iface != name) {
+		want = nil
+	}
+	if want == nil {
+		if _, isBridge, _ := r.links.networkDevice(l.master); l.master == 0 || !isBridge {
+			return nil
+		}
+		return r.setLink(ctx, owner, index, l, 0, 0, false)
+	}
+	if l.master == want.bridgeIndex && l.up && (want.mtu == 0 || l.mtu == want.mtu) {
+		return nil
+	}
+	if enqueue != nil {
+		enqueue(owner)
+		return nil
+	}
+	if err := r.checkMaster(name, l, want.bridgeIndex); err != nil {
+		return err
+	}
+	return r.setLink(ctx, owner, index, l, want.bridgeIndex, want.mtu, true)
+}
+
+// deviceName returns the name of the link with the index, for messages.
+func (r *EndpointReconciler) deviceName(index int32) string {
+	if l, ok := r.links.get(index); ok {
+		return l.name
+	}
+	return fmt.Sprintf("#%d", index)
+}
+
+// describeFDB names an FDB entry as `bridge fdb` does.
+func (r *EndpointReconciler) describeFDB(k fdbKey, e fdbEntry) string {
+	s := epMACString(k.mac) + " dev " + r.deviceName(k.ifindex)
+	if k.master {
+		return s + " master static"
+	}
+	if e.dst.IsValid() {
+		s += " dst " + e.dst.String()
+	}
+	return s + " self static"
+}
+
+// writeFDB adds or replaces a static FDB entry (see appendFDBRequest).
+func (r *EndpointReconciler) writeFDB(ctx context.Context, k fdbKey, e fdbEntry) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	msg := appendFDBRequest(r.nl.buffer(), unix.RTM_NEWNEIGH, k, e)
+	w := r.fdb.Expect(k, e)
+	if err := r.nl.Do(ctx, msg); err != nil {
+		w.Fail()
+		return hal.Errorf(hal.ReasonKernelError, "adding FDB entry %s: %w", r.describeFDB(k, e), err)
+	}
+	w.Done()
+	r.writes.Add(1)
+	if r.log.Enabled(ctx, slog.LevelDebug) {
+		r.log.Debug("FDB entry written", "entry", r.describeFDB(k, e))
+	}
+	return nil
+}
+
+// deleteFDB deletes a static FDB entry; one that is gone already is no error.
+func (r *EndpointReconciler) deleteFDB(ctx context.Context, k fdbKey) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	msg := appendFDBRequest(r.nl.buffer(), unix.RTM_DELNEIGH, k, fdbEntry{})
+	w := r.fdb.ExpectGone(k)
+	err := r.nl.Do(ctx, msg)
+	switch {
+	case errors.Is(err, unix.ENOENT):
+		w.Gone()
+		return nil
+	case err != nil:
+		w.Fail()
+		return hal.Errorf(hal.ReasonKernelError, "deleting FDB entry %s: %w", r.describeFDB(k, fdbEntry{}), err)
+	}
+	w.Done()
+	r.writes.Add(1)
+	if r.log.Enabled(ctx, slog.LevelDebug) {
+		r.log.Debug("FDB entry deleted", "entry", r.describeFDB(k, fdbEntry{}))
+	}
+	return nil
+}
+
+// writeNeigh adds or replaces a permanent neighbour (see appendNeighborRequest).
+func (r *EndpointReconciler) writeNeigh(ctx context.Context, k neighKey, e neighEntry) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	msg := appendNeighborRequest(r.nl.buffer(), unix.RTM_NEWNEIGH, k, e)
+	w := r.neigh.Expect(k, e)
+	if err := r.nl.Do(ctx, msg); err != nil {
+		w.Fail()
+		return hal.Errorf(hal.ReasonKernelError, "adding neighbour %s lladdr %s dev %s: %w", k.ip, epMACString(e.mac), r.deviceName(k.ifindex), err)
+	}
+	w.Done()
+	r.writes.Add(1)
+	return nil
+}
+
+// deleteNeigh deletes a neighbour; one that is gone already is no error.
+func (r *EndpointReconciler) deleteNeigh(ctx context.Context, k neighKey) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	msg := appendNeighborRequest(r.nl.buffer(), unix.RTM_DELNEIGH, k, neighEntry{})
+	w := r.neigh.ExpectGone(k)
+	err := r.nl.Do(ctx, msg)
+	switch {
+	case errors.Is(err, unix.ENOENT):
+		w.Gone()
+		return nil
+	case err != nil:
+		w.Fail()
+		return hal.Errorf(hal.ReasonKernelError, "deleting neighbour %s dev %s: %w", k.ip, r.deviceName(k.ifindex), err)
+	}
+	w.Done()
+	r.writes.Add(1)
+	return nil
+}
+
+// setLink sets the master (0: none) of the link l with the index and, when not 0, its
+// MTU, and sets it up when up is true (see appendSetLinkRequest); key is the endpoint it
+// does it for, "" for none.
+func (r *EndpointReconciler) setLink(ctx context.Context, key string, index int32, l epLink, master int32, mtu uint32, up bool) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	want := l
+	want.master = master
+	if mtu != 0 {
+		want.mtu = mtu
+	}
+	want.up = want.up || up
+	msg := appendSetLinkRequest(r.nl.buffer(), index, master, mtu, up)
+	w := r.links.mirror.Expect(index, want)
+	if err := r.nl.Do(ctx, msg); err != nil {
+		w.Fail()
+		if master == 0 {
+			return hal.Errorf(hal.ReasonKernelError, "releasing interface %s from %s: %w", l.name, r.deviceName(l.master), err)
+		}
+		return hal.Errorf(hal.ReasonKernelError, "attaching interface %s to %s: %w", l.name, r.deviceName(master), err)
+	}
+	w.Done()
+	r.writes.Add(1)
+	if master == 0 {
+		r.log.Info("interface released", "interface", l.name, "bridge", r.deviceName(l.master))
+	} else {
+		r.log.Info("interface attached", "key", key, "interface", l.name, "bridge", r.deviceName(master), "mtu", want.mtu)
+	}
+	return nil
+}
+
+// Sweep reads the kernel afresh into the mirrors, enqueues the endpoints whose entries
+// changed without the observer reporting it, removes the FDB entries and neighbours on
+// the networks' devices that no endpoint wants, and releases from naples bridges the
+// interfaces that no local endpoint wants there. Entries an endpoint wants that differ
+// from what it wants enqueue it.
+func (r *EndpointReconciler) Sweep(ctx context.Context, enqueue func(keyID string)) error {
+	if err := r.resync(ctx, enqueue); err != nil {
+		return err
+	}
+	macs := map[macRef]struct{}{}
+	for k := range r.fdb.All() {
+		if network, _, vx := r.links.networkDevice(k.ifindex); vx {
+			macs[macRef{network, k.mac}] = struct{}{}
+		}
+	}
+	for ref := range macs {
+		if err := r.syncMAC(ctx, ref, "", nil, enqueue); err != nil {
+			return err
+		}
+	}
+	for k := range r.neigh.All() {
+		if network, bridge, _ := r.links.networkDevice(k.ifindex); bridge {
+			if err := r.syncIP(ctx, ipRef{network, k.ip}, "", nil, enqueue); err != nil {
+				return err
+			}
+		}
+	}
+	for _, l := range r.links.mirror.All() {
+		if _, ours := OwnerOfAlias(l.alias); ours || l.master == 0 {
+			continue
+		}
+		if _, bridge, _ := r.links.networkDevice(l.master); bridge {
+			if err := r.syncInterface(ctx, l.name, "", nil, enqueue); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Observe subscribes to link and neighbour changes (which carry FDB changes too), reads
+// the kernel afresh into the mirrors, and then keeps them current from the
+// subscription. It enqueues the endpoints whose kernel state someone else changed, or
+// that the change concerns: the owner of an FDB entry or neighbour on a network's devices
+// that changed or went, the endpoints that name an interface that came, went or changed,
+// and every endpoint of a network whose bridge or VXLAN device came, went or changed.
+func (r *EndpointReconciler) Observe(ctx context.Context, enqueue func(keyID string), subscribed func()) error {
+	sub, err := subscribeNetlink(r.ns, r.eventBuffer, unix.RTNLGRP_LINK, unix.RTNLGRP_NEIGH)
+	if err != nil {
+		return fmt.Errorf("subscribing to link and neighbour changes: %w", err)
+	}
+	stop := context.AfterFunc(ctx, func() { sub.Close() })
+	defer func() {
+		stop()
+		sub.Close()
+	}()
+	// Subscribed first, then dumped: a change the dump misses is reported after it.
+	if err := r.resync(ctx, enqueue); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	subscribed()
+	apply := func(typ uint16, payload []byte) { r.apply(typ, payload, enqueue) }
+	for {
+		err := sub.Receive(apply)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("watching link and neighbour changes: %w", err)
+		}
+	}
+}
+
+// apply applies a notification to the mirrors and enqueues the endpoints it concerns,
+// unless it is the echo of the reconciler's own write.
+func (r *EndpointReconciler) apply(typ uint16, payload []byte, enqueue func(keyID string)) {
+	switch typ {
+	case unix.RTM_NEWLINK, unix.RTM_DELLINK:
+		index, l, ok := parseEPLink(payload)
+		if !ok {
+			return
+		}
+		old, had := r.links.get(index)
+		var echo bool
+		if typ == unix.RTM_NEWLINK {
+			r.links.named(index, l.name)
+			echo = r.links.mirror.Update(index, l)
+		} else {
+			echo = r.links.mirror.Remove(index)
+		}
+		if echo || (typ == unix.RTM_NEWLINK && had && old == l) || !mirrorShowsEvent(r.links.mirror, index, l, typ == unix.RTM_NEWLINK) {
+			return
+		}
+		if had {
+			r.enqueueForLink(old, enqueue)
+		}
+		if typ == unix.RTM_NEWLINK && (!had || old.name != l.name || old.alias != l.alias) {
+			r.enqueueForLink(l, enqueue)
+		}
+	case unix.RTM_NEWNEIGH, unix.RTM_DELNEIGH:
+		m, ok := parseNeighMsg(payload)
+		if !ok {
+			return
+		}
+		switch m.family {
+		case unix.AF_BRIDGE:
+			k, e, static := m.fdb()
+			_, had := r.fdb.Get(k)
+			var echo bool
+			if typ == unix.RTM_NEWNEIGH && static {
+				echo = r.fdb.Update(k, e)
+			} else {
+				echo = r.fdb.Remove(k)
+			}
+			if echo || (!had && !static) || !mirrorShowsEvent(r.fdb, k, e, typ == unix.RTM_NEWNEIGH && static) {
+				return
+			}
+			if network, _, vx := r.links.networkDevice(k.ifindex); vx {
+				r.enqueueOwner(EndpointMACIndex.Name, macIndexValue(network, k.mac), enqueue)
+			}
+		case unix.AF_INET, unix.AF_INET6:
+			k, e, permanent := m.neigh()
+			if !k.ip.IsValid() {
+				return
+			}
+			_, had := r.neigh.Get(k)
+			var echo bool
+			if typ == unix.RTM_NEWNEIGH && permanent {
+				echo = r.neigh.Update(k, e)
+			} else {
+				echo = r.neigh.Remove(k)
+			}
+			if echo || (!had && !permanent) || !mirrorShowsEvent(r.neigh, k, e, typ == unix.RTM_NEWNEIGH && permanent) {
+				return
+			}
+			if network, bridge, _ := r.links.networkDevice(k.ifindex); bridge {
+				r.enqueueOwner(EndpointIPIndex.Name, ipIndexValue(network, k.ip), enqueue)
+			}
+		}
+	}
+}
+
+// mirrorShowsEvent tells whether the mirror shows the object with key k as an event just
+// reported it: v when present, absent otherwise. It does not when the mirror passed the
+// event over, as one from before a write of the reconciler that waits for its echo (a
+// write may change several things, and the kernel report each change on its own): that
+// is no drift, since the write's outcome decides what the mirror shows.
+func mirrorShowsEvent[K comparable, V comparable](m *hal.Mirror[K, V], k K, v V, present bool) bool {
+	cur, ok := m.Get(k)
+	if !present {
+		return !ok
+	}
+	return ok && cur == v
+}
+
+// enqueueForLink enqueues the endpoints a change of the link concerns: those that name
+// it as their interface and, when it is a network's bridge or VXLAN device, those of the
+// network.
+func (r *EndpointReconciler) enqueueForLink(l epLink, enqueue func(keyID string)) {
+	r.enqueueAll(EndpointInterfaceIndex.Name, l.name, enqueue)
+	if network, bridge, vxlan := networkDeviceOf(l); bridge || vxlan {
+		r.enqueueAll(EndpointNetworkIndex.Name, network, enqueue)
+	}
+}
+
+// enqueueAll enqueues the objects the index lists under value.
+func (r *EndpointReconciler) enqueueAll(index, value string, enqueue func(keyID string)) {
+	ids, err := r.store.LookupIDs(index, value)
+	if err != nil {
+		r.log.Error("finding the endpoints a kernel change concerns", "index", index, "value", value, "err", err)
+		return
+	}
+	for _, id := range ids {
+		enqueue(id)
+	}
+}
+
+// enqueueOwner enqueues the first by key of the objects the index lists under value.
+func (r *EndpointReconciler) enqueueOwner(index, value string, enqueue func(keyID string)) {
+	owner, err := r.firstOwner(index, value)
+	if err != nil {
+		r.log.Error("finding the endpoint a kernel change concerns", "err", err)
+		return
+	}
+	if owner != "" {
+		enqueue(owner)
+	}
+}
+
+// fill loads the mirrors with a dump, unless one has loaded them already.
+func (r *EndpointReconciler) fill(ctx context.Context) error {
+	if r.filled.Load() {
+		return nil
+	}
+	return r.resync(ctx, nil)
+}
+
+// resync loads the mirrors with a fresh dump and, unless it is their first load or
+// enqueue is nil, enqueues the endpoints whose kernel state the dump found changed.
+func (r *EndpointReconciler) resync(ctx context.Context, enqueue func(keyID string)) error {
+	r.dumpMu.Lock()
+	defer r.dumpMu.Unlock()
+	if enqueue == nil && r.filled.Load() {
+		return nil // fill, and another caller filled them meanwhile
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if r.sock == nil {
+		return errors.New("endpoint reconciler closed")
+	}
+	first := !r.filled.Load()
+	r.dumps.Add(1)
+	before := map[int32]epLink{}
+	for i, l := range r.links.mirror.All() {
+		before[i] = l
+	}
+	linkDrift, err := r.links.mirror.Replace(r.reader.dumpLinks)
+	if err != nil {
+		return err
+	}
+	r.links.renamed()
+	fdbDrift, err := r.fdb.Replace(r.reader.dumpFDB)
+	if err != nil {
+		return err
+	}
+	neighDrift, err := r.neigh.Replace(r.reader.dumpNeighbours)
+	if err != nil {
+		return err
+	}
+	r.filled.Store(true)
+	if first || enqueue == nil {
+		return nil
+	}
+	for _, i := range linkDrift {
+		if old, ok := before[i]; ok {
+			r.enqueueForLink(old, enqueue)
+		}
+		if l, ok := r.links.get(i); ok {
+			r.enqueueForLink(l, enqueue)
+		}
+	}
+	for _, k := range fdbDrift {
+		if network, _, vx := r.links.networkDevice(k.ifindex); vx {
+			r.enqueueOwner(EndpointMACIndex.Name, macIndexValue(network, k.mac), enqueue)
+		}
+	}
+	for _, k := range neighDrift {
+		if network, bridge, _ := r.links.networkDevice(k.ifindex); bridge {
+			r.enqueueOwner(EndpointIPIndex.Name, ipIndexValue(network, k.ip), enqueue)
+		}
+	}
+	return nil
+}

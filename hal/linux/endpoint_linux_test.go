@@ -1,0 +1,703 @@
+package linux
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/naplesnet/naples/delphi"
+	"github.com/naplesnet/naples/hal"
+	"github.com/naplesnet/naples/internal/testns"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// epIndexes returns the indexes a store for the endpoint reconciler declares: Indexes
+// and the endpoint reconciler's own, unless Indexes lists them already.
+func epIndexes() []delphi.Index {
+	idx := Indexes()
+	for _, x := range []delphi.Index{EndpointMACIndex, EndpointIPIndex} {
+		if !slices.ContainsFunc(idx, func(i delphi.Index) bool { return i.Name == x.Name }) {
+			idx = append(idx, x)
+		}
+	}
+	return idx
+}
+
+// epHost is a test host for the endpoint reconciler: a fresh namespace, a delphi store
+// and a reconciler for the host's node.
+type epHost struct {
+	ns      string
+	nsh     netns.NsHandle
+	node    string
+	store   *delphi.Store
+	desired *delphi.DesiredWriter
+	rec     *EndpointReconciler
+}
+
+func newEPHost(t testing.TB, prefix, node string) *epHost {
+	t.Helper()
+	ns := testns.Named(t, prefix)
+	h := &epHost{ns: ns, nsh: testns.Handle(t, ns), node: node}
+	store, err := delphi.Open(delphi.Options{Indexes: epIndexes(), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	h.store = store
+	if h.desired, err = store.ClaimDesired(); err != nil {
+		t.Fatal(err)
+	}
+	h.rec = h.newReconciler(t)
+	return h
+}
+
+// newReconciler returns a new reconciler for the host, as a restarted agent makes.
+func (h *epHost) newReconciler(t testing.TB) *EndpointReconciler {
+	t.Helper()
+	rec, err := NewEndpointReconciler(EndpointOptions{Store: h.store, Node: h.node, Namespace: &h.nsh, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rec.Close() })
+	return rec
+}
+
+// run runs ip(8) or bridge(8) in the host's namespace.
+func (h *epHost) run(t testing.TB, cmd string, args ...string) string {
+	t.Helper()
+	return testns.Run(t, cmd, append([]string{"-n", h.ns}, args...)...)
+}
+
+// networkDevices creates the bridge and VXLAN device of the network with the key ID as
+// the network reconciler does: named BridgeName and VXLANName, marked with OwnerAlias,
+// VXLAN learning off, and as a bridge port learning off and neigh_suppress on.
+func (h *epHost) networkDevices(t testing.TB, networkID, vni, local string) {
+	t.Helper()
+	br, vx, alias := BridgeName(networkID), VXLANName(networkID), OwnerAlias(networkID)
+	for _, args := range [][]string{
+		{"link", "add", br, "type", "bridge"},
+		{"link", "set", br, "alias", alias, "address", GatewayMAC(networkID).String()},
+		{"link", "add", vx, "type", "vxlan", "id", vni, "local", local, "dstport", "4789", "nolearning"},
+		{"link", "set", vx, "alias", alias, "master", br},
+		{"link", "set", vx, "up"},
+		{"link", "set", br, "up"},
+	} {
+		h.run(t, "ip", args...)
+	}
+	h.run(t, "bridge", "link", "set", "dev", vx, "learning", "off", "neigh_suppress", "on")
+}
+
+func (h *epHost) put(t testing.TB, objs ...*nimbusv1.Object) {
+	t.Helper()
+	txn := &delphi.DesiredTxn{}
+	for _, o := range objs {
+		txn.Put(o)
+	}
+	if err := h.desired.Commit(txn); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (h *epHost) del(t testing.TB, keys ...*nimbusv1.ObjectKey) {
+	t.Helper()
+	txn := &delphi.DesiredTxn{}
+	for _, k := range keys {
+		txn.Delete(k)
+	}
+	if err := h.desired.Commit(txn); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// reconcileWith runs rec the way the HAL does: with the object delphi holds now.
+func (h *epHost) reconcileWith(rec *EndpointReconciler, key *nimbusv1.ObjectKey) (map[string]string, error) {
+	obj, _ := h.store.Get(key)
+	return rec.Reconcile(context.Background(), key, obj)
+}
+
+// reconcile runs the host's reconciler on key and fails the test when it fails.
+func (h *epHost) reconcile(t *testing.T, key *nimbusv1.ObjectKey) map[string]string {
+	t.Helper()
+	op, err := h.reconcileWith(h.rec, key)
+	if err != nil {
+		t.Fatalf("reconcile %s: %v", key.ID(), err)
+	}
+	return op
+}
+
+// observe runs rec's observer until the test ends and returns once it is subscribed. The
+// keys it enqueues arrive on the returned channel.
+func (h *epHost) observe(t *testing.T, rec *EndpointReconciler) <-chan string {
+	t.Helper()
+	enqueued := make(chan string, 10000)
+	subscribed := make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- rec.Observe(ctx, func(id string) { enqueued <- id }, func() { close(subscribed) })
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Observe: %v", err)
+		}
+	})
+	select {
+	case <-subscribed:
+	case err := <-done:
+		t.Fatalf("Observe ended before it subscribed: %v", err)
+	}
+	return enqueued
+}
+
+// epNextEnqueued returns the next key the observer enqueues.
+func epNextEnqueued(t *testing.T, enqueued <-chan string, what string) string {
+	t.Helper()
+	select {
+	case id := <-enqueued:
+		return id
+	case <-time.After(20 * time.Second):
+		t.Fatalf("timed out waiting for the observer to enqueue %s", what)
+		return ""
+	}
+}
+
+// epAwaitEnqueued waits until the observer enqueues id.
+func epAwaitEnqueued(t *testing.T, enqueued <-chan string, id, what string) {
+	t.Helper()
+	deadline := time.After(20 * time.Second)
+	for {
+		select {
+		case got := <-enqueued:
+			if got == id {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("timed out waiting for the observer to enqueue %s after %s", id, what)
+		}
+	}
+}
+
+// fdb returns `bridge fdb show dev DEV`.
+func (h *epHost) fdb(t *testing.T, dev string) string {
+	t.Helper()
+	return h.run(t, "bridge", "fdb", "show", "dev", dev)
+}
+
+// neighbours returns `ip -4 neigh show dev DEV` and `ip -6 neigh show dev DEV`, together.
+func (h *epHost) neighbours(t *testing.T, dev string) string {
+	t.Helper()
+	return h.run(t, "ip", "-4", "neigh", "show", "dev", dev) + h.run(t, "ip", "-6", "neigh", "show", "dev", dev)
+}
+
+func epNetwork(name, vni string, mtu uint32, subnets ...string) *nimbusv1.Object {
+	spec := &nimbusv1.NetworkSpec{Mtu: mtu}
+	for _, s := range subnets {
+		spec.Subnets = append(spec.Subnets, &nimbusv1.Subnet{Cidr: s})
+	}
+	for _, c := range vni {
+		spec.Vni = spec.Vni*10 + uint32(c-'0')
+	}
+	return &nimbusv1.Object{Meta: &nimbusv1.ObjectMeta{Name: name, Generation: 1}, Spec: &nimbusv1.Object_Network{Network: spec}}
+}
+
+func epNode(name, vtep string) *nimbusv1.Object {
+	return &nimbusv1.Object{Meta: &nimbusv1.ObjectMeta{Name: name, Generation: 1}, Spec: &nimbusv1.Object_Node{Node: &nimbusv1.NodeSpec{VtepAddress: vtep}}}
+}
+
+func epEndpoint(name, network, node, iface, mac string, ips ...string) *nimbusv1.Object {
+	return &nimbusv1.Object{
+		Meta: &nimbusv1.ObjectMeta{Name: name, Generation: 1},
+		Spec: &nimbusv1.Object_Endpoint{Endpoint: &nimbusv1.EndpointSpec{Network: network, Node: node, Interface: iface, Mac: mac, Ips: ips}},
+	}
+}
+
+// epOverlay is a host with network net1 (VNI 100, 10.1.0.0/24 and 2001:db8:1::/64, its
+// devices made), this host's node node-a and remote nodes node-b and node-c.
+type epOverlay struct {
+	*epHost
+	net    *nimbusv1.Object
+	netID  string
+	br, vx string
+}
+
+func newEPOverlay(t *testing.T, mtu uint32) *epOverlay {
+	t.Helper()
+	h := newEPHost(t, "naples-ep", "node-a")
+	o := &epOverlay{epHost: h, net: epNetwork("net1", "100", mtu, "10.1.0.0/24", "2001:db8:1::/64")}
+	o.netID = o.net.Key().ID()
+	o.br, o.vx = BridgeName(o.netID), VXLANName(o.netID)
+	h.networkDevices(t, o.netID, "100", "192.0.2.1")
+	h.put(t, o.net, epNode("node-a", "192.0.2.1"), epNode("node-b", "192.0.2.2"), epNode("node-c", "192.0.2.3"))
+	return o
+}
+
+func TestEndpointRemoteLifecycle(t *testing.T) {
+	o := newEPOverlay(t, 0)
+	ep := epEndpoint("web", "net1", "node-b", "", "02:00:00:00:00:01", "10.1.0.5", "2001:db8:1::5")
+	key := ep.Key()
+	o.put(t, ep)
+
+	op := o.reconcile(t, key)
+	wantOp := map[string]string{"role": "remote", "bridge": o.br, "vtep": "192.0.2.2", "mac": "02:00:00:00:00:01"}
+	if !maps.Equal(op, wantOp) {
+		t.Errorf("operational = %v, want %v", op, wantOp)
+	}
+	fdb := o.fdb(t, o.vx)
+	for _, want := range []string{"02:00:00:00:00:01 dst 192.0.2.2 self static", "02:00:00:00:00:01 master " + o.br + " static"} {
+		if !strings.Contains(fdb, want) {
+			t.Errorf("bridge fdb show dev %s lacks %q:\n%s", o.vx, want, fdb)
+		}
+	}
+	neigh := o.neighbours(t, o.br)
+	for _, want := range []string{"10.1.0.5 lladdr 02:00:00:00:00:01 PERMANENT", "2001:db8:1::5 lladdr 02:00:00:00:00:01 PERMANENT"} {
+		if !strings.Contains(neigh, want) {
+			t.Errorf("neighbours of %s lack %q:\n%s", o.br, want, neigh)
+		}
+	}
+	if got := o.rec.KernelWrites(); got != 4 {
+		t.Errorf("programming one MAC and two addresses wrote %d kernel objects, want 4", got)
+	}
+	writes := o.rec.KernelWrites()
+	o.reconcile(t, key)
+	if got := o.rec.KernelWrites() - writes; got != 0 {
+		t.Errorf("reconciling an unchanged endpoint wrote %d kernel objects", got)
+	}
+
+	// A new MAC: the old one's entries go, the neighbours point at the new one.
+	o.put(t, epEndpoint("web", "net1", "node-b", "", "02:00:00:00:00:02", "10.1.0.5", "2001:db8:1::5"))
+	o.reconcile(t, key)
+	if fdb := o.fdb(t, o.vx); strings.Contains(fdb, "02:00:00:00:00:01") || !strings.Contains(fdb, "02:00:00:00:00:02 dst 192.0.2.2 self static") ||
+		!strings.Contains(fdb, "02:00:00:00:00:02 master "+o.br+" static") {
+		t.Errorf("after the MAC changed, bridge fdb show dev %s:\n%s", o.vx, fdb)
+	}
+	if neigh := o.neighbours(t, o.br); strings.Contains(neigh, "02:00:00:00:00:01") || strings.Count(neigh, "lladdr 02:00:00:00:00:02 PERMANENT") != 2 {
+		t.Errorf("after the MAC changed, neighbours of %s:\n%s", o.br, neigh)
+	}
+
+	// Other addresses: the old neighbours go.
+	o.put(t, epEndpoint("web", "net1", "node-b", "", "02:00:00:00:00:02", "10.1.0.6"))
+	o.reconcile(t, key)
+	if neigh := o.neighbours(t, o.br); strings.Contains(neigh, "10.1.0.5") || strings.Contains(neigh, "2001:db8:1::5") || !strings.Contains(neigh, "10.1.0.6 lladdr 02:00:00:00:00:02 PERMANENT") {
+		t.Errorf("after the addresses changed, neighbours of %s:\n%s", o.br, neigh)
+	}
+
+	// Another node: the tunnel leads there.
+	o.put(t, epEndpoint("web", "net1", "node-c", "", "02:00:00:00:00:02", "10.1.0.6"))
+	o.reconcile(t, key)
+	if fdb := o.fdb(t, o.vx); !strings.Contains(fdb, "02:00:00:00:00:02 dst 192.0.2.3 self static") || strings.Contains(fdb, "192.0.2.2") {
+		t.Errorf("after the node changed, bridge fdb show dev %s:\n%s", o.vx, fdb)
+	}
+
+	// The node's VTEP moves: the HAL reconciles the endpoints on it.
+	if deps := o.rec.DependentsOf(NodeKey("node-c").ID()); !slices.Equal(deps, []string{key.ID()}) {
+		t.Errorf("DependentsOf(node-c) = %v, want [%s]", deps, key.ID())
+	}
+	if deps := o.rec.DependentsOf(o.netID); !slices.Equal(deps, []string{key.ID()}) {
+		t.Errorf("DependentsOf(%s) = %v, want [%s]", o.netID, deps, key.ID())
+	}
+	o.put(t, epNode("node-c", "192.0.2.33"))
+	op = o.reconcile(t, key)
+	if fdb := o.fdb(t, o.vx); !strings.Contains(fdb, "02:00:00:00:00:02 dst 192.0.2.33 self static") || op["vtep"] != "192.0.2.33" {
+		t.Errorf("after the VTEP moved, operational %v, bridge fdb show dev %s:\n%s", op, o.vx, fdb)
+	}
+
+	// Deleted: nothing is left, and deleting again writes nothing.
+	o.del(t, key)
+	o.reconcile(t, key)
+	if fdb := o.fdb(t, o.vx); strings.Contains(fdb, "02:00:00:00:00:0") {
+		t.Errorf("after the delete, bridge fdb show dev %s:\n%s", o.vx, fdb)
+	}
+	if neigh := o.neighbours(t, o.br); strings.Contains(neigh, "PERMANENT") {
+		t.Errorf("after the delete, neighbours of %s:\n%s", o.br, neigh)
+	}
+	writes = o.rec.KernelWrites()
+	o.reconcile(t, key)
+	if got := o.rec.KernelWrites() - writes; got != 0 {
+		t.Errorf("deleting again wrote %d kernel objects", got)
+	}
+}
+
+// epLinkFlags matches the flags of `ip link show`, "<BROADCAST,MULTICAST,UP,LOWER_UP>".
+var epLinkFlags = regexp.MustCompile(`<([A-Z_,-]*)>`)
+
+// epIsUp tells whether `ip link show` output says the link is administratively up.
+func epIsUp(show string) bool {
+	m := epLinkFlags.FindStringSubmatch(show)
+	return m != nil && slices.Contains(strings.Split(m[1], ","), "UP")
+}
+
+func TestEndpointLocalAttach(t *testing.T) {
+	o := newEPOverlay(t, 1400)
+	ep := epEndpoint("db", "net1", "node-a", "wl1", "02:00:00:00:0a:01", "10.1.0.10")
+	key := ep.Key()
+	o.put(t, ep)
+	enqueued := o.observe(t, o.rec)
+
+	// No interface yet: pending, naming it.
+	_, err := o.reconcileWith(o.rec, key)
+	if !hal.IsPending(err) || hal.ReasonOf(err) != ReasonWaitingForInterface || !strings.Contains(err.Error(), `"wl1"`) {
+		t.Fatalf("reconcile without the interface: %v, want pending %s naming \"wl1\"", err, ReasonWaitingForInterface)
+	}
+
+	// A runtime creates the interface under another name and renames it, as CNI plugins
+	// do: the observer enqueues the endpoint.
+	o.run(t, "ip", "link", "add", "tmp0", "type", "veth", "peer", "name", "wl1p")
+	o.run(t, "ip", "link", "set", "tmp0", "name", "wl1")
+	epAwaitEnqueued(t, enqueued, key.ID(), "interface wl1 appeared")
+
+	op := o.reconcile(t, key)
+	wantOp := map[string]string{"role": "local", "bridge": o.br, "interface": "wl1"}
+	if !maps.Equal(op, wantOp) {
+		t.Errorf("operational = %v, want %v", op, wantOp)
+	}
+	show := o.run(t, "ip", "link", "show", "wl1")
+	if !strings.Contains(show, " master "+o.br+" ") || !strings.Contains(show, " mtu 1400 ") || !epIsUp(show) {
+		t.Errorf("ip link show wl1, want master %s, mtu 1400, UP:\n%s", o.br, show)
+	}
+	if fdb := o.fdb(t, o.vx); strings.Contains(fdb, "02:00:00:00:0a:01") {
+		t.Errorf("a local endpoint's MAC is on the VXLAN device:\n%s", fdb)
+	}
+	writes := o.rec.KernelWrites()
+	o.reconcile(t, key)
+	if got := o.rec.KernelWrites() - writes; got != 0 {
+		t.Errorf("reconciling an attached interface wrote %d kernel objects", got)
+	}
+
+	// Deleted: released, not deleted.
+	o.del(t, key)
+	o.reconcile(t, key)
+	show = o.run(t, "ip", "link", "show", "wl1")
+	if strings.Contains(show, " master ") {
+		t.Errorf("after the delete, wl1 still has a master:\n%s", show)
+	}
+}
+
+func TestEndpointNotProgrammable(t *testing.T) {
+	o := newEPOverlay(t, 0)
+	good := epEndpoint("good", "net1", "node-b", "", "02:00:00:00:00:01", "10.1.0.5")
+	o.put(t, good)
+	o.observe(t, o.rec)
+	for _, tt := range []struct {
+		name    string
+		ep      *nimbusv1.Object
+		setup   func(t *testing.T)
+		reason  string
+		pending bool
+		message string
+	}{
+		{name: "ip outside the subnets", ep: epEndpoint("bad", "net1", "node-b", "", "02:00:00:00:00:09", "10.1.0.9", "10.9.0.1"),
+			reason: hal.ReasonInvalid, message: `spec.ips[1] "10.9.0.1": outside every subnet of ` + o.netID},
+		{name: "no node", ep: epEndpoint("bad", "net1", "", "", "02:00:00:00:00:09"),
+			reason: hal.ReasonInvalid, message: `spec.node ""`},
+		{name: "remote without MAC", ep: epEndpoint("bad", "net1", "node-b", "", "", "10.1.0.9"),
+			reason: hal.ReasonInvalid, message: `spec.mac ""`},
+		{name: "local with ips without MAC", ep: epEndpoint("bad", "net1", "node-a", "wl9", "", "10.1.0.9"),
+			reason: hal.ReasonInvalid, message: `spec.mac ""`},
+		{name: "no network", ep: epEndpoint("bad", "net2", "node-b", "", "02:00:00:00:00:09"),
+			reason: ReasonWaitingForNetwork, pending: true, message: "Network/default/default/net2: no such Network object"},
+		{name: "no bridge", ep: epEndpoint("bad", "net3", "node-b", "", "02:00:00:00:00:09"),
+			setup:  func(t *testing.T) { o.put(t, epNetwork("net3", "300", 0, "10.3.0.0/24")) },
+			reason: ReasonWaitingForNetwork, pending: true, message: "its bridge " + BridgeName(nimbusv1.NewKey(nimbusv1.Kind_KIND_NETWORK, "", "", "net3").ID())},
+		{name: "no node object", ep: epEndpoint("bad", "net1", "node-z", "", "02:00:00:00:00:09"),
+			reason: ReasonWaitingForNode, pending: true, message: `"node-z"`},
+		{name: "MAC of another endpoint", ep: epEndpoint("later", "net1", "node-c", "", "02:00:00:00:00:01"),
+			reason: hal.ReasonConflict, message: good.Key().ID()},
+		{name: "address of another endpoint", ep: epEndpoint("later", "net1", "node-c", "", "02:00:00:00:00:09", "10.1.0.5"),
+			reason: hal.ReasonConflict, message: good.Key().ID()},
+		{name: "interface on a foreign bridge", ep: epEndpoint("bad", "net1", "node-a", "wl9", "02:00:00:00:00:09"),
+			setup: func(t *testing.T) {
+				o.run(t, "ip", "link", "add", "foreign0", "type", "bridge")
+				o.run(t, "ip", "link", "add", "wl9", "master", "foreign0", "type", "veth", "peer", "name", "wl9p")
+				waitFor(t, "the mirror to show wl9 on foreign0", func() bool {
+					_, l, ok := o.rec.links.byName("wl9")
+					return ok && l.master != 0
+				})
+			},
+			reason: hal.ReasonConflict, message: `interface "wl9" is attached to "foreign0"`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.setup != nil {
+				tt.setup(t)
+			}
+			o.put(t, tt.ep)
+			o.reconcile(t, good.Key())
+			_, err := o.reconcileWith(o.rec, tt.ep.Key())
+			if err == nil || hal.ReasonOf(err) != tt.reason || hal.IsPending(err) != tt.pending || !strings.Contains(err.Error(), tt.message) {
+				t.Errorf("reconcile: %v (reason %s, pending %v), want reason %s, pending %v, message with %q",
+					err, hal.ReasonOf(err), hal.IsPending(err), tt.reason, tt.pending, tt.message)
+			}
+			// The endpoint programs nothing; the other one stays as it was.
+			fdb := o.fdb(t, o.vx)
+			if strings.Contains(fdb, "02:00:00:00:00:09") || !strings.Contains(fdb, "02:00:00:00:00:01 dst 192.0.2.2 self static") {
+				t.Errorf("bridge fdb show dev %s:\n%s", o.vx, fdb)
+			}
+			if neigh := o.neighbours(t, o.br); strings.Contains(neigh, "10.1.0.9") || !strings.Contains(neigh, "10.1.0.5 lladdr 02:00:00:00:00:01 PERMANENT") {
+				t.Errorf("neighbours of %s:\n%s", o.br, neigh)
+			}
+			o.del(t, tt.ep.Key())
+			o.reconcile(t, tt.ep.Key())
+		})
+	}
+	if show := o.run(t, "ip", "link", "show", "wl9"); !strings.Contains(show, "master foreign0") {
+		t.Errorf("an interface on a foreign bridge was moved:\n%s", show)
+	}
+}
+
+func TestEndpointConflictResolvesWhenOwnerGoes(t *testing.T) {
+	o := newEPOverlay(t, 0)
+	first := epEndpoint("a", "net1", "node-b", "", "02:00:00:00:00:01", "10.1.0.5")
+	second := epEndpoint("b", "net1", "node-c", "", "02:00:00:00:00:01", "10.1.0.5")
+	o.put(t, first, second)
+	o.reconcile(t, first.Key())
+	if _, err := o.reconcileWith(o.rec, second.Key()); hal.ReasonOf(err) != hal.ReasonConflict {
+		t.Fatalf("reconcile of the second claimant: %v, want Conflict", err)
+	}
+	if fdb := o.fdb(t, o.vx); !strings.Contains(fdb, "02:00:00:00:00:01 dst 192.0.2.2 self static") {
+		t.Errorf("the first claimant's entry was changed:\n%s", fdb)
+	}
+	// The owner goes: its removal hands the entries to the next claimant, and the
+	// next claimant's reconcile succeeds.
+	o.del(t, first.Key())
+	o.reconcile(t, first.Key())
+	if fdb := o.fdb(t, o.vx); !strings.Contains(fdb, "02:00:00:00:00:01 dst 192.0.2.3 self static") {
+		t.Errorf("after the owner went, bridge fdb show dev %s:\n%s", o.vx, fdb)
+	}
+	o.reconcile(t, second.Key())
+	if neigh := o.neighbours(t, o.br); !strings.Contains(neigh, "10.1.0.5 lladdr 02:00:00:00:00:01 PERMANENT") {
+		t.Errorf("neighbours of %s:\n%s", o.br, neigh)
+	}
+}
+
+func TestEndpointObserverRepairsDrift(t *testing.T) {
+	o := newEPOverlay(t, 0)
+	o.run(t, "ip", "link", "add", "wl1", "type", "veth", "peer", "name", "wl1p")
+	remote := epEndpoint("web", "net1", "node-b", "", "02:00:00:00:00:01", "10.1.0.5", "2001:db8:1::5")
+	marker := epEndpoint("marker", "net1", "node-c", "", "02:00:00:00:00:02", "10.1.0.6")
+	local := epEndpoint("db", "net1", "node-a", "wl1", "02:00:00:00:0a:01", "10.1.0.10")
+	o.put(t, remote, marker, local)
+	enqueued := o.observe(t, o.rec)
+	for _, ep := range []*nimbusv1.Object{marker, remote, local} {
+		o.reconcile(t, ep.Key())
+	}
+	// The echoes of the reconciler's own writes enqueue nothing: the first key enqueued
+	// is the one whose entry someone else then deletes.
+	o.run(t, "ip", "neigh", "del", "10.1.0.6", "dev", o.br)
+	if got := epNextEnqueued(t, enqueued, "the marker"); got != marker.Key().ID() {
+		t.Fatalf("after the reconciler's own writes and a deleted marker, enqueued %s first, want %s", got, marker.Key().ID())
+	}
+
+	for _, drift := range []struct {
+		what  string
+		key   *nimbusv1.ObjectKey
+		args  []string
+		check func() bool
+	}{
+		{"deleted VXLAN FDB entry", remote.Key(), []string{"bridge", "fdb", "del", "02:00:00:00:00:01", "dev", o.vx, "self"},
+			func() bool { return strings.Contains(o.fdb(t, o.vx), "02:00:00:00:00:01 dst 192.0.2.2 self static") }},
+		{"deleted bridge FDB entry", remote.Key(), []string{"bridge", "fdb", "del", "02:00:00:00:00:01", "dev", o.vx, "master"},
+			func() bool { return strings.Contains(o.fdb(t, o.vx), "02:00:00:00:00:01 master "+o.br+" static") }},
+		{"VXLAN FDB entry pointed elsewhere", remote.Key(), []string{"bridge", "fdb", "replace", "02:00:00:00:00:01", "dev", o.vx, "self", "static", "dst", "192.0.2.99"},
+			func() bool { return strings.Contains(o.fdb(t, o.vx), "02:00:00:00:00:01 dst 192.0.2.2 self static") }},
+		{"deleted neighbour", remote.Key(), []string{"ip", "-6", "neigh", "del", "2001:db8:1::5", "dev", o.br},
+			func() bool {
+				return strings.Contains(o.neighbours(t, o.br), "2001:db8:1::5 lladdr 02:00:00:00:00:01 PERMANENT")
+			}},
+		{"neighbour with another MAC", remote.Key(), []string{"ip", "neigh", "replace", "10.1.0.5", "lladdr", "02:00:00:00:00:99", "dev", o.br, "nud", "permanent"},
+			func() bool {
+				return strings.Contains(o.neighbours(t, o.br), "10.1.0.5 lladdr 02:00:00:00:00:01 PERMANENT")
+			}},
+		{"released interface", local.Key(), []string{"ip", "link", "set", "wl1", "nomaster"},
+			func() bool { return strings.Contains(o.run(t, "ip", "link", "show", "wl1"), " master "+o.br+" ") }},
+		{"interface set down", local.Key(), []string{"ip", "link", "set", "wl1", "down"},
+			func() bool { return epIsUp(o.run(t, "ip", "link", "show", "wl1")) }},
+	} {
+		o.run(t, drift.args[0], drift.args[1:]...)
+		epAwaitEnqueued(t, enqueued, drift.key.ID(), drift.what)
+		o.reconcile(t, drift.key)
+		if !drift.check() {
+			t.Errorf("after the %s, the reconcile did not repair it:\n%s%s", drift.what, o.fdb(t, o.vx), o.neighbours(t, o.br))
+		}
+	}
+}
+
+func TestEndpointSweepAfterRestart(t *testing.T) {
+	o := newEPOverlay(t, 0)
+	o.run(t, "ip", "link", "add", "wl3", "type", "veth", "peer", "name", "wl3p")
+	kept := epEndpoint("kept", "net1", "node-b", "", "02:00:00:00:00:01", "10.1.0.1", "2001:db8:1::1")
+	gone := epEndpoint("gone", "net1", "node-c", "", "02:00:00:00:00:02", "10.1.0.2")
+	goneLocal := epEndpoint("gone-local", "net1", "node-a", "wl3", "02:00:00:00:0a:03", "10.1.0.3")
+	o.put(t, kept, gone, goneLocal)
+	for _, ep := range []*nimbusv1.Object{kept, gone, goneLocal} {
+		o.reconcile(t, ep.Key())
+	}
+	// What others put there: a stale entry on our devices (ours to remove), the network's
+	// head-end replication entry, and a foreign bridge with its port, a static entry and
+	// a permanent neighbour (not ours).
+	for _, args := range [][]string{
+		{"bridge", "fdb", "add", "02:00:00:00:00:99", "dev", o.vx, "self", "static", "dst", "192.0.2.9"},
+		{"bridge", "fdb", "add", "02:00:00:00:00:99", "dev", o.vx, "master", "static"},
+		{"ip", "neigh", "add", "10.1.0.99", "lladdr", "02:00:00:00:00:99", "dev", o.br, "nud", "permanent"},
+		{"bridge", "fdb", "append", "00:00:00:00:00:00", "dev", o.vx, "self", "permanent", "dst", "192.0.2.2"},
+		{"ip", "link", "add", "foreign0", "type", "bridge"},
+		{"ip", "link", "add", "fp0", "master", "foreign0", "type", "veth", "peer", "name", "fp0p"},
+		{"bridge", "fdb", "add", "02:00:00:00:00:66", "dev", "fp0", "master", "static"},
+		{"ip", "neigh", "add", "10.66.0.1", "lladdr", "02:00:00:00:00:66", "dev", "foreign0", "nud", "permanent"},
+	} {
+		o.run(t, args[0], args[1:]...)
+	}
+
+	// The agent restarts; meanwhile two endpoints were deleted.
+	o.rec.Close()
+	o.del(t, gone.Key(), goneLocal.Key())
+	rec := o.newReconciler(t)
+	var enqueued []string
+	if err := rec.Sweep(context.Background(), func(id string) { enqueued = append(enqueued, id) }); err != nil {
+		t.Fatalf("Sweep: %v", err)
+	}
+	if len(enqueued) != 0 {
+		t.Errorf("Sweep enqueued %v; nothing drifted", enqueued)
+	}
+	fdb := o.fdb(t, o.vx)
+	for _, gone := range []string{"02:00:00:00:00:02", "02:00:00:00:00:99"} {
+		if strings.Contains(fdb, gone) {
+			t.Errorf("after the sweep, bridge fdb show dev %s still has %s:\n%s", o.vx, gone, fdb)
+		}
+	}
+	for _, kept := range []string{"02:00:00:00:00:01 dst 192.0.2.2 self static", "02:00:00:00:00:01 master " + o.br + " static", "00:00:00:00:00:00 dst 192.0.2.2 self permanent"} {
+		if !strings.Contains(fdb, kept) {
+			t.Errorf("after the sweep, bridge fdb show dev %s lacks %q:\n%s", o.vx, kept, fdb)
+		}
+	}
+	neigh := o.neighbours(t, o.br)
+	if strings.Contains(neigh, "10.1.0.2 ") || strings.Contains(neigh, "10.1.0.99") || strings.Count(neigh, "lladdr 02:00:00:00:00:01 PERMANENT") != 2 {
+		t.Errorf("after the sweep, neighbours of %s:\n%s", o.br, neigh)
+	}
+	if show := o.run(t, "ip", "link", "show", "wl3"); strings.Contains(show, " master ") {
+		t.Errorf("after the sweep, wl3 is still attached:\n%s", show)
+	}
+	if !strings.Contains(o.run(t, "ip", "link", "show", "fp0"), "master foreign0") ||
+		!strings.Contains(o.fdb(t, "fp0"), "02:00:00:00:00:66 master foreign0 static") ||
+		!strings.Contains(o.neighbours(t, "foreign0"), "10.66.0.1 lladdr 02:00:00:00:00:66 PERMANENT") {
+		t.Errorf("the sweep touched the foreign bridge, its port, entry or neighbour")
+	}
+	// Removed: gone's three entries, the stale MAC's two and its neighbour; released: wl3.
+	if got := rec.KernelWrites(); got != 7 {
+		t.Errorf("the sweep wrote %d kernel objects, want 7", got)
+	}
+	writes := rec.KernelWrites()
+	if _, err := o.reconcileWith(rec, kept.Key()); err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.KernelWrites() - writes; got != 0 {
+		t.Errorf("reconciling the adopted endpoint wrote %d kernel objects", got)
+	}
+
+	// Another restart with everything in place writes nothing at all.
+	rec.Close()
+	rec = o.newReconciler(t)
+	if err := rec.Sweep(context.Background(), func(string) {}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o.reconcileWith(rec, kept.Key()); err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.KernelWrites(); got != 0 {
+		t.Errorf("a restart with everything in place wrote %d kernel objects", got)
+	}
+}
+
+func TestEndpointReconcileHonoursContext(t *testing.T) {
+	o := newEPOverlay(t, 0)
+	ep := epEndpoint("web", "net1", "node-b", "", "02:00:00:00:00:01", "10.1.0.5")
+	o.put(t, ep)
+	obj, _ := o.store.Get(ep.Key())
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	// Before the mirrors are loaded, and once they are.
+	for _, when := range []string{"before the first dump", "after it"} {
+		if _, err := o.rec.Reconcile(ctx, ep.Key(), obj); !errors.Is(err, context.Canceled) {
+			t.Errorf("reconcile with an ended context %s: %v, want context.Canceled", when, err)
+		}
+		if err := o.rec.fill(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if fdb := o.fdb(t, o.vx); strings.Contains(fdb, "02:00:00:00:00:01") || o.rec.KernelWrites() != 0 {
+		t.Errorf("a reconcile with an ended context wrote %d kernel objects:\n%s", o.rec.KernelWrites(), fdb)
+	}
+}
+
+// TestEndpointHAL runs the whole HAL on the endpoint reconciler: endpoints wait for their
+// network's devices, their interface and their node, and are programmed the moment these
+// come.
+func TestEndpointHAL(t *testing.T) {
+	h := newEPHost(t, "naples-ep", "node-a")
+	network := epNetwork("net1", "100", 0, "10.1.0.0/24")
+	netID := network.Key().ID()
+	local := epEndpoint("db", "net1", "node-a", "wl1", "02:00:00:00:0a:01", "10.1.0.10")
+	remote := epEndpoint("web", "net1", "node-b", "", "02:00:00:00:00:01", "10.1.0.5")
+	h.put(t, network, epNode("node-a", "192.0.2.1"), local, remote)
+
+	store, err := hal.Delphi(h.store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hl, err := hal.New(hal.Options{Store: store, Reconcilers: []hal.Reconciler{h.rec}, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- hl.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	pending := func(key *nimbusv1.ObjectKey, reason, message string) {
+		t.Helper()
+		waitStatus(t, h.store, key, func(s *nimbusv1.NodeStatus) bool {
+			return s.GetPhase() == nimbusv1.Phase_PHASE_PENDING && s.GetReason() == reason && strings.Contains(s.GetMessage(), message)
+		})
+	}
+	pending(local.Key(), ReasonWaitingForNetwork, netID)
+	pending(remote.Key(), ReasonWaitingForNetwork, netID)
+
+	// The network's devices come: the observer enqueues the network's endpoints.
+	h.networkDevices(t, netID, "100", "192.0.2.1")
+	pending(local.Key(), ReasonWaitingForInterface, `"wl1"`)
+	pending(remote.Key(), ReasonWaitingForNode, `"node-b"`)
+
+	// The interface and the node come.
+	h.run(t, "ip", "link", "add", "wl1", "type", "veth", "peer", "name", "wl1p")
+	h.put(t, epNode("node-b", "192.0.2.2"))
+	st := waitStatus(t, h.store, local.Key(), func(s *nimbusv1.NodeStatus) bool { return s.GetPhase() == nimbusv1.Phase_PHASE_PROGRAMMED })
+	if st.GetOperational()["interface"] != "wl1" || st.GetOperational()["role"] != "local" {
+		t.Errorf("local endpoint's status: %v", st)
+	}
+	st = waitStatus(t, h.store, remote.Key(), func(s *nimbusv1.NodeStatus) bool { return s.GetPhase() == nimbusv1.Phase_PHASE_PROGRAMMED })
+	if st.GetOperational()["vtep"] != "192.0.2.2" || st.GetOperational()["role"] != "remote" {
+		t.Errorf("remote endpoint's status: %v", st)
+	}
+	if show := h.run(t, "ip", "link", "show", "wl1"); !strings.Contains(show, " master "+BridgeName(netID)+" ") {
+		t.Errorf("ip link show wl1:\n%s", show)
+	}
+	if fdb := h.run(t, "bridge", "fdb", "show", "dev", VXLANName(netID)); !strings.Contains(fdb, "02:00:00:00:00:01 dst 192.0.2.2 self static") {
+		t.Errorf("bridge fdb show dev %s:\n%s", VXLANName(netID), fdb)
+	}
+
+	// Someone deletes the remote endpoint's neighbour: the HAL repairs it.
+	h.run(t, "ip", "neigh", "del", "10.1.0.5", "dev", BridgeName(netID))
+	waitFor(t, "the neighbour to be repaired", func() bool {
+		return strings.Contains(h.run(t, "ip", "neigh", "show", "dev", BridgeName(netID)), "10.1.0.5 lladdr 02:00:00:00:00:01 PERMANENT")
+	})
+}

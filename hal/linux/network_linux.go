@@ -1,0 +1,578 @@
+package linux
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/naplesnet/naples/hal"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// NetworkOptions configures a NetworkReconciler.
+type NetworkOptions struct {
+	// Store holds the desired objects: the Network objects, and the Node and Endpoint
+	// objects they depend on. It must declare the indexes Indexes returns. Required.
+	Store OverlayStore
+	// Node is the name of this host's Node object, whose spec.vtepAddress is the local
+	// end of every network's VXLAN tunnels. Required.
+	Node string
+	// Namespace is the network namespace to program. Default: the calling process's.
+	Namespace *netns.NsHandle
+	// Timeout bounds every netlink request, so a kernel that does not answer fails the
+	// reconcile, which is retried, instead of pinning a worker. Default: 10s.
+	Timeout time.Duration
+	// EventBuffer is the size in bytes of the kernel's receive buffer for the observer's
+	// subscription to link, address, rule, route, FDB and netconf changes
+	// (SO_RCVBUFFORCE). A burst of changes bigger than it overflows it; the observer then
+	// fails, and its restart reads the kernel afresh. Default: 8 MiB.
+	EventBuffer int
+	// Logger receives the reconciler's logs. Default: slog.Default().
+	Logger *slog.Logger
+}
+
+// NetworkReconciler programs Network objects. For the network with key ID K it holds:
+//
+//   - the bridge BridgeName(K) (`ip link add NAME type bridge`) with alias OwnerAlias(K),
+//     address GatewayMAC(K), the network's MTU when it sets one, up; on it the gateway
+//     address of every subnet that has one, with noprefixroute (no route in the main
+//     table) and for IPv6 nodad (every node holds the same anycast address), and no
+//     other address but IPv6 link-local ones;
+//   - the VXLAN device VXLANName(K): the network's VNI, this host's VTEP address as local
+//     address, destination port VXLANPort, nolearning, the same alias and MTU, up, a port
+//     of the bridge with learning off and neigh_suppress on (the bridge answers ARP and
+//     ND for the endpoints it knows). A change of VNI or local address makes it anew;
+//   - head-end replication: an FDB entry 00:00:00:00:00:00 dst VTEP (self, permanent) on
+//     the VXLAN device per other node that has endpoints in the network;
+//   - tenant routing without VRFs: in table TenantTable(tenant), a route of
+//     OverlayRouteProtocol per subnet through the bridge (scope link, src its gateway);
+//     per family the rules `iif BRIDGE lookup T pref TenantRulePriority` and `iif BRIDGE
+//     prohibit pref TenantRulePriority+1`, made before the bridge; forwarding on for what
+//     enters through the bridge (net.ipv4.conf.BRIDGE.forwarding, and
+//     net.ipv6.conf.BRIDGE.force_forwarding where the kernel has it, Linux 6.17). So
+//     networks of one tenant route to each other through their gateways, networks of
+//     different tenants never do, and the main table holds no overlay route. The host's
+//     own packets (replies from a gateway address, ICMP errors) have no route to the
+//     overlay either.
+//
+// A link of the bridge's or VXLAN device's name without the network's alias, or a VNI
+// that another Network has, is a conflict. Deleting the network removes all of the
+// above; the devices take their addresses, routes and FDB entries with them.
+//
+// It reads the kernel from mirrors (hal.Mirror) of every link, every address, the
+// policy-routing rules at TenantRulePriority and TenantRulePriority+1, the routes of
+// OverlayRouteProtocol and the head-end replication entries of VXLAN devices: one dump
+// fills each, the observer's subscription keeps them current, and every sweep dumps
+// afresh. A reconcile compares the network's desired state with the mirrors and writes
+// only what differs, so a reconcile of a network the kernel already holds writes nothing.
+type NetworkReconciler struct {
+	store       OverlayStore
+	node        string
+	ns          *netns.NsHandle
+	eventBuffer int
+	log         *slog.Logger
+	// nl carries the writes; rtnl reads dumps and single links.
+	nl     *nlBatcher
+	rtnl   *rtnlReader
+	writes atomic.Uint64
+
+	links  *hal.Mirror[string, networkLink]
+	addrs  *hal.Mirror[addrKey, ifAddr]
+	rules  *hal.Mirror[ruleKey, uint8]
+	routes *hal.Mirror[routeID, overlayRoute]
+	her    *hal.Mirror[herKey, herEntry]
+	// filled is set once the mirrors have been loaded by a dump; dumpMu serializes full
+	// dumps.
+	filled atomic.Bool
+	dumpMu sync.Mutex
+
+	// networkLocks serializes the work on one network's kernel state between its
+	// reconciles and the sweeper.
+	networkLocks keyedMutex[string]
+
+	// mu guards names, devices, remoteEndpoints, endpointsOf and forwarding.
+	mu sync.Mutex
+	// names maps interface indexes to the names of the links in the mirror.
+	names map[int32]string
+	// devices maps the names of the devices of the networks reconciled so far to their
+	// network's key ID.
+	devices map[string]string
+	// remoteEndpoints maps the key IDs of the endpoints on other nodes that the last
+	// reconcile of their network counted for head-end replication to that network's key
+	// ID, so that an endpoint's delete reaches its network.
+	remoteEndpoints map[string]string
+	// endpointsOf holds the same by network key ID.
+	endpointsOf map[string][]string
+	// forwarding holds, per bridge name, the forwarding sysctls found or made right.
+	forwarding map[string]forwardingState
+}
+
+var (
+	_ hal.Reconciler         = (*NetworkReconciler)(nil)
+	_ hal.Sweeper            = (*NetworkReconciler)(nil)
+	_ hal.Observer           = (*NetworkReconciler)(nil)
+	_ hal.Dependent          = (*NetworkReconciler)(nil)
+	_ hal.KernelWriteCounter = (*NetworkReconciler)(nil)
+)
+
+// NewNetworkReconciler returns a reconciler bound to the options' namespace.
+func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
+	if opts.Store == nil {
+		return nil, errors.New("network reconciler: NetworkOptions.Store is required")
+	}
+	if opts.Node == "" {
+		return nil, errors.New("network reconciler: NetworkOptions.Node is required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = 10 * time.Second
+	}
+	if opts.EventBuffer <= 0 {
+		opts.EventBuffer = 8 << 20
+	}
+	b, err := newNLBatcher(nlBatcherOptions{Namespace: opts.Namespace, Protocol: unix.NETLINK_ROUTE, Timeout: opts.Timeout})
+	if err != nil {
+		return nil, err
+	}
+	rd, err := newRTNLReader(opts.Namespace, opts.Timeout)
+	if err != nil {
+		b.Close()
+		return nil, err
+	}
+	return &NetworkReconciler{
+		store:       opts.Store,
+		node:        opts.Node,
+		ns:          opts.Namespace,
+		eventBuffer: opts.EventBuffer,
+		log:         opts.Logger,
+		nl:          b,
+		rtnl:        rd,
+		links:       hal.NewMirror[string, networkLink](sameLink, nil),
+		addrs: hal.NewMirror[addrKey, ifAddr](func(have, want ifAddr) bool {
+			return have.flags&managedAddrFlags == want.flags&managedAddrFlags
+		}, nil),
+		rules:           hal.NewMirror[ruleKey, uint8](func(have, want uint8) bool { return have == want }, nil),
+		routes:          hal.NewMirror[routeID, overlayRoute](func(have, want overlayRoute) bool { return have == want }, routeID.hash),
+		her:             hal.NewMirror[herKey, herEntry](func(have, want herEntry) bool { return have == want }, nil),
+		names:           map[int32]string{},
+		devices:         map[string]string{},
+		remoteEndpoints: map[string]string{},
+		endpointsOf:     map[string][]string{},
+		forwarding:      map[string]forwardingState{},
+	}, nil
+}
+
+// Close releases the netlink sockets. It is safe to call twice.
+func (r *NetworkReconciler) Close() error {
+	r.nl.Close()
+	r.rtnl.Close()
+	return nil
+}
+
+// Kind returns KIND_NETWORK.
+func (r *NetworkReconciler) Kind() nimbusv1.Kind { return nimbusv1.Kind_KIND_NETWORK }
+
+// KernelWrites returns how many kernel objects (links and their settings, addresses,
+// rules, routes, FDB entries, sysctls) the reconciler has created, changed or removed.
+func (r *NetworkReconciler) KernelWrites() uint64 { return r.writes.Load() }
+
+// managedAddrFlags are the flags of a gateway address that the reconciler sets and
+// compares: no prefix route in the main table, and for IPv6 no duplicate address
+// detection, since every node holds the same anycast address.
+const managedAddrFlags = unix.IFA_F_NOPREFIXROUTE | unix.IFA_F_NODAD
+
+// Operational data keys of a Network's status.
+const (
+	// NetworkOpBridge is the name of the network's bridge.
+	NetworkOpBridge = "bridge"
+	// NetworkOpVXLAN is the name of the network's VXLAN device.
+	NetworkOpVXLAN = "vxlan"
+	// NetworkOpVNI is the network's VNI, in decimal.
+	NetworkOpVNI = "vni"
+	// NetworkOpVTEP is this host's VTEP address, the VXLAN device's local address.
+	NetworkOpVTEP = "vtep"
+	// NetworkOpTenantTable is the policy-routing table of the network's tenant, in decimal.
+	NetworkOpTenantTable = "tenantTable"
+	// NetworkOpRemoteVTEPs are the VTEP addresses of the other nodes that have endpoints in the
+	// network, sorted and comma separated: where broadcasts and unknown destinations are
+	// replicated to.
+	NetworkOpRemoteVTEPs = "remoteVteps"
+	// NetworkOpNodesWithoutVTEP names the other nodes that have endpoints in the network but no
+	// usable VTEP address (no Node object, no spec.vtepAddress, or one of the other
+	// address family than this host's), sorted and comma separated; present only when
+	// there are some. They get no replication until they have one.
+	NetworkOpNodesWithoutVTEP = "nodesWithoutVtep"
+	// NetworkOpIPv6Forwarding is present when the network routes IPv6 but this kernel has no
+	// per-interface IPv6 forwarding (net.ipv6.conf.BRIDGE.force_forwarding, Linux 6.17):
+	// IPv6 between networks then needs net.ipv6.conf.all.forwarding=1, which the
+	// reconciler does not set, as it would change the whole host.
+	NetworkOpIPv6Forwarding = "ipv6Forwarding"
+)
+
+// networkWant is what a Network object asks of this host's kernel.
+type networkWant struct {
+	// id is the network's key ID.
+	id            string
+	bridge, vxlan string
+	alias         string
+	mac           string
+	vni, mtu      uint32
+	table         uint32
+	subnets       []wantSubnet
+	// hasV4 and hasV6 tell that some subnet of the family has a gateway.
+	hasV4, hasV6 bool
+}
+
+// wantSubnet is a parsed subnet of a network; gw is the zero Addr when it has no gateway.
+type wantSubnet struct {
+	prefix netip.Prefix
+	gw     netip.Addr
+}
+
+// wantNetwork parses a Network object into what it asks of the kernel. Its errors name
+// the field and value at fault.
+func wantNetwork(id string, obj *nimbusv1.Object) (networkWant, error) {
+	spec := obj.GetNetwork()
+	if spec == nil {
+		return networkWant{}, errors.New("spec: not a Network")
+	}
+	w := networkWant{
+		id:     id,
+		bridge: BridgeName(id),
+		vxlan:  VXLANName(id),
+		alias:  OwnerAlias(id),
+		mac:    string(GatewayMAC(id)),
+		vni:    spec.GetVni(),
+		mtu:    spec.GetMtu(),
+		table:  TenantTable(obj.GetMeta().GetTenant()),
+	}
+	if w.vni == 0 || w.vni > 1<<24-1 {
+		return networkWant{}, fmt.Errorf("spec.vni %d: out of range 1 to 16777215", w.vni)
+	}
+	if w.mtu != 0 && (w.mtu < 68 || w.mtu > 65535) {
+		return networkWant{}, fmt.Errorf("spec.mtu %d: out of range 68 to 65535", w.mtu)
+	}
+	for i, s := range spec.AllSubnets() {
+		cidrField, gwField := fmt.Sprintf("spec.subnets[%d].cidr", i), fmt.Sprintf("spec.subnets[%d].gateway", i)
+		if spec.GetSubnet() != "" {
+			// AllSubnets puts the shorthand first.
+			cidrField, gwField = "spec.subnet", "spec.gateway"
+			if i > 0 {
+				cidrField, gwField = fmt.Sprintf("spec.subnets[%d].cidr", i-1), fmt.Sprintf("spec.subnets[%d].gateway", i-1)
+			}
+		}
+		p, err := netip.ParsePrefix(s.GetCidr())
+		if err != nil {
+			return networkWant{}, fmt.Errorf("%s %q: %w", cidrField, s.GetCidr(), err)
+		}
+		p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()).Masked()
+		sub := wantSubnet{prefix: p}
+		if g := s.GetGateway(); g != "" {
+			gw, err := netip.ParseAddr(g)
+			if err != nil {
+				return networkWant{}, fmt.Errorf("%s %q: %w", gwField, g, err)
+			}
+			if sub.gw = gw.Unmap(); !p.Contains(sub.gw) {
+				return networkWant{}, fmt.Errorf("%s %q: not inside %s", gwField, g, p)
+			}
+			if sub.gw.Is4() {
+				w.hasV4 = true
+			} else {
+				w.hasV6 = true
+			}
+		}
+		for _, o := range w.subnets {
+			if o.prefix.Overlaps(p) {
+				return networkWant{}, fmt.Errorf("%s %q: overlaps %s", cidrField, s.GetCidr(), o.prefix)
+			}
+		}
+		w.subnets = append(w.subnets, sub)
+	}
+	return w, nil
+}
+
+// Reconcile makes the kernel hold exactly what the Network obj asks for key: its bridge
+// and VXLAN device, gateway addresses, tenant routes and rules, forwarding and head-end
+// replication (see the package documentation). With obj nil it removes all of that.
+//
+// It is PENDING (ReasonWaitingForNode) while this host's Node object or its
+// spec.vtepAddress is missing, and FAILED with hal.ReasonConflict when a link of its
+// bridge's or VXLAN device's name is not naples's, or when another Network that sorts
+// first by key has its VNI.
+func (r *NetworkReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (map[string]string, error) {
+	if err := r.fill(ctx); err != nil {
+		return nil, err
+	}
+	id := key.ID()
+	lock := r.networkLocks.lock(id)
+	defer r.networkLocks.unlock(id, lock)
+	if obj == nil {
+		return nil, r.teardown(ctx, id)
+	}
+	want, err := wantNetwork(id, obj)
+	if err != nil {
+		return nil, &hal.Error{Reason: hal.ReasonInvalid, Err: err}
+	}
+	vtep, err := NodeVTEP(r.store, r.node)
+	if err != nil {
+		return nil, err
+	}
+	vtep = vtep.Unmap()
+	owner, err := r.vniOwner(id, want.vni)
+	if err != nil {
+		return nil, err
+	}
+	if owner != id {
+		// The owner programs a VXLAN device of this VNI; one of ours would clash.
+		if err := r.teardown(ctx, id); err != nil {
+			return nil, err
+		}
+		return nil, hal.Errorf(hal.ReasonConflict, "spec.vni %d: already used by %s", want.vni, owner)
+	}
+	r.mu.Lock()
+	r.devices[want.bridge] = id
+	r.devices[want.vxlan] = id
+	r.mu.Unlock()
+
+	// Links of the devices' names that are not naples's are never touched, nor are rules
+	// made for them.
+	for _, name := range []string{want.bridge, want.vxlan} {
+		if l, ok := r.links.Get(name); ok && l.alias != want.alias {
+			return nil, foreignLink(name, l)
+		}
+	}
+	// The rules come first: the bridge never forwards without them, even when a later
+	// step fails, so nothing entering from the network reaches the main table.
+	if err := r.ensureRules(ctx, want); err != nil {
+		return nil, err
+	}
+	br, err := r.ensureBridge(ctx, want)
+	if err != nil {
+		return nil, err
+	}
+	vx, err := r.ensureVXLAN(ctx, want, vtep, br.index)
+	if err != nil {
+		return nil, err
+	}
+	v6Missing, err := r.ensureForwarding(ctx, want, br.index)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.ensureAddresses(ctx, want, br.index); err != nil {
+		return nil, err
+	}
+	if err := r.ensureRoutes(ctx, want, br.index); err != nil {
+		return nil, err
+	}
+	remotes, without, err := r.ensureReplication(ctx, want, vtep, vx.index)
+	if err != nil {
+		return nil, err
+	}
+
+	op := map[string]string{
+		NetworkOpBridge:      want.bridge,
+		NetworkOpVXLAN:       want.vxlan,
+		NetworkOpVNI:         strconv.FormatUint(uint64(want.vni), 10),
+		NetworkOpVTEP:        vtep.String(),
+		NetworkOpTenantTable: strconv.FormatUint(uint64(want.table), 10),
+		NetworkOpRemoteVTEPs: joinAddrs(remotes),
+	}
+	if len(without) > 0 {
+		op[NetworkOpNodesWithoutVTEP] = strings.Join(without, ",")
+	}
+	if v6Missing {
+		op[NetworkOpIPv6Forwarding] = "unavailable: this kernel has no net.ipv6.conf." + want.bridge +
+			".force_forwarding (Linux 6.17); IPv6 between networks needs net.ipv6.conf.all.forwarding=1"
+	}
+	return op, nil
+}
+
+// vniOwner returns the key ID of the Network that owns the VNI: the first by key of
+// those that have it.
+func (r *NetworkReconciler) vniOwner(id string, vni uint32) (string, error) {
+	ids, err := r.store.LookupIDs(NetworkVNIIndex.Name, strconv.FormatUint(uint64(vni), 10))
+	if err != nil {
+		return "", fmt.Errorf("finding the networks of VNI %d: %w", vni, err)
+	}
+	if len(ids) == 0 {
+		return id, nil
+	}
+	return ids[0], nil
+}
+
+// joinAddrs returns the addresses, sorted, comma separated.
+func joinAddrs(as []netip.Addr) string {
+	slices.SortFunc(as, netip.Addr.Compare)
+	s := make([]string, len(as))
+	for i, a := range as {
+		s[i] = a.String()
+	}
+	return strings.Join(s, ",")
+}
+
+// DependsOn returns the kinds networks depend on: Node (this host's VTEP address, and
+// those of the nodes replicated to) and Endpoint (which nodes a network spans).
+func (r *NetworkReconciler) DependsOn() []nimbusv1.Kind {
+	return []nimbusv1.Kind{nimbusv1.Kind_KIND_NODE, nimbusv1.Kind_KIND_ENDPOINT}
+}
+
+// DependentsOf returns the key IDs of the networks that depend on the Node or Endpoint
+// with the key ID: for this host's Node every network; for another node the networks
+// that have endpoints on it; for an endpoint its network, as the store has it and, for
+// one on another node, as the last reconciles of its network counted it, so that an
+// endpoint that is gone or moved still reaches the network it leaves.
+func (r *NetworkReconciler) DependentsOf(keyID string) []string {
+	key, err := nimbusv1.ParseKeyID(keyID)
+	if err != nil {
+		return nil
+	}
+	switch key.GetKind() {
+	case nimbusv1.Kind_KIND_NODE:
+		if keyID == NodeKey(r.node).ID() {
+			return r.store.KeyIDs(nimbusv1.Kind_KIND_NETWORK)
+		}
+		eps, err := r.store.LookupIDs(EndpointNodeIndex.Name, key.GetName())
+		if err != nil {
+			r.log.Warn("finding the endpoints of a node", "node", key.GetName(), "err", err)
+			return nil
+		}
+		set := map[string]bool{}
+		for _, ep := range eps {
+			if k, err := nimbusv1.ParseKeyID(ep); err == nil {
+				if obj, ok := r.store.Get(k); ok {
+					if nk := NetworkKeyOf(obj); nk != nil {
+						set[nk.ID()] = true
+					}
+				}
+			}
+		}
+		return slices.Sorted(maps.Keys(set))
+	case nimbusv1.Kind_KIND_ENDPOINT:
+		set := map[string]bool{}
+		if obj, ok := r.store.Get(key); ok {
+			if n := obj.GetEndpoint().GetNode(); n != "" && n != r.node {
+				if nk := NetworkKeyOf(obj); nk != nil {
+					set[nk.ID()] = true
+				}
+			}
+		}
+		r.mu.Lock()
+		if n, ok := r.remoteEndpoints[keyID]; ok {
+			set[n] = true
+		}
+		r.mu.Unlock()
+		return slices.Sorted(maps.Keys(set))
+	}
+	return nil
+}
+
+// recordRemoteEndpoints records the endpoints on other nodes that the reconcile of the
+// network with key ID id counted, replacing what its last reconcile recorded.
+func (r *NetworkReconciler) recordRemoteEndpoints(id string, endpoints []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, ep := range r.endpointsOf[id] {
+		if r.remoteEndpoints[ep] == id {
+			delete(r.remoteEndpoints, ep)
+		}
+	}
+	for _, ep := range endpoints {
+		r.remoteEndpoints[ep] = id
+	}
+	if len(endpoints) == 0 {
+		delete(r.endpointsOf, id)
+	} else {
+		r.endpointsOf[id] = endpoints
+	}
+}
+
+// forget drops what the reconciler recorded of the network with key ID id.
+func (r *NetworkReconciler) forget(id string) {
+	r.recordRemoteEndpoints(id, nil)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.devices, BridgeName(id))
+	delete(r.devices, VXLANName(id))
+	delete(r.forwarding, BridgeName(id))
+}
+
+// networkOwner returns the key ID of the Network a link alias names as the link's owner,
+// and whether it names one.
+func networkOwner(alias string) (string, bool) {
+	id, ok := OwnerOfAlias(alias)
+	if !ok || !strings.HasPrefix(id, nimbusv1.Kind_KIND_NETWORK.Name()+"/") {
+		return "", false
+	}
+	return id, true
+}
+
+// ownerOfName returns the key ID of the network that owns the link with the name, by the
+// link's alias, or by the name for a device of a network reconciled before; "" when no
+// network does.
+func (r *NetworkReconciler) ownerOfName(name string) string {
+	if name == "" {
+		return ""
+	}
+	if l, ok := r.links.Get(name); ok {
+		if id, ok := networkOwner(l.alias); ok {
+			return id
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.devices[name]
+}
+
+// nameOf returns the name of the link with the index, "" when the mirror has none.
+func (r *NetworkReconciler) nameOf(index int32) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.names[index]
+}
+
+// ownerOfIndex returns the key ID of the network that owns the link with the index.
+func (r *NetworkReconciler) ownerOfIndex(index int32) string {
+	return r.ownerOfName(r.nameOf(index))
+}
+
+// kernelErr wraps a kernel's refusal of what the reconciler was doing.
+func kernelErr(err error, format string, args ...any) error {
+	return &hal.Error{Reason: hal.ReasonKernelError, Err: fmt.Errorf(format+": %w", append(args, err)...)}
+}
+
+// macString formats a MAC address kept as raw bytes.
+func macString(mac string) string { return net.HardwareAddr(mac).String() }
+
+// sortedKeys returns the keys of m in the order cmp gives.
+func sortedKeys[K comparable, V any](m map[K]V, compare func(a, b K) int) []K {
+	ks := slices.Collect(maps.Keys(m))
+	slices.SortFunc(ks, compare)
+	return ks
+}
+
+// compareAddrKeys orders addresses by interface and then prefix.
+func compareAddrKeys(a, b addrKey) int {
+	if c := cmp.Compare(a.index, b.index); c != 0 {
+		return c
+	}
+	if c := a.prefix.Addr().Compare(b.prefix.Addr()); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.prefix.Bits(), b.prefix.Bits())
+}

@@ -1,0 +1,746 @@
+package linux
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"runtime"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// This file holds what the network and node reconcilers know of rtnetlink: the kernel
+// objects they mirror (links, addresses, policy-routing rules, overlay routes and the
+// VXLAN devices' head-end replication entries) in the form the mirrors keep, decoders of
+// the kernel's messages about them, which serve dumps and notifications alike so that
+// both describe an object the same way, builders of the requests that change them, and
+// rtnlReader, which asks the kernel for dumps.
+
+// networkLink is what the network reconciler mirrors of a link (`ip -d link show`). The
+// fields after master are set only for the links they apply to.
+type networkLink struct {
+	// index is the interface index; 0 in a wanted state means any.
+	index int32
+	// kind is IFLA_INFO_KIND: "bridge", "vxlan", "veth", ...; "" for a link without one.
+	kind string
+	// alias is IFLA_IFALIAS, naples's mark of ownership.
+	alias string
+	// mac is the link-layer address as raw bytes; "" in a wanted state means any.
+	mac string
+	// mtu is the MTU; 0 in a wanted state means any.
+	mtu uint32
+	// up is the administrative state, IFF_UP.
+	up bool
+	// master is the interface index of the bridge the link is a port of, 0 for none.
+	master int32
+
+	// vni, local, port and learning are a VXLAN device's VNI, local address, UDP
+	// destination port and whether it learns remote addresses.
+	vni      uint32
+	local    netip.Addr
+	port     uint16
+	learning bool
+
+	// bridgePort tells that the link is a port of a bridge; portLearning and
+	// neighSuppress are then its port flags (`bridge link`).
+	bridgePort    bool
+	portLearning  bool
+	neighSuppress bool
+}
+
+// sameLink reports whether the link have is in the state want describes: equal in every
+// field, except that a want without index, MAC or MTU accepts any.
+func sameLink(have, want networkLink) bool {
+	return (want.index == 0 || have.index == want.index) &&
+		(want.mac == "" || have.mac == want.mac) &&
+		(want.mtu == 0 || have.mtu == want.mtu) &&
+		have.kind == want.kind && have.alias == want.alias && have.up == want.up &&
+		have.master == want.master && have.vni == want.vni && have.local == want.local &&
+		have.port == want.port && have.learning == want.learning &&
+		have.bridgePort == want.bridgePort && have.portLearning == want.portLearning &&
+		have.neighSuppress == want.neighSuppress
+}
+
+// linkMsg is a decoded RTM_NEWLINK or RTM_DELLINK message.
+type linkMsg struct {
+	// family is AF_UNSPEC for the link itself, AF_BRIDGE for a bridge's view of a port.
+	family uint8
+	name   string
+	link   networkLink
+	// protinfo tells that an AF_BRIDGE message carried the port flags (IFLA_PROTINFO).
+	protinfo bool
+}
+
+// parseLinkMsg decodes the payload of an RTM_NEWLINK or RTM_DELLINK message (struct
+// ifinfomsg and its attributes).
+func parseLinkMsg(b []byte) (m linkMsg, ok bool) {
+	if len(b) < unix.SizeofIfInfomsg {
+		return linkMsg{}, false
+	}
+	ne := binary.NativeEndian
+	m.family = b[0]
+	m.link.index = int32(ne.Uint32(b[4:8]))
+	m.link.up = ne.Uint32(b[8:12])&unix.IFF_UP != 0
+	eachAttr(b[unix.SizeofIfInfomsg:], func(typ uint16, v []byte) {
+		switch typ {
+		case unix.IFLA_IFNAME:
+			m.name = cString(v)
+		case unix.IFLA_MTU:
+			m.link.mtu = attrUint32(v)
+		case unix.IFLA_ADDRESS:
+			m.link.mac = string(v)
+		case unix.IFLA_MASTER:
+			m.link.master = int32(attrUint32(v))
+		case unix.IFLA_IFALIAS:
+			m.link.alias = cString(v)
+		case unix.IFLA_LINKINFO:
+			parseLinkInfo(v, &m.link)
+		case unix.IFLA_PROTINFO:
+			if m.family == unix.AF_BRIDGE {
+				m.protinfo = true
+				m.link.bridgePort = true
+				parseBridgePort(v, &m.link)
+			}
+		}
+	})
+	return m, m.name != ""
+}
+
+// parseLinkInfo decodes IFLA_LINKINFO: the link's kind, a VXLAN device's settings and a
+// bridge port's flags.
+func parseLinkInfo(b []byte, l *networkLink) {
+	var slaveKind string
+	var slaveData []byte
+	eachAttr(b, func(typ uint16, v []byte) {
+		switch typ {
+		case unix.IFLA_INFO_KIND:
+			l.kind = cString(v)
+		case unix.IFLA_INFO_DATA:
+			if l.kind == "vxlan" {
+				parseVXLANInfo(v, l)
+			}
+		case unix.IFLA_INFO_SLAVE_KIND:
+			slaveKind = cString(v)
+		case unix.IFLA_INFO_SLAVE_DATA:
+			slaveData = v
+		}
+	})
+	// The kernel puts the kind first, but do not count on it.
+	if slaveKind == "bridge" {
+		l.bridgePort = true
+		parseBridgePort(slaveData, l)
+	}
+}
+
+// parseVXLANInfo decodes the IFLA_INFO_DATA of a VXLAN device.
+func parseVXLANInfo(b []byte, l *networkLink) {
+	eachAttr(b, func(typ uint16, v []byte) {
+		switch typ {
+		case unix.IFLA_VXLAN_ID:
+			l.vni = attrUint32(v)
+		case unix.IFLA_VXLAN_LOCAL, unix.IFLA_VXLAN_LOCAL6:
+			if a, ok := netip.AddrFromSlice(v); ok {
+				l.local = a
+			}
+		case unix.IFLA_VXLAN_PORT:
+			if len(v) >= 2 {
+				l.port = binary.BigEndian.Uint16(v)
+			}
+		case unix.IFLA_VXLAN_LEARNING:
+			l.learning = len(v) > 0 && v[0] != 0
+		}
+	})
+}
+
+// parseBridgePort decodes a bridge port's flags, IFLA_BRPORT_* attributes.
+func parseBridgePort(b []byte, l *networkLink) {
+	eachAttr(b, func(typ uint16, v []byte) {
+		switch typ {
+		case unix.IFLA_BRPORT_LEARNING:
+			l.portLearning = len(v) > 0 && v[0] != 0
+		case unix.IFLA_BRPORT_NEIGH_SUPPRESS:
+			l.neighSuppress = len(v) > 0 && v[0] != 0
+		}
+	})
+}
+
+// addrKey identifies an address of an interface: the interface and the address with its
+// prefix length.
+type addrKey struct {
+	index  int32
+	prefix netip.Prefix
+}
+
+// ifAddr is what the mirrors keep of an address: its flags (IFA_F_*).
+type ifAddr struct {
+	flags uint32
+}
+
+// parseAddrMsg decodes the payload of an RTM_NEWADDR or RTM_DELADDR message (struct
+// ifaddrmsg and its attributes).
+func parseAddrMsg(b []byte) (k addrKey, a ifAddr, ok bool) {
+	if len(b) < unix.SizeofIfAddrmsg {
+		return addrKey{}, ifAddr{}, false
+	}
+	family, bits := b[0], int(b[1])
+	if family != unix.AF_INET && family != unix.AF_INET6 {
+		return addrKey{}, ifAddr{}, false
+	}
+	a.flags = uint32(b[2])
+	k.index = int32(binary.NativeEndian.Uint32(b[4:8]))
+	var local, address netip.Addr
+	eachAttr(b[unix.SizeofIfAddrmsg:], func(typ uint16, v []byte) {
+		switch typ {
+		case unix.IFA_LOCAL:
+			local, _ = netip.AddrFromSlice(v)
+		case unix.IFA_ADDRESS:
+			address, _ = netip.AddrFromSlice(v)
+		case unix.IFA_FLAGS:
+			a.flags = attrUint32(v)
+		}
+	})
+	// IFA_LOCAL is the interface's own address; IPv6 sends only IFA_ADDRESS unless the
+	// address has a peer.
+	if !local.IsValid() {
+		local = address
+	}
+	if !local.IsValid() {
+		return addrKey{}, ifAddr{}, false
+	}
+	k.prefix = netip.PrefixFrom(local.Unmap(), bits)
+	return k, a, k.prefix.IsValid()
+}
+
+// ruleKey identifies a policy-routing rule the overlay uses: `ip rule` with a priority,
+// an input interface and an action (to a table, or prohibit), and nothing else.
+type ruleKey struct {
+	family   uint8
+	priority uint32
+	iif      string
+	table    uint32
+	action   uint8
+}
+
+// ruleMsg is a decoded RTM_NEWRULE or RTM_DELRULE message.
+type ruleMsg struct {
+	key      ruleKey
+	protocol uint8
+	// plain tells that the rule selects packets by its input interface alone, as the
+	// overlay's rules do; rules with other selectors are never the overlay's.
+	plain bool
+}
+
+// The bits of struct fib_rule_hdr's flags that describe the rule's state rather than
+// select packets: the input or output interface does not exist (FIB_RULE_IIF_DETACHED,
+// FIB_RULE_OIF_DETACHED).
+const ruleStateFlags = 0x8 | 0x10
+
+// parseRuleMsg decodes the payload of an RTM_NEWRULE or RTM_DELRULE message (struct
+// fib_rule_hdr and its attributes).
+func parseRuleMsg(b []byte) (m ruleMsg, ok bool) {
+	const hdrLen = 12
+	if len(b) < hdrLen {
+		return ruleMsg{}, false
+	}
+	m.key.family = b[0]
+	if m.key.family != unix.AF_INET && m.key.family != unix.AF_INET6 {
+		return ruleMsg{}, false
+	}
+	dstLen, srcLen, tos := b[1], b[2], b[3]
+	m.key.table = uint32(b[4])
+	m.key.action = b[7]
+	flags := binary.NativeEndian.Uint32(b[8:12])
+	m.plain = dstLen == 0 && srcLen == 0 && tos == 0 && flags&^ruleStateFlags == 0
+	eachAttr(b[hdrLen:], func(typ uint16, v []byte) {
+		switch typ {
+		case unix.FRA_PRIORITY:
+			m.key.priority = attrUint32(v)
+		case unix.FRA_TABLE:
+			m.key.table = attrUint32(v)
+		case unix.FRA_IIFNAME:
+			m.key.iif = cString(v)
+		case unix.FRA_PROTOCOL:
+			if len(v) > 0 {
+				m.protocol = v[0]
+			}
+		case unix.FRA_SUPPRESS_PREFIXLEN, unix.FRA_SUPPRESS_IFGROUP:
+			// The kernel reports these for every rule, -1 when unset.
+			if attrUint32(v) != ^uint32(0) {
+				m.plain = false
+			}
+		default:
+			m.plain = false
+		}
+	})
+	return m, true
+}
+
+// appendRuleRequest appends to b an RTM_NEWRULE (`ip rule add`) or RTM_DELRULE (`ip rule
+// del`) request for the rule k, of the protocol (0: any, for a delete).
+func appendRuleRequest(b []byte, typ, flags uint16, k ruleKey, protocol uint8) []byte {
+	b = nlMessage(b, typ, flags)
+	table := byte(0)
+	if k.table < 256 {
+		table = byte(k.table)
+	}
+	// struct fib_rule_hdr: family, dst_len, src_len, tos, table, res1, res2, action, flags.
+	b = append(b, k.family, 0, 0, 0, table, 0, 0, k.action, 0, 0, 0, 0)
+	b = appendAttrUint32(b, unix.FRA_PRIORITY, k.priority)
+	b = appendAttrString(b, unix.FRA_IIFNAME, k.iif)
+	if k.table > 0 {
+		b = appendAttrUint32(b, unix.FRA_TABLE, k.table)
+	}
+	if protocol > 0 {
+		b = appendAttr(b, unix.FRA_PROTOCOL, []byte{protocol})
+	}
+	return b
+}
+
+// overlayRoute is what the network reconciler mirrors of a route of OverlayRouteProtocol
+// (its identity, routeID, is the mirror's key).
+type overlayRoute struct {
+	// oif is the interface the route leads out of.
+	oif int32
+	// src is the preferred source address (RTA_PREFSRC), the zero Addr for none.
+	src netip.Addr
+	// scope is rtm_scope; the kernel reports every IPv6 route with scope universe.
+	scope uint8
+}
+
+// parseOverlayRoute decodes the payload of an RTM_NEWROUTE or RTM_DELROUTE message (struct
+// rtmsg and its attributes) when it is a unicast route of OverlayRouteProtocol with a
+// destination; ok is false for any other route.
+func parseOverlayRoute(b []byte) (id routeID, rt overlayRoute, ok bool) {
+	if len(b) < unix.SizeofRtMsg {
+		return routeID{}, overlayRoute{}, false
+	}
+	family, dstLen := b[0], int(b[1])
+	if b[5] != byte(OverlayRouteProtocol) || (family != unix.AF_INET && family != unix.AF_INET6) || b[7] != unix.RTN_UNICAST {
+		return routeID{}, overlayRoute{}, false
+	}
+	table := uint32(b[4])
+	rt.scope = b[6]
+	var dst netip.Addr
+	var metric uint32
+	eachAttr(b[unix.SizeofRtMsg:], func(typ uint16, v []byte) {
+		switch typ {
+		case unix.RTA_DST:
+			dst, _ = netip.AddrFromSlice(v)
+		case unix.RTA_OIF:
+			rt.oif = int32(attrUint32(v))
+		case unix.RTA_PREFSRC:
+			rt.src, _ = netip.AddrFromSlice(v)
+		case unix.RTA_PRIORITY:
+			metric = attrUint32(v)
+		case unix.RTA_TABLE:
+			table = attrUint32(v)
+		}
+	})
+	if !dst.IsValid() {
+		return routeID{}, overlayRoute{}, false
+	}
+	rt.src = rt.src.Unmap()
+	return newRouteID(table, netip.PrefixFrom(dst.Unmap(), dstLen), metric), rt, true
+}
+
+// appendOverlayRouteRequest appends to b an RTM_NEWROUTE request (`ip route add` with
+// NLM_F_CREATE|NLM_F_EXCL, `ip route replace` with NLM_F_CREATE|NLM_F_REPLACE) for the
+// overlay route id through rt.oif, or with typ RTM_DELROUTE an `ip route del` of it that
+// names OverlayRouteProtocol, so that it never removes a route of another protocol.
+func appendOverlayRouteRequest(b []byte, typ, flags uint16, id routeID, rt overlayRoute) []byte {
+	b = nlMessage(b, typ, flags)
+	family := byte(unix.AF_INET6)
+	if id.v4 {
+		family = unix.AF_INET
+	}
+	scope, rtype := rt.scope, byte(unix.RTN_UNICAST)
+	if typ == unix.RTM_DELROUTE {
+		scope, rtype = unix.RT_SCOPE_NOWHERE, unix.RTN_UNSPEC
+	}
+	// struct rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags.
+	b = append(b, family, id.bits, 0, 0, unix.RT_TABLE_UNSPEC, byte(OverlayRouteProtocol), scope, rtype, 0, 0, 0, 0)
+	b = appendAttrAddr(b, unix.RTA_DST, id.dst())
+	b = appendAttrUint32(b, unix.RTA_TABLE, id.table)
+	if id.metric > 0 {
+		b = appendAttrUint32(b, unix.RTA_PRIORITY, id.metric)
+	}
+	if typ != unix.RTM_DELROUTE {
+		b = appendAttrUint32(b, unix.RTA_OIF, uint32(rt.oif))
+		if rt.src.IsValid() {
+			b = appendAttrAddr(b, unix.RTA_PREFSRC, rt.src)
+		}
+	}
+	return b
+}
+
+// herKey identifies a head-end replication entry: `bridge fdb` entry
+// 00:00:00:00:00:00 dst ADDR on the VXLAN device with the index.
+type herKey struct {
+	index int32
+	dst   netip.Addr
+}
+
+// herEntry is what the network reconciler mirrors of a head-end replication entry.
+type herEntry struct {
+	// permanent tells NUD_PERMANENT, the state the overlay's entries have.
+	permanent bool
+}
+
+// parseHEREntry decodes the payload of an RTM_NEWNEIGH or RTM_DELNEIGH message (struct
+// ndmsg and its attributes) when it is a head-end replication entry of a VXLAN device:
+// family AF_BRIDGE, flag NTF_SELF, the all-zeros MAC and a destination.
+func parseHEREntry(b []byte) (k herKey, e herEntry, ok bool) {
+	if len(b) < unix.SizeofNdMsg || b[0] != unix.AF_BRIDGE {
+		return herKey{}, herEntry{}, false
+	}
+	ne := binary.NativeEndian
+	k.index = int32(ne.Uint32(b[4:8]))
+	state, flags := ne.Uint16(b[8:10]), b[10]
+	if flags&unix.NTF_SELF == 0 {
+		return herKey{}, herEntry{}, false
+	}
+	e.permanent = state&unix.NUD_PERMANENT != 0
+	zeroMAC := false
+	eachAttr(b[unix.SizeofNdMsg:], func(typ uint16, v []byte) {
+		switch typ {
+		case unix.NDA_DST:
+			k.dst, _ = netip.AddrFromSlice(v)
+		case unix.NDA_LLADDR:
+			zeroMAC = len(v) == 6 && string(v) == "\x00\x00\x00\x00\x00\x00"
+		}
+	})
+	k.dst = k.dst.Unmap()
+	return k, e, zeroMAC && k.dst.IsValid()
+}
+
+// appendHERRequest appends to b an RTM_NEWNEIGH (`bridge fdb append 00:00:00:00:00:00 dev
+// VXLAN dst ADDR self permanent`, flags NLM_F_CREATE|NLM_F_APPEND) or RTM_DELNEIGH
+// (`bridge fdb del ...`) request for the head-end replication entry k.
+func appendHERRequest(b []byte, typ, flags uint16, k herKey) []byte {
+	b = nlMessage(b, typ, flags)
+	// struct ndmsg: family, pad1, pad2, ifindex, state, flags, type.
+	b = append(b, unix.AF_BRIDGE, 0, 0, 0)
+	b = binary.NativeEndian.AppendUint32(b, uint32(k.index))
+	b = binary.NativeEndian.AppendUint16(b, unix.NUD_PERMANENT)
+	b = append(b, unix.NTF_SELF, 0)
+	b = appendAttr(b, unix.NDA_LLADDR, make([]byte, 6))
+	return appendAttrAddr(b, unix.NDA_DST, k.dst)
+}
+
+// appendIfInfo appends struct ifinfomsg: family, type, index, flags and the flags to
+// change.
+func appendIfInfo(b []byte, family uint8, index int32, flags, change uint32) []byte {
+	b = append(b, family, 0, 0, 0)
+	b = binary.NativeEndian.AppendUint32(b, uint32(index))
+	b = binary.NativeEndian.AppendUint32(b, flags)
+	return binary.NativeEndian.AppendUint32(b, change)
+}
+
+// appendAddrRequest appends to b an RTM_NEWADDR (`ip addr add`) or RTM_DELADDR (`ip addr
+// del`) request for the address k with the flags (IFA_F_*; none for a delete).
+func appendAddrRequest(b []byte, typ, flags uint16, k addrKey, ifaFlags uint32) []byte {
+	b = nlMessage(b, typ, flags)
+	family := byte(unix.AF_INET6)
+	if k.prefix.Addr().Is4() {
+		family = unix.AF_INET
+	}
+	// struct ifaddrmsg: family, prefixlen, flags, scope, index.
+	b = append(b, family, byte(k.prefix.Bits()), byte(ifaFlags), unix.RT_SCOPE_UNIVERSE)
+	b = binary.NativeEndian.AppendUint32(b, uint32(k.index))
+	b = appendAttrAddr(b, unix.IFA_LOCAL, k.prefix.Addr())
+	b = appendAttrAddr(b, unix.IFA_ADDRESS, k.prefix.Addr())
+	if typ == unix.RTM_NEWADDR {
+		b = appendAttrUint32(b, unix.IFA_FLAGS, ifaFlags)
+	}
+	return b
+}
+
+// The netconf attributes (linux/netconf.h) the network reconciler reads.
+const netconfaIfindex = 1
+
+// parseNetconfIndex returns the interface index an RTM_NEWNETCONF or RTM_DELNETCONF
+// message (struct netconfmsg and its attributes) is about; ok is false for the
+// namespace-wide ones ("all", "default").
+func parseNetconfIndex(b []byte) (family uint8, index int32, ok bool) {
+	const hdrLen = 4 // struct netconfmsg, padded
+	if len(b) < hdrLen {
+		return 0, 0, false
+	}
+	family = b[0]
+	eachAttr(b[hdrLen:], func(typ uint16, v []byte) {
+		if typ == netconfaIfindex {
+			index = int32(attrUint32(v))
+		}
+	})
+	return family, index, index > 0
+}
+
+// beginNest starts a nested attribute in b; endNest, with the offset it returns, ends it.
+func beginNest(b []byte, typ uint16) ([]byte, int) {
+	start := len(b)
+	return appendAttrHeader(b, typ, 0), start
+}
+
+// endNest ends the nested attribute started at offset start.
+func endNest(b []byte, start int) []byte {
+	binary.NativeEndian.PutUint16(b[start:], uint16(len(b)-start))
+	return b
+}
+
+// appendAttrString appends an attribute holding a NUL-terminated string.
+func appendAttrString(b []byte, typ uint16, s string) []byte {
+	b = appendAttrHeader(b, typ, unix.SizeofRtAttr+len(s)+1)
+	b = append(b, s...)
+	return padAttr(append(b, 0))
+}
+
+// appendAttrUint8 appends an attribute holding one byte.
+func appendAttrUint8(b []byte, typ uint16, v uint8) []byte {
+	return appendAttr(b, typ, []byte{v})
+}
+
+// eachAttr calls f with the type (flags masked out) and value of every netlink attribute
+// in b.
+func eachAttr(b []byte, f func(typ uint16, v []byte)) {
+	ne := binary.NativeEndian
+	for len(b) >= unix.SizeofRtAttr {
+		l := int(ne.Uint16(b[0:2]))
+		if l < unix.SizeofRtAttr || l > len(b) {
+			return
+		}
+		f(ne.Uint16(b[2:4])&nlaTypeMask, b[unix.SizeofRtAttr:l])
+		b = b[min(len(b), rtaAlign(l)):]
+	}
+}
+
+// attrUint32 returns an attribute's value as a uint32 in host byte order, 0 when it is
+// too short.
+func attrUint32(v []byte) uint32 {
+	if len(v) < 4 {
+		return 0
+	}
+	return binary.NativeEndian.Uint32(v)
+}
+
+// cString returns the string of a NUL-terminated attribute.
+func cString(v []byte) string { return unix.ByteSliceToString(v) }
+
+// errDumpInterrupted: the kernel's tables changed while it dumped them (NLM_F_DUMP_INTR),
+// so the dump may be inconsistent.
+var errDumpInterrupted = errors.New("dump interrupted by a concurrent change")
+
+// rtnlReader reads the kernel's rtnetlink tables over one socket, one request at a time:
+// dumps (`ip link show`, `ip rule show`, ...) and single gets. Its socket asks the kernel
+// to check requests strictly (NETLINK_GET_STRICT_CHK), which also makes the kernel
+// filter route dumps by the protocol a request names. A request it gives up on (a
+// timeout, an ended context) may leave a dump half read, which would refuse the next
+// one (EBUSY): the next request opens a fresh socket.
+type rtnlReader struct {
+	ns      *netns.NsHandle
+	timeout time.Duration
+	// mu guards the fields below, and serializes requests.
+	mu     sync.Mutex
+	file   *os.File
+	conn   syscall.RawConn
+	reader *mmsgReader
+	seq    uint32
+	// stale tells that the socket may hold the rest of an answer nobody reads.
+	stale bool
+	// closed is set by Close.
+	closed bool
+}
+
+// newRTNLReader opens a reader in namespace ns (nil: the calling process's) whose
+// requests wait at most timeout for the kernel.
+func newRTNLReader(ns *netns.NsHandle, timeout time.Duration) (*rtnlReader, error) {
+	d := &rtnlReader{ns: ns, timeout: timeout, reader: newMMsgReader(16, 32<<10)}
+	if err := d.openLocked(); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// openLocked opens the reader's socket.
+func (d *rtnlReader) openLocked() error {
+	f, err := openNetlink(d.ns, unix.NETLINK_ROUTE, 4<<20, func(fd int) error {
+		if err := unix.Connect(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+			return fmt.Errorf("connecting netlink socket to the kernel: %w", err)
+		}
+		// Kernels before 4.20 lack strict checking; they dump unfiltered, and the
+		// decoders filter.
+		_ = unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_GET_STRICT_CHK, 1)
+		_ = unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_EXT_ACK, 1)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	conn, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return err
+	}
+	d.file, d.conn, d.stale = f, conn, false
+	return nil
+}
+
+// Close closes the socket. It is safe to call twice.
+func (d *rtnlReader) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.closed = true
+	d.file.Close()
+	return nil
+}
+
+// dump sends msg, a dump request (built with nlMessage; its flags, length and sequence
+// number are filled in), and calls f with the type and payload of every message of the
+// answer. It starts over, up to dumpAttempts times, when the kernel reports that the
+// table changed during the dump; f must then forget what it was given before (start is
+// called before every attempt).
+func (d *rtnlReader) dump(ctx context.Context, msg []byte, start func(), f func(typ uint16, payload []byte)) error {
+	for attempt := 1; ; attempt++ {
+		start()
+		err := d.request(ctx, msg, true, f)
+		if errors.Is(err, errDumpInterrupted) && attempt < dumpAttempts && ctx.Err() == nil {
+			continue
+		}
+		return err
+	}
+}
+
+// get sends msg, a request for one object, and calls f with the type and payload of the
+// answer; the kernel's refusal (ENODEV for a link that does not exist, say) is returned
+// as an error that unwraps to its unix.Errno.
+func (d *rtnlReader) get(ctx context.Context, msg []byte, f func(typ uint16, payload []byte)) error {
+	return d.request(ctx, msg, false, f)
+}
+
+// request sends msg and reads its answer until the kernel is done with it.
+func (d *rtnlReader) request(ctx context.Context, msg []byte, dump bool, f func(typ uint16, payload []byte)) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return errors.New("netlink reader closed")
+	}
+	if d.stale {
+		d.file.Close()
+		if err := d.openLocked(); err != nil {
+			return err
+		}
+	}
+	d.seq++
+	seq := d.seq
+	ne := binary.NativeEndian
+	flags := uint16(unix.NLM_F_REQUEST)
+	if dump {
+		flags |= unix.NLM_F_DUMP
+	} else {
+		flags |= unix.NLM_F_ACK
+	}
+	ne.PutUint32(msg[0:4], uint32(len(msg)))
+	ne.PutUint16(msg[6:8], ne.Uint16(msg[6:8])|flags)
+	ne.PutUint32(msg[8:12], seq)
+
+	deadline := time.Now().Add(d.timeout)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+		deadline = dl
+	}
+	if err := d.file.SetDeadline(deadline); err != nil {
+		return fmt.Errorf("setting netlink deadline: %w", err)
+	}
+	// An ended context cuts a wait short.
+	file := d.file
+	stop := context.AfterFunc(ctx, func() { _ = file.SetDeadline(time.Now()) })
+	defer stop()
+
+	if _, err := d.file.Write(msg); err != nil {
+		return d.failed(ctx, "sending to the kernel", err)
+	}
+	var result error
+	done, interrupted := false, false
+	for !done {
+		n, err := d.reader.read(d.conn, true)
+		if err != nil {
+			return d.failed(ctx, "reading the kernel's answer", err)
+		}
+		for i := range n {
+			data, ok := d.reader.datagram(i)
+			if !ok {
+				continue
+			}
+			eachMessage(data, func(typ, mflags uint16, mseq uint32, payload []byte) {
+				if mseq != seq || done {
+					return // the answer to an earlier request that gave up
+				}
+				if mflags&unix.NLM_F_DUMP_INTR != 0 {
+					interrupted = true
+				}
+				switch typ {
+				case unix.NLMSG_DONE:
+					done = true
+					if len(payload) >= 4 {
+						if errno := int32(ne.Uint32(payload)); errno != 0 {
+							result = unix.Errno(-errno)
+						}
+					}
+				case unix.NLMSG_ERROR:
+					done = true
+					if len(payload) >= 4 {
+						result = ackError(payload, mflags)
+					}
+				default:
+					f(typ, payload)
+				}
+			})
+		}
+	}
+	if result == nil && interrupted {
+		result = errDumpInterrupted
+	}
+	return result
+}
+
+// failed describes an error of a request, the context's when it ended, and has the
+// next request open a fresh socket.
+func (d *rtnlReader) failed(ctx context.Context, what string, err error) error {
+	d.stale = true
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return ctxErr
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return fmt.Errorf("%s: %w within %v", what, errNoAnswer, d.timeout)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// runInNamespace runs fn on an OS thread in network namespace ns (nil: the calling
+// process's). Files under /proc/sys/net belong to the namespace of the thread that opens
+// them. The thread is locked for fn and never handed back to the runtime, which discards
+// it, so that no goroutine runs in ns by accident afterwards.
+func runInNamespace(ns *netns.NsHandle, fn func() error) error {
+	if ns == nil {
+		return fn()
+	}
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		// No UnlockOSThread: the thread ends with this goroutine.
+		if err := netns.Set(*ns); err != nil {
+			errc <- fmt.Errorf("entering network namespace: %w", err)
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
+}

@@ -1,0 +1,539 @@
+package linux
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// This file holds how the network reconciler keeps its mirrors current: the dumps that
+// fill them, the observer that applies the kernel's notifications, and the sweep that
+// dumps afresh and removes what no desired network owns.
+
+// fill loads the mirrors with a dump, unless one has loaded them already.
+func (r *NetworkReconciler) fill(ctx context.Context) error {
+	if r.filled.Load() {
+		return nil
+	}
+	r.dumpMu.Lock()
+	defer r.dumpMu.Unlock()
+	if r.filled.Load() {
+		return nil
+	}
+	if _, err := r.dumpAll(ctx); err != nil {
+		return err
+	}
+	r.filled.Store(true)
+	return nil
+}
+
+// resync loads the mirrors with fresh dumps and enqueues the networks whose kernel state
+// the dumps found changed. The first load reports nothing: the HAL reconciles every
+// object once at start anyway.
+func (r *NetworkReconciler) resync(ctx context.Context, enqueue func(keyID string)) error {
+	r.dumpMu.Lock()
+	defer r.dumpMu.Unlock()
+	first := !r.filled.Load()
+	drift, err := r.dumpAll(ctx)
+	if err != nil {
+		return err
+	}
+	r.filled.Store(true)
+	if first {
+		return nil
+	}
+	for _, id := range drift {
+		r.log.Debug("network state drifted unreported", "key", id)
+		enqueue(id)
+	}
+	return nil
+}
+
+// linkDumpRequest returns a request for every link (`ip link show`).
+func linkDumpRequest() []byte {
+	return appendIfInfo(nlMessage(nil, unix.RTM_GETLINK, 0), unix.AF_UNSPEC, 0, 0, 0)
+}
+
+// addrDumpRequest returns a request for every address of both families (`ip addr
+// show`).
+func addrDumpRequest() []byte {
+	return append(nlMessage(nil, unix.RTM_GETADDR, 0), make([]byte, unix.SizeofIfAddrmsg)...)
+}
+
+// ruleDumpRequest returns a request for every policy-routing rule of both families (`ip
+// rule show`).
+func ruleDumpRequest() []byte {
+	// struct fib_rule_hdr, all zeros.
+	return append(nlMessage(nil, unix.RTM_GETRULE, 0), make([]byte, 12)...)
+}
+
+// routeDumpRequest returns a request for the routes of OverlayRouteProtocol of the family
+// (`ip route show table all proto 242`): with strict checking the kernel sends only
+// those.
+func routeDumpRequest(family uint8) []byte {
+	// struct rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags.
+	return append(nlMessage(nil, unix.RTM_GETROUTE, 0), family, 0, 0, 0, 0, byte(OverlayRouteProtocol), 0, 0, 0, 0, 0, 0)
+}
+
+// fdbDumpRequest returns a request for every FDB entry (`bridge fdb show`).
+func fdbDumpRequest() []byte {
+	// struct ndmsg: family AF_BRIDGE, then zeros.
+	return append(nlMessage(nil, unix.RTM_GETNEIGH, 0), unix.AF_BRIDGE, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+}
+
+// dumpAll loads every mirror with a fresh dump and returns the key IDs of the networks
+// whose kernel state the dumps found different from what the mirrors held. It also
+// forgets what it knew of the forwarding sysctls, which have no dump: the reconciles
+// that follow read them again.
+func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]string, error) {
+	r.mu.Lock()
+	clear(r.forwarding)
+	r.mu.Unlock()
+	owners := map[string]bool{}
+	note := func(id string) {
+		if id != "" {
+			owners[id] = true
+		}
+	}
+	// A route that is gone after the dump no longer tells its interface.
+	routeOwners := map[routeID]string{}
+	for id, rt := range r.routes.All() {
+		routeOwners[id] = r.ownerOfIndex(rt.oif)
+	}
+
+	drift, err := r.links.Replace(func(add func(string, networkLink)) error {
+		var got []linkMsg
+		err := r.rtnl.dump(ctx, linkDumpRequest(), func() { got = got[:0] }, func(typ uint16, p []byte) {
+			if m, ok := parseLinkMsg(p); ok && typ == unix.RTM_NEWLINK && m.family != unix.AF_BRIDGE {
+				got = append(got, m)
+			}
+		})
+		if err != nil {
+			return fmt.Errorf("listing links: %w", err)
+		}
+		for _, m := range got {
+			add(m.name, m.link)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	names := map[int32]string{}
+	for name, l := range r.links.All() {
+		names[l.index] = name
+	}
+	r.mu.Lock()
+	r.names = names
+	r.mu.Unlock()
+	for _, name := range drift {
+		note(r.ownerOfName(name))
+	}
+
+	addrDrift, err := r.addrs.Replace(func(add func(addrKey, ifAddr)) error {
+		type entry struct {
+			k addrKey
+			a ifAddr
+		}
+		var got []entry
+		err := r.rtnl.dump(ctx, addrDumpRequest(), func() { got = got[:0] }, func(typ uint16, p []byte) {
+			if k, a, ok := parseAddrMsg(p); ok && typ == unix.RTM_NEWADDR {
+				got = append(got, entry{k, a})
+			}
+		})
+		if err != nil {
+			return fmt.Errorf("listing addresses: %w", err)
+		}
+		for _, e := range got {
+			add(e.k, e.a)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, k := range addrDrift {
+		note(r.ownerOfIndex(k.index))
+	}
+
+	ruleDrift, err := r.rules.Replace(func(add func(ruleKey, uint8)) error {
+		var got []ruleMsg
+		err := r.rtnl.dump(ctx, ruleDumpRequest(), func() { got = got[:0] }, func(typ uint16, p []byte) {
+			if m, ok := parseRuleMsg(p); ok && typ == unix.RTM_NEWRULE && overlayRule(m) {
+				got = append(got, m)
+			}
+		})
+		if err != nil {
+			return fmt.Errorf("listing rules: %w", err)
+		}
+		for _, m := range got {
+			add(m.key, m.protocol)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, k := range ruleDrift {
+		note(r.ownerOfName(k.iif))
+	}
+
+	routeDrift, err := r.routes.Replace(func(add func(routeID, overlayRoute)) error {
+		type entry struct {
+			id routeID
+			rt overlayRoute
+		}
+		var got []entry
+		for _, family := range []uint8{unix.AF_INET, unix.AF_INET6} {
+			mark := len(got)
+			err := r.rtnl.dump(ctx, routeDumpRequest(family), func() { got = got[:mark] }, func(typ uint16, p []byte) {
+				if id, rt, ok := parseOverlayRoute(p); ok && typ == unix.RTM_NEWROUTE {
+					got = append(got, entry{id, rt})
+				}
+			})
+			if err != nil {
+				return fmt.Errorf("listing routes of protocol %d: %w", OverlayRouteProtocol, err)
+			}
+		}
+		for _, e := range got {
+			add(e.id, e.rt)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range routeDrift {
+		if rt, ok := r.routes.Get(id); ok {
+			note(r.ownerOfIndex(rt.oif))
+		}
+		note(routeOwners[id])
+	}
+
+	herDrift, err := r.her.Replace(func(add func(herKey, herEntry)) error {
+		type entry struct {
+			k herKey
+			e herEntry
+		}
+		var got []entry
+		err := r.rtnl.dump(ctx, fdbDumpRequest(), func() { got = got[:0] }, func(typ uint16, p []byte) {
+			if k, e, ok := parseHEREntry(p); ok && typ == unix.RTM_NEWNEIGH {
+				got = append(got, entry{k, e})
+			}
+		})
+		if err != nil {
+			return fmt.Errorf("listing FDB entries: %w", err)
+		}
+		for _, e := range got {
+			add(e.k, e.e)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, k := range herDrift {
+		note(r.ownerOfIndex(k.index))
+	}
+	return slices.Sorted(maps.Keys(owners)), nil
+}
+
+// overlayRule reports whether a rule has the shape of the overlay's: a priority of its
+// own and an input interface as its only selector.
+func overlayRule(m ruleMsg) bool {
+	return m.plain && m.key.iif != "" && (m.key.priority == TenantRulePriority || m.key.priority == TenantRulePriority+1)
+}
+
+// Observe subscribes to changes of links, addresses, rules, routes, FDB entries and
+// forwarding settings (netconf), reads all of them afresh into the mirrors (so a restart
+// after an overflow starts from the kernel's state), and then keeps the mirrors current
+// from the subscription. It enqueues the network that owns whatever someone else
+// changes: a link by its alias (or by its name, for a device of a network reconciled
+// before), an address, route, FDB entry or forwarding setting by its interface, a rule by
+// its input interface's name; and every network whose state the fresh read finds
+// changed.
+func (r *NetworkReconciler) Observe(ctx context.Context, enqueue func(keyID string), subscribed func()) error {
+	sub, err := subscribeNetlink(r.ns, r.eventBuffer,
+		unix.RTNLGRP_LINK, unix.RTNLGRP_NEIGH,
+		unix.RTNLGRP_IPV4_IFADDR, unix.RTNLGRP_IPV6_IFADDR,
+		unix.RTNLGRP_IPV4_ROUTE, unix.RTNLGRP_IPV6_ROUTE,
+		unix.RTNLGRP_IPV4_RULE, unix.RTNLGRP_IPV6_RULE,
+		unix.RTNLGRP_IPV4_NETCONF, unix.RTNLGRP_IPV6_NETCONF)
+	if err != nil {
+		return fmt.Errorf("subscribing to network changes: %w", err)
+	}
+	// Closing the socket ends a Receive under way.
+	stop := context.AfterFunc(ctx, func() { sub.Close() })
+	defer func() {
+		stop()
+		sub.Close()
+	}()
+	// Subscribed first, then dumped: a change the dump misses is reported after it.
+	if err := r.resync(ctx, enqueue); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	subscribed()
+	apply := func(typ uint16, payload []byte) { r.apply(typ, payload, enqueue) }
+	for {
+		err := sub.Receive(apply)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("watching network changes: %w", err)
+		}
+	}
+}
+
+// apply applies one notification to the mirrors and enqueues the network it shows
+// drifted, if any.
+func (r *NetworkReconciler) apply(typ uint16, b []byte, enqueue func(keyID string)) {
+	switch typ {
+	case unix.RTM_NEWLINK, unix.RTM_DELLINK:
+		r.applyLink(typ, b, enqueue)
+	case unix.RTM_NEWADDR, unix.RTM_DELADDR:
+		k, a, ok := parseAddrMsg(b)
+		if !ok {
+			return
+		}
+		echo := false
+		if typ == unix.RTM_NEWADDR {
+			echo = r.addrs.Update(k, a)
+		} else {
+			echo = r.addrs.Remove(k)
+			r.addrGone(k)
+		}
+		if echo || k.prefix.Addr().Is6() && k.prefix.Addr().IsLinkLocalUnicast() {
+			return
+		}
+		r.drifted(r.ownerOfIndex(k.index), enqueue, "address", k.prefix.String())
+	case unix.RTM_NEWROUTE, unix.RTM_DELROUTE:
+		id, rt, ok := parseOverlayRoute(b)
+		if !ok {
+			return
+		}
+		echo := false
+		if typ == unix.RTM_NEWROUTE {
+			echo = r.routes.Update(id, rt)
+		} else {
+			echo = r.routes.Remove(id)
+		}
+		if !echo {
+			r.drifted(r.ownerOfIndex(rt.oif), enqueue, "route", id.String())
+		}
+	case unix.RTM_NEWRULE, unix.RTM_DELRULE:
+		m, ok := parseRuleMsg(b)
+		if !ok || !overlayRule(m) {
+			return
+		}
+		echo := false
+		if typ == unix.RTM_NEWRULE {
+			echo = r.rules.Update(m.key, m.protocol)
+		} else {
+			echo = r.rules.Remove(m.key)
+		}
+		if !echo {
+			r.drifted(r.ownerOfName(m.key.iif), enqueue, "rule", ruleString(m.key))
+		}
+	case unix.RTM_NEWNEIGH, unix.RTM_DELNEIGH:
+		k, e, ok := parseHEREntry(b)
+		if !ok {
+			return
+		}
+		echo := false
+		if typ == unix.RTM_NEWNEIGH {
+			echo = r.her.Update(k, e)
+		} else {
+			echo = r.her.Remove(k)
+		}
+		if !echo {
+			r.drifted(r.ownerOfIndex(k.index), enqueue, "head-end replication", k.dst.String())
+		}
+	case unix.RTM_NEWNETCONF, unix.RTM_DELNETCONF:
+		// The notification of force_forwarding carries no value: whoever changed a
+		// forwarding setting of a bridge, it is read again.
+		_, index, ok := parseNetconfIndex(b)
+		if !ok {
+			return
+		}
+		name := r.nameOf(index)
+		owner := r.ownerOfName(name)
+		if owner == "" || name != BridgeName(owner) {
+			return
+		}
+		r.mu.Lock()
+		delete(r.forwarding, name)
+		r.mu.Unlock()
+		r.drifted(owner, enqueue, "forwarding settings", name)
+	}
+}
+
+// drifted enqueues the network with key ID id, if any, for what changed.
+func (r *NetworkReconciler) drifted(id string, enqueue func(keyID string), what, which string) {
+	if id == "" {
+		return
+	}
+	r.log.Debug("network state changed", "key", id, "what", what, "which", which)
+	enqueue(id)
+}
+
+// applyLink applies an RTM_NEWLINK or RTM_DELLINK notification.
+func (r *NetworkReconciler) applyLink(typ uint16, b []byte, enqueue func(keyID string)) {
+	m, ok := parseLinkMsg(b)
+	if !ok {
+		return
+	}
+	if m.family == unix.AF_BRIDGE {
+		// A bridge's view of a port (`bridge link set`): only its flags are news.
+		if typ != unix.RTM_NEWLINK || !m.protinfo {
+			return
+		}
+		have, ok := r.links.Get(m.name)
+		if !ok {
+			return
+		}
+		next := have
+		next.bridgePort = true
+		next.portLearning, next.neighSuppress = m.link.portLearning, m.link.neighSuppress
+		if sameLink(next, have) || r.links.Update(m.name, next) {
+			return
+		}
+		if id, ok := networkOwner(have.alias); ok {
+			r.drifted(id, enqueue, "bridge port flags", m.name)
+		}
+		return
+	}
+	prev, had := r.links.Get(m.name)
+	if typ == unix.RTM_DELLINK {
+		echo := r.links.Remove(m.name)
+		r.linkGone(m.link.index)
+		r.mu.Lock()
+		delete(r.forwarding, m.name)
+		r.mu.Unlock()
+		if !echo {
+			r.drifted(r.linkOwner(m.name, prev, m.link), enqueue, "link deleted", m.name)
+		}
+		return
+	}
+	r.mu.Lock()
+	old := r.names[m.link.index]
+	r.names[m.link.index] = m.name
+	r.mu.Unlock()
+	if old != "" && old != m.name {
+		// Renamed: the old name is gone.
+		before, _ := r.links.Get(old)
+		r.links.Remove(old)
+		if id, ok := networkOwner(before.alias); ok {
+			r.drifted(id, enqueue, "link renamed", old)
+		}
+	}
+	echo := r.links.Update(m.name, m.link)
+	if !m.link.up {
+		r.routesGone(m.link.index, false)
+	}
+	if echo || had && prev.index == m.link.index && sameLink(m.link, prev) {
+		return
+	}
+	r.drifted(r.linkOwner(m.name, prev, m.link), enqueue, "link", m.name)
+}
+
+// linkOwner returns the key ID of the network that owns the link name, which the
+// mirror showed as prev and a notification shows as l.
+func (r *NetworkReconciler) linkOwner(name string, prev, l networkLink) string {
+	if id, ok := networkOwner(l.alias); ok {
+		return id
+	}
+	if id, ok := networkOwner(prev.alias); ok {
+		return id
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.devices[name]
+}
+
+// Sweep reads the kernel afresh into the mirrors (and the forwarding sysctls, at the
+// reconciles of the resync that follows), enqueues the networks whose state changed
+// without the observer reporting it, and removes the kernel state that no desired
+// Network owns: links with an alias of a Network that is not desired (with the
+// rules of their bridges), rules at TenantRulePriority and TenantRulePriority+1 whose
+// input interface is such a link or does not exist, and routes of OverlayRouteProtocol
+// through anything but a desired network's bridge. So a restarted agent removes what a
+// previous one programmed for networks deleted meanwhile, and adopts the rest.
+func (r *NetworkReconciler) Sweep(ctx context.Context, enqueue func(keyID string)) error {
+	if err := r.resync(ctx, enqueue); err != nil {
+		return err
+	}
+	bridges := map[string]string{}
+	for _, id := range r.store.KeyIDs(nimbusv1.Kind_KIND_NETWORK) {
+		bridges[BridgeName(id)] = id
+	}
+	stale := map[string]bool{}
+	for _, l := range r.links.All() {
+		if id, ok := networkOwner(l.alias); ok && bridges[BridgeName(id)] == "" {
+			stale[id] = true
+		}
+	}
+	for _, id := range sortedKeys(stale, strings.Compare) {
+		if err := r.sweepNetwork(ctx, id, func() error {
+			r.log.Info("removing the kernel state of a network that is gone", "key", id)
+			return r.teardown(ctx, id)
+		}); err != nil {
+			return err
+		}
+	}
+	for k, proto := range r.rules.All() {
+		if bridges[k.iif] != "" {
+			continue // its network's reconcile keeps its rules exact
+		}
+		l, exists := r.links.Get(k.iif)
+		if _, ours := networkOwner(l.alias); exists && !ours {
+			continue // a rule for someone else's link
+		}
+		if err := r.sweepNetwork(ctx, r.ownerOfName(k.iif), func() error {
+			r.log.Info("removing a stale rule", "rule", ruleString(k))
+			return r.deleteRule(ctx, k, proto)
+		}); err != nil {
+			return err
+		}
+	}
+	for id, rt := range r.routes.All() {
+		name := r.nameOf(rt.oif)
+		if owner := bridges[name]; owner != "" && r.ownerOfName(name) == owner {
+			continue
+		}
+		if err := r.sweepNetwork(ctx, r.ownerOfIndex(rt.oif), func() error {
+			r.log.Info("removing a stale overlay route", "route", id.String(), "dev", name)
+			return r.deleteRoute(ctx, id)
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sweepNetwork runs remove, which removes kernel state of the network with key ID id
+// ("" for state no network claims), unless the network has come into the store since
+// the sweep began, under the lock its reconciles take.
+func (r *NetworkReconciler) sweepNetwork(ctx context.Context, id string, remove func() error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if id == "" {
+		return remove()
+	}
+	lock := r.networkLocks.lock(id)
+	defer r.networkLocks.unlock(id, lock)
+	if r.desired(id) {
+		return nil
+	}
+	return remove()
+}

@@ -1,0 +1,805 @@
+package linux
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/naplesnet/naples/hal"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// This file holds the network reconciler's writes: each ensure step compares one part of
+// a network's desired state with the mirrors and writes what differs.
+
+// do sends one write to the kernel and counts it when the kernel takes it.
+func (r *NetworkReconciler) do(ctx context.Context, msg []byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	err := r.nl.Do(ctx, msg)
+	if err == nil {
+		r.writes.Add(1)
+	}
+	return err
+}
+
+// ensureBridge makes the network's bridge exist as wanted: `ip link add BRIDGE type
+// bridge`, with the network's alias and gateway MAC, its MTU when the network sets one,
+// up. It returns the bridge as the mirror shows it now.
+func (r *NetworkReconciler) ensureBridge(ctx context.Context, want networkWant) (networkLink, error) {
+	target := networkLink{kind: "bridge", alias: want.alias, mac: want.mac, mtu: want.mtu, up: true}
+	have, err := r.ensureLink(ctx, want.bridge, target, func(l networkLink) bool { return l.kind == "bridge" })
+	if err != nil {
+		return networkLink{}, err
+	}
+	return r.converge(ctx, want.bridge, have, target)
+}
+
+// ensureVXLAN makes the network's VXLAN device exist as wanted: `ip link add VXLAN type
+// vxlan id VNI local VTEP dstport 4789 nolearning`, with the network's alias, its MTU when
+// the network sets one, a port of the bridge with index master with learning off and
+// neigh_suppress on, up. A device with another VNI, local address or port is replaced, as
+// those cannot be changed. It returns the device as the mirror shows it now.
+func (r *NetworkReconciler) ensureVXLAN(ctx context.Context, want networkWant, vtep netip.Addr, master int32) (networkLink, error) {
+	target := networkLink{
+		kind: "vxlan", alias: want.alias, mtu: want.mtu, up: true, master: master,
+		vni: want.vni, local: vtep, port: VXLANPort,
+		bridgePort: true, neighSuppress: true,
+	}
+	have, err := r.ensureLink(ctx, want.vxlan, target, func(l networkLink) bool {
+		return l.kind == "vxlan" && l.vni == want.vni && l.local == vtep && l.port == VXLANPort
+	})
+	if err != nil {
+		return networkLink{}, err
+	}
+	return r.converge(ctx, want.vxlan, have, target)
+}
+
+// ensureLink makes a link named name exist that fits: one the mirror holds with the
+// network's alias, or one it creates as target describes. A link of the name without the
+// alias is a conflict; one with it that does not fit is deleted and created anew.
+func (r *NetworkReconciler) ensureLink(ctx context.Context, name string, target networkLink, fits func(networkLink) bool) (networkLink, error) {
+	have, ok := r.links.Get(name)
+	if ok && have.alias != target.alias {
+		return networkLink{}, foreignLink(name, have)
+	}
+	if ok && fits(have) {
+		return have, nil
+	}
+	if ok {
+		r.log.Info("replacing a link whose settings cannot change", "key", ownerKey(have.alias), "link", name,
+			"kind", have.kind, "vni", have.vni, "local", have.local)
+		if err := r.deleteLink(ctx, name, have); err != nil {
+			return networkLink{}, err
+		}
+	}
+	return r.createLink(ctx, name, target)
+}
+
+// foreignLink is the conflict with a link of a network's device name that naples did not
+// create.
+func foreignLink(name string, l networkLink) error {
+	return hal.Errorf(hal.ReasonConflict, "link %s exists and is not naples's (kind %q, alias %q); leaving it alone", name, l.kind, l.alias)
+}
+
+// createLink creates the link name as target describes (`ip link add NAME alias ALIAS
+// address MAC master MASTER up type KIND ...`; MTU and port flags are left to converge) and
+// returns it as the kernel then reports it.
+func (r *NetworkReconciler) createLink(ctx context.Context, name string, target networkLink) (networkLink, error) {
+	msg := nlMessage(r.nl.buffer(), unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL)
+	msg = appendIfInfo(msg, unix.AF_UNSPEC, 0, unix.IFF_UP, unix.IFF_UP)
+	msg = appendAttrString(msg, unix.IFLA_IFNAME, name)
+	msg = appendAttrString(msg, unix.IFLA_IFALIAS, target.alias)
+	if target.mac != "" {
+		msg = appendAttr(msg, unix.IFLA_ADDRESS, []byte(target.mac))
+	}
+	if target.master != 0 {
+		msg = appendAttrUint32(msg, unix.IFLA_MASTER, uint32(target.master))
+	}
+	msg, info := beginNest(msg, unix.IFLA_LINKINFO)
+	msg = appendAttrString(msg, unix.IFLA_INFO_KIND, target.kind)
+	if target.kind == "vxlan" {
+		var data int
+		msg, data = beginNest(msg, unix.IFLA_INFO_DATA)
+		msg = appendAttrUint32(msg, unix.IFLA_VXLAN_ID, target.vni)
+		if target.local.Is4() {
+			msg = appendAttrAddr(msg, unix.IFLA_VXLAN_LOCAL, target.local)
+		} else {
+			msg = appendAttrAddr(msg, unix.IFLA_VXLAN_LOCAL6, target.local)
+		}
+		msg = appendAttr(msg, unix.IFLA_VXLAN_PORT, []byte{byte(target.port >> 8), byte(target.port)})
+		msg = appendAttrUint8(msg, unix.IFLA_VXLAN_LEARNING, boolByte(target.learning))
+		msg = endNest(msg, data)
+	}
+	msg = endNest(msg, info)
+
+	// What the create leaves: the MTU is the kernel's, a new port has the kernel's
+	// default flags (learning on, neigh_suppress off).
+	created := target
+	created.index, created.mtu = 0, 0
+	created.bridgePort = target.master != 0
+	created.portLearning, created.neighSuppress = created.bridgePort, false
+	w := r.links.Expect(name, created)
+	err := r.do(ctx, msg)
+	if errors.Is(err, unix.EEXIST) {
+		w.Fail()
+		return r.createClash(ctx, name, target, err)
+	}
+	if err != nil {
+		w.Fail()
+		return networkLink{}, kernelErr(err, "creating %s %s", target.kind, name)
+	}
+	w.Done()
+	r.log.Info("link created", "key", ownerKey(target.alias), "link", name, "kind", target.kind)
+	return r.refreshLink(ctx, name)
+}
+
+// createClash explains a create the kernel refused with EEXIST: a link of the name the
+// mirror has not heard of yet (adopted when it is naples's, a conflict otherwise), or
+// another VXLAN device with the same VNI, port and local address.
+func (r *NetworkReconciler) createClash(ctx context.Context, name string, target networkLink, err error) (networkLink, error) {
+	have, gerr := r.refreshLink(ctx, name)
+	switch {
+	case gerr == nil && have.alias == target.alias:
+		return have, nil
+	case gerr == nil:
+		return networkLink{}, foreignLink(name, have)
+	case target.kind == "vxlan":
+		return networkLink{}, hal.Errorf(hal.ReasonConflict, "creating vxlan %s with VNI %d: another VXLAN device has it: %v", name, target.vni, err)
+	}
+	return networkLink{}, kernelErr(err, "creating %s %s", target.kind, name)
+}
+
+// refreshLink asks the kernel for the link name (`ip link show NAME`), records the answer
+// in the mirror and returns it. The mirror shows the answer from then on and passes
+// over the kernel's older events of the link until they catch up with it.
+func (r *NetworkReconciler) refreshLink(ctx context.Context, name string) (networkLink, error) {
+	msg := nlMessage(make([]byte, 0, 64), unix.RTM_GETLINK, 0)
+	msg = appendIfInfo(msg, unix.AF_UNSPEC, 0, 0, 0)
+	msg = appendAttrString(msg, unix.IFLA_IFNAME, name)
+	var got linkMsg
+	found := false
+	err := r.rtnl.get(ctx, msg, func(typ uint16, payload []byte) {
+		if typ == unix.RTM_NEWLINK {
+			got, found = parseLinkMsg(payload)
+		}
+	})
+	if err == nil && !found {
+		err = unix.ENODEV
+	}
+	if err != nil {
+		return networkLink{}, kernelErr(err, "reading link %s", name)
+	}
+	r.links.Expect(name, got.link).Done()
+	r.mu.Lock()
+	r.names[got.link.index] = name
+	r.mu.Unlock()
+	return got.link, nil
+}
+
+// converge changes what differs between the link name as the mirror shows it, have, and
+// target: `ip link set NAME address MAC mtu MTU master MASTER up` and for a VXLAN device
+// `type vxlan nolearning`, in one request, then the port flags, `ip link set NAME type
+// bridge_slave learning off neigh_suppress on`, which need the link to be a port
+// already. It returns the link as the mirror then shows it.
+func (r *NetworkReconciler) converge(ctx context.Context, name string, have, target networkLink) (networkLink, error) {
+	target.index = have.index
+	step := have
+	if target.mac != "" {
+		step.mac = target.mac
+	}
+	if target.mtu != 0 {
+		step.mtu = target.mtu
+	}
+	step.up, step.alias, step.learning = target.up, target.alias, target.learning
+	if step.master != target.master {
+		// A new port starts with the kernel's default flags.
+		step.master = target.master
+		step.bridgePort = target.master != 0
+		step.portLearning, step.neighSuppress = step.bridgePort, false
+	}
+	if !sameLink(have, step) {
+		msg := nlMessage(r.nl.buffer(), unix.RTM_NEWLINK, 0)
+		var flags, change uint32
+		if have.up != step.up {
+			change = unix.IFF_UP
+			if step.up {
+				flags = unix.IFF_UP
+			}
+		}
+		msg = appendIfInfo(msg, unix.AF_UNSPEC, have.index, flags, change)
+		var what []any
+		if have.mac != step.mac {
+			msg = appendAttr(msg, unix.IFLA_ADDRESS, []byte(step.mac))
+			what = append(what, "address", macString(step.mac))
+		}
+		if have.mtu != step.mtu {
+			msg = appendAttrUint32(msg, unix.IFLA_MTU, step.mtu)
+			what = append(what, "mtu", step.mtu)
+		}
+		if have.alias != step.alias {
+			msg = appendAttrString(msg, unix.IFLA_IFALIAS, step.alias)
+		}
+		if have.master != step.master {
+			msg = appendAttrUint32(msg, unix.IFLA_MASTER, uint32(step.master))
+			what = append(what, "master", step.master)
+		}
+		if have.kind == "vxlan" && have.learning != step.learning {
+			var info, data int
+			msg, info = beginNest(msg, unix.IFLA_LINKINFO)
+			msg = appendAttrString(msg, unix.IFLA_INFO_KIND, "vxlan")
+			msg, data = beginNest(msg, unix.IFLA_INFO_DATA)
+			msg = appendAttrUint8(msg, unix.IFLA_VXLAN_LEARNING, boolByte(step.learning))
+			msg = endNest(endNest(msg, data), info)
+			what = append(what, "learning", step.learning)
+		}
+		if change != 0 {
+			what = append(what, "up", step.up)
+		}
+		w := r.links.Expect(name, step)
+		if err := r.do(ctx, msg); err != nil {
+			w.Fail()
+			return networkLink{}, kernelErr(err, "setting link %s %v", name, what)
+		}
+		w.Done()
+		r.log.Info("link changed", append([]any{"key", ownerKey(step.alias), "link", name}, what...)...)
+	}
+	if step.bridgePort && (step.portLearning != target.portLearning || step.neighSuppress != target.neighSuppress) {
+		next := step
+		next.portLearning, next.neighSuppress = target.portLearning, target.neighSuppress
+		msg := nlMessage(r.nl.buffer(), unix.RTM_NEWLINK, 0)
+		msg = appendIfInfo(msg, unix.AF_UNSPEC, have.index, 0, 0)
+		var info, data int
+		msg, info = beginNest(msg, unix.IFLA_LINKINFO)
+		msg = appendAttrString(msg, unix.IFLA_INFO_SLAVE_KIND, "bridge")
+		msg, data = beginNest(msg, unix.IFLA_INFO_SLAVE_DATA)
+		msg = appendAttrUint8(msg, unix.IFLA_BRPORT_LEARNING, boolByte(next.portLearning))
+		msg = appendAttrUint8(msg, unix.IFLA_BRPORT_NEIGH_SUPPRESS, boolByte(next.neighSuppress))
+		msg = endNest(endNest(msg, data), info)
+		w := r.links.Expect(name, next)
+		if err := r.do(ctx, msg); err != nil {
+			w.Fail()
+			return networkLink{}, kernelErr(err, "setting the bridge port flags of %s", name)
+		}
+		w.Done()
+		step = next
+	}
+	return step, nil
+}
+
+// deleteLink deletes the link name (`ip link del NAME`), which the mirror shows as l, and
+// drops from the mirrors what the kernel removes with it: its addresses, routes and FDB
+// entries (IPv4 routes go without a notification).
+func (r *NetworkReconciler) deleteLink(ctx context.Context, name string, l networkLink) error {
+	msg := nlMessage(r.nl.buffer(), unix.RTM_DELLINK, 0)
+	msg = appendIfInfo(msg, unix.AF_UNSPEC, l.index, 0, 0)
+	w := r.links.ExpectGone(name)
+	err := r.do(ctx, msg)
+	switch {
+	case errors.Is(err, unix.ENODEV):
+		w.Gone()
+	case err != nil:
+		w.Fail()
+		return kernelErr(err, "deleting link %s", name)
+	default:
+		w.Done()
+		r.log.Info("link deleted", "key", ownerKey(l.alias), "link", name)
+	}
+	r.linkGone(l.index)
+	return nil
+}
+
+// linkGone drops from the mirrors what the kernel holds no more once the link with the
+// index is gone.
+func (r *NetworkReconciler) linkGone(index int32) {
+	r.mu.Lock()
+	delete(r.names, index)
+	r.mu.Unlock()
+	for k := range r.addrs.All() {
+		if k.index == index {
+			r.addrs.Remove(k)
+		}
+	}
+	r.routesGone(index, true)
+	for k := range r.her.All() {
+		if k.index == index {
+			r.her.Remove(k)
+		}
+	}
+}
+
+// routesGone drops from the mirror the IPv4 routes through the link with the index, and
+// with all also the IPv6 ones: the kernel flushes IPv4 routes through a link that goes
+// down or away without a notification.
+func (r *NetworkReconciler) routesGone(index int32, all bool) {
+	for id, rt := range r.routes.All() {
+		if rt.oif == index && (id.v4 || all) {
+			r.routes.Remove(id)
+		}
+	}
+}
+
+// forwardingState is what the reconciler found or made right of a bridge's forwarding
+// sysctls: for the link with the index, IPv4 and IPv6 forwarding are on as far as v4
+// and v6 tell; v6Missing tells that the kernel has no per-interface IPv6 forwarding.
+type forwardingState struct {
+	index     int32
+	v4, v6    bool
+	v6Missing bool
+}
+
+// ensureForwarding turns forwarding on for what enters through the network's bridge,
+// with index: net.ipv4.conf.BRIDGE.forwarding=1 when the network has an IPv4 gateway,
+// net.ipv6.conf.BRIDGE.force_forwarding=1 when it has an IPv6 one. It reads the sysctls
+// only when it has not found them right for this bridge since it was created or a
+// netconf notification said they changed. It reports whether the kernel lacks
+// force_forwarding (before Linux 6.17).
+func (r *NetworkReconciler) ensureForwarding(ctx context.Context, want networkWant, index int32) (v6Missing bool, err error) {
+	r.mu.Lock()
+	st, ok := r.forwarding[want.bridge]
+	r.mu.Unlock()
+	if ok && st.index == index && (st.v4 || !want.hasV4) && (st.v6 || st.v6Missing || !want.hasV6) {
+		return st.v6Missing, nil
+	}
+	if !want.hasV4 && !want.hasV6 {
+		return false, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	st = forwardingState{index: index}
+	var writes int
+	err = runInNamespace(r.ns, func() error {
+		if want.hasV4 {
+			wrote, err := ensureSysctl("/proc/sys/net/ipv4/conf/" + want.bridge + "/forwarding")
+			if err != nil {
+				return err
+			}
+			st.v4 = true
+			writes += wrote
+		}
+		if want.hasV6 {
+			wrote, err := ensureSysctl("/proc/sys/net/ipv6/conf/" + want.bridge + "/force_forwarding")
+			if errors.Is(err, fs.ErrNotExist) {
+				st.v6Missing = true
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			st.v6 = true
+			writes += wrote
+		}
+		return nil
+	})
+	r.writes.Add(uint64(writes))
+	if err != nil {
+		return false, kernelErr(err, "turning on forwarding on %s", want.bridge)
+	}
+	r.mu.Lock()
+	r.forwarding[want.bridge] = st
+	r.mu.Unlock()
+	if st.v6Missing && r.log.Enabled(ctx, slog.LevelInfo) {
+		r.log.Info("this kernel has no per-interface IPv6 forwarding; IPv6 between networks needs net.ipv6.conf.all.forwarding=1",
+			"key", want.id, "bridge", want.bridge)
+	}
+	return st.v6Missing, nil
+}
+
+// ensureSysctl sets the sysctl file at path to 1 unless it is 1 already, and returns how
+// many writes that took.
+func ensureSysctl(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	if strings.TrimSpace(string(b)) == "1" {
+		return 0, nil
+	}
+	if err := os.WriteFile(path, []byte("1\n"), 0o644); err != nil {
+		return 0, err
+	}
+	return 1, nil
+}
+
+// ensureAddresses makes the bridge with the index hold exactly the network's gateway
+// addresses: `ip addr add GATEWAY/LEN dev BRIDGE noprefixroute` (and `nodad` for IPv6) for
+// every subnet with a gateway, and `ip addr del` of every other address but IPv6
+// link-local ones.
+func (r *NetworkReconciler) ensureAddresses(ctx context.Context, want networkWant, index int32) error {
+	wanted := map[addrKey]uint32{}
+	for _, s := range want.subnets {
+		if !s.gw.IsValid() {
+			continue
+		}
+		flags := uint32(unix.IFA_F_NOPREFIXROUTE)
+		if s.gw.Is6() {
+			flags |= unix.IFA_F_NODAD
+		}
+		wanted[addrKey{index: index, prefix: netip.PrefixFrom(s.gw, s.prefix.Bits())}] = flags
+	}
+	// Unwanted ones go first: IPv6 refuses an address it holds with another length.
+	for k, a := range r.addrs.All() {
+		if k.index != index || k.prefix.Addr().Is6() && k.prefix.Addr().IsLinkLocalUnicast() {
+			continue
+		}
+		if flags, ok := wanted[k]; ok && a.flags&managedAddrFlags == flags {
+			continue
+		}
+		if err := r.deleteAddr(ctx, want.bridge, k); err != nil {
+			return err
+		}
+	}
+	for _, k := range sortedKeys(wanted, compareAddrKeys) {
+		if _, ok := r.addrs.Get(k); ok {
+			continue
+		}
+		flags := wanted[k]
+		msg := appendAddrRequest(r.nl.buffer(), unix.RTM_NEWADDR, unix.NLM_F_CREATE|unix.NLM_F_EXCL, k, flags)
+		w := r.addrs.Expect(k, ifAddr{flags: flags})
+		if err := r.do(ctx, msg); err != nil {
+			w.Fail()
+			return kernelErr(err, "adding address %s to %s", k.prefix, want.bridge)
+		}
+		w.Done()
+		r.log.Debug("gateway address added", "key", want.id, "address", k.prefix.String(), "bridge", want.bridge)
+	}
+	return nil
+}
+
+// deleteAddr removes the address k from the link name (`ip addr del`).
+func (r *NetworkReconciler) deleteAddr(ctx context.Context, name string, k addrKey) error {
+	msg := appendAddrRequest(r.nl.buffer(), unix.RTM_DELADDR, 0, k, 0)
+	w := r.addrs.ExpectGone(k)
+	err := r.do(ctx, msg)
+	switch {
+	case errors.Is(err, unix.EADDRNOTAVAIL) || errors.Is(err, unix.ENODEV):
+		w.Gone()
+	case err != nil:
+		w.Fail()
+		return kernelErr(err, "deleting address %s from %s", k.prefix, name)
+	default:
+		w.Done()
+		r.log.Debug("address deleted", "address", k.prefix.String(), "link", name)
+	}
+	r.addrGone(k)
+	return nil
+}
+
+// addrGone makes the routes mirror follow what the kernel does, without a notification,
+// to routes when the address k goes: IPv4 flushes the routes whose preferred source it
+// was, unless another interface holds it still, and every route through the interface
+// when it was the interface's last IPv4 address; IPv6 drops it as the preferred source
+// of the interface's routes.
+func (r *NetworkReconciler) addrGone(k addrKey) {
+	a := k.prefix.Addr()
+	if a.Is6() {
+		for id, rt := range r.routes.All() {
+			if !id.v4 && rt.oif == k.index && rt.src == a {
+				rt.src = netip.Addr{}
+				r.routes.Update(id, rt)
+			}
+		}
+		return
+	}
+	heldElsewhere, lastOnLink := false, true
+	for o := range r.addrs.All() {
+		if o == k || !o.prefix.Addr().Is4() {
+			continue
+		}
+		if o.prefix.Addr() == a {
+			heldElsewhere = true
+		}
+		if o.index == k.index {
+			lastOnLink = false
+		}
+	}
+	for id, rt := range r.routes.All() {
+		if id.v4 && (rt.src == a && !heldElsewhere || rt.oif == k.index && lastOnLink) {
+			r.routes.Remove(id)
+		}
+	}
+}
+
+// ensureRoutes makes the tenant's table route each of the network's subnets through its
+// bridge, with index: `ip route add SUBNET dev BRIDGE table T proto 242 scope link src
+// GATEWAY`, replacing a route of protocol 242 that differs; routes of protocol 242 through
+// the bridge that the network does not want (for a subnet it no longer has, say) are
+// deleted. A route of another protocol where one is wanted, or one that another
+// network of the tenant holds, is a conflict.
+func (r *NetworkReconciler) ensureRoutes(ctx context.Context, want networkWant, index int32) error {
+	wanted := make(map[routeID]overlayRoute, len(want.subnets))
+	for _, s := range want.subnets {
+		metric := uint32(0)
+		rt := overlayRoute{oif: index, src: s.gw, scope: unix.RT_SCOPE_LINK}
+		if s.prefix.Addr().Is6() {
+			metric, rt.scope = ip6DefaultMetric, unix.RT_SCOPE_UNIVERSE
+		}
+		wanted[newRouteID(want.table, s.prefix, metric)] = rt
+	}
+	for id, rt := range r.routes.All() {
+		if _, ok := wanted[id]; rt.oif == index && !ok {
+			if err := r.deleteRoute(ctx, id); err != nil {
+				return err
+			}
+		}
+	}
+	for _, id := range sortedKeys(wanted, compareRouteIDs) {
+		rt := wanted[id]
+		have, exists := r.routes.Get(id)
+		if exists && have == rt {
+			continue
+		}
+		if exists && have.oif != index {
+			if owner := r.ownerOfIndex(have.oif); owner != "" && owner != want.id && r.desired(owner) {
+				return hal.Errorf(hal.ReasonConflict, "subnet %s: tenant table %d routes it to %s already", id.prefix(), id.table, owner)
+			}
+		}
+		flags := uint16(unix.NLM_F_CREATE | unix.NLM_F_EXCL)
+		if exists {
+			flags = unix.NLM_F_CREATE | unix.NLM_F_REPLACE
+		}
+		msg := appendOverlayRouteRequest(r.nl.buffer(), unix.RTM_NEWROUTE, flags, id, rt)
+		w := r.routes.Expect(id, rt)
+		err := r.do(ctx, msg)
+		if err != nil {
+			w.Fail()
+			if !exists && errors.Is(err, unix.EEXIST) {
+				return hal.Errorf(hal.ReasonConflict, "subnet %s: tenant table %d holds a route to it that naples did not create; leaving it alone", id.prefix(), id.table)
+			}
+			return kernelErr(err, "adding route %s dev %s", id, want.bridge)
+		}
+		w.Done()
+		r.log.Debug("tenant route programmed", "key", want.id, "route", id.String(), "bridge", want.bridge)
+	}
+	return nil
+}
+
+// compareRouteIDs orders route identities by table, destination and metric.
+func compareRouteIDs(a, b routeID) int {
+	if c := cmp.Compare(a.table, b.table); c != 0 {
+		return c
+	}
+	if c := a.dst().Compare(b.dst()); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.bits, b.bits); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.metric, b.metric)
+}
+
+// deleteRoute deletes the route of protocol 242 with the identity (`ip route del PREFIX
+// table T metric M proto 242`).
+func (r *NetworkReconciler) deleteRoute(ctx context.Context, id routeID) error {
+	msg := appendOverlayRouteRequest(r.nl.buffer(), unix.RTM_DELROUTE, 0, id, overlayRoute{})
+	w := r.routes.ExpectGone(id)
+	err := r.do(ctx, msg)
+	switch {
+	case errors.Is(err, unix.ESRCH):
+		w.Gone()
+	case err != nil:
+		w.Fail()
+		return kernelErr(err, "deleting route %s", id)
+	default:
+		w.Done()
+		r.log.Debug("route deleted", "route", id.String())
+	}
+	return nil
+}
+
+// desired reports whether the store holds the object with the key ID.
+func (r *NetworkReconciler) desired(id string) bool {
+	key, err := nimbusv1.ParseKeyID(id)
+	if err != nil {
+		return false
+	}
+	_, ok := r.store.Get(key)
+	return ok
+}
+
+// networkRules returns the policy-routing rules of a network's bridge that sends to
+// table, in both families: `ip rule add iif BRIDGE lookup T pref 1000` and `ip rule add
+// iif BRIDGE prohibit pref 1001`. A family without subnets gets them too, so that nothing
+// of it entering from the network reaches the main table.
+func networkRules(bridge string, table uint32) []ruleKey {
+	var keys []ruleKey
+	for _, fam := range []uint8{unix.AF_INET, unix.AF_INET6} {
+		keys = append(keys,
+			ruleKey{family: fam, priority: TenantRulePriority, iif: bridge, table: table, action: unix.FR_ACT_TO_TBL},
+			ruleKey{family: fam, priority: TenantRulePriority + 1, iif: bridge, action: unix.FR_ACT_PROHIBIT})
+	}
+	return keys
+}
+
+// ensureRules makes the kernel hold exactly the network's rules (networkRules) for what
+// enters through its bridge.
+func (r *NetworkReconciler) ensureRules(ctx context.Context, want networkWant) error {
+	wanted := networkRules(want.bridge, want.table)
+	for k, proto := range r.rules.All() {
+		if k.iif == want.bridge && !slices.Contains(wanted, k) {
+			if err := r.deleteRule(ctx, k, proto); err != nil {
+				return err
+			}
+		}
+	}
+	for _, k := range wanted {
+		if _, ok := r.rules.Get(k); ok {
+			continue
+		}
+		msg := appendRuleRequest(r.nl.buffer(), unix.RTM_NEWRULE, unix.NLM_F_CREATE|unix.NLM_F_EXCL, k, uint8(OverlayRouteProtocol))
+		w := r.rules.Expect(k, uint8(OverlayRouteProtocol))
+		if err := r.do(ctx, msg); err != nil {
+			w.Fail()
+			return kernelErr(err, "adding rule %s", ruleString(k))
+		}
+		w.Done()
+		r.log.Debug("rule added", "key", want.id, "rule", ruleString(k))
+	}
+	return nil
+}
+
+// deleteRule deletes the rule k of the protocol (`ip rule del ...`).
+func (r *NetworkReconciler) deleteRule(ctx context.Context, k ruleKey, protocol uint8) error {
+	msg := appendRuleRequest(r.nl.buffer(), unix.RTM_DELRULE, 0, k, protocol)
+	w := r.rules.ExpectGone(k)
+	err := r.do(ctx, msg)
+	switch {
+	case errors.Is(err, unix.ENOENT):
+		w.Gone()
+	case err != nil:
+		w.Fail()
+		return kernelErr(err, "deleting rule %s", ruleString(k))
+	default:
+		w.Done()
+		r.log.Debug("rule deleted", "rule", ruleString(k))
+	}
+	return nil
+}
+
+// ruleString describes a rule as `ip rule` does.
+func ruleString(k ruleKey) string {
+	fam := "-4"
+	if k.family == unix.AF_INET6 {
+		fam = "-6"
+	}
+	action := fmt.Sprintf("lookup %d", k.table)
+	if k.action == unix.FR_ACT_PROHIBIT {
+		action = "prohibit"
+	}
+	return fmt.Sprintf("%s %d: iif %s %s", fam, k.priority, k.iif, action)
+}
+
+// ensureReplication makes the network's VXLAN device, with index, replicate broadcasts
+// and unknown destinations to exactly the VTEPs of the other nodes that have endpoints in
+// the network: `bridge fdb append 00:00:00:00:00:00 dev VXLAN dst VTEP self permanent`
+// per VTEP, and `bridge fdb del` of the others. It returns the VTEPs, and the nodes
+// skipped for want of a usable VTEP address.
+func (r *NetworkReconciler) ensureReplication(ctx context.Context, want networkWant, vtep netip.Addr, index int32) (remotes []netip.Addr, without []string, err error) {
+	eps, err := r.store.LookupIDs(EndpointNetworkIndex.Name, want.id)
+	if err != nil {
+		return nil, nil, fmt.Errorf("finding the endpoints of %s: %w", want.id, err)
+	}
+	var remoteEPs []string
+	nodes := map[string]bool{}
+	for _, ep := range eps {
+		k, err := nimbusv1.ParseKeyID(ep)
+		if err != nil {
+			continue
+		}
+		obj, ok := r.store.Get(k)
+		node := obj.GetEndpoint().GetNode()
+		if !ok || node == "" || node == r.node {
+			continue
+		}
+		nodes[node] = true
+		remoteEPs = append(remoteEPs, ep)
+	}
+	r.recordRemoteEndpoints(want.id, remoteEPs)
+
+	wanted := map[netip.Addr]bool{}
+	for _, node := range sortedKeys(nodes, strings.Compare) {
+		a, err := NodeVTEP(r.store, node)
+		if a = a.Unmap(); err != nil || a.Is4() != vtep.Is4() {
+			without = append(without, node)
+			continue
+		}
+		if a != vtep {
+			wanted[a] = true
+		}
+	}
+	for k := range r.her.All() {
+		if k.index == index && !wanted[k.dst] {
+			if err := r.deleteHER(ctx, want.vxlan, k); err != nil {
+				return nil, nil, err
+			}
+		}
+	}
+	for _, a := range sortedKeys(wanted, netip.Addr.Compare) {
+		remotes = append(remotes, a)
+		k := herKey{index: index, dst: a}
+		if _, ok := r.her.Get(k); ok {
+			continue
+		}
+		msg := appendHERRequest(r.nl.buffer(), unix.RTM_NEWNEIGH, unix.NLM_F_CREATE|unix.NLM_F_APPEND, k)
+		w := r.her.Expect(k, herEntry{permanent: true})
+		if err := r.do(ctx, msg); err != nil {
+			w.Fail()
+			return nil, nil, kernelErr(err, "adding head-end replication to %s on %s", a, want.vxlan)
+		}
+		w.Done()
+		r.log.Debug("head-end replication added", "key", want.id, "vtep", a.String(), "vxlan", want.vxlan)
+	}
+	return remotes, without, nil
+}
+
+// deleteHER deletes the head-end replication entry k of the VXLAN device name.
+func (r *NetworkReconciler) deleteHER(ctx context.Context, name string, k herKey) error {
+	msg := appendHERRequest(r.nl.buffer(), unix.RTM_DELNEIGH, 0, k)
+	w := r.her.ExpectGone(k)
+	err := r.do(ctx, msg)
+	switch {
+	case errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENODEV):
+		w.Gone()
+	case err != nil:
+		w.Fail()
+		return kernelErr(err, "deleting head-end replication to %s on %s", k.dst, name)
+	default:
+		w.Done()
+		r.log.Debug("head-end replication deleted", "vtep", k.dst.String(), "vxlan", name)
+	}
+	return nil
+}
+
+// teardown removes the kernel state of the network with key ID id: its VXLAN device and
+// bridge, which take their addresses, routes and FDB entries with them, and then the
+// rules of the bridge, which name it and stay otherwise. Links of the devices' names
+// that are not the network's, and the rules of a bridge name that such a link holds, are
+// left alone.
+func (r *NetworkReconciler) teardown(ctx context.Context, id string) error {
+	bridge, vxlan, alias := BridgeName(id), VXLANName(id), OwnerAlias(id)
+	br, brExists := r.links.Get(bridge)
+	foreign := brExists && br.alias != alias
+	for _, name := range []string{vxlan, bridge} {
+		if l, ok := r.links.Get(name); ok && l.alias == alias {
+			if err := r.deleteLink(ctx, name, l); err != nil {
+				return err
+			}
+		}
+	}
+	if !foreign {
+		for k, proto := range r.rules.All() {
+			if k.iif == bridge {
+				if err := r.deleteRule(ctx, k, proto); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	r.forget(id)
+	return nil
+}
+
+// ownerKey returns the key ID a link alias names, for logs.
+func ownerKey(alias string) string {
+	id, _ := OwnerOfAlias(alias)
+	return id
+}
+
+// boolByte is 1 for true, 0 for false.
+func boolByte(b bool) uint8 {
+	if b {
+		return 1
+	}
+	return 0
+}

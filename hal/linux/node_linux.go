@@ -1,0 +1,303 @@
+package linux
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/naplesnet/naples/hal"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// ReasonWaitingForAddress: this host's Node names a VTEP address that no interface of the
+// host holds yet (or holds only tentatively, while IPv6 duplicate address detection
+// runs).
+const ReasonWaitingForAddress = "WaitingForAddress"
+
+// Operational data keys of a Node's status.
+const (
+	// NodeOpRole is "local" for this host's Node, "remote" for the others.
+	NodeOpRole = "role"
+	// NodeOpVTEP is the node's VTEP address, when it has one.
+	NodeOpVTEP = "vtep"
+)
+
+// NodeOptions configures a NodeReconciler.
+type NodeOptions struct {
+	// Store holds the desired Node objects. Required.
+	Store OverlayStore
+	// Node is the name of this host's Node object. Required.
+	Node string
+	// Namespace is the network namespace whose interfaces must hold this host's VTEP
+	// address. Default: the calling process's.
+	Namespace *netns.NsHandle
+	// Timeout bounds every netlink request. Default: 10s.
+	Timeout time.Duration
+	// EventBuffer is the size in bytes of the kernel's receive buffer for the
+	// observer's subscription to address changes (SO_RCVBUFFORCE). Default: 1 MiB.
+	EventBuffer int
+	// Logger receives the reconciler's logs. Default: slog.Default().
+	Logger *slog.Logger
+}
+
+// NodeReconciler reports on Node objects; it programs nothing. This host's Node is
+// PROGRAMMED, with operational data {role: local, vtep: ADDR}, once an interface of the
+// namespace holds its VTEP address ADDR, and PENDING with ReasonWaitingForAddress until
+// then; a local Node without a VTEP address has nothing to wait for and is PROGRAMMED
+// with {role: local}. Other nodes are PROGRAMMED with {role: remote, vtep: ADDR}, or
+// {role: remote} without a VTEP address.
+//
+// It reads the addresses of the namespace from a mirror (hal.Mirror) that one dump fills
+// and the observer's subscription keeps current; the observer enqueues this host's Node
+// whenever its VTEP address comes, goes or changes state.
+type NodeReconciler struct {
+	store       OverlayStore
+	node        string
+	ns          *netns.NsHandle
+	eventBuffer int
+	log         *slog.Logger
+	rtnl        *rtnlReader
+
+	// addrs holds every address of the namespace.
+	addrs *hal.Mirror[addrKey, ifAddr]
+	// filled is set once addrs has been loaded by a dump; dumpMu serializes dumps.
+	filled atomic.Bool
+	dumpMu sync.Mutex
+}
+
+var (
+	_ hal.Reconciler = (*NodeReconciler)(nil)
+	_ hal.Observer   = (*NodeReconciler)(nil)
+	_ hal.Sweeper    = (*NodeReconciler)(nil)
+)
+
+// NewNodeReconciler returns a reconciler bound to the options' namespace.
+func NewNodeReconciler(opts NodeOptions) (*NodeReconciler, error) {
+	if opts.Store == nil {
+		return nil, errors.New("node reconciler: NodeOptions.Store is required")
+	}
+	if opts.Node == "" {
+		return nil, errors.New("node reconciler: NodeOptions.Node is required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = 10 * time.Second
+	}
+	if opts.EventBuffer <= 0 {
+		opts.EventBuffer = 1 << 20
+	}
+	rd, err := newRTNLReader(opts.Namespace, opts.Timeout)
+	if err != nil {
+		return nil, err
+	}
+	return &NodeReconciler{
+		store:       opts.Store,
+		node:        opts.Node,
+		ns:          opts.Namespace,
+		eventBuffer: opts.EventBuffer,
+		log:         opts.Logger,
+		rtnl:        rd,
+		addrs:       hal.NewMirror[addrKey, ifAddr](func(have, want ifAddr) bool { return have == want }, nil),
+	}, nil
+}
+
+// Close releases the netlink socket. It is safe to call twice.
+func (r *NodeReconciler) Close() error {
+	r.rtnl.Close()
+	return nil
+}
+
+// Kind returns KIND_NODE.
+func (r *NodeReconciler) Kind() nimbusv1.Kind { return nimbusv1.Kind_KIND_NODE }
+
+// Reconcile reports whether the Node obj is ready: for this host's, whether an
+// interface holds its VTEP address. It changes nothing in the kernel.
+func (r *NodeReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (map[string]string, error) {
+	if obj == nil {
+		return nil, nil
+	}
+	spec := obj.GetNode()
+	op := map[string]string{NodeOpRole: "remote"}
+	if key.ID() == NodeKey(r.node).ID() {
+		op[NodeOpRole] = "local"
+	}
+	s := spec.GetVtepAddress()
+	if s == "" {
+		return op, nil
+	}
+	vtep, err := netip.ParseAddr(s)
+	if err != nil {
+		return nil, hal.Errorf(hal.ReasonInvalid, "spec.vtepAddress %q: %v", s, err)
+	}
+	vtep = vtep.Unmap()
+	op[NodeOpVTEP] = vtep.String()
+	if op[NodeOpRole] == "remote" {
+		return op, nil
+	}
+	if err := r.fill(ctx); err != nil {
+		return nil, err
+	}
+	switch r.holds(vtep) {
+	case addrAbsent:
+		return nil, hal.Pendingf(ReasonWaitingForAddress, "waiting for spec.vtepAddress %s to be assigned to an interface of this host", vtep)
+	case addrTentative:
+		return nil, hal.Pendingf(ReasonWaitingForAddress, "waiting for spec.vtepAddress %s: it is tentative (duplicate address detection runs, or found a duplicate)", vtep)
+	}
+	return op, nil
+}
+
+// addrState is how the namespace holds an address.
+type addrState int
+
+const (
+	addrAbsent addrState = iota
+	addrTentative
+	addrUsable
+)
+
+// holds tells how the interfaces of the namespace hold the address a.
+func (r *NodeReconciler) holds(a netip.Addr) addrState {
+	st := addrAbsent
+	for k, v := range r.addrs.All() {
+		if k.prefix.Addr() != a {
+			continue
+		}
+		if v.flags&(unix.IFA_F_TENTATIVE|unix.IFA_F_DADFAILED) == 0 {
+			return addrUsable
+		}
+		st = addrTentative
+	}
+	return st
+}
+
+// localVTEP returns this host's VTEP address as its Node object has it, if it has one.
+func (r *NodeReconciler) localVTEP() (netip.Addr, bool) {
+	obj, ok := r.store.Get(NodeKey(r.node))
+	if !ok {
+		return netip.Addr{}, false
+	}
+	a, err := netip.ParseAddr(obj.GetNode().GetVtepAddress())
+	return a.Unmap(), err == nil
+}
+
+// fill loads the mirror with a dump, unless one has loaded it already.
+func (r *NodeReconciler) fill(ctx context.Context) error {
+	if r.filled.Load() {
+		return nil
+	}
+	_, err := r.dump(ctx)
+	return err
+}
+
+// dump loads the mirror with a fresh dump of the namespace's addresses (`ip addr show`)
+// and returns the addresses whose state changed.
+func (r *NodeReconciler) dump(ctx context.Context) ([]addrKey, error) {
+	r.dumpMu.Lock()
+	defer r.dumpMu.Unlock()
+	drift, err := r.addrs.Replace(func(add func(addrKey, ifAddr)) error {
+		type entry struct {
+			k addrKey
+			a ifAddr
+		}
+		var got []entry
+		err := r.rtnl.dump(ctx, addrDumpRequest(), func() { got = got[:0] }, func(typ uint16, p []byte) {
+			if k, a, ok := parseAddrMsg(p); ok && typ == unix.RTM_NEWADDR {
+				got = append(got, entry{k, a})
+			}
+		})
+		if err != nil {
+			return fmt.Errorf("listing addresses: %w", err)
+		}
+		for _, e := range got {
+			add(e.k, e.a)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	r.filled.Store(true)
+	return drift, nil
+}
+
+// resync dumps afresh and enqueues this host's Node when its VTEP address changed.
+func (r *NodeReconciler) resync(ctx context.Context, enqueue func(keyID string)) error {
+	drift, err := r.dump(ctx)
+	if err != nil {
+		return err
+	}
+	vtep, ok := r.localVTEP()
+	for _, k := range drift {
+		if ok && k.prefix.Addr() == vtep {
+			enqueue(NodeKey(r.node).ID())
+			return nil
+		}
+	}
+	return nil
+}
+
+// Sweep reads the addresses afresh and enqueues this host's Node when its VTEP address
+// changed without the observer reporting it. There is nothing to remove.
+func (r *NodeReconciler) Sweep(ctx context.Context, enqueue func(keyID string)) error {
+	return r.resync(ctx, enqueue)
+}
+
+// Observe subscribes to address changes, reads the addresses afresh, and then keeps the
+// mirror current, enqueueing this host's Node whenever its VTEP address is added,
+// removed or changes state.
+func (r *NodeReconciler) Observe(ctx context.Context, enqueue func(keyID string), subscribed func()) error {
+	sub, err := subscribeNetlink(r.ns, r.eventBuffer, unix.RTNLGRP_IPV4_IFADDR, unix.RTNLGRP_IPV6_IFADDR)
+	if err != nil {
+		return fmt.Errorf("subscribing to address changes: %w", err)
+	}
+	stop := context.AfterFunc(ctx, func() { sub.Close() })
+	defer func() {
+		stop()
+		sub.Close()
+	}()
+	if err := r.resync(ctx, enqueue); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	subscribed()
+	local := NodeKey(r.node).ID()
+	apply := func(typ uint16, payload []byte) {
+		if typ != unix.RTM_NEWADDR && typ != unix.RTM_DELADDR {
+			return
+		}
+		k, a, ok := parseAddrMsg(payload)
+		if !ok {
+			return
+		}
+		if typ == unix.RTM_NEWADDR {
+			r.addrs.Update(k, a)
+		} else {
+			r.addrs.Remove(k)
+		}
+		if vtep, ok := r.localVTEP(); ok && k.prefix.Addr() == vtep {
+			r.log.Debug("VTEP address changed", "key", local, "address", k.prefix.String())
+			enqueue(local)
+		}
+	}
+	for {
+		err := sub.Receive(apply)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("watching address changes: %w", err)
+		}
+	}
+}
