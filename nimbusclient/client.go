@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,6 +31,7 @@ type Store interface {
 	ClaimDesired() (*delphi.DesiredWriter, error)
 	Resume() (epoch string, revision uint64)
 	Status(key *nimbusv1.ObjectKey) (*nimbusv1.NodeStatus, bool)
+	Statuses() []delphi.StatusEntry
 	Subscribe(opts delphi.SubscribeOptions) (*delphi.Subscription, error)
 }
 
@@ -471,6 +473,10 @@ func (c *Client) report(ctx context.Context, api nimbusv1.NimbusClient) error {
 	// A fresh subscription hands out every key first: all status goes up again. A key's
 	// status also goes up again when its object changes, so a nimbus that lost an object
 	// and got it back (an ephemeral restart) hears the status of the object it has now.
+	// And all status goes up again when this node's Node object changes: nimbus forgets
+	// the statuses of a node whose Node object is deleted, and must hear them again when
+	// it comes back.
+	self := nimbusv1.NewKey(nimbusv1.Kind_KIND_NODE, "", "", c.opts.Node).ID()
 	sub, err := c.store.Subscribe(delphi.SubscribeOptions{Tables: []delphi.Table{delphi.TableStatus, delphi.TableDesired}})
 	if err != nil {
 		return fmt.Errorf("subscribing to status: %w", err)
@@ -481,6 +487,11 @@ func (c *Client) report(ctx context.Context, api nimbusv1.NimbusClient) error {
 		ids, err := sub.Next(stream.Context())
 		if err != nil {
 			return fmt.Errorf("waiting for status changes: %w", err)
+		}
+		if slices.Contains(ids, self) {
+			for _, e := range c.store.Statuses() {
+				ids = append(ids, e.Key.ID())
+			}
 		}
 		// The statuses of one Next go out back to back, without waiting for anything in
 		// between: gRPC's transport writes the messages queued by then together and flushes

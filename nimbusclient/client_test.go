@@ -221,6 +221,45 @@ func TestReconnectResyncsAndResendsStatus(t *testing.T) {
 	waitNodeStatus(t, b, "kept")
 }
 
+// TestNodeRecreatedResendsStatus deletes node a's Node object, which makes nimbus forget
+// every status node a reported, and applies it again: the client sends them all again,
+// although none of them changed.
+func TestNodeRecreatedResendsStatus(t *testing.T) {
+	b := newBus(t)
+	node := &nimbusv1.Object{Meta: &nimbusv1.ObjectMeta{Name: "a"}, Spec: &nimbusv1.Object_Node{Node: &nimbusv1.NodeSpec{VtepAddress: "192.0.2.1"}}}
+	applyNode := func() {
+		if _, err := b.api.Apply(context.Background(), &nimbusv1.ApplyRequest{Object: node}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	applyNode()
+	b.apply(t, "kept", "a")
+	a := startClient(t, b)
+	waitFor(t, "the first snapshot", func() bool { return slices.Equal(a.names(), []string{"kept"}) })
+	if err := a.status.Set(routeKey("kept"), &nimbusv1.NodeStatus{ObservedGeneration: 1, Phase: nimbusv1.Phase_PHASE_PROGRAMMED}); err != nil {
+		t.Fatal(err)
+	}
+	waitNodeStatus(t, b, "kept")
+
+	if _, err := b.api.Delete(context.Background(), &nimbusv1.DeleteRequest{Key: node.Key()}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "nimbus to forget node a's status", func() bool {
+		resp, err := b.api.Get(context.Background(), &nimbusv1.GetRequest{Key: routeKey("kept")})
+		if err != nil {
+			return false
+		}
+		for _, st := range resp.GetItem().GetStatus().GetNodes() {
+			if st.GetNode() == "a" && st.GetPhase() == nimbusv1.Phase_PHASE_PROGRAMMED {
+				return false
+			}
+		}
+		return true
+	})
+	applyNode()
+	waitNodeStatus(t, b, "kept")
+}
+
 func waitNodeStatus(t *testing.T, b *bus, name string) {
 	t.Helper()
 	waitFor(t, "node a's status of "+name+" at nimbus", func() bool {

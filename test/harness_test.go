@@ -45,6 +45,12 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "building binaries:", err)
 		os.Exit(1)
 	}
+	// A binary built with -race sleeps a second when it exits (GORACE's atexit_sleep_ms),
+	// which every naplesctl call and every stopped agent would pay; the races it waits to
+	// report are reported all the same.
+	if os.Getenv("GORACE") == "" {
+		os.Setenv("GORACE", "atexit_sleep_ms=0")
+	}
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)

@@ -2,6 +2,7 @@ package test
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -119,9 +120,14 @@ spec:
 }
 
 // inNetns runs f on an OS thread in the named namespace; sockets f opens stay there.
+// It opens the namespace for the call only, so that calling it in a loop leaks nothing.
 func inNetns(t testing.TB, ns string, f func() error) error {
 	t.Helper()
-	target := testns.Handle(t, ns)
+	target, err := netns.GetFromName(ns)
+	if err != nil {
+		return fmt.Errorf("opening namespace %s: %w", ns, err)
+	}
+	defer target.Close()
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -241,29 +247,66 @@ func nodeYAML(h *host, vtep string) string {
 	return fmt.Sprintf("kind: Node\nmeta: {name: %s}\nspec: {hostname: %s, vtepAddress: %s}\n---\n", h.name, h.name, vtep)
 }
 
-// TestOverlayAcrossHosts runs three networks on two hosts: blue (dual-stack) and green in
-// one tenant, red in another. Workloads of blue reach each other across hosts over UDP
-// and TCP, IPv4 and IPv6; blue and green route to each other through their gateways; red
-// reaches neither. Then every object is deleted and nothing of naples's is left in either
-// host.
+// TestOverlayAcrossHosts runs three networks on three hosts: blue (dual-stack, a workload
+// on every host) and green (a workload on host-b) in one tenant, red (a workload on
+// host-a) in another. Workloads of blue reach each other across hosts over UDP and TCP,
+// IPv4 and IPv6; blue and green route to each other through their gateways; red reaches
+// neither. Then every object is deleted and nothing of naples's is left in any host.
 func TestOverlayAcrossHosts(t *testing.T) {
 	c := newCluster(t)
 	u := newUnderlay(t)
 	a := c.addHost(t, "host-a", "host-a")
 	b := c.addHost(t, "host-b", "host-b")
-	vtepA, vtepB := u.attach(t, a), u.attach(t, b)
-	a.startAgent(t)
-	b.startAgent(t)
+	hc := c.addHost(t, "host-c", "host-c")
+	vtepA, vtepB, vtepC := u.attach(t, a), u.attach(t, b), u.attach(t, hc)
+	for _, h := range []*host{a, b, hc} {
+		h.startAgent(t)
+	}
 
 	blueA := newWorkload(t, a, "wblue-a", "02:00:00:00:01:0a", []string{"10.1.0.10/24", "fd00:1::a/64"}, "10.1.0.1", "fd00:1::1")
 	blueB := newWorkload(t, b, "wblue-b", "02:00:00:00:01:0b", []string{"10.1.0.11/24", "fd00:1::b/64"}, "10.1.0.1", "fd00:1::1")
+	blueC := newWorkload(t, hc, "wblue-c", "02:00:00:00:01:0c", []string{"10.1.0.12/24", "fd00:1::c/64"}, "10.1.0.1", "fd00:1::1")
 	greenB := newWorkload(t, b, "wgreen-b", "02:00:00:00:02:0b", []string{"10.2.0.11/24"}, "10.2.0.1")
 	redA := newWorkload(t, a, "wred-a", "02:00:00:00:03:0a", []string{"10.3.0.10/24"}, "10.3.0.1")
-	for _, w := range []*workload{blueA, blueB, greenB, redA} {
+	for _, w := range []*workload{blueA, blueB, blueC, greenB, redA} {
 		w.serve(t)
 	}
 
-	manifest := nodeYAML(a, vtepA) + nodeYAML(b, vtepB) + `kind: Network
+	manifest := nodeYAML(a, vtepA) + nodeYAML(b, vtepB) + nodeYAML(hc, vtepC) + overlayNetworksYAML +
+		blueA.endpointYAML("default", "blue", a) + blueB.endpointYAML("default", "blue", b) +
+		blueC.endpointYAML("default", "blue", hc) + greenB.endpointYAML("default", "green", b) +
+		redA.endpointYAML("acme", "red", a)
+	c.apply(t, manifest)
+
+	blueA.wantReach(t, blueB.ip(4))
+	blueA.wantReach(t, blueB.ip(6))
+	blueB.wantReach(t, blueA.ip(6))
+	blueC.wantReach(t, blueA.ip(4))
+	blueC.wantReach(t, blueB.ip(6))
+	blueB.wantReach(t, blueC.ip(4))
+	blueA.wantReach(t, greenB.ip(4))
+	greenB.wantReach(t, blueA.ip(4))
+	greenB.wantReach(t, blueC.ip(4))
+	redA.wantNoReach(t, blueA.ip(4))
+	redA.wantNoReach(t, greenB.ip(4))
+	blueA.wantNoReach(t, redA.ip(4))
+	greenB.wantNoReach(t, redA.ip(4))
+	blueC.wantNoReach(t, redA.ip(4))
+
+	c.mustCtl(t, manifest, "delete", "-f", "-")
+	for _, h := range []*host{a, b, hc} {
+		waitFor(t, h.name+" to hold nothing of naples's", func() bool {
+			links := testns.Run(t, "ip", "-n", h.ns, "-d", "link", "show")
+			rules := testns.Run(t, "ip", "-n", h.ns, "rule", "show") + testns.Run(t, "ip", "-n", h.ns, "-6", "rule", "show")
+			return !strings.Contains(links, "naples:") && !strings.Contains(links, "master nbr") &&
+				!strings.Contains(rules, "iif nbr")
+		})
+	}
+}
+
+// overlayNetworksYAML holds the networks of the overlay tests: blue (VNI 100, dual-stack)
+// and green (VNI 200) in the default tenant, red (VNI 300) in tenant acme.
+const overlayNetworksYAML = `kind: Network
 meta: {name: blue}
 spec:
   vni: 100
@@ -279,27 +322,119 @@ kind: Network
 meta: {name: red, tenant: acme}
 spec: {vni: 300, subnet: 10.3.0.0/24, gateway: 10.3.0.1}
 ---
-` + blueA.endpointYAML("default", "blue", a) + blueB.endpointYAML("default", "blue", b) +
-		greenB.endpointYAML("default", "green", b) + redA.endpointYAML("acme", "red", a)
-	c.apply(t, manifest)
+`
 
-	blueA.wantReach(t, blueB.ip(4))
-	blueA.wantReach(t, blueB.ip(6))
-	blueB.wantReach(t, blueA.ip(6))
-	blueA.wantReach(t, greenB.ip(4))
-	greenB.wantReach(t, blueA.ip(4))
-	redA.wantNoReach(t, blueA.ip(4))
-	redA.wantNoReach(t, greenB.ip(4))
-	blueA.wantNoReach(t, redA.ip(4))
-	greenB.wantNoReach(t, redA.ip(4))
+// TestOverlayEndpointMove moves a workload from host-b to host-c: its interface on
+// host-b is deleted, a workload with the same MAC and addresses comes up on host-c, and
+// its Endpoint is applied again with node host-c. The workload on host-a then reaches it
+// again, through the tunnel to host-c.
+func TestOverlayEndpointMove(t *testing.T) {
+	c := newCluster(t)
+	u := newUnderlay(t)
+	a := c.addHost(t, "host-a", "host-a")
+	b := c.addHost(t, "host-b", "host-b")
+	hc := c.addHost(t, "host-c", "host-c")
+	vtepA, vtepB, vtepC := u.attach(t, a), u.attach(t, b), u.attach(t, hc)
+	for _, h := range []*host{a, b, hc} {
+		h.startAgent(t)
+	}
+	const mac = "02:00:00:00:01:0b"
+	addrs := []string{"10.1.0.11/24", "fd00:1::b/64"}
+	blueA := newWorkload(t, a, "wblue-a", "02:00:00:00:01:0a", []string{"10.1.0.10/24", "fd00:1::a/64"}, "10.1.0.1", "fd00:1::1")
+	mover := newWorkload(t, b, "wmover", mac, addrs, "10.1.0.1", "fd00:1::1")
+	blueA.serve(t)
+	mover.serve(t)
+	c.apply(t, nodeYAML(a, vtepA)+nodeYAML(b, vtepB)+nodeYAML(hc, vtepC)+overlayNetworksYAML+
+		blueA.endpointYAML("default", "blue", a)+mover.endpointYAML("default", "blue", b))
+	blueA.wantReach(t, mover.ip(4))
+	blueA.wantReach(t, mover.ip(6))
 
-	c.mustCtl(t, manifest, "delete", "-f", "-")
+	// The workload goes from host-b: deleting its host-side interface deletes its eth0.
+	// It comes back on host-c with the same MAC and addresses.
+	testns.Run(t, "ip", "-n", b.ns, "link", "del", mover.name)
+	moved := newWorkload(t, hc, mover.name, mac, addrs, "10.1.0.1", "fd00:1::1")
+	moved.serve(t)
+	// The echoes start before the apply does: naplesctl, built with the race detector,
+	// sleeps 1 s as it exits (GORACE's atexit_sleep_ms), and the move may be done by then.
+	start := time.Now()
+	first := make(chan time.Duration, 1)
+	go func() { first <- untilExchange(t, blueA, "udp", moved.ip(4), start) }()
+	c.apply(t, moved.endpointYAML("default", "blue", hc))
+	applied := time.Since(start)
+	took := <-first
+	if took < 0 {
+		t.Fatalf("no UDP echo from %s to the moved workload within %v", blueA.name, deadline)
+	}
+	t.Logf("endpoint moved to host-c: first UDP echo from host-a %v after the apply started (naplesctl apply returned after %v)",
+		took.Round(time.Millisecond), applied.Round(time.Millisecond))
+
+	blueA.wantReach(t, moved.ip(4))
+	blueA.wantReach(t, moved.ip(6))
+	moved.wantReach(t, blueA.ip(4))
+	c.waitProgrammed(t, "endpoint", mover.name, "host-c", 2)
 	for _, h := range []*host{a, b} {
-		waitFor(t, h.name+" to hold nothing of naples's", func() bool {
-			links := testns.Run(t, "ip", "-n", h.ns, "-d", "link", "show")
-			rules := testns.Run(t, "ip", "-n", h.ns, "rule", "show") + testns.Run(t, "ip", "-n", h.ns, "-6", "rule", "show")
-			return !strings.Contains(links, "naples:") && !strings.Contains(links, "master nbr") &&
-				!strings.Contains(rules, "iif nbr")
+		_, vx := h.networkDevices(t, "default", "blue")
+		waitFor(t, fmt.Sprintf("%s to forward %s to host-c's VTEP %s", h.name, mac, vtepC), func() bool {
+			fdb := testns.Run(t, "bridge", "-n", h.ns, "fdb", "show", "dev", vx)
+			return strings.Contains(fdb, mac+" dst "+vtepC+" ") && !strings.Contains(fdb, mac+" dst "+vtepB+" ")
 		})
 	}
+}
+
+// firstExchange sends UDP or TCP echoes from the workload to addr, one after the other,
+// until one comes back, and returns the time from start to that echo's return. It fails
+// the test when none comes back within the deadline.
+func firstExchange(t testing.TB, w *workload, proto, addr string, start time.Time) time.Duration {
+	t.Helper()
+	took := untilExchange(t, w, proto, addr, start)
+	if took < 0 {
+		t.Fatalf("no %s echo from %s to %s within %v", proto, w.name, addr, deadline)
+	}
+	return took
+}
+
+// untilExchange is firstExchange for any goroutine: it returns -1 instead of failing
+// the test when no echo comes back within the deadline.
+func untilExchange(t testing.TB, w *workload, proto, addr string, start time.Time) time.Duration {
+	for time.Since(start) < deadline {
+		if w.exchange(t, proto, addr, 50*time.Millisecond) {
+			return time.Since(start)
+		}
+	}
+	return -1
+}
+
+// networkDevices waits until the host holds the bridge and the VXLAN device the agent
+// made for the network of the tenant, the links whose alias names the network
+// ("naples:Network/TENANT/default/NAME"), and returns their names.
+func (h *host) networkDevices(t testing.TB, tenant, network string) (bridge, vxlan string) {
+	t.Helper()
+	alias := fmt.Sprintf("naples:Network/%s/default/%s", tenant, network)
+	waitFor(t, fmt.Sprintf("%s to hold the devices of network %s/%s", h.name, tenant, network), func() bool {
+		bridge, vxlan = "", ""
+		var links []struct {
+			Name     string `json:"ifname"`
+			Alias    string `json:"ifalias"`
+			LinkInfo struct {
+				Kind string `json:"info_kind"`
+			} `json:"linkinfo"`
+		}
+		out := testns.Run(t, "ip", "-n", h.ns, "-j", "-d", "link", "show")
+		if err := json.Unmarshal([]byte(out), &links); err != nil {
+			t.Fatalf("parsing ip -j -d link show: %v\n%s", err, out)
+		}
+		for _, l := range links {
+			if l.Alias != alias {
+				continue
+			}
+			switch l.LinkInfo.Kind {
+			case "bridge":
+				bridge = l.Name
+			case "vxlan":
+				vxlan = l.Name
+			}
+		}
+		return bridge != "" && vxlan != ""
+	})
+	return bridge, vxlan
 }
