@@ -30,6 +30,7 @@ import (
 type Store interface {
 	ClaimDesired() (*delphi.DesiredWriter, error)
 	Resume() (epoch string, revision uint64)
+	Get(key *nimbusv1.ObjectKey) (*nimbusv1.Object, bool)
 	Status(key *nimbusv1.ObjectKey) (*nimbusv1.NodeStatus, bool)
 	Statuses() []delphi.StatusEntry
 	Subscribe(opts delphi.SubscribeOptions) (*delphi.Subscription, error)
@@ -473,10 +474,11 @@ func (c *Client) report(ctx context.Context, api nimbusv1.NimbusClient) error {
 	// A fresh subscription hands out every key first: all status goes up again. A key's
 	// status also goes up again when its object changes, so a nimbus that lost an object
 	// and got it back (an ephemeral restart) hears the status of the object it has now.
-	// And all status goes up again when this node's Node object changes: nimbus forgets
-	// the statuses of a node whose Node object is deleted, and must hear them again when
-	// it comes back.
-	self := nimbusv1.NewKey(nimbusv1.Kind_KIND_NODE, "", "", c.opts.Node).ID()
+	// And all status goes up again when this node's Node object comes or changes: nimbus
+	// forgets the statuses of a node whose Node object is deleted, and must hear them
+	// again when it comes back.
+	selfKey := nimbusv1.NewKey(nimbusv1.Kind_KIND_NODE, "", "", c.opts.Node)
+	self := selfKey.ID()
 	sub, err := c.store.Subscribe(delphi.SubscribeOptions{Tables: []delphi.Table{delphi.TableStatus, delphi.TableDesired}})
 	if err != nil {
 		return fmt.Errorf("subscribing to status: %w", err)
@@ -488,7 +490,7 @@ func (c *Client) report(ctx context.Context, api nimbusv1.NimbusClient) error {
 		if err != nil {
 			return fmt.Errorf("waiting for status changes: %w", err)
 		}
-		if slices.Contains(ids, self) {
+		if _, present := c.store.Get(selfKey); present && slices.Contains(ids, self) {
 			for _, e := range c.store.Statuses() {
 				ids = append(ids, e.Key.ID())
 			}

@@ -19,14 +19,62 @@
 // of being overwritten; deletes name protocol 241, which the kernel matches, so they never
 // remove a foreign route either.
 //
+// # The overlay
+//
+// Three reconcilers make the overlay, VXLAN networks that span nodes. The node reconciler
+// (NodeReconciler) programs nothing: it reports this host's Node PROGRAMMED once an
+// interface holds its VTEP address (spec.vtepAddress; at once when it has none), PENDING
+// with ReasonWaitingForAddress until then, and the other nodes PROGRAMMED. The network
+// reconciler (NetworkReconciler) gives every Network a bridge, which holds its gateway
+// addresses, and a VXLAN device, a port of the bridge, with head-end replication to the
+// other nodes that have endpoints in the network; it routes each subnet through the bridge
+// in its tenant's policy-routing table (TenantTable), which rules send what enters through
+// the bridge to, so that networks of one tenant route to each other and never to another
+// tenant's. The endpoint reconciler (EndpointReconciler) attaches a local endpoint's host
+// interface to its network's bridge, and makes a remote endpoint reachable through the
+// tunnel to its node's VTEP: static FDB entries of its MAC on the VXLAN device and the
+// bridge, and a permanent neighbour on the bridge for each of its addresses. Objects that
+// wait for another (a network for this host's Node, an endpoint for its network) are
+// PENDING, and the HAL reconciles them when that one comes (hal.Dependent).
+//
+// The overlay's kernel objects are named and marked after the key ID K of the object that
+// owns them. A network's devices are BridgeName(K) and VXLANName(K), "nbr" and "nvx"
+// followed by 8 hex digits of the SHA-256 of K, the same on every node; every link the
+// overlay creates has the alias OwnerAlias(K), "naples:K" (`ip link set DEV alias`), and a
+// link of such a name without the alias is someone else's: the network is FAILED with
+// reason hal.ReasonConflict and the link left alone. Overlay routes and the rules of a
+// network's bridge carry protocol 242 (OverlayRouteProtocol), not 241, so the route
+// reconciler never sweeps them. Endpoints create no link: their FDB entries and neighbours
+// are the static and permanent ones on a network's devices, and an interface is theirs
+// while it is a port of a network's bridge.
+//
+// # Interfaces
+//
+// The interface reconciler (InterfaceReconciler) programs Interface objects, host NICs
+// that someone else created and that naples never creates or deletes: their
+// administrative state, MTU and addresses. The addresses it adds carry address protocol
+// 242 (AddressProtocol, the kernel's IFA_PROTO), so a restarted agent recognises them and
+// never removes an address it did not add; one that an object lists and someone else
+// added is left alone, and the object is FAILED with reason hal.ReasonConflict, as is an
+// object that names a link naples created for another object. Every StatsInterval its
+// observer refreshes the links' counters, which the objects' statuses report.
+//
+// # Reading and writing the kernel
+//
+// Every reconciler reads the kernel from mirrors (hal.Mirror) of the objects it cares
+// for, each loaded by one dump over a socket of its own (started over when the kernel
+// reports it interrupted by a change), kept current by its observer's subscription,
+// which reads notifications many to a recvmmsg and decodes them as the dumps are decoded,
+// and dumped afresh when the observer starts (also after an overflow) and at every sweep.
+//
 // Writes go to the kernel through a batcher (nlBatcher), one netlink socket per
 // reconciler: a writer goroutine sends every request pending whenever it is free, many in
 // one sendmsg, each with its own sequence number and NLM_F_ACK, and each caller gets the
 // kernel's answer to its own request, so that concurrent reconciles share system calls
-// and a route the kernel refuses fails only its own reconcile. The observer reads route
-// notifications many to a recvmmsg and decodes only what the mirror keeps.
+// and a write the kernel refuses fails only its own reconcile.
 //
-// Every netlink request is bounded by RouteOptions.Timeout and checks its context first,
-// so a stuck kernel fails a reconcile, which is retried, instead of pinning a worker or
-// blocking shutdown; a request whose context ends before it is sent is not sent.
+// Every netlink request is bounded by the reconciler's Timeout option and checks its
+// context first, so a stuck kernel fails a reconcile, which is retried, instead of
+// pinning a worker or blocking shutdown; a request whose context ends before it is sent
+// is not sent.
 package linux

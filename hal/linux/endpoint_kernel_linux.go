@@ -2,23 +2,21 @@ package linux
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"strings"
 	"sync"
 
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
 	"github.com/naplesnet/naples/hal"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
-// The kernel state the endpoint reconciler reads, in the forms its mirrors keep, and the
-// netlink messages it reads and writes. The mirrors hold:
+// The kernel state the endpoint reconciler reads, in the forms its mirrors keep, the
+// decoders of the kernel's messages about it, which serve dumps and notifications alike,
+// and the requests that change it. The mirrors hold:
 //
 //   - every link of the namespace (`ip link`), by interface index: its name, alias,
 //     master, MTU and whether it is up;
@@ -202,28 +200,18 @@ func parseEPLink(b []byte) (index int32, l epLink, ok bool) {
 	ne := binary.NativeEndian
 	index = int32(ne.Uint32(b[4:8]))
 	l.up = ne.Uint32(b[8:12])&unix.IFF_UP != 0
-	for attrs := b[unix.SizeofIfInfomsg:]; len(attrs) >= unix.SizeofRtAttr; {
-		n := int(ne.Uint16(attrs[0:2]))
-		if n < unix.SizeofRtAttr || n > len(attrs) {
-			break
-		}
-		v := attrs[unix.SizeofRtAttr:n]
-		switch ne.Uint16(attrs[2:4]) & nlaTypeMask {
+	eachAttr(b[unix.SizeofIfInfomsg:], func(typ uint16, v []byte) {
+		switch typ {
 		case unix.IFLA_IFNAME:
-			l.name = unix.ByteSliceToString(v)
+			l.name = cString(v)
 		case unix.IFLA_IFALIAS:
-			l.alias = unix.ByteSliceToString(v)
+			l.alias = cString(v)
 		case unix.IFLA_MTU:
-			if len(v) >= 4 {
-				l.mtu = ne.Uint32(v)
-			}
+			l.mtu = attrUint32(v)
 		case unix.IFLA_MASTER:
-			if len(v) >= 4 {
-				l.master = int32(ne.Uint32(v))
-			}
+			l.master = int32(attrUint32(v))
 		}
-		attrs = attrs[min(len(attrs), rtaAlign(n)):]
-	}
+	})
 	return index, l, index > 0 && l.name != ""
 }
 
@@ -253,13 +241,8 @@ func parseNeighMsg(b []byte) (m neighMsg, ok bool) {
 	m.family = b[0]
 	m.ifindex = int32(ne.Uint32(b[4:8]))
 	m.state = ne.Uint16(b[8:10])
-	for attrs := b[unix.SizeofNdMsg:]; len(attrs) >= unix.SizeofRtAttr; {
-		n := int(ne.Uint16(attrs[0:2]))
-		if n < unix.SizeofRtAttr || n > len(attrs) {
-			break
-		}
-		v := attrs[unix.SizeofRtAttr:n]
-		switch ne.Uint16(attrs[2:4]) & nlaTypeMask {
+	eachAttr(b[unix.SizeofNdMsg:], func(typ uint16, v []byte) {
+		switch typ {
 		case unix.NDA_DST:
 			a, _ := netip.AddrFromSlice(v)
 			m.dst = a.Unmap()
@@ -275,8 +258,7 @@ func parseNeighMsg(b []byte) (m neighMsg, ok bool) {
 		case unix.NDA_MASTER:
 			m.master = true
 		}
-		attrs = attrs[min(len(attrs), rtaAlign(n)):]
-	}
+	})
 	return m, m.ifindex > 0
 }
 
@@ -354,145 +336,13 @@ func appendNeighborRequest(b []byte, typ uint16, k neighKey, e neighEntry) []byt
 // when set, its MTU, and sets it up when up is true: `ip link set DEV master BR mtu M up`,
 // or `ip link set DEV nomaster`.
 func appendSetLinkRequest(b []byte, index, master int32, mtu uint32, up bool) []byte {
-	b = nlMessage(b, unix.RTM_NEWLINK, 0)
-	var flags, change uint32
+	var flags uint32
 	if up {
-		flags, change = unix.IFF_UP, unix.IFF_UP
+		flags = unix.IFF_UP
 	}
-	// struct ifinfomsg: family, pad, type, index, flags, change.
-	b = append(b, unix.AF_UNSPEC, 0, 0, 0)
-	b = binary.NativeEndian.AppendUint32(b, uint32(index))
-	b = binary.NativeEndian.AppendUint32(b, flags)
-	b = binary.NativeEndian.AppendUint32(b, change)
+	b = appendIfInfo(nlMessage(b, unix.RTM_NEWLINK, 0), unix.AF_UNSPEC, index, flags, flags)
 	if mtu != 0 {
 		b = appendAttrUint32(b, unix.IFLA_MTU, mtu)
 	}
 	return appendAttrUint32(b, unix.IFLA_MASTER, uint32(master))
-}
-
-// epDumper reads the kernel's links, FDB entries and neighbours over one netlink socket.
-type epDumper struct {
-	sockets map[int]*nl.SocketHandle
-}
-
-// dump sends a dump request of the type with the header hdr (struct ifinfomsg or
-// ndmsg) and calls f with the payload of every message of the answer; f must not keep
-// it. A dump that the kernel reports interrupted (NLM_F_DUMP_INTR) is an error wrapping
-// netlink.ErrDumpInterrupted, after f saw what it returned.
-func (d *epDumper) dump(typ, resType uint16, hdr []byte, f func(payload []byte)) error {
-	req := &nl.NetlinkRequest{
-		NlMsghdr: unix.NlMsghdr{Len: unix.SizeofNlMsghdr, Type: typ, Flags: unix.NLM_F_REQUEST | unix.NLM_F_DUMP},
-		Sockets:  d.sockets,
-	}
-	req.AddRawData(hdr)
-	return req.ExecuteIter(unix.NETLINK_ROUTE, resType, func(m []byte) bool {
-		f(m)
-		return true
-	})
-}
-
-// epRetryDump runs dump, which hands every message of the answer to the function it is
-// given, until the kernel reports a dump complete, at most dumpAttempts times; parse turns
-// a message into what it hands to its second argument, if anything, and add is called
-// with what the complete dump returned.
-func epRetryDump[T any](what string, dump func(f func([]byte)) error, parse func([]byte, func(T)), add func(T)) error {
-	for attempt := 1; ; attempt++ {
-		var got []T
-		err := dump(func(b []byte) { parse(b, func(v T) { got = append(got, v) }) })
-		if errors.Is(err, netlink.ErrDumpInterrupted) && attempt < dumpAttempts {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("listing %s: %w", what, err)
-		}
-		for _, v := range got {
-			add(v)
-		}
-		return nil
-	}
-}
-
-// epLinkDumpHeader is the header of a link dump request: struct ifinfomsg of AF_UNSPEC.
-var epLinkDumpHeader = make([]byte, unix.SizeofIfInfomsg)
-
-// epNeighDumpHeader returns the header of a neighbour or FDB dump request: struct ndmsg of the
-// family.
-func epNeighDumpHeader(family uint8) []byte {
-	h := make([]byte, unix.SizeofNdMsg)
-	h[0] = family
-	return h
-}
-
-// epDumpedLink is a dumped link.
-type epDumpedLink struct {
-	index int32
-	link  epLink
-}
-
-// dumpLinks reads every link (`ip link show`) and calls add with each.
-func (d *epDumper) dumpLinks(add func(int32, epLink)) error {
-	return epRetryDump("links",
-		func(f func([]byte)) error { return d.dump(unix.RTM_GETLINK, unix.RTM_NEWLINK, epLinkDumpHeader, f) },
-		func(b []byte, out func(epDumpedLink)) {
-			if i, l, ok := parseEPLink(b); ok {
-				out(epDumpedLink{i, l})
-			}
-		},
-		func(l epDumpedLink) { add(l.index, l.link) })
-}
-
-// epDumpedFDB is a dumped FDB entry.
-type epDumpedFDB struct {
-	key   fdbKey
-	entry fdbEntry
-}
-
-// dumpFDB reads every static FDB entry without a VLAN (`bridge fdb show`) and calls add
-// with each.
-func (d *epDumper) dumpFDB(add func(fdbKey, fdbEntry)) error {
-	return epRetryDump("FDB entries",
-		func(f func([]byte)) error {
-			return d.dump(unix.RTM_GETNEIGH, unix.RTM_NEWNEIGH, epNeighDumpHeader(unix.AF_BRIDGE), f)
-		},
-		func(b []byte, out func(epDumpedFDB)) {
-			m, ok := parseNeighMsg(b)
-			if !ok || m.family != unix.AF_BRIDGE {
-				return
-			}
-			if k, e, static := m.fdb(); static {
-				out(epDumpedFDB{k, e})
-			}
-		},
-		func(e epDumpedFDB) { add(e.key, e.entry) })
-}
-
-// epDumpedNeigh is a dumped neighbour.
-type epDumpedNeigh struct {
-	key   neighKey
-	entry neighEntry
-}
-
-// dumpNeighbours reads every permanent neighbour of both families (`ip neigh show nud
-// permanent`) and calls add with each.
-func (d *epDumper) dumpNeighbours(add func(neighKey, neighEntry)) error {
-	for _, family := range []uint8{unix.AF_INET, unix.AF_INET6} {
-		err := epRetryDump("neighbours",
-			func(f func([]byte)) error {
-				return d.dump(unix.RTM_GETNEIGH, unix.RTM_NEWNEIGH, epNeighDumpHeader(family), f)
-			},
-			func(b []byte, out func(epDumpedNeigh)) {
-				m, ok := parseNeighMsg(b)
-				if !ok || m.family != family {
-					return
-				}
-				if k, e, permanent := m.neigh(); permanent {
-					out(epDumpedNeigh{k, e})
-				}
-			},
-			func(e epDumpedNeigh) { add(e.key, e.entry) })
-		if err != nil {
-			return err
-		}
-	}
-	return nil
 }

@@ -10,10 +10,8 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
@@ -126,27 +124,16 @@ type EndpointOptions struct {
 // dump, kept current by the observer and dumped afresh by every sweep, and writes only
 // what differs.
 type EndpointReconciler struct {
-	store       OverlayStore
-	node        string
-	ns          *netns.NsHandle
-	eventBuffer int
-	log         *slog.Logger
-	// nl carries the writes, many to a sendmsg; reader and its socket read the kernel.
-	nl     *nlBatcher
-	reader *epDumper
-	sock   *nl.NetlinkSocket
-	writes atomic.Uint64
-	// dumps counts the full reads of the kernel, for tests.
-	dumps atomic.Uint64
+	// rtnlConn carries the writes, many to a sendmsg, and reads the kernel.
+	*rtnlConn
+	// mirrorLoader runs the reads of the kernel into the mirrors.
+	mirrorLoader
+	store OverlayStore
+	node  string
 
 	links *epLinkTable
 	fdb   *hal.Mirror[fdbKey, fdbEntry]
 	neigh *hal.Mirror[neighKey, neighEntry]
-
-	// dumpMu serializes the reads of the kernel into the mirrors; filled is set once one
-	// has loaded them.
-	dumpMu sync.Mutex
-	filled atomic.Bool
 
 	// locks serializes work on one kernel entry (endpointLock) between the workers of
 	// different endpoints and the sweeper: whoever holds it reads the store and the
@@ -281,58 +268,25 @@ func NewEndpointReconciler(opts EndpointOptions) (*EndpointReconciler, error) {
 	if opts.Node == "" {
 		return nil, errors.New("endpoint reconciler: EndpointOptions.Node is required")
 	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	if opts.Timeout <= 0 {
-		opts.Timeout = 10 * time.Second
-	}
-	if opts.EventBuffer <= 0 {
-		opts.EventBuffer = 32 << 20
-	}
-	target := netns.None()
-	if opts.Namespace != nil {
-		target = *opts.Namespace
-	}
-	sock, err := nl.GetNetlinkSocketAt(target, netns.None(), unix.NETLINK_ROUTE)
+	c, err := openRTNLConn(rtnlConnOptions{Namespace: opts.Namespace, Timeout: opts.Timeout,
+		EventBuffer: opts.EventBuffer, DefaultEventBuffer: 32 << 20, Logger: opts.Logger, Writes: true})
 	if err != nil {
-		return nil, fmt.Errorf("opening netlink socket: %w", err)
-	}
-	tv := unix.NsecToTimeval(opts.Timeout.Nanoseconds())
-	if err := errors.Join(sock.SetSendTimeout(&tv), sock.SetReceiveTimeout(&tv)); err != nil {
-		sock.Close()
-		return nil, fmt.Errorf("setting netlink timeout %v: %w", opts.Timeout, err)
-	}
-	b, err := newNLBatcher(nlBatcherOptions{Namespace: opts.Namespace, Protocol: unix.NETLINK_ROUTE, Timeout: opts.Timeout})
-	if err != nil {
-		sock.Close()
 		return nil, err
 	}
 	return &EndpointReconciler{
-		store:       opts.Store,
-		node:        opts.Node,
-		ns:          opts.Namespace,
-		eventBuffer: opts.EventBuffer,
-		log:         opts.Logger,
-		nl:          b,
-		reader:      &epDumper{sockets: map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: {Socket: sock}}},
-		sock:        sock,
-		links:       newEPLinkTable(),
-		fdb:         hal.NewMirror[fdbKey, fdbEntry](func(have, want fdbEntry) bool { return have == want }, fdbKey.hash),
-		neigh:       hal.NewMirror[neighKey, neighEntry](func(have, want neighEntry) bool { return have == want }, neighKey.hash),
-		programmed:  map[string]endpointRefs{},
+		rtnlConn:   c,
+		store:      opts.Store,
+		node:       opts.Node,
+		links:      newEPLinkTable(),
+		fdb:        hal.NewMirror[fdbKey, fdbEntry](func(have, want fdbEntry) bool { return have == want }, fdbKey.hash),
+		neigh:      hal.NewMirror[neighKey, neighEntry](func(have, want neighEntry) bool { return have == want }, neighKey.hash),
+		programmed: map[string]endpointRefs{},
 	}, nil
 }
 
 // Close releases the netlink sockets. It is safe to call twice.
 func (r *EndpointReconciler) Close() error {
-	r.nl.Close()
-	r.dumpMu.Lock()
-	defer r.dumpMu.Unlock()
-	if r.sock != nil {
-		r.sock.Close()
-		r.sock = nil
-	}
+	r.close()
 	return nil
 }
 
@@ -823,13 +777,9 @@ func (r *EndpointReconciler) writeFDB(ctx context.Context, k fdbKey, e fdbEntry)
 		return err
 	}
 	msg := appendFDBRequest(r.nl.buffer(), unix.RTM_NEWNEIGH, k, e)
-	w := r.fdb.Expect(k, e)
-	if err := r.nl.Do(ctx, msg); err != nil {
-		w.Fail()
+	if _, err := kernelWrite(ctx, r.rtnlConn, r.fdb.Expect(k, e), msg); err != nil {
 		return hal.Errorf(hal.ReasonKernelError, "adding FDB entry %s: %w", r.describeFDB(k, e), err)
 	}
-	w.Done()
-	r.writes.Add(1)
 	if r.log.Enabled(ctx, slog.LevelDebug) {
 		r.log.Debug("FDB entry written", "entry", r.describeFDB(k, e))
 	}
@@ -842,19 +792,11 @@ func (r *EndpointReconciler) deleteFDB(ctx context.Context, k fdbKey) error {
 		return err
 	}
 	msg := appendFDBRequest(r.nl.buffer(), unix.RTM_DELNEIGH, k, fdbEntry{})
-	w := r.fdb.ExpectGone(k)
-	err := r.nl.Do(ctx, msg)
-	switch {
-	case errors.Is(err, unix.ENOENT):
-		w.Gone()
-		return nil
-	case err != nil:
-		w.Fail()
+	took, err := kernelWrite(ctx, r.rtnlConn, r.fdb.ExpectGone(k), msg, unix.ENOENT, unix.ENODEV)
+	if err != nil {
 		return hal.Errorf(hal.ReasonKernelError, "deleting FDB entry %s: %w", r.describeFDB(k, fdbEntry{}), err)
 	}
-	w.Done()
-	r.writes.Add(1)
-	if r.log.Enabled(ctx, slog.LevelDebug) {
+	if took && r.log.Enabled(ctx, slog.LevelDebug) {
 		r.log.Debug("FDB entry deleted", "entry", r.describeFDB(k, fdbEntry{}))
 	}
 	return nil
@@ -866,13 +808,9 @@ func (r *EndpointReconciler) writeNeigh(ctx context.Context, k neighKey, e neigh
 		return err
 	}
 	msg := appendNeighborRequest(r.nl.buffer(), unix.RTM_NEWNEIGH, k, e)
-	w := r.neigh.Expect(k, e)
-	if err := r.nl.Do(ctx, msg); err != nil {
-		w.Fail()
+	if _, err := kernelWrite(ctx, r.rtnlConn, r.neigh.Expect(k, e), msg); err != nil {
 		return hal.Errorf(hal.ReasonKernelError, "adding neighbour %s lladdr %s dev %s: %w", k.ip, epMACString(e.mac), r.deviceName(k.ifindex), err)
 	}
-	w.Done()
-	r.writes.Add(1)
 	return nil
 }
 
@@ -882,18 +820,9 @@ func (r *EndpointReconciler) deleteNeigh(ctx context.Context, k neighKey) error 
 		return err
 	}
 	msg := appendNeighborRequest(r.nl.buffer(), unix.RTM_DELNEIGH, k, neighEntry{})
-	w := r.neigh.ExpectGone(k)
-	err := r.nl.Do(ctx, msg)
-	switch {
-	case errors.Is(err, unix.ENOENT):
-		w.Gone()
-		return nil
-	case err != nil:
-		w.Fail()
+	if _, err := kernelWrite(ctx, r.rtnlConn, r.neigh.ExpectGone(k), msg, unix.ENOENT, unix.ENODEV); err != nil {
 		return hal.Errorf(hal.ReasonKernelError, "deleting neighbour %s dev %s: %w", k.ip, r.deviceName(k.ifindex), err)
 	}
-	w.Done()
-	r.writes.Add(1)
 	return nil
 }
 
@@ -911,16 +840,12 @@ func (r *EndpointReconciler) setLink(ctx context.Context, key string, index int3
 	}
 	want.up = want.up || up
 	msg := appendSetLinkRequest(r.nl.buffer(), index, master, mtu, up)
-	w := r.links.mirror.Expect(index, want)
-	if err := r.nl.Do(ctx, msg); err != nil {
-		w.Fail()
+	if _, err := kernelWrite(ctx, r.rtnlConn, r.links.mirror.Expect(index, want), msg); err != nil {
 		if master == 0 {
 			return hal.Errorf(hal.ReasonKernelError, "releasing interface %s from %s: %w", l.name, r.deviceName(l.master), err)
 		}
 		return hal.Errorf(hal.ReasonKernelError, "attaching interface %s to %s: %w", l.name, r.deviceName(master), err)
 	}
-	w.Done()
-	r.writes.Add(1)
 	if master == 0 {
 		r.log.Info("interface released", "interface", l.name, "bridge", r.deviceName(l.master))
 	} else {
@@ -976,33 +901,9 @@ func (r *EndpointReconciler) Sweep(ctx context.Context, enqueue func(keyID strin
 // that changed or went, the endpoints that name an interface that came, went or changed,
 // and every endpoint of a network whose bridge or VXLAN device came, went or changed.
 func (r *EndpointReconciler) Observe(ctx context.Context, enqueue func(keyID string), subscribed func()) error {
-	sub, err := subscribeNetlink(r.ns, r.eventBuffer, unix.RTNLGRP_LINK, unix.RTNLGRP_NEIGH)
-	if err != nil {
-		return fmt.Errorf("subscribing to link and neighbour changes: %w", err)
-	}
-	stop := context.AfterFunc(ctx, func() { sub.Close() })
-	defer func() {
-		stop()
-		sub.Close()
-	}()
-	// Subscribed first, then dumped: a change the dump misses is reported after it.
-	if err := r.resync(ctx, enqueue); err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return err
-	}
-	subscribed()
-	apply := func(typ uint16, payload []byte) { r.apply(typ, payload, enqueue) }
-	for {
-		err := sub.Receive(apply)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("watching link and neighbour changes: %w", err)
-		}
-	}
+	return r.observe(ctx, "link and neighbour changes", []uint{unix.RTNLGRP_LINK, unix.RTNLGRP_NEIGH},
+		func(ctx context.Context) error { return r.resync(ctx, enqueue) }, subscribed,
+		func(typ uint16, payload []byte) { r.apply(typ, payload, enqueue) })
 }
 
 // apply applies a notification to the mirrors and enqueues the endpoints it concerns,
@@ -1123,63 +1024,77 @@ func (r *EndpointReconciler) enqueueOwner(index, value string, enqueue func(keyI
 
 // fill loads the mirrors with a dump, unless one has loaded them already.
 func (r *EndpointReconciler) fill(ctx context.Context) error {
-	if r.filled.Load() {
-		return nil
-	}
-	return r.resync(ctx, nil)
+	return r.loadOnce(ctx, func(ctx context.Context) error {
+		_, err := r.dump(ctx)
+		return err
+	})
 }
 
-// resync loads the mirrors with a fresh dump and, unless it is their first load or
-// enqueue is nil, enqueues the endpoints whose kernel state the dump found changed.
-func (r *EndpointReconciler) resync(ctx context.Context, enqueue func(keyID string)) error {
-	r.dumpMu.Lock()
-	defer r.dumpMu.Unlock()
-	if enqueue == nil && r.filled.Load() {
-		return nil // fill, and another caller filled them meanwhile
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	if r.sock == nil {
-		return errors.New("endpoint reconciler closed")
-	}
-	first := !r.filled.Load()
-	r.dumps.Add(1)
-	before := map[int32]epLink{}
+// endpointDrift is what a dump found changed: the links as they were before it, and the
+// keys of the links, FDB entries and neighbours whose state it found different.
+type endpointDrift struct {
+	before map[int32]epLink
+	links  []int32
+	fdb    []fdbKey
+	neigh  []neighKey
+}
+
+// dump loads the mirrors with a fresh dump of links (`ip link show`), static FDB
+// entries without a VLAN (`bridge fdb show`) and permanent neighbours of both families
+// (`ip neigh show nud permanent`), and returns what it found changed.
+func (r *EndpointReconciler) dump(ctx context.Context) (d endpointDrift, err error) {
+	d.before = map[int32]epLink{}
 	for i, l := range r.links.mirror.All() {
-		before[i] = l
+		d.before[i] = l
 	}
-	linkDrift, err := r.links.mirror.Replace(r.reader.dumpLinks)
-	if err != nil {
-		return err
+	if d.links, err = dumpMirror(ctx, r.rtnlConn, r.links.mirror, "links", unix.RTM_NEWLINK, parseEPLink, linkDumpRequest()); err != nil {
+		return d, err
 	}
 	r.links.renamed()
-	fdbDrift, err := r.fdb.Replace(r.reader.dumpFDB)
-	if err != nil {
+	if d.fdb, err = dumpMirror(ctx, r.rtnlConn, r.fdb, "FDB entries", unix.RTM_NEWNEIGH, func(p []byte) (fdbKey, fdbEntry, bool) {
+		m, ok := parseNeighMsg(p)
+		if !ok || m.family != unix.AF_BRIDGE {
+			return fdbKey{}, fdbEntry{}, false
+		}
+		return m.fdb()
+	}, neighDumpRequest(unix.AF_BRIDGE)); err != nil {
+		return d, err
+	}
+	d.neigh, err = dumpMirror(ctx, r.rtnlConn, r.neigh, "neighbours", unix.RTM_NEWNEIGH, func(p []byte) (neighKey, neighEntry, bool) {
+		m, ok := parseNeighMsg(p)
+		if !ok || (m.family != unix.AF_INET && m.family != unix.AF_INET6) {
+			return neighKey{}, neighEntry{}, false
+		}
+		return m.neigh()
+	}, neighDumpRequest(unix.AF_INET), neighDumpRequest(unix.AF_INET6))
+	return d, err
+}
+
+// resync loads the mirrors with a fresh dump and, unless it is their first load,
+// enqueues the endpoints whose kernel state the dump found changed.
+func (r *EndpointReconciler) resync(ctx context.Context, enqueue func(keyID string)) error {
+	var d endpointDrift
+	first, err := r.loadAgain(ctx, func(ctx context.Context) (err error) {
+		d, err = r.dump(ctx)
+		return err
+	})
+	if err != nil || first {
 		return err
 	}
-	neighDrift, err := r.neigh.Replace(r.reader.dumpNeighbours)
-	if err != nil {
-		return err
-	}
-	r.filled.Store(true)
-	if first || enqueue == nil {
-		return nil
-	}
-	for _, i := range linkDrift {
-		if old, ok := before[i]; ok {
+	for _, i := range d.links {
+		if old, ok := d.before[i]; ok {
 			r.enqueueForLink(old, enqueue)
 		}
 		if l, ok := r.links.get(i); ok {
 			r.enqueueForLink(l, enqueue)
 		}
 	}
-	for _, k := range fdbDrift {
+	for _, k := range d.fdb {
 		if network, _, vx := r.links.networkDevice(k.ifindex); vx {
 			r.enqueueOwner(EndpointMACIndex.Name, macIndexValue(network, k.mac), enqueue)
 		}
 	}
-	for _, k := range neighDrift {
+	for _, k := range d.neigh {
 		if network, bridge, _ := r.links.networkDevice(k.ifindex); bridge {
 			r.enqueueOwner(EndpointIPIndex.Name, ipIndexValue(network, k.ip), enqueue)
 		}

@@ -33,27 +33,17 @@ func epIndexes() []delphi.Index {
 // epHost is a test host for the endpoint reconciler: a fresh namespace, a delphi store
 // and a reconciler for the host's node.
 type epHost struct {
-	ns      string
-	nsh     netns.NsHandle
-	node    string
-	store   *delphi.Store
-	desired *delphi.DesiredWriter
-	rec     *EndpointReconciler
+	testStore
+	ns   string
+	nsh  netns.NsHandle
+	node string
+	rec  *EndpointReconciler
 }
 
 func newEPHost(t testing.TB, prefix, node string) *epHost {
 	t.Helper()
 	ns := testns.Named(t, prefix)
-	h := &epHost{ns: ns, nsh: testns.Handle(t, ns), node: node}
-	store, err := delphi.Open(delphi.Options{Indexes: epIndexes(), Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	h.store = store
-	if h.desired, err = store.ClaimDesired(); err != nil {
-		t.Fatal(err)
-	}
+	h := &epHost{testStore: newTestStore(t, epIndexes()), ns: ns, nsh: testns.Handle(t, ns), node: node}
 	h.rec = h.newReconciler(t)
 	return h
 }
@@ -94,32 +84,9 @@ func (h *epHost) networkDevices(t testing.TB, networkID, vni, local string) {
 	h.run(t, "bridge", "link", "set", "dev", vx, "learning", "off", "neigh_suppress", "on")
 }
 
-func (h *epHost) put(t testing.TB, objs ...*nimbusv1.Object) {
-	t.Helper()
-	txn := &delphi.DesiredTxn{}
-	for _, o := range objs {
-		txn.Put(o)
-	}
-	if err := h.desired.Commit(txn); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func (h *epHost) del(t testing.TB, keys ...*nimbusv1.ObjectKey) {
-	t.Helper()
-	txn := &delphi.DesiredTxn{}
-	for _, k := range keys {
-		txn.Delete(k)
-	}
-	if err := h.desired.Commit(txn); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // reconcileWith runs rec the way the HAL does: with the object delphi holds now.
 func (h *epHost) reconcileWith(rec *EndpointReconciler, key *nimbusv1.ObjectKey) (map[string]string, error) {
-	obj, _ := h.store.Get(key)
-	return rec.Reconcile(context.Background(), key, obj)
+	return h.reconcileStored(rec, key)
 }
 
 // reconcile runs the host's reconciler on key and fails the test when it fails.
@@ -136,37 +103,13 @@ func (h *epHost) reconcile(t *testing.T, key *nimbusv1.ObjectKey) map[string]str
 // keys it enqueues arrive on the returned channel.
 func (h *epHost) observe(t *testing.T, rec *EndpointReconciler) <-chan string {
 	t.Helper()
-	enqueued := make(chan string, 10000)
-	subscribed := make(chan struct{})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- rec.Observe(ctx, func(id string) { enqueued <- id }, func() { close(subscribed) })
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Observe: %v", err)
-		}
-	})
-	select {
-	case <-subscribed:
-	case err := <-done:
-		t.Fatalf("Observe ended before it subscribed: %v", err)
-	}
-	return enqueued
+	return runObserver(t, rec)
 }
 
 // epNextEnqueued returns the next key the observer enqueues.
 func epNextEnqueued(t *testing.T, enqueued <-chan string, what string) string {
 	t.Helper()
-	select {
-	case id := <-enqueued:
-		return id
-	case <-time.After(20 * time.Second):
-		t.Fatalf("timed out waiting for the observer to enqueue %s", what)
-		return ""
-	}
+	return nextEnqueued(t, enqueued, what)
 }
 
 // epAwaitEnqueued waits until the observer enqueues id.
@@ -646,23 +589,7 @@ func TestEndpointHAL(t *testing.T) {
 	remote := epEndpoint("web", "net1", "node-b", "", "02:00:00:00:00:01", "10.1.0.5")
 	h.put(t, network, epNode("node-a", "192.0.2.1"), local, remote)
 
-	store, err := hal.Delphi(h.store)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hl, err := hal.New(hal.Options{Store: store, Reconcilers: []hal.Reconciler{h.rec}, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- hl.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	runHAL(t, h.store, hal.Options{Reconcilers: []hal.Reconciler{h.rec}})
 	pending := func(key *nimbusv1.ObjectKey, reason, message string) {
 		t.Helper()
 		waitStatus(t, h.store, key, func(s *nimbusv1.NodeStatus) bool {

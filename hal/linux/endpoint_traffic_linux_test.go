@@ -3,7 +3,6 @@ package linux
 import (
 	"errors"
 	"net"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -15,30 +14,7 @@ import (
 )
 
 // epInNamespace runs f on a thread in the namespace: sockets it opens stay there.
-func epInNamespace(ns netns.NsHandle, f func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		// A thread that cannot go back to its namespace stays locked, and ends with the
-		// goroutine.
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(ns); err != nil {
-			errc <- err
-			return
-		}
-		err = f()
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- err
-	}()
-	return <-errc
-}
+func epInNamespace(ns netns.NsHandle, f func() error) error { return runInNamespace(&ns, f) }
 
 // TestEndpointTrafficCrossesTheTunnel programs two hosts, each with a workload, and sends
 // a UDP datagram from one workload to the other: the sending host's bridge answers the

@@ -9,12 +9,10 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -99,10 +97,7 @@ func sameIfaceLink(have, want ifaceLink) bool {
 
 // ifaceAddrID identifies an address in the kernel: its link and its address with prefix
 // length, as `ip address` shows it (10.0.0.1/24, not masked).
-type ifaceAddrID struct {
-	index  int32
-	prefix netip.Prefix
-}
+type ifaceAddrID = addrKey
 
 // ifaceAddr is what the address mirror keeps of an address: who added it.
 type ifaceAddr struct {
@@ -145,16 +140,13 @@ type ifaceAddr struct {
 // and the counters rxBytes, txBytes, rxPackets, txPackets, rxErrors, txErrors, rxDropped
 // and txDropped, in decimal.
 type InterfaceReconciler struct {
+	// rtnlConn carries the writes and reads the dumps of links and addresses.
+	*rtnlConn
+	// mirrorLoader runs the dumps that load the mirrors; dumpMu also serializes the
+	// dumps of links that refresh the counters.
+	mirrorLoader
 	store         InterfaceStore
-	ns            *netns.NsHandle
-	nl            *nlBatcher
-	timeout       time.Duration
-	eventBuffer   int
 	statsInterval time.Duration
-	log           *slog.Logger
-	writes        atomic.Uint64
-	// dumps counts the dumps of links and of addresses, for tests.
-	dumps atomic.Uint64
 
 	// links mirrors every link of the namespace by name; addrs every address.
 	links *hal.Mirror[string, ifaceLink]
@@ -173,12 +165,6 @@ type InterfaceReconciler struct {
 	// that are gone or foreign now (oursOn checks them against the mirror and drops
 	// them); it holds every address of naples the mirror holds.
 	ours map[int32]map[netip.Prefix]struct{}
-
-	// dumpMu serializes dumps and guards dumpReader.
-	dumpMu     sync.Mutex
-	dumpReader *mmsgReader
-	// filled is set once both mirrors have been loaded by a dump.
-	filled atomic.Bool
 
 	// devLocks serializes work on one link between the workers of different objects and
 	// the sweeper.
@@ -204,45 +190,31 @@ func NewInterfaceReconciler(opts InterfaceOptions) (*InterfaceReconciler, error)
 	if opts.Store == nil {
 		return nil, errors.New("interface reconciler: InterfaceOptions.Store is required")
 	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	if opts.Timeout <= 0 {
-		opts.Timeout = 10 * time.Second
-	}
-	if opts.EventBuffer <= 0 {
-		opts.EventBuffer = 32 << 20
-	}
 	if opts.StatsInterval == 0 {
 		opts.StatsInterval = 10 * time.Second
 	}
-	b, err := newNLBatcher(nlBatcherOptions{Namespace: opts.Namespace, Protocol: unix.NETLINK_ROUTE, Timeout: opts.Timeout})
+	c, err := openRTNLConn(rtnlConnOptions{Namespace: opts.Namespace, Timeout: opts.Timeout,
+		EventBuffer: opts.EventBuffer, DefaultEventBuffer: 32 << 20, Logger: opts.Logger, Writes: true})
 	if err != nil {
 		return nil, err
 	}
 	seed := maphash.MakeSeed()
 	return &InterfaceReconciler{
+		rtnlConn:      c,
 		store:         opts.Store,
-		ns:            opts.Namespace,
-		nl:            b,
-		timeout:       opts.Timeout,
-		eventBuffer:   opts.EventBuffer,
 		statsInterval: opts.StatsInterval,
-		log:           opts.Logger,
 		links:         hal.NewMirror[string, ifaceLink](sameIfaceLink, func(name string) uint64 { return maphash.String(seed, name) }),
 		addrs:         hal.NewMirror[ifaceAddrID, ifaceAddr](func(have, want ifaceAddr) bool { return have == want }, nil),
 		names:         map[int32]string{},
 		ours:          map[int32]map[netip.Prefix]struct{}{},
-		// Dump answers come in datagrams of up to 32 KiB, more for a link with many
-		// virtual functions.
-		dumpReader: newMMsgReader(4, 64<<10),
-		programmed: map[string]string{},
+		programmed:    map[string]string{},
 	}, nil
 }
 
-// Close releases the netlink socket. It is safe to call twice.
+// Close releases the netlink sockets. It is safe to call twice.
 func (r *InterfaceReconciler) Close() error {
-	return r.nl.Close()
+	r.close()
+	return nil
 }
 
 // Kind returns KIND_INTERFACE.
@@ -461,16 +433,13 @@ func (r *InterfaceReconciler) setLink(ctx context.Context, device string, have i
 	if want.mtu != 0 {
 		next.mtu = want.mtu
 	}
-	msg := nlMessage(r.nl.buffer(), unix.RTM_NEWLINK, 0)
 	var flags uint32
 	if next.up {
 		flags = unix.IFF_UP
 	}
-	// struct ifinfomsg: family, pad, type, index (0: by name), flags, change.
-	msg = append(msg, unix.AF_UNSPEC, 0, 0, 0, 0, 0, 0, 0)
-	msg = binary.NativeEndian.AppendUint32(msg, flags)
-	msg = binary.NativeEndian.AppendUint32(msg, unix.IFF_UP)
-	msg = appendAttr(msg, unix.IFLA_IFNAME, append([]byte(device), 0))
+	// Index 0: the link is named by IFLA_IFNAME.
+	msg := appendIfInfo(nlMessage(r.nl.buffer(), unix.RTM_NEWLINK, 0), unix.AF_UNSPEC, 0, flags, unix.IFF_UP)
+	msg = appendAttrString(msg, unix.IFLA_IFNAME, device)
 	if next.mtu != have.mtu {
 		msg = appendAttrUint32(msg, unix.IFLA_MTU, next.mtu)
 	}
@@ -479,18 +448,13 @@ func (r *InterfaceReconciler) setLink(ctx context.Context, device string, have i
 		state = "up"
 	}
 	what := fmt.Sprintf("setting interface %q %s mtu %d", device, state, next.mtu)
-	w := r.links.Expect(device, next)
-	err := r.nl.Do(ctx, msg)
+	_, err := kernelWrite(ctx, r.rtnlConn, r.links.Expect(device, next), msg)
 	switch {
 	case errors.Is(err, unix.ENODEV):
-		w.Fail()
 		return hal.Pendingf(ReasonWaitingForInterface, "waiting for interface %q: it went away while %s", device, what)
 	case err != nil:
-		w.Fail()
 		return hal.Errorf(hal.ReasonKernelError, "%s: %w", what, err)
 	}
-	w.Done()
-	r.writes.Add(1)
 	r.log.Info("interface set", "device", device, "up", next.up, "mtu", next.mtu)
 	return nil
 }
@@ -536,22 +500,16 @@ func (r *InterfaceReconciler) addAddr(ctx context.Context, device string, id ifa
 		return err
 	}
 	msg := appendIfaceAddrRequest(r.nl.buffer(), unix.RTM_NEWADDR, unix.NLM_F_CREATE|unix.NLM_F_EXCL, id)
-	w := r.addrs.Expect(id, ifaceAddr{proto: AddressProtocol})
-	err := r.nl.Do(ctx, msg)
+	_, err := kernelWrite(ctx, r.rtnlConn, r.addrs.Expect(id, ifaceAddr{proto: AddressProtocol}), msg)
 	switch {
 	case errors.Is(err, unix.ENODEV):
-		w.Fail()
 		return hal.Pendingf(ReasonWaitingForInterface, "waiting for interface %q: it went away while adding %s", device, id.prefix)
 	case errors.Is(err, unix.EEXIST):
-		w.Fail()
 		return hal.Errorf(hal.ReasonConflict, "adding %s to interface %q: the interface holds the address already (with another prefix length, or added by someone else just now): %w", id.prefix, device, err)
 	case err != nil:
-		w.Fail()
 		return hal.Errorf(hal.ReasonKernelError, "adding %s to interface %q: %w", id.prefix, device, err)
 	}
-	w.Done()
 	r.addOurs(id)
-	r.writes.Add(1)
 	r.log.Info("address added", "device", device, "address", id.prefix.String())
 	return nil
 }
@@ -567,19 +525,13 @@ func (r *InterfaceReconciler) deleteAddr(ctx context.Context, device string, id 
 		return err
 	}
 	msg := appendIfaceAddrRequest(r.nl.buffer(), unix.RTM_DELADDR, 0, id)
-	w := r.addrs.ExpectGone(id)
-	err := r.nl.Do(ctx, msg)
-	switch {
-	case errors.Is(err, unix.EADDRNOTAVAIL), errors.Is(err, unix.ENODEV):
-		w.Gone()
-		return nil
-	case err != nil:
-		w.Fail()
+	took, err := kernelWrite(ctx, r.rtnlConn, r.addrs.ExpectGone(id), msg, unix.EADDRNOTAVAIL, unix.ENODEV)
+	if err != nil {
 		return hal.Errorf(hal.ReasonKernelError, "deleting %s from interface %q: %w", id.prefix, device, err)
 	}
-	w.Done()
-	r.writes.Add(1)
-	r.log.Info("address deleted", "device", device, "address", id.prefix.String())
+	if took {
+		r.log.Info("address deleted", "device", device, "address", id.prefix.String())
+	}
 	return nil
 }
 
@@ -717,43 +669,21 @@ func (r *InterfaceReconciler) sweepAddr(ctx context.Context, device string, id i
 // writes; and every StatsInterval it dumps the links, which refreshes their counters, and
 // enqueues every Interface object.
 func (r *InterfaceReconciler) Observe(ctx context.Context, enqueue func(keyID string), subscribed func()) error {
-	sub, err := subscribeNetlink(r.ns, r.eventBuffer, unix.RTNLGRP_LINK, unix.RTNLGRP_IPV4_IFADDR, unix.RTNLGRP_IPV6_IFADDR)
-	if err != nil {
-		return fmt.Errorf("subscribing to link and address changes: %w", err)
-	}
-	// Closing the socket ends a Receive under way.
-	stop := context.AfterFunc(ctx, func() { sub.Close() })
-	defer func() {
-		stop()
-		sub.Close()
-	}()
-	// Subscribed first, then dumped: a change that the dump misses is reported after it,
-	// and the mirrors apply it in order.
-	if err := r.resync(ctx, enqueue); err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return err
-	}
-	subscribed()
-
+	// The counters' refresh starts once the observer is subscribed and ends before
+	// Observe returns.
 	refreshCtx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Go(func() { r.refreshStats(refreshCtx, enqueue) })
 	defer func() {
 		cancel()
 		wg.Wait()
 	}()
-	apply := func(typ uint16, payload []byte) { r.apply(typ, payload, enqueue) }
-	for {
-		err := sub.Receive(apply)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("watching link and address changes: %w", err)
-		}
-	}
+	return r.observe(ctx, "link and address changes", []uint{unix.RTNLGRP_LINK, unix.RTNLGRP_IPV4_IFADDR, unix.RTNLGRP_IPV6_IFADDR},
+		func(ctx context.Context) error { return r.resync(ctx, enqueue) },
+		func() {
+			subscribed()
+			wg.Go(func() { r.refreshStats(refreshCtx, enqueue) })
+		},
+		func(typ uint16, payload []byte) { r.apply(typ, payload, enqueue) })
 }
 
 // refreshStats dumps the links every StatsInterval, which refreshes their counters in
@@ -861,44 +791,24 @@ func (r *InterfaceReconciler) applyLink(typ uint16, name string, l ifaceLink) (c
 
 // fill loads the mirrors with a dump, unless one has loaded them already.
 func (r *InterfaceReconciler) fill(ctx context.Context) error {
-	if r.filled.Load() {
-		return nil
-	}
-	r.dumpMu.Lock()
-	defer r.dumpMu.Unlock()
-	if r.filled.Load() {
-		return nil
-	}
-	if _, err := r.dumpLinksLocked(ctx); err != nil {
+	return r.loadOnce(ctx, func(ctx context.Context) error {
+		_, _, err := r.dumpLocked(ctx)
 		return err
-	}
-	if _, err := r.dumpAddrsLocked(ctx); err != nil {
-		return err
-	}
-	r.filled.Store(true)
-	return nil
+	})
 }
 
 // resync loads the mirrors with fresh dumps and enqueues the objects whose links or
 // addresses the dumps found changed. The first load reports nothing: the HAL reconciles
 // every object once at start anyway.
 func (r *InterfaceReconciler) resync(ctx context.Context, enqueue func(keyID string)) error {
-	r.dumpMu.Lock()
-	first := !r.filled.Load()
-	linkDrift, err := r.dumpLinksLocked(ctx)
-	if err != nil {
-		r.dumpMu.Unlock()
+	var linkDrift []string
+	var addrDrift []ifaceAddrID
+	first, err := r.loadAgain(ctx, func(ctx context.Context) (err error) {
+		linkDrift, addrDrift, err = r.dumpLocked(ctx)
 		return err
-	}
-	addrDrift, err := r.dumpAddrsLocked(ctx)
-	if err != nil {
-		r.dumpMu.Unlock()
+	})
+	if err != nil || first {
 		return err
-	}
-	r.filled.Store(true)
-	r.dumpMu.Unlock()
-	if first {
-		return nil
 	}
 	devices := map[string]bool{}
 	for _, name := range linkDrift {
@@ -918,34 +828,24 @@ func (r *InterfaceReconciler) resync(ctx context.Context, enqueue func(keyID str
 	return nil
 }
 
-// ifaceDumpAttempts bounds how often a dump starts over when the kernel reports that
-// what it dumps changed meanwhile (NLM_F_DUMP_INTR).
-const ifaceDumpAttempts = 5
+// dumpLocked reads every link and then every address into the mirrors and returns the
+// names of the links and the addresses whose state differs from what the mirrors held.
+// dumpMu must be held.
+func (r *InterfaceReconciler) dumpLocked(ctx context.Context) (links []string, addrs []ifaceAddrID, err error) {
+	if links, err = r.dumpLinksLocked(ctx); err != nil {
+		return nil, nil, err
+	}
+	if addrs, err = r.dumpAddrsLocked(ctx); err != nil {
+		return nil, nil, err
+	}
+	return links, addrs, nil
+}
 
 // dumpLinksLocked reads every link into the link mirror (`ip -s link show`) and returns
 // the names of the links whose state differs from what the mirror held. dumpMu must be
 // held.
 func (r *InterfaceReconciler) dumpLinksLocked(ctx context.Context) ([]string, error) {
-	type entry struct {
-		name string
-		link ifaceLink
-	}
-	drift, err := r.links.Replace(func(add func(string, ifaceLink)) error {
-		links, err := ifaceDump(ctx, r, unix.RTM_GETLINK, func(typ uint16, b []byte) (entry, bool) {
-			if typ != unix.RTM_NEWLINK {
-				return entry{}, false
-			}
-			name, l, ok := parseIfaceLink(b)
-			return entry{name, l}, ok
-		})
-		if err != nil {
-			return fmt.Errorf("listing links: %w", err)
-		}
-		for _, e := range links {
-			add(e.name, e.link)
-		}
-		return nil
-	})
+	drift, err := dumpMirror(ctx, r.rtnlConn, r.links, "links", unix.RTM_NEWLINK, parseIfaceLink, linkDumpRequest())
 	if err != nil {
 		return nil, err
 	}
@@ -964,26 +864,7 @@ func (r *InterfaceReconciler) dumpLinksLocked(ctx context.Context) ([]string, er
 // address show`) and returns those whose state differs from what the mirror held.
 // dumpMu must be held.
 func (r *InterfaceReconciler) dumpAddrsLocked(ctx context.Context) ([]ifaceAddrID, error) {
-	type entry struct {
-		id   ifaceAddrID
-		addr ifaceAddr
-	}
-	drift, err := r.addrs.Replace(func(add func(ifaceAddrID, ifaceAddr)) error {
-		addrs, err := ifaceDump(ctx, r, unix.RTM_GETADDR, func(typ uint16, b []byte) (entry, bool) {
-			if typ != unix.RTM_NEWADDR {
-				return entry{}, false
-			}
-			id, a, ok := parseIfaceAddr(b)
-			return entry{id, a}, ok
-		})
-		if err != nil {
-			return fmt.Errorf("listing addresses: %w", err)
-		}
-		for _, e := range addrs {
-			add(e.id, e.addr)
-		}
-		return nil
-	})
+	drift, err := dumpMirror(ctx, r.rtnlConn, r.addrs, "addresses", unix.RTM_NEWADDR, parseIfaceAddr, addrDumpRequest())
 	if err != nil {
 		return nil, err
 	}
@@ -995,125 +876,15 @@ func (r *InterfaceReconciler) dumpAddrsLocked(ctx context.Context) ([]ifaceAddrI
 	return drift, nil
 }
 
-// ifaceDump dumps the kernel objects of a type (RTM_GETLINK or RTM_GETADDR, both
-// families) in the reconciler's namespace and returns those parse accepts. It starts over
-// when the kernel reports the dump interrupted by a change. It opens a socket of its own,
-// so that a dump cut short by its deadline leaves nothing behind. r.dumpMu must be held.
+// ifaceDump dumps the links (typ RTM_GETLINK) or the addresses of both families
+// (RTM_GETADDR) of the reconciler's namespace and returns what parse accepts of the
+// answer (dumpObjects).
 func ifaceDump[T any](ctx context.Context, r *InterfaceReconciler, typ uint16, parse func(typ uint16, payload []byte) (T, bool)) ([]T, error) {
-	for attempt := 1; ; attempt++ {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		r.dumps.Add(1)
-		out, interrupted, err := ifaceDumpOnce(ctx, r, typ, parse)
-		if err != nil {
-			return nil, err
-		}
-		if !interrupted {
-			return out, nil
-		}
-		if attempt == ifaceDumpAttempts {
-			return nil, fmt.Errorf("dump interrupted by changes %d times in a row", attempt)
-		}
+	req := linkDumpRequest()
+	if typ == unix.RTM_GETADDR {
+		req = addrDumpRequest()
 	}
-}
-
-// ifaceDumpOnce runs one dump for ifaceDump; interrupted tells that the kernel flagged it
-// NLM_F_DUMP_INTR.
-func ifaceDumpOnce[T any](ctx context.Context, r *InterfaceReconciler, typ uint16, parse func(typ uint16, payload []byte) (T, bool)) (out []T, interrupted bool, err error) {
-	f, err := openNetlink(r.ns, unix.NETLINK_ROUTE, 0, nil)
-	if err != nil {
-		return nil, false, err
-	}
-	defer f.Close()
-	conn, err := f.SyscallConn()
-	if err != nil {
-		return nil, false, err
-	}
-	deadline := time.Now().Add(r.timeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
-	if err := f.SetDeadline(deadline); err != nil {
-		return nil, false, err
-	}
-	stop := context.AfterFunc(ctx, func() { _ = f.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
-
-	const seq = 1
-	req := nlMessage(nil, typ, unix.NLM_F_REQUEST|unix.NLM_F_DUMP)
-	if typ == unix.RTM_GETLINK {
-		req = append(req, make([]byte, unix.SizeofIfInfomsg)...) // AF_UNSPEC: every link
-	} else {
-		req = append(req, make([]byte, unix.SizeofIfAddrmsg)...) // AF_UNSPEC: both families
-	}
-	binary.NativeEndian.PutUint32(req[0:4], uint32(len(req)))
-	binary.NativeEndian.PutUint32(req[8:12], seq)
-	var werr error
-	if err := conn.Write(func(fd uintptr) bool {
-		for {
-			_, werr = unix.Write(int(fd), req)
-			if werr != unix.EINTR {
-				return werr != unix.EAGAIN
-			}
-		}
-	}); err != nil {
-		return nil, false, fmt.Errorf("sending dump request: %w", err)
-	}
-	if werr != nil {
-		return nil, false, fmt.Errorf("sending dump request: %w", werr)
-	}
-
-	rd := r.dumpReader
-	for done := false; !done; {
-		n, err := rd.read(conn, true)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, false, ctx.Err()
-			}
-			if errors.Is(err, os.ErrDeadlineExceeded) {
-				return nil, false, fmt.Errorf("%w within %v", errNoAnswer, r.timeout)
-			}
-			return nil, false, fmt.Errorf("reading dump: %w", err)
-		}
-		var derr error
-		for i := range n {
-			data, ok := rd.datagram(i)
-			if !ok {
-				continue
-			}
-			eachMessage(data, func(mtyp, flags uint16, mseq uint32, payload []byte) {
-				if mseq != seq || done || derr != nil {
-					return
-				}
-				if flags&unix.NLM_F_DUMP_INTR != 0 {
-					interrupted = true
-				}
-				switch mtyp {
-				case unix.NLMSG_DONE:
-					done = true
-					if len(payload) >= 4 {
-						if errno := int32(binary.NativeEndian.Uint32(payload)); errno < 0 {
-							derr = unix.Errno(-errno)
-						}
-					}
-				case unix.NLMSG_ERROR:
-					done = true
-					if len(payload) >= 4 {
-						derr = ackError(payload, flags)
-					}
-				default:
-					if v, ok := parse(mtyp, payload); ok {
-						out = append(out, v)
-					}
-				}
-			})
-		}
-		if derr != nil {
-			return nil, false, derr
-		}
-	}
-	return out, interrupted, nil
+	return dumpObjects(ctx, r.rtnlConn, parse, req)
 }
 
 // parseIfaceLink decodes the payload of an RTM_NEWLINK or RTM_DELLINK message (struct
@@ -1127,19 +898,12 @@ func parseIfaceLink(b []byte) (name string, l ifaceLink, ok bool) {
 	l.index = int32(ne.Uint32(b[4:8]))
 	l.up = ne.Uint32(b[8:12])&unix.IFF_UP != 0
 	stats64 := false
-	for attrs := b[unix.SizeofIfInfomsg:]; len(attrs) >= unix.SizeofRtAttr; {
-		n := int(ne.Uint16(attrs[0:2]))
-		if n < unix.SizeofRtAttr || n > len(attrs) {
-			break
-		}
-		v := attrs[unix.SizeofRtAttr:n]
-		switch ne.Uint16(attrs[2:4]) & nlaTypeMask {
+	eachAttr(b[unix.SizeofIfInfomsg:], func(typ uint16, v []byte) {
+		switch typ {
 		case unix.IFLA_IFNAME:
-			name = unix.ByteSliceToString(v)
+			name = cString(v)
 		case unix.IFLA_MTU:
-			if len(v) >= 4 {
-				l.mtu = ne.Uint32(v)
-			}
+			l.mtu = attrUint32(v)
 		case unix.IFLA_OPERSTATE:
 			if len(v) >= 1 {
 				l.operState = v[0]
@@ -1149,7 +913,7 @@ func parseIfaceLink(b []byte) (name string, l ifaceLink, ok bool) {
 				l.carrier = v[0] != 0
 			}
 		case unix.IFLA_IFALIAS:
-			if owner, ok := OwnerOfAlias(unix.ByteSliceToString(v)); ok {
+			if owner, ok := OwnerOfAlias(cString(v)); ok {
 				l.owner = owner
 			}
 		case unix.IFLA_STATS64:
@@ -1176,56 +940,16 @@ func parseIfaceLink(b []byte) (name string, l ifaceLink, ok bool) {
 				}
 			}
 		}
-		attrs = attrs[min(len(attrs), rtaAlign(n)):]
-	}
+	})
 	if name == "" || l.index <= 0 {
 		return "", ifaceLink{}, false
 	}
 	return name, l, true
 }
 
-// parseIfaceAddr decodes the payload of an RTM_NEWADDR or RTM_DELADDR message (struct
-// ifaddrmsg and its attributes) into the address's identity and protocol. The address is
-// IFA_LOCAL when there is one (an IPv4 address; IFA_ADDRESS is then its peer), else
-// IFA_ADDRESS.
-func parseIfaceAddr(b []byte) (id ifaceAddrID, a ifaceAddr, ok bool) {
-	if len(b) < unix.SizeofIfAddrmsg {
-		return ifaceAddrID{}, ifaceAddr{}, false
-	}
-	ne := binary.NativeEndian
-	fam, bits := b[0], int(b[1])
-	id.index = int32(ne.Uint32(b[4:8]))
-	var local, address netip.Addr
-	for attrs := b[unix.SizeofIfAddrmsg:]; len(attrs) >= unix.SizeofRtAttr; {
-		n := int(ne.Uint16(attrs[0:2]))
-		if n < unix.SizeofRtAttr || n > len(attrs) {
-			break
-		}
-		v := attrs[unix.SizeofRtAttr:n]
-		switch ne.Uint16(attrs[2:4]) & nlaTypeMask {
-		case unix.IFA_LOCAL:
-			local, _ = netip.AddrFromSlice(v)
-		case unix.IFA_ADDRESS:
-			address, _ = netip.AddrFromSlice(v)
-		case ifaProto:
-			if len(v) >= 1 {
-				a.proto = v[0]
-			}
-		}
-		attrs = attrs[min(len(attrs), rtaAlign(n)):]
-	}
-	addr := address
-	if local.IsValid() {
-		addr = local
-	}
-	switch {
-	case fam == unix.AF_INET && addr.Is4(), fam == unix.AF_INET6 && addr.Is6():
-	default:
-		return ifaceAddrID{}, ifaceAddr{}, false
-	}
-	id.prefix = netip.PrefixFrom(addr, bits)
-	if !id.prefix.IsValid() || id.index <= 0 {
-		return ifaceAddrID{}, ifaceAddr{}, false
-	}
-	return id, a, true
+// parseIfaceAddr decodes the payload of an RTM_NEWADDR or RTM_DELADDR message (parseAddr)
+// into the address's identity and protocol.
+func parseIfaceAddr(b []byte) (ifaceAddrID, ifaceAddr, bool) {
+	m, ok := parseAddr(b)
+	return m.key, ifaceAddr{proto: m.proto}, ok
 }

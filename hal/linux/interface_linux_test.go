@@ -6,7 +6,6 @@ import (
 	"maps"
 	"net"
 	"net/netip"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,7 +17,6 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/hal"
 	"github.com/naplesnet/naples/internal/testns"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -28,11 +26,10 @@ import (
 // end of a veth pair whose other end, nic0p, is in a second namespace (the peer), both
 // down; a delphi store; and a reconciler bound to the host's namespace.
 type ifaceHost struct {
+	testStore
 	ns, peer string
 	nsh      netns.NsHandle
 	nl       *netlink.Handle
-	store    *delphi.Store
-	desired  *delphi.DesiredWriter
 	rec      *InterfaceReconciler
 }
 
@@ -47,16 +44,7 @@ func newIfaceHost(t *testing.T, statsInterval time.Duration) *ifaceHost {
 		t.Fatal(err)
 	}
 	t.Cleanup(h.Close)
-	store, err := delphi.Open(delphi.Options{Indexes: Indexes(), Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	desired, err := store.ClaimDesired()
-	if err != nil {
-		t.Fatal(err)
-	}
-	host := &ifaceHost{ns: ns, peer: peer, nsh: nsh, nl: h, store: store, desired: desired}
+	host := &ifaceHost{testStore: newTestStore(t, Indexes()), ns: ns, peer: peer, nsh: nsh, nl: h}
 	host.rec = host.newReconciler(t, statsInterval)
 	return host
 }
@@ -81,31 +69,10 @@ func ifaceObject(name, device string, up bool, mtu uint32, addrs ...string) *nim
 	}
 }
 
-func (h *ifaceHost) put(t *testing.T, objs ...*nimbusv1.Object) {
-	t.Helper()
-	txn := &delphi.DesiredTxn{}
-	for _, o := range objs {
-		txn.Put(o)
-	}
-	if err := h.desired.Commit(txn); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func (h *ifaceHost) del(t *testing.T, key *nimbusv1.ObjectKey) {
-	t.Helper()
-	txn := &delphi.DesiredTxn{}
-	txn.Delete(key)
-	if err := h.desired.Commit(txn); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // reconcile runs rec the way the HAL does: with the object delphi holds now.
 func (h *ifaceHost) reconcile(t *testing.T, rec *InterfaceReconciler, key *nimbusv1.ObjectKey) (map[string]string, error) {
 	t.Helper()
-	obj, _ := h.store.Get(key)
-	return rec.Reconcile(context.Background(), key, obj)
+	return h.reconcileStored(rec, key)
 }
 
 // mustReconcile is reconcile, failing the test on an error.
@@ -187,28 +154,7 @@ func (h *ifaceHost) protos(t *testing.T, device string) map[string]uint8 {
 }
 
 // ifaceInNamespace runs f on a thread in the namespace.
-func ifaceInNamespace(ns netns.NsHandle, f func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		// The thread goes back to the pool only if it left the namespace again.
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(ns); err != nil {
-			errc <- err
-			return
-		}
-		errc <- f()
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-	}()
-	return <-errc
-}
+func ifaceInNamespace(ns netns.NsHandle, f func() error) error { return runInNamespace(&ns, f) }
 
 // wantProtos fails the test unless the link holds exactly the addresses of want, with
 // their protocols.
@@ -225,24 +171,8 @@ func (h *ifaceHost) wantProtos(t *testing.T, what, device string, want map[strin
 // reconcile. It marks the desired table complete, so the HAL sweeps once.
 func (h *ifaceHost) runIfaceHAL(t *testing.T) {
 	t.Helper()
-	store, err := hal.Delphi(h.store)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hl, err := hal.New(hal.Options{Store: store, Reconcilers: []hal.Reconciler{h.rec}, ResyncInterval: -1, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
 	h.desired.MarkSynced()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- hl.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	runHAL(t, h.store, hal.Options{Reconcilers: []hal.Reconciler{h.rec}, ResyncInterval: -1})
 }
 
 // TestInterfaceLifecycle applies admin state, MTU and IPv4 and IPv6 addresses to a veth,

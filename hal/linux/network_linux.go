@@ -13,7 +13,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/vishvananda/netns"
@@ -80,25 +79,18 @@ type NetworkOptions struct {
 // afresh. A reconcile compares the network's desired state with the mirrors and writes
 // only what differs, so a reconcile of a network the kernel already holds writes nothing.
 type NetworkReconciler struct {
-	store       OverlayStore
-	node        string
-	ns          *netns.NsHandle
-	eventBuffer int
-	log         *slog.Logger
-	// nl carries the writes; rtnl reads dumps and single links.
-	nl     *nlBatcher
-	rtnl   *rtnlReader
-	writes atomic.Uint64
+	// rtnlConn carries the writes and reads dumps and single links.
+	*rtnlConn
+	// mirrorLoader runs the dumps that load the mirrors.
+	mirrorLoader
+	store OverlayStore
+	node  string
 
 	links  *hal.Mirror[string, networkLink]
 	addrs  *hal.Mirror[addrKey, ifAddr]
 	rules  *hal.Mirror[ruleKey, uint8]
 	routes *hal.Mirror[routeID, overlayRoute]
 	her    *hal.Mirror[herKey, herEntry]
-	// filled is set once the mirrors have been loaded by a dump; dumpMu serializes full
-	// dumps.
-	filled atomic.Bool
-	dumpMu sync.Mutex
 
 	// networkLocks serializes the work on one network's kernel state between its
 	// reconciles and the sweeper.
@@ -137,33 +129,16 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 	if opts.Node == "" {
 		return nil, errors.New("network reconciler: NetworkOptions.Node is required")
 	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	if opts.Timeout <= 0 {
-		opts.Timeout = 10 * time.Second
-	}
-	if opts.EventBuffer <= 0 {
-		opts.EventBuffer = 8 << 20
-	}
-	b, err := newNLBatcher(nlBatcherOptions{Namespace: opts.Namespace, Protocol: unix.NETLINK_ROUTE, Timeout: opts.Timeout})
+	c, err := openRTNLConn(rtnlConnOptions{Namespace: opts.Namespace, Timeout: opts.Timeout,
+		EventBuffer: opts.EventBuffer, DefaultEventBuffer: 8 << 20, Logger: opts.Logger, Writes: true})
 	if err != nil {
-		return nil, err
-	}
-	rd, err := newRTNLReader(opts.Namespace, opts.Timeout)
-	if err != nil {
-		b.Close()
 		return nil, err
 	}
 	return &NetworkReconciler{
-		store:       opts.Store,
-		node:        opts.Node,
-		ns:          opts.Namespace,
-		eventBuffer: opts.EventBuffer,
-		log:         opts.Logger,
-		nl:          b,
-		rtnl:        rd,
-		links:       hal.NewMirror[string, networkLink](sameLink, nil),
+		rtnlConn: c,
+		store:    opts.Store,
+		node:     opts.Node,
+		links:    hal.NewMirror[string, networkLink](sameLink, nil),
 		addrs: hal.NewMirror[addrKey, ifAddr](func(have, want ifAddr) bool {
 			return have.flags&managedAddrFlags == want.flags&managedAddrFlags
 		}, nil),
@@ -180,8 +155,7 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 
 // Close releases the netlink sockets. It is safe to call twice.
 func (r *NetworkReconciler) Close() error {
-	r.nl.Close()
-	r.rtnl.Close()
+	r.close()
 	return nil
 }
 

@@ -11,7 +11,6 @@ import (
 
 	"github.com/vishvananda/netns"
 
-	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/hal"
 	"github.com/naplesnet/naples/internal/testns"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -20,11 +19,10 @@ import (
 // overlayHost is a test host for the overlay's reconcilers: a fresh namespace, a delphi
 // store with the backend's indexes, and a network reconciler for node "n1".
 type overlayHost struct {
-	ns      string
-	nsh     netns.NsHandle
-	store   *delphi.Store
-	desired *delphi.DesiredWriter
-	rec     *NetworkReconciler
+	testStore
+	ns  string
+	nsh netns.NsHandle
+	rec *NetworkReconciler
 }
 
 // localNode is the name of the test host's Node.
@@ -33,16 +31,7 @@ const localNode = "n1"
 func newOverlayHost(t *testing.T) *overlayHost {
 	t.Helper()
 	ns := testns.Named(t, "naples-net")
-	h := &overlayHost{ns: ns, nsh: testns.Handle(t, ns)}
-	store, err := delphi.Open(delphi.Options{Indexes: Indexes(), Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	h.store = store
-	if h.desired, err = store.ClaimDesired(); err != nil {
-		t.Fatal(err)
-	}
+	h := &overlayHost{testStore: newTestStore(t, Indexes()), ns: ns, nsh: testns.Handle(t, ns)}
 	h.rec = h.newReconciler(t)
 	return h
 }
@@ -59,34 +48,11 @@ func (h *overlayHost) newReconciler(t *testing.T) *NetworkReconciler {
 	return rec
 }
 
-func (h *overlayHost) put(t *testing.T, objs ...*nimbusv1.Object) {
-	t.Helper()
-	txn := &delphi.DesiredTxn{}
-	for _, o := range objs {
-		txn.Put(o)
-	}
-	if err := h.desired.Commit(txn); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func (h *overlayHost) del(t *testing.T, keys ...*nimbusv1.ObjectKey) {
-	t.Helper()
-	txn := &delphi.DesiredTxn{}
-	for _, k := range keys {
-		txn.Delete(k)
-	}
-	if err := h.desired.Commit(txn); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // reconcile runs the network reconciler the way the HAL does: with the object delphi
 // holds now.
 func (h *overlayHost) reconcile(t *testing.T, key *nimbusv1.ObjectKey) (map[string]string, error) {
 	t.Helper()
-	obj, _ := h.store.Get(key)
-	return h.rec.Reconcile(context.Background(), key, obj)
+	return h.reconcileStored(h.rec, key)
 }
 
 // mustReconcile reconciles and fails the test on an error.
@@ -379,25 +345,7 @@ func TestNetworkLifecycle(t *testing.T) {
 // returns once it is subscribed. The keys it enqueues arrive on the returned channel.
 func (h *overlayHost) observeNetworks(t *testing.T) <-chan string {
 	t.Helper()
-	enqueued := make(chan string, 10000)
-	subscribed := make(chan struct{})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- h.rec.Observe(ctx, func(id string) { enqueued <- id }, func() { close(subscribed) })
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Observe: %v", err)
-		}
-	})
-	select {
-	case <-subscribed:
-	case <-time.After(20 * time.Second):
-		t.Fatal("the observer did not subscribe")
-	}
-	return enqueued
+	return runObserver(t, h.rec)
 }
 
 // drain empties a channel of enqueued keys.
@@ -835,23 +783,7 @@ func TestNetworkHAL(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { nodes.Close() })
-	store, err := hal.Delphi(h.store)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hl, err := hal.New(hal.Options{Store: store, Reconcilers: []hal.Reconciler{h.rec, nodes}, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- hl.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	runHAL(t, h.store, hal.Options{Reconcilers: []hal.Reconciler{h.rec, nodes}})
 
 	blue := networkObj("acme", "blue", 100, 0, subnet("10.1.0.0/24", "10.1.0.1"))
 	key, vx := blue.Key(), VXLANName(blue.Key().ID())

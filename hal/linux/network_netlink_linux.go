@@ -1,27 +1,21 @@
 package linux
 
 import (
-	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"runtime"
-	"sync"
-	"syscall"
-	"time"
 
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
-// This file holds what the network and node reconcilers know of rtnetlink: the kernel
+// This file holds what the network and node reconcilers know of rtnetlink (the
+// interface reconciler decodes addresses with parseAddr too): the kernel
 // objects they mirror (links, addresses, policy-routing rules, overlay routes and the
 // VXLAN devices' head-end replication entries) in the form the mirrors keep, decoders of
 // the kernel's messages about them, which serve dumps and notifications alike so that
-// both describe an object the same way, builders of the requests that change them, and
-// rtnlReader, which asks the kernel for dumps.
+// both describe an object the same way, and builders of the requests that change them.
 
 // networkLink is what the network reconciler mirrors of a link (`ip -d link show`). The
 // fields after master are set only for the links they apply to.
@@ -183,18 +177,27 @@ type ifAddr struct {
 	flags uint32
 }
 
-// parseAddrMsg decodes the payload of an RTM_NEWADDR or RTM_DELADDR message (struct
-// ifaddrmsg and its attributes).
-func parseAddrMsg(b []byte) (k addrKey, a ifAddr, ok bool) {
+// addrMsg is a decoded RTM_NEWADDR or RTM_DELADDR message.
+type addrMsg struct {
+	key addrKey
+	// flags are the address's flags (IFA_F_*); proto is its protocol (IFA_PROTO), 0 from
+	// kernels without address protocols.
+	flags uint32
+	proto uint8
+}
+
+// parseAddr decodes the payload of an RTM_NEWADDR or RTM_DELADDR message (struct
+// ifaddrmsg and its attributes). The address is IFA_LOCAL when there is one (an IPv4
+// address; IFA_ADDRESS is then its peer), else IFA_ADDRESS, which IPv6 sends alone
+// unless the address has a peer. ok is false for a message that is not about an address
+// of its family, IPv4 or IPv6, on an interface.
+func parseAddr(b []byte) (m addrMsg, ok bool) {
 	if len(b) < unix.SizeofIfAddrmsg {
-		return addrKey{}, ifAddr{}, false
+		return addrMsg{}, false
 	}
 	family, bits := b[0], int(b[1])
-	if family != unix.AF_INET && family != unix.AF_INET6 {
-		return addrKey{}, ifAddr{}, false
-	}
-	a.flags = uint32(b[2])
-	k.index = int32(binary.NativeEndian.Uint32(b[4:8]))
+	m.flags = uint32(b[2])
+	m.key.index = int32(binary.NativeEndian.Uint32(b[4:8]))
 	var local, address netip.Addr
 	eachAttr(b[unix.SizeofIfAddrmsg:], func(typ uint16, v []byte) {
 		switch typ {
@@ -203,19 +206,31 @@ func parseAddrMsg(b []byte) (k addrKey, a ifAddr, ok bool) {
 		case unix.IFA_ADDRESS:
 			address, _ = netip.AddrFromSlice(v)
 		case unix.IFA_FLAGS:
-			a.flags = attrUint32(v)
+			m.flags = attrUint32(v)
+		case ifaProto:
+			if len(v) >= 1 {
+				m.proto = v[0]
+			}
 		}
 	})
-	// IFA_LOCAL is the interface's own address; IPv6 sends only IFA_ADDRESS unless the
-	// address has a peer.
-	if !local.IsValid() {
-		local = address
+	a := address
+	if local.IsValid() {
+		a = local
 	}
-	if !local.IsValid() {
-		return addrKey{}, ifAddr{}, false
+	switch {
+	case family == unix.AF_INET && a.Is4(), family == unix.AF_INET6 && a.Is6():
+	default:
+		return addrMsg{}, false
 	}
-	k.prefix = netip.PrefixFrom(local.Unmap(), bits)
-	return k, a, k.prefix.IsValid()
+	m.key.prefix = netip.PrefixFrom(a, bits)
+	return m, m.key.prefix.IsValid() && m.key.index > 0
+}
+
+// parseAddrMsg decodes the payload of an RTM_NEWADDR or RTM_DELADDR message (parseAddr)
+// into what the network and node reconcilers mirror of an address.
+func parseAddrMsg(b []byte) (addrKey, ifAddr, bool) {
+	m, ok := parseAddr(b)
+	return m.key, ifAddr{flags: m.flags}, ok
 }
 
 // ruleKey identifies a policy-routing rule the overlay uses: `ip rule` with a priority,
@@ -434,15 +449,6 @@ func appendHERRequest(b []byte, typ, flags uint16, k herKey) []byte {
 	return appendAttrAddr(b, unix.NDA_DST, k.dst)
 }
 
-// appendIfInfo appends struct ifinfomsg: family, type, index, flags and the flags to
-// change.
-func appendIfInfo(b []byte, family uint8, index int32, flags, change uint32) []byte {
-	b = append(b, family, 0, 0, 0)
-	b = binary.NativeEndian.AppendUint32(b, uint32(index))
-	b = binary.NativeEndian.AppendUint32(b, flags)
-	return binary.NativeEndian.AppendUint32(b, change)
-}
-
 // appendAddrRequest appends to b an RTM_NEWADDR (`ip addr add`) or RTM_DELADDR (`ip addr
 // del`) request for the address k with the flags (IFA_F_*; none for a delete).
 func appendAddrRequest(b []byte, typ, flags uint16, k addrKey, ifaFlags uint32) []byte {
@@ -480,248 +486,6 @@ func parseNetconfIndex(b []byte) (family uint8, index int32, ok bool) {
 		}
 	})
 	return family, index, index > 0
-}
-
-// beginNest starts a nested attribute in b; endNest, with the offset it returns, ends it.
-func beginNest(b []byte, typ uint16) ([]byte, int) {
-	start := len(b)
-	return appendAttrHeader(b, typ, 0), start
-}
-
-// endNest ends the nested attribute started at offset start.
-func endNest(b []byte, start int) []byte {
-	binary.NativeEndian.PutUint16(b[start:], uint16(len(b)-start))
-	return b
-}
-
-// appendAttrString appends an attribute holding a NUL-terminated string.
-func appendAttrString(b []byte, typ uint16, s string) []byte {
-	b = appendAttrHeader(b, typ, unix.SizeofRtAttr+len(s)+1)
-	b = append(b, s...)
-	return padAttr(append(b, 0))
-}
-
-// appendAttrUint8 appends an attribute holding one byte.
-func appendAttrUint8(b []byte, typ uint16, v uint8) []byte {
-	return appendAttr(b, typ, []byte{v})
-}
-
-// eachAttr calls f with the type (flags masked out) and value of every netlink attribute
-// in b.
-func eachAttr(b []byte, f func(typ uint16, v []byte)) {
-	ne := binary.NativeEndian
-	for len(b) >= unix.SizeofRtAttr {
-		l := int(ne.Uint16(b[0:2]))
-		if l < unix.SizeofRtAttr || l > len(b) {
-			return
-		}
-		f(ne.Uint16(b[2:4])&nlaTypeMask, b[unix.SizeofRtAttr:l])
-		b = b[min(len(b), rtaAlign(l)):]
-	}
-}
-
-// attrUint32 returns an attribute's value as a uint32 in host byte order, 0 when it is
-// too short.
-func attrUint32(v []byte) uint32 {
-	if len(v) < 4 {
-		return 0
-	}
-	return binary.NativeEndian.Uint32(v)
-}
-
-// cString returns the string of a NUL-terminated attribute.
-func cString(v []byte) string { return unix.ByteSliceToString(v) }
-
-// errDumpInterrupted: the kernel's tables changed while it dumped them (NLM_F_DUMP_INTR),
-// so the dump may be inconsistent.
-var errDumpInterrupted = errors.New("dump interrupted by a concurrent change")
-
-// rtnlReader reads the kernel's rtnetlink tables over one socket, one request at a time:
-// dumps (`ip link show`, `ip rule show`, ...) and single gets. Its socket asks the kernel
-// to check requests strictly (NETLINK_GET_STRICT_CHK), which also makes the kernel
-// filter route dumps by the protocol a request names. A request it gives up on (a
-// timeout, an ended context) may leave a dump half read, which would refuse the next
-// one (EBUSY): the next request opens a fresh socket.
-type rtnlReader struct {
-	ns      *netns.NsHandle
-	timeout time.Duration
-	// mu guards the fields below, and serializes requests.
-	mu     sync.Mutex
-	file   *os.File
-	conn   syscall.RawConn
-	reader *mmsgReader
-	seq    uint32
-	// stale tells that the socket may hold the rest of an answer nobody reads.
-	stale bool
-	// closed is set by Close.
-	closed bool
-}
-
-// newRTNLReader opens a reader in namespace ns (nil: the calling process's) whose
-// requests wait at most timeout for the kernel.
-func newRTNLReader(ns *netns.NsHandle, timeout time.Duration) (*rtnlReader, error) {
-	d := &rtnlReader{ns: ns, timeout: timeout, reader: newMMsgReader(16, 32<<10)}
-	if err := d.openLocked(); err != nil {
-		return nil, err
-	}
-	return d, nil
-}
-
-// openLocked opens the reader's socket.
-func (d *rtnlReader) openLocked() error {
-	f, err := openNetlink(d.ns, unix.NETLINK_ROUTE, 4<<20, func(fd int) error {
-		if err := unix.Connect(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-			return fmt.Errorf("connecting netlink socket to the kernel: %w", err)
-		}
-		// Kernels before 4.20 lack strict checking; they dump unfiltered, and the
-		// decoders filter.
-		_ = unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_GET_STRICT_CHK, 1)
-		_ = unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_EXT_ACK, 1)
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	conn, err := f.SyscallConn()
-	if err != nil {
-		f.Close()
-		return err
-	}
-	d.file, d.conn, d.stale = f, conn, false
-	return nil
-}
-
-// Close closes the socket. It is safe to call twice.
-func (d *rtnlReader) Close() error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.closed = true
-	d.file.Close()
-	return nil
-}
-
-// dump sends msg, a dump request (built with nlMessage; its flags, length and sequence
-// number are filled in), and calls f with the type and payload of every message of the
-// answer. It starts over, up to dumpAttempts times, when the kernel reports that the
-// table changed during the dump; f must then forget what it was given before (start is
-// called before every attempt).
-func (d *rtnlReader) dump(ctx context.Context, msg []byte, start func(), f func(typ uint16, payload []byte)) error {
-	for attempt := 1; ; attempt++ {
-		start()
-		err := d.request(ctx, msg, true, f)
-		if errors.Is(err, errDumpInterrupted) && attempt < dumpAttempts && ctx.Err() == nil {
-			continue
-		}
-		return err
-	}
-}
-
-// get sends msg, a request for one object, and calls f with the type and payload of the
-// answer; the kernel's refusal (ENODEV for a link that does not exist, say) is returned
-// as an error that unwraps to its unix.Errno.
-func (d *rtnlReader) get(ctx context.Context, msg []byte, f func(typ uint16, payload []byte)) error {
-	return d.request(ctx, msg, false, f)
-}
-
-// request sends msg and reads its answer until the kernel is done with it.
-func (d *rtnlReader) request(ctx context.Context, msg []byte, dump bool, f func(typ uint16, payload []byte)) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return errors.New("netlink reader closed")
-	}
-	if d.stale {
-		d.file.Close()
-		if err := d.openLocked(); err != nil {
-			return err
-		}
-	}
-	d.seq++
-	seq := d.seq
-	ne := binary.NativeEndian
-	flags := uint16(unix.NLM_F_REQUEST)
-	if dump {
-		flags |= unix.NLM_F_DUMP
-	} else {
-		flags |= unix.NLM_F_ACK
-	}
-	ne.PutUint32(msg[0:4], uint32(len(msg)))
-	ne.PutUint16(msg[6:8], ne.Uint16(msg[6:8])|flags)
-	ne.PutUint32(msg[8:12], seq)
-
-	deadline := time.Now().Add(d.timeout)
-	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
-		deadline = dl
-	}
-	if err := d.file.SetDeadline(deadline); err != nil {
-		return fmt.Errorf("setting netlink deadline: %w", err)
-	}
-	// An ended context cuts a wait short.
-	file := d.file
-	stop := context.AfterFunc(ctx, func() { _ = file.SetDeadline(time.Now()) })
-	defer stop()
-
-	if _, err := d.file.Write(msg); err != nil {
-		return d.failed(ctx, "sending to the kernel", err)
-	}
-	var result error
-	done, interrupted := false, false
-	for !done {
-		n, err := d.reader.read(d.conn, true)
-		if err != nil {
-			return d.failed(ctx, "reading the kernel's answer", err)
-		}
-		for i := range n {
-			data, ok := d.reader.datagram(i)
-			if !ok {
-				continue
-			}
-			eachMessage(data, func(typ, mflags uint16, mseq uint32, payload []byte) {
-				if mseq != seq || done {
-					return // the answer to an earlier request that gave up
-				}
-				if mflags&unix.NLM_F_DUMP_INTR != 0 {
-					interrupted = true
-				}
-				switch typ {
-				case unix.NLMSG_DONE:
-					done = true
-					if len(payload) >= 4 {
-						if errno := int32(ne.Uint32(payload)); errno != 0 {
-							result = unix.Errno(-errno)
-						}
-					}
-				case unix.NLMSG_ERROR:
-					done = true
-					if len(payload) >= 4 {
-						result = ackError(payload, mflags)
-					}
-				default:
-					f(typ, payload)
-				}
-			})
-		}
-	}
-	if result == nil && interrupted {
-		result = errDumpInterrupted
-	}
-	return result
-}
-
-// failed describes an error of a request, the context's when it ended, and has the
-// next request open a fresh socket.
-func (d *rtnlReader) failed(ctx context.Context, what string, err error) error {
-	d.stale = true
-	if ctxErr := ctx.Err(); ctxErr != nil {
-		return ctxErr
-	}
-	if errors.Is(err, os.ErrDeadlineExceeded) {
-		return fmt.Errorf("%s: %w within %v", what, errNoAnswer, d.timeout)
-	}
-	return fmt.Errorf("%s: %w", what, err)
 }
 
 // runInNamespace runs fn on an OS thread in network namespace ns (nil: the calling

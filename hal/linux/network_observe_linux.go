@@ -18,35 +18,23 @@ import (
 
 // fill loads the mirrors with a dump, unless one has loaded them already.
 func (r *NetworkReconciler) fill(ctx context.Context) error {
-	if r.filled.Load() {
-		return nil
-	}
-	r.dumpMu.Lock()
-	defer r.dumpMu.Unlock()
-	if r.filled.Load() {
-		return nil
-	}
-	if _, err := r.dumpAll(ctx); err != nil {
+	return r.loadOnce(ctx, func(ctx context.Context) error {
+		_, err := r.dumpAll(ctx)
 		return err
-	}
-	r.filled.Store(true)
-	return nil
+	})
 }
 
 // resync loads the mirrors with fresh dumps and enqueues the networks whose kernel state
 // the dumps found changed. The first load reports nothing: the HAL reconciles every
 // object once at start anyway.
 func (r *NetworkReconciler) resync(ctx context.Context, enqueue func(keyID string)) error {
-	r.dumpMu.Lock()
-	defer r.dumpMu.Unlock()
-	first := !r.filled.Load()
-	drift, err := r.dumpAll(ctx)
-	if err != nil {
+	var drift []string
+	first, err := r.loadAgain(ctx, func(ctx context.Context) (err error) {
+		drift, err = r.dumpAll(ctx)
 		return err
-	}
-	r.filled.Store(true)
-	if first {
-		return nil
+	})
+	if err != nil || first {
+		return err
 	}
 	for _, id := range drift {
 		r.log.Debug("network state drifted unreported", "key", id)
@@ -55,36 +43,11 @@ func (r *NetworkReconciler) resync(ctx context.Context, enqueue func(keyID strin
 	return nil
 }
 
-// linkDumpRequest returns a request for every link (`ip link show`).
-func linkDumpRequest() []byte {
-	return appendIfInfo(nlMessage(nil, unix.RTM_GETLINK, 0), unix.AF_UNSPEC, 0, 0, 0)
-}
-
-// addrDumpRequest returns a request for every address of both families (`ip addr
-// show`).
-func addrDumpRequest() []byte {
-	return append(nlMessage(nil, unix.RTM_GETADDR, 0), make([]byte, unix.SizeofIfAddrmsg)...)
-}
-
 // ruleDumpRequest returns a request for every policy-routing rule of both families (`ip
 // rule show`).
 func ruleDumpRequest() []byte {
 	// struct fib_rule_hdr, all zeros.
 	return append(nlMessage(nil, unix.RTM_GETRULE, 0), make([]byte, 12)...)
-}
-
-// routeDumpRequest returns a request for the routes of OverlayRouteProtocol of the family
-// (`ip route show table all proto 242`): with strict checking the kernel sends only
-// those.
-func routeDumpRequest(family uint8) []byte {
-	// struct rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags.
-	return append(nlMessage(nil, unix.RTM_GETROUTE, 0), family, 0, 0, 0, 0, byte(OverlayRouteProtocol), 0, 0, 0, 0, 0, 0)
-}
-
-// fdbDumpRequest returns a request for every FDB entry (`bridge fdb show`).
-func fdbDumpRequest() []byte {
-	// struct ndmsg: family AF_BRIDGE, then zeros.
-	return append(nlMessage(nil, unix.RTM_GETNEIGH, 0), unix.AF_BRIDGE, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 }
 
 // dumpAll loads every mirror with a fresh dump and returns the key IDs of the networks
@@ -107,21 +70,10 @@ func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]string, error) {
 		routeOwners[id] = r.ownerOfIndex(rt.oif)
 	}
 
-	drift, err := r.links.Replace(func(add func(string, networkLink)) error {
-		var got []linkMsg
-		err := r.rtnl.dump(ctx, linkDumpRequest(), func() { got = got[:0] }, func(typ uint16, p []byte) {
-			if m, ok := parseLinkMsg(p); ok && typ == unix.RTM_NEWLINK && m.family != unix.AF_BRIDGE {
-				got = append(got, m)
-			}
-		})
-		if err != nil {
-			return fmt.Errorf("listing links: %w", err)
-		}
-		for _, m := range got {
-			add(m.name, m.link)
-		}
-		return nil
-	})
+	drift, err := dumpMirror(ctx, r.rtnlConn, r.links, "links", unix.RTM_NEWLINK, func(p []byte) (string, networkLink, bool) {
+		m, ok := parseLinkMsg(p)
+		return m.name, m.link, ok && m.family != unix.AF_BRIDGE
+	}, linkDumpRequest())
 	if err != nil {
 		return nil, err
 	}
@@ -136,25 +88,7 @@ func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]string, error) {
 		note(r.ownerOfName(name))
 	}
 
-	addrDrift, err := r.addrs.Replace(func(add func(addrKey, ifAddr)) error {
-		type entry struct {
-			k addrKey
-			a ifAddr
-		}
-		var got []entry
-		err := r.rtnl.dump(ctx, addrDumpRequest(), func() { got = got[:0] }, func(typ uint16, p []byte) {
-			if k, a, ok := parseAddrMsg(p); ok && typ == unix.RTM_NEWADDR {
-				got = append(got, entry{k, a})
-			}
-		})
-		if err != nil {
-			return fmt.Errorf("listing addresses: %w", err)
-		}
-		for _, e := range got {
-			add(e.k, e.a)
-		}
-		return nil
-	})
+	addrDrift, err := dumpMirror(ctx, r.rtnlConn, r.addrs, "addresses", unix.RTM_NEWADDR, parseAddrMsg, addrDumpRequest())
 	if err != nil {
 		return nil, err
 	}
@@ -162,21 +96,10 @@ func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]string, error) {
 		note(r.ownerOfIndex(k.index))
 	}
 
-	ruleDrift, err := r.rules.Replace(func(add func(ruleKey, uint8)) error {
-		var got []ruleMsg
-		err := r.rtnl.dump(ctx, ruleDumpRequest(), func() { got = got[:0] }, func(typ uint16, p []byte) {
-			if m, ok := parseRuleMsg(p); ok && typ == unix.RTM_NEWRULE && overlayRule(m) {
-				got = append(got, m)
-			}
-		})
-		if err != nil {
-			return fmt.Errorf("listing rules: %w", err)
-		}
-		for _, m := range got {
-			add(m.key, m.protocol)
-		}
-		return nil
-	})
+	ruleDrift, err := dumpMirror(ctx, r.rtnlConn, r.rules, "rules", unix.RTM_NEWRULE, func(p []byte) (ruleKey, uint8, bool) {
+		m, ok := parseRuleMsg(p)
+		return m.key, m.protocol, ok && overlayRule(m)
+	}, ruleDumpRequest())
 	if err != nil {
 		return nil, err
 	}
@@ -184,28 +107,9 @@ func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]string, error) {
 		note(r.ownerOfName(k.iif))
 	}
 
-	routeDrift, err := r.routes.Replace(func(add func(routeID, overlayRoute)) error {
-		type entry struct {
-			id routeID
-			rt overlayRoute
-		}
-		var got []entry
-		for _, family := range []uint8{unix.AF_INET, unix.AF_INET6} {
-			mark := len(got)
-			err := r.rtnl.dump(ctx, routeDumpRequest(family), func() { got = got[:mark] }, func(typ uint16, p []byte) {
-				if id, rt, ok := parseOverlayRoute(p); ok && typ == unix.RTM_NEWROUTE {
-					got = append(got, entry{id, rt})
-				}
-			})
-			if err != nil {
-				return fmt.Errorf("listing routes of protocol %d: %w", OverlayRouteProtocol, err)
-			}
-		}
-		for _, e := range got {
-			add(e.id, e.rt)
-		}
-		return nil
-	})
+	routeDrift, err := dumpMirror(ctx, r.rtnlConn, r.routes, fmt.Sprintf("routes of protocol %d", OverlayRouteProtocol),
+		unix.RTM_NEWROUTE, parseOverlayRoute,
+		routeDumpRequest(unix.AF_INET, OverlayRouteProtocol), routeDumpRequest(unix.AF_INET6, OverlayRouteProtocol))
 	if err != nil {
 		return nil, err
 	}
@@ -216,25 +120,7 @@ func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]string, error) {
 		note(routeOwners[id])
 	}
 
-	herDrift, err := r.her.Replace(func(add func(herKey, herEntry)) error {
-		type entry struct {
-			k herKey
-			e herEntry
-		}
-		var got []entry
-		err := r.rtnl.dump(ctx, fdbDumpRequest(), func() { got = got[:0] }, func(typ uint16, p []byte) {
-			if k, e, ok := parseHEREntry(p); ok && typ == unix.RTM_NEWNEIGH {
-				got = append(got, entry{k, e})
-			}
-		})
-		if err != nil {
-			return fmt.Errorf("listing FDB entries: %w", err)
-		}
-		for _, e := range got {
-			add(e.k, e.e)
-		}
-		return nil
-	})
+	herDrift, err := dumpMirror(ctx, r.rtnlConn, r.her, "FDB entries", unix.RTM_NEWNEIGH, parseHEREntry, neighDumpRequest(unix.AF_BRIDGE))
 	if err != nil {
 		return nil, err
 	}
@@ -259,39 +145,14 @@ func overlayRule(m ruleMsg) bool {
 // its input interface's name; and every network whose state the fresh read finds
 // changed.
 func (r *NetworkReconciler) Observe(ctx context.Context, enqueue func(keyID string), subscribed func()) error {
-	sub, err := subscribeNetlink(r.ns, r.eventBuffer,
+	return r.observe(ctx, "network changes", []uint{
 		unix.RTNLGRP_LINK, unix.RTNLGRP_NEIGH,
 		unix.RTNLGRP_IPV4_IFADDR, unix.RTNLGRP_IPV6_IFADDR,
 		unix.RTNLGRP_IPV4_ROUTE, unix.RTNLGRP_IPV6_ROUTE,
 		unix.RTNLGRP_IPV4_RULE, unix.RTNLGRP_IPV6_RULE,
-		unix.RTNLGRP_IPV4_NETCONF, unix.RTNLGRP_IPV6_NETCONF)
-	if err != nil {
-		return fmt.Errorf("subscribing to network changes: %w", err)
-	}
-	// Closing the socket ends a Receive under way.
-	stop := context.AfterFunc(ctx, func() { sub.Close() })
-	defer func() {
-		stop()
-		sub.Close()
-	}()
-	// Subscribed first, then dumped: a change the dump misses is reported after it.
-	if err := r.resync(ctx, enqueue); err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return err
-	}
-	subscribed()
-	apply := func(typ uint16, payload []byte) { r.apply(typ, payload, enqueue) }
-	for {
-		err := sub.Receive(apply)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("watching network changes: %w", err)
-		}
-	}
+		unix.RTNLGRP_IPV4_NETCONF, unix.RTNLGRP_IPV6_NETCONF,
+	}, func(ctx context.Context) error { return r.resync(ctx, enqueue) }, subscribed,
+		func(typ uint16, payload []byte) { r.apply(typ, payload, enqueue) })
 }
 
 // apply applies one notification to the mirrors and enqueues the network it shows

@@ -19,19 +19,7 @@ import (
 )
 
 // This file holds the network reconciler's writes: each ensure step compares one part of
-// a network's desired state with the mirrors and writes what differs.
-
-// do sends one write to the kernel and counts it when the kernel takes it.
-func (r *NetworkReconciler) do(ctx context.Context, msg []byte) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	err := r.nl.Do(ctx, msg)
-	if err == nil {
-		r.writes.Add(1)
-	}
-	return err
-}
+// a network's desired state with the mirrors and writes what differs (kernelWrite).
 
 // ensureBridge makes the network's bridge exist as wanted: `ip link add BRIDGE type
 // bridge`, with the network's alias and gateway MAC, its MTU when the network sets one,
@@ -129,17 +117,13 @@ func (r *NetworkReconciler) createLink(ctx context.Context, name string, target 
 	created.index, created.mtu = 0, 0
 	created.bridgePort = target.master != 0
 	created.portLearning, created.neighSuppress = created.bridgePort, false
-	w := r.links.Expect(name, created)
-	err := r.do(ctx, msg)
+	_, err := kernelWrite(ctx, r.rtnlConn, r.links.Expect(name, created), msg)
 	if errors.Is(err, unix.EEXIST) {
-		w.Fail()
 		return r.createClash(ctx, name, target, err)
 	}
 	if err != nil {
-		w.Fail()
 		return networkLink{}, kernelErr(err, "creating %s %s", target.kind, name)
 	}
-	w.Done()
 	r.log.Info("link created", "key", ownerKey(target.alias), "link", name, "kind", target.kind)
 	return r.refreshLink(ctx, name)
 }
@@ -246,12 +230,9 @@ func (r *NetworkReconciler) converge(ctx context.Context, name string, have, tar
 		if change != 0 {
 			what = append(what, "up", step.up)
 		}
-		w := r.links.Expect(name, step)
-		if err := r.do(ctx, msg); err != nil {
-			w.Fail()
+		if _, err := kernelWrite(ctx, r.rtnlConn, r.links.Expect(name, step), msg); err != nil {
 			return networkLink{}, kernelErr(err, "setting link %s %v", name, what)
 		}
-		w.Done()
 		r.log.Info("link changed", append([]any{"key", ownerKey(step.alias), "link", name}, what...)...)
 	}
 	if step.bridgePort && (step.portLearning != target.portLearning || step.neighSuppress != target.neighSuppress) {
@@ -266,12 +247,9 @@ func (r *NetworkReconciler) converge(ctx context.Context, name string, have, tar
 		msg = appendAttrUint8(msg, unix.IFLA_BRPORT_LEARNING, boolByte(next.portLearning))
 		msg = appendAttrUint8(msg, unix.IFLA_BRPORT_NEIGH_SUPPRESS, boolByte(next.neighSuppress))
 		msg = endNest(endNest(msg, data), info)
-		w := r.links.Expect(name, next)
-		if err := r.do(ctx, msg); err != nil {
-			w.Fail()
+		if _, err := kernelWrite(ctx, r.rtnlConn, r.links.Expect(name, next), msg); err != nil {
 			return networkLink{}, kernelErr(err, "setting the bridge port flags of %s", name)
 		}
-		w.Done()
 		step = next
 	}
 	return step, nil
@@ -283,16 +261,11 @@ func (r *NetworkReconciler) converge(ctx context.Context, name string, have, tar
 func (r *NetworkReconciler) deleteLink(ctx context.Context, name string, l networkLink) error {
 	msg := nlMessage(r.nl.buffer(), unix.RTM_DELLINK, 0)
 	msg = appendIfInfo(msg, unix.AF_UNSPEC, l.index, 0, 0)
-	w := r.links.ExpectGone(name)
-	err := r.do(ctx, msg)
-	switch {
-	case errors.Is(err, unix.ENODEV):
-		w.Gone()
-	case err != nil:
-		w.Fail()
+	took, err := kernelWrite(ctx, r.rtnlConn, r.links.ExpectGone(name), msg, unix.ENODEV)
+	if err != nil {
 		return kernelErr(err, "deleting link %s", name)
-	default:
-		w.Done()
+	}
+	if took {
 		r.log.Info("link deleted", "key", ownerKey(l.alias), "link", name)
 	}
 	r.linkGone(l.index)
@@ -446,12 +419,9 @@ func (r *NetworkReconciler) ensureAddresses(ctx context.Context, want networkWan
 		}
 		flags := wanted[k]
 		msg := appendAddrRequest(r.nl.buffer(), unix.RTM_NEWADDR, unix.NLM_F_CREATE|unix.NLM_F_EXCL, k, flags)
-		w := r.addrs.Expect(k, ifAddr{flags: flags})
-		if err := r.do(ctx, msg); err != nil {
-			w.Fail()
+		if _, err := kernelWrite(ctx, r.rtnlConn, r.addrs.Expect(k, ifAddr{flags: flags}), msg); err != nil {
 			return kernelErr(err, "adding address %s to %s", k.prefix, want.bridge)
 		}
-		w.Done()
 		r.log.Debug("gateway address added", "key", want.id, "address", k.prefix.String(), "bridge", want.bridge)
 	}
 	return nil
@@ -460,16 +430,11 @@ func (r *NetworkReconciler) ensureAddresses(ctx context.Context, want networkWan
 // deleteAddr removes the address k from the link name (`ip addr del`).
 func (r *NetworkReconciler) deleteAddr(ctx context.Context, name string, k addrKey) error {
 	msg := appendAddrRequest(r.nl.buffer(), unix.RTM_DELADDR, 0, k, 0)
-	w := r.addrs.ExpectGone(k)
-	err := r.do(ctx, msg)
-	switch {
-	case errors.Is(err, unix.EADDRNOTAVAIL) || errors.Is(err, unix.ENODEV):
-		w.Gone()
-	case err != nil:
-		w.Fail()
+	took, err := kernelWrite(ctx, r.rtnlConn, r.addrs.ExpectGone(k), msg, unix.EADDRNOTAVAIL, unix.ENODEV)
+	if err != nil {
 		return kernelErr(err, "deleting address %s from %s", k.prefix, name)
-	default:
-		w.Done()
+	}
+	if took {
 		r.log.Debug("address deleted", "address", k.prefix.String(), "link", name)
 	}
 	r.addrGone(k)
@@ -550,16 +515,12 @@ func (r *NetworkReconciler) ensureRoutes(ctx context.Context, want networkWant, 
 			flags = unix.NLM_F_CREATE | unix.NLM_F_REPLACE
 		}
 		msg := appendOverlayRouteRequest(r.nl.buffer(), unix.RTM_NEWROUTE, flags, id, rt)
-		w := r.routes.Expect(id, rt)
-		err := r.do(ctx, msg)
-		if err != nil {
-			w.Fail()
+		if _, err := kernelWrite(ctx, r.rtnlConn, r.routes.Expect(id, rt), msg); err != nil {
 			if !exists && errors.Is(err, unix.EEXIST) {
 				return hal.Errorf(hal.ReasonConflict, "subnet %s: tenant table %d holds a route to it that naples did not create; leaving it alone", id.prefix(), id.table)
 			}
 			return kernelErr(err, "adding route %s dev %s", id, want.bridge)
 		}
-		w.Done()
 		r.log.Debug("tenant route programmed", "key", want.id, "route", id.String(), "bridge", want.bridge)
 	}
 	return nil
@@ -583,16 +544,11 @@ func compareRouteIDs(a, b routeID) int {
 // table T metric M proto 242`).
 func (r *NetworkReconciler) deleteRoute(ctx context.Context, id routeID) error {
 	msg := appendOverlayRouteRequest(r.nl.buffer(), unix.RTM_DELROUTE, 0, id, overlayRoute{})
-	w := r.routes.ExpectGone(id)
-	err := r.do(ctx, msg)
-	switch {
-	case errors.Is(err, unix.ESRCH):
-		w.Gone()
-	case err != nil:
-		w.Fail()
+	took, err := kernelWrite(ctx, r.rtnlConn, r.routes.ExpectGone(id), msg, unix.ESRCH)
+	if err != nil {
 		return kernelErr(err, "deleting route %s", id)
-	default:
-		w.Done()
+	}
+	if took {
 		r.log.Debug("route deleted", "route", id.String())
 	}
 	return nil
@@ -638,12 +594,9 @@ func (r *NetworkReconciler) ensureRules(ctx context.Context, want networkWant) e
 			continue
 		}
 		msg := appendRuleRequest(r.nl.buffer(), unix.RTM_NEWRULE, unix.NLM_F_CREATE|unix.NLM_F_EXCL, k, uint8(OverlayRouteProtocol))
-		w := r.rules.Expect(k, uint8(OverlayRouteProtocol))
-		if err := r.do(ctx, msg); err != nil {
-			w.Fail()
+		if _, err := kernelWrite(ctx, r.rtnlConn, r.rules.Expect(k, uint8(OverlayRouteProtocol)), msg); err != nil {
 			return kernelErr(err, "adding rule %s", ruleString(k))
 		}
-		w.Done()
 		r.log.Debug("rule added", "key", want.id, "rule", ruleString(k))
 	}
 	return nil
@@ -652,16 +605,11 @@ func (r *NetworkReconciler) ensureRules(ctx context.Context, want networkWant) e
 // deleteRule deletes the rule k of the protocol (`ip rule del ...`).
 func (r *NetworkReconciler) deleteRule(ctx context.Context, k ruleKey, protocol uint8) error {
 	msg := appendRuleRequest(r.nl.buffer(), unix.RTM_DELRULE, 0, k, protocol)
-	w := r.rules.ExpectGone(k)
-	err := r.do(ctx, msg)
-	switch {
-	case errors.Is(err, unix.ENOENT):
-		w.Gone()
-	case err != nil:
-		w.Fail()
+	took, err := kernelWrite(ctx, r.rtnlConn, r.rules.ExpectGone(k), msg, unix.ENOENT)
+	if err != nil {
 		return kernelErr(err, "deleting rule %s", ruleString(k))
-	default:
-		w.Done()
+	}
+	if took {
 		r.log.Debug("rule deleted", "rule", ruleString(k))
 	}
 	return nil
@@ -732,12 +680,9 @@ func (r *NetworkReconciler) ensureReplication(ctx context.Context, want networkW
 			continue
 		}
 		msg := appendHERRequest(r.nl.buffer(), unix.RTM_NEWNEIGH, unix.NLM_F_CREATE|unix.NLM_F_APPEND, k)
-		w := r.her.Expect(k, herEntry{permanent: true})
-		if err := r.do(ctx, msg); err != nil {
-			w.Fail()
+		if _, err := kernelWrite(ctx, r.rtnlConn, r.her.Expect(k, herEntry{permanent: true}), msg); err != nil {
 			return nil, nil, kernelErr(err, "adding head-end replication to %s on %s", a, want.vxlan)
 		}
-		w.Done()
 		r.log.Debug("head-end replication added", "key", want.id, "vtep", a.String(), "vxlan", want.vxlan)
 	}
 	return remotes, without, nil
@@ -746,16 +691,11 @@ func (r *NetworkReconciler) ensureReplication(ctx context.Context, want networkW
 // deleteHER deletes the head-end replication entry k of the VXLAN device name.
 func (r *NetworkReconciler) deleteHER(ctx context.Context, name string, k herKey) error {
 	msg := appendHERRequest(r.nl.buffer(), unix.RTM_DELNEIGH, 0, k)
-	w := r.her.ExpectGone(k)
-	err := r.do(ctx, msg)
-	switch {
-	case errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENODEV):
-		w.Gone()
-	case err != nil:
-		w.Fail()
+	took, err := kernelWrite(ctx, r.rtnlConn, r.her.ExpectGone(k), msg, unix.ENOENT, unix.ENODEV)
+	if err != nil {
 		return kernelErr(err, "deleting head-end replication to %s on %s", k.dst, name)
-	default:
-		w.Done()
+	}
+	if took {
 		r.log.Debug("head-end replication deleted", "vtep", k.dst.String(), "vxlan", name)
 	}
 	return nil

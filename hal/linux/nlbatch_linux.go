@@ -373,13 +373,15 @@ func (b *nlBatcher) writeLoop() {
 			if len(batch) == 0 {
 				break
 			}
+			// Counted before the answers release the callers, so that a caller sees its
+			// request counted.
+			b.batches.Add(1)
+			b.sent.Add(uint64(len(batch)))
 			if err := b.send(buf); err != nil {
 				b.fail(batch, fmt.Errorf("sending to the kernel: %w", err))
 			} else {
 				b.drain(r)
 			}
-			b.batches.Add(1)
-			b.sent.Add(uint64(len(batch)))
 			clear(batch)
 		}
 	}

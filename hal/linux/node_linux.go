@@ -3,11 +3,8 @@ package linux
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/netip"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/vishvananda/netns"
@@ -16,11 +13,6 @@ import (
 	"github.com/naplesnet/naples/hal"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
-
-// ReasonWaitingForAddress: this host's Node names a VTEP address that no interface of the
-// host holds yet (or holds only tentatively, while IPv6 duplicate address detection
-// runs).
-const ReasonWaitingForAddress = "WaitingForAddress"
 
 // Operational data keys of a Node's status.
 const (
@@ -59,18 +51,15 @@ type NodeOptions struct {
 // and the observer's subscription keeps current; the observer enqueues this host's Node
 // whenever its VTEP address comes, goes or changes state.
 type NodeReconciler struct {
-	store       OverlayStore
-	node        string
-	ns          *netns.NsHandle
-	eventBuffer int
-	log         *slog.Logger
-	rtnl        *rtnlReader
+	// rtnlConn reads the dumps of addresses.
+	*rtnlConn
+	// mirrorLoader runs the dumps that load addrs.
+	mirrorLoader
+	store OverlayStore
+	node  string
 
 	// addrs holds every address of the namespace.
 	addrs *hal.Mirror[addrKey, ifAddr]
-	// filled is set once addrs has been loaded by a dump; dumpMu serializes dumps.
-	filled atomic.Bool
-	dumpMu sync.Mutex
 }
 
 var (
@@ -87,33 +76,22 @@ func NewNodeReconciler(opts NodeOptions) (*NodeReconciler, error) {
 	if opts.Node == "" {
 		return nil, errors.New("node reconciler: NodeOptions.Node is required")
 	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	if opts.Timeout <= 0 {
-		opts.Timeout = 10 * time.Second
-	}
-	if opts.EventBuffer <= 0 {
-		opts.EventBuffer = 1 << 20
-	}
-	rd, err := newRTNLReader(opts.Namespace, opts.Timeout)
+	c, err := openRTNLConn(rtnlConnOptions{Namespace: opts.Namespace, Timeout: opts.Timeout,
+		EventBuffer: opts.EventBuffer, DefaultEventBuffer: 1 << 20, Logger: opts.Logger})
 	if err != nil {
 		return nil, err
 	}
 	return &NodeReconciler{
-		store:       opts.Store,
-		node:        opts.Node,
-		ns:          opts.Namespace,
-		eventBuffer: opts.EventBuffer,
-		log:         opts.Logger,
-		rtnl:        rd,
-		addrs:       hal.NewMirror[addrKey, ifAddr](func(have, want ifAddr) bool { return have == want }, nil),
+		rtnlConn: c,
+		store:    opts.Store,
+		node:     opts.Node,
+		addrs:    hal.NewMirror[addrKey, ifAddr](func(have, want ifAddr) bool { return have == want }, nil),
 	}, nil
 }
 
 // Close releases the netlink socket. It is safe to call twice.
 func (r *NodeReconciler) Close() error {
-	r.rtnl.Close()
+	r.close()
 	return nil
 }
 
@@ -192,48 +170,25 @@ func (r *NodeReconciler) localVTEP() (netip.Addr, bool) {
 
 // fill loads the mirror with a dump, unless one has loaded it already.
 func (r *NodeReconciler) fill(ctx context.Context) error {
-	if r.filled.Load() {
-		return nil
-	}
-	_, err := r.dump(ctx)
-	return err
+	return r.loadOnce(ctx, func(ctx context.Context) error {
+		_, err := r.dumpAddrs(ctx)
+		return err
+	})
 }
 
-// dump loads the mirror with a fresh dump of the namespace's addresses (`ip addr show`)
-// and returns the addresses whose state changed.
-func (r *NodeReconciler) dump(ctx context.Context) ([]addrKey, error) {
-	r.dumpMu.Lock()
-	defer r.dumpMu.Unlock()
-	drift, err := r.addrs.Replace(func(add func(addrKey, ifAddr)) error {
-		type entry struct {
-			k addrKey
-			a ifAddr
-		}
-		var got []entry
-		err := r.rtnl.dump(ctx, addrDumpRequest(), func() { got = got[:0] }, func(typ uint16, p []byte) {
-			if k, a, ok := parseAddrMsg(p); ok && typ == unix.RTM_NEWADDR {
-				got = append(got, entry{k, a})
-			}
-		})
-		if err != nil {
-			return fmt.Errorf("listing addresses: %w", err)
-		}
-		for _, e := range got {
-			add(e.k, e.a)
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	r.filled.Store(true)
-	return drift, nil
+// dumpAddrs loads the mirror with a fresh dump of the namespace's addresses (`ip addr
+// show`) and returns the addresses whose state changed.
+func (r *NodeReconciler) dumpAddrs(ctx context.Context) ([]addrKey, error) {
+	return dumpMirror(ctx, r.rtnlConn, r.addrs, "addresses", unix.RTM_NEWADDR, parseAddrMsg, addrDumpRequest())
 }
 
 // resync dumps afresh and enqueues this host's Node when its VTEP address changed.
 func (r *NodeReconciler) resync(ctx context.Context, enqueue func(keyID string)) error {
-	drift, err := r.dump(ctx)
-	if err != nil {
+	var drift []addrKey
+	if _, err := r.loadAgain(ctx, func(ctx context.Context) (err error) {
+		drift, err = r.dumpAddrs(ctx)
+		return err
+	}); err != nil {
 		return err
 	}
 	vtep, ok := r.localVTEP()
@@ -256,48 +211,25 @@ func (r *NodeReconciler) Sweep(ctx context.Context, enqueue func(keyID string)) 
 // mirror current, enqueueing this host's Node whenever its VTEP address is added,
 // removed or changes state.
 func (r *NodeReconciler) Observe(ctx context.Context, enqueue func(keyID string), subscribed func()) error {
-	sub, err := subscribeNetlink(r.ns, r.eventBuffer, unix.RTNLGRP_IPV4_IFADDR, unix.RTNLGRP_IPV6_IFADDR)
-	if err != nil {
-		return fmt.Errorf("subscribing to address changes: %w", err)
-	}
-	stop := context.AfterFunc(ctx, func() { sub.Close() })
-	defer func() {
-		stop()
-		sub.Close()
-	}()
-	if err := r.resync(ctx, enqueue); err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return err
-	}
-	subscribed()
 	local := NodeKey(r.node).ID()
-	apply := func(typ uint16, payload []byte) {
-		if typ != unix.RTM_NEWADDR && typ != unix.RTM_DELADDR {
-			return
-		}
-		k, a, ok := parseAddrMsg(payload)
-		if !ok {
-			return
-		}
-		if typ == unix.RTM_NEWADDR {
-			r.addrs.Update(k, a)
-		} else {
-			r.addrs.Remove(k)
-		}
-		if vtep, ok := r.localVTEP(); ok && k.prefix.Addr() == vtep {
-			r.log.Debug("VTEP address changed", "key", local, "address", k.prefix.String())
-			enqueue(local)
-		}
-	}
-	for {
-		err := sub.Receive(apply)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("watching address changes: %w", err)
-		}
-	}
+	return r.observe(ctx, "address changes", []uint{unix.RTNLGRP_IPV4_IFADDR, unix.RTNLGRP_IPV6_IFADDR},
+		func(ctx context.Context) error { return r.resync(ctx, enqueue) }, subscribed,
+		func(typ uint16, payload []byte) {
+			if typ != unix.RTM_NEWADDR && typ != unix.RTM_DELADDR {
+				return
+			}
+			k, a, ok := parseAddrMsg(payload)
+			if !ok {
+				return
+			}
+			if typ == unix.RTM_NEWADDR {
+				r.addrs.Update(k, a)
+			} else {
+				r.addrs.Remove(k)
+			}
+			if vtep, ok := r.localVTEP(); ok && k.prefix.Addr() == vtep {
+				r.log.Debug("VTEP address changed", "key", local, "address", k.prefix.String())
+				enqueue(local)
+			}
+		})
 }

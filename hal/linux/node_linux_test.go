@@ -4,7 +4,6 @@ import (
 	"context"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/naplesnet/naples/hal"
 )
@@ -25,37 +24,7 @@ func (h *overlayHost) newNodeReconciler(t *testing.T) *NodeReconciler {
 // once it is subscribed; the keys it enqueues arrive on the returned channel.
 func observeNodes(t *testing.T, r *NodeReconciler) <-chan string {
 	t.Helper()
-	enqueued := make(chan string, 1000)
-	subscribed := make(chan struct{})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- r.Observe(ctx, func(id string) { enqueued <- id }, func() { close(subscribed) })
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Observe: %v", err)
-		}
-	})
-	select {
-	case <-subscribed:
-	case <-time.After(20 * time.Second):
-		t.Fatal("the observer did not subscribe")
-	}
-	return enqueued
-}
-
-// nextEnqueued waits for the observer to enqueue a key and returns it.
-func nextEnqueued(t *testing.T, enqueued <-chan string, what string) string {
-	t.Helper()
-	select {
-	case id := <-enqueued:
-		return id
-	case <-time.After(20 * time.Second):
-		t.Fatalf("timed out waiting for the observer to enqueue %s", what)
-		return ""
-	}
+	return runObserver(t, r)
 }
 
 // TestNodeReconciler: this host's Node waits for its VTEP address to be on an interface

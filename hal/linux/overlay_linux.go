@@ -158,6 +158,10 @@ const (
 	ReasonWaitingForNetwork = "WaitingForNetwork"
 	// ReasonWaitingForInterface: a host interface the object names does not exist.
 	ReasonWaitingForInterface = "WaitingForInterface"
+	// ReasonWaitingForAddress: this host's Node names a VTEP address that no interface of
+	// the host holds yet (or holds only tentatively, while IPv6 duplicate address
+	// detection runs).
+	ReasonWaitingForAddress = "WaitingForAddress"
 )
 
 // NodeVTEP returns the VTEP address of the named node from its Node object. When there is

@@ -9,7 +9,6 @@ import (
 	"hash/maphash"
 	"log/slog"
 	"math/bits"
-	"net"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -49,7 +48,7 @@ var RouteIndex = delphi.Index{Name: "route", Values: func(obj *nimbusv1.Object) 
 
 // Indexes returns the delphi indexes the backend's reconcilers look objects up by.
 func Indexes() []delphi.Index {
-	return []delphi.Index{RouteIndex, EndpointNetworkIndex, EndpointNodeIndex, EndpointInterfaceIndex,
+	return []delphi.Index{RouteIndex, RouteTenantIndex, EndpointNetworkIndex, EndpointNodeIndex, EndpointInterfaceIndex,
 		EndpointMACIndex, EndpointIPIndex, NetworkVNIIndex}
 }
 
@@ -61,7 +60,23 @@ type RouteStore interface {
 	// LookupFirstID returns the key ID of the object LookupFirst returns, "" when there is
 	// none, without decoding it.
 	LookupFirstID(index, value string) (keyID string, err error)
+	// LookupIDs returns the key IDs of the desired objects a declared index lists under
+	// value, ordered.
+	LookupIDs(index, value string) ([]string, error)
 }
+
+// RouteTenantIndex lists a Route that goes into its tenant's table (spec.tenantTable)
+// under its tenant, so that a change of one of the tenant's networks, whose gateways such
+// a route often goes through, reconciles it again.
+var RouteTenantIndex = delphi.Index{Name: "route_tenant", Values: func(obj *nimbusv1.Object) []string {
+	if !obj.GetRoute().GetTenantTable() {
+		return nil
+	}
+	if t := obj.GetMeta().GetTenant(); t != "" {
+		return []string{t}
+	}
+	return []string{nimbusv1.DefaultTenant}
+}}
 
 // RouteOptions configures a RouteReconciler.
 type RouteOptions struct {
@@ -185,19 +200,13 @@ type hop struct {
 // current by the observer's subscription and dumped afresh by every sweep, so a reconcile
 // costs one netlink write, or none when the kernel already holds the route.
 type RouteReconciler struct {
+	// rtnlConn dumps the routes and carries the route writes, many to a sendmsg.
+	*rtnlConn
 	store RouteStore
-	// handle dumps routes and resolves interface names; writes go through nl.
+	// handle resolves interface names.
 	handle *netlink.Handle
-	// nl carries the route writes, many to a sendmsg.
-	nl          *nlBatcher
-	ns          *netns.NsHandle
-	eventBuffer int
-	log         *slog.Logger
-	writes      atomic.Uint64
-	// dumps counts the full dumps of the kernel's routes, for tests.
-	dumps atomic.Uint64
 
-	// mirror holds every route of the namespace that has a destination, by identity.
+	// mirror holds every IPv4 and IPv6 route of the namespace but cached ones, by identity.
 	mirror *hal.Mirror[routeID, kernelRoute]
 	// filled is set once the mirror has been loaded by a dump.
 	filled atomic.Bool
@@ -303,6 +312,7 @@ var (
 	_ hal.Reconciler         = (*RouteReconciler)(nil)
 	_ hal.Sweeper            = (*RouteReconciler)(nil)
 	_ hal.Observer           = (*RouteReconciler)(nil)
+	_ hal.Dependent          = (*RouteReconciler)(nil)
 	_ hal.KernelWriteCounter = (*RouteReconciler)(nil)
 )
 
@@ -311,42 +321,31 @@ func NewRouteReconciler(opts RouteOptions) (*RouteReconciler, error) {
 	if opts.Store == nil {
 		return nil, errors.New("route reconciler: RouteOptions.Store is required")
 	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	if opts.Timeout <= 0 {
-		opts.Timeout = 10 * time.Second
-	}
-	if opts.EventBuffer <= 0 {
-		opts.EventBuffer = 32 << 20
+	c, err := openRTNLConn(rtnlConnOptions{Namespace: opts.Namespace, Timeout: opts.Timeout,
+		EventBuffer: opts.EventBuffer, DefaultEventBuffer: 32 << 20, Logger: opts.Logger, Writes: true})
+	if err != nil {
+		return nil, err
 	}
 	var h *netlink.Handle
-	var err error
-	if opts.Namespace != nil {
-		h, err = netlink.NewHandleAt(*opts.Namespace)
+	if c.ns != nil {
+		h, err = netlink.NewHandleAt(*c.ns)
 	} else {
 		h, err = netlink.NewHandle()
 	}
 	if err != nil {
+		c.close()
 		return nil, fmt.Errorf("opening netlink handle: %w", err)
 	}
-	if err := h.SetSocketTimeout(opts.Timeout); err != nil {
+	if err := h.SetSocketTimeout(c.timeout); err != nil {
 		h.Close()
-		return nil, fmt.Errorf("setting netlink timeout %v: %w", opts.Timeout, err)
-	}
-	b, err := newNLBatcher(nlBatcherOptions{Namespace: opts.Namespace, Protocol: unix.NETLINK_ROUTE, Timeout: opts.Timeout})
-	if err != nil {
-		h.Close()
-		return nil, err
+		c.close()
+		return nil, fmt.Errorf("setting netlink timeout %v: %w", c.timeout, err)
 	}
 	r := &RouteReconciler{
-		store:       opts.Store,
-		handle:      h,
-		nl:          b,
-		ns:          opts.Namespace,
-		eventBuffer: opts.EventBuffer,
-		log:         opts.Logger,
-		mirror:      hal.NewMirror[routeID, kernelRoute](sameRoute, routeID.hash),
+		rtnlConn: c,
+		store:    opts.Store,
+		handle:   h,
+		mirror:   hal.NewMirror[routeID, kernelRoute](sameRoute, routeID.hash),
 	}
 	r.dumpDone = sync.NewCond(&r.dumpMu)
 	r.programmed.init()
@@ -355,7 +354,7 @@ func NewRouteReconciler(opts RouteOptions) (*RouteReconciler, error) {
 
 // Close releases the netlink sockets. It is safe to call twice.
 func (r *RouteReconciler) Close() error {
-	r.nl.Close()
+	r.close()
 	r.handle.Close()
 	return nil
 }
@@ -438,21 +437,15 @@ func (r *RouteReconciler) write(ctx context.Context, id routeID, want kernelRout
 		flags = unix.NLM_F_CREATE | unix.NLM_F_REPLACE
 	}
 	msg := appendRouteRequest(r.nl.buffer(), unix.RTM_NEWROUTE, flags, id, want.hops)
-	w := r.mirror.Expect(id, want)
-	err := r.nl.Do(ctx, msg)
+	_, err := kernelWrite(ctx, r.rtnlConn, r.mirror.Expect(id, want), msg)
 	switch {
 	case err != nil && !replace && errors.Is(err, unix.EEXIST):
-		w.Fail()
 		return hal.Errorf(hal.ReasonKernelError, "adding route %s: a route the mirror has not heard of yet is there: %w", id, err)
 	case err != nil && !replace:
-		w.Fail()
 		return hal.Errorf(hal.ReasonKernelError, "adding route %s: %w", id, err)
 	case err != nil:
-		w.Fail()
 		return hal.Errorf(hal.ReasonKernelError, "replacing route %s: %w", id, err)
 	}
-	w.Done()
-	r.writes.Add(1)
 	return nil
 }
 
@@ -521,37 +514,133 @@ func (r *RouteReconciler) sweepOne(ctx context.Context, id routeID) error {
 // else changes or deletes, and of every route the fresh read finds changed, so drift is
 // repaired by a normal reconcile. A route of protocol 241 that differs from what the
 // reconciler wrote counts as drift too: another writer may use the protocol.
+//
+// The kernel removes IPv4 routes without a word when the interface they go through goes
+// down or away, or loses its last IPv4 address: no RTM_DELROUTE follows. So the observer
+// also hears of links and IPv4 addresses, and when a link that has carried an IPv4 route
+// goes down or away, or loses an address, it reads the routes afresh (one re-read at a
+// time, and one more for every burst of such events that came meanwhile), which
+// enqueues the objects whose routes went.
 func (r *RouteReconciler) Observe(ctx context.Context, enqueue func(keyID string), subscribed func()) error {
-	sub, err := subscribeNetlink(r.ns, r.eventBuffer, unix.RTNLGRP_IPV4_ROUTE, unix.RTNLGRP_IPV6_ROUTE)
-	if err != nil {
-		return fmt.Errorf("subscribing to route changes: %w", err)
-	}
-	// Closing the socket ends a Receive under way.
-	stop := context.AfterFunc(ctx, func() { sub.Close() })
-	defer func() {
-		stop()
-		sub.Close()
-	}()
-	// Subscribed first, then dumped: a change that the dump misses is reported after it,
-	// and the mirror applies it in order.
-	if err := r.resync(ctx, enqueue); err != nil {
-		if ctx.Err() != nil {
-			return nil
+	var reread coalescing
+	defer reread.wait()
+	// routed holds the indexes of the links that carried an IPv4 route the observer saw.
+	routed := map[int32]bool{}
+	load := func(ctx context.Context) error {
+		if err := r.resync(ctx, enqueue); err != nil {
+			return err
 		}
-		return err
-	}
-	subscribed()
-	apply := func(typ uint16, payload []byte) { r.apply(typ, payload, enqueue) }
-	for {
-		err := sub.Receive(apply)
-		if ctx.Err() != nil {
-			return nil
+		for id, rt := range r.mirror.All() {
+			if id.v4 {
+				for _, h := range rt.hops {
+					routed[h.link] = true
+				}
+			}
 		}
-		if err != nil {
-			return fmt.Errorf("watching route changes: %w", err)
-		}
+		return nil
 	}
+	groups := []uint{unix.RTNLGRP_IPV4_ROUTE, unix.RTNLGRP_IPV6_ROUTE, unix.RTNLGRP_LINK, unix.RTNLGRP_IPV4_IFADDR}
+	return r.observe(ctx, "route changes", groups, load, subscribed, func(typ uint16, payload []byte) {
+		switch typ {
+		case unix.RTM_NEWROUTE, unix.RTM_DELROUTE:
+			if id, rt, ok := parseRoute(payload); ok && id.v4 && typ == unix.RTM_NEWROUTE {
+				for _, h := range rt.hops {
+					routed[h.link] = true
+				}
+			}
+			r.apply(typ, payload, enqueue)
+		case unix.RTM_NEWLINK, unix.RTM_DELLINK, unix.RTM_DELADDR:
+			index, down := routeFlushHint(typ, payload)
+			if !down || !routed[index] {
+				return
+			}
+			if typ == unix.RTM_DELLINK {
+				delete(routed, index)
+			}
+			reread.run(func() {
+				if err := r.resync(ctx, enqueue); err != nil && ctx.Err() == nil {
+					r.log.Warn("reading routes afresh after a link went down", "err", err)
+				}
+			})
+		}
+	})
 }
+
+// DependsOn returns Network: a route in its tenant's table often goes through the
+// gateway of one of the tenant's networks, and cannot be written before that network is.
+func (r *RouteReconciler) DependsOn() []nimbusv1.Kind {
+	return []nimbusv1.Kind{nimbusv1.Kind_KIND_NETWORK}
+}
+
+// DependentsOf returns, for a Network, the routes that go into its tenant's table.
+func (r *RouteReconciler) DependentsOf(keyID string) []string {
+	key, err := nimbusv1.ParseKeyID(keyID)
+	if err != nil || key.GetKind() != nimbusv1.Kind_KIND_NETWORK {
+		return nil
+	}
+	ids, err := r.store.LookupIDs(RouteTenantIndex.Name, key.Defaulted().GetTenant())
+	if err != nil {
+		return nil
+	}
+	return ids
+}
+
+// routeFlushHint tells, for a link or address notification, the index of the link it is
+// about and whether it may have made the kernel flush IPv4 routes through that link
+// without a notification: the link went away or is down, or it lost an IPv4 address.
+func routeFlushHint(typ uint16, payload []byte) (index int32, down bool) {
+	ne := binary.NativeEndian
+	switch typ {
+	case unix.RTM_NEWLINK, unix.RTM_DELLINK:
+		if len(payload) < unix.SizeofIfInfomsg {
+			return 0, false
+		}
+		index = int32(ne.Uint32(payload[4:8]))
+		return index, typ == unix.RTM_DELLINK || ne.Uint32(payload[8:12])&unix.IFF_UP == 0
+	case unix.RTM_DELADDR:
+		if len(payload) < unix.SizeofIfAddrmsg || payload[0] != unix.AF_INET {
+			return 0, false
+		}
+		return int32(ne.Uint32(payload[4:8])), true
+	}
+	return 0, false
+}
+
+// coalescing runs a function in a goroutine of its own, one run at a time: a call while
+// one runs makes one more run after it, however many calls come meanwhile.
+type coalescing struct {
+	mu      sync.Mutex
+	running bool
+	again   bool
+	wg      sync.WaitGroup
+}
+
+// run runs f now, or once more after the run under way.
+func (c *coalescing) run(f func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.running {
+		c.again = true
+		return
+	}
+	c.running = true
+	c.wg.Go(func() {
+		for {
+			f()
+			c.mu.Lock()
+			if !c.again {
+				c.running = false
+				c.mu.Unlock()
+				return
+			}
+			c.again = false
+			c.mu.Unlock()
+		}
+	})
+}
+
+// wait waits for the runs under way.
+func (c *coalescing) wait() { c.wg.Wait() }
 
 // apply applies a route change, an RTM_NEWROUTE or RTM_DELROUTE notification, to the
 // mirror and enqueues the route's owner when the change is drift.
@@ -597,38 +686,34 @@ func (r *RouteReconciler) drift(id routeID, typ uint16, rt kernelRoute) (keyID s
 
 // parseRoute decodes the payload of an RTM_NEWROUTE or RTM_DELROUTE message (struct
 // rtmsg and its attributes) into the route's identity and what the mirror keeps of it,
-// as kernelID and kernelRouteOf do for a route the netlink library decoded; ok is false
-// for a route naples could not have created (one without a destination).
+// as the netlink library decodes a route: the destination of a route without one (a
+// default route, which the kernel sends without RTA_DST) is the unspecified address of
+// its family. ok is false for a message of a family other than IPv4 and IPv6 and for a
+// cached route (RTM_F_CLONED), which naples could not have created.
 func parseRoute(b []byte) (id routeID, rt kernelRoute, ok bool) {
 	if len(b) < unix.SizeofRtMsg {
 		return routeID{}, kernelRoute{}, false
 	}
 	ne := binary.NativeEndian
-	dstLen := int(b[1])
+	family, dstLen := b[0], int(b[1])
+	if (family != unix.AF_INET && family != unix.AF_INET6) || ne.Uint32(b[8:12])&unix.RTM_F_CLONED != 0 {
+		return routeID{}, kernelRoute{}, false
+	}
 	id.table = uint32(b[4])
 	rt.protocol = netlink.RouteProtocol(b[5])
 	var dst, gw netip.Addr
 	var link int32
 	var multipath []byte
-	for attrs := b[unix.SizeofRtMsg:]; len(attrs) >= unix.SizeofRtAttr; {
-		l := int(ne.Uint16(attrs[0:2]))
-		if l < unix.SizeofRtAttr || l > len(attrs) {
-			break
-		}
-		v := attrs[unix.SizeofRtAttr:l]
-		switch ne.Uint16(attrs[2:4]) & nlaTypeMask {
+	eachAttr(b[unix.SizeofRtMsg:], func(typ uint16, v []byte) {
+		switch typ {
 		case unix.RTA_DST:
 			dst, _ = netip.AddrFromSlice(v)
 		case unix.RTA_GATEWAY:
 			gw, _ = netip.AddrFromSlice(v)
 		case unix.RTA_OIF:
-			if len(v) >= 4 {
-				link = int32(ne.Uint32(v))
-			}
+			link = int32(attrUint32(v))
 		case unix.RTA_PRIORITY:
-			if len(v) >= 4 {
-				id.metric = ne.Uint32(v)
-			}
+			id.metric = attrUint32(v)
 		case unix.RTA_TABLE:
 			if len(v) >= 4 {
 				id.table = ne.Uint32(v)
@@ -636,10 +721,13 @@ func parseRoute(b []byte) (id routeID, rt kernelRoute, ok bool) {
 		case unix.RTA_MULTIPATH:
 			multipath = v
 		}
-		attrs = attrs[min(len(attrs), rtaAlign(l)):]
-	}
-	if !dst.IsValid() {
-		return routeID{}, kernelRoute{}, false
+	})
+	switch {
+	case dst.IsValid():
+	case family == unix.AF_INET:
+		dst = netip.IPv4Unspecified()
+	default:
+		dst = netip.IPv6Unspecified()
 	}
 	id = newRouteID(id.table, netip.PrefixFrom(dst.Unmap(), dstLen), id.metric)
 	if multipath == nil {
@@ -653,17 +741,12 @@ func parseRoute(b []byte) (id routeID, rt kernelRoute, ok bool) {
 			break
 		}
 		h := hop{link: int32(ne.Uint32(multipath[4:8])), weight: int32(multipath[3]) + 1}
-		for attrs := multipath[unix.SizeofRtNexthop:l]; len(attrs) >= unix.SizeofRtAttr; {
-			al := int(ne.Uint16(attrs[0:2]))
-			if al < unix.SizeofRtAttr || al > len(attrs) {
-				break
-			}
-			if ne.Uint16(attrs[2:4])&nlaTypeMask == unix.RTA_GATEWAY {
-				a, _ := netip.AddrFromSlice(attrs[unix.SizeofRtAttr:al])
+		eachAttr(multipath[unix.SizeofRtNexthop:l], func(typ uint16, v []byte) {
+			if typ == unix.RTA_GATEWAY {
+				a, _ := netip.AddrFromSlice(v)
 				h.gw = a.Unmap()
 			}
-			attrs = attrs[min(len(attrs), rtaAlign(al)):]
-		}
+		})
 		rt.hops = append(rt.hops, h)
 		multipath = multipath[min(len(multipath), rtaAlign(l)):]
 	}
@@ -763,44 +846,10 @@ func (r *RouteReconciler) sharedDump(ctx context.Context, loaded bool) ([]routeI
 	return drift, err
 }
 
-// dumpAttempts bounds how often dump starts over when the kernel reports that routes
-// changed during a dump (NLM_F_DUMP_INTR).
-const dumpAttempts = 5
-
 // dump reads every route of the namespace into the mirror (`ip route show table all`, both
 // families) and returns the identities whose state differs from what the mirror held.
 func (r *RouteReconciler) dump(ctx context.Context) ([]routeID, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	return r.mirror.Replace(func(add func(routeID, kernelRoute)) error {
-		type entry struct {
-			id routeID
-			rt kernelRoute
-		}
-		for attempt := 1; ; attempt++ {
-			r.dumps.Add(1)
-			var routes []entry
-			err := r.handle.RouteListFilteredIter(netlink.FAMILY_ALL,
-				&netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE,
-				func(rt netlink.Route) bool {
-					if id, ok := kernelID(rt); ok {
-						routes = append(routes, entry{id, kernelRouteOf(&rt)})
-					}
-					return true
-				})
-			if errors.Is(err, netlink.ErrDumpInterrupted) && attempt < dumpAttempts && ctx.Err() == nil {
-				continue
-			}
-			if err != nil {
-				return fmt.Errorf("listing routes: %w", err)
-			}
-			for _, e := range routes {
-				add(e.id, e.rt)
-			}
-			return nil
-		}
-	})
+	return dumpMirror(ctx, r.rtnlConn, r.mirror, "routes", unix.RTM_NEWROUTE, parseRoute, routeDumpRequest(unix.AF_UNSPEC, 0))
 }
 
 // idOf derives the kernel identity of a route spec of an object of the tenant.
@@ -824,19 +873,6 @@ func idOf(spec *nimbusv1.RouteSpec, tenant string) (routeID, error) {
 // ip6DefaultMetric is the metric the kernel gives an IPv6 route added with metric 0
 // (IP6_RT_PRIO_USER).
 const ip6DefaultMetric = 1024
-
-// kernelID is the identity of a kernel route, if it is one naples could have created.
-func kernelID(rt netlink.Route) (routeID, bool) {
-	if rt.Dst == nil {
-		return routeID{}, false
-	}
-	addr, ok := netip.AddrFromSlice(rt.Dst.IP)
-	if !ok {
-		return routeID{}, false
-	}
-	ones, _ := rt.Dst.Mask.Size()
-	return newRouteID(uint32(rt.Table), netip.PrefixFrom(addr.Unmap(), ones), uint32(rt.Priority)), true
-}
 
 // ownerOf returns the key ID of the desired object that owns a kernel route, the first by
 // key of the Route objects with its identity; "" when none does.
@@ -897,19 +933,11 @@ func (r *RouteReconciler) delete(ctx context.Context, id routeID) error {
 		return err
 	}
 	msg := appendRouteRequest(r.nl.buffer(), unix.RTM_DELROUTE, 0, id, nil)
-	w := r.mirror.ExpectGone(id)
-	err := r.nl.Do(ctx, msg)
-	switch {
-	case errors.Is(err, unix.ESRCH):
-		w.Gone()
-		return nil
-	case err != nil:
-		w.Fail()
+	took, err := kernelWrite(ctx, r.rtnlConn, r.mirror.ExpectGone(id), msg, unix.ESRCH)
+	if err != nil {
 		return hal.Errorf(hal.ReasonKernelError, "deleting route %s: %w", id, err)
 	}
-	w.Done()
-	r.writes.Add(1)
-	if r.log.Enabled(ctx, slog.LevelDebug) {
+	if took && r.log.Enabled(ctx, slog.LevelDebug) {
 		r.log.Debug("route deleted", "route", id.String())
 	}
 	return nil
@@ -972,31 +1000,6 @@ func appendRouteRequest(b []byte, typ, flags uint16, id routeID, hops []hop) []b
 	return b
 }
 
-// appendAttrAddr appends an attribute holding an address, 4 or 16 bytes.
-func appendAttrAddr(b []byte, typ uint16, a netip.Addr) []byte {
-	if a.Is4() {
-		v := a.As4()
-		return appendAttr(b, typ, v[:])
-	}
-	v := a.As16()
-	return appendAttr(b, typ, v[:])
-}
-
-// kernelRouteOf is what the mirror keeps of a netlink route.
-func kernelRouteOf(rt *netlink.Route) kernelRoute {
-	k := kernelRoute{protocol: rt.Protocol}
-	if len(rt.MultiPath) == 0 {
-		k.hops = []hop{{gw: addrOf(rt.Gw), link: int32(rt.LinkIndex), weight: 1}}
-	} else {
-		k.hops = make([]hop, 0, len(rt.MultiPath))
-		for _, nh := range rt.MultiPath {
-			k.hops = append(k.hops, hop{gw: addrOf(nh.Gw), link: int32(nh.LinkIndex), weight: int32(nh.Hops) + 1})
-		}
-		slices.SortFunc(k.hops, compareHops)
-	}
-	return k
-}
-
 // compareHops orders next hops by gateway and then interface.
 func compareHops(a, b hop) int {
 	if c := a.gw.Compare(b.gw); c != 0 {
@@ -1012,10 +1015,4 @@ func sameRoute(have, want kernelRoute) bool {
 	return have.protocol == want.protocol && slices.EqualFunc(have.hops, want.hops, func(a, b hop) bool {
 		return a.gw == b.gw && a.weight == b.weight && (b.link == 0 || a.link == b.link)
 	})
-}
-
-// addrOf converts a netlink address; nil is the zero Addr.
-func addrOf(ip net.IP) netip.Addr {
-	a, _ := netip.AddrFromSlice(ip)
-	return a.Unmap()
 }

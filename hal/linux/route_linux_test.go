@@ -63,12 +63,11 @@ func forEachFamily(t *testing.T, test func(t *testing.T, f ipFamily)) {
 // 10.10.0.0/24 and 2001:db8:1::/64 on eth0, 10.20.0.0/24 and 2001:db8:2::/64 on eth1, a
 // delphi store and a route reconciler bound to it.
 type host struct {
-	ns      string
-	nsh     netns.NsHandle
-	nl      *netlink.Handle
-	store   *delphi.Store
-	desired *delphi.DesiredWriter
-	rec     *RouteReconciler
+	testStore
+	ns  string
+	nsh netns.NsHandle
+	nl  *netlink.Handle
+	rec *RouteReconciler
 }
 
 func newHost(t *testing.T) *host {
@@ -91,21 +90,13 @@ func newHost(t *testing.T) *host {
 		t.Fatal(err)
 	}
 	t.Cleanup(nl.Close)
-	store, err := delphi.Open(delphi.Options{Indexes: Indexes(), Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	desired, err := store.ClaimDesired()
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec, err := NewRouteReconciler(RouteOptions{Store: store, Namespace: &nsh, Logger: quiet})
+	s := newTestStore(t, Indexes())
+	rec, err := NewRouteReconciler(RouteOptions{Store: s.store, Namespace: &nsh, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { rec.Close() })
-	return &host{ns: ns, nsh: nsh, nl: nl, store: store, desired: desired, rec: rec}
+	return &host{testStore: s, ns: ns, nsh: nsh, nl: nl, rec: rec}
 }
 
 func route(name string, table uint32, prefix string, gws ...string) *nimbusv1.Object {
@@ -119,31 +110,10 @@ func route(name string, table uint32, prefix string, gws ...string) *nimbusv1.Ob
 	}
 }
 
-func (h *host) put(t *testing.T, objs ...*nimbusv1.Object) {
-	t.Helper()
-	txn := &delphi.DesiredTxn{}
-	for _, o := range objs {
-		txn.Put(o)
-	}
-	if err := h.desired.Commit(txn); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func (h *host) del(t *testing.T, key *nimbusv1.ObjectKey) {
-	t.Helper()
-	txn := &delphi.DesiredTxn{}
-	txn.Delete(key)
-	if err := h.desired.Commit(txn); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // reconcile runs the reconciler the way the HAL does: with the object delphi holds now.
 func (h *host) reconcile(t *testing.T, key *nimbusv1.ObjectKey) error {
 	t.Helper()
-	obj, _ := h.store.Get(key)
-	_, err := h.rec.Reconcile(context.Background(), key, obj)
+	_, err := h.reconcileStored(h.rec, key)
 	return err
 }
 
@@ -163,32 +133,7 @@ func (h *host) sweep(t *testing.T) []string {
 // subscribed. The keys it enqueues arrive on the returned channel.
 func (h *host) observe(t *testing.T) <-chan string {
 	t.Helper()
-	enqueued := make(chan string, 10000)
-	subscribed := make(chan struct{})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- h.rec.Observe(ctx, func(id string) { enqueued <- id }, func() { close(subscribed) })
-	}()
-	stopped := false
-	stop := func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Observe: %v", err)
-		}
-	}
-	t.Cleanup(stop)
-	select {
-	case <-subscribed:
-	case err := <-done:
-		stopped = true
-		t.Fatalf("Observe ended before it subscribed: %v", err)
-	}
-	return enqueued
+	return runObserver(t, h.rec)
 }
 
 // mirrored waits until the reconciler's mirror holds what ok accepts for the route with
@@ -517,29 +462,10 @@ func TestObserverSeesDrift(t *testing.T) {
 			t.Fatal(err)
 		}
 
-		enqueued := make(chan string, 100)
-		subscribed := make(chan struct{})
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() {
-			done <- h.rec.Observe(ctx, func(id string) { enqueued <- id }, func() { close(subscribed) })
-		}()
-		t.Cleanup(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("Observe: %v", err)
-			}
-		})
-		<-subscribed
+		enqueued := h.observe(t)
 		next := func(what string) string {
 			t.Helper()
-			select {
-			case id := <-enqueued:
-				return id
-			case <-time.After(20 * time.Second):
-				t.Fatalf("timed out waiting for the observer to enqueue %s", what)
-				return ""
-			}
+			return nextEnqueued(t, enqueued, what)
 		}
 
 		// Our own write, then drift of the marker: only the marker is enqueued.
@@ -563,23 +489,7 @@ func TestObserverSeesDrift(t *testing.T) {
 func TestHAL(t *testing.T) {
 	forEachFamily(t, func(t *testing.T, f ipFamily) {
 		h := newHost(t)
-		store, err := hal.Delphi(h.store)
-		if err != nil {
-			t.Fatal(err)
-		}
-		hl, err := hal.New(hal.Options{Store: store, Reconcilers: []hal.Reconciler{h.rec}, Logger: quiet})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- hl.Run(ctx) }()
-		t.Cleanup(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		})
+		runHAL(t, h.store, hal.Options{Reconcilers: []hal.Reconciler{h.rec}})
 
 		good := route("good", 100, f.prefix, f.gw1)
 		// The gateway's subnet is not connected yet: the kernel refuses it.
@@ -644,5 +554,27 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestRouteDependsOnTenantNetworks: a change of a network reconciles the routes in its
+// tenant's table again, and no other route.
+func TestRouteDependsOnTenantNetworks(t *testing.T) {
+	h := newHost(t)
+	inTable := route("in-table", 100, "198.51.100.0/24", "10.10.0.2")
+	inTable.Meta.Tenant = "acme"
+	inTenant := route("in-tenant", 0, "203.0.113.0/24", "10.10.0.2")
+	inTenant.Meta.Tenant = "acme"
+	inTenant.GetRoute().TenantTable = true
+	otherTenant := route("other-tenant", 0, "192.0.2.0/24", "10.10.0.2")
+	otherTenant.GetRoute().TenantTable = true
+	h.put(t, inTable, inTenant, otherTenant)
+
+	network := nimbusv1.NewKey(nimbusv1.Kind_KIND_NETWORK, "acme", "", "blue").ID()
+	if got, want := h.rec.DependentsOf(network), []string{inTenant.Key().ID()}; !slices.Equal(got, want) {
+		t.Errorf("DependentsOf(%s) = %v, want %v", network, got, want)
+	}
+	if got := h.rec.DependentsOf(inTable.Key().ID()); got != nil {
+		t.Errorf("DependentsOf(a route) = %v, want none", got)
 	}
 }

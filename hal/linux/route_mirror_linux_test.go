@@ -12,6 +12,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/naplesnet/naples/hal"
+	"github.com/naplesnet/naples/internal/testns"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -368,5 +369,105 @@ func TestRouteIndexKey(t *testing.T) {
 				t.Errorf("the index key of %s is a prefix of that of %s", a, b)
 			}
 		}
+	}
+}
+
+// TestDefaultRouteIsMirrored: a default route, which the kernel reports without a
+// destination (no RTA_DST), is found again by the dump of a reconciler started afresh,
+// whose reconcile then writes nothing, and its deletion by hand reaches the observer,
+// which enqueues its owner, whose reconcile puts it back.
+func TestDefaultRouteIsMirrored(t *testing.T) {
+	forEachFamily(t, func(t *testing.T, f ipFamily) {
+		h := newHost(t)
+		prefix := "0.0.0.0/0"
+		if f.flag == "-6" {
+			prefix = "::/0"
+		}
+		obj := route("default", 100, prefix, f.gw1)
+		h.put(t, obj)
+		if err := h.reconcile(t, obj.Key()); err != nil {
+			t.Fatal(err)
+		}
+
+		fresh, err := NewRouteReconciler(RouteOptions{Store: h.store, Namespace: &h.nsh, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer fresh.Close()
+		if _, err := fresh.Reconcile(context.Background(), obj.Key(), obj); err != nil {
+			t.Fatalf("reconcile by a fresh reconciler: %v", err)
+		}
+		if n := fresh.KernelWrites(); n != 0 {
+			t.Errorf("a fresh reconciler wrote %d times for a default route the kernel holds; want 0", n)
+		}
+
+		enqueued := h.observe(t)
+		h.ip(t, f, "route", "del", "default", "table", "100")
+		if id := nextEnqueued(t, enqueued, "the owner of the deleted default route"); id != obj.Key().ID() {
+			t.Fatalf("deleting the default route by hand enqueued %s, want %s", id, obj.Key().ID())
+		}
+		if err := h.reconcile(t, obj.Key()); err != nil {
+			t.Fatal(err)
+		}
+		if got := h.table(t, f, 100); !strings.Contains(got, "default via "+f.gw1) {
+			t.Errorf("table 100 after the repair:\n%s\nwant default via %s", got, f.gw1)
+		}
+	})
+}
+
+// TestObserverSeesSilentFlushes takes away, by hand, what an IPv4 route goes through:
+// the kernel removes the route without a notification when its interface goes down,
+// loses its address, or is deleted. The observer still enqueues the route's owner, and
+// the mirror no longer holds the route, so the reconcile writes it again once it can.
+func TestObserverSeesSilentFlushes(t *testing.T) {
+	f := families[0]
+	for _, tc := range []struct {
+		name         string
+		flush, heal  []string
+		gateway      string
+		wantUnhealed bool
+	}{
+		{name: "link down", flush: []string{"link", "set", "eth0", "down"}, heal: []string{"link", "set", "eth0", "up"}, gateway: f.gw1},
+		{name: "address removed", flush: []string{"addr", "del", "10.10.0.1/24", "dev", "eth0"},
+			heal: []string{"addr", "add", "10.10.0.1/24", "dev", "eth0"}, gateway: f.gw1},
+		{name: "link deleted", flush: []string{"link", "del", "veth9"}, gateway: "10.90.0.2", wantUnhealed: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHost(t)
+			for _, args := range [][]string{
+				{"link", "add", "veth9", "type", "veth", "peer", "name", "veth9p"},
+				{"addr", "add", "10.90.0.1/24", "dev", "veth9"},
+				{"link", "set", "veth9", "up"},
+				{"link", "set", "veth9p", "up"},
+			} {
+				testns.Run(t, "ip", append([]string{"-n", h.ns}, args...)...)
+			}
+			obj := route("flushed", 100, f.prefix, tc.gateway)
+			h.put(t, obj)
+			enqueued := h.observe(t)
+			if err := h.reconcile(t, obj.Key()); err != nil {
+				t.Fatal(err)
+			}
+			h.mirrored(t, 100, f.prefix, "programmed", func(_ kernelRoute, present bool) bool { return present })
+
+			testns.Run(t, "ip", append([]string{"-n", h.ns}, tc.flush...)...)
+			if got := h.table(t, f, 100); strings.Contains(got, f.prefix) {
+				t.Fatalf("the kernel kept the route after %s:\n%s", tc.name, got)
+			}
+			if id := nextEnqueued(t, enqueued, "the owner of the flushed route"); id != obj.Key().ID() {
+				t.Fatalf("the observer enqueued %s; want %s", id, obj.Key().ID())
+			}
+			h.mirrored(t, 100, f.prefix, "gone", func(_ kernelRoute, present bool) bool { return !present })
+			if tc.wantUnhealed {
+				return
+			}
+			testns.Run(t, "ip", append([]string{"-n", h.ns}, tc.heal...)...)
+			if err := h.reconcile(t, obj.Key()); err != nil {
+				t.Fatal(err)
+			}
+			if got := h.table(t, f, 100); !strings.Contains(got, f.prefix+" via "+tc.gateway) {
+				t.Errorf("route not written again after %s was undone:\n%s", tc.name, got)
+			}
+		})
 	}
 }

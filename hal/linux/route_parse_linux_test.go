@@ -1,8 +1,10 @@
 package linux
 
 import (
+	"net"
 	"net/netip"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -10,11 +12,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestParseRouteAgreesWithNetlink: the observer's decoding of route notifications
-// (parseRoute) finds the identity and next hops that the netlink library's decoding of a
-// dump finds (kernelID, kernelRouteOf), for routes of both families, with one next hop or
-// several, weighted, with and without gateways, in tables below and above 255, with and
-// without a metric.
+// TestParseRouteAgreesWithNetlink: the reconciler's decoding of route messages
+// (parseRoute), which serves its dumps and its observer's notifications, finds the
+// identity and next hops that the netlink library's decoding of a dump finds (kernelID,
+// kernelRouteOf), for routes of both families, with one next hop or several, weighted,
+// with and without gateways, in tables below and above 255, with and without a metric,
+// and for default routes.
 func TestParseRouteAgreesWithNetlink(t *testing.T) {
 	h := newHost(t)
 	sub, err := subscribeNetlink(&h.nsh, 1<<20, unix.RTNLGRP_IPV4_ROUTE, unix.RTNLGRP_IPV6_ROUTE)
@@ -32,6 +35,9 @@ func TestParseRouteAgreesWithNetlink(t *testing.T) {
 		{"-6", "route", "add", "2001:db8:ff::/48", "via", "2001:db8:1::2", "table", "100", "proto", "241"},
 		{"-6", "route", "add", "2001:db8:fe::/48", "table", "100", "metric", "5",
 			"nexthop", "via", "2001:db8:1::2", "nexthop", "via", "2001:db8:2::2", "weight", "2"},
+		// Default routes, which the kernel sends without a destination.
+		{"-4", "route", "add", "default", "via", "10.10.0.2", "table", "100", "proto", "241"},
+		{"-6", "route", "add", "default", "via", "2001:db8:1::2", "table", "1000", "metric", "3"},
 		{"-4", "route", "del", "198.51.101.0/24", "table", "100"},
 	}
 	for _, args := range routes {
@@ -43,7 +49,7 @@ func TestParseRouteAgreesWithNetlink(t *testing.T) {
 	deleted := map[routeID]bool{}
 	timer := time.AfterFunc(20*time.Second, func() { sub.Close() })
 	defer timer.Stop()
-	for len(seen) < 6 || len(deleted) < 1 {
+	for len(seen) < 8 || len(deleted) < 1 {
 		err := sub.Receive(func(typ uint16, payload []byte) {
 			id, rt, ok := parseRoute(payload)
 			if !ok || (id.table != 100 && id.table != 1000) {
@@ -81,8 +87,8 @@ func TestParseRouteAgreesWithNetlink(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if dumped != 5 {
-		t.Errorf("dumped %d routes in tables 100 and 1000, want 5", dumped)
+	if dumped != 7 {
+		t.Errorf("dumped %d routes in tables 100 and 1000, want 7", dumped)
 	}
 	if want := mustID(t, 100, "198.51.101.0/24"); !deleted[want] {
 		t.Errorf("the deletion of %s was not decoded; deleted: %v", want, deleted)
@@ -107,4 +113,39 @@ func TestRouteIDKeepsThePrefix(t *testing.T) {
 	if newRouteID(1, netip.MustParsePrefix("0.0.0.0/0"), 0) == newRouteID(1, netip.MustParsePrefix("::/0"), 0) {
 		t.Error("the IPv4 and IPv6 default routes have one identity")
 	}
+}
+
+// kernelID is the identity of a route the netlink library decoded, if it has a
+// destination.
+func kernelID(rt netlink.Route) (routeID, bool) {
+	if rt.Dst == nil {
+		return routeID{}, false
+	}
+	addr, ok := netip.AddrFromSlice(rt.Dst.IP)
+	if !ok {
+		return routeID{}, false
+	}
+	ones, _ := rt.Dst.Mask.Size()
+	return newRouteID(uint32(rt.Table), netip.PrefixFrom(addr.Unmap(), ones), uint32(rt.Priority)), true
+}
+
+// kernelRouteOf is what the mirror keeps of a route the netlink library decoded.
+func kernelRouteOf(rt *netlink.Route) kernelRoute {
+	k := kernelRoute{protocol: rt.Protocol}
+	if len(rt.MultiPath) == 0 {
+		k.hops = []hop{{gw: addrOf(rt.Gw), link: int32(rt.LinkIndex), weight: 1}}
+	} else {
+		k.hops = make([]hop, 0, len(rt.MultiPath))
+		for _, nh := range rt.MultiPath {
+			k.hops = append(k.hops, hop{gw: addrOf(nh.Gw), link: int32(nh.LinkIndex), weight: int32(nh.Hops) + 1})
+		}
+		slices.SortFunc(k.hops, compareHops)
+	}
+	return k
+}
+
+// addrOf converts a netlink address; nil is the zero Addr.
+func addrOf(ip net.IP) netip.Addr {
+	a, _ := netip.AddrFromSlice(ip)
+	return a.Unmap()
 }
