@@ -327,7 +327,7 @@ func (r *NetworkReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectK
 	// Links of the devices' names that are not naples's are never touched, nor are rules
 	// made for them.
 	for _, name := range []string{want.bridge, want.vxlan} {
-		if l, ok := r.links.Get(name); ok && l.alias != want.alias {
+		if l, ok := r.links.Get(name); ok && !ownsLink(l, want.alias) {
 			return nil, foreignLink(name, l)
 		}
 	}

@@ -599,6 +599,21 @@ func TestNetworkConflicts(t *testing.T) {
 			t.Errorf("a network in conflict wrote the kernel %d times", h.rec.KernelWrites())
 		}
 	})
+	t.Run("UnmarkedOwnLink", func(t *testing.T) {
+		// What an agent stopped between creating a bridge and setting its alias leaves:
+		// a link of the name in LinkGroup without an alias. The next agent adopts it.
+		h := newOverlayHost(t)
+		obj := networkObj("acme", "blue", 100, 0, subnet("10.1.0.0/24", "10.1.0.1"))
+		br := BridgeName(obj.Key().ID())
+		h.put(t, nodeObj(localNode, "192.0.2.1"), obj)
+		h.run(t, "ip", "link", "add", br, "group", fmt.Sprint(LinkGroup), "type", "bridge")
+		index, _, _ := strings.Cut(h.run(t, "ip", "-o", "link", "show", br), ":")
+		h.mustReconcile(t, obj.Key())
+		mustContain(t, "the adopted bridge", h.run(t, "ip", "-d", "link", "show", br), "alias "+OwnerAlias(obj.Key().ID()))
+		if again, _, _ := strings.Cut(h.run(t, "ip", "-o", "link", "show", br), ":"); again != index {
+			t.Errorf("the bridge was created anew (index %s, was %s); want it adopted", again, index)
+		}
+	})
 	t.Run("VNI", func(t *testing.T) {
 		h := newOverlayHost(t)
 		a := networkObj("acme", "a", 100, 0, subnet("10.1.0.0/24", "10.1.0.1"))

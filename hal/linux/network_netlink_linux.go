@@ -26,6 +26,8 @@ type networkLink struct {
 	kind string
 	// alias is IFLA_IFALIAS, naples's mark of ownership.
 	alias string
+	// group is IFLA_GROUP; a link naples created is in LinkGroup. sameLink ignores it.
+	group uint32
 	// mac is the link-layer address as raw bytes; "" in a wanted state means any.
 	mac string
 	// mtu is the MTU; 0 in a wanted state means any.
@@ -94,6 +96,8 @@ func parseLinkMsg(b []byte) (m linkMsg, ok bool) {
 			m.link.master = int32(attrUint32(v))
 		case unix.IFLA_IFALIAS:
 			m.link.alias = cString(v)
+		case unix.IFLA_GROUP:
+			m.link.group = attrUint32(v)
 		case unix.IFLA_LINKINFO:
 			parseLinkInfo(v, &m.link)
 		case unix.IFLA_PROTINFO:

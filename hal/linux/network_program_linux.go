@@ -55,10 +55,11 @@ func (r *NetworkReconciler) ensureVXLAN(ctx context.Context, want networkWant, v
 
 // ensureLink makes a link named name exist that fits: one the mirror holds with the
 // network's alias, or one it creates as target describes. A link of the name without the
-// alias is a conflict; one with it that does not fit is deleted and created anew.
+// alias is a conflict, unless it is one naples created and could not mark yet (ownsLink);
+// one with it that does not fit is deleted and created anew.
 func (r *NetworkReconciler) ensureLink(ctx context.Context, name string, target networkLink, fits func(networkLink) bool) (networkLink, error) {
 	have, ok := r.links.Get(name)
-	if ok && have.alias != target.alias {
+	if ok && !ownsLink(have, target.alias) {
 		return networkLink{}, foreignLink(name, have)
 	}
 	if ok && fits(have) {
@@ -72,6 +73,13 @@ func (r *NetworkReconciler) ensureLink(ctx context.Context, name string, target 
 		}
 	}
 	return r.createLink(ctx, name, target)
+}
+
+// ownsLink reports whether the link have of a network's device name is that network's:
+// it carries the network's alias, or no alias and LinkGroup, as a link naples created
+// does until its alias is set.
+func ownsLink(have networkLink, alias string) bool {
+	return have.alias == alias || (have.alias == "" && have.group == LinkGroup)
 }
 
 // foreignLink is the conflict with a link of a network's device name that naples did not
@@ -88,6 +96,7 @@ func (r *NetworkReconciler) createLink(ctx context.Context, name string, target 
 	msg = appendIfInfo(msg, unix.AF_UNSPEC, 0, unix.IFF_UP, unix.IFF_UP)
 	msg = appendAttrString(msg, unix.IFLA_IFNAME, name)
 	msg = appendAttrString(msg, unix.IFLA_IFALIAS, target.alias)
+	msg = appendAttrUint32(msg, unix.IFLA_GROUP, LinkGroup)
 	if target.mac != "" {
 		msg = appendAttr(msg, unix.IFLA_ADDRESS, []byte(target.mac))
 	}
@@ -134,7 +143,7 @@ func (r *NetworkReconciler) createLink(ctx context.Context, name string, target 
 func (r *NetworkReconciler) createClash(ctx context.Context, name string, target networkLink, err error) (networkLink, error) {
 	have, gerr := r.refreshLink(ctx, name)
 	switch {
-	case gerr == nil && have.alias == target.alias:
+	case gerr == nil && ownsLink(have, target.alias):
 		return have, nil
 	case gerr == nil:
 		return networkLink{}, foreignLink(name, have)
@@ -709,9 +718,9 @@ func (r *NetworkReconciler) deleteHER(ctx context.Context, name string, k herKey
 func (r *NetworkReconciler) teardown(ctx context.Context, id string) error {
 	bridge, vxlan, alias := BridgeName(id), VXLANName(id), OwnerAlias(id)
 	br, brExists := r.links.Get(bridge)
-	foreign := brExists && br.alias != alias
+	foreign := brExists && !ownsLink(br, alias)
 	for _, name := range []string{vxlan, bridge} {
-		if l, ok := r.links.Get(name); ok && l.alias == alias {
+		if l, ok := r.links.Get(name); ok && ownsLink(l, alias) {
 			if err := r.deleteLink(ctx, name, l); err != nil {
 				return err
 			}

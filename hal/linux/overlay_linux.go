@@ -35,6 +35,13 @@ const (
 	// tenant's networks.
 	TenantRulePriority = 1000
 
+	// LinkGroup is the link group (`ip link show group 28257`) of every link the overlay
+	// creates. The kernel takes a link's group, not its alias, in the request that
+	// creates it, so the alias follows in a second request; an agent stopped between the
+	// two leaves a link of a network's device name in this group without an alias, which
+	// the next agent recognises as its own and marks.
+	LinkGroup = 0x6E61
+
 	// aliasPrefix starts the alias (IFLA_IFALIAS, `ip link set ... alias`) of every link
 	// the overlay creates; the key ID of the object that owns the link follows.
 	aliasPrefix = "naples:"
