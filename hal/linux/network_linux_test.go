@@ -613,6 +613,23 @@ func TestNetworkConflicts(t *testing.T) {
 		if again, _, _ := strings.Cut(h.run(t, "ip", "-o", "link", "show", br), ":"); again != index {
 			t.Errorf("the bridge was created anew (index %s, was %s); want it adopted", again, index)
 		}
+
+		// Left so by an agent whose network was then deleted: the sweep removes it, and
+		// leaves alone a link of such a name outside LinkGroup.
+		orphan := BridgeName(nimbusv1.NewKey(nimbusv1.Kind_KIND_NETWORK, "acme", "", "gone").ID())
+		foreign := VXLANName(nimbusv1.NewKey(nimbusv1.Kind_KIND_NETWORK, "acme", "", "gone").ID())
+		h.run(t, "ip", "link", "add", orphan, "group", fmt.Sprint(LinkGroup), "type", "bridge")
+		h.run(t, "ip", "link", "add", foreign, "type", "bridge")
+		if err := h.rec.Sweep(context.Background(), func(string) {}); err != nil {
+			t.Fatal(err)
+		}
+		links := h.run(t, "ip", "-o", "link", "show")
+		if strings.Contains(links, orphan+":") {
+			t.Errorf("the sweep left the unmarked naples link %s of a network that is gone:\n%s", orphan, links)
+		}
+		if !strings.Contains(links, foreign+":") || !strings.Contains(links, br+":") {
+			t.Errorf("the sweep removed %s (foreign) or %s (its network's):\n%s", foreign, br, links)
+		}
 	})
 	t.Run("VNI", func(t *testing.T) {
 		h := newOverlayHost(t)

@@ -334,8 +334,10 @@ func (r *NetworkReconciler) Sweep(ctx context.Context, enqueue func(keyID string
 		return err
 	}
 	bridges := map[string]string{}
+	devices := map[string]bool{}
 	for _, id := range r.store.KeyIDs(nimbusv1.Kind_KIND_NETWORK) {
 		bridges[BridgeName(id)] = id
+		devices[BridgeName(id)], devices[VXLANName(id)] = true, true
 	}
 	stale := map[string]bool{}
 	for _, l := range r.links.All() {
@@ -347,6 +349,21 @@ func (r *NetworkReconciler) Sweep(ctx context.Context, enqueue func(keyID string
 		if err := r.sweepNetwork(ctx, id, func() error {
 			r.log.Info("removing the kernel state of a network that is gone", "key", id)
 			return r.teardown(ctx, id)
+		}); err != nil {
+			return err
+		}
+	}
+	// A link naples created and could not mark before it stopped (see LinkGroup), of a
+	// network that is gone.
+	for name, l := range r.links.All() {
+		unmarked := l.alias == "" && l.group == LinkGroup &&
+			(strings.HasPrefix(name, bridgePrefix) || strings.HasPrefix(name, vxlanPrefix))
+		if !unmarked || devices[name] {
+			continue
+		}
+		if err := r.sweepNetwork(ctx, "", func() error {
+			r.log.Info("removing an unmarked link of a network that is gone", "link", name)
+			return r.deleteLink(ctx, name, l)
 		}); err != nil {
 			return err
 		}
