@@ -90,6 +90,12 @@ func TestStoppedAgentIsResetAndCatchesUp(t *testing.T) {
 	b := c.newHost(t, "host-b")
 	const n = 600
 
+	// host-a's watch must be under way before it stops: an agent stopped before it
+	// watches has no stream to reset.
+	c.apply(t, manyRoutes(1, "10.10.0.2"))
+	waitFor(t, "host-a to program a first route", func() bool {
+		return strings.Contains(a.routes(t, 100), "via 10.10.0.2")
+	})
 	if err := a.agent.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
