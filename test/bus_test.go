@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -94,7 +95,9 @@ func TestStoppedAgentIsResetAndCatchesUp(t *testing.T) {
 	// watches has no stream to reset.
 	c.apply(t, manyRoutes(1, "10.10.0.2"))
 	waitFor(t, "host-a to program a first route", func() bool {
-		return strings.Contains(a.routes(t, 100), "via 10.10.0.2")
+		// Until the route is there, table 100 does not exist and ip fails.
+		out, _ := exec.Command("ip", "-n", a.ns, "route", "show", "table", "100").Output()
+		return strings.Contains(string(out), "via 10.10.0.2")
 	})
 	if err := a.agent.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
