@@ -1,7 +1,6 @@
 package linux
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -10,8 +9,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/hal"
@@ -90,34 +87,6 @@ func benchEndpointsHAL(b *testing.B, n int) (add, del, addCPU, delCPU time.Durat
 		b.Fatal(err)
 	}
 	h.desired.MarkSynced()
-	store, err := hal.Delphi(h.store)
-	if err != nil {
-		b.Fatal(err)
-	}
-	hl, err := hal.New(hal.Options{Store: store, Reconcilers: []hal.Reconciler{h.rec}, Logger: logger})
-	if err != nil {
-		b.Fatal(err)
-	}
-	sub, err := h.store.Subscribe(delphi.SubscribeOptions{Tables: []delphi.Table{delphi.TableStatus}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer sub.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-
-	var ru0, ru1 unix.Rusage
-	unix.Getrusage(unix.RUSAGE_SELF, &ru0)
-	b.StartTimer()
-	start := time.Now()
-	done := make(chan error, 1)
-	go func() { done <- hl.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			b.Errorf("Run: %v", err)
-		}
-	}()
 	// Statuses of the network and the nodes are written too (Unsupported: no reconciler).
 	watched := map[string]*nimbusv1.ObjectKey{netID: network.Key()}
 	for i := range 16 {
@@ -126,39 +95,21 @@ func benchEndpointsHAL(b *testing.B, n int) (add, del, addCPU, delCPU time.Durat
 	for id, k := range keys {
 		watched[id] = k
 	}
-	waitStatuses(b, ctx, h.store, sub, watched, func(st *nimbusv1.NodeStatus, ok bool) bool {
-		return ok && (st.GetPhase() == nimbusv1.Phase_PHASE_PROGRAMMED || st.GetReason() == hal.ReasonUnsupported)
-	})
-	add = time.Since(start)
-	b.StopTimer()
-	unix.Getrusage(unix.RUSAGE_SELF, &ru1)
-	addCPU = cpuTime(ru1) - cpuTime(ru0)
-	if got := strings.Count(h.run(b, "bridge", "fdb", "show", "dev", VXLANName(netID)), " static"); got != 2*n {
-		b.Fatalf("the HAL programmed %d static FDB entries; want %d", got, 2*n)
-	}
-
-	txn = &delphi.DesiredTxn{}
-	for _, k := range keys {
-		txn.Delete(k)
-	}
-	if err := h.desired.Commit(txn); err != nil {
-		b.Fatal(err)
-	}
-	unix.Getrusage(unix.RUSAGE_SELF, &ru0)
-	b.StartTimer()
-	start = time.Now()
-	waitStatuses(b, ctx, h.store, sub, keys, func(_ *nimbusv1.NodeStatus, ok bool) bool { return !ok })
-	del = time.Since(start)
-	b.StopTimer()
-	unix.Getrusage(unix.RUSAGE_SELF, &ru1)
-	delCPU = cpuTime(ru1) - cpuTime(ru0)
-	if got := strings.Count(h.run(b, "ip", "neigh", "show", "dev", BridgeName(netID)), "PERMANENT"); got != 0 {
-		b.Fatalf("%d neighbours left after every endpoint was deleted", got)
-	}
-	if st := hl.Stats().Kinds[nimbusv1.Kind_KIND_ENDPOINT]; st.KernelWrites != uint64(6*n) || st.Errors != 0 {
+	t, stats := timeHAL(b, h.store, h.desired, h.rec, logger, watched, keys,
+		func(hal.Stats) {
+			if got := strings.Count(h.run(b, "bridge", "fdb", "show", "dev", VXLANName(netID)), " static"); got != 2*n {
+				b.Fatalf("the HAL programmed %d static FDB entries; want %d", got, 2*n)
+			}
+		},
+		func(hal.Stats) {
+			if got := strings.Count(h.run(b, "ip", "neigh", "show", "dev", BridgeName(netID)), "PERMANENT"); got != 0 {
+				b.Fatalf("%d neighbours left after every endpoint was deleted", got)
+			}
+		})
+	if st := stats.Kinds[nimbusv1.Kind_KIND_ENDPOINT]; st.KernelWrites != uint64(6*n) || st.Errors != 0 {
 		b.Errorf("endpoint stats %+v; want %d kernel writes and no errors", st, 6*n)
 	}
-	return add, del, addCPU, delCPU
+	return t.add, t.del, t.addCPU, t.delCPU
 }
 
 // benchEndpointsBatch times `bridge -batch` and `ip -batch` adding and then deleting the

@@ -1,7 +1,6 @@
 package linux
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -149,72 +148,23 @@ func benchNetworksHAL(b *testing.B, n int) networkBenchResult {
 		b.Fatal(err)
 	}
 	defer rec.Close()
-	halStore, err := hal.Delphi(store)
-	if err != nil {
-		b.Fatal(err)
-	}
-	h, err := hal.New(hal.Options{Store: halStore, Reconcilers: []hal.Reconciler{rec}, Logger: logger})
-	if err != nil {
-		b.Fatal(err)
-	}
-	sub, err := store.Subscribe(delphi.SubscribeOptions{Tables: []delphi.Table{delphi.TableStatus}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer sub.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-
-	var res networkBenchResult
-	var ru0, ru1 unix.Rusage
-	unix.Getrusage(unix.RUSAGE_SELF, &ru0)
-	b.StartTimer()
-	start := time.Now()
-	done := make(chan error, 1)
-	go func() { done <- h.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			b.Errorf("Run: %v", err)
-		}
-	}()
 	// The Node's status is written too (Unsupported: no reconciler here).
 	watched := map[string]*nimbusv1.ObjectKey{node.Key().ID(): node.Key()}
 	for id, k := range keys {
 		watched[id] = k
 	}
-	waitStatuses(b, ctx, store, sub, watched, func(st *nimbusv1.NodeStatus, ok bool) bool {
-		return ok && (st.GetPhase() == nimbusv1.Phase_PHASE_PROGRAMMED || st.GetReason() == hal.ReasonUnsupported)
-	})
-	res.addTime = time.Since(start)
-	b.StopTimer()
-	unix.Getrusage(unix.RUSAGE_SELF, &ru1)
-	res.addCPU = cpuTime(ru1) - cpuTime(ru0)
-	wantNetworkObjects(b, ns, "the HAL", n)
-	stats := h.Stats().Kinds[nimbusv1.Kind_KIND_NETWORK]
-	res.addWrites = stats.KernelWrites
-
-	txn = &delphi.DesiredTxn{}
-	for _, k := range keys {
-		txn.Delete(k)
-	}
-	// The HAL hears of the deletes once they are committed: time it from then.
-	if err := desired.Commit(txn); err != nil {
-		b.Fatal(err)
-	}
-	unix.Getrusage(unix.RUSAGE_SELF, &ru0)
-	b.StartTimer()
-	start = time.Now()
-	waitStatuses(b, ctx, store, sub, keys, func(_ *nimbusv1.NodeStatus, ok bool) bool { return !ok })
-	res.delTime = time.Since(start)
-	b.StopTimer()
-	unix.Getrusage(unix.RUSAGE_SELF, &ru1)
-	res.delCPU = cpuTime(ru1) - cpuTime(ru0)
-	wantNetworkObjects(b, ns, "the HAL, after deleting every network,", 0)
-	stats = h.Stats().Kinds[nimbusv1.Kind_KIND_NETWORK]
-	res.delWrites = stats.KernelWrites - res.addWrites
-	if stats.Errors != 0 {
-		b.Errorf("network stats %+v; want no errors", stats)
+	var res networkBenchResult
+	t, stats := timeHAL(b, store, desired, rec, logger, watched, keys,
+		func(s hal.Stats) {
+			wantNetworkObjects(b, ns, "the HAL", n)
+			res.addWrites = s.Kinds[nimbusv1.Kind_KIND_NETWORK].KernelWrites
+		},
+		func(hal.Stats) { wantNetworkObjects(b, ns, "the HAL, after deleting every network,", 0) })
+	res.addTime, res.delTime, res.addCPU, res.delCPU = t.add, t.del, t.addCPU, t.delCPU
+	st := stats.Kinds[nimbusv1.Kind_KIND_NETWORK]
+	res.delWrites = st.KernelWrites - res.addWrites
+	if st.Errors != 0 {
+		b.Errorf("network stats %+v; want no errors", st)
 	}
 	return res
 }
