@@ -6,7 +6,7 @@ TOOLS_BIN := $(BIN)/tools
 CMDS      := nimbus naples-agent naplesctl
 GOTEST    ?= $(GO) test -race -count=1 -timeout 20m
 
-.PHONY: all build test bench demo proto proto-check tools vet clean
+.PHONY: all build test bench demo proto proto-check bpf bpf-check tools vet clean
 
 all: build
 
@@ -36,7 +36,8 @@ tools:
 		github.com/bufbuild/buf/cmd/buf \
 		google.golang.org/protobuf/cmd/protoc-gen-go \
 		google.golang.org/grpc/cmd/protoc-gen-go-grpc \
-		github.com/planetscale/vtprotobuf/cmd/protoc-gen-go-vtproto
+		github.com/planetscale/vtprotobuf/cmd/protoc-gen-go-vtproto \
+		github.com/cilium/ebpf/cmd/bpf2go
 
 proto: tools
 	PATH="$(TOOLS_BIN):$$PATH" $(TOOLS_BIN)/buf generate
@@ -45,6 +46,17 @@ proto: tools
 proto-check: proto
 	git diff --exit-code -- proto
 	test -z "$$(git status --porcelain -- proto)"
+
+# bpf compiles the eBPF firewall (hal/linux/fwbpf/firewall.c) and regenerates its Go
+# bindings with bpf2go. It needs clang, llvm-strip and libbpf's headers (Debian: clang llvm
+# libbpf-dev).
+bpf: tools
+	PATH="$(TOOLS_BIN):$$PATH" $(GO) generate ./hal/linux/fwbpf/
+
+# bpf-check fails when the committed object or bindings differ from a fresh generation.
+bpf-check: bpf
+	git diff --exit-code -- hal/linux/fwbpf
+	test -z "$$(git status --porcelain -- hal/linux/fwbpf)"
 
 clean:
 	rm -rf $(BIN)

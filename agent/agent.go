@@ -55,6 +55,17 @@ type Config struct {
 	// their NIC's counters; a change of a NIC's state refreshes it at once. A status goes
 	// upstream only when it changed. Default: 10s.
 	InterfaceStats time.Duration
+	// BPFDir is the bpffs directory the firewall pins its maps and links in, so that
+	// enforcement and connection tracking outlive the agent; bpffs is mounted on
+	// /sys/fs/bpf when it is under it and missing. Default: empty, no firewall: security
+	// groups and policies are not enforced.
+	BPFDir string
+	// FirewallCapacities are the sizes of the firewall's maps. Default: those of
+	// FirewallCapacities' fields.
+	FirewallCapacities FirewallCapacities
+	// FirewallStats is how often the statuses of policies and local endpoints are
+	// refreshed with the firewall's counters. Default: 10s.
+	FirewallStats time.Duration
 
 	// netns, when set, is the network namespace the HAL programs instead of the
 	// agent's own; tests use it to keep their hands off the machine's namespace.
@@ -102,7 +113,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer client.Close()
-	reconcilers, closeBackend, err := backend(store, cfg, log)
+	reconcilers, closeBackend, err := backend(store, cfg, log, reg)
 	if err != nil {
 		return err
 	}
@@ -240,4 +251,19 @@ func lockStateDir(dir string) (unlock func(), err error) {
 		return nil, fmt.Errorf("locking %s (is another agent running on this state directory?): %w", path, err)
 	}
 	return func() { f.Close() }, nil
+}
+
+// FirewallCapacities are the sizes of the firewall's maps; zero takes the default. An
+// object that would overflow one is FAILED with reason CapacityExceeded.
+type FirewallCapacities struct {
+	// Snapshot: entries of a snapshot, endpoints, peer prefixes and policy entries
+	// together. Default: 65536.
+	Snapshot int
+	// Conntrack: connections tracked at once; when full the least recently used is
+	// evicted. Default: 262144.
+	Conntrack int
+	// Rules: policy rules whose hits are counted. Default: 65536.
+	Rules int
+	// Endpoints: local endpoints whose packets are counted. Default: 16384.
+	Endpoints int
 }

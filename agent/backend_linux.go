@@ -3,9 +3,12 @@ package agent
 import (
 	"log/slog"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/hal"
 	"github.com/naplesnet/naples/hal/linux"
+	"github.com/naplesnet/naples/hal/linux/fwbpf"
 )
 
 // indexes returns the delphi indexes the backend's reconcilers look objects up by.
@@ -19,11 +22,26 @@ type closingReconciler interface {
 
 // backend returns the reconcilers that program this host's kernel, in cfg.netns (nil: the
 // agent's own network namespace), and a function that releases them.
-func backend(store *delphi.Store, cfg Config, log *slog.Logger) ([]hal.Reconciler, func(), error) {
+func backend(store *delphi.Store, cfg Config, log *slog.Logger, reg prometheus.Registerer) ([]hal.Reconciler, func(), error) {
 	var made []closingReconciler
+	var fw *linux.Firewall
 	closeAll := func() {
 		for _, r := range made {
 			r.Close()
+		}
+		// After the endpoint reconciler, which uses it.
+		if fw != nil {
+			fw.Close()
+		}
+	}
+	if cfg.BPFDir != "" {
+		var err error
+		fw, err = linux.NewFirewall(linux.FirewallOptions{
+			Store: store, Node: cfg.Node, Namespace: cfg.netns, Dir: cfg.BPFDir, StatsInterval: cfg.FirewallStats, Logger: log, Registerer: reg,
+			Capacities: fwbpf.Capacities(cfg.FirewallCapacities),
+		})
+		if err != nil {
+			return nil, nil, err
 		}
 	}
 	for _, build := range []func() (closingReconciler, error){
@@ -42,7 +60,7 @@ func backend(store *delphi.Store, cfg Config, log *slog.Logger) ([]hal.Reconcile
 			return linux.NewNetworkReconciler(linux.NetworkOptions{Store: store, Node: cfg.Node, Namespace: cfg.netns, Logger: log})
 		},
 		func() (closingReconciler, error) {
-			return linux.NewEndpointReconciler(linux.EndpointOptions{Store: store, Node: cfg.Node, Namespace: cfg.netns, Logger: log})
+			return linux.NewEndpointReconciler(linux.EndpointOptions{Store: store, Node: cfg.Node, Namespace: cfg.netns, Logger: log, Firewall: fw})
 		},
 	} {
 		r, err := build()
@@ -52,9 +70,12 @@ func backend(store *delphi.Store, cfg Config, log *slog.Logger) ([]hal.Reconcile
 		}
 		made = append(made, r)
 	}
-	recs := make([]hal.Reconciler, len(made))
-	for i, r := range made {
-		recs[i] = r
+	recs := make([]hal.Reconciler, 0, len(made)+2)
+	for _, r := range made {
+		recs = append(recs, r)
+	}
+	if fw != nil {
+		recs = append(recs, fw.PolicyReconciler(), fw.GroupReconciler())
 	}
 	return recs, closeAll, nil
 }

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"log/slog"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/hal"
 )
@@ -14,6 +16,6 @@ import (
 func indexes() []delphi.Index { return nil }
 
 // backend reports that only Linux hosts can be programmed.
-func backend(*delphi.Store, Config, *slog.Logger) ([]hal.Reconciler, func(), error) {
+func backend(*delphi.Store, Config, *slog.Logger, prometheus.Registerer) ([]hal.Reconciler, func(), error) {
 	return nil, nil, errors.New("agent: the HAL programs Linux kernels only")
 }

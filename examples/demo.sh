@@ -37,6 +37,8 @@ export NAPLES_SERVER="unix://$sock"
 # naplesctl authenticates as the publisher of the demo's CA.
 export NAPLES_TLS_CERT="$pki/publisher.crt" NAPLES_TLS_KEY="$pki/publisher.key" NAPLES_TLS_CA="$pki/ca.crt"
 pids=()
+# Each host's firewall pins its maps and links in a bpffs directory of its own.
+bpfroot="/sys/fs/bpf/naples-demo.$(basename "$work")"
 
 # cleanup stops every process the demo started and removes its namespaces and files.
 cleanup() {
@@ -45,7 +47,7 @@ cleanup() {
 	for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
 	for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
 	for ns in "${namespaces[@]}"; do ip netns delete "$ns" 2>/dev/null || true; done
-	rm -rf "$work"
+	rm -rf "$work" "$bpfroot"
 	printf '\n== cleaned up: namespaces %s, processes and %s removed\n' "${namespaces[*]}" "$work"
 	exit "$status"
 }
@@ -120,7 +122,8 @@ start_agent() {
 	local ns=$1 node=$2
 	ip netns exec "$ns" "$bin/naples-agent" --node "$node" --nimbus "$NAPLES_SERVER" \
 		--tls-cert "$pki/$node.crt" --tls-key "$pki/$node.key" --tls-ca "$pki/ca.crt" \
-		--state-dir "$work/state-$node" --socket "$work/$node.sock" 2>"$work/agent-$node.log" &
+		--state-dir "$work/state-$node" --socket "$work/$node.sock" --bpf-dir "$bpfroot/$node" \
+		2>"$work/agent-$node.log" &
 	pids+=($!)
 }
 

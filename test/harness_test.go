@@ -192,6 +192,8 @@ type host struct {
 	agent *proc
 	// cert is the node whose certificate the agent presents; normally name.
 	cert string
+	// bpf is the bpffs directory the agent's firewall pins its maps and links in.
+	bpf string
 }
 
 func (c *cluster) newHost(t testing.TB, name string) *host {
@@ -230,7 +232,11 @@ func (c *cluster) addHost(t testing.TB, name, cert string) *host {
 	} {
 		testns.Run(t, "ip", append([]string{"-n", ns}, args...)...)
 	}
-	return &host{name: name, ns: ns, state: filepath.Join(c.dir, "state-"+name), c: c, cert: cert}
+	// Each host's firewall pins in a bpffs directory of its own, removed after the
+	// host's agent has stopped (cleanups run in reverse order).
+	bpf := filepath.Join("/sys/fs/bpf", "naples-test-"+filepath.Base(c.dir)+"-"+name)
+	t.Cleanup(func() { os.RemoveAll(bpf) })
+	return &host{name: name, ns: ns, state: filepath.Join(c.dir, "state-"+name), c: c, cert: cert, bpf: bpf}
 }
 
 func (h *host) startAgent(t testing.TB) {
@@ -244,7 +250,8 @@ func (h *host) startAgentWith(t testing.TB, extra ...string) {
 	args := []string{"netns", "exec", h.ns, filepath.Join(bin, "naples-agent"),
 		"--node", h.name, "--nimbus", h.c.server, "--state-dir", h.state, "--log-level", "debug",
 		"--socket", filepath.Join(h.c.dir, "agent-"+h.name+".sock"),
-		"--tls-cert", h.c.file(h.cert + ".crt"), "--tls-key", h.c.file(h.cert + ".key"), "--tls-ca", h.c.file("ca.crt")}
+		"--tls-cert", h.c.file(h.cert + ".crt"), "--tls-key", h.c.file(h.cert + ".key"), "--tls-ca", h.c.file("ca.crt"),
+		"--bpf-dir", h.bpf}
 	h.agent = start(t, "agent-"+h.name, "ip", append(args, extra...)...)
 }
 

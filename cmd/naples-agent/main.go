@@ -67,6 +67,13 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		metrics = s
 		return nil
 	})
+	bpfDir := fs.String("bpf-dir", "/sys/fs/bpf/naples", "bpffs `directory` the firewall pins its programs' maps and links in (bpffs is mounted on /sys/fs/bpf when missing); empty disables the firewall")
+	var caps agent.FirewallCapacities
+	fs.IntVar(&caps.Snapshot, "fw-snapshot-entries", 65536, "capacity of a firewall snapshot: endpoints, peer prefixes and policy entries together")
+	fs.IntVar(&caps.Conntrack, "fw-conntrack-entries", 262144, "connections the firewall tracks at once; the least recently used is evicted when full")
+	fs.IntVar(&caps.Rules, "fw-rule-counters", 65536, "policy rules whose hits the firewall counts")
+	fs.IntVar(&caps.Endpoints, "fw-endpoint-counters", 16384, "local endpoints whose packets the firewall counts")
+	fwStats := fs.Duration("fw-stats-interval", 10*time.Second, "how often the status of policies and endpoints is refreshed with the firewall's counters")
 	interfaceStats := fs.Duration("interface-stats-interval", 10*time.Second, "how often the status of Interface objects is refreshed with their NIC's counters")
 	level := slog.LevelInfo
 	fs.Func("log-level", "log `level`: debug, info, warn or error (default info)", func(s string) error {
@@ -86,9 +93,18 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 		return fmt.Errorf("parsing flags: %w: %w", errUsage, err)
 	}
-	if *interfaceStats <= 0 {
-		fmt.Fprintf(stderr, "invalid value %q for flag -interface-stats-interval: must be positive\n", interfaceStats.String())
-		return fmt.Errorf("parsing flags: %w", errUsage)
+	for name, d := range map[string]time.Duration{"interface-stats-interval": *interfaceStats, "fw-stats-interval": *fwStats} {
+		if d <= 0 {
+			fmt.Fprintf(stderr, "invalid value %q for flag -%s: must be positive\n", d.String(), name)
+			return fmt.Errorf("parsing flags: %w", errUsage)
+		}
+	}
+	for name, n := range map[string]int{"fw-snapshot-entries": caps.Snapshot, "fw-conntrack-entries": caps.Conntrack,
+		"fw-rule-counters": caps.Rules, "fw-endpoint-counters": caps.Endpoints} {
+		if n <= 0 {
+			fmt.Fprintf(stderr, "invalid value %d for flag -%s: must be positive\n", n, name)
+			return fmt.Errorf("parsing flags: %w", errUsage)
+		}
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "unexpected arguments: %q\n", fs.Args())
@@ -110,5 +126,5 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 	}
 	return agent.Run(ctx, agent.Config{Node: *node, Nimbus: *nimbus, TLS: tlsConfig, StateDir: *stateDir, DiscardState: *discardState, Logger: log, Socket: *socket, Metrics: metrics,
-		InterfaceStats: *interfaceStats})
+		InterfaceStats: *interfaceStats, BPFDir: *bpfDir, FirewallCapacities: caps, FirewallStats: *fwStats})
 }

@@ -93,6 +93,11 @@ type EndpointOptions struct {
 	EventBuffer int
 	// Logger receives the reconciler's logs. Default: slog.Default().
 	Logger *slog.Logger
+	// Firewall, when set, enforces security policy on local endpoints: the reconciler
+	// attaches it to a local endpoint's interface, and waits for it to hold the
+	// endpoint, before it attaches the interface to its bridge, and removes it from an
+	// interface that is not a local endpoint's any more. Default: nil, no firewall.
+	Firewall *Firewall
 }
 
 // EndpointReconciler programs Endpoint objects into the bridges and VXLAN devices of
@@ -130,6 +135,7 @@ type EndpointReconciler struct {
 	mirrorLoader
 	store OverlayStore
 	node  string
+	fw    *Firewall
 
 	links *epLinkTable
 	fdb   *hal.Mirror[fdbKey, fdbEntry]
@@ -277,6 +283,7 @@ func NewEndpointReconciler(opts EndpointOptions) (*EndpointReconciler, error) {
 		rtnlConn:   c,
 		store:      opts.Store,
 		node:       opts.Node,
+		fw:         opts.Firewall,
 		links:      newEPLinkTable(),
 		fdb:        hal.NewMirror[fdbKey, fdbEntry](func(have, want fdbEntry) bool { return have == want }, fdbKey.hash),
 		neigh:      hal.NewMirror[neighKey, neighEntry](func(have, want neighEntry) bool { return have == want }, neighKey.hash),
@@ -346,6 +353,19 @@ func (r *EndpointReconciler) Reconcile(ctx context.Context, key *nimbusv1.Object
 			plan = nil
 		}
 	}
+	var fwOp map[string]string
+	if r.fw != nil && plan != nil && plan.local {
+		// The firewall filters the interface before the interface joins its bridge.
+		index, _, ok := r.links.byName(plan.iface)
+		if !ok {
+			return nil, hal.Pendingf(ReasonWaitingForInterface, "waiting for interface %q", plan.iface)
+		}
+		op, err := r.fw.AttachEndpoint(ctx, id, int(index))
+		if err != nil {
+			return nil, err
+		}
+		fwOp = op
+	}
 	// Until the writes are done, the endpoint may have programmed either set.
 	stale := old.minus(want)
 	all := stale.plus(want)
@@ -356,6 +376,13 @@ func (r *EndpointReconciler) Reconcile(ctx context.Context, key *nimbusv1.Object
 		return nil, err
 	}
 	r.remember(id, want)
+	if r.fw != nil && (plan == nil || !plan.local) {
+		// Not a local endpoint (any more): no firewall on an interface for it, and its
+		// addresses, if any, may be peers of policies.
+		if err := r.fw.DetachEndpoint(id); err != nil {
+			return nil, hal.Errorf(hal.ReasonKernelError, "removing the firewall: %w", err)
+		}
+	}
 	if planErr != nil {
 		return nil, planErr
 	}
@@ -365,7 +392,11 @@ func (r *EndpointReconciler) Reconcile(ctx context.Context, key *nimbusv1.Object
 	if r.log.Enabled(ctx, slog.LevelDebug) {
 		r.log.Debug("endpoint programmed", "key", id, "local", plan.local)
 	}
-	return plan.operational(), nil
+	op := plan.operational()
+	for k, v := range fwOp {
+		op[k] = v
+	}
+	return op, nil
 }
 
 // remember records the entries the endpoint with key ID id has programmed.

@@ -219,10 +219,25 @@ func (v *validator) policy(s *NetworkSecurityPolicySpec) {
 		v.name(fmt.Sprintf("spec.attachGroups[%d]", i), g, true)
 	}
 	for i, r := range s.GetIngress() {
-		v.rule(fmt.Sprintf("spec.ingress[%d]", i), r)
+		f := fmt.Sprintf("spec.ingress[%d]", i)
+		v.rule(f, r)
+		// An ingress rule's peers send: they are named by fromGroups and fromCidrs.
+		if len(r.GetToGroups()) > 0 {
+			v.add(f+".toGroups", strings.Join(r.GetToGroups(), ","), "an ingress rule names its peers with fromGroups")
+		}
+		if len(r.GetToCidrs()) > 0 {
+			v.add(f+".toCidrs", strings.Join(r.GetToCidrs(), ","), "an ingress rule names its peers with fromCidrs")
+		}
 	}
 	for i, r := range s.GetEgress() {
-		v.rule(fmt.Sprintf("spec.egress[%d]", i), r)
+		f := fmt.Sprintf("spec.egress[%d]", i)
+		v.rule(f, r)
+		if len(r.GetFromGroups()) > 0 {
+			v.add(f+".fromGroups", strings.Join(r.GetFromGroups(), ","), "an egress rule names its peers with toGroups")
+		}
+		if len(r.GetFromCidrs()) > 0 {
+			v.add(f+".fromCidrs", strings.Join(r.GetFromCidrs(), ","), "an egress rule names its peers with toCidrs")
+		}
 	}
 }
 

@@ -80,6 +80,13 @@ func TestValidate(t *testing.T) {
 				Ingress: []*PolicyRule{{Action: PolicyRule_ACTION_ALLOW, Protocol: "tcp", Ports: []string{"80", "9000-8000"}}},
 			}}
 		}, want: `spec.ingress[0].ports[1] "9000-8000": must be a port 1-65535 or a range "low-high"`},
+		{name: "policy peers on the wrong side", mutate: func(o *Object) {
+			o.Spec = &Object_NetworkSecurityPolicy{NetworkSecurityPolicy: &NetworkSecurityPolicySpec{
+				Ingress: []*PolicyRule{{Action: PolicyRule_ACTION_ALLOW, FromGroups: []string{"web"}, ToCidrs: []string{"10.0.0.0/8"}}},
+				Egress:  []*PolicyRule{{Action: PolicyRule_ACTION_DENY, FromGroups: []string{"db"}, ToGroups: []string{"web"}}},
+			}}
+		}, want: "spec.ingress[0].toCidrs \"10.0.0.0/8\": an ingress rule names its peers with fromCidrs\n" +
+			"spec.egress[0].fromGroups \"db\": an egress rule names its peers with toGroups"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := validRoute()

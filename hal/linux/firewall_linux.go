@@ -1,0 +1,700 @@
+package linux
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/naplesnet/naples/hal"
+	"github.com/naplesnet/naples/hal/firewall"
+	"github.com/naplesnet/naples/hal/linux/fwbpf"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// ReasonCapacityExceeded: the object does not fit in a firewall map of the configured
+// capacity; its earlier version, if any, stays enforced.
+const ReasonCapacityExceeded = "CapacityExceeded"
+
+// FirewallStore is what the firewall reads of delphi.
+type FirewallStore interface {
+	OverlayStore
+	// List returns the desired objects of one kind, ordered by key.
+	List(kind nimbusv1.Kind) []*nimbusv1.Object
+	// Synced returns a channel that is closed once the desired table is complete.
+	Synced() <-chan struct{}
+}
+
+// FirewallOptions configures a Firewall.
+type FirewallOptions struct {
+	// Store holds the desired Endpoint, SecurityGroup and NetworkSecurityPolicy objects.
+	// Required.
+	Store FirewallStore
+	// Node is the name of this host's Node: its endpoints are the ones enforced here.
+	// Required.
+	Node string
+	// Namespace is the network namespace of the endpoints' interfaces. Default: the
+	// calling process's.
+	Namespace *netns.NsHandle
+	// Dir is the bpffs directory the maps and links are pinned in, so that enforcement
+	// and connection tracking outlive the agent. Required.
+	Dir string
+	// Capacities are the sizes of the maps (fwbpf.Capacities for the defaults).
+	Capacities fwbpf.Capacities
+	// StatsInterval is how often the statuses of policies and local endpoints are
+	// refreshed with their counters. Default: 10s.
+	StatsInterval time.Duration
+	// GCInterval is how often expired connections are removed from the conntrack table.
+	// Default: 10s.
+	GCInterval time.Duration
+	// Logger receives the firewall's logs. Default: slog.Default().
+	Logger *slog.Logger
+	// Registerer takes the firewall's metrics (see Firewall); Close unregisters them.
+	// Default: none.
+	Registerer prometheus.Registerer
+}
+
+// Firewall enforces SecurityGroup and NetworkSecurityPolicy objects on this node's
+// endpoints with the eBPF programs of package fwbpf (see docs/firewall.md). One goroutine
+// builds the snapshot from the store whenever something asks (firewall.Compile) and swaps
+// it in whole; reconciles of policies and groups, and the endpoint reconciler when it
+// attaches an interface, wait for a snapshot built after they asked.
+type Firewall struct {
+	objs  *fwbpf.Objects
+	store FirewallStore
+	node  string
+	ns    *netns.NsHandle
+	nl    *netlink.Handle
+	opts  FirewallOptions
+	log   *slog.Logger
+
+	// mu guards the fields below it.
+	mu sync.Mutex
+	// asked is the number of builds asked for, built the number of the last one started
+	// that has ended; built is closed-and-replaced on every build's end.
+	asked, built uint64
+	wake         chan struct{}
+	builtCh      chan struct{}
+	buildErr     error
+	// snap is the snapshot installed; accepted the policies it enforces, by key ID.
+	snap     *firewall.Snapshot
+	accepted map[string]*nimbusv1.Object
+	// failed holds why the policies that did not fit were left out, by key ID.
+	failed map[string]string
+	// installs counts the snapshots swapped in; overflows the builds that left a policy
+	// out or installed nothing for want of room.
+	installs, overflows uint64
+	// collected is what the last conntrack collection found; gcExpired sums what all of
+	// them removed.
+	collected fwbpf.Collection
+	gcExpired uint64
+	reg       prometheus.Registerer
+
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// NewFirewall loads the programs and maps (reusing those pinned in opts.Dir) and starts
+// the goroutine that builds snapshots once the store is synced.
+func NewFirewall(opts FirewallOptions) (*Firewall, error) {
+	if opts.Store == nil || opts.Node == "" || opts.Dir == "" {
+		return nil, errors.New("firewall: FirewallOptions.Store, Node and Dir are required")
+	}
+	if opts.StatsInterval <= 0 {
+		opts.StatsInterval = 10 * time.Second
+	}
+	if opts.GCInterval <= 0 {
+		opts.GCInterval = 10 * time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	var nl *netlink.Handle
+	var err error
+	if opts.Namespace != nil {
+		nl, err = netlink.NewHandleAt(*opts.Namespace)
+	} else {
+		nl, err = netlink.NewHandle()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("firewall: opening netlink: %w", err)
+	}
+	objs, err := fwbpf.Open(opts.Dir, opts.Capacities, opts.Logger)
+	if err != nil {
+		nl.Close()
+		return nil, fmt.Errorf("firewall: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	f := &Firewall{
+		objs: objs, store: opts.Store, node: opts.Node, ns: opts.Namespace, nl: nl, opts: opts, log: opts.Logger,
+		wake: make(chan struct{}, 1), builtCh: make(chan struct{}),
+		accepted: map[string]*nimbusv1.Object{}, failed: map[string]string{},
+		cancel: cancel, done: make(chan struct{}),
+	}
+	if opts.Registerer != nil {
+		if err := opts.Registerer.Register(f); err != nil {
+			cancel()
+			nl.Close()
+			objs.Close()
+			return nil, fmt.Errorf("firewall: registering metrics: %w", err)
+		}
+		f.reg = opts.Registerer
+	}
+	go f.run(ctx)
+	return f, nil
+}
+
+// Close stops the firewall's goroutine and releases its handles. What it pinned stays:
+// the programs keep enforcing the last snapshot.
+func (f *Firewall) Close() error {
+	f.cancel()
+	<-f.done
+	if f.reg != nil {
+		f.reg.Unregister(f)
+	}
+	f.nl.Close()
+	return f.objs.Close()
+}
+
+// Objects returns the loaded programs and maps.
+func (f *Firewall) Objects() *fwbpf.Objects { return f.objs }
+
+// Snapshot returns the snapshot installed last, nil before the first.
+func (f *Firewall) Snapshot() *firewall.Snapshot {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.snap
+}
+
+// run builds snapshots when asked, and collects expired connections, until ctx ends.
+func (f *Firewall) run(ctx context.Context) {
+	defer close(f.done)
+	select {
+	case <-ctx.Done():
+		return
+	case <-f.store.Synced():
+	}
+	gc := time.NewTicker(f.opts.GCInterval)
+	defer gc.Stop()
+	f.ask()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-gc.C:
+			if err := f.collect(); err != nil {
+				f.log.Warn("collecting expired connections", "err", err)
+			}
+			continue
+		case <-f.wake:
+		}
+		f.mu.Lock()
+		seq := f.asked
+		f.mu.Unlock()
+		err := f.build()
+		if err != nil {
+			f.log.Error("building the firewall snapshot", "err", err)
+		}
+		f.mu.Lock()
+		f.built, f.buildErr = seq, err
+		close(f.builtCh)
+		f.builtCh = make(chan struct{})
+		f.mu.Unlock()
+	}
+}
+
+// ask asks for a build and returns its number.
+func (f *Firewall) ask() uint64 {
+	f.mu.Lock()
+	f.asked++
+	seq := f.asked
+	f.mu.Unlock()
+	select {
+	case f.wake <- struct{}{}:
+	default:
+	}
+	return seq
+}
+
+// Changed asks for a snapshot to be built anew, without waiting for it: endpoints of
+// other nodes changed, say, whose addresses are peers.
+func (f *Firewall) Changed() { f.ask() }
+
+// sync asks for a build and waits until one that started after the call has ended; it
+// returns that build's error.
+func (f *Firewall) sync(ctx context.Context) error {
+	seq := f.ask()
+	for {
+		f.mu.Lock()
+		built, err, ch := f.built, f.buildErr, f.builtCh
+		f.mu.Unlock()
+		if built >= seq {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-f.store.Synced():
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-ch:
+		}
+	}
+}
+
+// build compiles the store's objects into a snapshot and installs it. A policy that makes
+// the snapshot exceed a capacity is left out, at its last accepted version, and recorded
+// in failed.
+func (f *Firewall) build() error {
+	in, err := f.input()
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	accepted := f.accepted
+	f.mu.Unlock()
+
+	snap := firewall.Compile(in)
+	policies := in.Policies
+	failed := map[string]string{}
+	if need, ok := f.fits(snap); !ok {
+		snap, policies, failed, err = f.fallback(in, accepted, need)
+		if err != nil {
+			f.mu.Lock()
+			f.overflows++
+			f.mu.Unlock()
+			return err
+		}
+	}
+	if err := f.objs.Install(snap.Entries); err != nil {
+		return err
+	}
+	if err := f.syncCounters(snap); err != nil {
+		f.log.Warn("making the firewall's counters", "err", err)
+	}
+	enforced := make(map[string]*nimbusv1.Object, len(policies))
+	for _, p := range policies {
+		enforced[keyIDOf(p)] = p
+	}
+	f.mu.Lock()
+	f.snap, f.accepted, f.failed = snap, enforced, failed
+	f.installs++
+	if len(failed) > 0 {
+		f.overflows++
+	}
+	f.mu.Unlock()
+	f.log.Debug("firewall snapshot installed", "generation", snap.Gen, "entries", len(snap.Entries),
+		"endpoints", len(snap.Endpoints), "rules", len(snap.Rules), "failed", len(failed))
+	return nil
+}
+
+// input reads what a snapshot is built from: the store's objects and the indexes of the
+// interfaces of this node's endpoints.
+func (f *Firewall) input() (firewall.Input, error) {
+	in := firewall.Input{
+		Endpoints: f.store.List(nimbusv1.Kind_KIND_ENDPOINT),
+		Groups:    f.store.List(nimbusv1.Kind_KIND_SECURITY_GROUP),
+		Policies:  f.store.List(nimbusv1.Kind_KIND_NETWORK_SECURITY_POLICY),
+	}
+	links, err := f.nl.LinkList()
+	if err != nil {
+		return in, fmt.Errorf("listing interfaces: %w", err)
+	}
+	index := make(map[string]int, len(links))
+	for _, l := range links {
+		index[l.Attrs().Name] = l.Attrs().Index
+	}
+	for _, ep := range in.Endpoints {
+		s := ep.GetEndpoint()
+		if s.GetNode() != f.node || s.GetInterface() == "" {
+			continue
+		}
+		if i, ok := index[s.GetInterface()]; ok {
+			in.Local = append(in.Local, firewall.Local{Endpoint: keyIDOf(ep), Ifindex: uint32(i)})
+		}
+	}
+	return in, nil
+}
+
+// keyIDOf returns the key ID of an object.
+func keyIDOf(obj *nimbusv1.Object) string { return obj.Key().ID() }
+
+// fits tells whether the snapshot fits the maps; when not, it says what it needs.
+func (f *Firewall) fits(s *firewall.Snapshot) (string, bool) {
+	c := f.objs.Capacities()
+	switch {
+	case len(s.Entries) > c.Snapshot:
+		return fmt.Sprintf("%d snapshot entries, more than the capacity of %d", len(s.Entries), c.Snapshot), false
+	case len(s.Rules) > c.Rules:
+		return fmt.Sprintf("%d rule counters, more than the capacity of %d", len(s.Rules), c.Rules), false
+	case len(s.Endpoints) > c.Endpoints:
+		return fmt.Sprintf("%d endpoint counters, more than the capacity of %d", len(s.Endpoints), c.Endpoints), false
+	}
+	return "", true
+}
+
+// fallback builds a snapshot that fits: the policies that changed since the last
+// accepted snapshot are taken back to their accepted version (or left out when new), and
+// then added again one by one, in key order, as long as the snapshot still fits. It
+// returns the policies it enforces and why each one left out did not fit.
+func (f *Firewall) fallback(in firewall.Input, accepted map[string]*nimbusv1.Object, need string) (*firewall.Snapshot, []*nimbusv1.Object, map[string]string, error) {
+	var base []*nimbusv1.Object
+	var changed []*nimbusv1.Object
+	for _, p := range in.Policies {
+		id := keyIDOf(p)
+		old, ok := accepted[id]
+		if ok && old.GetMeta().GetGeneration() == p.GetMeta().GetGeneration() && old.GetMeta().GetUid() == p.GetMeta().GetUid() {
+			base = append(base, p)
+			continue
+		}
+		changed = append(changed, p)
+		if ok {
+			base = append(base, old)
+		}
+	}
+	try := in
+	try.Policies = base
+	snap := firewall.Compile(try)
+	if why, ok := f.fits(snap); !ok {
+		return nil, nil, nil, fmt.Errorf("the firewall snapshot needs %s even without the policies changed since the last one (%s); the last snapshot stays", why, need)
+	}
+	failed := map[string]string{}
+	for _, p := range changed {
+		id := keyIDOf(p)
+		next := slices.DeleteFunc(slices.Clone(base), func(o *nimbusv1.Object) bool { return keyIDOf(o) == id })
+		next = append(next, p)
+		try.Policies = next
+		s := firewall.Compile(try)
+		if why, ok := f.fits(s); !ok {
+			msg := fmt.Sprintf("the firewall would need %s with generation %d of this policy", why, p.GetMeta().GetGeneration())
+			if _, had := accepted[id]; had {
+				msg += fmt.Sprintf("; generation %d stays enforced", accepted[id].GetMeta().GetGeneration())
+			} else {
+				msg += "; it is not enforced"
+			}
+			failed[id] = msg
+			continue
+		}
+		base, snap = next, s
+	}
+	return snap, base, failed, nil
+}
+
+// linkName returns the name the links of the endpoint with the key ID are pinned under.
+func linkName(keyID string) string {
+	h := fnv.New64a()
+	h.Write([]byte(keyID))
+	return fmt.Sprintf("ep-%016x", h.Sum64())
+}
+
+// AttachEndpoint attaches the firewall to the interface (with the index) of the local
+// endpoint with the key ID, and waits until a snapshot that holds the endpoint is in
+// place, so that the endpoint's traffic is filtered from its first packet. It returns the
+// endpoint's firewall counters for its status.
+func (f *Firewall) AttachEndpoint(ctx context.Context, keyID string, ifindex int) (map[string]string, error) {
+	if err := runInNamespace(f.ns, func() error {
+		_, err := f.objs.Attach(linkName(keyID), ifindex)
+		return err
+	}); err != nil {
+		return nil, hal.Errorf(hal.ReasonKernelError, "%w", err)
+	}
+	if err := f.sync(ctx); err != nil {
+		return nil, err
+	}
+	snap := f.Snapshot()
+	i := slices.IndexFunc(snap.Endpoints, func(e firewall.EndpointInfo) bool { return e.Endpoint == keyID })
+	if i < 0 || int(snap.Endpoints[i].Ifindex) != ifindex {
+		return nil, hal.Errorf(hal.ReasonFailed, "the firewall snapshot does not hold interface %d yet", ifindex)
+	}
+	return f.endpointOperational(snap.Endpoints[i]), nil
+}
+
+// DetachEndpoint removes the firewall from the interface of the endpoint with the key ID.
+func (f *Firewall) DetachEndpoint(keyID string) error {
+	err := f.objs.Detach(linkName(keyID))
+	f.Changed()
+	return err
+}
+
+// endpointOperational returns the firewall's part of a local endpoint's status.
+func (f *Firewall) endpointOperational(e firewall.EndpointInfo) map[string]string {
+	op := map[string]string{}
+	if e.Flags&firewall.FlagIngress != 0 {
+		op["firewall.ingress"] = "protected"
+	} else {
+		op["firewall.ingress"] = "open"
+	}
+	if e.Flags&firewall.FlagEgress != 0 {
+		op["firewall.egress"] = "protected"
+	} else {
+		op["firewall.egress"] = "open"
+	}
+	if c, err := f.objs.EndpointCounters(e.ID); err == nil {
+		op["firewall.allowedPackets"] = strconv.FormatUint(c.AllowedPackets, 10)
+		op["firewall.allowedBytes"] = strconv.FormatUint(c.AllowedBytes, 10)
+		op["firewall.deniedPackets"] = strconv.FormatUint(c.DeniedPackets, 10)
+		op["firewall.deniedBytes"] = strconv.FormatUint(c.DeniedBytes, 10)
+	}
+	return op
+}
+
+// syncCounters makes a counter entry for every rule and endpoint of the snapshot and
+// removes those of rules and endpoints that are gone.
+func (f *Firewall) syncCounters(s *firewall.Snapshot) error {
+	rules := make([]uint64, 0, len(s.Rules))
+	for _, r := range s.Rules {
+		rules = append(rules, r.ID)
+	}
+	eps := make([]uint32, 0, len(s.Endpoints))
+	for _, e := range s.Endpoints {
+		eps = append(eps, e.ID)
+	}
+	return errors.Join(f.objs.KeepRuleCounters(rules), f.objs.KeepEndpointCounters(eps))
+}
+
+// collect removes the expired connections from the conntrack table.
+func (f *Firewall) collect() error {
+	c, err := f.objs.CollectConntrack()
+	f.mu.Lock()
+	f.collected = c
+	f.gcExpired += uint64(c.Expired)
+	f.mu.Unlock()
+	return err
+}
+
+// sweep removes the links of endpoints that are not local desired endpoints any more,
+// and asks for a build.
+func (f *Firewall) sweep() error {
+	want := map[string]bool{}
+	for _, ep := range f.store.List(nimbusv1.Kind_KIND_ENDPOINT) {
+		if ep.GetEndpoint().GetNode() == f.node {
+			want[linkName(keyIDOf(ep))] = true
+		}
+	}
+	names, err := f.objs.Links()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, n := range names {
+		if !want[n] {
+			f.log.Info("removing the firewall from the interface of an endpoint that is gone", "link", n)
+			errs = append(errs, f.objs.Detach(n))
+		}
+	}
+	f.Changed()
+	return errors.Join(errs...)
+}
+
+// policyReconciler reports NetworkSecurityPolicy objects programmed once a snapshot that
+// enforces them is in place.
+type policyReconciler struct{ f *Firewall }
+
+// groupReconciler reports SecurityGroup objects programmed once a snapshot built from
+// them is in place.
+type groupReconciler struct{ f *Firewall }
+
+var (
+	_ hal.Reconciler = policyReconciler{}
+	_ hal.Sweeper    = policyReconciler{}
+	_ hal.Observer   = policyReconciler{}
+	_ hal.Reconciler = groupReconciler{}
+)
+
+// PolicyReconciler returns the reconciler of NetworkSecurityPolicy objects.
+func (f *Firewall) PolicyReconciler() hal.Reconciler { return policyReconciler{f} }
+
+// GroupReconciler returns the reconciler of SecurityGroup objects.
+func (f *Firewall) GroupReconciler() hal.Reconciler { return groupReconciler{f} }
+
+func (policyReconciler) Kind() nimbusv1.Kind { return nimbusv1.Kind_KIND_NETWORK_SECURITY_POLICY }
+
+// Reconcile waits for a snapshot built after the policy changed, and reports the
+// policy's rule counters on this node, or why it does not fit.
+func (r policyReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (map[string]string, error) {
+	f := r.f
+	if err := f.sync(ctx); err != nil {
+		return nil, err
+	}
+	if obj == nil {
+		return nil, nil
+	}
+	id := key.ID()
+	f.mu.Lock()
+	why, failed := f.failed[id]
+	snap := f.snap
+	f.mu.Unlock()
+	if failed {
+		f.log.Warn("policy does not fit the firewall's maps", "key", id, "reason", why)
+		return nil, hal.Errorf(ReasonCapacityExceeded, "%s", why)
+	}
+	op := map[string]string{}
+	protects := 0
+	for _, e := range snap.Endpoints {
+		if slices.Contains(e.Policies, id) {
+			protects++
+		}
+	}
+	op["protectedEndpoints"] = strconv.Itoa(protects)
+	for _, rule := range snap.Rules {
+		if rule.Policy != id {
+			continue
+		}
+		c, err := f.objs.RuleCounters(rule.ID)
+		if err != nil {
+			continue
+		}
+		name := fmt.Sprintf("%s[%d]", directionName(rule.Dir), rule.Index)
+		op[name+".packets"] = strconv.FormatUint(c.Packets, 10)
+		op[name+".bytes"] = strconv.FormatUint(c.Bytes, 10)
+	}
+	return op, nil
+}
+
+// directionName returns the spec field of a direction.
+func directionName(dir uint8) string {
+	if dir == firewall.DirEgress {
+		return "egress"
+	}
+	return "ingress"
+}
+
+// Sweep removes the firewall from interfaces of endpoints that are gone.
+func (r policyReconciler) Sweep(ctx context.Context, enqueue func(keyID string)) error {
+	return r.f.sweep()
+}
+
+// Observe enqueues the policies and this node's endpoints every StatsInterval, so that
+// their statuses carry fresh counters.
+func (r policyReconciler) Observe(ctx context.Context, enqueue func(keyID string), subscribed func()) error {
+	subscribed()
+	t := time.NewTicker(r.f.opts.StatsInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		for _, id := range r.f.store.KeyIDs(nimbusv1.Kind_KIND_NETWORK_SECURITY_POLICY) {
+			enqueue(id)
+		}
+		if snap := r.f.Snapshot(); snap != nil {
+			for _, e := range snap.Endpoints {
+				enqueue(e.Endpoint)
+			}
+		}
+	}
+}
+
+func (groupReconciler) Kind() nimbusv1.Kind { return nimbusv1.Kind_KIND_SECURITY_GROUP }
+
+// Reconcile waits for a snapshot built after the group changed.
+func (r groupReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (map[string]string, error) {
+	if err := r.f.sync(ctx); err != nil {
+		return nil, err
+	}
+	return nil, nil
+}
+
+// The firewall's metrics, read from its maps at scrape time.
+var (
+	fwSnapshotEntries = prometheus.NewDesc("naples_firewall_snapshot_entries",
+		"Entries of the firewall snapshot in place.", nil, nil)
+	fwSnapshotCapacity = prometheus.NewDesc("naples_firewall_snapshot_capacity",
+		"Entries a firewall snapshot may hold (--fw-snapshot-entries).", nil, nil)
+	fwInstalls = prometheus.NewDesc("naples_firewall_snapshots_installed_total",
+		"Firewall snapshots swapped in.", nil, nil)
+	fwOverflows = prometheus.NewDesc("naples_firewall_capacity_exceeded_total",
+		"Snapshot builds that left a policy out, or installed nothing, because a map was too small.", nil, nil)
+	fwFailed = prometheus.NewDesc("naples_firewall_failed_policies",
+		"Policies left out of the snapshot because a map is too small.", nil, nil)
+	fwCTLive = prometheus.NewDesc("naples_firewall_conntrack_entries",
+		"Live connections in the conntrack table at the last collection.", nil, nil)
+	fwCTCreated = prometheus.NewDesc("naples_firewall_conntrack_created_total",
+		"Connections the program started tracking.", nil, nil)
+	fwCTDenied = prometheus.NewDesc("naples_firewall_conntrack_denied_total",
+		"Tracked connections a new snapshot denied, cut off at their next packet.", nil, nil)
+	fwCTExpired = prometheus.NewDesc("naples_firewall_conntrack_expired_total",
+		"Expired connections the agent removed from the conntrack table.", nil, nil)
+	fwCTEvicted = prometheus.NewDesc("naples_firewall_conntrack_evictions_total",
+		"Connections evicted from the full conntrack table (created - denied - expired - live, at the last collection).", nil, nil)
+	fwNoSnapshot = prometheus.NewDesc("naples_firewall_unknown_interface_drops_total",
+		"Packets dropped because no snapshot held their interface.", nil, nil)
+	fwRulePackets = prometheus.NewDesc("naples_firewall_rule_packets_total",
+		"Packets of the connections a rule decided, in their original direction.", []string{"policy", "direction", "rule", "action"}, nil)
+	fwRuleBytes = prometheus.NewDesc("naples_firewall_rule_bytes_total",
+		"Bytes of the connections a rule decided, in their original direction.", []string{"policy", "direction", "rule", "action"}, nil)
+	fwEndpointPackets = prometheus.NewDesc("naples_firewall_endpoint_packets_total",
+		"Packets to and from a local endpoint, by verdict.", []string{"endpoint", "verdict"}, nil)
+	fwEndpointBytes = prometheus.NewDesc("naples_firewall_endpoint_bytes_total",
+		"Bytes to and from a local endpoint, by verdict.", []string{"endpoint", "verdict"}, nil)
+)
+
+// Describe sends the descriptions of the firewall's metrics.
+func (f *Firewall) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{fwSnapshotEntries, fwSnapshotCapacity, fwInstalls, fwOverflows, fwFailed, fwCTLive,
+		fwCTCreated, fwCTDenied, fwCTExpired, fwCTEvicted, fwNoSnapshot, fwRulePackets, fwRuleBytes, fwEndpointPackets, fwEndpointBytes} {
+		ch <- d
+	}
+}
+
+// Collect reads the firewall's metrics from its state and maps.
+func (f *Firewall) Collect(ch chan<- prometheus.Metric) {
+	f.mu.Lock()
+	snap, installs, overflows, failed, collected, expired := f.snap, f.installs, f.overflows, len(f.failed), f.collected, f.gcExpired
+	f.mu.Unlock()
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge(fwSnapshotCapacity, float64(f.objs.Capacities().Snapshot))
+	counter(fwInstalls, installs)
+	counter(fwOverflows, overflows)
+	gauge(fwFailed, float64(failed))
+	gauge(fwCTLive, float64(collected.Live))
+	counter(fwCTExpired, expired)
+	if st, err := f.objs.ProgramStats(); err == nil {
+		counter(fwCTCreated, st.CTCreated)
+		counter(fwCTDenied, st.CTDeleted)
+		counter(fwNoSnapshot, st.NoSnapshotDrops)
+		gone := st.CTDeleted + expired + uint64(collected.Live)
+		if st.CTCreated > gone {
+			counter(fwCTEvicted, st.CTCreated-gone)
+		} else {
+			counter(fwCTEvicted, 0)
+		}
+	}
+	if snap == nil {
+		return
+	}
+	gauge(fwSnapshotEntries, float64(len(snap.Entries)))
+	for _, r := range snap.Rules {
+		if c, err := f.objs.RuleCounters(r.ID); err == nil {
+			labels := []string{r.Policy, directionName(r.Dir), strconv.Itoa(r.Index), r.Action}
+			counter(fwRulePackets, c.Packets, labels...)
+			counter(fwRuleBytes, c.Bytes, labels...)
+		}
+	}
+	for _, e := range snap.Endpoints {
+		if c, err := f.objs.EndpointCounters(e.ID); err == nil {
+			counter(fwEndpointPackets, c.AllowedPackets, e.Endpoint, "allowed")
+			counter(fwEndpointPackets, c.DeniedPackets, e.Endpoint, "denied")
+			counter(fwEndpointBytes, c.AllowedBytes, e.Endpoint, "allowed")
+			counter(fwEndpointBytes, c.DeniedBytes, e.Endpoint, "denied")
+		}
+	}
+}

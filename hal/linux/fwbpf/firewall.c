@@ -1,0 +1,709 @@
+//go:build ignore
+
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+
+/*
+ * The naples firewall: a stateful eBPF filter attached with tcx to the host-side
+ * interface of every local endpoint. fw_ingress runs at the interface's tcx ingress hook,
+ * on packets FROM the endpoint (its egress direction); fw_egress at the tcx egress hook,
+ * on packets TO the endpoint (its ingress direction). Both share fw_handle.
+ *
+ * The design, the map layout and the per-packet algorithm are in docs/firewall.md; the Go
+ * side is package fwbpf (doc.go) and package hal/firewall, which builds the snapshots.
+ *
+ * Headers: the uapi headers and libbpf's, no vmlinux.h; include/ supplies the <asm/...>
+ * ones. <linux/icmp.h> is left out (it pulls in glibc's <sys/socket.h>, which does not
+ * build for BPF), and TCP headers are read as struct fw_tcp_head, so the ICMPv4 types and
+ * TCP flags are #defines of this file.
+ *
+ * Verifier notes: packets are read with bpf_skb_load_bytes into stack buffers (no direct
+ * packet access, so no bounds proofs); every lookup key and value is a stack struct zeroed
+ * whole first (padding included: the verifier wants initialised stack) and written with
+ * aligned or byte-sized stores (stack accesses must be aligned, and the big-endian fields
+ * of struct fw_key are not); there are no loops. Everything is inlined into the two
+ * programs but fw_snap_lookup, a static subprogram verified at each call; the policy
+ * check (fw_check) has a single call site. On kernel 6.18 each program takes about 10k
+ * verifier steps of the million allowed, with a 368-byte stack of 512.
+ */
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <linux/udp.h>
+#include <linux/icmpv6.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+/* Return codes of a tcx program (enum tcx_action_base of linux/bpf.h, which older uapi
+ * headers lack). An allowed packet gets FW_TCX_NEXT: the firewall has no objection, and
+ * later programs of the hook still run. */
+#define FW_TCX_NEXT -1
+#define FW_TCX_PASS 0
+#define FW_TCX_DROP 2
+
+/* The tables of a snapshot: data[0] of a struct fw_key. */
+#define FW_T_ENDPOINT 1
+#define FW_T_IDENTITY 2
+#define FW_T_POLICY 3
+
+/* Prefix lengths of the fixed parts of the snapshot keys, in bits. */
+#define FW_ENDPOINT_PREFIXLEN 40 /* table, ifindex */
+#define FW_IDENTITY_PREFIXLEN 48 /* table, scope, family; + address bits */
+#define FW_POLICY_PREFIXLEN 88	 /* table, subject, dir, class, identity; + port bits */
+
+/* Flags of an endpoint entry: the directions policies protect (1 << FW_DIR_*). */
+#define FW_EP_INGRESS 1
+#define FW_EP_EGRESS 2
+
+/* Directions, seen from the endpoint. */
+#define FW_DIR_INGRESS 0 /* to the endpoint: tcx egress */
+#define FW_DIR_EGRESS 1	 /* from the endpoint: tcx ingress */
+
+/* Protocol classes of a policy lookup. */
+#define FW_CLASS_TCP 1
+#define FW_CLASS_UDP 2
+#define FW_CLASS_ICMP 3
+#define FW_CLASS_OTHER 4
+
+/* Verdicts of a policy entry. */
+#define FW_ALLOW 1
+#define FW_DENY 2
+
+/* Identities: every peer (in policy keys), and the world (addresses no prefix covers). */
+#define FW_ANY_IDENTITY 0xffffffff
+#define FW_WORLD_IDENTITY 0
+
+/* Flags of a conntrack entry. */
+#define FW_CT_CLOSING 1 /* FIN or RST seen */
+#define FW_CT_REPLIED 2 /* a reply was seen */
+
+/* Conntrack timeouts, in seconds: an entry idle longer is expired. */
+#define FW_CT_TIMEOUT_TCP 3600
+#define FW_CT_TIMEOUT_TCP_CLOSING 10
+#define FW_CT_TIMEOUT_UDP 60
+#define FW_CT_TIMEOUT_ICMP 30
+#define FW_CT_TIMEOUT_OTHER 60
+
+/* Indexes of fw_stats. */
+#define FW_STAT_CT_CREATED 0
+#define FW_STAT_CT_DELETED 1
+#define FW_STAT_NO_SNAPSHOT 2
+#define FW_STAT_RESERVED 3
+#define FW_STATS 4
+
+/* Default capacities of the maps; the agent may change them before loading. */
+#define FW_SNAPSHOT_ENTRIES 65536
+#define FW_CT_ENTRIES 262144
+#define FW_RULE_STATS_ENTRIES 65536
+#define FW_EP_STATS_ENTRIES 16384
+
+#define FW_NSEC_PER_SEC 1000000000ULL
+
+/* Protocol numbers and header bits used below. */
+#define FW_PROTO_ICMP 1
+#define FW_PROTO_TCP 6
+#define FW_PROTO_UDP 17
+#define FW_PROTO_ICMPV6 58
+#define FW_IP_OFFSET 0x1fff /* fragment offset bits of iphdr.frag_off */
+#define FW_TCP_FIN 0x01
+#define FW_TCP_RST 0x04
+#define FW_ICMP_ECHOREPLY 0
+#define FW_ICMP_DEST_UNREACH 3
+#define FW_ICMP_ECHO 8
+#define FW_ICMP_TIME_EXCEEDED 11
+#define FW_ICMP_PARAMETERPROB 12
+#define FW_ICMPV6_ND_FIRST 133 /* router solicitation */
+#define FW_ICMPV6_ND_LAST 137  /* redirect */
+
+/* fw_key is a key of a snapshot (an LPM trie): multi-byte fields of data are big-endian. */
+struct fw_key {
+	__u32 prefixlen;
+	__u8 data[24];
+};
+
+/* fw_value is a value of a snapshot; which fields matter depends on the table. */
+struct fw_value {
+	__u32 id;      /* endpoint id; identity */
+	__u32 subject; /* endpoint: its subject, 0 when unprotected */
+	__u32 flags;   /* endpoint: FW_EP_INGRESS | FW_EP_EGRESS */
+	__u32 gen;     /* endpoint: the snapshot's generation */
+	__u32 scope;   /* endpoint: its tenant's scope */
+	__u32 verdict; /* policy: FW_ALLOW or FW_DENY */
+	__u64 rule;    /* policy: the rule that decides, 0 for none */
+};
+
+/* fw_ct_key is the interface and the tuple of a connection's first packet there. */
+struct fw_ct_key {
+	__u32 ifindex;
+	__u8 family; /* 4 or 6 */
+	__u8 proto;
+	__u16 sport; /* network byte order */
+	__u16 dport; /* network byte order */
+	__u16 pad;
+	__u8 saddr[16]; /* IPv4 in bytes 0-3 */
+	__u8 daddr[16];
+};
+
+/* fw_ct_value is the state of a connection. */
+struct fw_ct_value {
+	__u64 last_seen; /* bpf_ktime_get_ns() */
+	__u64 rule;	 /* the rule that allowed the first packet */
+	__u32 gen;	 /* the snapshot generation it was checked against */
+	__u8 dir;	 /* FW_DIR_* of the first packet */
+	__u8 flags;	 /* FW_CT_* */
+	__u16 pad;
+	__u32 pad2;
+};
+
+/* fw_rule_counters is a value of fw_rule_stats, per CPU. */
+struct fw_rule_counters {
+	__u64 packets;
+	__u64 bytes;
+};
+
+/* fw_ep_counters is a value of fw_ep_stats, per CPU. */
+struct fw_ep_counters {
+	__u64 allowed_packets;
+	__u64 allowed_bytes;
+	__u64 denied_packets;
+	__u64 denied_bytes;
+};
+
+/* fw_snapshot is the template of the snapshots fw_snapshots points to. */
+struct fw_snapshot {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, FW_SNAPSHOT_ENTRIES);
+	__type(key, struct fw_key);
+	__type(value, struct fw_value);
+};
+
+/* fw_snapshots holds, in slot 0, the current snapshot. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__array(values, struct fw_snapshot);
+} fw_snapshots SEC(".maps");
+
+/* fw_ct is the conntrack table. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, FW_CT_ENTRIES);
+	__type(key, struct fw_ct_key);
+	__type(value, struct fw_ct_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fw_ct SEC(".maps");
+
+/* fw_rule_stats counts the packets of each rule; the agent creates the entries. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, FW_RULE_STATS_ENTRIES);
+	__type(key, __u64);
+	__type(value, struct fw_rule_counters);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fw_rule_stats SEC(".maps");
+
+/* fw_ep_stats counts the packets of each local endpoint; the agent creates the entries. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, FW_EP_STATS_ENTRIES);
+	__type(key, __u32);
+	__type(value, struct fw_ep_counters);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fw_ep_stats SEC(".maps");
+
+/* fw_stats holds the program's own counters, FW_STAT_*. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, FW_STATS);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fw_stats SEC(".maps");
+
+/* fw_ep is what a packet needs of its interface's endpoint entry. */
+struct fw_ep {
+	__u32 id;
+	__u32 subject;
+	__u32 flags;
+	__u32 gen;
+	__u32 scope;
+};
+
+/* fw_l4 is what the parser learnt of a packet besides its tuple. */
+struct fw_l4 {
+	__u32 off;	/* offset of the L4 header */
+	__u8 has_l4;	/* the L4 header was read (not a non-first fragment) */
+	__u8 tcp_flags; /* TCP: the flags byte */
+	__u8 icmp_type; /* ICMP/ICMPv6: the type */
+	__u8 pad;
+};
+
+/* fw_verdict is the result of a policy check. */
+struct fw_verdict {
+	__u64 rule;
+	__u32 verdict;
+};
+
+/* fw_tcp_head is the start of a TCP header, up to the flags. */
+struct fw_tcp_head {
+	__be16 source;
+	__be16 dest;
+	__be32 seq;
+	__be32 ack_seq;
+	__u8 doff;
+	__u8 flags;
+};
+
+/* fw_icmp_head is an ICMP or ICMPv6 header. */
+struct fw_icmp_head {
+	__u8 type;
+	__u8 code;
+	__u16 checksum;
+	__be16 id;
+	__be16 sequence;
+};
+
+/*
+ * fw_snap_lookup looks a key up in a snapshot. It is the one function that is not inlined:
+ * a real function's parameter and result types go into the object's BTF in full, which
+ * gives the snapshot template's key and value their types (clang would emit the structs
+ * it only sees through the template as forward declarations).
+ */
+static __noinline const struct fw_value *fw_snap_lookup(void *snap, const struct fw_key *key)
+{
+	return bpf_map_lookup_elem(snap, key);
+}
+
+static __always_inline void fw_stat(__u32 index)
+{
+	__u64 *c = bpf_map_lookup_elem(&fw_stats, &index);
+
+	if (c)
+		*c += 1;
+}
+
+static __always_inline void fw_count_rule(__u64 rule, __u32 len)
+{
+	struct fw_rule_counters *c;
+
+	if (!rule)
+		return;
+	c = bpf_map_lookup_elem(&fw_rule_stats, &rule);
+	if (c) {
+		c->packets += 1;
+		c->bytes += len;
+	}
+}
+
+static __always_inline int fw_allow(__u32 ep_id, __u32 len)
+{
+	struct fw_ep_counters *c = bpf_map_lookup_elem(&fw_ep_stats, &ep_id);
+
+	if (c) {
+		c->allowed_packets += 1;
+		c->allowed_bytes += len;
+	}
+	return FW_TCX_NEXT;
+}
+
+static __always_inline int fw_deny(__u32 ep_id, __u32 len)
+{
+	struct fw_ep_counters *c = bpf_map_lookup_elem(&fw_ep_stats, &ep_id);
+
+	if (c) {
+		c->denied_packets += 1;
+		c->denied_bytes += len;
+	}
+	return FW_TCX_DROP;
+}
+
+/* fw_put_be32 stores v big-endian at p, a byte at a time (p need not be aligned). */
+static __always_inline void fw_put_be32(__u8 *p, __u32 v)
+{
+	p[0] = v >> 24;
+	p[1] = v >> 16;
+	p[2] = v >> 8;
+	p[3] = v;
+}
+
+static __always_inline int fw_is_icmp(__u8 family, __u8 proto)
+{
+	return (family == 4 && proto == FW_PROTO_ICMP) || (family == 6 && proto == FW_PROTO_ICMPV6);
+}
+
+static __always_inline __u8 fw_class(__u8 family, __u8 proto)
+{
+	if (proto == FW_PROTO_TCP)
+		return FW_CLASS_TCP;
+	if (proto == FW_PROTO_UDP)
+		return FW_CLASS_UDP;
+	if (fw_is_icmp(family, proto))
+		return FW_CLASS_ICMP;
+	return FW_CLASS_OTHER;
+}
+
+/* fw_icmp_error tells whether an ICMP type is an error that embeds the packet it is about. */
+static __always_inline int fw_icmp_error(__u8 family, __u8 type)
+{
+	if (family == 4)
+		return type == FW_ICMP_DEST_UNREACH || type == FW_ICMP_TIME_EXCEEDED ||
+		       type == FW_ICMP_PARAMETERPROB;
+	return type >= ICMPV6_DEST_UNREACH && type <= ICMPV6_PARAMPROB;
+}
+
+/*
+ * fw_parse reads the IP header of the family at off, and its L4 header, into the tuple k
+ * (whose other fields must be zero) and l4. inner is set for the packet an ICMP error
+ * embeds, of which only 8 bytes of L4 header are guaranteed. It returns 0, or -1 when the
+ * packet is malformed or truncated.
+ */
+static __always_inline int fw_parse(struct __sk_buff *skb, __u32 off, __u8 family,
+				    struct fw_ct_key *k, struct fw_l4 *l4, const int inner)
+{
+	__u32 l4off;
+
+	if (family == 4) {
+		struct iphdr ip;
+
+		if (bpf_skb_load_bytes(skb, off, &ip, sizeof(ip)) < 0)
+			return -1;
+		if (ip.version != 4 || ip.ihl < 5)
+			return -1;
+		k->family = 4;
+		k->proto = ip.protocol;
+		__builtin_memcpy(k->saddr, &ip.saddr, 4);
+		__builtin_memcpy(k->daddr, &ip.daddr, 4);
+		l4off = off + ip.ihl * 4;
+		l4->off = l4off;
+		if (ip.frag_off & bpf_htons(FW_IP_OFFSET))
+			return 0; /* a non-first fragment: no L4 header, ports 0 */
+	} else {
+		struct ipv6hdr ip6;
+
+		if (bpf_skb_load_bytes(skb, off, &ip6, sizeof(ip6)) < 0)
+			return -1;
+		if (ip6.version != 6)
+			return -1;
+		k->family = 6;
+		k->proto = ip6.nexthdr;
+		__builtin_memcpy(k->saddr, &ip6.saddr, 16);
+		__builtin_memcpy(k->daddr, &ip6.daddr, 16);
+		l4off = off + sizeof(ip6);
+		l4->off = l4off;
+	}
+
+	if (k->proto == FW_PROTO_TCP) {
+		struct fw_tcp_head th;
+
+		if (inner) {
+			if (bpf_skb_load_bytes(skb, l4off, &th, 8) < 0)
+				return -1;
+		} else {
+			if (bpf_skb_load_bytes(skb, l4off, &th, sizeof(th)) < 0)
+				return -1;
+			l4->tcp_flags = th.flags;
+		}
+		k->sport = th.source;
+		k->dport = th.dest;
+		l4->has_l4 = 1;
+	} else if (k->proto == FW_PROTO_UDP) {
+		struct udphdr uh;
+
+		if (bpf_skb_load_bytes(skb, l4off, &uh, sizeof(uh)) < 0)
+			return -1;
+		k->sport = uh.source;
+		k->dport = uh.dest;
+		l4->has_l4 = 1;
+	} else if (fw_is_icmp(family, k->proto)) {
+		struct fw_icmp_head ih;
+
+		if (bpf_skb_load_bytes(skb, l4off, &ih, sizeof(ih)) < 0)
+			return -1;
+		l4->icmp_type = ih.type;
+		l4->has_l4 = 1;
+		if (ih.type == (family == 4 ? FW_ICMP_ECHO : ICMPV6_ECHO_REQUEST))
+			k->sport = ih.id;
+		else if (ih.type == (family == 4 ? FW_ICMP_ECHOREPLY : ICMPV6_ECHO_REPLY))
+			k->dport = ih.id;
+	}
+	return 0;
+}
+
+/* fw_reverse writes into r the tuple of the other direction of k. */
+static __always_inline void fw_reverse(const struct fw_ct_key *k, struct fw_ct_key *r)
+{
+	r->ifindex = k->ifindex;
+	r->family = k->family;
+	r->proto = k->proto;
+	r->sport = k->dport;
+	r->dport = k->sport;
+	r->pad = 0;
+	__builtin_memcpy(r->saddr, k->daddr, 16);
+	__builtin_memcpy(r->daddr, k->saddr, 16);
+}
+
+/* fw_ct_timeout returns how long, in nanoseconds, an idle entry of the protocol lives. */
+static __always_inline __u64 fw_ct_timeout(__u8 family, __u8 proto, __u8 flags)
+{
+	if (proto == FW_PROTO_TCP)
+		return (flags & FW_CT_CLOSING ? FW_CT_TIMEOUT_TCP_CLOSING : FW_CT_TIMEOUT_TCP) *
+		       FW_NSEC_PER_SEC;
+	if (proto == FW_PROTO_UDP)
+		return FW_CT_TIMEOUT_UDP * FW_NSEC_PER_SEC;
+	if (fw_is_icmp(family, proto))
+		return FW_CT_TIMEOUT_ICMP * FW_NSEC_PER_SEC;
+	return FW_CT_TIMEOUT_OTHER * FW_NSEC_PER_SEC;
+}
+
+/*
+ * fw_ct_lookup returns the live conntrack entry of k, NULL when there is none or it has
+ * expired. An entry another CPU touched after now was read is live.
+ */
+static __always_inline struct fw_ct_value *fw_ct_lookup(const struct fw_ct_key *k, __u64 now)
+{
+	struct fw_ct_value *v = bpf_map_lookup_elem(&fw_ct, k);
+
+	if (!v)
+		return NULL;
+	if (now > v->last_seen && now - v->last_seen > fw_ct_timeout(k->family, k->proto, v->flags))
+		return NULL;
+	return v;
+}
+
+/*
+ * fw_check decides a connection's first packet (or re-checks a connection) against the
+ * snapshot: dir is the direction of its first packet, peer the address of the other end,
+ * class its protocol class and port its destination port (network byte order, 0 but for
+ * TCP and UDP).
+ */
+static __always_inline void fw_check(void *snap, const struct fw_ep *ep, __u8 dir, __u8 family,
+				     const __u8 *peer, __u8 class, __u16 port,
+				     struct fw_verdict *v)
+{
+	const struct fw_value *id_entry, *p;
+	__u32 p1_verdict = 0, p2_verdict = 0;
+	__u64 p1_rule = 0, p2_rule = 0;
+	struct fw_key k;
+	__u32 identity = FW_WORLD_IDENTITY;
+
+	v->verdict = FW_ALLOW;
+	v->rule = 0;
+	if (!(ep->flags & (1U << dir)))
+		return;
+
+	__builtin_memset(&k, 0, sizeof(k));
+	k.prefixlen = FW_IDENTITY_PREFIXLEN + (family == 4 ? 32 : 128);
+	k.data[0] = FW_T_IDENTITY;
+	fw_put_be32(&k.data[1], ep->scope);
+	k.data[5] = family;
+	__builtin_memcpy(&k.data[6], peer, 16);
+	id_entry = fw_snap_lookup(snap, &k);
+	if (id_entry)
+		identity = id_entry->id;
+
+	__builtin_memset(&k, 0, sizeof(k));
+	k.prefixlen = FW_POLICY_PREFIXLEN + 16;
+	k.data[0] = FW_T_POLICY;
+	fw_put_be32(&k.data[1], ep->subject);
+	k.data[5] = dir;
+	k.data[6] = class;
+	fw_put_be32(&k.data[7], identity);
+	__builtin_memcpy(&k.data[11], &port, 2);
+	p = fw_snap_lookup(snap, &k);
+	if (p) {
+		p1_verdict = p->verdict;
+		p1_rule = p->rule;
+	}
+	fw_put_be32(&k.data[7], FW_ANY_IDENTITY);
+	p = fw_snap_lookup(snap, &k);
+	if (p) {
+		p2_verdict = p->verdict;
+		p2_rule = p->rule;
+	}
+
+	if (p1_verdict == FW_DENY) {
+		v->verdict = FW_DENY;
+		v->rule = p1_rule;
+	} else if (p2_verdict == FW_DENY) {
+		v->verdict = FW_DENY;
+		v->rule = p2_rule;
+	} else if (p1_verdict == FW_ALLOW) {
+		v->rule = p1_rule;
+	} else if (p2_verdict == FW_ALLOW) {
+		v->rule = p2_rule;
+	} else {
+		v->verdict = FW_DENY; /* a protected direction denies by default */
+	}
+}
+
+/* fw_handle filters one packet; dir is the direction of the hook (FW_DIR_*). */
+static __always_inline int fw_handle(struct __sk_buff *skb, const __u8 dir)
+{
+	struct fw_ct_key t, rev;
+	struct fw_ct_value *e, *r = NULL;
+	struct fw_verdict v = {};
+	struct fw_l4 l4 = {};
+	const struct fw_value *epv;
+	struct fw_key lk;
+	struct fw_ep ep;
+	void *snap;
+	__u32 zero = 0, len = skb->len;
+	__u16 proto;
+	__u8 family, class, closing = 0;
+	__u64 now;
+
+	if (bpf_skb_load_bytes(skb, offsetof(struct ethhdr, h_proto), &proto, sizeof(proto)) < 0)
+		return FW_TCX_NEXT;
+	if (proto == bpf_htons(ETH_P_IP))
+		family = 4;
+	else if (proto == bpf_htons(ETH_P_IPV6))
+		family = 6;
+	else
+		return FW_TCX_NEXT;
+
+	snap = bpf_map_lookup_elem(&fw_snapshots, &zero);
+	if (!snap) {
+		fw_stat(FW_STAT_NO_SNAPSHOT);
+		return FW_TCX_DROP;
+	}
+	__builtin_memset(&lk, 0, sizeof(lk));
+	lk.prefixlen = FW_ENDPOINT_PREFIXLEN;
+	lk.data[0] = FW_T_ENDPOINT;
+	fw_put_be32(&lk.data[1], skb->ifindex);
+	epv = fw_snap_lookup(snap, &lk);
+	if (!epv) {
+		fw_stat(FW_STAT_NO_SNAPSHOT);
+		return FW_TCX_DROP;
+	}
+	ep.id = epv->id;
+	ep.subject = epv->subject;
+	ep.flags = epv->flags;
+	ep.gen = epv->gen;
+	ep.scope = epv->scope;
+
+	__builtin_memset(&t, 0, sizeof(t));
+	t.ifindex = skb->ifindex;
+	if (fw_parse(skb, ETH_HLEN, family, &t, &l4, 0) < 0)
+		return fw_deny(ep.id, len);
+
+	if (fw_is_icmp(family, t.proto) && l4.has_l4) {
+		if (family == 6 && l4.icmp_type >= FW_ICMPV6_ND_FIRST &&
+		    l4.icmp_type <= FW_ICMPV6_ND_LAST)
+			return fw_allow(ep.id, len);
+		if (fw_icmp_error(family, l4.icmp_type)) {
+			struct fw_ct_key in;
+			struct fw_l4 in_l4 = {};
+
+			/* The error is related when the packet it embeds belongs to a tracked
+			 * connection, in either direction. */
+			__builtin_memset(&in, 0, sizeof(in));
+			in.ifindex = t.ifindex;
+			if (fw_parse(skb, l4.off + sizeof(struct fw_icmp_head), family, &in, &in_l4,
+				     1) == 0) {
+				now = bpf_ktime_get_ns();
+				if (fw_ct_lookup(&in, now))
+					return fw_allow(ep.id, len);
+				fw_reverse(&in, &rev);
+				if (fw_ct_lookup(&rev, now))
+					return fw_allow(ep.id, len);
+			}
+			/* Unrelated: checked like any ICMP packet. */
+		}
+	}
+
+	class = fw_class(family, t.proto);
+	if (t.proto == FW_PROTO_TCP && (l4.tcp_flags & (FW_TCP_FIN | FW_TCP_RST)))
+		closing = FW_CT_CLOSING;
+	now = bpf_ktime_get_ns();
+	fw_reverse(&t, &rev);
+	e = fw_ct_lookup(&t, now);
+	if (!e)
+		r = fw_ct_lookup(&rev, now);
+
+	/* Check the connection's first packet: this one when the connection is new, else
+	 * its original direction when the snapshot changed since it was checked. */
+	{
+		const struct fw_ct_key *orig = &t;
+		__u8 cdir = dir;
+		int need = 1;
+
+		if (e) {
+			cdir = e->dir == FW_DIR_EGRESS ? FW_DIR_EGRESS : FW_DIR_INGRESS;
+			need = e->gen != ep.gen;
+		} else if (r) {
+			orig = &rev;
+			cdir = r->dir == FW_DIR_EGRESS ? FW_DIR_EGRESS : FW_DIR_INGRESS;
+			need = r->gen != ep.gen;
+		}
+		v.verdict = FW_ALLOW;
+		if (need) {
+			const __u8 *peer = cdir == FW_DIR_EGRESS ? orig->daddr : orig->saddr;
+			__u16 port = class == FW_CLASS_TCP || class == FW_CLASS_UDP ? orig->dport : 0;
+
+			fw_check(snap, &ep, cdir, family, peer, class, port, &v);
+		}
+		if (v.verdict != FW_ALLOW) {
+			if (e || r) {
+				bpf_map_delete_elem(&fw_ct, orig);
+				fw_stat(FW_STAT_CT_DELETED);
+			}
+			fw_count_rule(v.rule, len);
+			return fw_deny(ep.id, len);
+		}
+		if (need && (e || r)) {
+			struct fw_ct_value *c = e ? e : r;
+
+			c->gen = ep.gen;
+			c->rule = v.rule;
+		}
+	}
+
+	if (e) {
+		e->last_seen = now;
+		if (closing)
+			e->flags |= closing;
+		fw_count_rule(e->rule, len);
+		return fw_allow(ep.id, len);
+	}
+	if (r) {
+		r->last_seen = now;
+		if ((r->flags & (FW_CT_REPLIED | closing)) != (FW_CT_REPLIED | closing))
+			r->flags |= FW_CT_REPLIED | closing;
+		return fw_allow(ep.id, len);
+	}
+
+	{
+		struct fw_ct_value nv;
+
+		__builtin_memset(&nv, 0, sizeof(nv));
+		nv.last_seen = now;
+		nv.rule = v.rule;
+		nv.gen = ep.gen;
+		nv.dir = dir;
+		nv.flags = closing;
+		if (bpf_map_update_elem(&fw_ct, &t, &nv, BPF_ANY) == 0)
+			fw_stat(FW_STAT_CT_CREATED);
+	}
+	fw_count_rule(v.rule, len);
+	return fw_allow(ep.id, len);
+}
+
+/* fw_ingress runs at the tcx ingress hook of an endpoint's interface: packets from it. */
+SEC("tcx/ingress")
+int fw_ingress(struct __sk_buff *skb)
+{
+	return fw_handle(skb, FW_DIR_EGRESS);
+}
+
+/* fw_egress runs at the tcx egress hook of an endpoint's interface: packets to it. */
+SEC("tcx/egress")
+int fw_egress(struct __sk_buff *skb)
+{
+	return fw_handle(skb, FW_DIR_INGRESS);
+}
+
+char _license[] SEC("license") = "Dual BSD/GPL";

@@ -1,0 +1,93 @@
+package fwbpf
+
+import "time"
+
+// The names of the programs and maps in the object, as in firewall.c.
+const (
+	// ProgIngress is the program for an endpoint interface's tcx ingress hook: packets
+	// from the endpoint.
+	ProgIngress = "fw_ingress"
+	// ProgEgress is the program for the tcx egress hook: packets to the endpoint.
+	ProgEgress = "fw_egress"
+
+	// MapSnapshots is the array of maps whose slot 0 holds the current snapshot, an LPM
+	// trie of firewall.Key to firewall.Value.
+	MapSnapshots = "fw_snapshots"
+	// MapCT is the conntrack table, an LRU hash of CTKey to CTValue.
+	MapCT = "fw_ct"
+	// MapRuleStats counts packets per rule: a per-CPU hash of uint64 rule ids to
+	// RuleStats.
+	MapRuleStats = "fw_rule_stats"
+	// MapEndpointStats counts packets per local endpoint: a per-CPU hash of uint32
+	// endpoint ids to EndpointStats.
+	MapEndpointStats = "fw_ep_stats"
+	// MapStats holds the program's own counters: a per-CPU array of NumStats uint64,
+	// indexed by the Stat constants.
+	MapStats = "fw_stats"
+)
+
+// Directions of a conntrack entry (CTValue.Dir), seen from the endpoint; the same values
+// as firewall.DirIngress and firewall.DirEgress.
+const (
+	// DirIngress is traffic to the endpoint, seen by ProgEgress.
+	DirIngress = 0
+	// DirEgress is traffic from the endpoint, seen by ProgIngress.
+	DirEgress = 1
+)
+
+// Flags of a conntrack entry (CTValue.Flags).
+const (
+	// CTClosing: a TCP FIN or RST was seen; the entry expires after
+	// CTTimeoutTCPClosing.
+	CTClosing = 1
+	// CTReplied: a packet of the reply direction was seen.
+	CTReplied = 2
+)
+
+// How long a conntrack entry lives without a packet, by protocol.
+const (
+	CTTimeoutTCP        = 3600 * time.Second
+	CTTimeoutTCPClosing = 10 * time.Second
+	CTTimeoutUDP        = 60 * time.Second
+	CTTimeoutICMP       = 30 * time.Second // ICMP and ICMPv6
+	CTTimeoutOther      = 60 * time.Second
+)
+
+// IP protocol numbers the timeouts depend on.
+const (
+	protoICMP   = 1
+	protoTCP    = 6
+	protoUDP    = 17
+	protoICMPv6 = 58
+)
+
+// CTTimeout returns how long a conntrack entry of the family (4 or 6) and IP protocol,
+// with the flags, lives without a packet.
+func CTTimeout(family, proto, flags uint8) time.Duration {
+	switch {
+	case proto == protoTCP && flags&CTClosing != 0:
+		return CTTimeoutTCPClosing
+	case proto == protoTCP:
+		return CTTimeoutTCP
+	case proto == protoUDP:
+		return CTTimeoutUDP
+	case family == 4 && proto == protoICMP, family == 6 && proto == protoICMPv6:
+		return CTTimeoutICMP
+	default:
+		return CTTimeoutOther
+	}
+}
+
+// Indexes of the counters in MapStats.
+const (
+	// StatCTCreated counts the conntrack entries the program made.
+	StatCTCreated = 0
+	// StatCTDeleted counts the conntrack entries the program deleted because a new
+	// snapshot denies their connection.
+	StatCTDeleted = 1
+	// StatNoSnapshotDrops counts the packets dropped because there was no snapshot or
+	// their interface was not in it.
+	StatNoSnapshotDrops = 2
+	// NumStats is the number of counters in MapStats (the last one is reserved).
+	NumStats = 4
+)

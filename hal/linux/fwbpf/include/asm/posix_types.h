@@ -1,0 +1,3 @@
+/* SPDX-License-Identifier: GPL-2.0 WITH Linux-syscall-note */
+/* See types.h. */
+#include <asm-generic/posix_types.h>

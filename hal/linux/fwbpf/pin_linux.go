@@ -1,0 +1,370 @@
+package fwbpf
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/naplesnet/naples/hal/firewall"
+)
+
+// Capacities are the sizes of the firewall's maps.
+type Capacities struct {
+	// Snapshot is the number of entries a snapshot holds (endpoints, identity prefixes
+	// and policy entries together). Default: 65536.
+	Snapshot int
+	// Conntrack is the number of connections tracked at once; when it is full the least
+	// recently used connection is evicted. Default: 262144.
+	Conntrack int
+	// Rules is the number of rules whose hits are counted. Default: 65536.
+	Rules int
+	// Endpoints is the number of local endpoints whose packets are counted. Default:
+	// 16384.
+	Endpoints int
+}
+
+// WithDefaults returns c with every zero capacity set to its default.
+func (c Capacities) WithDefaults() Capacities {
+	if c.Snapshot <= 0 {
+		c.Snapshot = 65536
+	}
+	if c.Conntrack <= 0 {
+		c.Conntrack = 262144
+	}
+	if c.Rules <= 0 {
+		c.Rules = 65536
+	}
+	if c.Endpoints <= 0 {
+		c.Endpoints = 16384
+	}
+	return c
+}
+
+// Objects are the firewall's programs and maps, loaded from the embedded object with its
+// maps pinned in a directory of bpffs, so that they outlive the process that loaded them.
+type Objects struct {
+	// Ingress runs at a local endpoint interface's tcx ingress hook (the endpoint's
+	// egress); Egress at its tcx egress hook.
+	Ingress, Egress *ebpf.Program
+	// Snapshots is the array of one slot that holds the current snapshot.
+	Snapshots *ebpf.Map
+	// CT is the conntrack table; RuleStats, EndpointStats and Stats the counters.
+	CT, RuleStats, EndpointStats, Stats *ebpf.Map
+
+	dir   string
+	caps  Capacities
+	inner *ebpf.MapSpec
+}
+
+// bpffsMagic is the f_type statfs reports for bpffs.
+const bpffsMagic = 0xcafe4a11
+
+// Open loads the programs and maps with the capacities, reusing the maps pinned in dir (a
+// directory of bpffs, made when missing; bpffs is mounted on /sys/fs/bpf when dir is
+// under it and it is not mounted yet). A pinned map whose spec differs from the wanted one
+// (a capacity changed, say) is replaced, and the log says so: its content is lost.
+func Open(dir string, caps Capacities, log *slog.Logger) (*Objects, error) {
+	caps = caps.WithDefaults()
+	if err := mountBPFFS(dir); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "links"), 0o700); err != nil {
+		return nil, fmt.Errorf("making the pin directory: %w", err)
+	}
+	spec, err := LoadSpec()
+	if err != nil {
+		return nil, fmt.Errorf("loading the firewall's program spec: %w", err)
+	}
+	spec.Maps[MapCT].MaxEntries = uint32(caps.Conntrack)
+	spec.Maps[MapRuleStats].MaxEntries = uint32(caps.Rules)
+	spec.Maps[MapEndpointStats].MaxEntries = uint32(caps.Endpoints)
+	inner := spec.Maps[MapSnapshots].InnerMap.Copy()
+	inner.MaxEntries = uint32(caps.Snapshot)
+	spec.Maps[MapSnapshots].InnerMap = inner.Copy()
+
+	var coll *ebpf.Collection
+	for attempt := 0; ; attempt++ {
+		coll, err = ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: dir}})
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, ebpf.ErrMapIncompatible) || attempt > len(spec.Maps) {
+			return nil, fmt.Errorf("loading the firewall's programs and maps: %w", err)
+		}
+		name := incompatibleMap(err, spec)
+		if name == "" {
+			return nil, fmt.Errorf("loading the firewall's programs and maps: %w", err)
+		}
+		log.Warn("a pinned firewall map differs from the one wanted (capacity changed?); replacing it, its content is lost",
+			"map", name, "err", err)
+		if err := os.Remove(filepath.Join(dir, name)); err != nil {
+			return nil, fmt.Errorf("replacing pinned map %s: %w", name, err)
+		}
+	}
+	o := &Objects{
+		Ingress:       coll.DetachProgram(ProgIngress),
+		Egress:        coll.DetachProgram(ProgEgress),
+		Snapshots:     coll.DetachMap(MapSnapshots),
+		CT:            coll.DetachMap(MapCT),
+		RuleStats:     coll.DetachMap(MapRuleStats),
+		EndpointStats: coll.DetachMap(MapEndpointStats),
+		Stats:         coll.DetachMap(MapStats),
+		dir:           dir,
+		caps:          caps,
+		inner:         inner,
+	}
+	coll.Close()
+	return o, nil
+}
+
+// incompatibleMap returns the name of the map the ErrMapIncompatible err is about, "" if
+// it names none of spec's.
+func incompatibleMap(err error, spec *ebpf.CollectionSpec) string {
+	msg := err.Error()
+	names := make([]string, 0, len(spec.Maps))
+	for name := range spec.Maps {
+		names = append(names, name)
+	}
+	// Longest first, so that fw_ct does not match inside a longer name.
+	slices.SortFunc(names, func(a, b string) int { return len(b) - len(a) })
+	for _, name := range names {
+		if strings.Contains(msg, name) {
+			return name
+		}
+	}
+	return ""
+}
+
+// mountBPFFS mounts bpffs on /sys/fs/bpf when dir is under it and it is not bpffs yet.
+func mountBPFFS(dir string) error {
+	const root = "/sys/fs/bpf"
+	if dir != root && !strings.HasPrefix(dir, root+"/") {
+		return nil
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(root, &st); err == nil && st.Type == bpffsMagic {
+		return nil
+	}
+	if err := unix.Mount("bpf", root, "bpf", 0, "mode=0700"); err != nil {
+		return fmt.Errorf("mounting bpffs on %s: %w", root, err)
+	}
+	return nil
+}
+
+// Capacities returns the capacities the maps were made with.
+func (o *Objects) Capacities() Capacities { return o.caps }
+
+// Dir returns the pin directory.
+func (o *Objects) Dir() string { return o.dir }
+
+// Close releases the process's references to the programs and maps; pinned maps and
+// links stay.
+func (o *Objects) Close() error {
+	for _, p := range []*ebpf.Program{o.Ingress, o.Egress} {
+		p.Close()
+	}
+	for _, m := range []*ebpf.Map{o.Snapshots, o.CT, o.RuleStats, o.EndpointStats, o.Stats} {
+		m.Close()
+	}
+	return nil
+}
+
+// Install makes a new snapshot of the entries and swaps it in: from the swap on, every
+// packet sees the new snapshot whole, and the old one goes once no packet uses it. More
+// entries than the snapshot capacity are an error, and nothing changes.
+func (o *Objects) Install(entries []firewall.Entry) error {
+	if len(entries) > o.caps.Snapshot {
+		return fmt.Errorf("snapshot of %d entries exceeds its capacity of %d", len(entries), o.caps.Snapshot)
+	}
+	m, err := ebpf.NewMap(o.inner)
+	if err != nil {
+		return fmt.Errorf("making a snapshot map: %w", err)
+	}
+	defer m.Close()
+	if len(entries) > 0 {
+		keys := make([]firewall.Key, len(entries))
+		values := make([]firewall.Value, len(entries))
+		for i, e := range entries {
+			keys[i], values[i] = e.Key, e.Value
+		}
+		if _, err := m.BatchUpdate(keys, values, nil); err != nil {
+			if !errors.Is(err, ebpf.ErrNotSupported) {
+				return fmt.Errorf("filling the snapshot: %w", err)
+			}
+			for i := range keys {
+				if err := m.Put(&keys[i], &values[i]); err != nil {
+					return fmt.Errorf("filling the snapshot: entry %d: %w", i, err)
+				}
+			}
+		}
+	}
+	if err := o.Snapshots.Put(uint32(0), m); err != nil {
+		return fmt.Errorf("swapping the snapshot in: %w", err)
+	}
+	return nil
+}
+
+// Snapshot returns the entries of the current snapshot; none when there is none.
+func (o *Objects) Snapshot() ([]firewall.Entry, error) {
+	var id ebpf.MapID
+	if err := o.Snapshots.Lookup(uint32(0), &id); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("reading the snapshot slot: %w", err)
+	}
+	if id == 0 {
+		return nil, nil
+	}
+	m, err := ebpf.NewMapFromID(id)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("opening the snapshot: %w", err)
+	}
+	defer m.Close()
+	var out []firewall.Entry
+	var e firewall.Entry
+	it := m.Iterate()
+	for it.Next(&e.Key, &e.Value) {
+		out = append(out, e)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("reading the snapshot: %w", err)
+	}
+	return out, nil
+}
+
+// linkPath returns the pin of the link of the name at one hook.
+func (o *Objects) linkPath(name string, ingress bool) string {
+	hook := "egress"
+	if ingress {
+		hook = "ingress"
+	}
+	return filepath.Join(o.dir, "links", name+"-"+hook)
+}
+
+// Attach attaches the programs to both tcx hooks of the interface with the index, as
+// links pinned under the name, or, when such links are attached to that interface
+// already (left by a previous agent), makes them run this process's programs: an atomic
+// replacement, which no packet notices. It must run in the interface's network
+// namespace. It returns how many links it attached or updated.
+func (o *Objects) Attach(name string, ifindex int) (int, error) {
+	changed := 0
+	for _, ingress := range []bool{true, false} {
+		prog, at := o.Ingress, ebpf.AttachTCXIngress
+		if !ingress {
+			prog, at = o.Egress, ebpf.AttachTCXEgress
+		}
+		path := o.linkPath(name, ingress)
+		if l, err := link.LoadPinnedLink(path, nil); err == nil {
+			info, ierr := l.Info()
+			if ierr == nil && info.TCX() != nil && int(info.TCX().Ifindex) == ifindex {
+				same := info.Program != 0 && sameProgram(prog, info.Program)
+				var uerr error
+				if !same {
+					uerr = l.Update(prog)
+				}
+				l.Close()
+				if uerr != nil {
+					return changed, fmt.Errorf("updating the firewall program on interface %d: %w", ifindex, uerr)
+				}
+				if !same {
+					changed++
+				}
+				continue
+			}
+			// Attached elsewhere (the interface was made anew) or gone: start over.
+			l.Unpin()
+			l.Close()
+		} else if !errors.Is(err, os.ErrNotExist) {
+			os.Remove(path)
+		}
+		l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: at})
+		if err != nil {
+			return changed, fmt.Errorf("attaching the firewall to interface %d: %w", ifindex, err)
+		}
+		if err := l.Pin(path); err != nil {
+			l.Close()
+			return changed, fmt.Errorf("pinning the firewall's link: %w", err)
+		}
+		l.Close()
+		changed++
+	}
+	return changed, nil
+}
+
+// sameProgram tells whether prog is the program with the id.
+func sameProgram(prog *ebpf.Program, id ebpf.ProgramID) bool {
+	info, err := prog.Info()
+	if err != nil {
+		return false
+	}
+	have, ok := info.ID()
+	return ok && have == id
+}
+
+// Detach removes the links pinned under the name, which detaches the programs. Links that
+// are not there are no error.
+func (o *Objects) Detach(name string) error {
+	var errs []error
+	for _, ingress := range []bool{true, false} {
+		path := o.linkPath(name, ingress)
+		l, err := link.LoadPinnedLink(path, nil)
+		if err != nil {
+			if !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, os.Remove(path))
+			}
+			continue
+		}
+		if err := l.Unpin(); err != nil {
+			errs = append(errs, err)
+		}
+		l.Close()
+	}
+	return errors.Join(errs...)
+}
+
+// AttachedIfindex returns the interface the links pinned under the name are attached
+// to, 0 when there are none or they are detached.
+func (o *Objects) AttachedIfindex(name string) int {
+	l, err := link.LoadPinnedLink(o.linkPath(name, true), nil)
+	if err != nil {
+		return 0
+	}
+	defer l.Close()
+	info, err := l.Info()
+	if err != nil || info.TCX() == nil {
+		return 0
+	}
+	return int(info.TCX().Ifindex)
+}
+
+// Links returns the names of the pinned links.
+func (o *Objects) Links() ([]string, error) {
+	ents, err := os.ReadDir(filepath.Join(o.dir, "links"))
+	if err != nil {
+		return nil, fmt.Errorf("listing the pinned links: %w", err)
+	}
+	var names []string
+	for _, e := range ents {
+		name, ok := strings.CutSuffix(e.Name(), "-ingress")
+		if !ok {
+			name, ok = strings.CutSuffix(e.Name(), "-egress")
+		}
+		if ok && !slices.Contains(names, name) {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	return names, nil
+}

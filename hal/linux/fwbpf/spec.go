@@ -1,0 +1,42 @@
+//go:build 386 || amd64 || arm || arm64 || loong64 || mips64le || mipsle || ppc64le || riscv64 || wasm
+
+// The generated bindings exist for little-endian machines only (bpf2go -target bpfel), and
+// so does this file: the build constraint is theirs.
+
+package fwbpf
+
+import "github.com/cilium/ebpf"
+
+// CTKey is a key of MapCT: the interface and the tuple of a connection's first packet
+// there (struct fw_ct_key). Family is 4 or 6; an IPv4 address fills bytes 0-3 of Saddr
+// and Daddr; Sport and Dport hold the bytes of the ports in network order (port 80 reads
+// as 0x5000 on a little-endian machine; for ICMP echo, the request's id is Sport and the
+// reply's Dport, 0 otherwise); Pad is zero.
+type CTKey = firewallFwCtKey
+
+// CTValue is a value of MapCT (struct fw_ct_value): when the connection last saw a packet
+// (LastSeen, CLOCK_MONOTONIC nanoseconds, bpf_ktime_get_ns), the rule that allowed it,
+// the snapshot generation it was checked against, the direction of its first packet
+// (DirIngress or DirEgress) and its flags (CTClosing, CTReplied).
+type CTValue = firewallFwCtValue
+
+// RuleStats is one CPU's counter of a rule in MapRuleStats (struct fw_rule_counters).
+type RuleStats = firewallFwRuleCounters
+
+// EndpointStats is one CPU's counter of an endpoint in MapEndpointStats (struct
+// fw_ep_counters).
+type EndpointStats = firewallFwEpCounters
+
+// LoadSpec returns the programs and maps of the firewall, as compiled into the package.
+// Every map is pinned by name (ebpf.PinByName): loading it needs a pin path, or the
+// pinning cleared.
+func LoadSpec() (*ebpf.CollectionSpec, error) {
+	return loadFirewall()
+}
+
+// CTExpired tells whether the conntrack entry k, v has expired at now (CLOCK_MONOTONIC
+// nanoseconds, as bpf_ktime_get_ns): the program treats such an entry as absent. An
+// entry that saw a packet after now is live.
+func CTExpired(k *CTKey, v *CTValue, now uint64) bool {
+	return now > v.LastSeen && now-v.LastSeen > uint64(CTTimeout(k.Family, k.Proto, v.Flags))
+}
