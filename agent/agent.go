@@ -133,7 +133,7 @@ func Run(ctx context.Context, cfg Config) error {
 	var wg sync.WaitGroup
 	parts := map[string]func(context.Context) error{"nimbus client": client.Run, "hal": h.Run}
 	if cfg.Socket != "" {
-		serve, err := serveLocalAPI(ctx, cfg.Socket, InspectorOptions{Store: store, Logger: log, Node: cfg.Node, Namespace: cfg.netns})
+		serve, err := serveLocalAPI(ctx, cfg.Socket, InspectorOptions{Store: store, Logger: log, Node: cfg.Node, Namespace: cfg.netns, BPFDir: cfg.BPFDir})
 		if err != nil {
 			return err
 		}

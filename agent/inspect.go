@@ -61,21 +61,28 @@ type InspectorOptions struct {
 	// others in Dataplane's answer. Default: empty, and Dataplane fails.
 	Node string
 	// Namespace is the network namespace whose kernel Dataplane reads, the one the HAL
-	// programs. Default: nil, the agent's own.
+	// programs, and whose interfaces Firewall names. Default: nil, the agent's own.
 	Namespace *netns.NsHandle
+	// BPFDir is the bpffs directory the firewall pins its maps in (Config.BPFDir), which
+	// Firewall reads. Default: empty, the agent runs without a firewall, and Firewall
+	// fails.
+	BPFDir string
 }
 
 // Inspector serves the agent's read-only local API, the delphi.v1.Delphi service: what
-// delphi holds on this host, desired objects and this node's status of them, and the
-// overlay dataplane the kernel has (Dataplane).
+// delphi holds on this host, desired objects and this node's status of them, the
+// overlay dataplane the kernel has (Dataplane) and what the firewall's maps hold
+// (Firewall).
 type Inspector struct {
 	delphiv1.UnimplementedDelphiServer
 
 	store InspectStore
 	log   *slog.Logger
-	// node and netns are InspectorOptions.Node and Namespace, for Dataplane.
-	node  string
-	netns *netns.NsHandle
+	// node and netns are InspectorOptions.Node and Namespace, for Dataplane and
+	// Firewall; bpfDir is InspectorOptions.BPFDir, for Firewall.
+	node   string
+	netns  *netns.NsHandle
+	bpfDir string
 	// done is closed by Close; it ends every watch.
 	done      chan struct{}
 	closeOnce sync.Once
@@ -92,7 +99,7 @@ func NewInspector(opts InspectorOptions) (*Inspector, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Inspector{store: opts.Store, log: log, node: opts.Node, netns: opts.Namespace, done: make(chan struct{})}, nil
+	return &Inspector{store: opts.Store, log: log, node: opts.Node, netns: opts.Namespace, bpfDir: opts.BPFDir, done: make(chan struct{})}, nil
 }
 
 // Serve serves the API on lis until ctx ends or lis fails. When ctx ends it ends every

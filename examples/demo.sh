@@ -37,8 +37,11 @@ export NAPLES_SERVER="unix://$sock"
 # naplesctl authenticates as the publisher of the demo's CA.
 export NAPLES_TLS_CERT="$pki/publisher.crt" NAPLES_TLS_KEY="$pki/publisher.key" NAPLES_TLS_CA="$pki/ca.crt"
 pids=()
-# Each host's firewall pins its maps and links in a bpffs directory of its own.
-bpfroot="/sys/fs/bpf/naples-demo.$(basename "$work")"
+# Each host's firewall pins its maps and links in a directory of its own on a bpffs of the
+# demo's (not /sys/fs/bpf: `ip netns exec` mounts a /sys of its own for every agent).
+bpfroot="$work/bpf"
+mkdir "$bpfroot"
+mount -t bpf bpf "$bpfroot"
 
 # cleanup stops every process the demo started and removes its namespaces and files.
 cleanup() {
@@ -47,7 +50,8 @@ cleanup() {
 	for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
 	for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
 	for ns in "${namespaces[@]}"; do ip netns delete "$ns" 2>/dev/null || true; done
-	rm -rf "$work" "$bpfroot"
+	umount -l "$bpfroot" 2>/dev/null || true
+	rm -rf "$work"
 	printf '\n== cleaned up: namespaces %s, processes and %s removed\n' "${namespaces[*]}" "$work"
 	exit "$status"
 }
@@ -122,7 +126,7 @@ start_agent() {
 	local ns=$1 node=$2
 	ip netns exec "$ns" "$bin/naples-agent" --node "$node" --nimbus "$NAPLES_SERVER" \
 		--tls-cert "$pki/$node.crt" --tls-key "$pki/$node.key" --tls-ca "$pki/ca.crt" \
-		--state-dir "$work/state-$node" --socket "$work/$node.sock" --bpf-dir "$bpfroot/$node" \
+		--state-dir "$work/state-$node" --socket "$work/$node.sock" --bpf-dir "$bpfroot/$node" --fw-stats-interval 1s \
 		2>"$work/agent-$node.log" &
 	pids+=($!)
 }
@@ -221,6 +225,58 @@ wait "$server"
 
 step "the exchange went through the tunnel: ip -n $host_a -s link show type vxlan"
 ip -n "$host_a" -s link show type vxlan
+
+step "naplesctl apply -f examples/firewall.yaml --wait: web-b serves TCP 8080 to the group client only"
+apply_wait "$here/firewall.yaml"
+
+step "web-b listens on 8080 and 9090; web-a connects to both: 8080 is allowed, 9090 is dropped"
+ip netns exec "$web_b" python3 -c '
+import socket, threading
+def serve(port):
+    with socket.create_server(("0.0.0.0", port)) as s:
+        s.settimeout(30)
+        c, _ = s.accept()
+        with c:
+            c.sendall(b"hello from web-b:%d" % port)
+for p in (8080, 9090):
+    threading.Thread(target=serve, args=(p,), daemon=True).start()
+threading.Event().wait(30)
+' &
+server=$!
+pids+=("$server")
+ip netns exec "$web_a" python3 -c '
+import socket, sys, time
+def connect(port, timeout):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection(("10.1.0.11", port), timeout=1) as c:
+                c.settimeout(5)
+                return c.recv(1024).decode()
+        except OSError as e:
+            if time.monotonic() > deadline:
+                return e
+            time.sleep(0.1)
+got = connect(8080, 20)
+print(f"web-a -> 10.1.0.11:8080: {got!r}", flush=True)
+if not isinstance(got, str):
+    sys.exit("web-a: 8080 should be allowed")
+got = connect(9090, 2)
+print(f"web-a -> 10.1.0.11:9090: {got}", flush=True)
+if isinstance(got, str):
+    sys.exit("web-a: 9090 should be dropped by the firewall")
+'
+kill "$server" 2>/dev/null || true
+
+step "the rule's hits at nimbus: naplesctl describe networksecuritypolicy web-ingress"
+wait_for "host-b to report the rule's hits" sh -c "'$bin/naplesctl' describe networksecuritypolicy web-ingress | grep -q 'ingress\[0\].packets.*[1-9]'"
+"$bin/naplesctl" describe networksecuritypolicy web-ingress
+
+step "naplesctl --agent host-b.sock bpf policy: the firewall's maps on host-b"
+"$bin/naplesctl" --agent "$work/host-b.sock" bpf policy
+
+step "naplesctl delete -f examples/firewall.yaml"
+"$bin/naplesctl" delete -f "$here/firewall.yaml"
 
 step "naplesctl delete -f examples/overlay.yaml"
 "$bin/naplesctl" delete -f "$here/overlay.yaml"

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/naplesnet/naples/internal/testns"
@@ -25,6 +26,12 @@ import (
 
 // bin is the directory holding the binaries TestMain builds.
 var bin string
+
+// bpffs is a bpffs instance TestMain mounts for the hosts' firewalls, each of which pins
+// in a directory of its own under it. Agents run under `ip netns exec`, which mounts a
+// fresh /sys in a mount namespace of their own: a bpffs an agent mounted on /sys/fs/bpf
+// there would die with it, and a restarted agent would find nothing pinned.
+var bpffs string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "naples-e2e-bin")
@@ -51,7 +58,12 @@ func TestMain(m *testing.M) {
 	if os.Getenv("GORACE") == "" {
 		os.Setenv("GORACE", "atexit_sleep_ms=0")
 	}
+	bpffs = filepath.Join(dir, "bpffs")
+	mounted := os.Mkdir(bpffs, 0o700) == nil && unix.Mount("bpf", bpffs, "bpf", 0, "mode=0700") == nil
 	code := m.Run()
+	if mounted {
+		unix.Unmount(bpffs, unix.MNT_DETACH)
+	}
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
@@ -234,7 +246,7 @@ func (c *cluster) addHost(t testing.TB, name, cert string) *host {
 	}
 	// Each host's firewall pins in a bpffs directory of its own, removed after the
 	// host's agent has stopped (cleanups run in reverse order).
-	bpf := filepath.Join("/sys/fs/bpf", "naples-test-"+filepath.Base(c.dir)+"-"+name)
+	bpf := filepath.Join(bpffs, filepath.Base(c.dir)+"-"+name)
 	t.Cleanup(func() { os.RemoveAll(bpf) })
 	return &host{name: name, ns: ns, state: filepath.Join(c.dir, "state-"+name), c: c, cert: cert, bpf: bpf}
 }

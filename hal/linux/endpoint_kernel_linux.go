@@ -36,6 +36,9 @@ type epLink struct {
 	mtu    uint32
 	// up tells the administrative state (IFF_UP), not whether the link has a carrier.
 	up bool
+	// group is IFLA_GROUP: a link naples created is in LinkGroup, even before it carries
+	// its alias.
+	group uint32
 }
 
 // fdbKey identifies a static FDB entry: the device it is on, its MAC, and whether it is a
@@ -210,6 +213,8 @@ func parseEPLink(b []byte) (index int32, l epLink, ok bool) {
 			l.mtu = attrUint32(v)
 		case unix.IFLA_MASTER:
 			l.master = int32(attrUint32(v))
+		case unix.IFLA_GROUP:
+			l.group = attrUint32(v)
 		}
 	})
 	return index, l, index > 0 && l.name != ""

@@ -752,8 +752,8 @@ func (r *EndpointReconciler) syncInterface(ctx context.Context, name, id string,
 	if !ok {
 		return nil
 	}
-	if _, ours := OwnerOfAlias(l.alias); ours {
-		return nil // a device of naples: never an endpoint's
+	if _, ours := OwnerOfAlias(l.alias); ours || l.group == LinkGroup {
+		return nil // a device of naples (marked, or made and not marked yet): never an endpoint's
 	}
 	owner, err := r.interfaceOwner(name)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -161,6 +162,22 @@ func (c *cli) writeDescription(w io.Writer, item *nimbusv1.ObjectWithStatus) err
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("writing node table: %w", err)
+	}
+	// Then what each node reports of the object in operation: link state, counters.
+	for _, r := range rows {
+		op := r.st.GetOperational()
+		if len(op) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "\nOperational on %s:\n", r.name)
+		keys := slices.Sorted(maps.Keys(op))
+		tw = tabwriter.NewWriter(w, 0, 8, 1, ' ', 0)
+		for _, k := range keys {
+			fmt.Fprintf(tw, "  %s:\t%s\n", k, op[k])
+		}
+		if err := tw.Flush(); err != nil {
+			return fmt.Errorf("writing operational data: %w", err)
+		}
 	}
 	if p.unnamed > 0 {
 		fmt.Fprintf(w, "%d more target %s reported nothing yet.\n", p.unnamed, plural(p.unnamed, "node has", "nodes have"))

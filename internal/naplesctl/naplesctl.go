@@ -93,7 +93,7 @@ Objects are written as YAML or JSON manifests:
 	c.addAgentFlag(root, getenv)
 	c.addTLSFlags(root, getenv)
 	root.AddCommand(c.certsCommand(getenv))
-	root.AddCommand(c.applyCommand(), c.getCommand(), c.deleteCommand(), c.describeCommand(), c.waitCommand(), c.delphiCommand(), c.dataplaneCommand())
+	root.AddCommand(c.applyCommand(), c.getCommand(), c.deleteCommand(), c.describeCommand(), c.waitCommand(), c.delphiCommand(), c.dataplaneCommand(), c.bpfCommand())
 
 	if args == nil {
 		args = []string{} // nil makes cobra read os.Args

@@ -156,6 +156,9 @@ func mountBPFFS(dir string) error {
 	if err := unix.Mount("bpf", root, "bpf", 0, "mode=0700"); err != nil {
 		return fmt.Errorf("mounting bpffs on %s: %w", root, err)
 	}
+	if err := unix.Statfs(root, &st); err != nil || st.Type != bpffsMagic {
+		return fmt.Errorf("mounting bpffs on %s: it is not bpffs after the mount (type %#x, %v)", root, st.Type, err)
+	}
 	return nil
 }
 

@@ -5,7 +5,7 @@
 // source: delphi/v1/delphi.proto
 
 // Package delphi.v1 is the agent's read-only local API: what delphi holds on one host,
-// and the overlay dataplane the host's kernel has.
+// the overlay dataplane the host's kernel has, and what its firewall's maps hold.
 
 package delphiv1
 
@@ -26,6 +26,7 @@ const (
 	Delphi_Get_FullMethodName       = "/delphi.v1.Delphi/Get"
 	Delphi_Watch_FullMethodName     = "/delphi.v1.Delphi/Watch"
 	Delphi_Dataplane_FullMethodName = "/delphi.v1.Delphi/Dataplane"
+	Delphi_Firewall_FullMethodName  = "/delphi.v1.Delphi/Firewall"
 )
 
 // DelphiClient is the client API for Delphi service.
@@ -40,6 +41,9 @@ type DelphiClient interface {
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEvent], error)
 	// Dataplane reads the overlay dataplane of the host's kernel for every network in delphi.
 	Dataplane(ctx context.Context, in *DataplaneRequest, opts ...grpc.CallOption) (*DataplaneResponse, error)
+	// Firewall reads what the eBPF firewall's pinned maps hold: its snapshot, counters and
+	// connections, with names for the ids.
+	Firewall(ctx context.Context, in *FirewallRequest, opts ...grpc.CallOption) (*FirewallResponse, error)
 }
 
 type delphiClient struct {
@@ -99,6 +103,16 @@ func (c *delphiClient) Dataplane(ctx context.Context, in *DataplaneRequest, opts
 	return out, nil
 }
 
+func (c *delphiClient) Firewall(ctx context.Context, in *FirewallRequest, opts ...grpc.CallOption) (*FirewallResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FirewallResponse)
+	err := c.cc.Invoke(ctx, Delphi_Firewall_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // DelphiServer is the server API for Delphi service.
 // All implementations must embed UnimplementedDelphiServer
 // for forward compatibility.
@@ -111,6 +125,9 @@ type DelphiServer interface {
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchEvent]) error
 	// Dataplane reads the overlay dataplane of the host's kernel for every network in delphi.
 	Dataplane(context.Context, *DataplaneRequest) (*DataplaneResponse, error)
+	// Firewall reads what the eBPF firewall's pinned maps hold: its snapshot, counters and
+	// connections, with names for the ids.
+	Firewall(context.Context, *FirewallRequest) (*FirewallResponse, error)
 	mustEmbedUnimplementedDelphiServer()
 }
 
@@ -132,6 +149,9 @@ func (UnimplementedDelphiServer) Watch(*WatchRequest, grpc.ServerStreamingServer
 }
 func (UnimplementedDelphiServer) Dataplane(context.Context, *DataplaneRequest) (*DataplaneResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Dataplane not implemented")
+}
+func (UnimplementedDelphiServer) Firewall(context.Context, *FirewallRequest) (*FirewallResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Firewall not implemented")
 }
 func (UnimplementedDelphiServer) mustEmbedUnimplementedDelphiServer() {}
 func (UnimplementedDelphiServer) testEmbeddedByValue()                {}
@@ -219,6 +239,24 @@ func _Delphi_Dataplane_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Delphi_Firewall_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FirewallRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DelphiServer).Firewall(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Delphi_Firewall_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DelphiServer).Firewall(ctx, req.(*FirewallRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Delphi_ServiceDesc is the grpc.ServiceDesc for Delphi service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -237,6 +275,10 @@ var Delphi_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Dataplane",
 			Handler:    _Delphi_Dataplane_Handler,
+		},
+		{
+			MethodName: "Firewall",
+			Handler:    _Delphi_Firewall_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
