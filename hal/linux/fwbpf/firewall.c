@@ -556,12 +556,18 @@ static __always_inline int fw_handle(struct __sk_buff *skb, const __u8 dir)
 	__u8 family, class, closing = 0;
 	__u64 now;
 
+	/* An endpoint's interface is an untagged port: a VLAN tag, in the frame or taken
+	 * out of it into the skb, would carry traffic past the checks below. */
+	if (skb->vlan_present)
+		return FW_TCX_DROP;
 	if (bpf_skb_load_bytes(skb, offsetof(struct ethhdr, h_proto), &proto, sizeof(proto)) < 0)
 		return FW_TCX_NEXT;
 	if (proto == bpf_htons(ETH_P_IP))
 		family = 4;
 	else if (proto == bpf_htons(ETH_P_IPV6))
 		family = 6;
+	else if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD))
+		return FW_TCX_DROP;
 	else
 		return FW_TCX_NEXT;
 

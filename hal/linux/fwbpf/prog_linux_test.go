@@ -555,6 +555,31 @@ func TestNonIPPasses(t *testing.T) {
 	f.wantStats(0, 0, 0)
 }
 
+func TestVLANTaggedDrops(t *testing.T) {
+	f := newFixture(t)
+	f.install(endpoint(f.ifA, epA, 0, 0, gen1)) // open: everything untagged passes
+	for _, fam := range families {
+		p := udp(fam.ep, 40000, fam.peer, 53)
+		f.from(f.ifA, p, tcxNext)
+		for _, tpid := range []uint16{0x8100, 0x88a8} {
+			if got := f.run(f.ingress, f.ifA, tagged(p.frame(), tpid)); got != tcxDrop {
+				t.Errorf("%s tagged %#x from the endpoint: %s, want TCX_DROP", p, tpid, verdict(got))
+			}
+			if got := f.run(f.egress, f.ifA, tagged(p.reply().frame(), tpid)); got != tcxDrop {
+				t.Errorf("%s tagged %#x to the endpoint: %s, want TCX_DROP", p.reply(), tpid, verdict(got))
+			}
+		}
+	}
+}
+
+// tagged returns the frame with a VLAN tag of the TPID (VLAN 100) after its MACs.
+func tagged(frame []byte, tpid uint16) []byte {
+	b := append([]byte{}, frame[:12]...)
+	b = binary.BigEndian.AppendUint16(b, tpid)
+	b = binary.BigEndian.AppendUint16(b, 100)
+	return append(b, frame[12:]...)
+}
+
 func TestNeighbourDiscoveryPasses(t *testing.T) {
 	// Neighbour discovery is IPv6's; IPv4's ARP is TestNonIPPasses.
 	fam := families[1]
