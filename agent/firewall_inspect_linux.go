@@ -32,7 +32,11 @@ func (i *Inspector) firewall(ctx context.Context, view delphiv1.FirewallView) (*
 	if err != nil {
 		return nil, err
 	}
-	snap := firewall.Compile(firewallInput(i.store, i.node, links))
+	index := make(map[string]int, len(links))
+	for i, name := range links {
+		index[name] = i
+	}
+	snap := firewall.Compile(firewall.InputOf(i.store, i.node, index))
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -139,31 +143,6 @@ func readLinkNames(ctx context.Context, ns *netns.NsHandle) (map[int]string, err
 		names[l.Attrs().Index] = l.Attrs().Name
 	}
 	return names, nil
-}
-
-// firewallInput returns what the firewall compiles its snapshot from, as hal/linux's
-// Firewall reads it: every Endpoint, SecurityGroup and NetworkSecurityPolicy in the
-// store, and, as local endpoints, the endpoints of node whose interface is one of links.
-func firewallInput(store InspectStore, node string, links map[int]string) firewall.Input {
-	in := firewall.Input{
-		Endpoints: store.List(nimbusv1.Kind_KIND_ENDPOINT),
-		Groups:    store.List(nimbusv1.Kind_KIND_SECURITY_GROUP),
-		Policies:  store.List(nimbusv1.Kind_KIND_NETWORK_SECURITY_POLICY),
-	}
-	index := make(map[string]int, len(links))
-	for i, name := range links {
-		index[name] = i
-	}
-	for _, ep := range in.Endpoints {
-		s := ep.GetEndpoint()
-		if s.GetNode() != node || s.GetInterface() == "" {
-			continue
-		}
-		if i, ok := index[s.GetInterface()]; ok {
-			in.Local = append(in.Local, firewall.Local{Endpoint: ep.Key().ID(), Ifindex: uint32(i)})
-		}
-	}
-	return in
 }
 
 // scopedID is an identity of a tenant scope.

@@ -98,6 +98,9 @@ type Firewall struct {
 	collected fwbpf.Collection
 	gcExpired uint64
 	reg       prometheus.Registerer
+	// buildTime observes how long each snapshot build took, from reading the store to
+	// the swap.
+	buildTime prometheus.Histogram
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -139,6 +142,11 @@ func NewFirewall(opts FirewallOptions) (*Firewall, error) {
 		wake: make(chan struct{}, 1), builtCh: make(chan struct{}),
 		accepted: map[string]*nimbusv1.Object{}, failed: map[string]string{},
 		cancel: cancel, done: make(chan struct{}),
+		buildTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "naples_firewall_build_seconds",
+			Help:    "How long a firewall snapshot build took, from reading the store to the swap.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
 	}
 	if opts.Registerer != nil {
 		if err := opts.Registerer.Register(f); err != nil {
@@ -257,6 +265,7 @@ func (f *Firewall) sync(ctx context.Context) error {
 // the snapshot exceed a capacity is left out, at its last accepted version, and recorded
 // in failed.
 func (f *Firewall) build() error {
+	start := time.Now()
 	in, err := f.input()
 	if err != nil {
 		return err
@@ -294,7 +303,9 @@ func (f *Firewall) build() error {
 		f.overflows++
 	}
 	f.mu.Unlock()
-	f.log.Debug("firewall snapshot installed", "generation", snap.Gen, "entries", len(snap.Entries),
+	took := time.Since(start)
+	f.buildTime.Observe(took.Seconds())
+	f.log.Debug("firewall snapshot installed", "took", took, "generation", snap.Gen, "entries", len(snap.Entries),
 		"endpoints", len(snap.Endpoints), "rules", len(snap.Rules), "failed", len(failed))
 	return nil
 }
@@ -302,28 +313,15 @@ func (f *Firewall) build() error {
 // input reads what a snapshot is built from: the store's objects and the indexes of the
 // interfaces of this node's endpoints.
 func (f *Firewall) input() (firewall.Input, error) {
-	in := firewall.Input{
-		Endpoints: f.store.List(nimbusv1.Kind_KIND_ENDPOINT),
-		Groups:    f.store.List(nimbusv1.Kind_KIND_SECURITY_GROUP),
-		Policies:  f.store.List(nimbusv1.Kind_KIND_NETWORK_SECURITY_POLICY),
-	}
 	links, err := f.nl.LinkList()
 	if err != nil {
-		return in, fmt.Errorf("listing interfaces: %w", err)
+		return firewall.Input{}, fmt.Errorf("listing interfaces: %w", err)
 	}
 	index := make(map[string]int, len(links))
 	for _, l := range links {
 		index[l.Attrs().Name] = l.Attrs().Index
 	}
-	for _, ep := range in.Endpoints {
-		s := ep.GetEndpoint()
-		if s.GetNode() != f.node || s.GetInterface() == "" {
-			continue
-		}
-		if i, ok := index[s.GetInterface()]; ok {
-			in.Local = append(in.Local, firewall.Local{Endpoint: keyIDOf(ep), Ifindex: uint32(i)})
-		}
-	}
+	in := firewall.InputOf(f.store, f.node, index)
 	return in, nil
 }
 
@@ -648,6 +646,7 @@ func (f *Firewall) Describe(ch chan<- *prometheus.Desc) {
 		fwCTCreated, fwCTDenied, fwCTExpired, fwCTEvicted, fwNoSnapshot, fwRulePackets, fwRuleBytes, fwEndpointPackets, fwEndpointBytes} {
 		ch <- d
 	}
+	f.buildTime.Describe(ch)
 }
 
 // Collect reads the firewall's metrics from its state and maps.
@@ -661,6 +660,7 @@ func (f *Firewall) Collect(ch chan<- prometheus.Metric) {
 	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
 	}
+	f.buildTime.Collect(ch)
 	gauge(fwSnapshotCapacity, float64(f.objs.Capacities().Snapshot))
 	counter(fwInstalls, installs)
 	counter(fwOverflows, overflows)
