@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"fmt"
 	"log/slog"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -41,7 +42,7 @@ func backend(store *delphi.Store, cfg Config, log *slog.Logger, reg prometheus.R
 			Capacities: fwbpf.Capacities(cfg.FirewallCapacities),
 		})
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, fmt.Errorf("starting the firewall (an empty --bpf-dir runs the agent without one): %w", err)
 		}
 	}
 	for _, build := range []func() (closingReconciler, error){

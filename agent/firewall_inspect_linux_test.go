@@ -133,7 +133,9 @@ func newFWInspectEnv(t *testing.T) *fwInspectEnv {
 	}
 	t.Cleanup(func() { fw.Close() })
 	e.fw = fw
-	if _, err := fw.AttachEndpoint(t.Context(), fwKey(nimbusv1.Kind_KIND_ENDPOINT, "web"), e.ifindex); err != nil {
+	webKey := fwKey(nimbusv1.Kind_KIND_ENDPOINT, "web")
+	web, _ := store.Get(mustParseKey(t, webKey))
+	if _, err := fw.AttachEndpoint(t.Context(), webKey, web, e.ifindex); err != nil {
 		t.Fatalf("attaching the firewall to veth-web: %v", err)
 	}
 	e.api = serveInspector(t, InspectorOptions{Store: store, Logger: quiet, Node: "host-a", Namespace: &e.host, BPFDir: e.dir})
@@ -527,4 +529,14 @@ func TestFirewallInspectNotPinned(t *testing.T) {
 	if status.Code(err) != codes.InvalidArgument {
 		t.Errorf("Firewall of view 42 = %v, want InvalidArgument", err)
 	}
+}
+
+// mustParseKey parses a key ID.
+func mustParseKey(t *testing.T, id string) *nimbusv1.ObjectKey {
+	t.Helper()
+	k, err := nimbusv1.ParseKeyID(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
 }

@@ -90,6 +90,10 @@ type Firewall struct {
 	accepted map[string]*nimbusv1.Object
 	// failed holds why the policies that did not fit were left out, by key ID.
 	failed map[string]string
+	// read holds the version (versionOf) of every object the last build read, by key ID,
+	// and the interface index of every local endpoint it found: a reconcile of an object
+	// at that version needs no new build.
+	read map[string]string
 	// installs counts the snapshots swapped in; overflows the builds that left a policy
 	// out or installed nothing for want of room.
 	installs, overflows uint64
@@ -97,6 +101,9 @@ type Firewall struct {
 	// them removed.
 	collected fwbpf.Collection
 	gcExpired uint64
+	// evicted is the conntrack evictions counted at the last collection: created, less
+	// denied, expired and live; it never goes down.
+	evicted uint64
 	reg       prometheus.Registerer
 	// buildTime observes how long each snapshot build took, from reading the store to
 	// the swap.
@@ -140,7 +147,7 @@ func NewFirewall(opts FirewallOptions) (*Firewall, error) {
 	f := &Firewall{
 		objs: objs, store: opts.Store, node: opts.Node, ns: opts.Namespace, nl: nl, opts: opts, log: opts.Logger,
 		wake: make(chan struct{}, 1), builtCh: make(chan struct{}),
-		accepted: map[string]*nimbusv1.Object{}, failed: map[string]string{},
+		accepted: map[string]*nimbusv1.Object{}, failed: map[string]string{}, read: map[string]string{},
 		cancel: cancel, done: make(chan struct{}),
 		buildTime: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "naples_firewall_build_seconds",
@@ -237,6 +244,42 @@ func (f *Firewall) ask() uint64 {
 // other nodes changed, say, whose addresses are peers.
 func (f *Firewall) Changed() { f.ask() }
 
+// versionOf returns what tells one version of an object from another: its uid and
+// generation.
+func versionOf(obj *nimbusv1.Object) string {
+	m := obj.GetMeta()
+	return m.GetUid() + "/" + strconv.FormatInt(m.GetGeneration(), 10)
+}
+
+// current tells whether the last build read the object with the key ID at the version
+// of obj (nil: read none), and, with ifindex > 0, found it a local endpoint on that
+// interface; then a reconcile needs no new build.
+func (f *Firewall) current(keyID string, obj *nimbusv1.Object, ifindex int) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.snap == nil || f.buildErr != nil {
+		return false
+	}
+	have, ok := f.read[keyID]
+	if obj == nil {
+		return !ok
+	}
+	want := versionOf(obj)
+	if ifindex > 0 {
+		want += "@" + strconv.Itoa(ifindex)
+	}
+	return ok && have == want
+}
+
+// syncFor waits for a build that read the object with the key ID at the version of obj
+// (see current), asking for one when the last did not.
+func (f *Firewall) syncFor(ctx context.Context, keyID string, obj *nimbusv1.Object, ifindex int) error {
+	if f.current(keyID, obj, ifindex) {
+		return nil
+	}
+	return f.sync(ctx)
+}
+
 // sync asks for a build and waits until one that started after the call has ended; it
 // returns that build's error.
 func (f *Firewall) sync(ctx context.Context) error {
@@ -296,8 +339,17 @@ func (f *Firewall) build() error {
 	for _, p := range policies {
 		enforced[keyIDOf(p)] = p
 	}
+	read := make(map[string]string, len(in.Endpoints)+len(in.Groups)+len(in.Policies))
+	for _, list := range [][]*nimbusv1.Object{in.Endpoints, in.Groups, in.Policies} {
+		for _, o := range list {
+			read[keyIDOf(o)] = versionOf(o)
+		}
+	}
+	for _, l := range in.Local {
+		read[l.Endpoint] += "@" + strconv.FormatUint(uint64(l.Ifindex), 10)
+	}
 	f.mu.Lock()
-	f.snap, f.accepted, f.failed = snap, enforced, failed
+	f.snap, f.accepted, f.failed, f.read = snap, enforced, failed, read
 	f.installs++
 	if len(failed) > 0 {
 		f.overflows++
@@ -313,7 +365,15 @@ func (f *Firewall) build() error {
 // input reads what a snapshot is built from: the store's objects and the indexes of the
 // interfaces of this node's endpoints.
 func (f *Firewall) input() (firewall.Input, error) {
-	links, err := f.nl.LinkList()
+	var links []netlink.Link
+	var err error
+	for attempt := 1; ; attempt++ {
+		// A dump that a change interrupted is started over, as every dump here is.
+		links, err = f.nl.LinkList()
+		if !errors.Is(err, netlink.ErrDumpInterrupted) || attempt >= dumpAttempts {
+			break
+		}
+	}
 	if err != nil {
 		return firewall.Input{}, fmt.Errorf("listing interfaces: %w", err)
 	}
@@ -400,14 +460,17 @@ func linkName(keyID string) string {
 // endpoint with the key ID, and waits until a snapshot that holds the endpoint is in
 // place, so that the endpoint's traffic is filtered from its first packet. It returns the
 // endpoint's firewall counters for its status.
-func (f *Firewall) AttachEndpoint(ctx context.Context, keyID string, ifindex int) (map[string]string, error) {
-	if err := runInNamespace(f.ns, func() error {
-		_, err := f.objs.Attach(linkName(keyID), ifindex)
-		return err
-	}); err != nil {
-		return nil, hal.Errorf(hal.ReasonKernelError, "%w", err)
+func (f *Firewall) AttachEndpoint(ctx context.Context, keyID string, obj *nimbusv1.Object, ifindex int) (map[string]string, error) {
+	if f.objs.AttachedIfindex(linkName(keyID)) != ifindex || !f.current(keyID, obj, ifindex) {
+		// Attach also replaces a previous agent's programs with this one's.
+		if err := runInNamespace(f.ns, func() error {
+			_, err := f.objs.Attach(linkName(keyID), ifindex)
+			return err
+		}); err != nil {
+			return nil, hal.Errorf(hal.ReasonKernelError, "%w", err)
+		}
 	}
-	if err := f.sync(ctx); err != nil {
+	if err := f.syncFor(ctx, keyID, obj, ifindex); err != nil {
 		return nil, err
 	}
 	snap := f.Snapshot()
@@ -418,10 +481,15 @@ func (f *Firewall) AttachEndpoint(ctx context.Context, keyID string, ifindex int
 	return f.endpointOperational(snap.Endpoints[i]), nil
 }
 
-// DetachEndpoint removes the firewall from the interface of the endpoint with the key ID.
-func (f *Firewall) DetachEndpoint(keyID string) error {
+// DetachEndpoint removes the firewall from the interface of the endpoint with the key ID,
+// which is not a local endpoint (any more); obj is its desired object, nil when it is
+// gone. It asks for a new build, without waiting for it, when the last one did not read
+// the endpoint as it is now: its addresses may be peers of policies.
+func (f *Firewall) DetachEndpoint(keyID string, obj *nimbusv1.Object) error {
 	err := f.objs.Detach(linkName(keyID))
-	f.Changed()
+	if !f.current(keyID, obj, 0) {
+		f.Changed()
+	}
 	return err
 }
 
@@ -464,10 +532,22 @@ func (f *Firewall) syncCounters(s *firewall.Snapshot) error {
 // collect removes the expired connections from the conntrack table.
 func (f *Firewall) collect() error {
 	c, err := f.objs.CollectConntrack()
+	if err != nil {
+		return err
+	}
+	st, err := f.objs.ProgramStats()
 	f.mu.Lock()
+	defer f.mu.Unlock()
 	f.collected = c
 	f.gcExpired += uint64(c.Expired)
-	f.mu.Unlock()
+	if err == nil {
+		// Created after the table was read count as live ones it did not see: an
+		// over-count, which the next collection does not take back, so created is read
+		// after the table.
+		if gone := st.CTDeleted + f.gcExpired + uint64(c.Live); st.CTCreated > gone {
+			f.evicted = max(f.evicted, st.CTCreated-gone)
+		}
+	}
 	return err
 }
 
@@ -522,13 +602,13 @@ func (policyReconciler) Kind() nimbusv1.Kind { return nimbusv1.Kind_KIND_NETWORK
 // policy's rule counters on this node, or why it does not fit.
 func (r policyReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (map[string]string, error) {
 	f := r.f
-	if err := f.sync(ctx); err != nil {
+	id := key.ID()
+	if err := f.syncFor(ctx, id, obj, 0); err != nil {
 		return nil, err
 	}
 	if obj == nil {
 		return nil, nil
 	}
-	id := key.ID()
 	f.mu.Lock()
 	why, failed := f.failed[id]
 	snap := f.snap
@@ -550,7 +630,9 @@ func (r policyReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey
 			continue
 		}
 		c, err := f.objs.RuleCounters(rule.ID)
-		if err != nil {
+		if err != nil || c.Packets == 0 {
+			// A rule that has not been hit reports nothing: a policy of 10,000 rules would
+			// carry 20,000 zeros otherwise.
 			continue
 		}
 		name := fmt.Sprintf("%s[%d]", directionName(rule.Dir), rule.Index)
@@ -600,7 +682,7 @@ func (groupReconciler) Kind() nimbusv1.Kind { return nimbusv1.Kind_KIND_SECURITY
 
 // Reconcile waits for a snapshot built after the group changed.
 func (r groupReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (map[string]string, error) {
-	if err := r.f.sync(ctx); err != nil {
+	if err := r.f.syncFor(ctx, key.ID(), obj, 0); err != nil {
 		return nil, err
 	}
 	return nil, nil
@@ -652,7 +734,7 @@ func (f *Firewall) Describe(ch chan<- *prometheus.Desc) {
 // Collect reads the firewall's metrics from its state and maps.
 func (f *Firewall) Collect(ch chan<- prometheus.Metric) {
 	f.mu.Lock()
-	snap, installs, overflows, failed, collected, expired := f.snap, f.installs, f.overflows, len(f.failed), f.collected, f.gcExpired
+	snap, installs, overflows, failed, collected, expired, evicted := f.snap, f.installs, f.overflows, len(f.failed), f.collected, f.gcExpired, f.evicted
 	f.mu.Unlock()
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
@@ -671,13 +753,8 @@ func (f *Firewall) Collect(ch chan<- prometheus.Metric) {
 		counter(fwCTCreated, st.CTCreated)
 		counter(fwCTDenied, st.CTDeleted)
 		counter(fwNoSnapshot, st.NoSnapshotDrops)
-		gone := st.CTDeleted + expired + uint64(collected.Live)
-		if st.CTCreated > gone {
-			counter(fwCTEvicted, st.CTCreated-gone)
-		} else {
-			counter(fwCTEvicted, 0)
-		}
 	}
+	counter(fwCTEvicted, evicted)
 	if snap == nil {
 		return
 	}

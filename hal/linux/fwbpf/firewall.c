@@ -115,6 +115,11 @@
 #define FW_ICMP_PARAMETERPROB 12
 #define FW_ICMPV6_ND_FIRST 133 /* router solicitation */
 #define FW_ICMPV6_ND_LAST 137  /* redirect */
+#define FW_ICMPV6_MLD_FIRST 130 /* multicast listener query */
+#define FW_ICMPV6_MLD_LAST 132  /* multicast listener done */
+#define FW_ICMPV6_MLD2_REPORT 143
+#define FW_IPPROTO_IGMP 2
+#define FW_IPV6_HOPOPTS 0
 
 /* fw_key is a key of a snapshot (an LPM trie): multi-byte fields of data are big-endian. */
 struct fw_key {
@@ -596,9 +601,16 @@ static __always_inline int fw_handle(struct __sk_buff *skb, const __u8 dir)
 	if (fw_parse(skb, ETH_HLEN, family, &t, &l4, 0) < 0)
 		return fw_deny(ep.id, len);
 
+	/* The link's own control traffic passes, as ARP does: IGMP, and MLD, which comes
+	 * behind a hop-by-hop header to a link-local multicast group. */
+	if (family == 4 && t.proto == FW_IPPROTO_IGMP)
+		return fw_allow(ep.id, len);
+	if (family == 6 && t.proto == FW_IPV6_HOPOPTS && t.daddr[0] == 0xff && t.daddr[1] == 0x02)
+		return fw_allow(ep.id, len);
 	if (fw_is_icmp(family, t.proto) && l4.has_l4) {
-		if (family == 6 && l4.icmp_type >= FW_ICMPV6_ND_FIRST &&
-		    l4.icmp_type <= FW_ICMPV6_ND_LAST)
+		if (family == 6 && ((l4.icmp_type >= FW_ICMPV6_ND_FIRST && l4.icmp_type <= FW_ICMPV6_ND_LAST) ||
+				    (l4.icmp_type >= FW_ICMPV6_MLD_FIRST && l4.icmp_type <= FW_ICMPV6_MLD_LAST) ||
+				    l4.icmp_type == FW_ICMPV6_MLD2_REPORT))
 			return fw_allow(ep.id, len);
 		if (fw_icmp_error(family, l4.icmp_type)) {
 			struct fw_ct_key in;

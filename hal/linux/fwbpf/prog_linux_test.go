@@ -595,6 +595,25 @@ func TestNeighbourDiscoveryPasses(t *testing.T) {
 	f.wantStats(0, 0, 0)
 }
 
+func TestMulticastMembershipPasses(t *testing.T) {
+	f := newFixture(t)
+	f.install(endpoint(f.ifA, epA, subject, firewall.FlagIngress|firewall.FlagEgress, gen1))
+	v4, v6 := families[0], families[1]
+	igmp := packet{src: v4.ep, dst: netip.MustParseAddr("224.0.0.22"), proto: 2, payload: 8}
+	f.from(f.ifA, igmp, tcxNext)
+	f.to(f.ifA, packet{src: v4.peer, dst: netip.MustParseAddr("224.0.0.1"), proto: 2, payload: 8}, tcxNext)
+	for _, typ := range []uint8{130, 131, 132, 143} {
+		f.from(f.ifA, v6.icmpPacket(v6.ep, netip.MustParseAddr("ff02::16"), typ, 0, 0), tcxNext)
+		f.to(f.ifA, v6.icmpPacket(v6.peer, v6.ep, typ, 0, 0), tcxNext)
+	}
+	// MLD travels behind a hop-by-hop header, which is not walked: to a link-local group
+	// it passes, elsewhere it is of class other, which this policy denies.
+	f.from(f.ifA, packet{src: v6.ep, dst: netip.MustParseAddr("ff02::16"), proto: 0, payload: 16}, tcxNext)
+	f.from(f.ifA, packet{src: v6.ep, dst: netip.MustParseAddr("ff05::16"), proto: 0, payload: 16}, tcxDrop)
+	f.from(f.ifA, packet{src: v6.ep, dst: v6.peer, proto: 0, payload: 16}, tcxDrop)
+	f.wantStats(0, 0, 0)
+}
+
 func TestProtectedDirectionDeniesByDefault(t *testing.T) {
 	forEachFamily(t, func(t *testing.T, f *fixture, fam family) {
 		f.makeCounters(nil, []uint32{epA})
