@@ -8,8 +8,13 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -131,6 +136,7 @@ func TestFirewallRestart(t *testing.T) {
 		return allowed.echoedSince(0) >= 100 && conn.answeredSince(began) >= 50
 	})
 	before := tel.metrics(t)
+	progsBefore := linkPrograms(t, b)
 
 	b.agent.kill(t)
 	killed := time.Now()
@@ -144,6 +150,14 @@ func TestFirewallRestart(t *testing.T) {
 	ready := time.Now()
 	t.Logf("the agent was killed %v after the traffic began and ready %v after the kill",
 		killed.Sub(began).Round(time.Millisecond), ready.Sub(killed).Round(time.Millisecond))
+	// The restarted agent loaded its programs anew and put them on the pinned links in
+	// place of the killed agent's, atomically: an upgrade goes the same way.
+	progsAfter := linkPrograms(t, b)
+	for link, id := range progsBefore {
+		if after, ok := progsAfter[link]; !ok || after == id {
+			t.Errorf("link %s runs program %d after the restart (before: %d); want the restarted agent's", link, after, id)
+		}
+	}
 	mark, deniedReady := allowed.next(), denied.next()
 	waitFor(t, "the allowed stream and the TCP connection to flow after the restart", func() bool {
 		return allowed.echoedSince(mark) >= 500 && conn.answeredSince(ready) >= 50
@@ -189,4 +203,31 @@ func TestFirewallRestart(t *testing.T) {
 	if err := conn.conn.exchange(fwFlowWait); err != nil {
 		t.Errorf("%s: still allowed after the change, but: %v", conn.conn.name, err)
 	}
+}
+
+// linkPrograms returns the program each tcx link the host's agent pinned runs, by pin
+// name; there must be some.
+func linkPrograms(t *testing.T, h *host) map[string]ebpf.ProgramID {
+	t.Helper()
+	ents, err := os.ReadDir(filepath.Join(h.bpf, "links"))
+	if err != nil {
+		t.Fatalf("listing the pinned links: %v", err)
+	}
+	progs := map[string]ebpf.ProgramID{}
+	for _, e := range ents {
+		l, err := link.LoadPinnedLink(filepath.Join(h.bpf, "links", e.Name()), nil)
+		if err != nil {
+			t.Fatalf("opening pinned link %s: %v", e.Name(), err)
+		}
+		info, err := l.Info()
+		l.Close()
+		if err != nil {
+			t.Fatalf("reading pinned link %s: %v", e.Name(), err)
+		}
+		progs[e.Name()] = info.Program
+	}
+	if len(progs) == 0 {
+		t.Fatalf("the agent of %s pinned no links in %s", h.name, h.bpf)
+	}
+	return progs
 }

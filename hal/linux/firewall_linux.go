@@ -94,6 +94,9 @@ type Firewall struct {
 	// and the interface index of every local endpoint it found: a reconcile of an object
 	// at that version needs no new build.
 	read map[string]string
+	// attached holds the interface index each local endpoint's links were attached to,
+	// or given this process's programs on, by this process, by endpoint key ID.
+	attached map[string]int
 	// installs counts the snapshots swapped in; overflows the builds that left a policy
 	// out or installed nothing for want of room.
 	installs, overflows uint64
@@ -104,7 +107,7 @@ type Firewall struct {
 	// evicted is the conntrack evictions counted at the last collection: created, less
 	// denied, expired and live; it never goes down.
 	evicted uint64
-	reg       prometheus.Registerer
+	reg     prometheus.Registerer
 	// buildTime observes how long each snapshot build took, from reading the store to
 	// the swap.
 	buildTime prometheus.Histogram
@@ -148,7 +151,8 @@ func NewFirewall(opts FirewallOptions) (*Firewall, error) {
 		objs: objs, store: opts.Store, node: opts.Node, ns: opts.Namespace, nl: nl, opts: opts, log: opts.Logger,
 		wake: make(chan struct{}, 1), builtCh: make(chan struct{}),
 		accepted: map[string]*nimbusv1.Object{}, failed: map[string]string{}, read: map[string]string{},
-		cancel: cancel, done: make(chan struct{}),
+		attached: map[string]int{},
+		cancel:   cancel, done: make(chan struct{}),
 		buildTime: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "naples_firewall_build_seconds",
 			Help:    "How long a firewall snapshot build took, from reading the store to the swap.",
@@ -461,14 +465,20 @@ func linkName(keyID string) string {
 // place, so that the endpoint's traffic is filtered from its first packet. It returns the
 // endpoint's firewall counters for its status.
 func (f *Firewall) AttachEndpoint(ctx context.Context, keyID string, obj *nimbusv1.Object, ifindex int) (map[string]string, error) {
-	if f.objs.AttachedIfindex(linkName(keyID)) != ifindex || !f.current(keyID, obj, ifindex) {
-		// Attach also replaces a previous agent's programs with this one's.
+	f.mu.Lock()
+	had := f.attached[keyID]
+	f.mu.Unlock()
+	if had != ifindex || f.objs.AttachedIfindex(linkName(keyID)) != ifindex {
+		// Attach also replaces the programs a previous agent left with this one's.
 		if err := runInNamespace(f.ns, func() error {
 			_, err := f.objs.Attach(linkName(keyID), ifindex)
 			return err
 		}); err != nil {
 			return nil, hal.Errorf(hal.ReasonKernelError, "%w", err)
 		}
+		f.mu.Lock()
+		f.attached[keyID] = ifindex
+		f.mu.Unlock()
 	}
 	if err := f.syncFor(ctx, keyID, obj, ifindex); err != nil {
 		return nil, err
@@ -487,6 +497,9 @@ func (f *Firewall) AttachEndpoint(ctx context.Context, keyID string, obj *nimbus
 // the endpoint as it is now: its addresses may be peers of policies.
 func (f *Firewall) DetachEndpoint(keyID string, obj *nimbusv1.Object) error {
 	err := f.objs.Detach(linkName(keyID))
+	f.mu.Lock()
+	delete(f.attached, keyID)
+	f.mu.Unlock()
 	if !f.current(keyID, obj, 0) {
 		f.Changed()
 	}
