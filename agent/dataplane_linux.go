@@ -81,30 +81,11 @@ func macKey(mac net.HardwareAddr) ([6]byte, bool) {
 // (nil: the agent's own), each netlink exchange bounded by what is left of ctx's deadline,
 // and by dataplaneTimeout.
 func readKernel(ctx context.Context, ns *netns.NsHandle) (*kernelState, error) {
-	timeout := dataplaneTimeout
-	if d, ok := ctx.Deadline(); ok {
-		timeout = min(timeout, time.Until(d))
-	}
-	if err := ctx.Err(); err != nil {
+	h, err := openNetlink(ctx, ns)
+	if err != nil {
 		return nil, err
 	}
-	if timeout < time.Millisecond {
-		return nil, context.DeadlineExceeded
-	}
-	var h *netlink.Handle
-	var err error
-	if ns != nil {
-		h, err = netlink.NewHandleAt(*ns, unix.NETLINK_ROUTE)
-	} else {
-		h, err = netlink.NewHandle(unix.NETLINK_ROUTE)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("opening a netlink handle: %w", err)
-	}
 	defer h.Close()
-	if err := h.SetSocketTimeout(timeout); err != nil {
-		return nil, fmt.Errorf("setting netlink timeout %v: %w", timeout, err)
-	}
 
 	k := &kernelState{
 		byName:  map[string]netlink.Link{},
@@ -157,6 +138,36 @@ func readKernel(ctx context.Context, ns *netns.NsHandle) (*kernelState, error) {
 		}
 	}
 	return k, nil
+}
+
+// openNetlink opens a netlink handle in namespace ns (nil: the agent's own) whose every
+// exchange is bounded by what is left of ctx's deadline, and by dataplaneTimeout.
+func openNetlink(ctx context.Context, ns *netns.NsHandle) (*netlink.Handle, error) {
+	timeout := dataplaneTimeout
+	if d, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, time.Until(d))
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if timeout < time.Millisecond {
+		return nil, context.DeadlineExceeded
+	}
+	var h *netlink.Handle
+	var err error
+	if ns != nil {
+		h, err = netlink.NewHandleAt(*ns, unix.NETLINK_ROUTE)
+	} else {
+		h, err = netlink.NewHandle(unix.NETLINK_ROUTE)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("opening a netlink handle: %w", err)
+	}
+	if err := h.SetSocketTimeout(timeout); err != nil {
+		h.Close()
+		return nil, fmt.Errorf("setting netlink timeout %v: %w", timeout, err)
+	}
+	return h, nil
 }
 
 // dumpKernel runs one dump of what, starting over when the kernel reports that it changed

@@ -11,9 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
@@ -110,30 +108,11 @@ func (i *Inspector) firewall(ctx context.Context, view delphiv1.FirewallView) (*
 // their names by index, the netlink exchange bounded by what is left of ctx's deadline,
 // and by dataplaneTimeout.
 func readLinkNames(ctx context.Context, ns *netns.NsHandle) (map[int]string, error) {
-	timeout := dataplaneTimeout
-	if d, ok := ctx.Deadline(); ok {
-		timeout = min(timeout, time.Until(d))
-	}
-	if err := ctx.Err(); err != nil {
+	h, err := openNetlink(ctx, ns)
+	if err != nil {
 		return nil, err
 	}
-	if timeout < time.Millisecond {
-		return nil, context.DeadlineExceeded
-	}
-	var h *netlink.Handle
-	var err error
-	if ns != nil {
-		h, err = netlink.NewHandleAt(*ns, unix.NETLINK_ROUTE)
-	} else {
-		h, err = netlink.NewHandle(unix.NETLINK_ROUTE)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("opening a netlink handle: %w", err)
-	}
 	defer h.Close()
-	if err := h.SetSocketTimeout(timeout); err != nil {
-		return nil, fmt.Errorf("setting netlink timeout %v: %w", timeout, err)
-	}
 	links, err := dumpKernel(ctx, &kernelState{}, "links", h.LinkList)
 	if err != nil {
 		return nil, err
@@ -332,7 +311,7 @@ func identityPrefix(k firewall.Key) (netip.Prefix, bool) {
 
 // endpoints returns the endpoint entries, those the compile knows ordered by key, then
 // the others by interface index.
-func (v *firewallView) endpoints(entries []endpointEntry, counters map[uint32]fwbpf.EndpointCount) []*delphiv1.FirewallEndpoint {
+func (v *firewallView) endpoints(entries []endpointEntry, counters map[uint32]fwbpf.EndpointStats) []*delphiv1.FirewallEndpoint {
 	out := make([]*delphiv1.FirewallEndpoint, 0, len(entries))
 	for _, e := range entries {
 		val := e.value
@@ -472,7 +451,7 @@ func (v *firewallView) ruleName(id uint64) string {
 
 // rules returns the compile's rules with their counters, then the counters of rules it
 // does not know, ordered by id.
-func (v *firewallView) rules(counters map[uint64]fwbpf.RuleCount) []*delphiv1.FirewallRule {
+func (v *firewallView) rules(counters map[uint64]fwbpf.RuleStats) []*delphiv1.FirewallRule {
 	out := make([]*delphiv1.FirewallRule, 0, len(v.compiled.Rules))
 	for _, r := range v.compiled.Rules {
 		fr := &delphiv1.FirewallRule{

@@ -3,8 +3,6 @@
 package test
 
 import (
-	"encoding/binary"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -39,48 +37,7 @@ func startStreamTo(t *testing.T, from *fwWorkload, dst netip.AddrPort) *udpStrea
 	}); err != nil {
 		t.Fatalf("stream from %s to %v: %v", from.name, dst, err)
 	}
-	s.wg.Go(func() {
-		buf := make([]byte, 1500)
-		for {
-			n, err := s.conn.Read(buf)
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			if err != nil || n < 8 {
-				continue
-			}
-			seq := binary.BigEndian.Uint64(buf)
-			s.mu.Lock()
-			if seq < uint64(len(s.echoed)) {
-				s.echoed[seq] = true
-			}
-			s.mu.Unlock()
-		}
-	})
-	s.wg.Go(func() {
-		tick := time.NewTicker(time.Millisecond)
-		defer tick.Stop()
-		msg := make([]byte, 64)
-		for {
-			select {
-			case <-s.stop:
-				return
-			case <-tick.C:
-			}
-			s.mu.Lock()
-			seq := uint64(len(s.sent))
-			s.sent = append(s.sent, time.Now())
-			s.echoed = append(s.echoed, false)
-			s.mu.Unlock()
-			binary.BigEndian.PutUint64(msg, seq)
-			if _, err := s.conn.Write(msg); err != nil {
-				s.mu.Lock()
-				s.writeErrs++
-				s.mu.Unlock()
-			}
-		}
-	})
-	t.Cleanup(s.close)
+	s.run(t)
 	return s
 }
 

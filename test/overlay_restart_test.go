@@ -109,6 +109,13 @@ func startStream(t *testing.T, from *workload, addr string) *udpStream {
 	}); err != nil {
 		t.Fatalf("stream from %s: %v", from.name, err)
 	}
+	s.run(t)
+	return s
+}
+
+// run starts the stream on its connection: a numbered datagram every millisecond, and a
+// reader that records which ones come back, until close, which the test's end calls.
+func (s *udpStream) run(t *testing.T) {
 	s.wg.Go(func() {
 		buf := make([]byte, 1500)
 		for {
@@ -153,7 +160,6 @@ func startStream(t *testing.T, from *workload, addr string) *udpStream {
 		}
 	})
 	t.Cleanup(s.close)
-	return s
 }
 
 // close stops the stream's goroutines; it is safe to call twice.

@@ -425,7 +425,7 @@ func median(v []float64) float64 {
 }
 
 // endpointCount returns the endpoint's firewall counter.
-func (fb *fwBench) endpointCount(b *testing.B, id uint32) fwbpf.EndpointCount {
+func (fb *fwBench) endpointCount(b *testing.B, id uint32) fwbpf.EndpointStats {
 	b.Helper()
 	c, err := fb.objs.EndpointCounters(id)
 	if err != nil {

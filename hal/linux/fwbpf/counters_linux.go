@@ -7,59 +7,56 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-// RuleCount is what a rule's counter holds, summed over CPUs: the packets (and their
-// bytes) of the connections the rule decided, in their original direction, and the
-// packets a DENY rule dropped.
-type RuleCount struct {
-	Packets, Bytes uint64
-}
-
-// EndpointCount is what a local endpoint's counter holds, summed over CPUs: the packets
-// (and bytes) to and from it that the firewall let through and dropped.
-type EndpointCount struct {
-	AllowedPackets, AllowedBytes, DeniedPackets, DeniedBytes uint64
-}
-
 // RuleCounters returns the counter of the rule with the id.
-func (o *Objects) RuleCounters(id uint64) (RuleCount, error) {
-	var per []RuleCount
+func (o *Objects) RuleCounters(id uint64) (RuleStats, error) {
+	var per []RuleStats
 	if err := o.RuleStats.Lookup(id, &per); err != nil {
-		return RuleCount{}, fmt.Errorf("reading the counter of rule %#x: %w", id, err)
+		return RuleStats{}, fmt.Errorf("reading the counter of rule %#x: %w", id, err)
 	}
-	var c RuleCount
+	return sumRuleCounts(per), nil
+}
+
+// EndpointCounters returns the counter of the local endpoint with the id.
+func (o *Objects) EndpointCounters(id uint32) (EndpointStats, error) {
+	var per []EndpointStats
+	if err := o.EndpointStats.Lookup(id, &per); err != nil {
+		return EndpointStats{}, fmt.Errorf("reading the counter of endpoint %#x: %w", id, err)
+	}
+	return sumEndpointCounts(per), nil
+}
+
+// sumRuleCounts sums the per-CPU values of a rule counter.
+func sumRuleCounts(per []RuleStats) RuleStats {
+	var c RuleStats
 	for _, p := range per {
 		c.Packets += p.Packets
 		c.Bytes += p.Bytes
 	}
-	return c, nil
+	return c
 }
 
-// EndpointCounters returns the counter of the local endpoint with the id.
-func (o *Objects) EndpointCounters(id uint32) (EndpointCount, error) {
-	var per []EndpointCount
-	if err := o.EndpointStats.Lookup(id, &per); err != nil {
-		return EndpointCount{}, fmt.Errorf("reading the counter of endpoint %#x: %w", id, err)
-	}
-	var c EndpointCount
+// sumEndpointCounts sums the per-CPU values of an endpoint counter.
+func sumEndpointCounts(per []EndpointStats) EndpointStats {
+	var c EndpointStats
 	for _, p := range per {
 		c.AllowedPackets += p.AllowedPackets
 		c.AllowedBytes += p.AllowedBytes
 		c.DeniedPackets += p.DeniedPackets
 		c.DeniedBytes += p.DeniedBytes
 	}
-	return c, nil
+	return c
 }
 
 // KeepRuleCounters makes a zero counter for every rule id that has none, and removes the
 // counters of other ids; a counter that exists keeps its counts.
 func (o *Objects) KeepRuleCounters(ids []uint64) error {
-	return keepCounters(o.RuleStats, ids, make([]RuleCount, ebpf.MustPossibleCPU()))
+	return keepCounters(o.RuleStats, ids, make([]RuleStats, ebpf.MustPossibleCPU()))
 }
 
 // KeepEndpointCounters makes a zero counter for every endpoint id that has none, and
 // removes the counters of other ids.
 func (o *Objects) KeepEndpointCounters(ids []uint32) error {
-	return keepCounters(o.EndpointStats, ids, make([]EndpointCount, ebpf.MustPossibleCPU()))
+	return keepCounters(o.EndpointStats, ids, make([]EndpointStats, ebpf.MustPossibleCPU()))
 }
 
 // keepCounters makes the per-CPU map m hold exactly the keys ids: new ones get zero, the

@@ -148,29 +148,13 @@ func (p *Pinned) Capacities() Capacities { return p.objs.caps }
 func (p *Pinned) ProgramStats() (Stats, error) { return p.objs.ProgramStats() }
 
 // RuleCounters returns every rule counter, by rule id, summed over CPUs.
-func (p *Pinned) RuleCounters() (map[uint64]RuleCount, error) {
-	return readCounters[uint64](p.objs.RuleStats, func(per []RuleCount) RuleCount {
-		var c RuleCount
-		for _, v := range per {
-			c.Packets += v.Packets
-			c.Bytes += v.Bytes
-		}
-		return c
-	})
+func (p *Pinned) RuleCounters() (map[uint64]RuleStats, error) {
+	return readCounters[uint64](p.objs.RuleStats, sumRuleCounts)
 }
 
 // EndpointCounters returns every endpoint counter, by endpoint id, summed over CPUs.
-func (p *Pinned) EndpointCounters() (map[uint32]EndpointCount, error) {
-	return readCounters[uint32](p.objs.EndpointStats, func(per []EndpointCount) EndpointCount {
-		var c EndpointCount
-		for _, v := range per {
-			c.AllowedPackets += v.AllowedPackets
-			c.AllowedBytes += v.AllowedBytes
-			c.DeniedPackets += v.DeniedPackets
-			c.DeniedBytes += v.DeniedBytes
-		}
-		return c
-	})
+func (p *Pinned) EndpointCounters() (map[uint32]EndpointStats, error) {
+	return readCounters[uint32](p.objs.EndpointStats, sumEndpointCounts)
 }
 
 // readCounters reads every entry of the per-CPU hash m, summing each value with sum.

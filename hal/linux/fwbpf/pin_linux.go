@@ -215,38 +215,6 @@ func (o *Objects) Install(entries []firewall.Entry) error {
 	return nil
 }
 
-// Snapshot returns the entries of the current snapshot; none when there is none.
-func (o *Objects) Snapshot() ([]firewall.Entry, error) {
-	var id ebpf.MapID
-	if err := o.Snapshots.Lookup(uint32(0), &id); err != nil {
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("reading the snapshot slot: %w", err)
-	}
-	if id == 0 {
-		return nil, nil
-	}
-	m, err := ebpf.NewMapFromID(id)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("opening the snapshot: %w", err)
-	}
-	defer m.Close()
-	var out []firewall.Entry
-	var e firewall.Entry
-	it := m.Iterate()
-	for it.Next(&e.Key, &e.Value) {
-		out = append(out, e)
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("reading the snapshot: %w", err)
-	}
-	return out, nil
-}
-
 // linkPath returns the pin of the link of the name at one hook.
 func (o *Objects) linkPath(name string, ingress bool) string {
 	hook := "egress"

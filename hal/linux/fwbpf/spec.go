@@ -20,11 +20,15 @@ type CTKey = firewallFwCtKey
 // (DirIngress or DirEgress) and its flags (CTClosing, CTReplied).
 type CTValue = firewallFwCtValue
 
-// RuleStats is one CPU's counter of a rule in MapRuleStats (struct fw_rule_counters).
+// RuleStats is a rule's counter in MapRuleStats (struct fw_rule_counters): one CPU's,
+// or, as Objects and Pinned return it, summed over CPUs. It counts the packets (and their
+// bytes) of the connections the rule decided, in their original direction, and the
+// packets a DENY rule dropped.
 type RuleStats = firewallFwRuleCounters
 
-// EndpointStats is one CPU's counter of an endpoint in MapEndpointStats (struct
-// fw_ep_counters).
+// EndpointStats is a local endpoint's counter in MapEndpointStats (struct
+// fw_ep_counters): one CPU's, or summed over CPUs: the packets (and bytes) to and from it
+// that the firewall let through and dropped.
 type EndpointStats = firewallFwEpCounters
 
 // LoadSpec returns the programs and maps of the firewall, as compiled into the package.
