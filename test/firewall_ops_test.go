@@ -185,6 +185,24 @@ func TestFirewallCounters(t *testing.T) {
 	if got := fwEndpointPackets(t, tel, "db2", "denied") - baseMetric; got != m {
 		t.Errorf("host-b's metrics: db2's denied packets rose by %v, want %d", got, m)
 	}
+
+	// A change that leaves host-b's snapshot as it is, an endpoint of a tenant that no
+	// policy protects, is built and swaps nothing in.
+	const builds, installs = "naples_firewall_build_seconds_count", "naples_firewall_snapshots_installed_total"
+	before := tel.metrics(t)
+	sc.apply(t, &nimbusv1.Object{
+		Meta: &nimbusv1.ObjectMeta{Tenant: "other", Name: "stray"},
+		Spec: &nimbusv1.Object_Endpoint{Endpoint: &nimbusv1.EndpointSpec{
+			Network: "elsewhere", Node: "host-a", Mac: "02:00:00:00:99:01", Ips: []string{"10.9.0.1"},
+		}},
+	})
+	waitFor(t, "host-b's firewall to build a snapshot with the new endpoint", func() bool {
+		return tel.metrics(t)[builds] > before[builds]
+	})
+	if got := tel.metrics(t)[installs]; got != before[installs] {
+		t.Errorf("host-b's firewall swapped in %v snapshots for an endpoint no policy cares for; want none", got-before[installs])
+	}
+	metrics = tel.metrics(t)
 	if t.Failed() {
 		var lines []string
 		for series, v := range metrics {

@@ -333,8 +333,16 @@ func (f *Firewall) build() error {
 			return err
 		}
 	}
-	if err := f.objs.Install(snap.Entries); err != nil {
-		return err
+	f.mu.Lock()
+	last := f.snap
+	f.mu.Unlock()
+	// A change that leaves the snapshot as it is (an endpoint of a tenant no policy
+	// protects, say) swaps nothing.
+	same := last != nil && last.Gen == snap.Gen && slices.Equal(last.Entries, snap.Entries)
+	if !same {
+		if err := f.objs.Install(snap.Entries); err != nil {
+			return err
+		}
 	}
 	if err := f.syncCounters(snap); err != nil {
 		f.log.Warn("making the firewall's counters", "err", err)
@@ -354,14 +362,16 @@ func (f *Firewall) build() error {
 	}
 	f.mu.Lock()
 	f.snap, f.accepted, f.failed, f.read = snap, enforced, failed, read
-	f.installs++
+	if !same {
+		f.installs++
+	}
 	if len(failed) > 0 {
 		f.overflows++
 	}
 	f.mu.Unlock()
 	took := time.Since(start)
 	f.buildTime.Observe(took.Seconds())
-	f.log.Debug("firewall snapshot installed", "took", took, "generation", snap.Gen, "entries", len(snap.Entries),
+	f.log.Debug("firewall snapshot built", "took", took, "installed", !same, "generation", snap.Gen, "entries", len(snap.Entries),
 		"endpoints", len(snap.Endpoints), "rules", len(snap.Rules), "failed", len(failed))
 	return nil
 }
