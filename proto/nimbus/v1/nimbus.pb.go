@@ -955,6 +955,7 @@ func (x *EndpointSpec) GetSecurityGroups() []string {
 }
 
 // SecurityGroupSpec is a named group; endpoints join it by listing it, and CIDRs may be members.
+// docs/firewall.md says exactly how groups and policies are enforced.
 type SecurityGroupSpec struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Cidrs         []string               `protobuf:"bytes,1,rep,name=cidrs,proto3" json:"cidrs,omitempty"`
@@ -999,7 +1000,9 @@ func (x *SecurityGroupSpec) GetCidrs() []string {
 	return nil
 }
 
-// NetworkSecurityPolicySpec is a stateful rule set attached to security groups.
+// NetworkSecurityPolicySpec is a stateful rule set attached to security groups: it protects
+// the endpoints of attach_groups. A direction with rules lets in (ingress) or out (egress)
+// only what a rule allows and no rule denies; DENY beats ALLOW.
 type NetworkSecurityPolicySpec struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	AttachGroups  []string               `protobuf:"bytes,1,rep,name=attach_groups,json=attachGroups,proto3" json:"attach_groups,omitempty"`
@@ -1060,7 +1063,9 @@ func (x *NetworkSecurityPolicySpec) GetEgress() []*PolicyRule {
 	return nil
 }
 
-// PolicyRule matches traffic by peer and protocol/ports and applies an action.
+// PolicyRule matches traffic by peer and protocol/ports and applies an action. An ingress
+// rule names its peers with from_groups and from_cidrs, an egress rule with to_groups and
+// to_cidrs; none means any peer.
 type PolicyRule struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	Action     PolicyRule_Action      `protobuf:"varint,1,opt,name=action,proto3,enum=nimbus.v1.PolicyRule_Action" json:"action,omitempty"`
