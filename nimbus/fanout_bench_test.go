@@ -235,10 +235,11 @@ func runFanout(b *testing.B, clients int, target fanoutTarget) fanoutResult {
 	defer cancel()
 	conns := make([]*grpc.ClientConn, clients)
 	for i := range conns {
-		// The clients decode with the codec nimbusclient's watch uses, nimbus's and the
-		// floor's alike.
-		c, err := grpc.NewClient(target.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-			nimbusclient.CodecOption())
+		// The clients decode with the codec nimbusclient's watch uses and receive with its
+		// windows, nimbus's and the floor's alike.
+		opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
+			nimbusclient.CodecOption()}, nimbusclient.WindowOptions()...)
+		c, err := grpc.NewClient(target.addr, opts...)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -60,6 +60,10 @@ const (
 	// below, but sends an event larger than its bound alone, and takes objects up to
 	// 16 MiB.
 	maxFrameBytes = 32 << 20
+	// receiveWindow is the HTTP/2 flow-control window of the connection to nimbus and of
+	// each of its streams: how much nimbus may send before the client tells it how much
+	// it read. See WindowOptions.
+	receiveWindow = 1 << 20
 )
 
 // Options configures a Client.
@@ -164,16 +168,30 @@ func (c *Client) Close() error {
 // Decoding watch frames is most of what the client costs; the generated code does it
 // without reflection and with fewer allocations. Nimbus sends only strings it checked,
 // and delphi refuses to store any other. The strings of a frame share one copy of its
-// bytes: nothing here keeps them past delphi's commit, and delphi keeps objects encoded
-// afresh and index values copied.
+// bytes, and its events, objects and their parts are taken from arrays shared by the
+// frame (WatchFrame.UnmarshalVTUnsafeSlab): nothing here keeps them past delphi's
+// commit, and delphi keeps objects encoded afresh and index values copied.
 func CodecOption() grpc.DialOption {
 	return codec.Codec{SkipUTF8Check: true, ShareData: true}.DialOption()
+}
+
+// WindowOptions returns the dial options of the flow-control windows the client receives
+// from nimbus with: 1 MiB for the connection and for each stream, fixed. gRPC's default
+// window starts at 64 KiB and grows from the round trip of a ping the client sends
+// whenever data comes and no ping is out: during a snapshot, a ping and its answer every
+// round trip and a window update for every quarter of a small window read, each a write
+// on both sides. A fixed window sends no pings and a window update per 256 KiB read. The
+// client reads what it is sent as it comes (up to readAhead frames wait for delphi), so
+// the window bounds the bytes in flight, not what piles up; over a long link, 1 MiB per
+// round trip is what a snapshot can go at.
+func WindowOptions() []grpc.DialOption {
+	return []grpc.DialOption{grpc.WithInitialWindowSize(receiveWindow), grpc.WithInitialConnWindowSize(receiveWindow)}
 }
 
 // Run watches and reports until ctx ends, reconnecting whenever a stream breaks. It returns
 // nil once ctx ends.
 func (c *Client) Run(ctx context.Context) error {
-	dial := append([]grpc.DialOption{
+	dial := append(append([]grpc.DialOption{
 		CodecOption(),
 		grpc.WithTransportCredentials(pki.TransportCredentials(c.opts.TLS)),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
@@ -181,7 +199,7 @@ func (c *Client) Run(ctx context.Context) error {
 			Backoff:           grpcbackoff.Config{BaseDelay: c.opts.MinBackoff, Multiplier: 1.6, Jitter: 0.2, MaxDelay: c.opts.MaxBackoff},
 			MinConnectTimeout: 5 * time.Second,
 		}),
-	}, c.opts.DialOptions...)
+	}, WindowOptions()...), c.opts.DialOptions...)
 	conn, err := grpc.NewClient(c.target, dial...)
 	if err != nil {
 		return fmt.Errorf("creating nimbus client: %w", err)

@@ -50,6 +50,9 @@ const (
 	// go-control-plane's LinearCache sends it (about 2 MiB here, under gRPC's default
 	// 4 MiB, but the bound should not be what a run measures).
 	xdsMaxRecvMsgSize = 64 << 20
+	// xdsReceiveWindow is the flow-control window of an xDS client's connection and
+	// stream, the one nimbusclient.WindowOptions gives nimbus's clients.
+	xdsReceiveWindow = 1 << 20
 )
 
 // BenchmarkFanoutVsXDS runs nimbus and go-control-plane's delta ADS, one after the other
@@ -215,8 +218,9 @@ func nimbusTarget(b *testing.B) fanoutTarget {
 	stored := got.GetItem().GetObject()
 	return fanoutTarget{
 		addr: lis.Addr().String(),
-		// The clients decode as an agent's nimbusclient does, with its codec.
-		dialOpts: []grpc.DialOption{nimbusclient.CodecOption()},
+		// The clients decode as an agent's nimbusclient does, with its codec, and receive
+		// with its flow-control windows.
+		dialOpts: append([]grpc.DialOption{nimbusclient.CodecOption()}, nimbusclient.WindowOptions()...),
 		watch: func(ctx context.Context, conn *grpc.ClientConn) (func(synced, updated func()), error) {
 			stream, err := nimbusv1.NewNimbusClient(conn).Watch(ctx, &nimbusv1.WatchRequest{Node: benchNode})
 			if err != nil {
@@ -319,8 +323,14 @@ func xdsTarget(b *testing.B) fanoutTarget {
 	done := make(chan error, 1)
 	go func() { done <- gs.Serve(lis) }()
 	return fanoutTarget{
-		addr:     lis.Addr().String(),
-		dialOpts: []grpc.DialOption{grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(xdsMaxRecvMsgSize))},
+		addr: lis.Addr().String(),
+		// The clients receive with the flow-control windows nimbus's clients have
+		// (nimbusclient.WindowOptions); Envoy's defaults are larger, 16 MiB a stream and
+		// 24 MiB a connection.
+		dialOpts: []grpc.DialOption{
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(xdsMaxRecvMsgSize)),
+			grpc.WithInitialWindowSize(xdsReceiveWindow), grpc.WithInitialConnWindowSize(xdsReceiveWindow),
+		},
 		watch: func(ctx context.Context, conn *grpc.ClientConn) (func(synced, updated func()), error) {
 			ads, err := discovery.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
 			if err != nil {

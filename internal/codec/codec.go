@@ -40,8 +40,10 @@ type Codec struct {
 	// Unmarshal decodes then holds on to the whole message's bytes for as long as any of
 	// its strings or bytes lives, so use it only where decoded messages are short-lived
 	// or their strings are copied before they are kept, as nimbusclient's watch does
-	// (delphi keeps objects encoded afresh). The views are never written to. Default:
-	// false, which copies every string.
+	// (delphi keeps objects encoded afresh). The views are never written to. A message
+	// with an UnmarshalVTUnsafeSlab method (nimbus's WatchFrame) is decoded with it: the
+	// messages it holds are allocated together and likewise live as long as any of them
+	// does. Default: false, which copies every string.
 	ShareData bool
 	// pool takes the buffers of large encodings and of decoded messages that arrive in
 	// pieces. Default (nil): mem.DefaultBufferPool(), as gRPC's proto codec uses.
@@ -146,12 +148,23 @@ type unsafeMessage interface {
 	UnmarshalVTUnsafe(b []byte) error
 }
 
+// slabMessage is a message with a hand-written UnmarshalVTUnsafeSlab, which decodes as
+// UnmarshalVTUnsafe does but allocates the messages it holds together (nimbus's
+// WatchFrame): what a watch decodes most.
+type slabMessage interface {
+	proto.Message
+	UnmarshalVTUnsafeSlab(b []byte) error
+}
+
 // Unmarshal decodes data into v, a protobuf message, which it resets first, as
 // proto.Unmarshal does. It leaves data to the caller, and v holds no reference to it:
 // the generated UnmarshalVT copies every string and bytes field, and with c.ShareData
 // they share a copy of data made for v. Like proto.Unmarshal, it refuses a proto3
 // string that is not valid UTF-8, unless c.SkipUTF8Check is set.
 func (c Codec) Unmarshal(data mem.BufferSlice, v any) error {
+	if m, ok := v.(slabMessage); ok && c.ShareData {
+		return c.decode(data.Materialize(), m, m.UnmarshalVTUnsafeSlab)
+	}
 	if m, ok := v.(unsafeMessage); ok && c.ShareData {
 		// A new slice, which only m's fields will refer to.
 		return c.decode(data.Materialize(), m, m.UnmarshalVTUnsafe)
