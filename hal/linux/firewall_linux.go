@@ -407,11 +407,11 @@ func (f *Firewall) fits(s *firewall.Snapshot) (string, bool) {
 	c := f.objs.Capacities()
 	switch {
 	case len(s.Entries) > c.Snapshot:
-		return fmt.Sprintf("%d snapshot entries, more than the capacity of %d", len(s.Entries), c.Snapshot), false
+		return fmt.Sprintf("%d snapshot entries, more than the capacity of %d (--fw-snapshot-entries)", len(s.Entries), c.Snapshot), false
 	case len(s.Rules) > c.Rules:
-		return fmt.Sprintf("%d rule counters, more than the capacity of %d", len(s.Rules), c.Rules), false
+		return fmt.Sprintf("%d rule counters, more than the capacity of %d (--fw-rule-counters)", len(s.Rules), c.Rules), false
 	case len(s.Endpoints) > c.Endpoints:
-		return fmt.Sprintf("%d endpoint counters, more than the capacity of %d", len(s.Endpoints), c.Endpoints), false
+		return fmt.Sprintf("%d endpoint counters, more than the capacity of %d (--fw-endpoint-counters)", len(s.Endpoints), c.Endpoints), false
 	}
 	return "", true
 }
@@ -449,7 +449,7 @@ func (f *Firewall) fallback(in firewall.Input, accepted map[string]*nimbusv1.Obj
 		try.Policies = next
 		s := firewall.Compile(try)
 		if why, ok := f.fits(s); !ok {
-			msg := fmt.Sprintf("the firewall would need %s with generation %d of this policy", why, p.GetMeta().GetGeneration())
+			msg := fmt.Sprintf("generation %d of this policy does not fit: the firewall would need %s", p.GetMeta().GetGeneration(), why)
 			if _, had := accepted[id]; had {
 				msg += fmt.Sprintf("; generation %d stays enforced", accepted[id].GetMeta().GetGeneration())
 			} else {
