@@ -6,7 +6,7 @@ TOOLS_BIN := $(BIN)/tools
 CMDS      := nimbus naples-agent naplesctl
 GOTEST    ?= $(GO) test -race -count=1 -timeout 20m
 
-.PHONY: all build test bench demo proto proto-check bpf bpf-check tools vet clean
+.PHONY: all build test bench demo proto proto-check bpf bpf-check tools vet clean release
 
 all: build
 
@@ -60,3 +60,28 @@ bpf-check: bpf
 
 clean:
 	rm -rf $(BIN)
+
+# release builds static binaries (CGO_ENABLED=0) of the three commands for each platform of
+# RELEASE_PLATFORMS into $(DIST)/naples-VERSION-OS-ARCH/, packs each directory into
+# $(DIST)/naples-VERSION-OS-ARCH.tar.gz, and writes the SHA-256 sums of the archives and of
+# the binaries to $(DIST)/SHA256SUMS (check them with `cd dist && sha256sum -c SHA256SUMS`).
+# VERSION, which every binary prints with --version, defaults to `git describe`. Archive
+# entries carry the time of the last commit, SOURCE_DATE_EPOCH, so a release built twice
+# from one commit is the same bytes.
+VERSION           ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+DIST              ?= dist
+RELEASE_PLATFORMS ?= linux/amd64 linux/arm64
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || date +%s)
+
+release:
+	@test -n "$(VERSION)" || { echo "release: VERSION is empty (no git? set VERSION=...)" >&2; exit 1; }
+	rm -rf $(DIST)/naples-$(VERSION)-* $(DIST)/SHA256SUMS
+	set -e; for p in $(RELEASE_PLATFORMS); do \
+		os=$${p%/*}; arch=$${p#*/}; name=naples-$(VERSION)-$$os-$$arch; \
+		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath \
+			-ldflags "-s -w -X github.com/naplesnet/naples/internal/version.Version=$(VERSION)" \
+			-o $(DIST)/$$name/ $(addprefix ./cmd/,$(CMDS)); \
+		tar -C $(DIST) -cf - --sort=name --owner=0 --group=0 --numeric-owner \
+			--mtime=@$(SOURCE_DATE_EPOCH) $$name | gzip -n > $(DIST)/$$name.tar.gz; \
+	done
+	cd $(DIST) && sha256sum naples-$(VERSION)-*.tar.gz naples-$(VERSION)-*/* > SHA256SUMS

@@ -32,6 +32,10 @@ import (
 //     (status.node equal to the certificate's node name). The first report for another
 //     node ends the stream with PermissionDenied; it and every report after it are not
 //     stored, the ones before it are.
+//   - PeerStatus: replicas only, and every frame that names its sender must name the
+//     certificate's replica (PeerFrame.replica equal to its name), checked as for
+//     ReportStatus. A replica certificate may call nothing else but the health service:
+//     it is the one a replica serves with, on every host of the cluster.
 //   - The standard health service (grpc.health.v1.Health): anyone with a certificate the
 //     CAs issued, so probes need no role.
 //   - Any other method: nobody.
@@ -105,6 +109,20 @@ func (s *Server) authorizeStream(srv any, ss grpc.ServerStream, info *grpc.Strea
 			}
 			if node := r.GetStatus().GetNode(); node != id.Name {
 				return s.deny(ctx, id, info.FullMethod, "%s may not report status for node %q (object %s)", id, node, r.GetKey().ID())
+			}
+			return nil
+		}
+	case nimbusv1.Nimbus_PeerStatus_FullMethodName:
+		if id.Role != pki.RoleReplica {
+			return s.deny(ctx, id, info.FullMethod, "%s may not push peer statuses: a replica certificate is required", id)
+		}
+		check = func(m any) error {
+			f, ok := m.(*nimbusv1.PeerFrame)
+			if !ok {
+				return s.deny(ctx, id, info.FullMethod, "unexpected message %T", m)
+			}
+			if r := f.GetReplica(); r != "" && r != id.Name {
+				return s.deny(ctx, id, info.FullMethod, "%s may not push as replica %q", id, r)
 			}
 			return nil
 		}

@@ -161,6 +161,10 @@ type stagedChange struct {
 // transactions. A batch's own bad input never gets this far; its call refuses it before
 // submitting.
 func (s *Server) commitGroup(group []*batch) {
+	if s.etcd != nil {
+		s.etcd.commitGroup(group)
+		return
+	}
 	defer func() {
 		for _, b := range group {
 			close(b.done)
@@ -170,19 +174,7 @@ func (s *Server) commitGroup(group []*batch) {
 	s.mu.Lock()
 	changes, err := s.commitLocked(group, now)
 	if err == nil {
-		for _, c := range changes {
-			s.publishLocked(newChange(c.rev, c.key, c.before, c.after, c.put))
-			switch {
-			case c.before == nil:
-				s.metrics.objects.Inc()
-			case c.after == nil:
-				s.metrics.objects.Dec()
-			}
-		}
-		if len(changes) > 0 {
-			s.metrics.commits.Inc()
-			s.metrics.commitSize.Observe(float64(len(changes)))
-		}
+		s.publishChangesLocked(changes)
 	}
 	s.mu.Unlock()
 	for _, b := range group {
@@ -191,6 +183,25 @@ func (s *Server) commitGroup(group []*batch) {
 			continue
 		}
 		s.logBatch(b)
+	}
+}
+
+// publishChangesLocked hands the committed changes, in revision order, to the watchers
+// and counts them. The caller holds s.mu and has set s.rev to the last one's revision or
+// after it.
+func (s *Server) publishChangesLocked(changes []stagedChange) {
+	for _, c := range changes {
+		s.publishLocked(newChange(c.rev, c.key, c.before, c.after, c.put))
+		switch {
+		case c.before == nil:
+			s.metrics.objects.Inc()
+		case c.after == nil:
+			s.metrics.objects.Dec()
+		}
+	}
+	if len(changes) > 0 {
+		s.metrics.commits.Inc()
+		s.metrics.commitSize.Observe(float64(len(changes)))
 	}
 }
 
@@ -274,7 +285,6 @@ func stageApply(txn *writeTxn, w write, rev uint64, now *timestamppb.Timestamp) 
 		old = rec.Object
 	}
 	m := obj.GetMeta()
-	retargeted := false
 	if old == nil {
 		m.Uid = newUUID()
 		m.Generation = 1
@@ -282,7 +292,7 @@ func stageApply(txn *writeTxn, w write, rev uint64, now *timestamppb.Timestamp) 
 	} else {
 		om := old.GetMeta()
 		specChanged := !proto.Equal(&nimbusv1.Object{Spec: old.GetSpec()}, &nimbusv1.Object{Spec: obj.GetSpec()})
-		retargeted = !slices.Equal(om.GetNodes(), m.GetNodes())
+		retargeted := !slices.Equal(om.GetNodes(), m.GetNodes())
 		if !specChanged && !retargeted && maps.Equal(om.GetLabels(), m.GetLabels()) {
 			return nil, outcome{obj: old}
 		}
@@ -293,17 +303,23 @@ func stageApply(txn *writeTxn, w write, rev uint64, now *timestamppb.Timestamp) 
 	}
 	m.Revision = rev
 	m.UpdateTime = now
+	c := storePut(txn, w.key, w.id, old, obj)
+	return c, outcome{obj: obj, changed: true, created: old == nil, rev: rev}
+}
+
+// storePut stores obj, whose meta is complete, in txn in place of old (nil when obj is
+// new), drops the statuses of nodes a retarget leaves, and returns the change.
+func storePut(txn *writeTxn, key *nimbusv1.ObjectKey, id string, old, obj *nimbusv1.Object) *stagedChange {
 	// The record shares the change's PUT event, so that snapshots and status streams send
 	// the very bytes the change is sent as, encoded once.
-	rec := &objectRecord{ID: w.id, Object: obj}
+	rec := &objectRecord{ID: id, Object: obj}
 	put := newPutEvent(obj)
 	rec.put.Store(put)
 	txn.putObject(rec)
-	if retargeted {
-		dropRetargetedStatuses(txn, w.id, obj)
+	if old != nil && !slices.Equal(old.GetMeta().GetNodes(), obj.GetMeta().GetNodes()) {
+		dropRetargetedStatuses(txn, id, obj)
 	}
-	c := &stagedChange{key: w.key, id: w.id, rev: rev, before: old, after: obj, put: put}
-	return c, outcome{obj: obj, changed: true, created: old == nil, rev: rev}
+	return &stagedChange{key: key, id: id, rev: obj.GetMeta().GetRevision(), before: old, after: obj, put: put}
 }
 
 // dropRetargetedStatuses deletes the statuses of the object with the key ID, retargeted to

@@ -44,6 +44,10 @@ var (
 	// ErrLocked is wrapped by New when another process holds the durable store's file
 	// open, such as another nimbus on the same Options.DataDir.
 	ErrLocked = errors.New("store file locked by another process")
+	// ErrUnavailable is wrapped by writes that the etcd-backed store cannot make now: it is
+	// not loaded yet, or etcd has no quorum. RPCs fail with codes.Unavailable then, and the
+	// caller may try again.
+	ErrUnavailable = errors.New("store unavailable")
 )
 
 // Defaults of Options and fixed settings of the gRPC server Serve builds.
@@ -82,6 +86,10 @@ type Options struct {
 	// event. Default: DefaultHistoryWindow (100000). A negative value keeps none: only a
 	// watch at the current revision resumes.
 	HistoryWindow int
+	// Etcd, when set, keeps the objects in etcd instead of memory and DataDir, and makes
+	// the Server one of any number of replicas sharing them; see etcd.go. It excludes
+	// DataDir. Default: nil.
+	Etcd *EtcdOptions
 	// DataDir is the directory of the durable store, whose file is DataDir/nimbus.db
 	// (DBFileName). Objects, the revision and the epoch survive restarts there; statuses
 	// do not. Default: "", which keeps everything in memory only.
@@ -99,6 +107,15 @@ type Options struct {
 	// publisher certificates; internal/pki's ServerConfig builds one. Default: nil, which
 	// serves plaintext and lets every client call everything.
 	TLS *tls.Config
+	// ReplicaName, when set, makes the Server a replica among peers that share their
+	// objects: it is the name the Server goes by among them, and it pushes to the peers
+	// SetPeers names the statuses its own agents report and which nodes watch it, and
+	// takes theirs (see peer.go). Default: "", which is no replica and runs none of it.
+	ReplicaName string
+	// PeerDialOptions are the options a replica dials its peers with, such as the
+	// transport credentials of its replica certificate (internal/pki's IssueReplica and
+	// ClientConfig). Default: none, which dials in plaintext.
+	PeerDialOptions []grpc.DialOption
 }
 
 // withDefaults returns the options with every unset field at its default.
@@ -127,6 +144,9 @@ func (o Options) withDefaults() (Options, error) {
 	if o.StaleAfter == 0 {
 		o.StaleAfter = DefaultStaleAfter
 	}
+	if o.Etcd != nil && o.DataDir != "" {
+		return o, fmt.Errorf("Etcd and DataDir %s: a server keeps its objects in one store: %w", o.DataDir, ErrInvalidOptions)
+	}
 	if o.TLS != nil && o.TLS.ClientAuth != tls.RequireAndVerifyClientCert {
 		return o, fmt.Errorf("TLS.ClientAuth %v: must be RequireAndVerifyClientCert: %w", o.TLS.ClientAuth, ErrInvalidOptions)
 	}
@@ -142,11 +162,14 @@ type Server struct {
 	opts  Options
 	log   *slog.Logger
 	store *store
-	epoch string
+	// epoch is the store instance's epoch; see Epoch.
+	epoch atomic.Pointer[string]
 	// started is when New made the Server; a node that never watched is stale from then.
 	started time.Time
 	// disk is the durable store; nil when the Server keeps everything in memory.
-	disk    *disk
+	disk *disk
+	// etcd is the etcd backend; nil unless Options.Etcd is set.
+	etcd    *etcdStore
 	metrics *metrics
 	// done is closed by Close; watches and status streams end when it is.
 	done chan struct{}
@@ -160,6 +183,13 @@ type Server struct {
 	everyNode atomic.Pointer[sharedSnapshot]
 	// statusWatch holds the open WatchStatus streams; it has a lock of its own.
 	statusWatch statusHub
+	// peers pushes statuses and watch presence to the peer replicas and takes theirs;
+	// nil unless Options.ReplicaName is set. It has locks of its own.
+	peers *peerHub
+	// peerGate, when set, waits until the store has caught up with a peer's revision
+	// before PeerStatus takes the reports of a frame built at that revision; see
+	// peerHub.apply. Set before Serve, never changed after.
+	peerGate func(ctx context.Context, rev uint64) error
 	// commits groups the writes of concurrent calls into shared commits.
 	commits committer
 	// serving is true while Serve serves.
@@ -190,18 +220,19 @@ func New(opts Options) (*Server, error) {
 		opts:     opts,
 		log:      opts.Logger,
 		store:    newStore(),
-		epoch:    newEpoch(),
 		started:  opts.Now(),
 		history:  history{max: max(opts.HistoryWindow, 0)},
 		done:     make(chan struct{}),
 		watchers: map[*watcher]struct{}{},
 	}
+	s.setEpoch(newEpoch())
 	var objects int
 	if opts.DataDir != "" {
 		if objects, err = s.load(); err != nil {
 			return nil, fmt.Errorf("creating nimbus server: %w", err)
 		}
 	}
+	s.history.floor = s.rev
 	if s.metrics, err = newMetrics(opts.Registerer); err != nil {
 		if s.disk != nil {
 			s.disk.close()
@@ -210,6 +241,29 @@ func New(opts Options) (*Server, error) {
 	}
 	s.metrics.revision.Set(float64(s.rev))
 	s.metrics.objects.Set(float64(objects))
+	if opts.ReplicaName != "" {
+		if s.peers, err = newPeerHub(s); err != nil {
+			s.metrics.unregister()
+			if s.disk != nil {
+				s.disk.close()
+			}
+			return nil, fmt.Errorf("creating nimbus server: %w", err)
+		}
+	}
+	if opts.Etcd != nil {
+		if s.etcd, err = newEtcdStore(s, opts.Etcd); err != nil {
+			s.peers.close()
+			s.metrics.unregister()
+			return nil, fmt.Errorf("creating nimbus server: %w", err)
+		}
+		if s.peers != nil {
+			// A peer's statuses may concern objects this replica's cache has not seen yet.
+			s.peerGate = func(ctx context.Context, rev uint64) error {
+				return s.etcd.waitApplied(ctx, etcdRevOf(rev))
+			}
+		}
+		s.etcd.start()
+	}
 	return s, nil
 }
 
@@ -233,7 +287,8 @@ func (s *Server) load() (int, error) {
 	}
 	txn.setRevision(st.rev)
 	txn.commit()
-	s.disk, s.epoch, s.rev = d, st.epoch, st.rev
+	s.disk, s.rev = d, st.rev
+	s.setEpoch(st.epoch)
 	s.log.Info("store loaded", "path", d.path, "objects", len(st.objects), "revision", st.rev, "epoch", st.epoch)
 	return len(st.objects), nil
 }
@@ -246,7 +301,10 @@ func (s *Server) Registry() *prometheus.Registry {
 }
 
 // Epoch returns the store instance's epoch, which every watch event carries.
-func (s *Server) Epoch() string { return s.epoch }
+func (s *Server) Epoch() string { return *s.epoch.Load() }
+
+// setEpoch sets the epoch Epoch returns.
+func (s *Server) setEpoch(epoch string) { s.epoch.Store(&epoch) }
 
 // WatcherResets returns how many watchers have been reset because they fell behind.
 func (s *Server) WatcherResets() uint64 { return s.resets.Load() }
@@ -276,8 +334,8 @@ func (s *Server) Serve(ctx context.Context, lis ...net.Listener) error {
 		grpc.ForceServerCodecV2(codec{wirecodec.Codec{}}),
 		grpc.WaitForHandlers(true),
 		grpc.Creds(pki.TransportCredentials(s.opts.TLS)),
-		grpc.ChainUnaryInterceptor(s.authorizeUnary),
-		grpc.ChainStreamInterceptor(s.authorizeStream),
+		grpc.ChainUnaryInterceptor(s.authorizeUnary, s.gateUnary),
+		grpc.ChainStreamInterceptor(s.authorizeStream, s.gateStream),
 	)
 	nimbusv1.RegisterNimbusServer(gs, s)
 	// The standard health service, so stock probes work: SERVING for the whole server and
@@ -321,14 +379,21 @@ func (s *Server) Serve(ctx context.Context, lis ...net.Listener) error {
 // to call more than once.
 func (s *Server) Close() error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.closed {
+		s.mu.Unlock()
 		return nil
 	}
 	s.closed = true
 	close(s.done)
 	clear(s.watchers)
 	s.metrics.unregister()
+	s.mu.Unlock()
+	// The pushers take no lock of the Server's; they stop without s.mu all the same.
+	s.peers.close()
+	if s.etcd != nil {
+		// Its loop takes s.mu to apply changes: stop it without holding that.
+		s.etcd.close()
+	}
 	if s.disk != nil {
 		return s.disk.close()
 	}
@@ -344,6 +409,21 @@ func (s *Server) Ready() []string {
 	case !s.serving.Load():
 		return []string{"nimbus is not serving yet"}
 	}
+	if err := s.available(); err != nil {
+		return []string{err.Error()}
+	}
+	return nil
+}
+
+// available returns why the Server cannot serve calls yet, with codes.Unavailable: an
+// etcd-backed store not loaded yet, which would otherwise hand out an empty store.
+func (s *Server) available() error {
+	if s.etcd == nil {
+		return nil
+	}
+	if why := s.etcd.notReady(); why != "" {
+		return status.Error(codes.Unavailable, why)
+	}
 	return nil
 }
 
@@ -358,7 +438,7 @@ func (s *Server) isClosed() bool {
 
 // rpcError turns an internal error into the status an RPC returns.
 func rpcError(err error) error {
-	if errors.Is(err, ErrClosed) {
+	if errors.Is(err, ErrClosed) || errors.Is(err, ErrUnavailable) {
 		return status.Error(codes.Unavailable, err.Error())
 	}
 	return status.Error(codes.Internal, err.Error())

@@ -88,25 +88,32 @@ func (s *Server) ReportStatus(stream grpc.ClientStreamingServer[nimbusv1.StatusR
 // maxStatusBatch bounds how many status reports one transaction records.
 const maxStatusBatch = 1024
 
-// recordStatuses stores reports in one transaction, dropping those that do not belong to
-// a stored object that targets the reporting node.
+// recordStatuses stores reports of the server's own agents in one transaction, dropping
+// those that do not belong to a stored object that targets the reporting node, and hands
+// those it stores to the pushers to the peer replicas.
 func (s *Server) recordStatuses(reports []*nimbusv1.StatusReport) {
 	txn := s.store.write()
 	changed := make([]*nimbusv1.ObjectKey, 0, len(reports))
+	nodes := make([]string, 0, len(reports))
 	for _, r := range reports {
-		if key := s.recordStatusIn(txn, r); key != nil {
+		if key := s.recordStatusIn(txn, r, s.opts.ReplicaName); key != nil {
 			changed = append(changed, key)
+			nodes = append(nodes, r.GetStatus().GetNode())
 		}
 	}
 	txn.commit()
-	for _, key := range changed {
+	for i, key := range changed {
 		s.statusWatch.objectChanged(key)
+		s.peers.statusChanged(key.ID(), nodes[i])
 	}
 }
 
-// recordStatusIn stores one report in txn and returns the key of its object, or nil when
-// the report is dropped.
-func (s *Server) recordStatusIn(txn *writeTxn, r *nimbusv1.StatusReport) *nimbusv1.ObjectKey {
+// recordStatusIn stores one report in txn, as reported to the replica origin (empty on a
+// server that is no replica), and returns the key of its object, or nil when the report
+// is dropped. Of two reports for the same object and node from different origins, the
+// one with the later update_time is kept, the later arrival on a tie; a report from the
+// same origin always replaces the one before.
+func (s *Server) recordStatusIn(txn *writeTxn, r *nimbusv1.StatusReport, origin string) *nimbusv1.ObjectKey {
 	key, st := r.GetKey(), r.GetStatus()
 	node := st.GetNode()
 	if err := key.Validate(); err != nil {
@@ -131,7 +138,13 @@ func (s *Server) recordStatusIn(txn *writeTxn, r *nimbusv1.StatusReport) *nimbus
 	if st.GetUpdateTime() == nil {
 		st.UpdateTime = timestamppb.New(s.opts.Now())
 	}
-	txn.putStatus(&statusRecord{ObjectID: id, Node: node, Status: st})
+	if old := txn.nodeStatus(id, node); old != nil && old.Origin != origin &&
+		old.Status.GetUpdateTime().AsTime().After(st.GetUpdateTime().AsTime()) {
+		s.log.Debug("dropping status report older than the one kept from another replica", "key", id, "node", node,
+			"origin", origin, "kept_origin", old.Origin)
+		return nil
+	}
+	txn.putStatus(&statusRecord{ObjectID: id, Node: node, Status: st, Origin: origin})
 	s.log.Debug("status recorded", "key", id, "node", node,
 		"phase", st.GetPhase(), "observed_generation", st.GetObservedGeneration())
 	return key

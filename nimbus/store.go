@@ -45,17 +45,35 @@ type statusRecord struct {
 	ObjectID string
 	Node     string
 	Status   *nimbusv1.NodeStatus
+	// Origin is the name of the replica the node reported to: this server's
+	// Options.ReplicaName for a report of its own agents, a peer's for one that peer
+	// pushed (see peer.go). Empty on a server that is no replica.
+	Origin string
 }
 
 // watchNodeRecord is one row of the watch_nodes table: a node that has opened a watch since
-// the server started.
+// the server started, on this server or, for a replica, on a peer replica.
 type watchNodeRecord struct {
 	Name string
-	// Streams is how many watch streams of the node are open.
+	// Streams is how many watch streams of the node are open: on this server, and on the
+	// peer replicas whose push streams to this one are alive, which Peers counts apart.
 	Streams int
-	// Since is when the node's last open watch stream ended; it means nothing while Streams
-	// is above zero.
+	// Peers holds how many of Streams are open on each peer replica that has some, by
+	// replica name; nil when there is none, as on a server that is no replica. It is never
+	// modified once stored.
+	Peers map[string]int
+	// Since is when the node's last open watch stream ended, here or on a peer; it means
+	// nothing while Streams is above zero.
 	Since time.Time
+}
+
+// local returns how many of the node's watch streams are open on this server.
+func (r *watchNodeRecord) local() int {
+	n := r.Streams
+	for _, p := range r.Peers {
+		n -= p
+	}
+	return n
 }
 
 // The tables are copy-on-write B-trees (github.com/tidwall/btree): a btree.Map where
@@ -171,6 +189,19 @@ func (t *tables) statusesBy(node string) []*statusRecord {
 		return true
 	})
 	return recs
+}
+
+// nodeStatus returns the status the node reported about the object with the key ID, or nil.
+func (t *tables) nodeStatus(id, node string) *statusRecord {
+	rec, _ := t.statuses.Get(&statusRecord{ObjectID: id, Node: node})
+	return rec
+}
+
+// allStatuses iterates over every stored status, ordered by object key ID, then node.
+func (t *tables) allStatuses() iter.Seq[*statusRecord] {
+	return func(yield func(*statusRecord) bool) {
+		t.statuses.Scan(yield)
+	}
 }
 
 // hasStatusFrom tells whether a status the node reported is stored.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -202,9 +203,10 @@ func (w *watcher) dropLocked() {
 	w.queue, w.head = nil, 0
 }
 
-// history is the window of the latest changes a watch can resume after. Revisions are
-// consecutive, so the newest kept change is always of the current revision and the kept
-// ones are the len latest.
+// history is the window of the latest changes a watch can resume after. Changes are
+// added in revision order; revisions need not be consecutive (those of an etcd-backed
+// store are not, see etcd.go), so the window also records floor, the revision after which
+// every change up to the newest is kept.
 type history struct {
 	// max is how many changes are kept.
 	max int
@@ -212,30 +214,45 @@ type history struct {
 	// which is at head.
 	ring []*change
 	head int
+	// floor is the revision from which on every change is kept: a watch at floor or after
+	// it, up to the current revision, can resume.
+	floor uint64
 }
 
-// add keeps the change, the one of the revision after the newest kept.
+// add keeps the change, which is newer than every kept one. When the window is full the
+// oldest goes, and the floor moves up to it.
 func (h *history) add(c *change) {
 	switch {
 	case h.max == 0:
+		h.floor = c.rev
 	case len(h.ring) < h.max:
 		h.ring = append(h.ring, c)
 	default:
+		h.floor = h.ring[h.head].rev
 		h.ring[h.head] = c
 		h.head = (h.head + 1) % h.max
 	}
 }
 
+// reset forgets every kept change: from now on only a watch at rev or after it resumes.
+func (h *history) reset(rev uint64) {
+	clear(h.ring)
+	h.ring, h.head, h.floor = h.ring[:0], 0, rev
+}
+
+// at returns the i-th oldest kept change.
+func (h *history) at(i int) *change { return h.ring[(h.head+i)%len(h.ring)] }
+
 // after returns the changes after revision rev up to the current revision cur, oldest
 // first, when all of them are kept.
 func (h *history) after(rev, cur uint64) ([]*change, bool) {
-	if rev > cur || cur-rev > uint64(len(h.ring)) {
+	if rev > cur || rev < h.floor {
 		return nil, false
 	}
-	n := int(cur - rev)
-	out := make([]*change, 0, n)
-	for i := len(h.ring) - n; i < len(h.ring); i++ {
-		out = append(out, h.ring[(h.head+i)%len(h.ring)])
+	first := sort.Search(len(h.ring), func(i int) bool { return h.at(i).rev > rev })
+	out := make([]*change, 0, len(h.ring)-first)
+	for i := first; i < len(h.ring); i++ {
+		out = append(out, h.at(i))
 	}
 	return out, true
 }
@@ -303,20 +320,21 @@ func (s *Server) subscribe(node, epoch string, rev uint64) (*subscription, error
 		return nil, fmt.Errorf("watching for node %s: %w", node, ErrClosed)
 	}
 	txn := s.store.write()
-	streams := 1
+	next := &watchNodeRecord{Name: node, Streams: 1}
 	if rec := txn.watchNode(node); rec != nil {
-		streams = rec.Streams + 1
+		next.Streams, next.Peers = rec.Streams+1, rec.Peers
 	}
-	txn.putWatchNode(&watchNodeRecord{Name: node, Streams: streams})
+	txn.putWatchNode(next)
 	txn.commit()
 	s.statusWatch.nodeChanged(node)
+	s.peers.presenceChanged(node)
 
 	sub := &subscription{rev: s.rev}
 	var backlog []*sharedEvent
 	switch {
 	case epoch == "":
-	case epoch != s.epoch:
-		sub.why = fmt.Sprintf("epoch %s is not the current %s", epoch, s.epoch)
+	case epoch != s.Epoch():
+		sub.why = fmt.Sprintf("epoch %s is not the current %s", epoch, s.Epoch())
 	case rev > s.rev:
 		sub.why = fmt.Sprintf("revision %d is ahead of the current %d", rev, s.rev)
 	default:
@@ -358,20 +376,22 @@ func (s *Server) unsubscribe(w *watcher) {
 		s.log.Error("recording the end of a watch", "node", w.node, "error", err)
 	}
 	s.statusWatch.nodeChanged(w.node)
+	s.peers.presenceChanged(w.node)
 	s.metrics.watchers.Set(float64(len(s.watchers)))
 }
 
-// recordWatchEndLocked counts one open watch stream of the node less, and records the
-// time when it was the last. When it was the last, the node's watch state is forgotten
-// unless the node has a Node object or a stored status; see forgetIdleNodes.
+// recordWatchEndLocked counts one open watch stream of the node on this server less, and
+// records the time when it was the last of the node's streams, here and on the peer
+// replicas. When it was the last, the node's watch state is forgotten unless the node has
+// a Node object or a stored status; see forgetIdleNodes.
 func (s *Server) recordWatchEndLocked(node string) error {
 	txn := s.store.write()
 	defer txn.abort()
 	rec := txn.watchNode(node)
-	if rec == nil || rec.Streams == 0 {
+	if rec == nil || rec.local() == 0 {
 		return fmt.Errorf("node %s has no open watch stream on record", node)
 	}
-	next := &watchNodeRecord{Name: node, Streams: rec.Streams - 1, Since: rec.Since}
+	next := &watchNodeRecord{Name: node, Streams: rec.Streams - 1, Peers: rec.Peers, Since: rec.Since}
 	if next.Streams == 0 {
 		next.Since = s.opts.Now()
 	}
@@ -418,6 +438,11 @@ func (s *Server) Watch(req *nimbusv1.WatchRequest, stream grpc.ServerStreamingSe
 	if err := validateNode(node); err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
+	if s.etcd != nil && req.GetEpoch() == s.Epoch() {
+		// A watch from another replica may be ahead of this one's cache: let the cache
+		// catch up, so that it resumes rather than starting over.
+		s.etcd.catchUp(stream.Context(), req.GetRevision())
+	}
 	sub, err := s.subscribe(node, req.GetEpoch(), req.GetRevision())
 	if err != nil {
 		return rpcError(err)
@@ -428,7 +453,7 @@ func (s *Server) Watch(req *nimbusv1.WatchRequest, stream grpc.ServerStreamingSe
 	if sub.resumed {
 		log.Info("watch resumed", "revision", sub.rev, "replayed", sub.replayed)
 		// RESUMED goes out with the first replayed changes, in the first frame.
-		err = fw.addControl(&nimbusv1.WatchEvent{Type: nimbusv1.WatchEvent_TYPE_RESUMED, Revision: sub.rev, Epoch: s.epoch})
+		err = fw.addControl(&nimbusv1.WatchEvent{Type: nimbusv1.WatchEvent_TYPE_RESUMED, Revision: sub.rev, Epoch: s.Epoch()})
 	} else {
 		if sub.why != "" {
 			log.Info("watch cannot resume; sending a snapshot", "reason", sub.why)
@@ -491,7 +516,7 @@ func (s *Server) sendSnapshot(fw *frameWriter, snap *tables, node string, rev ui
 			return err
 		}
 	}
-	return fw.addControl(&nimbusv1.WatchEvent{Type: nimbusv1.WatchEvent_TYPE_SYNCED, Revision: rev, Epoch: s.epoch})
+	return fw.addControl(&nimbusv1.WatchEvent{Type: nimbusv1.WatchEvent_TYPE_SYNCED, Revision: rev, Epoch: s.Epoch()})
 }
 
 // sharedSnapshot is the part of the snapshot of one revision that every node receives
@@ -625,7 +650,7 @@ func (s *Server) sendChanges(fw *frameWriter, w *watcher) error {
 			if w.queued() > 0 {
 				continue
 			}
-			err := fw.addControl(&nimbusv1.WatchEvent{Type: nimbusv1.WatchEvent_TYPE_BOOKMARK, Revision: rev, Epoch: s.epoch})
+			err := fw.addControl(&nimbusv1.WatchEvent{Type: nimbusv1.WatchEvent_TYPE_BOOKMARK, Revision: rev, Epoch: s.Epoch()})
 			if err != nil {
 				return err
 			}

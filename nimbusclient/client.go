@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/naplesnet/naples/delphi"
@@ -70,7 +71,11 @@ const (
 type Options struct {
 	// Node is this node's name; nimbus sends the objects targeted at it. Required.
 	Node string
-	// Address is nimbus's address, "unix:///path" or "tcp://host:port". Required.
+	// Address is nimbus's address, "unix:///path" or "tcp://host:port", or a
+	// comma-separated list of the addresses of nimbus replicas, which may mix the two:
+	// "tcp://10.0.0.1:7000,tcp://10.0.0.2:7000". The client watches one replica at a time,
+	// chosen at random, and moves to another when its connection fails. A tcp host name
+	// given alone stands for every address it resolves to. Required.
 	Address string
 	// Store is the local delphi store. Required.
 	Store Store
@@ -96,10 +101,12 @@ type Options struct {
 
 // Client keeps delphi's desired table in step with nimbus and reports status upstream.
 type Client struct {
-	opts    Options
-	target  string
-	store   Store
-	desired desiredWriter
+	opts Options
+	// target and targetOptions are what grpc.NewClient reaches Options.Address with.
+	target        string
+	targetOptions []grpc.DialOption
+	store         Store
+	desired       desiredWriter
 	// commitEvents bounds the changes of one commit: maxCommitEvents, less in tests.
 	commitEvents int
 	log          *slog.Logger
@@ -121,7 +128,7 @@ func New(opts Options) (*Client, error) {
 	if opts.Store == nil {
 		return nil, errors.New("nimbusclient: Options.Store is required")
 	}
-	addr, err := address.Parse(opts.Address)
+	addrs, err := address.ParseList(opts.Address)
 	if err != nil {
 		return nil, fmt.Errorf("nimbus address: %w", err)
 	}
@@ -142,11 +149,11 @@ func New(opts Options) (*Client, error) {
 	}
 	c := &Client{
 		opts:         opts,
-		target:       addr.GRPCTarget(),
 		store:        opts.Store,
 		commitEvents: maxCommitEvents,
-		log:          opts.Logger.With("nimbus", addr.String()),
+		log:          opts.Logger.With("nimbus", addrs.String()),
 	}
+	c.target, c.targetOptions = addrs.GRPCTarget()
 	if c.metrics, err = newMetrics(c, opts.Registerer); err != nil {
 		return nil, fmt.Errorf("nimbusclient: %w", err)
 	}
@@ -199,7 +206,8 @@ func (c *Client) Run(ctx context.Context) error {
 			Backoff:           grpcbackoff.Config{BaseDelay: c.opts.MinBackoff, Multiplier: 1.6, Jitter: 0.2, MaxDelay: c.opts.MaxBackoff},
 			MinConnectTimeout: 5 * time.Second,
 		}),
-	}, WindowOptions()...), c.opts.DialOptions...)
+	}, WindowOptions()...), c.targetOptions...)
+	dial = append(dial, c.opts.DialOptions...)
 	conn, err := grpc.NewClient(c.target, dial...)
 	if err != nil {
 		return fmt.Errorf("creating nimbus client: %w", err)
@@ -260,6 +268,7 @@ func (c *Client) watch(ctx context.Context, api nimbusv1.NimbusClient) error {
 		cancel()
 		wg.Wait()
 		c.metrics.connected.Set(0)
+		c.metrics.server.Reset()
 	}()
 	wg.Go(func() {
 		defer close(frames)
@@ -279,7 +288,7 @@ func (c *Client) watch(ctx context.Context, api nimbusv1.NimbusClient) error {
 		}
 	})
 
-	w := &watchStream{c: c}
+	w := &watchStream{c: c, server: peerAddress(stream.Context())}
 	for f := range frames {
 		if err := w.add(f); err != nil {
 			return err
@@ -305,6 +314,17 @@ func (c *Client) watch(ctx context.Context, api nimbusv1.NimbusClient) error {
 	return fmt.Errorf("receiving watch events: %w", recvErr)
 }
 
+// peerAddress returns the address of the nimbus a stream is up to, in the form
+// Options.Address takes: the address it resolved to, for a host name. It is "unknown" when
+// gRPC does not tell.
+func peerAddress(ctx context.Context) string {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return "unknown"
+	}
+	return address.Address{Network: p.Addr.Network(), Addr: p.Addr.String()}.String()
+}
+
 // receivedFrame is a frame's events and its wire size.
 type receivedFrame struct {
 	events []*nimbusv1.WatchEvent
@@ -315,6 +335,8 @@ type receivedFrame struct {
 // started, the snapshot it is receiving, and the changes received since the last commit.
 type watchStream struct {
 	c *Client
+	// server is the address of the nimbus the stream is up to.
+	server string
 	// started tells that the stream's first event has come: RESUMED, or the first of a
 	// snapshot.
 	started bool
@@ -384,14 +406,16 @@ func (w *watchStream) addEvent(ev *nimbusv1.WatchEvent) error {
 	if !w.started {
 		w.started = true
 		w.c.metrics.connected.Set(1)
+		w.c.metrics.server.WithLabelValues(w.server).Set(1)
 		if typ == nimbusv1.WatchEvent_TYPE_RESUMED {
 			// delphi already holds the state as of this revision; only changes follow.
 			w.c.metrics.watchStarts.WithLabelValues(watchModeResume).Inc()
 			w.c.desired.MarkSynced()
-			w.c.log.Info("resumed watch", "revision", ev.GetRevision(), "epoch", ev.GetEpoch())
+			w.c.log.Info("resumed watch", "server", w.server, "revision", ev.GetRevision(), "epoch", ev.GetEpoch())
 			return nil
 		}
 		w.c.metrics.watchStarts.WithLabelValues(watchModeSnapshot).Inc()
+		w.c.log.Debug("receiving snapshot", "server", w.server)
 		w.snapshot = &delphi.DesiredTxn{}
 	}
 	if w.snapshot != nil {
@@ -447,7 +471,7 @@ func (w *watchStream) commitSnapshot(synced *nimbusv1.WatchEvent) error {
 		return fmt.Errorf("storing snapshot: %w", err)
 	}
 	w.c.desired.MarkSynced()
-	w.c.log.Info("synced with nimbus", "objects", w.snapshotObjects, "revision", synced.GetRevision(), "epoch", synced.GetEpoch())
+	w.c.log.Info("synced with nimbus", "server", w.server, "objects", w.snapshotObjects, "revision", synced.GetRevision(), "epoch", synced.GetEpoch())
 	w.snapshot, w.snapshotObjects = nil, 0
 	return nil
 }

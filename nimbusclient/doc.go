@@ -22,10 +22,21 @@
 // sends every status again on each new status stream. The statuses that change together
 // go up back to back, which gRPC writes together.
 //
+// Options.Address may list several nimbus replicas, or name a host that resolves to
+// several addresses. The client's one connection goes to one of them, picked at random so
+// that agents spread over the replicas, and both its streams run on it. When it fails the
+// client connects to another, and its watch resumes there from delphi's resume point:
+// replicas that share a store (nimbus on etcd) share its epoch and revisions, so only the
+// changes missed come; a replica with another store sends a snapshot and the sweep. Each
+// watch logs the address it is up to ("resumed watch" or "synced with nimbus", with
+// server=).
+//
 // # Metrics
 //
 // The client registers with Options.Registerer, and Close unregisters:
 // naples_nimbusclient_watch_connected (1 while a watch stream is up, from its first event),
+// naples_nimbusclient_watch_server{address} (1 for the nimbus address that stream is up
+// to, as "unix:///path" or "tcp://ip:port"),
 // naples_nimbusclient_reconnects_total{stream="watch"|"status"} (streams started again after
 // one ended), naples_nimbusclient_watch_starts_total{mode="resume"|"snapshot"},
 // naples_nimbusclient_events_received_total (watch events, snapshots and markers included)

@@ -22,6 +22,7 @@ type metrics struct {
 	unregister func()
 
 	connected     prometheus.Gauge
+	server        *prometheus.GaugeVec
 	reconnects    *prometheus.CounterVec
 	watchStarts   *prometheus.CounterVec
 	statusReports prometheus.Counter
@@ -36,6 +37,10 @@ func newMetrics(c *Client, reg prometheus.Registerer) (*metrics, error) {
 			Namespace: ns, Subsystem: sub, Name: "watch_connected",
 			Help: "1 while a watch stream is up, from its first event until it ends; 0 otherwise.",
 		}),
+		server: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "watch_server",
+			Help: "1 for the address of the nimbus the watch stream is up to, from its first event until it ends; no series otherwise.",
+		}, []string{"address"}),
 		reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "reconnects_total",
 			Help: "Streams to nimbus started again after one ended, by stream: watch or status.",
@@ -59,7 +64,7 @@ func newMetrics(c *Client, reg prometheus.Registerer) (*metrics, error) {
 		Help: "Watch events received from nimbus, snapshot events and markers included.",
 	}, func() float64 { return float64(c.EventsReceived()) })
 	var err error
-	if m.unregister, err = telemetry.Register(reg, "Client", m.connected, m.reconnects, m.watchStarts, m.statusReports, received); err != nil {
+	if m.unregister, err = telemetry.Register(reg, "Client", m.connected, m.server, m.reconnects, m.watchStarts, m.statusReports, received); err != nil {
 		return nil, err
 	}
 	return m, nil

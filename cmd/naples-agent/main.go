@@ -1,8 +1,10 @@
 // Command naples-agent runs the naples agent of one host: it watches nimbus for the host's
 // objects, keeps them in delphi and programs the kernel from there, until SIGINT or SIGTERM.
 // It dials nimbus with mutual TLS, presenting the node certificate of --tls-cert (default
-// /etc/naples/pki/node.crt), which must name --node; --insecure dials plaintext. Bad flags
-// exit with status 2, other errors with 1.
+// /etc/naples/pki/node.crt), which must name --node; --insecure dials plaintext. --nimbus
+// may list several nimbus replicas, comma-separated, or name a host that resolves to
+// several: the agent watches one and moves to another when it fails. Bad flags exit with
+// status 2, other errors with 1.
 //
 // --metrics HOST:PORT serves Prometheus metrics on http://HOST:PORT/metrics (naples_agent_*,
 // naples_delphi_*, naples_hal_* and naples_nimbusclient_*, and the Go runtime's and the
@@ -11,6 +13,8 @@
 // synced with nimbus, and every desired object has been reconciled at least once since
 // start, programmed or failed; 503 with the reasons otherwise. Port 0 takes a free port,
 // which the log line "serving metrics" names. Without --metrics there is no HTTP endpoint.
+//
+// naples-agent --version prints the version, the Go release and the platform, and exits 0.
 package main
 
 import (
@@ -28,7 +32,9 @@ import (
 	"time"
 
 	"github.com/naplesnet/naples/agent"
+	"github.com/naplesnet/naples/internal/address"
 	"github.com/naplesnet/naples/internal/pki"
+	"github.com/naplesnet/naples/internal/version"
 )
 
 // errUsage marks errors in the command line, which exit with status 2.
@@ -55,7 +61,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("naples-agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	node := fs.String("node", hostname, "this host's node `name` at nimbus")
-	nimbus := fs.String("nimbus", "unix:///run/naples/nimbus.sock", "nimbus `address`: unix:///path or tcp://host:port")
+	nimbus := fs.String("nimbus", "unix:///run/naples/nimbus.sock", "nimbus `address`: unix:///path or tcp://host:port, or a comma-separated list of the replicas' addresses")
 	stateDir := fs.String("state-dir", "/var/lib/naples", "`directory` for the agent's state")
 	discardState := fs.Bool("discard-state", false, "discard the stored desired state and resync from nimbus (recovers from a corrupt state file)")
 	socket := fs.String("socket", "/run/naples/agent.sock", "unix socket `path` of the read-only local API; empty to not serve it")
@@ -87,11 +93,16 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	tlsCA := fs.String("tls-ca", "/etc/naples/pki/ca.crt", "`file` of the CA certificates that verify nimbus")
 	tlsServerName := fs.String("tls-server-name", pki.DefaultServerName, "`name` nimbus's certificate is verified for")
 	insecure := fs.Bool("insecure", false, "dial nimbus in plaintext, without TLS")
+	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
 		return fmt.Errorf("parsing flags: %w: %w", errUsage, err)
+	}
+	if *showVersion {
+		fmt.Fprintln(os.Stdout, version.String("naples-agent"))
+		return nil
 	}
 	for name, d := range map[string]time.Duration{"interface-stats-interval": *interfaceStats, "fw-stats-interval": *fwStats} {
 		if d <= 0 {
@@ -105,6 +116,11 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			fmt.Fprintf(stderr, "invalid value %d for flag -%s: must be positive\n", n, name)
 			return fmt.Errorf("parsing flags: %w", errUsage)
 		}
+	}
+	if _, err := address.ParseList(*nimbus); err != nil {
+		fmt.Fprintf(stderr, "invalid value %q for flag -nimbus: %v\n", *nimbus, err)
+		fs.Usage()
+		return fmt.Errorf("parsing flags: %w", errUsage)
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "unexpected arguments: %q\n", fs.Args())

@@ -21,6 +21,8 @@ func TestRunRefusesBadCommandLines(t *testing.T) {
 		{name: "bad log level", args: []string{"--log-level", "loud"}, want: []string{"log-level", `"loud"`}},
 		{name: "argument", args: []string{"run"}, want: []string{`"run"`}},
 		{name: "metrics without port", args: []string{"--metrics", "localhost"}, want: []string{"metrics", `"localhost"`, "host:port"}},
+		{name: "bad nimbus in a list", args: []string{"--nimbus", "unix:///run/a.sock,ftp://x:1"}, want: []string{"-nimbus", `"ftp://x:1"`}},
+		{name: "empty nimbus list", args: []string{"--nimbus", ""}, want: []string{"-nimbus", "no address"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stderr bytes.Buffer

@@ -22,6 +22,8 @@
 // http://HOST:PORT/metrics, liveness on /healthz and readiness on /readyz (200 while
 // serving); without it there is no HTTP endpoint. The gRPC listeners also serve the
 // standard health service, grpc.health.v1.Health.
+//
+// nimbus --version prints the version, the Go release and the platform, and exits 0.
 package main
 
 import (
@@ -40,10 +42,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"google.golang.org/grpc"
 
 	"github.com/naplesnet/naples/internal/address"
 	"github.com/naplesnet/naples/internal/pki"
 	"github.com/naplesnet/naples/internal/telemetry"
+	"github.com/naplesnet/naples/internal/version"
 	"github.com/naplesnet/naples/nimbus"
 )
 
@@ -93,6 +97,10 @@ type config struct {
 	metrics string
 	// watchBuffer is how many events a watcher may fall behind before it is reset.
 	watchBuffer int
+	// version prints the version instead of serving.
+	version bool
+	// replica says which store, and how nimbus is a replica with --store etcd.
+	replica replicaConfig
 }
 
 // parseFlags parses the command line. The flag package reports a bad flag on stderr
@@ -109,6 +117,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		cfg.dataDir, dataDirSet = s, true
 		return nil
 	})
+	addReplicaFlags(fs, &cfg.replica)
 	fs.IntVar(&cfg.watchBuffer, "watch-buffer", nimbus.DefaultWatchBuffer, "how many `events` a watcher may fall behind before it is reset and must resume")
 	fs.BoolVar(&ephemeral, "ephemeral", false, "keep objects in memory only: a restart loses them and every agent resyncs")
 	fs.Func("metrics", "`host:port` to serve Prometheus metrics (/metrics) and probes (/healthz, /readyz) on (default: none)", func(s string) error {
@@ -122,6 +131,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&cfg.tlsKey, "tls-key", defaultTLSKey, "`file` of nimbus's TLS private key")
 	fs.StringVar(&cfg.tlsCA, "tls-ca", defaultTLSCA, "`file` of the CA certificates that client certificates must chain to")
 	fs.BoolVar(&cfg.insecure, "insecure", false, "serve plaintext without TLS, letting every client do everything")
+	fs.BoolVar(&cfg.version, "version", false, "print the version and exit")
 	fs.Func("listen", "`address` to serve on, unix:///path or tcp://host:port; repeatable (default "+defaultListen+")",
 		func(s string) error {
 			a, err := address.Parse(s)
@@ -162,7 +172,12 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		fs.Usage()
 		return cfg, fmt.Errorf("parsing flags: %w", errUsage)
 	}
-	if ephemeral {
+	if err := cfg.replica.check(dataDirSet, ephemeral); err != nil {
+		fmt.Fprintln(stderr, err)
+		fs.Usage()
+		return cfg, fmt.Errorf("parsing flags: %w", errUsage)
+	}
+	if ephemeral || cfg.replica.store == "etcd" {
 		cfg.dataDir = ""
 	}
 	if len(cfg.listen) == 0 {
@@ -181,6 +196,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if cfg.version {
+		fmt.Fprintln(os.Stdout, version.String("nimbus"))
+		return nil
+	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
 	var tlsConfig *tls.Config
 	if !cfg.insecure {
@@ -191,7 +210,22 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	srv, err := nimbus.New(nimbus.Options{Logger: log, TLS: tlsConfig, DataDir: cfg.dataDir, Registerer: reg, WatchBuffer: cfg.watchBuffer})
+	opts := nimbus.Options{Logger: log, TLS: tlsConfig, DataDir: cfg.dataDir, Registerer: reg, WatchBuffer: cfg.watchBuffer}
+	if cfg.replica.store == "etcd" {
+		if opts.Etcd, err = cfg.replica.etcdOptions(cfg.listen); err != nil {
+			return err
+		}
+		opts.ReplicaName = cfg.replica.name
+		// A replica dials its peers with its own certificate, which names it.
+		var peerTLS *tls.Config
+		if !cfg.insecure {
+			if peerTLS, err = pki.ClientConfig(cfg.tlsCert, cfg.tlsKey, cfg.tlsCA, ""); err != nil {
+				return fmt.Errorf("loading the replica's client credentials: %w", err)
+			}
+		}
+		opts.PeerDialOptions = []grpc.DialOption{grpc.WithTransportCredentials(pki.TransportCredentials(peerTLS))}
+	}
+	srv, err := nimbus.New(opts)
 	switch {
 	case errors.Is(err, nimbus.ErrCorrupt):
 		return fmt.Errorf("%w (restore the file from a backup, or move it aside to start with an empty store: agents then remove every object until publishers apply it again)", err)
@@ -201,7 +235,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	defer srv.Close()
-	if cfg.dataDir == "" {
+	switch {
+	case opts.Etcd != nil:
+		log.Info("store is etcd", "endpoints", cfg.replica.endpoints, "prefix", cfg.replica.prefix, "replica", cfg.replica.name)
+	case cfg.dataDir == "":
 		log.Info("store is ephemeral: a restart loses every object")
 	}
 	if cfg.metrics != "" {

@@ -1,5 +1,6 @@
 // Package address parses the addresses naples listens on and dials: "tcp://host:port" and
-// "unix:///path/to/socket".
+// "unix:///path/to/socket", and lists of them: the replicas of one service, which a gRPC
+// client reaches through [List.GRPCTarget].
 package address
 
 import (
@@ -10,6 +11,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/resolver"
 )
 
 // ErrBadAddress is wrapped by every parse error.
@@ -46,7 +50,9 @@ func Parse(s string) (Address, error) {
 // String returns the address in the form Parse reads.
 func (a Address) String() string { return a.Network + "://" + a.Addr }
 
-// GRPCTarget returns the target to hand grpc.NewClient.
+// GRPCTarget returns the target to hand grpc.NewClient. A tcp host name is resolved when
+// it is dialed, and its addresses are tried in turn; [List.GRPCTarget] resolves it into
+// all of them instead.
 func (a Address) GRPCTarget() string {
 	if a.Network == "unix" {
 		return "unix://" + a.Addr
@@ -78,3 +84,124 @@ func (a Address) Listen(ctx context.Context) (net.Listener, error) {
 	}
 	return l, nil
 }
+
+// List is one or more addresses of one service, such as the replicas of nimbus, each of
+// which serves the same API.
+type List []Address
+
+// ParseList parses a comma-separated list of one or more addresses, each as Parse reads
+// it: "unix:///run/naples/nimbus.sock" or "tcp://10.0.0.1:7000,tcp://10.0.0.2:7000". Unix
+// and tcp addresses may be mixed. Spaces around an address are ignored; a unix socket
+// path with a comma cannot be listed. An empty list, an empty element, a bad address and
+// an address listed twice are errors naming the value.
+func ParseList(s string) (List, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, fmt.Errorf("address list %q: no address: %w", s, ErrBadAddress)
+	}
+	parts := strings.Split(s, ",")
+	if len(parts) == 1 {
+		a, err := Parse(strings.TrimSpace(s))
+		if err != nil {
+			return nil, err
+		}
+		return List{a}, nil
+	}
+	l := make(List, 0, len(parts))
+	for i, p := range parts {
+		p = strings.TrimSpace(p)
+		if p == "" {
+			return nil, fmt.Errorf("address list %q: address %d is empty: %w", s, i+1, ErrBadAddress)
+		}
+		a, err := Parse(p)
+		if err != nil {
+			return nil, fmt.Errorf("address list %q: %w", s, err)
+		}
+		for _, b := range l {
+			if b == a {
+				return nil, fmt.Errorf("address list %q: %s is listed twice: %w", s, a, ErrBadAddress)
+			}
+		}
+		l = append(l, a)
+	}
+	return l, nil
+}
+
+// String returns the list in the form ParseList reads.
+func (l List) String() string {
+	s := make([]string, len(l))
+	for i, a := range l {
+		s[i] = a.String()
+	}
+	return strings.Join(s, ",")
+}
+
+// listScheme is the gRPC resolver scheme of the target of a List of several addresses.
+const listScheme = "naples-list"
+
+// serviceConfig is the default gRPC service config of a List's target: the pick_first
+// policy with the addresses shuffled, so that clients spread over the replicas. Each client
+// stays on one address and moves to another, tried in its shuffled order, when its
+// connection fails.
+const serviceConfig = `{"loadBalancingConfig": [{"pick_first": {"shuffleAddressList": true}}]}`
+
+// GRPCTarget returns the target and the dial options to hand grpc.NewClient for a
+// connection to one of the addresses of l. The client connects to one address at a time,
+// chosen at random, and moves to another when its connection fails.
+//
+// One unix address is dialed as Address.GRPCTarget does. One tcp address is resolved by
+// gRPC's dns resolver: a host name with several addresses (A and AAAA records, or
+// /etc/hosts) stands for all of them, and is resolved again when a connection fails.
+// Several addresses are a static list, each dialed on its own network, and a tcp host name
+// in it is resolved when it is dialed. A list of several has no host name of its own: the
+// TLS config should name the server (internal/pki's ClientConfig does), which is otherwise
+// verified as "localhost". The options include a context dialer, which a later
+// grpc.WithContextDialer would replace.
+func (l List) GRPCTarget() (string, []grpc.DialOption) {
+	opts := []grpc.DialOption{grpc.WithDefaultServiceConfig(serviceConfig)}
+	switch {
+	case len(l) == 1 && l[0].Network == "unix":
+		return l[0].GRPCTarget(), opts
+	case len(l) == 1:
+		// Without this the dns resolver also looks up a service config in TXT records.
+		return "dns:///" + l[0].Addr, append(opts, grpc.WithDisableServiceConfig())
+	}
+	endpoints := make([]resolver.Endpoint, len(l))
+	for i, a := range l {
+		endpoints[i] = resolver.Endpoint{Addresses: []resolver.Address{{Addr: a.String()}}}
+	}
+	return listScheme + ":///localhost", append(opts,
+		grpc.WithResolvers(staticResolver{state: resolver.State{Endpoints: endpoints}}),
+		grpc.WithContextDialer(dialAddress))
+}
+
+// dialAddress dials s, an address in the form Parse reads.
+func dialAddress(ctx context.Context, s string) (net.Conn, error) {
+	a, err := Parse(s)
+	if err != nil {
+		return nil, err
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, a.Network, a.Addr)
+}
+
+// staticResolver is the gRPC resolver and resolver builder of a List of several
+// addresses: it hands the client state, the list, once, and never changes it.
+type staticResolver struct {
+	state resolver.State
+}
+
+// Build hands the list to cc.
+func (r staticResolver) Build(_ resolver.Target, cc resolver.ClientConn, _ resolver.BuildOptions) (resolver.Resolver, error) {
+	// An error here is the balancer refusing the list, which it reports to the RPCs itself.
+	_ = cc.UpdateState(r.state)
+	return staticResolver{}, nil
+}
+
+// Scheme returns the scheme of a List's target.
+func (staticResolver) Scheme() string { return listScheme }
+
+// ResolveNow does nothing: the list does not change.
+func (staticResolver) ResolveNow(resolver.ResolveNowOptions) {}
+
+// Close does nothing.
+func (staticResolver) Close() {}

@@ -214,7 +214,7 @@ func TestBatches(t *testing.T) {
 // TestBatchErrorNamesDocuments checks that nimbus's refusal of a batch, by position in the
 // call, comes out naming the documents.
 func TestBatchErrorNamesDocuments(t *testing.T) {
-	s := &session{addr: address.Address{Network: "unix", Addr: "/run/n.sock"}}
+	s := &session{addr: address.List{{Network: "unix", Addr: "/run/n.sock"}}}
 	srcs := []source{
 		{file: "a.yaml", doc: 7, obj: &nimbusv1.Object{Meta: &nimbusv1.ObjectMeta{Name: "ok"}, Spec: &nimbusv1.Object_Route{}}},
 		{file: "a.yaml", doc: 8, obj: &nimbusv1.Object{Meta: &nimbusv1.ObjectMeta{Name: "x"}, Spec: &nimbusv1.Object_Route{}}},

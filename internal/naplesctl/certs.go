@@ -93,23 +93,27 @@ func (c *cli) transportCredentials() (credentials.TransportCredentials, error) {
 type certsOptions struct {
 	dir         string
 	nodes       []string
+	replicas    []string
 	publisher   string
 	serverHosts []string
 }
 
-// Files certs writes besides one pair per node.
+// Files certs writes besides one pair per node and per replica.
 const (
 	caFile        = "ca"
 	serverFile    = "nimbus"
 	publisherFile = "publisher"
+	// replicaPrefix starts the file name of a replica's pair, so that a replica and a node
+	// of the same host name, as when a host runs both, have a pair each.
+	replicaPrefix = "replica-"
 )
 
 // certsCommand returns the certs command.
 func (c *cli) certsCommand(getenv func(string) string) *cobra.Command {
 	var o certsOptions
 	cmd := &cobra.Command{
-		Use:   "certs [--dir DIR] [--nodes NODE,...] [--publisher NAME] [--server-hosts HOST,...]",
-		Short: "Make a CA and the certificates of nimbus, a publisher and nodes",
+		Use:   "certs [--dir DIR] [--nodes NODE,...] [--replicas NAME,...] [--publisher NAME] [--server-hosts HOST,...]",
+		Short: "Make a CA and the certificates of nimbus, its replicas, a publisher and nodes",
 		Long: `Make a CA and the certificates nimbus, naplesctl and the agents speak mutual TLS with,
 for tests and small deployments. It writes into --dir:
 
@@ -120,12 +124,17 @@ for tests and small deployments. It writes into --dir:
                                  and controllers
   NODE.crt, NODE.key             a node certificate for each of --nodes; on the node,
                                  the agent reads it as /etc/naples/pki/node.crt and .key
+  replica-NAME.crt, .key         for each of --replicas, the certificate of the nimbus
+                                 replica of that --replica-name: its server certificate,
+                                 for the names of nimbus.crt and NAME, and its client
+                                 certificate towards the other replicas
 
 A certificate and key that already exist, were issued by the CA and are what was asked
 for are kept, so certs can run again to add nodes; one that differs is an error until it
 is removed. Keys are written with mode 0600. certs talks to no server.`,
 		Example: `  naplesctl certs --dir /etc/naples/pki --nodes host-a,host-b --server-hosts nimbus.example,10.0.0.1
-  naplesctl certs --dir ./pki --nodes host-c   # adds host-c's certificate, keeps the rest`,
+  naplesctl certs --dir ./pki --nodes host-c   # adds host-c's certificate, keeps the rest
+  naplesctl certs --dir ./pki --replicas nimbus-1,nimbus-2,nimbus-3 --server-hosts nimbus.example`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return c.certs(o)
@@ -133,6 +142,7 @@ is removed. Keys are written with mode 0600. certs talks to no server.`,
 	}
 	cmd.Flags().StringVar(&o.dir, "dir", defaultPKIDir(getenv), "directory to write into; created when missing")
 	cmd.Flags().StringSliceVar(&o.nodes, "nodes", nil, "node names to make node certificates for")
+	cmd.Flags().StringSliceVar(&o.replicas, "replicas", nil, "names of nimbus replicas (their --replica-name) to make replica certificates for")
 	cmd.Flags().StringVar(&o.publisher, "publisher", "admin", "name of the publisher certificate")
 	cmd.Flags().StringSliceVar(&o.serverHosts, "server-hosts", nil, "further DNS names and IP addresses of nimbus's certificate")
 	return cmd
@@ -146,6 +156,14 @@ func (c *cli) certs(o certsOptions) error {
 		}
 		if slices.Contains([]string{caFile, serverFile, publisherFile}, n) {
 			return fmt.Errorf("--nodes: node %q would overwrite %s.crt; rename the node", n, n)
+		}
+	}
+	for _, r := range o.replicas {
+		if r == "" || strings.ContainsAny(r, `/\`) {
+			return fmt.Errorf("--replicas: replica name %q: must be a non-empty name without '/' or '\\'", r)
+		}
+		if slices.Contains(o.nodes, replicaPrefix+r) {
+			return fmt.Errorf("--replicas: replica %q would overwrite node %q's %s%s.crt; rename one of them", r, replicaPrefix+r, replicaPrefix, r)
 		}
 	}
 	if o.publisher == "" {
@@ -164,12 +182,7 @@ func (c *cli) certs(o certsOptions) error {
 			if !slices.Contains(cert.ExtKeyUsage, x509.ExtKeyUsageServerAuth) {
 				return errors.New("not a server certificate")
 			}
-			for _, h := range servers {
-				if err := cert.VerifyHostname(h); err != nil {
-					return err
-				}
-			}
-			return nil
+			return verifyHostnames(cert, servers)
 		},
 		func() (pki.KeyPair, error) { return ca.IssueServer(o.serverHosts, pki.CertOptions{}) },
 	); err != nil {
@@ -186,6 +199,35 @@ func (c *cli) certs(o certsOptions) error {
 			wantIdentity(pki.Identity{Role: pki.RoleNode, Name: n}),
 			func() (pki.KeyPair, error) { return ca.IssueNode(n, pki.CertOptions{}) },
 		); err != nil {
+			return err
+		}
+	}
+	for _, r := range o.replicas {
+		names := append(slices.Clone(servers), r)
+		if err := c.ensureCert(ca, o.dir, replicaPrefix+r, fmt.Sprintf("replica certificate for %q, for %s", r, strings.Join(names, ", ")),
+			func(cert *x509.Certificate) error {
+				if err := wantIdentity(pki.Identity{Role: pki.RoleReplica, Name: r})(cert); err != nil {
+					return err
+				}
+				for _, u := range []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth} {
+					if !slices.Contains(cert.ExtKeyUsage, u) {
+						return errors.New("not for both server and client authentication")
+					}
+				}
+				return verifyHostnames(cert, names)
+			},
+			func() (pki.KeyPair, error) { return ca.IssueReplica(r, o.serverHosts, pki.CertOptions{}) },
+		); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// verifyHostnames checks that the certificate is valid for every one of names.
+func verifyHostnames(cert *x509.Certificate, names []string) error {
+	for _, h := range names {
+		if err := cert.VerifyHostname(h); err != nil {
 			return err
 		}
 	}

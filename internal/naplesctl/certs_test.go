@@ -109,6 +109,59 @@ func TestCerts(t *testing.T) {
 	}
 }
 
+func TestCertsReplicas(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "pki")
+	// nimbus-1 is also a node: a host may run a replica and an agent.
+	out, err := tlsCtl(t, nil, "", "certs", "--dir", dir, "--replicas", "nimbus-1,nimbus-2", "--nodes", "nimbus-1",
+		"--server-hosts", "nimbus.example")
+	if err != nil {
+		t.Fatalf("certs: %v", err)
+	}
+	for name, want := range map[string]pki.Identity{
+		"replica-nimbus-1": {Role: pki.RoleReplica, Name: "nimbus-1"},
+		"replica-nimbus-2": {Role: pki.RoleReplica, Name: "nimbus-2"},
+		"nimbus-1":         {Role: pki.RoleNode, Name: "nimbus-1"},
+	} {
+		if !strings.Contains(out, "wrote   "+filepath.Join(dir, name+".crt")) {
+			t.Errorf("output does not say it wrote %s.crt:\n%s", name, out)
+		}
+		if got := pairIdentity(t, dir, name); got != want {
+			t.Errorf("%s.crt names %v, want %v", name, got, want)
+		}
+	}
+	r1, err := pki.LoadKeyPair(filepath.Join(dir, "replica-nimbus-1.crt"), filepath.Join(dir, "replica-nimbus-1.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []string{"nimbus", "localhost", "nimbus.example", "nimbus-1", "127.0.0.1"} {
+		if err := r1.Cert.VerifyHostname(h); err != nil {
+			t.Errorf("replica-nimbus-1.crt: %v", err)
+		}
+	}
+
+	// Served with it, nimbus-1 is a nimbus to naplesctl; presented by nimbus-2, it is
+	// a replica, which may not list objects.
+	vars := map[string]string{
+		ServerEnv:  startTLSNimbusAs(t, dir, "replica-nimbus-1", nimbus.Options{ReplicaName: "nimbus-1"}),
+		TLSCertEnv: filepath.Join(dir, "publisher.crt"), TLSKeyEnv: filepath.Join(dir, "publisher.key"),
+		TLSCAEnv: filepath.Join(dir, "ca.crt"),
+	}
+	if out, err := tlsCtl(t, vars, tlsRoute, "apply", "-f", "-"); err != nil || !strings.Contains(out, "created") {
+		t.Fatalf("apply to the replica = %q, %v; want created", out, err)
+	}
+	_, err = tlsCtl(t, vars, "", "get", "routes",
+		"--tls-cert", filepath.Join(dir, "replica-nimbus-2.crt"), "--tls-key", filepath.Join(dir, "replica-nimbus-2.key"))
+	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), `replica "nimbus-2" may not call List`) {
+		t.Errorf("get with nimbus-2's replica certificate = %v, want PermissionDenied naming the replica", err)
+	}
+
+	// Again: the replica certificates are kept.
+	out, err = tlsCtl(t, nil, "", "certs", "--dir", dir, "--replicas", "nimbus-2", "--server-hosts", "nimbus.example")
+	if err != nil || !strings.Contains(out, "kept    "+filepath.Join(dir, "replica-nimbus-2.crt")) {
+		t.Errorf("certs again = %v, want replica-nimbus-2.crt kept:\n%s", err, out)
+	}
+}
+
 func TestCertsRefuses(t *testing.T) {
 	dir := t.TempDir()
 	if _, err := tlsCtl(t, nil, "", "certs", "--dir", dir, "--nodes", "host-a"); err != nil {
@@ -127,6 +180,8 @@ func TestCertsRefuses(t *testing.T) {
 		{"a certificate without its key", []string{"--nodes", "host-a"}, filepath.Join(dir, "host-a.key")},
 		{"a node named like a fixed file", []string{"--nodes", "nimbus"}, `"nimbus"`},
 		{"a bad node name", []string{"--nodes", "Host_A"}, "Host_A"},
+		{"a replica name with a slash", []string{"--replicas", "a/b"}, `"a/b"`},
+		{"a replica and a node of one file", []string{"--replicas", "x", "--nodes", "replica-x"}, "replica-x"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := tlsCtl(t, nil, "", append([]string{"certs", "--dir", dir}, tc.args...)...)
@@ -141,11 +196,19 @@ func TestCertsRefuses(t *testing.T) {
 // unix socket, until the test ends, and returns its address.
 func startTLSNimbus(t *testing.T, dir string) string {
 	t.Helper()
-	cfg, err := pki.ServerConfig(filepath.Join(dir, "nimbus.crt"), filepath.Join(dir, "nimbus.key"), filepath.Join(dir, "ca.crt"))
+	return startTLSNimbusAs(t, dir, "nimbus", nimbus.Options{})
+}
+
+// startTLSNimbusAs is startTLSNimbus with the pair name.crt, name.key of dir as the
+// server's certificate and opts.
+func startTLSNimbusAs(t *testing.T, dir, name string, opts nimbus.Options) string {
+	t.Helper()
+	cfg, err := pki.ServerConfig(filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key"), filepath.Join(dir, "ca.crt"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := nimbus.New(nimbus.Options{Logger: slog.New(slog.DiscardHandler), TLS: cfg})
+	opts.Logger, opts.TLS = slog.New(slog.DiscardHandler), cfg
+	srv, err := nimbus.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

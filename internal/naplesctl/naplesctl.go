@@ -89,10 +89,11 @@ Objects are written as YAML or JSON manifests:
 		server = DefaultServer
 	}
 	root.PersistentFlags().StringVar(&c.server, "server", server,
-		"nimbus address, unix:///path or tcp://host:port; $"+ServerEnv+" sets the default")
+		"nimbus address, unix:///path or tcp://host:port, or a comma-separated list of the replicas' addresses; $"+ServerEnv+" sets the default")
 	c.addAgentFlag(root, getenv)
 	c.addTLSFlags(root, getenv)
 	root.AddCommand(c.certsCommand(getenv))
+	c.addVersion(root)
 	root.AddCommand(c.applyCommand(), c.getCommand(), c.deleteCommand(), c.describeCommand(), c.waitCommand(), c.delphiCommand(), c.dataplaneCommand(), c.bpfCommand())
 
 	if args == nil {
@@ -109,13 +110,15 @@ Objects are written as YAML or JSON manifests:
 type session struct {
 	nimbus nimbusv1.NimbusClient
 	conn   *grpc.ClientConn
-	addr   address.Address
+	// addr is the address, or the replicas' addresses, of --server.
+	addr address.List
 }
 
-// connect returns a session with the server named by --server. The connection is made by
-// the first call; Close the session when done.
+// connect returns a session with the server named by --server, or with one of the
+// replicas it lists, picked at random: when one cannot be reached the next is tried. The
+// connection is made by the first call; Close the session when done.
 func (c *cli) connect() (*session, error) {
-	addr, err := address.Parse(c.server)
+	addr, err := address.ParseList(c.server)
 	if err != nil {
 		return nil, fmt.Errorf("parsing --server: %w", err)
 	}
@@ -123,7 +126,8 @@ func (c *cli) connect() (*session, error) {
 	if err != nil {
 		return nil, err
 	}
-	conn, err := grpc.NewClient(addr.GRPCTarget(), grpc.WithTransportCredentials(creds), codec.Codec{}.DialOption())
+	target, opts := addr.GRPCTarget()
+	conn, err := grpc.NewClient(target, append(opts, grpc.WithTransportCredentials(creds), codec.Codec{}.DialOption())...)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to nimbus at %s: %w", addr, err)
 	}
@@ -147,7 +151,7 @@ func (s *session) rpcError(err error) error {
 // statusError is a gRPC status error of a call to the nimbus at addr.
 type statusError struct {
 	st   *status.Status
-	addr address.Address
+	addr address.List
 }
 
 // Error returns the server's message, with the address or the code where they help.

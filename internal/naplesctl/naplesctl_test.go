@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -384,6 +385,14 @@ func TestUsageErrors(t *testing.T) {
 		{name: "delete with both", args: []string{"delete", "route", "a", "-f", "x.yaml"}, parts: []string{"not both"}},
 		{name: "delete of a bad name", args: []string{"delete", "route", "Bad_Name"}, parts: []string{`key.name "Bad_Name"`}},
 		{name: "bad server", args: []string{"--server", "ftp://x", "get", "routes"}, parts: []string{"parsing --server", `"ftp://x"`}},
+		{name: "bad server in a list", args: []string{"--server", e.server + ",ftp://x", "get", "routes"}, parts: []string{"parsing --server", `"ftp://x"`}},
+		{name: "empty server in a list", args: []string{"--server", e.server + ",", "get", "routes"}, parts: []string{"parsing --server", "address 2 is empty"}},
+		{
+			name: "unreachable servers",
+			args: []string{"--server", "unix://" + filepath.Join(e.dir, "a.sock") + ",unix://" + filepath.Join(e.dir, "b.sock"), "get", "routes"},
+			parts: []string{"listing Route objects",
+				"nimbus at unix://" + filepath.Join(e.dir, "a.sock") + ",unix://" + filepath.Join(e.dir, "b.sock") + " is unavailable"},
+		},
 		{
 			name:  "unreachable server",
 			args:  []string{"--server", "unix://" + filepath.Join(e.dir, "nobody.sock"), "get", "routes"},
@@ -421,8 +430,26 @@ func TestServerFlag(t *testing.T) {
 	}
 }
 
+// TestServerList gives --server a dead replica and a live one: each command reaches the
+// live one, whichever of the two it tries first.
+func TestServerList(t *testing.T) {
+	e := newEnv(t)
+	list := "unix://" + filepath.Join(e.dir, "dead.sock") + "," + e.server
+	e.ok("--server", list, "apply", "-f", e.file("r.yaml", routeYAML("to-dc2", "198.51.100.0/24", "10.10.0.2")))
+	if got := e.routes(); !slices.Equal(got, []string{"to-dc2"}) {
+		t.Fatalf("after an apply through %s nimbus holds routes %v, want [to-dc2]", list, got)
+	}
+	// Each command picks its first address at random: 8 commands all picking the live one
+	// first is a chance of 1 in 256, and then the dead one was not tried.
+	for range 8 {
+		if out := e.ok("--server", list, "get", "route", "to-dc2", "-o", "json"); !strings.Contains(out, "198.51.100.0/24") {
+			t.Fatalf("get through %s printed:\n%s", list, out)
+		}
+	}
+}
+
 func TestStatusErrorKeepsMessage(t *testing.T) {
-	s := &session{addr: address.Address{Network: "unix", Addr: "/run/n.sock"}}
+	s := &session{addr: address.List{{Network: "unix", Addr: "/run/n.sock"}}}
 	msg := `spec.prefix "10.0.0.0/33": prefix length out of range`
 	err := fmt.Errorf("applying route/bad: %w", s.rpcError(status.Error(codes.InvalidArgument, msg)))
 	equal(t, "invalid argument", err.Error(), "applying route/bad: "+msg)

@@ -11,8 +11,10 @@
 //     name as nimbus knows it, such as "host-a".
 //   - "naples:publisher" ([OrganizationPublisher]): a publisher, a controller or an operator
 //     with naplesctl, named by the CommonName.
+//   - "naples:replica" ([OrganizationReplica]): a nimbus replica, named by the CommonName,
+//     its replica name; it pushes what its agents report to the other replicas.
 //
-// A certificate that claims both or neither names no identity. [IdentityOf] reads the
+// A certificate that claims more than one of them, or none, names no identity. [IdentityOf] reads the
 // identity of a certificate; nimbus decides what each identity may do.
 //
 // # Certificates
@@ -22,7 +24,9 @@
 // client authentication only. The server certificate is for server authentication and
 // always names [DefaultServerName] ("nimbus"), "localhost", 127.0.0.1 and ::1 besides the
 // hosts it is issued for, so clients reaching nimbus over a unix socket or a loopback
-// address verify it with ServerName "nimbus", the default of [ClientConfig].
+// address verify it with ServerName "nimbus", the default of [ClientConfig]. A replica
+// certificate is both: the server certificate of one nimbus replica, with the same names
+// and the replica's name besides, and its client certificate towards the other replicas.
 //
 // Certificates and keys are stored in PEM files: certificates as CERTIFICATE blocks, keys
 // as PKCS #8 PRIVATE KEY blocks in files of mode 0600.

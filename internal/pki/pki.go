@@ -12,6 +12,7 @@ import (
 	"math/big"
 	"net"
 	"slices"
+	"strings"
 	"time"
 
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -23,6 +24,8 @@ const (
 	OrganizationNode = "naples:node"
 	// OrganizationPublisher is the Organization of a publisher's certificate.
 	OrganizationPublisher = "naples:publisher"
+	// OrganizationReplica is the Organization of a nimbus replica's certificate.
+	OrganizationReplica = "naples:replica"
 	// OrganizationCA is the Organization of the CA certificate NewCA makes.
 	OrganizationCA = "naples"
 
@@ -57,15 +60,20 @@ const (
 	RoleNode Role = iota + 1
 	// RolePublisher is a publisher: it applies, deletes and reads objects.
 	RolePublisher
+	// RoleReplica is a nimbus replica: it pushes the statuses its agents report to the
+	// other replicas.
+	RoleReplica
 )
 
-// String returns "node", "publisher" or "none".
+// String returns "node", "publisher", "replica" or "none".
 func (r Role) String() string {
 	switch r {
 	case RoleNode:
 		return "node"
 	case RolePublisher:
 		return "publisher"
+	case RoleReplica:
+		return "replica"
 	}
 	return "none"
 }
@@ -73,7 +81,7 @@ func (r Role) String() string {
 // Identity is who a certificate names.
 type Identity struct {
 	Role Role
-	// Name is the node's name or the publisher's name.
+	// Name is the node's, the publisher's or the replica's name.
 	Name string
 }
 
@@ -82,14 +90,22 @@ func (id Identity) String() string { return fmt.Sprintf("%s %q", id.Role, id.Nam
 
 // IdentityOf returns the identity a certificate names: its role from the Organization and
 // its name from the CommonName, or for a node without one its single DNS name. Its error
-// wraps ErrNoIdentity when the certificate claims no role, both roles or no valid name.
+// wraps ErrNoIdentity when the certificate claims no role, more than one role or no valid
+// name.
 func IdentityOf(cert *x509.Certificate) (Identity, error) {
-	node := slices.Contains(cert.Subject.Organization, OrganizationNode)
-	publisher := slices.Contains(cert.Subject.Organization, OrganizationPublisher)
+	var roles []string
+	for _, org := range []string{OrganizationNode, OrganizationPublisher, OrganizationReplica} {
+		if slices.Contains(cert.Subject.Organization, org) {
+			roles = append(roles, org)
+		}
+	}
+	node := slices.Contains(roles, OrganizationNode)
+	publisher := slices.Contains(roles, OrganizationPublisher)
+	replica := slices.Contains(roles, OrganizationReplica)
 	cn := cert.Subject.CommonName
 	switch {
-	case node && publisher:
-		return Identity{}, fmt.Errorf("certificate %q is both %s and %s: %w", cn, OrganizationNode, OrganizationPublisher, ErrNoIdentity)
+	case len(roles) > 1:
+		return Identity{}, fmt.Errorf("certificate %q claims the roles %s: %w", cn, strings.Join(roles, " and "), ErrNoIdentity)
 	case node:
 		name := cn
 		if name == "" && len(cert.DNSNames) == 1 {
@@ -104,9 +120,14 @@ func IdentityOf(cert *x509.Certificate) (Identity, error) {
 			return Identity{}, fmt.Errorf("publisher certificate without a common name: %w", ErrNoIdentity)
 		}
 		return Identity{Role: RolePublisher, Name: cn}, nil
+	case replica:
+		if cn == "" {
+			return Identity{}, fmt.Errorf("replica certificate without a common name: %w", ErrNoIdentity)
+		}
+		return Identity{Role: RoleReplica, Name: cn}, nil
 	}
-	return Identity{}, fmt.Errorf("certificate %q (organization %q): want organization %s or %s: %w",
-		cn, cert.Subject.Organization, OrganizationNode, OrganizationPublisher, ErrNoIdentity)
+	return Identity{}, fmt.Errorf("certificate %q (organization %q): want organization %s, %s or %s: %w",
+		cn, cert.Subject.Organization, OrganizationNode, OrganizationPublisher, OrganizationReplica, ErrNoIdentity)
 }
 
 // KeyPair is a certificate and its private key.
@@ -208,14 +229,45 @@ func (ca *CA) IssuePublisher(name string, opts CertOptions) (KeyPair, error) {
 func (ca *CA) IssueServer(hosts []string, opts CertOptions) (KeyPair, error) {
 	tmpl := &x509.Certificate{
 		Subject:     pkix.Name{CommonName: DefaultServerName, Organization: []string{OrganizationCA}},
-		DNSNames:    []string{DefaultServerName, "localhost"},
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}
+	if err := addServerNames(tmpl, hosts); err != nil {
+		return KeyPair{}, fmt.Errorf("issuing server certificate: %w", err)
+	}
+	return ca.issue(tmpl, opts)
+}
+
+// IssueReplica issues the certificate of the named nimbus replica, which the replica
+// serves with and presents to its peers alike: the CommonName is the name, the
+// Organization is OrganizationReplica, it is for server and client authentication, and
+// its names are those of IssueServer's certificates (DefaultServerName, "localhost",
+// 127.0.0.1, ::1), the replica's name and each of hosts, a DNS name or an IP address. So
+// agents and publishers verify it as they verify any nimbus, and replicas verify each
+// other with ServerName DefaultServerName.
+func (ca *CA) IssueReplica(name string, hosts []string, opts CertOptions) (KeyPair, error) {
+	if name == "" {
+		return KeyPair{}, errors.New("issuing replica certificate: name is required")
+	}
+	tmpl := &x509.Certificate{
+		Subject:     pkix.Name{CommonName: name, Organization: []string{OrganizationReplica}},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	if err := addServerNames(tmpl, append([]string{name}, hosts...)); err != nil {
+		return KeyPair{}, fmt.Errorf("issuing replica certificate %q: %w", name, err)
+	}
+	return ca.issue(tmpl, opts)
+}
+
+// addServerNames gives tmpl the names every server certificate carries,
+// DefaultServerName, "localhost", 127.0.0.1 and ::1, and each of hosts, a DNS name or an
+// IP address, each once.
+func addServerNames(tmpl *x509.Certificate, hosts []string) error {
+	tmpl.DNSNames = []string{DefaultServerName, "localhost"}
+	tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
 	for _, h := range hosts {
 		switch ip := net.ParseIP(h); {
 		case h == "":
-			return KeyPair{}, errors.New("issuing server certificate: empty host name")
+			return errors.New("empty host name")
 		case ip != nil:
 			if !slices.ContainsFunc(tmpl.IPAddresses, ip.Equal) {
 				tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
@@ -226,7 +278,7 @@ func (ca *CA) IssueServer(hosts []string, opts CertOptions) (KeyPair, error) {
 			}
 		}
 	}
-	return ca.issue(tmpl, opts)
+	return nil
 }
 
 // issue completes tmpl with a serial, validity and key usage, and signs a fresh key.

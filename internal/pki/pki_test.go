@@ -105,6 +105,21 @@ func TestIssue(t *testing.T) {
 		t.Errorf("server certificate identity error = %v, want ErrNoIdentity", err)
 	}
 
+	replica := must[KeyPair](t)(ca.IssueReplica("nimbus-1", []string{"10.0.0.2", "nimbus.example"}, CertOptions{}))
+	for _, usage := range []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth} {
+		for _, name := range []string{DefaultServerName, "localhost", "nimbus-1", "nimbus.example", "127.0.0.1", "10.0.0.2"} {
+			if err := verify(ca, replica.Cert, usage, name); err != nil {
+				t.Errorf("replica certificate does not verify for %v as %s: %v", usage, name, err)
+			}
+		}
+	}
+	if got := must[Identity](t)(IdentityOf(replica.Cert)); got != (Identity{Role: RoleReplica, Name: "nimbus-1"}) {
+		t.Errorf("replica certificate identity = %v, want replica nimbus-1", got)
+	}
+	if _, err := ca.IssueReplica("", nil, CertOptions{}); err == nil {
+		t.Error("IssueReplica(\"\") succeeded, want an error")
+	}
+
 	if _, err := ca.IssueNode("Host_A", CertOptions{}); err == nil || !strings.Contains(err.Error(), "Host_A") {
 		t.Errorf("IssueNode(Host_A) = %v, want an error naming the bad name", err)
 	}
@@ -131,7 +146,10 @@ func TestIdentityOf(t *testing.T) {
 		{name: "node", cert: cert("host-a", []string{OrganizationNode}), want: Identity{RoleNode, "host-a"}},
 		{name: "node named by its DNS name", cert: withDNS(cert("", []string{OrganizationNode}), "host-b"), want: Identity{RoleNode, "host-b"}},
 		{name: "publisher", cert: cert("ops", []string{"acme", OrganizationPublisher}), want: Identity{RolePublisher, "ops"}},
+		{name: "replica", cert: cert("nimbus-1", []string{OrganizationReplica}), want: Identity{RoleReplica, "nimbus-1"}},
 		{name: "both roles", cert: cert("x", []string{OrganizationNode, OrganizationPublisher}), wantFail: true},
+		{name: "replica and publisher", cert: cert("x", []string{OrganizationReplica, OrganizationPublisher}), wantFail: true},
+		{name: "replica without a name", cert: cert("", []string{OrganizationReplica}), wantFail: true},
 		{name: "no role", cert: cert("host-a", []string{"acme"}), wantFail: true},
 		{name: "bad node name", cert: cert("Host A", []string{OrganizationNode}), wantFail: true},
 		{name: "node without a name", cert: withDNS(cert("", []string{OrganizationNode}), "a", "b"), wantFail: true},
@@ -253,6 +271,8 @@ func files(t *testing.T, dir string, ca *CA, names ...string) {
 			kp = must[KeyPair](t)(ca.IssueServer(nil, CertOptions{}))
 		case "publisher":
 			kp = must[KeyPair](t)(ca.IssuePublisher("admin", CertOptions{}))
+		case "replica-a", "replica-b":
+			kp = must[KeyPair](t)(ca.IssueReplica(n, nil, CertOptions{}))
 		default:
 			kp = must[KeyPair](t)(ca.IssueNode(n, CertOptions{}))
 		}
@@ -328,6 +348,20 @@ func TestTLSConfigs(t *testing.T) {
 			t.Fatalf("handshake: %v, peer %v", err, peer)
 		}
 	})
+	t.Run("replica to replica", func(t *testing.T) {
+		// One certificate serves and dials: replica-b's server config accepts
+		// replica-a's client config, which verifies replica-b as nimbus.
+		files(t, dir, ca, "replica-a", "replica-b")
+		b := must[*tls.Config](t)(ServerConfig(p("replica-b.crt"), p("replica-b.key"), p("ca.crt")))
+		a := must[*tls.Config](t)(ClientConfig(p("replica-a.crt"), p("replica-a.key"), p("ca.crt"), ""))
+		peer, err := handshake(t, b, a)
+		if err != nil {
+			t.Fatalf("handshake: %v", err)
+		}
+		if id, _ := IdentityOf(peer); id != (Identity{RoleReplica, "replica-a"}) {
+			t.Errorf("replica-b sees %v, want replica replica-a", id)
+		}
+	})
 	t.Run("wrong server name", func(t *testing.T) {
 		client := must[*tls.Config](t)(ClientConfig(p("host-a.crt"), p("host-a.key"), p("ca.crt"), "elsewhere.example"))
 		if _, err := handshake(t, server, client); err == nil {
@@ -352,8 +386,8 @@ func TestTLSConfigs(t *testing.T) {
 }
 
 func TestRoleString(t *testing.T) {
-	got := []string{Role(0).String(), RoleNode.String(), RolePublisher.String()}
-	if want := []string{"none", "node", "publisher"}; !slices.Equal(got, want) {
+	got := []string{Role(0).String(), RoleNode.String(), RolePublisher.String(), RoleReplica.String()}
+	if want := []string{"none", "node", "publisher", "replica"}; !slices.Equal(got, want) {
 		t.Errorf("roles = %q, want %q", got, want)
 	}
 	if got := (Identity{RoleNode, "host-a"}).String(); got != `node "host-a"` {

@@ -2747,6 +2747,186 @@ func (*ReportStatusResponse) Descriptor() ([]byte, []int) {
 	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{35}
 }
 
+// PeerFrame is one frame of the stream on which a nimbus replica pushes to a peer replica
+// what its own agents told it: their status reports and which of them watch it. The
+// first frame names the sender; the frames of a stream that follows start with the
+// sender's full state, then carry its changes as they happen.
+type PeerFrame struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// replica names the sending replica. It is set on the first frame of a stream and may
+	// be left out of the others; when set, it must not change.
+	Replica string `protobuf:"bytes,1,opt,name=replica,proto3" json:"replica,omitempty"`
+	// revision is the sender's store revision when it built the frame. Every report in the
+	// frame is for an object the sender held at that revision: the receiver waits until its
+	// own store has caught up with it before it takes the reports.
+	Revision uint64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	// reports are status reports the sender's agents sent it, each with its node's status
+	// as the sender keeps it (update_time set).
+	Reports []*StatusReport `protobuf:"bytes,3,rep,name=reports,proto3" json:"reports,omitempty"`
+	// presence tells, per node, how many watch streams the node has open on the sender.
+	Presence      []*PeerPresence `protobuf:"bytes,4,rep,name=presence,proto3" json:"presence,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeerFrame) Reset() {
+	*x = PeerFrame{}
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerFrame) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerFrame) ProtoMessage() {}
+
+func (x *PeerFrame) ProtoReflect() protoreflect.Message {
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerFrame.ProtoReflect.Descriptor instead.
+func (*PeerFrame) Descriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *PeerFrame) GetReplica() string {
+	if x != nil {
+		return x.Replica
+	}
+	return ""
+}
+
+func (x *PeerFrame) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *PeerFrame) GetReports() []*StatusReport {
+	if x != nil {
+		return x.Reports
+	}
+	return nil
+}
+
+func (x *PeerFrame) GetPresence() []*PeerPresence {
+	if x != nil {
+		return x.Presence
+	}
+	return nil
+}
+
+// PeerPresence is whether, and since when, a node watches the sending replica.
+type PeerPresence struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// streams is how many watch streams of the node are open on the sender.
+	Streams int32 `protobuf:"varint,2,opt,name=streams,proto3" json:"streams,omitempty"`
+	// since is when the node's last watch stream ended as the sender knows it; unset when
+	// the sender has no such time.
+	Since         *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=since,proto3" json:"since,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeerPresence) Reset() {
+	*x = PeerPresence{}
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerPresence) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerPresence) ProtoMessage() {}
+
+func (x *PeerPresence) ProtoReflect() protoreflect.Message {
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerPresence.ProtoReflect.Descriptor instead.
+func (*PeerPresence) Descriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *PeerPresence) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *PeerPresence) GetStreams() int32 {
+	if x != nil {
+		return x.Streams
+	}
+	return 0
+}
+
+func (x *PeerPresence) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+type PeerStatusResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeerStatusResponse) Reset() {
+	*x = PeerStatusResponse{}
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerStatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerStatusResponse) ProtoMessage() {}
+
+func (x *PeerStatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerStatusResponse.ProtoReflect.Descriptor instead.
+func (*PeerStatusResponse) Descriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{38}
+}
+
 var File_nimbus_v1_nimbus_proto protoreflect.FileDescriptor
 
 const file_nimbus_v1_nimbus_proto_rawDesc = "" +
@@ -2948,7 +3128,17 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\fStatusReport\x12&\n" +
 	"\x03key\x18\x01 \x01(\v2\x14.nimbus.v1.ObjectKeyR\x03key\x12-\n" +
 	"\x06status\x18\x02 \x01(\v2\x15.nimbus.v1.NodeStatusR\x06status\"\x16\n" +
-	"\x14ReportStatusResponse*\xaf\x01\n" +
+	"\x14ReportStatusResponse\"\xa9\x01\n" +
+	"\tPeerFrame\x12\x18\n" +
+	"\areplica\x18\x01 \x01(\tR\areplica\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\x121\n" +
+	"\areports\x18\x03 \x03(\v2\x17.nimbus.v1.StatusReportR\areports\x123\n" +
+	"\bpresence\x18\x04 \x03(\v2\x17.nimbus.v1.PeerPresenceR\bpresence\"n\n" +
+	"\fPeerPresence\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
+	"\astreams\x18\x02 \x01(\x05R\astreams\x120\n" +
+	"\x05since\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\"\x14\n" +
+	"\x12PeerStatusResponse*\xaf\x01\n" +
 	"\x04Kind\x12\x14\n" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tKIND_NODE\x10\x01\x12\x10\n" +
@@ -2963,7 +3153,7 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\x11PHASE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rPHASE_PENDING\x10\x01\x12\x14\n" +
 	"\x10PHASE_PROGRAMMED\x10\x02\x12\x10\n" +
-	"\fPHASE_FAILED\x10\x032\xda\x04\n" +
+	"\fPHASE_FAILED\x10\x032\x9f\x05\n" +
 	"\x06Nimbus\x12:\n" +
 	"\x05Apply\x12\x17.nimbus.v1.ApplyRequest\x1a\x18.nimbus.v1.ApplyResponse\x12I\n" +
 	"\n" +
@@ -2974,7 +3164,9 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\x04List\x12\x16.nimbus.v1.ListRequest\x1a\x17.nimbus.v1.ListResponse\x129\n" +
 	"\x05Watch\x12\x17.nimbus.v1.WatchRequest\x1a\x15.nimbus.v1.WatchFrame0\x01\x12F\n" +
 	"\vWatchStatus\x12\x1d.nimbus.v1.WatchStatusRequest\x1a\x16.nimbus.v1.StatusFrame0\x01\x12J\n" +
-	"\fReportStatus\x12\x17.nimbus.v1.StatusReport\x1a\x1f.nimbus.v1.ReportStatusResponse(\x01B6Z4github.com/naplesnet/naples/proto/nimbus/v1;nimbusv1b\x06proto3"
+	"\fReportStatus\x12\x17.nimbus.v1.StatusReport\x1a\x1f.nimbus.v1.ReportStatusResponse(\x01\x12C\n" +
+	"\n" +
+	"PeerStatus\x12\x14.nimbus.v1.PeerFrame\x1a\x1d.nimbus.v1.PeerStatusResponse(\x01B6Z4github.com/naplesnet/naples/proto/nimbus/v1;nimbusv1b\x06proto3"
 
 var (
 	file_nimbus_v1_nimbus_proto_rawDescOnce sync.Once
@@ -2989,7 +3181,7 @@ func file_nimbus_v1_nimbus_proto_rawDescGZIP() []byte {
 }
 
 var file_nimbus_v1_nimbus_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_nimbus_v1_nimbus_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_nimbus_v1_nimbus_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_nimbus_v1_nimbus_proto_goTypes = []any{
 	(Kind)(0),                         // 0: nimbus.v1.Kind
 	(Phase)(0),                        // 1: nimbus.v1.Phase
@@ -3032,15 +3224,18 @@ var file_nimbus_v1_nimbus_proto_goTypes = []any{
 	(*StatusFrame)(nil),               // 38: nimbus.v1.StatusFrame
 	(*StatusReport)(nil),              // 39: nimbus.v1.StatusReport
 	(*ReportStatusResponse)(nil),      // 40: nimbus.v1.ReportStatusResponse
-	nil,                               // 41: nimbus.v1.ObjectMeta.LabelsEntry
-	nil,                               // 42: nimbus.v1.NodeStatus.OperationalEntry
-	(*timestamppb.Timestamp)(nil),     // 43: google.protobuf.Timestamp
+	(*PeerFrame)(nil),                 // 41: nimbus.v1.PeerFrame
+	(*PeerPresence)(nil),              // 42: nimbus.v1.PeerPresence
+	(*PeerStatusResponse)(nil),        // 43: nimbus.v1.PeerStatusResponse
+	nil,                               // 44: nimbus.v1.ObjectMeta.LabelsEntry
+	nil,                               // 45: nimbus.v1.NodeStatus.OperationalEntry
+	(*timestamppb.Timestamp)(nil),     // 46: google.protobuf.Timestamp
 }
 var file_nimbus_v1_nimbus_proto_depIdxs = []int32{
 	0,  // 0: nimbus.v1.ObjectKey.kind:type_name -> nimbus.v1.Kind
-	41, // 1: nimbus.v1.ObjectMeta.labels:type_name -> nimbus.v1.ObjectMeta.LabelsEntry
-	43, // 2: nimbus.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
-	43, // 3: nimbus.v1.ObjectMeta.update_time:type_name -> google.protobuf.Timestamp
+	44, // 1: nimbus.v1.ObjectMeta.labels:type_name -> nimbus.v1.ObjectMeta.LabelsEntry
+	46, // 2: nimbus.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
+	46, // 3: nimbus.v1.ObjectMeta.update_time:type_name -> google.protobuf.Timestamp
 	6,  // 4: nimbus.v1.Object.meta:type_name -> nimbus.v1.ObjectMeta
 	8,  // 5: nimbus.v1.Object.node:type_name -> nimbus.v1.NodeSpec
 	9,  // 6: nimbus.v1.Object.network:type_name -> nimbus.v1.NetworkSpec
@@ -3055,10 +3250,10 @@ var file_nimbus_v1_nimbus_proto_depIdxs = []int32{
 	2,  // 15: nimbus.v1.PolicyRule.action:type_name -> nimbus.v1.PolicyRule.Action
 	16, // 16: nimbus.v1.RouteSpec.nexthops:type_name -> nimbus.v1.NextHop
 	1,  // 17: nimbus.v1.NodeStatus.phase:type_name -> nimbus.v1.Phase
-	43, // 18: nimbus.v1.NodeStatus.update_time:type_name -> google.protobuf.Timestamp
-	42, // 19: nimbus.v1.NodeStatus.operational:type_name -> nimbus.v1.NodeStatus.OperationalEntry
+	46, // 18: nimbus.v1.NodeStatus.update_time:type_name -> google.protobuf.Timestamp
+	45, // 19: nimbus.v1.NodeStatus.operational:type_name -> nimbus.v1.NodeStatus.OperationalEntry
 	18, // 20: nimbus.v1.ObjectStatus.nodes:type_name -> nimbus.v1.NodeStatus
-	43, // 21: nimbus.v1.ObjectStatus.caught_up_time:type_name -> google.protobuf.Timestamp
+	46, // 21: nimbus.v1.ObjectStatus.caught_up_time:type_name -> google.protobuf.Timestamp
 	7,  // 22: nimbus.v1.ObjectWithStatus.object:type_name -> nimbus.v1.Object
 	19, // 23: nimbus.v1.ObjectWithStatus.status:type_name -> nimbus.v1.ObjectStatus
 	7,  // 24: nimbus.v1.ApplyRequest.object:type_name -> nimbus.v1.Object
@@ -3083,29 +3278,34 @@ var file_nimbus_v1_nimbus_proto_depIdxs = []int32{
 	37, // 43: nimbus.v1.StatusFrame.events:type_name -> nimbus.v1.StatusEvent
 	5,  // 44: nimbus.v1.StatusReport.key:type_name -> nimbus.v1.ObjectKey
 	18, // 45: nimbus.v1.StatusReport.status:type_name -> nimbus.v1.NodeStatus
-	21, // 46: nimbus.v1.Nimbus.Apply:input_type -> nimbus.v1.ApplyRequest
-	25, // 47: nimbus.v1.Nimbus.ApplyBatch:input_type -> nimbus.v1.ApplyBatchRequest
-	23, // 48: nimbus.v1.Nimbus.Delete:input_type -> nimbus.v1.DeleteRequest
-	27, // 49: nimbus.v1.Nimbus.DeleteBatch:input_type -> nimbus.v1.DeleteBatchRequest
-	29, // 50: nimbus.v1.Nimbus.Get:input_type -> nimbus.v1.GetRequest
-	31, // 51: nimbus.v1.Nimbus.List:input_type -> nimbus.v1.ListRequest
-	33, // 52: nimbus.v1.Nimbus.Watch:input_type -> nimbus.v1.WatchRequest
-	36, // 53: nimbus.v1.Nimbus.WatchStatus:input_type -> nimbus.v1.WatchStatusRequest
-	39, // 54: nimbus.v1.Nimbus.ReportStatus:input_type -> nimbus.v1.StatusReport
-	22, // 55: nimbus.v1.Nimbus.Apply:output_type -> nimbus.v1.ApplyResponse
-	26, // 56: nimbus.v1.Nimbus.ApplyBatch:output_type -> nimbus.v1.ApplyBatchResponse
-	24, // 57: nimbus.v1.Nimbus.Delete:output_type -> nimbus.v1.DeleteResponse
-	28, // 58: nimbus.v1.Nimbus.DeleteBatch:output_type -> nimbus.v1.DeleteBatchResponse
-	30, // 59: nimbus.v1.Nimbus.Get:output_type -> nimbus.v1.GetResponse
-	32, // 60: nimbus.v1.Nimbus.List:output_type -> nimbus.v1.ListResponse
-	35, // 61: nimbus.v1.Nimbus.Watch:output_type -> nimbus.v1.WatchFrame
-	38, // 62: nimbus.v1.Nimbus.WatchStatus:output_type -> nimbus.v1.StatusFrame
-	40, // 63: nimbus.v1.Nimbus.ReportStatus:output_type -> nimbus.v1.ReportStatusResponse
-	55, // [55:64] is the sub-list for method output_type
-	46, // [46:55] is the sub-list for method input_type
-	46, // [46:46] is the sub-list for extension type_name
-	46, // [46:46] is the sub-list for extension extendee
-	0,  // [0:46] is the sub-list for field type_name
+	39, // 46: nimbus.v1.PeerFrame.reports:type_name -> nimbus.v1.StatusReport
+	42, // 47: nimbus.v1.PeerFrame.presence:type_name -> nimbus.v1.PeerPresence
+	46, // 48: nimbus.v1.PeerPresence.since:type_name -> google.protobuf.Timestamp
+	21, // 49: nimbus.v1.Nimbus.Apply:input_type -> nimbus.v1.ApplyRequest
+	25, // 50: nimbus.v1.Nimbus.ApplyBatch:input_type -> nimbus.v1.ApplyBatchRequest
+	23, // 51: nimbus.v1.Nimbus.Delete:input_type -> nimbus.v1.DeleteRequest
+	27, // 52: nimbus.v1.Nimbus.DeleteBatch:input_type -> nimbus.v1.DeleteBatchRequest
+	29, // 53: nimbus.v1.Nimbus.Get:input_type -> nimbus.v1.GetRequest
+	31, // 54: nimbus.v1.Nimbus.List:input_type -> nimbus.v1.ListRequest
+	33, // 55: nimbus.v1.Nimbus.Watch:input_type -> nimbus.v1.WatchRequest
+	36, // 56: nimbus.v1.Nimbus.WatchStatus:input_type -> nimbus.v1.WatchStatusRequest
+	39, // 57: nimbus.v1.Nimbus.ReportStatus:input_type -> nimbus.v1.StatusReport
+	41, // 58: nimbus.v1.Nimbus.PeerStatus:input_type -> nimbus.v1.PeerFrame
+	22, // 59: nimbus.v1.Nimbus.Apply:output_type -> nimbus.v1.ApplyResponse
+	26, // 60: nimbus.v1.Nimbus.ApplyBatch:output_type -> nimbus.v1.ApplyBatchResponse
+	24, // 61: nimbus.v1.Nimbus.Delete:output_type -> nimbus.v1.DeleteResponse
+	28, // 62: nimbus.v1.Nimbus.DeleteBatch:output_type -> nimbus.v1.DeleteBatchResponse
+	30, // 63: nimbus.v1.Nimbus.Get:output_type -> nimbus.v1.GetResponse
+	32, // 64: nimbus.v1.Nimbus.List:output_type -> nimbus.v1.ListResponse
+	35, // 65: nimbus.v1.Nimbus.Watch:output_type -> nimbus.v1.WatchFrame
+	38, // 66: nimbus.v1.Nimbus.WatchStatus:output_type -> nimbus.v1.StatusFrame
+	40, // 67: nimbus.v1.Nimbus.ReportStatus:output_type -> nimbus.v1.ReportStatusResponse
+	43, // 68: nimbus.v1.Nimbus.PeerStatus:output_type -> nimbus.v1.PeerStatusResponse
+	59, // [59:69] is the sub-list for method output_type
+	49, // [49:59] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_nimbus_v1_nimbus_proto_init() }
@@ -3128,7 +3328,7 @@ func file_nimbus_v1_nimbus_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nimbus_v1_nimbus_proto_rawDesc), len(file_nimbus_v1_nimbus_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   38,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

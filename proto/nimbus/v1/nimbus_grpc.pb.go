@@ -30,6 +30,7 @@ const (
 	Nimbus_Watch_FullMethodName        = "/nimbus.v1.Nimbus/Watch"
 	Nimbus_WatchStatus_FullMethodName  = "/nimbus.v1.Nimbus/WatchStatus"
 	Nimbus_ReportStatus_FullMethodName = "/nimbus.v1.Nimbus/ReportStatus"
+	Nimbus_PeerStatus_FullMethodName   = "/nimbus.v1.Nimbus/PeerStatus"
 )
 
 // NimbusClient is the client API for Nimbus service.
@@ -38,7 +39,8 @@ const (
 //
 // Nimbus is the desired-state bus. Publishers call Apply, Delete, their batch forms, Get,
 // List and WatchStatus; agents call Watch for their node and stream status back with
-// ReportStatus.
+// ReportStatus; nimbus replicas push to each other what their agents report with
+// PeerStatus.
 type NimbusClient interface {
 	Apply(ctx context.Context, in *ApplyRequest, opts ...grpc.CallOption) (*ApplyResponse, error)
 	ApplyBatch(ctx context.Context, in *ApplyBatchRequest, opts ...grpc.CallOption) (*ApplyBatchResponse, error)
@@ -49,6 +51,7 @@ type NimbusClient interface {
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchFrame], error)
 	WatchStatus(ctx context.Context, in *WatchStatusRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StatusFrame], error)
 	ReportStatus(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[StatusReport, ReportStatusResponse], error)
+	PeerStatus(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[PeerFrame, PeerStatusResponse], error)
 }
 
 type nimbusClient struct {
@@ -170,13 +173,27 @@ func (c *nimbusClient) ReportStatus(ctx context.Context, opts ...grpc.CallOption
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Nimbus_ReportStatusClient = grpc.ClientStreamingClient[StatusReport, ReportStatusResponse]
 
+func (c *nimbusClient) PeerStatus(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[PeerFrame, PeerStatusResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Nimbus_ServiceDesc.Streams[3], Nimbus_PeerStatus_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[PeerFrame, PeerStatusResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Nimbus_PeerStatusClient = grpc.ClientStreamingClient[PeerFrame, PeerStatusResponse]
+
 // NimbusServer is the server API for Nimbus service.
 // All implementations must embed UnimplementedNimbusServer
 // for forward compatibility.
 //
 // Nimbus is the desired-state bus. Publishers call Apply, Delete, their batch forms, Get,
 // List and WatchStatus; agents call Watch for their node and stream status back with
-// ReportStatus.
+// ReportStatus; nimbus replicas push to each other what their agents report with
+// PeerStatus.
 type NimbusServer interface {
 	Apply(context.Context, *ApplyRequest) (*ApplyResponse, error)
 	ApplyBatch(context.Context, *ApplyBatchRequest) (*ApplyBatchResponse, error)
@@ -187,6 +204,7 @@ type NimbusServer interface {
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchFrame]) error
 	WatchStatus(*WatchStatusRequest, grpc.ServerStreamingServer[StatusFrame]) error
 	ReportStatus(grpc.ClientStreamingServer[StatusReport, ReportStatusResponse]) error
+	PeerStatus(grpc.ClientStreamingServer[PeerFrame, PeerStatusResponse]) error
 	mustEmbedUnimplementedNimbusServer()
 }
 
@@ -223,6 +241,9 @@ func (UnimplementedNimbusServer) WatchStatus(*WatchStatusRequest, grpc.ServerStr
 }
 func (UnimplementedNimbusServer) ReportStatus(grpc.ClientStreamingServer[StatusReport, ReportStatusResponse]) error {
 	return status.Error(codes.Unimplemented, "method ReportStatus not implemented")
+}
+func (UnimplementedNimbusServer) PeerStatus(grpc.ClientStreamingServer[PeerFrame, PeerStatusResponse]) error {
+	return status.Error(codes.Unimplemented, "method PeerStatus not implemented")
 }
 func (UnimplementedNimbusServer) mustEmbedUnimplementedNimbusServer() {}
 func (UnimplementedNimbusServer) testEmbeddedByValue()                {}
@@ -382,6 +403,13 @@ func _Nimbus_ReportStatus_Handler(srv interface{}, stream grpc.ServerStream) err
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Nimbus_ReportStatusServer = grpc.ClientStreamingServer[StatusReport, ReportStatusResponse]
 
+func _Nimbus_PeerStatus_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(NimbusServer).PeerStatus(&grpc.GenericServerStream[PeerFrame, PeerStatusResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Nimbus_PeerStatusServer = grpc.ClientStreamingServer[PeerFrame, PeerStatusResponse]
+
 // Nimbus_ServiceDesc is the grpc.ServiceDesc for Nimbus service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -428,6 +456,11 @@ var Nimbus_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "ReportStatus",
 			Handler:       _Nimbus_ReportStatus_Handler,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "PeerStatus",
+			Handler:       _Nimbus_PeerStatus_Handler,
 			ClientStreams: true,
 		},
 	},

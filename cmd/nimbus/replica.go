@@ -1,0 +1,110 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
+
+	"github.com/naplesnet/naples/internal/address"
+	"github.com/naplesnet/naples/nimbus"
+)
+
+// replicaConfig is what the command line says about the store: embedded, or etcd with
+// nimbus one replica of several.
+type replicaConfig struct {
+	// store is "embedded" or "etcd".
+	store string
+	// endpoints are etcd's client URLs.
+	endpoints []string
+	// etcdCA, etcdCert and etcdKey are the files of the TLS options of the etcd client.
+	etcdCA, etcdCert, etcdKey string
+	// prefix is the key prefix in etcd.
+	prefix string
+	// maxTxnOps bounds the changes of one etcd transaction.
+	maxTxnOps int
+	// name is the replica's name among the replicas; advertise where they reach it.
+	name      string
+	advertise string
+}
+
+// addReplicaFlags defines the flags of the store and of replicas on fs.
+func addReplicaFlags(fs *flag.FlagSet, rc *replicaConfig) {
+	hostname, _ := os.Hostname()
+	rc.store, rc.name, rc.prefix = "embedded", hostname, nimbus.DefaultEtcdPrefix
+	fs.Func("store", "`kind` of store: embedded (objects in --data-dir, one nimbus) or etcd (objects in etcd, any number of replicas) (default embedded)", func(s string) error {
+		switch s {
+		case "embedded", "etcd":
+			rc.store = s
+			return nil
+		}
+		return fmt.Errorf("store %q: want embedded or etcd", s)
+	})
+	fs.Func("etcd-endpoints", "etcd's client `URLs`, comma-separated (with --store etcd)", func(s string) error {
+		for _, ep := range strings.Split(s, ",") {
+			ep = strings.TrimSpace(ep)
+			if !strings.HasPrefix(ep, "http://") && !strings.HasPrefix(ep, "https://") && !strings.HasPrefix(ep, "unix://") && !strings.HasPrefix(ep, "unixs://") {
+				return fmt.Errorf("endpoint %q: want http://host:port, https://host:port or unix://path", ep)
+			}
+			rc.endpoints = append(rc.endpoints, ep)
+		}
+		return nil
+	})
+	fs.StringVar(&rc.etcdCA, "etcd-cacert", "", "`file` of the CA certificates that verify etcd's server certificates")
+	fs.StringVar(&rc.etcdCert, "etcd-cert", "", "`file` of the client certificate nimbus presents to etcd")
+	fs.StringVar(&rc.etcdKey, "etcd-key", "", "`file` of the private key of --etcd-cert")
+	fs.StringVar(&rc.prefix, "etcd-prefix", nimbus.DefaultEtcdPrefix, "key `prefix` of everything nimbus keeps in etcd; replicas of one nimbus share it")
+	fs.IntVar(&rc.maxTxnOps, "etcd-max-txn-ops", nimbus.DefaultEtcdMaxTxnOps, "most object `changes` per etcd transaction, at most etcd's --max-txn-ops; larger batches are split")
+	fs.StringVar(&rc.name, "replica-name", rc.name, "this replica's `name` among the replicas (default the hostname)")
+	fs.Func("advertise", "`address` the other replicas reach this one at, unix:///path or tcp://host:port (with --store etcd; default the first --listen)", func(s string) error {
+		if _, err := address.Parse(s); err != nil {
+			return err
+		}
+		rc.advertise = s
+		return nil
+	})
+}
+
+// check checks the store flags together with the others.
+func (rc *replicaConfig) check(dataDirSet, ephemeral bool) error {
+	if rc.store != "etcd" {
+		if len(rc.endpoints) > 0 || rc.advertise != "" {
+			return errors.New("--etcd-endpoints and --advertise need --store etcd")
+		}
+		return nil
+	}
+	switch {
+	case len(rc.endpoints) == 0:
+		return errors.New("--store etcd needs --etcd-endpoints")
+	case dataDirSet || ephemeral:
+		return errors.New("--store etcd keeps objects in etcd: --data-dir and --ephemeral do not apply")
+	case rc.name == "":
+		return errors.New("--replica-name is empty and the hostname is unknown")
+	case (rc.etcdCert == "") != (rc.etcdKey == ""):
+		return errors.New("--etcd-cert and --etcd-key go together")
+	}
+	return nil
+}
+
+// etcdOptions returns the options of the etcd store; the replica is reached at the first
+// listen address unless --advertise says otherwise.
+func (rc *replicaConfig) etcdOptions(listen []address.Address) (*nimbus.EtcdOptions, error) {
+	cfg := clientv3.Config{Endpoints: rc.endpoints}
+	if rc.etcdCA != "" || rc.etcdCert != "" {
+		info := transport.TLSInfo{TrustedCAFile: rc.etcdCA, CertFile: rc.etcdCert, KeyFile: rc.etcdKey}
+		tlsCfg, err := info.ClientConfig()
+		if err != nil {
+			return nil, fmt.Errorf("etcd TLS options (--etcd-cacert %q, --etcd-cert %q, --etcd-key %q): %w", rc.etcdCA, rc.etcdCert, rc.etcdKey, err)
+		}
+		cfg.TLS = tlsCfg
+	}
+	advertise := rc.advertise
+	if advertise == "" && len(listen) > 0 {
+		advertise = listen[0].String()
+	}
+	return &nimbus.EtcdOptions{Config: cfg, Prefix: rc.prefix, MaxTxnOps: rc.maxTxnOps, Advertise: advertise}, nil
+}

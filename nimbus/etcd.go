@@ -1,0 +1,919 @@
+package nimbus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/naplesnet/naples/internal/backoff"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// The etcd-backed store
+//
+// With Options.Etcd, the objects live in etcd and the Server is one of any number of
+// stateless replicas that share them. Each replica keeps the same in-memory tables as the
+// embedded store, but as a cache: one etcd watch on the objects' prefix feeds it, and it
+// hands every change to its watchers in the order etcd committed them, exactly as the
+// embedded store hands over its own commits. Writes are etcd transactions, checked
+// against the cache: each object a transaction changes must still have, in etcd, the
+// revision the cache holds (or not exist, for a creation), so replicas writing the same
+// objects never overwrite each other's changes unseen; a transaction that loses such a
+// race waits for the cache to catch up and is staged again. A write returns once the
+// replica's own cache holds it, so a caller reads its writes on the replica it wrote to.
+//
+// Revisions. etcd gives every transaction one revision for all the keys it changes;
+// nimbus gives every change its own. A change's revision is etcd's revision shifted left
+// by 16 bits plus the change's position in its transaction (0, 1, ...); the revision
+// "after all of etcd revision R" is R<<16 | 0xffff. Every replica derives the same
+// revisions from the same etcd history, so a client's revision means the same on every
+// replica and a watch resumes on any of them: on one whose cache is behind the client's
+// revision, the watch first waits for the cache to catch up. The epoch is kept in etcd,
+// under PREFIX/epoch, made by the first replica that finds none. Each replica keeps the
+// last Options.HistoryWindow changes for resumes; a replica that starts reads the objects
+// as they were that many etcd revisions ago (when etcd still has them) and replays the
+// rest, so it can resume the watches of agents that come to it from a replica that died.
+//
+// A transaction holds at most EtcdOptions.MaxTxnOps changes and about MaxTxnBytes of
+// objects; a larger batch is split into several transactions, which is logged, and it is
+// then atomic per transaction only: should one fail, the error says how many of the batch's
+// objects were committed before it.
+//
+// Availability. Until a replica has read the objects and caught up with etcd, it is not
+// ready (Ready says why) and refuses every call with codes.Unavailable; it keeps trying
+// with backoff, so a replica started while etcd is unreachable becomes ready when etcd
+// returns. Once loaded, it keeps serving reads and watches from its cache while etcd has
+// no quorum; writes fail with codes.Unavailable then, and work again once etcd has one.
+// The watch requires etcd's leader, so a member cut off from the others does not keep a
+// replica's cache behind; the client moves to another member.
+
+const (
+	// subBits is how many low bits of a revision hold a change's position in its etcd
+	// transaction.
+	subBits = 16
+	// maxSub is the largest position, which no change takes: endRev uses it.
+	maxSub = 1<<subBits - 1
+	// DefaultEtcdPrefix is EtcdOptions.Prefix's default.
+	DefaultEtcdPrefix = "/naples"
+	// DefaultEtcdMaxTxnOps is EtcdOptions.MaxTxnOps's default: etcd's own default limit.
+	DefaultEtcdMaxTxnOps = 128
+	// DefaultEtcdMaxTxnBytes is EtcdOptions.MaxTxnBytes's default, under etcd's default
+	// request limit of 1.5 MiB.
+	DefaultEtcdMaxTxnBytes = 1 << 20
+	// etcdWriteTimeout bounds a transaction and the wait for the cache to hold it.
+	etcdWriteTimeout = 10 * time.Second
+	// etcdResumeWait bounds how long a watch waits for the cache to catch up with the
+	// revision it resumes from.
+	etcdResumeWait = 5 * time.Second
+	// etcdMaxConflicts is how many times a transaction is staged again after losing a
+	// race with another replica before the write fails.
+	etcdMaxConflicts = 100
+)
+
+// EtcdOptions configures the etcd-backed store.
+type EtcdOptions struct {
+	// Config is the etcd client's configuration: Endpoints, TLS and the like. Its
+	// DialTimeout should be zero, so that a replica starts while etcd is unreachable.
+	Config clientv3.Config
+	// Prefix is the key prefix of everything nimbus keeps in etcd. Default:
+	// DefaultEtcdPrefix.
+	Prefix string
+	// MaxTxnOps is how many object changes one etcd transaction holds at most; it must not
+	// exceed the etcd server's --max-txn-ops. Default: DefaultEtcdMaxTxnOps.
+	MaxTxnOps int
+	// MaxTxnBytes is about how many bytes of objects one etcd transaction holds at most;
+	// it must stay under the etcd server's --max-request-bytes. Default:
+	// DefaultEtcdMaxTxnBytes.
+	MaxTxnBytes int
+	// Advertise is where the other replicas reach this one, "unix:///path" or
+	// "tcp://host:port". With Options.ReplicaName set, the replica registers it in etcd
+	// under PREFIX/replicas/NAME, on a lease that ends soon after the replica does, and
+	// pushes statuses to every other replica registered there (see peer.go). Empty: the
+	// replica registers nothing and learns of no peer.
+	Advertise string
+}
+
+// withDefaults returns the options with every unset field at its default.
+func (o *EtcdOptions) withDefaults() (*EtcdOptions, error) {
+	c := *o
+	if len(c.Config.Endpoints) == 0 {
+		return nil, fmt.Errorf("Etcd.Config.Endpoints: no endpoint: %w", ErrInvalidOptions)
+	}
+	if c.Prefix == "" {
+		c.Prefix = DefaultEtcdPrefix
+	}
+	c.Prefix = strings.TrimSuffix(c.Prefix, "/")
+	switch {
+	case c.MaxTxnOps == 0:
+		c.MaxTxnOps = DefaultEtcdMaxTxnOps
+	case c.MaxTxnOps < 0 || c.MaxTxnOps >= maxSub:
+		return nil, fmt.Errorf("Etcd.MaxTxnOps %d: want 1 to %d: %w", c.MaxTxnOps, maxSub-1, ErrInvalidOptions)
+	}
+	switch {
+	case c.MaxTxnBytes == 0:
+		c.MaxTxnBytes = DefaultEtcdMaxTxnBytes
+	case c.MaxTxnBytes < 0:
+		return nil, fmt.Errorf("Etcd.MaxTxnBytes %d: must not be negative: %w", c.MaxTxnBytes, ErrInvalidOptions)
+	}
+	return &c, nil
+}
+
+// eventRev returns the revision of the change at position sub of etcd revision rev.
+func eventRev(rev int64, sub uint64) uint64 { return uint64(rev)<<subBits | sub }
+
+// endRev returns the revision after every change of etcd revision rev.
+func endRev(rev int64) uint64 { return uint64(rev)<<subBits | maxSub }
+
+// etcdRevOf returns the etcd revision a revision belongs to.
+func etcdRevOf(rev uint64) int64 { return int64(rev >> subBits) }
+
+// etcdStore is the etcd backend of a Server.
+type etcdStore struct {
+	s    *Server
+	opts *EtcdOptions
+	cli  *clientv3.Client
+	// objects is the prefix of the objects' keys, epochKey the key of the epoch.
+	objects, epochKey string
+	// ctx ends when the Server closes; loops counts run and members.
+	ctx    context.Context
+	cancel context.CancelFunc
+	loops  sync.WaitGroup
+
+	txns, conflicts, watchRestarts prometheus.Counter
+	ready                          prometheus.Gauge
+	unregister                     func()
+
+	// mu guards the fields below.
+	mu sync.Mutex
+	// applied is the etcd revision the cache holds everything of.
+	applied int64
+	// advanced is closed, and replaced, whenever applied moves.
+	advanced chan struct{}
+	// loaded tells that the cache has been filled from etcd and caught up with it once.
+	loaded bool
+	// problem says why the store is not loaded, for Ready.
+	problem string
+	// lastRev and nextSub carry the position of the next change in its etcd revision
+	// from one watch response to the next.
+	lastRev int64
+	nextSub uint64
+}
+
+// newEtcdStore returns the etcd backend of s and starts loading it.
+func newEtcdStore(s *Server, o *EtcdOptions) (*etcdStore, error) {
+	opts, err := o.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	cfg := opts.Config
+	if cfg.Logger == nil && cfg.LogConfig == nil {
+		// nimbus logs what matters itself; the client's retries would flood the log.
+		cfg.Logger = zap.NewNop()
+	}
+	if cfg.MaxCallSendMsgSize == 0 {
+		// A transaction of MaxTxnBytes of objects, with its keys and checks.
+		cfg.MaxCallSendMsgSize = opts.MaxTxnBytes + 1<<20
+	}
+	cli, err := clientv3.New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("etcd client for %s: %w", strings.Join(cfg.Endpoints, ","), err)
+	}
+	e := &etcdStore{
+		s: s, opts: opts, cli: cli,
+		objects:  opts.Prefix + "/objects/",
+		epochKey: opts.Prefix + "/epoch",
+		advanced: make(chan struct{}),
+		problem:  "etcd store not loaded yet",
+	}
+	e.ctx, e.cancel = context.WithCancel(context.Background())
+	if err := e.registerMetrics(s.opts.Registerer); err != nil {
+		cli.Close()
+		return nil, err
+	}
+	return e, nil
+}
+
+// registerMetrics registers the backend's metrics.
+func (e *etcdStore) registerMetrics(reg prometheus.Registerer) error {
+	const ns, sub = "naples", "nimbus_etcd"
+	e.txns = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "txns_total",
+		Help: "etcd transactions that committed object changes."})
+	e.conflicts = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "txn_conflicts_total",
+		Help: "etcd transactions staged again because another replica changed one of their objects first."})
+	e.watchRestarts = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "watch_restarts_total",
+		Help: "Times the etcd watch feeding the cache was started again after it failed."})
+	e.ready = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "loaded",
+		Help: "1 once the cache has been loaded from etcd and caught up with it."})
+	cs := []prometheus.Collector{e.txns, e.conflicts, e.watchRestarts, e.ready}
+	for i, c := range cs {
+		if err := reg.Register(c); err != nil {
+			for _, r := range cs[:i] {
+				reg.Unregister(r)
+			}
+			return fmt.Errorf("registering etcd metrics: %w", err)
+		}
+	}
+	e.unregister = func() {
+		for _, c := range cs {
+			reg.Unregister(c)
+		}
+	}
+	return nil
+}
+
+// start starts loading the cache and, for a replica with an address, the membership.
+func (e *etcdStore) start() {
+	e.loops.Go(e.run)
+	if e.s.opts.ReplicaName != "" && e.opts.Advertise != "" {
+		e.loops.Go(e.members)
+	}
+}
+
+// close stops the backend and waits for it.
+func (e *etcdStore) close() {
+	e.cancel()
+	e.loops.Wait()
+	e.cli.Close()
+	e.unregister()
+}
+
+// notReady returns why the store cannot serve yet; empty once it can.
+func (e *etcdStore) notReady() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.loaded {
+		return ""
+	}
+	return e.problem
+}
+
+// run loads the cache and keeps it current until the Server closes, starting again with
+// backoff after every failure.
+func (e *etcdStore) run() {
+	bo := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
+	for {
+		start := time.Now()
+		err := e.session()
+		if time.Since(start) > time.Minute {
+			bo.Reset()
+		}
+		if e.ctx.Err() != nil {
+			return
+		}
+		e.mu.Lock()
+		if !e.loaded {
+			e.problem = "etcd store not loaded: " + err.Error()
+		}
+		e.mu.Unlock()
+		e.watchRestarts.Inc()
+		e.s.log.Warn("etcd store: starting over", "error", err)
+		select {
+		case <-e.ctx.Done():
+			return
+		case <-time.After(bo.Next()):
+		}
+	}
+}
+
+// session loads the cache when it is not loaded, then applies etcd's changes to it until
+// the watch fails.
+func (e *etcdStore) session() error {
+	ctx := e.ctx
+	e.mu.Lock()
+	loaded, from := e.loaded, e.applied+1
+	e.mu.Unlock()
+	var caughtUp int64
+	if !loaded {
+		var err error
+		if from, caughtUp, err = e.load(ctx); err != nil {
+			return err
+		}
+	}
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	wch := e.cli.Watch(wctx, e.objects, clientv3.WithPrefix(), clientv3.WithRev(from),
+		clientv3.WithProgressNotify(), clientv3.WithCreatedNotify())
+	if !loaded && caughtUp < from {
+		e.markLoaded()
+		caughtUp = 0
+	}
+	// Until the cache has caught up, ask etcd every so often how far the watch is: a
+	// progress notification moves the cache up to etcd's revision when no object changed
+	// after the ones replayed.
+	var tick <-chan time.Time
+	if caughtUp > 0 {
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		var (
+			resp clientv3.WatchResponse
+			ok   bool
+		)
+		select {
+		case <-tick:
+			if err := e.cli.RequestProgress(wctx); err != nil {
+				e.s.log.Debug("etcd: asking for watch progress", "error", err)
+			}
+			continue
+		case resp, ok = <-wch:
+		}
+		if !ok {
+			break
+		}
+		switch {
+		case resp.CompactRevision != 0:
+			// What the cache misses is gone from etcd: load everything again.
+			e.mu.Lock()
+			e.loaded = false
+			e.mu.Unlock()
+			return fmt.Errorf("etcd compacted revision %d, which the cache has not seen yet", resp.CompactRevision)
+		case resp.Err() != nil:
+			return fmt.Errorf("etcd watch: %w", resp.Err())
+		case len(resp.Events) > 0:
+			e.apply(resp.Events)
+		case resp.IsProgressNotify():
+			e.progress(resp.Header.Revision)
+		}
+		if caughtUp > 0 && e.appliedRev() >= caughtUp {
+			e.markLoaded()
+			caughtUp, tick = 0, nil
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return errors.New("etcd watch ended")
+}
+
+// markLoaded records that the cache is loaded and caught up.
+func (e *etcdStore) markLoaded() {
+	e.mu.Lock()
+	first := !e.loaded
+	e.loaded, e.problem = true, ""
+	rev := e.applied
+	e.mu.Unlock()
+	e.ready.Set(1)
+	if first {
+		e.s.log.Info("etcd store loaded", "etcd_revision", rev, "revision", endRev(rev), "epoch", e.s.Epoch())
+	}
+}
+
+// load reads the epoch, making it when etcd has none, and every object as it was up to
+// HistoryWindow etcd revisions ago, so that the watch that follows replays the rest into
+// the history. It returns the etcd revision to watch from and the one the cache must
+// reach to be caught up.
+func (e *etcdStore) load(ctx context.Context) (from, caughtUp int64, err error) {
+	rctx, cancel := context.WithTimeout(ctx, etcdWriteTimeout)
+	defer cancel()
+	epoch, err := e.epoch(rctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	cur, err := e.cli.Get(rctx, e.epochKey)
+	if err != nil {
+		return 0, 0, fmt.Errorf("etcd: reading the current revision: %w", err)
+	}
+	now := cur.Header.Revision
+	at := now
+	if w := int64(e.s.opts.HistoryWindow); w > 0 {
+		at = max(now-w, 1)
+	}
+	resp, err := e.cli.Get(rctx, e.objects, clientv3.WithPrefix(), clientv3.WithRev(at))
+	if errors.Is(err, rpctypes.ErrCompacted) {
+		at = now
+		resp, err = e.cli.Get(rctx, e.objects, clientv3.WithPrefix(), clientv3.WithRev(at))
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("etcd: reading the objects: %w", err)
+	}
+	objs := make([]*nimbusv1.Object, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		obj, err := e.decode(kv)
+		if err != nil {
+			e.s.log.Error("etcd store: skipping a key that holds no object", "error", err)
+			continue
+		}
+		objs = append(objs, obj)
+	}
+	e.replace(epoch, objs, at)
+	e.s.log.Info("etcd store read", "objects", len(objs), "etcd_revision", at, "etcd_current", now)
+	return at + 1, now, nil
+}
+
+// epoch returns the epoch kept in etcd, making one when there is none.
+func (e *etcdStore) epoch(ctx context.Context) (string, error) {
+	fresh := newEpoch()
+	resp, err := e.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(e.epochKey), "=", 0)).
+		Then(clientv3.OpPut(e.epochKey, fresh)).
+		Else(clientv3.OpGet(e.epochKey)).
+		Commit()
+	if err != nil {
+		return "", fmt.Errorf("etcd: reading the epoch %s: %w", e.epochKey, err)
+	}
+	if resp.Succeeded {
+		e.s.log.Info("etcd store: new epoch", "key", e.epochKey, "epoch", fresh)
+		return fresh, nil
+	}
+	kvs := resp.Responses[0].GetResponseRange().GetKvs()
+	if len(kvs) == 0 || len(kvs[0].Value) == 0 {
+		return "", fmt.Errorf("etcd: epoch key %s: empty", e.epochKey)
+	}
+	return string(kvs[0].Value), nil
+}
+
+// decode returns the object a key holds, with its revision.
+func (e *etcdStore) decode(kv *mvccpb.KeyValue) (*nimbusv1.Object, error) {
+	id := strings.TrimPrefix(string(kv.Key), e.objects)
+	obj := &nimbusv1.Object{}
+	if err := obj.UnmarshalVT(kv.Value); err != nil {
+		return nil, fmt.Errorf("key %s: %w", kv.Key, err)
+	}
+	if got := obj.Key().ID(); got != id {
+		return nil, fmt.Errorf("key %s: holds object %s", kv.Key, got)
+	}
+	m := obj.GetMeta()
+	sub := m.GetRevision()
+	if sub >= maxSub {
+		return nil, fmt.Errorf("key %s: position %d in its transaction is out of range", kv.Key, sub)
+	}
+	m.Revision = eventRev(kv.ModRevision, sub)
+	return obj, nil
+}
+
+// replace makes the cache hold exactly objs as of etcd revision rev, and epoch the
+// Server's. Watchers are reset, and the history starts at rev: what the cache held before
+// is no base to resume from.
+func (e *etcdStore) replace(epoch string, objs []*nimbusv1.Object, rev int64) {
+	s := e.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	txn := s.store.write()
+	keep := make(map[string]bool, len(objs))
+	for _, obj := range objs {
+		id := obj.Key().ID()
+		keep[id] = true
+		txn.putObject(&objectRecord{ID: id, Object: obj})
+	}
+	var gone []string
+	txn.objects.Scan(func(id string, _ *objectRecord) bool {
+		if !keep[id] {
+			gone = append(gone, id)
+		}
+		return true
+	})
+	for _, id := range gone {
+		if rec := txn.object(id); rec != nil {
+			stageDelete(txn, write{key: rec.Object.Key(), id: id}, 0)
+		}
+	}
+	txn.setRevision(endRev(rev))
+	txn.commit()
+	for w := range s.watchers {
+		s.resetLocked(w)
+	}
+	s.rev = endRev(rev)
+	s.history.reset(s.rev)
+	s.setEpoch(epoch)
+	s.metrics.objects.Set(float64(len(objs)))
+	s.metrics.revision.Set(float64(s.rev))
+	e.mu.Lock()
+	e.lastRev, e.nextSub = 0, 0
+	e.mu.Unlock()
+	e.advanceTo(rev)
+}
+
+// apply applies a watch response's events to the cache and hands them to the watchers,
+// each with its revision.
+func (e *etcdStore) apply(evs []*clientv3.Event) {
+	s := e.s
+	s.mu.Lock()
+	txn := s.store.write()
+	changes := make([]stagedChange, 0, len(evs))
+	e.mu.Lock()
+	for _, ev := range evs {
+		kv := ev.Kv
+		if kv.ModRevision != e.lastRev {
+			e.lastRev, e.nextSub = kv.ModRevision, 0
+		}
+		sub := e.nextSub
+		e.nextSub++
+		id := strings.TrimPrefix(string(kv.Key), e.objects)
+		switch ev.Type {
+		case mvccpb.PUT:
+			obj, err := e.decode(kv)
+			if err != nil {
+				s.log.Error("etcd store: skipping a change that holds no object", "error", err)
+				continue
+			}
+			var old *nimbusv1.Object
+			if rec := txn.object(id); rec != nil {
+				old = rec.Object
+			}
+			changes = append(changes, *storePut(txn, obj.Key(), id, old, obj))
+		case mvccpb.DELETE:
+			rec := txn.object(id)
+			if rec == nil {
+				continue
+			}
+			c, _ := stageDelete(txn, write{key: rec.Object.Key(), id: id}, eventRev(kv.ModRevision, sub))
+			changes = append(changes, *c)
+		}
+	}
+	last := evs[len(evs)-1].Kv.ModRevision
+	e.mu.Unlock()
+	txn.setRevision(endRev(last))
+	txn.commit()
+	s.rev = endRev(last)
+	s.publishChangesLocked(changes)
+	s.mu.Unlock()
+	e.advanceTo(last)
+}
+
+// progress records that etcd has nothing more for the cache up to rev.
+func (e *etcdStore) progress(rev int64) {
+	s := e.s
+	s.mu.Lock()
+	if endRev(rev) > s.rev {
+		s.rev = endRev(rev)
+		s.metrics.revision.Set(float64(s.rev))
+	}
+	s.mu.Unlock()
+	e.advanceTo(rev)
+}
+
+// appliedRev returns the etcd revision the cache holds everything of.
+func (e *etcdStore) appliedRev() int64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.applied
+}
+
+// advanceTo moves applied up to rev and wakes whoever waits for it.
+func (e *etcdStore) advanceTo(rev int64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if rev <= e.applied && rev != 0 {
+		return
+	}
+	e.applied = rev
+	close(e.advanced)
+	e.advanced = make(chan struct{})
+}
+
+// waitApplied waits until the cache holds everything up to etcd revision rev.
+func (e *etcdStore) waitApplied(ctx context.Context, rev int64) error {
+	for {
+		e.mu.Lock()
+		applied, ch := e.applied, e.advanced
+		e.mu.Unlock()
+		if applied >= rev {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for this replica's cache to reach etcd revision %d (it is at %d): %w", rev, applied, ctx.Err())
+		case <-e.ctx.Done():
+			return ErrClosed
+		}
+	}
+}
+
+// catchUp waits, up to etcdResumeWait, until the cache holds revision rev, asking etcd
+// for a progress notification so that a cache with nothing left to apply learns it is
+// current. It reports whether the cache got there.
+func (e *etcdStore) catchUp(ctx context.Context, rev uint64) bool {
+	target := etcdRevOf(rev)
+	if e.appliedRev() >= target {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(ctx, etcdResumeWait)
+	defer cancel()
+	// The progress request goes on the watch's own stream, which the leader requirement
+	// in the context names.
+	if err := e.cli.RequestProgress(clientv3.WithRequireLeader(ctx)); err != nil {
+		e.s.log.Debug("etcd: asking for watch progress", "error", err)
+	}
+	return e.waitApplied(ctx, target) == nil
+}
+
+// commitGroup commits the batches one after the other, each in as few etcd transactions
+// as its size allows, and closes their done channels.
+func (e *etcdStore) commitGroup(group []*batch) {
+	for _, b := range group {
+		if err := e.commitBatch(b); err != nil {
+			b.err = fmt.Errorf("%s: %w", b.what(), err)
+			continue
+		}
+		e.s.logBatch(b)
+	}
+	for _, b := range group {
+		close(b.done)
+	}
+}
+
+// commitBatch commits one batch, split into transactions by MaxTxnOps and MaxTxnBytes.
+func (e *etcdStore) commitBatch(b *batch) error {
+	if why := e.notReady(); why != "" {
+		return fmt.Errorf("%s: %w", why, ErrUnavailable)
+	}
+	b.outcomes = make([]outcome, len(b.writes))
+	chunks := e.split(b.writes)
+	if len(chunks) > 1 {
+		e.s.log.Warn("batch split into several etcd transactions; it is atomic per transaction only",
+			"objects", len(b.writes), "transactions", len(chunks), "max_txn_ops", e.opts.MaxTxnOps, "max_txn_bytes", e.opts.MaxTxnBytes)
+	}
+	from := 0
+	for i, to := range chunks {
+		if err := e.commitChunk(b, from, to); err != nil {
+			if i > 0 {
+				return fmt.Errorf("the first %d of %d objects were committed, in %d of %d etcd transactions; the rest were not: %w",
+					from, len(b.writes), i, len(chunks), err)
+			}
+			return err
+		}
+		from = to
+	}
+	b.rev = e.s.currentRev()
+	for _, out := range b.outcomes {
+		if out.changed {
+			b.rev = max(b.rev, out.rev)
+		}
+	}
+	return nil
+}
+
+// split returns where each transaction's writes end.
+func (e *etcdStore) split(writes []write) []int {
+	var ends []int
+	ops, size := 0, 0
+	for i, w := range writes {
+		n := len(e.objects) + len(w.id) + 64
+		if w.obj != nil {
+			n += proto.Size(w.obj)
+		}
+		if ops > 0 && (ops == e.opts.MaxTxnOps || size+n > e.opts.MaxTxnBytes) {
+			ends = append(ends, i)
+			ops, size = 0, 0
+		}
+		ops++
+		size += n
+	}
+	return append(ends, len(writes))
+}
+
+// commitChunk commits writes [from, to) of the batch in one etcd transaction: it stages
+// them against the cache as the embedded store would commit them, sends the changes with
+// a check that each object is still what the cache holds, and waits for the cache to
+// hold the transaction. A transaction that loses a race with another replica is staged
+// again once the cache has caught up.
+func (e *etcdStore) commitChunk(b *batch, from, to int) error {
+	s := e.s
+	for attempt := 0; ; attempt++ {
+		now := timestamppb.New(s.opts.Now())
+		var (
+			cmps []clientv3.Cmp
+			ops  []clientv3.Op
+			subs = make([]int, to-from) // the position of each write's change; -1: none
+			outs = make([]outcome, to-from)
+		)
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return ErrClosed
+		}
+		base := s.rev
+		txn := s.store.write()
+		for i := from; i < to; i++ {
+			w := b.writes[i]
+			if w.obj != nil {
+				// Staging fills in the object's meta; a retry starts from the caller's.
+				w.obj = proto.Clone(w.obj).(*nimbusv1.Object)
+			}
+			key := e.objects + w.id
+			var modRev int64
+			if rec := txn.object(w.id); rec != nil {
+				modRev = etcdRevOf(rec.Object.GetMeta().GetRevision())
+			}
+			sub := uint64(len(ops))
+			var (
+				c   *stagedChange
+				out outcome
+			)
+			if w.obj != nil {
+				c, out = stageApply(txn, w, sub, now)
+			} else {
+				c, out = stageDelete(txn, w, sub)
+			}
+			subs[i-from] = -1
+			if c == nil {
+				out.rev = base
+				outs[i-from] = out
+				continue
+			}
+			if modRev == 0 {
+				cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(key), "=", 0))
+			} else {
+				cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(key), "=", modRev))
+			}
+			if c.after != nil {
+				val, err := c.after.MarshalVT()
+				if err != nil {
+					txn.abort()
+					s.mu.Unlock()
+					return fmt.Errorf("encoding %s: %w", w.id, err)
+				}
+				ops = append(ops, clientv3.OpPut(key, string(val)))
+			} else {
+				ops = append(ops, clientv3.OpDelete(key))
+			}
+			subs[i-from] = int(sub)
+			outs[i-from] = out
+		}
+		txn.abort()
+		s.mu.Unlock()
+		if len(ops) == 0 {
+			copy(b.outcomes[from:to], outs)
+			return nil
+		}
+		ctx, cancel := context.WithTimeout(e.ctx, etcdWriteTimeout)
+		resp, err := e.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
+		if err != nil {
+			cancel()
+			return fmt.Errorf("etcd transaction of %d changes: %w: %w", len(ops), err, ErrUnavailable)
+		}
+		rev := resp.Header.Revision
+		err = e.waitApplied(ctx, rev)
+		cancel()
+		if err != nil {
+			if resp.Succeeded {
+				return fmt.Errorf("committed at etcd revision %d, but %w: %w", rev, err, ErrUnavailable)
+			}
+			return fmt.Errorf("%w: %w", err, ErrUnavailable)
+		}
+		if !resp.Succeeded {
+			e.conflicts.Inc()
+			if attempt >= etcdMaxConflicts {
+				return fmt.Errorf("%d etcd transactions in a row lost a race with other replicas: %w", attempt+1, ErrUnavailable)
+			}
+			continue
+		}
+		e.txns.Inc()
+		for i, sub := range subs {
+			if sub < 0 {
+				continue
+			}
+			out := &outs[i]
+			out.rev = eventRev(rev, uint64(sub))
+			if out.obj != nil {
+				out.obj.Meta.Revision = out.rev
+			}
+		}
+		copy(b.outcomes[from:to], outs)
+		return nil
+	}
+}
+
+// replicaLease is how long, in seconds, a replica's registration outlives it.
+const replicaLease = 10
+
+// members registers the replica in etcd and hands the other replicas registered there to
+// SetPeers, as they come and go, until the Server closes; it starts again with backoff
+// after every failure.
+func (e *etcdStore) members() {
+	bo := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
+	for {
+		start := time.Now()
+		err := e.membership()
+		if e.ctx.Err() != nil {
+			return
+		}
+		if time.Since(start) > time.Minute {
+			bo.Reset()
+		}
+		e.s.log.Warn("etcd: replica membership: starting over", "error", err)
+		select {
+		case <-e.ctx.Done():
+			return
+		case <-time.After(bo.Next()):
+		}
+	}
+}
+
+// membership registers the replica on a lease of its own and follows the registrations.
+// When the Server closes it revokes the lease, so that the peers stop pushing to it at
+// once rather than when the lease expires.
+func (e *etcdStore) membership() error {
+	ctx := e.ctx
+	prefix := e.opts.Prefix + "/replicas/"
+	name := e.s.opts.ReplicaName
+	lease, err := e.cli.Grant(ctx, replicaLease)
+	if err != nil {
+		return fmt.Errorf("granting a lease: %w", err)
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		e.cli.Revoke(rctx, lease.ID)
+	}()
+	if _, err := e.cli.Put(ctx, prefix+name, e.opts.Advertise, clientv3.WithLease(lease.ID)); err != nil {
+		return fmt.Errorf("registering %s: %w", prefix+name, err)
+	}
+	kctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	alive, err := e.cli.KeepAlive(kctx, lease.ID)
+	if err != nil {
+		return fmt.Errorf("keeping the lease alive: %w", err)
+	}
+	resp, err := e.cli.Get(ctx, prefix, clientv3.WithPrefix())
+	if err != nil {
+		return fmt.Errorf("listing the replicas: %w", err)
+	}
+	peers := map[string]string{}
+	for _, kv := range resp.Kvs {
+		peers[strings.TrimPrefix(string(kv.Key), prefix)] = string(kv.Value)
+	}
+	e.setPeers(peers)
+	e.s.log.Info("etcd: registered as a replica", "key", prefix+name, "address", e.opts.Advertise, "replicas", len(peers))
+	wch := e.cli.Watch(clientv3.WithRequireLeader(kctx), prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+	for {
+		select {
+		case _, ok := <-alive:
+			if !ok {
+				return errors.New("the replica's lease expired or could not be renewed")
+			}
+		case wr, ok := <-wch:
+			if !ok {
+				return ctx.Err()
+			}
+			if err := wr.Err(); err != nil {
+				return fmt.Errorf("watching the replicas: %w", err)
+			}
+			for _, ev := range wr.Events {
+				peer := strings.TrimPrefix(string(ev.Kv.Key), prefix)
+				if ev.Type == mvccpb.DELETE {
+					delete(peers, peer)
+				} else {
+					peers[peer] = string(ev.Kv.Value)
+				}
+			}
+			e.setPeers(peers)
+		}
+	}
+}
+
+// setPeers hands the registered replicas to SetPeers.
+func (e *etcdStore) setPeers(reg map[string]string) {
+	peers := make([]Peer, 0, len(reg))
+	for name, addr := range reg {
+		peers = append(peers, Peer{Name: name, Address: addr})
+	}
+	e.s.SetPeers(peers)
+}
+
+// gateUnary refuses the nimbus calls of a Server that cannot serve yet (see available);
+// the health service always answers.
+func (s *Server) gateUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if strings.HasPrefix(info.FullMethod, nimbusMethodPrefix) {
+		if err := s.available(); err != nil {
+			return nil, err
+		}
+	}
+	return handler(ctx, req)
+}
+
+// gateStream is gateUnary for streams.
+func (s *Server) gateStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if strings.HasPrefix(info.FullMethod, nimbusMethodPrefix) {
+		if err := s.available(); err != nil {
+			return err
+		}
+	}
+	return handler(srv, ss)
+}
+
+// nimbusMethodPrefix starts the full name of every method of the Nimbus service.
+var nimbusMethodPrefix = "/" + nimbusv1.Nimbus_ServiceDesc.ServiceName + "/"
+
+// currentRev returns the Server's revision.
+func (s *Server) currentRev() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.rev
+}
+

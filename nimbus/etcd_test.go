@@ -1,0 +1,332 @@
+package nimbus
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/naplesnet/naples/internal/testetcd"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// startReplica serves a Server backed by the etcd cluster under the prefix, and waits
+// for it to be ready unless wait is false.
+func startReplica(t *testing.T, endpoints []string, prefix string, wait bool, opts Options) *testServer {
+	t.Helper()
+	eo := EtcdOptions{Config: clientv3.Config{Endpoints: endpoints}, Prefix: prefix, MaxTxnOps: 128}
+	if opts.Etcd != nil {
+		eo.MaxTxnOps = opts.Etcd.MaxTxnOps
+	}
+	opts.Etcd = &eo
+	ts := start(t, opts)
+	if wait {
+		waitReady(t, ts)
+	}
+	return ts
+}
+
+// waitReady waits until the server is ready.
+func waitReady(t *testing.T, ts *testServer) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		why := ts.srv.Ready()
+		if why == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replica not ready after 20s: %v", why)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// waitRev waits until the replica's cache holds the revision.
+func waitRev(t *testing.T, ts *testServer, rev uint64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	if err := ts.srv.etcd.waitApplied(ctx, etcdRevOf(rev)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// testPrefix returns a key prefix of the test's own, so that tests can share a cluster.
+func testPrefix(t *testing.T) string {
+	return "/" + strings.ReplaceAll(t.Name(), "/", "_")
+}
+
+// cluster starts a one-member etcd cluster for the test: the tests that do not kill
+// members need no more.
+func cluster(t *testing.T) *testetcd.Cluster {
+	t.Helper()
+	return testetcd.Start(t, 1)
+}
+
+func TestEtcdReplicasShareObjectsAndRevisions(t *testing.T) {
+	c := cluster(t)
+	a := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
+	b := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
+	if a.srv.Epoch() != b.srv.Epoch() {
+		t.Fatalf("epochs %s and %s differ: the replicas did not share the one in etcd", a.srv.Epoch(), b.srv.Epoch())
+	}
+
+	applied := a.apply(t, route("r1", nil, "192.0.2.1")).GetObject()
+	waitRev(t, b, applied.GetMeta().GetRevision())
+	got := b.get(t, routeKey("r1")).GetObject()
+	if !proto.Equal(got, applied) {
+		t.Fatalf("replica b holds\n%v\nwant what a stored\n%v", got, applied)
+	}
+
+	// An update through b bumps the generation a stored.
+	updated := b.apply(t, route("r1", nil, "192.0.2.2")).GetObject()
+	if updated.GetMeta().GetGeneration() != 2 || updated.GetMeta().GetUid() != applied.GetMeta().GetUid() {
+		t.Fatalf("update through b: generation %d uid %s, want 2 and %s", updated.GetMeta().GetGeneration(), updated.GetMeta().GetUid(), applied.GetMeta().GetUid())
+	}
+	if updated.GetMeta().GetRevision() <= applied.GetMeta().GetRevision() {
+		t.Fatalf("revision went from %d to %d", applied.GetMeta().GetRevision(), updated.GetMeta().GetRevision())
+	}
+	// Applying the same again changes nothing, on either replica.
+	waitRev(t, a, updated.GetMeta().GetRevision())
+	again, err := a.client.Apply(testContext(t), &nimbusv1.ApplyRequest{Object: route("r1", nil, "192.0.2.2")})
+	if err != nil || again.GetChanged() {
+		t.Fatalf("re-apply through a: changed=%v err=%v, want unchanged", again.GetChanged(), err)
+	}
+	// A deletion through a reaches b.
+	del, err := a.client.Delete(testContext(t), &nimbusv1.DeleteRequest{Key: routeKey("r1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitRev(t, b, del.GetRevision())
+	_, err = b.client.Get(testContext(t), &nimbusv1.GetRequest{Key: routeKey("r1")})
+	wantCode(t, err, codes.NotFound)
+}
+
+func TestEtcdBatchSplitIntoTransactions(t *testing.T) {
+	c := cluster(t)
+	a := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{Etcd: &EtcdOptions{MaxTxnOps: 100}})
+	b := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
+	w := watch(t, b.client, "n1")
+	recvUntilSynced(t, w)
+
+	var objs []*nimbusv1.Object
+	for i := range 250 {
+		objs = append(objs, route(fmt.Sprintf("r%03d", i), []string{"n1"}, "192.0.2.1"))
+	}
+	before := testutil.ToFloat64(a.srv.etcd.txns)
+	resp, err := a.client.ApplyBatch(testContext(t), &nimbusv1.ApplyBatchRequest{Objects: objs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(a.srv.etcd.txns) - before; got != 3 {
+		t.Fatalf("250 objects with MaxTxnOps 100 took %v etcd transactions, want 3", got)
+	}
+	// Each change has its own revision, increasing in the order of the batch, and the
+	// watcher on the other replica sees them in that order.
+	var last uint64
+	for i, r := range resp.GetResults() {
+		rev := r.GetObject().GetMeta().GetRevision()
+		if rev <= last {
+			t.Fatalf("result %d: revision %d after %d", i, rev, last)
+		}
+		last = rev
+	}
+	for i, r := range resp.GetResults() {
+		ev := recv(t, w)
+		if ev.GetType() != nimbusv1.WatchEvent_TYPE_PUT || ev.GetRevision() != r.GetObject().GetMeta().GetRevision() ||
+			ev.GetObject().GetMeta().GetName() != objs[i].GetMeta().GetName() {
+			t.Fatalf("event %d on b: %v %s at %d, want PUT %s at %d", i, ev.GetType(), ev.GetObject().GetMeta().GetName(),
+				ev.GetRevision(), objs[i].GetMeta().GetName(), r.GetObject().GetMeta().GetRevision())
+		}
+	}
+}
+
+func TestEtcdWatchResumesOnAnotherReplica(t *testing.T) {
+	c := cluster(t)
+	a := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
+	b := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
+	a.apply(t, route("early", []string{"n1"}, "192.0.2.1"))
+
+	ctx, cancel := context.WithCancel(testContext(t))
+	w := watchFrom(t, ctx, a.client, "n1", "", 0)
+	_, synced := recvUntilSynced(t, w)
+	first := a.apply(t, route("first", []string{"n1"}, "192.0.2.1")).GetObject()
+	ev := recv(t, w)
+	if ev.GetRevision() != first.GetMeta().GetRevision() {
+		t.Fatalf("live event at %d, want %d", ev.GetRevision(), first.GetMeta().GetRevision())
+	}
+	cancel()
+
+	// While the node is away, changes go through the other replica.
+	missed := b.apply(t, route("missed", []string{"n1"}, "192.0.2.1")).GetObject()
+	b.apply(t, route("other-node", []string{"n2"}, "192.0.2.1"))
+	gone, err := b.client.Delete(testContext(t), &nimbusv1.DeleteRequest{Key: routeKey("early")})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The node comes back to b with what it stored from a: it resumes, and gets exactly
+	// what it missed.
+	w = watchFrom(t, testContext(t), b.client, "n1", synced.GetEpoch(), ev.GetRevision())
+	wantResumed(t, b, w, ev.GetRevision())
+	put := recv(t, w)
+	del := recv(t, w)
+	if put.GetType() != nimbusv1.WatchEvent_TYPE_PUT || put.GetRevision() != missed.GetMeta().GetRevision() ||
+		del.GetType() != nimbusv1.WatchEvent_TYPE_DELETE || del.GetRevision() != gone.GetRevision() {
+		t.Fatalf("resumed with %v at %d, %v at %d; want PUT missed at %d, DELETE early at %d",
+			put.GetType(), put.GetRevision(), del.GetType(), del.GetRevision(), missed.GetMeta().GetRevision(), gone.GetRevision())
+	}
+	wantLiveNext(t, b, w, "live")
+}
+
+func TestEtcdResumeWaitsForALaggingCache(t *testing.T) {
+	c := cluster(t)
+	a := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
+	b := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
+	// Hold b's cache back: while b's lock is held its watch cannot apply anything.
+	b.srv.mu.Lock()
+	obj := a.apply(t, route("r", []string{"n1"}, "192.0.2.1")).GetObject()
+	rev := obj.GetMeta().GetRevision()
+	done := make(chan watchStream, 1)
+	go func() { done <- watchFrom(t, testContext(t), b.client, "n1", a.srv.Epoch(), rev) }()
+	time.Sleep(50 * time.Millisecond) // let the watch find b behind; it must wait, not fail
+	b.srv.mu.Unlock()
+	w := <-done
+	wantResumed(t, b, w, rev)
+}
+
+func TestEtcdConcurrentWritersLoseNoUpdate(t *testing.T) {
+	c := cluster(t)
+	a := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
+	b := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
+	const perReplica = 30
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*perReplica)
+	for r, ts := range []*testServer{a, b} {
+		wg.Go(func() {
+			for i := range perReplica {
+				// Every apply changes the spec, so every one must bump the generation once.
+				gw := fmt.Sprintf("192.0.%d.%d", r+1, i+1)
+				if _, err := ts.client.Apply(testContext(t), &nimbusv1.ApplyRequest{Object: route("contended", nil, gw)}); err != nil {
+					errs <- err
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("Apply: %v", err)
+	}
+	got := a.get(t, routeKey("contended")).GetObject()
+	waitRev(t, b, got.GetMeta().GetRevision())
+	if g := got.GetMeta().GetGeneration(); g != 2*perReplica {
+		t.Fatalf("generation %d after %d changing applies through two replicas, want %d: an update was lost",
+			g, 2*perReplica, 2*perReplica)
+	}
+	t.Logf("conflicts: a %v, b %v", testutil.ToFloat64(a.srv.etcd.conflicts), testutil.ToFloat64(b.srv.etcd.conflicts))
+}
+
+func TestEtcdReplicaNotReadyUntilEtcdAnswers(t *testing.T) {
+	c := testetcd.Plan(t, 1)
+	ts := startReplica(t, c.Endpoints(), "/naples", false, Options{})
+	ts.srv.serving.Store(true) // Serve may not have started yet; readiness is the store's
+	why := ts.srv.Ready()
+	if len(why) == 0 || !strings.Contains(strings.Join(why, "; "), "etcd") {
+		t.Fatalf("Ready() = %q before etcd runs, want a reason naming etcd", why)
+	}
+	_, err := ts.client.List(testContext(t), &nimbusv1.ListRequest{})
+	wantCode(t, err, codes.Unavailable)
+	_, err = ts.client.Apply(testContext(t), &nimbusv1.ApplyRequest{Object: route("r", nil, "192.0.2.1")})
+	wantCode(t, err, codes.Unavailable)
+
+	c.StartAll()
+	waitReady(t, ts)
+	ts.apply(t, route("r", nil, "192.0.2.1"))
+}
+
+func TestEtcdNewReplicaResumesFromBeforeItStarted(t *testing.T) {
+	c := cluster(t)
+	a := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
+	ctx, cancel := context.WithCancel(testContext(t))
+	w := watchFrom(t, ctx, a.client, "n1", "", 0)
+	_, synced := recvUntilSynced(t, w)
+	cancel()
+	var last *nimbusv1.Object
+	for i := range 5 {
+		last = a.apply(t, route(fmt.Sprintf("r%d", i), []string{"n1"}, "192.0.2.1")).GetObject()
+	}
+	// A replica started after the changes still resumes the node from before them: it
+	// replays recent etcd history into its window at start.
+	b := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
+	w = watchFrom(t, testContext(t), b.client, "n1", synced.GetEpoch(), synced.GetRevision())
+	wantResumed(t, b, w, synced.GetRevision())
+	for i := range 5 {
+		ev := recv(t, w)
+		if ev.GetType() != nimbusv1.WatchEvent_TYPE_PUT || ev.GetObject().GetMeta().GetName() != fmt.Sprintf("r%d", i) {
+			t.Fatalf("replayed event %d: %v %s", i, ev.GetType(), ev.GetObject().GetMeta().GetName())
+		}
+	}
+	_ = last
+
+	// With no window it cannot, and says why with a snapshot.
+	cw := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{HistoryWindow: -1})
+	w = watchFrom(t, testContext(t), cw.client, "n1", synced.GetEpoch(), synced.GetRevision())
+	puts, _ := recvUntilSynced(t, w)
+	if len(puts) != 5 {
+		t.Fatalf("snapshot from a replica without history: %d objects, want 5", len(puts))
+	}
+}
+
+func TestEtcdSurvivesLeaderAndFollowerKill(t *testing.T) {
+	c := testetcd.Start(t, 3)
+	a := startReplica(t, c.Endpoints(), "/naples", true, Options{})
+	b := startReplica(t, c.Endpoints(), "/naples", true, Options{})
+	w := watch(t, b.client, "n1")
+	recvUntilSynced(t, w)
+
+	ctx := testContext(t)
+	applyRetrying := func(ts *testServer, name string) *nimbusv1.Object {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			resp, err := ts.client.Apply(ctx, &nimbusv1.ApplyRequest{Object: route(name, []string{"n1"}, "192.0.2.1")})
+			if err == nil {
+				return resp.GetObject()
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("Apply %s still failing after 20s: %v", name, err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	leader, err := c.Leader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Kill(leader)
+	o1 := applyRetrying(a, "after-leader-kill")
+	follower := (leader + 1) % 3
+	c.Kill(follower)
+	// Without quorum, reads and watches still answer from the cache.
+	if _, err := b.client.List(ctx, &nimbusv1.ListRequest{}); err != nil {
+		t.Fatalf("List without etcd quorum: %v", err)
+	}
+	c.Restart(follower)
+	o2 := applyRetrying(a, "after-quorum-back")
+	c.Restart(leader)
+	for _, want := range []*nimbusv1.Object{o1, o2} {
+		ev := recv(t, w)
+		if ev.GetRevision() != want.GetMeta().GetRevision() {
+			t.Fatalf("watch on b got %v at %d, want %s at %d", ev.GetType(), ev.GetRevision(), want.GetMeta().GetName(), want.GetMeta().GetRevision())
+		}
+	}
+}
