@@ -108,6 +108,18 @@
 // with ErrCorrupt, and a file another process holds, after a 5s wait, with ErrLocked; both
 // errors name the file.
 //
+// # Replicas on etcd
+//
+// With Options.Etcd the objects live in etcd instead, and the Server is one of any number
+// of stateless replicas sharing them; everything above holds for each replica, except that
+// a change's revision is etcd's revision shifted left by 16 bits plus the change's position
+// in its etcd transaction, so revisions are increasing but not consecutive, and a batch is
+// atomic up to etcd's transaction limit. Revisions mean the same on every replica, so a
+// watch resumes on any of them. See etcd.go. With Options.ReplicaName the replicas push the
+// statuses their agents report, and which nodes watch them, to each other, so every replica
+// answers Get, List and WatchStatus alike; see peer.go. docs/replicas.md describes both for
+// users.
+//
 // # Metrics
 //
 // The server registers with Options.Registerer: naples_nimbus_watcher_resets_total,
@@ -115,7 +127,11 @@
 // naples_nimbus_watchers (streams receiving changes), naples_nimbus_revision and
 // naples_nimbus_objects, the counter naples_nimbus_commits_total (commits that changed
 // objects, each one bbolt transaction with a data directory) and the histogram
-// naples_nimbus_commit_batch_size (object changes per commit). Close unregisters them.
+// naples_nimbus_commit_batch_size (object changes per commit). A replica adds
+// naples_nimbus_peers and naples_nimbus_peer_reports_total{direction} (peer.go), and with
+// etcd naples_nimbus_etcd_loaded, naples_nimbus_etcd_txns_total,
+// naples_nimbus_etcd_txn_conflicts_total and naples_nimbus_etcd_watch_restarts_total
+// (etcd.go). Close unregisters them.
 //
 // # Status
 //

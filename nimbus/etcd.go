@@ -14,6 +14,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -301,7 +302,7 @@ func (e *etcdStore) session() error {
 			return err
 		}
 	}
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	wctx, cancel := context.WithCancel(cacheWatchContext(ctx))
 	defer cancel()
 	wch := e.cli.Watch(wctx, e.objects, clientv3.WithPrefix(), clientv3.WithRev(from),
 		clientv3.WithProgressNotify(), clientv3.WithCreatedNotify())
@@ -357,6 +358,15 @@ func (e *etcdStore) session() error {
 		return err
 	}
 	return errors.New("etcd watch ended")
+}
+
+// cacheWatchContext returns ctx with the metadata of the cache's etcd watch. The client
+// runs the watches of contexts with the same metadata on one gRPC stream, and etcd answers
+// a progress request on a stream only when every watch on it is current; the cache's watch
+// has a stream of its own, so that progress requests concern it alone. It requires a
+// leader, so that a member cut off from the others does not hold the cache back.
+func cacheWatchContext(ctx context.Context) context.Context {
+	return clientv3.WithRequireLeader(metadata.AppendToOutgoingContext(ctx, "naples-watch", "objects"))
 }
 
 // markLoaded records that the cache is loaded and caught up.
@@ -604,9 +614,7 @@ func (e *etcdStore) catchUp(ctx context.Context, rev uint64) bool {
 	}
 	ctx, cancel := context.WithTimeout(ctx, etcdResumeWait)
 	defer cancel()
-	// The progress request goes on the watch's own stream, which the leader requirement
-	// in the context names.
-	if err := e.cli.RequestProgress(clientv3.WithRequireLeader(ctx)); err != nil {
+	if err := e.cli.RequestProgress(cacheWatchContext(ctx)); err != nil {
 		e.s.log.Debug("etcd: asking for watch progress", "error", err)
 	}
 	return e.waitApplied(ctx, target) == nil
@@ -916,4 +924,3 @@ func (s *Server) currentRev() uint64 {
 	defer s.mu.Unlock()
 	return s.rev
 }
-

@@ -6,6 +6,8 @@
 //	nimbus [--listen ADDR]... [--log-level debug|info|warn|error]
 //	       [--tls-cert FILE --tls-key FILE --tls-ca FILE | --insecure]
 //	       [--data-dir DIR | --ephemeral] [--metrics HOST:PORT]
+//	nimbus --store etcd --etcd-endpoints URL,... [--etcd-cacert FILE] [--etcd-cert FILE --etcd-key FILE]
+//	       [--etcd-prefix PREFIX] [--etcd-max-txn-ops N] [--replica-name NAME] [--advertise ADDR] ...
 //
 // ADDR is unix:///path/to/socket or tcp://host:port; the default is
 // unix:///run/naples/nimbus.sock. nimbus serves mutual TLS with the certificate and key of
@@ -22,6 +24,14 @@
 // http://HOST:PORT/metrics, liveness on /healthz and readiness on /readyz (200 while
 // serving); without it there is no HTTP endpoint. The gRPC listeners also serve the
 // standard health service, grpc.health.v1.Health.
+//
+// With --store etcd the objects live in etcd instead, and nimbus is one of any number of
+// replicas sharing them under --etcd-prefix (default /naples): agents resume on any replica,
+// and the replicas, which find each other in etcd by --replica-name (default the hostname)
+// and reach each other at --advertise (default the first --listen), share the statuses
+// agents report. A replica dials its peers with its own --tls-cert, which must then be a
+// replica certificate (`naplesctl certs --replicas NAME`). /readyz answers 503 until the
+// replica has read etcd. See docs/replicas.md.
 //
 // nimbus --version prints the version, the Go release and the platform, and exits 0.
 package main
