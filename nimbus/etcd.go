@@ -315,7 +315,7 @@ func (e *etcdStore) session() error {
 	// after the ones replayed.
 	var tick <-chan time.Time
 	if caughtUp > 0 {
-		t := time.NewTicker(50 * time.Millisecond)
+		t := time.NewTicker(progressInterval)
 		defer t.Stop()
 		tick = t.C
 	}
@@ -585,8 +585,11 @@ func (e *etcdStore) advanceTo(rev int64) {
 	e.advanced = make(chan struct{})
 }
 
-// waitApplied waits until the cache holds everything up to etcd revision rev.
+// waitApplied waits until the cache holds everything up to etcd revision rev. While it
+// waits it asks etcd every so often for the watch's progress, so that a cache with no
+// object change left to apply learns that it is current.
 func (e *etcdStore) waitApplied(ctx context.Context, rev int64) error {
+	var tick <-chan time.Time
 	for {
 		e.mu.Lock()
 		applied, ch := e.applied, e.advanced
@@ -594,8 +597,17 @@ func (e *etcdStore) waitApplied(ctx context.Context, rev int64) error {
 		if applied >= rev {
 			return nil
 		}
+		if tick == nil {
+			t := time.NewTicker(progressInterval)
+			defer t.Stop()
+			tick = t.C
+		}
 		select {
 		case <-ch:
+		case <-tick:
+			if err := e.cli.RequestProgress(cacheWatchContext(ctx)); err != nil {
+				e.s.log.Debug("etcd: asking for watch progress", "error", err)
+			}
 		case <-ctx.Done():
 			return fmt.Errorf("waiting for this replica's cache to reach etcd revision %d (it is at %d): %w", rev, applied, ctx.Err())
 		case <-e.ctx.Done():
@@ -604,20 +616,15 @@ func (e *etcdStore) waitApplied(ctx context.Context, rev int64) error {
 	}
 }
 
-// catchUp waits, up to etcdResumeWait, until the cache holds revision rev, asking etcd
-// for a progress notification so that a cache with nothing left to apply learns it is
-// current. It reports whether the cache got there.
+// progressInterval is how often a wait for the cache asks etcd for the watch's progress.
+const progressInterval = 50 * time.Millisecond
+
+// catchUp waits, up to etcdResumeWait, until the cache holds revision rev. It reports
+// whether the cache got there.
 func (e *etcdStore) catchUp(ctx context.Context, rev uint64) bool {
-	target := etcdRevOf(rev)
-	if e.appliedRev() >= target {
-		return true
-	}
 	ctx, cancel := context.WithTimeout(ctx, etcdResumeWait)
 	defer cancel()
-	if err := e.cli.RequestProgress(cacheWatchContext(ctx)); err != nil {
-		e.s.log.Debug("etcd: asking for watch progress", "error", err)
-	}
-	return e.waitApplied(ctx, target) == nil
+	return e.waitApplied(ctx, etcdRevOf(rev)) == nil
 }
 
 // commitGroup commits the batches one after the other, each in as few etcd transactions
@@ -692,6 +699,9 @@ func (e *etcdStore) split(writes []write) []int {
 // again once the cache has caught up.
 func (e *etcdStore) commitChunk(b *batch, from, to int) error {
 	s := e.s
+	if err := e.catchUpForDeletes(b.writes[from:to]); err != nil {
+		return err
+	}
 	for attempt := 0; ; attempt++ {
 		now := timestamppb.New(s.opts.Now())
 		var (
@@ -917,6 +927,36 @@ func (s *Server) gateStream(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 
 // nimbusMethodPrefix starts the full name of every method of the Nimbus service.
 var nimbusMethodPrefix = "/" + nimbusv1.Nimbus_ServiceDesc.ServiceName + "/"
+
+// catchUpForDeletes waits, when one of the writes deletes an object the cache does not
+// hold, until the cache holds everything etcd had when the call came: the object may have
+// been created through another replica a moment ago, and a deletion finds nothing to
+// delete only when there is nothing. Other writes need not wait: their transaction checks
+// every object against etcd, and one staged on a cache that is behind fails and is staged
+// again.
+func (e *etcdStore) catchUpForDeletes(writes []write) error {
+	read := e.s.store.read()
+	missing := false
+	for _, w := range writes {
+		if w.obj == nil && read.object(w.id) == nil {
+			missing = true
+			break
+		}
+	}
+	if !missing {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, etcdWriteTimeout)
+	defer cancel()
+	resp, err := e.cli.Get(ctx, e.epochKey)
+	if err != nil {
+		return fmt.Errorf("etcd: reading the current revision: %w: %w", err, ErrUnavailable)
+	}
+	if err := e.waitApplied(ctx, resp.Header.Revision); err != nil {
+		return fmt.Errorf("%w: %w", err, ErrUnavailable)
+	}
+	return nil
+}
 
 // currentRev returns the Server's revision.
 func (s *Server) currentRev() uint64 {

@@ -3,6 +3,9 @@ package nimbus
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -190,17 +193,109 @@ func TestEtcdWatchResumesOnAnotherReplica(t *testing.T) {
 func TestEtcdResumeWaitsForALaggingCache(t *testing.T) {
 	c := cluster(t)
 	a := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
-	b := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
-	// Hold b's cache back: while b's lock is held its watch cannot apply anything.
-	b.srv.mu.Lock()
+	// b reaches etcd through a proxy the test can pause, which holds b's cache back.
+	proxy := newPausingProxy(t, strings.TrimPrefix(c.Endpoint(0), "unix://"))
+	b := startReplica(t, []string{"unix://" + proxy.path}, testPrefix(t), true, Options{})
+
+	proxy.pause()
 	obj := a.apply(t, route("r", []string{"n1"}, "192.0.2.1")).GetObject()
 	rev := obj.GetMeta().GetRevision()
 	done := make(chan watchStream, 1)
 	go func() { done <- watchFrom(t, testContext(t), b.client, "n1", a.srv.Epoch(), rev) }()
-	time.Sleep(50 * time.Millisecond) // let the watch find b behind; it must wait, not fail
-	b.srv.mu.Unlock()
+	// Give the watch time to find b's cache behind the revision; it must wait for the
+	// cache rather than send a snapshot.
+	time.Sleep(100 * time.Millisecond)
+	proxy.resume()
 	w := <-done
 	wantResumed(t, b, w, rev)
+}
+
+// pausingProxy forwards unix socket connections to a target socket; while paused it
+// forwards nothing from the target to the clients.
+type pausingProxy struct {
+	path string
+	mu   sync.Mutex
+	// gate is closed while the proxy forwards; a paused proxy holds an open one.
+	gate chan struct{}
+}
+
+// newPausingProxy serves a proxy to the target socket; the test's cleanup stops it.
+func newPausingProxy(t *testing.T, target string) *pausingProxy {
+	t.Helper()
+	p := &pausingProxy{path: filepath.Join(t.TempDir(), "proxy.sock"), gate: make(chan struct{})}
+	close(p.gate)
+	lis, err := net.Listen("unix", p.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns sync.WaitGroup
+	var mu sync.Mutex
+	var open []net.Conn
+	t.Cleanup(func() {
+		lis.Close()
+		p.resume()
+		mu.Lock()
+		for _, c := range open {
+			c.Close()
+		}
+		mu.Unlock()
+		conns.Wait()
+	})
+	conns.Go(func() {
+		for {
+			client, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			server, err := net.Dial("unix", target)
+			if err != nil {
+				client.Close()
+				continue
+			}
+			mu.Lock()
+			open = append(open, client, server)
+			mu.Unlock()
+			conns.Go(func() { io.Copy(server, client); server.Close() })
+			conns.Go(func() { p.copyGated(client, server); client.Close() })
+		}
+	})
+	return p
+}
+
+// copyGated copies from src to dst, waiting at every read while the proxy is paused.
+func (p *pausingProxy) copyGated(dst io.Writer, src io.Reader) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			gate := p.gate
+			p.mu.Unlock()
+			<-gate
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (p *pausingProxy) pause() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.gate = make(chan struct{})
+}
+
+func (p *pausingProxy) resume() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.gate:
+	default:
+		close(p.gate)
+	}
 }
 
 func TestEtcdConcurrentWritersLoseNoUpdate(t *testing.T) {
@@ -329,4 +424,31 @@ func TestEtcdSurvivesLeaderAndFollowerKill(t *testing.T) {
 			t.Fatalf("watch on b got %v at %d, want %s at %d", ev.GetType(), ev.GetRevision(), want.GetMeta().GetName(), want.GetMeta().GetRevision())
 		}
 	}
+}
+
+func TestEtcdDeleteSeesACreateThroughAnotherReplica(t *testing.T) {
+	c := cluster(t)
+	a := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
+	proxy := newPausingProxy(t, strings.TrimPrefix(c.Endpoint(0), "unix://"))
+	b := startReplica(t, []string{"unix://" + proxy.path}, testPrefix(t), true, Options{})
+
+	// b's cache has not seen the creation when the deletion comes: the deletion must find
+	// the object anyway.
+	proxy.pause()
+	a.apply(t, route("r", nil, "192.0.2.1"))
+	done := make(chan *nimbusv1.DeleteResponse, 1)
+	go func() {
+		resp, err := b.client.Delete(testContext(t), &nimbusv1.DeleteRequest{Key: routeKey("r")})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- resp
+	}()
+	time.Sleep(100 * time.Millisecond) // let the deletion reach b while its cache is behind
+	proxy.resume()
+	if resp := <-done; !resp.GetFound() {
+		t.Fatal("a deletion through b right after the creation through a found nothing")
+	}
+	_, err := a.client.Get(testContext(t), &nimbusv1.GetRequest{Key: routeKey("r")})
+	wantCode(t, err, codes.NotFound)
 }
