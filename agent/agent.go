@@ -27,7 +27,8 @@ import (
 type Config struct {
 	// Node is this host's node name. Required.
 	Node string
-	// Nimbus is nimbus's address, "unix:///path" or "tcp://host:port". Required.
+	// Nimbus is nimbus's address, "unix:///path" or "tcp://host:port", or a
+	// comma-separated list of the addresses of nimbus replicas (see nimbusclient). Required.
 	Nimbus string
 	// TLS is the TLS configuration the agent dials nimbus with, presenting this node's
 	// certificate, which must name Node. Default: nil, which dials plaintext.

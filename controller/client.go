@@ -56,8 +56,9 @@ func recvLimit() grpc.CallOption { return grpc.MaxCallRecvMsgSize(maxRecvMsgSize
 
 // Options configures a Client.
 type Options struct {
-	// Address is nimbus's address, "unix:///path" or "tcp://host:port". Required unless
-	// Conn is set.
+	// Address is nimbus's address, "unix:///path" or "tcp://host:port", or a
+	// comma-separated list of the addresses of nimbus replicas, of which the client uses one
+	// and moves to another when it fails. Required unless Conn is set.
 	Address string
 	// TLS, when set, is the TLS configuration the client dials nimbus with: the CAs that
 	// verify nimbus and a publisher certificate, which nimbus requires for everything a
@@ -139,11 +140,12 @@ func New(opts Options) (*Client, error) {
 	if opts.Address == "" {
 		return nil, fmt.Errorf("creating controller client: Address is required: %w", ErrInvalidOptions)
 	}
-	addr, err := address.Parse(opts.Address)
+	addr, err := address.ParseList(opts.Address)
 	if err != nil {
 		return nil, fmt.Errorf("creating controller client: %w: %w", err, ErrInvalidOptions)
 	}
-	dial := append([]grpc.DialOption{
+	target, targetOptions := addr.GRPCTarget()
+	dial := append(append([]grpc.DialOption{
 		codec.Codec{}.DialOption(),
 		grpc.WithTransportCredentials(pki.TransportCredentials(opts.TLS)),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
@@ -151,8 +153,8 @@ func New(opts Options) (*Client, error) {
 			Backoff:           grpcbackoff.Config{BaseDelay: opts.MinBackoff, Multiplier: 1.6, Jitter: 0.2, MaxDelay: opts.MaxBackoff},
 			MinConnectTimeout: 5 * time.Second,
 		}),
-	}, opts.DialOptions...)
-	conn, err := grpc.NewClient(addr.GRPCTarget(), dial...)
+	}, targetOptions...), opts.DialOptions...)
+	conn, err := grpc.NewClient(target, dial...)
 	if err != nil {
 		return nil, fmt.Errorf("creating controller client of nimbus at %s: %w", addr, err)
 	}
