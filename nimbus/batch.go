@@ -58,7 +58,7 @@ func (s *Server) ApplyBatch(ctx context.Context, req *nimbusv1.ApplyBatchRequest
 	if err := s.submit(b); err != nil {
 		return nil, rpcError(err)
 	}
-	resp := &nimbusv1.ApplyBatchResponse{Results: make([]*nimbusv1.ApplyResponse, len(b.outcomes)), Revision: b.rev}
+	resp := &nimbusv1.ApplyBatchResponse{Results: make([]*nimbusv1.ApplyResponse, len(b.outcomes)), Revision: b.rev, Transactions: uint32(b.txns)}
 	for i, out := range b.outcomes {
 		if req.GetOmitObjects() {
 			resp.Results[i] = omittedResponse(out)
@@ -114,7 +114,7 @@ func (s *Server) DeleteBatch(ctx context.Context, req *nimbusv1.DeleteBatchReque
 	if err := s.submit(b); err != nil {
 		return nil, rpcError(err)
 	}
-	resp := &nimbusv1.DeleteBatchResponse{Results: make([]*nimbusv1.DeleteResponse, len(b.outcomes)), Revision: b.rev}
+	resp := &nimbusv1.DeleteBatchResponse{Results: make([]*nimbusv1.DeleteResponse, len(b.outcomes)), Revision: b.rev, Transactions: uint32(b.txns)}
 	for i, out := range b.outcomes {
 		resp.Results[i] = deleteResponse(out)
 	}

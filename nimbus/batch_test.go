@@ -150,8 +150,8 @@ func TestApplyBatchCommitsOnce(t *testing.T) {
 	if err != nil {
 		t.Fatalf("ApplyBatch: %v", err)
 	}
-	if after := txID(t, ts); after != before+1 {
-		t.Errorf("bbolt transactions = %d, want 1", after-before)
+	if after := txID(t, ts); after != before+1 || resp.GetTransactions() != 1 {
+		t.Errorf("bbolt transactions = %d, and the response says %d; want 1", after-before, resp.GetTransactions())
 	}
 	if resp.GetRevision() != batchSize || len(resp.GetResults()) != batchSize {
 		t.Fatalf("ApplyBatch = %d results at revision %d, want %d at %d", len(resp.GetResults()), resp.GetRevision(), batchSize, batchSize)
@@ -187,8 +187,9 @@ func TestApplyBatchCommitsOnce(t *testing.T) {
 				i, r.GetChanged(), r.GetObject().GetMeta().GetRevision(), i+1)
 		}
 	}
-	if after := txID(t, ts); after != before || resp.GetRevision() != batchSize {
-		t.Errorf("unchanged batch: %d bbolt transactions, revision %d; want none at %d", after-before, resp.GetRevision(), batchSize)
+	if after := txID(t, ts); after != before || resp.GetRevision() != batchSize || resp.GetTransactions() != 0 {
+		t.Errorf("unchanged batch: %d bbolt transactions (the response says %d), revision %d; want none at %d",
+			after-before, resp.GetTransactions(), resp.GetRevision(), batchSize)
 	}
 
 	// The objects are durable: a server on the same directory has all of them.

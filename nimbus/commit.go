@@ -71,6 +71,8 @@ type batch struct {
 	outcomes []outcome
 	// rev is the store's revision after the batch's last write.
 	rev uint64
+	// txns is how many store transactions committed the batch's changes.
+	txns int
 	err error
 	// done is closed once the batch is committed, and durable, or has failed.
 	done chan struct{}
@@ -241,6 +243,14 @@ func (s *Server) commitLocked(group []*batch, now *timestamppb.Timestamp) ([]sta
 	}
 	if len(changes) == 0 {
 		return nil, nil
+	}
+	for _, b := range group {
+		for _, out := range b.outcomes {
+			if out.changed {
+				b.txns = 1
+				break
+			}
+		}
 	}
 	txn.setRevision(rev)
 	if s.disk != nil {

@@ -655,7 +655,11 @@ func (e *etcdStore) commitBatch(b *batch) error {
 	}
 	from := 0
 	for i, to := range chunks {
-		if err := e.commitChunk(b, from, to); err != nil {
+		committed, err := e.commitChunk(b, from, to)
+		if committed {
+			b.txns++
+		}
+		if err != nil {
 			if i > 0 {
 				return fmt.Errorf("the first %d of %d objects were committed, in %d of %d etcd transactions; the rest were not: %w",
 					from, len(b.writes), i, len(chunks), err)
@@ -692,15 +696,16 @@ func (e *etcdStore) split(writes []write) []int {
 	return append(ends, len(writes))
 }
 
-// commitChunk commits writes [from, to) of the batch in one etcd transaction: it stages
+// commitChunk commits writes [from, to) of the batch in one etcd transaction, and reports
+// whether a transaction committed changes (a chunk that changes nothing sends none): it stages
 // them against the cache as the embedded store would commit them, sends the changes with
 // a check that each object is still what the cache holds, and waits for the cache to
 // hold the transaction. A transaction that loses a race with another replica is staged
 // again once the cache has caught up.
-func (e *etcdStore) commitChunk(b *batch, from, to int) error {
+func (e *etcdStore) commitChunk(b *batch, from, to int) (committed bool, err error) {
 	s := e.s
 	if err := e.catchUpForDeletes(b.writes[from:to]); err != nil {
-		return err
+		return false, err
 	}
 	for attempt := 0; ; attempt++ {
 		now := timestamppb.New(s.opts.Now())
@@ -713,7 +718,7 @@ func (e *etcdStore) commitChunk(b *batch, from, to int) error {
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
-			return ErrClosed
+			return false, ErrClosed
 		}
 		base := s.rev
 		txn := s.store.write()
@@ -754,7 +759,7 @@ func (e *etcdStore) commitChunk(b *batch, from, to int) error {
 				if err != nil {
 					txn.abort()
 					s.mu.Unlock()
-					return fmt.Errorf("encoding %s: %w", w.id, err)
+					return false, fmt.Errorf("encoding %s: %w", w.id, err)
 				}
 				ops = append(ops, clientv3.OpPut(key, string(val)))
 			} else {
@@ -767,27 +772,27 @@ func (e *etcdStore) commitChunk(b *batch, from, to int) error {
 		s.mu.Unlock()
 		if len(ops) == 0 {
 			copy(b.outcomes[from:to], outs)
-			return nil
+			return false, nil
 		}
 		ctx, cancel := context.WithTimeout(e.ctx, etcdWriteTimeout)
 		resp, err := e.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
 		if err != nil {
 			cancel()
-			return fmt.Errorf("etcd transaction of %d changes: %w: %w", len(ops), err, ErrUnavailable)
+			return false, fmt.Errorf("etcd transaction of %d changes: %w: %w", len(ops), err, ErrUnavailable)
 		}
 		rev := resp.Header.Revision
 		err = e.waitApplied(ctx, rev)
 		cancel()
 		if err != nil {
 			if resp.Succeeded {
-				return fmt.Errorf("committed at etcd revision %d, but %w: %w", rev, err, ErrUnavailable)
+				return true, fmt.Errorf("committed at etcd revision %d, but %w: %w", rev, err, ErrUnavailable)
 			}
-			return fmt.Errorf("%w: %w", err, ErrUnavailable)
+			return false, fmt.Errorf("%w: %w", err, ErrUnavailable)
 		}
 		if !resp.Succeeded {
 			e.conflicts.Inc()
 			if attempt >= etcdMaxConflicts {
-				return fmt.Errorf("%d etcd transactions in a row lost a race with other replicas: %w", attempt+1, ErrUnavailable)
+				return false, fmt.Errorf("%d etcd transactions in a row lost a race with other replicas: %w", attempt+1, ErrUnavailable)
 			}
 			continue
 		}
@@ -803,7 +808,7 @@ func (e *etcdStore) commitChunk(b *batch, from, to int) error {
 			}
 		}
 		copy(b.outcomes[from:to], outs)
-		return nil
+		return true, nil
 	}
 }
 

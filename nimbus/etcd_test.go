@@ -129,8 +129,9 @@ func TestEtcdBatchSplitIntoTransactions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := testutil.ToFloat64(a.srv.etcd.txns) - before; got != 3 {
-		t.Fatalf("250 objects with MaxTxnOps 100 took %v etcd transactions, want 3", got)
+	if got := testutil.ToFloat64(a.srv.etcd.txns) - before; got != 3 || resp.GetTransactions() != 3 {
+		t.Fatalf("250 objects with MaxTxnOps 100 took %v etcd transactions, and the response says %d; want 3",
+			got, resp.GetTransactions())
 	}
 	// Each change has its own revision, increasing in the order of the batch, and the
 	// watcher on the other replica sees them in that order.

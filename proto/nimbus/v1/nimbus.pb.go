@@ -1927,7 +1927,11 @@ type ApplyBatchResponse struct {
 	// results are in the order of the request's objects.
 	Results []*ApplyResponse `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
 	// revision is the store's revision after the batch.
-	Revision      uint64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	Revision uint64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	// transactions is how many store transactions committed the batch's changes: at most 1
+	// with the embedded store. With etcd, a batch larger than one etcd transaction holds is
+	// split, and then it is atomic per transaction only.
+	Transactions  uint32 `protobuf:"varint,3,opt,name=transactions,proto3" json:"transactions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1972,6 +1976,13 @@ func (x *ApplyBatchResponse) GetResults() []*ApplyResponse {
 func (x *ApplyBatchResponse) GetRevision() uint64 {
 	if x != nil {
 		return x.Revision
+	}
+	return 0
+}
+
+func (x *ApplyBatchResponse) GetTransactions() uint32 {
+	if x != nil {
+		return x.Transactions
 	}
 	return 0
 }
@@ -2026,7 +2037,9 @@ type DeleteBatchResponse struct {
 	// results are in the order of the request's keys.
 	Results []*DeleteResponse `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
 	// revision is the store's revision after the batch.
-	Revision      uint64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	Revision uint64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	// transactions is as in ApplyBatchResponse.
+	Transactions  uint32 `protobuf:"varint,3,opt,name=transactions,proto3" json:"transactions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2071,6 +2084,13 @@ func (x *DeleteBatchResponse) GetResults() []*DeleteResponse {
 func (x *DeleteBatchResponse) GetRevision() uint64 {
 	if x != nil {
 		return x.Revision
+	}
+	return 0
+}
+
+func (x *DeleteBatchResponse) GetTransactions() uint32 {
+	if x != nil {
+		return x.Transactions
 	}
 	return 0
 }
@@ -3066,15 +3086,17 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\"c\n" +
 	"\x11ApplyBatchRequest\x12+\n" +
 	"\aobjects\x18\x01 \x03(\v2\x11.nimbus.v1.ObjectR\aobjects\x12!\n" +
-	"\fomit_objects\x18\x02 \x01(\bR\vomitObjects\"d\n" +
+	"\fomit_objects\x18\x02 \x01(\bR\vomitObjects\"\x88\x01\n" +
 	"\x12ApplyBatchResponse\x122\n" +
 	"\aresults\x18\x01 \x03(\v2\x18.nimbus.v1.ApplyResponseR\aresults\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x04R\brevision\">\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\x12\"\n" +
+	"\ftransactions\x18\x03 \x01(\rR\ftransactions\">\n" +
 	"\x12DeleteBatchRequest\x12(\n" +
-	"\x04keys\x18\x01 \x03(\v2\x14.nimbus.v1.ObjectKeyR\x04keys\"f\n" +
+	"\x04keys\x18\x01 \x03(\v2\x14.nimbus.v1.ObjectKeyR\x04keys\"\x8a\x01\n" +
 	"\x13DeleteBatchResponse\x123\n" +
 	"\aresults\x18\x01 \x03(\v2\x19.nimbus.v1.DeleteResponseR\aresults\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x04R\brevision\"4\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\x12\"\n" +
+	"\ftransactions\x18\x03 \x01(\rR\ftransactions\"4\n" +
 	"\n" +
 	"GetRequest\x12&\n" +
 	"\x03key\x18\x01 \x01(\v2\x14.nimbus.v1.ObjectKeyR\x03key\">\n" +

@@ -1576,6 +1576,11 @@ func (m *ApplyBatchResponse) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
+	if m.Transactions != 0 {
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.Transactions))
+		i--
+		dAtA[i] = 0x18
+	}
 	if m.Revision != 0 {
 		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.Revision))
 		i--
@@ -1670,6 +1675,11 @@ func (m *DeleteBatchResponse) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 	if m.unknownFields != nil {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
+	}
+	if m.Transactions != 0 {
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.Transactions))
+		i--
+		dAtA[i] = 0x18
 	}
 	if m.Revision != 0 {
 		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.Revision))
@@ -3129,6 +3139,9 @@ func (m *ApplyBatchResponse) SizeVT() (n int) {
 	if m.Revision != 0 {
 		n += 1 + protohelpers.SizeOfVarint(uint64(m.Revision))
 	}
+	if m.Transactions != 0 {
+		n += 1 + protohelpers.SizeOfVarint(uint64(m.Transactions))
+	}
 	n += len(m.unknownFields)
 	return n
 }
@@ -3163,6 +3176,9 @@ func (m *DeleteBatchResponse) SizeVT() (n int) {
 	}
 	if m.Revision != 0 {
 		n += 1 + protohelpers.SizeOfVarint(uint64(m.Revision))
+	}
+	if m.Transactions != 0 {
+		n += 1 + protohelpers.SizeOfVarint(uint64(m.Transactions))
 	}
 	n += len(m.unknownFields)
 	return n
@@ -7397,6 +7413,25 @@ func (m *ApplyBatchResponse) UnmarshalVT(dAtA []byte) error {
 					break
 				}
 			}
+		case 3:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field Transactions", wireType)
+			}
+			m.Transactions = 0
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				m.Transactions |= uint32(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])
@@ -7582,6 +7617,25 @@ func (m *DeleteBatchResponse) UnmarshalVT(dAtA []byte) error {
 				b := dAtA[iNdEx]
 				iNdEx++
 				m.Revision |= uint64(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+		case 3:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field Transactions", wireType)
+			}
+			m.Transactions = 0
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				m.Transactions |= uint32(b&0x7F) << shift
 				if b < 0x80 {
 					break
 				}
@@ -13485,6 +13539,25 @@ func (m *ApplyBatchResponse) UnmarshalVTUnsafe(dAtA []byte) error {
 					break
 				}
 			}
+		case 3:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field Transactions", wireType)
+			}
+			m.Transactions = 0
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				m.Transactions |= uint32(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])
@@ -13670,6 +13743,25 @@ func (m *DeleteBatchResponse) UnmarshalVTUnsafe(dAtA []byte) error {
 				b := dAtA[iNdEx]
 				iNdEx++
 				m.Revision |= uint64(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+		case 3:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field Transactions", wireType)
+			}
+			m.Transactions = 0
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				m.Transactions |= uint32(b&0x7F) << shift
 				if b < 0x80 {
 					break
 				}
