@@ -59,7 +59,7 @@ bpf-check: bpf
 	test -z "$$(git status --porcelain -- hal/linux/fwbpf)"
 
 clean:
-	rm -rf $(BIN)
+	rm -rf $(BIN) dist
 
 # release builds static binaries (CGO_ENABLED=0) of the three commands for each platform of
 # RELEASE_PLATFORMS into $(DIST)/naples-VERSION-OS-ARCH/, packs each directory into
@@ -72,6 +72,9 @@ VERSION           ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 DIST              ?= dist
 RELEASE_PLATFORMS ?= linux/amd64 linux/arm64
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || date +%s)
+# Evaluated once, so that a file changing during the build cannot change the version.
+VERSION           := $(VERSION)
+SOURCE_DATE_EPOCH := $(SOURCE_DATE_EPOCH)
 
 release:
 	@test -n "$(VERSION)" || { echo "release: VERSION is empty (no git? set VERSION=...)" >&2; exit 1; }
@@ -81,7 +84,8 @@ release:
 		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath \
 			-ldflags "-s -w -X github.com/naplesnet/naples/internal/version.Version=$(VERSION)" \
 			-o $(DIST)/$$name/ $(addprefix ./cmd/,$(CMDS)); \
-		tar -C $(DIST) -cf - --sort=name --owner=0 --group=0 --numeric-owner \
-			--mtime=@$(SOURCE_DATE_EPOCH) $$name | gzip -n > $(DIST)/$$name.tar.gz; \
+		tar -C $(DIST) -cf $(DIST)/$$name.tar --sort=name --owner=0 --group=0 --numeric-owner \
+			--mtime=@$(SOURCE_DATE_EPOCH) $$name; \
+		gzip -n -f $(DIST)/$$name.tar; \
 	done
 	cd $(DIST) && sha256sum naples-$(VERSION)-*.tar.gz naples-$(VERSION)-*/* > SHA256SUMS

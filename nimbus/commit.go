@@ -73,7 +73,7 @@ type batch struct {
 	rev uint64
 	// txns is how many store transactions committed the batch's changes.
 	txns int
-	err error
+	err  error
 	// done is closed once the batch is committed, and durable, or has failed.
 	done chan struct{}
 	// lead tells a waiting caller that it is to commit the queue.

@@ -7,8 +7,8 @@ import (
 	"os"
 	"strings"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/naplesnet/naples/internal/address"
 	"github.com/naplesnet/naples/nimbus"

@@ -1,0 +1,53 @@
+// Package versiontest checks the --version flag of a command: the test binary of the
+// command's main package runs main itself, with the flag, as the command would run.
+package versiontest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/naplesnet/naples/internal/version"
+)
+
+// runMainEnv, set in the environment of a test binary that Main runs, makes it run main
+// instead of the tests, with the arguments it was given, and with version.Version set to
+// the variable's value, as the linker's -X sets it in a release: the test binary is then
+// the command itself.
+const runMainEnv = "NAPLES_TEST_RUN_MAIN_VERSION"
+
+// Main is the TestMain of a command's package: it runs main when Flag started the test
+// binary, and the tests otherwise.
+func Main(m *testing.M, main func()) {
+	if v, ok := os.LookupEnv(runMainEnv); ok {
+		version.Version = v
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// Flag runs the test binary as the command name with args and --version, and fails the
+// test unless it exits 0 having printed the version line, and nothing else. args should
+// hold a flag that configures a run, to show that --version wins over it.
+func Flag(t *testing.T, name string, args ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], append(args, "--version")...)
+	cmd.Env = append(os.Environ(), runMainEnv+"=v1.2.3-test", "GORACE=atexit_sleep_ms=0")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("%s --version: %v, want exit status 0; stderr:\n%s", name, err, stderr.String())
+	}
+	want := fmt.Sprintf("%s v1.2.3-test (%s, %s/%s)\n", name, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	if stdout.String() != want || stderr.Len() != 0 {
+		t.Errorf("%s --version printed %q on stdout and %q on stderr, want %q on stdout only", name, stdout.String(), stderr.String(), want)
+	}
+}
