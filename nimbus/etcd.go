@@ -500,7 +500,11 @@ func (e *etcdStore) replace(epoch string, objs []*nimbusv1.Object, rev int64) {
 	s.history.reset(s.rev)
 	s.setEpoch(epoch)
 	s.metrics.objects.Set(float64(len(objs)))
-	s.metrics.revision.Set(float64(s.rev))
+	var last uint64 // the revision of the last change, as the embedded store's gauge shows
+	for _, obj := range objs {
+		last = max(last, obj.GetMeta().GetRevision())
+	}
+	s.metrics.revision.Set(float64(last))
 	e.mu.Lock()
 	e.lastRev, e.nextSub = 0, 0
 	e.mu.Unlock()
@@ -558,10 +562,9 @@ func (e *etcdStore) apply(evs []*clientv3.Event) {
 func (e *etcdStore) progress(rev int64) {
 	s := e.s
 	s.mu.Lock()
-	if endRev(rev) > s.rev {
-		s.rev = endRev(rev)
-		s.metrics.revision.Set(float64(s.rev))
-	}
+	// The revision gauge stays at the last change, which every replica that is caught up
+	// shows alike, whatever progress each was told of.
+	s.rev = max(s.rev, endRev(rev))
 	s.mu.Unlock()
 	e.advanceTo(rev)
 }

@@ -453,3 +453,29 @@ func TestEtcdDeleteSeesACreateThroughAnotherReplica(t *testing.T) {
 	_, err := a.client.Get(testContext(t), &nimbusv1.GetRequest{Key: routeKey("r")})
 	wantCode(t, err, codes.NotFound)
 }
+
+func TestEtcdRevisionGaugeAgreesAcrossReplicas(t *testing.T) {
+	c := cluster(t)
+	a := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
+	b := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
+	obj := a.apply(t, route("r", nil, "192.0.2.1")).GetObject()
+	waitRev(t, b, obj.GetMeta().GetRevision())
+	// etcd moves on without an object change; b is told so by a progress notification,
+	// a is not. Both still show the revision of the last change.
+	put, err := c.Client(t).Put(testContext(t), "/elsewhere", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !b.srv.etcd.catchUp(testContext(t), endRev(put.Header.Revision)) {
+		t.Fatal("b did not learn of etcd's progress")
+	}
+	want := float64(obj.GetMeta().GetRevision())
+	if ga, gb := testutil.ToFloat64(a.srv.metrics.revision), testutil.ToFloat64(b.srv.metrics.revision); ga != want || gb != want {
+		t.Fatalf("naples_nimbus_revision: a %v, b %v; want both at the last change, %v", ga, gb, want)
+	}
+	// A replica started now, which loads from etcd, shows the same.
+	cr := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
+	if g := testutil.ToFloat64(cr.srv.metrics.revision); g != want {
+		t.Fatalf("naples_nimbus_revision of a new replica: %v, want %v", g, want)
+	}
+}
