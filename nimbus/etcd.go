@@ -14,6 +14,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -162,8 +164,10 @@ type etcdStore struct {
 	applied int64
 	// advanced is closed, and replaced, whenever applied moves.
 	advanced chan struct{}
-	// loaded tells that the cache has been filled from etcd and caught up with it once.
-	loaded bool
+	// loaded tells that the cache has been filled from etcd and caught up with it once;
+	// firstLoad is closed the first time it is.
+	loaded    bool
+	firstLoad chan struct{}
 	// problem says why the store is not loaded, for Ready.
 	problem string
 	// lastRev and nextSub carry the position of the next change in its etcd revision
@@ -195,8 +199,9 @@ func newEtcdStore(s *Server, o *EtcdOptions) (*etcdStore, error) {
 		s: s, opts: opts, cli: cli,
 		objects:  opts.Prefix + "/objects/",
 		epochKey: opts.Prefix + "/epoch",
-		advanced: make(chan struct{}),
-		problem:  "etcd store not loaded yet",
+		advanced:  make(chan struct{}),
+		firstLoad: make(chan struct{}),
+		problem:   "etcd store not loaded yet",
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	if err := e.registerMetrics(s.opts.Registerer); err != nil {
@@ -369,12 +374,41 @@ func cacheWatchContext(ctx context.Context) context.Context {
 	return clientv3.WithRequireLeader(metadata.AppendToOutgoingContext(ctx, "naples-watch", "objects"))
 }
 
+// reportHealth makes the health service say NOT_SERVING, for the whole server and for
+// the Nimbus service, until the cache is first loaded, so that stock probes agree with
+// /readyz; a replica refuses every call until then.
+func (e *etcdStore) reportHealth(hs *health.Server) {
+	select {
+	case <-e.firstLoad:
+		return
+	default:
+	}
+	services := []string{"", nimbusv1.Nimbus_ServiceDesc.ServiceName}
+	for _, svc := range services {
+		hs.SetServingStatus(svc, healthpb.HealthCheckResponse_NOT_SERVING)
+	}
+	e.loops.Go(func() {
+		select {
+		case <-e.firstLoad:
+			for _, svc := range services {
+				hs.SetServingStatus(svc, healthpb.HealthCheckResponse_SERVING)
+			}
+		case <-e.ctx.Done():
+		}
+	})
+}
+
 // markLoaded records that the cache is loaded and caught up.
 func (e *etcdStore) markLoaded() {
 	e.mu.Lock()
 	first := !e.loaded
 	e.loaded, e.problem = true, ""
 	rev := e.applied
+	select {
+	case <-e.firstLoad:
+	default:
+		close(e.firstLoad)
+	}
 	e.mu.Unlock()
 	e.ready.Set(1)
 	if first {

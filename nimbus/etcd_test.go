@@ -13,7 +13,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/naplesnet/naples/internal/testetcd"
@@ -344,9 +347,27 @@ func TestEtcdReplicaNotReadyUntilEtcdAnswers(t *testing.T) {
 	_, err = ts.client.Apply(testContext(t), &nimbusv1.ApplyRequest{Object: route("r", nil, "192.0.2.1")})
 	wantCode(t, err, codes.Unavailable)
 
+	health := healthpb.NewHealthClient(dialConn(t, ts.path))
+	wantHealth := func(want healthpb.HealthCheckResponse_ServingStatus) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			resp, err := health.Check(testContext(t), &healthpb.HealthCheckRequest{Service: nimbusv1.Nimbus_ServiceDesc.ServiceName})
+			if err == nil && resp.GetStatus() == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("health of the Nimbus service = %v (err %v), want %v", resp.GetStatus(), err, want)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	wantHealth(healthpb.HealthCheckResponse_NOT_SERVING)
+
 	c.StartAll()
 	waitReady(t, ts)
 	ts.apply(t, route("r", nil, "192.0.2.1"))
+	wantHealth(healthpb.HealthCheckResponse_SERVING)
 }
 
 func TestEtcdNewReplicaResumesFromBeforeItStarted(t *testing.T) {
@@ -478,4 +499,15 @@ func TestEtcdRevisionGaugeAgreesAcrossReplicas(t *testing.T) {
 	if g := testutil.ToFloat64(cr.srv.metrics.revision); g != want {
 		t.Fatalf("naples_nimbus_revision of a new replica: %v, want %v", g, want)
 	}
+}
+
+// dialConn connects a new client connection to the socket; the test's cleanup closes it.
+func dialConn(t *testing.T, path string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }

@@ -339,9 +339,13 @@ func (s *Server) Serve(ctx context.Context, lis ...net.Listener) error {
 	)
 	nimbusv1.RegisterNimbusServer(gs, s)
 	// The standard health service, so stock probes work: SERVING for the whole server and
-	// for nimbus.v1.Nimbus until Serve stops.
+	// for nimbus.v1.Nimbus until Serve stops (with etcd, from when the store is loaded).
 	hs := health.NewServer()
 	hs.SetServingStatus(nimbusv1.Nimbus_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	if s.etcd != nil {
+		// A replica serves once it has read etcd; until then it refuses every call.
+		s.etcd.reportHealth(hs)
+	}
 	healthpb.RegisterHealthServer(gs, hs)
 
 	errc := make(chan error, len(lis))
