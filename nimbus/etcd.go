@@ -197,8 +197,8 @@ func newEtcdStore(s *Server, o *EtcdOptions) (*etcdStore, error) {
 	}
 	e := &etcdStore{
 		s: s, opts: opts, cli: cli,
-		objects:  opts.Prefix + "/objects/",
-		epochKey: opts.Prefix + "/epoch",
+		objects:   opts.Prefix + "/objects/",
+		epochKey:  opts.Prefix + "/epoch",
 		advanced:  make(chan struct{}),
 		firstLoad: make(chan struct{}),
 		problem:   "etcd store not loaded yet",

@@ -754,7 +754,7 @@ func (h *peerHub) current(sess *peerSession) bool {
 }
 
 // apply takes one frame of the peer's stream: once the store has caught up with the
-// frame's revision (s.peerGate), its reports and presence in one transaction.
+// frame's revision (s.peerGate), its reports and presence.
 func (h *peerHub) apply(ctx context.Context, sess *peerSession, f *nimbusv1.PeerFrame) error {
 	s := h.s
 	if len(f.GetReports()) == 0 && len(f.GetPresence()) == 0 {
@@ -765,13 +765,30 @@ func (h *peerHub) apply(ctx context.Context, sess *peerSession, f *nimbusv1.Peer
 			return status.Errorf(codes.Unavailable, "waiting for revision %d of replica %q: %v", f.GetRevision(), sess.replica, err)
 		}
 	}
+	// The reports go in transactions of statusTxnReports each, as an agent's do, and the
+	// presence with the last of them.
+	var changed []*nimbusv1.ObjectKey
+	reports := f.GetReports()
+	for len(reports) > statusTxnReports {
+		txn := s.store.write()
+		if !h.current(sess) {
+			txn.abort()
+			return errPeerReplaced
+		}
+		for _, r := range reports[:statusTxnReports] {
+			if key := s.recordStatusIn(txn, r, sess.replica); key != nil {
+				changed = append(changed, key)
+			}
+		}
+		txn.commit()
+		reports = reports[statusTxnReports:]
+	}
 	txn := s.store.write()
 	defer txn.abort()
 	if !h.current(sess) {
 		return errPeerReplaced
 	}
-	var changed []*nimbusv1.ObjectKey
-	for _, r := range f.GetReports() {
+	for _, r := range reports {
 		if key := s.recordStatusIn(txn, r, sess.replica); key != nil {
 			changed = append(changed, key)
 		}

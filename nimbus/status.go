@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -88,25 +89,33 @@ func (s *Server) ReportStatus(stream grpc.ClientStreamingServer[nimbusv1.StatusR
 // maxStatusBatch bounds how many status reports one transaction records.
 const maxStatusBatch = 1024
 
-// recordStatuses stores reports of the server's own agents in one transaction, dropping
+// recordStatuses stores reports of the server's own agents, statusTxnReports per
+// transaction, dropping
 // those that do not belong to a stored object that targets the reporting node, and hands
 // those it stores to the pushers to the peer replicas.
 func (s *Server) recordStatuses(reports []*nimbusv1.StatusReport) {
-	txn := s.store.write()
-	changed := make([]*nimbusv1.ObjectKey, 0, len(reports))
-	nodes := make([]string, 0, len(reports))
-	for _, r := range reports {
-		if key := s.recordStatusIn(txn, r, s.opts.ReplicaName); key != nil {
-			changed = append(changed, key)
-			nodes = append(nodes, r.GetStatus().GetNode())
+	for part := range slices.Chunk(reports, statusTxnReports) {
+		txn := s.store.write()
+		changed := make([]*nimbusv1.ObjectKey, 0, len(part))
+		nodes := make([]string, 0, len(part))
+		for _, r := range part {
+			if key := s.recordStatusIn(txn, r, s.opts.ReplicaName); key != nil {
+				changed = append(changed, key)
+				nodes = append(nodes, r.GetStatus().GetNode())
+			}
+		}
+		txn.commit()
+		for i, key := range changed {
+			s.statusWatch.objectChanged(key)
+			s.peers.statusChanged(key.ID(), nodes[i])
 		}
 	}
-	txn.commit()
-	for i, key := range changed {
-		s.statusWatch.objectChanged(key)
-		s.peers.statusChanged(key.ID(), nodes[i])
-	}
 }
+
+// statusTxnReports bounds how many status reports one store transaction records. The
+// store has one writer at a time, and object commits and watch registrations wait for it
+// while they hold s.mu: a long status transaction would hold up every watch that starts.
+const statusTxnReports = 128
 
 // recordStatusIn stores one report in txn, as reported to the replica origin (empty on a
 // server that is no replica), and returns the key of its object, or nil when the report

@@ -113,15 +113,16 @@ type tables struct {
 func newTables() *tables {
 	return &tables{
 		objects: btree.NewMap[string, *objectRecord](0),
+		// One comparison of each string: a status lookup is most of a replica's work.
 		statuses: btree.NewBTreeGOptions(func(a, b *statusRecord) bool {
-			if a.ObjectID != b.ObjectID {
-				return a.ObjectID < b.ObjectID
+			if c := strings.Compare(a.ObjectID, b.ObjectID); c != 0 {
+				return c < 0
 			}
 			return a.Node < b.Node
 		}, treeOptions),
 		statusesByNode: btree.NewBTreeGOptions(func(a, b *statusRecord) bool {
-			if a.Node != b.Node {
-				return a.Node < b.Node
+			if c := strings.Compare(a.Node, b.Node); c != 0 {
+				return c < 0
 			}
 			return a.ObjectID < b.ObjectID
 		}, treeOptions),

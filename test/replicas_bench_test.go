@@ -1,0 +1,1136 @@
+package test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"text/tabwriter"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	grpcbackoff "google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/naplesnet/naples/internal/testetcd"
+	"github.com/naplesnet/naples/nimbusclient"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// BenchmarkReplicas measures nimbus as 3 replicas on a 3-member etcd (store=etcd-3) and,
+// in the same run, one nimbus with its embedded store and a durable --data-dir
+// (store=embedded-1), under the same load: thousands of light watch clients in the
+// benchmark process, each the watch and status uplink of one simulated agent.
+//
+//	go test -run '^$' -bench Replicas -benchtime 1x -timeout 30m ./test/
+//
+// Every nimbus is a real cmd/nimbus process serving plaintext (--insecure) on a Unix
+// socket, logging at INFO; etcd is real too, fsyncing as in production
+// (testetcd.Durable). Publishers write through replica 0.
+//
+// The layout, with the defaults: 10,000 agents (nodes n00000..n09999) and 10,000 Route
+// objects r00000..r09999. The first 100 are for every node (meta.nodes empty); each of
+// the others names one node, round robin, so every node receives 100 or 101 objects:
+// about a million events per snapshot, and as many statuses. Every object for every node
+// would be 100 million events and statuses, and statuses take about 360 bytes each in
+// every replica (docs/replicas.md): 36 GB per replica, which no 2-core test machine
+// holds.
+//
+// The clients are raw nimbus.v1 Watch streams, spread evenly over the replicas and
+// multiplexed over a few gRPC connections per replica (32 by default; see
+// benchConnsDefault for why). Each decodes every frame with the agent's codec, keeps its
+// epoch and last revision, and reports PROGRAMMED for every object it receives on one
+// ReportStatus stream per connection, all the clients of that connection together.
+// When a stream fails, the client watches another replica with its epoch and revision,
+// as an agent does, and reports every status it holds there again.
+//
+// It measures, per store:
+//   - apply-s: ApplyBatch of every object, 128 per call (nimbus's default transaction
+//     size on etcd);
+//   - snapshot-s: from the first Watch until the last client is SYNCED;
+//   - status-settled-s and status-reports/s: until every report is recorded by the
+//     replica it was sent to and by every peer of it; store-writes-from-status/s is
+//     etcd's revision delta over that time (nimbus's own revision with the embedded
+//     store), by design 0;
+//   - update-p50-ms and update-p99-ms: one object for every node updated several times,
+//     from the Apply until each client has the change, over every (client, update);
+//     update-all-p50-ms is the median over updates of the time until the last client has
+//     it, and update-programmed-p50-ms until every replica shows it PROGRAMMED on every
+//     node (asked every 25 ms; the next update waits for that);
+//   - rss-MiB/replica and heap-MiB/replica: VmRSS and go_memstats_heap_inuse_bytes of
+//     each nimbus once the statuses settled (mean over replicas; the maximum too);
+//   - etcd-db-MiB: etcd's database size (maintenance Status DbSize, largest member);
+//   - with replicas, one replica (not the publishers') is killed with SIGKILL:
+//     failover-s until every one of its clients watches another replica again (the
+//     log shows the distribution), failover-resumed and failover-snapshots counting how
+//     they started, and after-failover-update-p99-ms, an update that every client must
+//     then receive;
+//   - nimbus-cpu-s, etcd-cpu-s and clients-cpu-s: CPU time of every nimbus, of every
+//     etcd member and of the benchmark process from the first Watch until the statuses
+//     settled.
+//
+// It fails when a client misses the snapshot, an update or the failover, when a replica
+// does not show every node PROGRAMMED, or when the reports do not match the events.
+// After both stores, it prints the figures side by side with their ratio.
+//
+// The size can be set with the environment for a quick run: NAPLES_BENCH_AGENTS,
+// NAPLES_BENCH_OBJECTS, NAPLES_BENCH_GLOBAL (objects for every node),
+// NAPLES_BENCH_CONNS (connections per replica) and NAPLES_BENCH_UPDATES.
+func BenchmarkReplicas(b *testing.B) {
+	size := replicaBenchSizeFromEnv(b)
+	var results []*replicaBenchResult
+	for _, store := range []struct {
+		name     string
+		replicas int
+	}{{"etcd-3", 3}, {"embedded-1", 1}} {
+		b.Run("store="+store.name, func(b *testing.B) {
+			for range b.N {
+				res := runReplicaBench(b, size, store.name, store.replicas)
+				res.report(b)
+				results = append(results, res)
+			}
+		})
+	}
+	// The summary goes to standard output: the testing package keeps only the first
+	// ten lines of what a benchmark logs.
+	if len(results) > 0 {
+		fmt.Printf("BenchmarkReplicas, %s:\n%s", size, replicaBenchTable(results))
+	}
+}
+
+// Defaults of the benchmark's size; see BenchmarkReplicas.
+const (
+	benchAgentsDefault  = 10_000
+	benchObjectsDefault = 10_000
+	benchGlobalDefault  = 100
+	benchUpdatesDefault = 10
+	// benchConnsDefault is how many gRPC connections per replica carry the clients'
+	// streams. Agents have a connection each, but 10,000 connections would make the
+	// benchmark process hold 10,000 HTTP/2 transports (a reader and a writer goroutine,
+	// read and write buffers, flow control) next to the clients on the same 2 cores, and
+	// each replica as many: that measures connection handling, which has nothing to do with
+	// the store. 32 connections per replica are still more than there are cores on either
+	// side, so no single connection's reader or writer is the bottleneck, and each carries
+	// about a hundred streams. Each stream keeps the 1 MiB window an agent's has, and each
+	// connection's window is that times its streams, so sharing a connection does not
+	// slow a stream down by flow control. A replica's memory thus leaves out what a
+	// connection per agent adds, gRPC's read and write buffers (32 KiB each by default)
+	// and transport state: 70 to 100 KiB per connection in a run with
+	// NAPLES_BENCH_CONNS=3334, which is a connection per agent.
+	benchConnsDefault = 32
+)
+
+// replicaBenchSize is the size of one run.
+type replicaBenchSize struct {
+	agents, objects, global, conns, updates int
+}
+
+func (s replicaBenchSize) String() string {
+	return fmt.Sprintf("%d agents, %d objects (%d for every node, the others for one node each), %d connections per replica, %d updates",
+		s.agents, s.objects, s.global, s.conns, s.updates)
+}
+
+// replicaBenchSizeFromEnv reads the size from the environment, with the defaults.
+func replicaBenchSizeFromEnv(b *testing.B) replicaBenchSize {
+	b.Helper()
+	get := func(name string, def int) int {
+		v := os.Getenv(name)
+		if v == "" {
+			return def
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			b.Fatalf("$%s=%q: want a positive integer", name, v)
+		}
+		return n
+	}
+	s := replicaBenchSize{
+		agents:  get("NAPLES_BENCH_AGENTS", benchAgentsDefault),
+		objects: get("NAPLES_BENCH_OBJECTS", benchObjectsDefault),
+		global:  get("NAPLES_BENCH_GLOBAL", benchGlobalDefault),
+		conns:   get("NAPLES_BENCH_CONNS", benchConnsDefault),
+		updates: get("NAPLES_BENCH_UPDATES", benchUpdatesDefault),
+	}
+	if s.global > s.objects {
+		b.Fatalf("$NAPLES_BENCH_GLOBAL=%d: more than the %d objects", s.global, s.objects)
+	}
+	if s.agents > 100_000 {
+		b.Fatalf("$NAPLES_BENCH_AGENTS=%d: at most 100000 (node names have 5 digits)", s.agents)
+	}
+	return s
+}
+
+// benchLongWait bounds each wait of the benchmark for the whole fleet: a snapshot, the
+// statuses settling, an update reaching every client, a failover.
+const benchLongWait = 5 * time.Minute
+
+// benchApplyBatch is how many objects one ApplyBatch carries: nimbus's default
+// --etcd-max-txn-ops, so that every call is one etcd transaction.
+const benchApplyBatch = 128
+
+// benchUpdateObject is the index of the object the update rounds change, one for every
+// node.
+const benchUpdateObject = 0
+
+// replicaBenchResult is what one run measured.
+type replicaBenchResult struct {
+	store    string
+	replicas int
+	// etcd is whether the store is etcd.
+	etcd bool
+	// events and reports are the snapshot's events over all clients and the status
+	// reports sent while the statuses settled.
+	events, reports int64
+	apply, snapshot time.Duration
+	// settled is from the first Watch until every report is recorded everywhere.
+	settled time.Duration
+	// storeWrites is etcd's revision delta (with etcd) or nimbus's (embedded) over settled.
+	storeWrites int64
+	// p50 and p99 are over every (client, update); allP50 is the median over updates of
+	// the time until the last client had it.
+	p50, p99, allP50 time.Duration
+	// programmedP50 is the median over updates of the time until every replica showed
+	// the change PROGRAMMED on every node.
+	programmedP50 time.Duration
+	// rss and heap are per replica, in bytes.
+	rss, heap []float64
+	// cpu is the CPU time each nimbus used from the first Watch until the statuses
+	// settled; etcdCPU that of every etcd member together, selfCPU the benchmark
+	// process's (the clients).
+	cpu              []time.Duration
+	etcdCPU, selfCPU time.Duration
+	// etcdDB and etcdDBInUse are etcd's database size, largest member.
+	etcdDB, etcdDBInUse int64
+	// rewatches counts watch streams that ended while no replica was being killed.
+	rewatches int64
+	// The failover, with replicas.
+	failover, failoverP50   time.Duration
+	moved, resumed, resyncs int
+	afterFailoverP99        time.Duration
+}
+
+// report reports the figures with b.ReportMetric.
+func (r *replicaBenchResult) report(b *testing.B) {
+	b.Helper()
+	msOf := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	b.ReportMetric(r.apply.Seconds(), "apply-s")
+	b.ReportMetric(r.snapshot.Seconds(), "snapshot-s")
+	b.ReportMetric(float64(r.events)/r.snapshot.Seconds(), "snapshot-events/s")
+	b.ReportMetric(r.settled.Seconds(), "status-settled-s")
+	b.ReportMetric(float64(r.reports)/r.settled.Seconds(), "status-reports/s")
+	b.ReportMetric(float64(r.storeWrites)/r.settled.Seconds(), "store-writes-from-status/s")
+	b.ReportMetric(msOf(r.p50), "update-p50-ms")
+	b.ReportMetric(msOf(r.p99), "update-p99-ms")
+	b.ReportMetric(msOf(r.allP50), "update-all-p50-ms")
+	b.ReportMetric(msOf(r.programmedP50), "update-programmed-p50-ms")
+	b.ReportMetric(mean(r.rss)/(1<<20), "rss-MiB/replica")
+	b.ReportMetric(slices.Max(r.rss)/(1<<20), "rss-max-MiB")
+	b.ReportMetric(mean(r.heap)/(1<<20), "heap-MiB/replica")
+	b.ReportMetric(slices.Max(r.heap)/(1<<20), "heap-max-MiB")
+	var cpu time.Duration
+	for _, c := range r.cpu {
+		cpu += c
+	}
+	b.ReportMetric(cpu.Seconds(), "nimbus-cpu-s")
+	b.ReportMetric(r.selfCPU.Seconds(), "clients-cpu-s")
+	b.ReportMetric(float64(r.rewatches), "rewatches")
+	if r.etcd {
+		b.ReportMetric(r.etcdCPU.Seconds(), "etcd-cpu-s")
+		b.ReportMetric(float64(r.etcdDB)/(1<<20), "etcd-db-MiB")
+		b.ReportMetric(float64(r.etcdDBInUse)/(1<<20), "etcd-db-inuse-MiB")
+	}
+	if r.replicas > 1 {
+		b.ReportMetric(r.failover.Seconds(), "failover-s")
+		b.ReportMetric(msOf(r.failoverP50), "failover-p50-ms")
+		b.ReportMetric(float64(r.resumed), "failover-resumed")
+		b.ReportMetric(float64(r.resyncs), "failover-snapshots")
+		b.ReportMetric(msOf(r.afterFailoverP99), "after-failover-update-p99-ms")
+	}
+}
+
+// mean returns the mean of xs.
+func mean(xs []float64) float64 {
+	var sum float64
+	for _, x := range xs {
+		sum += x
+	}
+	return sum / float64(len(xs))
+}
+
+// replicaBenchTable formats the results side by side, with the ratio of the first to the
+// second when there are two. A figure a store does not have (etcd's without etcd, the
+// failover's with one nimbus) shows as a dash.
+func replicaBenchTable(rs []*replicaBenchResult) string {
+	var buf bytes.Buffer
+	w := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', tabwriter.AlignRight)
+	all := func(*replicaBenchResult) bool { return true }
+	withEtcd := func(r *replicaBenchResult) bool { return r.etcd }
+	withReplicas := func(r *replicaBenchResult) bool { return r.replicas > 1 }
+	row := func(name, unit string, has func(*replicaBenchResult) bool, f func(*replicaBenchResult) float64) {
+		fmt.Fprintf(w, "%s\t", name)
+		for _, r := range rs {
+			if has(r) {
+				fmt.Fprintf(w, "%.4g %s\t", f(r), unit)
+			} else {
+				fmt.Fprintf(w, "–\t")
+			}
+		}
+		if len(rs) == 2 && has(rs[0]) && has(rs[1]) && f(rs[1]) != 0 {
+			fmt.Fprintf(w, "%.3g×\t", f(rs[0])/f(rs[1]))
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintf(w, "store\t")
+	for _, r := range rs {
+		fmt.Fprintf(w, "%s\t", r.store)
+	}
+	if len(rs) == 2 {
+		fmt.Fprintf(w, "ratio\t")
+	}
+	fmt.Fprintln(w)
+	sec := func(d time.Duration) float64 { return d.Seconds() }
+	msOf := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	row("snapshot events", "", all, func(r *replicaBenchResult) float64 { return float64(r.events) })
+	row("apply all objects", "s", all, func(r *replicaBenchResult) float64 { return sec(r.apply) })
+	row("snapshot to all", "s", all, func(r *replicaBenchResult) float64 { return sec(r.snapshot) })
+	row("statuses settled", "s", all, func(r *replicaBenchResult) float64 { return sec(r.settled) })
+	row("status reports", "", all, func(r *replicaBenchResult) float64 { return float64(r.reports) })
+	row("store writes from status", "", all, func(r *replicaBenchResult) float64 { return float64(r.storeWrites) })
+	row("update p50", "ms", all, func(r *replicaBenchResult) float64 { return msOf(r.p50) })
+	row("update p99", "ms", all, func(r *replicaBenchResult) float64 { return msOf(r.p99) })
+	row("update to all, p50", "ms", all, func(r *replicaBenchResult) float64 { return msOf(r.allP50) })
+	row("update PROGRAMMED everywhere, p50", "ms", all, func(r *replicaBenchResult) float64 { return msOf(r.programmedP50) })
+	row("RSS per replica", "MiB", all, func(r *replicaBenchResult) float64 { return mean(r.rss) / (1 << 20) })
+	row("heap per replica", "MiB", all, func(r *replicaBenchResult) float64 { return mean(r.heap) / (1 << 20) })
+	row("nimbus CPU, all replicas", "s", all, func(r *replicaBenchResult) float64 {
+		var c time.Duration
+		for _, x := range r.cpu {
+			c += x
+		}
+		return sec(c)
+	})
+	row("etcd CPU", "s", withEtcd, func(r *replicaBenchResult) float64 { return sec(r.etcdCPU) })
+	row("clients CPU", "s", all, func(r *replicaBenchResult) float64 { return sec(r.selfCPU) })
+	row("etcd db size", "MiB", withEtcd, func(r *replicaBenchResult) float64 { return float64(r.etcdDB) / (1 << 20) })
+	row("failover", "s", withReplicas, func(r *replicaBenchResult) float64 { return sec(r.failover) })
+	row("failover, p50", "s", withReplicas, func(r *replicaBenchResult) float64 { return sec(r.failoverP50) })
+	row("failover resumed", "", withReplicas, func(r *replicaBenchResult) float64 { return float64(r.resumed) })
+	row("failover snapshots", "", withReplicas, func(r *replicaBenchResult) float64 { return float64(r.resyncs) })
+	row("update after failover p99", "ms", withReplicas, func(r *replicaBenchResult) float64 { return msOf(r.afterFailoverP99) })
+	w.Flush()
+	return buf.String()
+}
+
+// runReplicaBench runs the benchmark once against the named store with the given number
+// of replicas: etcd-3 (replicas on a 3-member etcd) or embedded-1.
+func runReplicaBench(b *testing.B, size replicaBenchSize, store string, replicas int) *replicaBenchResult {
+	b.Helper()
+	res := &replicaBenchResult{store: store, replicas: replicas, etcd: strings.HasPrefix(store, "etcd")}
+	var etcd *testetcd.Cluster
+	var etcdCli *clientv3.Client
+	var rc *replicaCluster
+	quiet := []string{"--insecure", "--log-level", "info"}
+	if res.etcd {
+		etcd = testetcd.Start(b, 3, testetcd.Durable())
+		etcdCli = etcd.Client(b)
+		rc = newReplicaCluster(b, etcd, replicas, quiet...)
+	} else {
+		rc = newEmbeddedNimbus(b, quiet...)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	apis := make([]nimbusv1.NimbusClient, replicas)
+	for i := range apis {
+		conn, err := grpc.NewClient(rc.replicas[i].addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer conn.Close()
+		apis[i] = nimbusv1.NewNimbusClient(conn)
+	}
+	layout := newBenchLayout(size)
+	start := time.Now()
+	for i := 0; i < size.objects; i += benchApplyBatch {
+		var objs []*nimbusv1.Object
+		for j := i; j < min(i+benchApplyBatch, size.objects); j++ {
+			objs = append(objs, layout.object(j, 0))
+		}
+		if _, err := apis[0].ApplyBatch(ctx, &nimbusv1.ApplyBatchRequest{Objects: objs, OmitObjects: true}); err != nil {
+			b.Fatalf("applying objects %d to %d: %v", i, i+len(objs)-1, err)
+		}
+	}
+	res.apply = time.Since(start)
+
+	f := newBenchFleet(b, ctx, rc, size, layout)
+	// The fleet stops before the replicas do, which the harness does when the benchmark
+	// ends: cleanups run last in, first out.
+	defer f.stop()
+
+	// The snapshot and the statuses.
+	storeRev := func() int64 {
+		if etcdCli != nil {
+			return benchEtcdRevision(b, ctx, etcdCli)
+		}
+		return int64(rc.metrics(b, 0)["naples_nimbus_revision"])
+	}
+	peersBefore := make([]float64, replicas)
+	for i := range peersBefore {
+		peersBefore[i] = rc.metrics(b, i)[`naples_nimbus_peer_reports_total{direction="received"}`]
+	}
+	rev0 := storeRev()
+	cpu0 := benchCPU(b, rc)
+	start = time.Now()
+	f.startAll()
+	benchWait(b, "every client to be SYNCED", func() bool { return f.synced.Load() == int64(size.agents) },
+		func() string { return fmt.Sprintf("%d of %d", f.synced.Load(), size.agents) })
+	res.snapshot = time.Duration(f.lastSynced.Load() - start.UnixNano())
+	res.events = f.events.Load()
+
+	// Every snapshot report is queued on its connection's stream before its client counts
+	// as SYNCED. Closing those streams returns once the replica has recorded all of them;
+	// the replicas have then pushed them to their peers, which count them on receipt.
+	sentTo := f.flushReports(b)
+	for i := range replicas {
+		var want int64
+		for j, n := range sentTo {
+			if j != i {
+				want += n
+			}
+			if i == 0 {
+				res.reports += n
+			}
+		}
+		benchWait(b, fmt.Sprintf("replica %s to receive %d reports from its peers", rc.replicas[i].name, want), func() bool {
+			got := rc.metrics(b, i)[`naples_nimbus_peer_reports_total{direction="received"}`] - peersBefore[i]
+			return int64(got) >= want
+		}, func() string {
+			return fmt.Sprintf("received %.0f", rc.metrics(b, i)[`naples_nimbus_peer_reports_total{direction="received"}`]-peersBefore[i])
+		})
+	}
+	res.settled = time.Since(start)
+	res.storeWrites = storeRev() - rev0
+	cpu1 := benchCPU(b, rc)
+	for i := range replicas {
+		res.cpu = append(res.cpu, cpu1.nimbus[i]-cpu0.nimbus[i])
+	}
+	res.etcdCPU, res.selfCPU = cpu1.etcd-cpu0.etcd, cpu1.self-cpu0.self
+	if res.rewatches = f.rewatches.Load(); res.rewatches == 0 && res.reports != res.events {
+		b.Errorf("the clients reported %d statuses for the %d objects they received", res.reports, res.events)
+	}
+	// Every replica holds every status: the object for every node is PROGRAMMED on
+	// every node on each of them.
+	for i := range replicas {
+		benchWantProgrammed(b, ctx, apis[i], rc.replicas[i].name, layout.key(benchUpdateObject), 1, size.agents)
+	}
+	for i := range replicas {
+		res.rss = append(res.rss, float64(benchRSS(b, rc.replicas[i].proc.cmd.Process.Pid)))
+		res.heap = append(res.heap, rc.metrics(b, i)["go_memstats_heap_inuse_bytes"])
+	}
+	if etcdCli != nil {
+		res.etcdDB, res.etcdDBInUse = benchEtcdDBSize(b, ctx, etcd, etcdCli)
+	}
+
+	// The updates: the object for every node changed, one change at a time. Each one
+	// waits until every replica shows the last one PROGRAMMED on every node, so that
+	// the statuses of one update do not delay the next.
+	f.openReports(b)
+	var lat, all, programmed []time.Duration
+	for round := range size.updates {
+		l, sent := f.update(b, ctx, apis[0], round)
+		all = append(all, slices.Max(l))
+		lat = append(lat, l...)
+		for i := range replicas {
+			benchWantProgrammed(b, ctx, apis[i], rc.replicas[i].name, layout.key(benchUpdateObject), int64(round)+2, size.agents)
+		}
+		programmed = append(programmed, time.Since(sent))
+	}
+	res.p50, res.p99 = benchPercentile(lat, 0.50), benchPercentile(lat, 0.99)
+	res.allP50 = benchPercentile(all, 0.50)
+	res.programmedP50 = benchPercentile(programmed, 0.50)
+	res.rewatches = f.rewatches.Load()
+
+	if replicas > 1 {
+		// A replica other than the publishers' dies; its clients move to the others.
+		const victim = 1
+		moved := f.clientsOn(victim)
+		before := make([]int32, len(moved))
+		for k, c := range moved {
+			before[k] = c.starts.Load()
+		}
+		killed := time.Now()
+		rc.kill(b, victim)
+		benchWait(b, fmt.Sprintf("the %d clients of replica %s to watch another replica", len(moved), rc.replicas[victim].name), func() bool {
+			for k, c := range moved {
+				if c.starts.Load() == before[k] {
+					return false
+				}
+			}
+			return true
+		}, func() string {
+			n := 0
+			for k, c := range moved {
+				if c.starts.Load() != before[k] {
+					n++
+				}
+			}
+			return fmt.Sprintf("%d of %d moved", n, len(moved))
+		})
+		var took []time.Duration
+		for _, c := range moved {
+			took = append(took, time.Duration(c.startedAt.Load()-killed.UnixNano()))
+			if r := int(c.replica.Load()); r == victim {
+				b.Errorf("client %s watches the killed replica %s again", c.node, rc.replicas[victim].name)
+			}
+			if c.lastResumed.Load() {
+				res.resumed++
+			} else {
+				res.resyncs++
+			}
+		}
+		res.moved = len(moved)
+		res.failover, res.failoverP50 = slices.Max(took), benchPercentile(took, 0.50)
+		b.Logf("%s: %d clients of the killed replica watched another one after p10 %v, p50 %v, p90 %v, p99 %v, max %v",
+			store, len(moved), benchPercentile(took, 0.10), res.failoverP50, benchPercentile(took, 0.90),
+			benchPercentile(took, 0.99), res.failover)
+		// Every client, moved or not, receives the next change.
+		l, _ := f.update(b, ctx, apis[0], size.updates)
+		res.afterFailoverP99 = benchPercentile(l, 0.99)
+	}
+	b.Logf("%s: %d agents, %d snapshot events; %d re-watches before any kill",
+		store, size.agents, res.events, res.rewatches)
+	return res
+}
+
+// newEmbeddedNimbus starts one nimbus with the embedded store and a durable data
+// directory, as a replicaCluster of one replica so that the harness's start, metrics and
+// kill serve it too; extra flags are appended.
+func newEmbeddedNimbus(b *testing.B, extra ...string) *replicaCluster {
+	b.Helper()
+	dir := b.TempDir()
+	r := &replica{name: "embedded", addr: "unix://" + filepath.Join(dir, "nimbus.sock")}
+	r.args = append([]string{"--listen", r.addr, "--data-dir", filepath.Join(dir, "data"),
+		"--metrics", "127.0.0.1:0"}, extra...)
+	rc := &replicaCluster{cluster: &cluster{dir: dir, server: r.addr}, replicas: []*replica{r}}
+	rc.start(b, 0)
+	rc.waitReady(b, 0)
+	return rc
+}
+
+// benchLayout is which objects exist and which nodes they target.
+type benchLayout struct {
+	size  replicaBenchSize
+	names []string // object names by index
+	keys  []*nimbusv1.ObjectKey
+	dsts  []string
+	nodes []string // node names by client index
+}
+
+func newBenchLayout(size replicaBenchSize) *benchLayout {
+	l := &benchLayout{size: size, dsts: bulkPrefixes(size.objects)}
+	for i := range size.objects {
+		name := fmt.Sprintf("r%05d", i)
+		l.names = append(l.names, name)
+		l.keys = append(l.keys, &nimbusv1.ObjectKey{Kind: nimbusv1.Kind_KIND_ROUTE, Tenant: "default", Namespace: "default", Name: name})
+	}
+	for i := range size.agents {
+		l.nodes = append(l.nodes, fmt.Sprintf("n%05d", i))
+	}
+	return l
+}
+
+// object returns object i as the given update round left it: the first size.global
+// objects are for every node, each of the others names one node, round robin.
+func (l *benchLayout) object(i, round int) *nimbusv1.Object {
+	meta := &nimbusv1.ObjectMeta{Name: l.names[i]}
+	if i >= l.size.global {
+		meta.Nodes = []string{l.nodes[(i-l.size.global)%l.size.agents]}
+	}
+	return &nimbusv1.Object{Meta: meta, Spec: &nimbusv1.Object_Route{Route: &nimbusv1.RouteSpec{
+		Table: 100, Prefix: l.dsts[i],
+		Nexthops: []*nimbusv1.NextHop{{Gateway: fmt.Sprintf("10.10.%d.%d", 1+round/250, 2+round%250)}},
+	}}}
+}
+
+// key returns the key of object i.
+func (l *benchLayout) key(i int) *nimbusv1.ObjectKey { return l.keys[i] }
+
+// index returns the index of the object of that name, or -1.
+func (l *benchLayout) index(name string) int {
+	n, err := strconv.Atoi(strings.TrimPrefix(name, "r"))
+	if err != nil || n < 0 || n >= len(l.names) || l.names[n] != name {
+		return -1
+	}
+	return n
+}
+
+// benchFleet is the light clients, their connections and what they saw.
+type benchFleet struct {
+	ctx     context.Context
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	layout  *benchLayout
+	conns   [][]*benchConn // by replica, then connection
+	clients []*benchClient
+
+	// synced counts the clients whose first watch is SYNCED; lastSynced is when the last
+	// of them was, in Unix nanoseconds.
+	synced     atomic.Int64
+	lastSynced atomic.Int64
+	// events counts the PUT events of the clients' first snapshots.
+	events atomic.Int64
+	// rewatches counts watch streams that ended while the fleet ran.
+	rewatches atomic.Int64
+	// unexpected counts events the clients could not make sense of.
+	unexpected atomic.Int64
+
+	// received is when each client got each update round, in Unix nanoseconds, by round
+	// then client; updateCount counts the clients that got each round.
+	received    [][]atomic.Int64
+	updateCount []atomic.Int64
+}
+
+// benchConn is one gRPC connection to a replica, the streams of the clients it carries
+// and the status stream they share. The clients queue their reports without waiting, as
+// an agent's watch does not wait for its status uplink: a queue without bound, which
+// the connection's reporter sends.
+type benchConn struct {
+	replica int
+	conn    *grpc.ClientConn
+	api     nimbusv1.NimbusClient
+	// mu guards queue.
+	mu    sync.Mutex
+	queue []*nimbusv1.StatusReport
+	// wake tells the reporter that the queue has reports.
+	wake chan struct{}
+	// rep is the current reporter; only the benchmark's goroutine changes it.
+	rep *benchReporter
+}
+
+// benchReporter is one ReportStatus stream and the goroutine that sends what the
+// clients of its connection queue.
+type benchReporter struct {
+	// stop asks the goroutine to send what is queued, close the stream and wait for
+	// nimbus's answer; done is closed once it has.
+	stop, done chan struct{}
+	// sent and err are written by the goroutine and read once done is closed.
+	sent int64
+	err  error
+}
+
+// benchClient is one light client: the watch of one node.
+type benchClient struct {
+	idx  int
+	node string
+	home int // the replica it watches first
+	// replica is the replica of its current or last stream.
+	replica atomic.Int32
+	// starts counts its watch streams that started (RESUMED or SYNCED); startedAt is when
+	// the last one did, in Unix nanoseconds; lastResumed whether it resumed.
+	starts      atomic.Int32
+	startedAt   atomic.Int64
+	lastResumed atomic.Bool
+
+	// The watch's state, owned by the client's goroutine.
+	epoch string
+	rev   uint64
+	held  map[int32]int64 // generation held, by object index
+}
+
+// newBenchFleet dials the connections, with their status streams, and makes the
+// clients, spread evenly over the replicas; none watches yet.
+func newBenchFleet(b *testing.B, parent context.Context, rc *replicaCluster, size replicaBenchSize, layout *benchLayout) *benchFleet {
+	b.Helper()
+	ctx, cancel := context.WithCancel(parent)
+	f := &benchFleet{ctx: ctx, cancel: cancel, layout: layout}
+	rounds := size.updates + 1
+	f.updateCount = make([]atomic.Int64, rounds)
+	f.received = make([][]atomic.Int64, rounds)
+	for i := range f.received {
+		f.received[i] = make([]atomic.Int64, size.agents)
+	}
+	replicas := len(rc.replicas)
+	perConn := (size.agents + replicas*size.conns - 1) / (replicas * size.conns)
+	window := int32(min(int64(perConn)<<20, 1<<30))
+	for i, r := range rc.replicas {
+		var conns []*benchConn
+		for range size.conns {
+			conn, err := grpc.NewClient(r.addr,
+				grpc.WithTransportCredentials(insecure.NewCredentials()),
+				nimbusclient.CodecOption(),
+				grpc.WithInitialWindowSize(1<<20),
+				grpc.WithInitialConnWindowSize(window),
+				grpc.WithConnectParams(grpc.ConnectParams{
+					Backoff:           grpcbackoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+					MinConnectTimeout: 2 * time.Second,
+				}))
+			if err != nil {
+				b.Fatal(err)
+			}
+			conn.Connect()
+			c := &benchConn{replica: i, conn: conn, api: nimbusv1.NewNimbusClient(conn), wake: make(chan struct{}, 1)}
+			c.rep = c.newReporter(ctx)
+			conns = append(conns, c)
+		}
+		f.conns = append(f.conns, conns)
+	}
+	for _, conns := range f.conns {
+		for _, c := range conns {
+			benchWait(b, "a connection to be ready", func() bool {
+				s := c.conn.GetState()
+				if s == connectivity.Idle {
+					c.conn.Connect()
+				}
+				return s == connectivity.Ready
+			}, func() string { return c.conn.GetState().String() })
+		}
+	}
+	for i := range size.agents {
+		f.clients = append(f.clients, &benchClient{idx: i, node: layout.nodes[i], home: i % replicas})
+	}
+	return f
+}
+
+// startAll starts every client's watch.
+func (f *benchFleet) startAll() {
+	for _, c := range f.clients {
+		f.wg.Go(func() { f.run(c) })
+	}
+}
+
+// stop ends every client and closes the connections.
+func (f *benchFleet) stop() {
+	f.cancel()
+	f.wg.Wait()
+	for _, conns := range f.conns {
+		for _, c := range conns {
+			if c.rep != nil {
+				close(c.rep.stop)
+				<-c.rep.done
+				c.rep = nil
+			}
+			c.conn.Close()
+		}
+	}
+}
+
+// clientsOn returns the clients whose current stream is on replica r.
+func (f *benchFleet) clientsOn(r int) []*benchClient {
+	var out []*benchClient
+	for _, c := range f.clients {
+		if int(c.replica.Load()) == r {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// run watches for client c until the fleet stops, moving to another replica whenever a
+// stream ends.
+func (f *benchFleet) run(c *benchClient) {
+	r := c.home
+	failures := 0
+	for f.ctx.Err() == nil {
+		started, _ := f.watch(c, r)
+		if f.ctx.Err() != nil {
+			return
+		}
+		f.rewatches.Add(1)
+		if started {
+			failures = 0
+		} else {
+			// A replica that refuses at once: back off as agents do, up to a second.
+			failures++
+			t := time.NewTimer(min(time.Duration(25<<min(failures, 6))*time.Millisecond, time.Second))
+			select {
+			case <-f.ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+		// Another replica, the clients of one spread over the others.
+		if n := len(f.conns); n > 1 {
+			r = (r + 1 + (c.idx/n+failures)%(n-1)) % n
+		}
+	}
+}
+
+// watch runs one watch stream of client c on replica r until it fails, and tells whether
+// it started (got RESUMED or SYNCED).
+func (f *benchFleet) watch(c *benchClient, r int) (started bool, err error) {
+	conns := f.conns[r]
+	bc := conns[(c.idx/len(f.conns))%len(conns)]
+	ctx, cancel := context.WithCancel(f.ctx)
+	defer cancel()
+	stream, err := bc.api.Watch(ctx, &nimbusv1.WatchRequest{Node: c.node, Epoch: c.epoch, Revision: c.rev})
+	if err != nil {
+		return false, err
+	}
+	c.replica.Store(int32(r))
+	var snap map[int32]int64 // the snapshot under way, until SYNCED
+	first := c.starts.Load() == 0
+	for {
+		frame, err := stream.Recv()
+		if err != nil {
+			return started, err
+		}
+		var reports []*nimbusv1.StatusReport
+		for _, ev := range frame.GetEvents() {
+			switch ev.GetType() {
+			case nimbusv1.WatchEvent_TYPE_PUT:
+				if !started && snap == nil {
+					snap = map[int32]int64{}
+				}
+				meta := ev.GetObject().GetMeta()
+				i := f.layout.index(meta.GetName())
+				if i < 0 {
+					f.unexpected.Add(1)
+					continue
+				}
+				gen := meta.GetGeneration()
+				reports = append(reports, f.report(c, i, gen))
+				if !started {
+					snap[int32(i)] = gen
+					if first {
+						f.events.Add(1)
+					}
+					continue
+				}
+				c.held[int32(i)] = gen
+				c.rev = ev.GetRevision()
+				if i == benchUpdateObject {
+					f.updated(c, gen)
+				}
+			case nimbusv1.WatchEvent_TYPE_DELETE:
+				if i := f.layout.index(ev.GetKey().GetName()); i >= 0 && started {
+					delete(c.held, int32(i))
+					c.rev = ev.GetRevision()
+				}
+			case nimbusv1.WatchEvent_TYPE_SYNCED:
+				if snap == nil {
+					snap = map[int32]int64{}
+				}
+				c.held, snap = snap, nil
+				c.epoch, c.rev = strings.Clone(ev.GetEpoch()), ev.GetRevision()
+				// The snapshot's reports go out before the client counts as SYNCED.
+				bc.report(reports)
+				reports = nil
+				started = true
+				f.started(c, false, first)
+			case nimbusv1.WatchEvent_TYPE_RESUMED:
+				c.epoch, c.rev = strings.Clone(ev.GetEpoch()), ev.GetRevision()
+				// A new status stream: report everything held again, as an agent does.
+				for i, gen := range c.held {
+					reports = append(reports, f.report(c, int(i), gen))
+				}
+				started = true
+				f.started(c, true, first)
+			case nimbusv1.WatchEvent_TYPE_BOOKMARK:
+				if started {
+					c.rev = ev.GetRevision()
+				}
+			default:
+				f.unexpected.Add(1)
+			}
+		}
+		if len(reports) > 0 {
+			bc.report(reports)
+		}
+	}
+}
+
+// report returns client c's PROGRAMMED report for object i at generation gen.
+func (f *benchFleet) report(c *benchClient, i int, gen int64) *nimbusv1.StatusReport {
+	return &nimbusv1.StatusReport{Key: f.layout.key(i), Status: &nimbusv1.NodeStatus{
+		Node: c.node, ObservedGeneration: gen, Phase: nimbusv1.Phase_PHASE_PROGRAMMED,
+	}}
+}
+
+// started records that client c's stream started, resumed or with a snapshot.
+func (f *benchFleet) started(c *benchClient, resumed, first bool) {
+	now := time.Now().UnixNano()
+	c.lastResumed.Store(resumed)
+	c.startedAt.Store(now)
+	c.starts.Add(1)
+	if first {
+		for {
+			last := f.lastSynced.Load()
+			if now <= last || f.lastSynced.CompareAndSwap(last, now) {
+				break
+			}
+		}
+		f.synced.Add(1)
+	}
+}
+
+// updated records that client c received generation gen of the update object.
+func (f *benchFleet) updated(c *benchClient, gen int64) {
+	round := int(gen) - 2 // generation 1 is the object as first applied
+	if round < 0 || round >= len(f.received) {
+		return
+	}
+	if f.received[round][c.idx].CompareAndSwap(0, time.Now().UnixNano()) {
+		f.updateCount[round].Add(1)
+	}
+}
+
+// update changes the update object for the given round through api, waits until every
+// client has the change and returns how long each took, and when the change was sent.
+func (f *benchFleet) update(b *testing.B, ctx context.Context, api nimbusv1.NimbusClient, round int) ([]time.Duration, time.Time) {
+	b.Helper()
+	sent := time.Now()
+	resp, err := api.Apply(ctx, &nimbusv1.ApplyRequest{Object: f.layout.object(benchUpdateObject, round+1)})
+	if err != nil {
+		b.Fatalf("update %d: %v", round, err)
+	}
+	if gen := resp.GetObject().GetMeta().GetGeneration(); gen != int64(round)+2 {
+		b.Fatalf("update %d stored generation %d, want %d", round, gen, round+2)
+	}
+	n := int64(len(f.clients))
+	benchWait(b, fmt.Sprintf("update %d to reach every client", round), func() bool { return f.updateCount[round].Load() == n },
+		func() string { return fmt.Sprintf("%d of %d", f.updateCount[round].Load(), n) })
+	lat := make([]time.Duration, len(f.clients))
+	for i := range lat {
+		lat[i] = time.Duration(f.received[round][i].Load() - sent.UnixNano())
+	}
+	return lat, sent
+}
+
+// newReporter opens a status stream on the connection and starts sending its queue on
+// it. A stream that cannot be opened, or fails, drops what is queued.
+func (bc *benchConn) newReporter(ctx context.Context) *benchReporter {
+	r := &benchReporter{stop: make(chan struct{}), done: make(chan struct{})}
+	stream, err := bc.api.ReportStatus(ctx)
+	r.err = err
+	go func() {
+		defer close(r.done)
+		for {
+			batch := bc.take()
+			if len(batch) == 0 {
+				select {
+				case <-bc.wake:
+					continue
+				case <-r.stop:
+				}
+				if batch = bc.take(); len(batch) == 0 {
+					if r.err == nil {
+						_, r.err = stream.CloseAndRecv()
+					}
+					return
+				}
+			}
+			for _, rep := range batch {
+				if r.err != nil {
+					break
+				}
+				if r.err = stream.Send(rep); r.err == nil {
+					r.sent++
+				}
+			}
+		}
+	}()
+	return r
+}
+
+// take empties the queue and returns what it held.
+func (bc *benchConn) take() []*nimbusv1.StatusReport {
+	bc.mu.Lock()
+	defer bc.mu.Unlock()
+	q := bc.queue
+	bc.queue = nil
+	return q
+}
+
+// report queues reports for the connection's status stream.
+func (bc *benchConn) report(reports []*nimbusv1.StatusReport) {
+	bc.mu.Lock()
+	bc.queue = append(bc.queue, reports...)
+	bc.mu.Unlock()
+	select {
+	case bc.wake <- struct{}{}:
+	default:
+	}
+}
+
+// flushReports closes every connection's status stream once it has sent what is queued,
+// and waits for nimbus's answers, which come once nimbus has recorded every report of the
+// stream. It returns how many reports each replica took.
+func (f *benchFleet) flushReports(b *testing.B) []int64 {
+	b.Helper()
+	sent := make([]int64, len(f.conns))
+	for r, conns := range f.conns {
+		for _, c := range conns {
+			rep := c.rep
+			c.rep = nil
+			close(rep.stop)
+			select {
+			case <-rep.done:
+			case <-time.After(benchLongWait):
+				b.Fatalf("a status stream to replica %d did not close within %v", r, benchLongWait)
+			}
+			if rep.err != nil {
+				b.Fatalf("status stream to replica %d: %v", r, rep.err)
+			}
+			sent[r] += rep.sent
+		}
+	}
+	return sent
+}
+
+// openReports opens a status stream on every connection.
+func (f *benchFleet) openReports(b *testing.B) {
+	b.Helper()
+	for _, conns := range f.conns {
+		for _, c := range conns {
+			c.rep = c.newReporter(f.ctx)
+		}
+	}
+}
+
+// benchWait waits until cond holds, checking it every 10 ms, for up to benchLongWait;
+// diag says what the last check found when it does not.
+func benchWait(b *testing.B, what string, cond func() bool, diag func() string) {
+	b.Helper()
+	benchWaitEvery(b, what, 10*time.Millisecond, cond, diag)
+}
+
+// benchWaitEvery is benchWait checking every poll.
+func benchWaitEvery(b *testing.B, what string, poll time.Duration, cond func() bool, diag func() string) {
+	b.Helper()
+	end := time.Now().Add(benchLongWait)
+	for !cond() {
+		if time.Now().After(end) {
+			b.Fatalf("timed out after %v waiting for %s: %s", benchLongWait, what, diag())
+		}
+		time.Sleep(poll)
+	}
+}
+
+// benchWantProgrammed waits until the replica reports the object PROGRAMMED at the
+// generation on n nodes, of n target nodes. It asks every 25 ms: an answer holds a status
+// per node, which costs the replica a few milliseconds at 10,000 nodes.
+func benchWantProgrammed(b *testing.B, ctx context.Context, api nimbusv1.NimbusClient, replica string, key *nimbusv1.ObjectKey, gen int64, n int) {
+	b.Helper()
+	var st *nimbusv1.ObjectStatus
+	var err error
+	benchWaitEvery(b, fmt.Sprintf("replica %s to show %s PROGRAMMED on %d nodes", replica, key.ID(), n), 25*time.Millisecond, func() bool {
+		var resp *nimbusv1.GetResponse
+		resp, err = api.Get(ctx, &nimbusv1.GetRequest{Key: key})
+		st = resp.GetItem().GetStatus()
+		return err == nil && st.GetGeneration() == gen && st.GetTargetNodes() == int32(n) && st.GetProgrammedNodes() == int32(n)
+	}, func() string {
+		return fmt.Sprintf("error %v, generation %d, %d target nodes, %d programmed", err, st.GetGeneration(), st.GetTargetNodes(), st.GetProgrammedNodes())
+	})
+}
+
+// benchPercentile returns the q quantile of ds, nearest rank.
+func benchPercentile(ds []time.Duration, q float64) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[int(q*float64(len(s)-1))]
+}
+
+// benchEtcdRevision returns etcd's current revision.
+func benchEtcdRevision(b *testing.B, ctx context.Context, cli *clientv3.Client) int64 {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := cli.Get(ctx, "\x00naples-bench", clientv3.WithCountOnly())
+	if err != nil {
+		b.Fatalf("reading etcd's revision: %v", err)
+	}
+	return resp.Header.Revision
+}
+
+// benchEtcdDBSize returns the largest database size of etcd's members, allocated and in
+// use, from their maintenance status.
+func benchEtcdDBSize(b *testing.B, ctx context.Context, etcd *testetcd.Cluster, cli *clientv3.Client) (size, inUse int64) {
+	b.Helper()
+	for _, ep := range etcd.Endpoints() {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		st, err := cli.Status(sctx, ep)
+		cancel()
+		if err != nil {
+			b.Fatalf("etcd status of %s: %v", ep, err)
+		}
+		size, inUse = max(size, st.DbSize), max(inUse, st.DbSizeInUse)
+	}
+	return size, inUse
+}
+
+// benchRSS returns the resident set size of process pid, in bytes.
+func benchRSS(b *testing.B, pid int) int64 {
+	b.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.Lines(string(data)) {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err != nil {
+				b.Fatalf("parsing VmRSS %q of process %d: %v", v, pid, err)
+			}
+			return kb << 10
+		}
+	}
+	b.Fatalf("no VmRSS in /proc/%d/status", pid)
+	return 0
+}
+
+// benchCPUTimes is the CPU time used so far by each nimbus, by the etcd members
+// together and by the benchmark process.
+type benchCPUTimes struct {
+	nimbus     []time.Duration
+	etcd, self time.Duration
+}
+
+// benchCPU reads the CPU times of the processes of a run. The etcd members are the
+// benchmark's child processes whose command name starts with "etcd".
+func benchCPU(b *testing.B, rc *replicaCluster) benchCPUTimes {
+	b.Helper()
+	var t benchCPUTimes
+	for _, r := range rc.replicas {
+		t.nimbus = append(t.nimbus, procCPU(b, r.proc.cmd.Process.Pid))
+	}
+	t.self = rusageCPU(b, unix.RUSAGE_SELF)
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		b.Fatal(err)
+	}
+	self := os.Getpid()
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue // gone meanwhile
+		}
+		// pid (comm) state ppid ...
+		lo, hi := bytes.IndexByte(data, '('), bytes.LastIndexByte(data, ')')
+		if lo < 0 || hi < lo {
+			continue
+		}
+		comm := string(data[lo+1 : hi])
+		f := strings.Fields(string(data[hi+1:]))
+		if len(f) < 2 || f[1] != strconv.Itoa(self) || !strings.HasPrefix(comm, "etcd") {
+			continue
+		}
+		t.etcd += procCPU(b, pid)
+	}
+	return t
+}
