@@ -314,20 +314,19 @@ type subscription struct {
 // from which on every commit reaches the watcher, for a snapshot. Both happen under the
 // lock every commit holds, so no change is missed or queued twice.
 func (s *Server) subscribe(node, epoch string, rev uint64) (*subscription, error) {
+	// The node counts as watching from here on. Its record is written before s.mu is
+	// taken, not under it: status reports take the store's writer in turn, and a watch
+	// start waiting for them must not hold up the commits and the other watch starts
+	// that need s.mu.
+	s.recordWatchStart(node)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
+		if err := s.recordWatchEnd(node); err != nil {
+			s.log.Error("recording the end of a watch", "node", node, "error", err)
+		}
 		return nil, fmt.Errorf("watching for node %s: %w", node, ErrClosed)
 	}
-	txn := s.store.write()
-	next := &watchNodeRecord{Name: node, Streams: 1}
-	if rec := txn.watchNode(node); rec != nil {
-		next.Streams, next.Peers = rec.Streams+1, rec.Peers
-	}
-	txn.putWatchNode(next)
-	txn.commit()
-	s.statusWatch.nodeChanged(node)
-	s.peers.presenceChanged(node)
 
 	sub := &subscription{rev: s.rev}
 	var backlog []*sharedEvent
@@ -369,22 +368,35 @@ func (s *Server) subscribe(node, epoch string, rev uint64) (*subscription, error
 // last had an open watch. The watchers gauge moves last, so whoever sees it move also
 // sees the node's watch state.
 func (s *Server) unsubscribe(w *watcher) {
+	// As in subscribe, the store's writer is not waited for under s.mu.
+	if err := s.recordWatchEnd(w.node); err != nil {
+		s.log.Error("recording the end of a watch", "node", w.node, "error", err)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.watchers, w)
-	if err := s.recordWatchEndLocked(w.node); err != nil {
-		s.log.Error("recording the end of a watch", "node", w.node, "error", err)
-	}
-	s.statusWatch.nodeChanged(w.node)
-	s.peers.presenceChanged(w.node)
 	s.metrics.watchers.Set(float64(len(s.watchers)))
 }
 
-// recordWatchEndLocked counts one open watch stream of the node on this server less, and
-// records the time when it was the last of the node's streams, here and on the peer
-// replicas. When it was the last, the node's watch state is forgotten unless the node has
-// a Node object or a stored status; see forgetIdleNodes.
-func (s *Server) recordWatchEndLocked(node string) error {
+// recordWatchStart counts one more open watch stream of the node on this server, and
+// tells the status watchers and the peer replicas.
+func (s *Server) recordWatchStart(node string) {
+	txn := s.store.write()
+	next := &watchNodeRecord{Name: node, Streams: 1}
+	if rec := txn.watchNode(node); rec != nil {
+		next.Streams, next.Peers = rec.Streams+1, rec.Peers
+	}
+	txn.putWatchNode(next)
+	txn.commit()
+	s.statusWatch.nodeChanged(node)
+	s.peers.presenceChanged(node)
+}
+
+// recordWatchEnd counts one open watch stream of the node on this server less, records
+// the time when it was the last of the node's streams, here and on the peer replicas, and
+// tells the status watchers. When it was the last, the node's watch state is forgotten
+// unless the node has a Node object or a stored status; see forgetIdleNodes.
+func (s *Server) recordWatchEnd(node string) error {
 	txn := s.store.write()
 	defer txn.abort()
 	rec := txn.watchNode(node)
@@ -398,6 +410,8 @@ func (s *Server) recordWatchEndLocked(node string) error {
 	txn.putWatchNode(next)
 	forgetIdleNodes(txn, node)
 	txn.commit()
+	s.statusWatch.nodeChanged(node)
+	s.peers.presenceChanged(node)
 	return nil
 }
 
