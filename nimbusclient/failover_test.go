@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -210,9 +212,13 @@ func TestFailoverMixedNetworks(t *testing.T) {
 // TestFailoverByName gives one host name, localhost, with a replica on each of its
 // addresses, 127.0.0.1 and ::1, on the same port.
 func TestFailoverByName(t *testing.T) {
-	ips, err := net.DefaultResolver.LookupNetIP(context.Background(), "ip", "localhost")
+	name := "localhost"
+	if os.Getenv(hostsNamespaceEnv) != "" {
+		name = bothLoopbacksName
+	}
+	ips, err := net.DefaultResolver.LookupNetIP(context.Background(), "ip", name)
 	if err != nil {
-		t.Skipf("resolving localhost: %v", err)
+		t.Fatalf("resolving %s: %v", name, err)
 	}
 	var v4, v6 bool
 	for _, ip := range ips {
@@ -220,7 +226,13 @@ func TestFailoverByName(t *testing.T) {
 		v6 = v6 || ip == netip.IPv6Loopback()
 	}
 	if !v4 || !v6 {
-		t.Skipf("localhost resolves to %v here; the test needs both 127.0.0.1 and ::1", ips)
+		if name != "localhost" {
+			t.Fatalf("%s resolves to %v in the test's own hosts file, want 127.0.0.1 and ::1", name, ips)
+		}
+		// Run the test again in a mount namespace of its own, with a hosts file that
+		// gives one name both loopback addresses.
+		runWithBothLoopbacks(t)
+		return
 	}
 	var lis4, lis6 net.Listener
 	for range 10 {
@@ -241,7 +253,36 @@ func TestFailoverByName(t *testing.T) {
 	}
 	_, port, _ := net.SplitHostPort(lis4.Addr().String())
 	replicas := [2]*replica{newReplica(t, lis4), newReplica(t, lis6)}
-	testFailover(t, replicas, "tcp://localhost:"+port)
+	testFailover(t, replicas, "tcp://"+name+":"+port)
+}
+
+// hostsNamespaceEnv marks the run of the test binary that runWithBothLoopbacks starts, in
+// which bothLoopbacksName resolves to 127.0.0.1 and ::1.
+const (
+	hostsNamespaceEnv = "NAPLES_TEST_HOSTS_NAMESPACE"
+	bothLoopbacksName = "replicas.nimbus.test"
+)
+
+// runWithBothLoopbacks runs TestFailoverByName in a new mount namespace (unshare -m),
+// where a hosts file of the test's, bind-mounted on /etc/hosts, gives bothLoopbacksName
+// both loopback addresses. It needs root, which CI has; elsewhere it skips.
+func runWithBothLoopbacks(t *testing.T) {
+	if os.Geteuid() != 0 && os.Getenv("CI") == "" {
+		t.Skip("localhost does not resolve to both 127.0.0.1 and ::1, and a mount namespace with a hosts file of the test's needs root")
+	}
+	hosts := filepath.Join(t.TempDir(), "hosts")
+	if err := os.WriteFile(hosts, []byte("127.0.0.1 "+bothLoopbacksName+"\n::1 "+bothLoopbacksName+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "unshare", "-m", "sh", "-c", `mount --bind "$1" /etc/hosts && exec "$2" -test.run '^TestFailoverByName$' -test.v`,
+		"sh", hosts, os.Args[0])
+	cmd.Env = append(os.Environ(), hostsNamespaceEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "--- PASS: TestFailoverByName") {
+		t.Fatalf("TestFailoverByName with %s in a hosts file of its own: %v\n%s", bothLoopbacksName, err, out)
+	}
 }
 
 // TestNewRefusesBadAddress checks that New refuses a bad address or list, naming the
