@@ -14,12 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
 	"github.com/naplesnet/naples/internal/pki"
 	"github.com/naplesnet/naples/internal/testetcd"
-	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
 // TestRunOnEtcdOverTLS runs a replica against an etcd that serves TLS and requires client
@@ -79,28 +75,7 @@ func TestRunOnEtcdOverTLS(t *testing.T) {
 		done <- run(ctx, []string{"--listen", "unix://" + sock, "--insecure", "--store", "etcd", "--etcd-endpoints", url,
 			"--etcd-cacert", file("ca.crt"), "--etcd-cert", file("client.crt"), "--etcd-key", file("client.key")}, &stderr)
 	}()
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	api := nimbusv1.NewNimbusClient(conn)
-	callCtx, callCancel := context.WithTimeout(ctx, 30*time.Second)
-	defer callCancel()
-	obj := &nimbusv1.Object{
-		Meta: &nimbusv1.ObjectMeta{Name: "n1"},
-		Spec: &nimbusv1.Object_Node{Node: &nimbusv1.NodeSpec{Hostname: "n1", VtepAddress: "192.0.2.1"}},
-	}
-	for {
-		_, err = api.Apply(callCtx, &nimbusv1.ApplyRequest{Object: obj}, grpc.WaitForReady(true))
-		if err == nil || callCtx.Err() != nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err != nil {
-		t.Fatalf("Apply through a replica on etcd over TLS: %v; log:\n%s", err, stderr.String())
-	}
+	applyWhenReady(t, sock, &stderr)
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("run = %v", err)

@@ -62,29 +62,9 @@ func TestRunOnEtcd(t *testing.T) {
 		done <- run(ctx, []string{"--listen", "unix://" + sock, "--insecure", "--store", "etcd",
 			"--etcd-endpoints", strings.Join(c.Endpoints(), ","), "--replica-name", "r1"}, &stderr)
 	}()
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	client := nimbusv1.NewNimbusClient(conn)
+	applyWhenReady(t, sock, &stderr)
 	callCtx, callCancel := context.WithTimeout(ctx, 20*time.Second)
 	defer callCancel()
-	obj := &nimbusv1.Object{
-		Meta: &nimbusv1.ObjectMeta{Name: "n1"},
-		Spec: &nimbusv1.Object_Node{Node: &nimbusv1.NodeSpec{Hostname: "n1", VtepAddress: "192.0.2.1"}},
-	}
-	// The replica refuses calls until it has read etcd; then the object goes to etcd.
-	for {
-		_, err = client.Apply(callCtx, &nimbusv1.ApplyRequest{Object: obj}, grpc.WaitForReady(true))
-		if err == nil || callCtx.Err() != nil {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if err != nil {
-		t.Fatalf("Apply: %v; log:\n%s", err, stderr.String())
-	}
 	kv, err := c.Client(t).Get(callCtx, "/naples/objects/Node/default/default/n1")
 	if err != nil || len(kv.Kvs) != 1 {
 		t.Fatalf("etcd holds %v (err %v), want the applied Node under /naples/objects/", kv, err)
@@ -95,5 +75,34 @@ func TestRunOnEtcd(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), "store is etcd") {
 		t.Errorf("log does not say the store is etcd:\n%s", stderr.String())
+	}
+}
+
+// applyWhenReady applies a Node object n1 through the replica serving on the socket, again
+// until the replica, which refuses calls until it has read etcd, takes it; it fails the
+// test with the replica's log after 30s.
+func applyWhenReady(t *testing.T, sock string, log *bytes.Buffer) {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	api := nimbusv1.NewNimbusClient(conn)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	obj := &nimbusv1.Object{
+		Meta: &nimbusv1.ObjectMeta{Name: "n1"},
+		Spec: &nimbusv1.Object_Node{Node: &nimbusv1.NodeSpec{Hostname: "n1", VtepAddress: "192.0.2.1"}},
+	}
+	for {
+		_, err = api.Apply(ctx, &nimbusv1.ApplyRequest{Object: obj}, grpc.WaitForReady(true))
+		if err == nil || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("Apply through the replica: %v; log:\n%s", err, log.String())
 	}
 }
