@@ -149,7 +149,7 @@ type etcdStore struct {
 	cli  *clientv3.Client
 	// objects is the prefix of the objects' keys, epochKey the key of the epoch.
 	objects, epochKey string
-	// ctx ends when the Server closes; loops counts run and members.
+	// ctx ends when the Server closes; loops counts the goroutines start starts.
 	ctx    context.Context
 	cancel context.CancelFunc
 	loops  sync.WaitGroup
@@ -239,14 +239,6 @@ func (e *etcdStore) registerMetrics(reg prometheus.Registerer) error {
 	return nil
 }
 
-// start starts loading the cache and, for a replica with an address, the membership.
-func (e *etcdStore) start() {
-	e.loops.Go(e.run)
-	if e.s.opts.ReplicaName != "" && e.opts.Advertise != "" {
-		e.loops.Go(e.members)
-	}
-}
-
 // close stops the backend and waits for it.
 func (e *etcdStore) close() {
 	e.cancel()
@@ -265,26 +257,29 @@ func (e *etcdStore) notReady() string {
 	return e.problem
 }
 
-// run loads the cache and keeps it current until the Server closes, starting again with
-// backoff after every failure.
-func (e *etcdStore) run() {
+// start starts loading the cache and, for a replica with an address, registering it
+// and following the other replicas (membership).
+func (e *etcdStore) start() {
+	e.loops.Go(func() { e.retry("etcd store", e.session) })
+	if e.s.opts.ReplicaName != "" && e.opts.Advertise != "" {
+		e.loops.Go(func() { e.retry("etcd: replica membership", e.membership) })
+	}
+}
+
+// retry runs fn again and again until the Server closes, with backoff after each failure;
+// a run that lasted a minute or more starts the backoff over.
+func (e *etcdStore) retry(what string, fn func() error) {
 	bo := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
 	for {
 		start := time.Now()
-		err := e.session()
-		if time.Since(start) > time.Minute {
-			bo.Reset()
-		}
+		err := fn()
 		if e.ctx.Err() != nil {
 			return
 		}
-		e.mu.Lock()
-		if !e.loaded {
-			e.problem = "etcd store not loaded: " + err.Error()
+		if time.Since(start) > time.Minute {
+			bo.Reset()
 		}
-		e.mu.Unlock()
-		e.watchRestarts.Inc()
-		e.s.log.Warn("etcd store: starting over", "error", err)
+		e.s.log.Warn(what+": starting over", "error", err)
 		select {
 		case <-e.ctx.Done():
 			return
@@ -294,15 +289,25 @@ func (e *etcdStore) run() {
 }
 
 // session loads the cache when it is not loaded, then applies etcd's changes to it until
-// the watch fails.
-func (e *etcdStore) session() error {
+// the watch fails. A failure before the cache is loaded becomes the reason Ready gives.
+func (e *etcdStore) session() (err error) {
+	defer func() {
+		if err == nil || e.ctx.Err() != nil {
+			return
+		}
+		e.watchRestarts.Inc()
+		e.mu.Lock()
+		if !e.loaded {
+			e.problem = "etcd store not loaded: " + err.Error()
+		}
+		e.mu.Unlock()
+	}()
 	ctx := e.ctx
 	e.mu.Lock()
 	loaded, from := e.loaded, e.applied+1
 	e.mu.Unlock()
 	var caughtUp int64
 	if !loaded {
-		var err error
 		if from, caughtUp, err = e.load(ctx); err != nil {
 			return err
 		}
@@ -851,29 +856,6 @@ func (e *etcdStore) commitChunk(b *batch, from, to int) (committed bool, err err
 
 // replicaLease is how long, in seconds, a replica's registration outlives it.
 const replicaLease = 10
-
-// members registers the replica in etcd and hands the other replicas registered there to
-// SetPeers, as they come and go, until the Server closes; it starts again with backoff
-// after every failure.
-func (e *etcdStore) members() {
-	bo := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
-	for {
-		start := time.Now()
-		err := e.membership()
-		if e.ctx.Err() != nil {
-			return
-		}
-		if time.Since(start) > time.Minute {
-			bo.Reset()
-		}
-		e.s.log.Warn("etcd: replica membership: starting over", "error", err)
-		select {
-		case <-e.ctx.Done():
-			return
-		case <-time.After(bo.Next()):
-		}
-	}
-}
 
 // membership registers the replica on a lease of its own and follows the registrations.
 // When the Server closes it revokes the lease, so that the peers stop pushing to it at
