@@ -739,16 +739,13 @@ func (e *etcdStore) split(writes []write) []int {
 }
 
 // commitChunk commits writes [from, to) of the batch in one etcd transaction, and reports
-// whether a transaction committed changes (a chunk that changes nothing sends none): it stages
-// them against the cache as the embedded store would commit them, sends the changes with
-// a check that each object is still what the cache holds, and waits for the cache to
-// hold the transaction. A transaction that loses a race with another replica is staged
-// again once the cache has caught up.
+// whether it committed changes: it stages them against the cache as the embedded store
+// would commit them, sends the changes with a check that each object the writes name is
+// still what the cache holds, and waits for the cache to hold the transaction. A
+// transaction that loses a race with another replica is staged again once the cache has
+// caught up.
 func (e *etcdStore) commitChunk(b *batch, from, to int) (committed bool, err error) {
 	s := e.s
-	if err := e.catchUpForDeletes(b.writes[from:to]); err != nil {
-		return false, err
-	}
 	for attempt := 0; ; attempt++ {
 		now := timestamppb.New(s.opts.Now())
 		var (
@@ -785,16 +782,20 @@ func (e *etcdStore) commitChunk(b *batch, from, to int) (committed bool, err err
 			} else {
 				c, out = stageDelete(txn, w, sub)
 			}
+			// Every write, a change or not, holds only if etcd still has the object as the
+			// cache does: an apply the cache finds unchanged, or a deletion of an object
+			// the cache does not hold, is checked against etcd too, since another replica
+			// may have changed the object a moment ago.
+			if modRev == 0 {
+				cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(key), "=", 0))
+			} else {
+				cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(key), "=", modRev))
+			}
 			subs[i-from] = -1
 			if c == nil {
 				out.rev = base
 				outs[i-from] = out
 				continue
-			}
-			if modRev == 0 {
-				cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(key), "=", 0))
-			} else {
-				cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(key), "=", modRev))
 			}
 			if c.after != nil {
 				val, err := c.after.MarshalVT()
@@ -812,15 +813,18 @@ func (e *etcdStore) commitChunk(b *batch, from, to int) (committed bool, err err
 		}
 		txn.abort()
 		s.mu.Unlock()
-		if len(ops) == 0 {
-			copy(b.outcomes[from:to], outs)
-			return false, nil
-		}
 		ctx, cancel := context.WithTimeout(e.ctx, etcdWriteTimeout)
+		// With no change to make, the transaction only checks, linearizably, that the cache
+		// was current for these objects.
 		resp, err := e.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
 		if err != nil {
 			cancel()
 			return false, fmt.Errorf("etcd transaction of %d changes: %w: %w", len(ops), err, ErrUnavailable)
+		}
+		if resp.Succeeded && len(ops) == 0 {
+			cancel()
+			copy(b.outcomes[from:to], outs)
+			return false, nil
 		}
 		rev := resp.Header.Revision
 		err = e.waitApplied(ctx, rev)
@@ -951,36 +955,6 @@ func (s *Server) gateStream(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 
 // nimbusMethodPrefix starts the full name of every method of the Nimbus service.
 var nimbusMethodPrefix = "/" + nimbusv1.Nimbus_ServiceDesc.ServiceName + "/"
-
-// catchUpForDeletes waits, when one of the writes deletes an object the cache does not
-// hold, until the cache holds everything etcd had when the call came: the object may have
-// been created through another replica a moment ago, and a deletion finds nothing to
-// delete only when there is nothing. Other writes need not wait: their transaction checks
-// every object against etcd, and one staged on a cache that is behind fails and is staged
-// again.
-func (e *etcdStore) catchUpForDeletes(writes []write) error {
-	read := e.s.store.read()
-	missing := false
-	for _, w := range writes {
-		if w.obj == nil && read.object(w.id) == nil {
-			missing = true
-			break
-		}
-	}
-	if !missing {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(e.ctx, etcdWriteTimeout)
-	defer cancel()
-	resp, err := e.cli.Get(ctx, e.epochKey)
-	if err != nil {
-		return fmt.Errorf("etcd: reading the current revision: %w: %w", err, ErrUnavailable)
-	}
-	if err := e.waitApplied(ctx, resp.Header.Revision); err != nil {
-		return fmt.Errorf("%w: %w", err, ErrUnavailable)
-	}
-	return nil
-}
 
 // currentRev returns the Server's revision.
 func (s *Server) currentRev() uint64 {

@@ -511,3 +511,34 @@ func dialConn(t *testing.T, path string) *grpc.ClientConn {
 	t.Cleanup(func() { conn.Close() })
 	return conn
 }
+
+func TestEtcdApplyUnchangedOnAStaleCacheIsNotLost(t *testing.T) {
+	c := cluster(t)
+	a := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
+	proxy := newPausingProxy(t, strings.TrimPrefix(c.Endpoint(0), "unix://"))
+	b := startReplica(t, []string{"unix://" + proxy.path}, testPrefix(t), true, Options{})
+	first := a.apply(t, route("r", nil, "192.0.2.1")).GetObject()
+	waitRev(t, b, first.GetMeta().GetRevision())
+
+	// a changes the object while b's cache is held back; b is then asked to apply what
+	// its cache still holds. That is a change in etcd, and must not be taken for none.
+	proxy.pause()
+	a.apply(t, route("r", nil, "192.0.2.2"))
+	done := make(chan *nimbusv1.ApplyResponse, 1)
+	go func() {
+		resp, err := b.client.Apply(testContext(t), &nimbusv1.ApplyRequest{Object: route("r", nil, "192.0.2.1")})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- resp
+	}()
+	time.Sleep(100 * time.Millisecond) // let the apply reach b while its cache is behind
+	proxy.resume()
+	resp := <-done
+	got := a.get(t, routeKey("r")).GetObject()
+	if !resp.GetChanged() || resp.GetObject().GetMeta().GetGeneration() != 3 ||
+		got.GetSpec().(*nimbusv1.Object_Route).Route.GetNexthops()[0].GetGateway() != "192.0.2.1" || got.GetMeta().GetGeneration() != 3 {
+		t.Fatalf("apply through b on a stale cache: changed %v at generation %d; a holds %v at generation %d; want the apply stored at generation 3",
+			resp.GetChanged(), resp.GetObject().GetMeta().GetGeneration(), got.GetSpec(), got.GetMeta().GetGeneration())
+	}
+}

@@ -1,9 +1,11 @@
 package nimbus
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"slices"
 
 	"google.golang.org/grpc"
@@ -154,7 +156,11 @@ func (s *Server) recordStatusIn(txn *writeTxn, r *nimbusv1.StatusReport, origin 
 		return nil
 	}
 	txn.putStatus(&statusRecord{ObjectID: id, Node: node, Status: st, Origin: origin})
-	s.log.Debug("status recorded", "key", id, "node", node,
-		"phase", st.GetPhase(), "observed_generation", st.GetObservedGeneration())
+	// A replica records every status of every node: the line's arguments are not even
+	// made unless it is logged.
+	if s.log.Enabled(context.Background(), slog.LevelDebug) {
+		s.log.Debug("status recorded", "key", id, "node", node,
+			"phase", st.GetPhase(), "observed_generation", st.GetObservedGeneration())
+	}
 	return key
 }
