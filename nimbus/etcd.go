@@ -31,10 +31,11 @@ import (
 // embedded store, but as a cache: one etcd watch on the objects' prefix feeds it, and it
 // hands every change to its watchers in the order etcd committed them, exactly as the
 // embedded store hands over its own commits. Writes are etcd transactions, checked
-// against the cache: each object a transaction changes must still have, in etcd, the
-// revision the cache holds (or not exist, for a creation), so replicas writing the same
-// objects never overwrite each other's changes unseen; a transaction that loses such a
-// race waits for the cache to catch up and is staged again. A write returns once the
+// against the cache: each object a call names, whether the cache finds it changed or not,
+// must still have, in etcd, the revision the cache holds (or not exist), so replicas
+// writing the same objects never overwrite each other's changes unseen, and a cache that
+// is behind never answers "unchanged" or "not found" for what etcd holds; a transaction
+// that loses such a race waits for the cache to catch up and is staged again. A write returns once the
 // replica's own cache holds it, so a caller reads its writes on the replica it wrote to.
 //
 // Revisions. etcd gives every transaction one revision for all the keys it changes;
