@@ -957,6 +957,34 @@ func (s *Server) gateStream(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 // nimbusMethodPrefix starts the full name of every method of the Nimbus service.
 var nimbusMethodPrefix = "/" + nimbusv1.Nimbus_ServiceDesc.ServiceName + "/"
 
+// catchUpForReports waits, when a report names an object the cache does not hold, until
+// the cache holds everything etcd had when the reports came (up to etcdResumeWait). An
+// agent that moved from another replica reports again everything it programmed, and
+// what it got from there a moment ago may not have reached this replica yet: its report
+// would be dropped, and the agent does not send it again.
+func (e *etcdStore) catchUpForReports(reports []*nimbusv1.StatusReport) {
+	read := e.s.store.read()
+	missing := false
+	for _, r := range reports {
+		if read.object(r.GetKey().ID()) == nil {
+			missing = true
+			break
+		}
+	}
+	if !missing {
+		return
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, etcdResumeWait)
+	defer cancel()
+	resp, err := e.cli.Get(ctx, e.epochKey)
+	if err == nil {
+		err = e.waitApplied(ctx, resp.Header.Revision)
+	}
+	if err != nil {
+		e.s.log.Debug("etcd: catching up for status reports", "error", err)
+	}
+}
+
 // currentRev returns the Server's revision.
 func (s *Server) currentRev() uint64 {
 	s.mu.Lock()

@@ -468,9 +468,11 @@ func TestEtcdDeleteSeesACreateThroughAnotherReplica(t *testing.T) {
 	}()
 	time.Sleep(100 * time.Millisecond) // let the deletion reach b while its cache is behind
 	proxy.resume()
-	if resp := <-done; !resp.GetFound() {
+	resp := <-done
+	if !resp.GetFound() {
 		t.Fatal("a deletion through b right after the creation through a found nothing")
 	}
+	waitRev(t, a, resp.GetRevision())
 	_, err := a.client.Get(testContext(t), &nimbusv1.GetRequest{Key: routeKey("r")})
 	wantCode(t, err, codes.NotFound)
 }
@@ -541,4 +543,25 @@ func TestEtcdApplyUnchangedOnAStaleCacheIsNotLost(t *testing.T) {
 		t.Fatalf("apply through b on a stale cache: changed %v at generation %d; a holds %v at generation %d; want the apply stored at generation 3",
 			resp.GetChanged(), resp.GetObject().GetMeta().GetGeneration(), got.GetSpec(), got.GetMeta().GetGeneration())
 	}
+}
+
+func TestEtcdReportForAnObjectTheCacheHasNotSeenYet(t *testing.T) {
+	c := cluster(t)
+	a := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
+	proxy := newPausingProxy(t, strings.TrimPrefix(c.Endpoint(0), "unix://"))
+	b := startReplica(t, []string{"unix://" + proxy.path}, testPrefix(t), true, Options{})
+
+	// An agent got the object from a and reports to b, whose cache has not seen it yet:
+	// the report must not be dropped.
+	proxy.pause()
+	obj := a.apply(t, route("r", []string{"n1"}, "192.0.2.1")).GetObject()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		b.report(t, statusReport(routeKey("r"), "n1", obj.GetMeta().GetGeneration(), nimbusv1.Phase_PHASE_PROGRAMMED, ""))
+	}()
+	time.Sleep(100 * time.Millisecond) // let the report reach b while its cache is behind
+	proxy.resume()
+	<-done
+	wantStatus(t, b, routeKey("r"), 1, 1, 0, "n1")
 }
