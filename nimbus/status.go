@@ -117,10 +117,11 @@ func (s *Server) recordStatuses(reports []*nimbusv1.StatusReport) {
 	}
 }
 
-// statusTxnReports bounds how many status reports one store transaction records. The
-// store has one writer at a time, and object commits and watch registrations wait for it
-// while they hold s.mu: a long status transaction would hold up every watch that starts.
-const statusTxnReports = 128
+// statusTxnReports bounds how many status reports one store transaction records: a peer's
+// frame carries many thousands, and commits wait for the store's one writer. Larger
+// transactions copy fewer tree nodes per report (a transaction copies each node it
+// touches once); 1,024 keeps both the copying and the wait small.
+const statusTxnReports = 1024
 
 // recordStatusIn stores one report in txn, as reported to the replica origin (empty on a
 // server that is no replica), and returns the key of its object, or nil when the report
