@@ -309,14 +309,18 @@ func TestEtcdConcurrentWritersLoseNoUpdate(t *testing.T) {
 	const perReplica = 30
 	var wg sync.WaitGroup
 	errs := make(chan error, 2*perReplica)
+	var last [2]uint64 // the revision of each writer's last apply
 	for r, ts := range []*testServer{a, b} {
 		wg.Go(func() {
 			for i := range perReplica {
 				// Every apply changes the spec, so every one must bump the generation once.
 				gw := fmt.Sprintf("192.0.%d.%d", r+1, i+1)
-				if _, err := ts.client.Apply(testContext(t), &nimbusv1.ApplyRequest{Object: route("contended", nil, gw)}); err != nil {
+				resp, err := ts.client.Apply(testContext(t), &nimbusv1.ApplyRequest{Object: route("contended", nil, gw)})
+				if err != nil {
 					errs <- err
+					continue
 				}
+				last[r] = resp.GetObject().GetMeta().GetRevision()
 			}
 		})
 	}
@@ -325,8 +329,9 @@ func TestEtcdConcurrentWritersLoseNoUpdate(t *testing.T) {
 	for err := range errs {
 		t.Fatalf("Apply: %v", err)
 	}
+	// a reads once it has seen both writers' last change.
+	waitRev(t, a, max(last[0], last[1]))
 	got := a.get(t, routeKey("contended")).GetObject()
-	waitRev(t, b, got.GetMeta().GetRevision())
 	if g := got.GetMeta().GetGeneration(); g != 2*perReplica {
 		t.Fatalf("generation %d after %d changing applies through two replicas, want %d: an update was lost",
 			g, 2*perReplica, 2*perReplica)
@@ -537,6 +542,7 @@ func TestEtcdApplyUnchangedOnAStaleCacheIsNotLost(t *testing.T) {
 	time.Sleep(100 * time.Millisecond) // let the apply reach b while its cache is behind
 	proxy.resume()
 	resp := <-done
+	waitRev(t, a, resp.GetObject().GetMeta().GetRevision())
 	got := a.get(t, routeKey("r")).GetObject()
 	if !resp.GetChanged() || resp.GetObject().GetMeta().GetGeneration() != 3 ||
 		got.GetSpec().(*nimbusv1.Object_Route).Route.GetNexthops()[0].GetGateway() != "192.0.2.1" || got.GetMeta().GetGeneration() != 3 {
