@@ -99,7 +99,8 @@ func TestBinary(t *testing.T) {
 	}
 	var want string
 	for line := range strings.Lines(string(gomod)) {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "go.etcd.io/etcd/server/v3" {
+		// The requirement stands alone ("require M V") or in a block ("M V").
+		if f := strings.Fields(strings.TrimPrefix(strings.TrimSpace(line), "require ")); len(f) >= 2 && f[0] == "go.etcd.io/etcd/server/v3" {
 			want = "etcd Version: " + strings.TrimPrefix(f[1], "v") + "\n"
 		}
 	}
