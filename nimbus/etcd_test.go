@@ -195,23 +195,46 @@ func TestEtcdWatchResumesOnAnotherReplica(t *testing.T) {
 }
 
 func TestEtcdResumeWaitsForALaggingCache(t *testing.T) {
-	c := cluster(t)
-	a := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
-	// b reaches etcd through a proxy the test can pause, which holds b's cache back.
-	proxy := newPausingProxy(t, strings.TrimPrefix(c.Endpoint(0), "unix://"))
-	b := startReplica(t, []string{"unix://" + proxy.path}, testPrefix(t), true, Options{})
-
+	a, b, proxy := startLaggingPair(t)
 	proxy.pause()
 	obj := a.apply(t, route("r", []string{"n1"}, "192.0.2.1")).GetObject()
 	rev := obj.GetMeta().GetRevision()
-	done := make(chan watchStream, 1)
-	go func() { done <- watchFrom(t, testContext(t), b.client, "n1", a.srv.Epoch(), rev) }()
-	// Give the watch time to find b's cache behind the revision; it must wait for the
-	// cache rather than send a snapshot.
-	time.Sleep(100 * time.Millisecond)
-	proxy.resume()
-	w := <-done
+	// The watch finds b's cache behind the revision; it must wait for the cache rather
+	// than send a snapshot.
+	var w watchStream
+	proxy.callBehind(func() {
+		stream, err := b.client.Watch(testContext(t), &nimbusv1.WatchRequest{Node: "n1", Epoch: a.srv.Epoch(), Revision: rev})
+		if err != nil {
+			t.Error(err)
+		}
+		w = &eventStream{frames: stream}
+	})
 	wantResumed(t, b, w, rev)
+}
+
+// startLaggingPair starts two replicas on one etcd member; b reaches etcd through a proxy
+// the test can pause, which holds b's cache back.
+func startLaggingPair(t *testing.T) (a, b *testServer, proxy *pausingProxy) {
+	t.Helper()
+	c := cluster(t)
+	a = startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
+	proxy = newPausingProxy(t, strings.TrimPrefix(c.Endpoint(0), "unix://"))
+	b = startReplica(t, []string{"unix://" + proxy.path}, testPrefix(t), true, Options{})
+	return a, b, proxy
+}
+
+// callBehind runs call while the proxy is paused, letting it reach the replica behind the
+// proxy for 100 ms, then resumes the proxy and waits for call to return. call runs in a
+// goroutine of its own: it reports failures with t.Error.
+func (p *pausingProxy) callBehind(call func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		call()
+	}()
+	time.Sleep(100 * time.Millisecond) // let the call find the replica behind
+	p.resume()
+	<-done
 }
 
 // pausingProxy forwards unix socket connections to a target socket; while paused it
@@ -454,26 +477,19 @@ func TestEtcdSurvivesLeaderAndFollowerKill(t *testing.T) {
 }
 
 func TestEtcdDeleteSeesACreateThroughAnotherReplica(t *testing.T) {
-	c := cluster(t)
-	a := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
-	proxy := newPausingProxy(t, strings.TrimPrefix(c.Endpoint(0), "unix://"))
-	b := startReplica(t, []string{"unix://" + proxy.path}, testPrefix(t), true, Options{})
+	a, b, proxy := startLaggingPair(t)
 
 	// b's cache has not seen the creation when the deletion comes: the deletion must find
 	// the object anyway.
 	proxy.pause()
 	a.apply(t, route("r", nil, "192.0.2.1"))
-	done := make(chan *nimbusv1.DeleteResponse, 1)
-	go func() {
-		resp, err := b.client.Delete(testContext(t), &nimbusv1.DeleteRequest{Key: routeKey("r")})
-		if err != nil {
+	var resp *nimbusv1.DeleteResponse
+	proxy.callBehind(func() {
+		var err error
+		if resp, err = b.client.Delete(testContext(t), &nimbusv1.DeleteRequest{Key: routeKey("r")}); err != nil {
 			t.Error(err)
 		}
-		done <- resp
-	}()
-	time.Sleep(100 * time.Millisecond) // let the deletion reach b while its cache is behind
-	proxy.resume()
-	resp := <-done
+	})
 	if !resp.GetFound() {
 		t.Fatal("a deletion through b right after the creation through a found nothing")
 	}
@@ -520,10 +536,7 @@ func dialConn(t *testing.T, path string) *grpc.ClientConn {
 }
 
 func TestEtcdApplyUnchangedOnAStaleCacheIsNotLost(t *testing.T) {
-	c := cluster(t)
-	a := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
-	proxy := newPausingProxy(t, strings.TrimPrefix(c.Endpoint(0), "unix://"))
-	b := startReplica(t, []string{"unix://" + proxy.path}, testPrefix(t), true, Options{})
+	a, b, proxy := startLaggingPair(t)
 	first := a.apply(t, route("r", nil, "192.0.2.1")).GetObject()
 	waitRev(t, b, first.GetMeta().GetRevision())
 
@@ -531,17 +544,13 @@ func TestEtcdApplyUnchangedOnAStaleCacheIsNotLost(t *testing.T) {
 	// its cache still holds. That is a change in etcd, and must not be taken for none.
 	proxy.pause()
 	a.apply(t, route("r", nil, "192.0.2.2"))
-	done := make(chan *nimbusv1.ApplyResponse, 1)
-	go func() {
-		resp, err := b.client.Apply(testContext(t), &nimbusv1.ApplyRequest{Object: route("r", nil, "192.0.2.1")})
-		if err != nil {
+	var resp *nimbusv1.ApplyResponse
+	proxy.callBehind(func() {
+		var err error
+		if resp, err = b.client.Apply(testContext(t), &nimbusv1.ApplyRequest{Object: route("r", nil, "192.0.2.1")}); err != nil {
 			t.Error(err)
 		}
-		done <- resp
-	}()
-	time.Sleep(100 * time.Millisecond) // let the apply reach b while its cache is behind
-	proxy.resume()
-	resp := <-done
+	})
 	waitRev(t, a, resp.GetObject().GetMeta().GetRevision())
 	got := a.get(t, routeKey("r")).GetObject()
 	if !resp.GetChanged() || resp.GetObject().GetMeta().GetGeneration() != 3 ||
@@ -552,22 +561,23 @@ func TestEtcdApplyUnchangedOnAStaleCacheIsNotLost(t *testing.T) {
 }
 
 func TestEtcdReportForAnObjectTheCacheHasNotSeenYet(t *testing.T) {
-	c := cluster(t)
-	a := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
-	proxy := newPausingProxy(t, strings.TrimPrefix(c.Endpoint(0), "unix://"))
-	b := startReplica(t, []string{"unix://" + proxy.path}, testPrefix(t), true, Options{})
+	a, b, proxy := startLaggingPair(t)
 
 	// An agent got the object from a and reports to b, whose cache has not seen it yet:
 	// the report must not be dropped.
 	proxy.pause()
 	obj := a.apply(t, route("r", []string{"n1"}, "192.0.2.1")).GetObject()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		b.report(t, statusReport(routeKey("r"), "n1", obj.GetMeta().GetGeneration(), nimbusv1.Phase_PHASE_PROGRAMMED, ""))
-	}()
-	time.Sleep(100 * time.Millisecond) // let the report reach b while its cache is behind
-	proxy.resume()
-	<-done
+	proxy.callBehind(func() {
+		stream, err := b.client.ReportStatus(testContext(t))
+		if err == nil {
+			err = stream.Send(statusReport(routeKey("r"), "n1", obj.GetMeta().GetGeneration(), nimbusv1.Phase_PHASE_PROGRAMMED, ""))
+		}
+		if err == nil {
+			_, err = stream.CloseAndRecv()
+		}
+		if err != nil {
+			t.Error(err)
+		}
+	})
 	wantStatus(t, b, routeKey("r"), 1, 1, 0, "n1")
 }
