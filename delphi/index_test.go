@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -258,8 +259,9 @@ func TestKeySubscription(t *testing.T) {
 }
 
 // TestPutOwnedKeepsNoViews stores an object decoded as nimbusclient decodes it, with
-// every string a view of the received bytes, then overwrites those bytes: what delphi
-// stored and indexed is unchanged, so it kept copies and no view of them.
+// every string a view of the received bytes, and a resume point whose epoch is such a
+// view, then overwrites those bytes: what delphi stored and indexed is unchanged, so it
+// kept copies and no view of them.
 func TestPutOwnedKeepsNoViews(t *testing.T) {
 	s, d, _ := openWith(t, Options{Indexes: testIndexes})
 	want := endpoint("", "", "ep-1", "blue", []string{"web"}, "host-a")
@@ -271,13 +273,22 @@ func TestPutOwnedKeepsNoViews(t *testing.T) {
 	if err := received.UnmarshalVTUnsafe(wire); err != nil {
 		t.Fatal(err)
 	}
-	commit(t, d, func(txn *DesiredTxn) { txn.PutOwned(received) })
+	epochBytes := []byte("epoch-1")
+	epoch := unsafe.String(&epochBytes[0], len(epochBytes)) // as a decoded event's epoch
+	commit(t, d, func(txn *DesiredTxn) {
+		txn.PutOwned(received)
+		txn.SetResume(epoch, 7)
+	})
 	clear(wire)
+	clear(epochBytes)
 	received = nil
 	runtime.GC() // drops any decoded object delphi caches, so reads decode what it stored
 
 	if got, _ := s.Get(want.Key()); !proto.Equal(got, want) {
 		t.Errorf("stored object after its received bytes were overwritten = %v, want %v", got, want)
+	}
+	if e, rev := s.Resume(); e != "epoch-1" || rev != 7 {
+		t.Errorf("resume point after its received bytes were overwritten = %q %d, want epoch-1 7", e, rev)
 	}
 	for _, tt := range []struct{ index, value string }{
 		{"network", "default/default/blue"}, {"group", "default/default/web"}, {"node", "host-a"},

@@ -767,9 +767,10 @@ func (t *DesiredTxn) Put(obj *nimbusv1.Object) {
 	t.puts = append(t.puts, proto.CloneOf(obj))
 }
 
-// PutOwned stores obj itself, without the copy Put makes: the caller hands it over and
-// must not modify it afterwards. The nimbus client, which decodes a fresh object from
-// every watch event, uses it.
+// PutOwned stores obj without the copy Put makes: the caller must not modify it until
+// Commit returns. The store keeps nothing of obj past Commit (it keeps objects encoded
+// afresh and index values copied), so the caller may then reuse obj's memory, as the
+// nimbus client does with the frames it decodes watch events into.
 func (t *DesiredTxn) PutOwned(obj *nimbusv1.Object) {
 	t.puts = append(t.puts, obj)
 }
@@ -788,7 +789,8 @@ func (t *DesiredTxn) DeleteOthers(keep map[string]bool) {
 
 // SetResume records the nimbus epoch and revision the table corresponds to after commit.
 func (t *DesiredTxn) SetResume(epoch string, revision uint64) {
-	t.resume = &statefile.Position{Epoch: epoch, Revision: revision}
+	// A copy: epoch may be a view of a received frame, and the store keeps it.
+	t.resume = &statefile.Position{Epoch: strings.Clone(epoch), Revision: revision}
 }
 
 // Commit applies the transaction atomically. Objects equal to what is stored are not

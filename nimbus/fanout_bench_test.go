@@ -265,12 +265,14 @@ func runFanout(b *testing.B, clients int, target fanoutTarget) fanoutResult {
 		}
 		wg.Go(func() {
 			inSnapshot := true
+			// Received as the agent's watch receives: into storage lent by a pool.
+			var f nimbusv1.PooledFrame
+			defer f.Release()
 			for {
-				var f nimbusv1.WatchFrame
 				if err := stream.RecvMsg(&f); err != nil {
 					return
 				}
-				for _, ev := range f.GetEvents() {
+				for _, ev := range f.Events() {
 					switch typ := ev.GetType(); {
 					case typ == nimbusv1.WatchEvent_TYPE_SYNCED:
 						inSnapshot = false
@@ -279,6 +281,7 @@ func runFanout(b *testing.B, clients int, target fanoutTarget) fanoutResult {
 						updates <- time.Now()
 					}
 				}
+				f.Release()
 			}
 		})
 	}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -273,15 +274,17 @@ func (c *Client) watch(ctx context.Context, api nimbusv1.NimbusClient) error {
 	wg.Go(func() {
 		defer close(frames)
 		for {
-			f, err := stream.Recv()
-			if err != nil {
+			f := new(nimbusv1.PooledFrame)
+			if err := stream.RecvMsg(f); err != nil {
+				f.Release()
 				recvErr = err
 				return
 			}
-			c.received.Add(uint64(len(f.GetEvents())))
+			c.received.Add(uint64(len(f.Events())))
 			select {
-			case frames <- receivedFrame{events: f.GetEvents(), size: f.SizeVT()}:
+			case frames <- receivedFrame{frame: f, events: f.Events(), size: f.Size()}:
 			case <-ctx.Done():
+				f.Release()
 				recvErr = ctx.Err()
 				return
 			}
@@ -289,6 +292,7 @@ func (c *Client) watch(ctx context.Context, api nimbusv1.NimbusClient) error {
 	})
 
 	w := &watchStream{c: c, server: peerAddress(stream.Context())}
+	defer w.release()
 	for f := range frames {
 		if err := w.add(f); err != nil {
 			return err
@@ -325,8 +329,9 @@ func peerAddress(ctx context.Context) string {
 	return address.Address{Network: p.Addr.Network(), Addr: p.Addr.String()}.String()
 }
 
-// receivedFrame is a frame's events and its wire size.
+// receivedFrame is a frame, its events and its wire size.
 type receivedFrame struct {
+	frame  *nimbusv1.PooledFrame
 	events []*nimbusv1.WatchEvent
 	size   int
 }
@@ -349,6 +354,20 @@ type watchStream struct {
 	// SYNCED event; changes leave it out.
 	epoch   string
 	pending pendingChanges
+	// held are the frames taken in whole since the last commit: what the snapshot and
+	// the pending changes refer to (the frame under way may be too). Each commit releases
+	// them.
+	held []*nimbusv1.PooledFrame
+}
+
+// release gives back the frames held, once nothing refers to their messages: after a
+// commit, and when the stream ends.
+func (w *watchStream) release() {
+	for _, f := range w.held {
+		f.Release()
+	}
+	clear(w.held)
+	w.held = w.held[:0]
 }
 
 // pendingChanges are the changes received since the last commit, one per key: the last.
@@ -381,6 +400,7 @@ func (w *watchStream) full() bool {
 // bytes count towards the changes' bound unless the frame ends inside a snapshot.
 func (w *watchStream) add(f receivedFrame) error {
 	defer func() {
+		w.held = append(w.held, f.frame)
 		if w.snapshot == nil {
 			w.pending.size += f.size
 		}
@@ -400,8 +420,8 @@ func (w *watchStream) add(f receivedFrame) error {
 
 func (w *watchStream) addEvent(ev *nimbusv1.WatchEvent) error {
 	typ := ev.GetType()
-	if e := ev.GetEpoch(); e != "" {
-		w.epoch = e
+	if e := ev.GetEpoch(); e != "" && e != w.epoch {
+		w.epoch = strings.Clone(e) // kept past the frame's release
 	}
 	if !w.started {
 		w.started = true
@@ -473,6 +493,7 @@ func (w *watchStream) commitSnapshot(synced *nimbusv1.WatchEvent) error {
 	w.c.desired.MarkSynced()
 	w.c.log.Info("synced with nimbus", "server", w.server, "objects", w.snapshotObjects, "revision", synced.GetRevision(), "epoch", synced.GetEpoch())
 	w.snapshot, w.snapshotObjects = nil, 0
+	w.release()
 	return nil
 }
 
@@ -482,6 +503,9 @@ func (w *watchStream) commit() error {
 	p := &w.pending
 	if p.events == 0 {
 		p.size = 0
+		if w.snapshot == nil {
+			w.release()
+		}
 		return nil
 	}
 	txn := &delphi.DesiredTxn{}
@@ -502,6 +526,7 @@ func (w *watchStream) commit() error {
 	clear(p.index)
 	clear(p.writes)
 	*p = pendingChanges{writes: p.writes[:0], index: p.index}
+	w.release()
 	return nil
 }
 

@@ -228,12 +228,15 @@ func nimbusTarget(b *testing.B) fanoutTarget {
 			}
 			return func(synced, updated func()) {
 				inSnapshot, n := true, 0
+				// As the agent's watch does, each frame is received into storage lent by a
+				// pool and given back once its events are handled.
+				var f nimbusv1.PooledFrame
+				defer f.Release()
 				for {
-					f, err := stream.Recv()
-					if err != nil {
+					if err := stream.RecvMsg(&f); err != nil {
 						return
 					}
-					for _, ev := range f.GetEvents() {
+					for _, ev := range f.Events() {
 						switch typ := ev.GetType(); {
 						case typ == nimbusv1.WatchEvent_TYPE_SYNCED:
 							if n != fanoutObjects {
@@ -247,6 +250,7 @@ func nimbusTarget(b *testing.B) fanoutTarget {
 							updated()
 						}
 					}
+					f.Release()
 				}
 			}, nil
 		},

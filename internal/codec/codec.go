@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/protoadapt"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // Name is the codec's name, the one of gRPC's default proto codec.
@@ -43,7 +44,8 @@ type Codec struct {
 	// (delphi keeps objects encoded afresh). The views are never written to. A message
 	// with an UnmarshalVTUnsafeSlab method (nimbus's WatchFrame) is decoded with it: the
 	// messages it holds are allocated together and likewise live as long as any of them
-	// does. Default: false, which copies every string.
+	// does. Default: false, which copies every string. A message that brings storage of
+	// its own (nimbus's PooledFrame) is decoded into it either way.
 	ShareData bool
 	// pool takes the buffers of large encodings and of decoded messages that arrive in
 	// pieces. Default (nil): mem.DefaultBufferPool(), as gRPC's proto codec uses.
@@ -156,12 +158,24 @@ type slabMessage interface {
 	UnmarshalVTUnsafeSlab(b []byte) error
 }
 
+// pooledMessage is a message received into storage of its own that it reuses from one
+// message to the next (nimbus's PooledFrame): the codec copies the encoded message into
+// the n bytes Reserve returns, and Decode decodes them there.
+type pooledMessage interface {
+	Reserve(n int) []byte
+	Decode() error
+	Descriptor() protoreflect.MessageDescriptor
+}
+
 // Unmarshal decodes data into v, a protobuf message, which it resets first, as
 // proto.Unmarshal does. It leaves data to the caller, and v holds no reference to it:
 // the generated UnmarshalVT copies every string and bytes field, and with c.ShareData
 // they share a copy of data made for v. Like proto.Unmarshal, it refuses a proto3
 // string that is not valid UTF-8, unless c.SkipUTF8Check is set.
 func (c Codec) Unmarshal(data mem.BufferSlice, v any) error {
+	if m, ok := v.(pooledMessage); ok {
+		return c.decodePooled(data, m)
+	}
 	if m, ok := v.(slabMessage); ok && c.ShareData {
 		return c.decode(data.Materialize(), m, m.UnmarshalVTUnsafeSlab)
 	}
@@ -189,6 +203,23 @@ func (c Codec) decode(b []byte, m proto.Message, unmarshal func([]byte) error) e
 	}
 	proto.Reset(m)
 	if err := unmarshal(b); err != nil {
+		return fmt.Errorf("decoding %s: %w", md.FullName(), err)
+	}
+	return nil
+}
+
+// decodePooled copies data into m's storage, checks its strings unless c.SkipUTF8Check
+// is set, and decodes it there.
+func (c Codec) decodePooled(data mem.BufferSlice, m pooledMessage) error {
+	b := m.Reserve(data.Len())
+	data.CopyTo(b)
+	md := m.Descriptor()
+	if !c.SkipUTF8Check {
+		if err := checkUTF8(b, md); err != nil {
+			return fmt.Errorf("decoding %s: %w", md.FullName(), err)
+		}
+	}
+	if err := m.Decode(); err != nil {
 		return fmt.Errorf("decoding %s: %w", md.FullName(), err)
 	}
 	return nil

@@ -356,6 +356,54 @@ func testUnmarshalBuffers(t *testing.T, c Codec, wire []byte, want proto.Message
 	}
 }
 
+// TestUnmarshalPooledFrame checks that a PooledFrame is decoded into its own storage,
+// whatever pieces the message arrives in and whether or not ShareData is set: it equals
+// the frame sent, holds nothing of the caller's buffers, takes nothing from the codec's
+// pool, and has its strings checked unless SkipUTF8Check is set.
+func TestUnmarshalPooledFrame(t *testing.T) {
+	want := bigFrame(32 << 10)
+	wire, err := proto.Marshal(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, share := range []bool{false, true} {
+		for _, piece := range []int{len(wire), 8 << 10, 1000} {
+			t.Run(fmt.Sprintf("ShareData=%v/pieces-of-%d", share, piece), func(t *testing.T) {
+				dataPool, codecPool := &countingPool{}, &countingPool{}
+				data := split(wire, piece, dataPool)
+				var got nimbusv1.PooledFrame
+				defer got.Release()
+				if err := (Codec{ShareData: share, pool: codecPool}).Unmarshal(data, &got); err != nil {
+					t.Fatalf("Unmarshal: %v", err)
+				}
+				if g, _ := codecPool.counts(); g != 0 {
+					t.Errorf("codec pool: %d buffers taken, want none", g)
+				}
+				data.Free()
+				if !proto.Equal(got.Frame(), want) || got.Size() != len(wire) {
+					t.Errorf("decoded %d events in %d bytes, unlike the %d events in %d bytes sent, once the caller's buffers were freed", len(got.Events()), got.Size(), len(want.GetEvents()), len(wire))
+				}
+			})
+		}
+	}
+	t.Run("invalid-UTF-8", func(t *testing.T) {
+		ev := putEvent(1)
+		ev.Object.GetRoute().Nexthops[0].Device = "eth\xff"
+		bad, err := Codec{SkipUTF8Check: true}.Marshal(&nimbusv1.WatchFrame{Events: []*nimbusv1.WatchEvent{ev}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got nimbusv1.PooledFrame
+		defer got.Release()
+		if err := (Codec{ShareData: true}).Unmarshal(bad, &got); err == nil {
+			t.Error("Unmarshal of a string that is not UTF-8: no error")
+		}
+		if err := (Codec{ShareData: true, SkipUTF8Check: true}).Unmarshal(bad, &got); err != nil || len(got.Events()) != 1 {
+			t.Errorf("Unmarshal with SkipUTF8Check: %d events, error %v; want 1 event", len(got.Events()), err)
+		}
+	})
+}
+
 // TestMarshalBuffers checks that a large message is encoded into a buffer of the pool,
 // which Free gives back, and a small one into a buffer of its own, as gRPC's proto codec
 // does.

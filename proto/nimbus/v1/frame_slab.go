@@ -26,14 +26,20 @@ import (
 // field, a field repeated, a malformed event), is decoded by UnmarshalVTUnsafe, which
 // gives the same result or the same error.
 func (m *WatchFrame) UnmarshalVTUnsafeSlab(dAtA []byte) error {
+	var s frameSlab
+	return s.decode(m, dAtA)
+}
+
+// decode decodes the frame dAtA into m with messages from s, as UnmarshalVTUnsafeSlab
+// describes.
+func (s *frameSlab) decode(m *WatchFrame, dAtA []byte) error {
 	n, ok := countEvents(dAtA)
 	if !ok {
 		return m.UnmarshalVTUnsafe(dAtA)
 	}
-	s := frameSlab{left: n}
-	events := make([]WatchEvent, n)
-	ptrs := make([]*WatchEvent, 0, len(m.Events)+n)
-	m.Events = append(ptrs, m.Events...)
+	s.left = n
+	events := s.events.take(n, n)
+	m.Events = append(s.eventPtrs.take(len(m.Events)+n, 0)[:0], m.Events...)
 	for i := 0; len(dAtA) > 0; i++ {
 		// countEvents checked every tag and length.
 		_, _, tn := protowire.ConsumeTag(dAtA)
@@ -73,11 +79,15 @@ func countEvents(b []byte) (int, bool) {
 
 // frameSlab hands out the messages of one frame's events from arrays that each hold as
 // many as the events still to decode, so that a frame of one kind of object allocates
-// each array once.
+// each array once. A frameSlab that is reset hands the same arrays out again
+// (PooledFrame): a stream of frames then allocates nothing once its arrays are as large
+// as its frames need.
 type frameSlab struct {
 	// left is the number of events still to decode, the current one included: the size of
 	// the next array of any message.
 	left       int
+	events     slab[WatchEvent]
+	eventPtrs  slab[*WatchEvent]
 	objects    slab[Object]
 	metas      slab[ObjectMeta]
 	keys       slab[ObjectKey]
@@ -87,6 +97,20 @@ type frameSlab struct {
 	hopPtrs    slab[*NextHop]
 }
 
+// reset zeroes every message handed out, so that the arrays can be handed out again.
+func (s *frameSlab) reset() {
+	s.left = 0
+	s.events.reset()
+	s.eventPtrs.reset()
+	s.objects.reset()
+	s.metas.reset()
+	s.keys.reset()
+	s.timestamps.reset()
+	s.routes.reset()
+	s.nexthops.reset()
+	s.hopPtrs.reset()
+}
+
 // routeObject is a route's oneof wrapper and spec, allocated together.
 type routeObject struct {
 	wrapper Object_Route
@@ -94,17 +118,35 @@ type routeObject struct {
 }
 
 // slab hands out elements of arrays of T.
-type slab[T any] struct{ free []T }
+type slab[T any] struct {
+	// free is the current array; used counts the elements handed out from it, need those
+	// handed out from every array since the last reset.
+	free       []T
+	used, need int
+}
 
 // take returns n elements, from a new array of at least chunk elements when the current
 // one has fewer than n left.
 func (s *slab[T]) take(n, chunk int) []T {
-	if len(s.free) < n {
-		s.free = make([]T, max(n, chunk))
+	s.need += n
+	if len(s.free)-s.used < n {
+		s.free, s.used = make([]T, max(n, chunk)), 0
 	}
-	t := s.free[:n:n]
-	s.free = s.free[n:]
+	t := s.free[s.used : s.used+n : s.used+n]
+	s.used += n
 	return t
+}
+
+// reset zeroes the elements handed out from the current array and makes them available
+// again. When they came from more than one array, the next round starts on a new array
+// that holds them all.
+func (s *slab[T]) reset() {
+	if s.need > s.used {
+		s.free = make([]T, s.need)
+	} else {
+		clear(s.free[:s.used])
+	}
+	s.used, s.need = 0, 0
 }
 
 // one returns one element.
