@@ -30,7 +30,8 @@
 //
 // With Options.Dir, the desired table and the resume point survive restarts. They are kept
 // in a bbolt file, StateFile, as serialized objects keyed by key ID. Every DesiredWriter
-// commit is one bbolt transaction, written and synced before the change becomes visible in
+// commit is one state-file commit (internal/statefile: a record of the file's log, or a
+// bbolt transaction when large), written and synced before the change becomes visible in
 // memory, so the file and the tables always agree and a crash leaves either the state before
 // a commit or the state after it, never a mix: the stored revision always matches the stored
 // objects. Open restores both and, when the file held anything, marks the store synced, so a

@@ -39,7 +39,7 @@ func newMetrics(s *Store, reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		commitDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Subsystem: sub, Name: "commit_duration_seconds",
-			Help:    "Time a write transaction takes, by table: the in-memory transaction, its write to the state file (one fsync) when durable changes are in it, and the notification of subscribers.",
+			Help:    "Time a write transaction takes, by table: the in-memory transaction, its commit to the state file when durable changes are in it, and the notification of subscribers.",
 			Buckets: prometheus.ExponentialBuckets(25e-6, 4, 10),
 		}, []string{"table"}),
 		commitSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{

@@ -21,7 +21,7 @@ const maxReportedInvalid = 10
 // codes.InvalidArgument, one line per bad field naming the object's position and key,
 // `objects[3] (Route/default/default/x): spec.prefix "10.0.0.0/33": prefix length out of
 // range`, and nothing is stored. Otherwise the objects are applied in order, each as Apply
-// would, in one store transaction and one bbolt transaction: every object that changes
+// would, in one store transaction and one state-file commit: every object that changes
 // takes the next revision, and watchers receive the changes together once they are
 // durable. The results are in the order of the objects; each carries the stored object,
 // so the response is larger than the request, and a client sending a large batch raises
@@ -84,7 +84,7 @@ func omittedResponse(out outcome) *nimbusv1.ApplyResponse {
 // is validated first: an invalid one, or one that appears twice, refuses the whole call
 // with codes.InvalidArgument naming its position, `keys[2] (Route/default/default/R1):
 // key.name "R1": ...`, and nothing is deleted. Otherwise the objects are deleted in order,
-// each as Delete would, in one store transaction and one bbolt transaction: every object
+// each as Delete would, in one store transaction and one state-file commit: every object
 // that existed takes the next revision, absent ones are no error (found false), and
 // watchers receive the deletions together once they are durable.
 func (s *Server) DeleteBatch(ctx context.Context, req *nimbusv1.DeleteBatchRequest) (*nimbusv1.DeleteBatchResponse, error) {

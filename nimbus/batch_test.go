@@ -23,14 +23,10 @@ func numberedRoutes(n int) []*nimbusv1.Object {
 	return objs
 }
 
-// txID returns the id of the last bbolt transaction of the server's store file.
-func txID(t *testing.T, ts *testServer) int {
+// commits returns the number of commits to the server's store file since it was opened.
+func commits(t *testing.T, ts *testServer) int {
 	t.Helper()
-	id, err := ts.srv.disk.file.TxID()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return id
+	return ts.srv.disk.file.Commits()
 }
 
 // wantStored fails the test unless List returns the objects with these names, in key
@@ -69,7 +65,7 @@ func histogram(t *testing.T, srv *Server, name string) (uint64, float64) {
 
 func TestApplyBatchRefusesInvalidObject(t *testing.T) {
 	ts := start(t, Options{DataDir: t.TempDir()})
-	before := txID(t, ts)
+	before := commits(t, ts)
 	w := watch(t, ts.client, "a")
 	recvUntilSynced(t, w)
 
@@ -110,8 +106,8 @@ func TestApplyBatchRefusesInvalidObject(t *testing.T) {
 				}
 			}
 			wantStored(t, ts, 0)
-			if after := txID(t, ts); after != before {
-				t.Errorf("bbolt transaction id = %d after a refused batch, want %d as before", after, before)
+			if after := commits(t, ts); after != before {
+				t.Errorf("state file commits = %d after a refused batch, want %d as before", after, before)
 			}
 		})
 	}
@@ -143,15 +139,15 @@ func TestApplyBatchCommitsOnce(t *testing.T) {
 	ts := start(t, Options{DataDir: dir})
 	w := watch(t, ts.client, "a")
 	recvUntilSynced(t, w)
-	before := txID(t, ts)
+	before := commits(t, ts)
 
 	objs := numberedRoutes(batchSize)
 	resp, err := ts.client.ApplyBatch(testContext(t), &nimbusv1.ApplyBatchRequest{Objects: objs})
 	if err != nil {
 		t.Fatalf("ApplyBatch: %v", err)
 	}
-	if after := txID(t, ts); after != before+1 || resp.GetTransactions() != 1 {
-		t.Errorf("bbolt transactions = %d, and the response says %d; want 1", after-before, resp.GetTransactions())
+	if after := commits(t, ts); after != before+1 || resp.GetTransactions() != 1 {
+		t.Errorf("state file commits = %d, and the response says %d; want 1", after-before, resp.GetTransactions())
 	}
 	if resp.GetRevision() != batchSize || len(resp.GetResults()) != batchSize {
 		t.Fatalf("ApplyBatch = %d results at revision %d, want %d at %d", len(resp.GetResults()), resp.GetRevision(), batchSize, batchSize)
@@ -176,7 +172,7 @@ func TestApplyBatchCommitsOnce(t *testing.T) {
 	}
 
 	// Applying the same objects again changes nothing and writes nothing.
-	before = txID(t, ts)
+	before = commits(t, ts)
 	resp, err = ts.client.ApplyBatch(testContext(t), &nimbusv1.ApplyBatchRequest{Objects: objs})
 	if err != nil {
 		t.Fatalf("second ApplyBatch: %v", err)
@@ -187,8 +183,8 @@ func TestApplyBatchCommitsOnce(t *testing.T) {
 				i, r.GetChanged(), r.GetObject().GetMeta().GetRevision(), i+1)
 		}
 	}
-	if after := txID(t, ts); after != before || resp.GetRevision() != batchSize || resp.GetTransactions() != 0 {
-		t.Errorf("unchanged batch: %d bbolt transactions (the response says %d), revision %d; want none at %d",
+	if after := commits(t, ts); after != before || resp.GetRevision() != batchSize || resp.GetTransactions() != 0 {
+		t.Errorf("unchanged batch: %d state file commits (the response says %d), revision %d; want none at %d",
 			after-before, resp.GetTransactions(), resp.GetRevision(), batchSize)
 	}
 
@@ -211,7 +207,7 @@ func TestDeleteBatchCommitsOnce(t *testing.T) {
 	}
 	w := watch(t, ts.client, "a")
 	recvUntilSynced(t, w)
-	before := txID(t, ts)
+	before := commits(t, ts)
 
 	// The keys in reverse order, with an absent one in the middle.
 	var keys []*nimbusv1.ObjectKey
@@ -225,8 +221,8 @@ func TestDeleteBatchCommitsOnce(t *testing.T) {
 	if err != nil {
 		t.Fatalf("DeleteBatch: %v", err)
 	}
-	if after := txID(t, ts); after != before+1 {
-		t.Errorf("bbolt transactions = %d, want 1", after-before)
+	if after := commits(t, ts); after != before+1 {
+		t.Errorf("state file commits = %d, want 1", after-before)
 	}
 	if resp.GetRevision() != 2*batchSize || len(resp.GetResults()) != len(keys) {
 		t.Fatalf("DeleteBatch = %d results at revision %d, want %d at %d", len(resp.GetResults()), resp.GetRevision(), len(keys), 2*batchSize)
@@ -256,7 +252,7 @@ func TestDeleteBatchCommitsOnce(t *testing.T) {
 func TestDeleteBatchRefusesBadKeys(t *testing.T) {
 	ts := start(t, Options{DataDir: t.TempDir()})
 	ts.apply(t, route("r1", nil, "192.0.2.1"))
-	before := txID(t, ts)
+	before := commits(t, ts)
 	for _, tc := range []struct {
 		name string
 		keys []*nimbusv1.ObjectKey
@@ -275,8 +271,8 @@ func TestDeleteBatchRefusesBadKeys(t *testing.T) {
 				t.Errorf("message = %q, want it to contain %q", st.Message(), tc.want)
 			}
 			wantStored(t, ts, 1, "r1")
-			if after := txID(t, ts); after != before {
-				t.Errorf("bbolt transactions after a refused batch = %d, want none", after-before)
+			if after := commits(t, ts); after != before {
+				t.Errorf("state file commits after a refused batch = %d, want none", after-before)
 			}
 		})
 	}
@@ -332,7 +328,7 @@ func TestApplyBatchAsApplies(t *testing.T) {
 func TestApplyBatchEmpty(t *testing.T) {
 	ts := start(t, Options{DataDir: t.TempDir()})
 	ts.apply(t, route("r1", nil, "192.0.2.1"))
-	before := txID(t, ts)
+	before := commits(t, ts)
 	resp, err := ts.client.ApplyBatch(testContext(t), &nimbusv1.ApplyBatchRequest{})
 	if err != nil || resp.GetRevision() != 1 || len(resp.GetResults()) != 0 {
 		t.Fatalf("empty ApplyBatch = %v, %v; want no results at revision 1", resp, err)
@@ -341,8 +337,8 @@ func TestApplyBatchEmpty(t *testing.T) {
 	if err != nil || dresp.GetRevision() != 1 || len(dresp.GetResults()) != 0 {
 		t.Fatalf("empty DeleteBatch = %v, %v; want no results at revision 1", dresp, err)
 	}
-	if after := txID(t, ts); after != before {
-		t.Errorf("empty batches wrote %d bbolt transactions, want none", after-before)
+	if after := commits(t, ts); after != before {
+		t.Errorf("empty batches wrote %d state file commits, want none", after-before)
 	}
 }
 

@@ -95,11 +95,12 @@ func (b *batch) what() string {
 
 // committer groups the batches of concurrent calls into shared commits. The caller whose
 // batch finds no commit under way leads: it takes every batch queued, its own included,
-// and commits them together in one store and one bbolt transaction. The batches of the
-// calls that arrive meanwhile queue, and when the commit is done and answered, the leader
-// hands over to the oldest of them, which commits everything queued by then. So while one
-// commit is being written and synced, the next one gathers, and concurrent callers share
-// fsyncs; a lone caller commits at once, without waiting for company.
+// and commits them together in one store transaction and one state-file commit. The
+// batches of the calls that arrive meanwhile queue, and when the commit is done and
+// answered, the leader hands over to the oldest of them, which commits everything queued
+// by then. So while one commit is being written and synced, the next one gathers, and
+// concurrent callers share fsyncs; a lone caller commits at once, without waiting for
+// company.
 type committer struct {
 	// mu guards queue and leading.
 	mu sync.Mutex
@@ -157,7 +158,7 @@ type stagedChange struct {
 }
 
 // commitGroup commits the batches, in order, in one store transaction and, with a durable
-// store, one bbolt transaction; hands every change to the watchers once it is durable, in
+// store, one state-file commit; hands every change to the watchers once it is durable, in
 // revision order, under s.mu; and answers every batch. When the commit fails, every batch
 // fails with its error and nothing of any of them is stored: the batches share the
 // transactions. A batch's own bad input never gets this far; its call refuses it before

@@ -57,7 +57,7 @@ func wantOnlyBadFailed(t *testing.T, errs []error, bad int) {
 	}
 }
 
-// TestGroupCommit checks that concurrent Applies share bbolt transactions, that each is
+// TestGroupCommit checks that concurrent Applies share state file commits, that each is
 // durable when it returns, and that an invalid one fails alone.
 func TestGroupCommit(t *testing.T) {
 	const n, bad = 200, 77
@@ -65,7 +65,7 @@ func TestGroupCommit(t *testing.T) {
 	ts := start(t, Options{DataDir: dir})
 	w := watch(t, ts.client, "a")
 	recvUntilSynced(t, w)
-	before := txID(t, ts)
+	before := commits(t, ts)
 
 	wantOnlyBadFailed(t, applyConcurrently(t, ts, n, bad, nil), bad)
 
@@ -78,10 +78,10 @@ func TestGroupCommit(t *testing.T) {
 		}
 		seen[ev.ObjectKey().GetName()] = true
 	}
-	commits := txID(t, ts) - before
-	t.Logf("%d concurrent Applies took %d bbolt transactions", n-1, commits)
+	commits := commits(t, ts) - before
+	t.Logf("%d concurrent Applies took %d state file commits", n-1, commits)
 	if commits > n/2 {
-		t.Errorf("%d concurrent Applies took %d bbolt transactions, want at most %d", n-1, commits, n/2)
+		t.Errorf("%d concurrent Applies took %d state file commits, want at most %d", n-1, commits, n/2)
 	}
 	wantMetrics(t, ts.srv, fmt.Sprintf("naples_nimbus_commits_total %d", commits))
 	if count, sum := histogram(t, ts.srv, "naples_nimbus_commit_batch_size"); count != uint64(commits) || sum != n-1 {
@@ -100,7 +100,7 @@ func TestGroupCommit(t *testing.T) {
 func TestGroupCommitTakesTheQueue(t *testing.T) {
 	const n, bad = 50, 20
 	ts := start(t, Options{DataDir: t.TempDir()})
-	before := txID(t, ts)
+	before := commits(t, ts)
 
 	ts.srv.mu.Lock()
 	locked := true
@@ -126,8 +126,8 @@ func TestGroupCommitTakesTheQueue(t *testing.T) {
 		locked = false
 	})
 	wantOnlyBadFailed(t, errs, bad)
-	if commits := txID(t, ts) - before; commits != 2 {
-		t.Errorf("bbolt transactions = %d, want 2: the leader's, then the %d queued meanwhile", commits, n-2)
+	if commits := commits(t, ts) - before; commits != 2 {
+		t.Errorf("state file commits = %d, want 2: the leader's, then the %d queued meanwhile", commits, n-2)
 	}
 	if count, sum := histogram(t, ts.srv, "naples_nimbus_commit_batch_size"); count != 2 || sum != n-1 {
 		t.Errorf("commit batch sizes: %d commits of %v changes, want 2 of %d", count, sum, n-1)

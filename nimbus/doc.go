@@ -81,14 +81,15 @@
 //
 // With Options.DataDir the store is durable: DataDir/nimbus.db is a bbolt file holding every
 // object, the revision and the epoch, in the layout delphi's state file has too (see
-// internal/statefile). A commit writes its objects and the revision there, in one bbolt
-// transaction (one fsync), before its changes become visible to readers and watchers; a
-// commit whose bbolt transaction fails stores nothing, in memory or on disk. Every call
+// internal/statefile). A commit writes its objects and the revision there, in one
+// state-file commit (a record of the file's log, one fsync; a bbolt transaction when
+// large), before its changes become visible to readers and watchers; a commit whose write
+// fails stores nothing, in memory or on disk. Every call
 // that writes returns only once its changes are durable.
 //
 // Concurrent writers share commits (group commit). The first caller that finds no commit
 // under way leads: it takes every batch queued, its own included, and commits them in one
-// store transaction and one bbolt transaction, each batch after the one before, each
+// store transaction and one state-file commit, each batch after the one before, each
 // change with its own revision; then it hands the changes to the watchers in revision
 // order under the same lock, answers every caller, and passes the lead to the oldest
 // batch queued meanwhile, which commits everything that gathered while the previous commit
@@ -126,7 +127,7 @@
 // naples_nimbus_watch_starts_total{mode="resume"|"snapshot"}, and the gauges
 // naples_nimbus_watchers (streams receiving changes), naples_nimbus_revision and
 // naples_nimbus_objects, the counter naples_nimbus_commits_total (commits that changed
-// objects, each one bbolt transaction with a data directory) and the histogram
+// objects, each one state-file commit with a data directory) and the histogram
 // naples_nimbus_commit_batch_size (object changes per commit). A replica adds
 // naples_nimbus_peers and naples_nimbus_peer_reports_total{direction} (peer.go), and with
 // etcd naples_nimbus_etcd_loaded, naples_nimbus_etcd_txns_total,

@@ -53,7 +53,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		commits: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "commits_total",
-			Help: "Commits of object changes: each is one store transaction and, with a data directory, one bbolt transaction (one fsync), and may carry the writes of several calls.",
+			Help: "Commits of object changes: each is one store transaction and, with a data directory, one state-file commit, and may carry the writes of several calls.",
 		}),
 		commitSize: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: ns, Subsystem: sub, Name: "commit_batch_size",

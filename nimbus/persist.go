@@ -79,8 +79,8 @@ func (d *disk) check(c *statefile.Contents) error {
 	return nil
 }
 
-// commit durably stores the changes of revisions from to to in one bbolt transaction,
-// one fsync: the objects of puts under their key IDs, the deletion of the key IDs of dels,
+// commit durably stores the changes of revisions from to to in one state-file commit,
+// one fsync when small (statefile.File.Commit): the objects of puts under their key IDs, the deletion of the key IDs of dels,
 // and to as the revision. A key ID is in puts or dels once at most.
 func (d *disk) commit(puts []*nimbusv1.Object, dels []string, from, to uint64) error {
 	b := statefile.Batch{Put: puts, Delete: dels, Position: &statefile.Position{Epoch: d.epoch, Revision: to}}

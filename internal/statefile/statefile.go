@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -113,9 +114,15 @@ type Batch struct {
 }
 
 // File is an open state file. Only one File, in one process, has a file open at a time.
+// It is safe for concurrent use.
 type File struct {
 	db   *bolt.DB
 	path string
+	// mu serializes commits, which log holds the state of.
+	mu  sync.Mutex
+	log *commitLog
+	// commits counts the commits since Open.
+	commits int
 }
 
 // Open opens the state file at path, creating it and its directory when absent, and reads
@@ -131,12 +138,33 @@ func Open(path string, opts Options) (*File, *Contents, error) {
 		return nil, nil, err
 	}
 	f := &File{db: db, path: path}
-	c, err := f.load(o)
+	c, err := f.openAndLoad(o)
 	if err != nil {
+		if f.log != nil {
+			f.log.file.Close()
+		}
 		db.Close()
 		return nil, nil, err
 	}
 	return f, c, nil
+}
+
+// openAndLoad opens the log and replays it, reads the file, and makes the log anew when
+// it must be.
+func (f *File) openAndLoad(o Options) (*Contents, error) {
+	if err := f.openLogRecovering(); err != nil {
+		return nil, o.corrupt(f.path, err)
+	}
+	c, err := f.load(o)
+	if err != nil {
+		return nil, err
+	}
+	if f.log.fresh {
+		if err := f.newLog(); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
 }
 
 // open opens the bbolt file at path and classifies what goes wrong: a held lock is the
@@ -238,6 +266,17 @@ func (f *File) load(o Options) (c *Contents, err error) {
 	return c, nil
 }
 
+// openLogRecovering opens the log, taking a panic of bbolt's on a damaged page for an
+// error, as load does.
+func (f *File) openLogRecovering() (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("reading: %v", p)
+		}
+	}()
+	return f.openLog()
+}
+
 // stamp creates the buckets that are missing and writes the format version.
 func (f *File) stamp() error {
 	err := f.db.Update(func(tx *bolt.Tx) error {
@@ -271,50 +310,31 @@ func readUint(b *bolt.Bucket, key []byte) (uint64, bool, error) {
 // Path returns the path of the file.
 func (f *File) Path() string { return f.path }
 
-// Commit writes b in one bbolt transaction: after it returns nil the whole batch is on
-// disk; after an error, or a crash, none of it is.
+// Commit writes b durably: after it returns nil the whole batch is on disk; after an
+// error, or a crash, none of it is. A small batch is appended to the file's log, with one
+// fdatasync; a large one, and the log when it is full, go into bbolt (see log.go).
 func (f *File) Commit(b Batch) error {
-	err := f.db.Update(func(tx *bolt.Tx) error {
-		objs, meta := tx.Bucket(bucketObjects), tx.Bucket(bucketMeta)
-		for _, id := range b.Delete {
-			if err := objs.Delete([]byte(id)); err != nil {
-				return fmt.Errorf("deleting %s: %w", id, err)
-			}
-		}
-		for _, obj := range b.Put {
-			id := obj.Key().ID()
-			v, err := proto.Marshal(obj)
-			if err != nil {
-				return fmt.Errorf("encoding %s: %w", id, err)
-			}
-			if err := objs.Put([]byte(id), v); err != nil {
-				return fmt.Errorf("storing %s: %w", id, err)
-			}
-		}
-		if p := b.Position; p != nil {
-			if err := meta.Put(keyEpoch, []byte(p.Epoch)); err != nil {
-				return fmt.Errorf("storing epoch: %w", err)
-			}
-			if err := meta.Put(keyRevision, binary.BigEndian.AppendUint64(nil, p.Revision)); err != nil {
-				return fmt.Errorf("storing revision %d: %w", p.Revision, err)
-			}
-		}
-		return nil
-	})
+	enc, err := encodeBatch(b)
 	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.log == nil {
+		return fmt.Errorf("writing %s: %w", f.path, bolterrors.ErrDatabaseNotOpen)
+	}
+	if err := f.logCommit(enc); err != nil {
 		return fmt.Errorf("writing %s: %w", f.path, err)
 	}
+	f.commits++
 	return nil
 }
 
-// TxID returns the id of the last transaction committed to the file. Every Commit adds
-// one, and so does Open when it creates or stamps the file.
-func (f *File) TxID() (int, error) {
-	var id int
-	if err := f.db.View(func(tx *bolt.Tx) error { id = tx.ID(); return nil }); err != nil {
-		return 0, fmt.Errorf("reading %s: %w", f.path, err)
-	}
-	return id, nil
+// Commits returns the number of commits since Open.
+func (f *File) Commits() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.commits
 }
 
 // ReleasePages takes the pages of the file that the process has read out of its resident
@@ -338,12 +358,23 @@ func (f *File) ReleasePages() error {
 	return nil
 }
 
-// Close closes the file. It is safe to call twice.
+// Close puts what the log holds into bbolt, so that the file alone holds every commit,
+// and closes the file. It is safe to call twice.
 func (f *File) Close() error {
-	if err := f.db.Close(); err != nil {
-		return fmt.Errorf("closing %s: %w", f.path, err)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var errs []error
+	if f.log != nil {
+		if err := f.checkpoint(); err != nil {
+			errs = append(errs, fmt.Errorf("writing %s: %w", f.path, err))
+		}
+		f.log.file.Close()
+		f.log = nil
 	}
-	return nil
+	if err := f.db.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("closing %s: %w", f.path, err))
+	}
+	return errors.Join(errs...)
 }
 
 // Remove removes the state file at path, unless another process holds it open; a file
@@ -352,7 +383,7 @@ func (f *File) Close() error {
 func Remove(path string, opts Options) error {
 	o := opts.withDefaults()
 	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
-		return nil
+		return removeLog(path)
 	}
 	// Opening takes the file's lock before it reads anything, so a locked error means
 	// another process has the file open, and any other outcome means nobody has.
@@ -366,5 +397,5 @@ func Remove(path string, opts Options) error {
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("removing state file: %w", err)
 	}
-	return nil
+	return removeLog(path)
 }

@@ -47,15 +47,6 @@ func open(t *testing.T, path string, opts Options) (*File, *Contents) {
 	return f, c
 }
 
-func txID(t *testing.T, f *File) int {
-	t.Helper()
-	id, err := f.TxID()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return id
-}
-
 // names returns the names of objs, in order.
 func names(objs []*nimbusv1.Object) []string {
 	var out []string
@@ -82,17 +73,17 @@ func TestCommitAndReopen(t *testing.T) {
 	}
 	commit(Batch{Put: []*nimbusv1.Object{route("b", "192.0.2.1"), route("a", "192.0.2.1"), route("gone", "192.0.2.1")}, Position: &Position{"e1", 41}})
 
-	// A large batch is one transaction; deletions come first, so a key both deleted and
-	// put ends up stored.
-	before := txID(t, f)
+	// A large batch is one commit; deletions come first, so a key both deleted and put
+	// ends up stored.
+	before := f.Commits()
 	batch := Batch{Delete: []string{routeID("gone"), routeID("b"), routeID("never")}, Position: &Position{"e1", 42}}
 	batch.Put = append(batch.Put, route("b", "192.0.2.2"))
 	for i := range 1000 {
 		batch.Put = append(batch.Put, route(fmt.Sprintf("r%04d", i), "192.0.2.1"))
 	}
 	commit(batch)
-	if got := txID(t, f) - before; got != 1 {
-		t.Errorf("a %d-object batch took %d transactions, want 1", len(batch.Put), got)
+	if got := f.Commits() - before; got != 1 {
+		t.Errorf("a %d-object batch took %d commits, want 1", len(batch.Put), got)
 	}
 	commit(Batch{Delete: []string{routeID("r0999")}}) // keeps the position
 	if err := f.Close(); err != nil {

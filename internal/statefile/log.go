@@ -1,0 +1,409 @@
+package statefile
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+)
+
+// The commit log. bbolt makes a transaction durable with two fdatasyncs (the pages, then
+// the meta page that points at them), and a small commit costs little else: a state
+// file whose commits are single objects pays two disk flushes for each. The log makes a
+// small commit durable with one: it is appended to a file written in full beforehand,
+// so that overwriting its blocks changes no metadata and fdatasync flushes the data
+// alone. The batches logged go into bbolt together later, in one transaction (a
+// checkpoint): when the log is full, before a batch too large to log, at Close, and at
+// Open, which replays what the last run logged.
+//
+// The log file (the state file's path + LogSuffix) starts with a header: logMagic and the
+// log's ID, a random number that the state file's meta bucket also holds (KeyLog), so a
+// log that belongs to another state file, or to an earlier one at the same path, is never
+// replayed. Records follow: the length of the batch, a CRC-32C of the rest, the commit's
+// sequence number, and the batch. The meta bucket holds the sequence number of the last
+// commit bbolt has (KeyLogged); replay takes the records that follow it one by one and
+// stops at the first whose checksum or sequence number does not: a record cut short by a
+// crash, or one left from before the last checkpoint.
+const (
+	// LogSuffix is added to a state file's path to name its log.
+	LogSuffix = ".log"
+	// KeyLog and KeyLogged are the meta keys of the log's ID and of the sequence number of
+	// the last commit bbolt holds, 8-byte big-endian integers.
+	KeyLog    = "log"
+	KeyLogged = "logged"
+
+	// logMagic starts the header; the log's ID follows.
+	logMagic = "NAPLOG01"
+	// logStart is where the first record goes, after the header.
+	logStart = 16
+	// recordHeader is a record's length, checksum and sequence number.
+	recordHeader = 16
+)
+
+// logSize is the size of the log file, written with zeros when the log is created; tests
+// make it smaller. A record larger than a quarter of it goes into bbolt directly
+// (maxLogged), where the two flushes count for little next to writing it.
+var logSize int64 = 4 << 20
+
+// maxLogged returns the size of the largest record the log takes.
+func maxLogged() int64 { return logSize / 4 }
+
+var (
+	keyLog    = []byte(KeyLog)
+	keyLogged = []byte(KeyLogged)
+	crcTable  = crc32.MakeTable(crc32.Castagnoli)
+)
+
+// The fields of an encoded batch: a deleted key ID, a put object (its key ID and its
+// wire form, fields 1 and 2 inside), the position's epoch (present when the batch has a
+// position) and revision.
+const (
+	fieldDelete   = 1
+	fieldPut      = 2
+	fieldEpoch    = 3
+	fieldRevision = 4
+)
+
+// encodeBatch returns b in the form the log and the checkpoints take.
+func encodeBatch(b Batch) ([]byte, error) {
+	var out []byte
+	for _, id := range b.Delete {
+		out = protowire.AppendTag(out, fieldDelete, protowire.BytesType)
+		out = protowire.AppendString(out, id)
+	}
+	var put []byte
+	for _, obj := range b.Put {
+		id := obj.Key().ID()
+		v, err := proto.Marshal(obj)
+		if err != nil {
+			return nil, fmt.Errorf("encoding %s: %w", id, err)
+		}
+		put = protowire.AppendTag(put[:0], 1, protowire.BytesType)
+		put = protowire.AppendString(put, id)
+		put = protowire.AppendTag(put, 2, protowire.BytesType)
+		put = protowire.AppendBytes(put, v)
+		out = protowire.AppendTag(out, fieldPut, protowire.BytesType)
+		out = protowire.AppendBytes(out, put)
+	}
+	if p := b.Position; p != nil {
+		out = protowire.AppendTag(out, fieldEpoch, protowire.BytesType)
+		out = protowire.AppendString(out, p.Epoch)
+		out = protowire.AppendTag(out, fieldRevision, protowire.VarintType)
+		out = protowire.AppendVarint(out, p.Revision)
+	}
+	return out, nil
+}
+
+// applyBatch writes the encoded batch b in tx: the deletions, the puts, the position.
+func applyBatch(tx *bolt.Tx, b []byte) error {
+	objs, meta := tx.Bucket(bucketObjects), tx.Bucket(bucketMeta)
+	if objs == nil || meta == nil {
+		return errors.New("the file's buckets are missing")
+	}
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return errors.New("malformed batch")
+		}
+		b = b[n:]
+		var v []byte
+		var x uint64
+		if typ == protowire.VarintType {
+			x, n = protowire.ConsumeVarint(b)
+		} else {
+			v, n = protowire.ConsumeBytes(b)
+		}
+		if n < 0 {
+			return errors.New("malformed batch")
+		}
+		b = b[n:]
+		var err error
+		switch num {
+		case fieldDelete:
+			if err = objs.Delete(v); err != nil {
+				err = fmt.Errorf("deleting %s: %w", v, err)
+			}
+		case fieldPut:
+			id, data, ok := decodePut(v)
+			if !ok {
+				return errors.New("malformed batch")
+			}
+			if err = objs.Put(id, data); err != nil {
+				err = fmt.Errorf("storing %s: %w", id, err)
+			}
+		case fieldEpoch:
+			if err = meta.Put(keyEpoch, v); err != nil {
+				err = fmt.Errorf("storing epoch: %w", err)
+			}
+		case fieldRevision:
+			if err = meta.Put(keyRevision, binary.BigEndian.AppendUint64(nil, x)); err != nil {
+				err = fmt.Errorf("storing revision %d: %w", x, err)
+			}
+		default:
+			return errors.New("malformed batch")
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// decodePut returns the key ID and the wire form of an encoded put.
+func decodePut(b []byte) (id, data []byte, ok bool) {
+	for _, want := range []protowire.Number{1, 2} {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 || num != want || typ != protowire.BytesType {
+			return nil, nil, false
+		}
+		v, vn := protowire.ConsumeBytes(b[n:])
+		if vn < 0 {
+			return nil, nil, false
+		}
+		if want == 1 {
+			id = v
+		} else {
+			data = v
+		}
+		b = b[n+vn:]
+	}
+	return id, data, len(b) == 0
+}
+
+// commitLog is the open log of a state file.
+type commitLog struct {
+	file *os.File
+	// off is where the next record goes.
+	off int64
+	// seq is the sequence number of the last commit, base that of the last commit bbolt
+	// has: the log holds those in between.
+	seq, base uint64
+	// fresh tells that the log must be made anew (newLog) before it takes a record.
+	fresh bool
+}
+
+// openLog opens the log of the state file f and replays into bbolt what it holds past
+// the last commit bbolt has. A log that is missing, damaged or not the file's own is
+// marked fresh, for newLog to make anew once the file's buckets are there.
+func (f *File) openLog() error {
+	var id, logged uint64
+	var hasID bool
+	err := f.db.View(func(tx *bolt.Tx) error {
+		meta := tx.Bucket(bucketMeta)
+		if meta == nil {
+			return nil
+		}
+		var err error
+		if id, hasID, err = readUint(meta, keyLog); err != nil {
+			return err
+		}
+		logged, _, err = readUint(meta, keyLogged)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	path := f.path + LogSuffix
+	file, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("opening the log: %w", err)
+	}
+	f.log = &commitLog{file: file, off: logStart, seq: logged, base: logged}
+	header := make([]byte, logStart)
+	if _, err := io.ReadFull(file, header); err == nil && hasID &&
+		string(header[:8]) == logMagic && binary.BigEndian.Uint64(header[8:]) == id {
+		return f.replay()
+	}
+	f.log.fresh = true
+	return nil
+}
+
+// newLog writes the log file in full, zeros after a header with a new ID, makes it
+// durable, and records the ID in bbolt: from then on the log is the file's.
+func (f *File) newLog() error {
+	var idBytes [8]byte
+	if _, err := rand.Read(idBytes[:]); err != nil {
+		return fmt.Errorf("choosing a log ID: %w", err)
+	}
+	buf := make([]byte, logSize)
+	copy(buf, logMagic)
+	copy(buf[8:], idBytes[:])
+	if _, err := f.log.file.WriteAt(buf, 0); err != nil {
+		return fmt.Errorf("writing the log: %w", err)
+	}
+	if err := f.log.file.Truncate(logSize); err != nil {
+		return fmt.Errorf("writing the log: %w", err)
+	}
+	if err := f.log.file.Sync(); err != nil {
+		return fmt.Errorf("writing the log: %w", err)
+	}
+	if err := syncDir(filepath.Dir(f.path)); err != nil {
+		return err
+	}
+	err := f.db.Update(func(tx *bolt.Tx) error {
+		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
+		if err != nil {
+			return err
+		}
+		if err := meta.Put(keyLog, idBytes[:]); err != nil {
+			return err
+		}
+		return meta.Put(keyLogged, binary.BigEndian.AppendUint64(nil, f.log.seq))
+	})
+	if err != nil {
+		return fmt.Errorf("recording the log: %w", err)
+	}
+	f.log.fresh = false
+	return nil
+}
+
+// syncDir makes the entries of the directory dir durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("syncing %s: %w", dir, err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("syncing %s: %w", dir, err)
+	}
+	return nil
+}
+
+// replay finds the records that follow the last commit bbolt has and puts them into
+// bbolt in one transaction.
+func (f *File) replay() error {
+	buf := make([]byte, logSize)
+	n, err := f.log.file.ReadAt(buf, 0)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("reading the log: %w", err)
+	}
+	buf = buf[:n]
+	off, seq := int64(logStart), f.log.base
+	var batches [][]byte
+	for {
+		b, next, ok := readRecord(buf, off, seq+1)
+		if !ok {
+			break
+		}
+		batches, off, seq = append(batches, b), next, seq+1
+	}
+	if len(batches) == 0 {
+		return nil
+	}
+	return f.checkpointBatches(batches, seq)
+}
+
+// readRecord returns the batch of the record at off in buf, and where the next record
+// starts, when the record is whole and has sequence number seq.
+func readRecord(buf []byte, off int64, seq uint64) (batch []byte, next int64, ok bool) {
+	if off+recordHeader > int64(len(buf)) {
+		return nil, 0, false
+	}
+	h := buf[off : off+recordHeader]
+	n := int64(binary.BigEndian.Uint32(h))
+	end := off + recordHeader + n
+	if n == 0 || end > int64(len(buf)) || binary.BigEndian.Uint64(h[8:]) != seq ||
+		crc32.Checksum(buf[off+8:end], crcTable) != binary.BigEndian.Uint32(h[4:]) {
+		return nil, 0, false
+	}
+	return buf[off+recordHeader : end], end, true
+}
+
+// logCommit makes the encoded batch b durable as the next commit: in the log when it
+// fits, after a checkpoint when the log is full; in bbolt directly, after a checkpoint,
+// when it is too large to log.
+func (f *File) logCommit(b []byte) error {
+	l := f.log
+	size := int64(recordHeader + len(b))
+	if size > maxLogged() {
+		if err := f.checkpoint(); err != nil {
+			return err
+		}
+		return f.checkpointBatches([][]byte{b}, l.seq+1)
+	}
+	if l.off+size > logSize {
+		if err := f.checkpoint(); err != nil {
+			return err
+		}
+	}
+	rec := make([]byte, size)
+	binary.BigEndian.PutUint32(rec, uint32(len(b)))
+	binary.BigEndian.PutUint64(rec[8:], l.seq+1)
+	copy(rec[recordHeader:], b)
+	binary.BigEndian.PutUint32(rec[4:], crc32.Checksum(rec[8:], crcTable))
+	if _, err := l.file.WriteAt(rec, l.off); err != nil {
+		return fmt.Errorf("writing the log: %w", err)
+	}
+	if err := unix.Fdatasync(int(l.file.Fd())); err != nil {
+		return fmt.Errorf("syncing the log: %w", err)
+	}
+	l.off += size
+	l.seq++
+	return nil
+}
+
+// checkpoint puts the batches logged since the last checkpoint into bbolt, in one
+// transaction, and starts the log over.
+func (f *File) checkpoint() error {
+	l := f.log
+	if l.off == logStart {
+		return nil
+	}
+	buf := make([]byte, l.off)
+	if _, err := l.file.ReadAt(buf, 0); err != nil {
+		return fmt.Errorf("reading the log: %w", err)
+	}
+	var batches [][]byte
+	off := int64(logStart)
+	for seq := l.base + 1; off < l.off; seq++ {
+		b, next, ok := readRecord(buf, off, seq)
+		if !ok {
+			return fmt.Errorf("reading the log: record %d at offset %d does not read back", seq, off)
+		}
+		batches, off = append(batches, b), next
+	}
+	return f.checkpointBatches(batches, l.seq)
+}
+
+// checkpointBatches puts the encoded batches into bbolt in one transaction that records
+// seq, the sequence number of the last, as the last commit bbolt has, and starts the log
+// over.
+func (f *File) checkpointBatches(batches [][]byte, seq uint64) error {
+	err := f.db.Update(func(tx *bolt.Tx) error {
+		for _, b := range batches {
+			if err := applyBatch(tx, b); err != nil {
+				return err
+			}
+		}
+		meta := tx.Bucket(bucketMeta)
+		if meta == nil {
+			return errors.New("the file's buckets are missing")
+		}
+		return meta.Put(keyLogged, binary.BigEndian.AppendUint64(nil, seq))
+	})
+	if err != nil {
+		return fmt.Errorf("writing %s: %w", f.path, err)
+	}
+	f.log.off, f.log.seq, f.log.base = logStart, seq, seq
+	return nil
+}
+
+// removeLog removes the log of the state file at path; one that is not there is no
+// error.
+func removeLog(path string) error {
+	if err := os.Remove(path + LogSuffix); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("removing the log: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,269 @@
+package statefile
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// crash closes f as a process that dies does: without the checkpoint Close makes, so
+// that what was logged since the last one is in the log alone.
+func crash(t *testing.T, f *File) {
+	t.Helper()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.log.file.Close()
+	f.log = nil
+	if err := f.db.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// mustCommit commits b to f.
+func mustCommit(t *testing.T, f *File, b Batch) {
+	t.Helper()
+	if err := f.Commit(b); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// gateways returns each stored route's name and first gateway, "name=gateway", in key
+// order.
+func gateways(c *Contents) []string {
+	var out []string
+	for _, o := range c.Objects {
+		out = append(out, o.GetMeta().GetName()+"="+o.GetRoute().GetNexthops()[0].GetGateway())
+	}
+	return out
+}
+
+// largeBatch returns a batch too large for the log: n routes, whose names start with
+// prefix.
+func largeBatch(prefix string, n int) Batch {
+	var b Batch
+	for i := range n {
+		b.Put = append(b.Put, route(fmt.Sprintf("%s%05d", prefix, i), "192.0.2.9"))
+	}
+	return b
+}
+
+// TestLogReplayedAfterCrash commits small batches, which the log alone holds, and checks
+// that a process that dies before any checkpoint finds them all when it opens the file
+// again, in order, with the position of the last.
+func TestLogReplayedAfterCrash(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	f, _ := open(t, path, Options{})
+	mustCommit(t, f, Batch{Put: []*nimbusv1.Object{route("a", "192.0.2.1"), route("b", "192.0.2.1")}, Position: &Position{"e1", 1}})
+	mustCommit(t, f, Batch{Put: []*nimbusv1.Object{route("a", "192.0.2.2")}, Position: &Position{"e1", 2}})
+	mustCommit(t, f, Batch{Delete: []string{routeID("b")}, Put: []*nimbusv1.Object{route("c", "192.0.2.3")}})
+	if f.log.off == logStart {
+		t.Fatal("the small batches went to bbolt, not to the log")
+	}
+	crash(t, f)
+
+	f, c := open(t, path, Options{})
+	if got, want := gateways(c), []string{"a=192.0.2.2", "c=192.0.2.3"}; !slices.Equal(got, want) || c.Position != (Position{"e1", 2}) {
+		t.Errorf("after a crash: %v at %+v, want %v at e1 2", got, c.Position, want)
+	}
+	// Replay put the records into bbolt: the log starts over and a second crash finds
+	// the same.
+	mustCommit(t, f, Batch{Put: []*nimbusv1.Object{route("d", "192.0.2.4")}})
+	crash(t, f)
+	_, c = open(t, path, Options{})
+	if got, want := gateways(c), []string{"a=192.0.2.2", "c=192.0.2.3", "d=192.0.2.4"}; !slices.Equal(got, want) {
+		t.Errorf("after a second crash: %v, want %v", got, want)
+	}
+}
+
+// TestLogFullAndLargeBatches commits small batches between batches that fill the log
+// many times over and batches too large for it, and checks that a crash loses none of
+// them and keeps their order: the log is put into bbolt when full and before a large
+// batch.
+func TestLogFullAndLargeBatches(t *testing.T) {
+	defer func(size int64) { logSize = size }(logSize)
+	logSize = 64 << 10
+	path := filepath.Join(t.TempDir(), "state.db")
+	f, _ := open(t, path, Options{})
+	want := map[string]string{}
+	// full counts the commits that found the log full: logged after it started over.
+	full := 0
+	commit := func(b Batch) {
+		t.Helper()
+		before := f.log.off
+		mustCommit(t, f, b)
+		if f.log.off > logStart && f.log.off <= before {
+			full++
+		}
+		for _, id := range b.Delete {
+			delete(want, id)
+		}
+		for _, o := range b.Put {
+			want[o.Key().ID()] = o.GetRoute().GetNexthops()[0].GetGateway()
+		}
+	}
+	const rounds = 300
+	var large, medium int
+	for i := range rounds {
+		name := fmt.Sprintf("s%03d", i%50)
+		commit(Batch{Put: []*nimbusv1.Object{route(name, fmt.Sprintf("192.0.2.%d", i%250))}})
+		switch {
+		case i%100 == 50:
+			// Too large for the log; its deletion of the last small put comes first.
+			b := largeBatch(fmt.Sprintf("l%d-", i), 300)
+			if int64(recordHeader+len(mustEncode(t, b))) <= maxLogged() {
+				t.Fatalf("a batch of %d routes fits the log", len(b.Put))
+			}
+			b.Delete = []string{routeID(name)}
+			commit(b)
+			large++
+		case i%5 == 2:
+			// About a sixth of the log: a few fill it.
+			b := largeBatch(fmt.Sprintf("m%d-", i%40), 40)
+			if n := int64(recordHeader + len(mustEncode(t, b))); n > maxLogged() || n < logSize/10 {
+				t.Fatalf("a batch of %d routes is %d bytes, for a log of %d", len(b.Put), n, logSize)
+			}
+			commit(b)
+			medium++
+		}
+	}
+	if want := rounds + large + medium; f.Commits() != want {
+		t.Errorf("Commits() = %d, want %d", f.Commits(), want)
+	}
+	if full < 5 {
+		t.Errorf("the log was full %d times, want 5 or more", full)
+	}
+	crash(t, f)
+	_, c := open(t, path, Options{})
+	if len(c.Objects) != len(want) {
+		t.Fatalf("after a crash: %d objects, want %d", len(c.Objects), len(want))
+	}
+	for _, o := range c.Objects {
+		if gw := o.GetRoute().GetNexthops()[0].GetGateway(); want[o.Key().ID()] != gw {
+			t.Fatalf("after a crash: %s has gateway %q, want %q", o.Key().ID(), gw, want[o.Key().ID()])
+		}
+	}
+}
+
+// mustEncode returns b encoded as the log takes it.
+func mustEncode(t *testing.T, b Batch) []byte {
+	t.Helper()
+	enc, err := encodeBatch(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return enc
+}
+
+// TestLogRecordsBeforeCheckpointNotReplayed checks that records left in the log from
+// before a checkpoint are not replayed over what bbolt got since: a small put logged,
+// then a large batch (into bbolt directly) that deletes it, then a crash.
+func TestLogRecordsBeforeCheckpointNotReplayed(t *testing.T) {
+	defer func(size int64) { logSize = size }(logSize)
+	logSize = 64 << 10
+	path := filepath.Join(t.TempDir(), "state.db")
+	f, _ := open(t, path, Options{})
+	mustCommit(t, f, Batch{Put: []*nimbusv1.Object{route("a", "192.0.2.1")}})
+	b := largeBatch("l", 300)
+	b.Delete = []string{routeID("a")}
+	mustCommit(t, f, b)
+	crash(t, f)
+	_, c := open(t, path, Options{})
+	if slices.Contains(names(c.Objects), "a") || len(c.Objects) != 300 {
+		t.Errorf("after a crash: %d objects, a among them: %v; want the 300 of the large batch alone", len(c.Objects), slices.Contains(names(c.Objects), "a"))
+	}
+}
+
+// TestLogTornRecord cuts the last record of the log short, as a crash in the middle of
+// writing it would, and checks that the file opens with every commit before it.
+func TestLogTornRecord(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	f, _ := open(t, path, Options{})
+	mustCommit(t, f, Batch{Put: []*nimbusv1.Object{route("a", "192.0.2.1")}, Position: &Position{"e1", 1}})
+	last := f.log.off
+	mustCommit(t, f, Batch{Put: []*nimbusv1.Object{route("b", "192.0.2.1")}, Position: &Position{"e1", 2}})
+	end := f.log.off
+	crash(t, f)
+
+	log, err := os.OpenFile(path+LogSuffix, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The record's last bytes never made it to disk.
+	if _, err := log.WriteAt(make([]byte, 8), end-8); err != nil {
+		t.Fatal(err)
+	}
+	log.Close()
+	_, c := open(t, path, Options{})
+	if got := names(c.Objects); !slices.Equal(got, []string{"a"}) || c.Position != (Position{"e1", 1}) {
+		t.Errorf("after a torn record at offset %d: %v at %+v, want [a] at e1 1", last, got, c.Position)
+	}
+}
+
+// TestLogOfAnotherFileNotReplayed puts the log of one state file beside another, and
+// checks that the other does not replay it, and that Remove removes a file's log.
+func TestLogOfAnotherFileNotReplayed(t *testing.T) {
+	dir := t.TempDir()
+	one, other := filepath.Join(dir, "one.db"), filepath.Join(dir, "other.db")
+	f, _ := open(t, one, Options{})
+	mustCommit(t, f, Batch{Put: []*nimbusv1.Object{route("a", "192.0.2.1")}})
+	crash(t, f)
+	g, _ := open(t, other, Options{})
+	mustCommit(t, g, Batch{Put: []*nimbusv1.Object{route("b", "192.0.2.1")}})
+	crash(t, g)
+
+	data, err := os.ReadFile(one + LogSuffix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(other+LogSuffix, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	g, c := open(t, other, Options{})
+	if got := names(c.Objects); !slices.Equal(got, []string{}) && !slices.Equal(got, nil) {
+		t.Errorf("other file with one's log: %v, want none (b was in its own log alone, a in one's)", got)
+	}
+	// The foreign log was replaced by a log of its own, which takes commits.
+	mustCommit(t, g, Batch{Put: []*nimbusv1.Object{route("c", "192.0.2.1")}})
+	crash(t, g)
+	_, c = open(t, other, Options{})
+	if got := names(c.Objects); !slices.Equal(got, []string{"c"}) {
+		t.Errorf("after a commit to its new log and a crash: %v, want [c]", got)
+	}
+
+	f, c = open(t, one, Options{})
+	if got := names(c.Objects); !slices.Equal(got, []string{"a"}) {
+		t.Errorf("one: %v, want [a]", got)
+	}
+	f.Close()
+	if err := Remove(one, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(one + LogSuffix); !os.IsNotExist(err) {
+		t.Errorf("Remove left the log: %v", err)
+	}
+}
+
+// TestCloseCheckpoints checks that after Close the file alone holds every commit: its log
+// holds nothing to replay.
+func TestCloseCheckpoints(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	f, _ := open(t, path, Options{})
+	mustCommit(t, f, Batch{Put: []*nimbusv1.Object{route("a", "192.0.2.1")}, Position: &Position{"e1", 5}})
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(path + LogSuffix); err != nil {
+		t.Fatal(err)
+	}
+	_, c := open(t, path, Options{})
+	if got := names(c.Objects); !slices.Equal(got, []string{"a"}) || c.Position != (Position{"e1", 5}) ||
+		!proto.Equal(c.Objects[0], route("a", "192.0.2.1")) {
+		t.Errorf("after Close and without its log: %v at %+v, want [a] at e1 5", got, c.Position)
+	}
+}
