@@ -435,6 +435,7 @@ func BenchmarkRouteLatency(b *testing.B) {
 		gw := net.ParseIP("10.20.0.2")
 		dsts := bulkPrefixes(2 * samples)
 
+		kernel := watchRouteArrivals(b, h.ns, 100)
 		// One route first, not timed: the agent starts, connects and reads its state
 		// while it goes through, and the samples time a running chain.
 		ctx := context.Background()
@@ -448,7 +449,6 @@ func BenchmarkRouteLatency(b *testing.B) {
 		}
 		status.waitProgrammedNamed(b, "warm")
 
-		kernel := watchRouteArrivals(b, h.ns, 100)
 		var chain, floor, applied, programmed []time.Duration
 		for i := range samples {
 			obj := &nimbusv1.Object{
