@@ -175,10 +175,12 @@ func (c *Client) Close() error {
 // CodecOption returns the dial option of the codec the client talks to nimbus with.
 // Decoding watch frames is most of what the client costs; the generated code does it
 // without reflection and with fewer allocations. Nimbus sends only strings it checked,
-// and delphi refuses to store any other. The strings of a frame share one copy of its
-// bytes, and its events, objects and their parts are taken from arrays shared by the
-// frame (WatchFrame.UnmarshalVTUnsafeSlab): nothing here keeps them past delphi's
-// commit, and delphi keeps objects encoded afresh and index values copied.
+// and delphi refuses to store any other. The watch receives each frame into a
+// nimbusv1.PooledFrame: one copy of its bytes, which its strings are views of, and its
+// events, objects and their parts taken from arrays that the next frame received into the
+// same storage reuses. Nothing here keeps them past delphi's commit, after which the frame
+// is released, and delphi keeps objects encoded afresh and index values and the epoch
+// copied. Other calls decode a message's strings as views of one copy of it.
 func CodecOption() grpc.DialOption {
 	return codec.Codec{SkipUTF8Check: true, ShareData: true}.DialOption()
 }

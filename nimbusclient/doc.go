@@ -16,7 +16,9 @@
 // the group's last event. A transaction thus holds a prefix of the stream and records
 // which, so however the agent stops (a SIGKILL included), delphi holds nimbus's state as of
 // its resume point, and the next watch resumes right after it, whether that is the end of
-// a frame or the middle of one.
+// a frame or the middle of one. The frames of a commit are received into storage that a
+// small pool lends (nimbusv1.PooledFrame) and given back once delphi has committed them,
+// so a stream of frames leaves next to no garbage behind.
 //
 // When a stream breaks the client reconnects with exponential backoff and jitter, and
 // sends every status again on each new status stream. The statuses that change together
