@@ -194,8 +194,10 @@ type commitLog struct {
 
 // openLog opens the log of the state file f and replays into bbolt what it holds past
 // the last commit bbolt has. A log that is missing, damaged or not the file's own is
-// marked fresh, for newLog to make anew once the file's buckets are there.
-func (f *File) openLog() error {
+// marked fresh, for newLog to make anew once the file's buckets are there. Meta values
+// bbolt cannot give back are the corrupt error; failing to read or write the log is an
+// error naming it, not corruption.
+func (f *File) openLog(o Options) error {
 	var id, logged uint64
 	var hasID bool
 	err := f.db.View(func(tx *bolt.Tx) error {
@@ -211,12 +213,12 @@ func (f *File) openLog() error {
 		return err
 	})
 	if err != nil {
-		return err
+		return o.corrupt(f.path, err)
 	}
 	path := f.path + LogSuffix
 	file, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
-		return fmt.Errorf("opening the log: %w", err)
+		return fmt.Errorf("opening the log of %s: %w", f.path, err)
 	}
 	f.log = &commitLog{file: file, off: logStart, seq: logged, base: logged}
 	header := make([]byte, logStart)
@@ -286,7 +288,7 @@ func (f *File) replay() error {
 	buf := make([]byte, logSize)
 	n, err := f.log.file.ReadAt(buf, 0)
 	if err != nil && !errors.Is(err, io.EOF) {
-		return fmt.Errorf("reading the log: %w", err)
+		return fmt.Errorf("reading the log of %s: %w", f.path, err)
 	}
 	buf = buf[:n]
 	off, seq := int64(logStart), f.log.base

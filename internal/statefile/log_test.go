@@ -1,10 +1,12 @@
 package statefile
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
@@ -265,5 +267,35 @@ func TestCloseCheckpoints(t *testing.T) {
 	if got := names(c.Objects); !slices.Equal(got, []string{"a"}) || c.Position != (Position{"e1", 5}) ||
 		!proto.Equal(c.Objects[0], route("a", "192.0.2.1")) {
 		t.Errorf("after Close and without its log: %v at %+v, want [a] at e1 5", got, c.Position)
+	}
+}
+
+// TestLogThatCannotBeOpened checks that a log Open cannot open fails Open with an error
+// naming it, and not as a corrupt file, which the file is not: a directory stands where
+// the log goes.
+func TestLogThatCannotBeOpened(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	f, _ := open(t, path, Options{})
+	mustCommit(t, f, Batch{Put: []*nimbusv1.Object{route("a", "192.0.2.1")}})
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(path + LogSuffix); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(path+LogSuffix, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := Open(path, Options{})
+	if err == nil || errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "log of "+path) {
+		t.Fatalf("Open with a directory for its log: %v; want an error naming the log, not corruption", err)
+	}
+	// The file itself is fine: without the obstacle it opens with what it held.
+	if err := os.Remove(path + LogSuffix); err != nil {
+		t.Fatal(err)
+	}
+	_, c := open(t, path, Options{})
+	if got := names(c.Objects); !slices.Equal(got, []string{"a"}) {
+		t.Errorf("reopened: %v, want [a]", got)
 	}
 }

@@ -152,8 +152,8 @@ func Open(path string, opts Options) (*File, *Contents, error) {
 // openAndLoad opens the log and replays it, reads the file, and makes the log anew when
 // it must be.
 func (f *File) openAndLoad(o Options) (*Contents, error) {
-	if err := f.openLogRecovering(); err != nil {
-		return nil, o.corrupt(f.path, err)
+	if err := f.openLogRecovering(o); err != nil {
+		return nil, err
 	}
 	c, err := f.load(o)
 	if err != nil {
@@ -161,7 +161,7 @@ func (f *File) openAndLoad(o Options) (*Contents, error) {
 	}
 	if f.log.fresh {
 		if err := f.newLog(); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("creating the log of %s: %w", f.path, err)
 		}
 	}
 	return c, nil
@@ -266,15 +266,15 @@ func (f *File) load(o Options) (c *Contents, err error) {
 	return c, nil
 }
 
-// openLogRecovering opens the log, taking a panic of bbolt's on a damaged page for an
-// error, as load does.
-func (f *File) openLogRecovering() (err error) {
+// openLogRecovering opens the log, taking a panic of bbolt's on a damaged page for the
+// corrupt error, as load does.
+func (f *File) openLogRecovering(o Options) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = fmt.Errorf("reading: %v", p)
+			err = o.corrupt(f.path, fmt.Errorf("reading: %v", p))
 		}
 	}()
-	return f.openLog()
+	return f.openLog(o)
 }
 
 // stamp creates the buckets that are missing and writes the format version.
