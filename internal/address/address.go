@@ -138,15 +138,19 @@ func (l List) String() string {
 // listScheme is the gRPC resolver scheme of the target of a List of several addresses.
 const listScheme = "naples-list"
 
-// serviceConfig is the default gRPC service config of a List's target: the pick_first
-// policy with the addresses shuffled, so that clients spread over the replicas. Each client
-// stays on one address and moves to another, tried in its shuffled order, when its
-// connection fails.
-const serviceConfig = `{"loadBalancingConfig": [{"pick_first": {"shuffleAddressList": true}}]}`
+// serviceConfig is the default gRPC service config of a List's target: the first-healthy
+// policy (see firstHealthyBuilder), with the standard health service checked on every
+// connection. Each client sends its calls to one address, chosen at random among those
+// whose server is up and says SERVING for the whole server (service ""), and moves to
+// another when its connection fails or its server stops serving: a server that is up but
+// not ready is skipped rather than tried again and again. A server without the health
+// service counts as healthy once connected.
+const serviceConfig = `{"loadBalancingConfig": [{"` + firstHealthyName + `": {}}], "healthCheckConfig": {"serviceName": ""}}`
 
 // GRPCTarget returns the target and the dial options to hand grpc.NewClient for a
-// connection to one of the addresses of l. The client connects to one address at a time,
-// chosen at random, and moves to another when its connection fails.
+// connection to the addresses of l. The client connects to every address and checks the
+// health of each server; it sends its calls to one healthy server, chosen at random, and
+// moves to another when that one's connection fails or it stops serving.
 //
 // One unix address is dialed as Address.GRPCTarget does. One tcp address is resolved by
 // gRPC's dns resolver: a host name with several addresses (A and AAAA records, or

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"path/filepath"
@@ -115,8 +116,9 @@ func TestParseList(t *testing.T) {
 
 // healthServer is a gRPC server of the health service on one address.
 type healthServer struct {
-	addr Address
-	srv  *grpc.Server
+	addr   Address
+	srv    *grpc.Server
+	health *health.Server
 }
 
 func newHealthServer(t *testing.T, a Address, opts ...grpc.ServerOption) *healthServer {
@@ -126,10 +128,11 @@ func newHealthServer(t *testing.T, a Address, opts ...grpc.ServerOption) *health
 		t.Fatal(err)
 	}
 	srv := grpc.NewServer(opts...)
-	healthpb.RegisterHealthServer(srv, health.NewServer())
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(srv, hs)
 	go srv.Serve(lis)
 	t.Cleanup(srv.Stop)
-	return &healthServer{addr: Address{Network: a.Network, Addr: lis.Addr().String()}, srv: srv}
+	return &healthServer{addr: Address{Network: a.Network, Addr: lis.Addr().String()}, srv: srv, health: hs}
 }
 
 // dialList returns a plaintext connection to l made as clients of it make theirs.
@@ -196,6 +199,65 @@ func TestListSpreadsAndFailsOver(t *testing.T) {
 		if got := check(t, conn); got != onTCP.addr {
 			t.Fatalf("after %s stopped a connection reached %s, want %s", onUnix.addr, got, onTCP.addr)
 		}
+	}
+}
+
+// TestListSkipsServerNotServing lists a server that is up but says NOT_SERVING, as a
+// nimbus replica that has not read etcd yet does, and a healthy one: every connection
+// sends its calls to the healthy one, and moves to the other once that one serves and
+// the first stops serving.
+func TestListSkipsServerNotServing(t *testing.T) {
+	notReady := newHealthServer(t, Address{Network: "unix", Addr: filepath.Join(t.TempDir(), "a.sock")})
+	notReady.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	ready := newHealthServer(t, Address{Network: "unix", Addr: filepath.Join(t.TempDir(), "b.sock")})
+	l := List{notReady.addr, ready.addr}
+	var conns []*grpc.ClientConn
+	for i := range 20 {
+		conn := dialList(t, l)
+		conns = append(conns, conn)
+		if got := check(t, conn); got != ready.addr {
+			t.Fatalf("connection %d to %s reached %s, which is not serving; want %s", i+1, l, got, ready.addr)
+		}
+	}
+
+	notReady.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	ready.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	for i, conn := range conns {
+		waitReach(t, conn, notReady.addr, fmt.Sprintf("connection %d", i+1))
+	}
+}
+
+// TestListOfServersNotServing lists two servers that are up but say NOT_SERVING: a call
+// that does not wait for a healthy server reaches one of them, which answers for itself,
+// rather than failing with a bare health-check failure.
+func TestListOfServersNotServing(t *testing.T) {
+	var l List
+	for _, name := range []string{"a.sock", "b.sock"} {
+		s := newHealthServer(t, Address{Network: "unix", Addr: filepath.Join(t.TempDir(), name)})
+		s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+		l = append(l, s.addr)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var p peer.Peer
+	resp, err := healthpb.NewHealthClient(dialList(t, l)).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Peer(&p))
+	if err != nil {
+		t.Fatalf("health check over %s, whose servers are up but not serving: %v", l, err)
+	}
+	if resp.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING || !slices.Contains(l, Address{Network: p.Addr.Network(), Addr: p.Addr.String()}) {
+		t.Errorf("health check over %s = %v from %v, want NOT_SERVING from one of them", l, resp.GetStatus(), p.Addr)
+	}
+}
+
+// waitReach calls over conn until a call reaches want, within a generous deadline.
+func waitReach(t *testing.T, conn *grpc.ClientConn, want Address, what string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for got := check(t, conn); got != want; got = check(t, conn) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still reaches %s, want %s", what, got, want)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 

@@ -280,7 +280,7 @@ func TestWaitUsageErrors(t *testing.T) {
 
 // TestWaitFollowsStatusStream runs wait through a proxy that sees every call naplesctl
 // makes: wait follows the status changes over one WatchStatus stream, and never asks
-// nimbus with Get or List.
+// nimbus with Get or List. Beside it runs the health check of the connection.
 func TestWaitFollowsStatusStream(t *testing.T) {
 	e := newEnv(t)
 	e.ok("apply", "-f", e.file("route.yaml", routeTo("to-dc2", "198.51.100.0/24", "10.10.0.2", "host-a", "host-b")))
@@ -294,7 +294,7 @@ func TestWaitFollowsStatusStream(t *testing.T) {
 		t.Fatalf("wait: %v\nstderr:\n%s", err, r.stderr)
 	}
 	equal(t, "wait stdout", r.stdout.String(), "route/to-dc2 programmed on 2/2 nodes (generation 1)\n")
-	equal(t, "calls naplesctl made", calls.String(), "/nimbus.v1.Nimbus/WatchStatus: 1")
+	equal(t, "calls naplesctl made", calls.String(), "/grpc.health.v1.Health/Watch: 1, /nimbus.v1.Nimbus/WatchStatus: 1")
 }
 
 // TestWaitRefusedForGood waits with a node's certificate, which may not watch status: wait
