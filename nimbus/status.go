@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -18,11 +19,16 @@ import (
 
 // ReportStatus takes the status reports a node streams and keeps each for its object and
 // node. Reports for objects that do not exist or do not target the reporting node are
-// dropped. It answers when the client closes its side, and ends with codes.Unavailable
+// dropped. It sends its headers at once, and answers when the client closes its side, and ends with codes.Unavailable
 // when the Server is closed.
 func (s *Server) ReportStatus(stream grpc.ClientStreamingServer[nimbusv1.StatusReport, nimbusv1.ReportStatusResponse]) error {
 	if s.isClosed() {
 		return rpcError(fmt.Errorf("taking status reports: %w", ErrClosed))
+	}
+	// The headers tell the client at once that its stream is taken (it answers only at
+	// the end): the client starts its reconnect backoff over then.
+	if err := stream.SendHeader(metadata.MD{}); err != nil {
+		return fmt.Errorf("taking status reports: sending headers: %w", err)
 	}
 	ctx := stream.Context()
 	type received struct {
