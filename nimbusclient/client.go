@@ -80,11 +80,11 @@ type Options struct {
 	Address string
 	// Store is the local delphi store. Required.
 	Store Store
-	// MinBackoff and MaxBackoff bound the delay between reconnects. Defaults: 100ms, 30s.
+	// MinBackoff and MaxBackoff bound the delay between reconnects. The delay starts at
+	// MinBackoff, doubles with each stream that ends before nimbus took it, up to
+	// MaxBackoff, and a random half of it is waited; it starts over once a stream is
+	// taken: a watch's first event, a status stream's headers. Defaults: 100ms, 30s.
 	MinBackoff, MaxBackoff time.Duration
-	// HealthyAfter is how long a stream must stay up for the backoff to start over.
-	// Default: 10s.
-	HealthyAfter time.Duration
 	// TLS, when set, is the TLS configuration the client dials nimbus with: the CAs that
 	// verify nimbus and this node's client certificate, whose name must be Node for nimbus
 	// to let the client watch and report; internal/pki's ClientConfig builds one.
@@ -115,6 +115,8 @@ type Client struct {
 	closeOnce    sync.Once
 	// received counts watch events received, snapshots included.
 	received atomic.Uint64
+	// wait waits d before a stream is started again, or until ctx ends; tests replace it.
+	wait func(ctx context.Context, stream string, d time.Duration) error
 }
 
 // EventsReceived returns how many watch events the client has received from nimbus,
@@ -139,9 +141,6 @@ func New(opts Options) (*Client, error) {
 	if opts.MaxBackoff <= 0 {
 		opts.MaxBackoff = 30 * time.Second
 	}
-	if opts.HealthyAfter <= 0 {
-		opts.HealthyAfter = 10 * time.Second
-	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
@@ -153,6 +152,7 @@ func New(opts Options) (*Client, error) {
 		store:        opts.Store,
 		commitEvents: maxCommitEvents,
 		log:          opts.Logger.With("nimbus", addrs.String()),
+		wait:         sleep,
 	}
 	c.target, c.targetOptions = addrs.GRPCTarget()
 	if c.metrics, err = newMetrics(c, opts.Registerer); err != nil {
@@ -219,34 +219,48 @@ func (c *Client) Run(ctx context.Context) error {
 	api := nimbusv1.NewNimbusClient(conn)
 
 	var wg sync.WaitGroup
-	wg.Go(func() { c.loop(ctx, streamWatch, func(ctx context.Context) error { return c.watch(ctx, api) }) })
-	wg.Go(func() { c.loop(ctx, streamStatus, func(ctx context.Context) error { return c.report(ctx, api) }) })
+	wg.Go(func() {
+		c.loop(ctx, streamWatch, func(ctx context.Context, taken func()) error { return c.watch(ctx, api, taken) })
+	})
+	wg.Go(func() {
+		c.loop(ctx, streamStatus, func(ctx context.Context, taken func()) error { return c.report(ctx, api, taken) })
+	})
 	wg.Wait()
 	return nil
 }
 
-// loop runs one stream again and again with backoff until ctx ends.
-func (c *Client) loop(ctx context.Context, stream string, run func(context.Context) error) {
+// loop runs one stream again and again with backoff until ctx ends. run calls taken, from
+// any goroutine, once nimbus has taken the stream; the backoff then starts over, so that
+// a failover right after another is not slowed by the first.
+func (c *Client) loop(ctx context.Context, stream string, run func(ctx context.Context, taken func()) error) {
 	b := backoff.Backoff{Min: c.opts.MinBackoff, Max: c.opts.MaxBackoff}
 	for {
-		start := time.Now()
-		err := run(ctx)
+		var taken atomic.Bool
+		err := run(ctx, func() { taken.Store(true) })
 		if ctx.Err() != nil {
 			return
 		}
-		if time.Since(start) >= c.opts.HealthyAfter {
+		if taken.Load() {
 			b.Reset()
 		}
 		delay := b.Next()
 		c.log.Warn("nimbus stream ended; reconnecting", "stream", stream, "err", err, "in", delay)
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if c.wait(ctx, stream, delay) != nil {
 			return
-		case <-t.C:
 		}
 		c.metrics.reconnects.WithLabelValues(stream).Inc()
+	}
+}
+
+// sleep waits d, or until ctx ends, and then returns ctx's error.
+func sleep(ctx context.Context, _ string, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
 	}
 }
 
@@ -254,8 +268,9 @@ func (c *Client) loop(ctx context.Context, stream string, run func(context.Conte
 // receives the frames while the last commit is written, and everything received by the
 // time it is done goes into the next commit (up to maxCommitEvents and maxCommitBytes),
 // with the resume point of its last event: a commit holds a prefix of the stream and says
-// which, so a crash between commits leaves delphi consistent at its resume point.
-func (c *Client) watch(ctx context.Context, api nimbusv1.NimbusClient) error {
+// which, so a crash between commits leaves delphi consistent at its resume point. It
+// calls taken at the stream's first event.
+func (c *Client) watch(ctx context.Context, api nimbusv1.NimbusClient, taken func()) error {
 	ctx, cancel := context.WithCancel(ctx)
 	epoch, rev := c.store.Resume()
 	stream, err := api.Watch(ctx, &nimbusv1.WatchRequest{Node: c.opts.Node, Epoch: epoch, Revision: rev},
@@ -293,7 +308,7 @@ func (c *Client) watch(ctx context.Context, api nimbusv1.NimbusClient) error {
 		}
 	})
 
-	w := &watchStream{c: c, server: peerAddress(stream.Context())}
+	w := &watchStream{c: c, server: peerAddress(stream.Context()), taken: taken}
 	defer w.release()
 	for f := range frames {
 		if err := w.add(f); err != nil {
@@ -344,6 +359,8 @@ type watchStream struct {
 	c *Client
 	// server is the address of the nimbus the stream is up to.
 	server string
+	// taken is called at the first event.
+	taken func()
 	// started tells that the stream's first event has come: RESUMED, or the first of a
 	// snapshot.
 	started bool
@@ -427,6 +444,7 @@ func (w *watchStream) addEvent(ev *nimbusv1.WatchEvent) error {
 	}
 	if !w.started {
 		w.started = true
+		w.taken()
 		w.c.metrics.connected.Set(1)
 		w.c.metrics.server.WithLabelValues(w.server).Set(1)
 		if typ == nimbusv1.WatchEvent_TYPE_RESUMED {
@@ -532,14 +550,38 @@ func (w *watchStream) commit() error {
 	return nil
 }
 
-// report runs one ReportStatus stream: every status first, then each change.
-func (c *Client) report(ctx context.Context, api nimbusv1.NimbusClient) error {
+// report runs one ReportStatus stream: every status first, then each change. It calls
+// taken once nimbus has sent the stream's headers, which it does when it takes the stream.
+func (c *Client) report(ctx context.Context, api nimbusv1.NimbusClient, taken func()) error {
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	stream, err := api.ReportStatus(ctx, grpc.WaitForReady(true))
 	if err != nil {
+		cancel()
 		return fmt.Errorf("starting status stream: %w", err)
 	}
+	// gRPC ends a client stream's context only when the caller's ends, not when the
+	// connection breaks or nimbus ends the stream, and a status stream is idle while no
+	// status changes: it would be found dead only at the next Send, and the statuses would
+	// stay with a nimbus that is gone. A receive returns as soon as the stream ends (nimbus
+	// answers only once the client closes its side), so a goroutine receives and, when the
+	// stream ends, ends ctx, which ends the wait for changes below.
+	ended := make(chan error, 1)
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+	wg.Go(func() {
+		defer cancel()
+		if md, _ := stream.Header(); md != nil {
+			taken()
+		}
+		err := stream.RecvMsg(new(nimbusv1.ReportStatusResponse))
+		if err == nil {
+			err = errors.New("nimbus answered a status stream that was not closed")
+		}
+		ended <- err
+	})
 	// A fresh subscription hands out every key first: all status goes up again. A key's
 	// status also goes up again when its object changes, so a nimbus that lost an object
 	// and got it back (an ephemeral restart) hears the status of the object it has now.
@@ -554,9 +596,13 @@ func (c *Client) report(ctx context.Context, api nimbusv1.NimbusClient) error {
 	}
 	defer sub.Close()
 	for {
-		// The stream's context ends when the connection breaks, even while idle.
-		ids, err := sub.Next(stream.Context())
+		ids, err := sub.Next(ctx)
 		if err != nil {
+			select {
+			case err := <-ended:
+				return fmt.Errorf("status stream ended: %w", err)
+			default:
+			}
 			return fmt.Errorf("waiting for status changes: %w", err)
 		}
 		if _, present := c.store.Get(selfKey); present && slices.Contains(ids, self) {
@@ -580,7 +626,8 @@ func (c *Client) report(ctx context.Context, api nimbusv1.NimbusClient) error {
 			st.Node = c.opts.Node
 			if err := stream.Send(&nimbusv1.StatusReport{Key: key, Status: st}); err != nil {
 				if errors.Is(err, io.EOF) {
-					_, err = stream.CloseAndRecv()
+					// The stream ended; the receive says why.
+					err = <-ended
 				}
 				return fmt.Errorf("sending status of %s: %w", id, err)
 			}

@@ -102,6 +102,22 @@ type agent struct {
 	status *delphi.StatusWriter
 }
 
+// newAgent opens a delphi store and claims its status writer, for a client not started
+// yet.
+func newAgent(t *testing.T) *agent {
+	t.Helper()
+	store, err := delphi.Open(delphi.Options{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	status, err := store.ClaimStatus()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &agent{store: store, status: status}
+}
+
 func startClient(t *testing.T, b *bus) *agent {
 	t.Helper()
 	store, c := newClient(t, "a", "unix://"+b.path)

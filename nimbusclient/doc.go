@@ -21,13 +21,20 @@
 // so a stream of frames leaves next to no garbage behind.
 //
 // When a stream breaks the client reconnects with exponential backoff and jitter, and
-// sends every status again on each new status stream. The statuses that change together
-// go up back to back, which gRPC writes together.
+// sends every status again on each new status stream. The backoff starts over once nimbus
+// has taken a new stream (a watch's first event, a status stream's headers), so one
+// failover after another is not slowed. An idle status stream is watched too: a goroutine
+// receives on it, which returns as soon as the connection breaks or nimbus ends the
+// stream, and the client reconnects then, not at the next status change. The statuses
+// that change together go up back to back, which gRPC writes together.
 //
 // Options.Address may list several nimbus replicas, or name a host that resolves to
-// several addresses. The client's one connection goes to one of them, picked at random so
-// that agents spread over the replicas, and both its streams run on it. When it fails the
-// client connects to another, and its watch resumes there from delphi's resume point:
+// several addresses. The client connects to each and checks its health (the standard
+// health service); its calls go to one replica that says SERVING, picked at random so
+// that agents spread over the replicas, and both its streams run on it. A replica that is
+// up but not ready (one on etcd that has not read it yet) is skipped. When the replica
+// fails or stops serving the client moves to another, and its watch resumes there from
+// delphi's resume point:
 // replicas that share a store (nimbus on etcd) share its epoch and revisions, so only the
 // changes missed come; a replica with another store sends a snapshot and the sweep. Each
 // watch logs the address it is up to ("resumed watch" or "synced with nimbus", with

@@ -113,22 +113,14 @@ func seriesWatchServer(addr string) string {
 func failoverClient(t *testing.T, addr string) (*agent, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	store, err := delphi.Open(delphi.Options{Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	status, err := store.ClaimStatus()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := New(Options{Node: "a", Address: addr, Store: store, Logger: quiet, MaxBackoff: 200 * time.Millisecond, Registerer: reg})
+	a := newAgent(t)
+	c, err := New(Options{Node: "a", Address: addr, Store: a.store, Logger: quiet, MaxBackoff: 200 * time.Millisecond, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
 	runClient(t, c)
-	return &agent{store: store, status: status}, reg
+	return a, reg
 }
 
 // watchedReplica waits until exactly one of the replicas serves a watch, the client's,

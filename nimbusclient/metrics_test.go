@@ -51,15 +51,8 @@ func TestMetrics(t *testing.T) {
 	b.apply(t, "r2", "a")
 
 	reg := prometheus.NewRegistry()
-	store, err := delphi.Open(delphi.Options{Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	status, err := store.ClaimStatus()
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := newAgent(t)
+	store, status := a.store, a.status
 	c, err := New(Options{Node: "a", Address: "unix://" + proxy.path, Store: store, Logger: quiet, MaxBackoff: 200 * time.Millisecond, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)

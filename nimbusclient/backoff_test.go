@@ -1,0 +1,104 @@
+package nimbusclient
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// seriesStatusReconnects counts the status streams started again.
+const seriesStatusReconnects = `naples_nimbusclient_reconnects_total{stream="status"}`
+
+// delays records the reconnect delays of a client, by stream, in place of waiting them.
+type delays struct {
+	// mu guards byStream.
+	mu       sync.Mutex
+	byStream map[string][]time.Duration
+}
+
+// wait records d and returns at once, as Client.wait.
+func (r *delays) wait(ctx context.Context, stream string, d time.Duration) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.byStream[stream] = append(r.byStream[stream], d)
+	return ctx.Err()
+}
+
+// of returns the delays of a stream so far.
+func (r *delays) of(stream string) []time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]time.Duration(nil), r.byStream[stream]...)
+}
+
+// TestBackoffStartsOverOnceStreamTaken cuts the client's connection again and again, each
+// time once nimbus has taken both its streams (the watch sent its first event, a status
+// sent on the status stream arrived): the first reconnect delay after each cut is at most
+// MinBackoff, however many cuts came before, rather than doubling with each one.
+func TestBackoffStartsOverOnceStreamTaken(t *testing.T) {
+	b := newBus(t)
+	proxy := newCutProxy(t, b.path)
+	b.apply(t, "r1", "a")
+	reg := prometheus.NewRegistry()
+	a := newAgent(t)
+	store, status := a.store, a.status
+	const minBackoff = 100 * time.Millisecond
+	c, err := New(Options{Node: "a", Address: "unix://" + proxy.path, Store: store, Logger: quiet,
+		MinBackoff: minBackoff, MaxBackoff: 30 * time.Second, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	rec := &delays{byStream: map[string][]time.Duration{}}
+	c.wait = rec.wait
+	runClient(t, c)
+
+	const cuts = 6
+	firsts := map[string][]time.Duration{}
+	for cut := range cuts + 1 {
+		// Both streams are taken: the watch is up, and a status of this round has arrived.
+		waitMetric(t, reg, seriesConnected, "to be 1", func(v float64) bool { return v == 1 })
+		gen := int64(cut + 1)
+		if err := status.Set(routeKey("r1"), &nimbusv1.NodeStatus{ObservedGeneration: gen, Phase: nimbusv1.Phase_PHASE_PROGRAMMED}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, fmt.Sprintf("r1's status of generation %d at nimbus", gen), func() bool {
+			resp, err := b.api.Get(context.Background(), &nimbusv1.GetRequest{Key: routeKey("r1")})
+			if err != nil {
+				return false
+			}
+			for _, st := range resp.GetItem().GetStatus().GetNodes() {
+				if st.GetNode() == "a" && st.GetObservedGeneration() == gen {
+					return true
+				}
+			}
+			return false
+		})
+		if cut == cuts {
+			break
+		}
+		before := map[string]int{streamWatch: len(rec.of(streamWatch)), streamStatus: len(rec.of(streamStatus))}
+		proxy.cut()
+		for _, s := range []string{streamWatch, streamStatus} {
+			waitFor(t, fmt.Sprintf("a reconnect of the %s stream after cut %d", s, cut+1), func() bool { return len(rec.of(s)) > before[s] })
+			firsts[s] = append(firsts[s], rec.of(s)[before[s]])
+		}
+	}
+	for s, ds := range firsts {
+		for i, d := range ds {
+			if d > minBackoff {
+				t.Errorf("%s stream: first reconnect delay after cut %d of %d = %v, want at most MinBackoff %v (delays after each cut: %v)", s, i+1, cuts, d, minBackoff, ds)
+				break
+			}
+		}
+	}
+	for _, series := range []string{seriesWatchReconnects, seriesStatusReconnects} {
+		waitMetric(t, reg, series, fmt.Sprintf("to count at least %d reconnects", cuts), func(v float64) bool { return v >= cuts })
+	}
+}
