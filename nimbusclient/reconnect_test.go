@@ -102,3 +102,30 @@ func TestBackoffStartsOverOnceStreamTaken(t *testing.T) {
 		waitMetric(t, reg, series, fmt.Sprintf("to count at least %d reconnects", cuts), func(v float64) bool { return v >= cuts })
 	}
 }
+
+// TestIdleStatusStreamReconnects cuts the client's connection while its status stream is
+// idle: the client notices at once, not at the next status change, opens a new status
+// stream and sends every status again on it.
+func TestIdleStatusStreamReconnects(t *testing.T) {
+	b := newBus(t)
+	proxy := newCutProxy(t, b.path)
+	b.apply(t, "r1", "a")
+	a := newAgent(t)
+	reg := prometheus.NewRegistry()
+	c, err := New(Options{Node: "a", Address: "unix://" + proxy.path, Store: a.store, Logger: quiet, MaxBackoff: 200 * time.Millisecond, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	runClient(t, c)
+	waitMetric(t, reg, seriesConnected, "to be 1", func(v float64) bool { return v == 1 })
+	if err := a.status.Set(routeKey("r1"), &nimbusv1.NodeStatus{ObservedGeneration: 1, Phase: nimbusv1.Phase_PHASE_PROGRAMMED}); err != nil {
+		t.Fatal(err)
+	}
+	waitNodeStatus(t, b, "r1")
+	waitMetric(t, reg, seriesReports, "to count r1's status", func(v float64) bool { return v == 1 })
+
+	proxy.cut()
+	waitMetric(t, reg, seriesStatusReconnects, "to count the status stream started again", func(v float64) bool { return v >= 1 })
+	waitMetric(t, reg, seriesReports, "to count r1's status sent again", func(v float64) bool { return v >= 2 })
+}
