@@ -58,7 +58,8 @@ func recvLimit() grpc.CallOption { return grpc.MaxCallRecvMsgSize(maxRecvMsgSize
 type Options struct {
 	// Address is nimbus's address, "unix:///path" or "tcp://host:port", or a
 	// comma-separated list of the addresses of nimbus replicas, of which the client uses one
-	// and moves to another when it fails. Required unless Conn is set.
+	// that is ready and moves to another when it fails or stops serving. Required unless
+	// Conn is set.
 	Address string
 	// TLS, when set, is the TLS configuration the client dials nimbus with: the CAs that
 	// verify nimbus and a publisher certificate, which nimbus requires for everything a

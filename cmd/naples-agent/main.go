@@ -3,7 +3,8 @@
 // It dials nimbus with mutual TLS, presenting the node certificate of --tls-cert (default
 // /etc/naples/pki/node.crt), which must name --node; --insecure dials plaintext. --nimbus
 // may list several nimbus replicas, comma-separated, or name a host that resolves to
-// several: the agent watches one and moves to another when it fails. Bad flags exit with
+// several: the agent watches one that is ready and moves to another when it fails or stops
+// serving. Bad flags exit with
 // status 2, other errors with 1.
 //
 // --metrics HOST:PORT serves Prometheus metrics on http://HOST:PORT/metrics (naples_agent_*,

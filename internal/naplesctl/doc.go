@@ -10,7 +10,8 @@
 // whole command tree runs in-process in tests. It talks to the nimbus server named by
 // --server, or by the environment variable NAPLES_SERVER, or unix:///run/naples/nimbus.sock.
 // Either may list several nimbus replicas, comma-separated; a command talks to one of
-// them, picked at random, and tries the others when it cannot be reached.
+// them that is ready, picked at random, and skips those that cannot be reached or do not
+// serve yet.
 //
 // apply validates every object of every file before it sends any: one invalid object
 // refuses the whole apply, naming the file, the document, the field and the value. It then

@@ -115,7 +115,8 @@ type session struct {
 }
 
 // connect returns a session with the server named by --server, or with one of the
-// replicas it lists, picked at random: when one cannot be reached the next is tried. The
+// replicas it lists that is ready, picked at random: one that cannot be reached or does
+// not serve yet is skipped. The
 // connection is made by the first call; Close the session when done.
 func (c *cli) connect() (*session, error) {
 	addr, err := address.ParseList(c.server)
