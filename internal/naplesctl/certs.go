@@ -96,6 +96,8 @@ type certsOptions struct {
 	replicas    []string
 	publisher   string
 	serverHosts []string
+	// etcdMembers are NAME or NAME=HOST.
+	etcdMembers []string
 }
 
 // Files certs writes besides one pair per node and per replica.
@@ -106,13 +108,19 @@ const (
 	// replicaPrefix starts the file name of a replica's pair, so that a replica and a node
 	// of the same host name, as when a host runs both, have a pair each.
 	replicaPrefix = "replica-"
+	// etcdDir is the subdirectory of etcd's CA and certificates, and etcdClientFile the
+	// name of the replicas' client certificate towards etcd in it.
+	etcdDir        = "etcd"
+	etcdClientFile = "nimbus"
+	// etcdCAName is the CommonName of etcd's CA.
+	etcdCAName = "naples etcd CA"
 )
 
 // certsCommand returns the certs command.
 func (c *cli) certsCommand(getenv func(string) string) *cobra.Command {
 	var o certsOptions
 	cmd := &cobra.Command{
-		Use:   "certs [--dir DIR] [--nodes NODE,...] [--replicas NAME,...] [--publisher NAME] [--server-hosts HOST,...]",
+		Use:   "certs [--dir DIR] [--nodes NODE,...] [--replicas NAME,...] [--publisher NAME] [--server-hosts HOST,...] [--etcd-members NAME[=HOST],...]",
 		Short: "Make a CA and the certificates of nimbus, its replicas, a publisher and nodes",
 		Long: `Make a CA and the certificates nimbus, naplesctl and the agents speak mutual TLS with,
 for tests and small deployments. It writes into --dir:
@@ -128,13 +136,23 @@ for tests and small deployments. It writes into --dir:
                                  replica of that --replica-name: its server certificate,
                                  for the names of nimbus.crt and NAME, and its client
                                  certificate towards the other replicas
+  etcd/ca.crt, etcd/ca.key       with --etcd-members, a CA of etcd's own: etcd lets every
+                                 certificate its CA issued read and write every object,
+                                 so it must not be the CA of the nodes
+  etcd/NAME.crt, .key            for each of --etcd-members, the member's certificate for
+                                 its clients and its peers alike (server and client
+                                 authentication), for the names NAME, localhost,
+                                 127.0.0.1, ::1 and HOST when given as NAME=HOST
+  etcd/nimbus.crt, .key          with --etcd-members, the client certificate the nimbus
+                                 replicas present to etcd (--etcd-cert, --etcd-key)
 
 A certificate and key that already exist, were issued by the CA and are what was asked
 for are kept, so certs can run again to add nodes; one that differs is an error until it
 is removed. Keys are written with mode 0600. certs talks to no server.`,
 		Example: `  naplesctl certs --dir /etc/naples/pki --nodes host-a,host-b --server-hosts nimbus.example,10.0.0.1
   naplesctl certs --dir ./pki --nodes host-c   # adds host-c's certificate, keeps the rest
-  naplesctl certs --dir ./pki --replicas nimbus-1,nimbus-2,nimbus-3 --server-hosts nimbus.example`,
+  naplesctl certs --dir ./pki --replicas nimbus-1,nimbus-2,nimbus-3 --server-hosts nimbus.example
+  naplesctl certs --dir ./pki --etcd-members etcd-1=10.0.0.11,etcd-2=10.0.0.12,etcd-3=10.0.0.13`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return c.certs(o)
@@ -145,6 +163,7 @@ is removed. Keys are written with mode 0600. certs talks to no server.`,
 	cmd.Flags().StringSliceVar(&o.replicas, "replicas", nil, "names of nimbus replicas (their --replica-name) to make replica certificates for")
 	cmd.Flags().StringVar(&o.publisher, "publisher", "admin", "name of the publisher certificate")
 	cmd.Flags().StringSliceVar(&o.serverHosts, "server-hosts", nil, "further DNS names and IP addresses of nimbus's certificate")
+	cmd.Flags().StringSliceVar(&o.etcdMembers, "etcd-members", nil, "etcd members to make certificates for, with etcd's own CA, in DIR/etcd: NAME, or NAME=HOST with a DNS name or IP address it is reached by")
 	return cmd
 }
 
@@ -169,10 +188,14 @@ func (c *cli) certs(o certsOptions) error {
 	if o.publisher == "" {
 		return errors.New("--publisher: a name is required")
 	}
+	members, err := parseEtcdMembers(o.etcdMembers)
+	if err != nil {
+		return err
+	}
 	if err := os.MkdirAll(o.dir, 0o700); err != nil {
 		return fmt.Errorf("creating %s: %w", o.dir, err)
 	}
-	ca, err := c.ensureCA(o.dir)
+	ca, err := c.ensureCA(o.dir, "")
 	if err != nil {
 		return err
 	}
@@ -209,10 +232,8 @@ func (c *cli) certs(o certsOptions) error {
 				if err := wantIdentity(pki.Identity{Role: pki.RoleReplica, Name: r})(cert); err != nil {
 					return err
 				}
-				for _, u := range []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth} {
-					if !slices.Contains(cert.ExtKeyUsage, u) {
-						return errors.New("not for both server and client authentication")
-					}
+				if err := wantUsages(cert, x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth); err != nil {
+					return err
 				}
 				return verifyHostnames(cert, names)
 			},
@@ -221,7 +242,94 @@ func (c *cli) certs(o certsOptions) error {
 			return err
 		}
 	}
+	if len(members) > 0 {
+		return c.etcdCerts(filepath.Join(o.dir, etcdDir), members)
+	}
 	return nil
+}
+
+// etcdMember is a member of --etcd-members: its name, and the host it is reached by when
+// given.
+type etcdMember struct {
+	name, host string
+}
+
+// parseEtcdMembers parses --etcd-members: NAME or NAME=HOST each.
+func parseEtcdMembers(args []string) ([]etcdMember, error) {
+	var members []etcdMember
+	for _, a := range args {
+		name, host, withHost := strings.Cut(a, "=")
+		switch {
+		case name == "" || strings.ContainsAny(name, `/\`):
+			return nil, fmt.Errorf("--etcd-members: member %q: the name must be non-empty, without '/' or '\\'", a)
+		case withHost && host == "":
+			return nil, fmt.Errorf("--etcd-members: member %q: no host after '='", a)
+		case name == caFile || name == etcdClientFile:
+			return nil, fmt.Errorf("--etcd-members: member %q would overwrite %s/%s.crt; rename the member", a, etcdDir, name)
+		case slices.ContainsFunc(members, func(m etcdMember) bool { return m.name == name }):
+			return nil, fmt.Errorf("--etcd-members: member %q is listed twice", name)
+		}
+		members = append(members, etcdMember{name: name, host: host})
+	}
+	return members, nil
+}
+
+// etcdCerts makes or keeps, in dir, etcd's CA, the members' certificates and the
+// replicas' client certificate.
+func (c *cli) etcdCerts(dir string, members []etcdMember) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("creating %s: %w", dir, err)
+	}
+	ca, err := c.ensureCA(dir, etcdCAName)
+	if err != nil {
+		return err
+	}
+	for _, m := range members {
+		var hosts []string
+		names := []string{m.name, "localhost", "127.0.0.1", "::1"}
+		if m.host != "" {
+			hosts = append(hosts, m.host)
+			if !slices.Contains(names, m.host) {
+				names = append(names, m.host)
+			}
+		}
+		if err := c.ensureCert(ca, dir, m.name, fmt.Sprintf("etcd member certificate for %s", strings.Join(names, ", ")),
+			func(cert *x509.Certificate) error {
+				if err := wantUsages(cert, x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth); err != nil {
+					return err
+				}
+				return verifyHostnames(cert, names)
+			},
+			func() (pki.KeyPair, error) { return ca.IssueEtcdMember(m.name, hosts, pki.CertOptions{}) },
+		); err != nil {
+			return err
+		}
+	}
+	return c.ensureCert(ca, dir, etcdClientFile, "etcd client certificate of the nimbus replicas",
+		func(cert *x509.Certificate) error { return wantUsages(cert, x509.ExtKeyUsageClientAuth) },
+		func() (pki.KeyPair, error) { return ca.IssueEtcdClient(etcdClientFile, pki.CertOptions{}) },
+	)
+}
+
+// wantUsages checks that a certificate is for every one of usages.
+func wantUsages(cert *x509.Certificate, usages ...x509.ExtKeyUsage) error {
+	for _, u := range usages {
+		if !slices.Contains(cert.ExtKeyUsage, u) {
+			return fmt.Errorf("not for %s", usageName(u))
+		}
+	}
+	return nil
+}
+
+// usageName names an extended key usage as OpenSSL's configuration does.
+func usageName(u x509.ExtKeyUsage) string {
+	switch u {
+	case x509.ExtKeyUsageServerAuth:
+		return "serverAuth"
+	case x509.ExtKeyUsageClientAuth:
+		return "clientAuth"
+	}
+	return fmt.Sprintf("extended key usage %d", u)
 }
 
 // verifyHostnames checks that the certificate is valid for every one of names.
@@ -248,8 +356,9 @@ func wantIdentity(id pki.Identity) func(*x509.Certificate) error {
 	}
 }
 
-// ensureCA loads the CA of dir, or makes one when dir has none.
-func (c *cli) ensureCA(dir string) (*pki.CA, error) {
+// ensureCA loads the CA of dir, or makes one named commonName (default: pki's) when dir
+// has none.
+func (c *cli) ensureCA(dir, commonName string) (*pki.CA, error) {
 	certPath, keyPath := pairPaths(dir, caFile)
 	exists, err := pairExists(certPath, keyPath)
 	if err != nil {
@@ -263,7 +372,7 @@ func (c *cli) ensureCA(dir string) (*pki.CA, error) {
 		fmt.Fprintf(c.stdout, "kept    %s, %s: CA %q\n", certPath, keyPath, ca.Cert.Subject.CommonName)
 		return ca, nil
 	}
-	ca, err := pki.NewCA(pki.CAOptions{})
+	ca, err := pki.NewCA(pki.CAOptions{CommonName: commonName})
 	if err != nil {
 		return nil, err
 	}

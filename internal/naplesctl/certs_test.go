@@ -3,6 +3,9 @@ package naplesctl
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -280,4 +283,109 @@ func TestTLSToNimbus(t *testing.T) {
 	if out, err := tlsCtl(t, vars, "", "get", "routes"); err != nil || !strings.Contains(out, "to-dc2") {
 		t.Errorf("get routes as publisher = %q, %v; want to-dc2", out, err)
 	}
+}
+
+// TestCertsEtcdMembers makes etcd's certificates beside naples's and checks them in real
+// TLS handshakes, as etcd makes them with --client-cert-auth and --peer-client-cert-auth:
+// a member serves the replicas' client certificate and the other members, under each of
+// its names; it refuses a naples node certificate, whose CA is not etcd's.
+func TestCertsEtcdMembers(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "pki")
+	out, err := tlsCtl(t, nil, "", "certs", "--dir", dir, "--nodes", "host-a", "--etcd-members", "etcd-1=10.0.0.11,etcd-2")
+	if err != nil {
+		t.Fatalf("certs: %v", err)
+	}
+	etcd := filepath.Join(dir, "etcd")
+	for _, name := range []string{"ca", "etcd-1", "etcd-2", "nimbus"} {
+		cert, key := filepath.Join(etcd, name+".crt"), filepath.Join(etcd, name+".key")
+		if !strings.Contains(out, "wrote   "+cert+", "+key) {
+			t.Errorf("output does not say it wrote %s and %s:\n%s", cert, key, out)
+		}
+		if fi, err := os.Stat(key); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s: %v, mode %v; want mode 0600", key, err, fi.Mode().Perm())
+		}
+	}
+	load := func(dir, name string) tls.Certificate {
+		t.Helper()
+		pair, err := tls.LoadX509KeyPair(filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pair
+	}
+	pool := func(dir string) *x509.CertPool {
+		t.Helper()
+		pem, err := os.ReadFile(filepath.Join(dir, "ca.crt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := x509.NewCertPool()
+		if !p.AppendCertsFromPEM(pem) {
+			t.Fatalf("no certificate in %s/ca.crt", dir)
+		}
+		return p
+	}
+	etcdCAs := pool(etcd)
+	member := &tls.Config{Certificates: []tls.Certificate{load(etcd, "etcd-1")}, ClientCAs: etcdCAs, ClientAuth: tls.RequireAndVerifyClientCert}
+	for _, tc := range []struct {
+		client, serverName string
+	}{
+		{"nimbus", "etcd-1"}, {"nimbus", "10.0.0.11"}, {"nimbus", "localhost"}, {"nimbus", "127.0.0.1"}, {"etcd-2", "etcd-1"},
+	} {
+		client := &tls.Config{Certificates: []tls.Certificate{load(etcd, tc.client)}, RootCAs: etcdCAs, ServerName: tc.serverName}
+		if err := handshake(t, member, client); err != nil {
+			t.Errorf("etcd-1 as %s, with %s's certificate: %v", tc.serverName, tc.client, err)
+		}
+	}
+	node := &tls.Config{Certificates: []tls.Certificate{load(dir, "host-a")}, RootCAs: etcdCAs, ServerName: "etcd-1"}
+	if err := handshake(t, member, node); err == nil {
+		t.Error("etcd-1 took the naples node certificate of host-a, want it refused")
+	}
+
+	// Again: everything is kept.
+	out, err = tlsCtl(t, nil, "", "certs", "--dir", dir, "--etcd-members", "etcd-2,etcd-1=10.0.0.11")
+	if err != nil || strings.Contains(out, "wrote") || !strings.Contains(out, "kept    "+filepath.Join(etcd, "etcd-1.crt")) {
+		t.Errorf("certs again = %v, want everything kept:\n%s", err, out)
+	}
+	for _, tc := range []struct{ arg, want string }{
+		{"etcd-1=10.0.0.99", "10.0.0.99"},
+		{"ca", `"ca"`},
+		{"nimbus", `"nimbus"`},
+		{"etcd-3=", `"etcd-3="`},
+		{"a,a", `"a" is listed twice`},
+		{"a/b", `"a/b"`},
+	} {
+		if _, err := tlsCtl(t, nil, "", "certs", "--dir", dir, "--etcd-members", tc.arg); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("certs --etcd-members %s = %v, want an error naming %s", tc.arg, err, tc.want)
+		}
+	}
+}
+
+// handshake makes a TLS connection over loopback TCP from a client of config client to a
+// server of config server, and returns the server's handshake error: with TLS 1.3 a
+// client learns that its certificate was refused only later.
+func handshake(t *testing.T, server, client *tls.Config) error {
+	t.Helper()
+	lis, err := tls.Listen("tcp", "127.0.0.1:0", server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	served := make(chan error, 1)
+	go func() {
+		conn, err := lis.Accept()
+		if err != nil {
+			served <- err
+			return
+		}
+		defer conn.Close()
+		served <- conn.(*tls.Conn).Handshake()
+	}()
+	conn, err := tls.Dial("tcp", lis.Addr().String(), client)
+	if err != nil {
+		<-served
+		return fmt.Errorf("client: %w", err)
+	}
+	defer conn.Close()
+	return <-served
 }

@@ -258,13 +258,51 @@ func (ca *CA) IssueReplica(name string, hosts []string, opts CertOptions) (KeyPa
 	return ca.issue(tmpl, opts)
 }
 
+// IssueEtcdMember issues the certificate of the named etcd member, which it serves its
+// clients and its peers with and presents to its peers: the CommonName is the name, it is
+// for server and client authentication, and its names are the member's name,
+// "localhost", 127.0.0.1, ::1 and each of hosts, a DNS name or an IP address. Issue it
+// from a CA of etcd's own: etcd lets every certificate its CA issued use it.
+func (ca *CA) IssueEtcdMember(name string, hosts []string, opts CertOptions) (KeyPair, error) {
+	if name == "" {
+		return KeyPair{}, errors.New("issuing etcd member certificate: name is required")
+	}
+	tmpl := &x509.Certificate{
+		Subject:     pkix.Name{CommonName: name},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	if err := addHostNames(tmpl, append([]string{name}, hosts...)); err != nil {
+		return KeyPair{}, fmt.Errorf("issuing etcd member certificate %q: %w", name, err)
+	}
+	return ca.issue(tmpl, opts)
+}
+
+// IssueEtcdClient issues a certificate that an etcd client, such as a nimbus replica,
+// presents to etcd: the CommonName is the name, and it is for client authentication.
+func (ca *CA) IssueEtcdClient(name string, opts CertOptions) (KeyPair, error) {
+	if name == "" {
+		return KeyPair{}, errors.New("issuing etcd client certificate: name is required")
+	}
+	return ca.issue(&x509.Certificate{
+		Subject:     pkix.Name{CommonName: name},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}, opts)
+}
+
 // addServerNames gives tmpl the names every server certificate carries,
 // DefaultServerName, "localhost", 127.0.0.1 and ::1, and each of hosts, a DNS name or an
 // IP address, each once.
 func addServerNames(tmpl *x509.Certificate, hosts []string) error {
-	tmpl.DNSNames = []string{DefaultServerName, "localhost"}
+	return addHostNames(tmpl, append([]string{DefaultServerName}, hosts...))
+}
+
+// addHostNames gives tmpl the names of hosts, each a DNS name or an IP address, and
+// "localhost", 127.0.0.1 and ::1, each once: the first host, localhost, the others.
+// hosts holds one at least.
+func addHostNames(tmpl *x509.Certificate, hosts []string) error {
+	tmpl.DNSNames = nil
 	tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
-	for _, h := range hosts {
+	for _, h := range append([]string{hosts[0], "localhost"}, hosts[1:]...) {
 		switch ip := net.ParseIP(h); {
 		case h == "":
 			return errors.New("empty host name")
