@@ -76,8 +76,8 @@ type Options struct {
 	// comma-separated list of the addresses of nimbus replicas, which may mix the two:
 	// "tcp://10.0.0.1:7000,tcp://10.0.0.2:7000". The client watches one replica at a time,
 	// chosen at random among those that are ready, and moves to another when its
-	// connection fails or it stops serving. A tcp host name
-	// given alone stands for every address it resolves to. Required.
+	// connection fails or it stops serving. A tcp host name given alone stands for every
+	// address it resolves to. Required.
 	Address string
 	// Store is the local delphi store. Required.
 	Store Store
