@@ -37,7 +37,7 @@ func (firstHealthyBuilder) Name() string { return firstHealthyName }
 
 // Build builds the policy over endpointsharding, as gRPC's round_robin is.
 func (firstHealthyBuilder) Build(cc balancer.ClientConn, opts balancer.BuildOptions) balancer.Balancer {
-	b := &firstHealthy{cc: cc, rank: map[string]float64{}, connected: map[balancer.SubConn]bool{}}
+	b := &firstHealthy{rank: map[string]float64{}, connected: map[balancer.SubConn]bool{}}
 	b.Balancer = endpointsharding.NewBalancer(stateFilter{ClientConn: cc, b: b}, opts, balancer.Get(pickfirst.Name).Build, endpointsharding.Options{})
 	return b
 }
@@ -45,7 +45,6 @@ func (firstHealthyBuilder) Build(cc balancer.ClientConn, opts balancer.BuildOpti
 // firstHealthy is the first-healthy policy of one client.
 type firstHealthy struct {
 	balancer.Balancer
-	cc balancer.ClientConn
 
 	// mu guards rank, current and connected.
 	mu sync.Mutex
