@@ -664,11 +664,18 @@ func (r *EndpointReconciler) pickOwner(entry string, ids []string) string {
 	if held && slices.Contains(ids, holder) {
 		return holder
 	}
+	return firstCreated(r.store.Get, ids)
+}
+
+// firstCreated returns the key ID of the first created of the objects with the key IDs
+// ids, by meta.createTime (an object without one counts as created first) and then by
+// order in ids; "" when ids is empty. get reads the objects.
+func firstCreated(get func(*nimbusv1.ObjectKey) (*nimbusv1.Object, bool), ids []string) string {
 	owner, first := "", time.Time{}
 	for _, id := range ids {
 		created := time.Time{}
 		if key, err := nimbusv1.ParseKeyID(id); err == nil {
-			if obj, ok := r.store.Get(key); ok && obj.GetMeta().GetCreateTime() != nil {
+			if obj, ok := get(key); ok && obj.GetMeta().GetCreateTime() != nil {
 				created = obj.GetMeta().GetCreateTime().AsTime()
 			}
 		}
