@@ -257,3 +257,45 @@ func TestEtcdRefusesConflicts(t *testing.T) {
 		t.Fatalf("%d routes of the refused batch are stored", len(list.GetItems()))
 	}
 }
+
+// TestConflictRefusesOneBatchOfAGroup commits, in one shared commit as concurrent calls
+// make, a batch that conflicts between two that do not: the conflicting one is refused
+// and leaves nothing, the others are stored, each change with its own revision.
+func TestConflictRefusesOneBatchOfAGroup(t *testing.T) {
+	t.Parallel()
+	ts := startWithWebA(t, Options{})
+	before, err := ts.client.List(testContext(t), &nimbusv1.ListRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev := before.GetRevision()
+	first := &batch{writes: []write{applyWrite(route("r1", nil, "192.0.2.1"))}}
+	refused := &batch{writes: []write{applyWrite(route("r2", nil, "192.0.2.1")), applyWrite(conflictCases[0].obj)}, positions: true}
+	last := &batch{writes: []write{applyWrite(endpoint("aab", "net1", "host-b", "veth-b", "02:00:00:00:01:0b", "10.1.0.6"))}}
+	group := []*batch{first, refused, last}
+	for _, b := range group {
+		b.done = make(chan struct{})
+	}
+	ts.srv.commitGroup(group)
+	if first.err != nil || last.err != nil {
+		t.Fatalf("the batches without a conflict failed: %v, %v", first.err, last.err)
+	}
+	want := "objects[1] (Endpoint/default/default/aaa): " + conflictCases[0].want
+	if refused.err == nil || refused.err.Error() != want {
+		t.Fatalf("the conflicting batch: %v, want %s", refused.err, want)
+	}
+	if first.rev != rev+1 || last.rev != rev+2 {
+		t.Errorf("revisions of the stored batches %d and %d, want %d and %d", first.rev, last.rev, rev+1, rev+2)
+	}
+	list, err := ts.client.List(testContext(t), &nimbusv1.ListRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, it := range list.GetItems() {
+		names = append(names, it.GetObject().GetMeta().GetName())
+	}
+	if got := fmt.Sprint(names); got != "[aab web-a eth1 net1 r1]" || list.GetRevision() != rev+2 {
+		t.Errorf("stored %s at revision %d, want [aab web-a eth1 net1 r1] at %d", got, list.GetRevision(), rev+2)
+	}
+}
