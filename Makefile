@@ -6,7 +6,7 @@ TOOLS_BIN := $(BIN)/tools
 CMDS      := nimbus naples-agent naplesctl
 GOTEST    ?= $(GO) test -race -count=1 -timeout 20m
 
-.PHONY: all build test bench demo proto proto-check bpf bpf-check tools vet clean release
+.PHONY: all build test bench fuzz demo proto proto-check bpf bpf-check tools vet clean release
 
 all: build
 
@@ -26,6 +26,24 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem $(shell $(GO) list ./... | grep -v -e '/hal/linux$$' -e '/test$$')
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 1x -timeout 60m ./hal/linux/ ./test/
 	cd bench/xds && $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 0
+
+# fuzz runs each fuzz target for FUZZTIME, one target per invocation (go test takes one
+# -fuzz at a time). Their seed corpora (f.Add and testdata/fuzz/FuzzX/) run as plain tests
+# under `make test`; an input a run finds failing is written to testdata/fuzz/FuzzX/, to
+# be fixed and committed as a regression seed.
+FUZZTIME ?= 10s
+FUZZ_TARGETS := \
+	./internal/manifest:FuzzDecode \
+	./internal/manifest:FuzzSimpleYAMLToJSON \
+	./proto/nimbus/v1:FuzzValidate \
+	./proto/nimbus/v1:FuzzPooledFrame
+
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; name=$${t##*:}; \
+		echo "$(GO) test -run '^$$' -fuzz '^$$name$$' -fuzztime $(FUZZTIME) $$pkg"; \
+		$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $$pkg; \
+	done
 
 demo: build
 	./examples/demo.sh

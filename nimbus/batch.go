@@ -29,7 +29,7 @@ const maxReportedInvalid = 10
 // only each object's generation and revision. A request is at most 16 MiB.
 func (s *Server) ApplyBatch(ctx context.Context, req *nimbusv1.ApplyBatchRequest) (*nimbusv1.ApplyBatchResponse, error) {
 	objs := req.GetObjects()
-	b := &batch{writes: make([]write, 0, len(objs))}
+	b := &batch{writes: make([]write, 0, len(objs)), positions: true}
 	var bad refusal
 	seen := make(map[string]int, len(objs))
 	for i, in := range objs {
@@ -141,6 +141,10 @@ func (r *refusal) add(at string, err error) {
 		errs = j.Unwrap()
 	}
 	for _, e := range errs {
+		if at == "" {
+			r.lines = append(r.lines, e.Error())
+			continue
+		}
 		r.lines = append(r.lines, at+": "+e.Error())
 	}
 }
@@ -154,9 +158,23 @@ func (r *refusal) err() error {
 	if r.entries == 0 {
 		return nil
 	}
+	return status.Error(codes.InvalidArgument, r.message())
+}
+
+// conflictErr returns the error, wrapping ErrConflict, that refuses a batch whose entries
+// conflict with other objects, or nil when none does.
+func (r *refusal) conflictErr() error {
+	if r.entries == 0 {
+		return nil
+	}
+	return &conflictError{msg: r.message()}
+}
+
+// message is the refusal's lines, and how many bad entries they leave out.
+func (r *refusal) message() string {
 	msg := strings.Join(r.lines, "\n")
 	if more := r.entries - maxReportedInvalid; more > 0 {
 		msg += fmt.Sprintf("\n(%d more bad entries not shown)", more)
 	}
-	return status.Error(codes.InvalidArgument, msg)
+	return msg
 }

@@ -64,6 +64,9 @@ type batch struct {
 	// deleting tells that the writes are deletions, for what the batch is called in errors
 	// and logs.
 	deleting bool
+	// positions tells that the call named the writes by position, as ApplyBatch does
+	// (`objects[3]`), so that a refusal names them so too.
+	positions bool
 
 	// The commit sets outcomes, rev and err, then closes done.
 
@@ -91,6 +94,26 @@ func (b *batch) what() string {
 		return verb + " " + b.writes[0].id
 	}
 	return fmt.Sprintf("%s %d objects", verb, len(b.writes))
+}
+
+// at names the write at position i in a refusal: `objects[3] (Endpoint/t/ns/name)` for a
+// batch of a call that names writes by position, "" otherwise.
+func (b *batch) at(i int) string {
+	if !b.positions {
+		return ""
+	}
+	return fmt.Sprintf("objects[%d] (%s)", i, b.writes[i].id)
+}
+
+// mayConflict tells whether a write of the batch stores an object that holds claims, and
+// may be refused for a conflict.
+func (b *batch) mayConflict() bool {
+	for _, w := range b.writes {
+		if w.obj != nil && holdsClaims(w.obj) {
+			return true
+		}
+	}
+	return false
 }
 
 // committer groups the batches of concurrent calls into shared commits. The caller whose
@@ -181,11 +204,12 @@ func (s *Server) commitGroup(group []*batch) {
 	}
 	s.mu.Unlock()
 	for _, b := range group {
-		if err != nil {
+		switch {
+		case err != nil:
 			b.err = fmt.Errorf("%s: %w", b.what(), err)
-			continue
+		case b.err == nil:
+			s.logBatch(b)
 		}
-		s.logBatch(b)
 	}
 }
 
@@ -221,16 +245,29 @@ func (s *Server) commitLocked(group []*batch, now *timestamppb.Timestamp) ([]sta
 	rev := s.rev
 	var changes []stagedChange
 	for _, b := range group {
+		// A batch refused for a conflict leaves nothing: the transaction goes back to
+		// where it was before it. Only batches that can conflict pay for the copy.
+		var before *tables
+		if b.mayConflict() {
+			before = txn.tables.copy()
+		}
+		revBefore, changesBefore := rev, len(changes)
+		var conflicts refusal
 		b.outcomes = make([]outcome, len(b.writes))
 		for i, w := range b.writes {
 			var (
 				c   *stagedChange
 				out outcome
+				err error
 			)
 			if w.obj != nil {
-				c, out = stageApply(txn, w, rev+1, now)
+				c, out, err = stageApply(txn, w, rev+1, now)
 			} else {
 				c, out = stageDelete(txn, w, rev+1)
+			}
+			if err != nil {
+				conflicts.add(b.at(i), err)
+				continue
 			}
 			if c != nil {
 				rev++
@@ -239,6 +276,12 @@ func (s *Server) commitLocked(group []*batch, now *timestamppb.Timestamp) ([]sta
 				out.rev = rev
 			}
 			b.outcomes[i] = out
+		}
+		if conflicts.any() {
+			txn.tables = before
+			rev, changes = revBefore, changes[:changesBefore]
+			b.outcomes, b.err = nil, conflicts.conflictErr()
+			continue
 		}
 		b.rev = rev
 	}
@@ -288,8 +331,10 @@ func finalStates(changes []stagedChange) (puts []*nimbusv1.Object, dels []string
 // stageApply stores the write's object in txn as the change of revision rev, unless it
 // is what is stored already. It assigns uid, generation, revision and times as the package
 // documentation says, and drops the statuses of nodes a retarget leaves. The change is nil
-// when nothing changed; the outcome's rev is set only when something did.
-func stageApply(txn *writeTxn, w write, rev uint64, now *timestamppb.Timestamp) (*stagedChange, outcome) {
+// when nothing changed; the outcome's rev is set only when something did. An object that
+// would take a value another object holds is not stored: the error, which wraps
+// ErrConflict, names both (see conflict.go).
+func stageApply(txn *writeTxn, w write, rev uint64, now *timestamppb.Timestamp) (*stagedChange, outcome, error) {
 	obj := w.obj
 	var old *nimbusv1.Object
 	if rec := txn.object(w.id); rec != nil {
@@ -305,17 +350,22 @@ func stageApply(txn *writeTxn, w write, rev uint64, now *timestamppb.Timestamp) 
 		specChanged := !proto.Equal(&nimbusv1.Object{Spec: old.GetSpec()}, &nimbusv1.Object{Spec: obj.GetSpec()})
 		retargeted := !slices.Equal(om.GetNodes(), m.GetNodes())
 		if !specChanged && !retargeted && maps.Equal(om.GetLabels(), m.GetLabels()) {
-			return nil, outcome{obj: old}
+			return nil, outcome{obj: old}, nil
 		}
 		m.Uid, m.CreateTime, m.Generation = om.GetUid(), om.GetCreateTime(), om.GetGeneration()
 		if specChanged || retargeted {
 			m.Generation++
 		}
 	}
+	if holdsClaims(obj) {
+		if err := txn.checkConflicts(w.id, obj); err != nil {
+			return nil, outcome{}, err
+		}
+	}
 	m.Revision = rev
 	m.UpdateTime = now
 	c := storePut(txn, w.key, w.id, old, obj)
-	return c, outcome{obj: obj, changed: true, created: old == nil, rev: rev}
+	return c, outcome{obj: obj, changed: true, created: old == nil, rev: rev}, nil
 }
 
 // storePut stores obj, whose meta is complete, in txn in place of old (nil when obj is

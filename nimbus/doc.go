@@ -35,6 +35,13 @@
 // the request sets omit_objects, when each result carries only the generation and revision
 // stored. A single Apply or Delete is a batch of one: both go through the same commit path.
 //
+// An object that would take a value another object holds (an endpoint's address in its
+// tenant, its MAC in its network, a host interface on a node, a VNI, a tenant's address
+// space), or that leaves an endpoint's address outside its network's subnets, is refused
+// with codes.FailedPrecondition naming both objects, checked at commit against the store
+// and the batch's earlier writes; a batch with such an entry stores nothing. See
+// conflict.go.
+//
 // # Watch
 //
 // A node's Watch first receives every object that targets it as PUT events (the

@@ -515,10 +515,10 @@ func (e *etcdStore) replace(epoch string, objs []*nimbusv1.Object, rev int64) {
 	txn := s.store.write()
 	keep := make(map[string]bool, len(objs))
 	for _, obj := range objs {
-		id := obj.Key().ID()
-		keep[id] = true
-		txn.putObject(&objectRecord{ID: id, Object: obj})
+		keep[obj.Key().ID()] = true
 	}
+	// The objects gone, and the claims of those kept, go first, so that what they held
+	// in the claims index is free for the objects that hold it now.
 	var gone []string
 	txn.objects.Scan(func(id string, _ *objectRecord) bool {
 		if !keep[id] {
@@ -530,6 +530,14 @@ func (e *etcdStore) replace(epoch string, objs []*nimbusv1.Object, rev int64) {
 		if rec := txn.object(id); rec != nil {
 			stageDelete(txn, write{key: rec.Object.Key(), id: id}, 0)
 		}
+	}
+	for _, obj := range objs {
+		if rec := txn.object(obj.Key().ID()); rec != nil {
+			txn.releaseClaims(rec)
+		}
+	}
+	for _, obj := range objs {
+		txn.putObject(&objectRecord{ID: obj.Key().ID(), Object: obj})
 	}
 	txn.setRevision(endRev(rev))
 	txn.commit()
@@ -675,7 +683,11 @@ func (e *etcdStore) catchUp(ctx context.Context, rev uint64) bool {
 func (e *etcdStore) commitGroup(group []*batch) {
 	for _, b := range group {
 		if err := e.commitBatch(b); err != nil {
-			b.err = fmt.Errorf("%s: %w", b.what(), err)
+			b.err = err
+			if !errors.Is(err, ErrConflict) {
+				// A conflict names the objects itself.
+				b.err = fmt.Errorf("%s: %w", b.what(), err)
+			}
 			continue
 		}
 		e.s.logBatch(b)
@@ -695,6 +707,13 @@ func (e *etcdStore) commitBatch(b *batch) error {
 	if len(chunks) > 1 {
 		e.s.log.Warn("batch split into several etcd transactions; it is atomic per transaction only",
 			"objects", len(b.writes), "transactions", len(chunks), "max_txn_ops", e.opts.MaxTxnOps, "max_txn_bytes", e.opts.MaxTxnBytes)
+	}
+	if len(chunks) > 1 && b.mayConflict() {
+		// Each transaction checks its own writes; a conflict found only in a later one
+		// would leave the batch half committed, so the whole batch is checked first.
+		if err := e.checkConflicts(b); err != nil {
+			return err
+		}
 	}
 	from := 0
 	for i, to := range chunks {
@@ -718,6 +737,30 @@ func (e *etcdStore) commitBatch(b *batch) error {
 		}
 	}
 	return nil
+}
+
+// checkConflicts stages the batch's writes against the cache, and returns the error,
+// wrapping ErrConflict, that refuses it when one of them would take a value that another
+// object holds; nil otherwise. It stores nothing.
+func (e *etcdStore) checkConflicts(b *batch) error {
+	s := e.s
+	now := timestamppb.New(s.opts.Now())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	txn := s.store.write()
+	defer txn.abort()
+	var conflicts refusal
+	for i, w := range b.writes {
+		if w.obj == nil {
+			stageDelete(txn, w, 0)
+			continue
+		}
+		w.obj = proto.Clone(w.obj).(*nimbusv1.Object)
+		if _, _, err := stageApply(txn, w, 0, now); err != nil {
+			conflicts.add(b.at(i), err)
+		}
+	}
+	return conflicts.conflictErr()
 }
 
 // split returns where each transaction's writes end.
@@ -762,6 +805,7 @@ func (e *etcdStore) commitChunk(b *batch, from, to int) (committed bool, err err
 		}
 		base := s.rev
 		txn := s.store.write()
+		var conflicts refusal
 		for i := from; i < to; i++ {
 			w := b.writes[i]
 			if w.obj != nil {
@@ -777,11 +821,16 @@ func (e *etcdStore) commitChunk(b *batch, from, to int) (committed bool, err err
 			var (
 				c   *stagedChange
 				out outcome
+				err error
 			)
 			if w.obj != nil {
-				c, out = stageApply(txn, w, sub, now)
+				c, out, err = stageApply(txn, w, sub, now)
 			} else {
 				c, out = stageDelete(txn, w, sub)
+			}
+			if err != nil {
+				conflicts.add(b.at(i), err)
+				continue
 			}
 			// Every write, a change or not, holds only if etcd still has the object as the
 			// cache does: an apply the cache finds unchanged, or a deletion of an object
@@ -814,6 +863,9 @@ func (e *etcdStore) commitChunk(b *batch, from, to int) (committed bool, err err
 		}
 		txn.abort()
 		s.mu.Unlock()
+		if err := conflicts.conflictErr(); err != nil {
+			return false, err
+		}
 		ctx, cancel := context.WithTimeout(e.ctx, etcdWriteTimeout)
 		// With no change to make, the transaction only checks, linearizably, that the cache
 		// was current for these objects.

@@ -130,6 +130,12 @@ func TestApplyRefusesInvalidObjects(t *testing.T) {
 		{name: "bad node", obj: route("r1", []string{"Node_A"}, "192.0.2.1"), want: `meta.nodes[0] "Node_A"`},
 		{name: "no spec", obj: &nimbusv1.Object{Meta: &nimbusv1.ObjectMeta{Name: "r1"}}, want: `spec "": is required`},
 		{name: "no object", obj: nil, want: `object "": is required`},
+		{name: "multicast mac", obj: endpoint("ep1", "net1", "host-a", "", "01:00:5e:00:00:01"),
+			want: `spec.mac "01:00:5e:00:00:01": a multicast or broadcast address`},
+		{name: "broadcast mac", obj: endpoint("ep1", "net1", "host-a", "", "ff:ff:ff:ff:ff:ff"),
+			want: `spec.mac "ff:ff:ff:ff:ff:ff": a multicast or broadcast address`},
+		{name: "zero mac", obj: endpoint("ep1", "net1", "host-a", "", "00:00:00:00:00:00"),
+			want: `spec.mac "00:00:00:00:00:00": the all-zero address`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := ts.client.Apply(testContext(t), &nimbusv1.ApplyRequest{Object: tc.obj})

@@ -48,6 +48,10 @@ var (
 	// not loaded yet, or etcd has no quorum. RPCs fail with codes.Unavailable then, and the
 	// caller may try again.
 	ErrUnavailable = errors.New("store unavailable")
+	// ErrConflict is wrapped by the refusal of a write whose object would take a value
+	// another object holds, such as an endpoint's address (see conflict.go). RPCs fail
+	// with codes.FailedPrecondition then, naming both objects.
+	ErrConflict = errors.New("conflict with another object")
 )
 
 // Defaults of Options and fixed settings of the gRPC server Serve builds.
@@ -444,6 +448,9 @@ func (s *Server) isClosed() bool {
 func rpcError(err error) error {
 	if errors.Is(err, ErrClosed) || errors.Is(err, ErrUnavailable) {
 		return status.Error(codes.Unavailable, err.Error())
+	}
+	if errors.Is(err, ErrConflict) {
+		return status.Error(codes.FailedPrecondition, err.Error())
 	}
 	return status.Error(codes.Internal, err.Error())
 }

@@ -105,6 +105,9 @@ type tables struct {
 	statusesByNode *btree.BTreeG[*statusRecord]
 	// watchNodes holds the watch state of the nodes by name.
 	watchNodes *btree.Map[string, *watchNodeRecord]
+	// claims holds, by index key, the key ID of the object that holds each value only one
+	// object may hold (see conflict.go); putObject and deleteObject keep it current.
+	claims *btree.Map[string, string]
 	// rev is the revision of the last committed change, kept with the objects so that a
 	// reader sees the revision that matches exactly the objects it reads.
 	rev uint64
@@ -127,6 +130,7 @@ func newTables() *tables {
 			return a.ObjectID < b.ObjectID
 		}, treeOptions),
 		watchNodes: btree.NewMap[string, *watchNodeRecord](0),
+		claims:     btree.NewMap[string, string](0),
 	}
 }
 
@@ -138,6 +142,7 @@ func (t *tables) copy() *tables {
 	c.statuses = t.statuses.Copy()
 	c.statusesByNode = t.statusesByNode.Copy()
 	c.watchNodes = t.watchNodes.Copy()
+	c.claims = t.claims.Copy()
 	return &c
 }
 
@@ -287,12 +292,22 @@ func (w *writeTxn) abort() {
 	w.st.writeMu.Unlock()
 }
 
-// putObject stores the record, replacing the one with its key ID. The record and its
-// object must not be modified afterwards.
-func (w *writeTxn) putObject(rec *objectRecord) { w.objects.Set(rec.ID, rec) }
+// putObject stores the record, replacing the one with its key ID, and moves the claims
+// of the object replaced to the new one. The record and its object must not be modified
+// afterwards.
+func (w *writeTxn) putObject(rec *objectRecord) {
+	if old, replaced := w.objects.Set(rec.ID, rec); replaced {
+		w.releaseClaims(old)
+	}
+	w.addClaims(rec)
+}
 
-// deleteObject deletes the object with the key ID, but not its statuses.
-func (w *writeTxn) deleteObject(id string) { w.objects.Delete(id) }
+// deleteObject deletes the object with the key ID and its claims, but not its statuses.
+func (w *writeTxn) deleteObject(id string) {
+	if old, deleted := w.objects.Delete(id); deleted {
+		w.releaseClaims(old)
+	}
+}
 
 // setRevision records rev as the revision of the transaction's last change.
 func (w *writeTxn) setRevision(rev uint64) { w.rev = rev }

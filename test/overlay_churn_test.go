@@ -413,7 +413,9 @@ spec:
   - {cidr: "fd00:1::/64", gateway: "fd00:1::1"}
 ---
 `,
-			// Another MTU, and no IPv6 subnet.
+			// Another MTU, and another IPv6 gateway. (Without the IPv6 subnet nimbus would
+			// refuse it, or the endpoints with IPv6 addresses after it: an endpoint's
+			// addresses are inside its network's subnets.)
 			variant: `kind: Network
 meta: {name: blue}
 spec:
@@ -421,6 +423,7 @@ spec:
   mtu: 1400
   subnets:
   - {cidr: 10.1.0.0/24, gateway: 10.1.0.1}
+  - {cidr: "fd00:1::/64", gateway: "fd00:1::fe"}
 ---
 `},
 		// A change of VNI makes green's VXLAN device anew.

@@ -119,9 +119,14 @@ type EndpointOptions struct {
 // ARP and neighbour solicitations locally.
 //
 // Each of these kernel entries (a MAC's two FDB entries in a network, an IP's neighbour
-// in a network, an interface's attachment) belongs to one endpoint: the first by key of
-// the endpoints that the store's indexes list under it (EndpointMACIndex,
-// EndpointIPIndex, EndpointInterfaceIndex); the others are FAILED with reason Conflict.
+// in a network, an interface's attachment) belongs to one endpoint of those that the
+// store's indexes list under it (EndpointMACIndex, EndpointIPIndex,
+// EndpointInterfaceIndex): the one that holds it, the entry having been written or found
+// right for it, as long as it still claims it; otherwise the one created first
+// (meta.createTime, then key). The others are FAILED with reason Conflict, naming it. So
+// an endpoint that comes later never takes what a running one holds, whatever their
+// names; nimbus refuses such endpoints, but two replicas may each accept one at the same
+// moment. After an agent restart, creation order decides.
 // A reconcile makes each entry the endpoint had and has match what its owner wants, or
 // removes it when no endpoint wants it, so a change of node, VTEP, MAC, addresses,
 // network or interface moves or removes what was there. It reads the kernel from
@@ -147,9 +152,12 @@ type EndpointReconciler struct {
 	locks keyedMutex[endpointLock]
 
 	// mu guards programmed, which holds the entries each endpoint (by key ID) programmed
-	// or may have programmed, so that they can be removed or moved.
+	// or may have programmed, so that they can be removed or moved, and holders, which
+	// holds the key ID of the endpoint each entry was last written or found right for, by
+	// entryName.
 	mu         sync.Mutex
 	programmed map[string]endpointRefs
+	holders    map[string]string
 }
 
 var (
@@ -288,6 +296,7 @@ func NewEndpointReconciler(opts EndpointOptions) (*EndpointReconciler, error) {
 		fdb:        hal.NewMirror[fdbKey, fdbEntry](func(have, want fdbEntry) bool { return have == want }, fdbKey.hash),
 		neigh:      hal.NewMirror[neighKey, neighEntry](func(have, want neighEntry) bool { return have == want }, neighKey.hash),
 		programmed: map[string]endpointRefs{},
+		holders:    map[string]string{},
 	}, nil
 }
 
@@ -592,36 +601,101 @@ func (r *EndpointReconciler) checkMaster(name string, l epLink, bridge int32) er
 	return hal.Errorf(hal.ReasonConflict, "interface %q is attached to %q, which naples did not create; leaving it alone", name, m.name)
 }
 
-// firstOwner returns the first by key of the objects the index lists under value, ""
-// when there is none.
+// firstOwner returns the owner of the kernel entry of the objects the index lists under
+// value (see pickOwner), "" when there is none.
 func (r *EndpointReconciler) firstOwner(index, value string) (string, error) {
 	ids, err := r.store.LookupIDs(index, value)
 	if err != nil {
 		return "", fmt.Errorf("finding the owner of %q: %w", value, err)
 	}
-	if len(ids) == 0 {
-		return "", nil
-	}
-	return ids[0], nil
+	return r.pickOwner(entryName(index, value), ids), nil
 }
 
-// interfaceOwner returns the first by key of the endpoints of this node that name the
-// interface, "" when there is none.
+// interfaceOwner returns the owner (see pickOwner) of the interface among the endpoints
+// of this node that name it, "" when there is none.
 func (r *EndpointReconciler) interfaceOwner(name string) (string, error) {
 	ids, err := r.store.LookupIDs(EndpointInterfaceIndex.Name, name)
 	if err != nil {
 		return "", fmt.Errorf("finding the endpoints of interface %q: %w", name, err)
 	}
+	mine := ids[:0:0]
 	for _, id := range ids {
 		key, err := nimbusv1.ParseKeyID(id)
 		if err != nil {
 			continue
 		}
 		if obj, ok := r.store.Get(key); ok && obj.GetEndpoint().GetNode() == r.node {
-			return id, nil
+			mine = append(mine, id)
 		}
 	}
-	return "", nil
+	return r.pickOwner(entryName(EndpointInterfaceIndex.Name, name), mine), nil
+}
+
+// settle records who holds the kernel entry once a sync of it ended without error: the
+// owner when the sync wrote or checked the entry for it (wanted, and no sweep), nobody
+// when no endpoint wants it.
+func (r *EndpointReconciler) settle(entry, owner string, wanted, sweep bool, err error) {
+	switch {
+	case err != nil:
+	case !wanted:
+		r.hold(entry, "")
+	case !sweep:
+		r.hold(entry, owner)
+	}
+}
+
+// entryName names a kernel entry for holders: the index that lists its claimants and the
+// value they are listed under.
+func entryName(index, value string) string { return index + "|" + value }
+
+// pickOwner returns which of the endpoints ids (key IDs in order), which all claim the
+// kernel entry named entry, owns it: the one that holds it, while it still claims it;
+// otherwise the one created first, by meta.createTime and then key. "" when ids is empty.
+func (r *EndpointReconciler) pickOwner(entry string, ids []string) string {
+	switch len(ids) {
+	case 0:
+		return ""
+	case 1:
+		return ids[0]
+	}
+	r.mu.Lock()
+	holder, held := r.holders[entry]
+	r.mu.Unlock()
+	if held && slices.Contains(ids, holder) {
+		return holder
+	}
+	return firstCreated(r.store.Get, ids)
+}
+
+// firstCreated returns the key ID of the first created of the objects with the key IDs
+// ids, by meta.createTime (an object without one counts as created first) and then by
+// order in ids; "" when ids is empty. get reads the objects.
+func firstCreated(get func(*nimbusv1.ObjectKey) (*nimbusv1.Object, bool), ids []string) string {
+	owner, first := "", time.Time{}
+	for _, id := range ids {
+		created := time.Time{}
+		if key, err := nimbusv1.ParseKeyID(id); err == nil {
+			if obj, ok := get(key); ok && obj.GetMeta().GetCreateTime() != nil {
+				created = obj.GetMeta().GetCreateTime().AsTime()
+			}
+		}
+		if owner == "" || created.Before(first) {
+			owner, first = id, created
+		}
+	}
+	return owner
+}
+
+// hold records that the kernel entry is written, or found right, for the endpoint owner;
+// owner "" records that no endpoint holds it.
+func (r *EndpointReconciler) hold(entry, owner string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if owner == "" {
+		delete(r.holders, entry)
+	} else {
+		r.holders[entry] = owner
+	}
 }
 
 // wanted returns the plan of the endpoint owner, which owns an entry that the endpoint
@@ -654,11 +728,12 @@ func (r *EndpointReconciler) wanted(owner, id string, plan *endpointPlan) *endpo
 // when none does. id and plan are the reconciling endpoint's key ID and plan (nil when it
 // cannot be programmed). With enqueue set (a sweep), entries that an endpoint wants are
 // not written: that endpoint is enqueued when they differ.
-func (r *EndpointReconciler) syncMAC(ctx context.Context, ref macRef, id string, plan *endpointPlan, enqueue func(string)) error {
+func (r *EndpointReconciler) syncMAC(ctx context.Context, ref macRef, id string, plan *endpointPlan, enqueue func(string)) (err error) {
 	lk := endpointLock{network: ref.network, mac: ref.mac}
 	m := r.locks.lock(lk)
 	defer r.locks.unlock(lk, m)
-	owner, err := r.firstOwner(EndpointMACIndex.Name, macIndexValue(ref.network, ref.mac))
+	value := macIndexValue(ref.network, ref.mac)
+	owner, err := r.firstOwner(EndpointMACIndex.Name, value)
 	if err != nil {
 		return err
 	}
@@ -666,6 +741,7 @@ func (r *EndpointReconciler) syncMAC(ctx context.Context, ref macRef, id string,
 	if want != nil && (want.local || want.network != ref.network || want.mac != ref.mac) {
 		want = nil
 	}
+	defer func() { r.settle(entryName(EndpointMACIndex.Name, value), owner, want != nil, enqueue != nil, err) }()
 	vx, _, ok := r.links.ours(VXLANName(ref.network), ref.network)
 	if !ok {
 		return nil // gone, and its entries with it
@@ -708,11 +784,12 @@ func (r *EndpointReconciler) syncMAC(ctx context.Context, ref macRef, id string,
 
 // syncIP makes the neighbour of an IP address on a network's bridge what the endpoint
 // that owns it wants, or removes it when none does; see syncMAC.
-func (r *EndpointReconciler) syncIP(ctx context.Context, ref ipRef, id string, plan *endpointPlan, enqueue func(string)) error {
+func (r *EndpointReconciler) syncIP(ctx context.Context, ref ipRef, id string, plan *endpointPlan, enqueue func(string)) (err error) {
 	lk := endpointLock{network: ref.network, ip: ref.ip}
 	m := r.locks.lock(lk)
 	defer r.locks.unlock(lk, m)
-	owner, err := r.firstOwner(EndpointIPIndex.Name, ipIndexValue(ref.network, ref.ip))
+	value := ipIndexValue(ref.network, ref.ip)
+	owner, err := r.firstOwner(EndpointIPIndex.Name, value)
 	if err != nil {
 		return err
 	}
@@ -720,6 +797,7 @@ func (r *EndpointReconciler) syncIP(ctx context.Context, ref ipRef, id string, p
 	if want != nil && (want.local || want.network != ref.network || !slices.Contains(want.ips, ref.ip)) {
 		want = nil
 	}
+	defer func() { r.settle(entryName(EndpointIPIndex.Name, value), owner, want != nil, enqueue != nil, err) }()
 	br, _, ok := r.links.ours(BridgeName(ref.network), ref.network)
 	if !ok {
 		return nil
@@ -744,7 +822,7 @@ func (r *EndpointReconciler) syncIP(ctx context.Context, ref ipRef, id string, p
 // syncInterface attaches a host interface to the bridge of the local endpoint that owns
 // it, up and with its network's MTU, or releases it from a naples bridge when no endpoint
 // wants it; see syncMAC.
-func (r *EndpointReconciler) syncInterface(ctx context.Context, name, id string, plan *endpointPlan, enqueue func(string)) error {
+func (r *EndpointReconciler) syncInterface(ctx context.Context, name, id string, plan *endpointPlan, enqueue func(string)) (err error) {
 	lk := endpointLock{iface: name}
 	m := r.locks.lock(lk)
 	defer r.locks.unlock(lk, m)
@@ -763,6 +841,9 @@ func (r *EndpointReconciler) syncInterface(ctx context.Context, name, id string,
 	if want != nil && (!want.local || want.iface != name) {
 		want = nil
 	}
+	defer func() {
+		r.settle(entryName(EndpointInterfaceIndex.Name, name), owner, want != nil, enqueue != nil, err)
+	}()
 	if want == nil {
 		if _, isBridge, _ := r.links.networkDevice(l.master); l.master == 0 || !isBridge {
 			return nil
@@ -1041,7 +1122,8 @@ func (r *EndpointReconciler) enqueueAll(index, value string, enqueue func(keyID 
 	}
 }
 
-// enqueueOwner enqueues the first by key of the objects the index lists under value.
+// enqueueOwner enqueues the owner (see pickOwner) of the entry of the objects the index
+// lists under value.
 func (r *EndpointReconciler) enqueueOwner(index, value string, enqueue func(keyID string)) {
 	owner, err := r.firstOwner(index, value)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netns"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/hal"
@@ -627,4 +628,59 @@ func TestEndpointHAL(t *testing.T) {
 	waitFor(t, "the neighbour to be repaired", func() bool {
 		return strings.Contains(h.run(t, "ip", "neigh", "show", "dev", BridgeName(netID)), "10.1.0.5 lladdr 02:00:00:00:00:01 PERMANENT")
 	})
+}
+
+// TestEndpointFirstComeKeepsItsPlace runs the HAL with an endpoint programmed, then adds
+// endpoints that claim what it holds and sort before it by name, as nimbus would refuse
+// but two replicas might each accept: the running endpoint keeps its interface (or its
+// address) and stays PROGRAMMED, even when reconciled again; the newcomer is FAILED with
+// reason Conflict, naming it.
+func TestEndpointFirstComeKeepsItsPlace(t *testing.T) {
+	o := newEPOverlay(t, 0)
+	o.run(t, "ip", "link", "add", "wla", "type", "veth", "peer", "name", "wlap")
+	webA := epEndpoint("web-a", "net1", "node-a", "wla", "02:00:00:00:0a:01", "10.1.0.10")
+	webB := epEndpoint("web-b", "net1", "node-b", "", "02:00:00:00:0b:01", "10.1.0.11")
+	o.put(t, webA, webB)
+	runHAL(t, o.store, hal.Options{Reconcilers: []hal.Reconciler{o.rec}})
+	programmed := func(key *nimbusv1.ObjectKey, gen int64) {
+		t.Helper()
+		waitStatus(t, o.store, key, func(s *nimbusv1.NodeStatus) bool {
+			return s.GetObservedGeneration() == gen && s.GetPhase() == nimbusv1.Phase_PHASE_PROGRAMMED
+		})
+	}
+	programmed(webA.Key(), 1)
+	programmed(webB.Key(), 1)
+
+	aaa := epEndpoint("aaa", "net1", "node-a", "wla", "02:00:00:00:0a:02", "10.1.0.12")
+	aab := epEndpoint("aab", "net1", "node-c", "", "02:00:00:00:0c:01", "10.1.0.11")
+	o.put(t, aaa, aab)
+	for _, tc := range []struct {
+		newcomer *nimbusv1.Object
+		message  string
+	}{
+		{aaa, `spec.interface "wla": ` + webA.Key().ID() + " has it on this node"},
+		{aab, `spec.ips "10.1.0.11": ` + webB.Key().ID() + " has it in " + o.netID},
+	} {
+		st := waitStatus(t, o.store, tc.newcomer.Key(), func(s *nimbusv1.NodeStatus) bool { return s.GetPhase() != nimbusv1.Phase_PHASE_PENDING })
+		if st.GetPhase() != nimbusv1.Phase_PHASE_FAILED || st.GetReason() != hal.ReasonConflict || st.GetMessage() != tc.message {
+			t.Errorf("%s: %v %s %q, want FAILED Conflict %q", tc.newcomer.Key().ID(), st.GetPhase(), st.GetReason(), st.GetMessage(), tc.message)
+		}
+	}
+
+	// Reconciled again, the running endpoints keep their place.
+	for _, ep := range []*nimbusv1.Object{webA, webB} {
+		ep = proto.Clone(ep).(*nimbusv1.Object)
+		ep.Meta.Generation = 2
+		o.put(t, ep)
+		programmed(ep.Key(), 2)
+	}
+	if show := o.run(t, "ip", "link", "show", "wla"); !strings.Contains(show, " master "+o.br+" ") {
+		t.Errorf("ip link show wla, want it on %s:\n%s", o.br, show)
+	}
+	if neigh := o.neighbours(t, o.br); !strings.Contains(neigh, "10.1.0.11 lladdr 02:00:00:00:0b:01 PERMANENT") {
+		t.Errorf("neighbours of %s, want 10.1.0.11 at web-b's MAC:\n%s", o.br, neigh)
+	}
+	if fdb := o.fdb(t, o.vx); strings.Contains(fdb, "02:00:00:00:0c:01") {
+		t.Errorf("the newcomer's MAC is on %s:\n%s", o.vx, fdb)
+	}
 }

@@ -110,8 +110,10 @@ type ifaceAddr struct {
 // a link. An object names its link by spec.device, or by its own name when that is
 // empty; an object whose link does not exist is PENDING (ReasonWaitingForInterface) until
 // the observer sees a link of that name appear. A link is programmed for one object only:
-// when several name it, the first by key ID owns it and the others are FAILED
-// (hal.ReasonConflict), as is an object naming a link naples created for another object.
+// when several name it, the one programmed on it owns it while it still names it, else
+// the one created first (meta.createTime, then key ID), and the others are FAILED
+// (hal.ReasonConflict) naming it, as is an object naming a link naples created for another
+// object. An object that comes later never takes a link from the one running on it.
 //
 // The addresses it adds carry AddressProtocol. Those of the owning object's addresses that
 // the link holds already, added by someone else, are left alone and make the object FAILED
@@ -360,13 +362,23 @@ func (r *InterfaceReconciler) ownersOf(device string) []string {
 	return out
 }
 
-// ownerOf returns the key ID of the desired Interface object that owns the link, the
-// first by key ID of those that name it; "" when none does.
+// ownerOf returns the key ID of the desired Interface object that owns the link, of
+// those that name it: the one programmed on it, else the one created first
+// (meta.createTime, then key ID); "" when none names it.
 func (r *InterfaceReconciler) ownerOf(device string) string {
-	if owners := r.ownersOf(device); len(owners) > 0 {
+	owners := r.ownersOf(device)
+	switch len(owners) {
+	case 0:
+		return ""
+	case 1:
 		return owners[0]
 	}
-	return ""
+	for _, id := range owners {
+		if d, ok := r.programmedDevice(id); ok && d == device {
+			return id
+		}
+	}
+	return firstCreated(r.store.Get, owners)
 }
 
 // programmedDevice returns the link programmed for key ID id.

@@ -562,3 +562,26 @@ func ifaceLinkIndex(t *testing.T, h *ifaceHost, device string) int {
 	}
 	return l.Attrs().Index
 }
+
+// TestInterfaceFirstComeKeepsItsLink programs an Interface object on nic0, then adds one
+// that names nic0 too and sorts before it by name: the newcomer is FAILED with reason
+// Conflict naming the running one, which keeps the link and its addresses, reconciled
+// again as well.
+func TestInterfaceFirstComeKeepsItsLink(t *testing.T) {
+	h := newIfaceHost(t, -1)
+	running := ifaceObject("web", "nic0", true, 1400, "10.1.0.1/24")
+	h.put(t, running)
+	h.mustReconcile(t, h.rec, running.Key())
+
+	newcomer := ifaceObject("aaa", "nic0", true, 9000, "10.9.0.1/24")
+	h.put(t, newcomer)
+	_, err := h.reconcile(t, h.rec, newcomer.Key())
+	if hal.ReasonOf(err) != hal.ReasonConflict || !strings.Contains(err.Error(), running.Key().ID()) {
+		t.Fatalf("reconcile of the newcomer: %v, want Conflict naming %s", err, running.Key().ID())
+	}
+	h.mustReconcile(t, h.rec, running.Key())
+	if up, mtu := h.link(t, "nic0"); !up || mtu != 1400 {
+		t.Errorf("nic0: up %v, mtu %d; want up at the running object's 1400", up, mtu)
+	}
+	h.wantProtos(t, "after the newcomer", "nic0", map[string]uint8{"10.1.0.1/24": AddressProtocol})
+}

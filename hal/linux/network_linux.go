@@ -287,8 +287,8 @@ func wantNetwork(id string, obj *nimbusv1.Object) (networkWant, error) {
 //
 // It is PENDING (ReasonWaitingForNode) while this host's Node object or its
 // spec.vtepAddress is missing, and FAILED with hal.ReasonConflict when a link of its
-// bridge's or VXLAN device's name is not naples's, or when another Network that sorts
-// first by key has its VNI.
+// bridge's or VXLAN device's name is not naples's, or when another Network owns its
+// VNI (see vniOwner).
 func (r *NetworkReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (map[string]string, error) {
 	if err := r.fill(ctx); err != nil {
 		return nil, err
@@ -377,17 +377,27 @@ func (r *NetworkReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectK
 	return op, nil
 }
 
-// vniOwner returns the key ID of the Network that owns the VNI: the first by key of
-// those that have it.
+// vniOwner returns the key ID of the Network that owns the VNI, of those that have it:
+// the one whose VXLAN device has it now, so that a network that comes later never takes
+// the VNI from a running one; otherwise the one created first (meta.createTime, then
+// key).
 func (r *NetworkReconciler) vniOwner(id string, vni uint32) (string, error) {
 	ids, err := r.store.LookupIDs(NetworkVNIIndex.Name, strconv.FormatUint(uint64(vni), 10))
 	if err != nil {
 		return "", fmt.Errorf("finding the networks of VNI %d: %w", vni, err)
 	}
-	if len(ids) == 0 {
+	switch len(ids) {
+	case 0:
 		return id, nil
+	case 1:
+		return ids[0], nil
 	}
-	return ids[0], nil
+	for _, owner := range ids {
+		if l, ok := r.links.Get(VXLANName(owner)); ok && l.kind == "vxlan" && l.vni == vni && ownsLink(l, OwnerAlias(owner)) {
+			return owner, nil
+		}
+	}
+	return firstCreated(r.store.Get, ids), nil
 }
 
 // joinAddrs returns the addresses, sorted, comma separated.

@@ -656,6 +656,24 @@ func TestNetworkConflicts(t *testing.T) {
 			t.Fatalf("the loser did not take the VNI once the winner left: %v", op)
 		}
 	})
+	t.Run("VNIFirstCome", func(t *testing.T) {
+		// z runs with VNI 100; a, which sorts first, comes later with it: z keeps it.
+		h := newOverlayHost(t)
+		z := networkObj("acme", "z", 100, 0, subnet("10.1.0.0/24", "10.1.0.1"))
+		a := networkObj("acme", "a", 100, 0, subnet("10.2.0.0/24", "10.2.0.1"))
+		h.put(t, nodeObj(localNode, "192.0.2.1"), z)
+		h.mustReconcile(t, z.Key())
+		h.put(t, a)
+		if _, err := h.reconcile(t, a.Key()); !isConflict(err) || !strings.Contains(err.Error(), z.Key().ID()) {
+			t.Fatalf("reconcile of the later network of a VNI: err = %v, want a Conflict naming %s", err, z.Key().ID())
+		}
+		if op := h.mustReconcile(t, z.Key()); op[NetworkOpVNI] != "100" {
+			t.Fatalf("the running network after the newcomer: %v, want VNI 100", op)
+		}
+		if h.hasLink(t, VXLANName(a.Key().ID())) {
+			t.Fatal("the newcomer of a VNI created a VXLAN device")
+		}
+	})
 	t.Run("ForeignVXLAN", func(t *testing.T) {
 		h := newOverlayHost(t)
 		obj := networkObj("acme", "blue", 100, 0, subnet("10.1.0.0/24", "10.1.0.1"))

@@ -226,7 +226,9 @@ var entryLine = regexp.MustCompile(`^(objects|keys)\[(\d+)\](?: \([^)]*\))?: `)
 // the call. The gRPC status stays reachable with status.FromError.
 func (s *session) batchError(err error, field string, where func(i int) string) error {
 	st, ok := status.FromError(err)
-	if !ok || st.Code() != codes.InvalidArgument {
+	// Invalid entries, and entries that conflict with stored objects, are named by
+	// position.
+	if !ok || (st.Code() != codes.InvalidArgument && st.Code() != codes.FailedPrecondition) {
 		return s.rpcError(err)
 	}
 	lines := strings.Split(st.Message(), "\n")
@@ -255,7 +257,7 @@ func batchFailed(verb, done, what string, sp span, err error) error {
 		note = fmt.Sprintf(" (the %d objects before them were %s)", sp.start, done)
 	default:
 		switch status.Code(err) {
-		case codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated, codes.ResourceExhausted:
+		case codes.InvalidArgument, codes.FailedPrecondition, codes.PermissionDenied, codes.Unauthenticated, codes.ResourceExhausted:
 			note = " (nothing " + done + ")"
 		}
 	}

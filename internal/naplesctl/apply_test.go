@@ -237,3 +237,23 @@ func TestBatchErrorNamesDocuments(t *testing.T) {
 		t.Errorf("error of a later batch = %q, want it to say which documents and that the ones before were applied", err)
 	}
 }
+
+// TestBatchErrorNamesDocumentsOfAConflict checks that nimbus's refusal of a batch whose
+// entry conflicts with a stored object (FailedPrecondition) names the document, and says
+// that nothing of the call was applied.
+func TestBatchErrorNamesDocumentsOfAConflict(t *testing.T) {
+	s := &session{addr: address.List{{Network: "unix", Addr: "/run/n.sock"}}}
+	srcs := []source{
+		{file: "a.yaml", doc: 3, obj: &nimbusv1.Object{Meta: &nimbusv1.ObjectMeta{Name: "aaa"}, Spec: &nimbusv1.Object_Endpoint{}}},
+	}
+	msg := `objects[0] (Endpoint/default/default/aaa): endpoint "default/aaa": spec.ips "10.1.0.5" is already used by endpoint "default/web-a" in network "net1"`
+	err := s.batchError(status.Error(codes.FailedPrecondition, msg), "objects", func(i int) string {
+		return fmt.Sprintf("%v: %s", srcs[i], ref(srcs[i].obj.Key()))
+	})
+	err = batchFailed("applying", "applied", describeSpan(srcs), span{0, 1}, err)
+	equal(t, "mapped conflict", err.Error(), `applying a.yaml: document 3 (nothing applied): a.yaml: document 3: endpoint/aaa: `+
+		`endpoint "default/aaa": spec.ips "10.1.0.5" is already used by endpoint "default/web-a" in network "net1"`)
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("status.Code(%v) = %v, want FailedPrecondition", err, status.Code(err))
+	}
+}

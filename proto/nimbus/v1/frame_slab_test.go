@@ -27,7 +27,7 @@ func slabRoute(i, hops int, ts bool) *Object {
 }
 
 // marshalFrame encodes the events as a frame, each followed by extra bytes when given.
-func marshalFrame(t *testing.T, events []*WatchEvent, extra map[int][]byte) []byte {
+func marshalFrame(t testing.TB, events []*WatchEvent, extra map[int][]byte) []byte {
 	t.Helper()
 	var b []byte
 	for i, ev := range events {

@@ -202,8 +202,15 @@ func (v *validator) endpoint(s *EndpointSpec) {
 	v.name("spec.node", s.GetNode(), false)
 	v.ifName("spec.interface", s.GetInterface(), false)
 	if s.GetMac() != "" {
-		if hw, err := net.ParseMAC(s.GetMac()); err != nil || len(hw) != 6 {
+		switch hw, err := net.ParseMAC(s.GetMac()); {
+		case err != nil || len(hw) != 6:
 			v.add("spec.mac", s.GetMac(), "not an Ethernet MAC address")
+		case hw[0]&1 != 0:
+			// The group bit: multicast, and broadcast (ff:ff:ff:ff:ff:ff), name many
+			// receivers, never one endpoint.
+			v.add("spec.mac", s.GetMac(), "a multicast or broadcast address (group bit set); an endpoint needs a unicast MAC")
+		case [6]byte(hw) == [6]byte{}:
+			v.add("spec.mac", s.GetMac(), "the all-zero address; an endpoint needs a unicast MAC")
 		}
 	}
 	for i, ip := range s.GetIps() {

@@ -13,6 +13,13 @@ func validRoute() *Object {
 	}
 }
 
+// endpointWithMAC makes the object an Endpoint with the MAC address.
+func endpointWithMAC(mac string) func(o *Object) {
+	return func(o *Object) {
+		o.Spec = &Object_Endpoint{Endpoint: &EndpointSpec{Network: "net1", Node: "host-a", Mac: mac}}
+	}
+}
+
 func TestValidate(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -75,6 +82,19 @@ func TestValidate(t *testing.T) {
 		}, want: "spec.subnets[0].gateway \"fd00:2::1\": not inside spec.subnets[0].cidr fd00:1::/64\n" +
 			"spec.subnets[1].cidr \"10.1.2.0/24\": overlaps spec.subnet 10.1.0.0/16\n" +
 			"spec.subnets[2].cidr \"\": is required"},
+		{name: "endpoint unicast mac", mutate: endpointWithMAC("02:00:00:00:01:0a")},
+		{name: "endpoint ipv4 multicast mac", mutate: endpointWithMAC("01:00:5e:00:00:01"),
+			want: `spec.mac "01:00:5e:00:00:01": a multicast or broadcast address (group bit set); an endpoint needs a unicast MAC`},
+		{name: "endpoint ipv6 multicast mac", mutate: endpointWithMAC("33:33:00:00:00:01"),
+			want: `spec.mac "33:33:00:00:00:01": a multicast or broadcast address (group bit set); an endpoint needs a unicast MAC`},
+		{name: "endpoint group bit mac", mutate: endpointWithMAC("03:00:00:00:00:0a"),
+			want: `spec.mac "03:00:00:00:00:0a": a multicast or broadcast address (group bit set); an endpoint needs a unicast MAC`},
+		{name: "endpoint broadcast mac", mutate: endpointWithMAC("ff:ff:ff:ff:ff:ff"),
+			want: `spec.mac "ff:ff:ff:ff:ff:ff": a multicast or broadcast address (group bit set); an endpoint needs a unicast MAC`},
+		{name: "endpoint zero mac", mutate: endpointWithMAC("00:00:00:00:00:00"),
+			want: `spec.mac "00:00:00:00:00:00": the all-zero address; an endpoint needs a unicast MAC`},
+		{name: "endpoint long mac", mutate: endpointWithMAC("02:00:00:00:00:00:00:01"),
+			want: `spec.mac "02:00:00:00:00:00:00:01": not an Ethernet MAC address`},
 		{name: "policy ports", mutate: func(o *Object) {
 			o.Spec = &Object_NetworkSecurityPolicy{NetworkSecurityPolicy: &NetworkSecurityPolicySpec{
 				Ingress: []*PolicyRule{{Action: PolicyRule_ACTION_ALLOW, Protocol: "tcp", Ports: []string{"80", "9000-8000"}}},

@@ -1,0 +1,415 @@
+package nimbus
+
+import (
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// Cross-object conflicts
+//
+// Some values belong to one object at a time: an endpoint's address in its tenant, its MAC
+// in its network, a host interface on a node (an Endpoint's spec.interface on spec.node,
+// an Interface object's device on each node it targets, or on every node), a network's
+// VNI, and the address space of a tenant's subnets. Apply refuses an object that takes
+// such a value from another object, and an endpoint address outside the subnets of its
+// network, checked both ways: an endpoint applied when its network exists, a network
+// applied when endpoints of it exist; an endpoint applied before its network is accepted,
+// and the network that would leave its addresses outside is then refused. The later
+// object is refused, never the one that holds the value, and the error names both.
+//
+// Addresses are unique per tenant, not only per network, because the networks of a
+// tenant route to each other (each tenant has one routing table, see hal/linux): the
+// same address in two networks of a tenant would be two hosts behind one route.
+//
+// The checks run against the store as the commit finds it, with the batch's earlier
+// writes made: an object updated keeps what its old version held, and a batch that frees
+// a value and then takes it in another object works. The claims are kept in an index of
+// the tables (tables.claims), updated with every object stored or deleted, so a check
+// costs a few lookups, not a scan of the objects; kinds that hold no claim, such as
+// Route, cost a type switch.
+//
+// A batch with a conflict is refused whole with codes.FailedPrecondition, the value being
+// taken (the request is well formed; the store's state refuses it), one line per
+// conflict as for invalid entries; the other batches committed with it are unaffected.
+// With the etcd store, each replica checks against its cache: two replicas that accept
+// conflicting objects at the same moment both commit. The nodes then keep the object that
+// was programmed first, and FAIL the other naming it (see hal/linux).
+
+// claimPrefix starts the index keys of one kind of claim.
+const (
+	claimDevice  = "dev\x00"    // dev DEVICE NODE|*: Endpoint or Interface
+	claimIP      = "ip\x00"     // ip TENANT IP: Endpoint
+	claimMAC     = "mac\x00"    // mac NETWORK-ID MAC: Endpoint
+	claimVNI     = "vni\x00"    // vni VNI: Network
+	claimSubnet  = "subnet\x00" // subnet TENANT FAMILY+ADDRESS/BITS: Network
+	claimMember  = "member\x00" // member NETWORK-ID ENDPOINT-ID: Endpoint, no claim
+	anyNode      = "*"          // the node of an Interface object for every node
+	claimKeySep  = "\x00"
+	subnetBitsSz = 3
+)
+
+// claimKeys returns the index keys the object holds, nil for kinds that hold none.
+func claimKeys(obj *nimbusv1.Object) []string {
+	m := obj.GetMeta()
+	switch s := obj.GetSpec().(type) {
+	case *nimbusv1.Object_Endpoint:
+		ep := s.Endpoint
+		key := obj.Key()
+		netID := endpointNetworkID(obj)
+		keys := []string{claimMember + netID + claimKeySep + key.ID()}
+		if ep.GetNode() != "" && ep.GetInterface() != "" {
+			keys = append(keys, deviceKey(ep.GetInterface(), ep.GetNode()))
+		}
+		if mac, ok := parseMAC(ep.GetMac()); ok {
+			keys = append(keys, claimMAC+netID+claimKeySep+mac)
+		}
+		for _, s := range ep.GetIps() {
+			if a, err := netip.ParseAddr(s); err == nil {
+				keys = append(keys, claimIP+key.GetTenant()+claimKeySep+a.Unmap().String())
+			}
+		}
+		return keys
+	case *nimbusv1.Object_Network:
+		keys := []string{claimVNI + strconv.FormatUint(uint64(s.Network.GetVni()), 10)}
+		for _, sn := range s.Network.AllSubnets() {
+			if p, err := netip.ParsePrefix(sn.GetCidr()); err == nil {
+				keys = append(keys, subnetKey(obj.Key().GetTenant(), p.Masked()))
+			}
+		}
+		return keys
+	case *nimbusv1.Object_Interface:
+		dev := interfaceDevice(obj)
+		if len(m.GetNodes()) == 0 {
+			return []string{deviceKey(dev, anyNode)}
+		}
+		keys := make([]string, 0, len(m.GetNodes()))
+		for _, n := range m.GetNodes() {
+			keys = append(keys, deviceKey(dev, n))
+		}
+		return keys
+	}
+	return nil
+}
+
+// holdsClaims tells whether objects of the kind hold claims, and are checked for
+// conflicts.
+func holdsClaims(obj *nimbusv1.Object) bool {
+	switch obj.GetSpec().(type) {
+	case *nimbusv1.Object_Endpoint, *nimbusv1.Object_Network, *nimbusv1.Object_Interface:
+		return true
+	}
+	return false
+}
+
+func deviceKey(device, node string) string { return claimDevice + device + claimKeySep + node }
+
+// subnetKey is the index key of the tenant's subnet p: its address in hexadecimal, after
+// its family, so that the keys of a tenant's subnets sort by address.
+func subnetKey(tenant string, p netip.Prefix) string {
+	fam := "4"
+	if p.Addr().Is6() {
+		fam = "6"
+	}
+	b := p.Addr().AsSlice()
+	return fmt.Sprintf("%s%s%s%s%s/%0*d", claimSubnet, tenant, claimKeySep, fam, hex.EncodeToString(b), subnetBitsSz, p.Bits())
+}
+
+// parseSubnetKey returns the subnet of a key subnetKey made.
+func parseSubnetKey(key string) (netip.Prefix, bool) {
+	i := strings.LastIndex(key, claimKeySep)
+	if i < 0 || len(key) < i+2 {
+		return netip.Prefix{}, false
+	}
+	addrHex, bits, ok := strings.Cut(key[i+2:], "/")
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	b, err := hex.DecodeString(addrHex)
+	n, nerr := strconv.Atoi(bits)
+	a, aok := netip.AddrFromSlice(b)
+	if err != nil || nerr != nil || !aok {
+		return netip.Prefix{}, false
+	}
+	return netip.PrefixFrom(a, n), true
+}
+
+// endpointNetworkID is the key ID of the Network an Endpoint names, in its tenant and
+// namespace.
+func endpointNetworkID(obj *nimbusv1.Object) string {
+	m := obj.GetMeta()
+	return nimbusv1.NewKey(nimbusv1.Kind_KIND_NETWORK, m.GetTenant(), m.GetNamespace(), obj.GetEndpoint().GetNetwork()).ID()
+}
+
+// interfaceDevice is the device an Interface object describes: spec.device, or its name.
+func interfaceDevice(obj *nimbusv1.Object) string {
+	if d := obj.GetInterface().GetDevice(); d != "" {
+		return d
+	}
+	return obj.GetMeta().GetName()
+}
+
+// parseMAC returns the MAC in the one spelling of ip(8), "02:00:00:00:00:01".
+func parseMAC(s string) (string, bool) {
+	if s == "" {
+		return "", false
+	}
+	hw, err := net.ParseMAC(s)
+	if err != nil || len(hw) != 6 {
+		return "", false
+	}
+	return hw.String(), true
+}
+
+// addClaims records in the index that the record's object holds its claims; a claim
+// another object holds already stays with it.
+func (w *writeTxn) addClaims(rec *objectRecord) {
+	for _, k := range claimKeys(rec.Object) {
+		if _, held := w.claims.Get(k); !held {
+			w.claims.Set(k, rec.ID)
+		}
+	}
+}
+
+// releaseClaims removes from the index the claims the record's object holds.
+func (w *writeTxn) releaseClaims(rec *objectRecord) {
+	for _, k := range claimKeys(rec.Object) {
+		if owner, _ := w.claims.Get(k); owner == rec.ID {
+			w.claims.Delete(k)
+		}
+	}
+}
+
+// conflictError is the refusal of a batch whose objects take values other objects hold.
+type conflictError struct{ msg string }
+
+func (e *conflictError) Error() string { return e.msg }
+
+// Is makes a conflictError match ErrConflict.
+func (e *conflictError) Is(target error) bool { return target == ErrConflict }
+
+// checkConflicts returns an error for each value the object obj, with key ID id, would
+// take from another object stored in t, and for each endpoint address the object leaves
+// outside its network's subnets; nil when there is none.
+func (t *tables) checkConflicts(id string, obj *nimbusv1.Object) error {
+	c := conflictCheck{t: t, id: id, obj: obj}
+	switch s := obj.GetSpec().(type) {
+	case *nimbusv1.Object_Endpoint:
+		c.endpoint(s.Endpoint)
+	case *nimbusv1.Object_Network:
+		c.network(s.Network)
+	case *nimbusv1.Object_Interface:
+		c.iface()
+	}
+	return errors.Join(c.errs...)
+}
+
+// conflictCheck collects the conflicts of one object.
+type conflictCheck struct {
+	t    *tables
+	id   string
+	obj  *nimbusv1.Object
+	errs []error
+}
+
+// add records a conflict of field, with value, of the object checked.
+func (c *conflictCheck) add(field, value, reason string, args ...any) {
+	c.errs = append(c.errs, fmt.Errorf("%s: %s %q %s", describe(c.obj.Key()), field, value, fmt.Sprintf(reason, args...)))
+}
+
+// holder returns the object other than the one checked that holds the index key, or nil.
+func (c *conflictCheck) holder(key string) *nimbusv1.Object {
+	owner, ok := c.t.claims.Get(key)
+	if !ok || owner == c.id {
+		return nil
+	}
+	if rec := c.t.object(owner); rec != nil {
+		return rec.Object
+	}
+	return nil
+}
+
+// deviceHolder returns the object other than the one checked that holds the device on
+// node, or on any node when node is anyNode, or nil.
+func (c *conflictCheck) deviceHolder(device, node string) *nimbusv1.Object {
+	if node != anyNode {
+		if h := c.holder(deviceKey(device, node)); h != nil {
+			return h
+		}
+		return c.holder(deviceKey(device, anyNode))
+	}
+	var found *nimbusv1.Object
+	prefix := claimDevice + device + claimKeySep
+	c.t.claims.Ascend(prefix, func(k, _ string) bool {
+		if !strings.HasPrefix(k, prefix) {
+			return false
+		}
+		found = c.holder(k)
+		return found == nil
+	})
+	return found
+}
+
+func (c *conflictCheck) endpoint(ep *nimbusv1.EndpointSpec) {
+	key := c.obj.Key()
+	netID := endpointNetworkID(c.obj)
+	if ep.GetNode() != "" && ep.GetInterface() != "" {
+		if h := c.deviceHolder(ep.GetInterface(), ep.GetNode()); h != nil {
+			c.add("spec.interface", ep.GetInterface(), "is already used by %s on node %q", describe(h.Key()), ep.GetNode())
+		}
+	}
+	if mac, ok := parseMAC(ep.GetMac()); ok {
+		if h := c.holder(claimMAC + netID + claimKeySep + mac); h != nil {
+			c.add("spec.mac", ep.GetMac(), "is already used by %s in network %q", describe(h.Key()), ep.GetNetwork())
+		}
+	}
+	var subnets []netip.Prefix
+	var cidrs []string
+	netRec := c.t.object(netID)
+	if netRec != nil {
+		for _, sn := range netRec.Object.GetNetwork().AllSubnets() {
+			if p, err := netip.ParsePrefix(sn.GetCidr()); err == nil {
+				subnets = append(subnets, p.Masked())
+				cidrs = append(cidrs, sn.GetCidr())
+			}
+		}
+	}
+	for _, s := range ep.GetIps() {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			continue
+		}
+		a = a.Unmap()
+		if h := c.holder(claimIP + key.GetTenant() + claimKeySep + a.String()); h != nil {
+			c.add("spec.ips", s, "is already used by %s in network %q", describe(h.Key()), networkName(h, key))
+		}
+		if netRec != nil && !slices.ContainsFunc(subnets, func(p netip.Prefix) bool { return p.Contains(a) }) {
+			c.add("spec.ips", s, "is outside every subnet of network %q (%s)", ep.GetNetwork(), strings.Join(cidrs, ", "))
+		}
+	}
+}
+
+// networkName names the network of the endpoint h to the endpoint with the key: by name
+// in the same namespace, namespace/name otherwise.
+func networkName(h *nimbusv1.Object, key *nimbusv1.ObjectKey) string {
+	hk := h.Key()
+	if hk.GetNamespace() == key.GetNamespace() {
+		return h.GetEndpoint().GetNetwork()
+	}
+	return hk.GetNamespace() + "/" + h.GetEndpoint().GetNetwork()
+}
+
+func (c *conflictCheck) network(n *nimbusv1.NetworkSpec) {
+	key := c.obj.Key()
+	if h := c.holder(claimVNI + strconv.FormatUint(uint64(n.GetVni()), 10)); h != nil {
+		c.add("spec.vni", strconv.FormatUint(uint64(n.GetVni()), 10), "is already used by %s", describe(h.Key()))
+	}
+	var subnets []netip.Prefix
+	var cidrs []string
+	for i, sn := range n.AllSubnets() {
+		p, err := netip.ParsePrefix(sn.GetCidr())
+		if err != nil {
+			continue
+		}
+		p = p.Masked()
+		subnets = append(subnets, p)
+		cidrs = append(cidrs, sn.GetCidr())
+		field := fmt.Sprintf("spec.subnets[%d].cidr", i)
+		if n.GetSubnet() != "" {
+			field = "spec.subnet"
+			if i > 0 {
+				field = fmt.Sprintf("spec.subnets[%d].cidr", i-1)
+			}
+		}
+		if other, h := c.overlap(key.GetTenant(), p); h != nil {
+			c.add(field, sn.GetCidr(), "overlaps subnet %s of %s in tenant %q", other, describe(h.Key()), key.GetTenant())
+		}
+	}
+	// The endpoints of this network applied before it must be inside its subnets.
+	prefix := claimMember + key.ID() + claimKeySep
+	c.t.claims.Ascend(prefix, func(k, epID string) bool {
+		if !strings.HasPrefix(k, prefix) {
+			return false
+		}
+		rec := c.t.object(epID)
+		if rec == nil {
+			return true
+		}
+		for _, s := range rec.Object.GetEndpoint().GetIps() {
+			a, err := netip.ParseAddr(s)
+			if err != nil {
+				continue
+			}
+			if !slices.ContainsFunc(subnets, func(p netip.Prefix) bool { return p.Contains(a.Unmap()) }) {
+				c.add("spec.subnets", strings.Join(cidrs, ", "), "leaves out address %q of %s", s, describe(rec.Object.Key()))
+				return len(c.errs) < maxReportedInvalid
+			}
+		}
+		return true
+	})
+}
+
+// overlap returns a subnet of another network of the tenant that overlaps p, and that
+// network, or nil.
+func (c *conflictCheck) overlap(tenant string, p netip.Prefix) (netip.Prefix, *nimbusv1.Object) {
+	// A subnet that holds p, or is p: p's address masked to each length up to p's.
+	for bits := 0; bits <= p.Bits(); bits++ {
+		q, _ := p.Addr().Prefix(bits)
+		if h := c.holder(subnetKey(tenant, q)); h != nil {
+			return q, h
+		}
+	}
+	// A subnet inside p: its key sorts after p's, before the end of p's range.
+	var other netip.Prefix
+	var found *nimbusv1.Object
+	c.t.claims.Ascend(subnetKey(tenant, p), func(k, _ string) bool {
+		q, ok := parseSubnetKey(k)
+		if !strings.HasPrefix(k, claimSubnet+tenant+claimKeySep) || !ok || !p.Contains(q.Addr()) {
+			return false
+		}
+		if h := c.holder(k); h != nil {
+			other, found = q, h
+			return false
+		}
+		return true
+	})
+	return other, found
+}
+
+func (c *conflictCheck) iface() {
+	dev := interfaceDevice(c.obj)
+	nodes := c.obj.GetMeta().GetNodes()
+	if len(nodes) == 0 {
+		nodes = []string{anyNode}
+	}
+	for _, n := range nodes {
+		h := c.deviceHolder(dev, n)
+		if h == nil {
+			continue
+		}
+		where := fmt.Sprintf("on node %q", n)
+		if n == anyNode {
+			where = "on a node this object targets (it targets every node)"
+		}
+		c.add("spec.device", dev, "is already used by %s %s", describe(h.Key()), where)
+		return
+	}
+}
+
+// describe names an object in a conflict: its kind in lower case and
+// "namespace/name", with the tenant first when it is not the default one:
+// `endpoint "default/web-a"`.
+func describe(k *nimbusv1.ObjectKey) string {
+	name := k.GetNamespace() + "/" + k.GetName()
+	if t := k.GetTenant(); t != nimbusv1.DefaultTenant {
+		name = t + "/" + name
+	}
+	return fmt.Sprintf("%s %q", strings.ToLower(k.GetKind().Name()), name)
+}
