@@ -1313,8 +1313,12 @@ func (x *NextHop) GetWeight() uint32 {
 type InterfaceSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// device is the kernel interface name; empty means the object's name.
-	Device        string   `protobuf:"bytes,1,opt,name=device,proto3" json:"device,omitempty"`
-	AdminUp       bool     `protobuf:"varint,2,opt,name=admin_up,json=adminUp,proto3" json:"admin_up,omitempty"`
+	Device string `protobuf:"bytes,1,opt,name=device,proto3" json:"device,omitempty"`
+	// admin_up is the administrative state to set (`ip link set DEV up|down`); unset
+	// leaves the state as naples found it. It is optional (field presence) on the wire
+	// number it always had, so objects written before it was are read as they were.
+	AdminUp *bool `protobuf:"varint,2,opt,name=admin_up,json=adminUp,proto3,oneof" json:"admin_up,omitempty"`
+	// mtu is the MTU to set; 0 leaves the MTU as naples found it.
 	Mtu           uint32   `protobuf:"varint,3,opt,name=mtu,proto3" json:"mtu,omitempty"`
 	Addresses     []string `protobuf:"bytes,4,rep,name=addresses,proto3" json:"addresses,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -1359,8 +1363,8 @@ func (x *InterfaceSpec) GetDevice() string {
 }
 
 func (x *InterfaceSpec) GetAdminUp() bool {
-	if x != nil {
-		return x.AdminUp
+	if x != nil && x.AdminUp != nil {
+		return *x.AdminUp
 	}
 	return false
 }
@@ -3037,12 +3041,13 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\aNextHop\x12\x18\n" +
 	"\agateway\x18\x01 \x01(\tR\agateway\x12\x16\n" +
 	"\x06device\x18\x02 \x01(\tR\x06device\x12\x16\n" +
-	"\x06weight\x18\x03 \x01(\rR\x06weight\"r\n" +
+	"\x06weight\x18\x03 \x01(\rR\x06weight\"\x84\x01\n" +
 	"\rInterfaceSpec\x12\x16\n" +
-	"\x06device\x18\x01 \x01(\tR\x06device\x12\x19\n" +
-	"\badmin_up\x18\x02 \x01(\bR\aadminUp\x12\x10\n" +
+	"\x06device\x18\x01 \x01(\tR\x06device\x12\x1e\n" +
+	"\badmin_up\x18\x02 \x01(\bH\x00R\aadminUp\x88\x01\x01\x12\x10\n" +
 	"\x03mtu\x18\x03 \x01(\rR\x03mtu\x12\x1c\n" +
-	"\taddresses\x18\x04 \x03(\tR\taddresses\"\x88\x03\n" +
+	"\taddresses\x18\x04 \x03(\tR\taddressesB\v\n" +
+	"\t_admin_up\"\x88\x03\n" +
 	"\n" +
 	"NodeStatus\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12/\n" +
@@ -3344,6 +3349,7 @@ func file_nimbus_v1_nimbus_proto_init() {
 		(*Object_Route)(nil),
 		(*Object_Interface)(nil),
 	}
+	file_nimbus_v1_nimbus_proto_msgTypes[12].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

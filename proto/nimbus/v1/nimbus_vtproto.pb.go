@@ -1024,9 +1024,9 @@ func (m *InterfaceSpec) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i--
 		dAtA[i] = 0x18
 	}
-	if m.AdminUp {
+	if m.AdminUp != nil {
 		i--
-		if m.AdminUp {
+		if *m.AdminUp {
 			dAtA[i] = 1
 		} else {
 			dAtA[i] = 0
@@ -2920,7 +2920,7 @@ func (m *InterfaceSpec) SizeVT() (n int) {
 	if l > 0 {
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
-	if m.AdminUp {
+	if m.AdminUp != nil {
 		n += 2
 	}
 	if m.Mtu != 0 {
@@ -6003,7 +6003,8 @@ func (m *InterfaceSpec) UnmarshalVT(dAtA []byte) error {
 					break
 				}
 			}
-			m.AdminUp = bool(v != 0)
+			b := bool(v != 0)
+			m.AdminUp = &b
 		case 3:
 			if wireType != 0 {
 				return fmt.Errorf("proto: wrong wireType = %d for field Mtu", wireType)
@@ -12101,7 +12102,8 @@ func (m *InterfaceSpec) UnmarshalVTUnsafe(dAtA []byte) error {
 					break
 				}
 			}
-			m.AdminUp = bool(v != 0)
+			b := bool(v != 0)
+			m.AdminUp = &b
 		case 3:
 			if wireType != 0 {
 				return fmt.Errorf("proto: wrong wireType = %d for field Mtu", wireType)
