@@ -158,7 +158,7 @@ func (c *cli) writeDescription(w io.Writer, item *nimbusv1.ObjectWithStatus) err
 			updated = humanDuration(now.Sub(t.AsTime())) + " ago"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", r.name, phaseName(r.st.GetPhase()),
-			r.st.GetObservedGeneration(), stale, updated, orDash(r.st.GetReason()), orDash(oneLine(r.st.GetMessage())))
+			r.st.GetObservedGeneration(), stale, updated, orDash(reasonOf(r.st)), orDash(oneLine(r.st.GetMessage())))
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("writing node table: %w", err)
@@ -207,8 +207,9 @@ type propagation struct {
 	// unnamed counts the pending target nodes whose names are not known: nodes that have
 	// not reported an object that targets every node, when nimbus does not name them.
 	unnamed int
-	// failures are the reports of the nodes FAILED at generation or later.
-	failures []*nimbusv1.NodeStatus
+	// failures are the reports of the nodes FAILED at generation or later; terminal
+	// those of them that no retry mends (NodeStatus.terminal), the others being retried.
+	failures, terminal []*nimbusv1.NodeStatus
 	// caughtUp is when the last target node reported PROGRAMMED at generation; zero while
 	// any has not.
 	caughtUp time.Time
@@ -245,6 +246,9 @@ func propagationOf(item *nimbusv1.ObjectWithStatus, gen int64) propagation {
 			p.failed++
 			settled[n.GetNode()] = true
 			p.failures = append(p.failures, n)
+			if n.GetTerminal() {
+				p.terminal = append(p.terminal, n)
+			}
 		}
 	}
 	if st.GetGeneration() != 0 && st.GetGeneration() == gen {
@@ -297,6 +301,23 @@ func (p propagation) pendingNames() string {
 		return fmt.Sprintf("%d %s not reported", p.unnamed, plural(p.unnamed, "node has", "nodes have"))
 	}
 	return fmt.Sprintf("%s and %d more", names, p.unnamed)
+}
+
+// reasonOf is how a node's reason is shown: for a FAILED node, followed by whether its
+// agent retries ("KernelError (retrying)") or no retry mends it ("InvalidSpec
+// (terminal)").
+func reasonOf(n *nimbusv1.NodeStatus) string {
+	r := n.GetReason()
+	if n.GetPhase() != nimbusv1.Phase_PHASE_FAILED {
+		return r
+	}
+	if r == "" {
+		r = "Failed"
+	}
+	if n.GetTerminal() {
+		return r + " (terminal)"
+	}
+	return r + " (retrying)"
 }
 
 // phaseName is how a phase is shown in tables: "PROGRAMMED".

@@ -1399,7 +1399,11 @@ type NodeStatus struct {
 	Operational map[string]string `protobuf:"bytes,7,rep,name=operational,proto3" json:"operational,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// stale is set by nimbus when the node's agent has been disconnected for longer than
 	// the grace period: the status is the last one reported, not necessarily the truth.
-	Stale         bool `protobuf:"varint,8,opt,name=stale,proto3" json:"stale,omitempty"`
+	Stale bool `protobuf:"varint,8,opt,name=stale,proto3" json:"stale,omitempty"`
+	// terminal is set by the agent on a FAILED status that no retry can mend (an invalid
+	// spec): the phase stays FAILED until the object changes. A FAILED status without it
+	// is retried with backoff (a kernel error, a conflict) and may yet turn PROGRAMMED.
+	Terminal      bool `protobuf:"varint,9,opt,name=terminal,proto3" json:"terminal,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1486,6 +1490,13 @@ func (x *NodeStatus) GetOperational() map[string]string {
 func (x *NodeStatus) GetStale() bool {
 	if x != nil {
 		return x.Stale
+	}
+	return false
+}
+
+func (x *NodeStatus) GetTerminal() bool {
+	if x != nil {
+		return x.Terminal
 	}
 	return false
 }
@@ -3047,7 +3058,7 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\badmin_up\x18\x02 \x01(\bH\x00R\aadminUp\x88\x01\x01\x12\x10\n" +
 	"\x03mtu\x18\x03 \x01(\rR\x03mtu\x12\x1c\n" +
 	"\taddresses\x18\x04 \x03(\tR\taddressesB\v\n" +
-	"\t_admin_up\"\x88\x03\n" +
+	"\t_admin_up\"\xa4\x03\n" +
 	"\n" +
 	"NodeStatus\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12/\n" +
@@ -3058,7 +3069,8 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\vupdate_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"updateTime\x12H\n" +
 	"\voperational\x18\a \x03(\v2&.nimbus.v1.NodeStatus.OperationalEntryR\voperational\x12\x14\n" +
-	"\x05stale\x18\b \x01(\bR\x05stale\x1a>\n" +
+	"\x05stale\x18\b \x01(\bR\x05stale\x12\x1a\n" +
+	"\bterminal\x18\t \x01(\bR\bterminal\x1a>\n" +
 	"\x10OperationalEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xee\x02\n" +
