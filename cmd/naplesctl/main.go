@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/naplesnet/naples/internal/exitstatus"
 	"github.com/naplesnet/naples/internal/naplesctl"
 )
 
@@ -18,6 +19,7 @@ func main() {
 	stop()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "naplesctl: %v\n", err)
-		os.Exit(1)
+		// 2 for a usage error, 1 for any other.
+		os.Exit(exitstatus.Of(err))
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/naplesnet/naples/internal/exitstatus"
 	"github.com/naplesnet/naples/internal/manifest"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -59,7 +60,7 @@ again.`,
 			switch o.output {
 			case outputTable, outputJSON, outputYAML:
 			default:
-				return fmt.Errorf("--output %q: want %s, %s or %s", o.output, outputTable, outputJSON, outputYAML)
+				return exitstatus.Mark(fmt.Errorf("--output %q: want %s, %s or %s", o.output, outputTable, outputJSON, outputYAML))
 			}
 			if len(args) == 2 {
 				return c.getOne(cmd.Context(), nimbusv1.NewKey(kind, o.tenant, o.namespace, args[1]), o)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/naplesnet/naples/internal/address"
 	"github.com/naplesnet/naples/internal/codec"
+	"github.com/naplesnet/naples/internal/exitstatus"
 	"github.com/naplesnet/naples/internal/manifest"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -42,7 +43,9 @@ var (
 // Run runs naplesctl with args, the command line without the program name, reading
 // manifests given as "-" from stdin, writing results to stdout and notes to stderr, and
 // reading the environment with getenv. It returns the error that ends the command, which
-// the caller prints; usage errors are returned too.
+// the caller prints; usage errors are returned too. A usage error (an unknown command or
+// flag, a bad flag value or argument, flags that do not go together, TLS files that
+// cannot be loaded) is marked for exit status 2 (exitstatus.Of), any other for 1.
 func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) error {
 	c := &cli{stdin: stdin, stdout: stdout, stderr: stderr, now: time.Now}
 	return c.run(ctx, args, getenv)
@@ -61,6 +64,9 @@ type cli struct {
 	tls tlsFlags
 	// agent is the --agent flag.
 	agent string
+	// started is set when cobra has parsed the command line and runs a command: an error
+	// before that is a usage error.
+	started bool
 }
 
 // run builds the command tree and executes it with args.
@@ -103,7 +109,27 @@ Objects are written as YAML or JSON manifests:
 	root.SetIn(c.stdin)
 	root.SetOut(c.stdout)
 	root.SetErr(c.stderr)
-	return root.ExecuteContext(ctx)
+	c.markStart(root)
+	err := root.ExecuteContext(ctx)
+	if err != nil && !c.started {
+		// Cobra refused the command line: an unknown command or flag, a flag value
+		// that does not parse, arguments the command does not take.
+		return exitstatus.Mark(err)
+	}
+	return err
+}
+
+// markStart makes every command of the tree under cmd set started when it runs.
+func (c *cli) markStart(cmd *cobra.Command) {
+	if run := cmd.RunE; run != nil {
+		cmd.RunE = func(cmd *cobra.Command, args []string) error {
+			c.started = true
+			return run(cmd, args)
+		}
+	}
+	for _, sub := range cmd.Commands() {
+		c.markStart(sub)
+	}
 }
 
 // session is a connection to nimbus for one command.
@@ -120,7 +146,7 @@ type session struct {
 func (c *cli) connect() (*session, error) {
 	addr, err := address.ParseList(c.server)
 	if err != nil {
-		return nil, fmt.Errorf("parsing --server: %w", err)
+		return nil, exitstatus.Mark(fmt.Errorf("parsing --server: %w", err))
 	}
 	creds, err := c.transportCredentials()
 	if err != nil {
@@ -168,7 +194,8 @@ func (e *statusError) Error() string {
 // GRPCStatus returns the status, for status.FromError and status.Code.
 func (e *statusError) GRPCStatus() *status.Status { return e.st }
 
-// parseKind parses a kind given on the command line; its error lists the valid kinds.
+// parseKind parses a kind given on the command line; its error, a usage error (see
+// Run), lists the valid kinds.
 func parseKind(s string) (nimbusv1.Kind, error) {
 	kind, err := nimbusv1.ParseKind(s)
 	if err != nil {
@@ -176,7 +203,7 @@ func parseKind(s string) (nimbusv1.Kind, error) {
 		for _, k := range nimbusv1.Kinds() {
 			names = append(names, k.Name())
 		}
-		return kind, fmt.Errorf("%w (valid kinds: %s)", err, strings.Join(names, ", "))
+		return kind, exitstatus.Mark(fmt.Errorf("%w (valid kinds: %s)", err, strings.Join(names, ", ")))
 	}
 	return kind, nil
 }

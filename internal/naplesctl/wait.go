@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/naplesnet/naples/controller"
+	"github.com/naplesnet/naples/internal/exitstatus"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -37,7 +38,7 @@ func (o *waitOptions) addTimeoutFlag(cmd *cobra.Command, what string) {
 func (o *waitOptions) parseTimeout() (time.Duration, error) {
 	d, err := time.ParseDuration(o.timeout)
 	if err != nil || d <= 0 {
-		return 0, fmt.Errorf("--timeout %q: want a positive duration such as 30s or 2m", o.timeout)
+		return 0, exitstatus.Mark(fmt.Errorf("--timeout %q: want a positive duration such as 30s or 2m", o.timeout))
 	}
 	return d, nil
 }
