@@ -9,7 +9,6 @@ import (
 	"io"
 	"path/filepath"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
@@ -279,7 +278,7 @@ func (c *cli) delphiList(ctx context.Context, kind nimbusv1.Kind, output string)
 		fmt.Fprintln(c.stderr, "No entries found.")
 		return nil
 	}
-	tw := tabwriter.NewWriter(c.stdout, 0, 8, 3, ' ', 0)
+	tw := newTable(c.stdout, 3)
 	fmt.Fprintln(tw, "KIND\tNAME\tTENANT\tNAMESPACE\tGENERATION\tPHASE\tOBSERVED\tMESSAGE")
 	for _, e := range resp.GetEntries() {
 		k := e.GetKey()

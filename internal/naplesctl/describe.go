@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -104,7 +103,7 @@ func (c *cli) writeDescription(w io.Writer, item *nimbusv1.ObjectWithStatus) err
 		caughtUp = fmt.Sprintf("%s (%s ago)", p.caughtUp.UTC().Format(time.RFC3339), humanDuration(now.Sub(p.caughtUp)))
 	}
 
-	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	tw := newTable(w, 2)
 	for _, row := range [][2]string{
 		{"Key", obj.Key().ID()},
 		{"UID", m.GetUid()},
@@ -142,7 +141,7 @@ func (c *cli) writeDescription(w io.Writer, item *nimbusv1.ObjectWithStatus) err
 	slices.SortFunc(rows, func(a, b row) int { return strings.Compare(a.name, b.name) })
 
 	fmt.Fprintln(w)
-	tw = tabwriter.NewWriter(w, 0, 8, 3, ' ', 0)
+	tw = newTable(w, 3)
 	fmt.Fprintln(tw, "NODE\tPHASE\tOBSERVED\tSTALE\tUPDATED\tREASON\tMESSAGE")
 	for _, r := range rows {
 		if r.st == nil {
@@ -171,7 +170,7 @@ func (c *cli) writeDescription(w io.Writer, item *nimbusv1.ObjectWithStatus) err
 		}
 		fmt.Fprintf(w, "\nOperational on %s:\n", r.name)
 		keys := slices.Sorted(maps.Keys(op))
-		tw = tabwriter.NewWriter(w, 0, 8, 1, ' ', 0)
+		tw = newTable(w, 1)
 		for _, k := range keys {
 			fmt.Fprintf(tw, "  %s:\t%s\n", k, op[k])
 		}

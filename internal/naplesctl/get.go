@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -141,7 +140,7 @@ func withStatus(item *nimbusv1.ObjectWithStatus) *nimbusv1.ObjectWithStatus {
 
 // table prints items as a table, one row per object.
 func (c *cli) table(items []*nimbusv1.ObjectWithStatus) error {
-	tw := tabwriter.NewWriter(c.stdout, 0, 8, 3, ' ', 0)
+	tw := newTable(c.stdout, 3)
 	fmt.Fprintln(tw, "NAME\tTENANT\tNAMESPACE\tGENERATION\tPROGRAMMED\tFAILED\tPENDING\tSTALE\tAGE")
 	now := c.now()
 	for _, it := range items {

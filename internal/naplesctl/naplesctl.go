@@ -42,8 +42,9 @@ var (
 
 // Run runs naplesctl with args, the command line without the program name, reading
 // manifests given as "-" from stdin, writing results to stdout and notes to stderr, and
-// reading the environment with getenv. It returns the error that ends the command, which
-// the caller prints; usage errors are returned too. A usage error (an unknown command or
+// reading the environment with getenv. What it writes goes through Printable. It returns
+// the error that ends the command, which the caller prints, through Printable too; usage
+// errors are returned too. A usage error (an unknown command or
 // flag, a bad flag value or argument, flags that do not go together, TLS files that
 // cannot be loaded) is marked for exit status 2 (exitstatus.Of), any other for 1.
 func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) error {
@@ -69,8 +70,10 @@ type cli struct {
 	started bool
 }
 
-// run builds the command tree and executes it with args.
+// run builds the command tree and executes it with args. What it writes to stdout and
+// stderr goes through Printable.
 func (c *cli) run(ctx context.Context, args []string, getenv func(string) string) error {
+	c.stdout, c.stderr = printable(c.stdout), printable(c.stderr)
 	root := &cobra.Command{
 		Use:   "naplesctl",
 		Short: "naplesctl applies, gets and deletes naples desired-state objects in nimbus",
