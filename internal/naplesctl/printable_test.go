@@ -59,7 +59,7 @@ func TestOutputEscapesControlCharacters(t *testing.T) {
 	describe := e.ok("describe", "route", "to-dc2")
 	wantPrintable(t, "describe", describe)
 	for _, want := range []string{`\x1b[2J\x1b]0;owned\a \u009b31m red spoofed\u007f`, `Kernel\x1b[5mError (retrying)`,
-		`key\x1b[8m:`, `value\x1b[0m\u202e`, `\x1b[2J\x1b]0;owned\a \u009b31m red\rspoofed\u007f`} {
+		`key\x1b[8m:`, `value\x1b[0m\u202e`, "InvalidSpec (terminal)", `\x1b[2J\x1b]0;owned\a \u009b31m red\rspoofed\u007f`} {
 		if !strings.Contains(describe, want) {
 			t.Errorf("describe does not show %s:\n%s", want, describe)
 		}
