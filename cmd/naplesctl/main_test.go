@@ -27,6 +27,7 @@ func TestExitStatus(t *testing.T) {
 		{[]string{"get"}, 2, "arg"},
 		{[]string{"get", "nosuchkind"}, 2, "nosuchkind"},
 		{[]string{"apply", "-f", "route.yaml", "--timeout", "3s"}, 2, "--timeout needs --wait"},
+		{[]string{"--server", server, "--insecure", "apply", "-f", filepath.Join(dir, "missing.yaml")}, 2, "missing.yaml"},
 		{[]string{"wait", "route", "r", "--timeout", "soon"}, 2, `--timeout "soon"`},
 		{[]string{"--server", "ftp://x:1", "get", "routes"}, 2, "ftp://x:1"},
 		{[]string{"--server", server, "--tls-cert", filepath.Join(dir, "missing.crt"), "get", "routes"}, 2, "missing.crt"},

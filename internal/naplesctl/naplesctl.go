@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"strings"
 	"time"
 
@@ -44,9 +45,9 @@ var (
 // manifests given as "-" from stdin, writing results to stdout and notes to stderr, and
 // reading the environment with getenv. What it writes goes through Printable. It returns
 // the error that ends the command, which the caller prints, through Printable too; usage
-// errors are returned too. A usage error (an unknown command or
-// flag, a bad flag value or argument, flags that do not go together, TLS files that
-// cannot be loaded) is marked for exit status 2 (exitstatus.Of), any other for 1.
+// errors are returned too. A usage error (an unknown command or flag, a bad flag value or
+// argument, flags that do not go together, TLS files that cannot be loaded, a manifest
+// file that does not exist) is marked for exit status 2 (exitstatus.Of), any other for 1.
 func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) error {
 	c := &cli{stdin: stdin, stdout: stdout, stderr: stderr, now: time.Now}
 	return c.run(ctx, args, getenv)
@@ -244,6 +245,9 @@ func (c *cli) readManifests(files []string) ([]source, error) {
 			f = "stdin"
 		} else {
 			objs, err = manifest.DecodeFile(f)
+			if errors.Is(err, fs.ErrNotExist) {
+				err = exitstatus.Mark(err) // -f names no file: a usage error
+			}
 		}
 		if err != nil {
 			return nil, err
