@@ -1316,7 +1316,9 @@ type InterfaceSpec struct {
 	Device string `protobuf:"bytes,1,opt,name=device,proto3" json:"device,omitempty"`
 	// admin_up is the administrative state to set (`ip link set DEV up|down`); unset
 	// leaves the state as naples found it. It is optional (field presence) on the wire
-	// number it always had, so objects written before it was are read as they were.
+	// number it always had, so objects written before it was are read as they were, with
+	// one difference: false was never written then, so an object stored with admin_up
+	// false reads as unset, and must be applied again to take its link down.
 	AdminUp *bool `protobuf:"varint,2,opt,name=admin_up,json=adminUp,proto3,oneof" json:"admin_up,omitempty"`
 	// mtu is the MTU to set; 0 leaves the MTU as naples found it.
 	Mtu           uint32   `protobuf:"varint,3,opt,name=mtu,proto3" json:"mtu,omitempty"`
