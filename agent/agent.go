@@ -35,7 +35,9 @@ type Config struct {
 	TLS *tls.Config
 	// StateDir holds the agent's state; one agent at a time may use it. Delphi keeps the
 	// desired objects and the nimbus resume point there, so a restarted agent enforces
-	// them before nimbus is reachable. Required.
+	// them before nimbus is reachable; the interface reconciler keeps in interfaces.json
+	// the state and MTU it found on host NICs before it changed them, to put them back.
+	// Required.
 	StateDir string
 	// DiscardState throws away the stored desired state at start, so the agent starts
 	// empty and resyncs from nimbus; it is the way out of a corrupt state file.

@@ -3,6 +3,7 @@ package agent
 import (
 	"fmt"
 	"log/slog"
+	"path/filepath"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -52,6 +53,7 @@ func backend(store *delphi.Store, cfg Config, log *slog.Logger, reg prometheus.R
 		func() (closingReconciler, error) {
 			return linux.NewInterfaceReconciler(linux.InterfaceOptions{
 				Store: store, Namespace: cfg.netns, StatsInterval: cfg.InterfaceStats, Logger: log,
+				StateFile: filepath.Join(cfg.StateDir, "interfaces.json"),
 			})
 		},
 		func() (closingReconciler, error) {

@@ -20,8 +20,10 @@
 // whole state of the selection, after the first connection and after each reconnect.
 //
 // Wait builds on WatchStatus: it returns once every target object is PROGRAMMED on every
-// node it targets at the generation waited for, and fails as soon as a node reports
-// FAILED, with that node's reason and message, or when an object is not found.
+// node it targets at the generation waited for, waits on through FAILED statuses that
+// the node's agent retries, and fails as soon as a node reports a terminal FAILED (one no
+// retry mends, NodeStatus.terminal), with that node's reason and message, or when an
+// object is not found.
 //
 // Nimbus coalesces status: a reactor is not called for every report a node makes, but
 // with the latest status of an object when it is sent, at most every few milliseconds

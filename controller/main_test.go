@@ -126,13 +126,19 @@ func routeKey(name string) *nimbusv1.ObjectKey {
 // ReportStatus stream; when it returns, nimbus has taken the report.
 func report(t *testing.T, api nimbusv1.NimbusClient, name, node string, gen int64, phase nimbusv1.Phase, reason, msg string) {
 	t.Helper()
+	reportStatus(t, api, name, &nimbusv1.NodeStatus{Node: node, ObservedGeneration: gen, Phase: phase, Reason: reason, Message: msg})
+}
+
+// reportStatus has st.Node report st for the route, as report does.
+func reportStatus(t *testing.T, api nimbusv1.NimbusClient, name string, st *nimbusv1.NodeStatus) {
+	t.Helper()
 	stream, err := api.ReportStatus(testContext(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	err = stream.Send(&nimbusv1.StatusReport{
 		Key:    routeKey(name),
-		Status: &nimbusv1.NodeStatus{Node: node, ObservedGeneration: gen, Phase: phase, Reason: reason, Message: msg},
+		Status: st,
 	})
 	if err != nil {
 		t.Fatalf("sending a status report: %v", err)

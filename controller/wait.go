@@ -33,8 +33,8 @@ type WaitError struct {
 	// Item is the target's object and status when the wait gave up; nil when the object
 	// was never seen.
 	Item *nimbusv1.ObjectWithStatus
-	// Failed holds the statuses of the target nodes that reported FAILED at the
-	// generation or a later one.
+	// Failed holds the statuses of the target nodes that reported a terminal FAILED
+	// (NodeStatus.terminal) at the generation or a later one.
 	Failed []*nimbusv1.NodeStatus
 	// Err is ErrNotFound or ErrFailed.
 	Err error
@@ -70,9 +70,13 @@ func (e *WaitError) Error() string {
 func (e *WaitError) Unwrap() error { return e.Err }
 
 // Wait waits, over one status stream, until every target is PROGRAMMED on every node it
-// targets at its generation or a later one, and returns nil then. It gives up as soon as
-// a target node reports FAILED at that generation or a later one, or a target does not
-// exist or is deleted: once it has seen the state of every target, it returns a
+// targets at its generation or a later one, and returns nil then. A FAILED status that
+// the node's agent retries (NodeStatus.terminal unset: a kernel error, a conflict) is
+// progress, handed to WaitOptions.Progress like any other, and Wait waits on through it,
+// as `kubectl rollout status` does. It gives up as soon as a target node reports a
+// terminal FAILED (an invalid spec, which no retry mends) at that generation or a later
+// one, or a target does not exist or is deleted: once it has seen the state of every
+// target, it returns a
 // *WaitError for each target that failed or is not found, joined with errors.Join. An
 // object that targets no node is never done. When ctx ends first, Wait returns its error,
 // wrapped. It waits for nimbus when nimbus is unreachable, and rides out restarts.
@@ -214,7 +218,8 @@ func (w *waiter) check() {
 }
 
 // progress tells whether item is PROGRAMMED on every target node at generation gen or a
-// later one, and returns the statuses of the target nodes FAILED at it.
+// later one, and returns the statuses of the target nodes FAILED at it for good
+// (terminal); the FAILED ones that are being retried are still on their way.
 func progress(item *nimbusv1.ObjectWithStatus, gen int64) (done bool, failed []*nimbusv1.NodeStatus) {
 	st := item.GetStatus()
 	var programmed int32
@@ -226,7 +231,9 @@ func progress(item *nimbusv1.ObjectWithStatus, gen int64) (done bool, failed []*
 		case nimbusv1.Phase_PHASE_PROGRAMMED:
 			programmed++
 		case nimbusv1.Phase_PHASE_FAILED:
-			failed = append(failed, n)
+			if n.GetTerminal() {
+				failed = append(failed, n)
+			}
 		}
 	}
 	return st.GetTargetNodes() > 0 && programmed >= st.GetTargetNodes(), failed

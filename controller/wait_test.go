@@ -106,18 +106,45 @@ func TestWaitFailsFast(t *testing.T) {
 	}
 	w := startWait(t, c, Target{Key: routeKey("r1")})
 	w.wantProgress(t, "r1@1: 0/3")
-	report(t, api, "r1", "b", 1, nimbusv1.Phase_PHASE_FAILED, "KernelError", "adding route: network is unreachable")
+	reportStatus(t, api, "r1", &nimbusv1.NodeStatus{Node: "b", ObservedGeneration: 1, Phase: nimbusv1.Phase_PHASE_FAILED,
+		Terminal: true, Reason: "InvalidSpec", Message: "spec.table 255: reserved"})
 	err := w.result(t)
 	var we *WaitError
 	if !errors.As(err, &we) || !errors.Is(err, ErrFailed) {
 		t.Fatalf("Wait = %v, want a WaitError wrapping ErrFailed", err)
 	}
-	want := "Route/default/default/r1: programming failed on 1 of 3 nodes (generation 1): node b: KernelError: adding route: network is unreachable"
+	want := "Route/default/default/r1: programming failed on 1 of 3 nodes (generation 1): node b: InvalidSpec: spec.table 255: reserved"
 	if err.Error() != want {
 		t.Fatalf("Wait error = %q, want %q", err, want)
 	}
 	if len(we.Failed) != 1 || we.Failed[0].GetNode() != "b" || we.Item.GetStatus().GetFailedNodes() != 1 {
 		t.Fatalf("WaitError = failed %v, item status %v; want node b's status and the item", we.Failed, we.Item.GetStatus())
+	}
+}
+
+// TestWaitThroughRetriedFailure: a FAILED status that the agent retries (not terminal)
+// is progress; Wait waits on, and succeeds once the node reports PROGRAMMED.
+func TestWaitThroughRetriedFailure(t *testing.T) {
+	socket := socketPath(t)
+	serve(t, socket, "")
+	c := newClient(t, socket, Options{})
+	api := rawClient(t, socket)
+	if _, err := c.Apply(testContext(t), route("r1", "192.0.2.1", "a")); err != nil {
+		t.Fatal(err)
+	}
+	w := startWait(t, c, Target{Key: routeKey("r1")})
+	w.wantProgress(t, "r1@1: 0/1")
+	report(t, api, "r1", "a", 1, nimbusv1.Phase_PHASE_FAILED, "KernelError", "adding route: network is unreachable")
+	w.wantProgress(t, "r1@1: 0/1") // the failure, seen
+	select {
+	case err := <-w.done:
+		w.done <- err // for the cleanup
+		t.Fatalf("Wait returned %v on a failure that is being retried", err)
+	default:
+	}
+	report(t, api, "r1", "a", 1, nimbusv1.Phase_PHASE_PROGRAMMED, "", "")
+	if err := w.result(t); err != nil {
+		t.Fatalf("Wait: %v", err)
 	}
 }
 

@@ -137,7 +137,7 @@ func TestSameStatusComparesEveryField(t *testing.T) {
 	for i := 0; i < fields.Len(); i++ {
 		names = append(names, string(fields.Get(i).Name()))
 	}
-	want := []string{"node", "observed_generation", "phase", "reason", "message", "update_time", "operational", "stale"}
+	want := []string{"node", "observed_generation", "phase", "reason", "message", "update_time", "operational", "stale", "terminal"}
 	if !slices.Equal(names, want) {
 		t.Fatalf("NodeStatus fields are %v; sameStatus compares %v: update it", names, want)
 	}
@@ -149,5 +149,10 @@ func TestSameStatusComparesEveryField(t *testing.T) {
 	b.Operational["a"] = "2"
 	if sameStatus(a, b) {
 		t.Error("statuses with different operational data are the same")
+	}
+	b.Operational["a"] = "1"
+	b.Terminal = true
+	if sameStatus(a, b) {
+		t.Error("a terminal and a retried status are the same")
 	}
 }

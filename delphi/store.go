@@ -974,6 +974,7 @@ func sameStatus(a, b *nimbusv1.NodeStatus) bool {
 		a.GetReason() == b.GetReason() &&
 		a.GetMessage() == b.GetMessage() &&
 		a.GetStale() == b.GetStale() &&
+		a.GetTerminal() == b.GetTerminal() &&
 		maps.Equal(a.GetOperational(), b.GetOperational()) &&
 		len(a.ProtoReflect().GetUnknown()) == 0 && len(b.ProtoReflect().GetUnknown()) == 0
 }

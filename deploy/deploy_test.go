@@ -1,7 +1,8 @@
 // Package deploy holds no code. Its tests check the Grafana dashboard of deploy/grafana,
 // and the metrics deploy/README.md names, against the Go source of the module: every
 // metric a panel queries must be one the binaries register, with the labels the panel
-// uses, and counters and histograms must be queried the way they work.
+// uses, and counters and histograms must be queried the way they work. They check the
+// systemd units of deploy/systemd too.
 package deploy
 
 import (
@@ -722,5 +723,45 @@ func f() {
 	}
 	if len(unresolved) != 1 || !strings.Contains(unresolved[0], "x.go:15") {
 		t.Errorf("unresolved definitions %v, want the one at x.go:15", unresolved)
+	}
+}
+
+// TestUnitsStopRestartingOnConfigErrors checks that every systemd unit restarts its
+// service when it fails, but not when it exits with status 2, which the commands exit
+// with when their command line or configuration is wrong (internal/exitstatus):
+// restarting them would only fail again, forever.
+func TestUnitsStopRestartingOnConfigErrors(t *testing.T) {
+	units, err := filepath.Glob("systemd/*.service")
+	if err != nil || len(units) == 0 {
+		t.Fatalf("no units in systemd/ (%v)", err)
+	}
+	for _, unit := range units {
+		b, err := os.ReadFile(unit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		settings := map[string][]string{}
+		section := ""
+		for line := range strings.Lines(string(b)) {
+			line = strings.TrimSpace(line)
+			switch {
+			case line == "" || strings.HasPrefix(line, "#"):
+			case strings.HasPrefix(line, "["):
+				section = line
+			default:
+				k, v, _ := strings.Cut(line, "=")
+				settings[section+k] = append(settings[section+k], v)
+			}
+		}
+		if r := settings["[Service]Restart"]; !slices.Equal(r, []string{"on-failure"}) && !slices.Equal(r, []string{"always"}) {
+			t.Errorf("%s: Restart=%v; want on-failure", unit, r)
+		}
+		var prevent []string
+		for _, v := range settings["[Service]RestartPreventExitStatus"] {
+			prevent = append(prevent, strings.Fields(v)...)
+		}
+		if !slices.Contains(prevent, "2") {
+			t.Errorf("%s: RestartPreventExitStatus=%v; want it to hold 2, the exit status of a configuration error", unit, prevent)
+		}
 	}
 }

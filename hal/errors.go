@@ -62,6 +62,16 @@ func (e *Error) Error() string { return e.Err.Error() }
 // Unwrap returns the underlying error.
 func (e *Error) Unwrap() error { return e.Err }
 
+// IsTerminal reports whether err is a failure that no retry can mend: one whose reason
+// is ReasonInvalid, a spec the kernel can never take as it is. The HAL still retries it
+// with backoff, as every failure, but its FAILED status says it is terminal
+// (NodeStatus.terminal), so that whoever waits for the object gives up at once instead
+// of waiting for the retries; any other failure (a kernel error, a conflict) may yet
+// turn PROGRAMMED.
+func IsTerminal(err error) bool {
+	return err != nil && !IsPending(err) && ReasonOf(err) == ReasonInvalid
+}
+
 // ReasonOf returns the reason of the first *Error in err's chain, or ReasonFailed.
 func ReasonOf(err error) string {
 	if e, ok := errors.AsType[*Error](err); ok {

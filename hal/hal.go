@@ -591,6 +591,7 @@ func (h *HAL) reconcile(ctx context.Context, id string) error {
 		}
 		st.Reason = ReasonOf(rerr)
 		st.Message = rerr.Error()
+		st.Terminal = st.Phase == nimbusv1.Phase_PHASE_FAILED && IsTerminal(rerr)
 	}
 	h.status.put(id, StatusUpdate{Key: key, Status: st})
 	h.programmedNow(id, key.GetKind(), rerr == nil)

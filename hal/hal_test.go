@@ -130,9 +130,11 @@ func TestStatus(t *testing.T) {
 		&hal.Error{Reason: hal.ReasonKernelError, Err: fs.ErrExist}))
 	plain := route("plain", 1)
 	rec.fail(id(plain), 1<<30, errors.New("no such device"))
+	invalid := route("invalid", 4)
+	rec.fail(id(invalid), 1<<30, fmt.Errorf("parsing: %w", hal.Errorf(hal.ReasonInvalid, "spec.table %d: reserved", 255)))
 	network := object(nimbusv1.Kind_KIND_NETWORK, "blue", 7)
 
-	store := newFakeStore(ok, conflict, wrapped, plain, network)
+	store := newFakeStore(ok, conflict, wrapped, plain, invalid, network)
 	h := start(t, store, hal.Options{Reconcilers: []hal.Reconciler{rec}, ResyncInterval: -1})
 	now := timestamppb.New(h.clock.Now())
 
@@ -156,6 +158,12 @@ func TestStatus(t *testing.T) {
 		{"failed with plain error", id(plain), &nimbusv1.NodeStatus{
 			ObservedGeneration: 1, Phase: nimbusv1.Phase_PHASE_FAILED,
 			Reason: hal.ReasonFailed, Message: "no such device", UpdateTime: now,
+		}},
+		// No retry mends an invalid spec: the status says so. The failures above are
+		// retried (terminal false).
+		{"failed with invalid spec", id(invalid), &nimbusv1.NodeStatus{
+			ObservedGeneration: 4, Phase: nimbusv1.Phase_PHASE_FAILED, Terminal: true,
+			Reason: hal.ReasonInvalid, Message: "parsing: spec.table 255: reserved", UpdateTime: now,
 		}},
 		{"kind without reconciler", id(network), &nimbusv1.NodeStatus{
 			ObservedGeneration: 7, Phase: nimbusv1.Phase_PHASE_PENDING,

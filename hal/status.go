@@ -152,6 +152,11 @@ func (w *statusWriter) statusSum(st *nimbusv1.NodeStatus) uint64 {
 		stale = 1
 	}
 	hashUint(&h, stale)
+	terminal := uint64(0)
+	if st.GetTerminal() {
+		terminal = 1
+	}
+	hashUint(&h, terminal)
 	// The operational data in any order: the sum of the hashes of the entries.
 	var ops uint64
 	var e maphash.Hash

@@ -219,6 +219,16 @@ func TestPeerStatusesShared(t *testing.T) {
 			t.Errorf("%s keeps n1's status of r1 from %q, want a", r.name, got)
 		}
 	}
+	// A failure no retry mends travels whole, terminal included.
+	failed := peerReport(r1, "n2", 1, nimbusv1.Phase_PHASE_FAILED, a.clock.Now())
+	failed.Status.Reason, failed.Status.Message, failed.Status.Terminal = "InvalidSpec", "spec.table 255: reserved", true
+	recvUntilSynced(t, watchFrom(t, ctx, a.client, "n2", "", 0))
+	a.report(t, failed)
+	st := a.statusOf(t, r1)
+	if n := st.GetNodes(); len(n) != 2 || !n[1].GetTerminal() {
+		t.Fatalf("a: nodes of r1 = %v; want n2's terminal failure", n)
+	}
+	waitPeerStatus(t, r1, st, b, c)
 }
 
 // TestPeerReplicaGoes shows what happens to a node's statuses when the replica it

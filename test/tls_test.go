@@ -79,8 +79,8 @@ func TestNimbusPlaintextNeedsInsecure(t *testing.T) {
 	defer cancel()
 	out, err := exec.CommandContext(ctx, filepath.Join(bin, "nimbus"), "--listen", server, "--ephemeral", "--tls-cert", missing).CombinedOutput()
 	var exit *exec.ExitError
-	if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(string(out), missing) || !strings.Contains(string(out), "--insecure") {
-		t.Fatalf("nimbus without certificates: %v\n%s\nwant exit status 1 naming %s and --insecure", err, out, missing)
+	if !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(string(out), missing) || !strings.Contains(string(out), "--insecure") {
+		t.Fatalf("nimbus without certificates: %v\n%s\nwant exit status 2 (a configuration error) naming %s and --insecure", err, out, missing)
 	}
 
 	start(t, "nimbus", filepath.Join(bin, "nimbus"), "--listen", server, "--insecure", "--ephemeral")

@@ -4,8 +4,9 @@
 // /etc/naples/pki/node.crt), which must name --node; --insecure dials plaintext. --nimbus
 // may list several nimbus replicas, comma-separated, or name a host that resolves to
 // several: the agent watches one that is ready and moves to another when it fails or stops
-// serving. Bad flags exit with
-// status 2, other errors with 1.
+// serving. Bad flags and configuration (a node name nimbus refuses, certificate files that
+// cannot be loaded) exit with status 2, which the systemd unit does not restart; other
+// errors with 1.
 //
 // --metrics HOST:PORT serves Prometheus metrics on http://HOST:PORT/metrics (naples_agent_*,
 // naples_delphi_*, naples_hal_* and naples_nimbusclient_*, and the Go runtime's and the
@@ -34,12 +35,15 @@ import (
 
 	"github.com/naplesnet/naples/agent"
 	"github.com/naplesnet/naples/internal/address"
+	"github.com/naplesnet/naples/internal/exitstatus"
 	"github.com/naplesnet/naples/internal/pki"
 	"github.com/naplesnet/naples/internal/version"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
-// errUsage marks errors in the command line, which exit with status 2.
-var errUsage = errors.New("usage")
+// errUsage marks errors in the command line that the flag package, or run, has reported
+// on stderr already. They exit with status 2, as configuration errors do.
+var errUsage = exitstatus.Mark(errors.New("usage"))
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -47,12 +51,11 @@ func main() {
 	stop()
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):
-	case errors.Is(err, errUsage):
-		os.Exit(2)
-	default:
+		return
+	case !errors.Is(err, errUsage):
 		fmt.Fprintf(os.Stderr, "naples-agent: %v\n", err)
-		os.Exit(1)
 	}
+	os.Exit(exitstatus.Of(err))
 }
 
 // run runs the agent until ctx ends. The flag package reports a bad flag on stderr
@@ -118,6 +121,16 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			return fmt.Errorf("parsing flags: %w", errUsage)
 		}
 	}
+	if err := nimbusv1.ValidateNodeName(*node); err != nil {
+		fmt.Fprintf(stderr, "invalid value %q for flag -node: %v\n", *node, err)
+		fs.Usage()
+		return fmt.Errorf("parsing flags: %w", errUsage)
+	}
+	if *stateDir == "" {
+		fmt.Fprintln(stderr, "invalid value \"\" for flag -state-dir: the agent needs a directory for its state")
+		fs.Usage()
+		return fmt.Errorf("parsing flags: %w", errUsage)
+	}
 	if _, err := address.ParseList(*nimbus); err != nil {
 		fmt.Fprintf(stderr, "invalid value %q for flag -nimbus: %v\n", *nimbus, err)
 		fs.Usage()
@@ -135,7 +148,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		var err error
 		tlsConfig, err = pki.ClientConfig(*tlsCert, *tlsKey, *tlsCA, *tlsServerName)
 		if err != nil {
-			return fmt.Errorf("loading TLS credentials (--insecure dials plaintext): %w", err)
+			return exitstatus.Mark(fmt.Errorf("loading TLS credentials (--insecure dials plaintext): %w", err))
 		}
 		if id, err := pki.IdentityOf(tlsConfig.Certificates[0].Leaf); err != nil || id != (pki.Identity{Role: pki.RoleNode, Name: *node}) {
 			log.Warn("the certificate does not name this node; nimbus will refuse its watch and status",

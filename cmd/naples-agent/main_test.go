@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/naplesnet/naples/internal/exitstatus"
 )
 
 func TestRunRefusesBadCommandLines(t *testing.T) {
@@ -57,7 +59,7 @@ func TestRunWithoutCredentials(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "node.crt")
 	var stderr bytes.Buffer
 	err := run(context.Background(), []string{"--tls-cert", missing, "--log-level", "debug"}, &stderr)
-	if err == nil || errors.Is(err, errUsage) || !strings.Contains(err.Error(), missing) || !strings.Contains(err.Error(), "--insecure") {
-		t.Errorf("run with a missing certificate = %v, want an error (exit status 1) naming %s and --insecure", err, missing)
+	if exitstatus.Of(err) != exitstatus.Config || errors.Is(err, errUsage) || !strings.Contains(err.Error(), missing) || !strings.Contains(err.Error(), "--insecure") {
+		t.Errorf("run with a missing certificate = %v, want a configuration error (exit status 2) naming %s and --insecure", err, missing)
 	}
 }

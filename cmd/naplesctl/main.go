@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/naplesnet/naples/internal/exitstatus"
 	"github.com/naplesnet/naples/internal/naplesctl"
 )
 
@@ -17,7 +18,9 @@ func main() {
 	err := naplesctl.Run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.Getenv)
 	stop()
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "naplesctl: %v\n", err)
-		os.Exit(1)
+		// The error may quote what nimbus or a node said: escaped, as all output is.
+		fmt.Fprintf(os.Stderr, "naplesctl: %s\n", naplesctl.Printable(err.Error()))
+		// 2 for a usage error, 1 for any other.
+		os.Exit(exitstatus.Of(err))
 	}
 }

@@ -15,7 +15,8 @@
 // every client to present a certificate issued by a CA of --tls-ca (default
 // /etc/naples/pki/ca.crt), and lets nodes and publishers do only what their certificates
 // allow; `naplesctl certs` makes such certificates. --insecure serves plaintext instead
-// and checks nothing. Bad flags exit with status 2, other errors with 1.
+// and checks nothing. Bad flags and configuration (certificate files that cannot be
+// loaded) exit with status 2, which the systemd unit does not restart; other errors with 1.
 //
 // nimbus keeps its objects in DIR/nimbus.db (default DIR /var/lib/naples/nimbus), so that
 // they, the revision and the epoch survive a restart and agents resume where they were;
@@ -55,6 +56,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/naplesnet/naples/internal/address"
+	"github.com/naplesnet/naples/internal/exitstatus"
 	"github.com/naplesnet/naples/internal/pki"
 	"github.com/naplesnet/naples/internal/telemetry"
 	"github.com/naplesnet/naples/internal/version"
@@ -75,8 +77,9 @@ const (
 	defaultTLSCA   = "/etc/naples/pki/ca.crt"
 )
 
-// errUsage marks errors in the command line, which exit with status 2.
-var errUsage = errors.New("usage")
+// errUsage marks errors in the command line that the flag package, or run, has reported
+// on stderr already. They exit with status 2, as configuration errors do.
+var errUsage = exitstatus.Mark(errors.New("usage"))
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -84,12 +87,11 @@ func main() {
 	stop()
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):
-	case errors.Is(err, errUsage):
-		os.Exit(2)
-	default:
+		return
+	case !errors.Is(err, errUsage):
 		fmt.Fprintf(os.Stderr, "nimbus: %v\n", err)
-		os.Exit(1)
 	}
+	os.Exit(exitstatus.Of(err))
 }
 
 // config is what the command line says.
@@ -215,7 +217,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if !cfg.insecure {
 		tlsConfig, err = pki.ServerConfig(cfg.tlsCert, cfg.tlsKey, cfg.tlsCA)
 		if err != nil {
-			return fmt.Errorf("loading TLS credentials (--insecure serves plaintext): %w", err)
+			return exitstatus.Mark(fmt.Errorf("loading TLS credentials (--insecure serves plaintext): %w", err))
 		}
 	}
 	reg := prometheus.NewRegistry()
@@ -223,14 +225,14 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	opts := nimbus.Options{Logger: log, TLS: tlsConfig, DataDir: cfg.dataDir, Registerer: reg, WatchBuffer: cfg.watchBuffer}
 	if cfg.replica.store == "etcd" {
 		if opts.Etcd, err = cfg.replica.etcdOptions(cfg.listen); err != nil {
-			return err
+			return exitstatus.Mark(err)
 		}
 		opts.ReplicaName = cfg.replica.name
 		// A replica dials its peers with its own certificate, which names it.
 		var peerTLS *tls.Config
 		if !cfg.insecure {
 			if peerTLS, err = pki.ClientConfig(cfg.tlsCert, cfg.tlsKey, cfg.tlsCA, ""); err != nil {
-				return fmt.Errorf("loading the replica's client credentials: %w", err)
+				return exitstatus.Mark(fmt.Errorf("loading the replica's client credentials: %w", err))
 			}
 		}
 		opts.PeerDialOptions = []grpc.DialOption{grpc.WithTransportCredentials(pki.TransportCredentials(peerTLS))}

@@ -63,6 +63,12 @@ type InterfaceOptions struct {
 	// enqueues every Interface object, so that the counters in their statuses refresh.
 	// Default: 10s; negative disables the refresh.
 	StatsInterval time.Duration
+	// StateFile is the file where the reconciler keeps, per link, the administrative
+	// state and MTU it found before it first changed them, so that it puts them back
+	// when the object is deleted or stops setting them, also after a restart (the
+	// agent's is interfaces.json in its state directory). Default: "", which keeps them
+	// in memory only.
+	StateFile string
 	// Logger receives the reconciler's logs. Default: slog.Default().
 	Logger *slog.Logger
 }
@@ -118,9 +124,14 @@ type ifaceAddr struct {
 // The addresses it adds carry AddressProtocol. Those of the owning object's addresses that
 // the link holds already, added by someone else, are left alone and make the object FAILED
 // with hal.ReasonConflict; addresses of naples that the object no longer lists are
-// removed, and other addresses are never touched. Deleting an object removes the addresses
-// naples added for it and leaves the link's administrative state and MTU as they are:
-// the link is the host's, and what it was before naples set them is not known.
+// removed, and other addresses are never touched.
+//
+// A spec sets only what it says: without admin_up the administrative state, and with mtu
+// 0 the MTU, are left as found. Before it first changes either, the reconciler records
+// what it found (InterfaceOptions.StateFile keeps the record across restarts); deleting
+// the object, or removing the field from the spec, puts back what was found, as deleting
+// removes the addresses naples added. Sweep puts back the links that no object names any
+// more, such as those of objects deleted while the agent was down.
 //
 // The link is set (`ip link set DEV up|down mtu M`) by name and only when the mirror shows
 // that it differs. IPv6 addresses go when a link goes down (unless
@@ -172,6 +183,9 @@ type InterfaceReconciler struct {
 	// the sweeper.
 	devLocks keyedMutex[string]
 
+	// found records what the links were before naples changed them.
+	found *foundLinks
+
 	// programmedMu guards programmed.
 	programmedMu sync.Mutex
 	// programmed maps the key ID of every object that owned its link at its last
@@ -195,6 +209,10 @@ func NewInterfaceReconciler(opts InterfaceOptions) (*InterfaceReconciler, error)
 	if opts.StatsInterval == 0 {
 		opts.StatsInterval = 10 * time.Second
 	}
+	found, err := openFoundLinks(opts.StateFile)
+	if err != nil {
+		return nil, fmt.Errorf("interface reconciler: %w", err)
+	}
 	c, err := openRTNLConn(rtnlConnOptions{Namespace: opts.Namespace, Timeout: opts.Timeout,
 		EventBuffer: opts.EventBuffer, DefaultEventBuffer: 32 << 20, Logger: opts.Logger, Writes: true})
 	if err != nil {
@@ -207,6 +225,7 @@ func NewInterfaceReconciler(opts InterfaceOptions) (*InterfaceReconciler, error)
 		statsInterval: opts.StatsInterval,
 		links:         hal.NewMirror[string, ifaceLink](sameIfaceLink, func(name string) uint64 { return maphash.String(seed, name) }),
 		addrs:         hal.NewMirror[ifaceAddrID, ifaceAddr](func(have, want ifaceAddr) bool { return have == want }, nil),
+		found:         found,
 		names:         map[int32]string{},
 		ours:          map[int32]map[netip.Prefix]struct{}{},
 		programmed:    map[string]string{},
@@ -228,9 +247,11 @@ func (r *InterfaceReconciler) KernelWrites() uint64 { return r.writes.Load() }
 
 // ifaceSpec is an Interface object's spec, parsed.
 type ifaceSpec struct {
-	device  string
-	adminUp bool
-	mtu     uint32
+	device string
+	// adminUp is the administrative state to set; nil leaves it as found.
+	adminUp *bool
+	// mtu is the MTU to set; 0 leaves it as found.
+	mtu uint32
 	// addrs are the addresses, without duplicates, in the order the spec lists them.
 	addrs []netip.Prefix
 }
@@ -247,7 +268,7 @@ func deviceOf(obj *nimbusv1.Object) string {
 // parseIfaceSpec parses an Interface object's spec.
 func parseIfaceSpec(obj *nimbusv1.Object) (ifaceSpec, error) {
 	spec := obj.GetInterface()
-	s := ifaceSpec{device: deviceOf(obj), adminUp: spec.GetAdminUp(), mtu: spec.GetMtu()}
+	s := ifaceSpec{device: deviceOf(obj), adminUp: spec.AdminUp, mtu: spec.GetMtu()}
 	if s.device == "" {
 		return ifaceSpec{}, hal.Errorf(hal.ReasonInvalid, "spec.device is empty and so is the object's name")
 	}
@@ -270,9 +291,10 @@ func parseIfaceSpec(obj *nimbusv1.Object) (ifaceSpec, error) {
 }
 
 // Reconcile makes the link obj names match it: `ip link set DEV up|down mtu M` when the
-// state or MTU differ, `ip address add ADDR dev DEV proto 242` for each listed address
-// the link lacks, `ip address del` for each address of naples on it that is not listed.
-// With obj nil it removes the addresses it added for key and leaves the link as it is.
+// state or MTU the spec sets (or, for one it no longer sets, the one naples found) differ,
+// `ip address add ADDR dev DEV proto 242` for each listed address the link lacks, `ip
+// address del` for each address of naples on it that is not listed. With obj nil it
+// removes the addresses it added for key and puts back the state and MTU it found.
 func (r *InterfaceReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (map[string]string, error) {
 	if err := r.fill(ctx); err != nil {
 		return nil, err
@@ -312,10 +334,8 @@ func (r *InterfaceReconciler) Reconcile(ctx context.Context, key *nimbusv1.Objec
 		return nil, hal.Errorf(hal.ReasonConflict, "interface %q was created by naples for %s; an Interface object describes a host NIC", want.device, link.owner)
 	}
 	r.remember(id, want.device)
-	if link.up != want.adminUp || (want.mtu != 0 && link.mtu != want.mtu) {
-		if err := r.setLink(ctx, want.device, link, want); err != nil {
-			return nil, err
-		}
+	if err := r.syncLink(ctx, want.device, link, want); err != nil {
+		return nil, err
 	}
 	if err := r.syncAddresses(ctx, want.device, link.index, want.addrs); err != nil {
 		return nil, err
@@ -405,8 +425,9 @@ func (r *InterfaceReconciler) forget(id, device string) {
 	}
 }
 
-// release removes the addresses of naples from the link key ID id owned, unless another
-// object owns it now, and forgets that id owned it.
+// release removes the addresses of naples from the link key ID id owned and puts back
+// its state and MTU as found, unless another object owns it now, and forgets that id
+// owned it.
 func (r *InterfaceReconciler) release(ctx context.Context, id, device string) error {
 	lock := r.devLocks.lock(device)
 	defer r.devLocks.unlock(device, lock)
@@ -414,8 +435,87 @@ func (r *InterfaceReconciler) release(ctx context.Context, id, device string) er
 		if err := r.removeOurs(ctx, device); err != nil {
 			return err
 		}
+		if err := r.restoreLink(ctx, device); err != nil {
+			return err
+		}
 	}
 	r.forget(id, device)
+	return nil
+}
+
+// syncLink sets the link's administrative state and MTU to what want sets, and those want
+// leaves out to what naples found before it changed them, if it did. Before it changes
+// a field the spec sets, it records what it found, unless a record of it is there
+// already; once it has put a field back, it forgets it.
+func (r *InterfaceReconciler) syncLink(ctx context.Context, device string, link ifaceLink, want ifaceSpec) error {
+	found := r.found.get(device)
+	next, record := link, found
+	switch {
+	case want.adminUp != nil:
+		next.up = *want.adminUp
+		if record.Up == nil && next.up != link.up {
+			record.Up = &link.up
+		}
+	case found.Up != nil:
+		next.up = *found.Up
+		record.Up = nil
+	}
+	switch {
+	case want.mtu != 0:
+		next.mtu = want.mtu
+		if record.MTU == 0 && next.mtu != link.mtu {
+			record.MTU = link.mtu
+		}
+	case found.MTU != 0:
+		next.mtu = found.MTU
+		record.MTU = 0
+	}
+	return r.setLinkRecorded(ctx, device, link, next, found, record)
+}
+
+// restoreLink puts back the link's administrative state and MTU as naples found them, and
+// forgets them. A link that is gone has nothing to put back: its record is dropped.
+func (r *InterfaceReconciler) restoreLink(ctx context.Context, device string) error {
+	found := r.found.get(device)
+	if found.empty() {
+		return nil
+	}
+	link, ok := r.links.Get(device)
+	if !ok || link.owner != "" {
+		return r.found.set(device, linkFound{})
+	}
+	next := link
+	if found.Up != nil {
+		next.up = *found.Up
+	}
+	if found.MTU != 0 {
+		next.mtu = found.MTU
+	}
+	if err := r.setLinkRecorded(ctx, device, link, next, found, linkFound{}); err != nil {
+		return err
+	}
+	r.log.Info("interface put back as found", "device", device, "up", next.up, "mtu", next.mtu)
+	return nil
+}
+
+// setLinkRecorded sets the link from have to next, when they differ, keeping record of
+// what was found: a record that grows is written before the kernel is, one that shrinks
+// after, so that what naples changed is always on record.
+func (r *InterfaceReconciler) setLinkRecorded(ctx context.Context, device string, have, next ifaceLink, found, record linkFound) error {
+	grows := (found.Up == nil && record.Up != nil) || (found.MTU == 0 && record.MTU != 0)
+	if grows {
+		if err := r.found.set(device, record); err != nil {
+			return err
+		}
+	}
+	if next.up != have.up || next.mtu != have.mtu {
+		if err := r.setLink(ctx, device, have, next); err != nil {
+			return err
+		}
+	}
+	if !grows {
+		return r.found.set(device, record)
+	}
 	return nil
 }
 
@@ -433,17 +533,12 @@ func (r *InterfaceReconciler) removeOurs(ctx context.Context, device string) err
 	return nil
 }
 
-// setLink sets the link's administrative state and, when want has one, its MTU, in one
-// request: `ip link set DEV up|down mtu M`. The request names the link, so it cannot
-// reach another link that took the index of a link of that name.
-func (r *InterfaceReconciler) setLink(ctx context.Context, device string, have ifaceLink, want ifaceSpec) error {
+// setLink sets the link's administrative state and, when it differs, its MTU to next's,
+// in one request: `ip link set DEV up|down mtu M`. The request names the link, so it
+// cannot reach another link that took the index of a link of that name.
+func (r *InterfaceReconciler) setLink(ctx context.Context, device string, have, next ifaceLink) error {
 	if err := ctx.Err(); err != nil {
 		return err
-	}
-	next := have
-	next.up = want.adminUp
-	if want.mtu != 0 {
-		next.mtu = want.mtu
 	}
 	var flags uint32
 	if next.up {
@@ -625,12 +720,18 @@ func (r *InterfaceReconciler) nameOf(index int32) (string, bool) {
 }
 
 // Sweep reads every link and address afresh into the mirrors, enqueues the objects whose
-// links or addresses changed without the observer reporting it, and removes every
-// address of naples on a link that no Interface object lists it for. Links that naples
-// created for other objects (an overlay bridge, say) are left to their own reconcilers.
+// links or addresses changed without the observer reporting it, removes every address of
+// naples on a link that no Interface object lists it for, and puts back the state and MTU
+// naples found on the links that no Interface object names. Links that naples created
+// for other objects (an overlay bridge, say) are left to their own reconcilers.
 func (r *InterfaceReconciler) Sweep(ctx context.Context, enqueue func(keyID string)) error {
 	if err := r.resync(ctx, enqueue); err != nil {
 		return err
+	}
+	for _, device := range r.found.devices() {
+		if err := r.sweepLink(ctx, device); err != nil {
+			return err
+		}
 	}
 	for id, a := range r.addrs.All() {
 		if a.proto != AddressProtocol {
@@ -651,6 +752,17 @@ func (r *InterfaceReconciler) Sweep(ctx context.Context, enqueue func(keyID stri
 		}
 	}
 	return nil
+}
+
+// sweepLink puts back the state and MTU naples found on the link unless an object names
+// it.
+func (r *InterfaceReconciler) sweepLink(ctx context.Context, device string) error {
+	lock := r.devLocks.lock(device)
+	defer r.devLocks.unlock(device, lock)
+	if r.ownerOf(device) != "" {
+		return nil
+	}
+	return r.restoreLink(ctx, device)
 }
 
 // sweepAddr removes the address of naples from the link unless the object that owns the

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"net"
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/naplesnet/naples/hal"
 	"github.com/naplesnet/naples/internal/testns"
@@ -31,6 +33,8 @@ type ifaceHost struct {
 	nsh      netns.NsHandle
 	nl       *netlink.Handle
 	rec      *InterfaceReconciler
+	// stateFile is the reconcilers' InterfaceOptions.StateFile.
+	stateFile string
 }
 
 func newIfaceHost(t *testing.T, statsInterval time.Duration) *ifaceHost {
@@ -44,7 +48,8 @@ func newIfaceHost(t *testing.T, statsInterval time.Duration) *ifaceHost {
 		t.Fatal(err)
 	}
 	t.Cleanup(h.Close)
-	host := &ifaceHost{testStore: newTestStore(t, Indexes()), ns: ns, peer: peer, nsh: nsh, nl: h}
+	host := &ifaceHost{testStore: newTestStore(t, Indexes()), ns: ns, peer: peer, nsh: nsh, nl: h,
+		stateFile: filepath.Join(t.TempDir(), "interfaces.json")}
 	host.rec = host.newReconciler(t, statsInterval)
 	return host
 }
@@ -53,7 +58,8 @@ func newIfaceHost(t *testing.T, statsInterval time.Duration) *ifaceHost {
 // as a restarted agent makes.
 func (h *ifaceHost) newReconciler(t *testing.T, statsInterval time.Duration) *InterfaceReconciler {
 	t.Helper()
-	rec, err := NewInterfaceReconciler(InterfaceOptions{Store: h.store, Namespace: &h.nsh, StatsInterval: statsInterval, Logger: quiet})
+	rec, err := NewInterfaceReconciler(InterfaceOptions{Store: h.store, Namespace: &h.nsh, StatsInterval: statsInterval,
+		StateFile: h.stateFile, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,11 +67,17 @@ func (h *ifaceHost) newReconciler(t *testing.T, statsInterval time.Duration) *In
 	return rec
 }
 
-// ifaceObject returns an Interface object of generation 1.
+// ifaceObject returns an Interface object of generation 1 that sets the administrative
+// state.
 func ifaceObject(name, device string, up bool, mtu uint32, addrs ...string) *nimbusv1.Object {
+	return ifaceSpecObject(name, &nimbusv1.InterfaceSpec{Device: device, AdminUp: &up, Mtu: mtu, Addresses: addrs})
+}
+
+// ifaceSpecObject returns an Interface object of generation 1 with the spec.
+func ifaceSpecObject(name string, spec *nimbusv1.InterfaceSpec) *nimbusv1.Object {
 	return &nimbusv1.Object{
 		Meta: &nimbusv1.ObjectMeta{Name: name, Generation: 1},
-		Spec: &nimbusv1.Object_Interface{Interface: &nimbusv1.InterfaceSpec{Device: device, AdminUp: up, Mtu: mtu, Addresses: addrs}},
+		Spec: &nimbusv1.Object_Interface{Interface: spec},
 	}
 }
 
@@ -226,7 +238,8 @@ func TestInterfaceLifecycle(t *testing.T) {
 		t.Errorf("a reconcile with nothing to change wrote %d times", n-writes)
 	}
 
-	// Delete, twice: our addresses go, the foreign one, the state and the MTU stay.
+	// Delete, twice: our addresses go, the foreign one stays, the state and the MTU are
+	// put back as found: down, 1500.
 	h.del(t, obj.Key())
 	for i := range 2 {
 		if _, err := h.rec.Reconcile(context.Background(), obj.Key(), nil); err != nil {
@@ -237,8 +250,8 @@ func TestInterfaceLifecycle(t *testing.T) {
 		t.Errorf("%d dumps; want 2, of links and of addresses, at the first reconcile: reconciles read the mirrors", n)
 	}
 	h.wantProtos(t, "after the delete", "nic0", foreign)
-	if up, mtu := h.link(t, "nic0"); up || mtu != 1300 {
-		t.Errorf("after the delete nic0 up %v, mtu %d; want it left as it was: down, 1300", up, mtu)
+	if up, mtu := h.link(t, "nic0"); up || mtu != 1500 {
+		t.Errorf("after the delete nic0 up %v, mtu %d; want it as found: down, 1500", up, mtu)
 	}
 }
 
@@ -401,20 +414,91 @@ func TestInterfaceRestartAdopts(t *testing.T) {
 	}
 	h.wantProtos(t, "after the sweep", "nic1", map[string]uint8{"192.0.2.9/24": 0})
 	h.wantProtos(t, "after the sweep", "nic0", map[string]uint8{"10.1.0.1/24": AddressProtocol, "2001:db8:1::1/64": AddressProtocol})
-	if n := rec.KernelWrites(); n != 1 {
-		t.Errorf("the sweep wrote %d times; want 1, the stale address", n)
+	if up, _ := h.link(t, "nic1"); up {
+		t.Errorf("after the sweep nic1 is up; want it down, as found before b set it up")
+	}
+	if n := rec.KernelWrites(); n != 2 {
+		t.Errorf("the sweep wrote %d times; want 2, the stale address and nic1's state", n)
 	}
 	if err := rec.Sweep(context.Background(), func(string) {}); err != nil {
 		t.Fatalf("second Sweep: %v", err)
 	}
-	if n := rec.KernelWrites(); n != 1 {
-		t.Errorf("a second sweep wrote %d times; want none", n-1)
+	if n := rec.KernelWrites(); n != 2 {
+		t.Errorf("a second sweep wrote %d times; want none", n-2)
 	}
 
 	a = ifaceObject("a", "nic0", true, 1400, "10.1.0.1/24")
 	h.put(t, a)
 	h.mustReconcile(t, rec, a.Key())
 	h.wantProtos(t, "a's IPv6 address dropped", "nic0", map[string]uint8{"10.1.0.1/24": AddressProtocol})
+}
+
+// TestInterfaceLeavesUnsetAsFound: a spec sets only what it says, and what naples changed
+// is put back when the object is deleted or the field leaves the spec, also by a
+// restarted reconciler. A spec with an MTU alone leaves an UP link UP; deleting it puts
+// the MTU back. A spec with adminUp alone brings a DOWN link UP; deleting it takes the
+// link DOWN again.
+func TestInterfaceLeavesUnsetAsFound(t *testing.T) {
+	h := newIfaceHost(t, -1)
+	wantLink := func(what string, wantUp bool, wantMTU int) {
+		t.Helper()
+		if up, mtu := h.link(t, "nic0"); up != wantUp || mtu != wantMTU {
+			t.Errorf("%s: nic0 up %v, mtu %d; want up %v, mtu %d", what, up, mtu, wantUp, wantMTU)
+		}
+	}
+	del := func(rec *InterfaceReconciler, key *nimbusv1.ObjectKey) {
+		t.Helper()
+		h.del(t, key)
+		for i := range 2 {
+			if _, err := rec.Reconcile(context.Background(), key, nil); err != nil {
+				t.Fatalf("delete %d: %v", i+1, err)
+			}
+		}
+	}
+
+	h.ip(t, "link", "set", "nic0", "up")
+	wantLink("before", true, 1500)
+	mtuOnly := ifaceSpecObject("eth", &nimbusv1.InterfaceSpec{Device: "nic0", Mtu: 9000})
+	h.put(t, mtuOnly)
+	h.mustReconcile(t, h.rec, mtuOnly.Key())
+	wantLink("spec {mtu: 9000}", true, 9000)
+	del(h.rec, mtuOnly.Key())
+	wantLink("after the delete", true, 1500)
+
+	h.ip(t, "link", "set", "nic0", "down")
+	// No observer runs: a sweep reads the change into the mirror.
+	if err := h.rec.Sweep(context.Background(), func(string) {}); err != nil {
+		t.Fatalf("Sweep: %v", err)
+	}
+	upOnly := ifaceSpecObject("eth", &nimbusv1.InterfaceSpec{Device: "nic0", AdminUp: proto.Bool(true)})
+	h.put(t, upOnly)
+	h.mustReconcile(t, h.rec, upOnly.Key())
+	wantLink("spec {adminUp: true}", true, 1500)
+	del(h.rec, upOnly.Key())
+	wantLink("after the delete", false, 1500)
+
+	// A field that leaves the spec is put back; one the spec sets anew is kept.
+	both := ifaceSpecObject("eth", &nimbusv1.InterfaceSpec{Device: "nic0", AdminUp: proto.Bool(true), Mtu: 9000})
+	h.put(t, both)
+	h.mustReconcile(t, h.rec, both.Key())
+	wantLink("spec {adminUp: true, mtu: 9000}", true, 9000)
+	mtuOnly.Meta.Generation = 2
+	h.put(t, mtuOnly)
+	h.mustReconcile(t, h.rec, mtuOnly.Key())
+	wantLink("adminUp left out", false, 9000)
+
+	// A restarted reconciler puts back what the one before it changed, when the object
+	// is deleted while no agent runs.
+	h.put(t, both)
+	h.mustReconcile(t, h.rec, both.Key())
+	wantLink("spec {adminUp: true, mtu: 9000} again", true, 9000)
+	h.rec.Close()
+	h.del(t, both.Key())
+	rec := h.newReconciler(t, -1)
+	if err := rec.Sweep(context.Background(), func(string) {}); err != nil {
+		t.Fatalf("Sweep: %v", err)
+	}
+	wantLink("after a restart and a sweep", false, 1500)
 }
 
 // TestInterfaceConflictsAndInvalid: a second object naming a link is FAILED with reason

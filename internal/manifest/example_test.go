@@ -73,6 +73,7 @@ func ExampleEncode() {
 	//     phase: PHASE_PROGRAMMED
 	//     reason: ""
 	//     stale: false
+	//     terminal: false
 	//   pending: []
 	//   programmedNodes: 1
 	//   staleNodes: 0

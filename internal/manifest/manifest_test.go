@@ -390,7 +390,7 @@ func TestMarshalShape(t *testing.T) {
 	}
 	const want = `{"kind":"Route","meta":{"name":"to-dc2","nodes":["host-a"]},` +
 		`"spec":{"table":100,"prefix":"198.51.100.0/24","nexthops":[{"gateway":"10.10.0.2"}]},` +
-		`"status":{"nodes":[{"node":"host-a","observedGeneration":"1","phase":"PHASE_PENDING","reason":"","message":"","operational":{},"stale":false}],` +
+		`"status":{"nodes":[{"node":"host-a","observedGeneration":"1","phase":"PHASE_PENDING","reason":"","message":"","operational":{},"stale":false,"terminal":false}],` +
 		`"targetNodes":1,"programmedNodes":0,"failedNodes":0,"generation":"0","currentNodes":0,"pending":[],"staleNodes":0}}`
 	if string(raw) != want {
 		t.Errorf("Marshal:\n got %s\nwant %s", raw, want)
@@ -412,5 +412,39 @@ func TestMarshalShape(t *testing.T) {
 	}
 	if err := manifest.Encode(&bytes.Buffer{}, "xml", securityGroup("a"), nil); err == nil {
 		t.Errorf("Encode in format xml: no error")
+	}
+}
+
+// TestInterfaceAdminUpPresence: an Interface manifest without adminUp decodes to a spec
+// that leaves the state alone (no admin_up), one with adminUp false to one that sets it
+// down, and each reads back as written.
+func TestInterfaceAdminUpPresence(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		want *bool
+	}{
+		{"kind: Interface\nmeta: {name: eth1}\nspec: {mtu: 9000}\n", nil},
+		{"kind: Interface\nmeta: {name: eth1}\nspec: {mtu: 9000, adminUp: false}\n", proto.Bool(false)},
+		{"kind: Interface\nmeta: {name: eth1}\nspec: {adminUp: true}\n", proto.Bool(true)},
+	} {
+		objs, err := manifest.Decode(strings.NewReader(tt.in))
+		if err != nil {
+			t.Fatalf("Decode(%q): %v", tt.in, err)
+		}
+		got := objs[0].GetInterface().AdminUp
+		if (got == nil) != (tt.want == nil) || (got != nil && *got != *tt.want) {
+			t.Errorf("Decode(%q): adminUp %v; want %v", tt.in, got, tt.want)
+		}
+		b, err := manifest.Marshal(objs[0], nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := manifest.Decode(bytes.NewReader(b))
+		if err != nil {
+			t.Fatalf("Decode(Marshal): %v", err)
+		}
+		if !proto.Equal(again[0], objs[0]) {
+			t.Errorf("%q read back as %s; want %v", tt.in, b, objs[0])
+		}
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/naplesnet/naples/internal/exitstatus"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -74,7 +75,7 @@ FAILED, or when --timeout passes.`,
 					return err
 				}
 			} else if cmd.Flags().Changed("timeout") {
-				return errors.New("--timeout needs --wait")
+				return exitstatus.Mark(errors.New("--timeout needs --wait"))
 			}
 			return c.apply(cmd.Context(), files, wait, timeout)
 		},

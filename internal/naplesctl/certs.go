@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/naplesnet/naples/internal/exitstatus"
 	"github.com/naplesnet/naples/internal/pki"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -84,7 +85,7 @@ func (c *cli) transportCredentials() (credentials.TransportCredentials, error) {
 	}
 	cfg, err := pki.ClientConfig(c.tls.cert, c.tls.key, c.tls.ca, c.tls.serverName)
 	if err != nil {
-		return nil, fmt.Errorf("loading TLS credentials (naplesctl certs makes them; --insecure talks plaintext): %w", err)
+		return nil, exitstatus.Mark(fmt.Errorf("loading TLS credentials (naplesctl certs makes them; --insecure talks plaintext): %w", err))
 	}
 	return pki.TransportCredentials(cfg), nil
 }
@@ -171,22 +172,22 @@ is removed. Keys are written with mode 0600. certs talks to no server.`,
 func (c *cli) certs(o certsOptions) error {
 	for _, n := range o.nodes {
 		if err := nimbusv1.ValidateNodeName(n); err != nil {
-			return fmt.Errorf("--nodes: %w", err)
+			return exitstatus.Mark(fmt.Errorf("--nodes: %w", err))
 		}
 		if slices.Contains([]string{caFile, serverFile, publisherFile}, n) {
-			return fmt.Errorf("--nodes: node %q would overwrite %s.crt; rename the node", n, n)
+			return exitstatus.Mark(fmt.Errorf("--nodes: node %q would overwrite %s.crt; rename the node", n, n))
 		}
 	}
 	for _, r := range o.replicas {
 		if r == "" || strings.ContainsAny(r, `/\`) {
-			return fmt.Errorf("--replicas: replica name %q: must be a non-empty name without '/' or '\\'", r)
+			return exitstatus.Mark(fmt.Errorf("--replicas: replica name %q: must be a non-empty name without '/' or '\\'", r))
 		}
 		if slices.Contains(o.nodes, replicaPrefix+r) {
-			return fmt.Errorf("--replicas: replica %q would overwrite node %q's %s%s.crt; rename one of them", r, replicaPrefix+r, replicaPrefix, r)
+			return exitstatus.Mark(fmt.Errorf("--replicas: replica %q would overwrite node %q's %s%s.crt; rename one of them", r, replicaPrefix+r, replicaPrefix, r))
 		}
 	}
 	if o.publisher == "" {
-		return errors.New("--publisher: a name is required")
+		return exitstatus.Mark(errors.New("--publisher: a name is required"))
 	}
 	members, err := parseEtcdMembers(o.etcdMembers)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/naplesnet/naples/internal/exitstatus"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -51,7 +52,7 @@ deleted. The keys are then sent in order, in as few batches as their size allows
 			)
 			if len(files) > 0 {
 				if tenant != "" || namespace != "" {
-					return errors.New("--tenant and --namespace cannot be used with -f: the manifest names them")
+					return exitstatus.Mark(errors.New("--tenant and --namespace cannot be used with -f: the manifest names them"))
 				}
 				srcs, err := c.readManifests(files)
 				if err != nil {

@@ -9,7 +9,6 @@ import (
 	"io"
 	"path/filepath"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
@@ -20,6 +19,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/naplesnet/naples/internal/address"
+	"github.com/naplesnet/naples/internal/exitstatus"
 	"github.com/naplesnet/naples/internal/manifest"
 	delphiv1 "github.com/naplesnet/naples/proto/delphi/v1"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -165,7 +165,7 @@ func checkOutput(output string, valid ...string) error {
 	if len(valid) > 2 {
 		want = strings.Join(valid[:len(valid)-1], ", ") + " or " + valid[len(valid)-1]
 	}
-	return fmt.Errorf("--output %q: want %s", output, want)
+	return exitstatus.Mark(fmt.Errorf("--output %q: want %s", output, want))
 }
 
 // agentSession is a connection to the local agent's API for one command.
@@ -184,19 +184,19 @@ func (c *cli) connectAgent() (*agentSession, error) {
 	if strings.Contains(socket, "://") {
 		addr, err := address.Parse(socket)
 		if err != nil {
-			return nil, fmt.Errorf("parsing --agent: %w", err)
+			return nil, exitstatus.Mark(fmt.Errorf("parsing --agent: %w", err))
 		}
 		if addr.Network != "unix" {
-			return nil, fmt.Errorf("--agent %q: the agent serves its api on a unix socket only", c.agent)
+			return nil, exitstatus.Mark(fmt.Errorf("--agent %q: the agent serves its api on a unix socket only", c.agent))
 		}
 		socket = addr.Addr
 	}
 	if socket == "" {
-		return nil, errors.New("--agent: is required")
+		return nil, exitstatus.Mark(errors.New("--agent: is required"))
 	}
 	socket, err := filepath.Abs(socket)
 	if err != nil {
-		return nil, fmt.Errorf("--agent %q: %w", c.agent, err)
+		return nil, exitstatus.Mark(fmt.Errorf("--agent %q: %w", c.agent, err))
 	}
 	addr := address.Address{Network: "unix", Addr: socket}
 	conn, err := grpc.NewClient(addr.GRPCTarget(), grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -278,7 +278,7 @@ func (c *cli) delphiList(ctx context.Context, kind nimbusv1.Kind, output string)
 		fmt.Fprintln(c.stderr, "No entries found.")
 		return nil
 	}
-	tw := tabwriter.NewWriter(c.stdout, 0, 8, 3, ' ', 0)
+	tw := newTable(c.stdout, 3)
 	fmt.Fprintln(tw, "KIND\tNAME\tTENANT\tNAMESPACE\tGENERATION\tPHASE\tOBSERVED\tMESSAGE")
 	for _, e := range resp.GetEntries() {
 		k := e.GetKey()
@@ -429,7 +429,7 @@ func writeDoc(w io.Writer, output string, raw json.RawMessage, stream bool) erro
 		}
 		out = y
 	default:
-		return fmt.Errorf("--output %q: want %s or %s", output, outputJSON, outputYAML)
+		return exitstatus.Mark(fmt.Errorf("--output %q: want %s or %s", output, outputJSON, outputYAML))
 	}
 	if _, err := w.Write(out); err != nil {
 		return fmt.Errorf("writing %s: %w", output, err)

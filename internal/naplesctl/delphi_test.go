@@ -184,6 +184,7 @@ status:
   phase: PHASE_PROGRAMMED
   reason: ""
   stale: false
+  terminal: false
 `)
 	out := a.ok("delphi", "get", "route", "gone", "-o", "json")
 	var doc struct {

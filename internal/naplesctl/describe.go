@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -104,7 +103,7 @@ func (c *cli) writeDescription(w io.Writer, item *nimbusv1.ObjectWithStatus) err
 		caughtUp = fmt.Sprintf("%s (%s ago)", p.caughtUp.UTC().Format(time.RFC3339), humanDuration(now.Sub(p.caughtUp)))
 	}
 
-	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	tw := newTable(w, 2)
 	for _, row := range [][2]string{
 		{"Key", obj.Key().ID()},
 		{"UID", m.GetUid()},
@@ -142,7 +141,7 @@ func (c *cli) writeDescription(w io.Writer, item *nimbusv1.ObjectWithStatus) err
 	slices.SortFunc(rows, func(a, b row) int { return strings.Compare(a.name, b.name) })
 
 	fmt.Fprintln(w)
-	tw = tabwriter.NewWriter(w, 0, 8, 3, ' ', 0)
+	tw = newTable(w, 3)
 	fmt.Fprintln(tw, "NODE\tPHASE\tOBSERVED\tSTALE\tUPDATED\tREASON\tMESSAGE")
 	for _, r := range rows {
 		if r.st == nil {
@@ -158,7 +157,7 @@ func (c *cli) writeDescription(w io.Writer, item *nimbusv1.ObjectWithStatus) err
 			updated = humanDuration(now.Sub(t.AsTime())) + " ago"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", r.name, phaseName(r.st.GetPhase()),
-			r.st.GetObservedGeneration(), stale, updated, orDash(r.st.GetReason()), orDash(oneLine(r.st.GetMessage())))
+			r.st.GetObservedGeneration(), stale, updated, orDash(reasonOf(r.st)), orDash(oneLine(r.st.GetMessage())))
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("writing node table: %w", err)
@@ -171,7 +170,7 @@ func (c *cli) writeDescription(w io.Writer, item *nimbusv1.ObjectWithStatus) err
 		}
 		fmt.Fprintf(w, "\nOperational on %s:\n", r.name)
 		keys := slices.Sorted(maps.Keys(op))
-		tw = tabwriter.NewWriter(w, 0, 8, 1, ' ', 0)
+		tw = newTable(w, 1)
 		for _, k := range keys {
 			fmt.Fprintf(tw, "  %s:\t%s\n", k, op[k])
 		}
@@ -207,8 +206,9 @@ type propagation struct {
 	// unnamed counts the pending target nodes whose names are not known: nodes that have
 	// not reported an object that targets every node, when nimbus does not name them.
 	unnamed int
-	// failures are the reports of the nodes FAILED at generation or later.
-	failures []*nimbusv1.NodeStatus
+	// failures are the reports of the nodes FAILED at generation or later; terminal
+	// those of them that no retry mends (NodeStatus.terminal), the others being retried.
+	failures, terminal []*nimbusv1.NodeStatus
 	// caughtUp is when the last target node reported PROGRAMMED at generation; zero while
 	// any has not.
 	caughtUp time.Time
@@ -245,6 +245,9 @@ func propagationOf(item *nimbusv1.ObjectWithStatus, gen int64) propagation {
 			p.failed++
 			settled[n.GetNode()] = true
 			p.failures = append(p.failures, n)
+			if n.GetTerminal() {
+				p.terminal = append(p.terminal, n)
+			}
 		}
 	}
 	if st.GetGeneration() != 0 && st.GetGeneration() == gen {
@@ -297,6 +300,23 @@ func (p propagation) pendingNames() string {
 		return fmt.Sprintf("%d %s not reported", p.unnamed, plural(p.unnamed, "node has", "nodes have"))
 	}
 	return fmt.Sprintf("%s and %d more", names, p.unnamed)
+}
+
+// reasonOf is how a node's reason is shown: for a FAILED node, followed by whether its
+// agent retries ("KernelError (retrying)") or no retry mends it ("InvalidSpec
+// (terminal)").
+func reasonOf(n *nimbusv1.NodeStatus) string {
+	r := n.GetReason()
+	if n.GetPhase() != nimbusv1.Phase_PHASE_FAILED {
+		return r
+	}
+	if r == "" {
+		r = "Failed"
+	}
+	if n.GetTerminal() {
+		return r + " (terminal)"
+	}
+	return r + " (retrying)"
 }
 
 // phaseName is how a phase is shown in tables: "PROGRAMMED".

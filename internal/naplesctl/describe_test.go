@@ -38,10 +38,10 @@ func TestDescribe(t *testing.T) {
 		"Stale:       0\n"+
 		"Caught up:   -\n"+
 		"\n"+
-		"NODE     PHASE        OBSERVED   STALE   UPDATED   REASON        MESSAGE\n"+
-		"host-a   PROGRAMMED   1          no      90s ago   -             route in table 100\n"+
-		"host-b   FAILED       1          no      90s ago   KernelError   adding route: network is unreachable\n"+
-		"host-c   -            -          -       -         -             -\n")
+		"NODE     PHASE        OBSERVED   STALE   UPDATED   REASON                   MESSAGE\n"+
+		"host-a   PROGRAMMED   1          no      90s ago   -                        route in table 100\n"+
+		"host-b   FAILED       1          no      90s ago   KernelError (retrying)   adding route: network is unreachable\n"+
+		"host-c   -            -          -       -         -                        -\n")
 
 	e.report("to-dc2", "host-b", 1, programmed, "", "")
 	e.report("to-dc2", "host-c", 1, programmed, "", "")

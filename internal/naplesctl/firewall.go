@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/netip"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -210,7 +209,7 @@ func writeFirewallPolicy(w, notes io.Writer, resp *delphiv1.FirewallResponse) er
 		fmt.Fprintln(notes, "No endpoints found.")
 	} else {
 		b.WriteString("\n")
-		tw := tabwriter.NewWriter(&b, 0, 8, 3, ' ', 0)
+		tw := newTable(&b, 3)
 		fmt.Fprintln(tw, "ENDPOINT\tINTERFACE\tID\tSUBJECT\tINGRESS\tEGRESS\tALLOWED\tDENIED")
 		for _, e := range resp.GetEndpoints() {
 			allowed, denied := "-", "-"
@@ -254,7 +253,7 @@ func writeFirewallPolicy(w, notes io.Writer, resp *delphiv1.FirewallResponse) er
 			b.WriteString("  no policy entries\n")
 			continue
 		}
-		tw := tabwriter.NewWriter(&b, 0, 8, 3, ' ', 0)
+		tw := newTable(&b, 3)
 		fmt.Fprintln(tw, "  DIRECTION\tCLASS\tPEER\tPORTS\tVERDICT\tRULE")
 		for _, e := range s.GetEntries() {
 			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\n", e.GetDirection(), e.GetClass(), peerText(e), e.GetPorts(),
@@ -382,7 +381,7 @@ func writeFirewallIdentities(w, notes io.Writer, resp *delphiv1.FirewallResponse
 			tenant = "unknown"
 		}
 		fmt.Fprintf(&b, "\ntenant %s, scope %#x\n", tenant, s.GetScope())
-		tw := tabwriter.NewWriter(&b, 0, 8, 3, ' ', 0)
+		tw := newTable(&b, 3)
 		fmt.Fprintln(tw, "  IDENTITY\tLABELS\tPREFIXES")
 		for _, id := range s.GetIdentities() {
 			labels := "unknown"
@@ -415,7 +414,7 @@ func writeFirewallConntrack(w, notes io.Writer, resp *delphiv1.FirewallResponse)
 	} else {
 		b.WriteString("\n")
 		gen := resp.GetSnapshot().GetGeneration()
-		tw := tabwriter.NewWriter(&b, 0, 8, 3, ' ', 0)
+		tw := newTable(&b, 3)
 		fmt.Fprintln(tw, "INTERFACE\tENDPOINT\tPROTO\tSOURCE\tDESTINATION\tDIRECTION\tIDLE\tEXPIRES\tFLAGS\tGENERATION\tRULE")
 		for _, c := range resp.GetConnections() {
 			g := genText(c.GetGeneration())

@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/naplesnet/naples/internal/exitstatus"
 	"github.com/naplesnet/naples/internal/manifest"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -59,7 +59,7 @@ again.`,
 			switch o.output {
 			case outputTable, outputJSON, outputYAML:
 			default:
-				return fmt.Errorf("--output %q: want %s, %s or %s", o.output, outputTable, outputJSON, outputYAML)
+				return exitstatus.Mark(fmt.Errorf("--output %q: want %s, %s or %s", o.output, outputTable, outputJSON, outputYAML))
 			}
 			if len(args) == 2 {
 				return c.getOne(cmd.Context(), nimbusv1.NewKey(kind, o.tenant, o.namespace, args[1]), o)
@@ -140,7 +140,7 @@ func withStatus(item *nimbusv1.ObjectWithStatus) *nimbusv1.ObjectWithStatus {
 
 // table prints items as a table, one row per object.
 func (c *cli) table(items []*nimbusv1.ObjectWithStatus) error {
-	tw := tabwriter.NewWriter(c.stdout, 0, 8, 3, ' ', 0)
+	tw := newTable(c.stdout, 3)
 	fmt.Fprintln(tw, "NAME\tTENANT\tNAMESPACE\tGENERATION\tPROGRAMMED\tFAILED\tPENDING\tSTALE\tAGE")
 	now := c.now()
 	for _, it := range items {

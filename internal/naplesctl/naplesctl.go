@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"strings"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 
 	"github.com/naplesnet/naples/internal/address"
 	"github.com/naplesnet/naples/internal/codec"
+	"github.com/naplesnet/naples/internal/exitstatus"
 	"github.com/naplesnet/naples/internal/manifest"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -41,8 +43,11 @@ var (
 
 // Run runs naplesctl with args, the command line without the program name, reading
 // manifests given as "-" from stdin, writing results to stdout and notes to stderr, and
-// reading the environment with getenv. It returns the error that ends the command, which
-// the caller prints; usage errors are returned too.
+// reading the environment with getenv. What it writes goes through Printable. It returns
+// the error that ends the command, which the caller prints, through Printable too; usage
+// errors are returned too. A usage error (an unknown command or flag, a bad flag value or
+// argument, flags that do not go together, TLS files that cannot be loaded, a manifest
+// file that does not exist) is marked for exit status 2 (exitstatus.Of), any other for 1.
 func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) error {
 	c := &cli{stdin: stdin, stdout: stdout, stderr: stderr, now: time.Now}
 	return c.run(ctx, args, getenv)
@@ -61,10 +66,15 @@ type cli struct {
 	tls tlsFlags
 	// agent is the --agent flag.
 	agent string
+	// started is set when cobra has parsed the command line and runs a command: an error
+	// before that is a usage error.
+	started bool
 }
 
-// run builds the command tree and executes it with args.
+// run builds the command tree and executes it with args. What it writes to stdout and
+// stderr goes through Printable.
 func (c *cli) run(ctx context.Context, args []string, getenv func(string) string) error {
+	c.stdout, c.stderr = printable(c.stdout), printable(c.stderr)
 	root := &cobra.Command{
 		Use:   "naplesctl",
 		Short: "naplesctl applies, gets and deletes naples desired-state objects in nimbus",
@@ -103,7 +113,27 @@ Objects are written as YAML or JSON manifests:
 	root.SetIn(c.stdin)
 	root.SetOut(c.stdout)
 	root.SetErr(c.stderr)
-	return root.ExecuteContext(ctx)
+	c.markStart(root)
+	err := root.ExecuteContext(ctx)
+	if err != nil && !c.started {
+		// Cobra refused the command line: an unknown command or flag, a flag value
+		// that does not parse, arguments the command does not take.
+		return exitstatus.Mark(err)
+	}
+	return err
+}
+
+// markStart makes every command of the tree under cmd set started when it runs.
+func (c *cli) markStart(cmd *cobra.Command) {
+	if run := cmd.RunE; run != nil {
+		cmd.RunE = func(cmd *cobra.Command, args []string) error {
+			c.started = true
+			return run(cmd, args)
+		}
+	}
+	for _, sub := range cmd.Commands() {
+		c.markStart(sub)
+	}
 }
 
 // session is a connection to nimbus for one command.
@@ -121,7 +151,7 @@ type session struct {
 func (c *cli) connect() (*session, error) {
 	addr, err := address.ParseList(c.server)
 	if err != nil {
-		return nil, fmt.Errorf("parsing --server: %w", err)
+		return nil, exitstatus.Mark(fmt.Errorf("parsing --server: %w", err))
 	}
 	creds, err := c.transportCredentials()
 	if err != nil {
@@ -169,7 +199,8 @@ func (e *statusError) Error() string {
 // GRPCStatus returns the status, for status.FromError and status.Code.
 func (e *statusError) GRPCStatus() *status.Status { return e.st }
 
-// parseKind parses a kind given on the command line; its error lists the valid kinds.
+// parseKind parses a kind given on the command line; its error, a usage error (see
+// Run), lists the valid kinds.
 func parseKind(s string) (nimbusv1.Kind, error) {
 	kind, err := nimbusv1.ParseKind(s)
 	if err != nil {
@@ -177,7 +208,7 @@ func parseKind(s string) (nimbusv1.Kind, error) {
 		for _, k := range nimbusv1.Kinds() {
 			names = append(names, k.Name())
 		}
-		return kind, fmt.Errorf("%w (valid kinds: %s)", err, strings.Join(names, ", "))
+		return kind, exitstatus.Mark(fmt.Errorf("%w (valid kinds: %s)", err, strings.Join(names, ", ")))
 	}
 	return kind, nil
 }
@@ -215,6 +246,9 @@ func (c *cli) readManifests(files []string) ([]source, error) {
 			f = "stdin"
 		} else {
 			objs, err = manifest.DecodeFile(f)
+			if errors.Is(err, fs.ErrNotExist) {
+				err = exitstatus.Mark(err) // -f names no file: a usage error
+			}
 		}
 		if err != nil {
 			return nil, err

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/naplesnet/naples/controller"
+	"github.com/naplesnet/naples/internal/exitstatus"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -37,7 +38,7 @@ func (o *waitOptions) addTimeoutFlag(cmd *cobra.Command, what string) {
 func (o *waitOptions) parseTimeout() (time.Duration, error) {
 	d, err := time.ParseDuration(o.timeout)
 	if err != nil || d <= 0 {
-		return 0, fmt.Errorf("--timeout %q: want a positive duration such as 30s or 2m", o.timeout)
+		return 0, exitstatus.Mark(fmt.Errorf("--timeout %q: want a positive duration such as 30s or 2m", o.timeout))
 	}
 	return d, nil
 }
@@ -56,9 +57,11 @@ func (c *cli) waitCommand() *cobra.Command {
 Each object is waited on at the generation it has when the wait starts. While waiting,
 a line on stderr shows each change of progress ("route/to-dc2: 3/4 nodes programmed
 (generation 2)"); when an object is PROGRAMMED on every target node, a line on stdout
-says so. wait exits 0 once every object is; it fails as soon as a target node reports
-FAILED, with that node's reason and message, and when --timeout passes, naming the
-nodes still pending.`,
+says so. A node that reports FAILED while its agent retries (a kernel error, a conflict)
+is shown as progress ("host-a: FAILED KernelError (retrying): ...") and waited on. wait
+exits 0 once every object is programmed; it fails as soon as a target node reports a
+terminal FAILED (an invalid spec, which no retry mends), with that node's reason and
+message, and when --timeout passes, naming the nodes still pending or failing.`,
 		Example: `  naplesctl wait route to-dc2
   naplesctl wait route to-dc2 to-dc3 --timeout 2m`,
 		Args: cobra.MinimumNArgs(2),
@@ -108,9 +111,10 @@ type waitState struct {
 }
 
 // wait follows nimbus's status stream until every target is PROGRAMMED on all its target
-// nodes at its generation or later, printing a progress line to stderr whenever one
-// changes and a line to stdout when a target is done. It returns an error wrapping
-// ErrProgrammingFailed as soon as a target node reports FAILED at that generation, one
+// nodes at its generation or later, printing progress to stderr whenever it changes (a
+// line per target, and one per node FAILED and being retried) and a line to stdout when
+// a target is done. It returns an error wrapping ErrProgrammingFailed as soon as a target
+// node reports a terminal FAILED at that generation, one
 // wrapping ErrNotFound when a target does not exist or is deleted, and one wrapping
 // ErrWaitTimeout that names the pending nodes when timeout passes first.
 func (c *cli) wait(ctx context.Context, sess *session, targets []waitTarget, timeout time.Duration) error {
@@ -176,7 +180,7 @@ func (c *cli) wait(ctx context.Context, sess *session, targets []waitTarget, tim
 // target's wait among states; we itself when no state saw the failure.
 func failureOf(states []*waitState, we *controller.WaitError) error {
 	for _, s := range states {
-		if s.generation == we.Target.Generation && len(s.last.failures) > 0 {
+		if s.generation == we.Target.Generation && len(s.last.terminal) > 0 {
 			return failure(s)
 		}
 	}
@@ -214,17 +218,25 @@ func (c *cli) observe(s *waitState, item *nimbusv1.ObjectWithStatus) {
 	}
 }
 
-// progress is the progress line of an object: "route/to-dc2: 3/4 nodes programmed
-// (generation 2)".
+// progress is the progress of an object: "route/to-dc2: 3/4 nodes programmed
+// (generation 2)", followed by a line per node FAILED and being retried: "  host-b:
+// FAILED KernelError (retrying): <message>".
 func (p propagation) progress(key *nimbusv1.ObjectKey) string {
-	return fmt.Sprintf("%s: %d/%d nodes programmed (generation %d)", ref(key), p.programmed, p.target, p.generation)
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s: %d/%d nodes programmed (generation %d)", ref(key), p.programmed, p.target, p.generation)
+	for _, n := range p.failures {
+		if !n.GetTerminal() {
+			fmt.Fprintf(&b, "\n  %s: FAILED %s: %s", n.GetNode(), reasonOf(n), orDash(oneLine(n.GetMessage())))
+		}
+	}
+	return b.String()
 }
 
-// failure returns the error for a target that a node reported FAILED, one line per
-// failed node: "node host-b: KernelError: <message>".
+// failure returns the error for a target that a node reported FAILED for good, one line
+// per such node: "node host-b: InvalidSpec: <message>".
 func failure(s *waitState) error {
 	var b strings.Builder
-	for _, n := range s.last.failures {
+	for _, n := range s.last.terminal {
 		b.WriteString("\n  node " + n.GetNode() + ": ")
 		if r := n.GetReason(); r != "" {
 			b.WriteString(r + ": ")
@@ -232,7 +244,7 @@ func failure(s *waitState) error {
 		b.WriteString(orDash(oneLine(n.GetMessage())))
 	}
 	return fmt.Errorf("%s: %w on %d of %d nodes (generation %d):%s",
-		ref(s.key), ErrProgrammingFailed, len(s.last.failures), s.last.target, s.generation, b.String())
+		ref(s.key), ErrProgrammingFailed, len(s.last.terminal), s.last.target, s.generation, b.String())
 }
 
 // timedOut returns the error for a wait whose timeout passed: per target not done, how
@@ -251,8 +263,19 @@ func timedOut(states []*waitState, timeout time.Duration) error {
 			errs = append(errs, fmt.Errorf("%s: %w after %v: the object targets no nodes (generation %d)",
 				key, ErrWaitTimeout, timeout, s.generation))
 		default:
-			errs = append(errs, fmt.Errorf("%s: %w after %v: %d/%d nodes programmed (generation %d); pending: %s",
-				key, ErrWaitTimeout, timeout, s.last.programmed, s.last.target, s.generation, s.last.pendingNames()))
+			var failing []string
+			for _, n := range s.last.failures {
+				failing = append(failing, fmt.Sprintf("%s (%s: %s)", n.GetNode(), orDash(n.GetReason()), orDash(oneLine(n.GetMessage()))))
+			}
+			var tail string
+			if names := s.last.pendingNames(); names != "" || len(failing) == 0 {
+				tail = "; pending: " + names
+			}
+			if len(failing) > 0 {
+				tail += "; failing, being retried: " + strings.Join(failing, ", ")
+			}
+			errs = append(errs, fmt.Errorf("%s: %w after %v: %d/%d nodes programmed (generation %d)%s",
+				key, ErrWaitTimeout, timeout, s.last.programmed, s.last.target, s.generation, tail))
 		}
 	}
 	return errors.Join(errs...)

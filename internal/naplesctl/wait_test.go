@@ -105,13 +105,20 @@ func (r *running) waitStderr(t *testing.T, want string) {
 // ReportStatus stream.
 func (e *env) report(name, node string, gen int64, phase nimbusv1.Phase, reason, msg string) {
 	e.t.Helper()
+	e.reportStatus(name, &nimbusv1.NodeStatus{Node: node, ObservedGeneration: gen, Phase: phase, Reason: reason, Message: msg})
+}
+
+// reportStatus sends st as st.Node's status report for the route called name, as report
+// does.
+func (e *env) reportStatus(name string, st *nimbusv1.NodeStatus) {
+	e.t.Helper()
 	stream, err := e.nimbus.ReportStatus(e.t.Context())
 	if err != nil {
 		e.t.Fatalf("ReportStatus: %v", err)
 	}
 	err = stream.Send(&nimbusv1.StatusReport{
 		Key:    nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "", "", name),
-		Status: &nimbusv1.NodeStatus{Node: node, ObservedGeneration: gen, Phase: phase, Reason: reason, Message: msg},
+		Status: st,
 	})
 	if err != nil {
 		e.t.Fatalf("sending a status report: %v", err)
@@ -198,21 +205,22 @@ func TestWaitSucceedsWhenStatusArrives(t *testing.T) {
 	equal(t, "wait stdout", r.stdout.String(), "route/to-dc2 programmed on 1/1 nodes (generation 1)\n")
 }
 
-// TestWaitFailed has a node report FAILED: wait fails at once, naming the node, its reason
-// and its message.
+// TestWaitFailed has a node report a terminal FAILED: wait fails at once, naming the
+// node, its reason and its message.
 func TestWaitFailed(t *testing.T) {
 	e := newEnv(t)
 	e.ok("apply", "-f", e.file("route.yaml", routeTo("to-dc2", "198.51.100.0/24", "10.10.0.2", "host-a", "host-b", "host-c")))
 	e.report("to-dc2", "host-a", 1, programmed, "", "")
 	r := e.start("wait", "route", "to-dc2", "--timeout", "20s")
 	r.waitStderr(t, "route/to-dc2: 1/3 nodes programmed (generation 1)\n")
-	e.report("to-dc2", "host-b", 1, failed, "KernelError", "adding route 198.51.100.0/24: network is unreachable")
+	e.reportStatus("to-dc2", &nimbusv1.NodeStatus{Node: "host-b", ObservedGeneration: 1, Phase: failed, Terminal: true,
+		Reason: "InvalidSpec", Message: "spec.table 255: reserved"})
 	err := r.result(t)
 	if err == nil {
 		t.Fatal("wait succeeded though host-b FAILED")
 	}
 	equal(t, "wait error", err.Error(), "route/to-dc2: programming failed on 1 of 3 nodes (generation 1):\n"+
-		"  node host-b: KernelError: adding route 198.51.100.0/24: network is unreachable")
+		"  node host-b: InvalidSpec: spec.table 255: reserved")
 	if !errors.Is(err, ErrProgrammingFailed) {
 		t.Errorf("error %v is not ErrProgrammingFailed", err)
 	}
@@ -222,10 +230,44 @@ func TestWaitFailed(t *testing.T) {
 
 	// apply --wait of the same, unchanged route fails the same way, after applying it.
 	out, _, err := e.run("", "apply", "-f", e.file("again.yaml", routeTo("to-dc2", "198.51.100.0/24", "10.10.0.2", "host-a", "host-b", "host-c")), "--wait")
-	if err == nil || !errors.Is(err, ErrProgrammingFailed) || !strings.Contains(err.Error(), "node host-b: KernelError") {
+	if err == nil || !errors.Is(err, ErrProgrammingFailed) || !strings.Contains(err.Error(), "node host-b: InvalidSpec") {
 		t.Errorf("apply --wait of a failed route: %v", err)
 	}
 	equal(t, "apply --wait stdout", out, "route/to-dc2 unchanged\n")
+}
+
+// TestWaitThroughRetriedFailure has a node report a FAILED that its agent retries: wait
+// shows it as progress and waits on, succeeding once the node reports PROGRAMMED; and a
+// wait that times out on such a failure names it.
+func TestWaitThroughRetriedFailure(t *testing.T) {
+	e := newEnv(t)
+	e.ok("apply", "-f", e.file("route.yaml", routeTo("to-dc2", "198.51.100.0/24", "10.10.0.2", "host-a", "host-b")))
+	e.report("to-dc2", "host-a", 1, programmed, "", "")
+	r := e.start("wait", "route", "to-dc2", "--timeout", "20s")
+	r.waitStderr(t, "route/to-dc2: 1/2 nodes programmed (generation 1)\n")
+	e.report("to-dc2", "host-b", 1, failed, "KernelError", "adding route 198.51.100.0/24: network is unreachable")
+	r.waitStderr(t, "route/to-dc2: 1/2 nodes programmed (generation 1)\n"+
+		"  host-b: FAILED KernelError (retrying): adding route 198.51.100.0/24: network is unreachable\n")
+	select {
+	case err := <-r.done:
+		r.done <- err // for the cleanup
+		t.Fatalf("wait returned %v on a failure that is being retried", err)
+	default:
+	}
+	e.report("to-dc2", "host-b", 1, programmed, "", "")
+	if err := r.result(t); err != nil {
+		t.Fatalf("wait: %v", err)
+	}
+	equal(t, "wait stdout", r.stdout.String(), "route/to-dc2 programmed on 2/2 nodes (generation 1)\n")
+
+	e.ok("apply", "-f", e.file("route3.yaml", routeTo("to-dc3", "203.0.113.0/24", "10.10.0.3", "host-a")))
+	e.report("to-dc3", "host-a", 1, failed, "KernelError", "adding route: file exists")
+	_, _, err := e.run("", "wait", "route", "to-dc3", "--timeout", "300ms")
+	if !errors.Is(err, ErrWaitTimeout) {
+		t.Fatalf("wait on a failure being retried: %v; want a timeout", err)
+	}
+	equal(t, "wait error", err.Error(), "route/to-dc3: timed out after 300ms: 0/1 nodes programmed (generation 1); "+
+		"failing, being retried: host-a (KernelError: adding route: file exists)")
 }
 
 // TestWaitTimeout waits on routes that are not programmed everywhere: the error says how

@@ -1,10 +1,12 @@
-// Package versiontest checks the --version flag of a command: the test binary of the
-// command's main package runs main itself, with the flag, as the command would run.
+// Package versiontest checks the --version flag of a command, and the exit status of a
+// command line: the test binary of the command's main package runs main itself, with the
+// arguments, as the command would run.
 package versiontest
 
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -50,4 +52,30 @@ func Flag(t *testing.T, name string, args ...string) {
 	if stdout.String() != want || stderr.Len() != 0 {
 		t.Errorf("%s --version printed %q on stdout and %q on stderr, want %q on stdout only", name, stdout.String(), stderr.String(), want)
 	}
+}
+
+// ExitStatus runs the test binary as the command with args, as Flag does, and returns
+// its exit status and what it wrote on stderr. It fails the test when the command does
+// not end within a minute.
+func ExitStatus(t *testing.T, args ...string) (status int, stderr string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], args...)
+	cmd.Env = append(os.Environ(), runMainEnv+"=v1.2.3-test", "GORACE=atexit_sleep_ms=0")
+	var errBuf bytes.Buffer
+	cmd.Stderr = &errBuf
+	err := cmd.Run()
+	if ctx.Err() != nil {
+		t.Fatalf("%q did not end within a minute; stderr:\n%s", args, errBuf.String())
+	}
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+		return 0, errBuf.String()
+	case errors.As(err, &exit):
+		return exit.ExitCode(), errBuf.String()
+	}
+	t.Fatalf("running %q: %v", args, err)
+	return 0, ""
 }

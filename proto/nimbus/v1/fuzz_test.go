@@ -24,7 +24,7 @@ func kindSeeds(f *testing.F) [][]byte {
 			Egress:       []*PolicyRule{{Action: PolicyRule_ACTION_DENY, ToCidrs: []string{"0.0.0.0/0"}}},
 		}}},
 		{Meta: &ObjectMeta{Name: "eth1", Nodes: []string{"host-a"}}, Spec: &Object_Interface{Interface: &InterfaceSpec{
-			Device: "eth1", Mtu: 9000, AdminUp: true, Addresses: []string{"192.0.2.10/24"}}}},
+			Device: "eth1", Mtu: 9000, AdminUp: proto.Bool(true), Addresses: []string{"192.0.2.10/24"}}}},
 		{Meta: &ObjectMeta{Name: "bad", CreateTime: &timestamppb.Timestamp{Seconds: 1}}, Spec: &Object_Endpoint{Endpoint: &EndpointSpec{Mac: "ff:ff:ff:ff:ff:ff", Ips: []string{"10.1.0.5/24"}}}},
 		{Meta: &ObjectMeta{Name: "Bad_Name"}, Spec: &Object_Route{Route: &RouteSpec{Prefix: "10.0.0.0/33"}}},
 		{},

@@ -1313,8 +1313,14 @@ func (x *NextHop) GetWeight() uint32 {
 type InterfaceSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// device is the kernel interface name; empty means the object's name.
-	Device        string   `protobuf:"bytes,1,opt,name=device,proto3" json:"device,omitempty"`
-	AdminUp       bool     `protobuf:"varint,2,opt,name=admin_up,json=adminUp,proto3" json:"admin_up,omitempty"`
+	Device string `protobuf:"bytes,1,opt,name=device,proto3" json:"device,omitempty"`
+	// admin_up is the administrative state to set (`ip link set DEV up|down`); unset
+	// leaves the state as naples found it. It is optional (field presence) on the wire
+	// number it always had, so objects written before it was are read as they were, with
+	// one difference: false was never written then, so an object stored with admin_up
+	// false reads as unset, and must be applied again to take its link down.
+	AdminUp *bool `protobuf:"varint,2,opt,name=admin_up,json=adminUp,proto3,oneof" json:"admin_up,omitempty"`
+	// mtu is the MTU to set; 0 leaves the MTU as naples found it.
 	Mtu           uint32   `protobuf:"varint,3,opt,name=mtu,proto3" json:"mtu,omitempty"`
 	Addresses     []string `protobuf:"bytes,4,rep,name=addresses,proto3" json:"addresses,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -1359,8 +1365,8 @@ func (x *InterfaceSpec) GetDevice() string {
 }
 
 func (x *InterfaceSpec) GetAdminUp() bool {
-	if x != nil {
-		return x.AdminUp
+	if x != nil && x.AdminUp != nil {
+		return *x.AdminUp
 	}
 	return false
 }
@@ -1395,7 +1401,11 @@ type NodeStatus struct {
 	Operational map[string]string `protobuf:"bytes,7,rep,name=operational,proto3" json:"operational,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// stale is set by nimbus when the node's agent has been disconnected for longer than
 	// the grace period: the status is the last one reported, not necessarily the truth.
-	Stale         bool `protobuf:"varint,8,opt,name=stale,proto3" json:"stale,omitempty"`
+	Stale bool `protobuf:"varint,8,opt,name=stale,proto3" json:"stale,omitempty"`
+	// terminal is set by the agent on a FAILED status that no retry can mend (an invalid
+	// spec): the phase stays FAILED until the object changes. A FAILED status without it
+	// is retried with backoff (a kernel error, a conflict) and may yet turn PROGRAMMED.
+	Terminal      bool `protobuf:"varint,9,opt,name=terminal,proto3" json:"terminal,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1482,6 +1492,13 @@ func (x *NodeStatus) GetOperational() map[string]string {
 func (x *NodeStatus) GetStale() bool {
 	if x != nil {
 		return x.Stale
+	}
+	return false
+}
+
+func (x *NodeStatus) GetTerminal() bool {
+	if x != nil {
+		return x.Terminal
 	}
 	return false
 }
@@ -3037,12 +3054,13 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\aNextHop\x12\x18\n" +
 	"\agateway\x18\x01 \x01(\tR\agateway\x12\x16\n" +
 	"\x06device\x18\x02 \x01(\tR\x06device\x12\x16\n" +
-	"\x06weight\x18\x03 \x01(\rR\x06weight\"r\n" +
+	"\x06weight\x18\x03 \x01(\rR\x06weight\"\x84\x01\n" +
 	"\rInterfaceSpec\x12\x16\n" +
-	"\x06device\x18\x01 \x01(\tR\x06device\x12\x19\n" +
-	"\badmin_up\x18\x02 \x01(\bR\aadminUp\x12\x10\n" +
+	"\x06device\x18\x01 \x01(\tR\x06device\x12\x1e\n" +
+	"\badmin_up\x18\x02 \x01(\bH\x00R\aadminUp\x88\x01\x01\x12\x10\n" +
 	"\x03mtu\x18\x03 \x01(\rR\x03mtu\x12\x1c\n" +
-	"\taddresses\x18\x04 \x03(\tR\taddresses\"\x88\x03\n" +
+	"\taddresses\x18\x04 \x03(\tR\taddressesB\v\n" +
+	"\t_admin_up\"\xa4\x03\n" +
 	"\n" +
 	"NodeStatus\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12/\n" +
@@ -3053,7 +3071,8 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\vupdate_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"updateTime\x12H\n" +
 	"\voperational\x18\a \x03(\v2&.nimbus.v1.NodeStatus.OperationalEntryR\voperational\x12\x14\n" +
-	"\x05stale\x18\b \x01(\bR\x05stale\x1a>\n" +
+	"\x05stale\x18\b \x01(\bR\x05stale\x12\x1a\n" +
+	"\bterminal\x18\t \x01(\bR\bterminal\x1a>\n" +
 	"\x10OperationalEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xee\x02\n" +
@@ -3344,6 +3363,7 @@ func file_nimbus_v1_nimbus_proto_init() {
 		(*Object_Route)(nil),
 		(*Object_Interface)(nil),
 	}
+	file_nimbus_v1_nimbus_proto_msgTypes[12].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

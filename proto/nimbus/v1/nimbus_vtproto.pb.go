@@ -1024,9 +1024,9 @@ func (m *InterfaceSpec) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i--
 		dAtA[i] = 0x18
 	}
-	if m.AdminUp {
+	if m.AdminUp != nil {
 		i--
-		if m.AdminUp {
+		if *m.AdminUp {
 			dAtA[i] = 1
 		} else {
 			dAtA[i] = 0
@@ -1073,6 +1073,16 @@ func (m *NodeStatus) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 	if m.unknownFields != nil {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
+	}
+	if m.Terminal {
+		i--
+		if m.Terminal {
+			dAtA[i] = 1
+		} else {
+			dAtA[i] = 0
+		}
+		i--
+		dAtA[i] = 0x48
 	}
 	if m.Stale {
 		i--
@@ -2920,7 +2930,7 @@ func (m *InterfaceSpec) SizeVT() (n int) {
 	if l > 0 {
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
-	if m.AdminUp {
+	if m.AdminUp != nil {
 		n += 2
 	}
 	if m.Mtu != 0 {
@@ -2973,6 +2983,9 @@ func (m *NodeStatus) SizeVT() (n int) {
 		}
 	}
 	if m.Stale {
+		n += 2
+	}
+	if m.Terminal {
 		n += 2
 	}
 	n += len(m.unknownFields)
@@ -6003,7 +6016,8 @@ func (m *InterfaceSpec) UnmarshalVT(dAtA []byte) error {
 					break
 				}
 			}
-			m.AdminUp = bool(v != 0)
+			b := bool(v != 0)
+			m.AdminUp = &b
 		case 3:
 			if wireType != 0 {
 				return fmt.Errorf("proto: wrong wireType = %d for field Mtu", wireType)
@@ -6423,6 +6437,26 @@ func (m *NodeStatus) UnmarshalVT(dAtA []byte) error {
 				}
 			}
 			m.Stale = bool(v != 0)
+		case 9:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field Terminal", wireType)
+			}
+			var v int
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				v |= int(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			m.Terminal = bool(v != 0)
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])
@@ -12101,7 +12135,8 @@ func (m *InterfaceSpec) UnmarshalVTUnsafe(dAtA []byte) error {
 					break
 				}
 			}
-			m.AdminUp = bool(v != 0)
+			b := bool(v != 0)
+			m.AdminUp = &b
 		case 3:
 			if wireType != 0 {
 				return fmt.Errorf("proto: wrong wireType = %d for field Mtu", wireType)
@@ -12545,6 +12580,26 @@ func (m *NodeStatus) UnmarshalVTUnsafe(dAtA []byte) error {
 				}
 			}
 			m.Stale = bool(v != 0)
+		case 9:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field Terminal", wireType)
+			}
+			var v int
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				v |= int(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			m.Terminal = bool(v != 0)
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])
