@@ -43,17 +43,21 @@ import (
 // conflicting objects at the same moment both commit. The nodes then keep the object that
 // was programmed first, and FAIL the other naming it (see hal/linux).
 
-// claimPrefix starts the index keys of one kind of claim.
+// The prefixes of the claims index's keys, one per kind of claim, and what follows them,
+// separated by claimKeySep. A member key is no claim: it lists an endpoint under its
+// network, for the check of a network's subnets.
 const (
-	claimDevice  = "dev\x00"    // dev DEVICE NODE|*: Endpoint or Interface
-	claimIP      = "ip\x00"     // ip TENANT IP: Endpoint
-	claimMAC     = "mac\x00"    // mac NETWORK-ID MAC: Endpoint
-	claimVNI     = "vni\x00"    // vni VNI: Network
-	claimSubnet  = "subnet\x00" // subnet TENANT FAMILY+ADDRESS/BITS: Network
-	claimMember  = "member\x00" // member NETWORK-ID ENDPOINT-ID: Endpoint, no claim
-	anyNode      = "*"          // the node of an Interface object for every node
-	claimKeySep  = "\x00"
-	subnetBitsSz = 3
+	claimDevice = "dev\x00"    // DEVICE NODE, or anyNode: Endpoint or Interface
+	claimIP     = "ip\x00"     // TENANT IP: Endpoint
+	claimMAC    = "mac\x00"    // NETWORK-ID MAC: Endpoint
+	claimVNI    = "vni\x00"    // VNI: Network
+	claimSubnet = "subnet\x00" // TENANT FAMILY+ADDRESS/BITS: Network
+	claimMember = "member\x00" // NETWORK-ID ENDPOINT-ID: Endpoint
+	claimKeySep = "\x00"
+	// anyNode is the node of the device claim of an Interface object for every node.
+	anyNode = "*"
+	// subnetBitsDigits is how many digits a subnet key's prefix length takes.
+	subnetBitsDigits = 3
 )
 
 // claimKeys returns the index keys the object holds, nil for kinds that hold none.
@@ -71,8 +75,8 @@ func claimKeys(obj *nimbusv1.Object) []string {
 		if mac, ok := parseMAC(ep.GetMac()); ok {
 			keys = append(keys, claimMAC+netID+claimKeySep+mac)
 		}
-		for _, s := range ep.GetIps() {
-			if a, err := netip.ParseAddr(s); err == nil {
+		for _, ip := range ep.GetIps() {
+			if a, err := netip.ParseAddr(ip); err == nil {
 				keys = append(keys, claimIP+key.GetTenant()+claimKeySep+a.Unmap().String())
 			}
 		}
@@ -119,7 +123,7 @@ func subnetKey(tenant string, p netip.Prefix) string {
 		fam = "6"
 	}
 	b := p.Addr().AsSlice()
-	return fmt.Sprintf("%s%s%s%s%s/%0*d", claimSubnet, tenant, claimKeySep, fam, hex.EncodeToString(b), subnetBitsSz, p.Bits())
+	return fmt.Sprintf("%s%s%s%s%s/%0*d", claimSubnet, tenant, claimKeySep, fam, hex.EncodeToString(b), subnetBitsDigits, p.Bits())
 }
 
 // parseSubnetKey returns the subnet of a key subnetKey made.
