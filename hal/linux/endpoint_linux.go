@@ -106,9 +106,12 @@ type EndpointOptions struct {
 //
 // A local endpoint, on this host's node, is a host interface that someone else created
 // (a container runtime, say): the reconciler attaches it to the network's bridge, sets
-// it up and gives it the network's MTU (`ip link set IF master BR mtu M up`), and on
-// teardown releases it (`ip link set IF nomaster`) if its master is still a naples
-// bridge; it never deletes it.
+// it up and gives it the network's MTU (`ip link set IF master BR mtu M up`), turns the
+// port's learning off (`ip link set IF type bridge_slave learning off`), so that no frame
+// from the workload moves another's entry to its port, and writes the endpoint's MAC, if
+// it has one, to the bridge on that port (`bridge fdb replace MAC dev IF master static`).
+// On teardown it releases the interface (`ip link set IF nomaster`) if its master is
+// still a naples bridge; it never deletes it.
 //
 // A remote endpoint, on another node, is reached through the VXLAN tunnel to that node's
 // VTEP: the reconciler writes its MAC to the VXLAN device (`bridge fdb replace MAC dev VX
@@ -118,7 +121,11 @@ type EndpointOptions struct {
 // lladdr MAC dev BR nud permanent`), from which the VXLAN port's neigh_suppress answers
 // ARP and neighbour solicitations locally.
 //
-// Each of these kernel entries (a MAC's two FDB entries in a network, an IP's neighbour
+// The bridge holds one entry per MAC: the observer reports one that moves to another
+// port of a naples bridge (`bridge fdb replace MAC dev OTHER master static`) as drift of
+// the endpoint that owns the MAC, whose reconcile writes it back on its port.
+//
+// Each of these kernel entries (a MAC's FDB entries in a network, an IP's neighbour
 // in a network, an interface's attachment) belongs to one endpoint: the first by key of
 // the endpoints that the store's indexes list under it (EndpointMACIndex,
 // EndpointIPIndex, EndpointInterfaceIndex); the others are FAILED with reason Conflict.
