@@ -22,8 +22,9 @@
  * aligned or byte-sized stores (stack accesses must be aligned, and the big-endian fields
  * of struct fw_key are not); there are no loops. Everything is inlined into the two
  * programs but fw_snap_lookup, a static subprogram verified at each call; the policy
- * check (fw_check) has a single call site. On kernel 6.18 each program takes about 10k
- * verifier steps of the million allowed, with a 368-byte stack of 512.
+ * check (fw_check) has a single call site. On kernel 6.18 fw_egress takes about 11k
+ * verifier steps of the million allowed, with a 368-byte stack of 512; fw_ingress, which
+ * also runs the anti-spoofing checks (fw_spoofed), about 22k, with 408 bytes.
  */
 
 #include <linux/bpf.h>
