@@ -209,9 +209,11 @@ type endpoint struct {
 	// groups are the key IDs of its security groups, sorted.
 	groups []string
 	addrs  []netip.Addr
-	// mac is its MAC, when hasMAC: a local endpoint with one is guarded.
-	mac    [6]byte
-	hasMAC bool
+	// mac is its MAC, when hasMAC: a local endpoint with one is guarded, and may send
+	// from its addresses and the prefixes of sources.
+	mac     [6]byte
+	hasMAC  bool
+	sources []netip.Prefix
 }
 
 // group is what the compiler reads of a SecurityGroup.
@@ -317,6 +319,14 @@ func (c *compiler) readEndpoints(objs []*nimbusv1.Object) {
 				continue
 			}
 			ep.addrs = append(ep.addrs, a)
+		}
+		for j, s := range spec.GetAllowedSourcePrefixes() {
+			p, err := netip.ParsePrefix(s)
+			if err != nil {
+				c.problem(ep.key, fmt.Sprintf("spec.allowedSourcePrefixes[%d]", j), s, "not a CIDR prefix")
+				continue
+			}
+			ep.sources = append(ep.sources, p.Masked())
 		}
 		if s := spec.GetMac(); s != "" {
 			if hw, err := net.ParseMAC(s); err == nil && len(hw) == 6 {
@@ -945,6 +955,9 @@ func (c *compiler) compileEndpoints() {
 			c.sources = append(c.sources, Entry{Key: SourceMACKey(l.ifindex, l.ep.mac), Value: Value{ID: info.ID}})
 			for _, a := range l.ep.addrs {
 				c.sources = append(c.sources, Entry{Key: SourceKey(l.ifindex, a.Unmap()), Value: Value{ID: info.ID}})
+			}
+			for _, p := range l.ep.sources {
+				c.sources = append(c.sources, Entry{Key: SourcePrefixKey(l.ifindex, p), Value: Value{ID: info.ID}})
 			}
 		}
 		c.snap.Endpoints = append(c.snap.Endpoints, info)

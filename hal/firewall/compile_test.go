@@ -816,6 +816,7 @@ func TestCompileLocal(t *testing.T) {
 func TestCompileSources(t *testing.T) {
 	guarded := endpointObj("acme", "a", []string{"fd00::1", "10.0.0.1", "10.0.0.1"})
 	guarded.GetEndpoint().Mac = "02:00:00:00:00:0A"
+	guarded.GetEndpoint().AllowedSourcePrefixes = []string{"172.16.0.0/24"}
 	badMAC := endpointObj("acme", "c", []string{"10.0.0.3"})
 	badMAC.GetEndpoint().Mac = "02:00:00:00:00"
 	remote := endpointObj("acme", "r", []string{"10.0.0.9"})
@@ -828,8 +829,8 @@ func TestCompileSources(t *testing.T) {
 			{Endpoint: epKey("acme", "c"), Ifindex: 7},
 		},
 	})
-	// a is guarded: its MAC and its two addresses (one listed twice) are its sources, and
-	// they sort last. b and c have no (readable) MAC: not guarded. The remote r has
+	// a is guarded: its MAC, its two addresses (one listed twice) and its allowed prefix
+	// are its sources, and they sort last. b and c have no (readable) MAC: not guarded. The remote r has
 	// no entries.
 	want := []string{
 		"endpoint ifindex=5",
@@ -837,6 +838,7 @@ func TestCompileSources(t *testing.T) {
 		"endpoint ifindex=7",
 		"source ifindex=5 02:00:00:00:00:0a",
 		"source ifindex=5 10.0.0.1",
+		"source ifindex=5 172.16.0.0/24",
 		"source ifindex=5 fd00::1",
 	}
 	var got []string

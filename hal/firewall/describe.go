@@ -71,22 +71,35 @@ func (k Key) String() string {
 }
 
 // Source returns the interface index and the address of a source key: a MAC as ip(8)
-// writes it, or an IP address; false for other keys.
+// writes it, an IP address, or a shorter prefix in CIDR form; false for other keys.
 func (k Key) Source() (ifindex uint32, addr string, ok bool) {
 	d := k.Data
-	if d[0] != TableSource {
+	if d[0] != TableSource || k.PrefixLen < sourceBits {
 		return 0, "", false
 	}
 	ifindex = binary.BigEndian.Uint32(d[1:5])
-	switch {
-	case d[5] == SourceFamilyMAC && k.PrefixLen == sourceBits+48:
+	var a netip.Addr
+	switch d[5] {
+	case SourceFamilyMAC:
+		if k.PrefixLen != sourceBits+48 {
+			return 0, "", false
+		}
 		return ifindex, net.HardwareAddr(d[6:12]).String(), true
-	case d[5] == SourceFamilyIPv4 && k.PrefixLen == sourceBits+32:
-		return ifindex, netip.AddrFrom4([4]byte(d[6:10])).String(), true
-	case d[5] == SourceFamilyIPv6 && k.PrefixLen == sourceBits+128:
-		return ifindex, netip.AddrFrom16([16]byte(d[6:22])).String(), true
+	case SourceFamilyIPv4:
+		a = netip.AddrFrom4([4]byte(d[6:10]))
+	case SourceFamilyIPv6:
+		a = netip.AddrFrom16([16]byte(d[6:22]))
+	default:
+		return 0, "", false
 	}
-	return 0, "", false
+	p, err := a.Prefix(int(k.PrefixLen - sourceBits))
+	if err != nil {
+		return 0, "", false
+	}
+	if p.IsSingleIP() {
+		return ifindex, a.String(), true
+	}
+	return ifindex, p.String(), true
 }
 
 // identityPrefix returns the prefix of an identity key.

@@ -144,16 +144,22 @@ func PolicyKey(subject uint32, dir, class uint8, identity uint32, port uint16, p
 // SourceKey returns the key of the source entry of an IP address of the local endpoint on
 // the interface: the endpoint may send from it.
 func SourceKey(ifindex uint32, a netip.Addr) Key {
-	k := Key{}
+	return SourcePrefixKey(ifindex, netip.PrefixFrom(a, a.BitLen()))
+}
+
+// SourcePrefixKey returns the key of the source entry of a prefix the local endpoint on
+// the interface may send from (its spec.allowedSourcePrefixes; an address is a full-length
+// prefix). An IPv4-mapped IPv6 prefix stays IPv6.
+func SourcePrefixKey(ifindex uint32, p netip.Prefix) Key {
+	p = p.Masked()
+	k := Key{PrefixLen: sourceBits + uint32(p.Bits())}
 	k.Data[0] = TableSource
 	binary.BigEndian.PutUint32(k.Data[1:5], ifindex)
-	if a.Is4() {
-		k.PrefixLen = sourceBits + 32
+	if a := p.Addr(); a.Is4() {
 		k.Data[5] = SourceFamilyIPv4
 		b := a.As4()
 		copy(k.Data[6:10], b[:])
 	} else {
-		k.PrefixLen = sourceBits + 128
 		k.Data[5] = SourceFamilyIPv6
 		b := a.As16()
 		copy(k.Data[6:22], b[:])

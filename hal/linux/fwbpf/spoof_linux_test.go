@@ -177,6 +177,31 @@ func TestSpoofCheckedBeforePolicy(t *testing.T) {
 	})
 }
 
+func TestAllowedSourcePrefixes(t *testing.T) {
+	f := newFixture(t)
+	// A's allowed prefixes: the addresses inside pass, the others do not.
+	f.install(append(f.guardedA(0, 0),
+		entry{firewall.SourcePrefixKey(f.ifA, netip.MustParsePrefix("172.16.0.0/24")), firewall.Value{ID: epA}},
+		entry{firewall.SourcePrefixKey(f.ifA, netip.MustParsePrefix("fd00:99::/64")), firewall.Value{ID: epA}})...)
+	for _, c := range []struct {
+		src  string
+		want uint32
+	}{
+		{"172.16.0.5", tcxNext}, {"172.16.0.255", tcxNext}, {"172.16.1.5", tcxDrop},
+		{"fd00:99::5", tcxNext}, {"fd00:98::5", tcxDrop},
+	} {
+		src := netip.MustParseAddr(c.src)
+		dst := families[0].peer
+		if src.Is6() {
+			dst = families[1].peer
+		}
+		f.from(f.ifA, udp(src, 40000, dst, 53), c.want)
+	}
+	if got := f.run(f.ingress, f.ifA, arpFrom(macB, macB, netip.MustParseAddr("172.16.0.9"))); got != tcxNext {
+		t.Errorf("ARP from an allowed prefix: %s, want TCX_NEXT", verdict(got))
+	}
+}
+
 func TestUnguardedEndpointIsNotChecked(t *testing.T) {
 	f := newFixture(t)
 	// No FlagGuard (an endpoint without a MAC): its sources are not checked.
