@@ -710,4 +710,12 @@ func TestEndpointHAL(t *testing.T) {
 	waitFor(t, "the neighbour to be repaired", func() bool {
 		return strings.Contains(h.run(t, "ip", "neigh", "show", "dev", BridgeName(netID)), "10.1.0.5 lladdr 02:00:00:00:00:01 PERMANENT")
 	})
+
+	// Someone moves the remote endpoint's bridge entry onto the local endpoint's port:
+	// the HAL moves it back.
+	h.run(t, "bridge", "fdb", "replace", "02:00:00:00:00:01", "dev", "wl1", "master", "static")
+	waitFor(t, "the bridge entry to be moved back", func() bool {
+		return strings.Contains(h.run(t, "bridge", "fdb", "show", "dev", VXLANName(netID)), "02:00:00:00:00:01 master "+BridgeName(netID)+" static") &&
+			!strings.Contains(h.run(t, "bridge", "fdb", "show", "dev", "wl1"), "02:00:00:00:00:01")
+	})
 }
