@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -161,7 +162,7 @@ func TestOverlayAntiSpoofing(t *testing.T) {
 	a := c.addHost(t, "host-a", "host-a")
 	b := c.addHost(t, "host-b", "host-b")
 	vtepA, vtepB := u.attach(t, a), u.attach(t, b)
-	a.startAgentWith(t, metricsFlags...)
+	a.startAgentWith(t, append(slices.Clone(metricsFlags), fwStatsFlags...)...)
 	b.startAgent(t)
 	wa1 := newWorkload(t, a, "wa1", "02:00:00:00:05:a1", []string{"10.1.0.31/24", "fd00:1::31/64"}, "10.1.0.1", "fd00:1::1")
 	wa2 := newWorkload(t, a, "wa2", "02:00:00:00:05:a2", []string{"10.1.0.32/24", "fd00:1::32/64"}, "10.1.0.1", "fd00:1::1")
@@ -310,6 +311,12 @@ func TestOverlayAntiSpoofing(t *testing.T) {
 	if !strings.Contains(text, "SPOOFED") {
 		t.Errorf("naplesctl bpf policy has no SPOOFED column:\n%s", text)
 	}
+	// And in wa1's status, which host-a refreshes with the counters.
+	waitFor(t, "wa1's status to count its spoofed frames", func() bool {
+		_, st, err := c.get(t, "endpoint", wa1.name)
+		op := nodeStatus(st, a.name).GetOperational()
+		return err == nil && op["firewall.sources"] == "guarded" && opCount(op, "firewall.spoofedPackets") >= drops
+	})
 }
 
 // sameSet reports whether a and b hold the same strings, in any order.
