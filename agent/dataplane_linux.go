@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
@@ -53,6 +54,8 @@ type kernelState struct {
 	fdb map[fdbKey][]netlink.Neigh
 	// neighs holds the IPv4 and IPv6 neighbour entry of each link and IP (`ip neigh show`).
 	neighs map[neighKey]netlink.Neigh
+	// learning holds the bridge ports that learn, by link index (`bridge -d link show`).
+	learning map[int]bool
 	// dumps counts the dumps requested, restarts included.
 	dumps int
 }
@@ -93,6 +96,9 @@ func readKernel(ctx context.Context, ns *netns.NsHandle) (*kernelState, error) {
 		addrs:   map[int][]netip.Prefix{},
 		fdb:     map[fdbKey][]netlink.Neigh{},
 		neighs:  map[neighKey]netlink.Neigh{},
+	}
+	if k.learning, err = portLearning(ctx, k, ns); err != nil {
+		return nil, err
 	}
 	links, err := dumpKernel(ctx, k, "links", h.LinkList)
 	if err != nil {
@@ -138,6 +144,61 @@ func readKernel(ctx context.Context, ns *netns.NsHandle) (*kernelState, error) {
 		}
 	}
 	return k, nil
+}
+
+// portLearning dumps the bridge ports of namespace ns (nil: the agent's own) once
+// (`bridge -d link show`, RTM_GETLINK of family AF_BRIDGE) and returns those that learn
+// (IFLA_BRPORT_LEARNING), by link index.
+func portLearning(ctx context.Context, k *kernelState, ns *netns.NsHandle) (map[int]bool, error) {
+	target := netns.None()
+	if ns != nil {
+		target = *ns
+	}
+	s, err := nl.GetNetlinkSocketAt(target, netns.None(), unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("opening a netlink socket: %w", err)
+	}
+	defer s.Close()
+	timeout := dataplaneTimeout
+	if d, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, time.Until(d))
+	}
+	tv := unix.NsecToTimeval(timeout.Nanoseconds())
+	if err := s.SetReceiveTimeout(&tv); err != nil {
+		return nil, fmt.Errorf("setting netlink timeout %v: %w", timeout, err)
+	}
+	msgs, err := dumpKernel(ctx, k, "bridge ports", func() ([][]byte, error) {
+		req := nl.NewNetlinkRequest(unix.RTM_GETLINK, unix.NLM_F_DUMP)
+		req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: {Socket: s}}
+		req.AddData(nl.NewIfInfomsg(unix.AF_BRIDGE))
+		return req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWLINK)
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := map[int]bool{}
+	for _, m := range msgs {
+		info := nl.DeserializeIfInfomsg(m)
+		attrs, err := nl.ParseRouteAttr(m[info.Len():])
+		if err != nil {
+			continue
+		}
+		for _, a := range attrs {
+			if a.Attr.Type&nl.NLA_TYPE_MASK != unix.IFLA_PROTINFO {
+				continue
+			}
+			port, err := nl.ParseRouteAttr(a.Value)
+			if err != nil {
+				continue
+			}
+			for _, pa := range port {
+				if pa.Attr.Type == unix.IFLA_BRPORT_LEARNING && len(pa.Value) > 0 && pa.Value[0] != 0 {
+					out[int(info.Index)] = true
+				}
+			}
+		}
+	}
+	return out, nil
 }
 
 // openNetlink opens a netlink handle in namespace ns (nil: the agent's own) whose every
@@ -466,7 +527,8 @@ func (v *dataplaneView) endpoint(obj *nimbusv1.Object, networkKeyID string, netw
 	e.Status, _ = v.store.Status(key)
 	if e.Local {
 		if spec.GetInterface() != "" {
-			e.Link = v.port(spec.GetInterface(), linux.BridgeName(networkKeyID), network.GetMtu())
+			mac, _ := net.ParseMAC(spec.GetMac())
+			e.Link = v.port(spec.GetInterface(), linux.BridgeName(networkKeyID), network.GetMtu(), mac)
 		}
 		return e
 	}
@@ -487,8 +549,9 @@ func (v *dataplaneView) endpoint(obj *nimbusv1.Object, networkKeyID string, netw
 }
 
 // port returns a local endpoint's interface, which must be an up port of bridge with the
-// network's MTU (0: any).
-func (v *dataplaneView) port(name, bridge string, mtu uint32) *delphiv1.DataplaneLink {
+// network's MTU (0: any), that does not learn and, when the endpoint has a MAC (mac not
+// nil), holds the bridge's static entry for it.
+func (v *dataplaneView) port(name, bridge string, mtu uint32, mac net.HardwareAddr) *delphiv1.DataplaneLink {
 	out, l := v.link(name)
 	if l == nil {
 		return out
@@ -501,6 +564,18 @@ func (v *dataplaneView) port(name, bridge string, mtu uint32) *delphiv1.Dataplan
 		out.Problems = append(out.Problems, fmt.Sprintf("port of %s (want %s)", out.GetMaster(), bridge))
 	}
 	upAndMTU(out, mtu)
+	out.Learning = v.kernel.learning[l.Attrs().Index]
+	if out.Learning {
+		out.Problems = append(out.Problems, "learning on (want off)")
+	}
+	if key, ok := macKey(mac); ok && out.GetMaster() == bridge {
+		static := slices.ContainsFunc(v.kernel.fdb[fdbKey{l.Attrs().Index, key}], func(e netlink.Neigh) bool {
+			return e.MasterIndex != 0 && e.State&netlink.NUD_NOARP != 0 && e.State&netlink.NUD_PERMANENT == 0
+		})
+		if !static {
+			out.Problems = append(out.Problems, fmt.Sprintf("no static entry for %s on the bridge", mac))
+		}
+	}
 	return out
 }
 

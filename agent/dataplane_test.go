@@ -240,6 +240,8 @@ func TestDataplane(t *testing.T) {
 	br, vx := e.overlayNetwork(blueID, 100, 1400, "192.0.2.1", "10.1.0.1/24", "fd00:1::1/64")
 	e.ip("link", "add", "veth-web", "mtu", "1400", "type", "veth", "peer", "name", "veth-web-wl")
 	e.ip("link", "set", "veth-web", "master", br, "up")
+	e.bridge("link", "set", "dev", "veth-web", "learning", "off")
+	e.bridge("fdb", "replace", "02:00:00:00:00:01", "dev", "veth-web", "master", "static")
 	e.bridge("fdb", "append", "00:00:00:00:00:00", "dev", vx, "dst", "192.0.2.2", "self", "permanent")
 	e.bridge("fdb", "append", "00:00:00:00:00:00", "dev", vx, "dst", "192.0.2.3", "self", "permanent")
 	e.remoteEndpoint(br, vx, "02:00:00:00:00:02", "192.0.2.2", "10.1.0.3", "fd00:1::3")
@@ -289,6 +291,15 @@ func TestDataplane(t *testing.T) {
 	}
 	if s := resp.GetNetworks()[0].GetSubnets(); len(s) != 2 || s[0].GetCidr() != "10.1.0.0/24" || s[1].GetGateway() != "fd00:1::1" {
 		t.Errorf("blue's subnets = %v", s)
+	}
+
+	// A workload's port that learns, without the static entry of its MAC.
+	e.bridge("link", "set", "dev", "veth-web", "learning", "on")
+	e.bridge("fdb", "del", "02:00:00:00:00:01", "dev", "veth-web", "master")
+	web := e.dataplane().GetNetworks()[0].GetEndpoints()[2]
+	if l := web.GetLink(); l.GetName() != "veth-web" || !l.GetLearning() ||
+		!slices.Equal(l.GetProblems(), []string{"learning on (want off)", "no static entry for 02:00:00:00:00:01 on the bridge"}) {
+		t.Errorf("web's port, learning and without its static entry = %v", l)
 	}
 
 	// Hands in the kernel.
@@ -358,7 +369,8 @@ func TestDataplaneDeviceSettings(t *testing.T) {
 }
 
 // TestDataplaneReadsKernelOnce checks that reading the kernel for the view costs one dump
-// per kind, links, addresses, FDB and neighbours, however many networks there are.
+// per kind, links, bridge ports, addresses, FDB and neighbours, however many networks
+// there are.
 func TestDataplaneReadsKernelOnce(t *testing.T) {
 	e := newDataplaneEnv(t)
 	for i, name := range []string{"a", "b", "c"} {
@@ -368,8 +380,8 @@ func TestDataplaneReadsKernelOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if k.dumps != 4 {
-		t.Errorf("reading the kernel took %d dumps, want 4", k.dumps)
+	if k.dumps != 5 {
+		t.Errorf("reading the kernel took %d dumps, want 5", k.dumps)
 	}
 	if len(k.byName) != 7 { // lo and three bridges and VXLAN devices
 		t.Errorf("read %d links, want 7", len(k.byName))

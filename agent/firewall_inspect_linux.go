@@ -67,6 +67,7 @@ func (i *Inspector) firewall(ctx context.Context, view delphiv1.FirewallView) (*
 		ConntrackCreated:         st.CTCreated,
 		ConntrackDenied:          st.CTDeleted,
 		NoSnapshotDrops:          st.NoSnapshotDrops,
+		SpoofedDrops:             st.SpoofedDrops,
 		ConntrackCapacity:        uint32(caps.Conntrack),
 		RuleCountersCapacity:     uint32(caps.Rules),
 		EndpointCountersCapacity: uint32(caps.Endpoints),
@@ -82,7 +83,7 @@ func (i *Inspector) firewall(ctx context.Context, view delphiv1.FirewallView) (*
 		if err != nil {
 			return nil, err
 		}
-		resp.Endpoints = v.endpoints(tables.endpoints, epCounters)
+		resp.Endpoints = v.endpoints(tables.endpoints, tables.sources, epCounters)
 		resp.Subjects = v.subjects(tables)
 		resp.Rules = v.rules(ruleCounters)
 	}
@@ -259,6 +260,9 @@ type snapshotTables struct {
 	endpoints  []endpointEntry
 	identities []identityEntry
 	policies   []policyEntry
+	// sources are the source addresses of the guarded endpoints, by interface index, in
+	// the order of their keys.
+	sources map[uint32][]string
 	// problems name the entries that could not be decoded.
 	problems []string
 }
@@ -272,6 +276,14 @@ func (v *firewallView) split(entries []firewall.Entry) snapshotTables {
 		case d[0] == firewall.TableEndpoint && k.PrefixLen == endpointKeyBits:
 			t.endpoints = append(t.endpoints, endpointEntry{ifindex: binary.BigEndian.Uint32(d[1:5]), value: e.Value})
 			continue
+		case d[0] == firewall.TableSource:
+			if ifindex, src, ok := k.Source(); ok {
+				if t.sources == nil {
+					t.sources = map[uint32][]string{}
+				}
+				t.sources[ifindex] = append(t.sources[ifindex], src)
+				continue
+			}
 		case d[0] == firewall.TableIdentity && k.PrefixLen >= identityKeyBits:
 			if p, ok := identityPrefix(k); ok {
 				t.identities = append(t.identities, identityEntry{scope: binary.BigEndian.Uint32(d[1:5]), prefix: p, id: e.Value.ID})
@@ -311,7 +323,7 @@ func identityPrefix(k firewall.Key) (netip.Prefix, bool) {
 
 // endpoints returns the endpoint entries, those the compile knows ordered by key, then
 // the others by interface index.
-func (v *firewallView) endpoints(entries []endpointEntry, counters map[uint32]fwbpf.EndpointStats) []*delphiv1.FirewallEndpoint {
+func (v *firewallView) endpoints(entries []endpointEntry, sources map[uint32][]string, counters map[uint32]fwbpf.EndpointStats) []*delphiv1.FirewallEndpoint {
 	out := make([]*delphiv1.FirewallEndpoint, 0, len(entries))
 	for _, e := range entries {
 		val := e.value
@@ -325,6 +337,8 @@ func (v *firewallView) endpoints(entries []endpointEntry, counters map[uint32]fw
 			IngressProtected: val.Flags&firewall.FlagIngress != 0,
 			EgressProtected:  val.Flags&firewall.FlagEgress != 0,
 			Generation:       val.Gen,
+			Guarded:          val.Flags&firewall.FlagGuard != 0,
+			Sources:          sources[e.ifindex],
 		}
 		if info, ok := v.epByID[val.ID]; ok {
 			ep.Key, _ = nimbusv1.ParseKeyID(info.Endpoint)
@@ -333,6 +347,7 @@ func (v *firewallView) endpoints(entries []endpointEntry, counters map[uint32]fw
 			ep.Counters = &delphiv1.FirewallEndpointCounters{
 				AllowedPackets: c.AllowedPackets, AllowedBytes: c.AllowedBytes,
 				DeniedPackets: c.DeniedPackets, DeniedBytes: c.DeniedBytes,
+				SpoofedPackets: c.SpoofedPackets, SpoofedBytes: c.SpoofedBytes,
 			}
 		}
 		out = append(out, ep)

@@ -430,7 +430,9 @@ spec:
 		{kind: "network", name: "green", doc: "kind: Network\nmeta: {name: green}\nspec: {vni: 200, subnet: 10.2.0.0/24, gateway: 10.2.0.1}\n---\n",
 			variant: "kind: Network\nmeta: {name: green}\nspec: {vni: 201, subnet: 10.2.0.0/24, gateway: 10.2.0.1}\n---\n"},
 		{kind: "network", name: "red", doc: "kind: Network\nmeta: {name: red, tenant: acme}\nspec: {vni: 300, subnet: 10.3.0.0/24, gateway: 10.3.0.1}\n---\n"},
-		endpoint(cc.blueA, "default", "blue", a),
+		// wblue-a answers from the service address behind it: it may send from it.
+		{kind: "endpoint", name: cc.blueA.name, doc: strings.Replace(cc.blueA.endpointYAML("default", "blue", a),
+			"\n---\n", "\n  allowedSourcePrefixes: [172.16.0.0/24]\n---\n", 1)},
 		// wblue-b's address moves and comes back.
 		{kind: "endpoint", name: cc.blueB.name, doc: cc.blueB.endpointYAML("default", "blue", b),
 			variant: strings.Replace(cc.blueB.endpointYAML("default", "blue", b), "10.1.0.11", "10.1.0.21", 1)},

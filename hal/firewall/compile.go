@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"encoding/binary"
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -155,13 +156,11 @@ func Compile(in Input) *Snapshot {
 	s := c.snap
 	// The endpoint and identity entries sort before the policy entries (their tables are
 	// 1 and 2), which compilePolicies appends in order.
-	slices.SortFunc(s.Entries, func(a, b Entry) int {
-		if d := bytes.Compare(a.Key.Data[:], b.Key.Data[:]); d != 0 {
-			return d
-		}
-		return cmp.Compare(a.Key.PrefixLen, b.Key.PrefixLen)
-	})
+	slices.SortFunc(s.Entries, compareEntries)
 	c.compilePolicies()
+	// The source entries sort last (their table is 4); an address listed twice makes one.
+	slices.SortFunc(c.sources, compareEntries)
+	s.Entries = append(s.Entries, slices.CompactFunc(c.sources, func(a, b Entry) bool { return a.Key == b.Key })...)
 	s.Gen = generation(s.Entries)
 	for i := range s.Entries {
 		if s.Entries[i].Key.Data[0] == TableEndpoint {
@@ -169,6 +168,14 @@ func Compile(in Input) *Snapshot {
 		}
 	}
 	return s
+}
+
+// compareEntries orders entries by key data, then prefix length.
+func compareEntries(a, b Entry) int {
+	if d := bytes.Compare(a.Key.Data[:], b.Key.Data[:]); d != 0 {
+		return d
+	}
+	return cmp.Compare(a.Key.PrefixLen, b.Key.PrefixLen)
 }
 
 // compiler holds the state of one Compile.
@@ -191,6 +198,8 @@ type compiler struct {
 	scopes map[string]uint32
 	// identities lists, per tenant and label, the identities whose labels hold it.
 	identities map[string]map[string][]uint32
+	// sources are the source entries of the guarded local endpoints, sorted.
+	sources []Entry
 }
 
 // endpoint is what the compiler reads of an Endpoint.
@@ -200,6 +209,11 @@ type endpoint struct {
 	// groups are the key IDs of its security groups, sorted.
 	groups []string
 	addrs  []netip.Addr
+	// mac is its MAC, when hasMAC: a local endpoint with one is guarded, and may send
+	// from its addresses and the prefixes of sources.
+	mac     [6]byte
+	hasMAC  bool
+	sources []netip.Prefix
 }
 
 // group is what the compiler reads of a SecurityGroup.
@@ -305,6 +319,21 @@ func (c *compiler) readEndpoints(objs []*nimbusv1.Object) {
 				continue
 			}
 			ep.addrs = append(ep.addrs, a)
+		}
+		for j, s := range spec.GetAllowedSourcePrefixes() {
+			p, err := netip.ParsePrefix(s)
+			if err != nil {
+				c.problem(ep.key, fmt.Sprintf("spec.allowedSourcePrefixes[%d]", j), s, "not a CIDR prefix")
+				continue
+			}
+			ep.sources = append(ep.sources, p.Masked())
+		}
+		if s := spec.GetMac(); s != "" {
+			if hw, err := net.ParseMAC(s); err == nil && len(hw) == 6 {
+				ep.mac, ep.hasMAC = [6]byte(hw), true
+			} else {
+				c.problem(ep.key, "spec.mac", s, "not an Ethernet MAC address")
+			}
 		}
 		c.endpoints[ep.key] = ep
 	}
@@ -899,7 +928,8 @@ func firstRank(a, b int) int {
 	return a
 }
 
-// compileEndpoints makes the entry of every local endpoint.
+// compileEndpoints makes the entry of every local endpoint and, for one with a MAC, the
+// source entries of its MAC and addresses, in sources.
 func (c *compiler) compileEndpoints() {
 	keys := make([]string, len(c.local))
 	for i, l := range c.local {
@@ -919,6 +949,16 @@ func (c *compiler) compileEndpoints() {
 		}
 		for _, p := range l.policies {
 			info.Policies = append(info.Policies, p.key)
+		}
+		if l.ep.hasMAC {
+			info.Flags |= FlagGuard
+			c.sources = append(c.sources, Entry{Key: SourceMACKey(l.ifindex, l.ep.mac), Value: Value{ID: info.ID}})
+			for _, a := range l.ep.addrs {
+				c.sources = append(c.sources, Entry{Key: SourceKey(l.ifindex, a.Unmap()), Value: Value{ID: info.ID}})
+			}
+			for _, p := range l.ep.sources {
+				c.sources = append(c.sources, Entry{Key: SourcePrefixKey(l.ifindex, p), Value: Value{ID: info.ID}})
+			}
 		}
 		c.snap.Endpoints = append(c.snap.Endpoints, info)
 		c.snap.Entries = append(c.snap.Entries, Entry{

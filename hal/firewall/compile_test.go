@@ -812,3 +812,55 @@ func TestCompileLocal(t *testing.T) {
 		t.Errorf("entries %v, want a's endpoint entry", describeAll(s))
 	}
 }
+
+func TestCompileSources(t *testing.T) {
+	guarded := endpointObj("acme", "a", []string{"fd00::1", "10.0.0.1", "10.0.0.1"})
+	guarded.GetEndpoint().Mac = "02:00:00:00:00:0A"
+	guarded.GetEndpoint().AllowedSourcePrefixes = []string{"172.16.0.0/24"}
+	badMAC := endpointObj("acme", "c", []string{"10.0.0.3"})
+	badMAC.GetEndpoint().Mac = "02:00:00:00:00"
+	remote := endpointObj("acme", "r", []string{"10.0.0.9"})
+	remote.GetEndpoint().Mac = "02:00:00:00:00:09"
+	s := Compile(Input{
+		Endpoints: []*nimbusv1.Object{guarded, endpointObj("acme", "b", []string{"10.0.0.2"}), badMAC, remote},
+		Local: []Local{
+			{Endpoint: epKey("acme", "a"), Ifindex: 5},
+			{Endpoint: epKey("acme", "b"), Ifindex: 6},
+			{Endpoint: epKey("acme", "c"), Ifindex: 7},
+		},
+	})
+	// a is guarded: its MAC, its two addresses (one listed twice) and its allowed prefix
+	// are its sources, and they sort last. b and c have no (readable) MAC: not guarded. The remote r has
+	// no entries.
+	want := []string{
+		"endpoint ifindex=5",
+		"endpoint ifindex=6",
+		"endpoint ifindex=7",
+		"source ifindex=5 02:00:00:00:00:0a",
+		"source ifindex=5 10.0.0.1",
+		"source ifindex=5 172.16.0.0/24",
+		"source ifindex=5 fd00::1",
+	}
+	var got []string
+	for _, e := range s.Entries {
+		got = append(got, e.Key.String())
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("entries:\n%s\nwant keys %q", describeAll(s), want)
+	}
+	flags := map[string]uint32{}
+	for _, e := range s.Endpoints {
+		flags[e.Endpoint] = e.Flags
+	}
+	if flags[epKey("acme", "a")] != FlagGuard || flags[epKey("acme", "b")] != 0 || flags[epKey("acme", "c")] != 0 {
+		t.Errorf("flags %v, want a guarded and b, c not", flags)
+	}
+	if len(s.Problems) != 1 || !strings.Contains(s.Problems[0].Error(), `spec.mac "02:00:00:00:00"`) {
+		t.Errorf("problems %v, want c's spec.mac", s.Problems)
+	}
+	for _, e := range s.Entries {
+		if e.Key.Data[0] == TableSource && e.Value.ID != s.Endpoints[0].ID {
+			t.Errorf("source entry %s has id %#x, want a's %#x", e.Key, e.Value.ID, s.Endpoints[0].ID)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -40,6 +41,7 @@ func ClassName(class uint8) string {
 //	endpoint ifindex=7
 //	identity scope=0x9a3c 10.1.0.0/16
 //	policy subject=0x1a2b dir=ingress class=tcp identity=0x33 ports=8000-8063
+//	source ifindex=7 02:00:00:00:0a:01
 //
 // with identity=any for AnyIdentity and ports=any for every port. A key that is none of
 // these is written as its prefix length and data in hex.
@@ -60,8 +62,44 @@ func (k Key) String() string {
 		ports := PortPrefix{Port: binary.BigEndian.Uint16(d[11:13]), Bits: int(k.PrefixLen - policyBits)}
 		return fmt.Sprintf("policy subject=%#x dir=%s class=%s identity=%s ports=%s",
 			binary.BigEndian.Uint32(d[1:5]), DirName(d[5]), ClassName(d[6]), id, ports)
+	case d[0] == TableSource:
+		if ifindex, src, ok := k.Source(); ok {
+			return fmt.Sprintf("source ifindex=%d %s", ifindex, src)
+		}
 	}
 	return fmt.Sprintf("key prefixlen=%d data=%x", k.PrefixLen, d)
+}
+
+// Source returns the interface index and the address of a source key: a MAC as ip(8)
+// writes it, an IP address, or a shorter prefix in CIDR form; false for other keys.
+func (k Key) Source() (ifindex uint32, addr string, ok bool) {
+	d := k.Data
+	if d[0] != TableSource || k.PrefixLen < sourceBits {
+		return 0, "", false
+	}
+	ifindex = binary.BigEndian.Uint32(d[1:5])
+	var a netip.Addr
+	switch d[5] {
+	case SourceFamilyMAC:
+		if k.PrefixLen != sourceBits+48 {
+			return 0, "", false
+		}
+		return ifindex, net.HardwareAddr(d[6:12]).String(), true
+	case SourceFamilyIPv4:
+		a = netip.AddrFrom4([4]byte(d[6:10]))
+	case SourceFamilyIPv6:
+		a = netip.AddrFrom16([16]byte(d[6:22]))
+	default:
+		return 0, "", false
+	}
+	p, err := a.Prefix(int(k.PrefixLen - sourceBits))
+	if err != nil {
+		return 0, "", false
+	}
+	if p.IsSingleIP() {
+		return ifindex, a.String(), true
+	}
+	return ifindex, p.String(), true
 }
 
 // identityPrefix returns the prefix of an identity key.
@@ -86,6 +124,7 @@ func (k Key) identityPrefix() (netip.Prefix, bool) {
 //	endpoint ifindex=7 → id=0x5e1f subject=0x1a2b flags=ingress,egress scope=0x9a3c gen=0x77
 //	identity scope=0x9a3c 10.1.0.0/16 → identity=0x33
 //	policy subject=0x1a2b dir=ingress class=tcp identity=0x33 ports=8000-8063 → deny rule=0x8c1f…
+//	source ifindex=7 10.1.0.10 → id=0x5e1f
 func DescribeEntry(e Entry) string {
 	v := e.Value
 	var val string
@@ -95,6 +134,8 @@ func DescribeEntry(e Entry) string {
 			v.ID, v.Subject, flagNames(v.Flags), v.Scope, v.Gen)
 	case TableIdentity:
 		val = fmt.Sprintf("identity=%#x", v.ID)
+	case TableSource:
+		val = fmt.Sprintf("id=%#x", v.ID)
 	case TablePolicy:
 		verdict := strconv.Itoa(int(v.Verdict))
 		switch v.Verdict {
@@ -124,8 +165,11 @@ func flagNames(f uint32) string {
 	if f&FlagEgress != 0 {
 		names = append(names, "egress")
 	}
-	if f&^(FlagIngress|FlagEgress) != 0 {
-		names = append(names, fmt.Sprintf("%#x", f&^(FlagIngress|FlagEgress)))
+	if f&FlagGuard != 0 {
+		names = append(names, "guard")
+	}
+	if f&^(FlagIngress|FlagEgress|FlagGuard) != 0 {
+		names = append(names, fmt.Sprintf("%#x", f&^(FlagIngress|FlagEgress|FlagGuard)))
 	}
 	if len(names) == 0 {
 		return "none"

@@ -15,6 +15,16 @@ const (
 	// TablePolicy holds the verdicts of a subject's rules by direction, protocol class,
 	// peer identity and destination port prefix.
 	TablePolicy = 3
+	// TableSource holds the addresses a guarded local endpoint sends from, by the ifindex
+	// of its interface: its MAC and its IP addresses (SourceFamily*).
+	TableSource = 4
+)
+
+// The families of a source entry (the byte after the ifindex).
+const (
+	SourceFamilyMAC  = 0
+	SourceFamilyIPv4 = 4
+	SourceFamilyIPv6 = 6
 )
 
 // Directions, seen from the endpoint.
@@ -39,10 +49,12 @@ const (
 	VerdictDeny  = 2
 )
 
-// Flags of an endpoint entry: the directions policies protect.
+// Flags of an endpoint entry: the directions policies protect, and whether the frames
+// the endpoint sends must come from its own addresses (its source entries).
 const (
 	FlagIngress = 1
 	FlagEgress  = 2
+	FlagGuard   = 4
 )
 
 // AnyIdentity stands for every peer in a policy entry; the world identity, of addresses no
@@ -54,6 +66,7 @@ const (
 	endpointBits = 8 + 32
 	identityBits = 8 + 32 + 8
 	policyBits   = 8 + 32 + 8 + 8 + 32
+	sourceBits   = 8 + 32 + 8
 )
 
 // Key is a key of a snapshot, an LPM trie: a prefix length in bits and the data it
@@ -125,5 +138,42 @@ func PolicyKey(subject uint32, dir, class uint8, identity uint32, port uint16, p
 		port &^= uint16(0xffff >> portBits)
 		binary.BigEndian.PutUint16(k.Data[11:13], port)
 	}
+	return k
+}
+
+// SourceKey returns the key of the source entry of an IP address of the local endpoint on
+// the interface: the endpoint may send from it.
+func SourceKey(ifindex uint32, a netip.Addr) Key {
+	return SourcePrefixKey(ifindex, netip.PrefixFrom(a, a.BitLen()))
+}
+
+// SourcePrefixKey returns the key of the source entry of a prefix the local endpoint on
+// the interface may send from (its spec.allowedSourcePrefixes; an address is a full-length
+// prefix). An IPv4-mapped IPv6 prefix stays IPv6.
+func SourcePrefixKey(ifindex uint32, p netip.Prefix) Key {
+	p = p.Masked()
+	k := Key{PrefixLen: sourceBits + uint32(p.Bits())}
+	k.Data[0] = TableSource
+	binary.BigEndian.PutUint32(k.Data[1:5], ifindex)
+	if a := p.Addr(); a.Is4() {
+		k.Data[5] = SourceFamilyIPv4
+		b := a.As4()
+		copy(k.Data[6:10], b[:])
+	} else {
+		k.Data[5] = SourceFamilyIPv6
+		b := a.As16()
+		copy(k.Data[6:22], b[:])
+	}
+	return k
+}
+
+// SourceMACKey returns the key of the source entry of the MAC of the local endpoint on
+// the interface.
+func SourceMACKey(ifindex uint32, mac [6]byte) Key {
+	k := Key{PrefixLen: sourceBits + 48}
+	k.Data[0] = TableSource
+	binary.BigEndian.PutUint32(k.Data[1:5], ifindex)
+	k.Data[5] = SourceFamilyMAC
+	copy(k.Data[6:12], mac[:])
 	return k
 }

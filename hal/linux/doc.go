@@ -31,9 +31,12 @@
 // in its tenant's policy-routing table (TenantTable), which rules send what enters through
 // the bridge to, so that networks of one tenant route to each other and never to another
 // tenant's. The endpoint reconciler (EndpointReconciler) attaches a local endpoint's host
-// interface to its network's bridge, and makes a remote endpoint reachable through the
+// interface to its network's bridge, as a port that does not learn, with the static FDB
+// entry of the endpoint's MAC on it, and makes a remote endpoint reachable through the
 // tunnel to its node's VTEP: static FDB entries of its MAC on the VXLAN device and the
-// bridge, and a permanent neighbour on the bridge for each of its addresses. Objects that
+// bridge, and a permanent neighbour on the bridge for each of its addresses. A bridge's
+// entry that moves to another port (by hand, say) is put back on the port of the
+// endpoint that owns the MAC. Objects that
 // wait for another (a network for this host's Node, an endpoint for its network) are
 // PENDING, and the HAL reconciles them when that one comes (hal.Dependent).
 //

@@ -19,12 +19,17 @@ import (
 // and the requests that change it. The mirrors hold:
 //
 //   - every link of the namespace (`ip link`), by interface index: its name, alias,
-//     master, MTU and whether it is up;
+//     master, MTU, whether it is up and, for a bridge port, whether it learns;
 //   - every static FDB entry (`bridge fdb show`, the entries shown "static" and not
 //     "permanent") without a VLAN: the entries the reconciler writes, a remote MAC's
-//     `self ... dst VTEP` entry on a VXLAN device and its `master` entry on the bridge
-//     port, are of that kind; learned and permanent entries (a device's own addresses, the
-//     network reconciler's head-end replication entries) are not;
+//     `self ... dst VTEP` entry on a VXLAN device and the `master` entries of a bridge for
+//     its ports (the VXLAN port for a remote MAC, a local endpoint's interface for its
+//     own), are of that kind; learned and permanent entries (a device's own addresses, the
+//     network reconciler's head-end replication entries) are not. A bridge holds one entry
+//     per MAC, whatever the port: the mirror keys a bridge's entry by the bridge and the
+//     MAC, and keeps the port as its value, so that an entry that moves to another port
+//     (`bridge fdb replace MAC dev OTHER master static`, or a frame learnt there) replaces
+//     the copy of the port it left;
 //   - every permanent neighbour (`ip neigh show nud permanent`), of either family.
 
 // epLink is what the mirror keeps of a link.
@@ -39,11 +44,16 @@ type epLink struct {
 	// group is IFLA_GROUP: a link naples created is in LinkGroup, even before it carries
 	// its alias.
 	group uint32
+	// learning tells that the link is a port of a bridge that learns the source MACs of
+	// the frames it receives (IFLA_BRPORT_LEARNING); false for a link that is no bridge
+	// port.
+	learning bool
 }
 
-// fdbKey identifies a static FDB entry: the device it is on, its MAC, and whether it is a
-// bridge's entry for one of its ports (`bridge fdb ... master`, reported with NDA_MASTER)
-// or the device's own (`... self`, a VXLAN device's remote MAC).
+// fdbKey identifies a static FDB entry: a device's own entry (`bridge fdb ... self`, a
+// VXLAN device's remote MAC), by the device and the MAC, or a bridge's entry for one of
+// its ports (`bridge fdb ... master`, reported with NDA_MASTER), by the bridge (ifindex)
+// and the MAC, with master set.
 type fdbKey struct {
 	ifindex int32
 	mac     [6]byte
@@ -51,9 +61,10 @@ type fdbKey struct {
 }
 
 // fdbEntry is what the mirror keeps of a static FDB entry: where a VXLAN device sends
-// frames to the MAC (NDA_DST, the remote VTEP); invalid for a bridge's entry.
+// frames to the MAC (NDA_DST, the remote VTEP), or the port a bridge sends them to.
 type fdbEntry struct {
-	dst netip.Addr
+	dst  netip.Addr
+	port int32
 }
 
 // neighKey identifies a neighbour entry: its device and IP address.
@@ -94,13 +105,13 @@ func (k neighKey) hash() uint64 {
 // epMACString formats a MAC address as ip(8) does: "02:00:00:00:00:01".
 func epMACString(mac [6]byte) string { return net.HardwareAddr(mac[:]).String() }
 
-// String names the entry as `bridge fdb` would: "02:00:00:00:00:01 dev 7 self".
+// String names the entry: "02:00:00:00:00:01 dev 7 self" as `bridge fdb` would, or
+// "02:00:00:00:00:01 master 5" for a bridge's entry.
 func (k fdbKey) String() string {
-	where := " self"
 	if k.master {
-		where = " master"
+		return fmt.Sprintf("%s master %d", epMACString(k.mac), k.ifindex)
 	}
-	return fmt.Sprintf("%s dev %d%s", epMACString(k.mac), k.ifindex, where)
+	return fmt.Sprintf("%s dev %d self", epMACString(k.mac), k.ifindex)
 }
 
 // String names the entry as `ip neigh` would: "10.0.0.5 dev 7".
@@ -215,9 +226,56 @@ func parseEPLink(b []byte) (index int32, l epLink, ok bool) {
 			l.master = int32(attrUint32(v))
 		case unix.IFLA_GROUP:
 			l.group = attrUint32(v)
+		case unix.IFLA_LINKINFO:
+			l.learning = parseSlaveLearning(v)
 		}
 	})
 	return index, l, index > 0 && l.name != ""
+}
+
+// parseSlaveLearning tells whether an IFLA_LINKINFO attribute describes a bridge port
+// that learns (IFLA_INFO_SLAVE_KIND "bridge", IFLA_INFO_SLAVE_DATA holding
+// IFLA_BRPORT_LEARNING 1).
+func parseSlaveLearning(info []byte) bool {
+	var bridge, learning bool
+	eachAttr(info, func(typ uint16, v []byte) {
+		switch typ {
+		case unix.IFLA_INFO_SLAVE_KIND:
+			bridge = cString(v) == "bridge"
+		case unix.IFLA_INFO_SLAVE_DATA:
+			learning = brportLearning(v)
+		}
+	})
+	return bridge && learning
+}
+
+// brportLearning tells whether bridge port attributes (IFLA_BRPORT_*) hold
+// IFLA_BRPORT_LEARNING 1.
+func brportLearning(b []byte) bool {
+	learning := false
+	eachAttr(b, func(typ uint16, v []byte) {
+		if typ == unix.IFLA_BRPORT_LEARNING && len(v) >= 1 {
+			learning = v[0] != 0
+		}
+	})
+	return learning
+}
+
+// parseEPBridgePort decodes the payload of an RTM_NEWLINK message of family AF_BRIDGE, which
+// a bridge sends about one of its ports (`bridge link set dev PORT learning on` sends only
+// that): the port's index and whether it learns. ok is false for other messages, and for
+// one without the port's attributes (IFLA_PROTINFO).
+func parseEPBridgePort(b []byte) (index int32, learning, ok bool) {
+	if len(b) < unix.SizeofIfInfomsg || b[0] != unix.AF_BRIDGE {
+		return 0, false, false
+	}
+	index = int32(binary.NativeEndian.Uint32(b[4:8]))
+	eachAttr(b[unix.SizeofIfInfomsg:], func(typ uint16, v []byte) {
+		if typ == unix.IFLA_PROTINFO {
+			learning, ok = brportLearning(v), true
+		}
+	})
+	return index, learning, ok && index > 0
 }
 
 // neighMsg is a decoded RTM_NEWNEIGH or RTM_DELNEIGH message: a neighbour (AF_INET,
@@ -231,9 +289,10 @@ type neighMsg struct {
 	// mac is NDA_LLADDR when it is an Ethernet address (hasMAC).
 	mac    [6]byte
 	hasMAC bool
-	// vlan is NDA_VLAN; master tells that NDA_MASTER is there (a bridge's entry).
+	// vlan is NDA_VLAN; master is NDA_MASTER, the index of the bridge whose entry it is (0
+	// for a device's own).
 	vlan   uint16
-	master bool
+	master int32
 }
 
 // parseNeighMsg decodes the payload of an RTM_NEWNEIGH or RTM_DELNEIGH message (struct
@@ -261,18 +320,24 @@ func parseNeighMsg(b []byte) (m neighMsg, ok bool) {
 				m.vlan = ne.Uint16(v)
 			}
 		case unix.NDA_MASTER:
-			m.master = true
+			m.master = int32(attrUint32(v))
 		}
 	})
 	return m, m.ifindex > 0
 }
 
 // fdb returns the FDB entry an AF_BRIDGE message describes, and whether it is a static
-// entry without a VLAN for a unicast MAC: the kind the mirror keeps.
+// entry without a VLAN for a unicast MAC: the kind the mirror keeps. A bridge's entry is
+// keyed by the bridge, with the port it names as its value.
 func (m *neighMsg) fdb() (fdbKey, fdbEntry, bool) {
-	k := fdbKey{ifindex: m.ifindex, mac: m.mac, master: m.master}
+	k := fdbKey{ifindex: m.ifindex, mac: m.mac}
+	e := fdbEntry{dst: m.dst}
+	if m.master != 0 {
+		k.ifindex, k.master = m.master, true
+		e = fdbEntry{port: m.ifindex}
+	}
 	static := m.state&unix.NUD_NOARP != 0 && m.state&unix.NUD_PERMANENT == 0
-	return k, fdbEntry{dst: m.dst}, static && m.hasMAC && m.vlan == 0 && epUnicastMAC(m.mac)
+	return k, e, static && m.hasMAC && m.vlan == 0 && epUnicastMAC(m.mac)
 }
 
 // neigh returns the neighbour an AF_INET or AF_INET6 message describes, and whether it
@@ -303,7 +368,7 @@ func appendNeighRequest(b []byte, typ, flags uint16, family uint8, ifindex int32
 }
 
 // appendFDBRequest appends to b a request that adds or replaces (RTM_NEWNEIGH) or deletes
-// (RTM_DELNEIGH) the static FDB entry with the key:
+// (RTM_DELNEIGH) the static FDB entry with the key, on the port e names for a bridge's:
 //
 //	bridge fdb replace MAC dev VXLAN self static dst VTEP
 //	bridge fdb replace MAC dev PORT master static
@@ -312,15 +377,15 @@ func appendNeighRequest(b []byte, typ, flags uint16, family uint8, ifindex int32
 // A VXLAN device wants the state of a static entry as iproute2 sends it (NUD_NOARP |
 // NUD_REACHABLE); a bridge keeps NUD_NOARP, which it reports back.
 func appendFDBRequest(b []byte, typ uint16, k fdbKey, e fdbEntry) []byte {
-	ntf, state := uint8(unix.NTF_SELF), uint16(unix.NUD_NOARP|unix.NUD_REACHABLE)
+	ifindex, ntf, state := k.ifindex, uint8(unix.NTF_SELF), uint16(unix.NUD_NOARP|unix.NUD_REACHABLE)
 	if k.master {
-		ntf, state = unix.NTF_MASTER, unix.NUD_NOARP
+		ifindex, ntf, state = e.port, unix.NTF_MASTER, unix.NUD_NOARP
 	}
 	flags := uint16(unix.NLM_F_CREATE | unix.NLM_F_REPLACE)
 	if typ == unix.RTM_DELNEIGH {
 		flags, state, e = 0, 0, fdbEntry{}
 	}
-	return appendNeighRequest(b, typ, flags, unix.AF_BRIDGE, k.ifindex, state, ntf, e.dst, k.mac[:])
+	return appendNeighRequest(b, typ, flags, unix.AF_BRIDGE, ifindex, state, ntf, e.dst, k.mac[:])
 }
 
 // appendNeighborRequest appends to b a request that adds or replaces (RTM_NEWNEIGH, `ip
@@ -350,4 +415,15 @@ func appendSetLinkRequest(b []byte, index, master int32, mtu uint32, up bool) []
 		b = appendAttrUint32(b, unix.IFLA_MTU, mtu)
 	}
 	return appendAttrUint32(b, unix.IFLA_MASTER, uint32(master))
+}
+
+// appendSetLearningRequest appends to b a request that turns the learning of a bridge port
+// on or off: `ip link set DEV type bridge_slave learning on|off`.
+func appendSetLearningRequest(b []byte, index int32, learning bool) []byte {
+	b = appendIfInfo(nlMessage(b, unix.RTM_NEWLINK, 0), unix.AF_UNSPEC, index, 0, 0)
+	b, info := beginNest(b, unix.IFLA_LINKINFO)
+	b = appendAttrString(b, unix.IFLA_INFO_SLAVE_KIND, "bridge")
+	b, data := beginNest(b, unix.IFLA_INFO_SLAVE_DATA)
+	b = appendAttrUint8(b, unix.IFLA_BRPORT_LEARNING, boolByte(learning))
+	return endNest(endNest(b, data), info)
 }

@@ -106,9 +106,12 @@ type EndpointOptions struct {
 //
 // A local endpoint, on this host's node, is a host interface that someone else created
 // (a container runtime, say): the reconciler attaches it to the network's bridge, sets
-// it up and gives it the network's MTU (`ip link set IF master BR mtu M up`), and on
-// teardown releases it (`ip link set IF nomaster`) if its master is still a naples
-// bridge; it never deletes it.
+// it up and gives it the network's MTU (`ip link set IF master BR mtu M up`), turns the
+// port's learning off (`ip link set IF type bridge_slave learning off`), so that no frame
+// from the workload moves another's entry to its port, and writes the endpoint's MAC, if
+// it has one, to the bridge on that port (`bridge fdb replace MAC dev IF master static`).
+// On teardown it releases the interface (`ip link set IF nomaster`) if its master is
+// still a naples bridge; it never deletes it.
 //
 // A remote endpoint, on another node, is reached through the VXLAN tunnel to that node's
 // VTEP: the reconciler writes its MAC to the VXLAN device (`bridge fdb replace MAC dev VX
@@ -117,6 +120,10 @@ type EndpointOptions struct {
 // it, and for every IP address a permanent neighbour on the bridge (`ip neigh replace IP
 // lladdr MAC dev BR nud permanent`), from which the VXLAN port's neigh_suppress answers
 // ARP and neighbour solicitations locally.
+//
+// The bridge holds one entry per MAC: the observer reports one that moves to another
+// port of a naples bridge (`bridge fdb replace MAC dev OTHER master static`) as drift of
+// the endpoint that owns the MAC, whose reconcile writes it back on its port.
 //
 // Each of these kernel entries (a MAC's two FDB entries in a network, an IP's neighbour
 // in a network, an interface's attachment) belongs to one endpoint of those that the
@@ -257,7 +264,11 @@ type endpointPlan struct {
 // refs returns the kernel entries the plan programs.
 func (p *endpointPlan) refs() endpointRefs {
 	if p.local {
-		return endpointRefs{ifaces: []string{p.iface}}
+		r := endpointRefs{ifaces: []string{p.iface}}
+		if p.hasMAC {
+			r.macs = []macRef{{p.network, p.mac}}
+		}
+		return r
 	}
 	r := endpointRefs{macs: []macRef{{p.network, p.mac}}}
 	for _, ip := range p.ips {
@@ -420,20 +431,38 @@ func (r *EndpointReconciler) remember(id string, refs endpointRefs) {
 }
 
 // sync makes each entry of refs what its owner wants; plan is the plan of the endpoint
-// with key ID id, nil when it cannot be programmed.
+// with key ID id, nil when it cannot be programmed. The MACs the plan does not want come
+// first, while the interfaces their entries may be on are still bridge ports; those it
+// wants come after the interfaces, since a local endpoint's MAC goes on its interface
+// once that is a port of the bridge.
 func (r *EndpointReconciler) sync(ctx context.Context, id string, plan *endpointPlan, refs endpointRefs) error {
+	var wanted []macRef
+	if plan != nil {
+		wanted = plan.refs().macs
+	}
 	for _, ref := range refs.macs {
+		if slices.Contains(wanted, ref) {
+			continue
+		}
+		if err := r.syncMAC(ctx, ref, id, plan, nil); err != nil {
+			return err
+		}
+	}
+	for _, name := range refs.ifaces {
+		if err := r.syncInterface(ctx, name, id, plan, nil); err != nil {
+			return err
+		}
+	}
+	for _, ref := range refs.macs {
+		if !slices.Contains(wanted, ref) {
+			continue
+		}
 		if err := r.syncMAC(ctx, ref, id, plan, nil); err != nil {
 			return err
 		}
 	}
 	for _, ref := range refs.ips {
 		if err := r.syncIP(ctx, ref, id, plan, nil); err != nil {
-			return err
-		}
-	}
-	for _, name := range refs.ifaces {
-		if err := r.syncInterface(ctx, name, id, plan, nil); err != nil {
 			return err
 		}
 	}
@@ -723,11 +752,14 @@ func (r *EndpointReconciler) wanted(owner, id string, plan *endpointPlan) *endpo
 	return p
 }
 
-// syncMAC makes the FDB entries of a MAC in a network (on its VXLAN device, and on its
-// bridge for the VXLAN port) what the endpoint that owns them wants, or removes them
-// when none does. id and plan are the reconciling endpoint's key ID and plan (nil when it
-// cannot be programmed). With enqueue set (a sweep), entries that an endpoint wants are
-// not written: that endpoint is enqueued when they differ.
+// syncMAC makes the FDB entries of a MAC in a network what the endpoint that owns them
+// wants, or removes them when none does: for a remote endpoint, an entry on the VXLAN
+// device to its VTEP and the bridge's entry for the VXLAN port; for a local one, the
+// bridge's entry for its interface and none on the VXLAN device. The bridge holds one
+// entry per MAC, so writing it on the wanted port moves it from any other, as from the
+// port of a workload that claimed the MAC. id and plan are the reconciling endpoint's key
+// ID and plan (nil when it cannot be programmed). With enqueue set (a sweep), entries
+// that an endpoint wants are not written: that endpoint is enqueued when they differ.
 func (r *EndpointReconciler) syncMAC(ctx context.Context, ref macRef, id string, plan *endpointPlan, enqueue func(string)) (err error) {
 	lk := endpointLock{network: ref.network, mac: ref.mac}
 	m := r.locks.lock(lk)
@@ -738,46 +770,77 @@ func (r *EndpointReconciler) syncMAC(ctx context.Context, ref macRef, id string,
 		return err
 	}
 	want := r.wanted(owner, id, plan)
-	if want != nil && (want.local || want.network != ref.network || want.mac != ref.mac) {
+	if want != nil && (want.network != ref.network || !want.hasMAC || want.mac != ref.mac) {
 		want = nil
 	}
 	defer func() { r.settle(entryName(EndpointMACIndex.Name, value), owner, want != nil, enqueue != nil, err) }()
-	vx, _, ok := r.links.ours(VXLANName(ref.network), ref.network)
-	if !ok {
-		return nil // gone, and its entries with it
+	br, _, hasBridge := r.links.ours(BridgeName(ref.network), ref.network)
+	vx, _, hasVXLAN := r.links.ours(VXLANName(ref.network), ref.network)
+	if !hasBridge && !hasVXLAN {
+		return nil // gone, and their entries with them
 	}
 	self := fdbKey{ifindex: vx, mac: ref.mac}
-	master := fdbKey{ifindex: vx, mac: ref.mac, master: true}
-	have, hasSelf := r.fdb.Get(self)
-	_, hasMaster := r.fdb.Get(master)
-	if want == nil {
-		if enqueue != nil && (hasSelf || hasMaster) {
+	master := fdbKey{ifindex: br, mac: ref.mac, master: true}
+	have, hasSelf := fdbEntry{}, false
+	if hasVXLAN {
+		have, hasSelf = r.fdb.Get(self)
+	}
+	port, hasMaster := fdbEntry{}, false
+	if hasBridge {
+		port, hasMaster = r.fdb.Get(master)
+	}
+
+	// What the owner wants: a VTEP on the VXLAN device (remote), and the port of the
+	// bridge's entry (0: leave it, for a local interface that is no port yet).
+	var wantDst netip.Addr
+	var wantPort int32
+	switch {
+	case want == nil:
+	case want.local:
+		if i, l, ok := r.links.byName(want.iface); ok && hasBridge && l.master == br {
+			wantPort = i
+		}
+	case !hasVXLAN || !hasBridge:
+		return nil // the network's devices are being made: its endpoints are enqueued then
+	default:
+		wantDst, wantPort = want.vtep, vx
+	}
+	if want == nil || want.local {
+		if enqueue != nil && (hasSelf || (want == nil && hasMaster)) {
 			r.log.Info("removing stale FDB entries", "mac", epMACString(ref.mac), "network", ref.network)
 		}
 		if hasSelf {
-			if err := r.deleteFDB(ctx, self); err != nil {
+			if err := r.deleteFDB(ctx, self, have); err != nil {
 				return err
 			}
 		}
-		if hasMaster {
-			return r.deleteFDB(ctx, master)
+		if want == nil {
+			if hasMaster {
+				return r.deleteFDB(ctx, master, port)
+			}
+			return nil
 		}
+	}
+	selfOK := want.local || (hasSelf && have.dst == wantDst)
+	masterOK := wantPort == 0 || (hasMaster && port.port == wantPort)
+	if selfOK && masterOK {
 		return nil
 	}
-	selfOK := hasSelf && have.dst == want.vtep
 	if enqueue != nil {
-		if !selfOK || !hasMaster {
-			enqueue(owner)
-		}
+		enqueue(owner)
 		return nil
 	}
 	if !selfOK {
-		if err := r.writeFDB(ctx, self, fdbEntry{dst: want.vtep}); err != nil {
+		if err := r.writeFDB(ctx, self, fdbEntry{dst: wantDst}); err != nil {
 			return err
 		}
 	}
-	if !hasMaster {
-		return r.writeFDB(ctx, master, fdbEntry{})
+	if !masterOK {
+		if hasMaster && port.port != wantPort {
+			r.log.Info("moving an FDB entry back to the port of its endpoint", "key", owner, "mac", epMACString(ref.mac),
+				"from", r.deviceName(port.port), "to", r.deviceName(wantPort))
+		}
+		return r.writeFDB(ctx, master, fdbEntry{port: wantPort})
 	}
 	return nil
 }
@@ -820,8 +883,9 @@ func (r *EndpointReconciler) syncIP(ctx context.Context, ref ipRef, id string, p
 }
 
 // syncInterface attaches a host interface to the bridge of the local endpoint that owns
-// it, up and with its network's MTU, or releases it from a naples bridge when no endpoint
-// wants it; see syncMAC.
+// it, up, with its network's MTU and learning off (the endpoint's MAC is a static entry,
+// and no frame from the workload may move another's), or releases it from a naples
+// bridge when no endpoint wants it; see syncMAC.
 func (r *EndpointReconciler) syncInterface(ctx context.Context, name, id string, plan *endpointPlan, enqueue func(string)) (err error) {
 	lk := endpointLock{iface: name}
 	m := r.locks.lock(lk)
@@ -850,17 +914,26 @@ func (r *EndpointReconciler) syncInterface(ctx context.Context, name, id string,
 		}
 		return r.setLink(ctx, owner, index, l, 0, 0, false)
 	}
-	if l.master == want.bridgeIndex && l.up && (want.mtu == 0 || l.mtu == want.mtu) {
+	attached := l.master == want.bridgeIndex && l.up && (want.mtu == 0 || l.mtu == want.mtu)
+	if attached && !l.learning {
 		return nil
 	}
 	if enqueue != nil {
 		enqueue(owner)
 		return nil
 	}
-	if err := r.checkMaster(name, l, want.bridgeIndex); err != nil {
-		return err
+	if !attached {
+		if err := r.checkMaster(name, l, want.bridgeIndex); err != nil {
+			return err
+		}
+		if err := r.setLink(ctx, owner, index, l, want.bridgeIndex, want.mtu, true); err != nil {
+			return err
+		}
+		if l, ok = r.links.get(index); !ok || !l.learning {
+			return nil
+		}
 	}
-	return r.setLink(ctx, owner, index, l, want.bridgeIndex, want.mtu, true)
+	return r.setLearning(ctx, index, l, false)
 }
 
 // deviceName returns the name of the link with the index, for messages.
@@ -873,10 +946,10 @@ func (r *EndpointReconciler) deviceName(index int32) string {
 
 // describeFDB names an FDB entry as `bridge fdb` does.
 func (r *EndpointReconciler) describeFDB(k fdbKey, e fdbEntry) string {
-	s := epMACString(k.mac) + " dev " + r.deviceName(k.ifindex)
 	if k.master {
-		return s + " master static"
+		return epMACString(k.mac) + " dev " + r.deviceName(e.port) + " master " + r.deviceName(k.ifindex) + " static"
 	}
+	s := epMACString(k.mac) + " dev " + r.deviceName(k.ifindex)
 	if e.dst.IsValid() {
 		s += " dst " + e.dst.String()
 	}
@@ -898,18 +971,19 @@ func (r *EndpointReconciler) writeFDB(ctx context.Context, k fdbKey, e fdbEntry)
 	return nil
 }
 
-// deleteFDB deletes a static FDB entry; one that is gone already is no error.
-func (r *EndpointReconciler) deleteFDB(ctx context.Context, k fdbKey) error {
+// deleteFDB deletes the static FDB entry k, which the mirror shows as e (a bridge's
+// entry is deleted on its port); one that is gone already is no error.
+func (r *EndpointReconciler) deleteFDB(ctx context.Context, k fdbKey, e fdbEntry) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	msg := appendFDBRequest(r.nl.buffer(), unix.RTM_DELNEIGH, k, fdbEntry{})
+	msg := appendFDBRequest(r.nl.buffer(), unix.RTM_DELNEIGH, k, e)
 	took, err := kernelWrite(ctx, r.rtnlConn, r.fdb.ExpectGone(k), msg, unix.ENOENT, unix.ENODEV)
 	if err != nil {
-		return hal.Errorf(hal.ReasonKernelError, "deleting FDB entry %s: %w", r.describeFDB(k, fdbEntry{}), err)
+		return hal.Errorf(hal.ReasonKernelError, "deleting FDB entry %s: %w", r.describeFDB(k, e), err)
 	}
 	if took && r.log.Enabled(ctx, slog.LevelDebug) {
-		r.log.Debug("FDB entry deleted", "entry", r.describeFDB(k, fdbEntry{}))
+		r.log.Debug("FDB entry deleted", "entry", r.describeFDB(k, e))
 	}
 	return nil
 }
@@ -951,6 +1025,10 @@ func (r *EndpointReconciler) setLink(ctx context.Context, key string, index int3
 		want.mtu = mtu
 	}
 	want.up = want.up || up
+	if master != l.master {
+		// A new bridge port learns, as the kernel makes it; one released does not.
+		want.learning = master != 0
+	}
 	msg := appendSetLinkRequest(r.nl.buffer(), index, master, mtu, up)
 	if _, err := kernelWrite(ctx, r.rtnlConn, r.links.mirror.Expect(index, want), msg); err != nil {
 		if master == 0 {
@@ -966,6 +1044,22 @@ func (r *EndpointReconciler) setLink(ctx context.Context, key string, index int3
 	return nil
 }
 
+// setLearning turns the learning of the bridge port l, with the index, on or off (see
+// appendSetLearningRequest).
+func (r *EndpointReconciler) setLearning(ctx context.Context, index int32, l epLink, learning bool) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	want := l
+	want.learning = learning
+	msg := appendSetLearningRequest(r.nl.buffer(), index, learning)
+	if _, err := kernelWrite(ctx, r.rtnlConn, r.links.mirror.Expect(index, want), msg); err != nil {
+		return hal.Errorf(hal.ReasonKernelError, "turning learning off on bridge port %s: %w", l.name, err)
+	}
+	r.log.Info("bridge port learning turned off", "interface", l.name, "bridge", r.deviceName(l.master))
+	return nil
+}
+
 // Sweep reads the kernel afresh into the mirrors, enqueues the endpoints whose entries
 // changed without the observer reporting it, removes the FDB entries and neighbours on
 // the networks' devices that no endpoint wants, and releases from naples bridges the
@@ -977,7 +1071,7 @@ func (r *EndpointReconciler) Sweep(ctx context.Context, enqueue func(keyID strin
 	}
 	macs := map[macRef]struct{}{}
 	for k := range r.fdb.All() {
-		if network, _, vx := r.links.networkDevice(k.ifindex); vx {
+		if network, ok := r.fdbNetwork(k); ok {
 			macs[macRef{network, k.mac}] = struct{}{}
 		}
 	}
@@ -1023,6 +1117,12 @@ func (r *EndpointReconciler) Observe(ctx context.Context, enqueue func(keyID str
 func (r *EndpointReconciler) apply(typ uint16, payload []byte, enqueue func(keyID string)) {
 	switch typ {
 	case unix.RTM_NEWLINK, unix.RTM_DELLINK:
+		if typ == unix.RTM_NEWLINK {
+			if index, learning, ok := parseEPBridgePort(payload); ok {
+				r.applyBridgePort(index, learning, enqueue)
+				return
+			}
+		}
 		index, l, ok := parseEPLink(payload)
 		if !ok {
 			return
@@ -1052,7 +1152,11 @@ func (r *EndpointReconciler) apply(typ uint16, payload []byte, enqueue func(keyI
 		switch m.family {
 		case unix.AF_BRIDGE:
 			k, e, static := m.fdb()
-			_, had := r.fdb.Get(k)
+			cur, had := r.fdb.Get(k)
+			if typ == unix.RTM_DELNEIGH && k.master && had && cur.port != e.port {
+				// The entry of a port it left: the bridge's entry is on another port now.
+				return
+			}
 			var echo bool
 			if typ == unix.RTM_NEWNEIGH && static {
 				echo = r.fdb.Update(k, e)
@@ -1062,7 +1166,7 @@ func (r *EndpointReconciler) apply(typ uint16, payload []byte, enqueue func(keyI
 			if echo || (!had && !static) || !mirrorShowsEvent(r.fdb, k, e, typ == unix.RTM_NEWNEIGH && static) {
 				return
 			}
-			if network, _, vx := r.links.networkDevice(k.ifindex); vx {
+			if network, ok := r.fdbNetwork(k); ok {
 				r.enqueueOwner(EndpointMACIndex.Name, macIndexValue(network, k.mac), enqueue)
 			}
 		case unix.AF_INET, unix.AF_INET6:
@@ -1085,6 +1189,30 @@ func (r *EndpointReconciler) apply(typ uint16, payload []byte, enqueue func(keyI
 			}
 		}
 	}
+}
+
+// applyBridgePort applies a bridge's report about one of its ports, which says whether it
+// learns: the report of `bridge link set dev PORT learning on`, which sends no other.
+func (r *EndpointReconciler) applyBridgePort(index int32, learning bool, enqueue func(keyID string)) {
+	l, ok := r.links.get(index)
+	if !ok || l.master == 0 || l.learning == learning {
+		return
+	}
+	l.learning = learning
+	if r.links.mirror.Update(index, l) || !mirrorShowsEvent(r.links.mirror, index, l, true) {
+		return
+	}
+	r.enqueueAll(EndpointInterfaceIndex.Name, l.name, enqueue)
+}
+
+// fdbNetwork returns the network (its key ID) whose MAC entries an FDB entry is of: a
+// VXLAN device's own entry, or any entry of a network's bridge, whatever its port.
+func (r *EndpointReconciler) fdbNetwork(k fdbKey) (string, bool) {
+	network, bridge, vxlan := r.links.networkDevice(k.ifindex)
+	if k.master {
+		return network, bridge
+	}
+	return network, vxlan
 }
 
 // mirrorShowsEvent tells whether the mirror shows the object with key k as an event just
@@ -1203,7 +1331,7 @@ func (r *EndpointReconciler) resync(ctx context.Context, enqueue func(keyID stri
 		}
 	}
 	for _, k := range d.fdb {
-		if network, _, vx := r.links.networkDevice(k.ifindex); vx {
+		if network, ok := r.fdbNetwork(k); ok {
 			r.enqueueOwner(EndpointMACIndex.Name, macIndexValue(network, k.mac), enqueue)
 		}
 	}

@@ -309,6 +309,12 @@ func TestEndpointLocalAttach(t *testing.T) {
 	if fdb := o.fdb(t, o.vx); strings.Contains(fdb, "02:00:00:00:0a:01") {
 		t.Errorf("a local endpoint's MAC is on the VXLAN device:\n%s", fdb)
 	}
+	if fdb := o.fdb(t, "wl1"); !strings.Contains(fdb, "02:00:00:00:0a:01 master "+o.br+" static") {
+		t.Errorf("bridge fdb show dev wl1 lacks the endpoint's static entry:\n%s", fdb)
+	}
+	if epLearning(t, o.epHost, "wl1") {
+		t.Errorf("ip -d link show wl1: learning on, want off")
+	}
 	writes := o.rec.KernelWrites()
 	o.reconcile(t, key)
 	if got := o.rec.KernelWrites() - writes; got != 0 {
@@ -321,6 +327,82 @@ func TestEndpointLocalAttach(t *testing.T) {
 	show = o.run(t, "ip", "link", "show", "wl1")
 	if strings.Contains(show, " master ") {
 		t.Errorf("after the delete, wl1 still has a master:\n%s", show)
+	}
+}
+
+// epLearning tells whether the bridge port dev learns, as `ip -d link show` says.
+func epLearning(t *testing.T, h *epHost, dev string) bool {
+	t.Helper()
+	show := h.run(t, "ip", "-d", "link", "show", dev)
+	if !strings.Contains(show, "bridge_slave") {
+		t.Fatalf("%s is no bridge port:\n%s", dev, show)
+	}
+	return strings.Contains(show, " learning on ")
+}
+
+// TestEndpointFDBMoveRepaired moves the bridge's entries of a remote and a local
+// endpoint's MAC to another port of the bridge, as a workload claiming another's MAC
+// would, and turns learning back on on the local endpoint's port: the observer enqueues
+// the owner of each, whose reconcile puts it back.
+func TestEndpointFDBMoveRepaired(t *testing.T) {
+	o := newEPOverlay(t, 0)
+	o.run(t, "ip", "link", "add", "wl1", "type", "veth", "peer", "name", "wl1p")
+	remote := epEndpoint("web", "net1", "node-b", "", "02:00:00:00:00:01", "10.1.0.5")
+	local := epEndpoint("db", "net1", "node-a", "wl1", "02:00:00:00:0a:01", "10.1.0.10")
+	o.put(t, remote, local)
+	enqueued := o.observe(t, o.rec)
+	for _, ep := range []*nimbusv1.Object{remote, local} {
+		o.reconcile(t, ep.Key())
+	}
+	for _, drift := range []struct {
+		what  string
+		key   *nimbusv1.ObjectKey
+		args  []string
+		check func() string
+	}{
+		{"remote MAC moved to a local port", remote.Key(), []string{"bridge", "fdb", "replace", "02:00:00:00:00:01", "dev", "wl1", "master", "static"},
+			func() string {
+				if !strings.Contains(o.fdb(t, o.vx), "02:00:00:00:00:01 master "+o.br+" static") || strings.Contains(o.fdb(t, "wl1"), "02:00:00:00:00:01") {
+					return o.fdb(t, o.vx) + o.fdb(t, "wl1")
+				}
+				return ""
+			}},
+		{"local MAC moved to the VXLAN port", local.Key(), []string{"bridge", "fdb", "replace", "02:00:00:00:0a:01", "dev", o.vx, "master", "static"},
+			func() string {
+				if !strings.Contains(o.fdb(t, "wl1"), "02:00:00:00:0a:01 master "+o.br+" static") || strings.Contains(o.fdb(t, o.vx), "02:00:00:00:0a:01") {
+					return o.fdb(t, o.vx) + o.fdb(t, "wl1")
+				}
+				return ""
+			}},
+		{"learning turned on (bridge link)", local.Key(), []string{"bridge", "link", "set", "dev", "wl1", "learning", "on"},
+			func() string {
+				if epLearning(t, o.epHost, "wl1") {
+					return "learning on"
+				}
+				return ""
+			}},
+		{"learning turned on (ip link)", local.Key(), []string{"ip", "link", "set", "wl1", "type", "bridge_slave", "learning", "on"},
+			func() string {
+				if epLearning(t, o.epHost, "wl1") {
+					return "learning on"
+				}
+				return ""
+			}},
+	} {
+		o.run(t, drift.args[0], drift.args[1:]...)
+		epAwaitEnqueued(t, enqueued, drift.key.ID(), drift.what)
+		o.reconcile(t, drift.key)
+		if bad := drift.check(); bad != "" {
+			t.Errorf("after the %s, the reconcile did not repair it:\n%s", drift.what, bad)
+		}
+	}
+	// Everything is back: reconciling writes nothing.
+	writes := o.rec.KernelWrites()
+	for _, ep := range []*nimbusv1.Object{remote, local} {
+		o.reconcile(t, ep.Key())
+	}
+	if got := o.rec.KernelWrites() - writes; got != 0 {
+		t.Errorf("reconciling after the repairs wrote %d kernel objects", got)
 	}
 }
 
@@ -532,9 +614,10 @@ func TestEndpointSweepAfterRestart(t *testing.T) {
 		!strings.Contains(o.neighbours(t, "foreign0"), "10.66.0.1 lladdr 02:00:00:00:00:66 PERMANENT") {
 		t.Errorf("the sweep touched the foreign bridge, its port, entry or neighbour")
 	}
-	// Removed: gone's three entries, the stale MAC's two and its neighbour; released: wl3.
-	if got := rec.KernelWrites(); got != 7 {
-		t.Errorf("the sweep wrote %d kernel objects, want 7", got)
+	// Removed: gone's three entries, the stale MAC's two and its neighbour, gone-local's
+	// MAC on wl3; released: wl3.
+	if got := rec.KernelWrites(); got != 8 {
+		t.Errorf("the sweep wrote %d kernel objects, want 8", got)
 	}
 	writes := rec.KernelWrites()
 	if _, err := o.reconcileWith(rec, kept.Key()); err != nil {
@@ -627,6 +710,14 @@ func TestEndpointHAL(t *testing.T) {
 	h.run(t, "ip", "neigh", "del", "10.1.0.5", "dev", BridgeName(netID))
 	waitFor(t, "the neighbour to be repaired", func() bool {
 		return strings.Contains(h.run(t, "ip", "neigh", "show", "dev", BridgeName(netID)), "10.1.0.5 lladdr 02:00:00:00:00:01 PERMANENT")
+	})
+
+	// Someone moves the remote endpoint's bridge entry onto the local endpoint's port:
+	// the HAL moves it back.
+	h.run(t, "bridge", "fdb", "replace", "02:00:00:00:00:01", "dev", "wl1", "master", "static")
+	waitFor(t, "the bridge entry to be moved back", func() bool {
+		return strings.Contains(h.run(t, "bridge", "fdb", "show", "dev", VXLANName(netID)), "02:00:00:00:00:01 master "+BridgeName(netID)+" static") &&
+			!strings.Contains(h.run(t, "bridge", "fdb", "show", "dev", "wl1"), "02:00:00:00:00:01")
 	})
 }
 

@@ -534,6 +534,15 @@ func (f *Firewall) endpointOperational(e firewall.EndpointInfo) map[string]strin
 		op["firewall.allowedBytes"] = strconv.FormatUint(c.AllowedBytes, 10)
 		op["firewall.deniedPackets"] = strconv.FormatUint(c.DeniedPackets, 10)
 		op["firewall.deniedBytes"] = strconv.FormatUint(c.DeniedBytes, 10)
+		if e.Flags&firewall.FlagGuard != 0 {
+			op["firewall.spoofedPackets"] = strconv.FormatUint(c.SpoofedPackets, 10)
+			op["firewall.spoofedBytes"] = strconv.FormatUint(c.SpoofedBytes, 10)
+		}
+	}
+	if e.Flags&firewall.FlagGuard != 0 {
+		op["firewall.sources"] = "guarded"
+	} else {
+		op["firewall.sources"] = "unchecked"
 	}
 	return op
 }
@@ -735,20 +744,22 @@ var (
 		"Connections evicted from the full conntrack table (created - denied - expired - live, at the last collection).", nil, nil)
 	fwNoSnapshot = prometheus.NewDesc("naples_firewall_unknown_interface_drops_total",
 		"Packets dropped because no snapshot held their interface.", nil, nil)
+	fwSpoofed = prometheus.NewDesc("naples_firewall_spoofed_drops_total",
+		"Frames dropped because a local endpoint sent them from a MAC or IP address that is not its own.", nil, nil)
 	fwRulePackets = prometheus.NewDesc("naples_firewall_rule_packets_total",
 		"Packets of the connections a rule decided, in their original direction.", []string{"policy", "direction", "rule", "action"}, nil)
 	fwRuleBytes = prometheus.NewDesc("naples_firewall_rule_bytes_total",
 		"Bytes of the connections a rule decided, in their original direction.", []string{"policy", "direction", "rule", "action"}, nil)
 	fwEndpointPackets = prometheus.NewDesc("naples_firewall_endpoint_packets_total",
-		"Packets to and from a local endpoint, by verdict.", []string{"endpoint", "verdict"}, nil)
+		"Packets to and from a local endpoint, by verdict (allowed, denied, spoofed).", []string{"endpoint", "verdict"}, nil)
 	fwEndpointBytes = prometheus.NewDesc("naples_firewall_endpoint_bytes_total",
-		"Bytes to and from a local endpoint, by verdict.", []string{"endpoint", "verdict"}, nil)
+		"Bytes to and from a local endpoint, by verdict (allowed, denied, spoofed).", []string{"endpoint", "verdict"}, nil)
 )
 
 // Describe sends the descriptions of the firewall's metrics.
 func (f *Firewall) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{fwSnapshotEntries, fwSnapshotCapacity, fwInstalls, fwOverflows, fwFailed, fwCTLive,
-		fwCTCreated, fwCTDenied, fwCTExpired, fwCTEvicted, fwNoSnapshot, fwRulePackets, fwRuleBytes, fwEndpointPackets, fwEndpointBytes} {
+		fwCTCreated, fwCTDenied, fwCTExpired, fwCTEvicted, fwNoSnapshot, fwSpoofed, fwRulePackets, fwRuleBytes, fwEndpointPackets, fwEndpointBytes} {
 		ch <- d
 	}
 	f.buildTime.Describe(ch)
@@ -776,6 +787,7 @@ func (f *Firewall) Collect(ch chan<- prometheus.Metric) {
 		counter(fwCTCreated, st.CTCreated)
 		counter(fwCTDenied, st.CTDeleted)
 		counter(fwNoSnapshot, st.NoSnapshotDrops)
+		counter(fwSpoofed, st.SpoofedDrops)
 	}
 	counter(fwCTEvicted, evicted)
 	if snap == nil {
@@ -795,6 +807,10 @@ func (f *Firewall) Collect(ch chan<- prometheus.Metric) {
 			counter(fwEndpointPackets, c.DeniedPackets, e.Endpoint, "denied")
 			counter(fwEndpointBytes, c.AllowedBytes, e.Endpoint, "allowed")
 			counter(fwEndpointBytes, c.DeniedBytes, e.Endpoint, "denied")
+			if e.Flags&firewall.FlagGuard != 0 {
+				counter(fwEndpointPackets, c.SpoofedPackets, e.Endpoint, "spoofed")
+				counter(fwEndpointBytes, c.SpoofedBytes, e.Endpoint, "spoofed")
+			}
 		}
 	}
 }

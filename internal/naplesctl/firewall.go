@@ -53,7 +53,10 @@ func (c *cli) bpfPolicyCommand() *cobra.Command {
 The table of endpoints lists each filtered interface: the endpoint on it, its endpoint
 id, its subject (the set of policies protecting it, "none" when none does), which
 directions are protected (an unprotected one is open) and the packets and bytes the
-firewall let through and dropped. Then each subject lists its policies with their rules
+firewall let through and dropped, and, for an endpoint whose sources are checked (one
+with a MAC), the frames it sent from a MAC or IP address not its own, which were
+dropped, and the addresses it may send from ("unchecked" for an endpoint without a
+MAC). Then each subject lists its policies with their rules
 and the rules' counters (the packets of the connections each rule decided, in their
 original direction, and those a deny rule dropped), and its policy entries: direction,
 protocol class, peer identity and its labels ("any" for every peer), destination ports,
@@ -117,7 +120,8 @@ closing: a TCP FIN or RST was), the snapshot generation it was last checked agai
 ("old" when that is not the snapshot's: its next packet is checked again) and the rule
 that allowed it ("none" for an open direction). Above the table are the program's
 counters: the connections it started tracking, those it cut off because a new snapshot
-denied them, and the packets it dropped because no snapshot held their interface.`,
+denied them, the packets it dropped because no snapshot held their interface, and the
+frames it dropped because an endpoint sent them from an address not its own.`,
 		Example: `  naplesctl bpf ct
   naplesctl bpf ct -o json`,
 		Args: cobra.NoArgs,
@@ -210,16 +214,22 @@ func writeFirewallPolicy(w, notes io.Writer, resp *delphiv1.FirewallResponse) er
 	} else {
 		b.WriteString("\n")
 		tw := newTable(&b, 3)
-		fmt.Fprintln(tw, "ENDPOINT\tINTERFACE\tID\tSUBJECT\tINGRESS\tEGRESS\tALLOWED\tDENIED")
+		fmt.Fprintln(tw, "ENDPOINT\tINTERFACE\tID\tSUBJECT\tINGRESS\tEGRESS\tALLOWED\tDENIED\tSPOOFED\tSOURCES")
 		for _, e := range resp.GetEndpoints() {
-			allowed, denied := "-", "-"
+			allowed, denied, spoofed, sources := "-", "-", "-", "unchecked"
 			if c := e.GetCounters(); c != nil {
 				allowed = countText(c.GetAllowedPackets(), c.GetAllowedBytes())
 				denied = countText(c.GetDeniedPackets(), c.GetDeniedBytes())
+				if e.GetGuarded() {
+					spoofed = countText(c.GetSpoofedPackets(), c.GetSpoofedBytes())
+				}
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%#x\t%s\t%s\t%s\t%s\t%s\n", keyText(e.GetKey()), interfaceText(e.GetInterface(), e.GetIfindex()),
+			if e.GetGuarded() {
+				sources = strings.Join(e.GetSources(), " ")
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%#x\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", keyText(e.GetKey()), interfaceText(e.GetInterface(), e.GetIfindex()),
 				e.GetId(), idText(e.GetSubject()), protectedText(e.GetIngressProtected()), protectedText(e.GetEgressProtected()),
-				allowed, denied)
+				allowed, denied, spoofed, sources)
 		}
 		tw.Flush()
 	}
@@ -406,9 +416,10 @@ func writeFirewallConntrack(w, notes io.Writer, resp *delphiv1.FirewallResponse)
 	st := resp.GetStats()
 	fmt.Fprintf(&b, "conntrack: %d live %s of %d\n", st.GetConntrackEntries(),
 		plural(int(st.GetConntrackEntries()), "connection", "connections"), st.GetConntrackCapacity())
-	fmt.Fprintf(&b, "program: %d %s tracked, %d cut off by a new snapshot, %d %s dropped for want of a snapshot\n",
+	fmt.Fprintf(&b, "program: %d %s tracked, %d cut off by a new snapshot, %d %s dropped for want of a snapshot, %d spoofed %s dropped\n",
 		st.GetConntrackCreated(), plural(int(st.GetConntrackCreated()), "connection", "connections"), st.GetConntrackDenied(),
-		st.GetNoSnapshotDrops(), plural(int(st.GetNoSnapshotDrops()), "packet", "packets"))
+		st.GetNoSnapshotDrops(), plural(int(st.GetNoSnapshotDrops()), "packet", "packets"),
+		st.GetSpoofedDrops(), plural(int(st.GetSpoofedDrops()), "frame", "frames"))
 	if len(resp.GetConnections()) == 0 {
 		fmt.Fprintln(notes, "No connections found.")
 	} else {

@@ -81,7 +81,9 @@ func cannedFirewall() *delphiv1.FirewallResponse {
 		Endpoints: []*delphiv1.FirewallEndpoint{
 			{Key: web, Ifindex: 7, Interface: "veth-web", Id: 0x5e1f2a3b, Scope: 0x9a3c1234, Tenant: "default", Subject: 0x1a2b3c4d,
 				IngressProtected: true, EgressProtected: true, Generation: 0xe0dfa3e5,
-				Counters: &delphiv1.FirewallEndpointCounters{AllowedPackets: 12, AllowedBytes: 1180, DeniedPackets: 1, DeniedBytes: 49}},
+				Guarded: true, Sources: []string{"02:00:00:00:00:05", "10.1.0.2", "fd00:1::2"},
+				Counters: &delphiv1.FirewallEndpointCounters{AllowedPackets: 12, AllowedBytes: 1180, DeniedPackets: 1, DeniedBytes: 49,
+					SpoofedPackets: 2, SpoofedBytes: 84}},
 			{Ifindex: 4242, Id: 0xdead0001, Scope: 0x5c0fe, Subject: 0xbeef0001, IngressProtected: true, Generation: 0xe0dfa3e5},
 		},
 		Subjects: []*delphiv1.FirewallSubject{
@@ -142,9 +144,9 @@ problem: Endpoint/default/default/db: spec.ips[0] "10.1.0.x": not an IP address
 `
 
 	equal(t, "bpf policy", e.ok("bpf", "policy"), header+`
-ENDPOINT              INTERFACE      ID           SUBJECT      INGRESS     EGRESS      ALLOWED          DENIED
-default/default/web   veth-web (7)   0x5e1f2a3b   0x1a2b3c4d   protected   protected   12 pkts 1180 B   1 pkt 49 B
-unknown               ifindex 4242   0xdead0001   0xbeef0001   protected   open        -                -
+ENDPOINT              INTERFACE      ID           SUBJECT      INGRESS     EGRESS      ALLOWED          DENIED       SPOOFED       SOURCES
+default/default/web   veth-web (7)   0x5e1f2a3b   0x1a2b3c4d   protected   protected   12 pkts 1180 B   1 pkt 49 B   2 pkts 84 B   02:00:00:00:00:05 10.1.0.2 fd00:1::2
+unknown               ifindex 4242   0xdead0001   0xbeef0001   protected   open        -                -            -             unchecked
 
 subject 0x1a2b3c4d, tenant default
   policy default/default/web-policy
@@ -177,7 +179,7 @@ tenant unknown, scope 0x5c0fe
 `)
 
 	equal(t, "bpf ct", e.ok("bpf", "ct"), header+`conntrack: 3 live connections of 262144
-program: 7 connections tracked, 1 cut off by a new snapshot, 0 packets dropped for want of a snapshot
+program: 7 connections tracked, 1 cut off by a new snapshot, 0 packets dropped for want of a snapshot, 0 spoofed frames dropped
 
 INTERFACE      ENDPOINT              PROTO   SOURCE              DESTINATION        DIRECTION   IDLE    EXPIRES   FLAGS             GENERATION     RULE
 veth-web (7)   default/default/web   udp     10.1.0.2:40000      10.1.0.1:5000      egress      2s      58s       replied           0xe0dfa3e5     NetworkSecurityPolicy/default/default/web-policy egress[0]
@@ -265,7 +267,7 @@ func TestBPFCommandsEmpty(t *testing.T) {
 		{[]string{"bpf", "policy"}, header, "No endpoints found.\n"},
 		{[]string{"bpf", "identities"}, header, "No identities found.\n"},
 		{[]string{"bpf", "ct"}, header + "conntrack: 0 live connections of 1024\n" +
-			"program: 0 connections tracked, 0 cut off by a new snapshot, 1 packet dropped for want of a snapshot\n", "No connections found.\n"},
+			"program: 0 connections tracked, 0 cut off by a new snapshot, 1 packet dropped for want of a snapshot, 0 spoofed frames dropped\n", "No connections found.\n"},
 	} {
 		out, errOut, err := e.run("", tc.args...)
 		if err != nil || out != tc.stdout || errOut != tc.stderr {

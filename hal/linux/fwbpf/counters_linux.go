@@ -43,6 +43,8 @@ func sumEndpointCounts(per []EndpointStats) EndpointStats {
 		c.AllowedBytes += p.AllowedBytes
 		c.DeniedPackets += p.DeniedPackets
 		c.DeniedBytes += p.DeniedBytes
+		c.SpoofedPackets += p.SpoofedPackets
+		c.SpoofedBytes += p.SpoofedBytes
 	}
 	return c
 }
@@ -103,12 +105,16 @@ type Stats struct {
 	// NoSnapshotDrops counts packets dropped because there was no snapshot or their
 	// interface was not in it.
 	NoSnapshotDrops uint64
+	// SpoofedDrops counts the frames dropped because a guarded endpoint sent them from an
+	// address that is not its own.
+	SpoofedDrops uint64
 }
 
 // ProgramStats returns the program's counters.
 func (o *Objects) ProgramStats() (Stats, error) {
 	var s Stats
-	for i, dst := range map[uint32]*uint64{StatCTCreated: &s.CTCreated, StatCTDeleted: &s.CTDeleted, StatNoSnapshotDrops: &s.NoSnapshotDrops} {
+	for i, dst := range map[uint32]*uint64{StatCTCreated: &s.CTCreated, StatCTDeleted: &s.CTDeleted, StatNoSnapshotDrops: &s.NoSnapshotDrops,
+		StatSpoofedDrops: &s.SpoofedDrops} {
 		var per []uint64
 		if err := o.Stats.Lookup(i, &per); err != nil {
 			return Stats{}, fmt.Errorf("reading counter %d: %w", i, err)

@@ -9,11 +9,17 @@
 // direction (DirEgress); fw_egress (ProgEgress), for the tcx egress hook, sees the packets
 // TO it, its ingress direction (DirIngress). For every packet:
 //
-//   - Frames that are neither IPv4 nor IPv6 (ARP) pass: the program returns TCX_NEXT.
+//   - Frames that are neither IPv4 nor IPv6 (ARP) to the endpoint pass: the program
+//     returns TCX_NEXT.
 //   - The program reads the current snapshot from slot 0 of fw_snapshots
 //     (MapSnapshots), once, and looks the interface up in it. No snapshot, or an
 //     interface the snapshot does not know, drops the packet (fail closed) and counts it
-//     in fw_stats (StatNoSnapshotDrops).
+//     in fw_stats (StatNoSnapshotDrops); a frame that is not IP passes then.
+//   - A frame from a guarded endpoint (firewall.FlagGuard, one with a MAC) that does not
+//     come from its own MAC and addresses (the snapshot's source entries; see
+//     docs/firewall.md, Anti-spoofing: Ethernet source, IPv4 and IPv6 source, ARP sender,
+//     neighbour advertisement target) is dropped and counted as spoofed, in fw_ep_stats
+//     and in fw_stats (StatSpoofedDrops). Other frames that are not IP then pass.
 //   - A malformed or truncated packet (its IP header, or the TCP, UDP or ICMP header
 //     after it) is dropped; ICMPv6 neighbour discovery (types 133-137) passes.
 //   - An ICMP error (destination unreachable, time exceeded, parameter problem, packet

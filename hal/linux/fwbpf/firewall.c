@@ -22,8 +22,9 @@
  * aligned or byte-sized stores (stack accesses must be aligned, and the big-endian fields
  * of struct fw_key are not); there are no loops. Everything is inlined into the two
  * programs but fw_snap_lookup, a static subprogram verified at each call; the policy
- * check (fw_check) has a single call site. On kernel 6.18 each program takes about 10k
- * verifier steps of the million allowed, with a 368-byte stack of 512.
+ * check (fw_check) has a single call site. On kernel 6.18 fw_egress takes about 11k
+ * verifier steps of the million allowed, with a 368-byte stack of 512; fw_ingress, which
+ * also runs the anti-spoofing checks (fw_spoofed), about 22k, with 408 bytes.
  */
 
 #include <linux/bpf.h>
@@ -46,15 +47,24 @@
 #define FW_T_ENDPOINT 1
 #define FW_T_IDENTITY 2
 #define FW_T_POLICY 3
+#define FW_T_SOURCE 4
 
 /* Prefix lengths of the fixed parts of the snapshot keys, in bits. */
 #define FW_ENDPOINT_PREFIXLEN 40 /* table, ifindex */
 #define FW_IDENTITY_PREFIXLEN 48 /* table, scope, family; + address bits */
 #define FW_POLICY_PREFIXLEN 88	 /* table, subject, dir, class, identity; + port bits */
+#define FW_SOURCE_PREFIXLEN 48	 /* table, ifindex, family; + address bits */
 
-/* Flags of an endpoint entry: the directions policies protect (1 << FW_DIR_*). */
+/* Families of a source entry: the link layer (an Ethernet MAC), IPv4, IPv6. */
+#define FW_SRC_MAC 0
+#define FW_SRC_IPV4 4
+#define FW_SRC_IPV6 6
+
+/* Flags of an endpoint entry: the directions policies protect (1 << FW_DIR_*), and
+ * whether what the endpoint sends must come from its own addresses (source entries). */
 #define FW_EP_INGRESS 1
 #define FW_EP_EGRESS 2
+#define FW_EP_GUARD 4
 
 /* Directions, seen from the endpoint. */
 #define FW_DIR_INGRESS 0 /* to the endpoint: tcx egress */
@@ -89,7 +99,7 @@
 #define FW_STAT_CT_CREATED 0
 #define FW_STAT_CT_DELETED 1
 #define FW_STAT_NO_SNAPSHOT 2
-#define FW_STAT_RESERVED 3
+#define FW_STAT_SPOOFED 3
 #define FW_STATS 4
 
 /* Default capacities of the maps; the agent may change them before loading. */
@@ -120,6 +130,14 @@
 #define FW_ICMPV6_MLD2_REPORT 143
 #define FW_IPPROTO_IGMP 2
 #define FW_IPV6_HOPOPTS 0
+#define FW_ICMPV6_RS 133
+#define FW_ICMPV6_NS 135
+#define FW_ICMPV6_NA 136
+#define FW_ND_OPT_SOURCE_LL 1
+#define FW_ND_OPT_TARGET_LL 2
+#define FW_ETH_P_ARP 0x0806
+#define FW_DHCP_CLIENT_PORT 68
+#define FW_DHCP_SERVER_PORT 67
 
 /* fw_key is a key of a snapshot (an LPM trie): multi-byte fields of data are big-endian. */
 struct fw_key {
@@ -173,6 +191,8 @@ struct fw_ep_counters {
 	__u64 allowed_bytes;
 	__u64 denied_packets;
 	__u64 denied_bytes;
+	__u64 spoofed_packets; /* dropped: not from the endpoint's own addresses */
+	__u64 spoofed_bytes;
 };
 
 /* fw_snapshot is the template of the snapshots fw_snapshots points to. */
@@ -323,6 +343,18 @@ static __always_inline int fw_deny(__u32 ep_id, __u32 len)
 		c->denied_packets += 1;
 		c->denied_bytes += len;
 	}
+	return FW_TCX_DROP;
+}
+
+static __always_inline int fw_spoofed_drop(__u32 ep_id, __u32 len)
+{
+	struct fw_ep_counters *c = bpf_map_lookup_elem(&fw_ep_stats, &ep_id);
+
+	if (c) {
+		c->spoofed_packets += 1;
+		c->spoofed_bytes += len;
+	}
+	fw_stat(FW_STAT_SPOOFED);
 	return FW_TCX_DROP;
 }
 
@@ -545,6 +577,164 @@ static __always_inline void fw_check(void *snap, const struct fw_ep *ep, __u8 di
 	}
 }
 
+/* fw_arp is an ARP packet for IPv4 over Ethernet. */
+struct fw_arp {
+	__be16 htype;
+	__be16 ptype;
+	__u8 hlen;
+	__u8 plen;
+	__be16 op;
+	__u8 sha[6];
+	__u8 spa[4];
+	__u8 tha[6];
+	__u8 tpa[4];
+};
+
+/* fw_nd is the body of an ICMPv6 neighbour solicitation or advertisement, with the
+ * first option. */
+struct fw_nd {
+	__u8 type;
+	__u8 code;
+	__u16 checksum;
+	__u32 reserved;
+	__u8 target[16];
+	__u8 opt_type;
+	__u8 opt_len; /* in units of 8 bytes */
+	__u8 opt_mac[6];
+};
+
+/*
+ * fw_source tells whether the endpoint on ifindex owns the address of the family
+ * (FW_SRC_*), len bytes at addr: whether the snapshot holds its source entry.
+ */
+static __always_inline int fw_source(void *snap, __u32 ifindex, __u8 family, const __u8 *addr,
+				     const int len)
+{
+	struct fw_key k;
+
+	__builtin_memset(&k, 0, sizeof(k));
+	k.prefixlen = FW_SOURCE_PREFIXLEN + len * 8;
+	k.data[0] = FW_T_SOURCE;
+	fw_put_be32(&k.data[1], ifindex);
+	k.data[5] = family;
+	__builtin_memcpy(&k.data[6], addr, len);
+	return fw_snap_lookup(snap, &k) != NULL;
+}
+
+/* fw_mac_eq tells whether two MAC addresses are equal. */
+static __always_inline int fw_mac_eq(const __u8 *a, const __u8 *b)
+{
+	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3] && a[4] == b[4] &&
+	       a[5] == b[5];
+}
+
+/* fw_link_local tells whether an IPv6 address is link-local, fe80::/10. */
+static __always_inline int fw_link_local(const __u8 *a)
+{
+	return a[0] == 0xfe && (a[1] & 0xc0) == 0x80;
+}
+
+/* fw_unspecified6 tells whether an IPv6 address is ::. */
+static __always_inline int fw_unspecified6(const __u8 *a)
+{
+	__u64 hi, lo;
+
+	__builtin_memcpy(&hi, a, 8);
+	__builtin_memcpy(&lo, a + 8, 8);
+	return (hi | lo) == 0;
+}
+
+/*
+ * fw_spoofed tells whether a frame from a guarded endpoint (on skb->ifindex) does not
+ * come from its own addresses: an Ethernet source other than its MAC; an IPv4 source
+ * other than its addresses (but 0.0.0.0 for DHCP, UDP 68 to 67); an IPv6 source other
+ * than its addresses and link-local ones (but :: for router and neighbour solicitation,
+ * and MLD); an ARP sender other than its MAC and addresses (0.0.0.0 for a probe); a
+ * neighbour advertisement for a target not its own (or link-local); an NS or NA whose
+ * first option gives a link-layer address other than its MAC. A frame too short to read
+ * is left to the checks after (a malformed IP packet is dropped there).
+ */
+static __always_inline int fw_spoofed(struct __sk_buff *skb, void *snap, __u16 proto)
+{
+	struct ethhdr eth;
+	__u32 ifindex = skb->ifindex;
+
+	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0)
+		return 0;
+	if (!fw_source(snap, ifindex, FW_SRC_MAC, eth.h_source, 6))
+		return 1;
+
+	if (proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr ip;
+		struct udphdr uh;
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0)
+			return 0;
+		if (ip.saddr == 0) {
+			/* DHCP's discover and request come from 0.0.0.0. */
+			if (ip.protocol != FW_PROTO_UDP || ip.ihl < 5 ||
+			    bpf_skb_load_bytes(skb, ETH_HLEN + ip.ihl * 4, &uh, sizeof(uh)) < 0)
+				return 1;
+			return uh.source != bpf_htons(FW_DHCP_CLIENT_PORT) ||
+			       uh.dest != bpf_htons(FW_DHCP_SERVER_PORT);
+		}
+		return !fw_source(snap, ifindex, FW_SRC_IPV4, (const __u8 *)&ip.saddr, 4);
+	}
+
+	if (proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr ip6;
+		struct fw_nd nd;
+		int has_nd = 0;
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip6, sizeof(ip6)) < 0)
+			return 0;
+		__builtin_memset(&nd, 0, sizeof(nd));
+		if (ip6.nexthdr == FW_PROTO_ICMPV6 &&
+		    bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(ip6), &nd.type, 1) == 0 &&
+		    (nd.type == FW_ICMPV6_NS || nd.type == FW_ICMPV6_NA)) {
+			if (bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(ip6), &nd, sizeof(nd)) == 0)
+				has_nd = 1;
+			else if (bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(ip6), &nd, 24) == 0)
+				has_nd = 2; /* no option */
+		}
+		if (fw_unspecified6(ip6.saddr.in6_u.u6_addr8)) {
+			/* Before it has an address: DAD's solicitation, a router solicitation,
+			 * and the MLD reports that go with them (hop-by-hop, to ff02::/16). */
+			if (ip6.nexthdr == FW_PROTO_ICMPV6 && (nd.type == FW_ICMPV6_NS || nd.type == FW_ICMPV6_RS))
+				return 0;
+			return !(ip6.nexthdr == FW_IPV6_HOPOPTS && ip6.daddr.in6_u.u6_addr8[0] == 0xff &&
+				 ip6.daddr.in6_u.u6_addr8[1] == 0x02);
+		}
+		if (!fw_link_local(ip6.saddr.in6_u.u6_addr8) &&
+		    !fw_source(snap, ifindex, FW_SRC_IPV6, ip6.saddr.in6_u.u6_addr8, 16))
+			return 1;
+		if (has_nd && nd.type == FW_ICMPV6_NA && !fw_link_local(nd.target) &&
+		    !fw_source(snap, ifindex, FW_SRC_IPV6, nd.target, 16))
+			return 1;
+		if (has_nd == 1 && (nd.type == FW_ICMPV6_NS || nd.type == FW_ICMPV6_NA) &&
+		    (nd.opt_type == FW_ND_OPT_SOURCE_LL || nd.opt_type == FW_ND_OPT_TARGET_LL) &&
+		    nd.opt_len == 1 && !fw_mac_eq(nd.opt_mac, eth.h_source))
+			return 1;
+		return 0;
+	}
+
+	if (proto == bpf_htons(FW_ETH_P_ARP)) {
+		struct fw_arp arp;
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &arp, sizeof(arp)) < 0)
+			return 1;
+		if (arp.htype != bpf_htons(1) || arp.ptype != bpf_htons(ETH_P_IP) || arp.hlen != 6 ||
+		    arp.plen != 4)
+			return 1;
+		if (!fw_mac_eq(arp.sha, eth.h_source))
+			return 1;
+		if ((arp.spa[0] | arp.spa[1] | arp.spa[2] | arp.spa[3]) == 0)
+			return 0; /* a probe (RFC 5227) */
+		return !fw_source(snap, ifindex, FW_SRC_IPV4, arp.spa, 4);
+	}
+	return 0;
+}
+
 /* fw_handle filters one packet; dir is the direction of the hook (FW_DIR_*). */
 static __always_inline int fw_handle(struct __sk_buff *skb, const __u8 dir)
 {
@@ -573,11 +763,16 @@ static __always_inline int fw_handle(struct __sk_buff *skb, const __u8 dir)
 		family = 6;
 	else if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD))
 		return FW_TCX_DROP;
+	else if (dir == FW_DIR_INGRESS)
+		return FW_TCX_NEXT; /* ARP and other frames to the endpoint */
 	else
-		return FW_TCX_NEXT;
+		family = 0; /* checked for spoofing only */
 
+	/* Frames that are not IP (ARP) pass when nothing is known of their interface. */
 	snap = bpf_map_lookup_elem(&fw_snapshots, &zero);
 	if (!snap) {
+		if (family == 0)
+			return FW_TCX_NEXT;
 		fw_stat(FW_STAT_NO_SNAPSHOT);
 		return FW_TCX_DROP;
 	}
@@ -587,6 +782,8 @@ static __always_inline int fw_handle(struct __sk_buff *skb, const __u8 dir)
 	fw_put_be32(&lk.data[1], skb->ifindex);
 	epv = fw_snap_lookup(snap, &lk);
 	if (!epv) {
+		if (family == 0)
+			return FW_TCX_NEXT;
 		fw_stat(FW_STAT_NO_SNAPSHOT);
 		return FW_TCX_DROP;
 	}
@@ -595,6 +792,11 @@ static __always_inline int fw_handle(struct __sk_buff *skb, const __u8 dir)
 	ep.flags = epv->flags;
 	ep.gen = epv->gen;
 	ep.scope = epv->scope;
+
+	if (dir == FW_DIR_EGRESS && (ep.flags & FW_EP_GUARD) && fw_spoofed(skb, snap, proto))
+		return fw_spoofed_drop(ep.id, len);
+	if (family == 0)
+		return FW_TCX_NEXT;
 
 	__builtin_memset(&t, 0, sizeof(t));
 	t.ifindex = skb->ifindex;

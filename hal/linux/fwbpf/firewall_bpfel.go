@@ -43,6 +43,8 @@ type firewallFwEpCounters struct {
 	AllowedBytes   uint64
 	DeniedPackets  uint64
 	DeniedBytes    uint64
+	SpoofedPackets uint64
+	SpoofedBytes   uint64
 }
 
 type firewallFwKey struct {

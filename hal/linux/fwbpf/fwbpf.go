@@ -88,6 +88,9 @@ const (
 	// StatNoSnapshotDrops counts the packets dropped because there was no snapshot or
 	// their interface was not in it.
 	StatNoSnapshotDrops = 2
-	// NumStats is the number of counters in MapStats (the last one is reserved).
+	// StatSpoofedDrops counts the frames dropped because a guarded endpoint sent them
+	// from an address that is not its own.
+	StatSpoofedDrops = 3
+	// NumStats is the number of counters in MapStats.
 	NumStats = 4
 )

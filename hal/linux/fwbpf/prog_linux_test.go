@@ -474,6 +474,8 @@ func (f *fixture) epCount(id uint32) EndpointStats {
 		sum.AllowedBytes += c.AllowedBytes
 		sum.DeniedPackets += c.DeniedPackets
 		sum.DeniedBytes += c.DeniedBytes
+		sum.SpoofedPackets += c.SpoofedPackets
+		sum.SpoofedBytes += c.SpoofedBytes
 	}
 	return sum
 }
@@ -1185,7 +1187,7 @@ func TestLayoutMatchesFirewall(t *testing.T) {
 		{"CTKey", unsafe.Sizeof(CTKey{}), 44},
 		{"CTValue", unsafe.Sizeof(CTValue{}), 32},
 		{"RuleStats", unsafe.Sizeof(RuleStats{}), 16},
-		{"EndpointStats", unsafe.Sizeof(EndpointStats{}), 32},
+		{"EndpointStats", unsafe.Sizeof(EndpointStats{}), 48},
 	} {
 		if s.got != s.want {
 			t.Errorf("%s is %d bytes, want %d", s.name, s.got, s.want)
@@ -1217,7 +1219,9 @@ func TestConstantsMatchC(t *testing.T) {
 	for name, want := range map[string]int64{
 		"FW_TCX_NEXT": -1 /* tcxNext */, "FW_TCX_PASS": tcxPass, "FW_TCX_DROP": tcxDrop,
 		"FW_T_ENDPOINT": firewall.TableEndpoint, "FW_T_IDENTITY": firewall.TableIdentity, "FW_T_POLICY": firewall.TablePolicy,
-		"FW_EP_INGRESS": firewall.FlagIngress, "FW_EP_EGRESS": firewall.FlagEgress,
+		"FW_T_SOURCE":   firewall.TableSource,
+		"FW_EP_INGRESS": firewall.FlagIngress, "FW_EP_EGRESS": firewall.FlagEgress, "FW_EP_GUARD": firewall.FlagGuard,
+		"FW_SRC_MAC": firewall.SourceFamilyMAC, "FW_SRC_IPV4": firewall.SourceFamilyIPv4, "FW_SRC_IPV6": firewall.SourceFamilyIPv6,
 		"FW_DIR_INGRESS": DirIngress, "FW_DIR_EGRESS": DirEgress,
 		"FW_CLASS_TCP": firewall.ClassTCP, "FW_CLASS_UDP": firewall.ClassUDP,
 		"FW_CLASS_ICMP": firewall.ClassICMP, "FW_CLASS_OTHER": firewall.ClassOther,
@@ -1230,11 +1234,12 @@ func TestConstantsMatchC(t *testing.T) {
 		"FW_CT_TIMEOUT_ICMP":        int64(CTTimeoutICMP / time.Second),
 		"FW_CT_TIMEOUT_OTHER":       int64(CTTimeoutOther / time.Second),
 		"FW_STAT_CT_CREATED":        StatCTCreated, "FW_STAT_CT_DELETED": StatCTDeleted,
-		"FW_STAT_NO_SNAPSHOT": StatNoSnapshotDrops, "FW_STATS": NumStats,
+		"FW_STAT_NO_SNAPSHOT": StatNoSnapshotDrops, "FW_STAT_SPOOFED": StatSpoofedDrops, "FW_STATS": NumStats,
 		// The prefix lengths of the keys hal/firewall builds.
 		"FW_ENDPOINT_PREFIXLEN": int64(firewall.EndpointKey(1).PrefixLen),
 		"FW_IDENTITY_PREFIXLEN": int64(firewall.IdentityKey(1, netip.MustParsePrefix("0.0.0.0/0")).PrefixLen),
 		"FW_POLICY_PREFIXLEN":   int64(firewall.PolicyKey(1, 0, 1, 1, 0, 0).PrefixLen),
+		"FW_SOURCE_PREFIXLEN":   int64(firewall.SourceMACKey(1, [6]byte{}).PrefixLen - 48),
 	} {
 		got, ok := defines[name]
 		if !ok {

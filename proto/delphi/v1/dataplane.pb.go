@@ -275,7 +275,8 @@ type DataplaneLink struct {
 	// addresses are the link's addresses in CIDR form, IPv6 link-local ones included.
 	Addresses []string `protobuf:"bytes,10,rep,name=addresses,proto3" json:"addresses,omitempty"`
 	// vni, local, dst_port and learning describe a VXLAN device: its VNI, its local
-	// (source) address, its UDP destination port and whether it learns remote MACs.
+	// (source) address, its UDP destination port and whether it learns remote MACs. For a
+	// local endpoint's interface, learning tells whether the bridge learns on the port.
 	Vni      uint32 `protobuf:"varint,11,opt,name=vni,proto3" json:"vni,omitempty"`
 	Local    string `protobuf:"bytes,12,opt,name=local,proto3" json:"local,omitempty"`
 	DstPort  uint32 `protobuf:"varint,13,opt,name=dst_port,json=dstPort,proto3" json:"dst_port,omitempty"`

@@ -397,8 +397,11 @@ type FirewallStats struct {
 	// fw_rule_stats and fw_ep_stats.
 	RuleCountersCapacity     uint32 `protobuf:"varint,6,opt,name=rule_counters_capacity,json=ruleCountersCapacity,proto3" json:"rule_counters_capacity,omitempty"`
 	EndpointCountersCapacity uint32 `protobuf:"varint,7,opt,name=endpoint_counters_capacity,json=endpointCountersCapacity,proto3" json:"endpoint_counters_capacity,omitempty"`
-	unknownFields            protoimpl.UnknownFields
-	sizeCache                protoimpl.SizeCache
+	// spoofed_drops counts the frames dropped because a guarded endpoint sent them from
+	// an address that is not its own (see FirewallEndpoint.guarded).
+	SpoofedDrops  uint64 `protobuf:"varint,8,opt,name=spoofed_drops,json=spoofedDrops,proto3" json:"spoofed_drops,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *FirewallStats) Reset() {
@@ -480,6 +483,13 @@ func (x *FirewallStats) GetEndpointCountersCapacity() uint32 {
 	return 0
 }
 
+func (x *FirewallStats) GetSpoofedDrops() uint64 {
+	if x != nil {
+		return x.SpoofedDrops
+	}
+	return 0
+}
+
 // FirewallEndpoint is the endpoint entry of one filtered interface.
 type FirewallEndpoint struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -504,7 +514,11 @@ type FirewallEndpoint struct {
 	// generation is the snapshot generation the entry carries.
 	Generation uint32 `protobuf:"varint,10,opt,name=generation,proto3" json:"generation,omitempty"`
 	// counters are the endpoint's packet counters; unset when fw_ep_stats has none for id.
-	Counters      *FirewallEndpointCounters `protobuf:"bytes,11,opt,name=counters,proto3" json:"counters,omitempty"`
+	Counters *FirewallEndpointCounters `protobuf:"bytes,11,opt,name=counters,proto3" json:"counters,omitempty"`
+	// guarded tells that the frames the endpoint sends must come from its own addresses,
+	// sources: its MAC and IP addresses, as the snapshot's source entries hold them.
+	Guarded       bool     `protobuf:"varint,12,opt,name=guarded,proto3" json:"guarded,omitempty"`
+	Sources       []string `protobuf:"bytes,13,rep,name=sources,proto3" json:"sources,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -616,6 +630,20 @@ func (x *FirewallEndpoint) GetCounters() *FirewallEndpointCounters {
 	return nil
 }
 
+func (x *FirewallEndpoint) GetGuarded() bool {
+	if x != nil {
+		return x.Guarded
+	}
+	return false
+}
+
+func (x *FirewallEndpoint) GetSources() []string {
+	if x != nil {
+		return x.Sources
+	}
+	return nil
+}
+
 // FirewallEndpointCounters are the packets (and bytes) to and from an endpoint the
 // firewall let through and dropped, summed over CPUs.
 type FirewallEndpointCounters struct {
@@ -624,6 +652,10 @@ type FirewallEndpointCounters struct {
 	AllowedBytes   uint64                 `protobuf:"varint,2,opt,name=allowed_bytes,json=allowedBytes,proto3" json:"allowed_bytes,omitempty"`
 	DeniedPackets  uint64                 `protobuf:"varint,3,opt,name=denied_packets,json=deniedPackets,proto3" json:"denied_packets,omitempty"`
 	DeniedBytes    uint64                 `protobuf:"varint,4,opt,name=denied_bytes,json=deniedBytes,proto3" json:"denied_bytes,omitempty"`
+	// spoofed_packets and spoofed_bytes are what the endpoint sent from addresses not its
+	// own, dropped.
+	SpoofedPackets uint64 `protobuf:"varint,5,opt,name=spoofed_packets,json=spoofedPackets,proto3" json:"spoofed_packets,omitempty"`
+	SpoofedBytes   uint64 `protobuf:"varint,6,opt,name=spoofed_bytes,json=spoofedBytes,proto3" json:"spoofed_bytes,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -682,6 +714,20 @@ func (x *FirewallEndpointCounters) GetDeniedPackets() uint64 {
 func (x *FirewallEndpointCounters) GetDeniedBytes() uint64 {
 	if x != nil {
 		return x.DeniedBytes
+	}
+	return 0
+}
+
+func (x *FirewallEndpointCounters) GetSpoofedPackets() uint64 {
+	if x != nil {
+		return x.SpoofedPackets
+	}
+	return 0
+}
+
+func (x *FirewallEndpointCounters) GetSpoofedBytes() uint64 {
+	if x != nil {
+		return x.SpoofedBytes
 	}
 	return 0
 }
@@ -1402,7 +1448,7 @@ const file_delphi_v1_firewall_proto_rawDesc = "" +
 	"\x13compiled_generation\x18\x05 \x01(\rR\x12compiledGeneration\x12\x18\n" +
 	"\acurrent\x18\x06 \x01(\bR\acurrent\x12#\n" +
 	"\rstale_entries\x18\a \x01(\rR\fstaleEntries\x12'\n" +
-	"\x0fmissing_entries\x18\b \x01(\rR\x0emissingEntries\"\xe3\x02\n" +
+	"\x0fmissing_entries\x18\b \x01(\rR\x0emissingEntries\"\x88\x03\n" +
 	"\rFirewallStats\x12+\n" +
 	"\x11conntrack_created\x18\x01 \x01(\x04R\x10conntrackCreated\x12)\n" +
 	"\x10conntrack_denied\x18\x02 \x01(\x04R\x0fconntrackDenied\x12*\n" +
@@ -1410,7 +1456,8 @@ const file_delphi_v1_firewall_proto_rawDesc = "" +
 	"\x11conntrack_entries\x18\x04 \x01(\rR\x10conntrackEntries\x12-\n" +
 	"\x12conntrack_capacity\x18\x05 \x01(\rR\x11conntrackCapacity\x124\n" +
 	"\x16rule_counters_capacity\x18\x06 \x01(\rR\x14ruleCountersCapacity\x12<\n" +
-	"\x1aendpoint_counters_capacity\x18\a \x01(\rR\x18endpointCountersCapacity\"\x83\x03\n" +
+	"\x1aendpoint_counters_capacity\x18\a \x01(\rR\x18endpointCountersCapacity\x12#\n" +
+	"\rspoofed_drops\x18\b \x01(\x04R\fspoofedDrops\"\xb7\x03\n" +
 	"\x10FirewallEndpoint\x12&\n" +
 	"\x03key\x18\x01 \x01(\v2\x14.nimbus.v1.ObjectKeyR\x03key\x12\x18\n" +
 	"\aifindex\x18\x02 \x01(\rR\aifindex\x12\x1c\n" +
@@ -1425,12 +1472,16 @@ const file_delphi_v1_firewall_proto_rawDesc = "" +
 	"generation\x18\n" +
 	" \x01(\rR\n" +
 	"generation\x12?\n" +
-	"\bcounters\x18\v \x01(\v2#.delphi.v1.FirewallEndpointCountersR\bcounters\"\xb2\x01\n" +
+	"\bcounters\x18\v \x01(\v2#.delphi.v1.FirewallEndpointCountersR\bcounters\x12\x18\n" +
+	"\aguarded\x18\f \x01(\bR\aguarded\x12\x18\n" +
+	"\asources\x18\r \x03(\tR\asources\"\x80\x02\n" +
 	"\x18FirewallEndpointCounters\x12'\n" +
 	"\x0fallowed_packets\x18\x01 \x01(\x04R\x0eallowedPackets\x12#\n" +
 	"\rallowed_bytes\x18\x02 \x01(\x04R\fallowedBytes\x12%\n" +
 	"\x0edenied_packets\x18\x03 \x01(\x04R\rdeniedPackets\x12!\n" +
-	"\fdenied_bytes\x18\x04 \x01(\x04R\vdeniedBytes\"\xbb\x01\n" +
+	"\fdenied_bytes\x18\x04 \x01(\x04R\vdeniedBytes\x12'\n" +
+	"\x0fspoofed_packets\x18\x05 \x01(\x04R\x0espoofedPackets\x12#\n" +
+	"\rspoofed_bytes\x18\x06 \x01(\x04R\fspoofedBytes\"\xbb\x01\n" +
 	"\x0fFirewallSubject\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x120\n" +
 	"\bpolicies\x18\x02 \x03(\v2\x14.nimbus.v1.ObjectKeyR\bpolicies\x12\x14\n" +

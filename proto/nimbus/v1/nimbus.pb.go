@@ -878,8 +878,13 @@ type EndpointSpec struct {
 	Mac            string                 `protobuf:"bytes,4,opt,name=mac,proto3" json:"mac,omitempty"`
 	Ips            []string               `protobuf:"bytes,5,rep,name=ips,proto3" json:"ips,omitempty"`
 	SecurityGroups []string               `protobuf:"bytes,6,rep,name=security_groups,json=securityGroups,proto3" json:"security_groups,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// allowed_source_prefixes are CIDRs the workload of a local endpoint may send from
+	// besides its ips: a workload that routes for others, or serves an address behind it
+	// (as the next hop of a Route). Anti-spoofing drops what a local endpoint with a mac
+	// sends from any other address (docs/firewall.md).
+	AllowedSourcePrefixes []string `protobuf:"bytes,7,rep,name=allowed_source_prefixes,json=allowedSourcePrefixes,proto3" json:"allowed_source_prefixes,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *EndpointSpec) Reset() {
@@ -950,6 +955,13 @@ func (x *EndpointSpec) GetIps() []string {
 func (x *EndpointSpec) GetSecurityGroups() []string {
 	if x != nil {
 		return x.SecurityGroups
+	}
+	return nil
+}
+
+func (x *EndpointSpec) GetAllowedSourcePrefixes() []string {
+	if x != nil {
+		return x.AllowedSourcePrefixes
 	}
 	return nil
 }
@@ -3016,14 +3028,15 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\asubnets\x18\x05 \x03(\v2\x11.nimbus.v1.SubnetR\asubnets\"6\n" +
 	"\x06Subnet\x12\x12\n" +
 	"\x04cidr\x18\x01 \x01(\tR\x04cidr\x12\x18\n" +
-	"\agateway\x18\x02 \x01(\tR\agateway\"\xa7\x01\n" +
+	"\agateway\x18\x02 \x01(\tR\agateway\"\xdf\x01\n" +
 	"\fEndpointSpec\x12\x18\n" +
 	"\anetwork\x18\x01 \x01(\tR\anetwork\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1c\n" +
 	"\tinterface\x18\x03 \x01(\tR\tinterface\x12\x10\n" +
 	"\x03mac\x18\x04 \x01(\tR\x03mac\x12\x10\n" +
 	"\x03ips\x18\x05 \x03(\tR\x03ips\x12'\n" +
-	"\x0fsecurity_groups\x18\x06 \x03(\tR\x0esecurityGroups\")\n" +
+	"\x0fsecurity_groups\x18\x06 \x03(\tR\x0esecurityGroups\x126\n" +
+	"\x17allowed_source_prefixes\x18\a \x03(\tR\x15allowedSourcePrefixes\")\n" +
 	"\x11SecurityGroupSpec\x12\x14\n" +
 	"\x05cidrs\x18\x01 \x03(\tR\x05cidrs\"\xa0\x01\n" +
 	"\x19NetworkSecurityPolicySpec\x12#\n" +

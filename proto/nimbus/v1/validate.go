@@ -216,6 +216,9 @@ func (v *validator) endpoint(s *EndpointSpec) {
 	for i, ip := range s.GetIps() {
 		v.addr(fmt.Sprintf("spec.ips[%d]", i), ip, true)
 	}
+	for i, p := range s.GetAllowedSourcePrefixes() {
+		v.prefix(fmt.Sprintf("spec.allowedSourcePrefixes[%d]", i), p)
+	}
 	for i, g := range s.GetSecurityGroups() {
 		v.name(fmt.Sprintf("spec.securityGroups[%d]", i), g, true)
 	}

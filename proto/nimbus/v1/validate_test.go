@@ -95,6 +95,13 @@ func TestValidate(t *testing.T) {
 			want: `spec.mac "00:00:00:00:00:00": the all-zero address; an endpoint needs a unicast MAC`},
 		{name: "endpoint long mac", mutate: endpointWithMAC("02:00:00:00:00:00:00:01"),
 			want: `spec.mac "02:00:00:00:00:00:00:01": not an Ethernet MAC address`},
+		{name: "endpoint allowed source prefixes", mutate: func(o *Object) {
+			o.Spec = &Object_Endpoint{Endpoint: &EndpointSpec{Network: "blue", Mac: "02:00:00:00:00:01", Ips: []string{"10.1.0.5"},
+				AllowedSourcePrefixes: []string{"172.16.0.0/24", "fd00:99::/64"}}}
+		}},
+		{name: "endpoint allowed source prefix", mutate: func(o *Object) {
+			o.Spec = &Object_Endpoint{Endpoint: &EndpointSpec{Network: "blue", AllowedSourcePrefixes: []string{"172.16.0.0/24", "172.16.0.5/24"}}}
+		}, want: `spec.allowedSourcePrefixes[1] "172.16.0.5/24": host bits set; did you mean 172.16.0.0/24?`},
 		{name: "policy ports", mutate: func(o *Object) {
 			o.Spec = &Object_NetworkSecurityPolicy{NetworkSecurityPolicy: &NetworkSecurityPolicySpec{
 				Ingress: []*PolicyRule{{Action: PolicyRule_ACTION_ALLOW, Protocol: "tcp", Ports: []string{"80", "9000-8000"}}},
