@@ -33,7 +33,14 @@ type testServer struct {
 // serve serves a new nimbus on the socket, durable in dataDir unless it is empty.
 func serve(t *testing.T, socket, dataDir string) *testServer {
 	t.Helper()
-	srv, err := nimbus.New(nimbus.Options{Logger: quiet, DataDir: dataDir})
+	return serveWith(t, socket, nimbus.Options{DataDir: dataDir})
+}
+
+// serveWith serves a new nimbus with the options on the socket.
+func serveWith(t *testing.T, socket string, opts nimbus.Options) *testServer {
+	t.Helper()
+	opts.Logger = quiet
+	srv, err := nimbus.New(opts)
 	if err != nil {
 		t.Fatalf("nimbus.New: %v", err)
 	}

@@ -129,7 +129,7 @@ func (s *Server) authorizeStream(srv any, ss grpc.ServerStream, info *grpc.Strea
 	default:
 		return s.deny(ctx, id, info.FullMethod, "%s may not call %s: no one may", id, info.FullMethod)
 	}
-	as := &authorizedStream{ServerStream: ss, check: check}
+	as := &authorizedStream{ServerStream: ss, ctx: context.WithValue(ctx, identityKey{}, id), check: check}
 	err = handler(srv, as)
 	// The handler may have wrapped the refusal, or ended for another reason while it
 	// was on its way; the refusal is what the client needs to hear.
@@ -143,10 +143,38 @@ func (s *Server) authorizeStream(srv any, ss grpc.ServerStream, info *grpc.Strea
 // handler sees them.
 type authorizedStream struct {
 	grpc.ServerStream
+	// ctx is the stream's context with the peer's identity; see identityOf.
+	ctx context.Context
 	// check returns the refusal of a message the peer may not send.
 	check func(m any) error
 	// denied is the first refusal; once set, every RecvMsg returns it.
 	denied atomic.Pointer[status.Status]
+}
+
+// Context returns the stream's context, which carries the peer's identity.
+func (a *authorizedStream) Context() context.Context { return a.ctx }
+
+// identityKey is the context key of the identity of a stream's peer.
+type identityKey struct{}
+
+// identityOf returns the identity of the peer of the stream whose context is ctx, once
+// authorizeStream has checked it; false without TLS.
+func identityOf(ctx context.Context) (pki.Identity, bool) {
+	id, ok := ctx.Value(identityKey{}).(pki.Identity)
+	return id, ok
+}
+
+// watchMakesTarget tells whether the watch stream whose context is ctx makes its node a
+// target of the objects for every node: only the node's own watch does, with TLS one of
+// a node certificate (which may watch only its own name). A publisher watching a node,
+// the way to see what that node receives, is no node. Without TLS nobody has an
+// identity, so every watch is taken for the node's own.
+func (s *Server) watchMakesTarget(ctx context.Context) bool {
+	if s.opts.TLS == nil {
+		return true
+	}
+	id, ok := identityOf(ctx)
+	return ok && id.Role == pki.RoleNode
 }
 
 // RecvMsg receives the next message and hands it on only if the peer may send it.

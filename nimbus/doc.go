@@ -146,6 +146,10 @@
 //
 // The target nodes are meta.nodes, or for an object for every node (empty meta.nodes) the
 // nodes that have a Node object together with the nodes that have a Watch stream open now.
+// Only a node's own watch makes it a target: with TLS, the watch of a node certificate. A
+// publisher watching a node, to see what the node receives, makes it no target and has no
+// bearing on its staleness; without TLS no caller has an identity, and every watch counts
+// as the node's own.
 // A node that watched once and went away without a Node object is no target, nor is a node
 // that only reported; deleting a node's Node object ends its membership unless it is
 // watching. Only target nodes count, in every field of the ObjectStatus: a report kept for a
