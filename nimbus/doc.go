@@ -126,7 +126,9 @@
 // The server registers with Options.Registerer: naples_nimbus_watcher_resets_total,
 // naples_nimbus_watch_starts_total{mode="resume"|"snapshot"}, and the gauges
 // naples_nimbus_watchers (streams receiving changes), naples_nimbus_revision and
-// naples_nimbus_objects, the counter naples_nimbus_commits_total (commits that changed
+// naples_nimbus_objects and naples_nimbus_statuses (node statuses held), the counters
+// naples_nimbus_status_truncated_total{field} and naples_nimbus_status_details_omitted_total
+// (limits.go), the counter naples_nimbus_commits_total (commits that changed
 // objects, each one state-file commit with a data directory) and the histogram
 // naples_nimbus_commit_batch_size (object changes per commit). A replica adds
 // naples_nimbus_peers and naples_nimbus_peer_reports_total{direction} (peer.go), and with
@@ -164,6 +166,17 @@
 // status, which is as long as staleness can concern it; once it has neither and no open
 // stream, that is forgotten, and a node with nothing on record, such as one that has never
 // watched, counts from New.
+//
+// What a node reports is bounded by Options.Limits: a message or reason longer than its
+// limit is cut and ends with "… [truncated N bytes]"; operational entries beyond the
+// limits of entries, key bytes and total bytes are dropped, which the entry
+// OperationalTruncatedKey then says, and long values are cut as messages are. A report is
+// cut rather than refused, so that a node's phase and generation always count. An
+// object's status as Get, List and WatchStatus send it carries the messages and
+// operational data of its nodes up to Limits.StatusDetailsBytes, and counts the nodes
+// left without them in details_omitted, so that the status of an object of 10,000 nodes
+// still fits a client's default 4 MiB. Deleting an object deletes every status of it, on
+// every replica.
 //
 // WatchStatus streams the same ObjectStatus, as Get aggregates it, for the objects a
 // publisher selects by kind, tenant, namespace and name (empty fields select all): first

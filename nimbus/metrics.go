@@ -24,11 +24,15 @@ type metrics struct {
 	objects     prometheus.Gauge
 	commits     prometheus.Counter
 	commitSize  prometheus.Histogram
+	// statusTruncated counts the status reports cut to fit Limits, by what was cut.
+	statusTruncated *prometheus.CounterVec
+	// detailsOmitted counts the object statuses sent without the details of some nodes.
+	detailsOmitted prometheus.Counter
 }
 
-// newMetrics creates the metrics and registers them with reg. On error nothing stays
-// registered.
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+// newMetrics creates the metrics and registers them with reg; statuses tells how many node
+// statuses the store holds. On error nothing stays registered.
+func newMetrics(reg prometheus.Registerer, statuses func() float64) (*metrics, error) {
 	const ns, sub = "naples", "nimbus"
 	m := &metrics{
 		resets: prometheus.NewCounter(prometheus.CounterOpts{
@@ -60,12 +64,28 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Object changes (revisions) per commit.",
 			Buckets: prometheus.ExponentialBuckets(1, 4, 10),
 		}),
+		statusTruncated: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "status_truncated_total",
+			Help: "Status reports cut to fit nimbus's limits, by field: message, reason, operational_entries, operational_key, operational_value or operational_bytes.",
+		}, []string{"field"}),
+		detailsOmitted: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "status_details_omitted_total",
+			Help: "Object statuses sent without the messages and operational data of some nodes, because they held more than --status-details-bytes.",
+		}),
 	}
+	for _, f := range truncatedFields {
+		m.statusTruncated.WithLabelValues(f)
+	}
+	statusGauge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: ns, Subsystem: sub, Name: "statuses",
+		Help: "Node statuses held: one per object and node that reported it.",
+	}, statuses)
 	// Both modes are present from the start, so that rates work from the first watch.
 	m.watchStarts.WithLabelValues(watchModeResume)
 	m.watchStarts.WithLabelValues(watchModeSnapshot)
 	var err error
-	if m.unregister, err = telemetry.Register(reg, "Server", m.resets, m.watchStarts, m.watchers, m.revision, m.objects, m.commits, m.commitSize); err != nil {
+	if m.unregister, err = telemetry.Register(reg, "Server", m.resets, m.watchStarts, m.watchers, m.revision, m.objects, m.commits, m.commitSize,
+		m.statusTruncated, m.detailsOmitted, statusGauge); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -111,11 +111,14 @@ type view struct {
 	// started is when the Server was made, which counts as the last watch of a node that
 	// has never watched.
 	started time.Time
+	// detailsBytes is Limits.StatusDetailsBytes; see status.
+	detailsBytes int
+	metrics      *metrics
 }
 
 // view starts a read of the current state of the store. It takes no lock.
 func (s *Server) view() *view {
-	v := &view{tables: s.store.read(), started: s.started}
+	v := &view{tables: s.store.read(), started: s.started, detailsBytes: s.opts.Limits.StatusDetailsBytes, metrics: s.metrics}
 	if s.opts.StaleAfter > 0 {
 		v.staleSince = s.opts.Now().Add(-s.opts.StaleAfter)
 	}
@@ -185,12 +188,23 @@ func (v *view) status(obj *nimbusv1.Object) *nimbusv1.ObjectStatus {
 	st := &nimbusv1.ObjectStatus{TargetNodes: int32(len(targets)), Generation: gen}
 	caughtUp := len(targets) > 0
 	var caughtUpTime *timestamppb.Timestamp
+	details := 0
 	for _, n := range targets {
 		ns, ok := reported[n]
 		if !ok {
 			st.Pending = append(st.Pending, n)
 			caughtUp = false
 			continue
+		}
+		// The details of the nodes after the budget is spent are left out, so that the
+		// status of an object of any number of nodes stays readable.
+		if d := statusDetailsSize(ns); d > 0 {
+			if details+d > v.detailsBytes {
+				ns = withoutDetails(ns)
+				st.DetailsOmitted++
+			} else {
+				details += d
+			}
 		}
 		if v.stale(n) {
 			// Stored statuses are immutable; the stale mark goes on a copy.
@@ -219,6 +233,9 @@ func (v *view) status(obj *nimbusv1.Object) *nimbusv1.ObjectStatus {
 	}
 	if caughtUp {
 		st.CaughtUpTime = caughtUpTime
+	}
+	if st.DetailsOmitted > 0 && v.metrics != nil {
+		v.metrics.detailsOmitted.Inc()
 	}
 	return st
 }

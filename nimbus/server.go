@@ -112,6 +112,9 @@ type Options struct {
 	// SetPeers names the statuses its own agents report and which nodes watch it, and
 	// takes theirs (see peer.go). Default: "", which is no replica and runs none of it.
 	ReplicaName string
+	// Limits bound what one client can make the Server hold or send; see Limits. Default:
+	// every limit at its default.
+	Limits Limits
 	// PeerDialOptions are the options a replica dials its peers with, such as the
 	// transport credentials of its replica certificate (internal/pki's IssueReplica and
 	// ClientConfig). Default: none, which dials in plaintext.
@@ -146,6 +149,10 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Etcd != nil && o.DataDir != "" {
 		return o, fmt.Errorf("Etcd and DataDir %s: a server keeps its objects in one store: %w", o.DataDir, ErrInvalidOptions)
+	}
+	var err error
+	if o.Limits, err = o.Limits.withDefaults(); err != nil {
+		return o, err
 	}
 	if o.TLS != nil && o.TLS.ClientAuth != tls.RequireAndVerifyClientCert {
 		return o, fmt.Errorf("TLS.ClientAuth %v: must be RequireAndVerifyClientCert: %w", o.TLS.ClientAuth, ErrInvalidOptions)
@@ -233,7 +240,7 @@ func New(opts Options) (*Server, error) {
 		}
 	}
 	s.history.floor = s.rev
-	if s.metrics, err = newMetrics(opts.Registerer); err != nil {
+	if s.metrics, err = newMetrics(opts.Registerer, s.statusCount); err != nil {
 		if s.disk != nil {
 			s.disk.close()
 		}
@@ -292,6 +299,9 @@ func (s *Server) load() (int, error) {
 	s.log.Info("store loaded", "path", d.path, "objects", len(st.objects), "revision", st.rev, "epoch", st.epoch)
 	return len(st.objects), nil
 }
+
+// statusCount returns how many node statuses the store holds.
+func (s *Server) statusCount() float64 { return float64(s.store.read().statuses.Len()) }
 
 // Registry returns the registry the server's metrics are registered with when that is a
 // *prometheus.Registry, as the default private one is, or nil.

@@ -196,16 +196,7 @@ func TestPublisherWatchIsNoTarget(t *testing.T) {
 	a := p.node(t, ts, "host-a")
 	recvUntilSynced(t, watch(t, a, "host-a"))
 	recvUntilSynced(t, watch(t, ts.client, "phantom-1"))
-	stream, err := a.ReportStatus(testContext(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := stream.Send(statusReport(key, "host-a", 1, nimbusv1.Phase_PHASE_PROGRAMMED, "")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := stream.CloseAndRecv(); err != nil {
-		t.Fatalf("ReportStatus: %v", err)
-	}
+	reportWith(t, a, statusReport(key, "host-a", 1, nimbusv1.Phase_PHASE_PROGRAMMED, ""))
 
 	st := wantStatus(t, ts, key, 1, 1, 0, "host-a")
 	if len(st.GetPending()) != 0 || st.GetCaughtUpTime() == nil {

@@ -111,6 +111,8 @@ type config struct {
 	version bool
 	// replica says which store, and how nimbus is a replica with --store etcd.
 	replica replicaConfig
+	// limits are nimbus's limits (docs/limits.md).
+	limits nimbus.Limits
 }
 
 // parseFlags parses the command line. The flag package reports a bad flag on stderr
@@ -128,6 +130,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return nil
 	})
 	addReplicaFlags(fs, &cfg.replica)
+	addLimitFlags(fs, &cfg.limits)
 	fs.IntVar(&cfg.watchBuffer, "watch-buffer", nimbus.DefaultWatchBuffer, "how many `events` a watcher may fall behind before it is reset and must resume")
 	fs.BoolVar(&ephemeral, "ephemeral", false, "keep objects in memory only: a restart loses them and every agent resyncs")
 	fs.Func("metrics", "`host:port` to serve Prometheus metrics (/metrics) and probes (/healthz, /readyz) on (default: none)", func(s string) error {
@@ -220,7 +223,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	opts := nimbus.Options{Logger: log, TLS: tlsConfig, DataDir: cfg.dataDir, Registerer: reg, WatchBuffer: cfg.watchBuffer}
+	opts := nimbus.Options{Logger: log, TLS: tlsConfig, DataDir: cfg.dataDir, Registerer: reg, WatchBuffer: cfg.watchBuffer, Limits: cfg.limits}
 	if cfg.replica.store == "etcd" {
 		if opts.Etcd, err = cfg.replica.etcdOptions(cfg.listen); err != nil {
 			return err

@@ -1,0 +1,39 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"strconv"
+
+	"github.com/naplesnet/naples/nimbus"
+)
+
+// addLimitFlags adds the flags of nimbus's limits (docs/limits.md) to fs, setting l.
+func addLimitFlags(fs *flag.FlagSet, l *nimbus.Limits) {
+	for _, f := range []struct {
+		name, usage string
+		v           *int
+		def         int
+	}{
+		{"max-status-message-bytes", "`bytes` a node status's message may have; longer ones are cut and marked", &l.StatusMessageBytes, nimbus.DefaultStatusMessageBytes},
+		{"max-status-reason-bytes", "`bytes` a node status's reason may have; longer ones are cut and marked", &l.StatusReasonBytes, nimbus.DefaultStatusReasonBytes},
+		{"max-status-operational-entries", "operational `entries` a node status may have; the ones after, in key order, are dropped", &l.StatusOperationalEntries, nimbus.DefaultStatusOperationalEntries},
+		{"max-status-operational-key-bytes", "`bytes` an operational key may have; entries with longer ones are dropped", &l.StatusOperationalKeyBytes, nimbus.DefaultStatusOperationalKeyBytes},
+		{"max-status-operational-value-bytes", "`bytes` an operational value may have; longer ones are cut and marked", &l.StatusOperationalValueBytes, nimbus.DefaultStatusOperationalValueBytes},
+		{"max-status-operational-bytes", "`bytes` of a node status's operational keys and values together; entries beyond are dropped", &l.StatusOperationalBytes, nimbus.DefaultStatusOperationalBytes},
+		{"status-details-bytes", "`bytes` of node messages and operational data one object's status carries in Get, List and WatchStatus; further nodes go without", &l.StatusDetailsBytes, nimbus.DefaultStatusDetailsBytes},
+	} {
+		*f.v = f.def
+		fs.Func(f.name, fmt.Sprintf("%s (default %d)", f.usage, f.def), func(s string) error {
+			n, err := strconv.Atoi(s)
+			switch {
+			case err != nil:
+				return fmt.Errorf("%q: want a whole number: %w", s, err)
+			case n < 1:
+				return fmt.Errorf("%d: must be at least 1", n)
+			}
+			*f.v = n
+			return nil
+		})
+	}
+}

@@ -1,0 +1,224 @@
+package nimbus
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/proto"
+
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// Defaults of Limits.
+const (
+	// DefaultStatusMessageBytes is the default of Limits.StatusMessageBytes.
+	DefaultStatusMessageBytes = 1 << 10
+	// DefaultStatusReasonBytes is the default of Limits.StatusReasonBytes.
+	DefaultStatusReasonBytes = 64
+	// DefaultStatusOperationalEntries is the default of Limits.StatusOperationalEntries.
+	DefaultStatusOperationalEntries = 32
+	// DefaultStatusOperationalKeyBytes is the default of Limits.StatusOperationalKeyBytes.
+	DefaultStatusOperationalKeyBytes = 64
+	// DefaultStatusOperationalValueBytes is the default of Limits.StatusOperationalValueBytes.
+	DefaultStatusOperationalValueBytes = 256
+	// DefaultStatusOperationalBytes is the default of Limits.StatusOperationalBytes.
+	DefaultStatusOperationalBytes = 2 << 10
+	// DefaultStatusDetailsBytes is the default of Limits.StatusDetailsBytes.
+	DefaultStatusDetailsBytes = 1 << 20
+)
+
+// Limits bound what one client can make a Server hold or send. Every limit has a default;
+// a zero field takes it, a negative one is refused. docs/limits.md lists them with the
+// flags of cmd/nimbus and the metrics that show them being hit.
+type Limits struct {
+	// StatusMessageBytes bounds the message of a node's status: a longer one is cut to
+	// fit and ends with "… [truncated N bytes]". Default: DefaultStatusMessageBytes
+	// (1 KiB), which holds any kernel error.
+	StatusMessageBytes int
+	// StatusReasonBytes bounds the reason of a node's status, a short CamelCase cause,
+	// as StatusMessageBytes bounds the message. Default: DefaultStatusReasonBytes (64).
+	StatusReasonBytes int
+	// StatusOperationalEntries bounds the entries of a status's operational data: the
+	// ones after the first that many, in key order, are dropped. Default:
+	// DefaultStatusOperationalEntries (32).
+	StatusOperationalEntries int
+	// StatusOperationalKeyBytes bounds an operational key: an entry with a longer one is
+	// dropped. Default: DefaultStatusOperationalKeyBytes (64).
+	StatusOperationalKeyBytes int
+	// StatusOperationalValueBytes bounds an operational value: a longer one is cut to fit
+	// and ends with the truncation marker. Default: DefaultStatusOperationalValueBytes (256).
+	StatusOperationalValueBytes int
+	// StatusOperationalBytes bounds the keys and values of a status's operational data
+	// together: the entries, in key order, that would go beyond are dropped. Default:
+	// DefaultStatusOperationalBytes (2 KiB).
+	StatusOperationalBytes int
+	// StatusDetailsBytes bounds the messages and operational data of the node statuses
+	// that one object's status carries in Get, List and WatchStatus: taking the nodes in
+	// order, a node whose details would take the sum beyond that goes without them, and
+	// ObjectStatus.details_omitted counts those nodes. The rest of every node's status
+	// (phase, reason, generation, time) is always there, so with the defaults an object's
+	// status stays below 2.5 MiB up to some 10,000 nodes, and fits a 4 MiB message with
+	// a 1 MiB object. Default: DefaultStatusDetailsBytes (1 MiB).
+	StatusDetailsBytes int
+}
+
+// withDefaults returns the limits with every zero field at its default, or an error naming
+// a negative one.
+func (l Limits) withDefaults() (Limits, error) {
+	for _, f := range []struct {
+		name string
+		v    *int
+		def  int
+	}{
+		{"StatusMessageBytes", &l.StatusMessageBytes, DefaultStatusMessageBytes},
+		{"StatusReasonBytes", &l.StatusReasonBytes, DefaultStatusReasonBytes},
+		{"StatusOperationalEntries", &l.StatusOperationalEntries, DefaultStatusOperationalEntries},
+		{"StatusOperationalKeyBytes", &l.StatusOperationalKeyBytes, DefaultStatusOperationalKeyBytes},
+		{"StatusOperationalValueBytes", &l.StatusOperationalValueBytes, DefaultStatusOperationalValueBytes},
+		{"StatusOperationalBytes", &l.StatusOperationalBytes, DefaultStatusOperationalBytes},
+		{"StatusDetailsBytes", &l.StatusDetailsBytes, DefaultStatusDetailsBytes},
+	} {
+		switch {
+		case *f.v < 0:
+			return l, fmt.Errorf("Limits.%s %d: must not be negative: %w", f.name, *f.v, ErrInvalidOptions)
+		case *f.v == 0:
+			*f.v = f.def
+		}
+	}
+	return l, nil
+}
+
+// Values of the field label of naples_nimbus_status_truncated_total: what of a status
+// report was cut or dropped to fit Limits.
+const (
+	truncatedMessage          = "message"
+	truncatedReason           = "reason"
+	truncatedOperationalEntry = "operational_entries"
+	truncatedOperationalKey   = "operational_key"
+	truncatedOperationalValue = "operational_value"
+	truncatedOperationalBytes = "operational_bytes"
+)
+
+// truncatedFields are the values of the field label, each present from the start.
+var truncatedFields = []string{
+	truncatedMessage, truncatedReason, truncatedOperationalEntry,
+	truncatedOperationalKey, truncatedOperationalValue, truncatedOperationalBytes,
+}
+
+// OperationalTruncatedKey is the operational entry that a status whose operational data
+// was cut to fit Limits carries, saying how many entries were dropped.
+const OperationalTruncatedKey = "nimbus.truncated"
+
+// boundStatus cuts the status, which the caller owns, to fit the limits, and returns the
+// fields it cut (truncated* values), or none.
+func (l *Limits) boundStatus(st *nimbusv1.NodeStatus) []string {
+	var cut []string
+	if s, ok := truncate(st.GetMessage(), l.StatusMessageBytes); ok {
+		st.Message = s
+		cut = append(cut, truncatedMessage)
+	}
+	if s, ok := truncate(st.GetReason(), l.StatusReasonBytes); ok {
+		st.Reason = s
+		cut = append(cut, truncatedReason)
+	}
+	op := st.GetOperational()
+	if len(op) == 0 {
+		return cut
+	}
+	size := 0
+	for k, v := range op {
+		size += len(k) + len(v)
+	}
+	if len(op) <= l.StatusOperationalEntries && size <= l.StatusOperationalBytes && !l.oversizedEntry(op) {
+		return cut
+	}
+	kept := make(map[string]string, min(len(op), l.StatusOperationalEntries))
+	size, dropped := 0, 0
+	var reasons [4]bool // entries, key, value, bytes
+	for _, k := range slices.Sorted(maps.Keys(op)) {
+		v := op[k]
+		switch {
+		case len(k) > l.StatusOperationalKeyBytes:
+			reasons[1] = true
+			dropped++
+			continue
+		case len(kept) == l.StatusOperationalEntries:
+			reasons[0] = true
+			dropped++
+			continue
+		}
+		if t, ok := truncate(v, l.StatusOperationalValueBytes); ok {
+			v = t
+			reasons[2] = true
+		}
+		if size+len(k)+len(v) > l.StatusOperationalBytes {
+			reasons[3] = true
+			dropped++
+			continue
+		}
+		kept[k] = v
+		size += len(k) + len(v)
+	}
+	for i, f := range []string{truncatedOperationalEntry, truncatedOperationalKey, truncatedOperationalValue, truncatedOperationalBytes} {
+		if reasons[i] {
+			cut = append(cut, f)
+		}
+	}
+	if dropped > 0 {
+		kept[OperationalTruncatedKey] = strconv.Itoa(dropped) + " entries dropped over nimbus's limits"
+	}
+	st.Operational = kept
+	return cut
+}
+
+// oversizedEntry tells whether an operational entry has a key or a value over the limits.
+func (l *Limits) oversizedEntry(op map[string]string) bool {
+	for k, v := range op {
+		if len(k) > l.StatusOperationalKeyBytes || len(v) > l.StatusOperationalValueBytes {
+			return true
+		}
+	}
+	return false
+}
+
+// truncate returns s cut to at most limit bytes, at a character boundary, ending with
+// "… [truncated N bytes]" where N is the number of bytes cut, and true; or s and false
+// when it fits. A limit too small for the marker gets the cut string alone.
+func truncate(s string, limit int) (string, bool) {
+	if len(s) <= limit {
+		return s, false
+	}
+	const markerRoom = len("… [truncated  bytes]") + 20 // the widest count an int has
+	keep := max(limit-markerRoom, 0)
+	if limit < markerRoom {
+		keep = limit
+	}
+	for keep > 0 && !utf8.RuneStart(s[keep]) {
+		keep--
+	}
+	if limit < markerRoom {
+		return strings.Clone(s[:keep]), true
+	}
+	// The concatenation copies: the long string is not held on to by the short one.
+	return s[:keep] + "… [truncated " + strconv.Itoa(len(s)-keep) + " bytes]", true
+}
+
+// statusDetailsSize returns the bytes of a node status's message and operational data.
+func statusDetailsSize(ns *nimbusv1.NodeStatus) int {
+	n := len(ns.GetMessage())
+	for k, v := range ns.GetOperational() {
+		n += len(k) + len(v)
+	}
+	return n
+}
+
+// withoutDetails returns a copy of the node status without message and operational data.
+func withoutDetails(ns *nimbusv1.NodeStatus) *nimbusv1.NodeStatus {
+	c := proto.CloneOf(ns)
+	c.Message, c.Operational = "", nil
+	return c
+}

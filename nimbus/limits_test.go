@@ -1,0 +1,172 @@
+package nimbus
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// oversizedReport is a report of the node about the object with a message of msgBytes
+// and, when entries is above zero, that many operational entries of 300 bytes each.
+func oversizedReport(key *nimbusv1.ObjectKey, node string, msgBytes, entries int) *nimbusv1.StatusReport {
+	r := statusReport(key, node, 1, nimbusv1.Phase_PHASE_FAILED, strings.Repeat("é", msgBytes/2))
+	if entries > 0 {
+		r.Status.Operational = map[string]string{}
+		for i := range entries {
+			r.Status.Operational[fmt.Sprintf("counter.%05d", i)] = strings.Repeat("7", 300)
+		}
+	}
+	return r
+}
+
+// wantBounded fails the test unless the node status fits the default limits and shows
+// where it was cut.
+func wantBounded(t *testing.T, ns *nimbusv1.NodeStatus) {
+	t.Helper()
+	msg := ns.GetMessage()
+	if len(msg) > DefaultStatusMessageBytes || !strings.HasSuffix(msg, " bytes]") || !strings.Contains(msg, "… [truncated ") {
+		t.Errorf("node %s: message of %d bytes ending %q, want at most %d ending with the truncation marker",
+			ns.GetNode(), len(msg), msg[max(len(msg)-40, 0):], DefaultStatusMessageBytes)
+	}
+	op := ns.GetOperational()
+	if len(op) == 0 {
+		return
+	}
+	size := 0
+	for k, v := range op {
+		if k != OperationalTruncatedKey {
+			size += len(k) + len(v)
+		}
+	}
+	if len(op) > DefaultStatusOperationalEntries+1 || size > DefaultStatusOperationalBytes || op[OperationalTruncatedKey] == "" {
+		t.Errorf("node %s: %d operational entries of %d bytes, marker %q; want at most %d of %d bytes and the marker",
+			ns.GetNode(), len(op), size, op[OperationalTruncatedKey], DefaultStatusOperationalEntries, DefaultStatusOperationalBytes)
+	}
+}
+
+// TestStatusReportsBounded is issue 19's defect 2: a node that reports huge messages and
+// operational maps must neither grow nimbus's memory nor break the readers, whose
+// clients receive at most gRPC's default 4 MiB; deleting the objects frees the statuses.
+func TestStatusReportsBounded(t *testing.T) {
+	ts, p := startTLS(t)
+	node := p.node(t, ts, "host-a")
+	var keys []*nimbusv1.ObjectKey
+	var reports []*nimbusv1.StatusReport
+	for i := range 20 {
+		name := fmt.Sprintf("r%02d", i)
+		ts.apply(t, route(name, []string{"host-a"}, "192.0.2.1"))
+		keys = append(keys, routeKey(name))
+		entries := 0
+		if i == 0 {
+			entries = 5000
+		}
+		reports = append(reports, oversizedReport(routeKey(name), "host-a", 1<<20, entries))
+	}
+	reportWith(t, node, reports...)
+
+	// ts.client is a publisher receiving at most gRPC's default 4 MiB.
+	st := wantStatus(t, ts, keys[0], 1, 0, 1, "host-a")
+	wantBounded(t, st.GetNodes()[0])
+	resp, err := ts.client.List(testContext(t), &nimbusv1.ListRequest{Kind: nimbusv1.Kind_KIND_ROUTE})
+	if err != nil {
+		t.Fatalf("List: %v", err)
+	}
+	if len(resp.GetItems()) != len(keys) {
+		t.Fatalf("List returned %d routes, want %d", len(resp.GetItems()), len(keys))
+	}
+	for _, it := range resp.GetItems() {
+		wantBounded(t, it.GetStatus().GetNodes()[0])
+	}
+	wantMetrics(t, ts.srv, `naples_nimbus_statuses 20`,
+		`naples_nimbus_status_truncated_total{field="message"} 20`,
+		`naples_nimbus_status_truncated_total{field="operational_bytes"} 1`,
+		`naples_nimbus_status_truncated_total{field="operational_value"} 1`)
+
+	for _, key := range keys {
+		ts.del(t, key)
+	}
+	wantMetrics(t, ts.srv, `naples_nimbus_statuses 0`)
+}
+
+// TestStatusDetailsBudget shows that an object's status carries the messages of its
+// nodes only up to Limits.StatusDetailsBytes, and counts the nodes left without them.
+func TestStatusDetailsBudget(t *testing.T) {
+	ts := start(t, Options{Limits: Limits{StatusDetailsBytes: 2500}})
+	key := routeKey("r1")
+	nodes := []string{"n1", "n2", "n3", "n4"}
+	ts.apply(t, route("r1", nodes, "192.0.2.1"))
+	for _, n := range nodes {
+		ts.report(t, statusReport(key, n, 1, nimbusv1.Phase_PHASE_FAILED, strings.Repeat("x", 1000)))
+	}
+	st := wantStatus(t, ts, key, 4, 0, 4, nodes...)
+	if st.GetDetailsOmitted() != 2 {
+		t.Errorf("details omitted for %d nodes, want 2", st.GetDetailsOmitted())
+	}
+	for i, ns := range st.GetNodes() {
+		if want := i < 2; (ns.GetMessage() != "") != want || ns.GetPhase() != nimbusv1.Phase_PHASE_FAILED {
+			t.Errorf("node %s: phase %v, message of %d bytes; want FAILED with a message %v", ns.GetNode(), ns.GetPhase(), len(ns.GetMessage()), want)
+		}
+	}
+	wantMetrics(t, ts.srv, `naples_nimbus_status_details_omitted_total 1`)
+}
+
+func TestTruncate(t *testing.T) {
+	for _, tc := range []struct {
+		in     string
+		limit  int
+		marked bool
+	}{
+		{"short", 10, false},
+		{strings.Repeat("a", 100), 60, true},
+		{strings.Repeat("é", 50), 60, true},
+		{strings.Repeat("é", 50), 5, false},
+	} {
+		got, cut := truncate(tc.in, tc.limit)
+		kept, marker, marked := strings.Cut(got, "… [truncated ")
+		switch {
+		case cut != (len(tc.in) > tc.limit), len(got) > max(tc.limit, len(tc.in)), !utf8.ValidString(got),
+			!strings.HasPrefix(tc.in, kept), marked != tc.marked,
+			marked && marker != fmt.Sprintf("%d bytes]", len(tc.in)-len(kept)):
+			t.Errorf("truncate(%d bytes, %d) = %q, %v", len(tc.in), tc.limit, got, cut)
+		}
+	}
+}
+
+// TestPeerStatusesBoundedAndFreed shows that a peer replica holds a report cut as the
+// replica that took it cut it, and that deleting the object frees its statuses on both.
+func TestPeerStatusesBoundedAndFreed(t *testing.T) {
+	rs := startPeers(t, Options{}, "a", "b")
+	a, b := rs[0], rs[1]
+	key := routeKey("r1")
+	applyToPeers(t, []*nimbusv1.Object{route("r1", []string{"n1"}, "192.0.2.1")}, rs...)
+	a.report(t, oversizedReport(key, "n1", 1<<20, 100))
+	waitPeerMetric(t, b, "naples_nimbus_statuses", 1)
+	wantBounded(t, b.statusOf(t, key).GetNodes()[0])
+	for _, r := range rs {
+		r.del(t, key)
+		waitPeerMetric(t, r, "naples_nimbus_statuses", 0)
+	}
+}
+
+// TestEtcdDeleteFreesStatuses shows that a replica on etcd drops every status of an
+// object that another replica deleted.
+func TestEtcdDeleteFreesStatuses(t *testing.T) {
+	c := cluster(t)
+	a := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
+	b := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
+	key := routeKey("r1")
+	obj := a.apply(t, route("r1", []string{"n1", "n2"}, "192.0.2.1")).GetObject()
+	waitRev(t, b, obj.GetMeta().GetRevision())
+	b.report(t, oversizedReport(key, "n1", 1<<20, 0), oversizedReport(key, "n2", 1<<20, 0))
+	wantMetrics(t, b.srv, `naples_nimbus_statuses 2`)
+	wantBounded(t, b.get(t, key).GetStatus().GetNodes()[1])
+	del, err := a.client.Delete(testContext(t), &nimbusv1.DeleteRequest{Key: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitRev(t, b, del.GetRevision())
+	wantMetrics(t, b.srv, `naples_nimbus_statuses 0`)
+}
