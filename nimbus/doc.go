@@ -34,6 +34,11 @@
 // call, and unchanged ones take none. ApplyBatch answers with every stored object unless
 // the request sets omit_objects, when each result carries only the generation and revision
 // stored. A single Apply or Delete is a batch of one: both go through the same commit path.
+// An object larger than Options.Limits.ObjectBytes as sent (1 MiB by default) is refused
+// at Apply and ApplyBatch with codes.InvalidArgument naming it, its size and the limit,
+// so that every object, with its status, can be read back by clients with gRPC's default
+// 4 MiB receive limit. List answers in pages of at most Limits.ListPageBytes (and the
+// request's limit), each with the token of the next; nimbusv1.ListAll follows them.
 //
 // # Watch
 //
@@ -128,7 +133,8 @@
 // naples_nimbus_watchers (streams receiving changes), naples_nimbus_revision and
 // naples_nimbus_objects and naples_nimbus_statuses (node statuses held), the counters
 // naples_nimbus_status_truncated_total{field} and naples_nimbus_status_details_omitted_total
-// (limits.go), the counter naples_nimbus_commits_total (commits that changed
+// (limits.go), naples_nimbus_objects_too_large_total and naples_nimbus_list_pages_cut_total,
+// the counter naples_nimbus_commits_total (commits that changed
 // objects, each one state-file commit with a data directory) and the histogram
 // naples_nimbus_commit_batch_size (object changes per commit). A replica adds
 // naples_nimbus_peers and naples_nimbus_peer_reports_total{direction} (peer.go), and with

@@ -1,6 +1,7 @@
 package nimbus
 
 import (
+	"encoding/base64"
 	"fmt"
 	"maps"
 	"slices"
@@ -8,6 +9,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -29,12 +31,26 @@ const (
 	DefaultStatusOperationalBytes = 2 << 10
 	// DefaultStatusDetailsBytes is the default of Limits.StatusDetailsBytes.
 	DefaultStatusDetailsBytes = 1 << 20
+	// DefaultObjectBytes is the default of Limits.ObjectBytes.
+	DefaultObjectBytes = 1 << 20
+	// DefaultListPageBytes is the default of Limits.ListPageBytes.
+	DefaultListPageBytes = 2 << 20
 )
 
 // Limits bound what one client can make a Server hold or send. Every limit has a default;
 // a zero field takes it, a negative one is refused. docs/limits.md lists them with the
 // flags of cmd/nimbus and the metrics that show them being hit.
 type Limits struct {
+	// ObjectBytes bounds the encoded size of an object, as the client sends it to Apply
+	// or ApplyBatch: a larger one is refused with codes.InvalidArgument naming it, its
+	// size and the limit. Default: DefaultObjectBytes (1 MiB), so that an object with its
+	// status fits every reader's default 4 MiB receive limit: naplesctl, controllers,
+	// the agents' watch and the agents' local API.
+	ObjectBytes int
+	// ListPageBytes bounds a page of List in bytes: a page ends before the item that
+	// would take it beyond, and always holds at least one. Default: DefaultListPageBytes
+	// (2 MiB), which with the largest object and status stays below 4 MiB.
+	ListPageBytes int
 	// StatusMessageBytes bounds the message of a node's status: a longer one is cut to
 	// fit and ends with "… [truncated N bytes]". Default: DefaultStatusMessageBytes
 	// (1 KiB), which holds any kernel error.
@@ -74,6 +90,8 @@ func (l Limits) withDefaults() (Limits, error) {
 		v    *int
 		def  int
 	}{
+		{"ObjectBytes", &l.ObjectBytes, DefaultObjectBytes},
+		{"ListPageBytes", &l.ListPageBytes, DefaultListPageBytes},
 		{"StatusMessageBytes", &l.StatusMessageBytes, DefaultStatusMessageBytes},
 		{"StatusReasonBytes", &l.StatusReasonBytes, DefaultStatusReasonBytes},
 		{"StatusOperationalEntries", &l.StatusOperationalEntries, DefaultStatusOperationalEntries},
@@ -221,4 +239,56 @@ func withoutDetails(ns *nimbusv1.NodeStatus) *nimbusv1.NodeStatus {
 	c := proto.CloneOf(ns)
 	c.Message, c.Operational = "", nil
 	return c
+}
+
+// checkObjectSize returns the refusal of an object larger than Limits.ObjectBytes, which
+// names it, its size and the limit, and counts it; nil when it fits.
+func (s *Server) checkObjectSize(in *nimbusv1.Object) error {
+	n, limit := in.SizeVT(), s.opts.Limits.ObjectBytes
+	if n <= limit {
+		return nil
+	}
+	s.metrics.objectsTooLarge.Inc()
+	return fmt.Errorf("object %s: %d bytes, over the limit of %d bytes (nimbus --max-object-bytes)", in.Key().ID(), n, limit)
+}
+
+// listPage is one page of a List under way: the items that fit in Limits.ListPageBytes
+// and the request's limit.
+type listPage struct {
+	resp  *nimbusv1.ListResponse
+	bytes int
+	// limit and pageBytes are the bounds of the page.
+	limit, pageBytes int
+	// last is the key ID of the last item added.
+	last string
+}
+
+// add adds the item with the key ID to the page, or, when the page is full, ends it with
+// the token of the next page and reports false.
+func (p *listPage) add(id string, item *nimbusv1.ObjectWithStatus) bool {
+	n := item.SizeVT()
+	n += protowire.SizeTag(1) + protowire.SizeVarint(uint64(n))
+	if len(p.resp.Items) > 0 && ((p.limit > 0 && len(p.resp.Items) == p.limit) || p.bytes+n > p.pageBytes) {
+		p.resp.NextPageToken = pageToken(p.last)
+		return false
+	}
+	p.resp.Items = append(p.resp.Items, item)
+	p.bytes += n
+	p.last = id
+	return true
+}
+
+// pageToken returns the token of the page after the object with the key ID.
+func pageToken(id string) string { return base64.RawURLEncoding.EncodeToString([]byte(id)) }
+
+// parsePageToken returns the key ID a page token continues after; "" for the first page.
+func parsePageToken(token string) (string, error) {
+	if token == "" {
+		return "", nil
+	}
+	id, err := base64.RawURLEncoding.DecodeString(token)
+	if err != nil || !utf8.Valid(id) {
+		return "", &nimbusv1.FieldError{Field: "page_token", Value: token, Reason: "not a next_page_token of nimbus"}
+	}
+	return string(id), nil
 }

@@ -2,9 +2,13 @@ package nimbus
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -169,4 +173,81 @@ func TestEtcdDeleteFreesStatuses(t *testing.T) {
 	}
 	waitRev(t, b, del.GetRevision())
 	wantMetrics(t, b.srv, `naples_nimbus_statuses 0`)
+}
+
+// TestObjectSizeLimit is issue 19's defect 3: an object larger than Limits.ObjectBytes
+// is refused at Apply and ApplyBatch, naming it, its size and the limit.
+func TestObjectSizeLimit(t *testing.T) {
+	ts := start(t, Options{})
+	fits := padded("fits", DefaultObjectBytes-200)
+	huge := padded("huge", DefaultObjectBytes)
+	if n := fits.SizeVT(); n > DefaultObjectBytes {
+		t.Fatalf("test object of %d bytes is over the limit", n)
+	}
+	ts.apply(t, fits)
+
+	_, err := ts.client.Apply(testContext(t), &nimbusv1.ApplyRequest{Object: huge})
+	st := wantCode(t, err, codes.InvalidArgument)
+	want := fmt.Sprintf("object Route/default/default/huge: %d bytes, over the limit of %d bytes", huge.SizeVT(), DefaultObjectBytes)
+	if !strings.Contains(st.Message(), want) {
+		t.Errorf("refusal %q, want it to say %q", st.Message(), want)
+	}
+	_, err = ts.client.ApplyBatch(testContext(t), &nimbusv1.ApplyBatchRequest{Objects: []*nimbusv1.Object{route("small", nil, "192.0.2.1"), huge}})
+	st = wantCode(t, err, codes.InvalidArgument)
+	if !strings.Contains(st.Message(), "objects[1] (Route/default/default/huge)") || !strings.Contains(st.Message(), want) {
+		t.Errorf("batch refusal %q, want it to name objects[1] and say %q", st.Message(), want)
+	}
+	wantStored(t, ts, 1, "fits")
+	wantMetrics(t, ts.srv, `naples_nimbus_objects_too_large_total 2`)
+}
+
+// TestListPages shows that List answers in pages that a client with gRPC's default 4 MiB
+// receive limit takes, however large the objects, and that the pages together are every
+// object once, in order.
+func TestListPages(t *testing.T) {
+	ts := start(t, Options{})
+	var names []string
+	for i := range 10 {
+		name := fmt.Sprintf("r%d", i)
+		ts.apply(t, padded(name, DefaultObjectBytes-200))
+		names = append(names, name)
+	}
+	ts.apply(t, nodeObject("host-a")) // another kind, which the list leaves out
+	list := func(req *nimbusv1.ListRequest) []string {
+		t.Helper()
+		resp, err := nimbusv1.ListAll(testContext(t), ts.client, req)
+		if err != nil {
+			t.Fatalf("listing %v: %v", req, err)
+		}
+		var got []string
+		for _, it := range resp.GetItems() {
+			got = append(got, it.GetObject().GetMeta().GetName())
+		}
+		return got
+	}
+	if got := list(&nimbusv1.ListRequest{Kind: nimbusv1.Kind_KIND_ROUTE}); !slices.Equal(got, names) {
+		t.Errorf("listed %q, want %q", got, names)
+	}
+	first, err := ts.client.List(testContext(t), &nimbusv1.ListRequest{Kind: nimbusv1.Kind_KIND_ROUTE})
+	if err != nil {
+		t.Fatalf("List: %v", err)
+	}
+	if n := proto.Size(first); n > DefaultListPageBytes+DefaultObjectBytes || first.GetNextPageToken() == "" {
+		t.Errorf("first page of %d bytes, next page %q; want at most %d bytes and a next page", n, first.GetNextPageToken(), DefaultListPageBytes+DefaultObjectBytes)
+	}
+	// A limit pages by items; every kind comes in key order.
+	resp, err := ts.client.List(testContext(t), &nimbusv1.ListRequest{Limit: 1})
+	if err != nil || len(resp.GetItems()) != 1 || resp.GetItems()[0].GetObject().GetMeta().GetName() != "host-a" {
+		t.Fatalf("List with limit 1 = %v, %v; want the Node object alone", resp.GetItems(), err)
+	}
+	if got := list(&nimbusv1.ListRequest{Limit: 3}); !slices.Equal(got, append([]string{"host-a"}, names...)) {
+		t.Errorf("listed every kind by 3 as %q", got)
+	}
+	_, err = ts.client.List(testContext(t), &nimbusv1.ListRequest{PageToken: "!"})
+	if st := wantCode(t, err, codes.InvalidArgument); !strings.Contains(st.Message(), "page_token") {
+		t.Errorf("refusal of a bad token %q does not name page_token", st.Message())
+	}
+	if metricValues(t, ts.srv.Registry())["naples_nimbus_list_pages_cut_total"] == 0 {
+		t.Error("naples_nimbus_list_pages_cut_total is 0 after pages were cut")
+	}
 }

@@ -28,6 +28,10 @@ type metrics struct {
 	statusTruncated *prometheus.CounterVec
 	// detailsOmitted counts the object statuses sent without the details of some nodes.
 	detailsOmitted prometheus.Counter
+	// objectsTooLarge counts the objects refused for their size.
+	objectsTooLarge prometheus.Counter
+	// listPagesCut counts the List pages that ended before the last item.
+	listPagesCut prometheus.Counter
 }
 
 // newMetrics creates the metrics and registers them with reg; statuses tells how many node
@@ -73,6 +77,14 @@ func newMetrics(reg prometheus.Registerer, statuses func() float64) (*metrics, e
 			Help: "Object statuses sent without the messages and operational data of some nodes, because they held more than --status-details-bytes.",
 		}),
 	}
+	m.objectsTooLarge = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "objects_too_large_total",
+		Help: "Objects refused at Apply or ApplyBatch because they were larger than --max-object-bytes.",
+	})
+	m.listPagesCut = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "list_pages_cut_total",
+		Help: "List answers that ended before the last item, at the request's limit or --list-page-bytes, with a next_page_token.",
+	})
 	for _, f := range truncatedFields {
 		m.statusTruncated.WithLabelValues(f)
 	}
@@ -85,7 +97,7 @@ func newMetrics(reg prometheus.Registerer, statuses func() float64) (*metrics, e
 	m.watchStarts.WithLabelValues(watchModeSnapshot)
 	var err error
 	if m.unregister, err = telemetry.Register(reg, "Server", m.resets, m.watchStarts, m.watchers, m.revision, m.objects, m.commits, m.commitSize,
-		m.statusTruncated, m.detailsOmitted, statusGauge); err != nil {
+		m.statusTruncated, m.detailsOmitted, statusGauge, m.objectsTooLarge, m.listPagesCut); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -25,6 +25,9 @@ func (s *Server) Apply(ctx context.Context, req *nimbusv1.ApplyRequest) (*nimbus
 	if err := in.Validate(); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	if err := s.checkObjectSize(in); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
 	b := &batch{writes: []write{applyWrite(in)}}
 	if err := s.submit(b); err != nil {
 		return nil, rpcError(err)
@@ -81,20 +84,29 @@ func (s *Server) Get(ctx context.Context, req *nimbusv1.GetRequest) (*nimbusv1.G
 	return &nimbusv1.GetResponse{Item: v.withStatus(rec.Object)}, nil
 }
 
-// List returns the objects that match the request's filters with their status, ordered by
-// key ID, and the revision they are current at.
+// List returns a page of the objects that match the request's filters with their status,
+// ordered by key ID, and the revision they are current at. A page ends at the request's
+// limit or before the item that would take it over Limits.ListPageBytes, with a
+// next_page_token that the request for the next page carries.
 func (s *Server) List(ctx context.Context, req *nimbusv1.ListRequest) (*nimbusv1.ListResponse, error) {
+	after, err := parsePageToken(req.GetPageToken())
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
 	v := s.view()
-	resp := &nimbusv1.ListResponse{Revision: v.revision()}
-	for rec := range v.objectsOfKind(req.GetKind()) {
+	page := &listPage{resp: &nimbusv1.ListResponse{Revision: v.revision()}, limit: int(req.GetLimit()), pageBytes: s.opts.Limits.ListPageBytes}
+	for rec := range v.objectsAfter(req.GetKind(), after) {
 		m := rec.Object.GetMeta()
 		if (req.GetTenant() != "" && m.GetTenant() != req.GetTenant()) ||
 			(req.GetNamespace() != "" && m.GetNamespace() != req.GetNamespace()) {
 			continue
 		}
-		resp.Items = append(resp.Items, v.withStatus(rec.Object))
+		if !page.add(rec.ID, v.withStatus(rec.Object)) {
+			s.metrics.listPagesCut.Inc()
+			break
+		}
 	}
-	return resp, nil
+	return page.resp, nil
 }
 
 // view is one consistent read of the store: a published version of its tables, with what

@@ -15,6 +15,8 @@ func addLimitFlags(fs *flag.FlagSet, l *nimbus.Limits) {
 		v           *int
 		def         int
 	}{
+		{"max-object-bytes", "`bytes` an object may have as sent to Apply; larger ones are refused", &l.ObjectBytes, nimbus.DefaultObjectBytes},
+		{"list-page-bytes", "`bytes` of one List page; a page always holds one object at least", &l.ListPageBytes, nimbus.DefaultListPageBytes},
 		{"max-status-message-bytes", "`bytes` a node status's message may have; longer ones are cut and marked", &l.StatusMessageBytes, nimbus.DefaultStatusMessageBytes},
 		{"max-status-reason-bytes", "`bytes` a node status's reason may have; longer ones are cut and marked", &l.StatusReasonBytes, nimbus.DefaultStatusReasonBytes},
 		{"max-status-operational-entries", "operational `entries` a node status may have; the ones after, in key order, are dropped", &l.StatusOperationalEntries, nimbus.DefaultStatusOperationalEntries},

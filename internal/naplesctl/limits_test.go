@@ -1,0 +1,40 @@
+package naplesctl
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/naplesnet/naples/nimbus"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// largeRoute returns a Route whose label makes it just under nimbus's object size limit.
+func largeRoute(name string) *nimbusv1.Object {
+	return &nimbusv1.Object{
+		Meta: &nimbusv1.ObjectMeta{Name: name, Labels: map[string]string{"pad": strings.Repeat("x", nimbus.DefaultObjectBytes-200)}},
+		Spec: &nimbusv1.Object_Route{Route: &nimbusv1.RouteSpec{
+			Table: 100, Prefix: "10.1.0.0/16", Nexthops: []*nimbusv1.NextHop{{Gateway: "192.0.2.1"}},
+		}},
+	}
+}
+
+// TestGetListsLargeObjects is issue 19's defect 3: a kind whose objects together are far
+// more than a 4 MiB message stays listable, page by page.
+func TestGetListsLargeObjects(t *testing.T) {
+	e := newEnv(t)
+	for i := range 10 {
+		if _, err := e.nimbus.Apply(t.Context(), &nimbusv1.ApplyRequest{Object: largeRoute(fmt.Sprintf("big-%d", i))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := e.ok("get", "routes")
+	for i := range 10 {
+		if !strings.Contains(out, fmt.Sprintf("big-%d ", i)) {
+			t.Errorf("get routes does not list big-%d:\n%s", i, out)
+		}
+	}
+	if rows := strings.Count(out, "\n") - 1; rows != 10 {
+		t.Errorf("get routes printed %d rows, want 10", rows)
+	}
+}
