@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/nimbus"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -36,5 +37,27 @@ func TestGetListsLargeObjects(t *testing.T) {
 	}
 	if rows := strings.Count(out, "\n") - 1; rows != 10 {
 		t.Errorf("get routes printed %d rows, want 10", rows)
+	}
+}
+
+// TestDelphiListsLargeObjects is issue 19's defect 3 for the agent's local API: a kind of
+// many objects each just under nimbus's limit stays readable with `delphi list`.
+func TestDelphiListsLargeObjects(t *testing.T) {
+	a := newAgentEnv(t)
+	a.commit(func(txn *delphi.DesiredTxn) {
+		for i := range 10 {
+			o := largeRoute(fmt.Sprintf("big-%d", i))
+			o.Meta.Tenant, o.Meta.Namespace, o.Meta.Generation = "default", "default", 1
+			txn.Put(o)
+		}
+	})
+	out := a.ok("delphi", "list", "routes")
+	for i := range 10 {
+		if !strings.Contains(out, fmt.Sprintf("big-%d ", i)) {
+			t.Errorf("delphi list routes does not list big-%d:\n%s", i, out)
+		}
+	}
+	if rows := strings.Count(out, "\n") - 2; rows != 10 {
+		t.Errorf("delphi list routes printed %d rows, want 10", rows)
 	}
 }
