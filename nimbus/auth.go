@@ -41,7 +41,9 @@ import (
 //   - Any other method: nobody.
 //
 // Refusals are codes.PermissionDenied with a message naming who asked for what, such as
-// `node "host-a" may not watch node "host-b"`. Without TLS nothing is checked.
+// `node "host-a" may not watch node "host-b"`, logged at most once per identity and
+// Limits.RefusalLogInterval. Streams also count against their identity (streams.go).
+// Without TLS nothing is checked.
 
 // authorizeUnary refuses unary calls the peer's identity does not allow.
 func (s *Server) authorizeUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -129,6 +131,14 @@ func (s *Server) authorizeStream(srv any, ss grpc.ServerStream, info *grpc.Strea
 	default:
 		return s.deny(ctx, id, info.FullMethod, "%s may not call %s: no one may", id, info.FullMethod)
 	}
+	if countedStream(info.FullMethod) {
+		release, err := s.streams.acquire(id, info.FullMethod)
+		if err != nil {
+			s.logRefusal(ctx, id, "stream refused", info.FullMethod, status.Convert(err).Message())
+			return err
+		}
+		defer release()
+	}
 	as := &authorizedStream{ServerStream: ss, ctx: context.WithValue(ctx, identityKey{}, id), check: check}
 	err = handler(srv, as)
 	// The handler may have wrapped the refusal, or ended for another reason while it
@@ -215,9 +225,21 @@ func (s *Server) peerIdentity(ctx context.Context, method string) (pki.Identity,
 // deny logs a refusal and returns it as a PermissionDenied status error.
 func (s *Server) deny(ctx context.Context, id pki.Identity, method, format string, args ...any) error {
 	msg := fmt.Sprintf(format, args...)
-	p, _ := peer.FromContext(ctx)
-	s.log.Warn("permission denied", "method", method, "identity", id.String(), "peer", peerAddr(p), "reason", msg)
+	s.logRefusal(ctx, id, "permission denied", method, msg)
 	return status.Error(codes.PermissionDenied, msg)
+}
+
+// logRefusal logs that a call or stream of the identity was refused, unless a refusal of
+// its kind (what) was logged for the identity within Limits.RefusalLogInterval; the line
+// says how many were refused and not logged since the one before.
+func (s *Server) logRefusal(ctx context.Context, id pki.Identity, what, method, reason string) {
+	ok, held := s.refusals.allow(refusalKey(id, what))
+	if !ok {
+		return
+	}
+	p, _ := peer.FromContext(ctx)
+	s.log.Warn(what, "method", method, "identity", id.String(), "peer", peerAddr(p), "reason", reason,
+		"refused_unlogged", held)
 }
 
 // peerAddr returns the peer's address for logs.

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -35,12 +36,29 @@ const (
 	DefaultObjectBytes = 1 << 20
 	// DefaultListPageBytes is the default of Limits.ListPageBytes.
 	DefaultListPageBytes = 2 << 20
+	// DefaultNodeStreams is the default of Limits.NodeStreams.
+	DefaultNodeStreams = 16
+	// DefaultPublisherStreams is the default of Limits.PublisherStreams.
+	DefaultPublisherStreams = 64
+	// DefaultRefusalLogInterval is the default of Limits.RefusalLogInterval.
+	DefaultRefusalLogInterval = time.Minute
 )
 
 // Limits bound what one client can make a Server hold or send. Every limit has a default;
 // a zero field takes it, a negative one is refused. docs/limits.md lists them with the
 // flags of cmd/nimbus and the metrics that show them being hit.
 type Limits struct {
+	// NodeStreams bounds the streams of each method (Watch, ReportStatus) a node
+	// certificate may have open at once, with TLS; see streams.go. Default:
+	// DefaultNodeStreams (16).
+	NodeStreams int
+	// PublisherStreams bounds the streams of each method (Watch, WatchStatus) a publisher
+	// certificate may have open at once, with TLS. Default: DefaultPublisherStreams (64).
+	PublisherStreams int
+	// RefusalLogInterval is how often at most a refusal is logged per client identity
+	// (or, for a refused TLS handshake, per peer host and reason); the next line says how
+	// many were refused meanwhile. Default: DefaultRefusalLogInterval (1m).
+	RefusalLogInterval time.Duration
 	// ObjectBytes bounds the encoded size of an object, as the client sends it to Apply
 	// or ApplyBatch: a larger one is refused with codes.InvalidArgument naming it, its
 	// size and the limit. Default: DefaultObjectBytes (1 MiB), so that an object with its
@@ -90,6 +108,8 @@ func (l Limits) withDefaults() (Limits, error) {
 		v    *int
 		def  int
 	}{
+		{"NodeStreams", &l.NodeStreams, DefaultNodeStreams},
+		{"PublisherStreams", &l.PublisherStreams, DefaultPublisherStreams},
 		{"ObjectBytes", &l.ObjectBytes, DefaultObjectBytes},
 		{"ListPageBytes", &l.ListPageBytes, DefaultListPageBytes},
 		{"StatusMessageBytes", &l.StatusMessageBytes, DefaultStatusMessageBytes},
@@ -106,6 +126,12 @@ func (l Limits) withDefaults() (Limits, error) {
 		case *f.v == 0:
 			*f.v = f.def
 		}
+	}
+	switch {
+	case l.RefusalLogInterval < 0:
+		return l, fmt.Errorf("Limits.RefusalLogInterval %v: must not be negative: %w", l.RefusalLogInterval, ErrInvalidOptions)
+	case l.RefusalLogInterval == 0:
+		l.RefusalLogInterval = DefaultRefusalLogInterval
 	}
 	return l, nil
 }

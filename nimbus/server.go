@@ -188,6 +188,10 @@ type Server struct {
 	// everyNode is the part of the latest snapshot sent that every node receives alike;
 	// see sharedSnapshot.
 	everyNode atomic.Pointer[sharedSnapshot]
+	// streams counts the open streams per client identity; refusals rate-limits the
+	// lines that log refused calls and streams. Both have locks of their own.
+	streams  *streamLimiter
+	refusals *logLimiter
 	// statusWatch holds the open WatchStatus streams; it has a lock of its own.
 	statusWatch statusHub
 	// peers pushes statuses and watch presence to the peer replicas and takes theirs;
@@ -246,6 +250,17 @@ func New(opts Options) (*Server, error) {
 		}
 		return nil, fmt.Errorf("creating nimbus server: %w", err)
 	}
+	streams, unregisterStreams, err := newStreamLimiter(&s.opts.Limits, opts.Registerer)
+	if err != nil {
+		s.metrics.unregister()
+		if s.disk != nil {
+			s.disk.close()
+		}
+		return nil, fmt.Errorf("creating nimbus server: %w", err)
+	}
+	s.streams, s.refusals = streams, newLogLimiter(opts.Limits.RefusalLogInterval, opts.Now)
+	unregisterMetrics := s.metrics.unregister
+	s.metrics.unregister = func() { unregisterMetrics(); unregisterStreams() }
 	s.metrics.revision.Set(float64(s.rev))
 	s.metrics.objects.Set(float64(objects))
 	if opts.ReplicaName != "" {

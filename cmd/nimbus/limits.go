@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/naplesnet/naples/nimbus"
 )
@@ -15,6 +16,8 @@ func addLimitFlags(fs *flag.FlagSet, l *nimbus.Limits) {
 		v           *int
 		def         int
 	}{
+		{"max-streams-per-node", "Watch and ReportStatus `streams` each that one node certificate may have open", &l.NodeStreams, nimbus.DefaultNodeStreams},
+		{"max-streams-per-publisher", "Watch and WatchStatus `streams` each that one publisher certificate may have open", &l.PublisherStreams, nimbus.DefaultPublisherStreams},
 		{"max-object-bytes", "`bytes` an object may have as sent to Apply; larger ones are refused", &l.ObjectBytes, nimbus.DefaultObjectBytes},
 		{"list-page-bytes", "`bytes` of one List page; a page always holds one object at least", &l.ListPageBytes, nimbus.DefaultListPageBytes},
 		{"max-status-message-bytes", "`bytes` a node status's message may have; longer ones are cut and marked", &l.StatusMessageBytes, nimbus.DefaultStatusMessageBytes},
@@ -38,4 +41,16 @@ func addLimitFlags(fs *flag.FlagSet, l *nimbus.Limits) {
 			return nil
 		})
 	}
+	l.RefusalLogInterval = nimbus.DefaultRefusalLogInterval
+	fs.Func("refusal-log-interval", fmt.Sprintf("log a refused stream, call or TLS handshake at most once per client and `interval`, counting the rest (default %v)", nimbus.DefaultRefusalLogInterval), func(s string) error {
+		d, err := time.ParseDuration(s)
+		switch {
+		case err != nil:
+			return fmt.Errorf("%q: want a duration such as 1m: %w", s, err)
+		case d <= 0:
+			return fmt.Errorf("%v: must be positive", d)
+		}
+		l.RefusalLogInterval = d
+		return nil
+	})
 }

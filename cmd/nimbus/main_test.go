@@ -41,6 +41,8 @@ func TestParseFlags(t *testing.T) {
 		{name: "limit", args: []string{"--max-status-message-bytes", "4096"}, wantLevel: slog.LevelInfo, wantAddrs: []string{defaultListen}},
 		{name: "zero limit", args: []string{"--max-status-message-bytes", "0"}, wantUsage: true},
 		{name: "bad limit", args: []string{"--status-details-bytes", "1M"}, wantUsage: true},
+		{name: "log interval", args: []string{"--refusal-log-interval", "10s"}, wantLevel: slog.LevelInfo, wantAddrs: []string{defaultListen}},
+		{name: "bad log interval", args: []string{"--refusal-log-interval", "-1s"}, wantUsage: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stderr bytes.Buffer
