@@ -135,7 +135,7 @@
 // naples_nimbus_status_truncated_total{field} and naples_nimbus_status_details_omitted_total
 // (limits.go), naples_nimbus_objects_too_large_total and naples_nimbus_list_pages_cut_total,
 // naples_nimbus_streams{role,method} and naples_nimbus_streams_refused_total{role,method}
-// (streams.go),
+// (streams.go), naples_nimbus_tls_handshakes_refused_total{reason} (handshake.go),
 // the counter naples_nimbus_commits_total (commits that changed
 // objects, each one state-file commit with a data directory) and the histogram
 // naples_nimbus_commit_batch_size (object changes per commit). A replica adds

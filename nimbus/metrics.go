@@ -32,6 +32,8 @@ type metrics struct {
 	objectsTooLarge prometheus.Counter
 	// listPagesCut counts the List pages that ended before the last item.
 	listPagesCut prometheus.Counter
+	// handshakesRefused counts the TLS handshakes refused, by reason.
+	handshakesRefused *prometheus.CounterVec
 }
 
 // newMetrics creates the metrics and registers them with reg; statuses tells how many node
@@ -85,6 +87,13 @@ func newMetrics(reg prometheus.Registerer, statuses func() float64) (*metrics, e
 		Namespace: ns, Subsystem: sub, Name: "list_pages_cut_total",
 		Help: "List answers that ended before the last item, at the request's limit or --list-page-bytes, with a next_page_token.",
 	})
+	m.handshakesRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "tls_handshakes_refused_total",
+		Help: "TLS handshakes refused, by reason: plaintext, no_certificate, unknown_ca, client_refused or other.",
+	}, []string{"reason"})
+	for _, r := range handshakeReasons {
+		m.handshakesRefused.WithLabelValues(r)
+	}
 	for _, f := range truncatedFields {
 		m.statusTruncated.WithLabelValues(f)
 	}
@@ -97,7 +106,7 @@ func newMetrics(reg prometheus.Registerer, statuses func() float64) (*metrics, e
 	m.watchStarts.WithLabelValues(watchModeSnapshot)
 	var err error
 	if m.unregister, err = telemetry.Register(reg, "Server", m.resets, m.watchStarts, m.watchers, m.revision, m.objects, m.commits, m.commitSize,
-		m.statusTruncated, m.detailsOmitted, statusGauge, m.objectsTooLarge, m.listPagesCut); err != nil {
+		m.statusTruncated, m.detailsOmitted, statusGauge, m.objectsTooLarge, m.listPagesCut, m.handshakesRefused); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
@@ -358,7 +359,7 @@ func (s *Server) Serve(ctx context.Context, lis ...net.Listener) error {
 		grpc.MaxRecvMsgSize(maxRecvMsgSize),
 		grpc.ForceServerCodecV2(codec{wirecodec.Codec{}}),
 		grpc.WaitForHandlers(true),
-		grpc.Creds(pki.TransportCredentials(s.opts.TLS)),
+		grpc.Creds(s.credentials()),
 		grpc.ChainUnaryInterceptor(s.authorizeUnary, s.gateUnary),
 		grpc.ChainStreamInterceptor(s.authorizeStream, s.gateStream),
 	)
@@ -401,6 +402,16 @@ func (s *Server) Serve(ctx context.Context, lis ...net.Listener) error {
 		s.log.Warn("stopped the rpcs still running after the drain timeout", "timeout", drainTimeout)
 	}
 	return nil
+}
+
+// credentials returns the transport credentials Serve serves with: TLS with Options.TLS,
+// logging refused handshakes, or plaintext.
+func (s *Server) credentials() credentials.TransportCredentials {
+	creds := pki.TransportCredentials(s.opts.TLS)
+	if s.opts.TLS == nil {
+		return creds
+	}
+	return handshakeLogger{TransportCredentials: creds, s: s}
 }
 
 // Close ends every watch and status stream, refuses further writes and watches,

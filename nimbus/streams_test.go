@@ -32,14 +32,15 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
-// waitMetric waits until the server's metric has the value, failing the test after 10s.
-func waitMetric(t *testing.T, ts *testServer, name string, want float64) {
+// waitMetricUntil waits until the server's metric has a value ok takes, which want
+// describes, failing the test after 10s.
+func waitMetricUntil(t *testing.T, ts *testServer, name, want string, ok func(float64) bool) {
 	t.Helper()
 	ctx := testContext(t)
-	for metricValues(t, ts.srv.Registry())[name] != want {
+	for !ok(metricValues(t, ts.srv.Registry())[name]) {
 		select {
 		case <-ctx.Done():
-			t.Fatalf("%s = %v, want %v", name, metricValues(t, ts.srv.Registry())[name], want)
+			t.Fatalf("%s = %v, want %s", name, metricValues(t, ts.srv.Registry())[name], want)
 		case <-time.After(time.Millisecond):
 		}
 	}
@@ -92,7 +93,7 @@ func TestStreamsPerIdentity(t *testing.T) {
 	wantMetrics(t, ts.srv, gauge+" 17")
 
 	cancels[0]()
-	waitMetric(t, ts, gauge, 16)
+	waitMetricUntil(t, ts, gauge, "16", func(v float64) bool { return v == 16 })
 	recvUntilSynced(t, watch(t, node, "host-a"))
 }
 

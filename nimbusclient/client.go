@@ -238,7 +238,11 @@ func (c *Client) loop(ctx context.Context, stream string, run func(context.Conte
 			b.Reset()
 		}
 		delay := b.Next()
-		c.log.Warn("nimbus stream ended; reconnecting", "stream", stream, "err", err, "in", delay)
+		attrs := []any{"stream", stream, "err", err, "in", delay}
+		if hint := pki.DialHint(err, c.opts.TLS != nil); hint != "" {
+			attrs = append(attrs, "hint", hint)
+		}
+		c.log.Warn("nimbus stream ended; reconnecting", attrs...)
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
