@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/nimbus"
@@ -59,5 +60,24 @@ func TestDelphiListsLargeObjects(t *testing.T) {
 	}
 	if rows := strings.Count(out, "\n") - 2; rows != 10 {
 		t.Errorf("delphi list routes printed %d rows, want 10", rows)
+	}
+}
+
+// TestDescribeSaysDetailsOmitted shows that describe says when nimbus left the messages
+// of some nodes out of an object's status, rather than showing them as empty.
+func TestDescribeSaysDetailsOmitted(t *testing.T) {
+	e := newEnvWith(t, nimbus.Options{Now: func() time.Time { return created }, Limits: nimbus.Limits{StatusDetailsBytes: 100}})
+	route := &nimbusv1.Object{
+		Meta: &nimbusv1.ObjectMeta{Name: "r1", Nodes: []string{"n1", "n2"}},
+		Spec: &nimbusv1.Object_Route{Route: &nimbusv1.RouteSpec{Table: 100, Prefix: "10.1.0.0/16", Nexthops: []*nimbusv1.NextHop{{Gateway: "192.0.2.1"}}}},
+	}
+	if _, err := e.nimbus.Apply(t.Context(), &nimbusv1.ApplyRequest{Object: route}); err != nil {
+		t.Fatal(err)
+	}
+	e.report("r1", "n1", 1, nimbusv1.Phase_PHASE_FAILED, "KernelError", strings.Repeat("a", 80))
+	e.report("r1", "n2", 1, nimbusv1.Phase_PHASE_FAILED, "KernelError", strings.Repeat("b", 80))
+	out := e.ok("describe", "route", "r1")
+	if !strings.Contains(out, "of 1 node were left out") || !strings.Contains(out, "--status-details-bytes") {
+		t.Errorf("describe does not say the details of 1 node were left out:\n%s", out)
 	}
 }
