@@ -208,8 +208,8 @@ func (v *view) status(obj *nimbusv1.Object) *nimbusv1.ObjectStatus {
 			caughtUp = false
 			continue
 		}
-		// The details of the nodes after the budget is spent are left out, so that the
-		// status of an object of any number of nodes stays readable.
+		// A node whose details would take the object's over the budget goes without
+		// them, so that the status of an object of any number of nodes stays readable.
 		if d := statusDetailsSize(ns); d > 0 {
 			if details+d > v.detailsBytes {
 				ns = withoutDetails(ns)
