@@ -12,6 +12,7 @@ import (
 
 	"github.com/naplesnet/naples/internal/pki"
 	"github.com/naplesnet/naples/internal/telemetry"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
 // Streams per identity
@@ -121,10 +122,12 @@ func (l *streamLimiter) acquire(id pki.Identity, fullMethod string) (release fun
 	}, nil
 }
 
-// countedStream tells whether a stream of the method counts against its identity.
+// countedStream tells whether a stream of the method counts against its identity: the
+// Nimbus service's Watch, ReportStatus and WatchStatus, not the health service's Watch.
 func countedStream(fullMethod string) bool {
-	switch path.Base(fullMethod) {
-	case "Watch", "ReportStatus", "WatchStatus":
+	switch fullMethod {
+	case nimbusv1.Nimbus_Watch_FullMethodName, nimbusv1.Nimbus_ReportStatus_FullMethodName,
+		nimbusv1.Nimbus_WatchStatus_FullMethodName:
 		return true
 	}
 	return false

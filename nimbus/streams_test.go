@@ -107,3 +107,17 @@ func TestInsecureStreamsUncounted(t *testing.T) {
 	}
 	ts.report(t, statusReport(routeKey("r"), "host-a", 1, nimbusv1.Phase_PHASE_PROGRAMMED, ""))
 }
+
+func TestCountedStreams(t *testing.T) {
+	for method, want := range map[string]bool{
+		nimbusv1.Nimbus_Watch_FullMethodName:        true,
+		nimbusv1.Nimbus_ReportStatus_FullMethodName: true,
+		nimbusv1.Nimbus_WatchStatus_FullMethodName:  true,
+		nimbusv1.Nimbus_PeerStatus_FullMethodName:   false,
+		"/grpc.health.v1.Health/Watch":              false,
+	} {
+		if got := countedStream(method); got != want {
+			t.Errorf("countedStream(%s) = %v, want %v", method, got, want)
+		}
+	}
+}
