@@ -221,6 +221,7 @@ func (c *Client) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { c.loop(ctx, streamWatch, func(ctx context.Context) error { return c.watch(ctx, api) }) })
 	wg.Go(func() { c.loop(ctx, streamStatus, func(ctx context.Context) error { return c.report(ctx, api) }) })
+	wg.Go(func() { c.logConnectFailures(ctx, conn) })
 	wg.Wait()
 	return nil
 }
