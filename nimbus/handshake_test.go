@@ -2,7 +2,6 @@ package nimbus
 
 import (
 	"crypto/tls"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/naplesnet/naples/internal/pki"
+	"github.com/naplesnet/naples/internal/testlog"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -19,9 +19,9 @@ import (
 // handshake it refuses with the peer and the reason, once per reason and interval, and
 // counts every one.
 func TestRefusedHandshakesLogged(t *testing.T) {
-	var logs syncBuffer
+	var logs testlog.Buffer
 	p := newTestPKI(t)
-	ts := start(t, Options{TLS: p.serverTLS(t), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	ts := start(t, Options{TLS: p.serverTLS(t), Logger: logs.Logger()})
 	other := newTestPKI(t)
 	stranger, err := other.ca.IssuePublisher("admin", pki.CertOptions{})
 	if err != nil {

@@ -1,36 +1,16 @@
 package nimbus
 
 import (
-	"bytes"
 	"context"
-	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/naplesnet/naples/internal/testlog"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
-
-// syncBuffer is a bytes.Buffer that a logger and the test may use at once.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // waitMetricUntil waits until the server's metric has a value ok takes, which want
 // describes, failing the test after 10s.
@@ -51,9 +31,9 @@ func waitMetricUntil(t *testing.T, ts *testServer, name, want string, ok func(fl
 // the limit and its flag, the refusals are logged once per interval with their count,
 // and closing a watch frees its slot.
 func TestStreamsPerIdentity(t *testing.T) {
-	var logs syncBuffer
+	var logs testlog.Buffer
 	p := newTestPKI(t)
-	ts := start(t, Options{TLS: p.serverTLS(t), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	ts := start(t, Options{TLS: p.serverTLS(t), Logger: logs.Logger()})
 	ts.client = p.publisher(t, ts)
 	node := p.node(t, ts, "host-a")
 	const gauge = `naples_nimbus_streams{method="Watch",role="node"}`

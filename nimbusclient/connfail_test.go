@@ -1,35 +1,15 @@
 package nimbusclient
 
 import (
-	"bytes"
 	"crypto/tls"
 	"crypto/x509"
-	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/internal/pki"
+	"github.com/naplesnet/naples/internal/testlog"
 )
-
-// lockedBuffer is a bytes.Buffer that a logger and the test may use at once.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // TestConnectFailureNamesTheFlag is issue 19's "refused handshakes" for the agent: its
 // streams wait for a connection that a TLS handshake with a plaintext nimbus never makes,
@@ -51,9 +31,9 @@ func TestConnectFailureNamesTheFlag(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	var logs lockedBuffer
+	var logs testlog.Buffer
 	c, err := New(Options{
-		Node: "a", Address: "unix://" + b.path, Store: store, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		Node: "a", Address: "unix://" + b.path, Store: store, Logger: logs.Logger(),
 		TLS: &tls.Config{
 			MinVersion: tls.VersionTLS13, RootCAs: roots, ServerName: pki.DefaultServerName,
 			Certificates: []tls.Certificate{{Certificate: [][]byte{kp.Cert.Raw}, PrivateKey: kp.Key, Leaf: kp.Cert}},
