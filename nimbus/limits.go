@@ -173,19 +173,27 @@ func (l *Limits) boundStatus(st *nimbusv1.NodeStatus) []string {
 	if len(op) == 0 {
 		return cut
 	}
-	size := 0
+	// The marker of an earlier cut, such as a peer replica's, does not count against
+	// the limits, so that a status cut once is not cut again.
+	marker, marked := op[OperationalTruncatedKey]
+	size, entries := 0, 0
 	for k, v := range op {
-		size += len(k) + len(v)
+		if k != OperationalTruncatedKey {
+			size += len(k) + len(v)
+			entries++
+		}
 	}
-	if len(op) <= l.StatusOperationalEntries && size <= l.StatusOperationalBytes && !l.oversizedEntry(op) {
+	if entries <= l.StatusOperationalEntries && size <= l.StatusOperationalBytes && !l.oversizedEntry(op) {
 		return cut
 	}
-	kept := make(map[string]string, min(len(op), l.StatusOperationalEntries))
+	kept := make(map[string]string, min(len(op), l.StatusOperationalEntries+1))
 	size, dropped := 0, 0
 	var reasons [4]bool // entries, key, value, bytes
 	for _, k := range slices.Sorted(maps.Keys(op)) {
 		v := op[k]
 		switch {
+		case k == OperationalTruncatedKey:
+			continue
 		case len(k) > l.StatusOperationalKeyBytes:
 			reasons[1] = true
 			dropped++
@@ -212,8 +220,11 @@ func (l *Limits) boundStatus(st *nimbusv1.NodeStatus) []string {
 			cut = append(cut, f)
 		}
 	}
-	if dropped > 0 {
+	switch {
+	case dropped > 0:
 		kept[OperationalTruncatedKey] = strconv.Itoa(dropped) + " entries dropped over nimbus's limits"
+	case marked:
+		kept[OperationalTruncatedKey], _ = truncate(marker, l.StatusOperationalValueBytes)
 	}
 	st.Operational = kept
 	return cut

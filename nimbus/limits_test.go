@@ -67,7 +67,11 @@ func TestStatusReportsBounded(t *testing.T) {
 		if i == 0 {
 			entries = 5000
 		}
-		reports = append(reports, oversizedReport(routeKey(name), "host-a", 1<<20, entries))
+		msgBytes := 1 << 20
+		if i == 1 {
+			msgBytes = 15 << 20 // as in the issue
+		}
+		reports = append(reports, oversizedReport(routeKey(name), "host-a", msgBytes, entries))
 	}
 	reportWith(t, node, reports...)
 
@@ -249,5 +253,22 @@ func TestListPages(t *testing.T) {
 	}
 	if metricValues(t, ts.srv.Registry())["naples_nimbus_list_pages_cut_total"] == 0 {
 		t.Error("naples_nimbus_list_pages_cut_total is 0 after pages were cut")
+	}
+}
+
+// TestBoundStatusTwice shows that a status cut to the limits is not cut again, as when a
+// peer replica takes what another one cut.
+func TestBoundStatusTwice(t *testing.T) {
+	l, err := Limits{}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := oversizedReport(routeKey("r"), "n", 1<<20, 5000).GetStatus()
+	if cut := l.boundStatus(st); len(cut) == 0 {
+		t.Fatal("an oversized status was not cut")
+	}
+	once := proto.CloneOf(st)
+	if cut := l.boundStatus(st); len(cut) != 0 || !proto.Equal(st, once) {
+		t.Errorf("a status cut once was cut again (%q)", cut)
 	}
 }
