@@ -263,12 +263,19 @@ func TestBoundStatusTwice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := oversizedReport(routeKey("r"), "n", 1<<20, 5000).GetStatus()
-	if cut := l.boundStatus(st); len(cut) == 0 {
-		t.Fatal("an oversized status was not cut")
-	}
-	once := proto.CloneOf(st)
-	if cut := l.boundStatus(st); len(cut) != 0 || !proto.Equal(st, once) {
-		t.Errorf("a status cut once was cut again (%q)", cut)
+	for _, st := range []*nimbusv1.NodeStatus{
+		oversizedReport(routeKey("r"), "n", 1<<20, 5000).GetStatus(), // cut by bytes
+		{Operational: map[string]string{}},                           // cut by entries, below
+	} {
+		for i := range 2 * DefaultStatusOperationalEntries {
+			st.Operational[fmt.Sprintf("c%03d", i)] = "1"
+		}
+		if cut := l.boundStatus(st); len(cut) == 0 {
+			t.Fatal("an oversized status was not cut")
+		}
+		once := proto.CloneOf(st)
+		if cut := l.boundStatus(st); len(cut) != 0 || !proto.Equal(st, once) {
+			t.Errorf("a status cut once was cut again (%q)", cut)
+		}
 	}
 }
