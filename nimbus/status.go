@@ -145,7 +145,7 @@ func (s *Server) recordStatusIn(txn *writeTxn, r *nimbusv1.StatusReport, origin 
 	case rec == nil:
 		s.log.Debug("dropping status report for an unknown object", "key", id, "node", node)
 		return nil
-	case !rec.Object.TargetsNode(node):
+	case !targetsNode(rec.Object, node):
 		s.log.Debug("dropping status report from a node the object does not target", "key", id, "node", node)
 		return nil
 	}

@@ -55,7 +55,7 @@ func newChange(rev uint64, key *nimbusv1.ObjectKey, before, after *nimbusv1.Obje
 // concern the node.
 func (c *change) eventFor(node string) *sharedEvent {
 	switch {
-	case c.after != nil && c.after.TargetsNode(node):
+	case c.after != nil && targetsNode(c.after, node):
 		return c.put
 	case c.del != nil && (len(c.beforeNodes) == 0 || slices.Contains(c.beforeNodes, node)):
 		return c.del
@@ -535,7 +535,7 @@ func (s *Server) sendSnapshot(fw *frameWriter, snap *tables, node string, rev ui
 		}
 	}
 	for rec := range snap.objectsOfKind(nimbusv1.Kind_KIND_UNSPECIFIED) {
-		if len(rec.Object.GetMeta().GetNodes()) == 0 || !rec.Object.TargetsNode(node) {
+		if len(rec.Object.GetMeta().GetNodes()) == 0 || !targetsNode(rec.Object, node) {
 			continue
 		}
 		if err := fw.add(rec.putEvent()); err != nil {
