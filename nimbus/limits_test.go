@@ -2,6 +2,7 @@ package nimbus
 
 import (
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
@@ -277,5 +278,50 @@ func TestBoundStatusTwice(t *testing.T) {
 		if cut := l.boundStatus(st); len(cut) != 0 || !proto.Equal(st, once) {
 			t.Errorf("a status cut once was cut again (%q)", cut)
 		}
+	}
+}
+
+// TestStatusOfManyNodesFits shows that with the default limits the status of an object
+// of 10,000 nodes, each of which reported as much as it may, still reaches a client with
+// gRPC's default 4 MiB receive limit, by Get and by List.
+func TestStatusOfManyNodesFits(t *testing.T) {
+	if testing.Short() {
+		t.Skip("reports 30 MB of statuses")
+	}
+	ts := start(t, Options{Logger: slog.New(slog.DiscardHandler)})
+	const n = 10000
+	nodes := make([]string, n)
+	for i := range nodes {
+		nodes[i] = fmt.Sprintf("node-%05d.rack-%03d.example", i, i%100)
+	}
+	ts.apply(t, route("r1", nodes, "192.0.2.1"))
+	key := routeKey("r1")
+	op := map[string]string{}
+	for i := range DefaultStatusOperationalEntries {
+		op[fmt.Sprintf("counter.%02d", i)] = strings.Repeat("9", 50)
+	}
+	reports := make([]*nimbusv1.StatusReport, n)
+	for i, node := range nodes {
+		r := statusReport(key, node, 1, nimbusv1.Phase_PHASE_FAILED, strings.Repeat("m", 2*DefaultStatusMessageBytes))
+		r.Status.Reason = strings.Repeat("R", DefaultStatusReasonBytes)
+		if i < 400 {
+			// Enough to spend the details budget; the nodes after it go without details
+			// of any size.
+			r.Status.Operational = op
+		}
+		reports[i] = r
+	}
+	ts.report(t, reports...)
+
+	st := wantStatus(t, ts, key, n, 0, n, nodes...)
+	if st.GetDetailsOmitted() == 0 || st.GetDetailsOmitted() == n {
+		t.Errorf("details omitted for %d of %d nodes, want some but not all", st.GetDetailsOmitted(), n)
+	}
+	resp, err := ts.client.List(testContext(t), &nimbusv1.ListRequest{Kind: nimbusv1.Kind_KIND_ROUTE})
+	if err != nil || len(resp.GetItems()) != 1 {
+		t.Fatalf("List = %d items, %v; want r1", len(resp.GetItems()), err)
+	}
+	if size := proto.Size(resp); size > 3<<20 {
+		t.Errorf("the list of one object of %d nodes takes %d bytes, want at most 3 MiB", n, size)
 	}
 }
