@@ -131,14 +131,16 @@
 // The server registers with Options.Registerer: naples_nimbus_watcher_resets_total,
 // naples_nimbus_watch_starts_total{mode="resume"|"snapshot"}, and the gauges
 // naples_nimbus_watchers (streams receiving changes), naples_nimbus_revision and
-// naples_nimbus_objects and naples_nimbus_statuses (node statuses held), the counters
-// naples_nimbus_status_truncated_total{field} and naples_nimbus_status_details_omitted_total
-// (limits.go), naples_nimbus_objects_too_large_total and naples_nimbus_list_pages_cut_total,
-// naples_nimbus_streams{role,method} and naples_nimbus_streams_refused_total{role,method}
-// (streams.go), naples_nimbus_tls_handshakes_refused_total{reason} (handshake.go),
-// the counter naples_nimbus_commits_total (commits that changed
-// objects, each one state-file commit with a data directory) and the histogram
-// naples_nimbus_commit_batch_size (object changes per commit). A replica adds
+// naples_nimbus_objects and naples_nimbus_statuses (node statuses held), the counter
+// naples_nimbus_commits_total (commits that changed objects, each one state-file commit
+// with a data directory) and the histogram naples_nimbus_commit_batch_size (object changes
+// per commit). The limits add the counters naples_nimbus_status_truncated_total{field},
+// naples_nimbus_status_details_omitted_total, naples_nimbus_objects_too_large_total and
+// naples_nimbus_list_pages_cut_total (limits.go), the gauge
+// naples_nimbus_streams{role,method} and the counter
+// naples_nimbus_streams_refused_total{role,method} (streams.go), and the counter
+// naples_nimbus_tls_handshakes_refused_total{reason} (handshake.go); docs/limits.md lists
+// them with their limits. A replica adds
 // naples_nimbus_peers and naples_nimbus_peer_reports_total{direction} (peer.go), and with
 // etcd naples_nimbus_etcd_loaded, naples_nimbus_etcd_txns_total,
 // naples_nimbus_etcd_txn_conflicts_total and naples_nimbus_etcd_watch_restarts_total
