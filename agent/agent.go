@@ -49,6 +49,9 @@ type Config struct {
 	// (delphi.v1.Delphi); its directory is created and the socket is made mode 0660.
 	// Default: empty, the API is not served.
 	Socket string
+	// LocalAPIPageBytes bounds a page of the local API's List in bytes (see
+	// InspectorOptions.ListPageBytes). Default: DefaultListPageBytes (2 MiB).
+	LocalAPIPageBytes int
 	// Metrics is the TCP address, host:port, the agent serves Prometheus metrics on
 	// (/metrics) together with its liveness (/healthz) and readiness (/readyz); port 0
 	// picks a free port, which the log's "serving metrics" line names. Default: empty,
@@ -136,7 +139,8 @@ func Run(ctx context.Context, cfg Config) error {
 	var wg sync.WaitGroup
 	parts := map[string]func(context.Context) error{"nimbus client": client.Run, "hal": h.Run}
 	if cfg.Socket != "" {
-		serve, err := serveLocalAPI(ctx, cfg.Socket, InspectorOptions{Store: store, Logger: log, Node: cfg.Node, Namespace: cfg.netns, BPFDir: cfg.BPFDir})
+		serve, err := serveLocalAPI(ctx, cfg.Socket, InspectorOptions{Store: store, Logger: log, Node: cfg.Node, Namespace: cfg.netns, BPFDir: cfg.BPFDir,
+			ListPageBytes: cfg.LocalAPIPageBytes, Registerer: reg})
 		if err != nil {
 			return err
 		}

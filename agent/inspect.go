@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,11 +11,15 @@ import (
 	"slices"
 	"sync"
 	"time"
+	"unicode/utf8"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netns"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/internal/address"
@@ -67,7 +72,17 @@ type InspectorOptions struct {
 	// Firewall reads. Default: empty, the agent runs without a firewall, and Firewall
 	// fails.
 	BPFDir string
+	// ListPageBytes bounds a page of List in bytes: a page ends before the entry that
+	// would take it beyond, and always holds at least one. Default: DefaultListPageBytes
+	// (2 MiB), which with the largest object nimbus takes stays below 4 MiB.
+	ListPageBytes int
+	// Registerer takes the API's metric, naples_agent_local_api_pages_cut_total. Default:
+	// nil, which registers none.
+	Registerer prometheus.Registerer
 }
+
+// DefaultListPageBytes is the default of InspectorOptions.ListPageBytes.
+const DefaultListPageBytes = 2 << 20
 
 // Inspector serves the agent's read-only local API, the delphi.v1.Delphi service: what
 // delphi holds on this host, desired objects and this node's status of them, the
@@ -83,6 +98,9 @@ type Inspector struct {
 	node   string
 	netns  *netns.NsHandle
 	bpfDir string
+	// pageBytes is InspectorOptions.ListPageBytes; pagesCut counts the pages it cut.
+	pageBytes int
+	pagesCut  prometheus.Counter
 	// done is closed by Close; it ends every watch.
 	done      chan struct{}
 	closeOnce sync.Once
@@ -99,7 +117,23 @@ func NewInspector(opts InspectorOptions) (*Inspector, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Inspector{store: opts.Store, log: log, node: opts.Node, netns: opts.Namespace, bpfDir: opts.BPFDir, done: make(chan struct{})}, nil
+	switch {
+	case opts.ListPageBytes < 0:
+		return nil, fmt.Errorf("creating the local api: ListPageBytes %d: must not be negative", opts.ListPageBytes)
+	case opts.ListPageBytes == 0:
+		opts.ListPageBytes = DefaultListPageBytes
+	}
+	pagesCut := prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "naples", Subsystem: "agent", Name: "local_api_pages_cut_total",
+		Help: "Local API List answers that ended before the last entry, at the request's limit or --local-api-page-bytes, with a next_page_token.",
+	})
+	if opts.Registerer != nil {
+		if err := opts.Registerer.Register(pagesCut); err != nil {
+			return nil, fmt.Errorf("creating the local api: registering its metric: %w", err)
+		}
+	}
+	return &Inspector{store: opts.Store, log: log, node: opts.Node, netns: opts.Namespace, bpfDir: opts.BPFDir,
+		pageBytes: opts.ListPageBytes, pagesCut: pagesCut, done: make(chan struct{})}, nil
 }
 
 // Serve serves the API on lis until ctx ends or lis fails. When ctx ends it ends every
@@ -132,10 +166,16 @@ func (i *Inspector) Close() error {
 	return nil
 }
 
-// List returns every entry of the requested kind, ordered by key, with the nimbus position
-// delphi stands at.
+// List returns a page of the entries of the requested kind, ordered by key, with the
+// nimbus position delphi stands at. A page ends at the request's limit or before the entry
+// that would take it over InspectorOptions.ListPageBytes, with a next_page_token that the
+// request for the next page carries.
 func (i *Inspector) List(_ context.Context, req *delphiv1.ListRequest) (*delphiv1.ListResponse, error) {
 	if err := checkKind(req.GetKind()); err != nil {
+		return nil, err
+	}
+	after, err := parsePageToken(req.GetPageToken())
+	if err != nil {
 		return nil, err
 	}
 	epoch, rev := i.store.Resume()
@@ -162,10 +202,38 @@ func (i *Inspector) List(_ context.Context, req *delphiv1.ListRequest) (*delphiv
 	}
 	slices.Sort(ids)
 	resp := &delphiv1.ListResponse{Epoch: epoch, Revision: rev, Synced: i.synced()}
-	for _, id := range ids {
-		resp.Entries = append(resp.Entries, byID[id])
+	size, limit := 0, int(req.GetLimit())
+	start, _ := slices.BinarySearch(ids, after)
+	for j := start; j < len(ids); j++ {
+		id := ids[j]
+		if id == after {
+			continue
+		}
+		e := byID[id]
+		n := proto.Size(e)
+		n += protowire.SizeTag(1) + protowire.SizeVarint(uint64(n))
+		if len(resp.Entries) > 0 && ((limit > 0 && len(resp.Entries) == limit) || size+n > i.pageBytes) {
+			resp.NextPageToken = base64.RawURLEncoding.EncodeToString([]byte(ids[j-1]))
+			i.pagesCut.Inc()
+			break
+		}
+		resp.Entries = append(resp.Entries, e)
+		size += n
 	}
 	return resp, nil
+}
+
+// parsePageToken returns the key ID a page token of List continues after; "" for the
+// first page.
+func parsePageToken(token string) (string, error) {
+	if token == "" {
+		return "", nil
+	}
+	id, err := base64.RawURLEncoding.DecodeString(token)
+	if err != nil || !utf8.Valid(id) {
+		return "", status.Errorf(codes.InvalidArgument, "page_token %q: not a next_page_token of this agent", token)
+	}
+	return string(id), nil
 }
 
 // Get returns the entry of one key; codes.NotFound when delphi holds neither an object nor

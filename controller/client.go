@@ -235,6 +235,21 @@ func (c *Client) Apply(ctx context.Context, objs ...*nimbusv1.Object) ([]*nimbus
 	return results, nil
 }
 
+// List returns every object the filter selects with its status, in key order; Filter.Name
+// is not used. It asks nimbus for one page after the other, each within nimbus's page
+// size, so that a kind of many large objects is listed whole; each page is read at the
+// store's revision of its time.
+func (c *Client) List(ctx context.Context, f Filter) ([]*nimbusv1.ObjectWithStatus, error) {
+	if c.isClosed() {
+		return nil, fmt.Errorf("listing objects: %w", ErrClosed)
+	}
+	resp, err := nimbusv1.ListAll(ctx, c.api, &nimbusv1.ListRequest{Kind: f.Kind, Tenant: f.Tenant, Namespace: f.Namespace}, recvLimit())
+	if err != nil {
+		return nil, fmt.Errorf("listing %s objects: %w", f.Kind.Name(), err)
+	}
+	return resp.GetItems(), nil
+}
+
 // Delete deletes the objects with the keys, in order, with the statuses reported for
 // them, and returns for each, in the same order, whether it existed and the revision of
 // its deletion. Absent objects are no error. Every key is checked first, and when one is

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/naplesnet/naples/nimbus"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -76,7 +77,7 @@ func TestApplyAndDeleteInChunks(t *testing.T) {
 		t.Fatalf("ApplyBatch calls %d carrying %d objects, the largest %d bytes; want several of at most %d bytes carrying %d",
 			calls.calls["ApplyBatch"], calls.entries["ApplyBatch"], calls.largest["ApplyBatch"], maxBytes, objects)
 	}
-	list, err := rawClient(t, socket).List(ctx, &nimbusv1.ListRequest{Kind: nimbusv1.Kind_KIND_ROUTE})
+	list, err := nimbusv1.ListAll(ctx, rawClient(t, socket), &nimbusv1.ListRequest{Kind: nimbusv1.Kind_KIND_ROUTE})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +109,7 @@ func TestApplyAndDeleteInChunks(t *testing.T) {
 		t.Fatalf("DeleteBatch calls %d carrying %d keys, the largest %d bytes; want several of at most %d bytes carrying %d",
 			calls.calls["DeleteBatch"], calls.entries["DeleteBatch"], calls.largest["DeleteBatch"], maxBytes, objects)
 	}
-	list, err = rawClient(t, socket).List(ctx, &nimbusv1.ListRequest{})
+	list, err = nimbusv1.ListAll(ctx, rawClient(t, socket), &nimbusv1.ListRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +138,7 @@ func TestApplyRefusesBadObjectsWhole(t *testing.T) {
 			t.Errorf("error %q does not say %q", err, want)
 		}
 	}
-	list, err := rawClient(t, socket).List(testContext(t), &nimbusv1.ListRequest{})
+	list, err := nimbusv1.ListAll(testContext(t), rawClient(t, socket), &nimbusv1.ListRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,5 +205,34 @@ func TestCloseEndsWatchAndCalls(t *testing.T) {
 	}
 	if _, err := c.Apply(testContext(t), route("r1", "192.0.2.1")); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Apply after Close = %v, want ErrClosed", err)
+	}
+}
+
+// TestListPages lists a kind of large objects whole, though it takes several pages of
+// nimbus's List.
+func TestListPages(t *testing.T) {
+	socket := socketPath(t)
+	serve(t, socket, "")
+	c := newClient(t, socket, Options{})
+	var objs []*nimbusv1.Object
+	for i := range 10 {
+		o := route(fmt.Sprintf("r%d", i), "192.0.2.1")
+		o.Meta.Labels = map[string]string{"pad": strings.Repeat("x", nimbus.DefaultObjectBytes-200)}
+		objs = append(objs, o)
+	}
+	if _, err := c.Apply(testContext(t), objs...); err != nil {
+		t.Fatal(err)
+	}
+	items, err := c.List(testContext(t), Filter{Kind: nimbusv1.Kind_KIND_ROUTE})
+	if err != nil {
+		t.Fatalf("List: %v", err)
+	}
+	if len(items) != len(objs) {
+		t.Fatalf("listed %d routes, want %d", len(items), len(objs))
+	}
+	for i, it := range items {
+		if got, want := it.GetObject().GetMeta().GetName(), objs[i].GetMeta().GetName(); got != want {
+			t.Errorf("item %d is %s, want %s", i, got, want)
+		}
 	}
 }

@@ -41,7 +41,9 @@ import (
 //   - Any other method: nobody.
 //
 // Refusals are codes.PermissionDenied with a message naming who asked for what, such as
-// `node "host-a" may not watch node "host-b"`. Without TLS nothing is checked.
+// `node "host-a" may not watch node "host-b"`, logged at most once per identity and
+// Limits.RefusalLogInterval. Streams also count against their identity (streams.go).
+// Without TLS nothing is checked.
 
 // authorizeUnary refuses unary calls the peer's identity does not allow.
 func (s *Server) authorizeUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -129,7 +131,15 @@ func (s *Server) authorizeStream(srv any, ss grpc.ServerStream, info *grpc.Strea
 	default:
 		return s.deny(ctx, id, info.FullMethod, "%s may not call %s: no one may", id, info.FullMethod)
 	}
-	as := &authorizedStream{ServerStream: ss, check: check}
+	if countedStream(info.FullMethod) {
+		release, err := s.streams.acquire(id, info.FullMethod)
+		if err != nil {
+			s.logRefusal(ctx, id, "stream refused", info.FullMethod, status.Convert(err).Message())
+			return err
+		}
+		defer release()
+	}
+	as := &authorizedStream{ServerStream: ss, ctx: context.WithValue(ctx, identityKey{}, id), check: check}
 	err = handler(srv, as)
 	// The handler may have wrapped the refusal, or ended for another reason while it
 	// was on its way; the refusal is what the client needs to hear.
@@ -143,10 +153,38 @@ func (s *Server) authorizeStream(srv any, ss grpc.ServerStream, info *grpc.Strea
 // handler sees them.
 type authorizedStream struct {
 	grpc.ServerStream
+	// ctx is the stream's context with the peer's identity; see identityOf.
+	ctx context.Context
 	// check returns the refusal of a message the peer may not send.
 	check func(m any) error
 	// denied is the first refusal; once set, every RecvMsg returns it.
 	denied atomic.Pointer[status.Status]
+}
+
+// Context returns the stream's context, which carries the peer's identity.
+func (a *authorizedStream) Context() context.Context { return a.ctx }
+
+// identityKey is the context key of the identity of a stream's peer.
+type identityKey struct{}
+
+// identityOf returns the identity of the peer of the stream whose context is ctx, once
+// authorizeStream has checked it; false without TLS.
+func identityOf(ctx context.Context) (pki.Identity, bool) {
+	id, ok := ctx.Value(identityKey{}).(pki.Identity)
+	return id, ok
+}
+
+// watchMakesTarget tells whether the watch stream whose context is ctx makes its node a
+// target of the objects for every node: only the node's own watch does, with TLS one of
+// a node certificate (which may watch only its own name). A publisher watching a node,
+// the way to see what that node receives, is no node. Without TLS nobody has an
+// identity, so every watch is taken for the node's own.
+func (s *Server) watchMakesTarget(ctx context.Context) bool {
+	if s.opts.TLS == nil {
+		return true
+	}
+	id, ok := identityOf(ctx)
+	return ok && id.Role == pki.RoleNode
 }
 
 // RecvMsg receives the next message and hands it on only if the peer may send it.
@@ -187,9 +225,21 @@ func (s *Server) peerIdentity(ctx context.Context, method string) (pki.Identity,
 // deny logs a refusal and returns it as a PermissionDenied status error.
 func (s *Server) deny(ctx context.Context, id pki.Identity, method, format string, args ...any) error {
 	msg := fmt.Sprintf(format, args...)
-	p, _ := peer.FromContext(ctx)
-	s.log.Warn("permission denied", "method", method, "identity", id.String(), "peer", peerAddr(p), "reason", msg)
+	s.logRefusal(ctx, id, "permission denied", method, msg)
 	return status.Error(codes.PermissionDenied, msg)
+}
+
+// logRefusal logs that a call or stream of the identity was refused, unless a refusal of
+// its kind (what) was logged for the identity within Limits.RefusalLogInterval; the line
+// says how many were refused and not logged since the one before.
+func (s *Server) logRefusal(ctx context.Context, id pki.Identity, what, method, reason string) {
+	ok, held := s.refusals.allow(refusalKey(id, what))
+	if !ok {
+		return
+	}
+	p, _ := peer.FromContext(ctx)
+	s.log.Warn(what, "method", method, "identity", id.String(), "peer", peerAddr(p), "reason", reason,
+		"refused_unlogged", held)
 }
 
 // peerAddr returns the peer's address for logs.

@@ -42,6 +42,10 @@ func (s *Server) ApplyBatch(ctx context.Context, req *nimbusv1.ApplyBatchRequest
 			bad.add(fmt.Sprintf("objects[%d] (%s)", i, id), err)
 			continue
 		}
+		if err := s.checkObjectSize(in); err != nil {
+			bad.add(fmt.Sprintf("objects[%d] (%s)", i, id), err)
+			continue
+		}
 		if j, ok := seen[id]; ok {
 			bad.add(fmt.Sprintf("objects[%d] (%s)", i, id),
 				fmt.Errorf("the key of objects[%d] again: a key may appear once per batch", j))

@@ -389,7 +389,7 @@ func storePut(txn *writeTxn, key *nimbusv1.ObjectKey, id string, old, obj *nimbu
 func dropRetargetedStatuses(txn *writeTxn, id string, obj *nimbusv1.Object) {
 	var dropped []string
 	for _, r := range txn.statusesOf(id) {
-		if !obj.TargetsNode(r.Node) {
+		if !targetsNode(obj, r.Node) {
 			txn.deleteStatus(r)
 			dropped = append(dropped, r.Node)
 		}

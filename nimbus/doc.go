@@ -34,6 +34,11 @@
 // call, and unchanged ones take none. ApplyBatch answers with every stored object unless
 // the request sets omit_objects, when each result carries only the generation and revision
 // stored. A single Apply or Delete is a batch of one: both go through the same commit path.
+// An object larger than Options.Limits.ObjectBytes as sent (1 MiB by default) is refused
+// at Apply and ApplyBatch with codes.InvalidArgument naming it, its size and the limit,
+// so that every object, with its status, can be read back by clients with gRPC's default
+// 4 MiB receive limit. List answers in pages of at most Limits.ListPageBytes (and the
+// request's limit), each with the token of the next; nimbusv1.ListAll follows them.
 //
 // An object that would take a value another object holds (an endpoint's address in its
 // tenant, its MAC in its network, a host interface on a node, a VNI, a tenant's address
@@ -133,9 +138,16 @@
 // The server registers with Options.Registerer: naples_nimbus_watcher_resets_total,
 // naples_nimbus_watch_starts_total{mode="resume"|"snapshot"}, and the gauges
 // naples_nimbus_watchers (streams receiving changes), naples_nimbus_revision and
-// naples_nimbus_objects, the counter naples_nimbus_commits_total (commits that changed
-// objects, each one state-file commit with a data directory) and the histogram
-// naples_nimbus_commit_batch_size (object changes per commit). A replica adds
+// naples_nimbus_objects and naples_nimbus_statuses (node statuses held), the counter
+// naples_nimbus_commits_total (commits that changed objects, each one state-file commit
+// with a data directory) and the histogram naples_nimbus_commit_batch_size (object changes
+// per commit). The limits add the counters naples_nimbus_status_truncated_total{field},
+// naples_nimbus_status_details_omitted_total, naples_nimbus_objects_too_large_total and
+// naples_nimbus_list_pages_cut_total (limits.go), the gauge
+// naples_nimbus_streams{role,method} and the counter
+// naples_nimbus_streams_refused_total{role,method} (streams.go), and the counter
+// naples_nimbus_tls_handshakes_refused_total{reason} (handshake.go); docs/limits.md lists
+// them with their limits. A replica adds
 // naples_nimbus_peers and naples_nimbus_peer_reports_total{direction} (peer.go), and with
 // etcd naples_nimbus_etcd_loaded, naples_nimbus_etcd_txns_total,
 // naples_nimbus_etcd_txn_conflicts_total and naples_nimbus_etcd_watch_restarts_total
@@ -153,6 +165,10 @@
 //
 // The target nodes are meta.nodes, or for an object for every node (empty meta.nodes) the
 // nodes that have a Node object together with the nodes that have a Watch stream open now.
+// Only a node's own watch makes it a target: with TLS, the watch of a node certificate. A
+// publisher watching a node, to see what the node receives, makes it no target and has no
+// bearing on its staleness; without TLS no caller has an identity, and every watch counts
+// as the node's own.
 // A node that watched once and went away without a Node object is no target, nor is a node
 // that only reported; deleting a node's Node object ends its membership unless it is
 // watching. Only target nodes count, in every field of the ObjectStatus: a report kept for a
@@ -167,6 +183,17 @@
 // status, which is as long as staleness can concern it; once it has neither and no open
 // stream, that is forgotten, and a node with nothing on record, such as one that has never
 // watched, counts from New.
+//
+// What a node reports is bounded by Options.Limits: a message or reason longer than its
+// limit is cut and ends with "… [truncated N bytes]"; operational entries beyond the
+// limits of entries, key bytes and total bytes are dropped, which the entry
+// OperationalTruncatedKey then says, and long values are cut as messages are. A report is
+// cut rather than refused, so that a node's phase and generation always count. An
+// object's status as Get, List and WatchStatus send it carries the messages and
+// operational data of its nodes up to Limits.StatusDetailsBytes, and counts the nodes
+// left without them in details_omitted, so that the status of an object of 10,000 nodes
+// still fits a client's default 4 MiB. Deleting an object deletes every status of it, on
+// every replica.
 //
 // WatchStatus streams the same ObjectStatus, as Get aggregates it, for the objects a
 // publisher selects by kind, tenant, namespace and name (empty fields select all): first

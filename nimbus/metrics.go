@@ -24,11 +24,21 @@ type metrics struct {
 	objects     prometheus.Gauge
 	commits     prometheus.Counter
 	commitSize  prometheus.Histogram
+	// statusTruncated counts the status reports cut to fit Limits, by what was cut.
+	statusTruncated *prometheus.CounterVec
+	// detailsOmitted counts the object statuses sent without the details of some nodes.
+	detailsOmitted prometheus.Counter
+	// objectsTooLarge counts the objects refused for their size.
+	objectsTooLarge prometheus.Counter
+	// listPagesCut counts the List pages that ended before the last item.
+	listPagesCut prometheus.Counter
+	// handshakesRefused counts the TLS handshakes refused, by reason.
+	handshakesRefused *prometheus.CounterVec
 }
 
-// newMetrics creates the metrics and registers them with reg. On error nothing stays
-// registered.
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+// newMetrics creates the metrics and registers them with reg; statuses tells how many node
+// statuses the store holds. On error nothing stays registered.
+func newMetrics(reg prometheus.Registerer, statuses func() float64) (*metrics, error) {
 	const ns, sub = "naples", "nimbus"
 	m := &metrics{
 		resets: prometheus.NewCounter(prometheus.CounterOpts{
@@ -60,12 +70,43 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Object changes (revisions) per commit.",
 			Buckets: prometheus.ExponentialBuckets(1, 4, 10),
 		}),
+		statusTruncated: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "status_truncated_total",
+			Help: "Status reports cut to fit nimbus's limits, by field: message, reason, operational_entries, operational_key, operational_value or operational_bytes.",
+		}, []string{"field"}),
+		detailsOmitted: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "status_details_omitted_total",
+			Help: "Object statuses sent without the messages and operational data of some nodes, because they held more than --status-details-bytes.",
+		}),
 	}
+	m.objectsTooLarge = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "objects_too_large_total",
+		Help: "Objects refused at Apply or ApplyBatch because they were larger than --max-object-bytes.",
+	})
+	m.listPagesCut = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "list_pages_cut_total",
+		Help: "List answers that ended before the last item, at the request's limit or --list-page-bytes, with a next_page_token.",
+	})
+	m.handshakesRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "tls_handshakes_refused_total",
+		Help: "TLS handshakes refused, by reason: plaintext, no_certificate, unknown_ca, client_refused or other.",
+	}, []string{"reason"})
+	for _, r := range handshakeReasons {
+		m.handshakesRefused.WithLabelValues(r)
+	}
+	for _, f := range truncatedFields {
+		m.statusTruncated.WithLabelValues(f)
+	}
+	statusGauge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: ns, Subsystem: sub, Name: "statuses",
+		Help: "Node statuses held: one per object and node that reported it.",
+	}, statuses)
 	// Both modes are present from the start, so that rates work from the first watch.
 	m.watchStarts.WithLabelValues(watchModeResume)
 	m.watchStarts.WithLabelValues(watchModeSnapshot)
 	var err error
-	if m.unregister, err = telemetry.Register(reg, "Server", m.resets, m.watchStarts, m.watchers, m.revision, m.objects, m.commits, m.commitSize); err != nil {
+	if m.unregister, err = telemetry.Register(reg, "Server", m.resets, m.watchStarts, m.watchers, m.revision, m.objects, m.commits, m.commitSize,
+		m.statusTruncated, m.detailsOmitted, statusGauge, m.objectsTooLarge, m.listPagesCut, m.handshakesRefused); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -25,6 +25,9 @@ func (s *Server) Apply(ctx context.Context, req *nimbusv1.ApplyRequest) (*nimbus
 	if err := in.Validate(); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	if err := s.checkObjectSize(in); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
 	b := &batch{writes: []write{applyWrite(in)}}
 	if err := s.submit(b); err != nil {
 		return nil, rpcError(err)
@@ -35,6 +38,18 @@ func (s *Server) Apply(ctx context.Context, req *nimbusv1.ApplyRequest) (*nimbus
 // applyResponse is the answer to the apply whose outcome is out.
 func applyResponse(out outcome) *nimbusv1.ApplyResponse {
 	return &nimbusv1.ApplyResponse{Object: out.obj, Changed: out.changed, Created: out.created}
+}
+
+// targetsNode tells whether the stored object targets the node, as Object.TargetsNode
+// does, in a binary search of its target nodes, which a stored object holds sorted: an
+// object for 10,000 nodes is asked about each of them.
+func targetsNode(obj *nimbusv1.Object, node string) bool {
+	nodes := obj.GetMeta().GetNodes()
+	if len(nodes) == 0 {
+		return true
+	}
+	_, found := slices.BinarySearch(nodes, node)
+	return found
 }
 
 // normalizeNodes returns the node names sorted and without duplicates, so that the order
@@ -81,20 +96,29 @@ func (s *Server) Get(ctx context.Context, req *nimbusv1.GetRequest) (*nimbusv1.G
 	return &nimbusv1.GetResponse{Item: v.withStatus(rec.Object)}, nil
 }
 
-// List returns the objects that match the request's filters with their status, ordered by
-// key ID, and the revision they are current at.
+// List returns a page of the objects that match the request's filters with their status,
+// ordered by key ID, and the revision they are current at. A page ends at the request's
+// limit or before the item that would take it over Limits.ListPageBytes, with a
+// next_page_token that the request for the next page carries.
 func (s *Server) List(ctx context.Context, req *nimbusv1.ListRequest) (*nimbusv1.ListResponse, error) {
+	after, err := parsePageToken(req.GetPageToken())
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
 	v := s.view()
-	resp := &nimbusv1.ListResponse{Revision: v.revision()}
-	for rec := range v.objectsOfKind(req.GetKind()) {
+	page := &listPage{resp: &nimbusv1.ListResponse{Revision: v.revision()}, limit: int(req.GetLimit()), pageBytes: s.opts.Limits.ListPageBytes}
+	for rec := range v.objectsAfter(req.GetKind(), after) {
 		m := rec.Object.GetMeta()
 		if (req.GetTenant() != "" && m.GetTenant() != req.GetTenant()) ||
 			(req.GetNamespace() != "" && m.GetNamespace() != req.GetNamespace()) {
 			continue
 		}
-		resp.Items = append(resp.Items, v.withStatus(rec.Object))
+		if !page.add(rec.ID, v.withStatus(rec.Object)) {
+			s.metrics.listPagesCut.Inc()
+			break
+		}
 	}
-	return resp, nil
+	return page.resp, nil
 }
 
 // view is one consistent read of the store: a published version of its tables, with what
@@ -111,11 +135,14 @@ type view struct {
 	// started is when the Server was made, which counts as the last watch of a node that
 	// has never watched.
 	started time.Time
+	// detailsBytes is Limits.StatusDetailsBytes; see status.
+	detailsBytes int
+	metrics      *metrics
 }
 
 // view starts a read of the current state of the store. It takes no lock.
 func (s *Server) view() *view {
-	v := &view{tables: s.store.read(), started: s.started}
+	v := &view{tables: s.store.read(), started: s.started, detailsBytes: s.opts.Limits.StatusDetailsBytes, metrics: s.metrics}
 	if s.opts.StaleAfter > 0 {
 		v.staleSince = s.opts.Now().Add(-s.opts.StaleAfter)
 	}
@@ -172,11 +199,10 @@ func (v *view) status(obj *nimbusv1.Object) *nimbusv1.ObjectStatus {
 	recs := v.statusesOf(obj.Key().ID())
 	m := obj.GetMeta()
 	gen := m.GetGeneration()
+	// Only the target nodes' statuses are looked up below.
 	reported := make(map[string]*nimbusv1.NodeStatus, len(recs))
 	for _, r := range recs {
-		if obj.TargetsNode(r.Node) {
-			reported[r.Node] = r.Status
-		}
+		reported[r.Node] = r.Status
 	}
 	targets := m.GetNodes()
 	if len(targets) == 0 {
@@ -185,12 +211,23 @@ func (v *view) status(obj *nimbusv1.Object) *nimbusv1.ObjectStatus {
 	st := &nimbusv1.ObjectStatus{TargetNodes: int32(len(targets)), Generation: gen}
 	caughtUp := len(targets) > 0
 	var caughtUpTime *timestamppb.Timestamp
+	details := 0
 	for _, n := range targets {
 		ns, ok := reported[n]
 		if !ok {
 			st.Pending = append(st.Pending, n)
 			caughtUp = false
 			continue
+		}
+		// A node whose details would take the object's over the budget goes without
+		// them, so that the status of an object of any number of nodes stays readable.
+		if d := statusDetailsSize(ns); d > 0 {
+			if details+d > v.detailsBytes {
+				ns = withoutDetails(ns)
+				st.DetailsOmitted++
+			} else {
+				details += d
+			}
 		}
 		if v.stale(n) {
 			// Stored statuses are immutable; the stale mark goes on a copy.
@@ -219,6 +256,9 @@ func (v *view) status(obj *nimbusv1.Object) *nimbusv1.ObjectStatus {
 	}
 	if caughtUp {
 		st.CaughtUpTime = caughtUpTime
+	}
+	if st.DetailsOmitted > 0 && v.metrics != nil {
+		v.metrics.detailsOmitted.Inc()
 	}
 	return st
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
@@ -116,6 +117,9 @@ type Options struct {
 	// SetPeers names the statuses its own agents report and which nodes watch it, and
 	// takes theirs (see peer.go). Default: "", which is no replica and runs none of it.
 	ReplicaName string
+	// Limits bound what one client can make the Server hold or send; see Limits. Default:
+	// every limit at its default.
+	Limits Limits
 	// PeerDialOptions are the options a replica dials its peers with, such as the
 	// transport credentials of its replica certificate (internal/pki's IssueReplica and
 	// ClientConfig). Default: none, which dials in plaintext.
@@ -151,6 +155,10 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Etcd != nil && o.DataDir != "" {
 		return o, fmt.Errorf("Etcd and DataDir %s: a server keeps its objects in one store: %w", o.DataDir, ErrInvalidOptions)
 	}
+	var err error
+	if o.Limits, err = o.Limits.withDefaults(); err != nil {
+		return o, err
+	}
 	if o.TLS != nil && o.TLS.ClientAuth != tls.RequireAndVerifyClientCert {
 		return o, fmt.Errorf("TLS.ClientAuth %v: must be RequireAndVerifyClientCert: %w", o.TLS.ClientAuth, ErrInvalidOptions)
 	}
@@ -185,6 +193,10 @@ type Server struct {
 	// everyNode is the part of the latest snapshot sent that every node receives alike;
 	// see sharedSnapshot.
 	everyNode atomic.Pointer[sharedSnapshot]
+	// streams counts the open streams per client identity; refusals rate-limits the
+	// lines that log refused calls and streams. Both have locks of their own.
+	streams  *streamLimiter
+	refusals *logLimiter
 	// statusWatch holds the open WatchStatus streams; it has a lock of its own.
 	statusWatch statusHub
 	// peers pushes statuses and watch presence to the peer replicas and takes theirs;
@@ -237,12 +249,23 @@ func New(opts Options) (*Server, error) {
 		}
 	}
 	s.history.floor = s.rev
-	if s.metrics, err = newMetrics(opts.Registerer); err != nil {
+	if s.metrics, err = newMetrics(opts.Registerer, s.statusCount); err != nil {
 		if s.disk != nil {
 			s.disk.close()
 		}
 		return nil, fmt.Errorf("creating nimbus server: %w", err)
 	}
+	streams, unregisterStreams, err := newStreamLimiter(&s.opts.Limits, opts.Registerer)
+	if err != nil {
+		s.metrics.unregister()
+		if s.disk != nil {
+			s.disk.close()
+		}
+		return nil, fmt.Errorf("creating nimbus server: %w", err)
+	}
+	s.streams, s.refusals = streams, newLogLimiter(opts.Limits.RefusalLogInterval, opts.Now)
+	unregisterMetrics := s.metrics.unregister
+	s.metrics.unregister = func() { unregisterMetrics(); unregisterStreams() }
 	s.metrics.revision.Set(float64(s.rev))
 	s.metrics.objects.Set(float64(objects))
 	if opts.ReplicaName != "" {
@@ -297,6 +320,9 @@ func (s *Server) load() (int, error) {
 	return len(st.objects), nil
 }
 
+// statusCount returns how many node statuses the store holds.
+func (s *Server) statusCount() float64 { return float64(s.store.read().statuses.Len()) }
+
 // Registry returns the registry the server's metrics are registered with when that is a
 // *prometheus.Registry, as the default private one is, or nil.
 func (s *Server) Registry() *prometheus.Registry {
@@ -337,7 +363,7 @@ func (s *Server) Serve(ctx context.Context, lis ...net.Listener) error {
 		grpc.MaxRecvMsgSize(maxRecvMsgSize),
 		grpc.ForceServerCodecV2(codec{wirecodec.Codec{}}),
 		grpc.WaitForHandlers(true),
-		grpc.Creds(pki.TransportCredentials(s.opts.TLS)),
+		grpc.Creds(s.credentials()),
 		grpc.ChainUnaryInterceptor(s.authorizeUnary, s.gateUnary),
 		grpc.ChainStreamInterceptor(s.authorizeStream, s.gateStream),
 	)
@@ -380,6 +406,16 @@ func (s *Server) Serve(ctx context.Context, lis ...net.Listener) error {
 		s.log.Warn("stopped the rpcs still running after the drain timeout", "timeout", drainTimeout)
 	}
 	return nil
+}
+
+// credentials returns the transport credentials Serve serves with: TLS with Options.TLS,
+// logging refused handshakes, or plaintext.
+func (s *Server) credentials() credentials.TransportCredentials {
+	creds := pki.TransportCredentials(s.opts.TLS)
+	if s.opts.TLS == nil {
+		return creds
+	}
+	return handshakeLogger{TransportCredentials: creds, s: s}
 }
 
 // Close ends every watch and status stream, refuses further writes and watches,

@@ -151,11 +151,15 @@ func (s *Server) recordStatusIn(txn *writeTxn, r *nimbusv1.StatusReport, origin 
 	case rec == nil:
 		s.log.Debug("dropping status report for an unknown object", "key", id, "node", node)
 		return nil
-	case !rec.Object.TargetsNode(node):
+	case !targetsNode(rec.Object, node):
 		s.log.Debug("dropping status report from a node the object does not target", "key", id, "node", node)
 		return nil
 	}
-	// The report was decoded for this call alone, so its status is stored as it is.
+	// The report was decoded for this call alone, so its status is stored as it is, cut
+	// to fit the limits.
+	for _, f := range s.opts.Limits.boundStatus(st) {
+		s.metrics.statusTruncated.WithLabelValues(f).Inc()
+	}
 	if st.GetUpdateTime() == nil {
 		st.UpdateTime = timestamppb.New(s.opts.Now())
 	}

@@ -16,7 +16,14 @@ import (
 // taken all of them.
 func (ts *testServer) report(t *testing.T, reports ...*nimbusv1.StatusReport) {
 	t.Helper()
-	stream, err := ts.client.ReportStatus(testContext(t))
+	reportWith(t, ts.client, reports...)
+}
+
+// reportWith streams the reports in one ReportStatus call of the client; when it
+// returns, the server has taken all of them.
+func reportWith(t *testing.T, client nimbusv1.NimbusClient, reports ...*nimbusv1.StatusReport) {
+	t.Helper()
+	stream, err := client.ReportStatus(testContext(t))
 	if err != nil {
 		t.Fatal(err)
 	}

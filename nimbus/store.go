@@ -168,6 +168,27 @@ func (t *tables) objectsOfKind(kind nimbusv1.Kind) iter.Seq[*objectRecord] {
 	}
 }
 
+// objectsAfter iterates over the objects of a kind, or of every kind with
+// KIND_UNSPECIFIED, whose key IDs come after the key ID after, in key ID order; every one
+// of them when after is empty.
+func (t *tables) objectsAfter(kind nimbusv1.Kind, after string) iter.Seq[*objectRecord] {
+	if after == "" {
+		return t.objectsOfKind(kind)
+	}
+	return func(yield func(*objectRecord) bool) {
+		prefix := ""
+		if kind != nimbusv1.Kind_KIND_UNSPECIFIED {
+			prefix = kind.Name() + "/"
+		}
+		t.objects.Ascend(max(after, prefix), func(id string, rec *objectRecord) bool {
+			if id == after {
+				return true
+			}
+			return strings.HasPrefix(id, prefix) && yield(rec)
+		})
+	}
+}
+
 // revision returns the revision of the last committed change in t.
 func (t *tables) revision() uint64 { return t.rev }
 

@@ -185,3 +185,22 @@ func TestWatchStateIsBounded(t *testing.T) {
 	end()
 	wantWatchRecords(t, ts)
 }
+
+// TestPublisherWatchIsNoTarget is issue 19's "watching makes a target": a publisher that
+// watches a node, the way to see what the node would receive, must not make that node a
+// target of the objects for every node.
+func TestPublisherWatchIsNoTarget(t *testing.T) {
+	ts, p := startTLS(t)
+	key := routeKey("r1")
+	ts.apply(t, route("r1", nil, "192.0.2.1"))
+	a := p.node(t, ts, "host-a")
+	recvUntilSynced(t, watch(t, a, "host-a"))
+	recvUntilSynced(t, watch(t, ts.client, "phantom-1"))
+	reportWith(t, a, statusReport(key, "host-a", 1, nimbusv1.Phase_PHASE_PROGRAMMED, ""))
+
+	st := wantStatus(t, ts, key, 1, 1, 0, "host-a")
+	if len(st.GetPending()) != 0 || st.GetCaughtUpTime() == nil {
+		t.Errorf("status pending %q, caught up at %v; want nothing pending and caught up", st.GetPending(), st.GetCaughtUpTime())
+	}
+	wantWatchRecords(t, ts, "host-a")
+}

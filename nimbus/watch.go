@@ -55,7 +55,7 @@ func newChange(rev uint64, key *nimbusv1.ObjectKey, before, after *nimbusv1.Obje
 // concern the node.
 func (c *change) eventFor(node string) *sharedEvent {
 	switch {
-	case c.after != nil && c.after.TargetsNode(node):
+	case c.after != nil && targetsNode(c.after, node):
 		return c.put
 	case c.del != nil && (len(c.beforeNodes) == 0 || slices.Contains(c.beforeNodes, node)):
 		return c.del
@@ -101,6 +101,10 @@ func (e *sharedEvent) encoded(encodes *atomic.Uint64) ([]byte, error) {
 // watcher is one node's watch stream as commits see it.
 type watcher struct {
 	node string
+	// target tells that the watch makes its node a target of the objects for every node
+	// and counts for its staleness: the node's own watch, not a publisher's look at what
+	// the node receives (see watchMakesTarget).
+	target bool
 	// limit is how many events may be queued when a commit that concerns the node starts
 	// handing over its events: Options.WatchBuffer, plus the replayed changes of a resumed
 	// watch. A commit that finds limit or more queued resets the watcher; one that finds
@@ -128,13 +132,14 @@ type watcher struct {
 }
 
 // newWatcher returns a watcher for the node with the events of backlog queued.
-func newWatcher(node string, buffer int, backlog []*sharedEvent) *watcher {
+func newWatcher(node string, target bool, buffer int, backlog []*sharedEvent) *watcher {
 	return &watcher{
-		node:  node,
-		limit: buffer + len(backlog),
-		wake:  make(chan struct{}, 1),
-		reset: make(chan struct{}),
-		queue: backlog,
+		node:   node,
+		target: target,
+		limit:  buffer + len(backlog),
+		wake:   make(chan struct{}, 1),
+		reset:  make(chan struct{}),
+		queue:  backlog,
 	}
 }
 
@@ -308,22 +313,27 @@ type subscription struct {
 	why string
 }
 
-// subscribe registers a watcher for the node. When epoch is the server's and every change
+// subscribe registers a watcher for the node, which with target counts as watching (see
+// watcher.target). When epoch is the server's and every change
 // after rev is kept, the watcher resumes: the changes after rev that concern the node are
 // queued ahead of the ones to come. Otherwise it gets a read of the store at the revision
 // from which on every commit reaches the watcher, for a snapshot. Both happen under the
 // lock every commit holds, so no change is missed or queued twice.
-func (s *Server) subscribe(node, epoch string, rev uint64) (*subscription, error) {
+func (s *Server) subscribe(node string, target bool, epoch string, rev uint64) (*subscription, error) {
 	// The node counts as watching from here on. Its record is written before s.mu is
 	// taken, not under it: status reports take the store's writer in turn, and a watch
 	// start waiting for them must not hold up the commits and the other watch starts
 	// that need s.mu.
-	s.recordWatchStart(node)
+	if target {
+		s.recordWatchStart(node)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		if err := s.recordWatchEnd(node); err != nil {
-			s.log.Error("recording the end of a watch", "node", node, "error", err)
+		if target {
+			if err := s.recordWatchEnd(node); err != nil {
+				s.log.Error("recording the end of a watch", "node", node, "error", err)
+			}
 		}
 		return nil, fmt.Errorf("watching for node %s: %w", node, ErrClosed)
 	}
@@ -350,7 +360,7 @@ func (s *Server) subscribe(node, epoch string, rev uint64) (*subscription, error
 		sub.resumed, sub.rev, sub.replayed = true, rev, len(backlog)
 	}
 	// The queue has room for the replayed changes on top of the usual WatchBuffer.
-	w := newWatcher(node, s.opts.WatchBuffer, backlog)
+	w := newWatcher(node, target, s.opts.WatchBuffer, backlog)
 	w.published.Store(s.rev)
 	s.watchers[w] = struct{}{}
 	sub.w = w
@@ -369,8 +379,10 @@ func (s *Server) subscribe(node, epoch string, rev uint64) (*subscription, error
 // sees the node's watch state.
 func (s *Server) unsubscribe(w *watcher) {
 	// As in subscribe, the store's writer is not waited for under s.mu.
-	if err := s.recordWatchEnd(w.node); err != nil {
-		s.log.Error("recording the end of a watch", "node", w.node, "error", err)
+	if w.target {
+		if err := s.recordWatchEnd(w.node); err != nil {
+			s.log.Error("recording the end of a watch", "node", w.node, "error", err)
+		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -457,7 +469,7 @@ func (s *Server) Watch(req *nimbusv1.WatchRequest, stream grpc.ServerStreamingSe
 		// catch up, so that it resumes rather than starting over.
 		s.etcd.catchUp(stream.Context(), req.GetRevision())
 	}
-	sub, err := s.subscribe(node, req.GetEpoch(), req.GetRevision())
+	sub, err := s.subscribe(node, s.watchMakesTarget(stream.Context()), req.GetEpoch(), req.GetRevision())
 	if err != nil {
 		return rpcError(err)
 	}
@@ -523,7 +535,7 @@ func (s *Server) sendSnapshot(fw *frameWriter, snap *tables, node string, rev ui
 		}
 	}
 	for rec := range snap.objectsOfKind(nimbusv1.Kind_KIND_UNSPECIFIED) {
-		if len(rec.Object.GetMeta().GetNodes()) == 0 || !rec.Object.TargetsNode(node) {
+		if len(rec.Object.GetMeta().GetNodes()) == 0 || !targetsNode(rec.Object, node) {
 			continue
 		}
 		if err := fw.add(rec.putEvent()); err != nil {

@@ -226,6 +226,7 @@ func (c *Client) Run(ctx context.Context) error {
 	wg.Go(func() {
 		c.loop(ctx, streamStatus, func(ctx context.Context, taken func()) error { return c.report(ctx, api, taken) })
 	})
+	wg.Go(func() { c.logConnectFailures(ctx, conn) })
 	wg.Wait()
 	return nil
 }
@@ -245,7 +246,11 @@ func (c *Client) loop(ctx context.Context, stream string, run func(ctx context.C
 			b.Reset()
 		}
 		delay := b.Next()
-		c.log.Warn("nimbus stream ended; reconnecting", "stream", stream, "err", err, "in", delay)
+		attrs := []any{"stream", stream, "err", err, "in", delay}
+		if hint := pki.DialHint(err, c.opts.TLS != nil); hint != "" {
+			attrs = append(attrs, "hint", hint)
+		}
+		c.log.Warn("nimbus stream ended; reconnecting", attrs...)
 		if c.wait(ctx, stream, delay) != nil {
 			return
 		}

@@ -298,7 +298,7 @@ func TestRandomizedConvergence(t *testing.T) {
 		}
 	}
 
-	resp, err := b.api.List(ctx, &nimbusv1.ListRequest{Kind: nimbusv1.Kind_KIND_ROUTE})
+	resp, err := nimbusv1.ListAll(ctx, b.api, &nimbusv1.ListRequest{Kind: nimbusv1.Kind_KIND_ROUTE})
 	if err != nil {
 		t.Fatal(err)
 	}

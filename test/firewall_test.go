@@ -437,7 +437,7 @@ func (fc *fwCluster) waitProgrammed(t *testing.T, kinds ...nimbusv1.Kind) {
 	end := time.Now().Add(deadline)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), deadline)
-		list, err := fc.api.List(ctx, &nimbusv1.ListRequest{})
+		list, err := nimbusv1.ListAll(ctx, fc.api, &nimbusv1.ListRequest{})
 		cancel()
 		if err != nil {
 			t.Fatalf("listing the objects at nimbus: %v", err)

@@ -83,7 +83,7 @@ func TestNimbusKilledKeepsAcknowledgedWrites(t *testing.T) {
 		c.startNimbus(t)
 
 		lctx, lcancel := context.WithTimeout(context.Background(), deadline)
-		resp, err := api.List(lctx, &nimbusv1.ListRequest{Kind: nimbusv1.Kind_KIND_ROUTE}, grpc.WaitForReady(true))
+		resp, err := nimbusv1.ListAll(lctx, api, &nimbusv1.ListRequest{Kind: nimbusv1.Kind_KIND_ROUTE}, grpc.WaitForReady(true))
 		lcancel()
 		if err != nil {
 			t.Fatalf("round %d: listing routes after the restart: %v", round, err)

@@ -334,7 +334,7 @@ func (h *host) routeTable(t testing.TB) []string {
 func listRoutes(ctx context.Context, api nimbusv1.NimbusClient) ([]*nimbusv1.ObjectWithStatus, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	resp, err := api.List(ctx, &nimbusv1.ListRequest{Kind: nimbusv1.Kind_KIND_ROUTE}, grpc.MaxCallRecvMsgSize(64<<20))
+	resp, err := nimbusv1.ListAll(ctx, api, &nimbusv1.ListRequest{Kind: nimbusv1.Kind_KIND_ROUTE})
 	if err != nil {
 		return nil, err
 	}

@@ -51,9 +51,13 @@ func TestNaplesctlNeedsPublisherCertificate(t *testing.T) {
 	c.certs(t, "host-a")
 
 	_, err := c.ctl(t, "", "get", "routes", "--insecure")
-	if err == nil || !strings.Contains(err.Error(), "unavailable") {
-		t.Errorf("plaintext naplesctl = %v, want nimbus unavailable", err)
+	if err == nil || !strings.Contains(err.Error(), "unavailable") || !strings.Contains(err.Error(), "drop --insecure") {
+		t.Errorf("plaintext naplesctl = %v, want nimbus unavailable and the flag that mends it", err)
 	}
+	waitFor(t, "nimbus to log the refused plaintext handshake", func() bool {
+		out, _ := os.ReadFile(c.nimbus.log)
+		return strings.Contains(string(out), "refused a TLS handshake") && strings.Contains(string(out), "the client speaks plaintext")
+	})
 	asNode := []string{"--tls-cert", c.file("host-a.crt"), "--tls-key", c.file("host-a.key")}
 	_, err = c.ctl(t, toDC2, append([]string{"apply", "-f", "-"}, asNode...)...)
 	if err == nil || !strings.Contains(err.Error(), `node "host-a" may not call Apply`) || !strings.Contains(err.Error(), "PermissionDenied") {

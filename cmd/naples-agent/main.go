@@ -69,6 +69,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	stateDir := fs.String("state-dir", "/var/lib/naples", "`directory` for the agent's state")
 	discardState := fs.Bool("discard-state", false, "discard the stored desired state and resync from nimbus (recovers from a corrupt state file)")
 	socket := fs.String("socket", "/run/naples/agent.sock", "unix socket `path` of the read-only local API; empty to not serve it")
+	pageBytes := fs.Int("local-api-page-bytes", agent.DefaultListPageBytes, "`bytes` of one page of the local API's List; a page always holds one entry at least")
 	var metrics string
 	fs.Func("metrics", "`host:port` to serve Prometheus metrics (/metrics) and probes (/healthz, /readyz) on (default: none)", func(s string) error {
 		if _, _, err := net.SplitHostPort(s); err != nil {
@@ -115,7 +116,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 	}
 	for name, n := range map[string]int{"fw-snapshot-entries": caps.Snapshot, "fw-conntrack-entries": caps.Conntrack,
-		"fw-rule-counters": caps.Rules, "fw-endpoint-counters": caps.Endpoints} {
+		"fw-rule-counters": caps.Rules, "fw-endpoint-counters": caps.Endpoints, "local-api-page-bytes": *pageBytes} {
 		if n <= 0 {
 			fmt.Fprintf(stderr, "invalid value %d for flag -%s: must be positive\n", n, name)
 			return fmt.Errorf("parsing flags: %w", errUsage)
@@ -155,6 +156,6 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 				"certificate", *tlsCert, "identity", id.String(), "node", *node, "error", err)
 		}
 	}
-	return agent.Run(ctx, agent.Config{Node: *node, Nimbus: *nimbus, TLS: tlsConfig, StateDir: *stateDir, DiscardState: *discardState, Logger: log, Socket: *socket, Metrics: metrics,
+	return agent.Run(ctx, agent.Config{Node: *node, Nimbus: *nimbus, TLS: tlsConfig, StateDir: *stateDir, DiscardState: *discardState, Logger: log, Socket: *socket, LocalAPIPageBytes: *pageBytes, Metrics: metrics,
 		InterfaceStats: *interfaceStats, BPFDir: *bpfDir, FirewallCapacities: caps, FirewallStats: *fwStats})
 }

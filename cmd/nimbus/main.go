@@ -34,6 +34,10 @@
 // replica certificate (`naplesctl certs --replicas NAME`). /readyz answers 503 until the
 // replica has read etcd. See docs/replicas.md.
 //
+// Every size, count and rate a client could push without bound is limited; the flags of
+// the limits (--max-object-bytes, --max-streams-per-node, --max-status-message-bytes and
+// more) and the metrics that show them being hit are listed in docs/limits.md.
+//
 // nimbus --version prints the version, the Go release and the platform, and exits 0.
 package main
 
@@ -109,10 +113,14 @@ type config struct {
 	metrics string
 	// watchBuffer is how many events a watcher may fall behind before it is reset.
 	watchBuffer int
+	// historyWindow is how many of the latest changes are kept for watches to resume.
+	historyWindow int
 	// version prints the version instead of serving.
 	version bool
 	// replica says which store, and how nimbus is a replica with --store etcd.
 	replica replicaConfig
+	// limits are nimbus's limits (docs/limits.md).
+	limits nimbus.Limits
 }
 
 // parseFlags parses the command line. The flag package reports a bad flag on stderr
@@ -130,7 +138,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return nil
 	})
 	addReplicaFlags(fs, &cfg.replica)
+	addLimitFlags(fs, &cfg.limits)
 	fs.IntVar(&cfg.watchBuffer, "watch-buffer", nimbus.DefaultWatchBuffer, "how many `events` a watcher may fall behind before it is reset and must resume")
+	fs.IntVar(&cfg.historyWindow, "history-window", nimbus.DefaultHistoryWindow, "how many of the latest `changes` are kept so that a watch can resume after them; negative keeps none")
 	fs.BoolVar(&ephemeral, "ephemeral", false, "keep objects in memory only: a restart loses them and every agent resyncs")
 	fs.Func("metrics", "`host:port` to serve Prometheus metrics (/metrics) and probes (/healthz, /readyz) on (default: none)", func(s string) error {
 		if _, _, err := net.SplitHostPort(s); err != nil {
@@ -222,7 +232,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	opts := nimbus.Options{Logger: log, TLS: tlsConfig, DataDir: cfg.dataDir, Registerer: reg, WatchBuffer: cfg.watchBuffer}
+	opts := nimbus.Options{Logger: log, TLS: tlsConfig, DataDir: cfg.dataDir, Registerer: reg, WatchBuffer: cfg.watchBuffer,
+		HistoryWindow: cfg.historyWindow, Limits: cfg.limits}
 	if cfg.replica.store == "etcd" {
 		if opts.Etcd, err = cfg.replica.etcdOptions(cfg.listen); err != nil {
 			return exitstatus.Mark(err)

@@ -38,6 +38,11 @@ func TestParseFlags(t *testing.T) {
 		{name: "relative socket", args: []string{"--listen", "unix://n.sock"}, wantUsage: true},
 		{name: "unknown flag", args: []string{"--no-such-flag", "/x"}, wantUsage: true},
 		{name: "argument", args: []string{"serve"}, wantUsage: true},
+		{name: "limit", args: []string{"--max-status-message-bytes", "4096"}, wantLevel: slog.LevelInfo, wantAddrs: []string{defaultListen}},
+		{name: "zero limit", args: []string{"--max-status-message-bytes", "0"}, wantUsage: true},
+		{name: "bad limit", args: []string{"--status-details-bytes", "1M"}, wantUsage: true},
+		{name: "log interval", args: []string{"--refusal-log-interval", "10s"}, wantLevel: slog.LevelInfo, wantAddrs: []string{defaultListen}},
+		{name: "bad log interval", args: []string{"--refusal-log-interval", "-1s"}, wantUsage: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stderr bytes.Buffer

@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -52,7 +51,7 @@ func (e *batchEnv) commits() (commits uint64, changes float64) {
 // count returns how many objects of the kind nimbus stores.
 func (e *env) count(kind nimbusv1.Kind) int {
 	e.t.Helper()
-	resp, err := e.nimbus.List(e.t.Context(), &nimbusv1.ListRequest{Kind: kind}, grpc.MaxCallRecvMsgSize(64<<20))
+	resp, err := nimbusv1.ListAll(e.t.Context(), e.nimbus, &nimbusv1.ListRequest{Kind: kind})
 	if err != nil {
 		e.t.Fatalf("List: %v", err)
 	}

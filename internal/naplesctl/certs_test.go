@@ -389,3 +389,43 @@ func handshake(t *testing.T, server, client *tls.Config) error {
 	defer conn.Close()
 	return <-served
 }
+
+// TestHandshakeErrorsNameTheFlag is issue 19's "refused handshakes" from the client's
+// side: a plaintext naplesctl against a TLS nimbus, a TLS one against a plaintext nimbus
+// and one with another CA say what is wrong and which flag mends it, rather than gRPC's
+// `error reading server preface: EOF`.
+func TestHandshakeErrorsNameTheFlag(t *testing.T) {
+	home := t.TempDir()
+	pkiDir := filepath.Join(home, DefaultPKIDir)
+	vars := map[string]string{"HOME": home}
+	if _, err := tlsCtl(t, vars, "", "certs"); err != nil {
+		t.Fatalf("certs: %v", err)
+	}
+	otherDir := filepath.Join(t.TempDir(), "other")
+	if _, err := tlsCtl(t, nil, "", "certs", "--dir", otherDir); err != nil {
+		t.Fatalf("certs: %v", err)
+	}
+	tlsServer := startTLSNimbus(t, pkiDir)
+	plain := newEnv(t)
+
+	for _, tc := range []struct {
+		name string
+		vars map[string]string
+		args []string
+		want string
+	}{
+		{"plaintext to TLS", map[string]string{"HOME": home, ServerEnv: tlsServer}, []string{"--insecure"}, "drop --insecure"},
+		{"TLS to plaintext", map[string]string{"HOME": home, ServerEnv: plain.server}, nil, "give --insecure here too"},
+		{"client CA unknown to nimbus", map[string]string{"HOME": home, ServerEnv: tlsServer}, []string{
+			"--tls-cert", filepath.Join(otherDir, "publisher.crt"), "--tls-key", filepath.Join(otherDir, "publisher.key"),
+		}, "--tls-cert"},
+		{"nimbus CA unknown to client", map[string]string{"HOME": home, ServerEnv: tlsServer}, []string{
+			"--tls-ca", filepath.Join(otherDir, "ca.crt"),
+		}, "give the CA that issued it with --tls-ca"},
+	} {
+		_, err := tlsCtl(t, tc.vars, "", append([]string{"get", "routes"}, tc.args...)...)
+		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: get routes = %v, want Unavailable saying %q", tc.name, err, tc.want)
+		}
+	}
+}

@@ -247,7 +247,7 @@ func (c *cli) delphiList(ctx context.Context, kind nimbusv1.Kind, output string)
 		return err
 	}
 	defer sess.Close()
-	resp, err := sess.delphi.List(ctx, &delphiv1.ListRequest{Kind: kind})
+	resp, err := listDelphi(ctx, sess.delphi, kind)
 	if err != nil {
 		return fmt.Errorf("listing delphi entries: %w", sess.rpcError(err))
 	}
@@ -435,4 +435,24 @@ func writeDoc(w io.Writer, output string, raw json.RawMessage, stream bool) erro
 		return fmt.Errorf("writing %s: %w", output, err)
 	}
 	return nil
+}
+
+// listDelphi lists every entry of the kind, asking the agent for one page after the other
+// so that each fits the default receive limit however large the objects; the position
+// and synced are those of the last page.
+func listDelphi(ctx context.Context, api delphiv1.DelphiClient, kind nimbusv1.Kind) (*delphiv1.ListResponse, error) {
+	req := &delphiv1.ListRequest{Kind: kind}
+	all := &delphiv1.ListResponse{}
+	for {
+		resp, err := api.List(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		all.Entries = append(all.Entries, resp.GetEntries()...)
+		all.Epoch, all.Revision, all.Synced = resp.GetEpoch(), resp.GetRevision(), resp.GetSynced()
+		if resp.GetNextPageToken() == "" {
+			return all, nil
+		}
+		req.PageToken = resp.GetNextPageToken()
+	}
 }

@@ -181,6 +181,10 @@ func (c *cli) writeDescription(w io.Writer, item *nimbusv1.ObjectWithStatus) err
 	if p.unnamed > 0 {
 		fmt.Fprintf(w, "%d more target %s reported nothing yet.\n", p.unnamed, plural(p.unnamed, "node has", "nodes have"))
 	}
+	if n := int(st.GetDetailsOmitted()); n > 0 {
+		fmt.Fprintf(w, "The messages and operational data of %d %s were left out: the object's statuses hold more than nimbus sends for one object (its --status-details-bytes).\n",
+			n, plural(n, "node", "nodes"))
+	}
 	return nil
 }
 

@@ -100,7 +100,8 @@ func (c *cli) list(ctx context.Context, kind nimbusv1.Kind, o getOptions) error 
 		return err
 	}
 	defer sess.Close()
-	resp, err := sess.nimbus.List(ctx, &nimbusv1.ListRequest{Kind: kind, Tenant: o.tenant, Namespace: o.namespace})
+	// Page by page: each fits the default receive limit, however large the objects.
+	resp, err := nimbusv1.ListAll(ctx, sess.nimbus, &nimbusv1.ListRequest{Kind: kind, Tenant: o.tenant, Namespace: o.namespace})
 	if err != nil {
 		return fmt.Errorf("listing %s objects: %w", kind.Name(), sess.rpcError(err))
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/naplesnet/naples/internal/codec"
 	"github.com/naplesnet/naples/internal/exitstatus"
 	"github.com/naplesnet/naples/internal/manifest"
+	"github.com/naplesnet/naples/internal/pki"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -142,6 +143,8 @@ type session struct {
 	conn   *grpc.ClientConn
 	// addr is the address, or the replicas' addresses, of --server.
 	addr address.List
+	// tls tells whether the connection is TLS, not --insecure.
+	tls bool
 }
 
 // connect returns a session with the server named by --server, or with one of the
@@ -162,7 +165,7 @@ func (c *cli) connect() (*session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connecting to nimbus at %s: %w", addr, err)
 	}
-	return &session{nimbus: nimbusv1.NewNimbusClient(conn), conn: conn, addr: addr}, nil
+	return &session{nimbus: nimbusv1.NewNimbusClient(conn), conn: conn, addr: addr, tls: !c.tls.insecure}, nil
 }
 
 // Close closes the connection.
@@ -176,13 +179,15 @@ func (s *session) rpcError(err error) error {
 	if !ok {
 		return err
 	}
-	return &statusError{st: st, addr: s.addr}
+	return &statusError{st: st, addr: s.addr, tls: s.tls}
 }
 
 // statusError is a gRPC status error of a call to the nimbus at addr.
 type statusError struct {
 	st   *status.Status
 	addr address.List
+	// tls tells whether naplesctl dialed with TLS, for the hint of a failed handshake.
+	tls bool
 }
 
 // Error returns the server's message, with the address or the code where they help.
@@ -191,6 +196,9 @@ func (e *statusError) Error() string {
 	case codes.InvalidArgument, codes.NotFound, codes.AlreadyExists, codes.FailedPrecondition:
 		return e.st.Message()
 	case codes.Unavailable:
+		if hint := pki.DialHint(e.st.Err(), e.tls); hint != "" {
+			return fmt.Sprintf("nimbus at %s is unavailable: %s (%s)", e.addr, hint, e.st.Message())
+		}
 		return fmt.Sprintf("nimbus at %s is unavailable: %s", e.addr, e.st.Message())
 	}
 	return fmt.Sprintf("%s (%s)", e.st.Message(), e.st.Code())

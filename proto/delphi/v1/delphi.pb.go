@@ -89,10 +89,20 @@ func (x *Entry) GetStatus() *v1.NodeStatus {
 	return nil
 }
 
+// ListRequest asks for one page of the entries of a kind, in key order. A page ends after
+// limit entries, or before the entry that would take it over the agent's page size in
+// bytes (naples-agent --local-api-page-bytes, 2 MiB by default; a page always holds at
+// least one entry), so that it fits a client's default 4 MiB receive limit. A client
+// lists everything by asking again with page_token set to the next_page_token of the
+// answer, until that is empty.
 type ListRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// kind filters by kind; KIND_UNSPECIFIED lists every kind.
-	Kind          v1.Kind `protobuf:"varint,1,opt,name=kind,proto3,enum=nimbus.v1.Kind" json:"kind,omitempty"`
+	Kind v1.Kind `protobuf:"varint,1,opt,name=kind,proto3,enum=nimbus.v1.Kind" json:"kind,omitempty"`
+	// limit bounds the entries of the page; 0 leaves only the agent's bound in bytes.
+	Limit uint32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	// page_token is the next_page_token of the previous page; empty for the first page.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -134,14 +144,31 @@ func (x *ListRequest) GetKind() v1.Kind {
 	return v1.Kind(0)
 }
 
+func (x *ListRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *ListRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Entries []*Entry               `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
-	// epoch and revision are the nimbus position delphi's desired objects correspond to.
+	// epoch and revision are the nimbus position delphi's desired objects correspond to,
+	// when the page was read.
 	Epoch    string `protobuf:"bytes,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	Revision uint64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
 	// synced is true once delphi holds a complete snapshot from nimbus (or restored one).
-	Synced        bool `protobuf:"varint,4,opt,name=synced,proto3" json:"synced,omitempty"`
+	Synced bool `protobuf:"varint,4,opt,name=synced,proto3" json:"synced,omitempty"`
+	// next_page_token continues the list after this page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,5,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -202,6 +229,13 @@ func (x *ListResponse) GetSynced() bool {
 		return x.Synced
 	}
 	return false
+}
+
+func (x *ListResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type GetRequest struct {
@@ -399,14 +433,18 @@ const file_delphi_v1_delphi_proto_rawDesc = "" +
 	"\x05Entry\x12&\n" +
 	"\x03key\x18\x01 \x01(\v2\x14.nimbus.v1.ObjectKeyR\x03key\x12)\n" +
 	"\x06object\x18\x02 \x01(\v2\x11.nimbus.v1.ObjectR\x06object\x12-\n" +
-	"\x06status\x18\x03 \x01(\v2\x15.nimbus.v1.NodeStatusR\x06status\"2\n" +
+	"\x06status\x18\x03 \x01(\v2\x15.nimbus.v1.NodeStatusR\x06status\"g\n" +
 	"\vListRequest\x12#\n" +
-	"\x04kind\x18\x01 \x01(\x0e2\x0f.nimbus.v1.KindR\x04kind\"\x84\x01\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x0f.nimbus.v1.KindR\x04kind\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\rR\x05limit\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"\xac\x01\n" +
 	"\fListResponse\x12*\n" +
 	"\aentries\x18\x01 \x03(\v2\x10.delphi.v1.EntryR\aentries\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\tR\x05epoch\x12\x1a\n" +
 	"\brevision\x18\x03 \x01(\x04R\brevision\x12\x16\n" +
-	"\x06synced\x18\x04 \x01(\bR\x06synced\"4\n" +
+	"\x06synced\x18\x04 \x01(\bR\x06synced\x12&\n" +
+	"\x0fnext_page_token\x18\x05 \x01(\tR\rnextPageToken\"4\n" +
 	"\n" +
 	"GetRequest\x12&\n" +
 	"\x03key\x18\x01 \x01(\v2\x14.nimbus.v1.ObjectKeyR\x03key\"5\n" +

@@ -1538,9 +1538,13 @@ type ObjectStatus struct {
 	StaleNodes int32 `protobuf:"varint,8,opt,name=stale_nodes,json=staleNodes,proto3" json:"stale_nodes,omitempty"`
 	// caught_up_time is when the last target node reported PROGRAMMED at the current
 	// generation; unset while any target node is not there yet.
-	CaughtUpTime  *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=caught_up_time,json=caughtUpTime,proto3" json:"caught_up_time,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	CaughtUpTime *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=caught_up_time,json=caughtUpTime,proto3" json:"caught_up_time,omitempty"`
+	// details_omitted is the number of nodes in nodes whose message and operational data
+	// were left out, because the object's statuses carry more of them than nimbus sends for
+	// one object (its --status-details-bytes).
+	DetailsOmitted int32 `protobuf:"varint,10,opt,name=details_omitted,json=detailsOmitted,proto3" json:"details_omitted,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ObjectStatus) Reset() {
@@ -1634,6 +1638,13 @@ func (x *ObjectStatus) GetCaughtUpTime() *timestamppb.Timestamp {
 		return x.CaughtUpTime
 	}
 	return nil
+}
+
+func (x *ObjectStatus) GetDetailsOmitted() int32 {
+	if x != nil {
+		return x.DetailsOmitted
+	}
+	return 0
 }
 
 // ObjectWithStatus pairs an object with its status, as Get and List return them.
@@ -2212,13 +2223,23 @@ func (x *GetResponse) GetItem() *ObjectWithStatus {
 	return nil
 }
 
+// ListRequest asks for one page of the objects that match its filters, in key order. A
+// page ends after limit items, or before the item that would take it over the server's
+// page size in bytes (--list-page-bytes, 2 MiB by default; a page always holds at least
+// one item), so that it fits a client's default 4 MiB receive limit. A client lists
+// everything by asking again with page_token set to the next_page_token of the answer,
+// until that is empty.
 type ListRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// kind filters by kind; KIND_UNSPECIFIED lists every kind.
 	Kind Kind `protobuf:"varint,1,opt,name=kind,proto3,enum=nimbus.v1.Kind" json:"kind,omitempty"`
 	// tenant and namespace filter when set.
-	Tenant        string `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
-	Namespace     string `protobuf:"bytes,3,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Tenant    string `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Namespace string `protobuf:"bytes,3,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// limit bounds the items of the page; 0 leaves only the server's bound in bytes.
+	Limit uint32 `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	// page_token is the next_page_token of the previous page; empty for the first page.
+	PageToken     string `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2274,10 +2295,28 @@ func (x *ListRequest) GetNamespace() string {
 	return ""
 }
 
+func (x *ListRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *ListRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Items         []*ObjectWithStatus    `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
-	Revision      uint64                 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Items []*ObjectWithStatus    `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
+	// revision is the store's revision the page was read at. Each page is read at its
+	// own: objects changed between two pages show as they are when their page is read.
+	Revision uint64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	// next_page_token continues the list after this page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,3,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2324,6 +2363,13 @@ func (x *ListResponse) GetRevision() uint64 {
 		return x.Revision
 	}
 	return 0
+}
+
+func (x *ListResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type WatchRequest struct {
@@ -3088,7 +3134,7 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\bterminal\x18\t \x01(\bR\bterminal\x1a>\n" +
 	"\x10OperationalEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xee\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x97\x03\n" +
 	"\fObjectStatus\x12+\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x15.nimbus.v1.NodeStatusR\x05nodes\x12!\n" +
 	"\ftarget_nodes\x18\x02 \x01(\x05R\vtargetNodes\x12)\n" +
@@ -3101,7 +3147,9 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\apending\x18\a \x03(\tR\apending\x12\x1f\n" +
 	"\vstale_nodes\x18\b \x01(\x05R\n" +
 	"staleNodes\x12@\n" +
-	"\x0ecaught_up_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\fcaughtUpTime\"n\n" +
+	"\x0ecaught_up_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\fcaughtUpTime\x12'\n" +
+	"\x0fdetails_omitted\x18\n" +
+	" \x01(\x05R\x0edetailsOmitted\"n\n" +
 	"\x10ObjectWithStatus\x12)\n" +
 	"\x06object\x18\x01 \x01(\v2\x11.nimbus.v1.ObjectR\x06object\x12/\n" +
 	"\x06status\x18\x02 \x01(\v2\x17.nimbus.v1.ObjectStatusR\x06status\"9\n" +
@@ -3133,14 +3181,18 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"GetRequest\x12&\n" +
 	"\x03key\x18\x01 \x01(\v2\x14.nimbus.v1.ObjectKeyR\x03key\">\n" +
 	"\vGetResponse\x12/\n" +
-	"\x04item\x18\x01 \x01(\v2\x1b.nimbus.v1.ObjectWithStatusR\x04item\"h\n" +
+	"\x04item\x18\x01 \x01(\v2\x1b.nimbus.v1.ObjectWithStatusR\x04item\"\x9d\x01\n" +
 	"\vListRequest\x12#\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x0f.nimbus.v1.KindR\x04kind\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x1c\n" +
-	"\tnamespace\x18\x03 \x01(\tR\tnamespace\"]\n" +
+	"\tnamespace\x18\x03 \x01(\tR\tnamespace\x12\x14\n" +
+	"\x05limit\x18\x04 \x01(\rR\x05limit\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x05 \x01(\tR\tpageToken\"\x85\x01\n" +
 	"\fListResponse\x121\n" +
 	"\x05items\x18\x01 \x03(\v2\x1b.nimbus.v1.ObjectWithStatusR\x05items\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x04R\brevision\"T\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\x12&\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"T\n" +
 	"\fWatchRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\tR\x05epoch\x12\x1a\n" +

@@ -1,0 +1,56 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/naplesnet/naples/nimbus"
+)
+
+// addLimitFlags adds the flags of nimbus's limits (docs/limits.md) to fs, setting l.
+func addLimitFlags(fs *flag.FlagSet, l *nimbus.Limits) {
+	for _, f := range []struct {
+		name, usage string
+		v           *int
+		def         int
+	}{
+		{"max-streams-per-node", "Watch and ReportStatus `streams` each that one node certificate may have open", &l.NodeStreams, nimbus.DefaultNodeStreams},
+		{"max-streams-per-publisher", "Watch and WatchStatus `streams` each that one publisher certificate may have open", &l.PublisherStreams, nimbus.DefaultPublisherStreams},
+		{"max-object-bytes", "`bytes` an object may have as sent to Apply; larger ones are refused", &l.ObjectBytes, nimbus.DefaultObjectBytes},
+		{"list-page-bytes", "`bytes` of one List page; a page always holds one object at least", &l.ListPageBytes, nimbus.DefaultListPageBytes},
+		{"max-status-message-bytes", "`bytes` a node status's message may have; longer ones are cut and marked", &l.StatusMessageBytes, nimbus.DefaultStatusMessageBytes},
+		{"max-status-reason-bytes", "`bytes` a node status's reason may have; longer ones are cut and marked", &l.StatusReasonBytes, nimbus.DefaultStatusReasonBytes},
+		{"max-status-operational-entries", "operational `entries` a node status may have; the ones after, in key order, are dropped", &l.StatusOperationalEntries, nimbus.DefaultStatusOperationalEntries},
+		{"max-status-operational-key-bytes", "`bytes` an operational key may have; entries with longer ones are dropped", &l.StatusOperationalKeyBytes, nimbus.DefaultStatusOperationalKeyBytes},
+		{"max-status-operational-value-bytes", "`bytes` an operational value may have; longer ones are cut and marked", &l.StatusOperationalValueBytes, nimbus.DefaultStatusOperationalValueBytes},
+		{"max-status-operational-bytes", "`bytes` of a node status's operational keys and values together; entries beyond are dropped", &l.StatusOperationalBytes, nimbus.DefaultStatusOperationalBytes},
+		{"status-details-bytes", "`bytes` of node messages and operational data one object's status carries in Get, List and WatchStatus; further nodes go without", &l.StatusDetailsBytes, nimbus.DefaultStatusDetailsBytes},
+	} {
+		*f.v = f.def
+		fs.Func(f.name, fmt.Sprintf("%s (default %d)", f.usage, f.def), func(s string) error {
+			n, err := strconv.Atoi(s)
+			switch {
+			case err != nil:
+				return fmt.Errorf("%q: want a whole number: %w", s, err)
+			case n < 1:
+				return fmt.Errorf("%d: must be at least 1", n)
+			}
+			*f.v = n
+			return nil
+		})
+	}
+	l.RefusalLogInterval = nimbus.DefaultRefusalLogInterval
+	fs.Func("refusal-log-interval", fmt.Sprintf("log a refused stream, call or TLS handshake at most once per client and `interval`, counting the rest (default %v)", nimbus.DefaultRefusalLogInterval), func(s string) error {
+		d, err := time.ParseDuration(s)
+		switch {
+		case err != nil:
+			return fmt.Errorf("%q: want a duration such as 1m: %w", s, err)
+		case d <= 0:
+			return fmt.Errorf("%v: must be positive", d)
+		}
+		l.RefusalLogInterval = d
+		return nil
+	})
+}

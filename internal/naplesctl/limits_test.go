@@ -1,0 +1,83 @@
+package naplesctl
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/naplesnet/naples/delphi"
+	"github.com/naplesnet/naples/nimbus"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// largeRoute returns a Route whose label makes it just under nimbus's object size limit.
+func largeRoute(name string) *nimbusv1.Object {
+	return &nimbusv1.Object{
+		Meta: &nimbusv1.ObjectMeta{Name: name, Labels: map[string]string{"pad": strings.Repeat("x", nimbus.DefaultObjectBytes-200)}},
+		Spec: &nimbusv1.Object_Route{Route: &nimbusv1.RouteSpec{
+			Table: 100, Prefix: "10.1.0.0/16", Nexthops: []*nimbusv1.NextHop{{Gateway: "192.0.2.1"}},
+		}},
+	}
+}
+
+// TestGetListsLargeObjects is issue 19's defect 3: a kind whose objects together are far
+// more than a 4 MiB message stays listable, page by page.
+func TestGetListsLargeObjects(t *testing.T) {
+	e := newEnv(t)
+	for i := range 10 {
+		if _, err := e.nimbus.Apply(t.Context(), &nimbusv1.ApplyRequest{Object: largeRoute(fmt.Sprintf("big-%d", i))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := e.ok("get", "routes")
+	for i := range 10 {
+		if !strings.Contains(out, fmt.Sprintf("big-%d ", i)) {
+			t.Errorf("get routes does not list big-%d:\n%s", i, out)
+		}
+	}
+	if rows := strings.Count(out, "\n") - 1; rows != 10 {
+		t.Errorf("get routes printed %d rows, want 10", rows)
+	}
+}
+
+// TestDelphiListsLargeObjects is issue 19's defect 3 for the agent's local API: a kind of
+// many objects each just under nimbus's limit stays readable with `delphi list`.
+func TestDelphiListsLargeObjects(t *testing.T) {
+	a := newAgentEnv(t)
+	a.commit(func(txn *delphi.DesiredTxn) {
+		for i := range 10 {
+			o := largeRoute(fmt.Sprintf("big-%d", i))
+			o.Meta.Tenant, o.Meta.Namespace, o.Meta.Generation = "default", "default", 1
+			txn.Put(o)
+		}
+	})
+	out := a.ok("delphi", "list", "routes")
+	for i := range 10 {
+		if !strings.Contains(out, fmt.Sprintf("big-%d ", i)) {
+			t.Errorf("delphi list routes does not list big-%d:\n%s", i, out)
+		}
+	}
+	if rows := strings.Count(out, "\n") - 2; rows != 10 {
+		t.Errorf("delphi list routes printed %d rows, want 10", rows)
+	}
+}
+
+// TestDescribeSaysDetailsOmitted shows that describe says when nimbus left the messages
+// of some nodes out of an object's status, rather than showing them as empty.
+func TestDescribeSaysDetailsOmitted(t *testing.T) {
+	e := newEnvWith(t, nimbus.Options{Now: func() time.Time { return created }, Limits: nimbus.Limits{StatusDetailsBytes: 100}})
+	route := &nimbusv1.Object{
+		Meta: &nimbusv1.ObjectMeta{Name: "r1", Nodes: []string{"n1", "n2"}},
+		Spec: &nimbusv1.Object_Route{Route: &nimbusv1.RouteSpec{Table: 100, Prefix: "10.1.0.0/16", Nexthops: []*nimbusv1.NextHop{{Gateway: "192.0.2.1"}}}},
+	}
+	if _, err := e.nimbus.Apply(t.Context(), &nimbusv1.ApplyRequest{Object: route}); err != nil {
+		t.Fatal(err)
+	}
+	e.report("r1", "n1", 1, nimbusv1.Phase_PHASE_FAILED, "KernelError", strings.Repeat("a", 80))
+	e.report("r1", "n2", 1, nimbusv1.Phase_PHASE_FAILED, "KernelError", strings.Repeat("b", 80))
+	out := e.ok("describe", "route", "r1")
+	if !strings.Contains(out, "of 1 node were left out") || !strings.Contains(out, "--status-details-bytes") {
+		t.Errorf("describe does not say the details of 1 node were left out:\n%s", out)
+	}
+}

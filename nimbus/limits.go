@@ -1,0 +1,331 @@
+package nimbus
+
+import (
+	"encoding/base64"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// Defaults of Limits.
+const (
+	// DefaultStatusMessageBytes is the default of Limits.StatusMessageBytes.
+	DefaultStatusMessageBytes = 1 << 10
+	// DefaultStatusReasonBytes is the default of Limits.StatusReasonBytes.
+	DefaultStatusReasonBytes = 64
+	// DefaultStatusOperationalEntries is the default of Limits.StatusOperationalEntries.
+	DefaultStatusOperationalEntries = 32
+	// DefaultStatusOperationalKeyBytes is the default of Limits.StatusOperationalKeyBytes.
+	DefaultStatusOperationalKeyBytes = 64
+	// DefaultStatusOperationalValueBytes is the default of Limits.StatusOperationalValueBytes.
+	DefaultStatusOperationalValueBytes = 256
+	// DefaultStatusOperationalBytes is the default of Limits.StatusOperationalBytes.
+	DefaultStatusOperationalBytes = 2 << 10
+	// DefaultStatusDetailsBytes is the default of Limits.StatusDetailsBytes.
+	DefaultStatusDetailsBytes = 1 << 20
+	// DefaultObjectBytes is the default of Limits.ObjectBytes.
+	DefaultObjectBytes = 1 << 20
+	// DefaultListPageBytes is the default of Limits.ListPageBytes.
+	DefaultListPageBytes = 2 << 20
+	// DefaultNodeStreams is the default of Limits.NodeStreams.
+	DefaultNodeStreams = 16
+	// DefaultPublisherStreams is the default of Limits.PublisherStreams.
+	DefaultPublisherStreams = 64
+	// DefaultRefusalLogInterval is the default of Limits.RefusalLogInterval.
+	DefaultRefusalLogInterval = time.Minute
+)
+
+// Limits bound what one client can make a Server hold or send. Every limit has a default;
+// a zero field takes it, a negative one is refused. docs/limits.md lists them with the
+// flags of cmd/nimbus and the metrics that show them being hit.
+type Limits struct {
+	// NodeStreams bounds the streams of each method (Watch, ReportStatus) a node
+	// certificate may have open at once, with TLS; see streams.go. Default:
+	// DefaultNodeStreams (16).
+	NodeStreams int
+	// PublisherStreams bounds the streams of each method (Watch, WatchStatus) a publisher
+	// certificate may have open at once, with TLS. Default: DefaultPublisherStreams (64).
+	PublisherStreams int
+	// RefusalLogInterval is how often at most a refusal is logged per client identity
+	// (or, for a refused TLS handshake, per peer host and reason); the next line says how
+	// many were refused meanwhile. Default: DefaultRefusalLogInterval (1m).
+	RefusalLogInterval time.Duration
+	// ObjectBytes bounds the encoded size of an object, as the client sends it to Apply
+	// or ApplyBatch: a larger one is refused with codes.InvalidArgument naming it, its
+	// size and the limit. Default: DefaultObjectBytes (1 MiB), so that an object with its
+	// status fits every reader's default 4 MiB receive limit: naplesctl, controllers,
+	// the agents' watch and the agents' local API.
+	ObjectBytes int
+	// ListPageBytes bounds a page of List in bytes: a page ends before the item that
+	// would take it beyond, and always holds at least one. Default: DefaultListPageBytes
+	// (2 MiB), which with the largest object and status stays below 4 MiB.
+	ListPageBytes int
+	// StatusMessageBytes bounds the message of a node's status: a longer one is cut to
+	// fit and ends with "… [truncated N bytes]". Default: DefaultStatusMessageBytes
+	// (1 KiB), which holds any kernel error.
+	StatusMessageBytes int
+	// StatusReasonBytes bounds the reason of a node's status, a short CamelCase cause,
+	// as StatusMessageBytes bounds the message. Default: DefaultStatusReasonBytes (64).
+	StatusReasonBytes int
+	// StatusOperationalEntries bounds the entries of a status's operational data: the
+	// ones after the first that many, in key order, are dropped. Default:
+	// DefaultStatusOperationalEntries (32).
+	StatusOperationalEntries int
+	// StatusOperationalKeyBytes bounds an operational key: an entry with a longer one is
+	// dropped. Default: DefaultStatusOperationalKeyBytes (64).
+	StatusOperationalKeyBytes int
+	// StatusOperationalValueBytes bounds an operational value: a longer one is cut to fit
+	// and ends with the truncation marker. Default: DefaultStatusOperationalValueBytes (256).
+	StatusOperationalValueBytes int
+	// StatusOperationalBytes bounds the keys and values of a status's operational data
+	// together: the entries, in key order, that would go beyond are dropped. Default:
+	// DefaultStatusOperationalBytes (2 KiB).
+	StatusOperationalBytes int
+	// StatusDetailsBytes bounds the messages and operational data of the node statuses
+	// that one object's status carries in Get, List and WatchStatus: taking the nodes in
+	// order, a node whose details would take the sum beyond that goes without them, and
+	// ObjectStatus.details_omitted counts those nodes. The rest of every node's status
+	// (phase, reason, generation, time) is always there, so with the defaults an object's
+	// status stays below 2.5 MiB up to some 10,000 nodes, and fits a 4 MiB message with
+	// a 1 MiB object. Default: DefaultStatusDetailsBytes (1 MiB).
+	StatusDetailsBytes int
+}
+
+// withDefaults returns the limits with every zero field at its default, or an error naming
+// a negative one.
+func (l Limits) withDefaults() (Limits, error) {
+	for _, f := range []struct {
+		name string
+		v    *int
+		def  int
+	}{
+		{"NodeStreams", &l.NodeStreams, DefaultNodeStreams},
+		{"PublisherStreams", &l.PublisherStreams, DefaultPublisherStreams},
+		{"ObjectBytes", &l.ObjectBytes, DefaultObjectBytes},
+		{"ListPageBytes", &l.ListPageBytes, DefaultListPageBytes},
+		{"StatusMessageBytes", &l.StatusMessageBytes, DefaultStatusMessageBytes},
+		{"StatusReasonBytes", &l.StatusReasonBytes, DefaultStatusReasonBytes},
+		{"StatusOperationalEntries", &l.StatusOperationalEntries, DefaultStatusOperationalEntries},
+		{"StatusOperationalKeyBytes", &l.StatusOperationalKeyBytes, DefaultStatusOperationalKeyBytes},
+		{"StatusOperationalValueBytes", &l.StatusOperationalValueBytes, DefaultStatusOperationalValueBytes},
+		{"StatusOperationalBytes", &l.StatusOperationalBytes, DefaultStatusOperationalBytes},
+		{"StatusDetailsBytes", &l.StatusDetailsBytes, DefaultStatusDetailsBytes},
+	} {
+		switch {
+		case *f.v < 0:
+			return l, fmt.Errorf("Limits.%s %d: must not be negative: %w", f.name, *f.v, ErrInvalidOptions)
+		case *f.v == 0:
+			*f.v = f.def
+		}
+	}
+	switch {
+	case l.RefusalLogInterval < 0:
+		return l, fmt.Errorf("Limits.RefusalLogInterval %v: must not be negative: %w", l.RefusalLogInterval, ErrInvalidOptions)
+	case l.RefusalLogInterval == 0:
+		l.RefusalLogInterval = DefaultRefusalLogInterval
+	}
+	return l, nil
+}
+
+// Values of the field label of naples_nimbus_status_truncated_total: what of a status
+// report was cut or dropped to fit Limits.
+const (
+	truncatedMessage          = "message"
+	truncatedReason           = "reason"
+	truncatedOperationalEntry = "operational_entries"
+	truncatedOperationalKey   = "operational_key"
+	truncatedOperationalValue = "operational_value"
+	truncatedOperationalBytes = "operational_bytes"
+)
+
+// truncatedFields are the values of the field label, each present from the start.
+var truncatedFields = []string{
+	truncatedMessage, truncatedReason, truncatedOperationalEntry,
+	truncatedOperationalKey, truncatedOperationalValue, truncatedOperationalBytes,
+}
+
+// OperationalTruncatedKey is the operational entry that a status whose operational data
+// was cut to fit Limits carries, saying how many entries were dropped.
+const OperationalTruncatedKey = "nimbus.truncated"
+
+// boundStatus cuts the status, which the caller owns, to fit the limits, and returns the
+// fields it cut (truncated* values), or none.
+func (l *Limits) boundStatus(st *nimbusv1.NodeStatus) []string {
+	var cut []string
+	if s, ok := truncate(st.GetMessage(), l.StatusMessageBytes); ok {
+		st.Message = s
+		cut = append(cut, truncatedMessage)
+	}
+	if s, ok := truncate(st.GetReason(), l.StatusReasonBytes); ok {
+		st.Reason = s
+		cut = append(cut, truncatedReason)
+	}
+	op := st.GetOperational()
+	if len(op) == 0 {
+		return cut
+	}
+	// The marker of an earlier cut, such as a peer replica's, does not count against
+	// the limits, so that a status cut once is not cut again.
+	marker, marked := op[OperationalTruncatedKey]
+	size, entries := 0, 0
+	for k, v := range op {
+		if k != OperationalTruncatedKey {
+			size += len(k) + len(v)
+			entries++
+		}
+	}
+	if entries <= l.StatusOperationalEntries && size <= l.StatusOperationalBytes && !l.oversizedEntry(op) {
+		return cut
+	}
+	kept := make(map[string]string, min(len(op), l.StatusOperationalEntries+1))
+	size, dropped := 0, 0
+	var reasons [4]bool // entries, key, value, bytes
+	for _, k := range slices.Sorted(maps.Keys(op)) {
+		v := op[k]
+		switch {
+		case k == OperationalTruncatedKey:
+			continue
+		case len(k) > l.StatusOperationalKeyBytes:
+			reasons[1] = true
+			dropped++
+			continue
+		case len(kept) == l.StatusOperationalEntries:
+			reasons[0] = true
+			dropped++
+			continue
+		}
+		if t, ok := truncate(v, l.StatusOperationalValueBytes); ok {
+			v = t
+			reasons[2] = true
+		}
+		if size+len(k)+len(v) > l.StatusOperationalBytes {
+			reasons[3] = true
+			dropped++
+			continue
+		}
+		kept[k] = v
+		size += len(k) + len(v)
+	}
+	for i, f := range []string{truncatedOperationalEntry, truncatedOperationalKey, truncatedOperationalValue, truncatedOperationalBytes} {
+		if reasons[i] {
+			cut = append(cut, f)
+		}
+	}
+	switch {
+	case dropped > 0:
+		kept[OperationalTruncatedKey] = strconv.Itoa(dropped) + " entries dropped over nimbus's limits"
+	case marked:
+		kept[OperationalTruncatedKey], _ = truncate(marker, l.StatusOperationalValueBytes)
+	}
+	st.Operational = kept
+	return cut
+}
+
+// oversizedEntry tells whether an operational entry has a key or a value over the limits.
+func (l *Limits) oversizedEntry(op map[string]string) bool {
+	for k, v := range op {
+		if len(k) > l.StatusOperationalKeyBytes || len(v) > l.StatusOperationalValueBytes {
+			return true
+		}
+	}
+	return false
+}
+
+// truncate returns s cut to at most limit bytes, at a character boundary, ending with
+// "… [truncated N bytes]" where N is the number of bytes cut, and true; or s and false
+// when it fits. A limit too small for the marker gets the cut string alone.
+func truncate(s string, limit int) (string, bool) {
+	if len(s) <= limit {
+		return s, false
+	}
+	const markerRoom = len("… [truncated  bytes]") + 20 // the widest count an int has
+	keep := max(limit-markerRoom, 0)
+	if limit < markerRoom {
+		keep = limit
+	}
+	for keep > 0 && !utf8.RuneStart(s[keep]) {
+		keep--
+	}
+	if limit < markerRoom {
+		return strings.Clone(s[:keep]), true
+	}
+	// The concatenation copies: the long string is not held on to by the short one.
+	return s[:keep] + "… [truncated " + strconv.Itoa(len(s)-keep) + " bytes]", true
+}
+
+// statusDetailsSize returns the bytes of a node status's message and operational data.
+func statusDetailsSize(ns *nimbusv1.NodeStatus) int {
+	n := len(ns.GetMessage())
+	for k, v := range ns.GetOperational() {
+		n += len(k) + len(v)
+	}
+	return n
+}
+
+// withoutDetails returns a copy of the node status without message and operational data.
+func withoutDetails(ns *nimbusv1.NodeStatus) *nimbusv1.NodeStatus {
+	c := proto.CloneOf(ns)
+	c.Message, c.Operational = "", nil
+	return c
+}
+
+// checkObjectSize returns the refusal of an object larger than Limits.ObjectBytes, which
+// names it, its size and the limit, and counts it; nil when it fits.
+func (s *Server) checkObjectSize(in *nimbusv1.Object) error {
+	n, limit := in.SizeVT(), s.opts.Limits.ObjectBytes
+	if n <= limit {
+		return nil
+	}
+	s.metrics.objectsTooLarge.Inc()
+	return fmt.Errorf("object %s: %d bytes, over the limit of %d bytes (nimbus --max-object-bytes)", in.Key().ID(), n, limit)
+}
+
+// listPage is one page of a List under way: the items that fit in Limits.ListPageBytes
+// and the request's limit.
+type listPage struct {
+	resp  *nimbusv1.ListResponse
+	bytes int
+	// limit and pageBytes are the bounds of the page.
+	limit, pageBytes int
+	// last is the key ID of the last item added.
+	last string
+}
+
+// add adds the item with the key ID to the page, or, when the page is full, ends it with
+// the token of the next page and reports false.
+func (p *listPage) add(id string, item *nimbusv1.ObjectWithStatus) bool {
+	n := item.SizeVT()
+	n += protowire.SizeTag(1) + protowire.SizeVarint(uint64(n))
+	if len(p.resp.Items) > 0 && ((p.limit > 0 && len(p.resp.Items) == p.limit) || p.bytes+n > p.pageBytes) {
+		p.resp.NextPageToken = pageToken(p.last)
+		return false
+	}
+	p.resp.Items = append(p.resp.Items, item)
+	p.bytes += n
+	p.last = id
+	return true
+}
+
+// pageToken returns the token of the page after the object with the key ID.
+func pageToken(id string) string { return base64.RawURLEncoding.EncodeToString([]byte(id)) }
+
+// parsePageToken returns the key ID a page token continues after; "" for the first page.
+func parsePageToken(token string) (string, error) {
+	if token == "" {
+		return "", nil
+	}
+	id, err := base64.RawURLEncoding.DecodeString(token)
+	if err != nil || !utf8.Valid(id) {
+		return "", &nimbusv1.FieldError{Field: "page_token", Value: token, Reason: "not a next_page_token of nimbus"}
+	}
+	return string(id), nil
+}
