@@ -63,6 +63,7 @@ func ExampleEncode() {
 	//   table: 100
 	// status:
 	//   currentNodes: 0
+	//   detailsOmitted: 0
 	//   failedNodes: 0
 	//   generation: "0"
 	//   nodes:
