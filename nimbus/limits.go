@@ -40,6 +40,17 @@ const (
 	DefaultNodeStreams = 16
 	// DefaultPublisherStreams is the default of Limits.PublisherStreams.
 	DefaultPublisherStreams = 64
+	// DefaultStatusReportBytesPerSecond is the default of Limits.StatusReportBytesPerSecond.
+	DefaultStatusReportBytesPerSecond = 16 << 20
+	// DefaultStatusReportBurstBytes is the default of Limits.StatusReportBurstBytes.
+	DefaultStatusReportBurstBytes = 64 << 20
+	// DefaultNodeStreamStarts is the default of Limits.NodeStreamStarts.
+	DefaultNodeStreamStarts = 10
+	// DefaultPublisherStreamStarts is the default of Limits.PublisherStreamStarts.
+	DefaultPublisherStreamStarts = 100
+	// StreamStartBurstSeconds is how many seconds' worth of stream starts an identity may
+	// make at once: its burst is this times its rate.
+	StreamStartBurstSeconds = 5
 	// DefaultRefusalLogInterval is the default of Limits.RefusalLogInterval.
 	DefaultRefusalLogInterval = time.Minute
 )
@@ -55,6 +66,25 @@ type Limits struct {
 	// PublisherStreams bounds the streams of each method (Watch, WatchStatus) a publisher
 	// certificate may have open at once, with TLS. Default: DefaultPublisherStreams (64).
 	PublisherStreams int
+	// StatusReportBytesPerSecond bounds the rate of the status reports one node
+	// certificate streams, in encoded bytes per second over all its ReportStatus streams
+	// together; see rates.go. A stream over it waits before its next report is read, so
+	// that gRPC's flow control holds the node back. Default:
+	// DefaultStatusReportBytesPerSecond (16 MiB/s).
+	StatusReportBytesPerSecond int
+	// StatusReportBurstBytes is how many bytes of reports a node certificate may send at
+	// once before StatusReportBytesPerSecond holds it back. Default:
+	// DefaultStatusReportBurstBytes (64 MiB): an agent reporting 100,000 statuses at once
+	// sends some 14 MB (about 140 bytes a report), and is not held back.
+	StatusReportBurstBytes int
+	// NodeStreamStarts bounds the streams (Watch, ReportStatus) a node certificate may
+	// start per second, with TLS, StreamStartBurstSeconds' worth at once; one more is
+	// refused with codes.ResourceExhausted. Default: DefaultNodeStreamStarts (10).
+	NodeStreamStarts int
+	// PublisherStreamStarts bounds the streams (Watch, WatchStatus) a publisher
+	// certificate may start per second, as NodeStreamStarts. Default:
+	// DefaultPublisherStreamStarts (100).
+	PublisherStreamStarts int
 	// RefusalLogInterval is how often at most a refusal is logged per client identity
 	// (or, for a refused TLS handshake, per peer host and reason); the next line says how
 	// many were refused meanwhile. Default: DefaultRefusalLogInterval (1m).
@@ -110,6 +140,10 @@ func (l Limits) withDefaults() (Limits, error) {
 	}{
 		{"NodeStreams", &l.NodeStreams, DefaultNodeStreams},
 		{"PublisherStreams", &l.PublisherStreams, DefaultPublisherStreams},
+		{"StatusReportBytesPerSecond", &l.StatusReportBytesPerSecond, DefaultStatusReportBytesPerSecond},
+		{"StatusReportBurstBytes", &l.StatusReportBurstBytes, DefaultStatusReportBurstBytes},
+		{"NodeStreamStarts", &l.NodeStreamStarts, DefaultNodeStreamStarts},
+		{"PublisherStreamStarts", &l.PublisherStreamStarts, DefaultPublisherStreamStarts},
 		{"ObjectBytes", &l.ObjectBytes, DefaultObjectBytes},
 		{"ListPageBytes", &l.ListPageBytes, DefaultListPageBytes},
 		{"StatusMessageBytes", &l.StatusMessageBytes, DefaultStatusMessageBytes},

@@ -255,7 +255,7 @@ func New(opts Options) (*Server, error) {
 		}
 		return nil, fmt.Errorf("creating nimbus server: %w", err)
 	}
-	streams, unregisterStreams, err := newStreamLimiter(&s.opts.Limits, opts.Registerer)
+	streams, unregisterStreams, err := newStreamLimiter(&s.opts.Limits, opts.Now, opts.Registerer)
 	if err != nil {
 		s.metrics.unregister()
 		if s.disk != nil {

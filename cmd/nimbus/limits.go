@@ -18,6 +18,10 @@ func addLimitFlags(fs *flag.FlagSet, l *nimbus.Limits) {
 	}{
 		{"max-streams-per-node", "Watch and ReportStatus `streams` each that one node certificate may have open", &l.NodeStreams, nimbus.DefaultNodeStreams},
 		{"max-streams-per-publisher", "Watch and WatchStatus `streams` each that one publisher certificate may have open", &l.PublisherStreams, nimbus.DefaultPublisherStreams},
+		{"stream-starts-per-node", fmt.Sprintf("Watch and ReportStatus `streams` that one node certificate may start per second, %d seconds' worth at once", nimbus.StreamStartBurstSeconds), &l.NodeStreamStarts, nimbus.DefaultNodeStreamStarts},
+		{"stream-starts-per-publisher", fmt.Sprintf("Watch and WatchStatus `streams` that one publisher certificate may start per second, %d seconds' worth at once", nimbus.StreamStartBurstSeconds), &l.PublisherStreamStarts, nimbus.DefaultPublisherStreamStarts},
+		{"status-report-bytes-per-second", "`bytes` of status reports one node certificate may send per second over all its streams; beyond, its streams wait", &l.StatusReportBytesPerSecond, nimbus.DefaultStatusReportBytesPerSecond},
+		{"status-report-burst-bytes", "`bytes` of status reports one node certificate may send at once before --status-report-bytes-per-second holds it back", &l.StatusReportBurstBytes, nimbus.DefaultStatusReportBurstBytes},
 		{"max-object-bytes", "`bytes` an object may have as sent to Apply; larger ones are refused", &l.ObjectBytes, nimbus.DefaultObjectBytes},
 		{"list-page-bytes", "`bytes` of one List page; a page always holds one object at least", &l.ListPageBytes, nimbus.DefaultListPageBytes},
 		{"max-status-message-bytes", "`bytes` a node status's message may have; longer ones are cut and marked", &l.StatusMessageBytes, nimbus.DefaultStatusMessageBytes},
