@@ -1,6 +1,8 @@
 package nimbus
 
 import (
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -23,11 +25,14 @@ import (
 //     may cost a snapshot, so a loop of watches opened and closed cannot make nimbus
 //     send snapshots without end.
 //   - status report bytes, for node certificates: Limits.StatusReportBytesPerSecond, up
-//     to Limits.StatusReportBurstBytes at once. A ReportStatus stream takes each report's
-//     encoded size from the bucket once it has read it, which may put the bucket in debt,
-//     and while the bucket is in debt every stream of the node waits before it reads its
-//     next report: the reports read are recorded meanwhile, and gRPC's flow control holds
-//     the node back rather than nimbus buffering what it sends.
+//     to Limits.StatusReportBurstBytes at once. Before a ReportStatus stream reads a
+//     report it waits while the bucket is in debt, then takes from it the size of the
+//     largest report the node has sent, and once it has read the report pays what that
+//     one used instead: of the many streams of a node that sends large reports only as
+//     many read at once as the burst pays for, the others wait, and gRPC's flow control
+//     (a window of 1 MiB a stream) holds the node back rather than nimbus buffering what
+//     it sends. The first reports of each stream are read before the node's size is
+//     known: at most Limits.NodeStreams of 16 MiB each.
 //
 // An identity's buckets are freed when it has no streams open and they have refilled,
 // so that many certificates that come and go leave nothing behind. Replicas' peer pushes
@@ -36,12 +41,15 @@ import (
 // identityRates are the token buckets of one identity. Its fields are guarded by the
 // streamLimiter's mu; the buckets have locks of their own.
 type identityRates struct {
-	// streams counts the identity's open streams, of every method.
-	streams int
+	// streams counts the identity's open streams, of every method; held its refusals
+	// waiting out Limits.RefusalDelay.
+	streams, held int
 	// starts is the bucket of stream starts.
 	starts *rate.Limiter
 	// reports is the bucket of status report bytes; nil but for nodes.
-	reports *rate.Limiter
+	reports *byteBucket
+	// largest is the size of the largest report the identity has sent.
+	largest atomic.Int64
 }
 
 // newIdentityRates returns full buckets for an identity of the role.
@@ -52,7 +60,7 @@ func newIdentityRates(role pki.Role, l *Limits) *identityRates {
 	}
 	r := &identityRates{starts: rate.NewLimiter(rate.Limit(perSecond), perSecond*StreamStartBurstSeconds)}
 	if role == pki.RoleNode {
-		r.reports = rate.NewLimiter(rate.Limit(l.StatusReportBytesPerSecond), l.StatusReportBurstBytes)
+		r.reports = newByteBucket(l.StatusReportBytesPerSecond, l.StatusReportBurstBytes)
 	}
 	return r
 }
@@ -60,8 +68,7 @@ func newIdentityRates(role pki.Role, l *Limits) *identityRates {
 // refilled tells whether the identity's buckets are full at now: forgetting them then
 // changes nothing.
 func (r *identityRates) refilled(now time.Time) bool {
-	full := func(b *rate.Limiter) bool { return b == nil || b.TokensAt(now) >= float64(b.Burst()) }
-	return full(r.starts) && full(r.reports)
+	return r.starts.TokensAt(now) >= float64(r.starts.Burst()) && (r.reports == nil || r.reports.full(now))
 }
 
 // refillPeriod returns the time an empty bucket of the limits takes to fill.
@@ -70,39 +77,103 @@ func (l *Limits) refillPeriod() time.Duration {
 	return max(StreamStartBurstSeconds*time.Second, reports)
 }
 
+// byteBucket is a token bucket of bytes that may go into debt, and that takes back what
+// was taken for more than was used. Its methods are safe for concurrent use.
+type byteBucket struct {
+	perSecond float64
+	burst     float64
+
+	// mu guards tokens and last.
+	mu     sync.Mutex
+	tokens float64
+	last   time.Time
+}
+
+func newByteBucket(perSecond, burst int) *byteBucket {
+	return &byteBucket{perSecond: float64(perSecond), burst: float64(burst), tokens: float64(burst)}
+}
+
+// refillLocked adds what the bucket earned since last.
+func (b *byteBucket) refillLocked(now time.Time) {
+	if !b.last.IsZero() && now.After(b.last) {
+		b.tokens = min(b.burst, b.tokens+now.Sub(b.last).Seconds()*b.perSecond)
+	}
+	if b.last.IsZero() || now.After(b.last) {
+		b.last = now
+	}
+}
+
+// debt returns how long the bucket takes, from now, to be out of debt; 0 when it is not
+// in debt.
+func (b *byteBucket) debt(now time.Time) time.Duration {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refillLocked(now)
+	if b.tokens >= 0 {
+		return 0
+	}
+	return time.Duration(-b.tokens / b.perSecond * float64(time.Second))
+}
+
+// take takes n bytes, going into debt if need be; a negative n gives -n back, up to the
+// burst.
+func (b *byteBucket) take(now time.Time, n int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refillLocked(now)
+	b.tokens = min(b.burst, b.tokens-float64(n))
+}
+
+// full tells whether the bucket holds its burst at now.
+func (b *byteBucket) full(now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refillLocked(now)
+	return b.tokens >= b.burst
+}
+
 // throttledStream is a ReportStatus stream of a node that, before it reads a report,
-// waits while the node's bucket of report bytes is in debt: the reports read before, on
-// any of the node's streams, are paid for first.
+// waits while the node's bucket of report bytes is in debt, and then takes from it the
+// size of the largest report the node has sent: the reports read before, on any of the
+// node's streams, are paid for first, and of the many streams of a node that sends large
+// reports only as many read at once as the burst pays for. Once it has read the report
+// it pays what the report used instead.
 type throttledStream struct {
 	grpc.ServerStream
-	reports *rate.Limiter
+	rates   *identityRates
 	limiter *streamLimiter
 }
 
-// RecvMsg waits for the bucket, then reads the next report and takes its size from it.
+// RecvMsg waits for the bucket, then reads the next report and pays for it.
 func (t *throttledStream) RecvMsg(m any) error {
+	bucket := t.rates.reports
 	for waited := false; ; waited = true {
-		tokens := t.reports.TokensAt(t.limiter.now())
-		if tokens >= 0 {
+		d := bucket.debt(t.limiter.now())
+		if d == 0 {
 			break
 		}
 		if !waited {
 			t.limiter.throttled.Inc()
 		}
-		if err := t.pause(time.Duration(-tokens / float64(t.reports.Limit()) * float64(time.Second))); err != nil {
+		if err := t.pause(d); err != nil {
 			return err
 		}
 	}
+	// A report larger than the burst (a limit set below gRPC's 16 MiB) takes the burst.
+	ahead := int(min(t.rates.largest.Load(), int64(bucket.burst)))
+	bucket.take(t.limiter.now(), ahead)
 	if err := t.ServerStream.RecvMsg(m); err != nil {
+		bucket.take(t.limiter.now(), -ahead)
 		return err
 	}
 	n := 0
 	if sized, ok := m.(interface{ SizeVT() int }); ok {
 		n = sized.SizeVT()
 	}
-	// The bucket goes into debt for the report. One larger than the burst (a limit set
-	// below gRPC's 16 MiB) takes the burst.
-	t.reports.ReserveN(t.limiter.now(), min(n, t.reports.Burst()))
+	for largest := t.rates.largest.Load(); int64(n) > largest && !t.rates.largest.CompareAndSwap(largest, int64(n)); {
+		largest = t.rates.largest.Load()
+	}
+	bucket.take(t.limiter.now(), min(n, int(bucket.burst))-ahead)
 	return nil
 }
 

@@ -99,7 +99,7 @@ func TestStatusReportRatePerNode(t *testing.T) {
 // and the bucket refills with time.
 func TestStreamStartsPerIdentity(t *testing.T) {
 	p := newTestPKI(t)
-	ts := start(t, Options{TLS: p.serverTLS(t), Limits: Limits{NodeStreamStarts: 1}})
+	ts := start(t, Options{TLS: p.serverTLS(t), Limits: Limits{NodeStreamStarts: 1, RefusalDelay: time.Nanosecond}})
 	ts.client = p.publisher(t, ts)
 	node := p.node(t, ts, "host-a")
 	open := func() {
@@ -165,4 +165,67 @@ func TestStreamRatesFreed(t *testing.T) {
 	ts.clock.Advance(ts.srv.opts.Limits.refillPeriod())
 	cancel()
 	waitMetricUntil(t, ts, gauge, "0", func(v float64) bool { return v == 0 })
+}
+
+// TestStatusReportRateSparesHonestNode shows that a stream takes from its node's bucket
+// what its reports use: an agent that reports thousands of small statuses at once, with
+// the default burst, is not held back even by a rate of a byte a second.
+func TestStatusReportRateSparesHonestNode(t *testing.T) {
+	p := newTestPKI(t)
+	ts := start(t, Options{TLS: p.serverTLS(t), Limits: Limits{StatusReportBytesPerSecond: 1}})
+	ts.client = p.publisher(t, ts)
+	ts.apply(t, route("r1", []string{"host-a"}, "192.0.2.1"))
+	var reports []*nimbusv1.StatusReport
+	for i := range 5000 {
+		reports = append(reports, statusReport(routeKey("r1"), "host-a", int64(i+1), nimbusv1.Phase_PHASE_PROGRAMMED, "ok"))
+	}
+	reportWith(t, p.node(t, ts, "host-a"), reports...)
+	wantMetrics(t, ts.srv, "naples_nimbus_status_throttled_total 0")
+	if gen := nodeStatusOf(t, ts, routeKey("r1"), "host-a").GetObservedGeneration(); gen != 5000 {
+		t.Errorf("host-a's status of r1 is at generation %d, want its last report's 5000", gen)
+	}
+}
+
+// nodeStatusOf returns the node's status of the object, failing the test without one.
+func nodeStatusOf(t *testing.T, ts *testServer, key *nimbusv1.ObjectKey, node string) *nimbusv1.NodeStatus {
+	t.Helper()
+	for _, n := range ts.get(t, key).GetStatus().GetNodes() {
+		if n.GetNode() == node {
+			return n
+		}
+	}
+	t.Fatalf("%s has no status from %s", key.ID(), node)
+	return nil
+}
+
+// TestRefusalsHeld shows that nimbus answers a stream it refuses for its identity's
+// limits only after Limits.RefusalDelay, so that a client that opens streams again as
+// soon as they are refused does not spin.
+func TestRefusalsHeld(t *testing.T) {
+	p := newTestPKI(t)
+	ts := start(t, Options{TLS: p.serverTLS(t), Limits: Limits{NodeStreams: 1, RefusalDelay: time.Hour}})
+	ts.client = p.publisher(t, ts)
+	node := p.node(t, ts, "host-a")
+	recvUntilSynced(t, watch(t, node, "host-a"))
+
+	ctx, cancel := context.WithCancel(testContext(t))
+	refused := make(chan error, 1)
+	go func() {
+		w, err := node.Watch(ctx, &nimbusv1.WatchRequest{Node: "host-a"})
+		if err == nil {
+			_, err = w.Recv()
+		}
+		refused <- err
+	}()
+	const held = "naples_nimbus_stream_refusals_held"
+	waitMetricUntil(t, ts, held, "1", func(v float64) bool { return v == 1 })
+	wantMetrics(t, ts.srv, `naples_nimbus_streams_refused_total{method="Watch",reason="open",role="node"} 1`)
+	select {
+	case err := <-refused:
+		t.Fatalf("the refused watch was answered before the refusal delay: %v", err)
+	default:
+	}
+	cancel()
+	<-refused
+	waitMetricUntil(t, ts, held, "0", func(v float64) bool { return v == 0 })
 }

@@ -1,6 +1,7 @@
 package nimbus
 
 import (
+	"context"
 	"fmt"
 	"path"
 	"sync"
@@ -55,11 +56,13 @@ type streamLimiter struct {
 
 	// gauge is naples_nimbus_streams{role,method}; refused is
 	// naples_nimbus_streams_refused_total{role,method,reason}; identities is
-	// naples_nimbus_stream_identities; throttled and throttledSeconds are
+	// naples_nimbus_stream_identities; heldRefusals is naples_nimbus_stream_refusals_held;
+	// throttled and throttledSeconds are
 	// naples_nimbus_status_throttled_total and naples_nimbus_status_throttled_seconds_total.
 	gauge            *prometheus.GaugeVec
 	refused          *prometheus.CounterVec
 	identities       prometheus.Gauge
+	heldRefusals     prometheus.Gauge
 	throttled        prometheus.Counter
 	throttledSeconds prometheus.Counter
 }
@@ -94,6 +97,10 @@ func newStreamLimiter(limits *Limits, now func() time.Time, reg prometheus.Regis
 			Namespace: ns, Subsystem: sub, Name: "stream_identities",
 			Help: "Client certificates whose stream and report rates nimbus holds: those with streams open, and for a few seconds those that closed their last.",
 		}),
+		heldRefusals: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "stream_refusals_held",
+			Help: "Refused streams waiting out --refusal-delay before they are answered.",
+		}),
 		throttled: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "status_throttled_total",
 			Help: "Times a ReportStatus stream waited before reading its next report, because its node certificate reported faster than --status-report-bytes-per-second.",
@@ -103,7 +110,7 @@ func newStreamLimiter(limits *Limits, now func() time.Time, reg prometheus.Regis
 			Help: "Seconds ReportStatus streams waited before reading their next report, because their node certificate reported faster than --status-report-bytes-per-second.",
 		}),
 	}
-	unregister, err := telemetry.Register(reg, "Server", l.gauge, l.refused, l.identities, l.throttled, l.throttledSeconds)
+	unregister, err := telemetry.Register(reg, "Server", l.gauge, l.refused, l.identities, l.heldRefusals, l.throttled, l.throttledSeconds)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -124,7 +131,8 @@ func (l *streamLimiter) limit(role pki.Role) (int, string) {
 
 // acquire counts a stream of the method opened by the identity, and returns the function
 // that counts it closed and the identity's rates; or, when the identity has its limit of
-// them open or starts streams too fast, the ResourceExhausted error to refuse it with.
+// them open or starts streams too fast, the ResourceExhausted error to refuse it with,
+// and the identity's rates for holdRefusal.
 func (l *streamLimiter) acquire(id pki.Identity, fullMethod string) (release func(), rates *identityRates, err error) {
 	limit, flag := l.limit(id.Role)
 	if limit == 0 {
@@ -136,13 +144,13 @@ func (l *streamLimiter) acquire(id pki.Identity, fullMethod string) (release fun
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.sweepLocked(now)
+	rates = l.ids[id]
 	if l.open[key] >= limit {
 		l.refused.WithLabelValues(id.Role.String(), key.method, refusedOpen).Inc()
-		return nil, nil, status.Errorf(codes.ResourceExhausted,
+		return nil, rates, status.Errorf(codes.ResourceExhausted,
 			"%s has %d %s streams open, the most nimbus allows per %s certificate (nimbus %s); close one first",
 			id, limit, key.method, id.Role, flag)
 	}
-	rates = l.ids[id]
 	if rates == nil {
 		rates = newIdentityRates(id.Role, l.limits)
 		l.ids[id] = rates
@@ -151,7 +159,7 @@ func (l *streamLimiter) acquire(id pki.Identity, fullMethod string) (release fun
 	if !rates.starts.AllowN(now, 1) {
 		l.refused.WithLabelValues(id.Role.String(), key.method, refusedRate).Inc()
 		perSecond, flag := l.startRate(id.Role)
-		return nil, nil, status.Errorf(codes.ResourceExhausted,
+		return nil, rates, status.Errorf(codes.ResourceExhausted,
 			"%s starts streams faster than the %d a second nimbus allows per %s certificate (nimbus %s); retry later",
 			id, perSecond, id.Role, flag)
 	}
@@ -167,13 +175,42 @@ func (l *streamLimiter) acquire(id pki.Identity, fullMethod string) (release fun
 			if l.open[key]--; l.open[key] == 0 {
 				delete(l.open, key)
 			}
-			if rates.streams--; rates.streams == 0 && rates.refilled(now) {
+			if rates.streams--; rates.streams == 0 && rates.held == 0 && rates.refilled(now) {
 				delete(l.ids, id)
 				l.identities.Set(float64(len(l.ids)))
 			}
 			l.gauge.WithLabelValues(labels...).Dec()
 		})
 	}, rates, nil
+}
+
+// holdRefusal waits Limits.RefusalDelay before a refusal of a stream of the identity
+// whose rates these are is answered, or until ctx ends; at once when MaxHeldRefusals of
+// the identity's refusals wait already.
+func (l *streamLimiter) holdRefusal(ctx context.Context, rates *identityRates) {
+	if rates == nil {
+		return
+	}
+	l.mu.Lock()
+	if rates.held >= MaxHeldRefusals {
+		l.mu.Unlock()
+		return
+	}
+	rates.held++
+	l.mu.Unlock()
+	l.heldRefusals.Inc()
+	defer func() {
+		l.mu.Lock()
+		rates.held--
+		l.mu.Unlock()
+		l.heldRefusals.Dec()
+	}()
+	timer := time.NewTimer(l.limits.RefusalDelay)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+	case <-timer.C:
+	}
 }
 
 // startRate returns how many streams per second the role may start, and the flag that
@@ -194,7 +231,7 @@ func (l *streamLimiter) sweepLocked(now time.Time) {
 	}
 	l.swept = now
 	for id, r := range l.ids {
-		if r.streams == 0 && r.refilled(now) {
+		if r.streams == 0 && r.held == 0 && r.refilled(now) {
 			delete(l.ids, id)
 		}
 	}

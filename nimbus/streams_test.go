@@ -47,7 +47,7 @@ func wantWatchExhausted(t *testing.T, client nimbusv1.NimbusClient, node string,
 func TestStreamsPerIdentity(t *testing.T) {
 	var logs testlog.Buffer
 	p := newTestPKI(t)
-	ts := start(t, Options{TLS: p.serverTLS(t), Logger: logs.Logger()})
+	ts := start(t, Options{TLS: p.serverTLS(t), Logger: logs.Logger(), Limits: Limits{RefusalDelay: time.Nanosecond}})
 	ts.client = p.publisher(t, ts)
 	node := p.node(t, ts, "host-a")
 	const gauge = `naples_nimbus_streams{method="Watch",role="node"}`

@@ -45,16 +45,25 @@ func addLimitFlags(fs *flag.FlagSet, l *nimbus.Limits) {
 			return nil
 		})
 	}
-	l.RefusalLogInterval = nimbus.DefaultRefusalLogInterval
-	fs.Func("refusal-log-interval", fmt.Sprintf("log a refused stream, call or TLS handshake at most once per client and `interval`, counting the rest (default %v)", nimbus.DefaultRefusalLogInterval), func(s string) error {
-		d, err := time.ParseDuration(s)
-		switch {
-		case err != nil:
-			return fmt.Errorf("%q: want a duration such as 1m: %w", s, err)
-		case d <= 0:
-			return fmt.Errorf("%v: must be positive", d)
-		}
-		l.RefusalLogInterval = d
-		return nil
-	})
+	for _, f := range []struct {
+		name, usage string
+		v           *time.Duration
+		def         time.Duration
+	}{
+		{"refusal-delay", fmt.Sprintf("wait `duration` before answering a stream refused for its certificate's count or rate of streams, up to %d refusals of a certificate at once", nimbus.MaxHeldRefusals), &l.RefusalDelay, nimbus.DefaultRefusalDelay},
+		{"refusal-log-interval", "log a refused stream, call or TLS handshake at most once per client and `interval`, counting the rest", &l.RefusalLogInterval, nimbus.DefaultRefusalLogInterval},
+	} {
+		*f.v = f.def
+		fs.Func(f.name, fmt.Sprintf("%s (default %v)", f.usage, f.def), func(s string) error {
+			d, err := time.ParseDuration(s)
+			switch {
+			case err != nil:
+				return fmt.Errorf("%q: want a duration such as %v: %w", s, f.def, err)
+			case d <= 0:
+				return fmt.Errorf("%v: must be positive", d)
+			}
+			*f.v = d
+			return nil
+		})
+	}
 }
