@@ -31,8 +31,9 @@ import (
 //     one used instead: of the many streams of a node that sends large reports only as
 //     many read at once as the burst pays for, the others wait, and gRPC's flow control
 //     (a window of 1 MiB a stream) holds the node back rather than nimbus buffering what
-//     it sends. The first reports of each stream are read before the node's size is
-//     known: at most Limits.NodeStreams of 16 MiB each.
+//     it sends. Before a node's first report the largest is taken to be 16 MiB, gRPC's
+//     limit of a request; a node that sends small reports first and then large ones
+//     has at most Limits.NodeStreams of them read at once, once.
 //
 // An identity's buckets are freed when it has no streams open and they have refilled,
 // so that many certificates that come and go leave nothing behind. Replicas' peer pushes
@@ -134,10 +135,10 @@ func (b *byteBucket) full(now time.Time) bool {
 
 // throttledStream is a ReportStatus stream of a node that, before it reads a report,
 // waits while the node's bucket of report bytes is in debt, and then takes from it the
-// size of the largest report the node has sent: the reports read before, on any of the
-// node's streams, are paid for first, and of the many streams of a node that sends large
-// reports only as many read at once as the burst pays for. Once it has read the report
-// it pays what the report used instead.
+// size of the largest report the node has sent (16 MiB before its first): the reports
+// read before, on any of the node's streams, are paid for first, and of the many streams
+// of a node that sends large reports only as many read at once as the burst pays for.
+// Once it has read the report it pays what the report used instead.
 type throttledStream struct {
 	grpc.ServerStream
 	rates   *identityRates
@@ -159,11 +160,16 @@ func (t *throttledStream) RecvMsg(m any) error {
 			return err
 		}
 	}
-	// A report larger than the burst (a limit set below gRPC's 16 MiB) takes the burst.
-	ahead := int(min(t.rates.largest.Load(), int64(bucket.burst)))
-	bucket.take(t.limiter.now(), ahead)
+	// Until the node has sent a report, one may be as large as gRPC lets a request be.
+	// A report larger than the burst (a limit set below that) takes the burst.
+	ahead := t.rates.largest.Load()
+	if ahead == 0 {
+		ahead = maxRecvMsgSize
+	}
+	ahead = min(ahead, int64(bucket.burst))
+	bucket.take(t.limiter.now(), int(ahead))
 	if err := t.ServerStream.RecvMsg(m); err != nil {
-		bucket.take(t.limiter.now(), -ahead)
+		bucket.take(t.limiter.now(), -int(ahead))
 		return err
 	}
 	n := 0
@@ -173,7 +179,7 @@ func (t *throttledStream) RecvMsg(m any) error {
 	for largest := t.rates.largest.Load(); int64(n) > largest && !t.rates.largest.CompareAndSwap(largest, int64(n)); {
 		largest = t.rates.largest.Load()
 	}
-	bucket.take(t.limiter.now(), min(n, int(bucket.burst))-ahead)
+	bucket.take(t.limiter.now(), min(n, int(bucket.burst))-int(ahead))
 	return nil
 }
 

@@ -14,6 +14,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/naplesnet/naples/internal/pki"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -134,7 +137,8 @@ func startFlood(t *testing.T, c *cluster, routes int) *flood {
 	ctx, cancel := context.WithCancel(context.Background())
 	f := &flood{cancel: cancel}
 	dial := func() nimbusv1.NimbusClient {
-		conn, err := grpc.NewClient(c.server, grpc.WithTransportCredentials(pki.TransportCredentials(tlsConfig)))
+		conn, err := grpc.NewClient(c.server, grpc.WithTransportCredentials(pki.TransportCredentials(tlsConfig)),
+			grpc.WithDefaultCallOptions(grpc.ForceCodecV2(floodCodec{encoding.GetCodecV2("proto")})))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -169,7 +173,21 @@ func startFlood(t *testing.T, c *cluster, routes int) *flood {
 			}
 		})
 	}
-	message := strings.Repeat("x", floodReportBytes)
+	// Every report is encoded once, its key apart from its status of 15 MiB, so that the
+	// flood costs this process no more than writing it.
+	status, err := proto.Marshal(&nimbusv1.StatusReport{Status: &nimbusv1.NodeStatus{Node: "evil", ObservedGeneration: 1,
+		Phase: nimbusv1.Phase_PHASE_FAILED, Reason: "Flood", Message: strings.Repeat("x", floodReportBytes)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reports := make([]encodedReport, routes)
+	for i := range reports {
+		key, err := proto.Marshal(&nimbusv1.StatusReport{Key: nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "", "", fmt.Sprintf("evil-%02d", i))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		reports[i] = encodedReport{mem.SliceBuffer(key), mem.SliceBuffer(status)}
+	}
 	for g := range floodReporters {
 		f.wg.Go(func() {
 			for i := g; ctx.Err() == nil; {
@@ -187,11 +205,7 @@ func startFlood(t *testing.T, c *cluster, routes int) *flood {
 				}
 				count(&f.reportStreams)
 				for ; err == nil; i++ {
-					err = stream.Send(&nimbusv1.StatusReport{
-						Key: nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "", "", fmt.Sprintf("evil-%02d", i%routes)),
-						Status: &nimbusv1.NodeStatus{Node: "evil", ObservedGeneration: 1,
-							Phase: nimbusv1.Phase_PHASE_FAILED, Reason: "Flood", Message: message},
-					})
+					err = stream.SendMsg(reports[i%routes])
 					if err == nil {
 						count(&f.reports)
 					}
@@ -206,6 +220,20 @@ func startFlood(t *testing.T, c *cluster, routes int) *flood {
 		})
 	}
 	return f
+}
+
+// encodedReport is a StatusReport encoded beforehand, in parts.
+type encodedReport mem.BufferSlice
+
+// floodCodec sends an encodedReport as it is, and everything else with the codec it
+// wraps.
+type floodCodec struct{ encoding.CodecV2 }
+
+func (c floodCodec) Marshal(v any) (mem.BufferSlice, error) {
+	if r, ok := v.(encodedReport); ok {
+		return mem.BufferSlice(r), nil
+	}
+	return c.CodecV2.Marshal(v)
 }
 
 // stop ends the flood, waits for its goroutines and closes its connections; it is safe
