@@ -43,7 +43,7 @@ const (
 	// DefaultStatusReportBytesPerSecond is the default of Limits.StatusReportBytesPerSecond.
 	DefaultStatusReportBytesPerSecond = 4 << 20
 	// DefaultStatusReportBurstBytes is the default of Limits.StatusReportBurstBytes.
-	DefaultStatusReportBurstBytes = 64 << 20
+	DefaultStatusReportBurstBytes = 32 << 20
 	// DefaultNodeStreamStarts is the default of Limits.NodeStreamStarts.
 	DefaultNodeStreamStarts = 10
 	// DefaultPublisherStreamStarts is the default of Limits.PublisherStreamStarts.
@@ -80,7 +80,7 @@ type Limits struct {
 	StatusReportBytesPerSecond int
 	// StatusReportBurstBytes is how many bytes of reports a node certificate may send at
 	// once before StatusReportBytesPerSecond holds it back. Default:
-	// DefaultStatusReportBurstBytes (64 MiB): an agent reporting 100,000 statuses at once
+	// DefaultStatusReportBurstBytes (32 MiB): an agent reporting 100,000 statuses at once
 	// sends some 14 MB (about 140 bytes a report), and is not held back.
 	StatusReportBurstBytes int
 	// NodeStreamStarts bounds the streams (Watch, ReportStatus) a node certificate may
