@@ -132,12 +132,16 @@ func (s *Server) authorizeStream(srv any, ss grpc.ServerStream, info *grpc.Strea
 		return s.deny(ctx, id, info.FullMethod, "%s may not call %s: no one may", id, info.FullMethod)
 	}
 	if countedStream(info.FullMethod) {
-		release, err := s.streams.acquire(id, info.FullMethod)
+		release, rates, err := s.streams.acquire(id, info.FullMethod)
 		if err != nil {
 			s.logRefusal(ctx, id, "stream refused", info.FullMethod, status.Convert(err).Message())
+			s.streams.holdRefusal(ctx, rates)
 			return err
 		}
 		defer release()
+		if info.FullMethod == nimbusv1.Nimbus_ReportStatus_FullMethodName && rates != nil && rates.reports != nil {
+			ss = &throttledStream{ServerStream: ss, rates: rates, limiter: s.streams}
+		}
 	}
 	as := &authorizedStream{ServerStream: ss, ctx: context.WithValue(ctx, identityKey{}, id), check: check}
 	err = handler(srv, as)

@@ -145,7 +145,10 @@
 // naples_nimbus_status_details_omitted_total, naples_nimbus_objects_too_large_total and
 // naples_nimbus_list_pages_cut_total (limits.go), the gauge
 // naples_nimbus_streams{role,method} and the counter
-// naples_nimbus_streams_refused_total{role,method} (streams.go), and the counter
+// naples_nimbus_streams_refused_total{role,method,reason} and the gauge
+// naples_nimbus_stream_refusals_held (streams.go), the gauge
+// naples_nimbus_stream_identities and the counters naples_nimbus_status_throttled_total
+// and naples_nimbus_status_throttled_seconds_total (rates.go), and the counter
 // naples_nimbus_tls_handshakes_refused_total{reason} (handshake.go); docs/limits.md lists
 // them with their limits. A replica adds
 // naples_nimbus_peers and naples_nimbus_peer_reports_total{direction} (peer.go), and with

@@ -40,6 +40,22 @@ const (
 	DefaultNodeStreams = 16
 	// DefaultPublisherStreams is the default of Limits.PublisherStreams.
 	DefaultPublisherStreams = 64
+	// DefaultStatusReportBytesPerSecond is the default of Limits.StatusReportBytesPerSecond.
+	DefaultStatusReportBytesPerSecond = 4 << 20
+	// DefaultStatusReportBurstBytes is the default of Limits.StatusReportBurstBytes.
+	DefaultStatusReportBurstBytes = 32 << 20
+	// DefaultNodeStreamStarts is the default of Limits.NodeStreamStarts.
+	DefaultNodeStreamStarts = 10
+	// DefaultPublisherStreamStarts is the default of Limits.PublisherStreamStarts.
+	DefaultPublisherStreamStarts = 100
+	// StreamStartBurstSeconds is how many seconds' worth of stream starts an identity may
+	// make at once: its burst is this times its rate.
+	StreamStartBurstSeconds = 5
+	// DefaultRefusalDelay is the default of Limits.RefusalDelay.
+	DefaultRefusalDelay = time.Second
+	// MaxHeldRefusals bounds the refused streams of one identity that wait out
+	// Limits.RefusalDelay at once; the ones beyond are answered at once.
+	MaxHeldRefusals = 64
 	// DefaultRefusalLogInterval is the default of Limits.RefusalLogInterval.
 	DefaultRefusalLogInterval = time.Minute
 )
@@ -55,6 +71,32 @@ type Limits struct {
 	// PublisherStreams bounds the streams of each method (Watch, WatchStatus) a publisher
 	// certificate may have open at once, with TLS. Default: DefaultPublisherStreams (64).
 	PublisherStreams int
+	// StatusReportBytesPerSecond bounds the rate of the status reports one node
+	// certificate streams, in encoded bytes per second over all its ReportStatus streams
+	// together; see rates.go. A stream over it waits before its next report is read, so
+	// that gRPC's flow control holds the node back. Default:
+	// DefaultStatusReportBytesPerSecond (4 MiB/s), some 18 times what an agent sends that
+	// reports 100,000 statuses every minute.
+	StatusReportBytesPerSecond int
+	// StatusReportBurstBytes is how many bytes of reports a node certificate may send at
+	// once before StatusReportBytesPerSecond holds it back. Default:
+	// DefaultStatusReportBurstBytes (32 MiB): an agent reporting 100,000 statuses at once
+	// sends some 14 MB (about 140 bytes a report), and is not held back.
+	StatusReportBurstBytes int
+	// NodeStreamStarts bounds the streams (Watch, ReportStatus) a node certificate may
+	// start per second, with TLS, StreamStartBurstSeconds' worth at once; one more is
+	// refused with codes.ResourceExhausted. Default: DefaultNodeStreamStarts (10).
+	NodeStreamStarts int
+	// PublisherStreamStarts bounds the streams (Watch, WatchStatus) a publisher
+	// certificate may start per second, as NodeStreamStarts. Default:
+	// DefaultPublisherStreamStarts (100).
+	PublisherStreamStarts int
+	// RefusalDelay is how long nimbus waits before it answers a stream it refuses for
+	// its identity's count or rate of streams, up to MaxHeldRefusals of an identity at
+	// once: a client that opens streams again as soon as they are refused does so once
+	// a delay, not as fast as it can, and an agent backs off anyway. Default:
+	// DefaultRefusalDelay (1s).
+	RefusalDelay time.Duration
 	// RefusalLogInterval is how often at most a refusal is logged per client identity
 	// (or, for a refused TLS handshake, per peer host and reason); the next line says how
 	// many were refused meanwhile. Default: DefaultRefusalLogInterval (1m).
@@ -110,6 +152,10 @@ func (l Limits) withDefaults() (Limits, error) {
 	}{
 		{"NodeStreams", &l.NodeStreams, DefaultNodeStreams},
 		{"PublisherStreams", &l.PublisherStreams, DefaultPublisherStreams},
+		{"StatusReportBytesPerSecond", &l.StatusReportBytesPerSecond, DefaultStatusReportBytesPerSecond},
+		{"StatusReportBurstBytes", &l.StatusReportBurstBytes, DefaultStatusReportBurstBytes},
+		{"NodeStreamStarts", &l.NodeStreamStarts, DefaultNodeStreamStarts},
+		{"PublisherStreamStarts", &l.PublisherStreamStarts, DefaultPublisherStreamStarts},
 		{"ObjectBytes", &l.ObjectBytes, DefaultObjectBytes},
 		{"ListPageBytes", &l.ListPageBytes, DefaultListPageBytes},
 		{"StatusMessageBytes", &l.StatusMessageBytes, DefaultStatusMessageBytes},
@@ -126,6 +172,12 @@ func (l Limits) withDefaults() (Limits, error) {
 		case *f.v == 0:
 			*f.v = f.def
 		}
+	}
+	switch {
+	case l.RefusalDelay < 0:
+		return l, fmt.Errorf("Limits.RefusalDelay %v: must not be negative: %w", l.RefusalDelay, ErrInvalidOptions)
+	case l.RefusalDelay == 0:
+		l.RefusalDelay = DefaultRefusalDelay
 	}
 	switch {
 	case l.RefusalLogInterval < 0:

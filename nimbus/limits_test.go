@@ -56,7 +56,11 @@ func wantBounded(t *testing.T, ns *nimbusv1.NodeStatus) {
 // operational maps must neither grow nimbus's memory nor break the readers, whose
 // clients receive at most gRPC's default 4 MiB; deleting the objects frees the statuses.
 func TestStatusReportsBounded(t *testing.T) {
-	ts, p := startTLS(t)
+	// The reports, some 35 MiB, come at once: more than the default burst of a node's
+	// report bytes, which the fake clock would never refill.
+	p := newTestPKI(t)
+	ts := start(t, Options{TLS: p.serverTLS(t), Limits: Limits{StatusReportBurstBytes: 1 << 30}})
+	ts.client = p.publisher(t, ts)
 	node := p.node(t, ts, "host-a")
 	var keys []*nimbusv1.ObjectKey
 	var reports []*nimbusv1.StatusReport

@@ -70,6 +70,14 @@ const (
 	drainTimeout = 10 * time.Second
 	// maxRecvMsgSize bounds a request; the largest object fits with room to spare.
 	maxRecvMsgSize = 16 << 20
+	// streamWindowBytes is the HTTP/2 window of each stream a client sends on: what
+	// nimbus buffers of a stream before the handler reads, such as the ReportStatus
+	// streams of a node held back by its rate (rates.go). A message the handler reads
+	// may be larger; gRPC widens the window for it. Fixed windows turn off gRPC's
+	// bandwidth-delay estimate, which would let each stream buffer up to 16 MiB.
+	streamWindowBytes = 1 << 20
+	// connWindowBytes is the HTTP/2 window of a connection, over all its streams.
+	connWindowBytes = 16 << 20
 )
 
 // Options configures a Server. The zero value is usable.
@@ -255,7 +263,7 @@ func New(opts Options) (*Server, error) {
 		}
 		return nil, fmt.Errorf("creating nimbus server: %w", err)
 	}
-	streams, unregisterStreams, err := newStreamLimiter(&s.opts.Limits, opts.Registerer)
+	streams, unregisterStreams, err := newStreamLimiter(&s.opts.Limits, opts.Now, opts.Registerer)
 	if err != nil {
 		s.metrics.unregister()
 		if s.disk != nil {
@@ -361,6 +369,8 @@ func (s *Server) Serve(ctx context.Context, lis ...net.Listener) error {
 			Timeout: 10 * time.Second,
 		}),
 		grpc.MaxRecvMsgSize(maxRecvMsgSize),
+		grpc.InitialWindowSize(streamWindowBytes),
+		grpc.InitialConnWindowSize(connWindowBytes),
 		grpc.ForceServerCodecV2(codec{wirecodec.Codec{}}),
 		grpc.WaitForHandlers(true),
 		grpc.Creds(s.credentials()),

@@ -1,6 +1,7 @@
 package nimbus
 
 import (
+	"context"
 	"fmt"
 	"path"
 	"sync"
@@ -40,37 +41,76 @@ type streamKey struct {
 }
 
 // streamLimiter counts the open streams per identity and method, and refuses the ones
-// over the limits.
+// over the limits; it holds the rates of each identity with streams open (rates.go).
 type streamLimiter struct {
 	limits *Limits
+	now    func() time.Time
 
-	// mu guards open.
+	// mu guards open, ids and swept.
 	mu   sync.Mutex
 	open map[streamKey]int
+	// ids holds the rates of the identities with streams open, and of those without
+	// whose rates have not yet refilled; swept is when those that have were last freed.
+	ids   map[pki.Identity]*identityRates
+	swept time.Time
 
 	// gauge is naples_nimbus_streams{role,method}; refused is
-	// naples_nimbus_streams_refused_total{role,method}.
-	gauge   *prometheus.GaugeVec
-	refused *prometheus.CounterVec
+	// naples_nimbus_streams_refused_total{role,method,reason}; identities is
+	// naples_nimbus_stream_identities; heldRefusals is naples_nimbus_stream_refusals_held;
+	// throttled and throttledSeconds are
+	// naples_nimbus_status_throttled_total and naples_nimbus_status_throttled_seconds_total.
+	gauge            *prometheus.GaugeVec
+	refused          *prometheus.CounterVec
+	identities       prometheus.Gauge
+	heldRefusals     prometheus.Gauge
+	throttled        prometheus.Counter
+	throttledSeconds prometheus.Counter
 }
 
-// newStreamLimiter returns a limiter of the limits, its metrics registered with reg; the
-// function it returns unregisters them.
-func newStreamLimiter(limits *Limits, reg prometheus.Registerer) (*streamLimiter, func(), error) {
+// Values of the reason label of naples_nimbus_streams_refused_total.
+const (
+	// refusedOpen is a stream over --max-streams-per-node or --max-streams-per-publisher.
+	refusedOpen = "open"
+	// refusedRate is a stream over --stream-starts-per-node or --stream-starts-per-publisher.
+	refusedRate = "rate"
+)
+
+// newStreamLimiter returns a limiter of the limits on the clock now, its metrics
+// registered with reg; the function it returns unregisters them.
+func newStreamLimiter(limits *Limits, now func() time.Time, reg prometheus.Registerer) (*streamLimiter, func(), error) {
 	const ns, sub = "naples", "nimbus"
 	l := &streamLimiter{
 		limits: limits,
+		now:    now,
 		open:   map[streamKey]int{},
+		ids:    map[pki.Identity]*identityRates{},
+		swept:  now(),
 		gauge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "streams",
 			Help: "Streams open with a client certificate, by the certificate's role and the method: Watch, ReportStatus or WatchStatus.",
 		}, []string{"role", "method"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "streams_refused_total",
-			Help: "Streams refused with ResourceExhausted because their certificate had --max-streams-per-node or --max-streams-per-publisher of the method open, by role and method.",
-		}, []string{"role", "method"}),
+			Help: "Streams refused with ResourceExhausted, by role, method and reason: open (the certificate had --max-streams-per-node or --max-streams-per-publisher of the method open) or rate (it started streams faster than --stream-starts-per-node or --stream-starts-per-publisher).",
+		}, []string{"role", "method", "reason"}),
+		identities: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "stream_identities",
+			Help: "Client certificates whose stream and report rates nimbus holds: those with streams open, and for a few seconds those that closed their last.",
+		}),
+		heldRefusals: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "stream_refusals_held",
+			Help: "Refused streams waiting out --refusal-delay before they are answered.",
+		}),
+		throttled: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "status_throttled_total",
+			Help: "Times a ReportStatus stream waited before reading its next report, because its node certificate reported faster than --status-report-bytes-per-second.",
+		}),
+		throttledSeconds: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "status_throttled_seconds_total",
+			Help: "Seconds ReportStatus streams waited before reading their next report, because their node certificate reported faster than --status-report-bytes-per-second.",
+		}),
 	}
-	unregister, err := telemetry.Register(reg, "Server", l.gauge, l.refused)
+	unregister, err := telemetry.Register(reg, "Server", l.gauge, l.refused, l.identities, l.heldRefusals, l.throttled, l.throttledSeconds)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -90,36 +130,112 @@ func (l *streamLimiter) limit(role pki.Role) (int, string) {
 }
 
 // acquire counts a stream of the method opened by the identity, and returns the function
-// that counts it closed; or, when the identity has its limit of them open, the
-// ResourceExhausted error to refuse it with.
-func (l *streamLimiter) acquire(id pki.Identity, fullMethod string) (release func(), err error) {
+// that counts it closed and the identity's rates; or, when the identity has its limit of
+// them open or starts streams too fast, the ResourceExhausted error to refuse it with,
+// and the identity's rates for holdRefusal.
+func (l *streamLimiter) acquire(id pki.Identity, fullMethod string) (release func(), rates *identityRates, err error) {
 	limit, flag := l.limit(id.Role)
 	if limit == 0 {
-		return func() {}, nil
+		return func() {}, nil, nil
 	}
 	key := streamKey{role: id.Role, name: id.Name, method: path.Base(fullMethod)}
 	labels := []string{id.Role.String(), key.method}
+	now := l.now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.sweepLocked(now)
+	rates = l.ids[id]
 	if l.open[key] >= limit {
-		l.refused.WithLabelValues(labels...).Inc()
-		return nil, status.Errorf(codes.ResourceExhausted,
+		l.refused.WithLabelValues(id.Role.String(), key.method, refusedOpen).Inc()
+		return nil, rates, status.Errorf(codes.ResourceExhausted,
 			"%s has %d %s streams open, the most nimbus allows per %s certificate (nimbus %s); close one first",
 			id, limit, key.method, id.Role, flag)
 	}
+	if rates == nil {
+		rates = newIdentityRates(id.Role, l.limits)
+		l.ids[id] = rates
+		l.identities.Set(float64(len(l.ids)))
+	}
+	if !rates.starts.AllowN(now, 1) {
+		l.refused.WithLabelValues(id.Role.String(), key.method, refusedRate).Inc()
+		perSecond, flag := l.startRate(id.Role)
+		return nil, rates, status.Errorf(codes.ResourceExhausted,
+			"%s starts streams faster than the %d a second nimbus allows per %s certificate (nimbus %s); retry later",
+			id, perSecond, id.Role, flag)
+	}
+	rates.streams++
 	l.open[key]++
 	l.gauge.WithLabelValues(labels...).Inc()
 	var once sync.Once
 	return func() {
 		once.Do(func() {
+			now := l.now()
 			l.mu.Lock()
 			defer l.mu.Unlock()
 			if l.open[key]--; l.open[key] == 0 {
 				delete(l.open, key)
 			}
+			if rates.streams--; rates.streams == 0 && rates.held == 0 && rates.refilled(now) {
+				delete(l.ids, id)
+				l.identities.Set(float64(len(l.ids)))
+			}
 			l.gauge.WithLabelValues(labels...).Dec()
 		})
-	}, nil
+	}, rates, nil
+}
+
+// holdRefusal waits Limits.RefusalDelay before a refusal of a stream of the identity
+// whose rates these are is answered, or until ctx ends; at once when MaxHeldRefusals of
+// the identity's refusals wait already.
+func (l *streamLimiter) holdRefusal(ctx context.Context, rates *identityRates) {
+	if rates == nil {
+		return
+	}
+	l.mu.Lock()
+	if rates.held >= MaxHeldRefusals {
+		l.mu.Unlock()
+		return
+	}
+	rates.held++
+	l.mu.Unlock()
+	l.heldRefusals.Inc()
+	defer func() {
+		l.mu.Lock()
+		rates.held--
+		l.mu.Unlock()
+		l.heldRefusals.Dec()
+	}()
+	timer := time.NewTimer(l.limits.RefusalDelay)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+	case <-timer.C:
+	}
+}
+
+// startRate returns how many streams per second the role may start, and the flag that
+// sets it.
+func (l *streamLimiter) startRate(role pki.Role) (int, string) {
+	if role == pki.RoleNode {
+		return l.limits.NodeStreamStarts, "--stream-starts-per-node"
+	}
+	return l.limits.PublisherStreamStarts, "--stream-starts-per-publisher"
+}
+
+// sweepLocked frees the rates of the identities without streams whose rates have
+// refilled, at most once per refill period: what the limiter holds of identities gone
+// is bounded by the ones that started a stream within two periods.
+func (l *streamLimiter) sweepLocked(now time.Time) {
+	if now.Sub(l.swept) < l.limits.refillPeriod() {
+		return
+	}
+	l.swept = now
+	for id, r := range l.ids {
+		if r.streams == 0 && r.held == 0 && r.refilled(now) {
+			delete(l.ids, id)
+		}
+	}
+	l.identities.Set(float64(len(l.ids)))
 }
 
 // countedStream tells whether a stream of the method counts against its identity: the

@@ -2,6 +2,7 @@ package nimbus
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -26,6 +27,19 @@ func waitMetricUntil(t *testing.T, ts *testServer, name, want string, ok func(fl
 	}
 }
 
+// wantWatchExhausted fails the test unless a watch of the node by the client is refused
+// with ResourceExhausted, in a message that names the node and says every one of want.
+func wantWatchExhausted(t *testing.T, client nimbusv1.NimbusClient, node string, want ...string) {
+	t.Helper()
+	_, err := watch(t, client, node).Recv()
+	st := wantCode(t, err, codes.ResourceExhausted)
+	for _, w := range append([]string{fmt.Sprintf("node %q", node)}, want...) {
+		if !strings.Contains(st.Message(), w) {
+			t.Errorf("refusal %q does not say %q", st.Message(), w)
+		}
+	}
+}
+
 // TestStreamsPerIdentity is issue 19's "streams per identity": a node certificate may
 // have Limits.NodeStreams watches open; one more is refused with ResourceExhausted naming
 // the limit and its flag, the refusals are logged once per interval with their count,
@@ -33,7 +47,7 @@ func waitMetricUntil(t *testing.T, ts *testServer, name, want string, ok func(fl
 func TestStreamsPerIdentity(t *testing.T) {
 	var logs testlog.Buffer
 	p := newTestPKI(t)
-	ts := start(t, Options{TLS: p.serverTLS(t), Logger: logs.Logger()})
+	ts := start(t, Options{TLS: p.serverTLS(t), Logger: logs.Logger(), Limits: Limits{RefusalDelay: time.Nanosecond}})
 	ts.client = p.publisher(t, ts)
 	node := p.node(t, ts, "host-a")
 	const gauge = `naples_nimbus_streams{method="Watch",role="node"}`
@@ -46,18 +60,12 @@ func TestStreamsPerIdentity(t *testing.T) {
 	}
 	refused := func() {
 		t.Helper()
-		_, err := watch(t, node, "host-a").Recv()
-		st := wantCode(t, err, codes.ResourceExhausted)
-		for _, want := range []string{`node "host-a"`, "16 Watch streams", "--max-streams-per-node"} {
-			if !strings.Contains(st.Message(), want) {
-				t.Errorf("refusal %q does not say %q", st.Message(), want)
-			}
-		}
+		wantWatchExhausted(t, node, "host-a", "16 Watch streams", "--max-streams-per-node")
 	}
 	for range 5 {
 		refused()
 	}
-	wantMetrics(t, ts.srv, gauge+" 16", `naples_nimbus_streams_refused_total{method="Watch",role="node"} 5`)
+	wantMetrics(t, ts.srv, gauge+" 16", `naples_nimbus_streams_refused_total{method="Watch",reason="open",role="node"} 5`)
 	if n := strings.Count(logs.String(), "stream refused"); n != 1 {
 		t.Errorf("5 refusals within a minute logged %d lines, want 1:\n%s", n, logs.String())
 	}

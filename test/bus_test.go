@@ -36,15 +36,25 @@ func freePort(t *testing.T) string {
 	return l.Addr().String()
 }
 
-// metric reads one unlabelled sample from nimbus's /metrics.
-func metric(t *testing.T, addr, name string) float64 {
+// httpBody returns the body of a GET of the URL.
+func httpBody(t *testing.T, url string) []byte {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
+	resp, err := http.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("reading %s: %v", url, err)
+	}
+	return body
+}
+
+// metric reads one unlabelled sample from nimbus's /metrics.
+func metric(t *testing.T, addr, name string) float64 {
+	t.Helper()
+	body := httpBody(t, "http://"+addr+"/metrics")
 	m := regexp.MustCompile(`(?m)^` + name + ` (\S+)$`).FindSubmatch(body)
 	if m == nil {
 		t.Fatalf("metric %s not found in:\n%s", name, body)

@@ -18,6 +18,10 @@ func addLimitFlags(fs *flag.FlagSet, l *nimbus.Limits) {
 	}{
 		{"max-streams-per-node", "Watch and ReportStatus `streams` each that one node certificate may have open", &l.NodeStreams, nimbus.DefaultNodeStreams},
 		{"max-streams-per-publisher", "Watch and WatchStatus `streams` each that one publisher certificate may have open", &l.PublisherStreams, nimbus.DefaultPublisherStreams},
+		{"stream-starts-per-node", fmt.Sprintf("Watch and ReportStatus `streams` that one node certificate may start per second, %d seconds' worth at once", nimbus.StreamStartBurstSeconds), &l.NodeStreamStarts, nimbus.DefaultNodeStreamStarts},
+		{"stream-starts-per-publisher", fmt.Sprintf("Watch and WatchStatus `streams` that one publisher certificate may start per second, %d seconds' worth at once", nimbus.StreamStartBurstSeconds), &l.PublisherStreamStarts, nimbus.DefaultPublisherStreamStarts},
+		{"status-report-bytes-per-second", "`bytes` of status reports one node certificate may send per second over all its streams; beyond, its streams wait", &l.StatusReportBytesPerSecond, nimbus.DefaultStatusReportBytesPerSecond},
+		{"status-report-burst-bytes", "`bytes` of status reports one node certificate may send at once before --status-report-bytes-per-second holds it back", &l.StatusReportBurstBytes, nimbus.DefaultStatusReportBurstBytes},
 		{"max-object-bytes", "`bytes` an object may have as sent to Apply; larger ones are refused", &l.ObjectBytes, nimbus.DefaultObjectBytes},
 		{"list-page-bytes", "`bytes` of one List page; a page always holds one object at least", &l.ListPageBytes, nimbus.DefaultListPageBytes},
 		{"max-status-message-bytes", "`bytes` a node status's message may have; longer ones are cut and marked", &l.StatusMessageBytes, nimbus.DefaultStatusMessageBytes},
@@ -41,16 +45,25 @@ func addLimitFlags(fs *flag.FlagSet, l *nimbus.Limits) {
 			return nil
 		})
 	}
-	l.RefusalLogInterval = nimbus.DefaultRefusalLogInterval
-	fs.Func("refusal-log-interval", fmt.Sprintf("log a refused stream, call or TLS handshake at most once per client and `interval`, counting the rest (default %v)", nimbus.DefaultRefusalLogInterval), func(s string) error {
-		d, err := time.ParseDuration(s)
-		switch {
-		case err != nil:
-			return fmt.Errorf("%q: want a duration such as 1m: %w", s, err)
-		case d <= 0:
-			return fmt.Errorf("%v: must be positive", d)
-		}
-		l.RefusalLogInterval = d
-		return nil
-	})
+	for _, f := range []struct {
+		name, usage string
+		v           *time.Duration
+		def         time.Duration
+	}{
+		{"refusal-delay", fmt.Sprintf("wait `duration` before answering a stream refused for its certificate's count or rate of streams, up to %d refusals of a certificate at once", nimbus.MaxHeldRefusals), &l.RefusalDelay, nimbus.DefaultRefusalDelay},
+		{"refusal-log-interval", "log a refused stream, call or TLS handshake at most once per client and `interval`, counting the rest", &l.RefusalLogInterval, nimbus.DefaultRefusalLogInterval},
+	} {
+		*f.v = f.def
+		fs.Func(f.name, fmt.Sprintf("%s (default %v)", f.usage, f.def), func(s string) error {
+			d, err := time.ParseDuration(s)
+			switch {
+			case err != nil:
+				return fmt.Errorf("%q: want a duration such as %v: %w", s, f.def, err)
+			case d <= 0:
+				return fmt.Errorf("%v: must be positive", d)
+			}
+			*f.v = d
+			return nil
+		})
+	}
 }

@@ -5,7 +5,7 @@
 //
 //	nimbus [--listen ADDR]... [--log-level debug|info|warn|error]
 //	       [--tls-cert FILE --tls-key FILE --tls-ca FILE | --insecure]
-//	       [--data-dir DIR | --ephemeral] [--metrics HOST:PORT]
+//	       [--data-dir DIR | --ephemeral] [--metrics HOST:PORT [--pprof]]
 //	nimbus --store etcd --etcd-endpoints URL,... [--etcd-cacert FILE] [--etcd-cert FILE --etcd-key FILE]
 //	       [--etcd-prefix PREFIX] [--etcd-max-txn-ops N] [--replica-name NAME] [--advertise ADDR] ...
 //
@@ -23,7 +23,8 @@
 // --ephemeral keeps everything in memory only. A store file nimbus cannot read back, or that
 // another process holds, is an error that names it. --metrics serves Prometheus metrics on
 // http://HOST:PORT/metrics, liveness on /healthz and readiness on /readyz (200 while
-// serving); without it there is no HTTP endpoint. The gRPC listeners also serve the
+// serving), and with --pprof the Go runtime's profiles under /debug/pprof/; without
+// --metrics there is no HTTP endpoint. The gRPC listeners also serve the
 // standard health service, grpc.health.v1.Health.
 //
 // With --store etcd the objects live in etcd instead, and nimbus is one of any number of
@@ -111,6 +112,8 @@ type config struct {
 	dataDir string
 	// metrics is the host:port to serve metrics on; empty for none.
 	metrics string
+	// pprof serves the Go runtime's profiles on the metrics endpoint too.
+	pprof bool
 	// watchBuffer is how many events a watcher may fall behind before it is reset.
 	watchBuffer int
 	// historyWindow is how many of the latest changes are kept for watches to resume.
@@ -149,6 +152,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		cfg.metrics = s
 		return nil
 	})
+	fs.BoolVar(&cfg.pprof, "pprof", false, "serve the Go runtime's profiles under /debug/pprof/ on the --metrics endpoint")
 	fs.StringVar(&cfg.tlsCert, "tls-cert", defaultTLSCert, "`file` of nimbus's TLS certificate")
 	fs.StringVar(&cfg.tlsKey, "tls-key", defaultTLSKey, "`file` of nimbus's TLS private key")
 	fs.StringVar(&cfg.tlsCA, "tls-ca", defaultTLSCA, "`file` of the CA certificates that client certificates must chain to")
@@ -186,6 +190,11 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "unexpected arguments: %q\n", fs.Args())
+		fs.Usage()
+		return cfg, fmt.Errorf("parsing flags: %w", errUsage)
+	}
+	if cfg.pprof && cfg.metrics == "" {
+		fmt.Fprintln(stderr, "--pprof serves on the --metrics endpoint: give --metrics too")
 		fs.Usage()
 		return cfg, fmt.Errorf("parsing flags: %w", errUsage)
 	}
@@ -265,7 +274,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		log.Info("store is ephemeral: a restart loses every object")
 	}
 	if cfg.metrics != "" {
-		m, err := telemetry.Serve(ctx, cfg.metrics, telemetry.Options{Gatherer: reg, Ready: srv.Ready, Logger: log})
+		m, err := telemetry.Serve(ctx, cfg.metrics, telemetry.Options{Gatherer: reg, Ready: srv.Ready, Logger: log, Pprof: cfg.pprof})
 		if err != nil {
 			return err
 		}

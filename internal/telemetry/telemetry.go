@@ -1,5 +1,6 @@
 // Package telemetry serves what operators and probes read of a running process over HTTP:
-// Prometheus metrics on /metrics, liveness on /healthz and readiness on /readyz.
+// Prometheus metrics on /metrics, liveness on /healthz and readiness on /readyz, and when
+// asked the Go runtime's profiles on /debug/pprof/.
 package telemetry
 
 import (
@@ -9,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"strings"
 	"time"
 
@@ -32,6 +34,10 @@ type Options struct {
 	Ready func() []string
 	// Logger receives the server's logs. Default: slog.Default().
 	Logger *slog.Logger
+	// Pprof serves the Go runtime's profiles under /debug/pprof/, as net/http/pprof does:
+	// /debug/pprof/heap?gc=1&debug=1, for one, shows the live heap after a collection.
+	// Default: false, for a profile costs the process CPU and shows its internals.
+	Pprof bool
 }
 
 // Server is a running telemetry endpoint.
@@ -67,6 +73,13 @@ func Serve(ctx context.Context, addr string, opts Options) (*Server, error) {
 		}
 		fmt.Fprintln(w, "ok")
 	})
+	if opts.Pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if opts.Ready != nil {
 			if reasons := opts.Ready(); len(reasons) > 0 {

@@ -78,6 +78,24 @@ func TestProbesFollowTheProcess(t *testing.T) {
 	}
 }
 
+// TestPprof shows the profiles served with Options.Pprof, and only with it.
+func TestPprof(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		s, err := Serve(context.Background(), "127.0.0.1:0", Options{Gatherer: prometheus.NewRegistry(), Pprof: on})
+		if err != nil {
+			t.Fatal(err)
+		}
+		code, body := get(t, "http://"+s.Addr()+"/debug/pprof/heap?gc=1&debug=1")
+		switch {
+		case on && (code != 200 || !strings.Contains(body, "# HeapAlloc = ")):
+			t.Errorf("with Pprof, the heap profile = %d:\n%.500s", code, body)
+		case !on && code != 404:
+			t.Errorf("without Pprof, the heap profile = %d, want 404", code)
+		}
+		s.Close()
+	}
+}
+
 func TestRegisterAllOrNone(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	a := prometheus.NewCounter(prometheus.CounterOpts{Name: "naples_test_a_total", Help: "A."})
