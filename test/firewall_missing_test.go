@@ -72,10 +72,10 @@ func TestFirewallMissingGroup(t *testing.T) {
 	defs := fwDefs("web1", "db2")
 	groups := map[string][]string{"web1": {"client"}, "db2": {"server", "stray"}}
 	sc := newFWSmallCluster(t, fwSmallSpec{
-		workloads:  defs,
-		endpoints:  fwEndpointsOf(defs, groups),
-		objs:       []*nimbusv1.Object{fwGroupObject("client"), fwGroupObject("server")},
-		tcp:        []uint16{8080, 5432},
+		workloads: defs,
+		endpoints: fwEndpointsOf(defs, groups),
+		objs:      []*nimbusv1.Object{fwGroupObject("client"), fwGroupObject("server")},
+		tcp:       []uint16{8080, 5432},
 		// host-a never refreshes its statuses with counters in the test's time: what
 		// makes its policy status change is the group's coming or going alone.
 		agentFlags: [][]string{{"--fw-stats-interval", "1h"}, fwStatsFlags},
