@@ -59,10 +59,11 @@ func pendingNaming(fields []string, others ...string) func(*nimbusv1.NodeStatus)
 // TestFirewallMissingGroup applies policy servers before two of the SecurityGroups it
 // names: it attaches to server and webb (spec.attachGroups[1], no such group) and lets
 // in tcp/8080 from client and admins (spec.ingress[0].fromGroups[1], no such group).
-// db2 lists server and stray (no such group). Both nodes report the policy PENDING with
-// reason WaitingForSecurityGroup and a message naming both fields and names; meanwhile it
-// is enforced as written (web1 reaches db2 on tcp/8080, not on tcp/5432), and db2's
-// status names its missing group as a warning (firewall.missingGroups) while it stays
+// db2 lists webb and stray, neither of which exists. Both nodes report the policy
+// PENDING with reason WaitingForSecurityGroup and a message naming both fields and
+// names; meanwhile it is enforced as written, fail-safe: db2, a member of webb by its
+// name alone, is protected (web1 reaches it on tcp/8080, not on tcp/5432). db2's status
+// names its missing groups as a warning (firewall.missingGroups) while it stays
 // PROGRAMMED. When the groups are applied the policy turns PROGRAMMED at the same
 // generation, without being applied again, and db2's warning goes; when admins is
 // deleted the policy is PENDING again, naming admins only. host-a's agent does not
@@ -70,7 +71,7 @@ func pendingNaming(fields []string, others ...string) func(*nimbusv1.NodeStatus)
 // follows the groups because their changes re-queue the policy.
 func TestFirewallMissingGroup(t *testing.T) {
 	defs := fwDefs("web1", "db2")
-	groups := map[string][]string{"web1": {"client"}, "db2": {"server", "stray"}}
+	groups := map[string][]string{"web1": {"client"}, "db2": {"webb", "stray"}}
 	sc := newFWSmallCluster(t, fwSmallSpec{
 		workloads: defs,
 		endpoints: fwEndpointsOf(defs, groups),
@@ -84,7 +85,7 @@ func TestFirewallMissingGroup(t *testing.T) {
 	endpoint := nimbusv1.Kind_KIND_ENDPOINT
 	attach := `spec.attachGroups[1] "webb"`
 	from := `spec.ingress[0].fromGroups[1] "admins"`
-	stray := `spec.securityGroups[1] "stray"`
+	strays := `spec.securityGroups[0] "webb", spec.securityGroups[1] "stray"`
 
 	sc.apply(t, fwPolicyObject("servers", []string{"server", "webb"},
 		fwRules(allowIn("tcp", fwPorts("8080"), "group:client", "group:admins")), nil))
@@ -93,13 +94,13 @@ func TestFirewallMissingGroup(t *testing.T) {
 			pendingNaming([]string{attach, from}))
 		t.Logf("servers on %s: %s %s: %s", node, ns.GetPhase(), ns.GetReason(), ns.GetMessage())
 	}
-	// Enforced as written while PENDING: the protected direction lets in what the
-	// rule allows from the groups that have members, and nothing else.
+	// Enforced as written while PENDING: db2, which lists webb, is protected, and lets
+	// in what the rule allows from client, and nothing else.
 	sc.wantCases(t, "servers PENDING",
 		fwCaseOf("web1", "db2", "tcp/8080", true), fwCaseOf("web1", "db2", "tcp/5432", false),
 		fwCaseOf("web1", "db2", "tcp6/8080", true), fwCaseOf("web1", "db2", "tcp6/5432", false))
-	op := sc.waitOperational(t, endpoint, "db2", "host-b", "firewall.missingGroups naming "+stray, func(op map[string]string) bool {
-		return op["firewall.missingGroups"] == stray
+	op := sc.waitOperational(t, endpoint, "db2", "host-b", "firewall.missingGroups naming "+strays, func(op map[string]string) bool {
+		return op["firewall.missingGroups"] == strays
 	})
 	if op["firewall.ingress"] != "protected" {
 		t.Errorf("db2 on host-b: firewall.ingress %q, want protected", op["firewall.ingress"])
