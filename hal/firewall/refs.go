@@ -54,17 +54,6 @@ func GroupRefs(obj *nimbusv1.Object) []GroupRef {
 	return out
 }
 
-// RefersTo reports whether obj names the SecurityGroup with the key ID in one of the
-// fields GroupRefs returns.
-func RefersTo(obj *nimbusv1.Object, groupKeyID string) bool {
-	for _, r := range GroupRefs(obj) {
-		if r.Group.ID() == groupKeyID {
-			return true
-		}
-	}
-	return false
-}
-
 // DescribeMissing says, for a status message, which fields name groups that have no
 // SecurityGroup object: `spec.attachGroups[1] "webb", spec.ingress[0].fromGroups[0]
 // "admn": no such SecurityGroup in tenant default, namespace default`.

@@ -16,6 +16,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
+	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/hal"
 	"github.com/naplesnet/naples/hal/firewall"
 	"github.com/naplesnet/naples/hal/linux/fwbpf"
@@ -742,14 +743,27 @@ func (policyReconciler) DependsOn() []nimbusv1.Kind {
 
 // DependentsOf returns the policies that name the SecurityGroup with the key ID.
 func (r policyReconciler) DependentsOf(keyID string) []string {
-	var ids []string
-	for _, p := range r.f.store.List(nimbusv1.Kind_KIND_NETWORK_SECURITY_POLICY) {
-		if firewall.RefersTo(p, keyID) {
-			ids = append(ids, keyIDOf(p))
-		}
+	ids, err := r.f.store.LookupIDs(PolicyGroupIndex.Name, keyID)
+	if err != nil {
+		r.f.log.Error("finding the policies that name a SecurityGroup", "key", keyID, "err", err)
+		return nil
 	}
 	return ids
 }
+
+// PolicyGroupIndex lists a NetworkSecurityPolicy under the key ID of every SecurityGroup
+// it names (firewall.GroupRefs).
+var PolicyGroupIndex = delphi.Index{Name: "policy_group", Values: func(obj *nimbusv1.Object) []string {
+	if obj.GetNetworkSecurityPolicy() == nil {
+		return nil
+	}
+	var ids []string
+	for _, r := range firewall.GroupRefs(obj) {
+		ids = append(ids, r.Group.ID())
+	}
+	slices.Sort(ids)
+	return slices.Compact(ids)
+}}
 
 // directionName returns the spec field of a direction.
 func directionName(dir uint8) string {
