@@ -664,6 +664,11 @@ func (r policyReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey
 	if obj == nil {
 		return nil, nil
 	}
+	// It may wait for a newer build, one that read the groups as the store holds them.
+	missing, err := f.missingGroups(ctx, obj)
+	if err != nil {
+		return nil, err
+	}
 	f.mu.Lock()
 	why, failed := f.failed[id]
 	snap := f.snap
@@ -671,14 +676,6 @@ func (r policyReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey
 	if failed {
 		f.log.Warn("policy does not fit the firewall's maps", "key", id, "reason", why)
 		return nil, hal.Errorf(ReasonCapacityExceeded, "%s", why)
-	}
-	missing, err := f.missingGroups(ctx, obj)
-	if err != nil {
-		return nil, err
-	}
-	if len(missing) > 0 {
-		// The build that read the groups as the store holds them may be newer.
-		snap = f.Snapshot()
 	}
 	op := map[string]string{}
 	protects := 0
