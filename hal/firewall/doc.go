@@ -26,7 +26,10 @@
 // and "cidr:<prefix>" for each rule CIDR holding it; only labels that a rule of a policy
 // protecting a local endpoint names are kept, so that objects that change no verdict
 // change no entry. The peers of an ingress rule are its fromGroups and fromCidrs, those
-// of an egress rule its toGroups and toCidrs; a rule naming none matches any peer.
+// of an egress rule its toGroups and toCidrs; a rule naming none matches any peer. A name
+// with no SecurityGroup object compiles as a group of no CIDRs, whose members are the
+// endpoints that list it; GroupRefs lists the fields of an object that name groups, so
+// that the agent can report the names that have none.
 //
 // A policy entry's verdict is that of every rule covering its key: DENY if any of them
 // denies, else ALLOW. Because the port blocks of a lookup that hold one port are nested,

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -15,15 +16,23 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
+	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/hal"
 	"github.com/naplesnet/naples/hal/firewall"
 	"github.com/naplesnet/naples/hal/linux/fwbpf"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
-// ReasonCapacityExceeded: the object does not fit in a firewall map of the configured
-// capacity; its earlier version, if any, stays enforced.
-const ReasonCapacityExceeded = "CapacityExceeded"
+// Reasons of the firewall's objects.
+const (
+	// ReasonCapacityExceeded: the object does not fit in a firewall map of the
+	// configured capacity; its earlier version, if any, stays enforced.
+	ReasonCapacityExceeded = "CapacityExceeded"
+	// ReasonWaitingForSecurityGroup: a policy names a SecurityGroup that has no object
+	// (on this node). The policy is enforced meanwhile, the name standing for a group of
+	// no CIDRs, whose members are the endpoints that list it.
+	ReasonWaitingForSecurityGroup = "WaitingForSecurityGroup"
+)
 
 // FirewallStore is what the firewall reads of delphi.
 type FirewallStore interface {
@@ -498,7 +507,20 @@ func (f *Firewall) AttachEndpoint(ctx context.Context, keyID string, obj *nimbus
 	if i < 0 || int(snap.Endpoints[i].Ifindex) != ifindex {
 		return nil, hal.Errorf(hal.ReasonFailed, "the firewall snapshot does not hold interface %d yet", ifindex)
 	}
-	return f.endpointOperational(snap.Endpoints[i]), nil
+	op := f.endpointOperational(snap.Endpoints[i])
+	var missing []string
+	for _, r := range firewall.GroupRefs(obj) {
+		if _, ok := f.store.Get(r.Group); !ok {
+			missing = append(missing, r.String())
+		}
+	}
+	if len(missing) > 0 {
+		// A warning, not a phase: the endpoint is programmed, and a member of the group
+		// by its name (policies attached to it protect it). It is refreshed with the
+		// counters, every StatsInterval.
+		op["firewall.missingGroups"] = strings.Join(missing, ", ")
+	}
+	return op, nil
 }
 
 // DetachEndpoint removes the firewall from the interface of the endpoint with the key ID,
@@ -619,6 +641,7 @@ var (
 	_ hal.Reconciler = policyReconciler{}
 	_ hal.Sweeper    = policyReconciler{}
 	_ hal.Observer   = policyReconciler{}
+	_ hal.Dependent  = policyReconciler{}
 	_ hal.Reconciler = groupReconciler{}
 )
 
@@ -640,6 +663,11 @@ func (r policyReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey
 	}
 	if obj == nil {
 		return nil, nil
+	}
+	// It may wait for a newer build, one that read the groups as the store holds them.
+	missing, err := f.missingGroups(ctx, obj)
+	if err != nil {
+		return nil, err
 	}
 	f.mu.Lock()
 	why, failed := f.failed[id]
@@ -671,8 +699,68 @@ func (r policyReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey
 		op[name+".packets"] = strconv.FormatUint(c.Packets, 10)
 		op[name+".bytes"] = strconv.FormatUint(c.Bytes, 10)
 	}
+	if len(missing) > 0 {
+		// Enforced all the same: leaving the policy out, or the endpoints that list a
+		// missing attached group, would open what the policy closes.
+		return op, hal.Pendingf(ReasonWaitingForSecurityGroup,
+			"%s; meanwhile the policy is enforced as written: a missing group has no CIDRs, and its members are the endpoints that list it",
+			firewall.DescribeMissing(key.GetTenant(), key.GetNamespace(), missing))
+	}
 	return op, nil
 }
+
+// missingGroups returns the fields of the object that name a SecurityGroup the store
+// does not hold. When the last build did not read one of the groups as the store holds
+// it now, it waits for a build that did, so that the status and the snapshot agree.
+func (f *Firewall) missingGroups(ctx context.Context, obj *nimbusv1.Object) ([]firewall.GroupRef, error) {
+	var missing []firewall.GroupRef
+	stale := false
+	for _, r := range firewall.GroupRefs(obj) {
+		g, ok := f.store.Get(r.Group)
+		if !ok {
+			missing = append(missing, r)
+		}
+		if !stale && !f.current(r.Group.ID(), g, 0) {
+			stale = true
+		}
+	}
+	if stale {
+		if err := f.sync(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return missing, nil
+}
+
+// DependsOn returns SecurityGroup: a policy that names a missing group is PENDING until
+// the group comes, and so is one whose group goes.
+func (policyReconciler) DependsOn() []nimbusv1.Kind {
+	return []nimbusv1.Kind{nimbusv1.Kind_KIND_SECURITY_GROUP}
+}
+
+// DependentsOf returns the policies that name the SecurityGroup with the key ID.
+func (r policyReconciler) DependentsOf(keyID string) []string {
+	ids, err := r.f.store.LookupIDs(PolicyGroupIndex.Name, keyID)
+	if err != nil {
+		r.f.log.Error("finding the policies that name a SecurityGroup", "key", keyID, "err", err)
+		return nil
+	}
+	return ids
+}
+
+// PolicyGroupIndex lists a NetworkSecurityPolicy under the key ID of every SecurityGroup
+// it names (firewall.GroupRefs).
+var PolicyGroupIndex = delphi.Index{Name: "policy_group", Values: func(obj *nimbusv1.Object) []string {
+	if obj.GetNetworkSecurityPolicy() == nil {
+		return nil
+	}
+	var ids []string
+	for _, r := range firewall.GroupRefs(obj) {
+		ids = append(ids, r.Group.ID())
+	}
+	slices.Sort(ids)
+	return slices.Compact(ids)
+}}
 
 // directionName returns the spec field of a direction.
 func directionName(dir uint8) string {

@@ -49,7 +49,7 @@ var RouteIndex = delphi.Index{Name: "route", Values: func(obj *nimbusv1.Object) 
 // Indexes returns the delphi indexes the backend's reconcilers look objects up by.
 func Indexes() []delphi.Index {
 	return []delphi.Index{RouteIndex, RouteTenantIndex, EndpointNetworkIndex, EndpointNodeIndex, EndpointInterfaceIndex,
-		EndpointMACIndex, EndpointIPIndex, NetworkVNIIndex}
+		EndpointMACIndex, EndpointIPIndex, NetworkVNIIndex, PolicyGroupIndex}
 }
 
 // RouteStore is what the route reconciler reads of delphi.

@@ -213,6 +213,10 @@ type propagation struct {
 	// failures are the reports of the nodes FAILED at generation or later; terminal
 	// those of them that no retry mends (NodeStatus.terminal), the others being retried.
 	failures, terminal []*nimbusv1.NodeStatus
+	// waiting are the reports of the nodes PENDING at generation or later that say what
+	// they wait for (a message): a policy naming a SecurityGroup that does not exist,
+	// say.
+	waiting []*nimbusv1.NodeStatus
 	// caughtUp is when the last target node reported PROGRAMMED at generation; zero while
 	// any has not.
 	caughtUp time.Time
@@ -251,6 +255,10 @@ func propagationOf(item *nimbusv1.ObjectWithStatus, gen int64) propagation {
 			p.failures = append(p.failures, n)
 			if n.GetTerminal() {
 				p.terminal = append(p.terminal, n)
+			}
+		case nimbusv1.Phase_PHASE_PENDING:
+			if n.GetMessage() != "" {
+				p.waiting = append(p.waiting, n)
 			}
 		}
 	}

@@ -58,10 +58,12 @@ Each object is waited on at the generation it has when the wait starts. While wa
 a line on stderr shows each change of progress ("route/to-dc2: 3/4 nodes programmed
 (generation 2)"); when an object is PROGRAMMED on every target node, a line on stdout
 says so. A node that reports FAILED while its agent retries (a kernel error, a conflict)
-is shown as progress ("host-a: FAILED KernelError (retrying): ...") and waited on. wait
+is shown as progress ("host-a: FAILED KernelError (retrying): ...") and waited on, and
+so is a node PENDING with a message saying what it waits for ("host-a: PENDING
+WaitingForSecurityGroup: ..."): another object, which may be on its way or misnamed. wait
 exits 0 once every object is programmed; it fails as soon as a target node reports a
 terminal FAILED (an invalid spec, which no retry mends), with that node's reason and
-message, and when --timeout passes, naming the nodes still pending or failing.`,
+message, and when --timeout passes, naming the nodes still pending, waiting or failing.`,
 		Example: `  naplesctl wait route to-dc2
   naplesctl wait route to-dc2 to-dc3 --timeout 2m`,
 		Args: cobra.MinimumNArgs(2),
@@ -229,6 +231,9 @@ func (p propagation) progress(key *nimbusv1.ObjectKey) string {
 			fmt.Fprintf(&b, "\n  %s: FAILED %s: %s", n.GetNode(), reasonOf(n), orDash(oneLine(n.GetMessage())))
 		}
 	}
+	for _, n := range p.waiting {
+		fmt.Fprintf(&b, "\n  %s: PENDING %s: %s", n.GetNode(), orDash(n.GetReason()), oneLine(n.GetMessage()))
+	}
 	return b.String()
 }
 
@@ -273,6 +278,13 @@ func timedOut(states []*waitState, timeout time.Duration) error {
 			}
 			if len(failing) > 0 {
 				tail += "; failing, being retried: " + strings.Join(failing, ", ")
+			}
+			var waiting []string
+			for _, n := range s.last.waiting {
+				waiting = append(waiting, fmt.Sprintf("%s (%s: %s)", n.GetNode(), orDash(n.GetReason()), oneLine(n.GetMessage())))
+			}
+			if len(waiting) > 0 {
+				tail += "; waiting: " + strings.Join(waiting, ", ")
 			}
 			errs = append(errs, fmt.Errorf("%s: %w after %v: %d/%d nodes programmed (generation %d)%s",
 				key, ErrWaitTimeout, timeout, s.last.programmed, s.last.target, s.generation, tail))

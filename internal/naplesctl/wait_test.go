@@ -270,6 +270,40 @@ func TestWaitThroughRetriedFailure(t *testing.T) {
 		"failing, being retried: host-a (KernelError: adding route: file exists)")
 }
 
+// TestWaitShowsWhatPendingWaitsFor waits on a route that one node reports PENDING with a
+// message saying what it waits for: the progress shows the node's reason and message, the
+// wait goes on, and succeeds once the node reports PROGRAMMED; a wait that times out on
+// such a node names its reason and message.
+func TestWaitShowsWhatPendingWaitsFor(t *testing.T) {
+	e := newEnv(t)
+	e.ok("apply", "-f", e.file("route.yaml", routeTo("to-dc2", "198.51.100.0/24", "10.10.0.2", "host-a", "host-b")))
+	e.report("to-dc2", "host-a", 1, programmed, "", "")
+	msg := `spec.attachGroups[1] "webb": no such SecurityGroup in tenant default, namespace default`
+	e.report("to-dc2", "host-b", 1, pending, "WaitingForSecurityGroup", msg)
+	r := e.start("wait", "route", "to-dc2", "--timeout", "20s")
+	r.waitStderr(t, "route/to-dc2: 1/2 nodes programmed (generation 1)\n"+
+		"  host-b: PENDING WaitingForSecurityGroup: "+msg+"\n")
+	select {
+	case err := <-r.done:
+		r.done <- err // for the cleanup
+		t.Fatalf("wait returned %v on a node that waits", err)
+	default:
+	}
+	e.report("to-dc2", "host-b", 1, programmed, "", "")
+	if err := r.result(t); err != nil {
+		t.Fatalf("wait: %v", err)
+	}
+
+	e.ok("apply", "-f", e.file("route3.yaml", routeTo("to-dc3", "203.0.113.0/24", "10.10.0.3", "host-a")))
+	e.report("to-dc3", "host-a", 1, pending, "WaitingForSecurityGroup", msg)
+	_, _, err := e.run("", "wait", "route", "to-dc3", "--timeout", "300ms")
+	if !errors.Is(err, ErrWaitTimeout) {
+		t.Fatalf("wait on a node that waits: %v; want a timeout", err)
+	}
+	equal(t, "wait error", err.Error(), "route/to-dc3: timed out after 300ms: 0/1 nodes programmed (generation 1); "+
+		"pending: host-a; waiting: host-a (WaitingForSecurityGroup: "+msg+")")
+}
+
 // TestWaitTimeout waits on routes that are not programmed everywhere: the error says how
 // far each came and names the nodes still pending.
 func TestWaitTimeout(t *testing.T) {
