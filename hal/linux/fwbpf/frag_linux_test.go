@@ -217,3 +217,36 @@ func TestExtensionHeaderControlTraffic(t *testing.T) {
 	f.from(f.ifA, na, tcxDrop)
 	f.wantDrops(0, 1)
 }
+
+func TestFragmentsAreCheckedForSpoofing(t *testing.T) {
+	forEachFamily(t, func(t *testing.T, f *fixture, fam family) {
+		f.install(f.guardedA(0, 0)...) // open both ways: only anti-spoofing drops
+		f.makeCounters(nil, []uint32{epA})
+		first, later := fragments(fam.ep, 40000, fam.peer, 8080, 7)
+		f.from(f.ifA, first, tcxNext)
+		f.from(f.ifA, later, tcxNext)
+		// The same datagram's later fragment from an address not its own.
+		spoofed := later
+		spoofed.src = fam.other
+		f.from(f.ifA, spoofed, tcxDrop)
+		if got := f.epCount(epA); got.SpoofedPackets != 1 || got.AllowedPackets != 2 {
+			t.Errorf("endpoint counter %+v, want 2 allowed, 1 spoofed", got)
+		}
+		f.wantDrops(0, 0)
+	})
+}
+
+func TestAdvertisementBehindExtensionHeaderDrops(t *testing.T) {
+	fam := families[1]
+	f := newFixture(t)
+	f.install(f.guardedA(0, 0)...) // open both ways: only the header checks drop
+	// A neighbour advertisement for another's address (its target: 16 bytes of 0x20),
+	// which the anti-spoofing checks drop when it follows the IPv6 header, behind a
+	// destination options header.
+	na := fam.icmpPacket(fam.ep, netip.MustParseAddr("ff02::1"), 136, 0, 0)
+	na.payload, na.fill = 16, 0x20
+	f.from(f.ifA, na, tcxDrop)
+	na.exts = []ext{{ipProtoDstOpts, 8}}
+	f.from(f.ifA, na, tcxDrop)
+	f.wantDrops(0, 1)
+}
