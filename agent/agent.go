@@ -273,4 +273,8 @@ type FirewallCapacities struct {
 	Rules int
 	// Endpoints: local endpoints whose packets are counted. Default: 16384.
 	Endpoints int
+	// Fragments: fragmented datagrams whose first fragment's verdict is kept at once (for
+	// 3 seconds) for their later fragments; when full the least recently used is
+	// evicted, and its later fragments are dropped. Default: 8192.
+	Fragments int
 }

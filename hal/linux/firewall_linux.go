@@ -834,6 +834,12 @@ var (
 		"Packets dropped because no snapshot held their interface.", nil, nil)
 	fwSpoofed = prometheus.NewDesc("naples_firewall_spoofed_drops_total",
 		"Frames dropped because a local endpoint sent them from a MAC or IP address that is not its own.", nil, nil)
+	fwFragUntracked = prometheus.NewDesc("naples_firewall_fragment_untracked_drops_total",
+		"Later fragments dropped because their datagram's first fragment was not seen, or its entry expired or was evicted from the full fragment table.", nil, nil)
+	fwFragCapacity = prometheus.NewDesc("naples_firewall_fragment_capacity",
+		"Fragmented datagrams whose first fragment's verdict the firewall keeps at once (--fw-fragment-entries).", nil, nil)
+	fwBadHeaders = prometheus.NewDesc("naples_firewall_bad_header_drops_total",
+		"Packets dropped for hostile headers: an IPv6 extension-header chain over its bounds, a first fragment too short for its L4 header, a later fragment overlapping it.", nil, nil)
 	fwRulePackets = prometheus.NewDesc("naples_firewall_rule_packets_total",
 		"Packets of the connections a rule decided, in their original direction.", []string{"policy", "direction", "rule", "action"}, nil)
 	fwRuleBytes = prometheus.NewDesc("naples_firewall_rule_bytes_total",
@@ -847,7 +853,7 @@ var (
 // Describe sends the descriptions of the firewall's metrics.
 func (f *Firewall) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{fwSnapshotEntries, fwSnapshotCapacity, fwInstalls, fwOverflows, fwFailed, fwCTLive,
-		fwCTCreated, fwCTDenied, fwCTExpired, fwCTEvicted, fwNoSnapshot, fwSpoofed, fwRulePackets, fwRuleBytes, fwEndpointPackets, fwEndpointBytes} {
+		fwCTCreated, fwCTDenied, fwCTExpired, fwCTEvicted, fwNoSnapshot, fwSpoofed, fwFragUntracked, fwFragCapacity, fwBadHeaders, fwRulePackets, fwRuleBytes, fwEndpointPackets, fwEndpointBytes} {
 		ch <- d
 	}
 	f.buildTime.Describe(ch)
@@ -866,6 +872,7 @@ func (f *Firewall) Collect(ch chan<- prometheus.Metric) {
 	}
 	f.buildTime.Collect(ch)
 	gauge(fwSnapshotCapacity, float64(f.objs.Capacities().Snapshot))
+	gauge(fwFragCapacity, float64(f.objs.Capacities().Fragments))
 	counter(fwInstalls, installs)
 	counter(fwOverflows, overflows)
 	gauge(fwFailed, float64(failed))
@@ -876,6 +883,8 @@ func (f *Firewall) Collect(ch chan<- prometheus.Metric) {
 		counter(fwCTDenied, st.CTDeleted)
 		counter(fwNoSnapshot, st.NoSnapshotDrops)
 		counter(fwSpoofed, st.SpoofedDrops)
+		counter(fwFragUntracked, st.FragUntrackedDrops)
+		counter(fwBadHeaders, st.BadHeaderDrops)
 	}
 	counter(fwCTEvicted, evicted)
 	if snap == nil {

@@ -121,7 +121,12 @@ closing: a TCP FIN or RST was), the snapshot generation it was last checked agai
 that allowed it ("none" for an open direction). Above the table are the program's
 counters: the connections it started tracking, those it cut off because a new snapshot
 denied them, the packets it dropped because no snapshot held their interface, and the
-frames it dropped because an endpoint sent them from an address not its own.`,
+frames it dropped because an endpoint sent them from an address not its own; then the
+later fragments of datagrams it dropped because their first fragment was not seen on
+their interface within 3 seconds (or its entry was evicted from the table of fragments,
+whose size follows), and the packets it dropped for hostile headers (an IPv6
+extension-header chain over its bounds, a first fragment too short for its L4 header, a
+later fragment overlapping it).`,
 		Example: `  naplesctl bpf ct
   naplesctl bpf ct -o json`,
 		Args: cobra.NoArgs,
@@ -420,6 +425,9 @@ func writeFirewallConntrack(w, notes io.Writer, resp *delphiv1.FirewallResponse)
 		st.GetConntrackCreated(), plural(int(st.GetConntrackCreated()), "connection", "connections"), st.GetConntrackDenied(),
 		st.GetNoSnapshotDrops(), plural(int(st.GetNoSnapshotDrops()), "packet", "packets"),
 		st.GetSpoofedDrops(), plural(int(st.GetSpoofedDrops()), "frame", "frames"))
+	fmt.Fprintf(&b, "fragments: %d later %s dropped for want of their first (tracked %d at once), %d %s dropped for hostile headers\n",
+		st.GetFragmentUntrackedDrops(), plural(int(st.GetFragmentUntrackedDrops()), "fragment", "fragments"), st.GetFragmentCapacity(),
+		st.GetBadHeaderDrops(), plural(int(st.GetBadHeaderDrops()), "packet", "packets"))
 	if len(resp.GetConnections()) == 0 {
 		fmt.Fprintln(notes, "No connections found.")
 	} else {

@@ -76,7 +76,8 @@ func cannedFirewall() *delphiv1.FirewallResponse {
 		Snapshot: &delphiv1.FirewallSnapshot{Present: true, Generation: 0xe0dfa3e5, Entries: 12, Capacity: 65536,
 			CompiledGeneration: 0xe0dfa3e5, StaleEntries: 3},
 		Stats: &delphiv1.FirewallStats{ConntrackCreated: 7, ConntrackDenied: 1, NoSnapshotDrops: 0, ConntrackEntries: 3,
-			ConntrackCapacity: 262144, RuleCountersCapacity: 65536, EndpointCountersCapacity: 16384},
+			ConntrackCapacity: 262144, RuleCountersCapacity: 65536, EndpointCountersCapacity: 16384,
+			FragmentUntrackedDrops: 2, FragmentCapacity: 8192, BadHeaderDrops: 1},
 		Problems: []string{"Endpoint/default/default/db: spec.ips[0] \"10.1.0.x\": not an IP address"},
 		Endpoints: []*delphiv1.FirewallEndpoint{
 			{Key: web, Ifindex: 7, Interface: "veth-web", Id: 0x5e1f2a3b, Scope: 0x9a3c1234, Tenant: "default", Subject: 0x1a2b3c4d,
@@ -180,6 +181,7 @@ tenant unknown, scope 0x5c0fe
 
 	equal(t, "bpf ct", e.ok("bpf", "ct"), header+`conntrack: 3 live connections of 262144
 program: 7 connections tracked, 1 cut off by a new snapshot, 0 packets dropped for want of a snapshot, 0 spoofed frames dropped
+fragments: 2 later fragments dropped for want of their first (tracked 8192 at once), 1 packet dropped for hostile headers
 
 INTERFACE      ENDPOINT              PROTO   SOURCE              DESTINATION        DIRECTION   IDLE    EXPIRES   FLAGS             GENERATION     RULE
 veth-web (7)   default/default/web   udp     10.1.0.2:40000      10.1.0.1:5000      egress      2s      58s       replied           0xe0dfa3e5     NetworkSecurityPolicy/default/default/web-policy egress[0]
@@ -267,7 +269,8 @@ func TestBPFCommandsEmpty(t *testing.T) {
 		{[]string{"bpf", "policy"}, header, "No endpoints found.\n"},
 		{[]string{"bpf", "identities"}, header, "No identities found.\n"},
 		{[]string{"bpf", "ct"}, header + "conntrack: 0 live connections of 1024\n" +
-			"program: 0 connections tracked, 0 cut off by a new snapshot, 1 packet dropped for want of a snapshot, 0 spoofed frames dropped\n", "No connections found.\n"},
+			"program: 0 connections tracked, 0 cut off by a new snapshot, 1 packet dropped for want of a snapshot, 0 spoofed frames dropped\n" +
+			"fragments: 0 later fragments dropped for want of their first (tracked 0 at once), 0 packets dropped for hostile headers\n", "No connections found.\n"},
 	} {
 		out, errOut, err := e.run("", tc.args...)
 		if err != nil || out != tc.stdout || errOut != tc.stderr {

@@ -202,7 +202,7 @@ type step struct {
 	// error carrying embed ("unreachable", "too-big", "time-exceeded",
 	// "parameter-problem"), or link control
 	// traffic: "arp" (no IP), "igmp" (IPv4), "nd" (neighbour solicitation), "mld"
-	// (an MLDv2 report) and "hop-by-hop" (IPv6 with a hop-by-hop header), the last three
+	// (an MLDv2 report) and "hop-by-hop" (an MLDv2 report behind a hop-by-hop header), the last three
 	// IPv6.
 	kind string
 	// sport and dport are the TCP or UDP ports of the packet. A zero sport is a source
@@ -814,7 +814,9 @@ func (r *scenarioRun) packet(ep netip.Addr, s step) packet {
 	case "mld":
 		return fam.icmpPacket(src, dst, 143, 0, 0)
 	case "hop-by-hop":
-		return packet{src: src, dst: dst, proto: 0, payload: 16}
+		p := fam.icmpPacket(src, dst, 143, 0, 0)
+		p.exts = []ext{{ipProtoHopByHop, 8}}
+		return p
 	}
 	r.t.Fatalf("step of unknown kind %q", s.kind)
 	return packet{}

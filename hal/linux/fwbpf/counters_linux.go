@@ -108,13 +108,18 @@ type Stats struct {
 	// SpoofedDrops counts the frames dropped because a guarded endpoint sent them from an
 	// address that is not its own.
 	SpoofedDrops uint64
+	// FragUntrackedDrops counts the later fragments dropped because their datagram's
+	// first fragment was not seen, or its entry expired or was evicted.
+	FragUntrackedDrops uint64
+	// BadHeaderDrops counts the packets dropped for hostile headers (StatBadHeaderDrops).
+	BadHeaderDrops uint64
 }
 
 // ProgramStats returns the program's counters.
 func (o *Objects) ProgramStats() (Stats, error) {
 	var s Stats
 	for i, dst := range map[uint32]*uint64{StatCTCreated: &s.CTCreated, StatCTDeleted: &s.CTDeleted, StatNoSnapshotDrops: &s.NoSnapshotDrops,
-		StatSpoofedDrops: &s.SpoofedDrops} {
+		StatSpoofedDrops: &s.SpoofedDrops, StatFragUntrackedDrops: &s.FragUntrackedDrops, StatBadHeaderDrops: &s.BadHeaderDrops} {
 		var per []uint64
 		if err := o.Stats.Lookup(i, &per); err != nil {
 			return Stats{}, fmt.Errorf("reading counter %d: %w", i, err)

@@ -21,7 +21,17 @@
 //     neighbour advertisement target) is dropped and counted as spoofed, in fw_ep_stats
 //     and in fw_stats (StatSpoofedDrops). Other frames that are not IP then pass.
 //   - A malformed or truncated packet (its IP header, or the TCP, UDP or ICMP header
-//     after it) is dropped; ICMPv6 neighbour discovery (types 133-137) passes.
+//     after it) is dropped. IPv6 extension headers are walked (at most IPv6ExtMax
+//     headers, IPv6ExtBytes bytes): the protocol after them is the packet's. A packet
+//     with hostile headers (a chain over those bounds, two fragment headers, a first
+//     fragment too short for its L4 header, a later fragment that overlaps it) is
+//     dropped and counted (StatBadHeaderDrops).
+//   - A later fragment (offset > 0) takes the verdict its datagram's first fragment left
+//     in fw_frag (MapFrag) on the same interface, in the same direction, less than
+//     FragTimeout before: it passes as a packet of the first's connection (its tuple),
+//     or is dropped. Without one it is dropped and counted (StatFragUntrackedDrops).
+//   - IGMP, MLD and ICMPv6 neighbour discovery (types 133-137) pass; neighbour discovery
+//     behind an extension header is dropped (StatBadHeaderDrops).
 //   - An ICMP error (destination unreachable, time exceeded, parameter problem, packet
 //     too big) passes when the packet it embeds belongs to a connection fw_ct tracks.
 //   - A packet of a tracked connection (fw_ct, MapCT, keyed by the interface and the
@@ -33,6 +43,8 @@
 //     or some ALLOW entry of the endpoint's subject covers its peer's identity (or any
 //     peer), protocol class and destination port and no DENY entry does; then a
 //     conntrack entry is made (StatCTCreated).
+//   - A first fragment (offset 0, more to come) leaves its verdict and tuple in fw_frag
+//     for the later ones.
 //
 // Allowed packets get TCX_NEXT, so that later programs of the hook still run; dropped
 // ones TCX_DROP. Every packet of a known interface counts in fw_ep_stats

@@ -20,11 +20,12 @@
  * packet access, so no bounds proofs); every lookup key and value is a stack struct zeroed
  * whole first (padding included: the verifier wants initialised stack) and written with
  * aligned or byte-sized stores (stack accesses must be aligned, and the big-endian fields
- * of struct fw_key are not); there are no loops. Everything is inlined into the two
- * programs but fw_snap_lookup, a static subprogram verified at each call; the policy
- * check (fw_check) has a single call site. On kernel 6.18 fw_egress takes about 11k
- * verifier steps of the million allowed, with a 368-byte stack of 512; fw_ingress, which
- * also runs the anti-spoofing checks (fw_spoofed), about 22k, with 408 bytes.
+ * of struct fw_key are not); the one loop is the IPv6 extension-header walk, bounded by
+ * FW_IPV6_EXT_MAX. Everything is inlined into the two programs but fw_snap_lookup, a
+ * static subprogram verified at each call; the policy check (fw_check) has a single call
+ * site. On kernel 6.18 fw_egress takes about 59k verifier steps of the million allowed
+ * and fw_ingress, which also runs the anti-spoofing checks (fw_spoofed), about 69k: the
+ * walk, run for the packet and for the one an ICMP error embeds, multiplies the paths.
  */
 
 #include <linux/bpf.h>
@@ -100,13 +101,16 @@
 #define FW_STAT_CT_DELETED 1
 #define FW_STAT_NO_SNAPSHOT 2
 #define FW_STAT_SPOOFED 3
-#define FW_STATS 4
+#define FW_STAT_FRAG_UNTRACKED 4 /* later fragments whose first was not seen (or expired) */
+#define FW_STAT_BAD_HEADERS 5	  /* see FW_PARSE_HOSTILE */
+#define FW_STATS 6
 
 /* Default capacities of the maps; the agent may change them before loading. */
 #define FW_SNAPSHOT_ENTRIES 65536
 #define FW_CT_ENTRIES 262144
 #define FW_RULE_STATS_ENTRIES 65536
 #define FW_EP_STATS_ENTRIES 16384
+#define FW_FRAG_ENTRIES 8192
 
 #define FW_NSEC_PER_SEC 1000000000ULL
 
@@ -116,6 +120,9 @@
 #define FW_PROTO_UDP 17
 #define FW_PROTO_ICMPV6 58
 #define FW_IP_OFFSET 0x1fff /* fragment offset bits of iphdr.frag_off */
+#define FW_IP_MF 0x2000	    /* more fragments, in iphdr.frag_off */
+#define FW_IP6_OFFSET 0xfff8 /* fragment offset bits of an IPv6 fragment header, in bytes */
+#define FW_IP6_MF 1	     /* more fragments, in the same field */
 #define FW_TCP_FIN 0x01
 #define FW_TCP_RST 0x04
 #define FW_ICMP_ECHOREPLY 0
@@ -130,6 +137,10 @@
 #define FW_ICMPV6_MLD2_REPORT 143
 #define FW_IPPROTO_IGMP 2
 #define FW_IPV6_HOPOPTS 0
+#define FW_IPV6_ROUTING 43
+#define FW_IPV6_FRAGMENT 44
+#define FW_IPV6_AH 51
+#define FW_IPV6_DSTOPTS 60
 #define FW_ICMPV6_RS 133
 #define FW_ICMPV6_NS 135
 #define FW_ICMPV6_NA 136
@@ -138,6 +149,33 @@
 #define FW_ETH_P_ARP 0x0806
 #define FW_DHCP_CLIENT_PORT 68
 #define FW_DHCP_SERVER_PORT 67
+
+/* The IPv6 extension headers fw_parse walks (hop-by-hop, routing, fragment, destination
+ * options, AH) are bounded: a chain of more headers, or of more bytes, is hostile. */
+#define FW_IPV6_EXT_MAX 6
+#define FW_IPV6_EXT_BYTES 512
+
+/* Results of fw_parse: a packet whose headers are malformed or truncated is denied; a
+ * hostile one (an extension-header chain over the bounds, a first fragment too short
+ * for its L4 header, a later fragment that overlaps it, two fragment headers) is denied
+ * and counted in FW_STAT_BAD_HEADERS. */
+#define FW_PARSE_OK 0
+#define FW_PARSE_MALFORMED -1
+#define FW_PARSE_HOSTILE -2
+
+/* Kinds of packet, for fragment tracking (fw_l4.frag); an IPv6 atomic fragment (offset 0,
+ * no more fragments) is no fragment. */
+#define FW_FRAG_NONE 0
+#define FW_FRAG_FIRST 1 /* offset 0, more fragments follow: it carries the L4 header */
+#define FW_FRAG_LATER 2 /* offset > 0: no L4 header */
+
+/* What a fragment entry gives its datagram's later fragments (fw_frag_value.verdict). */
+#define FW_FRAG_PASS 1 /* pass: the first was control traffic or a related ICMP error */
+#define FW_FRAG_CONN 2 /* the first's connection decides, as for a packet with its tuple */
+#define FW_FRAG_DROP 3 /* drop: the first was denied */
+
+/* How long a fragment entry lives after its first fragment, in seconds. */
+#define FW_FRAG_TIMEOUT 3
 
 /* fw_key is a key of a snapshot (an LPM trie): multi-byte fields of data are big-endian. */
 struct fw_key {
@@ -177,6 +215,31 @@ struct fw_ct_value {
 	__u8 flags;	 /* FW_CT_* */
 	__u16 pad;
 	__u32 pad2;
+};
+
+/* fw_frag_key is a datagram being fragmented: the interface and direction that saw its
+ * first fragment, and its (family, source, destination, identification, protocol). */
+struct fw_frag_key {
+	__u32 ifindex;
+	__u32 id; /* IPv4: the identification, in the low bytes as in the packet; IPv6: the
+		   * fragment header's */
+	__u8 family;
+	__u8 proto; /* IPv4: the protocol; IPv6: the fragment header's next header */
+	__u8 dir;   /* FW_DIR_* */
+	__u8 pad;
+	__u8 saddr[16]; /* IPv4 in bytes 0-3 */
+	__u8 daddr[16];
+};
+
+/* fw_frag_value is what the first fragment of a datagram left for the later ones. */
+struct fw_frag_value {
+	__u64 first_seen; /* bpf_ktime_get_ns() */
+	__u64 rule;	  /* FW_FRAG_DROP: the rule that denied it, 0 for none */
+	__u16 sport;	  /* the first fragment's tuple: ports (network byte order) */
+	__u16 dport;
+	__u16 l4_end; /* bytes of the fragmentable part up to the end of the L4 header */
+	__u8 proto;   /* the L4 protocol */
+	__u8 verdict; /* FW_FRAG_* */
 };
 
 /* fw_rule_counters is a value of fw_rule_stats, per CPU. */
@@ -240,6 +303,16 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } fw_ep_stats SEC(".maps");
 
+/* fw_frag remembers, for a short time, the verdict and tuple of a datagram's first
+ * fragment, for its later fragments. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, FW_FRAG_ENTRIES);
+	__type(key, struct fw_frag_key);
+	__type(value, struct fw_frag_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fw_frag SEC(".maps");
+
 /* fw_stats holds the program's own counters, FW_STAT_*. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -260,11 +333,23 @@ struct fw_ep {
 
 /* fw_l4 is what the parser learnt of a packet besides its tuple. */
 struct fw_l4 {
-	__u32 off;	/* offset of the L4 header */
-	__u8 has_l4;	/* the L4 header was read (not a non-first fragment) */
-	__u8 tcp_flags; /* TCP: the flags byte */
-	__u8 icmp_type; /* ICMP/ICMPv6: the type */
+	__u32 off;	 /* offset of the L4 header */
+	__u8 has_l4;	 /* the L4 header was read (not a non-first fragment) */
+	__u8 tcp_flags;	 /* TCP: the flags byte */
+	__u8 icmp_type;	 /* ICMP/ICMPv6: the type */
+	__u8 frag;	 /* FW_FRAG_* */
+	__u32 frag_id;	 /* a fragment's identification, as fw_frag_key.id */
+	__u16 frag_off;	 /* FIRST: fw_frag_value.l4_end; LATER: its offset, in bytes */
+	__u8 frag_proto; /* a fragment's fw_frag_key.proto */
 	__u8 pad;
+};
+
+/* fw_ext_head is the start of an IPv6 extension header: a fragment header whole. */
+struct fw_ext_head {
+	__u8 nexthdr;
+	__u8 len;     /* in 8-byte units after the first 8 (AH: 4-byte units after the first 8) */
+	__be16 frag;  /* a fragment header's offset and M flag */
+	__be32 id;    /* a fragment header's identification */
 };
 
 /* fw_verdict is the result of a policy check. */
@@ -392,56 +477,132 @@ static __always_inline int fw_icmp_error(__u8 family, __u8 type)
 	return type >= ICMPV6_DEST_UNREACH && type <= ICMPV6_PARAMPROB;
 }
 
+/* fw_l4_min returns the bytes of the protocol's L4 header that the checks read, and that
+ * a first fragment must hold whole (RFC 1858): TCP's 20, UDP's and ICMP's 8, none of other
+ * protocols. */
+static __always_inline __u32 fw_l4_min(__u8 family, __u8 proto)
+{
+	if (proto == FW_PROTO_TCP)
+		return 20;
+	if (proto == FW_PROTO_UDP || fw_is_icmp(family, proto))
+		return 8;
+	return 0;
+}
+
+/* fw_ipv6_ext tells whether the IPv6 next header is an extension header fw_parse walks. */
+static __always_inline int fw_ipv6_ext(__u8 nh)
+{
+	return nh == FW_IPV6_HOPOPTS || nh == FW_IPV6_ROUTING || nh == FW_IPV6_FRAGMENT ||
+	       nh == FW_IPV6_DSTOPTS || nh == FW_IPV6_AH;
+}
+
 /*
- * fw_parse reads the IP header of the family at off, and its L4 header, into the tuple k
- * (whose other fields must be zero) and l4. inner is set for the packet an ICMP error
- * embeds, of which only 8 bytes of L4 header are guaranteed. It returns 0, or -1 when the
- * packet is malformed or truncated.
+ * fw_parse reads the IP header of the family at off, IPv6's extension headers, and the L4
+ * header, into the tuple k (whose other fields must be zero) and l4 (zeroed). inner is
+ * set for the packet an ICMP error embeds, of which only 8 bytes of L4 header are
+ * guaranteed, and whose fragments are not checked. A fragment's protocol is that of its
+ * L4 header; a later fragment (offset > 0) has no ports. It returns FW_PARSE_OK,
+ * FW_PARSE_MALFORMED when the packet is malformed or truncated, or FW_PARSE_HOSTILE.
  */
 static __always_inline int fw_parse(struct __sk_buff *skb, __u32 off, __u8 family,
 				    struct fw_ct_key *k, struct fw_l4 *l4, const int inner)
 {
-	__u32 l4off;
+	__u32 l4off, end, fragpart = 0;
+	__u16 fo = 0, more = 0;
 
 	if (family == 4) {
 		struct iphdr ip;
 
 		if (bpf_skb_load_bytes(skb, off, &ip, sizeof(ip)) < 0)
-			return -1;
+			return FW_PARSE_MALFORMED;
 		if (ip.version != 4 || ip.ihl < 5)
-			return -1;
+			return FW_PARSE_MALFORMED;
 		k->family = 4;
 		k->proto = ip.protocol;
 		__builtin_memcpy(k->saddr, &ip.saddr, 4);
 		__builtin_memcpy(k->daddr, &ip.daddr, 4);
 		l4off = off + ip.ihl * 4;
-		l4->off = l4off;
-		if (ip.frag_off & bpf_htons(FW_IP_OFFSET))
-			return 0; /* a non-first fragment: no L4 header, ports 0 */
+		end = off + bpf_ntohs(ip.tot_len);
+		fo = (bpf_ntohs(ip.frag_off) & FW_IP_OFFSET) * 8;
+		more = ip.frag_off & bpf_htons(FW_IP_MF);
+		l4->frag_id = ip.id;
+		l4->frag_proto = ip.protocol;
+		fragpart = l4off;
 	} else {
 		struct ipv6hdr ip6;
+		__u8 nh;
+		int i, frags = 0;
 
 		if (bpf_skb_load_bytes(skb, off, &ip6, sizeof(ip6)) < 0)
-			return -1;
+			return FW_PARSE_MALFORMED;
 		if (ip6.version != 6)
-			return -1;
+			return FW_PARSE_MALFORMED;
 		k->family = 6;
-		k->proto = ip6.nexthdr;
 		__builtin_memcpy(k->saddr, &ip6.saddr, 16);
 		__builtin_memcpy(k->daddr, &ip6.daddr, 16);
 		l4off = off + sizeof(ip6);
-		l4->off = l4off;
+		end = l4off + bpf_ntohs(ip6.payload_len);
+		nh = ip6.nexthdr;
+		for (i = 0; i < FW_IPV6_EXT_MAX && fw_ipv6_ext(nh); i++) {
+			struct fw_ext_head h;
+
+			if (bpf_skb_load_bytes(skb, l4off, &h, sizeof(h)) < 0)
+				return FW_PARSE_MALFORMED;
+			if (nh == FW_IPV6_FRAGMENT) {
+				if (frags++)
+					return FW_PARSE_HOSTILE;
+				fo = bpf_ntohs(h.frag) & FW_IP6_OFFSET;
+				more = bpf_ntohs(h.frag) & FW_IP6_MF;
+				l4->frag_id = h.id;
+				l4->frag_proto = h.nexthdr;
+				l4off += sizeof(h);
+				fragpart = l4off;
+			} else if (nh == FW_IPV6_AH) {
+				l4off += (h.len + 2) * 4;
+			} else {
+				l4off += (h.len + 1) * 8;
+			}
+			nh = h.nexthdr;
+			if (l4off - (off + sizeof(ip6)) > FW_IPV6_EXT_BYTES)
+				return FW_PARSE_HOSTILE;
+			if (fo)
+				break; /* a later fragment: the headers after are in the first */
+		}
+		if (!fo && fw_ipv6_ext(nh))
+			return FW_PARSE_HOSTILE; /* more headers than FW_IPV6_EXT_MAX */
+		k->proto = nh;
+	}
+	l4->off = l4off;
+	if (fo) {
+		/* A later fragment: no L4 header, ports 0. */
+		if (inner)
+			return FW_PARSE_OK;
+		l4->frag = FW_FRAG_LATER;
+		l4->frag_off = fo;
+		/* One that overlaps the L4 header (RFC 1858) is hostile. */
+		if (fo < fw_l4_min(family, l4->frag_proto))
+			return FW_PARSE_HOSTILE;
+		return FW_PARSE_OK;
 	}
 
+	if (more && !inner) {
+		/* A first fragment must hold the whole L4 header (RFC 1858, RFC 7112). */
+		__u32 l4end = l4off + fw_l4_min(family, k->proto);
+
+		if (l4end > end || l4end - fragpart > 0xffff)
+			return FW_PARSE_HOSTILE;
+		l4->frag = FW_FRAG_FIRST;
+		l4->frag_off = l4end - fragpart;
+	}
 	if (k->proto == FW_PROTO_TCP) {
 		struct fw_tcp_head th;
 
 		if (inner) {
 			if (bpf_skb_load_bytes(skb, l4off, &th, 8) < 0)
-				return -1;
+				return FW_PARSE_MALFORMED;
 		} else {
 			if (bpf_skb_load_bytes(skb, l4off, &th, sizeof(th)) < 0)
-				return -1;
+				return FW_PARSE_MALFORMED;
 			l4->tcp_flags = th.flags;
 		}
 		k->sport = th.source;
@@ -451,7 +612,7 @@ static __always_inline int fw_parse(struct __sk_buff *skb, __u32 off, __u8 famil
 		struct udphdr uh;
 
 		if (bpf_skb_load_bytes(skb, l4off, &uh, sizeof(uh)) < 0)
-			return -1;
+			return FW_PARSE_MALFORMED;
 		k->sport = uh.source;
 		k->dport = uh.dest;
 		l4->has_l4 = 1;
@@ -459,7 +620,7 @@ static __always_inline int fw_parse(struct __sk_buff *skb, __u32 off, __u8 famil
 		struct fw_icmp_head ih;
 
 		if (bpf_skb_load_bytes(skb, l4off, &ih, sizeof(ih)) < 0)
-			return -1;
+			return FW_PARSE_MALFORMED;
 		l4->icmp_type = ih.type;
 		l4->has_l4 = 1;
 		if (ih.type == (family == 4 ? FW_ICMP_ECHO : ICMPV6_ECHO_REQUEST))
@@ -467,7 +628,7 @@ static __always_inline int fw_parse(struct __sk_buff *skb, __u32 off, __u8 famil
 		else if (ih.type == (family == 4 ? FW_ICMP_ECHOREPLY : ICMPV6_ECHO_REPLY))
 			k->dport = ih.id;
 	}
-	return 0;
+	return FW_PARSE_OK;
 }
 
 /* fw_reverse writes into r the tuple of the other direction of k. */
@@ -735,21 +896,170 @@ static __always_inline int fw_spoofed(struct __sk_buff *skb, void *snap, __u16 p
 	return 0;
 }
 
+/*
+ * fw_decide decides a parsed packet of the endpoint ep (t its tuple, l4 the rest), seen in
+ * direction dir, counts it and returns its tcx verdict. It sets *pass (FW_FRAG_*) to
+ * what the packet's later fragments get, were it a first fragment, and *deny_rule to the
+ * rule that denied it.
+ */
+static __always_inline int fw_decide(struct __sk_buff *skb, void *snap, const struct fw_ep *ep,
+				     const __u8 dir, __u8 family, struct fw_ct_key *t,
+				     const struct fw_l4 *l4, __u32 len, __u8 *pass, __u64 *deny_rule)
+{
+	struct fw_ct_key rev;
+	struct fw_ct_value *e, *r = NULL;
+	struct fw_verdict v = {};
+	__u8 class, closing = 0;
+	__u64 now;
+
+	/* The link's own control traffic passes, as ARP does: IGMP, and ICMPv6's neighbour
+	 * discovery and MLD (which comes behind a hop-by-hop header). Neighbour discovery
+	 * behind an extension header (RFC 6980 forbids fragments) is not read by the
+	 * anti-spoofing checks, and is dropped. */
+	*pass = FW_FRAG_PASS;
+	if (family == 4 && t->proto == FW_IPPROTO_IGMP)
+		return fw_allow(ep->id, len);
+	if (fw_is_icmp(family, t->proto) && l4->has_l4) {
+		if (family == 6 && l4->icmp_type >= FW_ICMPV6_ND_FIRST && l4->icmp_type <= FW_ICMPV6_ND_LAST) {
+			if (l4->off != ETH_HLEN + sizeof(struct ipv6hdr)) {
+				fw_stat(FW_STAT_BAD_HEADERS);
+				*pass = FW_FRAG_DROP;
+				return fw_deny(ep->id, len);
+			}
+			return fw_allow(ep->id, len);
+		}
+		if (family == 6 && ((l4->icmp_type >= FW_ICMPV6_MLD_FIRST && l4->icmp_type <= FW_ICMPV6_MLD_LAST) ||
+				    l4->icmp_type == FW_ICMPV6_MLD2_REPORT))
+			return fw_allow(ep->id, len);
+		if (fw_icmp_error(family, l4->icmp_type)) {
+			struct fw_ct_key in;
+			struct fw_l4 in_l4 = {};
+
+			/* The error is related when the packet it embeds belongs to a tracked
+			 * connection, in either direction. */
+			__builtin_memset(&in, 0, sizeof(in));
+			in.ifindex = t->ifindex;
+			if (fw_parse(skb, l4->off + sizeof(struct fw_icmp_head), family, &in, &in_l4,
+				     1) == FW_PARSE_OK) {
+				now = bpf_ktime_get_ns();
+				if (fw_ct_lookup(&in, now))
+					return fw_allow(ep->id, len);
+				fw_reverse(&in, &rev);
+				if (fw_ct_lookup(&rev, now))
+					return fw_allow(ep->id, len);
+			}
+			/* Unrelated: checked like any ICMP packet. */
+		}
+	}
+	*pass = FW_FRAG_CONN;
+
+	class = fw_class(family, t->proto);
+	if (t->proto == FW_PROTO_TCP && (l4->tcp_flags & (FW_TCP_FIN | FW_TCP_RST)))
+		closing = FW_CT_CLOSING;
+	now = bpf_ktime_get_ns();
+	fw_reverse(t, &rev);
+	e = fw_ct_lookup(t, now);
+	if (!e)
+		r = fw_ct_lookup(&rev, now);
+
+	/* Check the connection's first packet: this one when the connection is new, else
+	 * its original direction when the snapshot changed since it was checked. */
+	{
+		const struct fw_ct_key *orig = t;
+		__u8 cdir = dir;
+		int need = 1;
+
+		if (e) {
+			cdir = e->dir == FW_DIR_EGRESS ? FW_DIR_EGRESS : FW_DIR_INGRESS;
+			need = e->gen != ep->gen;
+		} else if (r) {
+			orig = &rev;
+			cdir = r->dir == FW_DIR_EGRESS ? FW_DIR_EGRESS : FW_DIR_INGRESS;
+			need = r->gen != ep->gen;
+		}
+		v.verdict = FW_ALLOW;
+		if (need) {
+			const __u8 *peer = cdir == FW_DIR_EGRESS ? orig->daddr : orig->saddr;
+			__u16 port = class == FW_CLASS_TCP || class == FW_CLASS_UDP ? orig->dport : 0;
+
+			fw_check(snap, ep, cdir, family, peer, class, port, &v);
+		}
+		if (v.verdict != FW_ALLOW) {
+			if (e || r) {
+				bpf_map_delete_elem(&fw_ct, orig);
+				fw_stat(FW_STAT_CT_DELETED);
+			}
+			fw_count_rule(v.rule, len);
+			*pass = FW_FRAG_DROP;
+			*deny_rule = v.rule;
+			return fw_deny(ep->id, len);
+		}
+		if (need && (e || r)) {
+			struct fw_ct_value *c = e ? e : r;
+
+			c->gen = ep->gen;
+			c->rule = v.rule;
+		}
+	}
+
+	if (e) {
+		e->last_seen = now;
+		if (closing)
+			e->flags |= closing;
+		fw_count_rule(e->rule, len);
+		return fw_allow(ep->id, len);
+	}
+	if (r) {
+		r->last_seen = now;
+		if ((r->flags & (FW_CT_REPLIED | closing)) != (FW_CT_REPLIED | closing))
+			r->flags |= FW_CT_REPLIED | closing;
+		return fw_allow(ep->id, len);
+	}
+
+	{
+		struct fw_ct_value nv;
+
+		__builtin_memset(&nv, 0, sizeof(nv));
+		nv.last_seen = now;
+		nv.rule = v.rule;
+		nv.gen = ep->gen;
+		nv.dir = dir;
+		nv.flags = closing;
+		if (bpf_map_update_elem(&fw_ct, t, &nv, BPF_ANY) == 0)
+			fw_stat(FW_STAT_CT_CREATED);
+	}
+	fw_count_rule(v.rule, len);
+	return fw_allow(ep->id, len);
+}
+
+/* fw_frag_key_of writes into fk the fragment key of the packet t, l4 seen in dir. */
+static __always_inline void fw_frag_key_of(struct fw_frag_key *fk, const struct fw_ct_key *t,
+					   const struct fw_l4 *l4, const __u8 dir)
+{
+	__builtin_memset(fk, 0, sizeof(*fk));
+	fk->ifindex = t->ifindex;
+	fk->id = l4->frag_id;
+	fk->family = t->family;
+	fk->proto = l4->frag_proto;
+	fk->dir = dir;
+	__builtin_memcpy(fk->saddr, t->saddr, 16);
+	__builtin_memcpy(fk->daddr, t->daddr, 16);
+}
+
 /* fw_handle filters one packet; dir is the direction of the hook (FW_DIR_*). */
 static __always_inline int fw_handle(struct __sk_buff *skb, const __u8 dir)
 {
-	struct fw_ct_key t, rev;
-	struct fw_ct_value *e, *r = NULL;
-	struct fw_verdict v = {};
+	struct fw_ct_key t;
 	struct fw_l4 l4 = {};
 	const struct fw_value *epv;
 	struct fw_key lk;
 	struct fw_ep ep;
 	void *snap;
 	__u32 zero = 0, len = skb->len;
+	__u64 deny_rule = 0;
 	__u16 proto;
-	__u8 family, class, closing = 0;
-	__u64 now;
+	__u8 family, pass = FW_FRAG_CONN;
+	int ret;
 
 	/* An endpoint's interface is an untagged port: a VLAN tag, in the frame or taken
 	 * out of it into the skb, would carry traffic past the checks below. */
@@ -800,116 +1110,60 @@ static __always_inline int fw_handle(struct __sk_buff *skb, const __u8 dir)
 
 	__builtin_memset(&t, 0, sizeof(t));
 	t.ifindex = skb->ifindex;
-	if (fw_parse(skb, ETH_HLEN, family, &t, &l4, 0) < 0)
+	ret = fw_parse(skb, ETH_HLEN, family, &t, &l4, 0);
+	if (ret != FW_PARSE_OK) {
+		if (ret == FW_PARSE_HOSTILE)
+			fw_stat(FW_STAT_BAD_HEADERS);
 		return fw_deny(ep.id, len);
-
-	/* The link's own control traffic passes, as ARP does: IGMP, and MLD, which comes
-	 * behind a hop-by-hop header to a link-local multicast group. */
-	if (family == 4 && t.proto == FW_IPPROTO_IGMP)
-		return fw_allow(ep.id, len);
-	if (family == 6 && t.proto == FW_IPV6_HOPOPTS && t.daddr[0] == 0xff && t.daddr[1] == 0x02)
-		return fw_allow(ep.id, len);
-	if (fw_is_icmp(family, t.proto) && l4.has_l4) {
-		if (family == 6 && ((l4.icmp_type >= FW_ICMPV6_ND_FIRST && l4.icmp_type <= FW_ICMPV6_ND_LAST) ||
-				    (l4.icmp_type >= FW_ICMPV6_MLD_FIRST && l4.icmp_type <= FW_ICMPV6_MLD_LAST) ||
-				    l4.icmp_type == FW_ICMPV6_MLD2_REPORT))
-			return fw_allow(ep.id, len);
-		if (fw_icmp_error(family, l4.icmp_type)) {
-			struct fw_ct_key in;
-			struct fw_l4 in_l4 = {};
-
-			/* The error is related when the packet it embeds belongs to a tracked
-			 * connection, in either direction. */
-			__builtin_memset(&in, 0, sizeof(in));
-			in.ifindex = t.ifindex;
-			if (fw_parse(skb, l4.off + sizeof(struct fw_icmp_head), family, &in, &in_l4,
-				     1) == 0) {
-				now = bpf_ktime_get_ns();
-				if (fw_ct_lookup(&in, now))
-					return fw_allow(ep.id, len);
-				fw_reverse(&in, &rev);
-				if (fw_ct_lookup(&rev, now))
-					return fw_allow(ep.id, len);
-			}
-			/* Unrelated: checked like any ICMP packet. */
-		}
 	}
 
-	class = fw_class(family, t.proto);
-	if (t.proto == FW_PROTO_TCP && (l4.tcp_flags & (FW_TCP_FIN | FW_TCP_RST)))
-		closing = FW_CT_CLOSING;
-	now = bpf_ktime_get_ns();
-	fw_reverse(&t, &rev);
-	e = fw_ct_lookup(&t, now);
-	if (!e)
-		r = fw_ct_lookup(&rev, now);
+	/* A later fragment gets the verdict of its datagram's first, and its tuple. */
+	if (l4.frag == FW_FRAG_LATER) {
+		struct fw_frag_key fk;
+		struct fw_frag_value *fv;
+		__u64 now = bpf_ktime_get_ns();
 
-	/* Check the connection's first packet: this one when the connection is new, else
-	 * its original direction when the snapshot changed since it was checked. */
-	{
-		const struct fw_ct_key *orig = &t;
-		__u8 cdir = dir;
-		int need = 1;
-
-		if (e) {
-			cdir = e->dir == FW_DIR_EGRESS ? FW_DIR_EGRESS : FW_DIR_INGRESS;
-			need = e->gen != ep.gen;
-		} else if (r) {
-			orig = &rev;
-			cdir = r->dir == FW_DIR_EGRESS ? FW_DIR_EGRESS : FW_DIR_INGRESS;
-			need = r->gen != ep.gen;
-		}
-		v.verdict = FW_ALLOW;
-		if (need) {
-			const __u8 *peer = cdir == FW_DIR_EGRESS ? orig->daddr : orig->saddr;
-			__u16 port = class == FW_CLASS_TCP || class == FW_CLASS_UDP ? orig->dport : 0;
-
-			fw_check(snap, &ep, cdir, family, peer, class, port, &v);
-		}
-		if (v.verdict != FW_ALLOW) {
-			if (e || r) {
-				bpf_map_delete_elem(&fw_ct, orig);
-				fw_stat(FW_STAT_CT_DELETED);
-			}
-			fw_count_rule(v.rule, len);
+		fw_frag_key_of(&fk, &t, &l4, dir);
+		fv = bpf_map_lookup_elem(&fw_frag, &fk);
+		if (!fv || (now > fv->first_seen &&
+			    now - fv->first_seen > FW_FRAG_TIMEOUT * FW_NSEC_PER_SEC)) {
+			fw_stat(FW_STAT_FRAG_UNTRACKED);
 			return fw_deny(ep.id, len);
 		}
-		if (need && (e || r)) {
-			struct fw_ct_value *c = e ? e : r;
-
-			c->gen = ep.gen;
-			c->rule = v.rule;
+		if (l4.frag_off < fv->l4_end) {
+			fw_stat(FW_STAT_BAD_HEADERS); /* it overlaps the L4 header */
+			return fw_deny(ep.id, len);
 		}
+		if (fv->verdict == FW_FRAG_PASS)
+			return fw_allow(ep.id, len);
+		if (fv->verdict != FW_FRAG_CONN) {
+			fw_count_rule(fv->rule, len);
+			return fw_deny(ep.id, len);
+		}
+		t.proto = fv->proto;
+		t.sport = fv->sport;
+		t.dport = fv->dport;
 	}
 
-	if (e) {
-		e->last_seen = now;
-		if (closing)
-			e->flags |= closing;
-		fw_count_rule(e->rule, len);
-		return fw_allow(ep.id, len);
-	}
-	if (r) {
-		r->last_seen = now;
-		if ((r->flags & (FW_CT_REPLIED | closing)) != (FW_CT_REPLIED | closing))
-			r->flags |= FW_CT_REPLIED | closing;
-		return fw_allow(ep.id, len);
-	}
+	ret = fw_decide(skb, snap, &ep, dir, family, &t, &l4, len, &pass, &deny_rule);
 
-	{
-		struct fw_ct_value nv;
+	/* A first fragment leaves its verdict and tuple for the later ones. */
+	if (l4.frag == FW_FRAG_FIRST) {
+		struct fw_frag_key fk;
+		struct fw_frag_value fv;
 
-		__builtin_memset(&nv, 0, sizeof(nv));
-		nv.last_seen = now;
-		nv.rule = v.rule;
-		nv.gen = ep.gen;
-		nv.dir = dir;
-		nv.flags = closing;
-		if (bpf_map_update_elem(&fw_ct, &t, &nv, BPF_ANY) == 0)
-			fw_stat(FW_STAT_CT_CREATED);
+		fw_frag_key_of(&fk, &t, &l4, dir);
+		__builtin_memset(&fv, 0, sizeof(fv));
+		fv.first_seen = bpf_ktime_get_ns();
+		fv.rule = deny_rule;
+		fv.sport = t.sport;
+		fv.dport = t.dport;
+		fv.l4_end = l4.frag_off;
+		fv.proto = t.proto;
+		fv.verdict = pass;
+		bpf_map_update_elem(&fw_frag, &fk, &fv, BPF_ANY);
 	}
-	fw_count_rule(v.rule, len);
-	return fw_allow(ep.id, len);
+	return ret;
 }
 
 /* fw_ingress runs at the tcx ingress hook of an endpoint's interface: packets from it. */

@@ -47,6 +47,29 @@ type firewallFwEpCounters struct {
 	SpoofedBytes   uint64
 }
 
+type firewallFwFragKey struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Id      uint32
+	Family  uint8
+	Proto   uint8
+	Dir     uint8
+	Pad     uint8
+	Saddr   [16]uint8
+	Daddr   [16]uint8
+}
+
+type firewallFwFragValue struct {
+	_         structs.HostLayout
+	FirstSeen uint64
+	Rule      uint64
+	Sport     uint16
+	Dport     uint16
+	L4End     uint16
+	Proto     uint8
+	Verdict   uint8
+}
+
 type firewallFwKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -76,6 +99,7 @@ type firewallFwValue struct {
 const (
 	firewallMapFwCt        = "fw_ct"
 	firewallMapFwEpStats   = "fw_ep_stats"
+	firewallMapFwFrag      = "fw_frag"
 	firewallMapFwRuleStats = "fw_rule_stats"
 	firewallMapFwSnapshots = "fw_snapshots"
 	firewallMapFwStats     = "fw_stats"
@@ -135,6 +159,7 @@ type firewallProgramSpecs struct {
 type firewallMapSpecs struct {
 	FwCt        *ebpf.MapSpec `ebpf:"fw_ct"`
 	FwEpStats   *ebpf.MapSpec `ebpf:"fw_ep_stats"`
+	FwFrag      *ebpf.MapSpec `ebpf:"fw_frag"`
 	FwRuleStats *ebpf.MapSpec `ebpf:"fw_rule_stats"`
 	FwSnapshots *ebpf.MapSpec `ebpf:"fw_snapshots"`
 	FwStats     *ebpf.MapSpec `ebpf:"fw_stats"`
@@ -168,6 +193,7 @@ func (o *firewallObjects) Close() error {
 type firewallMaps struct {
 	FwCt        *ebpf.Map `ebpf:"fw_ct"`
 	FwEpStats   *ebpf.Map `ebpf:"fw_ep_stats"`
+	FwFrag      *ebpf.Map `ebpf:"fw_frag"`
 	FwRuleStats *ebpf.Map `ebpf:"fw_rule_stats"`
 	FwSnapshots *ebpf.Map `ebpf:"fw_snapshots"`
 	FwStats     *ebpf.Map `ebpf:"fw_stats"`
@@ -177,6 +203,7 @@ func (m *firewallMaps) Close() error {
 	return _FirewallClose(
 		m.FwCt,
 		m.FwEpStats,
+		m.FwFrag,
 		m.FwRuleStats,
 		m.FwSnapshots,
 		m.FwStats,

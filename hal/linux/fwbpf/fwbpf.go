@@ -21,6 +21,9 @@ const (
 	// MapEndpointStats counts packets per local endpoint: a per-CPU hash of uint32
 	// endpoint ids to EndpointStats.
 	MapEndpointStats = "fw_ep_stats"
+	// MapFrag remembers the first fragments of datagrams for their later fragments: an
+	// LRU hash of FragKey to FragValue, whose entries live FragTimeout.
+	MapFrag = "fw_frag"
 	// MapStats holds the program's own counters: a per-CPU array of NumStats uint64,
 	// indexed by the Stat constants.
 	MapStats = "fw_stats"
@@ -91,6 +94,36 @@ const (
 	// StatSpoofedDrops counts the frames dropped because a guarded endpoint sent them
 	// from an address that is not its own.
 	StatSpoofedDrops = 3
+	// StatFragUntrackedDrops counts the later fragments (offset > 0) dropped because
+	// the first fragment of their datagram was not seen on their interface, or longer
+	// than FragTimeout ago (its entry in MapFrag expired or was evicted).
+	StatFragUntrackedDrops = 4
+	// StatBadHeaderDrops counts the packets dropped for their headers: an IPv6
+	// extension-header chain of more than IPv6ExtMax headers or IPv6ExtBytes bytes, two
+	// fragment headers, a first fragment too short for its L4 header, a later fragment
+	// that overlaps it (RFC 1858), neighbour discovery behind an extension header.
+	StatBadHeaderDrops = 5
 	// NumStats is the number of counters in MapStats.
-	NumStats = 4
+	NumStats = 6
+)
+
+// Bounds of the IPv6 extension-header walk: a chain of more headers (hop-by-hop, routing,
+// fragment, destination options, AH) or more bytes is dropped (StatBadHeaderDrops).
+const (
+	IPv6ExtMax   = 6
+	IPv6ExtBytes = 512
+)
+
+// FragTimeout is how long the verdict of a datagram's first fragment is kept for its
+// later fragments (an entry of MapFrag lives that long after the first fragment).
+const FragTimeout = 3 * time.Second
+
+// Verdicts a first fragment leaves for its later ones (FragValue.Verdict).
+const (
+	// FragPass: they pass (the first was control traffic or a related ICMP error).
+	FragPass = 1
+	// FragConn: they are packets of the first's connection, with its tuple.
+	FragConn = 2
+	// FragDrop: they are dropped, and count under the rule that denied the first.
+	FragDrop = 3
 )

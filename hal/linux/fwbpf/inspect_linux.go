@@ -36,7 +36,7 @@ func OpenPinned(dir string) (*Pinned, error) {
 	}
 	o := &Objects{dir: dir}
 	for name, dst := range map[string]**ebpf.Map{
-		MapSnapshots: &o.Snapshots, MapCT: &o.CT, MapRuleStats: &o.RuleStats, MapEndpointStats: &o.EndpointStats, MapStats: &o.Stats,
+		MapSnapshots: &o.Snapshots, MapCT: &o.CT, MapFrag: &o.Frag, MapRuleStats: &o.RuleStats, MapEndpointStats: &o.EndpointStats, MapStats: &o.Stats,
 	} {
 		m, err := loadPinnedReadOnly(filepath.Join(dir, name), spec.Maps[name])
 		if err != nil {
@@ -49,6 +49,7 @@ func OpenPinned(dir string) (*Pinned, error) {
 		Conntrack: int(o.CT.MaxEntries()),
 		Rules:     int(o.RuleStats.MaxEntries()),
 		Endpoints: int(o.EndpointStats.MaxEntries()),
+		Fragments: int(o.Frag.MaxEntries()),
 	}
 	return &Pinned{objs: o}, nil
 }

@@ -11,6 +11,12 @@ const (
 	ipProtoUDP = 17
 	ipProtoGRE = 47
 
+	ipProtoHopByHop = 0
+	ipProtoRouting  = 43
+	ipProtoFragment = 44
+	ipProtoAH       = 51
+	ipProtoDstOpts  = 60
+
 	tcpFIN = 0x01
 	tcpSYN = 0x02
 	tcpRST = 0x04
@@ -34,14 +40,39 @@ type packet struct {
 	// embed is the packet an ICMP error carries: its IP header and 8 bytes of its L4
 	// header go into the error's body.
 	embed *packet
-	// fragOffset is the IPv4 fragment offset in 8-byte units: a non-first fragment
-	// carries no L4 header.
+	// fragOffset is the fragment offset in 8-byte units: a non-first fragment carries
+	// no L4 header. moreFrags sets the more-fragments flag. An IPv6 packet with either
+	// gets a fragment header after exts. fragID is the datagram's identification
+	// (IPv4: the low 16 bits), 0x1234 when zero.
 	fragOffset uint16
+	moreFrags  bool
+	fragID     uint32
+	// exts are IPv6 extension headers before the L4 header, in order.
+	exts []ext
+	// l4Len, when positive, cuts the L4 header and payload to that many bytes, the IP
+	// header's length saying so (a tiny fragment).
+	l4Len int
 	// payload is how many bytes of data follow the headers, each fill.
 	payload int
 	fill    byte
 	// truncate, when positive, cuts the IP packet to that many bytes.
 	truncate int
+}
+
+// ext is an IPv6 extension header of the protocol and size in bytes (a multiple of 8,
+// of 4 for AH; a fragment header is 8 bytes, filled from the packet's fragment fields).
+type ext struct {
+	proto uint8
+	size  int
+}
+
+// chain returns n extension headers of the protocol, each of size bytes.
+func chain(n int, proto uint8, size int) []ext {
+	var e []ext
+	for range n {
+		e = append(e, ext{proto, size})
+	}
+	return e
 }
 
 // reply returns the packet of the other direction: addresses and ports swapped.
@@ -91,13 +122,24 @@ func (p packet) ip() []byte {
 	for range p.payload {
 		l4 = append(l4, p.fill)
 	}
+	if p.l4Len > 0 && p.l4Len < len(l4) {
+		l4 = l4[:p.l4Len]
+	}
+	id := p.fragID
+	if id == 0 {
+		id = 0x1234
+	}
 	var b []byte
 	if p.src.Is4() {
 		b = make([]byte, 20)
 		b[0] = 0x45
 		binary.BigEndian.PutUint16(b[2:], uint16(20+len(l4)))
-		binary.BigEndian.PutUint16(b[4:], 0x1234)
-		binary.BigEndian.PutUint16(b[6:], p.fragOffset&0x1fff)
+		binary.BigEndian.PutUint16(b[4:], uint16(id))
+		off := p.fragOffset & 0x1fff
+		if p.moreFrags {
+			off |= 0x2000
+		}
+		binary.BigEndian.PutUint16(b[6:], off)
 		b[8] = 64
 		b[9] = p.proto
 		s, d := p.src.As4(), p.dst.As4()
@@ -105,10 +147,43 @@ func (p packet) ip() []byte {
 		copy(b[16:], d[:])
 		binary.BigEndian.PutUint16(b[10:], checksum(b))
 	} else {
+		exts := p.exts
+		if p.fragOffset != 0 || p.moreFrags {
+			exts = append(append([]ext{}, exts...), ext{ipProtoFragment, 8})
+		}
+		var eb []byte
+		for i, e := range exts {
+			next := p.proto
+			if i+1 < len(exts) {
+				next = exts[i+1].proto
+			}
+			h := make([]byte, e.size)
+			h[0] = next
+			switch e.proto {
+			case ipProtoFragment:
+				h = make([]byte, 8)
+				h[0] = next
+				off := p.fragOffset << 3
+				if p.moreFrags {
+					off |= 1
+				}
+				binary.BigEndian.PutUint16(h[2:], off)
+				binary.BigEndian.PutUint32(h[4:], id)
+			case ipProtoAH:
+				h[1] = uint8(e.size/4 - 2)
+			default:
+				h[1] = uint8(e.size/8 - 1)
+			}
+			eb = append(eb, h...)
+		}
+		l4 = append(eb, l4...)
 		b = make([]byte, 40)
 		b[0] = 0x60
 		binary.BigEndian.PutUint16(b[4:], uint16(len(l4)))
 		b[6] = p.proto
+		if len(exts) > 0 {
+			b[6] = exts[0].proto
+		}
 		b[7] = 64
 		s, d := p.src.As16(), p.dst.As16()
 		copy(b[8:], s[:])

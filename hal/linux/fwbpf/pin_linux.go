@@ -29,6 +29,11 @@ type Capacities struct {
 	// Endpoints is the number of local endpoints whose packets are counted. Default:
 	// 16384.
 	Endpoints int
+	// Fragments is the number of fragmented datagrams whose first fragment's verdict is
+	// kept at once, for FragTimeout, for their later fragments; when it is full the least
+	// recently used is evicted, and the later fragments of an evicted datagram are
+	// dropped (StatFragUntrackedDrops). Default: 8192.
+	Fragments int
 }
 
 // WithDefaults returns c with every zero capacity set to its default.
@@ -45,6 +50,9 @@ func (c Capacities) WithDefaults() Capacities {
 	if c.Endpoints <= 0 {
 		c.Endpoints = 16384
 	}
+	if c.Fragments <= 0 {
+		c.Fragments = 8192
+	}
 	return c
 }
 
@@ -56,8 +64,9 @@ type Objects struct {
 	Ingress, Egress *ebpf.Program
 	// Snapshots is the array of one slot that holds the current snapshot.
 	Snapshots *ebpf.Map
-	// CT is the conntrack table; RuleStats, EndpointStats and Stats the counters.
-	CT, RuleStats, EndpointStats, Stats *ebpf.Map
+	// CT is the conntrack table; Frag the first fragments' verdicts; RuleStats,
+	// EndpointStats and Stats the counters.
+	CT, Frag, RuleStats, EndpointStats, Stats *ebpf.Map
 
 	dir   string
 	caps  Capacities
@@ -86,6 +95,7 @@ func Open(dir string, caps Capacities, log *slog.Logger) (*Objects, error) {
 	spec.Maps[MapCT].MaxEntries = uint32(caps.Conntrack)
 	spec.Maps[MapRuleStats].MaxEntries = uint32(caps.Rules)
 	spec.Maps[MapEndpointStats].MaxEntries = uint32(caps.Endpoints)
+	spec.Maps[MapFrag].MaxEntries = uint32(caps.Fragments)
 	inner := spec.Maps[MapSnapshots].InnerMap.Copy()
 	inner.MaxEntries = uint32(caps.Snapshot)
 	spec.Maps[MapSnapshots].InnerMap = inner.Copy()
@@ -114,6 +124,7 @@ func Open(dir string, caps Capacities, log *slog.Logger) (*Objects, error) {
 		Egress:        coll.DetachProgram(ProgEgress),
 		Snapshots:     coll.DetachMap(MapSnapshots),
 		CT:            coll.DetachMap(MapCT),
+		Frag:          coll.DetachMap(MapFrag),
 		RuleStats:     coll.DetachMap(MapRuleStats),
 		EndpointStats: coll.DetachMap(MapEndpointStats),
 		Stats:         coll.DetachMap(MapStats),
@@ -174,8 +185,10 @@ func (o *Objects) Close() error {
 	for _, p := range []*ebpf.Program{o.Ingress, o.Egress} {
 		p.Close()
 	}
-	for _, m := range []*ebpf.Map{o.Snapshots, o.CT, o.RuleStats, o.EndpointStats, o.Stats} {
-		m.Close()
+	for _, m := range []*ebpf.Map{o.Snapshots, o.CT, o.Frag, o.RuleStats, o.EndpointStats, o.Stats} {
+		if m != nil {
+			m.Close()
+		}
 	}
 	return nil
 }

@@ -20,6 +20,20 @@ type CTKey = firewallFwCtKey
 // (DirIngress or DirEgress) and its flags (CTClosing, CTReplied).
 type CTValue = firewallFwCtValue
 
+// FragKey is a key of MapFrag (struct fw_frag_key): the interface and direction
+// (DirIngress, DirEgress) that saw a datagram's first fragment, its family (4 or 6),
+// source and destination (IPv4 in bytes 0-3), its identification (IPv4's 16 bits, or
+// IPv6's fragment header's 32, as the packet's bytes read on this machine) and its
+// protocol (IPv6: the fragment header's next header).
+type FragKey = firewallFwFragKey
+
+// FragValue is a value of MapFrag (struct fw_frag_value): when the first fragment was
+// seen (FirstSeen, as CTValue.LastSeen), what its later fragments get (Verdict,
+// FragPass, FragConn or FragDrop, and the rule that denied it), its L4 protocol and
+// ports (network order, as CTKey's), and how many bytes of the fragmentable part its L4
+// header takes up (L4End: a later fragment with a smaller offset overlaps it).
+type FragValue = firewallFwFragValue
+
 // RuleStats is a rule's counter in MapRuleStats (struct fw_rule_counters): one CPU's,
 // or, as Objects and Pinned return it, summed over CPUs. It counts the packets (and their
 // bytes) of the connections the rule decided, in their original direction, and the

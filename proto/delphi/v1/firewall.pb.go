@@ -399,9 +399,19 @@ type FirewallStats struct {
 	EndpointCountersCapacity uint32 `protobuf:"varint,7,opt,name=endpoint_counters_capacity,json=endpointCountersCapacity,proto3" json:"endpoint_counters_capacity,omitempty"`
 	// spoofed_drops counts the frames dropped because a guarded endpoint sent them from
 	// an address that is not its own (see FirewallEndpoint.guarded).
-	SpoofedDrops  uint64 `protobuf:"varint,8,opt,name=spoofed_drops,json=spoofedDrops,proto3" json:"spoofed_drops,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	SpoofedDrops uint64 `protobuf:"varint,8,opt,name=spoofed_drops,json=spoofedDrops,proto3" json:"spoofed_drops,omitempty"`
+	// fragment_untracked_drops counts the later fragments of datagrams dropped because
+	// their first fragment was not seen on their interface, or too long ago (3 seconds),
+	// or its entry was evicted from the full fw_frag; fragment_capacity is its size.
+	FragmentUntrackedDrops uint64 `protobuf:"varint,9,opt,name=fragment_untracked_drops,json=fragmentUntrackedDrops,proto3" json:"fragment_untracked_drops,omitempty"`
+	FragmentCapacity       uint32 `protobuf:"varint,10,opt,name=fragment_capacity,json=fragmentCapacity,proto3" json:"fragment_capacity,omitempty"`
+	// bad_header_drops counts the packets dropped for hostile headers: an IPv6
+	// extension-header chain over its bounds, a first fragment too short for its L4
+	// header, a later fragment overlapping it, neighbour discovery behind an extension
+	// header.
+	BadHeaderDrops uint64 `protobuf:"varint,11,opt,name=bad_header_drops,json=badHeaderDrops,proto3" json:"bad_header_drops,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *FirewallStats) Reset() {
@@ -486,6 +496,27 @@ func (x *FirewallStats) GetEndpointCountersCapacity() uint32 {
 func (x *FirewallStats) GetSpoofedDrops() uint64 {
 	if x != nil {
 		return x.SpoofedDrops
+	}
+	return 0
+}
+
+func (x *FirewallStats) GetFragmentUntrackedDrops() uint64 {
+	if x != nil {
+		return x.FragmentUntrackedDrops
+	}
+	return 0
+}
+
+func (x *FirewallStats) GetFragmentCapacity() uint32 {
+	if x != nil {
+		return x.FragmentCapacity
+	}
+	return 0
+}
+
+func (x *FirewallStats) GetBadHeaderDrops() uint64 {
+	if x != nil {
+		return x.BadHeaderDrops
 	}
 	return 0
 }
@@ -1448,7 +1479,7 @@ const file_delphi_v1_firewall_proto_rawDesc = "" +
 	"\x13compiled_generation\x18\x05 \x01(\rR\x12compiledGeneration\x12\x18\n" +
 	"\acurrent\x18\x06 \x01(\bR\acurrent\x12#\n" +
 	"\rstale_entries\x18\a \x01(\rR\fstaleEntries\x12'\n" +
-	"\x0fmissing_entries\x18\b \x01(\rR\x0emissingEntries\"\x88\x03\n" +
+	"\x0fmissing_entries\x18\b \x01(\rR\x0emissingEntries\"\x99\x04\n" +
 	"\rFirewallStats\x12+\n" +
 	"\x11conntrack_created\x18\x01 \x01(\x04R\x10conntrackCreated\x12)\n" +
 	"\x10conntrack_denied\x18\x02 \x01(\x04R\x0fconntrackDenied\x12*\n" +
@@ -1457,7 +1488,11 @@ const file_delphi_v1_firewall_proto_rawDesc = "" +
 	"\x12conntrack_capacity\x18\x05 \x01(\rR\x11conntrackCapacity\x124\n" +
 	"\x16rule_counters_capacity\x18\x06 \x01(\rR\x14ruleCountersCapacity\x12<\n" +
 	"\x1aendpoint_counters_capacity\x18\a \x01(\rR\x18endpointCountersCapacity\x12#\n" +
-	"\rspoofed_drops\x18\b \x01(\x04R\fspoofedDrops\"\xb7\x03\n" +
+	"\rspoofed_drops\x18\b \x01(\x04R\fspoofedDrops\x128\n" +
+	"\x18fragment_untracked_drops\x18\t \x01(\x04R\x16fragmentUntrackedDrops\x12+\n" +
+	"\x11fragment_capacity\x18\n" +
+	" \x01(\rR\x10fragmentCapacity\x12(\n" +
+	"\x10bad_header_drops\x18\v \x01(\x04R\x0ebadHeaderDrops\"\xb7\x03\n" +
 	"\x10FirewallEndpoint\x12&\n" +
 	"\x03key\x18\x01 \x01(\v2\x14.nimbus.v1.ObjectKeyR\x03key\x12\x18\n" +
 	"\aifindex\x18\x02 \x01(\rR\aifindex\x12\x1c\n" +
