@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -23,6 +25,9 @@ type overlayHost struct {
 	ns  string
 	nsh netns.NsHandle
 	rec *NetworkReconciler
+	// bpfDir and stateFile are the reconcilers' NetworkOptions.BPFDir and StateFile,
+	// which survive their restarts.
+	bpfDir, stateFile string
 }
 
 // localNode is the name of the test host's Node.
@@ -31,7 +36,10 @@ const localNode = "n1"
 func newOverlayHost(t *testing.T) *overlayHost {
 	t.Helper()
 	ns := testns.Named(t, "naples-net")
-	h := &overlayHost{testStore: newTestStore(t, Indexes()), ns: ns, nsh: testns.Handle(t, ns)}
+	h := &overlayHost{testStore: newTestStore(t, Indexes()), ns: ns, nsh: testns.Handle(t, ns),
+		bpfDir: filepath.Join("/sys/fs/bpf", ns), stateFile: filepath.Join(t.TempDir(), "gateway.json")}
+	// Registered first, so that it runs after every reconciler is closed.
+	t.Cleanup(func() { os.RemoveAll(h.bpfDir) })
 	h.rec = h.newReconciler(t)
 	return h
 }
@@ -40,7 +48,8 @@ func newOverlayHost(t *testing.T) *overlayHost {
 // a restarted agent has.
 func (h *overlayHost) newReconciler(t *testing.T) *NetworkReconciler {
 	t.Helper()
-	rec, err := NewNetworkReconciler(NetworkOptions{Store: h.store, Node: localNode, Namespace: &h.nsh, Logger: quiet})
+	rec, err := NewNetworkReconciler(NetworkOptions{Store: h.store, Node: localNode, Namespace: &h.nsh, Logger: quiet,
+		BPFDir: h.bpfDir, StateFile: h.stateFile})
 	if err != nil {
 		t.Fatal(err)
 	}
