@@ -13,8 +13,10 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
+	"github.com/naplesnet/naples/hal"
 	"github.com/naplesnet/naples/hal/linux/gwbpf"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -69,6 +71,12 @@ type gateway struct {
 	stateFile string
 	// closeOnce makes close safe to call twice.
 	closeOnce sync.Once
+	// capacity is the number of bridges the map holds marks for; exceeded counts the
+	// reconciles that found it full.
+	capacity int
+	exceeded prometheus.Counter
+	// reg is where the metrics are registered, nil when they are not.
+	reg prometheus.Registerer
 
 	// mu guards the fields below, and serializes the decisions on a tenant's rules and
 	// on the sysctls between networks.
@@ -82,10 +90,18 @@ type gateway struct {
 	attached map[string]int32
 }
 
-// openGateway loads the gateway programs, pinned under bpfDir/gateway when bpfDir is
-// set, and the record of the sysctls naples found from stateFile.
-func openGateway(bpfDir, stateFile string) (*gateway, error) {
-	g := &gateway{stateFile: stateFile, attached: map[string]int32{}}
+// openGateway loads the gateway programs with room for the marks of bridges bridges,
+// pinned under bpfDir/gateway when bpfDir is set, and the record of the sysctls naples
+// found from stateFile.
+func openGateway(bpfDir string, bridges int, stateFile string) (*gateway, error) {
+	if bridges <= 0 {
+		bridges = gwbpf.DefaultBridges
+	}
+	g := &gateway{stateFile: stateFile, attached: map[string]int32{}, capacity: bridges,
+		exceeded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "naples_gateway_capacity_exceeded_total",
+			Help: "Reconciles of networks whose bridge got no gateway mark because the gateway map held --gateway-bridges bridges already.",
+		})}
 	if stateFile != "" {
 		b, err := os.ReadFile(stateFile)
 		switch {
@@ -102,13 +118,32 @@ func openGateway(bpfDir, stateFile string) (*gateway, error) {
 	if bpfDir != "" {
 		dir = filepath.Join(bpfDir, "gateway")
 	}
-	g.objs, g.openErr = gwbpf.Open(dir)
+	g.objs, g.openErr = gwbpf.Open(dir, bridges)
 	return g, nil
+}
+
+// The gateway's metrics: the capacity of its map, and how often it was exceeded.
+var gwCapacityDesc = prometheus.NewDesc("naples_gateway_bridges_capacity",
+	"Bridges the gateway map holds marks for (--gateway-bridges).", nil, nil)
+
+// Describe implements prometheus.Collector.
+func (g *gateway) Describe(ch chan<- *prometheus.Desc) {
+	ch <- gwCapacityDesc
+	g.exceeded.Describe(ch)
+}
+
+// Collect implements prometheus.Collector.
+func (g *gateway) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(gwCapacityDesc, prometheus.GaugeValue, float64(g.capacity))
+	g.exceeded.Collect(ch)
 }
 
 // close releases the programs; pinned links stay, unpinned ones go.
 func (g *gateway) close() {
 	g.closeOnce.Do(func() {
+		if g.reg != nil {
+			g.reg.Unregister(g)
+		}
 		if g.objs != nil {
 			g.objs.Close()
 		}
@@ -127,6 +162,10 @@ func (r *NetworkReconciler) ensureGateway(ctx context.Context, want networkWant,
 		status = "unavailable: " + g.openErr.Error()
 	} else {
 		wrote, err := g.objs.SetMark(uint32(index), mark)
+		if errors.Is(err, gwbpf.ErrFull) {
+			g.exceeded.Inc()
+			return "", hal.Errorf(ReasonCapacityExceeded, "bridge %s: no gateway mark: %v; raise --gateway-bridges", want.bridge, err)
+		}
 		if err != nil {
 			return "", kernelErr(err, "marking what comes up from %s", want.bridge)
 		}

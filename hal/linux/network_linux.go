@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
@@ -45,6 +46,13 @@ type NetworkOptions struct {
 	// Default: "", which attaches them unpinned: they go with the reconciler (Close),
 	// and the gateways do not answer until the next agent attaches them again.
 	BPFDir string
+	// GatewayBridges is the number of bridges the gateway programs' map holds marks for;
+	// a network whose bridge finds it full is FAILED with ReasonCapacityExceeded.
+	// Default: 4096 (gwbpf.DefaultBridges).
+	GatewayBridges int
+	// Registerer takes the reconciler's metrics (naples_gateway_*); Close unregisters
+	// them. Default: nil, no metrics.
+	Registerer prometheus.Registerer
 	// StateFile is the file where the reconciler keeps the gateway sysctls as it found
 	// them before it first changed them, so that it puts them back when no network has a
 	// gateway, also after a restart (the agent's is gateway.json in its state
@@ -146,9 +154,16 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 	if opts.Node == "" {
 		return nil, errors.New("network reconciler: NetworkOptions.Node is required")
 	}
-	gw, err := openGateway(opts.BPFDir, opts.StateFile)
+	gw, err := openGateway(opts.BPFDir, opts.GatewayBridges, opts.StateFile)
 	if err != nil {
 		return nil, fmt.Errorf("network reconciler: %w", err)
+	}
+	if opts.Registerer != nil {
+		if err := opts.Registerer.Register(gw); err != nil {
+			gw.close()
+			return nil, fmt.Errorf("network reconciler: registering the gateway metrics: %w", err)
+		}
+		gw.reg = opts.Registerer
 	}
 	c, err := openRTNLConn(rtnlConnOptions{Namespace: opts.Namespace, Timeout: opts.Timeout,
 		EventBuffer: opts.EventBuffer, DefaultEventBuffer: 8 << 20, Logger: opts.Logger, Writes: true})

@@ -31,5 +31,6 @@ const (
 	MarkBase = 0x6E000000
 )
 
-// MaxBridges is the number of bridges MapMarks holds marks for.
-const MaxBridges = 4096
+// DefaultBridges is the number of bridges MapMarks holds marks for unless Open is told
+// another.
+const DefaultBridges = 4096

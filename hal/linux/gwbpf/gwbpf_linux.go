@@ -14,9 +14,13 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 
 	"github.com/naplesnet/naples/hal/linux/internal/tcxpin"
 )
+
+// ErrFull is the error of SetMark when the map holds marks for as many bridges as it can.
+var ErrFull = errors.New("the gateway map holds as many bridges as it can")
 
 // Objects are the gateway programs and their map. With a pin directory the map and the
 // links outlive the process, so that a restarted agent takes them over without a gap;
@@ -34,14 +38,20 @@ type Objects struct {
 	links map[string][2]link.Link
 }
 
-// Open loads the programs and map. With dir set (a directory of bpffs, made when
-// missing) it reuses the map pinned there, and Attach pins the links under dir/links;
-// with dir empty nothing is pinned.
-func Open(dir string) (*Objects, error) {
+// Open loads the programs and a map of marks for the number of bridges (0:
+// DefaultBridges). With dir set (a directory of bpffs, made when missing) it reuses the
+// map pinned there, replacing one of another size (the marks it held are then lost
+// until they are set again), and Attach pins the links under dir/links; with dir empty
+// nothing is pinned.
+func Open(dir string, bridges int) (*Objects, error) {
 	spec, err := loadGateway()
 	if err != nil {
 		return nil, fmt.Errorf("loading the gateway's program spec: %w", err)
 	}
+	if bridges <= 0 {
+		bridges = DefaultBridges
+	}
+	spec.Maps[MapMarks].MaxEntries = uint32(bridges)
 	opts := ebpf.CollectionOptions{}
 	if dir == "" {
 		for _, m := range spec.Maps {
@@ -54,6 +64,12 @@ func Open(dir string) (*Objects, error) {
 		opts.Maps.PinPath = dir
 	}
 	coll, err := ebpf.NewCollectionWithOptions(spec, opts)
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		if rerr := os.Remove(filepath.Join(dir, MapMarks)); rerr != nil {
+			return nil, fmt.Errorf("replacing the gateway's pinned map of another size: %w", rerr)
+		}
+		coll, err = ebpf.NewCollectionWithOptions(spec, opts)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("loading the gateway's programs and map: %w", err)
 	}
@@ -86,13 +102,17 @@ func (o *Objects) Close() error {
 }
 
 // SetMark makes the bridge with the index mark what comes up through it with mark, and
-// reports whether that took a write.
+// reports whether that took a write. When the map holds as many bridges as it can, the
+// error is ErrFull.
 func (o *Objects) SetMark(ifindex, mark uint32) (bool, error) {
 	var have uint32
 	if err := o.Marks.Lookup(ifindex, &have); err == nil && have == mark {
 		return false, nil
 	}
 	if err := o.Marks.Put(ifindex, mark); err != nil {
+		if errors.Is(err, unix.E2BIG) {
+			err = fmt.Errorf("%w (%d)", ErrFull, o.Marks.MaxEntries())
+		}
 		return false, fmt.Errorf("setting the gateway mark of interface %d: %w", ifindex, err)
 	}
 	return true, nil
