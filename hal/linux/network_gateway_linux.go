@@ -414,21 +414,41 @@ func (r *NetworkReconciler) ruleOwner(k ruleKey) string {
 }
 
 // sweepGateway removes the gateway rules of tenants that have no desired network, the
-// marks of interfaces that are no bridge of a desired network, and puts the sysctls
-// back when no desired network has a gateway. It makes the next reconcile read the
-// sysctls again.
+// marks of interfaces and the links of bridges that are no bridge of a desired network,
+// and puts the sysctls back when no desired network has a gateway. It makes the next
+// reconcile read the sysctls again.
 func (r *NetworkReconciler) sweepGateway(ctx context.Context) error {
 	g := r.gw
 	marks := map[uint32]bool{}
 	bridges := map[int32]bool{}
+	names := map[string]bool{}
 	for _, id := range r.store.KeyIDs(nimbusv1.Kind_KIND_NETWORK) {
 		key, err := nimbusv1.ParseKeyID(id)
 		if err != nil {
 			continue
 		}
 		marks[GatewayMark(key.GetTenant())] = true
+		names[BridgeName(id)] = true
 		if l, ok := r.links.Get(BridgeName(id)); ok {
 			bridges[l.index] = true
+		}
+	}
+	if g.objs != nil {
+		attached, err := g.objs.Bridges()
+		if err != nil {
+			return kernelErr(err, "sweeping the gateway links")
+		}
+		for _, name := range attached {
+			if names[name] {
+				continue
+			}
+			r.log.Info("detaching the gateway programs from a bridge of no network", "bridge", name)
+			if err := g.objs.Detach(name); err != nil {
+				return kernelErr(err, "detaching the gateway programs from %s", name)
+			}
+			g.mu.Lock()
+			delete(g.attached, name)
+			g.mu.Unlock()
 		}
 	}
 	if g.objs != nil {

@@ -141,3 +141,32 @@ func (h *overlayHost) gatewayMarks(t *testing.T) map[uint32]uint32 {
 	}
 	return marks
 }
+
+// TestNetworkGatewaySweep: a network deleted while the agent was down, whose bridge went
+// too, leaves no gateway state behind the next agent's first sweep: no pinned links, no
+// rules, and the sysctls as found.
+func TestNetworkGatewaySweep(t *testing.T) {
+	h := newOverlayHost(t)
+	w := h.dualStack(t)
+	h.mustReconcile(t, w.key)
+	h.rec.Close()
+	bridge := BridgeName(w.key.ID())
+	h.run(t, "ip", "link", "del", VXLANName(w.key.ID()))
+	h.run(t, "ip", "link", "del", bridge)
+	h.del(t, w.key)
+	h.rec = h.newReconciler(t)
+	if err := h.rec.Sweep(t.Context(), func(string) {}); err != nil {
+		t.Fatal(err)
+	}
+	if ents, _ := os.ReadDir(h.bpfDir + "/gateway/links"); len(ents) != 0 {
+		t.Errorf("after the sweep links are pinned: %v", ents)
+	}
+	for _, family := range []string{"-4", "-6"} {
+		mustNotContain(t, "the rules after the sweep", h.run(t, "ip", family, "rule", "show"), "fwmark")
+	}
+	for _, s := range gatewaySysctls {
+		if got := h.sysctl(t, s); got != "0" {
+			t.Errorf("after the sweep %s = %s, want it put back to 0", s, got)
+		}
+	}
+}

@@ -285,20 +285,9 @@ func (o *Objects) AttachedIfindex(name string) int {
 
 // Links returns the names of the pinned links.
 func (o *Objects) Links() ([]string, error) {
-	ents, err := os.ReadDir(filepath.Join(o.dir, "links"))
+	names, err := tcxpin.Names(filepath.Join(o.dir, "links"))
 	if err != nil {
 		return nil, fmt.Errorf("listing the pinned links: %w", err)
 	}
-	var names []string
-	for _, e := range ents {
-		name, ok := strings.CutSuffix(e.Name(), "-ingress")
-		if !ok {
-			name, ok = strings.CutSuffix(e.Name(), "-egress")
-		}
-		if ok && !slices.Contains(names, name) {
-			names = append(names, name)
-		}
-	}
-	slices.Sort(names)
 	return names, nil
 }

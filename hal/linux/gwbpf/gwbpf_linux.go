@@ -8,8 +8,10 @@ package gwbpf
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 
 	"github.com/cilium/ebpf"
@@ -206,6 +208,21 @@ func (o *Objects) Detach(name string) error {
 		return nil
 	}
 	return errors.Join(tcxpin.Detach(o.linkPath(name, 0)), tcxpin.Detach(o.linkPath(name, 1)))
+}
+
+// Bridges returns the names of the bridges the programs are attached to: those with
+// pinned links, or with links held in memory.
+func (o *Objects) Bridges() ([]string, error) {
+	if o.dir == "" {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		return slices.Sorted(maps.Keys(o.links)), nil
+	}
+	names, err := tcxpin.Names(filepath.Join(o.dir, "links"))
+	if err != nil {
+		return nil, fmt.Errorf("listing the gateway's pinned links: %w", err)
+	}
+	return names, nil
 }
 
 // program returns the ingress program for hook 0, the egress one for hook 1.

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -43,6 +45,27 @@ func Attach(path string, ifindex int, prog *ebpf.Program, at ebpf.AttachType, sa
 		return false, fmt.Errorf("pinning the link of interface %d: %w", ifindex, err)
 	}
 	return true, nil
+}
+
+// Names returns, sorted, the names NAME of the links pinned in dir as NAME-ingress or
+// NAME-egress.
+func Names(dir string) ([]string, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, e := range ents {
+		name, ok := strings.CutSuffix(e.Name(), "-ingress")
+		if !ok {
+			name, ok = strings.CutSuffix(e.Name(), "-egress")
+		}
+		if ok && !slices.Contains(names, name) {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	return names, nil
 }
 
 // Detach removes the link pinned at path, which detaches its program. A link that is not
