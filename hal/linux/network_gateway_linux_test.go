@@ -3,10 +3,12 @@ package linux
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"strings"
 	"testing"
 
+	"github.com/cilium/ebpf/link"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -169,4 +171,32 @@ func TestNetworkGatewaySweep(t *testing.T) {
 			t.Errorf("after the sweep %s = %s, want it put back to 0", s, got)
 		}
 	}
+}
+
+// gatewayAttached returns "" when the gateway programs' pinned links of the bridge are
+// attached to it, what is wrong otherwise.
+func (h *overlayHost) gatewayAttached(t *testing.T, bridge string) string {
+	t.Helper()
+	var index int
+	if err := runInNamespace(&h.nsh, func() error {
+		ifi, err := net.InterfaceByName(bridge)
+		if err == nil {
+			index = ifi.Index
+		}
+		return err
+	}); err != nil {
+		return fmt.Sprintf("bridge %s: %v", bridge, err)
+	}
+	for _, hook := range []string{"ingress", "egress"} {
+		l, err := link.LoadPinnedLink(h.bpfDir+"/gateway/links/"+bridge+"-"+hook, nil)
+		if err != nil {
+			return fmt.Sprintf("the gateway's %s link of %s: %v", hook, bridge, err)
+		}
+		info, err := l.Info()
+		l.Close()
+		if err != nil || info.TCX() == nil || int(info.TCX().Ifindex) != index {
+			return fmt.Sprintf("the gateway's %s link is not attached to %s (index %d): %+v %v", hook, bridge, index, info, err)
+		}
+	}
+	return ""
 }

@@ -95,8 +95,8 @@ type NetworkOptions struct {
 // above; the devices take their addresses, routes and FDB entries with them.
 //
 // It reads the kernel from mirrors (hal.Mirror) of every link, every address, the
-// policy-routing rules at TenantRulePriority and TenantRulePriority+1, the routes of
-// OverlayRouteProtocol and the head-end replication entries of VXLAN devices: one dump
+// policy-routing rules at TenantRulePriority, TenantRulePriority+1 and
+// GatewayRulePriority, the routes of OverlayRouteProtocol and the head-end replication entries of VXLAN devices: one dump
 // fills each, the observer's subscription keeps them current, and every sweep dumps
 // afresh. A reconcile compares the network's desired state with the mirrors and writes
 // only what differs, so a reconcile of a network the kernel already holds writes nothing.

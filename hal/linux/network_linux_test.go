@@ -443,6 +443,12 @@ func (h *overlayHost) problem(t *testing.T, w wantNetworkState) string {
 	if n := strings.Count(s.rules, "iif "+br); n != 4 {
 		return fmt.Sprintf("%d rules name the bridge, want 4:\n%s", n, s.rules)
 	}
+	if n := strings.Count(s.rules, fmt.Sprintf("fwmark %#x lookup %d", w.table, w.table)); n != 2 {
+		return fmt.Sprintf("%d gateway rules of the tenant, want 2:\n%s", n, s.rules)
+	}
+	if p := h.gatewayAttached(t, br); p != "" {
+		return p
+	}
 	if w.remote != "" {
 		if p := check("the head-end replication", s.fdb, "00:00:00:00:00:00 dst "+w.remote+" self permanent"); p != "" {
 			return p
@@ -739,6 +745,7 @@ func TestNetworkDriftRepaired(t *testing.T) {
 		{"NeighSuppressOff", []string{"ip", "link", "set", vx, "type", "bridge_slave", "neigh_suppress", "off"}},
 		{"RuleDeleted", []string{"ip", "-6", "rule", "del", "pref", "1000", "iif", br}},
 		{"ProhibitRuleDeleted", []string{"ip", "-4", "rule", "del", "pref", "1001", "iif", br}},
+		{"GatewayRuleDeleted", []string{"ip", "-6", "rule", "del", "pref", "1002", "fwmark", fmt.Sprintf("%#x", w.table)}},
 		{"IPv4RouteDeleted", []string{"ip", "route", "del", "10.1.0.0/24", "table", table}},
 		{"IPv6RouteDeleted", []string{"ip", "-6", "route", "del", "2001:db8:1::/64", "table", table}},
 		{"GatewayDeleted", []string{"ip", "addr", "del", "10.1.0.1/24", "dev", br}},
