@@ -33,6 +33,7 @@ import (
 //     sender, which lowers its path MTU.
 //   - A TCP connection from jumbo's workload to far's fails with the ICMP error of the
 //     tenant boundary (host unreachable, administratively prohibited), not a timeout.
+//   - The gateway answers while host-a's agent is killed, and after it restarts.
 func TestOverlayGatewayAnswers(t *testing.T) {
 	c := newCluster(t)
 	u := newUnderlay(t)
@@ -104,6 +105,22 @@ func TestOverlayGatewayAnswers(t *testing.T) {
 			t.Errorf("%s (tenant default) connecting to %s (tenant acme): got %v, want the ICMP error of the tenant boundary (%v)",
 				jumbo.name, far.ip(family), err, want)
 		}
+	}
+
+	// The programs and their map are pinned: the gateway answers while host-a's agent is
+	// down, killed, and after the next one has started.
+	a.agent.kill(t)
+	fw := newFWWorkload(t, jumbo)
+	for _, gw := range []string{"10.40.0.1", "fd00:40::1"} {
+		if r := fw.probeICMP(netip.MustParseAddr(gw), []byte("naples"), 2*time.Second); r.outcome != fwPassed {
+			t.Errorf("with host-a's agent killed, %s got no echo reply from its gateway %s: %+v", jumbo.name, gw, r)
+		}
+	}
+	a.startAgent(t)
+	for _, gw := range []string{"10.40.0.1", "fd00:40::1"} {
+		waitFor(t, fmt.Sprintf("%s to get an echo reply from its gateway %s after host-a's agent restarted", jumbo.name, gw), func() bool {
+			return fw.probeICMP(netip.MustParseAddr(gw), []byte("naples"), 500*time.Millisecond).outcome == fwPassed
+		})
 	}
 }
 
