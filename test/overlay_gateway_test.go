@@ -116,7 +116,8 @@ func TestOverlayGatewayAnswers(t *testing.T) {
 			t.Errorf("with host-a's agent killed, %s got no echo reply from its gateway %s: %+v", jumbo.name, gw, r)
 		}
 	}
-	a.startAgent(t)
+	a.startAgentWith(t, metricsFlags...)
+	a.telemetry(t).waitReady(t)
 	for _, gw := range []string{"10.40.0.1", "fd00:40::1"} {
 		waitFor(t, fmt.Sprintf("%s to get an echo reply from its gateway %s after host-a's agent restarted", jumbo.name, gw), func() bool {
 			return fw.probeICMP(netip.MustParseAddr(gw), []byte("naples"), 500*time.Millisecond).outcome == fwPassed
