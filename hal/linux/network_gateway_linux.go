@@ -414,9 +414,9 @@ func (r *NetworkReconciler) ruleOwner(k ruleKey) string {
 }
 
 // sweepGateway removes the gateway rules of tenants that have no desired network, the
-// marks of interfaces and the links of bridges that are no bridge of a desired network,
-// and puts the sysctls back when no desired network has a gateway. It makes the next
-// reconcile read the sysctls again.
+// marks of interfaces and the links of bridges that are no bridge of a desired network;
+// it reads the sysctls again and makes them 1 when a desired network has a gateway (so
+// that one turned off by hand comes back), and puts them back otherwise.
 func (r *NetworkReconciler) sweepGateway(ctx context.Context) error {
 	g := r.gw
 	marks := map[uint32]bool{}
@@ -476,5 +476,8 @@ func (r *NetworkReconciler) sweepGateway(ctx context.Context) error {
 		}
 	}
 	g.reflectOn = false
+	if r.gatewayWanted("") {
+		return r.ensureSysctlsLocked()
+	}
 	return r.putBackSysctlsLocked("")
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/naplesnet/naples/hal"
 	"github.com/naplesnet/naples/hal/linux/gwbpf"
+	"github.com/naplesnet/naples/internal/testns"
 )
 
 // TestNetworkGatewayState: a network with a gateway gets its tenant's mark on its
@@ -61,6 +62,15 @@ func TestNetworkGatewayState(t *testing.T) {
 	}
 	if b, err := os.ReadFile(h.stateFile); err != nil || !strings.Contains(string(b), `"net/ipv4/fwmark_reflect":"0"`) {
 		t.Errorf("the state file holds %q (%v), want the values found", b, err)
+	}
+
+	// Turned off by hand, the sweep turns it on again.
+	testns.Run(t, "ip", "netns", "exec", h.ns, "sysctl", "-qw", "net.ipv4.fwmark_reflect=0")
+	if err := h.rec.Sweep(t.Context(), func(string) {}); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.sysctl(t, gatewaySysctls[0]); got != "1" {
+		t.Errorf("after it was turned off by hand and a sweep, %s = %s, want 1", gatewaySysctls[0], got)
 	}
 
 	// The agent restarts; then both networks go.
