@@ -161,6 +161,15 @@ func (r *NetworkReconciler) ensureGateway(ctx context.Context, want networkWant,
 	if g.objs == nil {
 		status = "unavailable: " + g.openErr.Error()
 	} else {
+		g.mu.Lock()
+		old, had := g.attached[want.bridge]
+		g.mu.Unlock()
+		if had && old != index {
+			// The bridge was made anew: its old index's mark goes first.
+			if err := g.objs.DeleteMark(uint32(old)); err != nil {
+				return "", kernelErr(err, "removing the gateway mark of %s's old index %d", want.bridge, old)
+			}
+		}
 		wrote, err := g.objs.SetMark(uint32(index), mark)
 		if errors.Is(err, gwbpf.ErrFull) {
 			g.exceeded.Inc()
@@ -172,10 +181,7 @@ func (r *NetworkReconciler) ensureGateway(ctx context.Context, want networkWant,
 		if wrote {
 			r.writes.Add(1)
 		}
-		g.mu.Lock()
-		done := g.attached[want.bridge] == index
-		g.mu.Unlock()
-		if !done {
+		if !had || old != index {
 			var n int
 			err := runInNamespace(r.ns, func() (err error) {
 				n, err = g.objs.Attach(want.bridge, int(index))

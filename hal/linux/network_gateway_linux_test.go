@@ -184,18 +184,32 @@ func TestNetworkGatewaySweep(t *testing.T) {
 }
 
 // gatewayAttached returns "" when the gateway programs' pinned links of the bridge are
-// attached to it, what is wrong otherwise.
-func (h *overlayHost) gatewayAttached(t *testing.T, bridge string) string {
+// attached to it and the map holds its mark, and no mark of an interface that is gone;
+// what is wrong otherwise.
+func (h *overlayHost) gatewayAttached(t *testing.T, bridge string, mark uint32) string {
 	t.Helper()
 	var index int
+	exists := map[uint32]bool{}
 	if err := runInNamespace(&h.nsh, func() error {
-		ifi, err := net.InterfaceByName(bridge)
-		if err == nil {
-			index = ifi.Index
+		ifs, err := net.Interfaces()
+		for _, ifi := range ifs {
+			exists[uint32(ifi.Index)] = true
+			if ifi.Name == bridge {
+				index = ifi.Index
+			}
 		}
 		return err
-	}); err != nil {
-		return fmt.Sprintf("bridge %s: %v", bridge, err)
+	}); err != nil || index == 0 {
+		return fmt.Sprintf("bridge %s: not found (%v)", bridge, err)
+	}
+	marks := h.gatewayMarks(t)
+	if marks[uint32(index)] != mark {
+		return fmt.Sprintf("the gateway map holds %v, want %#x for %s (index %d)", marks, mark, bridge, index)
+	}
+	for i := range marks {
+		if !exists[i] {
+			return fmt.Sprintf("the gateway map holds a mark for index %d, which no interface has: %v", i, marks)
+		}
 	}
 	for _, hook := range []string{"ingress", "egress"} {
 		l, err := link.LoadPinnedLink(h.bpfDir+"/gateway/links/"+bridge+"-"+hook, nil)

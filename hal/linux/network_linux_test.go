@@ -446,7 +446,7 @@ func (h *overlayHost) problem(t *testing.T, w wantNetworkState) string {
 	if n := strings.Count(s.rules, fmt.Sprintf("fwmark %#x lookup %d", w.table, w.table)); n != 2 {
 		return fmt.Sprintf("%d gateway rules of the tenant, want 2:\n%s", n, s.rules)
 	}
-	if p := h.gatewayAttached(t, br); p != "" {
+	if p := h.gatewayAttached(t, br, w.table); p != "" {
 		return p
 	}
 	if w.remote != "" {
