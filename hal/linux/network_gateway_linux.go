@@ -305,7 +305,8 @@ func (r *NetworkReconciler) putBackSysctlsLocked(except string) error {
 	return nil
 }
 
-// save writes found to the state file, or removes the file when found is nil.
+// save writes found to the state file (a new file, synced and renamed over the old one),
+// or removes the file when found is nil.
 func (g *gateway) save(found map[string]string) error {
 	if g.stateFile == "" {
 		return nil
@@ -321,11 +322,22 @@ func (g *gateway) save(found map[string]string) error {
 		return err
 	}
 	tmp := g.stateFile + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("writing the gateway state file: %w", err)
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err == nil {
+		_, err = f.Write(b)
+		if err == nil {
+			err = f.Sync()
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
 	}
-	if err := os.Rename(tmp, g.stateFile); err != nil {
-		return fmt.Errorf("writing the gateway state file: %w", err)
+	if err == nil {
+		err = os.Rename(tmp, g.stateFile)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("writing the gateway state file %s: %w", g.stateFile, err)
 	}
 	return nil
 }
