@@ -240,6 +240,9 @@ func (r *NetworkReconciler) ensureSysctlsLocked() error {
 			found := map[string]string{}
 			for _, s := range gatewaySysctls {
 				b, err := os.ReadFile("/proc/sys/" + s)
+				if errors.Is(err, fs.ErrNotExist) {
+					continue // IPv6 is off on this host
+				}
 				if err != nil {
 					return err
 				}
@@ -250,7 +253,7 @@ func (r *NetworkReconciler) ensureSysctlsLocked() error {
 			}
 			g.found = found
 		}
-		for _, s := range gatewaySysctls {
+		for s := range g.found {
 			n, err := ensureSysctl("/proc/sys/" + s)
 			writes += n
 			if err != nil {
