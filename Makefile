@@ -65,16 +65,16 @@ proto-check: proto
 	git diff --exit-code -- proto
 	test -z "$$(git status --porcelain -- proto)"
 
-# bpf compiles the eBPF firewall (hal/linux/fwbpf/firewall.c) and regenerates its Go
-# bindings with bpf2go. It needs clang, llvm-strip and libbpf's headers (Debian: clang llvm
-# libbpf-dev).
+# bpf compiles the eBPF firewall (hal/linux/fwbpf/firewall.c) and the gateway marks
+# (hal/linux/gwbpf/gateway.c) and regenerates their Go bindings with bpf2go. It needs
+# clang, llvm-strip and libbpf's headers (Debian: clang llvm libbpf-dev).
 bpf: tools
-	PATH="$(TOOLS_BIN):$$PATH" $(GO) generate ./hal/linux/fwbpf/
+	PATH="$(TOOLS_BIN):$$PATH" $(GO) generate ./hal/linux/fwbpf/ ./hal/linux/gwbpf/
 
 # bpf-check fails when the committed object or bindings differ from a fresh generation.
 bpf-check: bpf
-	git diff --exit-code -- hal/linux/fwbpf
-	test -z "$$(git status --porcelain -- hal/linux/fwbpf)"
+	git diff --exit-code -- hal/linux/fwbpf hal/linux/gwbpf
+	test -z "$$(git status --porcelain -- hal/linux/fwbpf hal/linux/gwbpf)"
 
 clean:
 	rm -rf $(BIN) dist

@@ -66,6 +66,9 @@ type Config struct {
 	// /sys/fs/bpf when it is under it and missing. Default: empty, no firewall: security
 	// groups and policies are not enforced.
 	BPFDir string
+	// GatewayBridges is the number of network bridges the gateway programs' map holds
+	// marks for. Default: 4096.
+	GatewayBridges int
 	// FirewallCapacities are the sizes of the firewall's maps. Default: those of
 	// FirewallCapacities' fields.
 	FirewallCapacities FirewallCapacities

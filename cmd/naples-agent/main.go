@@ -85,6 +85,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.IntVar(&caps.Rules, "fw-rule-counters", 65536, "policy rules whose hits the firewall counts")
 	fs.IntVar(&caps.Endpoints, "fw-endpoint-counters", 16384, "local endpoints whose packets the firewall counts")
 	fs.IntVar(&caps.Fragments, "fw-fragment-entries", 8192, "fragmented datagrams whose first fragment's verdict the firewall keeps at once for their later fragments; the least recently used is evicted when full")
+	gatewayBridges := fs.Int("gateway-bridges", 4096, "network bridges the gateway programs mark for (their map's size); a network beyond is FAILED with CapacityExceeded")
 	fwStats := fs.Duration("fw-stats-interval", 10*time.Second, "how often the status of policies and endpoints is refreshed with the firewall's counters")
 	interfaceStats := fs.Duration("interface-stats-interval", 10*time.Second, "how often the status of Interface objects is refreshed with their NIC's counters")
 	level := slog.LevelInfo
@@ -118,7 +119,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	for name, n := range map[string]int{"fw-snapshot-entries": caps.Snapshot, "fw-conntrack-entries": caps.Conntrack,
 		"fw-rule-counters": caps.Rules, "fw-endpoint-counters": caps.Endpoints, "fw-fragment-entries": caps.Fragments,
-		"local-api-page-bytes": *pageBytes} {
+		"local-api-page-bytes": *pageBytes, "gateway-bridges": *gatewayBridges} {
 		if n <= 0 {
 			fmt.Fprintf(stderr, "invalid value %d for flag -%s: must be positive\n", n, name)
 			return fmt.Errorf("parsing flags: %w", errUsage)
@@ -159,5 +160,6 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 	}
 	return agent.Run(ctx, agent.Config{Node: *node, Nimbus: *nimbus, TLS: tlsConfig, StateDir: *stateDir, DiscardState: *discardState, Logger: log, Socket: *socket, LocalAPIPageBytes: *pageBytes, Metrics: metrics,
-		InterfaceStats: *interfaceStats, BPFDir: *bpfDir, FirewallCapacities: caps, FirewallStats: *fwStats})
+		InterfaceStats: *interfaceStats, BPFDir: *bpfDir, FirewallCapacities: caps, FirewallStats: *fwStats,
+		GatewayBridges: *gatewayBridges})
 }

@@ -30,7 +30,9 @@
 // other nodes that have endpoints in the network; it routes each subnet through the bridge
 // in its tenant's policy-routing table (TenantTable), which rules send what enters through
 // the bridge to, so that networks of one tenant route to each other and never to another
-// tenant's. The endpoint reconciler (EndpointReconciler) attaches a local endpoint's host
+// tenant's; the programs of package gwbpf on the bridge mark what comes up from it with
+// the tenant's mark, by which the host's own answers (echo replies, ICMP errors, TCP
+// resets) route in the tenant's table too (GatewayMark). The endpoint reconciler (EndpointReconciler) attaches a local endpoint's host
 // interface to its network's bridge, as a port that does not learn, with the static FDB
 // entry of the endpoint's MAC on it, and makes a remote endpoint reachable through the
 // tunnel to its node's VTEP: static FDB entries of its MAC on the VXLAN device and the

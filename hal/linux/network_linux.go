@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
@@ -40,6 +41,23 @@ type NetworkOptions struct {
 	// (SO_RCVBUFFORCE). A burst of changes bigger than it overflows it; the observer then
 	// fails, and its restart reads the kernel afresh. Default: 8 MiB.
 	EventBuffer int
+	// BPFDir is the bpffs directory the gateway programs pin their map and links in,
+	// under BPFDir/gateway, so that a restarted agent takes them over without a gap.
+	// Default: "", which attaches them unpinned: they go with the reconciler (Close),
+	// and the gateways do not answer until the next agent attaches them again.
+	BPFDir string
+	// GatewayBridges is the number of bridges the gateway programs' map holds marks for;
+	// a network whose bridge finds it full is FAILED with ReasonCapacityExceeded.
+	// Default: 4096 (gwbpf.DefaultBridges).
+	GatewayBridges int
+	// Registerer takes the reconciler's metrics (naples_gateway_*); Close unregisters
+	// them. Default: nil, no metrics.
+	Registerer prometheus.Registerer
+	// StateFile is the file where the reconciler keeps the gateway sysctls as it found
+	// them before it first changed them, so that it puts them back when no network has a
+	// gateway, also after a restart (the agent's is gateway.json in its state
+	// directory). Default: "", which keeps them in memory only.
+	StateFile string
 	// Logger receives the reconciler's logs. Default: slog.Default().
 	Logger *slog.Logger
 }
@@ -64,17 +82,21 @@ type NetworkOptions struct {
 //     enters through the bridge (net.ipv4.conf.BRIDGE.forwarding, and
 //     net.ipv6.conf.BRIDGE.force_forwarding where the kernel has it, Linux 6.17). So
 //     networks of one tenant route to each other through their gateways, networks of
-//     different tenants never do, and the main table holds no overlay route. The host's
-//     own packets (replies from a gateway address, ICMP errors) have no route to the
-//     overlay either.
+//     different tenants never do, and the main table holds no overlay route;
+//   - the gateway's answers (network_gateway_linux.go): the gwbpf programs on the bridge
+//     mark what comes up from it with the tenant's mark, per family the rule `fwmark
+//     MARK lookup T pref GatewayRulePriority` routes the host's packets that carry it in
+//     the tenant's table, and while some network has a gateway the kernel reflects marks
+//     onto its replies and errors (fwmark_reflect, tcp_fwmark_accept), so the gateway
+//     answers ping and TCP and sends ICMP errors with its tenant's routing.
 //
 // A link of the bridge's or VXLAN device's name without the network's alias, or a VNI
 // that another Network has, is a conflict. Deleting the network removes all of the
 // above; the devices take their addresses, routes and FDB entries with them.
 //
 // It reads the kernel from mirrors (hal.Mirror) of every link, every address, the
-// policy-routing rules at TenantRulePriority and TenantRulePriority+1, the routes of
-// OverlayRouteProtocol and the head-end replication entries of VXLAN devices: one dump
+// policy-routing rules at TenantRulePriority, TenantRulePriority+1 and
+// GatewayRulePriority, the routes of OverlayRouteProtocol and the head-end replication entries of VXLAN devices: one dump
 // fills each, the observer's subscription keeps them current, and every sweep dumps
 // afresh. A reconcile compares the network's desired state with the mirrors and writes
 // only what differs, so a reconcile of a network the kernel already holds writes nothing.
@@ -111,6 +133,9 @@ type NetworkReconciler struct {
 	endpointsOf map[string][]string
 	// forwarding holds, per bridge name, the forwarding sysctls found or made right.
 	forwarding map[string]forwardingState
+
+	// gw is the gateways' state.
+	gw *gateway
 }
 
 var (
@@ -129,12 +154,28 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 	if opts.Node == "" {
 		return nil, errors.New("network reconciler: NetworkOptions.Node is required")
 	}
+	gw, err := openGateway(opts.BPFDir, opts.GatewayBridges, opts.StateFile)
+	if err != nil {
+		return nil, fmt.Errorf("network reconciler: %w", err)
+	}
+	if opts.Registerer != nil {
+		if err := opts.Registerer.Register(gw); err != nil {
+			gw.close()
+			return nil, fmt.Errorf("network reconciler: registering the gateway metrics: %w", err)
+		}
+		gw.reg = opts.Registerer
+	}
 	c, err := openRTNLConn(rtnlConnOptions{Namespace: opts.Namespace, Timeout: opts.Timeout,
 		EventBuffer: opts.EventBuffer, DefaultEventBuffer: 8 << 20, Logger: opts.Logger, Writes: true})
 	if err != nil {
+		gw.close()
 		return nil, err
 	}
+	if gw.openErr != nil {
+		c.log.Warn("loading the gateway programs; gateways will not answer", "err", gw.openErr)
+	}
 	return &NetworkReconciler{
+		gw:       gw,
 		rtnlConn: c,
 		store:    opts.Store,
 		node:     opts.Node,
@@ -156,6 +197,7 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 // Close releases the netlink sockets. It is safe to call twice.
 func (r *NetworkReconciler) Close() error {
 	r.close()
+	r.gw.close()
 	return nil
 }
 
@@ -340,6 +382,10 @@ func (r *NetworkReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectK
 	if err != nil {
 		return nil, err
 	}
+	gwMark, err := r.ensureGateway(ctx, want, br.index)
+	if err != nil {
+		return nil, err
+	}
 	vx, err := r.ensureVXLAN(ctx, want, vtep, br.index)
 	if err != nil {
 		return nil, err
@@ -366,6 +412,7 @@ func (r *NetworkReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectK
 		NetworkOpVTEP:        vtep.String(),
 		NetworkOpTenantTable: strconv.FormatUint(uint64(want.table), 10),
 		NetworkOpRemoteVTEPs: joinAddrs(remotes),
+		NetworkOpGatewayMark: gwMark,
 	}
 	if len(without) > 0 {
 		op[NetworkOpNodesWithoutVTEP] = strings.Join(without, ",")

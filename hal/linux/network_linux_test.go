@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -23,6 +25,9 @@ type overlayHost struct {
 	ns  string
 	nsh netns.NsHandle
 	rec *NetworkReconciler
+	// bpfDir and stateFile are the reconcilers' NetworkOptions.BPFDir and StateFile,
+	// which survive their restarts.
+	bpfDir, stateFile string
 }
 
 // localNode is the name of the test host's Node.
@@ -31,7 +36,10 @@ const localNode = "n1"
 func newOverlayHost(t *testing.T) *overlayHost {
 	t.Helper()
 	ns := testns.Named(t, "naples-net")
-	h := &overlayHost{testStore: newTestStore(t, Indexes()), ns: ns, nsh: testns.Handle(t, ns)}
+	h := &overlayHost{testStore: newTestStore(t, Indexes()), ns: ns, nsh: testns.Handle(t, ns),
+		bpfDir: filepath.Join("/sys/fs/bpf", ns), stateFile: filepath.Join(t.TempDir(), "gateway.json")}
+	// Registered first, so that it runs after every reconciler is closed.
+	t.Cleanup(func() { os.RemoveAll(h.bpfDir) })
 	h.rec = h.newReconciler(t)
 	return h
 }
@@ -40,7 +48,8 @@ func newOverlayHost(t *testing.T) *overlayHost {
 // a restarted agent has.
 func (h *overlayHost) newReconciler(t *testing.T) *NetworkReconciler {
 	t.Helper()
-	rec, err := NewNetworkReconciler(NetworkOptions{Store: h.store, Node: localNode, Namespace: &h.nsh, Logger: quiet})
+	rec, err := NewNetworkReconciler(NetworkOptions{Store: h.store, Node: localNode, Namespace: &h.nsh, Logger: quiet,
+		BPFDir: h.bpfDir, StateFile: h.stateFile})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -434,6 +443,12 @@ func (h *overlayHost) problem(t *testing.T, w wantNetworkState) string {
 	if n := strings.Count(s.rules, "iif "+br); n != 4 {
 		return fmt.Sprintf("%d rules name the bridge, want 4:\n%s", n, s.rules)
 	}
+	if n := strings.Count(s.rules, fmt.Sprintf("fwmark %#x lookup %d", w.table, w.table)); n != 2 {
+		return fmt.Sprintf("%d gateway rules of the tenant, want 2:\n%s", n, s.rules)
+	}
+	if p := h.gatewayAttached(t, br, w.table); p != "" {
+		return p
+	}
 	if w.remote != "" {
 		if p := check("the head-end replication", s.fdb, "00:00:00:00:00:00 dst "+w.remote+" self permanent"); p != "" {
 			return p
@@ -730,6 +745,7 @@ func TestNetworkDriftRepaired(t *testing.T) {
 		{"NeighSuppressOff", []string{"ip", "link", "set", vx, "type", "bridge_slave", "neigh_suppress", "off"}},
 		{"RuleDeleted", []string{"ip", "-6", "rule", "del", "pref", "1000", "iif", br}},
 		{"ProhibitRuleDeleted", []string{"ip", "-4", "rule", "del", "pref", "1001", "iif", br}},
+		{"GatewayRuleDeleted", []string{"ip", "-6", "rule", "del", "pref", "1002", "fwmark", fmt.Sprintf("%#x", w.table)}},
 		{"IPv4RouteDeleted", []string{"ip", "route", "del", "10.1.0.0/24", "table", table}},
 		{"IPv6RouteDeleted", []string{"ip", "-6", "route", "del", "2001:db8:1::/64", "table", table}},
 		{"GatewayDeleted", []string{"ip", "addr", "del", "10.1.0.1/24", "dev", br}},

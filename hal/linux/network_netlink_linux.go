@@ -238,11 +238,13 @@ func parseAddrMsg(b []byte) (addrKey, ifAddr, bool) {
 }
 
 // ruleKey identifies a policy-routing rule the overlay uses: `ip rule` with a priority,
-// an input interface and an action (to a table, or prohibit), and nothing else.
+// an input interface or a firewall mark (matched whole), and an action (to a table, or
+// prohibit), and nothing else.
 type ruleKey struct {
 	family   uint8
 	priority uint32
 	iif      string
+	fwmark   uint32
 	table    uint32
 	action   uint8
 }
@@ -251,8 +253,9 @@ type ruleKey struct {
 type ruleMsg struct {
 	key      ruleKey
 	protocol uint8
-	// plain tells that the rule selects packets by its input interface alone, as the
-	// overlay's rules do; rules with other selectors are never the overlay's.
+	// plain tells that the rule selects packets by its input interface or its whole
+	// firewall mark alone, as the overlay's rules do; rules with other selectors are never
+	// the overlay's.
 	plain bool
 }
 
@@ -285,6 +288,12 @@ func parseRuleMsg(b []byte) (m ruleMsg, ok bool) {
 			m.key.table = attrUint32(v)
 		case unix.FRA_IIFNAME:
 			m.key.iif = cString(v)
+		case unix.FRA_FWMARK:
+			m.key.fwmark = attrUint32(v)
+		case unix.FRA_FWMASK:
+			if attrUint32(v) != ^uint32(0) {
+				m.plain = false
+			}
 		case unix.FRA_PROTOCOL:
 			if len(v) > 0 {
 				m.protocol = v[0]
@@ -312,7 +321,13 @@ func appendRuleRequest(b []byte, typ, flags uint16, k ruleKey, protocol uint8) [
 	// struct fib_rule_hdr: family, dst_len, src_len, tos, table, res1, res2, action, flags.
 	b = append(b, k.family, 0, 0, 0, table, 0, 0, k.action, 0, 0, 0, 0)
 	b = appendAttrUint32(b, unix.FRA_PRIORITY, k.priority)
-	b = appendAttrString(b, unix.FRA_IIFNAME, k.iif)
+	if k.iif != "" {
+		b = appendAttrString(b, unix.FRA_IIFNAME, k.iif)
+	}
+	if k.fwmark != 0 {
+		b = appendAttrUint32(b, unix.FRA_FWMARK, k.fwmark)
+		b = appendAttrUint32(b, unix.FRA_FWMASK, ^uint32(0))
+	}
 	if k.table > 0 {
 		b = appendAttrUint32(b, unix.FRA_TABLE, k.table)
 	}

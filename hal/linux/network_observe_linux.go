@@ -104,7 +104,7 @@ func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]string, error) {
 		return nil, err
 	}
 	for _, k := range ruleDrift {
-		note(r.ownerOfName(k.iif))
+		note(r.ruleOwner(k))
 	}
 
 	routeDrift, err := dumpMirror(ctx, r.rtnlConn, r.routes, fmt.Sprintf("routes of protocol %d", OverlayRouteProtocol),
@@ -131,9 +131,12 @@ func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]string, error) {
 }
 
 // overlayRule reports whether a rule has the shape of the overlay's: a priority of its
-// own and an input interface as its only selector.
+// own and an input interface as its only selector, or a gateway rule (gatewayRules).
 func overlayRule(m ruleMsg) bool {
-	return m.plain && m.key.iif != "" && (m.key.priority == TenantRulePriority || m.key.priority == TenantRulePriority+1)
+	if m.plain && m.key.priority == GatewayRulePriority {
+		return m.key.iif == "" && m.key.fwmark != 0
+	}
+	return m.plain && m.key.iif != "" && m.key.fwmark == 0 && (m.key.priority == TenantRulePriority || m.key.priority == TenantRulePriority+1)
 }
 
 // Observe subscribes to changes of links, addresses, rules, routes, FDB entries and
@@ -203,7 +206,7 @@ func (r *NetworkReconciler) apply(typ uint16, b []byte, enqueue func(keyID strin
 			echo = r.rules.Remove(m.key)
 		}
 		if !echo {
-			r.drifted(r.ownerOfName(m.key.iif), enqueue, "rule", ruleString(m.key))
+			r.drifted(r.ruleOwner(m.key), enqueue, "rule", ruleString(m.key))
 		}
 	case unix.RTM_NEWNEIGH, unix.RTM_DELNEIGH:
 		k, e, ok := parseHEREntry(b)
@@ -369,8 +372,8 @@ func (r *NetworkReconciler) Sweep(ctx context.Context, enqueue func(keyID string
 		}
 	}
 	for k, proto := range r.rules.All() {
-		if bridges[k.iif] != "" {
-			continue // its network's reconcile keeps its rules exact
+		if bridges[k.iif] != "" || k.fwmark != 0 {
+			continue // its network's reconcile keeps its rules exact; sweepGateway does the gateway rules
 		}
 		l, exists := r.links.Get(k.iif)
 		if _, ours := networkOwner(l.alias); exists && !ours {
@@ -395,7 +398,7 @@ func (r *NetworkReconciler) Sweep(ctx context.Context, enqueue func(keyID string
 			return err
 		}
 	}
-	return nil
+	return r.sweepGateway(ctx)
 }
 
 // sweepNetwork runs remove, which removes kernel state of the network with key ID id

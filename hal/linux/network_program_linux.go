@@ -634,6 +634,9 @@ func ruleString(k ruleKey) string {
 	if k.action == unix.FR_ACT_PROHIBIT {
 		action = "prohibit"
 	}
+	if k.fwmark != 0 {
+		return fmt.Sprintf("%s %d: fwmark %#x %s", fam, k.priority, k.fwmark, action)
+	}
 	return fmt.Sprintf("%s %d: iif %s %s", fam, k.priority, k.iif, action)
 }
 
@@ -710,12 +713,15 @@ func (r *NetworkReconciler) deleteHER(ctx context.Context, name string, k herKey
 	return nil
 }
 
-// teardown removes the kernel state of the network with key ID id: its VXLAN device and
-// bridge, which take their addresses, routes and FDB entries with them, and then the
+// teardown removes the kernel state of the network with key ID id: its gateway state
+// (teardownGateway), its VXLAN device and bridge, which take their addresses, routes and FDB entries with them, and then the
 // rules of the bridge, which name it and stay otherwise. Links of the devices' names
 // that are not the network's, and the rules of a bridge name that such a link holds, are
 // left alone.
 func (r *NetworkReconciler) teardown(ctx context.Context, id string) error {
+	if err := r.teardownGateway(ctx, id); err != nil {
+		return err
+	}
 	bridge, vxlan, alias := BridgeName(id), VXLANName(id), OwnerAlias(id)
 	br, brExists := r.links.Get(bridge)
 	foreign := brExists && !ownsLink(br, alias)

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/naplesnet/naples/hal/firewall"
+	"github.com/naplesnet/naples/hal/linux/internal/tcxpin"
 )
 
 // Capacities are the sizes of the firewall's maps.
@@ -249,40 +250,13 @@ func (o *Objects) Attach(name string, ifindex int) (int, error) {
 		if !ingress {
 			prog, at = o.Egress, ebpf.AttachTCXEgress
 		}
-		path := o.linkPath(name, ingress)
-		if l, err := link.LoadPinnedLink(path, nil); err == nil {
-			info, ierr := l.Info()
-			if ierr == nil && info.TCX() != nil && int(info.TCX().Ifindex) == ifindex {
-				same := info.Program != 0 && sameProgram(prog, info.Program)
-				var uerr error
-				if !same {
-					uerr = l.Update(prog)
-				}
-				l.Close()
-				if uerr != nil {
-					return changed, fmt.Errorf("updating the firewall program on interface %d: %w", ifindex, uerr)
-				}
-				if !same {
-					changed++
-				}
-				continue
-			}
-			// Attached elsewhere (the interface was made anew) or gone: start over.
-			l.Unpin()
-			l.Close()
-		} else if !errors.Is(err, os.ErrNotExist) {
-			os.Remove(path)
+		did, err := tcxpin.Attach(o.linkPath(name, ingress), ifindex, prog, at, sameProgram)
+		if did {
+			changed++
 		}
-		l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: at})
 		if err != nil {
-			return changed, fmt.Errorf("attaching the firewall to interface %d: %w", ifindex, err)
+			return changed, fmt.Errorf("attaching the firewall: %w", err)
 		}
-		if err := l.Pin(path); err != nil {
-			l.Close()
-			return changed, fmt.Errorf("pinning the firewall's link: %w", err)
-		}
-		l.Close()
-		changed++
 	}
 	return changed, nil
 }
@@ -302,18 +276,7 @@ func sameProgram(prog *ebpf.Program, id ebpf.ProgramID) bool {
 func (o *Objects) Detach(name string) error {
 	var errs []error
 	for _, ingress := range []bool{true, false} {
-		path := o.linkPath(name, ingress)
-		l, err := link.LoadPinnedLink(path, nil)
-		if err != nil {
-			if !errors.Is(err, os.ErrNotExist) {
-				errs = append(errs, os.Remove(path))
-			}
-			continue
-		}
-		if err := l.Unpin(); err != nil {
-			errs = append(errs, err)
-		}
-		l.Close()
+		errs = append(errs, tcxpin.Detach(o.linkPath(name, ingress)))
 	}
 	return errors.Join(errs...)
 }
@@ -335,20 +298,9 @@ func (o *Objects) AttachedIfindex(name string) int {
 
 // Links returns the names of the pinned links.
 func (o *Objects) Links() ([]string, error) {
-	ents, err := os.ReadDir(filepath.Join(o.dir, "links"))
+	names, err := tcxpin.Names(filepath.Join(o.dir, "links"))
 	if err != nil {
 		return nil, fmt.Errorf("listing the pinned links: %w", err)
 	}
-	var names []string
-	for _, e := range ents {
-		name, ok := strings.CutSuffix(e.Name(), "-ingress")
-		if !ok {
-			name, ok = strings.CutSuffix(e.Name(), "-egress")
-		}
-		if ok && !slices.Contains(names, name) {
-			names = append(names, name)
-		}
-	}
-	slices.Sort(names)
 	return names, nil
 }

@@ -1,0 +1,504 @@
+package linux
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
+
+	"github.com/naplesnet/naples/hal"
+	"github.com/naplesnet/naples/hal/linux/gwbpf"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// This file holds how a network's anycast gateway answers: the host's own packets to a
+// network (echo replies, ICMP errors, TCP resets, answers of host listeners) route in the
+// tenant's table, although the main table has no route to the overlay.
+//
+//   - The programs of package gwbpf, attached with tcx to each bridge, give what comes
+//     up from the bridge into the host stack the tenant's mark, GatewayMark(tenant), the
+//     tenant table's id, unless it has a mark already, and clear marks of that range
+//     as packets leave the host into a bridge (so the VXLAN device's outer route lookup
+//     never sees one).
+//   - Per tenant and family the rule `fwmark MARK lookup TABLE pref GatewayRulePriority`
+//     routes the host's packets that carry the mark in the tenant's table.
+//   - While some network has a gateway, the sysctls of gatewaySysctls are 1, so that the
+//     kernel's replies and errors carry the mark of the packet they answer; when none
+//     has, they are put back as found. NetworkOptions.StateFile keeps what was found
+//     across restarts.
+
+// GatewayRulePriority is the priority of the rules `fwmark MARK lookup TABLE` that route
+// the host's packets answering a tenant's network in the tenant's table. It follows the
+// rules of TenantRulePriority, which take what enters through a bridge first.
+const GatewayRulePriority = TenantRulePriority + 2
+
+// NetworkOpGatewayMark is the key of a Network's operational data that holds the mark
+// (hexadecimal) that the network's bridge gives what comes up into the host, or
+// "unavailable: REASON" when the gateway programs could not be loaded: the gateway then
+// does not answer.
+const NetworkOpGatewayMark = "gatewayMark"
+
+// GatewayMark returns the mark of the tenant's packets in the host stack: its table's id,
+// TenantTable(tenant), which lies in the range gwbpf.MarkMask, gwbpf.MarkBase.
+func GatewayMark(tenant string) uint32 { return TenantTable(tenant) }
+
+// gatewaySysctls are the sysctls (under /proc/sys) that make the kernel's own replies
+// and errors, and the connections host listeners accept, carry the mark of the packet
+// they answer.
+var gatewaySysctls = []string{
+	"net/ipv4/fwmark_reflect",
+	"net/ipv6/fwmark_reflect",
+	"net/ipv4/tcp_fwmark_accept",
+}
+
+// gateway is the network reconciler's part for gateways.
+type gateway struct {
+	// objs are the programs and map; nil when they could not be loaded (openErr says
+	// why).
+	objs    *gwbpf.Objects
+	openErr error
+	// stateFile keeps found across restarts; "" keeps it in memory.
+	stateFile string
+	// closeOnce makes close safe to call twice.
+	closeOnce sync.Once
+	// capacity is the number of bridges the map holds marks for; exceeded counts the
+	// reconciles that found it full.
+	capacity int
+	exceeded prometheus.Counter
+	// reg is where the metrics are registered, nil when they are not.
+	reg prometheus.Registerer
+
+	// mu guards the fields below, and serializes the decisions on a tenant's rules and
+	// on the sysctls between networks.
+	mu sync.Mutex
+	// found holds the sysctls' values as naples found them before it first changed
+	// them, nil while it has changed none.
+	found map[string]string
+	// reflectOn tells that the sysctls were found or made 1 since the last sweep.
+	reflectOn bool
+	// attached holds, per bridge name, the index the programs were attached to.
+	attached map[string]int32
+}
+
+// openGateway loads the gateway programs with room for the marks of bridges bridges,
+// pinned under bpfDir/gateway when bpfDir is set, and the record of the sysctls naples
+// found from stateFile.
+func openGateway(bpfDir string, bridges int, stateFile string) (*gateway, error) {
+	if bridges <= 0 {
+		bridges = gwbpf.DefaultBridges
+	}
+	g := &gateway{stateFile: stateFile, attached: map[string]int32{}, capacity: bridges,
+		exceeded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "naples_gateway_capacity_exceeded_total",
+			Help: "Reconciles of networks whose bridge got no gateway mark because the gateway map held --gateway-bridges bridges already.",
+		})}
+	if stateFile != "" {
+		b, err := os.ReadFile(stateFile)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+		case err != nil:
+			return nil, fmt.Errorf("reading the gateway state file: %w", err)
+		default:
+			if err := json.Unmarshal(b, &g.found); err != nil {
+				return nil, fmt.Errorf("reading the gateway state file %s: %w", stateFile, err)
+			}
+		}
+	}
+	dir := ""
+	if bpfDir != "" {
+		dir = filepath.Join(bpfDir, "gateway")
+	}
+	g.objs, g.openErr = gwbpf.Open(dir, bridges)
+	return g, nil
+}
+
+// The gateway's metrics: the capacity of its map, and how often it was exceeded.
+var gwCapacityDesc = prometheus.NewDesc("naples_gateway_bridges_capacity",
+	"Bridges the gateway map holds marks for (--gateway-bridges).", nil, nil)
+
+// Describe implements prometheus.Collector.
+func (g *gateway) Describe(ch chan<- *prometheus.Desc) {
+	ch <- gwCapacityDesc
+	g.exceeded.Describe(ch)
+}
+
+// Collect implements prometheus.Collector.
+func (g *gateway) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(gwCapacityDesc, prometheus.GaugeValue, float64(g.capacity))
+	g.exceeded.Collect(ch)
+}
+
+// close releases the programs; pinned links stay, unpinned ones go.
+func (g *gateway) close() {
+	g.closeOnce.Do(func() {
+		if g.reg != nil {
+			g.reg.Unregister(g)
+		}
+		if g.objs != nil {
+			g.objs.Close()
+		}
+	})
+}
+
+// ensureGateway makes the network's bridge, with index, answer from its gateway: the
+// tenant's mark for the bridge in the programs' map and the programs attached, the
+// tenant's rules, and the sysctls on while the network has a gateway address. It returns
+// the value of NetworkOpGatewayMark.
+func (r *NetworkReconciler) ensureGateway(ctx context.Context, want networkWant, index int32) (string, error) {
+	g := r.gw
+	mark := want.table // GatewayMark of the network's tenant
+	status := fmt.Sprintf("%#x", mark)
+	if g.objs == nil {
+		status = "unavailable: " + g.openErr.Error()
+	} else {
+		g.mu.Lock()
+		old, had := g.attached[want.bridge]
+		g.mu.Unlock()
+		if had && old != index {
+			// The bridge was made anew: its old index's mark goes first.
+			if err := g.objs.DeleteMark(uint32(old)); err != nil {
+				return "", kernelErr(err, "removing the gateway mark of %s's old index %d", want.bridge, old)
+			}
+		}
+		wrote, err := g.objs.SetMark(uint32(index), mark)
+		if errors.Is(err, gwbpf.ErrFull) {
+			g.exceeded.Inc()
+			return "", hal.Errorf(ReasonCapacityExceeded, "bridge %s: no gateway mark: %v; raise --gateway-bridges", want.bridge, err)
+		}
+		if err != nil {
+			return "", kernelErr(err, "marking what comes up from %s", want.bridge)
+		}
+		if wrote {
+			r.writes.Add(1)
+		}
+		if !had || old != index {
+			var n int
+			err := runInNamespace(r.ns, func() (err error) {
+				n, err = g.objs.Attach(want.bridge, int(index))
+				return err
+			})
+			r.writes.Add(uint64(n))
+			if err != nil {
+				return "", kernelErr(err, "attaching the gateway programs to %s", want.bridge)
+			}
+			g.mu.Lock()
+			g.attached[want.bridge] = index
+			g.mu.Unlock()
+			if n > 0 {
+				r.log.Info("gateway programs attached", "key", want.id, "bridge", want.bridge, "mark", fmt.Sprintf("%#x", mark))
+			}
+		}
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, k := range gatewayRules(mark) {
+		if _, ok := r.rules.Get(k); ok {
+			continue
+		}
+		msg := appendRuleRequest(r.nl.buffer(), unix.RTM_NEWRULE, unix.NLM_F_CREATE|unix.NLM_F_EXCL, k, uint8(OverlayRouteProtocol))
+		if _, err := kernelWrite(ctx, r.rtnlConn, r.rules.Expect(k, uint8(OverlayRouteProtocol)), msg); err != nil && !errors.Is(err, unix.EEXIST) {
+			return "", kernelErr(err, "adding rule %s", ruleString(k))
+		}
+		r.log.Debug("rule added", "key", want.id, "rule", ruleString(k))
+	}
+	if !want.hasV4 && !want.hasV6 {
+		return status, r.putBackSysctlsLocked("")
+	}
+	return status, r.ensureSysctlsLocked()
+}
+
+// gatewayRules returns the rules that route the host's packets with a tenant's mark in
+// the tenant's table, in both families: `ip rule add fwmark MARK lookup T pref 1002`.
+// The mark is the table's id.
+func gatewayRules(mark uint32) []ruleKey {
+	return []ruleKey{
+		{family: unix.AF_INET, priority: GatewayRulePriority, fwmark: mark, table: mark, action: unix.FR_ACT_TO_TBL},
+		{family: unix.AF_INET6, priority: GatewayRulePriority, fwmark: mark, table: mark, action: unix.FR_ACT_TO_TBL},
+	}
+}
+
+// ensureSysctlsLocked makes the sysctls of gatewaySysctls 1, recording what it found
+// first (in the state file too) unless a record exists. g.mu must be held.
+func (r *NetworkReconciler) ensureSysctlsLocked() error {
+	g := r.gw
+	if g.reflectOn {
+		return nil
+	}
+	writes := 0
+	err := runInNamespace(r.ns, func() error {
+		if g.found == nil {
+			found := map[string]string{}
+			for _, s := range gatewaySysctls {
+				b, err := os.ReadFile("/proc/sys/" + s)
+				if errors.Is(err, fs.ErrNotExist) {
+					continue // IPv6 is off on this host
+				}
+				if err != nil {
+					return err
+				}
+				found[s] = strings.TrimSpace(string(b))
+			}
+			if err := g.save(found); err != nil {
+				return err
+			}
+			g.found = found
+		}
+		for s := range g.found {
+			n, err := ensureSysctl("/proc/sys/" + s)
+			writes += n
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	r.writes.Add(uint64(writes))
+	if err != nil {
+		return kernelErr(err, "turning on the reflection of marks (%s)", strings.Join(gatewaySysctls, ", "))
+	}
+	if writes > 0 {
+		r.log.Info("mark reflection turned on for the gateways", "sysctls", strings.Join(gatewaySysctls, ","))
+	}
+	g.reflectOn = true
+	return nil
+}
+
+// putBackSysctlsLocked puts back the sysctls of gatewaySysctls as naples found them,
+// when it changed them and no desired network but the one with key ID except has a
+// gateway. g.mu must be held.
+func (r *NetworkReconciler) putBackSysctlsLocked(except string) error {
+	g := r.gw
+	if g.found == nil || r.gatewayWanted(except) {
+		return nil
+	}
+	writes := 0
+	err := runInNamespace(r.ns, func() error {
+		for _, s := range slices.Sorted(maps.Keys(g.found)) {
+			path := "/proc/sys/" + s
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			if strings.TrimSpace(string(b)) == g.found[s] {
+				continue
+			}
+			if err := os.WriteFile(path, []byte(g.found[s]+"\n"), 0o644); err != nil {
+				return err
+			}
+			writes++
+		}
+		return g.save(nil)
+	})
+	r.writes.Add(uint64(writes))
+	if err != nil {
+		return kernelErr(err, "putting back the reflection of marks")
+	}
+	r.log.Info("no network has a gateway; mark reflection put back as found", "sysctls", strings.Join(gatewaySysctls, ","))
+	g.found, g.reflectOn = nil, false
+	return nil
+}
+
+// save writes found to the state file (a new file, synced and renamed over the old one),
+// or removes the file when found is nil.
+func (g *gateway) save(found map[string]string) error {
+	if g.stateFile == "" {
+		return nil
+	}
+	if found == nil {
+		if err := os.Remove(g.stateFile); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("removing the gateway state file: %w", err)
+		}
+		return nil
+	}
+	b, err := json.Marshal(found)
+	if err != nil {
+		return err
+	}
+	tmp := g.stateFile + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err == nil {
+		_, err = f.Write(b)
+		if err == nil {
+			err = f.Sync()
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err == nil {
+		err = os.Rename(tmp, g.stateFile)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("writing the gateway state file %s: %w", g.stateFile, err)
+	}
+	return nil
+}
+
+// teardownGateway removes the gateway state of the network with key ID id, before its
+// bridge goes: the programs' links and the bridge's mark; the tenant's rules when no
+// other network of the tenant has a bridge; and the sysctls go back as found when no
+// network has a gateway any more.
+func (r *NetworkReconciler) teardownGateway(ctx context.Context, id string) error {
+	g := r.gw
+	bridge := BridgeName(id)
+	if g.objs != nil {
+		if l, ok := r.links.Get(bridge); ok && ownsLink(l, OwnerAlias(id)) {
+			if err := g.objs.DeleteMark(uint32(l.index)); err != nil {
+				return kernelErr(err, "removing the gateway mark of %s", bridge)
+			}
+		}
+		if err := g.objs.Detach(bridge); err != nil {
+			return kernelErr(err, "detaching the gateway programs from %s", bridge)
+		}
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.attached, bridge)
+	if key, err := nimbusv1.ParseKeyID(id); err == nil && !r.tenantHasBridgeLocked(GatewayMark(key.GetTenant()), id) {
+		for _, k := range gatewayRules(GatewayMark(key.GetTenant())) {
+			if proto, ok := r.rules.Get(k); ok {
+				if err := r.deleteRule(ctx, k, proto); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return r.putBackSysctlsLocked(id)
+}
+
+// gatewayWanted tells whether a desired network other than the one with key ID except
+// has a gateway address.
+func (r *NetworkReconciler) gatewayWanted(except string) bool {
+	for _, id := range r.store.KeyIDs(nimbusv1.Kind_KIND_NETWORK) {
+		key, err := nimbusv1.ParseKeyID(id)
+		if err != nil || id == except {
+			continue
+		}
+		if obj, ok := r.store.Get(key); ok {
+			if w, err := wantNetwork(id, obj); err == nil && (w.hasV4 || w.hasV6) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// tenantHasBridgeLocked tells whether a network of the tenant with the mark, other than
+// the one with key ID except, has a bridge or is being reconciled. g.mu must be held.
+func (r *NetworkReconciler) tenantHasBridgeLocked(mark uint32, except string) bool {
+	ofTenant := func(id string) bool {
+		key, err := nimbusv1.ParseKeyID(id)
+		return err == nil && id != except && GatewayMark(key.GetTenant()) == mark
+	}
+	for _, l := range r.links.All() {
+		if id, ok := networkOwner(l.alias); ok && l.kind == "bridge" && ofTenant(id) {
+			return true
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for name, id := range r.devices {
+		if strings.HasPrefix(name, bridgePrefix) && ofTenant(id) {
+			return true
+		}
+	}
+	return false
+}
+
+// ruleOwner returns the key ID of the network whose rule k is: for a gateway rule one
+// of the tenant's networks reconciled so far, for the others the network that owns the
+// input interface; "" when none is known.
+func (r *NetworkReconciler) ruleOwner(k ruleKey) string {
+	if k.fwmark == 0 {
+		return r.ownerOfName(k.iif)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, id := range slices.Sorted(maps.Keys(r.devices)) {
+		owner := r.devices[id]
+		if key, err := nimbusv1.ParseKeyID(owner); err == nil && GatewayMark(key.GetTenant()) == k.fwmark {
+			return owner
+		}
+	}
+	return ""
+}
+
+// sweepGateway removes the gateway rules of tenants that have no desired network, the
+// marks of interfaces and the links of bridges that are no bridge of a desired network;
+// it reads the sysctls again and makes them 1 when a desired network has a gateway (so
+// that one turned off by hand comes back), and puts them back otherwise.
+func (r *NetworkReconciler) sweepGateway(ctx context.Context) error {
+	g := r.gw
+	marks := map[uint32]bool{}
+	bridges := map[int32]bool{}
+	names := map[string]bool{}
+	for _, id := range r.store.KeyIDs(nimbusv1.Kind_KIND_NETWORK) {
+		key, err := nimbusv1.ParseKeyID(id)
+		if err != nil {
+			continue
+		}
+		marks[GatewayMark(key.GetTenant())] = true
+		names[BridgeName(id)] = true
+		if l, ok := r.links.Get(BridgeName(id)); ok {
+			bridges[l.index] = true
+		}
+	}
+	if g.objs != nil {
+		attached, err := g.objs.Bridges()
+		if err != nil {
+			return kernelErr(err, "sweeping the gateway links")
+		}
+		for _, name := range attached {
+			if names[name] {
+				continue
+			}
+			r.log.Info("detaching the gateway programs from a bridge of no network", "bridge", name)
+			if err := g.objs.Detach(name); err != nil {
+				return kernelErr(err, "detaching the gateway programs from %s", name)
+			}
+			g.mu.Lock()
+			delete(g.attached, name)
+			g.mu.Unlock()
+		}
+	}
+	if g.objs != nil {
+		have, err := g.objs.MarksByIndex()
+		if err != nil {
+			return kernelErr(err, "sweeping the gateway marks")
+		}
+		for index := range have {
+			if !bridges[int32(index)] {
+				if err := g.objs.DeleteMark(index); err != nil {
+					return kernelErr(err, "sweeping the gateway marks")
+				}
+			}
+		}
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for k, proto := range r.rules.All() {
+		if k.fwmark == 0 || marks[k.fwmark] {
+			continue
+		}
+		r.log.Info("removing a stale gateway rule", "rule", ruleString(k))
+		if err := r.deleteRule(ctx, k, proto); err != nil {
+			return err
+		}
+	}
+	g.reflectOn = false
+	if r.gatewayWanted("") {
+		return r.ensureSysctlsLocked()
+	}
+	return r.putBackSysctlsLocked("")
+}
