@@ -60,7 +60,8 @@ func backend(store *delphi.Store, cfg Config, log *slog.Logger, reg prometheus.R
 			return linux.NewNodeReconciler(linux.NodeOptions{Store: store, Node: cfg.Node, Namespace: cfg.netns, Logger: log})
 		},
 		func() (closingReconciler, error) {
-			return linux.NewNetworkReconciler(linux.NetworkOptions{Store: store, Node: cfg.Node, Namespace: cfg.netns, Logger: log})
+			return linux.NewNetworkReconciler(linux.NetworkOptions{Store: store, Node: cfg.Node, Namespace: cfg.netns, Logger: log,
+				StateFile: filepath.Join(cfg.StateDir, "sysctls.json")})
 		},
 		func() (closingReconciler, error) {
 			return linux.NewEndpointReconciler(linux.EndpointOptions{Store: store, Node: cfg.Node, Namespace: cfg.netns, Logger: log, Firewall: fw})

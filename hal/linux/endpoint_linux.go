@@ -106,7 +106,8 @@ type EndpointOptions struct {
 //
 // A local endpoint, on this host's node, is a host interface that someone else created
 // (a container runtime, say): the reconciler attaches it to the network's bridge, sets
-// it up and gives it the network's MTU (`ip link set IF master BR mtu M up`), turns the
+// it up and gives it the network's MTU, the MTU of the bridge (`ip link set IF master BR
+// mtu M up`; spec.mtu when the bridge has a larger one still), turns the
 // port's learning off (`ip link set IF type bridge_slave learning off`), so that no frame
 // from the workload moves another's entry to its port, and writes the endpoint's MAC, if
 // it has one, to the bridge on that port (`bridge fdb replace MAC dev IF master static`).
@@ -517,14 +518,20 @@ func (r *EndpointReconciler) plan(id string, obj *nimbusv1.Object) (*endpointPla
 		return nil, err
 	}
 
-	bridge, _, ok := r.links.ours(p.bridge, p.network)
+	bridge, br, ok := r.links.ours(p.bridge, p.network)
 	if !ok {
 		return nil, hal.Pendingf(ReasonWaitingForNetwork, "waiting for %s: its bridge %s is not there yet", p.network, p.bridge)
 	}
 	p.bridgeIndex = bridge
 	if p.local {
 		p.iface = spec.GetInterface()
-		p.mtu = netObj.GetNetwork().GetMtu()
+		// The bridge's MTU is the network's, which its reconciler derives from the
+		// underlay when spec.mtu is 0 or does not fit; spec.mtu is the most, should the
+		// bridge not have it yet.
+		p.mtu = br.mtu
+		if m := netObj.GetNetwork().GetMtu(); m != 0 && (m < p.mtu || p.mtu == 0) {
+			p.mtu = m
+		}
 		if err := r.checkInterface(id, p); err != nil {
 			return nil, err
 		}

@@ -35,6 +35,10 @@ type NetworkOptions struct {
 	// Timeout bounds every netlink request, so a kernel that does not answer fails the
 	// reconcile, which is retried, instead of pinning a worker. Default: 10s.
 	Timeout time.Duration
+	// StateFile is where the reconciler records the value it found in each sysctl it
+	// changed (a bridge's forwarding), so that it puts the value back when no network
+	// needs the change any more, also after a restart. Default: "", kept in memory only.
+	StateFile string
 	// EventBuffer is the size in bytes of the kernel's receive buffer for the observer's
 	// subscription to link, address, rule, route, FDB and netconf changes
 	// (SO_RCVBUFFORCE). A burst of changes bigger than it overflows it; the observer then
@@ -47,7 +51,7 @@ type NetworkOptions struct {
 // NetworkReconciler programs Network objects. For the network with key ID K it holds:
 //
 //   - the bridge BridgeName(K) (`ip link add NAME type bridge`) with alias OwnerAlias(K),
-//     address GatewayMAC(K), the network's MTU when it sets one, up; on it the gateway
+//     address GatewayMAC(K), the network's MTU (see below), up; on it the gateway
 //     address of every subnet that has one, with noprefixroute (no route in the main
 //     table) and for IPv6 nodad (every node holds the same anycast address), and no
 //     other address but IPv6 link-local ones;
@@ -62,11 +66,21 @@ type NetworkOptions struct {
 //     per family the rules `iif BRIDGE lookup T pref TenantRulePriority` and `iif BRIDGE
 //     prohibit pref TenantRulePriority+1`, made before the bridge; forwarding on for what
 //     enters through the bridge (net.ipv4.conf.BRIDGE.forwarding, and
-//     net.ipv6.conf.BRIDGE.force_forwarding where the kernel has it, Linux 6.17). So
+//     net.ipv6.conf.BRIDGE.force_forwarding where the kernel has it, Linux 6.17) in each
+//     family that has a gateway, and for a family that has none any more put back as
+//     naples found it before it turned it on (NetworkOptions.StateFile). So
 //     networks of one tenant route to each other through their gateways, networks of
 //     different tenants never do, and the main table holds no overlay route. The host's
 //     own packets (replies from a gateway address, ICMP errors) have no route to the
 //     overlay either.
+//
+// The network's MTU is spec.mtu, or without one the largest the underlay carries: the
+// MTU of the link that holds this host's VTEP address (AssumedUnderlayMTU when none
+// does) less VXLAN's overhead, VXLANOverheadIPv4 or VXLANOverheadIPv6 by the VTEP's
+// family. So spec.mtu set back to 0 puts that default back, and a change of the
+// underlay's MTU, or of the link that holds the VTEP address, reaches every network. A
+// spec.mtu larger than the underlay carries is refused (FAILED, InvalidSpec, naming the
+// underlay and the largest MTU that fits) and the network runs with that largest MTU.
 //
 // A link of the bridge's or VXLAN device's name without the network's alias, or a VNI
 // that another Network has, is a conflict. Deleting the network removes all of the
@@ -85,6 +99,8 @@ type NetworkReconciler struct {
 	mirrorLoader
 	store OverlayStore
 	node  string
+	// sysctls sets the forwarding sysctls and puts back what they were.
+	sysctls *sysctls
 
 	links  *hal.Mirror[string, networkLink]
 	addrs  *hal.Mirror[addrKey, ifAddr]
@@ -96,7 +112,7 @@ type NetworkReconciler struct {
 	// reconciles and the sweeper.
 	networkLocks keyedMutex[string]
 
-	// mu guards names, devices, remoteEndpoints, endpointsOf and forwarding.
+	// mu guards names, devices, remoteEndpoints, endpointsOf, forwarding and ul.
 	mu sync.Mutex
 	// names maps interface indexes to the names of the links in the mirror.
 	names map[int32]string
@@ -111,6 +127,8 @@ type NetworkReconciler struct {
 	endpointsOf map[string][]string
 	// forwarding holds, per bridge name, the forwarding sysctls found or made right.
 	forwarding map[string]forwardingState
+	// ul is what the reconciler last found of the underlay.
+	ul underlayCache
 }
 
 var (
@@ -129,6 +147,10 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 	if opts.Node == "" {
 		return nil, errors.New("network reconciler: NetworkOptions.Node is required")
 	}
+	sc, err := openSysctls(opts.StateFile)
+	if err != nil {
+		return nil, fmt.Errorf("network reconciler: %w", err)
+	}
 	c, err := openRTNLConn(rtnlConnOptions{Namespace: opts.Namespace, Timeout: opts.Timeout,
 		EventBuffer: opts.EventBuffer, DefaultEventBuffer: 8 << 20, Logger: opts.Logger, Writes: true})
 	if err != nil {
@@ -136,6 +158,7 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 	}
 	return &NetworkReconciler{
 		rtnlConn: c,
+		sysctls:  sc,
 		store:    opts.Store,
 		node:     opts.Node,
 		links:    hal.NewMirror[string, networkLink](sameLink, nil),
@@ -192,6 +215,12 @@ const (
 	// address family than this host's), sorted and comma separated; present only when
 	// there are some. They get no replication until they have one.
 	NetworkOpNodesWithoutVTEP = "nodesWithoutVtep"
+	// NetworkOpMTU is the MTU of the network's devices, in decimal: spec.mtu, or without
+	// one (or with one that does not fit) the largest the underlay carries.
+	NetworkOpMTU = "mtu"
+	// NetworkOpUnderlay says what the MTU is derived from: "eth0 mtu 1500 carries at most
+	// 1450 with VXLAN over IPv4", the link that holds this host's VTEP address.
+	NetworkOpUnderlay = "underlay"
 	// NetworkOpIPv6Forwarding is present when the network routes IPv6 but this kernel has no
 	// per-interface IPv6 forwarding (net.ipv6.conf.BRIDGE.force_forwarding, Linux 6.17):
 	// IPv6 between networks then needs net.ipv6.conf.all.forwarding=1, which the
@@ -308,6 +337,13 @@ func (r *NetworkReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectK
 		return nil, err
 	}
 	vtep = vtep.Unmap()
+	ul := r.underlay(vtep)
+	mtu, misfit, err := networkMTU(want.mtu, ul, vtep)
+	if err != nil {
+		return nil, err
+	}
+	want.mtu = mtu
+	r.recordUnderlayMTU(ul)
 	owner, err := r.vniOwner(id, want.vni)
 	if err != nil {
 		return nil, err
@@ -366,6 +402,8 @@ func (r *NetworkReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectK
 		NetworkOpVTEP:        vtep.String(),
 		NetworkOpTenantTable: strconv.FormatUint(uint64(want.table), 10),
 		NetworkOpRemoteVTEPs: joinAddrs(remotes),
+		NetworkOpMTU:         strconv.FormatUint(uint64(want.mtu), 10),
+		NetworkOpUnderlay:    ul.describe(vtep),
 	}
 	if len(without) > 0 {
 		op[NetworkOpNodesWithoutVTEP] = strings.Join(without, ",")
@@ -374,7 +412,9 @@ func (r *NetworkReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectK
 		op[NetworkOpIPv6Forwarding] = "unavailable: this kernel has no net.ipv6.conf." + want.bridge +
 			".force_forwarding (Linux 6.17); IPv6 between networks needs net.ipv6.conf.all.forwarding=1"
 	}
-	return op, nil
+	// A spec.mtu that does not fit is refused, and the network runs with the largest
+	// MTU that does.
+	return op, misfit
 }
 
 // vniOwner returns the key ID of the Network that owns the VNI, of those that have it:
@@ -494,6 +534,13 @@ func (r *NetworkReconciler) forget(id string) {
 	delete(r.devices, BridgeName(id))
 	delete(r.devices, VXLANName(id))
 	delete(r.forwarding, BridgeName(id))
+	// The bridge took its sysctls with it.
+	v4, v6 := forwardingSysctls(BridgeName(id))
+	for _, p := range []string{v4, v6} {
+		if err := r.sysctls.Forget(p); err != nil {
+			r.log.Warn("forgetting the forwarding of a deleted bridge", "key", id, "err", err)
+		}
+	}
 }
 
 // networkOwner returns the key ID of the Network a link alias names as the link's owner,
