@@ -79,8 +79,8 @@ type NetworkOptions struct {
 // does) less VXLAN's overhead, VXLANOverheadIPv4 or VXLANOverheadIPv6 by the VTEP's
 // family. So spec.mtu set back to 0 puts that default back, and a change of the
 // underlay's MTU, or of the link that holds the VTEP address, reaches every network. A
-// spec.mtu larger than the underlay carries is refused (FAILED, InvalidSpec, naming the
-// underlay and the largest MTU that fits) and the network runs with that largest MTU.
+// spec.mtu larger than the underlay carries is set as asked and flagged: the status's
+// NetworkOpMTUWarning names the underlay and the largest MTU that fits.
 //
 // A link of the bridge's or VXLAN device's name without the network's alias, or a VNI
 // that another Network has, is a conflict. Deleting the network removes all of the
@@ -221,6 +221,11 @@ const (
 	// NetworkOpUnderlay says what the MTU is derived from: "eth0 mtu 1500 carries at most
 	// 1450 with VXLAN over IPv4", the link that holds this host's VTEP address.
 	NetworkOpUnderlay = "underlay"
+	// NetworkOpMTUWarning is present when spec.mtu is larger than the underlay carries:
+	// "spec.mtu 9000: does not fit the underlay (eth0 mtu 1500 carries at most 1450 with
+	// VXLAN over IPv4)". The devices have spec.mtu all the same; what the tunnel's larger
+	// packets meet is the underlay's to decide (fragments, or drops).
+	NetworkOpMTUWarning = "mtuWarning"
 	// NetworkOpIPv6Forwarding is present when the network routes IPv6 but this kernel has no
 	// per-interface IPv6 forwarding (net.ipv6.conf.BRIDGE.force_forwarding, Linux 6.17):
 	// IPv6 between networks then needs net.ipv6.conf.all.forwarding=1, which the
@@ -412,9 +417,10 @@ func (r *NetworkReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectK
 		op[NetworkOpIPv6Forwarding] = "unavailable: this kernel has no net.ipv6.conf." + want.bridge +
 			".force_forwarding (Linux 6.17); IPv6 between networks needs net.ipv6.conf.all.forwarding=1"
 	}
-	// A spec.mtu that does not fit is refused, and the network runs with the largest
-	// MTU that does.
-	return op, misfit
+	if misfit != "" {
+		op[NetworkOpMTUWarning] = misfit
+	}
+	return op, nil
 }
 
 // vniOwner returns the key ID of the Network that owns the VNI, of those that have it:

@@ -78,22 +78,22 @@ func (u underlayLink) describe(vtep netip.Addr) string {
 }
 
 // networkMTU returns the MTU the network's devices get over the underlay u: spec.mtu
-// when it fits, otherwise the largest that does, which is also the default of a network
-// without spec.mtu. misfit, when not nil, is the InvalidSpec error that says spec.mtu
-// does not fit; the network is programmed all the same, with the MTU returned. An
-// underlay that carries less than the smallest MTU is an error and no MTU.
-func networkMTU(spec uint32, u underlayLink, vtep netip.Addr) (mtu uint32, misfit, err error) {
+// when the network has one, otherwise the largest the underlay carries. misfit, when not
+// "", says that spec.mtu is larger than the underlay carries, naming the underlay and the
+// largest MTU that fits: the network has the MTU it asks for all the same, and its larger
+// frames are left to the underlay to fragment or drop. An underlay that carries less than
+// the smallest MTU is an error when the network has no spec.mtu.
+func networkMTU(spec uint32, u underlayLink, vtep netip.Addr) (mtu uint32, misfit string, err error) {
 	limit := u.carries(vtep)
-	if limit < minOverlayMTU {
-		return 0, nil, hal.Errorf(hal.ReasonInvalid, "underlay: %s, less than the smallest MTU, %d", u.describe(vtep), minOverlayMTU)
+	switch {
+	case spec != 0 && spec > limit:
+		return spec, fmt.Sprintf("spec.mtu %d: does not fit the underlay (%s)", spec, u.describe(vtep)), nil
+	case spec != 0:
+		return spec, "", nil
+	case limit < minOverlayMTU:
+		return 0, "", hal.Errorf(hal.ReasonInvalid, "underlay: %s, less than the smallest MTU, %d; set spec.mtu", u.describe(vtep), minOverlayMTU)
 	}
-	if spec == 0 {
-		return limit, nil, nil
-	}
-	if spec > limit {
-		return limit, hal.Errorf(hal.ReasonInvalid, "spec.mtu %d: does not fit the underlay (%s)", spec, u.describe(vtep)), nil
-	}
-	return spec, nil, nil
+	return limit, "", nil
 }
 
 // underlay returns the link that holds the VTEP address. It walks the addresses only
