@@ -1,9 +1,11 @@
 package linux
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -217,4 +219,38 @@ func TestEndpointFollowsBridgeMTU(t *testing.T) {
 	if show := o.run(t, "ip", "link", "show", "wl1"); !strings.Contains(show, " mtu 1400 ") {
 		t.Fatalf("ip link show wl1 after the bridge went to 1400, want mtu 1400:\n%s", show)
 	}
+}
+
+// TestNetworkSweepSeesUnderlayMTU: an underlay MTU change that no observer reported (the
+// agent was not watching) is found by the sweep's fresh read, which enqueues every
+// network.
+func TestNetworkSweepSeesUnderlayMTU(t *testing.T) {
+	h := newOverlayHost(t)
+	h.run(t, "ip", "link", "add", "uplink", "mtu", "1500", "type", "veth", "peer", "name", "uplinkp")
+	h.run(t, "ip", "addr", "add", "192.0.2.1/24", "dev", "uplink")
+	obj := networkObj("acme", "blue", 100, 0, subnet("10.1.0.0/24", "10.1.0.1"))
+	h.put(t, nodeObj(localNode, "192.0.2.1"), obj)
+	h.mustReconcile(t, obj.Key())
+	h.wantMTU(t, "over a 1500-byte underlay", obj.Key(), 1450)
+
+	var enqueued []string
+	sweep := func() {
+		t.Helper()
+		enqueued = nil
+		if err := h.rec.Sweep(context.Background(), func(id string) { enqueued = append(enqueued, id) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sweep() // what changed since the reconcile, unreported
+	sweep()
+	if len(enqueued) != 0 {
+		t.Fatalf("a sweep with nothing changed enqueued %v", enqueued)
+	}
+	h.run(t, "ip", "link", "set", "uplink", "mtu", "2000")
+	sweep()
+	if !slices.Contains(enqueued, obj.Key().ID()) {
+		t.Fatalf("the sweep after the underlay's MTU changed enqueued %v, want %s", enqueued, obj.Key().ID())
+	}
+	h.mustReconcile(t, obj.Key())
+	h.wantMTU(t, "over a 2000-byte underlay", obj.Key(), 1950)
 }

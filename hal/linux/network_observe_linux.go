@@ -132,10 +132,13 @@ func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]string, error) {
 	// The underlay has no owner: when the dumps find the link that holds the VTEP
 	// address, or its MTU, changed, every network is.
 	if ul.known {
-		if now := r.underlay(ul.vtep); now.index != ul.index || now.mtu != ul.mtu {
+		now := r.underlay(ul.vtep)
+		if now.index != ul.index || now.mtu != ul.mtu {
 			for _, id := range r.store.KeyIDs(nimbusv1.Kind_KIND_NETWORK) {
 				note(id)
 			}
+		} else {
+			r.recordUnderlayMTU(now)
 		}
 	}
 	return slices.Sorted(maps.Keys(owners)), nil
