@@ -64,7 +64,8 @@ func backend(store *delphi.Store, cfg Config, log *slog.Logger, reg prometheus.R
 				StateFile: filepath.Join(cfg.StateDir, "sysctls.json")})
 		},
 		func() (closingReconciler, error) {
-			return linux.NewEndpointReconciler(linux.EndpointOptions{Store: store, Node: cfg.Node, Namespace: cfg.netns, Logger: log, Firewall: fw})
+			return linux.NewEndpointReconciler(linux.EndpointOptions{Store: store, Node: cfg.Node, Namespace: cfg.netns, Logger: log, Firewall: fw,
+				StateFile: filepath.Join(cfg.StateDir, "endpoints.json")})
 		},
 	} {
 		r, err := build()

@@ -199,9 +199,20 @@ func TestNetworkForwardingPutBack(t *testing.T) {
 
 // TestEndpointFollowsBridgeMTU: a local endpoint's interface gets the MTU of its
 // network's bridge, which the network reconciler derives from the underlay when the
-// network has no spec.mtu, and follows it when it changes.
+// network has no spec.mtu, and follows it when it changes; released, it gets back the
+// MTU it had before naples changed it, also from a restarted reconciler.
 func TestEndpointFollowsBridgeMTU(t *testing.T) {
 	o := newEPOverlay(t, 0)
+	state := filepath.Join(t.TempDir(), "endpoints.json")
+	newRec := func() *EndpointReconciler {
+		rec, err := NewEndpointReconciler(EndpointOptions{Store: o.store, Node: o.node, Namespace: &o.nsh, Logger: quiet, StateFile: state})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { rec.Close() })
+		return rec
+	}
+	o.rec = newRec()
 	o.run(t, "ip", "link", "set", o.br, "mtu", "1450")
 	o.run(t, "ip", "link", "add", "wl1", "mtu", "1500", "type", "veth", "peer", "name", "wl1p")
 	ep := epEndpoint("db", "net1", "node-a", "wl1", "02:00:00:00:0a:01", "10.1.0.10")
@@ -218,6 +229,18 @@ func TestEndpointFollowsBridgeMTU(t *testing.T) {
 	o.reconcile(t, key)
 	if show := o.run(t, "ip", "link", "show", "wl1"); !strings.Contains(show, " mtu 1400 ") {
 		t.Fatalf("ip link show wl1 after the bridge went to 1400, want mtu 1400:\n%s", show)
+	}
+
+	// Deleted while the agent was down: a restarted reconciler's sweep releases it, with
+	// the MTU it had.
+	o.rec.Close()
+	o.del(t, key)
+	o.rec = newRec()
+	if err := o.rec.Sweep(context.Background(), func(string) {}); err != nil {
+		t.Fatal(err)
+	}
+	if show := o.run(t, "ip", "link", "show", "wl1"); strings.Contains(show, " master ") || !strings.Contains(show, " mtu 1500 ") {
+		t.Fatalf("ip link show wl1 after the delete, want no master, mtu 1500 as found:\n%s", show)
 	}
 }
 
