@@ -448,10 +448,11 @@ func (r *NetworkReconciler) deleteAddr(ctx context.Context, name string, k addrK
 }
 
 // addrGone makes the routes mirror follow what the kernel does, without a notification,
-// to routes when the address k goes: IPv4 flushes the routes whose preferred source it
-// was, unless another interface holds it still, and every route through the interface
-// when it was the interface's last IPv4 address; IPv6 drops it as the preferred source
-// of the interface's routes.
+// to routes when the address k goes: IPv4 flushes the routes of the main table whose
+// preferred source it was, unless another interface holds it still (routes of other
+// tables, as the tenants' are, stay, and so stay in the mirror for ensureRoutes to
+// delete), and every route through the interface when it was the interface's last IPv4
+// address; IPv6 drops it as the preferred source of the interface's routes.
 func (r *NetworkReconciler) addrGone(k addrKey) {
 	a := k.prefix.Addr()
 	if a.Is6() {
@@ -476,7 +477,7 @@ func (r *NetworkReconciler) addrGone(k addrKey) {
 		}
 	}
 	for id, rt := range r.routes.All() {
-		if id.v4 && (rt.src == a && !heldElsewhere || rt.oif == k.index && lastOnLink) {
+		if id.v4 && (rt.src == a && !heldElsewhere && id.table == unix.RT_TABLE_MAIN || rt.oif == k.index && lastOnLink) {
 			r.routes.Remove(id)
 		}
 	}
