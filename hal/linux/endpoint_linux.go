@@ -538,8 +538,8 @@ func (r *EndpointReconciler) plan(id string, obj *nimbusv1.Object) (*endpointPla
 	if p.local {
 		p.iface = spec.GetInterface()
 		// The bridge's MTU is the network's, which its reconciler derives from the
-		// underlay when spec.mtu is 0 or does not fit; spec.mtu is the most, should the
-		// bridge not have it yet.
+		// underlay when spec.mtu is 0; spec.mtu is the most, should the bridge not have
+		// it yet.
 		p.mtu = br.mtu
 		if m := netObj.GetNetwork().GetMtu(); m != 0 && (m < p.mtu || p.mtu == 0) {
 			p.mtu = m
