@@ -216,7 +216,7 @@ const (
 	// there are some. They get no replication until they have one.
 	NetworkOpNodesWithoutVTEP = "nodesWithoutVtep"
 	// NetworkOpMTU is the MTU of the network's devices, in decimal: spec.mtu, or without
-	// one (or with one that does not fit) the largest the underlay carries.
+	// one the largest the underlay carries.
 	NetworkOpMTU = "mtu"
 	// NetworkOpUnderlay says what the MTU is derived from: "eth0 mtu 1500 carries at most
 	// 1450 with VXLAN over IPv4", the link that holds this host's VTEP address.
