@@ -36,8 +36,10 @@ type Config struct {
 	// StateDir holds the agent's state; one agent at a time may use it. Delphi keeps the
 	// desired objects and the nimbus resume point there, so a restarted agent enforces
 	// them before nimbus is reachable; the interface reconciler keeps in interfaces.json
-	// the state and MTU it found on host NICs before it changed them, to put them back.
-	// Required.
+	// the state and MTU it found on host NICs before it changed them, to put them back,
+	// the network reconciler in sysctls.json the sysctls it found before it changed them
+	// (a bridge's forwarding), and the endpoint reconciler in endpoints.json the MTU of
+	// the workloads' interfaces it changed. Required.
 	StateDir string
 	// DiscardState throws away the stored desired state at start, so the agent starts
 	// empty and resyncs from nimbus; it is the way out of a corrupt state file.

@@ -61,10 +61,11 @@ func backend(store *delphi.Store, cfg Config, log *slog.Logger, reg prometheus.R
 		},
 		func() (closingReconciler, error) {
 			return linux.NewNetworkReconciler(linux.NetworkOptions{Store: store, Node: cfg.Node, Namespace: cfg.netns, Logger: log,
-				BPFDir: cfg.BPFDir, GatewayBridges: cfg.GatewayBridges, Registerer: reg, StateFile: filepath.Join(cfg.StateDir, "gateway.json")})
+				BPFDir: cfg.BPFDir, GatewayBridges: cfg.GatewayBridges, Registerer: reg, StateFile: filepath.Join(cfg.StateDir, "sysctls.json")})
 		},
 		func() (closingReconciler, error) {
-			return linux.NewEndpointReconciler(linux.EndpointOptions{Store: store, Node: cfg.Node, Namespace: cfg.netns, Logger: log, Firewall: fw})
+			return linux.NewEndpointReconciler(linux.EndpointOptions{Store: store, Node: cfg.Node, Namespace: cfg.netns, Logger: log, Firewall: fw,
+				StateFile: filepath.Join(cfg.StateDir, "endpoints.json")})
 		},
 	} {
 		r, err := build()

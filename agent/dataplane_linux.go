@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -322,12 +323,13 @@ func (v *dataplaneView) network(obj *nimbusv1.Object, endpoints []*nimbusv1.Obje
 		Subnets:    spec.AllSubnets(),
 	}
 	n.Status, _ = v.store.Status(key)
+	mtu := effectiveMTU(spec, n.Status)
 	var br, vx netlink.Link
-	n.Bridge, br = v.bridge(id, spec)
-	n.Vxlan, vx = v.vxlan(id, spec)
+	n.Bridge, br = v.bridge(id, spec, mtu)
+	n.Vxlan, vx = v.vxlan(id, spec, mtu)
 	n.RemoteVteps = v.remoteVteps(vx, endpoints)
 	for _, ep := range endpoints {
-		n.Endpoints = append(n.Endpoints, v.endpoint(ep, id, spec, br, vx))
+		n.Endpoints = append(n.Endpoints, v.endpoint(ep, id, mtu, br, vx))
 	}
 	return n
 }
@@ -394,10 +396,22 @@ func upAndMTU(l *delphiv1.DataplaneLink, mtu uint32) {
 	}
 }
 
-// bridge returns the network's bridge, and the link when it is naples's.
-func (v *dataplaneView) bridge(networkKeyID string, spec *nimbusv1.NetworkSpec) (*delphiv1.DataplaneLink, netlink.Link) {
+// effectiveMTU returns the MTU the network's devices should have: spec.mtu, or without
+// one what the network reconciler derived from the underlay, as the network's status
+// says (0, any, before it says).
+func effectiveMTU(spec *nimbusv1.NetworkSpec, st *nimbusv1.NodeStatus) uint32 {
+	if spec.GetMtu() != 0 {
+		return spec.GetMtu()
+	}
+	mtu, _ := strconv.ParseUint(st.GetOperational()[linux.NetworkOpMTU], 10, 32)
+	return uint32(mtu)
+}
+
+// bridge returns the network's bridge, which should have the MTU mtu (0: any), and the
+// link when it is naples's.
+func (v *dataplaneView) bridge(networkKeyID string, spec *nimbusv1.NetworkSpec, mtu uint32) (*delphiv1.DataplaneLink, netlink.Link) {
 	out, l := v.link(linux.BridgeName(networkKeyID))
-	if !device(out, networkKeyID, "bridge", spec.GetMtu()) {
+	if !device(out, networkKeyID, "bridge", mtu) {
 		return out, nil
 	}
 	if want := linux.GatewayMAC(networkKeyID).String(); out.GetMac() != want {
@@ -425,10 +439,11 @@ func (v *dataplaneView) bridge(networkKeyID string, spec *nimbusv1.NetworkSpec) 
 	return out, l
 }
 
-// vxlan returns the network's VXLAN device, and the link when it is naples's.
-func (v *dataplaneView) vxlan(networkKeyID string, spec *nimbusv1.NetworkSpec) (*delphiv1.DataplaneLink, netlink.Link) {
+// vxlan returns the network's VXLAN device, which should have the MTU mtu (0: any), and
+// the link when it is naples's.
+func (v *dataplaneView) vxlan(networkKeyID string, spec *nimbusv1.NetworkSpec, mtu uint32) (*delphiv1.DataplaneLink, netlink.Link) {
 	out, l := v.link(linux.VXLANName(networkKeyID))
-	if !device(out, networkKeyID, "vxlan", spec.GetMtu()) {
+	if !device(out, networkKeyID, "vxlan", mtu) {
 		return out, nil
 	}
 	if out.GetVni() != spec.GetVni() {
@@ -511,8 +526,8 @@ func (v *dataplaneView) remoteVteps(vx netlink.Link, endpoints []*nimbusv1.Objec
 }
 
 // endpoint returns the dataplane of one endpoint of a network, whose bridge is br and
-// VXLAN device is vx (nil: missing or not naples's).
-func (v *dataplaneView) endpoint(obj *nimbusv1.Object, networkKeyID string, network *nimbusv1.NetworkSpec, br, vx netlink.Link) *delphiv1.DataplaneEndpoint {
+// VXLAN device is vx (nil: missing or not naples's) and whose MTU is mtu (0: any).
+func (v *dataplaneView) endpoint(obj *nimbusv1.Object, networkKeyID string, mtu uint32, br, vx netlink.Link) *delphiv1.DataplaneEndpoint {
 	spec := obj.GetEndpoint()
 	key := obj.Key()
 	e := &delphiv1.DataplaneEndpoint{
@@ -528,7 +543,7 @@ func (v *dataplaneView) endpoint(obj *nimbusv1.Object, networkKeyID string, netw
 	if e.Local {
 		if spec.GetInterface() != "" {
 			mac, _ := net.ParseMAC(spec.GetMac())
-			e.Link = v.port(spec.GetInterface(), linux.BridgeName(networkKeyID), network.GetMtu(), mac)
+			e.Link = v.port(spec.GetInterface(), linux.BridgeName(networkKeyID), mtu, mac)
 		}
 		return e
 	}

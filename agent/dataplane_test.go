@@ -368,6 +368,27 @@ func TestDataplaneDeviceSettings(t *testing.T) {
 	}
 }
 
+// TestDataplaneDerivedMTU checks that the devices of a network without spec.mtu are
+// held to the MTU its status says the reconciler derived from the underlay.
+func TestDataplaneDerivedMTU(t *testing.T) {
+	e := newDataplaneEnv(t)
+	blue := testNetwork("blue", 1, &nimbusv1.NetworkSpec{Vni: 100, Subnet: "10.1.0.0/24"})
+	id := blue.Key().ID()
+	e.overlayNetwork(id, 100, 1500, "192.0.2.1")
+	e.put(testNode("host-a", "192.0.2.1"), blue)
+	st := &nimbusv1.NodeStatus{Node: "host-a", ObservedGeneration: 1, Phase: nimbusv1.Phase_PHASE_PROGRAMMED,
+		Operational: map[string]string{linux.NetworkOpMTU: "1450"}}
+	if err := e.status.Set(blue.Key(), st); err != nil {
+		t.Fatal(err)
+	}
+	n := e.dataplane().GetNetworks()[0]
+	for what, l := range map[string]*delphiv1.DataplaneLink{"bridge": n.GetBridge(), "vxlan": n.GetVxlan()} {
+		if got := l.GetProblems(); !slices.Contains(got, "mtu 1500 (want 1450)") {
+			t.Errorf("%s problems %q, want mtu 1500 (want 1450)", what, got)
+		}
+	}
+}
+
 // TestDataplaneReadsKernelOnce checks that reading the kernel for the view costs one dump
 // per kind, links, bridge ports, addresses, FDB and neighbours, however many networks
 // there are.

@@ -62,12 +62,18 @@ type workload struct {
 	ips  []netip.Prefix
 }
 
+// workloadMTU is the MTU of a workload's eth0: as a runtime gives it, the MTU of a network
+// without spec.mtu over the hosts' 1500-byte links, less VXLAN's 50 bytes over IPv4, which
+// the agent gives the host-side interface.
+const workloadMTU = "1450"
+
 // newWorkload makes a workload on the host with the MAC and addresses (CIDR form), and a
-// default route per family through the gateways given (IPv4 and/or IPv6).
+// default route per family through the gateways given (IPv4 and/or IPv6). Its eth0 has
+// workloadMTU.
 func newWorkload(t testing.TB, h *host, name, mac string, addrs []string, gateways ...string) *workload {
 	t.Helper()
 	ns := testns.Named(t, "naples-wl")
-	testns.Run(t, "ip", "-n", h.ns, "link", "add", name, "type", "veth", "peer", "name", "eth0", "netns", ns)
+	testns.Run(t, "ip", "-n", h.ns, "link", "add", name, "type", "veth", "peer", "name", "eth0", "mtu", workloadMTU, "netns", ns)
 	testns.Run(t, "ip", "-n", ns, "link", "set", "lo", "up")
 	testns.Run(t, "ip", "-n", ns, "link", "set", "eth0", "address", mac)
 	w := &workload{name: name, ns: ns, mac: mac}
@@ -292,6 +298,19 @@ func TestOverlayAcrossHosts(t *testing.T) {
 	blueA.wantNoReach(t, redA.ip(4))
 	greenB.wantNoReach(t, redA.ip(4))
 	blueC.wantNoReach(t, redA.ip(4))
+
+	// Without spec.mtu a network's devices, and the workload's host-side interface, have
+	// the underlay's MTU (the 1500-byte uplink) less VXLAN's 50 bytes over IPv4.
+	st := c.waitProgrammed(t, "network", "blue", a.name, 1)
+	if op := st.GetOperational(); op["mtu"] != "1450" || op["underlay"] != "uplink mtu 1500 carries at most 1450 with VXLAN over IPv4" {
+		t.Errorf("network blue on %s: operational mtu %q, underlay %q; want 1450 from uplink", a.name, op["mtu"], op["underlay"])
+	}
+	br, vx := a.networkDevices(t, "default", "blue")
+	for _, dev := range []string{br, vx, blueA.name} {
+		waitFor(t, dev+" on "+a.name+" to have mtu 1450", func() bool {
+			return strings.Contains(testns.Run(t, "ip", "-n", a.ns, "-o", "link", "show", dev), " mtu 1450 ")
+		})
+	}
 
 	c.mustCtl(t, manifest, "delete", "-f", "-")
 	for _, h := range []*host{a, b, hc} {

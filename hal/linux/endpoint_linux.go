@@ -93,6 +93,10 @@ type EndpointOptions struct {
 	EventBuffer int
 	// Logger receives the reconciler's logs. Default: slog.Default().
 	Logger *slog.Logger
+	// StateFile is where the reconciler records the MTU it found on a local endpoint's
+	// interface before it first changed it, so that it puts the MTU back when it releases
+	// the interface, also after a restart. Default: "", kept in memory only.
+	StateFile string
 	// Firewall, when set, enforces security policy on local endpoints: the reconciler
 	// attaches it to a local endpoint's interface, and waits for it to hold the
 	// endpoint, before it attaches the interface to its bridge, and removes it from an
@@ -106,12 +110,14 @@ type EndpointOptions struct {
 //
 // A local endpoint, on this host's node, is a host interface that someone else created
 // (a container runtime, say): the reconciler attaches it to the network's bridge, sets
-// it up and gives it the network's MTU (`ip link set IF master BR mtu M up`), turns the
+// it up and gives it the network's MTU, the MTU of the bridge (`ip link set IF master BR
+// mtu M up`; spec.mtu when the bridge has a larger one still), turns the
 // port's learning off (`ip link set IF type bridge_slave learning off`), so that no frame
 // from the workload moves another's entry to its port, and writes the endpoint's MAC, if
 // it has one, to the bridge on that port (`bridge fdb replace MAC dev IF master static`).
 // On teardown it releases the interface (`ip link set IF nomaster`) if its master is
-// still a naples bridge; it never deletes it.
+// still a naples bridge, and puts back the MTU it had before naples first changed it
+// (EndpointOptions.StateFile); it never deletes it. Its administrative state stays up.
 //
 // A remote endpoint, on another node, is reached through the VXLAN tunnel to that node's
 // VTEP: the reconciler writes its MAC to the VXLAN device (`bridge fdb replace MAC dev VX
@@ -148,6 +154,8 @@ type EndpointReconciler struct {
 	store OverlayStore
 	node  string
 	fw    *Firewall
+	// found records the MTU of local endpoints' interfaces before naples changed it.
+	found *foundLinks
 
 	links *epLinkTable
 	fdb   *hal.Mirror[fdbKey, fdbEntry]
@@ -293,6 +301,10 @@ func NewEndpointReconciler(opts EndpointOptions) (*EndpointReconciler, error) {
 	if opts.Node == "" {
 		return nil, errors.New("endpoint reconciler: EndpointOptions.Node is required")
 	}
+	found, err := openFoundLinks(opts.StateFile)
+	if err != nil {
+		return nil, fmt.Errorf("endpoint reconciler: %w", err)
+	}
 	c, err := openRTNLConn(rtnlConnOptions{Namespace: opts.Namespace, Timeout: opts.Timeout,
 		EventBuffer: opts.EventBuffer, DefaultEventBuffer: 32 << 20, Logger: opts.Logger, Writes: true})
 	if err != nil {
@@ -300,6 +312,7 @@ func NewEndpointReconciler(opts EndpointOptions) (*EndpointReconciler, error) {
 	}
 	return &EndpointReconciler{
 		rtnlConn:   c,
+		found:      found,
 		store:      opts.Store,
 		node:       opts.Node,
 		fw:         opts.Firewall,
@@ -517,14 +530,20 @@ func (r *EndpointReconciler) plan(id string, obj *nimbusv1.Object) (*endpointPla
 		return nil, err
 	}
 
-	bridge, _, ok := r.links.ours(p.bridge, p.network)
+	bridge, br, ok := r.links.ours(p.bridge, p.network)
 	if !ok {
 		return nil, hal.Pendingf(ReasonWaitingForNetwork, "waiting for %s: its bridge %s is not there yet", p.network, p.bridge)
 	}
 	p.bridgeIndex = bridge
 	if p.local {
 		p.iface = spec.GetInterface()
-		p.mtu = netObj.GetNetwork().GetMtu()
+		// The bridge's MTU is the network's, which its reconciler derives from the
+		// underlay when spec.mtu is 0; spec.mtu is the most, should the bridge not have
+		// it yet.
+		p.mtu = br.mtu
+		if m := netObj.GetNetwork().GetMtu(); m != 0 && (m < p.mtu || p.mtu == 0) {
+			p.mtu = m
+		}
 		if err := r.checkInterface(id, p); err != nil {
 			return nil, err
 		}
@@ -909,10 +928,7 @@ func (r *EndpointReconciler) syncInterface(ctx context.Context, name, id string,
 		r.settle(entryName(EndpointInterfaceIndex.Name, name), owner, want != nil, enqueue != nil, err)
 	}()
 	if want == nil {
-		if _, isBridge, _ := r.links.networkDevice(l.master); l.master == 0 || !isBridge {
-			return nil
-		}
-		return r.setLink(ctx, owner, index, l, 0, 0, false)
+		return r.releaseInterface(ctx, owner, index, l)
 	}
 	attached := l.master == want.bridgeIndex && l.up && (want.mtu == 0 || l.mtu == want.mtu)
 	if attached && !l.learning {
@@ -926,6 +942,13 @@ func (r *EndpointReconciler) syncInterface(ctx context.Context, name, id string,
 		if err := r.checkMaster(name, l, want.bridgeIndex); err != nil {
 			return err
 		}
+		if rec := r.found.get(name); rec.MTU == 0 && want.mtu != 0 && l.mtu != want.mtu {
+			// Recorded before the write, so that a release puts the MTU back.
+			rec.MTU = l.mtu
+			if err := r.found.set(name, rec); err != nil {
+				return hal.Errorf(hal.ReasonFailed, "recording the MTU of interface %s: %w", name, err)
+			}
+		}
 		if err := r.setLink(ctx, owner, index, l, want.bridgeIndex, want.mtu, true); err != nil {
 			return err
 		}
@@ -934,6 +957,27 @@ func (r *EndpointReconciler) syncInterface(ctx context.Context, name, id string,
 		}
 	}
 	return r.setLearning(ctx, index, l, false)
+}
+
+// releaseInterface releases the interface l, with the index, that no local endpoint
+// wants from the naples bridge that is its master (`ip link set IF nomaster`), puts back
+// the MTU it had before naples first changed it (`mtu M`), and forgets that MTU. One on no
+// bridge gets its MTU back all the same; one on a bridge that is not naples's is left
+// alone.
+func (r *EndpointReconciler) releaseInterface(ctx context.Context, owner string, index int32, l epLink) error {
+	rec := r.found.get(l.name)
+	if _, isBridge, _ := r.links.networkDevice(l.master); l.master != 0 && !isBridge || l.master == 0 && (rec.MTU == 0 || rec.MTU == l.mtu) {
+		// Someone else's bridge holds it now, or there is nothing to put back.
+		return r.found.set(l.name, linkFound{})
+	}
+	mtu := rec.MTU
+	if mtu == l.mtu {
+		mtu = 0
+	}
+	if err := r.setLink(ctx, owner, index, l, 0, mtu, false); err != nil {
+		return err
+	}
+	return r.found.set(l.name, linkFound{})
 }
 
 // deviceName returns the name of the link with the index, for messages.
@@ -1134,6 +1178,10 @@ func (r *EndpointReconciler) apply(typ uint16, payload []byte, enqueue func(keyI
 			echo = r.links.mirror.Update(index, l)
 		} else {
 			echo = r.links.mirror.Remove(index)
+			// An interface that is gone has no MTU to put back.
+			if err := r.found.set(l.name, linkFound{}); err != nil {
+				r.log.Warn("forgetting the MTU of a deleted interface", "interface", l.name, "err", err)
+			}
 		}
 		if echo || (typ == unix.RTM_NEWLINK && had && old == l) || !mirrorShowsEvent(r.links.mirror, index, l, typ == unix.RTM_NEWLINK) {
 			return

@@ -321,12 +321,12 @@ func TestEndpointLocalAttach(t *testing.T) {
 		t.Errorf("reconciling an attached interface wrote %d kernel objects", got)
 	}
 
-	// Deleted: released, not deleted.
+	// Deleted: released, not deleted, with the MTU it had before.
 	o.del(t, key)
 	o.reconcile(t, key)
 	show = o.run(t, "ip", "link", "show", "wl1")
-	if strings.Contains(show, " master ") {
-		t.Errorf("after the delete, wl1 still has a master:\n%s", show)
+	if strings.Contains(show, " master ") || !strings.Contains(show, " mtu 1500 ") {
+		t.Errorf("after the delete, wl1 still has a master, or not its MTU of 1500:\n%s", show)
 	}
 }
 

@@ -40,24 +40,35 @@ type foundLinks struct {
 // openFoundLinks reads the record kept at path; a missing file is an empty record, and
 // an empty path keeps the record in memory only.
 func openFoundLinks(path string) (*foundLinks, error) {
-	f := &foundLinks{path: path, links: map[string]linkFound{}}
+	links, err := readStateFile[linkFound](path, "the interface state file")
+	if err != nil {
+		return nil, err
+	}
+	return &foundLinks{path: path, links: links}, nil
+}
+
+// readStateFile reads a JSON object of V by name from the file at path, which
+// writeFileSynced wrote; a missing file or an empty path is an empty object. what names
+// the file in errors.
+func readStateFile[V any](path, what string) (map[string]V, error) {
+	m := map[string]V{}
 	if path == "" {
-		return f, nil
+		return m, nil
 	}
 	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return f, nil
+		return m, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("reading the interface state file: %w", err)
+		return nil, fmt.Errorf("reading %s: %w", what, err)
 	}
-	if err := json.Unmarshal(b, &f.links); err != nil {
-		return nil, fmt.Errorf("reading the interface state file %s: %w", path, err)
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("reading %s %s: %w", what, path, err)
 	}
-	if f.links == nil {
-		f.links = map[string]linkFound{}
+	if m == nil {
+		m = map[string]V{}
 	}
-	return f, nil
+	return m, nil
 }
 
 // get returns what is recorded for the link.
@@ -121,10 +132,16 @@ func (f *foundLinks) saveLocked() error {
 	if err != nil {
 		return err
 	}
-	dir := filepath.Dir(f.path)
-	tmp, err := os.CreateTemp(dir, filepath.Base(f.path)+".tmp*")
+	return writeFileSynced(f.path, b, "the interface state file")
+}
+
+// writeFileSynced replaces the file at path with b, durably: a temporary file beside it,
+// fsynced and renamed over it, and the directory fsynced. what names the file in errors.
+func writeFileSynced(path string, b []byte, what string) error {
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, filepath.Base(path)+".tmp*")
 	if err != nil {
-		return fmt.Errorf("writing the interface state file: %w", err)
+		return fmt.Errorf("writing %s: %w", what, err)
 	}
 	defer os.Remove(tmp.Name())
 	_, err = tmp.Write(b)
@@ -135,16 +152,16 @@ func (f *foundLinks) saveLocked() error {
 		err = cerr
 	}
 	if err == nil {
-		err = os.Rename(tmp.Name(), f.path)
+		err = os.Rename(tmp.Name(), path)
 	}
 	if err != nil {
-		return fmt.Errorf("writing the interface state file %s: %w", f.path, err)
+		return fmt.Errorf("writing %s %s: %w", what, path, err)
 	}
 	if d, err := os.Open(dir); err == nil {
 		err = d.Sync()
 		d.Close()
 		if err != nil {
-			return fmt.Errorf("writing the interface state file %s: syncing its directory: %w", f.path, err)
+			return fmt.Errorf("writing %s %s: syncing its directory: %w", what, path, err)
 		}
 	}
 	return nil

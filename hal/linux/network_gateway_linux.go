@@ -2,12 +2,10 @@ package linux
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"maps"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -67,8 +65,6 @@ type gateway struct {
 	// why).
 	objs    *gwbpf.Objects
 	openErr error
-	// stateFile keeps found across restarts; "" keeps it in memory.
-	stateFile string
 	// closeOnce makes close safe to call twice.
 	closeOnce sync.Once
 	// capacity is the number of bridges the map holds marks for; exceeded counts the
@@ -81,9 +77,6 @@ type gateway struct {
 	// mu guards the fields below, and serializes the decisions on a tenant's rules and
 	// on the sysctls between networks.
 	mu sync.Mutex
-	// found holds the sysctls' values as naples found them before it first changed
-	// them, nil while it has changed none.
-	found map[string]string
 	// reflectOn tells that the sysctls were found or made 1 since the last sweep.
 	reflectOn bool
 	// attached holds, per bridge name, the index the programs were attached to.
@@ -91,35 +84,23 @@ type gateway struct {
 }
 
 // openGateway loads the gateway programs with room for the marks of bridges bridges,
-// pinned under bpfDir/gateway when bpfDir is set, and the record of the sysctls naples
-// found from stateFile.
-func openGateway(bpfDir string, bridges int, stateFile string) (*gateway, error) {
+// pinned under bpfDir/gateway when bpfDir is set. Programs that cannot load leave
+// openErr set: the gateways then do not answer, and the networks' status says so.
+func openGateway(bpfDir string, bridges int) *gateway {
 	if bridges <= 0 {
 		bridges = gwbpf.DefaultBridges
 	}
-	g := &gateway{stateFile: stateFile, attached: map[string]int32{}, capacity: bridges,
+	g := &gateway{attached: map[string]int32{}, capacity: bridges,
 		exceeded: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "naples_gateway_capacity_exceeded_total",
 			Help: "Reconciles of networks whose bridge got no gateway mark because the gateway map held --gateway-bridges bridges already.",
 		})}
-	if stateFile != "" {
-		b, err := os.ReadFile(stateFile)
-		switch {
-		case errors.Is(err, fs.ErrNotExist):
-		case err != nil:
-			return nil, fmt.Errorf("reading the gateway state file: %w", err)
-		default:
-			if err := json.Unmarshal(b, &g.found); err != nil {
-				return nil, fmt.Errorf("reading the gateway state file %s: %w", stateFile, err)
-			}
-		}
-	}
 	dir := ""
 	if bpfDir != "" {
 		dir = filepath.Join(bpfDir, "gateway")
 	}
 	g.objs, g.openErr = gwbpf.Open(dir, bridges)
-	return g, nil
+	return g
 }
 
 // The gateway's metrics: the capacity of its map, and how often it was exceeded.
@@ -227,8 +208,9 @@ func gatewayRules(mark uint32) []ruleKey {
 	}
 }
 
-// ensureSysctlsLocked makes the sysctls of gatewaySysctls 1, recording what it found
-// first (in the state file too) unless a record exists. g.mu must be held.
+// ensureSysctlsLocked makes the sysctls of gatewaySysctls 1 (one missing, IPv6 being
+// off on this host, is left out), the network reconciler's sysctls recording what it
+// found first, in the state file too. g.mu must be held.
 func (r *NetworkReconciler) ensureSysctlsLocked() error {
 	g := r.gw
 	if g.reflectOn {
@@ -236,26 +218,12 @@ func (r *NetworkReconciler) ensureSysctlsLocked() error {
 	}
 	writes := 0
 	err := runInNamespace(r.ns, func() error {
-		if g.found == nil {
-			found := map[string]string{}
-			for _, s := range gatewaySysctls {
-				b, err := os.ReadFile("/proc/sys/" + s)
-				if errors.Is(err, fs.ErrNotExist) {
-					continue // IPv6 is off on this host
-				}
-				if err != nil {
-					return err
-				}
-				found[s] = strings.TrimSpace(string(b))
-			}
-			if err := g.save(found); err != nil {
-				return err
-			}
-			g.found = found
-		}
-		for s := range g.found {
-			n, err := ensureSysctl("/proc/sys/" + s)
+		for _, s := range gatewaySysctls {
+			n, err := r.sysctls.Set("/proc/sys/"+s, "1")
 			writes += n
+			if errors.Is(err, fs.ErrNotExist) {
+				continue // IPv6 is off on this host
+			}
 			if err != nil {
 				return err
 			}
@@ -278,70 +246,34 @@ func (r *NetworkReconciler) ensureSysctlsLocked() error {
 // gateway. g.mu must be held.
 func (r *NetworkReconciler) putBackSysctlsLocked(except string) error {
 	g := r.gw
-	if g.found == nil || r.gatewayWanted(except) {
+	if r.gatewayWanted(except) {
+		return nil
+	}
+	recorded := false
+	for _, s := range gatewaySysctls {
+		recorded = recorded || r.sysctls.Recorded("/proc/sys/"+s)
+	}
+	if !recorded {
+		g.reflectOn = false
 		return nil
 	}
 	writes := 0
 	err := runInNamespace(r.ns, func() error {
-		for _, s := range slices.Sorted(maps.Keys(g.found)) {
-			path := "/proc/sys/" + s
-			b, err := os.ReadFile(path)
+		for _, s := range gatewaySysctls {
+			n, err := r.sysctls.Restore("/proc/sys/" + s)
+			writes += n
 			if err != nil {
 				return err
 			}
-			if strings.TrimSpace(string(b)) == g.found[s] {
-				continue
-			}
-			if err := os.WriteFile(path, []byte(g.found[s]+"\n"), 0o644); err != nil {
-				return err
-			}
-			writes++
 		}
-		return g.save(nil)
+		return nil
 	})
 	r.writes.Add(uint64(writes))
 	if err != nil {
 		return kernelErr(err, "putting back the reflection of marks")
 	}
 	r.log.Info("no network has a gateway; mark reflection put back as found", "sysctls", strings.Join(gatewaySysctls, ","))
-	g.found, g.reflectOn = nil, false
-	return nil
-}
-
-// save writes found to the state file (a new file, synced and renamed over the old one),
-// or removes the file when found is nil.
-func (g *gateway) save(found map[string]string) error {
-	if g.stateFile == "" {
-		return nil
-	}
-	if found == nil {
-		if err := os.Remove(g.stateFile); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("removing the gateway state file: %w", err)
-		}
-		return nil
-	}
-	b, err := json.Marshal(found)
-	if err != nil {
-		return err
-	}
-	tmp := g.stateFile + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err == nil {
-		_, err = f.Write(b)
-		if err == nil {
-			err = f.Sync()
-		}
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-	}
-	if err == nil {
-		err = os.Rename(tmp, g.stateFile)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("writing the gateway state file %s: %w", g.stateFile, err)
-	}
+	g.reflectOn = false
 	return nil
 }
 

@@ -60,7 +60,7 @@ func TestNetworkGatewayState(t *testing.T) {
 	if len(marks) != 2 {
 		t.Errorf("the gateway map holds %v, want the marks of two bridges", marks)
 	}
-	if b, err := os.ReadFile(h.stateFile); err != nil || !strings.Contains(string(b), `"net/ipv4/fwmark_reflect":"0"`) {
+	if b, err := os.ReadFile(h.stateFile); err != nil || !strings.Contains(string(b), `"/proc/sys/net/ipv4/fwmark_reflect":"0"`) {
 		t.Errorf("the state file holds %q (%v), want the values found", b, err)
 	}
 
@@ -100,8 +100,8 @@ func TestNetworkGatewayState(t *testing.T) {
 	if ents, _ := os.ReadDir(h.bpfDir + "/gateway/links"); len(ents) != 0 {
 		t.Errorf("with no network left links are pinned: %v", ents)
 	}
-	if _, err := os.Stat(h.stateFile); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("with nothing to put back the state file is still there (%v)", err)
+	if b, err := os.ReadFile(h.stateFile); err != nil || strings.Contains(string(b), "fwmark") {
+		t.Errorf("with nothing to put back the state file holds %q (%v), want no record of the mark sysctls", b, err)
 	}
 }
 

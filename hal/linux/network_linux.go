@@ -36,6 +36,11 @@ type NetworkOptions struct {
 	// Timeout bounds every netlink request, so a kernel that does not answer fails the
 	// reconcile, which is retried, instead of pinning a worker. Default: 10s.
 	Timeout time.Duration
+	// StateFile is where the reconciler records the value it found in each sysctl it
+	// changed (a bridge's forwarding, the gateways' mark reflection), so that it puts the
+	// value back when no network needs the change any more, also after a restart (the
+	// agent's is sysctls.json in its state directory). Default: "", kept in memory only.
+	StateFile string
 	// EventBuffer is the size in bytes of the kernel's receive buffer for the observer's
 	// subscription to link, address, rule, route, FDB and netconf changes
 	// (SO_RCVBUFFORCE). A burst of changes bigger than it overflows it; the observer then
@@ -53,11 +58,6 @@ type NetworkOptions struct {
 	// Registerer takes the reconciler's metrics (naples_gateway_*); Close unregisters
 	// them. Default: nil, no metrics.
 	Registerer prometheus.Registerer
-	// StateFile is the file where the reconciler keeps the gateway sysctls as it found
-	// them before it first changed them, so that it puts them back when no network has a
-	// gateway, also after a restart (the agent's is gateway.json in its state
-	// directory). Default: "", which keeps them in memory only.
-	StateFile string
 	// Logger receives the reconciler's logs. Default: slog.Default().
 	Logger *slog.Logger
 }
@@ -65,7 +65,7 @@ type NetworkOptions struct {
 // NetworkReconciler programs Network objects. For the network with key ID K it holds:
 //
 //   - the bridge BridgeName(K) (`ip link add NAME type bridge`) with alias OwnerAlias(K),
-//     address GatewayMAC(K), the network's MTU when it sets one, up; on it the gateway
+//     address GatewayMAC(K), the network's MTU (see below), up; on it the gateway
 //     address of every subnet that has one, with noprefixroute (no route in the main
 //     table) and for IPv6 nodad (every node holds the same anycast address), and no
 //     other address but IPv6 link-local ones;
@@ -80,7 +80,9 @@ type NetworkOptions struct {
 //     per family the rules `iif BRIDGE lookup T pref TenantRulePriority` and `iif BRIDGE
 //     prohibit pref TenantRulePriority+1`, made before the bridge; forwarding on for what
 //     enters through the bridge (net.ipv4.conf.BRIDGE.forwarding, and
-//     net.ipv6.conf.BRIDGE.force_forwarding where the kernel has it, Linux 6.17). So
+//     net.ipv6.conf.BRIDGE.force_forwarding where the kernel has it, Linux 6.17) in each
+//     family that has a gateway, and for a family that has none any more put back as
+//     naples found it before it turned it on (NetworkOptions.StateFile). So
 //     networks of one tenant route to each other through their gateways, networks of
 //     different tenants never do, and the main table holds no overlay route;
 //   - the gateway's answers (network_gateway_linux.go): the gwbpf programs on the bridge
@@ -89,6 +91,14 @@ type NetworkOptions struct {
 //     the tenant's table, and while some network has a gateway the kernel reflects marks
 //     onto its replies and errors (fwmark_reflect, tcp_fwmark_accept), so the gateway
 //     answers ping and TCP and sends ICMP errors with its tenant's routing.
+//
+// The network's MTU is spec.mtu, or without one the largest the underlay carries: the
+// MTU of the link that holds this host's VTEP address (AssumedUnderlayMTU when none
+// does) less VXLAN's overhead, VXLANOverheadIPv4 or VXLANOverheadIPv6 by the VTEP's
+// family. So spec.mtu set back to 0 puts that default back, and a change of the
+// underlay's MTU, or of the link that holds the VTEP address, reaches every network. A
+// spec.mtu larger than the underlay carries is set as asked and flagged: the status's
+// NetworkOpMTUWarning names the underlay and the largest MTU that fits.
 //
 // A link of the bridge's or VXLAN device's name without the network's alias, or a VNI
 // that another Network has, is a conflict. Deleting the network removes all of the
@@ -107,6 +117,8 @@ type NetworkReconciler struct {
 	mirrorLoader
 	store OverlayStore
 	node  string
+	// sysctls sets the forwarding sysctls and puts back what they were.
+	sysctls *sysctls
 
 	links  *hal.Mirror[string, networkLink]
 	addrs  *hal.Mirror[addrKey, ifAddr]
@@ -118,7 +130,7 @@ type NetworkReconciler struct {
 	// reconciles and the sweeper.
 	networkLocks keyedMutex[string]
 
-	// mu guards names, devices, remoteEndpoints, endpointsOf and forwarding.
+	// mu guards names, devices, remoteEndpoints, endpointsOf, forwarding and ul.
 	mu sync.Mutex
 	// names maps interface indexes to the names of the links in the mirror.
 	names map[int32]string
@@ -133,6 +145,8 @@ type NetworkReconciler struct {
 	endpointsOf map[string][]string
 	// forwarding holds, per bridge name, the forwarding sysctls found or made right.
 	forwarding map[string]forwardingState
+	// ul is what the reconciler last found of the underlay.
+	ul underlayCache
 
 	// gw is the gateways' state.
 	gw *gateway
@@ -154,10 +168,11 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 	if opts.Node == "" {
 		return nil, errors.New("network reconciler: NetworkOptions.Node is required")
 	}
-	gw, err := openGateway(opts.BPFDir, opts.GatewayBridges, opts.StateFile)
+	sc, err := openSysctls(opts.StateFile)
 	if err != nil {
 		return nil, fmt.Errorf("network reconciler: %w", err)
 	}
+	gw := openGateway(opts.BPFDir, opts.GatewayBridges)
 	if opts.Registerer != nil {
 		if err := opts.Registerer.Register(gw); err != nil {
 			gw.close()
@@ -177,6 +192,7 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 	return &NetworkReconciler{
 		gw:       gw,
 		rtnlConn: c,
+		sysctls:  sc,
 		store:    opts.Store,
 		node:     opts.Node,
 		links:    hal.NewMirror[string, networkLink](sameLink, nil),
@@ -234,6 +250,17 @@ const (
 	// address family than this host's), sorted and comma separated; present only when
 	// there are some. They get no replication until they have one.
 	NetworkOpNodesWithoutVTEP = "nodesWithoutVtep"
+	// NetworkOpMTU is the MTU of the network's devices, in decimal: spec.mtu, or without
+	// one the largest the underlay carries.
+	NetworkOpMTU = "mtu"
+	// NetworkOpUnderlay says what the MTU is derived from: "eth0 mtu 1500 carries at most
+	// 1450 with VXLAN over IPv4", the link that holds this host's VTEP address.
+	NetworkOpUnderlay = "underlay"
+	// NetworkOpMTUWarning is present when spec.mtu is larger than the underlay carries:
+	// "spec.mtu 9000: does not fit the underlay (eth0 mtu 1500 carries at most 1450 with
+	// VXLAN over IPv4)". The devices have spec.mtu all the same; what the tunnel's larger
+	// packets meet is the underlay's to decide (fragments, or drops).
+	NetworkOpMTUWarning = "mtuWarning"
 	// NetworkOpIPv6Forwarding is present when the network routes IPv6 but this kernel has no
 	// per-interface IPv6 forwarding (net.ipv6.conf.BRIDGE.force_forwarding, Linux 6.17):
 	// IPv6 between networks then needs net.ipv6.conf.all.forwarding=1, which the
@@ -350,6 +377,13 @@ func (r *NetworkReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectK
 		return nil, err
 	}
 	vtep = vtep.Unmap()
+	ul := r.underlay(vtep)
+	mtu, misfit, err := networkMTU(want.mtu, ul, vtep)
+	if err != nil {
+		return nil, err
+	}
+	want.mtu = mtu
+	r.recordUnderlayMTU(ul)
 	owner, err := r.vniOwner(id, want.vni)
 	if err != nil {
 		return nil, err
@@ -413,6 +447,8 @@ func (r *NetworkReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectK
 		NetworkOpTenantTable: strconv.FormatUint(uint64(want.table), 10),
 		NetworkOpRemoteVTEPs: joinAddrs(remotes),
 		NetworkOpGatewayMark: gwMark,
+		NetworkOpMTU:         strconv.FormatUint(uint64(want.mtu), 10),
+		NetworkOpUnderlay:    ul.describe(vtep),
 	}
 	if len(without) > 0 {
 		op[NetworkOpNodesWithoutVTEP] = strings.Join(without, ",")
@@ -420,6 +456,9 @@ func (r *NetworkReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectK
 	if v6Missing {
 		op[NetworkOpIPv6Forwarding] = "unavailable: this kernel has no net.ipv6.conf." + want.bridge +
 			".force_forwarding (Linux 6.17); IPv6 between networks needs net.ipv6.conf.all.forwarding=1"
+	}
+	if misfit != "" {
+		op[NetworkOpMTUWarning] = misfit
 	}
 	return op, nil
 }
@@ -541,6 +580,13 @@ func (r *NetworkReconciler) forget(id string) {
 	delete(r.devices, BridgeName(id))
 	delete(r.devices, VXLANName(id))
 	delete(r.forwarding, BridgeName(id))
+	// The bridge took its sysctls with it.
+	v4, v6 := forwardingSysctls(BridgeName(id))
+	for _, p := range []string{v4, v6} {
+		if err := r.sysctls.Forget(p); err != nil {
+			r.log.Warn("forgetting the forwarding of a deleted bridge", "key", id, "err", err)
+		}
+	}
 }
 
 // networkOwner returns the key ID of the Network a link alias names as the link's owner,

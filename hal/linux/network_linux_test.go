@@ -37,7 +37,7 @@ func newOverlayHost(t *testing.T) *overlayHost {
 	t.Helper()
 	ns := testns.Named(t, "naples-net")
 	h := &overlayHost{testStore: newTestStore(t, Indexes()), ns: ns, nsh: testns.Handle(t, ns),
-		bpfDir: filepath.Join("/sys/fs/bpf", ns), stateFile: filepath.Join(t.TempDir(), "gateway.json")}
+		bpfDir: filepath.Join("/sys/fs/bpf", ns), stateFile: filepath.Join(t.TempDir(), "sysctls.json")}
 	// Registered first, so that it runs after every reconciler is closed.
 	t.Cleanup(func() { os.RemoveAll(h.bpfDir) })
 	h.rec = h.newReconciler(t)

@@ -57,6 +57,8 @@ func ruleDumpRequest() []byte {
 func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]string, error) {
 	r.mu.Lock()
 	clear(r.forwarding)
+	ul := r.ul
+	r.ul.known = false
 	r.mu.Unlock()
 	owners := map[string]bool{}
 	note := func(id string) {
@@ -127,6 +129,18 @@ func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]string, error) {
 	for _, k := range herDrift {
 		note(r.ownerOfIndex(k.index))
 	}
+	// The underlay has no owner: when the dumps find the link that holds the VTEP
+	// address, or its MTU, changed, every network is.
+	if ul.known {
+		now := r.underlay(ul.vtep)
+		if now.index != ul.index || now.mtu != ul.mtu {
+			for _, id := range r.store.KeyIDs(nimbusv1.Kind_KIND_NETWORK) {
+				note(id)
+			}
+		} else {
+			r.recordUnderlayMTU(now)
+		}
+	}
 	return slices.Sorted(maps.Keys(owners)), nil
 }
 
@@ -175,6 +189,9 @@ func (r *NetworkReconciler) apply(typ uint16, b []byte, enqueue func(keyID strin
 		} else {
 			echo = r.addrs.Remove(k)
 			r.addrGone(k)
+		}
+		if r.underlayAddr(k.prefix.Addr()) {
+			r.allNetworks(enqueue, "VTEP address", k.prefix.String())
 		}
 		if echo || k.prefix.Addr().Is6() && k.prefix.Addr().IsLinkLocalUnicast() {
 			return
@@ -277,6 +294,13 @@ func (r *NetworkReconciler) applyLink(typ uint16, b []byte, enqueue func(keyID s
 		return
 	}
 	prev, had := r.links.Get(m.name)
+	mtu := m.link.mtu
+	if typ == unix.RTM_DELLINK {
+		mtu = 0
+	}
+	if r.underlayLinkChanged(m.link.index, mtu) {
+		r.allNetworks(enqueue, "underlay link", m.name)
+	}
 	if typ == unix.RTM_DELLINK {
 		echo := r.links.Remove(m.name)
 		r.linkGone(m.link.index)

@@ -8,7 +8,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/netip"
-	"os"
 	"slices"
 	"strings"
 
@@ -313,64 +312,68 @@ func (r *NetworkReconciler) routesGone(index int32, all bool) {
 
 // forwardingState is what the reconciler found or made right of a bridge's forwarding
 // sysctls: for the link with the index, IPv4 and IPv6 forwarding are on as far as v4
-// and v6 tell; v6Missing tells that the kernel has no per-interface IPv6 forwarding.
+// and v6 tell, and otherwise as naples found them; v6Missing tells that the kernel has
+// no per-interface IPv6 forwarding.
 type forwardingState struct {
 	index     int32
 	v4, v6    bool
 	v6Missing bool
 }
 
+// forwardingSysctls returns the paths of the forwarding sysctls of the bridge:
+// net.ipv4.conf.BRIDGE.forwarding and net.ipv6.conf.BRIDGE.force_forwarding.
+func forwardingSysctls(bridge string) (v4, v6 string) {
+	return "/proc/sys/net/ipv4/conf/" + bridge + "/forwarding", "/proc/sys/net/ipv6/conf/" + bridge + "/force_forwarding"
+}
+
 // ensureForwarding turns forwarding on for what enters through the network's bridge,
-// with index: net.ipv4.conf.BRIDGE.forwarding=1 when the network has an IPv4 gateway,
-// net.ipv6.conf.BRIDGE.force_forwarding=1 when it has an IPv6 one. It reads the sysctls
-// only when it has not found them right for this bridge since it was created or a
-// netconf notification said they changed. It reports whether the kernel lacks
-// force_forwarding (before Linux 6.17).
+// with index, for the families that need it: net.ipv4.conf.BRIDGE.forwarding=1 when the
+// network has an IPv4 gateway, net.ipv6.conf.BRIDGE.force_forwarding=1 when it has an
+// IPv6 one. For a family that needs it no more it puts back the value it found before
+// it turned it on, and leaves alone one it found on (see sysctls). It reads the sysctls
+// only when it has not found them right for this bridge and these families since it was
+// created or a netconf notification said they changed. It reports whether the kernel
+// lacks force_forwarding (before Linux 6.17) while the network has an IPv6 gateway.
 func (r *NetworkReconciler) ensureForwarding(ctx context.Context, want networkWant, index int32) (v6Missing bool, err error) {
 	r.mu.Lock()
 	st, ok := r.forwarding[want.bridge]
 	r.mu.Unlock()
-	if ok && st.index == index && (st.v4 || !want.hasV4) && (st.v6 || st.v6Missing || !want.hasV6) {
+	if ok && st.index == index && st.v4 == want.hasV4 && st.v6 == want.hasV6 {
 		return st.v6Missing, nil
 	}
-	if !want.hasV4 && !want.hasV6 {
+	v4, v6 := forwardingSysctls(want.bridge)
+	if !want.hasV4 && !want.hasV6 && !r.sysctls.Recorded(v4) && !r.sysctls.Recorded(v6) {
 		return false, nil
 	}
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	st = forwardingState{index: index}
+	st = forwardingState{index: index, v4: want.hasV4, v6: want.hasV6}
 	var writes int
 	err = runInNamespace(r.ns, func() error {
-		if want.hasV4 {
-			wrote, err := ensureSysctl("/proc/sys/net/ipv4/conf/" + want.bridge + "/forwarding")
-			if err != nil {
-				return err
-			}
-			st.v4 = true
-			writes += wrote
+		n, err := r.forwardingSysctl(v4, want.hasV4)
+		writes += n
+		if err != nil {
+			return err
 		}
-		if want.hasV6 {
-			wrote, err := ensureSysctl("/proc/sys/net/ipv6/conf/" + want.bridge + "/force_forwarding")
-			if errors.Is(err, fs.ErrNotExist) {
-				st.v6Missing = true
-				return nil
-			}
-			if err != nil {
-				return err
-			}
-			st.v6 = true
-			writes += wrote
+		n, err = r.forwardingSysctl(v6, want.hasV6)
+		writes += n
+		if want.hasV6 && errors.Is(err, fs.ErrNotExist) {
+			st.v6Missing = true
+			return nil
 		}
-		return nil
+		return err
 	})
 	r.writes.Add(uint64(writes))
 	if err != nil {
-		return false, kernelErr(err, "turning on forwarding on %s", want.bridge)
+		return false, kernelErr(err, "setting forwarding on %s", want.bridge)
 	}
 	r.mu.Lock()
 	r.forwarding[want.bridge] = st
 	r.mu.Unlock()
+	if writes > 0 {
+		r.log.Info("forwarding set", "key", want.id, "bridge", want.bridge, "ipv4", want.hasV4, "ipv6", want.hasV6 && !st.v6Missing)
+	}
 	if st.v6Missing && r.log.Enabled(ctx, slog.LevelInfo) {
 		r.log.Info("this kernel has no per-interface IPv6 forwarding; IPv6 between networks needs net.ipv6.conf.all.forwarding=1",
 			"key", want.id, "bridge", want.bridge)
@@ -378,20 +381,14 @@ func (r *NetworkReconciler) ensureForwarding(ctx context.Context, want networkWa
 	return st.v6Missing, nil
 }
 
-// ensureSysctl sets the sysctl file at path to 1 unless it is 1 already, and returns how
-// many writes that took.
-func ensureSysctl(path string) (int, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, err
+// forwardingSysctl turns the forwarding sysctl at path on when on, and otherwise puts
+// back what naples found there before it turned it on. It returns how many writes that
+// took.
+func (r *NetworkReconciler) forwardingSysctl(path string, on bool) (int, error) {
+	if on {
+		return r.sysctls.Set(path, "1")
 	}
-	if strings.TrimSpace(string(b)) == "1" {
-		return 0, nil
-	}
-	if err := os.WriteFile(path, []byte("1\n"), 0o644); err != nil {
-		return 0, err
-	}
-	return 1, nil
+	return r.sysctls.Restore(path)
 }
 
 // ensureAddresses makes the bridge with the index hold exactly the network's gateway
@@ -451,10 +448,11 @@ func (r *NetworkReconciler) deleteAddr(ctx context.Context, name string, k addrK
 }
 
 // addrGone makes the routes mirror follow what the kernel does, without a notification,
-// to routes when the address k goes: IPv4 flushes the routes whose preferred source it
-// was, unless another interface holds it still, and every route through the interface
-// when it was the interface's last IPv4 address; IPv6 drops it as the preferred source
-// of the interface's routes.
+// to routes when the address k goes: IPv4 flushes the routes of the main table whose
+// preferred source it was, unless another interface holds it still (routes of other
+// tables, as the tenants' are, stay, and so stay in the mirror for ensureRoutes to
+// delete), and every route through the interface when it was the interface's last IPv4
+// address; IPv6 drops it as the preferred source of the interface's routes.
 func (r *NetworkReconciler) addrGone(k addrKey) {
 	a := k.prefix.Addr()
 	if a.Is6() {
@@ -479,7 +477,7 @@ func (r *NetworkReconciler) addrGone(k addrKey) {
 		}
 	}
 	for id, rt := range r.routes.All() {
-		if id.v4 && (rt.src == a && !heldElsewhere || rt.oif == k.index && lastOnLink) {
+		if id.v4 && (rt.src == a && !heldElsewhere && id.table == unix.RT_TABLE_MAIN || rt.oif == k.index && lastOnLink) {
 			r.routes.Remove(id)
 		}
 	}

@@ -134,7 +134,8 @@ type DataplaneNetwork struct {
 	// generation is the desired object's generation.
 	Generation int64 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
 	// vni, mtu and subnets are the desired ones; subnets are spec.subnet with spec.gateway
-	// first, then spec.subnets. An mtu of 0 leaves the kernel's default.
+	// first, then spec.subnets. An mtu of 0 is the most the underlay carries, which the
+	// status's operational mtu gives and the devices are checked against.
 	Vni     uint32       `protobuf:"varint,3,opt,name=vni,proto3" json:"vni,omitempty"`
 	Mtu     uint32       `protobuf:"varint,4,opt,name=mtu,proto3" json:"mtu,omitempty"`
 	Subnets []*v1.Subnet `protobuf:"bytes,5,rep,name=subnets,proto3" json:"subnets,omitempty"`

@@ -741,7 +741,12 @@ type NetworkSpec struct {
 	// one entry of subnets, which comes first when both are given.
 	Subnet  string `protobuf:"bytes,2,opt,name=subnet,proto3" json:"subnet,omitempty"`
 	Gateway string `protobuf:"bytes,3,opt,name=gateway,proto3" json:"gateway,omitempty"`
-	// mtu is the MTU of the network's devices; 0 leaves the kernel's default.
+	// mtu is the MTU of the network's devices (its bridge, VXLAN device and local
+	// endpoints' interfaces), 68 to 65535. 0, the default, is the most the node's underlay
+	// carries: the MTU of the link that holds the node's VTEP address less VXLAN's
+	// overhead, 50 bytes over IPv4 and 70 over IPv6 (1450 and 1430 over a 1500-byte
+	// link). A node whose underlay carries less sets a larger mtu all the same and flags
+	// it in its status (operational mtuWarning).
 	Mtu uint32 `protobuf:"varint,4,opt,name=mtu,proto3" json:"mtu,omitempty"`
 	// subnets are the network's subnets, which must not overlap.
 	Subnets       []*Subnet `protobuf:"bytes,5,rep,name=subnets,proto3" json:"subnets,omitempty"`
