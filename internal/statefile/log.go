@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 
 	bolt "go.etcd.io/bbolt"
-	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
@@ -347,7 +346,7 @@ func (f *File) logCommit(b []byte) error {
 	if _, err := l.file.WriteAt(rec, l.off); err != nil {
 		return fmt.Errorf("writing the log: %w", err)
 	}
-	if err := unix.Fdatasync(int(l.file.Fd())); err != nil {
+	if err := datasync(l.file); err != nil {
 		return fmt.Errorf("syncing the log: %w", err)
 	}
 	l.off += size
