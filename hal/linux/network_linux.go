@@ -50,6 +50,11 @@ type NetworkOptions struct {
 	// a network whose bridge finds it full is FAILED with ReasonCapacityExceeded.
 	// Default: 4096 (gwbpf.DefaultBridges).
 	GatewayBridges int
+	// GatewayCheckInterval is how often the observer checks that the gateway programs are
+	// still attached to the bridges they were attached to, and enqueues the network of
+	// each bridge that lost one (a link detached by hand, or its pin removed): the kernel
+	// sends no notification of that. Default: 10s.
+	GatewayCheckInterval time.Duration
 	// Registerer takes the reconciler's metrics (naples_gateway_*); Close unregisters
 	// them. Default: nil, no metrics.
 	Registerer prometheus.Registerer
@@ -154,6 +159,9 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 	if opts.Node == "" {
 		return nil, errors.New("network reconciler: NetworkOptions.Node is required")
 	}
+	if opts.GatewayCheckInterval <= 0 {
+		opts.GatewayCheckInterval = 10 * time.Second
+	}
 	gw, err := openGateway(opts.BPFDir, opts.GatewayBridges, opts.StateFile)
 	if err != nil {
 		return nil, fmt.Errorf("network reconciler: %w", err)
@@ -174,6 +182,7 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 	if gw.openErr != nil {
 		c.log.Warn("loading the gateway programs; gateways will not answer", "err", gw.openErr)
 	}
+	gw.checkInterval = opts.GatewayCheckInterval
 	return &NetworkReconciler{
 		gw:       gw,
 		rtnlConn: c,
