@@ -8,14 +8,11 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strconv"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/cilium/ebpf/link"
 
 	"github.com/naplesnet/naples/internal/testns"
 )
@@ -132,35 +129,7 @@ func TestOverlayGatewayAnswers(t *testing.T) {
 
 	// The ingress links detached by hand (their pins removed, so the kernel frees them):
 	// the agent notices and attaches the programs again, and the gateway answers again.
-	pins, err := filepath.Glob(filepath.Join(a.bpf, "gateway", "links", "*-ingress"))
-	if err != nil || len(pins) == 0 {
-		t.Fatalf("host-a's gateway ingress links: %v %v", pins, err)
-	}
-	var removed []link.ID
-	for _, pin := range pins {
-		l, err := link.LoadPinnedLink(pin, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		info, err := l.Info()
-		l.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		removed = append(removed, info.ID)
-		if err := os.Remove(pin); err != nil {
-			t.Fatal(err)
-		}
-	}
-	waitFor(t, fmt.Sprintf("the kernel to free the gateway links %v whose pins were removed", removed), func() bool {
-		for _, id := range removed {
-			if l, err := link.NewFromID(id); err == nil {
-				l.Close()
-				return false
-			}
-		}
-		return true
-	})
+	unpinLinks(t, filepath.Join(a.bpf, "gateway", "links", "*-ingress"))
 	for _, gw := range []string{"10.40.0.1", "fd00:40::1"} {
 		waitFor(t, fmt.Sprintf("%s to get an echo reply from its gateway %s after its ingress link was detached by hand", jumbo.name, gw), func() bool {
 			return fw.probeICMP(netip.MustParseAddr(gw), []byte("naples"), 500*time.Millisecond).outcome == fwPassed
