@@ -230,8 +230,9 @@ func (h *overlayHost) gatewayAttached(t *testing.T, bridge string, mark uint32) 
 
 // TestNetworkGatewayDetachedByHand: the gateway programs' links detached from a network's
 // bridge by hand, by `bpftool link detach` or by removing the pin, are noticed by the
-// observer, which enqueues the network, and its reconcile attaches them again: the
-// bridge's tcx hooks run the pinned links once more.
+// observer, which enqueues the network and counts them in naples_gateway_detached_total,
+// and its reconcile attaches them again: the bridge's tcx hooks run the pinned links once
+// more.
 func TestNetworkGatewayDetachedByHand(t *testing.T) {
 	h := newOverlayHost(t)
 	h.rec.Close()
@@ -279,6 +280,9 @@ func TestNetworkGatewayDetachedByHand(t *testing.T) {
 			return ""
 		})
 		drain(enqueued)
+	}
+	if got := testutil.ToFloat64(h.rec.gw.detached); got < 2 {
+		t.Errorf("naples_gateway_detached_total = %v after two links were detached, want at least 2", got)
 	}
 }
 
