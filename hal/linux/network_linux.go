@@ -159,9 +159,6 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 	if opts.Node == "" {
 		return nil, errors.New("network reconciler: NetworkOptions.Node is required")
 	}
-	if opts.GatewayCheckInterval <= 0 {
-		opts.GatewayCheckInterval = 10 * time.Second
-	}
 	gw, err := openGateway(opts.BPFDir, opts.GatewayBridges, opts.StateFile)
 	if err != nil {
 		return nil, fmt.Errorf("network reconciler: %w", err)
@@ -183,6 +180,9 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 		c.log.Warn("loading the gateway programs; gateways will not answer", "err", gw.openErr)
 	}
 	gw.checkInterval = opts.GatewayCheckInterval
+	if gw.checkInterval <= 0 {
+		gw.checkInterval = 10 * time.Second
+	}
 	return &NetworkReconciler{
 		gw:       gw,
 		rtnlConn: c,
