@@ -160,6 +160,63 @@ func TestFirewallRestart(t *testing.T) {
 	if err := conn.conn.exchange(fwFlowWait); err != nil {
 		t.Errorf("%s: still allowed after the change, but: %v", conn.conn.name, err)
 	}
+
+	// db2's egress link, which enforces its ingress policy, detached by hand (its pin
+	// removed): the agent attaches the firewall again, and udp/9 is denied again.
+	pins := unpinLinks(t, filepath.Join(b.bpf, "links", "*-egress"))
+	waitFor(t, fmt.Sprintf("host-b's agent to attach the firewall again at %v", pins), func() bool {
+		for _, pin := range pins {
+			l, err := link.LoadPinnedLink(pin, nil)
+			if err != nil {
+				return false
+			}
+			info, err := l.Info()
+			l.Close()
+			if err != nil || info.TCX() == nil || info.TCX().Ifindex == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	sc.wantCases(t, "the policy after db2's egress link was detached by hand",
+		fwCaseOf("web1", "db2", "udp/9", false), fwCaseOf("web1", "db2", "udp/10", true))
+}
+
+// unpinLinks removes the pins of the tcx links that match the pattern, as someone
+// detaching naples's programs by hand would, and waits until the kernel has freed the
+// links (no process holds them). It returns the pins; there must be some.
+func unpinLinks(t *testing.T, pattern string) []string {
+	t.Helper()
+	pins, err := filepath.Glob(pattern)
+	if err != nil || len(pins) == 0 {
+		t.Fatalf("pinned links %s: %v %v", pattern, pins, err)
+	}
+	var removed []link.ID
+	for _, pin := range pins {
+		l, err := link.LoadPinnedLink(pin, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := l.Info()
+		l.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		removed = append(removed, info.ID)
+		if err := os.Remove(pin); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, fmt.Sprintf("the kernel to free the links %v whose pins were removed", removed), func() bool {
+		for _, id := range removed {
+			if l, err := link.NewFromID(id); err == nil {
+				l.Close()
+				return false
+			}
+		}
+		return true
+	})
+	return pins
 }
 
 // linkPrograms returns the program each tcx link the host's agent pinned runs, by pin

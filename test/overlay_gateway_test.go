@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"path/filepath"
 	"strconv"
 	"syscall"
 	"testing"
@@ -34,6 +35,8 @@ import (
 //   - A TCP connection from jumbo's workload to far's fails with the ICMP error of the
 //     tenant boundary (host unreachable, administratively prohibited), not a timeout.
 //   - The gateway answers while host-a's agent is killed, and after it restarts.
+//   - Once its gateway's ingress links are detached by hand (their pins removed), the
+//     agent attaches the programs again, and the gateway answers again.
 func TestOverlayGatewayAnswers(t *testing.T) {
 	c := newCluster(t)
 	u := newUnderlay(t)
@@ -120,6 +123,15 @@ func TestOverlayGatewayAnswers(t *testing.T) {
 	a.telemetry(t).waitReady(t)
 	for _, gw := range []string{"10.40.0.1", "fd00:40::1"} {
 		waitFor(t, fmt.Sprintf("%s to get an echo reply from its gateway %s after host-a's agent restarted", jumbo.name, gw), func() bool {
+			return fw.probeICMP(netip.MustParseAddr(gw), []byte("naples"), 500*time.Millisecond).outcome == fwPassed
+		})
+	}
+
+	// The ingress links detached by hand (their pins removed, so the kernel frees them):
+	// the agent notices and attaches the programs again, and the gateway answers again.
+	unpinLinks(t, filepath.Join(a.bpf, "gateway", "links", "*-ingress"))
+	for _, gw := range []string{"10.40.0.1", "fd00:40::1"} {
+		waitFor(t, fmt.Sprintf("%s to get an echo reply from its gateway %s after its ingress link was detached by hand", jumbo.name, gw), func() bool {
 			return fw.probeICMP(netip.MustParseAddr(gw), []byte("naples"), 500*time.Millisecond).outcome == fwPassed
 		})
 	}

@@ -487,7 +487,7 @@ func (f *Firewall) AttachEndpoint(ctx context.Context, keyID string, obj *nimbus
 	f.mu.Lock()
 	had := f.attached[keyID]
 	f.mu.Unlock()
-	if had != ifindex || f.objs.AttachedIfindex(linkName(keyID)) != ifindex {
+	if had != ifindex || !f.objs.Attached(linkName(keyID), ifindex) {
 		// Attach also replaces the programs a previous agent left with this one's.
 		if err := runInNamespace(f.ns, func() error {
 			_, err := f.objs.Attach(linkName(keyID), ifindex)

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
@@ -71,6 +72,10 @@ type gateway struct {
 	// reconciles that found it full.
 	capacity int
 	exceeded prometheus.Counter
+	// checkInterval is how often the observer checks that the programs are attached;
+	// detached counts the bridges it found without them.
+	checkInterval time.Duration
+	detached      prometheus.Counter
 	// reg is where the metrics are registered, nil when they are not.
 	reg prometheus.Registerer
 
@@ -94,6 +99,10 @@ func openGateway(bpfDir string, bridges int) *gateway {
 		exceeded: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "naples_gateway_capacity_exceeded_total",
 			Help: "Reconciles of networks whose bridge got no gateway mark because the gateway map held --gateway-bridges bridges already.",
+		}),
+		detached: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "naples_gateway_detached_total",
+			Help: "Times a check found the gateway programs detached from a network's bridge by something other than naples; each is attached again.",
 		})}
 	dir := ""
 	if bpfDir != "" {
@@ -111,12 +120,14 @@ var gwCapacityDesc = prometheus.NewDesc("naples_gateway_bridges_capacity",
 func (g *gateway) Describe(ch chan<- *prometheus.Desc) {
 	ch <- gwCapacityDesc
 	g.exceeded.Describe(ch)
+	g.detached.Describe(ch)
 }
 
 // Collect implements prometheus.Collector.
 func (g *gateway) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(gwCapacityDesc, prometheus.GaugeValue, float64(g.capacity))
 	g.exceeded.Collect(ch)
+	g.detached.Collect(ch)
 }
 
 // close releases the programs; pinned links stay, unpinned ones go.
@@ -162,7 +173,8 @@ func (r *NetworkReconciler) ensureGateway(ctx context.Context, want networkWant,
 		if wrote {
 			r.writes.Add(1)
 		}
-		if !had || old != index {
+		// A link detached by hand, or whose pin was removed, is attached again.
+		if !had || old != index || !g.objs.Attached(want.bridge, int(index)) {
 			var n int
 			err := runInNamespace(r.ns, func() (err error) {
 				n, err = g.objs.Attach(want.bridge, int(index))
@@ -196,6 +208,45 @@ func (r *NetworkReconciler) ensureGateway(ctx context.Context, want networkWant,
 		return status, r.putBackSysctlsLocked("")
 	}
 	return status, r.ensureSysctlsLocked()
+}
+
+// watchGatewayLinks checks every checkInterval, until ctx ends, that the gateway
+// programs are attached to the bridges they were attached to, and enqueues the network
+// of each bridge that lost them; its reconcile attaches them again. The kernel sends no
+// notification when a tcx link is detached.
+func (r *NetworkReconciler) watchGatewayLinks(ctx context.Context, enqueue func(keyID string)) {
+	if r.gw.objs == nil {
+		return
+	}
+	t := time.NewTicker(r.gw.checkInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		r.checkGatewayLinks(enqueue)
+	}
+}
+
+// checkGatewayLinks enqueues the network of each bridge the gateway programs were
+// attached to and are not any more.
+func (r *NetworkReconciler) checkGatewayLinks(enqueue func(keyID string)) {
+	g := r.gw
+	if g.objs == nil {
+		return
+	}
+	g.mu.Lock()
+	attached := maps.Clone(g.attached)
+	g.mu.Unlock()
+	for _, bridge := range slices.Sorted(maps.Keys(attached)) {
+		if g.objs.Attached(bridge, int(attached[bridge])) {
+			continue
+		}
+		g.detached.Inc()
+		r.drifted(r.ownerOfName(bridge), enqueue, "gateway programs detached", bridge)
+	}
 }
 
 // gatewayRules returns the rules that route the host's packets with a tenant's mark in

@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -220,6 +223,107 @@ func (h *overlayHost) gatewayAttached(t *testing.T, bridge string, mark uint32) 
 		l.Close()
 		if err != nil || info.TCX() == nil || int(info.TCX().Ifindex) != index {
 			return fmt.Sprintf("the gateway's %s link is not attached to %s (index %d): %+v %v", hook, bridge, index, info, err)
+		}
+	}
+	return ""
+}
+
+// TestNetworkGatewayDetachedByHand: the gateway programs' links detached from a network's
+// bridge by hand, by `bpftool link detach` or by removing the pin, are noticed by the
+// observer, which enqueues the network and counts them in naples_gateway_detached_total,
+// and its reconcile attaches them again: the bridge's tcx hooks run the pinned links once
+// more.
+func TestNetworkGatewayDetachedByHand(t *testing.T) {
+	h := newOverlayHost(t)
+	h.rec.Close()
+	h.rec = h.newReconcilerWith(t, func(o *NetworkOptions) { o.GatewayCheckInterval = 50 * time.Millisecond })
+	w := h.dualStack(t)
+	h.mustReconcile(t, w.key)
+	bridge := BridgeName(w.key.ID())
+	mark := GatewayMark("acme")
+	if problem := h.gatewayOnBridge(t, bridge, mark); problem != "" {
+		t.Fatal(problem)
+	}
+	enqueued := h.observeNetworks(t)
+	drain(enqueued)
+
+	pin := func(hook string) string { return h.bpfDir + "/gateway/links/" + bridge + "-" + hook }
+	for _, c := range []struct {
+		how    string
+		detach func(t *testing.T)
+	}{
+		{"bpftool link detach of the ingress link", func(t *testing.T) {
+			l, err := link.LoadPinnedLink(pin("ingress"), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			info, err := l.Info()
+			l.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if out, err := exec.Command("bpftool", "link", "detach", "id", fmt.Sprint(info.ID)).CombinedOutput(); err != nil {
+				t.Fatalf("bpftool link detach id %d: %v\n%s", info.ID, err, out)
+			}
+		}},
+		{"the egress link's pin removed", func(t *testing.T) {
+			if err := os.Remove(pin("egress")); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		c.detach(t)
+		h.repairs(t, enqueued, w.key, func() string {
+			if p := h.gatewayOnBridge(t, bridge, mark); p != "" {
+				return c.how + ": " + p
+			}
+			return ""
+		})
+		drain(enqueued)
+	}
+	if got := testutil.ToFloat64(h.rec.gw.detached); got < 2 {
+		t.Errorf("naples_gateway_detached_total = %v after two links were detached, want at least 2", got)
+	}
+}
+
+// gatewayOnBridge returns "" when gatewayAttached finds nothing wrong and each tcx hook of
+// the bridge runs the gateway's pinned link of that hook, as the kernel lists them; what
+// is wrong otherwise.
+func (h *overlayHost) gatewayOnBridge(t *testing.T, bridge string, mark uint32) string {
+	t.Helper()
+	if p := h.gatewayAttached(t, bridge, mark); p != "" {
+		return p
+	}
+	for i, at := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
+		hook := []string{"ingress", "egress"}[i]
+		l, err := link.LoadPinnedLink(h.bpfDir+"/gateway/links/"+bridge+"-"+hook, nil)
+		if err != nil {
+			return fmt.Sprintf("the gateway's %s link of %s: %v", hook, bridge, err)
+		}
+		info, err := l.Info()
+		l.Close()
+		if err != nil {
+			return fmt.Sprintf("the gateway's %s link of %s: %v", hook, bridge, err)
+		}
+		var res *link.QueryResult
+		if err := runInNamespace(&h.nsh, func() error {
+			ifi, err := net.InterfaceByName(bridge)
+			if err != nil {
+				return err
+			}
+			res, err = link.QueryPrograms(link.QueryOptions{Target: ifi.Index, Attach: at})
+			return err
+		}); err != nil {
+			return fmt.Sprintf("querying the tcx %s programs of %s: %v", hook, bridge, err)
+		}
+		found := false
+		for _, p := range res.Programs {
+			if id, ok := p.LinkID(); ok && id == info.ID {
+				found = true
+			}
+		}
+		if !found {
+			return fmt.Sprintf("the tcx %s hook of %s does not run the pinned link %d: %+v", hook, bridge, info.ID, res.Programs)
 		}
 	}
 	return ""

@@ -55,6 +55,11 @@ type NetworkOptions struct {
 	// a network whose bridge finds it full is FAILED with ReasonCapacityExceeded.
 	// Default: 4096 (gwbpf.DefaultBridges).
 	GatewayBridges int
+	// GatewayCheckInterval is how often the observer checks that the gateway programs are
+	// still attached to the bridges they were attached to, and enqueues the network of
+	// each bridge that lost one (a link detached by hand, or its pin removed): the kernel
+	// sends no notification of that. Default: 10s.
+	GatewayCheckInterval time.Duration
 	// Registerer takes the reconciler's metrics (naples_gateway_*); Close unregisters
 	// them. Default: nil, no metrics.
 	Registerer prometheus.Registerer
@@ -188,6 +193,10 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 	}
 	if gw.openErr != nil {
 		c.log.Warn("loading the gateway programs; gateways will not answer", "err", gw.openErr)
+	}
+	gw.checkInterval = opts.GatewayCheckInterval
+	if gw.checkInterval <= 0 {
+		gw.checkInterval = 10 * time.Second
 	}
 	return &NetworkReconciler{
 		gw:       gw,

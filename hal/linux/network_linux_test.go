@@ -48,8 +48,16 @@ func newOverlayHost(t *testing.T) *overlayHost {
 // a restarted agent has.
 func (h *overlayHost) newReconciler(t *testing.T) *NetworkReconciler {
 	t.Helper()
-	rec, err := NewNetworkReconciler(NetworkOptions{Store: h.store, Node: localNode, Namespace: &h.nsh, Logger: quiet,
-		BPFDir: h.bpfDir, StateFile: h.stateFile})
+	return h.newReconcilerWith(t, func(*NetworkOptions) {})
+}
+
+// newReconcilerWith is newReconciler with the options as set changes them.
+func (h *overlayHost) newReconcilerWith(t *testing.T, set func(*NetworkOptions)) *NetworkReconciler {
+	t.Helper()
+	opts := NetworkOptions{Store: h.store, Node: localNode, Namespace: &h.nsh, Logger: quiet,
+		BPFDir: h.bpfDir, StateFile: h.stateFile}
+	set(&opts)
+	rec, err := NewNetworkReconciler(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

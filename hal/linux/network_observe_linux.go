@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -159,9 +160,15 @@ func overlayRule(m ruleMsg) bool {
 // from the subscription. It enqueues the network that owns whatever someone else
 // changes: a link by its alias (or by its name, for a device of a network reconciled
 // before), an address, route, FDB entry or forwarding setting by its interface, a rule by
-// its input interface's name; and every network whose state the fresh read finds
-// changed.
+// its input interface's name; every network whose state the fresh read finds changed;
+// and, every GatewayCheckInterval, every network whose bridge lost its gateway programs
+// (a tcx link detached or its pin removed, of which the kernel sends no notification).
 func (r *NetworkReconciler) Observe(ctx context.Context, enqueue func(keyID string), subscribed func()) error {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { r.watchGatewayLinks(ctx, enqueue) })
+	defer wg.Wait()
+	defer cancel()
 	return r.observe(ctx, "network changes", []uint{
 		unix.RTNLGRP_LINK, unix.RTNLGRP_NEIGH,
 		unix.RTNLGRP_IPV4_IFADDR, unix.RTNLGRP_IPV6_IFADDR,
@@ -422,6 +429,7 @@ func (r *NetworkReconciler) Sweep(ctx context.Context, enqueue func(keyID string
 			return err
 		}
 	}
+	r.checkGatewayLinks(enqueue)
 	return r.sweepGateway(ctx)
 }
 

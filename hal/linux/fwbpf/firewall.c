@@ -134,6 +134,8 @@
 #define FW_ICMPV6_ND_LAST 137  /* redirect */
 #define FW_ICMPV6_MLD_FIRST 130 /* multicast listener query */
 #define FW_ICMPV6_MLD_LAST 132  /* multicast listener done */
+#define FW_ICMPV6_MLD_REPORT 131 /* MLDv1 report */
+#define FW_ICMPV6_MLD_DONE 132
 #define FW_ICMPV6_MLD2_REPORT 143
 #define FW_IPPROTO_IGMP 2
 #define FW_IPV6_HOPOPTS 0
@@ -810,7 +812,7 @@ static __always_inline int fw_unspecified6(const __u8 *a)
  * come from its own addresses: an Ethernet source other than its MAC; an IPv4 source
  * other than its addresses (but 0.0.0.0 for DHCP, UDP 68 to 67); an IPv6 source other
  * than its addresses and link-local ones (but :: for router and neighbour solicitation,
- * and MLD); an ARP sender other than its MAC and addresses (0.0.0.0 for a probe); a
+ * and for MLD reports and dones right behind one hop-by-hop header to ff02::/16); an ARP sender other than its MAC and addresses (0.0.0.0 for a probe); a
  * neighbour advertisement for a target not its own (or link-local); an NS or NA whose
  * first option gives a link-layer address other than its MAC. A frame too short to read
  * is left to the checks after (a malformed IP packet is dropped there).
@@ -860,11 +862,21 @@ static __always_inline int fw_spoofed(struct __sk_buff *skb, void *snap, __u16 p
 		}
 		if (fw_unspecified6(ip6.saddr.in6_u.u6_addr8)) {
 			/* Before it has an address: DAD's solicitation, a router solicitation,
-			 * and the MLD reports that go with them (hop-by-hop, to ff02::/16). */
-			if (ip6.nexthdr == FW_PROTO_ICMPV6 && (nd.type == FW_ICMPV6_NS || nd.type == FW_ICMPV6_RS))
-				return 0;
-			return !(ip6.nexthdr == FW_IPV6_HOPOPTS && ip6.daddr.in6_u.u6_addr8[0] == 0xff &&
-				 ip6.daddr.in6_u.u6_addr8[1] == 0x02);
+			 * and the MLD reports and dones that go with them: ICMPv6 right behind
+			 * one hop-by-hop header, to ff02::/16. Nothing else comes from ::. */
+			__u8 hbh[2], type;
+
+			if (ip6.nexthdr == FW_PROTO_ICMPV6)
+				return nd.type != FW_ICMPV6_NS && nd.type != FW_ICMPV6_RS;
+			if (ip6.nexthdr != FW_IPV6_HOPOPTS || ip6.daddr.in6_u.u6_addr8[0] != 0xff ||
+			    ip6.daddr.in6_u.u6_addr8[1] != 0x02)
+				return 1;
+			if (bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(ip6), hbh, sizeof(hbh)) < 0 ||
+			    hbh[0] != FW_PROTO_ICMPV6 ||
+			    bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(ip6) + ((__u32)hbh[1] + 1) * 8, &type, 1) < 0)
+				return 1;
+			return type != FW_ICMPV6_MLD2_REPORT && type != FW_ICMPV6_MLD_REPORT &&
+			       type != FW_ICMPV6_MLD_DONE;
 		}
 		if (!fw_link_local(ip6.saddr.in6_u.u6_addr8) &&
 		    !fw_source(snap, ifindex, FW_SRC_IPV6, ip6.saddr.in6_u.u6_addr8, 16))

@@ -10,7 +10,6 @@ import (
 	"strings"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
 	"github.com/naplesnet/naples/hal/firewall"
@@ -281,19 +280,11 @@ func (o *Objects) Detach(name string) error {
 	return errors.Join(errs...)
 }
 
-// AttachedIfindex returns the interface the links pinned under the name are attached
-// to, 0 when there are none or they are detached.
-func (o *Objects) AttachedIfindex(name string) int {
-	l, err := link.LoadPinnedLink(o.linkPath(name, true), nil)
-	if err != nil {
-		return 0
-	}
-	defer l.Close()
-	info, err := l.Info()
-	if err != nil || info.TCX() == nil {
-		return 0
-	}
-	return int(info.TCX().Ifindex)
+// Attached tells whether the links pinned under the name attach the programs to both tcx
+// hooks of the interface with the index: false when a link was detached by hand
+// (`bpftool link detach`), its pin removed, or the interface made anew.
+func (o *Objects) Attached(name string, ifindex int) bool {
+	return tcxpin.Attached(o.linkPath(name, true), ifindex) && tcxpin.Attached(o.linkPath(name, false), ifindex)
 }
 
 // Links returns the names of the pinned links.

@@ -157,6 +157,55 @@ func TestSpoofedFramesDrop(t *testing.T) {
 	}
 }
 
+// TestUnspecifiedSourceOnlyMLD: from ::, behind a hop-by-hop header to ff02::/16, only
+// MLD reports (v2, 143; v1, 131) and dones (132) right behind it pass, of any length of
+// the header; a query, other ICMPv6, UDP, MLD behind a further header, to another
+// multicast scope, or without the hop-by-hop header is spoofed. (DAD's and routers'
+// solicitations from :: are TestSpoofedFramesDrop's.)
+func TestUnspecifiedSourceOnlyMLD(t *testing.T) {
+	f := newFixture(t)
+	f.install(f.guardedA(0, 0)...)
+	f.makeCounters(nil, []uint32{epA})
+	v6 := families[1]
+	zero := netip.IPv6Unspecified()
+	reports := netip.MustParseAddr("ff02::16")
+	behind := func(p packet, exts ...ext) packet {
+		p.exts = exts
+		return p
+	}
+	hbh := ext{ipProtoHopByHop, 8}
+	var drops uint64
+	for _, c := range []struct {
+		what string
+		p    packet
+		want uint32
+	}{
+		{"MLDv2 report", behind(v6.icmpPacket(zero, reports, 143, 0, 0), hbh), tcxNext},
+		{"MLDv2 report behind a 16-byte hop-by-hop header", behind(v6.icmpPacket(zero, reports, 143, 0, 0), ext{ipProtoHopByHop, 16}), tcxNext},
+		{"MLDv1 report", behind(v6.icmpPacket(zero, netip.MustParseAddr("ff02::1:ff00:1"), 131, 0, 0), hbh), tcxNext},
+		{"MLD done", behind(v6.icmpPacket(zero, netip.MustParseAddr("ff02::2"), 132, 0, 0), hbh), tcxNext},
+		{"MLD query", behind(v6.icmpPacket(zero, netip.MustParseAddr("ff02::1"), 130, 0, 0), hbh), tcxDrop},
+		{"echo request", behind(v6.icmpPacket(zero, netip.MustParseAddr("ff02::1"), v6.echoRequest, 0, 1), hbh), tcxDrop},
+		{"neighbour advertisement", behind(v6.icmpPacket(zero, netip.MustParseAddr("ff02::1"), 136, 0, 0), hbh), tcxDrop},
+		{"UDP", behind(udp(zero, 546, netip.MustParseAddr("ff02::1:2"), 547), hbh), tcxDrop},
+		{"MLDv2 report behind destination options too", behind(v6.icmpPacket(zero, reports, 143, 0, 0), hbh, ext{ipProtoDstOpts, 8}), tcxDrop},
+		{"MLDv2 report to ff05::16", behind(v6.icmpPacket(zero, netip.MustParseAddr("ff05::16"), 143, 0, 0), hbh), tcxDrop},
+		{"MLDv2 report without hop-by-hop", v6.icmpPacket(zero, reports, 143, 0, 0), tcxDrop},
+		{"MLDv2 report, truncated in the hop-by-hop header", packet{src: zero, dst: reports, proto: v6.icmp, icmpType: 143, exts: []ext{hbh}, truncate: 44}, tcxDrop},
+	} {
+		frame := c.p.frame()
+		if got := f.run(f.ingress, f.ifA, frame); got != c.want {
+			t.Errorf("from ::, %s: verdict %s, want %s", c.what, verdict(got), verdict(c.want))
+		}
+		if c.want == tcxDrop {
+			drops++
+		}
+	}
+	if got := f.epCount(epA); got.SpoofedPackets != drops {
+		t.Errorf("endpoint counter %+v, want %d spoofed packets", got, drops)
+	}
+}
+
 func TestSpoofCheckedBeforePolicy(t *testing.T) {
 	forEachFamily(t, func(t *testing.T, f *fixture, fam family) {
 		// A protected endpoint whose policy lets everything out: a spoofed packet is

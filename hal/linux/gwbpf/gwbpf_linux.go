@@ -172,7 +172,7 @@ func (o *Objects) attachUnpinned(name string, ifindex int) (int, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if ls, ok := o.links[name]; ok {
-		if info, err := ls[0].Info(); err == nil && info.TCX() != nil && int(info.TCX().Ifindex) == ifindex {
+		if tcxpin.LinkAttached(ls[0], ifindex) && tcxpin.LinkAttached(ls[1], ifindex) {
 			return 0, nil
 		}
 		ls[0].Close()
@@ -208,6 +208,19 @@ func (o *Objects) Detach(name string) error {
 		return nil
 	}
 	return errors.Join(tcxpin.Detach(o.linkPath(name, 0)), tcxpin.Detach(o.linkPath(name, 1)))
+}
+
+// Attached tells whether the programs are attached to both tcx hooks of the bridge of the
+// name, with the index, by the links Attach made: false when a link was detached by hand
+// (`bpftool link detach`), its pin removed, or the bridge made anew.
+func (o *Objects) Attached(name string, ifindex int) bool {
+	if o.dir == "" {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		ls, ok := o.links[name]
+		return ok && tcxpin.LinkAttached(ls[0], ifindex) && tcxpin.LinkAttached(ls[1], ifindex)
+	}
+	return tcxpin.Attached(o.linkPath(name, 0), ifindex) && tcxpin.Attached(o.linkPath(name, 1), ifindex)
 }
 
 // Bridges returns the names of the bridges the programs are attached to: those with

@@ -47,6 +47,25 @@ func Attach(path string, ifindex int, prog *ebpf.Program, at ebpf.AttachType, sa
 	return true, nil
 }
 
+// Attached tells whether the link pinned at path is attached to the interface with the
+// index. A link whose pin was removed (and no process holds) is gone, and one detached by
+// hand (`bpftool link detach`) or left by an interface that was deleted reports no
+// interface: neither is attached.
+func Attached(path string, ifindex int) bool {
+	l, err := link.LoadPinnedLink(path, nil)
+	if err != nil {
+		return false
+	}
+	defer l.Close()
+	return LinkAttached(l, ifindex)
+}
+
+// LinkAttached tells whether the tcx link l is attached to the interface with the index.
+func LinkAttached(l link.Link, ifindex int) bool {
+	info, err := l.Info()
+	return err == nil && info.TCX() != nil && int(info.TCX().Ifindex) == ifindex
+}
+
 // Names returns, sorted, the names NAME of the links pinned in dir as NAME-ingress or
 // NAME-egress.
 func Names(dir string) ([]string, error) {
