@@ -197,13 +197,16 @@ func TestOverlayMissingInterface(t *testing.T) {
 		blueA.endpointYAML("default", "blue", a)+blueB.endpointYAML("default", "blue", b)+
 		late.endpointYAML("default", "blue", b))
 
+	// It may wait for its network's bridge first (WaitingForNetwork), then for its
+	// interface, which never comes until the workload is made.
 	var pending *nimbusv1.NodeStatus
-	waitFor(t, "endpoint wlate-b PENDING on host-b", func() bool {
+	waitFor(t, "endpoint wlate-b PENDING on host-b, WaitingForInterface", func() bool {
 		_, st, err := c.get(t, "endpoint", late.name)
 		pending = nodeStatus(st, "host-b")
-		return err == nil && pending.GetPhase() == nimbusv1.Phase_PHASE_PENDING && pending.GetObservedGeneration() == 1
+		return err == nil && pending.GetPhase() == nimbusv1.Phase_PHASE_PENDING && pending.GetObservedGeneration() == 1 &&
+			pending.GetReason() == "WaitingForInterface"
 	})
-	if pending.GetReason() != "WaitingForInterface" || !strings.Contains(pending.GetMessage(), `"wlate-b"`) {
+	if !strings.Contains(pending.GetMessage(), `"wlate-b"`) {
 		t.Errorf("wlate-b on host-b: reason %q, message %q; want WaitingForInterface and a message naming \"wlate-b\"", pending.GetReason(), pending.GetMessage())
 	}
 	for _, w := range []*workload{blueA, blueB} {
