@@ -180,38 +180,8 @@ type stagedChange struct {
 	put *sharedEvent
 }
 
-// commitGroup commits the batches, in order, in one store transaction and, with a durable
-// store, one state-file commit; hands every change to the watchers once it is durable, in
-// revision order, under s.mu; and answers every batch. When the commit fails, every batch
-// fails with its error and nothing of any of them is stored: the batches share the
-// transactions. A batch's own bad input never gets this far; its call refuses it before
-// submitting.
-func (s *Server) commitGroup(group []*batch) {
-	if s.etcd != nil {
-		s.etcd.commitGroup(group)
-		return
-	}
-	defer func() {
-		for _, b := range group {
-			close(b.done)
-		}
-	}()
-	now := timestamppb.New(s.opts.Now())
-	s.mu.Lock()
-	changes, err := s.commitLocked(group, now)
-	if err == nil {
-		s.publishChangesLocked(changes)
-	}
-	s.mu.Unlock()
-	for _, b := range group {
-		switch {
-		case err != nil:
-			b.err = fmt.Errorf("%s: %w", b.what(), err)
-		case b.err == nil:
-			s.logBatch(b)
-		}
-	}
-}
+// commitGroup commits the batches with the Server's store; see backend.commitGroup.
+func (s *Server) commitGroup(group []*batch) { s.backend.commitGroup(group) }
 
 // publishChangesLocked hands the committed changes, in revision order, to the watchers
 // and counts them. The caller holds s.mu and has set s.rev to the last one's revision or
@@ -236,7 +206,8 @@ func (s *Server) publishChangesLocked(changes []stagedChange) {
 // changes durably, then commits the transaction, and returns the changes in revision
 // order. Writes that change nothing take no revision, and a group that changes nothing
 // writes nothing. The caller holds s.mu.
-func (s *Server) commitLocked(group []*batch, now *timestamppb.Timestamp) ([]stagedChange, error) {
+func (e *embeddedStore) commitLocked(group []*batch, now *timestamppb.Timestamp) ([]stagedChange, error) {
+	s := e.s
 	if s.closed {
 		return nil, ErrClosed
 	}
@@ -297,9 +268,9 @@ func (s *Server) commitLocked(group []*batch, now *timestamppb.Timestamp) ([]sta
 		}
 	}
 	txn.setRevision(rev)
-	if s.disk != nil {
+	if e.disk != nil {
 		puts, dels := finalStates(changes)
-		if err := s.disk.commit(puts, dels, s.rev+1, rev); err != nil {
+		if err := e.disk.commit(puts, dels, s.rev+1, rev); err != nil {
 			return nil, err
 		}
 	}

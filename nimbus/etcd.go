@@ -154,6 +154,8 @@ type etcdStore struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	loops  sync.WaitGroup
+	// closeOnce makes close safe to call twice.
+	closeOnce sync.Once
 
 	txns, conflicts, watchRestarts prometheus.Counter
 	ready                          prometheus.Gauge
@@ -240,12 +242,15 @@ func (e *etcdStore) registerMetrics(reg prometheus.Registerer) error {
 	return nil
 }
 
-// close stops the backend and waits for it.
-func (e *etcdStore) close() {
-	e.cancel()
-	e.loops.Wait()
-	e.cli.Close()
-	e.unregister()
+// close stops the backend and waits for it. It is safe to call twice.
+func (e *etcdStore) close() error {
+	e.closeOnce.Do(func() {
+		e.cancel()
+		e.loops.Wait()
+		e.cli.Close()
+		e.unregister()
+	})
+	return nil
 }
 
 // notReady returns why the store cannot serve yet; empty once it can.
