@@ -53,7 +53,9 @@
 // it is ready, close. The embedded store keeps them in the tables above, durable with
 // Options.DataDir (see Persistence); the etcd store keeps them in etcd, the tables being
 // its cache (see Replicas on etcd). The Server takes neither mode into account anywhere
-// else.
+// else. Neither store holds the Server: each stages its changes in the tables inside one
+// call the Server runs under the lock that orders its changes (publisher), and the Server
+// then hands them to the watchers.
 //
 // # Watch
 //

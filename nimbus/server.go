@@ -250,11 +250,14 @@ func New(opts Options) (*Server, error) {
 	}
 	s.setEpoch(newEpoch())
 	var objects int
-	embedded := &embeddedStore{s: s}
+	env := storeEnv{pub: s, tables: s.store, opts: opts, log: s.log}
+	embedded := &embeddedStore{env: env}
 	if opts.DataDir != "" {
-		if objects, err = embedded.load(); err != nil {
+		var epoch string
+		if epoch, objects, err = embedded.load(); err != nil {
 			return nil, fmt.Errorf("creating nimbus server: %w", err)
 		}
+		s.setEpoch(epoch)
 	}
 	s.backend = embedded
 	s.history.floor = s.rev
@@ -281,7 +284,7 @@ func New(opts Options) (*Server, error) {
 		}
 	}
 	if opts.Etcd != nil {
-		etcd, err := newEtcdStore(s, opts.Etcd)
+		etcd, err := newEtcdStore(env, s.SetPeers, opts.Etcd)
 		if err != nil {
 			s.peers.close()
 			s.metrics.unregister()
