@@ -13,7 +13,6 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
@@ -985,30 +984,6 @@ func (e *etcdStore) handPeers(reg map[string]string) {
 	}
 	e.setPeers(peers)
 }
-
-// gateUnary refuses the nimbus calls of a Server that cannot serve yet (see available);
-// the health service always answers.
-func (s *Server) gateUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if strings.HasPrefix(info.FullMethod, nimbusMethodPrefix) {
-		if err := s.available(); err != nil {
-			return nil, err
-		}
-	}
-	return handler(ctx, req)
-}
-
-// gateStream is gateUnary for streams.
-func (s *Server) gateStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	if strings.HasPrefix(info.FullMethod, nimbusMethodPrefix) {
-		if err := s.available(); err != nil {
-			return err
-		}
-	}
-	return handler(srv, ss)
-}
-
-// nimbusMethodPrefix starts the full name of every method of the Nimbus service.
-var nimbusMethodPrefix = "/" + nimbusv1.Nimbus_ServiceDesc.ServiceName + "/"
 
 // catchUpForReports waits, when a report names an object the cache does not hold, until
 // the cache holds everything etcd had when the reports came (up to etcdResumeWait). An

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -451,6 +452,30 @@ func (s *Server) available() error {
 	}
 	return nil
 }
+
+// gateUnary refuses the nimbus calls of a Server that cannot serve yet (see available);
+// the health service always answers.
+func (s *Server) gateUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if strings.HasPrefix(info.FullMethod, nimbusMethodPrefix) {
+		if err := s.available(); err != nil {
+			return nil, err
+		}
+	}
+	return handler(ctx, req)
+}
+
+// gateStream is gateUnary for streams.
+func (s *Server) gateStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if strings.HasPrefix(info.FullMethod, nimbusMethodPrefix) {
+		if err := s.available(); err != nil {
+			return err
+		}
+	}
+	return handler(srv, ss)
+}
+
+// nimbusMethodPrefix starts the full name of every method of the Nimbus service.
+var nimbusMethodPrefix = "/" + nimbusv1.Nimbus_ServiceDesc.ServiceName + "/"
 
 func (s *Server) isClosed() bool {
 	select {
