@@ -26,7 +26,7 @@ func numberedRoutes(n int) []*nimbusv1.Object {
 // commits returns the number of commits to the server's store file since it was opened.
 func commits(t *testing.T, ts *testServer) int {
 	t.Helper()
-	return ts.srv.disk.file.Commits()
+	return ts.srv.backend.(*embeddedStore).disk.file.Commits()
 }
 
 // wantStored fails the test unless List returns the objects with these names, in key

@@ -180,42 +180,12 @@ type stagedChange struct {
 	put *sharedEvent
 }
 
-// commitGroup commits the batches, in order, in one store transaction and, with a durable
-// store, one state-file commit; hands every change to the watchers once it is durable, in
-// revision order, under s.mu; and answers every batch. When the commit fails, every batch
-// fails with its error and nothing of any of them is stored: the batches share the
-// transactions. A batch's own bad input never gets this far; its call refuses it before
-// submitting.
-func (s *Server) commitGroup(group []*batch) {
-	if s.etcd != nil {
-		s.etcd.commitGroup(group)
-		return
-	}
-	defer func() {
-		for _, b := range group {
-			close(b.done)
-		}
-	}()
-	now := timestamppb.New(s.opts.Now())
-	s.mu.Lock()
-	changes, err := s.commitLocked(group, now)
-	if err == nil {
-		s.publishChangesLocked(changes)
-	}
-	s.mu.Unlock()
-	for _, b := range group {
-		switch {
-		case err != nil:
-			b.err = fmt.Errorf("%s: %w", b.what(), err)
-		case b.err == nil:
-			s.logBatch(b)
-		}
-	}
-}
+// commitGroup commits the batches with the Server's store; see backend.commitGroup.
+func (s *Server) commitGroup(group []*batch) { s.backend.commitGroup(group) }
 
 // publishChangesLocked hands the committed changes, in revision order, to the watchers
 // and counts them. The caller holds s.mu and has set s.rev to the last one's revision or
-// after it.
+// after it: see publish.
 func (s *Server) publishChangesLocked(changes []stagedChange) {
 	for _, c := range changes {
 		s.publishLocked(newChange(c.rev, c.key, c.before, c.after, c.put))
@@ -232,17 +202,15 @@ func (s *Server) publishChangesLocked(changes []stagedChange) {
 	}
 }
 
-// commitLocked makes the writes of the batches in one store transaction, stores the
-// changes durably, then commits the transaction, and returns the changes in revision
-// order. Writes that change nothing take no revision, and a group that changes nothing
-// writes nothing. The caller holds s.mu.
-func (s *Server) commitLocked(group []*batch, now *timestamppb.Timestamp) ([]stagedChange, error) {
-	if s.closed {
-		return nil, ErrClosed
-	}
-	txn := s.store.write()
+// commitLocked makes the writes of the batches, after the Server's revision base, in one
+// store transaction, stores the changes durably, then commits the transaction, and
+// returns the revision after them and the changes in revision order. Writes that change
+// nothing take no revision, and a group that changes nothing writes nothing. It runs
+// inside publisher.publish.
+func (e *embeddedStore) commitLocked(group []*batch, base uint64, now *timestamppb.Timestamp) (uint64, []stagedChange, error) {
+	txn := e.env.tables.write()
 	defer txn.abort()
-	rev := s.rev
+	rev := base
 	var changes []stagedChange
 	for _, b := range group {
 		// A batch refused for a conflict leaves nothing: the transaction goes back to
@@ -286,7 +254,7 @@ func (s *Server) commitLocked(group []*batch, now *timestamppb.Timestamp) ([]sta
 		b.rev = rev
 	}
 	if len(changes) == 0 {
-		return nil, nil
+		return base, nil, nil
 	}
 	for _, b := range group {
 		for _, out := range b.outcomes {
@@ -297,15 +265,14 @@ func (s *Server) commitLocked(group []*batch, now *timestamppb.Timestamp) ([]sta
 		}
 	}
 	txn.setRevision(rev)
-	if s.disk != nil {
+	if e.disk != nil {
 		puts, dels := finalStates(changes)
-		if err := s.disk.commit(puts, dels, s.rev+1, rev); err != nil {
-			return nil, err
+		if err := e.disk.commit(puts, dels, base+1, rev); err != nil {
+			return base, nil, err
 		}
 	}
 	txn.commit()
-	s.rev = rev
-	return changes, nil
+	return rev, changes, nil
 }
 
 // finalStates returns what the changes leave of each object they touch: the objects
@@ -431,12 +398,12 @@ func stageDelete(txn *writeTxn, w write, rev uint64) (*stagedChange, outcome) {
 // logBatch logs what a committed batch did: a line per change at INFO for a single
 // write, as a person following one object wants; for a batch of many, one INFO line with
 // the counts and, when DEBUG is on, a line per write.
-func (s *Server) logBatch(b *batch) {
+func logBatch(log *slog.Logger, b *batch) {
 	if len(b.writes) == 0 {
 		return
 	}
 	single := len(b.writes) == 1
-	perWrite := single || s.log.Enabled(context.Background(), slog.LevelDebug)
+	perWrite := single || log.Enabled(context.Background(), slog.LevelDebug)
 	changed, created := 0, 0
 	for i, w := range b.writes {
 		out := b.outcomes[i]
@@ -449,9 +416,9 @@ func (s *Server) logBatch(b *batch) {
 		if !perWrite {
 			continue
 		}
-		level := s.log.Debug
+		level := log.Debug
 		if single && out.changed {
-			level = s.log.Info
+			level = log.Info
 		}
 		switch {
 		case w.obj != nil && out.changed:
@@ -468,8 +435,8 @@ func (s *Server) logBatch(b *batch) {
 	switch {
 	case single:
 	case b.deleting:
-		s.log.Info("objects deleted", "objects", len(b.writes), "deleted", changed, "revision", b.rev)
+		log.Info("objects deleted", "objects", len(b.writes), "deleted", changed, "revision", b.rev)
 	default:
-		s.log.Info("objects applied", "objects", len(b.writes), "changed", changed, "created", created, "revision", b.rev)
+		log.Info("objects applied", "objects", len(b.writes), "changed", changed, "created", created, "revision", b.rev)
 	}
 }

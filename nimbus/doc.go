@@ -47,6 +47,16 @@
 // and the batch's earlier writes; a batch with such an entry stores nothing. See
 // conflict.go.
 //
+// Where the objects are kept is the store's business, behind one small interface the
+// Server declares (backend.go): commit a group of batches and hand their changes to the
+// watchers, catch up with a revision or with the objects status reports name, say whether
+// it is ready, close. The embedded store keeps them in the tables above, durable with
+// Options.DataDir (see Persistence); the etcd store keeps them in etcd, the tables being
+// its cache (see Replicas on etcd). The Server takes neither mode into account anywhere
+// else. Neither store holds the Server: each stages its changes in the tables inside one
+// call the Server runs under the lock that orders its changes (publisher), and the Server
+// then hands them to the watchers.
+//
 // # Watch
 //
 // A node's Watch first receives every object that targets it as PUT events (the

@@ -13,7 +13,6 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
@@ -145,15 +144,19 @@ func etcdRevOf(rev uint64) int64 { return int64(rev >> subBits) }
 
 // etcdStore is the etcd backend of a Server.
 type etcdStore struct {
-	s    *Server
+	env  storeEnv
 	opts *EtcdOptions
-	cli  *clientv3.Client
+	// setPeers takes the replicas registered in etcd: the Server's SetPeers.
+	setPeers func([]Peer)
+	cli      *clientv3.Client
 	// objects is the prefix of the objects' keys, epochKey the key of the epoch.
 	objects, epochKey string
-	// ctx ends when the Server closes; loops counts the goroutines start starts.
+	// ctx ends when the store is closed; loops counts the goroutines start starts.
 	ctx    context.Context
 	cancel context.CancelFunc
 	loops  sync.WaitGroup
+	// closeOnce makes close safe to call twice.
+	closeOnce sync.Once
 
 	txns, conflicts, watchRestarts prometheus.Counter
 	ready                          prometheus.Gauge
@@ -171,14 +174,17 @@ type etcdStore struct {
 	firstLoad chan struct{}
 	// problem says why the store is not loaded, for Ready.
 	problem string
+	// lastEpoch is the epoch last read from etcd.
+	lastEpoch string
 	// lastRev and nextSub carry the position of the next change in its etcd revision
 	// from one watch response to the next.
 	lastRev int64
 	nextSub uint64
 }
 
-// newEtcdStore returns the etcd backend of s and starts loading it.
-func newEtcdStore(s *Server, o *EtcdOptions) (*etcdStore, error) {
+// newEtcdStore returns the etcd backend of the Server env names; setPeers takes the
+// replicas registered in etcd. start starts loading it.
+func newEtcdStore(env storeEnv, setPeers func([]Peer), o *EtcdOptions) (*etcdStore, error) {
 	opts, err := o.withDefaults()
 	if err != nil {
 		return nil, err
@@ -197,7 +203,7 @@ func newEtcdStore(s *Server, o *EtcdOptions) (*etcdStore, error) {
 		return nil, fmt.Errorf("etcd client for %s: %w", strings.Join(cfg.Endpoints, ","), err)
 	}
 	e := &etcdStore{
-		s: s, opts: opts, cli: cli,
+		env: env, opts: opts, cli: cli, setPeers: setPeers,
 		objects:   opts.Prefix + "/objects/",
 		epochKey:  opts.Prefix + "/epoch",
 		advanced:  make(chan struct{}),
@@ -205,7 +211,7 @@ func newEtcdStore(s *Server, o *EtcdOptions) (*etcdStore, error) {
 		problem:   "etcd store not loaded yet",
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
-	if err := e.registerMetrics(s.opts.Registerer); err != nil {
+	if err := e.registerMetrics(env.opts.Registerer); err != nil {
 		cli.Close()
 		return nil, err
 	}
@@ -240,12 +246,15 @@ func (e *etcdStore) registerMetrics(reg prometheus.Registerer) error {
 	return nil
 }
 
-// close stops the backend and waits for it.
-func (e *etcdStore) close() {
-	e.cancel()
-	e.loops.Wait()
-	e.cli.Close()
-	e.unregister()
+// close stops the backend and waits for it. It is safe to call twice.
+func (e *etcdStore) close() error {
+	e.closeOnce.Do(func() {
+		e.cancel()
+		e.loops.Wait()
+		e.cli.Close()
+		e.unregister()
+	})
+	return nil
 }
 
 // notReady returns why the store cannot serve yet; empty once it can.
@@ -262,12 +271,12 @@ func (e *etcdStore) notReady() string {
 // and following the other replicas (membership).
 func (e *etcdStore) start() {
 	e.loops.Go(func() { e.retry("etcd store", e.session) })
-	if e.s.opts.ReplicaName != "" && e.opts.Advertise != "" {
+	if e.env.opts.ReplicaName != "" && e.opts.Advertise != "" {
 		e.loops.Go(func() { e.retry("etcd: replica membership", e.membership) })
 	}
 }
 
-// retry runs fn again and again until the Server closes, with backoff after each failure;
+// retry runs fn again and again until the store is closed, with backoff after each failure;
 // a run that lasted a minute or more starts the backoff over.
 func (e *etcdStore) retry(what string, fn func() error) {
 	bo := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
@@ -280,7 +289,7 @@ func (e *etcdStore) retry(what string, fn func() error) {
 		if time.Since(start) > time.Minute {
 			bo.Reset()
 		}
-		e.s.log.Warn(what+": starting over", "error", err)
+		e.env.log.Warn(what+": starting over", "error", err)
 		select {
 		case <-e.ctx.Done():
 			return
@@ -338,7 +347,7 @@ func (e *etcdStore) session() (err error) {
 		select {
 		case <-tick:
 			if err := e.cli.RequestProgress(wctx); err != nil {
-				e.s.log.Debug("etcd: asking for watch progress", "error", err)
+				e.env.log.Debug("etcd: asking for watch progress", "error", err)
 			}
 			continue
 		case resp, ok = <-wch:
@@ -409,7 +418,7 @@ func (e *etcdStore) markLoaded() {
 	e.mu.Lock()
 	first := !e.loaded
 	e.loaded, e.problem = true, ""
-	rev := e.applied
+	rev, epoch := e.applied, e.lastEpoch
 	select {
 	case <-e.firstLoad:
 	default:
@@ -418,7 +427,7 @@ func (e *etcdStore) markLoaded() {
 	e.mu.Unlock()
 	e.ready.Set(1)
 	if first {
-		e.s.log.Info("etcd store loaded", "etcd_revision", rev, "revision", endRev(rev), "epoch", e.s.Epoch())
+		e.env.log.Info("etcd store loaded", "etcd_revision", rev, "revision", endRev(rev), "epoch", epoch)
 	}
 }
 
@@ -439,7 +448,7 @@ func (e *etcdStore) load(ctx context.Context) (from, caughtUp int64, err error) 
 	}
 	now := cur.Header.Revision
 	at := now
-	if w := int64(e.s.opts.HistoryWindow); w > 0 {
+	if w := int64(e.env.opts.HistoryWindow); w > 0 {
 		at = max(now-w, 1)
 	}
 	resp, err := e.cli.Get(rctx, e.objects, clientv3.WithPrefix(), clientv3.WithRev(at))
@@ -454,13 +463,13 @@ func (e *etcdStore) load(ctx context.Context) (from, caughtUp int64, err error) 
 	for _, kv := range resp.Kvs {
 		obj, err := e.decode(kv)
 		if err != nil {
-			e.s.log.Error("etcd store: skipping a key that holds no object", "error", err)
+			e.env.log.Error("etcd store: skipping a key that holds no object", "error", err)
 			continue
 		}
 		objs = append(objs, obj)
 	}
 	e.replace(epoch, objs, at)
-	e.s.log.Info("etcd store read", "objects", len(objs), "etcd_revision", at, "etcd_current", now)
+	e.env.log.Info("etcd store read", "objects", len(objs), "etcd_revision", at, "etcd_current", now)
 	return at + 1, now, nil
 }
 
@@ -476,7 +485,7 @@ func (e *etcdStore) epoch(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("etcd: reading the epoch %s: %w", e.epochKey, err)
 	}
 	if resp.Succeeded {
-		e.s.log.Info("etcd store: new epoch", "key", e.epochKey, "epoch", fresh)
+		e.env.log.Info("etcd store: new epoch", "key", e.epochKey, "epoch", fresh)
 		return fresh, nil
 	}
 	kvs := resp.Responses[0].GetResponseRange().GetKvs()
@@ -509,52 +518,44 @@ func (e *etcdStore) decode(kv *mvccpb.KeyValue) (*nimbusv1.Object, error) {
 // Server's. Watchers are reset, and the history starts at rev: what the cache held before
 // is no base to resume from.
 func (e *etcdStore) replace(epoch string, objs []*nimbusv1.Object, rev int64) {
-	s := e.s
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	txn := s.store.write()
-	keep := make(map[string]bool, len(objs))
-	for _, obj := range objs {
-		keep[obj.Key().ID()] = true
-	}
-	// The objects gone, and the claims of those kept, go first, so that what they held
-	// in the claims index is free for the objects that hold it now.
-	var gone []string
-	txn.objects.Scan(func(id string, _ *objectRecord) bool {
-		if !keep[id] {
-			gone = append(gone, id)
-		}
-		return true
-	})
-	for _, id := range gone {
-		if rec := txn.object(id); rec != nil {
-			stageDelete(txn, write{key: rec.Object.Key(), id: id}, 0)
-		}
-	}
-	for _, obj := range objs {
-		if rec := txn.object(obj.Key().ID()); rec != nil {
-			txn.releaseClaims(rec)
-		}
-	}
-	for _, obj := range objs {
-		txn.putObject(&objectRecord{ID: obj.Key().ID(), Object: obj})
-	}
-	txn.setRevision(endRev(rev))
-	txn.commit()
-	for w := range s.watchers {
-		s.resetLocked(w)
-	}
-	s.rev = endRev(rev)
-	s.history.reset(s.rev)
-	s.setEpoch(epoch)
-	s.metrics.objects.Set(float64(len(objs)))
 	var last uint64 // the revision of the last change, as the embedded store's gauge shows
 	for _, obj := range objs {
 		last = max(last, obj.GetMeta().GetRevision())
 	}
-	s.metrics.revision.Set(float64(last))
+	e.env.pub.restart(epoch, endRev(rev), len(objs), last, func() {
+		txn := e.env.tables.write()
+		keep := make(map[string]bool, len(objs))
+		for _, obj := range objs {
+			keep[obj.Key().ID()] = true
+		}
+		// The objects gone, and the claims of those kept, go first, so that what they held
+		// in the claims index is free for the objects that hold it now.
+		var gone []string
+		txn.objects.Scan(func(id string, _ *objectRecord) bool {
+			if !keep[id] {
+				gone = append(gone, id)
+			}
+			return true
+		})
+		for _, id := range gone {
+			if rec := txn.object(id); rec != nil {
+				stageDelete(txn, write{key: rec.Object.Key(), id: id}, 0)
+			}
+		}
+		for _, obj := range objs {
+			if rec := txn.object(obj.Key().ID()); rec != nil {
+				txn.releaseClaims(rec)
+			}
+		}
+		for _, obj := range objs {
+			txn.putObject(&objectRecord{ID: obj.Key().ID(), Object: obj})
+		}
+		txn.setRevision(endRev(rev))
+		txn.commit()
+	})
 	e.mu.Lock()
 	e.lastRev, e.nextSub = 0, 0
+	e.lastEpoch = epoch
 	e.mu.Unlock()
 	e.advanceTo(rev)
 }
@@ -562,9 +563,17 @@ func (e *etcdStore) replace(epoch string, objs []*nimbusv1.Object, rev int64) {
 // apply applies a watch response's events to the cache and hands them to the watchers,
 // each with its revision.
 func (e *etcdStore) apply(evs []*clientv3.Event) {
-	s := e.s
-	s.mu.Lock()
-	txn := s.store.write()
+	last := evs[len(evs)-1].Kv.ModRevision
+	e.env.pub.publish(func(uint64, bool) (uint64, []stagedChange, error) {
+		return endRev(last), e.stageEvents(evs), nil
+	})
+	e.advanceTo(last)
+}
+
+// stageEvents applies a watch response's events to the cache and returns their changes,
+// each with its revision. It runs inside publisher.publish.
+func (e *etcdStore) stageEvents(evs []*clientv3.Event) []stagedChange {
+	txn := e.env.tables.write()
 	changes := make([]stagedChange, 0, len(evs))
 	e.mu.Lock()
 	for _, ev := range evs {
@@ -579,7 +588,7 @@ func (e *etcdStore) apply(evs []*clientv3.Event) {
 		case mvccpb.PUT:
 			obj, err := e.decode(kv)
 			if err != nil {
-				s.log.Error("etcd store: skipping a change that holds no object", "error", err)
+				e.env.log.Error("etcd store: skipping a change that holds no object", "error", err)
 				continue
 			}
 			var old *nimbusv1.Object
@@ -600,20 +609,16 @@ func (e *etcdStore) apply(evs []*clientv3.Event) {
 	e.mu.Unlock()
 	txn.setRevision(endRev(last))
 	txn.commit()
-	s.rev = endRev(last)
-	s.publishChangesLocked(changes)
-	s.mu.Unlock()
-	e.advanceTo(last)
+	return changes
 }
 
 // progress records that etcd has nothing more for the cache up to rev.
 func (e *etcdStore) progress(rev int64) {
-	s := e.s
-	s.mu.Lock()
 	// The revision gauge stays at the last change, which every replica that is caught up
 	// shows alike, whatever progress each was told of.
-	s.rev = max(s.rev, endRev(rev))
-	s.mu.Unlock()
+	e.env.pub.publish(func(cur uint64, _ bool) (uint64, []stagedChange, error) {
+		return max(cur, endRev(rev)), nil, nil
+	})
 	e.advanceTo(rev)
 }
 
@@ -657,7 +662,7 @@ func (e *etcdStore) waitApplied(ctx context.Context, rev int64) error {
 		case <-ch:
 		case <-tick:
 			if err := e.cli.RequestProgress(cacheWatchContext(ctx)); err != nil {
-				e.s.log.Debug("etcd: asking for watch progress", "error", err)
+				e.env.log.Debug("etcd: asking for watch progress", "error", err)
 			}
 		case <-ctx.Done():
 			return fmt.Errorf("waiting for this replica's cache to reach etcd revision %d (it is at %d): %w", rev, applied, ctx.Err())
@@ -690,7 +695,7 @@ func (e *etcdStore) commitGroup(group []*batch) {
 			}
 			continue
 		}
-		e.s.logBatch(b)
+		logBatch(e.env.log, b)
 	}
 	for _, b := range group {
 		close(b.done)
@@ -705,7 +710,7 @@ func (e *etcdStore) commitBatch(b *batch) error {
 	b.outcomes = make([]outcome, len(b.writes))
 	chunks := e.split(b.writes)
 	if len(chunks) > 1 {
-		e.s.log.Warn("batch split into several etcd transactions; it is atomic per transaction only",
+		e.env.log.Warn("batch split into several etcd transactions; it is atomic per transaction only",
 			"objects", len(b.writes), "transactions", len(chunks), "max_txn_ops", e.opts.MaxTxnOps, "max_txn_bytes", e.opts.MaxTxnBytes)
 	}
 	if len(chunks) > 1 && b.mayConflict() {
@@ -730,7 +735,7 @@ func (e *etcdStore) commitBatch(b *batch) error {
 		}
 		from = to
 	}
-	b.rev = e.s.currentRev()
+	b.rev = e.env.pub.currentRev()
 	for _, out := range b.outcomes {
 		if out.changed {
 			b.rev = max(b.rev, out.rev)
@@ -743,24 +748,23 @@ func (e *etcdStore) commitBatch(b *batch) error {
 // wrapping ErrConflict, that refuses it when one of them would take a value that another
 // object holds; nil otherwise. It stores nothing.
 func (e *etcdStore) checkConflicts(b *batch) error {
-	s := e.s
-	now := timestamppb.New(s.opts.Now())
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	txn := s.store.write()
-	defer txn.abort()
-	var conflicts refusal
-	for i, w := range b.writes {
-		if w.obj == nil {
-			stageDelete(txn, w, 0)
-			continue
+	now := timestamppb.New(e.env.opts.Now())
+	return e.env.pub.publish(func(cur uint64, _ bool) (uint64, []stagedChange, error) {
+		txn := e.env.tables.write()
+		defer txn.abort()
+		var conflicts refusal
+		for i, w := range b.writes {
+			if w.obj == nil {
+				stageDelete(txn, w, 0)
+				continue
+			}
+			w.obj = proto.Clone(w.obj).(*nimbusv1.Object)
+			if _, _, err := stageApply(txn, w, 0, now); err != nil {
+				conflicts.add(b.at(i), err)
+			}
 		}
-		w.obj = proto.Clone(w.obj).(*nimbusv1.Object)
-		if _, _, err := stageApply(txn, w, 0, now); err != nil {
-			conflicts.add(b.at(i), err)
-		}
-	}
-	return conflicts.conflictErr()
+		return cur, nil, conflicts.conflictErr()
+	})
 }
 
 // split returns where each transaction's writes end.
@@ -789,81 +793,77 @@ func (e *etcdStore) split(writes []write) []int {
 // transaction that loses a race with another replica is staged again once the cache has
 // caught up.
 func (e *etcdStore) commitChunk(b *batch, from, to int) (committed bool, err error) {
-	s := e.s
 	for attempt := 0; ; attempt++ {
-		now := timestamppb.New(s.opts.Now())
+		now := timestamppb.New(e.env.opts.Now())
 		var (
 			cmps []clientv3.Cmp
 			ops  []clientv3.Op
 			subs = make([]int, to-from) // the position of each write's change; -1: none
 			outs = make([]outcome, to-from)
 		)
-		s.mu.Lock()
-		if s.closed {
-			s.mu.Unlock()
-			return false, ErrClosed
-		}
-		base := s.rev
-		txn := s.store.write()
-		var conflicts refusal
-		for i := from; i < to; i++ {
-			w := b.writes[i]
-			if w.obj != nil {
-				// Staging fills in the object's meta; a retry starts from the caller's.
-				w.obj = proto.Clone(w.obj).(*nimbusv1.Object)
+		err := e.env.pub.publish(func(cur uint64, closed bool) (uint64, []stagedChange, error) {
+			if closed {
+				return cur, nil, ErrClosed
 			}
-			key := e.objects + w.id
-			var modRev int64
-			if rec := txn.object(w.id); rec != nil {
-				modRev = etcdRevOf(rec.Object.GetMeta().GetRevision())
-			}
-			sub := uint64(len(ops))
-			var (
-				c   *stagedChange
-				out outcome
-				err error
-			)
-			if w.obj != nil {
-				c, out, err = stageApply(txn, w, sub, now)
-			} else {
-				c, out = stageDelete(txn, w, sub)
-			}
-			if err != nil {
-				conflicts.add(b.at(i), err)
-				continue
-			}
-			// Every write, a change or not, holds only if etcd still has the object as the
-			// cache does: an apply the cache finds unchanged, or a deletion of an object
-			// the cache does not hold, is checked against etcd too, since another replica
-			// may have changed the object a moment ago.
-			if modRev == 0 {
-				cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(key), "=", 0))
-			} else {
-				cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(key), "=", modRev))
-			}
-			subs[i-from] = -1
-			if c == nil {
-				out.rev = base
-				outs[i-from] = out
-				continue
-			}
-			if c.after != nil {
-				val, err := c.after.MarshalVT()
-				if err != nil {
-					txn.abort()
-					s.mu.Unlock()
-					return false, fmt.Errorf("encoding %s: %w", w.id, err)
+			txn := e.env.tables.write()
+			defer txn.abort()
+			var conflicts refusal
+			for i := from; i < to; i++ {
+				w := b.writes[i]
+				if w.obj != nil {
+					// Staging fills in the object's meta; a retry starts from the caller's.
+					w.obj = proto.Clone(w.obj).(*nimbusv1.Object)
 				}
-				ops = append(ops, clientv3.OpPut(key, string(val)))
-			} else {
-				ops = append(ops, clientv3.OpDelete(key))
+				key := e.objects + w.id
+				var modRev int64
+				if rec := txn.object(w.id); rec != nil {
+					modRev = etcdRevOf(rec.Object.GetMeta().GetRevision())
+				}
+				sub := uint64(len(ops))
+				var (
+					c   *stagedChange
+					out outcome
+					err error
+				)
+				if w.obj != nil {
+					c, out, err = stageApply(txn, w, sub, now)
+				} else {
+					c, out = stageDelete(txn, w, sub)
+				}
+				if err != nil {
+					conflicts.add(b.at(i), err)
+					continue
+				}
+				// Every write, a change or not, holds only if etcd still has the object as the
+				// cache does: an apply the cache finds unchanged, or a deletion of an object
+				// the cache does not hold, is checked against etcd too, since another replica
+				// may have changed the object a moment ago.
+				if modRev == 0 {
+					cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(key), "=", 0))
+				} else {
+					cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(key), "=", modRev))
+				}
+				subs[i-from] = -1
+				if c == nil {
+					out.rev = cur
+					outs[i-from] = out
+					continue
+				}
+				if c.after != nil {
+					val, err := c.after.MarshalVT()
+					if err != nil {
+						return cur, nil, fmt.Errorf("encoding %s: %w", w.id, err)
+					}
+					ops = append(ops, clientv3.OpPut(key, string(val)))
+				} else {
+					ops = append(ops, clientv3.OpDelete(key))
+				}
+				subs[i-from] = int(sub)
+				outs[i-from] = out
 			}
-			subs[i-from] = int(sub)
-			outs[i-from] = out
-		}
-		txn.abort()
-		s.mu.Unlock()
-		if err := conflicts.conflictErr(); err != nil {
+			return cur, nil, conflicts.conflictErr()
+		})
+		if err != nil {
 			return false, err
 		}
 		ctx, cancel := context.WithTimeout(e.ctx, etcdWriteTimeout)
@@ -915,12 +915,12 @@ func (e *etcdStore) commitChunk(b *batch, from, to int) (committed bool, err err
 const replicaLease = 10
 
 // membership registers the replica on a lease of its own and follows the registrations.
-// When the Server closes it revokes the lease, so that the peers stop pushing to it at
+// When the store is closed it revokes the lease, so that the peers stop pushing to it at
 // once rather than when the lease expires.
 func (e *etcdStore) membership() error {
 	ctx := e.ctx
 	prefix := e.opts.Prefix + "/replicas/"
-	name := e.s.opts.ReplicaName
+	name := e.env.opts.ReplicaName
 	lease, err := e.cli.Grant(ctx, replicaLease)
 	if err != nil {
 		return fmt.Errorf("granting a lease: %w", err)
@@ -947,8 +947,8 @@ func (e *etcdStore) membership() error {
 	for _, kv := range resp.Kvs {
 		peers[strings.TrimPrefix(string(kv.Key), prefix)] = string(kv.Value)
 	}
-	e.setPeers(peers)
-	e.s.log.Info("etcd: registered as a replica", "key", prefix+name, "address", e.opts.Advertise, "replicas", len(peers))
+	e.handPeers(peers)
+	e.env.log.Info("etcd: registered as a replica", "key", prefix+name, "address", e.opts.Advertise, "replicas", len(peers))
 	wch := e.cli.Watch(clientv3.WithRequireLeader(kctx), prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
 	for {
 		select {
@@ -971,43 +971,19 @@ func (e *etcdStore) membership() error {
 					peers[peer] = string(ev.Kv.Value)
 				}
 			}
-			e.setPeers(peers)
+			e.handPeers(peers)
 		}
 	}
 }
 
-// setPeers hands the registered replicas to SetPeers.
-func (e *etcdStore) setPeers(reg map[string]string) {
+// handPeers hands the registered replicas to setPeers.
+func (e *etcdStore) handPeers(reg map[string]string) {
 	peers := make([]Peer, 0, len(reg))
 	for name, addr := range reg {
 		peers = append(peers, Peer{Name: name, Address: addr})
 	}
-	e.s.SetPeers(peers)
+	e.setPeers(peers)
 }
-
-// gateUnary refuses the nimbus calls of a Server that cannot serve yet (see available);
-// the health service always answers.
-func (s *Server) gateUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if strings.HasPrefix(info.FullMethod, nimbusMethodPrefix) {
-		if err := s.available(); err != nil {
-			return nil, err
-		}
-	}
-	return handler(ctx, req)
-}
-
-// gateStream is gateUnary for streams.
-func (s *Server) gateStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	if strings.HasPrefix(info.FullMethod, nimbusMethodPrefix) {
-		if err := s.available(); err != nil {
-			return err
-		}
-	}
-	return handler(srv, ss)
-}
-
-// nimbusMethodPrefix starts the full name of every method of the Nimbus service.
-var nimbusMethodPrefix = "/" + nimbusv1.Nimbus_ServiceDesc.ServiceName + "/"
 
 // catchUpForReports waits, when a report names an object the cache does not hold, until
 // the cache holds everything etcd had when the reports came (up to etcdResumeWait). An
@@ -1015,7 +991,7 @@ var nimbusMethodPrefix = "/" + nimbusv1.Nimbus_ServiceDesc.ServiceName + "/"
 // what it got from there a moment ago may not have reached this replica yet: its report
 // would be dropped, and the agent does not send it again.
 func (e *etcdStore) catchUpForReports(reports []*nimbusv1.StatusReport) {
-	read := e.s.store.read()
+	read := e.env.tables.read()
 	missing := false
 	for _, r := range reports {
 		if read.object(r.GetKey().ID()) == nil {
@@ -1033,13 +1009,6 @@ func (e *etcdStore) catchUpForReports(reports []*nimbusv1.StatusReport) {
 		err = e.waitApplied(ctx, resp.Header.Revision)
 	}
 	if err != nil {
-		e.s.log.Debug("etcd: catching up for status reports", "error", err)
+		e.env.log.Debug("etcd: catching up for status reports", "error", err)
 	}
-}
-
-// currentRev returns the Server's revision.
-func (s *Server) currentRev() uint64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.rev
 }

@@ -60,7 +60,7 @@ func waitRev(t *testing.T, ts *testServer, rev uint64) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
-	if err := ts.srv.etcd.waitApplied(ctx, etcdRevOf(rev)); err != nil {
+	if err := ts.srv.backend.(*etcdStore).waitApplied(ctx, etcdRevOf(rev)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -127,12 +127,12 @@ func TestEtcdBatchSplitIntoTransactions(t *testing.T) {
 	for i := range 250 {
 		objs = append(objs, route(fmt.Sprintf("r%03d", i), []string{"n1"}, "192.0.2.1"))
 	}
-	before := testutil.ToFloat64(a.srv.etcd.txns)
+	before := testutil.ToFloat64(a.srv.backend.(*etcdStore).txns)
 	resp, err := a.client.ApplyBatch(testContext(t), &nimbusv1.ApplyBatchRequest{Objects: objs})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := testutil.ToFloat64(a.srv.etcd.txns) - before; got != 3 || resp.GetTransactions() != 3 {
+	if got := testutil.ToFloat64(a.srv.backend.(*etcdStore).txns) - before; got != 3 || resp.GetTransactions() != 3 {
 		t.Fatalf("250 objects with MaxTxnOps 100 took %v etcd transactions, and the response says %d; want 3",
 			got, resp.GetTransactions())
 	}
@@ -359,7 +359,7 @@ func TestEtcdConcurrentWritersLoseNoUpdate(t *testing.T) {
 		t.Fatalf("generation %d after %d changing applies through two replicas, want %d: an update was lost",
 			g, 2*perReplica, 2*perReplica)
 	}
-	t.Logf("conflicts: a %v, b %v", testutil.ToFloat64(a.srv.etcd.conflicts), testutil.ToFloat64(b.srv.etcd.conflicts))
+	t.Logf("conflicts: a %v, b %v", testutil.ToFloat64(a.srv.backend.(*etcdStore).conflicts), testutil.ToFloat64(b.srv.backend.(*etcdStore).conflicts))
 }
 
 func TestEtcdReplicaNotReadyUntilEtcdAnswers(t *testing.T) {
@@ -510,7 +510,7 @@ func TestEtcdRevisionGaugeAgreesAcrossReplicas(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !b.srv.etcd.catchUp(testContext(t), endRev(put.Header.Revision)) {
+	if !b.srv.backend.(*etcdStore).catchUp(testContext(t), endRev(put.Header.Revision)) {
 		t.Fatal("b did not learn of etcd's progress")
 	}
 	want := float64(obj.GetMeta().GetRevision())

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -186,10 +187,9 @@ type Server struct {
 	epoch atomic.Pointer[string]
 	// started is when New made the Server; a node that never watched is stale from then.
 	started time.Time
-	// disk is the durable store; nil when the Server keeps everything in memory.
-	disk *disk
-	// etcd is the etcd backend; nil unless Options.Etcd is set.
-	etcd    *etcdStore
+	// backend keeps the objects: the embedded store, or etcd with Options.Etcd. Set by
+	// New, never changed after.
+	backend backend
 	metrics *metrics
 	// done is closed by Close; watches and status streams end when it is.
 	done chan struct{}
@@ -251,24 +251,25 @@ func New(opts Options) (*Server, error) {
 	}
 	s.setEpoch(newEpoch())
 	var objects int
+	env := storeEnv{pub: s, tables: s.store, opts: opts, log: s.log}
+	embedded := &embeddedStore{env: env}
 	if opts.DataDir != "" {
-		if objects, err = s.load(); err != nil {
+		var epoch string
+		if epoch, objects, err = embedded.load(); err != nil {
 			return nil, fmt.Errorf("creating nimbus server: %w", err)
 		}
+		s.setEpoch(epoch)
 	}
+	s.backend = embedded
 	s.history.floor = s.rev
 	if s.metrics, err = newMetrics(opts.Registerer, s.statusCount); err != nil {
-		if s.disk != nil {
-			s.disk.close()
-		}
+		embedded.close()
 		return nil, fmt.Errorf("creating nimbus server: %w", err)
 	}
 	streams, unregisterStreams, err := newStreamLimiter(&s.opts.Limits, opts.Now, opts.Registerer)
 	if err != nil {
 		s.metrics.unregister()
-		if s.disk != nil {
-			s.disk.close()
-		}
+		embedded.close()
 		return nil, fmt.Errorf("creating nimbus server: %w", err)
 	}
 	s.streams, s.refusals = streams, newLogLimiter(opts.Limits.RefusalLogInterval, opts.Now)
@@ -279,25 +280,25 @@ func New(opts Options) (*Server, error) {
 	if opts.ReplicaName != "" {
 		if s.peers, err = newPeerHub(s); err != nil {
 			s.metrics.unregister()
-			if s.disk != nil {
-				s.disk.close()
-			}
+			embedded.close()
 			return nil, fmt.Errorf("creating nimbus server: %w", err)
 		}
 	}
 	if opts.Etcd != nil {
-		if s.etcd, err = newEtcdStore(s, opts.Etcd); err != nil {
+		etcd, err := newEtcdStore(env, s.SetPeers, opts.Etcd)
+		if err != nil {
 			s.peers.close()
 			s.metrics.unregister()
 			return nil, fmt.Errorf("creating nimbus server: %w", err)
 		}
+		s.backend = etcd
 		if s.peers != nil {
 			// A peer's statuses may concern objects this replica's cache has not seen yet.
 			s.peerGate = func(ctx context.Context, rev uint64) error {
-				return s.etcd.waitApplied(ctx, etcdRevOf(rev))
+				return etcd.waitApplied(ctx, etcdRevOf(rev))
 			}
 		}
-		s.etcd.start()
+		etcd.start()
 	}
 	return s, nil
 }
@@ -307,25 +308,6 @@ func newEpoch() string {
 	var epoch [16]byte
 	rand.Read(epoch[:]) // never fails; see crypto/rand.Read
 	return hex.EncodeToString(epoch[:])
-}
-
-// load opens the durable store in Options.DataDir and fills the memory store, the revision
-// and the epoch from it. It returns how many objects it loaded.
-func (s *Server) load() (int, error) {
-	d, st, err := openDisk(s.opts.DataDir, diskLockTimeout, newEpoch)
-	if err != nil {
-		return 0, err
-	}
-	txn := s.store.write()
-	for _, obj := range st.objects {
-		txn.putObject(&objectRecord{ID: obj.Key().ID(), Object: obj})
-	}
-	txn.setRevision(st.rev)
-	txn.commit()
-	s.disk, s.rev = d, st.rev
-	s.setEpoch(st.epoch)
-	s.log.Info("store loaded", "path", d.path, "objects", len(st.objects), "revision", st.rev, "epoch", st.epoch)
-	return len(st.objects), nil
 }
 
 // statusCount returns how many node statuses the store holds.
@@ -382,10 +364,8 @@ func (s *Server) Serve(ctx context.Context, lis ...net.Listener) error {
 	// for nimbus.v1.Nimbus until Serve stops (with etcd, from when the store is loaded).
 	hs := health.NewServer()
 	hs.SetServingStatus(nimbusv1.Nimbus_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
-	if s.etcd != nil {
-		// A replica serves once it has read etcd; until then it refuses every call.
-		s.etcd.reportHealth(hs)
-	}
+	// A replica serves once it has read etcd; until then it refuses every call.
+	s.backend.reportHealth(hs)
 	healthpb.RegisterHealthServer(gs, hs)
 
 	errc := make(chan error, len(lis))
@@ -444,14 +424,8 @@ func (s *Server) Close() error {
 	s.mu.Unlock()
 	// The pushers take no lock of the Server's; they stop without s.mu all the same.
 	s.peers.close()
-	if s.etcd != nil {
-		// Its loop takes s.mu to apply changes: stop it without holding that.
-		s.etcd.close()
-	}
-	if s.disk != nil {
-		return s.disk.close()
-	}
-	return nil
+	// The etcd store's loop takes s.mu to apply changes: stop it without holding that.
+	return s.backend.close()
 }
 
 // Ready returns why the server is not ready to take requests, nothing when it is: it is
@@ -469,17 +443,39 @@ func (s *Server) Ready() []string {
 	return nil
 }
 
-// available returns why the Server cannot serve calls yet, with codes.Unavailable: an
-// etcd-backed store not loaded yet, which would otherwise hand out an empty store.
+// available returns why the Server cannot serve calls yet, with codes.Unavailable: a
+// store not ready yet, such as an etcd-backed one not loaded yet, which would otherwise
+// hand out an empty store.
 func (s *Server) available() error {
-	if s.etcd == nil {
-		return nil
-	}
-	if why := s.etcd.notReady(); why != "" {
+	if why := s.backend.notReady(); why != "" {
 		return status.Error(codes.Unavailable, why)
 	}
 	return nil
 }
+
+// gateUnary refuses the nimbus calls of a Server that cannot serve yet (see available);
+// the health service always answers.
+func (s *Server) gateUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if strings.HasPrefix(info.FullMethod, nimbusMethodPrefix) {
+		if err := s.available(); err != nil {
+			return nil, err
+		}
+	}
+	return handler(ctx, req)
+}
+
+// gateStream is gateUnary for streams.
+func (s *Server) gateStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if strings.HasPrefix(info.FullMethod, nimbusMethodPrefix) {
+		if err := s.available(); err != nil {
+			return err
+		}
+	}
+	return handler(srv, ss)
+}
+
+// nimbusMethodPrefix starts the full name of every method of the Nimbus service.
+var nimbusMethodPrefix = "/" + nimbusv1.Nimbus_ServiceDesc.ServiceName + "/"
 
 func (s *Server) isClosed() bool {
 	select {

@@ -102,9 +102,7 @@ const maxStatusBatch = 1024
 // those that do not belong to a stored object that targets the reporting node, and hands
 // those it stores to the pushers to the peer replicas.
 func (s *Server) recordStatuses(reports []*nimbusv1.StatusReport) {
-	if s.etcd != nil {
-		s.etcd.catchUpForReports(reports)
-	}
+	s.backend.catchUpForReports(reports)
 	for part := range slices.Chunk(reports, statusTxnReports) {
 		txn := s.store.write()
 		changed := make([]*nimbusv1.ObjectKey, 0, len(part))

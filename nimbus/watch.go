@@ -464,10 +464,10 @@ func (s *Server) Watch(req *nimbusv1.WatchRequest, stream grpc.ServerStreamingSe
 	if err := validateNode(node); err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
-	if s.etcd != nil && req.GetEpoch() == s.Epoch() {
+	if req.GetEpoch() == s.Epoch() {
 		// A watch from another replica may be ahead of this one's cache: let the cache
 		// catch up, so that it resumes rather than starting over.
-		s.etcd.catchUp(stream.Context(), req.GetRevision())
+		s.backend.catchUp(stream.Context(), req.GetRevision())
 	}
 	sub, err := s.subscribe(node, s.watchMakesTarget(stream.Context()), req.GetEpoch(), req.GetRevision())
 	if err != nil {
