@@ -301,7 +301,9 @@ func DefaultRateLimiter() workqueue.TypedRateLimiter[string] {
 }
 
 // Run reconciles until ctx ends or the store is closed, then stops every goroutine it
-// started and returns nil. A HAL runs once: after Run it is done, and closed.
+// started. It returns nil when ctx ended or the store was closed, and an error when
+// watching the store's desired objects failed otherwise. A HAL runs once: after Run it is
+// done, and closed.
 func (h *HAL) Run(ctx context.Context) error {
 	h.state.Store(runRunning)
 	defer h.state.Store(runStopped)
