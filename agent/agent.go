@@ -129,7 +129,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer closeBackend()
-	halStore, err := hal.Delphi(store)
+	halStore, err := newHALStore(store)
 	if err != nil {
 		return err
 	}

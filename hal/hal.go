@@ -78,7 +78,7 @@ type KernelWriteCounter interface {
 
 // Store is what the HAL needs of the local object store: the desired objects, a feed of
 // their changes, whether the desired table is complete, and the status table it alone
-// writes. Delphi adapts a delphi store to it.
+// writes. The agent adapts its delphi store to it.
 type Store interface {
 	// Get returns the desired object with the key.
 	Get(key *nimbusv1.ObjectKey) (*nimbusv1.Object, bool)
