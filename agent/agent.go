@@ -124,12 +124,12 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer client.Close()
-	reconcilers, closeBackend, err := backend(store, cfg, log, reg)
+	reconcilers, fw, closeBackend, err := backend(store, cfg, log, reg)
 	if err != nil {
 		return err
 	}
 	defer closeBackend()
-	halStore, err := hal.Delphi(store)
+	halStore, err := newHALStore(store)
 	if err != nil {
 		return err
 	}
@@ -145,7 +145,7 @@ func Run(ctx context.Context, cfg Config) error {
 	parts := map[string]func(context.Context) error{"nimbus client": client.Run, "hal": h.Run}
 	if cfg.Socket != "" {
 		serve, err := serveLocalAPI(ctx, cfg.Socket, InspectorOptions{Store: store, Logger: log, Node: cfg.Node, Namespace: cfg.netns, BPFDir: cfg.BPFDir,
-			ListPageBytes: cfg.LocalAPIPageBytes, Registerer: reg})
+			Firewall: fw, ListPageBytes: cfg.LocalAPIPageBytes, Registerer: reg})
 		if err != nil {
 			return err
 		}

@@ -16,6 +16,8 @@ import (
 // indexes returns the delphi indexes the backend's reconcilers look objects up by.
 func indexes() []delphi.Index { return linux.Indexes() }
 
+var _ InstalledFirewall = (*linux.Firewall)(nil)
+
 // closingReconciler is a reconciler that holds kernel sockets until closed.
 type closingReconciler interface {
 	hal.Reconciler
@@ -23,8 +25,9 @@ type closingReconciler interface {
 }
 
 // backend returns the reconcilers that program this host's kernel, in cfg.netns (nil: the
-// agent's own network namespace), and a function that releases them.
-func backend(store *delphi.Store, cfg Config, log *slog.Logger, reg prometheus.Registerer) ([]hal.Reconciler, func(), error) {
+// agent's own network namespace), the firewall among them (nil when cfg.BPFDir is empty)
+// and a function that releases them.
+func backend(store *delphi.Store, cfg Config, log *slog.Logger, reg prometheus.Registerer) ([]hal.Reconciler, InstalledFirewall, func(), error) {
 	var made []closingReconciler
 	var fw *linux.Firewall
 	closeAll := func() {
@@ -43,7 +46,7 @@ func backend(store *delphi.Store, cfg Config, log *slog.Logger, reg prometheus.R
 			Capacities: fwbpf.Capacities(cfg.FirewallCapacities),
 		})
 		if err != nil {
-			return nil, nil, fmt.Errorf("starting the firewall (an empty --bpf-dir runs the agent without one): %w", err)
+			return nil, nil, nil, fmt.Errorf("starting the firewall (an empty --bpf-dir runs the agent without one): %w", err)
 		}
 	}
 	for _, build := range []func() (closingReconciler, error){
@@ -71,7 +74,7 @@ func backend(store *delphi.Store, cfg Config, log *slog.Logger, reg prometheus.R
 		r, err := build()
 		if err != nil {
 			closeAll()
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		made = append(made, r)
 	}
@@ -79,8 +82,9 @@ func backend(store *delphi.Store, cfg Config, log *slog.Logger, reg prometheus.R
 	for _, r := range made {
 		recs = append(recs, r)
 	}
-	if fw != nil {
-		recs = append(recs, fw.PolicyReconciler(), fw.GroupReconciler())
+	if fw == nil {
+		return recs, nil, closeAll, nil
 	}
-	return recs, closeAll, nil
+	recs = append(recs, fw.PolicyReconciler(), fw.GroupReconciler())
+	return recs, fw, closeAll, nil
 }

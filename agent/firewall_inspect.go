@@ -23,9 +23,9 @@ var errFirewallNoNode = status.Error(codes.FailedPrecondition,
 // a summary of the snapshot in place and the program's counters, and, as the request's
 // view asks, the endpoint, subject and policy entries with the rule counters, the
 // identities of each tenant scope, or the live connections. The ids in the maps are
-// named by compiling delphi's objects as the firewall does (firewall.Compile over the
-// same objects and the interface indexes of one link dump gives the same ids); an id the
-// compile does not know is reported raw. The maps are opened read-only for the call and
+// named by the snapshot the firewall installed last (InspectorOptions.Firewall), which
+// holds the ids it wrote, also after a capacity left a policy out; an id it does not know,
+// or any id before the firewall installed a snapshot, is reported raw. The maps are opened read-only for the call and
 // read once; no program is loaded and nothing is changed. It fails with
 // codes.FailedPrecondition when the agent runs without a firewall or the maps are not
 // pinned yet.

@@ -30,13 +30,13 @@ func (i *Inspector) firewall(ctx context.Context, view delphiv1.FirewallView) (*
 	if err != nil {
 		return nil, err
 	}
-	index := make(map[string]int, len(links))
-	for i, name := range links {
-		index[name] = i
+	var snap *firewall.Snapshot
+	if i.fw != nil {
+		snap = i.fw.Snapshot()
 	}
-	snap := firewall.Compile(firewall.InputOf(i.store, i.node, index))
-	if err := ctx.Err(); err != nil {
-		return nil, err
+	installed := snap != nil
+	if !installed {
+		snap = &firewall.Snapshot{}
 	}
 	p, err := fwbpf.OpenPinned(i.bpfDir)
 	if errors.Is(err, os.ErrNotExist) {
@@ -50,6 +50,9 @@ func (i *Inspector) firewall(ctx context.Context, view delphiv1.FirewallView) (*
 
 	v := newFirewallView(snap, links)
 	resp := &delphiv1.FirewallResponse{Node: i.node, BpfDir: i.bpfDir}
+	if !installed {
+		resp.Problems = append(resp.Problems, "the firewall has installed no snapshot yet, so no id in its maps is named")
+	}
 	for _, e := range snap.Problems {
 		resp.Problems = append(resp.Problems, e.Error())
 	}
@@ -133,16 +136,16 @@ type scopedID struct {
 	scope, id uint32
 }
 
-// firewallView names the ids of the pinned maps from a compiled snapshot and the links
+// firewallView names the ids of the pinned maps from the installed snapshot and the links
 // of the namespace.
 type firewallView struct {
-	compiled *firewall.Snapshot
+	installed *firewall.Snapshot
 	// links are the names of the namespace's links, by index.
 	links map[int]string
-	// epByID and epByIfindex are the compile's endpoints by endpoint id and interface.
+	// epByID and epByIfindex are the snapshot's endpoints by endpoint id and interface.
 	epByID      map[uint32]firewall.EndpointInfo
 	epByIfindex map[uint32]firewall.EndpointInfo
-	// ruleByID, subjectByID and identities are the compile's rules, subjects and
+	// ruleByID, subjectByID and identities are the snapshot's rules, subjects and
 	// identities, by id.
 	ruleByID    map[uint64]firewall.RuleInfo
 	subjectByID map[uint32]firewall.SubjectInfo
@@ -154,10 +157,10 @@ type firewallView struct {
 	tenants map[uint32]string
 }
 
-// newFirewallView indexes the compiled snapshot.
+// newFirewallView indexes the installed snapshot.
 func newFirewallView(s *firewall.Snapshot, links map[int]string) *firewallView {
 	v := &firewallView{
-		compiled:    s,
+		installed:   s,
 		links:       links,
 		epByID:      map[uint32]firewall.EndpointInfo{},
 		epByIfindex: map[uint32]firewall.EndpointInfo{},
@@ -192,16 +195,17 @@ func newFirewallView(s *firewall.Snapshot, links map[int]string) *firewallView {
 	return v
 }
 
-// summary sums up the snapshot in place and compares it with the compiled one.
+// summary sums up the snapshot in place and compares it with the one the firewall
+// installed.
 func (v *firewallView) summary(ps fwbpf.PinnedSnapshot) *delphiv1.FirewallSnapshot {
 	out := &delphiv1.FirewallSnapshot{
 		Present:            ps.Present,
 		Entries:            uint32(len(ps.Entries)),
 		Capacity:           uint32(ps.Capacity),
-		CompiledGeneration: v.compiled.Gen,
+		CompiledGeneration: v.installed.Gen,
 	}
-	want := make(map[firewall.Key]firewall.Value, len(v.compiled.Entries))
-	for _, e := range v.compiled.Entries {
+	want := make(map[firewall.Key]firewall.Value, len(v.installed.Entries))
+	for _, e := range v.installed.Entries {
 		want[e.Key] = e.Value
 	}
 	found := 0
@@ -220,8 +224,8 @@ func (v *firewallView) summary(ps fwbpf.PinnedSnapshot) *delphiv1.FirewallSnapsh
 	out.MissingEntries = uint32(len(want) - found)
 	out.Current = ps.Present && out.StaleEntries == 0 && out.MissingEntries == 0
 	if out.Generation == 0 && out.Current {
-		// A snapshot without endpoints carries no generation; the compile's is its own.
-		out.Generation = v.compiled.Gen
+		// A snapshot without endpoints carries no generation; the installed one's is its own.
+		out.Generation = v.installed.Gen
 	}
 	return out
 }
@@ -324,7 +328,7 @@ func identityPrefix(k firewall.Key) (netip.Prefix, bool) {
 	return p, err == nil
 }
 
-// endpoints returns the endpoint entries, those the compile knows ordered by key, then
+// endpoints returns the endpoint entries, those the snapshot knows ordered by key, then
 // the others by interface index.
 func (v *firewallView) endpoints(entries []endpointEntry, sources map[uint32][]string, counters map[uint32]fwbpf.EndpointStats) []*delphiv1.FirewallEndpoint {
 	out := make([]*delphiv1.FirewallEndpoint, 0, len(entries))
@@ -458,7 +462,7 @@ func verdictName(verdict uint32) string {
 }
 
 // ruleName names the rule with the id: "NetworkSecurityPolicy/t/ns/name ingress[2]"; empty
-// for 0 and ids the compile does not know.
+// for 0 and ids the snapshot does not know.
 func (v *firewallView) ruleName(id uint64) string {
 	r, ok := v.ruleByID[id]
 	if !ok {
@@ -467,11 +471,11 @@ func (v *firewallView) ruleName(id uint64) string {
 	return fmt.Sprintf("%s %s[%d]", r.Policy, firewall.DirName(r.Dir), r.Index)
 }
 
-// rules returns the compile's rules with their counters, then the counters of rules it
+// rules returns the snapshot's rules with their counters, then the counters of rules it
 // does not know, ordered by id.
 func (v *firewallView) rules(counters map[uint64]fwbpf.RuleStats) []*delphiv1.FirewallRule {
-	out := make([]*delphiv1.FirewallRule, 0, len(v.compiled.Rules))
-	for _, r := range v.compiled.Rules {
+	out := make([]*delphiv1.FirewallRule, 0, len(v.installed.Rules))
+	for _, r := range v.installed.Rules {
 		fr := &delphiv1.FirewallRule{
 			Id:        r.ID,
 			Direction: firewall.DirName(r.Dir),

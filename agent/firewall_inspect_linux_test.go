@@ -23,6 +23,7 @@ import (
 	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/hal/firewall"
 	"github.com/naplesnet/naples/hal/linux"
+	"github.com/naplesnet/naples/hal/linux/fwbpf"
 	"github.com/naplesnet/naples/internal/testns"
 	delphiv1 "github.com/naplesnet/naples/proto/delphi/v1"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -80,6 +81,13 @@ func fwInspectObjects() []*nimbusv1.Object {
 
 func newFWInspectEnv(t *testing.T) *fwInspectEnv {
 	t.Helper()
+	return newFWInspectEnvOf(t, fwInspectObjects(), fwbpf.Capacities{})
+}
+
+// newFWInspectEnvOf is newFWInspectEnv with the objects objs and the firewall's maps of
+// the capacities caps.
+func newFWInspectEnvOf(t *testing.T, objs []*nimbusv1.Object, caps fwbpf.Capacities) *fwInspectEnv {
+	t.Helper()
 	host := testns.Named(t, "naples-fwi")
 	wl := testns.Named(t, "naples-fwi-wl")
 	e := &fwInspectEnv{t: t, host: testns.Handle(t, host), wl: testns.Handle(t, wl)}
@@ -110,7 +118,7 @@ func newFWInspectEnv(t *testing.T) *fwInspectEnv {
 		t.Fatal(err)
 	}
 	txn := &delphi.DesiredTxn{}
-	for _, o := range fwInspectObjects() {
+	for _, o := range objs {
 		txn.Put(o)
 	}
 	if err := desired.Commit(txn); err != nil {
@@ -126,7 +134,7 @@ func newFWInspectEnv(t *testing.T) *fwInspectEnv {
 		}
 	})
 	fw, err := linux.NewFirewall(linux.FirewallOptions{
-		Store: store, Node: "host-a", Namespace: &e.host, Dir: e.dir, Logger: quiet, GCInterval: time.Hour,
+		Store: store, Node: "host-a", Namespace: &e.host, Dir: e.dir, Logger: quiet, GCInterval: time.Hour, Capacities: caps,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -138,7 +146,7 @@ func newFWInspectEnv(t *testing.T) *fwInspectEnv {
 	if _, err := fw.AttachEndpoint(t.Context(), webKey, web, e.ifindex); err != nil {
 		t.Fatalf("attaching the firewall to veth-web: %v", err)
 	}
-	e.api = serveInspector(t, InspectorOptions{Store: store, Logger: quiet, Node: "host-a", Namespace: &e.host, BPFDir: e.dir})
+	e.api = serveInspector(t, InspectorOptions{Store: store, Logger: quiet, Node: "host-a", Namespace: &e.host, BPFDir: e.dir, Firewall: fw})
 	return e
 }
 
@@ -539,4 +547,71 @@ func mustParseKey(t *testing.T, id string) *nimbusv1.ObjectKey {
 		t.Fatal(err)
 	}
 	return k
+}
+
+// TestFirewallInspectAfterCapacityFallback gives the firewall room for five rule
+// counters and two policies of web of six rules together: the firewall installs a
+// snapshot without x-policy, whose ids differ from those of compiling every policy, and
+// the Firewall RPC names the maps' ids by the snapshot installed.
+func TestFirewallInspectAfterCapacityFallback(t *testing.T) {
+	objs := fwInspectObjects()
+	allow := nimbusv1.PolicyRule_ACTION_ALLOW
+	objs = append(objs, &nimbusv1.Object{
+		Meta: &nimbusv1.ObjectMeta{Name: "x-policy", Generation: 1},
+		Spec: &nimbusv1.Object_NetworkSecurityPolicy{NetworkSecurityPolicy: &nimbusv1.NetworkSecurityPolicySpec{
+			AttachGroups: []string{"web"},
+			Ingress: []*nimbusv1.PolicyRule{
+				{Action: allow, Protocol: "tcp", Ports: []string{"22"}, FromGroups: []string{"ops"}},
+				{Action: allow, Protocol: "tcp", Ports: []string{"443"}, FromGroups: []string{"gw"}},
+			},
+		}},
+	})
+	e := newFWInspectEnvOf(t, objs, fwbpf.Capacities{Rules: 5})
+	snap := e.fw.Snapshot()
+	if snap == nil || len(snap.Endpoints) != 1 || len(snap.Rules) != 4 {
+		t.Fatalf("the firewall's snapshot = %+v, want one endpoint and web-policy's 4 rules", snap)
+	}
+	for _, r := range snap.Rules {
+		if r.Policy != fwKey(nimbusv1.Kind_KIND_NETWORK_SECURITY_POLICY, "web-policy") {
+			t.Fatalf("the firewall enforces rule %+v, want web-policy's only", r)
+		}
+	}
+	// Compiling every policy, as the inspector once did, gives other ids.
+	all := firewall.Compile(firewall.InputOf(e.store, "host-a", map[string]int{"veth-web": e.ifindex}))
+	if len(all.Endpoints) != 1 || all.Endpoints[0].Subject == snap.Endpoints[0].Subject || all.Gen == snap.Gen {
+		t.Fatalf("compiling every policy gives subject %#x and generation %#x, want others than those installed, %#x and %#x",
+			all.Endpoints[0].Subject, all.Gen, snap.Endpoints[0].Subject, snap.Gen)
+	}
+
+	resp := e.firewall(delphiv1.FirewallView_FIREWALL_VIEW_POLICY)
+	if s := resp.GetSnapshot(); !s.GetCurrent() || s.GetGeneration() != snap.Gen || s.GetCompiledGeneration() != snap.Gen || s.GetEntries() != uint32(len(snap.Entries)) {
+		t.Errorf("snapshot = %v, want the installed one, generation %#x, %d entries, current", s, snap.Gen, len(snap.Entries))
+	}
+	if len(resp.GetProblems()) != 0 {
+		t.Errorf("problems %q, want none", resp.GetProblems())
+	}
+	ep := snap.Endpoints[0]
+	if len(resp.GetEndpoints()) != 1 || resp.GetEndpoints()[0].GetId() != ep.ID || resp.GetEndpoints()[0].GetSubject() != ep.Subject ||
+		resp.GetEndpoints()[0].GetKey().ID() != fwKey(nimbusv1.Kind_KIND_ENDPOINT, "web") {
+		t.Errorf("endpoints = %v, want web with id %#x and subject %#x", resp.GetEndpoints(), ep.ID, ep.Subject)
+	}
+	if len(resp.GetSubjects()) != 1 || resp.GetSubjects()[0].GetId() != ep.Subject || len(resp.GetSubjects()[0].GetPolicies()) != 1 ||
+		resp.GetSubjects()[0].GetPolicies()[0].ID() != fwKey(nimbusv1.Kind_KIND_NETWORK_SECURITY_POLICY, "web-policy") {
+		t.Errorf("subjects = %v, want %#x of web-policy", resp.GetSubjects(), ep.Subject)
+	}
+	var want, got []uint64
+	for _, r := range snap.Rules {
+		want = append(want, r.ID)
+	}
+	for _, r := range resp.GetRules() {
+		if r.GetPolicy().ID() != fwKey(nimbusv1.Kind_KIND_NETWORK_SECURITY_POLICY, "web-policy") {
+			t.Errorf("rule %v, want web-policy's", r)
+		}
+		got = append(got, r.GetId())
+	}
+	slices.Sort(want)
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Errorf("rule ids %#x, want those installed, %#x", got, want)
+	}
 }

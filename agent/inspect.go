@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/naplesnet/naples/delphi"
+	"github.com/naplesnet/naples/hal/firewall"
 	"github.com/naplesnet/naples/internal/address"
 	"github.com/naplesnet/naples/internal/grpcserver"
 	delphiv1 "github.com/naplesnet/naples/proto/delphi/v1"
@@ -72,6 +73,10 @@ type InspectorOptions struct {
 	// Firewall reads. Default: empty, the agent runs without a firewall, and Firewall
 	// fails.
 	BPFDir string
+	// Firewall is the firewall that pins its maps in BPFDir: the snapshot it installed
+	// last names the ids Firewall reads from them. Default: nil, and Firewall names no
+	// id and says that no snapshot is installed.
+	Firewall InstalledFirewall
 	// ListPageBytes bounds a page of List in bytes: a page ends before the entry that
 	// would take it beyond, and always holds at least one. Default: DefaultListPageBytes
 	// (2 MiB), which with the largest object nimbus takes stays below 4 MiB.
@@ -79,6 +84,14 @@ type InspectorOptions struct {
 	// Registerer takes the API's metric, naples_agent_local_api_pages_cut_total. Default:
 	// nil, which registers none.
 	Registerer prometheus.Registerer
+}
+
+// InstalledFirewall is what the Inspector needs of the firewall: the snapshot it
+// installed, whose ids are those of its maps.
+type InstalledFirewall interface {
+	// Snapshot returns the snapshot installed last, nil before the first; the Inspector
+	// only reads it.
+	Snapshot() *firewall.Snapshot
 }
 
 // DefaultListPageBytes is the default of InspectorOptions.ListPageBytes.
@@ -94,10 +107,11 @@ type Inspector struct {
 	store InspectStore
 	log   *slog.Logger
 	// node and netns are InspectorOptions.Node and Namespace, for Dataplane and
-	// Firewall; bpfDir is InspectorOptions.BPFDir, for Firewall.
+	// Firewall; bpfDir and fw are InspectorOptions.BPFDir and Firewall, for Firewall.
 	node   string
 	netns  *netns.NsHandle
 	bpfDir string
+	fw     InstalledFirewall
 	// pageBytes is InspectorOptions.ListPageBytes; pagesCut counts the pages it cut.
 	pageBytes int
 	pagesCut  prometheus.Counter
@@ -133,7 +147,7 @@ func NewInspector(opts InspectorOptions) (*Inspector, error) {
 		}
 	}
 	return &Inspector{store: opts.Store, log: log, node: opts.Node, netns: opts.Namespace, bpfDir: opts.BPFDir,
-		pageBytes: opts.ListPageBytes, pagesCut: pagesCut, done: make(chan struct{})}, nil
+		fw: opts.Firewall, pageBytes: opts.ListPageBytes, pagesCut: pagesCut, done: make(chan struct{})}, nil
 }
 
 // Serve serves the API on lis until ctx ends or lis fails. When ctx ends it ends every

@@ -202,7 +202,7 @@ func (c *Client) Apply(ctx context.Context, objs ...*nimbusv1.Object) ([]*nimbus
 	sizes := make([]int, len(objs))
 	for i, o := range objs {
 		if o == nil {
-			bad = append(bad, fmt.Errorf(`objects[%d]: object "": is required`, i))
+			bad = append(bad, fmt.Errorf("objects[%d]: %w", i, &nimbusv1.FieldError{Field: "object", Reason: "is required"}))
 			continue
 		}
 		id := o.Key().ID()

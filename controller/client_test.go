@@ -145,6 +145,11 @@ func TestApplyRefusesBadObjectsWhole(t *testing.T) {
 	if len(list.GetItems()) != 0 {
 		t.Fatalf("nimbus holds %d objects after a refused Apply, want none", len(list.GetItems()))
 	}
+	// A nil object is as invalid as a bad field.
+	_, err = c.Apply(testContext(t), route("r1", "192.0.2.1"), nil)
+	if !errors.Is(err, nimbusv1.ErrInvalid) || !strings.Contains(err.Error(), `objects[1]: object "": is required`) {
+		t.Errorf("Apply of a nil object: %v, want an error wrapping nimbusv1.ErrInvalid that names objects[1]", err)
+	}
 }
 
 func TestChunks(t *testing.T) {

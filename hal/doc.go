@@ -43,9 +43,9 @@
 // is subscribed again every object of its kind is reconciled, since changes may have been
 // missed meanwhile.
 //
-// The HAL reads the store through Store, an interface of what it needs; Delphi adapts a
-// delphi store to it and claims that store's status writer, so the HAL is the one writer of
-// status. Workers do not write statuses themselves: they hand them to one status writer,
+// The HAL reads the store through Store, an interface of what it needs; the agent adapts
+// its delphi store to it and claims that store's status writer, so the HAL is the one
+// writer of status. Workers do not write statuses themselves: they hand them to one status writer,
 // which records everything pending in one store transaction (at most Options.StatusBatch
 // statuses, the latest of each key), so a bulk of reconciles costs a few transactions, not
 // one each. Stats counts reconciles, failures and kernel writes per kind. Time comes from

@@ -78,7 +78,7 @@ type KernelWriteCounter interface {
 
 // Store is what the HAL needs of the local object store: the desired objects, a feed of
 // their changes, whether the desired table is complete, and the status table it alone
-// writes. Delphi adapts a delphi store to it.
+// writes. The agent adapts its delphi store to it.
 type Store interface {
 	// Get returns the desired object with the key.
 	Get(key *nimbusv1.ObjectKey) (*nimbusv1.Object, bool)
@@ -301,7 +301,9 @@ func DefaultRateLimiter() workqueue.TypedRateLimiter[string] {
 }
 
 // Run reconciles until ctx ends or the store is closed, then stops every goroutine it
-// started and returns nil. A HAL runs once: after Run it is done, and closed.
+// started. It returns nil when ctx ended or the store was closed, and an error when
+// watching the store's desired objects failed otherwise. A HAL runs once: after Run it is
+// done, and closed.
 func (h *HAL) Run(ctx context.Context) error {
 	h.state.Store(runRunning)
 	defer h.state.Store(runStopped)

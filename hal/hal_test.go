@@ -1,11 +1,9 @@
 package hal_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io/fs"
-	"slices"
 	"testing"
 	"time"
 
@@ -13,7 +11,6 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/hal"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -491,179 +488,5 @@ func TestReasonOf(t *testing.T) {
 	}
 	if e, ok := errors.AsType[*hal.Error](err); !ok || e.Reason != hal.ReasonKernelError || !errors.Is(e.Unwrap(), sentinel) {
 		t.Errorf("errors.AsType[*hal.Error] = %v, %v; want the KernelError wrapping %v", e, ok, sentinel)
-	}
-}
-
-// TestDelphi checks the adapter of a delphi store to hal.Store.
-func TestDelphi(t *testing.T) {
-	ds, err := delphi.Open(delphi.Options{Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ds.Close()
-	desired, err := ds.ClaimDesired()
-	if err != nil {
-		t.Fatal(err)
-	}
-	r1, r2 := route("r1", 1), route("r2", 2)
-	i1 := object(nimbusv1.Kind_KIND_INTERFACE, "eth0", 1)
-	commit := func(objs ...*nimbusv1.Object) {
-		t.Helper()
-		txn := &delphi.DesiredTxn{}
-		for _, o := range objs {
-			txn.Put(o)
-		}
-		if err := desired.Commit(txn); err != nil {
-			t.Fatal(err)
-		}
-	}
-	commit(r1, r2, i1)
-
-	s, err := hal.Delphi(ds)
-	if err != nil {
-		t.Fatalf("Delphi: %v", err)
-	}
-	if _, err := ds.ClaimStatus(); !errors.Is(err, delphi.ErrWriterClaimed) {
-		t.Errorf("ClaimStatus after Delphi: %v; want ErrWriterClaimed", err)
-	}
-	if _, err := hal.Delphi(ds); !errors.Is(err, delphi.ErrWriterClaimed) {
-		t.Errorf("second Delphi: %v; want ErrWriterClaimed", err)
-	}
-
-	for _, tc := range []struct {
-		kind nimbusv1.Kind
-		want []string
-	}{
-		{nimbusv1.Kind_KIND_ROUTE, []string{id(r1), id(r2)}},
-		{nimbusv1.Kind_KIND_INTERFACE, []string{id(i1)}},
-		{nimbusv1.Kind_KIND_NODE, []string{}},
-		{nimbusv1.Kind_KIND_UNSPECIFIED, []string{id(i1), id(r1), id(r2)}},
-	} {
-		got := s.Keys(tc.kind)
-		slices.Sort(got)
-		if !slices.Equal(got, tc.want) {
-			t.Errorf("Keys(%s) = %q; want %q", tc.kind.Name(), got, tc.want)
-		}
-	}
-	if o, ok := s.Get(r2.Key()); !ok || !proto.Equal(o, r2) {
-		t.Errorf("Get(%s) = %v, %v; want %v", id(r2), o, ok, r2)
-	}
-
-	select {
-	case <-s.Synced():
-		t.Error("Synced closed before MarkSynced")
-	default:
-	}
-	desired.MarkSynced()
-	select {
-	case <-s.Synced():
-	default:
-		t.Error("Synced open after MarkSynced")
-	}
-
-	feed, err := s.WatchDesired()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer feed.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	ids, err := feed.Next(ctx)
-	slices.Sort(ids)
-	if want := []string{id(i1), id(r1), id(r2)}; err != nil || !slices.Equal(ids, want) {
-		t.Errorf("first Next = %q, %v; want every key, %q", ids, err, want)
-	}
-	commit(route("r1", 2), route("r1", 3), route("r3", 1))
-	if ids, err := feed.Next(ctx); err != nil || !slices.Equal(ids, []string{id(r1), id(route("r3", 1))}) {
-		t.Errorf("Next after changes = %q, %v; want r1 once, then r3", ids, err)
-	}
-
-	st := &nimbusv1.NodeStatus{ObservedGeneration: 2, Phase: nimbusv1.Phase_PHASE_PROGRAMMED, Operational: map[string]string{"table": "100"}}
-	st1 := &nimbusv1.NodeStatus{ObservedGeneration: 1, Phase: nimbusv1.Phase_PHASE_PROGRAMMED}
-	ssub, err := ds.Subscribe(delphi.SubscribeOptions{Tables: []delphi.Table{delphi.TableStatus}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ssub.Close()
-	// One transaction, in order: r1's first status is replaced by its second.
-	if err := s.WriteStatus([]hal.StatusUpdate{{Key: r1.Key(), Status: st1}, {Key: r2.Key(), Status: st}, {Key: r1.Key(), Status: st}}); err != nil {
-		t.Fatal(err)
-	}
-	for _, o := range []*nimbusv1.Object{r1, r2} {
-		if got, ok := ds.Status(o.Key()); !ok || !proto.Equal(got, st) {
-			t.Errorf("delphi status of %s = %v, %v; want %v", id(o), got, ok, st)
-		}
-	}
-	if ids, err := ssub.Next(ctx); err != nil || !slices.Equal(slices.Sorted(slices.Values(ids)), []string{id(r1), id(r2)}) {
-		t.Errorf("status subscription after WriteStatus: %q, %v; want r1 and r2", ids, err)
-	}
-	if err := s.WriteStatus([]hal.StatusUpdate{{Key: r2.Key()}, {Key: i1.Key()}}); err != nil {
-		t.Fatal(err)
-	}
-	if got, ok := ds.Status(r2.Key()); ok {
-		t.Errorf("delphi status of %s = %v after its removal; want none", id(r2), got)
-	}
-	if _, ok := ds.Status(r1.Key()); !ok {
-		t.Errorf("delphi status of %s gone after removing others'", id(r1))
-	}
-
-	ds.Close()
-	if _, err := feed.Next(ctx); !errors.Is(err, hal.ErrClosed) {
-		t.Errorf("Next after the store closed: %v; want an error matching hal.ErrClosed", err)
-	}
-}
-
-// TestRunOnDelphi runs a HAL on a delphi store: statuses land in delphi, and Run returns
-// nil when the store is closed.
-func TestRunOnDelphi(t *testing.T) {
-	ds, err := delphi.Open(delphi.Options{Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ds.Close()
-	desired, err := ds.ClaimDesired()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := hal.Delphi(ds)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := newFakeReconciler(nimbusv1.Kind_KIND_ROUTE)
-	h, err := hal.New(hal.Options{Store: s, Reconcilers: []hal.Reconciler{rec}, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- h.Run(context.Background()) }()
-
-	a := route("a", 3)
-	txn := &delphi.DesiredTxn{}
-	txn.Put(a)
-	if err := desired.Commit(txn); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "status of a in delphi", func() bool {
-		st, ok := ds.Status(a.Key())
-		return ok && st.GetPhase() == nimbusv1.Phase_PHASE_PROGRAMMED && st.GetObservedGeneration() == 3
-	}, rec.describe)
-	txn = &delphi.DesiredTxn{}
-	txn.Delete(a.Key())
-	if err := desired.Commit(txn); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "status of a removed from delphi", func() bool {
-		_, ok := ds.Status(a.Key())
-		return !ok
-	}, rec.describe)
-
-	ds.Close()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("Run after the delphi store closed: %v; want nil", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Run did not return within 10s of the delphi store closing")
 	}
 }

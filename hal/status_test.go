@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/hal"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -46,43 +45,18 @@ func (c *countingStore) counts() (commits, statuses int) {
 	return c.commits, c.statuses
 }
 
-// TestStatusBatching runs a HAL on delphi with many objects and statuses produced
-// concurrently by four workers: they reach delphi in far fewer transactions than there are
+// TestStatusBatching runs a HAL with many objects and statuses produced
+// concurrently by four workers: they reach the store in far fewer transactions than there are
 // statuses, and each key ends with its latest status, also when it changed, or its object
 // was deleted, while an earlier status of it was still on its way.
 func TestStatusBatching(t *testing.T) {
 	const n = 3000
-	ds, err := delphi.Open(delphi.Options{Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ds.Close() })
-	desired, err := ds.ClaimDesired()
-	if err != nil {
-		t.Fatal(err)
-	}
-	commit := func(fn func(txn *delphi.DesiredTxn)) {
-		t.Helper()
-		txn := &delphi.DesiredTxn{}
-		fn(txn)
-		if err := desired.Commit(txn); err != nil {
-			t.Fatal(err)
-		}
-	}
 	objs := make([]*nimbusv1.Object, n)
 	for i := range objs {
 		objs[i] = route(fmt.Sprintf("r%04d", i), 1)
 	}
-	commit(func(txn *delphi.DesiredTxn) {
-		for _, o := range objs {
-			txn.Put(o)
-		}
-	})
-	inner, err := hal.Delphi(ds)
-	if err != nil {
-		t.Fatal(err)
-	}
-	store := &countingStore{Store: inner}
+	fs := newFakeStore(objs...)
+	store := &countingStore{Store: fs}
 	rec := newFakeReconciler(nimbusv1.Kind_KIND_ROUTE)
 	h, err := hal.New(hal.Options{Store: store, Reconcilers: []hal.Reconciler{rec}, Workers: 4, ResyncInterval: -1, Logger: quiet})
 	if err != nil {
@@ -116,28 +90,30 @@ func TestStatusBatching(t *testing.T) {
 		}
 	}
 	waitFor(t, "every object reconciled", reconciled(1))
-	commit(func(txn *delphi.DesiredTxn) {
-		for i, o := range objs {
-			if i%10 == 0 {
-				txn.Delete(o.Key())
-			} else {
-				txn.Put(route(o.GetMeta().GetName(), 2))
-			}
+	var changed []*nimbusv1.Object
+	var deleted []string
+	for i, o := range objs {
+		if i%10 == 0 {
+			deleted = append(deleted, id(o))
+		} else {
+			changed = append(changed, route(o.GetMeta().GetName(), 2))
 		}
-	})
+	}
+	fs.put(changed...)
+	fs.remove(deleted...)
 	waitFor(t, "every object reconciled again", reconciled(2))
 	release()
 	released = true
 
 	statusOK := func(i int) (bool, string) {
-		st, ok := ds.Status(objs[i].Key())
+		st, ok := fs.status(id(objs[i]))
 		if i%10 == 0 {
 			return !ok, fmt.Sprintf("status of deleted %s = %v; want none", id(objs[i]), st)
 		}
 		return ok && st.GetPhase() == nimbusv1.Phase_PHASE_PROGRAMMED && st.GetObservedGeneration() == 2,
 			fmt.Sprintf("status of %s = %v; want PROGRAMMED at generation 2", id(objs[i]), st)
 	}
-	waitFor(t, "every status in delphi", func() bool {
+	waitFor(t, "every status in the store", func() bool {
 		for i := range objs {
 			if ok, _ := statusOK(i); !ok {
 				return false
@@ -157,7 +133,7 @@ func TestStatusBatching(t *testing.T) {
 	// One transaction held with the first statuses, then everything pending, at most
 	// 1000 (StatusBatch's default) at a time: 2 + 3000/1000.
 	if commits > 5 {
-		t.Errorf("%d reconciles reached delphi in %d transactions; want at most 5", 2*n, commits)
+		t.Errorf("%d reconciles reached the store in %d transactions; want at most 5", 2*n, commits)
 	}
 	if statuses > n+1000 {
 		t.Errorf("%d statuses written for %d keys; want at most those of the held transaction (up to 1000) and one per key: a pending status is replaced by its key's next", statuses, n)

@@ -31,9 +31,9 @@ func TestKeyString(t *testing.T) {
 		if tt.key.Data[0] == 9 {
 			continue
 		}
-		back, err := ParseKey(tt.want)
+		back, err := parseKey(tt.want)
 		if err != nil || back != tt.key {
-			t.Errorf("ParseKey(%q) = %v, %v; want the key back", tt.want, back, err)
+			t.Errorf("parseKey(%q) = %v, %v; want the key back", tt.want, back, err)
 		}
 	}
 }
@@ -53,14 +53,14 @@ func TestParseKeyErrors(t *testing.T) {
 		"policy subject=1 dir=ingress class=tcp identity=any ports=8000-8080",
 		"policy subject=1 dir=ingress class=tcp identity=any",
 	} {
-		if k, err := ParseKey(s); !errors.Is(err, ErrBadKey) {
-			t.Errorf("ParseKey(%q) = %v, %v; want an ErrBadKey error", s, k, err)
+		if k, err := parseKey(s); !errors.Is(err, errBadKey) {
+			t.Errorf("parseKey(%q) = %v, %v; want an errBadKey error", s, k, err)
 		}
 	}
 	// A bare address is its full-length prefix; numbers may be decimal.
-	k, err := ParseKey("identity scope=10 10.0.0.1")
+	k, err := parseKey("identity scope=10 10.0.0.1")
 	if err != nil || k != IdentityKey(10, netip.MustParsePrefix("10.0.0.1/32")) {
-		t.Errorf("ParseKey of a bare address = %v, %v", k, err)
+		t.Errorf("parseKey of a bare address = %v, %v", k, err)
 	}
 }
 
@@ -84,8 +84,8 @@ func TestDescribeSnapshot(t *testing.T) {
 		if !ok {
 			t.Fatalf("%q: no arrow", d)
 		}
-		if k, err := ParseKey(keyText); err != nil || k != e.Key {
-			t.Errorf("ParseKey(%q) = %v, %v; want %v", keyText, k, err, e.Key)
+		if k, err := parseKey(keyText); err != nil || k != e.Key {
+			t.Errorf("parseKey(%q) = %v, %v; want %v", keyText, k, err, e.Key)
 		}
 	}
 	want := map[Key]string{

@@ -155,7 +155,7 @@ type halTimes struct {
 // timeHAL returns the stats at the end. The timer is stopped when it is called and returns.
 func timeHAL(b *testing.B, store *delphi.Store, desired *delphi.DesiredWriter, rec hal.Reconciler, logger *slog.Logger,
 	watched, keys map[string]*nimbusv1.ObjectKey, afterAdd, afterDel func(hal.Stats)) (halTimes, hal.Stats) {
-	halStore, err := hal.Delphi(store)
+	halStore, err := newHALStore(store)
 	if err != nil {
 		b.Fatal(err)
 	}

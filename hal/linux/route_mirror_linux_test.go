@@ -262,7 +262,7 @@ func (n noObserver) KernelWrites() uint64 { return n.rec.KernelWrites() }
 func TestHALResyncRepairsUnreportedDrift(t *testing.T) {
 	forEachFamily(t, func(t *testing.T, f ipFamily) {
 		h := newHost(t)
-		store, err := hal.Delphi(h.store)
+		store, err := newHALStore(h.store)
 		if err != nil {
 			t.Fatal(err)
 		}

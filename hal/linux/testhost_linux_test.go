@@ -114,11 +114,11 @@ func nextEnqueued(t testing.TB, enqueued <-chan string, what string) string {
 }
 
 // runHAL runs a HAL with the options over store until the test ends: opts.Store is
-// store, through hal.Delphi, and opts.Logger is quiet unless set.
+// store, through newHALStore, and opts.Logger is quiet unless set.
 func runHAL(t testing.TB, store *delphi.Store, opts hal.Options) {
 	t.Helper()
 	var err error
-	if opts.Store, err = hal.Delphi(store); err != nil {
+	if opts.Store, err = newHALStore(store); err != nil {
 		t.Fatal(err)
 	}
 	if opts.Logger == nil {

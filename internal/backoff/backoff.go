@@ -17,8 +17,8 @@ type Backoff struct {
 	attempt int
 }
 
-// Next returns the delay before the next attempt: Min·2^attempt capped at Max, of which a
-// random half is kept.
+// Next returns the delay before the next attempt: a random delay between half of
+// Min·2^attempt capped at Max, and all of it.
 func (b *Backoff) Next() time.Duration {
 	d := b.Max
 	if b.attempt < 32 {

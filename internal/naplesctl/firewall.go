@@ -32,10 +32,10 @@ identities and policy entries, its counters and its tracked connections.
 
 The bpf commands talk to the agent's local API on the unix socket named by --agent. The
 agent reads the maps it pinned in its --bpf-dir, read-only, and names the ids it finds
-there by compiling the objects it holds in delphi as its firewall does; an id the
-compile does not know is shown raw. Each command starts with the snapshot in place: its
-generation, its size, and whether it is what delphi's objects compile to. -o json and
--o yaml print the agent's answer whole.`,
+there by the snapshot its firewall installed last; an id that snapshot does not know is
+shown raw. Each command starts with the snapshot in place: its generation, its size,
+and whether it is what the firewall installed. -o json and -o yaml print the agent's
+answer whole.`,
 		Args: cobra.NoArgs,
 	}
 	cmd.AddCommand(c.bpfPolicyCommand(), c.bpfIdentitiesCommand(), c.bpfConntrackCommand())
@@ -180,25 +180,25 @@ func writeFirewallHeader(b *strings.Builder, resp *delphiv1.FirewallResponse) {
 }
 
 // snapshotText describes the snapshot in place: "generation 0x1a2b3c4d, 57 entries of
-// 65536, as delphi compiles it", or how it differs from the compile.
+// 65536, as the firewall installed it", or how it differs from what the firewall installed.
 func snapshotText(s *delphiv1.FirewallSnapshot) string {
 	if !s.GetPresent() {
-		return fmt.Sprintf("NONE: every packet of a filtered interface is dropped (delphi compiles generation %#x)",
+		return fmt.Sprintf("NONE: every packet of a filtered interface is dropped (the firewall installed generation %#x)",
 			s.GetCompiledGeneration())
 	}
 	text := fmt.Sprintf("generation %s, %d %s of %d", genText(s.GetGeneration()), s.GetEntries(),
 		plural(int(s.GetEntries()), "entry", "entries"), s.GetCapacity())
 	if s.GetCurrent() {
-		return text + ", as delphi compiles it"
+		return text + ", as the firewall installed it"
 	}
 	var diffs []string
 	if n := s.GetStaleEntries(); n > 0 {
-		diffs = append(diffs, fmt.Sprintf("%d %s delphi does not compile", n, plural(int(n), "entry", "entries")))
+		diffs = append(diffs, fmt.Sprintf("%d %s the firewall did not install", n, plural(int(n), "entry", "entries")))
 	}
 	if n := s.GetMissingEntries(); n > 0 {
-		diffs = append(diffs, fmt.Sprintf("%d compiled %s missing", n, plural(int(n), "entry", "entries")))
+		diffs = append(diffs, fmt.Sprintf("%d installed %s missing", n, plural(int(n), "entry", "entries")))
 	}
-	return fmt.Sprintf("%s; NOT CURRENT: %s (delphi compiles generation %#x)", text, strings.Join(diffs, ", "), s.GetCompiledGeneration())
+	return fmt.Sprintf("%s; NOT CURRENT: %s (the firewall installed generation %#x)", text, strings.Join(diffs, ", "), s.GetCompiledGeneration())
 }
 
 // genText writes a generation in hex, "none" for 0.
@@ -255,7 +255,7 @@ func writeFirewallPolicy(w, notes io.Writer, resp *delphiv1.FirewallResponse) er
 			fmt.Fprintf(&b, ", tenant %s", s.GetTenant())
 		}
 		if len(s.GetPolicies()) == 0 {
-			b.WriteString(": not known to delphi's compile")
+			b.WriteString(": not known to the firewall's snapshot")
 		}
 		b.WriteString("\n")
 		for _, p := range s.GetPolicies() {
@@ -277,7 +277,7 @@ func writeFirewallPolicy(w, notes io.Writer, resp *delphiv1.FirewallResponse) er
 		tw.Flush()
 	}
 	if len(unknownRules) > 0 {
-		b.WriteString("\nrule counters delphi's compile does not know:\n")
+		b.WriteString("\nrule counters the firewall's snapshot does not know:\n")
 		for _, r := range unknownRules {
 			fmt.Fprintf(&b, "  rule %#x: %s\n", r.GetId(), ruleCountText(r))
 		}

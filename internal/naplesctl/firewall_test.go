@@ -64,7 +64,7 @@ const (
 )
 
 // cannedFirewall is an agent's view of its firewall: one known endpoint protected by one
-// policy, an endpoint, subject, scope and rule counter the compile does not know, and
+// policy, an endpoint, subject, scope and rule counter the firewall's snapshot does not know, and
 // three connections, one of them checked against an older snapshot.
 func cannedFirewall() *delphiv1.FirewallResponse {
 	key := func(kind nimbusv1.Kind, name string) *nimbusv1.ObjectKey { return nimbusv1.NewKey(kind, "", "", name) }
@@ -140,7 +140,7 @@ func TestBPFCommands(t *testing.T) {
 	a := &firewallAgent{resp: cannedFirewall()}
 	serveFirewallAgent(t, e, a)
 	header := `node host-a, bpf dir /sys/fs/bpf/naples
-snapshot: generation 0xe0dfa3e5, 12 entries of 65536; NOT CURRENT: 3 entries delphi does not compile (delphi compiles generation 0xe0dfa3e5)
+snapshot: generation 0xe0dfa3e5, 12 entries of 65536; NOT CURRENT: 3 entries the firewall did not install (the firewall installed generation 0xe0dfa3e5)
 problem: Endpoint/default/default/db: spec.ips[0] "10.1.0.x": not an IP address
 `
 
@@ -159,11 +159,11 @@ subject 0x1a2b3c4d, tenant default
   egress      udp     0x44 group:SecurityGroup/default/default/gw    5000        allow     NetworkSecurityPolicy/default/default/web-policy egress[0]
   egress      udp     any                                            6000        deny      NetworkSecurityPolicy/default/default/web-policy egress[1]
 
-subject 0xbeef0001: not known to delphi's compile
+subject 0xbeef0001: not known to the firewall's snapshot
   DIRECTION   CLASS   PEER   PORTS   VERDICT   RULE
   ingress     tcp     0x77   22      deny      0x1234
 
-rule counters delphi's compile does not know:
+rule counters the firewall's snapshot does not know:
   rule 0x1234: 5 packets, 300 bytes
 `)
 
@@ -261,7 +261,7 @@ func TestBPFCommandsEmpty(t *testing.T) {
 		Stats: &delphiv1.FirewallStats{ConntrackCapacity: 1024, NoSnapshotDrops: 1},
 	}})
 	header := "node host-a, bpf dir /sys/fs/bpf/naples\n" +
-		"snapshot: NONE: every packet of a filtered interface is dropped (delphi compiles generation 0x1)\n"
+		"snapshot: NONE: every packet of a filtered interface is dropped (the firewall installed generation 0x1)\n"
 	for _, tc := range []struct {
 		args           []string
 		stdout, stderr string

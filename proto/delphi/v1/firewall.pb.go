@@ -129,9 +129,9 @@ func (x *FirewallRequest) GetView() FirewallView {
 // FirewallResponse is what the eBPF firewall's maps hold on the agent's host, in the
 // terms of docs/firewall.md: the snapshot in place (endpoint, identity and policy
 // entries), the rule and endpoint counters, the program's counters and the conntrack
-// table. The agent names the ids it finds there by compiling delphi's objects as the
-// firewall does, which gives the same ids; an id the compile does not know is still
-// reported, raw, with its names empty. The maps are read once per call, without loading
+// table. The agent names the ids it finds there by the compile the firewall installed
+// last, which wrote them; an id the compile does not know, or any id before the first
+// install, is still reported, raw, with its names empty. The maps are read once per call, without loading
 // any program and without changing anything.
 type FirewallResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -279,8 +279,8 @@ type FirewallSnapshot struct {
 	// entries is the number of its entries; capacity the number it may hold.
 	Entries  uint32 `protobuf:"varint,3,opt,name=entries,proto3" json:"entries,omitempty"`
 	Capacity uint32 `protobuf:"varint,4,opt,name=capacity,proto3" json:"capacity,omitempty"`
-	// compiled_generation is the generation of the snapshot the agent compiles from
-	// delphi now.
+	// compiled_generation is the generation of the snapshot the firewall compiled from
+	// delphi and installed last.
 	CompiledGeneration uint32 `protobuf:"varint,5,opt,name=compiled_generation,json=compiledGeneration,proto3" json:"compiled_generation,omitempty"`
 	// current is true when the snapshot in place holds exactly the compiled entries.
 	Current bool `protobuf:"varint,6,opt,name=current,proto3" json:"current,omitempty"`

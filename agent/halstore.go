@@ -1,24 +1,26 @@
-package hal
+package agent
 
 import (
 	"context"
 	"errors"
 
 	"github.com/naplesnet/naples/delphi"
+	"github.com/naplesnet/naples/hal"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
-// delphiStore is a delphi store as the HAL sees it.
+// delphiStore is a delphi store as the HAL sees it. The agent wires the two together, so
+// that hal does not import delphi.
 type delphiStore struct {
 	*delphi.Store
 	status *delphi.StatusWriter
 }
 
-var _ Store = (*delphiStore)(nil)
+var _ hal.Store = (*delphiStore)(nil)
 
-// Delphi adapts a delphi store to Store. It claims the store's status writer: the HAL is
-// the status table's one writer.
-func Delphi(s *delphi.Store) (Store, error) {
+// newHALStore adapts a delphi store to hal.Store. It claims the store's status writer:
+// the HAL is the status table's one writer.
+func newHALStore(s *delphi.Store) (hal.Store, error) {
 	status, err := s.ClaimStatus()
 	if err != nil {
 		return nil, err
@@ -28,10 +30,10 @@ func Delphi(s *delphi.Store) (Store, error) {
 
 func (d *delphiStore) Keys(kind nimbusv1.Kind) []string { return d.KeyIDs(kind) }
 
-func (d *delphiStore) WatchDesired() (Feed, error) {
+func (d *delphiStore) WatchDesired() (hal.Feed, error) {
 	sub, err := d.Subscribe(delphi.SubscribeOptions{Tables: []delphi.Table{delphi.TableDesired}})
 	if errors.Is(err, delphi.ErrClosed) {
-		return nil, errors.Join(ErrClosed, err)
+		return nil, errors.Join(hal.ErrClosed, err)
 	}
 	if err != nil {
 		return nil, err
@@ -40,7 +42,7 @@ func (d *delphiStore) WatchDesired() (Feed, error) {
 }
 
 // WriteStatus records the statuses in one delphi transaction.
-func (d *delphiStore) WriteStatus(updates []StatusUpdate) error {
+func (d *delphiStore) WriteStatus(updates []hal.StatusUpdate) error {
 	txn := &delphi.StatusTxn{}
 	for _, u := range updates {
 		if u.Status == nil {
@@ -51,18 +53,18 @@ func (d *delphiStore) WriteStatus(updates []StatusUpdate) error {
 	}
 	err := d.status.Commit(txn)
 	if errors.Is(err, delphi.ErrClosed) {
-		return errors.Join(ErrClosed, err)
+		return errors.Join(hal.ErrClosed, err)
 	}
 	return err
 }
 
-// delphiFeed is a delphi subscription whose end reads as ErrClosed.
+// delphiFeed is a delphi subscription whose end reads as hal.ErrClosed.
 type delphiFeed struct{ *delphi.Subscription }
 
 func (f delphiFeed) Next(ctx context.Context) ([]string, error) {
 	ids, err := f.Subscription.Next(ctx)
 	if errors.Is(err, delphi.ErrClosed) {
-		return nil, errors.Join(ErrClosed, err)
+		return nil, errors.Join(hal.ErrClosed, err)
 	}
 	return ids, err
 }

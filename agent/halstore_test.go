@@ -1,0 +1,209 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/naplesnet/naples/delphi"
+	"github.com/naplesnet/naples/hal"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// TestHALStore checks the adapter of a delphi store to hal.Store.
+func TestHALStore(t *testing.T) {
+	ds, err := delphi.Open(delphi.Options{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ds.Close()
+	desired, err := ds.ClaimDesired()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1, r2 := testRoute("r1", 1, "10.1.0.0/16"), testRoute("r2", 2, "10.2.0.0/16")
+	n1 := testNode("n1", "192.0.2.1")
+	commit := func(objs ...*nimbusv1.Object) {
+		t.Helper()
+		txn := &delphi.DesiredTxn{}
+		for _, o := range objs {
+			txn.Put(o)
+		}
+		if err := desired.Commit(txn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	commit(r1, r2, n1)
+
+	s, err := newHALStore(ds)
+	if err != nil {
+		t.Fatalf("newHALStore: %v", err)
+	}
+	if _, err := ds.ClaimStatus(); !errors.Is(err, delphi.ErrWriterClaimed) {
+		t.Errorf("ClaimStatus after newHALStore: %v; want ErrWriterClaimed", err)
+	}
+	if _, err := newHALStore(ds); !errors.Is(err, delphi.ErrWriterClaimed) {
+		t.Errorf("second newHALStore: %v; want ErrWriterClaimed", err)
+	}
+
+	for _, tc := range []struct {
+		kind nimbusv1.Kind
+		want []string
+	}{
+		{nimbusv1.Kind_KIND_ROUTE, []string{r1.Key().ID(), r2.Key().ID()}},
+		{nimbusv1.Kind_KIND_NODE, []string{n1.Key().ID()}},
+		{nimbusv1.Kind_KIND_INTERFACE, []string{}},
+		{nimbusv1.Kind_KIND_UNSPECIFIED, []string{n1.Key().ID(), r1.Key().ID(), r2.Key().ID()}},
+	} {
+		got := s.Keys(tc.kind)
+		slices.Sort(got)
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("Keys(%s) = %q; want %q", tc.kind.Name(), got, tc.want)
+		}
+	}
+	if o, ok := s.Get(r2.Key()); !ok || !proto.Equal(o, r2) {
+		t.Errorf("Get(%s) = %v, %v; want %v", r2.Key().ID(), o, ok, r2)
+	}
+
+	select {
+	case <-s.Synced():
+		t.Error("Synced closed before MarkSynced")
+	default:
+	}
+	desired.MarkSynced()
+	select {
+	case <-s.Synced():
+	default:
+		t.Error("Synced open after MarkSynced")
+	}
+
+	feed, err := s.WatchDesired()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer feed.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ids, err := feed.Next(ctx)
+	slices.Sort(ids)
+	if want := []string{n1.Key().ID(), r1.Key().ID(), r2.Key().ID()}; err != nil || !slices.Equal(ids, want) {
+		t.Errorf("first Next = %q, %v; want every key, %q", ids, err, want)
+	}
+	commit(testRoute("r1", 2, "10.1.0.0/16"), testRoute("r1", 3, "10.1.0.0/16"), testRoute("r3", 1, "10.3.0.0/16"))
+	if ids, err := feed.Next(ctx); err != nil || !slices.Equal(ids, []string{r1.Key().ID(), routeKey("r3").ID()}) {
+		t.Errorf("Next after changes = %q, %v; want r1 once, then r3", ids, err)
+	}
+
+	st := &nimbusv1.NodeStatus{ObservedGeneration: 2, Phase: nimbusv1.Phase_PHASE_PROGRAMMED, Operational: map[string]string{"table": "100"}}
+	st1 := &nimbusv1.NodeStatus{ObservedGeneration: 1, Phase: nimbusv1.Phase_PHASE_PROGRAMMED}
+	ssub, err := ds.Subscribe(delphi.SubscribeOptions{Tables: []delphi.Table{delphi.TableStatus}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ssub.Close()
+	// One transaction, in order: r1's first status is replaced by its second.
+	if err := s.WriteStatus([]hal.StatusUpdate{{Key: r1.Key(), Status: st1}, {Key: r2.Key(), Status: st}, {Key: r1.Key(), Status: st}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range []*nimbusv1.Object{r1, r2} {
+		if got, ok := ds.Status(o.Key()); !ok || !proto.Equal(got, st) {
+			t.Errorf("delphi status of %s = %v, %v; want %v", o.Key().ID(), got, ok, st)
+		}
+	}
+	if ids, err := ssub.Next(ctx); err != nil || !slices.Equal(slices.Sorted(slices.Values(ids)), []string{r1.Key().ID(), r2.Key().ID()}) {
+		t.Errorf("status subscription after WriteStatus: %q, %v; want r1 and r2", ids, err)
+	}
+	if err := s.WriteStatus([]hal.StatusUpdate{{Key: r2.Key()}, {Key: n1.Key()}}); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := ds.Status(r2.Key()); ok {
+		t.Errorf("delphi status of %s = %v after its removal; want none", r2.Key().ID(), got)
+	}
+	if _, ok := ds.Status(r1.Key()); !ok {
+		t.Errorf("delphi status of %s gone after removing others'", r1.Key().ID())
+	}
+
+	ds.Close()
+	if _, err := feed.Next(ctx); !errors.Is(err, hal.ErrClosed) {
+		t.Errorf("Next after the store closed: %v; want an error matching hal.ErrClosed", err)
+	}
+}
+
+// TestHALOnDelphi runs a HAL on a delphi store through the adapter: statuses land in delphi, and Run returns
+// nil when the store is closed.
+func TestHALOnDelphi(t *testing.T) {
+	ds, err := delphi.Open(delphi.Options{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ds.Close()
+	desired, err := ds.ClaimDesired()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := newHALStore(ds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := hal.New(hal.Options{Store: s, Reconcilers: []hal.Reconciler{programmer{}}, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- h.Run(context.Background()) }()
+
+	a := testRoute("a", 3, "10.4.0.0/16")
+	txn := &delphi.DesiredTxn{}
+	txn.Put(a)
+	if err := desired.Commit(txn); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "status of a in delphi", func() bool {
+		st, ok := ds.Status(a.Key())
+		return ok && st.GetPhase() == nimbusv1.Phase_PHASE_PROGRAMMED && st.GetObservedGeneration() == 3
+	})
+	txn = &delphi.DesiredTxn{}
+	txn.Delete(a.Key())
+	if err := desired.Commit(txn); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "status of a removed from delphi", func() bool {
+		_, ok := ds.Status(a.Key())
+		return !ok
+	})
+
+	ds.Close()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run after the delphi store closed: %v; want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return within 10s of the delphi store closing")
+	}
+}
+
+// programmer is a route reconciler that programs every object at once.
+type programmer struct{}
+
+func (programmer) Kind() nimbusv1.Kind { return nimbusv1.Kind_KIND_ROUTE }
+
+func (programmer) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (map[string]string, error) {
+	return nil, nil
+}
+
+// waitFor polls cond until it holds, and fails the test when it does not within 10s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after 10s waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
