@@ -102,6 +102,9 @@ func TestNimbusKilledKeepsAcknowledgedWrites(t *testing.T) {
 				// The write under way: either state is right.
 				if ok == !inflight.to.deleted && (!ok || got.gw == inflight.to.gw) {
 					acked[name] = got
+					if !ok {
+						acked[name] = ackedRoute{deleted: true} // the delete was stored
+					}
 					continue
 				}
 			}
