@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"github.com/naplesnet/naples/internal/halstore"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -129,7 +130,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer closeBackend()
-	halStore, err := newHALStore(store)
+	halStore, err := halstore.New(store)
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"github.com/naplesnet/naples/internal/halstore"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -155,7 +156,7 @@ type halTimes struct {
 // timeHAL returns the stats at the end. The timer is stopped when it is called and returns.
 func timeHAL(b *testing.B, store *delphi.Store, desired *delphi.DesiredWriter, rec hal.Reconciler, logger *slog.Logger,
 	watched, keys map[string]*nimbusv1.ObjectKey, afterAdd, afterDel func(hal.Stats)) (halTimes, hal.Stats) {
-	halStore, err := newHALStore(store)
+	halStore, err := halstore.New(store)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package linux
 import (
 	"context"
 	"fmt"
+	"github.com/naplesnet/naples/internal/halstore"
 	"net/netip"
 	"slices"
 	"strings"
@@ -262,7 +263,7 @@ func (n noObserver) KernelWrites() uint64 { return n.rec.KernelWrites() }
 func TestHALResyncRepairsUnreportedDrift(t *testing.T) {
 	forEachFamily(t, func(t *testing.T, f ipFamily) {
 		h := newHost(t)
-		store, err := newHALStore(h.store)
+		store, err := halstore.New(h.store)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -2,6 +2,7 @@ package linux
 
 import (
 	"context"
+	"github.com/naplesnet/naples/internal/halstore"
 	"testing"
 	"time"
 
@@ -114,11 +115,11 @@ func nextEnqueued(t testing.TB, enqueued <-chan string, what string) string {
 }
 
 // runHAL runs a HAL with the options over store until the test ends: opts.Store is
-// store, through newHALStore, and opts.Logger is quiet unless set.
+// store, through halstore.New, and opts.Logger is quiet unless set.
 func runHAL(t testing.TB, store *delphi.Store, opts hal.Options) {
 	t.Helper()
 	var err error
-	if opts.Store, err = newHALStore(store); err != nil {
+	if opts.Store, err = halstore.New(store); err != nil {
 		t.Fatal(err)
 	}
 	if opts.Logger == nil {

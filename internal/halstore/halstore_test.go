@@ -1,8 +1,9 @@
-package agent
+package halstore
 
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
 	"testing"
 	"time"
@@ -39,15 +40,15 @@ func TestHALStore(t *testing.T) {
 	}
 	commit(r1, r2, n1)
 
-	s, err := newHALStore(ds)
+	s, err := New(ds)
 	if err != nil {
-		t.Fatalf("newHALStore: %v", err)
+		t.Fatalf("New: %v", err)
 	}
 	if _, err := ds.ClaimStatus(); !errors.Is(err, delphi.ErrWriterClaimed) {
-		t.Errorf("ClaimStatus after newHALStore: %v; want ErrWriterClaimed", err)
+		t.Errorf("ClaimStatus after New: %v; want ErrWriterClaimed", err)
 	}
-	if _, err := newHALStore(ds); !errors.Is(err, delphi.ErrWriterClaimed) {
-		t.Errorf("second newHALStore: %v; want ErrWriterClaimed", err)
+	if _, err := New(ds); !errors.Is(err, delphi.ErrWriterClaimed) {
+		t.Errorf("second New: %v; want ErrWriterClaimed", err)
 	}
 
 	for _, tc := range []struct {
@@ -145,7 +146,7 @@ func TestHALOnDelphi(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := newHALStore(ds)
+	s, err := New(ds)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,4 +207,27 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
+}
+
+// quiet discards the logs of the stores and HALs the tests make.
+var quiet = slog.New(slog.DiscardHandler)
+
+// testRoute is a Route of the default tenant and namespace, in table 100.
+func testRoute(name string, gen int64, prefix string) *nimbusv1.Object {
+	return &nimbusv1.Object{
+		Meta: &nimbusv1.ObjectMeta{Name: name, Tenant: "default", Namespace: "default", Generation: gen},
+		Spec: &nimbusv1.Object_Route{Route: &nimbusv1.RouteSpec{Table: 100, Prefix: prefix, Nexthops: []*nimbusv1.NextHop{{Gateway: "10.10.0.2"}}}},
+	}
+}
+
+// testNode is a Node with the VTEP address.
+func testNode(name, vtep string) *nimbusv1.Object {
+	return &nimbusv1.Object{
+		Meta: &nimbusv1.ObjectMeta{Name: name, Generation: 1},
+		Spec: &nimbusv1.Object_Node{Node: &nimbusv1.NodeSpec{VtepAddress: vtep}},
+	}
+}
+
+func routeKey(name string) *nimbusv1.ObjectKey {
+	return nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "", "", name)
 }

@@ -1,4 +1,6 @@
-package agent
+// Package halstore adapts a delphi store to hal.Store, so that hal does not import
+// delphi: the agent wires the two together through it.
+package halstore
 
 import (
 	"context"
@@ -18,9 +20,9 @@ type delphiStore struct {
 
 var _ hal.Store = (*delphiStore)(nil)
 
-// newHALStore adapts a delphi store to hal.Store. It claims the store's status writer:
+// New adapts a delphi store to hal.Store. It claims the store's status writer:
 // the HAL is the status table's one writer.
-func newHALStore(s *delphi.Store) (hal.Store, error) {
+func New(s *delphi.Store) (hal.Store, error) {
 	status, err := s.ClaimStatus()
 	if err != nil {
 		return nil, err
