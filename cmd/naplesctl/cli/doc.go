@@ -1,4 +1,4 @@
-// Package naplesctl is the naplesctl command line: it applies, gets and deletes nimbus
+// Package cli is the naplesctl command line: it applies, gets and deletes nimbus
 // objects written in the manifest shape of package manifest.
 //
 //	naplesctl apply -f route.yaml
@@ -18,4 +18,4 @@
 // applies the objects one by one, in file order, and prints per object whether it was
 // created, configured (with its new generation) or unchanged. delete is idempotent: an
 // object that is already gone is reported as not found, which is not an error.
-package naplesctl
+package cli
