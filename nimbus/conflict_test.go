@@ -187,6 +187,9 @@ func TestApplyBatchConflicts(t *testing.T) {
 	if st.Message() != want {
 		t.Fatalf("ApplyBatch refused with\n%s\nwant\n%s", st.Message(), want)
 	}
+	if fields, _, _ := violations(t, st); len(fields) != 1 || fields[0] != "objects[1].spec.ips" {
+		t.Errorf("violations of fields %q, want objects[1].spec.ips", fields)
+	}
 	if got := ts.get(t, webA().Key()).GetObject(); !proto.Equal(got, before) {
 		t.Fatalf("web-a after a refused batch = %v, want it unchanged", got)
 	}
