@@ -5,40 +5,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
+	"github.com/naplesnet/naples/controller"
 	"github.com/naplesnet/naples/internal/exitstatus"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
-)
-
-// Sizes of the batches apply and delete send.
-const (
-	// maxBatchBytes bounds what one ApplyBatch or DeleteBatch call carries, counted as
-	// the encoded objects or keys plus applyEntryOverhead or deleteEntryOverhead each: a
-	// quarter of the 16 MiB nimbus accepts, so that nimbus commits, and the agents start
-	// on, the first objects of a large manifest while the next are on their way. (apply
-	// asks nimbus to leave the stored objects out of its answer, which is then small.)
-	maxBatchBytes = 4 << 20
-	// applyEntryOverhead bounds what one object adds to an ApplyBatch call beyond its
-	// encoded size: the framing of the request, and in the answer the uid, generation,
-	// revision, times, defaulted tenant and namespace and the result's flags (about 130
-	// bytes).
-	applyEntryOverhead = 256
-	// deleteEntryOverhead bounds what one key adds to a DeleteBatch call beyond its
-	// encoded size: the framing of the request and its result in the answer.
-	deleteEntryOverhead = 32
-	// maxBatchResponse is the receive limit of a batch call: a margin above what
-	// maxBatchBytes lets an answer be.
-	maxBatchResponse = 16 << 20
 )
 
 // applyCommand returns the apply command.
@@ -116,50 +92,44 @@ func (c *cli) apply(ctx context.Context, files []string, wait bool, timeout time
 		return err
 	}
 	defer sess.Close()
+	kit, err := sess.controller()
+	if err != nil {
+		return err
+	}
+	defer kit.Close()
+	objs := make([]*nimbusv1.Object, len(srcs))
+	for i, s := range srcs {
+		objs[i] = s.obj
+	}
 	targets := make([]waitTarget, 0, len(srcs))
-	for _, sp := range batches(len(srcs), func(i int) int { return proto.Size(srcs[i].obj) + applyEntryOverhead }) {
-		part := srcs[sp.start:sp.end]
-		results, err := sess.applyBatch(ctx, part)
-		if err != nil {
-			return batchFailed("applying", "applied", describeSpan(part), sp, err)
-		}
-		// The lines of a batch go out in one write, not one per object.
-		var out bytes.Buffer
-		for i, r := range results {
-			result, gen := applyResult(r)
-			key := part[i].obj.Key()
-			fmt.Fprintf(&out, "%s %s\n", ref(key), result)
-			targets = append(targets, waitTarget{key: key, generation: gen})
-		}
-		if _, err := c.stdout.Write(out.Bytes()); err != nil {
-			return fmt.Errorf("writing results: %w", err)
-		}
+	_, err = kit.ApplyWith(ctx, objs, controller.ApplyOptions{
+		// apply needs only the generation of each stored object, so nimbus leaves the
+		// objects out of its answer.
+		OmitObjects: true,
+		Applied: func(first int, results []*nimbusv1.ApplyResponse) error {
+			// The lines of a batch go out in one write, not one per object.
+			var out bytes.Buffer
+			for i, r := range results {
+				result, gen := applyResult(r)
+				key := srcs[first+i].obj.Key()
+				fmt.Fprintf(&out, "%s %s\n", ref(key), result)
+				targets = append(targets, waitTarget{key: key, generation: gen})
+			}
+			if _, err := c.stdout.Write(out.Bytes()); err != nil {
+				return fmt.Errorf("writing results: %w", err)
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		return sess.batchFailed("applying", "applied", err,
+			func(first, end int) string { return describeSpan(srcs[first:end]) },
+			func(i int) string { return fmt.Sprintf("%v: %s", srcs[i], ref(srcs[i].obj.Key())) })
 	}
 	if !wait {
 		return nil
 	}
 	return c.wait(ctx, sess, targets, timeout)
-}
-
-// applyBatch applies the objects of srcs in one ApplyBatch call and returns the results
-// in their order. A refusal of an invalid object names its document.
-func (s *session) applyBatch(ctx context.Context, srcs []source) ([]*nimbusv1.ApplyResponse, error) {
-	// apply needs only the generation of each stored object, so nimbus leaves the objects
-	// out of its answer.
-	req := &nimbusv1.ApplyBatchRequest{Objects: make([]*nimbusv1.Object, len(srcs)), OmitObjects: true}
-	for i, src := range srcs {
-		req.Objects[i] = src.obj
-	}
-	resp, err := s.nimbus.ApplyBatch(ctx, req, grpc.MaxCallRecvMsgSize(maxBatchResponse))
-	if err != nil {
-		return nil, s.batchError(err, "objects", func(i int) string {
-			return fmt.Sprintf("%v: %s", srcs[i], ref(srcs[i].obj.Key()))
-		})
-	}
-	if n := len(resp.GetResults()); n != len(srcs) {
-		return nil, fmt.Errorf("nimbus answered %d results for %d objects", n, len(srcs))
-	}
-	return resp.GetResults(), nil
 }
 
 // applyResult says what an apply did: "created", "configured (generation 2)" or
@@ -195,67 +165,24 @@ func duplicates(keys []*nimbusv1.ObjectKey, field string, where func(i int) stri
 	return errs
 }
 
-// span is the entries start to end, end excluded, that one batch call carries.
-type span struct{ start, end int }
-
-// batches splits n entries, whose cost in bytes cost tells, into consecutive spans that
-// each cost at most maxBatchBytes. An entry too large for a batch of its own goes alone,
-// and nimbus decides.
-func batches(n int, cost func(i int) int) []span {
-	var out []span
-	start, bytes := 0, 0
-	for i := range n {
-		b := cost(i)
-		if i > start && bytes+b > maxBatchBytes {
-			out = append(out, span{start, i})
-			start, bytes = i, 0
-		}
-		bytes += b
+// batchFailed returns the error of an apply or delete whose call to nimbus failed: verb
+// says what was being done ("applying"), done what the calls before it did ("applied"),
+// describe names the entries [first, end) of the failed call, and where names an entry
+// refused. It says what is known to be stored: the entries of the calls before, and
+// nothing of the refused call when nimbus refused it before looking at the store. An err
+// that is no *controller.BatchError of a call is returned as it is.
+func (s *session) batchFailed(verb, done string, err error, describe func(first, end int) string, where func(i int) string) error {
+	var be *controller.BatchError
+	if !errors.As(err, &be) || be.End == 0 {
+		return err
 	}
-	if n > start {
-		out = append(out, span{start, n})
-	}
-	return out
-}
-
-// entryLine matches the start of a line of nimbus's refusal of a batch: the entry's
-// position in the call, and its key, as in `objects[3] (Route/default/default/x): `.
-var entryLine = regexp.MustCompile(`^(objects|keys)\[(\d+)\](?: \([^)]*\))?: `)
-
-// batchError turns the error of a batch call into one that reads well, as rpcError does,
-// and names the entries of a refusal by where names them instead of by their position in
-// the call. The gRPC status stays reachable with status.FromError.
-func (s *session) batchError(err error, field string, where func(i int) string) error {
-	st, ok := status.FromError(err)
-	// Invalid entries, and entries that conflict with stored objects, are named by
-	// position.
-	if !ok || (st.Code() != codes.InvalidArgument && st.Code() != codes.FailedPrecondition) {
-		return s.rpcError(err)
-	}
-	lines := strings.Split(st.Message(), "\n")
-	for n, l := range lines {
-		m := entryLine.FindStringSubmatchIndex(l)
-		if m == nil || l[m[2]:m[3]] != field {
-			continue
-		}
-		if i, err := strconv.Atoi(l[m[4]:m[5]]); err == nil {
-			lines[n] = where(i) + ": " + l[m[1]:]
-		}
-	}
-	return &statusError{st: status.New(st.Code(), strings.Join(lines, "\n")), addr: s.addr}
-}
-
-// batchFailed returns the error of the batch call for the span sp, whose entries what
-// names: verb says what was being done ("applying"), done what the calls before it did
-// ("applied"). It says what is known to be stored: the entries of the calls before, and
-// nothing of the refused call when nimbus refused it before looking at the store.
-func batchFailed(verb, done, what string, sp span, err error) error {
+	err = s.batchError(be, where)
 	var note string
 	switch {
-	case sp.start == 1:
+	case be.First == 1:
 		note = " (the object before them was " + done + ")"
-	case sp.start > 1:
-		note = fmt.Sprintf(" (the %d objects before them were %s)", sp.start, done)
+	case be.First > 1:
+		note = fmt.Sprintf(" (the %d objects before them were %s)", be.First, done)
 	default:
 		switch status.Code(err) {
 		case codes.InvalidArgument, codes.FailedPrecondition, codes.PermissionDenied, codes.Unauthenticated, codes.ResourceExhausted:
@@ -266,7 +193,27 @@ func batchFailed(verb, done, what string, sp span, err error) error {
 	if strings.Contains(err.Error(), "\n") {
 		sep = "\n"
 	}
-	return fmt.Errorf("%s %s%s:%s%w", verb, what, note, sep, err)
+	return fmt.Errorf("%s %s%s:%s%w", verb, describe(be.First, be.End), note, sep, err)
+}
+
+// batchError turns the error of a failed batch call into one that reads well, as
+// rpcError does, and names the entries nimbus refused, invalid or in conflict with stored
+// objects, by where instead of by their position: a line per refused field,
+// `routes.yaml: document 3: route/x: spec.prefix "10.0.0.0/33": prefix length out of
+// range`. The gRPC status stays reachable with status.FromError.
+func (s *session) batchError(be *controller.BatchError, where func(i int) string) error {
+	st, ok := status.FromError(be.Err)
+	if !ok || len(be.Entries) == 0 || (st.Code() != codes.InvalidArgument && st.Code() != codes.FailedPrecondition) {
+		return s.rpcError(be.Err)
+	}
+	lines := make([]string, 0, len(be.Entries)+1)
+	for _, e := range be.Entries {
+		lines = append(lines, where(e.Index)+": "+e.Message)
+	}
+	if be.Omitted > 0 {
+		lines = append(lines, fmt.Sprintf("(%d more bad entries not shown)", be.Omitted))
+	}
+	return &statusError{st: status.New(st.Code(), strings.Join(lines, "\n")), addr: s.addr, tls: s.tls}
 }
 
 // describeSpan names where consecutive objects were read: "routes.yaml: document 3",
