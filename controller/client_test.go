@@ -100,9 +100,20 @@ func TestApplyAndDeleteInChunks(t *testing.T) {
 		t.Errorf("applying the same objects again changed some")
 	}
 
-	deleted, err := c.Delete(ctx, keys...)
+	// Deleted hears of each call's results in order, the calls one after the other.
+	next := 0
+	deleted, err := c.DeleteWith(ctx, keys, DeleteOptions{Deleted: func(first int, results []*nimbusv1.DeleteResponse) error {
+		if first != next || len(results) == 0 {
+			t.Errorf("Deleted(%d, %d results), want the results from %d", first, len(results), next)
+		}
+		next = first + len(results)
+		return nil
+	}})
 	if err != nil {
-		t.Fatalf("Delete: %v", err)
+		t.Fatalf("DeleteWith: %v", err)
+	}
+	if next != objects {
+		t.Errorf("Deleted heard of %d keys, want %d", next, objects)
 	}
 	if len(deleted) != objects || slices.ContainsFunc(deleted, func(r *nimbusv1.DeleteResponse) bool { return !r.GetFound() }) {
 		t.Fatalf("Delete returned %d results, not all found; want %d found", len(deleted), objects)
@@ -222,6 +233,34 @@ func TestApplyNamesEntriesNimbusRefused(t *testing.T) {
 		want = append(want, BatchEntry{Index: i, Message: refusal(i)})
 	}
 	wantEntries(t, err, 0, 35, 5, want...)
+}
+
+// TestApplyStopsWhenAppliedFails checks that an error of ApplyOptions.Applied ends the
+// apply after the call it was told of.
+func TestApplyStopsWhenAppliedFails(t *testing.T) {
+	socket := socketPath(t)
+	serve(t, socket, "")
+	c := newClient(t, socket, Options{MaxBatchBytes: 4 << 10})
+	var objs []*nimbusv1.Object
+	for i := range 100 {
+		objs = append(objs, route(fmt.Sprintf("r%03d", i), "192.0.2.1"))
+	}
+	errStop := errors.New("stop")
+	calls := 0
+	results, err := c.ApplyWith(testContext(t), objs, ApplyOptions{Applied: func(int, []*nimbusv1.ApplyResponse) error {
+		calls++
+		return errStop
+	}})
+	if err != errStop || calls != 1 || len(results) == 0 || len(results) == len(objs) {
+		t.Fatalf("ApplyWith = %d results after %d calls, %v; want the first call's results and the callback's error", len(results), calls, err)
+	}
+	list, err := nimbusv1.ListAll(testContext(t), rawClient(t, socket), &nimbusv1.ListRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list.GetItems()) != len(results) {
+		t.Errorf("nimbus holds %d objects, want the %d of the first call", len(list.GetItems()), len(results))
+	}
 }
 
 func TestChunks(t *testing.T) {
