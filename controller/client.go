@@ -44,6 +44,13 @@ const (
 	DefaultMinBackoff = 100 * time.Millisecond
 	DefaultMaxBackoff = 30 * time.Second
 
+	// applyEntryOverhead and deleteEntryOverhead are what a batch's size counts for each
+	// object or key beyond its encoding: its framing in the request and what its result
+	// adds to the answer beyond the object (the uid, generation, revision, times,
+	// defaulted tenant and namespace and flags of an apply, about 130 bytes).
+	applyEntryOverhead  = 256
+	deleteEntryOverhead = 32
+
 	// maxRecvMsgSize bounds what the client receives in one message: the response of a
 	// batch holds every stored object, a little more than the request, and a status frame
 	// holds an object as large as nimbus takes with its status.
@@ -76,10 +83,13 @@ type Options struct {
 	Conn grpc.ClientConnInterface
 	// Logger receives the client's logs. Default: slog.Default().
 	Logger *slog.Logger
-	// MaxBatchBytes bounds the encoded size of the objects or keys sent in one ApplyBatch
-	// or DeleteBatch call; Apply and Delete send more in several calls. An object larger
-	// than that travels alone. Default: DefaultMaxBatchBytes (4 MiB). Negative values are
-	// refused.
+	// MaxBatchBytes bounds the size of one ApplyBatch or DeleteBatch call: the encoded
+	// objects or keys it carries, each counted with a margin for its framing and for what
+	// its result adds to the answer (256 bytes an object, 32 a key). Apply and Delete send
+	// more in several calls. An object larger than that travels alone. Default:
+	// DefaultMaxBatchBytes (4 MiB), a quarter of what nimbus takes in one call, so that
+	// nimbus commits, and the agents start on, the first objects of a large batch while
+	// the next are on their way. Negative values are refused.
 	MaxBatchBytes int
 	// MinBackoff and MaxBackoff bound the delay before a broken status stream is opened
 	// again: it starts at MinBackoff, doubles with each attempt that fails before the
@@ -185,52 +195,81 @@ func (c *Client) isClosed() bool {
 	}
 }
 
-// Apply creates or updates the objects, in order, and returns what nimbus stored for
+// Apply applies the objects as ApplyWith does, with the default ApplyOptions: each result
+// carries the stored object.
+func (c *Client) Apply(ctx context.Context, objs ...*nimbusv1.Object) ([]*nimbusv1.ApplyResponse, error) {
+	return c.ApplyWith(ctx, objs, ApplyOptions{})
+}
+
+// ApplyOptions configures ApplyWith.
+type ApplyOptions struct {
+	// OmitObjects asks nimbus to leave the stored objects out of its answers: each
+	// result's Object then carries only meta.generation and meta.revision, which keeps
+	// the answer to a large batch small. Default: false, each result carries the stored
+	// object.
+	OmitObjects bool
+	// Applied, when set, is called after each ApplyBatch call nimbus answered, with the
+	// index in objs of the call's first object and the call's results, in order, on the
+	// goroutine that called ApplyWith and before the next call. An error it returns ends
+	// ApplyWith, which returns it as it is. Default: nil.
+	Applied func(first int, results []*nimbusv1.ApplyResponse) error
+}
+
+// ApplyWith creates or updates the objects, in order, and returns what nimbus stored for
 // each, in the same order: the object with the fields nimbus assigns, and whether that
 // changed or created it. Every object is checked first, and when one is invalid or a key
-// appears twice, nothing is applied and the error, which wraps nimbusv1.ErrInvalid, names
-// each bad entry by its index: `objects[3] (Route/default/default/x): spec.prefix ...`.
-// The objects are then sent in ApplyBatch calls of at most Options.MaxBatchBytes each;
-// when a call fails, the results of the calls before it are returned with an error that
-// names the first object not applied, and wraps the call's gRPC status.
-func (c *Client) Apply(ctx context.Context, objs ...*nimbusv1.Object) ([]*nimbusv1.ApplyResponse, error) {
+// appears twice, nothing is applied and the error, a *BatchError that matches
+// nimbusv1.ErrInvalid, names each bad entry by its index: `objects[3]
+// (Route/default/default/x): spec.prefix ...`. The objects are then sent in ApplyBatch
+// calls of at most Options.MaxBatchBytes each; when a call fails, the results of the
+// calls before it are returned with a *BatchError that names the objects of the call
+// and, when nimbus refused some of them, each of those with its field.
+func (c *Client) ApplyWith(ctx context.Context, objs []*nimbusv1.Object, opts ApplyOptions) ([]*nimbusv1.ApplyResponse, error) {
 	if c.isClosed() {
 		return nil, fmt.Errorf("applying objects: %w", ErrClosed)
 	}
-	var bad []error
+	var bad checks
 	seen := make(map[string]int, len(objs))
 	sizes := make([]int, len(objs))
 	for i, o := range objs {
 		if o == nil {
-			bad = append(bad, fmt.Errorf("objects[%d]: %w", i, &nimbusv1.FieldError{Field: "object", Reason: "is required"}))
+			bad.add(i, fmt.Sprintf("objects[%d]", i), &nimbusv1.FieldError{Field: "object", Reason: "is required"})
+			bad.entries[len(bad.entries)-1].Field = "" // the entry as a whole
 			continue
 		}
 		id := o.Key().ID()
+		at := fmt.Sprintf("objects[%d] (%s)", i, id)
 		if err := o.Validate(); err != nil {
-			bad = append(bad, fmt.Errorf("objects[%d] (%s): %w", i, id, err))
+			bad.add(i, at, err)
 			continue
 		}
 		if j, ok := seen[id]; ok {
-			bad = append(bad, fmt.Errorf("objects[%d] (%s): the key of objects[%d] again: %w", i, id, j, nimbusv1.ErrInvalid))
+			bad.add(i, at, fmt.Errorf("the key of objects[%d] again: %w", j, nimbusv1.ErrInvalid))
 			continue
 		}
 		seen[id] = i
-		sizes[i] = o.SizeVT()
+		sizes[i] = o.SizeVT() + applyEntryOverhead
 	}
-	if len(bad) > 0 {
-		return nil, fmt.Errorf("checking objects, nothing applied: %w", errors.Join(bad...))
+	if err := bad.err("checking objects, nothing applied"); err != nil {
+		return nil, err
 	}
 	results := make([]*nimbusv1.ApplyResponse, 0, len(objs))
 	for lo, hi := range chunks(sizes, c.opts.MaxBatchBytes) {
-		resp, err := c.api.ApplyBatch(ctx, &nimbusv1.ApplyBatchRequest{Objects: objs[lo:hi]}, recvLimit())
+		resp, err := c.api.ApplyBatch(ctx, &nimbusv1.ApplyBatchRequest{Objects: objs[lo:hi], OmitObjects: opts.OmitObjects}, recvLimit())
 		if err != nil {
-			return results, fmt.Errorf("applying objects[%d:%d], %d of %d applied before: %w", lo, hi, lo, len(objs), err)
+			return results, callError(fmt.Sprintf("applying objects[%d:%d], %d of %d applied before", lo, hi, lo, len(objs)), "objects", lo, hi, err)
 		}
 		if len(resp.GetResults()) != hi-lo {
-			return results, fmt.Errorf("applying objects[%d:%d]: nimbus answered %d results", lo, hi, len(resp.GetResults()))
+			return results, &BatchError{First: lo, End: hi, what: fmt.Sprintf("applying objects[%d:%d]", lo, hi),
+				Err: fmt.Errorf("nimbus answered %d results", len(resp.GetResults()))}
 		}
 		results = append(results, resp.GetResults()...)
 		c.log.Debug("objects applied", "objects", hi-lo, "revision", resp.GetRevision())
+		if opts.Applied != nil {
+			if err := opts.Applied(lo, resp.GetResults()); err != nil {
+				return results, err
+			}
+		}
 	}
 	return results, nil
 }
@@ -250,47 +289,69 @@ func (c *Client) List(ctx context.Context, f Filter) ([]*nimbusv1.ObjectWithStat
 	return resp.GetItems(), nil
 }
 
-// Delete deletes the objects with the keys, in order, with the statuses reported for
+// Delete deletes the objects with the keys as DeleteWith does, with the default
+// DeleteOptions.
+func (c *Client) Delete(ctx context.Context, keys ...*nimbusv1.ObjectKey) ([]*nimbusv1.DeleteResponse, error) {
+	return c.DeleteWith(ctx, keys, DeleteOptions{})
+}
+
+// DeleteOptions configures DeleteWith.
+type DeleteOptions struct {
+	// Deleted, when set, is called after each DeleteBatch call nimbus answered, with the
+	// index in keys of the call's first key and the call's results, in order, on the
+	// goroutine that called DeleteWith and before the next call. An error it returns ends
+	// DeleteWith, which returns it as it is. Default: nil.
+	Deleted func(first int, results []*nimbusv1.DeleteResponse) error
+}
+
+// DeleteWith deletes the objects with the keys, in order, with the statuses reported for
 // them, and returns for each, in the same order, whether it existed and the revision of
 // its deletion. Absent objects are no error. Every key is checked first, and when one is
-// invalid or appears twice, nothing is deleted and the error names each bad key by its
-// index. The keys are then sent in DeleteBatch calls of at most Options.MaxBatchBytes
-// each; when a call fails, the results of the calls before it are returned with an error
-// that names the first key not deleted.
-func (c *Client) Delete(ctx context.Context, keys ...*nimbusv1.ObjectKey) ([]*nimbusv1.DeleteResponse, error) {
+// invalid or appears twice, nothing is deleted and the error, a *BatchError that matches
+// nimbusv1.ErrInvalid, names each bad key by its index. The keys are then sent in
+// DeleteBatch calls of at most Options.MaxBatchBytes each; when a call fails, the results
+// of the calls before it are returned with a *BatchError that names the keys of the call.
+func (c *Client) DeleteWith(ctx context.Context, keys []*nimbusv1.ObjectKey, opts DeleteOptions) ([]*nimbusv1.DeleteResponse, error) {
 	if c.isClosed() {
 		return nil, fmt.Errorf("deleting objects: %w", ErrClosed)
 	}
-	var bad []error
+	var bad checks
 	seen := make(map[string]int, len(keys))
 	sizes := make([]int, len(keys))
 	for i, k := range keys {
 		id := k.ID()
+		at := fmt.Sprintf("keys[%d] (%s)", i, id)
 		if err := k.Validate(); err != nil {
-			bad = append(bad, fmt.Errorf("keys[%d] (%s): %w", i, id, err))
+			bad.add(i, at, err)
 			continue
 		}
 		if j, ok := seen[id]; ok {
-			bad = append(bad, fmt.Errorf("keys[%d] (%s): the key of keys[%d] again: %w", i, id, j, nimbusv1.ErrInvalid))
+			bad.add(i, at, fmt.Errorf("the key of keys[%d] again: %w", j, nimbusv1.ErrInvalid))
 			continue
 		}
 		seen[id] = i
-		sizes[i] = k.SizeVT()
+		sizes[i] = k.SizeVT() + deleteEntryOverhead
 	}
-	if len(bad) > 0 {
-		return nil, fmt.Errorf("checking keys, nothing deleted: %w", errors.Join(bad...))
+	if err := bad.err("checking keys, nothing deleted"); err != nil {
+		return nil, err
 	}
 	results := make([]*nimbusv1.DeleteResponse, 0, len(keys))
 	for lo, hi := range chunks(sizes, c.opts.MaxBatchBytes) {
 		resp, err := c.api.DeleteBatch(ctx, &nimbusv1.DeleteBatchRequest{Keys: keys[lo:hi]}, recvLimit())
 		if err != nil {
-			return results, fmt.Errorf("deleting keys[%d:%d], %d of %d deleted before: %w", lo, hi, lo, len(keys), err)
+			return results, callError(fmt.Sprintf("deleting keys[%d:%d], %d of %d deleted before", lo, hi, lo, len(keys)), "keys", lo, hi, err)
 		}
 		if len(resp.GetResults()) != hi-lo {
-			return results, fmt.Errorf("deleting keys[%d:%d]: nimbus answered %d results", lo, hi, len(resp.GetResults()))
+			return results, &BatchError{First: lo, End: hi, what: fmt.Sprintf("deleting keys[%d:%d]", lo, hi),
+				Err: fmt.Errorf("nimbus answered %d results", len(resp.GetResults()))}
 		}
 		results = append(results, resp.GetResults()...)
 		c.log.Debug("objects deleted", "keys", hi-lo, "revision", resp.GetRevision())
+		if opts.Deleted != nil {
+			if err := opts.Deleted(lo, resp.GetResults()); err != nil {
+				return results, err
+			}
+		}
 	}
 	return results, nil
 }

@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/naplesnet/naples/nimbus"
@@ -98,9 +100,20 @@ func TestApplyAndDeleteInChunks(t *testing.T) {
 		t.Errorf("applying the same objects again changed some")
 	}
 
-	deleted, err := c.Delete(ctx, keys...)
+	// Deleted hears of each call's results in order, the calls one after the other.
+	next := 0
+	deleted, err := c.DeleteWith(ctx, keys, DeleteOptions{Deleted: func(first int, results []*nimbusv1.DeleteResponse) error {
+		if first != next || len(results) == 0 {
+			t.Errorf("Deleted(%d, %d results), want the results from %d", first, len(results), next)
+		}
+		next = first + len(results)
+		return nil
+	}})
 	if err != nil {
-		t.Fatalf("Delete: %v", err)
+		t.Fatalf("DeleteWith: %v", err)
+	}
+	if next != objects {
+		t.Errorf("Deleted heard of %d keys, want %d", next, objects)
 	}
 	if len(deleted) != objects || slices.ContainsFunc(deleted, func(r *nimbusv1.DeleteResponse) bool { return !r.GetFound() }) {
 		t.Fatalf("Delete returned %d results, not all found; want %d found", len(deleted), objects)
@@ -138,6 +151,8 @@ func TestApplyRefusesBadObjectsWhole(t *testing.T) {
 			t.Errorf("error %q does not say %q", err, want)
 		}
 	}
+	wantEntries(t, err, 0, 0, 0, BatchEntry{1, "spec.prefix", `spec.prefix "10.0.0.0/33": prefix length out of range`},
+		BatchEntry{3, "", "the key of objects[0] again: invalid object"})
 	list, err := nimbusv1.ListAll(testContext(t), rawClient(t, socket), &nimbusv1.ListRequest{})
 	if err != nil {
 		t.Fatal(err)
@@ -149,6 +164,102 @@ func TestApplyRefusesBadObjectsWhole(t *testing.T) {
 	_, err = c.Apply(testContext(t), route("r1", "192.0.2.1"), nil)
 	if !errors.Is(err, nimbusv1.ErrInvalid) || !strings.Contains(err.Error(), `objects[1]: object "": is required`) {
 		t.Errorf("Apply of a nil object: %v, want an error wrapping nimbusv1.ErrInvalid that names objects[1]", err)
+	}
+	wantEntries(t, err, 0, 0, 0, BatchEntry{1, "", `object "": is required`})
+	// So is a bad key.
+	_, err = c.Delete(testContext(t), routeKey("r1"), routeKey("R 1"))
+	if !errors.Is(err, nimbusv1.ErrInvalid) {
+		t.Errorf("Delete of a bad key: %v, want an error wrapping nimbusv1.ErrInvalid", err)
+	}
+	wantEntries(t, err, 0, 0, 0, BatchEntry{1, "name", `key.name "R 1": must be lower-case letters, digits, '-' and '.', at most 253 characters`})
+}
+
+// wantEntries fails the test unless err is a *BatchError of the call carrying entries
+// [first, end), with the entries and omitting as many.
+func wantEntries(t *testing.T, err error, first, end, omitted int, entries ...BatchEntry) *BatchError {
+	t.Helper()
+	var be *BatchError
+	if !errors.As(err, &be) {
+		t.Fatalf("error %v is not a *BatchError", err)
+	}
+	if be.First != first || be.End != end || be.Omitted != omitted || fmt.Sprint(be.Entries) != fmt.Sprint(entries) {
+		t.Fatalf("BatchError of entries [%d:%d] omitting %d: %+v; want [%d:%d] omitting %d: %+v",
+			be.First, be.End, be.Omitted, be.Entries, first, end, omitted, entries)
+	}
+	return be
+}
+
+// TestApplyNamesEntriesNimbusRefused checks that the entries nimbus refuses are named by
+// their index in the objects applied, in a later call too, with the call's status.
+func TestApplyNamesEntriesNimbusRefused(t *testing.T) {
+	const objects, limit = 40, 512
+	socket := socketPath(t)
+	serveWith(t, socket, nimbus.Options{Limits: nimbus.Limits{ObjectBytes: limit}})
+	c := newClient(t, socket, Options{MaxBatchBytes: 4 << 10})
+	var objs []*nimbusv1.Object
+	for i := range objects {
+		objs = append(objs, route(fmt.Sprintf("r%03d", i), "192.0.2.1"))
+	}
+	// overLimit makes an object larger than nimbus takes, which Apply does not know.
+	overLimit := func(o *nimbusv1.Object) { o.Meta.Labels = map[string]string{"pad": strings.Repeat("x", limit)} }
+	refusal := func(i int) string {
+		return fmt.Sprintf("object Route/default/default/r%03d: %d bytes, over the limit of %d bytes (nimbus --max-object-bytes)", i, objs[i].SizeVT(), limit)
+	}
+	overLimit(objs[30])
+	var calls [][2]int
+	results, err := c.ApplyWith(testContext(t), objs, ApplyOptions{OmitObjects: true, Applied: func(first int, results []*nimbusv1.ApplyResponse) error {
+		calls = append(calls, [2]int{first, first + len(results)})
+		return nil
+	}})
+	var be *BatchError
+	if !errors.As(err, &be) || be.First == 0 || be.First > 30 || be.End <= 30 || len(results) != be.First || len(calls) == 0 || calls[len(calls)-1][1] != be.First {
+		t.Fatalf("ApplyWith = %d results, calls %v, %v; want the results of the calls before the refused one and a *BatchError", len(results), calls, err)
+	}
+	wantEntries(t, err, be.First, be.End, 0, BatchEntry{Index: 30, Message: refusal(30)})
+	if status.Code(err) != codes.InvalidArgument || !errors.Is(err, nimbusv1.ErrInvalid) {
+		t.Errorf("status.Code(%v) = %v, want InvalidArgument, matching nimbusv1.ErrInvalid", err, status.Code(err))
+	}
+	if m := results[0].GetObject().GetMeta(); m.GetGeneration() != 1 || m.GetName() != "" {
+		t.Errorf("result 0 = %v, want the generation alone (OmitObjects)", results[0])
+	}
+
+	// nimbus names a few of many bad entries, and counts the rest.
+	for _, o := range objs[20:] {
+		overLimit(o)
+	}
+	_, err = newClient(t, socket, Options{}).Apply(testContext(t), objs[:35]...)
+	var want []BatchEntry
+	for i := 20; i < 30; i++ {
+		want = append(want, BatchEntry{Index: i, Message: refusal(i)})
+	}
+	wantEntries(t, err, 0, 35, 5, want...)
+}
+
+// TestApplyStopsWhenAppliedFails checks that an error of ApplyOptions.Applied ends the
+// apply after the call it was told of.
+func TestApplyStopsWhenAppliedFails(t *testing.T) {
+	socket := socketPath(t)
+	serve(t, socket, "")
+	c := newClient(t, socket, Options{MaxBatchBytes: 4 << 10})
+	var objs []*nimbusv1.Object
+	for i := range 100 {
+		objs = append(objs, route(fmt.Sprintf("r%03d", i), "192.0.2.1"))
+	}
+	errStop := errors.New("stop")
+	calls := 0
+	results, err := c.ApplyWith(testContext(t), objs, ApplyOptions{Applied: func(int, []*nimbusv1.ApplyResponse) error {
+		calls++
+		return errStop
+	}})
+	if err != errStop || calls != 1 || len(results) == 0 || len(results) == len(objs) {
+		t.Fatalf("ApplyWith = %d results after %d calls, %v; want the first call's results and the callback's error", len(results), calls, err)
+	}
+	list, err := nimbusv1.ListAll(testContext(t), rawClient(t, socket), &nimbusv1.ListRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list.GetItems()) != len(results) {
+		t.Errorf("nimbus holds %d objects, want the %d of the first call", len(list.GetItems()), len(results))
 	}
 }
 

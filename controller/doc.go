@@ -5,8 +5,10 @@
 // check every object (or key) first and refuse the whole call, naming the bad entries,
 // when one is invalid or a key appears twice, then send ApplyBatch or DeleteBatch calls
 // of at most Options.MaxBatchBytes of encoded objects each, in order. Each call is atomic
-// on the server; a call that fails leaves the ones before it applied, and the error says
-// which entries were not.
+// on the server; a call that fails leaves the ones before it applied, and the error, a
+// *BatchError, says which entries were not, and which of them nimbus refused, by index
+// and field. ApplyWith and DeleteWith do the same with options: a callback after each
+// call, and answers without the stored objects.
 //
 // WatchStatus follows the propagation status of the objects a Filter selects over
 // nimbus's status stream and hands every change to a Reactor: OnStatus with the object

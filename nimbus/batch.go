@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
 
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -20,7 +23,8 @@ const maxReportedInvalid = 10
 // invalid one, or a key that appears twice, refuses the whole call with
 // codes.InvalidArgument, one line per bad field naming the object's position and key,
 // `objects[3] (Route/default/default/x): spec.prefix "10.0.0.0/33": prefix length out of
-// range`, and nothing is stored. Otherwise the objects are applied in order, each as Apply
+// range`, and nothing is stored. The status carries the same as an errdetails.BadRequest
+// (see refusal). Otherwise the objects are applied in order, each as Apply
 // would, in one store transaction and one state-file commit: every object that changes
 // takes the next revision, and watchers receive the changes together once they are
 // durable. The results are in the order of the objects; each carries the stored object,
@@ -34,20 +38,20 @@ func (s *Server) ApplyBatch(ctx context.Context, req *nimbusv1.ApplyBatchRequest
 	seen := make(map[string]int, len(objs))
 	for i, in := range objs {
 		if in == nil {
-			bad.add(fmt.Sprintf("objects[%d]", i), errors.New(`object "": is required`))
+			bad.add(fmt.Sprintf("objects[%d]", i), "", errors.New(`object "": is required`))
 			continue
 		}
 		id := in.Key().ID()
 		if err := in.Validate(); err != nil {
-			bad.add(fmt.Sprintf("objects[%d] (%s)", i, id), err)
+			bad.add(fmt.Sprintf("objects[%d]", i), id, err)
 			continue
 		}
 		if err := s.checkObjectSize(in); err != nil {
-			bad.add(fmt.Sprintf("objects[%d] (%s)", i, id), err)
+			bad.add(fmt.Sprintf("objects[%d]", i), id, err)
 			continue
 		}
 		if j, ok := seen[id]; ok {
-			bad.add(fmt.Sprintf("objects[%d] (%s)", i, id),
+			bad.add(fmt.Sprintf("objects[%d]", i), id,
 				fmt.Errorf("the key of objects[%d] again: a key may appear once per batch", j))
 			continue
 		}
@@ -99,11 +103,11 @@ func (s *Server) DeleteBatch(ctx context.Context, req *nimbusv1.DeleteBatchReque
 	for i, key := range keys {
 		id := key.ID()
 		if err := key.Validate(); err != nil {
-			bad.add(fmt.Sprintf("keys[%d] (%s)", i, id), err)
+			bad.add(fmt.Sprintf("keys[%d]", i), id, err)
 			continue
 		}
 		if j, ok := seen[id]; ok {
-			bad.add(fmt.Sprintf("keys[%d] (%s)", i, id),
+			bad.add(fmt.Sprintf("keys[%d]", i), id,
 				fmt.Errorf("the key of keys[%d] again: a key may appear once per batch", j))
 			continue
 		}
@@ -125,17 +129,25 @@ func (s *Server) DeleteBatch(ctx context.Context, req *nimbusv1.DeleteBatchReque
 	return resp, nil
 }
 
-// refusal collects what is wrong with the entries of a batch.
+// refusal collects what is wrong with the entries of a batch: the lines of the message that
+// refuses it, and, for a call that names its entries by position, the same as the field
+// violations of an errdetails.BadRequest, one per line, each naming the entry and the
+// field in it, `objects[3].spec.prefix`, with the line's text after the position as its
+// description. When entries go undescribed, an errdetails.ErrorInfo
+// (nimbusv1.BadEntriesReason) says how many entries are bad in all.
 type refusal struct {
-	lines []string
+	lines      []string
+	violations []*errdetails.BadRequest_FieldViolation
 	// entries is how many bad entries there are; only the first maxReportedInvalid have
 	// lines.
 	entries int
 }
 
-// add records that the entry at position at is bad because of err, whose joined errors,
-// such as the field errors of a Validate, each take a line.
-func (r *refusal) add(at string, err error) {
+// add records that the entry at position pos (`objects[3]`), whose key ID is id, is bad
+// because of err, whose joined errors, such as the field errors of a Validate, each take
+// a line. pos is "" for a call that does not name its entries by position, id "" for an
+// entry without a key.
+func (r *refusal) add(pos, id string, err error) {
 	r.entries++
 	if r.entries > maxReportedInvalid {
 		return
@@ -144,13 +156,35 @@ func (r *refusal) add(at string, err error) {
 	if j, ok := err.(interface{ Unwrap() []error }); ok {
 		errs = j.Unwrap()
 	}
+	at := pos
+	if id != "" {
+		at += " (" + id + ")"
+	}
 	for _, e := range errs {
-		if at == "" {
+		if pos == "" {
 			r.lines = append(r.lines, e.Error())
 			continue
 		}
 		r.lines = append(r.lines, at+": "+e.Error())
+		r.violations = append(r.violations, &errdetails.BadRequest_FieldViolation{Field: pos + fieldPath(e), Description: e.Error()})
 	}
+}
+
+// fieldPath returns the path, from a dot, of the field err is about within its entry:
+// ".spec.prefix" for a field error of an object, ".name" for one of a key (whose field
+// errors say key.name); "" when err is about the entry as a whole.
+func fieldPath(err error) string {
+	var (
+		fe *nimbusv1.FieldError
+		ce *claimError
+	)
+	switch {
+	case errors.As(err, &fe):
+		return "." + strings.TrimPrefix(fe.Field, "key.")
+	case errors.As(err, &ce):
+		return "." + ce.field
+	}
+	return ""
 }
 
 // any tells whether an entry is bad.
@@ -162,7 +196,7 @@ func (r *refusal) err() error {
 	if r.entries == 0 {
 		return nil
 	}
-	return status.Error(codes.InvalidArgument, r.message())
+	return r.status(codes.InvalidArgument).Err()
 }
 
 // conflictErr returns the error, wrapping ErrConflict, that refuses a batch whose entries
@@ -171,7 +205,39 @@ func (r *refusal) conflictErr() error {
 	if r.entries == 0 {
 		return nil
 	}
-	return &conflictError{msg: r.message()}
+	return &conflictError{msg: r.message(), details: r.details()}
+}
+
+// status returns the refusal as a status of the code, with its details.
+func (r *refusal) status(code codes.Code) *status.Status {
+	return withDetails(status.New(code, r.message()), r.details())
+}
+
+// details returns the details a refusal's status carries: the BadRequest of the entries
+// named by position, if any, and the ErrorInfo that counts the bad entries when some are
+// not described.
+func (r *refusal) details() []protoadapt.MessageV1 {
+	var out []protoadapt.MessageV1
+	if len(r.violations) > 0 {
+		out = append(out, &errdetails.BadRequest{FieldViolations: r.violations})
+	}
+	if r.entries > maxReportedInvalid {
+		out = append(out, &errdetails.ErrorInfo{Reason: nimbusv1.BadEntriesReason, Domain: nimbusv1.ErrorDomain,
+			Metadata: map[string]string{nimbusv1.BadEntriesKey: strconv.Itoa(r.entries)}})
+	}
+	return out
+}
+
+// withDetails returns st with the details added; st itself when there are none, or when
+// they cannot be added.
+func withDetails(st *status.Status, details []protoadapt.MessageV1) *status.Status {
+	if len(details) == 0 {
+		return st
+	}
+	if d, err := st.WithDetails(details...); err == nil {
+		return d
+	}
+	return st
 }
 
 // message is the refusal's lines, and how many bad entries they leave out.

@@ -5,7 +5,9 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -63,6 +65,37 @@ func histogram(t *testing.T, srv *Server, name string) (uint64, float64) {
 	return 0, 0
 }
 
+// violations returns the fields of the field violations of st's errdetails.BadRequest,
+// and what its errdetails.ErrorInfo says of how many entries are bad ("" without one).
+func violations(t *testing.T, st *status.Status) (fields []string, descriptions []string, badEntries string) {
+	t.Helper()
+	for _, d := range st.Details() {
+		switch d := d.(type) {
+		case *errdetails.BadRequest:
+			for _, v := range d.GetFieldViolations() {
+				fields = append(fields, v.GetField())
+				descriptions = append(descriptions, v.GetDescription())
+			}
+		case *errdetails.ErrorInfo:
+			if d.GetReason() != nimbusv1.BadEntriesReason || d.GetDomain() != nimbusv1.ErrorDomain {
+				t.Errorf("ErrorInfo reason %q domain %q, want %q %q", d.GetReason(), d.GetDomain(), nimbusv1.BadEntriesReason, nimbusv1.ErrorDomain)
+			}
+			badEntries = d.GetMetadata()[nimbusv1.BadEntriesKey]
+		case error:
+			t.Fatalf("detail of the refusal: %v", d)
+		}
+	}
+	// Each line of the message is a violation, its text after the position and key the
+	// violation's description.
+	lines := strings.Split(st.Message(), "\n")
+	for i, desc := range descriptions {
+		if i >= len(lines) || !strings.HasSuffix(lines[i], "): "+desc) && !strings.HasSuffix(lines[i], "]: "+desc) {
+			t.Errorf("violation %d %s %q is not line %d of the message %q", i, fields[i], desc, i, st.Message())
+		}
+	}
+	return fields, descriptions, badEntries
+}
+
 func TestApplyBatchRefusesInvalidObject(t *testing.T) {
 	ts := start(t, Options{DataDir: t.TempDir()})
 	before := commits(t, ts)
@@ -83,19 +116,22 @@ func TestApplyBatchRefusesInvalidObject(t *testing.T) {
 		name string
 		objs []*nimbusv1.Object
 		want []string
+		// fields are the fields of the refusal's field violations.
+		fields []string
 	}{
 		{name: "prefix", objs: badPrefix, want: []string{
 			`objects[737] (Route/default/default/r0737): spec.prefix "10.0.0.0/33": prefix length out of range`,
-		}},
+		}, fields: []string{"objects[737].spec.prefix"}},
 		{name: "every bad field of every bad object", objs: twoBad, want: []string{
 			`objects[3] (Route/default/default/r0003): spec.prefix "10.1.2.3/16": host bits set`,
 			`objects[3] (Route/default/default/r0003): spec.nexthops[0].gateway "nope"`,
 			`objects[999] (Route/default/default/r0999): meta.nodes[0] "Node_A"`,
-		}},
+		}, fields: []string{"objects[3].spec.prefix", "objects[3].spec.nexthops[0].gateway", "objects[999].meta.nodes[0]"}},
 		{name: "duplicate key", objs: duplicate, want: []string{
 			`objects[900] (Route/default/default/r0005): the key of objects[5] again`,
-		}},
-		{name: "empty object", objs: empty, want: []string{`objects[10] (KIND_UNSPECIFIED/default/default/): meta "": is required`}},
+		}, fields: []string{"objects[900]"}},
+		{name: "empty object", objs: empty, want: []string{`objects[10] (KIND_UNSPECIFIED/default/default/): meta "": is required`},
+			fields: []string{"objects[10].meta"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := ts.client.ApplyBatch(testContext(t), &nimbusv1.ApplyBatchRequest{Objects: tc.objs})
@@ -104,6 +140,9 @@ func TestApplyBatchRefusesInvalidObject(t *testing.T) {
 				if !strings.Contains(st.Message(), want) {
 					t.Errorf("message = %q, want it to contain %q", st.Message(), want)
 				}
+			}
+			if fields, _, bad := violations(t, st); strings.Join(fields, " ") != strings.Join(tc.fields, " ") || bad != "" {
+				t.Errorf("violations of fields %q, bad entries %q; want %q and no count", fields, bad, tc.fields)
 			}
 			wantStored(t, ts, 0)
 			if after := commits(t, ts); after != before {
@@ -130,6 +169,10 @@ func TestApplyBatchRefusalIsBounded(t *testing.T) {
 	if len(lines) != maxReportedInvalid+1 || lines[len(lines)-1] != "(990 more bad entries not shown)" {
 		t.Errorf("refusal of %d bad objects has %d lines, ending %q; want %d lines ending with the count of the rest",
 			batchSize, len(lines), lines[len(lines)-1], maxReportedInvalid+1)
+	}
+	if fields, _, bad := violations(t, st); len(fields) != maxReportedInvalid || fields[9] != "objects[9].spec.prefix" || bad != fmt.Sprint(batchSize) {
+		t.Errorf("violations of fields %q, %q bad entries; want %d, the last objects[9].spec.prefix, and %d bad entries",
+			fields, bad, maxReportedInvalid, batchSize)
 	}
 	wantStored(t, ts, 0)
 }
@@ -254,21 +297,26 @@ func TestDeleteBatchRefusesBadKeys(t *testing.T) {
 	ts.apply(t, route("r1", nil, "192.0.2.1"))
 	before := commits(t, ts)
 	for _, tc := range []struct {
-		name string
-		keys []*nimbusv1.ObjectKey
-		want string
+		name  string
+		keys  []*nimbusv1.ObjectKey
+		want  string
+		field string
 	}{
 		{name: "bad name", keys: []*nimbusv1.ObjectKey{routeKey("r1"), routeKey("R 1")},
-			want: `keys[1] (Route/default/default/R 1): key.name "R 1"`},
+			want: `keys[1] (Route/default/default/R 1): key.name "R 1"`, field: "keys[1].name"},
 		{name: "no kind", keys: []*nimbusv1.ObjectKey{routeKey("r1"), {Name: "r1"}},
-			want: `keys[1] (KIND_UNSPECIFIED/default/default/r1): key.kind "KIND_UNSPECIFIED": unknown kind`},
+			want: `keys[1] (KIND_UNSPECIFIED/default/default/r1): key.kind "KIND_UNSPECIFIED": unknown kind`, field: "keys[1].kind"},
 		{name: "duplicate key", keys: []*nimbusv1.ObjectKey{routeKey("r1"), {Kind: nimbusv1.Kind_KIND_ROUTE, Name: "r1", Tenant: "default"}},
-			want: `keys[1] (Route/default/default/r1): the key of keys[0] again`},
+			want: `keys[1] (Route/default/default/r1): the key of keys[0] again`, field: "keys[1]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := ts.client.DeleteBatch(testContext(t), &nimbusv1.DeleteBatchRequest{Keys: tc.keys})
-			if st := wantCode(t, err, codes.InvalidArgument); !strings.Contains(st.Message(), tc.want) {
+			st := wantCode(t, err, codes.InvalidArgument)
+			if !strings.Contains(st.Message(), tc.want) {
 				t.Errorf("message = %q, want it to contain %q", st.Message(), tc.want)
+			}
+			if fields, _, _ := violations(t, st); len(fields) != 1 || fields[0] != tc.field {
+				t.Errorf("violations of fields %q, want %q", fields, tc.field)
 			}
 			wantStored(t, ts, 1, "r1")
 			if after := commits(t, ts); after != before {

@@ -96,13 +96,14 @@ func (b *batch) what() string {
 	return fmt.Sprintf("%s %d objects", verb, len(b.writes))
 }
 
-// at names the write at position i in a refusal: `objects[3] (Endpoint/t/ns/name)` for a
-// batch of a call that names writes by position, "" otherwise.
-func (b *batch) at(i int) string {
+// at names the write at position i for a refusal (refusal.add): its position,
+// `objects[3]`, and its key ID for a batch of a call that names writes by position; "", ""
+// otherwise.
+func (b *batch) at(i int) (pos, id string) {
 	if !b.positions {
-		return ""
+		return "", ""
 	}
-	return fmt.Sprintf("objects[%d] (%s)", i, b.writes[i].id)
+	return fmt.Sprintf("objects[%d]", i), b.writes[i].id
 }
 
 // mayConflict tells whether a write of the batch stores an object that holds claims, and
@@ -234,7 +235,8 @@ func (e *embeddedStore) commitLocked(group []*batch, base uint64, now *timestamp
 				c, out = stageDelete(txn, w, rev+1)
 			}
 			if err != nil {
-				conflicts.add(b.at(i), err)
+				pos, id := b.at(i)
+				conflicts.add(pos, id, err)
 				continue
 			}
 			if c != nil {

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 
+	"google.golang.org/protobuf/protoadapt"
+
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -192,7 +194,11 @@ func (w *writeTxn) releaseClaims(rec *objectRecord) {
 }
 
 // conflictError is the refusal of a batch whose objects take values other objects hold.
-type conflictError struct{ msg string }
+type conflictError struct {
+	msg string
+	// details are the details of the refusal's status (refusal.details).
+	details []protoadapt.MessageV1
+}
 
 func (e *conflictError) Error() string { return e.msg }
 
@@ -225,7 +231,21 @@ type conflictCheck struct {
 
 // add records a conflict of field, with value, of the object checked.
 func (c *conflictCheck) add(field, value, reason string, args ...any) {
-	c.errs = append(c.errs, fmt.Errorf("%s: %s %q %s", describe(c.obj.Key()), field, value, fmt.Sprintf(reason, args...)))
+	c.errs = append(c.errs, &claimError{object: describe(c.obj.Key()), field: field, value: value, reason: fmt.Sprintf(reason, args...)})
+}
+
+// claimError is a conflict of one field of an object: `endpoint "t/web": spec.ips
+// "10.1.0.5" is already used by endpoint "t/db" in network "net1"`.
+type claimError struct {
+	// object names the object, as describe does.
+	object string
+	// field is the field's path, value its value, and reason what holds it or why it
+	// may not be.
+	field, value, reason string
+}
+
+func (e *claimError) Error() string {
+	return fmt.Sprintf("%s: %s %q %s", e.object, e.field, e.value, e.reason)
 }
 
 // holder returns the object other than the one checked that holds the index key, or nil.

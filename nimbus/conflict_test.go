@@ -2,6 +2,7 @@ package nimbus
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -187,6 +188,9 @@ func TestApplyBatchConflicts(t *testing.T) {
 	if st.Message() != want {
 		t.Fatalf("ApplyBatch refused with\n%s\nwant\n%s", st.Message(), want)
 	}
+	if fields, _, _ := violations(t, st); len(fields) != 1 || fields[0] != "objects[1].spec.ips" {
+		t.Errorf("violations of fields %q, want objects[1].spec.ips", fields)
+	}
 	if got := ts.get(t, webA().Key()).GetObject(); !proto.Equal(got, before) {
 		t.Fatalf("web-a after a refused batch = %v, want it unchanged", got)
 	}
@@ -246,8 +250,12 @@ func TestEtcdRefusesConflicts(t *testing.T) {
 	objs = append(objs, conflictCases[0].obj)
 	_, err := a.client.ApplyBatch(testContext(t), &nimbusv1.ApplyBatchRequest{Objects: objs})
 	want := "objects[5] (Endpoint/default/default/aaa): " + conflictCases[0].want
-	if st := wantCode(t, err, codes.FailedPrecondition); st.Message() != want {
+	st := wantCode(t, err, codes.FailedPrecondition)
+	if st.Message() != want {
 		t.Fatalf("ApplyBatch of 3 transactions refused with\n%s\nwant\n%s", st.Message(), want)
+	}
+	if fields, _, _ := violations(t, st); len(fields) != 1 || !strings.HasPrefix(fields[0], "objects[5].spec.") {
+		t.Errorf("violations of fields %q, want one of objects[5].spec", fields)
 	}
 	list, err := a.client.List(testContext(t), &nimbusv1.ListRequest{Kind: nimbusv1.Kind_KIND_ROUTE})
 	if err != nil {

@@ -30,7 +30,9 @@
 // (`objects[3] (Route/default/default/x): spec.prefix "10.0.0.0/33": ...`) before
 // anything is stored. A key may appear only once per call; a second appearance is refused
 // the same way, naming both positions, because a batch means one final state per object.
-// Each object that changes still takes its own revision, consecutive in the order of the
+// The status carries the same as an errdetails.BadRequest whose field violations name
+// each bad entry and field, `objects[3].spec.prefix`, so that a client finds the entries
+// without reading the message (nimbusv1.BadEntriesReason says how). Each object that changes still takes its own revision, consecutive in the order of the
 // call, and unchanged ones take none. ApplyBatch answers with every stored object unless
 // the request sets omit_objects, when each result carries only the generation and revision
 // stored. A single Apply or Delete is a batch of one: both go through the same commit path.

@@ -760,7 +760,8 @@ func (e *etcdStore) checkConflicts(b *batch) error {
 			}
 			w.obj = proto.Clone(w.obj).(*nimbusv1.Object)
 			if _, _, err := stageApply(txn, w, 0, now); err != nil {
-				conflicts.add(b.at(i), err)
+				pos, id := b.at(i)
+				conflicts.add(pos, id, err)
 			}
 		}
 		return cur, nil, conflicts.conflictErr()
@@ -831,7 +832,8 @@ func (e *etcdStore) commitChunk(b *batch, from, to int) (committed bool, err err
 					c, out = stageDelete(txn, w, sub)
 				}
 				if err != nil {
-					conflicts.add(b.at(i), err)
+					pos, id := b.at(i)
+					conflicts.add(pos, id, err)
 					continue
 				}
 				// Every write, a change or not, holds only if etcd still has the object as the

@@ -492,7 +492,12 @@ func rpcError(err error) error {
 		return status.Error(codes.Unavailable, err.Error())
 	}
 	if errors.Is(err, ErrConflict) {
-		return status.Error(codes.FailedPrecondition, err.Error())
+		st := status.New(codes.FailedPrecondition, err.Error())
+		var ce *conflictError
+		if errors.As(err, &ce) {
+			st = withDetails(st, ce.details)
+		}
+		return st.Err()
 	}
 	return status.Error(codes.Internal, err.Error())
 }

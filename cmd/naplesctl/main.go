@@ -1,5 +1,5 @@
 // Command naplesctl applies, gets and deletes naples desired-state objects in nimbus. See
-// package internal/naplesctl for the commands.
+// package cli for the commands.
 package main
 
 import (
@@ -9,17 +9,17 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/naplesnet/naples/cmd/naplesctl/cli"
 	"github.com/naplesnet/naples/internal/exitstatus"
-	"github.com/naplesnet/naples/internal/naplesctl"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := naplesctl.Run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.Getenv)
+	err := cli.Run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.Getenv)
 	stop()
 	if err != nil {
 		// The error may quote what nimbus or a node said: escaped, as all output is.
-		fmt.Fprintf(os.Stderr, "naplesctl: %s\n", naplesctl.Printable(err.Error()))
+		fmt.Fprintf(os.Stderr, "naplesctl: %s\n", cli.Printable(err.Error()))
 		// 2 for a usage error, 1 for any other.
 		os.Exit(exitstatus.Of(err))
 	}

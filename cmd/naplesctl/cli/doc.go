@@ -1,4 +1,4 @@
-// Package naplesctl is the naplesctl command line: it applies, gets and deletes nimbus
+// Package cli is the naplesctl command line: it applies, gets and deletes nimbus
 // objects written in the manifest shape of package manifest.
 //
 //	naplesctl apply -f route.yaml
@@ -15,7 +15,9 @@
 //
 // apply validates every object of every file before it sends any: one invalid object
 // refuses the whole apply, naming the file, the document, the field and the value. It then
-// applies the objects one by one, in file order, and prints per object whether it was
-// created, configured (with its new generation) or unchanged. delete is idempotent: an
+// applies the objects in file order, in batches, with package controller, which apply,
+// delete and wait use to talk to nimbus, and prints per object whether it was created,
+// configured (with its new generation) or unchanged; an object nimbus refuses is named by
+// its document too. delete is idempotent: an
 // object that is already gone is reported as not found, which is not an error.
-package naplesctl
+package cli

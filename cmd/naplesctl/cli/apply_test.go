@@ -1,4 +1,4 @@
-package naplesctl
+package cli
 
 import (
 	"encoding/json"
@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/naplesnet/naples/controller"
 	"github.com/naplesnet/naples/internal/address"
 	"github.com/naplesnet/naples/nimbus"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -151,10 +152,14 @@ func TestApplyInvalidInLaterBatchStoresNothing(t *testing.T) {
 	const n, bad, pad = 2500, 2497, 2048 // 5.6 MiB: two batches
 	e := newBatchEnv(t)
 	path, objs := e.manyRoutes("routes.json", n, bad, pad)
-	// The premise: the bad object is not in the first batch.
-	first := batches(len(objs), func(i int) int { return proto.Size(objs[i]) + applyEntryOverhead })[0]
-	if first.end > bad {
-		t.Fatalf("the first batch holds objects %v, the bad one too", first)
+	// The premise: the bad object is not in the first batch, as the objects before it are
+	// more than a batch holds.
+	var before int
+	for _, o := range objs[:bad] {
+		before += proto.Size(o)
+	}
+	if before <= controller.DefaultMaxBatchBytes {
+		t.Fatalf("the objects before the bad one are %d bytes, which one batch holds", before)
 	}
 
 	err := e.fails("apply", "-f", path)
@@ -188,25 +193,43 @@ func TestApplyRefusesDuplicates(t *testing.T) {
 		`argument 4: route/to-dc2: key.name "to-dc2": the same object as argument 2`, "nothing deleted")
 }
 
-func TestBatches(t *testing.T) {
-	const third = maxBatchBytes / 3 // three fit a batch, four do not
-	for _, tt := range []struct {
-		name  string
-		costs []int
-		want  []span
-	}{
-		{name: "none"},
-		{name: "one", costs: []int{10}, want: []span{{0, 1}}},
-		{name: "full batches", costs: []int{third, third, third, third, third, third, 10}, want: []span{{0, 3}, {3, 6}, {6, 7}}},
-		{name: "too large alone", costs: []int{1, 2 * maxBatchBytes, 1}, want: []span{{0, 1}, {1, 2}, {2, 3}}},
-		{name: "exactly full", costs: []int{maxBatchBytes - 1, 1, 1}, want: []span{{0, 2}, {2, 3}}},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			got := batches(len(tt.costs), func(i int) int { return tt.costs[i] })
-			if fmt.Sprint(got) != fmt.Sprint(tt.want) {
-				t.Errorf("batches = %v, want %v", got, tt.want)
-			}
-		})
+// TestApplyNamesDocumentNimbusRefused checks that an object nimbus refuses, which
+// naplesctl cannot know to be bad, is named by its document, in a later batch too, and
+// that the error says what the batches before stored.
+func TestApplyNamesDocumentNimbusRefused(t *testing.T) {
+	const n, pad, limit = 2000, 2048, 4096
+	e := newEnvWith(t, nimbus.Options{Limits: nimbus.Limits{ObjectBytes: limit}})
+	many, objs := e.manyRoutes("routes.json", n, -1, pad)
+	// The premise: the routes are more than one batch holds.
+	var size int
+	for _, o := range objs {
+		size += proto.Size(o)
+	}
+	if size <= controller.DefaultMaxBatchBytes {
+		t.Fatalf("the routes are %d bytes, which one batch holds", size)
+	}
+	big := e.file("big.yaml", strings.Replace(routeYAML("big", "198.51.100.0/24", "10.10.0.2"),
+		"  nodes: [host-a]\n", "  nodes: [host-a]\n  labels:\n    pad: "+strings.Repeat("x", limit)+"\n", 1))
+
+	err := e.fails("apply", "-f", big)
+	contains(t, "apply of an object over nimbus's limit", err,
+		"applying "+big+": document 1 (nothing applied): "+big+": document 1: route/big: object Route/default/default/big: ",
+		fmt.Sprintf("over the limit of %d bytes", limit))
+	if status.Code(err) != codes.InvalidArgument {
+		t.Errorf("status.Code(%v) = %v, want InvalidArgument", err, status.Code(err))
+	}
+
+	out, _, err := e.run("", "apply", "-f", many, "-f", big)
+	if err == nil {
+		t.Fatal("apply of an object over nimbus's limit after a batch succeeded")
+	}
+	contains(t, "apply of an object over nimbus's limit after a batch", err,
+		"applying "+many+": document ", " to "+big+": document 1 (the ",
+		" objects before them were applied): "+big+": document 1: route/big: object Route/default/default/big: ")
+	if stored := e.count(nimbusv1.Kind_KIND_ROUTE); stored == 0 || stored >= n || !strings.Contains(err.Error(), fmt.Sprintf("(the %d objects before them were applied)", stored)) {
+		t.Errorf("nimbus stores %d routes, error %.300q; want the routes of the batches before, as many as it says", stored, err)
+	} else if created := strings.Count(out, " created\n"); created != stored {
+		t.Errorf("apply printed %d routes created, want the %d stored", created, stored)
 	}
 }
 
@@ -214,6 +237,7 @@ func TestBatches(t *testing.T) {
 // call, comes out naming the documents.
 func TestBatchErrorNamesDocuments(t *testing.T) {
 	s := &session{addr: address.List{{Network: "unix", Addr: "/run/n.sock"}}}
+	// The objects applied before are 5, these the 6th and 7th.
 	srcs := []source{
 		{file: "a.yaml", doc: 7, obj: &nimbusv1.Object{Meta: &nimbusv1.ObjectMeta{Name: "ok"}, Spec: &nimbusv1.Object_Route{}}},
 		{file: "a.yaml", doc: 8, obj: &nimbusv1.Object{Meta: &nimbusv1.ObjectMeta{Name: "x"}, Spec: &nimbusv1.Object_Route{}}},
@@ -221,9 +245,12 @@ func TestBatchErrorNamesDocuments(t *testing.T) {
 	msg := `objects[1] (Route/default/default/x): spec.prefix "10.0.0.0/33": prefix length out of range` + "\n" +
 		`objects[1] (Route/default/default/x): spec.nexthops[0].gateway "nope": not an IP address` + "\n" +
 		"(3 more bad entries not shown)"
-	err := s.batchError(status.Error(codes.InvalidArgument, msg), "objects", func(i int) string {
-		return fmt.Sprintf("%v: %s", srcs[i], ref(srcs[i].obj.Key()))
-	})
+	be := &controller.BatchError{First: 5, End: 7, Omitted: 3, Err: status.Error(codes.InvalidArgument, msg), Entries: []controller.BatchEntry{
+		{Index: 6, Field: "spec.prefix", Message: `spec.prefix "10.0.0.0/33": prefix length out of range`},
+		{Index: 6, Field: "spec.nexthops[0].gateway", Message: `spec.nexthops[0].gateway "nope": not an IP address`},
+	}}
+	where := func(i int) string { return fmt.Sprintf("%v: %s", srcs[i-5], ref(srcs[i-5].obj.Key())) }
+	err := s.batchError(be, where)
 	equal(t, "mapped refusal", err.Error(), ""+
 		`a.yaml: document 8: route/x: spec.prefix "10.0.0.0/33": prefix length out of range`+"\n"+
 		`a.yaml: document 8: route/x: spec.nexthops[0].gateway "nope": not an IP address`+"\n"+
@@ -231,7 +258,7 @@ func TestBatchErrorNamesDocuments(t *testing.T) {
 	if status.Code(err) != codes.InvalidArgument {
 		t.Errorf("status.Code(%v) = %v, want InvalidArgument", err, status.Code(err))
 	}
-	err = batchFailed("applying", "applied", describeSpan(srcs), span{5, 7}, err)
+	err = s.batchFailed("applying", "applied", be, func(first, end int) string { return describeSpan(srcs[first-5 : end-5]) }, where)
 	if !strings.HasPrefix(err.Error(), "applying a.yaml: documents 7 to 8 (the 5 objects before them were applied):\na.yaml: document 8") {
 		t.Errorf("error of a later batch = %q, want it to say which documents and that the ones before were applied", err)
 	}
@@ -245,13 +272,12 @@ func TestBatchErrorNamesDocumentsOfAConflict(t *testing.T) {
 	srcs := []source{
 		{file: "a.yaml", doc: 3, obj: &nimbusv1.Object{Meta: &nimbusv1.ObjectMeta{Name: "aaa"}, Spec: &nimbusv1.Object_Endpoint{}}},
 	}
-	msg := `objects[0] (Endpoint/default/default/aaa): endpoint "default/aaa": spec.ips "10.1.0.5" is already used by endpoint "default/web-a" in network "net1"`
-	err := s.batchError(status.Error(codes.FailedPrecondition, msg), "objects", func(i int) string {
-		return fmt.Sprintf("%v: %s", srcs[i], ref(srcs[i].obj.Key()))
-	})
-	err = batchFailed("applying", "applied", describeSpan(srcs), span{0, 1}, err)
-	equal(t, "mapped conflict", err.Error(), `applying a.yaml: document 3 (nothing applied): a.yaml: document 3: endpoint/aaa: `+
-		`endpoint "default/aaa": spec.ips "10.1.0.5" is already used by endpoint "default/web-a" in network "net1"`)
+	conflict := `endpoint "default/aaa": spec.ips "10.1.0.5" is already used by endpoint "default/web-a" in network "net1"`
+	be := &controller.BatchError{First: 0, End: 1, Err: status.Error(codes.FailedPrecondition, `objects[0] (Endpoint/default/default/aaa): `+conflict),
+		Entries: []controller.BatchEntry{{Index: 0, Field: "spec.ips", Message: conflict}}}
+	err := s.batchFailed("applying", "applied", be, func(first, end int) string { return describeSpan(srcs[first:end]) },
+		func(i int) string { return fmt.Sprintf("%v: %s", srcs[i], ref(srcs[i].obj.Key())) })
+	equal(t, "mapped conflict", err.Error(), `applying a.yaml: document 3 (nothing applied): a.yaml: document 3: endpoint/aaa: `+conflict)
 	if status.Code(err) != codes.FailedPrecondition {
 		t.Errorf("status.Code(%v) = %v, want FailedPrecondition", err, status.Code(err))
 	}

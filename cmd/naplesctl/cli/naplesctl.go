@@ -1,4 +1,4 @@
-package naplesctl
+package cli
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/naplesnet/naples/controller"
 	"github.com/naplesnet/naples/internal/address"
 	"github.com/naplesnet/naples/internal/codec"
 	"github.com/naplesnet/naples/internal/exitstatus"
@@ -170,6 +172,16 @@ func (c *cli) connect() (*session, error) {
 
 // Close closes the connection.
 func (s *session) Close() error { return s.conn.Close() }
+
+// controller returns a controller client on the session's connection; Close it when done,
+// before the session.
+func (s *session) controller() (*controller.Client, error) {
+	kit, err := controller.New(controller.Options{Conn: s.conn, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return nil, fmt.Errorf("creating the controller client: %w", err)
+	}
+	return kit, nil
+}
 
 // rpcError turns the error of a call into one that reads well: the server's message, which
 // for a bad object names the field and the value, and the code when it adds something.

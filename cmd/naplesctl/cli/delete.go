@@ -1,4 +1,4 @@
-package naplesctl
+package cli
 
 import (
 	"bytes"
@@ -7,8 +7,8 @@ import (
 	"fmt"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/proto"
 
+	"github.com/naplesnet/naples/controller"
 	"github.com/naplesnet/naples/internal/exitstatus"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -47,8 +47,8 @@ deleted. The keys are then sent in order, in as few batches as their size allows
 			var (
 				keys  []*nimbusv1.ObjectKey
 				where func(i int) string
-				// describe names the entries of a span in errors.
-				describe func(sp span) string
+				// describe names the entries [first, end) in errors.
+				describe func(first, end int) string
 			)
 			if len(files) > 0 {
 				if tenant != "" || namespace != "" {
@@ -62,7 +62,7 @@ deleted. The keys are then sent in order, in as few batches as their size allows
 					keys = append(keys, s.obj.Key())
 				}
 				where = func(i int) string { return srcs[i].String() }
-				describe = func(sp span) string { return describeSpan(srcs[sp.start:sp.end]) }
+				describe = func(first, end int) string { return describeSpan(srcs[first:end]) }
 			} else {
 				kind, err := parseKind(args[0])
 				if err != nil {
@@ -73,11 +73,11 @@ deleted. The keys are then sent in order, in as few batches as their size allows
 				}
 				// The names are arguments 2 on, after KIND.
 				where = func(i int) string { return fmt.Sprintf("argument %d", i+2) }
-				describe = func(sp span) string {
-					if sp.end-sp.start == 1 {
-						return ref(keys[sp.start])
+				describe = func(first, end int) string {
+					if end-first == 1 {
+						return ref(keys[first])
 					}
-					return ref(keys[sp.start]) + " to " + ref(keys[sp.end-1])
+					return ref(keys[first]) + " to " + ref(keys[end-1])
 				}
 			}
 			var invalid []error
@@ -102,36 +102,38 @@ deleted. The keys are then sent in order, in as few batches as their size allows
 }
 
 // delete deletes the valid keys in order, in batches, and prints per key whether it was
-// deleted or not found. where names a key's place in errors, describe the keys of a
-// batch.
-func (c *cli) delete(ctx context.Context, keys []*nimbusv1.ObjectKey, where func(i int) string, describe func(sp span) string) error {
+// deleted or not found. where names a key's place in errors, describe the keys [first,
+// end) of a batch.
+func (c *cli) delete(ctx context.Context, keys []*nimbusv1.ObjectKey, where func(i int) string, describe func(first, end int) string) error {
 	sess, err := c.connect()
 	if err != nil {
 		return err
 	}
 	defer sess.Close()
-	for _, sp := range batches(len(keys), func(i int) int { return proto.Size(keys[i]) + deleteEntryOverhead }) {
-		part := keys[sp.start:sp.end]
-		resp, err := sess.nimbus.DeleteBatch(ctx, &nimbusv1.DeleteBatchRequest{Keys: part})
-		if err == nil && len(resp.GetResults()) != len(part) {
-			err = fmt.Errorf("nimbus answered %d results for %d keys", len(resp.GetResults()), len(part))
-		}
-		if err != nil {
-			err = sess.batchError(err, "keys", func(i int) string { return where(sp.start + i) })
-			return batchFailed("deleting", "deleted", describe(sp), sp, err)
-		}
-		// The lines of a batch go out in one write, not one per key.
-		var out bytes.Buffer
-		for i, r := range resp.GetResults() {
-			result := "deleted"
-			if !r.GetFound() {
-				result = "not found"
+	kit, err := sess.controller()
+	if err != nil {
+		return err
+	}
+	defer kit.Close()
+	_, err = kit.DeleteWith(ctx, keys, controller.DeleteOptions{
+		Deleted: func(first int, results []*nimbusv1.DeleteResponse) error {
+			// The lines of a batch go out in one write, not one per key.
+			var out bytes.Buffer
+			for i, r := range results {
+				result := "deleted"
+				if !r.GetFound() {
+					result = "not found"
+				}
+				fmt.Fprintf(&out, "%s %s\n", ref(keys[first+i]), result)
 			}
-			fmt.Fprintf(&out, "%s %s\n", ref(part[i]), result)
-		}
-		if _, err := c.stdout.Write(out.Bytes()); err != nil {
-			return fmt.Errorf("writing results: %w", err)
-		}
+			if _, err := c.stdout.Write(out.Bytes()); err != nil {
+				return fmt.Errorf("writing results: %w", err)
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		return sess.batchFailed("deleting", "deleted", err, describe, where)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package naplesctl
+package cli
 
 import (
 	"crypto/x509"

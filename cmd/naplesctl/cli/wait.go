@@ -1,10 +1,9 @@
-package naplesctl
+package cli
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
 	"time"
 
@@ -122,7 +121,7 @@ type waitState struct {
 func (c *cli) wait(ctx context.Context, sess *session, targets []waitTarget, timeout time.Duration) error {
 	waitCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	kit, err := controller.New(controller.Options{Conn: sess.conn, Logger: slog.New(slog.DiscardHandler)})
+	kit, err := sess.controller()
 	if err != nil {
 		return fmt.Errorf("waiting: %w", err)
 	}

@@ -1,0 +1,230 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/naplesnet/naples/controller"
+	"github.com/naplesnet/naples/internal/exitstatus"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// applyCommand returns the apply command.
+func (c *cli) applyCommand() *cobra.Command {
+	var (
+		files []string
+		wait  bool
+		o     waitOptions
+	)
+	cmd := &cobra.Command{
+		Use:   "apply -f FILE... [--wait [--timeout D]]",
+		Short: "Create or update the objects in manifest files",
+		Long: `Create or update the objects in manifest files.
+
+Every object of every file is validated first, and an object may appear only once; if
+any is invalid, nothing is applied. The objects are then sent in order, in as few
+batches as their size allows (up to 4 MiB each); nimbus applies each batch whole or not
+at all. For each object a line says whether it was created, configured (with its new
+generation) or unchanged.
+
+With --wait, apply then waits until every applied object, changed or not, is PROGRAMMED
+on every target node at the generation apply stored, as the wait command does: a line
+on stderr shows each change of progress, and apply fails as soon as a node reports
+FAILED, or when --timeout passes.`,
+		Example: `  naplesctl apply -f route.yaml
+  cat route.yaml | naplesctl apply -f -
+  naplesctl apply -f route.yaml --wait --timeout 30s`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var timeout time.Duration
+			if wait {
+				var err error
+				if timeout, err = o.parseTimeout(); err != nil {
+					return err
+				}
+			} else if cmd.Flags().Changed("timeout") {
+				return exitstatus.Mark(errors.New("--timeout needs --wait"))
+			}
+			return c.apply(cmd.Context(), files, wait, timeout)
+		},
+	}
+	cmd.Flags().StringArrayVarP(&files, "filename", "f", nil, `manifest file to apply, "-" for stdin; repeatable`)
+	cmd.Flags().BoolVar(&wait, "wait", false, "wait until every object is programmed on every target node")
+	o.addTimeoutFlag(cmd, "with --wait")
+	_ = cmd.MarkFlagRequired("filename") // cannot fail: the flag exists
+	return cmd
+}
+
+// apply validates every object of files and, when all are valid and none appears twice,
+// applies them in order, in batches; with wait, it then waits for them for up to timeout.
+func (c *cli) apply(ctx context.Context, files []string, wait bool, timeout time.Duration) error {
+	srcs, err := c.readManifests(files)
+	if err != nil {
+		return err
+	}
+	var invalid []error
+	for _, s := range srcs {
+		if err := s.obj.Validate(); err != nil {
+			for _, fe := range fieldErrors(err) {
+				invalid = append(invalid, fmt.Errorf("%v: %s: %w", s, ref(s.obj.Key()), fe))
+			}
+		}
+	}
+	keys := make([]*nimbusv1.ObjectKey, len(srcs))
+	for i, s := range srcs {
+		keys[i] = s.obj.Key()
+	}
+	invalid = append(invalid, duplicates(keys, "meta.name", func(i int) string { return srcs[i].String() })...)
+	if len(invalid) > 0 {
+		return fmt.Errorf("validating objects, nothing applied:\n%w", errors.Join(invalid...))
+	}
+
+	sess, err := c.connect()
+	if err != nil {
+		return err
+	}
+	defer sess.Close()
+	kit, err := sess.controller()
+	if err != nil {
+		return err
+	}
+	defer kit.Close()
+	objs := make([]*nimbusv1.Object, len(srcs))
+	for i, s := range srcs {
+		objs[i] = s.obj
+	}
+	targets := make([]waitTarget, 0, len(srcs))
+	_, err = kit.ApplyWith(ctx, objs, controller.ApplyOptions{
+		// apply needs only the generation of each stored object, so nimbus leaves the
+		// objects out of its answer.
+		OmitObjects: true,
+		Applied: func(first int, results []*nimbusv1.ApplyResponse) error {
+			// The lines of a batch go out in one write, not one per object.
+			var out bytes.Buffer
+			for i, r := range results {
+				result, gen := applyResult(r)
+				key := srcs[first+i].obj.Key()
+				fmt.Fprintf(&out, "%s %s\n", ref(key), result)
+				targets = append(targets, waitTarget{key: key, generation: gen})
+			}
+			if _, err := c.stdout.Write(out.Bytes()); err != nil {
+				return fmt.Errorf("writing results: %w", err)
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		return sess.batchFailed("applying", "applied", err,
+			func(first, end int) string { return describeSpan(srcs[first:end]) },
+			func(i int) string { return fmt.Sprintf("%v: %s", srcs[i], ref(srcs[i].obj.Key())) })
+	}
+	if !wait {
+		return nil
+	}
+	return c.wait(ctx, sess, targets, timeout)
+}
+
+// applyResult says what an apply did: "created", "configured (generation 2)" or
+// "unchanged", and which generation the stored object has.
+func applyResult(r *nimbusv1.ApplyResponse) (string, int64) {
+	gen := r.GetObject().GetMeta().GetGeneration()
+	switch {
+	case !r.GetChanged():
+		return "unchanged", gen
+	case r.GetCreated():
+		return "created", gen
+	}
+	return fmt.Sprintf("configured (generation %d)", gen), gen
+}
+
+// duplicates returns an error for every key that appears again after its first place,
+// naming both places with where. The error is a *nimbusv1.FieldError for the field that
+// holds the name, as the keys come from objects (meta.name) or were given as keys
+// (key.name).
+func duplicates(keys []*nimbusv1.ObjectKey, field string, where func(i int) string) []error {
+	var errs []error
+	first := make(map[string]int, len(keys))
+	for i, k := range keys {
+		id := k.ID()
+		if j, ok := first[id]; ok {
+			fe := &nimbusv1.FieldError{Field: field, Value: k.GetName(),
+				Reason: "the same object as " + where(j) + " (an object may appear once)"}
+			errs = append(errs, fmt.Errorf("%s: %s: %w", where(i), ref(k), fe))
+			continue
+		}
+		first[id] = i
+	}
+	return errs
+}
+
+// batchFailed returns the error of an apply or delete whose call to nimbus failed: verb
+// says what was being done ("applying"), done what the calls before it did ("applied"),
+// describe names the entries [first, end) of the failed call, and where names an entry
+// refused. It says what is known to be stored: the entries of the calls before, and
+// nothing of the refused call when nimbus refused it before looking at the store. An err
+// that is no *controller.BatchError of a call is returned as it is.
+func (s *session) batchFailed(verb, done string, err error, describe func(first, end int) string, where func(i int) string) error {
+	var be *controller.BatchError
+	if !errors.As(err, &be) || be.End == 0 {
+		return err
+	}
+	err = s.batchError(be, where)
+	var note string
+	switch {
+	case be.First == 1:
+		note = " (the object before them was " + done + ")"
+	case be.First > 1:
+		note = fmt.Sprintf(" (the %d objects before them were %s)", be.First, done)
+	default:
+		switch status.Code(err) {
+		case codes.InvalidArgument, codes.FailedPrecondition, codes.PermissionDenied, codes.Unauthenticated, codes.ResourceExhausted:
+			note = " (nothing " + done + ")"
+		}
+	}
+	sep := " "
+	if strings.Contains(err.Error(), "\n") {
+		sep = "\n"
+	}
+	return fmt.Errorf("%s %s%s:%s%w", verb, describe(be.First, be.End), note, sep, err)
+}
+
+// batchError turns the error of a failed batch call into one that reads well, as
+// rpcError does, and names the entries nimbus refused, invalid or in conflict with stored
+// objects, by where instead of by their position: a line per refused field,
+// `routes.yaml: document 3: route/x: spec.prefix "10.0.0.0/33": prefix length out of
+// range`. The gRPC status stays reachable with status.FromError.
+func (s *session) batchError(be *controller.BatchError, where func(i int) string) error {
+	st, ok := status.FromError(be.Err)
+	if !ok || len(be.Entries) == 0 || (st.Code() != codes.InvalidArgument && st.Code() != codes.FailedPrecondition) {
+		return s.rpcError(be.Err)
+	}
+	lines := make([]string, 0, len(be.Entries)+1)
+	for _, e := range be.Entries {
+		lines = append(lines, where(e.Index)+": "+e.Message)
+	}
+	if be.Omitted > 0 {
+		lines = append(lines, fmt.Sprintf("(%d more bad entries not shown)", be.Omitted))
+	}
+	return &statusError{st: status.New(st.Code(), strings.Join(lines, "\n")), addr: s.addr, tls: s.tls}
+}
+
+// describeSpan names where consecutive objects were read: "routes.yaml: document 3",
+// "routes.yaml: documents 1 to 5000", "a.yaml: document 2 to b.yaml: document 7".
+func describeSpan(srcs []source) string {
+	first, last := srcs[0], srcs[len(srcs)-1]
+	switch {
+	case len(srcs) == 1:
+		return first.String()
+	case first.file == last.file:
+		return fmt.Sprintf("%s: documents %d to %d", first.file, first.doc, last.doc)
+	}
+	return fmt.Sprintf("%v to %v", first, last)
+}
