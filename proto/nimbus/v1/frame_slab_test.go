@@ -230,8 +230,9 @@ func BenchmarkUnmarshalVTUnsafeSlab(b *testing.B) {
 			b.Run(fmt.Sprintf("labels=%d/%s", len(labels), bc.name), func(b *testing.B) {
 				b.ReportAllocs()
 				b.SetBytes(int64(len(data)))
+				var f WatchFrame
 				for b.Loop() {
-					var f WatchFrame
+					f = WatchFrame{}
 					if err := bc.decode(&f, data); err != nil {
 						b.Fatal(err)
 					}
