@@ -25,14 +25,14 @@ import (
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
-// The fan-out benchmark: nimbus with 10,000 objects targeted at every node, and 1, 100 or
-// 1000 watching clients over real gRPC on loopback TCP, each client on a connection of
-// its own, as agents are. It measures the time until every client has its initial
-// snapshot (SYNCED), the p50/p99 time for one update to reach all clients, and the heap
-// in use. The same run measures the floor: a bare gRPC stream that sends the same bytes
-// (the snapshot's events packed into frames as nimbus packs them, SYNCED, then each
-// update in a frame of its own) to the same number of clients; the ratios are nimbus over
-// the floor.
+// The fan-out benchmark: nimbus with 10,000 routes targeted at every node, labelled and
+// with several next hops as users write them (benchObject), and 1, 100 or 1000 watching
+// clients over real gRPC on loopback TCP, each client on a connection of its own, as
+// agents are. It measures the time until every client has its initial snapshot (SYNCED),
+// the p50/p99 time for one update to reach all clients, and the heap in use. The same run
+// measures the floor: a bare gRPC stream that sends the same bytes (the snapshot's events
+// packed into frames as nimbus packs them, SYNCED, then each update in a frame of its
+// own) to the same number of clients; the ratios are nimbus over the floor.
 //
 // The clients decode every frame they receive, events and objects, as an agent does and
 // with the agent's codec (internal/codec), so the client side costs what it costs in
@@ -78,12 +78,21 @@ type fanoutResult struct {
 	heapMiB  float64
 }
 
+// benchObject is the i-th route as users write them: a name, two labels, and three
+// next hops (an ECMP route over a bond), the first through gw.
 func benchObject(i int, gw string) *nimbusv1.Object {
 	return &nimbusv1.Object{
-		Meta: &nimbusv1.ObjectMeta{Name: fmt.Sprintf("route-%05d", i)},
+		Meta: &nimbusv1.ObjectMeta{
+			Name:   fmt.Sprintf("to-rack-%05d", i),
+			Labels: map[string]string{"app": "web", "env": "prod"},
+		},
 		Spec: &nimbusv1.Object_Route{Route: &nimbusv1.RouteSpec{
 			Table: 100, Prefix: fmt.Sprintf("10.%d.%d.0/24", i/256, i%256),
-			Nexthops: []*nimbusv1.NextHop{{Gateway: gw}},
+			Nexthops: []*nimbusv1.NextHop{
+				{Gateway: gw, Device: "bond0", Weight: 1},
+				{Gateway: "192.0.2.250", Device: "bond0", Weight: 1},
+				{Gateway: "192.0.2.251", Device: "bond0", Weight: 1},
+			},
 		}},
 	}
 }

@@ -12,11 +12,13 @@
 // update) pairs), and the Go heap in use after the snapshot; it reports those and the
 // ratios nimbus/xDS for the snapshot time and CPU time, the update p99 and the heap.
 //
-// nimbus holds Route objects (table 100, a /24 prefix, one next hop) and its clients call
-// Watch until SYNCED, decoding with the agent's codec (nimbusclient.CodecOption:
-// internal/codec with vtprotobuf's generated code, strings as views of each frame's bytes). go-control-plane holds, in a LinearCache (its cache for one type
-// whose resources change one at a time), one envoy.config.route.v3.RouteConfiguration per
-// route, carrying the same name, table, prefix and gateway; its clients open
+// nimbus holds Route objects as users write them (two labels, table 100, a /24 prefix,
+// three next hops over a bond) and its clients call Watch until SYNCED, decoding with the
+// agent's codec (nimbusclient.CodecOption: internal/codec with vtprotobuf's generated
+// code, strings as views of each frame's bytes). go-control-plane holds, in a LinearCache
+// (its cache for one type whose resources change one at a time), one
+// envoy.config.route.v3.RouteConfiguration per route, carrying the same name, labels (in
+// its metadata), table, prefix, gateways, device and weights; its clients open
 // DeltaAggregatedResources, subscribe to every route configuration, unmarshal every
 // resource's Any into a RouteConfiguration and ACK every response with its nonce, as
 // Envoy does, and have the snapshot once they hold all 10,000; they decode as Go clients

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"runtime"
 	"runtime/pprof"
@@ -28,6 +29,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/naplesnet/naples/nimbus"
 	"github.com/naplesnet/naples/nimbusclient"
@@ -166,7 +169,21 @@ func listen(b *testing.B) net.Listener {
 }
 
 // routeName is the name of the i-th route, on both sides.
-func routeName(i int) string { return fmt.Sprintf("route-%05d", i) }
+func routeName(i int) string { return fmt.Sprintf("%s%05d", routeNamePrefix, i) }
+
+// routeNamePrefix starts every route's name.
+const routeNamePrefix = "to-rack-"
+
+// routeLabels are the labels of every route, on both sides: nimbus's in the object's
+// meta, xDS's in the RouteConfiguration's metadata.
+var routeLabels = map[string]string{"app": "web", "env": "prod"}
+
+// routeDevice is the device of every next hop, on both sides.
+const routeDevice = "bond0"
+
+// routeGateways are the next hops of a route whose first gateway is gw, on both sides: an
+// ECMP route over three gateways.
+func routeGateways(gw string) []string { return []string{gw, "192.0.2.250", "192.0.2.251"} }
 
 // routePrefix is the i-th route's destination, on both sides.
 func routePrefix(i int) string { return fmt.Sprintf("10.%d.%d.0/24", i/256, i%256) }
@@ -174,13 +191,17 @@ func routePrefix(i int) string { return fmt.Sprintf("10.%d.%d.0/24", i/256, i%25
 // updateGateway is the gateway the i-th update sets, a different one each time.
 func updateGateway(i int) string { return fmt.Sprintf("192.0.2.%d", 2+i%200) }
 
-// benchObject is the i-th nimbus Route object, as nimbus's own fan-out benchmark builds it.
+// benchObject is the i-th nimbus Route object, as nimbus's own fan-out benchmark builds it:
+// as users write routes, with a name, two labels and three next hops.
 func benchObject(i int, gw string) *nimbusv1.Object {
+	var hops []*nimbusv1.NextHop
+	for _, g := range routeGateways(gw) {
+		hops = append(hops, &nimbusv1.NextHop{Gateway: g, Device: routeDevice, Weight: 1})
+	}
 	return &nimbusv1.Object{
-		Meta: &nimbusv1.ObjectMeta{Name: routeName(i)},
+		Meta: &nimbusv1.ObjectMeta{Name: routeName(i), Labels: maps.Clone(routeLabels)},
 		Spec: &nimbusv1.Object_Route{Route: &nimbusv1.RouteSpec{
-			Table: 100, Prefix: routePrefix(i),
-			Nexthops: []*nimbusv1.NextHop{{Gateway: gw}},
+			Table: 100, Prefix: routePrefix(i), Nexthops: hops,
 		}},
 	}
 }
@@ -273,17 +294,35 @@ func nimbusTarget(b *testing.B) fanoutTarget {
 }
 
 // routeConfig is the xDS counterpart of benchObject: a RouteConfiguration of the same name
-// whose one virtual host, named after the table, sends the route's prefix to a cluster
-// named after the gateway.
+// whose metadata holds the route's labels, as Envoy's API carries them (filter metadata
+// under one key), and whose one virtual host, named after the table, sends the route's
+// prefix to a cluster per next hop, weighted, named after its device and gateway.
 func routeConfig(i int, gw string) *routev3.RouteConfiguration {
+	labels := make(map[string]any, len(routeLabels))
+	for k, v := range routeLabels {
+		labels[k] = v
+	}
+	md, err := structpb.NewStruct(labels)
+	if err != nil {
+		panic(fmt.Sprintf("labels as a struct: %v", err))
+	}
+	var clusters []*routev3.WeightedCluster_ClusterWeight
+	for _, g := range routeGateways(gw) {
+		clusters = append(clusters, &routev3.WeightedCluster_ClusterWeight{
+			Name: routeDevice + "/" + g, Weight: wrapperspb.UInt32(1),
+		})
+	}
 	return &routev3.RouteConfiguration{
-		Name: routeName(i),
+		Name:     routeName(i),
+		Metadata: &core.Metadata{FilterMetadata: map[string]*structpb.Struct{"naples.labels": md}},
 		VirtualHosts: []*routev3.VirtualHost{{
 			Name:    "table-100",
 			Domains: []string{"*"},
 			Routes: []*routev3.Route{{
-				Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: routePrefix(i)}},
-				Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: gw}}},
+				Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: routePrefix(i)}},
+				Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_WeightedClusters{
+					WeightedClusters: &routev3.WeightedCluster{Clusters: clusters},
+				}}},
 			}},
 		}},
 	}
@@ -386,7 +425,7 @@ func xdsClient(b *testing.B, ads discovery.AggregatedDiscoveryService_DeltaAggre
 				updated()
 				continue
 			}
-			i, err := strconv.Atoi(strings.TrimPrefix(rc.GetName(), "route-"))
+			i, err := strconv.Atoi(strings.TrimPrefix(rc.GetName(), routeNamePrefix))
 			if err != nil || i < 0 || i >= fanoutObjects {
 				b.Errorf("decoding %s: unexpected route name %q", r.GetName(), rc.GetName())
 				return

@@ -16,15 +16,17 @@ const (
 
 // PooledFrame is one watch frame received into storage that a pool lends: a copy of the
 // frame's bytes and its decoded messages, taken from arrays (as UnmarshalVTUnsafeSlab
-// takes them) that the storage keeps from one frame to the next. A stream of frames
-// received this way allocates next to nothing once its storage is as large as its frames
-// need, and leaves the garbage collector next to nothing to collect.
+// takes them) that the storage keeps from one frame to the next, with the maps of their
+// labels, which it clears and keeps too. A stream of frames received this way allocates
+// next to nothing once its storage is as large as its frames need, and leaves the garbage
+// collector next to nothing to collect.
 //
 // Receive into it with a gRPC stream's RecvMsg, through a codec that knows it
 // (internal/codec's, with ShareData), read Events, and call Release once nothing refers
-// to the frame's messages or strings any more: Release zeroes every message, and the next
-// frame decoded into the same storage overwrites the bytes the strings are views of. What
-// must outlive the frame must be copied first (proto.Clone, strings.Clone).
+// to the frame's messages, maps or strings any more: Release zeroes every message and
+// empties every map, and the next frame decoded into the same storage fills them again
+// and overwrites the bytes the strings are views of. What must outlive the frame must be
+// copied first (proto.Clone, maps.Clone, strings.Clone).
 //
 // A PooledFrame that receives again releases the frame it held. The zero PooledFrame is
 // ready to use; it is not safe for concurrent use.
@@ -96,8 +98,8 @@ func (p *PooledFrame) Size() int {
 	return len(p.st.data)
 }
 
-// Release zeroes the frame's messages and returns its storage to the pool; p is then
-// empty. Releasing an empty PooledFrame does nothing.
+// Release zeroes the frame's messages, empties their maps and returns its storage to the
+// pool; p is then empty. Releasing an empty PooledFrame does nothing.
 func (p *PooledFrame) Release() {
 	st := p.st
 	if st == nil {

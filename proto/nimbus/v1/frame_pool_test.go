@@ -19,9 +19,15 @@ func receive(t testing.TB, p *PooledFrame, data []byte) {
 // one PooledFrame and checks each against the generated decoder: storage reused from a
 // larger, a smaller or another kind of frame decodes each exactly.
 func TestPooledFrame(t *testing.T) {
-	var routes, ecmp []*WatchEvent
+	var routes, relabelled, ecmp []*WatchEvent
 	for i := range 300 {
 		routes = append(routes, &WatchEvent{Type: WatchEvent_TYPE_PUT, Object: slabRoute(i, 1, i%2 == 0), Revision: uint64(i + 1)})
+		// The same routes with their neighbours' labels and nodes: maps and slices
+		// reused from routes must hold these alone.
+		o := slabRoute(i, 1, i%2 == 0)
+		n := slabRoute(i+1, 1, false).Meta
+		o.Meta.Labels, o.Meta.Nodes = n.Labels, n.Nodes
+		relabelled = append(relabelled, &WatchEvent{Type: WatchEvent_TYPE_PUT, Object: o, Revision: uint64(i + 1)})
 		ecmp = append(ecmp, &WatchEvent{Type: WatchEvent_TYPE_PUT, Object: slabRoute(i, 1+i%4, true), Revision: uint64(i + 1)})
 	}
 	mixed := []*WatchEvent{
@@ -31,6 +37,7 @@ func TestPooledFrame(t *testing.T) {
 	}
 	frames := [][]byte{
 		marshalFrame(t, routes, nil),
+		marshalFrame(t, relabelled, nil),
 		marshalFrame(t, routes[:7], nil),
 		marshalFrame(t, mixed, nil),
 		marshalFrame(t, ecmp, nil), // more next hops than the storage has room for
@@ -61,13 +68,13 @@ func TestPooledFrameReleaseZeroes(t *testing.T) {
 	var p PooledFrame
 	receive(t, &p, marshalFrame(t, []*WatchEvent{{Type: WatchEvent_TYPE_PUT, Object: slabRoute(1, 2, true), Revision: 9}}, nil))
 	ev := p.Events()[0]
-	obj, route := ev.GetObject(), ev.GetObject().GetRoute()
-	if obj.GetMeta().GetName() != "route-1" || len(route.GetNexthops()) != 2 {
+	obj, route, labels := ev.GetObject(), ev.GetObject().GetRoute(), ev.GetObject().GetMeta().GetLabels()
+	if obj.GetMeta().GetName() != "route-1" || len(route.GetNexthops()) != 2 || len(labels) != 1 {
 		t.Fatalf("decoded %v", ev)
 	}
 	p.Release()
-	if ev.GetRevision() != 0 || ev.GetObject() != nil || obj.GetMeta() != nil || route.GetPrefix() != "" {
-		t.Errorf("after Release the event reads %v, its object %v, its route %v; want them empty", ev, obj, route)
+	if ev.GetRevision() != 0 || ev.GetObject() != nil || obj.GetMeta() != nil || route.GetPrefix() != "" || len(labels) != 0 {
+		t.Errorf("after Release the event reads %v, its object %v, its route %v, its labels %v; want them empty", ev, obj, route, labels)
 	}
 	if p.Events() != nil || p.Size() != 0 {
 		t.Errorf("after Release: %d events, %d bytes; want none", len(p.Events()), p.Size())
@@ -76,13 +83,12 @@ func TestPooledFrameReleaseZeroes(t *testing.T) {
 }
 
 // TestFrameStorageReuseAllocatesNothing checks what PooledFrame is for: once its storage
-// has decoded a frame, decoding a frame as large again allocates nothing.
+// has decoded a frame, decoding a frame as large again allocates nothing, labels and
+// target nodes included.
 func TestFrameStorageReuseAllocatesNothing(t *testing.T) {
 	var events []*WatchEvent
 	for i := range 200 {
-		o := slabRoute(i, 1, true)
-		o.Meta.Labels, o.Meta.Nodes = nil, nil // a map and a slice of their own each
-		events = append(events, &WatchEvent{Type: WatchEvent_TYPE_PUT, Object: o, Revision: uint64(i + 1)})
+		events = append(events, &WatchEvent{Type: WatchEvent_TYPE_PUT, Object: slabRoute(i, 1+i%3, true), Revision: uint64(i + 1)})
 	}
 	data := marshalFrame(t, events, nil)
 	var st frameStorage

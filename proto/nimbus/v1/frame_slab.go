@@ -21,10 +21,11 @@ import (
 // keeps dAtA through the object's strings. Use it where, as in an agent's watch, every
 // decoded event is dropped soon after (delphi keeps objects encoded afresh).
 //
-// Events, objects, metas, keys, timestamps and routes (with their next hops) come from
-// the arrays; any other field, or anything the fast path does not expect (an unknown
-// field, a field repeated, a malformed event), is decoded by UnmarshalVTUnsafe, which
-// gives the same result or the same error.
+// Events, objects, metas (with their target nodes), keys, timestamps and routes (with
+// their next hops) come from the arrays, and labels go into a map per labelled meta, one
+// that the storage of a PooledFrame clears and reuses; any other field, or anything the
+// fast path does not expect (an unknown field, a field repeated, a malformed event), is
+// decoded by UnmarshalVTUnsafe, which gives the same result or the same error.
 func (m *WatchFrame) UnmarshalVTUnsafeSlab(dAtA []byte) error {
 	var s frameSlab
 	return s.decode(m, dAtA)
@@ -95,6 +96,8 @@ type frameSlab struct {
 	routes     slab[routeObject]
 	nexthops   slab[NextHop]
 	hopPtrs    slab[*NextHop]
+	nodes      slab[string]
+	labels     mapSlab
 }
 
 // reset zeroes every message handed out, so that the arrays can be handed out again.
@@ -109,6 +112,8 @@ func (s *frameSlab) reset() {
 	s.routes.reset()
 	s.nexthops.reset()
 	s.hopPtrs.reset()
+	s.nodes.reset()
+	s.labels.reset()
 }
 
 // routeObject is a route's oneof wrapper and spec, allocated together.
@@ -151,6 +156,47 @@ func (s *slab[T]) reset() {
 
 // one returns one element.
 func (s *slab[T]) one(chunk int) *T { return &s.take(1, chunk)[0] }
+
+// maxReusedLabels is the most labels a map of a frame's labels may have held to be handed
+// out again: a map keeps the room it grew to, and one grown for a rare object with many
+// labels is left to the garbage collector.
+const maxReusedLabels = 16
+
+// mapSlab hands out the maps of a frame's labels, the maps of the frames before it
+// cleared: a Go map is an allocation of its own (two, once it holds an entry), which no
+// array of maps can share, but a cleared map keeps its room.
+type mapSlab struct {
+	// maps holds the maps handed out since the last reset, then those to hand out again;
+	// used counts the first. A nil map is made when handed out.
+	maps []map[string]string
+	used int
+}
+
+// take returns an empty map.
+func (s *mapSlab) take() map[string]string {
+	if s.used == len(s.maps) {
+		s.maps = append(s.maps, nil)
+	}
+	m := s.maps[s.used]
+	if m == nil {
+		m = make(map[string]string)
+		s.maps[s.used] = m
+	}
+	s.used++
+	return m
+}
+
+// reset clears the maps handed out, so that they can be handed out again.
+func (s *mapSlab) reset() {
+	for i, m := range s.maps[:s.used] {
+		if len(m) > maxReusedLabels {
+			s.maps[i] = nil
+		} else {
+			clear(m)
+		}
+	}
+	s.used = 0
+}
 
 // field reads the field at the start of b: its number and wire type, its value (v for a
 // length-delimited field, x for any other) and the length of the whole field, or n < 0
@@ -294,17 +340,26 @@ func (s *frameSlab) meta(m *ObjectMeta, b []byte) bool {
 		case num == 6 && typ == protowire.VarintType:
 			m.Revision = x
 		case num == 7 && typ == protowire.BytesType:
-			// A label: the generated decoder decodes the one field into a meta of its own.
+			if m.Labels == nil {
+				m.Labels = s.labels.take()
+			}
+			if k, v, ok := label(v); ok {
+				m.Labels[k] = v
+				break
+			}
+			// A label entry with anything else: the generated decoder decodes the one
+			// field into a meta of its own.
 			var one ObjectMeta
 			if one.UnmarshalVTUnsafe(f[:n]) != nil {
 				return false
 			}
-			if m.Labels == nil {
-				m.Labels = one.Labels
-			} else {
-				maps.Copy(m.Labels, one.Labels)
-			}
+			maps.Copy(m.Labels, one.Labels)
 		case num == 8 && typ == protowire.BytesType:
+			if m.Nodes == nil {
+				// Room for this node and those right after it: a repeated field is
+				// encoded in one run. Nodes further on grow the slice.
+				m.Nodes = s.nodes.take(run(b, 8), s.left)[:0]
+			}
 			m.Nodes = append(m.Nodes, unsafeString(v))
 		case num == 9 && typ == protowire.BytesType && m.CreateTime == nil:
 			m.CreateTime = s.timestamps.one(2 * s.left)
@@ -321,6 +376,42 @@ func (s *frameSlab) meta(m *ObjectMeta, b []byte) bool {
 		}
 	}
 	return true
+}
+
+// label returns the key and value of the encoded label entry b, and false when b holds
+// anything but a key and a value (field 1 and 2, each at most once, either left out for
+// "").
+func label(b []byte) (key, value string, ok bool) {
+	var seen [3]bool
+	for len(b) > 0 {
+		num, typ, v, _, n := field(b)
+		if n < 0 || typ != protowire.BytesType || (num != 1 && num != 2) || seen[num] {
+			return "", "", false
+		}
+		seen[num] = true
+		if num == 1 {
+			key = unsafeString(v)
+		} else {
+			value = unsafeString(v)
+		}
+		b = b[n:]
+	}
+	return key, value, true
+}
+
+// run returns the length of the run of length-delimited fields numbered num that starts
+// with the one just read: that one and those at the start of b, the rest of the message.
+func run(b []byte, num protowire.Number) int {
+	n := 1
+	for len(b) > 0 {
+		fnum, typ, _, _, fn := field(b)
+		if fn < 0 || fnum != num || typ != protowire.BytesType {
+			break
+		}
+		b = b[fn:]
+		n++
+	}
+	return n
 }
 
 // timestamp decodes the encoded timestamp b into t, which is empty. It returns false when
@@ -360,8 +451,9 @@ func (s *frameSlab) route(r *RouteSpec, b []byte) bool {
 			r.Prefix = unsafeString(v)
 		case num == 3 && typ == protowire.BytesType:
 			if r.Nexthops == nil {
-				// Room for one: an ECMP route's further next hops grow the slice.
-				r.Nexthops = s.hopPtrs.take(1, s.left)[:0]
+				// Room for this next hop and those right after it (an ECMP route's):
+				// next hops further on grow the slice.
+				r.Nexthops = s.hopPtrs.take(run(b, 3), s.left)[:0]
 			}
 			h := s.nexthops.one(s.left)
 			r.Nexthops = append(r.Nexthops, h)
