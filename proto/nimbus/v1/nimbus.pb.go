@@ -916,7 +916,7 @@ type NetworkSpec struct {
 	// carries: the MTU of the link that holds the node's VTEP address less VXLAN's
 	// overhead, 50 bytes over IPv4 and 70 over IPv6 (1450 and 1430 over a 1500-byte
 	// link). A node whose underlay carries less sets a larger mtu all the same and flags
-	// it in its status (operational mtuWarning).
+	// it in its status (operational_data.network.mtu_warning).
 	Mtu uint32 `protobuf:"varint,4,opt,name=mtu,proto3" json:"mtu,omitempty"`
 	// subnets are the network's subnets, which must not overlap.
 	Subnets       []*Subnet `protobuf:"bytes,5,rep,name=subnets,proto3" json:"subnets,omitempty"`
