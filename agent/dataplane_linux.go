@@ -403,7 +403,11 @@ func effectiveMTU(spec *nimbusv1.NetworkSpec, st *nimbusv1.NodeStatus) uint32 {
 	if spec.GetMtu() != 0 {
 		return spec.GetMtu()
 	}
-	mtu, _ := strconv.ParseUint(st.GetOperational()[linux.NetworkOpMTU], 10, 32)
+	if n := st.GetOperationalData().GetNetwork(); n != nil {
+		return n.GetMtu()
+	}
+	// A status an agent of the release before wrote has the string form alone.
+	mtu, _ := strconv.ParseUint(st.GetOperational()["mtu"], 10, 32)
 	return uint32(mtu)
 }
 

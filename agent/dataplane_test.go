@@ -369,23 +369,32 @@ func TestDataplaneDeviceSettings(t *testing.T) {
 }
 
 // TestDataplaneDerivedMTU checks that the devices of a network without spec.mtu are
-// held to the MTU its status says the reconciler derived from the underlay.
+// held to the MTU its status says the reconciler derived from the underlay, in the typed
+// operational data or, written by an agent of the release before, in the string form.
 func TestDataplaneDerivedMTU(t *testing.T) {
-	e := newDataplaneEnv(t)
-	blue := testNetwork("blue", 1, &nimbusv1.NetworkSpec{Vni: 100, Subnet: "10.1.0.0/24"})
-	id := blue.Key().ID()
-	e.overlayNetwork(id, 100, 1500, "192.0.2.1")
-	e.put(testNode("host-a", "192.0.2.1"), blue)
-	st := &nimbusv1.NodeStatus{Node: "host-a", ObservedGeneration: 1, Phase: nimbusv1.Phase_PHASE_PROGRAMMED,
-		Operational: map[string]string{linux.NetworkOpMTU: "1450"}}
-	if err := e.status.Set(blue.Key(), st); err != nil {
-		t.Fatal(err)
-	}
-	n := e.dataplane().GetNetworks()[0]
-	for what, l := range map[string]*delphiv1.DataplaneLink{"bridge": n.GetBridge(), "vxlan": n.GetVxlan()} {
-		if got := l.GetProblems(); !slices.Contains(got, "mtu 1500 (want 1450)") {
-			t.Errorf("%s problems %q, want mtu 1500 (want 1450)", what, got)
-		}
+	for name, st := range map[string]*nimbusv1.NodeStatus{
+		"typed": {OperationalData: &nimbusv1.OperationalData{Kind: &nimbusv1.OperationalData_Network{
+			Network: &nimbusv1.NetworkOperational{Mtu: 1450},
+		}}},
+		"strings": {Operational: map[string]string{"mtu": "1450"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := newDataplaneEnv(t)
+			blue := testNetwork("blue", 1, &nimbusv1.NetworkSpec{Vni: 100, Subnet: "10.1.0.0/24"})
+			id := blue.Key().ID()
+			e.overlayNetwork(id, 100, 1500, "192.0.2.1")
+			e.put(testNode("host-a", "192.0.2.1"), blue)
+			st.Node, st.ObservedGeneration, st.Phase = "host-a", 1, nimbusv1.Phase_PHASE_PROGRAMMED
+			if err := e.status.Set(blue.Key(), st); err != nil {
+				t.Fatal(err)
+			}
+			n := e.dataplane().GetNetworks()[0]
+			for what, l := range map[string]*delphiv1.DataplaneLink{"bridge": n.GetBridge(), "vxlan": n.GetVxlan()} {
+				if got := l.GetProblems(); !slices.Contains(got, "mtu 1500 (want 1450)") {
+					t.Errorf("%s problems %q, want mtu 1500 (want 1450)", what, got)
+				}
+			}
+		})
 	}
 }
 

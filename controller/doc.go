@@ -27,6 +27,10 @@
 // retry mends, NodeStatus.terminal), with that node's reason and message, or when an
 // object is not found.
 //
+// Each node's status of an object carries the node's operational data, typed
+// (NodeStatus.operational_data): PolicyRuleHits sums a policy's rule hits over the nodes,
+// and NodeOperational returns what one node reports.
+//
 // Nimbus coalesces status: a reactor is not called for every report a node makes, but
 // with the latest status of an object when it is sent, at most every few milliseconds
 // per object. Objects and statuses handed to a reactor are shared with the client, which

@@ -137,7 +137,7 @@ func TestSameStatusComparesEveryField(t *testing.T) {
 	for i := 0; i < fields.Len(); i++ {
 		names = append(names, string(fields.Get(i).Name()))
 	}
-	want := []string{"node", "observed_generation", "phase", "reason", "message", "update_time", "operational", "stale", "terminal"}
+	want := []string{"node", "observed_generation", "phase", "reason", "message", "update_time", "operational", "stale", "terminal", "operational_data"}
 	if !slices.Equal(names, want) {
 		t.Fatalf("NodeStatus fields are %v; sameStatus compares %v: update it", names, want)
 	}
@@ -154,5 +154,14 @@ func TestSameStatusComparesEveryField(t *testing.T) {
 	b.Terminal = true
 	if sameStatus(a, b) {
 		t.Error("a terminal and a retried status are the same")
+	}
+	b.Terminal = false
+	b.OperationalData = &nimbusv1.OperationalData{Kind: &nimbusv1.OperationalData_Node{Node: &nimbusv1.NodeOperational{Vtep: "192.0.2.1"}}}
+	if sameStatus(a, b) {
+		t.Error("statuses with and without typed operational data are the same")
+	}
+	a.OperationalData = &nimbusv1.OperationalData{Kind: &nimbusv1.OperationalData_Node{Node: &nimbusv1.NodeOperational{Vtep: "192.0.2.1"}}}
+	if !sameStatus(a, b) {
+		t.Error("statuses with equal typed operational data differ")
 	}
 }

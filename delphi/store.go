@@ -976,5 +976,6 @@ func sameStatus(a, b *nimbusv1.NodeStatus) bool {
 		a.GetStale() == b.GetStale() &&
 		a.GetTerminal() == b.GetTerminal() &&
 		maps.Equal(a.GetOperational(), b.GetOperational()) &&
+		proto.Equal(a.GetOperationalData(), b.GetOperationalData()) &&
 		len(a.ProtoReflect().GetUnknown()) == 0 && len(b.ProtoReflect().GetUnknown()) == 0
 }

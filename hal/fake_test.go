@@ -299,7 +299,7 @@ type fakeReconciler struct {
 	ctxEnded   map[string]int
 	failures   map[string]failure
 	gates      map[string]chan struct{}
-	ops        map[string]map[string]string
+	ops        map[string]*nimbusv1.OperationalData
 	sweeps     int
 	sweepErr   error
 	sweepCtx   error    // ctx.Err() seen by the latest sweep
@@ -328,13 +328,13 @@ func newFakeReconciler(kind nimbusv1.Kind) *fakeReconciler {
 		ctxEnded:   map[string]int{},
 		failures:   map[string]failure{},
 		gates:      map[string]chan struct{}{},
-		ops:        map[string]map[string]string{},
+		ops:        map[string]*nimbusv1.OperationalData{},
 	}
 }
 
 func (f *fakeReconciler) Kind() nimbusv1.Kind { return f.kind }
 
-func (f *fakeReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (map[string]string, error) {
+func (f *fakeReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (*nimbusv1.OperationalData, error) {
 	id := key.ID()
 	f.mu.Lock()
 	f.calls[id]++
@@ -396,7 +396,7 @@ func (f *fakeReconciler) release(id string) {
 	}
 }
 
-func (f *fakeReconciler) setOp(id string, op map[string]string) {
+func (f *fakeReconciler) setOp(id string, op *nimbusv1.OperationalData) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.ops[id] = op

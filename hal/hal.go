@@ -25,10 +25,11 @@ type Reconciler interface {
 	Kind() nimbusv1.Kind
 	// Reconcile makes the kernel match obj, the desired state of key, or removes what it
 	// programmed for key when obj is nil. It must be idempotent and return soon after ctx
-	// ends. It returns kind-specific operational data for the object's status; an error
+	// ends. It returns kind-specific operational data for the object's status, nil for
+	// none (the HAL fills the status's deprecated operational map from it); an error
 	// leaves the object FAILED, with the reason of an *Error (ReasonFailed otherwise), and
 	// is retried with backoff.
-	Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (map[string]string, error)
+	Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (*nimbusv1.OperationalData, error)
 }
 
 // Sweeper is implemented by reconcilers that can find kernel state they created for
@@ -583,7 +584,8 @@ func (h *HAL) reconcile(ctx context.Context, id string) error {
 	st := &nimbusv1.NodeStatus{
 		ObservedGeneration: obj.GetMeta().GetGeneration(),
 		Phase:              nimbusv1.Phase_PHASE_PROGRAMMED,
-		Operational:        op,
+		OperationalData:    op,
+		Operational:        op.Map(),
 		UpdateTime:         timestamppb.New(h.opts.Clock.Now()),
 	}
 	if rerr != nil {

@@ -119,7 +119,12 @@ func TestPerKeySerialization(t *testing.T) {
 func TestStatus(t *testing.T) {
 	rec := newFakeReconciler(nimbusv1.Kind_KIND_ROUTE)
 	ok := route("ok", 5)
-	rec.setOp(id(ok), map[string]string{"nexthops": "2", "table": "100"})
+	// Any operational data: the HAL does not look at its kind.
+	rec.setOp(id(ok), &nimbusv1.OperationalData{Kind: &nimbusv1.OperationalData_SecurityPolicy{
+		SecurityPolicy: &nimbusv1.SecurityPolicyOperational{ProtectedEndpoints: 2, Rules: []*nimbusv1.PolicyRuleCounters{
+			{Direction: nimbusv1.PolicyRuleCounters_DIRECTION_EGRESS, Index: 1, Packets: 3, Bytes: 180},
+		}},
+	}})
 	conflict := route("conflict", 2)
 	rec.fail(id(conflict), 1<<30, hal.Errorf(hal.ReasonConflict, "table %d is held by %s", 100, "another agent"))
 	wrapped := route("wrapped", 3)
@@ -142,7 +147,13 @@ func TestStatus(t *testing.T) {
 	}{
 		{"programmed", id(ok), &nimbusv1.NodeStatus{
 			ObservedGeneration: 5, Phase: nimbusv1.Phase_PHASE_PROGRAMMED,
-			Operational: map[string]string{"nexthops": "2", "table": "100"}, UpdateTime: now,
+			Operational: map[string]string{"protectedEndpoints": "2", "egress[1].packets": "3", "egress[1].bytes": "180"},
+			OperationalData: &nimbusv1.OperationalData{Kind: &nimbusv1.OperationalData_SecurityPolicy{
+				SecurityPolicy: &nimbusv1.SecurityPolicyOperational{ProtectedEndpoints: 2, Rules: []*nimbusv1.PolicyRuleCounters{
+					{Direction: nimbusv1.PolicyRuleCounters_DIRECTION_EGRESS, Index: 1, Packets: 3, Bytes: 180},
+				}},
+			}},
+			UpdateTime: now,
 		}},
 		{"failed with reason", id(conflict), &nimbusv1.NodeStatus{
 			ObservedGeneration: 2, Phase: nimbusv1.Phase_PHASE_FAILED,

@@ -169,6 +169,14 @@ func (w *statusWriter) statusSum(st *nimbusv1.NodeStatus) uint64 {
 	}
 	hashUint(&h, uint64(len(st.GetOperational())))
 	hashUint(&h, ops)
+	// The typed operational data by its encoding, which holds no map and so is the same
+	// for equal messages.
+	b, err := st.GetOperationalData().MarshalVT()
+	if err != nil {
+		return 0
+	}
+	hashUint(&h, uint64(len(b)))
+	h.Write(b)
 	if sum := h.Sum64(); sum != 0 {
 		return sum
 	}

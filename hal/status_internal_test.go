@@ -33,6 +33,9 @@ func TestStatusSumCoversEveryField(t *testing.T) {
 			m.Set(fd, protoreflect.ValueOfInt64(7))
 		case fd.Kind() == protoreflect.EnumKind:
 			m.Set(fd, protoreflect.ValueOfEnum(2))
+		case fd.Message() != nil && fd.Message().FullName() == "nimbus.v1.OperationalData":
+			op := &nimbusv1.OperationalData{Kind: &nimbusv1.OperationalData_Node{Node: &nimbusv1.NodeOperational{Role: nimbusv1.NodeRole_NODE_ROLE_LOCAL}}}
+			m.Set(fd, protoreflect.ValueOfMessage(op.ProtoReflect()))
 		default:
 			t.Fatalf("field %s of kind %v: teach this test to set it, and statusSum to hash it", fd.Name(), fd.Kind())
 		}

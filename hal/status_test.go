@@ -347,7 +347,12 @@ func TestStatusWrittenOnlyWhenChanged(t *testing.T) {
 	obs := observer{rec}
 	a := object(nimbusv1.Kind_KIND_INTERFACE, "a", 1)
 	b := object(nimbusv1.Kind_KIND_INTERFACE, "b", 1)
-	rec.setOp(id(a), map[string]string{"operState": "up", "rxBytes": "0"})
+	up := func(rxBytes uint64) *nimbusv1.OperationalData {
+		return &nimbusv1.OperationalData{Kind: &nimbusv1.OperationalData_Interface{Interface: &nimbusv1.InterfaceOperational{
+			OperState: nimbusv1.LinkOperState_LINK_OPER_STATE_UP, RxBytes: rxBytes,
+		}}}
+	}
+	rec.setOp(id(a), up(0))
 	store := newKeyCountingStore(a, b)
 	h := startOn(t, store, store.fakeStore, hal.Options{Reconcilers: []hal.Reconciler{obs}, ResyncInterval: -1})
 
@@ -389,11 +394,14 @@ func TestStatusWrittenOnlyWhenChanged(t *testing.T) {
 		t.Errorf("a's update time = %v; want %v, the time of the status written first", got, first)
 	}
 
-	rec.setOp(id(a), map[string]string{"operState": "up", "rxBytes": "1500"})
+	rec.setOp(id(a), up(1500))
 	refresh(a, 2)
 	wantWrites("a's counters changed", 2, 1)
+	if got := statusOf(a).GetOperationalData().GetInterface().GetRxBytes(); got != 1500 {
+		t.Errorf("a's rx_bytes = %d; want the new count, 1500", got)
+	}
 	if got := statusOf(a).GetOperational()["rxBytes"]; got != "1500" {
-		t.Errorf("a's rxBytes = %q; want the new count, 1500", got)
+		t.Errorf("a's deprecated rxBytes = %q; want the new count, 1500", got)
 	}
 
 	// b fails twice in a row with the same error, then succeeds: FAILED is written once.

@@ -202,9 +202,11 @@
 // What a node reports is bounded by Options.Limits: a message or reason longer than its
 // limit is cut and ends with "… [truncated N bytes]"; operational entries beyond the
 // limits of entries, key bytes and total bytes are dropped, which the entry
-// OperationalTruncatedKey then says, and long values are cut as messages are. A report is
-// cut rather than refused, so that a node's phase and generation always count. An
-// object's status as Get, List and WatchStatus send it carries the messages and
+// OperationalTruncatedKey then says, and long values are cut as messages are; typed
+// operational data larger than the operational bytes keep the first entries of their
+// lists that fit, and say how many they left out. A report is cut rather than refused,
+// so that a node's phase and generation always count. An object's status as Get, List
+// and WatchStatus send it carries the messages and
 // operational data of its nodes up to Limits.StatusDetailsBytes, and counts the nodes
 // left without them in details_omitted, so that the status of an object of 10,000 nodes
 // still fits a client's default 4 MiB. Deleting an object deletes every status of it, on

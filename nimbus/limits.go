@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -12,6 +13,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -129,7 +131,9 @@ type Limits struct {
 	// and ends with the truncation marker. Default: DefaultStatusOperationalValueBytes (256).
 	StatusOperationalValueBytes int
 	// StatusOperationalBytes bounds the keys and values of a status's operational data
-	// together: the entries, in key order, that would go beyond are dropped. Default:
+	// together: the entries, in key order, that would go beyond are dropped. It bounds
+	// the encoded size of its typed operational data too: their lists keep the first
+	// entries that fit, and operational_data.entries_omitted counts the others. Default:
 	// DefaultStatusOperationalBytes (2 KiB).
 	StatusOperationalBytes int
 	// StatusDetailsBytes bounds the messages and operational data of the node statuses
@@ -221,6 +225,9 @@ func (l *Limits) boundStatus(st *nimbusv1.NodeStatus) []string {
 		st.Reason = s
 		cut = append(cut, truncatedReason)
 	}
+	if l.boundOperationalData(st) {
+		cut = append(cut, truncatedOperationalBytes)
+	}
 	op := st.GetOperational()
 	if len(op) == 0 {
 		return cut
@@ -268,7 +275,7 @@ func (l *Limits) boundStatus(st *nimbusv1.NodeStatus) []string {
 		size += len(k) + len(v)
 	}
 	for i, f := range []string{truncatedOperationalEntry, truncatedOperationalKey, truncatedOperationalValue, truncatedOperationalBytes} {
-		if reasons[i] {
+		if reasons[i] && !slices.Contains(cut, f) {
 			cut = append(cut, f)
 		}
 	}
@@ -280,6 +287,70 @@ func (l *Limits) boundStatus(st *nimbusv1.NodeStatus) []string {
 	}
 	st.Operational = kept
 	return cut
+}
+
+// boundOperationalData cuts the status's typed operational data to
+// StatusOperationalBytes encoded: its lists (a policy's rule counters, a network's remote
+// VTEPs) keep as many of their first entries as fit, every list as many at most, and
+// entries_omitted counts those left out; data that do not fit even without list entries,
+// which no agent sends, are dropped whole. It reports whether it cut anything.
+func (l *Limits) boundOperationalData(st *nimbusv1.NodeStatus) bool {
+	op := st.GetOperationalData()
+	if op.SizeVT() <= l.StatusOperationalBytes {
+		return false
+	}
+	lists := operationalLists(op.ProtoReflect(), nil)
+	full := make([][]protoreflect.Value, len(lists))
+	longest := 0
+	for i, list := range lists {
+		for j := range list.Len() {
+			full[i] = append(full[i], list.Get(j))
+		}
+		longest = max(longest, list.Len())
+	}
+	omitted := op.GetEntriesOmitted()
+	keepAtMost := func(n int) {
+		dropped := 0
+		for i, list := range lists {
+			list.Truncate(0)
+			for _, v := range full[i][:min(n, len(full[i]))] {
+				list.Append(v)
+			}
+			dropped += len(full[i]) - list.Len()
+		}
+		op.EntriesOmitted = omitted + uint32(dropped)
+	}
+	// The fewest entries per list that do not fit: one fewer do. With them all the data
+	// are as large as they came, so that number is at most longest.
+	n := sort.Search(longest+1, func(n int) bool {
+		keepAtMost(n)
+		return op.SizeVT() > l.StatusOperationalBytes
+	})
+	if n == 0 {
+		st.OperationalData = nil
+		return true
+	}
+	keepAtMost(n - 1)
+	return true
+}
+
+// operationalLists appends the lists of m and of the messages it holds, as mutable
+// lists, to out.
+func operationalLists(m protoreflect.Message, out []protoreflect.List) []protoreflect.List {
+	var fields []protoreflect.FieldDescriptor
+	m.Range(func(fd protoreflect.FieldDescriptor, _ protoreflect.Value) bool {
+		fields = append(fields, fd)
+		return true
+	})
+	for _, fd := range fields {
+		switch {
+		case fd.IsList():
+			out = append(out, m.Mutable(fd).List())
+		case fd.Message() != nil && !fd.IsMap():
+			out = operationalLists(m.Mutable(fd).Message(), out)
+		}
+	}
+	return out
 }
 
 // oversizedEntry tells whether an operational entry has a key or a value over the limits.
@@ -314,9 +385,10 @@ func truncate(s string, limit int) (string, bool) {
 	return s[:keep] + "… [truncated " + strconv.Itoa(len(s)-keep) + " bytes]", true
 }
 
-// statusDetailsSize returns the bytes of a node status's message and operational data.
+// statusDetailsSize returns the bytes of a node status's message and operational data,
+// the typed data by their encoded size.
 func statusDetailsSize(ns *nimbusv1.NodeStatus) int {
-	n := len(ns.GetMessage())
+	n := len(ns.GetMessage()) + ns.GetOperationalData().SizeVT()
 	for k, v := range ns.GetOperational() {
 		n += len(k) + len(v)
 	}
@@ -326,7 +398,7 @@ func statusDetailsSize(ns *nimbusv1.NodeStatus) int {
 // withoutDetails returns a copy of the node status without message and operational data.
 func withoutDetails(ns *nimbusv1.NodeStatus) *nimbusv1.NodeStatus {
 	c := proto.CloneOf(ns)
-	c.Message, c.Operational = "", nil
+	c.Message, c.Operational, c.OperationalData = "", nil, nil
 	return c
 }
 

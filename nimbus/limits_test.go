@@ -329,3 +329,77 @@ func TestStatusOfManyNodesFits(t *testing.T) {
 		t.Errorf("the list of one object of %d nodes takes %d bytes, want at most 3 MiB", n, size)
 	}
 }
+
+// TestBoundOperationalData shows that typed operational data larger than
+// StatusOperationalBytes keep the first entries of their lists that fit, count the
+// others in entries_omitted and are not cut again; data too large without list entries
+// are dropped.
+func TestBoundOperationalData(t *testing.T) {
+	l, err := Limits{}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy := &nimbusv1.SecurityPolicyOperational{ProtectedEndpoints: 3}
+	for i := range 1000 {
+		policy.Rules = append(policy.Rules, &nimbusv1.PolicyRuleCounters{
+			Direction: nimbusv1.PolicyRuleCounters_DIRECTION_INGRESS, Index: uint32(i), Packets: 1 << 40, Bytes: 1 << 50,
+		})
+	}
+	st := &nimbusv1.NodeStatus{OperationalData: &nimbusv1.OperationalData{
+		Kind: &nimbusv1.OperationalData_SecurityPolicy{SecurityPolicy: policy},
+	}}
+	if cut := l.boundStatus(st); !slices.Equal(cut, []string{truncatedOperationalBytes}) {
+		t.Errorf("cut %q, want %q", cut, truncatedOperationalBytes)
+	}
+	op := st.GetOperationalData()
+	rules := op.GetSecurityPolicy().GetRules()
+	if size := op.SizeVT(); size > DefaultStatusOperationalBytes || size < DefaultStatusOperationalBytes-100 {
+		t.Errorf("the cut data take %d bytes, want just below %d", size, DefaultStatusOperationalBytes)
+	}
+	if len(rules) == 0 || rules[len(rules)-1].GetIndex() != uint32(len(rules)-1) || int(op.GetEntriesOmitted()) != 1000-len(rules) {
+		t.Errorf("kept %d rules, the last %v, and %d omitted; want the first ones and the others omitted",
+			len(rules), rules[len(rules)-1], op.GetEntriesOmitted())
+	}
+	if op.GetSecurityPolicy().GetProtectedEndpoints() != 3 {
+		t.Errorf("protected_endpoints = %d after the cut, want 3", op.GetSecurityPolicy().GetProtectedEndpoints())
+	}
+	once := proto.CloneOf(st)
+	if cut := l.boundStatus(st); len(cut) != 0 || !proto.Equal(st, once) {
+		t.Errorf("data cut once were cut again (%q)", cut)
+	}
+
+	// Lists of one network keep as many entries each.
+	network := &nimbusv1.NetworkOperational{Mtu: 1450, NodesWithoutVtep: []string{"n1", "n2"}}
+	for i := range 500 {
+		network.RemoteVteps = append(network.RemoteVteps, fmt.Sprintf("192.0.%d.%d", i/250, i%250))
+	}
+	st = &nimbusv1.NodeStatus{OperationalData: &nimbusv1.OperationalData{Kind: &nimbusv1.OperationalData_Network{Network: network}}}
+	l.boundStatus(st)
+	if n := st.GetOperationalData().GetNetwork(); len(n.GetRemoteVteps()) == 0 || len(n.GetRemoteVteps()) == 500 ||
+		!slices.Equal(n.GetNodesWithoutVtep(), []string{"n1", "n2"}) || n.GetMtu() != 1450 {
+		t.Errorf("network data cut to %d remote VTEPs, nodes without %q, mtu %d; want some VTEPs, both nodes, 1450",
+			len(n.GetRemoteVteps()), n.GetNodesWithoutVtep(), n.GetMtu())
+	}
+
+	st = &nimbusv1.NodeStatus{OperationalData: &nimbusv1.OperationalData{Kind: &nimbusv1.OperationalData_Network{
+		Network: &nimbusv1.NetworkOperational{Underlay: strings.Repeat("u", 3000)},
+	}}}
+	if cut := l.boundStatus(st); len(cut) != 1 || st.GetOperationalData() != nil {
+		t.Errorf("data too large without lists: cut %q, left %v; want them dropped", cut, st.GetOperationalData())
+	}
+}
+
+// TestStatusDetailsCountTypedData shows that the typed operational data count against
+// Limits.StatusDetailsBytes, and go with the message from the nodes beyond it.
+func TestStatusDetailsCountTypedData(t *testing.T) {
+	big := &nimbusv1.OperationalData{Kind: &nimbusv1.OperationalData_Network{
+		Network: &nimbusv1.NetworkOperational{Underlay: strings.Repeat("u", 1000)},
+	}}
+	ns := &nimbusv1.NodeStatus{Node: "n1", Message: "m", OperationalData: big}
+	if got, want := statusDetailsSize(ns), 1+big.SizeVT(); got != want {
+		t.Errorf("details size %d, want %d", got, want)
+	}
+	if c := withoutDetails(ns); c.GetOperationalData() != nil || c.GetMessage() != "" || c.GetNode() != "n1" {
+		t.Errorf("without details: %v", c)
+	}
+}

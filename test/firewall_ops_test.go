@@ -6,11 +6,14 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/naplesnet/naples/controller"
+	"github.com/naplesnet/naples/internal/pki"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -53,6 +56,22 @@ func (fc *fwCluster) waitOperational(t testing.TB, kind nimbusv1.Kind, name, nod
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// controller returns a controller client of the cluster's nimbus, with the publisher's
+// certificate.
+func (c *cluster) controller(t testing.TB) *controller.Client {
+	t.Helper()
+	tlsConfig, err := pki.ClientConfig(c.file("publisher.crt"), c.file("publisher.key"), c.file("ca.crt"), pki.DefaultServerName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctl, err := controller.New(controller.Options{Address: c.server, TLS: tlsConfig})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ctl.Close() })
+	return ctl
 }
 
 // opCount returns an operational counter, -1 when it is missing or not a number.
@@ -158,11 +177,35 @@ func TestFirewallCounters(t *testing.T) {
 			t.Errorf("host-b's status of servers: %s = %q, want %d (all: %v)", c.name, op[c.name], c.want, op)
 		}
 	}
+	// A controller reads the same hits from nimbus as numbers, typed, summed over the
+	// nodes: host-a, where the policy protects nothing, counts none.
+	ctl := sc.c.controller(t)
+	items, err := ctl.List(t.Context(), controller.Filter{Kind: policy})
+	if err != nil || len(items) != 1 {
+		t.Fatalf("listing the policies with a controller: %d, %v; want servers", len(items), err)
+	}
+	hits := controller.PolicyRuleHits(items[0].GetStatus())
+	ingress := nimbusv1.PolicyRuleCounters_DIRECTION_INGRESS
+	for _, want := range []controller.RuleHits{
+		{Direction: ingress, Index: 0, Packets: n, Bytes: uint64(allowedBytes)},
+		{Direction: ingress, Index: 1, Packets: m, Bytes: uint64(deniedBytes)},
+	} {
+		if !slices.Contains(hits, want) {
+			t.Errorf("the controller reads servers' rule hits as %+v; want %+v among them", hits, want)
+		}
+	}
+	if a := controller.NodeOperational(items[0].GetStatus(), "host-a").GetSecurityPolicy(); a == nil || a.GetProtectedEndpoints() != 0 || len(a.GetRules()) != 0 {
+		t.Errorf("host-a's typed operational data of servers: %v; want no protected endpoint, no hits", a)
+	}
 	epOp := sc.waitOperational(t, endpoint, "db2", "host-b", fmt.Sprintf("at least %d allowed and %d more denied packets", n, m), func(op map[string]string) bool {
 		return opCount(op, "firewall.allowedPackets") >= n && opCount(op, "firewall.deniedPackets") >= baseDenied+m
 	})
 	if got := opCount(epOp, "firewall.deniedPackets"); got != baseDenied+m {
 		t.Errorf("db2's status on host-b: firewall.deniedPackets = %d, want %d + %d denied datagrams (all: %v)", got, baseDenied, m, epOp)
+	}
+	_, db2Status := sc.nodeStatusOf(t, endpoint, "db2", "host-b")
+	if fw := db2Status.GetOperationalData().GetEndpoint().GetFirewall(); !fw.GetIngressProtected() || fw.GetCounters().GetDeniedPackets() != uint64(baseDenied+m) {
+		t.Errorf("db2's typed firewall data on host-b: %v; want ingress protected, %d denied packets", fw, baseDenied+m)
 	}
 	if got := sc.echo["db2"].received(10); got != 0 {
 		t.Errorf("db2 received %d datagrams on udp/10; want none", got)

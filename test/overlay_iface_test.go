@@ -5,6 +5,7 @@ package test
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -64,10 +65,12 @@ func (l ipLink) addrs() []string {
 }
 
 // interfaceStatus waits until host reports the Interface object PROGRAMMED at the
-// generation with operational data for which ok holds, and returns that data.
+// generation with operational data for which ok holds, and returns that data. The typed
+// operational data must say the same.
 func (c *cluster) interfaceStatus(t testing.TB, name, node string, generation int64, what string, ok func(op map[string]string) bool) map[string]string {
 	t.Helper()
 	var last map[string]string
+	var typed *nimbusv1.OperationalData
 	waitFor(t, fmt.Sprintf("interface %s on %s at generation %d: %s", name, node, generation, what), func() bool {
 		gen, st, err := c.get(t, "interface", name)
 		if err != nil {
@@ -77,9 +80,12 @@ func (c *cluster) interfaceStatus(t testing.TB, name, node string, generation in
 		if gen != generation || ns.GetPhase() != nimbusv1.Phase_PHASE_PROGRAMMED || ns.GetObservedGeneration() != generation {
 			return false
 		}
-		last = ns.GetOperational()
+		last, typed = ns.GetOperational(), ns.GetOperationalData()
 		return ok(last)
 	})
+	if typed.GetInterface() == nil || !maps.Equal(typed.Map(), last) {
+		t.Fatalf("interface %s on %s: typed operational data %v; want what the string form says, %v", name, node, typed, last)
+	}
 	return last
 }
 

@@ -29,7 +29,7 @@ func addLimitFlags(fs *flag.FlagSet, l *nimbus.Limits) {
 		{"max-status-operational-entries", "operational `entries` a node status may have; the ones after, in key order, are dropped", &l.StatusOperationalEntries, nimbus.DefaultStatusOperationalEntries},
 		{"max-status-operational-key-bytes", "`bytes` an operational key may have; entries with longer ones are dropped", &l.StatusOperationalKeyBytes, nimbus.DefaultStatusOperationalKeyBytes},
 		{"max-status-operational-value-bytes", "`bytes` an operational value may have; longer ones are cut and marked", &l.StatusOperationalValueBytes, nimbus.DefaultStatusOperationalValueBytes},
-		{"max-status-operational-bytes", "`bytes` of a node status's operational keys and values together; entries beyond are dropped", &l.StatusOperationalBytes, nimbus.DefaultStatusOperationalBytes},
+		{"max-status-operational-bytes", "`bytes` of a node status's operational keys and values together, entries beyond dropped, and of its encoded typed operational data, whose lists keep the first entries that fit", &l.StatusOperationalBytes, nimbus.DefaultStatusOperationalBytes},
 		{"status-details-bytes", "`bytes` of node messages and operational data one object's status carries in Get, List and WatchStatus; further nodes go without", &l.StatusDetailsBytes, nimbus.DefaultStatusDetailsBytes},
 	} {
 		*f.v = f.def

@@ -285,12 +285,16 @@ func (p *endpointPlan) refs() endpointRefs {
 	return r
 }
 
-// operational returns the operational data of the endpoint's status.
-func (p *endpointPlan) operational() map[string]string {
+// operational returns the operational data of the endpoint's status, with the
+// firewall's part fw (nil without a firewall).
+func (p *endpointPlan) operational(fw *nimbusv1.EndpointFirewall) *nimbusv1.OperationalData {
+	op := &nimbusv1.EndpointOperational{Bridge: p.bridge}
 	if p.local {
-		return map[string]string{"role": "local", "bridge": p.bridge, "interface": p.iface}
+		op.Role, op.Interface, op.Firewall = nimbusv1.NodeRole_NODE_ROLE_LOCAL, p.iface, fw
+	} else {
+		op.Role, op.Vtep, op.Mac = nimbusv1.NodeRole_NODE_ROLE_REMOTE, p.vtep.String(), epMACString(p.mac)
 	}
-	return map[string]string{"role": "remote", "bridge": p.bridge, "vtep": p.vtep.String(), "mac": epMACString(p.mac)}
+	return &nimbusv1.OperationalData{Kind: &nimbusv1.OperationalData_Endpoint{Endpoint: op}}
 }
 
 // NewEndpointReconciler returns a reconciler bound to the options' namespace.
@@ -367,7 +371,7 @@ func (r *EndpointReconciler) DependentsOf(keyID string) []string {
 // wants. With obj nil it removes everything the endpoint programmed. An endpoint that
 // cannot be programmed (invalid, waiting for its network, node or interface, or in
 // conflict with another one) programs nothing: what it had is removed.
-func (r *EndpointReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (map[string]string, error) {
+func (r *EndpointReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (*nimbusv1.OperationalData, error) {
 	if err := r.fill(ctx); err != nil {
 		return nil, err
 	}
@@ -386,7 +390,7 @@ func (r *EndpointReconciler) Reconcile(ctx context.Context, key *nimbusv1.Object
 			plan = nil
 		}
 	}
-	var fwOp map[string]string
+	var fwOp *nimbusv1.EndpointFirewall
 	if r.fw != nil && plan != nil && plan.local {
 		// The firewall filters the interface before the interface joins its bridge.
 		index, _, ok := r.links.byName(plan.iface)
@@ -425,11 +429,7 @@ func (r *EndpointReconciler) Reconcile(ctx context.Context, key *nimbusv1.Object
 	if r.log.Enabled(ctx, slog.LevelDebug) {
 		r.log.Debug("endpoint programmed", "key", id, "local", plan.local)
 	}
-	op := plan.operational()
-	for k, v := range fwOp {
-		op[k] = v
-	}
-	return op, nil
+	return plan.operational(fwOp), nil
 }
 
 // remember records the entries the endpoint with key ID id has programmed.

@@ -86,12 +86,12 @@ func (h *epHost) networkDevices(t testing.TB, networkID, vni, local string) {
 }
 
 // reconcileWith runs rec the way the HAL does: with the object delphi holds now.
-func (h *epHost) reconcileWith(rec *EndpointReconciler, key *nimbusv1.ObjectKey) (map[string]string, error) {
+func (h *epHost) reconcileWith(rec *EndpointReconciler, key *nimbusv1.ObjectKey) (*nimbusv1.OperationalData, error) {
 	return h.reconcileStored(rec, key)
 }
 
 // reconcile runs the host's reconciler on key and fails the test when it fails.
-func (h *epHost) reconcile(t *testing.T, key *nimbusv1.ObjectKey) map[string]string {
+func (h *epHost) reconcile(t *testing.T, key *nimbusv1.ObjectKey) *nimbusv1.OperationalData {
 	t.Helper()
 	op, err := h.reconcileWith(h.rec, key)
 	if err != nil {
@@ -190,9 +190,13 @@ func TestEndpointRemoteLifecycle(t *testing.T) {
 	o.put(t, ep)
 
 	op := o.reconcile(t, key)
-	wantOp := map[string]string{"role": "remote", "bridge": o.br, "vtep": "192.0.2.2", "mac": "02:00:00:00:00:01"}
-	if !maps.Equal(op, wantOp) {
+	wantOp := &nimbusv1.EndpointOperational{Role: nimbusv1.NodeRole_NODE_ROLE_REMOTE, Bridge: o.br, Vtep: "192.0.2.2", Mac: "02:00:00:00:00:01"}
+	if !proto.Equal(op.GetEndpoint(), wantOp) {
 		t.Errorf("operational = %v, want %v", op, wantOp)
+	}
+	wantMap := map[string]string{"role": "remote", "bridge": o.br, "vtep": "192.0.2.2", "mac": "02:00:00:00:00:01"}
+	if !maps.Equal(op.Map(), wantMap) {
+		t.Errorf("operational map = %v, want %v", op.Map(), wantMap)
 	}
 	fdb := o.fdb(t, o.vx)
 	for _, want := range []string{"02:00:00:00:00:01 dst 192.0.2.2 self static", "02:00:00:00:00:01 master " + o.br + " static"} {
@@ -249,7 +253,7 @@ func TestEndpointRemoteLifecycle(t *testing.T) {
 	}
 	o.put(t, epNode("node-c", "192.0.2.33"))
 	op = o.reconcile(t, key)
-	if fdb := o.fdb(t, o.vx); !strings.Contains(fdb, "02:00:00:00:00:02 dst 192.0.2.33 self static") || op["vtep"] != "192.0.2.33" {
+	if fdb := o.fdb(t, o.vx); !strings.Contains(fdb, "02:00:00:00:00:02 dst 192.0.2.33 self static") || op.GetEndpoint().GetVtep() != "192.0.2.33" {
 		t.Errorf("after the VTEP moved, operational %v, bridge fdb show dev %s:\n%s", op, o.vx, fdb)
 	}
 
@@ -298,9 +302,13 @@ func TestEndpointLocalAttach(t *testing.T) {
 	epAwaitEnqueued(t, enqueued, key.ID(), "interface wl1 appeared")
 
 	op := o.reconcile(t, key)
-	wantOp := map[string]string{"role": "local", "bridge": o.br, "interface": "wl1"}
-	if !maps.Equal(op, wantOp) {
+	wantOp := &nimbusv1.EndpointOperational{Role: nimbusv1.NodeRole_NODE_ROLE_LOCAL, Bridge: o.br, Interface: "wl1"}
+	if !proto.Equal(op.GetEndpoint(), wantOp) {
 		t.Errorf("operational = %v, want %v", op, wantOp)
+	}
+	wantMap := map[string]string{"role": "local", "bridge": o.br, "interface": "wl1"}
+	if !maps.Equal(op.Map(), wantMap) {
+		t.Errorf("operational map = %v, want %v", op.Map(), wantMap)
 	}
 	show := o.run(t, "ip", "link", "show", "wl1")
 	if !strings.Contains(show, " master "+o.br+" ") || !strings.Contains(show, " mtu 1400 ") || !epIsUp(show) {
@@ -701,11 +709,11 @@ func TestEndpointHAL(t *testing.T) {
 	h.run(t, "ip", "link", "add", "wl1", "type", "veth", "peer", "name", "wl1p")
 	h.put(t, epNode("node-b", "192.0.2.2"))
 	st := waitStatus(t, h.store, local.Key(), func(s *nimbusv1.NodeStatus) bool { return s.GetPhase() == nimbusv1.Phase_PHASE_PROGRAMMED })
-	if st.GetOperational()["interface"] != "wl1" || st.GetOperational()["role"] != "local" {
+	if ep := st.GetOperationalData().GetEndpoint(); ep.GetInterface() != "wl1" || ep.GetRole() != nimbusv1.NodeRole_NODE_ROLE_LOCAL || st.GetOperational()["interface"] != "wl1" {
 		t.Errorf("local endpoint's status: %v", st)
 	}
 	st = waitStatus(t, h.store, remote.Key(), func(s *nimbusv1.NodeStatus) bool { return s.GetPhase() == nimbusv1.Phase_PHASE_PROGRAMMED })
-	if st.GetOperational()["vtep"] != "192.0.2.2" || st.GetOperational()["role"] != "remote" {
+	if ep := st.GetOperationalData().GetEndpoint(); ep.GetVtep() != "192.0.2.2" || ep.GetRole() != nimbusv1.NodeRole_NODE_ROLE_REMOTE || st.GetOperational()["vtep"] != "192.0.2.2" {
 		t.Errorf("remote endpoint's status: %v", st)
 	}
 	if show := h.run(t, "ip", "link", "show", "wl1"); !strings.Contains(show, " master "+BridgeName(netID)+" ") {

@@ -1,6 +1,7 @@
 package linux
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -8,7 +9,6 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -482,8 +482,8 @@ func linkName(keyID string) string {
 // AttachEndpoint attaches the firewall to the interface (with the index) of the local
 // endpoint with the key ID, and waits until a snapshot that holds the endpoint is in
 // place, so that the endpoint's traffic is filtered from its first packet. It returns the
-// endpoint's firewall counters for its status.
-func (f *Firewall) AttachEndpoint(ctx context.Context, keyID string, obj *nimbusv1.Object, ifindex int) (map[string]string, error) {
+// endpoint's firewall state and counters for its status.
+func (f *Firewall) AttachEndpoint(ctx context.Context, keyID string, obj *nimbusv1.Object, ifindex int) (*nimbusv1.EndpointFirewall, error) {
 	f.mu.Lock()
 	had := f.attached[keyID]
 	f.mu.Unlock()
@@ -508,17 +508,13 @@ func (f *Firewall) AttachEndpoint(ctx context.Context, keyID string, obj *nimbus
 		return nil, hal.Errorf(hal.ReasonFailed, "the firewall snapshot does not hold interface %d yet", ifindex)
 	}
 	op := f.endpointOperational(snap.Endpoints[i])
-	var missing []string
 	for _, r := range firewall.GroupRefs(obj) {
 		if _, ok := f.store.Get(r.Group); !ok {
-			missing = append(missing, r.String())
+			// A warning, not a phase: the endpoint is programmed, and a member of the
+			// group by its name (policies attached to it protect it). It is refreshed
+			// with the counters, every StatsInterval.
+			op.MissingGroups = append(op.MissingGroups, r.String())
 		}
-	}
-	if len(missing) > 0 {
-		// A warning, not a phase: the endpoint is programmed, and a member of the group
-		// by its name (policies attached to it protect it). It is refreshed with the
-		// counters, every StatsInterval.
-		op["firewall.missingGroups"] = strings.Join(missing, ", ")
 	}
 	return op, nil
 }
@@ -539,32 +535,20 @@ func (f *Firewall) DetachEndpoint(keyID string, obj *nimbusv1.Object) error {
 }
 
 // endpointOperational returns the firewall's part of a local endpoint's status.
-func (f *Firewall) endpointOperational(e firewall.EndpointInfo) map[string]string {
-	op := map[string]string{}
-	if e.Flags&firewall.FlagIngress != 0 {
-		op["firewall.ingress"] = "protected"
-	} else {
-		op["firewall.ingress"] = "open"
-	}
-	if e.Flags&firewall.FlagEgress != 0 {
-		op["firewall.egress"] = "protected"
-	} else {
-		op["firewall.egress"] = "open"
+func (f *Firewall) endpointOperational(e firewall.EndpointInfo) *nimbusv1.EndpointFirewall {
+	op := &nimbusv1.EndpointFirewall{
+		IngressProtected: e.Flags&firewall.FlagIngress != 0,
+		EgressProtected:  e.Flags&firewall.FlagEgress != 0,
+		SourcesGuarded:   e.Flags&firewall.FlagGuard != 0,
 	}
 	if c, err := f.objs.EndpointCounters(e.ID); err == nil {
-		op["firewall.allowedPackets"] = strconv.FormatUint(c.AllowedPackets, 10)
-		op["firewall.allowedBytes"] = strconv.FormatUint(c.AllowedBytes, 10)
-		op["firewall.deniedPackets"] = strconv.FormatUint(c.DeniedPackets, 10)
-		op["firewall.deniedBytes"] = strconv.FormatUint(c.DeniedBytes, 10)
-		if e.Flags&firewall.FlagGuard != 0 {
-			op["firewall.spoofedPackets"] = strconv.FormatUint(c.SpoofedPackets, 10)
-			op["firewall.spoofedBytes"] = strconv.FormatUint(c.SpoofedBytes, 10)
+		op.Counters = &nimbusv1.EndpointFirewallCounters{
+			AllowedPackets: c.AllowedPackets, AllowedBytes: c.AllowedBytes,
+			DeniedPackets: c.DeniedPackets, DeniedBytes: c.DeniedBytes,
 		}
-	}
-	if e.Flags&firewall.FlagGuard != 0 {
-		op["firewall.sources"] = "guarded"
-	} else {
-		op["firewall.sources"] = "unchecked"
+		if op.SourcesGuarded {
+			op.Counters.SpoofedPackets, op.Counters.SpoofedBytes = c.SpoofedPackets, c.SpoofedBytes
+		}
 	}
 	return op
 }
@@ -655,7 +639,7 @@ func (policyReconciler) Kind() nimbusv1.Kind { return nimbusv1.Kind_KIND_NETWORK
 
 // Reconcile waits for a snapshot built after the policy changed, and reports the
 // policy's rule counters on this node, or why it does not fit.
-func (r policyReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (map[string]string, error) {
+func (r policyReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (*nimbusv1.OperationalData, error) {
 	f := r.f
 	id := key.ID()
 	if err := f.syncFor(ctx, id, obj, 0); err != nil {
@@ -677,14 +661,12 @@ func (r policyReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey
 		f.log.Warn("policy does not fit the firewall's maps", "key", id, "reason", why)
 		return nil, hal.Errorf(ReasonCapacityExceeded, "%s", why)
 	}
-	op := map[string]string{}
-	protects := 0
+	op := &nimbusv1.SecurityPolicyOperational{}
 	for _, e := range snap.Endpoints {
 		if slices.Contains(e.Policies, id) {
-			protects++
+			op.ProtectedEndpoints++
 		}
 	}
-	op["protectedEndpoints"] = strconv.Itoa(protects)
 	for _, rule := range snap.Rules {
 		if rule.Policy != id {
 			continue
@@ -695,18 +677,22 @@ func (r policyReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey
 			// carry 20,000 zeros otherwise.
 			continue
 		}
-		name := fmt.Sprintf("%s[%d]", directionName(rule.Dir), rule.Index)
-		op[name+".packets"] = strconv.FormatUint(c.Packets, 10)
-		op[name+".bytes"] = strconv.FormatUint(c.Bytes, 10)
+		op.Rules = append(op.Rules, &nimbusv1.PolicyRuleCounters{
+			Direction: ruleDirection(rule.Dir), Index: uint32(rule.Index), Packets: c.Packets, Bytes: c.Bytes,
+		})
 	}
+	slices.SortFunc(op.Rules, func(a, b *nimbusv1.PolicyRuleCounters) int {
+		return cmp.Or(cmp.Compare(a.Direction, b.Direction), cmp.Compare(a.Index, b.Index))
+	})
+	data := &nimbusv1.OperationalData{Kind: &nimbusv1.OperationalData_SecurityPolicy{SecurityPolicy: op}}
 	if len(missing) > 0 {
 		// Enforced all the same: leaving the policy out, or the endpoints that list a
 		// missing attached group, would open what the policy closes.
-		return op, hal.Pendingf(ReasonWaitingForSecurityGroup,
+		return data, hal.Pendingf(ReasonWaitingForSecurityGroup,
 			"%s; meanwhile the policy is enforced as written: a missing group has no CIDRs, and its members are the endpoints that list it",
 			firewall.DescribeMissing(key.GetTenant(), key.GetNamespace(), missing))
 	}
-	return op, nil
+	return data, nil
 }
 
 // missingGroups returns the fields of the object that name a SecurityGroup the store
@@ -762,6 +748,14 @@ var PolicyGroupIndex = delphi.Index{Name: "policy_group", Values: func(obj *nimb
 	return slices.Compact(ids)
 }}
 
+// ruleDirection returns a direction as the status names it.
+func ruleDirection(dir uint8) nimbusv1.PolicyRuleCounters_Direction {
+	if dir == firewall.DirEgress {
+		return nimbusv1.PolicyRuleCounters_DIRECTION_EGRESS
+	}
+	return nimbusv1.PolicyRuleCounters_DIRECTION_INGRESS
+}
+
 // directionName returns the spec field of a direction.
 func directionName(dir uint8) string {
 	if dir == firewall.DirEgress {
@@ -801,7 +795,7 @@ func (r policyReconciler) Observe(ctx context.Context, enqueue func(keyID string
 func (groupReconciler) Kind() nimbusv1.Kind { return nimbusv1.Kind_KIND_SECURITY_GROUP }
 
 // Reconcile waits for a snapshot built after the group changed.
-func (r groupReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (map[string]string, error) {
+func (r groupReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (*nimbusv1.OperationalData, error) {
 	if err := r.f.syncFor(ctx, key.ID(), obj, 0); err != nil {
 		return nil, err
 	}

@@ -85,8 +85,8 @@ func TestPolicyWaitsForItsGroups(t *testing.T) {
 
 	status(q, programmed, "", nil)
 	status(p, pending, ReasonWaitingForSecurityGroup, []string{ops, "no such SecurityGroup in tenant default, namespace default"}, web)
-	if st, _ := s.store.Status(p.Key()); st.GetOperational()["protectedEndpoints"] != "0" {
-		t.Errorf("p's operational data while PENDING: %v; want protectedEndpoints 0", st.GetOperational())
+	if st, _ := s.store.Status(p.Key()); st.GetOperationalData().GetSecurityPolicy() == nil || st.GetOperational()["protectedEndpoints"] != "0" {
+		t.Errorf("p's status while PENDING: %v; want operational data, protected_endpoints 0", st)
 	}
 
 	s.put(t, group("ops"))

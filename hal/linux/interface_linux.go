@@ -10,7 +10,6 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -148,10 +147,8 @@ type ifaceAddr struct {
 // mirrors and writes only what differs, so a restarted agent that finds everything as
 // programmed writes nothing. Writes go through the batched netlink writer.
 //
-// The status's operational data are the link's: operState (as
-// netlink.LinkOperState.String spells it), carrier and adminUp ("true" or "false"), mtu,
-// and the counters rxBytes, txBytes, rxPackets, txPackets, rxErrors, txErrors, rxDropped
-// and txDropped, in decimal.
+// The status's operational data (nimbusv1.InterfaceOperational) are the link's: its
+// operational state, carrier, administrative state, MTU and counters.
 type InterfaceReconciler struct {
 	// rtnlConn carries the writes and reads the dumps of links and addresses.
 	*rtnlConn
@@ -295,7 +292,7 @@ func parseIfaceSpec(obj *nimbusv1.Object) (ifaceSpec, error) {
 // `ip address add ADDR dev DEV proto 242` for each listed address the link lacks, `ip
 // address del` for each address of naples on it that is not listed. With obj nil it
 // removes the addresses it added for key and puts back the state and MTU it found.
-func (r *InterfaceReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (map[string]string, error) {
+func (r *InterfaceReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (*nimbusv1.OperationalData, error) {
 	if err := r.fill(ctx); err != nil {
 		return nil, err
 	}
@@ -348,22 +345,31 @@ func (r *InterfaceReconciler) Reconcile(ctx context.Context, key *nimbusv1.Objec
 }
 
 // linkStatus returns the operational data of a link for its object's status.
-func linkStatus(l ifaceLink) map[string]string {
-	u := func(v uint64) string { return strconv.FormatUint(v, 10) }
-	return map[string]string{
-		"operState": netlink.LinkOperState(l.operState).String(),
-		"carrier":   strconv.FormatBool(l.carrier),
-		"adminUp":   strconv.FormatBool(l.up),
-		"mtu":       u(uint64(l.mtu)),
-		"rxBytes":   u(l.stats.rxBytes),
-		"txBytes":   u(l.stats.txBytes),
-		"rxPackets": u(l.stats.rxPackets),
-		"txPackets": u(l.stats.txPackets),
-		"rxErrors":  u(l.stats.rxErrors),
-		"txErrors":  u(l.stats.txErrors),
-		"rxDropped": u(l.stats.rxDropped),
-		"txDropped": u(l.stats.txDropped),
+func linkStatus(l ifaceLink) *nimbusv1.OperationalData {
+	return &nimbusv1.OperationalData{Kind: &nimbusv1.OperationalData_Interface{Interface: &nimbusv1.InterfaceOperational{
+		OperState: linkOperState(l.operState),
+		Carrier:   l.carrier,
+		AdminUp:   l.up,
+		Mtu:       l.mtu,
+		RxBytes:   l.stats.rxBytes,
+		TxBytes:   l.stats.txBytes,
+		RxPackets: l.stats.rxPackets,
+		TxPackets: l.stats.txPackets,
+		RxErrors:  l.stats.rxErrors,
+		TxErrors:  l.stats.txErrors,
+		RxDropped: l.stats.rxDropped,
+		TxDropped: l.stats.txDropped,
+	}}}
+}
+
+// linkOperState returns the kernel's operational state of a link (IF_OPER_*) as the
+// status has it: a kernel state the API does not name is unknown.
+func linkOperState(state uint8) nimbusv1.LinkOperState {
+	if state > uint8(netlink.OperUp) {
+		return nimbusv1.LinkOperState_LINK_OPER_STATE_UNKNOWN
 	}
+	// The API's states are the kernel's, one up: its zero is unspecified.
+	return nimbusv1.LinkOperState(state) + 1
 }
 
 // ownersOf returns the key IDs of the desired Interface objects that name the link,

@@ -82,13 +82,13 @@ func ifaceSpecObject(name string, spec *nimbusv1.InterfaceSpec) *nimbusv1.Object
 }
 
 // reconcile runs rec the way the HAL does: with the object delphi holds now.
-func (h *ifaceHost) reconcile(t *testing.T, rec *InterfaceReconciler, key *nimbusv1.ObjectKey) (map[string]string, error) {
+func (h *ifaceHost) reconcile(t *testing.T, rec *InterfaceReconciler, key *nimbusv1.ObjectKey) (*nimbusv1.OperationalData, error) {
 	t.Helper()
 	return h.reconcileStored(rec, key)
 }
 
 // mustReconcile is reconcile, failing the test on an error.
-func (h *ifaceHost) mustReconcile(t *testing.T, rec *InterfaceReconciler, key *nimbusv1.ObjectKey) map[string]string {
+func (h *ifaceHost) mustReconcile(t *testing.T, rec *InterfaceReconciler, key *nimbusv1.ObjectKey) *nimbusv1.OperationalData {
 	t.Helper()
 	op, err := h.reconcile(t, rec, key)
 	if err != nil {
@@ -205,12 +205,16 @@ func TestInterfaceLifecycle(t *testing.T) {
 	h.wantProtos(t, "after the first reconcile", "nic0", map[string]uint8{
 		"10.1.0.1/24": AddressProtocol, "2001:db8:1::1/64": AddressProtocol, "192.0.2.9/24": 0,
 	})
-	if op["adminUp"] != "true" || op["mtu"] != "1400" {
-		t.Errorf("operational = %v; want adminUp true, mtu 1400", op)
+	if l := op.GetInterface(); !l.GetAdminUp() || l.GetMtu() != 1400 || l.GetOperState() == nimbusv1.LinkOperState_LINK_OPER_STATE_UNSPECIFIED {
+		t.Errorf("operational = %v; want admin_up, mtu 1400, an oper_state", op)
+	}
+	m := op.Map()
+	if m["adminUp"] != "true" || m["mtu"] != "1400" {
+		t.Errorf("operational map = %v; want adminUp true, mtu 1400", m)
 	}
 	for _, k := range []string{"operState", "carrier", "rxBytes", "txBytes", "rxPackets", "txPackets", "rxErrors", "txErrors", "rxDropped", "txDropped"} {
-		if _, ok := op[k]; !ok {
-			t.Errorf("operational = %v; want a %s", op, k)
+		if _, ok := m[k]; !ok {
+			t.Errorf("operational map = %v; want a %s", m, k)
 		}
 	}
 	if n := h.rec.KernelWrites(); n != 3 {
@@ -276,8 +280,8 @@ func TestInterfaceWaitsForDevice(t *testing.T) {
 	st = waitStatus(t, h.store, obj.Key(), func(s *nimbusv1.NodeStatus) bool {
 		return s.GetPhase() == nimbusv1.Phase_PHASE_PROGRAMMED
 	})
-	if st.GetOperational()["adminUp"] != "true" {
-		t.Errorf("operational = %v; want adminUp true", st.GetOperational())
+	if !st.GetOperationalData().GetInterface().GetAdminUp() || st.GetOperational()["adminUp"] != "true" {
+		t.Errorf("status = %v; want admin_up", st)
 	}
 	if up, _ := h.link(t, "nic7"); !up {
 		t.Error("nic7 is down; want up")
@@ -298,13 +302,15 @@ func TestInterfaceCountersGrow(t *testing.T) {
 	h.runIfaceHAL(t)
 
 	st := waitStatus(t, h.store, obj.Key(), func(s *nimbusv1.NodeStatus) bool {
-		op := s.GetOperational()
-		return s.GetPhase() == nimbusv1.Phase_PHASE_PROGRAMMED && op["operState"] == "up" && op["carrier"] == "true"
+		op := s.GetOperationalData().GetInterface()
+		return s.GetPhase() == nimbusv1.Phase_PHASE_PROGRAMMED && op.GetOperState() == nimbusv1.LinkOperState_LINK_OPER_STATE_UP && op.GetCarrier()
 	})
 	counter := func(st *nimbusv1.NodeStatus, name string) uint64 {
-		n, err := strconv.ParseUint(st.GetOperational()[name], 10, 64)
-		if err != nil {
-			t.Fatalf("operational %s = %q: %v", name, st.GetOperational()[name], err)
+		op := st.GetOperationalData().GetInterface()
+		n := map[string]uint64{"txPackets": op.GetTxPackets(), "txBytes": op.GetTxBytes(), "rxPackets": op.GetRxPackets(), "rxBytes": op.GetRxBytes()}[name]
+		// The string form says the same, for readers of the release before.
+		if old := st.GetOperational()[name]; old != strconv.FormatUint(n, 10) {
+			t.Fatalf("operational %s = %q; the typed data say %d", name, old, n)
 		}
 		return n
 	}
@@ -345,8 +351,8 @@ func TestInterfaceCountersGrow(t *testing.T) {
 			counter(last, "rxPackets") >= before["rxPackets"]+datagrams &&
 			counter(last, "rxBytes") >= before["rxBytes"]+datagrams*size
 	})
-	if last.GetOperational()["operState"] != "up" {
-		t.Errorf("operational = %v; want operState up", last.GetOperational())
+	if last.GetOperationalData().GetInterface().GetOperState() != nimbusv1.LinkOperState_LINK_OPER_STATE_UP || last.GetOperational()["operState"] != "up" {
+		t.Errorf("status = %v; want oper_state up", last)
 	}
 }
 
@@ -668,4 +674,15 @@ func TestInterfaceFirstComeKeepsItsLink(t *testing.T) {
 		t.Errorf("nic0: up %v, mtu %d; want up at the running object's 1400", up, mtu)
 	}
 	h.wantProtos(t, "after the newcomer", "nic0", map[string]uint8{"10.1.0.1/24": AddressProtocol})
+}
+
+// TestLinkOperState checks that every kernel operational state reads in the status as
+// netlink names it, in the string form too.
+func TestLinkOperState(t *testing.T) {
+	for s := range uint8(10) {
+		op := linkStatus(ifaceLink{operState: s})
+		if got, want := op.Map()["operState"], netlink.LinkOperState(s).String(); got != want {
+			t.Errorf("kernel state %d reads %q (%v), want %q", s, got, op.GetInterface().GetOperState(), want)
+		}
+	}
 }

@@ -41,12 +41,6 @@ import (
 // rules of TenantRulePriority, which take what enters through a bridge first.
 const GatewayRulePriority = TenantRulePriority + 2
 
-// NetworkOpGatewayMark is the key of a Network's operational data that holds the mark
-// (hexadecimal) that the network's bridge gives what comes up into the host, or
-// "unavailable: REASON" when the gateway programs could not be loaded: the gateway then
-// does not answer.
-const NetworkOpGatewayMark = "gatewayMark"
-
 // GatewayMark returns the mark of the tenant's packets in the host stack: its table's id,
 // TenantTable(tenant), which lies in the range gwbpf.MarkMask, gwbpf.MarkBase.
 func GatewayMark(tenant string) uint32 { return TenantTable(tenant) }
@@ -145,13 +139,13 @@ func (g *gateway) close() {
 // ensureGateway makes the network's bridge, with index, answer from its gateway: the
 // tenant's mark for the bridge in the programs' map and the programs attached, the
 // tenant's rules, and the sysctls on while the network has a gateway address. It returns
-// the value of NetworkOpGatewayMark.
-func (r *NetworkReconciler) ensureGateway(ctx context.Context, want networkWant, index int32) (string, error) {
+// why the gateway programs are unavailable, when they could not be loaded (the gateway
+// then does not answer), or "".
+func (r *NetworkReconciler) ensureGateway(ctx context.Context, want networkWant, index int32) (unavailable string, err error) {
 	g := r.gw
 	mark := want.table // GatewayMark of the network's tenant
-	status := fmt.Sprintf("%#x", mark)
 	if g.objs == nil {
-		status = "unavailable: " + g.openErr.Error()
+		unavailable = g.openErr.Error()
 	} else {
 		g.mu.Lock()
 		old, had := g.attached[want.bridge]
@@ -205,9 +199,9 @@ func (r *NetworkReconciler) ensureGateway(ctx context.Context, want networkWant,
 		r.log.Debug("rule added", "key", want.id, "rule", ruleString(k))
 	}
 	if !want.hasV4 && !want.hasV6 {
-		return status, r.putBackSysctlsLocked("")
+		return unavailable, r.putBackSysctlsLocked("")
 	}
-	return status, r.ensureSysctlsLocked()
+	return unavailable, r.ensureSysctlsLocked()
 }
 
 // watchGatewayLinks checks every checkInterval, until ctx ends, that the gateway

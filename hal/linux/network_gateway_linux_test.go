@@ -38,8 +38,11 @@ func TestNetworkGatewayState(t *testing.T) {
 	op := h.mustReconcile(t, w.key)
 	h.mustReconcile(t, other.Key())
 	mark := GatewayMark("acme")
-	if want := fmt.Sprintf("%#x", mark); op[NetworkOpGatewayMark] != want {
-		t.Errorf("status %s = %q, want %q", NetworkOpGatewayMark, op[NetworkOpGatewayMark], want)
+	if n := op.GetNetwork(); n.GetGatewayMark() != mark || n.GetGatewayUnavailable() != "" {
+		t.Errorf("status gateway_mark %#x, gateway_unavailable %q; want %#x, none", n.GetGatewayMark(), n.GetGatewayUnavailable(), mark)
+	}
+	if want := fmt.Sprintf("%#x", mark); op.Map()["gatewayMark"] != want {
+		t.Errorf("status gatewayMark = %q, want %q", op.Map()["gatewayMark"], want)
 	}
 	for _, s := range gatewaySysctls {
 		if got := h.sysctl(t, s); got != "1" {

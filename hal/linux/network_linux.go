@@ -103,7 +103,7 @@ type NetworkOptions struct {
 // family. So spec.mtu set back to 0 puts that default back, and a change of the
 // underlay's MTU, or of the link that holds the VTEP address, reaches every network. A
 // spec.mtu larger than the underlay carries is set as asked and flagged: the status's
-// NetworkOpMTUWarning names the underlay and the largest MTU that fits.
+// mtu_warning names the underlay and the largest MTU that fits.
 //
 // A link of the bridge's or VXLAN device's name without the network's alias, or a VNI
 // that another Network has, is a conflict. Deleting the network removes all of the
@@ -238,45 +238,6 @@ func (r *NetworkReconciler) KernelWrites() uint64 { return r.writes.Load() }
 // detection, since every node holds the same anycast address.
 const managedAddrFlags = unix.IFA_F_NOPREFIXROUTE | unix.IFA_F_NODAD
 
-// Operational data keys of a Network's status.
-const (
-	// NetworkOpBridge is the name of the network's bridge.
-	NetworkOpBridge = "bridge"
-	// NetworkOpVXLAN is the name of the network's VXLAN device.
-	NetworkOpVXLAN = "vxlan"
-	// NetworkOpVNI is the network's VNI, in decimal.
-	NetworkOpVNI = "vni"
-	// NetworkOpVTEP is this host's VTEP address, the VXLAN device's local address.
-	NetworkOpVTEP = "vtep"
-	// NetworkOpTenantTable is the policy-routing table of the network's tenant, in decimal.
-	NetworkOpTenantTable = "tenantTable"
-	// NetworkOpRemoteVTEPs are the VTEP addresses of the other nodes that have endpoints in the
-	// network, sorted and comma separated: where broadcasts and unknown destinations are
-	// replicated to.
-	NetworkOpRemoteVTEPs = "remoteVteps"
-	// NetworkOpNodesWithoutVTEP names the other nodes that have endpoints in the network but no
-	// usable VTEP address (no Node object, no spec.vtepAddress, or one of the other
-	// address family than this host's), sorted and comma separated; present only when
-	// there are some. They get no replication until they have one.
-	NetworkOpNodesWithoutVTEP = "nodesWithoutVtep"
-	// NetworkOpMTU is the MTU of the network's devices, in decimal: spec.mtu, or without
-	// one the largest the underlay carries.
-	NetworkOpMTU = "mtu"
-	// NetworkOpUnderlay says what the MTU is derived from: "eth0 mtu 1500 carries at most
-	// 1450 with VXLAN over IPv4", the link that holds this host's VTEP address.
-	NetworkOpUnderlay = "underlay"
-	// NetworkOpMTUWarning is present when spec.mtu is larger than the underlay carries:
-	// "spec.mtu 9000: does not fit the underlay (eth0 mtu 1500 carries at most 1450 with
-	// VXLAN over IPv4)". The devices have spec.mtu all the same; what the tunnel's larger
-	// packets meet is the underlay's to decide (fragments, or drops).
-	NetworkOpMTUWarning = "mtuWarning"
-	// NetworkOpIPv6Forwarding is present when the network routes IPv6 but this kernel has no
-	// per-interface IPv6 forwarding (net.ipv6.conf.BRIDGE.force_forwarding, Linux 6.17):
-	// IPv6 between networks then needs net.ipv6.conf.all.forwarding=1, which the
-	// reconciler does not set, as it would change the whole host.
-	NetworkOpIPv6Forwarding = "ipv6Forwarding"
-)
-
 // networkWant is what a Network object asks of this host's kernel.
 type networkWant struct {
 	// id is the network's key ID.
@@ -367,7 +328,7 @@ func wantNetwork(id string, obj *nimbusv1.Object) (networkWant, error) {
 // spec.vtepAddress is missing, and FAILED with hal.ReasonConflict when a link of its
 // bridge's or VXLAN device's name is not naples's, or when another Network owns its
 // VNI (see vniOwner).
-func (r *NetworkReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (map[string]string, error) {
+func (r *NetworkReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (*nimbusv1.OperationalData, error) {
 	if err := r.fill(ctx); err != nil {
 		return nil, err
 	}
@@ -425,7 +386,7 @@ func (r *NetworkReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectK
 	if err != nil {
 		return nil, err
 	}
-	gwMark, err := r.ensureGateway(ctx, want, br.index)
+	gwUnavailable, err := r.ensureGateway(ctx, want, br.index)
 	if err != nil {
 		return nil, err
 	}
@@ -448,28 +409,27 @@ func (r *NetworkReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectK
 		return nil, err
 	}
 
-	op := map[string]string{
-		NetworkOpBridge:      want.bridge,
-		NetworkOpVXLAN:       want.vxlan,
-		NetworkOpVNI:         strconv.FormatUint(uint64(want.vni), 10),
-		NetworkOpVTEP:        vtep.String(),
-		NetworkOpTenantTable: strconv.FormatUint(uint64(want.table), 10),
-		NetworkOpRemoteVTEPs: joinAddrs(remotes),
-		NetworkOpGatewayMark: gwMark,
-		NetworkOpMTU:         strconv.FormatUint(uint64(want.mtu), 10),
-		NetworkOpUnderlay:    ul.describe(vtep),
+	op := &nimbusv1.NetworkOperational{
+		Bridge:             want.bridge,
+		Vxlan:              want.vxlan,
+		Vni:                want.vni,
+		Vtep:               vtep.String(),
+		TenantTable:        want.table,
+		RemoteVteps:        addrStrings(remotes),
+		NodesWithoutVtep:   without,
+		Mtu:                want.mtu,
+		Underlay:           ul.describe(vtep),
+		MtuWarning:         misfit,
+		GatewayUnavailable: gwUnavailable,
 	}
-	if len(without) > 0 {
-		op[NetworkOpNodesWithoutVTEP] = strings.Join(without, ",")
+	if gwUnavailable == "" {
+		op.GatewayMark = want.table // GatewayMark of the network's tenant
 	}
 	if v6Missing {
-		op[NetworkOpIPv6Forwarding] = "unavailable: this kernel has no net.ipv6.conf." + want.bridge +
+		op.Ipv6ForwardingUnavailable = "this kernel has no net.ipv6.conf." + want.bridge +
 			".force_forwarding (Linux 6.17); IPv6 between networks needs net.ipv6.conf.all.forwarding=1"
 	}
-	if misfit != "" {
-		op[NetworkOpMTUWarning] = misfit
-	}
-	return op, nil
+	return &nimbusv1.OperationalData{Kind: &nimbusv1.OperationalData_Network{Network: op}}, nil
 }
 
 // vniOwner returns the key ID of the Network that owns the VNI, of those that have it:
@@ -495,14 +455,14 @@ func (r *NetworkReconciler) vniOwner(id string, vni uint32) (string, error) {
 	return firstCreated(r.store.Get, ids), nil
 }
 
-// joinAddrs returns the addresses, sorted, comma separated.
-func joinAddrs(as []netip.Addr) string {
+// addrStrings returns the addresses, sorted, in their text form.
+func addrStrings(as []netip.Addr) []string {
 	slices.SortFunc(as, netip.Addr.Compare)
 	s := make([]string, len(as))
 	for i, a := range as {
 		s[i] = a.String()
 	}
-	return strings.Join(s, ",")
+	return s
 }
 
 // DependsOn returns the kinds networks depend on: Node (this host's VTEP address, and

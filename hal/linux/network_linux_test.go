@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -67,13 +68,13 @@ func (h *overlayHost) newReconcilerWith(t *testing.T, set func(*NetworkOptions))
 
 // reconcile runs the network reconciler the way the HAL does: with the object delphi
 // holds now.
-func (h *overlayHost) reconcile(t *testing.T, key *nimbusv1.ObjectKey) (map[string]string, error) {
+func (h *overlayHost) reconcile(t *testing.T, key *nimbusv1.ObjectKey) (*nimbusv1.OperationalData, error) {
 	t.Helper()
 	return h.reconcileStored(h.rec, key)
 }
 
 // mustReconcile reconciles and fails the test on an error.
-func (h *overlayHost) mustReconcile(t *testing.T, key *nimbusv1.ObjectKey) map[string]string {
+func (h *overlayHost) mustReconcile(t *testing.T, key *nimbusv1.ObjectKey) *nimbusv1.OperationalData {
 	t.Helper()
 	op, err := h.reconcile(t, key)
 	if err != nil {
@@ -263,13 +264,19 @@ func TestNetworkLifecycle(t *testing.T) {
 				endpointObj("acme", "remote-ep", "blue", "n2"))
 
 			op := h.mustReconcile(t, key)
-			want := map[string]string{
-				NetworkOpBridge: br, NetworkOpVXLAN: vx, NetworkOpVNI: "100", NetworkOpVTEP: f.vtep,
-				NetworkOpTenantTable: fmt.Sprint(table), NetworkOpRemoteVTEPs: f.remote,
+			if n := op.GetNetwork(); n.GetBridge() != br || n.GetVxlan() != vx || n.GetVni() != 100 || n.GetVtep() != f.vtep ||
+				n.GetTenantTable() != table || !slices.Equal(n.GetRemoteVteps(), []string{f.remote}) {
+				t.Errorf("operational = %v, want bridge %s, vxlan %s, vni 100, vtep %s, tenant_table %d, remote_vteps [%s]",
+					op, br, vx, f.vtep, table, f.remote)
 			}
+			want := map[string]string{
+				"bridge": br, "vxlan": vx, "vni": "100", "vtep": f.vtep,
+				"tenantTable": fmt.Sprint(table), "remoteVteps": f.remote,
+			}
+			m := op.Map()
 			for k, v := range want {
-				if op[k] != v {
-					t.Errorf("operational %s = %q, want %q (all: %v)", k, op[k], v, op)
+				if m[k] != v {
+					t.Errorf("operational map %s = %q, want %q (all: %v)", k, m[k], v, m)
 				}
 			}
 			s := h.state(t, key, table)
@@ -337,8 +344,8 @@ func TestNetworkLifecycle(t *testing.T) {
 			mustContain(t, "the VXLAN device after a VNI change", s.vxlan, "vxlan id 200 local "+f.vtep,
 				"master "+br, "learning off", "neigh_suppress on", " mtu 1400 ")
 			mustContain(t, "the head-end replication after a VNI change", s.fdb, "dst "+f.remote+" self permanent")
-			if op[NetworkOpVNI] != "200" {
-				t.Errorf("operational vni = %q after the change, want 200", op[NetworkOpVNI])
+			if op.GetNetwork().GetVni() != 200 {
+				t.Errorf("operational vni = %d after the change, want 200", op.GetNetwork().GetVni())
 			}
 			writes = h.rec.KernelWrites()
 			h.mustReconcile(t, key)
@@ -536,8 +543,8 @@ func TestNetworkHeadEndReplication(t *testing.T) {
 	zeroEntries := func() int { return strings.Count(fdb(), "00:00:00:00:00:00 dst ") }
 
 	op := h.mustReconcile(t, key)
-	if op[NetworkOpRemoteVTEPs] != "192.0.2.2" || op[NetworkOpNodesWithoutVTEP] != "n3,n4" {
-		t.Fatalf("operational = %v, want remoteVteps 192.0.2.2 and nodesWithoutVtep n3,n4", op)
+	if n := op.GetNetwork(); !slices.Equal(n.GetRemoteVteps(), []string{"192.0.2.2"}) || !slices.Equal(n.GetNodesWithoutVtep(), []string{"n3", "n4"}) {
+		t.Fatalf("operational = %v, want remote_vteps 192.0.2.2 and nodes_without_vtep n3, n4", op)
 	}
 	mustContain(t, "the FDB", fdb(), "00:00:00:00:00:00 dst 192.0.2.2 self permanent")
 	if n := zeroEntries(); n != 1 {
@@ -561,7 +568,7 @@ func TestNetworkHeadEndReplication(t *testing.T) {
 	// n3 gets its VTEP address: replication to it follows.
 	h.put(t, nodeObj("n3", "192.0.2.3"))
 	op = h.mustReconcile(t, key)
-	if op[NetworkOpRemoteVTEPs] != "192.0.2.2,192.0.2.3" || op[NetworkOpNodesWithoutVTEP] != "n4" {
+	if n := op.GetNetwork(); !slices.Equal(n.GetRemoteVteps(), []string{"192.0.2.2", "192.0.2.3"}) || !slices.Equal(n.GetNodesWithoutVtep(), []string{"n4"}) {
 		t.Fatalf("operational after n3 got a VTEP = %v", op)
 	}
 	mustContain(t, "the FDB", fdb(), "dst 192.0.2.2 self permanent", "dst 192.0.2.3 self permanent")
@@ -581,7 +588,7 @@ func TestNetworkHeadEndReplication(t *testing.T) {
 	}
 	op = h.mustReconcile(t, key)
 	mustNotContain(t, "the FDB after n2's endpoints left", fdb(), "192.0.2.2")
-	if op[NetworkOpRemoteVTEPs] != "192.0.2.3" || zeroEntries() != 1 {
+	if !slices.Equal(op.GetNetwork().GetRemoteVteps(), []string{"192.0.2.3"}) || zeroEntries() != 1 {
 		t.Fatalf("operational = %v after n2's endpoints left; FDB:\n%s", op, fdb())
 	}
 	if got := deps(e2b.Key().ID()); got != "" {
@@ -675,7 +682,7 @@ func TestNetworkConflicts(t *testing.T) {
 			t.Fatal(err)
 		}
 		op := h.mustReconcile(t, b.Key())
-		if op[NetworkOpVNI] != "100" {
+		if op.GetNetwork().GetVni() != 100 {
 			t.Fatalf("the loser did not take the VNI once the winner left: %v", op)
 		}
 	})
@@ -690,7 +697,7 @@ func TestNetworkConflicts(t *testing.T) {
 		if _, err := h.reconcile(t, a.Key()); !isConflict(err) || !strings.Contains(err.Error(), z.Key().ID()) {
 			t.Fatalf("reconcile of the later network of a VNI: err = %v, want a Conflict naming %s", err, z.Key().ID())
 		}
-		if op := h.mustReconcile(t, z.Key()); op[NetworkOpVNI] != "100" {
+		if op := h.mustReconcile(t, z.Key()); op.GetNetwork().GetVni() != 100 {
 			t.Fatalf("the running network after the newcomer: %v, want VNI 100", op)
 		}
 		if h.hasLink(t, VXLANName(a.Key().ID())) {
@@ -870,7 +877,7 @@ func TestNetworkHAL(t *testing.T) {
 	// This host's Node comes: the network is programmed; the Node waits for its address.
 	h.put(t, nodeObj(localNode, "192.0.2.1"))
 	waitStatus(t, h.store, key, func(s *nimbusv1.NodeStatus) bool {
-		return s.GetPhase() == nimbusv1.Phase_PHASE_PROGRAMMED && s.GetOperational()[NetworkOpVTEP] == "192.0.2.1"
+		return s.GetPhase() == nimbusv1.Phase_PHASE_PROGRAMMED && s.GetOperationalData().GetNetwork().GetVtep() == "192.0.2.1"
 	})
 	st = waitStatus(t, h.store, NodeKey(localNode), func(s *nimbusv1.NodeStatus) bool { return s.GetPhase() == nimbusv1.Phase_PHASE_PENDING })
 	if st.GetReason() != ReasonWaitingForAddress || !strings.Contains(st.GetMessage(), "192.0.2.1") {
@@ -878,7 +885,7 @@ func TestNetworkHAL(t *testing.T) {
 	}
 	h.run(t, "ip", "addr", "add", "192.0.2.1/32", "dev", "lo")
 	waitStatus(t, h.store, NodeKey(localNode), func(s *nimbusv1.NodeStatus) bool {
-		return s.GetPhase() == nimbusv1.Phase_PHASE_PROGRAMMED && s.GetOperational()[NodeOpRole] == "local"
+		return s.GetPhase() == nimbusv1.Phase_PHASE_PROGRAMMED && s.GetOperationalData().GetNode().GetRole() == nimbusv1.NodeRole_NODE_ROLE_LOCAL
 	})
 
 	// An endpoint on n2 adds replication to it; its delete removes it.
@@ -886,7 +893,9 @@ func TestNetworkHAL(t *testing.T) {
 	h.put(t, ep)
 	fdb := func() string { return h.run(t, "bridge", "fdb", "show", "dev", vx) }
 	waitFor(t, "replication to n2", func() bool { return strings.Contains(fdb(), "dst 192.0.2.2 self permanent") })
-	waitStatus(t, h.store, key, func(s *nimbusv1.NodeStatus) bool { return s.GetOperational()[NetworkOpRemoteVTEPs] == "192.0.2.2" })
+	waitStatus(t, h.store, key, func(s *nimbusv1.NodeStatus) bool {
+		return slices.Equal(s.GetOperationalData().GetNetwork().GetRemoteVteps(), []string{"192.0.2.2"})
+	})
 	h.del(t, ep.Key())
 	waitFor(t, "replication to n2 to go", func() bool { return !strings.Contains(fdb(), "192.0.2.2") })
 

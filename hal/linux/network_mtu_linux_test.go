@@ -63,8 +63,11 @@ func TestNetworkMTUFromUnderlay(t *testing.T) {
 			def := 1500 - c.overhead
 			h.wantMTU(t, "no spec.mtu over a 1500-byte underlay", key, def)
 			wantUnderlay := fmt.Sprintf("uplink mtu 1500 carries at most %d with VXLAN over %s", def, c.family)
-			if op[NetworkOpMTU] != fmt.Sprint(def) || op[NetworkOpUnderlay] != wantUnderlay {
-				t.Errorf("operational mtu %q, underlay %q; want %d, %q", op[NetworkOpMTU], op[NetworkOpUnderlay], def, wantUnderlay)
+			if n := op.GetNetwork(); n.GetMtu() != uint32(def) || n.GetUnderlay() != wantUnderlay {
+				t.Errorf("operational mtu %d, underlay %q; want %d, %q", n.GetMtu(), n.GetUnderlay(), def, wantUnderlay)
+			}
+			if m := op.Map(); m["mtu"] != fmt.Sprint(def) || m["underlay"] != wantUnderlay {
+				t.Errorf("operational map mtu %q, underlay %q; want %d, %q", m["mtu"], m["underlay"], def, wantUnderlay)
 			}
 			writes := h.rec.KernelWrites()
 			h.mustReconcile(t, key)
@@ -93,23 +96,25 @@ func TestNetworkMTUFromUnderlay(t *testing.T) {
 			h.put(t, networkObj("acme", "blue", 100, 9000, subnet("10.1.0.0/24", "10.1.0.1")))
 			op = h.mustReconcile(t, key)
 			wantWarning := fmt.Sprintf("spec.mtu 9000: does not fit the underlay (uplink mtu 9000 carries at most %d with VXLAN over %s)", def, c.family)
-			if op[NetworkOpMTUWarning] != wantWarning || op[NetworkOpMTU] != "9000" {
-				t.Errorf("operational %s %q, %s %q with spec.mtu 9000; want %q, 9000", NetworkOpMTUWarning, op[NetworkOpMTUWarning],
-					NetworkOpMTU, op[NetworkOpMTU], wantWarning)
+			if n := op.GetNetwork(); n.GetMtuWarning() != wantWarning || n.GetMtu() != 9000 {
+				t.Errorf("operational mtu_warning %q, mtu %d with spec.mtu 9000; want %q, 9000", n.GetMtuWarning(), n.GetMtu(), wantWarning)
+			}
+			if m := op.Map(); m["mtuWarning"] != wantWarning || m["mtu"] != "9000" {
+				t.Errorf("operational map mtuWarning %q, mtu %q with spec.mtu 9000; want %q, 9000", m["mtuWarning"], m["mtu"], wantWarning)
 			}
 			h.wantMTU(t, "spec.mtu 9000 that does not fit", key, 9000)
 
 			// The underlay shrinks under a network with a spec.mtu that fitted: flagged.
 			h.put(t, networkObj("acme", "blue", 100, 8000, subnet("10.1.0.0/24", "10.1.0.1")))
-			if op := h.mustReconcile(t, key); op[NetworkOpMTUWarning] != "" {
-				t.Errorf("operational %s %q with a spec.mtu that fits", NetworkOpMTUWarning, op[NetworkOpMTUWarning])
+			if op := h.mustReconcile(t, key); op.GetNetwork().GetMtuWarning() != "" {
+				t.Errorf("operational mtu_warning %q with a spec.mtu that fits", op.GetNetwork().GetMtuWarning())
 			}
 			drain(enqueued)
 			h.run(t, "ip", "link", "set", "uplink", "mtu", "1500")
 			epAwaitEnqueued(t, enqueued, key.ID(), "the underlay's MTU shrank")
 			op = h.mustReconcile(t, key)
-			if !strings.HasPrefix(op[NetworkOpMTUWarning], "spec.mtu 8000: does not fit the underlay (uplink mtu 1500 ") {
-				t.Errorf("operational %s %q with spec.mtu 8000 over a 1500-byte underlay; want it flagged", NetworkOpMTUWarning, op[NetworkOpMTUWarning])
+			if !strings.HasPrefix(op.GetNetwork().GetMtuWarning(), "spec.mtu 8000: does not fit the underlay (uplink mtu 1500 ") {
+				t.Errorf("operational mtu_warning %q with spec.mtu 8000 over a 1500-byte underlay; want it flagged", op.GetNetwork().GetMtuWarning())
 			}
 			h.wantMTU(t, "spec.mtu 8000 over a 1500-byte underlay", key, 8000)
 		})
@@ -126,8 +131,8 @@ func TestNetworkMTUWithoutUnderlayLink(t *testing.T) {
 	h.put(t, nodeObj(localNode, "192.0.2.1"), obj)
 	op := h.mustReconcile(t, key)
 	h.wantMTU(t, "no link holds the VTEP address", key, 1450)
-	if want := "no link holds VTEP 192.0.2.1; a 1500-byte underlay carries at most 1450 with VXLAN over IPv4"; op[NetworkOpUnderlay] != want {
-		t.Errorf("operational underlay %q, want %q", op[NetworkOpUnderlay], want)
+	if want := "no link holds VTEP 192.0.2.1; a 1500-byte underlay carries at most 1450 with VXLAN over IPv4"; op.GetNetwork().GetUnderlay() != want {
+		t.Errorf("operational underlay %q, want %q", op.GetNetwork().GetUnderlay(), want)
 	}
 
 	enqueued := h.observeNetworks(t)

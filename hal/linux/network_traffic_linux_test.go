@@ -112,8 +112,8 @@ func TestNetworkTenantRouting(t *testing.T) {
 	h.put(t, nodeObj(localNode, "192.0.2.1"), web, db, shop)
 	for _, n := range []*nimbusv1.Object{web, db, shop} {
 		op := h.mustReconcile(t, n.Key())
-		if _, missing := op[NetworkOpIPv6Forwarding]; missing {
-			t.Fatalf("this kernel lacks per-interface IPv6 forwarding: %s", op[NetworkOpIPv6Forwarding])
+		if why := op.GetNetwork().GetIpv6ForwardingUnavailable(); why != "" {
+			t.Fatalf("this kernel lacks per-interface IPv6 forwarding: %s", why)
 		}
 	}
 	w1 := h.attachWorkload(t, web.Key().ID(), "vw1", "10.1.0", "2001:db8:1")

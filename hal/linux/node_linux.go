@@ -14,14 +14,6 @@ import (
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
-// Operational data keys of a Node's status.
-const (
-	// NodeOpRole is "local" for this host's Node, "remote" for the others.
-	NodeOpRole = "role"
-	// NodeOpVTEP is the node's VTEP address, when it has one.
-	NodeOpVTEP = "vtep"
-)
-
 // NodeOptions configures a NodeReconciler.
 type NodeOptions struct {
 	// Store holds the desired Node objects. Required.
@@ -100,27 +92,28 @@ func (r *NodeReconciler) Kind() nimbusv1.Kind { return nimbusv1.Kind_KIND_NODE }
 
 // Reconcile reports whether the Node obj is ready: for this host's, whether an
 // interface holds its VTEP address. It changes nothing in the kernel.
-func (r *NodeReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (map[string]string, error) {
+func (r *NodeReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (*nimbusv1.OperationalData, error) {
 	if obj == nil {
 		return nil, nil
 	}
 	spec := obj.GetNode()
-	op := map[string]string{NodeOpRole: "remote"}
+	op := &nimbusv1.NodeOperational{Role: nimbusv1.NodeRole_NODE_ROLE_REMOTE}
+	data := &nimbusv1.OperationalData{Kind: &nimbusv1.OperationalData_Node{Node: op}}
 	if key.ID() == NodeKey(r.node).ID() {
-		op[NodeOpRole] = "local"
+		op.Role = nimbusv1.NodeRole_NODE_ROLE_LOCAL
 	}
 	s := spec.GetVtepAddress()
 	if s == "" {
-		return op, nil
+		return data, nil
 	}
 	vtep, err := netip.ParseAddr(s)
 	if err != nil {
 		return nil, hal.Errorf(hal.ReasonInvalid, "spec.vtepAddress %q: %v", s, err)
 	}
 	vtep = vtep.Unmap()
-	op[NodeOpVTEP] = vtep.String()
-	if op[NodeOpRole] == "remote" {
-		return op, nil
+	op.Vtep = vtep.String()
+	if op.Role == nimbusv1.NodeRole_NODE_ROLE_REMOTE {
+		return data, nil
 	}
 	if err := r.fill(ctx); err != nil {
 		return nil, err
@@ -131,7 +124,7 @@ func (r *NodeReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey,
 	case addrTentative:
 		return nil, hal.Pendingf(ReasonWaitingForAddress, "waiting for spec.vtepAddress %s: it is tentative (duplicate address detection runs, or found a duplicate)", vtep)
 	}
-	return op, nil
+	return data, nil
 }
 
 // addrState is how the namespace holds an address.

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/naplesnet/naples/hal"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
 // newNodeReconciler returns a node reconciler for the test host, this host being
@@ -37,17 +38,18 @@ func TestNodeReconciler(t *testing.T) {
 	r := h.newNodeReconciler(t)
 	local := nodeObj(localNode, "192.0.2.10")
 	h.put(t, local, nodeObj("n2", "192.0.2.20"), nodeObj("n3", ""))
-	reconcile := func(name string) (map[string]string, error) {
+	reconcile := func(name string) (*nimbusv1.NodeOperational, error) {
 		key := NodeKey(name)
 		obj, _ := h.store.Get(key)
-		return r.Reconcile(context.Background(), key, obj)
+		op, err := r.Reconcile(context.Background(), key, obj)
+		return op.GetNode(), err
 	}
 	enqueued := observeNodes(t, r)
 
-	for name, want := range map[string]string{"n2": "remote 192.0.2.20", "n3": "remote "} {
+	for name, want := range map[string]string{"n2": "192.0.2.20", "n3": ""} {
 		op, err := reconcile(name)
-		if err != nil || op[NodeOpRole]+" "+op[NodeOpVTEP] != want {
-			t.Errorf("reconcile %s = %v, %v; want role and vtep %q", name, op, err, want)
+		if err != nil || op.GetRole() != nimbusv1.NodeRole_NODE_ROLE_REMOTE || op.GetVtep() != want {
+			t.Errorf("reconcile %s = %v, %v; want role remote, vtep %q", name, op, err, want)
 		}
 	}
 	pendingFor := func(what string) {
@@ -60,7 +62,7 @@ func TestNodeReconciler(t *testing.T) {
 	programmed := func(vtep string) {
 		t.Helper()
 		op, err := reconcile(localNode)
-		if err != nil || op[NodeOpRole] != "local" || op[NodeOpVTEP] != vtep {
+		if err != nil || op.GetRole() != nimbusv1.NodeRole_NODE_ROLE_LOCAL || op.GetVtep() != vtep {
 			t.Fatalf("reconcile of this host's Node = %v, %v; want role local, vtep %s", op, err, vtep)
 		}
 	}
@@ -96,7 +98,7 @@ func TestNodeReconciler(t *testing.T) {
 
 	// Without a VTEP address there is nothing to wait for.
 	h.put(t, nodeObj(localNode, ""))
-	if op, err := reconcile(localNode); err != nil || op[NodeOpRole] != "local" || op[NodeOpVTEP] != "" {
+	if op, err := reconcile(localNode); err != nil || op.GetRole() != nimbusv1.NodeRole_NODE_ROLE_LOCAL || op.GetVtep() != "" {
 		t.Errorf("reconcile of this host's Node without a VTEP address = %v, %v; want role local and no vtep", op, err)
 	}
 

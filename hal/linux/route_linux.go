@@ -369,7 +369,7 @@ func (r *RouteReconciler) KernelWrites() uint64 { return r.writes.Load() }
 // replace PREFIX table T metric M proto 241 nexthop via GW ...` (`ip route add` when the
 // mirror holds no route there), written only when the mirror shows that what is there
 // differs. With obj nil it deletes the route it programmed for key.
-func (r *RouteReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (map[string]string, error) {
+func (r *RouteReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (*nimbusv1.OperationalData, error) {
 	if err := r.fill(ctx); err != nil {
 		return nil, err
 	}

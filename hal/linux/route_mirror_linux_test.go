@@ -247,7 +247,7 @@ var _ hal.Sweeper = noObserver{}
 
 func (n noObserver) Kind() nimbusv1.Kind { return n.rec.Kind() }
 
-func (n noObserver) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (map[string]string, error) {
+func (n noObserver) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (*nimbusv1.OperationalData, error) {
 	return n.rec.Reconcile(ctx, key, obj)
 }
 

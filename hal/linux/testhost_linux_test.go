@@ -64,7 +64,7 @@ func (s testStore) del(t testing.TB, keys ...*nimbusv1.ObjectKey) {
 
 // reconcileStored runs rec the way the HAL does: with the object the store holds now
 // (nil when it holds none).
-func (s testStore) reconcileStored(rec hal.Reconciler, key *nimbusv1.ObjectKey) (map[string]string, error) {
+func (s testStore) reconcileStored(rec hal.Reconciler, key *nimbusv1.ObjectKey) (*nimbusv1.OperationalData, error) {
 	obj, _ := s.store.Get(key)
 	return rec.Reconcile(context.Background(), key, obj)
 }

@@ -193,7 +193,7 @@ type programmer struct{}
 
 func (programmer) Kind() nimbusv1.Kind { return nimbusv1.Kind_KIND_ROUTE }
 
-func (programmer) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (map[string]string, error) {
+func (programmer) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (*nimbusv1.OperationalData, error) {
 	return nil, nil
 }
 

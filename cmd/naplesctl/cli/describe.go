@@ -164,7 +164,7 @@ func (c *cli) writeDescription(w io.Writer, item *nimbusv1.ObjectWithStatus) err
 	}
 	// Then what each node reports of the object in operation: link state, counters.
 	for _, r := range rows {
-		op := r.st.GetOperational()
+		op := operationalOf(r.st)
 		if len(op) == 0 {
 			continue
 		}
@@ -177,6 +177,10 @@ func (c *cli) writeDescription(w io.Writer, item *nimbusv1.ObjectWithStatus) err
 		if err := tw.Flush(); err != nil {
 			return fmt.Errorf("writing operational data: %w", err)
 		}
+		if n := r.st.GetOperationalData().GetEntriesOmitted(); n > 0 {
+			fmt.Fprintf(w, "  %d more list %s left out: the data were larger than nimbus keeps (its --max-status-operational-bytes).\n",
+				n, plural(int(n), "entry was", "entries were"))
+		}
 	}
 	if p.unnamed > 0 {
 		fmt.Fprintf(w, "%d more target %s reported nothing yet.\n", p.unnamed, plural(p.unnamed, "node has", "nodes have"))
@@ -186,6 +190,15 @@ func (c *cli) writeDescription(w io.Writer, item *nimbusv1.ObjectWithStatus) err
 			n, plural(n, "node", "nodes"))
 	}
 	return nil
+}
+
+// operationalOf returns a node's operational data as keys and values: the typed data in
+// their string form, or the string map alone a node of the release before reports.
+func operationalOf(st *nimbusv1.NodeStatus) map[string]string {
+	if op := st.GetOperationalData(); op != nil {
+		return op.Map()
+	}
+	return st.GetOperational()
 }
 
 // propagation is how far one object has come at one generation across its target nodes.

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"encoding/json"
 	"errors"
 	"slices"
 	"strings"
@@ -179,5 +180,60 @@ func TestPropagation(t *testing.T) {
 				t.Errorf("failures = %v, want %d", p.failures, w.failed)
 			}
 		})
+	}
+}
+
+// TestDescribeTypedOperational has a node report typed operational data: describe shows
+// them as the string form has them, says how many list entries were left out, and -o json
+// and -o yaml carry them typed.
+func TestDescribeTypedOperational(t *testing.T) {
+	e := newEnv(t)
+	e.ok("apply", "-f", e.file("route.yaml", routeTo("to-dc2", "198.51.100.0/24", "10.10.0.2", "host-a")))
+	op := &nimbusv1.OperationalData{EntriesOmitted: 3, Kind: &nimbusv1.OperationalData_SecurityPolicy{
+		SecurityPolicy: &nimbusv1.SecurityPolicyOperational{ProtectedEndpoints: 2, Rules: []*nimbusv1.PolicyRuleCounters{
+			{Direction: nimbusv1.PolicyRuleCounters_DIRECTION_EGRESS, Index: 1, Packets: 12, Bytes: 1500},
+		}},
+	}}
+	e.reportStatus("to-dc2", &nimbusv1.NodeStatus{Node: "host-a", ObservedGeneration: 1, Phase: programmed,
+		OperationalData: op, Operational: op.Map()})
+
+	out := e.ok("describe", "route", "to-dc2")
+	for _, want := range []string{"\nOperational on host-a:\n", "  egress[1].bytes:    1500\n", "  egress[1].packets:  12\n",
+		"  protectedEndpoints: 2\n", "  3 more list entries were left out: "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("describe does not contain %q:\n%s", want, out)
+		}
+	}
+
+	var doc struct {
+		Status struct {
+			Nodes []struct {
+				OperationalData struct {
+					SecurityPolicy struct {
+						ProtectedEndpoints int
+						Rules              []struct {
+							Direction      string
+							Index          int
+							Packets, Bytes string // 64-bit integers are strings in JSON
+						}
+					}
+				}
+			}
+		}
+	}
+	out = e.ok("get", "route", "to-dc2", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &doc); err != nil || len(doc.Status.Nodes) != 1 {
+		t.Fatalf("get -o json: %v\n%s", err, out)
+	}
+	p := doc.Status.Nodes[0].OperationalData.SecurityPolicy
+	if p.ProtectedEndpoints != 2 || len(p.Rules) != 1 || p.Rules[0].Direction != "DIRECTION_EGRESS" || p.Rules[0].Index != 1 ||
+		p.Rules[0].Packets != "12" || p.Rules[0].Bytes != "1500" {
+		t.Errorf("get -o json: operational data %+v:\n%s", p, out)
+	}
+	out = e.ok("get", "route", "to-dc2", "-o", "yaml")
+	for _, want := range []string{"operationalData:", "securityPolicy:", "direction: DIRECTION_EGRESS", `packets: "12"`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("get -o yaml does not contain %q:\n%s", want, out)
+		}
 	}
 }

@@ -143,6 +143,124 @@ func (Phase) EnumDescriptor() ([]byte, []int) {
 	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{1}
 }
 
+// NodeRole says whether an object is the reporting node's own or another node's.
+type NodeRole int32
+
+const (
+	NodeRole_NODE_ROLE_UNSPECIFIED NodeRole = 0
+	// NODE_ROLE_LOCAL is the reporting node's own Node object, or an endpoint on it.
+	NodeRole_NODE_ROLE_LOCAL NodeRole = 1
+	// NODE_ROLE_REMOTE is another node's Node object, or an endpoint on another node.
+	NodeRole_NODE_ROLE_REMOTE NodeRole = 2
+)
+
+// Enum value maps for NodeRole.
+var (
+	NodeRole_name = map[int32]string{
+		0: "NODE_ROLE_UNSPECIFIED",
+		1: "NODE_ROLE_LOCAL",
+		2: "NODE_ROLE_REMOTE",
+	}
+	NodeRole_value = map[string]int32{
+		"NODE_ROLE_UNSPECIFIED": 0,
+		"NODE_ROLE_LOCAL":       1,
+		"NODE_ROLE_REMOTE":      2,
+	}
+)
+
+func (x NodeRole) Enum() *NodeRole {
+	p := new(NodeRole)
+	*p = x
+	return p
+}
+
+func (x NodeRole) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (NodeRole) Descriptor() protoreflect.EnumDescriptor {
+	return file_nimbus_v1_nimbus_proto_enumTypes[2].Descriptor()
+}
+
+func (NodeRole) Type() protoreflect.EnumType {
+	return &file_nimbus_v1_nimbus_proto_enumTypes[2]
+}
+
+func (x NodeRole) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use NodeRole.Descriptor instead.
+func (NodeRole) EnumDescriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{2}
+}
+
+// LinkOperState is a link's operational state (RFC 2863), as the kernel reports it and
+// `ip link show` prints it after "state".
+type LinkOperState int32
+
+const (
+	LinkOperState_LINK_OPER_STATE_UNSPECIFIED      LinkOperState = 0
+	LinkOperState_LINK_OPER_STATE_UNKNOWN          LinkOperState = 1
+	LinkOperState_LINK_OPER_STATE_NOT_PRESENT      LinkOperState = 2
+	LinkOperState_LINK_OPER_STATE_DOWN             LinkOperState = 3
+	LinkOperState_LINK_OPER_STATE_LOWER_LAYER_DOWN LinkOperState = 4
+	LinkOperState_LINK_OPER_STATE_TESTING          LinkOperState = 5
+	LinkOperState_LINK_OPER_STATE_DORMANT          LinkOperState = 6
+	LinkOperState_LINK_OPER_STATE_UP               LinkOperState = 7
+)
+
+// Enum value maps for LinkOperState.
+var (
+	LinkOperState_name = map[int32]string{
+		0: "LINK_OPER_STATE_UNSPECIFIED",
+		1: "LINK_OPER_STATE_UNKNOWN",
+		2: "LINK_OPER_STATE_NOT_PRESENT",
+		3: "LINK_OPER_STATE_DOWN",
+		4: "LINK_OPER_STATE_LOWER_LAYER_DOWN",
+		5: "LINK_OPER_STATE_TESTING",
+		6: "LINK_OPER_STATE_DORMANT",
+		7: "LINK_OPER_STATE_UP",
+	}
+	LinkOperState_value = map[string]int32{
+		"LINK_OPER_STATE_UNSPECIFIED":      0,
+		"LINK_OPER_STATE_UNKNOWN":          1,
+		"LINK_OPER_STATE_NOT_PRESENT":      2,
+		"LINK_OPER_STATE_DOWN":             3,
+		"LINK_OPER_STATE_LOWER_LAYER_DOWN": 4,
+		"LINK_OPER_STATE_TESTING":          5,
+		"LINK_OPER_STATE_DORMANT":          6,
+		"LINK_OPER_STATE_UP":               7,
+	}
+)
+
+func (x LinkOperState) Enum() *LinkOperState {
+	p := new(LinkOperState)
+	*p = x
+	return p
+}
+
+func (x LinkOperState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (LinkOperState) Descriptor() protoreflect.EnumDescriptor {
+	return file_nimbus_v1_nimbus_proto_enumTypes[3].Descriptor()
+}
+
+func (LinkOperState) Type() protoreflect.EnumType {
+	return &file_nimbus_v1_nimbus_proto_enumTypes[3]
+}
+
+func (x LinkOperState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use LinkOperState.Descriptor instead.
+func (LinkOperState) EnumDescriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{3}
+}
+
 type PolicyRule_Action int32
 
 const (
@@ -176,11 +294,11 @@ func (x PolicyRule_Action) String() string {
 }
 
 func (PolicyRule_Action) Descriptor() protoreflect.EnumDescriptor {
-	return file_nimbus_v1_nimbus_proto_enumTypes[2].Descriptor()
+	return file_nimbus_v1_nimbus_proto_enumTypes[4].Descriptor()
 }
 
 func (PolicyRule_Action) Type() protoreflect.EnumType {
-	return &file_nimbus_v1_nimbus_proto_enumTypes[2]
+	return &file_nimbus_v1_nimbus_proto_enumTypes[4]
 }
 
 func (x PolicyRule_Action) Number() protoreflect.EnumNumber {
@@ -190,6 +308,58 @@ func (x PolicyRule_Action) Number() protoreflect.EnumNumber {
 // Deprecated: Use PolicyRule_Action.Descriptor instead.
 func (PolicyRule_Action) EnumDescriptor() ([]byte, []int) {
 	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{9, 0}
+}
+
+// Direction is the list of the policy the rule is in.
+type PolicyRuleCounters_Direction int32
+
+const (
+	PolicyRuleCounters_DIRECTION_UNSPECIFIED PolicyRuleCounters_Direction = 0
+	// DIRECTION_INGRESS is spec.ingress.
+	PolicyRuleCounters_DIRECTION_INGRESS PolicyRuleCounters_Direction = 1
+	// DIRECTION_EGRESS is spec.egress.
+	PolicyRuleCounters_DIRECTION_EGRESS PolicyRuleCounters_Direction = 2
+)
+
+// Enum value maps for PolicyRuleCounters_Direction.
+var (
+	PolicyRuleCounters_Direction_name = map[int32]string{
+		0: "DIRECTION_UNSPECIFIED",
+		1: "DIRECTION_INGRESS",
+		2: "DIRECTION_EGRESS",
+	}
+	PolicyRuleCounters_Direction_value = map[string]int32{
+		"DIRECTION_UNSPECIFIED": 0,
+		"DIRECTION_INGRESS":     1,
+		"DIRECTION_EGRESS":      2,
+	}
+)
+
+func (x PolicyRuleCounters_Direction) Enum() *PolicyRuleCounters_Direction {
+	p := new(PolicyRuleCounters_Direction)
+	*p = x
+	return p
+}
+
+func (x PolicyRuleCounters_Direction) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (PolicyRuleCounters_Direction) Descriptor() protoreflect.EnumDescriptor {
+	return file_nimbus_v1_nimbus_proto_enumTypes[5].Descriptor()
+}
+
+func (PolicyRuleCounters_Direction) Type() protoreflect.EnumType {
+	return &file_nimbus_v1_nimbus_proto_enumTypes[5]
+}
+
+func (x PolicyRuleCounters_Direction) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use PolicyRuleCounters_Direction.Descriptor instead.
+func (PolicyRuleCounters_Direction) EnumDescriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{21, 0}
 }
 
 type WatchEvent_Type int32
@@ -241,11 +411,11 @@ func (x WatchEvent_Type) String() string {
 }
 
 func (WatchEvent_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_nimbus_v1_nimbus_proto_enumTypes[3].Descriptor()
+	return file_nimbus_v1_nimbus_proto_enumTypes[6].Descriptor()
 }
 
 func (WatchEvent_Type) Type() protoreflect.EnumType {
-	return &file_nimbus_v1_nimbus_proto_enumTypes[3]
+	return &file_nimbus_v1_nimbus_proto_enumTypes[6]
 }
 
 func (x WatchEvent_Type) Number() protoreflect.EnumNumber {
@@ -254,7 +424,7 @@ func (x WatchEvent_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WatchEvent_Type.Descriptor instead.
 func (WatchEvent_Type) EnumDescriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{29, 0}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{38, 0}
 }
 
 type StatusEvent_Type int32
@@ -296,11 +466,11 @@ func (x StatusEvent_Type) String() string {
 }
 
 func (StatusEvent_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_nimbus_v1_nimbus_proto_enumTypes[4].Descriptor()
+	return file_nimbus_v1_nimbus_proto_enumTypes[7].Descriptor()
 }
 
 func (StatusEvent_Type) Type() protoreflect.EnumType {
-	return &file_nimbus_v1_nimbus_proto_enumTypes[4]
+	return &file_nimbus_v1_nimbus_proto_enumTypes[7]
 }
 
 func (x StatusEvent_Type) Number() protoreflect.EnumNumber {
@@ -309,7 +479,7 @@ func (x StatusEvent_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use StatusEvent_Type.Descriptor instead.
 func (StatusEvent_Type) EnumDescriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{32, 0}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{41, 0}
 }
 
 // ObjectKey identifies one object. Tenant and namespace default to "default".
@@ -746,7 +916,7 @@ type NetworkSpec struct {
 	// carries: the MTU of the link that holds the node's VTEP address less VXLAN's
 	// overhead, 50 bytes over IPv4 and 70 over IPv6 (1450 and 1430 over a 1500-byte
 	// link). A node whose underlay carries less sets a larger mtu all the same and flags
-	// it in its status (operational mtuWarning).
+	// it in its status (operational_data.network.mtu_warning).
 	Mtu uint32 `protobuf:"varint,4,opt,name=mtu,proto3" json:"mtu,omitempty"`
 	// subnets are the network's subnets, which must not overlap.
 	Subnets       []*Subnet `protobuf:"bytes,5,rep,name=subnets,proto3" json:"subnets,omitempty"`
@@ -1414,7 +1584,10 @@ type NodeStatus struct {
 	// message is a human-readable explanation, such as the kernel's error.
 	Message    string                 `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
 	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
-	// operational holds kind-specific operational data (link state, rule hits) as strings.
+	// operational holds kind-specific operational data (link state, rule hits) as strings,
+	// such as "egress[0].packets": "12". Deprecated: read operational_data, which holds the
+	// same data typed. The agent fills operational from operational_data for one more
+	// release; operational goes in the next.
 	Operational map[string]string `protobuf:"bytes,7,rep,name=operational,proto3" json:"operational,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// stale is set by nimbus when the node's agent has been disconnected for longer than
 	// the grace period: the status is the last one reported, not necessarily the truth.
@@ -1422,9 +1595,12 @@ type NodeStatus struct {
 	// terminal is set by the agent on a FAILED status that no retry can mend (an invalid
 	// spec): the phase stays FAILED until the object changes. A FAILED status without it
 	// is retried with backoff (a kernel error, a conflict) and may yet turn PROGRAMMED.
-	Terminal      bool `protobuf:"varint,9,opt,name=terminal,proto3" json:"terminal,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Terminal bool `protobuf:"varint,9,opt,name=terminal,proto3" json:"terminal,omitempty"`
+	// operational_data is the kind-specific operational data, typed: link state and
+	// counters, rule hits, a network's devices. Route and SecurityGroup objects have none.
+	OperationalData *OperationalData `protobuf:"bytes,10,opt,name=operational_data,json=operationalData,proto3" json:"operational_data,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *NodeStatus) Reset() {
@@ -1520,6 +1696,930 @@ func (x *NodeStatus) GetTerminal() bool {
 	return false
 }
 
+func (x *NodeStatus) GetOperationalData() *OperationalData {
+	if x != nil {
+		return x.OperationalData
+	}
+	return nil
+}
+
+// OperationalData is what one node reports of one object's operation, by the object's
+// kind: at most one of the fields of kind is set, the one of the object's kind.
+type OperationalData struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Kind:
+	//
+	//	*OperationalData_Node
+	//	*OperationalData_Network
+	//	*OperationalData_Endpoint
+	//	*OperationalData_SecurityPolicy
+	//	*OperationalData_Interface
+	Kind isOperationalData_Kind `protobuf_oneof:"kind"`
+	// entries_omitted is the number of list entries (rule counters, VTEP addresses, node
+	// and group names) that nimbus left out because the data were larger than it keeps
+	// (its --max-status-operational-bytes): each list keeps its first entries, every list
+	// as many at most.
+	EntriesOmitted uint32 `protobuf:"varint,6,opt,name=entries_omitted,json=entriesOmitted,proto3" json:"entries_omitted,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *OperationalData) Reset() {
+	*x = OperationalData{}
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OperationalData) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OperationalData) ProtoMessage() {}
+
+func (x *OperationalData) ProtoReflect() protoreflect.Message {
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OperationalData.ProtoReflect.Descriptor instead.
+func (*OperationalData) Descriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *OperationalData) GetKind() isOperationalData_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return nil
+}
+
+func (x *OperationalData) GetNode() *NodeOperational {
+	if x != nil {
+		if x, ok := x.Kind.(*OperationalData_Node); ok {
+			return x.Node
+		}
+	}
+	return nil
+}
+
+func (x *OperationalData) GetNetwork() *NetworkOperational {
+	if x != nil {
+		if x, ok := x.Kind.(*OperationalData_Network); ok {
+			return x.Network
+		}
+	}
+	return nil
+}
+
+func (x *OperationalData) GetEndpoint() *EndpointOperational {
+	if x != nil {
+		if x, ok := x.Kind.(*OperationalData_Endpoint); ok {
+			return x.Endpoint
+		}
+	}
+	return nil
+}
+
+func (x *OperationalData) GetSecurityPolicy() *SecurityPolicyOperational {
+	if x != nil {
+		if x, ok := x.Kind.(*OperationalData_SecurityPolicy); ok {
+			return x.SecurityPolicy
+		}
+	}
+	return nil
+}
+
+func (x *OperationalData) GetInterface() *InterfaceOperational {
+	if x != nil {
+		if x, ok := x.Kind.(*OperationalData_Interface); ok {
+			return x.Interface
+		}
+	}
+	return nil
+}
+
+func (x *OperationalData) GetEntriesOmitted() uint32 {
+	if x != nil {
+		return x.EntriesOmitted
+	}
+	return 0
+}
+
+type isOperationalData_Kind interface {
+	isOperationalData_Kind()
+}
+
+type OperationalData_Node struct {
+	// node is a Node's operational data.
+	Node *NodeOperational `protobuf:"bytes,1,opt,name=node,proto3,oneof"`
+}
+
+type OperationalData_Network struct {
+	// network is a Network's operational data.
+	Network *NetworkOperational `protobuf:"bytes,2,opt,name=network,proto3,oneof"`
+}
+
+type OperationalData_Endpoint struct {
+	// endpoint is an Endpoint's operational data.
+	Endpoint *EndpointOperational `protobuf:"bytes,3,opt,name=endpoint,proto3,oneof"`
+}
+
+type OperationalData_SecurityPolicy struct {
+	// security_policy is a NetworkSecurityPolicy's operational data.
+	SecurityPolicy *SecurityPolicyOperational `protobuf:"bytes,4,opt,name=security_policy,json=securityPolicy,proto3,oneof"`
+}
+
+type OperationalData_Interface struct {
+	// interface is an Interface's operational data.
+	Interface *InterfaceOperational `protobuf:"bytes,5,opt,name=interface,proto3,oneof"`
+}
+
+func (*OperationalData_Node) isOperationalData_Kind() {}
+
+func (*OperationalData_Network) isOperationalData_Kind() {}
+
+func (*OperationalData_Endpoint) isOperationalData_Kind() {}
+
+func (*OperationalData_SecurityPolicy) isOperationalData_Kind() {}
+
+func (*OperationalData_Interface) isOperationalData_Kind() {}
+
+// NodeOperational is a Node's operational data on one node. A node reports its own Node
+// PROGRAMMED once one of its interfaces holds the VTEP address, usable (not tentative);
+// until then it is PENDING, without operational data.
+type NodeOperational struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// role is NODE_ROLE_LOCAL on the node the object names, NODE_ROLE_REMOTE on the others.
+	Role NodeRole `protobuf:"varint,1,opt,name=role,proto3,enum=nimbus.v1.NodeRole" json:"role,omitempty"`
+	// vtep is the node's VTEP address (spec.vtep_address in its canonical form); empty when
+	// the node has none.
+	Vtep          string `protobuf:"bytes,2,opt,name=vtep,proto3" json:"vtep,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeOperational) Reset() {
+	*x = NodeOperational{}
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeOperational) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeOperational) ProtoMessage() {}
+
+func (x *NodeOperational) ProtoReflect() protoreflect.Message {
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeOperational.ProtoReflect.Descriptor instead.
+func (*NodeOperational) Descriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *NodeOperational) GetRole() NodeRole {
+	if x != nil {
+		return x.Role
+	}
+	return NodeRole_NODE_ROLE_UNSPECIFIED
+}
+
+func (x *NodeOperational) GetVtep() string {
+	if x != nil {
+		return x.Vtep
+	}
+	return ""
+}
+
+// NetworkOperational is a Network's operational data on one node.
+type NetworkOperational struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// bridge is the name of the network's bridge.
+	Bridge string `protobuf:"bytes,1,opt,name=bridge,proto3" json:"bridge,omitempty"`
+	// vxlan is the name of the network's VXLAN device.
+	Vxlan string `protobuf:"bytes,2,opt,name=vxlan,proto3" json:"vxlan,omitempty"`
+	// vni is the network's VXLAN network identifier.
+	Vni uint32 `protobuf:"varint,3,opt,name=vni,proto3" json:"vni,omitempty"`
+	// vtep is this node's VTEP address, the VXLAN device's local address.
+	Vtep string `protobuf:"bytes,4,opt,name=vtep,proto3" json:"vtep,omitempty"`
+	// tenant_table is the policy-routing table of the network's tenant.
+	TenantTable uint32 `protobuf:"varint,5,opt,name=tenant_table,json=tenantTable,proto3" json:"tenant_table,omitempty"`
+	// remote_vteps are the VTEP addresses of the other nodes that have endpoints in the
+	// network, sorted: where broadcasts and unknown destinations are replicated to.
+	RemoteVteps []string `protobuf:"bytes,6,rep,name=remote_vteps,json=remoteVteps,proto3" json:"remote_vteps,omitempty"`
+	// nodes_without_vtep names the other nodes that have endpoints in the network but no
+	// usable VTEP address (no Node object, no spec.vtep_address, or one of the other
+	// address family than this node's), sorted. They get no replication until they have one.
+	NodesWithoutVtep []string `protobuf:"bytes,7,rep,name=nodes_without_vtep,json=nodesWithoutVtep,proto3" json:"nodes_without_vtep,omitempty"`
+	// mtu is the MTU of the network's devices: spec.mtu, or without one the largest the
+	// underlay carries.
+	Mtu uint32 `protobuf:"varint,8,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	// underlay says what the MTU is derived from, the link that holds this node's VTEP
+	// address: "eth0 mtu 1500 carries at most 1450 with VXLAN over IPv4".
+	Underlay string `protobuf:"bytes,9,opt,name=underlay,proto3" json:"underlay,omitempty"`
+	// mtu_warning is set when spec.mtu is larger than the underlay carries: "spec.mtu 9000:
+	// does not fit the underlay (eth0 mtu 1500 carries at most 1450 with VXLAN over IPv4)".
+	// The devices have spec.mtu all the same.
+	MtuWarning string `protobuf:"bytes,10,opt,name=mtu_warning,json=mtuWarning,proto3" json:"mtu_warning,omitempty"`
+	// gateway_mark is the mark the network's bridge gives what comes up into the host (the
+	// tenant's table); 0 when gateway_unavailable is set.
+	GatewayMark uint32 `protobuf:"varint,11,opt,name=gateway_mark,json=gatewayMark,proto3" json:"gateway_mark,omitempty"`
+	// gateway_unavailable says why the gateway programs could not be loaded, when they
+	// could not: the gateway then does not answer.
+	GatewayUnavailable string `protobuf:"bytes,12,opt,name=gateway_unavailable,json=gatewayUnavailable,proto3" json:"gateway_unavailable,omitempty"`
+	// ipv6_forwarding_unavailable is set when the network routes IPv6 but the node's kernel
+	// has no per-interface IPv6 forwarding (net.ipv6.conf.BRIDGE.force_forwarding, Linux
+	// 6.17), and says so: IPv6 between networks then needs net.ipv6.conf.all.forwarding=1,
+	// which the agent does not set, as it would change the whole host.
+	Ipv6ForwardingUnavailable string `protobuf:"bytes,13,opt,name=ipv6_forwarding_unavailable,json=ipv6ForwardingUnavailable,proto3" json:"ipv6_forwarding_unavailable,omitempty"`
+	unknownFields             protoimpl.UnknownFields
+	sizeCache                 protoimpl.SizeCache
+}
+
+func (x *NetworkOperational) Reset() {
+	*x = NetworkOperational{}
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkOperational) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkOperational) ProtoMessage() {}
+
+func (x *NetworkOperational) ProtoReflect() protoreflect.Message {
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkOperational.ProtoReflect.Descriptor instead.
+func (*NetworkOperational) Descriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *NetworkOperational) GetBridge() string {
+	if x != nil {
+		return x.Bridge
+	}
+	return ""
+}
+
+func (x *NetworkOperational) GetVxlan() string {
+	if x != nil {
+		return x.Vxlan
+	}
+	return ""
+}
+
+func (x *NetworkOperational) GetVni() uint32 {
+	if x != nil {
+		return x.Vni
+	}
+	return 0
+}
+
+func (x *NetworkOperational) GetVtep() string {
+	if x != nil {
+		return x.Vtep
+	}
+	return ""
+}
+
+func (x *NetworkOperational) GetTenantTable() uint32 {
+	if x != nil {
+		return x.TenantTable
+	}
+	return 0
+}
+
+func (x *NetworkOperational) GetRemoteVteps() []string {
+	if x != nil {
+		return x.RemoteVteps
+	}
+	return nil
+}
+
+func (x *NetworkOperational) GetNodesWithoutVtep() []string {
+	if x != nil {
+		return x.NodesWithoutVtep
+	}
+	return nil
+}
+
+func (x *NetworkOperational) GetMtu() uint32 {
+	if x != nil {
+		return x.Mtu
+	}
+	return 0
+}
+
+func (x *NetworkOperational) GetUnderlay() string {
+	if x != nil {
+		return x.Underlay
+	}
+	return ""
+}
+
+func (x *NetworkOperational) GetMtuWarning() string {
+	if x != nil {
+		return x.MtuWarning
+	}
+	return ""
+}
+
+func (x *NetworkOperational) GetGatewayMark() uint32 {
+	if x != nil {
+		return x.GatewayMark
+	}
+	return 0
+}
+
+func (x *NetworkOperational) GetGatewayUnavailable() string {
+	if x != nil {
+		return x.GatewayUnavailable
+	}
+	return ""
+}
+
+func (x *NetworkOperational) GetIpv6ForwardingUnavailable() string {
+	if x != nil {
+		return x.Ipv6ForwardingUnavailable
+	}
+	return ""
+}
+
+// EndpointOperational is an Endpoint's operational data on one node.
+type EndpointOperational struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// role is NODE_ROLE_LOCAL on the endpoint's node, NODE_ROLE_REMOTE on the other nodes
+	// of its network.
+	Role NodeRole `protobuf:"varint,1,opt,name=role,proto3,enum=nimbus.v1.NodeRole" json:"role,omitempty"`
+	// bridge is the name of the bridge of the endpoint's network.
+	Bridge string `protobuf:"bytes,2,opt,name=bridge,proto3" json:"bridge,omitempty"`
+	// interface is the host-side interface of a local endpoint.
+	Interface string `protobuf:"bytes,3,opt,name=interface,proto3" json:"interface,omitempty"`
+	// vtep is the VTEP address of a remote endpoint's node, where its traffic is tunnelled to.
+	Vtep string `protobuf:"bytes,4,opt,name=vtep,proto3" json:"vtep,omitempty"`
+	// mac is a remote endpoint's MAC address.
+	Mac string `protobuf:"bytes,5,opt,name=mac,proto3" json:"mac,omitempty"`
+	// firewall is the firewall's view of a local endpoint; unset on remote endpoints and
+	// on nodes that run no firewall.
+	Firewall      *EndpointFirewall `protobuf:"bytes,6,opt,name=firewall,proto3" json:"firewall,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndpointOperational) Reset() {
+	*x = EndpointOperational{}
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndpointOperational) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndpointOperational) ProtoMessage() {}
+
+func (x *EndpointOperational) ProtoReflect() protoreflect.Message {
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndpointOperational.ProtoReflect.Descriptor instead.
+func (*EndpointOperational) Descriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *EndpointOperational) GetRole() NodeRole {
+	if x != nil {
+		return x.Role
+	}
+	return NodeRole_NODE_ROLE_UNSPECIFIED
+}
+
+func (x *EndpointOperational) GetBridge() string {
+	if x != nil {
+		return x.Bridge
+	}
+	return ""
+}
+
+func (x *EndpointOperational) GetInterface() string {
+	if x != nil {
+		return x.Interface
+	}
+	return ""
+}
+
+func (x *EndpointOperational) GetVtep() string {
+	if x != nil {
+		return x.Vtep
+	}
+	return ""
+}
+
+func (x *EndpointOperational) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
+}
+
+func (x *EndpointOperational) GetFirewall() *EndpointFirewall {
+	if x != nil {
+		return x.Firewall
+	}
+	return nil
+}
+
+// EndpointFirewall is the firewall's view of one local endpoint.
+type EndpointFirewall struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ingress_protected is set when a policy filters what the endpoint receives; what it
+	// receives is not filtered otherwise.
+	IngressProtected bool `protobuf:"varint,1,opt,name=ingress_protected,json=ingressProtected,proto3" json:"ingress_protected,omitempty"`
+	// egress_protected is set when a policy filters what the endpoint sends.
+	EgressProtected bool `protobuf:"varint,2,opt,name=egress_protected,json=egressProtected,proto3" json:"egress_protected,omitempty"`
+	// sources_guarded is set when the endpoint may send only from its own addresses.
+	SourcesGuarded bool `protobuf:"varint,3,opt,name=sources_guarded,json=sourcesGuarded,proto3" json:"sources_guarded,omitempty"`
+	// counters are the endpoint's packet counters; unset when they could not be read.
+	Counters *EndpointFirewallCounters `protobuf:"bytes,4,opt,name=counters,proto3" json:"counters,omitempty"`
+	// missing_groups are the endpoint's fields that name a SecurityGroup the node does not
+	// hold, each as the field and the group's name (spec.securityGroups[1] "web"): the
+	// endpoint is programmed all the same, a member of the group by its name.
+	MissingGroups []string `protobuf:"bytes,5,rep,name=missing_groups,json=missingGroups,proto3" json:"missing_groups,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndpointFirewall) Reset() {
+	*x = EndpointFirewall{}
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndpointFirewall) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndpointFirewall) ProtoMessage() {}
+
+func (x *EndpointFirewall) ProtoReflect() protoreflect.Message {
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndpointFirewall.ProtoReflect.Descriptor instead.
+func (*EndpointFirewall) Descriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *EndpointFirewall) GetIngressProtected() bool {
+	if x != nil {
+		return x.IngressProtected
+	}
+	return false
+}
+
+func (x *EndpointFirewall) GetEgressProtected() bool {
+	if x != nil {
+		return x.EgressProtected
+	}
+	return false
+}
+
+func (x *EndpointFirewall) GetSourcesGuarded() bool {
+	if x != nil {
+		return x.SourcesGuarded
+	}
+	return false
+}
+
+func (x *EndpointFirewall) GetCounters() *EndpointFirewallCounters {
+	if x != nil {
+		return x.Counters
+	}
+	return nil
+}
+
+func (x *EndpointFirewall) GetMissingGroups() []string {
+	if x != nil {
+		return x.MissingGroups
+	}
+	return nil
+}
+
+// EndpointFirewallCounters are the packets, and their bytes, the firewall passed and
+// dropped at one endpoint since it was first attached there.
+type EndpointFirewallCounters struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// allowed_packets are the packets a policy allowed, or that no policy filters.
+	AllowedPackets uint64 `protobuf:"varint,1,opt,name=allowed_packets,json=allowedPackets,proto3" json:"allowed_packets,omitempty"`
+	AllowedBytes   uint64 `protobuf:"varint,2,opt,name=allowed_bytes,json=allowedBytes,proto3" json:"allowed_bytes,omitempty"`
+	// denied_packets are the packets a policy dropped.
+	DeniedPackets uint64 `protobuf:"varint,3,opt,name=denied_packets,json=deniedPackets,proto3" json:"denied_packets,omitempty"`
+	DeniedBytes   uint64 `protobuf:"varint,4,opt,name=denied_bytes,json=deniedBytes,proto3" json:"denied_bytes,omitempty"`
+	// spoofed_packets are the packets dropped because their source was not one of the
+	// endpoint's addresses; counted only while sources_guarded.
+	SpoofedPackets uint64 `protobuf:"varint,5,opt,name=spoofed_packets,json=spoofedPackets,proto3" json:"spoofed_packets,omitempty"`
+	SpoofedBytes   uint64 `protobuf:"varint,6,opt,name=spoofed_bytes,json=spoofedBytes,proto3" json:"spoofed_bytes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *EndpointFirewallCounters) Reset() {
+	*x = EndpointFirewallCounters{}
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndpointFirewallCounters) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndpointFirewallCounters) ProtoMessage() {}
+
+func (x *EndpointFirewallCounters) ProtoReflect() protoreflect.Message {
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndpointFirewallCounters.ProtoReflect.Descriptor instead.
+func (*EndpointFirewallCounters) Descriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *EndpointFirewallCounters) GetAllowedPackets() uint64 {
+	if x != nil {
+		return x.AllowedPackets
+	}
+	return 0
+}
+
+func (x *EndpointFirewallCounters) GetAllowedBytes() uint64 {
+	if x != nil {
+		return x.AllowedBytes
+	}
+	return 0
+}
+
+func (x *EndpointFirewallCounters) GetDeniedPackets() uint64 {
+	if x != nil {
+		return x.DeniedPackets
+	}
+	return 0
+}
+
+func (x *EndpointFirewallCounters) GetDeniedBytes() uint64 {
+	if x != nil {
+		return x.DeniedBytes
+	}
+	return 0
+}
+
+func (x *EndpointFirewallCounters) GetSpoofedPackets() uint64 {
+	if x != nil {
+		return x.SpoofedPackets
+	}
+	return 0
+}
+
+func (x *EndpointFirewallCounters) GetSpoofedBytes() uint64 {
+	if x != nil {
+		return x.SpoofedBytes
+	}
+	return 0
+}
+
+// SecurityPolicyOperational is a NetworkSecurityPolicy's operational data on one node.
+type SecurityPolicyOperational struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// protected_endpoints is the number of the node's endpoints the policy filters.
+	ProtectedEndpoints uint32 `protobuf:"varint,1,opt,name=protected_endpoints,json=protectedEndpoints,proto3" json:"protected_endpoints,omitempty"`
+	// rules are the counters of the policy's rules that have been hit on the node, ingress
+	// rules first, each direction in rule order. A rule not hit has none, so that a policy
+	// of many rules reports little.
+	Rules         []*PolicyRuleCounters `protobuf:"bytes,2,rep,name=rules,proto3" json:"rules,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SecurityPolicyOperational) Reset() {
+	*x = SecurityPolicyOperational{}
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SecurityPolicyOperational) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SecurityPolicyOperational) ProtoMessage() {}
+
+func (x *SecurityPolicyOperational) ProtoReflect() protoreflect.Message {
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SecurityPolicyOperational.ProtoReflect.Descriptor instead.
+func (*SecurityPolicyOperational) Descriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *SecurityPolicyOperational) GetProtectedEndpoints() uint32 {
+	if x != nil {
+		return x.ProtectedEndpoints
+	}
+	return 0
+}
+
+func (x *SecurityPolicyOperational) GetRules() []*PolicyRuleCounters {
+	if x != nil {
+		return x.Rules
+	}
+	return nil
+}
+
+// PolicyRuleCounters are the packets, and their bytes, that one rule of a policy matched
+// on one node.
+type PolicyRuleCounters struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// direction and index name the rule: spec.ingress[index] or spec.egress[index].
+	Direction PolicyRuleCounters_Direction `protobuf:"varint,1,opt,name=direction,proto3,enum=nimbus.v1.PolicyRuleCounters_Direction" json:"direction,omitempty"`
+	Index     uint32                       `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	// packets are the packets the rule matched.
+	Packets uint64 `protobuf:"varint,3,opt,name=packets,proto3" json:"packets,omitempty"`
+	// bytes are the bytes of those packets.
+	Bytes         uint64 `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PolicyRuleCounters) Reset() {
+	*x = PolicyRuleCounters{}
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PolicyRuleCounters) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PolicyRuleCounters) ProtoMessage() {}
+
+func (x *PolicyRuleCounters) ProtoReflect() protoreflect.Message {
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PolicyRuleCounters.ProtoReflect.Descriptor instead.
+func (*PolicyRuleCounters) Descriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *PolicyRuleCounters) GetDirection() PolicyRuleCounters_Direction {
+	if x != nil {
+		return x.Direction
+	}
+	return PolicyRuleCounters_DIRECTION_UNSPECIFIED
+}
+
+func (x *PolicyRuleCounters) GetIndex() uint32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *PolicyRuleCounters) GetPackets() uint64 {
+	if x != nil {
+		return x.Packets
+	}
+	return 0
+}
+
+func (x *PolicyRuleCounters) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+// InterfaceOperational is an Interface's operational data: its link as the node's kernel
+// has it, with the link's counters (`ip -s link show`).
+type InterfaceOperational struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// oper_state is the link's operational state.
+	OperState LinkOperState `protobuf:"varint,1,opt,name=oper_state,json=operState,proto3,enum=nimbus.v1.LinkOperState" json:"oper_state,omitempty"`
+	// carrier is set when the link has carrier.
+	Carrier bool `protobuf:"varint,2,opt,name=carrier,proto3" json:"carrier,omitempty"`
+	// admin_up is set when the link is administratively up.
+	AdminUp bool `protobuf:"varint,3,opt,name=admin_up,json=adminUp,proto3" json:"admin_up,omitempty"`
+	// mtu is the link's MTU.
+	Mtu uint32 `protobuf:"varint,4,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	// rx_bytes are the bytes the link received.
+	RxBytes uint64 `protobuf:"varint,5,opt,name=rx_bytes,json=rxBytes,proto3" json:"rx_bytes,omitempty"`
+	// tx_bytes are the bytes the link sent.
+	TxBytes uint64 `protobuf:"varint,6,opt,name=tx_bytes,json=txBytes,proto3" json:"tx_bytes,omitempty"`
+	// rx_packets are the packets the link received.
+	RxPackets uint64 `protobuf:"varint,7,opt,name=rx_packets,json=rxPackets,proto3" json:"rx_packets,omitempty"`
+	// tx_packets are the packets the link sent.
+	TxPackets uint64 `protobuf:"varint,8,opt,name=tx_packets,json=txPackets,proto3" json:"tx_packets,omitempty"`
+	// rx_errors are the receive errors.
+	RxErrors uint64 `protobuf:"varint,9,opt,name=rx_errors,json=rxErrors,proto3" json:"rx_errors,omitempty"`
+	// tx_errors are the transmit errors.
+	TxErrors uint64 `protobuf:"varint,10,opt,name=tx_errors,json=txErrors,proto3" json:"tx_errors,omitempty"`
+	// rx_dropped are the received packets dropped.
+	RxDropped uint64 `protobuf:"varint,11,opt,name=rx_dropped,json=rxDropped,proto3" json:"rx_dropped,omitempty"`
+	// tx_dropped are the packets dropped before they were sent.
+	TxDropped     uint64 `protobuf:"varint,12,opt,name=tx_dropped,json=txDropped,proto3" json:"tx_dropped,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InterfaceOperational) Reset() {
+	*x = InterfaceOperational{}
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InterfaceOperational) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InterfaceOperational) ProtoMessage() {}
+
+func (x *InterfaceOperational) ProtoReflect() protoreflect.Message {
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InterfaceOperational.ProtoReflect.Descriptor instead.
+func (*InterfaceOperational) Descriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *InterfaceOperational) GetOperState() LinkOperState {
+	if x != nil {
+		return x.OperState
+	}
+	return LinkOperState_LINK_OPER_STATE_UNSPECIFIED
+}
+
+func (x *InterfaceOperational) GetCarrier() bool {
+	if x != nil {
+		return x.Carrier
+	}
+	return false
+}
+
+func (x *InterfaceOperational) GetAdminUp() bool {
+	if x != nil {
+		return x.AdminUp
+	}
+	return false
+}
+
+func (x *InterfaceOperational) GetMtu() uint32 {
+	if x != nil {
+		return x.Mtu
+	}
+	return 0
+}
+
+func (x *InterfaceOperational) GetRxBytes() uint64 {
+	if x != nil {
+		return x.RxBytes
+	}
+	return 0
+}
+
+func (x *InterfaceOperational) GetTxBytes() uint64 {
+	if x != nil {
+		return x.TxBytes
+	}
+	return 0
+}
+
+func (x *InterfaceOperational) GetRxPackets() uint64 {
+	if x != nil {
+		return x.RxPackets
+	}
+	return 0
+}
+
+func (x *InterfaceOperational) GetTxPackets() uint64 {
+	if x != nil {
+		return x.TxPackets
+	}
+	return 0
+}
+
+func (x *InterfaceOperational) GetRxErrors() uint64 {
+	if x != nil {
+		return x.RxErrors
+	}
+	return 0
+}
+
+func (x *InterfaceOperational) GetTxErrors() uint64 {
+	if x != nil {
+		return x.TxErrors
+	}
+	return 0
+}
+
+func (x *InterfaceOperational) GetRxDropped() uint64 {
+	if x != nil {
+		return x.RxDropped
+	}
+	return 0
+}
+
+func (x *InterfaceOperational) GetTxDropped() uint64 {
+	if x != nil {
+		return x.TxDropped
+	}
+	return 0
+}
+
 // ObjectStatus is the propagation status of one object across its target nodes.
 type ObjectStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1554,7 +2654,7 @@ type ObjectStatus struct {
 
 func (x *ObjectStatus) Reset() {
 	*x = ObjectStatus{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[14]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1566,7 +2666,7 @@ func (x *ObjectStatus) String() string {
 func (*ObjectStatus) ProtoMessage() {}
 
 func (x *ObjectStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[14]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1579,7 +2679,7 @@ func (x *ObjectStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectStatus.ProtoReflect.Descriptor instead.
 func (*ObjectStatus) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{14}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ObjectStatus) GetNodes() []*NodeStatus {
@@ -1663,7 +2763,7 @@ type ObjectWithStatus struct {
 
 func (x *ObjectWithStatus) Reset() {
 	*x = ObjectWithStatus{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[15]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1675,7 +2775,7 @@ func (x *ObjectWithStatus) String() string {
 func (*ObjectWithStatus) ProtoMessage() {}
 
 func (x *ObjectWithStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[15]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1688,7 +2788,7 @@ func (x *ObjectWithStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectWithStatus.ProtoReflect.Descriptor instead.
 func (*ObjectWithStatus) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{15}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ObjectWithStatus) GetObject() *Object {
@@ -1714,7 +2814,7 @@ type ApplyRequest struct {
 
 func (x *ApplyRequest) Reset() {
 	*x = ApplyRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[16]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1726,7 +2826,7 @@ func (x *ApplyRequest) String() string {
 func (*ApplyRequest) ProtoMessage() {}
 
 func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[16]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1739,7 +2839,7 @@ func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyRequest.ProtoReflect.Descriptor instead.
 func (*ApplyRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{16}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ApplyRequest) GetObject() *Object {
@@ -1763,7 +2863,7 @@ type ApplyResponse struct {
 
 func (x *ApplyResponse) Reset() {
 	*x = ApplyResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[17]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1775,7 +2875,7 @@ func (x *ApplyResponse) String() string {
 func (*ApplyResponse) ProtoMessage() {}
 
 func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[17]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1788,7 +2888,7 @@ func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyResponse.ProtoReflect.Descriptor instead.
 func (*ApplyResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{17}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ApplyResponse) GetObject() *Object {
@@ -1821,7 +2921,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[18]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1833,7 +2933,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[18]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1846,7 +2946,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{18}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DeleteRequest) GetKey() *ObjectKey {
@@ -1867,7 +2967,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[19]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1879,7 +2979,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[19]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1892,7 +2992,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{19}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DeleteResponse) GetFound() bool {
@@ -1925,7 +3025,7 @@ type ApplyBatchRequest struct {
 
 func (x *ApplyBatchRequest) Reset() {
 	*x = ApplyBatchRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[20]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1937,7 +3037,7 @@ func (x *ApplyBatchRequest) String() string {
 func (*ApplyBatchRequest) ProtoMessage() {}
 
 func (x *ApplyBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[20]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1950,7 +3050,7 @@ func (x *ApplyBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyBatchRequest.ProtoReflect.Descriptor instead.
 func (*ApplyBatchRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{20}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ApplyBatchRequest) GetObjects() []*Object {
@@ -1983,7 +3083,7 @@ type ApplyBatchResponse struct {
 
 func (x *ApplyBatchResponse) Reset() {
 	*x = ApplyBatchResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[21]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1995,7 +3095,7 @@ func (x *ApplyBatchResponse) String() string {
 func (*ApplyBatchResponse) ProtoMessage() {}
 
 func (x *ApplyBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[21]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2008,7 +3108,7 @@ func (x *ApplyBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyBatchResponse.ProtoReflect.Descriptor instead.
 func (*ApplyBatchResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{21}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ApplyBatchResponse) GetResults() []*ApplyResponse {
@@ -2042,7 +3142,7 @@ type DeleteBatchRequest struct {
 
 func (x *DeleteBatchRequest) Reset() {
 	*x = DeleteBatchRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[22]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2054,7 +3154,7 @@ func (x *DeleteBatchRequest) String() string {
 func (*DeleteBatchRequest) ProtoMessage() {}
 
 func (x *DeleteBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[22]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2067,7 +3167,7 @@ func (x *DeleteBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBatchRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBatchRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{22}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *DeleteBatchRequest) GetKeys() []*ObjectKey {
@@ -2091,7 +3191,7 @@ type DeleteBatchResponse struct {
 
 func (x *DeleteBatchResponse) Reset() {
 	*x = DeleteBatchResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[23]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2103,7 +3203,7 @@ func (x *DeleteBatchResponse) String() string {
 func (*DeleteBatchResponse) ProtoMessage() {}
 
 func (x *DeleteBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[23]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2116,7 +3216,7 @@ func (x *DeleteBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBatchResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBatchResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{23}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *DeleteBatchResponse) GetResults() []*DeleteResponse {
@@ -2149,7 +3249,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[24]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2161,7 +3261,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[24]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2174,7 +3274,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{24}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GetRequest) GetKey() *ObjectKey {
@@ -2193,7 +3293,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[25]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2205,7 +3305,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[25]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2218,7 +3318,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{25}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *GetResponse) GetItem() *ObjectWithStatus {
@@ -2251,7 +3351,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[26]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2263,7 +3363,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[26]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2276,7 +3376,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{26}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListRequest) GetKind() Kind {
@@ -2328,7 +3428,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[27]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2340,7 +3440,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[27]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2353,7 +3453,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{27}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListResponse) GetItems() []*ObjectWithStatus {
@@ -2390,7 +3490,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[28]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2402,7 +3502,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[28]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2415,7 +3515,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{28}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *WatchRequest) GetNode() string {
@@ -2465,7 +3565,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[29]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2477,7 +3577,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[29]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2490,7 +3590,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{29}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *WatchEvent) GetType() WatchEvent_Type {
@@ -2549,7 +3649,7 @@ type WatchFrame struct {
 
 func (x *WatchFrame) Reset() {
 	*x = WatchFrame{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[30]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2561,7 +3661,7 @@ func (x *WatchFrame) String() string {
 func (*WatchFrame) ProtoMessage() {}
 
 func (x *WatchFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[30]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2574,7 +3674,7 @@ func (x *WatchFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchFrame.ProtoReflect.Descriptor instead.
 func (*WatchFrame) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{30}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *WatchFrame) GetEvents() []*WatchEvent {
@@ -2598,7 +3698,7 @@ type WatchStatusRequest struct {
 
 func (x *WatchStatusRequest) Reset() {
 	*x = WatchStatusRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[31]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2610,7 +3710,7 @@ func (x *WatchStatusRequest) String() string {
 func (*WatchStatusRequest) ProtoMessage() {}
 
 func (x *WatchStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[31]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2623,7 +3723,7 @@ func (x *WatchStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchStatusRequest.ProtoReflect.Descriptor instead.
 func (*WatchStatusRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{31}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *WatchStatusRequest) GetKind() Kind {
@@ -2665,7 +3765,7 @@ type StatusEvent struct {
 
 func (x *StatusEvent) Reset() {
 	*x = StatusEvent{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[32]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2677,7 +3777,7 @@ func (x *StatusEvent) String() string {
 func (*StatusEvent) ProtoMessage() {}
 
 func (x *StatusEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[32]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2690,7 +3790,7 @@ func (x *StatusEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusEvent.ProtoReflect.Descriptor instead.
 func (*StatusEvent) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{32}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *StatusEvent) GetType() StatusEvent_Type {
@@ -2724,7 +3824,7 @@ type StatusFrame struct {
 
 func (x *StatusFrame) Reset() {
 	*x = StatusFrame{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[33]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2736,7 +3836,7 @@ func (x *StatusFrame) String() string {
 func (*StatusFrame) ProtoMessage() {}
 
 func (x *StatusFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[33]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2749,7 +3849,7 @@ func (x *StatusFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusFrame.ProtoReflect.Descriptor instead.
 func (*StatusFrame) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{33}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *StatusFrame) GetEvents() []*StatusEvent {
@@ -2769,7 +3869,7 @@ type StatusReport struct {
 
 func (x *StatusReport) Reset() {
 	*x = StatusReport{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[34]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2781,7 +3881,7 @@ func (x *StatusReport) String() string {
 func (*StatusReport) ProtoMessage() {}
 
 func (x *StatusReport) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[34]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2794,7 +3894,7 @@ func (x *StatusReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusReport.ProtoReflect.Descriptor instead.
 func (*StatusReport) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{34}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *StatusReport) GetKey() *ObjectKey {
@@ -2819,7 +3919,7 @@ type ReportStatusResponse struct {
 
 func (x *ReportStatusResponse) Reset() {
 	*x = ReportStatusResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[35]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2831,7 +3931,7 @@ func (x *ReportStatusResponse) String() string {
 func (*ReportStatusResponse) ProtoMessage() {}
 
 func (x *ReportStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[35]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2844,7 +3944,7 @@ func (x *ReportStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportStatusResponse.ProtoReflect.Descriptor instead.
 func (*ReportStatusResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{35}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{44}
 }
 
 // PeerFrame is one frame of the stream on which a nimbus replica pushes to a peer replica
@@ -2871,7 +3971,7 @@ type PeerFrame struct {
 
 func (x *PeerFrame) Reset() {
 	*x = PeerFrame{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[36]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2883,7 +3983,7 @@ func (x *PeerFrame) String() string {
 func (*PeerFrame) ProtoMessage() {}
 
 func (x *PeerFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[36]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2896,7 +3996,7 @@ func (x *PeerFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerFrame.ProtoReflect.Descriptor instead.
 func (*PeerFrame) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{36}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *PeerFrame) GetReplica() string {
@@ -2942,7 +4042,7 @@ type PeerPresence struct {
 
 func (x *PeerPresence) Reset() {
 	*x = PeerPresence{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[37]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2954,7 +4054,7 @@ func (x *PeerPresence) String() string {
 func (*PeerPresence) ProtoMessage() {}
 
 func (x *PeerPresence) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[37]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2967,7 +4067,7 @@ func (x *PeerPresence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerPresence.ProtoReflect.Descriptor instead.
 func (*PeerPresence) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{37}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *PeerPresence) GetNode() string {
@@ -2999,7 +4099,7 @@ type PeerStatusResponse struct {
 
 func (x *PeerStatusResponse) Reset() {
 	*x = PeerStatusResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[38]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3011,7 +4111,7 @@ func (x *PeerStatusResponse) String() string {
 func (*PeerStatusResponse) ProtoMessage() {}
 
 func (x *PeerStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[38]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3024,7 +4124,7 @@ func (x *PeerStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerStatusResponse.ProtoReflect.Descriptor instead.
 func (*PeerStatusResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{38}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{47}
 }
 
 var File_nimbus_v1_nimbus_proto protoreflect.FileDescriptor
@@ -3124,7 +4224,7 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\badmin_up\x18\x02 \x01(\bH\x00R\aadminUp\x88\x01\x01\x12\x10\n" +
 	"\x03mtu\x18\x03 \x01(\rR\x03mtu\x12\x1c\n" +
 	"\taddresses\x18\x04 \x03(\tR\taddressesB\v\n" +
-	"\t_admin_up\"\xa4\x03\n" +
+	"\t_admin_up\"\xeb\x03\n" +
 	"\n" +
 	"NodeStatus\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12/\n" +
@@ -3136,10 +4236,90 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"updateTime\x12H\n" +
 	"\voperational\x18\a \x03(\v2&.nimbus.v1.NodeStatus.OperationalEntryR\voperational\x12\x14\n" +
 	"\x05stale\x18\b \x01(\bR\x05stale\x12\x1a\n" +
-	"\bterminal\x18\t \x01(\bR\bterminal\x1a>\n" +
+	"\bterminal\x18\t \x01(\bR\bterminal\x12E\n" +
+	"\x10operational_data\x18\n" +
+	" \x01(\v2\x1a.nimbus.v1.OperationalDataR\x0foperationalData\x1a>\n" +
 	"\x10OperationalEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x97\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xff\x02\n" +
+	"\x0fOperationalData\x120\n" +
+	"\x04node\x18\x01 \x01(\v2\x1a.nimbus.v1.NodeOperationalH\x00R\x04node\x129\n" +
+	"\anetwork\x18\x02 \x01(\v2\x1d.nimbus.v1.NetworkOperationalH\x00R\anetwork\x12<\n" +
+	"\bendpoint\x18\x03 \x01(\v2\x1e.nimbus.v1.EndpointOperationalH\x00R\bendpoint\x12O\n" +
+	"\x0fsecurity_policy\x18\x04 \x01(\v2$.nimbus.v1.SecurityPolicyOperationalH\x00R\x0esecurityPolicy\x12?\n" +
+	"\tinterface\x18\x05 \x01(\v2\x1f.nimbus.v1.InterfaceOperationalH\x00R\tinterface\x12'\n" +
+	"\x0fentries_omitted\x18\x06 \x01(\rR\x0eentriesOmittedB\x06\n" +
+	"\x04kind\"N\n" +
+	"\x0fNodeOperational\x12'\n" +
+	"\x04role\x18\x01 \x01(\x0e2\x13.nimbus.v1.NodeRoleR\x04role\x12\x12\n" +
+	"\x04vtep\x18\x02 \x01(\tR\x04vtep\"\xbf\x03\n" +
+	"\x12NetworkOperational\x12\x16\n" +
+	"\x06bridge\x18\x01 \x01(\tR\x06bridge\x12\x14\n" +
+	"\x05vxlan\x18\x02 \x01(\tR\x05vxlan\x12\x10\n" +
+	"\x03vni\x18\x03 \x01(\rR\x03vni\x12\x12\n" +
+	"\x04vtep\x18\x04 \x01(\tR\x04vtep\x12!\n" +
+	"\ftenant_table\x18\x05 \x01(\rR\vtenantTable\x12!\n" +
+	"\fremote_vteps\x18\x06 \x03(\tR\vremoteVteps\x12,\n" +
+	"\x12nodes_without_vtep\x18\a \x03(\tR\x10nodesWithoutVtep\x12\x10\n" +
+	"\x03mtu\x18\b \x01(\rR\x03mtu\x12\x1a\n" +
+	"\bunderlay\x18\t \x01(\tR\bunderlay\x12\x1f\n" +
+	"\vmtu_warning\x18\n" +
+	" \x01(\tR\n" +
+	"mtuWarning\x12!\n" +
+	"\fgateway_mark\x18\v \x01(\rR\vgatewayMark\x12/\n" +
+	"\x13gateway_unavailable\x18\f \x01(\tR\x12gatewayUnavailable\x12>\n" +
+	"\x1bipv6_forwarding_unavailable\x18\r \x01(\tR\x19ipv6ForwardingUnavailable\"\xd3\x01\n" +
+	"\x13EndpointOperational\x12'\n" +
+	"\x04role\x18\x01 \x01(\x0e2\x13.nimbus.v1.NodeRoleR\x04role\x12\x16\n" +
+	"\x06bridge\x18\x02 \x01(\tR\x06bridge\x12\x1c\n" +
+	"\tinterface\x18\x03 \x01(\tR\tinterface\x12\x12\n" +
+	"\x04vtep\x18\x04 \x01(\tR\x04vtep\x12\x10\n" +
+	"\x03mac\x18\x05 \x01(\tR\x03mac\x127\n" +
+	"\bfirewall\x18\x06 \x01(\v2\x1b.nimbus.v1.EndpointFirewallR\bfirewall\"\xfb\x01\n" +
+	"\x10EndpointFirewall\x12+\n" +
+	"\x11ingress_protected\x18\x01 \x01(\bR\x10ingressProtected\x12)\n" +
+	"\x10egress_protected\x18\x02 \x01(\bR\x0fegressProtected\x12'\n" +
+	"\x0fsources_guarded\x18\x03 \x01(\bR\x0esourcesGuarded\x12?\n" +
+	"\bcounters\x18\x04 \x01(\v2#.nimbus.v1.EndpointFirewallCountersR\bcounters\x12%\n" +
+	"\x0emissing_groups\x18\x05 \x03(\tR\rmissingGroups\"\x80\x02\n" +
+	"\x18EndpointFirewallCounters\x12'\n" +
+	"\x0fallowed_packets\x18\x01 \x01(\x04R\x0eallowedPackets\x12#\n" +
+	"\rallowed_bytes\x18\x02 \x01(\x04R\fallowedBytes\x12%\n" +
+	"\x0edenied_packets\x18\x03 \x01(\x04R\rdeniedPackets\x12!\n" +
+	"\fdenied_bytes\x18\x04 \x01(\x04R\vdeniedBytes\x12'\n" +
+	"\x0fspoofed_packets\x18\x05 \x01(\x04R\x0espoofedPackets\x12#\n" +
+	"\rspoofed_bytes\x18\x06 \x01(\x04R\fspoofedBytes\"\x81\x01\n" +
+	"\x19SecurityPolicyOperational\x12/\n" +
+	"\x13protected_endpoints\x18\x01 \x01(\rR\x12protectedEndpoints\x123\n" +
+	"\x05rules\x18\x02 \x03(\v2\x1d.nimbus.v1.PolicyRuleCountersR\x05rules\"\xf6\x01\n" +
+	"\x12PolicyRuleCounters\x12E\n" +
+	"\tdirection\x18\x01 \x01(\x0e2'.nimbus.v1.PolicyRuleCounters.DirectionR\tdirection\x12\x14\n" +
+	"\x05index\x18\x02 \x01(\rR\x05index\x12\x18\n" +
+	"\apackets\x18\x03 \x01(\x04R\apackets\x12\x14\n" +
+	"\x05bytes\x18\x04 \x01(\x04R\x05bytes\"S\n" +
+	"\tDirection\x12\x19\n" +
+	"\x15DIRECTION_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11DIRECTION_INGRESS\x10\x01\x12\x14\n" +
+	"\x10DIRECTION_EGRESS\x10\x02\"\x82\x03\n" +
+	"\x14InterfaceOperational\x127\n" +
+	"\n" +
+	"oper_state\x18\x01 \x01(\x0e2\x18.nimbus.v1.LinkOperStateR\toperState\x12\x18\n" +
+	"\acarrier\x18\x02 \x01(\bR\acarrier\x12\x19\n" +
+	"\badmin_up\x18\x03 \x01(\bR\aadminUp\x12\x10\n" +
+	"\x03mtu\x18\x04 \x01(\rR\x03mtu\x12\x19\n" +
+	"\brx_bytes\x18\x05 \x01(\x04R\arxBytes\x12\x19\n" +
+	"\btx_bytes\x18\x06 \x01(\x04R\atxBytes\x12\x1d\n" +
+	"\n" +
+	"rx_packets\x18\a \x01(\x04R\trxPackets\x12\x1d\n" +
+	"\n" +
+	"tx_packets\x18\b \x01(\x04R\ttxPackets\x12\x1b\n" +
+	"\trx_errors\x18\t \x01(\x04R\brxErrors\x12\x1b\n" +
+	"\ttx_errors\x18\n" +
+	" \x01(\x04R\btxErrors\x12\x1d\n" +
+	"\n" +
+	"rx_dropped\x18\v \x01(\x04R\trxDropped\x12\x1d\n" +
+	"\n" +
+	"tx_dropped\x18\f \x01(\x04R\ttxDropped\"\x97\x03\n" +
 	"\fObjectStatus\x12+\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x15.nimbus.v1.NodeStatusR\x05nodes\x12!\n" +
 	"\ftarget_nodes\x18\x02 \x01(\x05R\vtargetNodes\x12)\n" +
@@ -3264,7 +4444,20 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\x11PHASE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rPHASE_PENDING\x10\x01\x12\x14\n" +
 	"\x10PHASE_PROGRAMMED\x10\x02\x12\x10\n" +
-	"\fPHASE_FAILED\x10\x032\x9f\x05\n" +
+	"\fPHASE_FAILED\x10\x03*P\n" +
+	"\bNodeRole\x12\x19\n" +
+	"\x15NODE_ROLE_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fNODE_ROLE_LOCAL\x10\x01\x12\x14\n" +
+	"\x10NODE_ROLE_REMOTE\x10\x02*\x80\x02\n" +
+	"\rLinkOperState\x12\x1f\n" +
+	"\x1bLINK_OPER_STATE_UNSPECIFIED\x10\x00\x12\x1b\n" +
+	"\x17LINK_OPER_STATE_UNKNOWN\x10\x01\x12\x1f\n" +
+	"\x1bLINK_OPER_STATE_NOT_PRESENT\x10\x02\x12\x18\n" +
+	"\x14LINK_OPER_STATE_DOWN\x10\x03\x12$\n" +
+	" LINK_OPER_STATE_LOWER_LAYER_DOWN\x10\x04\x12\x1b\n" +
+	"\x17LINK_OPER_STATE_TESTING\x10\x05\x12\x1b\n" +
+	"\x17LINK_OPER_STATE_DORMANT\x10\x06\x12\x16\n" +
+	"\x12LINK_OPER_STATE_UP\x10\a2\x9f\x05\n" +
 	"\x06Nimbus\x12:\n" +
 	"\x05Apply\x12\x17.nimbus.v1.ApplyRequest\x1a\x18.nimbus.v1.ApplyResponse\x12I\n" +
 	"\n" +
@@ -3291,132 +4484,157 @@ func file_nimbus_v1_nimbus_proto_rawDescGZIP() []byte {
 	return file_nimbus_v1_nimbus_proto_rawDescData
 }
 
-var file_nimbus_v1_nimbus_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_nimbus_v1_nimbus_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
+var file_nimbus_v1_nimbus_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
+var file_nimbus_v1_nimbus_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
 var file_nimbus_v1_nimbus_proto_goTypes = []any{
 	(Kind)(0),                         // 0: nimbus.v1.Kind
 	(Phase)(0),                        // 1: nimbus.v1.Phase
-	(PolicyRule_Action)(0),            // 2: nimbus.v1.PolicyRule.Action
-	(WatchEvent_Type)(0),              // 3: nimbus.v1.WatchEvent.Type
-	(StatusEvent_Type)(0),             // 4: nimbus.v1.StatusEvent.Type
-	(*ObjectKey)(nil),                 // 5: nimbus.v1.ObjectKey
-	(*ObjectMeta)(nil),                // 6: nimbus.v1.ObjectMeta
-	(*Object)(nil),                    // 7: nimbus.v1.Object
-	(*NodeSpec)(nil),                  // 8: nimbus.v1.NodeSpec
-	(*NetworkSpec)(nil),               // 9: nimbus.v1.NetworkSpec
-	(*Subnet)(nil),                    // 10: nimbus.v1.Subnet
-	(*EndpointSpec)(nil),              // 11: nimbus.v1.EndpointSpec
-	(*SecurityGroupSpec)(nil),         // 12: nimbus.v1.SecurityGroupSpec
-	(*NetworkSecurityPolicySpec)(nil), // 13: nimbus.v1.NetworkSecurityPolicySpec
-	(*PolicyRule)(nil),                // 14: nimbus.v1.PolicyRule
-	(*RouteSpec)(nil),                 // 15: nimbus.v1.RouteSpec
-	(*NextHop)(nil),                   // 16: nimbus.v1.NextHop
-	(*InterfaceSpec)(nil),             // 17: nimbus.v1.InterfaceSpec
-	(*NodeStatus)(nil),                // 18: nimbus.v1.NodeStatus
-	(*ObjectStatus)(nil),              // 19: nimbus.v1.ObjectStatus
-	(*ObjectWithStatus)(nil),          // 20: nimbus.v1.ObjectWithStatus
-	(*ApplyRequest)(nil),              // 21: nimbus.v1.ApplyRequest
-	(*ApplyResponse)(nil),             // 22: nimbus.v1.ApplyResponse
-	(*DeleteRequest)(nil),             // 23: nimbus.v1.DeleteRequest
-	(*DeleteResponse)(nil),            // 24: nimbus.v1.DeleteResponse
-	(*ApplyBatchRequest)(nil),         // 25: nimbus.v1.ApplyBatchRequest
-	(*ApplyBatchResponse)(nil),        // 26: nimbus.v1.ApplyBatchResponse
-	(*DeleteBatchRequest)(nil),        // 27: nimbus.v1.DeleteBatchRequest
-	(*DeleteBatchResponse)(nil),       // 28: nimbus.v1.DeleteBatchResponse
-	(*GetRequest)(nil),                // 29: nimbus.v1.GetRequest
-	(*GetResponse)(nil),               // 30: nimbus.v1.GetResponse
-	(*ListRequest)(nil),               // 31: nimbus.v1.ListRequest
-	(*ListResponse)(nil),              // 32: nimbus.v1.ListResponse
-	(*WatchRequest)(nil),              // 33: nimbus.v1.WatchRequest
-	(*WatchEvent)(nil),                // 34: nimbus.v1.WatchEvent
-	(*WatchFrame)(nil),                // 35: nimbus.v1.WatchFrame
-	(*WatchStatusRequest)(nil),        // 36: nimbus.v1.WatchStatusRequest
-	(*StatusEvent)(nil),               // 37: nimbus.v1.StatusEvent
-	(*StatusFrame)(nil),               // 38: nimbus.v1.StatusFrame
-	(*StatusReport)(nil),              // 39: nimbus.v1.StatusReport
-	(*ReportStatusResponse)(nil),      // 40: nimbus.v1.ReportStatusResponse
-	(*PeerFrame)(nil),                 // 41: nimbus.v1.PeerFrame
-	(*PeerPresence)(nil),              // 42: nimbus.v1.PeerPresence
-	(*PeerStatusResponse)(nil),        // 43: nimbus.v1.PeerStatusResponse
-	nil,                               // 44: nimbus.v1.ObjectMeta.LabelsEntry
-	nil,                               // 45: nimbus.v1.NodeStatus.OperationalEntry
-	(*timestamppb.Timestamp)(nil),     // 46: google.protobuf.Timestamp
+	(NodeRole)(0),                     // 2: nimbus.v1.NodeRole
+	(LinkOperState)(0),                // 3: nimbus.v1.LinkOperState
+	(PolicyRule_Action)(0),            // 4: nimbus.v1.PolicyRule.Action
+	(PolicyRuleCounters_Direction)(0), // 5: nimbus.v1.PolicyRuleCounters.Direction
+	(WatchEvent_Type)(0),              // 6: nimbus.v1.WatchEvent.Type
+	(StatusEvent_Type)(0),             // 7: nimbus.v1.StatusEvent.Type
+	(*ObjectKey)(nil),                 // 8: nimbus.v1.ObjectKey
+	(*ObjectMeta)(nil),                // 9: nimbus.v1.ObjectMeta
+	(*Object)(nil),                    // 10: nimbus.v1.Object
+	(*NodeSpec)(nil),                  // 11: nimbus.v1.NodeSpec
+	(*NetworkSpec)(nil),               // 12: nimbus.v1.NetworkSpec
+	(*Subnet)(nil),                    // 13: nimbus.v1.Subnet
+	(*EndpointSpec)(nil),              // 14: nimbus.v1.EndpointSpec
+	(*SecurityGroupSpec)(nil),         // 15: nimbus.v1.SecurityGroupSpec
+	(*NetworkSecurityPolicySpec)(nil), // 16: nimbus.v1.NetworkSecurityPolicySpec
+	(*PolicyRule)(nil),                // 17: nimbus.v1.PolicyRule
+	(*RouteSpec)(nil),                 // 18: nimbus.v1.RouteSpec
+	(*NextHop)(nil),                   // 19: nimbus.v1.NextHop
+	(*InterfaceSpec)(nil),             // 20: nimbus.v1.InterfaceSpec
+	(*NodeStatus)(nil),                // 21: nimbus.v1.NodeStatus
+	(*OperationalData)(nil),           // 22: nimbus.v1.OperationalData
+	(*NodeOperational)(nil),           // 23: nimbus.v1.NodeOperational
+	(*NetworkOperational)(nil),        // 24: nimbus.v1.NetworkOperational
+	(*EndpointOperational)(nil),       // 25: nimbus.v1.EndpointOperational
+	(*EndpointFirewall)(nil),          // 26: nimbus.v1.EndpointFirewall
+	(*EndpointFirewallCounters)(nil),  // 27: nimbus.v1.EndpointFirewallCounters
+	(*SecurityPolicyOperational)(nil), // 28: nimbus.v1.SecurityPolicyOperational
+	(*PolicyRuleCounters)(nil),        // 29: nimbus.v1.PolicyRuleCounters
+	(*InterfaceOperational)(nil),      // 30: nimbus.v1.InterfaceOperational
+	(*ObjectStatus)(nil),              // 31: nimbus.v1.ObjectStatus
+	(*ObjectWithStatus)(nil),          // 32: nimbus.v1.ObjectWithStatus
+	(*ApplyRequest)(nil),              // 33: nimbus.v1.ApplyRequest
+	(*ApplyResponse)(nil),             // 34: nimbus.v1.ApplyResponse
+	(*DeleteRequest)(nil),             // 35: nimbus.v1.DeleteRequest
+	(*DeleteResponse)(nil),            // 36: nimbus.v1.DeleteResponse
+	(*ApplyBatchRequest)(nil),         // 37: nimbus.v1.ApplyBatchRequest
+	(*ApplyBatchResponse)(nil),        // 38: nimbus.v1.ApplyBatchResponse
+	(*DeleteBatchRequest)(nil),        // 39: nimbus.v1.DeleteBatchRequest
+	(*DeleteBatchResponse)(nil),       // 40: nimbus.v1.DeleteBatchResponse
+	(*GetRequest)(nil),                // 41: nimbus.v1.GetRequest
+	(*GetResponse)(nil),               // 42: nimbus.v1.GetResponse
+	(*ListRequest)(nil),               // 43: nimbus.v1.ListRequest
+	(*ListResponse)(nil),              // 44: nimbus.v1.ListResponse
+	(*WatchRequest)(nil),              // 45: nimbus.v1.WatchRequest
+	(*WatchEvent)(nil),                // 46: nimbus.v1.WatchEvent
+	(*WatchFrame)(nil),                // 47: nimbus.v1.WatchFrame
+	(*WatchStatusRequest)(nil),        // 48: nimbus.v1.WatchStatusRequest
+	(*StatusEvent)(nil),               // 49: nimbus.v1.StatusEvent
+	(*StatusFrame)(nil),               // 50: nimbus.v1.StatusFrame
+	(*StatusReport)(nil),              // 51: nimbus.v1.StatusReport
+	(*ReportStatusResponse)(nil),      // 52: nimbus.v1.ReportStatusResponse
+	(*PeerFrame)(nil),                 // 53: nimbus.v1.PeerFrame
+	(*PeerPresence)(nil),              // 54: nimbus.v1.PeerPresence
+	(*PeerStatusResponse)(nil),        // 55: nimbus.v1.PeerStatusResponse
+	nil,                               // 56: nimbus.v1.ObjectMeta.LabelsEntry
+	nil,                               // 57: nimbus.v1.NodeStatus.OperationalEntry
+	(*timestamppb.Timestamp)(nil),     // 58: google.protobuf.Timestamp
 }
 var file_nimbus_v1_nimbus_proto_depIdxs = []int32{
 	0,  // 0: nimbus.v1.ObjectKey.kind:type_name -> nimbus.v1.Kind
-	44, // 1: nimbus.v1.ObjectMeta.labels:type_name -> nimbus.v1.ObjectMeta.LabelsEntry
-	46, // 2: nimbus.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
-	46, // 3: nimbus.v1.ObjectMeta.update_time:type_name -> google.protobuf.Timestamp
-	6,  // 4: nimbus.v1.Object.meta:type_name -> nimbus.v1.ObjectMeta
-	8,  // 5: nimbus.v1.Object.node:type_name -> nimbus.v1.NodeSpec
-	9,  // 6: nimbus.v1.Object.network:type_name -> nimbus.v1.NetworkSpec
-	11, // 7: nimbus.v1.Object.endpoint:type_name -> nimbus.v1.EndpointSpec
-	12, // 8: nimbus.v1.Object.security_group:type_name -> nimbus.v1.SecurityGroupSpec
-	13, // 9: nimbus.v1.Object.network_security_policy:type_name -> nimbus.v1.NetworkSecurityPolicySpec
-	15, // 10: nimbus.v1.Object.route:type_name -> nimbus.v1.RouteSpec
-	17, // 11: nimbus.v1.Object.interface:type_name -> nimbus.v1.InterfaceSpec
-	10, // 12: nimbus.v1.NetworkSpec.subnets:type_name -> nimbus.v1.Subnet
-	14, // 13: nimbus.v1.NetworkSecurityPolicySpec.ingress:type_name -> nimbus.v1.PolicyRule
-	14, // 14: nimbus.v1.NetworkSecurityPolicySpec.egress:type_name -> nimbus.v1.PolicyRule
-	2,  // 15: nimbus.v1.PolicyRule.action:type_name -> nimbus.v1.PolicyRule.Action
-	16, // 16: nimbus.v1.RouteSpec.nexthops:type_name -> nimbus.v1.NextHop
+	56, // 1: nimbus.v1.ObjectMeta.labels:type_name -> nimbus.v1.ObjectMeta.LabelsEntry
+	58, // 2: nimbus.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
+	58, // 3: nimbus.v1.ObjectMeta.update_time:type_name -> google.protobuf.Timestamp
+	9,  // 4: nimbus.v1.Object.meta:type_name -> nimbus.v1.ObjectMeta
+	11, // 5: nimbus.v1.Object.node:type_name -> nimbus.v1.NodeSpec
+	12, // 6: nimbus.v1.Object.network:type_name -> nimbus.v1.NetworkSpec
+	14, // 7: nimbus.v1.Object.endpoint:type_name -> nimbus.v1.EndpointSpec
+	15, // 8: nimbus.v1.Object.security_group:type_name -> nimbus.v1.SecurityGroupSpec
+	16, // 9: nimbus.v1.Object.network_security_policy:type_name -> nimbus.v1.NetworkSecurityPolicySpec
+	18, // 10: nimbus.v1.Object.route:type_name -> nimbus.v1.RouteSpec
+	20, // 11: nimbus.v1.Object.interface:type_name -> nimbus.v1.InterfaceSpec
+	13, // 12: nimbus.v1.NetworkSpec.subnets:type_name -> nimbus.v1.Subnet
+	17, // 13: nimbus.v1.NetworkSecurityPolicySpec.ingress:type_name -> nimbus.v1.PolicyRule
+	17, // 14: nimbus.v1.NetworkSecurityPolicySpec.egress:type_name -> nimbus.v1.PolicyRule
+	4,  // 15: nimbus.v1.PolicyRule.action:type_name -> nimbus.v1.PolicyRule.Action
+	19, // 16: nimbus.v1.RouteSpec.nexthops:type_name -> nimbus.v1.NextHop
 	1,  // 17: nimbus.v1.NodeStatus.phase:type_name -> nimbus.v1.Phase
-	46, // 18: nimbus.v1.NodeStatus.update_time:type_name -> google.protobuf.Timestamp
-	45, // 19: nimbus.v1.NodeStatus.operational:type_name -> nimbus.v1.NodeStatus.OperationalEntry
-	18, // 20: nimbus.v1.ObjectStatus.nodes:type_name -> nimbus.v1.NodeStatus
-	46, // 21: nimbus.v1.ObjectStatus.caught_up_time:type_name -> google.protobuf.Timestamp
-	7,  // 22: nimbus.v1.ObjectWithStatus.object:type_name -> nimbus.v1.Object
-	19, // 23: nimbus.v1.ObjectWithStatus.status:type_name -> nimbus.v1.ObjectStatus
-	7,  // 24: nimbus.v1.ApplyRequest.object:type_name -> nimbus.v1.Object
-	7,  // 25: nimbus.v1.ApplyResponse.object:type_name -> nimbus.v1.Object
-	5,  // 26: nimbus.v1.DeleteRequest.key:type_name -> nimbus.v1.ObjectKey
-	7,  // 27: nimbus.v1.ApplyBatchRequest.objects:type_name -> nimbus.v1.Object
-	22, // 28: nimbus.v1.ApplyBatchResponse.results:type_name -> nimbus.v1.ApplyResponse
-	5,  // 29: nimbus.v1.DeleteBatchRequest.keys:type_name -> nimbus.v1.ObjectKey
-	24, // 30: nimbus.v1.DeleteBatchResponse.results:type_name -> nimbus.v1.DeleteResponse
-	5,  // 31: nimbus.v1.GetRequest.key:type_name -> nimbus.v1.ObjectKey
-	20, // 32: nimbus.v1.GetResponse.item:type_name -> nimbus.v1.ObjectWithStatus
-	0,  // 33: nimbus.v1.ListRequest.kind:type_name -> nimbus.v1.Kind
-	20, // 34: nimbus.v1.ListResponse.items:type_name -> nimbus.v1.ObjectWithStatus
-	3,  // 35: nimbus.v1.WatchEvent.type:type_name -> nimbus.v1.WatchEvent.Type
-	7,  // 36: nimbus.v1.WatchEvent.object:type_name -> nimbus.v1.Object
-	5,  // 37: nimbus.v1.WatchEvent.key:type_name -> nimbus.v1.ObjectKey
-	34, // 38: nimbus.v1.WatchFrame.events:type_name -> nimbus.v1.WatchEvent
-	0,  // 39: nimbus.v1.WatchStatusRequest.kind:type_name -> nimbus.v1.Kind
-	4,  // 40: nimbus.v1.StatusEvent.type:type_name -> nimbus.v1.StatusEvent.Type
-	20, // 41: nimbus.v1.StatusEvent.item:type_name -> nimbus.v1.ObjectWithStatus
-	5,  // 42: nimbus.v1.StatusEvent.key:type_name -> nimbus.v1.ObjectKey
-	37, // 43: nimbus.v1.StatusFrame.events:type_name -> nimbus.v1.StatusEvent
-	5,  // 44: nimbus.v1.StatusReport.key:type_name -> nimbus.v1.ObjectKey
-	18, // 45: nimbus.v1.StatusReport.status:type_name -> nimbus.v1.NodeStatus
-	39, // 46: nimbus.v1.PeerFrame.reports:type_name -> nimbus.v1.StatusReport
-	42, // 47: nimbus.v1.PeerFrame.presence:type_name -> nimbus.v1.PeerPresence
-	46, // 48: nimbus.v1.PeerPresence.since:type_name -> google.protobuf.Timestamp
-	21, // 49: nimbus.v1.Nimbus.Apply:input_type -> nimbus.v1.ApplyRequest
-	25, // 50: nimbus.v1.Nimbus.ApplyBatch:input_type -> nimbus.v1.ApplyBatchRequest
-	23, // 51: nimbus.v1.Nimbus.Delete:input_type -> nimbus.v1.DeleteRequest
-	27, // 52: nimbus.v1.Nimbus.DeleteBatch:input_type -> nimbus.v1.DeleteBatchRequest
-	29, // 53: nimbus.v1.Nimbus.Get:input_type -> nimbus.v1.GetRequest
-	31, // 54: nimbus.v1.Nimbus.List:input_type -> nimbus.v1.ListRequest
-	33, // 55: nimbus.v1.Nimbus.Watch:input_type -> nimbus.v1.WatchRequest
-	36, // 56: nimbus.v1.Nimbus.WatchStatus:input_type -> nimbus.v1.WatchStatusRequest
-	39, // 57: nimbus.v1.Nimbus.ReportStatus:input_type -> nimbus.v1.StatusReport
-	41, // 58: nimbus.v1.Nimbus.PeerStatus:input_type -> nimbus.v1.PeerFrame
-	22, // 59: nimbus.v1.Nimbus.Apply:output_type -> nimbus.v1.ApplyResponse
-	26, // 60: nimbus.v1.Nimbus.ApplyBatch:output_type -> nimbus.v1.ApplyBatchResponse
-	24, // 61: nimbus.v1.Nimbus.Delete:output_type -> nimbus.v1.DeleteResponse
-	28, // 62: nimbus.v1.Nimbus.DeleteBatch:output_type -> nimbus.v1.DeleteBatchResponse
-	30, // 63: nimbus.v1.Nimbus.Get:output_type -> nimbus.v1.GetResponse
-	32, // 64: nimbus.v1.Nimbus.List:output_type -> nimbus.v1.ListResponse
-	35, // 65: nimbus.v1.Nimbus.Watch:output_type -> nimbus.v1.WatchFrame
-	38, // 66: nimbus.v1.Nimbus.WatchStatus:output_type -> nimbus.v1.StatusFrame
-	40, // 67: nimbus.v1.Nimbus.ReportStatus:output_type -> nimbus.v1.ReportStatusResponse
-	43, // 68: nimbus.v1.Nimbus.PeerStatus:output_type -> nimbus.v1.PeerStatusResponse
-	59, // [59:69] is the sub-list for method output_type
-	49, // [49:59] is the sub-list for method input_type
-	49, // [49:49] is the sub-list for extension type_name
-	49, // [49:49] is the sub-list for extension extendee
-	0,  // [0:49] is the sub-list for field type_name
+	58, // 18: nimbus.v1.NodeStatus.update_time:type_name -> google.protobuf.Timestamp
+	57, // 19: nimbus.v1.NodeStatus.operational:type_name -> nimbus.v1.NodeStatus.OperationalEntry
+	22, // 20: nimbus.v1.NodeStatus.operational_data:type_name -> nimbus.v1.OperationalData
+	23, // 21: nimbus.v1.OperationalData.node:type_name -> nimbus.v1.NodeOperational
+	24, // 22: nimbus.v1.OperationalData.network:type_name -> nimbus.v1.NetworkOperational
+	25, // 23: nimbus.v1.OperationalData.endpoint:type_name -> nimbus.v1.EndpointOperational
+	28, // 24: nimbus.v1.OperationalData.security_policy:type_name -> nimbus.v1.SecurityPolicyOperational
+	30, // 25: nimbus.v1.OperationalData.interface:type_name -> nimbus.v1.InterfaceOperational
+	2,  // 26: nimbus.v1.NodeOperational.role:type_name -> nimbus.v1.NodeRole
+	2,  // 27: nimbus.v1.EndpointOperational.role:type_name -> nimbus.v1.NodeRole
+	26, // 28: nimbus.v1.EndpointOperational.firewall:type_name -> nimbus.v1.EndpointFirewall
+	27, // 29: nimbus.v1.EndpointFirewall.counters:type_name -> nimbus.v1.EndpointFirewallCounters
+	29, // 30: nimbus.v1.SecurityPolicyOperational.rules:type_name -> nimbus.v1.PolicyRuleCounters
+	5,  // 31: nimbus.v1.PolicyRuleCounters.direction:type_name -> nimbus.v1.PolicyRuleCounters.Direction
+	3,  // 32: nimbus.v1.InterfaceOperational.oper_state:type_name -> nimbus.v1.LinkOperState
+	21, // 33: nimbus.v1.ObjectStatus.nodes:type_name -> nimbus.v1.NodeStatus
+	58, // 34: nimbus.v1.ObjectStatus.caught_up_time:type_name -> google.protobuf.Timestamp
+	10, // 35: nimbus.v1.ObjectWithStatus.object:type_name -> nimbus.v1.Object
+	31, // 36: nimbus.v1.ObjectWithStatus.status:type_name -> nimbus.v1.ObjectStatus
+	10, // 37: nimbus.v1.ApplyRequest.object:type_name -> nimbus.v1.Object
+	10, // 38: nimbus.v1.ApplyResponse.object:type_name -> nimbus.v1.Object
+	8,  // 39: nimbus.v1.DeleteRequest.key:type_name -> nimbus.v1.ObjectKey
+	10, // 40: nimbus.v1.ApplyBatchRequest.objects:type_name -> nimbus.v1.Object
+	34, // 41: nimbus.v1.ApplyBatchResponse.results:type_name -> nimbus.v1.ApplyResponse
+	8,  // 42: nimbus.v1.DeleteBatchRequest.keys:type_name -> nimbus.v1.ObjectKey
+	36, // 43: nimbus.v1.DeleteBatchResponse.results:type_name -> nimbus.v1.DeleteResponse
+	8,  // 44: nimbus.v1.GetRequest.key:type_name -> nimbus.v1.ObjectKey
+	32, // 45: nimbus.v1.GetResponse.item:type_name -> nimbus.v1.ObjectWithStatus
+	0,  // 46: nimbus.v1.ListRequest.kind:type_name -> nimbus.v1.Kind
+	32, // 47: nimbus.v1.ListResponse.items:type_name -> nimbus.v1.ObjectWithStatus
+	6,  // 48: nimbus.v1.WatchEvent.type:type_name -> nimbus.v1.WatchEvent.Type
+	10, // 49: nimbus.v1.WatchEvent.object:type_name -> nimbus.v1.Object
+	8,  // 50: nimbus.v1.WatchEvent.key:type_name -> nimbus.v1.ObjectKey
+	46, // 51: nimbus.v1.WatchFrame.events:type_name -> nimbus.v1.WatchEvent
+	0,  // 52: nimbus.v1.WatchStatusRequest.kind:type_name -> nimbus.v1.Kind
+	7,  // 53: nimbus.v1.StatusEvent.type:type_name -> nimbus.v1.StatusEvent.Type
+	32, // 54: nimbus.v1.StatusEvent.item:type_name -> nimbus.v1.ObjectWithStatus
+	8,  // 55: nimbus.v1.StatusEvent.key:type_name -> nimbus.v1.ObjectKey
+	49, // 56: nimbus.v1.StatusFrame.events:type_name -> nimbus.v1.StatusEvent
+	8,  // 57: nimbus.v1.StatusReport.key:type_name -> nimbus.v1.ObjectKey
+	21, // 58: nimbus.v1.StatusReport.status:type_name -> nimbus.v1.NodeStatus
+	51, // 59: nimbus.v1.PeerFrame.reports:type_name -> nimbus.v1.StatusReport
+	54, // 60: nimbus.v1.PeerFrame.presence:type_name -> nimbus.v1.PeerPresence
+	58, // 61: nimbus.v1.PeerPresence.since:type_name -> google.protobuf.Timestamp
+	33, // 62: nimbus.v1.Nimbus.Apply:input_type -> nimbus.v1.ApplyRequest
+	37, // 63: nimbus.v1.Nimbus.ApplyBatch:input_type -> nimbus.v1.ApplyBatchRequest
+	35, // 64: nimbus.v1.Nimbus.Delete:input_type -> nimbus.v1.DeleteRequest
+	39, // 65: nimbus.v1.Nimbus.DeleteBatch:input_type -> nimbus.v1.DeleteBatchRequest
+	41, // 66: nimbus.v1.Nimbus.Get:input_type -> nimbus.v1.GetRequest
+	43, // 67: nimbus.v1.Nimbus.List:input_type -> nimbus.v1.ListRequest
+	45, // 68: nimbus.v1.Nimbus.Watch:input_type -> nimbus.v1.WatchRequest
+	48, // 69: nimbus.v1.Nimbus.WatchStatus:input_type -> nimbus.v1.WatchStatusRequest
+	51, // 70: nimbus.v1.Nimbus.ReportStatus:input_type -> nimbus.v1.StatusReport
+	53, // 71: nimbus.v1.Nimbus.PeerStatus:input_type -> nimbus.v1.PeerFrame
+	34, // 72: nimbus.v1.Nimbus.Apply:output_type -> nimbus.v1.ApplyResponse
+	38, // 73: nimbus.v1.Nimbus.ApplyBatch:output_type -> nimbus.v1.ApplyBatchResponse
+	36, // 74: nimbus.v1.Nimbus.Delete:output_type -> nimbus.v1.DeleteResponse
+	40, // 75: nimbus.v1.Nimbus.DeleteBatch:output_type -> nimbus.v1.DeleteBatchResponse
+	42, // 76: nimbus.v1.Nimbus.Get:output_type -> nimbus.v1.GetResponse
+	44, // 77: nimbus.v1.Nimbus.List:output_type -> nimbus.v1.ListResponse
+	47, // 78: nimbus.v1.Nimbus.Watch:output_type -> nimbus.v1.WatchFrame
+	50, // 79: nimbus.v1.Nimbus.WatchStatus:output_type -> nimbus.v1.StatusFrame
+	52, // 80: nimbus.v1.Nimbus.ReportStatus:output_type -> nimbus.v1.ReportStatusResponse
+	55, // 81: nimbus.v1.Nimbus.PeerStatus:output_type -> nimbus.v1.PeerStatusResponse
+	72, // [72:82] is the sub-list for method output_type
+	62, // [62:72] is the sub-list for method input_type
+	62, // [62:62] is the sub-list for extension type_name
+	62, // [62:62] is the sub-list for extension extendee
+	0,  // [0:62] is the sub-list for field type_name
 }
 
 func init() { file_nimbus_v1_nimbus_proto_init() }
@@ -3434,13 +4652,20 @@ func file_nimbus_v1_nimbus_proto_init() {
 		(*Object_Interface)(nil),
 	}
 	file_nimbus_v1_nimbus_proto_msgTypes[12].OneofWrappers = []any{}
+	file_nimbus_v1_nimbus_proto_msgTypes[14].OneofWrappers = []any{
+		(*OperationalData_Node)(nil),
+		(*OperationalData_Network)(nil),
+		(*OperationalData_Endpoint)(nil),
+		(*OperationalData_SecurityPolicy)(nil),
+		(*OperationalData_Interface)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nimbus_v1_nimbus_proto_rawDesc), len(file_nimbus_v1_nimbus_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   41,
+			NumEnums:      8,
+			NumMessages:   50,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
