@@ -275,7 +275,18 @@ func TestNetworkGatewayDetachedByHand(t *testing.T) {
 			}
 		}},
 	} {
+		before := testutil.ToFloat64(h.rec.gw.detached)
 		c.detach(t)
+		// Nothing attaches the programs again before repairs reconciles, so the check
+		// finds them detached within its interval; an enqueue left over from before
+		// could otherwise repair them before the check counts.
+		deadline := time.Now().Add(20 * time.Second)
+		for testutil.ToFloat64(h.rec.gw.detached) == before {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: naples_gateway_detached_total still %v after 20s", c.how, before)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
 		h.repairs(t, enqueued, w.key, func() string {
 			if p := h.gatewayOnBridge(t, bridge, mark); p != "" {
 				return c.how + ": " + p
