@@ -1,0 +1,128 @@
+package nimbusv1
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+)
+
+// Key identifies one object: its kind, tenant, namespace and name, with tenant and
+// namespace defaulted. Unlike the wire form ObjectKey it is comparable, so it keys maps,
+// work queues and indexes as it is. Its String form is the canonical key ID,
+// "Kind/tenant/namespace/name"; the proto ObjectKey and the string form belong at the
+// edges (gRPC, the CLI, keys on disk). The zero Key names no object.
+type Key struct {
+	Kind      Kind
+	Tenant    string
+	Namespace string
+	Name      string
+}
+
+// MakeKey returns the key of the object of the kind and name, with empty tenant and
+// namespace set to their defaults.
+func MakeKey(kind Kind, tenant, namespace, name string) Key {
+	if tenant == "" {
+		tenant = DefaultTenant
+	}
+	if namespace == "" {
+		namespace = DefaultNamespace
+	}
+	return Key{Kind: kind, Tenant: tenant, Namespace: namespace, Name: name}
+}
+
+// Key returns the comparable form of the key, with tenant and namespace defaulted; a nil
+// key gives the zero Key.
+func (k *ObjectKey) Key() Key {
+	if k == nil {
+		return Key{}
+	}
+	return MakeKey(k.GetKind(), k.GetTenant(), k.GetNamespace(), k.GetName())
+}
+
+// TypedKey returns the object's key in its comparable form, with tenant and namespace
+// defaulted.
+func (o *Object) TypedKey() Key {
+	m := o.GetMeta()
+	return MakeKey(o.Kind(), m.GetTenant(), m.GetNamespace(), m.GetName())
+}
+
+// Proto returns the key in its wire form.
+func (k Key) Proto() *ObjectKey {
+	return &ObjectKey{Kind: k.Kind, Tenant: k.Tenant, Namespace: k.Namespace, Name: k.Name}
+}
+
+// IsZero reports whether the key is the zero Key, which names no object.
+func (k Key) IsZero() bool { return k == Key{} }
+
+// String returns the key's canonical form, "Kind/tenant/namespace/name", exactly what
+// ObjectKey.ID returns: kernel identifiers derive from it.
+func (k Key) String() string {
+	kind := k.Kind.Name()
+	var b strings.Builder
+	b.Grow(len(kind) + len(k.Tenant) + len(k.Namespace) + len(k.Name) + 3)
+	b.WriteString(kind)
+	b.WriteByte('/')
+	b.WriteString(k.Tenant)
+	b.WriteByte('/')
+	b.WriteString(k.Namespace)
+	b.WriteByte('/')
+	b.WriteString(k.Name)
+	return b.String()
+}
+
+// LogValue logs the key in its String form.
+func (k Key) LogValue() slog.Value { return slog.StringValue(k.String()) }
+
+// Compare returns -1, 0 or +1 as k's String form sorts before, equal to or after o's,
+// without building either: tables ordered by key keep the order of their key IDs.
+func (k Key) Compare(o Key) int {
+	a := [4]string{k.Kind.Name(), k.Tenant, k.Namespace, k.Name}
+	b := [4]string{o.Kind.Name(), o.Tenant, o.Namespace, o.Name}
+	for i := range a {
+		if a[i] == b[i] {
+			continue
+		}
+		// The first part that differs decides, unless one is a prefix of the other:
+		// then the shorter one's next byte is its '/' (or its end, for the name).
+		sa, sb := a[i], b[i]
+		n := min(len(sa), len(sb))
+		for j := range n {
+			if sa[j] != sb[j] {
+				if sa[j] < sb[j] {
+					return -1
+				}
+				return +1
+			}
+		}
+		last := i == len(a)-1
+		switch {
+		case len(sa) < len(sb) && (last || sb[n] > '/'):
+			return -1
+		case len(sa) < len(sb) && sb[n] < '/':
+			return +1
+		case len(sb) < len(sa) && (last || sa[n] > '/'):
+			return +1
+		case len(sb) < len(sa) && sa[n] < '/':
+			return -1
+		}
+		// A part that holds a '/' where the other one ends: the strings decide.
+		return strings.Compare(k.String(), o.String())
+	}
+	return 0
+}
+
+// ParseKey parses the form String returns, defaulting an empty tenant or namespace. It is
+// for the edges: keys as users type them and as they are stored on disk.
+func ParseKey(id string) (Key, error) {
+	kindName, rest, ok1 := strings.Cut(id, "/")
+	tenant, rest, ok2 := strings.Cut(rest, "/")
+	namespace, name, ok3 := strings.Cut(rest, "/")
+	if !ok1 || !ok2 || !ok3 || strings.Contains(name, "/") {
+		return Key{}, fmt.Errorf("key %q: want Kind/tenant/namespace/name", id)
+	}
+	kind, err := ParseKind(kindName)
+	if err != nil {
+		return Key{}, err
+	}
+	return MakeKey(kind, tenant, namespace, name), nil
+}
