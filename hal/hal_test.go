@@ -137,7 +137,7 @@ func TestStatus(t *testing.T) {
 
 	tests := []struct {
 		name string
-		id   string
+		id   nimbusv1.Key
 		want *nimbusv1.NodeStatus
 	}{
 		{"programmed", id(ok), &nimbusv1.NodeStatus{
@@ -169,7 +169,7 @@ func TestStatus(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			waitFor(t, "status of "+tc.id, func() bool {
+			waitFor(t, "status of "+tc.id.String(), func() bool {
 				st, _ := store.status(tc.id)
 				return proto.Equal(st, tc.want)
 			}, func() string {

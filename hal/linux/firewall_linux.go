@@ -738,14 +738,14 @@ func (policyReconciler) DependsOn() []nimbusv1.Kind {
 	return []nimbusv1.Kind{nimbusv1.Kind_KIND_SECURITY_GROUP}
 }
 
-// DependentsOf returns the policies that name the SecurityGroup with the key ID.
-func (r policyReconciler) DependentsOf(keyID string) []string {
-	ids, err := r.f.store.LookupIDs(PolicyGroupIndex.Name, keyID)
+// DependentsOf returns the policies that name the SecurityGroup with the key.
+func (r policyReconciler) DependentsOf(key nimbusv1.Key) []nimbusv1.Key {
+	keys, err := r.f.store.LookupKeys(PolicyGroupIndex.Name, key.String())
 	if err != nil {
-		r.f.log.Error("finding the policies that name a SecurityGroup", "key", keyID, "err", err)
+		r.f.log.Error("finding the policies that name a SecurityGroup", "key", key, "err", err)
 		return nil
 	}
-	return ids
+	return keys
 }
 
 // PolicyGroupIndex lists a NetworkSecurityPolicy under the key ID of every SecurityGroup
@@ -771,13 +771,13 @@ func directionName(dir uint8) string {
 }
 
 // Sweep removes the firewall from interfaces of endpoints that are gone.
-func (r policyReconciler) Sweep(ctx context.Context, enqueue func(keyID string)) error {
+func (r policyReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Key)) error {
 	return r.f.sweep()
 }
 
 // Observe enqueues the policies and this node's endpoints every StatsInterval, so that
 // their statuses carry fresh counters.
-func (r policyReconciler) Observe(ctx context.Context, enqueue func(keyID string), subscribed func()) error {
+func (r policyReconciler) Observe(ctx context.Context, enqueue func(nimbusv1.Key), subscribed func()) error {
 	subscribed()
 	t := time.NewTicker(r.f.opts.StatsInterval)
 	defer t.Stop()
@@ -787,12 +787,14 @@ func (r policyReconciler) Observe(ctx context.Context, enqueue func(keyID string
 			return nil
 		case <-t.C:
 		}
-		for _, id := range r.f.store.KeyIDs(nimbusv1.Kind_KIND_NETWORK_SECURITY_POLICY) {
-			enqueue(id)
+		for _, key := range r.f.store.Keys(nimbusv1.Kind_KIND_NETWORK_SECURITY_POLICY) {
+			enqueue(key)
 		}
 		if snap := r.f.Snapshot(); snap != nil {
 			for _, e := range snap.Endpoints {
-				enqueue(e.Endpoint)
+				if key, ok := keyOfID(e.Endpoint); ok {
+					enqueue(key)
+				}
 			}
 		}
 	}

@@ -74,41 +74,88 @@ func (k Key) String() string {
 func (k Key) LogValue() slog.Value { return slog.StringValue(k.String()) }
 
 // Compare returns -1, 0 or +1 as k's String form sorts before, equal to or after o's,
-// without building either: tables ordered by key keep the order of their key IDs.
+// without building either: tables ordered by key keep the order of their key IDs. The
+// zero Key, which names no object, sorts before every other, so that it probes a table
+// ordered by something else first and then by key.
 func (k Key) Compare(o Key) int {
-	a := [4]string{k.Kind.Name(), k.Tenant, k.Namespace, k.Name}
-	b := [4]string{o.Kind.Name(), o.Tenant, o.Namespace, o.Name}
-	for i := range a {
-		if a[i] == b[i] {
-			continue
-		}
-		// The first part that differs decides, unless one is a prefix of the other:
-		// then the shorter one's next byte is its '/' (or its end, for the name).
-		sa, sb := a[i], b[i]
-		n := min(len(sa), len(sb))
-		for j := range n {
-			if sa[j] != sb[j] {
-				if sa[j] < sb[j] {
-					return -1
-				}
-				return +1
-			}
-		}
-		last := i == len(a)-1
+	if k.IsZero() || o.IsZero() {
 		switch {
-		case len(sa) < len(sb) && (last || sb[n] > '/'):
-			return -1
-		case len(sa) < len(sb) && sb[n] < '/':
-			return +1
-		case len(sb) < len(sa) && (last || sa[n] > '/'):
-			return +1
-		case len(sb) < len(sa) && sa[n] < '/':
+		case k == o:
+			return 0
+		case k.IsZero():
 			return -1
 		}
-		// A part that holds a '/' where the other one ends: the strings decide.
+		return +1
+	}
+	c := 0
+	if k.Kind != o.Kind {
+		c = comparePart(k.Kind.Name(), o.Kind.Name(), false)
+	}
+	if c == 0 {
+		c = comparePart(k.Tenant, o.Tenant, false)
+	}
+	if c == 0 {
+		c = comparePart(k.Namespace, o.Namespace, false)
+	}
+	if c == 0 {
+		c = comparePart(k.Name, o.Name, true)
+	}
+	if c == undecided {
 		return strings.Compare(k.String(), o.String())
 	}
-	return 0
+	return c
+}
+
+// undecided is what comparePart returns when only the whole strings can decide.
+const undecided = 2
+
+// comparePart compares the parts a and b of two String forms that agree up to them: 0
+// when the parts are equal, -1 or +1 when they decide the order, and undecided when one
+// part holds a '/' where the other ends. Where one part is a prefix of the other, the
+// shorter one's next byte is its separator '/', or its end for the last part.
+func comparePart(a, b string, last bool) int {
+	if a == b {
+		return 0
+	}
+	n := min(len(a), len(b))
+	for i := range n {
+		if a[i] != b[i] {
+			if a[i] < b[i] {
+				return -1
+			}
+			return +1
+		}
+	}
+	sign := -1 // a is the shorter one
+	next := byte(0)
+	if len(a) < len(b) {
+		next = b[n]
+	} else {
+		sign, next = +1, a[n]
+	}
+	switch {
+	case last || next > '/':
+		return sign
+	case next < '/':
+		return -sign
+	}
+	return undecided
+}
+
+// Clone returns the key with strings of its own, so that it keeps none of the memory of
+// the object or frame it was taken from; the default tenant and namespace cost nothing.
+func (k Key) Clone() Key {
+	k.Tenant = cloneDefaulted(k.Tenant, DefaultTenant)
+	k.Namespace = cloneDefaulted(k.Namespace, DefaultNamespace)
+	k.Name = strings.Clone(k.Name)
+	return k
+}
+
+func cloneDefaulted(s, def string) string {
+	if s == def {
+		return def
+	}
+	return strings.Clone(s)
 }
 
 // ParseKey parses the form String returns, defaulting an empty tenant or namespace. It is

@@ -62,6 +62,10 @@ func TestKeyCompare(t *testing.T) {
 			t.Fatalf("%q.Compare(%q) = %d, want %d", a, b, got, want)
 		}
 	}
+	zero := Key{}
+	if a := pick(); zero.Compare(a) != -1 || a.Compare(zero) != +1 || zero.Compare(zero) != 0 {
+		t.Errorf("the zero Key does not sort before %q", a)
+	}
 	keys := make([]Key, 200)
 	for i := range keys {
 		keys[i] = pick()
