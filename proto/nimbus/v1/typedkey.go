@@ -30,12 +30,9 @@ func MakeKey(kind Kind, tenant, namespace, name string) Key {
 	return Key{Kind: kind, Tenant: tenant, Namespace: namespace, Name: name}
 }
 
-// Key returns the comparable form of the key, with tenant and namespace defaulted; a nil
-// key gives the zero Key.
+// Key returns the comparable form of the key, with tenant and namespace defaulted, whose
+// String is what ID returns, also for a nil key.
 func (k *ObjectKey) Key() Key {
-	if k == nil {
-		return Key{}
-	}
 	return MakeKey(k.GetKind(), k.GetTenant(), k.GetNamespace(), k.GetName())
 }
 

@@ -26,8 +26,8 @@ func TestKeyStringIsID(t *testing.T) {
 			t.Errorf("ParseKey(%q) = %v, %v; want %v", pk.ID(), back, err, k)
 		}
 	}
-	if k := (*ObjectKey)(nil).Key(); !k.IsZero() {
-		t.Errorf("nil ObjectKey's Key() = %v, want the zero Key", k)
+	if k, nilKey := (*ObjectKey)(nil).Key(), (*ObjectKey)(nil); k.String() != nilKey.ID() {
+		t.Errorf("nil ObjectKey's Key() = %v, want %v as ID", k, nilKey.ID())
 	}
 	obj := validRoute()
 	if got, want := obj.TypedKey(), obj.Key().Key(); got != want {
