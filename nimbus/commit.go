@@ -345,17 +345,17 @@ func storePut(txn *writeTxn, key *nimbusv1.ObjectKey, id string, old, obj *nimbu
 	rec.put.Store(put)
 	txn.putObject(rec)
 	if old != nil && !slices.Equal(old.GetMeta().GetNodes(), obj.GetMeta().GetNodes()) {
-		dropRetargetedStatuses(txn, id, obj)
+		dropRetargetedStatuses(txn, obj.TypedKey(), obj)
 	}
 	return &stagedChange{key: key, id: id, rev: obj.GetMeta().GetRevision(), before: old, after: obj, put: put}
 }
 
-// dropRetargetedStatuses deletes the statuses of the object with the key ID, retargeted to
+// dropRetargetedStatuses deletes the statuses of the object with the key, retargeted to
 // obj, that nodes it no longer targets reported, and forgets the watch state of those nodes
 // when nothing else keeps it.
-func dropRetargetedStatuses(txn *writeTxn, id string, obj *nimbusv1.Object) {
+func dropRetargetedStatuses(txn *writeTxn, key nimbusv1.Key, obj *nimbusv1.Object) {
 	var dropped []string
-	for _, r := range txn.statusesOf(id) {
+	for _, r := range txn.statusesOf(key) {
 		if !targetsNode(obj, r.Node) {
 			txn.deleteStatus(r)
 			dropped = append(dropped, r.Node)
@@ -373,7 +373,7 @@ func stageDelete(txn *writeTxn, w write, rev uint64) (*stagedChange, outcome) {
 	}
 	old := rec.Object
 	txn.deleteObject(w.id)
-	recs := txn.statusesOf(w.id)
+	recs := txn.statusesOf(w.key.Key())
 	for _, r := range recs {
 		txn.deleteStatus(r)
 	}

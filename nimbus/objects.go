@@ -196,7 +196,7 @@ func (v *view) withStatus(obj *nimbusv1.Object) *nimbusv1.ObjectWithStatus {
 // a status kept for a node that is no target now (it stopped watching and has no Node
 // object) is left out, and counts again once the node is a target again.
 func (v *view) status(obj *nimbusv1.Object) *nimbusv1.ObjectStatus {
-	recs := v.statusesOf(obj.Key().ID())
+	recs := v.statusesOf(obj.TypedKey())
 	m := obj.GetMeta()
 	gen := m.GetGeneration()
 	// Only the target nodes' statuses are looked up below.

@@ -116,7 +116,7 @@ func (s *Server) recordStatuses(reports []*nimbusv1.StatusReport) {
 		txn.commit()
 		for i, key := range changed {
 			s.statusWatch.objectChanged(key)
-			s.peers.statusChanged(key.ID(), nodes[i])
+			s.peers.statusChanged(key.Key(), nodes[i])
 		}
 	}
 }
@@ -161,13 +161,15 @@ func (s *Server) recordStatusIn(txn *writeTxn, r *nimbusv1.StatusReport, origin 
 	if st.GetUpdateTime() == nil {
 		st.UpdateTime = timestamppb.New(s.opts.Now())
 	}
-	if old := txn.nodeStatus(id, node); old != nil && old.Origin != origin &&
+	// The record keeps the key with strings of its own, not views of the report's.
+	k := key.Key().Clone()
+	if old := txn.nodeStatus(k, node); old != nil && old.Origin != origin &&
 		old.Status.GetUpdateTime().AsTime().After(st.GetUpdateTime().AsTime()) {
 		s.log.Debug("dropping status report older than the one kept from another replica", "key", id, "node", node,
 			"origin", origin, "kept_origin", old.Origin)
 		return nil
 	}
-	txn.putStatus(&statusRecord{ObjectID: id, Node: node, Status: st, Origin: origin})
+	txn.putStatus(&statusRecord{Object: k, Node: node, Status: st, Origin: origin})
 	// A replica records every status of every node: the line's arguments are not even
 	// made unless it is logged.
 	if s.log.Enabled(context.Background(), slog.LevelDebug) {

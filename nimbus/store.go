@@ -41,8 +41,8 @@ func (r *objectRecord) putEvent() *sharedEvent {
 
 // statusRecord is one row of the status table: what one node reported about one object.
 type statusRecord struct {
-	// ObjectID is the key ID of the object.
-	ObjectID string
+	// Object is the key of the object, with strings of its own.
+	Object nimbusv1.Key
 	Node     string
 	Status   *nimbusv1.NodeStatus
 	// Origin is the name of the replica the node reported to: this server's
@@ -98,10 +98,10 @@ var treeOptions = btree.Options{NoLocks: true}
 type tables struct {
 	// objects holds the objects by key ID.
 	objects *btree.Map[string, *objectRecord]
-	// statuses holds the statuses by object key ID, then node: the statuses of an object
+	// statuses holds the statuses by object key, then node: the statuses of an object
 	// are adjacent, ordered by node.
 	statuses *btree.BTreeG[*statusRecord]
-	// statusesByNode holds the same records by node, then object key ID.
+	// statusesByNode holds the same records by node, then object key.
 	statusesByNode *btree.BTreeG[*statusRecord]
 	// watchNodes holds the watch state of the nodes by name.
 	watchNodes *btree.Map[string, *watchNodeRecord]
@@ -116,9 +116,10 @@ type tables struct {
 func newTables() *tables {
 	return &tables{
 		objects: btree.NewMap[string, *objectRecord](0),
-		// One comparison of each string: a status lookup is most of a replica's work.
+		// One comparison of each string: a status lookup is most of a replica's work. Keys
+		// sort as their key IDs do.
 		statuses: btree.NewBTreeGOptions(func(a, b *statusRecord) bool {
-			if c := strings.Compare(a.ObjectID, b.ObjectID); c != 0 {
+			if c := a.Object.Compare(b.Object); c != 0 {
 				return c < 0
 			}
 			return a.Node < b.Node
@@ -127,7 +128,7 @@ func newTables() *tables {
 			if c := strings.Compare(a.Node, b.Node); c != 0 {
 				return c < 0
 			}
-			return a.ObjectID < b.ObjectID
+			return a.Object.Compare(b.Object) < 0
 		}, treeOptions),
 		watchNodes: btree.NewMap[string, *watchNodeRecord](0),
 		claims:     btree.NewMap[string, string](0),
@@ -192,11 +193,11 @@ func (t *tables) objectsAfter(kind nimbusv1.Kind, after string) iter.Seq[*object
 // revision returns the revision of the last committed change in t.
 func (t *tables) revision() uint64 { return t.rev }
 
-// statusesOf returns the statuses stored for the object with the key ID, ordered by node.
-func (t *tables) statusesOf(id string) []*statusRecord {
+// statusesOf returns the statuses stored for the object with the key, ordered by node.
+func (t *tables) statusesOf(key nimbusv1.Key) []*statusRecord {
 	var recs []*statusRecord
-	t.statuses.Ascend(&statusRecord{ObjectID: id}, func(rec *statusRecord) bool {
-		if rec.ObjectID != id {
+	t.statuses.Ascend(&statusRecord{Object: key}, func(rec *statusRecord) bool {
+		if rec.Object != key {
 			return false
 		}
 		recs = append(recs, rec)
@@ -205,7 +206,7 @@ func (t *tables) statusesOf(id string) []*statusRecord {
 	return recs
 }
 
-// statusesBy returns the statuses the node reported, ordered by object key ID.
+// statusesBy returns the statuses the node reported, ordered by object key.
 func (t *tables) statusesBy(node string) []*statusRecord {
 	var recs []*statusRecord
 	t.statusesByNode.Ascend(&statusRecord{Node: node}, func(rec *statusRecord) bool {
@@ -218,13 +219,13 @@ func (t *tables) statusesBy(node string) []*statusRecord {
 	return recs
 }
 
-// nodeStatus returns the status the node reported about the object with the key ID, or nil.
-func (t *tables) nodeStatus(id, node string) *statusRecord {
-	rec, _ := t.statuses.Get(&statusRecord{ObjectID: id, Node: node})
+// nodeStatus returns the status the node reported about the object with the key, or nil.
+func (t *tables) nodeStatus(key nimbusv1.Key, node string) *statusRecord {
+	rec, _ := t.statuses.Get(&statusRecord{Object: key, Node: node})
 	return rec
 }
 
-// allStatuses iterates over every stored status, ordered by object key ID, then node.
+// allStatuses iterates over every stored status, ordered by object key, then node.
 func (t *tables) allStatuses() iter.Seq[*statusRecord] {
 	return func(yield func(*statusRecord) bool) {
 		t.statuses.Scan(yield)

@@ -27,8 +27,8 @@ func contentsOf(tb *tables) storeContents {
 		if got := tb.object(rec.ID); got != rec {
 			panic(fmt.Sprintf("object(%s) is not the record the scan returned", rec.ID))
 		}
-		for _, st := range tb.statusesOf(rec.ID) {
-			c.statuses = append(c.statuses, st.ObjectID+"@"+st.Node)
+		for _, st := range tb.statusesOf(rec.Object.TypedKey()) {
+			c.statuses = append(c.statuses, st.Object.String()+"@"+st.Node)
 		}
 	}
 	for rec := range tb.objectsOfKind(nimbusv1.Kind_KIND_ROUTE) {
@@ -37,7 +37,7 @@ func contentsOf(tb *tables) storeContents {
 	for rec := range tb.allWatchNodes() {
 		c.watchNodes = append(c.watchNodes, fmt.Sprintf("%s/%d", rec.Name, rec.Streams))
 		for _, st := range tb.statusesBy(rec.Name) {
-			c.byNode = append(c.byNode, st.Node+":"+st.ObjectID)
+			c.byNode = append(c.byNode, st.Node+":"+st.Object.String())
 		}
 	}
 	return c
@@ -64,7 +64,7 @@ func fillStore(st *store, n int, rev uint64) {
 		id := r.Key().ID()
 		txn.putObject(&objectRecord{ID: id, Object: r})
 		for j := range n {
-			txn.putStatus(&statusRecord{ObjectID: id, Node: fmt.Sprintf("n%d", j), Status: &nimbusv1.NodeStatus{}})
+			txn.putStatus(&statusRecord{Object: r.TypedKey(), Node: fmt.Sprintf("n%d", j), Status: &nimbusv1.NodeStatus{}})
 		}
 	}
 	txn.setRevision(rev)
@@ -84,7 +84,7 @@ func TestStoreReadIsolation(t *testing.T) {
 
 	txn := st.write()
 	txn.deleteObject(route("r000", nil).Key().ID())
-	for _, rec := range txn.statusesOf(route("r000", nil).Key().ID()) {
+	for _, rec := range txn.statusesOf(route("r000", nil).TypedKey()) {
 		txn.deleteStatus(rec)
 	}
 	for _, rec := range txn.statusesBy("n1") {
@@ -92,7 +92,7 @@ func TestStoreReadIsolation(t *testing.T) {
 	}
 	r := route("r999", nil)
 	txn.putObject(&objectRecord{ID: r.Key().ID(), Object: r})
-	txn.putStatus(&statusRecord{ObjectID: r.Key().ID(), Node: "n2", Status: &nimbusv1.NodeStatus{}})
+	txn.putStatus(&statusRecord{Object: r.TypedKey(), Node: "n2", Status: &nimbusv1.NodeStatus{}})
 	txn.deleteWatchNode("n0")
 	txn.putWatchNode(&watchNodeRecord{Name: "n1", Streams: 2})
 	txn.setRevision(9)
@@ -190,7 +190,7 @@ func TestStoreConcurrentReads(t *testing.T) {
 		var got []string
 		for rec := range tb.objectsOfKind(nimbusv1.Kind_KIND_ROUTE) {
 			got = append(got, rec.ID)
-			if sts := tb.statusesOf(rec.ID); len(sts) != 1 || sts[0].Node != "n" {
+			if sts := tb.statusesOf(rec.Object.TypedKey()); len(sts) != 1 || sts[0].Node != "n" {
 				return fmt.Errorf("revision %d: %s has statuses %v, want one from n", rev, rec.ID, sts)
 			}
 		}
@@ -235,9 +235,9 @@ func TestStoreConcurrentReads(t *testing.T) {
 			r := route(fmt.Sprintf("r%04d-%02d", i, j), nil)
 			id := r.Key().ID()
 			txn.putObject(&objectRecord{ID: id, Object: r})
-			txn.putStatus(&statusRecord{ObjectID: id, Node: "n", Status: &nimbusv1.NodeStatus{}})
-			old := fmt.Sprintf("Route/default/default/r%04d-%02d", i-2, j)
-			txn.deleteObject(old)
+			txn.putStatus(&statusRecord{Object: r.TypedKey(), Node: "n", Status: &nimbusv1.NodeStatus{}})
+			old := nimbusv1.MakeKey(nimbusv1.Kind_KIND_ROUTE, "", "", fmt.Sprintf("r%04d-%02d", i-2, j))
+			txn.deleteObject(old.String())
 			for _, rec := range txn.statusesOf(old) {
 				txn.deleteStatus(rec)
 			}
