@@ -31,13 +31,13 @@ func (s *Server) ApplyBatch(ctx context.Context, req *nimbusv1.ApplyBatchRequest
 	objs := req.GetObjects()
 	b := &batch{writes: make([]write, 0, len(objs)), positions: true}
 	var bad refusal
-	seen := make(map[string]int, len(objs))
+	seen := make(map[nimbusv1.Key]int, len(objs))
 	for i, in := range objs {
 		if in == nil {
 			bad.add(fmt.Sprintf("objects[%d]", i), errors.New(`object "": is required`))
 			continue
 		}
-		id := in.Key().ID()
+		id := in.TypedKey()
 		if err := in.Validate(); err != nil {
 			bad.add(fmt.Sprintf("objects[%d] (%s)", i, id), err)
 			continue
@@ -95,9 +95,9 @@ func (s *Server) DeleteBatch(ctx context.Context, req *nimbusv1.DeleteBatchReque
 	keys := req.GetKeys()
 	b := &batch{writes: make([]write, 0, len(keys)), deleting: true}
 	var bad refusal
-	seen := make(map[string]int, len(keys))
+	seen := make(map[nimbusv1.Key]int, len(keys))
 	for i, key := range keys {
-		id := key.ID()
+		id := key.Key()
 		if err := key.Validate(); err != nil {
 			bad.add(fmt.Sprintf("keys[%d] (%s)", i, id), err)
 			continue

@@ -139,7 +139,7 @@ func (s *Server) recordStatusIn(txn *writeTxn, r *nimbusv1.StatusReport, origin 
 		s.log.Debug("dropping status report with an invalid key", "node", node, "error", err)
 		return nil
 	}
-	id := key.ID()
+	id := key.Key()
 	if node == "" {
 		s.log.Debug("dropping status report without a node", "key", id)
 		return nil
@@ -161,15 +161,14 @@ func (s *Server) recordStatusIn(txn *writeTxn, r *nimbusv1.StatusReport, origin 
 	if st.GetUpdateTime() == nil {
 		st.UpdateTime = timestamppb.New(s.opts.Now())
 	}
-	// The record keeps the key with strings of its own, not views of the report's.
-	k := key.Key().Clone()
-	if old := txn.nodeStatus(k, node); old != nil && old.Origin != origin &&
+	if old := txn.nodeStatus(id, node); old != nil && old.Origin != origin &&
 		old.Status.GetUpdateTime().AsTime().After(st.GetUpdateTime().AsTime()) {
 		s.log.Debug("dropping status report older than the one kept from another replica", "key", id, "node", node,
 			"origin", origin, "kept_origin", old.Origin)
 		return nil
 	}
-	txn.putStatus(&statusRecord{Object: k, Node: node, Status: st, Origin: origin})
+	// The record's key shares the strings of the stored object's.
+	txn.putStatus(&statusRecord{Object: rec.Key, Node: node, Status: st, Origin: origin})
 	// A replica records every status of every node: the line's arguments are not even
 	// made unless it is logged.
 	if s.log.Enabled(context.Background(), slog.LevelDebug) {

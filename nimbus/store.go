@@ -16,8 +16,8 @@ import (
 
 // objectRecord is one row of the objects table.
 type objectRecord struct {
-	// ID is the object's key ID, "Kind/tenant/namespace/name".
-	ID     string
+	// Key is the object's key; its strings are those of the object's meta.
+	Key    nimbusv1.Key
 	Object *nimbusv1.Object
 	// put is the PUT event of Object, shared by the change that stored it, every snapshot
 	// that sends it and every status stream, so that its wire form is encoded once. A
@@ -96,8 +96,8 @@ var treeOptions = btree.Options{NoLocks: true}
 // revision and the watch state of the nodes. A published version never changes; its
 // methods are the reads, which a write transaction has too.
 type tables struct {
-	// objects holds the objects by key ID.
-	objects *btree.Map[string, *objectRecord]
+	// objects holds the objects by key, in the order of their key IDs.
+	objects *btree.BTreeG[*objectRecord]
 	// statuses holds the statuses by object key, then node: the statuses of an object
 	// are adjacent, ordered by node.
 	statuses *btree.BTreeG[*statusRecord]
@@ -105,9 +105,9 @@ type tables struct {
 	statusesByNode *btree.BTreeG[*statusRecord]
 	// watchNodes holds the watch state of the nodes by name.
 	watchNodes *btree.Map[string, *watchNodeRecord]
-	// claims holds, by index key, the key ID of the object that holds each value only one
+	// claims holds, by index key, the key of the object that holds each value only one
 	// object may hold (see conflict.go); putObject and deleteObject keep it current.
-	claims *btree.Map[string, string]
+	claims *btree.Map[string, nimbusv1.Key]
 	// rev is the revision of the last committed change, kept with the objects so that a
 	// reader sees the revision that matches exactly the objects it reads.
 	rev uint64
@@ -115,7 +115,9 @@ type tables struct {
 
 func newTables() *tables {
 	return &tables{
-		objects: btree.NewMap[string, *objectRecord](0),
+		objects: btree.NewBTreeGOptions(func(a, b *objectRecord) bool {
+			return a.Key.Compare(b.Key) < 0
+		}, treeOptions),
 		// One comparison of each string: a status lookup is most of a replica's work. Keys
 		// sort as their key IDs do.
 		statuses: btree.NewBTreeGOptions(func(a, b *statusRecord) bool {
@@ -131,7 +133,7 @@ func newTables() *tables {
 			return a.Object.Compare(b.Object) < 0
 		}, treeOptions),
 		watchNodes: btree.NewMap[string, *watchNodeRecord](0),
-		claims:     btree.NewMap[string, string](0),
+		claims:     btree.NewMap[string, nimbusv1.Key](0),
 	}
 }
 
@@ -147,9 +149,9 @@ func (t *tables) copy() *tables {
 	return &c
 }
 
-// object returns the record of the object with the key ID, or nil.
-func (t *tables) object(id string) *objectRecord {
-	rec, _ := t.objects.Get(id)
+// object returns the record of the object with the key, or nil.
+func (t *tables) object(key nimbusv1.Key) *objectRecord {
+	rec, _ := t.objects.Get(&objectRecord{Key: key})
 	return rec
 }
 
@@ -157,35 +159,26 @@ func (t *tables) object(id string) *objectRecord {
 // KIND_UNSPECIFIED, in key ID order. Key IDs start with the kind's name, so a kind is a
 // range of the objects.
 func (t *tables) objectsOfKind(kind nimbusv1.Kind) iter.Seq[*objectRecord] {
-	return func(yield func(*objectRecord) bool) {
-		if kind == nimbusv1.Kind_KIND_UNSPECIFIED {
-			t.objects.Scan(func(_ string, rec *objectRecord) bool { return yield(rec) })
-			return
-		}
-		prefix := kind.Name() + "/"
-		t.objects.Ascend(prefix, func(id string, rec *objectRecord) bool {
-			return strings.HasPrefix(id, prefix) && yield(rec)
-		})
-	}
+	return t.objectsAfter(kind, nimbusv1.Key{})
 }
 
 // objectsAfter iterates over the objects of a kind, or of every kind with
-// KIND_UNSPECIFIED, whose key IDs come after the key ID after, in key ID order; every one
-// of them when after is empty.
-func (t *tables) objectsAfter(kind nimbusv1.Kind, after string) iter.Seq[*objectRecord] {
-	if after == "" {
-		return t.objectsOfKind(kind)
-	}
+// KIND_UNSPECIFIED, whose keys come after the key after, in key ID order; every one of
+// them when after is the zero Key.
+func (t *tables) objectsAfter(kind nimbusv1.Kind, after nimbusv1.Key) iter.Seq[*objectRecord] {
 	return func(yield func(*objectRecord) bool) {
-		prefix := ""
+		from := after
 		if kind != nimbusv1.Kind_KIND_UNSPECIFIED {
-			prefix = kind.Name() + "/"
+			// The key of the kind alone sorts before the kind's objects.
+			if first := (nimbusv1.Key{Kind: kind}); first.Compare(from) > 0 {
+				from = first
+			}
 		}
-		t.objects.Ascend(max(after, prefix), func(id string, rec *objectRecord) bool {
-			if id == after {
+		t.objects.Ascend(&objectRecord{Key: from}, func(rec *objectRecord) bool {
+			if rec.Key == after {
 				return true
 			}
-			return strings.HasPrefix(id, prefix) && yield(rec)
+			return (kind == nimbusv1.Kind_KIND_UNSPECIFIED || rec.Key.Kind == kind) && yield(rec)
 		})
 	}
 }
@@ -314,19 +307,19 @@ func (w *writeTxn) abort() {
 	w.st.writeMu.Unlock()
 }
 
-// putObject stores the record, replacing the one with its key ID, and moves the claims
-// of the object replaced to the new one. The record and its object must not be modified
+// putObject stores the record, replacing the one with its key, and moves the claims of
+// the object replaced to the new one. The record and its object must not be modified
 // afterwards.
 func (w *writeTxn) putObject(rec *objectRecord) {
-	if old, replaced := w.objects.Set(rec.ID, rec); replaced {
+	if old, replaced := w.objects.Set(rec); replaced {
 		w.releaseClaims(old)
 	}
 	w.addClaims(rec)
 }
 
-// deleteObject deletes the object with the key ID and its claims, but not its statuses.
-func (w *writeTxn) deleteObject(id string) {
-	if old, deleted := w.objects.Delete(id); deleted {
+// deleteObject deletes the object with the key and its claims, but not its statuses.
+func (w *writeTxn) deleteObject(key nimbusv1.Key) {
+	if old, deleted := w.objects.Delete(&objectRecord{Key: key}); deleted {
 		w.releaseClaims(old)
 	}
 }
