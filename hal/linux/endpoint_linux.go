@@ -390,7 +390,7 @@ func (r *EndpointReconciler) Reconcile(ctx context.Context, key *nimbusv1.Object
 		if !ok {
 			return nil, hal.Pendingf(ReasonWaitingForInterface, "waiting for interface %q", plan.iface)
 		}
-		op, err := r.fw.AttachEndpoint(ctx, id.String(), obj, int(index))
+		op, err := r.fw.AttachEndpoint(ctx, id, obj, int(index))
 		if err != nil {
 			return nil, err
 		}
@@ -409,7 +409,7 @@ func (r *EndpointReconciler) Reconcile(ctx context.Context, key *nimbusv1.Object
 	if r.fw != nil && (plan == nil || !plan.local) {
 		// Not a local endpoint (any more): no firewall on an interface for it, and its
 		// addresses, if any, may be peers of policies.
-		if err := r.fw.DetachEndpoint(id.String(), obj); err != nil {
+		if err := r.fw.DetachEndpoint(id, obj); err != nil {
 			return nil, hal.Errorf(hal.ReasonKernelError, "removing the firewall: %w", err)
 		}
 	}

@@ -75,9 +75,9 @@ func OwnerOfAlias(alias string) (keyID string, ok bool) {
 }
 
 // keyOfID returns the key whose String form is id, and whether id is one. Kernel state
-// names objects by their key IDs (a link's alias, the firewall's installed snapshot), and
-// so do the tables of the reconcilers that derive kernel names from them: this is where
-// such a name turns back into a key, to enqueue.
+// names objects by their key IDs (a link's alias), and so do the network reconciler's
+// tables, which derive kernel names from them: this is where such a name turns back into
+// a key, to enqueue or to read the store.
 func keyOfID(id string) (nimbusv1.Key, bool) {
 	key, err := nimbusv1.ParseKey(id)
 	return key, err == nil
