@@ -41,10 +41,10 @@ func (r *objectRecord) putEvent() *sharedEvent {
 
 // statusRecord is one row of the status table: what one node reported about one object.
 type statusRecord struct {
-	// Object is the key of the object, with strings of its own.
+	// Object is the key of the object; its strings are those of the stored object.
 	Object nimbusv1.Key
-	Node     string
-	Status   *nimbusv1.NodeStatus
+	Node   string
+	Status *nimbusv1.NodeStatus
 	// Origin is the name of the replica the node reported to: this server's
 	// Options.ReplicaName for a report of its own agents, a peer's for one that peer
 	// pushed (see peer.go). Empty on a server that is no replica.
