@@ -173,9 +173,7 @@ func newFirewallView(s *firewall.Snapshot, links map[int]string) *firewallView {
 	for _, e := range s.Endpoints {
 		v.epByID[e.ID] = e
 		v.epByIfindex[e.Ifindex] = e
-		if k, err := nimbusv1.ParseKeyID(e.Endpoint); err == nil {
-			v.tenants[e.Scope] = k.GetTenant()
-		}
+		v.tenants[e.Scope] = e.Endpoint.Tenant
 	}
 	for _, r := range s.Rules {
 		v.ruleByID[r.ID] = r
@@ -348,7 +346,7 @@ func (v *firewallView) endpoints(entries []endpointEntry, sources map[uint32][]s
 			Sources:          sources[e.ifindex],
 		}
 		if info, ok := v.epByID[val.ID]; ok {
-			ep.Key, _ = nimbusv1.ParseKeyID(info.Endpoint)
+			ep.Key = info.Endpoint.Proto()
 		}
 		if c, ok := counters[val.ID]; ok {
 			ep.Counters = &delphiv1.FirewallEndpointCounters{
@@ -401,9 +399,7 @@ func (v *firewallView) subjects(t snapshotTables) []*delphiv1.FirewallSubject {
 			continue
 		}
 		for _, p := range info.Policies {
-			if k, err := nimbusv1.ParseKeyID(p); err == nil {
-				s.Policies = append(s.Policies, k)
-			}
+			s.Policies = append(s.Policies, p.Proto())
 		}
 		if scoped[id] || len(s.Policies) == 0 {
 			continue
@@ -486,7 +482,7 @@ func (v *firewallView) rules(counters map[uint64]fwbpf.RuleStats) []*delphiv1.Fi
 			Ports:     r.Ports,
 			Peers:     r.Peers,
 		}
-		fr.Policy, _ = nimbusv1.ParseKeyID(r.Policy)
+		fr.Policy = r.Policy.Proto()
 		if c, ok := counters[r.ID]; ok {
 			fr.Counted, fr.Packets, fr.Bytes = true, c.Packets, c.Bytes
 		}
@@ -556,7 +552,7 @@ func (v *firewallView) connections(conns []fwbpf.Connection, endpoints []endpoin
 	epOf := map[uint32]*nimbusv1.ObjectKey{}
 	for _, e := range endpoints {
 		if info, ok := v.epByID[e.value.ID]; ok {
-			epOf[e.ifindex], _ = nimbusv1.ParseKeyID(info.Endpoint)
+			epOf[e.ifindex] = info.Endpoint.Proto()
 		}
 	}
 	out := make([]*delphiv1.FirewallConnection, 0, len(conns))
@@ -584,7 +580,7 @@ func (v *firewallView) connections(conns []fwbpf.Connection, endpoints []endpoin
 		}
 		if fc.Endpoint == nil {
 			if info, ok := v.epByIfindex[c.Ifindex]; ok {
-				fc.Endpoint, _ = nimbusv1.ParseKeyID(info.Endpoint)
+				fc.Endpoint = info.Endpoint.Proto()
 			}
 		}
 		out = append(out, fc)

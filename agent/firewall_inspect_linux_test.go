@@ -143,7 +143,7 @@ func newFWInspectEnvOf(t *testing.T, objs []*nimbusv1.Object, caps fwbpf.Capacit
 	e.fw = fw
 	webKey := fwKey(nimbusv1.Kind_KIND_ENDPOINT, "web")
 	web, _ := store.Get(mustParseKey(t, webKey))
-	if _, err := fw.AttachEndpoint(t.Context(), webKey, web, e.ifindex); err != nil {
+	if _, err := fw.AttachEndpoint(t.Context(), mustParseKey(t, webKey).Key(), web, e.ifindex); err != nil {
 		t.Fatalf("attaching the firewall to veth-web: %v", err)
 	}
 	e.api = serveInspector(t, InspectorOptions{Store: store, Logger: quiet, Node: "host-a", Namespace: &e.host, BPFDir: e.dir, Firewall: fw})
@@ -572,7 +572,7 @@ func TestFirewallInspectAfterCapacityFallback(t *testing.T) {
 		t.Fatalf("the firewall's snapshot = %+v, want one endpoint and web-policy's 4 rules", snap)
 	}
 	for _, r := range snap.Rules {
-		if r.Policy != fwKey(nimbusv1.Kind_KIND_NETWORK_SECURITY_POLICY, "web-policy") {
+		if r.Policy.String() != fwKey(nimbusv1.Kind_KIND_NETWORK_SECURITY_POLICY, "web-policy") {
 			t.Fatalf("the firewall enforces rule %+v, want web-policy's only", r)
 		}
 	}

@@ -199,13 +199,13 @@ func (i *Inspector) List(_ context.Context, req *delphiv1.ListRequest) (*delphiv
 		byID[key.ID()] = &delphiv1.Entry{Key: key, Object: obj}
 	}
 	for _, st := range i.store.Statuses() {
-		if req.GetKind() != nimbusv1.Kind_KIND_UNSPECIFIED && st.Key.GetKind() != req.GetKind() {
+		if req.GetKind() != nimbusv1.Kind_KIND_UNSPECIFIED && st.Key.Kind != req.GetKind() {
 			continue
 		}
-		id := st.Key.ID()
+		id := st.Key.String()
 		e, ok := byID[id]
 		if !ok {
-			e = &delphiv1.Entry{Key: st.Key.Defaulted()}
+			e = &delphiv1.Entry{Key: st.Key.Proto()}
 			byID[id] = e
 		}
 		e.Status = st.Status
@@ -304,14 +304,10 @@ func (i *Inspector) Watch(req *delphiv1.WatchRequest, stream grpc.ServerStreamin
 		}
 		if first {
 			// The first batch is everything delphi holds: send it in key order.
-			slices.Sort(ids)
+			slices.SortFunc(ids, nimbusv1.Key.Compare)
 		}
 		for _, id := range ids {
-			key, err := nimbusv1.ParseKeyID(id)
-			if err != nil {
-				i.log.Warn("skipping an unparsable delphi key", "key", id, "error", err)
-				continue
-			}
+			key := id.Proto()
 			ev := &delphiv1.WatchEvent{}
 			if e, ok := i.entry(key); ok {
 				ev.Entry = e

@@ -65,18 +65,18 @@ func crashBatch(state map[string]uint64, rev uint64) *DesiredTxn {
 	txn := &DesiredTxn{}
 	if rev%25 == 0 {
 		// A snapshot: keep a random half, rewrite some of it, drop the rest.
-		keep := map[string]bool{}
+		keep := map[nimbusv1.Key]bool{}
 		for _, name := range slices.Sorted(maps.Keys(state)) {
 			if rng.IntN(2) == 0 {
-				keep[nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "", "", name).ID()] = true
+				keep[nimbusv1.MakeKey(nimbusv1.Kind_KIND_ROUTE, "", "", name)] = true
 			}
 		}
 		for name := range state {
-			if !keep[nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "", "", name).ID()] {
+			if !keep[nimbusv1.MakeKey(nimbusv1.Kind_KIND_ROUTE, "", "", name)] {
 				delete(state, name)
 			}
 		}
-		keep[nimbusv1.NewKey(nimbusv1.Kind_KIND_NODE, "", "", crashChecksum).ID()] = true
+		keep[nimbusv1.MakeKey(nimbusv1.Kind_KIND_NODE, "", "", crashChecksum)] = true
 		txn.DeleteOthers(keep)
 	}
 	// Commit applies every Put before every Delete; so does the state.

@@ -53,16 +53,16 @@ func openDisk(path string, discard bool) (*disk, *restored, error) {
 	return &disk{file: f, path: path}, r, nil
 }
 
-// commit writes what a write transaction of the desired table changed, the keys ids, and
-// its resume point, in one file transaction: after it returns nil they are on disk; after
-// an error, or a crash, none are.
-func (d *disk) commit(w *desiredWrite, ids []string) error {
+// commit writes what a write transaction of the desired table changed, the keys, and its
+// resume point, in one file transaction: after it returns nil they are on disk; after an
+// error, or a crash, none are. The file keeps objects under their key IDs.
+func (d *disk) commit(w *desiredWrite, keys []nimbusv1.Key) error {
 	var b statefile.Batch
-	for _, id := range ids {
-		if c := w.changes[id]; c.after != nil {
+	for _, key := range keys {
+		if c := w.changes[key]; c.after != nil {
 			b.Put = append(b.Put, c.obj)
 		} else {
-			b.Delete = append(b.Delete, id)
+			b.Delete = append(b.Delete, key.String())
 		}
 	}
 	if w.resume {

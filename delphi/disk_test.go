@@ -130,12 +130,12 @@ func TestSnapshotIsOneFileTransactionAndPersistsDeletions(t *testing.T) {
 	const n = 10000
 	before := commits(t, s)
 	commit(t, d, func(txn *DesiredTxn) {
-		keep := map[string]bool{}
+		keep := map[nimbusv1.Key]bool{}
 		txn.Put(route("keep", 100, "10.1.0.0/24", "10.0.0.1"))
 		for i := range n {
 			o := route(fmt.Sprintf("r%05d", i), 200, fmt.Sprintf("10.%d.%d.0/24", 100+i/256, i%256), "10.0.0.1")
 			txn.Put(o)
-			keep[o.Key().ID()] = true
+			keep[o.TypedKey()] = true
 		}
 		txn.DeleteOthers(keep)
 		txn.SetResume("epoch-2", 9)
@@ -327,5 +327,53 @@ func TestLockedStateFile(t *testing.T) {
 	r, _ := openDir(t, dir)
 	if _, ok := r.Get(nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "", "", "a")); !ok {
 		t.Error("a refused Discard removed the state of the store that held it")
+	}
+}
+
+// TestOpenReadsFileOfKeyIDs checks that the state file keeps its layout, objects under
+// their key IDs: a store opens a file written through statefile alone, as every version
+// wrote it, lists its keys in key ID order (a tenant "a-b" before "a"), and a delete
+// through the store removes the object stored under its key ID.
+func TestOpenReadsFileOfKeyIDs(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, StateFile)
+	withTenant := func(tenant, name string) *nimbusv1.Object {
+		o := route(name, 100, "198.51.100.0/24", "10.0.0.1")
+		o.Meta.Tenant = tenant
+		return o
+	}
+	objs := []*nimbusv1.Object{withTenant("a", "r1"), withTenant("a-b", "r2"), withTenant("a", "r3"), withTenant("a.b", "r4")}
+	f, _, err := statefile.Open(path, fileOptions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Commit(statefile.Batch{Put: objs, Position: &statefile.Position{Epoch: "e", Revision: 7}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	s, d := openDir(t, dir)
+	want := []string{"Route/a-b/default/r2", "Route/a.b/default/r4", "Route/a/default/r1", "Route/a/default/r3"}
+	if got := keyIDs(s.Keys(nimbusv1.Kind_KIND_ROUTE)); !slices.Equal(got, want) {
+		t.Errorf("Keys(Route) = %q, want %q", got, want)
+	}
+	commit(t, d, func(txn *DesiredTxn) { txn.Delete(objs[1].Key()) })
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	f, c, err := statefile.Open(path, fileOptions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var got []string
+	for _, o := range c.Objects {
+		got = append(got, o.Key().ID())
+	}
+	if want := []string{want[1], want[2], want[3]}; !slices.Equal(got, want) {
+		t.Errorf("the file holds %q after the delete, want %q", got, want)
 	}
 }

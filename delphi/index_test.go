@@ -113,21 +113,21 @@ func TestDeclaredIndexes(t *testing.T) {
 		switch {
 		case err != nil:
 			t.Errorf("LookupFirst(%s, %s): %v", tt.index, tt.value, err)
-		case len(tt.want) == 0 && (obj != nil || id != ""):
+		case len(tt.want) == 0 && (obj != nil || !id.IsZero()):
 			t.Errorf("LookupFirst(%s, %s) = %s; want none", tt.index, tt.value, id)
-		case len(tt.want) > 0 && (obj.GetMeta().GetName() != tt.want[0] || id != obj.Key().ID()):
+		case len(tt.want) > 0 && (obj.GetMeta().GetName() != tt.want[0] || id != obj.TypedKey()):
 			t.Errorf("LookupFirst(%s, %s) = %v, %s; want %s", tt.index, tt.value, obj.GetMeta().GetName(), id, tt.want[0])
 		}
-		if firstID, err := s.LookupFirstID(tt.index, tt.value); err != nil || firstID != id {
-			t.Errorf("LookupFirstID(%s, %s) = %q, %v; want %q as LookupFirst", tt.index, tt.value, firstID, err, id)
+		if first, err := s.LookupFirstKey(tt.index, tt.value); err != nil || first != id {
+			t.Errorf("LookupFirstKey(%s, %s) = %q, %v; want %q as LookupFirst", tt.index, tt.value, first, err, id)
 		}
 		objs, _ := s.Lookup(tt.index, tt.value)
-		var wantIDs []string
+		var wantKeys []nimbusv1.Key
 		for _, o := range objs {
-			wantIDs = append(wantIDs, o.Key().ID())
+			wantKeys = append(wantKeys, o.TypedKey())
 		}
-		if ids, err := s.LookupIDs(tt.index, tt.value); err != nil || !slices.Equal(ids, wantIDs) {
-			t.Errorf("LookupIDs(%s, %s) = %q, %v; want %q, the keys of Lookup", tt.index, tt.value, ids, err, wantIDs)
+		if keys, err := s.LookupKeys(tt.index, tt.value); err != nil || !slices.Equal(keys, wantKeys) {
+			t.Errorf("LookupKeys(%s, %s) = %q, %v; want %q, the keys of Lookup", tt.index, tt.value, keys, err, wantKeys)
 		}
 	}
 
@@ -163,11 +163,11 @@ func TestDeclaredIndexes(t *testing.T) {
 		if _, err := s.Lookup(index, "x"); !errors.Is(err, ErrUnknownIndex) {
 			t.Errorf("Lookup(%s) error = %v, want ErrUnknownIndex", index, err)
 		}
-		if _, err := s.LookupFirstID(index, "x"); !errors.Is(err, ErrUnknownIndex) {
-			t.Errorf("LookupFirstID(%s) error = %v, want ErrUnknownIndex", index, err)
+		if _, err := s.LookupFirstKey(index, "x"); !errors.Is(err, ErrUnknownIndex) {
+			t.Errorf("LookupFirstKey(%s) error = %v, want ErrUnknownIndex", index, err)
 		}
-		if _, err := s.LookupIDs(index, "x"); !errors.Is(err, ErrUnknownIndex) {
-			t.Errorf("LookupIDs(%s) error = %v, want ErrUnknownIndex", index, err)
+		if _, err := s.LookupKeys(index, "x"); !errors.Is(err, ErrUnknownIndex) {
+			t.Errorf("LookupKeys(%s) error = %v, want ErrUnknownIndex", index, err)
 		}
 	}
 }

@@ -111,7 +111,7 @@ func (s *Store) countObjects() map[nimbusv1.Kind]*objectCounts {
 	defer s.statusMu.RUnlock()
 	desired.Scan(func(d *record) bool {
 		phase := phasePending
-		if st, ok := s.statuses[d.id]; ok && st.GetObservedGeneration() == d.generation {
+		if st, ok := s.statuses[d.key]; ok && st.GetObservedGeneration() == d.generation {
 			switch st.GetPhase() {
 			case nimbusv1.Phase_PHASE_PROGRAMMED:
 				phase = phaseProgrammed
@@ -119,7 +119,7 @@ func (s *Store) countObjects() map[nimbusv1.Kind]*objectCounts {
 				phase = phaseFailed
 			}
 		}
-		kind := d.kind
+		kind := d.key.Kind
 		n := counts[kind]
 		if n == nil {
 			n = &objectCounts{}

@@ -77,12 +77,12 @@ func TestMetrics(t *testing.T) {
 	// Statuses of keys that sort before, between and after the desired ones, and of an
 	// absent object, exercise the merged walk over both tables.
 	txn := &StatusTxn{}
-	txn.Set(statusKey("0-gone"), programmed(1))
-	txn.Set(a.Key(), programmed(1))
-	txn.Set(b.Key(), &nimbusv1.NodeStatus{ObservedGeneration: 1, Phase: nimbusv1.Phase_PHASE_FAILED, Reason: "Conflict"})
-	txn.Set(c.Key(), programmed(1)) // c is at generation 2: its status is stale
-	txn.Set(statusKey("bb-gone"), programmed(1))
-	txn.Set(statusKey("zz-gone"), &nimbusv1.NodeStatus{Phase: nimbusv1.Phase_PHASE_FAILED})
+	txn.Set(statusKey("0-gone").Key(), programmed(1))
+	txn.Set(a.TypedKey(), programmed(1))
+	txn.Set(b.TypedKey(), &nimbusv1.NodeStatus{ObservedGeneration: 1, Phase: nimbusv1.Phase_PHASE_FAILED, Reason: "Conflict"})
+	txn.Set(c.TypedKey(), programmed(1)) // c is at generation 2: its status is stale
+	txn.Set(statusKey("bb-gone").Key(), programmed(1))
+	txn.Set(statusKey("zz-gone").Key(), &nimbusv1.NodeStatus{Phase: nimbusv1.Phase_PHASE_FAILED})
 	if err := st.Commit(txn); err != nil {
 		t.Fatal(err)
 	}

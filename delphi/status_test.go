@@ -28,10 +28,11 @@ func nextIDs(t *testing.T, sub *Subscription) []string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	ids, err := sub.Next(ctx)
+	keys, err := sub.Next(ctx)
 	if err != nil {
 		t.Fatalf("Next: %v", err)
 	}
+	ids := keyIDs(keys)
 	slices.Sort(ids)
 	return ids
 }
@@ -55,13 +56,13 @@ func TestStatusTxn(t *testing.T) {
 	nextIDs(t, sub) // the statuses present
 
 	txn := &StatusTxn{}
-	txn.Set(a, programmed(1))
-	txn.Set(a, programmed(2)) // the last write of a key counts
-	txn.Set(b, programmed(1))
-	txn.Delete(b) // removed again within the batch
-	txn.Delete(c)
-	txn.Set(d, programmed(1))       // equal but for the update time: not rewritten
-	txn.Delete(statusKey("absent")) // an absent status is no error
+	txn.Set(a.Key(), programmed(1))
+	txn.Set(a.Key(), programmed(2)) // the last write of a key counts
+	txn.Set(b.Key(), programmed(1))
+	txn.Delete(b.Key()) // removed again within the batch
+	txn.Delete(c.Key())
+	txn.Set(d.Key(), programmed(1))       // equal but for the update time: not rewritten
+	txn.Delete(statusKey("absent").Key()) // an absent status is no error
 	if n := txn.Len(); n != 7 {
 		t.Errorf("Len = %d; want 7", n)
 	}
@@ -86,7 +87,7 @@ func TestStatusTxn(t *testing.T) {
 
 	s.Close()
 	txn = &StatusTxn{}
-	txn.Set(a, programmed(3))
+	txn.Set(a.Key(), programmed(3))
 	if err := st.Commit(txn); !errors.Is(err, ErrClosed) {
 		t.Errorf("Commit on a closed store: %v; want ErrClosed", err)
 	}
@@ -99,7 +100,7 @@ func TestStatusTxnIsAtomic(t *testing.T) {
 	const n = 5000
 	txn := &StatusTxn{}
 	for i := range n {
-		txn.Set(statusKey(fmt.Sprintf("r%05d", i)), programmed(1))
+		txn.Set(statusKey(fmt.Sprintf("r%05d", i)).Key(), programmed(1))
 	}
 	committed := make(chan error, 1)
 	go func() { committed <- st.Commit(txn) }()

@@ -54,16 +54,14 @@ const (
 // once when the record is made. An object in wire form takes a quarter of the heap of the
 // decoded one, and a store holds many more objects than its readers decode at a time.
 type record struct {
-	// id is the object's key ID.
-	id string
+	// key is the object's key, with strings of its own.
+	key nimbusv1.Key
 	// data is the object, serialized deterministically: an equal object has equal data.
 	data []byte
 	// indexed holds the values the declared indexes list the object under; nil when none.
 	indexed []indexedValue
 	// generation is the object's meta.generation, for the metrics.
 	generation int64
-	// kind is the object's kind, for the metrics.
-	kind nimbusv1.Kind
 	// decoded points weakly to the object as last decoded: readers share it while any of
 	// them holds it, and the collector frees it once none does.
 	decoded atomic.Pointer[weak.Pointer[nimbusv1.Object]]
@@ -77,14 +75,14 @@ type indexedValue struct {
 }
 
 // indexEntry is an entry of a declared index: the value it lists rec under. An index is
-// ordered by value and then by key ID.
+// ordered by value and then by key.
 type indexEntry struct {
 	val string
 	rec *record
 }
 
 // desiredState is one committed state of the desired table, with the resume point: the
-// records by key ID, each declared index, and where the table stands at nimbus. It is
+// records by key, each declared index, and where the table stands at nimbus. It is
 // never changed once published; the writer derives the next one from a version of its
 // own (see treeOptions).
 type desiredState struct {
@@ -169,11 +167,11 @@ type Store struct {
 	// neither.
 	work, base *desiredState
 
-	// statusMu guards statuses, the status table, by key ID. Statuses are many, small,
+	// statusMu guards statuses, the status table, by key. Statuses are many, small,
 	// rewritten often and never kept on disk, so they live in a plain map rather than in
 	// versions of a table that each write would copy. Writers also hold writeMu.
 	statusMu sync.RWMutex
-	statuses map[string]*nimbusv1.NodeStatus
+	statuses map[nimbusv1.Key]*nimbusv1.NodeStatus
 
 	// mu guards subs, desiredClaimed, statusClaimed, synced and closed.
 	mu             sync.Mutex
@@ -204,7 +202,7 @@ func Open(opts Options) (*Store, error) {
 		indexes:  opts.Indexes,
 		subs:     make(map[*Subscription]struct{}),
 		synced:   make(chan struct{}),
-		statuses: make(map[string]*nimbusv1.NodeStatus),
+		statuses: make(map[nimbusv1.Key]*nimbusv1.NodeStatus),
 	}
 	s.commitLocked(s.buildState(nil))
 	reg := opts.Registerer
@@ -273,10 +271,10 @@ func (s *Store) restore(r *restored) error {
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("restoring desired objects: %w", err)
 	}
-	slices.SortFunc(recs, func(a, b *record) int { return strings.Compare(a.id, b.id) })
+	slices.SortFunc(recs, func(a, b *record) int { return a.key.Compare(b.key) })
 	for i := 1; i < len(recs); i++ {
-		if recs[i].id == recs[i-1].id {
-			return fmt.Errorf("restoring %s: %w: stored twice", recs[i].id, ErrCorrupt)
+		if recs[i].key == recs[i-1].key {
+			return fmt.Errorf("restoring %s: %w: stored twice", recs[i].key, ErrCorrupt)
 		}
 	}
 	st := s.buildState(recs)
@@ -295,7 +293,7 @@ func (s *Store) commitLocked(work *desiredState) {
 	s.base = work.copy()
 }
 
-// buildState returns a state that holds recs, sorted by key ID, and no resume point.
+// buildState returns a state that holds recs, sorted by key, and no resume point.
 func (s *Store) buildState(recs []*record) *desiredState {
 	st := &desiredState{byID: newIDTree(), indexes: make([]*indexTree, len(s.indexes))}
 	load(st.byID, recs)
@@ -310,7 +308,7 @@ func (s *Store) buildState(recs []*record) *desiredState {
 			if c := strings.Compare(a.val, b.val); c != 0 {
 				return c
 			}
-			return strings.Compare(a.rec.id, b.rec.id)
+			return a.rec.key.Compare(b.rec.key)
 		})
 		// An index that lists an object twice under one value holds it once.
 		es = slices.CompactFunc(es, func(a, b indexEntry) bool { return a.val == b.val && a.rec == b.rec })
@@ -343,7 +341,7 @@ func (s *Store) Close() error {
 
 // Get returns the desired object with the given key.
 func (s *Store) Get(key *nimbusv1.ObjectKey) (*nimbusv1.Object, bool) {
-	r, ok := s.desired.Load().byID.Get(probe(key.ID()))
+	r, ok := s.desired.Load().byID.Get(probe(key.Key()))
 	if !ok {
 		return nil, false
 	}
@@ -365,40 +363,40 @@ func (s *Store) decode(r *record) *nimbusv1.Object {
 	// strings were checked then.
 	obj := &nimbusv1.Object{}
 	if err := obj.UnmarshalVT(r.data); err != nil {
-		s.log.Error("decoding a stored object", "key", r.id, "err", err)
+		s.log.Error("decoding a stored object", "key", r.key, "err", err)
 	}
 	wp := weak.Make(obj)
 	r.decoded.Store(&wp)
 	return obj
 }
 
-// KeyIDs returns the key IDs of the desired objects of one kind, ordered; KIND_UNSPECIFIED
+// Keys returns the keys of the desired objects of one kind, ordered; KIND_UNSPECIFIED
 // lists all. Unlike List it decodes no object.
-func (s *Store) KeyIDs(kind nimbusv1.Kind) []string {
-	var out []string
-	s.desiredIDs(kind, func(r *record) { out = append(out, r.id) })
+func (s *Store) Keys(kind nimbusv1.Kind) []nimbusv1.Key {
+	var out []nimbusv1.Key
+	s.desiredRecords(kind, func(r *record) { out = append(out, r.key) })
 	return out
 }
 
 // List returns the desired objects of one kind, ordered by key; KIND_UNSPECIFIED lists all.
 func (s *Store) List(kind nimbusv1.Kind) []*nimbusv1.Object {
 	var out []*nimbusv1.Object
-	s.desiredIDs(kind, func(r *record) { out = append(out, s.decode(r)) })
+	s.desiredRecords(kind, func(r *record) { out = append(out, s.decode(r)) })
 	return out
 }
 
-// desiredIDs calls fn with every record of one kind in the committed desired table,
+// desiredRecords calls fn with every record of one kind in the committed desired table,
 // ordered by key; KIND_UNSPECIFIED lists all.
-func (s *Store) desiredIDs(kind nimbusv1.Kind, fn func(r *record)) {
-	byIDs := s.desired.Load().byID
+func (s *Store) desiredRecords(kind nimbusv1.Kind, fn func(r *record)) {
+	byKey := s.desired.Load().byID
 	if kind == nimbusv1.Kind_KIND_UNSPECIFIED {
-		byIDs.Scan(func(r *record) bool { fn(r); return true })
+		byKey.Scan(func(r *record) bool { fn(r); return true })
 		return
 	}
-	// A key ID starts with its kind's name, so a kind's objects are together.
-	prefix := kind.Name() + "/"
-	byIDs.Ascend(probe(prefix), func(r *record) bool {
-		if !strings.HasPrefix(r.id, prefix) {
+	// Keys sort as key IDs do, which start with their kind's name, so a kind's objects
+	// are together, after the key of the kind alone.
+	byKey.Ascend(probe(nimbusv1.Key{Kind: kind}), func(r *record) bool {
+		if r.key.Kind != kind {
 			return false
 		}
 		fn(r)
@@ -435,45 +433,45 @@ func (s *Store) Lookup(index, value string) ([]*nimbusv1.Object, error) {
 	return out, nil
 }
 
-// LookupIDs returns the key IDs of the desired objects that the declared index lists
-// under value, ordered, as Lookup does but without decoding the objects.
-func (s *Store) LookupIDs(index, value string) ([]string, error) {
+// LookupKeys returns the keys of the desired objects that the declared index lists under
+// value, ordered, as Lookup does but without decoding the objects.
+func (s *Store) LookupKeys(index, value string) ([]nimbusv1.Key, error) {
 	pos, err := s.indexPos(index, value)
 	if err != nil {
 		return nil, err
 	}
-	var out []string
+	var out []nimbusv1.Key
 	s.desired.Load().indexes[pos].Ascend(indexEntry{val: value}, func(e indexEntry) bool {
 		if e.val != value {
 			return false
 		}
-		out = append(out, e.rec.id)
+		out = append(out, e.rec.key)
 		return true
 	})
 	return out, nil
 }
 
 // LookupFirst returns the first by key of the desired objects that the declared index
-// lists under value, with its key ID; obj is nil when there is none. It costs one index
-// lookup, without the listing of Lookup. An index that was not declared in
-// Options.Indexes is an error wrapping ErrUnknownIndex.
-func (s *Store) LookupFirst(index, value string) (obj *nimbusv1.Object, keyID string, err error) {
+// lists under value, with its key; obj is nil and key the zero Key when there is none.
+// It costs one index lookup, without the listing of Lookup. An index that was not
+// declared in Options.Indexes is an error wrapping ErrUnknownIndex.
+func (s *Store) LookupFirst(index, value string) (obj *nimbusv1.Object, key nimbusv1.Key, err error) {
 	rec, err := s.lookupFirst(index, value)
 	if rec == nil {
-		return nil, "", err
+		return nil, nimbusv1.Key{}, err
 	}
-	return s.decode(rec), rec.id, nil
+	return s.decode(rec), rec.key, nil
 }
 
-// LookupFirstID returns the key ID of the first by key of the desired objects that the
-// declared index lists under value, "" when there is none, as LookupFirst does but
-// without decoding the object.
-func (s *Store) LookupFirstID(index, value string) (keyID string, err error) {
+// LookupFirstKey returns the key of the first by key of the desired objects that the
+// declared index lists under value, the zero Key when there is none, as LookupFirst does
+// but without decoding the object.
+func (s *Store) LookupFirstKey(index, value string) (nimbusv1.Key, error) {
 	rec, err := s.lookupFirst(index, value)
 	if rec == nil {
-		return "", err
+		return nimbusv1.Key{}, err
 	}
-	return rec.id, nil
+	return rec.key, nil
 }
 
 // lookupFirst returns the record of the first by key of the desired objects that the
@@ -518,41 +516,37 @@ func (s *Store) Resume() (epoch string, revision uint64) {
 // Status returns the status the HAL reported for the object with the given key.
 func (s *Store) Status(key *nimbusv1.ObjectKey) (*nimbusv1.NodeStatus, bool) {
 	s.statusMu.RLock()
-	st, ok := s.statuses[key.ID()]
+	st, ok := s.statuses[key.Key()]
 	s.statusMu.RUnlock()
 	return st, ok
 }
 
 // StatusEntry is one object's status as Statuses returns it.
 type StatusEntry struct {
-	Key    *nimbusv1.ObjectKey
+	Key    nimbusv1.Key
 	Status *nimbusv1.NodeStatus
 }
 
 // Statuses returns every status, ordered by key.
 func (s *Store) Statuses() []StatusEntry {
 	s.statusMu.RLock()
-	ids := s.statusIDsLocked()
-	out := make([]StatusEntry, 0, len(ids))
-	for _, id := range ids {
-		key, err := nimbusv1.ParseKeyID(id)
-		if err != nil {
-			continue // not stored: StatusTxn takes keys, whose IDs parse
-		}
-		out = append(out, StatusEntry{Key: key, Status: s.statuses[id]})
+	keys := s.statusKeysLocked()
+	out := make([]StatusEntry, 0, len(keys))
+	for _, key := range keys {
+		out = append(out, StatusEntry{Key: key, Status: s.statuses[key]})
 	}
 	s.statusMu.RUnlock()
 	return out
 }
 
-// statusIDsLocked returns the key IDs of every status, ordered; the caller holds statusMu.
-func (s *Store) statusIDsLocked() []string {
-	ids := make([]string, 0, len(s.statuses))
-	for id := range s.statuses {
-		ids = append(ids, id)
+// statusKeysLocked returns the keys of every status, ordered; the caller holds statusMu.
+func (s *Store) statusKeysLocked() []nimbusv1.Key {
+	keys := make([]nimbusv1.Key, 0, len(s.statuses))
+	for key := range s.statuses {
+		keys = append(keys, key)
 	}
-	slices.Sort(ids)
-	return ids
+	slices.SortFunc(keys, nimbusv1.Key.Compare)
+	return keys
 }
 
 // Synced returns a channel that is closed once the desired table has been marked complete
@@ -587,12 +581,13 @@ func (s *Store) ClaimStatus() (*StatusWriter, error) {
 // newRecord makes the desired-table row of obj: its wire form, and the values of every
 // declared index.
 func (s *Store) newRecord(obj *nimbusv1.Object) (*record, error) {
-	id := obj.Key().ID()
+	// A copy: obj's strings may be views of a whole received frame.
+	key := obj.TypedKey().Clone()
 	data, err := proto.MarshalOptions{Deterministic: true}.Marshal(obj)
 	if err != nil {
-		return nil, fmt.Errorf("encoding %s: %w", id, err)
+		return nil, fmt.Errorf("encoding %s: %w", key, err)
 	}
-	r := &record{id: id, data: data, generation: obj.GetMeta().GetGeneration(), kind: obj.Kind()}
+	r := &record{key: key, data: data, generation: obj.GetMeta().GetGeneration()}
 	for i, ix := range s.indexes {
 		for _, v := range ix.Values(obj) {
 			// A copy: obj's strings may be views of a whole received frame.
@@ -616,13 +611,13 @@ type desiredChange struct {
 type desiredWrite struct {
 	s       *Store
 	st      *desiredState
-	changes map[string]*desiredChange
-	// order holds the changed key IDs in the order of their first change.
-	order []string
+	changes map[nimbusv1.Key]*desiredChange
+	// order holds the changed keys in the order of their first change.
+	order []nimbusv1.Key
 	// persist tells that the transaction writes what the file keeps; resume that it
 	// records a resume point.
 	persist, resume bool
-	// key is the record that searches by key ID, and hint where the last search ended,
+	// key is the record that searches by key, and hint where the last search ended,
 	// where the next one starts: a batch often writes keys that sort close together.
 	key  record
 	hint btree.PathHint
@@ -631,38 +626,38 @@ type desiredWrite struct {
 // newDesiredWriteLocked starts a write transaction on the writer's version of the
 // table; the caller holds writeMu.
 func (s *Store) newDesiredWriteLocked() *desiredWrite {
-	return &desiredWrite{s: s, st: s.work, changes: map[string]*desiredChange{}}
+	return &desiredWrite{s: s, st: s.work, changes: map[nimbusv1.Key]*desiredChange{}}
 }
 
-// probe returns the record that searches by key ID id.
-func (w *desiredWrite) probe(id string) *record {
-	w.key.id = id
+// probe returns the record that searches by key.
+func (w *desiredWrite) probe(key nimbusv1.Key) *record {
+	w.key.key = key
 	return &w.key
 }
 
-// get returns the record of key ID id as the transaction has it.
-func (w *desiredWrite) get(id string) (*record, bool) {
-	return w.st.byID.GetHint(w.probe(id), &w.hint)
+// get returns the record of key as the transaction has it.
+func (w *desiredWrite) get(key nimbusv1.Key) (*record, bool) {
+	return w.st.byID.GetHint(w.probe(key), &w.hint)
 }
 
-// put stores r, the record of obj, replacing the record with its key ID.
+// put stores r, the record of obj, replacing the record with its key.
 func (w *desiredWrite) put(r *record, obj *nimbusv1.Object) {
 	old, _ := w.st.byID.SetHint(r, &w.hint)
 	w.unindex(old)
 	for _, v := range r.indexed {
 		w.st.indexes[v.pos].Set(indexEntry{val: v.val, rec: r})
 	}
-	w.changed(r.id, old, r).obj = obj
+	w.changed(r.key, old, r).obj = obj
 }
 
-// delete removes the record of key ID id, if any.
-func (w *desiredWrite) delete(id string) {
-	old, ok := w.st.byID.DeleteHint(w.probe(id), &w.hint)
+// delete removes the record of key, if any.
+func (w *desiredWrite) delete(key nimbusv1.Key) {
+	old, ok := w.st.byID.DeleteHint(w.probe(key), &w.hint)
 	if !ok {
 		return
 	}
 	w.unindex(old)
-	w.changed(id, old, nil).obj = nil
+	w.changed(old.key, old, nil).obj = nil
 }
 
 // unindex removes the index entries of r, when not nil.
@@ -675,15 +670,15 @@ func (w *desiredWrite) unindex(r *record) {
 	}
 }
 
-// changed records a change of the key ID id from before to after, and returns the
-// change of the key within the transaction.
-func (w *desiredWrite) changed(id string, before, after *record) *desiredChange {
+// changed records a change of key from before to after, and returns the change of the
+// key within the transaction.
+func (w *desiredWrite) changed(key nimbusv1.Key, before, after *record) *desiredChange {
 	w.persist = true
-	c, ok := w.changes[id]
+	c, ok := w.changes[key]
 	if !ok {
 		c = &desiredChange{before: before}
-		w.changes[id] = c
-		w.order = append(w.order, id)
+		w.changes[key] = c
+		w.order = append(w.order, key)
 	}
 	c.after = after
 	return c
@@ -718,34 +713,34 @@ func (s *Store) write(fn func(w *desiredWrite) error) error {
 	}
 	// A key created and deleted again, or changed back, within the transaction did not
 	// change.
-	ids := slices.DeleteFunc(w.order, func(id string) bool {
-		c := w.changes[id]
+	keys := slices.DeleteFunc(w.order, func(key nimbusv1.Key) bool {
+		c := w.changes[key]
 		return c.before == c.after
 	})
 	if s.disk != nil && w.persist {
-		if err := s.disk.commit(w, ids); err != nil {
+		if err := s.disk.commit(w, keys); err != nil {
 			s.work = s.base.copy()
 			return fmt.Errorf("writing state file: %w", err)
 		}
 	}
 	s.commitLocked(w.st)
-	s.notify(TableDesired, ids)
+	s.notify(TableDesired, keys)
 	s.metrics.commitDuration.WithLabelValues(string(TableDesired)).Observe(time.Since(start).Seconds())
-	s.metrics.commitSize.WithLabelValues(string(TableDesired)).Observe(float64(len(ids)))
+	s.metrics.commitSize.WithLabelValues(string(TableDesired)).Observe(float64(len(keys)))
 	return nil
 }
 
 // notify hands the keys of one table that a commit changed to the matching
 // subscriptions; the caller holds writeMu.
-func (s *Store) notify(table Table, ids []string) {
-	if len(ids) == 0 {
+func (s *Store) notify(table Table, keys []nimbusv1.Key) {
+	if len(keys) == 0 {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for sub := range s.subs {
 		if slices.Contains(sub.opts.Tables, table) {
-			sub.add(ids)
+			sub.add(keys)
 		}
 	}
 }
@@ -757,7 +752,7 @@ type DesiredWriter struct{ s *Store }
 type DesiredTxn struct {
 	puts    []*nimbusv1.Object
 	deletes []*nimbusv1.ObjectKey
-	keep    map[string]bool
+	keep    map[nimbusv1.Key]bool
 	sweep   bool
 	resume  *statefile.Position
 }
@@ -780,9 +775,9 @@ func (t *DesiredTxn) Delete(key *nimbusv1.ObjectKey) {
 	t.deletes = append(t.deletes, key)
 }
 
-// DeleteOthers removes, at commit, every stored object whose key ID is not in keep and is
-// not Put in this transaction. A full snapshot uses it to drop what nimbus no longer sends.
-func (t *DesiredTxn) DeleteOthers(keep map[string]bool) {
+// DeleteOthers removes, at commit, every stored object whose key is not in keep and is not
+// Put in this transaction. A full snapshot uses it to drop what nimbus no longer sends.
+func (t *DesiredTxn) DeleteOthers(keep map[nimbusv1.Key]bool) {
 	t.sweep = true
 	t.keep = keep
 }
@@ -797,31 +792,31 @@ func (t *DesiredTxn) SetResume(epoch string, revision uint64) {
 // rewritten, so subscribers hear only of real changes.
 func (w *DesiredWriter) Commit(t *DesiredTxn) error {
 	return w.s.write(func(dw *desiredWrite) error {
-		put := map[string]bool{}
+		put := map[nimbusv1.Key]bool{}
 		for _, obj := range t.puts {
 			rec, err := w.s.newRecord(obj)
 			if err != nil {
 				return err
 			}
-			put[rec.id] = true
-			if old, ok := dw.get(rec.id); ok && bytes.Equal(old.data, rec.data) {
+			put[rec.key] = true
+			if old, ok := dw.get(rec.key); ok && bytes.Equal(old.data, rec.data) {
 				continue
 			}
 			dw.put(rec, obj)
 		}
 		for _, key := range t.deletes {
-			dw.delete(key.ID())
+			dw.delete(key.Key())
 		}
 		if t.sweep {
-			var stale []string
+			var stale []nimbusv1.Key
 			dw.st.byID.Scan(func(r *record) bool {
-				if !t.keep[r.id] && !put[r.id] {
-					stale = append(stale, r.id)
+				if !t.keep[r.key] && !put[r.key] {
+					stale = append(stale, r.key)
 				}
 				return true
 			})
-			for _, id := range stale {
-				dw.delete(id)
+			for _, key := range stale {
+				dw.delete(key)
 			}
 		}
 		if t.resume != nil {
@@ -852,30 +847,30 @@ type StatusTxn struct {
 	ops []statusOp
 }
 
-// statusOp is one write of a StatusTxn: st stored, or, with remove, the status of id
+// statusOp is one write of a StatusTxn: st stored, or, with remove, the status of key
 // removed.
 type statusOp struct {
-	id     string
+	key    nimbusv1.Key
 	st     *nimbusv1.NodeStatus
 	remove bool
 }
 
 // Set stores the status of the object with the given key. The store keeps its own copy.
-func (t *StatusTxn) Set(key *nimbusv1.ObjectKey, st *nimbusv1.NodeStatus) {
-	t.ops = append(t.ops, statusOp{id: key.ID(), st: proto.CloneOf(st)})
+func (t *StatusTxn) Set(key nimbusv1.Key, st *nimbusv1.NodeStatus) {
+	t.ops = append(t.ops, statusOp{key: key, st: proto.CloneOf(st)})
 }
 
 // SetOwned stores st itself, without the copy Set makes: the caller hands it over and must
 // not modify it afterwards. The HAL, which builds a fresh status for every reconcile,
 // uses it.
-func (t *StatusTxn) SetOwned(key *nimbusv1.ObjectKey, st *nimbusv1.NodeStatus) {
-	t.ops = append(t.ops, statusOp{id: key.ID(), st: st})
+func (t *StatusTxn) SetOwned(key nimbusv1.Key, st *nimbusv1.NodeStatus) {
+	t.ops = append(t.ops, statusOp{key: key, st: st})
 }
 
 // Delete removes the status of the object with the given key; an absent one is not an
 // error.
-func (t *StatusTxn) Delete(key *nimbusv1.ObjectKey) {
-	t.ops = append(t.ops, statusOp{id: key.ID(), remove: true})
+func (t *StatusTxn) Delete(key nimbusv1.Key) {
+	t.ops = append(t.ops, statusOp{key: key, remove: true})
 }
 
 // Len returns the number of writes in the transaction.
@@ -905,46 +900,48 @@ func (w *StatusWriter) Commit(t *StatusTxn) error {
 		st  *nimbusv1.NodeStatus
 		had bool
 	}
-	var ids []string
-	before := make(map[string]was, len(t.ops))
+	var keys []nimbusv1.Key
+	before := make(map[nimbusv1.Key]was, len(t.ops))
 	desired := s.desired.Load().byID
 	s.statusMu.Lock()
 	for _, op := range t.ops {
-		old, had := s.statuses[op.id]
+		old, had := s.statuses[op.key]
 		switch {
 		case op.remove && !had:
 			continue
 		case !op.remove && had && sameStatus(old, op.st):
 			continue
 		}
-		if _, seen := before[op.id]; !seen {
-			before[op.id] = was{old, had}
-			ids = append(ids, op.id)
+		if _, seen := before[op.key]; !seen {
+			before[op.key] = was{old, had}
+			keys = append(keys, op.key)
 		}
 		if op.remove {
-			delete(s.statuses, op.id)
+			delete(s.statuses, op.key)
 			continue
 		}
-		// The map keeps the key it is given last; the desired table's key ID is one
-		// string less per status.
-		id := op.id
-		if r, ok := desired.Get(probe(id)); ok {
-			id = r.id
+		// The map keeps the key it is given last; the desired table's key shares its
+		// strings with the record, and one that is not there gets strings of its own.
+		key := op.key
+		if r, ok := desired.Get(probe(key)); ok {
+			key = r.key
+		} else {
+			key = key.Clone()
 		}
-		s.statuses[id] = op.st
+		s.statuses[key] = op.st
 	}
-	changed := ids[:0]
-	for _, id := range ids {
-		st, had := s.statuses[id]
-		if b := before[id]; had != b.had || st != b.st {
-			changed = append(changed, id)
+	changed := keys[:0]
+	for _, key := range keys {
+		st, had := s.statuses[key]
+		if b := before[key]; had != b.had || st != b.st {
+			changed = append(changed, key)
 		}
 	}
 	s.statusMu.Unlock()
-	ids = changed
-	s.notify(TableStatus, ids)
+	keys = changed
+	s.notify(TableStatus, keys)
 	s.metrics.commitDuration.WithLabelValues(string(TableStatus)).Observe(time.Since(start).Seconds())
-	s.metrics.commitSize.WithLabelValues(string(TableStatus)).Observe(float64(len(ids)))
+	s.metrics.commitSize.WithLabelValues(string(TableStatus)).Observe(float64(len(keys)))
 	return nil
 }
 
@@ -952,7 +949,7 @@ func (w *StatusWriter) Commit(t *StatusTxn) error {
 // status equal to the stored one, apart from its update time, is not rewritten.
 func (w *StatusWriter) Set(key *nimbusv1.ObjectKey, st *nimbusv1.NodeStatus) error {
 	t := &StatusTxn{}
-	t.Set(key, st)
+	t.Set(key.Key(), st)
 	return w.Commit(t)
 }
 
@@ -960,7 +957,7 @@ func (w *StatusWriter) Set(key *nimbusv1.ObjectKey, st *nimbusv1.NodeStatus) err
 // own; an absent one is not an error.
 func (w *StatusWriter) Delete(key *nimbusv1.ObjectKey) error {
 	t := &StatusTxn{}
-	t.Delete(key)
+	t.Delete(key.Key())
 	return w.Commit(t)
 }
 

@@ -68,9 +68,18 @@ func next(t *testing.T, sub *Subscription) []string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	ids, err := sub.Next(ctx)
+	keys, err := sub.Next(ctx)
 	if err != nil {
 		t.Fatalf("Next: %v", err)
+	}
+	return keyIDs(keys)
+}
+
+// keyIDs returns the String forms of keys.
+func keyIDs(keys []nimbusv1.Key) []string {
+	ids := make([]string, len(keys))
+	for i, k := range keys {
+		ids[i] = k.String()
 	}
 	return ids
 }
@@ -117,11 +126,11 @@ func TestDesiredReadsAndIndexes(t *testing.T) {
 		t.Errorf("List(all) = %v", names)
 	}
 	wantIDs := []string{"Route/default/default/a", "Route/default/default/b", "Route/default/default/c"}
-	if ids := s.KeyIDs(nimbusv1.Kind_KIND_ROUTE); !slices.Equal(ids, wantIDs) {
-		t.Errorf("KeyIDs(Route) = %v, want %v", ids, wantIDs)
+	if ids := keyIDs(s.Keys(nimbusv1.Kind_KIND_ROUTE)); !slices.Equal(ids, wantIDs) {
+		t.Errorf("Keys(Route) = %v, want %v", ids, wantIDs)
 	}
-	if ids := s.KeyIDs(nimbusv1.Kind_KIND_UNSPECIFIED); len(ids) != 4 {
-		t.Errorf("KeyIDs(all) = %v", ids)
+	if keys := s.Keys(nimbusv1.Kind_KIND_UNSPECIFIED); len(keys) != 4 {
+		t.Errorf("Keys(all) = %v", keys)
 	}
 	if epoch, rev := s.Resume(); epoch != "epoch-1" || rev != 42 {
 		t.Errorf("Resume() = %q, %d", epoch, rev)
@@ -145,7 +154,7 @@ func TestSnapshotReplacesStaleObjects(t *testing.T) {
 	commit(t, d, func(txn *DesiredTxn) {
 		txn.Put(route("keep", 100, "10.1.0.0/24", "10.0.0.1"))
 		txn.Put(route("new", 100, "10.3.0.0/24", "10.0.0.1"))
-		txn.DeleteOthers(map[string]bool{})
+		txn.DeleteOthers(map[nimbusv1.Key]bool{})
 	})
 	if got := names(s.List(nimbusv1.Kind_KIND_ROUTE)); !slices.Equal(got, []string{"keep", "new"}) {
 		t.Errorf("after snapshot: %v, want [keep new]", got)
@@ -248,19 +257,18 @@ func TestSubscriberEndsAtFinalState(t *testing.T) {
 
 	// The last write is to a sentinel key: it is the last key handed out, so once the
 	// consumer has read it, it has read everything before it.
-	sentinel := nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "", "", "sentinel").ID()
-	seen := map[string]*nimbusv1.Object{}
+	sentinel := nimbusv1.MakeKey(nimbusv1.Kind_KIND_ROUTE, "", "", "sentinel")
+	seen := map[nimbusv1.Key]*nimbusv1.Object{}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		for {
-			ids, err := sub.Next(context.Background())
+			keys, err := sub.Next(context.Background())
 			if err != nil {
 				return
 			}
-			for _, id := range ids {
-				key, _ := nimbusv1.ParseKeyID(id)
-				obj, _ := s.Get(key)
+			for _, id := range keys {
+				obj, _ := s.Get(id.Proto())
 				seen[id] = obj
 				if id == sentinel {
 					return
@@ -288,7 +296,7 @@ func TestSubscriberEndsAtFinalState(t *testing.T) {
 	for i := range keys {
 		key := nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "", "", fmt.Sprintf("r%d", i))
 		final, _ := s.Get(key)
-		last, ok := seen[key.ID()]
+		last, ok := seen[key.Key()]
 		if !ok {
 			t.Errorf("%s: never handed to the subscriber", key.ID())
 			continue

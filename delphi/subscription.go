@@ -2,7 +2,6 @@ package delphi
 
 import (
 	"context"
-	"strings"
 	"sync"
 
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -25,14 +24,14 @@ type SubscribeOptions struct {
 type Subscription struct {
 	s      *Store
 	opts   SubscribeOptions
-	prefix string // when set, only IDs with this prefix
-	keyID  string // when set, only this ID
+	kind   nimbusv1.Kind // when set, only keys of this kind
+	key    nimbusv1.Key  // when set, only this key
 	signal chan struct{}
 
 	// mu guards order, pending and closed.
 	mu      sync.Mutex
-	order   []string
-	pending map[string]struct{}
+	order   []nimbusv1.Key
+	pending map[nimbusv1.Key]struct{}
 	closed  bool
 }
 
@@ -43,13 +42,12 @@ func (s *Store) Subscribe(opts SubscribeOptions) (*Subscription, error) {
 		s:       s,
 		opts:    opts,
 		signal:  make(chan struct{}, 1),
-		pending: map[string]struct{}{},
+		pending: map[nimbusv1.Key]struct{}{},
 	}
-	switch {
-	case opts.Key != nil:
-		sub.keyID = opts.Key.ID()
-	case opts.Kind != nimbusv1.Kind_KIND_UNSPECIFIED:
-		sub.prefix = opts.Kind.Name() + "/"
+	if opts.Key != nil {
+		sub.key = opts.Key.Key().Clone()
+	} else {
+		sub.kind = opts.Kind
 	}
 	// Register and read the current keys under writeMu, so no commit falls between them.
 	s.writeMu.Lock()
@@ -61,49 +59,49 @@ func (s *Store) Subscribe(opts SubscribeOptions) (*Subscription, error) {
 	}
 	s.subs[sub] = struct{}{}
 	s.mu.Unlock()
-	var ids []string
+	var keys []nimbusv1.Key
 	for _, t := range opts.Tables {
 		switch {
 		case opts.Key != nil && t == TableDesired:
 			if _, ok := s.Get(opts.Key); ok {
-				ids = append(ids, sub.keyID)
+				keys = append(keys, sub.key)
 			}
 		case opts.Key != nil && t == TableStatus:
 			if _, ok := s.Status(opts.Key); ok {
-				ids = append(ids, sub.keyID)
+				keys = append(keys, sub.key)
 			}
 		case t == TableDesired:
-			s.desiredIDs(opts.Kind, func(r *record) { ids = append(ids, r.id) })
+			s.desiredRecords(opts.Kind, func(r *record) { keys = append(keys, r.key) })
 		case t == TableStatus:
 			s.statusMu.RLock()
-			ids = append(ids, s.statusIDsLocked()...)
+			keys = append(keys, s.statusKeysLocked()...)
 			s.statusMu.RUnlock()
 		}
 	}
-	sub.add(ids)
+	sub.add(keys)
 	return sub, nil
 }
 
 // add queues changed keys; the caller holds s.mu or writeMu.
-func (sub *Subscription) add(ids []string) {
+func (sub *Subscription) add(keys []nimbusv1.Key) {
 	sub.mu.Lock()
 	defer sub.mu.Unlock()
 	if sub.closed {
 		return
 	}
 	added := false
-	for _, id := range ids {
-		if sub.prefix != "" && !strings.HasPrefix(id, sub.prefix) {
+	for _, key := range keys {
+		if sub.kind != nimbusv1.Kind_KIND_UNSPECIFIED && key.Kind != sub.kind {
 			continue
 		}
-		if sub.keyID != "" && id != sub.keyID {
+		if !sub.key.IsZero() && key != sub.key {
 			continue
 		}
-		if _, ok := sub.pending[id]; ok {
+		if _, ok := sub.pending[key]; ok {
 			continue
 		}
-		sub.pending[id] = struct{}{}
-		sub.order = append(sub.order, id)
+		sub.pending[key] = struct{}{}
+		sub.order = append(sub.order, key)
 		added = true
 	}
 	if added {
@@ -114,9 +112,9 @@ func (sub *Subscription) add(ids []string) {
 	}
 }
 
-// Next blocks until keys have changed and returns their IDs (ObjectKey.ID form). It
-// returns ctx's error when ctx ends and ErrClosed once the subscription or store is closed.
-func (sub *Subscription) Next(ctx context.Context) ([]string, error) {
+// Next blocks until keys have changed and returns them. It returns ctx's error when ctx
+// ends and ErrClosed once the subscription or store is closed.
+func (sub *Subscription) Next(ctx context.Context) ([]nimbusv1.Key, error) {
 	for {
 		sub.mu.Lock()
 		if sub.closed {
@@ -126,7 +124,7 @@ func (sub *Subscription) Next(ctx context.Context) ([]string, error) {
 		if len(sub.order) > 0 {
 			out := sub.order
 			sub.order = nil
-			sub.pending = map[string]struct{}{}
+			sub.pending = map[nimbusv1.Key]struct{}{}
 			sub.mu.Unlock()
 			return out, nil
 		}

@@ -2,6 +2,8 @@ package delphi
 
 import (
 	"github.com/tidwall/btree"
+
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
 // The versions of the desired table are copy-on-write B-trees (github.com/tidwall/btree):
@@ -22,22 +24,26 @@ import (
 // used under Store.writeMu.
 var treeOptions = btree.Options{NoLocks: true}
 
-// idTree is the desired table's records by key ID.
+// idTree is the desired table's records by key, in the order of their key IDs.
 type idTree = btree.BTreeG[*record]
 
-// indexTree is a declared index's entries, by value and then key ID.
+// indexTree is a declared index's entries, by value and then key.
 type indexTree = btree.BTreeG[indexEntry]
 
 func newIDTree() *idTree {
-	return btree.NewBTreeGOptions(func(a, b *record) bool { return a.id < b.id }, treeOptions)
+	return btree.NewBTreeGOptions(func(a, b *record) bool { return a.key.Compare(b.key) < 0 }, treeOptions)
 }
 
 func newIndexTree() *indexTree {
 	return btree.NewBTreeGOptions(func(a, b indexEntry) bool {
-		if a.val != b.val {
+		switch {
+		case a.val != b.val:
 			return a.val < b.val
+		case a.rec == nil || b.rec == nil:
+			// A probe without a record sorts before every entry of its value.
+			return a.rec == nil && b.rec != nil
 		}
-		return a.keyID() < b.keyID()
+		return a.rec.key.Compare(b.rec.key) < 0
 	}, treeOptions)
 }
 
@@ -55,17 +61,8 @@ func load[T any](tr *btree.BTreeG[T], items []T) {
 	}
 }
 
-// keyID returns the key ID of the entry's record, "" for a probe without a record, which
-// sorts before every entry of its value.
-func (e indexEntry) keyID() string {
-	if e.rec == nil {
-		return ""
-	}
-	return e.rec.id
-}
-
-// probe returns a record to search the records by key ID with.
-func probe(id string) *record { return &record{id: id} }
+// probe returns a record to search the records by key with.
+func probe(key nimbusv1.Key) *record { return &record{key: key} }
 
 // copy returns a version of st that shares everything with it; writing either copies
 // what it changes. It writes st (see treeOptions): st must not be one that readers hold.

@@ -29,8 +29,8 @@ func versionContents(t *testing.T, s *Store, st *desiredState) (tables map[strin
 	tables = map[string]uint32{}
 	var ids []string
 	st.byID.Scan(func(r *record) bool {
-		ids = append(ids, r.id)
-		tables[r.id] = s.decode(r).GetRoute().GetTable()
+		ids = append(ids, r.key.String())
+		tables[r.key.String()] = s.decode(r).GetRoute().GetTable()
 		return true
 	})
 	if !slices.IsSorted(ids) {
@@ -41,7 +41,7 @@ func versionContents(t *testing.T, s *Store, st *desiredState) (tables map[strin
 	}
 	index = map[string][]string{}
 	st.indexes[0].Scan(func(e indexEntry) bool {
-		index[e.val] = append(index[e.val], e.rec.id)
+		index[e.val] = append(index[e.val], e.rec.key.String())
 		return true
 	})
 	return tables, index
@@ -87,9 +87,10 @@ func TestVersionsAgainstMap(t *testing.T) {
 		err := s.write(func(w *desiredWrite) error {
 			for range ops {
 				name := fmt.Sprintf("r%04d", rng.IntN(5000))
-				id := nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "", "", name).ID()
+				key := nimbusv1.MakeKey(nimbusv1.Kind_KIND_ROUTE, "", "", name)
+				id := key.String()
 				if rng.IntN(3) == 0 {
-					w.delete(id)
+					w.delete(key)
 					delete(next, id)
 					continue
 				}

@@ -13,14 +13,14 @@ import (
 type dependent struct {
 	*fakeReconciler
 	on   nimbusv1.Kind
-	deps map[string][]string // the dependents of each key ID of kind on
+	deps map[nimbusv1.Key][]nimbusv1.Key // the dependents of each key of kind on
 }
 
 var _ hal.Dependent = dependent{}
 
 func (d dependent) DependsOn() []nimbusv1.Kind { return []nimbusv1.Kind{d.on} }
 
-func (d dependent) DependentsOf(keyID string) []string { return d.deps[keyID] }
+func (d dependent) DependentsOf(key nimbusv1.Key) []nimbusv1.Key { return d.deps[key] }
 
 // TestPendingWaitsForWhatItDependsOn runs an Interface that waits for a Network: while
 // the network is not programmed the interface is PENDING with the reason and message of
@@ -32,7 +32,7 @@ func TestPendingWaitsForWhatItDependsOn(t *testing.T) {
 	iface := object(nimbusv1.Kind_KIND_INTERFACE, "eth7", 1)
 	networks := newFakeReconciler(nimbusv1.Kind_KIND_NETWORK)
 	ifaces := dependent{newFakeReconciler(nimbusv1.Kind_KIND_INTERFACE), nimbusv1.Kind_KIND_NETWORK,
-		map[string][]string{id(network): {id(iface)}}}
+		map[nimbusv1.Key][]nimbusv1.Key{id(network): {id(iface)}}}
 	networks.block(id(network))
 	ifaces.fail(id(iface), 1<<30, hal.Pendingf("WaitingForNetwork", "waiting for network %s", "blue"))
 

@@ -49,7 +49,7 @@ func route(name string, generation int64) *nimbusv1.Object {
 	return object(nimbusv1.Kind_KIND_ROUTE, name, generation)
 }
 
-func id(o *nimbusv1.Object) string { return o.Key().ID() }
+func id(o *nimbusv1.Object) nimbusv1.Key { return o.TypedKey() }
 
 // waitFor polls cond every few milliseconds until it holds, and fails the test when it does
 // not within 10s. what says what is awaited; got, when set, describes the state at the
@@ -80,8 +80,8 @@ type fakeStore struct {
 
 	// mu guards objs, statuses, commits, feeds and closed.
 	mu       sync.Mutex
-	objs     map[string]*nimbusv1.Object
-	statuses map[string]*nimbusv1.NodeStatus
+	objs     map[nimbusv1.Key]*nimbusv1.Object
+	statuses map[nimbusv1.Key]*nimbusv1.NodeStatus
 	commits  int
 	feeds    map[*fakeFeed]struct{}
 	closed   bool
@@ -92,8 +92,8 @@ var _ hal.Store = (*fakeStore)(nil)
 func newFakeStore(objs ...*nimbusv1.Object) *fakeStore {
 	s := &fakeStore{
 		synced:   make(chan struct{}),
-		objs:     map[string]*nimbusv1.Object{},
-		statuses: map[string]*nimbusv1.NodeStatus{},
+		objs:     map[nimbusv1.Key]*nimbusv1.Object{},
+		statuses: map[nimbusv1.Key]*nimbusv1.NodeStatus{},
 		feeds:    map[*fakeFeed]struct{}{},
 	}
 	for _, o := range objs {
@@ -105,20 +105,20 @@ func newFakeStore(objs ...*nimbusv1.Object) *fakeStore {
 func (s *fakeStore) Get(key *nimbusv1.ObjectKey) (*nimbusv1.Object, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	o, ok := s.objs[key.ID()]
+	o, ok := s.objs[key.Key()]
 	return o, ok
 }
 
-func (s *fakeStore) Keys(kind nimbusv1.Kind) []string {
+func (s *fakeStore) Keys(kind nimbusv1.Kind) []nimbusv1.Key {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var ids []string
+	var ids []nimbusv1.Key
 	for id, o := range s.objs {
 		if kind == nimbusv1.Kind_KIND_UNSPECIFIED || o.Kind() == kind {
 			ids = append(ids, id)
 		}
 	}
-	slices.Sort(ids)
+	slices.SortFunc(ids, nimbusv1.Key.Compare)
 	return ids
 }
 
@@ -128,8 +128,8 @@ func (s *fakeStore) WatchDesired() (hal.Feed, error) {
 	if s.closed {
 		return nil, fmt.Errorf("fake store: %w", hal.ErrClosed)
 	}
-	f := &fakeFeed{s: s, signal: make(chan struct{}, 1), pending: map[string]bool{}}
-	f.add(slices.Sorted(maps.Keys(s.objs)))
+	f := &fakeFeed{s: s, signal: make(chan struct{}, 1), pending: map[nimbusv1.Key]bool{}}
+	f.add(slices.SortedFunc(maps.Keys(s.objs), nimbusv1.Key.Compare))
 	s.feeds[f] = struct{}{}
 	return f, nil
 }
@@ -148,9 +148,9 @@ func (s *fakeStore) WriteStatus(updates []hal.StatusUpdate) error {
 	s.commits++
 	for _, u := range updates {
 		if u.Status == nil {
-			delete(s.statuses, u.Key.ID())
+			delete(s.statuses, u.Key)
 		} else {
-			s.statuses[u.Key.ID()] = proto.CloneOf(u.Status)
+			s.statuses[u.Key] = proto.CloneOf(u.Status)
 		}
 	}
 	return nil
@@ -167,7 +167,7 @@ func (s *fakeStore) statusCommits() int {
 func (s *fakeStore) put(objs ...*nimbusv1.Object) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ids := make([]string, len(objs))
+	ids := make([]nimbusv1.Key, len(objs))
 	for i, o := range objs {
 		ids[i] = id(o)
 		s.objs[ids[i]] = o
@@ -178,7 +178,7 @@ func (s *fakeStore) put(objs ...*nimbusv1.Object) {
 }
 
 // remove deletes the objects with the keys and tells the feeds.
-func (s *fakeStore) remove(ids ...string) {
+func (s *fakeStore) remove(ids ...nimbusv1.Key) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, id := range ids {
@@ -203,7 +203,7 @@ func (s *fakeStore) close() {
 }
 
 // status returns the status the HAL recorded for the key.
-func (s *fakeStore) status(id string) (*nimbusv1.NodeStatus, bool) {
+func (s *fakeStore) status(id nimbusv1.Key) (*nimbusv1.NodeStatus, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st, ok := s.statuses[id]
@@ -219,14 +219,14 @@ type fakeFeed struct {
 
 	// mu guards order, pending and closed.
 	mu      sync.Mutex
-	order   []string
-	pending map[string]bool
+	order   []nimbusv1.Key
+	pending map[nimbusv1.Key]bool
 	closed  bool
 }
 
 var _ hal.Feed = (*fakeFeed)(nil)
 
-func (f *fakeFeed) add(ids []string) {
+func (f *fakeFeed) add(ids []nimbusv1.Key) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, id := range ids {
@@ -241,7 +241,7 @@ func (f *fakeFeed) add(ids []string) {
 	}
 }
 
-func (f *fakeFeed) Next(ctx context.Context) ([]string, error) {
+func (f *fakeFeed) Next(ctx context.Context) ([]nimbusv1.Key, error) {
 	for {
 		f.mu.Lock()
 		if f.closed {
@@ -250,7 +250,7 @@ func (f *fakeFeed) Next(ctx context.Context) ([]string, error) {
 		}
 		if len(f.order) > 0 {
 			out := f.order
-			f.order, f.pending = nil, map[string]bool{}
+			f.order, f.pending = nil, map[nimbusv1.Key]bool{}
 			f.mu.Unlock()
 			return out, nil
 		}
@@ -285,27 +285,27 @@ func (f *fakeFeed) close() {
 // observes.
 type fakeReconciler struct {
 	kind    nimbusv1.Kind
-	enqueue chan string // keys the observer enqueues
-	failObs chan error  // errors the observer returns
+	enqueue chan nimbusv1.Key // keys the observer enqueues
+	failObs chan error        // errors the observer returns
 
 	// mu guards every field below.
 	mu         sync.Mutex
-	calls      map[string]int
-	last       map[string]*nimbusv1.Object // the object of the latest call; nil for a removal
-	running    map[string]int
-	maxRunning map[string]int
+	calls      map[nimbusv1.Key]int
+	last       map[nimbusv1.Key]*nimbusv1.Object // the object of the latest call; nil for a removal
+	running    map[nimbusv1.Key]int
+	maxRunning map[nimbusv1.Key]int
 	nowRunning int
 	maxNow     int // most reconciles of any keys at once
-	ctxEnded   map[string]int
-	failures   map[string]failure
-	gates      map[string]chan struct{}
-	ops        map[string]*nimbusv1.OperationalData
+	ctxEnded   map[nimbusv1.Key]int
+	failures   map[nimbusv1.Key]failure
+	gates      map[nimbusv1.Key]chan struct{}
+	ops        map[nimbusv1.Key]*nimbusv1.OperationalData
 	sweeps     int
 	sweepErr   error
-	sweepCtx   error    // ctx.Err() seen by the latest sweep
-	drifted    []string // keys the next sweep enqueues
-	starts     int      // Observe calls
-	subscribed int      // subscribed calls made by Observe
+	sweepCtx   error          // ctx.Err() seen by the latest sweep
+	drifted    []nimbusv1.Key // keys the next sweep enqueues
+	starts     int            // Observe calls
+	subscribed int            // subscribed calls made by Observe
 	observing  bool
 }
 
@@ -319,23 +319,23 @@ var _ hal.Reconciler = (*fakeReconciler)(nil)
 func newFakeReconciler(kind nimbusv1.Kind) *fakeReconciler {
 	return &fakeReconciler{
 		kind:       kind,
-		enqueue:    make(chan string),
+		enqueue:    make(chan nimbusv1.Key),
 		failObs:    make(chan error),
-		calls:      map[string]int{},
-		last:       map[string]*nimbusv1.Object{},
-		running:    map[string]int{},
-		maxRunning: map[string]int{},
-		ctxEnded:   map[string]int{},
-		failures:   map[string]failure{},
-		gates:      map[string]chan struct{}{},
-		ops:        map[string]*nimbusv1.OperationalData{},
+		calls:      map[nimbusv1.Key]int{},
+		last:       map[nimbusv1.Key]*nimbusv1.Object{},
+		running:    map[nimbusv1.Key]int{},
+		maxRunning: map[nimbusv1.Key]int{},
+		ctxEnded:   map[nimbusv1.Key]int{},
+		failures:   map[nimbusv1.Key]failure{},
+		gates:      map[nimbusv1.Key]chan struct{}{},
+		ops:        map[nimbusv1.Key]*nimbusv1.OperationalData{},
 	}
 }
 
 func (f *fakeReconciler) Kind() nimbusv1.Kind { return f.kind }
 
 func (f *fakeReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (*nimbusv1.OperationalData, error) {
-	id := key.ID()
+	id := key.Key()
 	f.mu.Lock()
 	f.calls[id]++
 	f.last[id] = obj
@@ -373,21 +373,21 @@ func (f *fakeReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey,
 }
 
 // fail makes the next n reconciles of the key return err.
-func (f *fakeReconciler) fail(id string, n int, err error) {
+func (f *fakeReconciler) fail(id nimbusv1.Key, n int, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.failures[id] = failure{n, err}
 }
 
 // block makes reconciles of the key wait until release or until their ctx ends.
-func (f *fakeReconciler) block(id string) {
+func (f *fakeReconciler) block(id nimbusv1.Key) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.gates[id] = make(chan struct{})
 }
 
 // release lets the blocked reconciles of the key go on; later ones do not block.
-func (f *fakeReconciler) release(id string) {
+func (f *fakeReconciler) release(id nimbusv1.Key) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if g, ok := f.gates[id]; ok {
@@ -396,37 +396,37 @@ func (f *fakeReconciler) release(id string) {
 	}
 }
 
-func (f *fakeReconciler) setOp(id string, op *nimbusv1.OperationalData) {
+func (f *fakeReconciler) setOp(id nimbusv1.Key, op *nimbusv1.OperationalData) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.ops[id] = op
 }
 
-func (f *fakeReconciler) callsOf(id string) int {
+func (f *fakeReconciler) callsOf(id nimbusv1.Key) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.calls[id]
 }
 
-func (f *fakeReconciler) runningOf(id string) int {
+func (f *fakeReconciler) runningOf(id nimbusv1.Key) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.running[id]
 }
 
-func (f *fakeReconciler) maxRunningOf(id string) int {
+func (f *fakeReconciler) maxRunningOf(id nimbusv1.Key) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.maxRunning[id]
 }
 
-func (f *fakeReconciler) lastOf(id string) *nimbusv1.Object {
+func (f *fakeReconciler) lastOf(id nimbusv1.Key) *nimbusv1.Object {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.last[id]
 }
 
-func (f *fakeReconciler) ctxEndedOf(id string) int {
+func (f *fakeReconciler) ctxEndedOf(id nimbusv1.Key) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.ctxEnded[id]
@@ -476,7 +476,7 @@ type sweeper struct{ *fakeReconciler }
 
 var _ hal.Sweeper = sweeper{}
 
-func (s sweeper) Sweep(ctx context.Context, enqueue func(keyID string)) error {
+func (s sweeper) Sweep(ctx context.Context, enqueue func(key nimbusv1.Key)) error {
 	s.mu.Lock()
 	s.sweeps++
 	s.sweepCtx = ctx.Err()
@@ -490,7 +490,7 @@ func (s sweeper) Sweep(ctx context.Context, enqueue func(keyID string)) error {
 }
 
 // drift makes the next sweep enqueue the keys, as if it found their kernel state changed.
-func (f *fakeReconciler) drift(ids ...string) {
+func (f *fakeReconciler) drift(ids ...nimbusv1.Key) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.drifted = append(f.drifted, ids...)
@@ -503,7 +503,7 @@ type observer struct{ *fakeReconciler }
 
 var _ hal.Observer = observer{}
 
-func (o observer) Observe(ctx context.Context, enqueue func(keyID string), subscribed func()) error {
+func (o observer) Observe(ctx context.Context, enqueue func(key nimbusv1.Key), subscribed func()) error {
 	o.mu.Lock()
 	o.starts++
 	o.observing = true
@@ -530,7 +530,7 @@ func (o observer) Observe(ctx context.Context, enqueue func(keyID string), subsc
 }
 
 // sendEnqueue has the running observer enqueue the key.
-func (o observer) sendEnqueue(t *testing.T, id string) {
+func (o observer) sendEnqueue(t *testing.T, id nimbusv1.Key) {
 	t.Helper()
 	select {
 	case o.enqueue <- id:

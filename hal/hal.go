@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,24 +34,24 @@ type Reconciler interface {
 // Sweeper is implemented by reconcilers that can find kernel state they created for
 // objects that no longer exist (after a restart, say) and remove it.
 type Sweeper interface {
-	// Sweep reads the kernel state of the reconciler's kind afresh, enqueues the key ID of
+	// Sweep reads the kernel state of the reconciler's kind afresh, enqueues the key of
 	// every object whose kernel state it finds changed without the reconciler hearing of
 	// it (drift that no observer reported), and removes kernel state that no desired object
 	// owns. The HAL calls it once the desired table is complete and then every resync
 	// interval.
-	Sweep(ctx context.Context, enqueue func(keyID string)) error
+	Sweep(ctx context.Context, enqueue func(key nimbusv1.Key)) error
 }
 
 // Observer is implemented by reconcilers that watch the kernel for drift.
 type Observer interface {
 	// Observe watches the kernel until ctx ends. It subscribes to kernel changes, reads
-	// the state of its kind afresh (a backend's Mirror), enqueues the key ID of every
-	// object whose state drifted, and calls subscribed once it sees every change; then it
-	// enqueues the key ID of every object whose kernel state changes behind the HAL's back.
+	// the state of its kind afresh (a backend's Mirror), enqueues the key of every object
+	// whose state drifted, and calls subscribed once it sees every change; then it
+	// enqueues the key of every object whose kernel state changes behind the HAL's back.
 	// It never writes the kernel. When it returns an error, changes may have been missed:
 	// the HAL starts it again after a backoff and, once it is subscribed again, reconciles
 	// every object of its kind.
-	Observe(ctx context.Context, enqueue func(keyID string), subscribed func()) error
+	Observe(ctx context.Context, enqueue func(key nimbusv1.Key), subscribed func()) error
 }
 
 // Dependent is implemented by reconcilers whose objects depend on objects of other kinds
@@ -63,10 +62,10 @@ type Observer interface {
 type Dependent interface {
 	// DependsOn returns the kinds the reconciler's objects depend on.
 	DependsOn() []nimbusv1.Kind
-	// DependentsOf returns the key IDs of the reconciler's objects that depend on the
-	// object with the key ID, of one of the DependsOn kinds; that object may be gone.
-	// Typically it looks them up in the store's indexes.
-	DependentsOf(keyID string) []string
+	// DependentsOf returns the keys of the reconciler's objects that depend on the object
+	// with the key, of one of the DependsOn kinds; that object may be gone. Typically it
+	// looks them up in the store's indexes.
+	DependentsOf(key nimbusv1.Key) []nimbusv1.Key
 }
 
 // KernelWriteCounter is implemented by reconcilers that count the kernel objects they
@@ -83,10 +82,10 @@ type KernelWriteCounter interface {
 type Store interface {
 	// Get returns the desired object with the key.
 	Get(key *nimbusv1.ObjectKey) (*nimbusv1.Object, bool)
-	// Keys returns the key IDs of the desired objects of one kind; KIND_UNSPECIFIED
-	// returns all.
-	Keys(kind nimbusv1.Kind) []string
-	// WatchDesired returns a feed of the key IDs of desired objects that change. Its first
+	// Keys returns the keys of the desired objects of one kind; KIND_UNSPECIFIED returns
+	// all.
+	Keys(kind nimbusv1.Kind) []nimbusv1.Key
+	// WatchDesired returns a feed of the keys of desired objects that change. Its first
 	// Next returns every key present.
 	WatchDesired() (Feed, error)
 	// Synced returns a channel that is closed once the desired table is complete: from
@@ -103,17 +102,17 @@ type Store interface {
 // Status nil, to remove.
 type StatusUpdate struct {
 	// Key is the object's key.
-	Key *nimbusv1.ObjectKey
+	Key nimbusv1.Key
 	// Status is the object's status; nil removes it.
 	Status *nimbusv1.NodeStatus
 }
 
-// Feed hands out the key IDs of changed objects.
+// Feed hands out the keys of changed objects.
 type Feed interface {
 	// Next blocks until keys have changed and returns them, each once however often it
 	// changed. It returns ctx's error when ctx ends, and ErrClosed (or an error wrapping
 	// it) once the store is closed.
-	Next(ctx context.Context) ([]string, error)
+	Next(ctx context.Context) ([]nimbusv1.Key, error)
 	// Close ends the feed.
 	Close()
 }
@@ -131,7 +130,7 @@ type Options struct {
 	Workers int
 	// RateLimiter decides how long a failed key waits before its retry. Default:
 	// DefaultRateLimiter().
-	RateLimiter workqueue.TypedRateLimiter[string]
+	RateLimiter workqueue.TypedRateLimiter[nimbusv1.Key]
 	// ResyncInterval is how often sweepers run again and every key is reconciled again, as
 	// a safety net for drift no observer saw. Default: 5m; negative disables.
 	ResyncInterval time.Duration
@@ -162,12 +161,12 @@ type HAL struct {
 	reconcilers map[nimbusv1.Kind]Reconciler
 	// dependents are the Dependent reconcilers by the kinds they depend on.
 	dependents map[nimbusv1.Kind][]Dependent
-	// programmed holds the key IDs of the kinds that have dependents whose last
-	// reconcile left them PROGRAMMED; guarded by programmedMu.
+	// programmed holds the keys of the kinds that have dependents whose last reconcile
+	// left them PROGRAMMED; guarded by programmedMu.
 	programmedMu sync.Mutex
-	programmed   map[string]bool
+	programmed   map[nimbusv1.Key]bool
 	counts       map[nimbusv1.Kind]*kindCounts
-	queue        workqueue.TypedRateLimitingInterface[string]
+	queue        workqueue.TypedRateLimitingInterface[nimbusv1.Key]
 	status       *statusWriter
 	ready        *readiness
 	metrics      *metrics
@@ -258,10 +257,10 @@ func New(opts Options) (*HAL, error) {
 		store:       opts.Store,
 		reconcilers: recs,
 		dependents:  dependents,
-		programmed:  map[string]bool{},
+		programmed:  map[nimbusv1.Key]bool{},
 		counts:      counts,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(opts.RateLimiter,
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "hal", Clock: opts.Clock}),
+			workqueue.TypedRateLimitingQueueConfig[nimbusv1.Key]{Name: "hal", Clock: opts.Clock}),
 		ready: newReadiness(),
 		opts:  opts,
 		log:   opts.Logger,
@@ -294,10 +293,10 @@ func (h *HAL) Stats() Stats {
 // DefaultRateLimiter returns the retry policy New uses by default: the larger of a per-key
 // exponential backoff from 50ms to 30s and an overall token bucket of 50 retries a second
 // with a burst of 300.
-func DefaultRateLimiter() workqueue.TypedRateLimiter[string] {
+func DefaultRateLimiter() workqueue.TypedRateLimiter[nimbusv1.Key] {
 	return workqueue.NewTypedMaxOfRateLimiter(
-		workqueue.NewTypedItemExponentialFailureRateLimiter[string](50*time.Millisecond, 30*time.Second),
-		&workqueue.TypedBucketRateLimiter[string]{Limiter: rate.NewLimiter(rate.Limit(50), 300)},
+		workqueue.NewTypedItemExponentialFailureRateLimiter[nimbusv1.Key](50*time.Millisecond, 30*time.Second),
+		&workqueue.TypedBucketRateLimiter[nimbusv1.Key]{Limiter: rate.NewLimiter(rate.Limit(50), 300)},
 	)
 }
 
@@ -366,12 +365,12 @@ func (h *HAL) Run(ctx context.Context) error {
 }
 
 // enqueueDependents queues the keys that depend on the keys ids.
-func (h *HAL) enqueueDependents(ids []string) {
+func (h *HAL) enqueueDependents(ids []nimbusv1.Key) {
 	if len(h.dependents) == 0 {
 		return
 	}
 	for _, id := range ids {
-		for _, d := range h.dependents[kindOfID(id)] {
+		for _, d := range h.dependents[id.Kind] {
 			for _, dep := range d.DependentsOf(id) {
 				h.queue.Add(dep)
 			}
@@ -379,25 +378,10 @@ func (h *HAL) enqueueDependents(ids []string) {
 	}
 }
 
-// kindOfID returns the kind of a key ID, KIND_UNSPECIFIED when it names none.
-func kindOfID(id string) nimbusv1.Kind {
-	name, _, _ := strings.Cut(id, "/")
-	return kindsByName[name]
-}
-
-// kindsByName maps the name of every kind, as key IDs spell it, to the kind.
-var kindsByName = func() map[string]nimbusv1.Kind {
-	m := map[string]nimbusv1.Kind{}
-	for k := range nimbusv1.Kind_name {
-		m[nimbusv1.Kind(k).Name()] = nimbusv1.Kind(k)
-	}
-	return m
-}()
-
-// programmedNow records whether the last reconcile of id, of a kind that has
-// dependents, left it PROGRAMMED, and when it newly did, queues its dependents.
-func (h *HAL) programmedNow(id string, kind nimbusv1.Kind, programmed bool) {
-	if len(h.dependents[kind]) == 0 {
+// programmedNow records whether the last reconcile of id, of a kind that has dependents,
+// left it PROGRAMMED, and when it newly did, queues its dependents.
+func (h *HAL) programmedNow(id nimbusv1.Key, programmed bool) {
+	if len(h.dependents[id.Kind]) == 0 {
 		return
 	}
 	h.programmedMu.Lock()
@@ -409,7 +393,7 @@ func (h *HAL) programmedNow(id string, kind nimbusv1.Kind, programmed bool) {
 	}
 	h.programmedMu.Unlock()
 	if programmed && !was {
-		h.enqueueDependents([]string{id})
+		h.enqueueDependents([]nimbusv1.Key{id})
 	}
 }
 
@@ -536,22 +520,17 @@ func (h *HAL) processNext(ctx context.Context) bool {
 
 // reconcile programs one key and hands its status to the status writer. A returned error
 // means retry.
-func (h *HAL) reconcile(ctx context.Context, id string) error {
-	key, err := nimbusv1.ParseKeyID(id)
-	if err != nil {
-		h.log.Error("dropping malformed key", "key", id, "err", err)
-		h.ready.reconciled(id, false)
-		return nil
-	}
+func (h *HAL) reconcile(ctx context.Context, id nimbusv1.Key) error {
+	key := id.Proto()
 	obj, present := h.store.Get(key)
-	r, ok := h.reconcilers[key.GetKind()]
+	r, ok := h.reconcilers[id.Kind]
 	if !ok {
 		h.ready.reconciled(id, present)
 		if !present {
-			h.status.put(id, StatusUpdate{Key: key})
+			h.status.put(StatusUpdate{Key: id})
 			return nil
 		}
-		h.status.put(id, StatusUpdate{Key: key, Status: &nimbusv1.NodeStatus{
+		h.status.put(StatusUpdate{Key: id, Status: &nimbusv1.NodeStatus{
 			ObservedGeneration: obj.GetMeta().GetGeneration(),
 			Phase:              nimbusv1.Phase_PHASE_PENDING,
 			Reason:             ReasonUnsupported,
@@ -577,8 +556,8 @@ func (h *HAL) reconcile(ctx context.Context, id string) error {
 			return fmt.Errorf("removing %s: %w", id, rerr)
 		}
 		h.log.Debug("removed", "key", id)
-		h.programmedNow(id, key.GetKind(), false)
-		h.status.put(id, StatusUpdate{Key: key})
+		h.programmedNow(id, false)
+		h.status.put(StatusUpdate{Key: id})
 		return nil
 	}
 	st := &nimbusv1.NodeStatus{
@@ -597,8 +576,8 @@ func (h *HAL) reconcile(ctx context.Context, id string) error {
 		st.Message = rerr.Error()
 		st.Terminal = st.Phase == nimbusv1.Phase_PHASE_FAILED && IsTerminal(rerr)
 	}
-	h.status.put(id, StatusUpdate{Key: key, Status: st})
-	h.programmedNow(id, key.GetKind(), rerr == nil)
+	h.status.put(StatusUpdate{Key: id, Status: st})
+	h.programmedNow(id, rerr == nil)
 	if rerr != nil {
 		return rerr
 	}
@@ -608,7 +587,7 @@ func (h *HAL) reconcile(ctx context.Context, id string) error {
 
 // statusFailed is called with the keys whose statuses the store could not record: they
 // are reconciled again, after a backoff, which reports their status anew.
-func (h *HAL) statusFailed(ids []string, err error) {
+func (h *HAL) statusFailed(ids []nimbusv1.Key, err error) {
 	if errors.Is(err, ErrClosed) {
 		return // the store is closing, and Run with it
 	}

@@ -142,7 +142,7 @@ func TestStatus(t *testing.T) {
 
 	tests := []struct {
 		name string
-		id   string
+		id   nimbusv1.Key
 		want *nimbusv1.NodeStatus
 	}{
 		{"programmed", id(ok), &nimbusv1.NodeStatus{
@@ -180,7 +180,7 @@ func TestStatus(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			waitFor(t, "status of "+tc.id, func() bool {
+			waitFor(t, "status of "+tc.id.String(), func() bool {
 				st, _ := store.status(tc.id)
 				return proto.Equal(st, tc.want)
 			}, func() string {

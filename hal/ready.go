@@ -3,6 +3,8 @@ package hal
 import (
 	"fmt"
 	"sync"
+
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
 // States of a HAL's Run, for Ready.
@@ -19,9 +21,9 @@ const (
 type readiness struct {
 	// mu guards keys, pending and done.
 	mu sync.Mutex
-	// keys holds the key IDs of the desired objects the HAL knows of: false until the
+	// keys holds the keys of the desired objects the HAL knows of: false until the
 	// first reconcile of the key ends, true after. A key whose object is gone is dropped.
-	keys map[string]bool
+	keys map[nimbusv1.Key]bool
 	// pending counts the keys that are false.
 	pending int
 	// done tells that complete has run.
@@ -39,11 +41,11 @@ func (r *readiness) checkLocked() {
 	}
 }
 
-func newReadiness() *readiness { return &readiness{keys: map[string]bool{}} }
+func newReadiness() *readiness { return &readiness{keys: map[nimbusv1.Key]bool{}} }
 
 // heard records keys whose objects changed; those it did not know yet wait for their
 // first reconcile.
-func (r *readiness) heard(ids []string) {
+func (r *readiness) heard(ids []nimbusv1.Key) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.caughtUp {
@@ -59,7 +61,7 @@ func (r *readiness) heard(ids []string) {
 
 // reconciled records that a reconcile of the key ended, with the object present or not.
 // A key without an object is no desired object: it is dropped.
-func (r *readiness) reconciled(id string, present bool) {
+func (r *readiness) reconciled(id nimbusv1.Key, present bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.caughtUp {
@@ -81,7 +83,7 @@ func (r *readiness) reconciled(id string, present bool) {
 // the keys it did not know yet, which the caller must enqueue: one may be the key of an
 // object that was deleted, and reconciled as such, after ids was read, and only a
 // reconcile drops it again.
-func (r *readiness) complete(ids []string) (unknown []string) {
+func (r *readiness) complete(ids []nimbusv1.Key) (unknown []nimbusv1.Key) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	defer r.checkLocked()

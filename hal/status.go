@@ -28,45 +28,45 @@ type statusWriter struct {
 	store  Store
 	batch  int
 	more   func() bool
-	failed func(ids []string, err error)
+	failed func(ids []nimbusv1.Key, err error)
 	signal chan struct{}
 
 	// mu guards order, pending and stopped.
 	mu sync.Mutex
-	// order holds the key IDs of pending, in the order they became pending.
-	order   []string
-	pending map[string]StatusUpdate
+	// order holds the keys of pending, in the order they became pending.
+	order   []nimbusv1.Key
+	pending map[nimbusv1.Key]StatusUpdate
 	stopped bool
 
 	commits, writes atomic.Uint64
 
 	// seed seeds the hashes of statuses.
 	seed maphash.Seed
-	// recorded holds, per key ID, the statusSum of the last status recorded for it. Only
+	// recorded holds, per key, the statusSum of the last status recorded for it. Only
 	// run reads and writes it.
-	recorded map[string]uint64
+	recorded map[nimbusv1.Key]uint64
 }
 
-func newStatusWriter(store Store, batch int, more func() bool, failed func(ids []string, err error)) *statusWriter {
+func newStatusWriter(store Store, batch int, more func() bool, failed func(ids []nimbusv1.Key, err error)) *statusWriter {
 	return &statusWriter{
 		store:    store,
 		batch:    batch,
 		more:     more,
 		failed:   failed,
 		signal:   make(chan struct{}, 1),
-		pending:  map[string]StatusUpdate{},
+		pending:  map[nimbusv1.Key]StatusUpdate{},
 		seed:     maphash.MakeSeed(),
-		recorded: map[string]uint64{},
+		recorded: map[nimbusv1.Key]uint64{},
 	}
 }
 
-// put hands over the status of the object with key ID id, replacing a pending one.
-func (w *statusWriter) put(id string, u StatusUpdate) {
+// put hands over the status of the object with the key u.Key, replacing a pending one.
+func (w *statusWriter) put(u StatusUpdate) {
 	w.mu.Lock()
-	if _, ok := w.pending[id]; !ok {
-		w.order = append(w.order, id)
+	if _, ok := w.pending[u.Key]; !ok {
+		w.order = append(w.order, u.Key)
 	}
-	w.pending[id] = u
+	w.pending[u.Key] = u
 	w.mu.Unlock()
 	w.poke()
 }
@@ -112,9 +112,9 @@ func (w *statusWriter) run() {
 }
 
 // changed returns the updates among those take returned that change what is recorded, with
-// their key IDs and the sums of their statuses (0 for a removal, or a status that cannot be
+// their keys and the sums of their statuses (0 for a removal, or a status that cannot be
 // summed). It filters ids and updates in place: take hands them over.
-func (w *statusWriter) changed(ids []string, updates []StatusUpdate) ([]string, []StatusUpdate, []uint64) {
+func (w *statusWriter) changed(ids []nimbusv1.Key, updates []StatusUpdate) ([]nimbusv1.Key, []StatusUpdate, []uint64) {
 	sums := make([]uint64, 0, len(updates))
 	n := 0
 	for i, u := range updates {
@@ -185,7 +185,7 @@ func (w *statusWriter) statusSum(st *nimbusv1.NodeStatus) uint64 {
 
 // take removes up to batch pending statuses, oldest first; none while fewer are pending
 // and more work is queued.
-func (w *statusWriter) take() (ids []string, updates []StatusUpdate, stopped bool) {
+func (w *statusWriter) take() (ids []nimbusv1.Key, updates []StatusUpdate, stopped bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	n := min(len(w.order), w.batch)

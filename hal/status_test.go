@@ -91,7 +91,7 @@ func TestStatusBatching(t *testing.T) {
 	}
 	waitFor(t, "every object reconciled", reconciled(1))
 	var changed []*nimbusv1.Object
-	var deleted []string
+	var deleted []nimbusv1.Key
 	for i, o := range objs {
 		if i%10 == 0 {
 			deleted = append(deleted, id(o))
@@ -302,12 +302,12 @@ type keyCountingStore struct {
 
 	// mu guards writes and empty.
 	mu     sync.Mutex
-	writes map[string]int
+	writes map[nimbusv1.Key]int
 	empty  int
 }
 
 func newKeyCountingStore(objs ...*nimbusv1.Object) *keyCountingStore {
-	return &keyCountingStore{fakeStore: newFakeStore(objs...), writes: map[string]int{}}
+	return &keyCountingStore{fakeStore: newFakeStore(objs...), writes: map[nimbusv1.Key]int{}}
 }
 
 func (s *keyCountingStore) WriteStatus(updates []hal.StatusUpdate) error {
@@ -320,13 +320,13 @@ func (s *keyCountingStore) WriteStatus(updates []hal.StatusUpdate) error {
 		s.empty++
 	}
 	for _, u := range updates {
-		s.writes[u.Key.ID()]++
+		s.writes[u.Key]++
 	}
 	return nil
 }
 
-// writesOf returns the number of status updates written for each of the key IDs.
-func (s *keyCountingStore) writesOf(ids ...string) []int {
+// writesOf returns the number of status updates written for each of the keys.
+func (s *keyCountingStore) writesOf(ids ...nimbusv1.Key) []int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]int, len(ids))
@@ -377,7 +377,7 @@ func TestStatusWrittenOnlyWhenChanged(t *testing.T) {
 			// One at a time: the queue coalesces a key added while it waits.
 			want := rec.callsOf(id(o)) + 1
 			obs.sendEnqueue(t, id(o))
-			waitFor(t, "the refresh of "+id(o), func() bool { return rec.callsOf(id(o)) == want }, rec.describe)
+			waitFor(t, "the refresh of "+id(o).String(), func() bool { return rec.callsOf(id(o)) == want }, rec.describe)
 		}
 	}
 

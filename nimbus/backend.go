@@ -124,7 +124,7 @@ func (e *embeddedStore) load() (epoch string, objects int, err error) {
 	e.env.pub.publish(func(uint64, bool) (uint64, []stagedChange, error) {
 		txn := e.env.tables.write()
 		for _, obj := range st.objects {
-			txn.putObject(&objectRecord{ID: obj.Key().ID(), Object: obj})
+			txn.putObject(&objectRecord{Key: obj.TypedKey(), Object: obj})
 		}
 		txn.setRevision(st.rev)
 		txn.commit()

@@ -35,23 +35,23 @@ func (s *Server) ApplyBatch(ctx context.Context, req *nimbusv1.ApplyBatchRequest
 	objs := req.GetObjects()
 	b := &batch{writes: make([]write, 0, len(objs)), positions: true}
 	var bad refusal
-	seen := make(map[string]int, len(objs))
+	seen := make(map[nimbusv1.Key]int, len(objs))
 	for i, in := range objs {
 		if in == nil {
 			bad.add(fmt.Sprintf("objects[%d]", i), "", errors.New(`object "": is required`))
 			continue
 		}
-		id := in.Key().ID()
+		id := in.TypedKey()
 		if err := in.Validate(); err != nil {
-			bad.add(fmt.Sprintf("objects[%d]", i), id, err)
+			bad.add(fmt.Sprintf("objects[%d]", i), id.String(), err)
 			continue
 		}
 		if err := s.checkObjectSize(in); err != nil {
-			bad.add(fmt.Sprintf("objects[%d]", i), id, err)
+			bad.add(fmt.Sprintf("objects[%d]", i), id.String(), err)
 			continue
 		}
 		if j, ok := seen[id]; ok {
-			bad.add(fmt.Sprintf("objects[%d]", i), id,
+			bad.add(fmt.Sprintf("objects[%d]", i), id.String(),
 				fmt.Errorf("the key of objects[%d] again: a key may appear once per batch", j))
 			continue
 		}
@@ -99,15 +99,15 @@ func (s *Server) DeleteBatch(ctx context.Context, req *nimbusv1.DeleteBatchReque
 	keys := req.GetKeys()
 	b := &batch{writes: make([]write, 0, len(keys)), deleting: true}
 	var bad refusal
-	seen := make(map[string]int, len(keys))
+	seen := make(map[nimbusv1.Key]int, len(keys))
 	for i, key := range keys {
-		id := key.ID()
+		id := key.Key()
 		if err := key.Validate(); err != nil {
-			bad.add(fmt.Sprintf("keys[%d]", i), id, err)
+			bad.add(fmt.Sprintf("keys[%d]", i), id.String(), err)
 			continue
 		}
 		if j, ok := seen[id]; ok {
-			bad.add(fmt.Sprintf("keys[%d]", i), id,
+			bad.add(fmt.Sprintf("keys[%d]", i), id.String(),
 				fmt.Errorf("the key of keys[%d] again: a key may appear once per batch", j))
 			continue
 		}

@@ -18,8 +18,8 @@ import (
 type write struct {
 	// key is the object's key with tenant and namespace defaulted.
 	key *nimbusv1.ObjectKey
-	// id is key.ID().
-	id string
+	// id is key in its comparable form, which keys the store's tables.
+	id nimbusv1.Key
 	// obj is the object to store: a valid object the batch owns, with tenant, namespace and
 	// target nodes normalized. nil for a deletion.
 	obj *nimbusv1.Object
@@ -32,13 +32,13 @@ func applyWrite(in *nimbusv1.Object) write {
 	m := obj.GetMeta()
 	m.Tenant, m.Namespace = key.GetTenant(), key.GetNamespace()
 	m.Nodes = normalizeNodes(m.GetNodes())
-	return write{key: key, id: key.ID(), obj: obj}
+	return write{key: key, id: key.Key(), obj: obj}
 }
 
 // deleteWrite returns the write that deletes the object with the valid key.
 func deleteWrite(key *nimbusv1.ObjectKey) write {
 	key = key.Defaulted()
-	return write{key: key, id: key.ID()}
+	return write{key: key, id: key.Key()}
 }
 
 // outcome is what one write did.
@@ -91,7 +91,7 @@ func (b *batch) what() string {
 		verb = "deleting"
 	}
 	if len(b.writes) == 1 {
-		return verb + " " + b.writes[0].id
+		return verb + " " + b.writes[0].id.String()
 	}
 	return fmt.Sprintf("%s %d objects", verb, len(b.writes))
 }
@@ -103,7 +103,7 @@ func (b *batch) at(i int) (pos, id string) {
 	if !b.positions {
 		return "", ""
 	}
-	return fmt.Sprintf("objects[%d]", i), b.writes[i].id
+	return fmt.Sprintf("objects[%d]", i), b.writes[i].id.String()
 }
 
 // mayConflict tells whether a write of the batch stores an object that holds claims, and
@@ -172,7 +172,7 @@ func (s *Server) submit(b *batch) error {
 // stagedChange is a change a commit has made in its store transaction.
 type stagedChange struct {
 	key *nimbusv1.ObjectKey
-	id  string
+	id  nimbusv1.Key
 	rev uint64
 	// before is the object before the change, nil when the change created it; after is
 	// the object after it, nil for a deletion.
@@ -281,7 +281,7 @@ func (e *embeddedStore) commitLocked(group []*batch, base uint64, now *timestamp
 // stored, and the key IDs of those deleted. A key is in one of them only, however many
 // changes touch it.
 func finalStates(changes []stagedChange) (puts []*nimbusv1.Object, dels []string) {
-	last := make(map[string]int, len(changes))
+	last := make(map[nimbusv1.Key]int, len(changes))
 	for i, c := range changes {
 		last[c.id] = i
 	}
@@ -289,7 +289,7 @@ func finalStates(changes []stagedChange) (puts []*nimbusv1.Object, dels []string
 		switch {
 		case last[c.id] != i:
 		case c.after == nil:
-			dels = append(dels, c.id)
+			dels = append(dels, c.id.String())
 		default:
 			puts = append(puts, c.after)
 		}
@@ -339,25 +339,26 @@ func stageApply(txn *writeTxn, w write, rev uint64, now *timestamppb.Timestamp) 
 
 // storePut stores obj, whose meta is complete, in txn in place of old (nil when obj is
 // new), drops the statuses of nodes a retarget leaves, and returns the change.
-func storePut(txn *writeTxn, key *nimbusv1.ObjectKey, id string, old, obj *nimbusv1.Object) *stagedChange {
+func storePut(txn *writeTxn, key *nimbusv1.ObjectKey, id nimbusv1.Key, old, obj *nimbusv1.Object) *stagedChange {
 	// The record shares the change's PUT event, so that snapshots and status streams send
-	// the very bytes the change is sent as, encoded once.
-	rec := &objectRecord{ID: id, Object: obj}
+	// the very bytes the change is sent as, encoded once. Its key shares the strings of
+	// the stored object.
+	rec := &objectRecord{Key: obj.TypedKey(), Object: obj}
 	put := newPutEvent(obj)
 	rec.put.Store(put)
 	txn.putObject(rec)
 	if old != nil && !slices.Equal(old.GetMeta().GetNodes(), obj.GetMeta().GetNodes()) {
-		dropRetargetedStatuses(txn, id, obj)
+		dropRetargetedStatuses(txn, rec.Key, obj)
 	}
 	return &stagedChange{key: key, id: id, rev: obj.GetMeta().GetRevision(), before: old, after: obj, put: put}
 }
 
-// dropRetargetedStatuses deletes the statuses of the object with the key ID, retargeted to
+// dropRetargetedStatuses deletes the statuses of the object with the key, retargeted to
 // obj, that nodes it no longer targets reported, and forgets the watch state of those nodes
 // when nothing else keeps it.
-func dropRetargetedStatuses(txn *writeTxn, id string, obj *nimbusv1.Object) {
+func dropRetargetedStatuses(txn *writeTxn, key nimbusv1.Key, obj *nimbusv1.Object) {
 	var dropped []string
-	for _, r := range txn.statusesOf(id) {
+	for _, r := range txn.statusesOf(key) {
 		if !targetsNode(obj, r.Node) {
 			txn.deleteStatus(r)
 			dropped = append(dropped, r.Node)

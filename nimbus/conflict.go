@@ -149,9 +149,13 @@ func parseSubnetKey(key string) (netip.Prefix, bool) {
 
 // endpointNetworkID is the key ID of the Network an Endpoint names, in its tenant and
 // namespace.
-func endpointNetworkID(obj *nimbusv1.Object) string {
+func endpointNetworkID(obj *nimbusv1.Object) string { return endpointNetwork(obj).String() }
+
+// endpointNetwork is the key of the Network an Endpoint names, in its tenant and
+// namespace.
+func endpointNetwork(obj *nimbusv1.Object) nimbusv1.Key {
 	m := obj.GetMeta()
-	return nimbusv1.NewKey(nimbusv1.Kind_KIND_NETWORK, m.GetTenant(), m.GetNamespace(), obj.GetEndpoint().GetNetwork()).ID()
+	return nimbusv1.MakeKey(nimbusv1.Kind_KIND_NETWORK, m.GetTenant(), m.GetNamespace(), obj.GetEndpoint().GetNetwork())
 }
 
 // interfaceDevice is the device an Interface object describes: spec.device, or its name.
@@ -179,7 +183,7 @@ func parseMAC(s string) (string, bool) {
 func (w *writeTxn) addClaims(rec *objectRecord) {
 	for _, k := range claimKeys(rec.Object) {
 		if _, held := w.claims.Get(k); !held {
-			w.claims.Set(k, rec.ID)
+			w.claims.Set(k, rec.Key)
 		}
 	}
 }
@@ -187,7 +191,7 @@ func (w *writeTxn) addClaims(rec *objectRecord) {
 // releaseClaims removes from the index the claims the record's object holds.
 func (w *writeTxn) releaseClaims(rec *objectRecord) {
 	for _, k := range claimKeys(rec.Object) {
-		if owner, _ := w.claims.Get(k); owner == rec.ID {
+		if owner, _ := w.claims.Get(k); owner == rec.Key {
 			w.claims.Delete(k)
 		}
 	}
@@ -205,10 +209,10 @@ func (e *conflictError) Error() string { return e.msg }
 // Is makes a conflictError match ErrConflict.
 func (e *conflictError) Is(target error) bool { return target == ErrConflict }
 
-// checkConflicts returns an error for each value the object obj, with key ID id, would
+// checkConflicts returns an error for each value the object obj, with key id, would
 // take from another object stored in t, and for each endpoint address the object leaves
 // outside its network's subnets; nil when there is none.
-func (t *tables) checkConflicts(id string, obj *nimbusv1.Object) error {
+func (t *tables) checkConflicts(id nimbusv1.Key, obj *nimbusv1.Object) error {
 	c := conflictCheck{t: t, id: id, obj: obj}
 	switch s := obj.GetSpec().(type) {
 	case *nimbusv1.Object_Endpoint:
@@ -224,7 +228,7 @@ func (t *tables) checkConflicts(id string, obj *nimbusv1.Object) error {
 // conflictCheck collects the conflicts of one object.
 type conflictCheck struct {
 	t    *tables
-	id   string
+	id   nimbusv1.Key
 	obj  *nimbusv1.Object
 	errs []error
 }
@@ -271,7 +275,7 @@ func (c *conflictCheck) deviceHolder(device, node string) *nimbusv1.Object {
 	}
 	var found *nimbusv1.Object
 	prefix := claimDevice + device + claimKeySep
-	c.t.claims.Ascend(prefix, func(k, _ string) bool {
+	c.t.claims.Ascend(prefix, func(k string, _ nimbusv1.Key) bool {
 		if !strings.HasPrefix(k, prefix) {
 			return false
 		}
@@ -296,7 +300,7 @@ func (c *conflictCheck) endpoint(ep *nimbusv1.EndpointSpec) {
 	}
 	var subnets []netip.Prefix
 	var cidrs []string
-	netRec := c.t.object(netID)
+	netRec := c.t.object(endpointNetwork(c.obj))
 	if netRec != nil {
 		for _, sn := range netRec.Object.GetNetwork().AllSubnets() {
 			if p, err := netip.ParsePrefix(sn.GetCidr()); err == nil {
@@ -358,7 +362,7 @@ func (c *conflictCheck) network(n *nimbusv1.NetworkSpec) {
 	}
 	// The endpoints of this network applied before it must be inside its subnets.
 	prefix := claimMember + key.ID() + claimKeySep
-	c.t.claims.Ascend(prefix, func(k, epID string) bool {
+	c.t.claims.Ascend(prefix, func(k string, epID nimbusv1.Key) bool {
 		if !strings.HasPrefix(k, prefix) {
 			return false
 		}
@@ -393,7 +397,7 @@ func (c *conflictCheck) overlap(tenant string, p netip.Prefix) (netip.Prefix, *n
 	// A subnet inside p: its key sorts after p's, before the end of p's range.
 	var other netip.Prefix
 	var found *nimbusv1.Object
-	c.t.claims.Ascend(subnetKey(tenant, p), func(k, _ string) bool {
+	c.t.claims.Ascend(subnetKey(tenant, p), func(k string, _ nimbusv1.Key) bool {
 		q, ok := parseSubnetKey(k)
 		if !strings.HasPrefix(k, claimSubnet+tenant+claimKeySep) || !ok || !p.Contains(q.Addr()) {
 			return false

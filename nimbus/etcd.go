@@ -524,16 +524,16 @@ func (e *etcdStore) replace(epoch string, objs []*nimbusv1.Object, rev int64) {
 	}
 	e.env.pub.restart(epoch, endRev(rev), len(objs), last, func() {
 		txn := e.env.tables.write()
-		keep := make(map[string]bool, len(objs))
+		keep := make(map[nimbusv1.Key]bool, len(objs))
 		for _, obj := range objs {
-			keep[obj.Key().ID()] = true
+			keep[obj.TypedKey()] = true
 		}
 		// The objects gone, and the claims of those kept, go first, so that what they held
 		// in the claims index is free for the objects that hold it now.
-		var gone []string
-		txn.objects.Scan(func(id string, _ *objectRecord) bool {
-			if !keep[id] {
-				gone = append(gone, id)
+		var gone []nimbusv1.Key
+		txn.objects.Scan(func(rec *objectRecord) bool {
+			if !keep[rec.Key] {
+				gone = append(gone, rec.Key)
 			}
 			return true
 		})
@@ -543,12 +543,12 @@ func (e *etcdStore) replace(epoch string, objs []*nimbusv1.Object, rev int64) {
 			}
 		}
 		for _, obj := range objs {
-			if rec := txn.object(obj.Key().ID()); rec != nil {
+			if rec := txn.object(obj.TypedKey()); rec != nil {
 				txn.releaseClaims(rec)
 			}
 		}
 		for _, obj := range objs {
-			txn.putObject(&objectRecord{ID: obj.Key().ID(), Object: obj})
+			txn.putObject(&objectRecord{Key: obj.TypedKey(), Object: obj})
 		}
 		txn.setRevision(endRev(rev))
 		txn.commit()
@@ -583,7 +583,6 @@ func (e *etcdStore) stageEvents(evs []*clientv3.Event) []stagedChange {
 		}
 		sub := e.nextSub
 		e.nextSub++
-		id := strings.TrimPrefix(string(kv.Key), e.objects)
 		switch ev.Type {
 		case mvccpb.PUT:
 			obj, err := e.decode(kv)
@@ -591,12 +590,18 @@ func (e *etcdStore) stageEvents(evs []*clientv3.Event) []stagedChange {
 				e.env.log.Error("etcd store: skipping a change that holds no object", "error", err)
 				continue
 			}
+			id := obj.TypedKey()
 			var old *nimbusv1.Object
 			if rec := txn.object(id); rec != nil {
 				old = rec.Object
 			}
 			changes = append(changes, *storePut(txn, obj.Key(), id, old, obj))
 		case mvccpb.DELETE:
+			// The etcd key is the key ID of the object it held.
+			id, err := nimbusv1.ParseKey(strings.TrimPrefix(string(kv.Key), e.objects))
+			if err != nil {
+				continue
+			}
 			rec := txn.object(id)
 			if rec == nil {
 				continue
@@ -773,7 +778,8 @@ func (e *etcdStore) split(writes []write) []int {
 	var ends []int
 	ops, size := 0, 0
 	for i, w := range writes {
-		n := len(e.objects) + len(w.id) + 64
+		// The etcd key is e.objects and the key ID, of three separators.
+		n := len(e.objects) + len(w.id.Kind.Name()) + len(w.id.Tenant) + len(w.id.Namespace) + len(w.id.Name) + 3 + 64
 		if w.obj != nil {
 			n += proto.Size(w.obj)
 		}
@@ -815,7 +821,7 @@ func (e *etcdStore) commitChunk(b *batch, from, to int) (committed bool, err err
 					// Staging fills in the object's meta; a retry starts from the caller's.
 					w.obj = proto.Clone(w.obj).(*nimbusv1.Object)
 				}
-				key := e.objects + w.id
+				key := e.objects + w.id.String()
 				var modRev int64
 				if rec := txn.object(w.id); rec != nil {
 					modRev = etcdRevOf(rec.Object.GetMeta().GetRevision())
@@ -996,7 +1002,7 @@ func (e *etcdStore) catchUpForReports(reports []*nimbusv1.StatusReport) {
 	read := e.env.tables.read()
 	missing := false
 	for _, r := range reports {
-		if read.object(r.GetKey().ID()) == nil {
+		if read.object(r.GetKey().Key()) == nil {
 			missing = true
 			break
 		}

@@ -420,13 +420,13 @@ type listPage struct {
 	bytes int
 	// limit and pageBytes are the bounds of the page.
 	limit, pageBytes int
-	// last is the key ID of the last item added.
-	last string
+	// last is the key of the last item added.
+	last nimbusv1.Key
 }
 
-// add adds the item with the key ID to the page, or, when the page is full, ends it with
-// the token of the next page and reports false.
-func (p *listPage) add(id string, item *nimbusv1.ObjectWithStatus) bool {
+// add adds the item with the key to the page, or, when the page is full, ends it with the
+// token of the next page and reports false.
+func (p *listPage) add(id nimbusv1.Key, item *nimbusv1.ObjectWithStatus) bool {
 	n := item.SizeVT()
 	n += protowire.SizeTag(1) + protowire.SizeVarint(uint64(n))
 	if len(p.resp.Items) > 0 && ((p.limit > 0 && len(p.resp.Items) == p.limit) || p.bytes+n > p.pageBytes) {
@@ -439,17 +439,24 @@ func (p *listPage) add(id string, item *nimbusv1.ObjectWithStatus) bool {
 	return true
 }
 
-// pageToken returns the token of the page after the object with the key ID.
-func pageToken(id string) string { return base64.RawURLEncoding.EncodeToString([]byte(id)) }
+// pageToken returns the token of the page after the object with the key: its key ID.
+func pageToken(key nimbusv1.Key) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(key.String()))
+}
 
-// parsePageToken returns the key ID a page token continues after; "" for the first page.
-func parsePageToken(token string) (string, error) {
+// parsePageToken returns the key a page token continues after; the zero Key for the first
+// page.
+func parsePageToken(token string) (nimbusv1.Key, error) {
 	if token == "" {
-		return "", nil
+		return nimbusv1.Key{}, nil
 	}
 	id, err := base64.RawURLEncoding.DecodeString(token)
 	if err != nil || !utf8.Valid(id) {
-		return "", &nimbusv1.FieldError{Field: "page_token", Value: token, Reason: "not a next_page_token of nimbus"}
+		return nimbusv1.Key{}, &nimbusv1.FieldError{Field: "page_token", Value: token, Reason: "not a next_page_token of nimbus"}
 	}
-	return string(id), nil
+	key, err := nimbusv1.ParseKey(string(id))
+	if err != nil {
+		return nimbusv1.Key{}, &nimbusv1.FieldError{Field: "page_token", Value: token, Reason: "not a next_page_token of nimbus"}
+	}
+	return key, nil
 }

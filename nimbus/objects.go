@@ -87,7 +87,7 @@ func (s *Server) Get(ctx context.Context, req *nimbusv1.GetRequest) (*nimbusv1.G
 	if err := key.Validate(); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	id := key.ID()
+	id := key.Key()
 	v := s.view()
 	rec := v.object(id)
 	if rec == nil {
@@ -113,7 +113,7 @@ func (s *Server) List(ctx context.Context, req *nimbusv1.ListRequest) (*nimbusv1
 			(req.GetNamespace() != "" && m.GetNamespace() != req.GetNamespace()) {
 			continue
 		}
-		if !page.add(rec.ID, v.withStatus(rec.Object)) {
+		if !page.add(rec.Key, v.withStatus(rec.Object)) {
 			s.metrics.listPagesCut.Inc()
 			break
 		}
@@ -196,7 +196,7 @@ func (v *view) withStatus(obj *nimbusv1.Object) *nimbusv1.ObjectWithStatus {
 // a status kept for a node that is no target now (it stopped watching and has no Node
 // object) is left out, and counts again once the node is a target again.
 func (v *view) status(obj *nimbusv1.Object) *nimbusv1.ObjectStatus {
-	recs := v.statusesOf(obj.Key().ID())
+	recs := v.statusesOf(obj.TypedKey())
 	m := obj.GetMeta()
 	gen := m.GetGeneration()
 	// Only the target nodes' statuses are looked up below.

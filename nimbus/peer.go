@@ -270,15 +270,15 @@ func (h *peerHub) close() {
 }
 
 // statusChanged marks, in every pusher, the status the node reported to this replica
-// about the object with the key ID.
-func (h *peerHub) statusChanged(id, node string) {
+// about the object with the key.
+func (h *peerHub) statusChanged(key nimbusv1.Key, node string) {
 	if h == nil {
 		return
 	}
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	for _, p := range h.pushers {
-		p.markStatus(id, node)
+		p.markStatus(key, node)
 	}
 }
 
@@ -295,8 +295,11 @@ func (h *peerHub) presenceChanged(node string) {
 	}
 }
 
-// statusKey names a status: the object's key ID and the node.
-type statusKey struct{ id, node string }
+// statusKey names a status: the object's key and the node.
+type statusKey struct {
+	key  nimbusv1.Key
+	node string
+}
 
 // pusher keeps the push stream to one peer: it sends the replica's full state, then what
 // is marked, coalesced, and starts over on a new stream when one fails. What it holds is
@@ -344,10 +347,10 @@ func (p *pusher) stop() {
 	<-p.done
 }
 
-// markStatus marks the status the node reported about the object with the key ID.
-func (p *pusher) markStatus(id, node string) {
+// markStatus marks the status the node reported about the object with the key.
+func (p *pusher) markStatus(key nimbusv1.Key, node string) {
 	p.mu.Lock()
-	p.statuses[statusKey{id, node}] = struct{}{}
+	p.statuses[statusKey{key, node}] = struct{}{}
 	p.mu.Unlock()
 	p.signal()
 }
@@ -509,7 +512,7 @@ func (p *pusher) push(ctx context.Context) (up bool, err error) {
 			for k := range statuses {
 				// A status gone since, or replaced by a newer one from another replica, is
 				// not this replica's to send.
-				if rec := v.nodeStatus(k.id, k.node); rec != nil && rec.Origin == h.name {
+				if rec := v.nodeStatus(k.key, k.node); rec != nil && rec.Origin == h.name {
 					if err := fb.addStatus(rec); err != nil {
 						return true, err
 					}
@@ -542,11 +545,7 @@ type peerFrameBuilder struct {
 
 // addStatus adds the record's status, sending the frame first when it does not fit.
 func (b *peerFrameBuilder) addStatus(rec *statusRecord) error {
-	key, err := nimbusv1.ParseKeyID(rec.ObjectID)
-	if err != nil {
-		return fmt.Errorf("parsing the key of a stored status: %w", err)
-	}
-	r := &nimbusv1.StatusReport{Key: key, Status: rec.Status}
+	r := &nimbusv1.StatusReport{Key: rec.Object.Proto(), Status: rec.Status}
 	if err := b.room(r.SizeVT()); err != nil {
 		return err
 	}

@@ -149,7 +149,7 @@ func waitPeerStatus(t *testing.T, key *nimbusv1.ObjectKey, want *nimbusv1.Object
 // originOf returns the origin of the status the node reported about the object, as the
 // replica keeps it, or "none".
 func (r *testPeer) originOf(key *nimbusv1.ObjectKey, node string) string {
-	rec := r.srv.store.read().nodeStatus(key.ID(), node)
+	rec := r.srv.store.read().nodeStatus(key.Key(), node)
 	if rec == nil {
 		return "none"
 	}

@@ -33,7 +33,7 @@ func TestSharedSnapshot(t *testing.T) {
 		}
 		obj := route(fmt.Sprintf("r%04d", i), nodes)
 		obj.Meta.Revision = uint64(i + 1)
-		txn.putObject(&objectRecord{ID: obj.Key().ID(), Object: obj})
+		txn.putObject(&objectRecord{Key: obj.TypedKey(), Object: obj})
 		if nodes == nil {
 			want[obj.Key().ID()] = true
 		}

@@ -116,7 +116,7 @@ func (s *Server) recordStatuses(reports []*nimbusv1.StatusReport) {
 		txn.commit()
 		for i, key := range changed {
 			s.statusWatch.objectChanged(key)
-			s.peers.statusChanged(key.ID(), nodes[i])
+			s.peers.statusChanged(key.Key(), nodes[i])
 		}
 	}
 }
@@ -139,7 +139,7 @@ func (s *Server) recordStatusIn(txn *writeTxn, r *nimbusv1.StatusReport, origin 
 		s.log.Debug("dropping status report with an invalid key", "node", node, "error", err)
 		return nil
 	}
-	id := key.ID()
+	id := key.Key()
 	if node == "" {
 		s.log.Debug("dropping status report without a node", "key", id)
 		return nil
@@ -167,7 +167,8 @@ func (s *Server) recordStatusIn(txn *writeTxn, r *nimbusv1.StatusReport, origin 
 			"origin", origin, "kept_origin", old.Origin)
 		return nil
 	}
-	txn.putStatus(&statusRecord{ObjectID: id, Node: node, Status: st, Origin: origin})
+	// The record's key shares the strings of the stored object's.
+	txn.putStatus(&statusRecord{Object: rec.Key, Node: node, Status: st, Origin: origin})
 	// A replica records every status of every node: the line's arguments are not even
 	// made unless it is logged.
 	if s.log.Enabled(context.Background(), slog.LevelDebug) {

@@ -62,7 +62,7 @@ func (h *statusHub) objectChanged(key *nimbusv1.ObjectKey) {
 	if len(h.watchers) == 0 {
 		return
 	}
-	id := key.ID()
+	id := key.Key()
 	for w := range h.watchers {
 		if w.selects(key) {
 			w.markObject(id)
@@ -105,8 +105,8 @@ type statusWatcher struct {
 
 	// mu guards objects, nodes and all.
 	mu sync.Mutex
-	// objects holds the key IDs of the objects marked.
-	objects map[string]struct{}
+	// objects holds the keys of the objects marked.
+	objects map[nimbusv1.Key]struct{}
 	// nodes holds the nodes marked: every object that targets one is recomputed.
 	nodes map[string]struct{}
 	// all asks for every selected object to be recomputed.
@@ -117,7 +117,7 @@ func newStatusWatcher(filter *nimbusv1.WatchStatusRequest) *statusWatcher {
 	return &statusWatcher{
 		filter:  filter,
 		wake:    make(chan struct{}, 1),
-		objects: map[string]struct{}{},
+		objects: map[nimbusv1.Key]struct{}{},
 		nodes:   map[string]struct{}{},
 	}
 }
@@ -132,8 +132,8 @@ func (w *statusWatcher) selects(key *nimbusv1.ObjectKey) bool {
 		(f.GetName() == "" || f.GetName() == key.GetName())
 }
 
-// markObject marks the object with the key ID for a recompute.
-func (w *statusWatcher) markObject(id string) {
+// markObject marks the object with the key for a recompute.
+func (w *statusWatcher) markObject(id nimbusv1.Key) {
 	w.mu.Lock()
 	w.objects[id] = struct{}{}
 	w.mu.Unlock()
@@ -166,11 +166,11 @@ func (w *statusWatcher) signal() {
 
 // take returns what was marked and starts over. A view of the store taken after take
 // sees every change marked before it.
-func (w *statusWatcher) take() (objects, nodes map[string]struct{}, all bool) {
+func (w *statusWatcher) take() (objects map[nimbusv1.Key]struct{}, nodes map[string]struct{}, all bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	objects, nodes, all = w.objects, w.nodes, w.all
-	w.objects, w.nodes, w.all = map[string]struct{}{}, map[string]struct{}{}, false
+	w.objects, w.nodes, w.all = map[nimbusv1.Key]struct{}{}, map[string]struct{}{}, false
 	return objects, nodes, all
 }
 
@@ -193,7 +193,7 @@ func (s *Server) WatchStatus(req *nimbusv1.WatchStatusRequest, stream grpc.Serve
 	defer s.statusWatch.remove(w)
 	log := s.log.With("kind", req.GetKind().Name(), "tenant", req.GetTenant(), "namespace", req.GetNamespace(), "name", req.GetName())
 
-	ss := &statusStream{srv: s, w: w, stream: stream, seed: maphash.MakeSeed(), sent: map[string]uint64{}, knownStale: map[string]bool{}}
+	ss := &statusStream{srv: s, w: w, stream: stream, seed: maphash.MakeSeed(), sent: map[nimbusv1.Key]uint64{}, knownStale: map[string]bool{}}
 	err := ss.run()
 	log.Info("status watch ended", "reason", err)
 	return err
@@ -207,8 +207,8 @@ type statusStream struct {
 	// frame holds the encoded events not sent yet.
 	frame []byte
 	seed  maphash.Seed
-	// sent holds, per key ID of an object the client has, the hash of the last PUT sent.
-	sent map[string]uint64
+	// sent holds, per key of an object the client has, the hash of the last PUT sent.
+	sent map[nimbusv1.Key]uint64
 	// knownStale holds the nodes with a watch_nodes row, and whether their statuses were
 	// stale, as of the last look.
 	knownStale map[string]bool
@@ -267,16 +267,16 @@ func (ss *statusStream) sendChanges() error {
 	v := ss.srv.view()
 	if all || len(nodes) > 0 {
 		for rec := range ss.selected(v) {
-			if _, ok := objects[rec.ID]; !ok && !all && !targetsAny(rec.Object, nodes) {
+			if _, ok := objects[rec.Key]; !ok && !all && !targetsAny(rec.Object, nodes) {
 				continue
 			}
-			delete(objects, rec.ID)
+			delete(objects, rec.Key)
 			if err := ss.put(v, rec); err != nil {
 				return err
 			}
 		}
 	}
-	for _, id := range slices.Sorted(maps.Keys(objects)) {
+	for _, id := range slices.SortedFunc(maps.Keys(objects), nimbusv1.Key.Compare) {
 		if rec := v.object(id); rec != nil {
 			if err := ss.put(v, rec); err != nil {
 				return err
@@ -286,12 +286,8 @@ func (ss *statusStream) sendChanges() error {
 		if _, ok := ss.sent[id]; !ok {
 			continue // created and deleted before the client heard of it
 		}
-		key, err := nimbusv1.ParseKeyID(id)
-		if err != nil {
-			return status.Errorf(codes.Internal, "parsing key %q: %v", id, err)
-		}
 		delete(ss.sent, id)
-		if err := ss.add(&nimbusv1.StatusEvent{Type: nimbusv1.StatusEvent_TYPE_DELETE, Key: key}); err != nil {
+		if err := ss.add(&nimbusv1.StatusEvent{Type: nimbusv1.StatusEvent_TYPE_DELETE, Key: id.Proto()}); err != nil {
 			return err
 		}
 	}
@@ -338,19 +334,19 @@ func (ss *statusStream) put(v *view, rec *objectRecord) error {
 	st := v.status(rec.Object)
 	wire, err := rec.putEvent().encoded(&ss.srv.encodes)
 	if err != nil {
-		return status.Errorf(codes.Internal, "encoding %s: %v", rec.ID, err)
+		return status.Errorf(codes.Internal, "encoding %s: %v", rec.Key, err)
 	}
 	object, err := eventObject(wire)
 	if err != nil {
-		return status.Errorf(codes.Internal, "reading the event of %s: %v", rec.ID, err)
+		return status.Errorf(codes.Internal, "reading the event of %s: %v", rec.Key, err)
 	}
 	key, err := rec.Object.Key().MarshalVT()
 	if err != nil {
-		return status.Errorf(codes.Internal, "encoding the key of %s: %v", rec.ID, err)
+		return status.Errorf(codes.Internal, "encoding the key of %s: %v", rec.Key, err)
 	}
 	stWire, err := proto.MarshalOptions{Deterministic: true}.Marshal(st)
 	if err != nil {
-		return status.Errorf(codes.Internal, "encoding status of %s: %v", rec.ID, err)
+		return status.Errorf(codes.Internal, "encoding status of %s: %v", rec.Key, err)
 	}
 	// StatusEvent{type: PUT, item: ObjectWithStatus{object, status}, key}.
 	itemLen := protowire.SizeTag(1) + protowire.SizeBytes(len(object)) +
@@ -368,10 +364,10 @@ func (ss *statusStream) put(v *view, rec *objectRecord) error {
 	b = protowire.AppendBytes(b, key)
 
 	h := maphash.Bytes(ss.seed, b)
-	if old, ok := ss.sent[rec.ID]; ok && old == h {
+	if old, ok := ss.sent[rec.Key]; ok && old == h {
 		return nil
 	}
-	ss.sent[rec.ID] = h
+	ss.sent[rec.Key] = h
 	return ss.addEncoded(b)
 }
 

@@ -16,8 +16,8 @@ import (
 
 // objectRecord is one row of the objects table.
 type objectRecord struct {
-	// ID is the object's key ID, "Kind/tenant/namespace/name".
-	ID     string
+	// Key is the object's key; its strings are those of the object's meta.
+	Key    nimbusv1.Key
 	Object *nimbusv1.Object
 	// put is the PUT event of Object, shared by the change that stored it, every snapshot
 	// that sends it and every status stream, so that its wire form is encoded once. A
@@ -41,10 +41,10 @@ func (r *objectRecord) putEvent() *sharedEvent {
 
 // statusRecord is one row of the status table: what one node reported about one object.
 type statusRecord struct {
-	// ObjectID is the key ID of the object.
-	ObjectID string
-	Node     string
-	Status   *nimbusv1.NodeStatus
+	// Object is the key of the object; its strings are those of the stored object.
+	Object nimbusv1.Key
+	Node   string
+	Status *nimbusv1.NodeStatus
 	// Origin is the name of the replica the node reported to: this server's
 	// Options.ReplicaName for a report of its own agents, a peer's for one that peer
 	// pushed (see peer.go). Empty on a server that is no replica.
@@ -96,18 +96,18 @@ var treeOptions = btree.Options{NoLocks: true}
 // revision and the watch state of the nodes. A published version never changes; its
 // methods are the reads, which a write transaction has too.
 type tables struct {
-	// objects holds the objects by key ID.
-	objects *btree.Map[string, *objectRecord]
-	// statuses holds the statuses by object key ID, then node: the statuses of an object
+	// objects holds the objects by key, in the order of their key IDs.
+	objects *btree.BTreeG[*objectRecord]
+	// statuses holds the statuses by object key, then node: the statuses of an object
 	// are adjacent, ordered by node.
 	statuses *btree.BTreeG[*statusRecord]
-	// statusesByNode holds the same records by node, then object key ID.
+	// statusesByNode holds the same records by node, then object key.
 	statusesByNode *btree.BTreeG[*statusRecord]
 	// watchNodes holds the watch state of the nodes by name.
 	watchNodes *btree.Map[string, *watchNodeRecord]
-	// claims holds, by index key, the key ID of the object that holds each value only one
+	// claims holds, by index key, the key of the object that holds each value only one
 	// object may hold (see conflict.go); putObject and deleteObject keep it current.
-	claims *btree.Map[string, string]
+	claims *btree.Map[string, nimbusv1.Key]
 	// rev is the revision of the last committed change, kept with the objects so that a
 	// reader sees the revision that matches exactly the objects it reads.
 	rev uint64
@@ -115,10 +115,13 @@ type tables struct {
 
 func newTables() *tables {
 	return &tables{
-		objects: btree.NewMap[string, *objectRecord](0),
-		// One comparison of each string: a status lookup is most of a replica's work.
+		objects: btree.NewBTreeGOptions(func(a, b *objectRecord) bool {
+			return a.Key.Compare(b.Key) < 0
+		}, treeOptions),
+		// One comparison of each string: a status lookup is most of a replica's work. Keys
+		// sort as their key IDs do.
 		statuses: btree.NewBTreeGOptions(func(a, b *statusRecord) bool {
-			if c := strings.Compare(a.ObjectID, b.ObjectID); c != 0 {
+			if c := a.Object.Compare(b.Object); c != 0 {
 				return c < 0
 			}
 			return a.Node < b.Node
@@ -127,10 +130,10 @@ func newTables() *tables {
 			if c := strings.Compare(a.Node, b.Node); c != 0 {
 				return c < 0
 			}
-			return a.ObjectID < b.ObjectID
+			return a.Object.Compare(b.Object) < 0
 		}, treeOptions),
 		watchNodes: btree.NewMap[string, *watchNodeRecord](0),
-		claims:     btree.NewMap[string, string](0),
+		claims:     btree.NewMap[string, nimbusv1.Key](0),
 	}
 }
 
@@ -146,9 +149,9 @@ func (t *tables) copy() *tables {
 	return &c
 }
 
-// object returns the record of the object with the key ID, or nil.
-func (t *tables) object(id string) *objectRecord {
-	rec, _ := t.objects.Get(id)
+// object returns the record of the object with the key, or nil.
+func (t *tables) object(key nimbusv1.Key) *objectRecord {
+	rec, _ := t.objects.Get(&objectRecord{Key: key})
 	return rec
 }
 
@@ -156,35 +159,26 @@ func (t *tables) object(id string) *objectRecord {
 // KIND_UNSPECIFIED, in key ID order. Key IDs start with the kind's name, so a kind is a
 // range of the objects.
 func (t *tables) objectsOfKind(kind nimbusv1.Kind) iter.Seq[*objectRecord] {
-	return func(yield func(*objectRecord) bool) {
-		if kind == nimbusv1.Kind_KIND_UNSPECIFIED {
-			t.objects.Scan(func(_ string, rec *objectRecord) bool { return yield(rec) })
-			return
-		}
-		prefix := kind.Name() + "/"
-		t.objects.Ascend(prefix, func(id string, rec *objectRecord) bool {
-			return strings.HasPrefix(id, prefix) && yield(rec)
-		})
-	}
+	return t.objectsAfter(kind, nimbusv1.Key{})
 }
 
 // objectsAfter iterates over the objects of a kind, or of every kind with
-// KIND_UNSPECIFIED, whose key IDs come after the key ID after, in key ID order; every one
-// of them when after is empty.
-func (t *tables) objectsAfter(kind nimbusv1.Kind, after string) iter.Seq[*objectRecord] {
-	if after == "" {
-		return t.objectsOfKind(kind)
-	}
+// KIND_UNSPECIFIED, whose keys come after the key after, in key ID order; every one of
+// them when after is the zero Key.
+func (t *tables) objectsAfter(kind nimbusv1.Kind, after nimbusv1.Key) iter.Seq[*objectRecord] {
 	return func(yield func(*objectRecord) bool) {
-		prefix := ""
+		from := after
 		if kind != nimbusv1.Kind_KIND_UNSPECIFIED {
-			prefix = kind.Name() + "/"
+			// The key of the kind alone sorts before the kind's objects.
+			if first := (nimbusv1.Key{Kind: kind}); first.Compare(from) > 0 {
+				from = first
+			}
 		}
-		t.objects.Ascend(max(after, prefix), func(id string, rec *objectRecord) bool {
-			if id == after {
+		t.objects.Ascend(&objectRecord{Key: from}, func(rec *objectRecord) bool {
+			if rec.Key == after {
 				return true
 			}
-			return strings.HasPrefix(id, prefix) && yield(rec)
+			return (kind == nimbusv1.Kind_KIND_UNSPECIFIED || rec.Key.Kind == kind) && yield(rec)
 		})
 	}
 }
@@ -192,11 +186,11 @@ func (t *tables) objectsAfter(kind nimbusv1.Kind, after string) iter.Seq[*object
 // revision returns the revision of the last committed change in t.
 func (t *tables) revision() uint64 { return t.rev }
 
-// statusesOf returns the statuses stored for the object with the key ID, ordered by node.
-func (t *tables) statusesOf(id string) []*statusRecord {
+// statusesOf returns the statuses stored for the object with the key, ordered by node.
+func (t *tables) statusesOf(key nimbusv1.Key) []*statusRecord {
 	var recs []*statusRecord
-	t.statuses.Ascend(&statusRecord{ObjectID: id}, func(rec *statusRecord) bool {
-		if rec.ObjectID != id {
+	t.statuses.Ascend(&statusRecord{Object: key}, func(rec *statusRecord) bool {
+		if rec.Object != key {
 			return false
 		}
 		recs = append(recs, rec)
@@ -205,7 +199,7 @@ func (t *tables) statusesOf(id string) []*statusRecord {
 	return recs
 }
 
-// statusesBy returns the statuses the node reported, ordered by object key ID.
+// statusesBy returns the statuses the node reported, ordered by object key.
 func (t *tables) statusesBy(node string) []*statusRecord {
 	var recs []*statusRecord
 	t.statusesByNode.Ascend(&statusRecord{Node: node}, func(rec *statusRecord) bool {
@@ -218,13 +212,13 @@ func (t *tables) statusesBy(node string) []*statusRecord {
 	return recs
 }
 
-// nodeStatus returns the status the node reported about the object with the key ID, or nil.
-func (t *tables) nodeStatus(id, node string) *statusRecord {
-	rec, _ := t.statuses.Get(&statusRecord{ObjectID: id, Node: node})
+// nodeStatus returns the status the node reported about the object with the key, or nil.
+func (t *tables) nodeStatus(key nimbusv1.Key, node string) *statusRecord {
+	rec, _ := t.statuses.Get(&statusRecord{Object: key, Node: node})
 	return rec
 }
 
-// allStatuses iterates over every stored status, ordered by object key ID, then node.
+// allStatuses iterates over every stored status, ordered by object key, then node.
 func (t *tables) allStatuses() iter.Seq[*statusRecord] {
 	return func(yield func(*statusRecord) bool) {
 		t.statuses.Scan(yield)
@@ -313,19 +307,19 @@ func (w *writeTxn) abort() {
 	w.st.writeMu.Unlock()
 }
 
-// putObject stores the record, replacing the one with its key ID, and moves the claims
-// of the object replaced to the new one. The record and its object must not be modified
+// putObject stores the record, replacing the one with its key, and moves the claims of
+// the object replaced to the new one. The record and its object must not be modified
 // afterwards.
 func (w *writeTxn) putObject(rec *objectRecord) {
-	if old, replaced := w.objects.Set(rec.ID, rec); replaced {
+	if old, replaced := w.objects.Set(rec); replaced {
 		w.releaseClaims(old)
 	}
 	w.addClaims(rec)
 }
 
-// deleteObject deletes the object with the key ID and its claims, but not its statuses.
-func (w *writeTxn) deleteObject(id string) {
-	if old, deleted := w.objects.Delete(id); deleted {
+// deleteObject deletes the object with the key and its claims, but not its statuses.
+func (w *writeTxn) deleteObject(key nimbusv1.Key) {
+	if old, deleted := w.objects.Delete(&objectRecord{Key: key}); deleted {
 		w.releaseClaims(old)
 	}
 }

@@ -23,21 +23,21 @@ func contentsOf(tb *tables) storeContents {
 	var c storeContents
 	c.rev = tb.revision()
 	for rec := range tb.objectsOfKind(nimbusv1.Kind_KIND_UNSPECIFIED) {
-		c.objects = append(c.objects, rec.ID)
-		if got := tb.object(rec.ID); got != rec {
-			panic(fmt.Sprintf("object(%s) is not the record the scan returned", rec.ID))
+		c.objects = append(c.objects, rec.Key.String())
+		if got := tb.object(rec.Key); got != rec {
+			panic(fmt.Sprintf("object(%s) is not the record the scan returned", rec.Key))
 		}
-		for _, st := range tb.statusesOf(rec.ID) {
-			c.statuses = append(c.statuses, st.ObjectID+"@"+st.Node)
+		for _, st := range tb.statusesOf(rec.Key) {
+			c.statuses = append(c.statuses, st.Object.String()+"@"+st.Node)
 		}
 	}
 	for rec := range tb.objectsOfKind(nimbusv1.Kind_KIND_ROUTE) {
-		c.routes = append(c.routes, rec.ID)
+		c.routes = append(c.routes, rec.Key.String())
 	}
 	for rec := range tb.allWatchNodes() {
 		c.watchNodes = append(c.watchNodes, fmt.Sprintf("%s/%d", rec.Name, rec.Streams))
 		for _, st := range tb.statusesBy(rec.Name) {
-			c.byNode = append(c.byNode, st.Node+":"+st.ObjectID)
+			c.byNode = append(c.byNode, st.Node+":"+st.Object.String())
 		}
 	}
 	return c
@@ -56,15 +56,14 @@ func fillStore(st *store, n int, rev uint64) {
 	for i := range n {
 		node := fmt.Sprintf("n%d", i)
 		nobj := nodeObject(node)
-		txn.putObject(&objectRecord{ID: nobj.Key().ID(), Object: nobj})
+		txn.putObject(&objectRecord{Key: nobj.TypedKey(), Object: nobj})
 		txn.putWatchNode(&watchNodeRecord{Name: node, Streams: 1})
 	}
 	for i := range n {
 		r := route(fmt.Sprintf("r%03d", i), nil)
-		id := r.Key().ID()
-		txn.putObject(&objectRecord{ID: id, Object: r})
+		txn.putObject(&objectRecord{Key: r.TypedKey(), Object: r})
 		for j := range n {
-			txn.putStatus(&statusRecord{ObjectID: id, Node: fmt.Sprintf("n%d", j), Status: &nimbusv1.NodeStatus{}})
+			txn.putStatus(&statusRecord{Object: r.TypedKey(), Node: fmt.Sprintf("n%d", j), Status: &nimbusv1.NodeStatus{}})
 		}
 	}
 	txn.setRevision(rev)
@@ -83,23 +82,23 @@ func TestStoreReadIsolation(t *testing.T) {
 	}
 
 	txn := st.write()
-	txn.deleteObject(route("r000", nil).Key().ID())
-	for _, rec := range txn.statusesOf(route("r000", nil).Key().ID()) {
+	txn.deleteObject(route("r000", nil).TypedKey())
+	for _, rec := range txn.statusesOf(route("r000", nil).TypedKey()) {
 		txn.deleteStatus(rec)
 	}
 	for _, rec := range txn.statusesBy("n1") {
 		txn.deleteStatus(rec)
 	}
 	r := route("r999", nil)
-	txn.putObject(&objectRecord{ID: r.Key().ID(), Object: r})
-	txn.putStatus(&statusRecord{ObjectID: r.Key().ID(), Node: "n2", Status: &nimbusv1.NodeStatus{}})
+	txn.putObject(&objectRecord{Key: r.TypedKey(), Object: r})
+	txn.putStatus(&statusRecord{Object: r.TypedKey(), Node: "n2", Status: &nimbusv1.NodeStatus{}})
 	txn.deleteWatchNode("n0")
 	txn.putWatchNode(&watchNodeRecord{Name: "n1", Streams: 2})
 	txn.setRevision(9)
-	if got := txn.object(r.Key().ID()); got == nil || got.Object != r {
+	if got := txn.object(r.TypedKey()); got == nil || got.Object != r {
 		t.Errorf("the write does not see the object it stored: %v", got)
 	}
-	if got := txn.object(route("r000", nil).Key().ID()); got != nil {
+	if got := txn.object(route("r000", nil).TypedKey()); got != nil {
 		t.Errorf("the write still sees the object it deleted: %v", got)
 	}
 	if txn.hasStatusFrom("n1") {
@@ -146,13 +145,13 @@ func TestStoreAbortLeavesNothing(t *testing.T) {
 
 	txn := st.write()
 	for rec := range txn.objectsOfKind(nimbusv1.Kind_KIND_UNSPECIFIED) {
-		txn.deleteObject(rec.ID)
+		txn.deleteObject(rec.Key)
 	}
 	for _, rec := range txn.statusesBy("n0") {
 		txn.deleteStatus(rec)
 	}
 	r := route("new", nil)
-	txn.putObject(&objectRecord{ID: r.Key().ID(), Object: r})
+	txn.putObject(&objectRecord{Key: r.TypedKey(), Object: r})
 	txn.putWatchNode(&watchNodeRecord{Name: "n9", Streams: 1})
 	txn.deleteWatchNode("n1")
 	txn.setRevision(4)
@@ -189,9 +188,9 @@ func TestStoreConcurrentReads(t *testing.T) {
 		}
 		var got []string
 		for rec := range tb.objectsOfKind(nimbusv1.Kind_KIND_ROUTE) {
-			got = append(got, rec.ID)
-			if sts := tb.statusesOf(rec.ID); len(sts) != 1 || sts[0].Node != "n" {
-				return fmt.Errorf("revision %d: %s has statuses %v, want one from n", rev, rec.ID, sts)
+			got = append(got, rec.Key.String())
+			if sts := tb.statusesOf(rec.Key); len(sts) != 1 || sts[0].Node != "n" {
+				return fmt.Errorf("revision %d: %s has statuses %v, want one from n", rev, rec.Key, sts)
 			}
 		}
 		if !slices.Equal(got, want) {
@@ -233,10 +232,9 @@ func TestStoreConcurrentReads(t *testing.T) {
 	stage := func(txn *writeTxn, i int) {
 		for j := range perCommit {
 			r := route(fmt.Sprintf("r%04d-%02d", i, j), nil)
-			id := r.Key().ID()
-			txn.putObject(&objectRecord{ID: id, Object: r})
-			txn.putStatus(&statusRecord{ObjectID: id, Node: "n", Status: &nimbusv1.NodeStatus{}})
-			old := fmt.Sprintf("Route/default/default/r%04d-%02d", i-2, j)
+			txn.putObject(&objectRecord{Key: r.TypedKey(), Object: r})
+			txn.putStatus(&statusRecord{Object: r.TypedKey(), Node: "n", Status: &nimbusv1.NodeStatus{}})
+			old := nimbusv1.MakeKey(nimbusv1.Kind_KIND_ROUTE, "", "", fmt.Sprintf("r%04d-%02d", i-2, j))
 			txn.deleteObject(old)
 			for _, rec := range txn.statusesOf(old) {
 				txn.deleteStatus(rec)

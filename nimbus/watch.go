@@ -600,7 +600,7 @@ func (s *Server) everyNodeFrames(snap *tables) (frames, tail [][]byte, err error
 		}
 		b, err := rec.putEvent().encoded(&s.encodes)
 		if err != nil {
-			return nil, nil, fmt.Errorf("encoding %s: %w", rec.ID, err)
+			return nil, nil, fmt.Errorf("encoding %s: %w", rec.Key, err)
 		}
 		n := frameFieldSize(len(b))
 		if len(tail) > 0 && size+n > maxFrameBytes {

@@ -595,7 +595,7 @@ func (c *Client) report(ctx context.Context, api nimbusv1.NimbusClient, taken fu
 	// forgets the statuses of a node whose Node object is deleted, and must hear them
 	// again when it comes back.
 	selfKey := nimbusv1.NewKey(nimbusv1.Kind_KIND_NODE, "", "", c.opts.Node)
-	self := selfKey.ID()
+	self := selfKey.Key()
 	sub, err := c.store.Subscribe(delphi.SubscribeOptions{Tables: []delphi.Table{delphi.TableStatus, delphi.TableDesired}})
 	if err != nil {
 		return fmt.Errorf("subscribing to status: %w", err)
@@ -613,17 +613,14 @@ func (c *Client) report(ctx context.Context, api nimbusv1.NimbusClient, taken fu
 		}
 		if _, present := c.store.Get(selfKey); present && slices.Contains(ids, self) {
 			for _, e := range c.store.Statuses() {
-				ids = append(ids, e.Key.ID())
+				ids = append(ids, e.Key)
 			}
 		}
 		// The statuses of one Next go out back to back, without waiting for anything in
 		// between: gRPC's transport writes the messages queued by then together and flushes
 		// once, so a burst of statuses costs a few writes, not one per status.
 		for _, id := range ids {
-			key, err := nimbusv1.ParseKeyID(id)
-			if err != nil {
-				continue
-			}
+			key := id.Proto()
 			st, ok := c.store.Status(key)
 			if !ok {
 				continue

@@ -79,8 +79,8 @@ type Snapshot struct {
 
 // EndpointInfo describes the entry of a local endpoint.
 type EndpointInfo struct {
-	// Endpoint is the Endpoint's key ID.
-	Endpoint string
+	// Endpoint is the Endpoint's key.
+	Endpoint nimbusv1.Key
 	// Ifindex is the index of its interface, the key of its entry.
 	Ifindex uint32
 	// ID is the endpoint id, the key of its counters.
@@ -91,8 +91,8 @@ type EndpointInfo struct {
 	Subject uint32
 	// Flags are the directions that policies protect (FlagIngress, FlagEgress).
 	Flags uint32
-	// Policies are the key IDs of the policies protecting it, sorted.
-	Policies []string
+	// Policies are the keys of the policies protecting it, sorted.
+	Policies []nimbusv1.Key
 }
 
 // IdentityInfo describes a peer identity in one tenant's scope.
@@ -112,8 +112,8 @@ type IdentityInfo struct {
 type RuleInfo struct {
 	// ID is the rule id, the key of its counter and the Rule of the entries it decides.
 	ID uint64
-	// Policy is the policy's key ID.
-	Policy string
+	// Policy is the policy's key.
+	Policy nimbusv1.Key
 	// Dir is DirIngress or DirEgress: the list of the policy spec the rule is in.
 	Dir uint8
 	// Index is the rule's position in that list.
@@ -131,8 +131,8 @@ type RuleInfo struct {
 type SubjectInfo struct {
 	// ID is the subject id.
 	ID uint32
-	// Policies are the policies' key IDs, sorted.
-	Policies []string
+	// Policies are the policies' keys, sorted.
+	Policies []nimbusv1.Key
 }
 
 // Compile builds the snapshot that enforces the policies on the local endpoints. It is a
@@ -204,7 +204,9 @@ type compiler struct {
 
 // endpoint is what the compiler reads of an Endpoint.
 type endpoint struct {
+	// key is its key ID, which names it in the compiler's tables and ids; ref is its key.
 	key    string
+	ref    nimbusv1.Key
 	tenant string
 	// groups are the key IDs of its security groups, sorted.
 	groups []string
@@ -223,7 +225,9 @@ type group struct {
 
 // policy is what the compiler reads of a NetworkSecurityPolicy.
 type policy struct {
+	// key is its key ID, which names it in the compiler's tables and ids; ref is its key.
 	key    string
+	ref    nimbusv1.Key
 	tenant string
 	// rules are its rules by direction (DirIngress, DirEgress).
 	rules [2][]*rule
@@ -306,7 +310,7 @@ func (c *compiler) readEndpoints(objs []*nimbusv1.Object) {
 	for i, o := range objs {
 		k := keys[i]
 		spec := o.GetEndpoint()
-		ep := &endpoint{key: k.ID(), tenant: k.GetTenant()}
+		ep := &endpoint{key: k.ID(), ref: k.Key(), tenant: k.GetTenant()}
 		for _, g := range spec.GetSecurityGroups() {
 			ep.groups = append(ep.groups, groupKey(k.GetTenant(), k.GetNamespace(), g))
 		}
@@ -363,7 +367,7 @@ func (c *compiler) readPolicies(objs []*nimbusv1.Object) {
 	for i, o := range objs {
 		k := keys[i]
 		spec := o.GetNetworkSecurityPolicy()
-		p := &policy{key: k.ID(), tenant: k.GetTenant()}
+		p := &policy{key: k.ID(), ref: k.Key(), tenant: k.GetTenant()}
 		c.policies = append(c.policies, p)
 		var attach []string
 		for _, g := range spec.GetAttachGroups() {
@@ -389,7 +393,7 @@ func (c *compiler) readRule(k *nimbusv1.ObjectKey, dir uint8, index int, r *nimb
 	out := &rule{
 		ok: true,
 		info: RuleInfo{
-			Policy:   key,
+			Policy:   k.Key(),
 			Dir:      dir,
 			Index:    index,
 			Protocol: r.GetProtocol(),
@@ -535,7 +539,12 @@ func (c *compiler) protect() {
 	}
 	slices.SortFunc(c.subjects, func(a, b *subject) int { return cmp.Compare(a.id, b.id) })
 	for _, s := range c.subjects {
-		c.snap.Subjects = append(c.snap.Subjects, SubjectInfo{ID: s.id, Policies: strings.Split(s.name, "\n")})
+		// The policies of a subject are those its name joins, in order.
+		info := SubjectInfo{ID: s.id, Policies: make([]nimbusv1.Key, len(s.policies))}
+		for i, p := range s.policies {
+			info.Policies[i] = p.ref
+		}
+		c.snap.Subjects = append(c.snap.Subjects, info)
 	}
 	for _, p := range c.policies {
 		if protecting[p] {
@@ -938,7 +947,7 @@ func (c *compiler) compileEndpoints() {
 	ids := ids32(keys)
 	for _, l := range c.local {
 		info := EndpointInfo{
-			Endpoint: l.ep.key,
+			Endpoint: l.ep.ref,
 			Ifindex:  l.ifindex,
 			ID:       ids[l.ep.key],
 			Scope:    c.scopes[l.ep.tenant],
@@ -948,7 +957,7 @@ func (c *compiler) compileEndpoints() {
 			info.Subject = l.subject.id
 		}
 		for _, p := range l.policies {
-			info.Policies = append(info.Policies, p.key)
+			info.Policies = append(info.Policies, p.ref)
 		}
 		if l.ep.hasMAC {
 			info.Flags |= FlagGuard

@@ -309,8 +309,7 @@ func tenantOf(ep string) string {
 func ruleIDByName(t *testing.T, s *Snapshot, tenant, name string) uint64 {
 	t.Helper()
 	for _, ri := range s.Rules {
-		k, _ := nimbusv1.ParseKeyID(ri.Policy)
-		if k.GetTenant() == tenant && k.GetName()+"/"+DirName(ri.Dir)+"/"+strconv.Itoa(ri.Index) == name {
+		if k := ri.Policy; k.Tenant == tenant && k.Name+"/"+DirName(ri.Dir)+"/"+strconv.Itoa(ri.Index) == name {
 			return ri.ID
 		}
 	}
@@ -641,24 +640,25 @@ func TestCompileInfos(t *testing.T) {
 	}
 	s := Compile(input)
 	policy := "NetworkSecurityPolicy/acme/default/web-in"
+	policyKey := nimbusv1.MakeKey(nimbusv1.Kind_KIND_NETWORK_SECURITY_POLICY, "acme", "", "web-in")
 	app := "group:SecurityGroup/acme/default/app"
 	scope := fnv32aStd("acme")
 
 	wantEndpoints := []EndpointInfo{{
-		Endpoint: epKey("acme", "web1"), Ifindex: 7, ID: fnv32aStd(epKey("acme", "web1")), Scope: scope,
-		Subject: fnv32aStd(policy), Flags: FlagIngress | FlagEgress, Policies: []string{policy},
+		Endpoint: nimbusv1.MakeKey(nimbusv1.Kind_KIND_ENDPOINT, "acme", "", "web1"), Ifindex: 7, ID: fnv32aStd(epKey("acme", "web1")), Scope: scope,
+		Subject: fnv32aStd(policy), Flags: FlagIngress | FlagEgress, Policies: []nimbusv1.Key{policyKey},
 	}}
 	if !reflect.DeepEqual(s.Endpoints, wantEndpoints) {
 		t.Errorf("endpoints:\n got %+v\nwant %+v", s.Endpoints, wantEndpoints)
 	}
-	wantSubjects := []SubjectInfo{{ID: fnv32aStd(policy), Policies: []string{policy}}}
+	wantSubjects := []SubjectInfo{{ID: fnv32aStd(policy), Policies: []nimbusv1.Key{policyKey}}}
 	if !reflect.DeepEqual(s.Subjects, wantSubjects) {
 		t.Errorf("subjects:\n got %+v\nwant %+v", s.Subjects, wantSubjects)
 	}
 	wantRules := []RuleInfo{
-		{ID: fnv64aStd(policy + "|ingress|0"), Policy: policy, Dir: DirIngress, Index: 0, Action: "allow",
+		{ID: fnv64aStd(policy + "|ingress|0"), Policy: policyKey, Dir: DirIngress, Index: 0, Action: "allow",
 			Protocol: "tcp", Ports: []string{"80", "8000-8080"}, Peers: []string{app, "cidr:10.0.0.0/8"}},
-		{ID: fnv64aStd(policy + "|egress|0"), Policy: policy, Dir: DirEgress, Index: 0, Action: "deny", Protocol: "udp"},
+		{ID: fnv64aStd(policy + "|egress|0"), Policy: policyKey, Dir: DirEgress, Index: 0, Action: "deny", Protocol: "udp"},
 	}
 	if !reflect.DeepEqual(s.Rules, wantRules) {
 		t.Errorf("rules:\n got %+v\nwant %+v", s.Rules, wantRules)
@@ -802,7 +802,7 @@ func TestCompileLocal(t *testing.T) {
 		},
 	}
 	s := Compile(input)
-	if len(s.Endpoints) != 1 || s.Endpoints[0].Endpoint != epKey("acme", "a") {
+	if len(s.Endpoints) != 1 || s.Endpoints[0].Endpoint.String() != epKey("acme", "a") {
 		t.Errorf("endpoints %+v, want only a", s.Endpoints)
 	}
 	if len(s.Problems) != 3 {
@@ -850,7 +850,7 @@ func TestCompileSources(t *testing.T) {
 	}
 	flags := map[string]uint32{}
 	for _, e := range s.Endpoints {
-		flags[e.Endpoint] = e.Flags
+		flags[e.Endpoint.String()] = e.Flags
 	}
 	if flags[epKey("acme", "a")] != FlagGuard || flags[epKey("acme", "b")] != 0 || flags[epKey("acme", "c")] != 0 {
 		t.Errorf("flags %v, want a guarded and b, c not", flags)

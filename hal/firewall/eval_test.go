@@ -450,7 +450,7 @@ func ruleNames(s *Snapshot, ids []uint64) string {
 		name := strconv.FormatUint(id, 16)
 		for _, ri := range s.Rules {
 			if ri.ID == id {
-				name = ruleName(ri.Policy, ri.Dir, ri.Index)
+				name = ruleName(ri.Policy.String(), ri.Dir, ri.Index)
 			}
 		}
 		names = append(names, name)

@@ -229,7 +229,8 @@ func waitStatuses(b *testing.B, ctx context.Context, store *delphi.Store, sub *d
 		if err != nil {
 			b.Fatalf("waiting for %d statuses (%d so far): %v", len(keys), count, err)
 		}
-		for _, id := range ids {
+		for _, k := range ids {
+			id := k.String()
 			key, ok := keys[id]
 			if !ok {
 				b.Fatalf("status of unknown key %s", id)

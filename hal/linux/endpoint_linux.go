@@ -171,8 +171,8 @@ type EndpointReconciler struct {
 	// holds the key ID of the endpoint each entry was last written or found right for, by
 	// entryName.
 	mu         sync.Mutex
-	programmed map[string]endpointRefs
-	holders    map[string]string
+	programmed map[nimbusv1.Key]endpointRefs
+	holders    map[string]nimbusv1.Key
 }
 
 var (
@@ -323,8 +323,8 @@ func NewEndpointReconciler(opts EndpointOptions) (*EndpointReconciler, error) {
 		links:      newEPLinkTable(),
 		fdb:        hal.NewMirror[fdbKey, fdbEntry](func(have, want fdbEntry) bool { return have == want }, fdbKey.hash),
 		neigh:      hal.NewMirror[neighKey, neighEntry](func(have, want neighEntry) bool { return have == want }, neighKey.hash),
-		programmed: map[string]endpointRefs{},
-		holders:    map[string]string{},
+		programmed: map[nimbusv1.Key]endpointRefs{},
+		holders:    map[string]nimbusv1.Key{},
 	}, nil
 }
 
@@ -347,23 +347,20 @@ func (r *EndpointReconciler) DependsOn() []nimbusv1.Kind {
 }
 
 // DependentsOf returns the endpoints of a Network, or on a Node.
-func (r *EndpointReconciler) DependentsOf(keyID string) []string {
-	key, err := nimbusv1.ParseKeyID(keyID)
-	if err != nil {
-		return nil
-	}
-	var ids []string
-	switch key.GetKind() {
+func (r *EndpointReconciler) DependentsOf(key nimbusv1.Key) []nimbusv1.Key {
+	var keys []nimbusv1.Key
+	var err error
+	switch key.Kind {
 	case nimbusv1.Kind_KIND_NETWORK:
-		ids, err = r.store.LookupIDs(EndpointNetworkIndex.Name, keyID)
+		keys, err = r.store.LookupKeys(EndpointNetworkIndex.Name, key.String())
 	case nimbusv1.Kind_KIND_NODE:
-		ids, err = r.store.LookupIDs(EndpointNodeIndex.Name, key.GetName())
+		keys, err = r.store.LookupKeys(EndpointNodeIndex.Name, key.Name)
 	}
 	if err != nil {
-		r.log.Error("finding the endpoints that depend on an object", "key", keyID, "err", err)
+		r.log.Error("finding the endpoints that depend on an object", "key", key, "err", err)
 		return nil
 	}
-	return ids
+	return keys
 }
 
 // Reconcile makes the kernel hold what the endpoint obj describes for key (see
@@ -375,7 +372,7 @@ func (r *EndpointReconciler) Reconcile(ctx context.Context, key *nimbusv1.Object
 	if err := r.fill(ctx); err != nil {
 		return nil, err
 	}
-	id := key.ID()
+	id := key.Key()
 	r.mu.Lock()
 	old := r.programmed[id]
 	r.mu.Unlock()
@@ -433,7 +430,7 @@ func (r *EndpointReconciler) Reconcile(ctx context.Context, key *nimbusv1.Object
 }
 
 // remember records the entries the endpoint with key ID id has programmed.
-func (r *EndpointReconciler) remember(id string, refs endpointRefs) {
+func (r *EndpointReconciler) remember(id nimbusv1.Key, refs endpointRefs) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if refs.empty() {
@@ -448,7 +445,7 @@ func (r *EndpointReconciler) remember(id string, refs endpointRefs) {
 // first, while the interfaces their entries may be on are still bridge ports; those it
 // wants come after the interfaces, since a local endpoint's MAC goes on its interface
 // once that is a port of the bridge.
-func (r *EndpointReconciler) sync(ctx context.Context, id string, plan *endpointPlan, refs endpointRefs) error {
+func (r *EndpointReconciler) sync(ctx context.Context, id nimbusv1.Key, plan *endpointPlan, refs endpointRefs) error {
 	var wanted []macRef
 	if plan != nil {
 		wanted = plan.refs().macs
@@ -486,7 +483,7 @@ func (r *EndpointReconciler) sync(ctx context.Context, id string, plan *endpoint
 // cannot be programmed: an *hal.Error that is invalid (ReasonInvalid), pending
 // (ReasonWaitingForNetwork, ReasonWaitingForNode, ReasonWaitingForInterface) or in
 // conflict (hal.ReasonConflict).
-func (r *EndpointReconciler) plan(id string, obj *nimbusv1.Object) (*endpointPlan, error) {
+func (r *EndpointReconciler) plan(id nimbusv1.Key, obj *nimbusv1.Object) (*endpointPlan, error) {
 	spec := obj.GetEndpoint()
 	if spec == nil {
 		return nil, hal.Errorf(hal.ReasonInvalid, "spec: not an Endpoint")
@@ -593,13 +590,13 @@ func (p *endpointPlan) addIPs(ips []string, network *nimbusv1.NetworkSpec) error
 
 // checkClaims checks that the endpoint with key ID id owns its MAC and addresses in its
 // network: that no endpoint before it by key claims them.
-func (r *EndpointReconciler) checkClaims(id string, p *endpointPlan) error {
+func (r *EndpointReconciler) checkClaims(id nimbusv1.Key, p *endpointPlan) error {
 	if p.hasMAC {
 		owner, err := r.firstOwner(EndpointMACIndex.Name, macIndexValue(p.network, p.mac))
 		if err != nil {
 			return err
 		}
-		if owner != "" && owner != id {
+		if !owner.IsZero() && owner != id {
 			return hal.Errorf(hal.ReasonConflict, "spec.mac %q: %s has it in %s", epMACString(p.mac), owner, p.network)
 		}
 	}
@@ -608,7 +605,7 @@ func (r *EndpointReconciler) checkClaims(id string, p *endpointPlan) error {
 		if err != nil {
 			return err
 		}
-		if owner != "" && owner != id {
+		if !owner.IsZero() && owner != id {
 			return hal.Errorf(hal.ReasonConflict, "spec.ips %q: %s has it in %s", ip.String(), owner, p.network)
 		}
 	}
@@ -618,7 +615,7 @@ func (r *EndpointReconciler) checkClaims(id string, p *endpointPlan) error {
 // checkInterface checks that a local endpoint's interface is there and can be attached
 // to its network's bridge: it is not a device of naples, no other endpoint of this node
 // before it by key names it, and it has no master, or a naples bridge.
-func (r *EndpointReconciler) checkInterface(id string, p *endpointPlan) error {
+func (r *EndpointReconciler) checkInterface(id nimbusv1.Key, p *endpointPlan) error {
 	_, l, ok := r.links.byName(p.iface)
 	if !ok {
 		return hal.Pendingf(ReasonWaitingForInterface, "waiting for interface %q", p.iface)
@@ -630,7 +627,7 @@ func (r *EndpointReconciler) checkInterface(id string, p *endpointPlan) error {
 	if err != nil {
 		return err
 	}
-	if owner != "" && owner != id {
+	if !owner.IsZero() && owner != id {
 		return hal.Errorf(hal.ReasonConflict, "spec.interface %q: %s has it on this node", p.iface, owner)
 	}
 	return r.checkMaster(p.iface, l, p.bridgeIndex)
@@ -650,29 +647,25 @@ func (r *EndpointReconciler) checkMaster(name string, l epLink, bridge int32) er
 }
 
 // firstOwner returns the owner of the kernel entry of the objects the index lists under
-// value (see pickOwner), "" when there is none.
-func (r *EndpointReconciler) firstOwner(index, value string) (string, error) {
-	ids, err := r.store.LookupIDs(index, value)
+// value (see pickOwner), the zero Key when there is none.
+func (r *EndpointReconciler) firstOwner(index, value string) (nimbusv1.Key, error) {
+	ids, err := r.store.LookupKeys(index, value)
 	if err != nil {
-		return "", fmt.Errorf("finding the owner of %q: %w", value, err)
+		return nimbusv1.Key{}, fmt.Errorf("finding the owner of %q: %w", value, err)
 	}
 	return r.pickOwner(entryName(index, value), ids), nil
 }
 
 // interfaceOwner returns the owner (see pickOwner) of the interface among the endpoints
-// of this node that name it, "" when there is none.
-func (r *EndpointReconciler) interfaceOwner(name string) (string, error) {
-	ids, err := r.store.LookupIDs(EndpointInterfaceIndex.Name, name)
+// of this node that name it, the zero Key when there is none.
+func (r *EndpointReconciler) interfaceOwner(name string) (nimbusv1.Key, error) {
+	ids, err := r.store.LookupKeys(EndpointInterfaceIndex.Name, name)
 	if err != nil {
-		return "", fmt.Errorf("finding the endpoints of interface %q: %w", name, err)
+		return nimbusv1.Key{}, fmt.Errorf("finding the endpoints of interface %q: %w", name, err)
 	}
 	mine := ids[:0:0]
 	for _, id := range ids {
-		key, err := nimbusv1.ParseKeyID(id)
-		if err != nil {
-			continue
-		}
-		if obj, ok := r.store.Get(key); ok && obj.GetEndpoint().GetNode() == r.node {
+		if obj, ok := r.store.Get(id.Proto()); ok && obj.GetEndpoint().GetNode() == r.node {
 			mine = append(mine, id)
 		}
 	}
@@ -682,11 +675,11 @@ func (r *EndpointReconciler) interfaceOwner(name string) (string, error) {
 // settle records who holds the kernel entry once a sync of it ended without error: the
 // owner when the sync wrote or checked the entry for it (wanted, and no sweep), nobody
 // when no endpoint wants it.
-func (r *EndpointReconciler) settle(entry, owner string, wanted, sweep bool, err error) {
+func (r *EndpointReconciler) settle(entry string, owner nimbusv1.Key, wanted, sweep bool, err error) {
 	switch {
 	case err != nil:
 	case !wanted:
-		r.hold(entry, "")
+		r.hold(entry, nimbusv1.Key{})
 	case !sweep:
 		r.hold(entry, owner)
 	}
@@ -696,13 +689,14 @@ func (r *EndpointReconciler) settle(entry, owner string, wanted, sweep bool, err
 // value they are listed under.
 func entryName(index, value string) string { return index + "|" + value }
 
-// pickOwner returns which of the endpoints ids (key IDs in order), which all claim the
+// pickOwner returns which of the endpoints ids (keys in order), which all claim the
 // kernel entry named entry, owns it: the one that holds it, while it still claims it;
-// otherwise the one created first, by meta.createTime and then key. "" when ids is empty.
-func (r *EndpointReconciler) pickOwner(entry string, ids []string) string {
+// otherwise the one created first, by meta.createTime and then key. The zero Key when
+// ids is empty.
+func (r *EndpointReconciler) pickOwner(entry string, ids []nimbusv1.Key) nimbusv1.Key {
 	switch len(ids) {
 	case 0:
-		return ""
+		return nimbusv1.Key{}
 	case 1:
 		return ids[0]
 	}
@@ -715,19 +709,17 @@ func (r *EndpointReconciler) pickOwner(entry string, ids []string) string {
 	return firstCreated(r.store.Get, ids)
 }
 
-// firstCreated returns the key ID of the first created of the objects with the key IDs
-// ids, by meta.createTime (an object without one counts as created first) and then by
-// order in ids; "" when ids is empty. get reads the objects.
-func firstCreated(get func(*nimbusv1.ObjectKey) (*nimbusv1.Object, bool), ids []string) string {
-	owner, first := "", time.Time{}
+// firstCreated returns the key of the first created of the objects with the keys ids, by
+// meta.createTime (an object without one counts as created first) and then by order in
+// ids; the zero Key when ids is empty. get reads the objects.
+func firstCreated(get func(*nimbusv1.ObjectKey) (*nimbusv1.Object, bool), ids []nimbusv1.Key) nimbusv1.Key {
+	owner, first := nimbusv1.Key{}, time.Time{}
 	for _, id := range ids {
 		created := time.Time{}
-		if key, err := nimbusv1.ParseKeyID(id); err == nil {
-			if obj, ok := get(key); ok && obj.GetMeta().GetCreateTime() != nil {
-				created = obj.GetMeta().GetCreateTime().AsTime()
-			}
+		if obj, ok := get(id.Proto()); ok && obj.GetMeta().GetCreateTime() != nil {
+			created = obj.GetMeta().GetCreateTime().AsTime()
 		}
-		if owner == "" || created.Before(first) {
+		if owner.IsZero() || created.Before(first) {
 			owner, first = id, created
 		}
 	}
@@ -735,11 +727,11 @@ func firstCreated(get func(*nimbusv1.ObjectKey) (*nimbusv1.Object, bool), ids []
 }
 
 // hold records that the kernel entry is written, or found right, for the endpoint owner;
-// owner "" records that no endpoint holds it.
-func (r *EndpointReconciler) hold(entry, owner string) {
+// the zero Key records that no endpoint holds it.
+func (r *EndpointReconciler) hold(entry string, owner nimbusv1.Key) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if owner == "" {
+	if owner.IsZero() {
 		delete(r.holders, entry)
 	} else {
 		r.holders[entry] = owner
@@ -747,20 +739,16 @@ func (r *EndpointReconciler) hold(entry, owner string) {
 }
 
 // wanted returns the plan of the endpoint owner, which owns an entry that the endpoint
-// with key ID id, whose plan is plan, may have programmed; nil when owner is "" or cannot
-// be programmed.
-func (r *EndpointReconciler) wanted(owner, id string, plan *endpointPlan) *endpointPlan {
-	if owner == "" {
+// with key id, whose plan is plan, may have programmed; nil when owner is the zero Key or
+// cannot be programmed.
+func (r *EndpointReconciler) wanted(owner, id nimbusv1.Key, plan *endpointPlan) *endpointPlan {
+	if owner.IsZero() {
 		return nil
 	}
 	if owner == id {
 		return plan
 	}
-	key, err := nimbusv1.ParseKeyID(owner)
-	if err != nil {
-		return nil
-	}
-	obj, ok := r.store.Get(key)
+	obj, ok := r.store.Get(owner.Proto())
 	if !ok {
 		return nil
 	}
@@ -779,7 +767,7 @@ func (r *EndpointReconciler) wanted(owner, id string, plan *endpointPlan) *endpo
 // port of a workload that claimed the MAC. id and plan are the reconciling endpoint's key
 // ID and plan (nil when it cannot be programmed). With enqueue set (a sweep), entries
 // that an endpoint wants are not written: that endpoint is enqueued when they differ.
-func (r *EndpointReconciler) syncMAC(ctx context.Context, ref macRef, id string, plan *endpointPlan, enqueue func(string)) (err error) {
+func (r *EndpointReconciler) syncMAC(ctx context.Context, ref macRef, id nimbusv1.Key, plan *endpointPlan, enqueue func(nimbusv1.Key)) (err error) {
 	lk := endpointLock{network: ref.network, mac: ref.mac}
 	m := r.locks.lock(lk)
 	defer r.locks.unlock(lk, m)
@@ -866,7 +854,7 @@ func (r *EndpointReconciler) syncMAC(ctx context.Context, ref macRef, id string,
 
 // syncIP makes the neighbour of an IP address on a network's bridge what the endpoint
 // that owns it wants, or removes it when none does; see syncMAC.
-func (r *EndpointReconciler) syncIP(ctx context.Context, ref ipRef, id string, plan *endpointPlan, enqueue func(string)) (err error) {
+func (r *EndpointReconciler) syncIP(ctx context.Context, ref ipRef, id nimbusv1.Key, plan *endpointPlan, enqueue func(nimbusv1.Key)) (err error) {
 	lk := endpointLock{network: ref.network, ip: ref.ip}
 	m := r.locks.lock(lk)
 	defer r.locks.unlock(lk, m)
@@ -905,7 +893,7 @@ func (r *EndpointReconciler) syncIP(ctx context.Context, ref ipRef, id string, p
 // it, up, with its network's MTU and learning off (the endpoint's MAC is a static entry,
 // and no frame from the workload may move another's), or releases it from a naples
 // bridge when no endpoint wants it; see syncMAC.
-func (r *EndpointReconciler) syncInterface(ctx context.Context, name, id string, plan *endpointPlan, enqueue func(string)) (err error) {
+func (r *EndpointReconciler) syncInterface(ctx context.Context, name string, id nimbusv1.Key, plan *endpointPlan, enqueue func(nimbusv1.Key)) (err error) {
 	lk := endpointLock{iface: name}
 	m := r.locks.lock(lk)
 	defer r.locks.unlock(lk, m)
@@ -964,7 +952,7 @@ func (r *EndpointReconciler) syncInterface(ctx context.Context, name, id string,
 // the MTU it had before naples first changed it (`mtu M`), and forgets that MTU. One on no
 // bridge gets its MTU back all the same; one on a bridge that is not naples's is left
 // alone.
-func (r *EndpointReconciler) releaseInterface(ctx context.Context, owner string, index int32, l epLink) error {
+func (r *EndpointReconciler) releaseInterface(ctx context.Context, owner nimbusv1.Key, index int32, l epLink) error {
 	rec := r.found.get(l.name)
 	if _, isBridge, _ := r.links.networkDevice(l.master); l.master != 0 && !isBridge || l.master == 0 && (rec.MTU == 0 || rec.MTU == l.mtu) {
 		// Someone else's bridge holds it now, or there is nothing to put back.
@@ -1059,7 +1047,7 @@ func (r *EndpointReconciler) deleteNeigh(ctx context.Context, k neighKey) error 
 // setLink sets the master (0: none) of the link l with the index and, when not 0, its
 // MTU, and sets it up when up is true (see appendSetLinkRequest); key is the endpoint it
 // does it for, "" for none.
-func (r *EndpointReconciler) setLink(ctx context.Context, key string, index int32, l epLink, master int32, mtu uint32, up bool) error {
+func (r *EndpointReconciler) setLink(ctx context.Context, key nimbusv1.Key, index int32, l epLink, master int32, mtu uint32, up bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -1109,7 +1097,7 @@ func (r *EndpointReconciler) setLearning(ctx context.Context, index int32, l epL
 // the networks' devices that no endpoint wants, and releases from naples bridges the
 // interfaces that no local endpoint wants there. Entries an endpoint wants that differ
 // from what it wants enqueue it.
-func (r *EndpointReconciler) Sweep(ctx context.Context, enqueue func(keyID string)) error {
+func (r *EndpointReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Key)) error {
 	if err := r.resync(ctx, enqueue); err != nil {
 		return err
 	}
@@ -1120,13 +1108,13 @@ func (r *EndpointReconciler) Sweep(ctx context.Context, enqueue func(keyID strin
 		}
 	}
 	for ref := range macs {
-		if err := r.syncMAC(ctx, ref, "", nil, enqueue); err != nil {
+		if err := r.syncMAC(ctx, ref, nimbusv1.Key{}, nil, enqueue); err != nil {
 			return err
 		}
 	}
 	for k := range r.neigh.All() {
 		if network, bridge, _ := r.links.networkDevice(k.ifindex); bridge {
-			if err := r.syncIP(ctx, ipRef{network, k.ip}, "", nil, enqueue); err != nil {
+			if err := r.syncIP(ctx, ipRef{network, k.ip}, nimbusv1.Key{}, nil, enqueue); err != nil {
 				return err
 			}
 		}
@@ -1136,7 +1124,7 @@ func (r *EndpointReconciler) Sweep(ctx context.Context, enqueue func(keyID strin
 			continue
 		}
 		if _, bridge, _ := r.links.networkDevice(l.master); bridge {
-			if err := r.syncInterface(ctx, l.name, "", nil, enqueue); err != nil {
+			if err := r.syncInterface(ctx, l.name, nimbusv1.Key{}, nil, enqueue); err != nil {
 				return err
 			}
 		}
@@ -1150,7 +1138,7 @@ func (r *EndpointReconciler) Sweep(ctx context.Context, enqueue func(keyID strin
 // that the change concerns: the owner of an FDB entry or neighbour on a network's devices
 // that changed or went, the endpoints that name an interface that came, went or changed,
 // and every endpoint of a network whose bridge or VXLAN device came, went or changed.
-func (r *EndpointReconciler) Observe(ctx context.Context, enqueue func(keyID string), subscribed func()) error {
+func (r *EndpointReconciler) Observe(ctx context.Context, enqueue func(nimbusv1.Key), subscribed func()) error {
 	return r.observe(ctx, "link and neighbour changes", []uint{unix.RTNLGRP_LINK, unix.RTNLGRP_NEIGH},
 		func(ctx context.Context) error { return r.resync(ctx, enqueue) }, subscribed,
 		func(typ uint16, payload []byte) { r.apply(typ, payload, enqueue) })
@@ -1158,7 +1146,7 @@ func (r *EndpointReconciler) Observe(ctx context.Context, enqueue func(keyID str
 
 // apply applies a notification to the mirrors and enqueues the endpoints it concerns,
 // unless it is the echo of the reconciler's own write.
-func (r *EndpointReconciler) apply(typ uint16, payload []byte, enqueue func(keyID string)) {
+func (r *EndpointReconciler) apply(typ uint16, payload []byte, enqueue func(nimbusv1.Key)) {
 	switch typ {
 	case unix.RTM_NEWLINK, unix.RTM_DELLINK:
 		if typ == unix.RTM_NEWLINK {
@@ -1241,7 +1229,7 @@ func (r *EndpointReconciler) apply(typ uint16, payload []byte, enqueue func(keyI
 
 // applyBridgePort applies a bridge's report about one of its ports, which says whether it
 // learns: the report of `bridge link set dev PORT learning on`, which sends no other.
-func (r *EndpointReconciler) applyBridgePort(index int32, learning bool, enqueue func(keyID string)) {
+func (r *EndpointReconciler) applyBridgePort(index int32, learning bool, enqueue func(nimbusv1.Key)) {
 	l, ok := r.links.get(index)
 	if !ok || l.master == 0 || l.learning == learning {
 		return
@@ -1279,7 +1267,7 @@ func mirrorShowsEvent[K comparable, V comparable](m *hal.Mirror[K, V], k K, v V,
 // enqueueForLink enqueues the endpoints a change of the link concerns: those that name
 // it as their interface and, when it is a network's bridge or VXLAN device, those of the
 // network.
-func (r *EndpointReconciler) enqueueForLink(l epLink, enqueue func(keyID string)) {
+func (r *EndpointReconciler) enqueueForLink(l epLink, enqueue func(nimbusv1.Key)) {
 	r.enqueueAll(EndpointInterfaceIndex.Name, l.name, enqueue)
 	if network, bridge, vxlan := networkDeviceOf(l); bridge || vxlan {
 		r.enqueueAll(EndpointNetworkIndex.Name, network, enqueue)
@@ -1287,8 +1275,8 @@ func (r *EndpointReconciler) enqueueForLink(l epLink, enqueue func(keyID string)
 }
 
 // enqueueAll enqueues the objects the index lists under value.
-func (r *EndpointReconciler) enqueueAll(index, value string, enqueue func(keyID string)) {
-	ids, err := r.store.LookupIDs(index, value)
+func (r *EndpointReconciler) enqueueAll(index, value string, enqueue func(nimbusv1.Key)) {
+	ids, err := r.store.LookupKeys(index, value)
 	if err != nil {
 		r.log.Error("finding the endpoints a kernel change concerns", "index", index, "value", value, "err", err)
 		return
@@ -1300,13 +1288,13 @@ func (r *EndpointReconciler) enqueueAll(index, value string, enqueue func(keyID 
 
 // enqueueOwner enqueues the owner (see pickOwner) of the entry of the objects the index
 // lists under value.
-func (r *EndpointReconciler) enqueueOwner(index, value string, enqueue func(keyID string)) {
+func (r *EndpointReconciler) enqueueOwner(index, value string, enqueue func(nimbusv1.Key)) {
 	owner, err := r.firstOwner(index, value)
 	if err != nil {
 		r.log.Error("finding the endpoint a kernel change concerns", "err", err)
 		return
 	}
-	if owner != "" {
+	if !owner.IsZero() {
 		enqueue(owner)
 	}
 }
@@ -1361,7 +1349,7 @@ func (r *EndpointReconciler) dump(ctx context.Context) (d endpointDrift, err err
 
 // resync loads the mirrors with a fresh dump and, unless it is their first load,
 // enqueues the endpoints whose kernel state the dump found changed.
-func (r *EndpointReconciler) resync(ctx context.Context, enqueue func(keyID string)) error {
+func (r *EndpointReconciler) resync(ctx context.Context, enqueue func(nimbusv1.Key)) error {
 	var d endpointDrift
 	first, err := r.loadAgain(ctx, func(ctx context.Context) (err error) {
 		d, err = r.dump(ctx)

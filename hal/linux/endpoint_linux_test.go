@@ -245,10 +245,10 @@ func TestEndpointRemoteLifecycle(t *testing.T) {
 	}
 
 	// The node's VTEP moves: the HAL reconciles the endpoints on it.
-	if deps := o.rec.DependentsOf(NodeKey("node-c").ID()); !slices.Equal(deps, []string{key.ID()}) {
+	if deps := o.rec.DependentsOf(NodeKey("node-c").Key()); !slices.Equal(deps, []nimbusv1.Key{key.Key()}) {
 		t.Errorf("DependentsOf(node-c) = %v, want [%s]", deps, key.ID())
 	}
-	if deps := o.rec.DependentsOf(o.netID); !slices.Equal(deps, []string{key.ID()}) {
+	if deps := o.rec.DependentsOf(mustKey(t, o.netID)); !slices.Equal(deps, []nimbusv1.Key{key.Key()}) {
 		t.Errorf("DependentsOf(%s) = %v, want [%s]", o.netID, deps, key.ID())
 	}
 	o.put(t, epNode("node-c", "192.0.2.33"))
@@ -602,7 +602,7 @@ func TestEndpointSweepAfterRestart(t *testing.T) {
 	o.del(t, gone.Key(), goneLocal.Key())
 	rec := o.newReconciler(t)
 	var enqueued []string
-	if err := rec.Sweep(context.Background(), func(id string) { enqueued = append(enqueued, id) }); err != nil {
+	if err := rec.Sweep(context.Background(), func(key nimbusv1.Key) { enqueued = append(enqueued, key.String()) }); err != nil {
 		t.Fatalf("Sweep: %v", err)
 	}
 	if len(enqueued) != 0 {
@@ -647,7 +647,7 @@ func TestEndpointSweepAfterRestart(t *testing.T) {
 	// Another restart with everything in place writes nothing at all.
 	rec.Close()
 	rec = o.newReconciler(t)
-	if err := rec.Sweep(context.Background(), func(string) {}); err != nil {
+	if err := rec.Sweep(context.Background(), func(nimbusv1.Key) {}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := o.reconcileWith(rec, kept.Key()); err != nil {

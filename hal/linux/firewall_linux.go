@@ -480,10 +480,11 @@ func linkName(keyID string) string {
 }
 
 // AttachEndpoint attaches the firewall to the interface (with the index) of the local
-// endpoint with the key ID, and waits until a snapshot that holds the endpoint is in
-// place, so that the endpoint's traffic is filtered from its first packet. It returns the
+// endpoint with the key, and waits until a snapshot that holds the endpoint is in place,
+// so that the endpoint's traffic is filtered from its first packet. It returns the
 // endpoint's firewall state and counters for its status.
-func (f *Firewall) AttachEndpoint(ctx context.Context, keyID string, obj *nimbusv1.Object, ifindex int) (*nimbusv1.EndpointFirewall, error) {
+func (f *Firewall) AttachEndpoint(ctx context.Context, key nimbusv1.Key, obj *nimbusv1.Object, ifindex int) (*nimbusv1.EndpointFirewall, error) {
+	keyID := key.String()
 	f.mu.Lock()
 	had := f.attached[keyID]
 	f.mu.Unlock()
@@ -503,7 +504,7 @@ func (f *Firewall) AttachEndpoint(ctx context.Context, keyID string, obj *nimbus
 		return nil, err
 	}
 	snap := f.Snapshot()
-	i := slices.IndexFunc(snap.Endpoints, func(e firewall.EndpointInfo) bool { return e.Endpoint == keyID })
+	i := slices.IndexFunc(snap.Endpoints, func(e firewall.EndpointInfo) bool { return e.Endpoint == key })
 	if i < 0 || int(snap.Endpoints[i].Ifindex) != ifindex {
 		return nil, hal.Errorf(hal.ReasonFailed, "the firewall snapshot does not hold interface %d yet", ifindex)
 	}
@@ -519,11 +520,12 @@ func (f *Firewall) AttachEndpoint(ctx context.Context, keyID string, obj *nimbus
 	return op, nil
 }
 
-// DetachEndpoint removes the firewall from the interface of the endpoint with the key ID,
+// DetachEndpoint removes the firewall from the interface of the endpoint with the key,
 // which is not a local endpoint (any more); obj is its desired object, nil when it is
 // gone. It asks for a new build, without waiting for it, when the last one did not read
 // the endpoint as it is now: its addresses may be peers of policies.
-func (f *Firewall) DetachEndpoint(keyID string, obj *nimbusv1.Object) error {
+func (f *Firewall) DetachEndpoint(key nimbusv1.Key, obj *nimbusv1.Object) error {
+	keyID := key.String()
 	err := f.objs.Detach(linkName(keyID))
 	f.mu.Lock()
 	delete(f.attached, keyID)
@@ -662,13 +664,14 @@ func (r policyReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey
 		return nil, hal.Errorf(ReasonCapacityExceeded, "%s", why)
 	}
 	op := &nimbusv1.SecurityPolicyOperational{}
+	k := key.Key()
 	for _, e := range snap.Endpoints {
-		if slices.Contains(e.Policies, id) {
+		if slices.Contains(e.Policies, k) {
 			op.ProtectedEndpoints++
 		}
 	}
 	for _, rule := range snap.Rules {
-		if rule.Policy != id {
+		if rule.Policy != k {
 			continue
 		}
 		c, err := f.objs.RuleCounters(rule.ID)
@@ -724,14 +727,14 @@ func (policyReconciler) DependsOn() []nimbusv1.Kind {
 	return []nimbusv1.Kind{nimbusv1.Kind_KIND_SECURITY_GROUP}
 }
 
-// DependentsOf returns the policies that name the SecurityGroup with the key ID.
-func (r policyReconciler) DependentsOf(keyID string) []string {
-	ids, err := r.f.store.LookupIDs(PolicyGroupIndex.Name, keyID)
+// DependentsOf returns the policies that name the SecurityGroup with the key.
+func (r policyReconciler) DependentsOf(key nimbusv1.Key) []nimbusv1.Key {
+	keys, err := r.f.store.LookupKeys(PolicyGroupIndex.Name, key.String())
 	if err != nil {
-		r.f.log.Error("finding the policies that name a SecurityGroup", "key", keyID, "err", err)
+		r.f.log.Error("finding the policies that name a SecurityGroup", "key", key, "err", err)
 		return nil
 	}
-	return ids
+	return keys
 }
 
 // PolicyGroupIndex lists a NetworkSecurityPolicy under the key ID of every SecurityGroup
@@ -765,13 +768,13 @@ func directionName(dir uint8) string {
 }
 
 // Sweep removes the firewall from interfaces of endpoints that are gone.
-func (r policyReconciler) Sweep(ctx context.Context, enqueue func(keyID string)) error {
+func (r policyReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Key)) error {
 	return r.f.sweep()
 }
 
 // Observe enqueues the policies and this node's endpoints every StatsInterval, so that
 // their statuses carry fresh counters.
-func (r policyReconciler) Observe(ctx context.Context, enqueue func(keyID string), subscribed func()) error {
+func (r policyReconciler) Observe(ctx context.Context, enqueue func(nimbusv1.Key), subscribed func()) error {
 	subscribed()
 	t := time.NewTicker(r.f.opts.StatsInterval)
 	defer t.Stop()
@@ -781,8 +784,8 @@ func (r policyReconciler) Observe(ctx context.Context, enqueue func(keyID string
 			return nil
 		case <-t.C:
 		}
-		for _, id := range r.f.store.KeyIDs(nimbusv1.Kind_KIND_NETWORK_SECURITY_POLICY) {
-			enqueue(id)
+		for _, key := range r.f.store.Keys(nimbusv1.Kind_KIND_NETWORK_SECURITY_POLICY) {
+			enqueue(key)
 		}
 		if snap := r.f.Snapshot(); snap != nil {
 			for _, e := range snap.Endpoints {
@@ -887,20 +890,21 @@ func (f *Firewall) Collect(ch chan<- prometheus.Metric) {
 	gauge(fwSnapshotEntries, float64(len(snap.Entries)))
 	for _, r := range snap.Rules {
 		if c, err := f.objs.RuleCounters(r.ID); err == nil {
-			labels := []string{r.Policy, directionName(r.Dir), strconv.Itoa(r.Index), r.Action}
+			labels := []string{r.Policy.String(), directionName(r.Dir), strconv.Itoa(r.Index), r.Action}
 			counter(fwRulePackets, c.Packets, labels...)
 			counter(fwRuleBytes, c.Bytes, labels...)
 		}
 	}
 	for _, e := range snap.Endpoints {
 		if c, err := f.objs.EndpointCounters(e.ID); err == nil {
-			counter(fwEndpointPackets, c.AllowedPackets, e.Endpoint, "allowed")
-			counter(fwEndpointPackets, c.DeniedPackets, e.Endpoint, "denied")
-			counter(fwEndpointBytes, c.AllowedBytes, e.Endpoint, "allowed")
-			counter(fwEndpointBytes, c.DeniedBytes, e.Endpoint, "denied")
+			ep := e.Endpoint.String()
+			counter(fwEndpointPackets, c.AllowedPackets, ep, "allowed")
+			counter(fwEndpointPackets, c.DeniedPackets, ep, "denied")
+			counter(fwEndpointBytes, c.AllowedBytes, ep, "allowed")
+			counter(fwEndpointBytes, c.DeniedBytes, ep, "denied")
 			if e.Flags&firewall.FlagGuard != 0 {
-				counter(fwEndpointPackets, c.SpoofedPackets, e.Endpoint, "spoofed")
-				counter(fwEndpointBytes, c.SpoofedBytes, e.Endpoint, "spoofed")
+				counter(fwEndpointPackets, c.SpoofedPackets, ep, "spoofed")
+				counter(fwEndpointBytes, c.SpoofedBytes, ep, "spoofed")
 			}
 		}
 	}

@@ -38,8 +38,8 @@ const ifaProto = 11
 type InterfaceStore interface {
 	// Get returns the desired object with the key.
 	Get(key *nimbusv1.ObjectKey) (*nimbusv1.Object, bool)
-	// KeyIDs returns the key IDs of the desired objects of one kind, ordered.
-	KeyIDs(kind nimbusv1.Kind) []string
+	// Keys returns the keys of the desired objects of one kind, ordered.
+	Keys(kind nimbusv1.Kind) []nimbusv1.Key
 }
 
 // InterfaceOptions configures an InterfaceReconciler.
@@ -185,10 +185,10 @@ type InterfaceReconciler struct {
 
 	// programmedMu guards programmed.
 	programmedMu sync.Mutex
-	// programmed maps the key ID of every object that owned its link at its last
+	// programmed maps the key of every object that owned its link at its last
 	// reconcile to the link's name, so that deleting the object, or moving it to another
 	// link, removes the addresses added for it.
-	programmed map[string]string
+	programmed map[nimbusv1.Key]string
 }
 
 var (
@@ -225,7 +225,7 @@ func NewInterfaceReconciler(opts InterfaceOptions) (*InterfaceReconciler, error)
 		found:         found,
 		names:         map[int32]string{},
 		ours:          map[int32]map[netip.Prefix]struct{}{},
-		programmed:    map[string]string{},
+		programmed:    map[nimbusv1.Key]string{},
 	}, nil
 }
 
@@ -296,7 +296,7 @@ func (r *InterfaceReconciler) Reconcile(ctx context.Context, key *nimbusv1.Objec
 	if err := r.fill(ctx); err != nil {
 		return nil, err
 	}
-	id := key.ID()
+	id := key.Key()
 	old, hadOld := r.programmedDevice(id)
 	if obj == nil {
 		if !hadOld {
@@ -316,7 +316,7 @@ func (r *InterfaceReconciler) Reconcile(ctx context.Context, key *nimbusv1.Objec
 
 	lock := r.devLocks.lock(want.device)
 	defer r.devLocks.unlock(want.device, lock)
-	if owner := r.ownerOf(want.device); owner != "" && owner != id {
+	if owner := r.ownerOf(want.device); !owner.IsZero() && owner != id {
 		r.forget(id, want.device)
 		return nil, hal.Errorf(hal.ReasonConflict, "interface %q is already claimed by %s", want.device, owner)
 	}
@@ -372,30 +372,26 @@ func linkOperState(state uint8) nimbusv1.LinkOperState {
 	return nimbusv1.LinkOperState(state) + 1
 }
 
-// ownersOf returns the key IDs of the desired Interface objects that name the link,
+// ownersOf returns the keys of the desired Interface objects that name the link,
 // ordered.
-func (r *InterfaceReconciler) ownersOf(device string) []string {
-	var out []string
-	for _, id := range r.store.KeyIDs(nimbusv1.Kind_KIND_INTERFACE) {
-		key, err := nimbusv1.ParseKeyID(id)
-		if err != nil {
-			continue
-		}
-		if obj, ok := r.store.Get(key); ok && deviceOf(obj) == device {
+func (r *InterfaceReconciler) ownersOf(device string) []nimbusv1.Key {
+	var out []nimbusv1.Key
+	for _, id := range r.store.Keys(nimbusv1.Kind_KIND_INTERFACE) {
+		if obj, ok := r.store.Get(id.Proto()); ok && deviceOf(obj) == device {
 			out = append(out, id)
 		}
 	}
 	return out
 }
 
-// ownerOf returns the key ID of the desired Interface object that owns the link, of
-// those that name it: the one programmed on it, else the one created first
-// (meta.createTime, then key ID); "" when none names it.
-func (r *InterfaceReconciler) ownerOf(device string) string {
+// ownerOf returns the key of the desired Interface object that owns the link, of those
+// that name it: the one programmed on it, else the one created first (meta.createTime,
+// then key); the zero Key when none names it.
+func (r *InterfaceReconciler) ownerOf(device string) nimbusv1.Key {
 	owners := r.ownersOf(device)
 	switch len(owners) {
 	case 0:
-		return ""
+		return nimbusv1.Key{}
 	case 1:
 		return owners[0]
 	}
@@ -407,23 +403,23 @@ func (r *InterfaceReconciler) ownerOf(device string) string {
 	return firstCreated(r.store.Get, owners)
 }
 
-// programmedDevice returns the link programmed for key ID id.
-func (r *InterfaceReconciler) programmedDevice(id string) (string, bool) {
+// programmedDevice returns the link programmed for key id.
+func (r *InterfaceReconciler) programmedDevice(id nimbusv1.Key) (string, bool) {
 	r.programmedMu.Lock()
 	defer r.programmedMu.Unlock()
 	d, ok := r.programmed[id]
 	return d, ok
 }
 
-// remember records that key ID id owns the link.
-func (r *InterfaceReconciler) remember(id, device string) {
+// remember records that key id owns the link.
+func (r *InterfaceReconciler) remember(id nimbusv1.Key, device string) {
 	r.programmedMu.Lock()
 	defer r.programmedMu.Unlock()
 	r.programmed[id] = device
 }
 
-// forget forgets that key ID id owned the link, if it did.
-func (r *InterfaceReconciler) forget(id, device string) {
+// forget forgets that key id owned the link, if it did.
+func (r *InterfaceReconciler) forget(id nimbusv1.Key, device string) {
 	r.programmedMu.Lock()
 	defer r.programmedMu.Unlock()
 	if r.programmed[id] == device {
@@ -431,13 +427,13 @@ func (r *InterfaceReconciler) forget(id, device string) {
 	}
 }
 
-// release removes the addresses of naples from the link key ID id owned and puts back
-// its state and MTU as found, unless another object owns it now, and forgets that id
-// owned it.
-func (r *InterfaceReconciler) release(ctx context.Context, id, device string) error {
+// release removes the addresses of naples from the link key id owned and puts back its
+// state and MTU as found, unless another object owns it now, and forgets that id owned
+// it.
+func (r *InterfaceReconciler) release(ctx context.Context, id nimbusv1.Key, device string) error {
 	lock := r.devLocks.lock(device)
 	defer r.devLocks.unlock(device, lock)
-	if owner := r.ownerOf(device); owner == "" || owner == id {
+	if owner := r.ownerOf(device); owner.IsZero() || owner == id {
 		if err := r.removeOurs(ctx, device); err != nil {
 			return err
 		}
@@ -730,7 +726,7 @@ func (r *InterfaceReconciler) nameOf(index int32) (string, bool) {
 // naples on a link that no Interface object lists it for, and puts back the state and MTU
 // naples found on the links that no Interface object names. Links that naples created
 // for other objects (an overlay bridge, say) are left to their own reconcilers.
-func (r *InterfaceReconciler) Sweep(ctx context.Context, enqueue func(keyID string)) error {
+func (r *InterfaceReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Key)) error {
 	if err := r.resync(ctx, enqueue); err != nil {
 		return err
 	}
@@ -765,7 +761,7 @@ func (r *InterfaceReconciler) Sweep(ctx context.Context, enqueue func(keyID stri
 func (r *InterfaceReconciler) sweepLink(ctx context.Context, device string) error {
 	lock := r.devLocks.lock(device)
 	defer r.devLocks.unlock(device, lock)
-	if r.ownerOf(device) != "" {
+	if !r.ownerOf(device).IsZero() {
 		return nil
 	}
 	return r.restoreLink(ctx, device)
@@ -776,12 +772,8 @@ func (r *InterfaceReconciler) sweepLink(ctx context.Context, device string) erro
 func (r *InterfaceReconciler) sweepAddr(ctx context.Context, device string, id ifaceAddrID) error {
 	lock := r.devLocks.lock(device)
 	defer r.devLocks.unlock(device, lock)
-	if owner := r.ownerOf(device); owner != "" {
-		key, err := nimbusv1.ParseKeyID(owner)
-		if err != nil {
-			return err
-		}
-		if obj, ok := r.store.Get(key); ok {
+	if owner := r.ownerOf(device); !owner.IsZero() {
+		if obj, ok := r.store.Get(owner.Proto()); ok {
 			if want, err := parseIfaceSpec(obj); err == nil && slices.Contains(want.addrs, id.prefix) {
 				return nil
 			}
@@ -798,7 +790,7 @@ func (r *InterfaceReconciler) sweepAddr(ctx context.Context, device string, id i
 // or MTU, and those whose link's addresses change other than by the reconciler's own
 // writes; and every StatsInterval it dumps the links, which refreshes their counters, and
 // enqueues every Interface object.
-func (r *InterfaceReconciler) Observe(ctx context.Context, enqueue func(keyID string), subscribed func()) error {
+func (r *InterfaceReconciler) Observe(ctx context.Context, enqueue func(nimbusv1.Key), subscribed func()) error {
 	// The counters' refresh starts once the observer is subscribed and ends before
 	// Observe returns.
 	refreshCtx, cancel := context.WithCancel(ctx)
@@ -819,7 +811,7 @@ func (r *InterfaceReconciler) Observe(ctx context.Context, enqueue func(keyID st
 // refreshStats dumps the links every StatsInterval, which refreshes their counters in
 // the mirror, and enqueues every Interface object, so that their statuses report the
 // counters; until ctx ends.
-func (r *InterfaceReconciler) refreshStats(ctx context.Context, enqueue func(keyID string)) {
+func (r *InterfaceReconciler) refreshStats(ctx context.Context, enqueue func(nimbusv1.Key)) {
 	if r.statsInterval < 0 {
 		return
 	}
@@ -841,15 +833,15 @@ func (r *InterfaceReconciler) refreshStats(ctx context.Context, enqueue func(key
 			r.log.Warn("reading link counters", "err", err)
 			continue
 		}
-		for _, id := range r.store.KeyIDs(nimbusv1.Kind_KIND_INTERFACE) {
-			enqueue(id)
+		for _, key := range r.store.Keys(nimbusv1.Kind_KIND_INTERFACE) {
+			enqueue(key)
 		}
 	}
 }
 
 // apply applies a link or address change (RTM_NEWLINK, RTM_DELLINK, RTM_NEWADDR or
 // RTM_DELADDR notification) to the mirrors and enqueues the objects it concerns.
-func (r *InterfaceReconciler) apply(typ uint16, payload []byte, enqueue func(keyID string)) {
+func (r *InterfaceReconciler) apply(typ uint16, payload []byte, enqueue func(nimbusv1.Key)) {
 	switch typ {
 	case unix.RTM_NEWLINK, unix.RTM_DELLINK:
 		name, l, ok := parseIfaceLink(payload)
@@ -930,7 +922,7 @@ func (r *InterfaceReconciler) fill(ctx context.Context) error {
 // resync loads the mirrors with fresh dumps and enqueues the objects whose links or
 // addresses the dumps found changed. The first load reports nothing: the HAL reconciles
 // every object once at start anyway.
-func (r *InterfaceReconciler) resync(ctx context.Context, enqueue func(keyID string)) error {
+func (r *InterfaceReconciler) resync(ctx context.Context, enqueue func(nimbusv1.Key)) error {
 	var linkDrift []string
 	var addrDrift []ifaceAddrID
 	first, err := r.loadAgain(ctx, func(ctx context.Context) (err error) {

@@ -412,7 +412,7 @@ func TestInterfaceRestartAdopts(t *testing.T) {
 		t.Errorf("the new reconciler wrote %d times for an object the kernel already matches; want 0", n)
 	}
 	var enqueued []string
-	if err := rec.Sweep(context.Background(), func(id string) { enqueued = append(enqueued, id) }); err != nil {
+	if err := rec.Sweep(context.Background(), func(key nimbusv1.Key) { enqueued = append(enqueued, key.String()) }); err != nil {
 		t.Fatalf("Sweep: %v", err)
 	}
 	if len(enqueued) != 0 {
@@ -426,7 +426,7 @@ func TestInterfaceRestartAdopts(t *testing.T) {
 	if n := rec.KernelWrites(); n != 2 {
 		t.Errorf("the sweep wrote %d times; want 2, the stale address and nic1's state", n)
 	}
-	if err := rec.Sweep(context.Background(), func(string) {}); err != nil {
+	if err := rec.Sweep(context.Background(), func(nimbusv1.Key) {}); err != nil {
 		t.Fatalf("second Sweep: %v", err)
 	}
 	if n := rec.KernelWrites(); n != 2 {
@@ -473,7 +473,7 @@ func TestInterfaceLeavesUnsetAsFound(t *testing.T) {
 
 	h.ip(t, "link", "set", "nic0", "down")
 	// No observer runs: a sweep reads the change into the mirror.
-	if err := h.rec.Sweep(context.Background(), func(string) {}); err != nil {
+	if err := h.rec.Sweep(context.Background(), func(nimbusv1.Key) {}); err != nil {
 		t.Fatalf("Sweep: %v", err)
 	}
 	upOnly := ifaceSpecObject("eth", &nimbusv1.InterfaceSpec{Device: "nic0", AdminUp: proto.Bool(true)})
@@ -501,7 +501,7 @@ func TestInterfaceLeavesUnsetAsFound(t *testing.T) {
 	h.rec.Close()
 	h.del(t, both.Key())
 	rec := h.newReconciler(t, -1)
-	if err := rec.Sweep(context.Background(), func(string) {}); err != nil {
+	if err := rec.Sweep(context.Background(), func(nimbusv1.Key) {}); err != nil {
 		t.Fatalf("Sweep: %v", err)
 	}
 	wantLink("after a restart and a sweep", false, 1500)

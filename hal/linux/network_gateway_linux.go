@@ -208,7 +208,7 @@ func (r *NetworkReconciler) ensureGateway(ctx context.Context, want networkWant,
 // programs are attached to the bridges they were attached to, and enqueues the network
 // of each bridge that lost them; its reconcile attaches them again. The kernel sends no
 // notification when a tcx link is detached.
-func (r *NetworkReconciler) watchGatewayLinks(ctx context.Context, enqueue func(keyID string)) {
+func (r *NetworkReconciler) watchGatewayLinks(ctx context.Context, enqueue func(nimbusv1.Key)) {
 	if r.gw.objs == nil {
 		return
 	}
@@ -226,7 +226,7 @@ func (r *NetworkReconciler) watchGatewayLinks(ctx context.Context, enqueue func(
 
 // checkGatewayLinks enqueues the network of each bridge the gateway programs were
 // attached to and are not any more.
-func (r *NetworkReconciler) checkGatewayLinks(enqueue func(keyID string)) {
+func (r *NetworkReconciler) checkGatewayLinks(enqueue func(nimbusv1.Key)) {
 	g := r.gw
 	if g.objs == nil {
 		return
@@ -342,8 +342,8 @@ func (r *NetworkReconciler) teardownGateway(ctx context.Context, id string) erro
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	delete(g.attached, bridge)
-	if key, err := nimbusv1.ParseKeyID(id); err == nil && !r.tenantHasBridgeLocked(GatewayMark(key.GetTenant()), id) {
-		for _, k := range gatewayRules(GatewayMark(key.GetTenant())) {
+	if key, ok := keyOfID(id); ok && !r.tenantHasBridgeLocked(GatewayMark(key.Tenant), id) {
+		for _, k := range gatewayRules(GatewayMark(key.Tenant)) {
 			if proto, ok := r.rules.Get(k); ok {
 				if err := r.deleteRule(ctx, k, proto); err != nil {
 					return err
@@ -357,12 +357,12 @@ func (r *NetworkReconciler) teardownGateway(ctx context.Context, id string) erro
 // gatewayWanted tells whether a desired network other than the one with key ID except
 // has a gateway address.
 func (r *NetworkReconciler) gatewayWanted(except string) bool {
-	for _, id := range r.store.KeyIDs(nimbusv1.Kind_KIND_NETWORK) {
-		key, err := nimbusv1.ParseKeyID(id)
-		if err != nil || id == except {
+	for _, key := range r.store.Keys(nimbusv1.Kind_KIND_NETWORK) {
+		id := key.String()
+		if id == except {
 			continue
 		}
-		if obj, ok := r.store.Get(key); ok {
+		if obj, ok := r.store.Get(key.Proto()); ok {
 			if w, err := wantNetwork(id, obj); err == nil && (w.hasV4 || w.hasV6) {
 				return true
 			}
@@ -375,8 +375,8 @@ func (r *NetworkReconciler) gatewayWanted(except string) bool {
 // the one with key ID except, has a bridge or is being reconciled. g.mu must be held.
 func (r *NetworkReconciler) tenantHasBridgeLocked(mark uint32, except string) bool {
 	ofTenant := func(id string) bool {
-		key, err := nimbusv1.ParseKeyID(id)
-		return err == nil && id != except && GatewayMark(key.GetTenant()) == mark
+		key, ok := keyOfID(id)
+		return ok && id != except && GatewayMark(key.Tenant) == mark
 	}
 	for _, l := range r.links.All() {
 		if id, ok := networkOwner(l.alias); ok && l.kind == "bridge" && ofTenant(id) {
@@ -404,7 +404,7 @@ func (r *NetworkReconciler) ruleOwner(k ruleKey) string {
 	defer r.mu.Unlock()
 	for _, id := range slices.Sorted(maps.Keys(r.devices)) {
 		owner := r.devices[id]
-		if key, err := nimbusv1.ParseKeyID(owner); err == nil && GatewayMark(key.GetTenant()) == k.fwmark {
+		if key, ok := keyOfID(owner); ok && GatewayMark(key.Tenant) == k.fwmark {
 			return owner
 		}
 	}
@@ -420,12 +420,9 @@ func (r *NetworkReconciler) sweepGateway(ctx context.Context) error {
 	marks := map[uint32]bool{}
 	bridges := map[int32]bool{}
 	names := map[string]bool{}
-	for _, id := range r.store.KeyIDs(nimbusv1.Kind_KIND_NETWORK) {
-		key, err := nimbusv1.ParseKeyID(id)
-		if err != nil {
-			continue
-		}
-		marks[GatewayMark(key.GetTenant())] = true
+	for _, key := range r.store.Keys(nimbusv1.Kind_KIND_NETWORK) {
+		id := key.String()
+		marks[GatewayMark(key.Tenant)] = true
 		names[BridgeName(id)] = true
 		if l, ok := r.links.Get(BridgeName(id)); ok {
 			bridges[l.index] = true

@@ -18,6 +18,7 @@ import (
 	"github.com/naplesnet/naples/hal"
 	"github.com/naplesnet/naples/hal/linux/gwbpf"
 	"github.com/naplesnet/naples/internal/testns"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
 // TestNetworkGatewayState: a network with a gateway gets its tenant's mark on its
@@ -72,7 +73,7 @@ func TestNetworkGatewayState(t *testing.T) {
 
 	// Turned off by hand, the sweep turns it on again.
 	testns.Run(t, "ip", "netns", "exec", h.ns, "sysctl", "-qw", "net.ipv4.fwmark_reflect=0")
-	if err := h.rec.Sweep(t.Context(), func(string) {}); err != nil {
+	if err := h.rec.Sweep(t.Context(), func(nimbusv1.Key) {}); err != nil {
 		t.Fatal(err)
 	}
 	if got := h.sysctl(t, gatewaySysctls[0]); got != "1" {
@@ -173,7 +174,7 @@ func TestNetworkGatewaySweep(t *testing.T) {
 	h.run(t, "ip", "link", "del", bridge)
 	h.del(t, w.key)
 	h.rec = h.newReconciler(t)
-	if err := h.rec.Sweep(t.Context(), func(string) {}); err != nil {
+	if err := h.rec.Sweep(t.Context(), func(nimbusv1.Key) {}); err != nil {
 		t.Fatal(err)
 	}
 	if ents, _ := os.ReadDir(h.bpfDir + "/gateway/links"); len(ents) != 0 {

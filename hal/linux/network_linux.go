@@ -142,12 +142,12 @@ type NetworkReconciler struct {
 	// devices maps the names of the devices of the networks reconciled so far to their
 	// network's key ID.
 	devices map[string]string
-	// remoteEndpoints maps the key IDs of the endpoints on other nodes that the last
+	// remoteEndpoints maps the keys of the endpoints on other nodes that the last
 	// reconcile of their network counted for head-end replication to that network's key
 	// ID, so that an endpoint's delete reaches its network.
-	remoteEndpoints map[string]string
+	remoteEndpoints map[nimbusv1.Key]string
 	// endpointsOf holds the same by network key ID.
-	endpointsOf map[string][]string
+	endpointsOf map[string][]nimbusv1.Key
 	// forwarding holds, per bridge name, the forwarding sysctls found or made right.
 	forwarding map[string]forwardingState
 	// ul is what the reconciler last found of the underlay.
@@ -213,8 +213,8 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 		her:             hal.NewMirror[herKey, herEntry](func(have, want herEntry) bool { return have == want }, nil),
 		names:           map[int32]string{},
 		devices:         map[string]string{},
-		remoteEndpoints: map[string]string{},
-		endpointsOf:     map[string][]string{},
+		remoteEndpoints: map[nimbusv1.Key]string{},
+		endpointsOf:     map[string][]nimbusv1.Key{},
 		forwarding:      map[string]forwardingState{},
 	}, nil
 }
@@ -437,22 +437,23 @@ func (r *NetworkReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectK
 // the VNI from a running one; otherwise the one created first (meta.createTime, then
 // key).
 func (r *NetworkReconciler) vniOwner(id string, vni uint32) (string, error) {
-	ids, err := r.store.LookupIDs(NetworkVNIIndex.Name, strconv.FormatUint(uint64(vni), 10))
+	keys, err := r.store.LookupKeys(NetworkVNIIndex.Name, strconv.FormatUint(uint64(vni), 10))
 	if err != nil {
 		return "", fmt.Errorf("finding the networks of VNI %d: %w", vni, err)
 	}
-	switch len(ids) {
+	switch len(keys) {
 	case 0:
 		return id, nil
 	case 1:
-		return ids[0], nil
+		return keys[0].String(), nil
 	}
-	for _, owner := range ids {
+	for _, key := range keys {
+		owner := key.String()
 		if l, ok := r.links.Get(VXLANName(owner)); ok && l.kind == "vxlan" && l.vni == vni && ownsLink(l, OwnerAlias(owner)) {
 			return owner, nil
 		}
 	}
-	return firstCreated(r.store.Get, ids), nil
+	return firstCreated(r.store.Get, keys).String(), nil
 }
 
 // addrStrings returns the addresses, sorted, in their text form.
@@ -471,59 +472,55 @@ func (r *NetworkReconciler) DependsOn() []nimbusv1.Kind {
 	return []nimbusv1.Kind{nimbusv1.Kind_KIND_NODE, nimbusv1.Kind_KIND_ENDPOINT}
 }
 
-// DependentsOf returns the key IDs of the networks that depend on the Node or Endpoint
-// with the key ID: for this host's Node every network; for another node the networks
-// that have endpoints on it; for an endpoint its network, as the store has it and, for
-// one on another node, as the last reconciles of its network counted it, so that an
-// endpoint that is gone or moved still reaches the network it leaves.
-func (r *NetworkReconciler) DependentsOf(keyID string) []string {
-	key, err := nimbusv1.ParseKeyID(keyID)
-	if err != nil {
-		return nil
-	}
-	switch key.GetKind() {
+// DependentsOf returns the keys of the networks that depend on the Node or Endpoint with
+// the key: for this host's Node every network; for another node the networks that have
+// endpoints on it; for an endpoint its network, as the store has it and, for one on
+// another node, as the last reconciles of its network counted it, so that an endpoint
+// that is gone or moved still reaches the network it leaves.
+func (r *NetworkReconciler) DependentsOf(key nimbusv1.Key) []nimbusv1.Key {
+	switch key.Kind {
 	case nimbusv1.Kind_KIND_NODE:
-		if keyID == NodeKey(r.node).ID() {
-			return r.store.KeyIDs(nimbusv1.Kind_KIND_NETWORK)
+		if key == NodeKey(r.node).Key() {
+			return r.store.Keys(nimbusv1.Kind_KIND_NETWORK)
 		}
-		eps, err := r.store.LookupIDs(EndpointNodeIndex.Name, key.GetName())
+		eps, err := r.store.LookupKeys(EndpointNodeIndex.Name, key.Name)
 		if err != nil {
-			r.log.Warn("finding the endpoints of a node", "node", key.GetName(), "err", err)
+			r.log.Warn("finding the endpoints of a node", "node", key.Name, "err", err)
 			return nil
 		}
-		set := map[string]bool{}
+		set := map[nimbusv1.Key]bool{}
 		for _, ep := range eps {
-			if k, err := nimbusv1.ParseKeyID(ep); err == nil {
-				if obj, ok := r.store.Get(k); ok {
-					if nk := NetworkKeyOf(obj); nk != nil {
-						set[nk.ID()] = true
-					}
+			if obj, ok := r.store.Get(ep.Proto()); ok {
+				if nk := NetworkKeyOf(obj); nk != nil {
+					set[nk.Key()] = true
 				}
 			}
 		}
-		return slices.Sorted(maps.Keys(set))
+		return slices.SortedFunc(maps.Keys(set), nimbusv1.Key.Compare)
 	case nimbusv1.Kind_KIND_ENDPOINT:
-		set := map[string]bool{}
-		if obj, ok := r.store.Get(key); ok {
+		set := map[nimbusv1.Key]bool{}
+		if obj, ok := r.store.Get(key.Proto()); ok {
 			if n := obj.GetEndpoint().GetNode(); n != "" && n != r.node {
 				if nk := NetworkKeyOf(obj); nk != nil {
-					set[nk.ID()] = true
+					set[nk.Key()] = true
 				}
 			}
 		}
 		r.mu.Lock()
-		if n, ok := r.remoteEndpoints[keyID]; ok {
-			set[n] = true
+		if n, ok := r.remoteEndpoints[key]; ok {
+			if nk, ok := keyOfID(n); ok {
+				set[nk] = true
+			}
 		}
 		r.mu.Unlock()
-		return slices.Sorted(maps.Keys(set))
+		return slices.SortedFunc(maps.Keys(set), nimbusv1.Key.Compare)
 	}
 	return nil
 }
 
 // recordRemoteEndpoints records the endpoints on other nodes that the reconcile of the
 // network with key ID id counted, replacing what its last reconcile recorded.
-func (r *NetworkReconciler) recordRemoteEndpoints(id string, endpoints []string) {
+func (r *NetworkReconciler) recordRemoteEndpoints(id string, endpoints []nimbusv1.Key) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, ep := range r.endpointsOf[id] {

@@ -515,7 +515,7 @@ func TestNetworkPendingWithoutNode(t *testing.T) {
 		}
 	}
 	h.put(t, nodeObj(localNode, "192.0.2.1"))
-	if got := h.rec.DependentsOf(NodeKey(localNode).ID()); len(got) != 1 || got[0] != obj.Key().ID() {
+	if got := h.rec.DependentsOf(NodeKey(localNode).Key()); len(got) != 1 || got[0] != obj.TypedKey() {
 		t.Fatalf("DependentsOf(this host's Node) = %v, want [%s]", got, obj.Key().ID())
 	}
 	h.mustReconcile(t, obj.Key())
@@ -551,7 +551,13 @@ func TestNetworkHeadEndReplication(t *testing.T) {
 		t.Fatalf("%d head-end replication entries, want 1 (n2 once, nothing for this host):\n%s", n, fdb())
 	}
 
-	deps := func(id string) string { return strings.Join(h.rec.DependentsOf(id), ",") }
+	deps := func(id string) string {
+		var ids []string
+		for _, k := range h.rec.DependentsOf(mustKey(t, id)) {
+			ids = append(ids, k.String())
+		}
+		return strings.Join(ids, ",")
+	}
 	if got, want := deps(NodeKey(localNode).ID()), blue.Key().ID()+","+red.Key().ID(); got != want {
 		t.Errorf("DependentsOf(this host's Node) = %s, want %s", got, want)
 	}
@@ -618,7 +624,7 @@ func TestNetworkConflicts(t *testing.T) {
 		if _, err := h.reconcile(t, obj.Key()); err != nil {
 			t.Fatal(err)
 		}
-		if err := h.rec.Sweep(context.Background(), func(string) {}); err != nil {
+		if err := h.rec.Sweep(context.Background(), func(nimbusv1.Key) {}); err != nil {
 			t.Fatal(err)
 		}
 		if after := h.run(t, "ip", "-d", "link", "show", br); after != before {
@@ -650,7 +656,7 @@ func TestNetworkConflicts(t *testing.T) {
 		foreign := VXLANName(nimbusv1.NewKey(nimbusv1.Kind_KIND_NETWORK, "acme", "", "gone").ID())
 		h.run(t, "ip", "link", "add", orphan, "group", fmt.Sprint(LinkGroup), "type", "bridge")
 		h.run(t, "ip", "link", "add", foreign, "type", "bridge")
-		if err := h.rec.Sweep(context.Background(), func(string) {}); err != nil {
+		if err := h.rec.Sweep(context.Background(), func(nimbusv1.Key) {}); err != nil {
 			t.Fatal(err)
 		}
 		links := h.run(t, "ip", "-o", "link", "show")
@@ -820,7 +826,7 @@ func TestNetworkSweepAndRestart(t *testing.T) {
 	h.rec.Close()
 	h.rec = h.newReconciler(t)
 	var enqueued []string
-	if err := h.rec.Sweep(context.Background(), func(id string) { enqueued = append(enqueued, id) }); err != nil {
+	if err := h.rec.Sweep(context.Background(), func(key nimbusv1.Key) { enqueued = append(enqueued, key.String()) }); err != nil {
 		t.Fatal(err)
 	}
 	h.requireGone(t, gone.Key(), TenantTable("nobody"))
@@ -845,7 +851,7 @@ func TestNetworkSweepAndRestart(t *testing.T) {
 	// Another restart with everything in order writes nothing at all.
 	h.rec.Close()
 	h.rec = h.newReconciler(t)
-	if err := h.rec.Sweep(context.Background(), func(string) {}); err != nil {
+	if err := h.rec.Sweep(context.Background(), func(nimbusv1.Key) {}); err != nil {
 		t.Fatal(err)
 	}
 	h.mustReconcile(t, w.key)

@@ -241,7 +241,7 @@ func TestEndpointFollowsBridgeMTU(t *testing.T) {
 	o.rec.Close()
 	o.del(t, key)
 	o.rec = newRec()
-	if err := o.rec.Sweep(context.Background(), func(string) {}); err != nil {
+	if err := o.rec.Sweep(context.Background(), func(nimbusv1.Key) {}); err != nil {
 		t.Fatal(err)
 	}
 	if show := o.run(t, "ip", "link", "show", "wl1"); strings.Contains(show, " master ") || !strings.Contains(show, " mtu 1500 ") {
@@ -265,7 +265,7 @@ func TestNetworkSweepSeesUnderlayMTU(t *testing.T) {
 	sweep := func() {
 		t.Helper()
 		enqueued = nil
-		if err := h.rec.Sweep(context.Background(), func(id string) { enqueued = append(enqueued, id) }); err != nil {
+		if err := h.rec.Sweep(context.Background(), func(key nimbusv1.Key) { enqueued = append(enqueued, key.String()) }); err != nil {
 			t.Fatal(err)
 		}
 	}

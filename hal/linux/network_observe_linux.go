@@ -28,7 +28,7 @@ func (r *NetworkReconciler) fill(ctx context.Context) error {
 // resync loads the mirrors with fresh dumps and enqueues the networks whose kernel state
 // the dumps found changed. The first load reports nothing: the HAL reconciles every
 // object once at start anyway.
-func (r *NetworkReconciler) resync(ctx context.Context, enqueue func(keyID string)) error {
+func (r *NetworkReconciler) resync(ctx context.Context, enqueue func(nimbusv1.Key)) error {
 	var drift []string
 	first, err := r.loadAgain(ctx, func(ctx context.Context) (err error) {
 		drift, err = r.dumpAll(ctx)
@@ -39,7 +39,9 @@ func (r *NetworkReconciler) resync(ctx context.Context, enqueue func(keyID strin
 	}
 	for _, id := range drift {
 		r.log.Debug("network state drifted unreported", "key", id)
-		enqueue(id)
+		if key, ok := keyOfID(id); ok {
+			enqueue(key)
+		}
 	}
 	return nil
 }
@@ -135,8 +137,8 @@ func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]string, error) {
 	if ul.known {
 		now := r.underlay(ul.vtep)
 		if now.index != ul.index || now.mtu != ul.mtu {
-			for _, id := range r.store.KeyIDs(nimbusv1.Kind_KIND_NETWORK) {
-				note(id)
+			for _, key := range r.store.Keys(nimbusv1.Kind_KIND_NETWORK) {
+				note(key.String())
 			}
 		} else {
 			r.recordUnderlayMTU(now)
@@ -163,7 +165,7 @@ func overlayRule(m ruleMsg) bool {
 // its input interface's name; every network whose state the fresh read finds changed;
 // and, every GatewayCheckInterval, every network whose bridge lost its gateway programs
 // (a tcx link detached or its pin removed, of which the kernel sends no notification).
-func (r *NetworkReconciler) Observe(ctx context.Context, enqueue func(keyID string), subscribed func()) error {
+func (r *NetworkReconciler) Observe(ctx context.Context, enqueue func(nimbusv1.Key), subscribed func()) error {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { r.watchGatewayLinks(ctx, enqueue) })
@@ -181,7 +183,7 @@ func (r *NetworkReconciler) Observe(ctx context.Context, enqueue func(keyID stri
 
 // apply applies one notification to the mirrors and enqueues the network it shows
 // drifted, if any.
-func (r *NetworkReconciler) apply(typ uint16, b []byte, enqueue func(keyID string)) {
+func (r *NetworkReconciler) apply(typ uint16, b []byte, enqueue func(nimbusv1.Key)) {
 	switch typ {
 	case unix.RTM_NEWLINK, unix.RTM_DELLINK:
 		r.applyLink(typ, b, enqueue)
@@ -266,16 +268,18 @@ func (r *NetworkReconciler) apply(typ uint16, b []byte, enqueue func(keyID strin
 }
 
 // drifted enqueues the network with key ID id, if any, for what changed.
-func (r *NetworkReconciler) drifted(id string, enqueue func(keyID string), what, which string) {
+func (r *NetworkReconciler) drifted(id string, enqueue func(nimbusv1.Key), what, which string) {
 	if id == "" {
 		return
 	}
 	r.log.Debug("network state changed", "key", id, "what", what, "which", which)
-	enqueue(id)
+	if key, ok := keyOfID(id); ok {
+		enqueue(key)
+	}
 }
 
 // applyLink applies an RTM_NEWLINK or RTM_DELLINK notification.
-func (r *NetworkReconciler) applyLink(typ uint16, b []byte, enqueue func(keyID string)) {
+func (r *NetworkReconciler) applyLink(typ uint16, b []byte, enqueue func(nimbusv1.Key)) {
 	m, ok := parseLinkMsg(b)
 	if !ok {
 		return
@@ -363,13 +367,14 @@ func (r *NetworkReconciler) linkOwner(name string, prev, l networkLink) string {
 // input interface is such a link or does not exist, and routes of OverlayRouteProtocol
 // through anything but a desired network's bridge. So a restarted agent removes what a
 // previous one programmed for networks deleted meanwhile, and adopts the rest.
-func (r *NetworkReconciler) Sweep(ctx context.Context, enqueue func(keyID string)) error {
+func (r *NetworkReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Key)) error {
 	if err := r.resync(ctx, enqueue); err != nil {
 		return err
 	}
 	bridges := map[string]string{}
 	devices := map[string]bool{}
-	for _, id := range r.store.KeyIDs(nimbusv1.Kind_KIND_NETWORK) {
+	for _, key := range r.store.Keys(nimbusv1.Kind_KIND_NETWORK) {
+		id := key.String()
 		bridges[BridgeName(id)] = id
 		devices[BridgeName(id)], devices[VXLANName(id)] = true, true
 	}

@@ -563,11 +563,11 @@ func (r *NetworkReconciler) deleteRoute(ctx context.Context, id routeID) error {
 
 // desired reports whether the store holds the object with the key ID.
 func (r *NetworkReconciler) desired(id string) bool {
-	key, err := nimbusv1.ParseKeyID(id)
-	if err != nil {
+	key, ok := keyOfID(id)
+	if !ok {
 		return false
 	}
-	_, ok := r.store.Get(key)
+	_, ok = r.store.Get(key.Proto())
 	return ok
 }
 
@@ -644,18 +644,14 @@ func ruleString(k ruleKey) string {
 // per VTEP, and `bridge fdb del` of the others. It returns the VTEPs, and the nodes
 // skipped for want of a usable VTEP address.
 func (r *NetworkReconciler) ensureReplication(ctx context.Context, want networkWant, vtep netip.Addr, index int32) (remotes []netip.Addr, without []string, err error) {
-	eps, err := r.store.LookupIDs(EndpointNetworkIndex.Name, want.id)
+	eps, err := r.store.LookupKeys(EndpointNetworkIndex.Name, want.id)
 	if err != nil {
 		return nil, nil, fmt.Errorf("finding the endpoints of %s: %w", want.id, err)
 	}
-	var remoteEPs []string
+	var remoteEPs []nimbusv1.Key
 	nodes := map[string]bool{}
 	for _, ep := range eps {
-		k, err := nimbusv1.ParseKeyID(ep)
-		if err != nil {
-			continue
-		}
-		obj, ok := r.store.Get(k)
+		obj, ok := r.store.Get(ep.Proto())
 		node := obj.GetEndpoint().GetNode()
 		if !ok || node == "" || node == r.node {
 			continue

@@ -174,12 +174,12 @@ func (r *NetworkReconciler) recordUnderlayMTU(u underlayLink) {
 }
 
 // allNetworks enqueues every network, for a change of the underlay.
-func (r *NetworkReconciler) allNetworks(enqueue func(keyID string), what, which string) {
-	ids := r.store.KeyIDs(nimbusv1.Kind_KIND_NETWORK)
-	if len(ids) > 0 {
-		r.log.Info("underlay changed; reconciling every network", "what", what, "which", which, "networks", len(ids))
+func (r *NetworkReconciler) allNetworks(enqueue func(nimbusv1.Key), what, which string) {
+	keys := r.store.Keys(nimbusv1.Kind_KIND_NETWORK)
+	if len(keys) > 0 {
+		r.log.Info("underlay changed; reconciling every network", "what", what, "which", which, "networks", len(keys))
 	}
-	for _, id := range ids {
-		enqueue(id)
+	for _, key := range keys {
+		enqueue(key)
 	}
 }

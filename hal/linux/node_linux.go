@@ -176,7 +176,7 @@ func (r *NodeReconciler) dumpAddrs(ctx context.Context) ([]addrKey, error) {
 }
 
 // resync dumps afresh and enqueues this host's Node when its VTEP address changed.
-func (r *NodeReconciler) resync(ctx context.Context, enqueue func(keyID string)) error {
+func (r *NodeReconciler) resync(ctx context.Context, enqueue func(nimbusv1.Key)) error {
 	var drift []addrKey
 	if _, err := r.loadAgain(ctx, func(ctx context.Context) (err error) {
 		drift, err = r.dumpAddrs(ctx)
@@ -187,7 +187,7 @@ func (r *NodeReconciler) resync(ctx context.Context, enqueue func(keyID string))
 	vtep, ok := r.localVTEP()
 	for _, k := range drift {
 		if ok && k.prefix.Addr() == vtep {
-			enqueue(NodeKey(r.node).ID())
+			enqueue(NodeKey(r.node).Key())
 			return nil
 		}
 	}
@@ -196,15 +196,15 @@ func (r *NodeReconciler) resync(ctx context.Context, enqueue func(keyID string))
 
 // Sweep reads the addresses afresh and enqueues this host's Node when its VTEP address
 // changed without the observer reporting it. There is nothing to remove.
-func (r *NodeReconciler) Sweep(ctx context.Context, enqueue func(keyID string)) error {
+func (r *NodeReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Key)) error {
 	return r.resync(ctx, enqueue)
 }
 
 // Observe subscribes to address changes, reads the addresses afresh, and then keeps the
 // mirror current, enqueueing this host's Node whenever its VTEP address is added,
 // removed or changes state.
-func (r *NodeReconciler) Observe(ctx context.Context, enqueue func(keyID string), subscribed func()) error {
-	local := NodeKey(r.node).ID()
+func (r *NodeReconciler) Observe(ctx context.Context, enqueue func(nimbusv1.Key), subscribed func()) error {
+	local := NodeKey(r.node).Key()
 	return r.observe(ctx, "address changes", []uint{unix.RTNLGRP_IPV4_IFADDR, unix.RTNLGRP_IPV6_IFADDR},
 		func(ctx context.Context) error { return r.resync(ctx, enqueue) }, subscribed,
 		func(typ uint16, payload []byte) {

@@ -74,6 +74,15 @@ func OwnerOfAlias(alias string) (keyID string, ok bool) {
 	return strings.CutPrefix(alias, aliasPrefix)
 }
 
+// keyOfID returns the key whose String form is id, and whether id is one. Kernel state
+// names objects by their key IDs (a link's alias), and so do the network reconciler's
+// tables, which derive kernel names from them: this is where such a name turns back into
+// a key, to enqueue or to read the store.
+func keyOfID(id string) (nimbusv1.Key, bool) {
+	key, err := nimbusv1.ParseKey(id)
+	return key, err == nil
+}
+
 // GatewayMAC returns the MAC address of the gateway of the network with the key ID: the
 // address of its bridge on every node, locally administered and unicast, derived from the
 // key ID.
@@ -148,11 +157,11 @@ func NodeKey(name string) *nimbusv1.ObjectKey {
 type OverlayStore interface {
 	// Get returns the desired object with the key.
 	Get(key *nimbusv1.ObjectKey) (*nimbusv1.Object, bool)
-	// KeyIDs returns the key IDs of the desired objects of one kind, ordered.
-	KeyIDs(kind nimbusv1.Kind) []string
-	// LookupIDs returns the key IDs of the desired objects a declared index lists under
+	// Keys returns the keys of the desired objects of one kind, ordered.
+	Keys(kind nimbusv1.Kind) []nimbusv1.Key
+	// LookupKeys returns the keys of the desired objects a declared index lists under
 	// value, ordered.
-	LookupIDs(index, value string) ([]string, error)
+	LookupKeys(index, value string) ([]nimbusv1.Key, error)
 }
 
 // Reasons the overlay's objects are PENDING for.

@@ -55,14 +55,14 @@ func Indexes() []delphi.Index {
 // RouteStore is what the route reconciler reads of delphi.
 type RouteStore interface {
 	// LookupFirst returns the first by key of the desired objects a declared index lists
-	// under value, with its key ID; obj is nil when there is none.
-	LookupFirst(index, value string) (obj *nimbusv1.Object, keyID string, err error)
-	// LookupFirstID returns the key ID of the object LookupFirst returns, "" when there is
-	// none, without decoding it.
-	LookupFirstID(index, value string) (keyID string, err error)
-	// LookupIDs returns the key IDs of the desired objects a declared index lists under
+	// under value, with its key; obj is nil when there is none.
+	LookupFirst(index, value string) (obj *nimbusv1.Object, key nimbusv1.Key, err error)
+	// LookupFirstKey returns the key of the object LookupFirst returns, the zero Key when
+	// there is none, without decoding it.
+	LookupFirstKey(index, value string) (nimbusv1.Key, error)
+	// LookupKeys returns the keys of the desired objects a declared index lists under
 	// value, ordered.
-	LookupIDs(index, value string) ([]string, error)
+	LookupKeys(index, value string) ([]nimbusv1.Key, error)
 }
 
 // RouteTenantIndex lists a Route that goes into its tenant's table (spec.tenantTable)
@@ -232,42 +232,42 @@ type RouteReconciler struct {
 	// kernel.
 	dstLocks keyedMutex[routeID]
 
-	// programmed remembers, per object key ID, the kernel route programmed for it, so a
+	// programmed remembers, per object key, the kernel route programmed for it, so a
 	// deleted or moved object's old route can be removed and the observer can tell drift
 	// from a route that is as programmed. It holds the identity alone (the next hops are
 	// the object's), 32 bytes a route.
 	programmed programmedRoutes
 }
 
-// programmedRoutes maps object key IDs to the routes programmed for them, in shards by
-// key ID, each with its own lock, so that many workers do not queue on one lock.
+// programmedRoutes maps object keys to the routes programmed for them, in shards by
+// key, each with its own lock, so that many workers do not queue on one lock.
 type programmedRoutes struct {
 	seed   maphash.Seed
 	shards [16]programmedShard
 }
 
-// programmedShard holds the programmed routes of the key IDs that hash to it.
+// programmedShard holds the programmed routes of the keys that hash to it.
 type programmedShard struct {
 	// mu guards m.
 	mu sync.Mutex
-	m  map[string]programmedRoute
+	m  map[nimbusv1.Key]programmedRoute
 }
 
 // init makes the shards' maps.
 func (p *programmedRoutes) init() {
 	p.seed = maphash.MakeSeed()
 	for i := range p.shards {
-		p.shards[i].m = map[string]programmedRoute{}
+		p.shards[i].m = map[nimbusv1.Key]programmedRoute{}
 	}
 }
 
-// shard returns the shard of key ID id.
-func (p *programmedRoutes) shard(id string) *programmedShard {
-	return &p.shards[maphash.String(p.seed, id)%uint64(len(p.shards))]
+// shard returns the shard of key id.
+func (p *programmedRoutes) shard(id nimbusv1.Key) *programmedShard {
+	return &p.shards[maphash.Comparable(p.seed, id)%uint64(len(p.shards))]
 }
 
-// get returns the route programmed for key ID id.
-func (p *programmedRoutes) get(id string) (programmedRoute, bool) {
+// get returns the route programmed for key id.
+func (p *programmedRoutes) get(id nimbusv1.Key) (programmedRoute, bool) {
 	sh := p.shard(id)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -275,16 +275,16 @@ func (p *programmedRoutes) get(id string) (programmedRoute, bool) {
 	return r, ok
 }
 
-// set records the route programmed for key ID id.
-func (p *programmedRoutes) set(id string, r programmedRoute) {
+// set records the route programmed for key id.
+func (p *programmedRoutes) set(id nimbusv1.Key, r programmedRoute) {
 	sh := p.shard(id)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	sh.m[id] = r
 }
 
-// adopt records r for key ID id unless a route is recorded for it.
-func (p *programmedRoutes) adopt(id string, r programmedRoute) {
+// adopt records r for key id unless a route is recorded for it.
+func (p *programmedRoutes) adopt(id nimbusv1.Key, r programmedRoute) {
 	sh := p.shard(id)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -293,8 +293,8 @@ func (p *programmedRoutes) adopt(id string, r programmedRoute) {
 	}
 }
 
-// remove forgets the route of key ID id.
-func (p *programmedRoutes) remove(id string) {
+// remove forgets the route of key id.
+func (p *programmedRoutes) remove(id nimbusv1.Key) {
 	sh := p.shard(id)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -373,7 +373,7 @@ func (r *RouteReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey
 	if err := r.fill(ctx); err != nil {
 		return nil, err
 	}
-	id := key.ID()
+	id := key.Key()
 	old, hadOld := r.programmed.get(id)
 
 	var want routeID
@@ -398,7 +398,7 @@ func (r *RouteReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey
 	if err != nil {
 		return nil, err
 	}
-	if owner != "" && owner != id {
+	if !owner.IsZero() && owner != id {
 		return nil, hal.Errorf(hal.ReasonConflict, "route %s is already claimed by %s", want, owner)
 	}
 	wantRoute, err := r.build(want, obj.GetRoute())
@@ -449,20 +449,20 @@ func (r *RouteReconciler) write(ctx context.Context, id routeID, want kernelRout
 	return nil
 }
 
-// remember records that the route with identity rid is the one programmed for key ID id.
-func (r *RouteReconciler) remember(id string, rid routeID) {
+// remember records that the route with identity rid is the one programmed for key id.
+func (r *RouteReconciler) remember(id nimbusv1.Key, rid routeID) {
 	r.programmed.set(id, programmedRoute{id: rid, reconciled: true})
 }
 
 // release removes the route key had programmed, unless another object now owns it.
-func (r *RouteReconciler) release(ctx context.Context, id string, old routeID) error {
+func (r *RouteReconciler) release(ctx context.Context, id nimbusv1.Key, old routeID) error {
 	lock := r.dstLocks.lock(old)
 	defer r.dstLocks.unlock(old, lock)
 	owner, err := r.ownerOf(old)
 	if err != nil {
 		return err
 	}
-	if owner == "" || owner == id {
+	if owner.IsZero() || owner == id {
 		if err := r.delete(ctx, old); err != nil {
 			return err
 		}
@@ -475,7 +475,7 @@ func (r *RouteReconciler) release(ctx context.Context, id string, old routeID) e
 // changed without the observer reporting it, deletes every naples route that no desired
 // Route object owns, and adopts the others, so a restarted agent knows what it programmed
 // before.
-func (r *RouteReconciler) Sweep(ctx context.Context, enqueue func(keyID string)) error {
+func (r *RouteReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Key)) error {
 	if err := r.resync(ctx, enqueue); err != nil {
 		return err
 	}
@@ -500,7 +500,7 @@ func (r *RouteReconciler) sweepOne(ctx context.Context, id routeID) error {
 	if err != nil {
 		return err
 	}
-	if owner != "" {
+	if !owner.IsZero() {
 		r.programmed.adopt(owner, programmedRoute{id: id})
 		return nil
 	}
@@ -521,7 +521,7 @@ func (r *RouteReconciler) sweepOne(ctx context.Context, id routeID) error {
 // goes down or away, or loses an address, it reads the routes afresh (one re-read at a
 // time, and one more for every burst of such events that came meanwhile), which
 // enqueues the objects whose routes went.
-func (r *RouteReconciler) Observe(ctx context.Context, enqueue func(keyID string), subscribed func()) error {
+func (r *RouteReconciler) Observe(ctx context.Context, enqueue func(nimbusv1.Key), subscribed func()) error {
 	var reread coalescing
 	defer reread.wait()
 	// routed holds the indexes of the links that carried an IPv4 route the observer saw.
@@ -573,16 +573,15 @@ func (r *RouteReconciler) DependsOn() []nimbusv1.Kind {
 }
 
 // DependentsOf returns, for a Network, the routes that go into its tenant's table.
-func (r *RouteReconciler) DependentsOf(keyID string) []string {
-	key, err := nimbusv1.ParseKeyID(keyID)
-	if err != nil || key.GetKind() != nimbusv1.Kind_KIND_NETWORK {
+func (r *RouteReconciler) DependentsOf(key nimbusv1.Key) []nimbusv1.Key {
+	if key.Kind != nimbusv1.Kind_KIND_NETWORK {
 		return nil
 	}
-	ids, err := r.store.LookupIDs(RouteTenantIndex.Name, key.Defaulted().GetTenant())
+	keys, err := r.store.LookupKeys(RouteTenantIndex.Name, key.Tenant)
 	if err != nil {
 		return nil
 	}
-	return ids
+	return keys
 }
 
 // routeFlushHint tells, for a link or address notification, the index of the link it is
@@ -644,7 +643,7 @@ func (c *coalescing) wait() { c.wg.Wait() }
 
 // apply applies a route change, an RTM_NEWROUTE or RTM_DELROUTE notification, to the
 // mirror and enqueues the route's owner when the change is drift.
-func (r *RouteReconciler) apply(typ uint16, payload []byte, enqueue func(keyID string)) {
+func (r *RouteReconciler) apply(typ uint16, payload []byte, enqueue func(nimbusv1.Key)) {
 	if typ != unix.RTM_NEWROUTE && typ != unix.RTM_DELROUTE {
 		return
 	}
@@ -661,27 +660,27 @@ func (r *RouteReconciler) apply(typ uint16, payload []byte, enqueue func(keyID s
 	if echo {
 		return // our own write
 	}
-	if keyID, drift := r.drift(id, typ, rt); drift {
-		enqueue(keyID)
+	if key, drift := r.drift(id, typ, rt); drift {
+		enqueue(key)
 	}
 }
 
 // drift tells whether a route change that is not the echo of the reconciler's own write
 // leaves a route some object owns other than programmed, and which object that is.
-func (r *RouteReconciler) drift(id routeID, typ uint16, rt kernelRoute) (keyID string, ok bool) {
-	obj, keyID, err := r.store.LookupFirst(RouteIndex.Name, id.indexKey())
-	if err != nil || keyID == "" {
-		return "", false
+func (r *RouteReconciler) drift(id routeID, typ uint16, rt kernelRoute) (key nimbusv1.Key, ok bool) {
+	obj, key, err := r.store.LookupFirst(RouteIndex.Name, id.indexKey())
+	if err != nil || key.IsZero() {
+		return nimbusv1.Key{}, false
 	}
 	if typ == unix.RTM_NEWROUTE && rt.protocol == RouteProtocol {
-		p, known := r.programmed.get(keyID)
+		p, known := r.programmed.get(key)
 		if known && p.id == id && p.reconciled {
 			if want, err := r.build(id, obj.GetRoute()); err == nil && sameRoute(rt, want) {
-				return "", false // as programmed: another writer put back the same route
+				return nimbusv1.Key{}, false // as programmed: another writer put back the same route
 			}
 		}
 	}
-	return keyID, true
+	return key, true
 }
 
 // parseRoute decodes the payload of an RTM_NEWROUTE or RTM_DELROUTE message (struct
@@ -769,7 +768,7 @@ func (r *RouteReconciler) fill(ctx context.Context) error {
 
 // resync loads the mirror with a fresh dump and enqueues the owners of the routes whose
 // state the dump found changed.
-func (r *RouteReconciler) resync(ctx context.Context, enqueue func(keyID string)) error {
+func (r *RouteReconciler) resync(ctx context.Context, enqueue func(nimbusv1.Key)) error {
 	drift, err := r.sharedDump(ctx, false)
 	if err != nil {
 		return err
@@ -779,7 +778,7 @@ func (r *RouteReconciler) resync(ctx context.Context, enqueue func(keyID string)
 		if err != nil {
 			return err
 		}
-		if owner != "" {
+		if !owner.IsZero() {
 			r.log.Debug("route drifted unreported", "key", owner, "route", id.String())
 			enqueue(owner)
 		}
@@ -874,14 +873,14 @@ func idOf(spec *nimbusv1.RouteSpec, tenant string) (routeID, error) {
 // (IP6_RT_PRIO_USER).
 const ip6DefaultMetric = 1024
 
-// ownerOf returns the key ID of the desired object that owns a kernel route, the first by
-// key of the Route objects with its identity; "" when none does.
-func (r *RouteReconciler) ownerOf(id routeID) (keyID string, err error) {
-	keyID, err = r.store.LookupFirstID(RouteIndex.Name, id.indexKey())
+// ownerOf returns the key of the desired object that owns a kernel route, the first by
+// key of the Route objects with its identity; the zero Key when none does.
+func (r *RouteReconciler) ownerOf(id routeID) (nimbusv1.Key, error) {
+	key, err := r.store.LookupFirstKey(RouteIndex.Name, id.indexKey())
 	if err != nil {
-		return "", fmt.Errorf("finding the owner of route %s: %w", id, err)
+		return nimbusv1.Key{}, fmt.Errorf("finding the owner of route %s: %w", id, err)
 	}
-	return keyID, nil
+	return key, nil
 }
 
 // build returns the route with identity id that spec describes, in the form the mirror keeps: its next hops

@@ -122,7 +122,7 @@ func (h *host) reconcile(t *testing.T, key *nimbusv1.ObjectKey) error {
 func (h *host) sweep(t *testing.T) []string {
 	t.Helper()
 	var enqueued []string
-	if err := h.rec.Sweep(context.Background(), func(id string) { enqueued = append(enqueued, id) }); err != nil {
+	if err := h.rec.Sweep(context.Background(), func(key nimbusv1.Key) { enqueued = append(enqueued, key.String()) }); err != nil {
 		t.Fatalf("Sweep: %v", err)
 	}
 	slices.Sort(enqueued)
@@ -570,11 +570,11 @@ func TestRouteDependsOnTenantNetworks(t *testing.T) {
 	otherTenant.GetRoute().TenantTable = true
 	h.put(t, inTable, inTenant, otherTenant)
 
-	network := nimbusv1.NewKey(nimbusv1.Kind_KIND_NETWORK, "acme", "", "blue").ID()
-	if got, want := h.rec.DependentsOf(network), []string{inTenant.Key().ID()}; !slices.Equal(got, want) {
+	network := nimbusv1.MakeKey(nimbusv1.Kind_KIND_NETWORK, "acme", "", "blue")
+	if got, want := h.rec.DependentsOf(network), []nimbusv1.Key{inTenant.TypedKey()}; !slices.Equal(got, want) {
 		t.Errorf("DependentsOf(%s) = %v, want %v", network, got, want)
 	}
-	if got := h.rec.DependentsOf(inTable.Key().ID()); got != nil {
+	if got := h.rec.DependentsOf(inTable.TypedKey()); got != nil {
 		t.Errorf("DependentsOf(a route) = %v, want none", got)
 	}
 }

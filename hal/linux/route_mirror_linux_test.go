@@ -251,7 +251,7 @@ func (n noObserver) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj 
 	return n.rec.Reconcile(ctx, key, obj)
 }
 
-func (n noObserver) Sweep(ctx context.Context, enqueue func(string)) error {
+func (n noObserver) Sweep(ctx context.Context, enqueue func(nimbusv1.Key)) error {
 	return n.rec.Sweep(ctx, enqueue)
 }
 

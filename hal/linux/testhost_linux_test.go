@@ -69,6 +69,16 @@ func (s testStore) reconcileStored(rec hal.Reconciler, key *nimbusv1.ObjectKey) 
 	return rec.Reconcile(context.Background(), key, obj)
 }
 
+// mustKey returns the key whose String form is id, or fails the test.
+func mustKey(t testing.TB, id string) nimbusv1.Key {
+	t.Helper()
+	key, err := nimbusv1.ParseKey(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key
+}
+
 // runObserver runs o's observer until the test ends and returns once it is subscribed;
 // an observer that ends first, or does not subscribe within 20 seconds, fails the test.
 // The keys it enqueues arrive on the returned channel, which holds 10,000.
@@ -79,7 +89,7 @@ func runObserver(t testing.TB, o hal.Observer) <-chan string {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- o.Observe(ctx, func(id string) { enqueued <- id }, func() { close(subscribed) })
+		done <- o.Observe(ctx, func(key nimbusv1.Key) { enqueued <- key.String() }, func() { close(subscribed) })
 	}()
 	ended := false
 	t.Cleanup(func() {

@@ -30,8 +30,6 @@ func New(s *delphi.Store) (hal.Store, error) {
 	return &delphiStore{Store: s, status: status}, nil
 }
 
-func (d *delphiStore) Keys(kind nimbusv1.Kind) []string { return d.KeyIDs(kind) }
-
 func (d *delphiStore) WatchDesired() (hal.Feed, error) {
 	sub, err := d.Subscribe(delphi.SubscribeOptions{Tables: []delphi.Table{delphi.TableDesired}})
 	if errors.Is(err, delphi.ErrClosed) {
@@ -63,7 +61,7 @@ func (d *delphiStore) WriteStatus(updates []hal.StatusUpdate) error {
 // delphiFeed is a delphi subscription whose end reads as hal.ErrClosed.
 type delphiFeed struct{ *delphi.Subscription }
 
-func (f delphiFeed) Next(ctx context.Context) ([]string, error) {
+func (f delphiFeed) Next(ctx context.Context) ([]nimbusv1.Key, error) {
 	ids, err := f.Subscription.Next(ctx)
 	if errors.Is(err, delphi.ErrClosed) {
 		return nil, errors.Join(hal.ErrClosed, err)

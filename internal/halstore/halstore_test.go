@@ -53,15 +53,14 @@ func TestHALStore(t *testing.T) {
 
 	for _, tc := range []struct {
 		kind nimbusv1.Kind
-		want []string
+		want []nimbusv1.Key
 	}{
-		{nimbusv1.Kind_KIND_ROUTE, []string{r1.Key().ID(), r2.Key().ID()}},
-		{nimbusv1.Kind_KIND_NODE, []string{n1.Key().ID()}},
-		{nimbusv1.Kind_KIND_INTERFACE, []string{}},
-		{nimbusv1.Kind_KIND_UNSPECIFIED, []string{n1.Key().ID(), r1.Key().ID(), r2.Key().ID()}},
+		{nimbusv1.Kind_KIND_ROUTE, []nimbusv1.Key{r1.TypedKey(), r2.TypedKey()}},
+		{nimbusv1.Kind_KIND_NODE, []nimbusv1.Key{n1.TypedKey()}},
+		{nimbusv1.Kind_KIND_INTERFACE, nil},
+		{nimbusv1.Kind_KIND_UNSPECIFIED, []nimbusv1.Key{n1.TypedKey(), r1.TypedKey(), r2.TypedKey()}},
 	} {
 		got := s.Keys(tc.kind)
-		slices.Sort(got)
 		if !slices.Equal(got, tc.want) {
 			t.Errorf("Keys(%s) = %q; want %q", tc.kind.Name(), got, tc.want)
 		}
@@ -90,12 +89,12 @@ func TestHALStore(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	ids, err := feed.Next(ctx)
-	slices.Sort(ids)
-	if want := []string{n1.Key().ID(), r1.Key().ID(), r2.Key().ID()}; err != nil || !slices.Equal(ids, want) {
+	slices.SortFunc(ids, nimbusv1.Key.Compare)
+	if want := []nimbusv1.Key{n1.TypedKey(), r1.TypedKey(), r2.TypedKey()}; err != nil || !slices.Equal(ids, want) {
 		t.Errorf("first Next = %q, %v; want every key, %q", ids, err, want)
 	}
 	commit(testRoute("r1", 2, "10.1.0.0/16"), testRoute("r1", 3, "10.1.0.0/16"), testRoute("r3", 1, "10.3.0.0/16"))
-	if ids, err := feed.Next(ctx); err != nil || !slices.Equal(ids, []string{r1.Key().ID(), routeKey("r3").ID()}) {
+	if ids, err := feed.Next(ctx); err != nil || !slices.Equal(ids, []nimbusv1.Key{r1.TypedKey(), routeKey("r3").Key()}) {
 		t.Errorf("Next after changes = %q, %v; want r1 once, then r3", ids, err)
 	}
 
@@ -107,7 +106,7 @@ func TestHALStore(t *testing.T) {
 	}
 	defer ssub.Close()
 	// One transaction, in order: r1's first status is replaced by its second.
-	if err := s.WriteStatus([]hal.StatusUpdate{{Key: r1.Key(), Status: st1}, {Key: r2.Key(), Status: st}, {Key: r1.Key(), Status: st}}); err != nil {
+	if err := s.WriteStatus([]hal.StatusUpdate{{Key: r1.TypedKey(), Status: st1}, {Key: r2.TypedKey(), Status: st}, {Key: r1.TypedKey(), Status: st}}); err != nil {
 		t.Fatal(err)
 	}
 	for _, o := range []*nimbusv1.Object{r1, r2} {
@@ -115,10 +114,10 @@ func TestHALStore(t *testing.T) {
 			t.Errorf("delphi status of %s = %v, %v; want %v", o.Key().ID(), got, ok, st)
 		}
 	}
-	if ids, err := ssub.Next(ctx); err != nil || !slices.Equal(slices.Sorted(slices.Values(ids)), []string{r1.Key().ID(), r2.Key().ID()}) {
+	if ids, err := ssub.Next(ctx); err != nil || !slices.Equal(slices.SortedFunc(slices.Values(ids), nimbusv1.Key.Compare), []nimbusv1.Key{r1.TypedKey(), r2.TypedKey()}) {
 		t.Errorf("status subscription after WriteStatus: %q, %v; want r1 and r2", ids, err)
 	}
-	if err := s.WriteStatus([]hal.StatusUpdate{{Key: r2.Key()}, {Key: n1.Key()}}); err != nil {
+	if err := s.WriteStatus([]hal.StatusUpdate{{Key: r2.TypedKey()}, {Key: n1.TypedKey()}}); err != nil {
 		t.Fatal(err)
 	}
 	if got, ok := ds.Status(r2.Key()); ok {

@@ -899,13 +899,10 @@ func (r *scenarioRun) ruleID(name string) uint64 {
 // ruleName returns the name the table gives the rule: "[tenant/]policy/direction/index",
 // the tenant left out when it is acme.
 func (r *scenarioRun) ruleName(ri firewall.RuleInfo) string {
-	k, err := nimbusv1.ParseKeyID(ri.Policy)
-	if err != nil {
-		r.t.Fatalf("rule %#x: %v", ri.ID, err)
-	}
-	name := k.GetName() + "/" + firewall.DirName(ri.Dir) + "/" + strconv.Itoa(ri.Index)
-	if k.GetTenant() != "acme" {
-		name = k.GetTenant() + "/" + name
+	k := ri.Policy
+	name := k.Name + "/" + firewall.DirName(ri.Dir) + "/" + strconv.Itoa(ri.Index)
+	if k.Tenant != "acme" {
+		name = k.Tenant + "/" + name
 	}
 	return name
 }
@@ -914,7 +911,7 @@ func (r *scenarioRun) ruleName(ri firewall.RuleInfo) string {
 func (r *scenarioRun) endpointID(ep string) uint32 {
 	r.t.Helper()
 	for _, e := range r.snap.Endpoints {
-		if e.Endpoint == r.local[ep] {
+		if e.Endpoint.String() == r.local[ep] {
 			return e.ID
 		}
 	}
