@@ -384,8 +384,8 @@ func (r *NetworkReconciler) tenantHasBridgeLocked(mark uint32, except string) bo
 		key, err := nimbusv1.ParseKeyID(id)
 		return err == nil && id != except && GatewayMark(key.GetTenant()) == mark
 	}
-	for _, l := range r.links.All() {
-		if id, ok := networkOwner(l.alias); ok && l.kind == "bridge" && ofTenant(id) {
+	for _, l := range r.bridgesByMark.Get(mark) {
+		if id, _ := networkOwner(l.alias); id != except {
 			return true
 		}
 	}

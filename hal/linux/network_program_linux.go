@@ -286,16 +286,12 @@ func (r *NetworkReconciler) linkGone(index int32) {
 	r.mu.Lock()
 	delete(r.names, index)
 	r.mu.Unlock()
-	for k := range r.addrs.All() {
-		if k.index == index {
-			r.addrs.Remove(k)
-		}
+	for k := range r.addrsByLink.Get(index) {
+		r.addrs.Remove(k)
 	}
 	r.routesGone(index, true)
-	for k := range r.her.All() {
-		if k.index == index {
-			r.her.Remove(k)
-		}
+	for k := range r.herByLink.Get(index) {
+		r.her.Remove(k)
 	}
 }
 
@@ -303,8 +299,8 @@ func (r *NetworkReconciler) linkGone(index int32) {
 // with all also the IPv6 ones: the kernel flushes IPv4 routes through a link that goes
 // down or away without a notification.
 func (r *NetworkReconciler) routesGone(index int32, all bool) {
-	for id, rt := range r.routes.All() {
-		if rt.oif == index && (id.v4 || all) {
+	for id := range r.routesByLink.Get(index) {
+		if id.v4 || all {
 			r.routes.Remove(id)
 		}
 	}
@@ -408,8 +404,8 @@ func (r *NetworkReconciler) ensureAddresses(ctx context.Context, want networkWan
 		wanted[addrKey{index: index, prefix: netip.PrefixFrom(s.gw, s.prefix.Bits())}] = flags
 	}
 	// Unwanted ones go first: IPv6 refuses an address it holds with another length.
-	for k, a := range r.addrs.All() {
-		if k.index != index || k.prefix.Addr().Is6() && k.prefix.Addr().IsLinkLocalUnicast() {
+	for k, a := range r.addrsByLink.Get(index) {
+		if k.prefix.Addr().Is6() && k.prefix.Addr().IsLinkLocalUnicast() {
 			continue
 		}
 		if flags, ok := wanted[k]; ok && a.flags&managedAddrFlags == flags {
@@ -456,8 +452,8 @@ func (r *NetworkReconciler) deleteAddr(ctx context.Context, name string, k addrK
 func (r *NetworkReconciler) addrGone(k addrKey) {
 	a := k.prefix.Addr()
 	if a.Is6() {
-		for id, rt := range r.routes.All() {
-			if !id.v4 && rt.oif == k.index && rt.src == a {
+		for id, rt := range r.routesByLink.Get(k.index) {
+			if !id.v4 && rt.src == a {
 				rt.src = netip.Addr{}
 				r.routes.Update(id, rt)
 			}
@@ -465,20 +461,30 @@ func (r *NetworkReconciler) addrGone(k addrKey) {
 		return
 	}
 	heldElsewhere, lastOnLink := false, true
-	for o := range r.addrs.All() {
-		if o == k || !o.prefix.Addr().Is4() {
-			continue
-		}
-		if o.prefix.Addr() == a {
+	for o := range r.addrsByAddr.Get(a.Unmap()) {
+		if o != k && o.prefix.Addr() == a {
 			heldElsewhere = true
-		}
-		if o.index == k.index {
-			lastOnLink = false
+			break
 		}
 	}
-	for id, rt := range r.routes.All() {
-		if id.v4 && (rt.src == a && !heldElsewhere && id.table == unix.RT_TABLE_MAIN || rt.oif == k.index && lastOnLink) {
-			r.routes.Remove(id)
+	for o := range r.addrsByLink.Get(k.index) {
+		if o != k && o.prefix.Addr().Is4() {
+			lastOnLink = false
+			break
+		}
+	}
+	if !heldElsewhere {
+		for id := range r.routesBySrc.Get(a) {
+			if id.v4 && id.table == unix.RT_TABLE_MAIN {
+				r.routes.Remove(id)
+			}
+		}
+	}
+	if lastOnLink {
+		for id := range r.routesByLink.Get(k.index) {
+			if id.v4 {
+				r.routes.Remove(id)
+			}
 		}
 	}
 }
@@ -499,8 +505,8 @@ func (r *NetworkReconciler) ensureRoutes(ctx context.Context, want networkWant, 
 		}
 		wanted[newRouteID(want.table, s.prefix, metric)] = rt
 	}
-	for id, rt := range r.routes.All() {
-		if _, ok := wanted[id]; rt.oif == index && !ok {
+	for id := range r.routesByLink.Get(index) {
+		if _, ok := wanted[id]; !ok {
 			if err := r.deleteRoute(ctx, id); err != nil {
 				return err
 			}
@@ -589,8 +595,8 @@ func networkRules(bridge string, table uint32) []ruleKey {
 // enters through its bridge.
 func (r *NetworkReconciler) ensureRules(ctx context.Context, want networkWant) error {
 	wanted := networkRules(want.bridge, want.table)
-	for k, proto := range r.rules.All() {
-		if k.iif == want.bridge && !slices.Contains(wanted, k) {
+	for k, proto := range r.rulesByIIF.Get(want.bridge) {
+		if !slices.Contains(wanted, k) {
 			if err := r.deleteRule(ctx, k, proto); err != nil {
 				return err
 			}
@@ -676,8 +682,8 @@ func (r *NetworkReconciler) ensureReplication(ctx context.Context, want networkW
 			wanted[a] = true
 		}
 	}
-	for k := range r.her.All() {
-		if k.index == index && !wanted[k.dst] {
+	for k := range r.herByLink.Get(index) {
+		if !wanted[k.dst] {
 			if err := r.deleteHER(ctx, want.vxlan, k); err != nil {
 				return nil, nil, err
 			}
@@ -731,11 +737,9 @@ func (r *NetworkReconciler) teardown(ctx context.Context, id string) error {
 		}
 	}
 	if !foreign {
-		for k, proto := range r.rules.All() {
-			if k.iif == bridge {
-				if err := r.deleteRule(ctx, k, proto); err != nil {
-					return err
-				}
+		for k, proto := range r.rulesByIIF.Get(bridge) {
+			if err := r.deleteRule(ctx, k, proto); err != nil {
+				return err
 			}
 		}
 	}
