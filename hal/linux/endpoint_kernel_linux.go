@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/naplesnet/naples/hal"
+	"github.com/naplesnet/naples/hal/linux/rtnl"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -214,18 +215,18 @@ func parseEPLink(b []byte) (index int32, l epLink, ok bool) {
 	ne := binary.NativeEndian
 	index = int32(ne.Uint32(b[4:8]))
 	l.up = ne.Uint32(b[8:12])&unix.IFF_UP != 0
-	eachAttr(b[unix.SizeofIfInfomsg:], func(typ uint16, v []byte) {
+	rtnl.EachAttr(b[unix.SizeofIfInfomsg:], func(typ uint16, v []byte) {
 		switch typ {
 		case unix.IFLA_IFNAME:
-			l.name = cString(v)
+			l.name = rtnl.CString(v)
 		case unix.IFLA_IFALIAS:
-			l.alias = cString(v)
+			l.alias = rtnl.CString(v)
 		case unix.IFLA_MTU:
-			l.mtu = attrUint32(v)
+			l.mtu = rtnl.AttrUint32(v)
 		case unix.IFLA_MASTER:
-			l.master = int32(attrUint32(v))
+			l.master = int32(rtnl.AttrUint32(v))
 		case unix.IFLA_GROUP:
-			l.group = attrUint32(v)
+			l.group = rtnl.AttrUint32(v)
 		case unix.IFLA_LINKINFO:
 			l.learning = parseSlaveLearning(v)
 		}
@@ -238,10 +239,10 @@ func parseEPLink(b []byte) (index int32, l epLink, ok bool) {
 // IFLA_BRPORT_LEARNING 1).
 func parseSlaveLearning(info []byte) bool {
 	var bridge, learning bool
-	eachAttr(info, func(typ uint16, v []byte) {
+	rtnl.EachAttr(info, func(typ uint16, v []byte) {
 		switch typ {
 		case unix.IFLA_INFO_SLAVE_KIND:
-			bridge = cString(v) == "bridge"
+			bridge = rtnl.CString(v) == "bridge"
 		case unix.IFLA_INFO_SLAVE_DATA:
 			learning = brportLearning(v)
 		}
@@ -253,7 +254,7 @@ func parseSlaveLearning(info []byte) bool {
 // IFLA_BRPORT_LEARNING 1.
 func brportLearning(b []byte) bool {
 	learning := false
-	eachAttr(b, func(typ uint16, v []byte) {
+	rtnl.EachAttr(b, func(typ uint16, v []byte) {
 		if typ == unix.IFLA_BRPORT_LEARNING && len(v) >= 1 {
 			learning = v[0] != 0
 		}
@@ -270,7 +271,7 @@ func parseEPBridgePort(b []byte) (index int32, learning, ok bool) {
 		return 0, false, false
 	}
 	index = int32(binary.NativeEndian.Uint32(b[4:8]))
-	eachAttr(b[unix.SizeofIfInfomsg:], func(typ uint16, v []byte) {
+	rtnl.EachAttr(b[unix.SizeofIfInfomsg:], func(typ uint16, v []byte) {
 		if typ == unix.IFLA_PROTINFO {
 			learning, ok = brportLearning(v), true
 		}
@@ -305,7 +306,7 @@ func parseNeighMsg(b []byte) (m neighMsg, ok bool) {
 	m.family = b[0]
 	m.ifindex = int32(ne.Uint32(b[4:8]))
 	m.state = ne.Uint16(b[8:10])
-	eachAttr(b[unix.SizeofNdMsg:], func(typ uint16, v []byte) {
+	rtnl.EachAttr(b[unix.SizeofNdMsg:], func(typ uint16, v []byte) {
 		switch typ {
 		case unix.NDA_DST:
 			a, _ := netip.AddrFromSlice(v)
@@ -320,7 +321,7 @@ func parseNeighMsg(b []byte) (m neighMsg, ok bool) {
 				m.vlan = ne.Uint16(v)
 			}
 		case unix.NDA_MASTER:
-			m.master = int32(attrUint32(v))
+			m.master = int32(rtnl.AttrUint32(v))
 		}
 	})
 	return m, m.ifindex > 0
@@ -353,16 +354,16 @@ func epUnicastMAC(mac [6]byte) bool { return mac[0]&1 == 0 && mac != [6]byte{} }
 // appendNeighRequest appends to b a request of type RTM_NEWNEIGH or RTM_DELNEIGH (struct
 // ndmsg, then NDA_DST when dst is valid and NDA_LLADDR when mac is not nil).
 func appendNeighRequest(b []byte, typ, flags uint16, family uint8, ifindex int32, state uint16, ntf uint8, dst netip.Addr, mac []byte) []byte {
-	b = nlMessage(b, typ, flags)
+	b = rtnl.Message(b, typ, flags)
 	b = append(b, family, 0, 0, 0)
 	b = binary.NativeEndian.AppendUint32(b, uint32(ifindex))
 	b = binary.NativeEndian.AppendUint16(b, state)
 	b = append(b, ntf, 0)
 	if dst.IsValid() {
-		b = appendAttrAddr(b, unix.NDA_DST, dst)
+		b = rtnl.AppendAttrAddr(b, unix.NDA_DST, dst)
 	}
 	if mac != nil {
-		b = appendAttr(b, unix.NDA_LLADDR, mac)
+		b = rtnl.AppendAttr(b, unix.NDA_LLADDR, mac)
 	}
 	return b
 }
@@ -410,20 +411,20 @@ func appendSetLinkRequest(b []byte, index, master int32, mtu uint32, up bool) []
 	if up {
 		flags = unix.IFF_UP
 	}
-	b = appendIfInfo(nlMessage(b, unix.RTM_NEWLINK, 0), unix.AF_UNSPEC, index, flags, flags)
+	b = rtnl.AppendIfInfo(rtnl.Message(b, unix.RTM_NEWLINK, 0), unix.AF_UNSPEC, index, flags, flags)
 	if mtu != 0 {
-		b = appendAttrUint32(b, unix.IFLA_MTU, mtu)
+		b = rtnl.AppendAttrUint32(b, unix.IFLA_MTU, mtu)
 	}
-	return appendAttrUint32(b, unix.IFLA_MASTER, uint32(master))
+	return rtnl.AppendAttrUint32(b, unix.IFLA_MASTER, uint32(master))
 }
 
 // appendSetLearningRequest appends to b a request that turns the learning of a bridge port
 // on or off: `ip link set DEV type bridge_slave learning on|off`.
 func appendSetLearningRequest(b []byte, index int32, learning bool) []byte {
-	b = appendIfInfo(nlMessage(b, unix.RTM_NEWLINK, 0), unix.AF_UNSPEC, index, 0, 0)
-	b, info := beginNest(b, unix.IFLA_LINKINFO)
-	b = appendAttrString(b, unix.IFLA_INFO_SLAVE_KIND, "bridge")
-	b, data := beginNest(b, unix.IFLA_INFO_SLAVE_DATA)
-	b = appendAttrUint8(b, unix.IFLA_BRPORT_LEARNING, boolByte(learning))
-	return endNest(endNest(b, data), info)
+	b = rtnl.AppendIfInfo(rtnl.Message(b, unix.RTM_NEWLINK, 0), unix.AF_UNSPEC, index, 0, 0)
+	b, info := rtnl.BeginNest(b, unix.IFLA_LINKINFO)
+	b = rtnl.AppendAttrString(b, unix.IFLA_INFO_SLAVE_KIND, "bridge")
+	b, data := rtnl.BeginNest(b, unix.IFLA_INFO_SLAVE_DATA)
+	b = rtnl.AppendAttrUint8(b, unix.IFLA_BRPORT_LEARNING, boolByte(learning))
+	return rtnl.EndNest(rtnl.EndNest(b, data), info)
 }

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/naplesnet/naples/hal"
+	"github.com/naplesnet/naples/hal/linux/rtnl"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -545,10 +546,10 @@ func (r *InterfaceReconciler) setLink(ctx context.Context, device string, have, 
 		flags = unix.IFF_UP
 	}
 	// Index 0: the link is named by IFLA_IFNAME.
-	msg := appendIfInfo(nlMessage(r.nl.buffer(), unix.RTM_NEWLINK, 0), unix.AF_UNSPEC, 0, flags, unix.IFF_UP)
-	msg = appendAttrString(msg, unix.IFLA_IFNAME, device)
+	msg := rtnl.AppendIfInfo(rtnl.Message(r.nl.Buffer(), unix.RTM_NEWLINK, 0), unix.AF_UNSPEC, 0, flags, unix.IFF_UP)
+	msg = rtnl.AppendAttrString(msg, unix.IFLA_IFNAME, device)
 	if next.mtu != have.mtu {
-		msg = appendAttrUint32(msg, unix.IFLA_MTU, next.mtu)
+		msg = rtnl.AppendAttrUint32(msg, unix.IFLA_MTU, next.mtu)
 	}
 	state := "down"
 	if next.up {
@@ -606,7 +607,7 @@ func (r *InterfaceReconciler) addAddr(ctx context.Context, device string, id ifa
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	msg := appendIfaceAddrRequest(r.nl.buffer(), unix.RTM_NEWADDR, unix.NLM_F_CREATE|unix.NLM_F_EXCL, id)
+	msg := appendIfaceAddrRequest(r.nl.Buffer(), unix.RTM_NEWADDR, unix.NLM_F_CREATE|unix.NLM_F_EXCL, id)
 	_, err := kernelWrite(ctx, r.rtnlConn, r.addrs.Expect(id, ifaceAddr{proto: AddressProtocol}), msg)
 	switch {
 	case errors.Is(err, unix.ENODEV):
@@ -631,7 +632,7 @@ func (r *InterfaceReconciler) deleteAddr(ctx context.Context, device string, id 
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	msg := appendIfaceAddrRequest(r.nl.buffer(), unix.RTM_DELADDR, 0, id)
+	msg := appendIfaceAddrRequest(r.nl.Buffer(), unix.RTM_DELADDR, 0, id)
 	took, err := kernelWrite(ctx, r.rtnlConn, r.addrs.ExpectGone(id), msg, unix.EADDRNOTAVAIL, unix.ENODEV)
 	if err != nil {
 		return hal.Errorf(hal.ReasonKernelError, "deleting %s from interface %q: %w", id.prefix, device, err)
@@ -647,7 +648,7 @@ func (r *InterfaceReconciler) deleteAddr(ctx context.Context, device string, id 
 // IFA_ADDRESS, both the address, as `ip address` sends them. (An IPv4 delete matches the
 // prefix length only when IFA_ADDRESS is there.)
 func appendIfaceAddrRequest(b []byte, typ, flags uint16, id ifaceAddrID) []byte {
-	b = nlMessage(b, typ, flags)
+	b = rtnl.Message(b, typ, flags)
 	fam := byte(unix.AF_INET6)
 	if id.prefix.Addr().Is4() {
 		fam = unix.AF_INET
@@ -655,10 +656,10 @@ func appendIfaceAddrRequest(b []byte, typ, flags uint16, id ifaceAddrID) []byte 
 	// struct ifaddrmsg: family, prefixlen, flags, scope (universe), index.
 	b = append(b, fam, byte(id.prefix.Bits()), 0, unix.RT_SCOPE_UNIVERSE)
 	b = binary.NativeEndian.AppendUint32(b, uint32(id.index))
-	b = appendAttrAddr(b, unix.IFA_LOCAL, id.prefix.Addr())
-	b = appendAttrAddr(b, unix.IFA_ADDRESS, id.prefix.Addr())
+	b = rtnl.AppendAttrAddr(b, unix.IFA_LOCAL, id.prefix.Addr())
+	b = rtnl.AppendAttrAddr(b, unix.IFA_ADDRESS, id.prefix.Addr())
 	if typ == unix.RTM_NEWADDR {
-		b = appendAttr(b, ifaProto, []byte{AddressProtocol})
+		b = rtnl.AppendAttr(b, ifaProto, []byte{AddressProtocol})
 	}
 	return b
 }
@@ -969,7 +970,7 @@ func (r *InterfaceReconciler) dumpLocked(ctx context.Context) (links []string, a
 // the names of the links whose state differs from what the mirror held. dumpMu must be
 // held.
 func (r *InterfaceReconciler) dumpLinksLocked(ctx context.Context) ([]string, error) {
-	drift, err := dumpMirror(ctx, r.rtnlConn, r.links, "links", unix.RTM_NEWLINK, parseIfaceLink, linkDumpRequest())
+	drift, err := dumpMirror(ctx, r.rtnlConn, r.links, "links", unix.RTM_NEWLINK, parseIfaceLink, rtnl.LinkDumpRequest())
 	if err != nil {
 		return nil, err
 	}
@@ -988,7 +989,7 @@ func (r *InterfaceReconciler) dumpLinksLocked(ctx context.Context) ([]string, er
 // address show`) and returns those whose state differs from what the mirror held.
 // dumpMu must be held.
 func (r *InterfaceReconciler) dumpAddrsLocked(ctx context.Context) ([]ifaceAddrID, error) {
-	drift, err := dumpMirror(ctx, r.rtnlConn, r.addrs, "addresses", unix.RTM_NEWADDR, parseIfaceAddr, addrDumpRequest())
+	drift, err := dumpMirror(ctx, r.rtnlConn, r.addrs, "addresses", unix.RTM_NEWADDR, parseIfaceAddr, rtnl.AddrDumpRequest())
 	if err != nil {
 		return nil, err
 	}
@@ -1004,9 +1005,9 @@ func (r *InterfaceReconciler) dumpAddrsLocked(ctx context.Context) ([]ifaceAddrI
 // (RTM_GETADDR) of the reconciler's namespace and returns what parse accepts of the
 // answer (dumpObjects).
 func ifaceDump[T any](ctx context.Context, r *InterfaceReconciler, typ uint16, parse func(typ uint16, payload []byte) (T, bool)) ([]T, error) {
-	req := linkDumpRequest()
+	req := rtnl.LinkDumpRequest()
 	if typ == unix.RTM_GETADDR {
-		req = addrDumpRequest()
+		req = rtnl.AddrDumpRequest()
 	}
 	return dumpObjects(ctx, r.rtnlConn, parse, req)
 }
@@ -1022,12 +1023,12 @@ func parseIfaceLink(b []byte) (name string, l ifaceLink, ok bool) {
 	l.index = int32(ne.Uint32(b[4:8]))
 	l.up = ne.Uint32(b[8:12])&unix.IFF_UP != 0
 	stats64 := false
-	eachAttr(b[unix.SizeofIfInfomsg:], func(typ uint16, v []byte) {
+	rtnl.EachAttr(b[unix.SizeofIfInfomsg:], func(typ uint16, v []byte) {
 		switch typ {
 		case unix.IFLA_IFNAME:
-			name = cString(v)
+			name = rtnl.CString(v)
 		case unix.IFLA_MTU:
-			l.mtu = attrUint32(v)
+			l.mtu = rtnl.AttrUint32(v)
 		case unix.IFLA_OPERSTATE:
 			if len(v) >= 1 {
 				l.operState = v[0]
@@ -1037,7 +1038,7 @@ func parseIfaceLink(b []byte) (name string, l ifaceLink, ok bool) {
 				l.carrier = v[0] != 0
 			}
 		case unix.IFLA_IFALIAS:
-			if owner, ok := OwnerOfAlias(cString(v)); ok {
+			if owner, ok := OwnerOfAlias(rtnl.CString(v)); ok {
 				l.owner = owner
 			}
 		case unix.IFLA_STATS64:

@@ -8,6 +8,8 @@ import (
 
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/naplesnet/naples/hal/linux/rtnl"
 )
 
 // This file holds what the network and node reconcilers know of rtnetlink (the
@@ -84,20 +86,20 @@ func parseLinkMsg(b []byte) (m linkMsg, ok bool) {
 	m.family = b[0]
 	m.link.index = int32(ne.Uint32(b[4:8]))
 	m.link.up = ne.Uint32(b[8:12])&unix.IFF_UP != 0
-	eachAttr(b[unix.SizeofIfInfomsg:], func(typ uint16, v []byte) {
+	rtnl.EachAttr(b[unix.SizeofIfInfomsg:], func(typ uint16, v []byte) {
 		switch typ {
 		case unix.IFLA_IFNAME:
-			m.name = cString(v)
+			m.name = rtnl.CString(v)
 		case unix.IFLA_MTU:
-			m.link.mtu = attrUint32(v)
+			m.link.mtu = rtnl.AttrUint32(v)
 		case unix.IFLA_ADDRESS:
 			m.link.mac = string(v)
 		case unix.IFLA_MASTER:
-			m.link.master = int32(attrUint32(v))
+			m.link.master = int32(rtnl.AttrUint32(v))
 		case unix.IFLA_IFALIAS:
-			m.link.alias = cString(v)
+			m.link.alias = rtnl.CString(v)
 		case unix.IFLA_GROUP:
-			m.link.group = attrUint32(v)
+			m.link.group = rtnl.AttrUint32(v)
 		case unix.IFLA_LINKINFO:
 			parseLinkInfo(v, &m.link)
 		case unix.IFLA_PROTINFO:
@@ -116,16 +118,16 @@ func parseLinkMsg(b []byte) (m linkMsg, ok bool) {
 func parseLinkInfo(b []byte, l *networkLink) {
 	var slaveKind string
 	var slaveData []byte
-	eachAttr(b, func(typ uint16, v []byte) {
+	rtnl.EachAttr(b, func(typ uint16, v []byte) {
 		switch typ {
 		case unix.IFLA_INFO_KIND:
-			l.kind = cString(v)
+			l.kind = rtnl.CString(v)
 		case unix.IFLA_INFO_DATA:
 			if l.kind == "vxlan" {
 				parseVXLANInfo(v, l)
 			}
 		case unix.IFLA_INFO_SLAVE_KIND:
-			slaveKind = cString(v)
+			slaveKind = rtnl.CString(v)
 		case unix.IFLA_INFO_SLAVE_DATA:
 			slaveData = v
 		}
@@ -139,10 +141,10 @@ func parseLinkInfo(b []byte, l *networkLink) {
 
 // parseVXLANInfo decodes the IFLA_INFO_DATA of a VXLAN device.
 func parseVXLANInfo(b []byte, l *networkLink) {
-	eachAttr(b, func(typ uint16, v []byte) {
+	rtnl.EachAttr(b, func(typ uint16, v []byte) {
 		switch typ {
 		case unix.IFLA_VXLAN_ID:
-			l.vni = attrUint32(v)
+			l.vni = rtnl.AttrUint32(v)
 		case unix.IFLA_VXLAN_LOCAL, unix.IFLA_VXLAN_LOCAL6:
 			if a, ok := netip.AddrFromSlice(v); ok {
 				l.local = a
@@ -159,7 +161,7 @@ func parseVXLANInfo(b []byte, l *networkLink) {
 
 // parseBridgePort decodes a bridge port's flags, IFLA_BRPORT_* attributes.
 func parseBridgePort(b []byte, l *networkLink) {
-	eachAttr(b, func(typ uint16, v []byte) {
+	rtnl.EachAttr(b, func(typ uint16, v []byte) {
 		switch typ {
 		case unix.IFLA_BRPORT_LEARNING:
 			l.portLearning = len(v) > 0 && v[0] != 0
@@ -203,14 +205,14 @@ func parseAddr(b []byte) (m addrMsg, ok bool) {
 	m.flags = uint32(b[2])
 	m.key.index = int32(binary.NativeEndian.Uint32(b[4:8]))
 	var local, address netip.Addr
-	eachAttr(b[unix.SizeofIfAddrmsg:], func(typ uint16, v []byte) {
+	rtnl.EachAttr(b[unix.SizeofIfAddrmsg:], func(typ uint16, v []byte) {
 		switch typ {
 		case unix.IFA_LOCAL:
 			local, _ = netip.AddrFromSlice(v)
 		case unix.IFA_ADDRESS:
 			address, _ = netip.AddrFromSlice(v)
 		case unix.IFA_FLAGS:
-			m.flags = attrUint32(v)
+			m.flags = rtnl.AttrUint32(v)
 		case ifaProto:
 			if len(v) >= 1 {
 				m.proto = v[0]
@@ -280,18 +282,18 @@ func parseRuleMsg(b []byte) (m ruleMsg, ok bool) {
 	m.key.action = b[7]
 	flags := binary.NativeEndian.Uint32(b[8:12])
 	m.plain = dstLen == 0 && srcLen == 0 && tos == 0 && flags&^ruleStateFlags == 0
-	eachAttr(b[hdrLen:], func(typ uint16, v []byte) {
+	rtnl.EachAttr(b[hdrLen:], func(typ uint16, v []byte) {
 		switch typ {
 		case unix.FRA_PRIORITY:
-			m.key.priority = attrUint32(v)
+			m.key.priority = rtnl.AttrUint32(v)
 		case unix.FRA_TABLE:
-			m.key.table = attrUint32(v)
+			m.key.table = rtnl.AttrUint32(v)
 		case unix.FRA_IIFNAME:
-			m.key.iif = cString(v)
+			m.key.iif = rtnl.CString(v)
 		case unix.FRA_FWMARK:
-			m.key.fwmark = attrUint32(v)
+			m.key.fwmark = rtnl.AttrUint32(v)
 		case unix.FRA_FWMASK:
-			if attrUint32(v) != ^uint32(0) {
+			if rtnl.AttrUint32(v) != ^uint32(0) {
 				m.plain = false
 			}
 		case unix.FRA_PROTOCOL:
@@ -300,7 +302,7 @@ func parseRuleMsg(b []byte) (m ruleMsg, ok bool) {
 			}
 		case unix.FRA_SUPPRESS_PREFIXLEN, unix.FRA_SUPPRESS_IFGROUP:
 			// The kernel reports these for every rule, -1 when unset.
-			if attrUint32(v) != ^uint32(0) {
+			if rtnl.AttrUint32(v) != ^uint32(0) {
 				m.plain = false
 			}
 		default:
@@ -313,26 +315,26 @@ func parseRuleMsg(b []byte) (m ruleMsg, ok bool) {
 // appendRuleRequest appends to b an RTM_NEWRULE (`ip rule add`) or RTM_DELRULE (`ip rule
 // del`) request for the rule k, of the protocol (0: any, for a delete).
 func appendRuleRequest(b []byte, typ, flags uint16, k ruleKey, protocol uint8) []byte {
-	b = nlMessage(b, typ, flags)
+	b = rtnl.Message(b, typ, flags)
 	table := byte(0)
 	if k.table < 256 {
 		table = byte(k.table)
 	}
 	// struct fib_rule_hdr: family, dst_len, src_len, tos, table, res1, res2, action, flags.
 	b = append(b, k.family, 0, 0, 0, table, 0, 0, k.action, 0, 0, 0, 0)
-	b = appendAttrUint32(b, unix.FRA_PRIORITY, k.priority)
+	b = rtnl.AppendAttrUint32(b, unix.FRA_PRIORITY, k.priority)
 	if k.iif != "" {
-		b = appendAttrString(b, unix.FRA_IIFNAME, k.iif)
+		b = rtnl.AppendAttrString(b, unix.FRA_IIFNAME, k.iif)
 	}
 	if k.fwmark != 0 {
-		b = appendAttrUint32(b, unix.FRA_FWMARK, k.fwmark)
-		b = appendAttrUint32(b, unix.FRA_FWMASK, ^uint32(0))
+		b = rtnl.AppendAttrUint32(b, unix.FRA_FWMARK, k.fwmark)
+		b = rtnl.AppendAttrUint32(b, unix.FRA_FWMASK, ^uint32(0))
 	}
 	if k.table > 0 {
-		b = appendAttrUint32(b, unix.FRA_TABLE, k.table)
+		b = rtnl.AppendAttrUint32(b, unix.FRA_TABLE, k.table)
 	}
 	if protocol > 0 {
-		b = appendAttr(b, unix.FRA_PROTOCOL, []byte{protocol})
+		b = rtnl.AppendAttr(b, unix.FRA_PROTOCOL, []byte{protocol})
 	}
 	return b
 }
@@ -363,18 +365,18 @@ func parseOverlayRoute(b []byte) (id routeID, rt overlayRoute, ok bool) {
 	rt.scope = b[6]
 	var dst netip.Addr
 	var metric uint32
-	eachAttr(b[unix.SizeofRtMsg:], func(typ uint16, v []byte) {
+	rtnl.EachAttr(b[unix.SizeofRtMsg:], func(typ uint16, v []byte) {
 		switch typ {
 		case unix.RTA_DST:
 			dst, _ = netip.AddrFromSlice(v)
 		case unix.RTA_OIF:
-			rt.oif = int32(attrUint32(v))
+			rt.oif = int32(rtnl.AttrUint32(v))
 		case unix.RTA_PREFSRC:
 			rt.src, _ = netip.AddrFromSlice(v)
 		case unix.RTA_PRIORITY:
-			metric = attrUint32(v)
+			metric = rtnl.AttrUint32(v)
 		case unix.RTA_TABLE:
-			table = attrUint32(v)
+			table = rtnl.AttrUint32(v)
 		}
 	})
 	if !dst.IsValid() {
@@ -389,7 +391,7 @@ func parseOverlayRoute(b []byte) (id routeID, rt overlayRoute, ok bool) {
 // overlay route id through rt.oif, or with typ RTM_DELROUTE an `ip route del` of it that
 // names OverlayRouteProtocol, so that it never removes a route of another protocol.
 func appendOverlayRouteRequest(b []byte, typ, flags uint16, id routeID, rt overlayRoute) []byte {
-	b = nlMessage(b, typ, flags)
+	b = rtnl.Message(b, typ, flags)
 	family := byte(unix.AF_INET6)
 	if id.v4 {
 		family = unix.AF_INET
@@ -400,15 +402,15 @@ func appendOverlayRouteRequest(b []byte, typ, flags uint16, id routeID, rt overl
 	}
 	// struct rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags.
 	b = append(b, family, id.bits, 0, 0, unix.RT_TABLE_UNSPEC, byte(OverlayRouteProtocol), scope, rtype, 0, 0, 0, 0)
-	b = appendAttrAddr(b, unix.RTA_DST, id.dst())
-	b = appendAttrUint32(b, unix.RTA_TABLE, id.table)
+	b = rtnl.AppendAttrAddr(b, unix.RTA_DST, id.dst())
+	b = rtnl.AppendAttrUint32(b, unix.RTA_TABLE, id.table)
 	if id.metric > 0 {
-		b = appendAttrUint32(b, unix.RTA_PRIORITY, id.metric)
+		b = rtnl.AppendAttrUint32(b, unix.RTA_PRIORITY, id.metric)
 	}
 	if typ != unix.RTM_DELROUTE {
-		b = appendAttrUint32(b, unix.RTA_OIF, uint32(rt.oif))
+		b = rtnl.AppendAttrUint32(b, unix.RTA_OIF, uint32(rt.oif))
 		if rt.src.IsValid() {
-			b = appendAttrAddr(b, unix.RTA_PREFSRC, rt.src)
+			b = rtnl.AppendAttrAddr(b, unix.RTA_PREFSRC, rt.src)
 		}
 	}
 	return b
@@ -442,7 +444,7 @@ func parseHEREntry(b []byte) (k herKey, e herEntry, ok bool) {
 	}
 	e.permanent = state&unix.NUD_PERMANENT != 0
 	zeroMAC := false
-	eachAttr(b[unix.SizeofNdMsg:], func(typ uint16, v []byte) {
+	rtnl.EachAttr(b[unix.SizeofNdMsg:], func(typ uint16, v []byte) {
 		switch typ {
 		case unix.NDA_DST:
 			k.dst, _ = netip.AddrFromSlice(v)
@@ -458,20 +460,20 @@ func parseHEREntry(b []byte) (k herKey, e herEntry, ok bool) {
 // VXLAN dst ADDR self permanent`, flags NLM_F_CREATE|NLM_F_APPEND) or RTM_DELNEIGH
 // (`bridge fdb del ...`) request for the head-end replication entry k.
 func appendHERRequest(b []byte, typ, flags uint16, k herKey) []byte {
-	b = nlMessage(b, typ, flags)
+	b = rtnl.Message(b, typ, flags)
 	// struct ndmsg: family, pad1, pad2, ifindex, state, flags, type.
 	b = append(b, unix.AF_BRIDGE, 0, 0, 0)
 	b = binary.NativeEndian.AppendUint32(b, uint32(k.index))
 	b = binary.NativeEndian.AppendUint16(b, unix.NUD_PERMANENT)
 	b = append(b, unix.NTF_SELF, 0)
-	b = appendAttr(b, unix.NDA_LLADDR, make([]byte, 6))
-	return appendAttrAddr(b, unix.NDA_DST, k.dst)
+	b = rtnl.AppendAttr(b, unix.NDA_LLADDR, make([]byte, 6))
+	return rtnl.AppendAttrAddr(b, unix.NDA_DST, k.dst)
 }
 
 // appendAddrRequest appends to b an RTM_NEWADDR (`ip addr add`) or RTM_DELADDR (`ip addr
 // del`) request for the address k with the flags (IFA_F_*; none for a delete).
 func appendAddrRequest(b []byte, typ, flags uint16, k addrKey, ifaFlags uint32) []byte {
-	b = nlMessage(b, typ, flags)
+	b = rtnl.Message(b, typ, flags)
 	family := byte(unix.AF_INET6)
 	if k.prefix.Addr().Is4() {
 		family = unix.AF_INET
@@ -479,10 +481,10 @@ func appendAddrRequest(b []byte, typ, flags uint16, k addrKey, ifaFlags uint32) 
 	// struct ifaddrmsg: family, prefixlen, flags, scope, index.
 	b = append(b, family, byte(k.prefix.Bits()), byte(ifaFlags), unix.RT_SCOPE_UNIVERSE)
 	b = binary.NativeEndian.AppendUint32(b, uint32(k.index))
-	b = appendAttrAddr(b, unix.IFA_LOCAL, k.prefix.Addr())
-	b = appendAttrAddr(b, unix.IFA_ADDRESS, k.prefix.Addr())
+	b = rtnl.AppendAttrAddr(b, unix.IFA_LOCAL, k.prefix.Addr())
+	b = rtnl.AppendAttrAddr(b, unix.IFA_ADDRESS, k.prefix.Addr())
 	if typ == unix.RTM_NEWADDR {
-		b = appendAttrUint32(b, unix.IFA_FLAGS, ifaFlags)
+		b = rtnl.AppendAttrUint32(b, unix.IFA_FLAGS, ifaFlags)
 	}
 	return b
 }
@@ -499,9 +501,9 @@ func parseNetconfIndex(b []byte) (family uint8, index int32, ok bool) {
 		return 0, 0, false
 	}
 	family = b[0]
-	eachAttr(b[hdrLen:], func(typ uint16, v []byte) {
+	rtnl.EachAttr(b[hdrLen:], func(typ uint16, v []byte) {
 		if typ == netconfaIfindex {
-			index = int32(attrUint32(v))
+			index = int32(rtnl.AttrUint32(v))
 		}
 	})
 	return family, index, index > 0

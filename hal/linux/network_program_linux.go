@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/naplesnet/naples/hal"
+	"github.com/naplesnet/naples/hal/linux/rtnl"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -91,33 +92,33 @@ func foreignLink(name string, l networkLink) error {
 // address MAC master MASTER up type KIND ...`; MTU and port flags are left to converge) and
 // returns it as the kernel then reports it.
 func (r *NetworkReconciler) createLink(ctx context.Context, name string, target networkLink) (networkLink, error) {
-	msg := nlMessage(r.nl.buffer(), unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL)
-	msg = appendIfInfo(msg, unix.AF_UNSPEC, 0, unix.IFF_UP, unix.IFF_UP)
-	msg = appendAttrString(msg, unix.IFLA_IFNAME, name)
-	msg = appendAttrString(msg, unix.IFLA_IFALIAS, target.alias)
-	msg = appendAttrUint32(msg, unix.IFLA_GROUP, LinkGroup)
+	msg := rtnl.Message(r.nl.Buffer(), unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL)
+	msg = rtnl.AppendIfInfo(msg, unix.AF_UNSPEC, 0, unix.IFF_UP, unix.IFF_UP)
+	msg = rtnl.AppendAttrString(msg, unix.IFLA_IFNAME, name)
+	msg = rtnl.AppendAttrString(msg, unix.IFLA_IFALIAS, target.alias)
+	msg = rtnl.AppendAttrUint32(msg, unix.IFLA_GROUP, LinkGroup)
 	if target.mac != "" {
-		msg = appendAttr(msg, unix.IFLA_ADDRESS, []byte(target.mac))
+		msg = rtnl.AppendAttr(msg, unix.IFLA_ADDRESS, []byte(target.mac))
 	}
 	if target.master != 0 {
-		msg = appendAttrUint32(msg, unix.IFLA_MASTER, uint32(target.master))
+		msg = rtnl.AppendAttrUint32(msg, unix.IFLA_MASTER, uint32(target.master))
 	}
-	msg, info := beginNest(msg, unix.IFLA_LINKINFO)
-	msg = appendAttrString(msg, unix.IFLA_INFO_KIND, target.kind)
+	msg, info := rtnl.BeginNest(msg, unix.IFLA_LINKINFO)
+	msg = rtnl.AppendAttrString(msg, unix.IFLA_INFO_KIND, target.kind)
 	if target.kind == "vxlan" {
 		var data int
-		msg, data = beginNest(msg, unix.IFLA_INFO_DATA)
-		msg = appendAttrUint32(msg, unix.IFLA_VXLAN_ID, target.vni)
+		msg, data = rtnl.BeginNest(msg, unix.IFLA_INFO_DATA)
+		msg = rtnl.AppendAttrUint32(msg, unix.IFLA_VXLAN_ID, target.vni)
 		if target.local.Is4() {
-			msg = appendAttrAddr(msg, unix.IFLA_VXLAN_LOCAL, target.local)
+			msg = rtnl.AppendAttrAddr(msg, unix.IFLA_VXLAN_LOCAL, target.local)
 		} else {
-			msg = appendAttrAddr(msg, unix.IFLA_VXLAN_LOCAL6, target.local)
+			msg = rtnl.AppendAttrAddr(msg, unix.IFLA_VXLAN_LOCAL6, target.local)
 		}
-		msg = appendAttr(msg, unix.IFLA_VXLAN_PORT, []byte{byte(target.port >> 8), byte(target.port)})
-		msg = appendAttrUint8(msg, unix.IFLA_VXLAN_LEARNING, boolByte(target.learning))
-		msg = endNest(msg, data)
+		msg = rtnl.AppendAttr(msg, unix.IFLA_VXLAN_PORT, []byte{byte(target.port >> 8), byte(target.port)})
+		msg = rtnl.AppendAttrUint8(msg, unix.IFLA_VXLAN_LEARNING, boolByte(target.learning))
+		msg = rtnl.EndNest(msg, data)
 	}
-	msg = endNest(msg, info)
+	msg = rtnl.EndNest(msg, info)
 
 	// What the create leaves: the MTU is the kernel's, a new port has the kernel's
 	// default flags (learning on, neigh_suppress off).
@@ -156,12 +157,12 @@ func (r *NetworkReconciler) createClash(ctx context.Context, name string, target
 // in the mirror and returns it. The mirror shows the answer from then on and passes
 // over the kernel's older events of the link until they catch up with it.
 func (r *NetworkReconciler) refreshLink(ctx context.Context, name string) (networkLink, error) {
-	msg := nlMessage(make([]byte, 0, 64), unix.RTM_GETLINK, 0)
-	msg = appendIfInfo(msg, unix.AF_UNSPEC, 0, 0, 0)
-	msg = appendAttrString(msg, unix.IFLA_IFNAME, name)
+	msg := rtnl.Message(make([]byte, 0, 64), unix.RTM_GETLINK, 0)
+	msg = rtnl.AppendIfInfo(msg, unix.AF_UNSPEC, 0, 0, 0)
+	msg = rtnl.AppendAttrString(msg, unix.IFLA_IFNAME, name)
 	var got linkMsg
 	found := false
-	err := r.rtnl.get(ctx, msg, func(typ uint16, payload []byte) {
+	err := r.rtnl.Get(ctx, msg, func(typ uint16, payload []byte) {
 		if typ == unix.RTM_NEWLINK {
 			got, found = parseLinkMsg(payload)
 		}
@@ -201,7 +202,7 @@ func (r *NetworkReconciler) converge(ctx context.Context, name string, have, tar
 		step.portLearning, step.neighSuppress = step.bridgePort, false
 	}
 	if !sameLink(have, step) {
-		msg := nlMessage(r.nl.buffer(), unix.RTM_NEWLINK, 0)
+		msg := rtnl.Message(r.nl.Buffer(), unix.RTM_NEWLINK, 0)
 		var flags, change uint32
 		if have.up != step.up {
 			change = unix.IFF_UP
@@ -209,30 +210,30 @@ func (r *NetworkReconciler) converge(ctx context.Context, name string, have, tar
 				flags = unix.IFF_UP
 			}
 		}
-		msg = appendIfInfo(msg, unix.AF_UNSPEC, have.index, flags, change)
+		msg = rtnl.AppendIfInfo(msg, unix.AF_UNSPEC, have.index, flags, change)
 		var what []any
 		if have.mac != step.mac {
-			msg = appendAttr(msg, unix.IFLA_ADDRESS, []byte(step.mac))
+			msg = rtnl.AppendAttr(msg, unix.IFLA_ADDRESS, []byte(step.mac))
 			what = append(what, "address", macString(step.mac))
 		}
 		if have.mtu != step.mtu {
-			msg = appendAttrUint32(msg, unix.IFLA_MTU, step.mtu)
+			msg = rtnl.AppendAttrUint32(msg, unix.IFLA_MTU, step.mtu)
 			what = append(what, "mtu", step.mtu)
 		}
 		if have.alias != step.alias {
-			msg = appendAttrString(msg, unix.IFLA_IFALIAS, step.alias)
+			msg = rtnl.AppendAttrString(msg, unix.IFLA_IFALIAS, step.alias)
 		}
 		if have.master != step.master {
-			msg = appendAttrUint32(msg, unix.IFLA_MASTER, uint32(step.master))
+			msg = rtnl.AppendAttrUint32(msg, unix.IFLA_MASTER, uint32(step.master))
 			what = append(what, "master", step.master)
 		}
 		if have.kind == "vxlan" && have.learning != step.learning {
 			var info, data int
-			msg, info = beginNest(msg, unix.IFLA_LINKINFO)
-			msg = appendAttrString(msg, unix.IFLA_INFO_KIND, "vxlan")
-			msg, data = beginNest(msg, unix.IFLA_INFO_DATA)
-			msg = appendAttrUint8(msg, unix.IFLA_VXLAN_LEARNING, boolByte(step.learning))
-			msg = endNest(endNest(msg, data), info)
+			msg, info = rtnl.BeginNest(msg, unix.IFLA_LINKINFO)
+			msg = rtnl.AppendAttrString(msg, unix.IFLA_INFO_KIND, "vxlan")
+			msg, data = rtnl.BeginNest(msg, unix.IFLA_INFO_DATA)
+			msg = rtnl.AppendAttrUint8(msg, unix.IFLA_VXLAN_LEARNING, boolByte(step.learning))
+			msg = rtnl.EndNest(rtnl.EndNest(msg, data), info)
 			what = append(what, "learning", step.learning)
 		}
 		if change != 0 {
@@ -246,15 +247,15 @@ func (r *NetworkReconciler) converge(ctx context.Context, name string, have, tar
 	if step.bridgePort && (step.portLearning != target.portLearning || step.neighSuppress != target.neighSuppress) {
 		next := step
 		next.portLearning, next.neighSuppress = target.portLearning, target.neighSuppress
-		msg := nlMessage(r.nl.buffer(), unix.RTM_NEWLINK, 0)
-		msg = appendIfInfo(msg, unix.AF_UNSPEC, have.index, 0, 0)
+		msg := rtnl.Message(r.nl.Buffer(), unix.RTM_NEWLINK, 0)
+		msg = rtnl.AppendIfInfo(msg, unix.AF_UNSPEC, have.index, 0, 0)
 		var info, data int
-		msg, info = beginNest(msg, unix.IFLA_LINKINFO)
-		msg = appendAttrString(msg, unix.IFLA_INFO_SLAVE_KIND, "bridge")
-		msg, data = beginNest(msg, unix.IFLA_INFO_SLAVE_DATA)
-		msg = appendAttrUint8(msg, unix.IFLA_BRPORT_LEARNING, boolByte(next.portLearning))
-		msg = appendAttrUint8(msg, unix.IFLA_BRPORT_NEIGH_SUPPRESS, boolByte(next.neighSuppress))
-		msg = endNest(endNest(msg, data), info)
+		msg, info = rtnl.BeginNest(msg, unix.IFLA_LINKINFO)
+		msg = rtnl.AppendAttrString(msg, unix.IFLA_INFO_SLAVE_KIND, "bridge")
+		msg, data = rtnl.BeginNest(msg, unix.IFLA_INFO_SLAVE_DATA)
+		msg = rtnl.AppendAttrUint8(msg, unix.IFLA_BRPORT_LEARNING, boolByte(next.portLearning))
+		msg = rtnl.AppendAttrUint8(msg, unix.IFLA_BRPORT_NEIGH_SUPPRESS, boolByte(next.neighSuppress))
+		msg = rtnl.EndNest(rtnl.EndNest(msg, data), info)
 		if _, err := kernelWrite(ctx, r.rtnlConn, r.links.Expect(name, next), msg); err != nil {
 			return networkLink{}, kernelErr(err, "setting the bridge port flags of %s", name)
 		}
@@ -267,8 +268,8 @@ func (r *NetworkReconciler) converge(ctx context.Context, name string, have, tar
 // drops from the mirrors what the kernel removes with it: its addresses, routes and FDB
 // entries (IPv4 routes go without a notification).
 func (r *NetworkReconciler) deleteLink(ctx context.Context, name string, l networkLink) error {
-	msg := nlMessage(r.nl.buffer(), unix.RTM_DELLINK, 0)
-	msg = appendIfInfo(msg, unix.AF_UNSPEC, l.index, 0, 0)
+	msg := rtnl.Message(r.nl.Buffer(), unix.RTM_DELLINK, 0)
+	msg = rtnl.AppendIfInfo(msg, unix.AF_UNSPEC, l.index, 0, 0)
 	took, err := kernelWrite(ctx, r.rtnlConn, r.links.ExpectGone(name), msg, unix.ENODEV)
 	if err != nil {
 		return kernelErr(err, "deleting link %s", name)
@@ -420,7 +421,7 @@ func (r *NetworkReconciler) ensureAddresses(ctx context.Context, want networkWan
 			continue
 		}
 		flags := wanted[k]
-		msg := appendAddrRequest(r.nl.buffer(), unix.RTM_NEWADDR, unix.NLM_F_CREATE|unix.NLM_F_EXCL, k, flags)
+		msg := appendAddrRequest(r.nl.Buffer(), unix.RTM_NEWADDR, unix.NLM_F_CREATE|unix.NLM_F_EXCL, k, flags)
 		if _, err := kernelWrite(ctx, r.rtnlConn, r.addrs.Expect(k, ifAddr{flags: flags}), msg); err != nil {
 			return kernelErr(err, "adding address %s to %s", k.prefix, want.bridge)
 		}
@@ -431,7 +432,7 @@ func (r *NetworkReconciler) ensureAddresses(ctx context.Context, want networkWan
 
 // deleteAddr removes the address k from the link name (`ip addr del`).
 func (r *NetworkReconciler) deleteAddr(ctx context.Context, name string, k addrKey) error {
-	msg := appendAddrRequest(r.nl.buffer(), unix.RTM_DELADDR, 0, k, 0)
+	msg := appendAddrRequest(r.nl.Buffer(), unix.RTM_DELADDR, 0, k, 0)
 	took, err := kernelWrite(ctx, r.rtnlConn, r.addrs.ExpectGone(k), msg, unix.EADDRNOTAVAIL, unix.ENODEV)
 	if err != nil {
 		return kernelErr(err, "deleting address %s from %s", k.prefix, name)
@@ -527,7 +528,7 @@ func (r *NetworkReconciler) ensureRoutes(ctx context.Context, want networkWant, 
 		if exists {
 			flags = unix.NLM_F_CREATE | unix.NLM_F_REPLACE
 		}
-		msg := appendOverlayRouteRequest(r.nl.buffer(), unix.RTM_NEWROUTE, flags, id, rt)
+		msg := appendOverlayRouteRequest(r.nl.Buffer(), unix.RTM_NEWROUTE, flags, id, rt)
 		if _, err := kernelWrite(ctx, r.rtnlConn, r.routes.Expect(id, rt), msg); err != nil {
 			if !exists && errors.Is(err, unix.EEXIST) {
 				return hal.Errorf(hal.ReasonConflict, "subnet %s: tenant table %d holds a route to it that naples did not create; leaving it alone", id.prefix(), id.table)
@@ -556,7 +557,7 @@ func compareRouteIDs(a, b routeID) int {
 // deleteRoute deletes the route of protocol 242 with the identity (`ip route del PREFIX
 // table T metric M proto 242`).
 func (r *NetworkReconciler) deleteRoute(ctx context.Context, id routeID) error {
-	msg := appendOverlayRouteRequest(r.nl.buffer(), unix.RTM_DELROUTE, 0, id, overlayRoute{})
+	msg := appendOverlayRouteRequest(r.nl.Buffer(), unix.RTM_DELROUTE, 0, id, overlayRoute{})
 	took, err := kernelWrite(ctx, r.rtnlConn, r.routes.ExpectGone(id), msg, unix.ESRCH)
 	if err != nil {
 		return kernelErr(err, "deleting route %s", id)
@@ -606,7 +607,7 @@ func (r *NetworkReconciler) ensureRules(ctx context.Context, want networkWant) e
 		if _, ok := r.rules.Get(k); ok {
 			continue
 		}
-		msg := appendRuleRequest(r.nl.buffer(), unix.RTM_NEWRULE, unix.NLM_F_CREATE|unix.NLM_F_EXCL, k, uint8(OverlayRouteProtocol))
+		msg := appendRuleRequest(r.nl.Buffer(), unix.RTM_NEWRULE, unix.NLM_F_CREATE|unix.NLM_F_EXCL, k, uint8(OverlayRouteProtocol))
 		if _, err := kernelWrite(ctx, r.rtnlConn, r.rules.Expect(k, uint8(OverlayRouteProtocol)), msg); err != nil {
 			return kernelErr(err, "adding rule %s", ruleString(k))
 		}
@@ -617,7 +618,7 @@ func (r *NetworkReconciler) ensureRules(ctx context.Context, want networkWant) e
 
 // deleteRule deletes the rule k of the protocol (`ip rule del ...`).
 func (r *NetworkReconciler) deleteRule(ctx context.Context, k ruleKey, protocol uint8) error {
-	msg := appendRuleRequest(r.nl.buffer(), unix.RTM_DELRULE, 0, k, protocol)
+	msg := appendRuleRequest(r.nl.Buffer(), unix.RTM_DELRULE, 0, k, protocol)
 	took, err := kernelWrite(ctx, r.rtnlConn, r.rules.ExpectGone(k), msg, unix.ENOENT)
 	if err != nil {
 		return kernelErr(err, "deleting rule %s", ruleString(k))
@@ -695,7 +696,7 @@ func (r *NetworkReconciler) ensureReplication(ctx context.Context, want networkW
 		if _, ok := r.her.Get(k); ok {
 			continue
 		}
-		msg := appendHERRequest(r.nl.buffer(), unix.RTM_NEWNEIGH, unix.NLM_F_CREATE|unix.NLM_F_APPEND, k)
+		msg := appendHERRequest(r.nl.Buffer(), unix.RTM_NEWNEIGH, unix.NLM_F_CREATE|unix.NLM_F_APPEND, k)
 		if _, err := kernelWrite(ctx, r.rtnlConn, r.her.Expect(k, herEntry{permanent: true}), msg); err != nil {
 			return nil, nil, kernelErr(err, "adding head-end replication to %s on %s", a, want.vxlan)
 		}
@@ -706,7 +707,7 @@ func (r *NetworkReconciler) ensureReplication(ctx context.Context, want networkW
 
 // deleteHER deletes the head-end replication entry k of the VXLAN device name.
 func (r *NetworkReconciler) deleteHER(ctx context.Context, name string, k herKey) error {
-	msg := appendHERRequest(r.nl.buffer(), unix.RTM_DELNEIGH, 0, k)
+	msg := appendHERRequest(r.nl.Buffer(), unix.RTM_DELNEIGH, 0, k)
 	took, err := kernelWrite(ctx, r.rtnlConn, r.her.ExpectGone(k), msg, unix.ENOENT, unix.ENODEV)
 	if err != nil {
 		return kernelErr(err, "deleting head-end replication to %s on %s", k.dst, name)

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/naplesnet/naples/hal"
+	"github.com/naplesnet/naples/hal/linux/rtnl"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -179,7 +180,7 @@ func (r *NodeReconciler) fill(ctx context.Context) error {
 // dumpAddrs loads the mirror with a fresh dump of the namespace's addresses (`ip addr
 // show`) and returns the addresses whose state changed.
 func (r *NodeReconciler) dumpAddrs(ctx context.Context) ([]addrKey, error) {
-	return dumpMirror(ctx, r.rtnlConn, r.addrs, "addresses", unix.RTM_NEWADDR, parseAddrMsg, addrDumpRequest())
+	return dumpMirror(ctx, r.rtnlConn, r.addrs, "addresses", unix.RTM_NEWADDR, parseAddrMsg, rtnl.AddrDumpRequest())
 }
 
 // resync dumps afresh and enqueues this host's Node when its VTEP address changed.

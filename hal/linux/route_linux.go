@@ -22,6 +22,7 @@ import (
 
 	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/hal"
+	"github.com/naplesnet/naples/hal/linux/rtnl"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -436,7 +437,7 @@ func (r *RouteReconciler) write(ctx context.Context, id routeID, want kernelRout
 	if replace {
 		flags = unix.NLM_F_CREATE | unix.NLM_F_REPLACE
 	}
-	msg := appendRouteRequest(r.nl.buffer(), unix.RTM_NEWROUTE, flags, id, want.hops)
+	msg := appendRouteRequest(r.nl.Buffer(), unix.RTM_NEWROUTE, flags, id, want.hops)
 	_, err := kernelWrite(ctx, r.rtnlConn, r.mirror.Expect(id, want), msg)
 	switch {
 	case err != nil && !replace && errors.Is(err, unix.EEXIST):
@@ -704,16 +705,16 @@ func parseRoute(b []byte) (id routeID, rt kernelRoute, ok bool) {
 	var dst, gw netip.Addr
 	var link int32
 	var multipath []byte
-	eachAttr(b[unix.SizeofRtMsg:], func(typ uint16, v []byte) {
+	rtnl.EachAttr(b[unix.SizeofRtMsg:], func(typ uint16, v []byte) {
 		switch typ {
 		case unix.RTA_DST:
 			dst, _ = netip.AddrFromSlice(v)
 		case unix.RTA_GATEWAY:
 			gw, _ = netip.AddrFromSlice(v)
 		case unix.RTA_OIF:
-			link = int32(attrUint32(v))
+			link = int32(rtnl.AttrUint32(v))
 		case unix.RTA_PRIORITY:
-			id.metric = attrUint32(v)
+			id.metric = rtnl.AttrUint32(v)
 		case unix.RTA_TABLE:
 			if len(v) >= 4 {
 				id.table = ne.Uint32(v)
@@ -741,14 +742,14 @@ func parseRoute(b []byte) (id routeID, rt kernelRoute, ok bool) {
 			break
 		}
 		h := hop{link: int32(ne.Uint32(multipath[4:8])), weight: int32(multipath[3]) + 1}
-		eachAttr(multipath[unix.SizeofRtNexthop:l], func(typ uint16, v []byte) {
+		rtnl.EachAttr(multipath[unix.SizeofRtNexthop:l], func(typ uint16, v []byte) {
 			if typ == unix.RTA_GATEWAY {
 				a, _ := netip.AddrFromSlice(v)
 				h.gw = a.Unmap()
 			}
 		})
 		rt.hops = append(rt.hops, h)
-		multipath = multipath[min(len(multipath), rtaAlign(l)):]
+		multipath = multipath[min(len(multipath), rtnl.AttrAlign(l)):]
 	}
 	if len(rt.hops) == 0 {
 		// As the netlink library decodes it: no next hops is the route's own.
@@ -849,7 +850,7 @@ func (r *RouteReconciler) sharedDump(ctx context.Context, loaded bool) ([]routeI
 // dump reads every route of the namespace into the mirror (`ip route show table all`, both
 // families) and returns the identities whose state differs from what the mirror held.
 func (r *RouteReconciler) dump(ctx context.Context) ([]routeID, error) {
-	return dumpMirror(ctx, r.rtnlConn, r.mirror, "routes", unix.RTM_NEWROUTE, parseRoute, routeDumpRequest(unix.AF_UNSPEC, 0))
+	return dumpMirror(ctx, r.rtnlConn, r.mirror, "routes", unix.RTM_NEWROUTE, parseRoute, rtnl.RouteDumpRequest(unix.AF_UNSPEC, 0))
 }
 
 // idOf derives the kernel identity of a route spec of an object of the tenant.
@@ -932,7 +933,7 @@ func (r *RouteReconciler) delete(ctx context.Context, id routeID) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	msg := appendRouteRequest(r.nl.buffer(), unix.RTM_DELROUTE, 0, id, nil)
+	msg := appendRouteRequest(r.nl.Buffer(), unix.RTM_DELROUTE, 0, id, nil)
 	took, err := kernelWrite(ctx, r.rtnlConn, r.mirror.ExpectGone(id), msg, unix.ESRCH)
 	if err != nil {
 		return hal.Errorf(hal.ReasonKernelError, "deleting route %s: %w", id, err)
@@ -948,7 +949,7 @@ func (r *RouteReconciler) delete(ctx context.Context, id routeID) error {
 // RTM_DELROUTE (`ip route del`, hops nil) for the naples route with the identity: protocol
 // 241, scope universe (nowhere for a delete: any scope), unicast.
 func appendRouteRequest(b []byte, typ, flags uint16, id routeID, hops []hop) []byte {
-	b = nlMessage(b, typ, flags)
+	b = rtnl.Message(b, typ, flags)
 	addr := id.dst()
 	fam := byte(unix.AF_INET6)
 	if addr.Is4() {
@@ -967,31 +968,31 @@ func appendRouteRequest(b []byte, typ, flags uint16, id routeID, hops []hop) []b
 	}
 	// struct rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags.
 	b = append(b, fam, id.bits, 0, 0, table, byte(RouteProtocol), scope, rtype, 0, 0, 0, 0)
-	b = appendAttrAddr(b, unix.RTA_DST, addr)
+	b = rtnl.AppendAttrAddr(b, unix.RTA_DST, addr)
 	if id.table > 0 {
-		b = appendAttrUint32(b, unix.RTA_TABLE, id.table)
+		b = rtnl.AppendAttrUint32(b, unix.RTA_TABLE, id.table)
 	}
 	if id.metric > 0 {
-		b = appendAttrUint32(b, unix.RTA_PRIORITY, id.metric)
+		b = rtnl.AppendAttrUint32(b, unix.RTA_PRIORITY, id.metric)
 	}
 	switch {
 	case len(hops) == 1 && hops[0].weight <= 1:
 		if hops[0].gw.IsValid() {
-			b = appendAttrAddr(b, unix.RTA_GATEWAY, hops[0].gw)
+			b = rtnl.AppendAttrAddr(b, unix.RTA_GATEWAY, hops[0].gw)
 		}
 		if hops[0].link != 0 {
-			b = appendAttrUint32(b, unix.RTA_OIF, uint32(hops[0].link))
+			b = rtnl.AppendAttrUint32(b, unix.RTA_OIF, uint32(hops[0].link))
 		}
 	case len(hops) > 0:
 		start := len(b)
-		b = appendAttrHeader(b, unix.RTA_MULTIPATH, 0)
+		b = rtnl.AppendAttrHeader(b, unix.RTA_MULTIPATH, 0)
 		for _, h := range hops {
 			// struct rtnexthop: len, flags, hops (weight-1), ifindex; then attributes.
 			nh := len(b)
 			b = append(b, 0, 0, 0, byte(max(h.weight, 1)-1))
 			b = binary.NativeEndian.AppendUint32(b, uint32(h.link))
 			if h.gw.IsValid() {
-				b = appendAttrAddr(b, unix.RTA_GATEWAY, h.gw)
+				b = rtnl.AppendAttrAddr(b, unix.RTA_GATEWAY, h.gw)
 			}
 			binary.NativeEndian.PutUint16(b[nh:], uint16(len(b)-nh))
 		}
