@@ -204,62 +204,19 @@ func networkDeviceOf(l epLink) (networkID string, bridge, vxlan bool) {
 	return id, l.name == BridgeName(id), l.name == VXLANName(id)
 }
 
-// parseEPLink decodes the payload of an RTM_NEWLINK or RTM_DELLINK message (struct
-// ifinfomsg and its attributes). ok is false for a message of another family than
-// AF_UNSPEC: the bridge's AF_BRIDGE messages describe a link as a port (an RTM_DELLINK of
-// that family says that it left the bridge), without its alias.
+// parseEPLink decodes the payload of an RTM_NEWLINK or RTM_DELLINK message
+// (rtnl.ParseLink) into what the endpoint reconciler mirrors of the link. ok is false
+// for a message of another family than AF_UNSPEC: the bridge's AF_BRIDGE messages
+// describe a link as a port (an RTM_DELLINK of that family says that it left the
+// bridge), without its alias.
 func parseEPLink(b []byte) (index int32, l epLink, ok bool) {
-	if len(b) < unix.SizeofIfInfomsg || b[0] != unix.AF_UNSPEC {
+	m, ok := rtnl.ParseLink(b)
+	if !ok || m.Family != unix.AF_UNSPEC {
 		return 0, epLink{}, false
 	}
-	ne := binary.NativeEndian
-	index = int32(ne.Uint32(b[4:8]))
-	l.up = ne.Uint32(b[8:12])&unix.IFF_UP != 0
-	rtnl.EachAttr(b[unix.SizeofIfInfomsg:], func(typ uint16, v []byte) {
-		switch typ {
-		case unix.IFLA_IFNAME:
-			l.name = rtnl.CString(v)
-		case unix.IFLA_IFALIAS:
-			l.alias = rtnl.CString(v)
-		case unix.IFLA_MTU:
-			l.mtu = rtnl.AttrUint32(v)
-		case unix.IFLA_MASTER:
-			l.master = int32(rtnl.AttrUint32(v))
-		case unix.IFLA_GROUP:
-			l.group = rtnl.AttrUint32(v)
-		case unix.IFLA_LINKINFO:
-			l.learning = parseSlaveLearning(v)
-		}
-	})
-	return index, l, index > 0 && l.name != ""
-}
-
-// parseSlaveLearning tells whether an IFLA_LINKINFO attribute describes a bridge port
-// that learns (IFLA_INFO_SLAVE_KIND "bridge", IFLA_INFO_SLAVE_DATA holding
-// IFLA_BRPORT_LEARNING 1).
-func parseSlaveLearning(info []byte) bool {
-	var bridge, learning bool
-	rtnl.EachAttr(info, func(typ uint16, v []byte) {
-		switch typ {
-		case unix.IFLA_INFO_SLAVE_KIND:
-			bridge = rtnl.CString(v) == "bridge"
-		case unix.IFLA_INFO_SLAVE_DATA:
-			learning = brportLearning(v)
-		}
-	})
-	return bridge && learning
-}
-
-// brportLearning tells whether bridge port attributes (IFLA_BRPORT_*) hold
-// IFLA_BRPORT_LEARNING 1.
-func brportLearning(b []byte) bool {
-	learning := false
-	rtnl.EachAttr(b, func(typ uint16, v []byte) {
-		if typ == unix.IFLA_BRPORT_LEARNING && len(v) >= 1 {
-			learning = v[0] != 0
-		}
-	})
-	return learning
+	l = epLink{name: m.Name, alias: m.Alias, master: m.Master, mtu: m.MTU, up: m.Up(), group: m.Group,
+		learning: m.BridgePort && m.Port.Learning}
+	return m.Index, l, m.Index > 0 && l.name != ""
 }
 
 // parseEPBridgePort decodes the payload of an RTM_NEWLINK message of family AF_BRIDGE, which
@@ -267,16 +224,11 @@ func brportLearning(b []byte) bool {
 // that): the port's index and whether it learns. ok is false for other messages, and for
 // one without the port's attributes (IFLA_PROTINFO).
 func parseEPBridgePort(b []byte) (index int32, learning, ok bool) {
-	if len(b) < unix.SizeofIfInfomsg || b[0] != unix.AF_BRIDGE {
+	m, ok := rtnl.ParseLink(b)
+	if !ok || m.Family != unix.AF_BRIDGE || !m.Protinfo || m.Index <= 0 {
 		return 0, false, false
 	}
-	index = int32(binary.NativeEndian.Uint32(b[4:8]))
-	rtnl.EachAttr(b[unix.SizeofIfInfomsg:], func(typ uint16, v []byte) {
-		if typ == unix.IFLA_PROTINFO {
-			learning, ok = brportLearning(v), true
-		}
-	})
-	return index, learning, ok && index > 0
+	return m.Index, m.Port.Learning, true
 }
 
 // neighMsg is a decoded RTM_NEWNEIGH or RTM_DELNEIGH message: a neighbour (AF_INET,

@@ -1012,64 +1012,24 @@ func ifaceDump[T any](ctx context.Context, r *InterfaceReconciler, typ uint16, p
 	return dumpObjects(ctx, r.rtnlConn, parse, req)
 }
 
-// parseIfaceLink decodes the payload of an RTM_NEWLINK or RTM_DELLINK message (struct
-// ifinfomsg and its attributes); ok is false for messages that are not about a link as a
-// whole (those of family AF_BRIDGE are about bridge ports).
+// parseIfaceLink decodes the payload of an RTM_NEWLINK or RTM_DELLINK message
+// (rtnl.ParseLink) into what the interface reconciler mirrors of the link; ok is false
+// for messages that are not about a link as a whole (those of family AF_BRIDGE are about
+// bridge ports).
 func parseIfaceLink(b []byte) (name string, l ifaceLink, ok bool) {
-	if len(b) < unix.SizeofIfInfomsg || b[0] != unix.AF_UNSPEC {
+	m, ok := rtnl.ParseLink(b)
+	if !ok || m.Family != unix.AF_UNSPEC || m.Name == "" || m.Index <= 0 {
 		return "", ifaceLink{}, false
 	}
-	ne := binary.NativeEndian
-	l.index = int32(ne.Uint32(b[4:8]))
-	l.up = ne.Uint32(b[8:12])&unix.IFF_UP != 0
-	stats64 := false
-	rtnl.EachAttr(b[unix.SizeofIfInfomsg:], func(typ uint16, v []byte) {
-		switch typ {
-		case unix.IFLA_IFNAME:
-			name = rtnl.CString(v)
-		case unix.IFLA_MTU:
-			l.mtu = rtnl.AttrUint32(v)
-		case unix.IFLA_OPERSTATE:
-			if len(v) >= 1 {
-				l.operState = v[0]
-			}
-		case unix.IFLA_CARRIER:
-			if len(v) >= 1 {
-				l.carrier = v[0] != 0
-			}
-		case unix.IFLA_IFALIAS:
-			if owner, ok := OwnerOfAlias(rtnl.CString(v)); ok {
-				l.owner = owner
-			}
-		case unix.IFLA_STATS64:
-			// struct rtnl_link_stats64: rx_packets, tx_packets, rx_bytes, tx_bytes,
-			// rx_errors, tx_errors, rx_dropped, tx_dropped, ...
-			if len(v) >= 64 {
-				l.stats = ifaceStats{
-					rxPackets: ne.Uint64(v[0:]), txPackets: ne.Uint64(v[8:]),
-					rxBytes: ne.Uint64(v[16:]), txBytes: ne.Uint64(v[24:]),
-					rxErrors: ne.Uint64(v[32:]), txErrors: ne.Uint64(v[40:]),
-					rxDropped: ne.Uint64(v[48:]), txDropped: ne.Uint64(v[56:]),
-				}
-				stats64 = true
-			}
-		case unix.IFLA_STATS:
-			// struct rtnl_link_stats, the same counters in 32 bits, for kernels that
-			// send no IFLA_STATS64.
-			if len(v) >= 32 && !stats64 {
-				l.stats = ifaceStats{
-					rxPackets: uint64(ne.Uint32(v[0:])), txPackets: uint64(ne.Uint32(v[4:])),
-					rxBytes: uint64(ne.Uint32(v[8:])), txBytes: uint64(ne.Uint32(v[12:])),
-					rxErrors: uint64(ne.Uint32(v[16:])), txErrors: uint64(ne.Uint32(v[20:])),
-					rxDropped: uint64(ne.Uint32(v[24:])), txDropped: uint64(ne.Uint32(v[28:])),
-				}
-			}
-		}
-	})
-	if name == "" || l.index <= 0 {
-		return "", ifaceLink{}, false
+	l = ifaceLink{index: m.Index, up: m.Up(), mtu: m.MTU, operState: m.OperState, carrier: m.Carrier,
+		stats: ifaceStats{
+			rxPackets: m.Stats.RxPackets, txPackets: m.Stats.TxPackets, rxBytes: m.Stats.RxBytes, txBytes: m.Stats.TxBytes,
+			rxErrors: m.Stats.RxErrors, txErrors: m.Stats.TxErrors, rxDropped: m.Stats.RxDropped, txDropped: m.Stats.TxDropped,
+		}}
+	if owner, ok := OwnerOfAlias(m.Alias); ok {
+		l.owner = owner
 	}
-	return name, l, true
+	return m.Name, l, true
 }
 
 // parseIfaceAddr decodes the payload of an RTM_NEWADDR or RTM_DELADDR message (parseAddr)

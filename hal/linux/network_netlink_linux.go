@@ -76,99 +76,22 @@ type linkMsg struct {
 	protinfo bool
 }
 
-// parseLinkMsg decodes the payload of an RTM_NEWLINK or RTM_DELLINK message (struct
-// ifinfomsg and its attributes).
+// parseLinkMsg decodes the payload of an RTM_NEWLINK or RTM_DELLINK message
+// (rtnl.ParseLink) into what the network reconciler mirrors of the link.
 func parseLinkMsg(b []byte) (m linkMsg, ok bool) {
-	if len(b) < unix.SizeofIfInfomsg {
+	l, ok := rtnl.ParseLink(b)
+	if !ok {
 		return linkMsg{}, false
 	}
-	ne := binary.NativeEndian
-	m.family = b[0]
-	m.link.index = int32(ne.Uint32(b[4:8]))
-	m.link.up = ne.Uint32(b[8:12])&unix.IFF_UP != 0
-	rtnl.EachAttr(b[unix.SizeofIfInfomsg:], func(typ uint16, v []byte) {
-		switch typ {
-		case unix.IFLA_IFNAME:
-			m.name = rtnl.CString(v)
-		case unix.IFLA_MTU:
-			m.link.mtu = rtnl.AttrUint32(v)
-		case unix.IFLA_ADDRESS:
-			m.link.mac = string(v)
-		case unix.IFLA_MASTER:
-			m.link.master = int32(rtnl.AttrUint32(v))
-		case unix.IFLA_IFALIAS:
-			m.link.alias = rtnl.CString(v)
-		case unix.IFLA_GROUP:
-			m.link.group = rtnl.AttrUint32(v)
-		case unix.IFLA_LINKINFO:
-			parseLinkInfo(v, &m.link)
-		case unix.IFLA_PROTINFO:
-			if m.family == unix.AF_BRIDGE {
-				m.protinfo = true
-				m.link.bridgePort = true
-				parseBridgePort(v, &m.link)
-			}
-		}
-	})
-	return m, m.name != ""
-}
-
-// parseLinkInfo decodes IFLA_LINKINFO: the link's kind, a VXLAN device's settings and a
-// bridge port's flags.
-func parseLinkInfo(b []byte, l *networkLink) {
-	var slaveKind string
-	var slaveData []byte
-	rtnl.EachAttr(b, func(typ uint16, v []byte) {
-		switch typ {
-		case unix.IFLA_INFO_KIND:
-			l.kind = rtnl.CString(v)
-		case unix.IFLA_INFO_DATA:
-			if l.kind == "vxlan" {
-				parseVXLANInfo(v, l)
-			}
-		case unix.IFLA_INFO_SLAVE_KIND:
-			slaveKind = rtnl.CString(v)
-		case unix.IFLA_INFO_SLAVE_DATA:
-			slaveData = v
-		}
-	})
-	// The kernel puts the kind first, but do not count on it.
-	if slaveKind == "bridge" {
-		l.bridgePort = true
-		parseBridgePort(slaveData, l)
+	m = linkMsg{family: l.Family, name: l.Name, protinfo: l.Protinfo, link: networkLink{
+		index: l.Index, kind: l.Kind, alias: l.Alias, group: l.Group, mac: l.MAC, mtu: l.MTU,
+		up: l.Up(), master: l.Master,
+		bridgePort: l.BridgePort, portLearning: l.Port.Learning, neighSuppress: l.Port.NeighSuppress,
+	}}
+	if l.Kind == "vxlan" {
+		m.link.vni, m.link.local, m.link.port, m.link.learning = l.VXLAN.VNI, l.VXLAN.Local, l.VXLAN.Port, l.VXLAN.Learning
 	}
-}
-
-// parseVXLANInfo decodes the IFLA_INFO_DATA of a VXLAN device.
-func parseVXLANInfo(b []byte, l *networkLink) {
-	rtnl.EachAttr(b, func(typ uint16, v []byte) {
-		switch typ {
-		case unix.IFLA_VXLAN_ID:
-			l.vni = rtnl.AttrUint32(v)
-		case unix.IFLA_VXLAN_LOCAL, unix.IFLA_VXLAN_LOCAL6:
-			if a, ok := netip.AddrFromSlice(v); ok {
-				l.local = a
-			}
-		case unix.IFLA_VXLAN_PORT:
-			if len(v) >= 2 {
-				l.port = binary.BigEndian.Uint16(v)
-			}
-		case unix.IFLA_VXLAN_LEARNING:
-			l.learning = len(v) > 0 && v[0] != 0
-		}
-	})
-}
-
-// parseBridgePort decodes a bridge port's flags, IFLA_BRPORT_* attributes.
-func parseBridgePort(b []byte, l *networkLink) {
-	rtnl.EachAttr(b, func(typ uint16, v []byte) {
-		switch typ {
-		case unix.IFLA_BRPORT_LEARNING:
-			l.portLearning = len(v) > 0 && v[0] != 0
-		case unix.IFLA_BRPORT_NEIGH_SUPPRESS:
-			l.neighSuppress = len(v) > 0 && v[0] != 0
-		}
-	})
+	return m, m.name != ""
 }
 
 // addrKey identifies an address of an interface: the interface and the address with its
