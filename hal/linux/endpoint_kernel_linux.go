@@ -248,34 +248,15 @@ type neighMsg struct {
 	master int32
 }
 
-// parseNeighMsg decodes the payload of an RTM_NEWNEIGH or RTM_DELNEIGH message (struct
-// ndmsg and its attributes).
+// parseNeighMsg decodes the payload of an RTM_NEWNEIGH or RTM_DELNEIGH message
+// (rtnl.ParseNeigh).
 func parseNeighMsg(b []byte) (m neighMsg, ok bool) {
-	if len(b) < unix.SizeofNdMsg {
+	n, ok := rtnl.ParseNeigh(b)
+	if !ok {
 		return neighMsg{}, false
 	}
-	ne := binary.NativeEndian
-	m.family = b[0]
-	m.ifindex = int32(ne.Uint32(b[4:8]))
-	m.state = ne.Uint16(b[8:10])
-	rtnl.EachAttr(b[unix.SizeofNdMsg:], func(typ uint16, v []byte) {
-		switch typ {
-		case unix.NDA_DST:
-			a, _ := netip.AddrFromSlice(v)
-			m.dst = a.Unmap()
-		case unix.NDA_LLADDR:
-			if len(v) == 6 {
-				m.mac = [6]byte(v)
-				m.hasMAC = true
-			}
-		case unix.NDA_VLAN:
-			if len(v) >= 2 {
-				m.vlan = ne.Uint16(v)
-			}
-		case unix.NDA_MASTER:
-			m.master = int32(rtnl.AttrUint32(v))
-		}
-	})
+	m = neighMsg{family: n.Family, ifindex: n.Index, state: n.State, dst: n.Dst, mac: n.MAC, hasMAC: n.HasMAC,
+		vlan: n.VLAN, master: n.Master}
 	return m, m.ifindex > 0
 }
 

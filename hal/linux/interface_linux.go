@@ -32,10 +32,6 @@ import (
 // stands for naples in both.
 const AddressProtocol uint8 = uint8(OverlayRouteProtocol)
 
-// ifaProto is the attribute of an address's protocol (IFA_PROTO), which
-// golang.org/x/sys/unix does not define yet.
-const ifaProto = 11
-
 // InterfaceStore is what the interface reconciler reads of delphi.
 type InterfaceStore interface {
 	// Get returns the desired object with the key.
@@ -659,7 +655,7 @@ func appendIfaceAddrRequest(b []byte, typ, flags uint16, id ifaceAddrID) []byte 
 	b = rtnl.AppendAttrAddr(b, unix.IFA_LOCAL, id.prefix.Addr())
 	b = rtnl.AppendAttrAddr(b, unix.IFA_ADDRESS, id.prefix.Addr())
 	if typ == unix.RTM_NEWADDR {
-		b = rtnl.AppendAttr(b, ifaProto, []byte{AddressProtocol})
+		b = rtnl.AppendAttr(b, rtnl.AttrAddrProtocol, []byte{AddressProtocol})
 	}
 	return b
 }

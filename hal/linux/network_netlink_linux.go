@@ -115,44 +115,20 @@ type addrMsg struct {
 	proto uint8
 }
 
-// parseAddr decodes the payload of an RTM_NEWADDR or RTM_DELADDR message (struct
-// ifaddrmsg and its attributes). The address is IFA_LOCAL when there is one (an IPv4
-// address; IFA_ADDRESS is then its peer), else IFA_ADDRESS, which IPv6 sends alone
-// unless the address has a peer. ok is false for a message that is not about an address
-// of its family, IPv4 or IPv6, on an interface.
+// parseAddr decodes the payload of an RTM_NEWADDR or RTM_DELADDR message
+// (rtnl.ParseAddr); the address is rtnl.Addr.Prefix. ok is false for a message that is
+// not about an address of its family, IPv4 or IPv6, on an interface.
 func parseAddr(b []byte) (m addrMsg, ok bool) {
-	if len(b) < unix.SizeofIfAddrmsg {
+	a, ok := rtnl.ParseAddr(b)
+	if !ok {
 		return addrMsg{}, false
 	}
-	family, bits := b[0], int(b[1])
-	m.flags = uint32(b[2])
-	m.key.index = int32(binary.NativeEndian.Uint32(b[4:8]))
-	var local, address netip.Addr
-	rtnl.EachAttr(b[unix.SizeofIfAddrmsg:], func(typ uint16, v []byte) {
-		switch typ {
-		case unix.IFA_LOCAL:
-			local, _ = netip.AddrFromSlice(v)
-		case unix.IFA_ADDRESS:
-			address, _ = netip.AddrFromSlice(v)
-		case unix.IFA_FLAGS:
-			m.flags = rtnl.AttrUint32(v)
-		case ifaProto:
-			if len(v) >= 1 {
-				m.proto = v[0]
-			}
-		}
-	})
-	a := address
-	if local.IsValid() {
-		a = local
-	}
-	switch {
-	case family == unix.AF_INET && a.Is4(), family == unix.AF_INET6 && a.Is6():
-	default:
+	p, ok := a.Prefix()
+	if !ok {
 		return addrMsg{}, false
 	}
-	m.key.prefix = netip.PrefixFrom(a, bits)
-	return m, m.key.prefix.IsValid() && m.key.index > 0
+	m = addrMsg{key: addrKey{index: a.Index, prefix: p}, flags: a.Flags, proto: a.Protocol}
+	return m, m.key.index > 0
 }
 
 // parseAddrMsg decodes the payload of an RTM_NEWADDR or RTM_DELADDR message (parseAddr)
@@ -277,36 +253,13 @@ type overlayRoute struct {
 // rtmsg and its attributes) when it is a unicast route of OverlayRouteProtocol with a
 // destination; ok is false for any other route.
 func parseOverlayRoute(b []byte) (id routeID, rt overlayRoute, ok bool) {
-	if len(b) < unix.SizeofRtMsg {
+	m, ok := rtnl.ParseRoute(b)
+	if !ok || m.Protocol != byte(OverlayRouteProtocol) || (m.Family != unix.AF_INET && m.Family != unix.AF_INET6) ||
+		m.Type != unix.RTN_UNICAST || !m.Dst.IsValid() {
 		return routeID{}, overlayRoute{}, false
 	}
-	family, dstLen := b[0], int(b[1])
-	if b[5] != byte(OverlayRouteProtocol) || (family != unix.AF_INET && family != unix.AF_INET6) || b[7] != unix.RTN_UNICAST {
-		return routeID{}, overlayRoute{}, false
-	}
-	table := uint32(b[4])
-	rt.scope = b[6]
-	var dst netip.Addr
-	var metric uint32
-	rtnl.EachAttr(b[unix.SizeofRtMsg:], func(typ uint16, v []byte) {
-		switch typ {
-		case unix.RTA_DST:
-			dst, _ = netip.AddrFromSlice(v)
-		case unix.RTA_OIF:
-			rt.oif = int32(rtnl.AttrUint32(v))
-		case unix.RTA_PREFSRC:
-			rt.src, _ = netip.AddrFromSlice(v)
-		case unix.RTA_PRIORITY:
-			metric = rtnl.AttrUint32(v)
-		case unix.RTA_TABLE:
-			table = rtnl.AttrUint32(v)
-		}
-	})
-	if !dst.IsValid() {
-		return routeID{}, overlayRoute{}, false
-	}
-	rt.src = rt.src.Unmap()
-	return newRouteID(table, netip.PrefixFrom(dst.Unmap(), dstLen), metric), rt, true
+	rt = overlayRoute{oif: m.OIF, src: m.PrefSrc.Unmap(), scope: m.Scope}
+	return newRouteID(m.Table, netip.PrefixFrom(m.Dst.Unmap(), int(m.DstLen)), m.Priority), rt, true
 }
 
 // appendOverlayRouteRequest appends to b an RTM_NEWROUTE request (`ip route add` with
@@ -352,30 +305,16 @@ type herEntry struct {
 	permanent bool
 }
 
-// parseHEREntry decodes the payload of an RTM_NEWNEIGH or RTM_DELNEIGH message (struct
-// ndmsg and its attributes) when it is a head-end replication entry of a VXLAN device:
-// family AF_BRIDGE, flag NTF_SELF, the all-zeros MAC and a destination.
+// parseHEREntry decodes the payload of an RTM_NEWNEIGH or RTM_DELNEIGH message
+// (rtnl.ParseNeigh) when it is a head-end replication entry of a VXLAN device: family
+// AF_BRIDGE, flag NTF_SELF, the all-zeros MAC and a destination.
 func parseHEREntry(b []byte) (k herKey, e herEntry, ok bool) {
-	if len(b) < unix.SizeofNdMsg || b[0] != unix.AF_BRIDGE {
+	n, ok := rtnl.ParseNeigh(b)
+	if !ok || n.Family != unix.AF_BRIDGE || n.Flags&unix.NTF_SELF == 0 {
 		return herKey{}, herEntry{}, false
 	}
-	ne := binary.NativeEndian
-	k.index = int32(ne.Uint32(b[4:8]))
-	state, flags := ne.Uint16(b[8:10]), b[10]
-	if flags&unix.NTF_SELF == 0 {
-		return herKey{}, herEntry{}, false
-	}
-	e.permanent = state&unix.NUD_PERMANENT != 0
-	zeroMAC := false
-	rtnl.EachAttr(b[unix.SizeofNdMsg:], func(typ uint16, v []byte) {
-		switch typ {
-		case unix.NDA_DST:
-			k.dst, _ = netip.AddrFromSlice(v)
-		case unix.NDA_LLADDR:
-			zeroMAC = len(v) == 6 && string(v) == "\x00\x00\x00\x00\x00\x00"
-		}
-	})
-	k.dst = k.dst.Unmap()
+	k, e = herKey{index: n.Index, dst: n.Dst}, herEntry{permanent: n.State&unix.NUD_PERMANENT != 0}
+	zeroMAC := n.HasMAC && n.MAC == [6]byte{}
 	return k, e, zeroMAC && k.dst.IsValid()
 }
 

@@ -692,68 +692,31 @@ func (r *RouteReconciler) drift(id routeID, typ uint16, rt kernelRoute) (keyID s
 // its family. ok is false for a message of a family other than IPv4 and IPv6 and for a
 // cached route (RTM_F_CLONED), which naples could not have created.
 func parseRoute(b []byte) (id routeID, rt kernelRoute, ok bool) {
-	if len(b) < unix.SizeofRtMsg {
+	m, ok := rtnl.ParseRoute(b)
+	if !ok || (m.Family != unix.AF_INET && m.Family != unix.AF_INET6) || m.Flags&unix.RTM_F_CLONED != 0 {
 		return routeID{}, kernelRoute{}, false
 	}
-	ne := binary.NativeEndian
-	family, dstLen := b[0], int(b[1])
-	if (family != unix.AF_INET && family != unix.AF_INET6) || ne.Uint32(b[8:12])&unix.RTM_F_CLONED != 0 {
-		return routeID{}, kernelRoute{}, false
-	}
-	id.table = uint32(b[4])
-	rt.protocol = netlink.RouteProtocol(b[5])
-	var dst, gw netip.Addr
-	var link int32
-	var multipath []byte
-	rtnl.EachAttr(b[unix.SizeofRtMsg:], func(typ uint16, v []byte) {
-		switch typ {
-		case unix.RTA_DST:
-			dst, _ = netip.AddrFromSlice(v)
-		case unix.RTA_GATEWAY:
-			gw, _ = netip.AddrFromSlice(v)
-		case unix.RTA_OIF:
-			link = int32(rtnl.AttrUint32(v))
-		case unix.RTA_PRIORITY:
-			id.metric = rtnl.AttrUint32(v)
-		case unix.RTA_TABLE:
-			if len(v) >= 4 {
-				id.table = ne.Uint32(v)
-			}
-		case unix.RTA_MULTIPATH:
-			multipath = v
-		}
-	})
+	rt.protocol = netlink.RouteProtocol(m.Protocol)
+	dst := m.Dst
 	switch {
 	case dst.IsValid():
-	case family == unix.AF_INET:
+	case m.Family == unix.AF_INET:
 		dst = netip.IPv4Unspecified()
 	default:
 		dst = netip.IPv6Unspecified()
 	}
-	id = newRouteID(id.table, netip.PrefixFrom(dst.Unmap(), dstLen), id.metric)
-	if multipath == nil {
-		rt.hops = []hop{{gw: gw.Unmap(), link: link, weight: 1}}
+	id = newRouteID(m.Table, netip.PrefixFrom(dst.Unmap(), int(m.DstLen)), m.Priority)
+	own := hop{gw: m.Gateway.Unmap(), link: m.OIF, weight: 1}
+	if m.Multipath == nil {
+		rt.hops = []hop{own}
 		return id, rt, true
 	}
-	// struct rtnexthop, each followed by its attributes.
-	for len(multipath) >= unix.SizeofRtNexthop {
-		l := int(ne.Uint16(multipath[0:2]))
-		if l < unix.SizeofRtNexthop || l > len(multipath) {
-			break
-		}
-		h := hop{link: int32(ne.Uint32(multipath[4:8])), weight: int32(multipath[3]) + 1}
-		rtnl.EachAttr(multipath[unix.SizeofRtNexthop:l], func(typ uint16, v []byte) {
-			if typ == unix.RTA_GATEWAY {
-				a, _ := netip.AddrFromSlice(v)
-				h.gw = a.Unmap()
-			}
-		})
-		rt.hops = append(rt.hops, h)
-		multipath = multipath[min(len(multipath), rtnl.AttrAlign(l)):]
+	for h := range m.Nexthops() {
+		rt.hops = append(rt.hops, hop{gw: h.Gateway.Unmap(), link: h.Index, weight: h.Weight})
 	}
 	if len(rt.hops) == 0 {
 		// As the netlink library decodes it: no next hops is the route's own.
-		rt.hops = []hop{{gw: gw.Unmap(), link: link, weight: 1}}
+		rt.hops = []hop{own}
 	}
 	slices.SortFunc(rt.hops, compareHops)
 	return id, rt, true
