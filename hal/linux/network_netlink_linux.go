@@ -165,49 +165,17 @@ type ruleMsg struct {
 // FIB_RULE_OIF_DETACHED).
 const ruleStateFlags = 0x8 | 0x10
 
-// parseRuleMsg decodes the payload of an RTM_NEWRULE or RTM_DELRULE message (struct
-// fib_rule_hdr and its attributes).
+// parseRuleMsg decodes the payload of an RTM_NEWRULE or RTM_DELRULE message
+// (rtnl.ParseRule) of family AF_INET or AF_INET6.
 func parseRuleMsg(b []byte) (m ruleMsg, ok bool) {
-	const hdrLen = 12
-	if len(b) < hdrLen {
+	r, ok := rtnl.ParseRule(b)
+	if !ok || r.Family != unix.AF_INET && r.Family != unix.AF_INET6 {
 		return ruleMsg{}, false
 	}
-	m.key.family = b[0]
-	if m.key.family != unix.AF_INET && m.key.family != unix.AF_INET6 {
-		return ruleMsg{}, false
-	}
-	dstLen, srcLen, tos := b[1], b[2], b[3]
-	m.key.table = uint32(b[4])
-	m.key.action = b[7]
-	flags := binary.NativeEndian.Uint32(b[8:12])
-	m.plain = dstLen == 0 && srcLen == 0 && tos == 0 && flags&^ruleStateFlags == 0
-	rtnl.EachAttr(b[hdrLen:], func(typ uint16, v []byte) {
-		switch typ {
-		case unix.FRA_PRIORITY:
-			m.key.priority = rtnl.AttrUint32(v)
-		case unix.FRA_TABLE:
-			m.key.table = rtnl.AttrUint32(v)
-		case unix.FRA_IIFNAME:
-			m.key.iif = rtnl.CString(v)
-		case unix.FRA_FWMARK:
-			m.key.fwmark = rtnl.AttrUint32(v)
-		case unix.FRA_FWMASK:
-			if rtnl.AttrUint32(v) != ^uint32(0) {
-				m.plain = false
-			}
-		case unix.FRA_PROTOCOL:
-			if len(v) > 0 {
-				m.protocol = v[0]
-			}
-		case unix.FRA_SUPPRESS_PREFIXLEN, unix.FRA_SUPPRESS_IFGROUP:
-			// The kernel reports these for every rule, -1 when unset.
-			if rtnl.AttrUint32(v) != ^uint32(0) {
-				m.plain = false
-			}
-		default:
-			m.plain = false
-		}
-	})
+	m.key = ruleKey{family: r.Family, priority: r.Priority, iif: r.IIF, fwmark: r.FwMark, table: r.Table, action: r.Action}
+	m.protocol = r.Protocol
+	m.plain = r.DstLen == 0 && r.SrcLen == 0 && r.TOS == 0 && r.Flags&^ruleStateFlags == 0 &&
+		r.FwMask == ^uint32(0) && r.SuppressPrefixLen == ^uint32(0) && r.SuppressIfGroup == ^uint32(0) && !r.Other
 	return m, true
 }
 
@@ -349,26 +317,6 @@ func appendAddrRequest(b []byte, typ, flags uint16, k addrKey, ifaFlags uint32) 
 		b = rtnl.AppendAttrUint32(b, unix.IFA_FLAGS, ifaFlags)
 	}
 	return b
-}
-
-// The netconf attributes (linux/netconf.h) the network reconciler reads.
-const netconfaIfindex = 1
-
-// parseNetconfIndex returns the interface index an RTM_NEWNETCONF or RTM_DELNETCONF
-// message (struct netconfmsg and its attributes) is about; ok is false for the
-// namespace-wide ones ("all", "default").
-func parseNetconfIndex(b []byte) (family uint8, index int32, ok bool) {
-	const hdrLen = 4 // struct netconfmsg, padded
-	if len(b) < hdrLen {
-		return 0, 0, false
-	}
-	family = b[0]
-	rtnl.EachAttr(b[hdrLen:], func(typ uint16, v []byte) {
-		if typ == netconfaIfindex {
-			index = int32(rtnl.AttrUint32(v))
-		}
-	})
-	return family, index, index > 0
 }
 
 // runInNamespace runs fn on an OS thread in network namespace ns (nil: the calling

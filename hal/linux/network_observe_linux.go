@@ -244,7 +244,7 @@ func (r *NetworkReconciler) apply(typ uint16, b []byte, enqueue func(keyID strin
 	case unix.RTM_NEWNETCONF, unix.RTM_DELNETCONF:
 		// The notification of force_forwarding carries no value: whoever changed a
 		// forwarding setting of a bridge, it is read again.
-		_, index, ok := parseNetconfIndex(b)
+		_, index, ok := rtnl.ParseNetconfIndex(b)
 		if !ok {
 			return
 		}
