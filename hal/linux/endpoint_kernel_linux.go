@@ -284,23 +284,6 @@ func (m *neighMsg) neigh() (neighKey, neighEntry, bool) {
 // epUnicastMAC tells whether mac is a unicast address other than all zeros.
 func epUnicastMAC(mac [6]byte) bool { return mac[0]&1 == 0 && mac != [6]byte{} }
 
-// appendNeighRequest appends to b a request of type RTM_NEWNEIGH or RTM_DELNEIGH (struct
-// ndmsg, then NDA_DST when dst is valid and NDA_LLADDR when mac is not nil).
-func appendNeighRequest(b []byte, typ, flags uint16, family uint8, ifindex int32, state uint16, ntf uint8, dst netip.Addr, mac []byte) []byte {
-	b = rtnl.Message(b, typ, flags)
-	b = append(b, family, 0, 0, 0)
-	b = binary.NativeEndian.AppendUint32(b, uint32(ifindex))
-	b = binary.NativeEndian.AppendUint16(b, state)
-	b = append(b, ntf, 0)
-	if dst.IsValid() {
-		b = rtnl.AppendAttrAddr(b, unix.NDA_DST, dst)
-	}
-	if mac != nil {
-		b = rtnl.AppendAttr(b, unix.NDA_LLADDR, mac)
-	}
-	return b
-}
-
 // appendFDBRequest appends to b a request that adds or replaces (RTM_NEWNEIGH) or deletes
 // (RTM_DELNEIGH) the static FDB entry with the key, on the port e names for a bridge's:
 //
@@ -319,7 +302,8 @@ func appendFDBRequest(b []byte, typ uint16, k fdbKey, e fdbEntry) []byte {
 	if typ == unix.RTM_DELNEIGH {
 		flags, state, e = 0, 0, fdbEntry{}
 	}
-	return appendNeighRequest(b, typ, flags, unix.AF_BRIDGE, ifindex, state, ntf, e.dst, k.mac[:])
+	return rtnl.AppendNeighRequest(b, typ, flags, rtnl.Neigh{Family: unix.AF_BRIDGE, Index: ifindex, State: state, Flags: ntf,
+		Dst: e.dst, MAC: k.mac, HasMAC: true})
 }
 
 // appendNeighborRequest appends to b a request that adds or replaces (RTM_NEWNEIGH, `ip
@@ -331,9 +315,10 @@ func appendNeighborRequest(b []byte, typ uint16, k neighKey, e neighEntry) []byt
 		family = unix.AF_INET
 	}
 	if typ == unix.RTM_DELNEIGH {
-		return appendNeighRequest(b, typ, 0, family, k.ifindex, 0, 0, k.ip, nil)
+		return rtnl.AppendNeighRequest(b, typ, 0, rtnl.Neigh{Family: family, Index: k.ifindex, Dst: k.ip})
 	}
-	return appendNeighRequest(b, typ, unix.NLM_F_CREATE|unix.NLM_F_REPLACE, family, k.ifindex, unix.NUD_PERMANENT, 0, k.ip, e.mac[:])
+	return rtnl.AppendNeighRequest(b, typ, unix.NLM_F_CREATE|unix.NLM_F_REPLACE, rtnl.Neigh{Family: family, Index: k.ifindex,
+		State: unix.NUD_PERMANENT, Dst: k.ip, MAC: e.mac, HasMAC: true})
 }
 
 // appendSetLinkRequest appends to b a request that sets a link's master (0: none) and,

@@ -2,7 +2,6 @@ package linux
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/maphash"
@@ -644,20 +643,7 @@ func (r *InterfaceReconciler) deleteAddr(ctx context.Context, device string, id 
 // IFA_ADDRESS, both the address, as `ip address` sends them. (An IPv4 delete matches the
 // prefix length only when IFA_ADDRESS is there.)
 func appendIfaceAddrRequest(b []byte, typ, flags uint16, id ifaceAddrID) []byte {
-	b = rtnl.Message(b, typ, flags)
-	fam := byte(unix.AF_INET6)
-	if id.prefix.Addr().Is4() {
-		fam = unix.AF_INET
-	}
-	// struct ifaddrmsg: family, prefixlen, flags, scope (universe), index.
-	b = append(b, fam, byte(id.prefix.Bits()), 0, unix.RT_SCOPE_UNIVERSE)
-	b = binary.NativeEndian.AppendUint32(b, uint32(id.index))
-	b = rtnl.AppendAttrAddr(b, unix.IFA_LOCAL, id.prefix.Addr())
-	b = rtnl.AppendAttrAddr(b, unix.IFA_ADDRESS, id.prefix.Addr())
-	if typ == unix.RTM_NEWADDR {
-		b = rtnl.AppendAttr(b, rtnl.AttrAddrProtocol, []byte{AddressProtocol})
-	}
-	return b
+	return rtnl.AppendAddrRequest(b, typ, flags, id.index, id.prefix, 0, AddressProtocol)
 }
 
 // addOurs records that the link with the index may hold the address of naples.

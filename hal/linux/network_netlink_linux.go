@@ -1,7 +1,6 @@
 package linux
 
 import (
-	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"runtime"
@@ -290,33 +289,14 @@ func parseHEREntry(b []byte) (k herKey, e herEntry, ok bool) {
 // VXLAN dst ADDR self permanent`, flags NLM_F_CREATE|NLM_F_APPEND) or RTM_DELNEIGH
 // (`bridge fdb del ...`) request for the head-end replication entry k.
 func appendHERRequest(b []byte, typ, flags uint16, k herKey) []byte {
-	b = rtnl.Message(b, typ, flags)
-	// struct ndmsg: family, pad1, pad2, ifindex, state, flags, type.
-	b = append(b, unix.AF_BRIDGE, 0, 0, 0)
-	b = binary.NativeEndian.AppendUint32(b, uint32(k.index))
-	b = binary.NativeEndian.AppendUint16(b, unix.NUD_PERMANENT)
-	b = append(b, unix.NTF_SELF, 0)
-	b = rtnl.AppendAttr(b, unix.NDA_LLADDR, make([]byte, 6))
-	return rtnl.AppendAttrAddr(b, unix.NDA_DST, k.dst)
+	return rtnl.AppendNeighRequest(b, typ, flags, rtnl.Neigh{Family: unix.AF_BRIDGE, Index: k.index, State: unix.NUD_PERMANENT,
+		Flags: unix.NTF_SELF, Dst: k.dst, HasMAC: true})
 }
 
 // appendAddrRequest appends to b an RTM_NEWADDR (`ip addr add`) or RTM_DELADDR (`ip addr
 // del`) request for the address k with the flags (IFA_F_*; none for a delete).
 func appendAddrRequest(b []byte, typ, flags uint16, k addrKey, ifaFlags uint32) []byte {
-	b = rtnl.Message(b, typ, flags)
-	family := byte(unix.AF_INET6)
-	if k.prefix.Addr().Is4() {
-		family = unix.AF_INET
-	}
-	// struct ifaddrmsg: family, prefixlen, flags, scope, index.
-	b = append(b, family, byte(k.prefix.Bits()), byte(ifaFlags), unix.RT_SCOPE_UNIVERSE)
-	b = binary.NativeEndian.AppendUint32(b, uint32(k.index))
-	b = rtnl.AppendAttrAddr(b, unix.IFA_LOCAL, k.prefix.Addr())
-	b = rtnl.AppendAttrAddr(b, unix.IFA_ADDRESS, k.prefix.Addr())
-	if typ == unix.RTM_NEWADDR {
-		b = rtnl.AppendAttrUint32(b, unix.IFA_FLAGS, ifaFlags)
-	}
-	return b
+	return rtnl.AppendAddrRequest(b, typ, flags, k.index, k.prefix, ifaFlags, 0)
 }
 
 // runInNamespace runs fn on an OS thread in network namespace ns (nil: the calling

@@ -73,3 +73,29 @@ func (a *Addr) Prefix() (p netip.Prefix, ok bool) {
 	p = netip.PrefixFrom(addr, int(a.PrefixLen))
 	return p, p.IsValid()
 }
+
+// AppendAddrRequest appends to b a request of the type, RTM_NEWADDR (`ip address add`)
+// or RTM_DELADDR (`ip address del`), for the address p on the interface with the index:
+// struct ifaddrmsg with the low 8 bits of ifaFlags, then IFA_LOCAL and IFA_ADDRESS, both
+// p's address, as `ip address` sends them (an IPv4 delete matches the prefix length only
+// when IFA_ADDRESS is there), and for RTM_NEWADDR the flags (IFA_FLAGS) and the protocol
+// (AttrAddrProtocol), each when not 0.
+func AppendAddrRequest(b []byte, typ, flags uint16, index int32, p netip.Prefix, ifaFlags uint32, protocol uint8) []byte {
+	b = Message(b, typ, flags)
+	family := byte(unix.AF_INET6)
+	if p.Addr().Is4() {
+		family = unix.AF_INET
+	}
+	// struct ifaddrmsg: family, prefixlen, flags, scope, index.
+	b = append(b, family, byte(p.Bits()), byte(ifaFlags), unix.RT_SCOPE_UNIVERSE)
+	b = binary.NativeEndian.AppendUint32(b, uint32(index))
+	b = AppendAttrAddr(b, unix.IFA_LOCAL, p.Addr())
+	b = AppendAttrAddr(b, unix.IFA_ADDRESS, p.Addr())
+	if typ == unix.RTM_NEWADDR && ifaFlags != 0 {
+		b = AppendAttrUint32(b, unix.IFA_FLAGS, ifaFlags)
+	}
+	if typ == unix.RTM_NEWADDR && protocol != 0 {
+		b = AppendAttr(b, AttrAddrProtocol, []byte{protocol})
+	}
+	return b
+}

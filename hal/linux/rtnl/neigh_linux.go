@@ -62,3 +62,23 @@ func ParseNeigh(b []byte) (n Neigh, ok bool) {
 	})
 	return n, true
 }
+
+// AppendNeighRequest appends to b a request of the type, RTM_NEWNEIGH (`ip neigh
+// replace`, `bridge fdb append`, ... by the flags) or RTM_DELNEIGH, for the entry n:
+// struct ndmsg with its family, interface, state and flags, then NDA_DST when n.Dst is
+// valid and NDA_LLADDR when n.HasMAC.
+func AppendNeighRequest(b []byte, typ, flags uint16, n Neigh) []byte {
+	b = Message(b, typ, flags)
+	// struct ndmsg: family, pad1, pad2, ifindex, state, flags, type.
+	b = append(b, n.Family, 0, 0, 0)
+	b = binary.NativeEndian.AppendUint32(b, uint32(n.Index))
+	b = binary.NativeEndian.AppendUint16(b, n.State)
+	b = append(b, n.Flags, 0)
+	if n.Dst.IsValid() {
+		b = AppendAttrAddr(b, unix.NDA_DST, n.Dst)
+	}
+	if n.HasMAC {
+		b = AppendAttr(b, unix.NDA_LLADDR, n.MAC[:])
+	}
+	return b
+}
