@@ -181,28 +181,8 @@ func parseRuleMsg(b []byte) (m ruleMsg, ok bool) {
 // appendRuleRequest appends to b an RTM_NEWRULE (`ip rule add`) or RTM_DELRULE (`ip rule
 // del`) request for the rule k, of the protocol (0: any, for a delete).
 func appendRuleRequest(b []byte, typ, flags uint16, k ruleKey, protocol uint8) []byte {
-	b = rtnl.Message(b, typ, flags)
-	table := byte(0)
-	if k.table < 256 {
-		table = byte(k.table)
-	}
-	// struct fib_rule_hdr: family, dst_len, src_len, tos, table, res1, res2, action, flags.
-	b = append(b, k.family, 0, 0, 0, table, 0, 0, k.action, 0, 0, 0, 0)
-	b = rtnl.AppendAttrUint32(b, unix.FRA_PRIORITY, k.priority)
-	if k.iif != "" {
-		b = rtnl.AppendAttrString(b, unix.FRA_IIFNAME, k.iif)
-	}
-	if k.fwmark != 0 {
-		b = rtnl.AppendAttrUint32(b, unix.FRA_FWMARK, k.fwmark)
-		b = rtnl.AppendAttrUint32(b, unix.FRA_FWMASK, ^uint32(0))
-	}
-	if k.table > 0 {
-		b = rtnl.AppendAttrUint32(b, unix.FRA_TABLE, k.table)
-	}
-	if protocol > 0 {
-		b = rtnl.AppendAttr(b, unix.FRA_PROTOCOL, []byte{protocol})
-	}
-	return b
+	return rtnl.AppendRuleRequest(b, typ, flags, rtnl.Rule{Family: k.family, Priority: k.priority, IIF: k.iif,
+		FwMark: k.fwmark, Table: k.table, Action: k.action, Protocol: protocol})
 }
 
 // overlayRoute is what the network reconciler mirrors of a route of OverlayRouteProtocol

@@ -76,3 +76,37 @@ func ParseRule(b []byte) (r Rule, ok bool) {
 	})
 	return r, true
 }
+
+// AppendRuleRequest appends to b a request of the type, RTM_NEWRULE (`ip rule add`) or
+// RTM_DELRULE (`ip rule del`), for the rule r: struct fib_rule_hdr with its family,
+// action and table (0 in the header for a table above 255), then FRA_PRIORITY, and each
+// of FRA_IIFNAME, FRA_FWMARK with FRA_FWMASK (FwMask, all ones when 0), FRA_TABLE and
+// FRA_PROTOCOL when r sets it. The other fields of r are not sent.
+func AppendRuleRequest(b []byte, typ, flags uint16, r Rule) []byte {
+	b = Message(b, typ, flags)
+	table := byte(0)
+	if r.Table < 256 {
+		table = byte(r.Table)
+	}
+	// struct fib_rule_hdr: family, dst_len, src_len, tos, table, res1, res2, action, flags.
+	b = append(b, r.Family, 0, 0, 0, table, 0, 0, r.Action, 0, 0, 0, 0)
+	b = AppendAttrUint32(b, unix.FRA_PRIORITY, r.Priority)
+	if r.IIF != "" {
+		b = AppendAttrString(b, unix.FRA_IIFNAME, r.IIF)
+	}
+	if r.FwMark != 0 {
+		mask := r.FwMask
+		if mask == 0 {
+			mask = ^uint32(0)
+		}
+		b = AppendAttrUint32(b, unix.FRA_FWMARK, r.FwMark)
+		b = AppendAttrUint32(b, unix.FRA_FWMASK, mask)
+	}
+	if r.Table > 0 {
+		b = AppendAttrUint32(b, unix.FRA_TABLE, r.Table)
+	}
+	if r.Protocol > 0 {
+		b = AppendAttr(b, unix.FRA_PROTOCOL, []byte{r.Protocol})
+	}
+	return b
+}

@@ -25,3 +25,14 @@ func TestParseRule(t *testing.T) {
 		t.Errorf("ParseRule with an oif = %+v, %v\nwant %+v, true", got, ok, want)
 	}
 }
+
+// TestRuleRequestRoundTrip: a rule built by AppendRuleRequest parses back as the rule,
+// in a table above 255 and with a firewall mark matched whole.
+func TestRuleRequestRoundTrip(t *testing.T) {
+	r := Rule{Family: unix.AF_INET6, Table: 1000, Action: unix.FR_ACT_TO_TBL, Priority: 900, FwMark: 0x4200,
+		FwMask: ^uint32(0), SuppressPrefixLen: ^uint32(0), SuppressIfGroup: ^uint32(0), Protocol: 242}
+	msg := AppendRuleRequest(nil, unix.RTM_NEWRULE, 0, r)
+	if got, ok := ParseRule(msg[unix.NLMSG_HDRLEN:]); !ok || got != r {
+		t.Errorf("ParseRule(AppendRuleRequest(r)) = %+v, %v\nwant %+v, true", got, ok, r)
+	}
+}
