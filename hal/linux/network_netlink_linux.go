@@ -214,29 +214,17 @@ func parseOverlayRoute(b []byte) (id routeID, rt overlayRoute, ok bool) {
 // overlay route id through rt.oif, or with typ RTM_DELROUTE an `ip route del` of it that
 // names OverlayRouteProtocol, so that it never removes a route of another protocol.
 func appendOverlayRouteRequest(b []byte, typ, flags uint16, id routeID, rt overlayRoute) []byte {
-	b = rtnl.Message(b, typ, flags)
-	family := byte(unix.AF_INET6)
+	r := rtnl.Route{Family: unix.AF_INET6, DstLen: id.bits, Table: id.table, Protocol: uint8(OverlayRouteProtocol),
+		Scope: rt.scope, Type: unix.RTN_UNICAST, Dst: id.dst(), Priority: id.metric}
 	if id.v4 {
-		family = unix.AF_INET
+		r.Family = unix.AF_INET
 	}
-	scope, rtype := rt.scope, byte(unix.RTN_UNICAST)
 	if typ == unix.RTM_DELROUTE {
-		scope, rtype = unix.RT_SCOPE_NOWHERE, unix.RTN_UNSPEC
+		r.Scope, r.Type = unix.RT_SCOPE_NOWHERE, unix.RTN_UNSPEC
+	} else {
+		r.OIF, r.PrefSrc = rt.oif, rt.src
 	}
-	// struct rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags.
-	b = append(b, family, id.bits, 0, 0, unix.RT_TABLE_UNSPEC, byte(OverlayRouteProtocol), scope, rtype, 0, 0, 0, 0)
-	b = rtnl.AppendAttrAddr(b, unix.RTA_DST, id.dst())
-	b = rtnl.AppendAttrUint32(b, unix.RTA_TABLE, id.table)
-	if id.metric > 0 {
-		b = rtnl.AppendAttrUint32(b, unix.RTA_PRIORITY, id.metric)
-	}
-	if typ != unix.RTM_DELROUTE {
-		b = rtnl.AppendAttrUint32(b, unix.RTA_OIF, uint32(rt.oif))
-		if rt.src.IsValid() {
-			b = rtnl.AppendAttrAddr(b, unix.RTA_PREFSRC, rt.src)
-		}
-	}
-	return b
+	return rtnl.AppendRouteRequest(b, typ, flags, r, nil)
 }
 
 // herKey identifies a head-end replication entry: `bridge fdb` entry

@@ -912,56 +912,27 @@ func (r *RouteReconciler) delete(ctx context.Context, id routeID) error {
 // RTM_DELROUTE (`ip route del`, hops nil) for the naples route with the identity: protocol
 // 241, scope universe (nowhere for a delete: any scope), unicast.
 func appendRouteRequest(b []byte, typ, flags uint16, id routeID, hops []hop) []byte {
-	b = rtnl.Message(b, typ, flags)
-	addr := id.dst()
-	fam := byte(unix.AF_INET6)
-	if addr.Is4() {
-		fam = unix.AF_INET
+	r := rtnl.Route{Family: unix.AF_INET6, DstLen: id.bits, Table: id.table, Protocol: uint8(RouteProtocol),
+		Scope: unix.RT_SCOPE_UNIVERSE, Type: unix.RTN_UNICAST, Dst: id.dst(), Priority: id.metric}
+	if id.v4 {
+		r.Family = unix.AF_INET
 	}
-	table := byte(unix.RT_TABLE_MAIN)
-	switch {
-	case id.table >= 256:
-		table = unix.RT_TABLE_UNSPEC
-	case id.table > 0:
-		table = byte(id.table)
+	if r.Table == 0 {
+		r.Table = unix.RT_TABLE_MAIN
 	}
-	scope, rtype := byte(unix.RT_SCOPE_UNIVERSE), byte(unix.RTN_UNICAST)
 	if typ == unix.RTM_DELROUTE {
-		scope, rtype = unix.RT_SCOPE_NOWHERE, unix.RTN_UNSPEC
+		r.Scope, r.Type = unix.RT_SCOPE_NOWHERE, unix.RTN_UNSPEC
 	}
-	// struct rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags.
-	b = append(b, fam, id.bits, 0, 0, table, byte(RouteProtocol), scope, rtype, 0, 0, 0, 0)
-	b = rtnl.AppendAttrAddr(b, unix.RTA_DST, addr)
-	if id.table > 0 {
-		b = rtnl.AppendAttrUint32(b, unix.RTA_TABLE, id.table)
+	if len(hops) == 1 && hops[0].weight <= 1 {
+		r.Gateway, r.OIF = hops[0].gw, hops[0].link
+		return rtnl.AppendRouteRequest(b, typ, flags, r, nil)
 	}
-	if id.metric > 0 {
-		b = rtnl.AppendAttrUint32(b, unix.RTA_PRIORITY, id.metric)
+	var buf [8]rtnl.Nexthop
+	nhs := buf[:0]
+	for _, h := range hops {
+		nhs = append(nhs, rtnl.Nexthop{Index: h.link, Weight: h.weight, Gateway: h.gw})
 	}
-	switch {
-	case len(hops) == 1 && hops[0].weight <= 1:
-		if hops[0].gw.IsValid() {
-			b = rtnl.AppendAttrAddr(b, unix.RTA_GATEWAY, hops[0].gw)
-		}
-		if hops[0].link != 0 {
-			b = rtnl.AppendAttrUint32(b, unix.RTA_OIF, uint32(hops[0].link))
-		}
-	case len(hops) > 0:
-		start := len(b)
-		b = rtnl.AppendAttrHeader(b, unix.RTA_MULTIPATH, 0)
-		for _, h := range hops {
-			// struct rtnexthop: len, flags, hops (weight-1), ifindex; then attributes.
-			nh := len(b)
-			b = append(b, 0, 0, 0, byte(max(h.weight, 1)-1))
-			b = binary.NativeEndian.AppendUint32(b, uint32(h.link))
-			if h.gw.IsValid() {
-				b = rtnl.AppendAttrAddr(b, unix.RTA_GATEWAY, h.gw)
-			}
-			binary.NativeEndian.PutUint16(b[nh:], uint16(len(b)-nh))
-		}
-		binary.NativeEndian.PutUint16(b[start:], uint16(len(b)-start))
-	}
-	return b
+	return rtnl.AppendRouteRequest(b, typ, flags, r, nhs)
 }
 
 // compareHops orders next hops by gateway and then interface.

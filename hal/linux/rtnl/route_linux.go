@@ -109,3 +109,52 @@ func (r *Route) Nexthops() iter.Seq[Nexthop] {
 		}
 	}
 }
+
+// AppendRouteRequest appends to b a request of the type, RTM_NEWROUTE (`ip route add`
+// with NLM_F_CREATE|NLM_F_EXCL, `ip route replace` with NLM_F_CREATE|NLM_F_REPLACE) or
+// RTM_DELROUTE (`ip route del`), for the route r to r.Dst/r.DstLen: struct rtmsg with
+// r's family, protocol, scope and type and its table (RT_TABLE_UNSPEC in the header for
+// a table above 255), then RTA_DST, and each of RTA_TABLE, RTA_PRIORITY, RTA_GATEWAY,
+// RTA_OIF and RTA_PREFSRC when r sets it, and RTA_MULTIPATH of hops when there are any.
+// The other fields of r are not sent.
+func AppendRouteRequest(b []byte, typ, flags uint16, r Route, hops []Nexthop) []byte {
+	b = Message(b, typ, flags)
+	table := byte(unix.RT_TABLE_UNSPEC)
+	if r.Table < 256 {
+		table = byte(r.Table)
+	}
+	// struct rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags.
+	b = append(b, r.Family, r.DstLen, 0, 0, table, r.Protocol, r.Scope, r.Type, 0, 0, 0, 0)
+	b = AppendAttrAddr(b, unix.RTA_DST, r.Dst)
+	if r.Table > 0 {
+		b = AppendAttrUint32(b, unix.RTA_TABLE, r.Table)
+	}
+	if r.Priority > 0 {
+		b = AppendAttrUint32(b, unix.RTA_PRIORITY, r.Priority)
+	}
+	if r.Gateway.IsValid() {
+		b = AppendAttrAddr(b, unix.RTA_GATEWAY, r.Gateway)
+	}
+	if r.OIF != 0 {
+		b = AppendAttrUint32(b, unix.RTA_OIF, uint32(r.OIF))
+	}
+	if r.PrefSrc.IsValid() {
+		b = AppendAttrAddr(b, unix.RTA_PREFSRC, r.PrefSrc)
+	}
+	if len(hops) > 0 {
+		start := len(b)
+		b = AppendAttrHeader(b, unix.RTA_MULTIPATH, 0)
+		for _, h := range hops {
+			// struct rtnexthop: len, flags, hops (weight-1), ifindex; then attributes.
+			nh := len(b)
+			b = append(b, 0, 0, 0, byte(max(h.Weight, 1)-1))
+			b = binary.NativeEndian.AppendUint32(b, uint32(h.Index))
+			if h.Gateway.IsValid() {
+				b = AppendAttrAddr(b, unix.RTA_GATEWAY, h.Gateway)
+			}
+			binary.NativeEndian.PutUint16(b[nh:], uint16(len(b)-nh))
+		}
+		binary.NativeEndian.PutUint16(b[start:], uint16(len(b)-start))
+	}
+	return b
+}

@@ -83,3 +83,29 @@ func TestAddrPrefix(t *testing.T) {
 		})
 	}
 }
+
+// TestRouteRequestRoundTrip: routes built by AppendRouteRequest parse back as built, one
+// through a device with a preferred source in a table above 255, one multipath.
+func TestRouteRequestRoundTrip(t *testing.T) {
+	dev := Route{Family: unix.AF_INET, DstLen: 24, Table: 1000, Protocol: 242, Scope: unix.RT_SCOPE_LINK,
+		Type: unix.RTN_UNICAST, Dst: netip.MustParseAddr("10.1.0.0"), OIF: 9, PrefSrc: netip.MustParseAddr("10.1.0.1")}
+	msg := AppendRouteRequest(nil, unix.RTM_NEWROUTE, 0, dev, nil)
+	if got, ok := ParseRoute(msg[unix.NLMSG_HDRLEN:]); !ok || !sameRoute(got, dev) {
+		t.Errorf("ParseRoute(AppendRouteRequest(r)) = %+v, %v\nwant %+v", got, ok, dev)
+	}
+	ecmp := Route{Family: unix.AF_INET6, DstLen: 64, Table: 100, Protocol: 241, Type: unix.RTN_UNICAST,
+		Dst: netip.MustParseAddr("2001:db8::"), Priority: 1024}
+	hops := []Nexthop{{Index: 3, Weight: 1, Gateway: netip.MustParseAddr("fe80::1")}, {Index: 4, Weight: 3, Gateway: netip.MustParseAddr("fe80::2")}}
+	msg = AppendRouteRequest(nil, unix.RTM_NEWROUTE, 0, ecmp, hops)
+	got, ok := ParseRoute(msg[unix.NLMSG_HDRLEN:])
+	if !ok || !sameRoute(got, ecmp) || !slices.Equal(slices.Collect(got.Nexthops()), hops) {
+		t.Errorf("ParseRoute(AppendRouteRequest(r, hops)) = %+v, %v, hops %+v\nwant %+v, hops %+v", got, ok, slices.Collect(got.Nexthops()), ecmp, hops)
+	}
+}
+
+// sameRoute compares routes but for their raw RTA_MULTIPATH.
+func sameRoute(a, b Route) bool {
+	return a.Family == b.Family && a.DstLen == b.DstLen && a.Table == b.Table && a.Protocol == b.Protocol &&
+		a.Scope == b.Scope && a.Type == b.Type && a.Flags == b.Flags && a.Dst == b.Dst && a.Gateway == b.Gateway &&
+		a.OIF == b.OIF && a.Priority == b.Priority && a.PrefSrc == b.PrefSrc
+}
