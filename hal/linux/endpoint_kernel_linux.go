@@ -329,20 +329,16 @@ func appendSetLinkRequest(b []byte, index, master int32, mtu uint32, up bool) []
 	if up {
 		flags = unix.IFF_UP
 	}
-	b = rtnl.AppendIfInfo(rtnl.Message(b, unix.RTM_NEWLINK, 0), unix.AF_UNSPEC, index, flags, flags)
+	attrs := rtnl.LinkMaster
 	if mtu != 0 {
-		b = rtnl.AppendAttrUint32(b, unix.IFLA_MTU, mtu)
+		attrs |= rtnl.LinkMTU
 	}
-	return rtnl.AppendAttrUint32(b, unix.IFLA_MASTER, uint32(master))
+	return rtnl.AppendLinkRequest(b, unix.RTM_NEWLINK, 0, rtnl.Link{Index: index, Flags: flags, MTU: mtu, Master: master}, flags, attrs)
 }
 
 // appendSetLearningRequest appends to b a request that turns the learning of a bridge port
 // on or off: `ip link set DEV type bridge_slave learning on|off`.
 func appendSetLearningRequest(b []byte, index int32, learning bool) []byte {
-	b = rtnl.AppendIfInfo(rtnl.Message(b, unix.RTM_NEWLINK, 0), unix.AF_UNSPEC, index, 0, 0)
-	b, info := rtnl.BeginNest(b, unix.IFLA_LINKINFO)
-	b = rtnl.AppendAttrString(b, unix.IFLA_INFO_SLAVE_KIND, "bridge")
-	b, data := rtnl.BeginNest(b, unix.IFLA_INFO_SLAVE_DATA)
-	b = rtnl.AppendAttrUint8(b, unix.IFLA_BRPORT_LEARNING, boolByte(learning))
-	return rtnl.EndNest(rtnl.EndNest(b, data), info)
+	return rtnl.AppendLinkRequest(b, unix.RTM_NEWLINK, 0, rtnl.Link{Index: index, Port: rtnl.BridgePortInfo{Learning: learning}},
+		0, rtnl.LinkPortLearning)
 }

@@ -541,11 +541,12 @@ func (r *InterfaceReconciler) setLink(ctx context.Context, device string, have, 
 		flags = unix.IFF_UP
 	}
 	// Index 0: the link is named by IFLA_IFNAME.
-	msg := rtnl.AppendIfInfo(rtnl.Message(r.nl.Buffer(), unix.RTM_NEWLINK, 0), unix.AF_UNSPEC, 0, flags, unix.IFF_UP)
-	msg = rtnl.AppendAttrString(msg, unix.IFLA_IFNAME, device)
+	attrs := rtnl.LinkName
 	if next.mtu != have.mtu {
-		msg = rtnl.AppendAttrUint32(msg, unix.IFLA_MTU, next.mtu)
+		attrs |= rtnl.LinkMTU
 	}
+	msg := rtnl.AppendLinkRequest(r.nl.Buffer(), unix.RTM_NEWLINK, 0, rtnl.Link{Flags: flags, Name: device, MTU: next.mtu},
+		unix.IFF_UP, attrs)
 	state := "down"
 	if next.up {
 		state = "up"

@@ -92,33 +92,21 @@ func foreignLink(name string, l networkLink) error {
 // address MAC master MASTER up type KIND ...`; MTU and port flags are left to converge) and
 // returns it as the kernel then reports it.
 func (r *NetworkReconciler) createLink(ctx context.Context, name string, target networkLink) (networkLink, error) {
-	msg := rtnl.Message(r.nl.Buffer(), unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL)
-	msg = rtnl.AppendIfInfo(msg, unix.AF_UNSPEC, 0, unix.IFF_UP, unix.IFF_UP)
-	msg = rtnl.AppendAttrString(msg, unix.IFLA_IFNAME, name)
-	msg = rtnl.AppendAttrString(msg, unix.IFLA_IFALIAS, target.alias)
-	msg = rtnl.AppendAttrUint32(msg, unix.IFLA_GROUP, LinkGroup)
+	attrs := rtnl.LinkName | rtnl.LinkAlias | rtnl.LinkGroup | rtnl.LinkKind
 	if target.mac != "" {
-		msg = rtnl.AppendAttr(msg, unix.IFLA_ADDRESS, []byte(target.mac))
+		attrs |= rtnl.LinkMAC
 	}
 	if target.master != 0 {
-		msg = rtnl.AppendAttrUint32(msg, unix.IFLA_MASTER, uint32(target.master))
+		attrs |= rtnl.LinkMaster
 	}
-	msg, info := rtnl.BeginNest(msg, unix.IFLA_LINKINFO)
-	msg = rtnl.AppendAttrString(msg, unix.IFLA_INFO_KIND, target.kind)
 	if target.kind == "vxlan" {
-		var data int
-		msg, data = rtnl.BeginNest(msg, unix.IFLA_INFO_DATA)
-		msg = rtnl.AppendAttrUint32(msg, unix.IFLA_VXLAN_ID, target.vni)
-		if target.local.Is4() {
-			msg = rtnl.AppendAttrAddr(msg, unix.IFLA_VXLAN_LOCAL, target.local)
-		} else {
-			msg = rtnl.AppendAttrAddr(msg, unix.IFLA_VXLAN_LOCAL6, target.local)
-		}
-		msg = rtnl.AppendAttr(msg, unix.IFLA_VXLAN_PORT, []byte{byte(target.port >> 8), byte(target.port)})
-		msg = rtnl.AppendAttrUint8(msg, unix.IFLA_VXLAN_LEARNING, boolByte(target.learning))
-		msg = rtnl.EndNest(msg, data)
+		attrs |= rtnl.LinkVXLAN
 	}
-	msg = rtnl.EndNest(msg, info)
+	msg := rtnl.AppendLinkRequest(r.nl.Buffer(), unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL, rtnl.Link{
+		Flags: unix.IFF_UP, Name: name, Alias: target.alias, Group: LinkGroup, MAC: target.mac, Master: target.master,
+		Kind:  target.kind,
+		VXLAN: rtnl.VXLANInfo{VNI: target.vni, Local: target.local, Port: target.port, Learning: target.learning},
+	}, unix.IFF_UP, attrs)
 
 	// What the create leaves: the MTU is the kernel's, a new port has the kernel's
 	// default flags (learning on, neigh_suppress off).
@@ -157,9 +145,7 @@ func (r *NetworkReconciler) createClash(ctx context.Context, name string, target
 // in the mirror and returns it. The mirror shows the answer from then on and passes
 // over the kernel's older events of the link until they catch up with it.
 func (r *NetworkReconciler) refreshLink(ctx context.Context, name string) (networkLink, error) {
-	msg := rtnl.Message(make([]byte, 0, 64), unix.RTM_GETLINK, 0)
-	msg = rtnl.AppendIfInfo(msg, unix.AF_UNSPEC, 0, 0, 0)
-	msg = rtnl.AppendAttrString(msg, unix.IFLA_IFNAME, name)
+	msg := rtnl.AppendLinkRequest(make([]byte, 0, 64), unix.RTM_GETLINK, 0, rtnl.Link{Name: name}, 0, rtnl.LinkName)
 	var got linkMsg
 	found := false
 	err := r.rtnl.Get(ctx, msg, func(typ uint16, payload []byte) {
@@ -202,7 +188,6 @@ func (r *NetworkReconciler) converge(ctx context.Context, name string, have, tar
 		step.portLearning, step.neighSuppress = step.bridgePort, false
 	}
 	if !sameLink(have, step) {
-		msg := rtnl.Message(r.nl.Buffer(), unix.RTM_NEWLINK, 0)
 		var flags, change uint32
 		if have.up != step.up {
 			change = unix.IFF_UP
@@ -210,35 +195,34 @@ func (r *NetworkReconciler) converge(ctx context.Context, name string, have, tar
 				flags = unix.IFF_UP
 			}
 		}
-		msg = rtnl.AppendIfInfo(msg, unix.AF_UNSPEC, have.index, flags, change)
+		var attrs rtnl.LinkAttrs
 		var what []any
 		if have.mac != step.mac {
-			msg = rtnl.AppendAttr(msg, unix.IFLA_ADDRESS, []byte(step.mac))
+			attrs |= rtnl.LinkMAC
 			what = append(what, "address", macString(step.mac))
 		}
 		if have.mtu != step.mtu {
-			msg = rtnl.AppendAttrUint32(msg, unix.IFLA_MTU, step.mtu)
+			attrs |= rtnl.LinkMTU
 			what = append(what, "mtu", step.mtu)
 		}
 		if have.alias != step.alias {
-			msg = rtnl.AppendAttrString(msg, unix.IFLA_IFALIAS, step.alias)
+			attrs |= rtnl.LinkAlias
 		}
 		if have.master != step.master {
-			msg = rtnl.AppendAttrUint32(msg, unix.IFLA_MASTER, uint32(step.master))
+			attrs |= rtnl.LinkMaster
 			what = append(what, "master", step.master)
 		}
 		if have.kind == "vxlan" && have.learning != step.learning {
-			var info, data int
-			msg, info = rtnl.BeginNest(msg, unix.IFLA_LINKINFO)
-			msg = rtnl.AppendAttrString(msg, unix.IFLA_INFO_KIND, "vxlan")
-			msg, data = rtnl.BeginNest(msg, unix.IFLA_INFO_DATA)
-			msg = rtnl.AppendAttrUint8(msg, unix.IFLA_VXLAN_LEARNING, boolByte(step.learning))
-			msg = rtnl.EndNest(rtnl.EndNest(msg, data), info)
+			attrs |= rtnl.LinkKind | rtnl.LinkVXLANLearning
 			what = append(what, "learning", step.learning)
 		}
 		if change != 0 {
 			what = append(what, "up", step.up)
 		}
+		msg := rtnl.AppendLinkRequest(r.nl.Buffer(), unix.RTM_NEWLINK, 0, rtnl.Link{
+			Index: have.index, Flags: flags, MAC: step.mac, MTU: step.mtu, Alias: step.alias, Master: step.master,
+			Kind: "vxlan", VXLAN: rtnl.VXLANInfo{Learning: step.learning},
+		}, change, attrs)
 		if _, err := kernelWrite(ctx, r.rtnlConn, r.links.Expect(name, step), msg); err != nil {
 			return networkLink{}, kernelErr(err, "setting link %s %v", name, what)
 		}
@@ -247,15 +231,9 @@ func (r *NetworkReconciler) converge(ctx context.Context, name string, have, tar
 	if step.bridgePort && (step.portLearning != target.portLearning || step.neighSuppress != target.neighSuppress) {
 		next := step
 		next.portLearning, next.neighSuppress = target.portLearning, target.neighSuppress
-		msg := rtnl.Message(r.nl.Buffer(), unix.RTM_NEWLINK, 0)
-		msg = rtnl.AppendIfInfo(msg, unix.AF_UNSPEC, have.index, 0, 0)
-		var info, data int
-		msg, info = rtnl.BeginNest(msg, unix.IFLA_LINKINFO)
-		msg = rtnl.AppendAttrString(msg, unix.IFLA_INFO_SLAVE_KIND, "bridge")
-		msg, data = rtnl.BeginNest(msg, unix.IFLA_INFO_SLAVE_DATA)
-		msg = rtnl.AppendAttrUint8(msg, unix.IFLA_BRPORT_LEARNING, boolByte(next.portLearning))
-		msg = rtnl.AppendAttrUint8(msg, unix.IFLA_BRPORT_NEIGH_SUPPRESS, boolByte(next.neighSuppress))
-		msg = rtnl.EndNest(rtnl.EndNest(msg, data), info)
+		msg := rtnl.AppendLinkRequest(r.nl.Buffer(), unix.RTM_NEWLINK, 0, rtnl.Link{
+			Index: have.index, Port: rtnl.BridgePortInfo{Learning: next.portLearning, NeighSuppress: next.neighSuppress},
+		}, 0, rtnl.LinkPortLearning|rtnl.LinkPortNeighSuppress)
 		if _, err := kernelWrite(ctx, r.rtnlConn, r.links.Expect(name, next), msg); err != nil {
 			return networkLink{}, kernelErr(err, "setting the bridge port flags of %s", name)
 		}
@@ -268,8 +246,7 @@ func (r *NetworkReconciler) converge(ctx context.Context, name string, have, tar
 // drops from the mirrors what the kernel removes with it: its addresses, routes and FDB
 // entries (IPv4 routes go without a notification).
 func (r *NetworkReconciler) deleteLink(ctx context.Context, name string, l networkLink) error {
-	msg := rtnl.Message(r.nl.Buffer(), unix.RTM_DELLINK, 0)
-	msg = rtnl.AppendIfInfo(msg, unix.AF_UNSPEC, l.index, 0, 0)
+	msg := rtnl.AppendLinkRequest(r.nl.Buffer(), unix.RTM_DELLINK, 0, rtnl.Link{Index: l.index}, 0, 0)
 	took, err := kernelWrite(ctx, r.rtnlConn, r.links.ExpectGone(name), msg, unix.ENODEV)
 	if err != nil {
 		return kernelErr(err, "deleting link %s", name)
@@ -752,12 +729,4 @@ func (r *NetworkReconciler) teardown(ctx context.Context, id string) error {
 func ownerKey(alias string) string {
 	id, _ := OwnerOfAlias(alias)
 	return id
-}
-
-// boolByte is 1 for true, 0 for false.
-func boolByte(b bool) uint8 {
-	if b {
-		return 1
-	}
-	return 0
 }

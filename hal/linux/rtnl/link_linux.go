@@ -209,3 +209,106 @@ func parseBridgePort(b []byte, p *BridgePortInfo) {
 		}
 	})
 }
+
+// LinkAttrs names the attributes of a Link that AppendLinkRequest sends.
+type LinkAttrs uint32
+
+// The attributes AppendLinkRequest can send.
+const (
+	// LinkName is IFLA_IFNAME: Link.Name.
+	LinkName LinkAttrs = 1 << iota
+	// LinkAlias is IFLA_IFALIAS: Link.Alias.
+	LinkAlias
+	// LinkGroup is IFLA_GROUP: Link.Group.
+	LinkGroup
+	// LinkMAC is IFLA_ADDRESS: Link.MAC.
+	LinkMAC
+	// LinkMTU is IFLA_MTU: Link.MTU.
+	LinkMTU
+	// LinkMaster is IFLA_MASTER: Link.Master, 0 for none (`nomaster`).
+	LinkMaster
+	// LinkKind is IFLA_INFO_KIND, Link.Kind, in IFLA_LINKINFO.
+	LinkKind
+	// LinkVXLAN is, with LinkKind, a VXLAN device's IFLA_INFO_DATA: Link.VXLAN's VNI,
+	// local address (IFLA_VXLAN_LOCAL or IFLA_VXLAN_LOCAL6), port and learning.
+	LinkVXLAN
+	// LinkVXLANLearning is, with LinkKind, IFLA_INFO_DATA holding IFLA_VXLAN_LEARNING
+	// alone: Link.VXLAN.Learning.
+	LinkVXLANLearning
+	// LinkPortLearning is a bridge port's IFLA_BRPORT_LEARNING, Link.Port.Learning, in
+	// IFLA_INFO_SLAVE_DATA of slave kind "bridge".
+	LinkPortLearning
+	// LinkPortNeighSuppress is a bridge port's IFLA_BRPORT_NEIGH_SUPPRESS,
+	// Link.Port.NeighSuppress, beside LinkPortLearning's.
+	LinkPortNeighSuppress
+)
+
+// AppendLinkRequest appends to b a request of the type (RTM_NEWLINK: `ip link add` with
+// NLM_F_CREATE|NLM_F_EXCL, `ip link set` without; RTM_DELLINK: `ip link del`;
+// RTM_GETLINK: `ip link show`) for the link l: struct ifinfomsg with AF_UNSPEC, l.Index
+// (0 to name the link by IFLA_IFNAME), l.Flags and the flags to change, then the
+// attributes attrs names, in the order of LinkAttrs.
+func AppendLinkRequest(b []byte, typ, flags uint16, l Link, change uint32, attrs LinkAttrs) []byte {
+	b = AppendIfInfo(Message(b, typ, flags), unix.AF_UNSPEC, l.Index, l.Flags, change)
+	if attrs&LinkName != 0 {
+		b = AppendAttrString(b, unix.IFLA_IFNAME, l.Name)
+	}
+	if attrs&LinkAlias != 0 {
+		b = AppendAttrString(b, unix.IFLA_IFALIAS, l.Alias)
+	}
+	if attrs&LinkGroup != 0 {
+		b = AppendAttrUint32(b, unix.IFLA_GROUP, l.Group)
+	}
+	if attrs&LinkMAC != 0 {
+		b = AppendAttr(b, unix.IFLA_ADDRESS, []byte(l.MAC))
+	}
+	if attrs&LinkMTU != 0 {
+		b = AppendAttrUint32(b, unix.IFLA_MTU, l.MTU)
+	}
+	if attrs&LinkMaster != 0 {
+		b = AppendAttrUint32(b, unix.IFLA_MASTER, uint32(l.Master))
+	}
+	if attrs&(LinkKind|LinkPortLearning|LinkPortNeighSuppress) == 0 {
+		return b
+	}
+	b, info := BeginNest(b, unix.IFLA_LINKINFO)
+	if attrs&LinkKind != 0 {
+		b = AppendAttrString(b, unix.IFLA_INFO_KIND, l.Kind)
+		if attrs&(LinkVXLAN|LinkVXLANLearning) != 0 {
+			var data int
+			b, data = BeginNest(b, unix.IFLA_INFO_DATA)
+			if attrs&LinkVXLAN != 0 {
+				b = AppendAttrUint32(b, unix.IFLA_VXLAN_ID, l.VXLAN.VNI)
+				if l.VXLAN.Local.Is4() {
+					b = AppendAttrAddr(b, unix.IFLA_VXLAN_LOCAL, l.VXLAN.Local)
+				} else {
+					b = AppendAttrAddr(b, unix.IFLA_VXLAN_LOCAL6, l.VXLAN.Local)
+				}
+				b = AppendAttr(b, unix.IFLA_VXLAN_PORT, []byte{byte(l.VXLAN.Port >> 8), byte(l.VXLAN.Port)})
+			}
+			b = AppendAttrUint8(b, unix.IFLA_VXLAN_LEARNING, boolByte(l.VXLAN.Learning))
+			b = EndNest(b, data)
+		}
+	}
+	if attrs&(LinkPortLearning|LinkPortNeighSuppress) != 0 {
+		b = AppendAttrString(b, unix.IFLA_INFO_SLAVE_KIND, "bridge")
+		var data int
+		b, data = BeginNest(b, unix.IFLA_INFO_SLAVE_DATA)
+		if attrs&LinkPortLearning != 0 {
+			b = AppendAttrUint8(b, unix.IFLA_BRPORT_LEARNING, boolByte(l.Port.Learning))
+		}
+		if attrs&LinkPortNeighSuppress != 0 {
+			b = AppendAttrUint8(b, unix.IFLA_BRPORT_NEIGH_SUPPRESS, boolByte(l.Port.NeighSuppress))
+		}
+		b = EndNest(b, data)
+	}
+	return EndNest(b, info)
+}
+
+// boolByte is 1 for true, 0 for false.
+func boolByte(v bool) uint8 {
+	if v {
+		return 1
+	}
+	return 0
+}

@@ -90,3 +90,18 @@ func TestParseLink(t *testing.T) {
 		t.Error("ParseLink of a payload shorter than struct ifinfomsg: ok")
 	}
 }
+
+// TestLinkRequestRoundTrip: a VXLAN device's create, built by AppendLinkRequest, parses
+// back as the link it was built from.
+func TestLinkRequestRoundTrip(t *testing.T) {
+	l := Link{Family: unix.AF_UNSPEC, Flags: unix.IFF_UP, Name: "nvx01", Alias: "naples:owner", Group: 42,
+		MAC: "\x02\x00\x00\x00\x00\x01", MTU: 1450, Master: 5, Kind: "vxlan",
+		VXLAN:      VXLANInfo{VNI: 100, Local: netip.MustParseAddr("2001:db8::1"), Port: 4789, Learning: true},
+		BridgePort: true, Port: BridgePortInfo{Learning: true, NeighSuppress: true}}
+	all := LinkName | LinkAlias | LinkGroup | LinkMAC | LinkMTU | LinkMaster | LinkKind | LinkVXLAN |
+		LinkPortLearning | LinkPortNeighSuppress
+	msg := AppendLinkRequest(nil, unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL, l, unix.IFF_UP, all)
+	if got, ok := ParseLink(msg[unix.NLMSG_HDRLEN:]); !ok || got != l {
+		t.Errorf("ParseLink(AppendLinkRequest(l)) = %+v, %v\nwant %+v, true", got, ok, l)
+	}
+}
