@@ -15,9 +15,9 @@ import (
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
-// The kernel state the endpoint reconciler reads, in the forms its mirrors keep, the
-// decoders of the kernel's messages about it, which serve dumps and notifications alike,
-// and the requests that change it. The mirrors hold:
+// The kernel state the endpoint reconciler reads, in the forms its mirrors keep (what it
+// keeps of the messages package rtnl decodes, for dumps and notifications alike), and
+// the requests, which rtnl builds, that change it. The mirrors hold:
 //
 //   - every link of the namespace (`ip link`), by interface index: its name, alias,
 //     master, MTU, whether it is up and, for a bridge port, whether it learns;

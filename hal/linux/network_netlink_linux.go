@@ -11,12 +11,12 @@ import (
 	"github.com/naplesnet/naples/hal/linux/rtnl"
 )
 
-// This file holds what the network and node reconcilers know of rtnetlink (the
-// interface reconciler decodes addresses with parseAddr too): the kernel
-// objects they mirror (links, addresses, policy-routing rules, overlay routes and the
-// VXLAN devices' head-end replication entries) in the form the mirrors keep, decoders of
-// the kernel's messages about them, which serve dumps and notifications alike so that
-// both describe an object the same way, and builders of the requests that change them.
+// This file holds the kernel objects the network and node reconcilers mirror (links,
+// addresses, policy-routing rules, overlay routes and the VXLAN devices' head-end
+// replication entries) in the form the mirrors keep: what they keep of the messages
+// package rtnl decodes, which serve dumps and notifications alike so that both describe
+// an object the same way, and the requests, which rtnl builds, that change them. The
+// interface reconciler reads addresses with parseAddr too.
 
 // networkLink is what the network reconciler mirrors of a link (`ip -d link show`). The
 // fields after master are set only for the links they apply to.

@@ -3,7 +3,9 @@
 // notifications read many datagrams to a recvmmsg (Subscription, `ip monitor`), a
 // reader of dumps and single objects (Reader, `ip link show`), a batched writer that
 // sends many requests in one sendmsg and hands each caller the kernel's answer to its
-// own (Batcher), and the builders and decoders of messages and attributes (Message,
+// own (Batcher), the kernel's objects as typed messages with one decoder and one
+// request builder each (Link, Addr, Route, Rule, Neigh: ParseLink and AppendLinkRequest,
+// ...), and the builders and decoders of messages and attributes beneath them (Message,
 // AppendAttr, EachAttr, the dump requests).
 //
 // It holds no reconcile logic and keeps no state of the kernel's: what a request means,
