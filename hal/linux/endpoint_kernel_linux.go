@@ -121,6 +121,8 @@ func (k neighKey) String() string { return fmt.Sprintf("%s dev %d", k.ip, k.ifin
 // epLinkTable is the mirror of the namespace's links, by index, with a lookup by name.
 type epLinkTable struct {
 	mirror *hal.Mirror[int32, epLink]
+	// byNameIndex finds the links of a name that the names hint misses.
+	byNameIndex *hal.Index[int32, epLink, string]
 	// mu guards names, which maps a name to the index that had it last. It is a hint
 	// that byName checks against the mirror, since a name that went away stays in it.
 	mu    sync.Mutex
@@ -128,10 +130,12 @@ type epLinkTable struct {
 }
 
 func newEPLinkTable() *epLinkTable {
-	return &epLinkTable{
+	t := &epLinkTable{
 		mirror: hal.NewMirror[int32, epLink](func(have, want epLink) bool { return have == want }, epHashLink),
 		names:  map[string]int32{},
 	}
+	t.byNameIndex = hal.NewIndex(t.mirror, func(_ int32, l epLink) (string, bool) { return l.name, true })
+	return t
 }
 
 // get returns the link with the index.
@@ -148,11 +152,9 @@ func (t *epLinkTable) byName(name string) (int32, epLink, bool) {
 		}
 	}
 	// The name went away, or moved to another index that the hint missed: look.
-	for i, l := range t.mirror.All() {
-		if l.name == name {
-			t.named(i, name)
-			return i, l, true
-		}
+	for i, l := range t.byNameIndex.Get(name) {
+		t.named(i, name)
+		return i, l, true
 	}
 	return 0, epLink{}, false
 }

@@ -59,8 +59,9 @@ type NodeReconciler struct {
 	store OverlayStore
 	node  string
 
-	// addrs holds every address of the namespace.
-	addrs *hal.Mirror[addrKey, ifAddr]
+	// addrs holds every address of the namespace; addrsByAddr finds them by address.
+	addrs       *hal.Mirror[addrKey, ifAddr]
+	addrsByAddr *hal.Index[addrKey, ifAddr, netip.Addr]
 }
 
 var (
@@ -82,12 +83,14 @@ func NewNodeReconciler(opts NodeOptions) (*NodeReconciler, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &NodeReconciler{
+	r := &NodeReconciler{
 		rtnlConn: c,
 		store:    opts.Store,
 		node:     opts.Node,
 		addrs:    hal.NewMirror[addrKey, ifAddr](func(have, want ifAddr) bool { return have == want }, nil),
-	}, nil
+	}
+	r.addrsByAddr = hal.NewIndex(r.addrs, func(k addrKey, _ ifAddr) (netip.Addr, bool) { return k.prefix.Addr(), true })
+	return r, nil
 }
 
 // Close releases the netlink socket. It is safe to call twice.
@@ -147,10 +150,7 @@ const (
 // holds tells how the interfaces of the namespace hold the address a.
 func (r *NodeReconciler) holds(a netip.Addr) addrState {
 	st := addrAbsent
-	for k, v := range r.addrs.All() {
-		if k.prefix.Addr() != a {
-			continue
-		}
+	for _, v := range r.addrsByAddr.Get(a) {
 		if v.flags&(unix.IFA_F_TENTATIVE|unix.IFA_F_DADFAILED) == 0 {
 			return addrUsable
 		}
