@@ -35,6 +35,9 @@ import (
 // their echo, an event older than such a write may then show the object's older state for
 // a moment.
 //
+// Indexes (NewIndex) find the objects of one value derived from each, such as the
+// addresses of one interface, without a walk of the whole mirror.
+//
 // A backend must not run two writes of one key at once; writes of different keys, events
 // and Replace may run concurrently with each other. The mirror is split in shards by key,
 // each with its own lock, so that many workers writing different keys do not queue on
@@ -63,6 +66,8 @@ type mirrorShard[K comparable, V any] struct {
 	// replacing holds the Replace calls in progress, which must not overwrite what
 	// changes while they dump.
 	replacing map[*replaceRun[K]]struct{}
+	// indexes are the mirror's indexes (NewIndex), which follow every change of objs.
+	indexes []mirrorIndex[K, V]
 }
 
 // NewMirror returns an empty mirror. equal reports whether an object the kernel reports,
@@ -419,12 +424,12 @@ func (m *Mirror[K, V]) Replace(dump func(add func(K, V)) error) ([]K, error) {
 			if old, ok := sh.objs[k]; !ok || !m.equal(v, old) {
 				drift = append(drift, k)
 			}
-			sh.objs[k] = v
+			sh.putLocked(k, v)
 		}
 		for k := range sh.objs {
 			if _, ok := fresh[i][k]; !ok && settled(k) {
 				drift = append(drift, k)
-				delete(sh.objs, k)
+				sh.deleteLocked(k)
 			}
 		}
 		sh.mu.Unlock()
@@ -435,10 +440,34 @@ func (m *Mirror[K, V]) Replace(dump func(add func(K, V)) error) ([]K, error) {
 // setLocked makes the mirror show st under k.
 func (sh *mirrorShard[K, V]) setLocked(k K, st mirrorState[V]) {
 	if st.present {
-		sh.objs[k] = st.v
+		sh.putLocked(k, st.v)
 	} else {
-		delete(sh.objs, k)
+		sh.deleteLocked(k)
 	}
+}
+
+// putLocked makes the mirror show v under k, and the indexes follow.
+func (sh *mirrorShard[K, V]) putLocked(k K, v V) {
+	if len(sh.indexes) > 0 {
+		old, had := sh.objs[k]
+		for _, ix := range sh.indexes {
+			ix.changed(k, old, had, v, true)
+		}
+	}
+	sh.objs[k] = v
+}
+
+// deleteLocked makes the mirror show k absent, and the indexes follow.
+func (sh *mirrorShard[K, V]) deleteLocked(k K) {
+	if len(sh.indexes) > 0 {
+		if old, had := sh.objs[k]; had {
+			var zero V
+			for _, ix := range sh.indexes {
+				ix.changed(k, old, true, zero, false)
+			}
+		}
+	}
+	delete(sh.objs, k)
 }
 
 // sameLocked reports whether the kernel's state have is the state want describes.

@@ -71,8 +71,12 @@
 // reports it interrupted by a change), kept current by its observer's subscription,
 // which reads notifications many to a recvmmsg and decodes them as the dumps are decoded,
 // and dumped afresh when the observer starts (also after an overflow) and at every sweep.
+// The network reconciler reads what one network needs through the mirrors' indexes
+// (hal.Index: addresses and routes by interface, rules by input interface), never by a
+// walk of a whole mirror. The sockets, requests and messages are package rtnl's; this
+// package holds what they mean.
 //
-// Writes go to the kernel through a batcher (nlBatcher), one netlink socket per
+// Writes go to the kernel through a batcher (rtnl.Batcher), one netlink socket per
 // reconciler: a writer goroutine sends every request pending whenever it is free, many in
 // one sendmsg, each with its own sequence number and NLM_F_ACK, and each caller gets the
 // kernel's answer to its own request, so that concurrent reconciles share system calls

@@ -11,12 +11,13 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/naplesnet/naples/hal"
+	"github.com/naplesnet/naples/hal/linux/rtnl"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
-// The kernel state the endpoint reconciler reads, in the forms its mirrors keep, the
-// decoders of the kernel's messages about it, which serve dumps and notifications alike,
-// and the requests that change it. The mirrors hold:
+// The kernel state the endpoint reconciler reads, in the forms its mirrors keep (what it
+// keeps of the messages package rtnl decodes, for dumps and notifications alike), and
+// the requests, which rtnl builds, that change it. The mirrors hold:
 //
 //   - every link of the namespace (`ip link`), by interface index: its name, alias,
 //     master, MTU, whether it is up and, for a bridge port, whether it learns;
@@ -120,6 +121,8 @@ func (k neighKey) String() string { return fmt.Sprintf("%s dev %d", k.ip, k.ifin
 // epLinkTable is the mirror of the namespace's links, by index, with a lookup by name.
 type epLinkTable struct {
 	mirror *hal.Mirror[int32, epLink]
+	// byNameIndex finds the links of a name that the names hint misses.
+	byNameIndex *hal.Index[int32, epLink, string]
 	// mu guards names, which maps a name to the index that had it last. It is a hint
 	// that byName checks against the mirror, since a name that went away stays in it.
 	mu    sync.Mutex
@@ -127,10 +130,12 @@ type epLinkTable struct {
 }
 
 func newEPLinkTable() *epLinkTable {
-	return &epLinkTable{
+	t := &epLinkTable{
 		mirror: hal.NewMirror[int32, epLink](func(have, want epLink) bool { return have == want }, epHashLink),
 		names:  map[string]int32{},
 	}
+	t.byNameIndex = hal.NewIndex(t.mirror, func(_ int32, l epLink) (string, bool) { return l.name, true })
+	return t
 }
 
 // get returns the link with the index.
@@ -147,11 +152,9 @@ func (t *epLinkTable) byName(name string) (int32, epLink, bool) {
 		}
 	}
 	// The name went away, or moved to another index that the hint missed: look.
-	for i, l := range t.mirror.All() {
-		if l.name == name {
-			t.named(i, name)
-			return i, l, true
-		}
+	for i, l := range t.byNameIndex.Get(name) {
+		t.named(i, name)
+		return i, l, true
 	}
 	return 0, epLink{}, false
 }
@@ -203,62 +206,19 @@ func networkDeviceOf(l epLink) (networkID string, bridge, vxlan bool) {
 	return id, l.name == BridgeName(id), l.name == VXLANName(id)
 }
 
-// parseEPLink decodes the payload of an RTM_NEWLINK or RTM_DELLINK message (struct
-// ifinfomsg and its attributes). ok is false for a message of another family than
-// AF_UNSPEC: the bridge's AF_BRIDGE messages describe a link as a port (an RTM_DELLINK of
-// that family says that it left the bridge), without its alias.
+// parseEPLink decodes the payload of an RTM_NEWLINK or RTM_DELLINK message
+// (rtnl.ParseLink) into what the endpoint reconciler mirrors of the link. ok is false
+// for a message of another family than AF_UNSPEC: the bridge's AF_BRIDGE messages
+// describe a link as a port (an RTM_DELLINK of that family says that it left the
+// bridge), without its alias.
 func parseEPLink(b []byte) (index int32, l epLink, ok bool) {
-	if len(b) < unix.SizeofIfInfomsg || b[0] != unix.AF_UNSPEC {
+	m, ok := rtnl.ParseLink(b)
+	if !ok || m.Family != unix.AF_UNSPEC {
 		return 0, epLink{}, false
 	}
-	ne := binary.NativeEndian
-	index = int32(ne.Uint32(b[4:8]))
-	l.up = ne.Uint32(b[8:12])&unix.IFF_UP != 0
-	eachAttr(b[unix.SizeofIfInfomsg:], func(typ uint16, v []byte) {
-		switch typ {
-		case unix.IFLA_IFNAME:
-			l.name = cString(v)
-		case unix.IFLA_IFALIAS:
-			l.alias = cString(v)
-		case unix.IFLA_MTU:
-			l.mtu = attrUint32(v)
-		case unix.IFLA_MASTER:
-			l.master = int32(attrUint32(v))
-		case unix.IFLA_GROUP:
-			l.group = attrUint32(v)
-		case unix.IFLA_LINKINFO:
-			l.learning = parseSlaveLearning(v)
-		}
-	})
-	return index, l, index > 0 && l.name != ""
-}
-
-// parseSlaveLearning tells whether an IFLA_LINKINFO attribute describes a bridge port
-// that learns (IFLA_INFO_SLAVE_KIND "bridge", IFLA_INFO_SLAVE_DATA holding
-// IFLA_BRPORT_LEARNING 1).
-func parseSlaveLearning(info []byte) bool {
-	var bridge, learning bool
-	eachAttr(info, func(typ uint16, v []byte) {
-		switch typ {
-		case unix.IFLA_INFO_SLAVE_KIND:
-			bridge = cString(v) == "bridge"
-		case unix.IFLA_INFO_SLAVE_DATA:
-			learning = brportLearning(v)
-		}
-	})
-	return bridge && learning
-}
-
-// brportLearning tells whether bridge port attributes (IFLA_BRPORT_*) hold
-// IFLA_BRPORT_LEARNING 1.
-func brportLearning(b []byte) bool {
-	learning := false
-	eachAttr(b, func(typ uint16, v []byte) {
-		if typ == unix.IFLA_BRPORT_LEARNING && len(v) >= 1 {
-			learning = v[0] != 0
-		}
-	})
-	return learning
+	l = epLink{name: m.Name, alias: m.Alias, master: m.Master, mtu: m.MTU, up: m.Up(), group: m.Group,
+		learning: m.BridgePort && m.Port.Learning}
+	return m.Index, l, m.Index > 0 && l.name != ""
 }
 
 // parseEPBridgePort decodes the payload of an RTM_NEWLINK message of family AF_BRIDGE, which
@@ -266,16 +226,11 @@ func brportLearning(b []byte) bool {
 // that): the port's index and whether it learns. ok is false for other messages, and for
 // one without the port's attributes (IFLA_PROTINFO).
 func parseEPBridgePort(b []byte) (index int32, learning, ok bool) {
-	if len(b) < unix.SizeofIfInfomsg || b[0] != unix.AF_BRIDGE {
+	m, ok := rtnl.ParseLink(b)
+	if !ok || m.Family != unix.AF_BRIDGE || !m.Protinfo || m.Index <= 0 {
 		return 0, false, false
 	}
-	index = int32(binary.NativeEndian.Uint32(b[4:8]))
-	eachAttr(b[unix.SizeofIfInfomsg:], func(typ uint16, v []byte) {
-		if typ == unix.IFLA_PROTINFO {
-			learning, ok = brportLearning(v), true
-		}
-	})
-	return index, learning, ok && index > 0
+	return m.Index, m.Port.Learning, true
 }
 
 // neighMsg is a decoded RTM_NEWNEIGH or RTM_DELNEIGH message: a neighbour (AF_INET,
@@ -295,34 +250,15 @@ type neighMsg struct {
 	master int32
 }
 
-// parseNeighMsg decodes the payload of an RTM_NEWNEIGH or RTM_DELNEIGH message (struct
-// ndmsg and its attributes).
+// parseNeighMsg decodes the payload of an RTM_NEWNEIGH or RTM_DELNEIGH message
+// (rtnl.ParseNeigh).
 func parseNeighMsg(b []byte) (m neighMsg, ok bool) {
-	if len(b) < unix.SizeofNdMsg {
+	n, ok := rtnl.ParseNeigh(b)
+	if !ok {
 		return neighMsg{}, false
 	}
-	ne := binary.NativeEndian
-	m.family = b[0]
-	m.ifindex = int32(ne.Uint32(b[4:8]))
-	m.state = ne.Uint16(b[8:10])
-	eachAttr(b[unix.SizeofNdMsg:], func(typ uint16, v []byte) {
-		switch typ {
-		case unix.NDA_DST:
-			a, _ := netip.AddrFromSlice(v)
-			m.dst = a.Unmap()
-		case unix.NDA_LLADDR:
-			if len(v) == 6 {
-				m.mac = [6]byte(v)
-				m.hasMAC = true
-			}
-		case unix.NDA_VLAN:
-			if len(v) >= 2 {
-				m.vlan = ne.Uint16(v)
-			}
-		case unix.NDA_MASTER:
-			m.master = int32(attrUint32(v))
-		}
-	})
+	m = neighMsg{family: n.Family, ifindex: n.Index, state: n.State, dst: n.Dst, mac: n.MAC, hasMAC: n.HasMAC,
+		vlan: n.VLAN, master: n.Master}
 	return m, m.ifindex > 0
 }
 
@@ -350,23 +286,6 @@ func (m *neighMsg) neigh() (neighKey, neighEntry, bool) {
 // epUnicastMAC tells whether mac is a unicast address other than all zeros.
 func epUnicastMAC(mac [6]byte) bool { return mac[0]&1 == 0 && mac != [6]byte{} }
 
-// appendNeighRequest appends to b a request of type RTM_NEWNEIGH or RTM_DELNEIGH (struct
-// ndmsg, then NDA_DST when dst is valid and NDA_LLADDR when mac is not nil).
-func appendNeighRequest(b []byte, typ, flags uint16, family uint8, ifindex int32, state uint16, ntf uint8, dst netip.Addr, mac []byte) []byte {
-	b = nlMessage(b, typ, flags)
-	b = append(b, family, 0, 0, 0)
-	b = binary.NativeEndian.AppendUint32(b, uint32(ifindex))
-	b = binary.NativeEndian.AppendUint16(b, state)
-	b = append(b, ntf, 0)
-	if dst.IsValid() {
-		b = appendAttrAddr(b, unix.NDA_DST, dst)
-	}
-	if mac != nil {
-		b = appendAttr(b, unix.NDA_LLADDR, mac)
-	}
-	return b
-}
-
 // appendFDBRequest appends to b a request that adds or replaces (RTM_NEWNEIGH) or deletes
 // (RTM_DELNEIGH) the static FDB entry with the key, on the port e names for a bridge's:
 //
@@ -385,7 +304,8 @@ func appendFDBRequest(b []byte, typ uint16, k fdbKey, e fdbEntry) []byte {
 	if typ == unix.RTM_DELNEIGH {
 		flags, state, e = 0, 0, fdbEntry{}
 	}
-	return appendNeighRequest(b, typ, flags, unix.AF_BRIDGE, ifindex, state, ntf, e.dst, k.mac[:])
+	return rtnl.AppendNeighRequest(b, typ, flags, rtnl.Neigh{Family: unix.AF_BRIDGE, Index: ifindex, State: state, Flags: ntf,
+		Dst: e.dst, MAC: k.mac, HasMAC: true})
 }
 
 // appendNeighborRequest appends to b a request that adds or replaces (RTM_NEWNEIGH, `ip
@@ -397,9 +317,10 @@ func appendNeighborRequest(b []byte, typ uint16, k neighKey, e neighEntry) []byt
 		family = unix.AF_INET
 	}
 	if typ == unix.RTM_DELNEIGH {
-		return appendNeighRequest(b, typ, 0, family, k.ifindex, 0, 0, k.ip, nil)
+		return rtnl.AppendNeighRequest(b, typ, 0, rtnl.Neigh{Family: family, Index: k.ifindex, Dst: k.ip})
 	}
-	return appendNeighRequest(b, typ, unix.NLM_F_CREATE|unix.NLM_F_REPLACE, family, k.ifindex, unix.NUD_PERMANENT, 0, k.ip, e.mac[:])
+	return rtnl.AppendNeighRequest(b, typ, unix.NLM_F_CREATE|unix.NLM_F_REPLACE, rtnl.Neigh{Family: family, Index: k.ifindex,
+		State: unix.NUD_PERMANENT, Dst: k.ip, MAC: e.mac, HasMAC: true})
 }
 
 // appendSetLinkRequest appends to b a request that sets a link's master (0: none) and,
@@ -410,20 +331,16 @@ func appendSetLinkRequest(b []byte, index, master int32, mtu uint32, up bool) []
 	if up {
 		flags = unix.IFF_UP
 	}
-	b = appendIfInfo(nlMessage(b, unix.RTM_NEWLINK, 0), unix.AF_UNSPEC, index, flags, flags)
+	attrs := rtnl.LinkMaster
 	if mtu != 0 {
-		b = appendAttrUint32(b, unix.IFLA_MTU, mtu)
+		attrs |= rtnl.LinkMTU
 	}
-	return appendAttrUint32(b, unix.IFLA_MASTER, uint32(master))
+	return rtnl.AppendLinkRequest(b, unix.RTM_NEWLINK, 0, rtnl.Link{Index: index, Flags: flags, MTU: mtu, Master: master}, flags, attrs)
 }
 
 // appendSetLearningRequest appends to b a request that turns the learning of a bridge port
 // on or off: `ip link set DEV type bridge_slave learning on|off`.
 func appendSetLearningRequest(b []byte, index int32, learning bool) []byte {
-	b = appendIfInfo(nlMessage(b, unix.RTM_NEWLINK, 0), unix.AF_UNSPEC, index, 0, 0)
-	b, info := beginNest(b, unix.IFLA_LINKINFO)
-	b = appendAttrString(b, unix.IFLA_INFO_SLAVE_KIND, "bridge")
-	b, data := beginNest(b, unix.IFLA_INFO_SLAVE_DATA)
-	b = appendAttrUint8(b, unix.IFLA_BRPORT_LEARNING, boolByte(learning))
-	return endNest(endNest(b, data), info)
+	return rtnl.AppendLinkRequest(b, unix.RTM_NEWLINK, 0, rtnl.Link{Index: index, Port: rtnl.BridgePortInfo{Learning: learning}},
+		0, rtnl.LinkPortLearning)
 }

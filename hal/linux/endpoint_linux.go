@@ -17,6 +17,7 @@ import (
 
 	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/hal"
+	"github.com/naplesnet/naples/hal/linux/rtnl"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -993,7 +994,7 @@ func (r *EndpointReconciler) writeFDB(ctx context.Context, k fdbKey, e fdbEntry)
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	msg := appendFDBRequest(r.nl.buffer(), unix.RTM_NEWNEIGH, k, e)
+	msg := appendFDBRequest(r.nl.Buffer(), unix.RTM_NEWNEIGH, k, e)
 	if _, err := kernelWrite(ctx, r.rtnlConn, r.fdb.Expect(k, e), msg); err != nil {
 		return hal.Errorf(hal.ReasonKernelError, "adding FDB entry %s: %w", r.describeFDB(k, e), err)
 	}
@@ -1009,7 +1010,7 @@ func (r *EndpointReconciler) deleteFDB(ctx context.Context, k fdbKey, e fdbEntry
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	msg := appendFDBRequest(r.nl.buffer(), unix.RTM_DELNEIGH, k, e)
+	msg := appendFDBRequest(r.nl.Buffer(), unix.RTM_DELNEIGH, k, e)
 	took, err := kernelWrite(ctx, r.rtnlConn, r.fdb.ExpectGone(k), msg, unix.ENOENT, unix.ENODEV)
 	if err != nil {
 		return hal.Errorf(hal.ReasonKernelError, "deleting FDB entry %s: %w", r.describeFDB(k, e), err)
@@ -1025,7 +1026,7 @@ func (r *EndpointReconciler) writeNeigh(ctx context.Context, k neighKey, e neigh
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	msg := appendNeighborRequest(r.nl.buffer(), unix.RTM_NEWNEIGH, k, e)
+	msg := appendNeighborRequest(r.nl.Buffer(), unix.RTM_NEWNEIGH, k, e)
 	if _, err := kernelWrite(ctx, r.rtnlConn, r.neigh.Expect(k, e), msg); err != nil {
 		return hal.Errorf(hal.ReasonKernelError, "adding neighbour %s lladdr %s dev %s: %w", k.ip, epMACString(e.mac), r.deviceName(k.ifindex), err)
 	}
@@ -1037,7 +1038,7 @@ func (r *EndpointReconciler) deleteNeigh(ctx context.Context, k neighKey) error 
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	msg := appendNeighborRequest(r.nl.buffer(), unix.RTM_DELNEIGH, k, neighEntry{})
+	msg := appendNeighborRequest(r.nl.Buffer(), unix.RTM_DELNEIGH, k, neighEntry{})
 	if _, err := kernelWrite(ctx, r.rtnlConn, r.neigh.ExpectGone(k), msg, unix.ENOENT, unix.ENODEV); err != nil {
 		return hal.Errorf(hal.ReasonKernelError, "deleting neighbour %s dev %s: %w", k.ip, r.deviceName(k.ifindex), err)
 	}
@@ -1061,7 +1062,7 @@ func (r *EndpointReconciler) setLink(ctx context.Context, key nimbusv1.Key, inde
 		// A new bridge port learns, as the kernel makes it; one released does not.
 		want.learning = master != 0
 	}
-	msg := appendSetLinkRequest(r.nl.buffer(), index, master, mtu, up)
+	msg := appendSetLinkRequest(r.nl.Buffer(), index, master, mtu, up)
 	if _, err := kernelWrite(ctx, r.rtnlConn, r.links.mirror.Expect(index, want), msg); err != nil {
 		if master == 0 {
 			return hal.Errorf(hal.ReasonKernelError, "releasing interface %s from %s: %w", l.name, r.deviceName(l.master), err)
@@ -1084,7 +1085,7 @@ func (r *EndpointReconciler) setLearning(ctx context.Context, index int32, l epL
 	}
 	want := l
 	want.learning = learning
-	msg := appendSetLearningRequest(r.nl.buffer(), index, learning)
+	msg := appendSetLearningRequest(r.nl.Buffer(), index, learning)
 	if _, err := kernelWrite(ctx, r.rtnlConn, r.links.mirror.Expect(index, want), msg); err != nil {
 		return hal.Errorf(hal.ReasonKernelError, "turning learning off on bridge port %s: %w", l.name, err)
 	}
@@ -1324,7 +1325,7 @@ func (r *EndpointReconciler) dump(ctx context.Context) (d endpointDrift, err err
 	for i, l := range r.links.mirror.All() {
 		d.before[i] = l
 	}
-	if d.links, err = dumpMirror(ctx, r.rtnlConn, r.links.mirror, "links", unix.RTM_NEWLINK, parseEPLink, linkDumpRequest()); err != nil {
+	if d.links, err = dumpMirror(ctx, r.rtnlConn, r.links.mirror, "links", unix.RTM_NEWLINK, parseEPLink, rtnl.LinkDumpRequest()); err != nil {
 		return d, err
 	}
 	r.links.renamed()
@@ -1334,7 +1335,7 @@ func (r *EndpointReconciler) dump(ctx context.Context) (d endpointDrift, err err
 			return fdbKey{}, fdbEntry{}, false
 		}
 		return m.fdb()
-	}, neighDumpRequest(unix.AF_BRIDGE)); err != nil {
+	}, rtnl.NeighDumpRequest(unix.AF_BRIDGE)); err != nil {
 		return d, err
 	}
 	d.neigh, err = dumpMirror(ctx, r.rtnlConn, r.neigh, "neighbours", unix.RTM_NEWNEIGH, func(p []byte) (neighKey, neighEntry, bool) {
@@ -1343,7 +1344,7 @@ func (r *EndpointReconciler) dump(ctx context.Context) (d endpointDrift, err err
 			return neighKey{}, neighEntry{}, false
 		}
 		return m.neigh()
-	}, neighDumpRequest(unix.AF_INET), neighDumpRequest(unix.AF_INET6))
+	}, rtnl.NeighDumpRequest(unix.AF_INET), rtnl.NeighDumpRequest(unix.AF_INET6))
 	return d, err
 }
 

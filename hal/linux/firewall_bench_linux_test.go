@@ -551,7 +551,13 @@ func (fb *fwBench) tcpRound(d time.Duration) (float64, error) {
 	return float64(r.n) / r.d.Seconds() / 1e6, nil
 }
 
-// mmsgs returns n message headers (mmsghdr, of nlsock_linux.go), each of one buffer of size bytes.
+// mmsghdr is the kernel's struct mmsghdr.
+type mmsghdr struct {
+	hdr unix.Msghdr
+	n   uint32
+}
+
+// mmsgs returns n message headers (mmsghdr), each of one buffer of size bytes.
 func mmsgs(n, size int) []mmsghdr {
 	msgs := make([]mmsghdr, n)
 	iovs := make([]unix.Iovec, n)

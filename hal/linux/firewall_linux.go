@@ -20,6 +20,7 @@ import (
 	"github.com/naplesnet/naples/hal"
 	"github.com/naplesnet/naples/hal/firewall"
 	"github.com/naplesnet/naples/hal/linux/fwbpf"
+	"github.com/naplesnet/naples/hal/linux/rtnl"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -393,7 +394,7 @@ func (f *Firewall) input() (firewall.Input, error) {
 	for attempt := 1; ; attempt++ {
 		// A dump that a change interrupted is started over, as every dump here is.
 		links, err = f.nl.LinkList()
-		if !errors.Is(err, netlink.ErrDumpInterrupted) || attempt >= dumpAttempts {
+		if !errors.Is(err, netlink.ErrDumpInterrupted) || attempt >= rtnl.DumpAttempts {
 			break
 		}
 	}

@@ -2,7 +2,6 @@ package linux
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/maphash"
@@ -19,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/naplesnet/naples/hal"
+	"github.com/naplesnet/naples/hal/linux/rtnl"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -29,10 +29,6 @@ import (
 // OverlayRouteProtocol: the kernel numbers address and route protocols apart, and 242
 // stands for naples in both.
 const AddressProtocol uint8 = uint8(OverlayRouteProtocol)
-
-// ifaProto is the attribute of an address's protocol (IFA_PROTO), which
-// golang.org/x/sys/unix does not define yet.
-const ifaProto = 11
 
 // InterfaceStore is what the interface reconciler reads of delphi.
 type InterfaceStore interface {
@@ -547,11 +543,12 @@ func (r *InterfaceReconciler) setLink(ctx context.Context, device string, have, 
 		flags = unix.IFF_UP
 	}
 	// Index 0: the link is named by IFLA_IFNAME.
-	msg := appendIfInfo(nlMessage(r.nl.buffer(), unix.RTM_NEWLINK, 0), unix.AF_UNSPEC, 0, flags, unix.IFF_UP)
-	msg = appendAttrString(msg, unix.IFLA_IFNAME, device)
+	attrs := rtnl.LinkName
 	if next.mtu != have.mtu {
-		msg = appendAttrUint32(msg, unix.IFLA_MTU, next.mtu)
+		attrs |= rtnl.LinkMTU
 	}
+	msg := rtnl.AppendLinkRequest(r.nl.Buffer(), unix.RTM_NEWLINK, 0, rtnl.Link{Flags: flags, Name: device, MTU: next.mtu},
+		unix.IFF_UP, attrs)
 	state := "down"
 	if next.up {
 		state = "up"
@@ -608,7 +605,7 @@ func (r *InterfaceReconciler) addAddr(ctx context.Context, device string, id ifa
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	msg := appendIfaceAddrRequest(r.nl.buffer(), unix.RTM_NEWADDR, unix.NLM_F_CREATE|unix.NLM_F_EXCL, id)
+	msg := appendIfaceAddrRequest(r.nl.Buffer(), unix.RTM_NEWADDR, unix.NLM_F_CREATE|unix.NLM_F_EXCL, id)
 	_, err := kernelWrite(ctx, r.rtnlConn, r.addrs.Expect(id, ifaceAddr{proto: AddressProtocol}), msg)
 	switch {
 	case errors.Is(err, unix.ENODEV):
@@ -633,7 +630,7 @@ func (r *InterfaceReconciler) deleteAddr(ctx context.Context, device string, id 
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	msg := appendIfaceAddrRequest(r.nl.buffer(), unix.RTM_DELADDR, 0, id)
+	msg := appendIfaceAddrRequest(r.nl.Buffer(), unix.RTM_DELADDR, 0, id)
 	took, err := kernelWrite(ctx, r.rtnlConn, r.addrs.ExpectGone(id), msg, unix.EADDRNOTAVAIL, unix.ENODEV)
 	if err != nil {
 		return hal.Errorf(hal.ReasonKernelError, "deleting %s from interface %q: %w", id.prefix, device, err)
@@ -649,20 +646,7 @@ func (r *InterfaceReconciler) deleteAddr(ctx context.Context, device string, id 
 // IFA_ADDRESS, both the address, as `ip address` sends them. (An IPv4 delete matches the
 // prefix length only when IFA_ADDRESS is there.)
 func appendIfaceAddrRequest(b []byte, typ, flags uint16, id ifaceAddrID) []byte {
-	b = nlMessage(b, typ, flags)
-	fam := byte(unix.AF_INET6)
-	if id.prefix.Addr().Is4() {
-		fam = unix.AF_INET
-	}
-	// struct ifaddrmsg: family, prefixlen, flags, scope (universe), index.
-	b = append(b, fam, byte(id.prefix.Bits()), 0, unix.RT_SCOPE_UNIVERSE)
-	b = binary.NativeEndian.AppendUint32(b, uint32(id.index))
-	b = appendAttrAddr(b, unix.IFA_LOCAL, id.prefix.Addr())
-	b = appendAttrAddr(b, unix.IFA_ADDRESS, id.prefix.Addr())
-	if typ == unix.RTM_NEWADDR {
-		b = appendAttr(b, ifaProto, []byte{AddressProtocol})
-	}
-	return b
+	return rtnl.AppendAddrRequest(b, typ, flags, id.index, id.prefix, 0, AddressProtocol)
 }
 
 // addOurs records that the link with the index may hold the address of naples.
@@ -967,7 +951,7 @@ func (r *InterfaceReconciler) dumpLocked(ctx context.Context) (links []string, a
 // the names of the links whose state differs from what the mirror held. dumpMu must be
 // held.
 func (r *InterfaceReconciler) dumpLinksLocked(ctx context.Context) ([]string, error) {
-	drift, err := dumpMirror(ctx, r.rtnlConn, r.links, "links", unix.RTM_NEWLINK, parseIfaceLink, linkDumpRequest())
+	drift, err := dumpMirror(ctx, r.rtnlConn, r.links, "links", unix.RTM_NEWLINK, parseIfaceLink, rtnl.LinkDumpRequest())
 	if err != nil {
 		return nil, err
 	}
@@ -986,7 +970,7 @@ func (r *InterfaceReconciler) dumpLinksLocked(ctx context.Context) ([]string, er
 // address show`) and returns those whose state differs from what the mirror held.
 // dumpMu must be held.
 func (r *InterfaceReconciler) dumpAddrsLocked(ctx context.Context) ([]ifaceAddrID, error) {
-	drift, err := dumpMirror(ctx, r.rtnlConn, r.addrs, "addresses", unix.RTM_NEWADDR, parseIfaceAddr, addrDumpRequest())
+	drift, err := dumpMirror(ctx, r.rtnlConn, r.addrs, "addresses", unix.RTM_NEWADDR, parseIfaceAddr, rtnl.AddrDumpRequest())
 	if err != nil {
 		return nil, err
 	}
@@ -1002,71 +986,31 @@ func (r *InterfaceReconciler) dumpAddrsLocked(ctx context.Context) ([]ifaceAddrI
 // (RTM_GETADDR) of the reconciler's namespace and returns what parse accepts of the
 // answer (dumpObjects).
 func ifaceDump[T any](ctx context.Context, r *InterfaceReconciler, typ uint16, parse func(typ uint16, payload []byte) (T, bool)) ([]T, error) {
-	req := linkDumpRequest()
+	req := rtnl.LinkDumpRequest()
 	if typ == unix.RTM_GETADDR {
-		req = addrDumpRequest()
+		req = rtnl.AddrDumpRequest()
 	}
 	return dumpObjects(ctx, r.rtnlConn, parse, req)
 }
 
-// parseIfaceLink decodes the payload of an RTM_NEWLINK or RTM_DELLINK message (struct
-// ifinfomsg and its attributes); ok is false for messages that are not about a link as a
-// whole (those of family AF_BRIDGE are about bridge ports).
+// parseIfaceLink decodes the payload of an RTM_NEWLINK or RTM_DELLINK message
+// (rtnl.ParseLink) into what the interface reconciler mirrors of the link; ok is false
+// for messages that are not about a link as a whole (those of family AF_BRIDGE are about
+// bridge ports).
 func parseIfaceLink(b []byte) (name string, l ifaceLink, ok bool) {
-	if len(b) < unix.SizeofIfInfomsg || b[0] != unix.AF_UNSPEC {
+	m, ok := rtnl.ParseLink(b)
+	if !ok || m.Family != unix.AF_UNSPEC || m.Name == "" || m.Index <= 0 {
 		return "", ifaceLink{}, false
 	}
-	ne := binary.NativeEndian
-	l.index = int32(ne.Uint32(b[4:8]))
-	l.up = ne.Uint32(b[8:12])&unix.IFF_UP != 0
-	stats64 := false
-	eachAttr(b[unix.SizeofIfInfomsg:], func(typ uint16, v []byte) {
-		switch typ {
-		case unix.IFLA_IFNAME:
-			name = cString(v)
-		case unix.IFLA_MTU:
-			l.mtu = attrUint32(v)
-		case unix.IFLA_OPERSTATE:
-			if len(v) >= 1 {
-				l.operState = v[0]
-			}
-		case unix.IFLA_CARRIER:
-			if len(v) >= 1 {
-				l.carrier = v[0] != 0
-			}
-		case unix.IFLA_IFALIAS:
-			if owner, ok := OwnerOfAlias(cString(v)); ok {
-				l.owner = owner
-			}
-		case unix.IFLA_STATS64:
-			// struct rtnl_link_stats64: rx_packets, tx_packets, rx_bytes, tx_bytes,
-			// rx_errors, tx_errors, rx_dropped, tx_dropped, ...
-			if len(v) >= 64 {
-				l.stats = ifaceStats{
-					rxPackets: ne.Uint64(v[0:]), txPackets: ne.Uint64(v[8:]),
-					rxBytes: ne.Uint64(v[16:]), txBytes: ne.Uint64(v[24:]),
-					rxErrors: ne.Uint64(v[32:]), txErrors: ne.Uint64(v[40:]),
-					rxDropped: ne.Uint64(v[48:]), txDropped: ne.Uint64(v[56:]),
-				}
-				stats64 = true
-			}
-		case unix.IFLA_STATS:
-			// struct rtnl_link_stats, the same counters in 32 bits, for kernels that
-			// send no IFLA_STATS64.
-			if len(v) >= 32 && !stats64 {
-				l.stats = ifaceStats{
-					rxPackets: uint64(ne.Uint32(v[0:])), txPackets: uint64(ne.Uint32(v[4:])),
-					rxBytes: uint64(ne.Uint32(v[8:])), txBytes: uint64(ne.Uint32(v[12:])),
-					rxErrors: uint64(ne.Uint32(v[16:])), txErrors: uint64(ne.Uint32(v[20:])),
-					rxDropped: uint64(ne.Uint32(v[24:])), txDropped: uint64(ne.Uint32(v[28:])),
-				}
-			}
-		}
-	})
-	if name == "" || l.index <= 0 {
-		return "", ifaceLink{}, false
+	l = ifaceLink{index: m.Index, up: m.Up(), mtu: m.MTU, operState: m.OperState, carrier: m.Carrier,
+		stats: ifaceStats{
+			rxPackets: m.Stats.RxPackets, txPackets: m.Stats.TxPackets, rxBytes: m.Stats.RxBytes, txBytes: m.Stats.TxBytes,
+			rxErrors: m.Stats.RxErrors, txErrors: m.Stats.TxErrors, rxDropped: m.Stats.RxDropped, txDropped: m.Stats.TxDropped,
+		}}
+	if owner, ok := OwnerOfAlias(m.Alias); ok {
+		l.owner = owner
 	}
-	return name, l, true
+	return m.Name, l, true
 }
 
 // parseIfaceAddr decodes the payload of an RTM_NEWADDR or RTM_DELADDR message (parseAddr)

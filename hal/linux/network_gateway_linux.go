@@ -192,7 +192,7 @@ func (r *NetworkReconciler) ensureGateway(ctx context.Context, want networkWant,
 		if _, ok := r.rules.Get(k); ok {
 			continue
 		}
-		msg := appendRuleRequest(r.nl.buffer(), unix.RTM_NEWRULE, unix.NLM_F_CREATE|unix.NLM_F_EXCL, k, uint8(OverlayRouteProtocol))
+		msg := appendRuleRequest(r.nl.Buffer(), unix.RTM_NEWRULE, unix.NLM_F_CREATE|unix.NLM_F_EXCL, k, uint8(OverlayRouteProtocol))
 		if _, err := kernelWrite(ctx, r.rtnlConn, r.rules.Expect(k, uint8(OverlayRouteProtocol)), msg); err != nil && !errors.Is(err, unix.EEXIST) {
 			return "", kernelErr(err, "adding rule %s", ruleString(k))
 		}
@@ -378,8 +378,8 @@ func (r *NetworkReconciler) tenantHasBridgeLocked(mark uint32, except string) bo
 		key, ok := keyOfID(id)
 		return ok && id != except && GatewayMark(key.Tenant) == mark
 	}
-	for _, l := range r.links.All() {
-		if id, ok := networkOwner(l.alias); ok && l.kind == "bridge" && ofTenant(id) {
+	for _, l := range r.bridgesByMark.Get(mark) {
+		if id, _ := networkOwner(l.alias); id != except {
 			return true
 		}
 	}

@@ -131,6 +131,18 @@ type NetworkReconciler struct {
 	routes *hal.Mirror[routeID, overlayRoute]
 	her    *hal.Mirror[herKey, herEntry]
 
+	// The mirrors' indexes, by which a reconcile reads what one network needs instead of
+	// walking a whole mirror: addresses by interface and by address, routes by output
+	// interface and by preferred source, rules by input interface, head-end replication
+	// entries by VXLAN device, and networks' bridges by their tenant's GatewayMark.
+	addrsByLink   *hal.Index[addrKey, ifAddr, int32]
+	addrsByAddr   *hal.Index[addrKey, ifAddr, netip.Addr]
+	routesByLink  *hal.Index[routeID, overlayRoute, int32]
+	routesBySrc   *hal.Index[routeID, overlayRoute, netip.Addr]
+	rulesByIIF    *hal.Index[ruleKey, uint8, string]
+	herByLink     *hal.Index[herKey, herEntry, int32]
+	bridgesByMark *hal.Index[string, networkLink, uint32]
+
 	// networkLocks serializes the work on one network's kernel state between its
 	// reconciles and the sweeper.
 	networkLocks keyedMutex[string]
@@ -198,7 +210,7 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 	if gw.checkInterval <= 0 {
 		gw.checkInterval = 10 * time.Second
 	}
-	return &NetworkReconciler{
+	r := &NetworkReconciler{
 		gw:       gw,
 		rtnlConn: c,
 		sysctls:  sc,
@@ -216,7 +228,29 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 		remoteEndpoints: map[nimbusv1.Key]string{},
 		endpointsOf:     map[string][]nimbusv1.Key{},
 		forwarding:      map[string]forwardingState{},
-	}, nil
+	}
+	r.addrsByLink = hal.NewIndex(r.addrs, func(k addrKey, _ ifAddr) (int32, bool) { return k.index, true })
+	r.addrsByAddr = hal.NewIndex(r.addrs, func(k addrKey, _ ifAddr) (netip.Addr, bool) { return k.prefix.Addr().Unmap(), true })
+	r.routesByLink = hal.NewIndex(r.routes, func(_ routeID, rt overlayRoute) (int32, bool) { return rt.oif, true })
+	r.routesBySrc = hal.NewIndex(r.routes, func(_ routeID, rt overlayRoute) (netip.Addr, bool) { return rt.src, rt.src.IsValid() })
+	r.rulesByIIF = hal.NewIndex(r.rules, func(k ruleKey, _ uint8) (string, bool) { return k.iif, k.iif != "" })
+	r.herByLink = hal.NewIndex(r.her, func(k herKey, _ herEntry) (int32, bool) { return k.index, true })
+	r.bridgesByMark = hal.NewIndex(r.links, bridgeMark)
+	return r, nil
+}
+
+// bridgeMark returns the GatewayMark of the tenant of the network that owns the link
+// l, when l is a network's bridge.
+func bridgeMark(_ string, l networkLink) (uint32, bool) {
+	id, ok := networkOwner(l.alias)
+	if !ok || l.kind != "bridge" {
+		return 0, false
+	}
+	key, err := nimbusv1.ParseKeyID(id)
+	if err != nil {
+		return 0, false
+	}
+	return GatewayMark(key.GetTenant()), true
 }
 
 // Close releases the netlink sockets. It is safe to call twice.

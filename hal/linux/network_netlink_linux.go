@@ -1,21 +1,22 @@
 package linux
 
 import (
-	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"runtime"
 
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/naplesnet/naples/hal/linux/rtnl"
 )
 
-// This file holds what the network and node reconcilers know of rtnetlink (the
-// interface reconciler decodes addresses with parseAddr too): the kernel
-// objects they mirror (links, addresses, policy-routing rules, overlay routes and the
-// VXLAN devices' head-end replication entries) in the form the mirrors keep, decoders of
-// the kernel's messages about them, which serve dumps and notifications alike so that
-// both describe an object the same way, and builders of the requests that change them.
+// This file holds the kernel objects the network and node reconcilers mirror (links,
+// addresses, policy-routing rules, overlay routes and the VXLAN devices' head-end
+// replication entries) in the form the mirrors keep: what they keep of the messages
+// package rtnl decodes, which serve dumps and notifications alike so that both describe
+// an object the same way, and the requests, which rtnl builds, that change them. The
+// interface reconciler reads addresses with parseAddr too.
 
 // networkLink is what the network reconciler mirrors of a link (`ip -d link show`). The
 // fields after master are set only for the links they apply to.
@@ -74,99 +75,22 @@ type linkMsg struct {
 	protinfo bool
 }
 
-// parseLinkMsg decodes the payload of an RTM_NEWLINK or RTM_DELLINK message (struct
-// ifinfomsg and its attributes).
+// parseLinkMsg decodes the payload of an RTM_NEWLINK or RTM_DELLINK message
+// (rtnl.ParseLink) into what the network reconciler mirrors of the link.
 func parseLinkMsg(b []byte) (m linkMsg, ok bool) {
-	if len(b) < unix.SizeofIfInfomsg {
+	l, ok := rtnl.ParseLink(b)
+	if !ok {
 		return linkMsg{}, false
 	}
-	ne := binary.NativeEndian
-	m.family = b[0]
-	m.link.index = int32(ne.Uint32(b[4:8]))
-	m.link.up = ne.Uint32(b[8:12])&unix.IFF_UP != 0
-	eachAttr(b[unix.SizeofIfInfomsg:], func(typ uint16, v []byte) {
-		switch typ {
-		case unix.IFLA_IFNAME:
-			m.name = cString(v)
-		case unix.IFLA_MTU:
-			m.link.mtu = attrUint32(v)
-		case unix.IFLA_ADDRESS:
-			m.link.mac = string(v)
-		case unix.IFLA_MASTER:
-			m.link.master = int32(attrUint32(v))
-		case unix.IFLA_IFALIAS:
-			m.link.alias = cString(v)
-		case unix.IFLA_GROUP:
-			m.link.group = attrUint32(v)
-		case unix.IFLA_LINKINFO:
-			parseLinkInfo(v, &m.link)
-		case unix.IFLA_PROTINFO:
-			if m.family == unix.AF_BRIDGE {
-				m.protinfo = true
-				m.link.bridgePort = true
-				parseBridgePort(v, &m.link)
-			}
-		}
-	})
-	return m, m.name != ""
-}
-
-// parseLinkInfo decodes IFLA_LINKINFO: the link's kind, a VXLAN device's settings and a
-// bridge port's flags.
-func parseLinkInfo(b []byte, l *networkLink) {
-	var slaveKind string
-	var slaveData []byte
-	eachAttr(b, func(typ uint16, v []byte) {
-		switch typ {
-		case unix.IFLA_INFO_KIND:
-			l.kind = cString(v)
-		case unix.IFLA_INFO_DATA:
-			if l.kind == "vxlan" {
-				parseVXLANInfo(v, l)
-			}
-		case unix.IFLA_INFO_SLAVE_KIND:
-			slaveKind = cString(v)
-		case unix.IFLA_INFO_SLAVE_DATA:
-			slaveData = v
-		}
-	})
-	// The kernel puts the kind first, but do not count on it.
-	if slaveKind == "bridge" {
-		l.bridgePort = true
-		parseBridgePort(slaveData, l)
+	m = linkMsg{family: l.Family, name: l.Name, protinfo: l.Protinfo, link: networkLink{
+		index: l.Index, kind: l.Kind, alias: l.Alias, group: l.Group, mac: l.MAC, mtu: l.MTU,
+		up: l.Up(), master: l.Master,
+		bridgePort: l.BridgePort, portLearning: l.Port.Learning, neighSuppress: l.Port.NeighSuppress,
+	}}
+	if l.Kind == "vxlan" {
+		m.link.vni, m.link.local, m.link.port, m.link.learning = l.VXLAN.VNI, l.VXLAN.Local, l.VXLAN.Port, l.VXLAN.Learning
 	}
-}
-
-// parseVXLANInfo decodes the IFLA_INFO_DATA of a VXLAN device.
-func parseVXLANInfo(b []byte, l *networkLink) {
-	eachAttr(b, func(typ uint16, v []byte) {
-		switch typ {
-		case unix.IFLA_VXLAN_ID:
-			l.vni = attrUint32(v)
-		case unix.IFLA_VXLAN_LOCAL, unix.IFLA_VXLAN_LOCAL6:
-			if a, ok := netip.AddrFromSlice(v); ok {
-				l.local = a
-			}
-		case unix.IFLA_VXLAN_PORT:
-			if len(v) >= 2 {
-				l.port = binary.BigEndian.Uint16(v)
-			}
-		case unix.IFLA_VXLAN_LEARNING:
-			l.learning = len(v) > 0 && v[0] != 0
-		}
-	})
-}
-
-// parseBridgePort decodes a bridge port's flags, IFLA_BRPORT_* attributes.
-func parseBridgePort(b []byte, l *networkLink) {
-	eachAttr(b, func(typ uint16, v []byte) {
-		switch typ {
-		case unix.IFLA_BRPORT_LEARNING:
-			l.portLearning = len(v) > 0 && v[0] != 0
-		case unix.IFLA_BRPORT_NEIGH_SUPPRESS:
-			l.neighSuppress = len(v) > 0 && v[0] != 0
-		}
-	})
+	return m, m.name != ""
 }
 
 // addrKey identifies an address of an interface: the interface and the address with its
@@ -190,44 +114,20 @@ type addrMsg struct {
 	proto uint8
 }
 
-// parseAddr decodes the payload of an RTM_NEWADDR or RTM_DELADDR message (struct
-// ifaddrmsg and its attributes). The address is IFA_LOCAL when there is one (an IPv4
-// address; IFA_ADDRESS is then its peer), else IFA_ADDRESS, which IPv6 sends alone
-// unless the address has a peer. ok is false for a message that is not about an address
-// of its family, IPv4 or IPv6, on an interface.
+// parseAddr decodes the payload of an RTM_NEWADDR or RTM_DELADDR message
+// (rtnl.ParseAddr); the address is rtnl.Addr.Prefix. ok is false for a message that is
+// not about an address of its family, IPv4 or IPv6, on an interface.
 func parseAddr(b []byte) (m addrMsg, ok bool) {
-	if len(b) < unix.SizeofIfAddrmsg {
+	a, ok := rtnl.ParseAddr(b)
+	if !ok {
 		return addrMsg{}, false
 	}
-	family, bits := b[0], int(b[1])
-	m.flags = uint32(b[2])
-	m.key.index = int32(binary.NativeEndian.Uint32(b[4:8]))
-	var local, address netip.Addr
-	eachAttr(b[unix.SizeofIfAddrmsg:], func(typ uint16, v []byte) {
-		switch typ {
-		case unix.IFA_LOCAL:
-			local, _ = netip.AddrFromSlice(v)
-		case unix.IFA_ADDRESS:
-			address, _ = netip.AddrFromSlice(v)
-		case unix.IFA_FLAGS:
-			m.flags = attrUint32(v)
-		case ifaProto:
-			if len(v) >= 1 {
-				m.proto = v[0]
-			}
-		}
-	})
-	a := address
-	if local.IsValid() {
-		a = local
-	}
-	switch {
-	case family == unix.AF_INET && a.Is4(), family == unix.AF_INET6 && a.Is6():
-	default:
+	p, ok := a.Prefix()
+	if !ok {
 		return addrMsg{}, false
 	}
-	m.key.prefix = netip.PrefixFrom(a, bits)
-	return m, m.key.prefix.IsValid() && m.key.index > 0
+	m = addrMsg{key: addrKey{index: a.Index, prefix: p}, flags: a.Flags, proto: a.Protocol}
+	return m, m.key.index > 0
 }
 
 // parseAddrMsg decodes the payload of an RTM_NEWADDR or RTM_DELADDR message (parseAddr)
@@ -264,77 +164,25 @@ type ruleMsg struct {
 // FIB_RULE_OIF_DETACHED).
 const ruleStateFlags = 0x8 | 0x10
 
-// parseRuleMsg decodes the payload of an RTM_NEWRULE or RTM_DELRULE message (struct
-// fib_rule_hdr and its attributes).
+// parseRuleMsg decodes the payload of an RTM_NEWRULE or RTM_DELRULE message
+// (rtnl.ParseRule) of family AF_INET or AF_INET6.
 func parseRuleMsg(b []byte) (m ruleMsg, ok bool) {
-	const hdrLen = 12
-	if len(b) < hdrLen {
+	r, ok := rtnl.ParseRule(b)
+	if !ok || r.Family != unix.AF_INET && r.Family != unix.AF_INET6 {
 		return ruleMsg{}, false
 	}
-	m.key.family = b[0]
-	if m.key.family != unix.AF_INET && m.key.family != unix.AF_INET6 {
-		return ruleMsg{}, false
-	}
-	dstLen, srcLen, tos := b[1], b[2], b[3]
-	m.key.table = uint32(b[4])
-	m.key.action = b[7]
-	flags := binary.NativeEndian.Uint32(b[8:12])
-	m.plain = dstLen == 0 && srcLen == 0 && tos == 0 && flags&^ruleStateFlags == 0
-	eachAttr(b[hdrLen:], func(typ uint16, v []byte) {
-		switch typ {
-		case unix.FRA_PRIORITY:
-			m.key.priority = attrUint32(v)
-		case unix.FRA_TABLE:
-			m.key.table = attrUint32(v)
-		case unix.FRA_IIFNAME:
-			m.key.iif = cString(v)
-		case unix.FRA_FWMARK:
-			m.key.fwmark = attrUint32(v)
-		case unix.FRA_FWMASK:
-			if attrUint32(v) != ^uint32(0) {
-				m.plain = false
-			}
-		case unix.FRA_PROTOCOL:
-			if len(v) > 0 {
-				m.protocol = v[0]
-			}
-		case unix.FRA_SUPPRESS_PREFIXLEN, unix.FRA_SUPPRESS_IFGROUP:
-			// The kernel reports these for every rule, -1 when unset.
-			if attrUint32(v) != ^uint32(0) {
-				m.plain = false
-			}
-		default:
-			m.plain = false
-		}
-	})
+	m.key = ruleKey{family: r.Family, priority: r.Priority, iif: r.IIF, fwmark: r.FwMark, table: r.Table, action: r.Action}
+	m.protocol = r.Protocol
+	m.plain = r.DstLen == 0 && r.SrcLen == 0 && r.TOS == 0 && r.Flags&^ruleStateFlags == 0 &&
+		r.FwMask == ^uint32(0) && r.SuppressPrefixLen == ^uint32(0) && r.SuppressIfGroup == ^uint32(0) && !r.Other
 	return m, true
 }
 
 // appendRuleRequest appends to b an RTM_NEWRULE (`ip rule add`) or RTM_DELRULE (`ip rule
 // del`) request for the rule k, of the protocol (0: any, for a delete).
 func appendRuleRequest(b []byte, typ, flags uint16, k ruleKey, protocol uint8) []byte {
-	b = nlMessage(b, typ, flags)
-	table := byte(0)
-	if k.table < 256 {
-		table = byte(k.table)
-	}
-	// struct fib_rule_hdr: family, dst_len, src_len, tos, table, res1, res2, action, flags.
-	b = append(b, k.family, 0, 0, 0, table, 0, 0, k.action, 0, 0, 0, 0)
-	b = appendAttrUint32(b, unix.FRA_PRIORITY, k.priority)
-	if k.iif != "" {
-		b = appendAttrString(b, unix.FRA_IIFNAME, k.iif)
-	}
-	if k.fwmark != 0 {
-		b = appendAttrUint32(b, unix.FRA_FWMARK, k.fwmark)
-		b = appendAttrUint32(b, unix.FRA_FWMASK, ^uint32(0))
-	}
-	if k.table > 0 {
-		b = appendAttrUint32(b, unix.FRA_TABLE, k.table)
-	}
-	if protocol > 0 {
-		b = appendAttr(b, unix.FRA_PROTOCOL, []byte{protocol})
-	}
-	return b
+	return rtnl.AppendRuleRequest(b, typ, flags, rtnl.Rule{Family: k.family, Priority: k.priority, IIF: k.iif,
+		FwMark: k.fwmark, Table: k.table, Action: k.action, Protocol: protocol})
 }
 
 // overlayRoute is what the network reconciler mirrors of a route of OverlayRouteProtocol
@@ -352,36 +200,13 @@ type overlayRoute struct {
 // rtmsg and its attributes) when it is a unicast route of OverlayRouteProtocol with a
 // destination; ok is false for any other route.
 func parseOverlayRoute(b []byte) (id routeID, rt overlayRoute, ok bool) {
-	if len(b) < unix.SizeofRtMsg {
+	m, ok := rtnl.ParseRoute(b)
+	if !ok || m.Protocol != byte(OverlayRouteProtocol) || (m.Family != unix.AF_INET && m.Family != unix.AF_INET6) ||
+		m.Type != unix.RTN_UNICAST || !m.Dst.IsValid() {
 		return routeID{}, overlayRoute{}, false
 	}
-	family, dstLen := b[0], int(b[1])
-	if b[5] != byte(OverlayRouteProtocol) || (family != unix.AF_INET && family != unix.AF_INET6) || b[7] != unix.RTN_UNICAST {
-		return routeID{}, overlayRoute{}, false
-	}
-	table := uint32(b[4])
-	rt.scope = b[6]
-	var dst netip.Addr
-	var metric uint32
-	eachAttr(b[unix.SizeofRtMsg:], func(typ uint16, v []byte) {
-		switch typ {
-		case unix.RTA_DST:
-			dst, _ = netip.AddrFromSlice(v)
-		case unix.RTA_OIF:
-			rt.oif = int32(attrUint32(v))
-		case unix.RTA_PREFSRC:
-			rt.src, _ = netip.AddrFromSlice(v)
-		case unix.RTA_PRIORITY:
-			metric = attrUint32(v)
-		case unix.RTA_TABLE:
-			table = attrUint32(v)
-		}
-	})
-	if !dst.IsValid() {
-		return routeID{}, overlayRoute{}, false
-	}
-	rt.src = rt.src.Unmap()
-	return newRouteID(table, netip.PrefixFrom(dst.Unmap(), dstLen), metric), rt, true
+	rt = overlayRoute{oif: m.OIF, src: m.PrefSrc.Unmap(), scope: m.Scope}
+	return newRouteID(m.Table, netip.PrefixFrom(m.Dst.Unmap(), int(m.DstLen)), m.Priority), rt, true
 }
 
 // appendOverlayRouteRequest appends to b an RTM_NEWROUTE request (`ip route add` with
@@ -389,29 +214,17 @@ func parseOverlayRoute(b []byte) (id routeID, rt overlayRoute, ok bool) {
 // overlay route id through rt.oif, or with typ RTM_DELROUTE an `ip route del` of it that
 // names OverlayRouteProtocol, so that it never removes a route of another protocol.
 func appendOverlayRouteRequest(b []byte, typ, flags uint16, id routeID, rt overlayRoute) []byte {
-	b = nlMessage(b, typ, flags)
-	family := byte(unix.AF_INET6)
+	r := rtnl.Route{Family: unix.AF_INET6, DstLen: id.bits, Table: id.table, Protocol: uint8(OverlayRouteProtocol),
+		Scope: rt.scope, Type: unix.RTN_UNICAST, Dst: id.dst(), Priority: id.metric}
 	if id.v4 {
-		family = unix.AF_INET
+		r.Family = unix.AF_INET
 	}
-	scope, rtype := rt.scope, byte(unix.RTN_UNICAST)
 	if typ == unix.RTM_DELROUTE {
-		scope, rtype = unix.RT_SCOPE_NOWHERE, unix.RTN_UNSPEC
+		r.Scope, r.Type = unix.RT_SCOPE_NOWHERE, unix.RTN_UNSPEC
+	} else {
+		r.OIF, r.PrefSrc = rt.oif, rt.src
 	}
-	// struct rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags.
-	b = append(b, family, id.bits, 0, 0, unix.RT_TABLE_UNSPEC, byte(OverlayRouteProtocol), scope, rtype, 0, 0, 0, 0)
-	b = appendAttrAddr(b, unix.RTA_DST, id.dst())
-	b = appendAttrUint32(b, unix.RTA_TABLE, id.table)
-	if id.metric > 0 {
-		b = appendAttrUint32(b, unix.RTA_PRIORITY, id.metric)
-	}
-	if typ != unix.RTM_DELROUTE {
-		b = appendAttrUint32(b, unix.RTA_OIF, uint32(rt.oif))
-		if rt.src.IsValid() {
-			b = appendAttrAddr(b, unix.RTA_PREFSRC, rt.src)
-		}
-	}
-	return b
+	return rtnl.AppendRouteRequest(b, typ, flags, r, nil)
 }
 
 // herKey identifies a head-end replication entry: `bridge fdb` entry
@@ -427,30 +240,16 @@ type herEntry struct {
 	permanent bool
 }
 
-// parseHEREntry decodes the payload of an RTM_NEWNEIGH or RTM_DELNEIGH message (struct
-// ndmsg and its attributes) when it is a head-end replication entry of a VXLAN device:
-// family AF_BRIDGE, flag NTF_SELF, the all-zeros MAC and a destination.
+// parseHEREntry decodes the payload of an RTM_NEWNEIGH or RTM_DELNEIGH message
+// (rtnl.ParseNeigh) when it is a head-end replication entry of a VXLAN device: family
+// AF_BRIDGE, flag NTF_SELF, the all-zeros MAC and a destination.
 func parseHEREntry(b []byte) (k herKey, e herEntry, ok bool) {
-	if len(b) < unix.SizeofNdMsg || b[0] != unix.AF_BRIDGE {
+	n, ok := rtnl.ParseNeigh(b)
+	if !ok || n.Family != unix.AF_BRIDGE || n.Flags&unix.NTF_SELF == 0 {
 		return herKey{}, herEntry{}, false
 	}
-	ne := binary.NativeEndian
-	k.index = int32(ne.Uint32(b[4:8]))
-	state, flags := ne.Uint16(b[8:10]), b[10]
-	if flags&unix.NTF_SELF == 0 {
-		return herKey{}, herEntry{}, false
-	}
-	e.permanent = state&unix.NUD_PERMANENT != 0
-	zeroMAC := false
-	eachAttr(b[unix.SizeofNdMsg:], func(typ uint16, v []byte) {
-		switch typ {
-		case unix.NDA_DST:
-			k.dst, _ = netip.AddrFromSlice(v)
-		case unix.NDA_LLADDR:
-			zeroMAC = len(v) == 6 && string(v) == "\x00\x00\x00\x00\x00\x00"
-		}
-	})
-	k.dst = k.dst.Unmap()
+	k, e = herKey{index: n.Index, dst: n.Dst}, herEntry{permanent: n.State&unix.NUD_PERMANENT != 0}
+	zeroMAC := n.HasMAC && n.MAC == [6]byte{}
 	return k, e, zeroMAC && k.dst.IsValid()
 }
 
@@ -458,53 +257,14 @@ func parseHEREntry(b []byte) (k herKey, e herEntry, ok bool) {
 // VXLAN dst ADDR self permanent`, flags NLM_F_CREATE|NLM_F_APPEND) or RTM_DELNEIGH
 // (`bridge fdb del ...`) request for the head-end replication entry k.
 func appendHERRequest(b []byte, typ, flags uint16, k herKey) []byte {
-	b = nlMessage(b, typ, flags)
-	// struct ndmsg: family, pad1, pad2, ifindex, state, flags, type.
-	b = append(b, unix.AF_BRIDGE, 0, 0, 0)
-	b = binary.NativeEndian.AppendUint32(b, uint32(k.index))
-	b = binary.NativeEndian.AppendUint16(b, unix.NUD_PERMANENT)
-	b = append(b, unix.NTF_SELF, 0)
-	b = appendAttr(b, unix.NDA_LLADDR, make([]byte, 6))
-	return appendAttrAddr(b, unix.NDA_DST, k.dst)
+	return rtnl.AppendNeighRequest(b, typ, flags, rtnl.Neigh{Family: unix.AF_BRIDGE, Index: k.index, State: unix.NUD_PERMANENT,
+		Flags: unix.NTF_SELF, Dst: k.dst, HasMAC: true})
 }
 
 // appendAddrRequest appends to b an RTM_NEWADDR (`ip addr add`) or RTM_DELADDR (`ip addr
 // del`) request for the address k with the flags (IFA_F_*; none for a delete).
 func appendAddrRequest(b []byte, typ, flags uint16, k addrKey, ifaFlags uint32) []byte {
-	b = nlMessage(b, typ, flags)
-	family := byte(unix.AF_INET6)
-	if k.prefix.Addr().Is4() {
-		family = unix.AF_INET
-	}
-	// struct ifaddrmsg: family, prefixlen, flags, scope, index.
-	b = append(b, family, byte(k.prefix.Bits()), byte(ifaFlags), unix.RT_SCOPE_UNIVERSE)
-	b = binary.NativeEndian.AppendUint32(b, uint32(k.index))
-	b = appendAttrAddr(b, unix.IFA_LOCAL, k.prefix.Addr())
-	b = appendAttrAddr(b, unix.IFA_ADDRESS, k.prefix.Addr())
-	if typ == unix.RTM_NEWADDR {
-		b = appendAttrUint32(b, unix.IFA_FLAGS, ifaFlags)
-	}
-	return b
-}
-
-// The netconf attributes (linux/netconf.h) the network reconciler reads.
-const netconfaIfindex = 1
-
-// parseNetconfIndex returns the interface index an RTM_NEWNETCONF or RTM_DELNETCONF
-// message (struct netconfmsg and its attributes) is about; ok is false for the
-// namespace-wide ones ("all", "default").
-func parseNetconfIndex(b []byte) (family uint8, index int32, ok bool) {
-	const hdrLen = 4 // struct netconfmsg, padded
-	if len(b) < hdrLen {
-		return 0, 0, false
-	}
-	family = b[0]
-	eachAttr(b[hdrLen:], func(typ uint16, v []byte) {
-		if typ == netconfaIfindex {
-			index = int32(attrUint32(v))
-		}
-	})
-	return family, index, index > 0
+	return rtnl.AppendAddrRequest(b, typ, flags, k.index, k.prefix, ifaFlags, 0)
 }
 
 // runInNamespace runs fn on an OS thread in network namespace ns (nil: the calling

@@ -10,6 +10,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/naplesnet/naples/hal/linux/rtnl"
+
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -46,13 +48,6 @@ func (r *NetworkReconciler) resync(ctx context.Context, enqueue func(nimbusv1.Ke
 	return nil
 }
 
-// ruleDumpRequest returns a request for every policy-routing rule of both families (`ip
-// rule show`).
-func ruleDumpRequest() []byte {
-	// struct fib_rule_hdr, all zeros.
-	return append(nlMessage(nil, unix.RTM_GETRULE, 0), make([]byte, 12)...)
-}
-
 // dumpAll loads every mirror with a fresh dump and returns the key IDs of the networks
 // whose kernel state the dumps found different from what the mirrors held. It also
 // forgets what it knew of the forwarding sysctls, which have no dump: the reconciles
@@ -78,7 +73,7 @@ func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]string, error) {
 	drift, err := dumpMirror(ctx, r.rtnlConn, r.links, "links", unix.RTM_NEWLINK, func(p []byte) (string, networkLink, bool) {
 		m, ok := parseLinkMsg(p)
 		return m.name, m.link, ok && m.family != unix.AF_BRIDGE
-	}, linkDumpRequest())
+	}, rtnl.LinkDumpRequest())
 	if err != nil {
 		return nil, err
 	}
@@ -93,7 +88,7 @@ func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]string, error) {
 		note(r.ownerOfName(name))
 	}
 
-	addrDrift, err := dumpMirror(ctx, r.rtnlConn, r.addrs, "addresses", unix.RTM_NEWADDR, parseAddrMsg, addrDumpRequest())
+	addrDrift, err := dumpMirror(ctx, r.rtnlConn, r.addrs, "addresses", unix.RTM_NEWADDR, parseAddrMsg, rtnl.AddrDumpRequest())
 	if err != nil {
 		return nil, err
 	}
@@ -104,7 +99,7 @@ func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]string, error) {
 	ruleDrift, err := dumpMirror(ctx, r.rtnlConn, r.rules, "rules", unix.RTM_NEWRULE, func(p []byte) (ruleKey, uint8, bool) {
 		m, ok := parseRuleMsg(p)
 		return m.key, m.protocol, ok && overlayRule(m)
-	}, ruleDumpRequest())
+	}, rtnl.RuleDumpRequest())
 	if err != nil {
 		return nil, err
 	}
@@ -114,7 +109,7 @@ func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]string, error) {
 
 	routeDrift, err := dumpMirror(ctx, r.rtnlConn, r.routes, fmt.Sprintf("routes of protocol %d", OverlayRouteProtocol),
 		unix.RTM_NEWROUTE, parseOverlayRoute,
-		routeDumpRequest(unix.AF_INET, OverlayRouteProtocol), routeDumpRequest(unix.AF_INET6, OverlayRouteProtocol))
+		rtnl.RouteDumpRequest(unix.AF_INET, uint8(OverlayRouteProtocol)), rtnl.RouteDumpRequest(unix.AF_INET6, uint8(OverlayRouteProtocol)))
 	if err != nil {
 		return nil, err
 	}
@@ -125,7 +120,7 @@ func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]string, error) {
 		note(routeOwners[id])
 	}
 
-	herDrift, err := dumpMirror(ctx, r.rtnlConn, r.her, "FDB entries", unix.RTM_NEWNEIGH, parseHEREntry, neighDumpRequest(unix.AF_BRIDGE))
+	herDrift, err := dumpMirror(ctx, r.rtnlConn, r.her, "FDB entries", unix.RTM_NEWNEIGH, parseHEREntry, rtnl.NeighDumpRequest(unix.AF_BRIDGE))
 	if err != nil {
 		return nil, err
 	}
@@ -251,7 +246,7 @@ func (r *NetworkReconciler) apply(typ uint16, b []byte, enqueue func(nimbusv1.Ke
 	case unix.RTM_NEWNETCONF, unix.RTM_DELNETCONF:
 		// The notification of force_forwarding carries no value: whoever changed a
 		// forwarding setting of a bridge, it is read again.
-		_, index, ok := parseNetconfIndex(b)
+		_, index, ok := rtnl.ParseNetconfIndex(b)
 		if !ok {
 			return
 		}

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/naplesnet/naples/hal"
+	"github.com/naplesnet/naples/hal/linux/rtnl"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -91,33 +92,21 @@ func foreignLink(name string, l networkLink) error {
 // address MAC master MASTER up type KIND ...`; MTU and port flags are left to converge) and
 // returns it as the kernel then reports it.
 func (r *NetworkReconciler) createLink(ctx context.Context, name string, target networkLink) (networkLink, error) {
-	msg := nlMessage(r.nl.buffer(), unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL)
-	msg = appendIfInfo(msg, unix.AF_UNSPEC, 0, unix.IFF_UP, unix.IFF_UP)
-	msg = appendAttrString(msg, unix.IFLA_IFNAME, name)
-	msg = appendAttrString(msg, unix.IFLA_IFALIAS, target.alias)
-	msg = appendAttrUint32(msg, unix.IFLA_GROUP, LinkGroup)
+	attrs := rtnl.LinkName | rtnl.LinkAlias | rtnl.LinkGroup | rtnl.LinkKind
 	if target.mac != "" {
-		msg = appendAttr(msg, unix.IFLA_ADDRESS, []byte(target.mac))
+		attrs |= rtnl.LinkMAC
 	}
 	if target.master != 0 {
-		msg = appendAttrUint32(msg, unix.IFLA_MASTER, uint32(target.master))
+		attrs |= rtnl.LinkMaster
 	}
-	msg, info := beginNest(msg, unix.IFLA_LINKINFO)
-	msg = appendAttrString(msg, unix.IFLA_INFO_KIND, target.kind)
 	if target.kind == "vxlan" {
-		var data int
-		msg, data = beginNest(msg, unix.IFLA_INFO_DATA)
-		msg = appendAttrUint32(msg, unix.IFLA_VXLAN_ID, target.vni)
-		if target.local.Is4() {
-			msg = appendAttrAddr(msg, unix.IFLA_VXLAN_LOCAL, target.local)
-		} else {
-			msg = appendAttrAddr(msg, unix.IFLA_VXLAN_LOCAL6, target.local)
-		}
-		msg = appendAttr(msg, unix.IFLA_VXLAN_PORT, []byte{byte(target.port >> 8), byte(target.port)})
-		msg = appendAttrUint8(msg, unix.IFLA_VXLAN_LEARNING, boolByte(target.learning))
-		msg = endNest(msg, data)
+		attrs |= rtnl.LinkVXLAN
 	}
-	msg = endNest(msg, info)
+	msg := rtnl.AppendLinkRequest(r.nl.Buffer(), unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL, rtnl.Link{
+		Flags: unix.IFF_UP, Name: name, Alias: target.alias, Group: LinkGroup, MAC: target.mac, Master: target.master,
+		Kind:  target.kind,
+		VXLAN: rtnl.VXLANInfo{VNI: target.vni, Local: target.local, Port: target.port, Learning: target.learning},
+	}, unix.IFF_UP, attrs)
 
 	// What the create leaves: the MTU is the kernel's, a new port has the kernel's
 	// default flags (learning on, neigh_suppress off).
@@ -156,12 +145,10 @@ func (r *NetworkReconciler) createClash(ctx context.Context, name string, target
 // in the mirror and returns it. The mirror shows the answer from then on and passes
 // over the kernel's older events of the link until they catch up with it.
 func (r *NetworkReconciler) refreshLink(ctx context.Context, name string) (networkLink, error) {
-	msg := nlMessage(make([]byte, 0, 64), unix.RTM_GETLINK, 0)
-	msg = appendIfInfo(msg, unix.AF_UNSPEC, 0, 0, 0)
-	msg = appendAttrString(msg, unix.IFLA_IFNAME, name)
+	msg := rtnl.AppendLinkRequest(make([]byte, 0, 64), unix.RTM_GETLINK, 0, rtnl.Link{Name: name}, 0, rtnl.LinkName)
 	var got linkMsg
 	found := false
-	err := r.rtnl.get(ctx, msg, func(typ uint16, payload []byte) {
+	err := r.rtnl.Get(ctx, msg, func(typ uint16, payload []byte) {
 		if typ == unix.RTM_NEWLINK {
 			got, found = parseLinkMsg(payload)
 		}
@@ -201,7 +188,6 @@ func (r *NetworkReconciler) converge(ctx context.Context, name string, have, tar
 		step.portLearning, step.neighSuppress = step.bridgePort, false
 	}
 	if !sameLink(have, step) {
-		msg := nlMessage(r.nl.buffer(), unix.RTM_NEWLINK, 0)
 		var flags, change uint32
 		if have.up != step.up {
 			change = unix.IFF_UP
@@ -209,35 +195,34 @@ func (r *NetworkReconciler) converge(ctx context.Context, name string, have, tar
 				flags = unix.IFF_UP
 			}
 		}
-		msg = appendIfInfo(msg, unix.AF_UNSPEC, have.index, flags, change)
+		var attrs rtnl.LinkAttrs
 		var what []any
 		if have.mac != step.mac {
-			msg = appendAttr(msg, unix.IFLA_ADDRESS, []byte(step.mac))
+			attrs |= rtnl.LinkMAC
 			what = append(what, "address", macString(step.mac))
 		}
 		if have.mtu != step.mtu {
-			msg = appendAttrUint32(msg, unix.IFLA_MTU, step.mtu)
+			attrs |= rtnl.LinkMTU
 			what = append(what, "mtu", step.mtu)
 		}
 		if have.alias != step.alias {
-			msg = appendAttrString(msg, unix.IFLA_IFALIAS, step.alias)
+			attrs |= rtnl.LinkAlias
 		}
 		if have.master != step.master {
-			msg = appendAttrUint32(msg, unix.IFLA_MASTER, uint32(step.master))
+			attrs |= rtnl.LinkMaster
 			what = append(what, "master", step.master)
 		}
 		if have.kind == "vxlan" && have.learning != step.learning {
-			var info, data int
-			msg, info = beginNest(msg, unix.IFLA_LINKINFO)
-			msg = appendAttrString(msg, unix.IFLA_INFO_KIND, "vxlan")
-			msg, data = beginNest(msg, unix.IFLA_INFO_DATA)
-			msg = appendAttrUint8(msg, unix.IFLA_VXLAN_LEARNING, boolByte(step.learning))
-			msg = endNest(endNest(msg, data), info)
+			attrs |= rtnl.LinkKind | rtnl.LinkVXLANLearning
 			what = append(what, "learning", step.learning)
 		}
 		if change != 0 {
 			what = append(what, "up", step.up)
 		}
+		msg := rtnl.AppendLinkRequest(r.nl.Buffer(), unix.RTM_NEWLINK, 0, rtnl.Link{
+			Index: have.index, Flags: flags, MAC: step.mac, MTU: step.mtu, Alias: step.alias, Master: step.master,
+			Kind: "vxlan", VXLAN: rtnl.VXLANInfo{Learning: step.learning},
+		}, change, attrs)
 		if _, err := kernelWrite(ctx, r.rtnlConn, r.links.Expect(name, step), msg); err != nil {
 			return networkLink{}, kernelErr(err, "setting link %s %v", name, what)
 		}
@@ -246,15 +231,9 @@ func (r *NetworkReconciler) converge(ctx context.Context, name string, have, tar
 	if step.bridgePort && (step.portLearning != target.portLearning || step.neighSuppress != target.neighSuppress) {
 		next := step
 		next.portLearning, next.neighSuppress = target.portLearning, target.neighSuppress
-		msg := nlMessage(r.nl.buffer(), unix.RTM_NEWLINK, 0)
-		msg = appendIfInfo(msg, unix.AF_UNSPEC, have.index, 0, 0)
-		var info, data int
-		msg, info = beginNest(msg, unix.IFLA_LINKINFO)
-		msg = appendAttrString(msg, unix.IFLA_INFO_SLAVE_KIND, "bridge")
-		msg, data = beginNest(msg, unix.IFLA_INFO_SLAVE_DATA)
-		msg = appendAttrUint8(msg, unix.IFLA_BRPORT_LEARNING, boolByte(next.portLearning))
-		msg = appendAttrUint8(msg, unix.IFLA_BRPORT_NEIGH_SUPPRESS, boolByte(next.neighSuppress))
-		msg = endNest(endNest(msg, data), info)
+		msg := rtnl.AppendLinkRequest(r.nl.Buffer(), unix.RTM_NEWLINK, 0, rtnl.Link{
+			Index: have.index, Port: rtnl.BridgePortInfo{Learning: next.portLearning, NeighSuppress: next.neighSuppress},
+		}, 0, rtnl.LinkPortLearning|rtnl.LinkPortNeighSuppress)
 		if _, err := kernelWrite(ctx, r.rtnlConn, r.links.Expect(name, next), msg); err != nil {
 			return networkLink{}, kernelErr(err, "setting the bridge port flags of %s", name)
 		}
@@ -267,8 +246,7 @@ func (r *NetworkReconciler) converge(ctx context.Context, name string, have, tar
 // drops from the mirrors what the kernel removes with it: its addresses, routes and FDB
 // entries (IPv4 routes go without a notification).
 func (r *NetworkReconciler) deleteLink(ctx context.Context, name string, l networkLink) error {
-	msg := nlMessage(r.nl.buffer(), unix.RTM_DELLINK, 0)
-	msg = appendIfInfo(msg, unix.AF_UNSPEC, l.index, 0, 0)
+	msg := rtnl.AppendLinkRequest(r.nl.Buffer(), unix.RTM_DELLINK, 0, rtnl.Link{Index: l.index}, 0, 0)
 	took, err := kernelWrite(ctx, r.rtnlConn, r.links.ExpectGone(name), msg, unix.ENODEV)
 	if err != nil {
 		return kernelErr(err, "deleting link %s", name)
@@ -286,16 +264,12 @@ func (r *NetworkReconciler) linkGone(index int32) {
 	r.mu.Lock()
 	delete(r.names, index)
 	r.mu.Unlock()
-	for k := range r.addrs.All() {
-		if k.index == index {
-			r.addrs.Remove(k)
-		}
+	for k := range r.addrsByLink.Get(index) {
+		r.addrs.Remove(k)
 	}
 	r.routesGone(index, true)
-	for k := range r.her.All() {
-		if k.index == index {
-			r.her.Remove(k)
-		}
+	for k := range r.herByLink.Get(index) {
+		r.her.Remove(k)
 	}
 }
 
@@ -303,8 +277,8 @@ func (r *NetworkReconciler) linkGone(index int32) {
 // with all also the IPv6 ones: the kernel flushes IPv4 routes through a link that goes
 // down or away without a notification.
 func (r *NetworkReconciler) routesGone(index int32, all bool) {
-	for id, rt := range r.routes.All() {
-		if rt.oif == index && (id.v4 || all) {
+	for id := range r.routesByLink.Get(index) {
+		if id.v4 || all {
 			r.routes.Remove(id)
 		}
 	}
@@ -408,8 +382,8 @@ func (r *NetworkReconciler) ensureAddresses(ctx context.Context, want networkWan
 		wanted[addrKey{index: index, prefix: netip.PrefixFrom(s.gw, s.prefix.Bits())}] = flags
 	}
 	// Unwanted ones go first: IPv6 refuses an address it holds with another length.
-	for k, a := range r.addrs.All() {
-		if k.index != index || k.prefix.Addr().Is6() && k.prefix.Addr().IsLinkLocalUnicast() {
+	for k, a := range r.addrsByLink.Get(index) {
+		if k.prefix.Addr().Is6() && k.prefix.Addr().IsLinkLocalUnicast() {
 			continue
 		}
 		if flags, ok := wanted[k]; ok && a.flags&managedAddrFlags == flags {
@@ -424,7 +398,7 @@ func (r *NetworkReconciler) ensureAddresses(ctx context.Context, want networkWan
 			continue
 		}
 		flags := wanted[k]
-		msg := appendAddrRequest(r.nl.buffer(), unix.RTM_NEWADDR, unix.NLM_F_CREATE|unix.NLM_F_EXCL, k, flags)
+		msg := appendAddrRequest(r.nl.Buffer(), unix.RTM_NEWADDR, unix.NLM_F_CREATE|unix.NLM_F_EXCL, k, flags)
 		if _, err := kernelWrite(ctx, r.rtnlConn, r.addrs.Expect(k, ifAddr{flags: flags}), msg); err != nil {
 			return kernelErr(err, "adding address %s to %s", k.prefix, want.bridge)
 		}
@@ -435,7 +409,7 @@ func (r *NetworkReconciler) ensureAddresses(ctx context.Context, want networkWan
 
 // deleteAddr removes the address k from the link name (`ip addr del`).
 func (r *NetworkReconciler) deleteAddr(ctx context.Context, name string, k addrKey) error {
-	msg := appendAddrRequest(r.nl.buffer(), unix.RTM_DELADDR, 0, k, 0)
+	msg := appendAddrRequest(r.nl.Buffer(), unix.RTM_DELADDR, 0, k, 0)
 	took, err := kernelWrite(ctx, r.rtnlConn, r.addrs.ExpectGone(k), msg, unix.EADDRNOTAVAIL, unix.ENODEV)
 	if err != nil {
 		return kernelErr(err, "deleting address %s from %s", k.prefix, name)
@@ -456,8 +430,8 @@ func (r *NetworkReconciler) deleteAddr(ctx context.Context, name string, k addrK
 func (r *NetworkReconciler) addrGone(k addrKey) {
 	a := k.prefix.Addr()
 	if a.Is6() {
-		for id, rt := range r.routes.All() {
-			if !id.v4 && rt.oif == k.index && rt.src == a {
+		for id, rt := range r.routesByLink.Get(k.index) {
+			if !id.v4 && rt.src == a {
 				rt.src = netip.Addr{}
 				r.routes.Update(id, rt)
 			}
@@ -465,20 +439,30 @@ func (r *NetworkReconciler) addrGone(k addrKey) {
 		return
 	}
 	heldElsewhere, lastOnLink := false, true
-	for o := range r.addrs.All() {
-		if o == k || !o.prefix.Addr().Is4() {
-			continue
-		}
-		if o.prefix.Addr() == a {
+	for o := range r.addrsByAddr.Get(a.Unmap()) {
+		if o != k && o.prefix.Addr() == a {
 			heldElsewhere = true
-		}
-		if o.index == k.index {
-			lastOnLink = false
+			break
 		}
 	}
-	for id, rt := range r.routes.All() {
-		if id.v4 && (rt.src == a && !heldElsewhere && id.table == unix.RT_TABLE_MAIN || rt.oif == k.index && lastOnLink) {
-			r.routes.Remove(id)
+	for o := range r.addrsByLink.Get(k.index) {
+		if o != k && o.prefix.Addr().Is4() {
+			lastOnLink = false
+			break
+		}
+	}
+	if !heldElsewhere {
+		for id := range r.routesBySrc.Get(a) {
+			if id.v4 && id.table == unix.RT_TABLE_MAIN {
+				r.routes.Remove(id)
+			}
+		}
+	}
+	if lastOnLink {
+		for id := range r.routesByLink.Get(k.index) {
+			if id.v4 {
+				r.routes.Remove(id)
+			}
 		}
 	}
 }
@@ -499,8 +483,8 @@ func (r *NetworkReconciler) ensureRoutes(ctx context.Context, want networkWant, 
 		}
 		wanted[newRouteID(want.table, s.prefix, metric)] = rt
 	}
-	for id, rt := range r.routes.All() {
-		if _, ok := wanted[id]; rt.oif == index && !ok {
+	for id := range r.routesByLink.Get(index) {
+		if _, ok := wanted[id]; !ok {
 			if err := r.deleteRoute(ctx, id); err != nil {
 				return err
 			}
@@ -521,7 +505,7 @@ func (r *NetworkReconciler) ensureRoutes(ctx context.Context, want networkWant, 
 		if exists {
 			flags = unix.NLM_F_CREATE | unix.NLM_F_REPLACE
 		}
-		msg := appendOverlayRouteRequest(r.nl.buffer(), unix.RTM_NEWROUTE, flags, id, rt)
+		msg := appendOverlayRouteRequest(r.nl.Buffer(), unix.RTM_NEWROUTE, flags, id, rt)
 		if _, err := kernelWrite(ctx, r.rtnlConn, r.routes.Expect(id, rt), msg); err != nil {
 			if !exists && errors.Is(err, unix.EEXIST) {
 				return hal.Errorf(hal.ReasonConflict, "subnet %s: tenant table %d holds a route to it that naples did not create; leaving it alone", id.prefix(), id.table)
@@ -550,7 +534,7 @@ func compareRouteIDs(a, b routeID) int {
 // deleteRoute deletes the route of protocol 242 with the identity (`ip route del PREFIX
 // table T metric M proto 242`).
 func (r *NetworkReconciler) deleteRoute(ctx context.Context, id routeID) error {
-	msg := appendOverlayRouteRequest(r.nl.buffer(), unix.RTM_DELROUTE, 0, id, overlayRoute{})
+	msg := appendOverlayRouteRequest(r.nl.Buffer(), unix.RTM_DELROUTE, 0, id, overlayRoute{})
 	took, err := kernelWrite(ctx, r.rtnlConn, r.routes.ExpectGone(id), msg, unix.ESRCH)
 	if err != nil {
 		return kernelErr(err, "deleting route %s", id)
@@ -589,8 +573,8 @@ func networkRules(bridge string, table uint32) []ruleKey {
 // enters through its bridge.
 func (r *NetworkReconciler) ensureRules(ctx context.Context, want networkWant) error {
 	wanted := networkRules(want.bridge, want.table)
-	for k, proto := range r.rules.All() {
-		if k.iif == want.bridge && !slices.Contains(wanted, k) {
+	for k, proto := range r.rulesByIIF.Get(want.bridge) {
+		if !slices.Contains(wanted, k) {
 			if err := r.deleteRule(ctx, k, proto); err != nil {
 				return err
 			}
@@ -600,7 +584,7 @@ func (r *NetworkReconciler) ensureRules(ctx context.Context, want networkWant) e
 		if _, ok := r.rules.Get(k); ok {
 			continue
 		}
-		msg := appendRuleRequest(r.nl.buffer(), unix.RTM_NEWRULE, unix.NLM_F_CREATE|unix.NLM_F_EXCL, k, uint8(OverlayRouteProtocol))
+		msg := appendRuleRequest(r.nl.Buffer(), unix.RTM_NEWRULE, unix.NLM_F_CREATE|unix.NLM_F_EXCL, k, uint8(OverlayRouteProtocol))
 		if _, err := kernelWrite(ctx, r.rtnlConn, r.rules.Expect(k, uint8(OverlayRouteProtocol)), msg); err != nil {
 			return kernelErr(err, "adding rule %s", ruleString(k))
 		}
@@ -611,7 +595,7 @@ func (r *NetworkReconciler) ensureRules(ctx context.Context, want networkWant) e
 
 // deleteRule deletes the rule k of the protocol (`ip rule del ...`).
 func (r *NetworkReconciler) deleteRule(ctx context.Context, k ruleKey, protocol uint8) error {
-	msg := appendRuleRequest(r.nl.buffer(), unix.RTM_DELRULE, 0, k, protocol)
+	msg := appendRuleRequest(r.nl.Buffer(), unix.RTM_DELRULE, 0, k, protocol)
 	took, err := kernelWrite(ctx, r.rtnlConn, r.rules.ExpectGone(k), msg, unix.ENOENT)
 	if err != nil {
 		return kernelErr(err, "deleting rule %s", ruleString(k))
@@ -672,8 +656,8 @@ func (r *NetworkReconciler) ensureReplication(ctx context.Context, want networkW
 			wanted[a] = true
 		}
 	}
-	for k := range r.her.All() {
-		if k.index == index && !wanted[k.dst] {
+	for k := range r.herByLink.Get(index) {
+		if !wanted[k.dst] {
 			if err := r.deleteHER(ctx, want.vxlan, k); err != nil {
 				return nil, nil, err
 			}
@@ -685,7 +669,7 @@ func (r *NetworkReconciler) ensureReplication(ctx context.Context, want networkW
 		if _, ok := r.her.Get(k); ok {
 			continue
 		}
-		msg := appendHERRequest(r.nl.buffer(), unix.RTM_NEWNEIGH, unix.NLM_F_CREATE|unix.NLM_F_APPEND, k)
+		msg := appendHERRequest(r.nl.Buffer(), unix.RTM_NEWNEIGH, unix.NLM_F_CREATE|unix.NLM_F_APPEND, k)
 		if _, err := kernelWrite(ctx, r.rtnlConn, r.her.Expect(k, herEntry{permanent: true}), msg); err != nil {
 			return nil, nil, kernelErr(err, "adding head-end replication to %s on %s", a, want.vxlan)
 		}
@@ -696,7 +680,7 @@ func (r *NetworkReconciler) ensureReplication(ctx context.Context, want networkW
 
 // deleteHER deletes the head-end replication entry k of the VXLAN device name.
 func (r *NetworkReconciler) deleteHER(ctx context.Context, name string, k herKey) error {
-	msg := appendHERRequest(r.nl.buffer(), unix.RTM_DELNEIGH, 0, k)
+	msg := appendHERRequest(r.nl.Buffer(), unix.RTM_DELNEIGH, 0, k)
 	took, err := kernelWrite(ctx, r.rtnlConn, r.her.ExpectGone(k), msg, unix.ENOENT, unix.ENODEV)
 	if err != nil {
 		return kernelErr(err, "deleting head-end replication to %s on %s", k.dst, name)
@@ -727,11 +711,9 @@ func (r *NetworkReconciler) teardown(ctx context.Context, id string) error {
 		}
 	}
 	if !foreign {
-		for k, proto := range r.rules.All() {
-			if k.iif == bridge {
-				if err := r.deleteRule(ctx, k, proto); err != nil {
-					return err
-				}
+		for k, proto := range r.rulesByIIF.Get(bridge) {
+			if err := r.deleteRule(ctx, k, proto); err != nil {
+				return err
 			}
 		}
 	}
@@ -743,12 +725,4 @@ func (r *NetworkReconciler) teardown(ctx context.Context, id string) error {
 func ownerKey(alias string) string {
 	id, _ := OwnerOfAlias(alias)
 	return id
-}
-
-// boolByte is 1 for true, 0 for false.
-func boolByte(b bool) uint8 {
-	if b {
-		return 1
-	}
-	return 0
 }

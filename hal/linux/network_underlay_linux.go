@@ -105,8 +105,8 @@ func (r *NetworkReconciler) underlay(vtep netip.Addr) underlayLink {
 	r.mu.Unlock()
 	if !known {
 		index = 0
-		for k := range r.addrs.All() {
-			if k.prefix.Addr().Unmap() == vtep && (index == 0 || k.index < index) {
+		for k := range r.addrsByAddr.Get(vtep) {
+			if index == 0 || k.index < index {
 				index = k.index
 			}
 		}

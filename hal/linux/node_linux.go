@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/naplesnet/naples/hal"
+	"github.com/naplesnet/naples/hal/linux/rtnl"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -50,8 +51,9 @@ type NodeReconciler struct {
 	store OverlayStore
 	node  string
 
-	// addrs holds every address of the namespace.
-	addrs *hal.Mirror[addrKey, ifAddr]
+	// addrs holds every address of the namespace; addrsByAddr finds them by address.
+	addrs       *hal.Mirror[addrKey, ifAddr]
+	addrsByAddr *hal.Index[addrKey, ifAddr, netip.Addr]
 }
 
 var (
@@ -73,12 +75,14 @@ func NewNodeReconciler(opts NodeOptions) (*NodeReconciler, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &NodeReconciler{
+	r := &NodeReconciler{
 		rtnlConn: c,
 		store:    opts.Store,
 		node:     opts.Node,
 		addrs:    hal.NewMirror[addrKey, ifAddr](func(have, want ifAddr) bool { return have == want }, nil),
-	}, nil
+	}
+	r.addrsByAddr = hal.NewIndex(r.addrs, func(k addrKey, _ ifAddr) (netip.Addr, bool) { return k.prefix.Addr(), true })
+	return r, nil
 }
 
 // Close releases the netlink socket. It is safe to call twice.
@@ -139,10 +143,7 @@ const (
 // holds tells how the interfaces of the namespace hold the address a.
 func (r *NodeReconciler) holds(a netip.Addr) addrState {
 	st := addrAbsent
-	for k, v := range r.addrs.All() {
-		if k.prefix.Addr() != a {
-			continue
-		}
+	for _, v := range r.addrsByAddr.Get(a) {
 		if v.flags&(unix.IFA_F_TENTATIVE|unix.IFA_F_DADFAILED) == 0 {
 			return addrUsable
 		}
@@ -172,7 +173,7 @@ func (r *NodeReconciler) fill(ctx context.Context) error {
 // dumpAddrs loads the mirror with a fresh dump of the namespace's addresses (`ip addr
 // show`) and returns the addresses whose state changed.
 func (r *NodeReconciler) dumpAddrs(ctx context.Context) ([]addrKey, error) {
-	return dumpMirror(ctx, r.rtnlConn, r.addrs, "addresses", unix.RTM_NEWADDR, parseAddrMsg, addrDumpRequest())
+	return dumpMirror(ctx, r.rtnlConn, r.addrs, "addresses", unix.RTM_NEWADDR, parseAddrMsg, rtnl.AddrDumpRequest())
 }
 
 // resync dumps afresh and enqueues this host's Node when its VTEP address changed.

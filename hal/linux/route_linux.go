@@ -22,6 +22,7 @@ import (
 
 	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/hal"
+	"github.com/naplesnet/naples/hal/linux/rtnl"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -436,7 +437,7 @@ func (r *RouteReconciler) write(ctx context.Context, id routeID, want kernelRout
 	if replace {
 		flags = unix.NLM_F_CREATE | unix.NLM_F_REPLACE
 	}
-	msg := appendRouteRequest(r.nl.buffer(), unix.RTM_NEWROUTE, flags, id, want.hops)
+	msg := appendRouteRequest(r.nl.Buffer(), unix.RTM_NEWROUTE, flags, id, want.hops)
 	_, err := kernelWrite(ctx, r.rtnlConn, r.mirror.Expect(id, want), msg)
 	switch {
 	case err != nil && !replace && errors.Is(err, unix.EEXIST):
@@ -690,68 +691,31 @@ func (r *RouteReconciler) drift(id routeID, typ uint16, rt kernelRoute) (key nim
 // its family. ok is false for a message of a family other than IPv4 and IPv6 and for a
 // cached route (RTM_F_CLONED), which naples could not have created.
 func parseRoute(b []byte) (id routeID, rt kernelRoute, ok bool) {
-	if len(b) < unix.SizeofRtMsg {
+	m, ok := rtnl.ParseRoute(b)
+	if !ok || (m.Family != unix.AF_INET && m.Family != unix.AF_INET6) || m.Flags&unix.RTM_F_CLONED != 0 {
 		return routeID{}, kernelRoute{}, false
 	}
-	ne := binary.NativeEndian
-	family, dstLen := b[0], int(b[1])
-	if (family != unix.AF_INET && family != unix.AF_INET6) || ne.Uint32(b[8:12])&unix.RTM_F_CLONED != 0 {
-		return routeID{}, kernelRoute{}, false
-	}
-	id.table = uint32(b[4])
-	rt.protocol = netlink.RouteProtocol(b[5])
-	var dst, gw netip.Addr
-	var link int32
-	var multipath []byte
-	eachAttr(b[unix.SizeofRtMsg:], func(typ uint16, v []byte) {
-		switch typ {
-		case unix.RTA_DST:
-			dst, _ = netip.AddrFromSlice(v)
-		case unix.RTA_GATEWAY:
-			gw, _ = netip.AddrFromSlice(v)
-		case unix.RTA_OIF:
-			link = int32(attrUint32(v))
-		case unix.RTA_PRIORITY:
-			id.metric = attrUint32(v)
-		case unix.RTA_TABLE:
-			if len(v) >= 4 {
-				id.table = ne.Uint32(v)
-			}
-		case unix.RTA_MULTIPATH:
-			multipath = v
-		}
-	})
+	rt.protocol = netlink.RouteProtocol(m.Protocol)
+	dst := m.Dst
 	switch {
 	case dst.IsValid():
-	case family == unix.AF_INET:
+	case m.Family == unix.AF_INET:
 		dst = netip.IPv4Unspecified()
 	default:
 		dst = netip.IPv6Unspecified()
 	}
-	id = newRouteID(id.table, netip.PrefixFrom(dst.Unmap(), dstLen), id.metric)
-	if multipath == nil {
-		rt.hops = []hop{{gw: gw.Unmap(), link: link, weight: 1}}
+	id = newRouteID(m.Table, netip.PrefixFrom(dst.Unmap(), int(m.DstLen)), m.Priority)
+	own := hop{gw: m.Gateway.Unmap(), link: m.OIF, weight: 1}
+	if m.Multipath == nil {
+		rt.hops = []hop{own}
 		return id, rt, true
 	}
-	// struct rtnexthop, each followed by its attributes.
-	for len(multipath) >= unix.SizeofRtNexthop {
-		l := int(ne.Uint16(multipath[0:2]))
-		if l < unix.SizeofRtNexthop || l > len(multipath) {
-			break
-		}
-		h := hop{link: int32(ne.Uint32(multipath[4:8])), weight: int32(multipath[3]) + 1}
-		eachAttr(multipath[unix.SizeofRtNexthop:l], func(typ uint16, v []byte) {
-			if typ == unix.RTA_GATEWAY {
-				a, _ := netip.AddrFromSlice(v)
-				h.gw = a.Unmap()
-			}
-		})
-		rt.hops = append(rt.hops, h)
-		multipath = multipath[min(len(multipath), rtaAlign(l)):]
+	for h := range m.Nexthops() {
+		rt.hops = append(rt.hops, hop{gw: h.Gateway.Unmap(), link: h.Index, weight: h.Weight})
 	}
 	if len(rt.hops) == 0 {
 		// As the netlink library decodes it: no next hops is the route's own.
-		rt.hops = []hop{{gw: gw.Unmap(), link: link, weight: 1}}
+		rt.hops = []hop{own}
 	}
 	slices.SortFunc(rt.hops, compareHops)
 	return id, rt, true
@@ -848,7 +812,7 @@ func (r *RouteReconciler) sharedDump(ctx context.Context, loaded bool) ([]routeI
 // dump reads every route of the namespace into the mirror (`ip route show table all`, both
 // families) and returns the identities whose state differs from what the mirror held.
 func (r *RouteReconciler) dump(ctx context.Context) ([]routeID, error) {
-	return dumpMirror(ctx, r.rtnlConn, r.mirror, "routes", unix.RTM_NEWROUTE, parseRoute, routeDumpRequest(unix.AF_UNSPEC, 0))
+	return dumpMirror(ctx, r.rtnlConn, r.mirror, "routes", unix.RTM_NEWROUTE, parseRoute, rtnl.RouteDumpRequest(unix.AF_UNSPEC, 0))
 }
 
 // idOf derives the kernel identity of a route spec of an object of the tenant.
@@ -931,7 +895,7 @@ func (r *RouteReconciler) delete(ctx context.Context, id routeID) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	msg := appendRouteRequest(r.nl.buffer(), unix.RTM_DELROUTE, 0, id, nil)
+	msg := appendRouteRequest(r.nl.Buffer(), unix.RTM_DELROUTE, 0, id, nil)
 	took, err := kernelWrite(ctx, r.rtnlConn, r.mirror.ExpectGone(id), msg, unix.ESRCH)
 	if err != nil {
 		return hal.Errorf(hal.ReasonKernelError, "deleting route %s: %w", id, err)
@@ -947,56 +911,27 @@ func (r *RouteReconciler) delete(ctx context.Context, id routeID) error {
 // RTM_DELROUTE (`ip route del`, hops nil) for the naples route with the identity: protocol
 // 241, scope universe (nowhere for a delete: any scope), unicast.
 func appendRouteRequest(b []byte, typ, flags uint16, id routeID, hops []hop) []byte {
-	b = nlMessage(b, typ, flags)
-	addr := id.dst()
-	fam := byte(unix.AF_INET6)
-	if addr.Is4() {
-		fam = unix.AF_INET
+	r := rtnl.Route{Family: unix.AF_INET6, DstLen: id.bits, Table: id.table, Protocol: uint8(RouteProtocol),
+		Scope: unix.RT_SCOPE_UNIVERSE, Type: unix.RTN_UNICAST, Dst: id.dst(), Priority: id.metric}
+	if id.v4 {
+		r.Family = unix.AF_INET
 	}
-	table := byte(unix.RT_TABLE_MAIN)
-	switch {
-	case id.table >= 256:
-		table = unix.RT_TABLE_UNSPEC
-	case id.table > 0:
-		table = byte(id.table)
+	if r.Table == 0 {
+		r.Table = unix.RT_TABLE_MAIN
 	}
-	scope, rtype := byte(unix.RT_SCOPE_UNIVERSE), byte(unix.RTN_UNICAST)
 	if typ == unix.RTM_DELROUTE {
-		scope, rtype = unix.RT_SCOPE_NOWHERE, unix.RTN_UNSPEC
+		r.Scope, r.Type = unix.RT_SCOPE_NOWHERE, unix.RTN_UNSPEC
 	}
-	// struct rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags.
-	b = append(b, fam, id.bits, 0, 0, table, byte(RouteProtocol), scope, rtype, 0, 0, 0, 0)
-	b = appendAttrAddr(b, unix.RTA_DST, addr)
-	if id.table > 0 {
-		b = appendAttrUint32(b, unix.RTA_TABLE, id.table)
+	if len(hops) == 1 && hops[0].weight <= 1 {
+		r.Gateway, r.OIF = hops[0].gw, hops[0].link
+		return rtnl.AppendRouteRequest(b, typ, flags, r, nil)
 	}
-	if id.metric > 0 {
-		b = appendAttrUint32(b, unix.RTA_PRIORITY, id.metric)
+	var buf [8]rtnl.Nexthop
+	nhs := buf[:0]
+	for _, h := range hops {
+		nhs = append(nhs, rtnl.Nexthop{Index: h.link, Weight: h.weight, Gateway: h.gw})
 	}
-	switch {
-	case len(hops) == 1 && hops[0].weight <= 1:
-		if hops[0].gw.IsValid() {
-			b = appendAttrAddr(b, unix.RTA_GATEWAY, hops[0].gw)
-		}
-		if hops[0].link != 0 {
-			b = appendAttrUint32(b, unix.RTA_OIF, uint32(hops[0].link))
-		}
-	case len(hops) > 0:
-		start := len(b)
-		b = appendAttrHeader(b, unix.RTA_MULTIPATH, 0)
-		for _, h := range hops {
-			// struct rtnexthop: len, flags, hops (weight-1), ifindex; then attributes.
-			nh := len(b)
-			b = append(b, 0, 0, 0, byte(max(h.weight, 1)-1))
-			b = binary.NativeEndian.AppendUint32(b, uint32(h.link))
-			if h.gw.IsValid() {
-				b = appendAttrAddr(b, unix.RTA_GATEWAY, h.gw)
-			}
-			binary.NativeEndian.PutUint16(b[nh:], uint16(len(b)-nh))
-		}
-		binary.NativeEndian.PutUint16(b[start:], uint16(len(b)-start))
-	}
-	return b
+	return rtnl.AppendRouteRequest(b, typ, flags, r, nhs)
 }
 
 // compareHops orders next hops by gateway and then interface.

@@ -10,6 +10,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/naplesnet/naples/hal/linux/rtnl"
 )
 
 // TestParseRouteAgreesWithNetlink: the reconciler's decoding of route messages
@@ -20,7 +22,7 @@ import (
 // and for default routes.
 func TestParseRouteAgreesWithNetlink(t *testing.T) {
 	h := newHost(t)
-	sub, err := subscribeNetlink(&h.nsh, 1<<20, unix.RTNLGRP_IPV4_ROUTE, unix.RTNLGRP_IPV6_ROUTE)
+	sub, err := rtnl.Subscribe(&h.nsh, 1<<20, unix.RTNLGRP_IPV4_ROUTE, unix.RTNLGRP_IPV6_ROUTE)
 	if err != nil {
 		t.Fatal(err)
 	}

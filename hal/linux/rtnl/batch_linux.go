@@ -1,4 +1,4 @@
-package linux
+package rtnl
 
 import (
 	"context"
@@ -17,27 +17,29 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Errors of the netlink batcher; check with errors.Is.
+// Errors of the Batcher and the Reader; check with errors.Is.
 var (
-	// errNoAnswer: the kernel did not answer a request within the batcher's timeout. The
-	// request may still take effect.
-	errNoAnswer = errors.New("no answer from the kernel")
-	// errBatcherClosed: the batcher was closed before the request was answered.
-	errBatcherClosed = errors.New("netlink batcher closed")
-	// errAcksLost: the socket's receive buffer overflowed and the kernel's answers to the
-	// requests then under way were lost; each of them may or may not have taken effect.
-	errAcksLost = errors.New("the kernel's answers were lost (receive buffer overflow)")
+	// ErrNoAnswer is the error of a request the kernel did not answer within the
+	// timeout (BatcherOptions.Timeout, Reader's timeout). The request may still take
+	// effect.
+	ErrNoAnswer = errors.New("no answer from the kernel")
+	// ErrBatcherClosed is the error of a request the Batcher was closed before the
+	// kernel answered.
+	ErrBatcherClosed = errors.New("netlink batcher closed")
+	// ErrAcksLost is the error of the requests under way when the socket's receive
+	// buffer overflowed and the kernel's answers to them were lost; each of them may or may not have taken effect.
+	ErrAcksLost = errors.New("the kernel's answers were lost (receive buffer overflow)")
 )
 
-// nlBatcherOptions configures an nlBatcher.
-type nlBatcherOptions struct {
+// BatcherOptions configures a Batcher.
+type BatcherOptions struct {
 	// Namespace is the network namespace the socket talks to. Default: the calling
 	// process's.
 	Namespace *netns.NsHandle
 	// Protocol is the netlink family, such as unix.NETLINK_ROUTE. Required.
 	Protocol int
 	// Timeout bounds how long Do waits for the kernel's answer: a kernel that does not
-	// answer fails the request with errNoAnswer instead of blocking its caller. Default:
+	// answer fails the request with ErrNoAnswer instead of blocking its caller. Default:
 	// 10s.
 	Timeout time.Duration
 	// MaxBatch bounds the requests in one sendmsg. Default: 256.
@@ -54,7 +56,7 @@ type nlBatcherOptions struct {
 	ReceiveBuffer int
 }
 
-// nlBatcher sends netlink requests to the kernel over one socket, many in one sendmsg,
+// Batcher sends netlink requests to the kernel over one socket, many in one sendmsg,
 // and hands each caller the kernel's answer to its own request. A writer goroutine sends
 // whatever requests are pending whenever it is free: a lone request goes out at once, and
 // the requests that arrive while the kernel works through a batch go out together in the
@@ -74,7 +76,7 @@ type nlBatcherOptions struct {
 //
 // It carries any netlink request that the kernel answers with one ack (NLMSG_ERROR):
 // creating, replacing and deleting routes, links, neighbours, FDB entries; not dumps.
-type nlBatcher struct {
+type Batcher struct {
 	file        *os.File
 	conn        syscall.RawConn
 	timeout     time.Duration
@@ -137,9 +139,9 @@ func newRequest() any {
 	return &nlRequest{done: make(chan error, 1), timer: t}
 }
 
-// newNLBatcher opens a netlink socket in the options' namespace and starts the batcher's
+// NewBatcher opens a netlink socket in the options' namespace and starts the batcher's
 // goroutines; Close stops them.
-func newNLBatcher(opts nlBatcherOptions) (*nlBatcher, error) {
+func NewBatcher(opts BatcherOptions) (*Batcher, error) {
 	b, err := openNLBatcher(opts)
 	if err != nil {
 		return nil, err
@@ -148,14 +150,14 @@ func newNLBatcher(opts nlBatcherOptions) (*nlBatcher, error) {
 	return b, nil
 }
 
-// openNLBatcher is newNLBatcher without starting the goroutines: requests wait until
+// openNLBatcher is NewBatcher without starting the goroutines: requests wait until
 // start.
-func openNLBatcher(opts nlBatcherOptions) (*nlBatcher, error) {
+func openNLBatcher(opts BatcherOptions) (*Batcher, error) {
 	rcv := opts.ReceiveBuffer
 	if rcv <= 0 {
 		rcv = 4 << 20
 	}
-	f, err := openNetlink(opts.Namespace, opts.Protocol, rcv, func(fd int) error {
+	f, err := OpenSocket(opts.Namespace, opts.Protocol, rcv, func(fd int) error {
 		// Connected to the kernel: every request goes there, with no address to pass.
 		if err := unix.Connect(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 			return fmt.Errorf("connecting netlink socket to the kernel: %w", err)
@@ -193,7 +195,7 @@ func openNLBatcher(opts nlBatcherOptions) (*nlBatcher, error) {
 
 // newNLBatcherOn makes a batcher on f, a non-blocking socket that delivers the requests to
 // the kernel, or in tests, to a stand-in for it; start starts it.
-func newNLBatcherOn(f *os.File, opts nlBatcherOptions) (*nlBatcher, error) {
+func newNLBatcherOn(f *os.File, opts BatcherOptions) (*Batcher, error) {
 	conn, err := f.SyscallConn()
 	if err != nil {
 		f.Close()
@@ -211,7 +213,7 @@ func newNLBatcherOn(f *os.File, opts nlBatcherOptions) (*nlBatcher, error) {
 	if opts.MaxInFlight <= 0 {
 		opts.MaxInFlight = 2048
 	}
-	b := &nlBatcher{
+	b := &Batcher{
 		file:        f,
 		conn:        conn,
 		timeout:     opts.Timeout,
@@ -228,14 +230,14 @@ func newNLBatcherOn(f *os.File, opts nlBatcherOptions) (*nlBatcher, error) {
 }
 
 // start starts the writer and the reader.
-func (b *nlBatcher) start() {
+func (b *Batcher) start() {
 	b.wg.Go(b.writeLoop)
 	b.wg.Go(b.readLoop)
 }
 
 // Close stops the batcher's goroutines and closes its socket; requests not answered yet
-// fail with errBatcherClosed. It is safe to call twice.
-func (b *nlBatcher) Close() error {
+// fail with ErrBatcherClosed. It is safe to call twice.
+func (b *Batcher) Close() error {
 	b.closeOnce.Do(func() {
 		b.mu.Lock()
 		b.closed = true
@@ -250,11 +252,11 @@ func (b *nlBatcher) Close() error {
 		b.mu.Unlock()
 		for _, req := range pending {
 			if req.state.CompareAndSwap(reqQueued, reqSent) {
-				req.done <- errBatcherClosed
+				req.done <- ErrBatcherClosed
 			}
 		}
 		for _, req := range inflight {
-			req.done <- errBatcherClosed
+			req.done <- ErrBatcherClosed
 		}
 	})
 	return nil
@@ -266,9 +268,9 @@ const (
 	maxSpareBuffer  = 1024
 )
 
-// buffer returns an empty buffer to build a request for Do in: one that a request sent
+// Buffer returns an empty buffer to build a request for Do in: one that a request sent
 // before used, when there is one.
-func (b *nlBatcher) buffer() []byte {
+func (b *Batcher) Buffer() []byte {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if n := len(b.spare); n > 0 {
@@ -285,13 +287,13 @@ func (b *nlBatcher) buffer() []byte {
 // other pending requests, and returns the kernel's answer: nil when it acknowledged the
 // request, or its error (an error that unwraps to the unix.Errno, with the kernel's
 // explanation in its text when the kernel gives one). Do takes msg over: the caller must
-// not use it afterwards (the batcher reuses it; build it in a buffer from buffer).
+// not use it afterwards (the batcher reuses it; build it in a buffer from Buffer).
 //
 // A context that has ended writes nothing; one that ends while msg waits to be sent
 // takes it back, and Do returns its error. A request the kernel does not answer within
-// the timeout fails with errNoAnswer, and one whose context ends after it was sent
+// the timeout fails with ErrNoAnswer, and one whose context ends after it was sent
 // returns at once with the context's error: the kernel may then still carry it out.
-func (b *nlBatcher) Do(ctx context.Context, msg []byte) error {
+func (b *Batcher) Do(ctx context.Context, msg []byte) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -306,7 +308,7 @@ func (b *nlBatcher) Do(ctx context.Context, msg []byte) error {
 		b.mu.Unlock()
 		req.msg = nil
 		b.reqs.Put(req)
-		return errBatcherClosed
+		return ErrBatcherClosed
 	}
 	b.pending = append(b.pending, req)
 	b.mu.Unlock()
@@ -330,13 +332,13 @@ func (b *nlBatcher) Do(ctx context.Context, msg []byte) error {
 		if !req.state.CompareAndSwap(reqQueued, reqAbandoned) {
 			b.forget(req)
 		}
-		return fmt.Errorf("%w within %v", errNoAnswer, b.timeout)
+		return fmt.Errorf("%w within %v", ErrNoAnswer, b.timeout)
 	}
 }
 
 // forget stops waiting for the answer to a request that was sent: an answer that comes
 // is dropped. The request is not reused.
-func (b *nlBatcher) forget(req *nlRequest) {
+func (b *Batcher) forget(req *nlRequest) {
 	b.mu.Lock()
 	if b.inflight[req.seq] == req {
 		delete(b.inflight, req.seq)
@@ -346,7 +348,7 @@ func (b *nlBatcher) forget(req *nlRequest) {
 }
 
 // signal wakes the writer.
-func (b *nlBatcher) signal() {
+func (b *Batcher) signal() {
 	select {
 	case b.wake <- struct{}{}:
 	default:
@@ -354,7 +356,7 @@ func (b *nlBatcher) signal() {
 }
 
 // writeLoop sends what is pending whenever it can, until Close.
-func (b *nlBatcher) writeLoop() {
+func (b *Batcher) writeLoop() {
 	var buf []byte
 	var batch []*nlRequest
 	r := newMMsgReader(64, 8<<10)
@@ -391,7 +393,7 @@ func (b *nlBatcher) writeLoop() {
 // messages of a sendmsg before the call returns (rtnetlink does), so their answers are
 // all there, and the writer completes the batch without waking the reader, which reads
 // what drain leaves behind.
-func (b *nlBatcher) drain(r *mmsgReader) {
+func (b *Batcher) drain(r *mmsgReader) {
 	for {
 		n, err := r.read(b.conn, false)
 		if err != nil {
@@ -418,7 +420,7 @@ func (b *nlBatcher) drain(r *mmsgReader) {
 
 // takeBatch moves the next batch of pending requests to inflight, appending them to batch
 // and their messages, numbered, to buf.
-func (b *nlBatcher) takeBatch(buf []byte, batch []*nlRequest) ([]byte, []*nlRequest) {
+func (b *Batcher) takeBatch(buf []byte, batch []*nlRequest) ([]byte, []*nlRequest) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
@@ -464,7 +466,7 @@ func (b *nlBatcher) takeBatch(buf []byte, batch []*nlRequest) ([]byte, []*nlRequ
 }
 
 // send writes one batch to the socket.
-func (b *nlBatcher) send(buf []byte) error {
+func (b *Batcher) send(buf []byte) error {
 	var serr error
 	err := b.conn.Write(func(fd uintptr) bool {
 		for {
@@ -481,7 +483,7 @@ func (b *nlBatcher) send(buf []byte) error {
 }
 
 // fail completes the requests of a batch that was not sent with err.
-func (b *nlBatcher) fail(batch []*nlRequest, err error) {
+func (b *Batcher) fail(batch []*nlRequest, err error) {
 	b.mu.Lock()
 	var failed []*nlRequest
 	for _, req := range batch {
@@ -499,7 +501,7 @@ func (b *nlBatcher) fail(batch []*nlRequest, err error) {
 
 // readLoop reads the answers that drain left behind, whenever there are some, until
 // Close.
-func (b *nlBatcher) readLoop() {
+func (b *Batcher) readLoop() {
 	r := newMMsgReader(64, 8<<10)
 	for {
 		select {
@@ -533,11 +535,11 @@ func (b *nlBatcher) readLoop() {
 
 // readFailed handles an error reading answers and reports whether it is fatal: the
 // batcher is then closed for new requests.
-func (b *nlBatcher) readFailed(err error) (fatal bool) {
+func (b *Batcher) readFailed(err error) (fatal bool) {
 	if errors.Is(err, unix.ENOBUFS) {
 		// Answers were dropped: which requests they answered cannot be told, so every
 		// request under way fails, and its caller tries again.
-		b.failInFlight(errAcksLost)
+		b.failInFlight(ErrAcksLost)
 		return false
 	}
 	select {
@@ -555,14 +557,14 @@ func (b *nlBatcher) readFailed(err error) (fatal bool) {
 	b.mu.Unlock()
 	for _, req := range pending {
 		if req.state.CompareAndSwap(reqQueued, reqSent) {
-			req.done <- errBatcherClosed
+			req.done <- ErrBatcherClosed
 		}
 	}
 	return true
 }
 
 // complete completes the requests that the n datagrams r read answer.
-func (b *nlBatcher) complete(r *mmsgReader, n int) {
+func (b *Batcher) complete(r *mmsgReader, n int) {
 	completed := false
 	for i := range n {
 		data, ok := r.datagram(i)
@@ -621,13 +623,13 @@ func ackError(msg []byte, flags uint16) error {
 				return &nlError{errno: e, msg: text}
 			}
 		}
-		rest = rest[min(len(rest), rtaAlign(l)):]
+		rest = rest[min(len(rest), AttrAlign(l)):]
 	}
 	return e
 }
 
 // failInFlight fails every request sent and not answered with err.
-func (b *nlBatcher) failInFlight(err error) {
+func (b *Batcher) failInFlight(err error) {
 	b.mu.Lock()
 	inflight := b.inflight
 	b.inflight = map[uint32]*nlRequest{}
@@ -648,44 +650,3 @@ func (e *nlError) Error() string { return e.errno.Error() + ": " + e.msg }
 
 // Unwrap returns the errno.
 func (e *nlError) Unwrap() error { return e.errno }
-
-func nlmAlign(n int) int { return (n + unix.NLMSG_ALIGNTO - 1) &^ (unix.NLMSG_ALIGNTO - 1) }
-
-func rtaAlign(n int) int { return (n + unix.RTA_ALIGNTO - 1) &^ (unix.RTA_ALIGNTO - 1) }
-
-// nlMessage starts a netlink message of the type and flags in b (its length and sequence
-// number are left for the batcher to fill in); the payload is appended to what it
-// returns.
-func nlMessage(b []byte, typ, flags uint16) []byte {
-	var h [unix.NLMSG_HDRLEN]byte
-	binary.NativeEndian.PutUint16(h[4:6], typ)
-	binary.NativeEndian.PutUint16(h[6:8], flags)
-	return append(b, h[:]...)
-}
-
-// appendAttr appends a netlink attribute (struct rtattr) holding data, padded.
-func appendAttr(b []byte, typ uint16, data []byte) []byte {
-	b = appendAttrHeader(b, typ, unix.SizeofRtAttr+len(data))
-	b = append(b, data...)
-	return padAttr(b)
-}
-
-// appendAttrUint32 appends a netlink attribute holding a uint32 in host byte order.
-func appendAttrUint32(b []byte, typ uint16, v uint32) []byte {
-	b = appendAttrHeader(b, typ, unix.SizeofRtAttr+4)
-	return binary.NativeEndian.AppendUint32(b, v)
-}
-
-// appendAttrHeader appends the header of an attribute of length l (header included).
-func appendAttrHeader(b []byte, typ uint16, l int) []byte {
-	b = binary.NativeEndian.AppendUint16(b, uint16(l))
-	return binary.NativeEndian.AppendUint16(b, typ)
-}
-
-// padAttr pads b to the alignment of netlink attributes.
-func padAttr(b []byte) []byte {
-	for len(b)%unix.RTA_ALIGNTO != 0 {
-		b = append(b, 0)
-	}
-	return b
-}

@@ -1,4 +1,4 @@
-package linux
+package rtnl
 
 import (
 	"encoding/binary"
@@ -13,12 +13,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// openNetlink opens a netlink socket of the protocol in namespace ns (nil: the calling
+// OpenSocket opens a netlink socket of the protocol in namespace ns (nil: the calling
 // process's), bound to the multicast groups (RTNLGRP_* numbers), non-blocking and ready
 // for the runtime's poller, with a receive buffer of rcvbuf bytes when rcvbuf > 0
 // (SO_RCVBUFFORCE, or SO_RCVBUF without CAP_NET_ADMIN). setup, when not nil, is called
 // with the descriptor before it is handed to the poller.
-func openNetlink(ns *netns.NsHandle, protocol int, rcvbuf int, setup func(fd int) error, groups ...uint) (*os.File, error) {
+func OpenSocket(ns *netns.NsHandle, protocol int, rcvbuf int, setup func(fd int) error, groups ...uint) (*os.File, error) {
 	target := netns.None()
 	if ns != nil {
 		target = *ns
@@ -144,22 +144,22 @@ func eachMessage(data []byte, f func(typ, flags uint16, seq uint32, payload []by
 	}
 }
 
-// errSubscriptionOverflow: the kernel dropped notifications that did not fit the
-// subscription's receive buffer.
-var errSubscriptionOverflow = errors.New("notifications lost: the receive buffer overflowed")
+// ErrOverflow is the error of a Receive when the kernel dropped notifications that
+// did not fit the subscription's receive buffer.
+var ErrOverflow = errors.New("notifications lost: the receive buffer overflowed")
 
-// nlSubscription receives the kernel's notifications of one or more netlink multicast
+// Subscription receives the kernel's notifications of one or more netlink multicast
 // groups (`ip monitor`), many datagrams to a system call.
-type nlSubscription struct {
+type Subscription struct {
 	file   *os.File
 	conn   syscall.RawConn
 	reader *mmsgReader
 }
 
-// subscribeNetlink subscribes to the groups (RTNLGRP_* numbers) of NETLINK_ROUTE in
+// Subscribe subscribes to the groups (RTNLGRP_* numbers) of NETLINK_ROUTE in
 // namespace ns (nil: the calling process's) with a receive buffer of rcvbuf bytes.
-func subscribeNetlink(ns *netns.NsHandle, rcvbuf int, groups ...uint) (*nlSubscription, error) {
-	f, err := openNetlink(ns, unix.NETLINK_ROUTE, rcvbuf, nil, groups...)
+func Subscribe(ns *netns.NsHandle, rcvbuf int, groups ...uint) (*Subscription, error) {
+	f, err := OpenSocket(ns, unix.NETLINK_ROUTE, rcvbuf, nil, groups...)
 	if err != nil {
 		return nil, err
 	}
@@ -168,16 +168,16 @@ func subscribeNetlink(ns *netns.NsHandle, rcvbuf int, groups ...uint) (*nlSubscr
 		f.Close()
 		return nil, err
 	}
-	return &nlSubscription{file: f, conn: conn, reader: newMMsgReader(64, 16<<10)}, nil
+	return &Subscription{file: f, conn: conn, reader: newMMsgReader(64, 16<<10)}, nil
 }
 
 // Receive waits for notifications and calls f with the type and payload of each that the
-// kernel sent. It returns errSubscriptionOverflow when the kernel dropped some, and an
+// kernel sent. It returns ErrOverflow when the kernel dropped some, and an
 // error once Close is called.
-func (s *nlSubscription) Receive(f func(typ uint16, payload []byte)) error {
+func (s *Subscription) Receive(f func(typ uint16, payload []byte)) error {
 	n, err := s.reader.read(s.conn, true)
 	if errors.Is(err, unix.ENOBUFS) {
-		return errSubscriptionOverflow
+		return ErrOverflow
 	}
 	if err != nil {
 		return err
@@ -193,7 +193,7 @@ func (s *nlSubscription) Receive(f func(typ uint16, payload []byte)) error {
 }
 
 // Close ends the subscription; a Receive under way returns. It is safe to call twice.
-func (s *nlSubscription) Close() error {
+func (s *Subscription) Close() error {
 	s.file.Close()
 	return nil
 }

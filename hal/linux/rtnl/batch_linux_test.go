@@ -1,4 +1,4 @@
-package linux
+package rtnl
 
 import (
 	"context"
@@ -35,15 +35,35 @@ func batchNamespace(t *testing.T) (string, netns.NsHandle) {
 	return ns, testns.Handle(t, ns)
 }
 
-// hostRoute returns the identity of 198.18.x.y/32 in table 100, the i-th test route.
-func hostRoute(i int) routeID {
-	return newRouteID(100, netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}), 32), 0)
+// hostRoute returns 198.18.x.y/32, the i-th test route.
+func hostRoute(i int) netip.Addr {
+	return netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)})
 }
 
-var viaGW = []hop{{gw: netip.MustParseAddr("10.10.0.2"), weight: 1}}
+// viaGW is the gateway of the test routes.
+var viaGW = netip.MustParseAddr("10.10.0.2")
 
-func addRouteMsg(id routeID, hops []hop) []byte {
-	return appendRouteRequest(nil, unix.RTM_NEWROUTE, unix.NLM_F_CREATE|unix.NLM_F_EXCL, id, hops)
+// routeMsg returns a request of the type for the route to dst/32 in table 100 with
+// protocol 241 through the gateway gw, when valid (`ip route add DST via GW table 100
+// proto 241`; with RTM_DELROUTE, `ip route del DST table 100 proto 241`).
+func routeMsg(typ, flags uint16, dst, gw netip.Addr) []byte {
+	b := Message(nil, typ, flags)
+	scope, rtype := byte(unix.RT_SCOPE_UNIVERSE), byte(unix.RTN_UNICAST)
+	if typ == unix.RTM_DELROUTE {
+		scope, rtype = unix.RT_SCOPE_NOWHERE, unix.RTN_UNSPEC
+	}
+	// struct rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags.
+	b = append(b, unix.AF_INET, 32, 0, 0, 100, 241, scope, rtype, 0, 0, 0, 0)
+	b = AppendAttrAddr(b, unix.RTA_DST, dst)
+	if gw.IsValid() {
+		b = AppendAttrAddr(b, unix.RTA_GATEWAY, gw)
+	}
+	return b
+}
+
+// addRouteMsg returns the request that adds the test route to dst through gw.
+func addRouteMsg(dst, gw netip.Addr) []byte {
+	return routeMsg(unix.RTM_NEWROUTE, unix.NLM_F_CREATE|unix.NLM_F_EXCL, dst, gw)
 }
 
 // table100 returns `ip route show table 100` in the namespace.
@@ -54,7 +74,7 @@ func table100(t *testing.T, ns string) string {
 
 // waitPending waits until n requests wait in the batcher, whose goroutines have not
 // started.
-func waitPending(t *testing.T, b *nlBatcher, n int) {
+func waitPending(t *testing.T, b *Batcher, n int) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -78,22 +98,22 @@ func TestNLBatcherOneBatchEachItsAnswer(t *testing.T) {
 	ns, nsh := batchNamespace(t)
 	// A route that is there already: adding it again fails with EEXIST.
 	testns.Run(t, "ip", "-n", ns, "route", "add", "198.18.0.7/32", "via", "10.10.0.2", "table", "100")
-	b, err := openNLBatcher(nlBatcherOptions{Namespace: &nsh, Protocol: unix.NETLINK_ROUTE})
+	b, err := openNLBatcher(BatcherOptions{Namespace: &nsh, Protocol: unix.NETLINK_ROUTE})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
 
 	const n = 20
-	unreachable := []hop{{gw: netip.MustParseAddr("10.99.0.2"), weight: 1}}
+	unreachable := netip.MustParseAddr("10.99.0.2")
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
-		hops := viaGW
+		gw := viaGW
 		if i == 13 {
-			hops = unreachable
+			gw = unreachable
 		}
-		msg := addRouteMsg(hostRoute(i), hops)
+		msg := addRouteMsg(hostRoute(i), gw)
 		wg.Go(func() { errs[i] = b.Do(context.Background(), msg) })
 	}
 	waitPending(t, b, n)
@@ -122,7 +142,7 @@ func TestNLBatcherOneBatchEachItsAnswer(t *testing.T) {
 	}
 	got := table100(t, ns)
 	for i := range n {
-		want := hostRoute(i).dst().String() + " via 10.10.0.2 dev eth0 proto 241"
+		want := hostRoute(i).String() + " via 10.10.0.2 dev eth0 proto 241"
 		switch i {
 		case 7:
 			// The route that was there, untouched.
@@ -147,14 +167,14 @@ func TestNLBatcherOneBatchEachItsAnswer(t *testing.T) {
 // share sendmsg calls.
 func TestNLBatcherManyCallers(t *testing.T) {
 	ns, nsh := batchNamespace(t)
-	b, err := newNLBatcher(nlBatcherOptions{Namespace: &nsh, Protocol: unix.NETLINK_ROUTE})
+	b, err := NewBatcher(BatcherOptions{Namespace: &nsh, Protocol: unix.NETLINK_ROUTE})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
 
 	const callers, each = 64, 40
-	run := func(what string, msg func(id routeID) []byte) {
+	run := func(what string, msg func(dst netip.Addr) []byte) {
 		t.Helper()
 		errs := make(chan error, callers*each)
 		var wg sync.WaitGroup
@@ -175,12 +195,12 @@ func TestNLBatcherManyCallers(t *testing.T) {
 		}
 	}
 
-	run("adding", func(id routeID) []byte { return addRouteMsg(id, viaGW) })
+	run("adding", func(dst netip.Addr) []byte { return addRouteMsg(dst, viaGW) })
 	if got := strings.Count(table100(t, ns), " proto 241"); got != callers*each {
 		t.Fatalf("table 100 holds %d naples routes, want %d", got, callers*each)
 	}
-	run("deleting", func(id routeID) []byte {
-		return appendRouteRequest(nil, unix.RTM_DELROUTE, 0, id, nil)
+	run("deleting", func(dst netip.Addr) []byte {
+		return routeMsg(unix.RTM_DELROUTE, 0, dst, netip.Addr{})
 	})
 	if got := table100(t, ns); got != "" {
 		t.Fatalf("table 100 after deleting every route:\n%s", got)
@@ -196,7 +216,7 @@ func TestNLBatcherManyCallers(t *testing.T) {
 // is one whose context ends while it waits its turn.
 func TestNLBatcherContextWritesNothing(t *testing.T) {
 	ns, nsh := batchNamespace(t)
-	b, err := openNLBatcher(nlBatcherOptions{Namespace: &nsh, Protocol: unix.NETLINK_ROUTE})
+	b, err := openNLBatcher(BatcherOptions{Namespace: &nsh, Protocol: unix.NETLINK_ROUTE})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +259,7 @@ type fakeKernel struct {
 }
 
 // newFakeKernelBatcher returns a started batcher whose socket leads to a fakeKernel.
-func newFakeKernelBatcher(t *testing.T, opts nlBatcherOptions) (*nlBatcher, *fakeKernel) {
+func newFakeKernelBatcher(t *testing.T, opts BatcherOptions) (*Batcher, *fakeKernel) {
 	t.Helper()
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -294,12 +314,12 @@ func (k *fakeKernel) ack(seq uint32, errno unix.Errno) {
 // instead of blocking its caller; a late answer to it is dropped, and later requests get
 // their own answers.
 func TestNLBatcherTimeout(t *testing.T) {
-	b, k := newFakeKernelBatcher(t, nlBatcherOptions{Timeout: 100 * time.Millisecond})
+	b, k := newFakeKernelBatcher(t, BatcherOptions{Timeout: 100 * time.Millisecond})
 
 	start := time.Now()
 	err := b.Do(context.Background(), addRouteMsg(hostRoute(1), viaGW))
-	if !errors.Is(err, errNoAnswer) {
-		t.Fatalf("Do of a request the kernel does not answer: err = %v, want errNoAnswer", err)
+	if !errors.Is(err, ErrNoAnswer) {
+		t.Fatalf("Do of a request the kernel does not answer: err = %v, want ErrNoAnswer", err)
 	}
 	if d := time.Since(start); d > 10*time.Second {
 		t.Errorf("Do returned after %v, want about the timeout", d)
@@ -328,16 +348,16 @@ func TestNLBatcherTimeout(t *testing.T) {
 // TestNLBatcherClose: requests under way when the batcher closes fail, as do requests made
 // after; Close can be called twice.
 func TestNLBatcherClose(t *testing.T) {
-	b, k := newFakeKernelBatcher(t, nlBatcherOptions{})
+	b, k := newFakeKernelBatcher(t, BatcherOptions{})
 	done := make(chan error, 1)
 	go func() { done <- b.Do(context.Background(), addRouteMsg(hostRoute(1), viaGW)) }()
 	k.next()
 	b.Close()
-	if err := <-done; !errors.Is(err, errBatcherClosed) {
-		t.Fatalf("Do under way at Close: err = %v, want errBatcherClosed", err)
+	if err := <-done; !errors.Is(err, ErrBatcherClosed) {
+		t.Fatalf("Do under way at Close: err = %v, want ErrBatcherClosed", err)
 	}
-	if err := b.Do(context.Background(), addRouteMsg(hostRoute(2), viaGW)); !errors.Is(err, errBatcherClosed) {
-		t.Fatalf("Do after Close: err = %v, want errBatcherClosed", err)
+	if err := b.Do(context.Background(), addRouteMsg(hostRoute(2), viaGW)); !errors.Is(err, ErrBatcherClosed) {
+		t.Fatalf("Do after Close: err = %v, want ErrBatcherClosed", err)
 	}
 	b.Close()
 }
@@ -357,7 +377,7 @@ func TestAckError(t *testing.T) {
 		}
 		if text != "" {
 			flags |= unix.NLM_F_ACK_TLVS
-			b = appendAttr(b, 1 /* NLMSGERR_ATTR_MSG */, append([]byte(text), 0))
+			b = AppendAttr(b, 1 /* NLMSGERR_ATTR_MSG */, append([]byte(text), 0))
 		}
 		return b, flags
 	}
