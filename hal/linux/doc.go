@@ -64,6 +64,47 @@
 // object that names a link naples created for another object. Every StatsInterval its
 // observer refreshes the links' counters, which the objects' statuses report.
 //
+// # The reconcilers in brief
+//
+// Each reconciler's logic, in at most 100 words; its type's documentation says the rest.
+//
+// RouteReconciler: a Route is its prefix in its table with its next hops and metric,
+// protocol 241. Compare with the route mirror; replace a naples route that differs, add
+// where the table holds none (so a foreign route fails the write, never is overwritten),
+// delete by protocol. Sweep removes protocol-241 routes no Route owns.
+//
+// InterfaceReconciler: an Interface is a host NIC naples never creates: set its admin
+// state and MTU, add the listed addresses with address protocol 242, remove the
+// protocol-242 addresses it no longer lists. An address someone else added, or a link
+// another object's devices hold, is a Conflict. Status carries the link's state and
+// counters, refreshed every StatsInterval.
+//
+// NodeReconciler: programs nothing. This host's Node is PROGRAMMED once a local address
+// equals its VTEP address (PENDING, WaitingForAddress, until then); other Nodes are
+// PROGRAMMED. The observer enqueues this host's Node when that address comes or goes.
+//
+// NetworkReconciler: a Network is a bridge and a VXLAN port with deterministic names and
+// an owner alias, the gateway addresses on the bridge, one head-end replication entry per
+// other node with endpoints in it, and per subnet a route in its tenant's table with the
+// rules that send the bridge's traffic there. Its MTU is spec.mtu or the underlay's less
+// VXLAN's overhead. The gateway's answers (network_gateway_linux.go) add the gwbpf marks,
+// one fwmark rule per family and the reflect sysctls while any gateway exists. Waits for
+// this host's Node; a foreign link of its names, or a VNI taken, is a Conflict.
+//
+// EndpointReconciler: a local Endpoint's host interface becomes a non-learning port of its
+// network's bridge with the static FDB entry of its MAC, and gets the firewall attached;
+// a remote one gets static FDB entries towards its node's VTEP on the VXLAN device and
+// bridge and a permanent neighbour per address. Waits for its network (and, remote, its
+// node's VTEP). Of two endpoints claiming one MAC, address or interface, the holder keeps
+// it; the other is a Conflict. Releasing an interface puts its MTU back.
+//
+// Firewall (policies, groups, endpoints' programs): one goroutine compiles every policy,
+// group and endpoint into a snapshot (identities, rules, per-endpoint policy) and swaps it
+// into the pinned eBPF maps whole; a policy or group is PROGRAMMED once a snapshot that
+// enforces it is in place. A policy naming a missing group is PENDING
+// (WaitingForSecurityGroup). Endpoints' statuses carry their counters, policies' their
+// rule hits.
+//
 // # Reading and writing the kernel
 //
 // Every reconciler reads the kernel from mirrors (hal.Mirror) of the objects it cares
