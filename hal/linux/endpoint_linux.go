@@ -169,12 +169,10 @@ type EndpointReconciler struct {
 
 	// mu guards programmed, which holds the entries each endpoint (by key ID) programmed
 	// or may have programmed, so that they can be removed or moved, and holders, which
-	// holds the key ID of the endpoint each entry was last written or found right for, by
-	// the entry's name, a value and not a string made for it: an entry of each remote
-	// endpoint is held.
+	// holds the key ID of the endpoint each entry was last written or found right for.
 	mu         sync.Mutex
 	programmed map[nimbusv1.Key]endpointRefs
-	holders    map[endpointLock]nimbusv1.Key
+	holders    entryHolders
 }
 
 var (
@@ -185,7 +183,7 @@ var (
 	_ hal.KernelWriteCounter = (*EndpointReconciler)(nil)
 )
 
-// endpointLock names the kernel entry a lock of EndpointReconciler.locks guards, and
+// endpointLock names the kernel entry a lock of EndpointReconciler.locks guards, or
 // EndpointReconciler.holders records the holder of: a MAC's FDB entries in a network, an
 // IP's neighbour in a network, or a host interface.
 type endpointLock struct {
@@ -193,6 +191,54 @@ type endpointLock struct {
 	mac     [6]byte
 	ip      netip.Addr
 	iface   string
+}
+
+// entryHolders holds the key of the endpoint that holds each kernel entry, by the entry's
+// name, in a map per kind of entry: every remote endpoint holds the FDB entries of its
+// MAC and the neighbours of its addresses, so these maps are as long as the endpoints,
+// and a map keyed by a macRef or an ipRef takes half the room of one keyed by an
+// endpointLock.
+type entryHolders struct {
+	macs   map[macRef]nimbusv1.Key
+	ips    map[ipRef]nimbusv1.Key
+	ifaces map[string]nimbusv1.Key
+}
+
+func newEntryHolders() entryHolders {
+	return entryHolders{macs: map[macRef]nimbusv1.Key{}, ips: map[ipRef]nimbusv1.Key{}, ifaces: map[string]nimbusv1.Key{}}
+}
+
+// get returns the holder of the entry.
+func (h entryHolders) get(e endpointLock) (nimbusv1.Key, bool) {
+	var k nimbusv1.Key
+	var ok bool
+	switch {
+	case e.iface != "":
+		k, ok = h.ifaces[e.iface]
+	case e.ip.IsValid():
+		k, ok = h.ips[ipRef{e.network, e.ip}]
+	default:
+		k, ok = h.macs[macRef{e.network, e.mac}]
+	}
+	return k, ok
+}
+
+// set records owner as the holder of the entry; the zero Key records that none holds it.
+func (h entryHolders) set(e endpointLock, owner nimbusv1.Key) {
+	switch {
+	case e.iface != "" && owner.IsZero():
+		delete(h.ifaces, e.iface)
+	case e.iface != "":
+		h.ifaces[e.iface] = owner
+	case e.ip.IsValid() && owner.IsZero():
+		delete(h.ips, ipRef{e.network, e.ip})
+	case e.ip.IsValid():
+		h.ips[ipRef{e.network, e.ip}] = owner
+	case owner.IsZero():
+		delete(h.macs, macRef{e.network, e.mac})
+	default:
+		h.macs[macRef{e.network, e.mac}] = owner
+	}
 }
 
 // claims returns the index that lists the endpoints that claim the entry and the value
@@ -339,7 +385,7 @@ func NewEndpointReconciler(opts EndpointOptions) (*EndpointReconciler, error) {
 		fdb:        hal.NewMirror[fdbKey, fdbEntry](func(have, want fdbEntry) bool { return have == want }, fdbKey.hash),
 		neigh:      hal.NewMirror[neighKey, neighEntry](func(have, want neighEntry) bool { return have == want }, neighKey.hash),
 		programmed: map[nimbusv1.Key]endpointRefs{},
-		holders:    map[endpointLock]nimbusv1.Key{},
+		holders:    newEntryHolders(),
 	}, nil
 }
 
@@ -713,7 +759,7 @@ func (r *EndpointReconciler) pickOwner(entry endpointLock, ids []nimbusv1.Key) n
 		return ids[0]
 	}
 	r.mu.Lock()
-	holder, held := r.holders[entry]
+	holder, held := r.holders.get(entry)
 	r.mu.Unlock()
 	if held && slices.Contains(ids, holder) {
 		return holder
@@ -743,11 +789,7 @@ func firstCreated(get func(*nimbusv1.ObjectKey) (*nimbusv1.Object, bool), ids []
 func (r *EndpointReconciler) hold(entry endpointLock, owner nimbusv1.Key) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if owner.IsZero() {
-		delete(r.holders, entry)
-	} else {
-		r.holders[entry] = owner
-	}
+	r.holders.set(entry, owner)
 }
 
 // wanted returns the plan of the endpoint owner, which owns an entry that the endpoint
