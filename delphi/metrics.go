@@ -111,8 +111,8 @@ func (s *Store) countObjects() map[nimbusv1.Kind]*objectCounts {
 	defer s.statusMu.RUnlock()
 	desired.Scan(func(d *record) bool {
 		phase := phasePending
-		if st, ok := s.statuses[d.key]; ok && st.GetObservedGeneration() == d.generation {
-			switch st.GetPhase() {
+		if r, ok := s.statuses[d.key]; ok && r.st.GetObservedGeneration() == d.generation {
+			switch r.st.GetPhase() {
 			case nimbusv1.Phase_PHASE_PROGRAMMED:
 				phase = phaseProgrammed
 			case nimbusv1.Phase_PHASE_FAILED:

@@ -166,3 +166,49 @@ func TestSameStatusComparesEveryField(t *testing.T) {
 		t.Error("statuses with equal typed operational data differ")
 	}
 }
+
+// TestStatusOperationalMap checks that a status reads back as written whether its
+// deprecated operational map is the one its typed operational data make, which the table
+// drops and makes again, another one, or absent; and that rewriting an equal status
+// notifies no one.
+func TestStatusOperationalMap(t *testing.T) {
+	s, _, st := open(t)
+	typed := &nimbusv1.OperationalData{Kind: &nimbusv1.OperationalData_Node{Node: &nimbusv1.NodeOperational{Vtep: "192.0.2.1"}}}
+	made := programmed(1)
+	made.OperationalData, made.Operational = typed, typed.Map()
+	other := programmed(1)
+	other.OperationalData, other.Operational = typed, map[string]string{"vtep": "192.0.2.9"}
+	bare := programmed(1)
+	bare.OperationalData = typed
+	written := []*nimbusv1.NodeStatus{bare, made, other} // in key order
+	for i, name := range []string{"bare", "made", "other"} {
+		if err := st.Set(statusKey(name), written[i]); err != nil {
+			t.Fatal(err)
+		}
+		if got, ok := s.Status(statusKey(name)); !ok || !proto.Equal(got, written[i]) {
+			t.Errorf("%s: Status = %v; want %v", name, got, written[i])
+		}
+	}
+	for i, e := range s.Statuses() {
+		if !proto.Equal(e.Status, written[i]) {
+			t.Errorf("Statuses()[%d] = %v; want %v", i, e.Status, written[i])
+		}
+	}
+	sub, err := s.Subscribe(SubscribeOptions{Tables: []Table{TableStatus}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	nextIDs(t, sub) // the statuses present
+	again := proto.CloneOf(made)
+	again.UpdateTime = timestamppb.Now()
+	if err := st.Set(statusKey("made"), again); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Set(statusKey("last"), programmed(1)); err != nil {
+		t.Fatal(err)
+	}
+	if ids := nextIDs(t, sub); !slices.Equal(ids, []string{statusKey("last").Key().String()}) {
+		t.Errorf("rewriting an equal status and writing another notified %v; want only the other", ids)
+	}
+}

@@ -171,7 +171,7 @@ type Store struct {
 	// rewritten often and never kept on disk, so they live in a plain map rather than in
 	// versions of a table that each write would copy. Writers also hold writeMu.
 	statusMu sync.RWMutex
-	statuses map[nimbusv1.Key]*nimbusv1.NodeStatus
+	statuses map[nimbusv1.Key]storedStatus
 
 	// mu guards subs, desiredClaimed, statusClaimed, synced and closed.
 	mu             sync.Mutex
@@ -202,7 +202,7 @@ func Open(opts Options) (*Store, error) {
 		indexes:  opts.Indexes,
 		subs:     make(map[*Subscription]struct{}),
 		synced:   make(chan struct{}),
-		statuses: make(map[nimbusv1.Key]*nimbusv1.NodeStatus),
+		statuses: make(map[nimbusv1.Key]storedStatus),
 	}
 	s.commitLocked(s.buildState(nil))
 	reg := opts.Registerer
@@ -513,12 +513,56 @@ func (s *Store) Resume() (epoch string, revision uint64) {
 	return st.epoch, st.revision
 }
 
+// storedStatus is one row of the status table. A status keeps the deprecated string form
+// of its operational data (NodeStatus.operational) only when that is not the form its
+// typed operational data make: for the HAL's statuses the map is made again when the
+// status is read, so that the table holds the operational data once, not twice.
+type storedStatus struct {
+	st *nimbusv1.NodeStatus
+	// mapped tells that st's operational map was dropped because it was the one
+	// st.OperationalData.Map() makes; a read returns the status with it made again.
+	mapped bool
+}
+
+// storeStatus returns st as the status table keeps it. It may change st, which the
+// transaction owns.
+func storeStatus(st *nimbusv1.NodeStatus) storedStatus {
+	if st.GetOperationalData() == nil || st.GetOperational() == nil {
+		return storedStatus{st: st}
+	}
+	if !maps.Equal(st.GetOperational(), st.GetOperationalData().Map()) {
+		return storedStatus{st: st}
+	}
+	st.Operational = nil
+	return storedStatus{st: st, mapped: true}
+}
+
+// status returns the status as it was written: with its operational map made again from
+// its typed operational data when the table dropped it. Such a status is a copy of its
+// own; any other is the stored one.
+func (r storedStatus) status() *nimbusv1.NodeStatus {
+	if !r.mapped {
+		return r.st
+	}
+	st := proto.CloneOf(r.st)
+	st.Operational = st.GetOperationalData().Map()
+	return st
+}
+
+// same reports whether two rows hold statuses equal apart from their update times.
+func (r storedStatus) same(o storedStatus) bool {
+	return r.mapped == o.mapped && sameStatus(r.st, o.st)
+}
+
 // Status returns the status the HAL reported for the object with the given key.
 func (s *Store) Status(key *nimbusv1.ObjectKey) (*nimbusv1.NodeStatus, bool) {
 	s.statusMu.RLock()
-	st, ok := s.statuses[key.Key()]
+	r, ok := s.statuses[key.Key()]
 	s.statusMu.RUnlock()
-	return st, ok
+	if !ok {
+		return nil, false
+	}
+	return r.status(), true
 }
 
 // StatusEntry is one object's status as Statuses returns it.
@@ -531,11 +575,15 @@ type StatusEntry struct {
 func (s *Store) Statuses() []StatusEntry {
 	s.statusMu.RLock()
 	keys := s.statusKeysLocked()
-	out := make([]StatusEntry, 0, len(keys))
+	rows := make([]storedStatus, 0, len(keys))
 	for _, key := range keys {
-		out = append(out, StatusEntry{Key: key, Status: s.statuses[key]})
+		rows = append(rows, s.statuses[key])
 	}
 	s.statusMu.RUnlock()
+	out := make([]StatusEntry, 0, len(keys))
+	for i, key := range keys {
+		out = append(out, StatusEntry{Key: key, Status: rows[i].status()})
+	}
 	return out
 }
 
@@ -897,7 +945,7 @@ func (w *StatusWriter) Commit(t *StatusTxn) error {
 	// before holds, per key the batch wrote, its status before the batch, so that
 	// subscribers hear of the keys whose status the batch as a whole changed.
 	type was struct {
-		st  *nimbusv1.NodeStatus
+		st  storedStatus
 		had bool
 	}
 	var keys []nimbusv1.Key
@@ -906,10 +954,14 @@ func (w *StatusWriter) Commit(t *StatusTxn) error {
 	s.statusMu.Lock()
 	for _, op := range t.ops {
 		old, had := s.statuses[op.key]
+		var row storedStatus
+		if !op.remove {
+			row = storeStatus(op.st)
+		}
 		switch {
 		case op.remove && !had:
 			continue
-		case !op.remove && had && sameStatus(old, op.st):
+		case !op.remove && had && old.same(row):
 			continue
 		}
 		if _, seen := before[op.key]; !seen {
@@ -928,12 +980,12 @@ func (w *StatusWriter) Commit(t *StatusTxn) error {
 		} else {
 			key = key.Clone()
 		}
-		s.statuses[key] = op.st
+		s.statuses[key] = row
 	}
 	changed := keys[:0]
 	for _, key := range keys {
 		st, had := s.statuses[key]
-		if b := before[key]; had != b.had || st != b.st {
+		if b := before[key]; had != b.had || st.st != b.st.st {
 			changed = append(changed, key)
 		}
 	}

@@ -211,7 +211,8 @@ func (p *prober) firstEcho(addr string, start time.Time, limit time.Duration) (t
 // there are any or if the kernel no longer holds every entry. The floor, timed in the
 // same run before the kill, is a dump of what the restarted agent adopts: `bridge fdb
 // show` and `ip neigh show` in the host. It also reports the restarted agent's heap and
-// RSS per endpoint.
+// RSS per endpoint once its queue is empty, and again settled, settleTime later, when
+// the agent has returned the garbage of the restart to the OS.
 //
 //	go test -run '^$' -bench 'OverlayRestart' -benchtime 1x ./test/
 func BenchmarkOverlayRestart(b *testing.B) {
@@ -258,6 +259,7 @@ func overlayRestart(b *testing.B, n int) {
 		m = tel.metrics(b)
 		return m["naples_hal_queue_depth"] == 0
 	})
+	idle := time.Now()
 	var writes float64
 	var byKind []string
 	for k, v := range m {
@@ -280,6 +282,8 @@ func overlayRestart(b *testing.B, n int) {
 	b.ReportMetric(writes, "kernel-writes")
 	b.ReportMetric(m["go_memstats_heap_inuse_bytes"]/float64(n), "heap-B/endpoint")
 	b.ReportMetric(float64(agentRSS(b, h))/float64(n), "rss-B/endpoint")
+	b.ReportMetric(float64(settledRSS(b, h, idle))/float64(n), "settled-rss-B/endpoint")
+	b.ReportMetric(tel.metrics(b)["go_memstats_heap_inuse_bytes"]/float64(n), "settled-heap-B/endpoint")
 }
 
 // overlayRestartNodes is the number of other nodes BenchmarkOverlayRestart's endpoints

@@ -169,11 +169,10 @@ type EndpointReconciler struct {
 
 	// mu guards programmed, which holds the entries each endpoint (by key ID) programmed
 	// or may have programmed, so that they can be removed or moved, and holders, which
-	// holds the key ID of the endpoint each entry was last written or found right for, by
-	// entryName.
+	// holds the key ID of the endpoint each entry was last written or found right for.
 	mu         sync.Mutex
 	programmed map[nimbusv1.Key]endpointRefs
-	holders    map[string]nimbusv1.Key
+	holders    entryHolders
 }
 
 var (
@@ -184,13 +183,74 @@ var (
 	_ hal.KernelWriteCounter = (*EndpointReconciler)(nil)
 )
 
-// endpointLock names the kernel entry a lock of EndpointReconciler.locks guards: a MAC's
-// FDB entries in a network, an IP's neighbour in a network, or a host interface.
+// endpointLock names the kernel entry a lock of EndpointReconciler.locks guards, or
+// EndpointReconciler.holders records the holder of: a MAC's FDB entries in a network, an
+// IP's neighbour in a network, or a host interface.
 type endpointLock struct {
 	network string
 	mac     [6]byte
 	ip      netip.Addr
 	iface   string
+}
+
+// entryHolders holds the key of the endpoint that holds each kernel entry, by the entry's
+// name, in a map per kind of entry: every remote endpoint holds the FDB entries of its
+// MAC and the neighbours of its addresses, so these maps are as long as the endpoints,
+// and a map keyed by a macRef or an ipRef takes half the room of one keyed by an
+// endpointLock.
+type entryHolders struct {
+	macs   map[macRef]nimbusv1.Key
+	ips    map[ipRef]nimbusv1.Key
+	ifaces map[string]nimbusv1.Key
+}
+
+func newEntryHolders() entryHolders {
+	return entryHolders{macs: map[macRef]nimbusv1.Key{}, ips: map[ipRef]nimbusv1.Key{}, ifaces: map[string]nimbusv1.Key{}}
+}
+
+// get returns the holder of the entry.
+func (h entryHolders) get(e endpointLock) (nimbusv1.Key, bool) {
+	var k nimbusv1.Key
+	var ok bool
+	switch {
+	case e.iface != "":
+		k, ok = h.ifaces[e.iface]
+	case e.ip.IsValid():
+		k, ok = h.ips[ipRef{e.network, e.ip}]
+	default:
+		k, ok = h.macs[macRef{e.network, e.mac}]
+	}
+	return k, ok
+}
+
+// set records owner as the holder of the entry; the zero Key records that none holds it.
+func (h entryHolders) set(e endpointLock, owner nimbusv1.Key) {
+	switch {
+	case e.iface != "" && owner.IsZero():
+		delete(h.ifaces, e.iface)
+	case e.iface != "":
+		h.ifaces[e.iface] = owner
+	case e.ip.IsValid() && owner.IsZero():
+		delete(h.ips, ipRef{e.network, e.ip})
+	case e.ip.IsValid():
+		h.ips[ipRef{e.network, e.ip}] = owner
+	case owner.IsZero():
+		delete(h.macs, macRef{e.network, e.mac})
+	default:
+		h.macs[macRef{e.network, e.mac}] = owner
+	}
+}
+
+// claims returns the index that lists the endpoints that claim the entry and the value
+// they are listed under.
+func (e endpointLock) claims() (index, value string) {
+	switch {
+	case e.iface != "":
+		return EndpointInterfaceIndex.Name, e.iface
+	case e.ip.IsValid():
+		return EndpointIPIndex.Name, ipIndexValue(e.network, e.ip)
+	}
+	return EndpointMACIndex.Name, macIndexValue(e.network, e.mac)
 }
 
 // macRef names the FDB entries of a MAC in a network: on its VXLAN device and on its
@@ -325,7 +385,7 @@ func NewEndpointReconciler(opts EndpointOptions) (*EndpointReconciler, error) {
 		fdb:        hal.NewMirror[fdbKey, fdbEntry](func(have, want fdbEntry) bool { return have == want }, fdbKey.hash),
 		neigh:      hal.NewMirror[neighKey, neighEntry](func(have, want neighEntry) bool { return have == want }, neighKey.hash),
 		programmed: map[nimbusv1.Key]endpointRefs{},
-		holders:    map[string]nimbusv1.Key{},
+		holders:    newEntryHolders(),
 	}, nil
 }
 
@@ -593,7 +653,7 @@ func (p *endpointPlan) addIPs(ips []string, network *nimbusv1.NetworkSpec) error
 // network: that no endpoint before it by key claims them.
 func (r *EndpointReconciler) checkClaims(id nimbusv1.Key, p *endpointPlan) error {
 	if p.hasMAC {
-		owner, err := r.firstOwner(EndpointMACIndex.Name, macIndexValue(p.network, p.mac))
+		owner, err := r.firstOwner(endpointLock{network: p.network, mac: p.mac})
 		if err != nil {
 			return err
 		}
@@ -602,7 +662,7 @@ func (r *EndpointReconciler) checkClaims(id nimbusv1.Key, p *endpointPlan) error
 		}
 	}
 	for _, ip := range p.ips {
-		owner, err := r.firstOwner(EndpointIPIndex.Name, ipIndexValue(p.network, ip))
+		owner, err := r.firstOwner(endpointLock{network: p.network, ip: ip})
 		if err != nil {
 			return err
 		}
@@ -647,14 +707,15 @@ func (r *EndpointReconciler) checkMaster(name string, l epLink, bridge int32) er
 	return hal.Errorf(hal.ReasonConflict, "interface %q is attached to %q, which naples did not create; leaving it alone", name, m.name)
 }
 
-// firstOwner returns the owner of the kernel entry of the objects the index lists under
-// value (see pickOwner), the zero Key when there is none.
-func (r *EndpointReconciler) firstOwner(index, value string) (nimbusv1.Key, error) {
+// firstOwner returns the owner of the kernel entry (see pickOwner) among the endpoints
+// that claim it, the zero Key when there is none.
+func (r *EndpointReconciler) firstOwner(entry endpointLock) (nimbusv1.Key, error) {
+	index, value := entry.claims()
 	ids, err := r.store.LookupKeys(index, value)
 	if err != nil {
 		return nimbusv1.Key{}, fmt.Errorf("finding the owner of %q: %w", value, err)
 	}
-	return r.pickOwner(entryName(index, value), ids), nil
+	return r.pickOwner(entry, ids), nil
 }
 
 // interfaceOwner returns the owner (see pickOwner) of the interface among the endpoints
@@ -670,13 +731,13 @@ func (r *EndpointReconciler) interfaceOwner(name string) (nimbusv1.Key, error) {
 			mine = append(mine, id)
 		}
 	}
-	return r.pickOwner(entryName(EndpointInterfaceIndex.Name, name), mine), nil
+	return r.pickOwner(endpointLock{iface: name}, mine), nil
 }
 
 // settle records who holds the kernel entry once a sync of it ended without error: the
 // owner when the sync wrote or checked the entry for it (wanted, and no sweep), nobody
 // when no endpoint wants it.
-func (r *EndpointReconciler) settle(entry string, owner nimbusv1.Key, wanted, sweep bool, err error) {
+func (r *EndpointReconciler) settle(entry endpointLock, owner nimbusv1.Key, wanted, sweep bool, err error) {
 	switch {
 	case err != nil:
 	case !wanted:
@@ -686,15 +747,11 @@ func (r *EndpointReconciler) settle(entry string, owner nimbusv1.Key, wanted, sw
 	}
 }
 
-// entryName names a kernel entry for holders: the index that lists its claimants and the
-// value they are listed under.
-func entryName(index, value string) string { return index + "|" + value }
-
 // pickOwner returns which of the endpoints ids (keys in order), which all claim the
-// kernel entry named entry, owns it: the one that holds it, while it still claims it;
+// kernel entry, owns it: the one that holds it, while it still claims it;
 // otherwise the one created first, by meta.createTime and then key. The zero Key when
 // ids is empty.
-func (r *EndpointReconciler) pickOwner(entry string, ids []nimbusv1.Key) nimbusv1.Key {
+func (r *EndpointReconciler) pickOwner(entry endpointLock, ids []nimbusv1.Key) nimbusv1.Key {
 	switch len(ids) {
 	case 0:
 		return nimbusv1.Key{}
@@ -702,7 +759,7 @@ func (r *EndpointReconciler) pickOwner(entry string, ids []nimbusv1.Key) nimbusv
 		return ids[0]
 	}
 	r.mu.Lock()
-	holder, held := r.holders[entry]
+	holder, held := r.holders.get(entry)
 	r.mu.Unlock()
 	if held && slices.Contains(ids, holder) {
 		return holder
@@ -729,14 +786,10 @@ func firstCreated(get func(*nimbusv1.ObjectKey) (*nimbusv1.Object, bool), ids []
 
 // hold records that the kernel entry is written, or found right, for the endpoint owner;
 // the zero Key records that no endpoint holds it.
-func (r *EndpointReconciler) hold(entry string, owner nimbusv1.Key) {
+func (r *EndpointReconciler) hold(entry endpointLock, owner nimbusv1.Key) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if owner.IsZero() {
-		delete(r.holders, entry)
-	} else {
-		r.holders[entry] = owner
-	}
+	r.holders.set(entry, owner)
 }
 
 // wanted returns the plan of the endpoint owner, which owns an entry that the endpoint
@@ -772,8 +825,7 @@ func (r *EndpointReconciler) syncMAC(ctx context.Context, ref macRef, id nimbusv
 	lk := endpointLock{network: ref.network, mac: ref.mac}
 	m := r.locks.lock(lk)
 	defer r.locks.unlock(lk, m)
-	value := macIndexValue(ref.network, ref.mac)
-	owner, err := r.firstOwner(EndpointMACIndex.Name, value)
+	owner, err := r.firstOwner(lk)
 	if err != nil {
 		return err
 	}
@@ -781,7 +833,7 @@ func (r *EndpointReconciler) syncMAC(ctx context.Context, ref macRef, id nimbusv
 	if want != nil && (want.network != ref.network || !want.hasMAC || want.mac != ref.mac) {
 		want = nil
 	}
-	defer func() { r.settle(entryName(EndpointMACIndex.Name, value), owner, want != nil, enqueue != nil, err) }()
+	defer func() { r.settle(lk, owner, want != nil, enqueue != nil, err) }()
 	br, _, hasBridge := r.links.ours(BridgeName(ref.network), ref.network)
 	vx, _, hasVXLAN := r.links.ours(VXLANName(ref.network), ref.network)
 	if !hasBridge && !hasVXLAN {
@@ -859,8 +911,7 @@ func (r *EndpointReconciler) syncIP(ctx context.Context, ref ipRef, id nimbusv1.
 	lk := endpointLock{network: ref.network, ip: ref.ip}
 	m := r.locks.lock(lk)
 	defer r.locks.unlock(lk, m)
-	value := ipIndexValue(ref.network, ref.ip)
-	owner, err := r.firstOwner(EndpointIPIndex.Name, value)
+	owner, err := r.firstOwner(lk)
 	if err != nil {
 		return err
 	}
@@ -868,7 +919,7 @@ func (r *EndpointReconciler) syncIP(ctx context.Context, ref ipRef, id nimbusv1.
 	if want != nil && (want.local || want.network != ref.network || !slices.Contains(want.ips, ref.ip)) {
 		want = nil
 	}
-	defer func() { r.settle(entryName(EndpointIPIndex.Name, value), owner, want != nil, enqueue != nil, err) }()
+	defer func() { r.settle(lk, owner, want != nil, enqueue != nil, err) }()
 	br, _, ok := r.links.ours(BridgeName(ref.network), ref.network)
 	if !ok {
 		return nil
@@ -914,7 +965,7 @@ func (r *EndpointReconciler) syncInterface(ctx context.Context, name string, id 
 		want = nil
 	}
 	defer func() {
-		r.settle(entryName(EndpointInterfaceIndex.Name, name), owner, want != nil, enqueue != nil, err)
+		r.settle(lk, owner, want != nil, enqueue != nil, err)
 	}()
 	if want == nil {
 		return r.releaseInterface(ctx, owner, index, l)
@@ -1204,7 +1255,7 @@ func (r *EndpointReconciler) apply(typ uint16, payload []byte, enqueue func(nimb
 				return
 			}
 			if network, ok := r.fdbNetwork(k); ok {
-				r.enqueueOwner(EndpointMACIndex.Name, macIndexValue(network, k.mac), enqueue)
+				r.enqueueOwner(endpointLock{network: network, mac: k.mac}, enqueue)
 			}
 		case unix.AF_INET, unix.AF_INET6:
 			k, e, permanent := m.neigh()
@@ -1222,7 +1273,7 @@ func (r *EndpointReconciler) apply(typ uint16, payload []byte, enqueue func(nimb
 				return
 			}
 			if network, bridge, _ := r.links.networkDevice(k.ifindex); bridge {
-				r.enqueueOwner(EndpointIPIndex.Name, ipIndexValue(network, k.ip), enqueue)
+				r.enqueueOwner(endpointLock{network: network, ip: k.ip}, enqueue)
 			}
 		}
 	}
@@ -1287,10 +1338,10 @@ func (r *EndpointReconciler) enqueueAll(index, value string, enqueue func(nimbus
 	}
 }
 
-// enqueueOwner enqueues the owner (see pickOwner) of the entry of the objects the index
-// lists under value.
-func (r *EndpointReconciler) enqueueOwner(index, value string, enqueue func(nimbusv1.Key)) {
-	owner, err := r.firstOwner(index, value)
+// enqueueOwner enqueues the owner (see pickOwner) of the kernel entry among the endpoints
+// that claim it.
+func (r *EndpointReconciler) enqueueOwner(entry endpointLock, enqueue func(nimbusv1.Key)) {
+	owner, err := r.firstOwner(entry)
 	if err != nil {
 		r.log.Error("finding the endpoint a kernel change concerns", "err", err)
 		return
@@ -1369,12 +1420,12 @@ func (r *EndpointReconciler) resync(ctx context.Context, enqueue func(nimbusv1.K
 	}
 	for _, k := range d.fdb {
 		if network, ok := r.fdbNetwork(k); ok {
-			r.enqueueOwner(EndpointMACIndex.Name, macIndexValue(network, k.mac), enqueue)
+			r.enqueueOwner(endpointLock{network: network, mac: k.mac}, enqueue)
 		}
 	}
 	for _, k := range d.neigh {
 		if network, bridge, _ := r.links.networkDevice(k.ifindex); bridge {
-			r.enqueueOwner(EndpointIPIndex.Name, ipIndexValue(network, k.ip), enqueue)
+			r.enqueueOwner(endpointLock{network: network, ip: k.ip}, enqueue)
 		}
 	}
 	return nil

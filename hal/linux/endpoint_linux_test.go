@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"net/netip"
 	"regexp"
 	"slices"
 	"strings"
@@ -790,5 +791,42 @@ func TestEndpointFirstComeKeepsItsPlace(t *testing.T) {
 	}
 	if fdb := o.fdb(t, o.vx); strings.Contains(fdb, "02:00:00:00:0c:01") {
 		t.Errorf("the newcomer's MAC is on %s:\n%s", o.vx, fdb)
+	}
+}
+
+// TestEntryHolders checks that the holders of a MAC's entries, an address's neighbour and
+// an interface are kept apart, by network, and that the zero Key forgets one.
+func TestEntryHolders(t *testing.T) {
+	h := newEntryHolders()
+	a := nimbusv1.MakeKey(nimbusv1.Kind_KIND_ENDPOINT, "", "", "a")
+	b := nimbusv1.MakeKey(nimbusv1.Kind_KIND_ENDPOINT, "", "", "b")
+	mac := endpointLock{network: "blue", mac: [6]byte{2, 0, 0, 0, 0, 1}}
+	ip := endpointLock{network: "blue", ip: netip.MustParseAddr("10.64.0.1")}
+	iface := endpointLock{iface: "wl1"}
+	h.set(mac, a)
+	h.set(ip, b)
+	h.set(iface, a)
+	for _, c := range []struct {
+		entry endpointLock
+		want  nimbusv1.Key
+		held  bool
+	}{
+		{mac, a, true},
+		{ip, b, true},
+		{iface, a, true},
+		{endpointLock{network: "red", mac: mac.mac}, nimbusv1.Key{}, false},
+		{endpointLock{network: "red", ip: ip.ip}, nimbusv1.Key{}, false},
+		{endpointLock{iface: "wl2"}, nimbusv1.Key{}, false},
+	} {
+		if got, held := h.get(c.entry); got != c.want || held != c.held {
+			t.Errorf("get(%+v) = %v, %v; want %v, %v", c.entry, got, held, c.want, c.held)
+		}
+	}
+	h.set(ip, nimbusv1.Key{})
+	if _, held := h.get(ip); held {
+		t.Error("the neighbour is still held after its holder was set to the zero Key")
+	}
+	if got, held := h.get(mac); got != a || !held {
+		t.Errorf("forgetting the neighbour's holder changed the MAC's: %v, %v", got, held)
 	}
 }
