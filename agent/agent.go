@@ -5,7 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"github.com/naplesnet/naples/internal/halstore"
+	"github.com/naplesnet/naples/agent/halstore"
 	"log/slog"
 	"os"
 	"path/filepath"

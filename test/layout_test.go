@@ -39,7 +39,7 @@ func under(prefixes ...string) func(string) bool {
 // that holds it.
 var layers = []layer{
 	{"proto", under("proto"), []string{"proto"}},
-	{"halstore", under("internal/halstore"), []string{"proto", "internal", "delphi", "hal"}},
+	{"halstore", under("agent/halstore"), []string{"proto", "internal", "delphi", "hal"}},
 	{"internal", under("internal"), []string{"proto", "internal"}},
 	{"delphi", under("delphi"), []string{"proto", "internal"}},
 	{"hal", under("hal"), []string{"proto", "internal", "delphi", "hal"}},

@@ -4,7 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"github.com/naplesnet/naples/internal/halstore"
+	"github.com/naplesnet/naples/agent/halstore"
 	"log/slog"
 	"os"
 	"os/exec"

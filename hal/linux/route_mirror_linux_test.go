@@ -3,7 +3,7 @@ package linux
 import (
 	"context"
 	"fmt"
-	"github.com/naplesnet/naples/internal/halstore"
+	"github.com/naplesnet/naples/agent/halstore"
 	"net/netip"
 	"slices"
 	"strings"

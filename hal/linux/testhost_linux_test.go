@@ -2,7 +2,7 @@ package linux
 
 import (
 	"context"
-	"github.com/naplesnet/naples/internal/halstore"
+	"github.com/naplesnet/naples/agent/halstore"
 	"testing"
 	"time"
 
