@@ -68,9 +68,12 @@
 //
 // Every reconciler reads the kernel from mirrors (hal.Mirror) of the objects it cares
 // for, each loaded by one dump over a socket of its own (started over when the kernel
-// reports it interrupted by a change), kept current by its observer's subscription,
-// which reads notifications many to a recvmmsg and decodes them as the dumps are decoded,
-// and dumped afresh when the observer starts (also after an overflow) and at every sweep.
+// reports it interrupted by a change), kept current by the notifications its observer
+// hears, which it decodes as the dumps are decoded, and dumped afresh when the observer
+// starts (also after an overflow) and at every sweep. The observers of one namespace
+// hear the kernel through one KernelView, the reconcilers' View option: one
+// subscription, which reads notifications many to a recvmmsg, and a queue per observer
+// of the groups it watches.
 // The network reconciler reads what one network needs through the mirrors' indexes
 // (hal.Index: addresses and routes by interface, rules by input interface), never by a
 // walk of a whole mirror. The sockets, requests and messages are package rtnl's; this
