@@ -4,14 +4,11 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 
 	"github.com/naplesnet/naples/hal"
 	"github.com/naplesnet/naples/hal/linux/rtnl"
 	"github.com/naplesnet/naples/internal/testns"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -47,7 +44,7 @@ func TestKernelViewOneSubscription(t *testing.T) {
 	for _, o := range observers {
 		runObserver(t, o)
 	}
-	if got := subscribedSockets(t, &nsh); got != 1 {
+	if got := testns.RouteSubscriptions(t, ns); got != 1 {
 		t.Errorf("%d rtnetlink sockets with multicast groups in the namespace, want 1", got)
 	}
 	if got := view.subscriptions.Load(); got != 1 {
@@ -62,44 +59,6 @@ func TestKernelViewOneSubscription(t *testing.T) {
 		_, ok := rec.links.Get("view7")
 		return ok
 	})
-}
-
-// subscribedSockets returns the number of the process's NETLINK_ROUTE sockets in
-// namespace ns that are bound to multicast groups: the rows of the namespace's
-// /proc/net/netlink with protocol 0 and groups, whose inode is one of the process's
-// descriptors.
-func subscribedSockets(t *testing.T, ns *netns.NsHandle) int {
-	t.Helper()
-	mine := map[string]bool{}
-	fds, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, fd := range fds {
-		target, err := os.Readlink(filepath.Join("/proc/self/fd", fd.Name()))
-		if err == nil && strings.HasPrefix(target, "socket:[") {
-			mine[strings.TrimSuffix(strings.TrimPrefix(target, "socket:["), "]")] = true
-		}
-	}
-	var table []byte
-	if err := runInNamespace(ns, func() (err error) {
-		table, err = os.ReadFile("/proc/thread-self/net/netlink")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, line := range strings.Split(string(table), "\n")[1:] {
-		// sk Eth Pid Groups Rmem Wmem Dump Locks Drops Inode
-		f := strings.Fields(line)
-		if len(f) < 10 || f[1] != "0" || !mine[f[9]] {
-			continue
-		}
-		if groups, err := strconv.ParseUint(f[3], 16, 64); err == nil && groups != 0 {
-			n++
-		}
-	}
-	return n
 }
 
 // TestKernelViewQueueOverflow checks that an observer whose queue overflows fails with
