@@ -1,14 +1,18 @@
 package linux
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/naplesnet/naples/hal"
 	"github.com/naplesnet/naples/hal/linux/rtnl"
 	"github.com/naplesnet/naples/internal/testns"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 	"golang.org/x/sys/unix"
 )
 
@@ -84,5 +88,79 @@ func TestKernelViewQueueOverflow(t *testing.T) {
 	}
 	if g := notificationGroup(unix.RTM_NEWADDR, []byte{unix.AF_INET6}); g != unix.RTNLGRP_IPV6_IFADDR {
 		t.Errorf("an IPv6 address goes to group %d, want %d", g, unix.RTNLGRP_IPV6_IFADDR)
+	}
+}
+
+// TestKernelViewSubscriptionEnds: when the shared subscription fails (as when it
+// overflows), every observer of the view fails, and the observers started again share a
+// fresh subscription; once the last stops, the view holds none.
+func TestKernelViewSubscriptionEnds(t *testing.T) {
+	ns := testns.Named(t, "naples-view")
+	nsh := testns.Handle(t, ns)
+	s := newTestStore(t, Indexes())
+	view := NewKernelView(KernelViewOptions{Namespace: &nsh})
+	var observers []hal.Observer
+	for range 2 {
+		rec, err := NewNodeReconciler(NodeOptions{Store: s.store, Node: localNode, Namespace: &nsh, View: view, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { rec.Close() })
+		observers = append(observers, rec)
+	}
+	route, err := NewRouteReconciler(RouteOptions{Store: s.store, Namespace: &nsh, View: view, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { route.Close() })
+	observers = append(observers, route)
+
+	// start runs every observer until it ends, and waits until each is subscribed.
+	start := func() (ended []chan error) {
+		for _, o := range observers {
+			subscribed, done := make(chan struct{}), make(chan error, 1)
+			go func() {
+				done <- o.Observe(context.Background(), func(nimbusv1.Key) {}, func() { close(subscribed) })
+			}()
+			select {
+			case <-subscribed:
+			case err := <-done:
+				t.Fatalf("Observe ended before it subscribed: %v", err)
+			case <-time.After(20 * time.Second):
+				t.Fatal("the observer did not subscribe")
+			}
+			ended = append(ended, done)
+		}
+		return ended
+	}
+	// fail ends the view's subscription as an overflow does, and waits for every observer
+	// to fail.
+	fail := func(ended []chan error) {
+		t.Helper()
+		view.mu.Lock()
+		view.sub.Close()
+		view.mu.Unlock()
+		for _, done := range ended {
+			select {
+			case err := <-done:
+				if err == nil || !strings.Contains(err.Error(), "watching") {
+					t.Errorf("Observe = %v, want the error of a subscription that ended", err)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("an observer went on after the subscription ended")
+			}
+		}
+	}
+
+	fail(start())
+	if n := testns.RouteSubscriptions(t, ns); n != 0 {
+		t.Errorf("%d subscriptions once every observer failed, want 0", n)
+	}
+	fail(start())
+	if got := view.subscriptions.Load(); got != 2 {
+		t.Errorf("the view opened %d subscriptions, want 2: one, and one after it ended", got)
+	}
+	if n := testns.RouteSubscriptions(t, ns); n != 0 {
+		t.Errorf("%d subscriptions once every observer failed, want 0", n)
 	}
 }
