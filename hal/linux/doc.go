@@ -80,10 +80,11 @@
 // package holds what they mean.
 //
 // Writes go to the kernel through a batcher (rtnl.Batcher), one netlink socket per
-// reconciler: a writer goroutine sends every request pending whenever it is free, many in
-// one sendmsg, each with its own sequence number and NLM_F_ACK, and each caller gets the
-// kernel's answer to its own request, so that concurrent reconciles share system calls
-// and a write the kernel refuses fails only its own reconcile.
+// KernelView (and Timeout) that the reconcilers sharing it write through: a writer
+// goroutine sends every request pending whenever it is free, many in one sendmsg, each
+// with its own sequence number and NLM_F_ACK, and each caller gets the kernel's answer
+// to its own request, so that concurrent reconciles share system calls and a write the
+// kernel refuses fails only its own reconcile.
 //
 // Every netlink request is bounded by the reconciler's Timeout option and checks its
 // context first, so a stuck kernel fails a reconcile, which is retried, instead of

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -27,10 +28,13 @@ import (
 // queue overflows fails alone. When the shared subscription overflows, every observer
 // fails with rtnl.ErrOverflow, and each reads the kernel afresh when the HAL starts it
 // again, as it did when the subscription was its own.
+//
+// The reconcilers that share a view write through one batched writer (rtnl.Batcher)
+// between those of one Timeout, so that their writes share system calls too.
 type KernelView struct {
 	ns *netns.NsHandle
 
-	// mu guards sub, done, groups, rcvbuf and watchers.
+	// mu guards sub, done, groups, rcvbuf, watchers and writers.
 	mu sync.Mutex
 	// sub is the subscription, nil while no observer watches; done is closed once its
 	// reader has returned.
@@ -44,6 +48,9 @@ type KernelView struct {
 	// without the lock.
 	watchers map[*viewWatcher]struct{}
 	list     atomic.Pointer[[]*viewWatcher]
+	// writers are the batched writers of the reconcilers, by the timeout of their
+	// requests.
+	writers map[time.Duration]*viewWriter
 
 	// subscriptions counts the subscriptions opened, for tests.
 	subscriptions atomic.Uint64
@@ -58,7 +65,49 @@ type KernelViewOptions struct {
 // NewKernelView returns the view of a namespace's kernel. It opens nothing until an
 // observer watches through it, and holds nothing to close once none does.
 func NewKernelView(opts KernelViewOptions) *KernelView {
-	return &KernelView{ns: opts.Namespace, watchers: map[*viewWatcher]struct{}{}}
+	return &KernelView{ns: opts.Namespace, watchers: map[*viewWatcher]struct{}{}, writers: map[time.Duration]*viewWriter{}}
+}
+
+// viewWriter is a batched writer of a KernelView and the number of reconcilers that hold
+// it.
+type viewWriter struct {
+	b       *rtnl.Batcher
+	holders int
+}
+
+// writer returns the view's batched writer whose requests wait at most timeout for the
+// kernel, opening it for the first reconciler that asks, and the function with which a
+// reconciler lets it go; the last to let it go closes it. The function is safe to call
+// twice.
+func (v *KernelView) writer(timeout time.Duration) (*rtnl.Batcher, func(), error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	w := v.writers[timeout]
+	if w == nil {
+		b, err := rtnl.NewBatcher(rtnl.BatcherOptions{Namespace: v.ns, Protocol: unix.NETLINK_ROUTE, Timeout: timeout})
+		if err != nil {
+			return nil, nil, err
+		}
+		w = &viewWriter{b: b}
+		v.writers[timeout] = w
+	}
+	w.holders++
+	var once sync.Once
+	release := func() {
+		once.Do(func() {
+			v.mu.Lock()
+			w.holders--
+			last := w.holders == 0
+			if last {
+				delete(v.writers, timeout)
+			}
+			v.mu.Unlock()
+			if last {
+				w.b.Close()
+			}
+		})
+	}
+	return w.b, release, nil
 }
 
 // viewWatcher is one observer watching through a KernelView.

@@ -18,7 +18,8 @@ import (
 
 // TestKernelViewOneSubscription runs the observers of every reconciler of one namespace
 // that share a view, as the agent does, and counts the process's netlink sockets in the
-// namespace that are bound to rtnetlink multicast groups: exactly one.
+// namespace that are bound to rtnetlink multicast groups: exactly one. The reconcilers
+// that write share one batched writer.
 func TestKernelViewOneSubscription(t *testing.T) {
 	ns := testns.Named(t, "naples-view")
 	nsh := testns.Handle(t, ns)
@@ -54,6 +55,12 @@ func TestKernelViewOneSubscription(t *testing.T) {
 	if got := view.subscriptions.Load(); got != 1 {
 		t.Errorf("the view opened %d subscriptions, want 1", got)
 	}
+	// The four that write share one batched writer.
+	view.mu.Lock()
+	if w := view.writers[defaultTimeout]; len(view.writers) != 1 || w == nil || w.holders != 4 {
+		t.Errorf("the view holds writers %v, want one held by the four reconcilers that write", view.writers)
+	}
+	view.mu.Unlock()
 
 	// The observers share what the kernel reports: a link added by hand reaches the
 	// interface observer through the one subscription (its mirror holds it).

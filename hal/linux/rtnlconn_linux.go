@@ -46,10 +46,13 @@ type rtnlConn struct {
 	// least receive buffer of its view's subscription.
 	eventBuffer int
 	log         *slog.Logger
-	// rtnl reads dumps and single objects. nl carries the writes, many to a sendmsg; it
-	// is nil for a reconciler that writes nothing.
+	// rtnl reads dumps and single objects. nl carries the writes, many to a sendmsg: the
+	// view's, shared with the reconcilers of the view that have the same timeout; it is
+	// nil for a reconciler that writes nothing.
 	rtnl *rtnl.Reader
 	nl   *rtnl.Batcher
+	// releaseNL lets nl, the view's, go.
+	releaseNL func()
 	// writes counts the kernel objects the reconciler wrote (KernelWrites); dumps counts
 	// the dump requests sent, every attempt of one, for tests.
 	writes, dumps atomic.Uint64
@@ -95,7 +98,7 @@ func openRTNLConn(opts rtnlConnOptions) (*rtnlConn, error) {
 		return nil, err
 	}
 	if opts.Writes {
-		c.nl, err = rtnl.NewBatcher(rtnl.BatcherOptions{Namespace: c.ns, Protocol: unix.NETLINK_ROUTE, Timeout: c.timeout})
+		c.nl, c.releaseNL, err = c.view.writer(c.timeout)
 		if err != nil {
 			c.rtnl.Close()
 			return nil, err
@@ -106,8 +109,8 @@ func openRTNLConn(opts rtnlConnOptions) (*rtnlConn, error) {
 
 // close closes the sockets. It is safe to call twice.
 func (c *rtnlConn) close() {
-	if c.nl != nil {
-		c.nl.Close()
+	if c.releaseNL != nil {
+		c.releaseNL()
 	}
 	c.rtnl.Close()
 }
