@@ -73,8 +73,8 @@ func startNimbus(t *testing.T, dir string) (string, nimbusv1.NimbusClient, func(
 
 // TestRunReportsAndStops runs a whole agent, programming a fresh network namespace,
 // against a real nimbus: a route reaches the kernel, an object the agent does not program
-// is reported PENDING at nimbus, and when the context ends Run returns nil with every
-// goroutine stopped (goleak).
+// is reported PENDING at nimbus, its observers hold one rtnetlink subscription between
+// them, and when the context ends Run returns nil with every goroutine stopped (goleak).
 func TestRunReportsAndStops(t *testing.T) {
 	nsName, ns := hostNamespace(t, "naples-agent")
 	dir := t.TempDir()
@@ -120,6 +120,17 @@ func TestRunReportsAndStops(t *testing.T) {
 			t.Fatal("the route never reached the namespace's table 100")
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+
+	// Every observer of the namespace hears the kernel through one subscription: the
+	// count never goes past one while they start, and is one once they have.
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		if n := testns.RouteSubscriptions(t, nsName); n > 1 {
+			t.Fatalf("the agent holds %d rtnetlink subscriptions in its namespace, want 1", n)
+		}
+	}
+	if n := testns.RouteSubscriptions(t, nsName); n != 1 {
+		t.Errorf("the agent holds %d rtnetlink subscriptions in its namespace, want 1", n)
 	}
 
 	// A second agent on the same state directory is refused while the first runs.

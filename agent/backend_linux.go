@@ -49,25 +49,27 @@ func backend(store *delphi.Store, cfg Config, log *slog.Logger, reg prometheus.R
 			return nil, nil, nil, fmt.Errorf("starting the firewall (an empty --bpf-dir runs the agent without one): %w", err)
 		}
 	}
+	// One view of the namespace's kernel, one subscription, for every reconciler's observer.
+	view := linux.NewKernelView(linux.KernelViewOptions{Namespace: cfg.netns})
 	for _, build := range []func() (closingReconciler, error){
 		func() (closingReconciler, error) {
-			return linux.NewRouteReconciler(linux.RouteOptions{Store: store, Namespace: cfg.netns, Logger: log})
+			return linux.NewRouteReconciler(linux.RouteOptions{Store: store, Namespace: cfg.netns, View: view, Logger: log})
 		},
 		func() (closingReconciler, error) {
 			return linux.NewInterfaceReconciler(linux.InterfaceOptions{
-				Store: store, Namespace: cfg.netns, StatsInterval: cfg.InterfaceStats, Logger: log,
+				Store: store, Namespace: cfg.netns, View: view, StatsInterval: cfg.InterfaceStats, Logger: log,
 				StateFile: filepath.Join(cfg.StateDir, "interfaces.json"),
 			})
 		},
 		func() (closingReconciler, error) {
-			return linux.NewNodeReconciler(linux.NodeOptions{Store: store, Node: cfg.Node, Namespace: cfg.netns, Logger: log})
+			return linux.NewNodeReconciler(linux.NodeOptions{Store: store, Node: cfg.Node, Namespace: cfg.netns, View: view, Logger: log})
 		},
 		func() (closingReconciler, error) {
-			return linux.NewNetworkReconciler(linux.NetworkOptions{Store: store, Node: cfg.Node, Namespace: cfg.netns, Logger: log,
+			return linux.NewNetworkReconciler(linux.NetworkOptions{Store: store, Node: cfg.Node, Namespace: cfg.netns, View: view, Logger: log,
 				BPFDir: cfg.BPFDir, GatewayBridges: cfg.GatewayBridges, Registerer: reg, StateFile: filepath.Join(cfg.StateDir, "sysctls.json")})
 		},
 		func() (closingReconciler, error) {
-			return linux.NewEndpointReconciler(linux.EndpointOptions{Store: store, Node: cfg.Node, Namespace: cfg.netns, Logger: log, Firewall: fw,
+			return linux.NewEndpointReconciler(linux.EndpointOptions{Store: store, Node: cfg.Node, Namespace: cfg.netns, View: view, Logger: log, Firewall: fw,
 				StateFile: filepath.Join(cfg.StateDir, "endpoints.json")})
 		},
 	} {

@@ -73,9 +73,10 @@ type mirrorShard[K comparable, V any] struct {
 // NewMirror returns an empty mirror. equal reports whether an object the kernel reports,
 // have, is in the state want describes, which may be a state the backend wrote (and so
 // leave out what the kernel fills in, such as the interface of a gateway). Replace uses it
-// to find drift, Update to recognise the echo of a write. hash, when not nil, spreads the
-// keys over the mirror's shards, and must return the same for equal keys; without it the
-// mirror hashes keys with hash/maphash, which allocates for most key types.
+// to find drift, Update to recognise the echo of a write (but of one that ExpectFunc made,
+// which brings its own). hash, when not nil, spreads the keys over the mirror's shards,
+// and must return the same for equal keys; without it the mirror hashes keys with
+// hash/maphash, which allocates for most key types.
 func NewMirror[K comparable, V any](equal func(have, want V) bool, hash func(K) uint64) *Mirror[K, V] {
 	m := &Mirror[K, V]{equal: equal, hash: hash, seed: maphash.MakeSeed()}
 	for i := range m.shards {
@@ -130,6 +131,8 @@ type Write[K comparable, V any] struct {
 	s    *mirrorShard[K, V]
 	key  K
 	want mirrorState[V]
+	// match, when not nil, recognises the write's echo instead of the mirror's equal.
+	match func(have, want V) bool
 	// Guarded by s.mu:
 	ended  bool // Done, Fail or Gone was called
 	echoed bool // an event equal to want, or any event once loose, was applied
@@ -213,7 +216,7 @@ func (m *Mirror[K, V]) apply(k K, st mirrorState[V]) bool {
 				return false
 			}
 			w.echoed = true
-			echo = echo || m.sameLocked(st, w.want)
+			echo = echo || m.echoesLocked(st, w)
 			return true
 		})
 		if len(p.writes) == 0 {
@@ -226,7 +229,7 @@ func (m *Mirror[K, V]) apply(k K, st mirrorState[V]) bool {
 		return echo
 	}
 	for i, w := range p.writes {
-		if !m.sameLocked(st, w.want) {
+		if !m.echoesLocked(st, w) {
 			continue
 		}
 		// The echo of w, or a state equal to it: w and the writes before it wait no more.
@@ -251,14 +254,22 @@ func (m *Mirror[K, V]) apply(k K, st mirrorState[V]) bool {
 // which the backend ends with Done once the kernel took it, or with Fail. The mirror
 // shows v from Done on.
 func (m *Mirror[K, V]) Expect(k K, v V) *Write[K, V] {
-	return m.expect(k, mirrorState[V]{v: v, present: true})
+	return m.expect(k, mirrorState[V]{v: v, present: true}, nil)
+}
+
+// ExpectFunc is Expect for a write whose echo match recognises instead of the mirror's
+// equal: match reports whether an object the kernel reports, have, is in the state the
+// write wants (v), so that writers that leave different fields to the kernel (one an
+// interface index, another an MTU) can share one mirror.
+func (m *Mirror[K, V]) ExpectFunc(k K, v V, match func(have, want V) bool) *Write[K, V] {
+	return m.expect(k, mirrorState[V]{v: v, present: true}, match)
 }
 
 // ExpectGone records that the backend is about to delete the object with key k, and
 // returns the write, which the backend ends with Done once the kernel deleted it, with Gone
 // when the kernel had no such object, or with Fail.
 func (m *Mirror[K, V]) ExpectGone(k K) *Write[K, V] {
-	return m.expect(k, mirrorState[V]{})
+	return m.expect(k, mirrorState[V]{}, nil)
 }
 
 // writeAndPending is a write allocated together with the pending writes of its key, for
@@ -269,7 +280,7 @@ type writeAndPending[K comparable, V any] struct {
 	slot [1]*Write[K, V]
 }
 
-func (m *Mirror[K, V]) expect(k K, st mirrorState[V]) *Write[K, V] {
+func (m *Mirror[K, V]) expect(k K, st mirrorState[V], match func(have, want V) bool) *Write[K, V] {
 	sh := m.shard(k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -284,7 +295,7 @@ func (m *Mirror[K, V]) expect(k K, st mirrorState[V]) *Write[K, V] {
 	} else {
 		w = &Write[K, V]{}
 	}
-	*w = Write[K, V]{s: sh, key: k, want: st}
+	*w = Write[K, V]{s: sh, key: k, want: st, match: match}
 	if len(p.writes) >= maxPending {
 		p.writes = p.writes[1:]
 	}
@@ -470,12 +481,19 @@ func (sh *mirrorShard[K, V]) deleteLocked(k K) {
 	delete(sh.objs, k)
 }
 
-// sameLocked reports whether the kernel's state have is the state want describes.
-func (m *Mirror[K, V]) sameLocked(have, want mirrorState[V]) bool {
-	if have.present != want.present {
+// echoesLocked reports whether the kernel's state have is the state the write w wants:
+// by w's match when it has one, else by the mirror's equal.
+func (m *Mirror[K, V]) echoesLocked(have mirrorState[V], w *Write[K, V]) bool {
+	if have.present != w.want.present {
 		return false
 	}
-	return !have.present || m.equal(have.v, want.v)
+	if !have.present {
+		return true
+	}
+	if w.match != nil {
+		return w.match(have.v, w.want.v)
+	}
+	return m.equal(have.v, w.want.v)
 }
 
 // touchLocked tells every Replace in progress that k, a key of the shard, changed.

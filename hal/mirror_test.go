@@ -326,3 +326,31 @@ func TestMirrorConcurrent(t *testing.T) {
 	}
 	wantContents(t, m, want)
 }
+
+// TestMirrorExpectFuncMatchesPerWrite: a write made with ExpectFunc recognises its echo
+// by its own match, not the mirror's equality, and a write made with Expect still by the
+// mirror's.
+func TestMirrorExpectFuncMatchesPerWrite(t *testing.T) {
+	m := newMirror(t, map[string]obj{"a": {gw: "g1", link: 1}, "b": {gw: "g1", link: 1}})
+
+	// Any gateway on link 2: an event of g9 on link 2 is the echo, whatever the equality says.
+	anyGW := func(have, want obj) bool { return have.link == want.link }
+	w := m.ExpectFunc("a", obj{gw: "g2", link: 2}, anyGW)
+	if echo := m.Update("a", obj{gw: "g1", link: 1}); echo {
+		t.Errorf("an event of the old state is the echo of the write")
+	}
+	wantContents(t, m, map[string]obj{"a": {gw: "g1", link: 1}, "b": {gw: "g1", link: 1}})
+	if echo := m.Update("a", obj{gw: "g9", link: 2}); !echo {
+		t.Errorf("an event that the write's match accepts is not its echo")
+	}
+	w.Done()
+	wantContents(t, m, map[string]obj{"a": {gw: "g9", link: 2}, "b": {gw: "g1", link: 1}})
+
+	// The mirror's equality: g9 on link 2 is not the echo of g2 on link 2.
+	w = m.Expect("b", obj{gw: "g2", link: 2})
+	if echo := m.Update("b", obj{gw: "g9", link: 2}); echo {
+		t.Errorf("an event that the mirror's equality refuses is the echo of an Expect")
+	}
+	w.Done()
+	wantContents(t, m, map[string]obj{"a": {gw: "g9", link: 2}, "b": {gw: "g2", link: 2}})
+}

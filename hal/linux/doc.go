@@ -109,19 +109,23 @@
 //
 // Every reconciler reads the kernel from mirrors (hal.Mirror) of the objects it cares
 // for, each loaded by one dump over a socket of its own (started over when the kernel
-// reports it interrupted by a change), kept current by its observer's subscription,
-// which reads notifications many to a recvmmsg and decodes them as the dumps are decoded,
-// and dumped afresh when the observer starts (also after an overflow) and at every sweep.
+// reports it interrupted by a change), kept current by the notifications its observer
+// hears, which it decodes as the dumps are decoded, and dumped afresh when the observer
+// starts (also after an overflow) and at every sweep. The observers of one namespace
+// hear the kernel through one KernelView, the reconcilers' View option: one
+// subscription, which reads notifications many to a recvmmsg, and a queue per observer
+// of the groups it watches.
 // The network reconciler reads what one network needs through the mirrors' indexes
 // (hal.Index: addresses and routes by interface, rules by input interface), never by a
 // walk of a whole mirror. The sockets, requests and messages are package rtnl's; this
 // package holds what they mean.
 //
 // Writes go to the kernel through a batcher (rtnl.Batcher), one netlink socket per
-// reconciler: a writer goroutine sends every request pending whenever it is free, many in
-// one sendmsg, each with its own sequence number and NLM_F_ACK, and each caller gets the
-// kernel's answer to its own request, so that concurrent reconciles share system calls
-// and a write the kernel refuses fails only its own reconcile.
+// KernelView (and Timeout) that the reconcilers sharing it write through: a writer
+// goroutine sends every request pending whenever it is free, many in one sendmsg, each
+// with its own sequence number and NLM_F_ACK, and each caller gets the kernel's answer
+// to its own request, so that concurrent reconciles share system calls and a write the
+// kernel refuses fails only its own reconcile.
 //
 // Every netlink request is bounded by the reconciler's Timeout option and checks its
 // context first, so a stuck kernel fails a reconcile, which is retried, instead of

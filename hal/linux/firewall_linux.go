@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/hal"
@@ -83,7 +83,8 @@ type Firewall struct {
 	store FirewallStore
 	node  string
 	ns    *netns.NsHandle
-	nl    *netlink.Handle
+	// links reads the namespace's links, whose indexes the snapshot names.
+	links *rtnl.Reader
 	opts  FirewallOptions
 	log   *slog.Logger
 
@@ -141,24 +142,18 @@ func NewFirewall(opts FirewallOptions) (*Firewall, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	var nl *netlink.Handle
-	var err error
-	if opts.Namespace != nil {
-		nl, err = netlink.NewHandleAt(*opts.Namespace)
-	} else {
-		nl, err = netlink.NewHandle()
-	}
+	links, err := rtnl.NewReader(opts.Namespace, defaultTimeout)
 	if err != nil {
 		return nil, fmt.Errorf("firewall: opening netlink: %w", err)
 	}
 	objs, err := fwbpf.Open(opts.Dir, opts.Capacities, opts.Logger)
 	if err != nil {
-		nl.Close()
+		links.Close()
 		return nil, fmt.Errorf("firewall: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	f := &Firewall{
-		objs: objs, store: opts.Store, node: opts.Node, ns: opts.Namespace, nl: nl, opts: opts, log: opts.Logger,
+		objs: objs, store: opts.Store, node: opts.Node, ns: opts.Namespace, links: links, opts: opts, log: opts.Logger,
 		wake: make(chan struct{}, 1), builtCh: make(chan struct{}),
 		accepted: map[string]*nimbusv1.Object{}, failed: map[string]string{}, read: map[string]string{},
 		attached: map[string]int{},
@@ -172,7 +167,7 @@ func NewFirewall(opts FirewallOptions) (*Firewall, error) {
 	if opts.Registerer != nil {
 		if err := opts.Registerer.Register(f); err != nil {
 			cancel()
-			nl.Close()
+			links.Close()
 			objs.Close()
 			return nil, fmt.Errorf("firewall: registering metrics: %w", err)
 		}
@@ -190,7 +185,7 @@ func (f *Firewall) Close() error {
 	if f.reg != nil {
 		f.reg.Unregister(f)
 	}
-	f.nl.Close()
+	f.links.Close()
 	return f.objs.Close()
 }
 
@@ -389,21 +384,16 @@ func (f *Firewall) build() error {
 // input reads what a snapshot is built from: the store's objects and the indexes of the
 // interfaces of this node's endpoints.
 func (f *Firewall) input() (firewall.Input, error) {
-	var links []netlink.Link
-	var err error
-	for attempt := 1; ; attempt++ {
-		// A dump that a change interrupted is started over, as every dump here is.
-		links, err = f.nl.LinkList()
-		if !errors.Is(err, netlink.ErrDumpInterrupted) || attempt >= rtnl.DumpAttempts {
-			break
+	index := map[string]int{}
+	// A dump that a change interrupted starts over (rtnl.Reader.Dump), as every dump here
+	// does; the reader's timeout bounds it.
+	err := f.links.Dump(context.Background(), rtnl.LinkDumpRequest(), func() { clear(index) }, func(typ uint16, b []byte) {
+		if l, ok := rtnl.ParseLink(b); ok && typ == unix.RTM_NEWLINK && l.Family == unix.AF_UNSPEC {
+			index[l.Name] = int(l.Index)
 		}
-	}
+	})
 	if err != nil {
 		return firewall.Input{}, fmt.Errorf("listing interfaces: %w", err)
-	}
-	index := make(map[string]int, len(links))
-	for _, l := range links {
-		index[l.Attrs().Name] = l.Attrs().Index
 	}
 	in := firewall.InputOf(f.store, f.node, index)
 	return in, nil

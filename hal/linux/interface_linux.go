@@ -49,10 +49,14 @@ type InterfaceOptions struct {
 	// Timeout bounds every netlink request and dump, so a kernel that does not answer
 	// fails the reconcile, which is retried, instead of pinning a worker. Default: 10s.
 	Timeout time.Duration
-	// EventBuffer is the size in bytes of the kernel's receive buffer for the observer's
-	// link and address subscription (SO_RCVBUFFORCE, which needs CAP_NET_ADMIN). A burst
-	// of changes bigger than it overflows it; the observer then fails, and its restart
-	// reads the kernel afresh. Default: 32 MiB.
+	// View is Namespace's kernel view, shared with the other reconcilers of the namespace,
+	// through which the observer watches (one subscription between them). Default: a view
+	// of the reconciler's own.
+	View *KernelView
+	// EventBuffer is the size in bytes of the observer's queue of link and address
+	// changes, and the least receive buffer of its view's subscription (SO_RCVBUFFORCE,
+	// which needs CAP_NET_ADMIN). A burst of changes bigger than it overflows it; the
+	// observer then fails, and its restart reads the kernel afresh. Default: 32 MiB.
 	EventBuffer int
 	// StatsInterval is how often the observer reads every link afresh (one dump) and
 	// enqueues every Interface object, so that the counters in their statuses refresh.
@@ -206,7 +210,7 @@ func NewInterfaceReconciler(opts InterfaceOptions) (*InterfaceReconciler, error)
 	if err != nil {
 		return nil, fmt.Errorf("interface reconciler: %w", err)
 	}
-	c, err := openRTNLConn(rtnlConnOptions{Namespace: opts.Namespace, Timeout: opts.Timeout,
+	c, err := openRTNLConn(rtnlConnOptions{Namespace: opts.Namespace, View: opts.View, Timeout: opts.Timeout,
 		EventBuffer: opts.EventBuffer, DefaultEventBuffer: 32 << 20, Logger: opts.Logger, Writes: true})
 	if err != nil {
 		return nil, err

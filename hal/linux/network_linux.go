@@ -41,10 +41,14 @@ type NetworkOptions struct {
 	// value back when no network needs the change any more, also after a restart (the
 	// agent's is sysctls.json in its state directory). Default: "", kept in memory only.
 	StateFile string
-	// EventBuffer is the size in bytes of the kernel's receive buffer for the observer's
-	// subscription to link, address, rule, route, FDB and netconf changes
-	// (SO_RCVBUFFORCE). A burst of changes bigger than it overflows it; the observer then
-	// fails, and its restart reads the kernel afresh. Default: 8 MiB.
+	// View is Namespace's kernel view, shared with the other reconcilers of the namespace,
+	// through which the observer watches (one subscription between them). Default: a view
+	// of the reconciler's own.
+	View *KernelView
+	// EventBuffer is the size in bytes of the observer's queue of link, address, rule,
+	// route, FDB and netconf changes, and the least receive buffer of its view's
+	// subscription (SO_RCVBUFFORCE). A burst of changes bigger than it overflows it; the
+	// observer then fails, and its restart reads the kernel afresh. Default: 8 MiB.
 	EventBuffer int
 	// BPFDir is the bpffs directory the gateway programs pin their map and links in,
 	// under BPFDir/gateway, so that a restarted agent takes them over without a gap.
@@ -197,7 +201,7 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 		}
 		gw.reg = opts.Registerer
 	}
-	c, err := openRTNLConn(rtnlConnOptions{Namespace: opts.Namespace, Timeout: opts.Timeout,
+	c, err := openRTNLConn(rtnlConnOptions{Namespace: opts.Namespace, View: opts.View, Timeout: opts.Timeout,
 		EventBuffer: opts.EventBuffer, DefaultEventBuffer: 8 << 20, Logger: opts.Logger, Writes: true})
 	if err != nil {
 		gw.close()

@@ -26,8 +26,12 @@ type NodeOptions struct {
 	Namespace *netns.NsHandle
 	// Timeout bounds every netlink request. Default: 10s.
 	Timeout time.Duration
-	// EventBuffer is the size in bytes of the kernel's receive buffer for the
-	// observer's subscription to address changes (SO_RCVBUFFORCE). Default: 1 MiB.
+	// View is Namespace's kernel view, shared with the other reconcilers of the namespace,
+	// through which the observer watches (one subscription between them). Default: a view
+	// of the reconciler's own.
+	View *KernelView
+	// EventBuffer is the size in bytes of the observer's queue of address changes, and
+	// the least receive buffer of its view's subscription (SO_RCVBUFFORCE). Default: 1 MiB.
 	EventBuffer int
 	// Logger receives the reconciler's logs. Default: slog.Default().
 	Logger *slog.Logger
@@ -70,7 +74,7 @@ func NewNodeReconciler(opts NodeOptions) (*NodeReconciler, error) {
 	if opts.Node == "" {
 		return nil, errors.New("node reconciler: NodeOptions.Node is required")
 	}
-	c, err := openRTNLConn(rtnlConnOptions{Namespace: opts.Namespace, Timeout: opts.Timeout,
+	c, err := openRTNLConn(rtnlConnOptions{Namespace: opts.Namespace, View: opts.View, Timeout: opts.Timeout,
 		EventBuffer: opts.EventBuffer, DefaultEventBuffer: 1 << 20, Logger: opts.Logger})
 	if err != nil {
 		return nil, err

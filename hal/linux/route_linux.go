@@ -88,10 +88,14 @@ type RouteOptions struct {
 	// Timeout bounds every netlink request, so a kernel that does not answer fails the
 	// reconcile, which is retried, instead of pinning a worker. Default: 10s.
 	Timeout time.Duration
-	// EventBuffer is the size in bytes of the kernel's receive buffer for the observer's
-	// route subscription (SO_RCVBUFFORCE, which needs CAP_NET_ADMIN). A burst of route
-	// changes bigger than it overflows it; the observer then fails, and its restart reads
-	// the kernel afresh. Default: 32 MiB.
+	// View is Namespace's kernel view, shared with the other reconcilers of the namespace,
+	// through which the observer watches (one subscription between them). Default: a view
+	// of the reconciler's own.
+	View *KernelView
+	// EventBuffer is the size in bytes of the observer's queue of route changes, and the
+	// least receive buffer of its view's subscription (SO_RCVBUFFORCE, which needs
+	// CAP_NET_ADMIN). A burst of route changes bigger than it overflows it; the observer
+	// then fails, and its restart reads the kernel afresh. Default: 32 MiB.
 	EventBuffer int
 	// Logger receives the reconciler's logs. Default: slog.Default().
 	Logger *slog.Logger
@@ -322,7 +326,7 @@ func NewRouteReconciler(opts RouteOptions) (*RouteReconciler, error) {
 	if opts.Store == nil {
 		return nil, errors.New("route reconciler: RouteOptions.Store is required")
 	}
-	c, err := openRTNLConn(rtnlConnOptions{Namespace: opts.Namespace, Timeout: opts.Timeout,
+	c, err := openRTNLConn(rtnlConnOptions{Namespace: opts.Namespace, View: opts.View, Timeout: opts.Timeout,
 		EventBuffer: opts.EventBuffer, DefaultEventBuffer: 32 << 20, Logger: opts.Logger, Writes: true})
 	if err != nil {
 		return nil, err

@@ -21,7 +21,7 @@ import (
 //
 //   - rtnlConn: a reconciler's sockets (an rtnl.Reader for dumps and single gets, an
 //     rtnl.Batcher for writes), the defaults of the options every reconciler has, and
-//     the loop every observer runs over an rtnl.Subscription (observe);
+//     its namespace's KernelView, through which its observer watches (observe);
 //   - dumpObjects and dumpMirror: the objects of dumps, or a hal.Mirror loaded with them;
 //   - mirrorLoader: the dumps that load a reconciler's mirrors, one at a time;
 //   - kernelWrite: a write through the rtnl.Batcher, its outcome recorded in a mirror.
@@ -33,35 +33,44 @@ const (
 )
 
 // rtnlConn is how a reconciler talks to the kernel: in its namespace, a reader of dumps
-// and single objects and a batched writer of its writes, and for its observer a
-// subscription with a receive buffer of its own size. Reconcilers embed it.
+// and single objects and a batched writer of its writes, and for its observer the
+// namespace's kernel view and the size of its queue. Reconcilers embed it.
 type rtnlConn struct {
 	// ns is the network namespace the reconciler programs; nil is the calling process's.
 	ns *netns.NsHandle
+	// view is the namespace's kernel view, through which the observer watches.
+	view *KernelView
 	// timeout bounds every netlink request.
 	timeout time.Duration
-	// eventBuffer is the size in bytes of the receive buffer of the observer's
-	// subscription.
+	// eventBuffer is the size in bytes of the observer's queue of notifications, and the
+	// least receive buffer of its view's subscription.
 	eventBuffer int
 	log         *slog.Logger
-	// rtnl reads dumps and single objects. nl carries the writes, many to a sendmsg; it
-	// is nil for a reconciler that writes nothing.
+	// rtnl reads dumps and single objects. nl carries the writes, many to a sendmsg: the
+	// view's, shared with the reconcilers of the view that have the same timeout; it is
+	// nil for a reconciler that writes nothing.
 	rtnl *rtnl.Reader
 	nl   *rtnl.Batcher
+	// releaseNL lets nl, the view's, go.
+	releaseNL func()
 	// writes counts the kernel objects the reconciler wrote (KernelWrites); dumps counts
 	// the dump requests sent, every attempt of one, for tests.
 	writes, dumps atomic.Uint64
 }
 
-// rtnlConnOptions configures an rtnlConn. Namespace, Timeout, EventBuffer and Logger are
+// rtnlConnOptions configures an rtnlConn. Namespace, View, Timeout, EventBuffer and Logger are
 // the options of these names that every reconciler takes.
 type rtnlConnOptions struct {
 	// Namespace is the network namespace to talk to. Default: the calling process's.
 	Namespace *netns.NsHandle
+	// View is Namespace's kernel view, through which the observer watches. Default: a
+	// view of the reconciler's own.
+	View *KernelView
 	// Timeout bounds every netlink request. Default: defaultTimeout (10s).
 	Timeout time.Duration
-	// EventBuffer is the size in bytes of the receive buffer of the observer's
-	// subscription. Default: DefaultEventBuffer, the reconciler's.
+	// EventBuffer is the size in bytes of the observer's queue of notifications, and the
+	// least receive buffer of its view's subscription. Default: DefaultEventBuffer, the
+	// reconciler's.
 	EventBuffer, DefaultEventBuffer int
 	// Logger receives the reconciler's logs. Default: slog.Default().
 	Logger *slog.Logger
@@ -71,7 +80,10 @@ type rtnlConnOptions struct {
 
 // openRTNLConn opens the sockets of a reconciler; close closes them.
 func openRTNLConn(opts rtnlConnOptions) (*rtnlConn, error) {
-	c := &rtnlConn{ns: opts.Namespace, timeout: opts.Timeout, eventBuffer: opts.EventBuffer, log: opts.Logger}
+	c := &rtnlConn{ns: opts.Namespace, view: opts.View, timeout: opts.Timeout, eventBuffer: opts.EventBuffer, log: opts.Logger}
+	if c.view == nil {
+		c.view = NewKernelView(KernelViewOptions{Namespace: c.ns})
+	}
 	if c.timeout <= 0 {
 		c.timeout = defaultTimeout
 	}
@@ -86,7 +98,7 @@ func openRTNLConn(opts rtnlConnOptions) (*rtnlConn, error) {
 		return nil, err
 	}
 	if opts.Writes {
-		c.nl, err = rtnl.NewBatcher(rtnl.BatcherOptions{Namespace: c.ns, Protocol: unix.NETLINK_ROUTE, Timeout: c.timeout})
+		c.nl, c.releaseNL, err = c.view.writer(c.timeout)
 		if err != nil {
 			c.rtnl.Close()
 			return nil, err
@@ -97,47 +109,17 @@ func openRTNLConn(opts rtnlConnOptions) (*rtnlConn, error) {
 
 // close closes the sockets. It is safe to call twice.
 func (c *rtnlConn) close() {
-	if c.nl != nil {
-		c.nl.Close()
+	if c.releaseNL != nil {
+		c.releaseNL()
 	}
 	c.rtnl.Close()
 }
 
-// observe is the loop of every reconciler's observer (hal.Observer). It subscribes to
-// the multicast groups (RTNLGRP_* numbers) with a receive buffer of eventBuffer bytes,
-// reads the kernel afresh with resync, and calls subscribed. Then it hands every
-// notification to apply until ctx ends, and returns nil. Subscribed first, then dumped: a
-// change that the dump misses is reported after it, and the mirrors apply it in order.
-// It fails when the kernel drops notifications (rtnl.ErrOverflow); the HAL then
-// starts it again, and its resync starts from the kernel's state. what names the changes
-// in its errors ("route changes").
+// observe is the loop of every reconciler's observer (hal.Observer): it watches the
+// groups (RTNLGRP_* numbers) through the reconciler's kernel view (KernelView.watch) with
+// a queue of eventBuffer bytes.
 func (c *rtnlConn) observe(ctx context.Context, what string, groups []uint, resync func(context.Context) error, subscribed func(), apply func(typ uint16, payload []byte)) error {
-	sub, err := rtnl.Subscribe(c.ns, c.eventBuffer, groups...)
-	if err != nil {
-		return fmt.Errorf("subscribing to %s: %w", what, err)
-	}
-	// Closing the socket ends a Receive under way.
-	stop := context.AfterFunc(ctx, func() { sub.Close() })
-	defer func() {
-		stop()
-		sub.Close()
-	}()
-	if err := resync(ctx); err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return err
-	}
-	subscribed()
-	for {
-		err := sub.Receive(apply)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("watching %s: %w", what, err)
-		}
-	}
+	return c.view.watch(ctx, what, groups, c.eventBuffer, resync, subscribed, apply)
 }
 
 // dumpObjects sends the dump requests reqs in turn and returns what parse makes of the

@@ -1,11 +1,13 @@
-// Package testns gives tests fresh network namespaces and the root check that privileged
-// tests share.
+// Package testns gives tests fresh network namespaces, the root check that privileged
+// tests share, and a count of the rtnetlink subscriptions a test holds in a namespace.
 package testns
 
 import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -68,4 +70,36 @@ func Handle(t testing.TB, name string) netns.NsHandle {
 	}
 	t.Cleanup(func() { h.Close() })
 	return h
+}
+
+// RouteSubscriptions returns the number of the calling process's NETLINK_ROUTE sockets in
+// the named namespace that are bound to multicast groups (`ip monitor`'s kind): the rows
+// of the namespace's /proc/net/netlink with protocol 0 and groups whose inode is one of
+// the process's descriptors.
+func RouteSubscriptions(t testing.TB, name string) int {
+	t.Helper()
+	mine := map[string]bool{}
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, fd := range fds {
+		target, err := os.Readlink(filepath.Join("/proc/self/fd", fd.Name()))
+		if inode, ok := strings.CutPrefix(target, "socket:["); err == nil && ok {
+			mine[strings.TrimSuffix(inode, "]")] = true
+		}
+	}
+	n := 0
+	rows := strings.Split(Run(t, "ip", "netns", "exec", name, "cat", "/proc/net/netlink"), "\n")
+	for _, row := range rows[1:] {
+		// sk Eth Pid Groups Rmem Wmem Dump Locks Drops Inode
+		f := strings.Fields(row)
+		if len(f) < 10 || f[1] != "0" || !mine[f[9]] {
+			continue
+		}
+		if groups, err := strconv.ParseUint(f[3], 16, 64); err == nil && groups != 0 {
+			n++
+		}
+	}
+	return n
 }

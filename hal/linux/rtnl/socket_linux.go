@@ -192,6 +192,42 @@ func (s *Subscription) Receive(f func(typ uint16, payload []byte)) error {
 	return nil
 }
 
+// Join subscribes to more groups (RTNLGRP_* numbers), as `ip monitor` naming them would
+// have: notifications of the groups follow from the call on.
+func (s *Subscription) Join(groups ...uint) error {
+	var serr error
+	err := s.conn.Control(func(fd uintptr) {
+		for _, g := range groups {
+			if serr = unix.SetsockoptInt(int(fd), unix.SOL_NETLINK, unix.NETLINK_ADD_MEMBERSHIP, int(g)); serr != nil {
+				serr = fmt.Errorf("joining netlink group %d: %w", g, serr)
+				return
+			}
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("joining netlink groups: %w", err)
+	}
+	return serr
+}
+
+// SetReceiveBuffer sets the size in bytes of the subscription's receive buffer, as
+// Subscribe's rcvbuf does.
+func (s *Subscription) SetReceiveBuffer(rcvbuf int) error {
+	var serr error
+	err := s.conn.Control(func(fd uintptr) {
+		if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, rcvbuf); serr != nil {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, rcvbuf)
+		}
+	})
+	if err == nil {
+		err = serr
+	}
+	if err != nil {
+		return fmt.Errorf("setting the receive buffer of a subscription: %w", err)
+	}
+	return nil
+}
+
 // Close ends the subscription; a Receive under way returns. It is safe to call twice.
 func (s *Subscription) Close() error {
 	s.file.Close()

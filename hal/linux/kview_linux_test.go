@@ -1,0 +1,173 @@
+package linux
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/naplesnet/naples/hal"
+	"github.com/naplesnet/naples/hal/linux/rtnl"
+	"github.com/naplesnet/naples/internal/testns"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+	"golang.org/x/sys/unix"
+)
+
+// TestKernelViewOneSubscription runs the observers of every reconciler of one namespace
+// that share a view, as the agent does, and counts the process's netlink sockets in the
+// namespace that are bound to rtnetlink multicast groups: exactly one. The reconcilers
+// that write share one batched writer.
+func TestKernelViewOneSubscription(t *testing.T) {
+	ns := testns.Named(t, "naples-view")
+	nsh := testns.Handle(t, ns)
+	s := newTestStore(t, epIndexes())
+	view := NewKernelView(KernelViewOptions{Namespace: &nsh})
+	bpfDir := filepath.Join("/sys/fs/bpf", ns)
+	t.Cleanup(func() { os.RemoveAll(bpfDir) })
+
+	var observers []hal.Observer
+	closed := func(r interface{ Close() error }, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.Close() })
+		observers = append(observers, r.(hal.Observer))
+	}
+	closed(NewRouteReconciler(RouteOptions{Store: s.store, Namespace: &nsh, View: view, Logger: quiet}))
+	closed(NewInterfaceReconciler(InterfaceOptions{Store: s.store, Namespace: &nsh, View: view, Logger: quiet,
+		StateFile: filepath.Join(t.TempDir(), "interfaces.json")}))
+	closed(NewNodeReconciler(NodeOptions{Store: s.store, Node: localNode, Namespace: &nsh, View: view, Logger: quiet}))
+	closed(NewNetworkReconciler(NetworkOptions{Store: s.store, Node: localNode, Namespace: &nsh, View: view, Logger: quiet,
+		BPFDir: bpfDir, StateFile: filepath.Join(t.TempDir(), "sysctls.json")}))
+	closed(NewEndpointReconciler(EndpointOptions{Store: s.store, Node: localNode, Namespace: &nsh, View: view, Logger: quiet,
+		StateFile: filepath.Join(t.TempDir(), "endpoints.json")}))
+
+	for _, o := range observers {
+		runObserver(t, o)
+	}
+	if got := testns.RouteSubscriptions(t, ns); got != 1 {
+		t.Errorf("%d rtnetlink sockets with multicast groups in the namespace, want 1", got)
+	}
+	if got := view.subscriptions.Load(); got != 1 {
+		t.Errorf("the view opened %d subscriptions, want 1", got)
+	}
+	// The four that write share one batched writer.
+	view.mu.Lock()
+	if w := view.writers[defaultTimeout]; len(view.writers) != 1 || w == nil || w.holders != 4 {
+		t.Errorf("the view holds writers %v, want one held by the four reconcilers that write", view.writers)
+	}
+	view.mu.Unlock()
+
+	// The observers share what the kernel reports: a link added by hand reaches the
+	// interface observer through the one subscription (its mirror holds it).
+	testns.Run(t, "ip", "-n", ns, "link", "add", "view7", "type", "veth", "peer", "name", "view8")
+	rec := observers[1].(*InterfaceReconciler)
+	waitFor(t, "the interface observer to hear of view7", func() bool {
+		_, ok := rec.links.Get("view7")
+		return ok
+	})
+}
+
+// TestKernelViewQueueOverflow checks that an observer whose queue overflows fails with
+// rtnl.ErrOverflow, and that notifications are handed only to the observers of their
+// group.
+func TestKernelViewQueueOverflow(t *testing.T) {
+	link := &viewWatcher{groups: 1 << unix.RTNLGRP_LINK, limit: 64, wake: make(chan struct{}, 1)}
+	addr := &viewWatcher{groups: 1 << unix.RTNLGRP_IPV4_IFADDR, limit: 1 << 20, wake: make(chan struct{}, 1)}
+	payload := make([]byte, 40)
+	payload[0] = unix.AF_UNSPEC
+	for range 2 {
+		for _, w := range []*viewWatcher{link, addr} {
+			if w.groups&(1<<notificationGroup(unix.RTM_NEWLINK, payload)) != 0 {
+				w.push(unix.RTM_NEWLINK, payload)
+			}
+		}
+	}
+	if !errors.Is(link.err, rtnl.ErrOverflow) {
+		t.Errorf("the link watcher's error is %v, want rtnl.ErrOverflow", link.err)
+	}
+	if len(addr.queue) != 0 || addr.err != nil {
+		t.Errorf("the address watcher queued %d bytes (error %v), want none", len(addr.queue), addr.err)
+	}
+	if g := notificationGroup(unix.RTM_NEWADDR, []byte{unix.AF_INET6}); g != unix.RTNLGRP_IPV6_IFADDR {
+		t.Errorf("an IPv6 address goes to group %d, want %d", g, unix.RTNLGRP_IPV6_IFADDR)
+	}
+}
+
+// TestKernelViewSubscriptionEnds: when the shared subscription fails (as when it
+// overflows), every observer of the view fails, and the observers started again share a
+// fresh subscription; once the last stops, the view holds none.
+func TestKernelViewSubscriptionEnds(t *testing.T) {
+	ns := testns.Named(t, "naples-view")
+	nsh := testns.Handle(t, ns)
+	s := newTestStore(t, Indexes())
+	view := NewKernelView(KernelViewOptions{Namespace: &nsh})
+	var observers []hal.Observer
+	for range 2 {
+		rec, err := NewNodeReconciler(NodeOptions{Store: s.store, Node: localNode, Namespace: &nsh, View: view, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { rec.Close() })
+		observers = append(observers, rec)
+	}
+	route, err := NewRouteReconciler(RouteOptions{Store: s.store, Namespace: &nsh, View: view, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { route.Close() })
+	observers = append(observers, route)
+
+	// start runs every observer until it ends, and waits until each is subscribed.
+	start := func() (ended []chan error) {
+		for _, o := range observers {
+			subscribed, done := make(chan struct{}), make(chan error, 1)
+			go func() {
+				done <- o.Observe(context.Background(), func(nimbusv1.Key) {}, func() { close(subscribed) })
+			}()
+			select {
+			case <-subscribed:
+			case err := <-done:
+				t.Fatalf("Observe ended before it subscribed: %v", err)
+			case <-time.After(20 * time.Second):
+				t.Fatal("the observer did not subscribe")
+			}
+			ended = append(ended, done)
+		}
+		return ended
+	}
+	// fail ends the view's subscription as an overflow does, and waits for every observer
+	// to fail.
+	fail := func(ended []chan error) {
+		t.Helper()
+		view.mu.Lock()
+		view.sub.Close()
+		view.mu.Unlock()
+		for _, done := range ended {
+			select {
+			case err := <-done:
+				if err == nil || !strings.Contains(err.Error(), "watching") {
+					t.Errorf("Observe = %v, want the error of a subscription that ended", err)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("an observer went on after the subscription ended")
+			}
+		}
+	}
+
+	fail(start())
+	if n := testns.RouteSubscriptions(t, ns); n != 0 {
+		t.Errorf("%d subscriptions once every observer failed, want 0", n)
+	}
+	fail(start())
+	if got := view.subscriptions.Load(); got != 2 {
+		t.Errorf("the view opened %d subscriptions, want 2: one, and one after it ended", got)
+	}
+	if n := testns.RouteSubscriptions(t, ns); n != 0 {
+		t.Errorf("%d subscriptions once every observer failed, want 0", n)
+	}
+}
