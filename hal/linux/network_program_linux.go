@@ -497,7 +497,7 @@ func (r *NetworkReconciler) ensureRoutes(ctx context.Context, want networkWant, 
 			continue
 		}
 		if exists && have.oif != index {
-			if owner := r.ownerOfIndex(have.oif); owner != "" && owner != want.id && r.desired(owner) {
+			if owner := r.ownerOfIndex(have.oif); !owner.IsZero() && owner != want.key && r.desired(owner) {
 				return hal.Errorf(hal.ReasonConflict, "subnet %s: tenant table %d routes it to %s already", id.prefix(), id.table, owner)
 			}
 		}
@@ -545,13 +545,12 @@ func (r *NetworkReconciler) deleteRoute(ctx context.Context, id routeID) error {
 	return nil
 }
 
-// desired reports whether the store holds the object with the key ID.
-func (r *NetworkReconciler) desired(id string) bool {
-	key, ok := keyOfID(id)
-	if !ok {
+// desired reports whether the store holds the object with the key.
+func (r *NetworkReconciler) desired(key nimbusv1.Key) bool {
+	if key.IsZero() {
 		return false
 	}
-	_, ok = r.store.Get(key.Proto())
+	_, ok := r.store.Get(key.Proto())
 	return ok
 }
 
@@ -643,7 +642,7 @@ func (r *NetworkReconciler) ensureReplication(ctx context.Context, want networkW
 		nodes[node] = true
 		remoteEPs = append(remoteEPs, ep)
 	}
-	r.recordRemoteEndpoints(want.id, remoteEPs)
+	r.recordRemoteEndpoints(want.key, remoteEPs)
 
 	wanted := map[netip.Addr]bool{}
 	for _, node := range sortedKeys(nodes, strings.Compare) {
@@ -696,10 +695,11 @@ func (r *NetworkReconciler) deleteHER(ctx context.Context, name string, k herKey
 // rules of the bridge, which name it and stay otherwise. Links of the devices' names
 // that are not the network's, and the rules of a bridge name that such a link holds, are
 // left alone.
-func (r *NetworkReconciler) teardown(ctx context.Context, id string) error {
-	if err := r.teardownGateway(ctx, id); err != nil {
+func (r *NetworkReconciler) teardown(ctx context.Context, key nimbusv1.Key) error {
+	if err := r.teardownGateway(ctx, key); err != nil {
 		return err
 	}
+	id := key.String()
 	bridge, vxlan, alias := BridgeName(id), VXLANName(id), OwnerAlias(id)
 	br, brExists := r.links.Get(bridge)
 	foreign := brExists && !ownsLink(br, alias)
@@ -717,7 +717,7 @@ func (r *NetworkReconciler) teardown(ctx context.Context, id string) error {
 			}
 		}
 	}
-	r.forget(id)
+	r.forget(key)
 	return nil
 }
 
