@@ -170,7 +170,7 @@ func (r *NetworkReconciler) ensureGateway(ctx context.Context, want networkWant,
 		// A link detached by hand, or whose pin was removed, is attached again.
 		if !had || old != index || !g.objs.Attached(want.bridge, int(index)) {
 			var n int
-			err := runInNamespace(r.ns, func() (err error) {
+			err := r.inNS.run(func() (err error) {
 				n, err = g.objs.Attach(want.bridge, int(index))
 				return err
 			})
@@ -262,7 +262,7 @@ func (r *NetworkReconciler) ensureSysctlsLocked() error {
 		return nil
 	}
 	writes := 0
-	err := runInNamespace(r.ns, func() error {
+	err := r.inNS.run(func() error {
 		for _, s := range gatewaySysctls {
 			n, err := r.sysctls.Set("/proc/sys/"+s, "1")
 			writes += n
@@ -303,7 +303,7 @@ func (r *NetworkReconciler) putBackSysctlsLocked(except nimbusv1.Key) error {
 		return nil
 	}
 	writes := 0
-	err := runInNamespace(r.ns, func() error {
+	err := r.inNS.run(func() error {
 		for _, s := range gatewaySysctls {
 			n, err := r.sysctls.Restore("/proc/sys/" + s)
 			writes += n
@@ -356,8 +356,17 @@ func (r *NetworkReconciler) teardownGateway(ctx context.Context, key nimbusv1.Ke
 }
 
 // gatewayWanted tells whether a desired network other than the one with the key except
-// has a gateway address.
+// has a gateway address. It looks first among the networks whose last reconcile found
+// one, and reads every desired network only when none of those is desired still.
 func (r *NetworkReconciler) gatewayWanted(except nimbusv1.Key) bool {
+	r.mu.Lock()
+	for key := range r.gatewayNetworks {
+		if key != except && r.desired(key) {
+			r.mu.Unlock()
+			return true
+		}
+	}
+	r.mu.Unlock()
 	for _, key := range r.store.Keys(nimbusv1.Kind_KIND_NETWORK) {
 		if key == except {
 			continue
@@ -381,8 +390,8 @@ func (r *NetworkReconciler) tenantHasBridgeLocked(mark uint32, except nimbusv1.K
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for name, key := range r.devices {
-		if strings.HasPrefix(name, bridgePrefix) && key != except && GatewayMark(key.Tenant) == mark {
+	for key := range r.networksOfMark[mark] {
+		if key != except {
 			return true
 		}
 	}
@@ -398,12 +407,13 @@ func (r *NetworkReconciler) ruleOwner(k ruleKey) nimbusv1.Key {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, name := range slices.Sorted(maps.Keys(r.devices)) {
-		if owner := r.devices[name]; GatewayMark(owner.Tenant) == k.fwmark {
-			return owner
+	var owner nimbusv1.Key
+	for key := range r.networksOfMark[k.fwmark] {
+		if owner.IsZero() || key.Compare(owner) < 0 {
+			owner = key
 		}
 	}
-	return nimbusv1.Key{}
+	return owner
 }
 
 // sweepGateway removes the gateway rules of tenants that have no desired network, the

@@ -124,6 +124,9 @@ type NetworkReconciler struct {
 	node  string
 	// sysctls sets the forwarding sysctls and puts back what they were.
 	sysctls *sysctls
+	// inNS runs what must run inside the namespace: sysctl files and attaching the
+	// gateway programs.
+	inNS *nsThreads
 
 	links  *hal.Mirror[string, networkLink]
 	addrs  *hal.Mirror[addrKey, ifAddr]
@@ -147,13 +150,19 @@ type NetworkReconciler struct {
 	// reconciles and the sweeper.
 	networkLocks keyedMutex[nimbusv1.Key]
 
-	// mu guards names, devices, remoteEndpoints, endpointsOf, forwarding and ul.
+	// mu guards names, devices, networksOfMark, gatewayNetworks, remoteEndpoints,
+	// endpointsOf, forwarding and ul.
 	mu sync.Mutex
 	// names maps interface indexes to the names of the links in the mirror.
 	names map[int32]string
 	// devices maps the names of the devices of the networks reconciled so far to their
 	// network's key.
 	devices map[string]nimbusv1.Key
+	// networksOfMark holds the networks of devices by their tenant's GatewayMark.
+	networksOfMark map[uint32]map[nimbusv1.Key]struct{}
+	// gatewayNetworks holds the networks whose last reconcile found a gateway address
+	// in their spec.
+	gatewayNetworks map[nimbusv1.Key]struct{}
 	// remoteEndpoints maps the keys of the endpoints on other nodes that the last
 	// reconcile of their network counted for head-end replication to that network's key,
 	// so that an endpoint's delete reaches its network.
@@ -214,6 +223,7 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 		gw:       gw,
 		rtnlConn: c,
 		sysctls:  sc,
+		inNS:     &nsThreads{ns: c.ns},
 		store:    opts.Store,
 		node:     opts.Node,
 		links:    hal.NewMirror[string, networkLink](sameLink, nil),
@@ -225,6 +235,8 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 		her:             hal.NewMirror[herKey, herEntry](func(have, want herEntry) bool { return have == want }, nil),
 		names:           map[int32]string{},
 		devices:         map[string]nimbusv1.Key{},
+		networksOfMark:  map[uint32]map[nimbusv1.Key]struct{}{},
+		gatewayNetworks: map[nimbusv1.Key]struct{}{},
 		remoteEndpoints: map[nimbusv1.Key]nimbusv1.Key{},
 		endpointsOf:     map[nimbusv1.Key][]nimbusv1.Key{},
 		forwarding:      map[string]forwardingState{},
@@ -249,8 +261,10 @@ func bridgeMark(_ string, l networkLink) (uint32, bool) {
 	return GatewayMark(key.Tenant), true
 }
 
-// Close releases the netlink sockets. It is safe to call twice.
+// Close releases the netlink sockets and the threads in the namespace. It is safe to
+// call twice.
 func (r *NetworkReconciler) Close() error {
+	r.inNS.close()
 	r.close()
 	r.gw.close()
 	return nil
@@ -401,6 +415,16 @@ func (r *NetworkReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectK
 	r.mu.Lock()
 	r.devices[want.bridge] = k
 	r.devices[want.vxlan] = k
+	mark := GatewayMark(k.Tenant)
+	if r.networksOfMark[mark] == nil {
+		r.networksOfMark[mark] = map[nimbusv1.Key]struct{}{}
+	}
+	r.networksOfMark[mark][k] = struct{}{}
+	if want.hasV4 || want.hasV6 {
+		r.gatewayNetworks[k] = struct{}{}
+	} else {
+		delete(r.gatewayNetworks, k)
+	}
 	r.mu.Unlock()
 
 	// Links of the devices' names that are not naples's are never touched, nor are rules
@@ -577,6 +601,12 @@ func (r *NetworkReconciler) forget(key nimbusv1.Key) {
 	defer r.mu.Unlock()
 	delete(r.devices, BridgeName(id))
 	delete(r.devices, VXLANName(id))
+	mark := GatewayMark(key.Tenant)
+	delete(r.networksOfMark[mark], key)
+	if len(r.networksOfMark[mark]) == 0 {
+		delete(r.networksOfMark, mark)
+	}
+	delete(r.gatewayNetworks, key)
 	delete(r.forwarding, BridgeName(id))
 	// The bridge took its sysctls with it.
 	v4, v6 := forwardingSysctls(BridgeName(id))

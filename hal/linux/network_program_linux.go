@@ -337,7 +337,7 @@ func (r *NetworkReconciler) ensureForwarding(ctx context.Context, want networkWa
 		if err != nil || !want.hasV6 && !r.sysctls.Recorded(v6) {
 			return err
 		}
-		return runInNamespace(r.ns, func() error {
+		return r.inNS.run(func() error {
 			n, err := r.forwardingSysctl(v6, want.hasV6, sysctlFile(v6))
 			writes += n
 			if want.hasV6 && errors.Is(err, fs.ErrNotExist) {
