@@ -734,7 +734,7 @@ func (r *NetworkReconciler) deleteHER(ctx context.Context, name string, k herKey
 	return nil
 }
 
-// teardown removes the kernel state of the network with key ID id: its gateway state
+// teardown removes the kernel state of the network with the key: its gateway state
 // (teardownGateway), its VXLAN device and bridge, which take their addresses, routes and FDB entries with them, and then the
 // rules of the bridge, which name it and stay otherwise. Links of the devices' names
 // that are not the network's, and the rules of a bridge name that such a link holds, are
