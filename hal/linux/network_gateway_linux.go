@@ -170,7 +170,7 @@ func (r *NetworkReconciler) ensureGateway(ctx context.Context, want networkWant,
 		// A link detached by hand, or whose pin was removed, is attached again.
 		if !had || old != index || !g.objs.Attached(want.bridge, int(index)) {
 			var n int
-			err := runInNamespace(r.ns, func() (err error) {
+			err := r.inNS.run(func() (err error) {
 				n, err = g.objs.Attach(want.bridge, int(index))
 				return err
 			})
@@ -199,7 +199,7 @@ func (r *NetworkReconciler) ensureGateway(ctx context.Context, want networkWant,
 		r.log.Debug("rule added", "key", want.id, "rule", ruleString(k))
 	}
 	if !want.hasV4 && !want.hasV6 {
-		return unavailable, r.putBackSysctlsLocked("")
+		return unavailable, r.putBackSysctlsLocked(nimbusv1.Key{})
 	}
 	return unavailable, r.ensureSysctlsLocked()
 }
@@ -262,7 +262,7 @@ func (r *NetworkReconciler) ensureSysctlsLocked() error {
 		return nil
 	}
 	writes := 0
-	err := runInNamespace(r.ns, func() error {
+	err := r.inNS.run(func() error {
 		for _, s := range gatewaySysctls {
 			n, err := r.sysctls.Set("/proc/sys/"+s, "1")
 			writes += n
@@ -287,9 +287,9 @@ func (r *NetworkReconciler) ensureSysctlsLocked() error {
 }
 
 // putBackSysctlsLocked puts back the sysctls of gatewaySysctls as naples found them,
-// when it changed them and no desired network but the one with key ID except has a
+// when it changed them and no desired network but the one with the key except has a
 // gateway. g.mu must be held.
-func (r *NetworkReconciler) putBackSysctlsLocked(except string) error {
+func (r *NetworkReconciler) putBackSysctlsLocked(except nimbusv1.Key) error {
 	g := r.gw
 	if r.gatewayWanted(except) {
 		return nil
@@ -303,7 +303,7 @@ func (r *NetworkReconciler) putBackSysctlsLocked(except string) error {
 		return nil
 	}
 	writes := 0
-	err := runInNamespace(r.ns, func() error {
+	err := r.inNS.run(func() error {
 		for _, s := range gatewaySysctls {
 			n, err := r.sysctls.Restore("/proc/sys/" + s)
 			writes += n
@@ -322,12 +322,13 @@ func (r *NetworkReconciler) putBackSysctlsLocked(except string) error {
 	return nil
 }
 
-// teardownGateway removes the gateway state of the network with key ID id, before its
+// teardownGateway removes the gateway state of the network with the key, before its
 // bridge goes: the programs' links and the bridge's mark; the tenant's rules when no
 // other network of the tenant has a bridge; and the sysctls go back as found when no
 // network has a gateway any more.
-func (r *NetworkReconciler) teardownGateway(ctx context.Context, id string) error {
+func (r *NetworkReconciler) teardownGateway(ctx context.Context, key nimbusv1.Key) error {
 	g := r.gw
+	id := key.String()
 	bridge := BridgeName(id)
 	if g.objs != nil {
 		if l, ok := r.links.Get(bridge); ok && ownsLink(l, OwnerAlias(id)) {
@@ -342,7 +343,7 @@ func (r *NetworkReconciler) teardownGateway(ctx context.Context, id string) erro
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	delete(g.attached, bridge)
-	if key, ok := keyOfID(id); ok && !r.tenantHasBridgeLocked(GatewayMark(key.Tenant), id) {
+	if !r.tenantHasBridgeLocked(GatewayMark(key.Tenant), key) {
 		for _, k := range gatewayRules(GatewayMark(key.Tenant)) {
 			if proto, ok := r.rules.Get(k); ok {
 				if err := r.deleteRule(ctx, k, proto); err != nil {
@@ -351,19 +352,27 @@ func (r *NetworkReconciler) teardownGateway(ctx context.Context, id string) erro
 			}
 		}
 	}
-	return r.putBackSysctlsLocked(id)
+	return r.putBackSysctlsLocked(key)
 }
 
-// gatewayWanted tells whether a desired network other than the one with key ID except
-// has a gateway address.
-func (r *NetworkReconciler) gatewayWanted(except string) bool {
+// gatewayWanted tells whether a desired network other than the one with the key except
+// has a gateway address. It looks first among the networks whose last reconcile found
+// one, and reads every desired network only when none of those is desired still.
+func (r *NetworkReconciler) gatewayWanted(except nimbusv1.Key) bool {
+	r.mu.Lock()
+	for key := range r.gatewayNetworks {
+		if key != except && r.desired(key) {
+			r.mu.Unlock()
+			return true
+		}
+	}
+	r.mu.Unlock()
 	for _, key := range r.store.Keys(nimbusv1.Kind_KIND_NETWORK) {
-		id := key.String()
-		if id == except {
+		if key == except {
 			continue
 		}
 		if obj, ok := r.store.Get(key.Proto()); ok {
-			if w, err := wantNetwork(id, obj); err == nil && (w.hasV4 || w.hasV6) {
+			if w, err := wantNetwork(key, obj); err == nil && (w.hasV4 || w.hasV6) {
 				return true
 			}
 		}
@@ -372,43 +381,39 @@ func (r *NetworkReconciler) gatewayWanted(except string) bool {
 }
 
 // tenantHasBridgeLocked tells whether a network of the tenant with the mark, other than
-// the one with key ID except, has a bridge or is being reconciled. g.mu must be held.
-func (r *NetworkReconciler) tenantHasBridgeLocked(mark uint32, except string) bool {
-	ofTenant := func(id string) bool {
-		key, ok := keyOfID(id)
-		return ok && id != except && GatewayMark(key.Tenant) == mark
-	}
+// the one with the key except, has a bridge or is being reconciled. g.mu must be held.
+func (r *NetworkReconciler) tenantHasBridgeLocked(mark uint32, except nimbusv1.Key) bool {
 	for _, l := range r.bridgesByMark.Get(mark) {
-		if id, _ := networkOwner(l.alias); id != except {
+		if key, _ := networkOwner(l.alias); key != except {
 			return true
 		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for name, id := range r.devices {
-		if strings.HasPrefix(name, bridgePrefix) && ofTenant(id) {
+	for key := range r.networksOfMark[mark] {
+		if key != except {
 			return true
 		}
 	}
 	return false
 }
 
-// ruleOwner returns the key ID of the network whose rule k is: for a gateway rule one
-// of the tenant's networks reconciled so far, for the others the network that owns the
-// input interface; "" when none is known.
-func (r *NetworkReconciler) ruleOwner(k ruleKey) string {
+// ruleOwner returns the key of the network whose rule k is: for a gateway rule one of
+// the tenant's networks reconciled so far, for the others the network that owns the
+// input interface; the zero Key when none is known.
+func (r *NetworkReconciler) ruleOwner(k ruleKey) nimbusv1.Key {
 	if k.fwmark == 0 {
 		return r.ownerOfName(k.iif)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, id := range slices.Sorted(maps.Keys(r.devices)) {
-		owner := r.devices[id]
-		if key, ok := keyOfID(owner); ok && GatewayMark(key.Tenant) == k.fwmark {
-			return owner
+	var owner nimbusv1.Key
+	for key := range r.networksOfMark[k.fwmark] {
+		if owner.IsZero() || key.Compare(owner) < 0 {
+			owner = key
 		}
 	}
-	return ""
+	return owner
 }
 
 // sweepGateway removes the gateway rules of tenants that have no desired network, the
@@ -471,8 +476,8 @@ func (r *NetworkReconciler) sweepGateway(ctx context.Context) error {
 		}
 	}
 	g.reflectOn = false
-	if r.gatewayWanted("") {
+	if r.gatewayWanted(nimbusv1.Key{}) {
 		return r.ensureSysctlsLocked()
 	}
-	return r.putBackSysctlsLocked("")
+	return r.putBackSysctlsLocked(nimbusv1.Key{})
 }

@@ -128,6 +128,9 @@ type NetworkReconciler struct {
 	node  string
 	// sysctls sets the forwarding sysctls and puts back what they were.
 	sysctls *sysctls
+	// inNS runs what must run inside the namespace: sysctl files and attaching the
+	// gateway programs.
+	inNS *nsThreads
 
 	links  *hal.Mirror[string, networkLink]
 	addrs  *hal.Mirror[addrKey, ifAddr]
@@ -149,21 +152,27 @@ type NetworkReconciler struct {
 
 	// networkLocks serializes the work on one network's kernel state between its
 	// reconciles and the sweeper.
-	networkLocks keyedMutex[string]
+	networkLocks keyedMutex[nimbusv1.Key]
 
-	// mu guards names, devices, remoteEndpoints, endpointsOf, forwarding and ul.
+	// mu guards names, devices, networksOfMark, gatewayNetworks, remoteEndpoints,
+	// endpointsOf, forwarding and ul.
 	mu sync.Mutex
 	// names maps interface indexes to the names of the links in the mirror.
 	names map[int32]string
 	// devices maps the names of the devices of the networks reconciled so far to their
-	// network's key ID.
-	devices map[string]string
+	// network's key.
+	devices map[string]nimbusv1.Key
+	// networksOfMark holds the networks of devices by their tenant's GatewayMark.
+	networksOfMark map[uint32]map[nimbusv1.Key]struct{}
+	// gatewayNetworks holds the networks whose last reconcile found a gateway address
+	// in their spec.
+	gatewayNetworks map[nimbusv1.Key]struct{}
 	// remoteEndpoints maps the keys of the endpoints on other nodes that the last
-	// reconcile of their network counted for head-end replication to that network's key
-	// ID, so that an endpoint's delete reaches its network.
-	remoteEndpoints map[nimbusv1.Key]string
-	// endpointsOf holds the same by network key ID.
-	endpointsOf map[string][]nimbusv1.Key
+	// reconcile of their network counted for head-end replication to that network's key,
+	// so that an endpoint's delete reaches its network.
+	remoteEndpoints map[nimbusv1.Key]nimbusv1.Key
+	// endpointsOf holds the same by network key.
+	endpointsOf map[nimbusv1.Key][]nimbusv1.Key
 	// forwarding holds, per bridge name, the forwarding sysctls found or made right.
 	forwarding map[string]forwardingState
 	// ul is what the reconciler last found of the underlay.
@@ -218,6 +227,7 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 		gw:       gw,
 		rtnlConn: c,
 		sysctls:  sc,
+		inNS:     &nsThreads{ns: c.ns},
 		store:    opts.Store,
 		node:     opts.Node,
 		links:    hal.NewMirror[string, networkLink](sameLink, nil),
@@ -228,9 +238,11 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 		routes:          hal.NewMirror[routeID, overlayRoute](func(have, want overlayRoute) bool { return have == want }, routeID.hash),
 		her:             hal.NewMirror[herKey, herEntry](func(have, want herEntry) bool { return have == want }, nil),
 		names:           map[int32]string{},
-		devices:         map[string]string{},
-		remoteEndpoints: map[nimbusv1.Key]string{},
-		endpointsOf:     map[string][]nimbusv1.Key{},
+		devices:         map[string]nimbusv1.Key{},
+		networksOfMark:  map[uint32]map[nimbusv1.Key]struct{}{},
+		gatewayNetworks: map[nimbusv1.Key]struct{}{},
+		remoteEndpoints: map[nimbusv1.Key]nimbusv1.Key{},
+		endpointsOf:     map[nimbusv1.Key][]nimbusv1.Key{},
 		forwarding:      map[string]forwardingState{},
 	}
 	r.addrsByLink = hal.NewIndex(r.addrs, func(k addrKey, _ ifAddr) (int32, bool) { return k.index, true })
@@ -246,19 +258,17 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 // bridgeMark returns the GatewayMark of the tenant of the network that owns the link
 // l, when l is a network's bridge.
 func bridgeMark(_ string, l networkLink) (uint32, bool) {
-	id, ok := networkOwner(l.alias)
+	key, ok := networkOwner(l.alias)
 	if !ok || l.kind != "bridge" {
 		return 0, false
 	}
-	key, err := nimbusv1.ParseKeyID(id)
-	if err != nil {
-		return 0, false
-	}
-	return GatewayMark(key.GetTenant()), true
+	return GatewayMark(key.Tenant), true
 }
 
-// Close releases the netlink sockets. It is safe to call twice.
+// Close releases the netlink sockets and the threads in the namespace. It is safe to
+// call twice.
 func (r *NetworkReconciler) Close() error {
+	r.inNS.close()
 	r.close()
 	r.gw.close()
 	return nil
@@ -278,7 +288,8 @@ const managedAddrFlags = unix.IFA_F_NOPREFIXROUTE | unix.IFA_F_NODAD
 
 // networkWant is what a Network object asks of this host's kernel.
 type networkWant struct {
-	// id is the network's key ID.
+	// key is the network's key, and id its String form, which the names derive from.
+	key           nimbusv1.Key
 	id            string
 	bridge, vxlan string
 	alias         string
@@ -298,12 +309,14 @@ type wantSubnet struct {
 
 // wantNetwork parses a Network object into what it asks of the kernel. Its errors name
 // the field and value at fault.
-func wantNetwork(id string, obj *nimbusv1.Object) (networkWant, error) {
+func wantNetwork(key nimbusv1.Key, obj *nimbusv1.Object) (networkWant, error) {
+	id := key.String()
 	spec := obj.GetNetwork()
 	if spec == nil {
 		return networkWant{}, errors.New("spec: not a Network")
 	}
 	w := networkWant{
+		key:    key,
 		id:     id,
 		bridge: BridgeName(id),
 		vxlan:  VXLANName(id),
@@ -370,13 +383,13 @@ func (r *NetworkReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectK
 	if err := r.fill(ctx); err != nil {
 		return nil, err
 	}
-	id := key.ID()
-	lock := r.networkLocks.lock(id)
-	defer r.networkLocks.unlock(id, lock)
+	k := key.Key()
+	lock := r.networkLocks.lock(k)
+	defer r.networkLocks.unlock(k, lock)
 	if obj == nil {
-		return nil, r.teardown(ctx, id)
+		return nil, r.teardown(ctx, k)
 	}
-	want, err := wantNetwork(id, obj)
+	want, err := wantNetwork(k, obj)
 	if err != nil {
 		return nil, &hal.Error{Reason: hal.ReasonInvalid, Err: err}
 	}
@@ -392,20 +405,30 @@ func (r *NetworkReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectK
 	}
 	want.mtu = mtu
 	r.recordUnderlayMTU(ul)
-	owner, err := r.vniOwner(id, want.vni)
+	owner, err := r.vniOwner(k, want.vni)
 	if err != nil {
 		return nil, err
 	}
-	if owner != id {
+	if owner != k {
 		// The owner programs a VXLAN device of this VNI; one of ours would clash.
-		if err := r.teardown(ctx, id); err != nil {
+		if err := r.teardown(ctx, k); err != nil {
 			return nil, err
 		}
 		return nil, hal.Errorf(hal.ReasonConflict, "spec.vni %d: already used by %s", want.vni, owner)
 	}
 	r.mu.Lock()
-	r.devices[want.bridge] = id
-	r.devices[want.vxlan] = id
+	r.devices[want.bridge] = k
+	r.devices[want.vxlan] = k
+	mark := GatewayMark(k.Tenant)
+	if r.networksOfMark[mark] == nil {
+		r.networksOfMark[mark] = map[nimbusv1.Key]struct{}{}
+	}
+	r.networksOfMark[mark][k] = struct{}{}
+	if want.hasV4 || want.hasV6 {
+		r.gatewayNetworks[k] = struct{}{}
+	} else {
+		delete(r.gatewayNetworks, k)
+	}
 	r.mu.Unlock()
 
 	// Links of the devices' names that are not naples's are never touched, nor are rules
@@ -470,28 +493,28 @@ func (r *NetworkReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectK
 	return &nimbusv1.OperationalData{Kind: &nimbusv1.OperationalData_Network{Network: op}}, nil
 }
 
-// vniOwner returns the key ID of the Network that owns the VNI, of those that have it:
+// vniOwner returns the key of the Network that owns the VNI, of those that have it:
 // the one whose VXLAN device has it now, so that a network that comes later never takes
 // the VNI from a running one; otherwise the one created first (meta.createTime, then
 // key).
-func (r *NetworkReconciler) vniOwner(id string, vni uint32) (string, error) {
+func (r *NetworkReconciler) vniOwner(key nimbusv1.Key, vni uint32) (nimbusv1.Key, error) {
 	keys, err := r.store.LookupKeys(NetworkVNIIndex.Name, strconv.FormatUint(uint64(vni), 10))
 	if err != nil {
-		return "", fmt.Errorf("finding the networks of VNI %d: %w", vni, err)
+		return nimbusv1.Key{}, fmt.Errorf("finding the networks of VNI %d: %w", vni, err)
 	}
 	switch len(keys) {
 	case 0:
-		return id, nil
+		return key, nil
 	case 1:
-		return keys[0].String(), nil
+		return keys[0], nil
 	}
-	for _, key := range keys {
-		owner := key.String()
-		if l, ok := r.links.Get(VXLANName(owner)); ok && l.kind == "vxlan" && l.vni == vni && ownsLink(l, OwnerAlias(owner)) {
+	for _, owner := range keys {
+		id := owner.String()
+		if l, ok := r.links.Get(VXLANName(id)); ok && l.kind == "vxlan" && l.vni == vni && ownsLink(l, OwnerAlias(id)) {
 			return owner, nil
 		}
 	}
-	return firstCreated(r.store.Get, keys).String(), nil
+	return firstCreated(r.store.Get, keys), nil
 }
 
 // addrStrings returns the addresses, sorted, in their text form.
@@ -546,9 +569,7 @@ func (r *NetworkReconciler) DependentsOf(key nimbusv1.Key) []nimbusv1.Key {
 		}
 		r.mu.Lock()
 		if n, ok := r.remoteEndpoints[key]; ok {
-			if nk, ok := keyOfID(n); ok {
-				set[nk] = true
-			}
+			set[n] = true
 		}
 		r.mu.Unlock()
 		return slices.SortedFunc(maps.Keys(set), nimbusv1.Key.Compare)
@@ -557,32 +578,39 @@ func (r *NetworkReconciler) DependentsOf(key nimbusv1.Key) []nimbusv1.Key {
 }
 
 // recordRemoteEndpoints records the endpoints on other nodes that the reconcile of the
-// network with key ID id counted, replacing what its last reconcile recorded.
-func (r *NetworkReconciler) recordRemoteEndpoints(id string, endpoints []nimbusv1.Key) {
+// network with the key counted, replacing what its last reconcile recorded.
+func (r *NetworkReconciler) recordRemoteEndpoints(network nimbusv1.Key, endpoints []nimbusv1.Key) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, ep := range r.endpointsOf[id] {
-		if r.remoteEndpoints[ep] == id {
+	for _, ep := range r.endpointsOf[network] {
+		if r.remoteEndpoints[ep] == network {
 			delete(r.remoteEndpoints, ep)
 		}
 	}
 	for _, ep := range endpoints {
-		r.remoteEndpoints[ep] = id
+		r.remoteEndpoints[ep] = network
 	}
 	if len(endpoints) == 0 {
-		delete(r.endpointsOf, id)
+		delete(r.endpointsOf, network)
 	} else {
-		r.endpointsOf[id] = endpoints
+		r.endpointsOf[network] = endpoints
 	}
 }
 
-// forget drops what the reconciler recorded of the network with key ID id.
-func (r *NetworkReconciler) forget(id string) {
-	r.recordRemoteEndpoints(id, nil)
+// forget drops what the reconciler recorded of the network with the key.
+func (r *NetworkReconciler) forget(key nimbusv1.Key) {
+	r.recordRemoteEndpoints(key, nil)
+	id := key.String()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.devices, BridgeName(id))
 	delete(r.devices, VXLANName(id))
+	mark := GatewayMark(key.Tenant)
+	delete(r.networksOfMark[mark], key)
+	if len(r.networksOfMark[mark]) == 0 {
+		delete(r.networksOfMark, mark)
+	}
+	delete(r.gatewayNetworks, key)
 	delete(r.forwarding, BridgeName(id))
 	// The bridge took its sysctls with it.
 	v4, v6 := forwardingSysctls(BridgeName(id))
@@ -593,26 +621,33 @@ func (r *NetworkReconciler) forget(id string) {
 	}
 }
 
-// networkOwner returns the key ID of the Network a link alias names as the link's owner,
-// and whether it names one.
-func networkOwner(alias string) (string, bool) {
+// networkOwner returns the key of the Network a link alias names as the link's owner,
+// and whether it names one. The alias is the kernel's text: this is the one place the
+// network reconciler turns a key ID back into a key. An alias whose key ID is not in
+// the canonical form (Key.String) names no network, since the names of a network's
+// devices derive from that form.
+func networkOwner(alias string) (nimbusv1.Key, bool) {
 	id, ok := OwnerOfAlias(alias)
 	if !ok || !strings.HasPrefix(id, nimbusv1.Kind_KIND_NETWORK.Name()+"/") {
-		return "", false
+		return nimbusv1.Key{}, false
 	}
-	return id, true
+	key, err := nimbusv1.ParseKey(id)
+	if err != nil || key.Kind != nimbusv1.Kind_KIND_NETWORK || key.String() != id {
+		return nimbusv1.Key{}, false
+	}
+	return key, true
 }
 
-// ownerOfName returns the key ID of the network that owns the link with the name, by the
-// link's alias, or by the name for a device of a network reconciled before; "" when no
-// network does.
-func (r *NetworkReconciler) ownerOfName(name string) string {
+// ownerOfName returns the key of the network that owns the link with the name, by the
+// link's alias, or by the name for a device of a network reconciled before; the zero Key
+// when no network does.
+func (r *NetworkReconciler) ownerOfName(name string) nimbusv1.Key {
 	if name == "" {
-		return ""
+		return nimbusv1.Key{}
 	}
 	if l, ok := r.links.Get(name); ok {
-		if id, ok := networkOwner(l.alias); ok {
-			return id
+		if key, ok := networkOwner(l.alias); ok {
+			return key
 		}
 	}
 	r.mu.Lock()
@@ -627,8 +662,8 @@ func (r *NetworkReconciler) nameOf(index int32) string {
 	return r.names[index]
 }
 
-// ownerOfIndex returns the key ID of the network that owns the link with the index.
-func (r *NetworkReconciler) ownerOfIndex(index int32) string {
+// ownerOfIndex returns the key of the network that owns the link with the index.
+func (r *NetworkReconciler) ownerOfIndex(index int32) nimbusv1.Key {
 	return r.ownerOfName(r.nameOf(index))
 }
 

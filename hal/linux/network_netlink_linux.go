@@ -1,9 +1,11 @@
 package linux
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"runtime"
+	"sync"
 
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -286,4 +288,100 @@ func runInNamespace(ns *netns.NsHandle, fn func() error) error {
 		errc <- fn()
 	}()
 	return <-errc
+}
+
+// nsThreads runs functions on OS threads that stay in a network namespace: what must be
+// done from inside the namespace (a sysctl file, attaching programs to an interface by
+// index) then starts no thread each time, as runInNamespace does. A thread is started
+// when every thread is busy and kept for the next call, so there are as many as calls
+// ever ran at once; a function must neither unlock its thread nor leave the namespace.
+type nsThreads struct {
+	ns *netns.NsHandle
+
+	// mu guards idle and closed.
+	mu     sync.Mutex
+	idle   []*nsThread
+	closed bool
+}
+
+// nsThread is one thread of nsThreads: it runs what comes on calls until calls is
+// closed, and then closes done.
+type nsThread struct {
+	calls chan nsCall
+	done  chan struct{}
+}
+
+// nsCall is one function for an nsThread to run, and where its error goes.
+type nsCall struct {
+	fn    func() error
+	reply chan error
+}
+
+// run runs fn on a thread in the namespace (nil: on the calling goroutine, in the
+// process's namespace) and returns its error, or the error of entering the namespace.
+func (t *nsThreads) run(fn func() error) error {
+	if t.ns == nil {
+		return fn()
+	}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return errors.New("running in the network namespace: closed")
+	}
+	var th *nsThread
+	if n := len(t.idle); n > 0 {
+		th, t.idle = t.idle[n-1], t.idle[:n-1]
+	} else {
+		th = &nsThread{calls: make(chan nsCall), done: make(chan struct{})}
+		go th.serve(*t.ns)
+	}
+	t.mu.Unlock()
+	reply := make(chan error, 1)
+	th.calls <- nsCall{fn: fn, reply: reply}
+	err := <-reply
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		th.stop()
+		return err
+	}
+	t.idle = append(t.idle, th)
+	t.mu.Unlock()
+	return err
+}
+
+// serve enters ns on a locked thread and runs the calls until calls is closed. The
+// thread is never handed back to the runtime, which discards it when serve returns.
+func (th *nsThread) serve(ns netns.NsHandle) {
+	defer close(th.done)
+	runtime.LockOSThread()
+	err := netns.Set(ns)
+	if err != nil {
+		err = fmt.Errorf("entering network namespace: %w", err)
+	}
+	for c := range th.calls {
+		if err != nil {
+			c.reply <- err
+			continue
+		}
+		c.reply <- c.fn()
+	}
+}
+
+// stop ends the thread and waits for it.
+func (th *nsThread) stop() {
+	close(th.calls)
+	<-th.done
+}
+
+// close ends the idle threads, and a busy one when its call returns. It is safe to call
+// twice.
+func (t *nsThreads) close() {
+	t.mu.Lock()
+	idle := t.idle
+	t.idle, t.closed = nil, true
+	t.mu.Unlock()
+	for _, th := range idle {
+		th.stop()
+	}
 }

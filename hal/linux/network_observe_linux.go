@@ -31,7 +31,7 @@ func (r *NetworkReconciler) fill(ctx context.Context) error {
 // the dumps found changed. The first load reports nothing: the HAL reconciles every
 // object once at start anyway.
 func (r *NetworkReconciler) resync(ctx context.Context, enqueue func(nimbusv1.Key)) error {
-	var drift []string
+	var drift []nimbusv1.Key
 	first, err := r.loadAgain(ctx, func(ctx context.Context) (err error) {
 		drift, err = r.dumpAll(ctx)
 		return err
@@ -39,33 +39,31 @@ func (r *NetworkReconciler) resync(ctx context.Context, enqueue func(nimbusv1.Ke
 	if err != nil || first {
 		return err
 	}
-	for _, id := range drift {
-		r.log.Debug("network state drifted unreported", "key", id)
-		if key, ok := keyOfID(id); ok {
-			enqueue(key)
-		}
+	for _, key := range drift {
+		r.log.Debug("network state drifted unreported", "key", key)
+		enqueue(key)
 	}
 	return nil
 }
 
-// dumpAll loads every mirror with a fresh dump and returns the key IDs of the networks
+// dumpAll loads every mirror with a fresh dump and returns the keys of the networks
 // whose kernel state the dumps found different from what the mirrors held. It also
 // forgets what it knew of the forwarding sysctls, which have no dump: the reconciles
 // that follow read them again.
-func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]string, error) {
+func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]nimbusv1.Key, error) {
 	r.mu.Lock()
 	clear(r.forwarding)
 	ul := r.ul
 	r.ul.known = false
 	r.mu.Unlock()
-	owners := map[string]bool{}
-	note := func(id string) {
-		if id != "" {
-			owners[id] = true
+	owners := map[nimbusv1.Key]bool{}
+	note := func(key nimbusv1.Key) {
+		if !key.IsZero() {
+			owners[key] = true
 		}
 	}
 	// A route that is gone after the dump no longer tells its interface.
-	routeOwners := map[routeID]string{}
+	routeOwners := map[routeID]nimbusv1.Key{}
 	for id, rt := range r.routes.All() {
 		routeOwners[id] = r.ownerOfIndex(rt.oif)
 	}
@@ -133,13 +131,13 @@ func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]string, error) {
 		now := r.underlay(ul.vtep)
 		if now.index != ul.index || now.mtu != ul.mtu {
 			for _, key := range r.store.Keys(nimbusv1.Kind_KIND_NETWORK) {
-				note(key.String())
+				note(key)
 			}
 		} else {
 			r.recordUnderlayMTU(now)
 		}
 	}
-	return slices.Sorted(maps.Keys(owners)), nil
+	return slices.SortedFunc(maps.Keys(owners), nimbusv1.Key.Compare), nil
 }
 
 // overlayRule reports whether a rule has the shape of the overlay's: a priority of its
@@ -252,7 +250,7 @@ func (r *NetworkReconciler) apply(typ uint16, b []byte, enqueue func(nimbusv1.Ke
 		}
 		name := r.nameOf(index)
 		owner := r.ownerOfName(name)
-		if owner == "" || name != BridgeName(owner) {
+		if owner.IsZero() || name != BridgeName(owner.String()) {
 			return
 		}
 		r.mu.Lock()
@@ -262,15 +260,14 @@ func (r *NetworkReconciler) apply(typ uint16, b []byte, enqueue func(nimbusv1.Ke
 	}
 }
 
-// drifted enqueues the network with key ID id, if any, for what changed.
-func (r *NetworkReconciler) drifted(id string, enqueue func(nimbusv1.Key), what, which string) {
-	if id == "" {
+// drifted enqueues the network with the key, unless it is the zero Key, for what
+// changed.
+func (r *NetworkReconciler) drifted(key nimbusv1.Key, enqueue func(nimbusv1.Key), what, which string) {
+	if key.IsZero() {
 		return
 	}
-	r.log.Debug("network state changed", "key", id, "what", what, "which", which)
-	if key, ok := keyOfID(id); ok {
-		enqueue(key)
-	}
+	r.log.Debug("network state changed", "key", key, "what", what, "which", which)
+	enqueue(key)
 }
 
 // applyLink applies an RTM_NEWLINK or RTM_DELLINK notification.
@@ -294,8 +291,8 @@ func (r *NetworkReconciler) applyLink(typ uint16, b []byte, enqueue func(nimbusv
 		if sameLink(next, have) || r.links.Update(m.name, next) {
 			return
 		}
-		if id, ok := networkOwner(have.alias); ok {
-			r.drifted(id, enqueue, "bridge port flags", m.name)
+		if key, ok := networkOwner(have.alias); ok {
+			r.drifted(key, enqueue, "bridge port flags", m.name)
 		}
 		return
 	}
@@ -326,8 +323,8 @@ func (r *NetworkReconciler) applyLink(typ uint16, b []byte, enqueue func(nimbusv
 		// Renamed: the old name is gone.
 		before, _ := r.links.Get(old)
 		r.links.Remove(old)
-		if id, ok := networkOwner(before.alias); ok {
-			r.drifted(id, enqueue, "link renamed", old)
+		if key, ok := networkOwner(before.alias); ok {
+			r.drifted(key, enqueue, "link renamed", old)
 		}
 	}
 	echo := r.links.Update(m.name, m.link)
@@ -340,14 +337,14 @@ func (r *NetworkReconciler) applyLink(typ uint16, b []byte, enqueue func(nimbusv
 	r.drifted(r.linkOwner(m.name, prev, m.link), enqueue, "link", m.name)
 }
 
-// linkOwner returns the key ID of the network that owns the link name, which the
-// mirror showed as prev and a notification shows as l.
-func (r *NetworkReconciler) linkOwner(name string, prev, l networkLink) string {
-	if id, ok := networkOwner(l.alias); ok {
-		return id
+// linkOwner returns the key of the network that owns the link name, which the mirror
+// showed as prev and a notification shows as l.
+func (r *NetworkReconciler) linkOwner(name string, prev, l networkLink) nimbusv1.Key {
+	if key, ok := networkOwner(l.alias); ok {
+		return key
 	}
-	if id, ok := networkOwner(prev.alias); ok {
-		return id
+	if key, ok := networkOwner(prev.alias); ok {
+		return key
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -366,23 +363,23 @@ func (r *NetworkReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Key
 	if err := r.resync(ctx, enqueue); err != nil {
 		return err
 	}
-	bridges := map[string]string{}
+	bridges := map[string]nimbusv1.Key{}
 	devices := map[string]bool{}
 	for _, key := range r.store.Keys(nimbusv1.Kind_KIND_NETWORK) {
 		id := key.String()
-		bridges[BridgeName(id)] = id
+		bridges[BridgeName(id)] = key
 		devices[BridgeName(id)], devices[VXLANName(id)] = true, true
 	}
-	stale := map[string]bool{}
+	stale := map[nimbusv1.Key]bool{}
 	for _, l := range r.links.All() {
-		if id, ok := networkOwner(l.alias); ok && bridges[BridgeName(id)] == "" {
-			stale[id] = true
+		if key, ok := networkOwner(l.alias); ok && bridges[BridgeName(key.String())].IsZero() {
+			stale[key] = true
 		}
 	}
-	for _, id := range sortedKeys(stale, strings.Compare) {
-		if err := r.sweepNetwork(ctx, id, func() error {
-			r.log.Info("removing the kernel state of a network that is gone", "key", id)
-			return r.teardown(ctx, id)
+	for _, key := range sortedKeys(stale, nimbusv1.Key.Compare) {
+		if err := r.sweepNetwork(ctx, key, func() error {
+			r.log.Info("removing the kernel state of a network that is gone", "key", key)
+			return r.teardown(ctx, key)
 		}); err != nil {
 			return err
 		}
@@ -395,7 +392,7 @@ func (r *NetworkReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Key
 		if !unmarked || devices[name] {
 			continue
 		}
-		if err := r.sweepNetwork(ctx, "", func() error {
+		if err := r.sweepNetwork(ctx, nimbusv1.Key{}, func() error {
 			r.log.Info("removing an unmarked link of a network that is gone", "link", name)
 			return r.deleteLink(ctx, name, l)
 		}); err != nil {
@@ -403,7 +400,7 @@ func (r *NetworkReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Key
 		}
 	}
 	for k, proto := range r.rules.All() {
-		if bridges[k.iif] != "" || k.fwmark != 0 {
+		if !bridges[k.iif].IsZero() || k.fwmark != 0 {
 			continue // its network's reconcile keeps its rules exact; sweepGateway does the gateway rules
 		}
 		l, exists := r.links.Get(k.iif)
@@ -419,7 +416,7 @@ func (r *NetworkReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Key
 	}
 	for id, rt := range r.routes.All() {
 		name := r.nameOf(rt.oif)
-		if owner := bridges[name]; owner != "" && r.ownerOfName(name) == owner {
+		if owner := bridges[name]; !owner.IsZero() && r.ownerOfName(name) == owner {
 			continue
 		}
 		if err := r.sweepNetwork(ctx, r.ownerOfIndex(rt.oif), func() error {
@@ -433,19 +430,19 @@ func (r *NetworkReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Key
 	return r.sweepGateway(ctx)
 }
 
-// sweepNetwork runs remove, which removes kernel state of the network with key ID id
-// ("" for state no network claims), unless the network has come into the store since
-// the sweep began, under the lock its reconciles take.
-func (r *NetworkReconciler) sweepNetwork(ctx context.Context, id string, remove func() error) error {
+// sweepNetwork runs remove, which removes kernel state of the network with the key (the
+// zero Key for state no network claims), unless the network has come into the store
+// since the sweep began, under the lock its reconciles take.
+func (r *NetworkReconciler) sweepNetwork(ctx context.Context, key nimbusv1.Key, remove func() error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if id == "" {
+	if key.IsZero() {
 		return remove()
 	}
-	lock := r.networkLocks.lock(id)
-	defer r.networkLocks.unlock(id, lock)
-	if r.desired(id) {
+	lock := r.networkLocks.lock(key)
+	defer r.networkLocks.unlock(key, lock)
+	if r.desired(key) {
 		return nil
 	}
 	return remove()

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -308,6 +309,12 @@ func forwardingSysctls(bridge string) (v4, v6 string) {
 // only when it has not found them right for this bridge and these families since it was
 // created or a netconf notification said they changed. It reports whether the kernel
 // lacks force_forwarding (before Linux 6.17) while the network has an IPv6 gateway.
+//
+// IPv4 forwarding is read and written through netlink (ipv4Forwarding): a write of the
+// sysctl file waits for the rtnl lock by restarting itself, spinning while the batcher
+// holds the lock. The kernel takes IPv6 settings through netlink only as it reports
+// them, so force_forwarding is written as a sysctl, in the namespace, and only when the
+// network has an IPv6 gateway or naples changed it.
 func (r *NetworkReconciler) ensureForwarding(ctx context.Context, want networkWant, index int32) (v6Missing bool, err error) {
 	r.mu.Lock()
 	st, ok := r.forwarding[want.bridge]
@@ -324,20 +331,22 @@ func (r *NetworkReconciler) ensureForwarding(ctx context.Context, want networkWa
 	}
 	st = forwardingState{index: index, v4: want.hasV4, v6: want.hasV6}
 	var writes int
-	err = runInNamespace(r.ns, func() error {
-		n, err := r.forwardingSysctl(v4, want.hasV4)
+	err = func() error {
+		n, err := r.forwardingSysctl(v4, want.hasV4, r.ipv4Forwarding(ctx, index))
 		writes += n
-		if err != nil {
+		if err != nil || !want.hasV6 && !r.sysctls.Recorded(v6) {
 			return err
 		}
-		n, err = r.forwardingSysctl(v6, want.hasV6)
-		writes += n
-		if want.hasV6 && errors.Is(err, fs.ErrNotExist) {
-			st.v6Missing = true
-			return nil
-		}
-		return err
-	})
+		return r.inNS.run(func() error {
+			n, err := r.forwardingSysctl(v6, want.hasV6, sysctlFile(v6))
+			writes += n
+			if want.hasV6 && errors.Is(err, fs.ErrNotExist) {
+				st.v6Missing = true
+				return nil
+			}
+			return err
+		})
+	}()
 	r.writes.Add(uint64(writes))
 	if err != nil {
 		return false, kernelErr(err, "setting forwarding on %s", want.bridge)
@@ -355,14 +364,49 @@ func (r *NetworkReconciler) ensureForwarding(ctx context.Context, want networkWa
 	return st.v6Missing, nil
 }
 
-// forwardingSysctl turns the forwarding sysctl at path on when on, and otherwise puts
-// back what naples found there before it turned it on. It returns how many writes that
-// took.
-func (r *NetworkReconciler) forwardingSysctl(path string, on bool) (int, error) {
+// forwardingSysctl turns the forwarding sysctl at path, read and written through
+// access, on when on, and otherwise puts back what naples found there before it turned
+// it on. It returns how many writes that took.
+func (r *NetworkReconciler) forwardingSysctl(path string, on bool, access sysctlAccess) (int, error) {
 	if on {
-		return r.sysctls.Set(path, "1")
+		return r.sysctls.SetVia(path, "1", access)
 	}
-	return r.sysctls.Restore(path)
+	return r.sysctls.RestoreVia(path, access)
+}
+
+// ipv4Forwarding returns the access to net.ipv4.conf.BRIDGE.forwarding of the bridge
+// with the index through netlink: RTM_GETNETCONF reads it (`ip netconf show dev
+// BRIDGE`), RTM_SETLINK with IFLA_INET_CONF writes it. A bridge that is gone reads as
+// fs.ErrNotExist, as its sysctl file would.
+func (r *NetworkReconciler) ipv4Forwarding(ctx context.Context, index int32) sysctlAccess {
+	return sysctlAccess{
+		read: func() (string, error) {
+			var v uint32
+			var ok bool
+			err := r.rtnl.Get(ctx, rtnl.NetconfRequest(unix.AF_INET, index), func(typ uint16, p []byte) {
+				if typ == unix.RTM_NEWNETCONF {
+					v, ok = rtnl.ParseNetconfForwarding(p)
+				}
+			})
+			if errors.Is(err, unix.ENODEV) {
+				return "", fmt.Errorf("reading the IPv4 forwarding of link %d: %w", index, fs.ErrNotExist)
+			}
+			if err != nil {
+				return "", fmt.Errorf("reading the IPv4 forwarding of link %d: %w", index, err)
+			}
+			if !ok {
+				return "", fmt.Errorf("reading the IPv4 forwarding of link %d: the kernel's answer does not hold it", index)
+			}
+			return strconv.FormatUint(uint64(v), 10), nil
+		},
+		write: func(value string) error {
+			v, err := strconv.ParseUint(value, 10, 32)
+			if err != nil {
+				return fmt.Errorf("setting the IPv4 forwarding of link %d to %q: %w", index, value, err)
+			}
+			return r.nl.Do(ctx, rtnl.AppendIPv4ForwardingRequest(r.nl.Buffer(), index, uint32(v)))
+		},
+	}
 }
 
 // ensureAddresses makes the bridge with the index hold exactly the network's gateway
@@ -497,7 +541,7 @@ func (r *NetworkReconciler) ensureRoutes(ctx context.Context, want networkWant, 
 			continue
 		}
 		if exists && have.oif != index {
-			if owner := r.ownerOfIndex(have.oif); owner != "" && owner != want.id && r.desired(owner) {
+			if owner := r.ownerOfIndex(have.oif); !owner.IsZero() && owner != want.key && r.desired(owner) {
 				return hal.Errorf(hal.ReasonConflict, "subnet %s: tenant table %d routes it to %s already", id.prefix(), id.table, owner)
 			}
 		}
@@ -545,13 +589,12 @@ func (r *NetworkReconciler) deleteRoute(ctx context.Context, id routeID) error {
 	return nil
 }
 
-// desired reports whether the store holds the object with the key ID.
-func (r *NetworkReconciler) desired(id string) bool {
-	key, ok := keyOfID(id)
-	if !ok {
+// desired reports whether the store holds the object with the key.
+func (r *NetworkReconciler) desired(key nimbusv1.Key) bool {
+	if key.IsZero() {
 		return false
 	}
-	_, ok = r.store.Get(key.Proto())
+	_, ok := r.store.Get(key.Proto())
 	return ok
 }
 
@@ -643,7 +686,7 @@ func (r *NetworkReconciler) ensureReplication(ctx context.Context, want networkW
 		nodes[node] = true
 		remoteEPs = append(remoteEPs, ep)
 	}
-	r.recordRemoteEndpoints(want.id, remoteEPs)
+	r.recordRemoteEndpoints(want.key, remoteEPs)
 
 	wanted := map[netip.Addr]bool{}
 	for _, node := range sortedKeys(nodes, strings.Compare) {
@@ -691,15 +734,16 @@ func (r *NetworkReconciler) deleteHER(ctx context.Context, name string, k herKey
 	return nil
 }
 
-// teardown removes the kernel state of the network with key ID id: its gateway state
+// teardown removes the kernel state of the network with the key: its gateway state
 // (teardownGateway), its VXLAN device and bridge, which take their addresses, routes and FDB entries with them, and then the
 // rules of the bridge, which name it and stay otherwise. Links of the devices' names
 // that are not the network's, and the rules of a bridge name that such a link holds, are
 // left alone.
-func (r *NetworkReconciler) teardown(ctx context.Context, id string) error {
-	if err := r.teardownGateway(ctx, id); err != nil {
+func (r *NetworkReconciler) teardown(ctx context.Context, key nimbusv1.Key) error {
+	if err := r.teardownGateway(ctx, key); err != nil {
 		return err
 	}
+	id := key.String()
 	bridge, vxlan, alias := BridgeName(id), VXLANName(id), OwnerAlias(id)
 	br, brExists := r.links.Get(bridge)
 	foreign := brExists && !ownsLink(br, alias)
@@ -717,7 +761,7 @@ func (r *NetworkReconciler) teardown(ctx context.Context, id string) error {
 			}
 		}
 	}
-	r.forget(id)
+	r.forget(key)
 	return nil
 }
 

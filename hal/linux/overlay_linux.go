@@ -74,15 +74,6 @@ func OwnerOfAlias(alias string) (keyID string, ok bool) {
 	return strings.CutPrefix(alias, aliasPrefix)
 }
 
-// keyOfID returns the key whose String form is id, and whether id is one. Kernel state
-// names objects by their key IDs (a link's alias), and so do the network reconciler's
-// tables, which derive kernel names from them: this is where such a name turns back into
-// a key, to enqueue or to read the store.
-func keyOfID(id string) (nimbusv1.Key, bool) {
-	key, err := nimbusv1.ParseKey(id)
-	return key, err == nil
-}
-
 // GatewayMAC returns the MAC address of the gateway of the network with the key ID: the
 // address of its bridge on every node, locally administered and unicast, derived from the
 // key ID.

@@ -18,7 +18,8 @@ import (
 // sysctls back.
 //
 // A sysctl of the network namespace is read and written by the calling thread: call Set
-// and Restore in the namespace (runInNamespace).
+// and Restore in the namespace (runInNamespace). SetVia and RestoreVia read and write a
+// sysctl another way, such as through netlink, and record it by the same path.
 type sysctls struct {
 	path string
 
@@ -37,10 +38,30 @@ func openSysctls(path string) (*sysctls, error) {
 	return &sysctls{path: path, found: found}, nil
 }
 
+// sysctlAccess reads and writes the value of one sysctl. A read of a sysctl that does
+// not exist (its device gone) returns an error that unwraps to fs.ErrNotExist.
+type sysctlAccess struct {
+	read  func() (string, error)
+	write func(value string) error
+}
+
+// sysctlFile returns the access to the sysctl file at path, by the calling thread.
+func sysctlFile(path string) sysctlAccess {
+	return sysctlAccess{
+		read:  func() (string, error) { return readSysctl(path) },
+		write: func(value string) error { return os.WriteFile(path, []byte(value+"\n"), 0o644) },
+	}
+}
+
 // Set makes the sysctl file at path hold value, recording the value it found before the
 // first write, and returns how many writes that took (0 or 1).
 func (s *sysctls) Set(path, value string) (int, error) {
-	have, err := readSysctl(path)
+	return s.SetVia(path, value, sysctlFile(path))
+}
+
+// SetVia is Set for the sysctl at path read and written through access.
+func (s *sysctls) SetVia(path, value string, access sysctlAccess) (int, error) {
+	have, err := access.read()
 	if err != nil {
 		return 0, err
 	}
@@ -56,7 +77,7 @@ func (s *sysctls) Set(path, value string) (int, error) {
 			return 0, err
 		}
 	}
-	if err := os.WriteFile(path, []byte(value+"\n"), 0o644); err != nil {
+	if err := access.write(value); err != nil {
 		return 0, err
 	}
 	return 1, nil
@@ -75,13 +96,18 @@ func (s *sysctls) Recorded(path string) bool {
 // it; a sysctl Set never wrote is left as it is. It returns how many writes that took.
 // A sysctl that is gone (its device deleted) is forgotten.
 func (s *sysctls) Restore(path string) (int, error) {
+	return s.RestoreVia(path, sysctlFile(path))
+}
+
+// RestoreVia is Restore for the sysctl at path read and written through access.
+func (s *sysctls) RestoreVia(path string, access sysctlAccess) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	found, ok := s.found[path]
 	if !ok {
 		return 0, nil
 	}
-	have, err := readSysctl(path)
+	have, err := access.read()
 	if errors.Is(err, fs.ErrNotExist) {
 		return 0, s.forgetLocked(path)
 	}
@@ -90,7 +116,7 @@ func (s *sysctls) Restore(path string) (int, error) {
 	}
 	writes := 0
 	if have != found {
-		if err := os.WriteFile(path, []byte(found+"\n"), 0o644); err != nil {
+		if err := access.write(found); err != nil {
 			return 0, err
 		}
 		writes = 1
