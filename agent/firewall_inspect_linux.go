@@ -349,7 +349,7 @@ func (v *firewallView) endpoints(entries []endpointEntry, sources map[uint32][]s
 			ep.Key = info.Endpoint.Proto()
 		}
 		if c, ok := counters[val.ID]; ok {
-			ep.Counters = &delphiv1.FirewallEndpointCounters{
+			ep.Counters = &nimbusv1.EndpointFirewallCounters{
 				AllowedPackets: c.AllowedPackets, AllowedBytes: c.AllowedBytes,
 				DeniedPackets: c.DeniedPackets, DeniedBytes: c.DeniedBytes,
 				SpoofedPackets: c.SpoofedPackets, SpoofedBytes: c.SpoofedBytes,

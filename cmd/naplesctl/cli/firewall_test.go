@@ -83,7 +83,7 @@ func cannedFirewall() *delphiv1.FirewallResponse {
 			{Key: web, Ifindex: 7, Interface: "veth-web", Id: 0x5e1f2a3b, Scope: 0x9a3c1234, Tenant: "default", Subject: 0x1a2b3c4d,
 				IngressProtected: true, EgressProtected: true, Generation: 0xe0dfa3e5,
 				Guarded: true, Sources: []string{"02:00:00:00:00:05", "10.1.0.2", "fd00:1::2"},
-				Counters: &delphiv1.FirewallEndpointCounters{AllowedPackets: 12, AllowedBytes: 1180, DeniedPackets: 1, DeniedBytes: 49,
+				Counters: &nimbusv1.EndpointFirewallCounters{AllowedPackets: 12, AllowedBytes: 1180, DeniedPackets: 1, DeniedBytes: 49,
 					SpoofedPackets: 2, SpoofedBytes: 84}},
 			{Ifindex: 4242, Id: 0xdead0001, Scope: 0x5c0fe, Subject: 0xbeef0001, IngressProtected: true, Generation: 0xe0dfa3e5},
 		},

@@ -544,8 +544,9 @@ type FirewallEndpoint struct {
 	EgressProtected  bool `protobuf:"varint,9,opt,name=egress_protected,json=egressProtected,proto3" json:"egress_protected,omitempty"`
 	// generation is the snapshot generation the entry carries.
 	Generation uint32 `protobuf:"varint,10,opt,name=generation,proto3" json:"generation,omitempty"`
-	// counters are the endpoint's packet counters; unset when fw_ep_stats has none for id.
-	Counters *FirewallEndpointCounters `protobuf:"bytes,11,opt,name=counters,proto3" json:"counters,omitempty"`
+	// counters are the endpoint's packet counters, summed over CPUs; unset when fw_ep_stats
+	// has none for id. The same message as an Endpoint's operational data carries.
+	Counters *v1.EndpointFirewallCounters `protobuf:"bytes,11,opt,name=counters,proto3" json:"counters,omitempty"`
 	// guarded tells that the frames the endpoint sends must come from its own addresses,
 	// sources: its MAC and IP addresses, as the snapshot's source entries hold them.
 	Guarded       bool     `protobuf:"varint,12,opt,name=guarded,proto3" json:"guarded,omitempty"`
@@ -654,7 +655,7 @@ func (x *FirewallEndpoint) GetGeneration() uint32 {
 	return 0
 }
 
-func (x *FirewallEndpoint) GetCounters() *FirewallEndpointCounters {
+func (x *FirewallEndpoint) GetCounters() *v1.EndpointFirewallCounters {
 	if x != nil {
 		return x.Counters
 	}
@@ -673,94 +674,6 @@ func (x *FirewallEndpoint) GetSources() []string {
 		return x.Sources
 	}
 	return nil
-}
-
-// FirewallEndpointCounters are the packets (and bytes) to and from an endpoint the
-// firewall let through and dropped, summed over CPUs.
-type FirewallEndpointCounters struct {
-	state          protoimpl.MessageState `protogen:"open.v1"`
-	AllowedPackets uint64                 `protobuf:"varint,1,opt,name=allowed_packets,json=allowedPackets,proto3" json:"allowed_packets,omitempty"`
-	AllowedBytes   uint64                 `protobuf:"varint,2,opt,name=allowed_bytes,json=allowedBytes,proto3" json:"allowed_bytes,omitempty"`
-	DeniedPackets  uint64                 `protobuf:"varint,3,opt,name=denied_packets,json=deniedPackets,proto3" json:"denied_packets,omitempty"`
-	DeniedBytes    uint64                 `protobuf:"varint,4,opt,name=denied_bytes,json=deniedBytes,proto3" json:"denied_bytes,omitempty"`
-	// spoofed_packets and spoofed_bytes are what the endpoint sent from addresses not its
-	// own, dropped.
-	SpoofedPackets uint64 `protobuf:"varint,5,opt,name=spoofed_packets,json=spoofedPackets,proto3" json:"spoofed_packets,omitempty"`
-	SpoofedBytes   uint64 `protobuf:"varint,6,opt,name=spoofed_bytes,json=spoofedBytes,proto3" json:"spoofed_bytes,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
-}
-
-func (x *FirewallEndpointCounters) Reset() {
-	*x = FirewallEndpointCounters{}
-	mi := &file_delphi_v1_firewall_proto_msgTypes[5]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *FirewallEndpointCounters) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*FirewallEndpointCounters) ProtoMessage() {}
-
-func (x *FirewallEndpointCounters) ProtoReflect() protoreflect.Message {
-	mi := &file_delphi_v1_firewall_proto_msgTypes[5]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use FirewallEndpointCounters.ProtoReflect.Descriptor instead.
-func (*FirewallEndpointCounters) Descriptor() ([]byte, []int) {
-	return file_delphi_v1_firewall_proto_rawDescGZIP(), []int{5}
-}
-
-func (x *FirewallEndpointCounters) GetAllowedPackets() uint64 {
-	if x != nil {
-		return x.AllowedPackets
-	}
-	return 0
-}
-
-func (x *FirewallEndpointCounters) GetAllowedBytes() uint64 {
-	if x != nil {
-		return x.AllowedBytes
-	}
-	return 0
-}
-
-func (x *FirewallEndpointCounters) GetDeniedPackets() uint64 {
-	if x != nil {
-		return x.DeniedPackets
-	}
-	return 0
-}
-
-func (x *FirewallEndpointCounters) GetDeniedBytes() uint64 {
-	if x != nil {
-		return x.DeniedBytes
-	}
-	return 0
-}
-
-func (x *FirewallEndpointCounters) GetSpoofedPackets() uint64 {
-	if x != nil {
-		return x.SpoofedPackets
-	}
-	return 0
-}
-
-func (x *FirewallEndpointCounters) GetSpoofedBytes() uint64 {
-	if x != nil {
-		return x.SpoofedBytes
-	}
-	return 0
 }
 
 // FirewallSubject is a set of policies protecting local endpoints, and its policy
@@ -783,7 +696,7 @@ type FirewallSubject struct {
 
 func (x *FirewallSubject) Reset() {
 	*x = FirewallSubject{}
-	mi := &file_delphi_v1_firewall_proto_msgTypes[6]
+	mi := &file_delphi_v1_firewall_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -795,7 +708,7 @@ func (x *FirewallSubject) String() string {
 func (*FirewallSubject) ProtoMessage() {}
 
 func (x *FirewallSubject) ProtoReflect() protoreflect.Message {
-	mi := &file_delphi_v1_firewall_proto_msgTypes[6]
+	mi := &file_delphi_v1_firewall_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -808,7 +721,7 @@ func (x *FirewallSubject) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FirewallSubject.ProtoReflect.Descriptor instead.
 func (*FirewallSubject) Descriptor() ([]byte, []int) {
-	return file_delphi_v1_firewall_proto_rawDescGZIP(), []int{6}
+	return file_delphi_v1_firewall_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *FirewallSubject) GetId() uint32 {
@@ -879,7 +792,7 @@ type FirewallPolicyEntry struct {
 
 func (x *FirewallPolicyEntry) Reset() {
 	*x = FirewallPolicyEntry{}
-	mi := &file_delphi_v1_firewall_proto_msgTypes[7]
+	mi := &file_delphi_v1_firewall_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -891,7 +804,7 @@ func (x *FirewallPolicyEntry) String() string {
 func (*FirewallPolicyEntry) ProtoMessage() {}
 
 func (x *FirewallPolicyEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_delphi_v1_firewall_proto_msgTypes[7]
+	mi := &file_delphi_v1_firewall_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -904,7 +817,7 @@ func (x *FirewallPolicyEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FirewallPolicyEntry.ProtoReflect.Descriptor instead.
 func (*FirewallPolicyEntry) Descriptor() ([]byte, []int) {
-	return file_delphi_v1_firewall_proto_rawDescGZIP(), []int{7}
+	return file_delphi_v1_firewall_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *FirewallPolicyEntry) GetDirection() string {
@@ -1013,7 +926,7 @@ type FirewallRule struct {
 
 func (x *FirewallRule) Reset() {
 	*x = FirewallRule{}
-	mi := &file_delphi_v1_firewall_proto_msgTypes[8]
+	mi := &file_delphi_v1_firewall_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1025,7 +938,7 @@ func (x *FirewallRule) String() string {
 func (*FirewallRule) ProtoMessage() {}
 
 func (x *FirewallRule) ProtoReflect() protoreflect.Message {
-	mi := &file_delphi_v1_firewall_proto_msgTypes[8]
+	mi := &file_delphi_v1_firewall_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1038,7 +951,7 @@ func (x *FirewallRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FirewallRule.ProtoReflect.Descriptor instead.
 func (*FirewallRule) Descriptor() ([]byte, []int) {
-	return file_delphi_v1_firewall_proto_rawDescGZIP(), []int{8}
+	return file_delphi_v1_firewall_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *FirewallRule) GetId() uint64 {
@@ -1139,7 +1052,7 @@ type FirewallScope struct {
 
 func (x *FirewallScope) Reset() {
 	*x = FirewallScope{}
-	mi := &file_delphi_v1_firewall_proto_msgTypes[9]
+	mi := &file_delphi_v1_firewall_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1151,7 +1064,7 @@ func (x *FirewallScope) String() string {
 func (*FirewallScope) ProtoMessage() {}
 
 func (x *FirewallScope) ProtoReflect() protoreflect.Message {
-	mi := &file_delphi_v1_firewall_proto_msgTypes[9]
+	mi := &file_delphi_v1_firewall_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1164,7 +1077,7 @@ func (x *FirewallScope) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FirewallScope.ProtoReflect.Descriptor instead.
 func (*FirewallScope) Descriptor() ([]byte, []int) {
-	return file_delphi_v1_firewall_proto_rawDescGZIP(), []int{9}
+	return file_delphi_v1_firewall_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *FirewallScope) GetScope() uint32 {
@@ -1202,7 +1115,7 @@ type FirewallIdentity struct {
 
 func (x *FirewallIdentity) Reset() {
 	*x = FirewallIdentity{}
-	mi := &file_delphi_v1_firewall_proto_msgTypes[10]
+	mi := &file_delphi_v1_firewall_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1214,7 +1127,7 @@ func (x *FirewallIdentity) String() string {
 func (*FirewallIdentity) ProtoMessage() {}
 
 func (x *FirewallIdentity) ProtoReflect() protoreflect.Message {
-	mi := &file_delphi_v1_firewall_proto_msgTypes[10]
+	mi := &file_delphi_v1_firewall_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1227,7 +1140,7 @@ func (x *FirewallIdentity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FirewallIdentity.ProtoReflect.Descriptor instead.
 func (*FirewallIdentity) Descriptor() ([]byte, []int) {
-	return file_delphi_v1_firewall_proto_rawDescGZIP(), []int{10}
+	return file_delphi_v1_firewall_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *FirewallIdentity) GetId() uint32 {
@@ -1296,7 +1209,7 @@ type FirewallConnection struct {
 
 func (x *FirewallConnection) Reset() {
 	*x = FirewallConnection{}
-	mi := &file_delphi_v1_firewall_proto_msgTypes[11]
+	mi := &file_delphi_v1_firewall_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1308,7 +1221,7 @@ func (x *FirewallConnection) String() string {
 func (*FirewallConnection) ProtoMessage() {}
 
 func (x *FirewallConnection) ProtoReflect() protoreflect.Message {
-	mi := &file_delphi_v1_firewall_proto_msgTypes[11]
+	mi := &file_delphi_v1_firewall_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1321,7 +1234,7 @@ func (x *FirewallConnection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FirewallConnection.ProtoReflect.Descriptor instead.
 func (*FirewallConnection) Descriptor() ([]byte, []int) {
-	return file_delphi_v1_firewall_proto_rawDescGZIP(), []int{11}
+	return file_delphi_v1_firewall_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *FirewallConnection) GetIfindex() uint32 {
@@ -1507,16 +1420,9 @@ const file_delphi_v1_firewall_proto_rawDesc = "" +
 	"generation\x18\n" +
 	" \x01(\rR\n" +
 	"generation\x12?\n" +
-	"\bcounters\x18\v \x01(\v2#.delphi.v1.FirewallEndpointCountersR\bcounters\x12\x18\n" +
+	"\bcounters\x18\v \x01(\v2#.nimbus.v1.EndpointFirewallCountersR\bcounters\x12\x18\n" +
 	"\aguarded\x18\f \x01(\bR\aguarded\x12\x18\n" +
-	"\asources\x18\r \x03(\tR\asources\"\x80\x02\n" +
-	"\x18FirewallEndpointCounters\x12'\n" +
-	"\x0fallowed_packets\x18\x01 \x01(\x04R\x0eallowedPackets\x12#\n" +
-	"\rallowed_bytes\x18\x02 \x01(\x04R\fallowedBytes\x12%\n" +
-	"\x0edenied_packets\x18\x03 \x01(\x04R\rdeniedPackets\x12!\n" +
-	"\fdenied_bytes\x18\x04 \x01(\x04R\vdeniedBytes\x12'\n" +
-	"\x0fspoofed_packets\x18\x05 \x01(\x04R\x0espoofedPackets\x12#\n" +
-	"\rspoofed_bytes\x18\x06 \x01(\x04R\fspoofedBytes\"\xbb\x01\n" +
+	"\asources\x18\r \x03(\tR\asources\"\xbb\x01\n" +
 	"\x0fFirewallSubject\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x120\n" +
 	"\bpolicies\x18\x02 \x03(\v2\x14.nimbus.v1.ObjectKeyR\bpolicies\x12\x14\n" +
@@ -1604,40 +1510,40 @@ func file_delphi_v1_firewall_proto_rawDescGZIP() []byte {
 }
 
 var file_delphi_v1_firewall_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_delphi_v1_firewall_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_delphi_v1_firewall_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_delphi_v1_firewall_proto_goTypes = []any{
-	(FirewallView)(0),                // 0: delphi.v1.FirewallView
-	(*FirewallRequest)(nil),          // 1: delphi.v1.FirewallRequest
-	(*FirewallResponse)(nil),         // 2: delphi.v1.FirewallResponse
-	(*FirewallSnapshot)(nil),         // 3: delphi.v1.FirewallSnapshot
-	(*FirewallStats)(nil),            // 4: delphi.v1.FirewallStats
-	(*FirewallEndpoint)(nil),         // 5: delphi.v1.FirewallEndpoint
-	(*FirewallEndpointCounters)(nil), // 6: delphi.v1.FirewallEndpointCounters
-	(*FirewallSubject)(nil),          // 7: delphi.v1.FirewallSubject
-	(*FirewallPolicyEntry)(nil),      // 8: delphi.v1.FirewallPolicyEntry
-	(*FirewallRule)(nil),             // 9: delphi.v1.FirewallRule
-	(*FirewallScope)(nil),            // 10: delphi.v1.FirewallScope
-	(*FirewallIdentity)(nil),         // 11: delphi.v1.FirewallIdentity
-	(*FirewallConnection)(nil),       // 12: delphi.v1.FirewallConnection
-	(*v1.ObjectKey)(nil),             // 13: nimbus.v1.ObjectKey
-	(*durationpb.Duration)(nil),      // 14: google.protobuf.Duration
+	(FirewallView)(0),                   // 0: delphi.v1.FirewallView
+	(*FirewallRequest)(nil),             // 1: delphi.v1.FirewallRequest
+	(*FirewallResponse)(nil),            // 2: delphi.v1.FirewallResponse
+	(*FirewallSnapshot)(nil),            // 3: delphi.v1.FirewallSnapshot
+	(*FirewallStats)(nil),               // 4: delphi.v1.FirewallStats
+	(*FirewallEndpoint)(nil),            // 5: delphi.v1.FirewallEndpoint
+	(*FirewallSubject)(nil),             // 6: delphi.v1.FirewallSubject
+	(*FirewallPolicyEntry)(nil),         // 7: delphi.v1.FirewallPolicyEntry
+	(*FirewallRule)(nil),                // 8: delphi.v1.FirewallRule
+	(*FirewallScope)(nil),               // 9: delphi.v1.FirewallScope
+	(*FirewallIdentity)(nil),            // 10: delphi.v1.FirewallIdentity
+	(*FirewallConnection)(nil),          // 11: delphi.v1.FirewallConnection
+	(*v1.ObjectKey)(nil),                // 12: nimbus.v1.ObjectKey
+	(*v1.EndpointFirewallCounters)(nil), // 13: nimbus.v1.EndpointFirewallCounters
+	(*durationpb.Duration)(nil),         // 14: google.protobuf.Duration
 }
 var file_delphi_v1_firewall_proto_depIdxs = []int32{
 	0,  // 0: delphi.v1.FirewallRequest.view:type_name -> delphi.v1.FirewallView
 	3,  // 1: delphi.v1.FirewallResponse.snapshot:type_name -> delphi.v1.FirewallSnapshot
 	4,  // 2: delphi.v1.FirewallResponse.stats:type_name -> delphi.v1.FirewallStats
 	5,  // 3: delphi.v1.FirewallResponse.endpoints:type_name -> delphi.v1.FirewallEndpoint
-	7,  // 4: delphi.v1.FirewallResponse.subjects:type_name -> delphi.v1.FirewallSubject
-	9,  // 5: delphi.v1.FirewallResponse.rules:type_name -> delphi.v1.FirewallRule
-	10, // 6: delphi.v1.FirewallResponse.scopes:type_name -> delphi.v1.FirewallScope
-	12, // 7: delphi.v1.FirewallResponse.connections:type_name -> delphi.v1.FirewallConnection
-	13, // 8: delphi.v1.FirewallEndpoint.key:type_name -> nimbus.v1.ObjectKey
-	6,  // 9: delphi.v1.FirewallEndpoint.counters:type_name -> delphi.v1.FirewallEndpointCounters
-	13, // 10: delphi.v1.FirewallSubject.policies:type_name -> nimbus.v1.ObjectKey
-	8,  // 11: delphi.v1.FirewallSubject.entries:type_name -> delphi.v1.FirewallPolicyEntry
-	13, // 12: delphi.v1.FirewallRule.policy:type_name -> nimbus.v1.ObjectKey
-	11, // 13: delphi.v1.FirewallScope.identities:type_name -> delphi.v1.FirewallIdentity
-	13, // 14: delphi.v1.FirewallConnection.endpoint:type_name -> nimbus.v1.ObjectKey
+	6,  // 4: delphi.v1.FirewallResponse.subjects:type_name -> delphi.v1.FirewallSubject
+	8,  // 5: delphi.v1.FirewallResponse.rules:type_name -> delphi.v1.FirewallRule
+	9,  // 6: delphi.v1.FirewallResponse.scopes:type_name -> delphi.v1.FirewallScope
+	11, // 7: delphi.v1.FirewallResponse.connections:type_name -> delphi.v1.FirewallConnection
+	12, // 8: delphi.v1.FirewallEndpoint.key:type_name -> nimbus.v1.ObjectKey
+	13, // 9: delphi.v1.FirewallEndpoint.counters:type_name -> nimbus.v1.EndpointFirewallCounters
+	12, // 10: delphi.v1.FirewallSubject.policies:type_name -> nimbus.v1.ObjectKey
+	7,  // 11: delphi.v1.FirewallSubject.entries:type_name -> delphi.v1.FirewallPolicyEntry
+	12, // 12: delphi.v1.FirewallRule.policy:type_name -> nimbus.v1.ObjectKey
+	10, // 13: delphi.v1.FirewallScope.identities:type_name -> delphi.v1.FirewallIdentity
+	12, // 14: delphi.v1.FirewallConnection.endpoint:type_name -> nimbus.v1.ObjectKey
 	14, // 15: delphi.v1.FirewallConnection.idle:type_name -> google.protobuf.Duration
 	14, // 16: delphi.v1.FirewallConnection.expires_in:type_name -> google.protobuf.Duration
 	17, // [17:17] is the sub-list for method output_type
@@ -1658,7 +1564,7 @@ func file_delphi_v1_firewall_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_delphi_v1_firewall_proto_rawDesc), len(file_delphi_v1_firewall_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   12,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
