@@ -35,7 +35,6 @@ type Reader struct {
 	mu     sync.Mutex
 	file   *os.File
 	conn   syscall.RawConn
-	reader *mmsgReader
 	seq    uint32
 	// stale tells that the socket may hold the rest of an answer nobody reads.
 	stale bool
@@ -43,12 +42,17 @@ type Reader struct {
 	closed bool
 }
 
+// answerReaders holds the receive buffers of the readers' answers between requests, 512
+// KiB each: a reader takes one for a request and puts it back after, so the buffers
+// live only while requests are read (readers are idle between the dumps and gets of a
+// reconcile), not one for each reader for its whole life. Dump answers come in
+// datagrams of up to 32 KiB, more for a link with many virtual functions.
+var answerReaders = sync.Pool{New: func() any { return newMMsgReader(8, 64<<10) }}
+
 // NewReader opens a reader in namespace ns (nil: the calling process's) whose
 // requests wait at most timeout for the kernel.
 func NewReader(ns *netns.NsHandle, timeout time.Duration) (*Reader, error) {
-	// Dump answers come in datagrams of up to 32 KiB, more for a link with many virtual
-	// functions.
-	d := &Reader{ns: ns, timeout: timeout, reader: newMMsgReader(8, 64<<10)}
+	d := &Reader{ns: ns, timeout: timeout}
 	if err := d.openLocked(); err != nil {
 		return nil, err
 	}
@@ -155,15 +159,17 @@ func (d *Reader) request(ctx context.Context, msg []byte, dump bool, f func(typ 
 	if _, err := d.file.Write(msg); err != nil {
 		return d.failed(ctx, "sending to the kernel", err)
 	}
+	reader := answerReaders.Get().(*mmsgReader)
+	defer answerReaders.Put(reader)
 	var result error
 	done, interrupted := false, false
 	for !done {
-		n, err := d.reader.read(d.conn, true)
+		n, err := reader.read(d.conn, true)
 		if err != nil {
 			return d.failed(ctx, "reading the kernel's answer", err)
 		}
 		for i := range n {
-			data, ok := d.reader.datagram(i)
+			data, ok := reader.datagram(i)
 			if !ok {
 				continue
 			}
