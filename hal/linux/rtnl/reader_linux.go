@@ -35,7 +35,6 @@ type Reader struct {
 	mu     sync.Mutex
 	file   *os.File
 	conn   syscall.RawConn
-	reader *mmsgReader
 	seq    uint32
 	// stale tells that the socket may hold the rest of an answer nobody reads.
 	stale bool
@@ -43,12 +42,45 @@ type Reader struct {
 	closed bool
 }
 
+// answerReaders keeps a spare receive buffer for the readers' answers, 512 KiB: a reader
+// takes one for a request and gives it back after, so the buffers live only while
+// requests are read (readers are idle between the dumps and gets of a reconcile), not
+// one for each reader for its whole life. It keeps a single spare, so that requests
+// read one after another share it and those read at the same time (at start-up, every
+// reconciler's dumps) leave theirs to the next garbage collection. Dump answers come in
+// datagrams of up to 32 KiB, more for a link with many virtual functions.
+var answerReaders struct {
+	mu    sync.Mutex
+	spare *mmsgReader
+}
+
+// takeAnswerReader returns the spare receive buffer, or a new one when another request
+// has it.
+func takeAnswerReader() *mmsgReader {
+	answerReaders.mu.Lock()
+	r := answerReaders.spare
+	answerReaders.spare = nil
+	answerReaders.mu.Unlock()
+	if r == nil {
+		r = newMMsgReader(8, 64<<10)
+	}
+	return r
+}
+
+// putAnswerReader gives r back once its request is read: it becomes the spare, unless
+// there is one.
+func putAnswerReader(r *mmsgReader) {
+	answerReaders.mu.Lock()
+	if answerReaders.spare == nil {
+		answerReaders.spare = r
+	}
+	answerReaders.mu.Unlock()
+}
+
 // NewReader opens a reader in namespace ns (nil: the calling process's) whose
 // requests wait at most timeout for the kernel.
 func NewReader(ns *netns.NsHandle, timeout time.Duration) (*Reader, error) {
-	// Dump answers come in datagrams of up to 32 KiB, more for a link with many virtual
-	// functions.
-	d := &Reader{ns: ns, timeout: timeout, reader: newMMsgReader(8, 64<<10)}
+	d := &Reader{ns: ns, timeout: timeout}
 	if err := d.openLocked(); err != nil {
 		return nil, err
 	}
@@ -155,15 +187,17 @@ func (d *Reader) request(ctx context.Context, msg []byte, dump bool, f func(typ 
 	if _, err := d.file.Write(msg); err != nil {
 		return d.failed(ctx, "sending to the kernel", err)
 	}
+	reader := takeAnswerReader()
+	defer putAnswerReader(reader)
 	var result error
 	done, interrupted := false, false
 	for !done {
-		n, err := d.reader.read(d.conn, true)
+		n, err := reader.read(d.conn, true)
 		if err != nil {
 			return d.failed(ctx, "reading the kernel's answer", err)
 		}
 		for i := range n {
-			data, ok := d.reader.datagram(i)
+			data, ok := reader.datagram(i)
 			if !ok {
 				continue
 			}
