@@ -32,49 +32,64 @@ type Reader struct {
 	ns      *netns.NsHandle
 	timeout time.Duration
 	// mu guards the fields below, and serializes requests.
-	mu     sync.Mutex
-	file   *os.File
-	conn   syscall.RawConn
-	seq    uint32
+	mu   sync.Mutex
+	file *os.File
+	conn syscall.RawConn
+	seq  uint32
 	// stale tells that the socket may hold the rest of an answer nobody reads.
 	stale bool
 	// closed is set by Close.
 	closed bool
 }
 
-// answerReaders keeps a spare receive buffer for the readers' answers, 512 KiB: a reader
-// takes one for a request and gives it back after, so the buffers live only while
-// requests are read (readers are idle between the dumps and gets of a reconcile), not
-// one for each reader for its whole life. It keeps a single spare, so that requests
-// read one after another share it and those read at the same time (at start-up, every
-// reconciler's dumps) leave theirs to the next garbage collection. Dump answers come in
-// datagrams of up to 32 KiB, more for a link with many virtual functions.
+// answerReaders keeps spare receive buffers for the readers' answers: one of 512 KiB for
+// dumps and one of 64 KiB for gets, whose answer is one message. A reader takes one for a
+// request and gives it back after, so the buffers live only while requests are read
+// (readers are idle between the dumps and gets of a reconcile), not one for each reader
+// for its whole life. It keeps a single spare of each, so that requests read one after
+// another share it and those read at the same time (at start-up, every reconciler's
+// dumps) leave theirs to the next garbage collection; a get that overlaps another
+// request costs 64 KiB of garbage, not 512. Dump answers come in datagrams of up to 32
+// KiB, more for a link with many virtual functions.
 var answerReaders struct {
 	mu    sync.Mutex
-	spare *mmsgReader
+	spare [2]*mmsgReader // for a get, for a dump
 }
 
-// takeAnswerReader returns the spare receive buffer, or a new one when another request
-// has it.
-func takeAnswerReader() *mmsgReader {
+// answerSlots is the number of datagrams one read takes, for a get and for a dump.
+var answerSlots = [2]int{1, 8}
+
+// takeAnswerReader returns the spare receive buffer for a dump or a get, or a new one
+// when another request has it.
+func takeAnswerReader(dump bool) *mmsgReader {
+	i := answerKind(dump)
 	answerReaders.mu.Lock()
-	r := answerReaders.spare
-	answerReaders.spare = nil
+	r := answerReaders.spare[i]
+	answerReaders.spare[i] = nil
 	answerReaders.mu.Unlock()
 	if r == nil {
-		r = newMMsgReader(8, 64<<10)
+		r = newMMsgReader(answerSlots[i], 64<<10)
 	}
 	return r
 }
 
-// putAnswerReader gives r back once its request is read: it becomes the spare, unless
-// there is one.
-func putAnswerReader(r *mmsgReader) {
+// putAnswerReader gives r, taken for a dump or a get, back once its request is read: it
+// becomes the spare, unless there is one.
+func putAnswerReader(dump bool, r *mmsgReader) {
+	i := answerKind(dump)
 	answerReaders.mu.Lock()
-	if answerReaders.spare == nil {
-		answerReaders.spare = r
+	if answerReaders.spare[i] == nil {
+		answerReaders.spare[i] = r
 	}
 	answerReaders.mu.Unlock()
+}
+
+// answerKind returns the index of answerReaders.spare for a dump or a get.
+func answerKind(dump bool) int {
+	if dump {
+		return 1
+	}
+	return 0
 }
 
 // NewReader opens a reader in namespace ns (nil: the calling process's) whose
@@ -187,8 +202,8 @@ func (d *Reader) request(ctx context.Context, msg []byte, dump bool, f func(typ 
 	if _, err := d.file.Write(msg); err != nil {
 		return d.failed(ctx, "sending to the kernel", err)
 	}
-	reader := takeAnswerReader()
-	defer putAnswerReader(reader)
+	reader := takeAnswerReader(dump)
+	defer putAnswerReader(dump, reader)
 	var result error
 	done, interrupted := false, false
 	for !done {
