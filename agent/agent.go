@@ -72,6 +72,10 @@ type Config struct {
 	// GatewayBridges is the number of network bridges the gateway programs' map holds
 	// marks for. Default: 4096.
 	GatewayBridges int
+	// GatewayCheck is how often the agent checks that the gateway programs are still
+	// attached to the network bridges (the kernel does not say when one is detached by
+	// hand) and programs again those that are not. Default: 10s.
+	GatewayCheck time.Duration
 	// FirewallCapacities are the sizes of the firewall's maps. Default: those of
 	// FirewallCapacities' fields.
 	FirewallCapacities FirewallCapacities

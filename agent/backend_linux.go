@@ -66,7 +66,7 @@ func backend(store *delphi.Store, cfg Config, log *slog.Logger, reg prometheus.R
 		},
 		func() (closingReconciler, error) {
 			return linux.NewNetworkReconciler(linux.NetworkOptions{Store: store, Node: cfg.Node, Namespace: cfg.netns, View: view, Logger: log,
-				BPFDir: cfg.BPFDir, GatewayBridges: cfg.GatewayBridges, Registerer: reg, StateFile: filepath.Join(cfg.StateDir, "sysctls.json")})
+				BPFDir: cfg.BPFDir, GatewayBridges: cfg.GatewayBridges, GatewayCheckInterval: cfg.GatewayCheck, Registerer: reg, StateFile: filepath.Join(cfg.StateDir, "sysctls.json")})
 		},
 		func() (closingReconciler, error) {
 			return linux.NewEndpointReconciler(linux.EndpointOptions{Store: store, Node: cfg.Node, Namespace: cfg.netns, View: view, Logger: log, Firewall: fw,

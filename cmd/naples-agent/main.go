@@ -86,6 +86,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.IntVar(&caps.Endpoints, "fw-endpoint-counters", 16384, "local endpoints whose packets the firewall counts")
 	fs.IntVar(&caps.Fragments, "fw-fragment-entries", 8192, "fragmented datagrams whose first fragment's verdict the firewall keeps at once for their later fragments; the least recently used is evicted when full")
 	gatewayBridges := fs.Int("gateway-bridges", 4096, "network bridges the gateway programs mark for (their map's size); a network beyond is FAILED with CapacityExceeded")
+	gatewayCheck := fs.Duration("gateway-check-interval", 10*time.Second, "how often the gateway programs are checked to be still attached to the network bridges, and attached again where they are not (the kernel does not report a detach)")
 	fwStats := fs.Duration("fw-stats-interval", 10*time.Second, "how often the status of policies and endpoints is refreshed with the firewall's counters")
 	interfaceStats := fs.Duration("interface-stats-interval", 10*time.Second, "how often the status of Interface objects is refreshed with their NIC's counters")
 	level := slog.LevelInfo
@@ -111,9 +112,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		fmt.Fprintln(os.Stdout, version.String("naples-agent"))
 		return nil
 	}
-	for name, d := range map[string]time.Duration{"interface-stats-interval": *interfaceStats, "fw-stats-interval": *fwStats} {
+	for name, d := range map[string]time.Duration{"interface-stats-interval": *interfaceStats, "fw-stats-interval": *fwStats, "gateway-check-interval": *gatewayCheck} {
 		if d <= 0 {
 			fmt.Fprintf(stderr, "invalid value %q for flag -%s: must be positive\n", d.String(), name)
+			fs.Usage()
 			return fmt.Errorf("parsing flags: %w", errUsage)
 		}
 	}
@@ -122,6 +124,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		"local-api-page-bytes": *pageBytes, "gateway-bridges": *gatewayBridges} {
 		if n <= 0 {
 			fmt.Fprintf(stderr, "invalid value %d for flag -%s: must be positive\n", n, name)
+			fs.Usage()
 			return fmt.Errorf("parsing flags: %w", errUsage)
 		}
 	}
@@ -161,5 +164,5 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	return agent.Run(ctx, agent.Config{Node: *node, Nimbus: *nimbus, TLS: tlsConfig, StateDir: *stateDir, DiscardState: *discardState, Logger: log, Socket: *socket, LocalAPIPageBytes: *pageBytes, Metrics: metrics,
 		InterfaceStats: *interfaceStats, BPFDir: *bpfDir, FirewallCapacities: caps, FirewallStats: *fwStats,
-		GatewayBridges: *gatewayBridges})
+		GatewayBridges: *gatewayBridges, GatewayCheck: *gatewayCheck})
 }

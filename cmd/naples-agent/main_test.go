@@ -25,6 +25,8 @@ func TestRunRefusesBadCommandLines(t *testing.T) {
 		{name: "metrics without port", args: []string{"--metrics", "localhost"}, want: []string{"metrics", `"localhost"`, "host:port"}},
 		{name: "bad nimbus in a list", args: []string{"--nimbus", "unix:///run/a.sock,ftp://x:1"}, want: []string{"-nimbus", `"ftp://x:1"`}},
 		{name: "empty nimbus list", args: []string{"--nimbus", ""}, want: []string{"-nimbus", "no address"}},
+		{name: "zero gateway check", args: []string{"--gateway-check-interval", "0s"}, want: []string{"-gateway-check-interval", `"0s"`, "positive"}},
+		{name: "zero gateway bridges", args: []string{"--gateway-bridges", "0"}, want: []string{"-gateway-bridges", "0", "positive"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stderr bytes.Buffer
