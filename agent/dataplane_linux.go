@@ -180,18 +180,13 @@ func (v *dataplaneView) response() *delphiv1.DataplaneResponse {
 	return resp
 }
 
-// vtep returns the VTEP address of the named node from its Node object, as
-// linux.NodeVTEP reads it; invalid when there is none.
+// vtep returns the VTEP address of the named node from its Node object
+// (linux.NodeVTEP); invalid when there is none.
 func (v *dataplaneView) vtep(node string) netip.Addr {
 	if a, ok := v.vteps[node]; ok {
 		return a
 	}
-	var a netip.Addr
-	if node != "" {
-		if obj, ok := v.store.Get(linux.NodeKey(node)); ok {
-			a, _ = netip.ParseAddr(obj.GetNode().GetVtepAddress())
-		}
-	}
+	a, _ := linux.NodeVTEP(v.store, node)
 	v.vteps[node] = a
 	return a
 }
@@ -211,7 +206,7 @@ func (v *dataplaneView) network(obj *nimbusv1.Object, endpoints []*nimbusv1.Obje
 	n.Status, _ = v.store.Status(key)
 	mtu := effectiveMTU(spec, n.Status)
 	var br, vx *rtnl.Link
-	n.Bridge, br = v.bridge(id, spec, mtu)
+	n.Bridge, br = v.bridge(obj, mtu)
 	n.Vxlan, vx = v.vxlan(id, spec, mtu)
 	n.RemoteVteps = v.remoteVteps(vx, endpoints)
 	for _, ep := range endpoints {
@@ -314,9 +309,10 @@ func effectiveMTU(spec *nimbusv1.NetworkSpec, st *nimbusv1.NodeStatus) uint32 {
 	return uint32(mtu)
 }
 
-// bridge returns the network's bridge, which should have the MTU mtu (0: any), and the
-// link when it is naples's.
-func (v *dataplaneView) bridge(networkKeyID string, spec *nimbusv1.NetworkSpec, mtu uint32) (*delphiv1.DataplaneLink, *rtnl.Link) {
+// bridge returns the bridge of the Network obj, which should have the MTU mtu (0: any),
+// and the link when it is naples's.
+func (v *dataplaneView) bridge(obj *nimbusv1.Object, mtu uint32) (*delphiv1.DataplaneLink, *rtnl.Link) {
+	networkKeyID := obj.Key().ID()
 	out, l := v.link(linux.BridgeName(networkKeyID))
 	if !device(out, networkKeyID, "bridge", mtu) {
 		return out, nil
@@ -324,14 +320,8 @@ func (v *dataplaneView) bridge(networkKeyID string, spec *nimbusv1.NetworkSpec, 
 	if want := linux.GatewayMAC(networkKeyID).String(); out.GetMac() != want {
 		out.Problems = append(out.Problems, fmt.Sprintf("mac %s (want %s)", out.GetMac(), want))
 	}
-	var want []netip.Prefix
-	for _, s := range spec.AllSubnets() {
-		subnet, err := netip.ParsePrefix(s.GetCidr())
-		gw, gerr := netip.ParseAddr(s.GetGateway())
-		if err == nil && gerr == nil {
-			want = append(want, netip.PrefixFrom(gw, subnet.Bits()))
-		}
-	}
+	// A spec the reconciler refuses, which nimbus does not store, wants none.
+	want, _ := linux.GatewayAddresses(obj)
 	have := v.kernel.addrs[l.Index]
 	for _, p := range want {
 		if !slices.Contains(have, p) {
