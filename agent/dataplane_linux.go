@@ -231,7 +231,7 @@ func (v *dataplaneView) link(name string) (*delphiv1.DataplaneLink, *rtnl.Link) 
 	}
 	out.Alias = l.Alias
 	out.Up = l.Up()
-	out.OperState = operState(l.OperState)
+	out.OperState = rtnl.OperStateName(l.OperState)
 	out.Mtu = l.MTU
 	if strings.Trim(l.MAC, "\x00") != "" {
 		out.Mac = net.HardwareAddr(l.MAC).String() // none for lo's zeros
@@ -251,19 +251,6 @@ func (v *dataplaneView) link(name string) (*delphiv1.DataplaneLink, *rtnl.Link) 
 		out.Learning = l.VXLAN.Learning
 	}
 	return out, &l
-}
-
-// operStates are the names `ip link` prints of a link's operational states
-// (IFLA_OPERSTATE), by their RFC 2863 numbers (IF_OPER_*).
-var operStates = [...]string{"unknown", "not-present", "down", "lower-layer-down", "testing", "dormant", "up"}
-
-// operState names a link's operational state as `ip link` prints it: "up", "down", ...;
-// "unknown" for a state it does not name.
-func operState(state uint8) string {
-	if int(state) < len(operStates) {
-		return operStates[state]
-	}
-	return "unknown"
 }
 
 // device checks what a network's bridge and VXLAN device have in common: naples's alias
