@@ -129,7 +129,10 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer client.Close()
-	reconcilers, fw, closeBackend, err := backend(store, cfg, log, reg)
+	// One view of the namespace's kernel, one subscription, for every reconciler's
+	// observer and for the local api's reads.
+	view := newKernelView(cfg.netns)
+	reconcilers, fw, closeBackend, err := backend(store, cfg, view, log, reg)
 	if err != nil {
 		return err
 	}
@@ -149,7 +152,7 @@ func Run(ctx context.Context, cfg Config) error {
 	var wg sync.WaitGroup
 	parts := map[string]func(context.Context) error{"nimbus client": client.Run, "hal": h.Run}
 	if cfg.Socket != "" {
-		serve, err := serveLocalAPI(ctx, cfg.Socket, InspectorOptions{Store: store, Logger: log, Node: cfg.Node, Namespace: cfg.netns, BPFDir: cfg.BPFDir,
+		serve, err := serveLocalAPI(ctx, cfg.Socket, InspectorOptions{Store: store, Logger: log, Node: cfg.Node, Namespace: cfg.netns, View: view, BPFDir: cfg.BPFDir,
 			Firewall: fw, ListPageBytes: cfg.LocalAPIPageBytes, Registerer: reg})
 		if err != nil {
 			return err

@@ -25,9 +25,10 @@ type closingReconciler interface {
 }
 
 // backend returns the reconcilers that program this host's kernel, in cfg.netns (nil: the
-// agent's own network namespace), the firewall among them (nil when cfg.BPFDir is empty)
-// and a function that releases them.
-func backend(store *delphi.Store, cfg Config, log *slog.Logger, reg prometheus.Registerer) ([]hal.Reconciler, InstalledFirewall, func(), error) {
+// agent's own network namespace), whose observers watch through view, that namespace's
+// kernel view, the firewall among them (nil when cfg.BPFDir is empty) and a function that
+// releases them.
+func backend(store *delphi.Store, cfg Config, view *KernelView, log *slog.Logger, reg prometheus.Registerer) ([]hal.Reconciler, InstalledFirewall, func(), error) {
 	var made []closingReconciler
 	var fw *linux.Firewall
 	closeAll := func() {
@@ -49,8 +50,6 @@ func backend(store *delphi.Store, cfg Config, log *slog.Logger, reg prometheus.R
 			return nil, nil, nil, fmt.Errorf("starting the firewall (an empty --bpf-dir runs the agent without one): %w", err)
 		}
 	}
-	// One view of the namespace's kernel, one subscription, for every reconciler's observer.
-	view := linux.NewKernelView(linux.KernelViewOptions{Namespace: cfg.netns})
 	for _, build := range []func() (closingReconciler, error){
 		func() (closingReconciler, error) {
 			return linux.NewRouteReconciler(linux.RouteOptions{Store: store, Namespace: cfg.netns, View: view, Logger: log})

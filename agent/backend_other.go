@@ -16,6 +16,6 @@ import (
 func indexes() []delphi.Index { return nil }
 
 // backend reports that only Linux hosts can be programmed.
-func backend(*delphi.Store, Config, *slog.Logger, prometheus.Registerer) ([]hal.Reconciler, InstalledFirewall, func(), error) {
+func backend(*delphi.Store, Config, *KernelView, *slog.Logger, prometheus.Registerer) ([]hal.Reconciler, InstalledFirewall, func(), error) {
 	return nil, nil, nil, errors.New("agent: the HAL programs Linux kernels only")
 }

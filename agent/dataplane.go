@@ -22,9 +22,10 @@ var errNoNode = status.Error(codes.FailedPrecondition,
 // delphi, with their status, either the host-side interface that must be a port of the
 // bridge (an endpoint on this node) or the FDB and neighbour entries that reach it (an
 // endpoint on another node). Each kernel object that differs from what naples wants says
-// how. The kernel is read once per call, one dump per kind (links, addresses, FDB,
-// neighbours), never per object, and each netlink exchange is bounded by what is left of
-// the call's deadline, at most 10s.
+// how. The kernel is read once per call through the kernel view the HAL's reconcilers
+// share, one read per kind (links, bridge ports, addresses, FDB, neighbours), never per
+// object, and each netlink exchange is bounded by what is left of the call's deadline,
+// at most 10s.
 func (i *Inspector) Dataplane(ctx context.Context, _ *delphiv1.DataplaneRequest) (*delphiv1.DataplaneResponse, error) {
 	if i.node == "" {
 		return nil, errNoNode

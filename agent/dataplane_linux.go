@@ -3,37 +3,25 @@ package agent
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netlink/nl"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/naplesnet/naples/hal/linux"
+	"github.com/naplesnet/naples/hal/linux/rtnl"
 	delphiv1 "github.com/naplesnet/naples/proto/delphi/v1"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
-// Bounds of the kernel reads of one Dataplane call.
-const (
-	// dataplaneTimeout bounds each netlink exchange of a call whose deadline is not sooner.
-	dataplaneTimeout = 10 * time.Second
-	// dataplaneDumpAttempts bounds how often one dump starts over when the kernel reports
-	// that what it dumps changed meanwhile (NLM_F_DUMP_INTR).
-	dataplaneDumpAttempts = 5
-)
-
-// dataplane reads the kernel once and answers Dataplane from it and delphi.
+// dataplane reads the kernel once, through the Inspector's kernel view, and answers
+// Dataplane from it and delphi.
 func (i *Inspector) dataplane(ctx context.Context) (*delphiv1.DataplaneResponse, error) {
-	k, err := readKernel(ctx, i.netns)
+	k, err := readKernel(ctx, i.view)
 	if err != nil {
 		return nil, err
 	}
@@ -41,35 +29,35 @@ func (i *Inspector) dataplane(ctx context.Context) (*delphiv1.DataplaneResponse,
 	return v.response(), nil
 }
 
-// kernelState is what one Dataplane call read of the kernel: one dump each of links,
-// addresses, FDB entries and neighbour entries.
+// kernelState is what one Dataplane call read of the kernel: one read each of links,
+// bridge ports, addresses, FDB entries and neighbour entries.
 type kernelState struct {
 	// byName and byIndex hold every link, by name and by index (`ip link show`).
-	byName  map[string]netlink.Link
-	byIndex map[int]netlink.Link
+	byName  map[string]rtnl.Link
+	byIndex map[int32]rtnl.Link
 	// addrs holds the addresses of each link, by link index (`ip addr show`).
-	addrs map[int][]netip.Prefix
+	addrs map[int32][]netip.Prefix
 	// fdb holds the FDB entries of each link and MAC (`bridge fdb show`): the link's own,
 	// flagged NTF_SELF, and its bridge's for the port, which carry the bridge's index
 	// (NDA_MASTER).
-	fdb map[fdbKey][]netlink.Neigh
+	fdb map[fdbKey][]rtnl.Neigh
 	// neighs holds the IPv4 and IPv6 neighbour entry of each link and IP (`ip neigh show`).
-	neighs map[neighKey]netlink.Neigh
+	neighs map[neighKey]rtnl.Neigh
 	// learning holds the bridge ports that learn, by link index (`bridge -d link show`).
-	learning map[int]bool
-	// dumps counts the dumps requested, restarts included.
+	learning map[int32]bool
+	// dumps counts the reads of the kernel view, one per kind.
 	dumps int
 }
 
 // fdbKey is what FDB entries are looked up by: a link's index and a MAC.
 type fdbKey struct {
-	link int
+	link int32
 	mac  [6]byte
 }
 
 // neighKey is what neighbour entries are looked up by: a link's index and an IP.
 type neighKey struct {
-	link int
+	link int32
 	ip   netip.Addr
 }
 
@@ -81,187 +69,85 @@ func macKey(mac net.HardwareAddr) ([6]byte, bool) {
 	return [6]byte(mac), true
 }
 
-// readKernel dumps the links, addresses, FDB entries and neighbour entries of namespace ns
-// (nil: the agent's own), each netlink exchange bounded by what is left of ctx's deadline,
-// and by dataplaneTimeout.
-func readKernel(ctx context.Context, ns *netns.NsHandle) (*kernelState, error) {
-	h, err := openNetlink(ctx, ns)
+// readKernel reads the bridge ports, links, addresses, FDB entries and neighbour entries
+// of view's namespace, each read bounded by ctx.
+func readKernel(ctx context.Context, view *KernelView) (*kernelState, error) {
+	k := &kernelState{
+		byName:   map[string]rtnl.Link{},
+		byIndex:  map[int32]rtnl.Link{},
+		addrs:    map[int32][]netip.Prefix{},
+		fdb:      map[fdbKey][]rtnl.Neigh{},
+		neighs:   map[neighKey]rtnl.Neigh{},
+		learning: map[int32]bool{},
+	}
+	ports, err := readView(ctx, k, view.BridgePorts)
 	if err != nil {
 		return nil, err
 	}
-	defer h.Close()
-
-	k := &kernelState{
-		byName:  map[string]netlink.Link{},
-		byIndex: map[int]netlink.Link{},
-		addrs:   map[int][]netip.Prefix{},
-		fdb:     map[fdbKey][]netlink.Neigh{},
-		neighs:  map[neighKey]netlink.Neigh{},
+	for _, p := range ports {
+		if p.Port.Learning {
+			k.learning[p.Index] = true
+		}
 	}
-	if k.learning, err = portLearning(ctx, k, ns); err != nil {
-		return nil, err
-	}
-	links, err := dumpKernel(ctx, k, "links", h.LinkList)
+	links, err := readView(ctx, k, view.Links)
 	if err != nil {
 		return nil, err
 	}
 	for _, l := range links {
-		k.byName[l.Attrs().Name] = l
-		k.byIndex[l.Attrs().Index] = l
+		k.byName[l.Name] = l
+		k.byIndex[l.Index] = l
 	}
-	addrs, err := dumpKernel(ctx, k, "addresses", func() ([]netlink.Addr, error) {
-		return h.AddrList(nil, netlink.FAMILY_ALL)
-	})
+	addrs, err := readView(ctx, k, view.Addrs)
 	if err != nil {
 		return nil, err
 	}
 	for _, a := range addrs {
-		if p, ok := prefixOf(a.IPNet); ok {
-			k.addrs[a.LinkIndex] = append(k.addrs[a.LinkIndex], p)
+		if p, ok := prefixOf(a); ok {
+			k.addrs[a.Index] = append(k.addrs[a.Index], p)
 		}
 	}
-	fdb, err := dumpKernel(ctx, k, "fdb entries", func() ([]netlink.Neigh, error) {
-		return h.NeighList(0, unix.AF_BRIDGE)
-	})
+	fdb, err := readView(ctx, k, view.FDB)
 	if err != nil {
 		return nil, err
 	}
 	for _, e := range fdb {
-		if mac, ok := macKey(e.HardwareAddr); ok {
-			key := fdbKey{e.LinkIndex, mac}
+		if e.HasMAC {
+			key := fdbKey{e.Index, e.MAC}
 			k.fdb[key] = append(k.fdb[key], e)
 		}
 	}
-	neighs, err := dumpKernel(ctx, k, "neighbour entries", func() ([]netlink.Neigh, error) {
-		return h.NeighList(0, netlink.FAMILY_ALL)
-	})
+	neighs, err := readView(ctx, k, view.Neighbours)
 	if err != nil {
 		return nil, err
 	}
 	for _, e := range neighs {
-		ip, ok := netip.AddrFromSlice(e.IP)
-		if ok && (e.Family == unix.AF_INET || e.Family == unix.AF_INET6) {
-			k.neighs[neighKey{e.LinkIndex, ip.Unmap()}] = e
+		if e.Dst.IsValid() {
+			k.neighs[neighKey{e.Index, e.Dst}] = e
 		}
 	}
 	return k, nil
 }
 
-// portLearning dumps the bridge ports of namespace ns (nil: the agent's own) once
-// (`bridge -d link show`, RTM_GETLINK of family AF_BRIDGE) and returns those that learn
-// (IFLA_BRPORT_LEARNING), by link index.
-func portLearning(ctx context.Context, k *kernelState, ns *netns.NsHandle) (map[int]bool, error) {
-	target := netns.None()
-	if ns != nil {
-		target = *ns
-	}
-	s, err := nl.GetNetlinkSocketAt(target, netns.None(), unix.NETLINK_ROUTE)
-	if err != nil {
-		return nil, fmt.Errorf("opening a netlink socket: %w", err)
-	}
-	defer s.Close()
-	timeout := dataplaneTimeout
-	if d, ok := ctx.Deadline(); ok {
-		timeout = min(timeout, time.Until(d))
-	}
-	tv := unix.NsecToTimeval(timeout.Nanoseconds())
-	if err := s.SetReceiveTimeout(&tv); err != nil {
-		return nil, fmt.Errorf("setting netlink timeout %v: %w", timeout, err)
-	}
-	msgs, err := dumpKernel(ctx, k, "bridge ports", func() ([][]byte, error) {
-		req := nl.NewNetlinkRequest(unix.RTM_GETLINK, unix.NLM_F_DUMP)
-		req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: {Socket: s}}
-		req.AddData(nl.NewIfInfomsg(unix.AF_BRIDGE))
-		return req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWLINK)
-	})
-	if err != nil {
-		return nil, err
-	}
-	out := map[int]bool{}
-	for _, m := range msgs {
-		info := nl.DeserializeIfInfomsg(m)
-		attrs, err := nl.ParseRouteAttr(m[info.Len():])
-		if err != nil {
-			continue
-		}
-		for _, a := range attrs {
-			if a.Attr.Type&nl.NLA_TYPE_MASK != unix.IFLA_PROTINFO {
-				continue
-			}
-			port, err := nl.ParseRouteAttr(a.Value)
-			if err != nil {
-				continue
-			}
-			for _, pa := range port {
-				if pa.Attr.Type == unix.IFLA_BRPORT_LEARNING && len(pa.Value) > 0 && pa.Value[0] != 0 {
-					out[int(info.Index)] = true
-				}
-			}
-		}
-	}
-	return out, nil
+// readView runs one read of the kernel view and counts it in k.
+func readView[T any](ctx context.Context, k *kernelState, read func(context.Context) ([]T, error)) ([]T, error) {
+	k.dumps++
+	return read(ctx)
 }
 
-// openNetlink opens a netlink handle in namespace ns (nil: the agent's own) whose every
-// exchange is bounded by what is left of ctx's deadline, and by dataplaneTimeout.
-func openNetlink(ctx context.Context, ns *netns.NsHandle) (*netlink.Handle, error) {
-	timeout := dataplaneTimeout
-	if d, ok := ctx.Deadline(); ok {
-		timeout = min(timeout, time.Until(d))
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	if timeout < time.Millisecond {
-		return nil, context.DeadlineExceeded
-	}
-	var h *netlink.Handle
-	var err error
-	if ns != nil {
-		h, err = netlink.NewHandleAt(*ns, unix.NETLINK_ROUTE)
-	} else {
-		h, err = netlink.NewHandle(unix.NETLINK_ROUTE)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("opening a netlink handle: %w", err)
-	}
-	if err := h.SetSocketTimeout(timeout); err != nil {
-		h.Close()
-		return nil, fmt.Errorf("setting netlink timeout %v: %w", timeout, err)
-	}
-	return h, nil
-}
-
-// dumpKernel runs one dump of what, starting over when the kernel reports that it changed
-// meanwhile, and counts it in k.
-func dumpKernel[T any](ctx context.Context, k *kernelState, what string, dump func() ([]T, error)) ([]T, error) {
-	for attempt := 1; ; attempt++ {
-		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("listing %s: %w", what, err)
-		}
-		k.dumps++
-		out, err := dump()
-		if errors.Is(err, netlink.ErrDumpInterrupted) && attempt < dataplaneDumpAttempts {
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("listing %s: %w", what, err)
-		}
-		return out, nil
-	}
-}
-
-// prefixOf returns an address of a link as a prefix: the address and its prefix length.
-func prefixOf(n *net.IPNet) (netip.Prefix, bool) {
-	if n == nil {
-		return netip.Prefix{}, false
-	}
-	a, ok := netip.AddrFromSlice(n.IP)
+// prefixOf returns an address of a link as a prefix, as `ip addr show` prints it: the
+// address and its prefix length, or a whole address's length for one with a peer.
+func prefixOf(a rtnl.Addr) (netip.Prefix, bool) {
+	p, ok := a.Prefix()
 	if !ok {
 		return netip.Prefix{}, false
 	}
-	ones, _ := n.Mask.Size()
-	return netip.PrefixFrom(a.Unmap(), ones), true
+	addr := p.Addr().Unmap()
+	// IPv4 sends IFA_LOCAL with IFA_ADDRESS, which differs from it for a peer; IPv6 sends
+	// IFA_LOCAL only for a peer.
+	if a.Local.IsValid() && (a.Family != unix.AF_INET || a.Address != a.Local) {
+		return netip.PrefixFrom(addr, addr.BitLen()), true
+	}
+	return netip.PrefixFrom(addr, p.Bits()), true
 }
 
 // dataplaneView assembles the answer of one Dataplane call from delphi and one read of
@@ -294,18 +180,13 @@ func (v *dataplaneView) response() *delphiv1.DataplaneResponse {
 	return resp
 }
 
-// vtep returns the VTEP address of the named node from its Node object, as
-// linux.NodeVTEP reads it; invalid when there is none.
+// vtep returns the VTEP address of the named node from its Node object
+// (linux.NodeVTEP); invalid when there is none.
 func (v *dataplaneView) vtep(node string) netip.Addr {
 	if a, ok := v.vteps[node]; ok {
 		return a
 	}
-	var a netip.Addr
-	if node != "" {
-		if obj, ok := v.store.Get(linux.NodeKey(node)); ok {
-			a, _ = netip.ParseAddr(obj.GetNode().GetVtepAddress())
-		}
-	}
+	a, _ := linux.NodeVTEP(v.store, node)
 	v.vteps[node] = a
 	return a
 }
@@ -324,8 +205,8 @@ func (v *dataplaneView) network(obj *nimbusv1.Object, endpoints []*nimbusv1.Obje
 	}
 	n.Status, _ = v.store.Status(key)
 	mtu := effectiveMTU(spec, n.Status)
-	var br, vx netlink.Link
-	n.Bridge, br = v.bridge(id, spec, mtu)
+	var br, vx *rtnl.Link
+	n.Bridge, br = v.bridge(obj, mtu)
 	n.Vxlan, vx = v.vxlan(id, spec, mtu)
 	n.RemoteVteps = v.remoteVteps(vx, endpoints)
 	for _, ep := range endpoints {
@@ -336,36 +217,40 @@ func (v *dataplaneView) network(obj *nimbusv1.Object, endpoints []*nimbusv1.Obje
 
 // link returns what the kernel has of the link called name, and the link; nil when there
 // is none, which the link's problems say.
-func (v *dataplaneView) link(name string) (*delphiv1.DataplaneLink, netlink.Link) {
+func (v *dataplaneView) link(name string) (*delphiv1.DataplaneLink, *rtnl.Link) {
 	out := &delphiv1.DataplaneLink{Name: name}
 	l, ok := v.kernel.byName[name]
 	if !ok {
 		out.Problems = []string{"missing"}
 		return out, nil
 	}
-	a := l.Attrs()
 	out.Present = true
-	out.Kind = l.Type()
-	out.Alias = a.Alias
-	out.Up = a.Flags&net.FlagUp != 0
-	out.OperState = a.OperState.String()
-	out.Mtu = uint32(a.MTU)
-	out.Mac = a.HardwareAddr.String()
-	if m, ok := v.kernel.byIndex[a.MasterIndex]; ok && a.MasterIndex != 0 {
-		out.Master = m.Attrs().Name
+	out.Kind = l.Kind
+	if out.Kind == "" {
+		out.Kind = "device" // a link without IFLA_INFO_KIND: a NIC, lo
 	}
-	for _, p := range v.kernel.addrs[a.Index] {
+	out.Alias = l.Alias
+	out.Up = l.Up()
+	out.OperState = rtnl.OperStateName(l.OperState)
+	out.Mtu = l.MTU
+	if strings.Trim(l.MAC, "\x00") != "" {
+		out.Mac = net.HardwareAddr(l.MAC).String() // none for lo's zeros
+	}
+	if m, ok := v.kernel.byIndex[l.Master]; ok && l.Master != 0 {
+		out.Master = m.Name
+	}
+	for _, p := range v.kernel.addrs[l.Index] {
 		out.Addresses = append(out.Addresses, p.String())
 	}
-	if vx, ok := l.(*netlink.Vxlan); ok {
-		out.Vni = uint32(vx.VxlanId)
-		if vx.SrcAddr != nil {
-			out.Local = vx.SrcAddr.String()
+	if l.Kind == "vxlan" {
+		out.Vni = l.VXLAN.VNI
+		if l.VXLAN.Local.IsValid() {
+			out.Local = l.VXLAN.Local.String()
 		}
-		out.DstPort = uint32(vx.Port)
-		out.Learning = vx.Learning
+		out.DstPort = uint32(l.VXLAN.Port)
+		out.Learning = l.VXLAN.Learning
 	}
-	return out, l
+	return out, &l
 }
 
 // device checks what a network's bridge and VXLAN device have in common: naples's alias
@@ -411,9 +296,10 @@ func effectiveMTU(spec *nimbusv1.NetworkSpec, st *nimbusv1.NodeStatus) uint32 {
 	return uint32(mtu)
 }
 
-// bridge returns the network's bridge, which should have the MTU mtu (0: any), and the
-// link when it is naples's.
-func (v *dataplaneView) bridge(networkKeyID string, spec *nimbusv1.NetworkSpec, mtu uint32) (*delphiv1.DataplaneLink, netlink.Link) {
+// bridge returns the bridge of the Network obj, which should have the MTU mtu (0: any),
+// and the link when it is naples's.
+func (v *dataplaneView) bridge(obj *nimbusv1.Object, mtu uint32) (*delphiv1.DataplaneLink, *rtnl.Link) {
+	networkKeyID := obj.Key().ID()
 	out, l := v.link(linux.BridgeName(networkKeyID))
 	if !device(out, networkKeyID, "bridge", mtu) {
 		return out, nil
@@ -421,15 +307,9 @@ func (v *dataplaneView) bridge(networkKeyID string, spec *nimbusv1.NetworkSpec, 
 	if want := linux.GatewayMAC(networkKeyID).String(); out.GetMac() != want {
 		out.Problems = append(out.Problems, fmt.Sprintf("mac %s (want %s)", out.GetMac(), want))
 	}
-	var want []netip.Prefix
-	for _, s := range spec.AllSubnets() {
-		subnet, err := netip.ParsePrefix(s.GetCidr())
-		gw, gerr := netip.ParseAddr(s.GetGateway())
-		if err == nil && gerr == nil {
-			want = append(want, netip.PrefixFrom(gw, subnet.Bits()))
-		}
-	}
-	have := v.kernel.addrs[l.Attrs().Index]
+	// A spec the reconciler refuses, which nimbus does not store, wants none.
+	want, _ := linux.GatewayAddresses(obj)
+	have := v.kernel.addrs[l.Index]
 	for _, p := range want {
 		if !slices.Contains(have, p) {
 			out.Problems = append(out.Problems, fmt.Sprintf("address %s missing", p))
@@ -445,7 +325,7 @@ func (v *dataplaneView) bridge(networkKeyID string, spec *nimbusv1.NetworkSpec, 
 
 // vxlan returns the network's VXLAN device, which should have the MTU mtu (0: any), and
 // the link when it is naples's.
-func (v *dataplaneView) vxlan(networkKeyID string, spec *nimbusv1.NetworkSpec, mtu uint32) (*delphiv1.DataplaneLink, netlink.Link) {
+func (v *dataplaneView) vxlan(networkKeyID string, spec *nimbusv1.NetworkSpec, mtu uint32) (*delphiv1.DataplaneLink, *rtnl.Link) {
 	out, l := v.link(linux.VXLANName(networkKeyID))
 	if !device(out, networkKeyID, "vxlan", mtu) {
 		return out, nil
@@ -481,7 +361,7 @@ func orNone(s string) string {
 // remoteVteps returns the VTEPs a network's VXLAN device vx (nil: missing or not naples's)
 // should flood to, those of the other nodes with endpoints of the network, and those it
 // does flood to, its head-end replication entries, ordered by address.
-func (v *dataplaneView) remoteVteps(vx netlink.Link, endpoints []*nimbusv1.Object) []*delphiv1.DataplaneVtep {
+func (v *dataplaneView) remoteVteps(vx *rtnl.Link, endpoints []*nimbusv1.Object) []*delphiv1.DataplaneVtep {
 	byAddr := map[netip.Addr]*delphiv1.DataplaneVtep{}
 	vtep := func(a netip.Addr) *delphiv1.DataplaneVtep {
 		t, ok := byAddr[a]
@@ -506,12 +386,12 @@ func (v *dataplaneView) remoteVteps(vx netlink.Link, endpoints []*nimbusv1.Objec
 	}
 	if vx != nil {
 		// Head-end replication entries have MAC 00:00:00:00:00:00.
-		for _, e := range v.kernel.fdb[fdbKey{link: vx.Attrs().Index}] {
-			if e.Flags&netlink.NTF_SELF == 0 {
+		for _, e := range v.kernel.fdb[fdbKey{link: vx.Index}] {
+			if e.Flags&unix.NTF_SELF == 0 {
 				continue
 			}
-			if a, ok := netip.AddrFromSlice(e.IP); ok {
-				vtep(a.Unmap()).Present = true
+			if e.Dst.IsValid() {
+				vtep(e.Dst).Present = true
 			}
 		}
 	}
@@ -531,7 +411,7 @@ func (v *dataplaneView) remoteVteps(vx netlink.Link, endpoints []*nimbusv1.Objec
 
 // endpoint returns the dataplane of one endpoint of a network, whose bridge is br and
 // VXLAN device is vx (nil: missing or not naples's) and whose MTU is mtu (0: any).
-func (v *dataplaneView) endpoint(obj *nimbusv1.Object, networkKeyID string, mtu uint32, br, vx netlink.Link) *delphiv1.DataplaneEndpoint {
+func (v *dataplaneView) endpoint(obj *nimbusv1.Object, networkKeyID string, mtu uint32, br, vx *rtnl.Link) *delphiv1.DataplaneEndpoint {
 	spec := obj.GetEndpoint()
 	key := obj.Key()
 	e := &delphiv1.DataplaneEndpoint{
@@ -583,13 +463,13 @@ func (v *dataplaneView) port(name, bridge string, mtu uint32, mac net.HardwareAd
 		out.Problems = append(out.Problems, fmt.Sprintf("port of %s (want %s)", out.GetMaster(), bridge))
 	}
 	upAndMTU(out, mtu)
-	out.Learning = v.kernel.learning[l.Attrs().Index]
+	out.Learning = v.kernel.learning[l.Index]
 	if out.Learning {
 		out.Problems = append(out.Problems, "learning on (want off)")
 	}
 	if key, ok := macKey(mac); ok && out.GetMaster() == bridge {
-		static := slices.ContainsFunc(v.kernel.fdb[fdbKey{l.Attrs().Index, key}], func(e netlink.Neigh) bool {
-			return e.MasterIndex != 0 && e.State&netlink.NUD_NOARP != 0 && e.State&netlink.NUD_PERMANENT == 0
+		static := slices.ContainsFunc(v.kernel.fdb[fdbKey{l.Index, key}], func(e rtnl.Neigh) bool {
+			return e.Master != 0 && e.State&unix.NUD_NOARP != 0 && e.State&unix.NUD_PERMANENT == 0
 		})
 		if !static {
 			out.Problems = append(out.Problems, fmt.Sprintf("no static entry for %s on the bridge", mac))
@@ -600,22 +480,21 @@ func (v *dataplaneView) port(name, bridge string, mtu uint32, mac net.HardwareAd
 
 // fdb returns the forwarding entries of a remote MAC on VXLAN device vx (nil: missing or
 // not naples's), which should send it to vtep.
-func (v *dataplaneView) fdb(vx netlink.Link, mac [6]byte, vtep netip.Addr) *delphiv1.DataplaneFdb {
+func (v *dataplaneView) fdb(vx *rtnl.Link, mac [6]byte, vtep netip.Addr) *delphiv1.DataplaneFdb {
 	f := &delphiv1.DataplaneFdb{Mac: net.HardwareAddr(mac[:]).String()}
 	if vx == nil {
 		return f
 	}
-	for _, e := range v.kernel.fdb[fdbKey{vx.Attrs().Index, mac}] {
-		if e.Flags&netlink.NTF_SELF == 0 {
+	for _, e := range v.kernel.fdb[fdbKey{vx.Index, mac}] {
+		if e.Flags&unix.NTF_SELF == 0 {
 			// The bridge's entry for its VXLAN port, which names the bridge as master
 			// (NDA_MASTER); naples's are static.
-			if e.MasterIndex != 0 && e.State&(netlink.NUD_NOARP|netlink.NUD_PERMANENT) != 0 {
+			if e.Master != 0 && e.State&(unix.NUD_NOARP|unix.NUD_PERMANENT) != 0 {
 				f.BridgePresent = true
 			}
 			continue
 		}
-		if a, ok := netip.AddrFromSlice(e.IP); ok {
-			a = a.Unmap()
+		if a := e.Dst; a.IsValid() {
 			f.Dsts = append(f.Dsts, a.String())
 			f.Present = f.Present || a == vtep
 		}
@@ -627,35 +506,37 @@ func (v *dataplaneView) fdb(vx netlink.Link, mac [6]byte, vtep netip.Addr) *delp
 // neighbor returns the neighbour entry for a remote endpoint's ip on bridge br (nil:
 // missing or not naples's), which should be a permanent one for mac (nil: the endpoint has
 // no valid MAC).
-func (v *dataplaneView) neighbor(br netlink.Link, ip string, mac net.HardwareAddr) *delphiv1.DataplaneNeighbor {
+func (v *dataplaneView) neighbor(br *rtnl.Link, ip string, mac net.HardwareAddr) *delphiv1.DataplaneNeighbor {
 	n := &delphiv1.DataplaneNeighbor{Ip: ip}
 	want, err := netip.ParseAddr(ip)
 	if err != nil || br == nil {
 		return n
 	}
-	if e, ok := v.kernel.neighs[neighKey{br.Attrs().Index, want.Unmap()}]; ok {
-		n.Mac = e.HardwareAddr.String()
+	if e, ok := v.kernel.neighs[neighKey{br.Index, want.Unmap()}]; ok {
+		if e.HasMAC {
+			n.Mac = net.HardwareAddr(e.MAC[:]).String()
+		}
 		n.State = nudState(e.State)
-		n.Present = e.State&netlink.NUD_PERMANENT != 0 && mac != nil && bytes.Equal(e.HardwareAddr, mac)
+		n.Present = e.State&unix.NUD_PERMANENT != 0 && e.HasMAC && bytes.Equal(e.MAC[:], mac)
 	}
 	return n
 }
 
 // nudState names a neighbour entry's state as `ip neigh` does, in lower case:
 // "permanent", "reachable", "none".
-func nudState(state int) string {
+func nudState(state uint16) string {
 	nudStates := []struct {
-		bit  int
+		bit  uint16
 		name string
 	}{
-		{netlink.NUD_INCOMPLETE, "incomplete"},
-		{netlink.NUD_REACHABLE, "reachable"},
-		{netlink.NUD_STALE, "stale"},
-		{netlink.NUD_DELAY, "delay"},
-		{netlink.NUD_PROBE, "probe"},
-		{netlink.NUD_FAILED, "failed"},
-		{netlink.NUD_NOARP, "noarp"},
-		{netlink.NUD_PERMANENT, "permanent"},
+		{unix.NUD_INCOMPLETE, "incomplete"},
+		{unix.NUD_REACHABLE, "reachable"},
+		{unix.NUD_STALE, "stale"},
+		{unix.NUD_DELAY, "delay"},
+		{unix.NUD_PROBE, "probe"},
+		{unix.NUD_FAILED, "failed"},
+		{unix.NUD_NOARP, "noarp"},
+		{unix.NUD_PERMANENT, "permanent"},
 	}
 	var names []string
 	for _, s := range nudStates {

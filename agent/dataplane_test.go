@@ -406,7 +406,7 @@ func TestDataplaneReadsKernelOnce(t *testing.T) {
 	for i, name := range []string{"a", "b", "c"} {
 		e.overlayNetwork(nimbusv1.NewKey(nimbusv1.Kind_KIND_NETWORK, "", "", name).ID(), 100+i, 1500, "192.0.2.1")
 	}
-	k, err := readKernel(t.Context(), &e.nsh)
+	k, err := readKernel(t.Context(), newKernelView(&e.nsh))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -418,7 +418,7 @@ func TestDataplaneReadsKernelOnce(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
-	if _, err := readKernel(ctx, &e.nsh); err == nil {
+	if _, err := readKernel(ctx, newKernelView(&e.nsh)); err == nil {
 		t.Error("reading the kernel with a cancelled context succeeded")
 	}
 }

@@ -12,7 +12,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -26,7 +25,7 @@ import (
 
 // firewall reads the pinned maps and delphi once and answers Firewall from them.
 func (i *Inspector) firewall(ctx context.Context, view delphiv1.FirewallView) (*delphiv1.FirewallResponse, error) {
-	links, err := readLinkNames(ctx, i.netns)
+	links, err := readLinkNames(ctx, i.view)
 	if err != nil {
 		return nil, err
 	}
@@ -111,22 +110,16 @@ func (i *Inspector) firewall(ctx context.Context, view delphiv1.FirewallView) (*
 	return resp, nil
 }
 
-// readLinkNames dumps the links of namespace ns (nil: the agent's own) once and returns
-// their names by index, the netlink exchange bounded by what is left of ctx's deadline,
-// and by dataplaneTimeout.
-func readLinkNames(ctx context.Context, ns *netns.NsHandle) (map[int]string, error) {
-	h, err := openNetlink(ctx, ns)
-	if err != nil {
-		return nil, err
-	}
-	defer h.Close()
-	links, err := dumpKernel(ctx, &kernelState{}, "links", h.LinkList)
+// readLinkNames reads the links of view's namespace once and returns their names by
+// index, the read bounded by ctx.
+func readLinkNames(ctx context.Context, view *KernelView) (map[int]string, error) {
+	links, err := view.Links(ctx)
 	if err != nil {
 		return nil, err
 	}
 	names := make(map[int]string, len(links))
 	for _, l := range links {
-		names[l.Attrs().Index] = l.Attrs().Name
+		names[int(l.Index)] = l.Name
 	}
 	return names, nil
 }

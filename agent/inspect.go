@@ -67,8 +67,12 @@ type InspectorOptions struct {
 	// others in Dataplane's answer. Default: empty, and Dataplane fails.
 	Node string
 	// Namespace is the network namespace whose kernel Dataplane reads, the one the HAL
-	// programs, and whose interfaces Firewall names. Default: nil, the agent's own.
+	// programs, and whose interfaces Firewall names; both read it through View.
+	// Default: nil, the agent's own.
 	Namespace *netns.NsHandle
+	// View is Namespace's kernel view, the one the HAL's reconcilers share. Default: nil,
+	// a view of Namespace of the Inspector's own.
+	View *KernelView
 	// BPFDir is the bpffs directory the firewall pins its maps in (Config.BPFDir), which
 	// Firewall reads. Default: empty, the agent runs without a firewall, and Firewall
 	// fails.
@@ -106,10 +110,10 @@ type Inspector struct {
 
 	store InspectStore
 	log   *slog.Logger
-	// node and netns are InspectorOptions.Node and Namespace, for Dataplane and
-	// Firewall; bpfDir and fw are InspectorOptions.BPFDir and Firewall, for Firewall.
+	// node and view are InspectorOptions.Node and View, for Dataplane and Firewall;
+	// bpfDir and fw are InspectorOptions.BPFDir and Firewall, for Firewall.
 	node   string
-	netns  *netns.NsHandle
+	view   *KernelView
 	bpfDir string
 	fw     InstalledFirewall
 	// pageBytes is InspectorOptions.ListPageBytes; pagesCut counts the pages it cut.
@@ -146,7 +150,11 @@ func NewInspector(opts InspectorOptions) (*Inspector, error) {
 			return nil, fmt.Errorf("creating the local api: registering its metric: %w", err)
 		}
 	}
-	return &Inspector{store: opts.Store, log: log, node: opts.Node, netns: opts.Namespace, bpfDir: opts.BPFDir,
+	view := opts.View
+	if view == nil {
+		view = newKernelView(opts.Namespace)
+	}
+	return &Inspector{store: opts.Store, log: log, node: opts.Node, view: view, bpfDir: opts.BPFDir,
 		fw: opts.Firewall, pageBytes: opts.ListPageBytes, pagesCut: pagesCut, done: make(chan struct{})}, nil
 }
 

@@ -13,7 +13,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
@@ -365,7 +364,7 @@ func linkStatus(l ifaceLink) *nimbusv1.OperationalData {
 // linkOperState returns the kernel's operational state of a link (IF_OPER_*) as the
 // status has it: a kernel state the API does not name is unknown.
 func linkOperState(state uint8) nimbusv1.LinkOperState {
-	if state > uint8(netlink.OperUp) {
+	if state > rtnl.OperUp {
 		return nimbusv1.LinkOperState_LINK_OPER_STATE_UNKNOWN
 	}
 	// The API's states are the kernel's, one up: its zero is unspecified.

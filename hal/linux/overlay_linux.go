@@ -155,6 +155,12 @@ type OverlayStore interface {
 	LookupKeys(index, value string) ([]nimbusv1.Key, error)
 }
 
+// ObjectGetter is what NodeVTEP reads of delphi; OverlayStore is one.
+type ObjectGetter interface {
+	// Get returns the desired object with the key.
+	Get(key *nimbusv1.ObjectKey) (*nimbusv1.Object, bool)
+}
+
 // Reasons the overlay's objects are PENDING for.
 const (
 	// ReasonWaitingForNode: a Node the object needs (this host's, for its VTEP address,
@@ -174,7 +180,7 @@ const (
 // NodeVTEP returns the VTEP address of the named node from its Node object. When there is
 // no such object, or it has no VTEP address, the error is a pending *hal.Error with
 // reason ReasonWaitingForNode that says so.
-func NodeVTEP(store OverlayStore, node string) (netip.Addr, error) {
+func NodeVTEP(store ObjectGetter, node string) (netip.Addr, error) {
 	obj, ok := store.Get(NodeKey(node))
 	if !ok {
 		return netip.Addr{}, hal.Pendingf(ReasonWaitingForNode, "waiting for Node %q: no such Node object", node)

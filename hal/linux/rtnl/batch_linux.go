@@ -12,7 +12,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -590,6 +589,10 @@ func (b *Batcher) complete(r *mmsgReader, n int) {
 	}
 }
 
+// nlmsgerrAttrMsg is NLMSGERR_ATTR_MSG, the attribute of an NLMSG_ERROR message that
+// holds the kernel's explanation, which golang.org/x/sys/unix does not name.
+const nlmsgerrAttrMsg = 1
+
 // ackError decodes the payload of an NLMSG_ERROR message (struct nlmsgerr and, with
 // NLM_F_ACK_TLVS, the kernel's explanation).
 func ackError(msg []byte, flags uint16) error {
@@ -618,7 +621,7 @@ func ackError(msg []byte, flags uint16) error {
 		if l < unix.SizeofRtAttr || l > len(rest) {
 			break
 		}
-		if typ == nl.NLMSGERR_ATTR_MSG {
+		if typ == nlmsgerrAttrMsg {
 			if text := unix.ByteSliceToString(rest[unix.SizeofRtAttr:l]); text != "" {
 				return &nlError{errno: e, msg: text}
 			}

@@ -53,6 +53,30 @@ type Link struct {
 	Stats LinkStats
 }
 
+// The operational states of a link (Link.OperState, IFLA_OPERSTATE), RFC 2863's, which
+// golang.org/x/sys/unix does not name (IF_OPER_*).
+const (
+	OperUnknown uint8 = iota
+	OperNotPresent
+	OperDown
+	OperLowerLayerDown
+	OperTesting
+	OperDormant
+	OperUp
+)
+
+// operStateNames are the names `ip link` prints of the operational states, by number.
+var operStateNames = [...]string{"unknown", "not-present", "down", "lower-layer-down", "testing", "dormant", "up"}
+
+// OperStateName names an operational state as `ip link` prints it, in lower case: "up",
+// "lower-layer-down", ...; "unknown" for a state it does not name.
+func OperStateName(state uint8) string {
+	if int(state) < len(operStateNames) {
+		return operStateNames[state]
+	}
+	return "unknown"
+}
+
 // Up reports whether the link is administratively up (IFF_UP).
 func (l *Link) Up() bool { return l.Flags&unix.IFF_UP != 0 }
 

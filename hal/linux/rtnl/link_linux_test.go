@@ -105,3 +105,16 @@ func TestLinkRequestRoundTrip(t *testing.T) {
 		t.Errorf("ParseLink(AppendLinkRequest(l)) = %+v, %v\nwant %+v, true", got, ok, l)
 	}
 }
+
+// TestOperStateName names the operational states as `ip link` prints them, and a state
+// beyond RFC 2863's as unknown.
+func TestOperStateName(t *testing.T) {
+	for state, want := range map[uint8]string{
+		OperUnknown: "unknown", OperNotPresent: "not-present", OperDown: "down", OperLowerLayerDown: "lower-layer-down",
+		OperTesting: "testing", OperDormant: "dormant", OperUp: "up", OperUp + 1: "unknown",
+	} {
+		if got := OperStateName(state); got != want {
+			t.Errorf("OperStateName(%d) = %q, want %q", state, got, want)
+		}
+	}
+}

@@ -124,6 +124,13 @@ func LinkDumpRequest() []byte {
 	return AppendIfInfo(Message(nil, unix.RTM_GETLINK, 0), unix.AF_UNSPEC, 0, 0, 0)
 }
 
+// BridgeLinkDumpRequest returns a request for the bridges' view of every bridge port
+// (`bridge -d link show`, RTM_GETLINK of family AF_BRIDGE), whose answers carry each
+// port's flags in IFLA_PROTINFO (Link.Port).
+func BridgeLinkDumpRequest() []byte {
+	return AppendIfInfo(Message(nil, unix.RTM_GETLINK, 0), unix.AF_BRIDGE, 0, 0, 0)
+}
+
 // AddrDumpRequest returns a request for every address of both families (`ip addr
 // show`).
 func AddrDumpRequest() []byte {

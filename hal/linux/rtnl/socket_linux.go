@@ -5,38 +5,31 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"syscall"
 	"unsafe"
 
-	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
 // OpenSocket opens a netlink socket of the protocol in namespace ns (nil: the calling
-// process's), bound to the multicast groups (RTNLGRP_* numbers), non-blocking and ready
-// for the runtime's poller, with a receive buffer of rcvbuf bytes when rcvbuf > 0
-// (SO_RCVBUFFORCE, or SO_RCVBUF without CAP_NET_ADMIN). setup, when not nil, is called
+// process's), bound to the multicast groups (RTNLGRP_* numbers, 1 to 32), non-blocking
+// and ready for the runtime's poller, with a receive buffer of rcvbuf bytes when rcvbuf >
+// 0 (SO_RCVBUFFORCE, or SO_RCVBUF without CAP_NET_ADMIN). setup, when not nil, is called
 // with the descriptor before it is handed to the poller.
 func OpenSocket(ns *netns.NsHandle, protocol int, rcvbuf int, setup func(fd int) error, groups ...uint) (*os.File, error) {
-	target := netns.None()
-	if ns != nil {
-		target = *ns
-	}
-	s, err := nl.SubscribeAt(target, netns.None(), protocol, groups...)
+	fd, err := socketAt(ns, protocol)
 	if err != nil {
 		return nil, fmt.Errorf("opening netlink socket: %w", err)
 	}
-	// Take the descriptor over from the library's socket, which reads it its own way.
-	fd, err := unix.Dup(s.GetFd())
-	s.Close()
-	if err != nil {
-		return nil, fmt.Errorf("opening netlink socket: %w", err)
+	sa := &unix.SockaddrNetlink{Family: unix.AF_NETLINK}
+	for _, g := range groups {
+		sa.Groups |= 1 << (g - 1)
 	}
-	unix.CloseOnExec(fd)
-	if err := unix.SetNonblock(fd, true); err != nil {
+	if err := unix.Bind(fd, sa); err != nil {
 		unix.Close(fd)
-		return nil, fmt.Errorf("opening netlink socket: %w", err)
+		return nil, fmt.Errorf("binding netlink socket: %w", err)
 	}
 	if rcvbuf > 0 {
 		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, rcvbuf); err != nil {
@@ -50,6 +43,36 @@ func OpenSocket(ns *netns.NsHandle, protocol int, rcvbuf int, setup func(fd int)
 		}
 	}
 	return os.NewFile(uintptr(fd), "netlink"), nil
+}
+
+// socketAt returns a non-blocking, close-on-exec netlink socket of the protocol opened
+// in namespace ns (nil: the calling process's). A socket stays in the namespace it was
+// opened in, so only its opening needs a thread there: a goroutine of its own, whose
+// thread is locked into ns and ends with it rather than serve other goroutines from ns.
+func socketAt(ns *netns.NsHandle, protocol int) (int, error) {
+	open := func() (int, error) {
+		return unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, protocol)
+	}
+	if ns == nil {
+		return open()
+	}
+	type result struct {
+		fd  int
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		// Never unlocked: the runtime ends the thread when the goroutine returns.
+		runtime.LockOSThread()
+		if err := netns.Set(*ns); err != nil {
+			done <- result{-1, fmt.Errorf("entering network namespace %v: %w", *ns, err)}
+			return
+		}
+		fd, err := open()
+		done <- result{fd, err}
+	}()
+	r := <-done
+	return r.fd, r.err
 }
 
 // mmsgReader reads many datagrams from a socket in one recvmmsg.

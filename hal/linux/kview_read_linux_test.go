@@ -1,0 +1,123 @@
+package linux
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/naplesnet/naples/hal/linux/rtnl"
+	"github.com/naplesnet/naples/internal/testns"
+)
+
+// TestKernelViewReads reads a namespace through a view, a bridge with an address, a port
+// that does not learn and one that does, a VXLAN device with a remote and a neighbour,
+// and finds each: the links with their settings, the bridge ports with their learning
+// flags, the address, the FDB entries of the VXLAN device and of the bridge, and the
+// neighbour. A read with an ended context fails.
+func TestKernelViewReads(t *testing.T) {
+	ns := testns.Named(t, "naples-vread")
+	nsh := testns.Handle(t, ns)
+	ip := func(args ...string) { testns.Run(t, "ip", append([]string{"-n", ns}, args...)...) }
+	bridge := func(args ...string) { testns.Run(t, "bridge", append([]string{"-n", ns}, args...)...) }
+	ip("link", "add", "br0", "type", "bridge")
+	ip("link", "set", "br0", "alias", "naples:test", "up")
+	ip("addr", "add", "10.0.0.1/24", "dev", "br0")
+	ip("link", "add", "p0", "type", "veth", "peer", "name", "q0")
+	ip("link", "add", "p1", "type", "veth", "peer", "name", "q1")
+	ip("link", "set", "p0", "master", "br0")
+	ip("link", "set", "p1", "master", "br0")
+	bridge("link", "set", "dev", "p0", "learning", "off")
+	bridge("fdb", "add", "02:00:00:00:00:05", "dev", "p0", "master", "static")
+	ip("link", "add", "vx0", "type", "vxlan", "id", "100", "local", "192.0.2.1", "dstport", "4789", "nolearning")
+	bridge("fdb", "append", "00:00:00:00:00:00", "dev", "vx0", "dst", "192.0.2.2")
+	ip("neigh", "add", "10.0.0.2", "lladdr", "02:00:00:00:00:02", "dev", "br0", "nud", "permanent")
+	view := NewKernelView(KernelViewOptions{Namespace: &nsh})
+	ctx := t.Context()
+
+	links, err := view.Links(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byName := map[string]rtnl.Link{}
+	for _, l := range links {
+		if l.Family != unix.AF_UNSPEC {
+			t.Errorf("link %s of family %d, want AF_UNSPEC", l.Name, l.Family)
+		}
+		byName[l.Name] = l
+	}
+	br, vx := byName["br0"], byName["vx0"]
+	if len(links) != 7 || br.Kind != "bridge" || br.Alias != "naples:test" || !br.Up() {
+		t.Errorf("links %d (want 7: lo, br0, p0, q0, p1, q1, vx0); br0 %+v", len(links), br)
+	}
+	if want := (rtnl.VXLANInfo{VNI: 100, Local: netip.MustParseAddr("192.0.2.1"), Port: 4789}); vx.Kind != "vxlan" || vx.VXLAN != want {
+		t.Errorf("vx0 %s %+v, want vxlan %+v", vx.Kind, vx.VXLAN, want)
+	}
+	if p0 := byName["p0"]; p0.Master != br.Index {
+		t.Errorf("p0's master %d, want br0's index %d", p0.Master, br.Index)
+	}
+
+	ports, err := view.BridgePorts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	learning := map[string]bool{}
+	for _, p := range ports {
+		learning[p.Name] = p.Port.Learning
+	}
+	if want := map[string]bool{"p0": false, "p1": true}; len(learning) != 2 || learning["p0"] || !learning["p1"] {
+		t.Errorf("bridge ports' learning %v, want %v", learning, want)
+	}
+
+	addrs, err := view.Addrs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, a := range addrs {
+		p, ok := a.Prefix()
+		found = found || ok && a.Index == br.Index && p == netip.MustParsePrefix("10.0.0.1/24")
+	}
+	if !found {
+		t.Errorf("addresses %+v, want 10.0.0.1/24 on br0", addrs)
+	}
+
+	fdb, err := view.FDB(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var remote, static bool
+	for _, e := range fdb {
+		if e.Family != unix.AF_BRIDGE {
+			t.Errorf("fdb entry %+v of family %d, want AF_BRIDGE", e, e.Family)
+		}
+		remote = remote || e.Index == vx.Index && e.Flags&unix.NTF_SELF != 0 && e.Dst == netip.MustParseAddr("192.0.2.2")
+		static = static || e.Index == byName["p0"].Index && e.Master == br.Index && e.MAC == [6]byte{2, 0, 0, 0, 0, 5}
+	}
+	if !remote || !static {
+		t.Errorf("fdb %+v: vx0's remote 192.0.2.2 %v, br0's static entry on p0 %v; want both", fdb, remote, static)
+	}
+
+	neighs, err := view.Neighbours(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found = false
+	for _, n := range neighs {
+		if n.Family != unix.AF_INET && n.Family != unix.AF_INET6 {
+			t.Errorf("neighbour %+v of family %d", n, n.Family)
+		}
+		found = found || n.Index == br.Index && n.Dst == netip.MustParseAddr("10.0.0.2") &&
+			n.MAC == [6]byte{2, 0, 0, 0, 0, 2} && n.State&unix.NUD_PERMANENT != 0
+	}
+	if !found {
+		t.Errorf("neighbours %+v, want 10.0.0.2 permanent on br0", neighs)
+	}
+
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := view.Links(ended); err == nil {
+		t.Error("reading links with an ended context succeeded")
+	}
+}
