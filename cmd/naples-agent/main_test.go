@@ -25,6 +25,7 @@ func TestRunRefusesBadCommandLines(t *testing.T) {
 		{name: "metrics without port", args: []string{"--metrics", "localhost"}, want: []string{"metrics", `"localhost"`, "host:port"}},
 		{name: "bad nimbus in a list", args: []string{"--nimbus", "unix:///run/a.sock,ftp://x:1"}, want: []string{"-nimbus", `"ftp://x:1"`}},
 		{name: "empty nimbus list", args: []string{"--nimbus", ""}, want: []string{"-nimbus", "no address"}},
+		{name: "bad gc percent", args: []string{"--gc-percent", "half"}, want: []string{"gc-percent", `"half"`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stderr bytes.Buffer
