@@ -18,9 +18,9 @@
 //
 // --gc-percent sets the Go garbage collector's target, as GOGC does: a collection starts
 // once the heap has grown by that percentage of what the last one left live. The default,
-// 50 where Go's is 100, holds a third less heap above the live data for more collections;
-// GOGC in the environment is used instead when the flag is not given. The metric
-// go_gc_gogc_percent shows what the agent runs with.
+// 50 where Go's is 100, lets the heap grow half as far above the live data, for more
+// collections; GOGC in the environment is used instead when the flag is not given. The
+// metric go_gc_gogc_percent shows what the agent runs with.
 //
 // naples-agent --version prints the version, the Go release and the platform, and exits 0.
 package main
