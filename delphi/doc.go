@@ -10,7 +10,8 @@
 // its object in wire form, decoded for each reader, so an object costs a few hundred bytes
 // rather than a few kilobytes. The status table holds, per object, the status the HAL
 // reported for this node; statuses are many, small, rewritten on every reconcile and
-// never kept on disk, so it is a map under a read-write mutex.
+// never kept on disk, so it is a map under a read-write mutex, and it too holds each
+// status in wire form, its update time apart, decoded for each reader.
 //
 // Ownership is enforced by the API: each table has exactly one writer handle, claimed once
 // (ClaimDesired, ClaimStatus); a second claim fails with ErrWriterClaimed. Readers need no

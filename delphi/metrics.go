@@ -111,8 +111,12 @@ func (s *Store) countObjects() map[nimbusv1.Kind]*objectCounts {
 	defer s.statusMu.RUnlock()
 	desired.Scan(func(d *record) bool {
 		phase := phasePending
-		if r, ok := s.statuses[d.key]; ok && r.st.GetObservedGeneration() == d.generation {
-			switch r.st.GetPhase() {
+		if r, ok := s.statuses[d.key]; ok {
+			gen, reported := r.progress()
+			if gen != d.generation {
+				reported = nimbusv1.Phase_PHASE_UNSPECIFIED
+			}
+			switch reported {
 			case nimbusv1.Phase_PHASE_PROGRAMMED:
 				phase = phaseProgrammed
 			case nimbusv1.Phase_PHASE_FAILED:

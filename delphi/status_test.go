@@ -130,9 +130,20 @@ func TestStatusTxnIsAtomic(t *testing.T) {
 	}
 }
 
-// TestSameStatusComparesEveryField fails when NodeStatus gains a field that sameStatus
-// does not compare.
+// TestSameStatusComparesEveryField fails when NodeStatus gains a field that the status
+// table's rows do not compare.
 func TestSameStatusComparesEveryField(t *testing.T) {
+	sameStatus := func(a, b *nimbusv1.NodeStatus) bool {
+		ra, err := storeStatus(proto.CloneOf(a))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rb, err := storeStatus(proto.CloneOf(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ra.same(rb)
+	}
 	fields := (&nimbusv1.NodeStatus{}).ProtoReflect().Descriptor().Fields()
 	var names []string
 	for i := 0; i < fields.Len(); i++ {
@@ -140,7 +151,7 @@ func TestSameStatusComparesEveryField(t *testing.T) {
 	}
 	want := []string{"node", "observed_generation", "phase", "reason", "message", "update_time", "operational", "stale", "terminal", "operational_data"}
 	if !slices.Equal(names, want) {
-		t.Fatalf("NodeStatus fields are %v; sameStatus compares %v: update it", names, want)
+		t.Fatalf("NodeStatus fields are %v; the table's rows know %v: update them", names, want)
 	}
 	a := &nimbusv1.NodeStatus{Phase: nimbusv1.Phase_PHASE_PROGRAMMED, Operational: map[string]string{"a": "1"}, UpdateTime: timestamppb.Now()}
 	b := &nimbusv1.NodeStatus{Phase: nimbusv1.Phase_PHASE_PROGRAMMED, Operational: map[string]string{"a": "1"}}
@@ -210,5 +221,25 @@ func TestStatusOperationalMap(t *testing.T) {
 	}
 	if ids := nextIDs(t, sub); !slices.Equal(ids, []string{statusKey("last").Key().String()}) {
 		t.Errorf("rewriting an equal status and writing another notified %v; want only the other", ids)
+	}
+}
+
+// TestStoredStatusProgress checks that a row tells a status's observed generation and
+// phase from its wire form, around fields before and after them.
+func TestStoredStatusProgress(t *testing.T) {
+	st := &nimbusv1.NodeStatus{Node: "host-a", ObservedGeneration: 7, Phase: nimbusv1.Phase_PHASE_FAILED, Reason: "Conflict",
+		UpdateTime: timestamppb.Now(), OperationalData: &nimbusv1.OperationalData{Kind: &nimbusv1.OperationalData_Node{Node: &nimbusv1.NodeOperational{Vtep: "192.0.2.1"}}}}
+	r, err := storeStatus(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gen, phase := r.progress(); gen != 7 || phase != nimbusv1.Phase_PHASE_FAILED {
+		t.Errorf("progress() = %d, %v; want 7, PHASE_FAILED", gen, phase)
+	}
+	if got := r.status(); !proto.Equal(got, st) {
+		t.Errorf("status() = %v; want %v", got, st)
+	}
+	if gen, phase := (storedStatus{}).progress(); gen != 0 || phase != nimbusv1.Phase_PHASE_UNSPECIFIED {
+		t.Errorf("an empty row's progress() = %d, %v; want 0, PHASE_UNSPECIFIED", gen, phase)
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -513,47 +512,6 @@ func (s *Store) Resume() (epoch string, revision uint64) {
 	return st.epoch, st.revision
 }
 
-// storedStatus is one row of the status table. A status keeps the deprecated string form
-// of its operational data (NodeStatus.operational) only when that is not the form its
-// typed operational data make: for the HAL's statuses the map is made again when the
-// status is read, so that the table holds the operational data once, not twice.
-type storedStatus struct {
-	st *nimbusv1.NodeStatus
-	// mapped tells that st's operational map was dropped because it was the one
-	// st.OperationalData.Map() makes; a read returns the status with it made again.
-	mapped bool
-}
-
-// storeStatus returns st as the status table keeps it. It may change st, which the
-// transaction owns.
-func storeStatus(st *nimbusv1.NodeStatus) storedStatus {
-	if st.GetOperationalData() == nil || st.GetOperational() == nil {
-		return storedStatus{st: st}
-	}
-	if !maps.Equal(st.GetOperational(), st.GetOperationalData().Map()) {
-		return storedStatus{st: st}
-	}
-	st.Operational = nil
-	return storedStatus{st: st, mapped: true}
-}
-
-// status returns the status as it was written: with its operational map made again from
-// its typed operational data when the table dropped it. Such a status is a copy of its
-// own; any other is the stored one.
-func (r storedStatus) status() *nimbusv1.NodeStatus {
-	if !r.mapped {
-		return r.st
-	}
-	st := proto.CloneOf(r.st)
-	st.Operational = st.GetOperationalData().Map()
-	return st
-}
-
-// same reports whether two rows hold statuses equal apart from their update times.
-func (r storedStatus) same(o storedStatus) bool {
-	return r.mapped == o.mapped && sameStatus(r.st, o.st)
-}
-
 // Status returns the status the HAL reported for the object with the given key.
 func (s *Store) Status(key *nimbusv1.ObjectKey) (*nimbusv1.NodeStatus, bool) {
 	s.statusMu.RLock()
@@ -942,6 +900,16 @@ func (w *StatusWriter) Commit(t *StatusTxn) error {
 		return ErrClosed
 	}
 	start := time.Now()
+	rows := make([]storedStatus, len(t.ops))
+	for i, op := range t.ops {
+		if op.remove {
+			continue
+		}
+		var err error
+		if rows[i], err = storeStatus(op.st); err != nil {
+			return fmt.Errorf("storing the status of %s: %w", op.key, err)
+		}
+	}
 	// before holds, per key the batch wrote, its status before the batch, so that
 	// subscribers hear of the keys whose status the batch as a whole changed.
 	type was struct {
@@ -952,12 +920,9 @@ func (w *StatusWriter) Commit(t *StatusTxn) error {
 	before := make(map[nimbusv1.Key]was, len(t.ops))
 	desired := s.desired.Load().byID
 	s.statusMu.Lock()
-	for _, op := range t.ops {
+	for i, op := range t.ops {
 		old, had := s.statuses[op.key]
-		var row storedStatus
-		if !op.remove {
-			row = storeStatus(op.st)
-		}
+		row := rows[i]
 		switch {
 		case op.remove && !had:
 			continue
@@ -985,7 +950,7 @@ func (w *StatusWriter) Commit(t *StatusTxn) error {
 	changed := keys[:0]
 	for _, key := range keys {
 		st, had := s.statuses[key]
-		if b := before[key]; had != b.had || st.st != b.st.st {
+		if b := before[key]; had != b.had || !st.equal(b.st) {
 			changed = append(changed, key)
 		}
 	}
@@ -1011,20 +976,4 @@ func (w *StatusWriter) Delete(key *nimbusv1.ObjectKey) error {
 	t := &StatusTxn{}
 	t.Delete(key.Key())
 	return w.Commit(t)
-}
-
-// sameStatus reports whether two statuses are equal apart from their update times. It
-// compares the fields of NodeStatus one by one instead of cloning both to clear their
-// times: it runs on every status write.
-func sameStatus(a, b *nimbusv1.NodeStatus) bool {
-	return a.GetNode() == b.GetNode() &&
-		a.GetObservedGeneration() == b.GetObservedGeneration() &&
-		a.GetPhase() == b.GetPhase() &&
-		a.GetReason() == b.GetReason() &&
-		a.GetMessage() == b.GetMessage() &&
-		a.GetStale() == b.GetStale() &&
-		a.GetTerminal() == b.GetTerminal() &&
-		maps.Equal(a.GetOperational(), b.GetOperational()) &&
-		proto.Equal(a.GetOperationalData(), b.GetOperationalData()) &&
-		len(a.ProtoReflect().GetUnknown()) == 0 && len(b.ProtoReflect().GetUnknown()) == 0
 }

@@ -259,11 +259,10 @@ func New(opts Options) (*HAL, error) {
 		dependents:  dependents,
 		programmed:  map[nimbusv1.Key]bool{},
 		counts:      counts,
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(opts.RateLimiter,
-			workqueue.TypedRateLimitingQueueConfig[nimbusv1.Key]{Name: "hal", Clock: opts.Clock}),
-		ready: newReadiness(),
-		opts:  opts,
-		log:   opts.Logger,
+		queue:       newQueue(opts.RateLimiter, opts.Clock),
+		ready:       newReadiness(),
+		opts:        opts,
+		log:         opts.Logger,
 	}
 	h.status = newStatusWriter(opts.Store, opts.StatusBatch, func() bool { return h.queue.Len() > 0 }, h.statusFailed)
 	var err error

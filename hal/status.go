@@ -203,6 +203,11 @@ func (w *statusWriter) take() (ids []nimbusv1.Key, updates []StatusUpdate, stopp
 		updates[i] = w.pending[id]
 		delete(w.pending, id)
 	}
+	if len(w.pending) == 0 {
+		// A map keeps the room it grew to: a fresh one, so that a drained writer
+		// does not hold room for every key a restart or a resync handed over.
+		w.pending = map[nimbusv1.Key]StatusUpdate{}
+	}
 	return ids, updates, w.stopped
 }
 

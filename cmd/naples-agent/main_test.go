@@ -27,6 +27,7 @@ func TestRunRefusesBadCommandLines(t *testing.T) {
 		{name: "empty nimbus list", args: []string{"--nimbus", ""}, want: []string{"-nimbus", "no address"}},
 		{name: "zero gateway check", args: []string{"--gateway-check-interval", "0s"}, want: []string{"-gateway-check-interval", `"0s"`, "positive"}},
 		{name: "zero gateway bridges", args: []string{"--gateway-bridges", "0"}, want: []string{"-gateway-bridges", "0", "positive"}},
+		{name: "bad gc percent", args: []string{"--gc-percent", "half"}, want: []string{"gc-percent", `"half"`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stderr bytes.Buffer

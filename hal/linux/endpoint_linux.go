@@ -171,12 +171,11 @@ type EndpointReconciler struct {
 	// mirrors and then writes the kernel.
 	locks keyedMutex[endpointLock]
 
-	// mu guards programmed, which holds the entries each endpoint (by key ID) programmed
-	// or may have programmed, so that they can be removed or moved, and holders, which
-	// holds the key ID of the endpoint each entry was last written or found right for.
-	mu         sync.Mutex
-	programmed map[nimbusv1.Key]endpointRefs
-	holders    entryHolders
+	// mu guards endpoints, which holds the entries each endpoint programmed or may have
+	// programmed, so that they can be removed or moved, and the endpoint each entry was
+	// last written or found right for.
+	mu        sync.Mutex
+	endpoints endpointTable
 }
 
 var (
@@ -188,7 +187,7 @@ var (
 )
 
 // endpointLock names the kernel entry a lock of EndpointReconciler.locks guards, or
-// EndpointReconciler.holders records the holder of: a MAC's FDB entries in a network, an
+// EndpointReconciler.endpoints records the holder of: a MAC's FDB entries in a network, an
 // IP's neighbour in a network, or a host interface.
 type endpointLock struct {
 	network string
@@ -197,52 +196,122 @@ type endpointLock struct {
 	iface   string
 }
 
-// entryHolders holds the key of the endpoint that holds each kernel entry, by the entry's
-// name, in a map per kind of entry: every remote endpoint holds the FDB entries of its
-// MAC and the neighbours of its addresses, so these maps are as long as the endpoints,
-// and a map keyed by a macRef or an ipRef takes half the room of one keyed by an
-// endpointLock.
-type entryHolders struct {
-	macs   map[macRef]nimbusv1.Key
-	ips    map[ipRef]nimbusv1.Key
-	ifaces map[string]nimbusv1.Key
+// endpointTable holds, per endpoint, the kernel entries it programmed or may have
+// programmed, and per kernel entry the endpoint that holds it, by the entry's name, in a
+// map per kind of entry. Every remote endpoint holds the FDB entries of its MAC and the
+// neighbours of its addresses, so these maps are as long as the endpoints: an entry's
+// holder is a pointer to the endpoint's record, which holds its key once, rather than a
+// key in every map, and a map keyed by a macRef or an ipRef takes half the room of one
+// keyed by an endpointLock.
+type endpointTable struct {
+	// records holds the record of every endpoint that programmed entries or holds one.
+	records map[nimbusv1.Key]*endpointRecord
+	macs    map[macRef]*endpointRecord
+	ips     map[ipRef]*endpointRecord
+	ifaces  map[string]*endpointRecord
 }
 
-func newEntryHolders() entryHolders {
-	return entryHolders{macs: map[macRef]nimbusv1.Key{}, ips: map[ipRef]nimbusv1.Key{}, ifaces: map[string]nimbusv1.Key{}}
+// endpointRecord is what an endpointTable keeps of one endpoint: its key, the entries it
+// programmed or may have programmed, and the number of entries it holds.
+type endpointRecord struct {
+	key   nimbusv1.Key
+	refs  endpointRefs
+	holds int
+}
+
+func newEndpointTable() endpointTable {
+	return endpointTable{
+		records: map[nimbusv1.Key]*endpointRecord{},
+		macs:    map[macRef]*endpointRecord{},
+		ips:     map[ipRef]*endpointRecord{},
+		ifaces:  map[string]*endpointRecord{},
+	}
+}
+
+// programmed returns the entries the endpoint programmed or may have programmed.
+func (t endpointTable) programmed(id nimbusv1.Key) endpointRefs {
+	if r, ok := t.records[id]; ok {
+		return r.refs
+	}
+	return endpointRefs{}
+}
+
+// setProgrammed records the entries the endpoint programmed or may have programmed.
+func (t endpointTable) setProgrammed(id nimbusv1.Key, refs endpointRefs) {
+	r := t.record(id)
+	r.refs = refs
+	t.release(r)
+}
+
+// record returns the record of the endpoint, made when there is none; release lets go
+// of it once it holds nothing.
+func (t endpointTable) record(id nimbusv1.Key) *endpointRecord {
+	r, ok := t.records[id]
+	if !ok {
+		r = &endpointRecord{key: id}
+		t.records[id] = r
+	}
+	return r
+}
+
+// release forgets the endpoint's record when it neither programmed nor holds anything.
+func (t endpointTable) release(r *endpointRecord) {
+	if r.holds == 0 && r.refs.empty() {
+		delete(t.records, r.key)
+	}
 }
 
 // get returns the holder of the entry.
-func (h entryHolders) get(e endpointLock) (nimbusv1.Key, bool) {
-	var k nimbusv1.Key
-	var ok bool
+func (t endpointTable) get(e endpointLock) (nimbusv1.Key, bool) {
+	var r *endpointRecord
 	switch {
 	case e.iface != "":
-		k, ok = h.ifaces[e.iface]
+		r = t.ifaces[e.iface]
 	case e.ip.IsValid():
-		k, ok = h.ips[ipRef{e.network, e.ip}]
+		r = t.ips[ipRef{e.network, e.ip}]
 	default:
-		k, ok = h.macs[macRef{e.network, e.mac}]
+		r = t.macs[macRef{e.network, e.mac}]
 	}
-	return k, ok
+	if r == nil {
+		return nimbusv1.Key{}, false
+	}
+	return r.key, true
 }
 
 // set records owner as the holder of the entry; the zero Key records that none holds it.
-func (h entryHolders) set(e endpointLock, owner nimbusv1.Key) {
-	switch {
-	case e.iface != "" && owner.IsZero():
-		delete(h.ifaces, e.iface)
-	case e.iface != "":
-		h.ifaces[e.iface] = owner
-	case e.ip.IsValid() && owner.IsZero():
-		delete(h.ips, ipRef{e.network, e.ip})
-	case e.ip.IsValid():
-		h.ips[ipRef{e.network, e.ip}] = owner
-	case owner.IsZero():
-		delete(h.macs, macRef{e.network, e.mac})
-	default:
-		h.macs[macRef{e.network, e.mac}] = owner
+func (t endpointTable) set(e endpointLock, owner nimbusv1.Key) {
+	var r *endpointRecord
+	if !owner.IsZero() {
+		r = t.record(owner)
 	}
+	var was *endpointRecord
+	switch {
+	case e.iface != "":
+		was = swapHolder(t.ifaces, e.iface, r)
+	case e.ip.IsValid():
+		was = swapHolder(t.ips, ipRef{e.network, e.ip}, r)
+	default:
+		was = swapHolder(t.macs, macRef{e.network, e.mac}, r)
+	}
+	if r != nil {
+		r.holds++
+	}
+	if was != nil {
+		was.holds--
+		t.release(was)
+	}
+}
+
+// swapHolder makes r the holder of the entry in m, none when r is nil, and returns the
+// holder before.
+func swapHolder[K comparable](m map[K]*endpointRecord, entry K, r *endpointRecord) *endpointRecord {
+	was := m[entry]
+	if r == nil {
+		delete(m, entry)
+	} else {
+		m[entry] = r
+	}
+	return was
 }
 
 // claims returns the index that lists the endpoints that claim the entry and the value
@@ -380,16 +449,15 @@ func NewEndpointReconciler(opts EndpointOptions) (*EndpointReconciler, error) {
 		return nil, err
 	}
 	return &EndpointReconciler{
-		rtnlConn:   c,
-		found:      found,
-		store:      opts.Store,
-		node:       opts.Node,
-		fw:         opts.Firewall,
-		links:      newEPLinkTable(),
-		fdb:        hal.NewMirror[fdbKey, fdbEntry](func(have, want fdbEntry) bool { return have == want }, fdbKey.hash),
-		neigh:      hal.NewMirror[neighKey, neighEntry](func(have, want neighEntry) bool { return have == want }, neighKey.hash),
-		programmed: map[nimbusv1.Key]endpointRefs{},
-		holders:    newEntryHolders(),
+		rtnlConn:  c,
+		found:     found,
+		store:     opts.Store,
+		node:      opts.Node,
+		fw:        opts.Firewall,
+		links:     newEPLinkTable(),
+		fdb:       hal.NewMirror[fdbKey, fdbEntry](func(have, want fdbEntry) bool { return have == want }, fdbKey.hash),
+		neigh:     hal.NewMirror[neighKey, neighEntry](func(have, want neighEntry) bool { return have == want }, neighKey.hash),
+		endpoints: newEndpointTable(),
 	}, nil
 }
 
@@ -439,7 +507,7 @@ func (r *EndpointReconciler) Reconcile(ctx context.Context, key *nimbusv1.Object
 	}
 	id := key.Key()
 	r.mu.Lock()
-	old := r.programmed[id]
+	old := r.endpoints.programmed(id)
 	r.mu.Unlock()
 
 	var plan *endpointPlan
@@ -498,11 +566,7 @@ func (r *EndpointReconciler) Reconcile(ctx context.Context, key *nimbusv1.Object
 func (r *EndpointReconciler) remember(id nimbusv1.Key, refs endpointRefs) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if refs.empty() {
-		delete(r.programmed, id)
-	} else {
-		r.programmed[id] = refs
-	}
+	r.endpoints.setProgrammed(id, refs)
 }
 
 // sync makes each entry of refs what its owner wants; plan is the plan of the endpoint
@@ -763,7 +827,7 @@ func (r *EndpointReconciler) pickOwner(entry endpointLock, ids []nimbusv1.Key) n
 		return ids[0]
 	}
 	r.mu.Lock()
-	holder, held := r.holders.get(entry)
+	holder, held := r.endpoints.get(entry)
 	r.mu.Unlock()
 	if held && slices.Contains(ids, holder) {
 		return holder
@@ -793,7 +857,7 @@ func firstCreated(get func(*nimbusv1.ObjectKey) (*nimbusv1.Object, bool), ids []
 func (r *EndpointReconciler) hold(entry endpointLock, owner nimbusv1.Key) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.holders.set(entry, owner)
+	r.endpoints.set(entry, owner)
 }
 
 // wanted returns the plan of the endpoint owner, which owns an entry that the endpoint

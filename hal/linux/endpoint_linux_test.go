@@ -797,7 +797,7 @@ func TestEndpointFirstComeKeepsItsPlace(t *testing.T) {
 // TestEntryHolders checks that the holders of a MAC's entries, an address's neighbour and
 // an interface are kept apart, by network, and that the zero Key forgets one.
 func TestEntryHolders(t *testing.T) {
-	h := newEntryHolders()
+	h := newEndpointTable()
 	a := nimbusv1.MakeKey(nimbusv1.Kind_KIND_ENDPOINT, "", "", "a")
 	b := nimbusv1.MakeKey(nimbusv1.Kind_KIND_ENDPOINT, "", "", "b")
 	mac := endpointLock{network: "blue", mac: [6]byte{2, 0, 0, 0, 0, 1}}
@@ -828,5 +828,41 @@ func TestEntryHolders(t *testing.T) {
 	}
 	if got, held := h.get(mac); got != a || !held {
 		t.Errorf("forgetting the neighbour's holder changed the MAC's: %v, %v", got, held)
+	}
+	if _, ok := h.records[b]; ok {
+		t.Error("the table keeps a record of b, which holds and programmed nothing any more")
+	}
+}
+
+// TestEndpointTableRecords checks that an endpoint's record lasts while it programmed
+// entries or holds one, and no longer, whichever of the two ends first.
+func TestEndpointTableRecords(t *testing.T) {
+	h := newEndpointTable()
+	a := nimbusv1.MakeKey(nimbusv1.Kind_KIND_ENDPOINT, "", "", "a")
+	b := nimbusv1.MakeKey(nimbusv1.Kind_KIND_ENDPOINT, "", "", "b")
+	mac := endpointLock{network: "blue", mac: [6]byte{2, 0, 0, 0, 0, 1}}
+	refs := endpointRefs{macs: []macRef{{"blue", mac.mac}}}
+	h.setProgrammed(a, refs)
+	h.set(mac, a)
+	h.set(mac, a) // again: still one entry held
+	h.setProgrammed(a, endpointRefs{})
+	if got, held := h.get(mac); got != a || !held {
+		t.Fatalf("a programmed nothing any more but holds the MAC: get = %v, %v", got, held)
+	}
+	if !h.programmed(a).empty() {
+		t.Errorf("programmed(a) = %+v; want nothing", h.programmed(a))
+	}
+	h.set(mac, b) // b takes the entry over
+	if _, ok := h.records[a]; ok {
+		t.Error("the table keeps a record of a, which holds and programmed nothing any more")
+	}
+	h.setProgrammed(b, refs)
+	h.set(mac, nimbusv1.Key{})
+	if got := h.programmed(b); !got.equal(refs) {
+		t.Errorf("programmed(b) = %+v; want %+v", got, refs)
+	}
+	h.setProgrammed(b, endpointRefs{})
+	if len(h.records) != 0 || len(h.macs) != 0 {
+		t.Errorf("the table keeps %d records and %d MACs' holders; want none", len(h.records), len(h.macs))
 	}
 }
