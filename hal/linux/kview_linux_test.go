@@ -55,6 +55,9 @@ func TestKernelViewOneSubscription(t *testing.T) {
 	if got := view.subscriptions.Load(); got != 1 {
 		t.Errorf("the view opened %d subscriptions, want 1", got)
 	}
+	if got := view.links.dumps.Load(); got != 1 {
+		t.Errorf("the view's link table was dumped %d times, want once, when the subscription started", got)
+	}
 	// The four that write share one batched writer.
 	view.mu.Lock()
 	if w := view.writers[defaultTimeout]; len(view.writers) != 1 || w == nil || w.holders != 4 {
@@ -63,11 +66,12 @@ func TestKernelViewOneSubscription(t *testing.T) {
 	view.mu.Unlock()
 
 	// The observers share what the kernel reports: a link added by hand reaches the
-	// interface observer through the one subscription (its mirror holds it).
+	// view's link table, which the interface reconciler reads, through the one
+	// subscription.
 	testns.Run(t, "ip", "-n", ns, "link", "add", "view7", "type", "veth", "peer", "name", "view8")
 	rec := observers[1].(*InterfaceReconciler)
 	waitFor(t, "the interface observer to hear of view7", func() bool {
-		_, ok := rec.links.Get("view7")
+		_, _, ok := rec.links.byName("view7")
 		return ok
 	})
 }
@@ -169,5 +173,51 @@ func TestKernelViewSubscriptionEnds(t *testing.T) {
 	}
 	if n := testns.RouteSubscriptions(t, ns); n != 0 {
 		t.Errorf("%d subscriptions once every observer failed, want 0", n)
+	}
+}
+
+// TestKernelViewLinkTableShared runs two reconcilers that read the links through one
+// view: one dump loads the view's link table when its subscription starts, however many
+// observers start; the table holds each link of the namespace once; and a write of one
+// reconciler reaches the other's observer, which enqueues the object that names the link
+// (the echo of a write is passed over by its writer alone).
+func TestKernelViewLinkTableShared(t *testing.T) {
+	h := newIfaceHost(t, -1)
+	view := NewKernelView(KernelViewOptions{Namespace: &h.nsh})
+	reconciler := func() *InterfaceReconciler {
+		rec, err := NewInterfaceReconciler(InterfaceOptions{Store: h.store, Namespace: &h.nsh, View: view, StatsInterval: -1,
+			StateFile: filepath.Join(t.TempDir(), "interfaces.json"), Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { rec.Close() })
+		return rec
+	}
+	a, b := reconciler(), reconciler()
+	obj := ifaceObject("uplink", "nic0", true, 1400)
+	h.put(t, obj)
+	runObserver(t, a)
+	heard := runObserver(t, b)
+	if n := view.links.dumps.Load(); n != 1 {
+		t.Errorf("the link table was dumped %d times for two observers; want once", n)
+	}
+	if a.links != view.links || b.links != view.links {
+		t.Error("the reconcilers read links of their own, not the view's table")
+	}
+
+	h.mustReconcile(t, a, obj.Key())
+	epAwaitEnqueued(t, heard, obj.Key().Key().String(), "the other reconciler set nic0 up, mtu 1400")
+	index, l, ok := view.links.byName("nic0")
+	if !ok || !l.up || l.mtu != 1400 {
+		t.Errorf("the table holds nic0 as %+v (found %v); want up, mtu 1400", l, ok)
+	}
+	if n := view.links.names.Len("nic0"); n != 1 {
+		t.Errorf("the table holds %d links named nic0; want 1", n)
+	}
+	if n, want := view.links.m.Len(), 2; n != want {
+		t.Errorf("the table holds %d links; want %d, lo and nic0", n, want)
+	}
+	if _, ok := view.links.get(index); !ok {
+		t.Errorf("nic0 is not under its index %d", index)
 	}
 }
