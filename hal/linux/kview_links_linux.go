@@ -2,11 +2,14 @@ package linux
 
 import (
 	"context"
+	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/naplesnet/naples/hal"
 	"github.com/naplesnet/naples/hal/linux/rtnl"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
 // kernelLink is what a KernelView's link table holds of a link (`ip -d -s link show`),
@@ -89,6 +92,10 @@ type linkTable struct {
 	// object by its key ID.
 	names  *hal.Index[int32, kernelLink, string]
 	owners *hal.Index[int32, kernelLink, string]
+	// hintMu guards hint, which maps a name to the index that took it last: byName
+	// checks it against the table, and asks names when it misses.
+	hintMu sync.Mutex
+	hint   map[string]int32
 }
 
 // newLinkTable returns an empty link table.
@@ -107,7 +114,24 @@ func newLinkTable() *linkTable {
 	})}
 	t.names = hal.NewIndex(t.m, func(_ int32, l kernelLink) (string, bool) { return l.name, true })
 	t.owners = hal.NewIndex(t.m, func(_ int32, l kernelLink) (string, bool) { return l.owner() })
+	t.hint = map[string]int32{}
+	t.m.Follow(t.followNames)
 	return t
+}
+
+// followNames keeps the hint of names current.
+func (t *linkTable) followNames(c hal.MirrorChange[int32, kernelLink]) {
+	if c.Had && c.Has && c.Old.name == c.New.name {
+		return
+	}
+	t.hintMu.Lock()
+	defer t.hintMu.Unlock()
+	if c.Had && t.hint[c.Old.name] == c.Key {
+		delete(t.hint, c.Old.name)
+	}
+	if c.Has {
+		t.hint[c.New.name] = c.Key
+	}
 }
 
 // get returns the link with the index.
@@ -115,10 +139,49 @@ func (t *linkTable) get(index int32) (kernelLink, bool) { return t.m.Get(index) 
 
 // byName returns the link with the name, and its index.
 func (t *linkTable) byName(name string) (int32, kernelLink, bool) {
+	t.hintMu.Lock()
+	index, hinted := t.hint[name]
+	t.hintMu.Unlock()
+	if hinted {
+		if l, ok := t.m.Get(index); ok && l.name == name {
+			return index, l, true
+		}
+	}
+	// The hint missed a link of the name that another shared with it for a moment.
 	for i, l := range t.names.Get(name) {
 		return i, l, true
 	}
 	return 0, kernelLink{}, false
+}
+
+// ours returns the link with the name when naples created it for the object with the
+// key ID (its alias is OwnerAlias(ownerID)), and its index.
+func (t *linkTable) ours(name, ownerID string) (int32, kernelLink, bool) {
+	i, l, ok := t.byName(name)
+	if !ok || l.alias != OwnerAlias(ownerID) {
+		return 0, kernelLink{}, false
+	}
+	return i, l, true
+}
+
+// networkDevice tells whether the link with the index is the bridge or the VXLAN device
+// of a network, and of which (its key ID).
+func (t *linkTable) networkDevice(index int32) (networkID string, bridge, vxlan bool) {
+	l, ok := t.get(index)
+	if !ok {
+		return "", false, false
+	}
+	return networkDeviceOf(l)
+}
+
+// networkDeviceOf tells whether the link is the bridge or the VXLAN device of a network,
+// and of which (its key ID).
+func networkDeviceOf(l kernelLink) (networkID string, bridge, vxlan bool) {
+	id, ok := l.owner()
+	if !ok || !strings.HasPrefix(id, nimbusv1.Kind_KIND_NETWORK.Name()+"/") {
+		return "", false, false
+	}
+	return id, l.name == BridgeName(id), l.name == VXLANName(id)
 }
 
 // parseKernelLink decodes the payload of an RTM_NEWLINK or RTM_DELLINK message

@@ -74,6 +74,13 @@ func TestKernelViewOneSubscription(t *testing.T) {
 		_, _, ok := rec.links.byName("view7")
 		return ok
 	})
+	// The reconcilers that read links read the view's table, which holds each link once.
+	if ep := observers[4].(*EndpointReconciler); rec.links != view.links || ep.links != view.links {
+		t.Error("a reconciler reads links of its own, not the view's table")
+	}
+	if n := view.links.names.Len("view7"); n != 1 {
+		t.Errorf("the view's link table holds %d links named view7, want 1", n)
+	}
 }
 
 // TestKernelViewQueueOverflow checks that an observer whose queue overflows fails with
