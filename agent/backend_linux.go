@@ -39,18 +39,19 @@ func backend(store *delphi.Store, cfg Config, log *slog.Logger, reg prometheus.R
 			fw.Close()
 		}
 	}
+	// One view of the namespace's kernel, one subscription, for every reconciler's observer
+	// and the firewall.
+	view := linux.NewKernelView(linux.KernelViewOptions{Namespace: cfg.netns})
 	if cfg.BPFDir != "" {
 		var err error
 		fw, err = linux.NewFirewall(linux.FirewallOptions{
-			Store: store, Node: cfg.Node, Namespace: cfg.netns, Dir: cfg.BPFDir, StatsInterval: cfg.FirewallStats, Logger: log, Registerer: reg,
+			Store: store, Node: cfg.Node, Namespace: cfg.netns, View: view, Dir: cfg.BPFDir, StatsInterval: cfg.FirewallStats, Logger: log, Registerer: reg,
 			Capacities: fwbpf.Capacities(cfg.FirewallCapacities),
 		})
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("starting the firewall (an empty --bpf-dir runs the agent without one): %w", err)
 		}
 	}
-	// One view of the namespace's kernel, one subscription, for every reconciler's observer.
-	view := linux.NewKernelView(linux.KernelViewOptions{Namespace: cfg.netns})
 	for _, build := range []func() (closingReconciler, error){
 		func() (closingReconciler, error) {
 			return linux.NewRouteReconciler(linux.RouteOptions{Store: store, Namespace: cfg.netns, View: view, Logger: log})

@@ -119,7 +119,8 @@
 // The kernel tables that several reconcilers read are the view's, held once per
 // namespace (kview_table_linux.go): the links first, keyed by interface index, found by
 // name or by owner alias through the table's indexes; the interface and endpoint
-// reconcilers read them there. The view loads a table with one dump when its subscription starts (also
+// reconcilers read them there, and the firewall's input the indexes of the endpoints'
+// interfaces (dumping the table afresh only when no subscription keeps it current). The view loads a table with one dump when its subscription starts (also
 // after an overflow), keeps it current from the subscription before it hands the
 // notifications on, and queues each change, computed once, to every reconciler that
 // reads the table, between the notifications its observer watches; a reconciler writes

@@ -360,7 +360,8 @@ func (v *KernelView) register(groups []uint, sources []viewSource, eventBuffer i
 	return w, nil
 }
 
-// staleLocked marks stale the tables of the groups the subscription just joined.
+// staleLocked marks stale the tables of the groups the subscription just joined, or
+// stops reporting.
 func (v *KernelView) staleLocked(joined uint64) {
 	for _, t := range v.tables {
 		if t.groupSet()&joined != 0 {
@@ -376,6 +377,7 @@ func (v *KernelView) unregister(w *viewWatcher) {
 	v.publishLocked()
 	var done chan struct{}
 	if len(v.watchers) == 0 && v.sub != nil {
+		v.staleLocked(v.groups)
 		v.sub.Close()
 		v.sub, done = nil, v.done
 	}
@@ -432,6 +434,7 @@ func (v *KernelView) read(sub *rtnl.Subscription, done chan struct{}) {
 			}
 			clear(v.watchers)
 			v.publishLocked()
+			v.staleLocked(v.groups)
 			v.sub = nil
 			sub.Close()
 		}

@@ -81,6 +81,26 @@ func TestKernelViewOneSubscription(t *testing.T) {
 	if n := view.links.names.Len("view7"); n != 1 {
 		t.Errorf("the view's link table holds %d links named view7, want 1", n)
 	}
+
+	// The firewall's input reads the interfaces' indexes from the view's table, which the
+	// subscription keeps current: it dumps no links.
+	fwDir := bpfDir + "-fw"
+	t.Cleanup(func() { os.RemoveAll(fwDir) })
+	fw, err := NewFirewall(FirewallOptions{Store: s.store, Node: localNode, Namespace: &nsh, View: view, Dir: fwDir, Logger: quiet,
+		StatsInterval: time.Hour, GCInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fw.Close() })
+	if _, err := fw.input(); err != nil {
+		t.Fatal(err)
+	}
+	if fw.links != view.links {
+		t.Error("the firewall reads links of its own, not the view's table")
+	}
+	if n := fw.conn.dumps.Load(); n != 0 {
+		t.Errorf("the firewall's input dumped the links %d times, want none: the view's table is current", n)
+	}
 }
 
 // TestKernelViewQueueOverflow checks that an observer whose queue overflows fails with

@@ -48,9 +48,9 @@ type viewTable[K comparable, V any] struct {
 	// m holds the table's objects.
 	m *hal.Mirror[K, V]
 
-	// stale is set when the view's subscription joins the table's groups: the table
-	// misses what changed while no subscription reported it, and the next reader that
-	// watches dumps it (ensure).
+	// stale is set when the view's subscription joins the table's groups, and when it
+	// stops reporting them: the table misses what changed while no subscription reported
+	// it, and the next reader that watches dumps it (ensure).
 	stale atomic.Bool
 	// loadMu serializes the dumps. loaded is set once a dump has loaded the table;
 	// loading is set during the first, whose changes no reader hears of (the HAL
@@ -143,6 +143,11 @@ func (t *viewTable[K, V]) ensure(ctx context.Context, c *rtnlConn) error {
 	}
 	return nil
 }
+
+// current reports whether the table shows the kernel as the view's subscription reports
+// it: it was loaded since the subscription joined its groups, and the subscription
+// still reports them.
+func (t *viewTable[K, V]) current() bool { return t.loaded.Load() && !t.stale.Load() }
 
 // reload dumps the table afresh through c (a resync); its readers hear of what the dump
 // found changed.
