@@ -1126,7 +1126,7 @@ func (r *EndpointReconciler) setLink(ctx context.Context, key nimbusv1.Key, inde
 	want.up = want.up || up
 	if master != l.master {
 		// A new bridge port learns, as the kernel makes it; one released does not.
-		want.learning = master != 0
+		want.bridgePort, want.learning, want.neighSuppress = master != 0, master != 0, false
 	}
 	msg := appendSetLinkRequest(r.nl.Buffer(), index, master, mtu, up)
 	if _, err := kernelWrite(ctx, r.rtnlConn, r.links.m.ExpectBy(r.linkReader.writer(), index, want, sameEPLink), msg); err != nil {

@@ -31,10 +31,15 @@ type kernelLink struct {
 	// group is IFLA_GROUP: a link naples created is in LinkGroup, even before it carries
 	// its alias.
 	group uint32
-	// learning tells that the link is a port of a bridge that learns the source MACs of
-	// the frames it receives (IFLA_BRPORT_LEARNING); false for a link that is no bridge
-	// port.
-	learning bool
+	// mac is the link-layer address as raw bytes.
+	mac string
+	// bridgePort tells that the link is a port of a bridge; learning and neighSuppress
+	// are then its port flags (`bridge link`): whether the bridge learns the source MACs
+	// of the frames it receives (IFLA_BRPORT_LEARNING), and answers ARP and ND for it
+	// (IFLA_BRPORT_NEIGH_SUPPRESS). Both are false for a link that is no bridge port.
+	bridgePort    bool
+	learning      bool
+	neighSuppress bool
 	// vxlan holds a VXLAN device's settings.
 	vxlan rtnl.VXLANInfo
 	// stats are the link's counters, as the last dump or notification reported them.
@@ -56,6 +61,9 @@ const (
 	linkFieldLearning
 	linkFieldVXLAN
 	linkFieldStats
+	linkFieldMAC
+	linkFieldBridgePort
+	linkFieldNeighSuppress
 )
 
 // linkFields returns the fields in which two states of a link differ.
@@ -78,6 +86,9 @@ func linkFields(a, b kernelLink) uint64 {
 	set(a.learning != b.learning, linkFieldLearning)
 	set(a.vxlan != b.vxlan, linkFieldVXLAN)
 	set(a.stats != b.stats, linkFieldStats)
+	set(a.mac != b.mac, linkFieldMAC)
+	set(a.bridgePort != b.bridgePort, linkFieldBridgePort)
+	set(a.neighSuppress != b.neighSuppress, linkFieldNeighSuppress)
 	return f
 }
 
@@ -89,9 +100,11 @@ func (l kernelLink) owner() (string, bool) { return OwnerOfAlias(l.alias) }
 type linkTable struct {
 	*viewTable[int32, kernelLink]
 	// names finds a link by its name; owners finds the links naples created for an
-	// object by its key ID.
-	names  *hal.Index[int32, kernelLink, string]
-	owners *hal.Index[int32, kernelLink, string]
+	// object by its key ID; bridgesByMark finds networks' bridges by their tenant's
+	// GatewayMark.
+	names         *hal.Index[int32, kernelLink, string]
+	owners        *hal.Index[int32, kernelLink, string]
+	bridgesByMark *hal.Index[int32, kernelLink, uint32]
 	// hintMu guards hint, which maps a name to the index that took it last: byName
 	// checks it against the table, and asks names when it misses.
 	hintMu sync.Mutex
@@ -114,6 +127,7 @@ func newLinkTable() *linkTable {
 	})}
 	t.names = hal.NewIndex(t.m, func(_ int32, l kernelLink) (string, bool) { return l.name, true })
 	t.owners = hal.NewIndex(t.m, func(_ int32, l kernelLink) (string, bool) { return l.owner() })
+	t.bridgesByMark = hal.NewIndex(t.m, bridgeMark)
 	t.hint = map[string]int32{}
 	t.m.Follow(t.followNames)
 	return t
@@ -202,14 +216,15 @@ func kernelLinkOf(m *rtnl.Link) (index int32, l kernelLink, ok bool) {
 		return 0, kernelLink{}, false
 	}
 	return m.Index, kernelLink{name: m.Name, alias: m.Alias, kind: m.Kind, master: m.Master, mtu: m.MTU, up: m.Up(),
-		operState: m.OperState, carrier: m.Carrier, group: m.Group, learning: m.BridgePort && m.Port.Learning,
+		operState: m.OperState, carrier: m.Carrier, group: m.Group, mac: m.MAC, bridgePort: m.BridgePort,
+		learning: m.BridgePort && m.Port.Learning, neighSuppress: m.BridgePort && m.Port.NeighSuppress,
 		vxlan: m.VXLAN, stats: m.Stats}, true
 }
 
 // notifyLink applies a link notification to the table's mirror: an RTM_NEWLINK or
 // RTM_DELLINK of a link, or a bridge's report about one of its ports (an RTM_NEWLINK of
 // family AF_BRIDGE with IFLA_PROTINFO, which `bridge link set dev PORT learning on`
-// sends alone), which changes whether the port learns.
+// sends alone), which changes its port flags.
 func notifyLink(m *hal.Mirror[int32, kernelLink], typ uint16, payload []byte) {
 	if typ != unix.RTM_NEWLINK && typ != unix.RTM_DELLINK {
 		return
@@ -223,11 +238,14 @@ func notifyLink(m *hal.Mirror[int32, kernelLink], typ uint16, payload []byte) {
 			return
 		}
 		l, ok := m.Get(msg.Index)
-		if !ok || l.master == 0 || l.learning == msg.Port.Learning {
+		if !ok {
 			return
 		}
-		l.learning = msg.Port.Learning
-		m.Update(msg.Index, l)
+		next := l
+		next.bridgePort, next.learning, next.neighSuppress = true, msg.Port.Learning, msg.Port.NeighSuppress
+		if next != l {
+			m.Update(msg.Index, next)
+		}
 		return
 	}
 	index, l, ok := kernelLinkOf(&msg)

@@ -19,7 +19,8 @@ import (
 // TestKernelViewOneSubscription runs the observers of every reconciler of one namespace
 // that share a view, as the agent does, and counts the process's netlink sockets in the
 // namespace that are bound to rtnetlink multicast groups: exactly one. The reconcilers
-// that write share one batched writer.
+// that write share one batched writer, and those that read links, and the firewall,
+// share the view's link table, which one dump loaded.
 func TestKernelViewOneSubscription(t *testing.T) {
 	ns := testns.Named(t, "naples-view")
 	nsh := testns.Handle(t, ns)
@@ -74,8 +75,10 @@ func TestKernelViewOneSubscription(t *testing.T) {
 		_, _, ok := rec.links.byName("view7")
 		return ok
 	})
-	// The reconcilers that read links read the view's table, which holds each link once.
-	if ep := observers[4].(*EndpointReconciler); rec.links != view.links || ep.links != view.links {
+	// The reconcilers that read links read the view's table, which holds each link once;
+	// none keeps a link mirror of its own.
+	nw, ep := observers[3].(*NetworkReconciler), observers[4].(*EndpointReconciler)
+	if rec.links != view.links || nw.links != view.links || ep.links != view.links {
 		t.Error("a reconciler reads links of its own, not the view's table")
 	}
 	if n := view.links.names.Len("view7"); n != 1 {
