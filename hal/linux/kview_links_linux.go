@@ -114,7 +114,6 @@ type linkTable struct {
 // newLinkTable returns an empty link table.
 func newLinkTable() *linkTable {
 	t := &linkTable{viewTable: newViewTable(viewTableOptions[int32, kernelLink]{
-		what:   "links",
 		groups: []uint{unix.RTNLGRP_LINK},
 		equal:  func(have, want kernelLink) bool { return have == want },
 		hash:   epHashLink,

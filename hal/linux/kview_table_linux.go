@@ -25,8 +25,6 @@ import (
 
 // viewTableOptions is what makes a viewTable a table of one kind of kernel object.
 type viewTableOptions[K comparable, V any] struct {
-	// what names the objects in errors ("links").
-	what string
 	// groups are the RTNLGRP_* numbers of the notifications that change the table.
 	groups []uint
 	// equal is the mirror's (hal.NewMirror): whether an object the kernel reports, have,
