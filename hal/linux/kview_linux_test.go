@@ -251,3 +251,65 @@ func TestKernelViewLinkTableShared(t *testing.T) {
 		t.Errorf("nic0 is not under its index %d", index)
 	}
 }
+
+// TestViewTableReaders checks what the readers of a table hear while no observer
+// watches: every change, coalesced by object, but the ends of their own writes; the echo
+// of a write marked as such for its writer alone; and nothing of the first dump.
+func TestViewTableReaders(t *testing.T) {
+	links := newLinkTable()
+	a, b := links.reader(nil), links.reader(nil)
+	defer a.close()
+	defer b.close()
+	if a.writer() == b.writer() {
+		t.Fatal("two readers name the same writer")
+	}
+	heard := func(r *tableReader[int32, kernelLink]) map[int32]tableChange[int32, kernelLink] {
+		got := map[int32]tableChange[int32, kernelLink]{}
+		r.drainMissed(func(c tableChange[int32, kernelLink]) { got[c.key] = c })
+		return got
+	}
+
+	// The first load is no news.
+	links.loading.Store(true)
+	if _, err := links.m.Replace(func(add func(int32, kernelLink)) error {
+		add(1, kernelLink{name: "lo", up: true, mtu: 65536})
+		add(2, kernelLink{name: "eth0", mtu: 1500})
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	links.loading.Store(false)
+	links.loaded.Store(true)
+	if got := heard(a); len(got) != 0 {
+		t.Errorf("a heard %v of the first load; want nothing", got)
+	}
+
+	// a sets eth0 up, mtu 9000: b hears of it at once, a of nothing; the echo, which the
+	// kernel reports with the operational state it filled in, is a's alone.
+	want := kernelLink{name: "eth0", mtu: 9000, up: true}
+	links.m.ExpectBy(a.writer(), 2, want, sameIfaceLink).Done()
+	if got := heard(a); len(got) != 0 {
+		t.Errorf("a heard %v of its own write; want nothing", got)
+	}
+	if c := heard(b)[2]; !c.had || !c.has || c.fields != linkFieldMTU|linkFieldUp || c.echo {
+		t.Errorf("b heard %+v of a's write; want eth0's MTU and state changed, no echo", c)
+	}
+	links.m.Update(2, kernelLink{name: "eth0", mtu: 9000, up: true, operState: 6})
+	if c := heard(a)[2]; !c.echo || c.fields != linkFieldOperState {
+		t.Errorf("a heard %+v of its write's echo; want an echo that changed the operational state", c)
+	}
+	if c := heard(b)[2]; c.echo || c.fields != linkFieldOperState {
+		t.Errorf("b heard %+v of a's echo; want a change of the operational state, no echo", c)
+	}
+
+	// Someone renames eth0 and then deletes it: a hears of one change, eth0 gone.
+	links.m.Update(2, kernelLink{name: "uplink", mtu: 9000, up: true, operState: 6})
+	links.m.Remove(2)
+	got := heard(a)
+	if c := got[2]; len(got) != 1 || !c.had || c.has || c.old.name != "eth0" {
+		t.Errorf("a heard %v; want one change, eth0 gone", got)
+	}
+	if _, _, ok := links.byName("uplink"); ok {
+		t.Error("the table finds a link by the name of one that is gone")
+	}
+}
