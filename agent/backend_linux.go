@@ -43,7 +43,7 @@ func backend(store *delphi.Store, cfg Config, view *KernelView, log *slog.Logger
 	if cfg.BPFDir != "" {
 		var err error
 		fw, err = linux.NewFirewall(linux.FirewallOptions{
-			Store: store, Node: cfg.Node, Namespace: cfg.netns, Dir: cfg.BPFDir, StatsInterval: cfg.FirewallStats, Logger: log, Registerer: reg,
+			Store: store, Node: cfg.Node, Namespace: cfg.netns, View: view, Dir: cfg.BPFDir, StatsInterval: cfg.FirewallStats, Logger: log, Registerer: reg,
 			Capacities: fwbpf.Capacities(cfg.FirewallCapacities),
 		})
 		if err != nil {

@@ -38,6 +38,11 @@ import (
 // Indexes (NewIndex) find the objects of one value derived from each, such as the
 // addresses of one interface, without a walk of the whole mirror.
 //
+// Several writers may share a mirror: each names itself with a bit of Writers when it
+// expects a write (ExpectBy), and a follower (Follow) hears of every change the mirror
+// shows with its cause: the writer whose write ended, or the writers whose writes the
+// event echoes, so that an echo is passed over only by the writer whose write it was.
+//
 // A backend must not run two writes of one key at once; writes of different keys, events
 // and Replace may run concurrently with each other. The mirror is split in shards by key,
 // each with its own lock, so that many workers writing different keys do not queue on
@@ -68,6 +73,35 @@ type mirrorShard[K comparable, V any] struct {
 	replacing map[*replaceRun[K]]struct{}
 	// indexes are the mirror's indexes (NewIndex), which follow every change of objs.
 	indexes []mirrorIndex[K, V]
+	// followers are the functions Follow registered, which hear of every change of objs.
+	followers []func(MirrorChange[K, V])
+}
+
+// Writers is a set of the writers that share a Mirror, a bit each (at most 64): ExpectBy
+// names the writer of a write, and a MirrorChange the writers of its cause.
+type Writers uint64
+
+// MirrorChange is a change of what a Mirror shows, as Follow reports it: the object with
+// key Key was Old (when Had) and is New (when Has). Old and New may be equal: a write's
+// echo, or a dump, that leaves the object as it was.
+type MirrorChange[K comparable, V any] struct {
+	Key      K
+	Old, New V
+	Had, Has bool
+	// Wrote is the writer whose write made the change, as it ended (Done, Fail, Gone);
+	// 0 for a change an event or a dump made, or a write that named no writer.
+	Wrote Writers
+	// Echoes are the writers of the writes whose echo the event that made the change
+	// is (Update, Remove).
+	Echoes Writers
+	// Dump tells that Replace made the change.
+	Dump bool
+}
+
+// mirrorCause is why a shard's object changes, as a MirrorChange tells it.
+type mirrorCause struct {
+	wrote, echoes Writers
+	dump          bool
 }
 
 // NewMirror returns an empty mirror. equal reports whether an object the kernel reports,
@@ -133,6 +167,8 @@ type Write[K comparable, V any] struct {
 	want mirrorState[V]
 	// match, when not nil, recognises the write's echo instead of the mirror's equal.
 	match func(have, want V) bool
+	// by names the writer (ExpectBy); 0 for none.
+	by Writers
 	// Guarded by s.mu:
 	ended  bool // Done, Fail or Gone was called
 	echoed bool // an event equal to want, or any event once loose, was applied
@@ -208,6 +244,7 @@ func (m *Mirror[K, V]) apply(k K, st mirrorState[V]) bool {
 	sh.touchLocked(k)
 	p := sh.pending[k]
 	echo := false
+	var cause mirrorCause
 	if p != nil {
 		// Writes that were under way when a Replace began wait for no echo: any event
 		// supersedes them.
@@ -216,7 +253,10 @@ func (m *Mirror[K, V]) apply(k K, st mirrorState[V]) bool {
 				return false
 			}
 			w.echoed = true
-			echo = echo || m.echoesLocked(st, w)
+			if m.echoesLocked(st, w) {
+				echo = true
+				cause.echoes |= w.by
+			}
 			return true
 		})
 		if len(p.writes) == 0 {
@@ -225,7 +265,7 @@ func (m *Mirror[K, V]) apply(k K, st mirrorState[V]) bool {
 		}
 	}
 	if p == nil {
-		sh.setLocked(k, st)
+		sh.setLocked(k, st, cause)
 		return echo
 	}
 	for i, w := range p.writes {
@@ -233,13 +273,17 @@ func (m *Mirror[K, V]) apply(k K, st mirrorState[V]) bool {
 			continue
 		}
 		// The echo of w, or a state equal to it: w and the writes before it wait no more.
+		// It is the echo of the writes among them that it matches.
 		for _, e := range p.writes[:i+1] {
 			e.echoed = true
+			if e == w || m.echoesLocked(st, e) {
+				cause.echoes |= e.by
+			}
 		}
 		p.writes = p.writes[i+1:]
 		if len(p.writes) == 0 {
 			delete(sh.pending, k)
-			sh.setLocked(k, st)
+			sh.setLocked(k, st, cause)
 		} else {
 			p.seen = &st
 		}
@@ -265,6 +309,19 @@ func (m *Mirror[K, V]) ExpectFunc(k K, v V, match func(have, want V) bool) *Writ
 	return m.expect(k, mirrorState[V]{v: v, present: true}, match)
 }
 
+// ExpectBy is ExpectFunc for a mirror that several writers share: by (one bit) names the
+// writer, which the changes the write makes (MirrorChange.Wrote) and those of its echo
+// (MirrorChange.Echoes) carry. match may be nil: the mirror's equal recognises the echo.
+func (m *Mirror[K, V]) ExpectBy(by Writers, k K, v V, match func(have, want V) bool) *Write[K, V] {
+	return m.expectBy(by, k, mirrorState[V]{v: v, present: true}, match)
+}
+
+// ExpectGoneBy is ExpectGone for a mirror that several writers share, by naming the
+// writer (ExpectBy).
+func (m *Mirror[K, V]) ExpectGoneBy(by Writers, k K) *Write[K, V] {
+	return m.expectBy(by, k, mirrorState[V]{}, nil)
+}
+
 // ExpectGone records that the backend is about to delete the object with key k, and
 // returns the write, which the backend ends with Done once the kernel deleted it, with Gone
 // when the kernel had no such object, or with Fail.
@@ -281,6 +338,10 @@ type writeAndPending[K comparable, V any] struct {
 }
 
 func (m *Mirror[K, V]) expect(k K, st mirrorState[V], match func(have, want V) bool) *Write[K, V] {
+	return m.expectBy(0, k, st, match)
+}
+
+func (m *Mirror[K, V]) expectBy(by Writers, k K, st mirrorState[V], match func(have, want V) bool) *Write[K, V] {
 	sh := m.shard(k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -295,7 +356,7 @@ func (m *Mirror[K, V]) expect(k K, st mirrorState[V], match func(have, want V) b
 	} else {
 		w = &Write[K, V]{}
 	}
-	*w = Write[K, V]{s: sh, key: k, want: st, match: match}
+	*w = Write[K, V]{s: sh, key: k, want: st, match: match, by: by}
 	if len(p.writes) >= maxPending {
 		p.writes = p.writes[1:]
 	}
@@ -318,7 +379,7 @@ func (w *Write[K, V]) Done() {
 	if w.echoed {
 		return
 	}
-	sh.setLocked(w.key, w.want)
+	sh.setLocked(w.key, w.want, mirrorCause{wrote: w.by})
 	if w.loose {
 		sh.dropLocked(w)
 	}
@@ -353,9 +414,9 @@ func (w *Write[K, V]) end(known *mirrorState[V]) {
 	}
 	switch {
 	case p.seen != nil:
-		sh.setLocked(w.key, *p.seen)
+		sh.setLocked(w.key, *p.seen, mirrorCause{wrote: w.by})
 	case known != nil:
-		sh.setLocked(w.key, *known)
+		sh.setLocked(w.key, *known, mirrorCause{wrote: w.by})
 	}
 	sh.dropLocked(w)
 }
@@ -435,12 +496,12 @@ func (m *Mirror[K, V]) Replace(dump func(add func(K, V)) error) ([]K, error) {
 			if old, ok := sh.objs[k]; !ok || !m.equal(v, old) {
 				drift = append(drift, k)
 			}
-			sh.putLocked(k, v)
+			sh.putLocked(k, v, mirrorCause{dump: true})
 		}
 		for k := range sh.objs {
 			if _, ok := fresh[i][k]; !ok && settled(k) {
 				drift = append(drift, k)
-				sh.deleteLocked(k)
+				sh.deleteLocked(k, mirrorCause{dump: true})
 			}
 		}
 		sh.mu.Unlock()
@@ -448,37 +509,65 @@ func (m *Mirror[K, V]) Replace(dump func(add func(K, V)) error) ([]K, error) {
 	return drift, nil
 }
 
-// setLocked makes the mirror show st under k.
-func (sh *mirrorShard[K, V]) setLocked(k K, st mirrorState[V]) {
+// setLocked makes the mirror show st under k, for the cause.
+func (sh *mirrorShard[K, V]) setLocked(k K, st mirrorState[V], cause mirrorCause) {
 	if st.present {
-		sh.putLocked(k, st.v)
+		sh.putLocked(k, st.v, cause)
 	} else {
-		sh.deleteLocked(k)
+		sh.deleteLocked(k, cause)
 	}
 }
 
-// putLocked makes the mirror show v under k, and the indexes follow.
-func (sh *mirrorShard[K, V]) putLocked(k K, v V) {
-	if len(sh.indexes) > 0 {
+// putLocked makes the mirror show v under k, for the cause, and the indexes and
+// followers follow.
+func (sh *mirrorShard[K, V]) putLocked(k K, v V, cause mirrorCause) {
+	if len(sh.indexes) > 0 || len(sh.followers) > 0 {
 		old, had := sh.objs[k]
 		for _, ix := range sh.indexes {
 			ix.changed(k, old, had, v, true)
 		}
+		sh.followLocked(MirrorChange[K, V]{Key: k, Old: old, Had: had, New: v, Has: true}, cause)
 	}
 	sh.objs[k] = v
 }
 
-// deleteLocked makes the mirror show k absent, and the indexes follow.
-func (sh *mirrorShard[K, V]) deleteLocked(k K) {
-	if len(sh.indexes) > 0 {
+// deleteLocked makes the mirror show k absent, for the cause, and the indexes and
+// followers follow.
+func (sh *mirrorShard[K, V]) deleteLocked(k K, cause mirrorCause) {
+	if len(sh.indexes) > 0 || len(sh.followers) > 0 {
 		if old, had := sh.objs[k]; had {
 			var zero V
 			for _, ix := range sh.indexes {
 				ix.changed(k, old, true, zero, false)
 			}
+			sh.followLocked(MirrorChange[K, V]{Key: k, Old: old, Had: true}, cause)
 		}
 	}
 	delete(sh.objs, k)
+}
+
+// followLocked tells the followers of the change, with its cause.
+func (sh *mirrorShard[K, V]) followLocked(c MirrorChange[K, V], cause mirrorCause) {
+	if len(sh.followers) == 0 {
+		return
+	}
+	c.Wrote, c.Echoes, c.Dump = cause.wrote, cause.echoes, cause.dump
+	for _, f := range sh.followers {
+		f(c)
+	}
+}
+
+// Follow calls f with every change of what m shows from now on, from events, writes and
+// Replace alike, with its cause, in the order the changes of each key happen. f runs
+// while the key's shard is locked: it must be quick and must not call m. A follower
+// cannot be removed.
+func (m *Mirror[K, V]) Follow(f func(MirrorChange[K, V])) {
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		sh.followers = append(sh.followers, f)
+		sh.mu.Unlock()
+	}
 }
 
 // echoesLocked reports whether the kernel's state have is the state the write w wants:

@@ -354,3 +354,52 @@ func TestMirrorExpectFuncMatchesPerWrite(t *testing.T) {
 	w.Done()
 	wantContents(t, m, map[string]obj{"a": {gw: "g9", link: 2}, "b": {gw: "g2", link: 2}})
 }
+
+// TestMirrorWriters shares a mirror between two writers and follows it: a write's end
+// names its writer, its echo names the writer whose write it was and no other, an event
+// of someone else names none, and a Replace's changes are marked as a dump's.
+func TestMirrorWriters(t *testing.T) {
+	const a, b hal.Writers = 1, 2
+	m := newMirror(t, map[string]obj{"r": {"gw1", 1}})
+	var got []hal.MirrorChange[string, obj]
+	m.Follow(func(c hal.MirrorChange[string, obj]) { got = append(got, c) })
+	take := func() []hal.MirrorChange[string, obj] {
+		out := got
+		got = nil
+		return out
+	}
+
+	// a writes gw2; b's write of another key is under way meanwhile.
+	w := m.ExpectBy(a, "r", obj{gw: "gw2"}, nil)
+	wb := m.ExpectGoneBy(b, "s")
+	w.Done()
+	if c := take(); len(c) != 1 || c[0].Wrote != a || c[0].Old != (obj{"gw1", 1}) || c[0].New != (obj{gw: "gw2"}) || c[0].Dump {
+		t.Fatalf("changes after a's write = %+v; want one made by a, gw1 to gw2", c)
+	}
+	if !m.Update("r", obj{"gw2", 3}) {
+		t.Error("the echo of a's write is not reported an echo")
+	}
+	if c := take(); len(c) != 1 || c[0].Echoes != a || c[0].Wrote != 0 || c[0].New != (obj{"gw2", 3}) {
+		t.Fatalf("changes after the echo = %+v; want one that echoes a alone", c)
+	}
+	wb.Gone()
+	if c := take(); len(c) != 0 {
+		t.Errorf("a delete of an absent key changed %+v; want nothing", c)
+	}
+
+	// Someone else's change echoes no writer.
+	if m.Update("r", obj{"gw9", 3}) {
+		t.Error("someone else's change is reported an echo")
+	}
+	if c := take(); len(c) != 1 || c[0].Echoes != 0 || c[0].Wrote != 0 {
+		t.Fatalf("changes after someone else's = %+v; want one of no writer", c)
+	}
+
+	// A dump that finds r gone.
+	if _, err := m.Replace(dumpOf(nil)); err != nil {
+		t.Fatal(err)
+	}
+	if c := take(); len(c) != 1 || !c[0].Dump || !c[0].Had || c[0].Has {
+		t.Fatalf("changes after the dump = %+v; want r gone, by a dump", c)
+	}
+}

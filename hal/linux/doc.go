@@ -115,6 +115,21 @@
 // hear the kernel through one KernelView, the reconcilers' View option: one
 // subscription, which reads notifications many to a recvmmsg, and a queue per observer
 // of the groups it watches.
+//
+// The kernel tables that several reconcilers read are the view's, held once per
+// namespace (kview_table_linux.go): the links first, keyed by interface index, found by
+// name, by owner alias and (networks' bridges) by their tenant's GatewayMark through
+// the table's indexes; the interface, endpoint and network reconcilers read them there,
+// and the firewall's input the indexes of the endpoints' interfaces (dumping the table
+// afresh only when no subscription keeps it current). No reconciler keeps a link mirror
+// of its own. The view loads a table with one dump when its subscription starts (also
+// after an overflow), keeps it current from the subscription before it hands the
+// notifications on, and queues each change, computed once, to every reconciler that
+// reads the table, between the notifications its observer watches; a reconciler writes
+// through the table naming itself (hal.Mirror.ExpectBy), so that the echo of its write
+// is its own and another reconciler still hears of the change. A sweep, and the
+// interface reconciler's refresh of counters, dump the table afresh, and every reader
+// hears of what the dump found changed.
 // The network reconciler reads what one network needs through the mirrors' indexes
 // (hal.Index: addresses and routes by interface, rules by input interface), never by a
 // walk of a whole mirror. The sockets, requests and messages are package rtnl's; this

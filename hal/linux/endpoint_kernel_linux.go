@@ -5,22 +5,19 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"strings"
-	"sync"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/naplesnet/naples/hal"
 	"github.com/naplesnet/naples/hal/linux/rtnl"
-	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
 // The kernel state the endpoint reconciler reads, in the forms its mirrors keep (what it
 // keeps of the messages package rtnl decodes, for dumps and notifications alike), and
-// the requests, which rtnl builds, that change it. The mirrors hold:
+// the requests, which rtnl builds, that change it. It reads the links (`ip link`) from
+// its KernelView's link table, by interface index: their name, alias, master, MTU,
+// group, whether they are up and, for a bridge port, whether it learns. Its own mirrors
+// hold:
 //
-//   - every link of the namespace (`ip link`), by interface index: its name, alias,
-//     master, MTU, whether it is up and, for a bridge port, whether it learns;
 //   - every static FDB entry (`bridge fdb show`, the entries shown "static" and not
 //     "permanent") without a VLAN: the entries the reconciler writes, a remote MAC's
 //     `self ... dst VTEP` entry on a VXLAN device and the `master` entries of a bridge for
@@ -33,22 +30,16 @@ import (
 //     the copy of the port it left;
 //   - every permanent neighbour (`ip neigh show nud permanent`), of either family.
 
-// epLink is what the mirror keeps of a link.
-type epLink struct {
-	name  string
-	alias string
-	// master is the index of the link's master (a bridge, for a bridge port); 0 for none.
-	master int32
-	mtu    uint32
-	// up tells the administrative state (IFF_UP), not whether the link has a carrier.
-	up bool
-	// group is IFLA_GROUP: a link naples created is in LinkGroup, even before it carries
-	// its alias.
-	group uint32
-	// learning tells that the link is a port of a bridge that learns the source MACs of
-	// the frames it receives (IFLA_BRPORT_LEARNING); false for a link that is no bridge
-	// port.
-	learning bool
+// epLinkFields are the fields of a link whose change concerns the endpoints that name
+// it or, for a network's device, the endpoints of the network.
+const epLinkFields = linkFieldName | linkFieldAlias | linkFieldMaster | linkFieldMTU | linkFieldUp | linkFieldGroup | linkFieldLearning
+
+// sameEPLink reports whether the link have is in the state want, which the endpoint
+// reconciler wrote, describes: the fields it reads (epLinkFields). The operational state
+// and counters change on their own and are left out.
+func sameEPLink(have, want kernelLink) bool {
+	return have.name == want.name && have.alias == want.alias && have.master == want.master && have.mtu == want.mtu &&
+		have.up == want.up && have.group == want.group && have.learning == want.learning
 }
 
 // fdbKey identifies a static FDB entry: a device's own entry (`bridge fdb ... self`, a
@@ -117,121 +108,6 @@ func (k fdbKey) String() string {
 
 // String names the entry as `ip neigh` would: "10.0.0.5 dev 7".
 func (k neighKey) String() string { return fmt.Sprintf("%s dev %d", k.ip, k.ifindex) }
-
-// epLinkTable is the mirror of the namespace's links, by index, with a lookup by name.
-type epLinkTable struct {
-	mirror *hal.Mirror[int32, epLink]
-	// byNameIndex finds the links of a name that the names hint misses.
-	byNameIndex *hal.Index[int32, epLink, string]
-	// mu guards names, which maps a name to the index that had it last. It is a hint
-	// that byName checks against the mirror, since a name that went away stays in it.
-	mu    sync.Mutex
-	names map[string]int32
-}
-
-func newEPLinkTable() *epLinkTable {
-	t := &epLinkTable{
-		mirror: hal.NewMirror[int32, epLink](func(have, want epLink) bool { return have == want }, epHashLink),
-		names:  map[string]int32{},
-	}
-	t.byNameIndex = hal.NewIndex(t.mirror, func(_ int32, l epLink) (string, bool) { return l.name, true })
-	return t
-}
-
-// get returns the link with the index.
-func (t *epLinkTable) get(index int32) (epLink, bool) { return t.mirror.Get(index) }
-
-// byName returns the link with the name, and its index.
-func (t *epLinkTable) byName(name string) (int32, epLink, bool) {
-	t.mu.Lock()
-	index, hinted := t.names[name]
-	t.mu.Unlock()
-	if hinted {
-		if l, ok := t.mirror.Get(index); ok && l.name == name {
-			return index, l, true
-		}
-	}
-	// The name went away, or moved to another index that the hint missed: look.
-	for i, l := range t.byNameIndex.Get(name) {
-		t.named(i, name)
-		return i, l, true
-	}
-	return 0, epLink{}, false
-}
-
-// named records that the link with the index has the name.
-func (t *epLinkTable) named(index int32, name string) {
-	t.mu.Lock()
-	t.names[name] = index
-	t.mu.Unlock()
-}
-
-// renamed rebuilds the names from the mirror, after a dump.
-func (t *epLinkTable) renamed() {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	clear(t.names)
-	for i, l := range t.mirror.All() {
-		t.names[l.name] = i
-	}
-}
-
-// ours returns the link with the name when naples created it for the object with the
-// key ID (its alias is OwnerAlias(ownerID)).
-func (t *epLinkTable) ours(name, ownerID string) (int32, epLink, bool) {
-	i, l, ok := t.byName(name)
-	if !ok || l.alias != OwnerAlias(ownerID) {
-		return 0, epLink{}, false
-	}
-	return i, l, true
-}
-
-// networkDevice tells whether the link with the index is the bridge or the VXLAN device
-// of a network, and of which (its key ID).
-func (t *epLinkTable) networkDevice(index int32) (networkID string, bridge, vxlan bool) {
-	l, ok := t.get(index)
-	if !ok {
-		return "", false, false
-	}
-	return networkDeviceOf(l)
-}
-
-// networkDeviceOf tells whether the link is the bridge or the VXLAN device of a network,
-// and of which (its key ID).
-func networkDeviceOf(l epLink) (networkID string, bridge, vxlan bool) {
-	id, ok := OwnerOfAlias(l.alias)
-	if !ok || !strings.HasPrefix(id, nimbusv1.Kind_KIND_NETWORK.Name()+"/") {
-		return "", false, false
-	}
-	return id, l.name == BridgeName(id), l.name == VXLANName(id)
-}
-
-// parseEPLink decodes the payload of an RTM_NEWLINK or RTM_DELLINK message
-// (rtnl.ParseLink) into what the endpoint reconciler mirrors of the link. ok is false
-// for a message of another family than AF_UNSPEC: the bridge's AF_BRIDGE messages
-// describe a link as a port (an RTM_DELLINK of that family says that it left the
-// bridge), without its alias.
-func parseEPLink(b []byte) (index int32, l epLink, ok bool) {
-	m, ok := rtnl.ParseLink(b)
-	if !ok || m.Family != unix.AF_UNSPEC {
-		return 0, epLink{}, false
-	}
-	l = epLink{name: m.Name, alias: m.Alias, master: m.Master, mtu: m.MTU, up: m.Up(), group: m.Group,
-		learning: m.BridgePort && m.Port.Learning}
-	return m.Index, l, m.Index > 0 && l.name != ""
-}
-
-// parseEPBridgePort decodes the payload of an RTM_NEWLINK message of family AF_BRIDGE, which
-// a bridge sends about one of its ports (`bridge link set dev PORT learning on` sends only
-// that): the port's index and whether it learns. ok is false for other messages, and for
-// one without the port's attributes (IFLA_PROTINFO).
-func parseEPBridgePort(b []byte) (index int32, learning, ok bool) {
-	m, ok := rtnl.ParseLink(b)
-	if !ok || m.Family != unix.AF_BRIDGE || !m.Protinfo || m.Index <= 0 {
-		return 0, false, false
-	}
-	return m.Index, m.Port.Learning, true
-}
 
 // neighMsg is a decoded RTM_NEWNEIGH or RTM_DELNEIGH message: a neighbour (AF_INET,
 // AF_INET6) or an FDB entry (AF_BRIDGE).

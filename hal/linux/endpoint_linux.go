@@ -147,10 +147,11 @@ type EndpointOptions struct {
 // moment. After an agent restart, creation order decides.
 // A reconcile makes each entry the endpoint had and has match what its owner wants, or
 // removes it when no endpoint wants it, so a change of node, VTEP, MAC, addresses,
-// network or interface moves or removes what was there. It reads the kernel from
-// mirrors (links, static FDB entries, permanent neighbours; hal.Mirror), filled by one
-// dump, kept current by the observer and dumped afresh by every sweep, and writes only
-// what differs.
+// network or interface moves or removes what was there. It reads the links from its
+// KernelView's link table, shared with the other reconcilers of the namespace, and the
+// static FDB entries and permanent neighbours from mirrors of its own (hal.Mirror),
+// filled by one dump, kept current by the observer and dumped afresh by every sweep, and
+// writes only what differs.
 type EndpointReconciler struct {
 	// rtnlConn carries the writes, many to a sendmsg, and reads the kernel.
 	*rtnlConn
@@ -162,9 +163,11 @@ type EndpointReconciler struct {
 	// found records the MTU of local endpoints' interfaces before naples changed it.
 	found *foundLinks
 
-	links *epLinkTable
-	fdb   *hal.Mirror[fdbKey, fdbEntry]
-	neigh *hal.Mirror[neighKey, neighEntry]
+	// links is the view's table of links, which linkReader reads.
+	links      *linkTable
+	linkReader *tableReader[int32, kernelLink]
+	fdb        *hal.Mirror[fdbKey, fdbEntry]
+	neigh      *hal.Mirror[neighKey, neighEntry]
 
 	// locks serializes work on one kernel entry (endpointLock) between the workers of
 	// different endpoints and the sweeper: whoever holds it reads the store and the
@@ -448,21 +451,29 @@ func NewEndpointReconciler(opts EndpointOptions) (*EndpointReconciler, error) {
 	if err != nil {
 		return nil, err
 	}
+	reader := c.view.links.reader(c)
+	if reader == nil {
+		c.close()
+		return nil, errors.New("endpoint reconciler: the kernel view's link table has as many readers as it can hold")
+	}
 	return &EndpointReconciler{
-		rtnlConn:  c,
-		found:     found,
-		store:     opts.Store,
-		node:      opts.Node,
-		fw:        opts.Firewall,
-		links:     newEPLinkTable(),
-		fdb:       hal.NewMirror[fdbKey, fdbEntry](func(have, want fdbEntry) bool { return have == want }, fdbKey.hash),
-		neigh:     hal.NewMirror[neighKey, neighEntry](func(have, want neighEntry) bool { return have == want }, neighKey.hash),
-		endpoints: newEndpointTable(),
+		rtnlConn:   c,
+		found:      found,
+		store:      opts.Store,
+		node:       opts.Node,
+		fw:         opts.Firewall,
+		links:      c.view.links,
+		linkReader: reader,
+		fdb:        hal.NewMirror[fdbKey, fdbEntry](func(have, want fdbEntry) bool { return have == want }, fdbKey.hash),
+		neigh:      hal.NewMirror[neighKey, neighEntry](func(have, want neighEntry) bool { return have == want }, neighKey.hash),
+		endpoints:  newEndpointTable(),
 	}, nil
 }
 
-// Close releases the netlink sockets. It is safe to call twice.
+// Close releases the netlink sockets and stops reading the view's link table. It is safe
+// to call twice.
 func (r *EndpointReconciler) Close() error {
+	r.linkReader.close()
 	r.close()
 	return nil
 }
@@ -764,7 +775,7 @@ func (r *EndpointReconciler) checkInterface(id nimbusv1.Key, p *endpointPlan) er
 
 // checkMaster returns a Conflict error when the link has a master other than bridge that
 // is not a naples bridge: an interface someone else attached is left alone.
-func (r *EndpointReconciler) checkMaster(name string, l epLink, bridge int32) error {
+func (r *EndpointReconciler) checkMaster(name string, l kernelLink, bridge int32) error {
 	if l.master == 0 || l.master == bridge {
 		return nil
 	}
@@ -1072,7 +1083,7 @@ func (r *EndpointReconciler) syncInterface(ctx context.Context, name string, id 
 // the MTU it had before naples first changed it (`mtu M`), and forgets that MTU. One on no
 // bridge gets its MTU back all the same; one on a bridge that is not naples's is left
 // alone.
-func (r *EndpointReconciler) releaseInterface(ctx context.Context, owner nimbusv1.Key, index int32, l epLink) error {
+func (r *EndpointReconciler) releaseInterface(ctx context.Context, owner nimbusv1.Key, index int32, l kernelLink) error {
 	rec := r.found.get(l.name)
 	if _, isBridge, _ := r.links.networkDevice(l.master); l.master != 0 && !isBridge || l.master == 0 && (rec.MTU == 0 || rec.MTU == l.mtu) {
 		// Someone else's bridge holds it now, or there is nothing to put back.
@@ -1167,7 +1178,7 @@ func (r *EndpointReconciler) deleteNeigh(ctx context.Context, k neighKey) error 
 // setLink sets the master (0: none) of the link l with the index and, when not 0, its
 // MTU, and sets it up when up is true (see appendSetLinkRequest); key is the endpoint it
 // does it for, "" for none.
-func (r *EndpointReconciler) setLink(ctx context.Context, key nimbusv1.Key, index int32, l epLink, master int32, mtu uint32, up bool) error {
+func (r *EndpointReconciler) setLink(ctx context.Context, key nimbusv1.Key, index int32, l kernelLink, master int32, mtu uint32, up bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -1179,10 +1190,10 @@ func (r *EndpointReconciler) setLink(ctx context.Context, key nimbusv1.Key, inde
 	want.up = want.up || up
 	if master != l.master {
 		// A new bridge port learns, as the kernel makes it; one released does not.
-		want.learning = master != 0
+		want.bridgePort, want.learning, want.neighSuppress = master != 0, master != 0, false
 	}
 	msg := appendSetLinkRequest(r.nl.Buffer(), index, master, mtu, up)
-	if _, err := kernelWrite(ctx, r.rtnlConn, r.links.mirror.Expect(index, want), msg); err != nil {
+	if _, err := kernelWrite(ctx, r.rtnlConn, r.links.m.ExpectBy(r.linkReader.writer(), index, want, sameEPLink), msg); err != nil {
 		if master == 0 {
 			return hal.Errorf(hal.ReasonKernelError, "releasing interface %s from %s: %w", l.name, r.deviceName(l.master), err)
 		}
@@ -1198,14 +1209,14 @@ func (r *EndpointReconciler) setLink(ctx context.Context, key nimbusv1.Key, inde
 
 // setLearning turns the learning of the bridge port l, with the index, on or off (see
 // appendSetLearningRequest).
-func (r *EndpointReconciler) setLearning(ctx context.Context, index int32, l epLink, learning bool) error {
+func (r *EndpointReconciler) setLearning(ctx context.Context, index int32, l kernelLink, learning bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	want := l
 	want.learning = learning
 	msg := appendSetLearningRequest(r.nl.Buffer(), index, learning)
-	if _, err := kernelWrite(ctx, r.rtnlConn, r.links.mirror.Expect(index, want), msg); err != nil {
+	if _, err := kernelWrite(ctx, r.rtnlConn, r.links.m.ExpectBy(r.linkReader.writer(), index, want, sameEPLink), msg); err != nil {
 		return hal.Errorf(hal.ReasonKernelError, "turning learning off on bridge port %s: %w", l.name, err)
 	}
 	r.log.Info("bridge port learning turned off", "interface", l.name, "bridge", r.deviceName(l.master))
@@ -1218,6 +1229,10 @@ func (r *EndpointReconciler) setLearning(ctx context.Context, index int32, l epL
 // interfaces that no local endpoint wants there. Entries an endpoint wants that differ
 // from what it wants enqueue it.
 func (r *EndpointReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Key)) error {
+	if err := r.links.reload(ctx, r.rtnlConn); err != nil {
+		return err
+	}
+	r.linkReader.drainMissed(func(c tableChange[int32, kernelLink]) { r.linkChanged(c, enqueue) })
 	if err := r.resync(ctx, enqueue); err != nil {
 		return err
 	}
@@ -1239,7 +1254,7 @@ func (r *EndpointReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Ke
 			}
 		}
 	}
-	for _, l := range r.links.mirror.All() {
+	for _, l := range r.links.m.All() {
 		if _, ours := OwnerOfAlias(l.alias); ours || l.master == 0 {
 			continue
 		}
@@ -1252,14 +1267,15 @@ func (r *EndpointReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Ke
 	return nil
 }
 
-// Observe subscribes to link and neighbour changes (which carry FDB changes too), reads
-// the kernel afresh into the mirrors, and then keeps them current from the
-// subscription. It enqueues the endpoints whose kernel state someone else changed, or
+// Observe watches the view's link table and subscribes to neighbour changes (which carry
+// FDB changes too), reads the kernel afresh into the mirrors, and then keeps them
+// current from the subscription. It enqueues the endpoints whose kernel state someone else changed, or
 // that the change concerns: the owner of an FDB entry or neighbour on a network's devices
 // that changed or went, the endpoints that name an interface that came, went or changed,
 // and every endpoint of a network whose bridge or VXLAN device came, went or changed.
 func (r *EndpointReconciler) Observe(ctx context.Context, enqueue func(nimbusv1.Key), subscribed func()) error {
-	return r.observe(ctx, "link and neighbour changes", []uint{unix.RTNLGRP_LINK, unix.RTNLGRP_NEIGH},
+	links := r.linkReader.watching(func(c tableChange[int32, kernelLink]) { r.linkChanged(c, enqueue) })
+	return r.observeTables(ctx, "link and neighbour changes", []uint{unix.RTNLGRP_NEIGH}, []viewSource{links},
 		func(ctx context.Context) error { return r.resync(ctx, enqueue) }, subscribed,
 		func(typ uint16, payload []byte) { r.apply(typ, payload, enqueue) })
 }
@@ -1268,38 +1284,6 @@ func (r *EndpointReconciler) Observe(ctx context.Context, enqueue func(nimbusv1.
 // unless it is the echo of the reconciler's own write.
 func (r *EndpointReconciler) apply(typ uint16, payload []byte, enqueue func(nimbusv1.Key)) {
 	switch typ {
-	case unix.RTM_NEWLINK, unix.RTM_DELLINK:
-		if typ == unix.RTM_NEWLINK {
-			if index, learning, ok := parseEPBridgePort(payload); ok {
-				r.applyBridgePort(index, learning, enqueue)
-				return
-			}
-		}
-		index, l, ok := parseEPLink(payload)
-		if !ok {
-			return
-		}
-		old, had := r.links.get(index)
-		var echo bool
-		if typ == unix.RTM_NEWLINK {
-			r.links.named(index, l.name)
-			echo = r.links.mirror.Update(index, l)
-		} else {
-			echo = r.links.mirror.Remove(index)
-			// An interface that is gone has no MTU to put back.
-			if err := r.found.set(l.name, linkFound{}); err != nil {
-				r.log.Warn("forgetting the MTU of a deleted interface", "interface", l.name, "err", err)
-			}
-		}
-		if echo || (typ == unix.RTM_NEWLINK && had && old == l) || !mirrorShowsEvent(r.links.mirror, index, l, typ == unix.RTM_NEWLINK) {
-			return
-		}
-		if had {
-			r.enqueueForLink(old, enqueue)
-		}
-		if typ == unix.RTM_NEWLINK && (!had || old.name != l.name || old.alias != l.alias) {
-			r.enqueueForLink(l, enqueue)
-		}
 	case unix.RTM_NEWNEIGH, unix.RTM_DELNEIGH:
 		m, ok := parseNeighMsg(payload)
 		if !ok {
@@ -1347,18 +1331,36 @@ func (r *EndpointReconciler) apply(typ uint16, payload []byte, enqueue func(nimb
 	}
 }
 
-// applyBridgePort applies a bridge's report about one of its ports, which says whether it
-// learns: the report of `bridge link set dev PORT learning on`, which sends no other.
-func (r *EndpointReconciler) applyBridgePort(index int32, learning bool, enqueue func(nimbusv1.Key)) {
-	l, ok := r.links.get(index)
-	if !ok || l.master == 0 || l.learning == learning {
+// linkChanged enqueues the endpoints a change of the link table concerns, unless it is
+// the echo of the reconciler's own write or changes nothing the endpoints read: those of
+// the link as it was, and those of the link as it is when it appeared or its name or
+// alias changed (see enqueueForLink). A change of a bridge port's learning alone (`bridge
+// link set dev PORT learning on`) concerns the endpoints that name the port.
+func (r *EndpointReconciler) linkChanged(c tableChange[int32, kernelLink], enqueue func(nimbusv1.Key)) {
+	if !c.has {
+		// An interface that is gone has no MTU to put back.
+		if err := r.found.set(c.old.name, linkFound{}); err != nil {
+			r.log.Warn("forgetting the MTU of a deleted interface", "interface", c.old.name, "err", err)
+		}
+	}
+	if c.echo {
 		return
 	}
-	l.learning = learning
-	if r.links.mirror.Update(index, l) || !mirrorShowsEvent(r.links.mirror, index, l, true) {
-		return
+	if c.had && c.has {
+		switch c.fields & epLinkFields {
+		case 0:
+			return
+		case linkFieldLearning:
+			r.enqueueAll(EndpointInterfaceIndex.Name, c.new.name, enqueue)
+			return
+		}
 	}
-	r.enqueueAll(EndpointInterfaceIndex.Name, l.name, enqueue)
+	if c.had {
+		r.enqueueForLink(c.old, enqueue)
+	}
+	if c.has && (!c.had || c.old.name != c.new.name || c.old.alias != c.new.alias) {
+		r.enqueueForLink(c.new, enqueue)
+	}
 }
 
 // fdbNetwork returns the network (its key ID) whose MAC entries an FDB entry is of: a
@@ -1387,7 +1389,7 @@ func mirrorShowsEvent[K comparable, V comparable](m *hal.Mirror[K, V], k K, v V,
 // enqueueForLink enqueues the endpoints a change of the link concerns: those that name
 // it as their interface and, when it is a network's bridge or VXLAN device, those of the
 // network.
-func (r *EndpointReconciler) enqueueForLink(l epLink, enqueue func(nimbusv1.Key)) {
+func (r *EndpointReconciler) enqueueForLink(l kernelLink, enqueue func(nimbusv1.Key)) {
 	r.enqueueAll(EndpointInterfaceIndex.Name, l.name, enqueue)
 	if network, bridge, vxlan := networkDeviceOf(l); bridge || vxlan {
 		r.enqueueAll(EndpointNetworkIndex.Name, network, enqueue)
@@ -1421,33 +1423,26 @@ func (r *EndpointReconciler) enqueueOwner(entry endpointLock, enqueue func(nimbu
 
 // fill loads the mirrors with a dump, unless one has loaded them already.
 func (r *EndpointReconciler) fill(ctx context.Context) error {
+	if err := r.links.fill(ctx, r.rtnlConn); err != nil {
+		return err
+	}
 	return r.loadOnce(ctx, func(ctx context.Context) error {
 		_, err := r.dump(ctx)
 		return err
 	})
 }
 
-// endpointDrift is what a dump found changed: the links as they were before it, and the
-// keys of the links, FDB entries and neighbours whose state it found different.
+// endpointDrift is what a dump found changed: the keys of the FDB entries and
+// neighbours whose state it found different.
 type endpointDrift struct {
-	before map[int32]epLink
-	links  []int32
-	fdb    []fdbKey
-	neigh  []neighKey
+	fdb   []fdbKey
+	neigh []neighKey
 }
 
-// dump loads the mirrors with a fresh dump of links (`ip link show`), static FDB
-// entries without a VLAN (`bridge fdb show`) and permanent neighbours of both families
-// (`ip neigh show nud permanent`), and returns what it found changed.
+// dump loads the mirrors with a fresh dump of static FDB entries without a VLAN (`bridge
+// fdb show`) and permanent neighbours of both families (`ip neigh show nud permanent`),
+// and returns what it found changed. The links are the view's (linkTable).
 func (r *EndpointReconciler) dump(ctx context.Context) (d endpointDrift, err error) {
-	d.before = map[int32]epLink{}
-	for i, l := range r.links.mirror.All() {
-		d.before[i] = l
-	}
-	if d.links, err = dumpMirror(ctx, r.rtnlConn, r.links.mirror, "links", unix.RTM_NEWLINK, parseEPLink, rtnl.LinkDumpRequest()); err != nil {
-		return d, err
-	}
-	r.links.renamed()
 	if d.fdb, err = dumpMirror(ctx, r.rtnlConn, r.fdb, "FDB entries", unix.RTM_NEWNEIGH, func(p []byte) (fdbKey, fdbEntry, bool) {
 		m, ok := parseNeighMsg(p)
 		if !ok || m.family != unix.AF_BRIDGE {
@@ -1477,14 +1472,6 @@ func (r *EndpointReconciler) resync(ctx context.Context, enqueue func(nimbusv1.K
 	})
 	if err != nil || first {
 		return err
-	}
-	for _, i := range d.links {
-		if old, ok := d.before[i]; ok {
-			r.enqueueForLink(old, enqueue)
-		}
-		if l, ok := r.links.get(i); ok {
-			r.enqueueForLink(l, enqueue)
-		}
 	}
 	for _, k := range d.fdb {
 		if network, ok := r.fdbNetwork(k); ok {

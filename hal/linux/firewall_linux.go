@@ -14,13 +14,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
 
 	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/hal"
 	"github.com/naplesnet/naples/hal/firewall"
 	"github.com/naplesnet/naples/hal/linux/fwbpf"
-	"github.com/naplesnet/naples/hal/linux/rtnl"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -55,6 +53,10 @@ type FirewallOptions struct {
 	// Namespace is the network namespace of the endpoints' interfaces. Default: the
 	// calling process's.
 	Namespace *netns.NsHandle
+	// View is Namespace's kernel view, shared with the reconcilers of the namespace, whose
+	// link table the firewall reads the interfaces' indexes from. Default: a view of the
+	// firewall's own.
+	View *KernelView
 	// Dir is the bpffs directory the maps and links are pinned in, so that enforcement
 	// and connection tracking outlive the agent. Required.
 	Dir string
@@ -83,8 +85,10 @@ type Firewall struct {
 	store FirewallStore
 	node  string
 	ns    *netns.NsHandle
-	// links reads the namespace's links, whose indexes the snapshot names.
-	links *rtnl.Reader
+	// links is the view's table of the namespace's links, whose indexes the snapshot
+	// names; conn reads it afresh when the view's subscription does not keep it current.
+	links *linkTable
+	conn  *rtnlConn
 	opts  FirewallOptions
 	log   *slog.Logger
 
@@ -142,18 +146,18 @@ func NewFirewall(opts FirewallOptions) (*Firewall, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	links, err := rtnl.NewReader(opts.Namespace, defaultTimeout)
+	conn, err := openRTNLConn(rtnlConnOptions{Namespace: opts.Namespace, View: opts.View, Logger: opts.Logger})
 	if err != nil {
 		return nil, fmt.Errorf("firewall: opening netlink: %w", err)
 	}
 	objs, err := fwbpf.Open(opts.Dir, opts.Capacities, opts.Logger)
 	if err != nil {
-		links.Close()
+		conn.close()
 		return nil, fmt.Errorf("firewall: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	f := &Firewall{
-		objs: objs, store: opts.Store, node: opts.Node, ns: opts.Namespace, links: links, opts: opts, log: opts.Logger,
+		objs: objs, store: opts.Store, node: opts.Node, ns: opts.Namespace, links: conn.view.links, conn: conn, opts: opts, log: opts.Logger,
 		wake: make(chan struct{}, 1), builtCh: make(chan struct{}),
 		accepted: map[string]*nimbusv1.Object{}, failed: map[string]string{}, read: map[string]string{},
 		attached: map[string]int{},
@@ -167,7 +171,7 @@ func NewFirewall(opts FirewallOptions) (*Firewall, error) {
 	if opts.Registerer != nil {
 		if err := opts.Registerer.Register(f); err != nil {
 			cancel()
-			links.Close()
+			conn.close()
 			objs.Close()
 			return nil, fmt.Errorf("firewall: registering metrics: %w", err)
 		}
@@ -185,7 +189,7 @@ func (f *Firewall) Close() error {
 	if f.reg != nil {
 		f.reg.Unregister(f)
 	}
-	f.links.Close()
+	f.conn.close()
 	return f.objs.Close()
 }
 
@@ -382,21 +386,21 @@ func (f *Firewall) build() error {
 }
 
 // input reads what a snapshot is built from: the store's objects and the indexes of the
-// interfaces of this node's endpoints.
+// interfaces of this node's endpoints, from the view's link table, which the endpoint
+// reconciler reads them from too. A table that the view's subscription does not keep
+// current (no observer watches links) is dumped afresh first (`ip link show`); the
+// reader's timeout bounds the dump.
 func (f *Firewall) input() (firewall.Input, error) {
-	index := map[string]int{}
-	// A dump that a change interrupted starts over (rtnl.Reader.Dump), as every dump here
-	// does; the reader's timeout bounds it.
-	err := f.links.Dump(context.Background(), rtnl.LinkDumpRequest(), func() { clear(index) }, func(typ uint16, b []byte) {
-		if l, ok := rtnl.ParseLink(b); ok && typ == unix.RTM_NEWLINK && l.Family == unix.AF_UNSPEC {
-			index[l.Name] = int(l.Index)
+	if !f.links.current() {
+		if err := f.links.reload(context.Background(), f.conn); err != nil {
+			return firewall.Input{}, fmt.Errorf("listing interfaces: %w", err)
 		}
-	})
-	if err != nil {
-		return firewall.Input{}, fmt.Errorf("listing interfaces: %w", err)
 	}
-	in := firewall.InputOf(f.store, f.node, index)
-	return in, nil
+	index := make(map[string]int, f.links.m.Len())
+	for i, l := range f.links.m.All() {
+		index[l.name] = int(i)
+	}
+	return firewall.InputOf(f.store, f.node, index), nil
 }
 
 // keyIDOf returns the key ID of an object.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"log/slog"
 	"maps"
 	"net/netip"
@@ -71,33 +70,17 @@ type InterfaceOptions struct {
 	Logger *slog.Logger
 }
 
-// ifaceLink is what the link mirror keeps of a link (`ip -s link show`).
-type ifaceLink struct {
-	index int32
-	// up is the administrative state (IFF_UP).
-	up  bool
-	mtu uint32
-	// operState is the RFC 2863 operational state (IFLA_OPERSTATE).
-	operState uint8
-	carrier   bool
-	// owner is the key ID of the object naples created the link for, from its alias
-	// (OwnerOfAlias); "" for a link naples did not create, such as a host NIC.
-	owner string
-	stats ifaceStats
-}
-
-// ifaceStats are a link's counters (struct rtnl_link_stats64).
-type ifaceStats struct {
-	rxPackets, txPackets, rxBytes, txBytes, rxErrors, txErrors, rxDropped, txDropped uint64
-}
-
 // sameIfaceLink reports whether the link have is in the state want describes: the
-// same link, with the administrative state and MTU the reconciler writes. Operational
-// state and counters change on their own and are left out, so that the echo of a write
-// is recognised whatever they show.
-func sameIfaceLink(have, want ifaceLink) bool {
-	return have.index == want.index && have.up == want.up && have.mtu == want.mtu
+// administrative state and MTU the reconciler writes. Operational state and counters
+// change on their own and are left out, so that the echo of a write is recognised
+// whatever they show.
+func sameIfaceLink(have, want kernelLink) bool {
+	return have.up == want.up && have.mtu == want.mtu
 }
+
+// ifaceLinkFields are the fields of a link whose change concerns the objects that name
+// it: what their statuses show of it (the counters aside) and its owner.
+const ifaceLinkFields = linkFieldName | linkFieldUp | linkFieldMTU | linkFieldOperState | linkFieldCarrier | linkFieldAlias
 
 // ifaceAddrID identifies an address in the kernel: its link and its address with prefix
 // length, as `ip address` shows it (10.0.0.1/24, not masked).
@@ -137,12 +120,15 @@ type ifaceAddr struct {
 // reconcile it triggers adds them again, so a link that is down keeps the addresses of
 // its object as well.
 //
-// It reads the kernel from two hal.Mirror instances, one of every link by name and one of
-// every address, each filled by one dump, kept current by the observer's subscription to
-// link and address changes, and dumped afresh when the observer starts and at every
-// sweep; every StatsInterval the observer dumps the links again, which refreshes their
-// counters, and enqueues every Interface object, so their statuses carry fresh counters
-// (the HAL sends a status upstream only when it changed). A reconcile compares with the
+// It reads the links from its KernelView's link table, which it shares with the other
+// reconcilers of the namespace, and finds a link there by name (its index of names); it
+// hears of the table's changes through the view, and dumps the table afresh at every
+// sweep. It reads the addresses from a hal.Mirror of every address, filled by one dump,
+// kept current by the observer's subscription to address changes, and dumped afresh when
+// the observer starts and at every sweep. Every StatsInterval the observer dumps the
+// links again, which refreshes their counters in the table, and enqueues every Interface
+// object, so their statuses carry fresh counters (the HAL sends a status upstream only
+// when it changed). A reconcile compares with the
 // mirrors and writes only what differs, so a restarted agent that finds everything as
 // programmed writes nothing. Writes go through the batched netlink writer.
 //
@@ -151,21 +137,16 @@ type ifaceAddr struct {
 type InterfaceReconciler struct {
 	// rtnlConn carries the writes and reads the dumps of links and addresses.
 	*rtnlConn
-	// mirrorLoader runs the dumps that load the mirrors; dumpMu also serializes the
-	// dumps of links that refresh the counters.
+	// mirrorLoader runs the dumps that load the address mirror.
 	mirrorLoader
 	store         InterfaceStore
 	statsInterval time.Duration
 
-	// links mirrors every link of the namespace by name; addrs every address.
-	links *hal.Mirror[string, ifaceLink]
-	addrs *hal.Mirror[ifaceAddrID, ifaceAddr]
-
-	// namesMu guards names, and is held while a link event is applied to links, so that
-	// names follows the mirror: a rename shows up as a link event of the new name only.
-	namesMu sync.Mutex
-	// names maps link indexes to names, as links shows them.
-	names map[int32]string
+	// links is the view's table of links, which linkReader reads; addrs mirrors every
+	// address.
+	links      *linkTable
+	linkReader *tableReader[int32, kernelLink]
+	addrs      *hal.Mirror[ifaceAddrID, ifaceAddr]
 
 	// oursMu guards ours.
 	oursMu sync.Mutex
@@ -214,22 +195,28 @@ func NewInterfaceReconciler(opts InterfaceOptions) (*InterfaceReconciler, error)
 	if err != nil {
 		return nil, err
 	}
-	seed := maphash.MakeSeed()
+	reader := c.view.links.reader(c)
+	if reader == nil {
+		c.close()
+		return nil, errors.New("interface reconciler: the kernel view's link table has as many readers as it can hold")
+	}
 	return &InterfaceReconciler{
 		rtnlConn:      c,
 		store:         opts.Store,
 		statsInterval: opts.StatsInterval,
-		links:         hal.NewMirror[string, ifaceLink](sameIfaceLink, func(name string) uint64 { return maphash.String(seed, name) }),
+		links:         c.view.links,
+		linkReader:    reader,
 		addrs:         hal.NewMirror[ifaceAddrID, ifaceAddr](func(have, want ifaceAddr) bool { return have == want }, nil),
 		found:         found,
-		names:         map[int32]string{},
 		ours:          map[int32]map[netip.Prefix]struct{}{},
 		programmed:    map[nimbusv1.Key]string{},
 	}, nil
 }
 
-// Close releases the netlink sockets. It is safe to call twice.
+// Close releases the netlink sockets and stops reading the view's link table. It is safe
+// to call twice.
 func (r *InterfaceReconciler) Close() error {
+	r.linkReader.close()
 	r.close()
 	return nil
 }
@@ -319,45 +306,45 @@ func (r *InterfaceReconciler) Reconcile(ctx context.Context, key *nimbusv1.Objec
 		r.forget(id, want.device)
 		return nil, hal.Errorf(hal.ReasonConflict, "interface %q is already claimed by %s", want.device, owner)
 	}
-	link, ok := r.links.Get(want.device)
+	index, link, ok := r.links.byName(want.device)
 	if !ok {
 		// The link's addresses went with it: there is nothing to remove for key.
 		r.forget(id, want.device)
 		return nil, hal.Pendingf(ReasonWaitingForInterface, "waiting for interface %q: no such link", want.device)
 	}
-	if link.owner != "" {
+	if owner, ours := link.owner(); ours {
 		r.forget(id, want.device)
-		return nil, hal.Errorf(hal.ReasonConflict, "interface %q was created by naples for %s; an Interface object describes a host NIC", want.device, link.owner)
+		return nil, hal.Errorf(hal.ReasonConflict, "interface %q was created by naples for %s; an Interface object describes a host NIC", want.device, owner)
 	}
 	r.remember(id, want.device)
-	if err := r.syncLink(ctx, want.device, link, want); err != nil {
+	if err := r.syncLink(ctx, want.device, index, link, want); err != nil {
 		return nil, err
 	}
-	if err := r.syncAddresses(ctx, want.device, link.index, want.addrs); err != nil {
+	if err := r.syncAddresses(ctx, want.device, index, want.addrs); err != nil {
 		return nil, err
 	}
 	if r.log.Enabled(ctx, slog.LevelDebug) {
 		r.log.Debug("interface programmed", "key", id, "device", want.device)
 	}
-	link, _ = r.links.Get(want.device)
+	link, _ = r.links.get(index)
 	return linkStatus(link), nil
 }
 
 // linkStatus returns the operational data of a link for its object's status.
-func linkStatus(l ifaceLink) *nimbusv1.OperationalData {
+func linkStatus(l kernelLink) *nimbusv1.OperationalData {
 	return &nimbusv1.OperationalData{Kind: &nimbusv1.OperationalData_Interface{Interface: &nimbusv1.InterfaceOperational{
 		OperState: linkOperState(l.operState),
 		Carrier:   l.carrier,
 		AdminUp:   l.up,
 		Mtu:       l.mtu,
-		RxBytes:   l.stats.rxBytes,
-		TxBytes:   l.stats.txBytes,
-		RxPackets: l.stats.rxPackets,
-		TxPackets: l.stats.txPackets,
-		RxErrors:  l.stats.rxErrors,
-		TxErrors:  l.stats.txErrors,
-		RxDropped: l.stats.rxDropped,
-		TxDropped: l.stats.txDropped,
+		RxBytes:   l.stats.RxBytes,
+		TxBytes:   l.stats.TxBytes,
+		RxPackets: l.stats.RxPackets,
+		TxPackets: l.stats.TxPackets,
+		RxErrors:  l.stats.RxErrors,
+		TxErrors:  l.stats.TxErrors,
+		RxDropped: l.stats.RxDropped,
+		TxDropped: l.stats.TxDropped,
 	}}}
 }
 
@@ -448,7 +435,7 @@ func (r *InterfaceReconciler) release(ctx context.Context, id nimbusv1.Key, devi
 // leaves out to what naples found before it changed them, if it did. Before it changes
 // a field the spec sets, it records what it found, unless a record of it is there
 // already; once it has put a field back, it forgets it.
-func (r *InterfaceReconciler) syncLink(ctx context.Context, device string, link ifaceLink, want ifaceSpec) error {
+func (r *InterfaceReconciler) syncLink(ctx context.Context, device string, index int32, link kernelLink, want ifaceSpec) error {
 	found := r.found.get(device)
 	next, record := link, found
 	switch {
@@ -471,7 +458,7 @@ func (r *InterfaceReconciler) syncLink(ctx context.Context, device string, link 
 		next.mtu = found.MTU
 		record.MTU = 0
 	}
-	return r.setLinkRecorded(ctx, device, link, next, found, record)
+	return r.setLinkRecorded(ctx, device, index, link, next, found, record)
 }
 
 // restoreLink puts back the link's administrative state and MTU as naples found them, and
@@ -481,8 +468,8 @@ func (r *InterfaceReconciler) restoreLink(ctx context.Context, device string) er
 	if found.empty() {
 		return nil
 	}
-	link, ok := r.links.Get(device)
-	if !ok || link.owner != "" {
+	index, link, ok := r.links.byName(device)
+	if _, ours := link.owner(); !ok || ours {
 		return r.found.set(device, linkFound{})
 	}
 	next := link
@@ -492,7 +479,7 @@ func (r *InterfaceReconciler) restoreLink(ctx context.Context, device string) er
 	if found.MTU != 0 {
 		next.mtu = found.MTU
 	}
-	if err := r.setLinkRecorded(ctx, device, link, next, found, linkFound{}); err != nil {
+	if err := r.setLinkRecorded(ctx, device, index, link, next, found, linkFound{}); err != nil {
 		return err
 	}
 	r.log.Info("interface put back as found", "device", device, "up", next.up, "mtu", next.mtu)
@@ -502,7 +489,7 @@ func (r *InterfaceReconciler) restoreLink(ctx context.Context, device string) er
 // setLinkRecorded sets the link from have to next, when they differ, keeping record of
 // what was found: a record that grows is written before the kernel is, one that shrinks
 // after, so that what naples changed is always on record.
-func (r *InterfaceReconciler) setLinkRecorded(ctx context.Context, device string, have, next ifaceLink, found, record linkFound) error {
+func (r *InterfaceReconciler) setLinkRecorded(ctx context.Context, device string, index int32, have, next kernelLink, found, record linkFound) error {
 	grows := (found.Up == nil && record.Up != nil) || (found.MTU == 0 && record.MTU != 0)
 	if grows {
 		if err := r.found.set(device, record); err != nil {
@@ -510,7 +497,7 @@ func (r *InterfaceReconciler) setLinkRecorded(ctx context.Context, device string
 		}
 	}
 	if next.up != have.up || next.mtu != have.mtu {
-		if err := r.setLink(ctx, device, have, next); err != nil {
+		if err := r.setLink(ctx, device, index, have, next); err != nil {
 			return err
 		}
 	}
@@ -522,22 +509,23 @@ func (r *InterfaceReconciler) setLinkRecorded(ctx context.Context, device string
 
 // removeOurs removes every address of naples from the link, if it exists.
 func (r *InterfaceReconciler) removeOurs(ctx context.Context, device string) error {
-	link, ok := r.links.Get(device)
+	index, _, ok := r.links.byName(device)
 	if !ok {
 		return nil
 	}
-	for _, p := range r.oursOn(link.index) {
-		if err := r.deleteAddr(ctx, device, ifaceAddrID{index: link.index, prefix: p}); err != nil {
+	for _, p := range r.oursOn(index) {
+		if err := r.deleteAddr(ctx, device, ifaceAddrID{index: index, prefix: p}); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// setLink sets the link's administrative state and, when it differs, its MTU to next's,
-// in one request: `ip link set DEV up|down mtu M`. The request names the link, so it
-// cannot reach another link that took the index of a link of that name.
-func (r *InterfaceReconciler) setLink(ctx context.Context, device string, have, next ifaceLink) error {
+// setLink sets the administrative state of the link with the index and, when it
+// differs, its MTU to next's, in one request: `ip link set DEV up|down mtu M`. The
+// request names the link by its index, under which the link table holds it: a link of
+// that name created anew has another index, and the request fails rather than reach it.
+func (r *InterfaceReconciler) setLink(ctx context.Context, device string, index int32, have, next kernelLink) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -545,19 +533,18 @@ func (r *InterfaceReconciler) setLink(ctx context.Context, device string, have, 
 	if next.up {
 		flags = unix.IFF_UP
 	}
-	// Index 0: the link is named by IFLA_IFNAME.
-	attrs := rtnl.LinkName
+	var attrs rtnl.LinkAttrs
 	if next.mtu != have.mtu {
 		attrs |= rtnl.LinkMTU
 	}
-	msg := rtnl.AppendLinkRequest(r.nl.Buffer(), unix.RTM_NEWLINK, 0, rtnl.Link{Flags: flags, Name: device, MTU: next.mtu},
+	msg := rtnl.AppendLinkRequest(r.nl.Buffer(), unix.RTM_NEWLINK, 0, rtnl.Link{Index: index, Flags: flags, MTU: next.mtu},
 		unix.IFF_UP, attrs)
 	state := "down"
 	if next.up {
 		state = "up"
 	}
 	what := fmt.Sprintf("setting interface %q %s mtu %d", device, state, next.mtu)
-	_, err := kernelWrite(ctx, r.rtnlConn, r.links.Expect(device, next), msg)
+	_, err := kernelWrite(ctx, r.rtnlConn, r.links.m.ExpectBy(r.linkReader.writer(), index, next, sameIfaceLink), msg)
 	switch {
 	case errors.Is(err, unix.ENODEV):
 		return hal.Pendingf(ReasonWaitingForInterface, "waiting for interface %q: it went away while %s", device, what)
@@ -700,20 +687,23 @@ func (r *InterfaceReconciler) oursOn(index int32) []netip.Prefix {
 	return out
 }
 
-// nameOf returns the name of the link with the index, as the mirror shows it.
+// nameOf returns the name of the link with the index, as the link table shows it.
 func (r *InterfaceReconciler) nameOf(index int32) (string, bool) {
-	r.namesMu.Lock()
-	defer r.namesMu.Unlock()
-	name, ok := r.names[index]
-	return name, ok
+	l, ok := r.links.get(index)
+	return l.name, ok
 }
 
-// Sweep reads every link and address afresh into the mirrors, enqueues the objects whose
-// links or addresses changed without the observer reporting it, removes every address of
+// Sweep reads every link and address afresh into the link table and the address mirror,
+// enqueues the objects whose links or addresses changed without the observer reporting
+// it (through the observer, when it watches), removes every address of
 // naples on a link that no Interface object lists it for, and puts back the state and MTU
 // naples found on the links that no Interface object names. Links that naples created
 // for other objects (an overlay bridge, say) are left to their own reconcilers.
 func (r *InterfaceReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Key)) error {
+	if err := r.links.reload(ctx, r.rtnlConn); err != nil {
+		return err
+	}
+	r.linkReader.drainMissed(func(c tableChange[int32, kernelLink]) { r.linkChanged(c, enqueue) })
 	if err := r.resync(ctx, enqueue); err != nil {
 		return err
 	}
@@ -729,14 +719,11 @@ func (r *InterfaceReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.K
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		name, ok := r.nameOf(id.index)
-		if !ok {
+		link, ok := r.links.get(id.index)
+		if _, ours := link.owner(); !ok || ours {
 			continue
 		}
-		if link, ok := r.links.Get(name); !ok || link.index != id.index || link.owner != "" {
-			continue
-		}
-		if err := r.sweepAddr(ctx, name, id); err != nil {
+		if err := r.sweepAddr(ctx, link.name, id); err != nil {
 			return err
 		}
 	}
@@ -770,13 +757,14 @@ func (r *InterfaceReconciler) sweepAddr(ctx context.Context, device string, id i
 	return r.deleteAddr(ctx, device, id)
 }
 
-// Observe subscribes to link and address changes, reads every link and address afresh
-// into the mirrors (so a restart after an overflow starts from the kernel's state), and
-// then keeps the mirrors current from the subscription. It enqueues the objects that name
-// a link that appears, goes, or changes its administrative or operational state, carrier
+// Observe watches the view's link table and subscribes to address changes, reads every
+// address afresh into the mirror (so a restart after an overflow starts from the
+// kernel's state; the view dumps the link table when its subscription starts), and then
+// keeps the mirror current from the subscription. It enqueues the objects that name a
+// link that appears, goes, or changes its administrative or operational state, carrier
 // or MTU, and those whose link's addresses change other than by the reconciler's own
-// writes; and every StatsInterval it dumps the links, which refreshes their counters, and
-// enqueues every Interface object.
+// writes; and every StatsInterval it dumps the links, which refreshes their counters,
+// and enqueues every Interface object.
 func (r *InterfaceReconciler) Observe(ctx context.Context, enqueue func(nimbusv1.Key), subscribed func()) error {
 	// The counters' refresh starts once the observer is subscribed and ends before
 	// Observe returns.
@@ -786,7 +774,8 @@ func (r *InterfaceReconciler) Observe(ctx context.Context, enqueue func(nimbusv1
 		cancel()
 		wg.Wait()
 	}()
-	return r.observe(ctx, "link and address changes", []uint{unix.RTNLGRP_LINK, unix.RTNLGRP_IPV4_IFADDR, unix.RTNLGRP_IPV6_IFADDR},
+	links := r.linkReader.watching(func(c tableChange[int32, kernelLink]) { r.linkChanged(c, enqueue) })
+	return r.observeTables(ctx, "link and address changes", []uint{unix.RTNLGRP_IPV4_IFADDR, unix.RTNLGRP_IPV6_IFADDR}, []viewSource{links},
 		func(ctx context.Context) error { return r.resync(ctx, enqueue) },
 		func() {
 			subscribed()
@@ -796,7 +785,7 @@ func (r *InterfaceReconciler) Observe(ctx context.Context, enqueue func(nimbusv1
 }
 
 // refreshStats dumps the links every StatsInterval, which refreshes their counters in
-// the mirror, and enqueues every Interface object, so that their statuses report the
+// the link table, and enqueues every Interface object, so that their statuses report the
 // counters; until ctx ends.
 func (r *InterfaceReconciler) refreshStats(ctx context.Context, enqueue func(nimbusv1.Key)) {
 	if r.statsInterval < 0 {
@@ -810,10 +799,7 @@ func (r *InterfaceReconciler) refreshStats(ctx context.Context, enqueue func(nim
 			return
 		case <-t.C:
 		}
-		r.dumpMu.Lock()
-		_, err := r.dumpLinksLocked(ctx)
-		r.dumpMu.Unlock()
-		if err != nil {
+		if err := r.links.reload(ctx, r.rtnlConn); err != nil {
 			if ctx.Err() != nil {
 				return
 			}
@@ -826,20 +812,10 @@ func (r *InterfaceReconciler) refreshStats(ctx context.Context, enqueue func(nim
 	}
 }
 
-// apply applies a link or address change (RTM_NEWLINK, RTM_DELLINK, RTM_NEWADDR or
-// RTM_DELADDR notification) to the mirrors and enqueues the objects it concerns.
+// apply applies an address change (RTM_NEWADDR or RTM_DELADDR notification) to the
+// mirror and enqueues the objects it concerns.
 func (r *InterfaceReconciler) apply(typ uint16, payload []byte, enqueue func(nimbusv1.Key)) {
 	switch typ {
-	case unix.RTM_NEWLINK, unix.RTM_DELLINK:
-		name, l, ok := parseIfaceLink(payload)
-		if !ok {
-			return
-		}
-		for _, device := range r.applyLink(typ, name, l) {
-			for _, id := range r.ownersOf(device) {
-				enqueue(id)
-			}
-		}
 	case unix.RTM_NEWADDR, unix.RTM_DELADDR:
 		id, a, ok := parseIfaceAddr(payload)
 		if !ok {
@@ -865,64 +841,54 @@ func (r *InterfaceReconciler) apply(typ uint16, payload []byte, enqueue func(nim
 	}
 }
 
-// applyLink applies a link event to the mirror and returns the names of the links whose
-// objects should be reconciled: a link that appeared, went, was renamed, or changed
-// what their statuses show of it (the counters aside).
-func (r *InterfaceReconciler) applyLink(typ uint16, name string, l ifaceLink) (changed []string) {
-	r.namesMu.Lock()
-	defer r.namesMu.Unlock()
-	if typ == unix.RTM_DELLINK {
-		r.links.Remove(name)
-		if r.names[l.index] == name {
-			delete(r.names, l.index)
-		}
+// linkChanged enqueues the objects that name a link of the change, when the link
+// appeared, went, was renamed, or changed what their statuses show of it (the counters
+// aside) or its owner. The echo of the reconciler's own write is handled as any change:
+// what the kernel filled in (the operational state, say) shows in the status.
+func (r *InterfaceReconciler) linkChanged(c tableChange[int32, kernelLink], enqueue func(nimbusv1.Key)) {
+	if !c.has {
 		r.oursMu.Lock()
-		delete(r.ours, l.index)
+		delete(r.ours, c.key)
 		r.oursMu.Unlock()
-		return []string{name}
 	}
-	if prev, ok := r.names[l.index]; ok && prev != name {
-		// Renamed: the link of the old name is gone.
-		if old, ok := r.links.Get(prev); ok && old.index == l.index {
-			r.links.Remove(prev)
+	renamed := c.had && c.has && c.old.name != c.new.name
+	if c.had && (!c.has || renamed) {
+		for _, id := range r.ownersOf(c.old.name) {
+			enqueue(id)
 		}
-		changed = append(changed, prev)
 	}
-	before, had := r.links.Get(name)
-	r.links.Update(name, l)
-	r.names[l.index] = name
-	if !had || before.index != l.index || before.up != l.up || before.mtu != l.mtu ||
-		before.operState != l.operState || before.carrier != l.carrier || before.owner != l.owner {
-		changed = append(changed, name)
+	if c.has && (!c.had || c.fields&ifaceLinkFields != 0) {
+		for _, id := range r.ownersOf(c.new.name) {
+			enqueue(id)
+		}
 	}
-	return changed
 }
 
-// fill loads the mirrors with a dump, unless one has loaded them already.
+// fill loads the link table and the address mirror with a dump each, unless one has
+// loaded them already.
 func (r *InterfaceReconciler) fill(ctx context.Context) error {
+	if err := r.links.fill(ctx, r.rtnlConn); err != nil {
+		return err
+	}
 	return r.loadOnce(ctx, func(ctx context.Context) error {
-		_, _, err := r.dumpLocked(ctx)
+		_, err := r.dumpAddrsLocked(ctx)
 		return err
 	})
 }
 
-// resync loads the mirrors with fresh dumps and enqueues the objects whose links or
-// addresses the dumps found changed. The first load reports nothing: the HAL reconciles
-// every object once at start anyway.
+// resync loads the address mirror with a fresh dump and enqueues the objects whose
+// links' addresses the dump found changed. The first load reports nothing: the HAL
+// reconciles every object once at start anyway.
 func (r *InterfaceReconciler) resync(ctx context.Context, enqueue func(nimbusv1.Key)) error {
-	var linkDrift []string
 	var addrDrift []ifaceAddrID
 	first, err := r.loadAgain(ctx, func(ctx context.Context) (err error) {
-		linkDrift, addrDrift, err = r.dumpLocked(ctx)
+		addrDrift, err = r.dumpAddrsLocked(ctx)
 		return err
 	})
 	if err != nil || first {
 		return err
 	}
 	devices := map[string]bool{}
-	for _, name := range linkDrift {
-		devices[name] = true
-	}
 	for _, id := range addrDrift {
 		if name, ok := r.nameOf(id.index); ok {
 			devices[name] = true
@@ -935,38 +901,6 @@ func (r *InterfaceReconciler) resync(ctx context.Context, enqueue func(nimbusv1.
 		}
 	}
 	return nil
-}
-
-// dumpLocked reads every link and then every address into the mirrors and returns the
-// names of the links and the addresses whose state differs from what the mirrors held.
-// dumpMu must be held.
-func (r *InterfaceReconciler) dumpLocked(ctx context.Context) (links []string, addrs []ifaceAddrID, err error) {
-	if links, err = r.dumpLinksLocked(ctx); err != nil {
-		return nil, nil, err
-	}
-	if addrs, err = r.dumpAddrsLocked(ctx); err != nil {
-		return nil, nil, err
-	}
-	return links, addrs, nil
-}
-
-// dumpLinksLocked reads every link into the link mirror (`ip -s link show`) and returns
-// the names of the links whose state differs from what the mirror held. dumpMu must be
-// held.
-func (r *InterfaceReconciler) dumpLinksLocked(ctx context.Context) ([]string, error) {
-	drift, err := dumpMirror(ctx, r.rtnlConn, r.links, "links", unix.RTM_NEWLINK, parseIfaceLink, rtnl.LinkDumpRequest())
-	if err != nil {
-		return nil, err
-	}
-	// Events wait while names is rebuilt from the mirror, which the dump and the events
-	// that came during it left current.
-	r.namesMu.Lock()
-	clear(r.names)
-	for name, l := range r.links.All() {
-		r.names[l.index] = name
-	}
-	r.namesMu.Unlock()
-	return drift, nil
 }
 
 // dumpAddrsLocked reads every address of both families into the address mirror (`ip
@@ -985,35 +919,10 @@ func (r *InterfaceReconciler) dumpAddrsLocked(ctx context.Context) ([]ifaceAddrI
 	return drift, nil
 }
 
-// ifaceDump dumps the links (typ RTM_GETLINK) or the addresses of both families
-// (RTM_GETADDR) of the reconciler's namespace and returns what parse accepts of the
-// answer (dumpObjects).
-func ifaceDump[T any](ctx context.Context, r *InterfaceReconciler, typ uint16, parse func(typ uint16, payload []byte) (T, bool)) ([]T, error) {
-	req := rtnl.LinkDumpRequest()
-	if typ == unix.RTM_GETADDR {
-		req = rtnl.AddrDumpRequest()
-	}
-	return dumpObjects(ctx, r.rtnlConn, parse, req)
-}
-
-// parseIfaceLink decodes the payload of an RTM_NEWLINK or RTM_DELLINK message
-// (rtnl.ParseLink) into what the interface reconciler mirrors of the link; ok is false
-// for messages that are not about a link as a whole (those of family AF_BRIDGE are about
-// bridge ports).
-func parseIfaceLink(b []byte) (name string, l ifaceLink, ok bool) {
-	m, ok := rtnl.ParseLink(b)
-	if !ok || m.Family != unix.AF_UNSPEC || m.Name == "" || m.Index <= 0 {
-		return "", ifaceLink{}, false
-	}
-	l = ifaceLink{index: m.Index, up: m.Up(), mtu: m.MTU, operState: m.OperState, carrier: m.Carrier,
-		stats: ifaceStats{
-			rxPackets: m.Stats.RxPackets, txPackets: m.Stats.TxPackets, rxBytes: m.Stats.RxBytes, txBytes: m.Stats.TxBytes,
-			rxErrors: m.Stats.RxErrors, txErrors: m.Stats.TxErrors, rxDropped: m.Stats.RxDropped, txDropped: m.Stats.TxDropped,
-		}}
-	if owner, ok := OwnerOfAlias(m.Alias); ok {
-		l.owner = owner
-	}
-	return m.Name, l, true
+// ifaceDump dumps the addresses of both families of the reconciler's namespace and
+// returns what parse accepts of the answer (dumpObjects).
+func ifaceDump[T any](ctx context.Context, r *InterfaceReconciler, parse func(typ uint16, payload []byte) (T, bool)) ([]T, error) {
+	return dumpObjects(ctx, r.rtnlConn, parse, rtnl.AddrDumpRequest())
 }
 
 // parseIfaceAddr decodes the payload of an RTM_NEWADDR or RTM_DELADDR message (parseAddr)

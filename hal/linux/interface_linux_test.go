@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/naplesnet/naples/hal"
+	"github.com/naplesnet/naples/hal/linux/rtnl"
 	"github.com/naplesnet/naples/internal/testns"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -565,28 +566,25 @@ func TestParseIfaceAgreesWithNetlink(t *testing.T) {
 	h.ip(t, "link", "set", "nbrtest", "alias", OwnerAlias("Network/default/default/blue"))
 
 	r := h.rec
-	r.dumpMu.Lock()
 	type link struct {
-		name string
-		l    ifaceLink
+		index int32
+		l     kernelLink
 	}
-	links, err := ifaceDump(context.Background(), r, unix.RTM_GETLINK, func(typ uint16, b []byte) (link, bool) {
-		name, l, ok := parseIfaceLink(b)
-		return link{name, l}, ok
-	})
+	links, err := dumpObjects(context.Background(), r.rtnlConn, func(typ uint16, b []byte) (link, bool) {
+		index, l, ok := parseKernelLink(b)
+		return link{index, l}, ok
+	}, rtnl.LinkDumpRequest())
 	if err != nil {
-		r.dumpMu.Unlock()
 		t.Fatal(err)
 	}
 	type addr struct {
 		id ifaceAddrID
 		a  ifaceAddr
 	}
-	addrs, err := ifaceDump(context.Background(), r, unix.RTM_GETADDR, func(typ uint16, b []byte) (addr, bool) {
+	addrs, err := ifaceDump(context.Background(), r, func(typ uint16, b []byte) (addr, bool) {
 		id, a, ok := parseIfaceAddr(b)
 		return addr{id, a}, ok
 	})
-	r.dumpMu.Unlock()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -600,25 +598,37 @@ func TestParseIfaceAgreesWithNetlink(t *testing.T) {
 	}
 	for _, nlLink := range nlLinks {
 		at := nlLink.Attrs()
-		i := slices.IndexFunc(links, func(l link) bool { return l.name == at.Name })
+		i := slices.IndexFunc(links, func(l link) bool { return l.l.name == at.Name })
 		if i < 0 {
 			t.Errorf("link %s not decoded", at.Name)
 			continue
 		}
 		got := links[i].l
-		owner, _ := OwnerOfAlias(at.Alias)
-		want := ifaceLink{index: int32(at.Index), up: at.Flags&net.FlagUp != 0, mtu: uint32(at.MTU),
-			operState: uint8(at.OperState), carrier: got.carrier, owner: owner, stats: got.stats}
+		if links[i].index != int32(at.Index) {
+			t.Errorf("link %s decoded with index %d; the library says %d", at.Name, links[i].index, at.Index)
+		}
+		mac := string(at.HardwareAddr)
+		if mac == "" && strings.Trim(got.mac, "\x00") == "" {
+			mac = got.mac // the library leaves out an address of zeros (lo's)
+		}
+		want := kernelLink{name: at.Name, alias: at.Alias, kind: got.kind, master: int32(at.MasterIndex), up: at.Flags&net.FlagUp != 0,
+			mtu: uint32(at.MTU), operState: uint8(at.OperState), carrier: got.carrier, group: at.Group, mac: mac,
+			bridgePort: got.bridgePort, learning: got.learning, neighSuppress: got.neighSuppress, vxlan: got.vxlan, stats: got.stats}
 		if got != want {
 			t.Errorf("link %s decoded as %+v; the library says %+v", at.Name, got, want)
 		}
+		if got.kind != nlLink.Type() && !(got.kind == "" && nlLink.Type() == "device") {
+			t.Errorf("link %s of kind %q; the library says %q", at.Name, got.kind, nlLink.Type())
+		}
 		// Counters of a link that is down do not move between the dumps.
-		if s := at.Statistics; s != nil && !got.up && (got.stats.rxPackets != s.RxPackets || got.stats.txBytes != s.TxBytes) {
+		if s := at.Statistics; s != nil && !got.up && (got.stats.RxPackets != s.RxPackets || got.stats.TxBytes != s.TxBytes) {
 			t.Errorf("link %s counters %+v; the library says %+v", at.Name, got.stats, s)
 		}
 	}
-	if i := slices.IndexFunc(links, func(l link) bool { return l.name == "nbrtest" }); i < 0 || links[i].l.owner != "Network/default/default/blue" {
-		t.Errorf("the bridge's owner from its alias not decoded: %+v", links)
+	if i := slices.IndexFunc(links, func(l link) bool { return l.l.name == "nbrtest" }); i < 0 {
+		t.Errorf("the bridge not decoded: %+v", links)
+	} else if owner, _ := links[i].l.owner(); owner != "Network/default/default/blue" {
+		t.Errorf("the bridge's owner from its alias not decoded: %+v", links[i].l)
 	}
 
 	nlAddrs, err := h.nl.AddrList(nil, netlink.FAMILY_ALL)
@@ -680,7 +690,7 @@ func TestInterfaceFirstComeKeepsItsLink(t *testing.T) {
 // netlink names it, in the string form too.
 func TestLinkOperState(t *testing.T) {
 	for s := range uint8(10) {
-		op := linkStatus(ifaceLink{operState: s})
+		op := linkStatus(kernelLink{operState: s})
 		if got, want := op.Map()["operState"], netlink.LinkOperState(s).String(); got != want {
 			t.Errorf("kernel state %d reads %q (%v), want %q", s, got, op.GetInterface().GetOperState(), want)
 		}

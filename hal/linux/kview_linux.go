@@ -31,8 +31,28 @@ import (
 //
 // The reconcilers that share a view write through one batched writer (rtnl.Batcher)
 // between those of one Timeout, so that their writes share system calls too.
+//
+// The view holds one table per kernel table that its reconcilers read (viewTable, in
+// kview_table_linux.go): a hal.Mirror of the namespace's objects of one kind, held once
+// however many reconcilers read it, with indexes by what they look up. The links are
+// the first (links, keyed by interface index, with indexes by name and by owner alias).
+// A table is loaded by one dump once the subscription carries its groups (when it opens,
+// again after it overflowed, and when it joins them), through the reader of the
+// reconciler whose observer starts first, and kept current by the subscription's reader
+// before it hands the notifications on. Every change of a table (an event, a write that
+// ended, a dump that found drift) is computed once, old and new value and the fields
+// that differ, and queued to every reconciler that reads the table but the one whose
+// write made it, between the notifications its observer watches, in the kernel's
+// order; one whose observer is not watching hears of the changes when it watches again,
+// coalesced by object. A reconciler writes through a table naming itself
+// (hal.Mirror.ExpectBy): the echo of its write is marked as such for it alone, so that
+// another reconciler still reacts to the change.
 type KernelView struct {
 	ns *netns.NsHandle
+
+	// links is the table of the namespace's links; tables lists every table.
+	links  *linkTable
+	tables []viewTableState
 
 	// mu guards sub, done, groups, rcvbuf, watchers and writers.
 	mu sync.Mutex
@@ -65,7 +85,10 @@ type KernelViewOptions struct {
 // NewKernelView returns the view of a namespace's kernel. It opens nothing until an
 // observer watches through it, and holds nothing to close once none does.
 func NewKernelView(opts KernelViewOptions) *KernelView {
-	return &KernelView{ns: opts.Namespace, watchers: map[*viewWatcher]struct{}{}, writers: map[time.Duration]*viewWriter{}}
+	v := &KernelView{ns: opts.Namespace, watchers: map[*viewWatcher]struct{}{}, writers: map[time.Duration]*viewWriter{}}
+	v.links = newLinkTable()
+	v.tables = []viewTableState{v.links}
+	return v
 }
 
 // viewWriter is a batched writer of a KernelView and the number of reconcilers that hold
@@ -112,8 +135,13 @@ func (v *KernelView) writer(timeout time.Duration) (*rtnl.Batcher, func(), error
 
 // viewWatcher is one observer watching through a KernelView.
 type viewWatcher struct {
-	// groups is the set of groups the observer watches, a bit per RTNLGRP_* number.
+	// groups is the set of groups whose notifications the observer watches, a bit per
+	// RTNLGRP_* number.
 	groups uint64
+	// sources are the tables whose changes it watches; their groups are in joins, with
+	// groups.
+	sources []viewSource
+	joins   uint64
 	// limit bounds queue, in bytes.
 	limit int
 	// wake has a value once queue holds notifications or err is set.
@@ -130,6 +158,15 @@ type viewWatcher struct {
 
 // viewEntryHeader is the size of a notification's header in a watcher's queue.
 const viewEntryHeader = 6
+
+// viewTableMark is the type of a watcher's queue entry that stands for the next change
+// of one of its tables (viewSource), queued with the table's reader; its payload is the
+// table's place in the watcher's sources. Netlink uses no message type below 16.
+const viewTableMark = 0
+
+// viewTableCost is what a table's change counts against a watcher's limit, beyond its
+// mark: about the size of the notification that made it.
+const viewTableCost = 256
 
 // viewSpareMax is the capacity beyond which an observer drops a drained queue's memory
 // instead of keeping it for the next notifications: a burst does not pin its peak.
@@ -153,6 +190,28 @@ func (w *viewWatcher) push(typ uint16, payload []byte) {
 	w.signal()
 }
 
+// mark queues the mark of a change of the watcher's table at slot, and reports whether
+// the watcher takes it: not when it has failed, or when the change does not fit (which
+// fails it).
+func (w *viewWatcher) mark(slot int) bool {
+	w.mu.Lock()
+	ok := false
+	switch {
+	case w.err != nil:
+	case len(w.queue) > 0 && len(w.queue)+viewEntryHeader+1+viewTableCost > w.limit:
+		w.err = fmt.Errorf("queueing notifications: %w", rtnl.ErrOverflow)
+		w.queue = nil
+	default:
+		w.queue = binary.NativeEndian.AppendUint16(w.queue, viewTableMark)
+		w.queue = binary.NativeEndian.AppendUint32(w.queue, 1)
+		w.queue = append(w.queue, byte(slot))
+		ok = true
+	}
+	w.mu.Unlock()
+	w.signal()
+	return ok
+}
+
 // fail stops the watcher with err.
 func (w *viewWatcher) fail(err error) {
 	w.mu.Lock()
@@ -173,19 +232,38 @@ func (w *viewWatcher) signal() {
 }
 
 // watch is the loop of an observer that watches through the view (hal.Observer). It
-// subscribes to the groups (RTNLGRP_* numbers) with a queue of eventBuffer bytes, reads
-// the kernel afresh with resync, and calls subscribed. Then it hands every notification
-// of the groups to apply until ctx ends, and returns nil. Subscribed first, then dumped:
-// a change that the dump misses is reported after it, and the mirrors apply it in order.
-// It fails when notifications were lost (rtnl.ErrOverflow); the HAL then starts it
-// again, and its resync starts from the kernel's state. what names the changes in its
-// errors ("route changes").
-func (v *KernelView) watch(ctx context.Context, what string, groups []uint, eventBuffer int, resync func(context.Context) error, subscribed func(), apply func(typ uint16, payload []byte)) error {
-	w, err := v.register(groups, eventBuffer)
+// subscribes to the groups (RTNLGRP_* numbers) and to those of the tables (sources) with
+// a queue of eventBuffer bytes, dumps the tables that the subscription joined since their
+// last dump, hands the observer the changes of the tables it missed while it did not
+// watch, reads the kernel afresh with resync, and calls subscribed. Then it hands every
+// notification of the groups to apply, and every change of the tables to their sources'
+// functions, in the kernel's order, until ctx ends, and returns nil. Subscribed first,
+// then dumped: a change that the dump misses is reported after it, and the mirrors apply
+// it in order. It fails when notifications were lost (rtnl.ErrOverflow); the HAL then
+// starts it again, and its resync starts from the kernel's state. what names the changes
+// in its errors ("route changes").
+func (v *KernelView) watch(ctx context.Context, what string, groups []uint, sources []viewSource, eventBuffer int, resync func(context.Context) error, subscribed func(), apply func(typ uint16, payload []byte)) error {
+	w, err := v.register(groups, sources, eventBuffer)
 	if err != nil {
 		return fmt.Errorf("subscribing to %s: %w", what, err)
 	}
 	defer v.unregister(w)
+	var missed []func()
+	for i, s := range sources {
+		missed = append(missed, s.attach(w, i))
+		defer s.detach()
+	}
+	for _, s := range sources {
+		if err := s.ensure(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+	}
+	for _, m := range missed {
+		m()
+	}
 	if err := resync(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil
@@ -213,7 +291,11 @@ func (v *KernelView) watch(ctx context.Context, what string, groups []uint, even
 		for b := batch; len(b) >= viewEntryHeader; {
 			typ := binary.NativeEndian.Uint16(b)
 			n := int(binary.NativeEndian.Uint32(b[2:]))
-			apply(typ, b[viewEntryHeader:viewEntryHeader+n])
+			if typ == viewTableMark {
+				sources[b[viewEntryHeader]].next()
+			} else {
+				apply(typ, b[viewEntryHeader:viewEntryHeader+n])
+			}
 			b = b[viewEntryHeader+n:]
 		}
 		spare = batch
@@ -223,27 +305,39 @@ func (v *KernelView) watch(ctx context.Context, what string, groups []uint, even
 	}
 }
 
-// register adds a watcher of the groups with a queue of eventBuffer bytes, opening the
-// subscription or joining the groups it lacks.
-func (v *KernelView) register(groups []uint, eventBuffer int) (*viewWatcher, error) {
-	w := &viewWatcher{limit: eventBuffer, wake: make(chan struct{}, 1)}
+// register adds a watcher of the groups and of the tables (sources) with a queue of
+// eventBuffer bytes, opening the subscription or joining the groups it lacks; the tables
+// of the groups it opens or joins are stale.
+func (v *KernelView) register(groups []uint, sources []viewSource, eventBuffer int) (*viewWatcher, error) {
+	w := &viewWatcher{limit: eventBuffer, wake: make(chan struct{}, 1), sources: sources}
 	for _, g := range groups {
 		w.groups |= 1 << g
+	}
+	w.joins = w.groups
+	for _, s := range sources {
+		w.joins |= s.groupSet()
+	}
+	var all []uint
+	for g := uint(0); g < 64; g++ {
+		if w.joins&(1<<g) != 0 {
+			all = append(all, g)
+		}
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.sub == nil {
-		sub, err := rtnl.Subscribe(v.ns, eventBuffer, groups...)
+		sub, err := rtnl.Subscribe(v.ns, eventBuffer, all...)
 		if err != nil {
 			return nil, err
 		}
 		v.subscriptions.Add(1)
-		v.sub, v.done, v.groups, v.rcvbuf = sub, make(chan struct{}), w.groups, eventBuffer
+		v.sub, v.done, v.groups, v.rcvbuf = sub, make(chan struct{}), w.joins, eventBuffer
+		v.staleLocked(w.joins)
 		go v.read(sub, v.done)
 	} else {
-		if missing := w.groups &^ v.groups; missing != 0 {
+		if missing := w.joins &^ v.groups; missing != 0 {
 			var join []uint
-			for _, g := range groups {
+			for _, g := range all {
 				if missing&(1<<g) != 0 {
 					join = append(join, g)
 				}
@@ -252,6 +346,7 @@ func (v *KernelView) register(groups []uint, eventBuffer int) (*viewWatcher, err
 				return nil, err
 			}
 			v.groups |= missing
+			v.staleLocked(missing)
 		}
 		if eventBuffer > v.rcvbuf {
 			if err := v.sub.SetReceiveBuffer(eventBuffer); err != nil {
@@ -265,6 +360,16 @@ func (v *KernelView) register(groups []uint, eventBuffer int) (*viewWatcher, err
 	return w, nil
 }
 
+// staleLocked marks stale the tables of the groups the subscription just joined, or
+// stops reporting.
+func (v *KernelView) staleLocked(joined uint64) {
+	for _, t := range v.tables {
+		if t.groupSet()&joined != 0 {
+			t.markStale()
+		}
+	}
+}
+
 // unregister removes a watcher, and closes the subscription when it was the last.
 func (v *KernelView) unregister(w *viewWatcher) {
 	v.mu.Lock()
@@ -272,6 +377,7 @@ func (v *KernelView) unregister(w *viewWatcher) {
 	v.publishLocked()
 	var done chan struct{}
 	if len(v.watchers) == 0 && v.sub != nil {
+		v.staleLocked(v.groups)
 		v.sub.Close()
 		v.sub, done = nil, v.done
 	}
@@ -300,6 +406,12 @@ func (v *KernelView) read(sub *rtnl.Subscription, done chan struct{}) {
 		if g == 0 {
 			return
 		}
+		// The tables first: a watcher hears of their changes before the notification.
+		for _, t := range v.tables {
+			if t.groupSet()&(1<<g) != 0 {
+				t.notify(typ, payload)
+			}
+		}
 		list := v.list.Load()
 		if list == nil {
 			return
@@ -322,6 +434,7 @@ func (v *KernelView) read(sub *rtnl.Subscription, done chan struct{}) {
 			}
 			clear(v.watchers)
 			v.publishLocked()
+			v.staleLocked(v.groups)
 			v.sub = nil
 			sub.Close()
 		}

@@ -19,7 +19,8 @@ import (
 // TestKernelViewOneSubscription runs the observers of every reconciler of one namespace
 // that share a view, as the agent does, and counts the process's netlink sockets in the
 // namespace that are bound to rtnetlink multicast groups: exactly one. The reconcilers
-// that write share one batched writer.
+// that write share one batched writer, and those that read links, and the firewall,
+// share the view's link table, which one dump loaded.
 func TestKernelViewOneSubscription(t *testing.T) {
 	ns := testns.Named(t, "naples-view")
 	nsh := testns.Handle(t, ns)
@@ -55,6 +56,9 @@ func TestKernelViewOneSubscription(t *testing.T) {
 	if got := view.subscriptions.Load(); got != 1 {
 		t.Errorf("the view opened %d subscriptions, want 1", got)
 	}
+	if got := view.links.dumps.Load(); got != 1 {
+		t.Errorf("the view's link table was dumped %d times, want once, when the subscription started", got)
+	}
 	// The four that write share one batched writer.
 	view.mu.Lock()
 	if w := view.writers[defaultTimeout]; len(view.writers) != 1 || w == nil || w.holders != 4 {
@@ -63,13 +67,43 @@ func TestKernelViewOneSubscription(t *testing.T) {
 	view.mu.Unlock()
 
 	// The observers share what the kernel reports: a link added by hand reaches the
-	// interface observer through the one subscription (its mirror holds it).
+	// view's link table, which the interface reconciler reads, through the one
+	// subscription.
 	testns.Run(t, "ip", "-n", ns, "link", "add", "view7", "type", "veth", "peer", "name", "view8")
 	rec := observers[1].(*InterfaceReconciler)
 	waitFor(t, "the interface observer to hear of view7", func() bool {
-		_, ok := rec.links.Get("view7")
+		_, _, ok := rec.links.byName("view7")
 		return ok
 	})
+	// The reconcilers that read links read the view's table, which holds each link once;
+	// none keeps a link mirror of its own.
+	nw, ep := observers[3].(*NetworkReconciler), observers[4].(*EndpointReconciler)
+	if rec.links != view.links || nw.links != view.links || ep.links != view.links {
+		t.Error("a reconciler reads links of its own, not the view's table")
+	}
+	if n := view.links.names.Len("view7"); n != 1 {
+		t.Errorf("the view's link table holds %d links named view7, want 1", n)
+	}
+
+	// The firewall's input reads the interfaces' indexes from the view's table, which the
+	// subscription keeps current: it dumps no links.
+	fwDir := bpfDir + "-fw"
+	t.Cleanup(func() { os.RemoveAll(fwDir) })
+	fw, err := NewFirewall(FirewallOptions{Store: s.store, Node: localNode, Namespace: &nsh, View: view, Dir: fwDir, Logger: quiet,
+		StatsInterval: time.Hour, GCInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fw.Close() })
+	if _, err := fw.input(); err != nil {
+		t.Fatal(err)
+	}
+	if fw.links != view.links {
+		t.Error("the firewall reads links of its own, not the view's table")
+	}
+	if n := fw.conn.dumps.Load(); n != 0 {
+		t.Errorf("the firewall's input dumped the links %d times, want none: the view's table is current", n)
+	}
 }
 
 // TestKernelViewQueueOverflow checks that an observer whose queue overflows fails with
@@ -169,5 +203,113 @@ func TestKernelViewSubscriptionEnds(t *testing.T) {
 	}
 	if n := testns.RouteSubscriptions(t, ns); n != 0 {
 		t.Errorf("%d subscriptions once every observer failed, want 0", n)
+	}
+}
+
+// TestKernelViewLinkTableShared runs two reconcilers that read the links through one
+// view: one dump loads the view's link table when its subscription starts, however many
+// observers start; the table holds each link of the namespace once; and a write of one
+// reconciler reaches the other's observer, which enqueues the object that names the link
+// (the echo of a write is passed over by its writer alone).
+func TestKernelViewLinkTableShared(t *testing.T) {
+	h := newIfaceHost(t, -1)
+	view := NewKernelView(KernelViewOptions{Namespace: &h.nsh})
+	reconciler := func() *InterfaceReconciler {
+		rec, err := NewInterfaceReconciler(InterfaceOptions{Store: h.store, Namespace: &h.nsh, View: view, StatsInterval: -1,
+			StateFile: filepath.Join(t.TempDir(), "interfaces.json"), Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { rec.Close() })
+		return rec
+	}
+	a, b := reconciler(), reconciler()
+	obj := ifaceObject("uplink", "nic0", true, 1400)
+	h.put(t, obj)
+	runObserver(t, a)
+	heard := runObserver(t, b)
+	if n := view.links.dumps.Load(); n != 1 {
+		t.Errorf("the link table was dumped %d times for two observers; want once", n)
+	}
+	if a.links != view.links || b.links != view.links {
+		t.Error("the reconcilers read links of their own, not the view's table")
+	}
+
+	h.mustReconcile(t, a, obj.Key())
+	epAwaitEnqueued(t, heard, obj.Key().Key().String(), "the other reconciler set nic0 up, mtu 1400")
+	index, l, ok := view.links.byName("nic0")
+	if !ok || !l.up || l.mtu != 1400 {
+		t.Errorf("the table holds nic0 as %+v (found %v); want up, mtu 1400", l, ok)
+	}
+	if n := view.links.names.Len("nic0"); n != 1 {
+		t.Errorf("the table holds %d links named nic0; want 1", n)
+	}
+	if n, want := view.links.m.Len(), 2; n != want {
+		t.Errorf("the table holds %d links; want %d, lo and nic0", n, want)
+	}
+	if _, ok := view.links.get(index); !ok {
+		t.Errorf("nic0 is not under its index %d", index)
+	}
+}
+
+// TestViewTableReaders checks what the readers of a table hear while no observer
+// watches: every change, coalesced by object, but the ends of their own writes; the echo
+// of a write marked as such for its writer alone; and nothing of the first dump.
+func TestViewTableReaders(t *testing.T) {
+	links := newLinkTable()
+	a, b := links.reader(nil), links.reader(nil)
+	defer a.close()
+	defer b.close()
+	if a.writer() == b.writer() {
+		t.Fatal("two readers name the same writer")
+	}
+	heard := func(r *tableReader[int32, kernelLink]) map[int32]tableChange[int32, kernelLink] {
+		got := map[int32]tableChange[int32, kernelLink]{}
+		r.drainMissed(func(c tableChange[int32, kernelLink]) { got[c.key] = c })
+		return got
+	}
+
+	// The first load is no news.
+	links.loading.Store(true)
+	if _, err := links.m.Replace(func(add func(int32, kernelLink)) error {
+		add(1, kernelLink{name: "lo", up: true, mtu: 65536})
+		add(2, kernelLink{name: "eth0", mtu: 1500})
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	links.loading.Store(false)
+	links.loaded.Store(true)
+	if got := heard(a); len(got) != 0 {
+		t.Errorf("a heard %v of the first load; want nothing", got)
+	}
+
+	// a sets eth0 up, mtu 9000: b hears of it at once, a of nothing; the echo, which the
+	// kernel reports with the operational state it filled in, is a's alone.
+	want := kernelLink{name: "eth0", mtu: 9000, up: true}
+	links.m.ExpectBy(a.writer(), 2, want, sameIfaceLink).Done()
+	if got := heard(a); len(got) != 0 {
+		t.Errorf("a heard %v of its own write; want nothing", got)
+	}
+	if c := heard(b)[2]; !c.had || !c.has || c.fields != linkFieldMTU|linkFieldUp || c.echo {
+		t.Errorf("b heard %+v of a's write; want eth0's MTU and state changed, no echo", c)
+	}
+	links.m.Update(2, kernelLink{name: "eth0", mtu: 9000, up: true, operState: 6})
+	if c := heard(a)[2]; !c.echo || c.fields != linkFieldOperState {
+		t.Errorf("a heard %+v of its write's echo; want an echo that changed the operational state", c)
+	}
+	if c := heard(b)[2]; c.echo || c.fields != linkFieldOperState {
+		t.Errorf("b heard %+v of a's echo; want a change of the operational state, no echo", c)
+	}
+
+	// Someone renames eth0 and then deletes it: a hears of one change, eth0 gone.
+	links.m.Update(2, kernelLink{name: "uplink", mtu: 9000, up: true, operState: 6})
+	links.m.Remove(2)
+	got := heard(a)
+	if c := got[2]; len(got) != 1 || !c.had || c.has || c.old.name != "eth0" {
+		t.Errorf("a heard %v; want one change, eth0 gone", got)
+	}
+	if _, _, ok := links.byName("uplink"); ok {
+		t.Error("the table finds a link by the name of one that is gone")
 	}
 }

@@ -331,7 +331,7 @@ func (r *NetworkReconciler) teardownGateway(ctx context.Context, key nimbusv1.Ke
 	id := key.String()
 	bridge := BridgeName(id)
 	if g.objs != nil {
-		if l, ok := r.links.Get(bridge); ok && ownsLink(l, OwnerAlias(id)) {
+		if l, ok := r.link(bridge); ok && ownsLink(l, OwnerAlias(id)) {
 			if err := g.objs.DeleteMark(uint32(l.index)); err != nil {
 				return kernelErr(err, "removing the gateway mark of %s", bridge)
 			}
@@ -383,7 +383,7 @@ func (r *NetworkReconciler) gatewayWanted(except nimbusv1.Key) bool {
 // tenantHasBridgeLocked tells whether a network of the tenant with the mark, other than
 // the one with the key except, has a bridge or is being reconciled. g.mu must be held.
 func (r *NetworkReconciler) tenantHasBridgeLocked(mark uint32, except nimbusv1.Key) bool {
-	for _, l := range r.bridgesByMark.Get(mark) {
+	for _, l := range r.links.bridgesByMark.Get(mark) {
 		if key, _ := networkOwner(l.alias); key != except {
 			return true
 		}
@@ -429,7 +429,7 @@ func (r *NetworkReconciler) sweepGateway(ctx context.Context) error {
 		id := key.String()
 		marks[GatewayMark(key.Tenant)] = true
 		names[BridgeName(id)] = true
-		if l, ok := r.links.Get(BridgeName(id)); ok {
+		if l, ok := r.link(BridgeName(id)); ok {
 			bridges[l.index] = true
 		}
 	}

@@ -113,11 +113,15 @@ type NetworkOptions struct {
 // that another Network has, is a conflict. Deleting the network removes all of the
 // above; the devices take their addresses, routes and FDB entries with them.
 //
-// It reads the kernel from mirrors (hal.Mirror) of every link, every address, the
-// policy-routing rules at TenantRulePriority, TenantRulePriority+1 and
-// GatewayRulePriority, the routes of OverlayRouteProtocol and the head-end replication entries of VXLAN devices: one dump
-// fills each, the observer's subscription keeps them current, and every sweep dumps
-// afresh. A reconcile compares the network's desired state with the mirrors and writes
+// It reads the links from its KernelView's link table, shared with the other reconcilers
+// of the namespace (networks' bridges found by their tenant's GatewayMark through the
+// table's index), and the kernel's other state from mirrors (hal.Mirror) of every
+// address, the policy-routing rules at TenantRulePriority, TenantRulePriority+1 and
+// GatewayRulePriority, the routes of OverlayRouteProtocol and the head-end replication
+// entries of VXLAN devices: one dump fills each, the observer's subscription keeps them
+// current, and every sweep dumps afresh. A link it creates has no index until the kernel
+// made it, so the table cannot expect it: the link's appearance, which the reconciler
+// reads back at once, is the echo of the create. A reconcile compares the network's desired state with the mirrors and writes
 // only what differs, so a reconcile of a network the kernel already holds writes nothing.
 type NetworkReconciler struct {
 	// rtnlConn carries the writes and reads dumps and single links.
@@ -132,33 +136,39 @@ type NetworkReconciler struct {
 	// gateway programs.
 	inNS *nsThreads
 
-	links  *hal.Mirror[string, networkLink]
-	addrs  *hal.Mirror[addrKey, ifAddr]
-	rules  *hal.Mirror[ruleKey, uint8]
-	routes *hal.Mirror[routeID, overlayRoute]
-	her    *hal.Mirror[herKey, herEntry]
+	// links is the view's table of links, which linkReader reads.
+	links      *linkTable
+	linkReader *tableReader[int32, kernelLink]
+	addrs      *hal.Mirror[addrKey, ifAddr]
+	rules      *hal.Mirror[ruleKey, uint8]
+	routes     *hal.Mirror[routeID, overlayRoute]
+	her        *hal.Mirror[herKey, herEntry]
 
 	// The mirrors' indexes, by which a reconcile reads what one network needs instead of
 	// walking a whole mirror: addresses by interface and by address, routes by output
-	// interface and by preferred source, rules by input interface, head-end replication
-	// entries by VXLAN device, and networks' bridges by their tenant's GatewayMark.
-	addrsByLink   *hal.Index[addrKey, ifAddr, int32]
-	addrsByAddr   *hal.Index[addrKey, ifAddr, netip.Addr]
-	routesByLink  *hal.Index[routeID, overlayRoute, int32]
-	routesBySrc   *hal.Index[routeID, overlayRoute, netip.Addr]
-	rulesByIIF    *hal.Index[ruleKey, uint8, string]
-	herByLink     *hal.Index[herKey, herEntry, int32]
-	bridgesByMark *hal.Index[string, networkLink, uint32]
+	// interface and by preferred source, rules by input interface, and head-end
+	// replication entries by VXLAN device (the link table finds networks' bridges by
+	// their tenant's GatewayMark).
+	addrsByLink  *hal.Index[addrKey, ifAddr, int32]
+	addrsByAddr  *hal.Index[addrKey, ifAddr, netip.Addr]
+	routesByLink *hal.Index[routeID, overlayRoute, int32]
+	routesBySrc  *hal.Index[routeID, overlayRoute, netip.Addr]
+	rulesByIIF   *hal.Index[ruleKey, uint8, string]
+	herByLink    *hal.Index[herKey, herEntry, int32]
 
 	// networkLocks serializes the work on one network's kernel state between its
 	// reconciles and the sweeper.
 	networkLocks keyedMutex[nimbusv1.Key]
 
-	// mu guards names, devices, networksOfMark, gatewayNetworks, remoteEndpoints,
+	// mu guards creating, devices, networksOfMark, gatewayNetworks, remoteEndpoints,
 	// endpointsOf, forwarding and ul.
 	mu sync.Mutex
-	// names maps interface indexes to the names of the links in the mirror.
-	names map[int32]string
+	// creating holds the names of the links the reconciler is creating, with their
+	// alias, until it reads them back, and created the indexes of those it read back,
+	// until they go: their appearance in the link table is the echo of the create, whose
+	// index the write could not name.
+	creating map[string]string
+	created  map[int32]struct{}
 	// devices maps the names of the devices of the networks reconciled so far to their
 	// network's key.
 	devices map[string]nimbusv1.Key
@@ -216,6 +226,12 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 		gw.close()
 		return nil, err
 	}
+	reader := c.view.links.reader(c)
+	if reader == nil {
+		c.close()
+		gw.close()
+		return nil, errors.New("network reconciler: the kernel view's link table has as many readers as it can hold")
+	}
 	if gw.openErr != nil {
 		c.log.Warn("loading the gateway programs; gateways will not answer", "err", gw.openErr)
 	}
@@ -224,20 +240,22 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 		gw.checkInterval = 10 * time.Second
 	}
 	r := &NetworkReconciler{
-		gw:       gw,
-		rtnlConn: c,
-		sysctls:  sc,
-		inNS:     &nsThreads{ns: c.ns},
-		store:    opts.Store,
-		node:     opts.Node,
-		links:    hal.NewMirror[string, networkLink](sameLink, nil),
+		gw:         gw,
+		rtnlConn:   c,
+		sysctls:    sc,
+		inNS:       &nsThreads{ns: c.ns},
+		store:      opts.Store,
+		node:       opts.Node,
+		links:      c.view.links,
+		linkReader: reader,
 		addrs: hal.NewMirror[addrKey, ifAddr](func(have, want ifAddr) bool {
 			return have.flags&managedAddrFlags == want.flags&managedAddrFlags
 		}, nil),
 		rules:           hal.NewMirror[ruleKey, uint8](func(have, want uint8) bool { return have == want }, nil),
 		routes:          hal.NewMirror[routeID, overlayRoute](func(have, want overlayRoute) bool { return have == want }, routeID.hash),
 		her:             hal.NewMirror[herKey, herEntry](func(have, want herEntry) bool { return have == want }, nil),
-		names:           map[int32]string{},
+		creating:        map[string]string{},
+		created:         map[int32]struct{}{},
 		devices:         map[string]nimbusv1.Key{},
 		networksOfMark:  map[uint32]map[nimbusv1.Key]struct{}{},
 		gatewayNetworks: map[nimbusv1.Key]struct{}{},
@@ -251,13 +269,12 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 	r.routesBySrc = hal.NewIndex(r.routes, func(_ routeID, rt overlayRoute) (netip.Addr, bool) { return rt.src, rt.src.IsValid() })
 	r.rulesByIIF = hal.NewIndex(r.rules, func(k ruleKey, _ uint8) (string, bool) { return k.iif, k.iif != "" })
 	r.herByLink = hal.NewIndex(r.her, func(k herKey, _ herEntry) (int32, bool) { return k.index, true })
-	r.bridgesByMark = hal.NewIndex(r.links, bridgeMark)
 	return r, nil
 }
 
 // bridgeMark returns the GatewayMark of the tenant of the network that owns the link
-// l, when l is a network's bridge.
-func bridgeMark(_ string, l networkLink) (uint32, bool) {
+// l, when l is a network's bridge (linkTable.bridgesByMark).
+func bridgeMark(_ int32, l kernelLink) (uint32, bool) {
 	key, ok := networkOwner(l.alias)
 	if !ok || l.kind != "bridge" {
 		return 0, false
@@ -268,6 +285,7 @@ func bridgeMark(_ string, l networkLink) (uint32, bool) {
 // Close releases the netlink sockets and the threads in the namespace. It is safe to
 // call twice.
 func (r *NetworkReconciler) Close() error {
+	r.linkReader.close()
 	r.inNS.close()
 	r.close()
 	r.gw.close()
@@ -434,7 +452,7 @@ func (r *NetworkReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectK
 	// Links of the devices' names that are not naples's are never touched, nor are rules
 	// made for them.
 	for _, name := range []string{want.bridge, want.vxlan} {
-		if l, ok := r.links.Get(name); ok && !ownsLink(l, want.alias) {
+		if l, ok := r.link(name); ok && !ownsLink(l, want.alias) {
 			return nil, foreignLink(name, l)
 		}
 	}
@@ -510,7 +528,7 @@ func (r *NetworkReconciler) vniOwner(key nimbusv1.Key, vni uint32) (nimbusv1.Key
 	}
 	for _, owner := range keys {
 		id := owner.String()
-		if l, ok := r.links.Get(VXLANName(id)); ok && l.kind == "vxlan" && l.vni == vni && ownsLink(l, OwnerAlias(id)) {
+		if l, ok := r.link(VXLANName(id)); ok && l.kind == "vxlan" && l.vni == vni && ownsLink(l, OwnerAlias(id)) {
 			return owner, nil
 		}
 	}
@@ -645,7 +663,7 @@ func (r *NetworkReconciler) ownerOfName(name string) nimbusv1.Key {
 	if name == "" {
 		return nimbusv1.Key{}
 	}
-	if l, ok := r.links.Get(name); ok {
+	if _, l, ok := r.links.byName(name); ok {
 		if key, ok := networkOwner(l.alias); ok {
 			return key
 		}
@@ -655,11 +673,20 @@ func (r *NetworkReconciler) ownerOfName(name string) nimbusv1.Key {
 	return r.devices[name]
 }
 
-// nameOf returns the name of the link with the index, "" when the mirror has none.
+// nameOf returns the name of the link with the index, "" when the link table has none.
 func (r *NetworkReconciler) nameOf(index int32) string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.names[index]
+	l, _ := r.links.get(index)
+	return l.name
+}
+
+// link returns what the reconciler reads of the link with the name, as the link table
+// holds it.
+func (r *NetworkReconciler) link(name string) (networkLink, bool) {
+	index, l, ok := r.links.byName(name)
+	if !ok {
+		return networkLink{}, false
+	}
+	return networkLinkOf(index, l), true
 }
 
 // ownerOfIndex returns the key of the network that owns the link with the index.

@@ -67,33 +67,39 @@ func sameLink(have, want networkLink) bool {
 		have.neighSuppress == want.neighSuppress
 }
 
-// linkMsg is a decoded RTM_NEWLINK or RTM_DELLINK message.
-type linkMsg struct {
-	// family is AF_UNSPEC for the link itself, AF_BRIDGE for a bridge's view of a port.
-	family uint8
-	name   string
-	link   networkLink
-	// protinfo tells that an AF_BRIDGE message carried the port flags (IFLA_PROTINFO).
-	protinfo bool
+// networkLinkOf returns what the network reconciler reads of the link with the index, as
+// the view's link table holds it.
+func networkLinkOf(index int32, l kernelLink) networkLink {
+	n := networkLink{index: index, kind: l.kind, alias: l.alias, group: l.group, mac: l.mac, mtu: l.mtu, up: l.up,
+		master: l.master, bridgePort: l.bridgePort, portLearning: l.learning, neighSuppress: l.neighSuppress}
+	if l.kind == "vxlan" {
+		n.vni, n.local, n.port, n.learning = l.vxlan.VNI, l.vxlan.Local, l.vxlan.Port, l.vxlan.Learning
+	}
+	return n
 }
 
-// parseLinkMsg decodes the payload of an RTM_NEWLINK or RTM_DELLINK message
-// (rtnl.ParseLink) into what the network reconciler mirrors of the link.
-func parseLinkMsg(b []byte) (m linkMsg, ok bool) {
-	l, ok := rtnl.ParseLink(b)
-	if !ok {
-		return linkMsg{}, false
+// onto returns the link of the name that the link table holds as have, in the state n
+// describes: what the network reconciler writes of a link, with the rest (operational
+// state, counters) as have shows it.
+func (n networkLink) onto(name string, have kernelLink) kernelLink {
+	have.name, have.kind, have.alias, have.mac, have.mtu, have.up, have.master = name, n.kind, n.alias, n.mac, n.mtu, n.up, n.master
+	have.bridgePort, have.learning, have.neighSuppress = n.bridgePort, n.portLearning, n.neighSuppress
+	if n.kind == "vxlan" {
+		have.vxlan = rtnl.VXLANInfo{VNI: n.vni, Local: n.local, Port: n.port, Learning: n.learning}
 	}
-	m = linkMsg{family: l.Family, name: l.Name, protinfo: l.Protinfo, link: networkLink{
-		index: l.Index, kind: l.Kind, alias: l.Alias, group: l.Group, mac: l.MAC, mtu: l.MTU,
-		up: l.Up(), master: l.Master,
-		bridgePort: l.BridgePort, portLearning: l.Port.Learning, neighSuppress: l.Port.NeighSuppress,
-	}}
-	if l.Kind == "vxlan" {
-		m.link.vni, m.link.local, m.link.port, m.link.learning = l.VXLAN.VNI, l.VXLAN.Local, l.VXLAN.Port, l.VXLAN.Learning
-	}
-	return m, m.name != ""
+	return have
 }
+
+// sameNetworkLink is sameLink for the link table's values: the echo of a write of the
+// network reconciler, whatever the fields it leaves to others.
+func sameNetworkLink(have, want kernelLink) bool {
+	return have.name == want.name && sameLink(networkLinkOf(0, have), networkLinkOf(0, want))
+}
+
+// networkLinkFields are the fields of a link that sameLink compares: a change of one of
+// them, by someone else, is drift of the network that owns the link.
+const networkLinkFields = linkFieldName | linkFieldKind | linkFieldAlias | linkFieldMAC | linkFieldMTU | linkFieldUp |
+	linkFieldMaster | linkFieldVXLAN | linkFieldBridgePort | linkFieldLearning | linkFieldNeighSuppress
 
 // addrKey identifies an address of an interface: the interface and the address with its
 // prefix length.

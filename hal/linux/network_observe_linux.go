@@ -19,8 +19,12 @@ import (
 // fill them, the observer that applies the kernel's notifications, and the sweep that
 // dumps afresh and removes what no desired network owns.
 
-// fill loads the mirrors with a dump, unless one has loaded them already.
+// fill loads the link table and the mirrors with a dump, unless one has loaded them
+// already.
 func (r *NetworkReconciler) fill(ctx context.Context) error {
+	if err := r.links.fill(ctx, r.rtnlConn); err != nil {
+		return err
+	}
 	return r.loadOnce(ctx, func(ctx context.Context) error {
 		_, err := r.dumpAll(ctx)
 		return err
@@ -68,24 +72,8 @@ func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]nimbusv1.Key, error)
 		routeOwners[id] = r.ownerOfIndex(rt.oif)
 	}
 
-	drift, err := dumpMirror(ctx, r.rtnlConn, r.links, "links", unix.RTM_NEWLINK, func(p []byte) (string, networkLink, bool) {
-		m, ok := parseLinkMsg(p)
-		return m.name, m.link, ok && m.family != unix.AF_BRIDGE
-	}, rtnl.LinkDumpRequest())
-	if err != nil {
-		return nil, err
-	}
-	names := map[int32]string{}
-	for name, l := range r.links.All() {
-		names[l.index] = name
-	}
-	r.mu.Lock()
-	r.names = names
-	r.mu.Unlock()
-	for _, name := range drift {
-		note(r.ownerOfName(name))
-	}
-
+	// The links are the view's (linkTable): what a dump of them finds changed reaches
+	// linkChanged.
 	addrDrift, err := dumpMirror(ctx, r.rtnlConn, r.addrs, "addresses", unix.RTM_NEWADDR, parseAddrMsg, rtnl.AddrDumpRequest())
 	if err != nil {
 		return nil, err
@@ -164,13 +152,14 @@ func (r *NetworkReconciler) Observe(ctx context.Context, enqueue func(nimbusv1.K
 	wg.Go(func() { r.watchGatewayLinks(ctx, enqueue) })
 	defer wg.Wait()
 	defer cancel()
-	return r.observe(ctx, "network changes", []uint{
-		unix.RTNLGRP_LINK, unix.RTNLGRP_NEIGH,
+	links := r.linkReader.watching(func(c tableChange[int32, kernelLink]) { r.linkChanged(c, enqueue) })
+	return r.observeTables(ctx, "network changes", []uint{
+		unix.RTNLGRP_NEIGH,
 		unix.RTNLGRP_IPV4_IFADDR, unix.RTNLGRP_IPV6_IFADDR,
 		unix.RTNLGRP_IPV4_ROUTE, unix.RTNLGRP_IPV6_ROUTE,
 		unix.RTNLGRP_IPV4_RULE, unix.RTNLGRP_IPV6_RULE,
 		unix.RTNLGRP_IPV4_NETCONF, unix.RTNLGRP_IPV6_NETCONF,
-	}, func(ctx context.Context) error { return r.resync(ctx, enqueue) }, subscribed,
+	}, []viewSource{links}, func(ctx context.Context) error { return r.resync(ctx, enqueue) }, subscribed,
 		func(typ uint16, payload []byte) { r.apply(typ, payload, enqueue) })
 }
 
@@ -178,8 +167,6 @@ func (r *NetworkReconciler) Observe(ctx context.Context, enqueue func(nimbusv1.K
 // drifted, if any.
 func (r *NetworkReconciler) apply(typ uint16, b []byte, enqueue func(nimbusv1.Key)) {
 	switch typ {
-	case unix.RTM_NEWLINK, unix.RTM_DELLINK:
-		r.applyLink(typ, b, enqueue)
 	case unix.RTM_NEWADDR, unix.RTM_DELADDR:
 		k, a, ok := parseAddrMsg(b)
 		if !ok {
@@ -270,71 +257,64 @@ func (r *NetworkReconciler) drifted(key nimbusv1.Key, enqueue func(nimbusv1.Key)
 	enqueue(key)
 }
 
-// applyLink applies an RTM_NEWLINK or RTM_DELLINK notification.
-func (r *NetworkReconciler) applyLink(typ uint16, b []byte, enqueue func(nimbusv1.Key)) {
-	m, ok := parseLinkMsg(b)
-	if !ok {
-		return
-	}
-	if m.family == unix.AF_BRIDGE {
-		// A bridge's view of a port (`bridge link set`): only its flags are news.
-		if typ != unix.RTM_NEWLINK || !m.protinfo {
-			return
+// linkChanged applies a change of the link table: the reconciler drops what the kernel
+// removes with a link that went (its addresses, routes and FDB entries; a link that went
+// down loses its IPv4 routes without a notification), and every network is enqueued when
+// the underlay's link changed its MTU or went. Unless the change is the echo of the
+// reconciler's own write, or of its create of the link, the network that owns the link
+// is enqueued when the link appeared, went, or changed what the reconciler sets of it
+// (sameLink), and the one that owned it when it was renamed.
+func (r *NetworkReconciler) linkChanged(c tableChange[int32, kernelLink], enqueue func(nimbusv1.Key)) {
+	if !c.has {
+		if r.underlayLinkChanged(c.key, 0) {
+			r.allNetworks(enqueue, "underlay link", c.old.name)
 		}
-		have, ok := r.links.Get(m.name)
-		if !ok {
-			return
-		}
-		next := have
-		next.bridgePort = true
-		next.portLearning, next.neighSuppress = m.link.portLearning, m.link.neighSuppress
-		if sameLink(next, have) || r.links.Update(m.name, next) {
-			return
-		}
-		if key, ok := networkOwner(have.alias); ok {
-			r.drifted(key, enqueue, "bridge port flags", m.name)
-		}
-		return
-	}
-	prev, had := r.links.Get(m.name)
-	mtu := m.link.mtu
-	if typ == unix.RTM_DELLINK {
-		mtu = 0
-	}
-	if r.underlayLinkChanged(m.link.index, mtu) {
-		r.allNetworks(enqueue, "underlay link", m.name)
-	}
-	if typ == unix.RTM_DELLINK {
-		echo := r.links.Remove(m.name)
-		r.linkGone(m.link.index)
+		r.linkGone(c.key)
 		r.mu.Lock()
-		delete(r.forwarding, m.name)
+		delete(r.forwarding, c.old.name)
+		delete(r.created, c.key)
 		r.mu.Unlock()
-		if !echo {
-			r.drifted(r.linkOwner(m.name, prev, m.link), enqueue, "link deleted", m.name)
+		if !c.echo {
+			r.drifted(r.linkOwner(c.old.name, networkLinkOf(c.key, c.old), networkLinkOf(c.key, c.old)), enqueue, "link deleted", c.old.name)
 		}
 		return
 	}
-	r.mu.Lock()
-	old := r.names[m.link.index]
-	r.names[m.link.index] = m.name
-	r.mu.Unlock()
-	if old != "" && old != m.name {
-		// Renamed: the old name is gone.
-		before, _ := r.links.Get(old)
-		r.links.Remove(old)
-		if key, ok := networkOwner(before.alias); ok {
-			r.drifted(key, enqueue, "link renamed", old)
+	l := networkLinkOf(c.key, c.new)
+	if r.underlayLinkChanged(c.key, c.new.mtu) {
+		r.allNetworks(enqueue, "underlay link", c.new.name)
+	}
+	echo := c.echo
+	if !c.had {
+		r.mu.Lock()
+		if alias, ok := r.creating[c.new.name]; ok && alias == c.new.alias {
+			echo = true
+		}
+		if _, ok := r.created[c.key]; ok {
+			delete(r.created, c.key)
+			echo = true
+		}
+		r.mu.Unlock()
+	}
+	var prev networkLink
+	if c.had {
+		prev = networkLinkOf(c.key, c.old)
+		if c.old.name != c.new.name {
+			// Renamed: the old name is gone.
+			r.mu.Lock()
+			delete(r.forwarding, c.old.name)
+			r.mu.Unlock()
+			if key, ok := networkOwner(c.old.alias); ok {
+				r.drifted(key, enqueue, "link renamed", c.old.name)
+			}
 		}
 	}
-	echo := r.links.Update(m.name, m.link)
-	if !m.link.up {
-		r.routesGone(m.link.index, false)
+	if !c.new.up {
+		r.routesGone(c.key, false)
 	}
-	if echo || had && prev.index == m.link.index && sameLink(m.link, prev) {
+	if echo || c.had && c.fields&networkLinkFields == 0 {
 		return
 	}
-	r.drifted(r.linkOwner(m.name, prev, m.link), enqueue, "link", m.name)
+	r.drifted(r.linkOwner(c.new.name, prev, l), enqueue, "link", c.new.name)
 }
 
 // linkOwner returns the key of the network that owns the link name, which the mirror
@@ -360,6 +340,10 @@ func (r *NetworkReconciler) linkOwner(name string, prev, l networkLink) nimbusv1
 // through anything but a desired network's bridge. So a restarted agent removes what a
 // previous one programmed for networks deleted meanwhile, and adopts the rest.
 func (r *NetworkReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Key)) error {
+	if err := r.links.reload(ctx, r.rtnlConn); err != nil {
+		return err
+	}
+	r.linkReader.drainMissed(func(c tableChange[int32, kernelLink]) { r.linkChanged(c, enqueue) })
 	if err := r.resync(ctx, enqueue); err != nil {
 		return err
 	}
@@ -371,7 +355,7 @@ func (r *NetworkReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Key
 		devices[BridgeName(id)], devices[VXLANName(id)] = true, true
 	}
 	stale := map[nimbusv1.Key]bool{}
-	for _, l := range r.links.All() {
+	for _, l := range r.links.m.All() {
 		if key, ok := networkOwner(l.alias); ok && bridges[BridgeName(key.String())].IsZero() {
 			stale[key] = true
 		}
@@ -386,7 +370,8 @@ func (r *NetworkReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Key
 	}
 	// A link naples created and could not mark before it stopped (see LinkGroup), of a
 	// network that is gone.
-	for name, l := range r.links.All() {
+	for index, kl := range r.links.m.All() {
+		name, l := kl.name, networkLinkOf(index, kl)
 		unmarked := l.alias == "" && l.group == LinkGroup &&
 			(strings.HasPrefix(name, bridgePrefix) || strings.HasPrefix(name, vxlanPrefix))
 		if !unmarked || devices[name] {
@@ -403,7 +388,7 @@ func (r *NetworkReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Key
 		if !bridges[k.iif].IsZero() || k.fwmark != 0 {
 			continue // its network's reconcile keeps its rules exact; sweepGateway does the gateway rules
 		}
-		l, exists := r.links.Get(k.iif)
+		l, exists := r.link(k.iif)
 		if _, ours := networkOwner(l.alias); exists && !ours {
 			continue // a rule for someone else's link
 		}

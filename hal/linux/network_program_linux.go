@@ -24,7 +24,7 @@ import (
 
 // ensureBridge makes the network's bridge exist as wanted: `ip link add BRIDGE type
 // bridge`, with the network's alias and gateway MAC, its MTU when the network sets one,
-// up. It returns the bridge as the mirror shows it now.
+// up. It returns the bridge as the link table shows it now.
 func (r *NetworkReconciler) ensureBridge(ctx context.Context, want networkWant) (networkLink, error) {
 	target := networkLink{kind: "bridge", alias: want.alias, mac: want.mac, mtu: want.mtu, up: true}
 	have, err := r.ensureLink(ctx, want.bridge, target, func(l networkLink) bool { return l.kind == "bridge" })
@@ -38,7 +38,7 @@ func (r *NetworkReconciler) ensureBridge(ctx context.Context, want networkWant) 
 // vxlan id VNI local VTEP dstport 4789 nolearning`, with the network's alias, its MTU when
 // the network sets one, a port of the bridge with index master with learning off and
 // neigh_suppress on, up. A device with another VNI, local address or port is replaced, as
-// those cannot be changed. It returns the device as the mirror shows it now.
+// those cannot be changed. It returns the device as the link table shows it now.
 func (r *NetworkReconciler) ensureVXLAN(ctx context.Context, want networkWant, vtep netip.Addr, master int32) (networkLink, error) {
 	target := networkLink{
 		kind: "vxlan", alias: want.alias, mtu: want.mtu, up: true, master: master,
@@ -54,12 +54,12 @@ func (r *NetworkReconciler) ensureVXLAN(ctx context.Context, want networkWant, v
 	return r.converge(ctx, want.vxlan, have, target)
 }
 
-// ensureLink makes a link named name exist that fits: one the mirror holds with the
+// ensureLink makes a link named name exist that fits: one the link table holds with the
 // network's alias, or one it creates as target describes. A link of the name without the
 // alias is a conflict, unless it is one naples created and could not mark yet (ownsLink);
 // one with it that does not fit is deleted and created anew.
 func (r *NetworkReconciler) ensureLink(ctx context.Context, name string, target networkLink, fits func(networkLink) bool) (networkLink, error) {
-	have, ok := r.links.Get(name)
+	have, ok := r.link(name)
 	if ok && !ownsLink(have, target.alias) {
 		return networkLink{}, foreignLink(name, have)
 	}
@@ -109,25 +109,38 @@ func (r *NetworkReconciler) createLink(ctx context.Context, name string, target 
 		VXLAN: rtnl.VXLANInfo{VNI: target.vni, Local: target.local, Port: target.port, Learning: target.learning},
 	}, unix.IFF_UP, attrs)
 
-	// What the create leaves: the MTU is the kernel's, a new port has the kernel's
-	// default flags (learning on, neigh_suppress off).
-	created := target
-	created.index, created.mtu = 0, 0
-	created.bridgePort = target.master != 0
-	created.portLearning, created.neighSuppress = created.bridgePort, false
-	_, err := kernelWrite(ctx, r.rtnlConn, r.links.Expect(name, created), msg)
+	// The link has no index until the kernel creates it, so the link table cannot
+	// expect it: the reconciler records that it creates a link of the name, whose
+	// appearance in the table is the echo of the create (linkChanged).
+	r.mu.Lock()
+	r.creating[name] = target.alias
+	r.mu.Unlock()
+	err := r.nl.Do(ctx, msg)
+	if err != nil {
+		r.mu.Lock()
+		delete(r.creating, name)
+		r.mu.Unlock()
+	}
 	if errors.Is(err, unix.EEXIST) {
 		return r.createClash(ctx, name, target, err)
 	}
 	if err != nil {
 		return networkLink{}, kernelErr(err, "creating %s %s", target.kind, name)
 	}
+	r.writes.Add(1)
 	r.log.Info("link created", "key", ownerKey(target.alias), "link", name, "kind", target.kind)
-	return r.refreshLink(ctx, name)
+	l, err := r.refreshLink(ctx, name)
+	r.mu.Lock()
+	delete(r.creating, name)
+	if err == nil {
+		r.created[l.index] = struct{}{}
+	}
+	r.mu.Unlock()
+	return l, err
 }
 
 // createClash explains a create the kernel refused with EEXIST: a link of the name the
-// mirror has not heard of yet (adopted when it is naples's, a conflict otherwise), or
+// link table has not heard of yet (adopted when it is naples's, a conflict otherwise), or
 // another VXLAN device with the same VNI, port and local address.
 func (r *NetworkReconciler) createClash(ctx context.Context, name string, target networkLink, err error) (networkLink, error) {
 	have, gerr := r.refreshLink(ctx, name)
@@ -143,15 +156,16 @@ func (r *NetworkReconciler) createClash(ctx context.Context, name string, target
 }
 
 // refreshLink asks the kernel for the link name (`ip link show NAME`), records the answer
-// in the mirror and returns it. The mirror shows the answer from then on and passes
+// in the link table and returns it. The table shows the answer from then on and passes
 // over the kernel's older events of the link until they catch up with it.
 func (r *NetworkReconciler) refreshLink(ctx context.Context, name string) (networkLink, error) {
 	msg := rtnl.AppendLinkRequest(make([]byte, 0, 64), unix.RTM_GETLINK, 0, rtnl.Link{Name: name}, 0, rtnl.LinkName)
-	var got linkMsg
+	var got kernelLink
+	var index int32
 	found := false
 	err := r.rtnl.Get(ctx, msg, func(typ uint16, payload []byte) {
 		if typ == unix.RTM_NEWLINK {
-			got, found = parseLinkMsg(payload)
+			index, got, found = parseKernelLink(payload)
 		}
 	})
 	if err == nil && !found {
@@ -160,18 +174,15 @@ func (r *NetworkReconciler) refreshLink(ctx context.Context, name string) (netwo
 	if err != nil {
 		return networkLink{}, kernelErr(err, "reading link %s", name)
 	}
-	r.links.Expect(name, got.link).Done()
-	r.mu.Lock()
-	r.names[got.link.index] = name
-	r.mu.Unlock()
-	return got.link, nil
+	r.links.m.ExpectBy(r.linkReader.writer(), index, got, sameNetworkLink).Done()
+	return networkLinkOf(index, got), nil
 }
 
-// converge changes what differs between the link name as the mirror shows it, have, and
-// target: `ip link set NAME address MAC mtu MTU master MASTER up` and for a VXLAN device
+// converge changes what differs between the link name as the link table shows it, have,
+// and target: `ip link set NAME address MAC mtu MTU master MASTER up` and for a VXLAN device
 // `type vxlan nolearning`, in one request, then the port flags, `ip link set NAME type
 // bridge_slave learning off neigh_suppress on`, which need the link to be a port
-// already. It returns the link as the mirror then shows it.
+// already. It returns the link as the link table then shows it.
 func (r *NetworkReconciler) converge(ctx context.Context, name string, have, target networkLink) (networkLink, error) {
 	target.index = have.index
 	step := have
@@ -224,7 +235,7 @@ func (r *NetworkReconciler) converge(ctx context.Context, name string, have, tar
 			Index: have.index, Flags: flags, MAC: step.mac, MTU: step.mtu, Alias: step.alias, Master: step.master,
 			Kind: "vxlan", VXLAN: rtnl.VXLANInfo{Learning: step.learning},
 		}, change, attrs)
-		if _, err := kernelWrite(ctx, r.rtnlConn, r.links.Expect(name, step), msg); err != nil {
+		if _, err := kernelWrite(ctx, r.rtnlConn, r.expectLink(name, have.index, step), msg); err != nil {
 			return networkLink{}, kernelErr(err, "setting link %s %v", name, what)
 		}
 		r.log.Info("link changed", append([]any{"key", ownerKey(step.alias), "link", name}, what...)...)
@@ -235,7 +246,7 @@ func (r *NetworkReconciler) converge(ctx context.Context, name string, have, tar
 		msg := rtnl.AppendLinkRequest(r.nl.Buffer(), unix.RTM_NEWLINK, 0, rtnl.Link{
 			Index: have.index, Port: rtnl.BridgePortInfo{Learning: next.portLearning, NeighSuppress: next.neighSuppress},
 		}, 0, rtnl.LinkPortLearning|rtnl.LinkPortNeighSuppress)
-		if _, err := kernelWrite(ctx, r.rtnlConn, r.links.Expect(name, next), msg); err != nil {
+		if _, err := kernelWrite(ctx, r.rtnlConn, r.expectLink(name, have.index, next), msg); err != nil {
 			return networkLink{}, kernelErr(err, "setting the bridge port flags of %s", name)
 		}
 		step = next
@@ -243,12 +254,20 @@ func (r *NetworkReconciler) converge(ctx context.Context, name string, have, tar
 	return step, nil
 }
 
-// deleteLink deletes the link name (`ip link del NAME`), which the mirror shows as l, and
-// drops from the mirrors what the kernel removes with it: its addresses, routes and FDB
-// entries (IPv4 routes go without a notification).
+// expectLink records in the link table that the reconciler is about to write the link
+// of the name, with the index, in the state n describes.
+func (r *NetworkReconciler) expectLink(name string, index int32, n networkLink) *hal.Write[int32, kernelLink] {
+	have, _ := r.links.get(index)
+	return r.links.m.ExpectBy(r.linkReader.writer(), index, n.onto(name, have), sameNetworkLink)
+}
+
+// deleteLink deletes the link name (`ip link del NAME`), which the link table shows as l,
+// and drops from the mirrors what the kernel removes with it: its addresses, routes and
+// FDB entries (IPv4 routes go without a notification), and what the reconciler knew of
+// its forwarding settings.
 func (r *NetworkReconciler) deleteLink(ctx context.Context, name string, l networkLink) error {
 	msg := rtnl.AppendLinkRequest(r.nl.Buffer(), unix.RTM_DELLINK, 0, rtnl.Link{Index: l.index}, 0, 0)
-	took, err := kernelWrite(ctx, r.rtnlConn, r.links.ExpectGone(name), msg, unix.ENODEV)
+	took, err := kernelWrite(ctx, r.rtnlConn, r.links.m.ExpectGoneBy(r.linkReader.writer(), l.index), msg, unix.ENODEV)
 	if err != nil {
 		return kernelErr(err, "deleting link %s", name)
 	}
@@ -256,15 +275,16 @@ func (r *NetworkReconciler) deleteLink(ctx context.Context, name string, l netwo
 		r.log.Info("link deleted", "key", ownerKey(l.alias), "link", name)
 	}
 	r.linkGone(l.index)
+	r.mu.Lock()
+	delete(r.forwarding, name)
+	delete(r.created, l.index)
+	r.mu.Unlock()
 	return nil
 }
 
 // linkGone drops from the mirrors what the kernel holds no more once the link with the
 // index is gone.
 func (r *NetworkReconciler) linkGone(index int32) {
-	r.mu.Lock()
-	delete(r.names, index)
-	r.mu.Unlock()
 	for k := range r.addrsByLink.Get(index) {
 		r.addrs.Remove(k)
 	}
@@ -745,10 +765,10 @@ func (r *NetworkReconciler) teardown(ctx context.Context, key nimbusv1.Key) erro
 	}
 	id := key.String()
 	bridge, vxlan, alias := BridgeName(id), VXLANName(id), OwnerAlias(id)
-	br, brExists := r.links.Get(bridge)
+	br, brExists := r.link(bridge)
 	foreign := brExists && !ownsLink(br, alias)
 	for _, name := range []string{vxlan, bridge} {
-		if l, ok := r.links.Get(name); ok && ownsLink(l, alias) {
+		if l, ok := r.link(name); ok && ownsLink(l, alias) {
 			if err := r.deleteLink(ctx, name, l); err != nil {
 				return err
 			}

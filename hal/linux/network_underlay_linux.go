@@ -117,12 +117,11 @@ func (r *NetworkReconciler) underlay(vtep netip.Addr) underlayLink {
 	if index == 0 {
 		return underlayLink{}
 	}
-	name := r.nameOf(index)
-	l, ok := r.links.Get(name)
-	if !ok || l.index != index {
+	l, ok := r.links.get(index)
+	if !ok {
 		return underlayLink{}
 	}
-	return underlayLink{name: name, index: index, mtu: l.mtu}
+	return underlayLink{name: l.name, index: index, mtu: l.mtu}
 }
 
 // underlayCache is what the reconciler last found of the underlay: the link with the

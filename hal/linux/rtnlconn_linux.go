@@ -119,7 +119,14 @@ func (c *rtnlConn) close() {
 // groups (RTNLGRP_* numbers) through the reconciler's kernel view (KernelView.watch) with
 // a queue of eventBuffer bytes.
 func (c *rtnlConn) observe(ctx context.Context, what string, groups []uint, resync func(context.Context) error, subscribed func(), apply func(typ uint16, payload []byte)) error {
-	return c.view.watch(ctx, what, groups, c.eventBuffer, resync, subscribed, apply)
+	return c.view.watch(ctx, what, groups, nil, c.eventBuffer, resync, subscribed, apply)
+}
+
+// observeTables is observe for an observer that watches tables of the view too: it hears
+// of their changes through the sources, in the kernel's order with the notifications of
+// the groups.
+func (c *rtnlConn) observeTables(ctx context.Context, what string, groups []uint, sources []viewSource, resync func(context.Context) error, subscribed func(), apply func(typ uint16, payload []byte)) error {
+	return c.view.watch(ctx, what, groups, sources, c.eventBuffer, resync, subscribed, apply)
 }
 
 // dumpObjects sends the dump requests reqs in turn and returns what parse makes of the
