@@ -90,8 +90,15 @@ func foreignLink(name string, l networkLink) error {
 }
 
 // createLink creates the link name as target describes (`ip link add NAME alias ALIAS
-// address MAC master MASTER up type KIND ...`; MTU and port flags are left to converge) and
-// returns it as the kernel then reports it.
+// address MAC master MASTER up type KIND ...`, and for a VXLAN device `mtu MTU`; a
+// bridge's MTU and a port's flags are left to converge) and returns it as the kernel
+// then reports it.
+//
+// A VXLAN device takes its MTU in the create, so the write that then sets its alias (the
+// kernel takes none in a create) changes no MTU, which spares the walk of every IPv6
+// route that the kernel makes for each change of a link's MTU. A bridge does not: the
+// kernel keeps a bridge's MTU at its ports' smallest until it is set after the create
+// (`ip link set`), and naples's stays as set when a smaller port joins.
 func (r *NetworkReconciler) createLink(ctx context.Context, name string, target networkLink) (networkLink, error) {
 	attrs := rtnl.LinkName | rtnl.LinkAlias | rtnl.LinkGroup | rtnl.LinkKind
 	if target.mac != "" {
@@ -100,19 +107,24 @@ func (r *NetworkReconciler) createLink(ctx context.Context, name string, target 
 	if target.master != 0 {
 		attrs |= rtnl.LinkMaster
 	}
+	mtu := uint32(0)
 	if target.kind == "vxlan" {
 		attrs |= rtnl.LinkVXLAN
+		if target.mtu != 0 {
+			attrs |= rtnl.LinkMTU
+			mtu = target.mtu
+		}
 	}
 	msg := rtnl.AppendLinkRequest(r.nl.Buffer(), unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL, rtnl.Link{
 		Flags: unix.IFF_UP, Name: name, Alias: target.alias, Group: LinkGroup, MAC: target.mac, Master: target.master,
-		Kind:  target.kind,
+		MTU: mtu, Kind: target.kind,
 		VXLAN: rtnl.VXLANInfo{VNI: target.vni, Local: target.local, Port: target.port, Learning: target.learning},
 	}, unix.IFF_UP, attrs)
 
-	// What the create leaves: the MTU is the kernel's, a new port has the kernel's
-	// default flags (learning on, neigh_suppress off).
+	// What the create leaves: a bridge's MTU is the kernel's, a new port has the
+	// kernel's default flags (learning on, neigh_suppress off).
 	created := target
-	created.index, created.mtu = 0, 0
+	created.index, created.mtu = 0, mtu
 	created.bridgePort = target.master != 0
 	created.portLearning, created.neighSuppress = created.bridgePort, false
 	_, err := kernelWrite(ctx, r.rtnlConn, r.links.Expect(name, created), msg)
