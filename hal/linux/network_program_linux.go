@@ -183,7 +183,9 @@ func (r *NetworkReconciler) refreshLink(ctx context.Context, name string) (netwo
 // target: `ip link set NAME address MAC mtu MTU master MASTER up` and for a VXLAN device
 // `type vxlan nolearning`, in one request, then the port flags, `ip link set NAME type
 // bridge_slave learning off neigh_suppress on`, which need the link to be a port
-// already. It returns the link as the mirror then shows it.
+// already: in the same request when it is one of the bridge it stays a port of (a VXLAN
+// device just created with its master), in a second one when the first makes it a port.
+// It returns the link as the mirror then shows it.
 func (r *NetworkReconciler) converge(ctx context.Context, name string, have, target networkLink) (networkLink, error) {
 	target.index = have.index
 	step := have
@@ -199,6 +201,12 @@ func (r *NetworkReconciler) converge(ctx context.Context, name string, have, tar
 		step.master = target.master
 		step.bridgePort = target.master != 0
 		step.portLearning, step.neighSuppress = step.bridgePort, false
+	}
+	// A port already, whose flags differ, takes them with the rest.
+	foldFlags := !sameLink(have, step) && have.bridgePort && have.master == step.master &&
+		(step.portLearning != target.portLearning || step.neighSuppress != target.neighSuppress)
+	if foldFlags {
+		step.portLearning, step.neighSuppress = target.portLearning, target.neighSuppress
 	}
 	if !sameLink(have, step) {
 		var flags, change uint32
@@ -232,9 +240,13 @@ func (r *NetworkReconciler) converge(ctx context.Context, name string, have, tar
 		if change != 0 {
 			what = append(what, "up", step.up)
 		}
+		if foldFlags {
+			attrs |= rtnl.LinkPortLearning | rtnl.LinkPortNeighSuppress
+		}
 		msg := rtnl.AppendLinkRequest(r.nl.Buffer(), unix.RTM_NEWLINK, 0, rtnl.Link{
 			Index: have.index, Flags: flags, MAC: step.mac, MTU: step.mtu, Alias: step.alias, Master: step.master,
 			Kind: "vxlan", VXLAN: rtnl.VXLANInfo{Learning: step.learning},
+			Port: rtnl.BridgePortInfo{Learning: step.portLearning, NeighSuppress: step.neighSuppress},
 		}, change, attrs)
 		if _, err := kernelWrite(ctx, r.rtnlConn, r.links.Expect(name, step), msg); err != nil {
 			return networkLink{}, kernelErr(err, "setting link %s %v", name, what)
