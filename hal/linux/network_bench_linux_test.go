@@ -3,6 +3,7 @@ package linux
 import (
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,9 +22,10 @@ import (
 
 // BenchmarkHALNetworks measures the HAL alone programming N networks, against the floor
 // of iproute2 writing the same kernel objects into a fresh namespace. Each network is a
-// bridge and a VXLAN device (its own VNI, this host's VTEP as local address), an IPv4
-// subnet whose gateway address is on the bridge, the four policy-routing rules of its
-// bridge and its route in the tenant's table, all in the default tenant.
+// bridge and a VXLAN device (its own VNI, this host's VTEP as local address, both with
+// the MTU the VTEP's link carries, benchNetworkMTU), an IPv4 subnet whose gateway
+// address is on the bridge, the four policy-routing rules of its bridge and its route in
+// the tenant's table, all in the default tenant.
 //
 // Delphi holds the N Network objects and this host's Node and is synced; the HAL, with
 // the network reconciler alone and its default options, is timed from Run until every
@@ -34,6 +36,13 @@ import (
 // forwarding, which iproute2 cannot set), one after the other; deleting, `ip -batch` (`link
 // del` of both devices, which takes addresses and routes with them, and the IPv4 rules)
 // and `ip -6 -batch`. Both are checked against a dump of the kernel afterwards.
+//
+// The floor does not do all the HAL does: iproute2 cannot attach eBPF programs with tcx,
+// so it leaves out the gateway: per bridge the two tcx links of package gwbpf, each
+// attached under the rtnl lock and with an RCU grace period, and the bridge's mark in
+// their map; once, the tenant's two `fwmark` rules and the three mark-reflection
+// sysctls. It reads nothing back either, where the HAL asks the kernel for each link it
+// creates (its index) and for the bridge's forwarding before it sets it.
 //
 // It reports both rates, their ratio and the absolute times, the HAL's kernel writes per
 // network, and the CPU per network of each side: the benchmark process's while the HAL
@@ -91,6 +100,10 @@ func (r *networkBenchResult) add(o networkBenchResult) {
 
 // benchVTEPAddr is the benchmark host's VTEP address, on its loopback.
 const benchVTEPAddr = "192.0.2.1"
+
+// benchNetworkMTU is the MTU the HAL gives the benchmark's networks, which set none: what
+// the loopback, the link of benchVTEPAddr with an MTU of 65536, carries.
+var benchNetworkMTU = underlayLink{name: "lo", mtu: 65536}.carries(netip.MustParseAddr(benchVTEPAddr))
 
 // benchNetworkObj returns the i-th network: VNI 10000+i, subnet 10.A.B.0/24 with gateway
 // 10.A.B.1, in the default tenant.
@@ -187,10 +200,10 @@ func benchNetworksFloor(b *testing.B, n int) networkBenchResult {
 			fmt.Fprintf(f, "rule add iif %s prohibit pref %d protocol %d\n", br, TenantRulePriority+1, OverlayRouteProtocol)
 		}
 		// `ip link add` sets no alias; `link set` does.
-		fmt.Fprintf(&add4, "link add %s address %s up type bridge\n", br, GatewayMAC(id))
+		fmt.Fprintf(&add4, "link add %s address %s mtu %d up type bridge\n", br, GatewayMAC(id), benchNetworkMTU)
 		fmt.Fprintf(&add4, "link set %s alias %s\n", br, alias)
-		fmt.Fprintf(&add4, "link add %s master %s up type vxlan id %d local %s dstport %d nolearning\n",
-			vx, br, 10_000+i, benchVTEPAddr, VXLANPort)
+		fmt.Fprintf(&add4, "link add %s master %s mtu %d up type vxlan id %d local %s dstport %d nolearning\n",
+			vx, br, benchNetworkMTU, 10_000+i, benchVTEPAddr, VXLANPort)
 		fmt.Fprintf(&add4, "link set %s alias %s type bridge_slave learning off neigh_suppress on\n", vx, alias)
 		fmt.Fprintf(&add4, "addr add %s/24 dev %s noprefixroute\n", gw, br)
 		fmt.Fprintf(&add4, "route add %s dev %s table %d proto %d scope link src %s\n", cidr, br, table, OverlayRouteProtocol, gw)
@@ -250,9 +263,10 @@ func benchNetworksFloor(b *testing.B, n int) networkBenchResult {
 }
 
 // wantNetworkObjects fails the benchmark unless the namespace holds the kernel objects
-// of n of the benchmark's networks: n bridges and n VXLAN devices with naples's alias,
-// the bridges up with their gateway address, 4n rules at the tenant priorities, n
-// routes of OverlayRouteProtocol in the tenant's table. who says who wrote them.
+// of n of the benchmark's networks: n bridges and n VXLAN devices with naples's alias
+// and MTU benchNetworkMTU, the bridges up with their gateway address, 4n rules at the
+// tenant priorities, n routes of OverlayRouteProtocol in the tenant's table. who says
+// who wrote them.
 func wantNetworkObjects(b *testing.B, ns, who string, n int) {
 	b.Helper()
 	nl, err := netlink.NewHandleAt(testns.Handle(b, ns))
@@ -270,6 +284,9 @@ func wantNetworkObjects(b *testing.B, ns, who string, n int) {
 		a := l.Attrs()
 		if !strings.HasPrefix(a.Alias, OwnerAlias(nimbusv1.Kind_KIND_NETWORK.Name()+"/")) {
 			continue
+		}
+		if a.MTU != int(benchNetworkMTU) {
+			b.Fatalf("%s left %s %s with MTU %d, want %d", who, l.Type(), a.Name, a.MTU, benchNetworkMTU)
 		}
 		switch l.Type() {
 		case "bridge":

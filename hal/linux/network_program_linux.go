@@ -90,8 +90,15 @@ func foreignLink(name string, l networkLink) error {
 }
 
 // createLink creates the link name as target describes (`ip link add NAME alias ALIAS
-// address MAC master MASTER up type KIND ...`; MTU and port flags are left to converge) and
-// returns it as the kernel then reports it.
+// address MAC master MASTER up type KIND ...`, and for a VXLAN device `mtu MTU`; a
+// bridge's MTU and a port's flags are left to converge) and returns it as the kernel
+// then reports it.
+//
+// A VXLAN device takes its MTU in the create, so the write that then sets its alias (the
+// kernel takes none in a create) changes no MTU, which spares the walk of every IPv6
+// route that the kernel makes for each change of a link's MTU. A bridge does not: the
+// kernel keeps a bridge's MTU at its ports' smallest until it is set after the create
+// (`ip link set`), and naples's stays as set when a smaller port joins.
 func (r *NetworkReconciler) createLink(ctx context.Context, name string, target networkLink) (networkLink, error) {
 	attrs := rtnl.LinkName | rtnl.LinkAlias | rtnl.LinkGroup | rtnl.LinkKind
 	if target.mac != "" {
@@ -100,12 +107,17 @@ func (r *NetworkReconciler) createLink(ctx context.Context, name string, target 
 	if target.master != 0 {
 		attrs |= rtnl.LinkMaster
 	}
+	mtu := uint32(0)
 	if target.kind == "vxlan" {
 		attrs |= rtnl.LinkVXLAN
+		if target.mtu != 0 {
+			attrs |= rtnl.LinkMTU
+			mtu = target.mtu
+		}
 	}
 	msg := rtnl.AppendLinkRequest(r.nl.Buffer(), unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL, rtnl.Link{
 		Flags: unix.IFF_UP, Name: name, Alias: target.alias, Group: LinkGroup, MAC: target.mac, Master: target.master,
-		Kind:  target.kind,
+		MTU: mtu, Kind: target.kind,
 		VXLAN: rtnl.VXLANInfo{VNI: target.vni, Local: target.local, Port: target.port, Learning: target.learning},
 	}, unix.IFF_UP, attrs)
 
@@ -182,7 +194,9 @@ func (r *NetworkReconciler) refreshLink(ctx context.Context, name string) (netwo
 // and target: `ip link set NAME address MAC mtu MTU master MASTER up` and for a VXLAN device
 // `type vxlan nolearning`, in one request, then the port flags, `ip link set NAME type
 // bridge_slave learning off neigh_suppress on`, which need the link to be a port
-// already. It returns the link as the link table then shows it.
+// already: in the same request when it is one of the bridge it stays a port of (a VXLAN
+// device just created with its master), in a second one when the first makes it a port.
+// It returns the link as the link table then shows it.
 func (r *NetworkReconciler) converge(ctx context.Context, name string, have, target networkLink) (networkLink, error) {
 	target.index = have.index
 	step := have
@@ -198,6 +212,12 @@ func (r *NetworkReconciler) converge(ctx context.Context, name string, have, tar
 		step.master = target.master
 		step.bridgePort = target.master != 0
 		step.portLearning, step.neighSuppress = step.bridgePort, false
+	}
+	// A port already, whose flags differ, takes them with the rest.
+	foldFlags := !sameLink(have, step) && have.bridgePort && have.master == step.master &&
+		(step.portLearning != target.portLearning || step.neighSuppress != target.neighSuppress)
+	if foldFlags {
+		step.portLearning, step.neighSuppress = target.portLearning, target.neighSuppress
 	}
 	if !sameLink(have, step) {
 		var flags, change uint32
@@ -231,9 +251,13 @@ func (r *NetworkReconciler) converge(ctx context.Context, name string, have, tar
 		if change != 0 {
 			what = append(what, "up", step.up)
 		}
+		if foldFlags {
+			attrs |= rtnl.LinkPortLearning | rtnl.LinkPortNeighSuppress
+		}
 		msg := rtnl.AppendLinkRequest(r.nl.Buffer(), unix.RTM_NEWLINK, 0, rtnl.Link{
 			Index: have.index, Flags: flags, MAC: step.mac, MTU: step.mtu, Alias: step.alias, Master: step.master,
 			Kind: "vxlan", VXLAN: rtnl.VXLANInfo{Learning: step.learning},
+			Port: rtnl.BridgePortInfo{Learning: step.portLearning, NeighSuppress: step.neighSuppress},
 		}, change, attrs)
 		if _, err := kernelWrite(ctx, r.rtnlConn, r.expectLink(name, have.index, step), msg); err != nil {
 			return networkLink{}, kernelErr(err, "setting link %s %v", name, what)

@@ -20,10 +20,15 @@ import (
 // A sysctl of the network namespace is read and written by the calling thread: call Set
 // and Restore in the namespace (runInNamespace). SetVia and RestoreVia read and write a
 // sysctl another way, such as through netlink, and record it by the same path.
+//
+// The calls for one path must not overlap (the network reconciler makes them under the
+// network's lock, or the gateway's for the gateways' sysctls); those for different paths
+// may, and their reads and writes of the kernel do: the record is locked only while it
+// changes, not across a write, which through netlink waits for the kernel's answer.
 type sysctls struct {
 	path string
 
-	// mu guards found.
+	// mu guards found and the file.
 	mu    sync.Mutex
 	found map[string]string
 }
@@ -68,19 +73,29 @@ func (s *sysctls) SetVia(path, value string, access sysctlAccess) (int, error) {
 	if have == value {
 		return 0, nil
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, ok := s.found[path]; !ok {
-		s.found[path] = have
-		if err := s.saveLocked(); err != nil {
-			delete(s.found, path)
-			return 0, err
-		}
+	if err := s.record(path, have); err != nil {
+		return 0, err
 	}
 	if err := access.write(value); err != nil {
 		return 0, err
 	}
 	return 1, nil
+}
+
+// record records have as the value found at path, unless a value is recorded for it
+// already, and saves the record before the write it makes undoable.
+func (s *sysctls) record(path, have string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.found[path]; ok {
+		return nil
+	}
+	s.found[path] = have
+	if err := s.saveLocked(); err != nil {
+		delete(s.found, path)
+		return err
+	}
+	return nil
 }
 
 // Recorded reports whether Set changed the sysctl at path and Restore has not put it
@@ -102,14 +117,14 @@ func (s *sysctls) Restore(path string) (int, error) {
 // RestoreVia is Restore for the sysctl at path read and written through access.
 func (s *sysctls) RestoreVia(path string, access sysctlAccess) (int, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	found, ok := s.found[path]
+	s.mu.Unlock()
 	if !ok {
 		return 0, nil
 	}
 	have, err := access.read()
 	if errors.Is(err, fs.ErrNotExist) {
-		return 0, s.forgetLocked(path)
+		return 0, s.forget(path)
 	}
 	if err != nil {
 		return 0, err
@@ -121,7 +136,7 @@ func (s *sysctls) RestoreVia(path string, access sysctlAccess) (int, error) {
 		}
 		writes = 1
 	}
-	return writes, s.forgetLocked(path)
+	return writes, s.forget(path)
 }
 
 // Forget drops what is recorded of the sysctls whose paths start with prefix, such as
@@ -142,8 +157,10 @@ func (s *sysctls) Forget(prefix string) error {
 	return s.saveLocked()
 }
 
-// forgetLocked drops the record of path. mu must be held.
-func (s *sysctls) forgetLocked(path string) error {
+// forget drops the record of path.
+func (s *sysctls) forget(path string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	delete(s.found, path)
 	return s.saveLocked()
 }
