@@ -58,6 +58,9 @@ func TestKernelViewOneSubscription(t *testing.T) {
 	if got := view.links.dumps.Load(); got != 1 {
 		t.Errorf("the view's link table was dumped %d times, want once, when the subscription started", got)
 	}
+	if got := view.routes.dumps.Load(); got != 1 {
+		t.Errorf("the view's route table was dumped %d times, want once, when the subscription started", got)
+	}
 	// The four that write share one batched writer.
 	view.mu.Lock()
 	if w := view.writers[defaultTimeout]; len(view.writers) != 1 || w == nil || w.holders != 4 {
@@ -77,6 +80,10 @@ func TestKernelViewOneSubscription(t *testing.T) {
 	// The reconcilers that read links read the view's table, which holds each link once.
 	if ep := observers[4].(*EndpointReconciler); rec.links != view.links || ep.links != view.links {
 		t.Error("a reconciler reads links of its own, not the view's table")
+	}
+	// The route reconciler reads the view's route table.
+	if rr := observers[0].(*RouteReconciler); rr.routes != view.routes {
+		t.Error("the route reconciler reads routes of its own, not the view's table")
 	}
 	if n := view.links.names.Len("view7"); n != 1 {
 		t.Errorf("the view's link table holds %d links named view7, want 1", n)
