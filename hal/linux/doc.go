@@ -141,6 +141,10 @@
 //     counted by the links their IPv4 next hops go through, which tells the route
 //     reconciler's observer when the kernel may have flushed some without a word. The
 //     route reconciler reads and writes them there.
+//   - addresses (kview_addrs_linux.go): every IPv4 and IPv6 address of every link, keyed
+//     by link index and address with prefix length (addrKey), holding its flags and
+//     protocol; found by link, by address and by protocol. The node reconciler finds
+//     its VTEP address there.
 //
 // Writes go to the kernel through a batcher (rtnl.Batcher), one netlink socket per
 // KernelView (and Timeout) that the reconcilers sharing it write through: a writer

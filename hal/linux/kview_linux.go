@@ -37,7 +37,8 @@ import (
 // however many reconcilers read it, with indexes by what they look up. The links are
 // the first (links, keyed by interface index, with indexes by name and by owner alias),
 // the routes next (routes, keyed by table, destination and metric, with an index by
-// protocol).
+// protocol), and the addresses (addrs, keyed by link and address, with indexes by link,
+// by address and by protocol).
 // A table is loaded by one dump once the subscription carries its groups (when it opens,
 // again after it overflowed, and when it joins them), through the reader of the
 // reconciler whose observer starts first, and kept current by the subscription's reader
@@ -52,10 +53,11 @@ import (
 type KernelView struct {
 	ns *netns.NsHandle
 
-	// links is the table of the namespace's links, routes that of its routes; tables
-	// lists every table.
+	// links is the table of the namespace's links, routes that of its routes, addrs that
+	// of its addresses; tables lists every table.
 	links  *linkTable
 	routes *routeTable
+	addrs  *addrTable
 	tables []viewTableState
 
 	// mu guards sub, done, groups, rcvbuf, watchers and writers.
@@ -92,7 +94,8 @@ func NewKernelView(opts KernelViewOptions) *KernelView {
 	v := &KernelView{ns: opts.Namespace, watchers: map[*viewWatcher]struct{}{}, writers: map[time.Duration]*viewWriter{}}
 	v.links = newLinkTable()
 	v.routes = newRouteTable()
-	v.tables = []viewTableState{v.links, v.routes}
+	v.addrs = newAddrTable()
+	v.tables = []viewTableState{v.links, v.routes, v.addrs}
 	return v
 }
 

@@ -61,6 +61,9 @@ func TestKernelViewOneSubscription(t *testing.T) {
 	if got := view.routes.dumps.Load(); got != 1 {
 		t.Errorf("the view's route table was dumped %d times, want once, when the subscription started", got)
 	}
+	if got := view.addrs.dumps.Load(); got != 1 {
+		t.Errorf("the view's address table was dumped %d times, want once, when the subscription started", got)
+	}
 	// The four that write share one batched writer.
 	view.mu.Lock()
 	if w := view.writers[defaultTimeout]; len(view.writers) != 1 || w == nil || w.holders != 4 {
@@ -84,6 +87,10 @@ func TestKernelViewOneSubscription(t *testing.T) {
 	// The route reconciler reads the view's route table.
 	if rr := observers[0].(*RouteReconciler); rr.routes != view.routes {
 		t.Error("the route reconciler reads routes of its own, not the view's table")
+	}
+	// The node reconciler reads the view's address table.
+	if nr := observers[2].(*NodeReconciler); nr.addrs != view.addrs {
+		t.Error("the node reconciler reads addresses of its own, not the view's table")
 	}
 	if n := view.links.names.Len("view7"); n != 1 {
 		t.Errorf("the view's link table holds %d links named view7, want 1", n)
