@@ -144,7 +144,8 @@
 //   - addresses (kview_addrs_linux.go): every IPv4 and IPv6 address of every link, keyed
 //     by link index and address with prefix length (addrKey), holding its flags and
 //     protocol; found by link, by address and by protocol. The node reconciler finds
-//     its VTEP address there.
+//     its VTEP address there; the interface reconciler reads and writes a link's
+//     addresses there.
 //
 // Writes go to the kernel through a batcher (rtnl.Batcher), one netlink socket per
 // KernelView (and Timeout) that the reconcilers sharing it write through: a writer

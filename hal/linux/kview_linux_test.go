@@ -88,9 +88,9 @@ func TestKernelViewOneSubscription(t *testing.T) {
 	if rr := observers[0].(*RouteReconciler); rr.routes != view.routes {
 		t.Error("the route reconciler reads routes of its own, not the view's table")
 	}
-	// The node reconciler reads the view's address table.
-	if nr := observers[2].(*NodeReconciler); nr.addrs != view.addrs {
-		t.Error("the node reconciler reads addresses of its own, not the view's table")
+	// The node and interface reconcilers read the view's address table.
+	if nr := observers[2].(*NodeReconciler); nr.addrs != view.addrs || rec.addrs != view.addrs {
+		t.Error("the node or interface reconciler reads addresses of its own, not the view's table")
 	}
 	if n := view.links.names.Len("view7"); n != 1 {
 		t.Errorf("the view's link table holds %d links named view7, want 1", n)
