@@ -146,6 +146,12 @@
 //     protocol; found by link, by address and by protocol. The node reconciler finds
 //     its VTEP address there; the interface reconciler reads and writes a link's
 //     addresses there.
+//   - neighbours (kview_neigh_linux.go): the static FDB entries without a VLAN (a
+//     device's own, keyed by device and MAC, holding the remote VTEP; a bridge's,
+//     keyed by bridge and MAC, holding the port) and the permanent IP neighbours (keyed
+//     by device and IP, holding the MAC), two viewTables of their own keys fed by the
+//     same notifications, each loaded by a dump of its own. The endpoint reconciler
+//     reads and writes them there.
 //
 // Writes go to the kernel through a batcher (rtnl.Batcher), one netlink socket per
 // KernelView (and Timeout) that the reconcilers sharing it write through: a writer

@@ -37,8 +37,9 @@ import (
 // however many reconcilers read it, with indexes by what they look up. The links are
 // the first (links, keyed by interface index, with indexes by name and by owner alias),
 // the routes next (routes, keyed by table, destination and metric, with an index by
-// protocol), and the addresses (addrs, keyed by link and address, with indexes by link,
-// by address and by protocol).
+// protocol), the addresses (addrs, keyed by link and address, with indexes by link, by
+// address and by protocol), and the neighbours (neigh: static FDB entries and permanent
+// IP neighbours, keyed by device and MAC or IP).
 // A table is loaded by one dump once the subscription carries its groups (when it opens,
 // again after it overflowed, and when it joins them), through the reader of the
 // reconciler whose observer starts first, and kept current by the subscription's reader
@@ -54,10 +55,12 @@ type KernelView struct {
 	ns *netns.NsHandle
 
 	// links is the table of the namespace's links, routes that of its routes, addrs that
-	// of its addresses; tables lists every table.
+	// of its addresses, neigh that of its neighbours and FDB entries; tables lists every
+	// table.
 	links  *linkTable
 	routes *routeTable
 	addrs  *addrTable
+	neigh  *neighTable
 	tables []viewTableState
 
 	// mu guards sub, done, groups, rcvbuf, watchers and writers.
@@ -95,7 +98,8 @@ func NewKernelView(opts KernelViewOptions) *KernelView {
 	v.links = newLinkTable()
 	v.routes = newRouteTable()
 	v.addrs = newAddrTable()
-	v.tables = []viewTableState{v.links, v.routes, v.addrs}
+	v.neigh = newNeighTable()
+	v.tables = []viewTableState{v.links, v.routes, v.addrs, v.neigh.fdb, v.neigh.ips}
 	return v
 }
 
