@@ -135,6 +135,27 @@
 // walk of a whole mirror. The sockets, requests and messages are package rtnl's; this
 // package holds what they mean.
 //
+// The view's tables beside the links, each a viewTable of its own key and value in a
+// file of its own:
+//
+//   - routes (kview_routes_linux.go): every IPv4 and IPv6 route of every table but
+//     cached ones, keyed by table, destination and metric (routeID), holding the
+//     protocol and the next hops; found by protocol (the sweep of naples's routes), and
+//     counted by the links their IPv4 next hops go through, which tells the route
+//     reconciler's observer when the kernel may have flushed some without a word. The
+//     route reconciler reads and writes them there.
+//   - addresses (kview_addrs_linux.go): every IPv4 and IPv6 address of every link, keyed
+//     by link index and address with prefix length (addrKey), holding its flags and
+//     protocol; found by link, by address and by protocol. The node reconciler finds
+//     its VTEP address there; the interface reconciler reads and writes a link's
+//     addresses there.
+//   - neighbours (kview_neigh_linux.go): the static FDB entries without a VLAN (a
+//     device's own, keyed by device and MAC, holding the remote VTEP; a bridge's,
+//     keyed by bridge and MAC, holding the port) and the permanent IP neighbours (keyed
+//     by device and IP, holding the MAC), two viewTables of their own keys fed by the
+//     same notifications, each loaded by a dump of its own. The endpoint reconciler
+//     reads and writes them there.
+//
 // Writes go to the kernel through a batcher (rtnl.Batcher), one netlink socket per
 // KernelView (and Timeout) that the reconcilers sharing it write through: a writer
 // goroutine sends every request pending whenever it is free, many in one sendmsg, each

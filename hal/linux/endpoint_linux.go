@@ -17,7 +17,6 @@ import (
 
 	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/hal"
-	"github.com/naplesnet/naples/hal/linux/rtnl"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -148,30 +147,32 @@ type EndpointOptions struct {
 // A reconcile makes each entry the endpoint had and has match what its owner wants, or
 // removes it when no endpoint wants it, so a change of node, VTEP, MAC, addresses,
 // network or interface moves or removes what was there. It reads the links from its
-// KernelView's link table, shared with the other reconcilers of the namespace, and the
-// static FDB entries and permanent neighbours from mirrors of its own (hal.Mirror),
-// filled by one dump, kept current by the observer and dumped afresh by every sweep, and
-// writes only what differs.
+// KernelView's link table and the static FDB entries and permanent neighbours from its
+// neighbour table, shared with the other reconcilers of the namespace, filled by one
+// dump, kept current by the view and dumped afresh by every sweep, and writes only what
+// differs.
 type EndpointReconciler struct {
 	// rtnlConn carries the writes, many to a sendmsg, and reads the kernel.
 	*rtnlConn
-	// mirrorLoader runs the reads of the kernel into the mirrors.
-	mirrorLoader
 	store OverlayStore
 	node  string
 	fw    *Firewall
 	// found records the MTU of local endpoints' interfaces before naples changed it.
 	found *foundLinks
 
-	// links is the view's table of links, which linkReader reads.
-	links      *linkTable
-	linkReader *tableReader[int32, kernelLink]
-	fdb        *hal.Mirror[fdbKey, fdbEntry]
-	neigh      *hal.Mirror[neighKey, neighEntry]
+	// links is the view's table of links, which linkReader reads; fdb and neigh are the
+	// FDB entries and the neighbours of the view's neighbour table, which fdbReader and
+	// neighReader read.
+	links       *linkTable
+	linkReader  *tableReader[int32, kernelLink]
+	fdb         *viewTable[fdbKey, fdbEntry]
+	fdbReader   *tableReader[fdbKey, fdbEntry]
+	neigh       *viewTable[neighKey, neighEntry]
+	neighReader *tableReader[neighKey, neighEntry]
 
 	// locks serializes work on one kernel entry (endpointLock) between the workers of
 	// different endpoints and the sweeper: whoever holds it reads the store and the
-	// mirrors and then writes the kernel.
+	// view's tables and then writes the kernel.
 	locks keyedMutex[endpointLock]
 
 	// mu guards endpoints, which holds the entries each endpoint programmed or may have
@@ -452,28 +453,43 @@ func NewEndpointReconciler(opts EndpointOptions) (*EndpointReconciler, error) {
 		return nil, err
 	}
 	reader := c.view.links.reader(c)
-	if reader == nil {
+	fdbReader := c.view.neigh.fdb.reader(c)
+	neighReader := c.view.neigh.ips.reader(c)
+	if reader == nil || fdbReader == nil || neighReader == nil {
+		if reader != nil {
+			reader.close()
+		}
+		if fdbReader != nil {
+			fdbReader.close()
+		}
+		if neighReader != nil {
+			neighReader.close()
+		}
 		c.close()
-		return nil, errors.New("endpoint reconciler: the kernel view's link table has as many readers as it can hold")
+		return nil, errors.New("endpoint reconciler: a table of the kernel view has as many readers as it can hold")
 	}
 	return &EndpointReconciler{
-		rtnlConn:   c,
-		found:      found,
-		store:      opts.Store,
-		node:       opts.Node,
-		fw:         opts.Firewall,
-		links:      c.view.links,
-		linkReader: reader,
-		fdb:        hal.NewMirror[fdbKey, fdbEntry](func(have, want fdbEntry) bool { return have == want }, fdbKey.hash),
-		neigh:      hal.NewMirror[neighKey, neighEntry](func(have, want neighEntry) bool { return have == want }, neighKey.hash),
-		endpoints:  newEndpointTable(),
+		rtnlConn:    c,
+		found:       found,
+		store:       opts.Store,
+		node:        opts.Node,
+		fw:          opts.Firewall,
+		links:       c.view.links,
+		linkReader:  reader,
+		fdb:         c.view.neigh.fdb,
+		fdbReader:   fdbReader,
+		neigh:       c.view.neigh.ips,
+		neighReader: neighReader,
+		endpoints:   newEndpointTable(),
 	}, nil
 }
 
-// Close releases the netlink sockets and stops reading the view's link table. It is safe
-// to call twice.
+// Close releases the netlink sockets and stops reading the view's tables. It is safe to
+// call twice.
 func (r *EndpointReconciler) Close() error {
 	r.linkReader.close()
+	r.fdbReader.close()
+	r.neighReader.close()
 	r.close()
 	return nil
 }
@@ -922,11 +938,11 @@ func (r *EndpointReconciler) syncMAC(ctx context.Context, ref macRef, id nimbusv
 	master := fdbKey{ifindex: br, mac: ref.mac, master: true}
 	have, hasSelf := fdbEntry{}, false
 	if hasVXLAN {
-		have, hasSelf = r.fdb.Get(self)
+		have, hasSelf = r.fdb.m.Get(self)
 	}
 	port, hasMaster := fdbEntry{}, false
 	if hasBridge {
-		port, hasMaster = r.fdb.Get(master)
+		port, hasMaster = r.fdb.m.Get(master)
 	}
 
 	// What the owner wants: a VTEP on the VXLAN device (remote), and the port of the
@@ -1004,7 +1020,7 @@ func (r *EndpointReconciler) syncIP(ctx context.Context, ref ipRef, id nimbusv1.
 		return nil
 	}
 	k := neighKey{ifindex: br, ip: ref.ip}
-	have, has := r.neigh.Get(k)
+	have, has := r.neigh.m.Get(k)
 	switch {
 	case want == nil && has:
 		if enqueue != nil {
@@ -1125,7 +1141,7 @@ func (r *EndpointReconciler) writeFDB(ctx context.Context, k fdbKey, e fdbEntry)
 		return err
 	}
 	msg := appendFDBRequest(r.nl.Buffer(), unix.RTM_NEWNEIGH, k, e)
-	if _, err := kernelWrite(ctx, r.rtnlConn, r.fdb.Expect(k, e), msg); err != nil {
+	if _, err := kernelWrite(ctx, r.rtnlConn, r.fdb.m.ExpectBy(r.fdbReader.writer(), k, e, nil), msg); err != nil {
 		return hal.Errorf(hal.ReasonKernelError, "adding FDB entry %s: %w", r.describeFDB(k, e), err)
 	}
 	if r.log.Enabled(ctx, slog.LevelDebug) {
@@ -1134,14 +1150,14 @@ func (r *EndpointReconciler) writeFDB(ctx context.Context, k fdbKey, e fdbEntry)
 	return nil
 }
 
-// deleteFDB deletes the static FDB entry k, which the mirror shows as e (a bridge's
+// deleteFDB deletes the static FDB entry k, which the table shows as e (a bridge's
 // entry is deleted on its port); one that is gone already is no error.
 func (r *EndpointReconciler) deleteFDB(ctx context.Context, k fdbKey, e fdbEntry) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	msg := appendFDBRequest(r.nl.Buffer(), unix.RTM_DELNEIGH, k, e)
-	took, err := kernelWrite(ctx, r.rtnlConn, r.fdb.ExpectGone(k), msg, unix.ENOENT, unix.ENODEV)
+	took, err := kernelWrite(ctx, r.rtnlConn, r.fdb.m.ExpectGoneBy(r.fdbReader.writer(), k), msg, unix.ENOENT, unix.ENODEV)
 	if err != nil {
 		return hal.Errorf(hal.ReasonKernelError, "deleting FDB entry %s: %w", r.describeFDB(k, e), err)
 	}
@@ -1157,7 +1173,7 @@ func (r *EndpointReconciler) writeNeigh(ctx context.Context, k neighKey, e neigh
 		return err
 	}
 	msg := appendNeighborRequest(r.nl.Buffer(), unix.RTM_NEWNEIGH, k, e)
-	if _, err := kernelWrite(ctx, r.rtnlConn, r.neigh.Expect(k, e), msg); err != nil {
+	if _, err := kernelWrite(ctx, r.rtnlConn, r.neigh.m.ExpectBy(r.neighReader.writer(), k, e, nil), msg); err != nil {
 		return hal.Errorf(hal.ReasonKernelError, "adding neighbour %s lladdr %s dev %s: %w", k.ip, epMACString(e.mac), r.deviceName(k.ifindex), err)
 	}
 	return nil
@@ -1169,7 +1185,7 @@ func (r *EndpointReconciler) deleteNeigh(ctx context.Context, k neighKey) error 
 		return err
 	}
 	msg := appendNeighborRequest(r.nl.Buffer(), unix.RTM_DELNEIGH, k, neighEntry{})
-	if _, err := kernelWrite(ctx, r.rtnlConn, r.neigh.ExpectGone(k), msg, unix.ENOENT, unix.ENODEV); err != nil {
+	if _, err := kernelWrite(ctx, r.rtnlConn, r.neigh.m.ExpectGoneBy(r.neighReader.writer(), k), msg, unix.ENOENT, unix.ENODEV); err != nil {
 		return hal.Errorf(hal.ReasonKernelError, "deleting neighbour %s dev %s: %w", k.ip, r.deviceName(k.ifindex), err)
 	}
 	return nil
@@ -1223,7 +1239,7 @@ func (r *EndpointReconciler) setLearning(ctx context.Context, index int32, l ker
 	return nil
 }
 
-// Sweep reads the kernel afresh into the mirrors, enqueues the endpoints whose entries
+// Sweep reads the kernel afresh into the view's tables, enqueues the endpoints whose entries
 // changed without the observer reporting it, removes the FDB entries and neighbours on
 // the networks' devices that no endpoint wants, and releases from naples bridges the
 // interfaces that no local endpoint wants there. Entries an endpoint wants that differ
@@ -1233,11 +1249,16 @@ func (r *EndpointReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Ke
 		return err
 	}
 	r.linkReader.drainMissed(func(c tableChange[int32, kernelLink]) { r.linkChanged(c, enqueue) })
-	if err := r.resync(ctx, enqueue); err != nil {
+	if err := r.fdb.reload(ctx, r.rtnlConn); err != nil {
 		return err
 	}
+	r.fdbReader.drainMissed(func(c tableChange[fdbKey, fdbEntry]) { r.fdbChanged(c, enqueue) })
+	if err := r.neigh.reload(ctx, r.rtnlConn); err != nil {
+		return err
+	}
+	r.neighReader.drainMissed(func(c tableChange[neighKey, neighEntry]) { r.neighChanged(c, enqueue) })
 	macs := map[macRef]struct{}{}
-	for k := range r.fdb.All() {
+	for k := range r.fdb.m.All() {
 		if network, ok := r.fdbNetwork(k); ok {
 			macs[macRef{network, k.mac}] = struct{}{}
 		}
@@ -1247,7 +1268,7 @@ func (r *EndpointReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Ke
 			return err
 		}
 	}
-	for k := range r.neigh.All() {
+	for k := range r.neigh.m.All() {
 		if network, bridge, _ := r.links.networkDevice(k.ifindex); bridge {
 			if err := r.syncIP(ctx, ipRef{network, k.ip}, nimbusv1.Key{}, nil, enqueue); err != nil {
 				return err
@@ -1267,67 +1288,39 @@ func (r *EndpointReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Ke
 	return nil
 }
 
-// Observe watches the view's link table and subscribes to neighbour changes (which carry
-// FDB changes too), reads the kernel afresh into the mirrors, and then keeps them
-// current from the subscription. It enqueues the endpoints whose kernel state someone else changed, or
+// Observe watches the view's link and neighbour tables (FDB entries and neighbours),
+// which the view dumps when its subscription starts. It enqueues the endpoints whose
+// kernel state someone else changed, or
 // that the change concerns: the owner of an FDB entry or neighbour on a network's devices
 // that changed or went, the endpoints that name an interface that came, went or changed,
 // and every endpoint of a network whose bridge or VXLAN device came, went or changed.
 func (r *EndpointReconciler) Observe(ctx context.Context, enqueue func(nimbusv1.Key), subscribed func()) error {
 	links := r.linkReader.watching(func(c tableChange[int32, kernelLink]) { r.linkChanged(c, enqueue) })
-	return r.observeTables(ctx, "link and neighbour changes", []uint{unix.RTNLGRP_NEIGH}, []viewSource{links},
-		func(ctx context.Context) error { return r.resync(ctx, enqueue) }, subscribed,
-		func(typ uint16, payload []byte) { r.apply(typ, payload, enqueue) })
+	fdb := r.fdbReader.watching(func(c tableChange[fdbKey, fdbEntry]) { r.fdbChanged(c, enqueue) })
+	neigh := r.neighReader.watching(func(c tableChange[neighKey, neighEntry]) { r.neighChanged(c, enqueue) })
+	return r.observeTables(ctx, "link and neighbour changes", nil, []viewSource{links, fdb, neigh},
+		func(context.Context) error { return nil }, subscribed, func(uint16, []byte) {})
 }
 
-// apply applies a notification to the mirrors and enqueues the endpoints it concerns,
-// unless it is the echo of the reconciler's own write.
-func (r *EndpointReconciler) apply(typ uint16, payload []byte, enqueue func(nimbusv1.Key)) {
-	switch typ {
-	case unix.RTM_NEWNEIGH, unix.RTM_DELNEIGH:
-		m, ok := parseNeighMsg(payload)
-		if !ok {
-			return
-		}
-		switch m.family {
-		case unix.AF_BRIDGE:
-			k, e, static := m.fdb()
-			cur, had := r.fdb.Get(k)
-			if typ == unix.RTM_DELNEIGH && k.master && had && cur.port != e.port {
-				// The entry of a port it left: the bridge's entry is on another port now.
-				return
-			}
-			var echo bool
-			if typ == unix.RTM_NEWNEIGH && static {
-				echo = r.fdb.Update(k, e)
-			} else {
-				echo = r.fdb.Remove(k)
-			}
-			if echo || (!had && !static) || !mirrorShowsEvent(r.fdb, k, e, typ == unix.RTM_NEWNEIGH && static) {
-				return
-			}
-			if network, ok := r.fdbNetwork(k); ok {
-				r.enqueueOwner(endpointLock{network: network, mac: k.mac}, enqueue)
-			}
-		case unix.AF_INET, unix.AF_INET6:
-			k, e, permanent := m.neigh()
-			if !k.ip.IsValid() {
-				return
-			}
-			_, had := r.neigh.Get(k)
-			var echo bool
-			if typ == unix.RTM_NEWNEIGH && permanent {
-				echo = r.neigh.Update(k, e)
-			} else {
-				echo = r.neigh.Remove(k)
-			}
-			if echo || (!had && !permanent) || !mirrorShowsEvent(r.neigh, k, e, typ == unix.RTM_NEWNEIGH && permanent) {
-				return
-			}
-			if network, bridge, _ := r.links.networkDevice(k.ifindex); bridge {
-				r.enqueueOwner(endpointLock{network: network, ip: k.ip}, enqueue)
-			}
-		}
+// fdbChanged enqueues the owner of an FDB entry on a network's devices that changed or
+// went, unless it is the echo of the reconciler's own write.
+func (r *EndpointReconciler) fdbChanged(c tableChange[fdbKey, fdbEntry], enqueue func(nimbusv1.Key)) {
+	if c.echo {
+		return
+	}
+	if network, ok := r.fdbNetwork(c.key); ok {
+		r.enqueueOwner(endpointLock{network: network, mac: c.key.mac}, enqueue)
+	}
+}
+
+// neighChanged enqueues the owner of a neighbour on a network's bridge that changed or
+// went, unless it is the echo of the reconciler's own write.
+func (r *EndpointReconciler) neighChanged(c tableChange[neighKey, neighEntry], enqueue func(nimbusv1.Key)) {
+	if c.echo {
+		return
+	}
+	if network, bridge, _ := r.links.networkDevice(c.key.ifindex); bridge {
+		r.enqueueOwner(endpointLock{network: network, ip: c.key.ip}, enqueue)
 	}
 }
 
@@ -1373,19 +1366,6 @@ func (r *EndpointReconciler) fdbNetwork(k fdbKey) (string, bool) {
 	return network, vxlan
 }
 
-// mirrorShowsEvent tells whether the mirror shows the object with key k as an event just
-// reported it: v when present, absent otherwise. It does not when the mirror passed the
-// event over, as one from before a write of the reconciler that waits for its echo (a
-// write may change several things, and the kernel report each change on its own): that
-// is no drift, since the write's outcome decides what the mirror shows.
-func mirrorShowsEvent[K comparable, V comparable](m *hal.Mirror[K, V], k K, v V, present bool) bool {
-	cur, ok := m.Get(k)
-	if !present {
-		return !ok
-	}
-	return ok && cur == v
-}
-
 // enqueueForLink enqueues the endpoints a change of the link concerns: those that name
 // it as their interface and, when it is a network's bridge or VXLAN device, those of the
 // network.
@@ -1421,67 +1401,14 @@ func (r *EndpointReconciler) enqueueOwner(entry endpointLock, enqueue func(nimbu
 	}
 }
 
-// fill loads the mirrors with a dump, unless one has loaded them already.
+// fill loads the view's link and neighbour tables with a dump each, unless one has
+// loaded them already.
 func (r *EndpointReconciler) fill(ctx context.Context) error {
 	if err := r.links.fill(ctx, r.rtnlConn); err != nil {
 		return err
 	}
-	return r.loadOnce(ctx, func(ctx context.Context) error {
-		_, err := r.dump(ctx)
-		return err
-	})
-}
-
-// endpointDrift is what a dump found changed: the keys of the FDB entries and
-// neighbours whose state it found different.
-type endpointDrift struct {
-	fdb   []fdbKey
-	neigh []neighKey
-}
-
-// dump loads the mirrors with a fresh dump of static FDB entries without a VLAN (`bridge
-// fdb show`) and permanent neighbours of both families (`ip neigh show nud permanent`),
-// and returns what it found changed. The links are the view's (linkTable).
-func (r *EndpointReconciler) dump(ctx context.Context) (d endpointDrift, err error) {
-	if d.fdb, err = dumpMirror(ctx, r.rtnlConn, r.fdb, "FDB entries", unix.RTM_NEWNEIGH, func(p []byte) (fdbKey, fdbEntry, bool) {
-		m, ok := parseNeighMsg(p)
-		if !ok || m.family != unix.AF_BRIDGE {
-			return fdbKey{}, fdbEntry{}, false
-		}
-		return m.fdb()
-	}, rtnl.NeighDumpRequest(unix.AF_BRIDGE)); err != nil {
-		return d, err
-	}
-	d.neigh, err = dumpMirror(ctx, r.rtnlConn, r.neigh, "neighbours", unix.RTM_NEWNEIGH, func(p []byte) (neighKey, neighEntry, bool) {
-		m, ok := parseNeighMsg(p)
-		if !ok || (m.family != unix.AF_INET && m.family != unix.AF_INET6) {
-			return neighKey{}, neighEntry{}, false
-		}
-		return m.neigh()
-	}, rtnl.NeighDumpRequest(unix.AF_INET), rtnl.NeighDumpRequest(unix.AF_INET6))
-	return d, err
-}
-
-// resync loads the mirrors with a fresh dump and, unless it is their first load,
-// enqueues the endpoints whose kernel state the dump found changed.
-func (r *EndpointReconciler) resync(ctx context.Context, enqueue func(nimbusv1.Key)) error {
-	var d endpointDrift
-	first, err := r.loadAgain(ctx, func(ctx context.Context) (err error) {
-		d, err = r.dump(ctx)
-		return err
-	})
-	if err != nil || first {
+	if err := r.fdb.fill(ctx, r.rtnlConn); err != nil {
 		return err
 	}
-	for _, k := range d.fdb {
-		if network, ok := r.fdbNetwork(k); ok {
-			r.enqueueOwner(endpointLock{network: network, mac: k.mac}, enqueue)
-		}
-	}
-	for _, k := range d.neigh {
-		if network, bridge, _ := r.links.networkDevice(k.ifindex); bridge {
-			r.enqueueOwner(endpointLock{network: network, ip: k.ip}, enqueue)
-		}
-	}
-	return nil
+	return r.neigh.fill(ctx, r.rtnlConn)
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -86,11 +85,9 @@ const ifaceLinkFields = linkFieldName | linkFieldUp | linkFieldMTU | linkFieldOp
 // length, as `ip address` shows it (10.0.0.1/24, not masked).
 type ifaceAddrID = addrKey
 
-// ifaceAddr is what the address mirror keeps of an address: who added it.
-type ifaceAddr struct {
-	// proto is the address's protocol (IFA_PROTO): AddressProtocol for naples's.
-	proto uint8
-}
+// sameIfaceAddr reports whether the address have is in the state want describes: added
+// by the same protocol. Its flags are the kernel's.
+func sameIfaceAddr(have, want kernelAddr) bool { return have.proto == want.proto }
 
 // InterfaceReconciler programs Interface objects: host NICs that exist, whose
 // administrative state, MTU and addresses it sets. naples never creates or deletes such
@@ -114,47 +111,36 @@ type ifaceAddr struct {
 // removes the addresses naples added. Sweep puts back the links that no object names any
 // more, such as those of objects deleted while the agent was down.
 //
-// The link is set (`ip link set DEV up|down mtu M`) by name and only when the mirror shows
+// The link is set (`ip link set DEV up|down mtu M`) by index and only when the table shows
 // that it differs. IPv6 addresses go when a link goes down (unless
 // net.ipv6.conf.DEV.keep_addr_on_down is set): the observer then sees them go, and the
 // reconcile it triggers adds them again, so a link that is down keeps the addresses of
 // its object as well.
 //
-// It reads the links from its KernelView's link table, which it shares with the other
-// reconcilers of the namespace, and finds a link there by name (its index of names); it
-// hears of the table's changes through the view, and dumps the table afresh at every
-// sweep. It reads the addresses from a hal.Mirror of every address, filled by one dump,
-// kept current by the observer's subscription to address changes, and dumped afresh when
-// the observer starts and at every sweep. Every StatsInterval the observer dumps the
-// links again, which refreshes their counters in the table, and enqueues every Interface
-// object, so their statuses carry fresh counters (the HAL sends a status upstream only
-// when it changed). A reconcile compares with the
-// mirrors and writes only what differs, so a restarted agent that finds everything as
-// programmed writes nothing. Writes go through the batched netlink writer.
+// It reads the links and the addresses from its KernelView's link and address tables,
+// which it shares with the other reconcilers of the namespace, and finds a link there
+// by name (its index of names) and a link's addresses by its index; it hears of the
+// tables' changes through the view, and dumps them afresh at every sweep. Every
+// StatsInterval the observer dumps the links again, which refreshes their counters in
+// the table, and enqueues every Interface object, so their statuses carry fresh
+// counters (the HAL sends a status upstream only when it changed). A reconcile compares
+// with the tables and writes only what differs, so a restarted agent that finds
+// everything as programmed writes nothing. Writes go through the batched netlink writer.
 //
 // The status's operational data (nimbusv1.InterfaceOperational) are the link's: its
 // operational state, carrier, administrative state, MTU and counters.
 type InterfaceReconciler struct {
 	// rtnlConn carries the writes and reads the dumps of links and addresses.
 	*rtnlConn
-	// mirrorLoader runs the dumps that load the address mirror.
-	mirrorLoader
 	store         InterfaceStore
 	statsInterval time.Duration
 
-	// links is the view's table of links, which linkReader reads; addrs mirrors every
-	// address.
+	// links is the view's table of links, which linkReader reads; addrs the view's table
+	// of addresses, which addrReader reads.
 	links      *linkTable
 	linkReader *tableReader[int32, kernelLink]
-	addrs      *hal.Mirror[ifaceAddrID, ifaceAddr]
-
-	// oursMu guards ours.
-	oursMu sync.Mutex
-	// ours holds, per link index, the addresses that may carry AddressProtocol: every
-	// address of naples that a dump, an event or a write showed. It may hold addresses
-	// that are gone or foreign now (oursOn checks them against the mirror and drops
-	// them); it holds every address of naples the mirror holds.
-	ours map[int32]map[netip.Prefix]struct{}
+	addrs      *addrTable
+	addrReader *tableReader[addrKey, kernelAddr]
 
 	// devLocks serializes work on one link between the workers of different objects and
 	// the sweeper.
@@ -200,15 +186,21 @@ func NewInterfaceReconciler(opts InterfaceOptions) (*InterfaceReconciler, error)
 		c.close()
 		return nil, errors.New("interface reconciler: the kernel view's link table has as many readers as it can hold")
 	}
+	addrReader := c.view.addrs.reader(c)
+	if addrReader == nil {
+		reader.close()
+		c.close()
+		return nil, errors.New("interface reconciler: the kernel view's address table has as many readers as it can hold")
+	}
 	return &InterfaceReconciler{
 		rtnlConn:      c,
 		store:         opts.Store,
 		statsInterval: opts.StatsInterval,
 		links:         c.view.links,
 		linkReader:    reader,
-		addrs:         hal.NewMirror[ifaceAddrID, ifaceAddr](func(have, want ifaceAddr) bool { return have == want }, nil),
+		addrs:         c.view.addrs,
+		addrReader:    addrReader,
 		found:         found,
-		ours:          map[int32]map[netip.Prefix]struct{}{},
 		programmed:    map[nimbusv1.Key]string{},
 	}, nil
 }
@@ -217,6 +209,7 @@ func NewInterfaceReconciler(opts InterfaceOptions) (*InterfaceReconciler, error)
 // to call twice.
 func (r *InterfaceReconciler) Close() error {
 	r.linkReader.close()
+	r.addrReader.close()
 	r.close()
 	return nil
 }
@@ -571,7 +564,7 @@ func (r *InterfaceReconciler) syncAddresses(ctx context.Context, device string, 
 	var foreign []string
 	for _, p := range want {
 		id := ifaceAddrID{index: index, prefix: p}
-		have, ok := r.addrs.Get(id)
+		have, ok := r.addrs.get(id)
 		switch {
 		case ok && have.proto == AddressProtocol:
 		case ok:
@@ -590,13 +583,13 @@ func (r *InterfaceReconciler) syncAddresses(ctx context.Context, device string, 
 }
 
 // addAddr adds an address of naples to the link: `ip address add PREFIX dev DEV proto
-// 242`, which fails rather than take over an address the mirror has not heard of yet.
+// 242`, which fails rather than take over an address the table has not heard of yet.
 func (r *InterfaceReconciler) addAddr(ctx context.Context, device string, id ifaceAddrID) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	msg := appendIfaceAddrRequest(r.nl.Buffer(), unix.RTM_NEWADDR, unix.NLM_F_CREATE|unix.NLM_F_EXCL, id)
-	_, err := kernelWrite(ctx, r.rtnlConn, r.addrs.Expect(id, ifaceAddr{proto: AddressProtocol}), msg)
+	_, err := kernelWrite(ctx, r.rtnlConn, r.addrs.m.ExpectBy(r.addrReader.writer(), id, kernelAddr{proto: AddressProtocol}, sameIfaceAddr), msg)
 	switch {
 	case errors.Is(err, unix.ENODEV):
 		return hal.Pendingf(ReasonWaitingForInterface, "waiting for interface %q: it went away while adding %s", device, id.prefix)
@@ -605,15 +598,14 @@ func (r *InterfaceReconciler) addAddr(ctx context.Context, device string, id ifa
 	case err != nil:
 		return hal.Errorf(hal.ReasonKernelError, "adding %s to interface %q: %w", id.prefix, device, err)
 	}
-	r.addOurs(id)
 	r.log.Info("address added", "device", device, "address", id.prefix.String())
 	return nil
 }
 
-// deleteAddr removes an address of naples from the link, if the mirror holds it: `ip
+// deleteAddr removes an address of naples from the link, if the table holds it: `ip
 // address del PREFIX dev DEV`. One that is gone already is no error.
 func (r *InterfaceReconciler) deleteAddr(ctx context.Context, device string, id ifaceAddrID) error {
-	have, ok := r.addrs.Get(id)
+	have, ok := r.addrs.get(id)
 	if !ok || have.proto != AddressProtocol {
 		return nil
 	}
@@ -621,7 +613,7 @@ func (r *InterfaceReconciler) deleteAddr(ctx context.Context, device string, id 
 		return err
 	}
 	msg := appendIfaceAddrRequest(r.nl.Buffer(), unix.RTM_DELADDR, 0, id)
-	took, err := kernelWrite(ctx, r.rtnlConn, r.addrs.ExpectGone(id), msg, unix.EADDRNOTAVAIL, unix.ENODEV)
+	took, err := kernelWrite(ctx, r.rtnlConn, r.addrs.m.ExpectGoneBy(r.addrReader.writer(), id), msg, unix.EADDRNOTAVAIL, unix.ENODEV)
 	if err != nil {
 		return hal.Errorf(hal.ReasonKernelError, "deleting %s from interface %q: %w", id.prefix, device, err)
 	}
@@ -639,43 +631,13 @@ func appendIfaceAddrRequest(b []byte, typ, flags uint16, id ifaceAddrID) []byte 
 	return rtnl.AppendAddrRequest(b, typ, flags, id.index, id.prefix, 0, AddressProtocol)
 }
 
-// addOurs records that the link with the index may hold the address of naples.
-func (r *InterfaceReconciler) addOurs(id ifaceAddrID) {
-	r.oursMu.Lock()
-	defer r.oursMu.Unlock()
-	set := r.ours[id.index]
-	if set == nil {
-		set = map[netip.Prefix]struct{}{}
-		r.ours[id.index] = set
-	}
-	set[id.prefix] = struct{}{}
-}
-
-// oursOn returns the addresses of naples the mirror holds on the link with the index,
-// sorted, and drops from ours those it no longer holds.
+// oursOn returns the addresses of naples the address table holds on the link with the
+// index, sorted.
 func (r *InterfaceReconciler) oursOn(index int32) []netip.Prefix {
-	r.oursMu.Lock()
-	candidates := slices.Collect(maps.Keys(r.ours[index]))
-	r.oursMu.Unlock()
 	var out []netip.Prefix
-	for _, p := range candidates {
-		id := ifaceAddrID{index: index, prefix: p}
-		if a, ok := r.addrs.Get(id); ok && a.proto == AddressProtocol {
-			out = append(out, p)
-			continue
-		}
-		// Dropped first, then checked again: an event that adds the address meanwhile
-		// updates the mirror before it adds the candidate, so the address is either seen
-		// here or recorded again by the event.
-		r.oursMu.Lock()
-		delete(r.ours[index], p)
-		if len(r.ours[index]) == 0 {
-			delete(r.ours, index)
-		}
-		r.oursMu.Unlock()
-		if a, ok := r.addrs.Get(id); ok && a.proto == AddressProtocol {
-			r.addOurs(id)
-			out = append(out, p)
+	for id, a := range r.addrs.byLink.Get(index) {
+		if a.proto == AddressProtocol {
+			out = append(out, id.prefix)
 		}
 	}
 	slices.SortFunc(out, func(a, b netip.Prefix) int {
@@ -693,7 +655,7 @@ func (r *InterfaceReconciler) nameOf(index int32) (string, bool) {
 	return l.name, ok
 }
 
-// Sweep reads every link and address afresh into the link table and the address mirror,
+// Sweep reads every link and address afresh into the link and address tables,
 // enqueues the objects whose links or addresses changed without the observer reporting
 // it (through the observer, when it watches), removes every address of
 // naples on a link that no Interface object lists it for, and puts back the state and MTU
@@ -704,18 +666,16 @@ func (r *InterfaceReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.K
 		return err
 	}
 	r.linkReader.drainMissed(func(c tableChange[int32, kernelLink]) { r.linkChanged(c, enqueue) })
-	if err := r.resync(ctx, enqueue); err != nil {
+	if err := r.addrs.reload(ctx, r.rtnlConn); err != nil {
 		return err
 	}
+	r.addrReader.drainMissed(func(c tableChange[addrKey, kernelAddr]) { r.addrChanged(c, enqueue) })
 	for _, device := range r.found.devices() {
 		if err := r.sweepLink(ctx, device); err != nil {
 			return err
 		}
 	}
-	for id, a := range r.addrs.All() {
-		if a.proto != AddressProtocol {
-			continue
-		}
+	for id := range r.addrs.protocols.Get(AddressProtocol) {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
@@ -757,10 +717,9 @@ func (r *InterfaceReconciler) sweepAddr(ctx context.Context, device string, id i
 	return r.deleteAddr(ctx, device, id)
 }
 
-// Observe watches the view's link table and subscribes to address changes, reads every
-// address afresh into the mirror (so a restart after an overflow starts from the
-// kernel's state; the view dumps the link table when its subscription starts), and then
-// keeps the mirror current from the subscription. It enqueues the objects that name a
+// Observe watches the view's link and address tables (which the view dumps when its
+// subscription starts, so a restart after an overflow starts from the kernel's state).
+// It enqueues the objects that name a
 // link that appears, goes, or changes its administrative or operational state, carrier
 // or MTU, and those whose link's addresses change other than by the reconciler's own
 // writes; and every StatsInterval it dumps the links, which refreshes their counters,
@@ -775,13 +734,14 @@ func (r *InterfaceReconciler) Observe(ctx context.Context, enqueue func(nimbusv1
 		wg.Wait()
 	}()
 	links := r.linkReader.watching(func(c tableChange[int32, kernelLink]) { r.linkChanged(c, enqueue) })
-	return r.observeTables(ctx, "link and address changes", []uint{unix.RTNLGRP_IPV4_IFADDR, unix.RTNLGRP_IPV6_IFADDR}, []viewSource{links},
-		func(ctx context.Context) error { return r.resync(ctx, enqueue) },
+	addrs := r.addrReader.watching(func(c tableChange[addrKey, kernelAddr]) { r.addrChanged(c, enqueue) })
+	return r.observeTables(ctx, "link and address changes", nil, []viewSource{links, addrs},
+		func(context.Context) error { return nil },
 		func() {
 			subscribed()
 			wg.Go(func() { r.refreshStats(refreshCtx, enqueue) })
 		},
-		func(typ uint16, payload []byte) { r.apply(typ, payload, enqueue) })
+		func(uint16, []byte) {})
 }
 
 // refreshStats dumps the links every StatsInterval, which refreshes their counters in
@@ -812,31 +772,15 @@ func (r *InterfaceReconciler) refreshStats(ctx context.Context, enqueue func(nim
 	}
 }
 
-// apply applies an address change (RTM_NEWADDR or RTM_DELADDR notification) to the
-// mirror and enqueues the objects it concerns.
-func (r *InterfaceReconciler) apply(typ uint16, payload []byte, enqueue func(nimbusv1.Key)) {
-	switch typ {
-	case unix.RTM_NEWADDR, unix.RTM_DELADDR:
-		id, a, ok := parseIfaceAddr(payload)
-		if !ok {
-			return
-		}
-		var echo bool
-		if typ == unix.RTM_NEWADDR {
-			echo = r.addrs.Update(id, a)
-			if a.proto == AddressProtocol {
-				r.addOurs(id)
-			}
-		} else {
-			echo = r.addrs.Remove(id)
-		}
-		if echo {
-			return // our own write
-		}
-		if name, ok := r.nameOf(id.index); ok {
-			for _, owner := range r.ownersOf(name) {
-				enqueue(owner)
-			}
+// addrChanged enqueues the objects that name the link of an address that changed other
+// than by the reconciler's own write.
+func (r *InterfaceReconciler) addrChanged(c tableChange[addrKey, kernelAddr], enqueue func(nimbusv1.Key)) {
+	if c.echo {
+		return // our own write
+	}
+	if name, ok := r.nameOf(c.key.index); ok {
+		for _, owner := range r.ownersOf(name) {
+			enqueue(owner)
 		}
 	}
 }
@@ -846,11 +790,6 @@ func (r *InterfaceReconciler) apply(typ uint16, payload []byte, enqueue func(nim
 // aside) or its owner. The echo of the reconciler's own write is handled as any change:
 // what the kernel filled in (the operational state, say) shows in the status.
 func (r *InterfaceReconciler) linkChanged(c tableChange[int32, kernelLink], enqueue func(nimbusv1.Key)) {
-	if !c.has {
-		r.oursMu.Lock()
-		delete(r.ours, c.key)
-		r.oursMu.Unlock()
-	}
 	renamed := c.had && c.has && c.old.name != c.new.name
 	if c.had && (!c.has || renamed) {
 		for _, id := range r.ownersOf(c.old.name) {
@@ -864,70 +803,17 @@ func (r *InterfaceReconciler) linkChanged(c tableChange[int32, kernelLink], enqu
 	}
 }
 
-// fill loads the link table and the address mirror with a dump each, unless one has
+// fill loads the link table and the address table with a dump each, unless one has
 // loaded them already.
 func (r *InterfaceReconciler) fill(ctx context.Context) error {
 	if err := r.links.fill(ctx, r.rtnlConn); err != nil {
 		return err
 	}
-	return r.loadOnce(ctx, func(ctx context.Context) error {
-		_, err := r.dumpAddrsLocked(ctx)
-		return err
-	})
-}
-
-// resync loads the address mirror with a fresh dump and enqueues the objects whose
-// links' addresses the dump found changed. The first load reports nothing: the HAL
-// reconciles every object once at start anyway.
-func (r *InterfaceReconciler) resync(ctx context.Context, enqueue func(nimbusv1.Key)) error {
-	var addrDrift []ifaceAddrID
-	first, err := r.loadAgain(ctx, func(ctx context.Context) (err error) {
-		addrDrift, err = r.dumpAddrsLocked(ctx)
-		return err
-	})
-	if err != nil || first {
-		return err
-	}
-	devices := map[string]bool{}
-	for _, id := range addrDrift {
-		if name, ok := r.nameOf(id.index); ok {
-			devices[name] = true
-		}
-	}
-	for device := range devices {
-		for _, id := range r.ownersOf(device) {
-			r.log.Debug("interface drifted unreported", "key", id, "device", device)
-			enqueue(id)
-		}
-	}
-	return nil
-}
-
-// dumpAddrsLocked reads every address of both families into the address mirror (`ip
-// address show`) and returns those whose state differs from what the mirror held.
-// dumpMu must be held.
-func (r *InterfaceReconciler) dumpAddrsLocked(ctx context.Context) ([]ifaceAddrID, error) {
-	drift, err := dumpMirror(ctx, r.rtnlConn, r.addrs, "addresses", unix.RTM_NEWADDR, parseIfaceAddr, rtnl.AddrDumpRequest())
-	if err != nil {
-		return nil, err
-	}
-	for id, a := range r.addrs.All() {
-		if a.proto == AddressProtocol {
-			r.addOurs(id)
-		}
-	}
-	return drift, nil
+	return r.addrs.fill(ctx, r.rtnlConn)
 }
 
 // ifaceDump dumps the addresses of both families of the reconciler's namespace and
 // returns what parse accepts of the answer (dumpObjects).
 func ifaceDump[T any](ctx context.Context, r *InterfaceReconciler, parse func(typ uint16, payload []byte) (T, bool)) ([]T, error) {
 	return dumpObjects(ctx, r.rtnlConn, parse, rtnl.AddrDumpRequest())
-}
-
-// parseIfaceAddr decodes the payload of an RTM_NEWADDR or RTM_DELADDR message (parseAddr)
-// into the address's identity and protocol.
-func parseIfaceAddr(b []byte) (ifaceAddrID, ifaceAddr, bool) {
-	m, ok := parseAddr(b)
-	return m.key, ifaceAddr{proto: m.proto}, ok
 }

@@ -579,10 +579,10 @@ func TestParseIfaceAgreesWithNetlink(t *testing.T) {
 	}
 	type addr struct {
 		id ifaceAddrID
-		a  ifaceAddr
+		a  kernelAddr
 	}
 	addrs, err := ifaceDump(context.Background(), r, func(typ uint16, b []byte) (addr, bool) {
-		id, a, ok := parseIfaceAddr(b)
+		id, a, ok := parseKernelAddr(b)
 		return addr{id, a}, ok
 	})
 	if err != nil {

@@ -35,7 +35,11 @@ import (
 // The view holds one table per kernel table that its reconcilers read (viewTable, in
 // kview_table_linux.go): a hal.Mirror of the namespace's objects of one kind, held once
 // however many reconcilers read it, with indexes by what they look up. The links are
-// the first (links, keyed by interface index, with indexes by name and by owner alias).
+// the first (links, keyed by interface index, with indexes by name and by owner alias),
+// the routes next (routes, keyed by table, destination and metric, with an index by
+// protocol), the addresses (addrs, keyed by link and address, with indexes by link, by
+// address and by protocol), and the neighbours (neigh: static FDB entries and permanent
+// IP neighbours, keyed by device and MAC or IP).
 // A table is loaded by one dump once the subscription carries its groups (when it opens,
 // again after it overflowed, and when it joins them), through the reader of the
 // reconciler whose observer starts first, and kept current by the subscription's reader
@@ -50,8 +54,13 @@ import (
 type KernelView struct {
 	ns *netns.NsHandle
 
-	// links is the table of the namespace's links; tables lists every table.
+	// links is the table of the namespace's links, routes that of its routes, addrs that
+	// of its addresses, neigh that of its neighbours and FDB entries; tables lists every
+	// table.
 	links  *linkTable
+	routes *routeTable
+	addrs  *addrTable
+	neigh  *neighTable
 	tables []viewTableState
 
 	// mu guards sub, done, groups, rcvbuf, watchers and writers.
@@ -87,7 +96,10 @@ type KernelViewOptions struct {
 func NewKernelView(opts KernelViewOptions) *KernelView {
 	v := &KernelView{ns: opts.Namespace, watchers: map[*viewWatcher]struct{}{}, writers: map[time.Duration]*viewWriter{}}
 	v.links = newLinkTable()
-	v.tables = []viewTableState{v.links}
+	v.routes = newRouteTable()
+	v.addrs = newAddrTable()
+	v.neigh = newNeighTable()
+	v.tables = []viewTableState{v.links, v.routes, v.addrs, v.neigh.fdb, v.neigh.ips}
 	return v
 }
 
@@ -248,11 +260,8 @@ func (v *KernelView) watch(ctx context.Context, what string, groups []uint, sour
 		return fmt.Errorf("subscribing to %s: %w", what, err)
 	}
 	defer v.unregister(w)
-	var missed []func()
-	for i, s := range sources {
-		missed = append(missed, s.attach(w, i))
-		defer s.detach()
-	}
+	// The dumps' changes go to the backlogs, which the observer handles before it is
+	// subscribed, as it would the drift its own dumps found.
 	for _, s := range sources {
 		if err := s.ensure(ctx); err != nil {
 			if ctx.Err() != nil {
@@ -260,6 +269,11 @@ func (v *KernelView) watch(ctx context.Context, what string, groups []uint, sour
 			}
 			return err
 		}
+	}
+	var missed []func()
+	for i, s := range sources {
+		missed = append(missed, s.attach(w, i))
+		defer s.detach()
 	}
 	for _, m := range missed {
 		m()

@@ -59,6 +59,15 @@ func TestKernelViewOneSubscription(t *testing.T) {
 	if got := view.links.dumps.Load(); got != 1 {
 		t.Errorf("the view's link table was dumped %d times, want once, when the subscription started", got)
 	}
+	if got := view.routes.dumps.Load(); got != 1 {
+		t.Errorf("the view's route table was dumped %d times, want once, when the subscription started", got)
+	}
+	if got := view.addrs.dumps.Load(); got != 1 {
+		t.Errorf("the view's address table was dumped %d times, want once, when the subscription started", got)
+	}
+	if f, n := view.neigh.fdb.dumps.Load(), view.neigh.ips.dumps.Load(); f != 1 || n != 1 {
+		t.Errorf("the view's FDB entries were dumped %d times and its neighbours %d; want once each, when the subscription started", f, n)
+	}
 	// The four that write share one batched writer.
 	view.mu.Lock()
 	if w := view.writers[defaultTimeout]; len(view.writers) != 1 || w == nil || w.holders != 4 {
@@ -80,6 +89,18 @@ func TestKernelViewOneSubscription(t *testing.T) {
 	nw, ep := observers[3].(*NetworkReconciler), observers[4].(*EndpointReconciler)
 	if rec.links != view.links || nw.links != view.links || ep.links != view.links {
 		t.Error("a reconciler reads links of its own, not the view's table")
+	}
+	// The route reconciler reads the view's route table.
+	if rr := observers[0].(*RouteReconciler); rr.routes != view.routes {
+		t.Error("the route reconciler reads routes of its own, not the view's table")
+	}
+	// The node and interface reconcilers read the view's address table.
+	if nr := observers[2].(*NodeReconciler); nr.addrs != view.addrs || rec.addrs != view.addrs {
+		t.Error("the node or interface reconciler reads addresses of its own, not the view's table")
+	}
+	// The endpoint reconciler reads the view's FDB entries and neighbours.
+	if ep := observers[4].(*EndpointReconciler); ep.fdb != view.neigh.fdb || ep.neigh != view.neigh.ips {
+		t.Error("the endpoint reconciler reads FDB entries or neighbours of its own, not the view's table")
 	}
 	if n := view.links.names.Len("view7"); n != 1 {
 		t.Errorf("the view's link table holds %d links named view7, want 1", n)

@@ -11,7 +11,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/naplesnet/naples/hal"
-	"github.com/naplesnet/naples/hal/linux/rtnl"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -44,20 +43,19 @@ type NodeOptions struct {
 // with {role: local}. Other nodes are PROGRAMMED with {role: remote, vtep: ADDR}, or
 // {role: remote} without a VTEP address.
 //
-// It reads the addresses of the namespace from a mirror (hal.Mirror) that one dump fills
-// and the observer's subscription keeps current; the observer enqueues this host's Node
-// whenever its VTEP address comes, goes or changes state.
+// It reads the addresses of the namespace from its KernelView's address table, which it
+// shares with the other reconcilers of the namespace, and finds an address there by its
+// index of addresses; the observer hears of the table's changes through the view, and
+// enqueues this host's Node whenever its VTEP address comes, goes or changes state.
 type NodeReconciler struct {
 	// rtnlConn reads the dumps of addresses.
 	*rtnlConn
-	// mirrorLoader runs the dumps that load addrs.
-	mirrorLoader
 	store OverlayStore
 	node  string
 
-	// addrs holds every address of the namespace; addrsByAddr finds them by address.
-	addrs       *hal.Mirror[addrKey, ifAddr]
-	addrsByAddr *hal.Index[addrKey, ifAddr, netip.Addr]
+	// addrs is the view's table of addresses, which addrReader reads.
+	addrs      *addrTable
+	addrReader *tableReader[addrKey, kernelAddr]
 }
 
 var (
@@ -79,18 +77,18 @@ func NewNodeReconciler(opts NodeOptions) (*NodeReconciler, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &NodeReconciler{
-		rtnlConn: c,
-		store:    opts.Store,
-		node:     opts.Node,
-		addrs:    hal.NewMirror[addrKey, ifAddr](func(have, want ifAddr) bool { return have == want }, nil),
+	reader := c.view.addrs.reader(c)
+	if reader == nil {
+		c.close()
+		return nil, errors.New("node reconciler: the kernel view's address table has as many readers as it can hold")
 	}
-	r.addrsByAddr = hal.NewIndex(r.addrs, func(k addrKey, _ ifAddr) (netip.Addr, bool) { return k.prefix.Addr(), true })
-	return r, nil
+	return &NodeReconciler{rtnlConn: c, store: opts.Store, node: opts.Node, addrs: c.view.addrs, addrReader: reader}, nil
 }
 
-// Close releases the netlink socket. It is safe to call twice.
+// Close releases the netlink socket and stops reading the view's address table. It is
+// safe to call twice.
 func (r *NodeReconciler) Close() error {
+	r.addrReader.close()
 	r.close()
 	return nil
 }
@@ -147,7 +145,7 @@ const (
 // holds tells how the interfaces of the namespace hold the address a.
 func (r *NodeReconciler) holds(a netip.Addr) addrState {
 	st := addrAbsent
-	for _, v := range r.addrsByAddr.Get(a) {
+	for _, v := range r.addrs.byAddr.Get(a) {
 		if v.flags&(unix.IFA_F_TENTATIVE|unix.IFA_F_DADFAILED) == 0 {
 			return addrUsable
 		}
@@ -166,68 +164,37 @@ func (r *NodeReconciler) localVTEP() (netip.Addr, bool) {
 	return a.Unmap(), err == nil
 }
 
-// fill loads the mirror with a dump, unless one has loaded it already.
+// fill loads the address table with a dump, unless one has loaded it already.
 func (r *NodeReconciler) fill(ctx context.Context) error {
-	return r.loadOnce(ctx, func(ctx context.Context) error {
-		_, err := r.dumpAddrs(ctx)
-		return err
-	})
+	return r.addrs.fill(ctx, r.rtnlConn)
 }
 
-// dumpAddrs loads the mirror with a fresh dump of the namespace's addresses (`ip addr
-// show`) and returns the addresses whose state changed.
-func (r *NodeReconciler) dumpAddrs(ctx context.Context) ([]addrKey, error) {
-	return dumpMirror(ctx, r.rtnlConn, r.addrs, "addresses", unix.RTM_NEWADDR, parseAddrMsg, rtnl.AddrDumpRequest())
+// addrChanged enqueues this host's Node when the address of a change is its VTEP
+// address.
+func (r *NodeReconciler) addrChanged(c tableChange[addrKey, kernelAddr], enqueue func(nimbusv1.Key)) {
+	if vtep, ok := r.localVTEP(); ok && c.key.prefix.Addr() == vtep {
+		local := NodeKey(r.node).Key()
+		r.log.Debug("VTEP address changed", "key", local, "address", c.key.prefix.String())
+		enqueue(local)
+	}
 }
 
-// resync dumps afresh and enqueues this host's Node when its VTEP address changed.
-func (r *NodeReconciler) resync(ctx context.Context, enqueue func(nimbusv1.Key)) error {
-	var drift []addrKey
-	if _, err := r.loadAgain(ctx, func(ctx context.Context) (err error) {
-		drift, err = r.dumpAddrs(ctx)
-		return err
-	}); err != nil {
+// Sweep reads the addresses afresh into the address table and enqueues this host's Node
+// when its VTEP address changed without the observer reporting it (through the
+// observer, when it watches). There is nothing to remove.
+func (r *NodeReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Key)) error {
+	if err := r.addrs.reload(ctx, r.rtnlConn); err != nil {
 		return err
 	}
-	vtep, ok := r.localVTEP()
-	for _, k := range drift {
-		if ok && k.prefix.Addr() == vtep {
-			enqueue(NodeKey(r.node).Key())
-			return nil
-		}
-	}
+	r.addrReader.drainMissed(func(c tableChange[addrKey, kernelAddr]) { r.addrChanged(c, enqueue) })
 	return nil
 }
 
-// Sweep reads the addresses afresh and enqueues this host's Node when its VTEP address
-// changed without the observer reporting it. There is nothing to remove.
-func (r *NodeReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Key)) error {
-	return r.resync(ctx, enqueue)
-}
-
-// Observe subscribes to address changes, reads the addresses afresh, and then keeps the
-// mirror current, enqueueing this host's Node whenever its VTEP address is added,
-// removed or changes state.
+// Observe watches the view's address table (which the view dumps when its subscription
+// starts), enqueueing this host's Node whenever its VTEP address is added, removed or
+// changes state.
 func (r *NodeReconciler) Observe(ctx context.Context, enqueue func(nimbusv1.Key), subscribed func()) error {
-	local := NodeKey(r.node).Key()
-	return r.observe(ctx, "address changes", []uint{unix.RTNLGRP_IPV4_IFADDR, unix.RTNLGRP_IPV6_IFADDR},
-		func(ctx context.Context) error { return r.resync(ctx, enqueue) }, subscribed,
-		func(typ uint16, payload []byte) {
-			if typ != unix.RTM_NEWADDR && typ != unix.RTM_DELADDR {
-				return
-			}
-			k, a, ok := parseAddrMsg(payload)
-			if !ok {
-				return
-			}
-			if typ == unix.RTM_NEWADDR {
-				r.addrs.Update(k, a)
-			} else {
-				r.addrs.Remove(k)
-			}
-			if vtep, ok := r.localVTEP(); ok && k.prefix.Addr() == vtep {
-				r.log.Debug("VTEP address changed", "key", local, "address", k.prefix.String())
-				enqueue(local)
-			}
-		})
+	addrs := r.addrReader.watching(func(c tableChange[addrKey, kernelAddr]) { r.addrChanged(c, enqueue) })
+	return r.observeTables(ctx, "address changes", nil, []viewSource{addrs}, func(context.Context) error { return nil }, subscribed,
+		func(uint16, []byte) {})
 }

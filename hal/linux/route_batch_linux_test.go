@@ -54,7 +54,7 @@ func TestRouteReconcilesShareBatches(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, ok := h.rec.mirror.Get(id); ok != (i != 77) {
+			if _, ok := h.rec.routes.get(id); ok != (i != 77) {
 				t.Errorf("mirror holds %s: %v, want %v", id, ok, i != 77)
 			}
 		}

@@ -1,7 +1,6 @@
 package linux
 
 import (
-	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -13,7 +12,6 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -131,7 +129,7 @@ func newRouteID(table uint32, p netip.Prefix, metric uint32) routeID {
 	return id
 }
 
-// hash returns a hash of the identity, for the mirror's shards.
+// hash returns a hash of the identity, for the route table's shards.
 func (id routeID) hash() uint64 {
 	ne := binary.NativeEndian
 	h := ne.Uint64(id.addr[0:8]) ^ bits.RotateLeft64(ne.Uint64(id.addr[8:16]), 29)
@@ -186,23 +184,9 @@ func (id routeID) String() string {
 	return string(b)
 }
 
-// kernelRoute is what the mirror keeps of a kernel route: who made it and where it leads.
-type kernelRoute struct {
-	protocol netlink.RouteProtocol
-	// hops are the next hops, sorted by gateway and then interface.
-	hops []hop
-}
-
-// hop is a next hop in a form that compares equal however the kernel reports it.
-type hop struct {
-	gw     netip.Addr
-	link   int32
-	weight int32
-}
-
 // RouteReconciler programs Route objects into policy-routing tables. It reads the kernel
-// from a mirror of every route in its namespace (hal.Mirror), filled by one dump, kept
-// current by the observer's subscription and dumped afresh by every sweep, so a reconcile
+// from its view's route table (every route of the namespace), filled by one dump, kept
+// current by the view's subscription and dumped afresh by every sweep, so a reconcile
 // costs one netlink write, or none when the kernel already holds the route.
 type RouteReconciler struct {
 	// rtnlConn dumps the routes and carries the route writes, many to a sendmsg.
@@ -211,29 +195,12 @@ type RouteReconciler struct {
 	// handle resolves interface names.
 	handle *netlink.Handle
 
-	// mirror holds every IPv4 and IPv6 route of the namespace but cached ones, by identity.
-	mirror *hal.Mirror[routeID, kernelRoute]
-	// filled is set once the mirror has been loaded by a dump.
-	filled atomic.Bool
-
-	// dumpMu guards the dump fields below; dumpDone is signalled when a dump ends. Dumps
-	// run one at a time, and one dump serves every caller that asked for a dump while it
-	// had not started yet (and fill, whenever it runs): at start-up the first reconcile,
-	// the observer and the sweep each ask for one, and 100,000 routes cost close to
-	// half a second of CPU to dump.
-	dumpMu   sync.Mutex
-	dumpDone *sync.Cond
-	// dumping tells that a dump runs; dumpsStarted and dumpsEnded number the dumps that
-	// started and ended; lastDrift and lastErr are what the last one to end returned,
-	// kept while dumpWaiters, the callers in sharedDump, may read them.
-	dumping                  bool
-	dumpsStarted, dumpsEnded uint64
-	dumpWaiters              int
-	lastDrift                []routeID
-	lastErr                  error
+	// routes is the view's table of routes, which routeReader reads.
+	routes      *routeTable
+	routeReader *tableReader[routeID, kernelRoute]
 
 	// dstLocks serializes work on one kernel route between the workers of different keys
-	// and the sweeper: whoever holds it reads delphi and the mirror and then writes the
+	// and the sweeper: whoever holds it reads delphi and the route table and then writes the
 	// kernel.
 	dstLocks keyedMutex[routeID]
 
@@ -346,19 +313,27 @@ func NewRouteReconciler(opts RouteOptions) (*RouteReconciler, error) {
 		c.close()
 		return nil, fmt.Errorf("setting netlink timeout %v: %w", c.timeout, err)
 	}
-	r := &RouteReconciler{
-		rtnlConn: c,
-		store:    opts.Store,
-		handle:   h,
-		mirror:   hal.NewMirror[routeID, kernelRoute](sameRoute, routeID.hash),
+	reader := c.view.routes.reader(c)
+	if reader == nil {
+		h.Close()
+		c.close()
+		return nil, errors.New("route reconciler: the kernel view's route table has as many readers as it can hold")
 	}
-	r.dumpDone = sync.NewCond(&r.dumpMu)
+	r := &RouteReconciler{
+		rtnlConn:    c,
+		store:       opts.Store,
+		handle:      h,
+		routes:      c.view.routes,
+		routeReader: reader,
+	}
 	r.programmed.init()
 	return r, nil
 }
 
-// Close releases the netlink sockets. It is safe to call twice.
+// Close releases the netlink sockets and stops reading the view's route table. It is
+// safe to call twice.
 func (r *RouteReconciler) Close() error {
+	r.routeReader.close()
 	r.close()
 	r.handle.Close()
 	return nil
@@ -372,7 +347,7 @@ func (r *RouteReconciler) KernelWrites() uint64 { return r.writes.Load() }
 
 // Reconcile makes the kernel hold exactly the route obj describes for key: `ip route
 // replace PREFIX table T metric M proto 241 nexthop via GW ...` (`ip route add` when the
-// mirror holds no route there), written only when the mirror shows that what is there
+// route table holds no route there), written only when the table shows that what is there
 // differs. With obj nil it deletes the route it programmed for key.
 func (r *RouteReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (*nimbusv1.OperationalData, error) {
 	if err := r.fill(ctx); err != nil {
@@ -410,7 +385,7 @@ func (r *RouteReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey
 	if err != nil {
 		return nil, err
 	}
-	have, exists := r.mirror.Get(want)
+	have, exists := r.routes.get(want)
 	if exists && have.protocol != RouteProtocol {
 		return nil, hal.Errorf(hal.ReasonConflict, "route %s exists and was not created by naples (protocol %s); leaving it alone", want, have.protocol)
 	}
@@ -433,16 +408,16 @@ func (r *RouteReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey
 	return nil, nil
 }
 
-// write puts route into the kernel and the mirror: `ip route replace` over a naples route
-// the mirror holds, `ip route add` where it holds none, so that a route someone else added
-// that the mirror has not heard of yet fails the write instead of being overwritten.
+// write puts route into the kernel and the route table: `ip route replace` over a naples
+// route the table holds, `ip route add` where it holds none, so that a route someone else
+// added that the table has not heard of yet fails the write instead of being overwritten.
 func (r *RouteReconciler) write(ctx context.Context, id routeID, want kernelRoute, replace bool) error {
 	flags := uint16(unix.NLM_F_CREATE | unix.NLM_F_EXCL)
 	if replace {
 		flags = unix.NLM_F_CREATE | unix.NLM_F_REPLACE
 	}
 	msg := appendRouteRequest(r.nl.Buffer(), unix.RTM_NEWROUTE, flags, id, want.hops)
-	_, err := kernelWrite(ctx, r.rtnlConn, r.mirror.Expect(id, want), msg)
+	_, err := kernelWrite(ctx, r.rtnlConn, r.routes.m.ExpectBy(r.routeReader.writer(), id, want, sameRoute), msg)
 	switch {
 	case err != nil && !replace && errors.Is(err, unix.EEXIST):
 		return hal.Errorf(hal.ReasonKernelError, "adding route %s: a route the mirror has not heard of yet is there: %w", id, err)
@@ -476,18 +451,16 @@ func (r *RouteReconciler) release(ctx context.Context, id nimbusv1.Key, old rout
 	return nil
 }
 
-// Sweep reads every route afresh into the mirror, enqueues the owners of routes that
-// changed without the observer reporting it, deletes every naples route that no desired
-// Route object owns, and adopts the others, so a restarted agent knows what it programmed
-// before.
+// Sweep reads every route afresh into the route table, enqueues the owners of routes
+// that changed without the observer reporting it (through the observer, when it
+// watches), deletes every naples route that no desired Route object owns, and adopts the
+// others, so a restarted agent knows what it programmed before.
 func (r *RouteReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Key)) error {
-	if err := r.resync(ctx, enqueue); err != nil {
+	if err := r.routes.reload(ctx, r.rtnlConn); err != nil {
 		return err
 	}
-	for id, rt := range r.mirror.All() {
-		if rt.protocol != RouteProtocol {
-			continue
-		}
+	r.routeReader.drainMissed(func(c tableChange[routeID, kernelRoute]) { r.routeChanged(c, enqueue) })
+	for id := range r.routes.protocols.Get(RouteProtocol) {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -513,62 +486,36 @@ func (r *RouteReconciler) sweepOne(ctx context.Context, id routeID) error {
 	return r.delete(ctx, id)
 }
 
-// Observe subscribes to route changes, reads every route afresh into the mirror (so a
-// restart after an overflow starts from the kernel's state), and then keeps the mirror
-// current from the subscription. It enqueues the owner of every naples route that someone
-// else changes or deletes, and of every route the fresh read finds changed, so drift is
-// repaired by a normal reconcile. A route of protocol 241 that differs from what the
-// reconciler wrote counts as drift too: another writer may use the protocol.
+// Observe watches the view's route table (which the view dumps when its subscription
+// starts, so a restart after an overflow starts from the kernel's state). It enqueues
+// the owner of every naples route that someone else changes or deletes, and of every
+// route a fresh read finds changed, so drift is repaired by a normal reconcile. A route
+// of protocol 241 that differs from what the reconciler wrote counts as drift too:
+// another writer may use the protocol.
 //
 // The kernel removes IPv4 routes without a word when the interface they go through goes
 // down or away, or loses its last IPv4 address: no RTM_DELROUTE follows. So the observer
-// also hears of links and IPv4 addresses, and when a link that has carried an IPv4 route
-// goes down or away, or loses an address, it reads the routes afresh (one re-read at a
-// time, and one more for every burst of such events that came meanwhile), which
-// enqueues the objects whose routes went.
+// also hears of links and IPv4 addresses, and when a link that the table shows carrying
+// an IPv4 route goes down or away, or loses an address, it reads the routes afresh (one
+// re-read at a time, and one more for every burst of such events that came meanwhile),
+// which enqueues the objects whose routes went.
 func (r *RouteReconciler) Observe(ctx context.Context, enqueue func(nimbusv1.Key), subscribed func()) error {
 	var reread coalescing
 	defer reread.wait()
-	// routed holds the indexes of the links that carried an IPv4 route the observer saw.
-	routed := map[int32]bool{}
-	load := func(ctx context.Context) error {
-		if err := r.resync(ctx, enqueue); err != nil {
-			return err
-		}
-		for id, rt := range r.mirror.All() {
-			if id.v4 {
-				for _, h := range rt.hops {
-					routed[h.link] = true
-				}
-			}
-		}
-		return nil
-	}
-	groups := []uint{unix.RTNLGRP_IPV4_ROUTE, unix.RTNLGRP_IPV6_ROUTE, unix.RTNLGRP_LINK, unix.RTNLGRP_IPV4_IFADDR}
-	return r.observe(ctx, "route changes", groups, load, subscribed, func(typ uint16, payload []byte) {
-		switch typ {
-		case unix.RTM_NEWROUTE, unix.RTM_DELROUTE:
-			if id, rt, ok := parseRoute(payload); ok && id.v4 && typ == unix.RTM_NEWROUTE {
-				for _, h := range rt.hops {
-					routed[h.link] = true
-				}
-			}
-			r.apply(typ, payload, enqueue)
-		case unix.RTM_NEWLINK, unix.RTM_DELLINK, unix.RTM_DELADDR:
+	routes := r.routeReader.watching(func(c tableChange[routeID, kernelRoute]) { r.routeChanged(c, enqueue) })
+	groups := []uint{unix.RTNLGRP_LINK, unix.RTNLGRP_IPV4_IFADDR}
+	return r.observeTables(ctx, "route changes", groups, []viewSource{routes}, func(context.Context) error { return nil }, subscribed,
+		func(typ uint16, payload []byte) {
 			index, down := routeFlushHint(typ, payload)
-			if !down || !routed[index] {
+			if !down || !r.routes.carriesV4(index) {
 				return
 			}
-			if typ == unix.RTM_DELLINK {
-				delete(routed, index)
-			}
 			reread.run(func() {
-				if err := r.resync(ctx, enqueue); err != nil && ctx.Err() == nil {
+				if err := r.routes.reload(ctx, r.rtnlConn); err != nil && ctx.Err() == nil {
 					r.log.Warn("reading routes afresh after a link went down", "err", err)
 				}
 			})
-		}
-	})
+		})
 }
 
 // DependsOn returns Network: a route in its tenant's table often goes through the
@@ -646,26 +593,17 @@ func (c *coalescing) run(f func()) {
 // wait waits for the runs under way.
 func (c *coalescing) wait() { c.wg.Wait() }
 
-// apply applies a route change, an RTM_NEWROUTE or RTM_DELROUTE notification, to the
-// mirror and enqueues the route's owner when the change is drift.
-func (r *RouteReconciler) apply(typ uint16, payload []byte, enqueue func(nimbusv1.Key)) {
-	if typ != unix.RTM_NEWROUTE && typ != unix.RTM_DELROUTE {
-		return
-	}
-	id, rt, ok := parseRoute(payload)
-	if !ok {
-		return
-	}
-	var echo bool
-	if typ == unix.RTM_NEWROUTE {
-		echo = r.mirror.Update(id, rt)
-	} else {
-		echo = r.mirror.Remove(id)
-	}
-	if echo {
+// routeChanged enqueues the owner of a route that changed, when the change is drift: not
+// the echo of the reconciler's own write, and leaving the route other than programmed.
+func (r *RouteReconciler) routeChanged(c tableChange[routeID, kernelRoute], enqueue func(nimbusv1.Key)) {
+	if c.echo {
 		return // our own write
 	}
-	if key, drift := r.drift(id, typ, rt); drift {
+	typ := uint16(unix.RTM_NEWROUTE)
+	if !c.has {
+		typ = unix.RTM_DELROUTE
+	}
+	if key, drift := r.drift(c.key, typ, c.new); drift {
 		enqueue(key)
 	}
 }
@@ -688,135 +626,9 @@ func (r *RouteReconciler) drift(id routeID, typ uint16, rt kernelRoute) (key nim
 	return key, true
 }
 
-// parseRoute decodes the payload of an RTM_NEWROUTE or RTM_DELROUTE message (struct
-// rtmsg and its attributes) into the route's identity and what the mirror keeps of it,
-// as the netlink library decodes a route: the destination of a route without one (a
-// default route, which the kernel sends without RTA_DST) is the unspecified address of
-// its family. ok is false for a message of a family other than IPv4 and IPv6 and for a
-// cached route (RTM_F_CLONED), which naples could not have created.
-func parseRoute(b []byte) (id routeID, rt kernelRoute, ok bool) {
-	m, ok := rtnl.ParseRoute(b)
-	if !ok || (m.Family != unix.AF_INET && m.Family != unix.AF_INET6) || m.Flags&unix.RTM_F_CLONED != 0 {
-		return routeID{}, kernelRoute{}, false
-	}
-	rt.protocol = netlink.RouteProtocol(m.Protocol)
-	dst := m.Dst
-	switch {
-	case dst.IsValid():
-	case m.Family == unix.AF_INET:
-		dst = netip.IPv4Unspecified()
-	default:
-		dst = netip.IPv6Unspecified()
-	}
-	id = newRouteID(m.Table, netip.PrefixFrom(dst.Unmap(), int(m.DstLen)), m.Priority)
-	own := hop{gw: m.Gateway.Unmap(), link: m.OIF, weight: 1}
-	if m.Multipath == nil {
-		rt.hops = []hop{own}
-		return id, rt, true
-	}
-	for h := range m.Nexthops() {
-		rt.hops = append(rt.hops, hop{gw: h.Gateway.Unmap(), link: h.Index, weight: h.Weight})
-	}
-	if len(rt.hops) == 0 {
-		// As the netlink library decodes it: no next hops is the route's own.
-		rt.hops = []hop{own}
-	}
-	slices.SortFunc(rt.hops, compareHops)
-	return id, rt, true
-}
-
-// fill loads the mirror with a dump, unless one has loaded it already.
+// fill loads the route table with a dump, unless one has loaded it already.
 func (r *RouteReconciler) fill(ctx context.Context) error {
-	if r.filled.Load() {
-		return nil
-	}
-	_, err := r.sharedDump(ctx, true)
-	return err
-}
-
-// resync loads the mirror with a fresh dump and enqueues the owners of the routes whose
-// state the dump found changed.
-func (r *RouteReconciler) resync(ctx context.Context, enqueue func(nimbusv1.Key)) error {
-	drift, err := r.sharedDump(ctx, false)
-	if err != nil {
-		return err
-	}
-	for _, id := range drift {
-		owner, err := r.ownerOf(id)
-		if err != nil {
-			return err
-		}
-		if !owner.IsZero() {
-			r.log.Debug("route drifted unreported", "key", owner, "route", id.String())
-			enqueue(owner)
-		}
-	}
-	return nil
-}
-
-// sharedDump loads the mirror with a dump that started after the call, or, with loaded,
-// with any dump, even one that ran or started before it; it returns the identities whose
-// state that dump found changed. Callers that ask while a dump has not started yet share
-// it.
-func (r *RouteReconciler) sharedDump(ctx context.Context, loaded bool) ([]routeID, error) {
-	r.dumpMu.Lock()
-	defer r.dumpMu.Unlock()
-	need := r.dumpsStarted + 1 // the first dump to start after this call
-	if loaded {
-		if r.filled.Load() {
-			return nil, nil
-		}
-		need = r.dumpsStarted // the running one, if any
-	}
-	r.dumpWaiters++
-	defer func() {
-		if r.dumpWaiters--; r.dumpWaiters == 0 {
-			r.lastDrift = nil // nobody else will read it: let it go
-		}
-	}()
-	for {
-		if loaded && r.filled.Load() {
-			return nil, nil
-		}
-		if need != 0 && r.dumpsEnded >= need {
-			// A dump that serves this call has ended.
-			if r.lastErr == nil || ctx.Err() != nil {
-				return r.lastDrift, r.lastErr
-			}
-			need = r.dumpsStarted + 1 // it failed for its caller; try again for this one
-			continue
-		}
-		if !r.dumping {
-			break // none serves this call: run one
-		}
-		r.dumpDone.Wait()
-	}
-	r.dumping = true
-	r.dumpsStarted++
-	first := !r.filled.Load()
-	r.dumpMu.Unlock()
-	drift, err := r.dump(ctx)
-	if first {
-		// The first load finds everything changed against an empty mirror; the HAL
-		// reconciles every desired object once at start anyway, so there is no drift to
-		// report yet.
-		drift = nil
-	}
-	r.dumpMu.Lock()
-	r.dumping = false
-	r.dumpsEnded = r.dumpsStarted
-	r.lastDrift, r.lastErr = drift, err
-	if err == nil {
-		r.filled.Store(true)
-	}
-	r.dumpDone.Broadcast()
-	return drift, err
-}
-
-// dump reads every route of the namespace into the mirror (`ip route show table all`, both
-// families) and returns the identities whose state differs from what the mirror held.
-func (r *RouteReconciler) dump(ctx context.Context) ([]routeID, error) {
-	return dumpMirror(ctx, r.rtnlConn, r.mirror, "routes", unix.RTM_NEWROUTE, parseRoute, rtnl.RouteDumpRequest(unix.AF_UNSPEC, 0))
+	return r.routes.fill(ctx, r.rtnlConn)
 }
 
 // idOf derives the kernel identity of a route spec of an object of the tenant.
@@ -851,7 +663,7 @@ func (r *RouteReconciler) ownerOf(id routeID) (nimbusv1.Key, error) {
 	return key, nil
 }
 
-// build returns the route with identity id that spec describes, in the form the mirror keeps: its next hops
+// build returns the route with identity id that spec describes, in the form the route table holds: its next hops
 // sorted, with interface names resolved to indexes.
 func (r *RouteReconciler) build(id routeID, spec *nimbusv1.RouteSpec) (kernelRoute, error) {
 	nhs := spec.GetNexthops()
@@ -888,11 +700,11 @@ func (r *RouteReconciler) build(id routeID, spec *nimbusv1.RouteSpec) (kernelRou
 	return k, nil
 }
 
-// delete removes the naples route with the identity, if the mirror holds one: `ip route
+// delete removes the naples route with the identity, if the route table holds one: `ip route
 // del PREFIX table T metric M proto 241`, which the kernel refuses for a route of another
 // protocol. A route that is gone already, or was not created by naples, is left alone.
 func (r *RouteReconciler) delete(ctx context.Context, id routeID) error {
-	have, ok := r.mirror.Get(id)
+	have, ok := r.routes.get(id)
 	if !ok || have.protocol != RouteProtocol {
 		return nil
 	}
@@ -900,7 +712,7 @@ func (r *RouteReconciler) delete(ctx context.Context, id routeID) error {
 		return err
 	}
 	msg := appendRouteRequest(r.nl.Buffer(), unix.RTM_DELROUTE, 0, id, nil)
-	took, err := kernelWrite(ctx, r.rtnlConn, r.mirror.ExpectGone(id), msg, unix.ESRCH)
+	took, err := kernelWrite(ctx, r.rtnlConn, r.routes.m.ExpectGoneBy(r.routeReader.writer(), id), msg, unix.ESRCH)
 	if err != nil {
 		return hal.Errorf(hal.ReasonKernelError, "deleting route %s: %w", id, err)
 	}
@@ -936,21 +748,4 @@ func appendRouteRequest(b []byte, typ, flags uint16, id routeID, hops []hop) []b
 		nhs = append(nhs, rtnl.Nexthop{Index: h.link, Weight: h.weight, Gateway: h.gw})
 	}
 	return rtnl.AppendRouteRequest(b, typ, flags, r, nhs)
-}
-
-// compareHops orders next hops by gateway and then interface.
-func compareHops(a, b hop) int {
-	if c := a.gw.Compare(b.gw); c != 0 {
-		return c
-	}
-	return cmp.Compare(a.link, b.link)
-}
-
-// sameRoute reports whether the kernel route have is the route want: the same protocol and
-// exactly the wanted next hops, where a wanted hop without an interface matches whatever
-// interface the kernel chose.
-func sameRoute(have, want kernelRoute) bool {
-	return have.protocol == want.protocol && slices.EqualFunc(have.hops, want.hops, func(a, b hop) bool {
-		return a.gw == b.gw && a.weight == b.weight && (b.link == 0 || a.link == b.link)
-	})
 }

@@ -146,7 +146,7 @@ func (h *host) mirrored(t *testing.T, table uint32, prefix string, what string, 
 		t.Fatal(err)
 	}
 	waitFor(t, "the mirror to show "+id.String()+" "+what, func() bool {
-		rt, present := h.rec.mirror.Get(id)
+		rt, present := h.rec.routes.get(id)
 		return ok(rt, present)
 	})
 }

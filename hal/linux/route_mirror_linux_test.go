@@ -184,7 +184,7 @@ func TestObserverRestartReadsKernelAfresh(t *testing.T) {
 		default:
 			t.Fatalf("the restarted observer was subscribed without enqueuing %s, whose route was deleted while it was down", b.Key().ID())
 		}
-		if _, present := h.rec.mirror.Get(mustID(t, 100, f.prefix2)); present {
+		if _, present := h.rec.routes.get(mustID(t, 100, f.prefix2)); present {
 			t.Errorf("the mirror still holds the route deleted while the observer was down")
 		}
 		if err := h.reconcile(t, b.Key()); err != nil {

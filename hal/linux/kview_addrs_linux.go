@@ -1,0 +1,96 @@
+package linux
+
+import (
+	"context"
+	"net/netip"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/naplesnet/naples/hal"
+	"github.com/naplesnet/naples/hal/linux/rtnl"
+)
+
+// kernelAddr is what a KernelView's address table holds of an address (`ip address
+// show`), keyed by its link and its address with prefix length (addrKey): what any of its
+// readers needs.
+type kernelAddr struct {
+	// flags are the address's flags (IFA_F_*): whether it is tentative, say.
+	flags uint32
+	// proto is the address's protocol (IFA_PROTO): AddressProtocol for naples's, 0 from
+	// kernels without address protocols.
+	proto uint8
+}
+
+// The fields of a kernelAddr, a bit each, as a tableChange reports those that changed.
+const (
+	addrFieldFlags uint64 = 1 << iota
+	addrFieldProto
+)
+
+// addrFields returns the fields in which two states of an address differ.
+func addrFields(a, b kernelAddr) uint64 {
+	var f uint64
+	if a.flags != b.flags {
+		f |= addrFieldFlags
+	}
+	if a.proto != b.proto {
+		f |= addrFieldProto
+	}
+	return f
+}
+
+// addrTable is a KernelView's table of the IPv4 and IPv6 addresses of every link, with
+// its indexes.
+type addrTable struct {
+	*viewTable[addrKey, kernelAddr]
+	// byLink finds the addresses of a link by its interface index; byAddr those of an
+	// address, whatever their link and prefix length; protocols those of a protocol
+	// (naples's are AddressProtocol's).
+	byLink    *hal.Index[addrKey, kernelAddr, int32]
+	byAddr    *hal.Index[addrKey, kernelAddr, netip.Addr]
+	protocols *hal.Index[addrKey, kernelAddr, uint8]
+}
+
+// newAddrTable returns an empty address table.
+func newAddrTable() *addrTable {
+	t := &addrTable{viewTable: newViewTable(viewTableOptions[addrKey, kernelAddr]{
+		groups: []uint{unix.RTNLGRP_IPV4_IFADDR, unix.RTNLGRP_IPV6_IFADDR},
+		equal:  func(have, want kernelAddr) bool { return have == want },
+		fields: addrFields,
+		notify: notifyAddr,
+		dump: func(ctx context.Context, c *rtnlConn, m *hal.Mirror[addrKey, kernelAddr]) error {
+			_, err := dumpMirror(ctx, c, m, "addresses", unix.RTM_NEWADDR, parseKernelAddr, rtnl.AddrDumpRequest())
+			return err
+		},
+	})}
+	t.byLink = hal.NewIndex(t.m, func(k addrKey, _ kernelAddr) (int32, bool) { return k.index, true })
+	t.byAddr = hal.NewIndex(t.m, func(k addrKey, _ kernelAddr) (netip.Addr, bool) { return k.prefix.Addr().Unmap(), true })
+	t.protocols = hal.NewIndex(t.m, func(_ addrKey, a kernelAddr) (uint8, bool) { return a.proto, true })
+	return t
+}
+
+// get returns the address with the key.
+func (t *addrTable) get(k addrKey) (kernelAddr, bool) { return t.m.Get(k) }
+
+// notifyAddr applies an address notification, an RTM_NEWADDR or RTM_DELADDR, to the
+// table's mirror.
+func notifyAddr(m *hal.Mirror[addrKey, kernelAddr], typ uint16, payload []byte) {
+	if typ != unix.RTM_NEWADDR && typ != unix.RTM_DELADDR {
+		return
+	}
+	k, a, ok := parseKernelAddr(payload)
+	switch {
+	case !ok:
+	case typ == unix.RTM_NEWADDR:
+		m.Update(k, a)
+	default:
+		m.Remove(k)
+	}
+}
+
+// parseKernelAddr decodes the payload of an RTM_NEWADDR or RTM_DELADDR message
+// (parseAddr) into what the address table holds of the address.
+func parseKernelAddr(b []byte) (addrKey, kernelAddr, bool) {
+	m, ok := parseAddr(b)
+	return m.key, kernelAddr{flags: m.flags, proto: m.proto}, ok
+}
