@@ -121,3 +121,73 @@ func (r storedStatus) progress() (generation int64, phase nimbusv1.Phase) {
 	}
 	return generation, phase
 }
+
+// statusTable is the status table: the rows by key, in a map per kind, tenant and
+// namespace keyed by name, so that each row's place holds a name (16 bytes) and not a
+// whole nimbusv1.Key (56 bytes), in a table that holds a row for every object the node
+// reports on. A map keeps the name it is given last. The zero statusTable is empty.
+type statusTable struct {
+	scopes map[statusScope]map[string]storedStatus
+	n      int
+}
+
+// statusScope is what a key holds besides its name.
+type statusScope struct {
+	kind              nimbusv1.Kind
+	tenant, namespace string
+}
+
+// scopeOf returns the scope of a key.
+func scopeOf(key nimbusv1.Key) statusScope {
+	return statusScope{kind: key.Kind, tenant: key.Tenant, namespace: key.Namespace}
+}
+
+// get returns the row of key.
+func (t *statusTable) get(key nimbusv1.Key) (storedStatus, bool) {
+	r, ok := t.scopes[scopeOf(key)][key.Name]
+	return r, ok
+}
+
+// set stores the row of key.
+func (t *statusTable) set(key nimbusv1.Key, r storedStatus) {
+	sc := scopeOf(key)
+	names := t.scopes[sc]
+	if names == nil {
+		if t.scopes == nil {
+			t.scopes = map[statusScope]map[string]storedStatus{}
+		}
+		names = map[string]storedStatus{}
+		t.scopes[sc] = names
+	}
+	if _, ok := names[key.Name]; !ok {
+		t.n++
+	}
+	names[key.Name] = r
+}
+
+// remove removes the row of key, if any, and the map of its scope once empty.
+func (t *statusTable) remove(key nimbusv1.Key) {
+	sc := scopeOf(key)
+	names := t.scopes[sc]
+	if _, ok := names[key.Name]; !ok {
+		return
+	}
+	delete(names, key.Name)
+	t.n--
+	if len(names) == 0 {
+		delete(t.scopes, sc)
+	}
+}
+
+// len returns the number of rows.
+func (t *statusTable) len() int { return t.n }
+
+// appendKeys appends the key of every row to keys, in no order, and returns the result.
+func (t *statusTable) appendKeys(keys []nimbusv1.Key) []nimbusv1.Key {
+	for sc, names := range t.scopes {
+		for name := range names {
+			keys = append(keys, nimbusv1.Key{Kind: sc.kind, Tenant: sc.tenant, Namespace: sc.namespace, Name: name})
+		}
+	}
+	return keys
+}

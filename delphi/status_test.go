@@ -243,3 +243,50 @@ func TestStoredStatusProgress(t *testing.T) {
 		t.Errorf("an empty row's progress() = %d, %v; want 0, PHASE_UNSPECIFIED", gen, phase)
 	}
 }
+
+// TestStatusTable sets, replaces and removes rows of keys in several scopes: a key's row
+// is found only by its whole key, the count follows, and a scope's map goes with its
+// last row.
+func TestStatusTable(t *testing.T) {
+	var tab statusTable
+	keys := []nimbusv1.Key{
+		nimbusv1.MakeKey(nimbusv1.Kind_KIND_ENDPOINT, "", "", "a"),
+		nimbusv1.MakeKey(nimbusv1.Kind_KIND_ENDPOINT, "", "", "b"),
+		nimbusv1.MakeKey(nimbusv1.Kind_KIND_NETWORK, "", "", "a"),
+		nimbusv1.MakeKey(nimbusv1.Kind_KIND_ENDPOINT, "t", "", "a"),
+		nimbusv1.MakeKey(nimbusv1.Kind_KIND_ENDPOINT, "", "ns", "a"),
+	}
+	for i, k := range keys {
+		tab.set(k, storedStatus{seconds: int64(i)})
+	}
+	tab.set(keys[0], storedStatus{seconds: 10})
+	if tab.len() != len(keys) {
+		t.Fatalf("len() = %d, want %d", tab.len(), len(keys))
+	}
+	for i, k := range keys {
+		want := int64(i)
+		if i == 0 {
+			want = 10
+		}
+		if r, ok := tab.get(k); !ok || r.seconds != want {
+			t.Errorf("get(%v) = %v, %v; want the row of %d", k, r.seconds, ok, want)
+		}
+	}
+	got := tab.appendKeys(nil)
+	slices.SortFunc(got, nimbusv1.Key.Compare)
+	want := slices.SortedFunc(slices.Values(keys), nimbusv1.Key.Compare)
+	if !slices.Equal(got, want) {
+		t.Errorf("appendKeys = %v, want %v", got, want)
+	}
+	tab.remove(keys[2])
+	tab.remove(keys[2])
+	if _, ok := tab.get(keys[2]); ok || tab.len() != len(keys)-1 || len(tab.scopes) != 3 {
+		t.Errorf("after removing %v: found %v, len() %d, %d scopes; want false, %d, 3", keys[2], ok, tab.len(), len(tab.scopes), len(keys)-1)
+	}
+	for _, k := range keys {
+		tab.remove(k)
+	}
+	if tab.len() != 0 || len(tab.scopes) != 0 {
+		t.Errorf("emptied table: len() %d, %d scopes; want 0 and 0", tab.len(), len(tab.scopes))
+	}
+}
