@@ -170,7 +170,7 @@ type Store struct {
 	// often and never kept on disk, so they live in plain maps rather than in versions
 	// of a table that each write would copy. Writers also hold writeMu.
 	statusMu sync.RWMutex
-	statuses statusTable
+	statuses nimbusv1.KeyMap[storedStatus]
 
 	// mu guards subs, desiredClaimed, statusClaimed, synced and closed.
 	mu             sync.Mutex
@@ -514,7 +514,7 @@ func (s *Store) Resume() (epoch string, revision uint64) {
 // Status returns the status the HAL reported for the object with the given key.
 func (s *Store) Status(key *nimbusv1.ObjectKey) (*nimbusv1.NodeStatus, bool) {
 	s.statusMu.RLock()
-	r, ok := s.statuses.get(key.Key())
+	r, ok := s.statuses.Get(key.Key())
 	s.statusMu.RUnlock()
 	if !ok {
 		return nil, false
@@ -534,7 +534,7 @@ func (s *Store) Statuses() []StatusEntry {
 	keys := s.statusKeysLocked()
 	rows := make([]storedStatus, 0, len(keys))
 	for _, key := range keys {
-		r, _ := s.statuses.get(key)
+		r, _ := s.statuses.Get(key)
 		rows = append(rows, r)
 	}
 	s.statusMu.RUnlock()
@@ -547,7 +547,10 @@ func (s *Store) Statuses() []StatusEntry {
 
 // statusKeysLocked returns the keys of every status, ordered; the caller holds statusMu.
 func (s *Store) statusKeysLocked() []nimbusv1.Key {
-	keys := s.statuses.appendKeys(make([]nimbusv1.Key, 0, s.statuses.len()))
+	keys := make([]nimbusv1.Key, 0, s.statuses.Len())
+	for key := range s.statuses.All() {
+		keys = append(keys, key)
+	}
 	slices.SortFunc(keys, nimbusv1.Key.Compare)
 	return keys
 }
@@ -918,7 +921,7 @@ func (w *StatusWriter) Commit(t *StatusTxn) error {
 	desired := s.desired.Load().byID
 	s.statusMu.Lock()
 	for i, op := range t.ops {
-		old, had := s.statuses.get(op.key)
+		old, had := s.statuses.Get(op.key)
 		row := rows[i]
 		switch {
 		case op.remove && !had:
@@ -931,7 +934,7 @@ func (w *StatusWriter) Commit(t *StatusTxn) error {
 			keys = append(keys, op.key)
 		}
 		if op.remove {
-			s.statuses.remove(op.key)
+			s.statuses.Delete(op.key)
 			continue
 		}
 		// The map keeps the key it is given last; the desired table's key shares its
@@ -942,11 +945,11 @@ func (w *StatusWriter) Commit(t *StatusTxn) error {
 		} else {
 			key = key.Clone()
 		}
-		s.statuses.set(key, row)
+		s.statuses.Set(key, row)
 	}
 	changed := keys[:0]
 	for _, key := range keys {
-		st, had := s.statuses.get(key)
+		st, had := s.statuses.Get(key)
 		if b := before[key]; had != b.had || !st.equal(b.st) {
 			changed = append(changed, key)
 		}
