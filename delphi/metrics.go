@@ -111,7 +111,7 @@ func (s *Store) countObjects() map[nimbusv1.Kind]*objectCounts {
 	defer s.statusMu.RUnlock()
 	desired.Scan(func(d *record) bool {
 		phase := phasePending
-		if r, ok := s.statuses[d.key]; ok {
+		if r, ok := s.statuses.Get(d.key); ok {
 			gen, reported := r.progress()
 			if gen != d.generation {
 				reported = nimbusv1.Phase_PHASE_UNSPECIFIED

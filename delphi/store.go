@@ -166,11 +166,11 @@ type Store struct {
 	// neither.
 	work, base *desiredState
 
-	// statusMu guards statuses, the status table, by key. Statuses are many, small,
-	// rewritten often and never kept on disk, so they live in a plain map rather than in
-	// versions of a table that each write would copy. Writers also hold writeMu.
+	// statusMu guards statuses, the status table. Statuses are many, small, rewritten
+	// often and never kept on disk, so they live in plain maps rather than in versions
+	// of a table that each write would copy. Writers also hold writeMu.
 	statusMu sync.RWMutex
-	statuses map[nimbusv1.Key]storedStatus
+	statuses nimbusv1.KeyMap[storedStatus]
 
 	// mu guards subs, desiredClaimed, statusClaimed, synced and closed.
 	mu             sync.Mutex
@@ -197,11 +197,10 @@ func Open(opts Options) (*Store, error) {
 		log = slog.Default()
 	}
 	s := &Store{
-		log:      log,
-		indexes:  opts.Indexes,
-		subs:     make(map[*Subscription]struct{}),
-		synced:   make(chan struct{}),
-		statuses: make(map[nimbusv1.Key]storedStatus),
+		log:     log,
+		indexes: opts.Indexes,
+		subs:    make(map[*Subscription]struct{}),
+		synced:  make(chan struct{}),
 	}
 	s.commitLocked(s.buildState(nil))
 	reg := opts.Registerer
@@ -515,7 +514,7 @@ func (s *Store) Resume() (epoch string, revision uint64) {
 // Status returns the status the HAL reported for the object with the given key.
 func (s *Store) Status(key *nimbusv1.ObjectKey) (*nimbusv1.NodeStatus, bool) {
 	s.statusMu.RLock()
-	r, ok := s.statuses[key.Key()]
+	r, ok := s.statuses.Get(key.Key())
 	s.statusMu.RUnlock()
 	if !ok {
 		return nil, false
@@ -535,7 +534,8 @@ func (s *Store) Statuses() []StatusEntry {
 	keys := s.statusKeysLocked()
 	rows := make([]storedStatus, 0, len(keys))
 	for _, key := range keys {
-		rows = append(rows, s.statuses[key])
+		r, _ := s.statuses.Get(key)
+		rows = append(rows, r)
 	}
 	s.statusMu.RUnlock()
 	out := make([]StatusEntry, 0, len(keys))
@@ -547,8 +547,8 @@ func (s *Store) Statuses() []StatusEntry {
 
 // statusKeysLocked returns the keys of every status, ordered; the caller holds statusMu.
 func (s *Store) statusKeysLocked() []nimbusv1.Key {
-	keys := make([]nimbusv1.Key, 0, len(s.statuses))
-	for key := range s.statuses {
+	keys := make([]nimbusv1.Key, 0, s.statuses.Len())
+	for key := range s.statuses.All() {
 		keys = append(keys, key)
 	}
 	slices.SortFunc(keys, nimbusv1.Key.Compare)
@@ -921,7 +921,7 @@ func (w *StatusWriter) Commit(t *StatusTxn) error {
 	desired := s.desired.Load().byID
 	s.statusMu.Lock()
 	for i, op := range t.ops {
-		old, had := s.statuses[op.key]
+		old, had := s.statuses.Get(op.key)
 		row := rows[i]
 		switch {
 		case op.remove && !had:
@@ -934,7 +934,7 @@ func (w *StatusWriter) Commit(t *StatusTxn) error {
 			keys = append(keys, op.key)
 		}
 		if op.remove {
-			delete(s.statuses, op.key)
+			s.statuses.Delete(op.key)
 			continue
 		}
 		// The map keeps the key it is given last; the desired table's key shares its
@@ -945,11 +945,11 @@ func (w *StatusWriter) Commit(t *StatusTxn) error {
 		} else {
 			key = key.Clone()
 		}
-		s.statuses[key] = row
+		s.statuses.Set(key, row)
 	}
 	changed := keys[:0]
 	for _, key := range keys {
-		st, had := s.statuses[key]
+		st, had := s.statuses.Get(key)
 		if b := before[key]; had != b.had || !st.equal(b.st) {
 			changed = append(changed, key)
 		}

@@ -162,9 +162,10 @@ type HAL struct {
 	// dependents are the Dependent reconcilers by the kinds they depend on.
 	dependents map[nimbusv1.Kind][]Dependent
 	// programmed holds the keys of the kinds that have dependents whose last reconcile
-	// left them PROGRAMMED; guarded by programmedMu.
+	// left them PROGRAMMED, by name in a map per scope as it holds every such object;
+	// guarded by programmedMu.
 	programmedMu sync.Mutex
-	programmed   map[nimbusv1.Key]bool
+	programmed   nimbusv1.KeyMap[struct{}]
 	counts       map[nimbusv1.Kind]*kindCounts
 	queue        workqueue.TypedRateLimitingInterface[nimbusv1.Key]
 	status       *statusWriter
@@ -257,7 +258,6 @@ func New(opts Options) (*HAL, error) {
 		store:       opts.Store,
 		reconcilers: recs,
 		dependents:  dependents,
-		programmed:  map[nimbusv1.Key]bool{},
 		counts:      counts,
 		queue:       newQueue(opts.RateLimiter, opts.Clock),
 		ready:       newReadiness(),
@@ -384,11 +384,11 @@ func (h *HAL) programmedNow(id nimbusv1.Key, programmed bool) {
 		return
 	}
 	h.programmedMu.Lock()
-	was := h.programmed[id]
+	was := h.programmed.Has(id)
 	if programmed {
-		h.programmed[id] = true
+		h.programmed.Set(id, struct{}{})
 	} else {
-		delete(h.programmed, id)
+		h.programmed.Delete(id)
 	}
 	h.programmedMu.Unlock()
 	if programmed && !was {

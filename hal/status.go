@@ -17,11 +17,15 @@ import (
 // keeps only the latest status of a key that is still pending, and records a key's
 // statuses in the order they were handed over.
 //
-// It records a status only when it changed: it remembers, per key, a hash of the content of
-// the last status it recorded (statusSum: everything but the update time), and passes over
-// a status whose content hashes the same, so that reconciles that change nothing, such as
-// the periodic refreshes of counters, cost no store transaction and send nothing upstream.
-// A removal is always recorded, and the key forgotten. A transaction that fails changes
+// It records a status only when it changed: it remembers, per key, a hash of the key and
+// the content of the last status it recorded (statusSum: everything but the update time),
+// and passes over a status whose key and content hash the same, so that reconciles that
+// change nothing, such as the periodic refreshes of counters, cost no store transaction
+// and send nothing upstream. It remembers a key by a hash of it too (keySum), 8 bytes
+// where a nimbusv1.Key takes 56 and more for its strings, in a map that holds every
+// object with a status: two keys with the same keySum share a place, which costs at most
+// a status recorded again, for a status is passed over only when its sum, which hashes
+// the key, is the one remembered. A removal is always recorded, and the key forgotten. A transaction that fails changes
 // nothing it remembers: the keys in it are reconciled again and their statuses recorded
 // anew.
 type statusWriter struct {
@@ -42,9 +46,9 @@ type statusWriter struct {
 
 	// seed seeds the hashes of statuses.
 	seed maphash.Seed
-	// recorded holds, per key, the statusSum of the last status recorded for it. Only
-	// run reads and writes it.
-	recorded map[nimbusv1.Key]uint64
+	// recorded holds, by the keySum of a key, the statusSum of the last status recorded
+	// for it. Only run reads and writes it.
+	recorded map[uint64]uint64
 }
 
 func newStatusWriter(store Store, batch int, more func() bool, failed func(ids []nimbusv1.Key, err error)) *statusWriter {
@@ -56,7 +60,7 @@ func newStatusWriter(store Store, batch int, more func() bool, failed func(ids [
 		signal:   make(chan struct{}, 1),
 		pending:  map[nimbusv1.Key]StatusUpdate{},
 		seed:     maphash.MakeSeed(),
-		recorded: map[nimbusv1.Key]uint64{},
+		recorded: map[uint64]uint64{},
 	}
 }
 
@@ -101,9 +105,9 @@ func (w *statusWriter) run() {
 		}
 		for i, u := range updates {
 			if u.Status == nil || sums[i] == 0 {
-				delete(w.recorded, ids[i])
+				delete(w.recorded, w.keySum(ids[i]))
 			} else {
-				w.recorded[ids[i]] = sums[i]
+				w.recorded[w.keySum(ids[i])] = sums[i]
 			}
 		}
 		w.commits.Add(1)
@@ -120,8 +124,8 @@ func (w *statusWriter) changed(ids []nimbusv1.Key, updates []StatusUpdate) ([]ni
 	for i, u := range updates {
 		var sum uint64
 		if u.Status != nil {
-			sum = w.statusSum(u.Status)
-			if last, ok := w.recorded[ids[i]]; ok && sum != 0 && last == sum {
+			sum = w.statusSum(ids[i], u.Status)
+			if last, ok := w.recorded[w.keySum(ids[i])]; ok && sum != 0 && last == sum {
 				continue
 			}
 		}
@@ -133,15 +137,34 @@ func (w *statusWriter) changed(ids []nimbusv1.Key, updates []StatusUpdate) ([]ni
 	return ids[:n], updates[:n], sums
 }
 
-// statusSum returns a hash of the content of a status: every field but its update time.
-// It returns 0, which matches no status, for a status it cannot hash whole (one with
-// fields this build does not know).
-func (w *statusWriter) statusSum(st *nimbusv1.NodeStatus) uint64 {
+// keySum returns the hash by which recorded remembers a key.
+func (w *statusWriter) keySum(id nimbusv1.Key) uint64 {
+	var h maphash.Hash
+	h.SetSeed(w.seed)
+	hashKey(&h, id)
+	return h.Sum64()
+}
+
+// hashKey adds a key to h.
+func hashKey(h *maphash.Hash, id nimbusv1.Key) {
+	hashUint(h, uint64(id.Kind))
+	hashString(h, id.Tenant)
+	hashString(h, id.Namespace)
+	hashString(h, id.Name)
+}
+
+// statusSum returns a hash of the key of an object and the content of its status: every
+// field but the update time. It returns 0, which matches no status, for a status it
+// cannot hash whole (one with fields this build does not know).
+func (w *statusWriter) statusSum(id nimbusv1.Key, st *nimbusv1.NodeStatus) uint64 {
 	if len(st.ProtoReflect().GetUnknown()) != 0 {
 		return 0
 	}
 	var h maphash.Hash
 	h.SetSeed(w.seed)
+	// A different prefix than keySum's, so that the two hashes of a key differ.
+	hashUint(&h, 1)
+	hashKey(&h, id)
 	hashString(&h, st.GetNode())
 	hashUint(&h, uint64(st.GetObservedGeneration()))
 	hashUint(&h, uint64(st.GetPhase()))

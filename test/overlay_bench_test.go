@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"net/http"
@@ -214,24 +215,50 @@ func (p *prober) firstEcho(addr string, start time.Time, limit time.Duration) (t
 // RSS per endpoint once its queue is empty, and again settled, settleTime later, when
 // the agent has returned the garbage of the restart to the OS, and the CPU each agent
 // spent: the first applying the endpoints, the restarted one until its queue was empty.
-// It runs twice, the agent with its default garbage collector target (--gc-percent) and
-// with Go's, 100, so that what the default saves and costs shows in one run.
+//
+// Each run first does the same with no endpoints (the Nodes and the network only,
+// endpoints=0) and reports the agent's settled heap and RSS, the cost of an agent on
+// that cluster before any endpoint; the run with endpoints then also reports its settled
+// figures less those, per endpoint (the slope), beside the totals per endpoint. It runs
+// twice, the agent with its default garbage collector target (--gc-percent) and with
+// Go's, 100, so that what the default saves and costs shows in one run. A run with
+// 100,000 endpoints, default target, takes some minutes and runs only when named, with
+// its floor:
 //
 //	go test -run '^$' -bench 'OverlayRestart' -benchtime 1x ./test/
+//	go test -run '^$' -bench 'OverlayRestart/gc-percent=default/endpoints=(0|100000)$' -benchtime 1x ./test/
 func BenchmarkOverlayRestart(b *testing.B) {
-	const n = 10_000
 	for _, gc := range []struct{ name, flag string }{{"default", ""}, {"100", "--gc-percent=100"}} {
 		b.Run("gc-percent="+gc.name, func(b *testing.B) {
-			for range b.N {
-				overlayRestart(b, n, gc.flag)
+			// floor is the endpoints=0 run's, when it ran.
+			var floor *overlayMemory
+			for _, n := range []int{0, 10_000, 100_000} {
+				b.Run(fmt.Sprintf("endpoints=%d", n), func(b *testing.B) {
+					if n >= 100_000 && (gc.flag != "" || !benchNamed("endpoints=(0|100000)")) {
+						b.Skip("run with -bench 'OverlayRestart/gc-percent=default/endpoints=(0|100000)$'")
+					}
+					for range b.N {
+						m := overlayRestart(b, n, gc.flag, floor)
+						if n == 0 {
+							floor = &m
+						}
+					}
+				})
 			}
 		})
 	}
 }
 
+// overlayMemory is what an agent holds settled, in bytes.
+type overlayMemory struct {
+	rss, heap float64
+}
+
 // overlayRestart runs BenchmarkOverlayRestart with n endpoints, the agent started with
-// gcFlag, a --gc-percent flag, unless it is empty.
-func overlayRestart(b *testing.B, n int, gcFlag string) {
+// gcFlag, a --gc-percent flag, unless it is empty, and returns the restarted agent's
+// settled memory. With n > 0 and a floor, the memory of the same run with no endpoints,
+// it also reports the settled figures less the floor's, per endpoint.
+func overlayRestart(b *testing.B, n int, gcFlag string, floor *overlayMemory) overlayMemory {
 	flags := append(slices.Clone(quietFlags), metricsFlags...)
 	if gcFlag != "" {
 		flags = append(flags, gcFlag)
@@ -241,8 +268,10 @@ func overlayRestart(b *testing.B, n int, gcFlag string) {
 	h.startAgentWith(b, flags...)
 	manifest := filepath.Join(b.TempDir(), "overlay.yaml")
 	writeOverlayManifest(b, manifest, h, n)
+	networks := c.watchKindStatus(b, nimbusv1.Kind_KIND_NETWORK)
 	status := c.watchKindStatus(b, nimbusv1.Kind_KIND_ENDPOINT)
 	c.mustCtl(b, "", "apply", "-f", manifest)
+	networks.waitProgrammedOn(b, h.name, 1)
 	status.waitProgrammedOn(b, h.name, n)
 	fdb, neigh := overlayEntries(b, h)
 	if fdb != 2*n || neigh != n {
@@ -289,16 +318,29 @@ func overlayRestart(b *testing.B, n int, gcFlag string) {
 	if f, nb := overlayEntries(b, h); f != 2*n || nb != n {
 		b.Errorf("after the restart the kernel holds %d static FDB entries and %d permanent neighbours; want %d and %d", f, nb, 2*n, n)
 	}
+	rss := float64(agentRSS(b, h))
+	settled := overlayMemory{rss: float64(settledRSS(b, h, idle))}
+	settled.heap = tel.metrics(b)["go_memstats_heap_inuse_bytes"]
 	b.ReportMetric(ready.Seconds(), "ready-s")
-	b.ReportMetric(dump.Seconds(), "dump-s")
-	b.ReportMetric(ready.Seconds()/dump.Seconds(), "ready-x-dump")
 	b.ReportMetric(writes, "kernel-writes")
 	b.ReportMetric(applyCPU, "apply-cpu-s")
 	b.ReportMetric(m["process_cpu_seconds_total"], "restart-cpu-s")
+	if n == 0 {
+		b.ReportMetric(settled.heap/1e6, "settled-heap-MB")
+		b.ReportMetric(settled.rss/1e6, "settled-rss-MB")
+		return settled
+	}
+	b.ReportMetric(dump.Seconds(), "dump-s")
+	b.ReportMetric(ready.Seconds()/dump.Seconds(), "ready-x-dump")
 	b.ReportMetric(m["go_memstats_heap_inuse_bytes"]/float64(n), "heap-B/endpoint")
-	b.ReportMetric(float64(agentRSS(b, h))/float64(n), "rss-B/endpoint")
-	b.ReportMetric(float64(settledRSS(b, h, idle))/float64(n), "settled-rss-B/endpoint")
-	b.ReportMetric(tel.metrics(b)["go_memstats_heap_inuse_bytes"]/float64(n), "settled-heap-B/endpoint")
+	b.ReportMetric(rss/float64(n), "rss-B/endpoint")
+	b.ReportMetric(settled.rss/float64(n), "settled-rss-B/endpoint")
+	b.ReportMetric(settled.heap/float64(n), "settled-heap-B/endpoint")
+	if floor != nil {
+		b.ReportMetric((settled.rss-floor.rss)/float64(n), "slope-rss-B/endpoint")
+		b.ReportMetric((settled.heap-floor.heap)/float64(n), "slope-heap-B/endpoint")
+	}
+	return settled
 }
 
 // overlayRestartNodes is the number of other nodes BenchmarkOverlayRestart's endpoints
@@ -319,10 +361,17 @@ func writeOverlayManifest(t testing.TB, path string, h *host, n int) {
 	for i := range overlayRestartNodes {
 		fmt.Fprintf(w, "kind: Node\nmeta: {name: node-%d}\nspec: {hostname: node-%d, vtepAddress: 10.10.0.%d}\n---\n", i, i, 10+i)
 	}
-	fmt.Fprint(w, "kind: Network\nmeta: {name: blue}\nspec: {vni: 100, subnet: 10.64.0.0/16, gateway: 10.64.0.1}\n---\n")
+	// 250 addresses in each /24 from 10.64.1.0 on: beyond 63,750 endpoints they run past
+	// 10.64.0.0/16, and the network is 10.64.0.0/14.
+	prefix := 16
+	if n > 255*250 {
+		prefix = 14
+	}
+	fmt.Fprintf(w, "kind: Network\nmeta: {name: blue}\nspec: {vni: 100, subnet: 10.64.0.0/%d, gateway: 10.64.0.1}\n---\n", prefix)
 	for i := range n {
-		fmt.Fprintf(w, "kind: Endpoint\nmeta: {name: ep%05d}\nspec: {network: blue, node: node-%d, mac: \"02:00:00:%02x:%02x:%02x\", ips: [10.64.%d.%d]}\n---\n",
-			i, i%overlayRestartNodes, i>>16, (i>>8)&0xff, i&0xff, 1+i/250, 1+i%250)
+		q := 1 + i/250
+		fmt.Fprintf(w, "kind: Endpoint\nmeta: {name: ep%05d}\nspec: {network: blue, node: node-%d, mac: \"02:00:00:%02x:%02x:%02x\", ips: [10.%d.%d.%d]}\n---\n",
+			i, i%overlayRestartNodes, i>>16, (i>>8)&0xff, i&0xff, 64+(q>>8), q&0xff, 1+i%250)
 	}
 	if err := w.Flush(); err != nil {
 		t.Fatal(err)
@@ -422,4 +471,11 @@ func (o *objectStatuses) waitAllProgrammed(t testing.TB, name string) {
 				deadline, name, o.latest[name].GetStatus())
 		}
 	}
+}
+
+// benchNamed reports whether the -bench pattern contains s, for benchmarks too long to
+// run unless asked for by name.
+func benchNamed(s string) bool {
+	f := flag.Lookup("test.bench")
+	return f != nil && strings.Contains(f.Value.String(), s)
 }
