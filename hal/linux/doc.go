@@ -145,7 +145,8 @@
 //     by link index and address with prefix length (addrKey), holding its flags and
 //     protocol; found by link, by address and by protocol. The node reconciler finds
 //     its VTEP address there; the interface reconciler reads and writes a link's
-//     addresses there.
+//     addresses there, and the network reconciler a bridge's gateway addresses (and
+//     finds the underlay by the VTEP address).
 //   - neighbours (kview_neigh_linux.go): the static FDB entries without a VLAN (a
 //     device's own, keyed by device and MAC, holding the remote VTEP; a bridge's,
 //     keyed by bridge and MAC, holding the port) and the permanent IP neighbours (keyed

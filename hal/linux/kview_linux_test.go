@@ -91,9 +91,9 @@ func TestKernelViewOneSubscription(t *testing.T) {
 	if rr := observers[0].(*RouteReconciler); rr.routes != view.routes {
 		t.Error("the route reconciler reads routes of its own, not the view's table")
 	}
-	// The node and interface reconcilers read the view's address table.
-	if nr := observers[2].(*NodeReconciler); nr.addrs != view.addrs || rec.addrs != view.addrs {
-		t.Error("the node or interface reconciler reads addresses of its own, not the view's table")
+	// The node, interface and network reconcilers read the view's address table.
+	if nr, nw := observers[2].(*NodeReconciler), observers[3].(*NetworkReconciler); nr.addrs != view.addrs || rec.addrs != view.addrs || nw.addrs != view.addrs {
+		t.Error("the node, interface or network reconciler reads addresses of its own, not the view's table")
 	}
 	// The endpoint reconciler reads the view's FDB entries and neighbours.
 	if ep := observers[4].(*EndpointReconciler); ep.fdb != view.neigh.fdb || ep.neigh != view.neigh.ips {

@@ -133,17 +133,19 @@ type NetworkReconciler struct {
 	inNS *nsThreads
 
 	links  *hal.Mirror[string, networkLink]
-	addrs  *hal.Mirror[addrKey, ifAddr]
 	rules  *hal.Mirror[ruleKey, uint8]
 	routes *hal.Mirror[routeID, overlayRoute]
 	her    *hal.Mirror[herKey, herEntry]
 
+	// addrs is the view's table of addresses, which addrReader reads.
+	addrs      *addrTable
+	addrReader *tableReader[addrKey, kernelAddr]
+
 	// The mirrors' indexes, by which a reconcile reads what one network needs instead of
-	// walking a whole mirror: addresses by interface and by address, routes by output
-	// interface and by preferred source, rules by input interface, head-end replication
-	// entries by VXLAN device, and networks' bridges by their tenant's GatewayMark.
-	addrsByLink   *hal.Index[addrKey, ifAddr, int32]
-	addrsByAddr   *hal.Index[addrKey, ifAddr, netip.Addr]
+	// walking a whole mirror: routes by output interface and by preferred source, rules
+	// by input interface, head-end replication entries by VXLAN device, and networks'
+	// bridges by their tenant's GatewayMark. The address table's own indexes find
+	// addresses by interface and by address.
 	routesByLink  *hal.Index[routeID, overlayRoute, int32]
 	routesBySrc   *hal.Index[routeID, overlayRoute, netip.Addr]
 	rulesByIIF    *hal.Index[ruleKey, uint8, string]
@@ -223,6 +225,12 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 	if gw.checkInterval <= 0 {
 		gw.checkInterval = 10 * time.Second
 	}
+	addrReader := c.view.addrs.reader(c)
+	if addrReader == nil {
+		c.close()
+		gw.close()
+		return nil, errors.New("network reconciler: the kernel view's address table has as many readers as it can hold")
+	}
 	r := &NetworkReconciler{
 		gw:       gw,
 		rtnlConn: c,
@@ -231,9 +239,7 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 		store:    opts.Store,
 		node:     opts.Node,
 		links:    hal.NewMirror[string, networkLink](sameLink, nil),
-		addrs: hal.NewMirror[addrKey, ifAddr](func(have, want ifAddr) bool {
-			return have.flags&managedAddrFlags == want.flags&managedAddrFlags
-		}, nil),
+
 		rules:           hal.NewMirror[ruleKey, uint8](func(have, want uint8) bool { return have == want }, nil),
 		routes:          hal.NewMirror[routeID, overlayRoute](func(have, want overlayRoute) bool { return have == want }, routeID.hash),
 		her:             hal.NewMirror[herKey, herEntry](func(have, want herEntry) bool { return have == want }, nil),
@@ -245,8 +251,7 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 		endpointsOf:     map[nimbusv1.Key][]nimbusv1.Key{},
 		forwarding:      map[string]forwardingState{},
 	}
-	r.addrsByLink = hal.NewIndex(r.addrs, func(k addrKey, _ ifAddr) (int32, bool) { return k.index, true })
-	r.addrsByAddr = hal.NewIndex(r.addrs, func(k addrKey, _ ifAddr) (netip.Addr, bool) { return k.prefix.Addr().Unmap(), true })
+	r.addrs, r.addrReader = c.view.addrs, addrReader
 	r.routesByLink = hal.NewIndex(r.routes, func(_ routeID, rt overlayRoute) (int32, bool) { return rt.oif, true })
 	r.routesBySrc = hal.NewIndex(r.routes, func(_ routeID, rt overlayRoute) (netip.Addr, bool) { return rt.src, rt.src.IsValid() })
 	r.rulesByIIF = hal.NewIndex(r.rules, func(k ruleKey, _ uint8) (string, bool) { return k.iif, k.iif != "" })
@@ -268,6 +273,7 @@ func bridgeMark(_ string, l networkLink) (uint32, bool) {
 // Close releases the netlink sockets and the threads in the namespace. It is safe to
 // call twice.
 func (r *NetworkReconciler) Close() error {
+	r.addrReader.close()
 	r.inNS.close()
 	r.close()
 	r.gw.close()

@@ -19,8 +19,12 @@ import (
 // fill them, the observer that applies the kernel's notifications, and the sweep that
 // dumps afresh and removes what no desired network owns.
 
-// fill loads the mirrors with a dump, unless one has loaded them already.
+// fill loads the mirrors and the view's address table with a dump, unless one has
+// loaded them already.
 func (r *NetworkReconciler) fill(ctx context.Context) error {
+	if err := r.addrs.fill(ctx, r.rtnlConn); err != nil {
+		return err
+	}
 	return r.loadOnce(ctx, func(ctx context.Context) error {
 		_, err := r.dumpAll(ctx)
 		return err
@@ -47,7 +51,9 @@ func (r *NetworkReconciler) resync(ctx context.Context, enqueue func(nimbusv1.Ke
 }
 
 // dumpAll loads every mirror with a fresh dump and returns the keys of the networks
-// whose kernel state the dumps found different from what the mirrors held. It also
+// whose kernel state the dumps found different from what the mirrors held. The
+// addresses are the view's: what a dump of them finds changed reaches the observer
+// (addrChanged). It also
 // forgets what it knew of the forwarding sysctls, which have no dump: the reconciles
 // that follow read them again.
 func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]nimbusv1.Key, error) {
@@ -84,14 +90,6 @@ func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]nimbusv1.Key, error)
 	r.mu.Unlock()
 	for _, name := range drift {
 		note(r.ownerOfName(name))
-	}
-
-	addrDrift, err := dumpMirror(ctx, r.rtnlConn, r.addrs, "addresses", unix.RTM_NEWADDR, parseAddrMsg, rtnl.AddrDumpRequest())
-	if err != nil {
-		return nil, err
-	}
-	for _, k := range addrDrift {
-		note(r.ownerOfIndex(k.index))
 	}
 
 	ruleDrift, err := dumpMirror(ctx, r.rtnlConn, r.rules, "rules", unix.RTM_NEWRULE, func(p []byte) (ruleKey, uint8, bool) {
@@ -164,13 +162,13 @@ func (r *NetworkReconciler) Observe(ctx context.Context, enqueue func(nimbusv1.K
 	wg.Go(func() { r.watchGatewayLinks(ctx, enqueue) })
 	defer wg.Wait()
 	defer cancel()
-	return r.observe(ctx, "network changes", []uint{
+	addrs := r.addrReader.watching(func(c tableChange[addrKey, kernelAddr]) { r.addrChanged(c, enqueue) })
+	return r.observeTables(ctx, "network changes", []uint{
 		unix.RTNLGRP_LINK, unix.RTNLGRP_NEIGH,
-		unix.RTNLGRP_IPV4_IFADDR, unix.RTNLGRP_IPV6_IFADDR,
 		unix.RTNLGRP_IPV4_ROUTE, unix.RTNLGRP_IPV6_ROUTE,
 		unix.RTNLGRP_IPV4_RULE, unix.RTNLGRP_IPV6_RULE,
 		unix.RTNLGRP_IPV4_NETCONF, unix.RTNLGRP_IPV6_NETCONF,
-	}, func(ctx context.Context) error { return r.resync(ctx, enqueue) }, subscribed,
+	}, []viewSource{addrs}, func(ctx context.Context) error { return r.resync(ctx, enqueue) }, subscribed,
 		func(typ uint16, payload []byte) { r.apply(typ, payload, enqueue) })
 }
 
@@ -180,25 +178,6 @@ func (r *NetworkReconciler) apply(typ uint16, b []byte, enqueue func(nimbusv1.Ke
 	switch typ {
 	case unix.RTM_NEWLINK, unix.RTM_DELLINK:
 		r.applyLink(typ, b, enqueue)
-	case unix.RTM_NEWADDR, unix.RTM_DELADDR:
-		k, a, ok := parseAddrMsg(b)
-		if !ok {
-			return
-		}
-		echo := false
-		if typ == unix.RTM_NEWADDR {
-			echo = r.addrs.Update(k, a)
-		} else {
-			echo = r.addrs.Remove(k)
-			r.addrGone(k)
-		}
-		if r.underlayAddr(k.prefix.Addr()) {
-			r.allNetworks(enqueue, "VTEP address", k.prefix.String())
-		}
-		if echo || k.prefix.Addr().Is6() && k.prefix.Addr().IsLinkLocalUnicast() {
-			return
-		}
-		r.drifted(r.ownerOfIndex(k.index), enqueue, "address", k.prefix.String())
 	case unix.RTM_NEWROUTE, unix.RTM_DELROUTE:
 		id, rt, ok := parseOverlayRoute(b)
 		if !ok {
@@ -268,6 +247,24 @@ func (r *NetworkReconciler) drifted(key nimbusv1.Key, enqueue func(nimbusv1.Key)
 	}
 	r.log.Debug("network state changed", "key", key, "what", what, "which", which)
 	enqueue(key)
+}
+
+// addrChanged makes the routes mirror follow what the kernel does to routes when an
+// address goes (addrGone), and enqueues every network when it is the VTEP address, and
+// the network whose interface holds the address when it changed other than by the
+// reconciler's own write.
+func (r *NetworkReconciler) addrChanged(c tableChange[addrKey, kernelAddr], enqueue func(nimbusv1.Key)) {
+	k := c.key
+	if !c.has {
+		r.addrGone(k)
+	}
+	if r.underlayAddr(k.prefix.Addr()) {
+		r.allNetworks(enqueue, "VTEP address", k.prefix.String())
+	}
+	if c.echo || k.prefix.Addr().Is6() && k.prefix.Addr().IsLinkLocalUnicast() {
+		return
+	}
+	r.drifted(r.ownerOfIndex(k.index), enqueue, "address", k.prefix.String())
 }
 
 // applyLink applies an RTM_NEWLINK or RTM_DELLINK notification.
@@ -363,6 +360,10 @@ func (r *NetworkReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Key
 	if err := r.resync(ctx, enqueue); err != nil {
 		return err
 	}
+	if err := r.addrs.reload(ctx, r.rtnlConn); err != nil {
+		return err
+	}
+	r.addrReader.drainMissed(func(c tableChange[addrKey, kernelAddr]) { r.addrChanged(c, enqueue) })
 	bridges := map[string]nimbusv1.Key{}
 	devices := map[string]bool{}
 	for _, key := range r.store.Keys(nimbusv1.Kind_KIND_NETWORK) {

@@ -265,8 +265,8 @@ func (r *NetworkReconciler) linkGone(index int32) {
 	r.mu.Lock()
 	delete(r.names, index)
 	r.mu.Unlock()
-	for k := range r.addrsByLink.Get(index) {
-		r.addrs.Remove(k)
+	for k := range r.addrs.byLink.Get(index) {
+		r.addrs.m.Remove(k)
 	}
 	r.routesGone(index, true)
 	for k := range r.herByLink.Get(index) {
@@ -426,7 +426,7 @@ func (r *NetworkReconciler) ensureAddresses(ctx context.Context, want networkWan
 		wanted[addrKey{index: index, prefix: netip.PrefixFrom(s.gw, s.prefix.Bits())}] = flags
 	}
 	// Unwanted ones go first: IPv6 refuses an address it holds with another length.
-	for k, a := range r.addrsByLink.Get(index) {
+	for k, a := range r.addrs.byLink.Get(index) {
 		if k.prefix.Addr().Is6() && k.prefix.Addr().IsLinkLocalUnicast() {
 			continue
 		}
@@ -438,12 +438,12 @@ func (r *NetworkReconciler) ensureAddresses(ctx context.Context, want networkWan
 		}
 	}
 	for _, k := range sortedKeys(wanted, compareAddrKeys) {
-		if _, ok := r.addrs.Get(k); ok {
+		if _, ok := r.addrs.get(k); ok {
 			continue
 		}
 		flags := wanted[k]
 		msg := appendAddrRequest(r.nl.Buffer(), unix.RTM_NEWADDR, unix.NLM_F_CREATE|unix.NLM_F_EXCL, k, flags)
-		if _, err := kernelWrite(ctx, r.rtnlConn, r.addrs.Expect(k, ifAddr{flags: flags}), msg); err != nil {
+		if _, err := kernelWrite(ctx, r.rtnlConn, r.addrs.m.ExpectBy(r.addrReader.writer(), k, kernelAddr{flags: flags}, sameGatewayAddr), msg); err != nil {
 			return kernelErr(err, "adding address %s to %s", k.prefix, want.bridge)
 		}
 		r.log.Debug("gateway address added", "key", want.id, "address", k.prefix.String(), "bridge", want.bridge)
@@ -451,10 +451,16 @@ func (r *NetworkReconciler) ensureAddresses(ctx context.Context, want networkWan
 	return nil
 }
 
+// sameGatewayAddr reports whether the gateway address have is in the state want
+// describes: with the flags the reconciler sets (managedAddrFlags).
+func sameGatewayAddr(have, want kernelAddr) bool {
+	return have.flags&managedAddrFlags == want.flags&managedAddrFlags
+}
+
 // deleteAddr removes the address k from the link name (`ip addr del`).
 func (r *NetworkReconciler) deleteAddr(ctx context.Context, name string, k addrKey) error {
 	msg := appendAddrRequest(r.nl.Buffer(), unix.RTM_DELADDR, 0, k, 0)
-	took, err := kernelWrite(ctx, r.rtnlConn, r.addrs.ExpectGone(k), msg, unix.EADDRNOTAVAIL, unix.ENODEV)
+	took, err := kernelWrite(ctx, r.rtnlConn, r.addrs.m.ExpectGoneBy(r.addrReader.writer(), k), msg, unix.EADDRNOTAVAIL, unix.ENODEV)
 	if err != nil {
 		return kernelErr(err, "deleting address %s from %s", k.prefix, name)
 	}
@@ -483,13 +489,13 @@ func (r *NetworkReconciler) addrGone(k addrKey) {
 		return
 	}
 	heldElsewhere, lastOnLink := false, true
-	for o := range r.addrsByAddr.Get(a.Unmap()) {
+	for o := range r.addrs.byAddr.Get(a.Unmap()) {
 		if o != k && o.prefix.Addr() == a {
 			heldElsewhere = true
 			break
 		}
 	}
-	for o := range r.addrsByLink.Get(k.index) {
+	for o := range r.addrs.byLink.Get(k.index) {
 		if o != k && o.prefix.Addr().Is4() {
 			lastOnLink = false
 			break
