@@ -64,6 +64,9 @@ func TestKernelViewOneSubscription(t *testing.T) {
 	if got := view.addrs.dumps.Load(); got != 1 {
 		t.Errorf("the view's address table was dumped %d times, want once, when the subscription started", got)
 	}
+	if got := view.rules.dumps.Load(); got != 1 {
+		t.Errorf("the view's rule table was dumped %d times, want once, when the subscription started", got)
+	}
 	if f, n := view.neigh.fdb.dumps.Load(), view.neigh.ips.dumps.Load(); f != 1 || n != 1 {
 		t.Errorf("the view's FDB entries were dumped %d times and its neighbours %d; want once each, when the subscription started", f, n)
 	}
@@ -94,6 +97,9 @@ func TestKernelViewOneSubscription(t *testing.T) {
 	// The node, interface and network reconcilers read the view's address table.
 	if nr, nw := observers[2].(*NodeReconciler), observers[3].(*NetworkReconciler); nr.addrs != view.addrs || rec.addrs != view.addrs || nw.addrs != view.addrs {
 		t.Error("the node, interface or network reconciler reads addresses of its own, not the view's table")
+	}
+	if nw := observers[3].(*NetworkReconciler); nw.rules != view.rules {
+		t.Error("the network reconciler reads rules of its own, not the view's table")
 	}
 	// The endpoint reconciler reads the view's FDB entries and neighbours.
 	if ep := observers[4].(*EndpointReconciler); ep.fdb != view.neigh.fdb || ep.neigh != view.neigh.ips {

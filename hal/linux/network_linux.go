@@ -133,22 +133,24 @@ type NetworkReconciler struct {
 	inNS *nsThreads
 
 	links  *hal.Mirror[string, networkLink]
-	rules  *hal.Mirror[ruleKey, uint8]
 	routes *hal.Mirror[routeID, overlayRoute]
 	her    *hal.Mirror[herKey, herEntry]
 
-	// addrs is the view's table of addresses, which addrReader reads.
+	// addrs is the view's table of addresses, which addrReader reads; rules that of
+	// rules, which ruleReader reads (the network's are those of the overlay's shape,
+	// ruleKey.overlay).
 	addrs      *addrTable
 	addrReader *tableReader[addrKey, kernelAddr]
+	rules      *ruleTable
+	ruleReader *tableReader[ruleKey, uint8]
 
 	// The mirrors' indexes, by which a reconcile reads what one network needs instead of
-	// walking a whole mirror: routes by output interface and by preferred source, rules
-	// by input interface, head-end replication entries by VXLAN device, and networks'
-	// bridges by their tenant's GatewayMark. The address table's own indexes find
-	// addresses by interface and by address.
+	// walking a whole mirror: routes by output interface and by preferred source,
+	// head-end replication entries by VXLAN device, and networks' bridges by their
+	// tenant's GatewayMark. The address and rule tables' own indexes find addresses by
+	// interface and by address, rules by input interface.
 	routesByLink  *hal.Index[routeID, overlayRoute, int32]
 	routesBySrc   *hal.Index[routeID, overlayRoute, netip.Addr]
-	rulesByIIF    *hal.Index[ruleKey, uint8, string]
 	herByLink     *hal.Index[herKey, herEntry, int32]
 	bridgesByMark *hal.Index[string, networkLink, uint32]
 
@@ -225,11 +227,17 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 	if gw.checkInterval <= 0 {
 		gw.checkInterval = 10 * time.Second
 	}
-	addrReader := c.view.addrs.reader(c)
-	if addrReader == nil {
+	addrReader, ruleReader := c.view.addrs.reader(c), c.view.rules.reader(c)
+	if addrReader == nil || ruleReader == nil {
+		if addrReader != nil {
+			addrReader.close()
+		}
+		if ruleReader != nil {
+			ruleReader.close()
+		}
 		c.close()
 		gw.close()
-		return nil, errors.New("network reconciler: the kernel view's address table has as many readers as it can hold")
+		return nil, errors.New("network reconciler: a table of the kernel view has as many readers as it can hold")
 	}
 	r := &NetworkReconciler{
 		gw:       gw,
@@ -240,7 +248,6 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 		node:     opts.Node,
 		links:    hal.NewMirror[string, networkLink](sameLink, nil),
 
-		rules:           hal.NewMirror[ruleKey, uint8](func(have, want uint8) bool { return have == want }, nil),
 		routes:          hal.NewMirror[routeID, overlayRoute](func(have, want overlayRoute) bool { return have == want }, routeID.hash),
 		her:             hal.NewMirror[herKey, herEntry](func(have, want herEntry) bool { return have == want }, nil),
 		names:           map[int32]string{},
@@ -252,9 +259,9 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 		forwarding:      map[string]forwardingState{},
 	}
 	r.addrs, r.addrReader = c.view.addrs, addrReader
+	r.rules, r.ruleReader = c.view.rules, ruleReader
 	r.routesByLink = hal.NewIndex(r.routes, func(_ routeID, rt overlayRoute) (int32, bool) { return rt.oif, true })
 	r.routesBySrc = hal.NewIndex(r.routes, func(_ routeID, rt overlayRoute) (netip.Addr, bool) { return rt.src, rt.src.IsValid() })
-	r.rulesByIIF = hal.NewIndex(r.rules, func(k ruleKey, _ uint8) (string, bool) { return k.iif, k.iif != "" })
 	r.herByLink = hal.NewIndex(r.her, func(k herKey, _ herEntry) (int32, bool) { return k.index, true })
 	r.bridgesByMark = hal.NewIndex(r.links, bridgeMark)
 	return r, nil
@@ -274,6 +281,7 @@ func bridgeMark(_ string, l networkLink) (uint32, bool) {
 // call twice.
 func (r *NetworkReconciler) Close() error {
 	r.addrReader.close()
+	r.ruleReader.close()
 	r.inNS.close()
 	r.close()
 	r.gw.close()

@@ -19,10 +19,13 @@ import (
 // fill them, the observer that applies the kernel's notifications, and the sweep that
 // dumps afresh and removes what no desired network owns.
 
-// fill loads the mirrors and the view's address table with a dump, unless one has
-// loaded them already.
+// fill loads the mirrors and the view's address and rule tables with a dump, unless one
+// has loaded them already.
 func (r *NetworkReconciler) fill(ctx context.Context) error {
 	if err := r.addrs.fill(ctx, r.rtnlConn); err != nil {
+		return err
+	}
+	if err := r.rules.fill(ctx, r.rtnlConn); err != nil {
 		return err
 	}
 	return r.loadOnce(ctx, func(ctx context.Context) error {
@@ -52,8 +55,8 @@ func (r *NetworkReconciler) resync(ctx context.Context, enqueue func(nimbusv1.Ke
 
 // dumpAll loads every mirror with a fresh dump and returns the keys of the networks
 // whose kernel state the dumps found different from what the mirrors held. The
-// addresses are the view's: what a dump of them finds changed reaches the observer
-// (addrChanged). It also
+// addresses and rules are the view's: what a dump of them finds changed reaches the
+// observer (addrChanged, ruleChanged). It also
 // forgets what it knew of the forwarding sysctls, which have no dump: the reconciles
 // that follow read them again.
 func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]nimbusv1.Key, error) {
@@ -92,17 +95,6 @@ func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]nimbusv1.Key, error)
 		note(r.ownerOfName(name))
 	}
 
-	ruleDrift, err := dumpMirror(ctx, r.rtnlConn, r.rules, "rules", unix.RTM_NEWRULE, func(p []byte) (ruleKey, uint8, bool) {
-		m, ok := parseRuleMsg(p)
-		return m.key, m.protocol, ok && overlayRule(m)
-	}, rtnl.RuleDumpRequest())
-	if err != nil {
-		return nil, err
-	}
-	for _, k := range ruleDrift {
-		note(r.ruleOwner(k))
-	}
-
 	routeDrift, err := dumpMirror(ctx, r.rtnlConn, r.routes, fmt.Sprintf("routes of protocol %d", OverlayRouteProtocol),
 		unix.RTM_NEWROUTE, parseOverlayRoute,
 		rtnl.RouteDumpRequest(unix.AF_INET, uint8(OverlayRouteProtocol)), rtnl.RouteDumpRequest(unix.AF_INET6, uint8(OverlayRouteProtocol)))
@@ -138,6 +130,10 @@ func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]nimbusv1.Key, error)
 	return slices.SortedFunc(maps.Keys(owners), nimbusv1.Key.Compare), nil
 }
 
+// overlay reports whether a rule of the view's rule table, which holds plain rules
+// alone, has the shape of the overlay's (overlayRule).
+func (k ruleKey) overlay() bool { return overlayRule(ruleMsg{key: k, plain: true}) }
+
 // overlayRule reports whether a rule has the shape of the overlay's: a priority of its
 // own and an input interface as its only selector, or a gateway rule (gatewayRules).
 func overlayRule(m ruleMsg) bool {
@@ -163,12 +159,12 @@ func (r *NetworkReconciler) Observe(ctx context.Context, enqueue func(nimbusv1.K
 	defer wg.Wait()
 	defer cancel()
 	addrs := r.addrReader.watching(func(c tableChange[addrKey, kernelAddr]) { r.addrChanged(c, enqueue) })
+	rules := r.ruleReader.watching(func(c tableChange[ruleKey, uint8]) { r.ruleChanged(c, enqueue) })
 	return r.observeTables(ctx, "network changes", []uint{
 		unix.RTNLGRP_LINK, unix.RTNLGRP_NEIGH,
 		unix.RTNLGRP_IPV4_ROUTE, unix.RTNLGRP_IPV6_ROUTE,
-		unix.RTNLGRP_IPV4_RULE, unix.RTNLGRP_IPV6_RULE,
 		unix.RTNLGRP_IPV4_NETCONF, unix.RTNLGRP_IPV6_NETCONF,
-	}, []viewSource{addrs}, func(ctx context.Context) error { return r.resync(ctx, enqueue) }, subscribed,
+	}, []viewSource{addrs, rules}, func(ctx context.Context) error { return r.resync(ctx, enqueue) }, subscribed,
 		func(typ uint16, payload []byte) { r.apply(typ, payload, enqueue) })
 }
 
@@ -191,20 +187,6 @@ func (r *NetworkReconciler) apply(typ uint16, b []byte, enqueue func(nimbusv1.Ke
 		}
 		if !echo {
 			r.drifted(r.ownerOfIndex(rt.oif), enqueue, "route", id.String())
-		}
-	case unix.RTM_NEWRULE, unix.RTM_DELRULE:
-		m, ok := parseRuleMsg(b)
-		if !ok || !overlayRule(m) {
-			return
-		}
-		echo := false
-		if typ == unix.RTM_NEWRULE {
-			echo = r.rules.Update(m.key, m.protocol)
-		} else {
-			echo = r.rules.Remove(m.key)
-		}
-		if !echo {
-			r.drifted(r.ruleOwner(m.key), enqueue, "rule", ruleString(m.key))
 		}
 	case unix.RTM_NEWNEIGH, unix.RTM_DELNEIGH:
 		k, e, ok := parseHEREntry(b)
@@ -265,6 +247,15 @@ func (r *NetworkReconciler) addrChanged(c tableChange[addrKey, kernelAddr], enqu
 		return
 	}
 	r.drifted(r.ownerOfIndex(k.index), enqueue, "address", k.prefix.String())
+}
+
+// ruleChanged enqueues the network whose rule of the overlay's shape changed other than
+// by the reconciler's own write.
+func (r *NetworkReconciler) ruleChanged(c tableChange[ruleKey, uint8], enqueue func(nimbusv1.Key)) {
+	if c.echo || !c.key.overlay() {
+		return
+	}
+	r.drifted(r.ruleOwner(c.key), enqueue, "rule", ruleString(c.key))
 }
 
 // applyLink applies an RTM_NEWLINK or RTM_DELLINK notification.
@@ -364,6 +355,10 @@ func (r *NetworkReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Key
 		return err
 	}
 	r.addrReader.drainMissed(func(c tableChange[addrKey, kernelAddr]) { r.addrChanged(c, enqueue) })
+	if err := r.rules.reload(ctx, r.rtnlConn); err != nil {
+		return err
+	}
+	r.ruleReader.drainMissed(func(c tableChange[ruleKey, uint8]) { r.ruleChanged(c, enqueue) })
 	bridges := map[string]nimbusv1.Key{}
 	devices := map[string]bool{}
 	for _, key := range r.store.Keys(nimbusv1.Kind_KIND_NETWORK) {
@@ -400,8 +395,8 @@ func (r *NetworkReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Key
 			return err
 		}
 	}
-	for k, proto := range r.rules.All() {
-		if !bridges[k.iif].IsZero() || k.fwmark != 0 {
+	for k, proto := range r.rules.m.All() {
+		if !k.overlay() || !bridges[k.iif].IsZero() || k.fwmark != 0 {
 			continue // its network's reconcile keeps its rules exact; sweepGateway does the gateway rules
 		}
 		l, exists := r.links.Get(k.iif)

@@ -622,19 +622,19 @@ func networkRules(bridge string, table uint32) []ruleKey {
 // enters through its bridge.
 func (r *NetworkReconciler) ensureRules(ctx context.Context, want networkWant) error {
 	wanted := networkRules(want.bridge, want.table)
-	for k, proto := range r.rulesByIIF.Get(want.bridge) {
-		if !slices.Contains(wanted, k) {
+	for k, proto := range r.rules.byIIF.Get(want.bridge) {
+		if k.overlay() && !slices.Contains(wanted, k) {
 			if err := r.deleteRule(ctx, k, proto); err != nil {
 				return err
 			}
 		}
 	}
 	for _, k := range wanted {
-		if _, ok := r.rules.Get(k); ok {
+		if _, ok := r.rules.get(k); ok {
 			continue
 		}
 		msg := appendRuleRequest(r.nl.Buffer(), unix.RTM_NEWRULE, unix.NLM_F_CREATE|unix.NLM_F_EXCL, k, uint8(OverlayRouteProtocol))
-		if _, err := kernelWrite(ctx, r.rtnlConn, r.rules.Expect(k, uint8(OverlayRouteProtocol)), msg); err != nil {
+		if _, err := kernelWrite(ctx, r.rtnlConn, r.rules.m.ExpectBy(r.ruleReader.writer(), k, uint8(OverlayRouteProtocol), nil), msg); err != nil {
 			return kernelErr(err, "adding rule %s", ruleString(k))
 		}
 		r.log.Debug("rule added", "key", want.id, "rule", ruleString(k))
@@ -645,7 +645,7 @@ func (r *NetworkReconciler) ensureRules(ctx context.Context, want networkWant) e
 // deleteRule deletes the rule k of the protocol (`ip rule del ...`).
 func (r *NetworkReconciler) deleteRule(ctx context.Context, k ruleKey, protocol uint8) error {
 	msg := appendRuleRequest(r.nl.Buffer(), unix.RTM_DELRULE, 0, k, protocol)
-	took, err := kernelWrite(ctx, r.rtnlConn, r.rules.ExpectGone(k), msg, unix.ENOENT)
+	took, err := kernelWrite(ctx, r.rtnlConn, r.rules.m.ExpectGoneBy(r.ruleReader.writer(), k), msg, unix.ENOENT)
 	if err != nil {
 		return kernelErr(err, "deleting rule %s", ruleString(k))
 	}
@@ -761,7 +761,10 @@ func (r *NetworkReconciler) teardown(ctx context.Context, key nimbusv1.Key) erro
 		}
 	}
 	if !foreign {
-		for k, proto := range r.rulesByIIF.Get(bridge) {
+		for k, proto := range r.rules.byIIF.Get(bridge) {
+			if !k.overlay() {
+				continue
+			}
 			if err := r.deleteRule(ctx, k, proto); err != nil {
 				return err
 			}
