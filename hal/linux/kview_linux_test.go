@@ -255,3 +255,57 @@ func TestKernelViewLinkTableShared(t *testing.T) {
 		t.Errorf("nic0 is not under its index %d", index)
 	}
 }
+
+// TestKernelViewRouteTableShared runs two route reconcilers through one view: one dump
+// loads the view's route table when its subscription starts, however many observers
+// start; the table holds each route once; and a route one reconciler writes reaches the
+// other's observer, which enqueues the route's owner, while the writer's own observer
+// passes its echo over.
+func TestKernelViewRouteTableShared(t *testing.T) {
+	f := families[0]
+	h := newHost(t)
+	view := NewKernelView(KernelViewOptions{Namespace: &h.nsh})
+	reconciler := func() *RouteReconciler {
+		rec, err := NewRouteReconciler(RouteOptions{Store: h.store, Namespace: &h.nsh, View: view, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { rec.Close() })
+		return rec
+	}
+	a, b := reconciler(), reconciler()
+	obj := route("shared", 100, f.prefix, f.gw1)
+	h.put(t, obj)
+	heardA := runObserver(t, a)
+	heardB := runObserver(t, b)
+	if n := view.routes.dumps.Load(); n != 1 {
+		t.Errorf("the route table was dumped %d times for two observers; want once", n)
+	}
+	if a.routes != view.routes || b.routes != view.routes {
+		t.Error("the reconcilers read routes of their own, not the view's table")
+	}
+
+	if _, err := h.reconcileStored(a, obj.Key()); err != nil {
+		t.Fatal(err)
+	}
+	epAwaitEnqueued(t, heardB, obj.Key().Key().String(), "the other reconciler added the route")
+	id := mustID(t, 100, f.prefix)
+	if _, ok := view.routes.get(id); !ok {
+		t.Errorf("the table does not hold %s", id)
+	}
+	if n := view.routes.protocols.Len(RouteProtocol); n != 1 {
+		t.Errorf("the table holds %d routes of protocol %d; want 1", n, RouteProtocol)
+	}
+	// A marker change after the write: once the writer's observer has heard of it, it has
+	// heard the echo of its own write too, and enqueued nothing for it.
+	h.ip(t, f, "route", "add", f.prefix3, "via", f.gw1, "table", "100")
+	waitFor(t, "the table to hold the marker route", func() bool {
+		_, ok := view.routes.get(mustID(t, 100, f.prefix3))
+		return ok
+	})
+	select {
+	case got := <-heardA:
+		t.Errorf("the writer's observer enqueued %s for its own write", got)
+	case <-time.After(200 * time.Millisecond):
+	}
+}
