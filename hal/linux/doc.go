@@ -148,7 +148,13 @@
 //     by link index and address with prefix length (addrKey), holding its flags and
 //     protocol; found by link, by address and by protocol. The node reconciler finds
 //     its VTEP address there; the interface reconciler reads and writes a link's
-//     addresses there.
+//     addresses there, and the network reconciler a bridge's gateway addresses (and
+//     finds the underlay by the VTEP address).
+//   - rules (kview_rules_linux.go): the IPv4 and IPv6 policy-routing rules that select
+//     packets by their input interface or their whole firewall mark alone, keyed by
+//     those selectors, priority and action (ruleKey), holding the protocol; found by
+//     input interface. The network reconciler reads and writes its rules (those of the
+//     overlay's shape) there.
 //   - neighbours (kview_neigh_linux.go): the static FDB entries without a VLAN (a
 //     device's own, keyed by device and MAC, holding the remote VTEP; a bridge's,
 //     keyed by bridge and MAC, holding the port) and the permanent IP neighbours (keyed

@@ -38,7 +38,8 @@ import (
 // the first (links, keyed by interface index, with indexes by name and by owner alias),
 // the routes next (routes, keyed by table, destination and metric, with an index by
 // protocol), the addresses (addrs, keyed by link and address, with indexes by link, by
-// address and by protocol), and the neighbours (neigh: static FDB entries and permanent
+// address and by protocol), the rules (rules, keyed by their selectors and action,
+// with an index by input interface), and the neighbours (neigh: static FDB entries and permanent
 // IP neighbours, keyed by device and MAC or IP).
 // A table is loaded by one dump once the subscription carries its groups (when it opens,
 // again after it overflowed, and when it joins them), through the reader of the
@@ -55,11 +56,12 @@ type KernelView struct {
 	ns *netns.NsHandle
 
 	// links is the table of the namespace's links, routes that of its routes, addrs that
-	// of its addresses, neigh that of its neighbours and FDB entries; tables lists every
-	// table.
+	// of its addresses, rules that of its rules, neigh that of its neighbours and FDB
+	// entries; tables lists every table.
 	links  *linkTable
 	routes *routeTable
 	addrs  *addrTable
+	rules  *ruleTable
 	neigh  *neighTable
 	tables []viewTableState
 
@@ -98,8 +100,9 @@ func NewKernelView(opts KernelViewOptions) *KernelView {
 	v.links = newLinkTable()
 	v.routes = newRouteTable()
 	v.addrs = newAddrTable()
+	v.rules = newRuleTable()
 	v.neigh = newNeighTable()
-	v.tables = []viewTableState{v.links, v.routes, v.addrs, v.neigh.fdb, v.neigh.ips}
+	v.tables = []viewTableState{v.links, v.routes, v.addrs, v.rules, v.neigh.fdb, v.neigh.ips}
 	return v
 }
 

@@ -65,6 +65,9 @@ func TestKernelViewOneSubscription(t *testing.T) {
 	if got := view.addrs.dumps.Load(); got != 1 {
 		t.Errorf("the view's address table was dumped %d times, want once, when the subscription started", got)
 	}
+	if got := view.rules.dumps.Load(); got != 1 {
+		t.Errorf("the view's rule table was dumped %d times, want once, when the subscription started", got)
+	}
 	if f, n := view.neigh.fdb.dumps.Load(), view.neigh.ips.dumps.Load(); f != 1 || n != 1 {
 		t.Errorf("the view's FDB entries were dumped %d times and its neighbours %d; want once each, when the subscription started", f, n)
 	}
@@ -94,9 +97,12 @@ func TestKernelViewOneSubscription(t *testing.T) {
 	if rr := observers[0].(*RouteReconciler); rr.routes != view.routes {
 		t.Error("the route reconciler reads routes of its own, not the view's table")
 	}
-	// The node and interface reconcilers read the view's address table.
-	if nr := observers[2].(*NodeReconciler); nr.addrs != view.addrs || rec.addrs != view.addrs {
-		t.Error("the node or interface reconciler reads addresses of its own, not the view's table")
+	// The node, interface and network reconcilers read the view's address table.
+	if nr, nw := observers[2].(*NodeReconciler), observers[3].(*NetworkReconciler); nr.addrs != view.addrs || rec.addrs != view.addrs || nw.addrs != view.addrs {
+		t.Error("the node, interface or network reconciler reads addresses of its own, not the view's table")
+	}
+	if nw := observers[3].(*NetworkReconciler); nw.rules != view.rules {
+		t.Error("the network reconciler reads rules of its own, not the view's table")
 	}
 	// The endpoint reconciler reads the view's FDB entries and neighbours.
 	if ep := observers[4].(*EndpointReconciler); ep.fdb != view.neigh.fdb || ep.neigh != view.neigh.ips {
@@ -332,5 +338,59 @@ func TestViewTableReaders(t *testing.T) {
 	}
 	if _, _, ok := links.byName("uplink"); ok {
 		t.Error("the table finds a link by the name of one that is gone")
+	}
+}
+
+// TestKernelViewRouteTableShared runs two route reconcilers through one view: one dump
+// loads the view's route table when its subscription starts, however many observers
+// start; the table holds each route once; and a route one reconciler writes reaches the
+// other's observer, which enqueues the route's owner, while the writer's own observer
+// passes its echo over.
+func TestKernelViewRouteTableShared(t *testing.T) {
+	f := families[0]
+	h := newHost(t)
+	view := NewKernelView(KernelViewOptions{Namespace: &h.nsh})
+	reconciler := func() *RouteReconciler {
+		rec, err := NewRouteReconciler(RouteOptions{Store: h.store, Namespace: &h.nsh, View: view, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { rec.Close() })
+		return rec
+	}
+	a, b := reconciler(), reconciler()
+	obj := route("shared", 100, f.prefix, f.gw1)
+	h.put(t, obj)
+	heardA := runObserver(t, a)
+	heardB := runObserver(t, b)
+	if n := view.routes.dumps.Load(); n != 1 {
+		t.Errorf("the route table was dumped %d times for two observers; want once", n)
+	}
+	if a.routes != view.routes || b.routes != view.routes {
+		t.Error("the reconcilers read routes of their own, not the view's table")
+	}
+
+	if _, err := h.reconcileStored(a, obj.Key()); err != nil {
+		t.Fatal(err)
+	}
+	epAwaitEnqueued(t, heardB, obj.Key().Key().String(), "the other reconciler added the route")
+	id := mustID(t, 100, f.prefix)
+	if _, ok := view.routes.get(id); !ok {
+		t.Errorf("the table does not hold %s", id)
+	}
+	if n := view.routes.protocols.Len(RouteProtocol); n != 1 {
+		t.Errorf("the table holds %d routes of protocol %d; want 1", n, RouteProtocol)
+	}
+	// A marker change after the write: once the writer's observer has heard of it, it has
+	// heard the echo of its own write too, and enqueued nothing for it.
+	h.ip(t, f, "route", "add", f.prefix3, "via", f.gw1, "table", "100")
+	waitFor(t, "the table to hold the marker route", func() bool {
+		_, ok := view.routes.get(mustID(t, 100, f.prefix3))
+		return ok
+	})
+	select {
+	case got := <-heardA:
+		t.Errorf("the writer's observer enqueued %s for its own write", got)
+	case <-time.After(200 * time.Millisecond):
 	}
 }

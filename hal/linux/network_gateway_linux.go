@@ -189,11 +189,11 @@ func (r *NetworkReconciler) ensureGateway(ctx context.Context, want networkWant,
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for _, k := range gatewayRules(mark) {
-		if _, ok := r.rules.Get(k); ok {
+		if _, ok := r.rules.get(k); ok {
 			continue
 		}
 		msg := appendRuleRequest(r.nl.Buffer(), unix.RTM_NEWRULE, unix.NLM_F_CREATE|unix.NLM_F_EXCL, k, uint8(OverlayRouteProtocol))
-		if _, err := kernelWrite(ctx, r.rtnlConn, r.rules.Expect(k, uint8(OverlayRouteProtocol)), msg); err != nil && !errors.Is(err, unix.EEXIST) {
+		if _, err := kernelWrite(ctx, r.rtnlConn, r.rules.m.ExpectBy(r.ruleReader.writer(), k, uint8(OverlayRouteProtocol), nil), msg); err != nil && !errors.Is(err, unix.EEXIST) {
 			return "", kernelErr(err, "adding rule %s", ruleString(k))
 		}
 		r.log.Debug("rule added", "key", want.id, "rule", ruleString(k))
@@ -345,7 +345,7 @@ func (r *NetworkReconciler) teardownGateway(ctx context.Context, key nimbusv1.Ke
 	delete(g.attached, bridge)
 	if !r.tenantHasBridgeLocked(GatewayMark(key.Tenant), key) {
 		for _, k := range gatewayRules(GatewayMark(key.Tenant)) {
-			if proto, ok := r.rules.Get(k); ok {
+			if proto, ok := r.rules.get(k); ok {
 				if err := r.deleteRule(ctx, k, proto); err != nil {
 					return err
 				}
@@ -466,8 +466,8 @@ func (r *NetworkReconciler) sweepGateway(ctx context.Context) error {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	for k, proto := range r.rules.All() {
-		if k.fwmark == 0 || marks[k.fwmark] {
+	for k, proto := range r.rules.m.All() {
+		if !k.overlay() || k.fwmark == 0 || marks[k.fwmark] {
 			continue
 		}
 		r.log.Info("removing a stale gateway rule", "rule", ruleString(k))

@@ -139,21 +139,24 @@ type NetworkReconciler struct {
 	// links is the view's table of links, which linkReader reads.
 	links      *linkTable
 	linkReader *tableReader[int32, kernelLink]
-	addrs      *hal.Mirror[addrKey, ifAddr]
-	rules      *hal.Mirror[ruleKey, uint8]
 	routes     *hal.Mirror[routeID, overlayRoute]
 	her        *hal.Mirror[herKey, herEntry]
 
+	// addrs is the view's table of addresses, which addrReader reads; rules that of
+	// rules, which ruleReader reads (the network's are those of the overlay's shape,
+	// ruleKey.overlay).
+	addrs      *addrTable
+	addrReader *tableReader[addrKey, kernelAddr]
+	rules      *ruleTable
+	ruleReader *tableReader[ruleKey, uint8]
+
 	// The mirrors' indexes, by which a reconcile reads what one network needs instead of
-	// walking a whole mirror: addresses by interface and by address, routes by output
-	// interface and by preferred source, rules by input interface, and head-end
-	// replication entries by VXLAN device (the link table finds networks' bridges by
-	// their tenant's GatewayMark).
-	addrsByLink  *hal.Index[addrKey, ifAddr, int32]
-	addrsByAddr  *hal.Index[addrKey, ifAddr, netip.Addr]
+	// walking a whole mirror: routes by output interface and by preferred source, and
+	// head-end replication entries by VXLAN device. The address and rule tables' own
+	// indexes find addresses by interface and by address, rules by input interface; the
+	// link table's finds networks' bridges by their tenant's GatewayMark.
 	routesByLink *hal.Index[routeID, overlayRoute, int32]
 	routesBySrc  *hal.Index[routeID, overlayRoute, netip.Addr]
-	rulesByIIF   *hal.Index[ruleKey, uint8, string]
 	herByLink    *hal.Index[herKey, herEntry, int32]
 
 	// networkLocks serializes the work on one network's kernel state between its
@@ -239,19 +242,28 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 	if gw.checkInterval <= 0 {
 		gw.checkInterval = 10 * time.Second
 	}
+	addrReader, ruleReader := c.view.addrs.reader(c), c.view.rules.reader(c)
+	if addrReader == nil || ruleReader == nil {
+		reader.close()
+		if addrReader != nil {
+			addrReader.close()
+		}
+		if ruleReader != nil {
+			ruleReader.close()
+		}
+		c.close()
+		gw.close()
+		return nil, errors.New("network reconciler: a table of the kernel view has as many readers as it can hold")
+	}
 	r := &NetworkReconciler{
-		gw:         gw,
-		rtnlConn:   c,
-		sysctls:    sc,
-		inNS:       &nsThreads{ns: c.ns},
-		store:      opts.Store,
-		node:       opts.Node,
-		links:      c.view.links,
-		linkReader: reader,
-		addrs: hal.NewMirror[addrKey, ifAddr](func(have, want ifAddr) bool {
-			return have.flags&managedAddrFlags == want.flags&managedAddrFlags
-		}, nil),
-		rules:           hal.NewMirror[ruleKey, uint8](func(have, want uint8) bool { return have == want }, nil),
+		gw:              gw,
+		rtnlConn:        c,
+		sysctls:         sc,
+		inNS:            &nsThreads{ns: c.ns},
+		store:           opts.Store,
+		node:            opts.Node,
+		links:           c.view.links,
+		linkReader:      reader,
 		routes:          hal.NewMirror[routeID, overlayRoute](func(have, want overlayRoute) bool { return have == want }, routeID.hash),
 		her:             hal.NewMirror[herKey, herEntry](func(have, want herEntry) bool { return have == want }, nil),
 		creating:        map[string]string{},
@@ -263,11 +275,10 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 		endpointsOf:     map[nimbusv1.Key][]nimbusv1.Key{},
 		forwarding:      map[string]forwardingState{},
 	}
-	r.addrsByLink = hal.NewIndex(r.addrs, func(k addrKey, _ ifAddr) (int32, bool) { return k.index, true })
-	r.addrsByAddr = hal.NewIndex(r.addrs, func(k addrKey, _ ifAddr) (netip.Addr, bool) { return k.prefix.Addr().Unmap(), true })
+	r.addrs, r.addrReader = c.view.addrs, addrReader
+	r.rules, r.ruleReader = c.view.rules, ruleReader
 	r.routesByLink = hal.NewIndex(r.routes, func(_ routeID, rt overlayRoute) (int32, bool) { return rt.oif, true })
 	r.routesBySrc = hal.NewIndex(r.routes, func(_ routeID, rt overlayRoute) (netip.Addr, bool) { return rt.src, rt.src.IsValid() })
-	r.rulesByIIF = hal.NewIndex(r.rules, func(k ruleKey, _ uint8) (string, bool) { return k.iif, k.iif != "" })
 	r.herByLink = hal.NewIndex(r.her, func(k herKey, _ herEntry) (int32, bool) { return k.index, true })
 	return r, nil
 }
@@ -286,6 +297,8 @@ func bridgeMark(_ int32, l kernelLink) (uint32, bool) {
 // call twice.
 func (r *NetworkReconciler) Close() error {
 	r.linkReader.close()
+	r.addrReader.close()
+	r.ruleReader.close()
 	r.inNS.close()
 	r.close()
 	r.gw.close()

@@ -108,11 +108,6 @@ type addrKey struct {
 	prefix netip.Prefix
 }
 
-// ifAddr is what the mirrors keep of an address: its flags (IFA_F_*).
-type ifAddr struct {
-	flags uint32
-}
-
 // addrMsg is a decoded RTM_NEWADDR or RTM_DELADDR message.
 type addrMsg struct {
 	key addrKey
@@ -136,13 +131,6 @@ func parseAddr(b []byte) (m addrMsg, ok bool) {
 	}
 	m = addrMsg{key: addrKey{index: a.Index, prefix: p}, flags: a.Flags, proto: a.Protocol}
 	return m, m.key.index > 0
-}
-
-// parseAddrMsg decodes the payload of an RTM_NEWADDR or RTM_DELADDR message (parseAddr)
-// into what the network and node reconcilers mirror of an address.
-func parseAddrMsg(b []byte) (addrKey, ifAddr, bool) {
-	m, ok := parseAddr(b)
-	return m.key, ifAddr{flags: m.flags}, ok
 }
 
 // ruleKey identifies a policy-routing rule the overlay uses: `ip rule` with a priority,

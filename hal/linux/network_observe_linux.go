@@ -19,10 +19,16 @@ import (
 // fill them, the observer that applies the kernel's notifications, and the sweep that
 // dumps afresh and removes what no desired network owns.
 
-// fill loads the link table and the mirrors with a dump, unless one has loaded them
-// already.
+// fill loads the view's link, address and rule tables and the mirrors with a dump,
+// unless one has loaded them already.
 func (r *NetworkReconciler) fill(ctx context.Context) error {
 	if err := r.links.fill(ctx, r.rtnlConn); err != nil {
+		return err
+	}
+	if err := r.addrs.fill(ctx, r.rtnlConn); err != nil {
+		return err
+	}
+	if err := r.rules.fill(ctx, r.rtnlConn); err != nil {
 		return err
 	}
 	return r.loadOnce(ctx, func(ctx context.Context) error {
@@ -51,7 +57,9 @@ func (r *NetworkReconciler) resync(ctx context.Context, enqueue func(nimbusv1.Ke
 }
 
 // dumpAll loads every mirror with a fresh dump and returns the keys of the networks
-// whose kernel state the dumps found different from what the mirrors held. It also
+// whose kernel state the dumps found different from what the mirrors held. The
+// links, addresses and rules are the view's: what a dump of them finds changed reaches
+// the observer (linkChanged, addrChanged, ruleChanged). It also
 // forgets what it knew of the forwarding sysctls, which have no dump: the reconciles
 // that follow read them again.
 func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]nimbusv1.Key, error) {
@@ -70,27 +78,6 @@ func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]nimbusv1.Key, error)
 	routeOwners := map[routeID]nimbusv1.Key{}
 	for id, rt := range r.routes.All() {
 		routeOwners[id] = r.ownerOfIndex(rt.oif)
-	}
-
-	// The links are the view's (linkTable): what a dump of them finds changed reaches
-	// linkChanged.
-	addrDrift, err := dumpMirror(ctx, r.rtnlConn, r.addrs, "addresses", unix.RTM_NEWADDR, parseAddrMsg, rtnl.AddrDumpRequest())
-	if err != nil {
-		return nil, err
-	}
-	for _, k := range addrDrift {
-		note(r.ownerOfIndex(k.index))
-	}
-
-	ruleDrift, err := dumpMirror(ctx, r.rtnlConn, r.rules, "rules", unix.RTM_NEWRULE, func(p []byte) (ruleKey, uint8, bool) {
-		m, ok := parseRuleMsg(p)
-		return m.key, m.protocol, ok && overlayRule(m)
-	}, rtnl.RuleDumpRequest())
-	if err != nil {
-		return nil, err
-	}
-	for _, k := range ruleDrift {
-		note(r.ruleOwner(k))
 	}
 
 	routeDrift, err := dumpMirror(ctx, r.rtnlConn, r.routes, fmt.Sprintf("routes of protocol %d", OverlayRouteProtocol),
@@ -128,6 +115,10 @@ func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]nimbusv1.Key, error)
 	return slices.SortedFunc(maps.Keys(owners), nimbusv1.Key.Compare), nil
 }
 
+// overlay reports whether a rule of the view's rule table, which holds plain rules
+// alone, has the shape of the overlay's (overlayRule).
+func (k ruleKey) overlay() bool { return overlayRule(ruleMsg{key: k, plain: true}) }
+
 // overlayRule reports whether a rule has the shape of the overlay's: a priority of its
 // own and an input interface as its only selector, or a gateway rule (gatewayRules).
 func overlayRule(m ruleMsg) bool {
@@ -153,13 +144,13 @@ func (r *NetworkReconciler) Observe(ctx context.Context, enqueue func(nimbusv1.K
 	defer wg.Wait()
 	defer cancel()
 	links := r.linkReader.watching(func(c tableChange[int32, kernelLink]) { r.linkChanged(c, enqueue) })
+	addrs := r.addrReader.watching(func(c tableChange[addrKey, kernelAddr]) { r.addrChanged(c, enqueue) })
+	rules := r.ruleReader.watching(func(c tableChange[ruleKey, uint8]) { r.ruleChanged(c, enqueue) })
 	return r.observeTables(ctx, "network changes", []uint{
 		unix.RTNLGRP_NEIGH,
-		unix.RTNLGRP_IPV4_IFADDR, unix.RTNLGRP_IPV6_IFADDR,
 		unix.RTNLGRP_IPV4_ROUTE, unix.RTNLGRP_IPV6_ROUTE,
-		unix.RTNLGRP_IPV4_RULE, unix.RTNLGRP_IPV6_RULE,
 		unix.RTNLGRP_IPV4_NETCONF, unix.RTNLGRP_IPV6_NETCONF,
-	}, []viewSource{links}, func(ctx context.Context) error { return r.resync(ctx, enqueue) }, subscribed,
+	}, []viewSource{links, addrs, rules}, func(ctx context.Context) error { return r.resync(ctx, enqueue) }, subscribed,
 		func(typ uint16, payload []byte) { r.apply(typ, payload, enqueue) })
 }
 
@@ -167,25 +158,6 @@ func (r *NetworkReconciler) Observe(ctx context.Context, enqueue func(nimbusv1.K
 // drifted, if any.
 func (r *NetworkReconciler) apply(typ uint16, b []byte, enqueue func(nimbusv1.Key)) {
 	switch typ {
-	case unix.RTM_NEWADDR, unix.RTM_DELADDR:
-		k, a, ok := parseAddrMsg(b)
-		if !ok {
-			return
-		}
-		echo := false
-		if typ == unix.RTM_NEWADDR {
-			echo = r.addrs.Update(k, a)
-		} else {
-			echo = r.addrs.Remove(k)
-			r.addrGone(k)
-		}
-		if r.underlayAddr(k.prefix.Addr()) {
-			r.allNetworks(enqueue, "VTEP address", k.prefix.String())
-		}
-		if echo || k.prefix.Addr().Is6() && k.prefix.Addr().IsLinkLocalUnicast() {
-			return
-		}
-		r.drifted(r.ownerOfIndex(k.index), enqueue, "address", k.prefix.String())
 	case unix.RTM_NEWROUTE, unix.RTM_DELROUTE:
 		id, rt, ok := parseOverlayRoute(b)
 		if !ok {
@@ -199,20 +171,6 @@ func (r *NetworkReconciler) apply(typ uint16, b []byte, enqueue func(nimbusv1.Ke
 		}
 		if !echo {
 			r.drifted(r.ownerOfIndex(rt.oif), enqueue, "route", id.String())
-		}
-	case unix.RTM_NEWRULE, unix.RTM_DELRULE:
-		m, ok := parseRuleMsg(b)
-		if !ok || !overlayRule(m) {
-			return
-		}
-		echo := false
-		if typ == unix.RTM_NEWRULE {
-			echo = r.rules.Update(m.key, m.protocol)
-		} else {
-			echo = r.rules.Remove(m.key)
-		}
-		if !echo {
-			r.drifted(r.ruleOwner(m.key), enqueue, "rule", ruleString(m.key))
 		}
 	case unix.RTM_NEWNEIGH, unix.RTM_DELNEIGH:
 		k, e, ok := parseHEREntry(b)
@@ -255,6 +213,33 @@ func (r *NetworkReconciler) drifted(key nimbusv1.Key, enqueue func(nimbusv1.Key)
 	}
 	r.log.Debug("network state changed", "key", key, "what", what, "which", which)
 	enqueue(key)
+}
+
+// addrChanged makes the routes mirror follow what the kernel does to routes when an
+// address goes (addrGone), and enqueues every network when it is the VTEP address, and
+// the network whose interface holds the address when it changed other than by the
+// reconciler's own write.
+func (r *NetworkReconciler) addrChanged(c tableChange[addrKey, kernelAddr], enqueue func(nimbusv1.Key)) {
+	k := c.key
+	if !c.has {
+		r.addrGone(k)
+	}
+	if r.underlayAddr(k.prefix.Addr()) {
+		r.allNetworks(enqueue, "VTEP address", k.prefix.String())
+	}
+	if c.echo || k.prefix.Addr().Is6() && k.prefix.Addr().IsLinkLocalUnicast() {
+		return
+	}
+	r.drifted(r.ownerOfIndex(k.index), enqueue, "address", k.prefix.String())
+}
+
+// ruleChanged enqueues the network whose rule of the overlay's shape changed other than
+// by the reconciler's own write.
+func (r *NetworkReconciler) ruleChanged(c tableChange[ruleKey, uint8], enqueue func(nimbusv1.Key)) {
+	if c.echo || !c.key.overlay() {
+		return
+	}
+	r.drifted(r.ruleOwner(c.key), enqueue, "rule", ruleString(c.key))
 }
 
 // linkChanged applies a change of the link table: the reconciler drops what the kernel
@@ -347,6 +332,14 @@ func (r *NetworkReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Key
 	if err := r.resync(ctx, enqueue); err != nil {
 		return err
 	}
+	if err := r.addrs.reload(ctx, r.rtnlConn); err != nil {
+		return err
+	}
+	r.addrReader.drainMissed(func(c tableChange[addrKey, kernelAddr]) { r.addrChanged(c, enqueue) })
+	if err := r.rules.reload(ctx, r.rtnlConn); err != nil {
+		return err
+	}
+	r.ruleReader.drainMissed(func(c tableChange[ruleKey, uint8]) { r.ruleChanged(c, enqueue) })
 	bridges := map[string]nimbusv1.Key{}
 	devices := map[string]bool{}
 	for _, key := range r.store.Keys(nimbusv1.Kind_KIND_NETWORK) {
@@ -384,8 +377,8 @@ func (r *NetworkReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Key
 			return err
 		}
 	}
-	for k, proto := range r.rules.All() {
-		if !bridges[k.iif].IsZero() || k.fwmark != 0 {
+	for k, proto := range r.rules.m.All() {
+		if !k.overlay() || !bridges[k.iif].IsZero() || k.fwmark != 0 {
 			continue // its network's reconcile keeps its rules exact; sweepGateway does the gateway rules
 		}
 		l, exists := r.link(k.iif)

@@ -309,8 +309,8 @@ func (r *NetworkReconciler) deleteLink(ctx context.Context, name string, l netwo
 // linkGone drops from the mirrors what the kernel holds no more once the link with the
 // index is gone.
 func (r *NetworkReconciler) linkGone(index int32) {
-	for k := range r.addrsByLink.Get(index) {
-		r.addrs.Remove(k)
+	for k := range r.addrs.byLink.Get(index) {
+		r.addrs.m.Remove(k)
 	}
 	r.routesGone(index, true)
 	for k := range r.herByLink.Get(index) {
@@ -470,7 +470,7 @@ func (r *NetworkReconciler) ensureAddresses(ctx context.Context, want networkWan
 		wanted[addrKey{index: index, prefix: netip.PrefixFrom(s.gw, s.prefix.Bits())}] = flags
 	}
 	// Unwanted ones go first: IPv6 refuses an address it holds with another length.
-	for k, a := range r.addrsByLink.Get(index) {
+	for k, a := range r.addrs.byLink.Get(index) {
 		if k.prefix.Addr().Is6() && k.prefix.Addr().IsLinkLocalUnicast() {
 			continue
 		}
@@ -482,12 +482,12 @@ func (r *NetworkReconciler) ensureAddresses(ctx context.Context, want networkWan
 		}
 	}
 	for _, k := range sortedKeys(wanted, compareAddrKeys) {
-		if _, ok := r.addrs.Get(k); ok {
+		if _, ok := r.addrs.get(k); ok {
 			continue
 		}
 		flags := wanted[k]
 		msg := appendAddrRequest(r.nl.Buffer(), unix.RTM_NEWADDR, unix.NLM_F_CREATE|unix.NLM_F_EXCL, k, flags)
-		if _, err := kernelWrite(ctx, r.rtnlConn, r.addrs.Expect(k, ifAddr{flags: flags}), msg); err != nil {
+		if _, err := kernelWrite(ctx, r.rtnlConn, r.addrs.m.ExpectBy(r.addrReader.writer(), k, kernelAddr{flags: flags}, sameGatewayAddr), msg); err != nil {
 			return kernelErr(err, "adding address %s to %s", k.prefix, want.bridge)
 		}
 		r.log.Debug("gateway address added", "key", want.id, "address", k.prefix.String(), "bridge", want.bridge)
@@ -495,10 +495,16 @@ func (r *NetworkReconciler) ensureAddresses(ctx context.Context, want networkWan
 	return nil
 }
 
+// sameGatewayAddr reports whether the gateway address have is in the state want
+// describes: with the flags the reconciler sets (managedAddrFlags).
+func sameGatewayAddr(have, want kernelAddr) bool {
+	return have.flags&managedAddrFlags == want.flags&managedAddrFlags
+}
+
 // deleteAddr removes the address k from the link name (`ip addr del`).
 func (r *NetworkReconciler) deleteAddr(ctx context.Context, name string, k addrKey) error {
 	msg := appendAddrRequest(r.nl.Buffer(), unix.RTM_DELADDR, 0, k, 0)
-	took, err := kernelWrite(ctx, r.rtnlConn, r.addrs.ExpectGone(k), msg, unix.EADDRNOTAVAIL, unix.ENODEV)
+	took, err := kernelWrite(ctx, r.rtnlConn, r.addrs.m.ExpectGoneBy(r.addrReader.writer(), k), msg, unix.EADDRNOTAVAIL, unix.ENODEV)
 	if err != nil {
 		return kernelErr(err, "deleting address %s from %s", k.prefix, name)
 	}
@@ -527,13 +533,13 @@ func (r *NetworkReconciler) addrGone(k addrKey) {
 		return
 	}
 	heldElsewhere, lastOnLink := false, true
-	for o := range r.addrsByAddr.Get(a.Unmap()) {
+	for o := range r.addrs.byAddr.Get(a.Unmap()) {
 		if o != k && o.prefix.Addr() == a {
 			heldElsewhere = true
 			break
 		}
 	}
-	for o := range r.addrsByLink.Get(k.index) {
+	for o := range r.addrs.byLink.Get(k.index) {
 		if o != k && o.prefix.Addr().Is4() {
 			lastOnLink = false
 			break
@@ -660,19 +666,19 @@ func networkRules(bridge string, table uint32) []ruleKey {
 // enters through its bridge.
 func (r *NetworkReconciler) ensureRules(ctx context.Context, want networkWant) error {
 	wanted := networkRules(want.bridge, want.table)
-	for k, proto := range r.rulesByIIF.Get(want.bridge) {
-		if !slices.Contains(wanted, k) {
+	for k, proto := range r.rules.byIIF.Get(want.bridge) {
+		if k.overlay() && !slices.Contains(wanted, k) {
 			if err := r.deleteRule(ctx, k, proto); err != nil {
 				return err
 			}
 		}
 	}
 	for _, k := range wanted {
-		if _, ok := r.rules.Get(k); ok {
+		if _, ok := r.rules.get(k); ok {
 			continue
 		}
 		msg := appendRuleRequest(r.nl.Buffer(), unix.RTM_NEWRULE, unix.NLM_F_CREATE|unix.NLM_F_EXCL, k, uint8(OverlayRouteProtocol))
-		if _, err := kernelWrite(ctx, r.rtnlConn, r.rules.Expect(k, uint8(OverlayRouteProtocol)), msg); err != nil {
+		if _, err := kernelWrite(ctx, r.rtnlConn, r.rules.m.ExpectBy(r.ruleReader.writer(), k, uint8(OverlayRouteProtocol), nil), msg); err != nil {
 			return kernelErr(err, "adding rule %s", ruleString(k))
 		}
 		r.log.Debug("rule added", "key", want.id, "rule", ruleString(k))
@@ -683,7 +689,7 @@ func (r *NetworkReconciler) ensureRules(ctx context.Context, want networkWant) e
 // deleteRule deletes the rule k of the protocol (`ip rule del ...`).
 func (r *NetworkReconciler) deleteRule(ctx context.Context, k ruleKey, protocol uint8) error {
 	msg := appendRuleRequest(r.nl.Buffer(), unix.RTM_DELRULE, 0, k, protocol)
-	took, err := kernelWrite(ctx, r.rtnlConn, r.rules.ExpectGone(k), msg, unix.ENOENT)
+	took, err := kernelWrite(ctx, r.rtnlConn, r.rules.m.ExpectGoneBy(r.ruleReader.writer(), k), msg, unix.ENOENT)
 	if err != nil {
 		return kernelErr(err, "deleting rule %s", ruleString(k))
 	}
@@ -799,7 +805,10 @@ func (r *NetworkReconciler) teardown(ctx context.Context, key nimbusv1.Key) erro
 		}
 	}
 	if !foreign {
-		for k, proto := range r.rulesByIIF.Get(bridge) {
+		for k, proto := range r.rules.byIIF.Get(bridge) {
+			if !k.overlay() {
+				continue
+			}
 			if err := r.deleteRule(ctx, k, proto); err != nil {
 				return err
 			}

@@ -105,7 +105,7 @@ func (r *NetworkReconciler) underlay(vtep netip.Addr) underlayLink {
 	r.mu.Unlock()
 	if !known {
 		index = 0
-		for k := range r.addrsByAddr.Get(vtep) {
+		for k := range r.addrs.byAddr.Get(vtep) {
 			if index == 0 || k.index < index {
 				index = k.index
 			}
