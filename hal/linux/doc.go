@@ -120,8 +120,9 @@
 // namespace (kview_table_linux.go): the links first, keyed by interface index, found by
 // name, by owner alias and (networks' bridges) by their tenant's GatewayMark through
 // the table's indexes; the interface, endpoint and network reconcilers read them there,
-// and the firewall's input the indexes of the endpoints' interfaces (dumping the table
-// afresh only when no subscription keeps it current). No reconciler keeps a link mirror
+// the route reconciler a next hop's device by name, and the firewall's input the
+// indexes of the endpoints' interfaces (dumping the table afresh only when no
+// subscription keeps it current). No reconciler keeps a link mirror
 // of its own. The view loads a table with one dump when its subscription starts (also
 // after an overflow), keeps it current from the subscription before it hands the
 // notifications on, and queues each change, computed once, to every reconciler that

@@ -14,7 +14,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
@@ -26,7 +25,7 @@ import (
 
 // RouteProtocol is the route protocol number that marks routes naples created
 // (`ip route show proto 241`).
-const RouteProtocol netlink.RouteProtocol = 241
+const RouteProtocol uint8 = 241
 
 // RouteIndex is the delphi index the route reconciler finds the owner of a kernel route
 // with: it lists a Route object under its kernel identity, derived from the parsed spec
@@ -379,7 +378,7 @@ func (r *RouteReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey
 	}
 	have, exists := r.routes.get(want)
 	if exists && have.protocol != RouteProtocol {
-		return nil, hal.Errorf(hal.ReasonConflict, "route %s exists and was not created by naples (protocol %s); leaving it alone", want, have.protocol)
+		return nil, hal.Errorf(hal.ReasonConflict, "route %s exists and was not created by naples (protocol %s); leaving it alone", want, rtnl.RouteProtocolName(have.protocol))
 	}
 	if !exists || !sameRoute(have, wantRoute) {
 		if err := ctx.Err(); err != nil {
@@ -729,7 +728,7 @@ func (r *RouteReconciler) delete(ctx context.Context, id routeID) error {
 // RTM_DELROUTE (`ip route del`, hops nil) for the naples route with the identity: protocol
 // 241, scope universe (nowhere for a delete: any scope), unicast.
 func appendRouteRequest(b []byte, typ, flags uint16, id routeID, hops []hop) []byte {
-	r := rtnl.Route{Family: unix.AF_INET6, DstLen: id.bits, Table: id.table, Protocol: uint8(RouteProtocol),
+	r := rtnl.Route{Family: unix.AF_INET6, DstLen: id.bits, Table: id.table, Protocol: RouteProtocol,
 		Scope: unix.RT_SCOPE_UNIVERSE, Type: unix.RTN_UNICAST, Dst: id.dst(), Priority: id.metric}
 	if id.v4 {
 		r.Family = unix.AF_INET
