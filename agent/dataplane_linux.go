@@ -70,8 +70,10 @@ func macKey(mac net.HardwareAddr) ([6]byte, bool) {
 }
 
 // readKernel reads the bridge ports, links, addresses, FDB entries and neighbour entries
-// of view's namespace, each read bounded by ctx.
+// of view's namespace in one reading (linux.KernelRead), each read bounded by ctx.
 func readKernel(ctx context.Context, view *KernelView) (*kernelState, error) {
+	read := view.Read()
+	defer read.Close()
 	k := &kernelState{
 		byName:   map[string]rtnl.Link{},
 		byIndex:  map[int32]rtnl.Link{},
@@ -80,7 +82,7 @@ func readKernel(ctx context.Context, view *KernelView) (*kernelState, error) {
 		neighs:   map[neighKey]rtnl.Neigh{},
 		learning: map[int32]bool{},
 	}
-	ports, err := readView(ctx, k, view.BridgePorts)
+	ports, err := readView(ctx, k, read.BridgePorts)
 	if err != nil {
 		return nil, err
 	}
@@ -89,7 +91,7 @@ func readKernel(ctx context.Context, view *KernelView) (*kernelState, error) {
 			k.learning[p.Index] = true
 		}
 	}
-	links, err := readView(ctx, k, view.Links)
+	links, err := readView(ctx, k, read.Links)
 	if err != nil {
 		return nil, err
 	}
@@ -97,7 +99,7 @@ func readKernel(ctx context.Context, view *KernelView) (*kernelState, error) {
 		k.byName[l.Name] = l
 		k.byIndex[l.Index] = l
 	}
-	addrs, err := readView(ctx, k, view.Addrs)
+	addrs, err := readView(ctx, k, read.Addrs)
 	if err != nil {
 		return nil, err
 	}
@@ -106,7 +108,7 @@ func readKernel(ctx context.Context, view *KernelView) (*kernelState, error) {
 			k.addrs[a.Index] = append(k.addrs[a.Index], p)
 		}
 	}
-	fdb, err := readView(ctx, k, view.FDB)
+	fdb, err := readView(ctx, k, read.FDB)
 	if err != nil {
 		return nil, err
 	}
@@ -116,7 +118,7 @@ func readKernel(ctx context.Context, view *KernelView) (*kernelState, error) {
 			k.fdb[key] = append(k.fdb[key], e)
 		}
 	}
-	neighs, err := readView(ctx, k, view.Neighbours)
+	neighs, err := readView(ctx, k, read.Neighbours)
 	if err != nil {
 		return nil, err
 	}

@@ -184,7 +184,7 @@ func (r *stateReader) read() ([]string, error) {
 				add("rule family=%d %s", family, line)
 			}
 		}
-		for _, proto := range []netlink.RouteProtocol{linux.RouteProtocol, linux.OverlayRouteProtocol} {
+		for _, proto := range []netlink.RouteProtocol{netlink.RouteProtocol(linux.RouteProtocol), netlink.RouteProtocol(linux.OverlayRouteProtocol)} {
 			routes, err := r.nl.RouteListFiltered(family, &netlink.Route{Table: unix.RT_TABLE_UNSPEC, Protocol: proto},
 				netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
 			if err != nil {

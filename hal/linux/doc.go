@@ -120,8 +120,9 @@
 // namespace (kview_table_linux.go): the links first, keyed by interface index, found by
 // name, by owner alias and (networks' bridges) by their tenant's GatewayMark through
 // the table's indexes; the interface, endpoint and network reconcilers read them there,
-// and the firewall's input the indexes of the endpoints' interfaces (dumping the table
-// afresh only when no subscription keeps it current). No reconciler keeps a link mirror
+// the route reconciler a next hop's device by name, and the firewall's input the
+// indexes of the endpoints' interfaces (dumping the table afresh only when no
+// subscription keeps it current). No reconciler keeps a link mirror
 // of its own. The view loads a table with one dump when its subscription starts (also
 // after an overflow), keeps it current from the subscription before it hands the
 // notifications on, and queues each change, computed once, to every reconciler that
@@ -145,8 +146,8 @@
 //     reconciler's observer when the kernel may have flushed some without a word. The
 //     route reconciler reads and writes them there.
 //   - addresses (kview_addrs_linux.go): every IPv4 and IPv6 address of every link, keyed
-//     by link index and address with prefix length (addrKey), holding its flags and
-//     protocol; found by link, by address and by protocol. The node reconciler finds
+//     by link index and address with prefix length (addrKey), holding its flags,
+//     protocol and whether it has a peer; found by link, by address and by protocol. The node reconciler finds
 //     its VTEP address there; the interface reconciler reads and writes a link's
 //     addresses there, and the network reconciler a bridge's gateway addresses (and
 //     finds the underlay by the VTEP address).
@@ -161,6 +162,12 @@
 //     by device and IP, holding the MAC), two viewTables of their own keys fed by the
 //     same notifications, each loaded by a dump of its own. The endpoint reconciler
 //     reads and writes them there.
+//
+// Readers outside the reconcilers (the agent's `dataplane` view) read the namespace
+// through a KernelRead (kview_read_linux.go): links, bridge ports and addresses from the
+// view's tables while an observer keeps them current, by a dump otherwise, every dump
+// of one reading on one socket. FDB entries and neighbours are dumped, since their
+// tables hold the static unicast entries and permanent neighbours alone.
 //
 // Writes go to the kernel through a batcher (rtnl.Batcher), one netlink socket per
 // KernelView (and Timeout) that the reconcilers sharing it write through: a writer

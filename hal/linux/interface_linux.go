@@ -25,7 +25,7 @@ import (
 // addresses it added, and never removes one it did not. It is the number of
 // OverlayRouteProtocol: the kernel numbers address and route protocols apart, and 242
 // stands for naples in both.
-const AddressProtocol uint8 = uint8(OverlayRouteProtocol)
+const AddressProtocol = OverlayRouteProtocol
 
 // InterfaceStore is what the interface reconciler reads of delphi.
 type InterfaceStore interface {

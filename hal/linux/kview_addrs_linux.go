@@ -19,12 +19,17 @@ type kernelAddr struct {
 	// proto is the address's protocol (IFA_PROTO): AddressProtocol for naples's, 0 from
 	// kernels without address protocols.
 	proto uint8
+	// peer tells that the address has a peer (IFA_LOCAL and IFA_ADDRESS differ, or IPv6
+	// sends IFA_LOCAL): the agent's dataplane view shows it as a whole address. No
+	// reconciler's want holds it, and equal passes it over.
+	peer bool
 }
 
 // The fields of a kernelAddr, a bit each, as a tableChange reports those that changed.
 const (
 	addrFieldFlags uint64 = 1 << iota
 	addrFieldProto
+	addrFieldPeer
 )
 
 // addrFields returns the fields in which two states of an address differ.
@@ -35,6 +40,9 @@ func addrFields(a, b kernelAddr) uint64 {
 	}
 	if a.proto != b.proto {
 		f |= addrFieldProto
+	}
+	if a.peer != b.peer {
+		f |= addrFieldPeer
 	}
 	return f
 }
@@ -55,7 +63,7 @@ type addrTable struct {
 func newAddrTable() *addrTable {
 	t := &addrTable{viewTable: newViewTable(viewTableOptions[addrKey, kernelAddr]{
 		groups: []uint{unix.RTNLGRP_IPV4_IFADDR, unix.RTNLGRP_IPV6_IFADDR},
-		equal:  func(have, want kernelAddr) bool { return have == want },
+		equal:  func(have, want kernelAddr) bool { return have.flags == want.flags && have.proto == want.proto },
 		fields: addrFields,
 		notify: notifyAddr,
 		dump: func(ctx context.Context, c *rtnlConn, m *hal.Mirror[addrKey, kernelAddr]) error {
@@ -89,8 +97,20 @@ func notifyAddr(m *hal.Mirror[addrKey, kernelAddr], typ uint16, payload []byte) 
 }
 
 // parseKernelAddr decodes the payload of an RTM_NEWADDR or RTM_DELADDR message
-// (parseAddr) into what the address table holds of the address.
+// (rtnl.ParseAddr) into the address's key and what the address table holds of it. ok
+// is false for a message that is not about an address of its family, IPv4 or IPv6, on
+// an interface.
 func parseKernelAddr(b []byte) (addrKey, kernelAddr, bool) {
-	m, ok := parseAddr(b)
-	return m.key, kernelAddr{flags: m.flags, proto: m.proto}, ok
+	a, ok := rtnl.ParseAddr(b)
+	if !ok {
+		return addrKey{}, kernelAddr{}, false
+	}
+	p, ok := a.Prefix()
+	if !ok || a.Index <= 0 {
+		return addrKey{}, kernelAddr{}, false
+	}
+	// IPv4 sends IFA_LOCAL with IFA_ADDRESS, which differs from it for a peer; IPv6
+	// sends IFA_LOCAL only for a peer.
+	peer := a.Local.IsValid() && (a.Family != unix.AF_INET || a.Address != a.Local)
+	return addrKey{index: a.Index, prefix: p}, kernelAddr{flags: a.Flags, proto: a.Protocol, peer: peer}, true
 }

@@ -83,8 +83,11 @@ type KernelView struct {
 	// requests.
 	writers map[time.Duration]*viewWriter
 
-	// subscriptions counts the subscriptions opened, for tests.
+	// subscriptions counts the subscriptions opened, for tests; readers the readers that
+	// readings opened (KernelRead), and readDumps the dumps they ran.
 	subscriptions atomic.Uint64
+	readers       atomic.Uint64
+	readDumps     atomic.Uint64
 }
 
 // KernelViewOptions configures a KernelView.

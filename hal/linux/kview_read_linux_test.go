@@ -2,7 +2,10 @@ package linux
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
+	"path/filepath"
+	"slices"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -35,6 +38,8 @@ func TestKernelViewReads(t *testing.T) {
 	ip("neigh", "add", "10.0.0.2", "lladdr", "02:00:00:00:00:02", "dev", "br0", "nud", "permanent")
 	view := NewKernelView(KernelViewOptions{Namespace: &nsh})
 	ctx := t.Context()
+	read := view.Read()
+	defer read.Close()
 
 	links, err := view.Links(ctx)
 	if err != nil {
@@ -58,7 +63,7 @@ func TestKernelViewReads(t *testing.T) {
 		t.Errorf("p0's master %d, want br0's index %d", p0.Master, br.Index)
 	}
 
-	ports, err := view.BridgePorts(ctx)
+	ports, err := read.BridgePorts(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +75,7 @@ func TestKernelViewReads(t *testing.T) {
 		t.Errorf("bridge ports' learning %v, want %v", learning, want)
 	}
 
-	addrs, err := view.Addrs(ctx)
+	addrs, err := read.Addrs(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +88,7 @@ func TestKernelViewReads(t *testing.T) {
 		t.Errorf("addresses %+v, want 10.0.0.1/24 on br0", addrs)
 	}
 
-	fdb, err := view.FDB(ctx)
+	fdb, err := read.FDB(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +104,7 @@ func TestKernelViewReads(t *testing.T) {
 		t.Errorf("fdb %+v: vx0's remote 192.0.2.2 %v, br0's static entry on p0 %v; want both", fdb, remote, static)
 	}
 
-	neighs, err := view.Neighbours(ctx)
+	neighs, err := read.Neighbours(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,4 +125,106 @@ func TestKernelViewReads(t *testing.T) {
 	if _, err := view.Links(ended); err == nil {
 		t.Error("reading links with an ended context succeeded")
 	}
+}
+
+// TestKernelViewReadsTables checks that a reading of a namespace whose reconcilers watch
+// through the view (an interface reconciler's observer, which keeps the link and address
+// tables current) dumps neither links, bridge ports nor addresses, and finds what a dump
+// finds of them; that its dumps of FDB entries and neighbours share one reader; and that
+// a reading of a view no observer watches dumps every kind.
+func TestKernelViewReadsTables(t *testing.T) {
+	h := newIfaceHost(t, -1)
+	ip := func(args ...string) { testns.Run(t, "ip", append([]string{"-n", h.ns}, args...)...) }
+	bridge := func(args ...string) { testns.Run(t, "bridge", append([]string{"-n", h.ns}, args...)...) }
+	ip("link", "add", "br0", "type", "bridge")
+	ip("link", "set", "br0", "alias", "naples:test", "up")
+	ip("addr", "add", "10.0.0.1/24", "dev", "br0")
+	ip("addr", "add", "10.9.0.1", "peer", "10.9.0.2/24", "dev", "br0")
+	ip("addr", "add", "fd00::1/64", "dev", "br0", "nodad")
+	ip("link", "add", "p0", "type", "veth", "peer", "name", "q0")
+	ip("link", "add", "p1", "type", "veth", "peer", "name", "q1")
+	ip("link", "set", "p0", "master", "br0")
+	ip("link", "set", "p1", "master", "br0")
+	bridge("link", "set", "dev", "p0", "learning", "off")
+	ip("link", "add", "vx0", "type", "vxlan", "id", "100", "local", "192.0.2.1", "dstport", "4789", "nolearning")
+	ip("link", "set", "vx0", "master", "br0", "mtu", "1400")
+	ctx := t.Context()
+
+	dumped := NewKernelView(KernelViewOptions{Namespace: &h.nsh})
+	dumpRead := dumped.Read()
+	wantLinks, wantPorts, wantAddrs := readLinksAndAddrs(t, dumpRead)
+	dumpRead.Close()
+	if n := dumped.readDumps.Load(); n != 3 {
+		t.Errorf("a view no observer watches dumped %d times for links, ports and addresses; want 3", n)
+	}
+
+	view := NewKernelView(KernelViewOptions{Namespace: &h.nsh})
+	rec, err := NewInterfaceReconciler(InterfaceOptions{Store: h.store, Namespace: &h.nsh, View: view, StatsInterval: -1,
+		StateFile: filepath.Join(t.TempDir(), "interfaces.json"), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rec.Close() })
+	runObserver(t, rec)
+	read := view.Read()
+	defer read.Close()
+	links, ports, addrs := readLinksAndAddrs(t, read)
+	if n := view.readDumps.Load(); n != 0 {
+		t.Errorf("reading links, ports and addresses through watched tables took %d dumps; want 0", n)
+	}
+	if n := view.readers.Load(); n != 0 {
+		t.Errorf("reading links, ports and addresses through watched tables opened %d readers; want 0", n)
+	}
+	if !slices.Equal(links, wantLinks) {
+		t.Errorf("links from the table\n%v\nwant, as dumped,\n%v", links, wantLinks)
+	}
+	if !slices.Equal(ports, wantPorts) {
+		t.Errorf("bridge ports from the table %v, want, as dumped, %v", ports, wantPorts)
+	}
+	if !slices.Equal(addrs, wantAddrs) {
+		t.Errorf("addresses from the table %v, want, as dumped, %v", addrs, wantAddrs)
+	}
+	if _, err := read.FDB(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := read.Neighbours(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if d, r := view.readDumps.Load(), view.readers.Load(); d != 2 || r != 1 {
+		t.Errorf("reading FDB entries and neighbours took %d dumps on %d readers; want 2 on 1", d, r)
+	}
+}
+
+// readLinksAndAddrs reads the links, bridge ports and addresses of read's namespace, in
+// forms that compare whatever the reading read them from, sorted.
+func readLinksAndAddrs(t *testing.T, read *KernelRead) (links, ports, addrs []string) {
+	t.Helper()
+	ls, err := read.Links(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range ls {
+		links = append(links, fmt.Sprintf("%d %s alias=%q kind=%s master=%d mtu=%d up=%t oper=%d mac=%x vxlan=%+v",
+			l.Index, l.Name, l.Alias, l.Kind, l.Master, l.MTU, l.Up(), l.OperState, l.MAC, l.VXLAN))
+	}
+	ps, err := read.BridgePorts(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ps {
+		ports = append(ports, fmt.Sprintf("%d learning=%t", p.Index, p.Port.Learning))
+	}
+	as, err := read.Addrs(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range as {
+		p, ok := a.Prefix()
+		peer := a.Local.IsValid() && (a.Family != unix.AF_INET || a.Address != a.Local)
+		addrs = append(addrs, fmt.Sprintf("%d %s %t peer=%t flags=%#x proto=%d", a.Index, p, ok, peer, a.Flags, a.Protocol))
+	}
+	slices.Sort(links)
+	slices.Sort(ports)
+	slices.Sort(addrs)
+	return links, ports, addrs
 }

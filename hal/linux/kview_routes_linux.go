@@ -7,7 +7,6 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/naplesnet/naples/hal"
@@ -18,7 +17,7 @@ import (
 // all`), keyed by its identity (routeID: table, destination, metric): who made it and
 // where it leads.
 type kernelRoute struct {
-	protocol netlink.RouteProtocol
+	protocol uint8
 	// hops are the next hops, sorted by gateway and then interface.
 	hops []hop
 }
@@ -53,7 +52,7 @@ func routeFields(a, b kernelRoute) uint64 {
 type routeTable struct {
 	*viewTable[routeID, kernelRoute]
 	// protocols finds the routes of one protocol: those naples made are RouteProtocol's.
-	protocols *hal.Index[routeID, kernelRoute, netlink.RouteProtocol]
+	protocols *hal.Index[routeID, kernelRoute, uint8]
 	// v4Mu guards v4Links, the number of next hops of IPv4 routes that go through each
 	// link, by its interface index: the kernel flushes them without a notification when
 	// the link goes down or away, or loses an address.
@@ -74,7 +73,7 @@ func newRouteTable() *routeTable {
 			return err
 		},
 	})}
-	t.protocols = hal.NewIndex(t.m, func(_ routeID, rt kernelRoute) (netlink.RouteProtocol, bool) { return rt.protocol, true })
+	t.protocols = hal.NewIndex(t.m, func(_ routeID, rt kernelRoute) (uint8, bool) { return rt.protocol, true })
 	t.v4Links = map[int32]int{}
 	t.m.Follow(t.followLinks)
 	return t
@@ -138,7 +137,7 @@ func parseRoute(b []byte) (id routeID, rt kernelRoute, ok bool) {
 	if !ok || (m.Family != unix.AF_INET && m.Family != unix.AF_INET6) || m.Flags&unix.RTM_F_CLONED != 0 {
 		return routeID{}, kernelRoute{}, false
 	}
-	rt.protocol = netlink.RouteProtocol(m.Protocol)
+	rt.protocol = m.Protocol
 	dst := m.Dst
 	switch {
 	case dst.IsValid():

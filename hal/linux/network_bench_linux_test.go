@@ -327,7 +327,7 @@ func wantNetworkObjects(b *testing.B, ns, who string, n int) {
 	}
 	tenant := 0
 	for _, r := range routes {
-		if r.Protocol == OverlayRouteProtocol {
+		if r.Protocol == netlink.RouteProtocol(OverlayRouteProtocol) {
 			tenant++
 		}
 	}

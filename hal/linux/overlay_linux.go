@@ -9,8 +9,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/vishvananda/netlink"
-
 	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/hal"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -22,7 +20,7 @@ const (
 	// OverlayRouteProtocol marks the routes the network reconciler creates in tenant
 	// tables (a network's subnets, through its bridge). It differs from RouteProtocol, so
 	// the route reconciler, which owns every route of RouteProtocol, never sweeps them.
-	OverlayRouteProtocol netlink.RouteProtocol = 242
+	OverlayRouteProtocol uint8 = 242
 	// VXLANPort is the UDP port of the overlay's VXLAN tunnels, IANA's.
 	VXLANPort = 4789
 	// TenantTableBase is the first policy-routing table of tenants: a tenant routes in

@@ -14,7 +14,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
@@ -26,7 +25,7 @@ import (
 
 // RouteProtocol is the route protocol number that marks routes naples created
 // (`ip route show proto 241`).
-const RouteProtocol netlink.RouteProtocol = 241
+const RouteProtocol uint8 = 241
 
 // RouteIndex is the delphi index the route reconciler finds the owner of a kernel route
 // with: it lists a Route object under its kernel identity, derived from the parsed spec
@@ -192,12 +191,13 @@ type RouteReconciler struct {
 	// rtnlConn dumps the routes and carries the route writes, many to a sendmsg.
 	*rtnlConn
 	store RouteStore
-	// handle resolves interface names.
-	handle *netlink.Handle
-
-	// routes is the view's table of routes, which routeReader reads.
+	// routes is the view's table of routes, which routeReader reads; links the view's
+	// table of links, which linkReader reads, whose index by name resolves a next hop's
+	// device.
 	routes      *routeTable
 	routeReader *tableReader[routeID, kernelRoute]
+	links       *linkTable
+	linkReader  *tableReader[int32, kernelLink]
 
 	// dstLocks serializes work on one kernel route between the workers of different keys
 	// and the sweeper: whoever holds it reads delphi and the route table and then writes the
@@ -298,33 +298,24 @@ func NewRouteReconciler(opts RouteOptions) (*RouteReconciler, error) {
 	if err != nil {
 		return nil, err
 	}
-	var h *netlink.Handle
-	if c.ns != nil {
-		h, err = netlink.NewHandleAt(*c.ns)
-	} else {
-		h, err = netlink.NewHandle()
-	}
-	if err != nil {
-		c.close()
-		return nil, fmt.Errorf("opening netlink handle: %w", err)
-	}
-	if err := h.SetSocketTimeout(c.timeout); err != nil {
-		h.Close()
-		c.close()
-		return nil, fmt.Errorf("setting netlink timeout %v: %w", c.timeout, err)
-	}
 	reader := c.view.routes.reader(c)
 	if reader == nil {
-		h.Close()
 		c.close()
 		return nil, errors.New("route reconciler: the kernel view's route table has as many readers as it can hold")
+	}
+	linkReader := c.view.links.reader(c)
+	if linkReader == nil {
+		reader.close()
+		c.close()
+		return nil, errors.New("route reconciler: the kernel view's link table has as many readers as it can hold")
 	}
 	r := &RouteReconciler{
 		rtnlConn:    c,
 		store:       opts.Store,
-		handle:      h,
 		routes:      c.view.routes,
 		routeReader: reader,
+		links:       c.view.links,
+		linkReader:  linkReader,
 	}
 	r.programmed.init()
 	return r, nil
@@ -334,8 +325,8 @@ func NewRouteReconciler(opts RouteOptions) (*RouteReconciler, error) {
 // safe to call twice.
 func (r *RouteReconciler) Close() error {
 	r.routeReader.close()
+	r.linkReader.close()
 	r.close()
-	r.handle.Close()
 	return nil
 }
 
@@ -387,7 +378,7 @@ func (r *RouteReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey
 	}
 	have, exists := r.routes.get(want)
 	if exists && have.protocol != RouteProtocol {
-		return nil, hal.Errorf(hal.ReasonConflict, "route %s exists and was not created by naples (protocol %s); leaving it alone", want, have.protocol)
+		return nil, hal.Errorf(hal.ReasonConflict, "route %s exists and was not created by naples (protocol %s); leaving it alone", want, rtnl.RouteProtocolName(have.protocol))
 	}
 	if !exists || !sameRoute(have, wantRoute) {
 		if err := ctx.Err(); err != nil {
@@ -503,8 +494,11 @@ func (r *RouteReconciler) Observe(ctx context.Context, enqueue func(nimbusv1.Key
 	var reread coalescing
 	defer reread.wait()
 	routes := r.routeReader.watching(func(c tableChange[routeID, kernelRoute]) { r.routeChanged(c, enqueue) })
+	// The link table's changes are no news: the link notifications tell of flushes, and
+	// the table only names next hops' devices. Watching it keeps it loaded and current.
+	links := r.linkReader.watching(func(tableChange[int32, kernelLink]) {})
 	groups := []uint{unix.RTNLGRP_LINK, unix.RTNLGRP_IPV4_IFADDR}
-	return r.observeTables(ctx, "route changes", groups, []viewSource{routes}, func(context.Context) error { return nil }, subscribed,
+	return r.observeTables(ctx, "route changes", groups, []viewSource{routes, links}, func(context.Context) error { return nil }, subscribed,
 		func(typ uint16, payload []byte) {
 			index, down := routeFlushHint(typ, payload)
 			if !down || !r.routes.carriesV4(index) {
@@ -626,8 +620,12 @@ func (r *RouteReconciler) drift(id routeID, typ uint16, rt kernelRoute) (key nim
 	return key, true
 }
 
-// fill loads the route table with a dump, unless one has loaded it already.
+// fill loads the route and link tables with a dump each, unless one has loaded them
+// already.
 func (r *RouteReconciler) fill(ctx context.Context) error {
+	if err := r.links.fill(ctx, r.rtnlConn); err != nil {
+		return err
+	}
 	return r.routes.fill(ctx, r.rtnlConn)
 }
 
@@ -663,8 +661,11 @@ func (r *RouteReconciler) ownerOf(id routeID) (nimbusv1.Key, error) {
 	return key, nil
 }
 
+// errNoLink is the error of a next hop whose device the link table does not hold.
+var errNoLink = errors.New("link not found")
+
 // build returns the route with identity id that spec describes, in the form the route table holds: its next hops
-// sorted, with interface names resolved to indexes.
+// sorted, with interface names resolved to indexes through the link table's index by name.
 func (r *RouteReconciler) build(id routeID, spec *nimbusv1.RouteSpec) (kernelRoute, error) {
 	nhs := spec.GetNexthops()
 	k := kernelRoute{protocol: RouteProtocol, hops: make([]hop, 0, max(1, len(nhs)))}
@@ -680,11 +681,11 @@ func (r *RouteReconciler) build(id routeID, spec *nimbusv1.RouteSpec) (kernelRou
 			}
 		}
 		if nh.GetDevice() != "" {
-			link, err := r.handle.LinkByName(nh.GetDevice())
-			if err != nil {
-				return kernelRoute{}, hal.Errorf(hal.ReasonKernelError, "spec.nexthops[%d].device %q: %w", i, nh.GetDevice(), err)
+			index, _, ok := r.links.byName(nh.GetDevice())
+			if !ok {
+				return kernelRoute{}, hal.Errorf(hal.ReasonKernelError, "spec.nexthops[%d].device %q: %w", i, nh.GetDevice(), errNoLink)
 			}
-			h.link = int32(link.Attrs().Index)
+			h.link = index
 		}
 		if w := nh.GetWeight(); w > 1 {
 			h.weight = int32(w)
@@ -727,7 +728,7 @@ func (r *RouteReconciler) delete(ctx context.Context, id routeID) error {
 // RTM_DELROUTE (`ip route del`, hops nil) for the naples route with the identity: protocol
 // 241, scope universe (nowhere for a delete: any scope), unicast.
 func appendRouteRequest(b []byte, typ, flags uint16, id routeID, hops []hop) []byte {
-	r := rtnl.Route{Family: unix.AF_INET6, DstLen: id.bits, Table: id.table, Protocol: uint8(RouteProtocol),
+	r := rtnl.Route{Family: unix.AF_INET6, DstLen: id.bits, Table: id.table, Protocol: RouteProtocol,
 		Scope: unix.RT_SCOPE_UNIVERSE, Type: unix.RTN_UNICAST, Dst: id.dst(), Priority: id.metric}
 	if id.v4 {
 		r.Family = unix.AF_INET

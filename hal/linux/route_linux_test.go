@@ -578,3 +578,53 @@ func TestRouteDependsOnTenantNetworks(t *testing.T) {
 		t.Errorf("DependentsOf(a route) = %v, want none", got)
 	}
 }
+
+// TestRouteThroughDevice checks that a next hop's device is found by name in the view's
+// link table, also a link added while the observer runs, that the route then reconciles
+// without a write, and that a device the namespace lacks fails the reconcile as a kernel
+// error.
+func TestRouteThroughDevice(t *testing.T) {
+	forEachFamily(t, func(t *testing.T, f ipFamily) {
+		h := newHost(t)
+		h.observe(t)
+		testns.Run(t, "ip", "-n", h.ns, "link", "add", "dum0", "type", "veth", "peer", "name", "dum1")
+		testns.Run(t, "ip", "-n", h.ns, "link", "set", "dum0", "up")
+		testns.Run(t, "ip", "-n", h.ns, "link", "set", "dum1", "up")
+		obj := route("via-dev", 100, f.prefix, f.gw1)
+		obj.GetRoute().Nexthops[0].Device = "eth0"
+		obj2 := route("on-dum0", 100, f.prefix2)
+		obj2.GetRoute().Nexthops = []*nimbusv1.NextHop{{Device: "dum0"}}
+		for _, o := range []*nimbusv1.Object{obj, obj2} {
+			h.put(t, o)
+			err := h.reconcile(t, o.Key())
+			for i := 0; err != nil && i < 50; i++ { // the table hears of dum0 soon after ip(8) returns
+				time.Sleep(20 * time.Millisecond)
+				err = h.reconcile(t, o.Key())
+			}
+			if err != nil {
+				t.Fatalf("reconcile %s: %v", o.GetMeta().GetName(), err)
+			}
+		}
+		got := h.table(t, f, 100)
+		if !strings.Contains(got, f.prefix+" via "+f.gw1+" dev eth0 proto 241") || !strings.Contains(got, f.prefix2+" dev dum0 proto 241") {
+			t.Fatalf("table 100:\n%s", got)
+		}
+		writes := h.rec.KernelWrites()
+		for _, o := range []*nimbusv1.Object{obj, obj2} {
+			if err := h.reconcile(t, o.Key()); err != nil {
+				t.Fatalf("second reconcile of %s: %v", o.GetMeta().GetName(), err)
+			}
+		}
+		if n := h.rec.KernelWrites() - writes; n != 0 {
+			t.Errorf("reconciling unchanged routes through devices wrote the kernel %d times", n)
+		}
+
+		missing := route("no-dev", 100, f.prefix3)
+		missing.GetRoute().Nexthops = []*nimbusv1.NextHop{{Device: "nope0"}}
+		h.put(t, missing)
+		var he *hal.Error
+		if err := h.reconcile(t, missing.Key()); !errors.As(err, &he) || he.Reason != hal.ReasonKernelError || !strings.Contains(err.Error(), `"nope0"`) {
+			t.Errorf("reconcile through a missing device = %v, want a kernel error naming nope0", err)
+		}
+	})
+}

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"iter"
 	"net/netip"
+	"strconv"
 
 	"golang.org/x/sys/unix"
 )
@@ -157,4 +158,25 @@ func AppendRouteRequest(b []byte, typ, flags uint16, r Route, hops []Nexthop) []
 		binary.NativeEndian.PutUint16(b[start:], uint16(len(b)-start))
 	}
 	return b
+}
+
+// routeProtocolNames are the names of the route protocols (RTPROT_*) that
+// RouteProtocolName knows.
+var routeProtocolNames = map[uint8]string{
+	unix.RTPROT_BABEL: "babel", unix.RTPROT_BGP: "bgp", unix.RTPROT_BIRD: "bird", unix.RTPROT_BOOT: "boot",
+	unix.RTPROT_DHCP: "dhcp", unix.RTPROT_DNROUTED: "dnrouted", unix.RTPROT_EIGRP: "eigrp", unix.RTPROT_GATED: "gated",
+	unix.RTPROT_ISIS: "isis", unix.RTPROT_KERNEL: "kernel", unix.RTPROT_MROUTED: "mrouted", unix.RTPROT_MRT: "mrt",
+	unix.RTPROT_NTK: "ntk", unix.RTPROT_OSPF: "ospf", unix.RTPROT_RA: "ra", unix.RTPROT_REDIRECT: "redirect",
+	unix.RTPROT_RIP: "rip", unix.RTPROT_STATIC: "static", unix.RTPROT_UNSPEC: "unspec", unix.RTPROT_XORP: "xorp",
+	unix.RTPROT_ZEBRA: "zebra",
+}
+
+// RouteProtocolName names a route protocol (rtm_protocol) in lower case, as the netlink
+// library does: "static", "kernel", "bgp"; a number without a name is its decimal form
+// ("241").
+func RouteProtocolName(p uint8) string {
+	if name, ok := routeProtocolNames[p]; ok {
+		return name
+	}
+	return strconv.Itoa(int(p))
 }

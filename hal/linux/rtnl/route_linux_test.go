@@ -109,3 +109,13 @@ func sameRoute(a, b Route) bool {
 		a.Scope == b.Scope && a.Type == b.Type && a.Flags == b.Flags && a.Dst == b.Dst && a.Gateway == b.Gateway &&
 		a.OIF == b.OIF && a.Priority == b.Priority && a.PrefSrc == b.PrefSrc
 }
+
+// TestRouteProtocolName checks that a route protocol with a name is named as the netlink
+// library names it, and one without by its number.
+func TestRouteProtocolName(t *testing.T) {
+	for p, want := range map[uint8]string{unix.RTPROT_STATIC: "static", unix.RTPROT_KERNEL: "kernel", unix.RTPROT_UNSPEC: "unspec", 241: "241"} {
+		if got := RouteProtocolName(p); got != want {
+			t.Errorf("RouteProtocolName(%d) = %q, want %q", p, got, want)
+		}
+	}
+}
