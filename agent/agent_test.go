@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -115,7 +116,12 @@ func TestRunReportsAndStops(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 
-	for !strings.Contains(testns.Run(t, "ip", "-n", nsName, "route", "show", "table", "100"), "198.51.100.0/24 via 10.10.0.2") {
+	// Until the route is there, table 100 may not exist, and `ip route show` fails.
+	for {
+		out, _ := exec.Command("ip", "-n", nsName, "route", "show", "table", "100").CombinedOutput()
+		if strings.Contains(string(out), "198.51.100.0/24 via 10.10.0.2") {
+			break
+		}
 		if time.Now().After(deadline) {
 			t.Fatal("the route never reached the namespace's table 100")
 		}
