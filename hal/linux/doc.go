@@ -141,10 +141,12 @@
 //
 //   - routes (kview_routes_linux.go): every IPv4 and IPv6 route of every table but
 //     cached ones, keyed by table, destination and metric (routeID), holding the
-//     protocol and the next hops; found by protocol (the sweep of naples's routes), and
-//     counted by the links their IPv4 next hops go through, which tells the route
-//     reconciler's observer when the kernel may have flushed some without a word. The
-//     route reconciler reads and writes them there.
+//     protocol, the next hops, the preferred source, the output interface and the
+//     scope; found by protocol (the sweep of naples's routes), by output interface and
+//     by preferred source, and counted by the links their IPv4 next hops go through,
+//     which tells the route reconciler's observer when the kernel may have flushed some
+//     without a word. The route reconciler reads and writes them there, and the network
+//     reconciler its overlay routes (those of OverlayRouteProtocol).
 //   - addresses (kview_addrs_linux.go): every IPv4 and IPv6 address of every link, keyed
 //     by link index and address with prefix length (addrKey), holding its flags,
 //     protocol and whether it has a peer; found by link, by address and by protocol. The node reconciler finds

@@ -20,6 +20,13 @@ type kernelRoute struct {
 	protocol uint8
 	// hops are the next hops, sorted by gateway and then interface.
 	hops []hop
+	// src is the preferred source address (RTA_PREFSRC), the zero Addr for none.
+	src netip.Addr
+	// oif is the interface the route leads out of (RTA_OIF), 0 for a route with next
+	// hops of their own.
+	oif int32
+	// scope is rtm_scope; the kernel reports every IPv6 route with scope universe.
+	scope uint8
 }
 
 // hop is a next hop in a form that compares equal however the kernel reports it.
@@ -33,6 +40,9 @@ type hop struct {
 const (
 	routeFieldProtocol uint64 = 1 << iota
 	routeFieldHops
+	routeFieldSrc
+	routeFieldOIF
+	routeFieldScope
 )
 
 // routeFields returns the fields in which two states of a route differ.
@@ -44,6 +54,15 @@ func routeFields(a, b kernelRoute) uint64 {
 	if !slices.Equal(a.hops, b.hops) {
 		f |= routeFieldHops
 	}
+	if a.src != b.src {
+		f |= routeFieldSrc
+	}
+	if a.oif != b.oif {
+		f |= routeFieldOIF
+	}
+	if a.scope != b.scope {
+		f |= routeFieldScope
+	}
 	return f
 }
 
@@ -51,8 +70,13 @@ func routeFields(a, b kernelRoute) uint64 {
 // cached ones, keyed by identity, with its indexes.
 type routeTable struct {
 	*viewTable[routeID, kernelRoute]
-	// protocols finds the routes of one protocol: those naples made are RouteProtocol's.
+	// protocols finds the routes of one protocol: those naples made are RouteProtocol's
+	// and OverlayRouteProtocol's.
 	protocols *hal.Index[routeID, kernelRoute, uint8]
+	// byLink finds the routes that lead out of an interface (kernelRoute.oif), bySrc
+	// those with a preferred source address.
+	byLink *hal.Index[routeID, kernelRoute, int32]
+	bySrc  *hal.Index[routeID, kernelRoute, netip.Addr]
 	// v4Mu guards v4Links, the number of next hops of IPv4 routes that go through each
 	// link, by its interface index: the kernel flushes them without a notification when
 	// the link goes down or away, or loses an address.
@@ -74,6 +98,8 @@ func newRouteTable() *routeTable {
 		},
 	})}
 	t.protocols = hal.NewIndex(t.m, func(_ routeID, rt kernelRoute) (uint8, bool) { return rt.protocol, true })
+	t.byLink = hal.NewIndex(t.m, func(_ routeID, rt kernelRoute) (int32, bool) { return rt.oif, rt.oif != 0 })
+	t.bySrc = hal.NewIndex(t.m, func(_ routeID, rt kernelRoute) (netip.Addr, bool) { return rt.src, rt.src.IsValid() })
 	t.v4Links = map[int32]int{}
 	t.m.Follow(t.followLinks)
 	return t
@@ -138,6 +164,7 @@ func parseRoute(b []byte) (id routeID, rt kernelRoute, ok bool) {
 		return routeID{}, kernelRoute{}, false
 	}
 	rt.protocol = m.Protocol
+	rt.src, rt.oif, rt.scope = m.PrefSrc.Unmap(), m.OIF, m.Scope
 	dst := m.Dst
 	switch {
 	case dst.IsValid():
@@ -173,9 +200,14 @@ func compareHops(a, b hop) int {
 
 // sameRoute reports whether the kernel route have is the route want: the same protocol and
 // exactly the wanted next hops, where a wanted hop without an interface matches whatever
-// interface the kernel chose.
+// interface the kernel chose; a preferred source, output interface or scope that want
+// leaves zero matches whatever the kernel holds, as for the routes of RouteProtocol,
+// which name none.
 func sameRoute(have, want kernelRoute) bool {
 	return have.protocol == want.protocol && slices.EqualFunc(have.hops, want.hops, func(a, b hop) bool {
 		return a.gw == b.gw && a.weight == b.weight && (b.link == 0 || a.link == b.link)
-	})
+	}) &&
+		(!want.src.IsValid() || have.src == want.src) &&
+		(want.oif == 0 || have.oif == want.oif) &&
+		(want.scope == 0 || have.scope == want.scope)
 }

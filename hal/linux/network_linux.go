@@ -139,7 +139,6 @@ type NetworkReconciler struct {
 	// links is the view's table of links, which linkReader reads.
 	links      *linkTable
 	linkReader *tableReader[int32, kernelLink]
-	routes     *hal.Mirror[routeID, overlayRoute]
 	her        *hal.Mirror[herKey, herEntry]
 
 	// addrs is the view's table of addresses, which addrReader reads; rules that of
@@ -149,15 +148,17 @@ type NetworkReconciler struct {
 	addrReader *tableReader[addrKey, kernelAddr]
 	rules      *ruleTable
 	ruleReader *tableReader[ruleKey, uint8]
+	// routes is the view's table of routes, which routeReader reads (the network's are
+	// those of OverlayRouteProtocol).
+	routes      *routeTable
+	routeReader *tableReader[routeID, kernelRoute]
 
 	// The mirrors' indexes, by which a reconcile reads what one network needs instead of
-	// walking a whole mirror: routes by output interface and by preferred source, and
-	// head-end replication entries by VXLAN device. The address and rule tables' own
-	// indexes find addresses by interface and by address, rules by input interface; the
-	// link table's finds networks' bridges by their tenant's GatewayMark.
-	routesByLink *hal.Index[routeID, overlayRoute, int32]
-	routesBySrc  *hal.Index[routeID, overlayRoute, netip.Addr]
-	herByLink    *hal.Index[herKey, herEntry, int32]
+	// walking a whole mirror: head-end replication entries by VXLAN device. The address,
+	// rule and route tables' own indexes find addresses by interface and by address,
+	// rules by input interface, routes by protocol, output interface and preferred
+	// source; the link table's finds networks' bridges by their tenant's GatewayMark.
+	herByLink *hal.Index[herKey, herEntry, int32]
 
 	// networkLocks serializes the work on one network's kernel state between its
 	// reconciles and the sweeper.
@@ -242,14 +243,17 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 	if gw.checkInterval <= 0 {
 		gw.checkInterval = 10 * time.Second
 	}
-	addrReader, ruleReader := c.view.addrs.reader(c), c.view.rules.reader(c)
-	if addrReader == nil || ruleReader == nil {
+	addrReader, ruleReader, routeReader := c.view.addrs.reader(c), c.view.rules.reader(c), c.view.routes.reader(c)
+	if addrReader == nil || ruleReader == nil || routeReader == nil {
 		reader.close()
 		if addrReader != nil {
 			addrReader.close()
 		}
 		if ruleReader != nil {
 			ruleReader.close()
+		}
+		if routeReader != nil {
+			routeReader.close()
 		}
 		c.close()
 		gw.close()
@@ -264,7 +268,6 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 		node:            opts.Node,
 		links:           c.view.links,
 		linkReader:      reader,
-		routes:          hal.NewMirror[routeID, overlayRoute](func(have, want overlayRoute) bool { return have == want }, routeID.hash),
 		her:             hal.NewMirror[herKey, herEntry](func(have, want herEntry) bool { return have == want }, nil),
 		creating:        map[string]string{},
 		created:         map[int32]struct{}{},
@@ -277,8 +280,7 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 	}
 	r.addrs, r.addrReader = c.view.addrs, addrReader
 	r.rules, r.ruleReader = c.view.rules, ruleReader
-	r.routesByLink = hal.NewIndex(r.routes, func(_ routeID, rt overlayRoute) (int32, bool) { return rt.oif, true })
-	r.routesBySrc = hal.NewIndex(r.routes, func(_ routeID, rt overlayRoute) (netip.Addr, bool) { return rt.src, rt.src.IsValid() })
+	r.routes, r.routeReader = c.view.routes, routeReader
 	r.herByLink = hal.NewIndex(r.her, func(k herKey, _ herEntry) (int32, bool) { return k.index, true })
 	return r, nil
 }
@@ -299,6 +301,7 @@ func (r *NetworkReconciler) Close() error {
 	r.linkReader.close()
 	r.addrReader.close()
 	r.ruleReader.close()
+	r.routeReader.close()
 	r.inNS.close()
 	r.close()
 	r.gw.close()

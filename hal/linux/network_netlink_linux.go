@@ -181,35 +181,11 @@ func appendRuleRequest(b []byte, typ, flags uint16, k ruleKey, protocol uint8) [
 		FwMark: k.fwmark, Table: k.table, Action: k.action, Protocol: protocol})
 }
 
-// overlayRoute is what the network reconciler mirrors of a route of OverlayRouteProtocol
-// (its identity, routeID, is the mirror's key).
-type overlayRoute struct {
-	// oif is the interface the route leads out of.
-	oif int32
-	// src is the preferred source address (RTA_PREFSRC), the zero Addr for none.
-	src netip.Addr
-	// scope is rtm_scope; the kernel reports every IPv6 route with scope universe.
-	scope uint8
-}
-
-// parseOverlayRoute decodes the payload of an RTM_NEWROUTE or RTM_DELROUTE message (struct
-// rtmsg and its attributes) when it is a unicast route of OverlayRouteProtocol with a
-// destination; ok is false for any other route.
-func parseOverlayRoute(b []byte) (id routeID, rt overlayRoute, ok bool) {
-	m, ok := rtnl.ParseRoute(b)
-	if !ok || m.Protocol != byte(OverlayRouteProtocol) || (m.Family != unix.AF_INET && m.Family != unix.AF_INET6) ||
-		m.Type != unix.RTN_UNICAST || !m.Dst.IsValid() {
-		return routeID{}, overlayRoute{}, false
-	}
-	rt = overlayRoute{oif: m.OIF, src: m.PrefSrc.Unmap(), scope: m.Scope}
-	return newRouteID(m.Table, netip.PrefixFrom(m.Dst.Unmap(), int(m.DstLen)), m.Priority), rt, true
-}
-
 // appendOverlayRouteRequest appends to b an RTM_NEWROUTE request (`ip route add` with
 // NLM_F_CREATE|NLM_F_EXCL, `ip route replace` with NLM_F_CREATE|NLM_F_REPLACE) for the
 // overlay route id through rt.oif, or with typ RTM_DELROUTE an `ip route del` of it that
 // names OverlayRouteProtocol, so that it never removes a route of another protocol.
-func appendOverlayRouteRequest(b []byte, typ, flags uint16, id routeID, rt overlayRoute) []byte {
+func appendOverlayRouteRequest(b []byte, typ, flags uint16, id routeID, rt kernelRoute) []byte {
 	r := rtnl.Route{Family: unix.AF_INET6, DstLen: id.bits, Table: id.table, Protocol: uint8(OverlayRouteProtocol),
 		Scope: rt.scope, Type: unix.RTN_UNICAST, Dst: id.dst(), Priority: id.metric}
 	if id.v4 {

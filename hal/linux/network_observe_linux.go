@@ -2,7 +2,6 @@ package linux
 
 import (
 	"context"
-	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -19,7 +18,7 @@ import (
 // fill them, the observer that applies the kernel's notifications, and the sweep that
 // dumps afresh and removes what no desired network owns.
 
-// fill loads the view's link, address and rule tables and the mirrors with a dump,
+// fill loads the view's link, address, rule and route tables and the mirrors with a dump,
 // unless one has loaded them already.
 func (r *NetworkReconciler) fill(ctx context.Context) error {
 	if err := r.links.fill(ctx, r.rtnlConn); err != nil {
@@ -29,6 +28,9 @@ func (r *NetworkReconciler) fill(ctx context.Context) error {
 		return err
 	}
 	if err := r.rules.fill(ctx, r.rtnlConn); err != nil {
+		return err
+	}
+	if err := r.routes.fill(ctx, r.rtnlConn); err != nil {
 		return err
 	}
 	return r.loadOnce(ctx, func(ctx context.Context) error {
@@ -58,8 +60,8 @@ func (r *NetworkReconciler) resync(ctx context.Context, enqueue func(nimbusv1.Ke
 
 // dumpAll loads every mirror with a fresh dump and returns the keys of the networks
 // whose kernel state the dumps found different from what the mirrors held. The
-// links, addresses and rules are the view's: what a dump of them finds changed reaches
-// the observer (linkChanged, addrChanged, ruleChanged). It also
+// links, addresses, rules and routes are the view's: what a dump of them finds changed
+// reaches the observer (linkChanged, addrChanged, ruleChanged, routeChanged). It also
 // forgets what it knew of the forwarding sysctls, which have no dump: the reconciles
 // that follow read them again.
 func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]nimbusv1.Key, error) {
@@ -74,25 +76,6 @@ func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]nimbusv1.Key, error)
 			owners[key] = true
 		}
 	}
-	// A route that is gone after the dump no longer tells its interface.
-	routeOwners := map[routeID]nimbusv1.Key{}
-	for id, rt := range r.routes.All() {
-		routeOwners[id] = r.ownerOfIndex(rt.oif)
-	}
-
-	routeDrift, err := dumpMirror(ctx, r.rtnlConn, r.routes, fmt.Sprintf("routes of protocol %d", OverlayRouteProtocol),
-		unix.RTM_NEWROUTE, parseOverlayRoute,
-		rtnl.RouteDumpRequest(unix.AF_INET, uint8(OverlayRouteProtocol)), rtnl.RouteDumpRequest(unix.AF_INET6, uint8(OverlayRouteProtocol)))
-	if err != nil {
-		return nil, err
-	}
-	for _, id := range routeDrift {
-		if rt, ok := r.routes.Get(id); ok {
-			note(r.ownerOfIndex(rt.oif))
-		}
-		note(routeOwners[id])
-	}
-
 	herDrift, err := dumpMirror(ctx, r.rtnlConn, r.her, "FDB entries", unix.RTM_NEWNEIGH, parseHEREntry, rtnl.NeighDumpRequest(unix.AF_BRIDGE))
 	if err != nil {
 		return nil, err
@@ -146,11 +129,11 @@ func (r *NetworkReconciler) Observe(ctx context.Context, enqueue func(nimbusv1.K
 	links := r.linkReader.watching(func(c tableChange[int32, kernelLink]) { r.linkChanged(c, enqueue) })
 	addrs := r.addrReader.watching(func(c tableChange[addrKey, kernelAddr]) { r.addrChanged(c, enqueue) })
 	rules := r.ruleReader.watching(func(c tableChange[ruleKey, uint8]) { r.ruleChanged(c, enqueue) })
+	routes := r.routeReader.watching(func(c tableChange[routeID, kernelRoute]) { r.routeChanged(c, enqueue) })
 	return r.observeTables(ctx, "network changes", []uint{
 		unix.RTNLGRP_NEIGH,
-		unix.RTNLGRP_IPV4_ROUTE, unix.RTNLGRP_IPV6_ROUTE,
 		unix.RTNLGRP_IPV4_NETCONF, unix.RTNLGRP_IPV6_NETCONF,
-	}, []viewSource{links, addrs, rules}, func(ctx context.Context) error { return r.resync(ctx, enqueue) }, subscribed,
+	}, []viewSource{links, addrs, rules, routes}, func(ctx context.Context) error { return r.resync(ctx, enqueue) }, subscribed,
 		func(typ uint16, payload []byte) { r.apply(typ, payload, enqueue) })
 }
 
@@ -158,20 +141,6 @@ func (r *NetworkReconciler) Observe(ctx context.Context, enqueue func(nimbusv1.K
 // drifted, if any.
 func (r *NetworkReconciler) apply(typ uint16, b []byte, enqueue func(nimbusv1.Key)) {
 	switch typ {
-	case unix.RTM_NEWROUTE, unix.RTM_DELROUTE:
-		id, rt, ok := parseOverlayRoute(b)
-		if !ok {
-			return
-		}
-		echo := false
-		if typ == unix.RTM_NEWROUTE {
-			echo = r.routes.Update(id, rt)
-		} else {
-			echo = r.routes.Remove(id)
-		}
-		if !echo {
-			r.drifted(r.ownerOfIndex(rt.oif), enqueue, "route", id.String())
-		}
 	case unix.RTM_NEWNEIGH, unix.RTM_DELNEIGH:
 		k, e, ok := parseHEREntry(b)
 		if !ok {
@@ -215,7 +184,7 @@ func (r *NetworkReconciler) drifted(key nimbusv1.Key, enqueue func(nimbusv1.Key)
 	enqueue(key)
 }
 
-// addrChanged makes the routes mirror follow what the kernel does to routes when an
+// addrChanged makes the route table follow what the kernel does to routes when an
 // address goes (addrGone), and enqueues every network when it is the VTEP address, and
 // the network whose interface holds the address when it changed other than by the
 // reconciler's own write.
@@ -231,6 +200,21 @@ func (r *NetworkReconciler) addrChanged(c tableChange[addrKey, kernelAddr], enqu
 		return
 	}
 	r.drifted(r.ownerOfIndex(k.index), enqueue, "address", k.prefix.String())
+}
+
+// routeChanged enqueues the network whose interface a route of OverlayRouteProtocol
+// leads out of when the route changed other than by the reconciler's own write, and,
+// when the change moved it off another network's interface, that network too.
+func (r *NetworkReconciler) routeChanged(c tableChange[routeID, kernelRoute], enqueue func(nimbusv1.Key)) {
+	if c.echo {
+		return
+	}
+	if c.has && c.new.protocol == OverlayRouteProtocol {
+		r.drifted(r.ownerOfIndex(c.new.oif), enqueue, "route", c.key.String())
+	}
+	if c.had && c.old.protocol == OverlayRouteProtocol && (!c.has || c.new.protocol != OverlayRouteProtocol || c.new.oif != c.old.oif) {
+		r.drifted(r.ownerOfIndex(c.old.oif), enqueue, "route", c.key.String())
+	}
 }
 
 // ruleChanged enqueues the network whose rule of the overlay's shape changed other than
@@ -392,7 +376,11 @@ func (r *NetworkReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Key
 			return err
 		}
 	}
-	for id, rt := range r.routes.All() {
+	for _, id := range r.overlayRouteIDs() {
+		rt, ok := r.routes.get(id)
+		if !ok || rt.protocol != OverlayRouteProtocol {
+			continue
+		}
 		name := r.nameOf(rt.oif)
 		if owner := bridges[name]; !owner.IsZero() && r.ownerOfName(name) == owner {
 			continue

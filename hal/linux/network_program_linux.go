@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"iter"
 	"log/slog"
 	"net/netip"
 	"slices"
@@ -318,15 +319,35 @@ func (r *NetworkReconciler) linkGone(index int32) {
 	}
 }
 
-// routesGone drops from the mirror the IPv4 routes through the link with the index, and
-// with all also the IPv6 ones: the kernel flushes IPv4 routes through a link that goes
-// down or away without a notification.
+// routesGone drops from the route table the IPv4 routes through the link with the
+// index, and with all also the IPv6 ones: the kernel flushes IPv4 routes through a link
+// that goes down or away without a notification.
 func (r *NetworkReconciler) routesGone(index int32, all bool) {
-	for id := range r.routesByLink.Get(index) {
+	if !all && !r.routes.carriesV4(index) {
+		return
+	}
+	for _, id := range r.routeIDs(r.routes.byLink.Get(index), false) {
 		if id.v4 || all {
-			r.routes.Remove(id)
+			r.routes.m.Remove(id)
 		}
 	}
+}
+
+// overlayRouteIDs returns the identities of the routes of OverlayRouteProtocol.
+func (r *NetworkReconciler) overlayRouteIDs() []routeID {
+	return r.routeIDs(r.routes.protocols.Get(OverlayRouteProtocol), true)
+}
+
+// routeIDs collects the identities of routes, with overlay those of
+// OverlayRouteProtocol alone, so that the caller can change the table as it walks them.
+func (r *NetworkReconciler) routeIDs(routes iter.Seq2[routeID, kernelRoute], overlay bool) []routeID {
+	var ids []routeID
+	for id, rt := range routes {
+		if !overlay || rt.protocol == OverlayRouteProtocol {
+			ids = append(ids, id)
+		}
+	}
+	return ids
 }
 
 // forwardingState is what the reconciler found or made right of a bridge's forwarding
@@ -515,19 +536,19 @@ func (r *NetworkReconciler) deleteAddr(ctx context.Context, name string, k addrK
 	return nil
 }
 
-// addrGone makes the routes mirror follow what the kernel does, without a notification,
+// addrGone makes the route table follow what the kernel does, without a notification,
 // to routes when the address k goes: IPv4 flushes the routes of the main table whose
 // preferred source it was, unless another interface holds it still (routes of other
-// tables, as the tenants' are, stay, and so stay in the mirror for ensureRoutes to
+// tables, as the tenants' are, stay, and so stay in the table for ensureRoutes to
 // delete), and every route through the interface when it was the interface's last IPv4
 // address; IPv6 drops it as the preferred source of the interface's routes.
 func (r *NetworkReconciler) addrGone(k addrKey) {
 	a := k.prefix.Addr()
 	if a.Is6() {
-		for id, rt := range r.routesByLink.Get(k.index) {
-			if !id.v4 && rt.src == a {
+		for _, id := range r.routeIDs(r.routes.byLink.Get(k.index), false) {
+			if rt, ok := r.routes.get(id); ok && !id.v4 && rt.src == a {
 				rt.src = netip.Addr{}
-				r.routes.Update(id, rt)
+				r.routes.m.Update(id, rt)
 			}
 		}
 		return
@@ -546,16 +567,16 @@ func (r *NetworkReconciler) addrGone(k addrKey) {
 		}
 	}
 	if !heldElsewhere {
-		for id := range r.routesBySrc.Get(a) {
+		for _, id := range r.routeIDs(r.routes.bySrc.Get(a), false) {
 			if id.v4 && id.table == unix.RT_TABLE_MAIN {
-				r.routes.Remove(id)
+				r.routes.m.Remove(id)
 			}
 		}
 	}
 	if lastOnLink {
-		for id := range r.routesByLink.Get(k.index) {
+		for _, id := range r.routeIDs(r.routes.byLink.Get(k.index), false) {
 			if id.v4 {
-				r.routes.Remove(id)
+				r.routes.m.Remove(id)
 			}
 		}
 	}
@@ -568,16 +589,16 @@ func (r *NetworkReconciler) addrGone(k addrKey) {
 // deleted. A route of another protocol where one is wanted, or one that another
 // network of the tenant holds, is a conflict.
 func (r *NetworkReconciler) ensureRoutes(ctx context.Context, want networkWant, index int32) error {
-	wanted := make(map[routeID]overlayRoute, len(want.subnets))
+	wanted := make(map[routeID]kernelRoute, len(want.subnets))
 	for _, s := range want.subnets {
 		metric := uint32(0)
-		rt := overlayRoute{oif: index, src: s.gw, scope: unix.RT_SCOPE_LINK}
+		rt := kernelRoute{protocol: OverlayRouteProtocol, hops: []hop{{link: index, weight: 1}}, oif: index, src: s.gw, scope: unix.RT_SCOPE_LINK}
 		if s.prefix.Addr().Is6() {
 			metric, rt.scope = ip6DefaultMetric, unix.RT_SCOPE_UNIVERSE
 		}
 		wanted[newRouteID(want.table, s.prefix, metric)] = rt
 	}
-	for id := range r.routesByLink.Get(index) {
+	for _, id := range r.routeIDs(r.routes.byLink.Get(index), true) {
 		if _, ok := wanted[id]; !ok {
 			if err := r.deleteRoute(ctx, id); err != nil {
 				return err
@@ -586,8 +607,9 @@ func (r *NetworkReconciler) ensureRoutes(ctx context.Context, want networkWant, 
 	}
 	for _, id := range sortedKeys(wanted, compareRouteIDs) {
 		rt := wanted[id]
-		have, exists := r.routes.Get(id)
-		if exists && have == rt {
+		have, exists := r.routes.get(id)
+		exists = exists && have.protocol == OverlayRouteProtocol
+		if exists && sameOverlayRoute(have, rt) {
 			continue
 		}
 		if exists && have.oif != index {
@@ -600,7 +622,7 @@ func (r *NetworkReconciler) ensureRoutes(ctx context.Context, want networkWant, 
 			flags = unix.NLM_F_CREATE | unix.NLM_F_REPLACE
 		}
 		msg := appendOverlayRouteRequest(r.nl.Buffer(), unix.RTM_NEWROUTE, flags, id, rt)
-		if _, err := kernelWrite(ctx, r.rtnlConn, r.routes.Expect(id, rt), msg); err != nil {
+		if _, err := kernelWrite(ctx, r.rtnlConn, r.routes.m.ExpectBy(r.routeReader.writer(), id, rt, sameOverlayRoute), msg); err != nil {
 			if !exists && errors.Is(err, unix.EEXIST) {
 				return hal.Errorf(hal.ReasonConflict, "subnet %s: tenant table %d holds a route to it that naples did not create; leaving it alone", id.prefix(), id.table)
 			}
@@ -609,6 +631,13 @@ func (r *NetworkReconciler) ensureRoutes(ctx context.Context, want networkWant, 
 		r.log.Debug("tenant route programmed", "key", want.id, "route", id.String(), "bridge", want.bridge)
 	}
 	return nil
+}
+
+// sameOverlayRoute reports whether the kernel route have is the overlay route want: of
+// OverlayRouteProtocol, out of the same interface, with the same preferred source and
+// scope.
+func sameOverlayRoute(have, want kernelRoute) bool {
+	return have.protocol == want.protocol && have.oif == want.oif && have.src == want.src && have.scope == want.scope
 }
 
 // compareRouteIDs orders route identities by table, destination and metric.
@@ -628,8 +657,8 @@ func compareRouteIDs(a, b routeID) int {
 // deleteRoute deletes the route of protocol 242 with the identity (`ip route del PREFIX
 // table T metric M proto 242`).
 func (r *NetworkReconciler) deleteRoute(ctx context.Context, id routeID) error {
-	msg := appendOverlayRouteRequest(r.nl.Buffer(), unix.RTM_DELROUTE, 0, id, overlayRoute{})
-	took, err := kernelWrite(ctx, r.rtnlConn, r.routes.ExpectGone(id), msg, unix.ESRCH)
+	msg := appendOverlayRouteRequest(r.nl.Buffer(), unix.RTM_DELROUTE, 0, id, kernelRoute{})
+	took, err := kernelWrite(ctx, r.rtnlConn, r.routes.m.ExpectGoneBy(r.routeReader.writer(), id), msg, unix.ESRCH)
 	if err != nil {
 		return kernelErr(err, "deleting route %s", id)
 	}

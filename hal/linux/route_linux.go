@@ -593,6 +593,9 @@ func (r *RouteReconciler) routeChanged(c tableChange[routeID, kernelRoute], enqu
 	if c.echo {
 		return // our own write
 	}
+	if c.had && c.has && c.fields&(routeFieldProtocol|routeFieldHops) == 0 {
+		return // a preferred source, output interface or scope, which its routes leave the kernel's
+	}
 	typ := uint16(unix.RTM_NEWROUTE)
 	if !c.has {
 		typ = unix.RTM_DELROUTE

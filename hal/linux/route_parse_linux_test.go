@@ -133,7 +133,7 @@ func kernelID(rt netlink.Route) (routeID, bool) {
 
 // kernelRouteOf is what the mirror keeps of a route the netlink library decoded.
 func kernelRouteOf(rt *netlink.Route) kernelRoute {
-	k := kernelRoute{protocol: uint8(rt.Protocol)}
+	k := kernelRoute{protocol: uint8(rt.Protocol), src: addrOf(rt.Src), oif: int32(rt.LinkIndex), scope: uint8(rt.Scope)}
 	if len(rt.MultiPath) == 0 {
 		k.hops = []hop{{gw: addrOf(rt.Gw), link: int32(rt.LinkIndex), weight: 1}}
 	} else {
