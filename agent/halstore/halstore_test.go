@@ -15,17 +15,25 @@ import (
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
-// TestHALStore checks the adapter of a delphi store to hal.Store.
-func TestHALStore(t *testing.T) {
+// openDelphi opens an in-memory delphi store, closed when the test ends, and claims
+// the writing of its desired objects.
+func openDelphi(t *testing.T) (*delphi.Store, *delphi.DesiredWriter) {
+	t.Helper()
 	ds, err := delphi.Open(delphi.Options{Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ds.Close()
+	t.Cleanup(func() { ds.Close() })
 	desired, err := ds.ClaimDesired()
 	if err != nil {
 		t.Fatal(err)
 	}
+	return ds, desired
+}
+
+// TestHALStore checks the adapter of a delphi store to hal.Store.
+func TestHALStore(t *testing.T) {
+	ds, desired := openDelphi(t)
 	r1, r2 := testRoute("r1", 1, "10.1.0.0/16"), testRoute("r2", 2, "10.2.0.0/16")
 	n1 := testNode("n1", "192.0.2.1")
 	commit := func(objs ...*nimbusv1.Object) {
@@ -136,15 +144,7 @@ func TestHALStore(t *testing.T) {
 // TestHALOnDelphi runs a HAL on a delphi store through the adapter: statuses land in delphi, and Run returns
 // nil when the store is closed.
 func TestHALOnDelphi(t *testing.T) {
-	ds, err := delphi.Open(delphi.Options{Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ds.Close()
-	desired, err := ds.ClaimDesired()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ds, desired := openDelphi(t)
 	s, err := New(ds)
 	if err != nil {
 		t.Fatal(err)
