@@ -22,8 +22,9 @@ import (
 //     "permanent") without a VLAN: the entries the reconciler writes, a remote MAC's
 //     `self ... dst VTEP` entry on a VXLAN device and the `master` entries of a bridge for
 //     its ports (the VXLAN port for a remote MAC, a local endpoint's interface for its
-//     own), are of that kind; learned and permanent entries (a device's own addresses, the
-//     network reconciler's head-end replication entries) are not. A bridge holds one entry
+//     own), are of that kind; learned and permanent entries (a device's own addresses)
+//     are not. The table holds the network reconciler's head-end replication entries
+//     too, keyed apart (fdbKey.headEnd), which the reconciler passes over. A bridge holds one entry
 //     per MAC, whatever the port: the mirror keys a bridge's entry by the bridge and the
 //     MAC, and keeps the port as its value, so that an entry that moves to another port
 //     (`bridge fdb replace MAC dev OTHER master static`, or a frame learnt there) replaces

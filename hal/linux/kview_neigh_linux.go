@@ -105,8 +105,9 @@ func parseIPNeigh(b []byte) (neighKey, neighEntry, bool) {
 }
 
 // notifyFDB applies a notification of an FDB entry (AF_BRIDGE) to the FDB entries: a
-// static entry or a head-end replication entry added or replaced shows, any other goes. A bridge's entry that a port it
-// left reports gone is passed over: the bridge's entry is on another port now.
+// static entry or a head-end replication entry added or replaced shows, any other goes.
+// A bridge's entry that a port it left reports gone is passed over: the bridge's entry
+// is on another port now.
 func notifyFDB(m *hal.Mirror[fdbKey, fdbEntry], typ uint16, payload []byte) {
 	if typ != unix.RTM_NEWNEIGH && typ != unix.RTM_DELNEIGH {
 		return
