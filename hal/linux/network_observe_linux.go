@@ -61,10 +61,10 @@ func (r *NetworkReconciler) resync(ctx context.Context, enqueue func(nimbusv1.Ke
 	return nil
 }
 
-// dumpAll loads every mirror with a fresh dump and returns the keys of the networks
-// whose kernel state the dumps found different from what the mirrors held. The
-// links, addresses, rules and routes are the view's: what a dump of them finds changed
-// reaches the observer (linkChanged, addrChanged, ruleChanged, routeChanged). It also
+// dumpAll returns the keys of the networks whose kernel state changed unreported: every
+// network when the underlay's link or MTU changed. The links, addresses, rules, routes
+// and FDB entries are the view's: what a dump of them finds changed reaches the
+// observer (linkChanged, addrChanged, ruleChanged, routeChanged, fdbChanged). It also
 // forgets what it knew of the forwarding sysctls, which have no dump: the reconciles
 // that follow read them again.
 func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]nimbusv1.Key, error) {
