@@ -131,9 +131,9 @@
 // is its own and another reconciler still hears of the change. A sweep, and the
 // interface reconciler's refresh of counters, dump the table afresh, and every reader
 // hears of what the dump found changed.
-// The network reconciler reads what one network needs through the mirrors' indexes
-// (hal.Index: addresses and routes by interface, rules by input interface), never by a
-// walk of a whole mirror. The sockets, requests and messages are package rtnl's; this
+// The network reconciler reads what one network needs through the tables' indexes
+// (hal.Index: addresses and routes by interface, rules by input interface, head-end
+// replication entries by VXLAN device), never by a walk of a whole table. The sockets, requests and messages are package rtnl's; this
 // package holds what they mean.
 //
 // The view's tables beside the links, each a viewTable of its own key and value in a
@@ -160,16 +160,18 @@
 //     overlay's shape) there.
 //   - neighbours (kview_neigh_linux.go): the static FDB entries without a VLAN (a
 //     device's own, keyed by device and MAC, holding the remote VTEP; a bridge's,
-//     keyed by bridge and MAC, holding the port) and the permanent IP neighbours (keyed
-//     by device and IP, holding the MAC), two viewTables of their own keys fed by the
-//     same notifications, each loaded by a dump of its own. The endpoint reconciler
-//     reads and writes them there.
+//     keyed by bridge and MAC, holding the port), the VXLAN devices' head-end
+//     replication entries (keyed by device and destination, found by device) and the
+//     permanent IP neighbours (keyed by device and IP, holding the MAC), two viewTables
+//     of their own keys fed by the same notifications, each loaded by a dump of its
+//     own. The endpoint reconciler reads and writes the static entries and the
+//     neighbours there, and the network reconciler its head-end replication entries.
 //
 // Readers outside the reconcilers (the agent's `dataplane` view) read the namespace
 // through a KernelRead (kview_read_linux.go): links, bridge ports and addresses from the
 // view's tables while an observer keeps them current, by a dump otherwise, every dump
 // of one reading on one socket. FDB entries and neighbours are dumped, since their
-// tables hold the static unicast entries and permanent neighbours alone.
+// tables hold the kinds the reconcilers write alone.
 //
 // Writes go to the kernel through a batcher (rtnl.Batcher), one netlink socket per
 // KernelView (and Timeout) that the reconcilers sharing it write through: a writer

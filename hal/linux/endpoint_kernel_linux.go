@@ -22,8 +22,9 @@ import (
 //     "permanent") without a VLAN: the entries the reconciler writes, a remote MAC's
 //     `self ... dst VTEP` entry on a VXLAN device and the `master` entries of a bridge for
 //     its ports (the VXLAN port for a remote MAC, a local endpoint's interface for its
-//     own), are of that kind; learned and permanent entries (a device's own addresses, the
-//     network reconciler's head-end replication entries) are not. A bridge holds one entry
+//     own), are of that kind; learned and permanent entries (a device's own addresses)
+//     are not. The table holds the network reconciler's head-end replication entries
+//     too, keyed apart (fdbKey.headEnd), which the reconciler passes over. A bridge holds one entry
 //     per MAC, whatever the port: the mirror keys a bridge's entry by the bridge and the
 //     MAC, and keeps the port as its value, so that an entry that moves to another port
 //     (`bridge fdb replace MAC dev OTHER master static`, or a frame learnt there) replaces
@@ -45,19 +46,29 @@ func sameEPLink(have, want kernelLink) bool {
 // fdbKey identifies a static FDB entry: a device's own entry (`bridge fdb ... self`, a
 // VXLAN device's remote MAC), by the device and the MAC, or a bridge's entry for one of
 // its ports (`bridge fdb ... master`, reported with NDA_MASTER), by the bridge (ifindex)
-// and the MAC, with master set.
+// and the MAC, with master set. A head-end replication entry (`bridge fdb append
+// 00:00:00:00:00:00 dev VXLAN dst VTEP self`), of which the kernel keeps one per device
+// and destination, is keyed by the device and its destination, dst, with the all-zeros
+// MAC; dst is the zero Addr in every other key.
 type fdbKey struct {
 	ifindex int32
 	mac     [6]byte
 	master  bool
+	dst     netip.Addr
 }
 
 // fdbEntry is what the mirror keeps of a static FDB entry: where a VXLAN device sends
-// frames to the MAC (NDA_DST, the remote VTEP), or the port a bridge sends them to.
+// frames to the MAC (NDA_DST, the remote VTEP), or the port a bridge sends them to. A
+// head-end replication entry holds its destination too, and whether it is permanent
+// (NUD_PERMANENT), the state the overlay's entries have.
 type fdbEntry struct {
-	dst  netip.Addr
-	port int32
+	dst       netip.Addr
+	port      int32
+	permanent bool
 }
+
+// headEnd tells whether the key is a head-end replication entry's.
+func (k fdbKey) headEnd() bool { return k.dst.IsValid() }
 
 // neighKey identifies a neighbour entry: its device and IP address.
 type neighKey struct {
@@ -85,6 +96,10 @@ func (k fdbKey) hash() uint64 {
 	if k.master {
 		h ^= 1 << 63
 	}
+	if k.dst.IsValid() {
+		a := k.dst.As16()
+		h ^= binary.NativeEndian.Uint64(a[0:8])*31 ^ binary.NativeEndian.Uint64(a[8:16])
+	}
 	return epMix(h)
 }
 
@@ -97,9 +112,13 @@ func (k neighKey) hash() uint64 {
 // epMACString formats a MAC address as ip(8) does: "02:00:00:00:00:01".
 func epMACString(mac [6]byte) string { return net.HardwareAddr(mac[:]).String() }
 
-// String names the entry: "02:00:00:00:00:01 dev 7 self" as `bridge fdb` would, or
-// "02:00:00:00:00:01 master 5" for a bridge's entry.
+// String names the entry: "02:00:00:00:00:01 dev 7 self" as `bridge fdb` would,
+// "02:00:00:00:00:01 master 5" for a bridge's entry, or "00:00:00:00:00:00 dev 7 dst
+// 192.0.2.1 self" for a head-end replication entry.
 func (k fdbKey) String() string {
+	if k.headEnd() {
+		return fmt.Sprintf("%s dev %d dst %s self", epMACString(k.mac), k.ifindex, k.dst)
+	}
 	if k.master {
 		return fmt.Sprintf("%s master %d", epMACString(k.mac), k.ifindex)
 	}
@@ -115,6 +134,7 @@ type neighMsg struct {
 	family  uint8
 	ifindex int32
 	state   uint16
+	flags   uint8
 	// dst is NDA_DST: a neighbour's address, a VXLAN FDB entry's remote.
 	dst netip.Addr
 	// mac is NDA_LLADDR when it is an Ethernet address (hasMAC).
@@ -133,15 +153,20 @@ func parseNeighMsg(b []byte) (m neighMsg, ok bool) {
 	if !ok {
 		return neighMsg{}, false
 	}
-	m = neighMsg{family: n.Family, ifindex: n.Index, state: n.State, dst: n.Dst, mac: n.MAC, hasMAC: n.HasMAC,
+	m = neighMsg{family: n.Family, ifindex: n.Index, state: n.State, flags: n.Flags, dst: n.Dst, mac: n.MAC, hasMAC: n.HasMAC,
 		vlan: n.VLAN, master: n.Master}
 	return m, m.ifindex > 0
 }
 
-// fdb returns the FDB entry an AF_BRIDGE message describes, and whether it is a static
-// entry without a VLAN for a unicast MAC: the kind the mirror keeps. A bridge's entry is
-// keyed by the bridge, with the port it names as its value.
+// fdb returns the FDB entry an AF_BRIDGE message describes, and whether it is of a kind
+// the mirror keeps: a static entry without a VLAN for a unicast MAC, or a device's own
+// head-end replication entry (NTF_SELF, the all-zeros MAC and a destination) in whatever
+// state. A bridge's entry is keyed by the bridge, with the port it names as its value; a
+// head-end replication entry by its device and destination.
 func (m *neighMsg) fdb() (fdbKey, fdbEntry, bool) {
+	if m.flags&unix.NTF_SELF != 0 && m.hasMAC && m.mac == [6]byte{} && m.dst.IsValid() {
+		return fdbKey{ifindex: m.ifindex, dst: m.dst}, fdbEntry{dst: m.dst, permanent: m.state&unix.NUD_PERMANENT != 0}, true
+	}
 	k := fdbKey{ifindex: m.ifindex, mac: m.mac}
 	e := fdbEntry{dst: m.dst}
 	if m.master != 0 {

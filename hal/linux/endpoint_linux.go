@@ -1357,8 +1357,12 @@ func (r *EndpointReconciler) linkChanged(c tableChange[int32, kernelLink], enque
 }
 
 // fdbNetwork returns the network (its key ID) whose MAC entries an FDB entry is of: a
-// VXLAN device's own entry, or any entry of a network's bridge, whatever its port.
+// VXLAN device's own entry, or any entry of a network's bridge, whatever its port. A
+// head-end replication entry is the network reconciler's, of no MAC.
 func (r *EndpointReconciler) fdbNetwork(k fdbKey) (string, bool) {
+	if k.headEnd() {
+		return "", false
+	}
 	network, bridge, vxlan := r.links.networkDevice(k.ifindex)
 	if k.master {
 		return network, bridge

@@ -3,6 +3,7 @@ package linux
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -255,12 +256,7 @@ func TestKernelViewLinkTableShared(t *testing.T) {
 	h.put(t, obj)
 	runObserver(t, a)
 	heard := runObserver(t, b)
-	if n := view.links.dumps.Load(); n != 1 {
-		t.Errorf("the link table was dumped %d times for two observers; want once", n)
-	}
-	if a.links != view.links || b.links != view.links {
-		t.Error("the reconcilers read links of their own, not the view's table")
-	}
+	checkSharedTable(t, "link", view.links.dumps.Load(), a.links == view.links && b.links == view.links)
 
 	h.mustReconcile(t, a, obj.Key())
 	epAwaitEnqueued(t, heard, obj.Key().Key().String(), "the other reconciler set nic0 up, mtu 1400")
@@ -363,12 +359,7 @@ func TestKernelViewRouteTableShared(t *testing.T) {
 	h.put(t, obj)
 	heardA := runObserver(t, a)
 	heardB := runObserver(t, b)
-	if n := view.routes.dumps.Load(); n != 1 {
-		t.Errorf("the route table was dumped %d times for two observers; want once", n)
-	}
-	if a.routes != view.routes || b.routes != view.routes {
-		t.Error("the reconcilers read routes of their own, not the view's table")
-	}
+	checkSharedTable(t, "route", view.routes.dumps.Load(), a.routes == view.routes && b.routes == view.routes)
 
 	if _, err := h.reconcileStored(a, obj.Key()); err != nil {
 		t.Fatal(err)
@@ -392,5 +383,122 @@ func TestKernelViewRouteTableShared(t *testing.T) {
 	case got := <-heardA:
 		t.Errorf("the writer's observer enqueued %s for its own write", got)
 	case <-time.After(200 * time.Millisecond):
+	}
+}
+
+// TestKernelViewOverlayTablesShared checks that the network and route reconcilers of one
+// namespace share the view's route table, one dump for both, each finding its own
+// routes there: a network's overlay routes (OverlayRouteProtocol) and a Route object's
+// (RouteProtocol). The head-end replication entry the network reconciler programs is in
+// the view's FDB table, found by its VXLAN device, and goes from it with the device.
+func TestKernelViewOverlayTablesShared(t *testing.T) {
+	f := families[0]
+	h := newHost(t)
+	view := NewKernelView(KernelViewOptions{Namespace: &h.nsh})
+	bpfDir := filepath.Join("/sys/fs/bpf", h.ns)
+	t.Cleanup(func() { os.RemoveAll(bpfDir) })
+	rr, err := NewRouteReconciler(RouteOptions{Store: h.store, Namespace: &h.nsh, View: view, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rr.Close() })
+	nw, err := NewNetworkReconciler(NetworkOptions{Store: h.store, Node: localNode, Namespace: &h.nsh, View: view, Logger: quiet,
+		BPFDir: bpfDir, StateFile: filepath.Join(t.TempDir(), "sysctls.json")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nw.Close() })
+	// This host's VTEP is eth0's address; n2's is its peer's.
+	blue := networkObj("acme", "blue", 100, 0, subnet("10.1.0.0/24", "10.1.0.1"))
+	obj := route("shared", 100, f.prefix, f.gw1)
+	h.put(t, nodeObj(localNode, "10.10.0.1"), nodeObj("n2", f.gw1), blue, endpointObj("acme", "e2", "blue", "n2"), obj)
+	runObserver(t, rr)
+	heardNW := runObserver(t, nw)
+	checkSharedTable(t, "route", view.routes.dumps.Load(), rr.routes == view.routes && nw.routes == view.routes)
+	if nw.neigh != view.neigh {
+		t.Error("the network reconciler reads FDB entries of its own, not the view's table")
+	}
+
+	if _, err := h.reconcileStored(nw, blue.Key()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.reconcileStored(rr, obj.Key()); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := view.routes.get(mustID(t, 100, f.prefix)); !ok {
+		t.Errorf("the table does not hold the Route object's route %s", f.prefix)
+	}
+	if n := view.routes.protocols.Len(RouteProtocol); n != 1 {
+		t.Errorf("the table holds %d routes of protocol %d; want the Route object's", n, RouteProtocol)
+	}
+	overlay := nw.overlayRouteIDs()
+	if len(overlay) == 0 {
+		t.Fatalf("the table holds no routes of protocol %d; want the network's", OverlayRouteProtocol)
+	}
+	for _, id := range overlay {
+		if id.table != TenantTable("acme") {
+			t.Errorf("an overlay route %s is in table %d; want the tenant's, %d", id, id.table, TenantTable("acme"))
+		}
+	}
+	// Each reads its own: a reconcile of either again writes nothing.
+	writes := nw.KernelWrites() + rr.KernelWrites()
+	if _, err := h.reconcileStored(nw, blue.Key()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.reconcileStored(rr, obj.Key()); err != nil {
+		t.Fatal(err)
+	}
+	if n := nw.KernelWrites() + rr.KernelWrites() - writes; n != 0 {
+		t.Errorf("reconciling both again wrote %d times; want none", n)
+	}
+
+	vx, _, ok := view.links.byName(VXLANName(blue.Key().ID()))
+	if !ok {
+		t.Fatal("the link table holds no VXLAN device of the network")
+	}
+	k := fdbKey{ifindex: vx, dst: netip.MustParseAddr(f.gw1)}
+	if e, ok := view.neigh.fdb.m.Get(k); !ok || !e.permanent {
+		t.Errorf("the FDB table holds %v (%v) for the head-end replication entry %s; want a permanent entry", e, ok, k)
+	}
+	if n := view.neigh.headEnds.Len(vx); n != 1 {
+		t.Errorf("the FDB table finds %d head-end replication entries on %s; want 1", n, VXLANName(blue.Key().ID()))
+	}
+	// Deleted by hand, it reaches the network's observer, which enqueues the network,
+	// once what the observer heard of the reconciles has passed.
+	for quiet := false; !quiet; {
+		select {
+		case <-heardNW:
+		case <-time.After(300 * time.Millisecond):
+			quiet = true
+		}
+	}
+	testns.Run(t, "bridge", "-n", h.ns, "fdb", "del", "00:00:00:00:00:00", "dev", VXLANName(blue.Key().ID()), "dst", f.gw1, "self")
+	epAwaitEnqueued(t, heardNW, blue.Key().Key().String(), "someone deleted the head-end replication entry")
+	if _, ok := view.neigh.fdb.m.Get(k); ok {
+		t.Errorf("the FDB table holds %s after its delete", k)
+	}
+	// Put back, it goes from the table with its device.
+	if _, err := h.reconcileStored(nw, blue.Key()); err != nil {
+		t.Fatal(err)
+	}
+	if n := view.neigh.headEnds.Len(vx); n != 1 {
+		t.Fatalf("the FDB table finds %d head-end replication entries after the reconcile; want 1", n)
+	}
+	testns.Run(t, "ip", "-n", h.ns, "link", "del", VXLANName(blue.Key().ID()))
+	waitFor(t, "the head-end replication entry to go from the FDB table with its device", func() bool {
+		return view.neigh.headEnds.Len(vx) == 0
+	})
+}
+
+// checkSharedTable fails the test unless the view's table of what ("route") was dumped
+// once for two observers, dumps telling how often, and both reconcilers read it, as
+// shared tells.
+func checkSharedTable(t *testing.T, what string, dumps uint64, shared bool) {
+	t.Helper()
+	if dumps != 1 {
+		t.Errorf("the %s table was dumped %d times for two observers; want once", what, dumps)
+	}
+	if !shared {
+		t.Errorf("a reconciler reads %ss of its own, not the view's table", what)
 	}
 }

@@ -14,12 +14,16 @@ import (
 // the permanent IP neighbours (AF_INET and AF_INET6, `ip neigh show nud permanent`). The
 // two kinds have keys of their own, so each is a viewTable of its own, with its own
 // dump, fed by the same notifications; an entry of another kind is no entry of either.
-// Both are keyed by the device (a bridge, for a bridge's FDB entries) first. They have
-// no indexes yet: their one reader, the endpoint reconciler, finds entries by key, and
-// an index costs memory per entry, of which there are a few per endpoint.
+// Both are keyed by the device (a bridge, for a bridge's FDB entries) first. The FDB
+// entries hold the VXLAN devices' head-end replication entries too, which the network
+// reconciler reads, one device's at a time, through headEnds; the endpoint reconciler
+// finds the rest by key, unindexed, since an index costs memory per entry, of which
+// there are a few per endpoint.
 type neighTable struct {
 	fdb *viewTable[fdbKey, fdbEntry]
 	ips *viewTable[neighKey, neighEntry]
+	// headEnds finds the head-end replication entries of a VXLAN device, by its index.
+	headEnds *hal.Index[fdbKey, fdbEntry, int32]
 }
 
 // The fields of an fdbEntry and of a neighEntry, a bit each, as a tableChange reports
@@ -27,6 +31,7 @@ type neighTable struct {
 const (
 	fdbFieldDst uint64 = 1 << iota
 	fdbFieldPort
+	fdbFieldPermanent
 )
 
 const neighFieldMAC uint64 = 1
@@ -45,6 +50,9 @@ func newNeighTable() *neighTable {
 				}
 				if a.port != b.port {
 					f |= fdbFieldPort
+				}
+				if a.permanent != b.permanent {
+					f |= fdbFieldPermanent
 				}
 				return f
 			},
@@ -72,6 +80,7 @@ func newNeighTable() *neighTable {
 			},
 		}),
 	}
+	t.headEnds = hal.NewIndex(t.fdb.m, func(k fdbKey, _ fdbEntry) (int32, bool) { return k.ifindex, k.headEnd() })
 	return t
 }
 
@@ -96,8 +105,9 @@ func parseIPNeigh(b []byte) (neighKey, neighEntry, bool) {
 }
 
 // notifyFDB applies a notification of an FDB entry (AF_BRIDGE) to the FDB entries: a
-// static entry added or replaced shows, any other goes. A bridge's entry that a port it
-// left reports gone is passed over: the bridge's entry is on another port now.
+// static entry or a head-end replication entry added or replaced shows, any other goes.
+// A bridge's entry that a port it left reports gone is passed over: the bridge's entry
+// is on another port now.
 func notifyFDB(m *hal.Mirror[fdbKey, fdbEntry], typ uint16, payload []byte) {
 	if typ != unix.RTM_NEWNEIGH && typ != unix.RTM_DELNEIGH {
 		return

@@ -14,10 +14,13 @@ import (
 // entries, as package rtnl's typed values. A read returns the entries of the view's table
 // of the kind while an observer watches through the view, which keeps the table current
 // (viewTable.current); it dumps the kernel otherwise, as the firewall's input does. The
-// FDB entries and the neighbours are always dumped: their tables hold the static unicast
-// entries and the permanent neighbours alone, the kinds the endpoint reconciler writes,
-// and a reader wants every one (a VXLAN device's head-end entries, a learned neighbour's
-// state). The reads of one KernelRead dump through one reader.
+// FDB entries and the neighbours are always dumped: their tables hold the kinds the
+// reconcilers write alone (the static unicast entries without a VLAN, one destination
+// per VXLAN device and MAC, the VXLAN devices' head-end replication entries, and the
+// permanent neighbours), and a reader wants every one (a learned or permanent entry, a
+// MAC's further destinations, a learned neighbour's state), which a dump of its own
+// family brings whatever the table holds. The reads of one KernelRead dump through one
+// reader.
 
 // KernelRead is one reading of a KernelView's namespace (KernelView.Read): the reads
 // that dump share one reader, opened by the first of them and closed by Close. It is not

@@ -113,15 +113,15 @@ type NetworkOptions struct {
 // that another Network has, is a conflict. Deleting the network removes all of the
 // above; the devices take their addresses, routes and FDB entries with them.
 //
-// It reads the links from its KernelView's link table, shared with the other reconcilers
-// of the namespace (networks' bridges found by their tenant's GatewayMark through the
-// table's index), and the kernel's other state from mirrors (hal.Mirror) of every
-// address, the policy-routing rules at TenantRulePriority, TenantRulePriority+1 and
-// GatewayRulePriority, the routes of OverlayRouteProtocol and the head-end replication
-// entries of VXLAN devices: one dump fills each, the observer's subscription keeps them
-// current, and every sweep dumps afresh. A link it creates has no index until the kernel
+// It reads the kernel's state from its KernelView's tables, shared with the other
+// reconcilers of the namespace: the links (networks' bridges found by their tenant's
+// GatewayMark through the table's index), every address, the policy-routing rules at
+// TenantRulePriority, TenantRulePriority+1 and GatewayRulePriority, the routes of
+// OverlayRouteProtocol and the head-end replication entries of VXLAN devices: one dump
+// fills each, the view's subscription keeps them current, and every sweep dumps the
+// links, addresses, rules and FDB entries afresh. A link it creates has no index until the kernel
 // made it, so the table cannot expect it: the link's appearance, which the reconciler
-// reads back at once, is the echo of the create. A reconcile compares the network's desired state with the mirrors and writes
+// reads back at once, is the echo of the create. A reconcile compares the network's desired state with the tables and writes
 // only what differs, so a reconcile of a network the kernel already holds writes nothing.
 type NetworkReconciler struct {
 	// rtnlConn carries the writes and reads dumps and single links.
@@ -139,7 +139,6 @@ type NetworkReconciler struct {
 	// links is the view's table of links, which linkReader reads.
 	links      *linkTable
 	linkReader *tableReader[int32, kernelLink]
-	her        *hal.Mirror[herKey, herEntry]
 
 	// addrs is the view's table of addresses, which addrReader reads; rules that of
 	// rules, which ruleReader reads (the network's are those of the overlay's shape,
@@ -152,13 +151,16 @@ type NetworkReconciler struct {
 	// those of OverlayRouteProtocol).
 	routes      *routeTable
 	routeReader *tableReader[routeID, kernelRoute]
-
-	// The mirrors' indexes, by which a reconcile reads what one network needs instead of
-	// walking a whole mirror: head-end replication entries by VXLAN device. The address,
-	// rule and route tables' own indexes find addresses by interface and by address,
-	// rules by input interface, routes by protocol, output interface and preferred
-	// source; the link table's finds networks' bridges by their tenant's GatewayMark.
-	herByLink *hal.Index[herKey, herEntry, int32]
+	// neigh holds the view's table of FDB entries, which fdbReader reads (the network's
+	// are the head-end replication entries of its VXLAN device, which neigh.headEnds
+	// finds by device).
+	neigh     *neighTable
+	fdbReader *tableReader[fdbKey, fdbEntry]
+	// The tables' indexes, by which a reconcile reads what one network needs instead of
+	// walking a whole table, find addresses by interface and by address, rules by input
+	// interface, routes by protocol, output interface and preferred source, head-end
+	// replication entries by VXLAN device, and networks' bridges by their tenant's
+	// GatewayMark.
 
 	// networkLocks serializes the work on one network's kernel state between its
 	// reconciles and the sweeper.
@@ -244,7 +246,8 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 		gw.checkInterval = 10 * time.Second
 	}
 	addrReader, ruleReader, routeReader := c.view.addrs.reader(c), c.view.rules.reader(c), c.view.routes.reader(c)
-	if addrReader == nil || ruleReader == nil || routeReader == nil {
+	fdbReader := c.view.neigh.fdb.reader(c)
+	if addrReader == nil || ruleReader == nil || routeReader == nil || fdbReader == nil {
 		reader.close()
 		if addrReader != nil {
 			addrReader.close()
@@ -254,6 +257,9 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 		}
 		if routeReader != nil {
 			routeReader.close()
+		}
+		if fdbReader != nil {
+			fdbReader.close()
 		}
 		c.close()
 		gw.close()
@@ -268,7 +274,6 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 		node:            opts.Node,
 		links:           c.view.links,
 		linkReader:      reader,
-		her:             hal.NewMirror[herKey, herEntry](func(have, want herEntry) bool { return have == want }, nil),
 		creating:        map[string]string{},
 		created:         map[int32]struct{}{},
 		devices:         map[string]nimbusv1.Key{},
@@ -281,7 +286,7 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 	r.addrs, r.addrReader = c.view.addrs, addrReader
 	r.rules, r.ruleReader = c.view.rules, ruleReader
 	r.routes, r.routeReader = c.view.routes, routeReader
-	r.herByLink = hal.NewIndex(r.her, func(k herKey, _ herEntry) (int32, bool) { return k.index, true })
+	r.neigh, r.fdbReader = c.view.neigh, fdbReader
 	return r, nil
 }
 
@@ -302,6 +307,7 @@ func (r *NetworkReconciler) Close() error {
 	r.addrReader.close()
 	r.ruleReader.close()
 	r.routeReader.close()
+	r.fdbReader.close()
 	r.inNS.close()
 	r.close()
 	r.gw.close()

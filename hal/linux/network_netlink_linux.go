@@ -199,37 +199,11 @@ func appendOverlayRouteRequest(b []byte, typ, flags uint16, id routeID, rt kerne
 	return rtnl.AppendRouteRequest(b, typ, flags, r, nil)
 }
 
-// herKey identifies a head-end replication entry: `bridge fdb` entry
-// 00:00:00:00:00:00 dst ADDR on the VXLAN device with the index.
-type herKey struct {
-	index int32
-	dst   netip.Addr
-}
-
-// herEntry is what the network reconciler mirrors of a head-end replication entry.
-type herEntry struct {
-	// permanent tells NUD_PERMANENT, the state the overlay's entries have.
-	permanent bool
-}
-
-// parseHEREntry decodes the payload of an RTM_NEWNEIGH or RTM_DELNEIGH message
-// (rtnl.ParseNeigh) when it is a head-end replication entry of a VXLAN device: family
-// AF_BRIDGE, flag NTF_SELF, the all-zeros MAC and a destination.
-func parseHEREntry(b []byte) (k herKey, e herEntry, ok bool) {
-	n, ok := rtnl.ParseNeigh(b)
-	if !ok || n.Family != unix.AF_BRIDGE || n.Flags&unix.NTF_SELF == 0 {
-		return herKey{}, herEntry{}, false
-	}
-	k, e = herKey{index: n.Index, dst: n.Dst}, herEntry{permanent: n.State&unix.NUD_PERMANENT != 0}
-	zeroMAC := n.HasMAC && n.MAC == [6]byte{}
-	return k, e, zeroMAC && k.dst.IsValid()
-}
-
 // appendHERRequest appends to b an RTM_NEWNEIGH (`bridge fdb append 00:00:00:00:00:00 dev
 // VXLAN dst ADDR self permanent`, flags NLM_F_CREATE|NLM_F_APPEND) or RTM_DELNEIGH
-// (`bridge fdb del ...`) request for the head-end replication entry k.
-func appendHERRequest(b []byte, typ, flags uint16, k herKey) []byte {
-	return rtnl.AppendNeighRequest(b, typ, flags, rtnl.Neigh{Family: unix.AF_BRIDGE, Index: k.index, State: unix.NUD_PERMANENT,
+// (`bridge fdb del ...`) request for the head-end replication entry k (fdbKey.headEnd).
+func appendHERRequest(b []byte, typ, flags uint16, k fdbKey) []byte {
+	return rtnl.AppendNeighRequest(b, typ, flags, rtnl.Neigh{Family: unix.AF_BRIDGE, Index: k.ifindex, State: unix.NUD_PERMANENT,
 		Flags: unix.NTF_SELF, Dst: k.dst, HasMAC: true})
 }
 

@@ -33,6 +33,9 @@ func (r *NetworkReconciler) fill(ctx context.Context) error {
 	if err := r.routes.fill(ctx, r.rtnlConn); err != nil {
 		return err
 	}
+	if err := r.neigh.fdb.fill(ctx, r.rtnlConn); err != nil {
+		return err
+	}
 	return r.loadOnce(ctx, func(ctx context.Context) error {
 		_, err := r.dumpAll(ctx)
 		return err
@@ -58,10 +61,10 @@ func (r *NetworkReconciler) resync(ctx context.Context, enqueue func(nimbusv1.Ke
 	return nil
 }
 
-// dumpAll loads every mirror with a fresh dump and returns the keys of the networks
-// whose kernel state the dumps found different from what the mirrors held. The
-// links, addresses, rules and routes are the view's: what a dump of them finds changed
-// reaches the observer (linkChanged, addrChanged, ruleChanged, routeChanged). It also
+// dumpAll returns the keys of the networks whose kernel state changed unreported: every
+// network when the underlay's link or MTU changed. The links, addresses, rules, routes
+// and FDB entries are the view's: what a dump of them finds changed reaches the
+// observer (linkChanged, addrChanged, ruleChanged, routeChanged, fdbChanged). It also
 // forgets what it knew of the forwarding sysctls, which have no dump: the reconciles
 // that follow read them again.
 func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]nimbusv1.Key, error) {
@@ -75,13 +78,6 @@ func (r *NetworkReconciler) dumpAll(ctx context.Context) ([]nimbusv1.Key, error)
 		if !key.IsZero() {
 			owners[key] = true
 		}
-	}
-	herDrift, err := dumpMirror(ctx, r.rtnlConn, r.her, "FDB entries", unix.RTM_NEWNEIGH, parseHEREntry, rtnl.NeighDumpRequest(unix.AF_BRIDGE))
-	if err != nil {
-		return nil, err
-	}
-	for _, k := range herDrift {
-		note(r.ownerOfIndex(k.index))
 	}
 	// The underlay has no owner: when the dumps find the link that holds the VTEP
 	// address, or its MTU, changed, every network is.
@@ -130,10 +126,10 @@ func (r *NetworkReconciler) Observe(ctx context.Context, enqueue func(nimbusv1.K
 	addrs := r.addrReader.watching(func(c tableChange[addrKey, kernelAddr]) { r.addrChanged(c, enqueue) })
 	rules := r.ruleReader.watching(func(c tableChange[ruleKey, uint8]) { r.ruleChanged(c, enqueue) })
 	routes := r.routeReader.watching(func(c tableChange[routeID, kernelRoute]) { r.routeChanged(c, enqueue) })
+	fdb := r.fdbReader.watching(func(c tableChange[fdbKey, fdbEntry]) { r.fdbChanged(c, enqueue) })
 	return r.observeTables(ctx, "network changes", []uint{
-		unix.RTNLGRP_NEIGH,
 		unix.RTNLGRP_IPV4_NETCONF, unix.RTNLGRP_IPV6_NETCONF,
-	}, []viewSource{links, addrs, rules, routes}, func(ctx context.Context) error { return r.resync(ctx, enqueue) }, subscribed,
+	}, []viewSource{links, addrs, rules, routes, fdb}, func(ctx context.Context) error { return r.resync(ctx, enqueue) }, subscribed,
 		func(typ uint16, payload []byte) { r.apply(typ, payload, enqueue) })
 }
 
@@ -141,20 +137,6 @@ func (r *NetworkReconciler) Observe(ctx context.Context, enqueue func(nimbusv1.K
 // drifted, if any.
 func (r *NetworkReconciler) apply(typ uint16, b []byte, enqueue func(nimbusv1.Key)) {
 	switch typ {
-	case unix.RTM_NEWNEIGH, unix.RTM_DELNEIGH:
-		k, e, ok := parseHEREntry(b)
-		if !ok {
-			return
-		}
-		echo := false
-		if typ == unix.RTM_NEWNEIGH {
-			echo = r.her.Update(k, e)
-		} else {
-			echo = r.her.Remove(k)
-		}
-		if !echo {
-			r.drifted(r.ownerOfIndex(k.index), enqueue, "head-end replication", k.dst.String())
-		}
 	case unix.RTM_NEWNETCONF, unix.RTM_DELNETCONF:
 		// The notification of force_forwarding carries no value: whoever changed a
 		// forwarding setting of a bridge, it is read again.
@@ -215,6 +197,15 @@ func (r *NetworkReconciler) routeChanged(c tableChange[routeID, kernelRoute], en
 	if c.had && c.old.protocol == OverlayRouteProtocol && (!c.has || c.new.protocol != OverlayRouteProtocol || c.new.oif != c.old.oif) {
 		r.drifted(r.ownerOfIndex(c.old.oif), enqueue, "route", c.key.String())
 	}
+}
+
+// fdbChanged enqueues the network whose VXLAN device a head-end replication entry is on
+// when the entry changed other than by the reconciler's own write.
+func (r *NetworkReconciler) fdbChanged(c tableChange[fdbKey, fdbEntry], enqueue func(nimbusv1.Key)) {
+	if c.echo || !c.key.headEnd() {
+		return
+	}
+	r.drifted(r.ownerOfIndex(c.key.ifindex), enqueue, "head-end replication", c.key.dst.String())
 }
 
 // ruleChanged enqueues the network whose rule of the overlay's shape changed other than
@@ -324,6 +315,10 @@ func (r *NetworkReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Key
 		return err
 	}
 	r.ruleReader.drainMissed(func(c tableChange[ruleKey, uint8]) { r.ruleChanged(c, enqueue) })
+	if err := r.neigh.fdb.reload(ctx, r.rtnlConn); err != nil {
+		return err
+	}
+	r.fdbReader.drainMissed(func(c tableChange[fdbKey, fdbEntry]) { r.fdbChanged(c, enqueue) })
 	bridges := map[string]nimbusv1.Key{}
 	devices := map[string]bool{}
 	for _, key := range r.store.Keys(nimbusv1.Kind_KIND_NETWORK) {

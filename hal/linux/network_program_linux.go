@@ -314,8 +314,8 @@ func (r *NetworkReconciler) linkGone(index int32) {
 		r.addrs.m.Remove(k)
 	}
 	r.routesGone(index, true)
-	for k := range r.herByLink.Get(index) {
-		r.her.Remove(k)
+	for k := range r.neigh.headEnds.Get(index) {
+		r.neigh.fdb.m.Remove(k)
 	}
 }
 
@@ -778,7 +778,7 @@ func (r *NetworkReconciler) ensureReplication(ctx context.Context, want networkW
 			wanted[a] = true
 		}
 	}
-	for k := range r.herByLink.Get(index) {
+	for k := range r.neigh.headEnds.Get(index) {
 		if !wanted[k.dst] {
 			if err := r.deleteHER(ctx, want.vxlan, k); err != nil {
 				return nil, nil, err
@@ -787,12 +787,13 @@ func (r *NetworkReconciler) ensureReplication(ctx context.Context, want networkW
 	}
 	for _, a := range sortedKeys(wanted, netip.Addr.Compare) {
 		remotes = append(remotes, a)
-		k := herKey{index: index, dst: a}
-		if _, ok := r.her.Get(k); ok {
+		k := fdbKey{ifindex: index, dst: a}
+		if _, ok := r.neigh.fdb.m.Get(k); ok {
 			continue
 		}
 		msg := appendHERRequest(r.nl.Buffer(), unix.RTM_NEWNEIGH, unix.NLM_F_CREATE|unix.NLM_F_APPEND, k)
-		if _, err := kernelWrite(ctx, r.rtnlConn, r.her.Expect(k, herEntry{permanent: true}), msg); err != nil {
+		w := r.neigh.fdb.m.ExpectBy(r.fdbReader.writer(), k, fdbEntry{dst: a, permanent: true}, nil)
+		if _, err := kernelWrite(ctx, r.rtnlConn, w, msg); err != nil {
 			return nil, nil, kernelErr(err, "adding head-end replication to %s on %s", a, want.vxlan)
 		}
 		r.log.Debug("head-end replication added", "key", want.id, "vtep", a.String(), "vxlan", want.vxlan)
@@ -801,9 +802,9 @@ func (r *NetworkReconciler) ensureReplication(ctx context.Context, want networkW
 }
 
 // deleteHER deletes the head-end replication entry k of the VXLAN device name.
-func (r *NetworkReconciler) deleteHER(ctx context.Context, name string, k herKey) error {
+func (r *NetworkReconciler) deleteHER(ctx context.Context, name string, k fdbKey) error {
 	msg := appendHERRequest(r.nl.Buffer(), unix.RTM_DELNEIGH, 0, k)
-	took, err := kernelWrite(ctx, r.rtnlConn, r.her.ExpectGone(k), msg, unix.ENOENT, unix.ENODEV)
+	took, err := kernelWrite(ctx, r.rtnlConn, r.neigh.fdb.m.ExpectGoneBy(r.fdbReader.writer(), k), msg, unix.ENOENT, unix.ENODEV)
 	if err != nil {
 		return kernelErr(err, "deleting head-end replication to %s on %s", k.dst, name)
 	}
