@@ -25,14 +25,15 @@ import (
 
 // ensureBridge makes the network's bridge exist as wanted: `ip link add BRIDGE type
 // bridge`, with the network's alias and gateway MAC, its MTU when the network sets one,
-// up. It returns the bridge as the link table shows it now.
-func (r *NetworkReconciler) ensureBridge(ctx context.Context, want networkWant) (networkLink, error) {
+// up. It returns the bridge as the link table shows it now, and whether it created it.
+func (r *NetworkReconciler) ensureBridge(ctx context.Context, want networkWant) (networkLink, bool, error) {
 	target := networkLink{kind: "bridge", alias: want.alias, mac: want.mac, mtu: want.mtu, up: true}
-	have, err := r.ensureLink(ctx, want.bridge, target, func(l networkLink) bool { return l.kind == "bridge" })
+	have, created, err := r.ensureLink(ctx, want.bridge, target, func(l networkLink) bool { return l.kind == "bridge" })
 	if err != nil {
-		return networkLink{}, err
+		return networkLink{}, false, err
 	}
-	return r.converge(ctx, want.bridge, have, target)
+	br, err := r.converge(ctx, want.bridge, have, target)
+	return br, created, err
 }
 
 // ensureVXLAN makes the network's VXLAN device exist as wanted: `ip link add VXLAN type
@@ -46,7 +47,7 @@ func (r *NetworkReconciler) ensureVXLAN(ctx context.Context, want networkWant, v
 		vni: want.vni, local: vtep, port: VXLANPort,
 		bridgePort: true, neighSuppress: true,
 	}
-	have, err := r.ensureLink(ctx, want.vxlan, target, func(l networkLink) bool {
+	have, _, err := r.ensureLink(ctx, want.vxlan, target, func(l networkLink) bool {
 		return l.kind == "vxlan" && l.vni == want.vni && l.local == vtep && l.port == VXLANPort
 	})
 	if err != nil {
@@ -58,20 +59,21 @@ func (r *NetworkReconciler) ensureVXLAN(ctx context.Context, want networkWant, v
 // ensureLink makes a link named name exist that fits: one the link table holds with the
 // network's alias, or one it creates as target describes. A link of the name without the
 // alias is a conflict, unless it is one naples created and could not mark yet (ownsLink);
-// one with it that does not fit is deleted and created anew.
-func (r *NetworkReconciler) ensureLink(ctx context.Context, name string, target networkLink, fits func(networkLink) bool) (networkLink, error) {
+// one with it that does not fit is deleted and created anew. It reports whether it
+// created the link.
+func (r *NetworkReconciler) ensureLink(ctx context.Context, name string, target networkLink, fits func(networkLink) bool) (networkLink, bool, error) {
 	have, ok := r.link(name)
 	if ok && !ownsLink(have, target.alias) {
-		return networkLink{}, foreignLink(name, have)
+		return networkLink{}, false, foreignLink(name, have)
 	}
 	if ok && fits(have) {
-		return have, nil
+		return have, false, nil
 	}
 	if ok {
 		r.log.Info("replacing a link whose settings cannot change", "key", ownerKey(have.alias), "link", name,
 			"kind", have.kind, "vni", have.vni, "local", have.local)
 		if err := r.deleteLink(ctx, name, have); err != nil {
-			return networkLink{}, err
+			return networkLink{}, false, err
 		}
 	}
 	return r.createLink(ctx, name, target)
@@ -93,14 +95,15 @@ func foreignLink(name string, l networkLink) error {
 // createLink creates the link name as target describes (`ip link add NAME alias ALIAS
 // address MAC master MASTER up type KIND ...`, and for a VXLAN device `mtu MTU`; a
 // bridge's MTU and a port's flags are left to converge) and returns it as the kernel
-// then reports it.
+// then reports it, and whether it created it: a link of the name the link table had not
+// heard of yet, naples's, is adopted instead (createClash).
 //
 // A VXLAN device takes its MTU in the create, so the write that then sets its alias (the
 // kernel takes none in a create) changes no MTU, which spares the walk of every IPv6
 // route that the kernel makes for each change of a link's MTU. A bridge does not: the
 // kernel keeps a bridge's MTU at its ports' smallest until it is set after the create
 // (`ip link set`), and naples's stays as set when a smaller port joins.
-func (r *NetworkReconciler) createLink(ctx context.Context, name string, target networkLink) (networkLink, error) {
+func (r *NetworkReconciler) createLink(ctx context.Context, name string, target networkLink) (networkLink, bool, error) {
 	attrs := rtnl.LinkName | rtnl.LinkAlias | rtnl.LinkGroup | rtnl.LinkKind
 	if target.mac != "" {
 		attrs |= rtnl.LinkMAC
@@ -122,34 +125,23 @@ func (r *NetworkReconciler) createLink(ctx context.Context, name string, target 
 		VXLAN: rtnl.VXLANInfo{VNI: target.vni, Local: target.local, Port: target.port, Learning: target.learning},
 	}, unix.IFF_UP, attrs)
 
-	// The link has no index until the kernel creates it, so the link table cannot
-	// expect it: the reconciler records that it creates a link of the name, whose
-	// appearance in the table is the echo of the create (linkChanged).
-	r.mu.Lock()
-	r.creating[name] = target.alias
-	r.mu.Unlock()
+	// The link has no index until the kernel creates it, so the link table's mirror
+	// cannot expect it: the table takes every change of a link of the name for the echo
+	// of the create until the reconciler has read the link back (expectCreate).
+	done := r.links.expectCreate(r.linkReader.writer(), name)
+	defer done()
 	err := r.nl.Do(ctx, msg)
-	if err != nil {
-		r.mu.Lock()
-		delete(r.creating, name)
-		r.mu.Unlock()
-	}
 	if errors.Is(err, unix.EEXIST) {
-		return r.createClash(ctx, name, target, err)
+		l, err := r.createClash(ctx, name, target, err)
+		return l, false, err
 	}
 	if err != nil {
-		return networkLink{}, kernelErr(err, "creating %s %s", target.kind, name)
+		return networkLink{}, false, kernelErr(err, "creating %s %s", target.kind, name)
 	}
 	r.writes.Add(1)
 	r.log.Info("link created", "key", ownerKey(target.alias), "link", name, "kind", target.kind)
 	l, err := r.refreshLink(ctx, name)
-	r.mu.Lock()
-	delete(r.creating, name)
-	if err == nil {
-		r.created[l.index] = struct{}{}
-	}
-	r.mu.Unlock()
-	return l, err
+	return l, err == nil, err
 }
 
 // createClash explains a create the kernel refused with EEXIST: a link of the name the
@@ -302,7 +294,7 @@ func (r *NetworkReconciler) deleteLink(ctx context.Context, name string, l netwo
 	r.linkGone(l.index)
 	r.mu.Lock()
 	delete(r.forwarding, name)
-	delete(r.created, l.index)
+	delete(r.netconfWrites, l.index)
 	r.mu.Unlock()
 	return nil
 }
@@ -354,10 +346,16 @@ func (r *NetworkReconciler) routeIDs(routes iter.Seq2[routeID, kernelRoute], ove
 // sysctls: for the link with the index, IPv4 and IPv6 forwarding are on as far as v4
 // and v6 tell, and otherwise as naples found them; v6Missing tells that the kernel has
 // no per-interface IPv6 forwarding.
+//
+// v4Report and v6Report tell that the kernel's reports that it created the bridge's
+// IPv4 and IPv6 settings (netconfChanged) are still to reach the observer: the
+// reconciler created the bridge, and so read or wrote its forwarding after the kernel
+// sent them.
 type forwardingState struct {
-	index     int32
-	v4, v6    bool
-	v6Missing bool
+	index              int32
+	v4, v6             bool
+	v6Missing          bool
+	v4Report, v6Report bool
 }
 
 // forwardingSysctls returns the paths of the forwarding sysctls of the bridge:
@@ -374,13 +372,15 @@ func forwardingSysctls(bridge string) (v4, v6 string) {
 // only when it has not found them right for this bridge and these families since it was
 // created or a netconf notification said they changed. It reports whether the kernel
 // lacks force_forwarding (before Linux 6.17) while the network has an IPv6 gateway.
+// created tells that the reconcile created the bridge: the kernel's reports that it
+// created the bridge's settings, which come before, are then no drift.
 //
 // IPv4 forwarding is read and written through netlink (ipv4Forwarding): a write of the
 // sysctl file waits for the rtnl lock by restarting itself, spinning while the batcher
 // holds the lock. The kernel takes IPv6 settings through netlink only as it reports
 // them, so force_forwarding is written as a sysctl, in the namespace, and only when the
 // network has an IPv6 gateway or naples changed it.
-func (r *NetworkReconciler) ensureForwarding(ctx context.Context, want networkWant, index int32) (v6Missing bool, err error) {
+func (r *NetworkReconciler) ensureForwarding(ctx context.Context, want networkWant, index int32, created bool) (v6Missing bool, err error) {
 	r.mu.Lock()
 	st, ok := r.forwarding[want.bridge]
 	r.mu.Unlock()
@@ -394,7 +394,7 @@ func (r *NetworkReconciler) ensureForwarding(ctx context.Context, want networkWa
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	st = forwardingState{index: index, v4: want.hasV4, v6: want.hasV6}
+	st = forwardingState{index: index, v4: want.hasV4, v6: want.hasV6, v4Report: created, v6Report: created}
 	var writes int
 	err = func() error {
 		n, err := r.forwardingSysctl(v4, want.hasV4, r.ipv4Forwarding(ctx, index))
@@ -403,7 +403,7 @@ func (r *NetworkReconciler) ensureForwarding(ctx context.Context, want networkWa
 			return err
 		}
 		return r.inNS.run(func() error {
-			n, err := r.forwardingSysctl(v6, want.hasV6, sysctlFile(v6))
+			n, err := r.forwardingSysctl(v6, want.hasV6, r.reportedSysctl(index, sysctlFile(v6)))
 			writes += n
 			if want.hasV6 && errors.Is(err, fs.ErrNotExist) {
 				st.v6Missing = true
@@ -437,6 +437,29 @@ func (r *NetworkReconciler) forwardingSysctl(path string, on bool, access sysctl
 		return r.sysctls.SetVia(path, "1", access)
 	}
 	return r.sysctls.RestoreVia(path, access)
+}
+
+// reportedSysctl returns access, the access to a sysctl file of the interface with the
+// index whose change the kernel reports (RTM_NEWNETCONF), with its writes expected:
+// the observer takes the report of each for its echo (netconfChanged). The kernel
+// reports a write that changes the value, and sysctls writes only such.
+func (r *NetworkReconciler) reportedSysctl(index int32, access sysctlAccess) sysctlAccess {
+	write := access.write
+	access.write = func(value string) error {
+		r.mu.Lock()
+		r.netconfWrites[index]++
+		r.mu.Unlock()
+		err := write(value)
+		if err != nil {
+			r.mu.Lock()
+			if r.netconfWrites[index]--; r.netconfWrites[index] <= 0 {
+				delete(r.netconfWrites, index)
+			}
+			r.mu.Unlock()
+		}
+		return err
+	}
+	return access
 }
 
 // ipv4Forwarding returns the access to net.ipv4.conf.BRIDGE.forwarding of the bridge

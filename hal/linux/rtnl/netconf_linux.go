@@ -22,6 +22,24 @@ func ParseNetconfIndex(b []byte) (family uint8, index int32, ok bool) {
 	return family, index, index > 0
 }
 
+// NetconfReportsAll reports whether the payload of an RTM_NEWNETCONF message carries
+// every setting of its interface's family (NETCONFA_ALL), as the kernel's report that it
+// created them does (with the interface, or anew after it dropped them), rather than
+// the one setting whose change it reports.
+func NetconfReportsAll(b []byte) bool {
+	const hdrLen = 4 // struct netconfmsg, padded
+	if len(b) < hdrLen {
+		return false
+	}
+	settings := 0
+	EachAttr(b[hdrLen:], func(typ uint16, _ []byte) {
+		if typ != attrNetconfIfindex {
+			settings++
+		}
+	})
+	return settings > 1
+}
+
 // attrNetconfForwarding is NETCONFA_FORWARDING (linux/netconf.h).
 const attrNetconfForwarding = 2
 
