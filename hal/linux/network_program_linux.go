@@ -26,14 +26,37 @@ import (
 // ensureBridge makes the network's bridge exist as wanted: `ip link add BRIDGE type
 // bridge`, with the network's alias and gateway MAC, its MTU when the network sets one,
 // up. It returns the bridge as the link table shows it now, and whether it created it.
+//
+// A bridge it creates for a network whose one gateway family is IPv4 gets its
+// forwarding (ensureForwarding) in the request that sets its alias: a link event, and a
+// walk of every IPv6 route that the kernel makes for each, less.
 func (r *NetworkReconciler) ensureBridge(ctx context.Context, want networkWant) (networkLink, bool, error) {
 	target := networkLink{kind: "bridge", alias: want.alias, mac: want.mac, mtu: want.mtu, up: true}
 	have, created, err := r.ensureLink(ctx, want.bridge, target, func(l networkLink) bool { return l.kind == "bridge" })
 	if err != nil {
 		return networkLink{}, false, err
 	}
-	br, err := r.converge(ctx, want.bridge, have, target)
-	return br, created, err
+	v4, v6 := forwardingSysctls(want.bridge)
+	forward := false
+	if created && want.hasV4 && !want.hasV6 && !r.sysctls.Recorded(v6) {
+		// Recorded as SetVia records it; the write is converge's.
+		n, err := r.sysctls.SetVia(v4, "1", sysctlAccess{read: r.ipv4Forwarding(ctx, have.index).read, write: func(string) error { return nil }})
+		if err != nil {
+			return networkLink{}, false, kernelErr(err, "setting forwarding on %s", want.bridge)
+		}
+		forward = n > 0
+	}
+	br, forwarded, err := r.converge(ctx, want.bridge, have, target, forward)
+	if err != nil || !forwarded {
+		// A forwarding not set is ensureForwarding's to set.
+		return br, created, err
+	}
+	r.writes.Add(1)
+	r.mu.Lock()
+	r.forwarding[want.bridge] = forwardingState{index: br.index, v4: true, v4Report: true, v6Report: true}
+	r.mu.Unlock()
+	r.log.Info("forwarding set", "key", want.id, "bridge", want.bridge, "ipv4", true, "ipv6", false)
+	return br, created, nil
 }
 
 // ensureVXLAN makes the network's VXLAN device exist as wanted: `ip link add VXLAN type
@@ -53,7 +76,8 @@ func (r *NetworkReconciler) ensureVXLAN(ctx context.Context, want networkWant, v
 	if err != nil {
 		return networkLink{}, err
 	}
-	return r.converge(ctx, want.vxlan, have, target)
+	vx, _, err := r.converge(ctx, want.vxlan, have, target, false)
+	return vx, err
 }
 
 // ensureLink makes a link named name exist that fits: one the link table holds with the
@@ -189,8 +213,10 @@ func (r *NetworkReconciler) refreshLink(ctx context.Context, name string) (netwo
 // bridge_slave learning off neigh_suppress on`, which need the link to be a port
 // already: in the same request when it is one of the bridge it stays a port of (a VXLAN
 // device just created with its master), in a second one when the first makes it a port.
-// It returns the link as the link table then shows it.
-func (r *NetworkReconciler) converge(ctx context.Context, name string, have, target networkLink) (networkLink, error) {
+// With forward, the first request, when there is one, also turns the link's IPv4
+// forwarding on (`sysctl net.ipv4.conf.NAME.forwarding=1`, ipv4Forwarding). It returns
+// the link as the link table then shows it, and whether it turned forwarding on.
+func (r *NetworkReconciler) converge(ctx context.Context, name string, have, target networkLink, forward bool) (networkLink, bool, error) {
 	target.index = have.index
 	step := have
 	if target.mac != "" {
@@ -247,15 +273,22 @@ func (r *NetworkReconciler) converge(ctx context.Context, name string, have, tar
 		if foldFlags {
 			attrs |= rtnl.LinkPortLearning | rtnl.LinkPortNeighSuppress
 		}
+		if forward {
+			attrs |= rtnl.LinkIPv4Forwarding
+			what = append(what, "forwarding", 1)
+		}
 		msg := rtnl.AppendLinkRequest(r.nl.Buffer(), unix.RTM_NEWLINK, 0, rtnl.Link{
 			Index: have.index, Flags: flags, MAC: step.mac, MTU: step.mtu, Alias: step.alias, Master: step.master,
 			Kind: "vxlan", VXLAN: rtnl.VXLANInfo{Learning: step.learning},
-			Port: rtnl.BridgePortInfo{Learning: step.portLearning, NeighSuppress: step.neighSuppress},
+			Port:           rtnl.BridgePortInfo{Learning: step.portLearning, NeighSuppress: step.neighSuppress},
+			IPv4Forwarding: 1,
 		}, change, attrs)
 		if _, err := kernelWrite(ctx, r.rtnlConn, r.expectLink(name, have.index, step), msg); err != nil {
-			return networkLink{}, kernelErr(err, "setting link %s %v", name, what)
+			return networkLink{}, false, kernelErr(err, "setting link %s %v", name, what)
 		}
 		r.log.Info("link changed", append([]any{"key", ownerKey(step.alias), "link", name}, what...)...)
+	} else {
+		forward = false
 	}
 	if step.bridgePort && (step.portLearning != target.portLearning || step.neighSuppress != target.neighSuppress) {
 		next := step
@@ -264,11 +297,11 @@ func (r *NetworkReconciler) converge(ctx context.Context, name string, have, tar
 			Index: have.index, Port: rtnl.BridgePortInfo{Learning: next.portLearning, NeighSuppress: next.neighSuppress},
 		}, 0, rtnl.LinkPortLearning|rtnl.LinkPortNeighSuppress)
 		if _, err := kernelWrite(ctx, r.rtnlConn, r.expectLink(name, have.index, next), msg); err != nil {
-			return networkLink{}, kernelErr(err, "setting the bridge port flags of %s", name)
+			return networkLink{}, false, kernelErr(err, "setting the bridge port flags of %s", name)
 		}
 		step = next
 	}
-	return step, nil
+	return step, forward, nil
 }
 
 // expectLink records in the link table that the reconciler is about to write the link

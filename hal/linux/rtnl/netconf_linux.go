@@ -77,7 +77,13 @@ func ParseNetconfForwarding(b []byte) (forwarding uint32, ok bool) {
 // sysctl, the kernel sends no RTM_NEWNETCONF for it, and it never waits for the rtnl
 // lock by restarting the write.
 func AppendIPv4ForwardingRequest(b []byte, index int32, value uint32) []byte {
-	b = AppendIfInfo(Message(b, unix.RTM_SETLINK, 0), unix.AF_UNSPEC, index, 0, 0)
+	return appendIPv4Forwarding(AppendIfInfo(Message(b, unix.RTM_SETLINK, 0), unix.AF_UNSPEC, index, 0, 0), value)
+}
+
+// appendIPv4Forwarding appends to b the attribute of a link request that sets
+// net.ipv4.conf.DEV.forwarding to value: IFLA_AF_SPEC, AF_INET, IFLA_INET_CONF holding
+// IPV4_DEVCONF_FORWARDING.
+func appendIPv4Forwarding(b []byte, value uint32) []byte {
 	b, spec := BeginNest(b, unix.IFLA_AF_SPEC)
 	b, inet := BeginNest(b, unix.AF_INET)
 	b, conf := BeginNest(b, unix.IFLA_INET_CONF)
