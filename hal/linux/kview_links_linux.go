@@ -109,11 +109,16 @@ type linkTable struct {
 	// checks it against the table, and asks names when it misses.
 	hintMu sync.Mutex
 	hint   map[string]int32
+	// createMu guards creates, which holds per link name the writers that create a link
+	// of the name and have not read it back yet (expectCreate).
+	createMu sync.Mutex
+	creates  map[string]hal.Writers
 }
 
 // newLinkTable returns an empty link table.
 func newLinkTable() *linkTable {
-	t := &linkTable{viewTable: newViewTable(viewTableOptions[int32, kernelLink]{
+	t := &linkTable{hint: map[string]int32{}, creates: map[string]hal.Writers{}}
+	t.viewTable = newViewTable(viewTableOptions[int32, kernelLink]{
 		groups: []uint{unix.RTNLGRP_LINK},
 		equal:  func(have, want kernelLink) bool { return have == want },
 		hash:   epHashLink,
@@ -123,13 +128,48 @@ func newLinkTable() *linkTable {
 			_, err := dumpMirror(ctx, c, m, "links", unix.RTM_NEWLINK, parseKernelLink, rtnl.LinkDumpRequest())
 			return err
 		},
-	})}
+		echoes: t.createEchoes,
+	})
 	t.names = hal.NewIndex(t.m, func(_ int32, l kernelLink) (string, bool) { return l.name, true })
 	t.owners = hal.NewIndex(t.m, func(_ int32, l kernelLink) (string, bool) { return l.owner() })
 	t.bridgesByMark = hal.NewIndex(t.m, bridgeMark)
-	t.hint = map[string]int32{}
 	t.m.Follow(t.followNames)
 	return t
+}
+
+// expectCreate records that the writer by is about to create a link of the name, and
+// returns the function that ends the expectation, which the writer calls once it has
+// read the link back and recorded what it read (hal.Mirror.ExpectBy). Until then every
+// change of a link of the name is the echo of the create for by: the kernel reports a
+// link it creates in steps (registered down and without an alias, then up, then a port
+// of its master), each of which the writer's read answers, and the mirror cannot expect
+// a write whose key, the index, the kernel has not chosen yet. From the read on, the
+// mirror recognises the echoes.
+func (t *linkTable) expectCreate(by hal.Writers, name string) (done func()) {
+	t.createMu.Lock()
+	t.creates[name] |= by
+	t.createMu.Unlock()
+	return func() {
+		t.createMu.Lock()
+		defer t.createMu.Unlock()
+		if w := t.creates[name] &^ by; w != 0 {
+			t.creates[name] = w
+		} else {
+			delete(t.creates, name)
+		}
+	}
+}
+
+// createEchoes returns the writers creating a link of the name the change shows
+// (expectCreate), whose echo it is.
+func (t *linkTable) createEchoes(c hal.MirrorChange[int32, kernelLink]) hal.Writers {
+	name := c.New.name
+	if !c.Has {
+		name = c.Old.name
+	}
+	t.createMu.Lock()
+	defer t.createMu.Unlock()
+	return t.creates[name]
 }
 
 // followNames keeps the hint of names current.

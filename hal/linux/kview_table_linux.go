@@ -38,6 +38,10 @@ type viewTableOptions[K comparable, V any] struct {
 	notify func(m *hal.Mirror[K, V], typ uint16, payload []byte)
 	// dump loads the mirror with a dump through a reconciler's reader (dumpMirror).
 	dump func(ctx context.Context, c *rtnlConn, m *hal.Mirror[K, V]) error
+	// echoes, when set, returns the writers of writes under way that the mirror cannot
+	// expect, whose echo the change is: a link's create, whose index the write cannot
+	// name (linkTable.expectCreate). It runs while the key's shard is locked.
+	echoes func(c hal.MirrorChange[K, V]) hal.Writers
 }
 
 // viewTable is one kernel table of a KernelView. It is safe for concurrent use.
@@ -172,12 +176,16 @@ func (t *viewTable[K, V]) follow(c hal.MirrorChange[K, V]) {
 	if list == nil {
 		return
 	}
+	echoes := c.Echoes
+	if t.opts.echoes != nil {
+		echoes |= t.opts.echoes(c)
+	}
 	for _, r := range *list {
 		if c.Wrote&r.bit != 0 {
 			continue
 		}
 		r.push(tableChange[K, V]{key: c.Key, old: c.Old, new: c.New, had: c.Had, has: c.Has,
-			echo: c.Echoes&r.bit != 0, fields: fields})
+			echo: echoes&r.bit != 0, fields: fields})
 	}
 }
 

@@ -44,13 +44,21 @@ import (
 // sysctls. It reads nothing back either, where the HAL asks the kernel for each link it
 // creates (its index) and for the bridge's forwarding before it sets it.
 //
-// It reports both rates, their ratio and the absolute times, the HAL's kernel writes per
-// network, and the CPU per network of each side: the benchmark process's while the HAL
-// worked, the tools' (as the benchmark's children) for the floor. Most of either is the
-// kernel's, in the system calls that write it.
-// N is 1,000; run with -benchtime 1x.
+// It reports both rates, their ratio and the absolute times, the HAL's kernel writes and
+// reconciles per network (one reconcile a network added, when the observer takes none of
+// the kernel's reports of the reconcile's writes for a change), and the CPU per network
+// of each side: the benchmark process's while the HAL worked, the tools' (as the
+// benchmark's children) for the floor. Most of either is the kernel's, in the system
+// calls that write it.
+// N is 100 and 1,000 (networks=N); run with -benchtime 1x.
 func BenchmarkHALNetworks(b *testing.B) {
-	const n = 1_000
+	for _, n := range []int{100, 1_000} {
+		b.Run(fmt.Sprintf("networks=%d", n), func(b *testing.B) { benchHALNetworks(b, n) })
+	}
+}
+
+// benchHALNetworks is BenchmarkHALNetworks with n networks.
+func benchHALNetworks(b *testing.B, n int) {
 	testns.RequireRoot(b)
 	var hl, floor networkBenchResult
 	for range b.N {
@@ -75,17 +83,20 @@ func BenchmarkHALNetworks(b *testing.B) {
 	b.ReportMetric(float64(hl.delCPU.Microseconds())/total, "hal-del-cpu-µs/network")
 	b.ReportMetric(float64(floor.delCPU.Microseconds())/total, "ip-del-cpu-µs/network")
 	b.ReportMetric(float64(hl.addWrites)/total, "hal-add-writes/network")
+	b.ReportMetric(float64(hl.addReconciles)/total, "hal-add-reconciles/network")
 	b.ReportMetric(float64(hl.delWrites)/total, "hal-del-writes/network")
 	b.ReportMetric(0, "ns/op")
 }
 
 // networkBenchResult is what one side of BenchmarkHALNetworks took: the times, the CPU
 // (user and system) of the process that wrote the kernel, the HAL's benchmark process or
-// the floor's tools, and the kernel writes, which the floor leaves zero.
+// the floor's tools, and the kernel writes and reconciles adding, which the floor leaves
+// zero.
 type networkBenchResult struct {
 	addTime, delTime     time.Duration
 	addCPU, delCPU       time.Duration
 	addWrites, delWrites uint64
+	addReconciles        uint64
 }
 
 // add adds the figures of o.
@@ -96,6 +107,7 @@ func (r *networkBenchResult) add(o networkBenchResult) {
 	r.delCPU += o.delCPU
 	r.addWrites += o.addWrites
 	r.delWrites += o.delWrites
+	r.addReconciles += o.addReconciles
 }
 
 // benchVTEPAddr is the benchmark host's VTEP address, on its loopback.
@@ -171,6 +183,7 @@ func benchNetworksHAL(b *testing.B, n int) networkBenchResult {
 		func(s hal.Stats) {
 			wantNetworkObjects(b, ns, "the HAL", n)
 			res.addWrites = s.Kinds[nimbusv1.Kind_KIND_NETWORK].KernelWrites
+			res.addReconciles = s.Kinds[nimbusv1.Kind_KIND_NETWORK].Reconciles
 		},
 		func(hal.Stats) { wantNetworkObjects(b, ns, "the HAL, after deleting every network,", 0) })
 	res.addTime, res.delTime, res.addCPU, res.delCPU = t.add, t.del, t.addCPU, t.delCPU

@@ -119,10 +119,16 @@ type NetworkOptions struct {
 // TenantRulePriority, TenantRulePriority+1 and GatewayRulePriority, the routes of
 // OverlayRouteProtocol and the head-end replication entries of VXLAN devices: one dump
 // fills each, the view's subscription keeps them current, and every sweep dumps the
-// links, addresses, rules and FDB entries afresh. A link it creates has no index until the kernel
-// made it, so the table cannot expect it: the link's appearance, which the reconciler
-// reads back at once, is the echo of the create. A reconcile compares the network's desired state with the tables and writes
-// only what differs, so a reconcile of a network the kernel already holds writes nothing.
+// links, addresses, rules and FDB entries afresh. A link it creates has no index until
+// the kernel made it, so the table cannot expect it: the table takes what it hears of a
+// link of the name for the create's echo until the reconciler, which reads the link back
+// at once, has recorded what it read (linkTable.expectCreate). The kernel's reports of a
+// bridge's forwarding settings (netconf) have no table: the observer recognises the
+// echoes among them, the settings created with a bridge the reconciler created and the
+// change its write of IPv6 forwarding made (netconfChanged). A reconcile compares the
+// network's desired state with the tables and writes only what differs, so a reconcile
+// of a network the kernel already holds writes nothing, and the kernel's echoes of a
+// reconcile's writes enqueue nothing.
 type NetworkReconciler struct {
 	// rtnlConn carries the writes and reads dumps and single links.
 	*rtnlConn
@@ -166,15 +172,9 @@ type NetworkReconciler struct {
 	// reconciles and the sweeper.
 	networkLocks keyedMutex[nimbusv1.Key]
 
-	// mu guards creating, devices, networksOfMark, gatewayNetworks, remoteEndpoints,
-	// endpointsOf, forwarding and ul.
+	// mu guards devices, networksOfMark, gatewayNetworks, remoteEndpoints,
+	// endpointsOf, forwarding, netconfWrites and ul.
 	mu sync.Mutex
-	// creating holds the names of the links the reconciler is creating, with their
-	// alias, until it reads them back, and created the indexes of those it read back,
-	// until they go: their appearance in the link table is the echo of the create, whose
-	// index the write could not name.
-	creating map[string]string
-	created  map[int32]struct{}
 	// devices maps the names of the devices of the networks reconciled so far to their
 	// network's key.
 	devices map[string]nimbusv1.Key
@@ -191,6 +191,10 @@ type NetworkReconciler struct {
 	endpointsOf map[nimbusv1.Key][]nimbusv1.Key
 	// forwarding holds, per bridge name, the forwarding sysctls found or made right.
 	forwarding map[string]forwardingState
+	// netconfWrites holds, per interface index, how many of the reconciler's writes of a
+	// forwarding sysctl file have yet to reach the observer as the kernel's report of the
+	// change (RTM_NEWNETCONF).
+	netconfWrites map[int32]int
 	// ul is what the reconciler last found of the underlay.
 	ul underlayCache
 
@@ -274,14 +278,13 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 		node:            opts.Node,
 		links:           c.view.links,
 		linkReader:      reader,
-		creating:        map[string]string{},
-		created:         map[int32]struct{}{},
 		devices:         map[string]nimbusv1.Key{},
 		networksOfMark:  map[uint32]map[nimbusv1.Key]struct{}{},
 		gatewayNetworks: map[nimbusv1.Key]struct{}{},
 		remoteEndpoints: map[nimbusv1.Key]nimbusv1.Key{},
 		endpointsOf:     map[nimbusv1.Key][]nimbusv1.Key{},
 		forwarding:      map[string]forwardingState{},
+		netconfWrites:   map[int32]int{},
 	}
 	r.addrs, r.addrReader = c.view.addrs, addrReader
 	r.rules, r.ruleReader = c.view.rules, ruleReader
@@ -483,7 +486,7 @@ func (r *NetworkReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectK
 	if err := r.ensureRules(ctx, want); err != nil {
 		return nil, err
 	}
-	br, err := r.ensureBridge(ctx, want)
+	br, created, err := r.ensureBridge(ctx, want)
 	if err != nil {
 		return nil, err
 	}
@@ -495,7 +498,7 @@ func (r *NetworkReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectK
 	if err != nil {
 		return nil, err
 	}
-	v6Missing, err := r.ensureForwarding(ctx, want, br.index)
+	v6Missing, err := r.ensureForwarding(ctx, want, br.index, created)
 	if err != nil {
 		return nil, err
 	}

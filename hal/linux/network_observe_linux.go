@@ -138,20 +138,55 @@ func (r *NetworkReconciler) Observe(ctx context.Context, enqueue func(nimbusv1.K
 func (r *NetworkReconciler) apply(typ uint16, b []byte, enqueue func(nimbusv1.Key)) {
 	switch typ {
 	case unix.RTM_NEWNETCONF, unix.RTM_DELNETCONF:
-		// The notification of force_forwarding carries no value: whoever changed a
-		// forwarding setting of a bridge, it is read again.
-		_, index, ok := rtnl.ParseNetconfIndex(b)
-		if !ok {
-			return
+		r.netconfChanged(typ, b, enqueue)
+	}
+}
+
+// netconfChanged applies the kernel's report of a change of an interface's settings
+// (netconf). The report of force_forwarding carries no value: whoever changed a
+// forwarding setting of a network's bridge, the reconciler reads it again, and the
+// network is enqueued. The echoes of the reconciler's own writes are passed over: the
+// report of its write of a forwarding sysctl file (reportedSysctl), and the reports that
+// the kernel created the settings of a bridge, which carry them all
+// (rtnl.NetconfReportsAll) and come before the link's own, when the reconciler created
+// the bridge and read its forwarding after them (forwardingState), or has not read it
+// yet. Settings the kernel creates anew for a bridge it had (after the bridge's MTU fell
+// below the family's least and rose again) it reports dropped first, which is drift.
+func (r *NetworkReconciler) netconfChanged(typ uint16, b []byte, enqueue func(nimbusv1.Key)) {
+	family, index, ok := rtnl.ParseNetconfIndex(b)
+	if !ok {
+		return
+	}
+	name := r.nameOf(index)
+	owner := r.ownerOfName(name)
+	if owner.IsZero() || name != BridgeName(owner.String()) {
+		return
+	}
+	created := typ == unix.RTM_NEWNETCONF && rtnl.NetconfReportsAll(b)
+	r.mu.Lock()
+	st, known := r.forwarding[name]
+	known = known && st.index == index
+	echo := true
+	switch {
+	case typ == unix.RTM_NEWNETCONF && !created && r.netconfWrites[index] > 0:
+		if r.netconfWrites[index]--; r.netconfWrites[index] == 0 {
+			delete(r.netconfWrites, index)
 		}
-		name := r.nameOf(index)
-		owner := r.ownerOfName(name)
-		if owner.IsZero() || name != BridgeName(owner.String()) {
-			return
-		}
-		r.mu.Lock()
+	case created && !known:
+		// Nothing read of the settings yet: the reconcile that reads them reads them
+		// as the kernel created them.
+	case created && family == unix.AF_INET && st.v4Report:
+		st.v4Report = false
+		r.forwarding[name] = st
+	case created && family == unix.AF_INET6 && st.v6Report:
+		st.v6Report = false
+		r.forwarding[name] = st
+	default:
+		echo = false
 		delete(r.forwarding, name)
-		r.mu.Unlock()
+	}
+	r.mu.Unlock()
+	if !echo {
 		r.drifted(owner, enqueue, "forwarding settings", name)
 	}
 }
@@ -232,7 +267,7 @@ func (r *NetworkReconciler) linkChanged(c tableChange[int32, kernelLink], enqueu
 		r.linkGone(c.key)
 		r.mu.Lock()
 		delete(r.forwarding, c.old.name)
-		delete(r.created, c.key)
+		delete(r.netconfWrites, c.key)
 		r.mu.Unlock()
 		if !c.echo {
 			r.drifted(r.linkOwner(c.old.name, networkLinkOf(c.key, c.old), networkLinkOf(c.key, c.old)), enqueue, "link deleted", c.old.name)
@@ -242,18 +277,6 @@ func (r *NetworkReconciler) linkChanged(c tableChange[int32, kernelLink], enqueu
 	l := networkLinkOf(c.key, c.new)
 	if r.underlayLinkChanged(c.key, c.new.mtu) {
 		r.allNetworks(enqueue, "underlay link", c.new.name)
-	}
-	echo := c.echo
-	if !c.had {
-		r.mu.Lock()
-		if alias, ok := r.creating[c.new.name]; ok && alias == c.new.alias {
-			echo = true
-		}
-		if _, ok := r.created[c.key]; ok {
-			delete(r.created, c.key)
-			echo = true
-		}
-		r.mu.Unlock()
 	}
 	var prev networkLink
 	if c.had {
@@ -271,7 +294,7 @@ func (r *NetworkReconciler) linkChanged(c tableChange[int32, kernelLink], enqueu
 	if !c.new.up {
 		r.routesGone(c.key, false)
 	}
-	if echo || c.had && c.fields&networkLinkFields == 0 {
+	if c.echo || c.had && c.fields&networkLinkFields == 0 {
 		return
 	}
 	r.drifted(r.linkOwner(c.new.name, prev, l), enqueue, "link", c.new.name)

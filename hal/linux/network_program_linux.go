@@ -25,14 +25,38 @@ import (
 
 // ensureBridge makes the network's bridge exist as wanted: `ip link add BRIDGE type
 // bridge`, with the network's alias and gateway MAC, its MTU when the network sets one,
-// up. It returns the bridge as the link table shows it now.
-func (r *NetworkReconciler) ensureBridge(ctx context.Context, want networkWant) (networkLink, error) {
+// up. It returns the bridge as the link table shows it now, and whether it created it.
+//
+// A bridge it creates for a network whose one gateway family is IPv4 gets its
+// forwarding (ensureForwarding) in the request that sets its alias: a link event, and a
+// walk of every IPv6 route that the kernel makes for each, less.
+func (r *NetworkReconciler) ensureBridge(ctx context.Context, want networkWant) (networkLink, bool, error) {
 	target := networkLink{kind: "bridge", alias: want.alias, mac: want.mac, mtu: want.mtu, up: true}
-	have, err := r.ensureLink(ctx, want.bridge, target, func(l networkLink) bool { return l.kind == "bridge" })
+	have, created, err := r.ensureLink(ctx, want.bridge, target, func(l networkLink) bool { return l.kind == "bridge" })
 	if err != nil {
-		return networkLink{}, err
+		return networkLink{}, false, err
 	}
-	return r.converge(ctx, want.bridge, have, target)
+	v4, v6 := forwardingSysctls(want.bridge)
+	forward := false
+	if created && want.hasV4 && !want.hasV6 && !r.sysctls.Recorded(v6) {
+		// Recorded as SetVia records it; the write is converge's.
+		n, err := r.sysctls.SetVia(v4, "1", sysctlAccess{read: r.ipv4Forwarding(ctx, have.index).read, write: func(string) error { return nil }})
+		if err != nil {
+			return networkLink{}, false, kernelErr(err, "setting forwarding on %s", want.bridge)
+		}
+		forward = n > 0
+	}
+	br, forwarded, err := r.converge(ctx, want.bridge, have, target, forward)
+	if err != nil || !forwarded {
+		// A forwarding not set is ensureForwarding's to set.
+		return br, created, err
+	}
+	r.writes.Add(1)
+	r.mu.Lock()
+	r.forwarding[want.bridge] = forwardingState{index: br.index, v4: true, v4Report: true, v6Report: true}
+	r.mu.Unlock()
+	r.log.Info("forwarding set", "key", want.id, "bridge", want.bridge, "ipv4", true, "ipv6", false)
+	return br, created, nil
 }
 
 // ensureVXLAN makes the network's VXLAN device exist as wanted: `ip link add VXLAN type
@@ -46,32 +70,34 @@ func (r *NetworkReconciler) ensureVXLAN(ctx context.Context, want networkWant, v
 		vni: want.vni, local: vtep, port: VXLANPort,
 		bridgePort: true, neighSuppress: true,
 	}
-	have, err := r.ensureLink(ctx, want.vxlan, target, func(l networkLink) bool {
+	have, _, err := r.ensureLink(ctx, want.vxlan, target, func(l networkLink) bool {
 		return l.kind == "vxlan" && l.vni == want.vni && l.local == vtep && l.port == VXLANPort
 	})
 	if err != nil {
 		return networkLink{}, err
 	}
-	return r.converge(ctx, want.vxlan, have, target)
+	vx, _, err := r.converge(ctx, want.vxlan, have, target, false)
+	return vx, err
 }
 
 // ensureLink makes a link named name exist that fits: one the link table holds with the
 // network's alias, or one it creates as target describes. A link of the name without the
 // alias is a conflict, unless it is one naples created and could not mark yet (ownsLink);
-// one with it that does not fit is deleted and created anew.
-func (r *NetworkReconciler) ensureLink(ctx context.Context, name string, target networkLink, fits func(networkLink) bool) (networkLink, error) {
+// one with it that does not fit is deleted and created anew. It reports whether it
+// created the link.
+func (r *NetworkReconciler) ensureLink(ctx context.Context, name string, target networkLink, fits func(networkLink) bool) (networkLink, bool, error) {
 	have, ok := r.link(name)
 	if ok && !ownsLink(have, target.alias) {
-		return networkLink{}, foreignLink(name, have)
+		return networkLink{}, false, foreignLink(name, have)
 	}
 	if ok && fits(have) {
-		return have, nil
+		return have, false, nil
 	}
 	if ok {
 		r.log.Info("replacing a link whose settings cannot change", "key", ownerKey(have.alias), "link", name,
 			"kind", have.kind, "vni", have.vni, "local", have.local)
 		if err := r.deleteLink(ctx, name, have); err != nil {
-			return networkLink{}, err
+			return networkLink{}, false, err
 		}
 	}
 	return r.createLink(ctx, name, target)
@@ -93,14 +119,15 @@ func foreignLink(name string, l networkLink) error {
 // createLink creates the link name as target describes (`ip link add NAME alias ALIAS
 // address MAC master MASTER up type KIND ...`, and for a VXLAN device `mtu MTU`; a
 // bridge's MTU and a port's flags are left to converge) and returns it as the kernel
-// then reports it.
+// then reports it, and whether it created it: a link of the name the link table had not
+// heard of yet, naples's, is adopted instead (createClash).
 //
 // A VXLAN device takes its MTU in the create, so the write that then sets its alias (the
 // kernel takes none in a create) changes no MTU, which spares the walk of every IPv6
 // route that the kernel makes for each change of a link's MTU. A bridge does not: the
 // kernel keeps a bridge's MTU at its ports' smallest until it is set after the create
 // (`ip link set`), and naples's stays as set when a smaller port joins.
-func (r *NetworkReconciler) createLink(ctx context.Context, name string, target networkLink) (networkLink, error) {
+func (r *NetworkReconciler) createLink(ctx context.Context, name string, target networkLink) (networkLink, bool, error) {
 	attrs := rtnl.LinkName | rtnl.LinkAlias | rtnl.LinkGroup | rtnl.LinkKind
 	if target.mac != "" {
 		attrs |= rtnl.LinkMAC
@@ -122,34 +149,23 @@ func (r *NetworkReconciler) createLink(ctx context.Context, name string, target 
 		VXLAN: rtnl.VXLANInfo{VNI: target.vni, Local: target.local, Port: target.port, Learning: target.learning},
 	}, unix.IFF_UP, attrs)
 
-	// The link has no index until the kernel creates it, so the link table cannot
-	// expect it: the reconciler records that it creates a link of the name, whose
-	// appearance in the table is the echo of the create (linkChanged).
-	r.mu.Lock()
-	r.creating[name] = target.alias
-	r.mu.Unlock()
+	// The link has no index until the kernel creates it, so the link table's mirror
+	// cannot expect it: the table takes every change of a link of the name for the echo
+	// of the create until the reconciler has read the link back (expectCreate).
+	done := r.links.expectCreate(r.linkReader.writer(), name)
+	defer done()
 	err := r.nl.Do(ctx, msg)
-	if err != nil {
-		r.mu.Lock()
-		delete(r.creating, name)
-		r.mu.Unlock()
-	}
 	if errors.Is(err, unix.EEXIST) {
-		return r.createClash(ctx, name, target, err)
+		l, err := r.createClash(ctx, name, target, err)
+		return l, false, err
 	}
 	if err != nil {
-		return networkLink{}, kernelErr(err, "creating %s %s", target.kind, name)
+		return networkLink{}, false, kernelErr(err, "creating %s %s", target.kind, name)
 	}
 	r.writes.Add(1)
 	r.log.Info("link created", "key", ownerKey(target.alias), "link", name, "kind", target.kind)
 	l, err := r.refreshLink(ctx, name)
-	r.mu.Lock()
-	delete(r.creating, name)
-	if err == nil {
-		r.created[l.index] = struct{}{}
-	}
-	r.mu.Unlock()
-	return l, err
+	return l, err == nil, err
 }
 
 // createClash explains a create the kernel refused with EEXIST: a link of the name the
@@ -197,8 +213,10 @@ func (r *NetworkReconciler) refreshLink(ctx context.Context, name string) (netwo
 // bridge_slave learning off neigh_suppress on`, which need the link to be a port
 // already: in the same request when it is one of the bridge it stays a port of (a VXLAN
 // device just created with its master), in a second one when the first makes it a port.
-// It returns the link as the link table then shows it.
-func (r *NetworkReconciler) converge(ctx context.Context, name string, have, target networkLink) (networkLink, error) {
+// With forward, the first request, when there is one, also turns the link's IPv4
+// forwarding on (`sysctl net.ipv4.conf.NAME.forwarding=1`, ipv4Forwarding). It returns
+// the link as the link table then shows it, and whether it turned forwarding on.
+func (r *NetworkReconciler) converge(ctx context.Context, name string, have, target networkLink, forward bool) (networkLink, bool, error) {
 	target.index = have.index
 	step := have
 	if target.mac != "" {
@@ -255,15 +273,22 @@ func (r *NetworkReconciler) converge(ctx context.Context, name string, have, tar
 		if foldFlags {
 			attrs |= rtnl.LinkPortLearning | rtnl.LinkPortNeighSuppress
 		}
+		if forward {
+			attrs |= rtnl.LinkIPv4Forwarding
+			what = append(what, "forwarding", 1)
+		}
 		msg := rtnl.AppendLinkRequest(r.nl.Buffer(), unix.RTM_NEWLINK, 0, rtnl.Link{
 			Index: have.index, Flags: flags, MAC: step.mac, MTU: step.mtu, Alias: step.alias, Master: step.master,
 			Kind: "vxlan", VXLAN: rtnl.VXLANInfo{Learning: step.learning},
-			Port: rtnl.BridgePortInfo{Learning: step.portLearning, NeighSuppress: step.neighSuppress},
+			Port:           rtnl.BridgePortInfo{Learning: step.portLearning, NeighSuppress: step.neighSuppress},
+			IPv4Forwarding: 1,
 		}, change, attrs)
 		if _, err := kernelWrite(ctx, r.rtnlConn, r.expectLink(name, have.index, step), msg); err != nil {
-			return networkLink{}, kernelErr(err, "setting link %s %v", name, what)
+			return networkLink{}, false, kernelErr(err, "setting link %s %v", name, what)
 		}
 		r.log.Info("link changed", append([]any{"key", ownerKey(step.alias), "link", name}, what...)...)
+	} else {
+		forward = false
 	}
 	if step.bridgePort && (step.portLearning != target.portLearning || step.neighSuppress != target.neighSuppress) {
 		next := step
@@ -272,11 +297,11 @@ func (r *NetworkReconciler) converge(ctx context.Context, name string, have, tar
 			Index: have.index, Port: rtnl.BridgePortInfo{Learning: next.portLearning, NeighSuppress: next.neighSuppress},
 		}, 0, rtnl.LinkPortLearning|rtnl.LinkPortNeighSuppress)
 		if _, err := kernelWrite(ctx, r.rtnlConn, r.expectLink(name, have.index, next), msg); err != nil {
-			return networkLink{}, kernelErr(err, "setting the bridge port flags of %s", name)
+			return networkLink{}, false, kernelErr(err, "setting the bridge port flags of %s", name)
 		}
 		step = next
 	}
-	return step, nil
+	return step, forward, nil
 }
 
 // expectLink records in the link table that the reconciler is about to write the link
@@ -302,7 +327,7 @@ func (r *NetworkReconciler) deleteLink(ctx context.Context, name string, l netwo
 	r.linkGone(l.index)
 	r.mu.Lock()
 	delete(r.forwarding, name)
-	delete(r.created, l.index)
+	delete(r.netconfWrites, l.index)
 	r.mu.Unlock()
 	return nil
 }
@@ -354,10 +379,16 @@ func (r *NetworkReconciler) routeIDs(routes iter.Seq2[routeID, kernelRoute], ove
 // sysctls: for the link with the index, IPv4 and IPv6 forwarding are on as far as v4
 // and v6 tell, and otherwise as naples found them; v6Missing tells that the kernel has
 // no per-interface IPv6 forwarding.
+//
+// v4Report and v6Report tell that the kernel's reports that it created the bridge's
+// IPv4 and IPv6 settings (netconfChanged) are still to reach the observer: the
+// reconciler created the bridge, and so read or wrote its forwarding after the kernel
+// sent them.
 type forwardingState struct {
-	index     int32
-	v4, v6    bool
-	v6Missing bool
+	index              int32
+	v4, v6             bool
+	v6Missing          bool
+	v4Report, v6Report bool
 }
 
 // forwardingSysctls returns the paths of the forwarding sysctls of the bridge:
@@ -374,13 +405,15 @@ func forwardingSysctls(bridge string) (v4, v6 string) {
 // only when it has not found them right for this bridge and these families since it was
 // created or a netconf notification said they changed. It reports whether the kernel
 // lacks force_forwarding (before Linux 6.17) while the network has an IPv6 gateway.
+// created tells that the reconcile created the bridge: the kernel's reports that it
+// created the bridge's settings, which come before, are then no drift.
 //
 // IPv4 forwarding is read and written through netlink (ipv4Forwarding): a write of the
 // sysctl file waits for the rtnl lock by restarting itself, spinning while the batcher
 // holds the lock. The kernel takes IPv6 settings through netlink only as it reports
 // them, so force_forwarding is written as a sysctl, in the namespace, and only when the
 // network has an IPv6 gateway or naples changed it.
-func (r *NetworkReconciler) ensureForwarding(ctx context.Context, want networkWant, index int32) (v6Missing bool, err error) {
+func (r *NetworkReconciler) ensureForwarding(ctx context.Context, want networkWant, index int32, created bool) (v6Missing bool, err error) {
 	r.mu.Lock()
 	st, ok := r.forwarding[want.bridge]
 	r.mu.Unlock()
@@ -394,7 +427,7 @@ func (r *NetworkReconciler) ensureForwarding(ctx context.Context, want networkWa
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	st = forwardingState{index: index, v4: want.hasV4, v6: want.hasV6}
+	st = forwardingState{index: index, v4: want.hasV4, v6: want.hasV6, v4Report: created, v6Report: created}
 	var writes int
 	err = func() error {
 		n, err := r.forwardingSysctl(v4, want.hasV4, r.ipv4Forwarding(ctx, index))
@@ -403,7 +436,7 @@ func (r *NetworkReconciler) ensureForwarding(ctx context.Context, want networkWa
 			return err
 		}
 		return r.inNS.run(func() error {
-			n, err := r.forwardingSysctl(v6, want.hasV6, sysctlFile(v6))
+			n, err := r.forwardingSysctl(v6, want.hasV6, r.reportedSysctl(index, sysctlFile(v6)))
 			writes += n
 			if want.hasV6 && errors.Is(err, fs.ErrNotExist) {
 				st.v6Missing = true
@@ -437,6 +470,29 @@ func (r *NetworkReconciler) forwardingSysctl(path string, on bool, access sysctl
 		return r.sysctls.SetVia(path, "1", access)
 	}
 	return r.sysctls.RestoreVia(path, access)
+}
+
+// reportedSysctl returns access, the access to a sysctl file of the interface with the
+// index whose change the kernel reports (RTM_NEWNETCONF), with its writes expected:
+// the observer takes the report of each for its echo (netconfChanged). The kernel
+// reports a write that changes the value, and sysctls writes only such.
+func (r *NetworkReconciler) reportedSysctl(index int32, access sysctlAccess) sysctlAccess {
+	write := access.write
+	access.write = func(value string) error {
+		r.mu.Lock()
+		r.netconfWrites[index]++
+		r.mu.Unlock()
+		err := write(value)
+		if err != nil {
+			r.mu.Lock()
+			if r.netconfWrites[index]--; r.netconfWrites[index] <= 0 {
+				delete(r.netconfWrites, index)
+			}
+			r.mu.Unlock()
+		}
+		return err
+	}
+	return access
 }
 
 // ipv4Forwarding returns the access to net.ipv4.conf.BRIDGE.forwarding of the bridge

@@ -51,6 +51,9 @@ type Link struct {
 	// Stats are the link's counters: IFLA_STATS64, or IFLA_STATS on kernels that send
 	// no IFLA_STATS64.
 	Stats LinkStats
+	// IPv4Forwarding is, in a request that sets it (LinkIPv4Forwarding), the value of
+	// net.ipv4.conf.DEV.forwarding; a decoded message leaves it zero.
+	IPv4Forwarding uint32
 }
 
 // The operational states of a link (Link.OperState, IFLA_OPERSTATE), RFC 2863's, which
@@ -251,6 +254,9 @@ const (
 	LinkMTU
 	// LinkMaster is IFLA_MASTER: Link.Master, 0 for none (`nomaster`).
 	LinkMaster
+	// LinkIPv4Forwarding is IFLA_AF_SPEC holding AF_INET holding IFLA_INET_CONF holding
+	// IPV4_DEVCONF_FORWARDING: Link.IPv4Forwarding (AppendIPv4ForwardingRequest).
+	LinkIPv4Forwarding
 	// LinkKind is IFLA_INFO_KIND, Link.Kind, in IFLA_LINKINFO.
 	LinkKind
 	// LinkVXLAN is, with LinkKind, a VXLAN device's IFLA_INFO_DATA: Link.VXLAN's VNI,
@@ -291,6 +297,9 @@ func AppendLinkRequest(b []byte, typ, flags uint16, l Link, change uint32, attrs
 	}
 	if attrs&LinkMaster != 0 {
 		b = AppendAttrUint32(b, unix.IFLA_MASTER, uint32(l.Master))
+	}
+	if attrs&LinkIPv4Forwarding != 0 {
+		b = appendIPv4Forwarding(b, l.IPv4Forwarding)
 	}
 	if attrs&(LinkKind|LinkPortLearning|LinkPortNeighSuppress) == 0 {
 		return b

@@ -1,6 +1,7 @@
 package rtnl
 
 import (
+	"bytes"
 	"encoding/binary"
 	"net/netip"
 	"testing"
@@ -103,6 +104,26 @@ func TestLinkRequestRoundTrip(t *testing.T) {
 	msg := AppendLinkRequest(nil, unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL, l, unix.IFF_UP, all)
 	if got, ok := ParseLink(msg[unix.NLMSG_HDRLEN:]); !ok || got != l {
 		t.Errorf("ParseLink(AppendLinkRequest(l)) = %+v, %v\nwant %+v, true", got, ok, l)
+	}
+}
+
+// TestLinkRequestIPv4Forwarding: a link request that sets the IPv4 forwarding carries
+// it as AppendIPv4ForwardingRequest does, beside the other attributes.
+func TestLinkRequestIPv4Forwarding(t *testing.T) {
+	l := Link{Index: 7, Alias: "naples:owner", MTU: 1450, IPv4Forwarding: 1}
+	msg := AppendLinkRequest(nil, unix.RTM_NEWLINK, 0, l, 0, LinkAlias|LinkMTU|LinkIPv4Forwarding)
+	want := AppendIPv4ForwardingRequest(nil, 7, 1)[unix.NLMSG_HDRLEN+unix.SizeofIfInfomsg:]
+	var spec []byte
+	EachAttr(msg[unix.NLMSG_HDRLEN+unix.SizeofIfInfomsg:], func(typ uint16, v []byte) {
+		if typ == unix.IFLA_AF_SPEC {
+			spec = AppendAttr(nil, typ, v)
+		}
+	})
+	if !bytes.Equal(spec, want) {
+		t.Errorf("IFLA_AF_SPEC of the link request = %x, want %x", spec, want)
+	}
+	if got, ok := ParseLink(msg[unix.NLMSG_HDRLEN:]); !ok || got.Alias != l.Alias || got.MTU != l.MTU {
+		t.Errorf("ParseLink of the request = %+v, %v; want its alias and MTU", got, ok)
 	}
 }
 

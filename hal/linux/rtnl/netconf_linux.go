@@ -22,6 +22,24 @@ func ParseNetconfIndex(b []byte) (family uint8, index int32, ok bool) {
 	return family, index, index > 0
 }
 
+// NetconfReportsAll reports whether the payload of an RTM_NEWNETCONF message carries
+// every setting of its interface's family (NETCONFA_ALL), as the kernel's report that it
+// created them does (with the interface, or anew after it dropped them), rather than
+// the one setting whose change it reports.
+func NetconfReportsAll(b []byte) bool {
+	const hdrLen = 4 // struct netconfmsg, padded
+	if len(b) < hdrLen {
+		return false
+	}
+	settings := 0
+	EachAttr(b[hdrLen:], func(typ uint16, _ []byte) {
+		if typ != attrNetconfIfindex {
+			settings++
+		}
+	})
+	return settings > 1
+}
+
 // attrNetconfForwarding is NETCONFA_FORWARDING (linux/netconf.h).
 const attrNetconfForwarding = 2
 
@@ -59,7 +77,13 @@ func ParseNetconfForwarding(b []byte) (forwarding uint32, ok bool) {
 // sysctl, the kernel sends no RTM_NEWNETCONF for it, and it never waits for the rtnl
 // lock by restarting the write.
 func AppendIPv4ForwardingRequest(b []byte, index int32, value uint32) []byte {
-	b = AppendIfInfo(Message(b, unix.RTM_SETLINK, 0), unix.AF_UNSPEC, index, 0, 0)
+	return appendIPv4Forwarding(AppendIfInfo(Message(b, unix.RTM_SETLINK, 0), unix.AF_UNSPEC, index, 0, 0), value)
+}
+
+// appendIPv4Forwarding appends to b the attribute of a link request that sets
+// net.ipv4.conf.DEV.forwarding to value: IFLA_AF_SPEC, AF_INET, IFLA_INET_CONF holding
+// IPV4_DEVCONF_FORWARDING.
+func appendIPv4Forwarding(b []byte, value uint32) []byte {
 	b, spec := BeginNest(b, unix.IFLA_AF_SPEC)
 	b, inet := BeginNest(b, unix.AF_INET)
 	b, conf := BeginNest(b, unix.IFLA_INET_CONF)

@@ -62,3 +62,26 @@ func TestParseNetconfForwarding(t *testing.T) {
 		t.Fatalf("ParseNetconfIndex: %d, %d, %v; want AF_INET, 7, true", family, index, ok)
 	}
 }
+
+// TestNetconfReportsAll tells the kernel's report of an interface's settings created,
+// which carries them all, from that of one setting changed, and from one of none.
+func TestNetconfReportsAll(t *testing.T) {
+	const rpFilter, proxyNeigh = 3, 5 // NETCONFA_RP_FILTER, NETCONFA_PROXY_NEIGH
+	index := AppendAttrUint32([]byte{unix.AF_INET, 0, 0, 0}, attrNetconfIfindex, 7)
+	one := AppendAttrUint32(append([]byte(nil), index...), attrNetconfForwarding, 1)
+	all := AppendAttrUint32(AppendAttrUint32(append([]byte(nil), one...), rpFilter, 0), proxyNeigh, 0)
+	for _, c := range []struct {
+		name string
+		msg  []byte
+		want bool
+	}{
+		{"IndexOnly", index, false},
+		{"OneSetting", one, false},
+		{"AllSettings", all, true},
+		{"Short", []byte{unix.AF_INET}, false},
+	} {
+		if got := NetconfReportsAll(c.msg); got != c.want {
+			t.Errorf("%s: NetconfReportsAll = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
