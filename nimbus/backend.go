@@ -31,6 +31,9 @@ type backend interface {
 	// reportHealth makes the health service, which Serve has set SERVING, agree with
 	// notReady until the store first becomes ready.
 	reportHealth(hs *health.Server)
+	// failed returns a channel that yields the error that keeps the store from ever
+	// serving, such as a setting etcd refuses; Serve stops and returns it. nil: none can.
+	failed() <-chan error
 	// close stops the store and releases what it holds. It is safe to call twice.
 	close() error
 }
@@ -175,6 +178,9 @@ func (e *embeddedStore) notReady() string { return "" }
 
 // reportHealth does nothing: the embedded store is ready from New on.
 func (e *embeddedStore) reportHealth(*health.Server) {}
+
+// failed returns nil: nothing the embedded store meets after New keeps it from serving.
+func (e *embeddedStore) failed() <-chan error { return nil }
 
 // close closes the durable store, if any. It is safe to call twice.
 func (e *embeddedStore) close() error {

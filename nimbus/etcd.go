@@ -94,7 +94,9 @@ type EtcdOptions struct {
 	// DefaultEtcdPrefix.
 	Prefix string
 	// MaxTxnOps is how many object changes one etcd transaction holds at most; it must not
-	// exceed the etcd server's --max-txn-ops. Default: DefaultEtcdMaxTxnOps.
+	// exceed the etcd server's --max-txn-ops, which the store checks before it loads: when
+	// etcd refuses a transaction of that many operations, Serve returns the error. Default:
+	// DefaultEtcdMaxTxnOps.
 	MaxTxnOps int
 	// MaxTxnBytes is about how many bytes of objects one etcd transaction holds at most;
 	// it must stay under the etcd server's --max-request-bytes. Default:
@@ -157,6 +159,11 @@ type etcdStore struct {
 	loops  sync.WaitGroup
 	// closeOnce makes close safe to call twice.
 	closeOnce sync.Once
+	// fatal yields the error that keeps the store from ever serving (see failed).
+	fatal chan error
+	// txnOpsChecked tells that etcd took a transaction of MaxTxnOps operations; only
+	// session uses it.
+	txnOpsChecked bool
 
 	txns, conflicts, watchRestarts prometheus.Counter
 	ready                          prometheus.Gauge
@@ -209,6 +216,7 @@ func newEtcdStore(env storeEnv, setPeers func([]Peer), o *EtcdOptions) (*etcdSto
 		advanced:  make(chan struct{}),
 		firstLoad: make(chan struct{}),
 		problem:   "etcd store not loaded yet",
+		fatal:     make(chan error, 1),
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	if err := e.registerMetrics(env.opts.Registerer); err != nil {
@@ -267,6 +275,10 @@ func (e *etcdStore) notReady() string {
 	return e.problem
 }
 
+// failed returns the channel that yields the error that keeps the store from ever
+// serving: etcd refuses transactions of MaxTxnOps operations.
+func (e *etcdStore) failed() <-chan error { return e.fatal }
+
 // start starts loading the cache and, for a replica with an address, registering it
 // and following the other replicas (membership).
 func (e *etcdStore) start() {
@@ -284,6 +296,11 @@ func (e *etcdStore) retry(what string, fn func() error) {
 		start := time.Now()
 		err := fn()
 		if e.ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, errPermanent) {
+			e.env.log.Error(what+": giving up", "error", err)
+			e.fatal <- err
 			return
 		}
 		if time.Since(start) > time.Minute {
@@ -317,6 +334,12 @@ func (e *etcdStore) session() (err error) {
 	loaded, from := e.loaded, e.applied+1
 	e.mu.Unlock()
 	var caughtUp int64
+	if !e.txnOpsChecked {
+		if err := e.checkMaxTxnOps(ctx); err != nil {
+			return err
+		}
+		e.txnOpsChecked = true
+	}
 	if !loaded {
 		if from, caughtUp, err = e.load(ctx); err != nil {
 			return err
@@ -378,6 +401,33 @@ func (e *etcdStore) session() (err error) {
 		return err
 	}
 	return errors.New("etcd watch ended")
+}
+
+// errPermanent is wrapped by the errors of the store that trying again cannot mend.
+var errPermanent = errors.New("etcd refuses the store's settings")
+
+// checkMaxTxnOps checks that etcd takes transactions of MaxTxnOps operations, and returns
+// an error wrapping errPermanent when it refuses them. etcd does not report its
+// --max-txn-ops, so the check is a transaction of MaxTxnOps reads of the epoch key
+// (counts only), which etcd answers as any read, or refuses, as it would refuse a write of
+// that many changes, with "too many operations in txn request".
+func (e *etcdStore) checkMaxTxnOps(ctx context.Context) error {
+	ops := make([]clientv3.Op, e.opts.MaxTxnOps)
+	for i := range ops {
+		ops[i] = clientv3.OpGet(e.epochKey, clientv3.WithCountOnly())
+	}
+	rctx, cancel := context.WithTimeout(ctx, etcdWriteTimeout)
+	defer cancel()
+	_, err := e.cli.Txn(rctx).Then(ops...).Commit()
+	switch {
+	case errors.Is(err, rpctypes.ErrTooManyOps):
+		return fmt.Errorf("--etcd-max-txn-ops (EtcdOptions.MaxTxnOps) %d is more than etcd's --max-txn-ops: "+
+			"a read-only transaction of %d operations was refused (%w); lower it or raise etcd's: %w",
+			e.opts.MaxTxnOps, e.opts.MaxTxnOps, err, errPermanent)
+	case err != nil:
+		return fmt.Errorf("etcd: checking that it takes transactions of %d operations: %w", e.opts.MaxTxnOps, err)
+	}
+	return nil
 }
 
 // cacheWatchContext returns ctx with the metadata of the cache's etcd watch. The client

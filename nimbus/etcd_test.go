@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"path/filepath"
 	"strings"
@@ -580,4 +581,38 @@ func TestEtcdReportForAnObjectTheCacheHasNotSeenYet(t *testing.T) {
 		}
 	})
 	wantStatus(t, b, routeKey("r"), 1, 1, 0, "n1")
+}
+
+func TestEtcdMaxTxnOpsOverEtcdsLimitRefusesToServe(t *testing.T) {
+	c := testetcd.Start(t, 1, testetcd.MaxTxnOps(64))
+	srv, err := New(Options{
+		Etcd:   &EtcdOptions{Config: clientv3.Config{Endpoints: c.Endpoints()}, Prefix: testPrefix(t), MaxTxnOps: 128},
+		Logger: slog.New(slog.NewTextHandler(t.Output(), nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("unix", filepath.Join(t.TempDir(), "n.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(t.Context(), lis) }()
+	select {
+	case err = <-served:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Serve still serves 20s after etcd refused transactions of MaxTxnOps operations")
+	}
+	for _, want := range []string{"--etcd-max-txn-ops", "128", "too many operations"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("Serve returned %v, want an error naming %q", err, want)
+		}
+	}
+	if why := strings.Join(srv.Ready(), "; "); why == "" {
+		t.Fatal("Ready() is empty after the store refused to serve")
+	}
+
+	// At etcd's limit, the replica serves.
+	ts := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{Etcd: &EtcdOptions{MaxTxnOps: 64}})
+	ts.apply(t, route("r", nil, "192.0.2.1"))
 }

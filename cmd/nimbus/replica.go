@@ -58,7 +58,7 @@ func addReplicaFlags(fs *flag.FlagSet, rc *replicaConfig) {
 	fs.StringVar(&rc.etcdCert, "etcd-cert", "", "`file` of the client certificate nimbus presents to etcd")
 	fs.StringVar(&rc.etcdKey, "etcd-key", "", "`file` of the private key of --etcd-cert")
 	fs.StringVar(&rc.prefix, "etcd-prefix", nimbus.DefaultEtcdPrefix, "key `prefix` of everything nimbus keeps in etcd; replicas of one nimbus share it")
-	fs.IntVar(&rc.maxTxnOps, "etcd-max-txn-ops", nimbus.DefaultEtcdMaxTxnOps, "most object `changes` per etcd transaction, at most etcd's --max-txn-ops; larger batches are split")
+	fs.IntVar(&rc.maxTxnOps, "etcd-max-txn-ops", nimbus.DefaultEtcdMaxTxnOps, "most object `changes` per etcd transaction, at most etcd's --max-txn-ops (checked at start: nimbus exits when etcd refuses it); larger batches are split")
 	fs.StringVar(&rc.name, "replica-name", rc.name, "this replica's `name` among the replicas (default the hostname)")
 	fs.Func("advertise", "`address` the other replicas reach this one at, unix:///path or tcp://host:port (with --store etcd; default the first --listen)", func(s string) error {
 		if _, err := address.Parse(s); err != nil {
