@@ -49,6 +49,10 @@ import (
 // as they were that many etcd revisions ago (when etcd still has them) and replays the
 // rest, so it can resume the watches of agents that come to it from a replica that died.
 //
+// Each replica compacts etcd's history every EtcdOptions.CompactionInterval, keeping the
+// last interval's and the last CompactionRetention revisions, and nothing its cache has
+// not applied; a replica that falls behind a compaction all the same reloads.
+//
 // A transaction holds at most EtcdOptions.MaxTxnOps changes and about MaxTxnBytes of
 // objects; a larger batch is split into several transactions, which is logged, and it is
 // then atomic per transaction only: should one fail, the error says how many of the batch's
@@ -75,6 +79,12 @@ const (
 	// DefaultEtcdMaxTxnBytes is EtcdOptions.MaxTxnBytes's default, under etcd's default
 	// request limit of 1.5 MiB.
 	DefaultEtcdMaxTxnBytes = 1 << 20
+	// DefaultEtcdCompactionInterval is EtcdOptions.CompactionInterval's default.
+	DefaultEtcdCompactionInterval = 5 * time.Minute
+	// DefaultEtcdCompactionRetention is EtcdOptions.CompactionRetention's default: as many
+	// etcd revisions as DefaultHistoryWindow has changes, so that a replica that starts
+	// finds in etcd the history it replays into its window.
+	DefaultEtcdCompactionRetention = DefaultHistoryWindow
 	// etcdWriteTimeout bounds a transaction and the wait for the cache to hold it.
 	etcdWriteTimeout = 10 * time.Second
 	// etcdResumeWait bounds how long a watch waits for the cache to catch up with the
@@ -108,6 +118,19 @@ type EtcdOptions struct {
 	// pushes statuses to every other replica registered there (see peer.go). Empty: the
 	// replica registers nothing and learns of no peer.
 	Advertise string
+	// CompactionInterval is how often the replica compacts etcd's history. Each time, it
+	// compacts up to the etcd revision it saw the time before, so a revision outlives its
+	// replacement by one interval at least, and never beyond the last CompactionRetention
+	// revisions nor what its own cache holds: a replica whose watch is further behind than
+	// that reloads (see session). Every replica compacts; a compaction already done by
+	// another is no error. etcd compacts all of its keys, not only those under Prefix.
+	// Default: DefaultEtcdCompactionInterval; negative: the replica never compacts, and
+	// etcd's own --auto-compaction-retention should.
+	CompactionInterval time.Duration
+	// CompactionRetention is how many of the latest etcd revisions a compaction always
+	// keeps; it should be no less than Options.HistoryWindow. Default:
+	// DefaultEtcdCompactionRetention.
+	CompactionRetention int64
 }
 
 // withDefaults returns the options with every unset field at its default.
@@ -125,6 +148,15 @@ func (o *EtcdOptions) withDefaults() (*EtcdOptions, error) {
 		c.MaxTxnOps = DefaultEtcdMaxTxnOps
 	case c.MaxTxnOps < 0 || c.MaxTxnOps >= maxSub:
 		return nil, fmt.Errorf("Etcd.MaxTxnOps %d: want 1 to %d: %w", c.MaxTxnOps, maxSub-1, ErrInvalidOptions)
+	}
+	if c.CompactionInterval == 0 {
+		c.CompactionInterval = DefaultEtcdCompactionInterval
+	}
+	switch {
+	case c.CompactionRetention == 0:
+		c.CompactionRetention = DefaultEtcdCompactionRetention
+	case c.CompactionRetention < 0:
+		return nil, fmt.Errorf("Etcd.CompactionRetention %d: must not be negative: %w", c.CompactionRetention, ErrInvalidOptions)
 	}
 	switch {
 	case c.MaxTxnBytes == 0:
@@ -164,9 +196,12 @@ type etcdStore struct {
 	// txnOpsChecked tells that etcd took a transaction of MaxTxnOps operations; only
 	// session uses it.
 	txnOpsChecked bool
+	// compactedRev is the etcd revision the replica last compacted up to; only
+	// compactLoop uses it.
+	compactedRev int64
 
 	txns, conflicts, watchRestarts prometheus.Counter
-	ready                          prometheus.Gauge
+	ready, compacted               prometheus.Gauge
 	unregister                     func()
 
 	// mu guards the fields below.
@@ -237,7 +272,9 @@ func (e *etcdStore) registerMetrics(reg prometheus.Registerer) error {
 		Help: "Times the etcd watch feeding the cache was started again after it failed."})
 	e.ready = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "loaded",
 		Help: "1 once the cache has been loaded from etcd and caught up with it."})
-	cs := []prometheus.Collector{e.txns, e.conflicts, e.watchRestarts, e.ready}
+	e.compacted = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "compacted_revision",
+		Help: "The etcd revision this replica last compacted etcd's history up to; 0 before its first compaction."})
+	cs := []prometheus.Collector{e.txns, e.conflicts, e.watchRestarts, e.ready, e.compacted}
 	for i, c := range cs {
 		if err := reg.Register(c); err != nil {
 			for _, r := range cs[:i] {
@@ -286,6 +323,58 @@ func (e *etcdStore) start() {
 	if e.env.opts.ReplicaName != "" && e.opts.Advertise != "" {
 		e.loops.Go(func() { e.retry("etcd: replica membership", e.membership) })
 	}
+	if e.opts.CompactionInterval > 0 {
+		e.loops.Go(e.compactLoop)
+	}
+}
+
+// compactLoop compacts etcd's history every CompactionInterval until the store is
+// closed, up to the etcd revision it saw the time before, within CompactionRetention and
+// what the cache holds (see EtcdOptions.CompactionInterval). A failed compaction is
+// logged and tried again at the next interval.
+func (e *etcdStore) compactLoop() {
+	t := time.NewTicker(e.opts.CompactionInterval)
+	defer t.Stop()
+	var seen int64 // etcd's revision at the previous interval
+	for {
+		select {
+		case <-e.ctx.Done():
+			return
+		case <-t.C:
+		}
+		cur, err := e.compact(seen)
+		if err != nil {
+			e.env.log.Warn("etcd: compacting its history", "error", err)
+			continue
+		}
+		seen = cur
+	}
+}
+
+// compact compacts etcd's history up to the earliest of seen, etcd's current revision
+// less CompactionRetention, and the revision the cache holds everything of, when that is
+// past the last compaction. It returns etcd's current revision.
+func (e *etcdStore) compact(seen int64) (int64, error) {
+	ctx, cancel := context.WithTimeout(e.ctx, etcdWriteTimeout)
+	defer cancel()
+	resp, err := e.cli.Get(ctx, e.epochKey, clientv3.WithCountOnly())
+	if err != nil {
+		return 0, fmt.Errorf("reading the current revision: %w", err)
+	}
+	cur := resp.Header.Revision
+	at := min(seen, cur-e.opts.CompactionRetention, e.appliedRev())
+	if at <= e.compactedRev {
+		return cur, nil
+	}
+	// Another replica may have compacted further already: etcd refuses this one then,
+	// and the history is as short as wanted.
+	if _, err := e.cli.Compact(ctx, at); err != nil && !errors.Is(err, rpctypes.ErrCompacted) {
+		return 0, fmt.Errorf("compacting up to revision %d: %w", at, err)
+	}
+	e.compactedRev = at
+	e.compacted.Set(float64(at))
+	e.env.log.Debug("etcd: compacted its history", "etcd_revision", at, "etcd_current", cur)
+	return cur, nil
 }
 
 // retry runs fn again and again until the store is closed, with backoff after each failure;

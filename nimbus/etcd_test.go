@@ -2,6 +2,7 @@ package nimbus
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -31,6 +33,7 @@ func startReplica(t *testing.T, endpoints []string, prefix string, wait bool, op
 	eo := EtcdOptions{Config: clientv3.Config{Endpoints: endpoints}, Prefix: prefix, MaxTxnOps: 128}
 	if opts.Etcd != nil {
 		eo.MaxTxnOps = opts.Etcd.MaxTxnOps
+		eo.CompactionInterval, eo.CompactionRetention = opts.Etcd.CompactionInterval, opts.Etcd.CompactionRetention
 	}
 	opts.Etcd = &eo
 	ts := start(t, opts)
@@ -615,4 +618,58 @@ func TestEtcdMaxTxnOpsOverEtcdsLimitRefusesToServe(t *testing.T) {
 	// At etcd's limit, the replica serves.
 	ts := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{Etcd: &EtcdOptions{MaxTxnOps: 64}})
 	ts.apply(t, route("r", nil, "192.0.2.1"))
+}
+
+func TestEtcdReplicaCompactsHistoryAndEveryReplicaServesAll(t *testing.T) {
+	c := cluster(t)
+	const retention = 5
+	a := startReplica(t, c.Endpoints(), testPrefix(t), true,
+		Options{Etcd: &EtcdOptions{MaxTxnOps: 128, CompactionInterval: 100 * time.Millisecond, CompactionRetention: retention}})
+	b := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{Etcd: &EtcdOptions{MaxTxnOps: 128, CompactionInterval: -1}})
+	w := watch(t, b.client, "n1")
+	recvUntilSynced(t, w)
+
+	const objects = 40
+	var last *nimbusv1.Object
+	for i := range objects {
+		last = a.apply(t, route(fmt.Sprintf("r%02d", i), []string{"n1"}, "192.0.2.1")).GetObject()
+	}
+	lastEtcd := etcdRevOf(last.GetMeta().GetRevision())
+	// Once the writes stop, a compacts up to the retention within two intervals.
+	compacted := a.srv.backend.(*etcdStore).compacted
+	deadline := time.Now().Add(20 * time.Second)
+	for int64(testutil.ToFloat64(compacted)) < lastEtcd-retention {
+		if time.Now().After(deadline) {
+			t.Fatalf("compacted up to etcd revision %v after 20s, want %d", testutil.ToFloat64(compacted), lastEtcd-retention)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	at := int64(testutil.ToFloat64(compacted))
+	cli := c.Client(t)
+	if _, err := cli.Get(testContext(t), testPrefix(t)+"/objects/", clientv3.WithPrefix(), clientv3.WithRev(at-1)); !errors.Is(err, rpctypes.ErrCompacted) {
+		t.Fatalf("a read at etcd revision %d, below the compaction at %d: %v, want %v", at-1, at, err, rpctypes.ErrCompacted)
+	}
+	if _, err := cli.Get(testContext(t), testPrefix(t)+"/objects/", clientv3.WithPrefix(), clientv3.WithRev(lastEtcd-retention)); err != nil {
+		t.Fatalf("a read at etcd revision %d, within the retention: %v", lastEtcd-retention, err)
+	}
+
+	// Every replica serves every object: the two that ran along, the watch on b, and one
+	// started after the compaction, which cannot read from before it.
+	for i := range objects {
+		ev := recv(t, w)
+		if ev.GetType() != nimbusv1.WatchEvent_TYPE_PUT || ev.GetObject().GetMeta().GetName() != fmt.Sprintf("r%02d", i) {
+			t.Fatalf("event %d on b: %v %s", i, ev.GetType(), ev.GetObject().GetMeta().GetName())
+		}
+	}
+	late := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{Etcd: &EtcdOptions{MaxTxnOps: 128, CompactionInterval: -1}})
+	for name, ts := range map[string]*testServer{"a": a, "b": b, "late": late} {
+		waitRev(t, ts, last.GetMeta().GetRevision())
+		list, err := ts.client.List(testContext(t), &nimbusv1.ListRequest{})
+		if err != nil {
+			t.Fatalf("List on %s: %v", name, err)
+		}
+		if n := len(list.GetItems()); n != objects {
+			t.Fatalf("List on %s: %d objects, want %d", name, n, objects)
+		}
+	}
 }
