@@ -28,8 +28,12 @@ type backend interface {
 	catchUpForReports(reports []*nimbusv1.StatusReport)
 	// notReady returns why the store cannot serve yet; empty once it can.
 	notReady() string
+	// cutOff returns why the store, although it serves, is not ready: it may be stale,
+	// such as an etcd-backed one whose watch has not heard from etcd for long. Empty when
+	// it is not.
+	cutOff() string
 	// reportHealth makes the health service, which Serve has set SERVING, agree with
-	// notReady until the store first becomes ready.
+	// notReady until the store first becomes ready, and with cutOff after.
 	reportHealth(hs *health.Server)
 	// failed returns a channel that yields the error that keeps the store from ever
 	// serving, such as a setting etcd refuses; Serve stops and returns it. nil: none can.
@@ -175,6 +179,9 @@ func (e *embeddedStore) catchUpForReports([]*nimbusv1.StatusReport) {}
 
 // notReady returns "": the embedded store is ready from New on.
 func (e *embeddedStore) notReady() string { return "" }
+
+// cutOff returns "": the embedded store is the only source of its objects.
+func (e *embeddedStore) cutOff() string { return "" }
 
 // reportHealth does nothing: the embedded store is ready from New on.
 func (e *embeddedStore) reportHealth(*health.Server) {}

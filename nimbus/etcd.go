@@ -64,7 +64,10 @@ import (
 // returns. Once loaded, it keeps serving reads and watches from its cache while etcd has
 // no quorum; writes fail with codes.Unavailable then, and work again once etcd has one.
 // The watch requires etcd's leader, so a member cut off from the others does not keep a
-// replica's cache behind; the client moves to another member.
+// replica's cache behind; the client moves to another member. A replica whose watch
+// hears nothing from etcd, neither a change nor the progress notification it asks for,
+// for EtcdOptions.ProgressTimeout is cut off: not ready, so that clients move, though it
+// still answers them.
 
 const (
 	// subBits is how many low bits of a revision hold a change's position in its etcd
@@ -85,6 +88,8 @@ const (
 	// etcd revisions as DefaultHistoryWindow has changes, so that a replica that starts
 	// finds in etcd the history it replays into its window.
 	DefaultEtcdCompactionRetention = DefaultHistoryWindow
+	// DefaultEtcdProgressTimeout is EtcdOptions.ProgressTimeout's default.
+	DefaultEtcdProgressTimeout = 10 * time.Second
 	// etcdWriteTimeout bounds a transaction and the wait for the cache to hold it.
 	etcdWriteTimeout = 10 * time.Second
 	// etcdResumeWait bounds how long a watch waits for the cache to catch up with the
@@ -131,6 +136,14 @@ type EtcdOptions struct {
 	// keeps; it should be no less than Options.HistoryWindow. Default:
 	// DefaultEtcdCompactionRetention.
 	CompactionRetention int64
+	// ProgressTimeout is how long the replica's etcd watch may go without a word from
+	// etcd, an event or a progress notification, which the replica asks for every quarter
+	// of it, before the replica counts as cut off from etcd: it then serves a cache that
+	// may be stale, so it turns unready (Server.Ready says why, the health service says
+	// NOT_SERVING) and clients move to another replica, until etcd answers again. It still
+	// answers the calls that reach it, as when etcd has no quorum and every replica is cut
+	// off. Default: DefaultEtcdProgressTimeout; negative: never.
+	ProgressTimeout time.Duration
 }
 
 // withDefaults returns the options with every unset field at its default.
@@ -148,6 +161,9 @@ func (o *EtcdOptions) withDefaults() (*EtcdOptions, error) {
 		c.MaxTxnOps = DefaultEtcdMaxTxnOps
 	case c.MaxTxnOps < 0 || c.MaxTxnOps >= maxSub:
 		return nil, fmt.Errorf("Etcd.MaxTxnOps %d: want 1 to %d: %w", c.MaxTxnOps, maxSub-1, ErrInvalidOptions)
+	}
+	if c.ProgressTimeout == 0 {
+		c.ProgressTimeout = DefaultEtcdProgressTimeout
 	}
 	if c.CompactionInterval == 0 {
 		c.CompactionInterval = DefaultEtcdCompactionInterval
@@ -196,12 +212,15 @@ type etcdStore struct {
 	// txnOpsChecked tells that etcd took a transaction of MaxTxnOps operations; only
 	// session uses it.
 	txnOpsChecked bool
+	// healthCh wakes the goroutine of reportHealth when the replica's readiness may have
+	// changed.
+	healthCh chan struct{}
 	// compactedRev is the etcd revision the replica last compacted up to; only
 	// compactLoop uses it.
 	compactedRev int64
 
 	txns, conflicts, watchRestarts prometheus.Counter
-	ready, compacted               prometheus.Gauge
+	ready, compacted, cutOffGauge  prometheus.Gauge
 	unregister                     func()
 
 	// mu guards the fields below.
@@ -218,6 +237,10 @@ type etcdStore struct {
 	problem string
 	// lastEpoch is the epoch last read from etcd.
 	lastEpoch string
+	// heard is when the cache's watch last heard from etcd; isCutOff tells that it is
+	// longer ago than ProgressTimeout.
+	heard    time.Time
+	isCutOff bool
 	// lastRev and nextSub carry the position of the next change in its etcd revision
 	// from one watch response to the next.
 	lastRev int64
@@ -252,6 +275,7 @@ func newEtcdStore(env storeEnv, setPeers func([]Peer), o *EtcdOptions) (*etcdSto
 		firstLoad: make(chan struct{}),
 		problem:   "etcd store not loaded yet",
 		fatal:     make(chan error, 1),
+		healthCh:  make(chan struct{}, 1),
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	if err := e.registerMetrics(env.opts.Registerer); err != nil {
@@ -274,7 +298,9 @@ func (e *etcdStore) registerMetrics(reg prometheus.Registerer) error {
 		Help: "1 once the cache has been loaded from etcd and caught up with it."})
 	e.compacted = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "compacted_revision",
 		Help: "The etcd revision this replica last compacted etcd's history up to; 0 before its first compaction."})
-	cs := []prometheus.Collector{e.txns, e.conflicts, e.watchRestarts, e.ready, e.compacted}
+	e.cutOffGauge = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "cut_off",
+		Help: "1 while the etcd watch feeding the cache has heard nothing from etcd for longer than the progress timeout; the replica is not ready then."})
+	cs := []prometheus.Collector{e.txns, e.conflicts, e.watchRestarts, e.ready, e.compacted, e.cutOffGauge}
 	for i, c := range cs {
 		if err := reg.Register(c); err != nil {
 			for _, r := range cs[:i] {
@@ -325,6 +351,70 @@ func (e *etcdStore) start() {
 	}
 	if e.opts.CompactionInterval > 0 {
 		e.loops.Go(e.compactLoop)
+	}
+	if e.opts.ProgressTimeout > 0 {
+		e.loops.Go(e.progressLoop)
+	}
+}
+
+// progressLoop marks the replica cut off from etcd, every quarter of ProgressTimeout,
+// once its loaded cache's watch has heard nothing from etcd for longer than that.
+func (e *etcdStore) progressLoop() {
+	t := time.NewTicker(e.opts.ProgressTimeout / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.ctx.Done():
+			return
+		case <-t.C:
+		}
+		e.mu.Lock()
+		silent := time.Since(e.heard)
+		cut := e.loaded && !e.isCutOff && silent > e.opts.ProgressTimeout
+		if cut {
+			e.isCutOff = true
+		}
+		e.mu.Unlock()
+		if cut {
+			e.cutOffGauge.Set(1)
+			e.env.log.Warn("etcd: cut off, not ready until etcd answers: the watch heard nothing",
+				"for", silent.Round(time.Millisecond), "progress_timeout", e.opts.ProgressTimeout)
+			e.healthChanged()
+		}
+	}
+}
+
+// heardFromEtcd records that the cache's watch heard from etcd, which ends being cut off.
+func (e *etcdStore) heardFromEtcd() {
+	e.mu.Lock()
+	e.heard = time.Now()
+	back := e.isCutOff
+	e.isCutOff = false
+	e.mu.Unlock()
+	if back {
+		e.cutOffGauge.Set(0)
+		e.env.log.Info("etcd: the watch hears from etcd again; ready")
+		e.healthChanged()
+	}
+}
+
+// cutOff returns why the replica is not ready although it serves: its watch has heard
+// nothing from etcd for longer than ProgressTimeout. Empty when it has.
+func (e *etcdStore) cutOff() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.isCutOff {
+		return ""
+	}
+	return fmt.Sprintf("cut off from etcd: the watch heard nothing from it for %v (progress timeout %v); the cache may be stale",
+		time.Since(e.heard).Round(time.Second), e.opts.ProgressTimeout)
+}
+
+// healthChanged wakes the goroutine of reportHealth.
+func (e *etcdStore) healthChanged() {
+	select {
+	case e.healthCh <- struct{}{}:
+	default:
 	}
 }
 
@@ -451,6 +541,14 @@ func (e *etcdStore) session() (err error) {
 		defer t.Stop()
 		tick = t.C
 	}
+	// Once caught up, it asks every quarter of ProgressTimeout, so that a watch that hears
+	// nothing tells that the replica is cut off from etcd (progressLoop).
+	var keep <-chan time.Time
+	if e.opts.ProgressTimeout > 0 {
+		t := time.NewTicker(e.opts.ProgressTimeout / 4)
+		defer t.Stop()
+		keep = t.C
+	}
 	for {
 		var (
 			resp clientv3.WatchResponse
@@ -462,11 +560,19 @@ func (e *etcdStore) session() (err error) {
 				e.env.log.Debug("etcd: asking for watch progress", "error", err)
 			}
 			continue
+		case <-keep:
+			if tick == nil {
+				if err := e.cli.RequestProgress(wctx); err != nil {
+					e.env.log.Debug("etcd: asking for watch progress", "error", err)
+				}
+			}
+			continue
 		case resp, ok = <-wch:
 		}
 		if !ok {
 			break
 		}
+		e.heardFromEtcd()
 		switch {
 		case resp.CompactRevision != 0:
 			// What the cache misses is gone from etcd: load everything again.
@@ -529,25 +635,34 @@ func cacheWatchContext(ctx context.Context) context.Context {
 }
 
 // reportHealth makes the health service say NOT_SERVING, for the whole server and for
-// the Nimbus service, until the cache is first loaded, so that stock probes agree with
-// /readyz; a replica refuses every call until then.
+// the Nimbus service, until the cache is first loaded (a replica refuses every call until
+// then) and while the replica is cut off from etcd, so that stock probes and clients
+// agree with /readyz.
 func (e *etcdStore) reportHealth(hs *health.Server) {
-	select {
-	case <-e.firstLoad:
-		return
-	default:
-	}
 	services := []string{"", nimbusv1.Nimbus_ServiceDesc.ServiceName}
-	for _, svc := range services {
-		hs.SetServingStatus(svc, healthpb.HealthCheckResponse_NOT_SERVING)
+	set := func(st healthpb.HealthCheckResponse_ServingStatus) {
+		for _, svc := range services {
+			hs.SetServingStatus(svc, st)
+		}
 	}
+	set(healthpb.HealthCheckResponse_NOT_SERVING)
 	e.loops.Go(func() {
 		select {
 		case <-e.firstLoad:
-			for _, svc := range services {
-				hs.SetServingStatus(svc, healthpb.HealthCheckResponse_SERVING)
-			}
 		case <-e.ctx.Done():
+			return
+		}
+		for {
+			st := healthpb.HealthCheckResponse_SERVING
+			if e.cutOff() != "" {
+				st = healthpb.HealthCheckResponse_NOT_SERVING
+			}
+			set(st)
+			select {
+			case <-e.healthCh:
+			case <-e.ctx.Done():
+				return
+			}
 		}
 	})
 }
@@ -557,6 +672,7 @@ func (e *etcdStore) markLoaded() {
 	e.mu.Lock()
 	first := !e.loaded
 	e.loaded, e.problem = true, ""
+	e.heard = time.Now()
 	rev, epoch := e.applied, e.lastEpoch
 	select {
 	case <-e.firstLoad:

@@ -34,6 +34,7 @@ func startReplica(t *testing.T, endpoints []string, prefix string, wait bool, op
 	if opts.Etcd != nil {
 		eo.MaxTxnOps = opts.Etcd.MaxTxnOps
 		eo.CompactionInterval, eo.CompactionRetention = opts.Etcd.CompactionInterval, opts.Etcd.CompactionRetention
+		eo.ProgressTimeout = opts.Etcd.ProgressTimeout
 	}
 	opts.Etcd = &eo
 	ts := start(t, opts)
@@ -671,5 +672,65 @@ func TestEtcdReplicaCompactsHistoryAndEveryReplicaServesAll(t *testing.T) {
 		if n := len(list.GetItems()); n != objects {
 			t.Fatalf("List on %s: %d objects, want %d", name, n, objects)
 		}
+	}
+}
+
+func TestEtcdReplicaCutOffFromEtcdTurnsUnready(t *testing.T) {
+	c := cluster(t)
+	const timeout = 500 * time.Millisecond
+	opts := Options{Etcd: &EtcdOptions{MaxTxnOps: 128, ProgressTimeout: timeout}}
+	a := startReplica(t, c.Endpoints(), testPrefix(t), true, opts)
+	proxy := newPausingProxy(t, strings.TrimPrefix(c.Endpoint(0), "unix://"))
+	b := startReplica(t, []string{"unix://" + proxy.path}, testPrefix(t), true, opts)
+	healthA := healthpb.NewHealthClient(dialConn(t, a.path))
+	healthB := healthpb.NewHealthClient(dialConn(t, b.path))
+	// waitFor waits up to the bound until the replica's readiness and health are as wanted,
+	// and returns how long that took.
+	waitFor := func(ts *testServer, hc healthpb.HealthClient, ready bool, bound time.Duration) time.Duration {
+		t.Helper()
+		want := healthpb.HealthCheckResponse_SERVING
+		if !ready {
+			want = healthpb.HealthCheckResponse_NOT_SERVING
+		}
+		start := time.Now()
+		for {
+			why := ts.srv.Ready()
+			resp, err := hc.Check(testContext(t), &healthpb.HealthCheckRequest{})
+			if (len(why) == 0) == ready && err == nil && resp.GetStatus() == want {
+				return time.Since(start)
+			}
+			if time.Since(start) > bound {
+				t.Fatalf("after %v: Ready() = %q, health %v (err %v); want ready %v", bound, why, resp.GetStatus(), err, ready)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	// Quiet, both stay ready: the progress notifications they ask for are their news.
+	time.Sleep(3 * timeout)
+	waitFor(a, healthA, true, 0)
+	waitFor(b, healthB, true, 0)
+
+	// b hears nothing more from etcd: it turns unready within the timeout and a quarter
+	// (plus a scheduling margin), a stays ready, and b still answers from its cache.
+	obj := a.apply(t, route("r", nil, "192.0.2.1")).GetObject()
+	waitRev(t, b, obj.GetMeta().GetRevision())
+	proxy.pause()
+	took := waitFor(b, healthB, false, timeout*5/4+2*time.Second)
+	t.Logf("cut off: unready after %v", took)
+	if why := strings.Join(b.srv.Ready(), "; "); !strings.Contains(why, "cut off from etcd") {
+		t.Fatalf("Ready() of b = %q, want it to say it is cut off from etcd", why)
+	}
+	if g := testutil.ToFloat64(b.srv.backend.(*etcdStore).cutOffGauge); g != 1 {
+		t.Fatalf("naples_nimbus_etcd_cut_off of b = %v, want 1", g)
+	}
+	waitFor(a, healthA, true, 0)
+	b.get(t, routeKey("r"))
+
+	// Once etcd's answers flow again, b is ready again.
+	proxy.resume()
+	took = waitFor(b, healthB, true, 5*time.Second)
+	t.Logf("back: ready after %v", took)
+	if g := testutil.ToFloat64(b.srv.backend.(*etcdStore).cutOffGauge); g != 0 {
+		t.Fatalf("naples_nimbus_etcd_cut_off of b = %v, want 0", g)
 	}
 }

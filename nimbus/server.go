@@ -435,7 +435,8 @@ func (s *Server) Close() error {
 }
 
 // Ready returns why the server is not ready to take requests, nothing when it is: it is
-// ready while Serve serves, until it is closed. /readyz reports it.
+// ready while Serve serves, until it is closed, except while its store is not loaded or
+// is cut off from etcd (EtcdOptions.ProgressTimeout). /readyz reports it.
 func (s *Server) Ready() []string {
 	switch {
 	case s.isClosed():
@@ -445,6 +446,9 @@ func (s *Server) Ready() []string {
 	}
 	if err := s.available(); err != nil {
 		return []string{err.Error()}
+	}
+	if why := s.backend.cutOff(); why != "" {
+		return []string{why}
 	}
 	return nil
 }

@@ -32,6 +32,9 @@ type replicaConfig struct {
 	// compactionRetention how many etcd revisions a compaction keeps.
 	compactionInterval  time.Duration
 	compactionRetention int64
+	// progressTimeout is how long the etcd watch may hear nothing before the replica
+	// counts as cut off, 0 never.
+	progressTimeout time.Duration
 	// name is the replica's name among the replicas; advertise where they reach it.
 	name      string
 	advertise string
@@ -68,6 +71,8 @@ func addReplicaFlags(fs *flag.FlagSet, rc *replicaConfig) {
 		"how often the replica compacts etcd's history (all of etcd's keys), keeping what it saw one `interval` ago; 0: never (leave it to etcd's --auto-compaction-retention)")
 	fs.Int64Var(&rc.compactionRetention, "etcd-compaction-retention", nimbus.DefaultEtcdCompactionRetention,
 		"how many of the latest etcd `revisions` a compaction keeps; no less than --history-window")
+	fs.DurationVar(&rc.progressTimeout, "etcd-progress-timeout", nimbus.DefaultEtcdProgressTimeout,
+		"how long the replica's etcd watch may hear nothing (it asks for progress every quarter of it) before the replica is cut off from etcd and not ready, so that agents move; 0: never")
 	fs.StringVar(&rc.name, "replica-name", rc.name, "this replica's `name` among the replicas (default the hostname)")
 	fs.Func("advertise", "`address` the other replicas reach this one at, unix:///path or tcp://host:port (with --store etcd; default the first --listen)", func(s string) error {
 		if _, err := address.Parse(s); err != nil {
@@ -97,6 +102,8 @@ func (rc *replicaConfig) check(dataDirSet, ephemeral bool) error {
 		return errors.New("--etcd-cert and --etcd-key go together")
 	case rc.compactionInterval < 0:
 		return fmt.Errorf("--etcd-compaction-interval %v: must not be negative", rc.compactionInterval)
+	case rc.progressTimeout < 0:
+		return fmt.Errorf("--etcd-progress-timeout %v: must not be negative", rc.progressTimeout)
 	case rc.compactionRetention < 1:
 		return fmt.Errorf("--etcd-compaction-retention %d: want 1 or more", rc.compactionRetention)
 	}
@@ -119,10 +126,14 @@ func (rc *replicaConfig) etcdOptions(listen []address.Address) (*nimbus.EtcdOpti
 	if advertise == "" && len(listen) > 0 {
 		advertise = listen[0].String()
 	}
-	interval := rc.compactionInterval
+	// The options' "never" is negative.
+	interval, progress := rc.compactionInterval, rc.progressTimeout
 	if interval == 0 {
-		interval = -1 // the options' "never"
+		interval = -1
+	}
+	if progress == 0 {
+		progress = -1
 	}
 	return &nimbus.EtcdOptions{Config: cfg, Prefix: rc.prefix, MaxTxnOps: rc.maxTxnOps, Advertise: advertise,
-		CompactionInterval: interval, CompactionRetention: rc.compactionRetention}, nil
+		CompactionInterval: interval, CompactionRetention: rc.compactionRetention, ProgressTimeout: progress}, nil
 }
