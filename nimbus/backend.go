@@ -63,6 +63,8 @@ type publisher interface {
 	restart(epoch string, rev uint64, objects int, last uint64, fill func())
 	// currentRev returns the Server's revision.
 	currentRev() uint64
+	// endWatches ends every watch stream with codes.Unavailable and the reason.
+	endWatches(why string)
 }
 
 var _ publisher = (*Server)(nil)

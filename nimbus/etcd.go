@@ -66,8 +66,8 @@ import (
 // The watch requires etcd's leader, so a member cut off from the others does not keep a
 // replica's cache behind; the client moves to another member. A replica whose watch
 // hears nothing from etcd, neither a change nor the progress notification it asks for,
-// for EtcdOptions.ProgressTimeout is cut off: not ready, so that clients move, though it
-// still answers them.
+// for EtcdOptions.ProgressTimeout is cut off: not ready, and it ends its watch streams,
+// so that clients move, though it still answers them.
 
 const (
 	// subBits is how many low bits of a revision hold a change's position in its etcd
@@ -140,9 +140,9 @@ type EtcdOptions struct {
 	// etcd, an event or a progress notification, which the replica asks for every quarter
 	// of it, before the replica counts as cut off from etcd: it then serves a cache that
 	// may be stale, so it turns unready (Server.Ready says why, the health service says
-	// NOT_SERVING) and clients move to another replica, until etcd answers again. It still
-	// answers the calls that reach it, as when etcd has no quorum and every replica is cut
-	// off. Default: DefaultEtcdProgressTimeout; negative: never.
+	// NOT_SERVING) until etcd answers again, and ends its watch streams with
+	// codes.Unavailable, so that clients move to another replica. It still answers the
+	// calls that reach it, as when etcd has no quorum and every replica is cut off. Default: DefaultEtcdProgressTimeout; negative: never.
 	ProgressTimeout time.Duration
 }
 
@@ -212,9 +212,10 @@ type etcdStore struct {
 	// txnOpsChecked tells that etcd took a transaction of MaxTxnOps operations; only
 	// session uses it.
 	txnOpsChecked bool
-	// healthCh wakes the goroutine of reportHealth when the replica's readiness may have
-	// changed.
-	healthCh chan struct{}
+	// healthMu guards hs, the health service reportHealth was given (nil before), and
+	// orders the statuses set on it.
+	healthMu sync.Mutex
+	hs       *health.Server
 	// compactedRev is the etcd revision the replica last compacted up to; only
 	// compactLoop uses it.
 	compactedRev int64
@@ -275,7 +276,6 @@ func newEtcdStore(env storeEnv, setPeers func([]Peer), o *EtcdOptions) (*etcdSto
 		firstLoad: make(chan struct{}),
 		problem:   "etcd store not loaded yet",
 		fatal:     make(chan error, 1),
-		healthCh:  make(chan struct{}, 1),
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	if err := e.registerMetrics(env.opts.Registerer); err != nil {
@@ -377,9 +377,11 @@ func (e *etcdStore) progressLoop() {
 		e.mu.Unlock()
 		if cut {
 			e.cutOffGauge.Set(1)
-			e.env.log.Warn("etcd: cut off, not ready until etcd answers: the watch heard nothing",
+			e.env.log.Warn("etcd: cut off, not ready until etcd answers: the watch heard nothing; ending the watch streams",
 				"for", silent.Round(time.Millisecond), "progress_timeout", e.opts.ProgressTimeout)
 			e.healthChanged()
+			// Their clients watch again on a replica that is ready, and resume there.
+			e.env.pub.endWatches(e.cutOff() + "; watch another replica")
 		}
 	}
 }
@@ -410,13 +412,31 @@ func (e *etcdStore) cutOff() string {
 		time.Since(e.heard).Round(time.Second), e.opts.ProgressTimeout)
 }
 
-// healthChanged wakes the goroutine of reportHealth.
+// healthChanged sets the status of the health service, once the cache was first loaded:
+// SERVING unless the replica is cut off from etcd.
 func (e *etcdStore) healthChanged() {
 	select {
-	case e.healthCh <- struct{}{}:
+	case <-e.firstLoad:
 	default:
+		return
+	}
+	e.healthMu.Lock()
+	defer e.healthMu.Unlock()
+	if e.hs == nil {
+		return
+	}
+	st := healthpb.HealthCheckResponse_SERVING
+	if e.cutOff() != "" {
+		st = healthpb.HealthCheckResponse_NOT_SERVING
+	}
+	for _, svc := range healthServices {
+		e.hs.SetServingStatus(svc, st)
 	}
 }
+
+// healthServices are the services of the health service whose status follows the
+// store's: the whole server and the Nimbus service.
+var healthServices = []string{"", nimbusv1.Nimbus_ServiceDesc.ServiceName}
 
 // compactLoop compacts etcd's history every CompactionInterval until the store is
 // closed, up to the etcd revision it saw the time before, within CompactionRetention and
@@ -639,30 +659,18 @@ func cacheWatchContext(ctx context.Context) context.Context {
 // then) and while the replica is cut off from etcd, so that stock probes and clients
 // agree with /readyz.
 func (e *etcdStore) reportHealth(hs *health.Server) {
-	services := []string{"", nimbusv1.Nimbus_ServiceDesc.ServiceName}
-	set := func(st healthpb.HealthCheckResponse_ServingStatus) {
-		for _, svc := range services {
-			hs.SetServingStatus(svc, st)
-		}
+	e.healthMu.Lock()
+	e.hs = hs
+	for _, svc := range healthServices {
+		hs.SetServingStatus(svc, healthpb.HealthCheckResponse_NOT_SERVING)
 	}
-	set(healthpb.HealthCheckResponse_NOT_SERVING)
+	e.healthMu.Unlock()
+	e.healthChanged()
 	e.loops.Go(func() {
 		select {
 		case <-e.firstLoad:
+			e.healthChanged()
 		case <-e.ctx.Done():
-			return
-		}
-		for {
-			st := healthpb.HealthCheckResponse_SERVING
-			if e.cutOff() != "" {
-				st = healthpb.HealthCheckResponse_NOT_SERVING
-			}
-			set(st)
-			select {
-			case <-e.healthCh:
-			case <-e.ctx.Done():
-				return
-			}
 		}
 	})
 }

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/naplesnet/naples/internal/testetcd"
@@ -677,7 +678,7 @@ func TestEtcdReplicaCompactsHistoryAndEveryReplicaServesAll(t *testing.T) {
 
 func TestEtcdReplicaCutOffFromEtcdTurnsUnready(t *testing.T) {
 	c := cluster(t)
-	const timeout = 500 * time.Millisecond
+	const timeout = time.Second
 	opts := Options{Etcd: &EtcdOptions{MaxTxnOps: 128, ProgressTimeout: timeout}}
 	a := startReplica(t, c.Endpoints(), testPrefix(t), true, opts)
 	proxy := newPausingProxy(t, strings.TrimPrefix(c.Endpoint(0), "unix://"))
@@ -714,6 +715,8 @@ func TestEtcdReplicaCutOffFromEtcdTurnsUnready(t *testing.T) {
 	// (plus a scheduling margin), a stays ready, and b still answers from its cache.
 	obj := a.apply(t, route("r", nil, "192.0.2.1")).GetObject()
 	waitRev(t, b, obj.GetMeta().GetRevision())
+	w := watch(t, b.client, "n1")
+	recvUntilSynced(t, w)
 	proxy.pause()
 	took := waitFor(b, healthB, false, timeout*5/4+2*time.Second)
 	t.Logf("cut off: unready after %v", took)
@@ -725,6 +728,10 @@ func TestEtcdReplicaCutOffFromEtcdTurnsUnready(t *testing.T) {
 	}
 	waitFor(a, healthA, true, 0)
 	b.get(t, routeKey("r"))
+	// b ends its watch streams, so that their agents watch again on a ready replica.
+	if ev, err := w.Recv(); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "cut off from etcd") {
+		t.Fatalf("watch on b once it is cut off: %v, %v; want Unavailable saying it is cut off", ev, err)
+	}
 
 	// Once etcd's answers flow again, b is ready again.
 	proxy.resume()
