@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"path/filepath"
@@ -202,13 +201,13 @@ func TestEtcdWatchResumesOnAnotherReplica(t *testing.T) {
 
 func TestEtcdResumeWaitsForALaggingCache(t *testing.T) {
 	a, b, proxy := startLaggingPair(t)
-	proxy.pause()
+	proxy.Pause()
 	obj := a.apply(t, route("r", []string{"n1"}, "192.0.2.1")).GetObject()
 	rev := obj.GetMeta().GetRevision()
 	// The watch finds b's cache behind the revision; it must wait for the cache rather
 	// than send a snapshot.
 	var w watchStream
-	proxy.callBehind(func() {
+	callBehind(proxy, func() {
 		stream, err := b.client.Watch(testContext(t), &nimbusv1.WatchRequest{Node: "n1", Epoch: a.srv.Epoch(), Revision: rev})
 		if err != nil {
 			t.Error(err)
@@ -220,115 +219,27 @@ func TestEtcdResumeWaitsForALaggingCache(t *testing.T) {
 
 // startLaggingPair starts two replicas on one etcd member; b reaches etcd through a proxy
 // the test can pause, which holds b's cache back.
-func startLaggingPair(t *testing.T) (a, b *testServer, proxy *pausingProxy) {
+func startLaggingPair(t *testing.T) (a, b *testServer, proxy *testetcd.Proxy) {
 	t.Helper()
 	c := cluster(t)
 	a = startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
-	proxy = newPausingProxy(t, strings.TrimPrefix(c.Endpoint(0), "unix://"))
-	b = startReplica(t, []string{"unix://" + proxy.path}, testPrefix(t), true, Options{})
+	proxy = c.NewProxy(t, 0)
+	b = startReplica(t, []string{proxy.Endpoint()}, testPrefix(t), true, Options{})
 	return a, b, proxy
 }
 
 // callBehind runs call while the proxy is paused, letting it reach the replica behind the
 // proxy for 100 ms, then resumes the proxy and waits for call to return. call runs in a
 // goroutine of its own: it reports failures with t.Error.
-func (p *pausingProxy) callBehind(call func()) {
+func callBehind(p *testetcd.Proxy, call func()) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		call()
 	}()
 	time.Sleep(100 * time.Millisecond) // let the call find the replica behind
-	p.resume()
+	p.Resume()
 	<-done
-}
-
-// pausingProxy forwards unix socket connections to a target socket; while paused it
-// forwards nothing from the target to the clients.
-type pausingProxy struct {
-	path string
-	mu   sync.Mutex
-	// gate is closed while the proxy forwards; a paused proxy holds an open one.
-	gate chan struct{}
-}
-
-// newPausingProxy serves a proxy to the target socket; the test's cleanup stops it.
-func newPausingProxy(t *testing.T, target string) *pausingProxy {
-	t.Helper()
-	p := &pausingProxy{path: filepath.Join(t.TempDir(), "proxy.sock"), gate: make(chan struct{})}
-	close(p.gate)
-	lis, err := net.Listen("unix", p.path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var conns sync.WaitGroup
-	var mu sync.Mutex
-	var open []net.Conn
-	t.Cleanup(func() {
-		lis.Close()
-		p.resume()
-		mu.Lock()
-		for _, c := range open {
-			c.Close()
-		}
-		mu.Unlock()
-		conns.Wait()
-	})
-	conns.Go(func() {
-		for {
-			client, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			server, err := net.Dial("unix", target)
-			if err != nil {
-				client.Close()
-				continue
-			}
-			mu.Lock()
-			open = append(open, client, server)
-			mu.Unlock()
-			conns.Go(func() { io.Copy(server, client); server.Close() })
-			conns.Go(func() { p.copyGated(client, server); client.Close() })
-		}
-	})
-	return p
-}
-
-// copyGated copies from src to dst, waiting at every read while the proxy is paused.
-func (p *pausingProxy) copyGated(dst io.Writer, src io.Reader) {
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			p.mu.Lock()
-			gate := p.gate
-			p.mu.Unlock()
-			<-gate
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-func (p *pausingProxy) pause() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.gate = make(chan struct{})
-}
-
-func (p *pausingProxy) resume() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	select {
-	case <-p.gate:
-	default:
-		close(p.gate)
-	}
 }
 
 func TestEtcdConcurrentWritersLoseNoUpdate(t *testing.T) {
@@ -487,10 +398,10 @@ func TestEtcdDeleteSeesACreateThroughAnotherReplica(t *testing.T) {
 
 	// b's cache has not seen the creation when the deletion comes: the deletion must find
 	// the object anyway.
-	proxy.pause()
+	proxy.Pause()
 	a.apply(t, route("r", nil, "192.0.2.1"))
 	var resp *nimbusv1.DeleteResponse
-	proxy.callBehind(func() {
+	callBehind(proxy, func() {
 		var err error
 		if resp, err = b.client.Delete(testContext(t), &nimbusv1.DeleteRequest{Key: routeKey("r")}); err != nil {
 			t.Error(err)
@@ -548,10 +459,10 @@ func TestEtcdApplyUnchangedOnAStaleCacheIsNotLost(t *testing.T) {
 
 	// a changes the object while b's cache is held back; b is then asked to apply what
 	// its cache still holds. That is a change in etcd, and must not be taken for none.
-	proxy.pause()
+	proxy.Pause()
 	a.apply(t, route("r", nil, "192.0.2.2"))
 	var resp *nimbusv1.ApplyResponse
-	proxy.callBehind(func() {
+	callBehind(proxy, func() {
 		var err error
 		if resp, err = b.client.Apply(testContext(t), &nimbusv1.ApplyRequest{Object: route("r", nil, "192.0.2.1")}); err != nil {
 			t.Error(err)
@@ -571,9 +482,9 @@ func TestEtcdReportForAnObjectTheCacheHasNotSeenYet(t *testing.T) {
 
 	// An agent got the object from a and reports to b, whose cache has not seen it yet:
 	// the report must not be dropped.
-	proxy.pause()
+	proxy.Pause()
 	obj := a.apply(t, route("r", []string{"n1"}, "192.0.2.1")).GetObject()
-	proxy.callBehind(func() {
+	callBehind(proxy, func() {
 		stream, err := b.client.ReportStatus(testContext(t))
 		if err == nil {
 			err = stream.Send(statusReport(routeKey("r"), "n1", obj.GetMeta().GetGeneration(), nimbusv1.Phase_PHASE_PROGRAMMED, ""))
@@ -681,8 +592,8 @@ func TestEtcdReplicaCutOffFromEtcdTurnsUnready(t *testing.T) {
 	const timeout = time.Second
 	opts := Options{Etcd: &EtcdOptions{MaxTxnOps: 128, ProgressTimeout: timeout}}
 	a := startReplica(t, c.Endpoints(), testPrefix(t), true, opts)
-	proxy := newPausingProxy(t, strings.TrimPrefix(c.Endpoint(0), "unix://"))
-	b := startReplica(t, []string{"unix://" + proxy.path}, testPrefix(t), true, opts)
+	proxy := c.NewProxy(t, 0)
+	b := startReplica(t, []string{proxy.Endpoint()}, testPrefix(t), true, opts)
 	healthA := healthpb.NewHealthClient(dialConn(t, a.path))
 	healthB := healthpb.NewHealthClient(dialConn(t, b.path))
 	// waitFor waits up to the bound until the replica's readiness and health are as wanted,
@@ -717,7 +628,7 @@ func TestEtcdReplicaCutOffFromEtcdTurnsUnready(t *testing.T) {
 	waitRev(t, b, obj.GetMeta().GetRevision())
 	w := watch(t, b.client, "n1")
 	recvUntilSynced(t, w)
-	proxy.pause()
+	proxy.Pause()
 	took := waitFor(b, healthB, false, timeout*5/4+2*time.Second)
 	t.Logf("cut off: unready after %v", took)
 	if why := strings.Join(b.srv.Ready(), "; "); !strings.Contains(why, "cut off from etcd") {
@@ -734,7 +645,7 @@ func TestEtcdReplicaCutOffFromEtcdTurnsUnready(t *testing.T) {
 	}
 
 	// Once etcd's answers flow again, b is ready again.
-	proxy.resume()
+	proxy.Resume()
 	took = waitFor(b, healthB, true, 5*time.Second)
 	t.Logf("back: ready after %v", took)
 	if g := testutil.ToFloat64(b.srv.backend.(*etcdStore).cutOffGauge); g != 0 {
