@@ -142,7 +142,8 @@ type EtcdOptions struct {
 	// may be stale, so it turns unready (Server.Ready says why, the health service says
 	// NOT_SERVING) until etcd answers again, and ends its watch streams with
 	// codes.Unavailable, so that clients move to another replica. It still answers the
-	// calls that reach it, as when etcd has no quorum and every replica is cut off. Default: DefaultEtcdProgressTimeout; negative: never.
+	// calls that reach it, as when etcd has no quorum and every replica is cut off.
+	// Default: DefaultEtcdProgressTimeout; negative: never.
 	ProgressTimeout time.Duration
 }
 
@@ -381,7 +382,7 @@ func (e *etcdStore) progressLoop() {
 				"for", silent.Round(time.Millisecond), "progress_timeout", e.opts.ProgressTimeout)
 			e.healthChanged()
 			// Their clients watch again on a replica that is ready, and resume there.
-			e.env.pub.endWatches(e.cutOff() + "; watch another replica")
+			e.env.pub.endWatches(e.cutOffReason(silent) + "; watch another replica")
 		}
 	}
 }
@@ -408,8 +409,13 @@ func (e *etcdStore) cutOff() string {
 	if !e.isCutOff {
 		return ""
 	}
+	return e.cutOffReason(time.Since(e.heard))
+}
+
+// cutOffReason says that the replica is cut off, its watch silent for so long.
+func (e *etcdStore) cutOffReason(silent time.Duration) string {
 	return fmt.Sprintf("cut off from etcd: the watch heard nothing from it for %v (progress timeout %v); the cache may be stale",
-		time.Since(e.heard).Round(time.Second), e.opts.ProgressTimeout)
+		silent.Round(time.Second), e.opts.ProgressTimeout)
 }
 
 // healthChanged sets the status of the health service, once the cache was first loaded:
