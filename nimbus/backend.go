@@ -28,9 +28,16 @@ type backend interface {
 	catchUpForReports(reports []*nimbusv1.StatusReport)
 	// notReady returns why the store cannot serve yet; empty once it can.
 	notReady() string
+	// cutOff returns why the store, although it serves, is not ready: it may be stale,
+	// such as an etcd-backed one whose watch has not heard from etcd for long. Empty when
+	// it is not.
+	cutOff() string
 	// reportHealth makes the health service, which Serve has set SERVING, agree with
-	// notReady until the store first becomes ready.
+	// notReady until the store first becomes ready, and with cutOff after.
 	reportHealth(hs *health.Server)
+	// failed returns a channel that yields the error that keeps the store from ever
+	// serving, such as a setting etcd refuses; Serve stops and returns it. nil: none can.
+	failed() <-chan error
 	// close stops the store and releases what it holds. It is safe to call twice.
 	close() error
 }
@@ -56,6 +63,8 @@ type publisher interface {
 	restart(epoch string, rev uint64, objects int, last uint64, fill func())
 	// currentRev returns the Server's revision.
 	currentRev() uint64
+	// endWatches ends every watch stream with codes.Unavailable and the reason.
+	endWatches(why string)
 }
 
 var _ publisher = (*Server)(nil)
@@ -173,8 +182,14 @@ func (e *embeddedStore) catchUpForReports([]*nimbusv1.StatusReport) {}
 // notReady returns "": the embedded store is ready from New on.
 func (e *embeddedStore) notReady() string { return "" }
 
+// cutOff returns "": the embedded store is the only source of its objects.
+func (e *embeddedStore) cutOff() string { return "" }
+
 // reportHealth does nothing: the embedded store is ready from New on.
 func (e *embeddedStore) reportHealth(*health.Server) {}
+
+// failed returns nil: nothing the embedded store meets after New keeps it from serving.
+func (e *embeddedStore) failed() <-chan error { return nil }
 
 // close closes the durable store, if any. It is safe to call twice.
 func (e *embeddedStore) close() error {

@@ -49,6 +49,10 @@ import (
 // as they were that many etcd revisions ago (when etcd still has them) and replays the
 // rest, so it can resume the watches of agents that come to it from a replica that died.
 //
+// Each replica compacts etcd's history every EtcdOptions.CompactionInterval, keeping the
+// last interval's and the last CompactionRetention revisions, and nothing its cache has
+// not applied; a replica that falls behind a compaction all the same reloads.
+//
 // A transaction holds at most EtcdOptions.MaxTxnOps changes and about MaxTxnBytes of
 // objects; a larger batch is split into several transactions, which is logged, and it is
 // then atomic per transaction only: should one fail, the error says how many of the batch's
@@ -60,7 +64,10 @@ import (
 // returns. Once loaded, it keeps serving reads and watches from its cache while etcd has
 // no quorum; writes fail with codes.Unavailable then, and work again once etcd has one.
 // The watch requires etcd's leader, so a member cut off from the others does not keep a
-// replica's cache behind; the client moves to another member.
+// replica's cache behind; the client moves to another member. A replica whose watch
+// hears nothing from etcd, neither a change nor the progress notification it asks for,
+// for EtcdOptions.ProgressTimeout is cut off: not ready, and it ends its watch streams,
+// so that clients move, though it still answers them.
 
 const (
 	// subBits is how many low bits of a revision hold a change's position in its etcd
@@ -75,6 +82,14 @@ const (
 	// DefaultEtcdMaxTxnBytes is EtcdOptions.MaxTxnBytes's default, under etcd's default
 	// request limit of 1.5 MiB.
 	DefaultEtcdMaxTxnBytes = 1 << 20
+	// DefaultEtcdCompactionInterval is EtcdOptions.CompactionInterval's default.
+	DefaultEtcdCompactionInterval = 5 * time.Minute
+	// DefaultEtcdCompactionRetention is EtcdOptions.CompactionRetention's default: as many
+	// etcd revisions as DefaultHistoryWindow has changes, so that a replica that starts
+	// finds in etcd the history it replays into its window.
+	DefaultEtcdCompactionRetention = DefaultHistoryWindow
+	// DefaultEtcdProgressTimeout is EtcdOptions.ProgressTimeout's default.
+	DefaultEtcdProgressTimeout = 10 * time.Second
 	// etcdWriteTimeout bounds a transaction and the wait for the cache to hold it.
 	etcdWriteTimeout = 10 * time.Second
 	// etcdResumeWait bounds how long a watch waits for the cache to catch up with the
@@ -94,7 +109,9 @@ type EtcdOptions struct {
 	// DefaultEtcdPrefix.
 	Prefix string
 	// MaxTxnOps is how many object changes one etcd transaction holds at most; it must not
-	// exceed the etcd server's --max-txn-ops. Default: DefaultEtcdMaxTxnOps.
+	// exceed the etcd server's --max-txn-ops, which the store checks before it loads: when
+	// etcd refuses a transaction of that many operations, Serve returns the error. Default:
+	// DefaultEtcdMaxTxnOps.
 	MaxTxnOps int
 	// MaxTxnBytes is about how many bytes of objects one etcd transaction holds at most;
 	// it must stay under the etcd server's --max-request-bytes. Default:
@@ -106,6 +123,28 @@ type EtcdOptions struct {
 	// pushes statuses to every other replica registered there (see peer.go). Empty: the
 	// replica registers nothing and learns of no peer.
 	Advertise string
+	// CompactionInterval is how often the replica compacts etcd's history. Each time, it
+	// compacts up to the etcd revision it saw the time before, so a revision outlives its
+	// replacement by one interval at least, and never beyond the last CompactionRetention
+	// revisions nor what its own cache holds: a replica whose watch is further behind than
+	// that reloads (see session). Every replica compacts; a compaction already done by
+	// another is no error. etcd compacts all of its keys, not only those under Prefix.
+	// Default: DefaultEtcdCompactionInterval; negative: the replica never compacts, and
+	// etcd's own --auto-compaction-retention should.
+	CompactionInterval time.Duration
+	// CompactionRetention is how many of the latest etcd revisions a compaction always
+	// keeps; it should be no less than Options.HistoryWindow. Default:
+	// DefaultEtcdCompactionRetention.
+	CompactionRetention int64
+	// ProgressTimeout is how long the replica's etcd watch may go without a word from
+	// etcd, an event or a progress notification, which the replica asks for every quarter
+	// of it, before the replica counts as cut off from etcd: it then serves a cache that
+	// may be stale, so it turns unready (Server.Ready says why, the health service says
+	// NOT_SERVING) until etcd answers again, and ends its watch streams with
+	// codes.Unavailable, so that clients move to another replica. It still answers the
+	// calls that reach it, as when etcd has no quorum and every replica is cut off.
+	// Default: DefaultEtcdProgressTimeout; negative: never.
+	ProgressTimeout time.Duration
 }
 
 // withDefaults returns the options with every unset field at its default.
@@ -123,6 +162,18 @@ func (o *EtcdOptions) withDefaults() (*EtcdOptions, error) {
 		c.MaxTxnOps = DefaultEtcdMaxTxnOps
 	case c.MaxTxnOps < 0 || c.MaxTxnOps >= maxSub:
 		return nil, fmt.Errorf("Etcd.MaxTxnOps %d: want 1 to %d: %w", c.MaxTxnOps, maxSub-1, ErrInvalidOptions)
+	}
+	if c.ProgressTimeout == 0 {
+		c.ProgressTimeout = DefaultEtcdProgressTimeout
+	}
+	if c.CompactionInterval == 0 {
+		c.CompactionInterval = DefaultEtcdCompactionInterval
+	}
+	switch {
+	case c.CompactionRetention == 0:
+		c.CompactionRetention = DefaultEtcdCompactionRetention
+	case c.CompactionRetention < 0:
+		return nil, fmt.Errorf("Etcd.CompactionRetention %d: must not be negative: %w", c.CompactionRetention, ErrInvalidOptions)
 	}
 	switch {
 	case c.MaxTxnBytes == 0:
@@ -157,9 +208,21 @@ type etcdStore struct {
 	loops  sync.WaitGroup
 	// closeOnce makes close safe to call twice.
 	closeOnce sync.Once
+	// fatal yields the error that keeps the store from ever serving (see failed).
+	fatal chan error
+	// txnOpsChecked tells that etcd took a transaction of MaxTxnOps operations; only
+	// session uses it.
+	txnOpsChecked bool
+	// healthMu guards hs, the health service reportHealth was given (nil before), and
+	// orders the statuses set on it.
+	healthMu sync.Mutex
+	hs       *health.Server
+	// compactedRev is the etcd revision the replica last compacted up to; only
+	// compactLoop uses it.
+	compactedRev int64
 
 	txns, conflicts, watchRestarts prometheus.Counter
-	ready                          prometheus.Gauge
+	ready, compacted, cutOffGauge  prometheus.Gauge
 	unregister                     func()
 
 	// mu guards the fields below.
@@ -176,6 +239,10 @@ type etcdStore struct {
 	problem string
 	// lastEpoch is the epoch last read from etcd.
 	lastEpoch string
+	// heard is when the cache's watch last heard from etcd; isCutOff tells that it is
+	// longer ago than ProgressTimeout.
+	heard    time.Time
+	isCutOff bool
 	// lastRev and nextSub carry the position of the next change in its etcd revision
 	// from one watch response to the next.
 	lastRev int64
@@ -209,6 +276,7 @@ func newEtcdStore(env storeEnv, setPeers func([]Peer), o *EtcdOptions) (*etcdSto
 		advanced:  make(chan struct{}),
 		firstLoad: make(chan struct{}),
 		problem:   "etcd store not loaded yet",
+		fatal:     make(chan error, 1),
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	if err := e.registerMetrics(env.opts.Registerer); err != nil {
@@ -229,7 +297,11 @@ func (e *etcdStore) registerMetrics(reg prometheus.Registerer) error {
 		Help: "Times the etcd watch feeding the cache was started again after it failed."})
 	e.ready = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "loaded",
 		Help: "1 once the cache has been loaded from etcd and caught up with it."})
-	cs := []prometheus.Collector{e.txns, e.conflicts, e.watchRestarts, e.ready}
+	e.compacted = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "compacted_revision",
+		Help: "The etcd revision this replica last compacted etcd's history up to; 0 before its first compaction."})
+	e.cutOffGauge = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "cut_off",
+		Help: "1 while the etcd watch feeding the cache has heard nothing from etcd for longer than the progress timeout; the replica is not ready then."})
+	cs := []prometheus.Collector{e.txns, e.conflicts, e.watchRestarts, e.ready, e.compacted, e.cutOffGauge}
 	for i, c := range cs {
 		if err := reg.Register(c); err != nil {
 			for _, r := range cs[:i] {
@@ -267,6 +339,10 @@ func (e *etcdStore) notReady() string {
 	return e.problem
 }
 
+// failed returns the channel that yields the error that keeps the store from ever
+// serving: etcd refuses transactions of MaxTxnOps operations.
+func (e *etcdStore) failed() <-chan error { return e.fatal }
+
 // start starts loading the cache and, for a replica with an address, registering it
 // and following the other replicas (membership).
 func (e *etcdStore) start() {
@@ -274,6 +350,147 @@ func (e *etcdStore) start() {
 	if e.env.opts.ReplicaName != "" && e.opts.Advertise != "" {
 		e.loops.Go(func() { e.retry("etcd: replica membership", e.membership) })
 	}
+	if e.opts.CompactionInterval > 0 {
+		e.loops.Go(e.compactLoop)
+	}
+	if e.opts.ProgressTimeout > 0 {
+		e.loops.Go(e.progressLoop)
+	}
+}
+
+// progressLoop marks the replica cut off from etcd, every quarter of ProgressTimeout,
+// once its loaded cache's watch has heard nothing from etcd for longer than that.
+func (e *etcdStore) progressLoop() {
+	t := time.NewTicker(e.opts.ProgressTimeout / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.ctx.Done():
+			return
+		case <-t.C:
+		}
+		e.mu.Lock()
+		silent := time.Since(e.heard)
+		cut := e.loaded && !e.isCutOff && silent > e.opts.ProgressTimeout
+		if cut {
+			e.isCutOff = true
+		}
+		e.mu.Unlock()
+		if cut {
+			e.cutOffGauge.Set(1)
+			e.env.log.Warn("etcd: cut off, not ready until etcd answers: the watch heard nothing; ending the watch streams",
+				"for", silent.Round(time.Millisecond), "progress_timeout", e.opts.ProgressTimeout)
+			e.healthChanged()
+			// Their clients watch again on a replica that is ready, and resume there.
+			e.env.pub.endWatches(e.cutOffReason(silent) + "; watch another replica")
+		}
+	}
+}
+
+// heardFromEtcd records that the cache's watch heard from etcd, which ends being cut off.
+func (e *etcdStore) heardFromEtcd() {
+	e.mu.Lock()
+	e.heard = time.Now()
+	back := e.isCutOff
+	e.isCutOff = false
+	e.mu.Unlock()
+	if back {
+		e.cutOffGauge.Set(0)
+		e.env.log.Info("etcd: the watch hears from etcd again; ready")
+		e.healthChanged()
+	}
+}
+
+// cutOff returns why the replica is not ready although it serves: its watch has heard
+// nothing from etcd for longer than ProgressTimeout. Empty when it has.
+func (e *etcdStore) cutOff() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.isCutOff {
+		return ""
+	}
+	return e.cutOffReason(time.Since(e.heard))
+}
+
+// cutOffReason says that the replica is cut off, its watch silent for so long.
+func (e *etcdStore) cutOffReason(silent time.Duration) string {
+	return fmt.Sprintf("cut off from etcd: the watch heard nothing from it for %v (progress timeout %v); the cache may be stale",
+		silent.Round(time.Second), e.opts.ProgressTimeout)
+}
+
+// healthChanged sets the status of the health service, once the cache was first loaded:
+// SERVING unless the replica is cut off from etcd.
+func (e *etcdStore) healthChanged() {
+	select {
+	case <-e.firstLoad:
+	default:
+		return
+	}
+	e.healthMu.Lock()
+	defer e.healthMu.Unlock()
+	if e.hs == nil {
+		return
+	}
+	st := healthpb.HealthCheckResponse_SERVING
+	if e.cutOff() != "" {
+		st = healthpb.HealthCheckResponse_NOT_SERVING
+	}
+	for _, svc := range healthServices {
+		e.hs.SetServingStatus(svc, st)
+	}
+}
+
+// healthServices are the services of the health service whose status follows the
+// store's: the whole server and the Nimbus service.
+var healthServices = []string{"", nimbusv1.Nimbus_ServiceDesc.ServiceName}
+
+// compactLoop compacts etcd's history every CompactionInterval until the store is
+// closed, up to the etcd revision it saw the time before, within CompactionRetention and
+// what the cache holds (see EtcdOptions.CompactionInterval). A failed compaction is
+// logged and tried again at the next interval.
+func (e *etcdStore) compactLoop() {
+	t := time.NewTicker(e.opts.CompactionInterval)
+	defer t.Stop()
+	var seen int64 // etcd's revision at the previous interval
+	for {
+		select {
+		case <-e.ctx.Done():
+			return
+		case <-t.C:
+		}
+		cur, err := e.compact(seen)
+		if err != nil {
+			e.env.log.Warn("etcd: compacting its history", "error", err)
+			continue
+		}
+		seen = cur
+	}
+}
+
+// compact compacts etcd's history up to the earliest of seen, etcd's current revision
+// less CompactionRetention, and the revision the cache holds everything of, when that is
+// past the last compaction. It returns etcd's current revision.
+func (e *etcdStore) compact(seen int64) (int64, error) {
+	ctx, cancel := context.WithTimeout(e.ctx, etcdWriteTimeout)
+	defer cancel()
+	resp, err := e.cli.Get(ctx, e.epochKey, clientv3.WithCountOnly())
+	if err != nil {
+		return 0, fmt.Errorf("reading the current revision: %w", err)
+	}
+	cur := resp.Header.Revision
+	at := min(seen, cur-e.opts.CompactionRetention, e.appliedRev())
+	if at <= e.compactedRev {
+		return cur, nil
+	}
+	// Another replica may have compacted further already: etcd refuses this one then,
+	// and the history is as short as wanted.
+	if _, err := e.cli.Compact(ctx, at); err != nil && !errors.Is(err, rpctypes.ErrCompacted) {
+		return 0, fmt.Errorf("compacting up to revision %d: %w", at, err)
+	}
+	e.compactedRev = at
+	e.compacted.Set(float64(at))
+	e.env.log.Debug("etcd: compacted its history", "etcd_revision", at, "etcd_current", cur)
+	return cur, nil
 }
 
 // retry runs fn again and again until the store is closed, with backoff after each failure;
@@ -284,6 +501,11 @@ func (e *etcdStore) retry(what string, fn func() error) {
 		start := time.Now()
 		err := fn()
 		if e.ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, errPermanent) {
+			e.env.log.Error(what+": giving up", "error", err)
+			e.fatal <- err
 			return
 		}
 		if time.Since(start) > time.Minute {
@@ -317,6 +539,12 @@ func (e *etcdStore) session() (err error) {
 	loaded, from := e.loaded, e.applied+1
 	e.mu.Unlock()
 	var caughtUp int64
+	if !e.txnOpsChecked {
+		if err := e.checkMaxTxnOps(ctx); err != nil {
+			return err
+		}
+		e.txnOpsChecked = true
+	}
 	if !loaded {
 		if from, caughtUp, err = e.load(ctx); err != nil {
 			return err
@@ -339,6 +567,14 @@ func (e *etcdStore) session() (err error) {
 		defer t.Stop()
 		tick = t.C
 	}
+	// Once caught up, it asks every quarter of ProgressTimeout, so that a watch that hears
+	// nothing tells that the replica is cut off from etcd (progressLoop).
+	var keep <-chan time.Time
+	if e.opts.ProgressTimeout > 0 {
+		t := time.NewTicker(e.opts.ProgressTimeout / 4)
+		defer t.Stop()
+		keep = t.C
+	}
 	for {
 		var (
 			resp clientv3.WatchResponse
@@ -350,11 +586,19 @@ func (e *etcdStore) session() (err error) {
 				e.env.log.Debug("etcd: asking for watch progress", "error", err)
 			}
 			continue
+		case <-keep:
+			if tick == nil {
+				if err := e.cli.RequestProgress(wctx); err != nil {
+					e.env.log.Debug("etcd: asking for watch progress", "error", err)
+				}
+			}
+			continue
 		case resp, ok = <-wch:
 		}
 		if !ok {
 			break
 		}
+		e.heardFromEtcd()
 		switch {
 		case resp.CompactRevision != 0:
 			// What the cache misses is gone from etcd: load everything again.
@@ -380,6 +624,33 @@ func (e *etcdStore) session() (err error) {
 	return errors.New("etcd watch ended")
 }
 
+// errPermanent is wrapped by the errors of the store that trying again cannot mend.
+var errPermanent = errors.New("etcd refuses the store's settings")
+
+// checkMaxTxnOps checks that etcd takes transactions of MaxTxnOps operations, and returns
+// an error wrapping errPermanent when it refuses them. etcd does not report its
+// --max-txn-ops, so the check is a transaction of MaxTxnOps reads of the epoch key
+// (counts only), which etcd answers as any read, or refuses, as it would refuse a write of
+// that many changes, with "too many operations in txn request".
+func (e *etcdStore) checkMaxTxnOps(ctx context.Context) error {
+	ops := make([]clientv3.Op, e.opts.MaxTxnOps)
+	for i := range ops {
+		ops[i] = clientv3.OpGet(e.epochKey, clientv3.WithCountOnly())
+	}
+	rctx, cancel := context.WithTimeout(ctx, etcdWriteTimeout)
+	defer cancel()
+	_, err := e.cli.Txn(rctx).Then(ops...).Commit()
+	switch {
+	case errors.Is(err, rpctypes.ErrTooManyOps):
+		return fmt.Errorf("--etcd-max-txn-ops (EtcdOptions.MaxTxnOps) %d is more than etcd's --max-txn-ops: "+
+			"a read-only transaction of %d operations was refused (%w); lower it or raise etcd's: %w",
+			e.opts.MaxTxnOps, e.opts.MaxTxnOps, err, errPermanent)
+	case err != nil:
+		return fmt.Errorf("etcd: checking that it takes transactions of %d operations: %w", e.opts.MaxTxnOps, err)
+	}
+	return nil
+}
+
 // cacheWatchContext returns ctx with the metadata of the cache's etcd watch. The client
 // runs the watches of contexts with the same metadata on one gRPC stream, and etcd answers
 // a progress request on a stream only when every watch on it is current; the cache's watch
@@ -390,24 +661,21 @@ func cacheWatchContext(ctx context.Context) context.Context {
 }
 
 // reportHealth makes the health service say NOT_SERVING, for the whole server and for
-// the Nimbus service, until the cache is first loaded, so that stock probes agree with
-// /readyz; a replica refuses every call until then.
+// the Nimbus service, until the cache is first loaded (a replica refuses every call until
+// then) and while the replica is cut off from etcd, so that stock probes and clients
+// agree with /readyz.
 func (e *etcdStore) reportHealth(hs *health.Server) {
-	select {
-	case <-e.firstLoad:
-		return
-	default:
-	}
-	services := []string{"", nimbusv1.Nimbus_ServiceDesc.ServiceName}
-	for _, svc := range services {
+	e.healthMu.Lock()
+	e.hs = hs
+	for _, svc := range healthServices {
 		hs.SetServingStatus(svc, healthpb.HealthCheckResponse_NOT_SERVING)
 	}
+	e.healthMu.Unlock()
+	e.healthChanged()
 	e.loops.Go(func() {
 		select {
 		case <-e.firstLoad:
-			for _, svc := range services {
-				hs.SetServingStatus(svc, healthpb.HealthCheckResponse_SERVING)
-			}
+			e.healthChanged()
 		case <-e.ctx.Done():
 		}
 	})
@@ -418,6 +686,7 @@ func (e *etcdStore) markLoaded() {
 	e.mu.Lock()
 	first := !e.loaded
 	e.loaded, e.problem = true, ""
+	e.heard = time.Now()
 	rev, epoch := e.applied, e.lastEpoch
 	select {
 	case <-e.firstLoad:

@@ -2,8 +2,9 @@ package nimbus
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"io"
+	"log/slog"
 	"net"
 	"path/filepath"
 	"strings"
@@ -12,11 +13,13 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/naplesnet/naples/internal/testetcd"
@@ -30,6 +33,8 @@ func startReplica(t *testing.T, endpoints []string, prefix string, wait bool, op
 	eo := EtcdOptions{Config: clientv3.Config{Endpoints: endpoints}, Prefix: prefix, MaxTxnOps: 128}
 	if opts.Etcd != nil {
 		eo.MaxTxnOps = opts.Etcd.MaxTxnOps
+		eo.CompactionInterval, eo.CompactionRetention = opts.Etcd.CompactionInterval, opts.Etcd.CompactionRetention
+		eo.ProgressTimeout = opts.Etcd.ProgressTimeout
 	}
 	opts.Etcd = &eo
 	ts := start(t, opts)
@@ -196,13 +201,13 @@ func TestEtcdWatchResumesOnAnotherReplica(t *testing.T) {
 
 func TestEtcdResumeWaitsForALaggingCache(t *testing.T) {
 	a, b, proxy := startLaggingPair(t)
-	proxy.pause()
+	proxy.Pause()
 	obj := a.apply(t, route("r", []string{"n1"}, "192.0.2.1")).GetObject()
 	rev := obj.GetMeta().GetRevision()
 	// The watch finds b's cache behind the revision; it must wait for the cache rather
 	// than send a snapshot.
 	var w watchStream
-	proxy.callBehind(func() {
+	callBehind(proxy, func() {
 		stream, err := b.client.Watch(testContext(t), &nimbusv1.WatchRequest{Node: "n1", Epoch: a.srv.Epoch(), Revision: rev})
 		if err != nil {
 			t.Error(err)
@@ -214,115 +219,27 @@ func TestEtcdResumeWaitsForALaggingCache(t *testing.T) {
 
 // startLaggingPair starts two replicas on one etcd member; b reaches etcd through a proxy
 // the test can pause, which holds b's cache back.
-func startLaggingPair(t *testing.T) (a, b *testServer, proxy *pausingProxy) {
+func startLaggingPair(t *testing.T) (a, b *testServer, proxy *testetcd.Proxy) {
 	t.Helper()
 	c := cluster(t)
 	a = startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
-	proxy = newPausingProxy(t, strings.TrimPrefix(c.Endpoint(0), "unix://"))
-	b = startReplica(t, []string{"unix://" + proxy.path}, testPrefix(t), true, Options{})
+	proxy = c.NewProxy(t, 0)
+	b = startReplica(t, []string{proxy.Endpoint()}, testPrefix(t), true, Options{})
 	return a, b, proxy
 }
 
 // callBehind runs call while the proxy is paused, letting it reach the replica behind the
 // proxy for 100 ms, then resumes the proxy and waits for call to return. call runs in a
 // goroutine of its own: it reports failures with t.Error.
-func (p *pausingProxy) callBehind(call func()) {
+func callBehind(p *testetcd.Proxy, call func()) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		call()
 	}()
 	time.Sleep(100 * time.Millisecond) // let the call find the replica behind
-	p.resume()
+	p.Resume()
 	<-done
-}
-
-// pausingProxy forwards unix socket connections to a target socket; while paused it
-// forwards nothing from the target to the clients.
-type pausingProxy struct {
-	path string
-	mu   sync.Mutex
-	// gate is closed while the proxy forwards; a paused proxy holds an open one.
-	gate chan struct{}
-}
-
-// newPausingProxy serves a proxy to the target socket; the test's cleanup stops it.
-func newPausingProxy(t *testing.T, target string) *pausingProxy {
-	t.Helper()
-	p := &pausingProxy{path: filepath.Join(t.TempDir(), "proxy.sock"), gate: make(chan struct{})}
-	close(p.gate)
-	lis, err := net.Listen("unix", p.path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var conns sync.WaitGroup
-	var mu sync.Mutex
-	var open []net.Conn
-	t.Cleanup(func() {
-		lis.Close()
-		p.resume()
-		mu.Lock()
-		for _, c := range open {
-			c.Close()
-		}
-		mu.Unlock()
-		conns.Wait()
-	})
-	conns.Go(func() {
-		for {
-			client, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			server, err := net.Dial("unix", target)
-			if err != nil {
-				client.Close()
-				continue
-			}
-			mu.Lock()
-			open = append(open, client, server)
-			mu.Unlock()
-			conns.Go(func() { io.Copy(server, client); server.Close() })
-			conns.Go(func() { p.copyGated(client, server); client.Close() })
-		}
-	})
-	return p
-}
-
-// copyGated copies from src to dst, waiting at every read while the proxy is paused.
-func (p *pausingProxy) copyGated(dst io.Writer, src io.Reader) {
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			p.mu.Lock()
-			gate := p.gate
-			p.mu.Unlock()
-			<-gate
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-func (p *pausingProxy) pause() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.gate = make(chan struct{})
-}
-
-func (p *pausingProxy) resume() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	select {
-	case <-p.gate:
-	default:
-		close(p.gate)
-	}
 }
 
 func TestEtcdConcurrentWritersLoseNoUpdate(t *testing.T) {
@@ -481,10 +398,10 @@ func TestEtcdDeleteSeesACreateThroughAnotherReplica(t *testing.T) {
 
 	// b's cache has not seen the creation when the deletion comes: the deletion must find
 	// the object anyway.
-	proxy.pause()
+	proxy.Pause()
 	a.apply(t, route("r", nil, "192.0.2.1"))
 	var resp *nimbusv1.DeleteResponse
-	proxy.callBehind(func() {
+	callBehind(proxy, func() {
 		var err error
 		if resp, err = b.client.Delete(testContext(t), &nimbusv1.DeleteRequest{Key: routeKey("r")}); err != nil {
 			t.Error(err)
@@ -542,10 +459,10 @@ func TestEtcdApplyUnchangedOnAStaleCacheIsNotLost(t *testing.T) {
 
 	// a changes the object while b's cache is held back; b is then asked to apply what
 	// its cache still holds. That is a change in etcd, and must not be taken for none.
-	proxy.pause()
+	proxy.Pause()
 	a.apply(t, route("r", nil, "192.0.2.2"))
 	var resp *nimbusv1.ApplyResponse
-	proxy.callBehind(func() {
+	callBehind(proxy, func() {
 		var err error
 		if resp, err = b.client.Apply(testContext(t), &nimbusv1.ApplyRequest{Object: route("r", nil, "192.0.2.1")}); err != nil {
 			t.Error(err)
@@ -565,9 +482,9 @@ func TestEtcdReportForAnObjectTheCacheHasNotSeenYet(t *testing.T) {
 
 	// An agent got the object from a and reports to b, whose cache has not seen it yet:
 	// the report must not be dropped.
-	proxy.pause()
+	proxy.Pause()
 	obj := a.apply(t, route("r", []string{"n1"}, "192.0.2.1")).GetObject()
-	proxy.callBehind(func() {
+	callBehind(proxy, func() {
 		stream, err := b.client.ReportStatus(testContext(t))
 		if err == nil {
 			err = stream.Send(statusReport(routeKey("r"), "n1", obj.GetMeta().GetGeneration(), nimbusv1.Phase_PHASE_PROGRAMMED, ""))
@@ -580,4 +497,158 @@ func TestEtcdReportForAnObjectTheCacheHasNotSeenYet(t *testing.T) {
 		}
 	})
 	wantStatus(t, b, routeKey("r"), 1, 1, 0, "n1")
+}
+
+func TestEtcdMaxTxnOpsOverEtcdsLimitRefusesToServe(t *testing.T) {
+	c := testetcd.Start(t, 1, testetcd.MaxTxnOps(64))
+	srv, err := New(Options{
+		Etcd:   &EtcdOptions{Config: clientv3.Config{Endpoints: c.Endpoints()}, Prefix: testPrefix(t), MaxTxnOps: 128},
+		Logger: slog.New(slog.NewTextHandler(t.Output(), nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("unix", filepath.Join(t.TempDir(), "n.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(t.Context(), lis) }()
+	select {
+	case err = <-served:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Serve still serves 20s after etcd refused transactions of MaxTxnOps operations")
+	}
+	for _, want := range []string{"--etcd-max-txn-ops", "128", "too many operations"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("Serve returned %v, want an error naming %q", err, want)
+		}
+	}
+	if why := strings.Join(srv.Ready(), "; "); why == "" {
+		t.Fatal("Ready() is empty after the store refused to serve")
+	}
+
+	// At etcd's limit, the replica serves.
+	ts := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{Etcd: &EtcdOptions{MaxTxnOps: 64}})
+	ts.apply(t, route("r", nil, "192.0.2.1"))
+}
+
+func TestEtcdReplicaCompactsHistoryAndEveryReplicaServesAll(t *testing.T) {
+	c := cluster(t)
+	const retention = 5
+	a := startReplica(t, c.Endpoints(), testPrefix(t), true,
+		Options{Etcd: &EtcdOptions{MaxTxnOps: 128, CompactionInterval: 100 * time.Millisecond, CompactionRetention: retention}})
+	b := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{Etcd: &EtcdOptions{MaxTxnOps: 128, CompactionInterval: -1}})
+	w := watch(t, b.client, "n1")
+	recvUntilSynced(t, w)
+
+	const objects = 40
+	var last *nimbusv1.Object
+	for i := range objects {
+		last = a.apply(t, route(fmt.Sprintf("r%02d", i), []string{"n1"}, "192.0.2.1")).GetObject()
+	}
+	lastEtcd := etcdRevOf(last.GetMeta().GetRevision())
+	// Once the writes stop, a compacts up to the retention within two intervals.
+	compacted := a.srv.backend.(*etcdStore).compacted
+	deadline := time.Now().Add(20 * time.Second)
+	for int64(testutil.ToFloat64(compacted)) < lastEtcd-retention {
+		if time.Now().After(deadline) {
+			t.Fatalf("compacted up to etcd revision %v after 20s, want %d", testutil.ToFloat64(compacted), lastEtcd-retention)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	at := int64(testutil.ToFloat64(compacted))
+	cli := c.Client(t)
+	if _, err := cli.Get(testContext(t), testPrefix(t)+"/objects/", clientv3.WithPrefix(), clientv3.WithRev(at-1)); !errors.Is(err, rpctypes.ErrCompacted) {
+		t.Fatalf("a read at etcd revision %d, below the compaction at %d: %v, want %v", at-1, at, err, rpctypes.ErrCompacted)
+	}
+	if _, err := cli.Get(testContext(t), testPrefix(t)+"/objects/", clientv3.WithPrefix(), clientv3.WithRev(lastEtcd-retention)); err != nil {
+		t.Fatalf("a read at etcd revision %d, within the retention: %v", lastEtcd-retention, err)
+	}
+
+	// Every replica serves every object: the two that ran along, the watch on b, and one
+	// started after the compaction, which cannot read from before it.
+	for i := range objects {
+		ev := recv(t, w)
+		if ev.GetType() != nimbusv1.WatchEvent_TYPE_PUT || ev.GetObject().GetMeta().GetName() != fmt.Sprintf("r%02d", i) {
+			t.Fatalf("event %d on b: %v %s", i, ev.GetType(), ev.GetObject().GetMeta().GetName())
+		}
+	}
+	late := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{Etcd: &EtcdOptions{MaxTxnOps: 128, CompactionInterval: -1}})
+	for name, ts := range map[string]*testServer{"a": a, "b": b, "late": late} {
+		waitRev(t, ts, last.GetMeta().GetRevision())
+		list, err := ts.client.List(testContext(t), &nimbusv1.ListRequest{})
+		if err != nil {
+			t.Fatalf("List on %s: %v", name, err)
+		}
+		if n := len(list.GetItems()); n != objects {
+			t.Fatalf("List on %s: %d objects, want %d", name, n, objects)
+		}
+	}
+}
+
+func TestEtcdReplicaCutOffFromEtcdTurnsUnready(t *testing.T) {
+	c := cluster(t)
+	const timeout = time.Second
+	opts := Options{Etcd: &EtcdOptions{MaxTxnOps: 128, ProgressTimeout: timeout}}
+	a := startReplica(t, c.Endpoints(), testPrefix(t), true, opts)
+	proxy := c.NewProxy(t, 0)
+	b := startReplica(t, []string{proxy.Endpoint()}, testPrefix(t), true, opts)
+	healthA := healthpb.NewHealthClient(dialConn(t, a.path))
+	healthB := healthpb.NewHealthClient(dialConn(t, b.path))
+	// waitFor waits up to the bound until the replica's readiness and health are as wanted,
+	// and returns how long that took.
+	waitFor := func(ts *testServer, hc healthpb.HealthClient, ready bool, bound time.Duration) time.Duration {
+		t.Helper()
+		want := healthpb.HealthCheckResponse_SERVING
+		if !ready {
+			want = healthpb.HealthCheckResponse_NOT_SERVING
+		}
+		start := time.Now()
+		for {
+			why := ts.srv.Ready()
+			resp, err := hc.Check(testContext(t), &healthpb.HealthCheckRequest{})
+			if (len(why) == 0) == ready && err == nil && resp.GetStatus() == want {
+				return time.Since(start)
+			}
+			if time.Since(start) > bound {
+				t.Fatalf("after %v: Ready() = %q, health %v (err %v); want ready %v", bound, why, resp.GetStatus(), err, ready)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	// Quiet, both stay ready: the progress notifications they ask for are their news.
+	time.Sleep(3 * timeout)
+	waitFor(a, healthA, true, 0)
+	waitFor(b, healthB, true, 0)
+
+	// b hears nothing more from etcd: it turns unready within the timeout and a quarter
+	// (plus a scheduling margin), a stays ready, and b still answers from its cache.
+	obj := a.apply(t, route("r", nil, "192.0.2.1")).GetObject()
+	waitRev(t, b, obj.GetMeta().GetRevision())
+	w := watch(t, b.client, "n1")
+	recvUntilSynced(t, w)
+	proxy.Pause()
+	took := waitFor(b, healthB, false, timeout*5/4+2*time.Second)
+	t.Logf("cut off: unready after %v", took)
+	if why := strings.Join(b.srv.Ready(), "; "); !strings.Contains(why, "cut off from etcd") {
+		t.Fatalf("Ready() of b = %q, want it to say it is cut off from etcd", why)
+	}
+	if g := testutil.ToFloat64(b.srv.backend.(*etcdStore).cutOffGauge); g != 1 {
+		t.Fatalf("naples_nimbus_etcd_cut_off of b = %v, want 1", g)
+	}
+	waitFor(a, healthA, true, 0)
+	b.get(t, routeKey("r"))
+	// b ends its watch streams, so that their agents watch again on a ready replica.
+	if ev, err := w.Recv(); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "cut off from etcd") {
+		t.Fatalf("watch on b once it is cut off: %v, %v; want Unavailable saying it is cut off", ev, err)
+	}
+
+	// Once etcd's answers flow again, b is ready again.
+	proxy.Resume()
+	took = waitFor(b, healthB, true, 5*time.Second)
+	t.Logf("back: ready after %v", took)
+	if g := testutil.ToFloat64(b.srv.backend.(*etcdStore).cutOffGauge); g != 0 {
+		t.Fatalf("naples_nimbus_etcd_cut_off of b = %v, want 0", g)
+	}
 }

@@ -332,8 +332,9 @@ func (s *Server) WatcherResets() uint64 { return s.resets.Load() }
 // Serve serves the Nimbus service on every listener until ctx ends or one listener fails.
 // When ctx ends it closes the Server, which ends the watches and status streams, lets the
 // remaining RPCs finish for up to 10s, stops the rest and returns nil. When a listener
-// fails it stops serving on all of them and returns that error. Serve closes the
-// listeners in either case.
+// fails it stops serving on all of them and returns that error; so it does, having closed
+// the Server, when the store fails for good (etcd refuses EtcdOptions.MaxTxnOps). Serve
+// closes the listeners in every case.
 func (s *Server) Serve(ctx context.Context, lis ...net.Listener) error {
 	if len(lis) == 0 {
 		return fmt.Errorf("serving nimbus: %w", ErrNoListeners)
@@ -386,6 +387,11 @@ func (s *Server) Serve(ctx context.Context, lis ...net.Listener) error {
 		hs.Shutdown()
 		gs.Stop()
 		return err
+	case err := <-s.backend.failed():
+		hs.Shutdown()
+		gs.Stop()
+		s.Close()
+		return fmt.Errorf("serving nimbus: %w", err)
 	case <-ctx.Done():
 	}
 	hs.Shutdown()
@@ -429,7 +435,8 @@ func (s *Server) Close() error {
 }
 
 // Ready returns why the server is not ready to take requests, nothing when it is: it is
-// ready while Serve serves, until it is closed. /readyz reports it.
+// ready while Serve serves, until it is closed, except while its store is not loaded or
+// is cut off from etcd (EtcdOptions.ProgressTimeout). /readyz reports it.
 func (s *Server) Ready() []string {
 	switch {
 	case s.isClosed():
@@ -439,6 +446,9 @@ func (s *Server) Ready() []string {
 	}
 	if err := s.available(); err != nil {
 		return []string{err.Error()}
+	}
+	if why := s.backend.cutOff(); why != "" {
+		return []string{why}
 	}
 	return nil
 }

@@ -113,8 +113,10 @@ type watcher struct {
 	limit int
 	// wake holds a token when events may have been queued since the stream last looked.
 	wake chan struct{}
-	// reset is closed by the commit that found the queue full.
+	// reset is closed by the commit that found the queue full, or by endWatches.
 	reset chan struct{}
+	// ended is the error the stream ends with when endWatches closed reset; set before.
+	ended error
 	// published is the revision of the last change handed to the watcher. A commit stores
 	// it after queueing its event, so a watcher that reads published and then finds the
 	// queue empty has sent everything up to published.
@@ -294,6 +296,31 @@ func (s *Server) resetLocked(w *watcher) {
 	s.resets.Add(1)
 	s.metrics.resets.Inc()
 	s.metrics.watchers.Set(float64(len(s.watchers)))
+}
+
+// resetError returns the error a reset watcher's stream ends with: the one endWatches
+// gave, else full, for a watcher that fell behind. reset must be closed.
+func (w *watcher) resetError(full error) error {
+	if w.ended != nil {
+		return w.ended
+	}
+	return full
+}
+
+// endWatches ends every watch stream with codes.Unavailable and the reason, so that
+// their clients watch again, on another replica when this one is not ready. Watches
+// started after it are served as ever.
+func (s *Server) endWatches(why string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	err := status.Error(codes.Unavailable, why)
+	for w := range s.watchers {
+		delete(s.watchers, w)
+		w.ended = err
+		close(w.reset)
+		w.dropLocked()
+	}
+	s.metrics.watchers.Set(0)
 }
 
 // subscription is a registered watcher and where its stream starts.
@@ -631,7 +658,7 @@ func (s *Server) sendChanges(fw *frameWriter, w *watcher) error {
 		// A reset wins over the events still queued: the client starts over anyway.
 		select {
 		case <-w.reset:
-			return errReset
+			return w.resetError(errReset)
 		default:
 		}
 		// Fill the frame with what is queued, without waiting, until an event does not fit
@@ -664,7 +691,7 @@ func (s *Server) sendChanges(fw *frameWriter, w *watcher) error {
 		case <-s.done:
 			return status.Error(codes.Unavailable, "nimbus is shutting down; watch again")
 		case <-w.reset:
-			return errReset
+			return w.resetError(errReset)
 		case <-w.wake:
 		case <-tick:
 			if !idle {

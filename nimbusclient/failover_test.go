@@ -43,7 +43,13 @@ type replica struct {
 // newReplica serves a new nimbus on lis.
 func newReplica(t *testing.T, lis net.Listener) *replica {
 	t.Helper()
-	srv, err := nimbus.New(nimbus.Options{Logger: quiet})
+	return serveReplica(t, lis, nimbus.Options{Logger: quiet})
+}
+
+// serveReplica serves a new nimbus of the options on lis.
+func serveReplica(t *testing.T, lis net.Listener, opts nimbus.Options) *replica {
+	t.Helper()
+	srv, err := nimbus.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

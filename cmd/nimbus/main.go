@@ -7,7 +7,7 @@
 //	       [--tls-cert FILE --tls-key FILE --tls-ca FILE | --insecure]
 //	       [--data-dir DIR | --ephemeral] [--metrics HOST:PORT [--pprof]]
 //	nimbus --store etcd --etcd-endpoints URL,... [--etcd-cacert FILE] [--etcd-cert FILE --etcd-key FILE]
-//	       [--etcd-prefix PREFIX] [--etcd-max-txn-ops N] [--replica-name NAME] [--advertise ADDR] ...
+//	       [--etcd-prefix PREFIX] [--etcd-max-txn-ops N] [--etcd-compaction-interval D] [--replica-name NAME] [--advertise ADDR] ...
 //
 // ADDR is unix:///path/to/socket or tcp://host:port; the default is
 // unix:///run/naples/nimbus.sock. nimbus serves mutual TLS with the certificate and key of

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -27,6 +28,13 @@ type replicaConfig struct {
 	prefix string
 	// maxTxnOps bounds the changes of one etcd transaction.
 	maxTxnOps int
+	// compactionInterval is how often the replica compacts etcd, 0 never;
+	// compactionRetention how many etcd revisions a compaction keeps.
+	compactionInterval  time.Duration
+	compactionRetention int64
+	// progressTimeout is how long the etcd watch may hear nothing before the replica
+	// counts as cut off, 0 never.
+	progressTimeout time.Duration
 	// name is the replica's name among the replicas; advertise where they reach it.
 	name      string
 	advertise string
@@ -58,7 +66,13 @@ func addReplicaFlags(fs *flag.FlagSet, rc *replicaConfig) {
 	fs.StringVar(&rc.etcdCert, "etcd-cert", "", "`file` of the client certificate nimbus presents to etcd")
 	fs.StringVar(&rc.etcdKey, "etcd-key", "", "`file` of the private key of --etcd-cert")
 	fs.StringVar(&rc.prefix, "etcd-prefix", nimbus.DefaultEtcdPrefix, "key `prefix` of everything nimbus keeps in etcd; replicas of one nimbus share it")
-	fs.IntVar(&rc.maxTxnOps, "etcd-max-txn-ops", nimbus.DefaultEtcdMaxTxnOps, "most object `changes` per etcd transaction, at most etcd's --max-txn-ops; larger batches are split")
+	fs.IntVar(&rc.maxTxnOps, "etcd-max-txn-ops", nimbus.DefaultEtcdMaxTxnOps, "most object `changes` per etcd transaction, at most etcd's --max-txn-ops (checked at start: nimbus exits when etcd refuses it); larger batches are split")
+	fs.DurationVar(&rc.compactionInterval, "etcd-compaction-interval", nimbus.DefaultEtcdCompactionInterval,
+		"how often the replica compacts etcd's history (all of etcd's keys), keeping what it saw one `interval` ago; 0: never (leave it to etcd's --auto-compaction-retention)")
+	fs.Int64Var(&rc.compactionRetention, "etcd-compaction-retention", nimbus.DefaultEtcdCompactionRetention,
+		"how many of the latest etcd `revisions` a compaction keeps; no less than --history-window")
+	fs.DurationVar(&rc.progressTimeout, "etcd-progress-timeout", nimbus.DefaultEtcdProgressTimeout,
+		"how long the replica's etcd watch may hear nothing (it asks for progress every quarter of it) before the replica is cut off from etcd and not ready, so that agents move; 0: never")
 	fs.StringVar(&rc.name, "replica-name", rc.name, "this replica's `name` among the replicas (default the hostname)")
 	fs.Func("advertise", "`address` the other replicas reach this one at, unix:///path or tcp://host:port (with --store etcd; default the first --listen)", func(s string) error {
 		if _, err := address.Parse(s); err != nil {
@@ -86,6 +100,12 @@ func (rc *replicaConfig) check(dataDirSet, ephemeral bool) error {
 		return errors.New("--replica-name is empty and the hostname is unknown")
 	case (rc.etcdCert == "") != (rc.etcdKey == ""):
 		return errors.New("--etcd-cert and --etcd-key go together")
+	case rc.compactionInterval < 0:
+		return fmt.Errorf("--etcd-compaction-interval %v: must not be negative", rc.compactionInterval)
+	case rc.progressTimeout < 0:
+		return fmt.Errorf("--etcd-progress-timeout %v: must not be negative", rc.progressTimeout)
+	case rc.compactionRetention < 1:
+		return fmt.Errorf("--etcd-compaction-retention %d: want 1 or more", rc.compactionRetention)
 	}
 	return nil
 }
@@ -106,5 +126,14 @@ func (rc *replicaConfig) etcdOptions(listen []address.Address) (*nimbus.EtcdOpti
 	if advertise == "" && len(listen) > 0 {
 		advertise = listen[0].String()
 	}
-	return &nimbus.EtcdOptions{Config: cfg, Prefix: rc.prefix, MaxTxnOps: rc.maxTxnOps, Advertise: advertise}, nil
+	// The options' "never" is negative.
+	interval, progress := rc.compactionInterval, rc.progressTimeout
+	if interval == 0 {
+		interval = -1
+	}
+	if progress == 0 {
+		progress = -1
+	}
+	return &nimbus.EtcdOptions{Config: cfg, Prefix: rc.prefix, MaxTxnOps: rc.maxTxnOps, Advertise: advertise,
+		CompactionInterval: interval, CompactionRetention: rc.compactionRetention, ProgressTimeout: progress}, nil
 }

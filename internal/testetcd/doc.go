@@ -21,7 +21,9 @@
 // etcd later with StartAll. Kill sends SIGKILL to a member and Restart starts it again on
 // the same data directory and sockets. Every process is killed when the test ends, also
 // when the test fails or (on Linux) the test binary dies, and a failed test's log shows
-// the tail of each member's output.
+// the tail of each member's output. NewProxy puts a proxy between clients and one member,
+// which can hold back what the member sends (Pause, Resume) or cut the clients off (Cut)
+// while the cluster runs on.
 //
 // Members listen on Unix sockets, not TCP ports, for clients and for peers: paths in the
 // test's own directory cannot clash with another test or process, so no port is ever
