@@ -208,8 +208,10 @@ type endpointLock struct {
 // key in every map, and a map keyed by a macRef or an ipRef takes half the room of one
 // keyed by an endpointLock.
 type endpointTable struct {
-	// records holds the record of every endpoint that programmed entries or holds one.
-	records map[nimbusv1.Key]*endpointRecord
+	// records holds the record of every endpoint that programmed entries or holds one,
+	// by name (a KeyMap's place takes 24 bytes where a whole key and a pointer take 64),
+	// the names shared with the records' keys.
+	records *nimbusv1.KeyMap[*endpointRecord]
 	macs    map[macRef]*endpointRecord
 	ips     map[ipRef]*endpointRecord
 	ifaces  map[string]*endpointRecord
@@ -225,7 +227,7 @@ type endpointRecord struct {
 
 func newEndpointTable() endpointTable {
 	return endpointTable{
-		records: map[nimbusv1.Key]*endpointRecord{},
+		records: &nimbusv1.KeyMap[*endpointRecord]{},
 		macs:    map[macRef]*endpointRecord{},
 		ips:     map[ipRef]*endpointRecord{},
 		ifaces:  map[string]*endpointRecord{},
@@ -234,7 +236,7 @@ func newEndpointTable() endpointTable {
 
 // programmed returns the entries the endpoint programmed or may have programmed.
 func (t endpointTable) programmed(id nimbusv1.Key) endpointRefs {
-	if r, ok := t.records[id]; ok {
+	if r, ok := t.records.Get(id); ok {
 		return r.refs
 	}
 	return endpointRefs{}
@@ -250,10 +252,10 @@ func (t endpointTable) setProgrammed(id nimbusv1.Key, refs endpointRefs) {
 // record returns the record of the endpoint, made when there is none; release lets go
 // of it once it holds nothing.
 func (t endpointTable) record(id nimbusv1.Key) *endpointRecord {
-	r, ok := t.records[id]
+	r, ok := t.records.Get(id)
 	if !ok {
 		r = &endpointRecord{key: id}
-		t.records[id] = r
+		t.records.Set(id, r)
 	}
 	return r
 }
@@ -261,7 +263,7 @@ func (t endpointTable) record(id nimbusv1.Key) *endpointRecord {
 // release forgets the endpoint's record when it neither programmed nor holds anything.
 func (t endpointTable) release(r *endpointRecord) {
 	if r.holds == 0 && r.refs.empty() {
-		delete(t.records, r.key)
+		t.records.Delete(r.key)
 	}
 }
 

@@ -829,7 +829,7 @@ func TestEntryHolders(t *testing.T) {
 	if got, held := h.get(mac); got != a || !held {
 		t.Errorf("forgetting the neighbour's holder changed the MAC's: %v, %v", got, held)
 	}
-	if _, ok := h.records[b]; ok {
+	if h.records.Has(b) {
 		t.Error("the table keeps a record of b, which holds and programmed nothing any more")
 	}
 }
@@ -853,7 +853,7 @@ func TestEndpointTableRecords(t *testing.T) {
 		t.Errorf("programmed(a) = %+v; want nothing", h.programmed(a))
 	}
 	h.set(mac, b) // b takes the entry over
-	if _, ok := h.records[a]; ok {
+	if h.records.Has(a) {
 		t.Error("the table keeps a record of a, which holds and programmed nothing any more")
 	}
 	h.setProgrammed(b, refs)
@@ -862,7 +862,7 @@ func TestEndpointTableRecords(t *testing.T) {
 		t.Errorf("programmed(b) = %+v; want %+v", got, refs)
 	}
 	h.setProgrammed(b, endpointRefs{})
-	if len(h.records) != 0 || len(h.macs) != 0 {
-		t.Errorf("the table keeps %d records and %d MACs' holders; want none", len(h.records), len(h.macs))
+	if h.records.Len() != 0 || len(h.macs) != 0 {
+		t.Errorf("the table keeps %d records and %d MACs' holders; want none", h.records.Len(), len(h.macs))
 	}
 }
