@@ -66,6 +66,16 @@ type record struct {
 	decoded atomic.Pointer[weak.Pointer[nimbusv1.Object]]
 }
 
+// shareValue makes r, not yet published, hold val, equal to a value the pos-th index
+// lists it under, as that value.
+func (r *record) shareValue(pos int, val string) {
+	for i, v := range r.indexed {
+		if v.pos == pos && v.val == val {
+			r.indexed[i].val = val
+		}
+	}
+}
+
 // indexedValue is a value a declared index, the pos-th of Options.Indexes, lists a
 // record under.
 type indexedValue struct {
@@ -310,6 +320,14 @@ func (s *Store) buildState(recs []*record) *desiredState {
 		})
 		// An index that lists an object twice under one value holds it once.
 		es = slices.CompactFunc(es, func(a, b indexEntry) bool { return a.val == b.val && a.rec == b.rec })
+		// A value several records are listed under (their network's, their node's) is
+		// kept once: each takes the string of the first, in its entry and its record.
+		for k := 1; k < len(es); k++ {
+			if es[k].val == es[k-1].val {
+				es[k].val = es[k-1].val
+				es[k].rec.shareValue(i, es[k].val)
+			}
+		}
 		st.indexes[i] = newIndexTree()
 		load(st.indexes[i], es)
 	}
@@ -650,8 +668,17 @@ func (w *desiredWrite) get(key nimbusv1.Key) (*record, bool) {
 func (w *desiredWrite) put(r *record, obj *nimbusv1.Object) {
 	old, _ := w.st.byID.SetHint(r, &w.hint)
 	w.unindex(old)
-	for _, v := range r.indexed {
-		w.st.indexes[v.pos].Set(indexEntry{val: v.val, rec: r})
+	for i, v := range r.indexed {
+		ix := w.st.indexes[v.pos]
+		// A value other records are listed under (their network's, their node's) is kept
+		// once: r, new, takes their string.
+		ix.Ascend(indexEntry{val: v.val}, func(e indexEntry) bool {
+			if e.val == v.val {
+				r.indexed[i].val = e.val
+			}
+			return false
+		})
+		ix.Set(indexEntry{val: r.indexed[i].val, rec: r})
 	}
 	w.changed(r.key, old, r).obj = obj
 }
