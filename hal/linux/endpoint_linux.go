@@ -690,6 +690,12 @@ func (r *EndpointReconciler) plan(id nimbusv1.Key, obj *nimbusv1.Object) (*endpo
 		return nil, hal.Pendingf(ReasonWaitingForNetwork, "waiting for %s: its bridge %s is not there yet", p.network, p.bridge)
 	}
 	p.bridgeIndex = bridge
+	// The network's key ID as the bridge's alias in the link table holds it: the entries
+	// the plan programs, which the reconciler records, share one string per network
+	// instead of one made for each endpoint.
+	if id, ok := br.owner(); ok && id == p.network {
+		p.network = id
+	}
 	if p.local {
 		p.iface = spec.GetInterface()
 		// The bridge's MTU is the network's, which its reconciler derives from the
