@@ -221,9 +221,56 @@ type endpointTable struct {
 // programmed or may have programmed, and the number of entries it holds.
 type endpointRecord struct {
 	key   nimbusv1.Key
-	refs  endpointRefs
+	refs  packedRefs
 	holds int
 }
+
+// packedRefs holds an endpoint's entries (endpointRefs) in the record: most endpoints,
+// remote ones, program one MAC's FDB entries and one address's neighbour in one network,
+// which it holds inline (120 bytes a record in all, where three slices and their arrays
+// took 216); what does not fit that is kept in more.
+type packedRefs struct {
+	network string
+	mac     [6]byte
+	hasMAC  bool
+	// ip is the address's neighbour; the zero Addr when none.
+	ip   netip.Addr
+	more *endpointRefs
+}
+
+// packRefs returns r packed.
+func packRefs(r endpointRefs) packedRefs {
+	if len(r.ifaces) > 0 || len(r.macs) > 1 || len(r.ips) > 1 ||
+		(len(r.ips) == 1 && !r.ips[0].ip.IsValid()) ||
+		(len(r.macs) == 1 && len(r.ips) == 1 && r.macs[0].network != r.ips[0].network) {
+		return packedRefs{more: &r}
+	}
+	var p packedRefs
+	if len(r.macs) == 1 {
+		p.network, p.mac, p.hasMAC = r.macs[0].network, r.macs[0].mac, true
+	}
+	if len(r.ips) == 1 {
+		p.network, p.ip = r.ips[0].network, r.ips[0].ip
+	}
+	return p
+}
+
+// unpack returns the entries p holds.
+func (p packedRefs) unpack() endpointRefs {
+	if p.more != nil {
+		return *p.more
+	}
+	var r endpointRefs
+	if p.hasMAC {
+		r.macs = []macRef{{p.network, p.mac}}
+	}
+	if p.ip.IsValid() {
+		r.ips = []ipRef{{p.network, p.ip}}
+	}
+	return r
+}
+
+func (p packedRefs) empty() bool { return p.more == nil && !p.hasMAC && !p.ip.IsValid() }
 
 func newEndpointTable() endpointTable {
 	return endpointTable{
@@ -237,7 +284,7 @@ func newEndpointTable() endpointTable {
 // programmed returns the entries the endpoint programmed or may have programmed.
 func (t endpointTable) programmed(id nimbusv1.Key) endpointRefs {
 	if r, ok := t.records.Get(id); ok {
-		return r.refs
+		return r.refs.unpack()
 	}
 	return endpointRefs{}
 }
@@ -245,7 +292,7 @@ func (t endpointTable) programmed(id nimbusv1.Key) endpointRefs {
 // setProgrammed records the entries the endpoint programmed or may have programmed.
 func (t endpointTable) setProgrammed(id nimbusv1.Key, refs endpointRefs) {
 	r := t.record(id)
-	r.refs = refs
+	r.refs = packRefs(refs)
 	t.release(r)
 }
 

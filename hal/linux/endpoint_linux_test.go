@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/vishvananda/netns"
 	"google.golang.org/protobuf/proto"
@@ -864,5 +865,41 @@ func TestEndpointTableRecords(t *testing.T) {
 	h.setProgrammed(b, endpointRefs{})
 	if h.records.Len() != 0 || len(h.macs) != 0 {
 		t.Errorf("the table keeps %d records and %d MACs' holders; want none", h.records.Len(), len(h.macs))
+	}
+}
+
+// TestPackedRefs checks that an endpoint's entries come back from its record as they
+// went in, whether they fit inline or not.
+func TestPackedRefs(t *testing.T) {
+	mac := [6]byte{2, 0, 0, 0, 0, 1}
+	ip1, ip2 := netip.MustParseAddr("10.64.1.1"), netip.MustParseAddr("fd00::1")
+	for _, tc := range []struct {
+		name   string
+		refs   endpointRefs
+		inline bool
+	}{
+		{"none", endpointRefs{}, true},
+		{"a MAC", endpointRefs{macs: []macRef{{"blue", mac}}}, true},
+		{"a MAC and an address", endpointRefs{macs: []macRef{{"blue", mac}}, ips: []ipRef{{"blue", ip1}}}, true},
+		{"an address alone", endpointRefs{ips: []ipRef{{"blue", ip2}}}, true},
+		{"two addresses", endpointRefs{macs: []macRef{{"blue", mac}}, ips: []ipRef{{"blue", ip1}, {"blue", ip2}}}, false},
+		{"two networks", endpointRefs{macs: []macRef{{"blue", mac}}, ips: []ipRef{{"red", ip1}}}, false},
+		{"an interface", endpointRefs{ifaces: []string{"veth1"}, macs: []macRef{{"blue", mac}}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := packRefs(tc.refs)
+			if got := p.unpack(); !got.equal(tc.refs) {
+				t.Errorf("unpack(packRefs(%+v)) = %+v", tc.refs, got)
+			}
+			if inline := p.more == nil; inline != tc.inline {
+				t.Errorf("packRefs(%+v) inline = %v, want %v", tc.refs, inline, tc.inline)
+			}
+			if p.empty() != tc.refs.empty() {
+				t.Errorf("packRefs(%+v).empty() = %v", tc.refs, p.empty())
+			}
+		})
+	}
+	if n := unsafe.Sizeof(endpointRecord{}); n > 128 {
+		t.Errorf("an endpointRecord takes %d bytes; want it to fit the 128-byte size class", n)
 	}
 }
