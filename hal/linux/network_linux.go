@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
 	"maps"
 	"net"
@@ -618,7 +619,7 @@ func (r *NetworkReconciler) recordRemoteEndpoints(network nimbusv1.Key, endpoint
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if was := r.endpointsOf[network]; was != nil {
-		for ep := range was.endpoints.All() {
+		for ep := range was.all() {
 			if eps, _ := r.remoteEndpoints.Get(ep); eps == was {
 				r.remoteEndpoints.Delete(ep)
 			}
@@ -630,17 +631,40 @@ func (r *NetworkReconciler) recordRemoteEndpoints(network nimbusv1.Key, endpoint
 	}
 	eps := &remoteEndpointSet{network: network}
 	for _, ep := range endpoints {
-		eps.endpoints.Set(ep, struct{}{})
+		if ep.Kind == nimbusv1.Kind_KIND_ENDPOINT && ep.Tenant == network.Tenant && ep.Namespace == network.Namespace {
+			eps.names = append(eps.names, ep.Name)
+		} else {
+			eps.others = append(eps.others, ep)
+		}
 		r.remoteEndpoints.Set(ep, eps)
 	}
+	eps.names = slices.Clip(eps.names)
 	r.endpointsOf[network] = eps
 }
 
 // remoteEndpointSet holds the endpoints on other nodes that the last reconcile of a
-// network counted.
+// network counted: by name those of the network's tenant and namespace, as the endpoints
+// of a network are, and any others by key.
 type remoteEndpointSet struct {
-	network   nimbusv1.Key
-	endpoints nimbusv1.KeyMap[struct{}]
+	network nimbusv1.Key
+	names   []string
+	others  []nimbusv1.Key
+}
+
+// all returns the keys of the endpoints in the set.
+func (s *remoteEndpointSet) all() iter.Seq[nimbusv1.Key] {
+	return func(yield func(nimbusv1.Key) bool) {
+		for _, name := range s.names {
+			if !yield(nimbusv1.Key{Kind: nimbusv1.Kind_KIND_ENDPOINT, Tenant: s.network.Tenant, Namespace: s.network.Namespace, Name: name}) {
+				return
+			}
+		}
+		for _, k := range s.others {
+			if !yield(k) {
+				return
+			}
+		}
+	}
 }
 
 // forget drops what the reconciler recorded of the network with the key.
