@@ -340,3 +340,23 @@ func TestIndexValuesShared(t *testing.T) {
 		t.Errorf("Lookup(network, default/default/blue) after a restore = %v", got)
 	}
 }
+
+// TestRecordGeneration: a record reads its object's generation from its wire form, and
+// fits the 112-byte size class without keeping it apart.
+func TestRecordGeneration(t *testing.T) {
+	s, _, _ := openWith(t, Options{Indexes: testIndexes})
+	for _, gen := range []int64{0, 1, 300, 1 << 40} {
+		obj := endpoint("t", "ns", "ep-1", "blue", []string{"web"}, "host-a")
+		obj.Meta.Uid, obj.Meta.Generation, obj.Meta.Revision = "u-1", gen, 9
+		rec, err := s.newRecord(obj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := rec.generation(); got != gen {
+			t.Errorf("generation() of an object at generation %d = %d", gen, got)
+		}
+	}
+	if n := unsafe.Sizeof(record{}); n > 112 {
+		t.Errorf("a record takes %d bytes; want it to fit the 112-byte size class", n)
+	}
+}

@@ -93,31 +93,53 @@ func (r storedStatus) equal(o storedStatus) bool {
 // progress returns the status's observed generation and phase, read from its wire form
 // without decoding the rest.
 func (r storedStatus) progress() (generation int64, phase nimbusv1.Phase) {
-	b := r.data
+	eachWireField(r.data, func(num protowire.Number, typ protowire.Type, v []byte) {
+		if typ != protowire.VarintType || (num != 2 && num != 3) {
+			return
+		}
+		x, _ := protowire.ConsumeVarint(v)
+		if num == 2 {
+			generation = int64(x)
+		} else {
+			phase = nimbusv1.Phase(int32(x))
+		}
+	})
+	return generation, phase
+}
+
+// generation returns the object's meta.generation (Object field 1, ObjectMeta field 5),
+// read from its wire form without decoding the rest: the record does not keep it apart.
+func (r *record) generation() int64 {
+	var gen int64
+	eachWireField(r.data, func(num protowire.Number, typ protowire.Type, v []byte) {
+		if num != 1 || typ != protowire.BytesType {
+			return
+		}
+		meta, _ := protowire.ConsumeBytes(v)
+		eachWireField(meta, func(num protowire.Number, typ protowire.Type, v []byte) {
+			if num == 5 && typ == protowire.VarintType {
+				x, _ := protowire.ConsumeVarint(v)
+				gen = int64(x)
+			}
+		})
+	})
+	return gen
+}
+
+// eachWireField calls f with the number, type and encoded value of every field of b, a
+// message's wire form, until the end or a field it cannot read.
+func eachWireField(b []byte, f func(num protowire.Number, typ protowire.Type, v []byte)) {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
-			return generation, phase
+			return
 		}
 		b = b[n:]
-		if typ == protowire.VarintType && (num == 2 || num == 3) {
-			v, m := protowire.ConsumeVarint(b)
-			if m < 0 {
-				return generation, phase
-			}
-			if num == 2 {
-				generation = int64(v)
-			} else {
-				phase = nimbusv1.Phase(int32(v))
-			}
-			b = b[m:]
-			continue
-		}
 		m := protowire.ConsumeFieldValue(num, typ, b)
 		if m < 0 {
-			return generation, phase
+			return
 		}
+		f(num, typ, b[:m])
 		b = b[m:]
 	}
-	return generation, phase
 }

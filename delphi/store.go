@@ -59,8 +59,6 @@ type record struct {
 	data []byte
 	// indexed holds the values the declared indexes list the object under; nil when none.
 	indexed []indexedValue
-	// generation is the object's meta.generation, for the metrics.
-	generation int64
 	// decoded points weakly to the object as last decoded: readers share it while any of
 	// them holds it, and the collector frees it once none does.
 	decoded atomic.Pointer[weak.Pointer[nimbusv1.Object]]
@@ -611,7 +609,7 @@ func (s *Store) newRecord(obj *nimbusv1.Object) (*record, error) {
 	if err != nil {
 		return nil, fmt.Errorf("encoding %s: %w", key, err)
 	}
-	r := &record{key: key, data: data, generation: obj.GetMeta().GetGeneration()}
+	r := &record{key: key, data: data}
 	for i, ix := range s.indexes {
 		for _, v := range ix.Values(obj) {
 			// A copy: obj's strings may be views of a whole received frame.
