@@ -298,3 +298,65 @@ func TestPutOwnedKeepsNoViews(t *testing.T) {
 		}
 	}
 }
+
+// TestIndexValuesShared: records listed under an equal value (their network, their node)
+// hold that value's string once, whether a transaction put them or a restore read them;
+// a value of one record alone (its group) is its own.
+func TestIndexValuesShared(t *testing.T) {
+	dir := t.TempDir()
+	s, d := openDir(t, dir)
+	commit(t, d, func(txn *DesiredTxn) {
+		txn.Put(endpoint("", "", "ep-1", "blue", []string{"web"}, "host-a"))
+		txn.Put(endpoint("", "", "ep-2", "blue", []string{"db"}, "host-a"))
+	})
+	commit(t, d, func(txn *DesiredTxn) { txn.Put(endpoint("", "", "ep-3", "blue", nil, "host-a")) })
+	check := func(s *Store, when string) {
+		t.Helper()
+		data := map[string]map[*byte]bool{}
+		for _, name := range []string{"ep-1", "ep-2", "ep-3"} {
+			rec, ok := s.desired.Load().byID.Get(&record{key: nimbusv1.MakeKey(nimbusv1.Kind_KIND_ENDPOINT, "", "", name)})
+			if !ok {
+				t.Fatalf("%s: no record of %s", when, name)
+			}
+			for _, v := range rec.indexed {
+				ix := testIndexes[v.pos].Name
+				if data[ix] == nil {
+					data[ix] = map[*byte]bool{}
+				}
+				data[ix][unsafe.StringData(v.val)] = true
+			}
+		}
+		for ix, want := range map[string]int{"network": 1, "node": 1, "group": 2} {
+			if got := len(data[ix]); got != want {
+				t.Errorf("%s: the records' values of index %s are %d strings, want %d", when, ix, got, want)
+			}
+		}
+	}
+	check(s, "after the transactions")
+	s.Close()
+	s, _ = openDir(t, dir)
+	check(s, "after a restore")
+	if got := lookup(t, s, "network", "default/default/blue"); !slices.Equal(got, []string{"ep-1", "ep-2", "ep-3"}) {
+		t.Errorf("Lookup(network, default/default/blue) after a restore = %v", got)
+	}
+}
+
+// TestRecordGeneration: a record reads its object's generation from its wire form, and
+// fits the 112-byte size class without keeping it apart.
+func TestRecordGeneration(t *testing.T) {
+	s, _, _ := openWith(t, Options{Indexes: testIndexes})
+	for _, gen := range []int64{0, 1, 300, 1 << 40} {
+		obj := endpoint("t", "ns", "ep-1", "blue", []string{"web"}, "host-a")
+		obj.Meta.Uid, obj.Meta.Generation, obj.Meta.Revision = "u-1", gen, 9
+		rec, err := s.newRecord(obj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := rec.generation(); got != gen {
+			t.Errorf("generation() of an object at generation %d = %d", gen, got)
+		}
+	}
+	if n := unsafe.Sizeof(record{}); n > 112 {
+		t.Errorf("a record takes %d bytes; want it to fit the 112-byte size class", n)
+	}
+}

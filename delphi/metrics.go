@@ -113,7 +113,7 @@ func (s *Store) countObjects() map[nimbusv1.Kind]*objectCounts {
 		phase := phasePending
 		if r, ok := s.statuses.Get(d.key); ok {
 			gen, reported := r.progress()
-			if gen != d.generation {
+			if gen != d.generation() {
 				reported = nimbusv1.Phase_PHASE_UNSPECIFIED
 			}
 			switch reported {

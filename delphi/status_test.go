@@ -7,6 +7,7 @@ import (
 	"slices"
 	"testing"
 	"time"
+	"unsafe"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -241,5 +242,13 @@ func TestStoredStatusProgress(t *testing.T) {
 	}
 	if gen, phase := (storedStatus{}).progress(); gen != 0 || phase != nimbusv1.Phase_PHASE_UNSPECIFIED {
 		t.Errorf("an empty row's progress() = %d, %v; want 0, PHASE_UNSPECIFIED", gen, phase)
+	}
+}
+
+// TestStoredStatusSize: a status table's row fits 32 bytes, so that a KeyMap's place
+// (the name and the row) takes 48.
+func TestStoredStatusSize(t *testing.T) {
+	if n := unsafe.Sizeof(storedStatus{}); n > 32 {
+		t.Errorf("a storedStatus takes %d bytes, want at most 32", n)
 	}
 }

@@ -59,11 +59,19 @@ type record struct {
 	data []byte
 	// indexed holds the values the declared indexes list the object under; nil when none.
 	indexed []indexedValue
-	// generation is the object's meta.generation, for the metrics.
-	generation int64
 	// decoded points weakly to the object as last decoded: readers share it while any of
 	// them holds it, and the collector frees it once none does.
 	decoded atomic.Pointer[weak.Pointer[nimbusv1.Object]]
+}
+
+// shareValue makes r, not yet published, hold val, equal to a value the pos-th index
+// lists it under, as that value.
+func (r *record) shareValue(pos int, val string) {
+	for i, v := range r.indexed {
+		if v.pos == pos && v.val == val {
+			r.indexed[i].val = val
+		}
+	}
 }
 
 // indexedValue is a value a declared index, the pos-th of Options.Indexes, lists a
@@ -310,6 +318,14 @@ func (s *Store) buildState(recs []*record) *desiredState {
 		})
 		// An index that lists an object twice under one value holds it once.
 		es = slices.CompactFunc(es, func(a, b indexEntry) bool { return a.val == b.val && a.rec == b.rec })
+		// A value several records are listed under (their network's, their node's) is
+		// kept once: each takes the string of the first, in its entry and its record.
+		for k := 1; k < len(es); k++ {
+			if es[k].val == es[k-1].val {
+				es[k].val = es[k-1].val
+				es[k].rec.shareValue(i, es[k].val)
+			}
+		}
 		st.indexes[i] = newIndexTree()
 		load(st.indexes[i], es)
 	}
@@ -593,7 +609,7 @@ func (s *Store) newRecord(obj *nimbusv1.Object) (*record, error) {
 	if err != nil {
 		return nil, fmt.Errorf("encoding %s: %w", key, err)
 	}
-	r := &record{key: key, data: data, generation: obj.GetMeta().GetGeneration()}
+	r := &record{key: key, data: data}
 	for i, ix := range s.indexes {
 		for _, v := range ix.Values(obj) {
 			// A copy: obj's strings may be views of a whole received frame.
@@ -650,8 +666,17 @@ func (w *desiredWrite) get(key nimbusv1.Key) (*record, bool) {
 func (w *desiredWrite) put(r *record, obj *nimbusv1.Object) {
 	old, _ := w.st.byID.SetHint(r, &w.hint)
 	w.unindex(old)
-	for _, v := range r.indexed {
-		w.st.indexes[v.pos].Set(indexEntry{val: v.val, rec: r})
+	for i, v := range r.indexed {
+		ix := w.st.indexes[v.pos]
+		// A value other records are listed under (their network's, their node's) is kept
+		// once: r, new, takes their string.
+		ix.Ascend(indexEntry{val: v.val}, func(e indexEntry) bool {
+			if e.val == v.val {
+				r.indexed[i].val = e.val
+			}
+			return false
+		})
+		ix.Set(indexEntry{val: r.indexed[i].val, rec: r})
 	}
 	w.changed(r.key, old, r).obj = obj
 }

@@ -208,8 +208,10 @@ type endpointLock struct {
 // key in every map, and a map keyed by a macRef or an ipRef takes half the room of one
 // keyed by an endpointLock.
 type endpointTable struct {
-	// records holds the record of every endpoint that programmed entries or holds one.
-	records map[nimbusv1.Key]*endpointRecord
+	// records holds the record of every endpoint that programmed entries or holds one,
+	// by name (a KeyMap's place takes 24 bytes where a whole key and a pointer take 64),
+	// the names shared with the records' keys.
+	records *nimbusv1.KeyMap[*endpointRecord]
 	macs    map[macRef]*endpointRecord
 	ips     map[ipRef]*endpointRecord
 	ifaces  map[string]*endpointRecord
@@ -219,13 +221,60 @@ type endpointTable struct {
 // programmed or may have programmed, and the number of entries it holds.
 type endpointRecord struct {
 	key   nimbusv1.Key
-	refs  endpointRefs
+	refs  packedRefs
 	holds int
 }
 
+// packedRefs holds an endpoint's entries (endpointRefs) in the record: most endpoints,
+// remote ones, program one MAC's FDB entries and one address's neighbour in one network,
+// which it holds inline (120 bytes a record in all, where three slices and their arrays
+// took 216); what does not fit that is kept in more.
+type packedRefs struct {
+	network string
+	mac     [6]byte
+	hasMAC  bool
+	// ip is the address's neighbour; the zero Addr when none.
+	ip   netip.Addr
+	more *endpointRefs
+}
+
+// packRefs returns r packed.
+func packRefs(r endpointRefs) packedRefs {
+	if len(r.ifaces) > 0 || len(r.macs) > 1 || len(r.ips) > 1 ||
+		(len(r.ips) == 1 && !r.ips[0].ip.IsValid()) ||
+		(len(r.macs) == 1 && len(r.ips) == 1 && r.macs[0].network != r.ips[0].network) {
+		return packedRefs{more: &r}
+	}
+	var p packedRefs
+	if len(r.macs) == 1 {
+		p.network, p.mac, p.hasMAC = r.macs[0].network, r.macs[0].mac, true
+	}
+	if len(r.ips) == 1 {
+		p.network, p.ip = r.ips[0].network, r.ips[0].ip
+	}
+	return p
+}
+
+// unpack returns the entries p holds.
+func (p packedRefs) unpack() endpointRefs {
+	if p.more != nil {
+		return *p.more
+	}
+	var r endpointRefs
+	if p.hasMAC {
+		r.macs = []macRef{{p.network, p.mac}}
+	}
+	if p.ip.IsValid() {
+		r.ips = []ipRef{{p.network, p.ip}}
+	}
+	return r
+}
+
+func (p packedRefs) empty() bool { return p.more == nil && !p.hasMAC && !p.ip.IsValid() }
+
 func newEndpointTable() endpointTable {
 	return endpointTable{
-		records: map[nimbusv1.Key]*endpointRecord{},
+		records: &nimbusv1.KeyMap[*endpointRecord]{},
 		macs:    map[macRef]*endpointRecord{},
 		ips:     map[ipRef]*endpointRecord{},
 		ifaces:  map[string]*endpointRecord{},
@@ -234,8 +283,8 @@ func newEndpointTable() endpointTable {
 
 // programmed returns the entries the endpoint programmed or may have programmed.
 func (t endpointTable) programmed(id nimbusv1.Key) endpointRefs {
-	if r, ok := t.records[id]; ok {
-		return r.refs
+	if r, ok := t.records.Get(id); ok {
+		return r.refs.unpack()
 	}
 	return endpointRefs{}
 }
@@ -243,17 +292,17 @@ func (t endpointTable) programmed(id nimbusv1.Key) endpointRefs {
 // setProgrammed records the entries the endpoint programmed or may have programmed.
 func (t endpointTable) setProgrammed(id nimbusv1.Key, refs endpointRefs) {
 	r := t.record(id)
-	r.refs = refs
+	r.refs = packRefs(refs)
 	t.release(r)
 }
 
 // record returns the record of the endpoint, made when there is none; release lets go
 // of it once it holds nothing.
 func (t endpointTable) record(id nimbusv1.Key) *endpointRecord {
-	r, ok := t.records[id]
+	r, ok := t.records.Get(id)
 	if !ok {
 		r = &endpointRecord{key: id}
-		t.records[id] = r
+		t.records.Set(id, r)
 	}
 	return r
 }
@@ -261,7 +310,7 @@ func (t endpointTable) record(id nimbusv1.Key) *endpointRecord {
 // release forgets the endpoint's record when it neither programmed nor holds anything.
 func (t endpointTable) release(r *endpointRecord) {
 	if r.holds == 0 && r.refs.empty() {
-		delete(t.records, r.key)
+		t.records.Delete(r.key)
 	}
 }
 
@@ -688,6 +737,12 @@ func (r *EndpointReconciler) plan(id nimbusv1.Key, obj *nimbusv1.Object) (*endpo
 		return nil, hal.Pendingf(ReasonWaitingForNetwork, "waiting for %s: its bridge %s is not there yet", p.network, p.bridge)
 	}
 	p.bridgeIndex = bridge
+	// The network's key ID as the bridge's alias in the link table holds it: the entries
+	// the plan programs, which the reconciler records, share one string per network
+	// instead of one made for each endpoint.
+	if id, ok := br.owner(); ok && id == p.network {
+		p.network = id
+	}
 	if p.local {
 		p.iface = spec.GetInterface()
 		// The bridge's MTU is the network's, which its reconciler derives from the

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/vishvananda/netns"
 	"google.golang.org/protobuf/proto"
@@ -829,7 +830,7 @@ func TestEntryHolders(t *testing.T) {
 	if got, held := h.get(mac); got != a || !held {
 		t.Errorf("forgetting the neighbour's holder changed the MAC's: %v, %v", got, held)
 	}
-	if _, ok := h.records[b]; ok {
+	if h.records.Has(b) {
 		t.Error("the table keeps a record of b, which holds and programmed nothing any more")
 	}
 }
@@ -853,7 +854,7 @@ func TestEndpointTableRecords(t *testing.T) {
 		t.Errorf("programmed(a) = %+v; want nothing", h.programmed(a))
 	}
 	h.set(mac, b) // b takes the entry over
-	if _, ok := h.records[a]; ok {
+	if h.records.Has(a) {
 		t.Error("the table keeps a record of a, which holds and programmed nothing any more")
 	}
 	h.setProgrammed(b, refs)
@@ -862,7 +863,43 @@ func TestEndpointTableRecords(t *testing.T) {
 		t.Errorf("programmed(b) = %+v; want %+v", got, refs)
 	}
 	h.setProgrammed(b, endpointRefs{})
-	if len(h.records) != 0 || len(h.macs) != 0 {
-		t.Errorf("the table keeps %d records and %d MACs' holders; want none", len(h.records), len(h.macs))
+	if h.records.Len() != 0 || len(h.macs) != 0 {
+		t.Errorf("the table keeps %d records and %d MACs' holders; want none", h.records.Len(), len(h.macs))
+	}
+}
+
+// TestPackedRefs checks that an endpoint's entries come back from its record as they
+// went in, whether they fit inline or not.
+func TestPackedRefs(t *testing.T) {
+	mac := [6]byte{2, 0, 0, 0, 0, 1}
+	ip1, ip2 := netip.MustParseAddr("10.64.1.1"), netip.MustParseAddr("fd00::1")
+	for _, tc := range []struct {
+		name   string
+		refs   endpointRefs
+		inline bool
+	}{
+		{"none", endpointRefs{}, true},
+		{"a MAC", endpointRefs{macs: []macRef{{"blue", mac}}}, true},
+		{"a MAC and an address", endpointRefs{macs: []macRef{{"blue", mac}}, ips: []ipRef{{"blue", ip1}}}, true},
+		{"an address alone", endpointRefs{ips: []ipRef{{"blue", ip2}}}, true},
+		{"two addresses", endpointRefs{macs: []macRef{{"blue", mac}}, ips: []ipRef{{"blue", ip1}, {"blue", ip2}}}, false},
+		{"two networks", endpointRefs{macs: []macRef{{"blue", mac}}, ips: []ipRef{{"red", ip1}}}, false},
+		{"an interface", endpointRefs{ifaces: []string{"veth1"}, macs: []macRef{{"blue", mac}}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := packRefs(tc.refs)
+			if got := p.unpack(); !got.equal(tc.refs) {
+				t.Errorf("unpack(packRefs(%+v)) = %+v", tc.refs, got)
+			}
+			if inline := p.more == nil; inline != tc.inline {
+				t.Errorf("packRefs(%+v) inline = %v, want %v", tc.refs, inline, tc.inline)
+			}
+			if p.empty() != tc.refs.empty() {
+				t.Errorf("packRefs(%+v).empty() = %v", tc.refs, p.empty())
+			}
+		})
+	}
+	if n := unsafe.Sizeof(endpointRecord{}); n > 128 {
+		t.Errorf("an endpointRecord takes %d bytes; want it to fit the 128-byte size class", n)
 	}
 }

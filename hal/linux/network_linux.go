@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
 	"maps"
 	"net"
@@ -184,11 +185,13 @@ type NetworkReconciler struct {
 	// in their spec.
 	gatewayNetworks map[nimbusv1.Key]struct{}
 	// remoteEndpoints maps the keys of the endpoints on other nodes that the last
-	// reconcile of their network counted for head-end replication to that network's key,
-	// so that an endpoint's delete reaches its network.
-	remoteEndpoints map[nimbusv1.Key]nimbusv1.Key
-	// endpointsOf holds the same by network key.
-	endpointsOf map[nimbusv1.Key][]nimbusv1.Key
+	// reconcile of their network counted for head-end replication to that network's set
+	// of them, so that an endpoint's delete reaches its network; endpointsOf holds the
+	// sets by network key. They are as long as the remote endpoints, so they hold names
+	// (KeyMap) and a pointer to the set, which holds its network's key once, rather than
+	// whole keys.
+	remoteEndpoints nimbusv1.KeyMap[*remoteEndpointSet]
+	endpointsOf     map[nimbusv1.Key]*remoteEndpointSet
 	// forwarding holds, per bridge name, the forwarding sysctls found or made right.
 	forwarding map[string]forwardingState
 	// netconfWrites holds, per interface index, how many of the reconciler's writes of a
@@ -281,8 +284,7 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 		devices:         map[string]nimbusv1.Key{},
 		networksOfMark:  map[uint32]map[nimbusv1.Key]struct{}{},
 		gatewayNetworks: map[nimbusv1.Key]struct{}{},
-		remoteEndpoints: map[nimbusv1.Key]nimbusv1.Key{},
-		endpointsOf:     map[nimbusv1.Key][]nimbusv1.Key{},
+		endpointsOf:     map[nimbusv1.Key]*remoteEndpointSet{},
 		forwarding:      map[string]forwardingState{},
 		netconfWrites:   map[int32]int{},
 	}
@@ -611,8 +613,8 @@ func (r *NetworkReconciler) DependentsOf(key nimbusv1.Key) []nimbusv1.Key {
 			}
 		}
 		r.mu.Lock()
-		if n, ok := r.remoteEndpoints[key]; ok {
-			set[n] = true
+		if eps, ok := r.remoteEndpoints.Get(key); ok {
+			set[eps.network] = true
 		}
 		r.mu.Unlock()
 		return slices.SortedFunc(maps.Keys(set), nimbusv1.Key.Compare)
@@ -625,18 +627,52 @@ func (r *NetworkReconciler) DependentsOf(key nimbusv1.Key) []nimbusv1.Key {
 func (r *NetworkReconciler) recordRemoteEndpoints(network nimbusv1.Key, endpoints []nimbusv1.Key) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, ep := range r.endpointsOf[network] {
-		if r.remoteEndpoints[ep] == network {
-			delete(r.remoteEndpoints, ep)
+	if was := r.endpointsOf[network]; was != nil {
+		for ep := range was.all() {
+			if eps, _ := r.remoteEndpoints.Get(ep); eps == was {
+				r.remoteEndpoints.Delete(ep)
+			}
 		}
-	}
-	for _, ep := range endpoints {
-		r.remoteEndpoints[ep] = network
+		delete(r.endpointsOf, network)
 	}
 	if len(endpoints) == 0 {
-		delete(r.endpointsOf, network)
-	} else {
-		r.endpointsOf[network] = endpoints
+		return
+	}
+	eps := &remoteEndpointSet{network: network}
+	for _, ep := range endpoints {
+		if ep.Kind == nimbusv1.Kind_KIND_ENDPOINT && ep.Tenant == network.Tenant && ep.Namespace == network.Namespace {
+			eps.names = append(eps.names, ep.Name)
+		} else {
+			eps.others = append(eps.others, ep)
+		}
+		r.remoteEndpoints.Set(ep, eps)
+	}
+	eps.names = slices.Clip(eps.names)
+	r.endpointsOf[network] = eps
+}
+
+// remoteEndpointSet holds the endpoints on other nodes that the last reconcile of a
+// network counted: by name those of the network's tenant and namespace, as the endpoints
+// of a network are, and any others by key.
+type remoteEndpointSet struct {
+	network nimbusv1.Key
+	names   []string
+	others  []nimbusv1.Key
+}
+
+// all returns the keys of the endpoints in the set.
+func (s *remoteEndpointSet) all() iter.Seq[nimbusv1.Key] {
+	return func(yield func(nimbusv1.Key) bool) {
+		for _, name := range s.names {
+			if !yield(nimbusv1.Key{Kind: nimbusv1.Kind_KIND_ENDPOINT, Tenant: s.network.Tenant, Namespace: s.network.Namespace, Name: name}) {
+				return
+			}
+		}
+		for _, k := range s.others {
+			if !yield(k) {
+				return
+			}
+		}
 	}
 }
 

@@ -1005,3 +1005,41 @@ func TestNetworkReconcileHonoursContext(t *testing.T) {
 		t.Fatal("no bridge after a reconcile with a live context")
 	}
 }
+
+// TestRecordRemoteEndpoints: the endpoints a network's reconcile counted, those of its
+// tenant and namespace kept by name and any other by key, lead to the network until a
+// later reconcile of it no longer counts them, or one of another network does.
+func TestRecordRemoteEndpoints(t *testing.T) {
+	r := &NetworkReconciler{endpointsOf: map[nimbusv1.Key]*remoteEndpointSet{}}
+	blue := nimbusv1.MakeKey(nimbusv1.Kind_KIND_NETWORK, "acme", "prod", "blue")
+	red := nimbusv1.MakeKey(nimbusv1.Kind_KIND_NETWORK, "acme", "prod", "red")
+	ep := func(ns, name string) nimbusv1.Key {
+		return nimbusv1.MakeKey(nimbusv1.Kind_KIND_ENDPOINT, "acme", ns, name)
+	}
+	a, b, other := ep("prod", "a"), ep("prod", "b"), ep("dev", "c")
+	networkOf := func(k nimbusv1.Key) string {
+		eps, ok := r.remoteEndpoints.Get(k)
+		if !ok {
+			return ""
+		}
+		return eps.network.Name
+	}
+	r.recordRemoteEndpoints(blue, []nimbusv1.Key{a, b, other})
+	for _, k := range []nimbusv1.Key{a, b, other} {
+		if got := networkOf(k); got != "blue" {
+			t.Errorf("after blue's reconcile, %v leads to %q, want blue", k, got)
+		}
+	}
+	r.recordRemoteEndpoints(red, []nimbusv1.Key{b}) // b moved to red
+	r.recordRemoteEndpoints(blue, []nimbusv1.Key{a})
+	for k, want := range map[nimbusv1.Key]string{a: "blue", b: "red", other: ""} {
+		if got := networkOf(k); got != want {
+			t.Errorf("after b moved to red and c left, %v leads to %q, want %q", k, got, want)
+		}
+	}
+	r.recordRemoteEndpoints(blue, nil)
+	r.recordRemoteEndpoints(red, nil)
+	if n := r.remoteEndpoints.Len(); n != 0 || len(r.endpointsOf) != 0 {
+		t.Errorf("after both networks counted none, %d endpoints and %d networks are left", n, len(r.endpointsOf))
+	}
+}

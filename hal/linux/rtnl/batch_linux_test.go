@@ -261,15 +261,9 @@ type fakeKernel struct {
 // newFakeKernelBatcher returns a started batcher whose socket leads to a fakeKernel.
 func newFakeKernelBatcher(t *testing.T, opts BatcherOptions) (*Batcher, *fakeKernel) {
 	t.Helper()
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.SetNonblock(fds[0], true); err != nil {
-		t.Fatal(err)
-	}
-	k := &fakeKernel{t: t, fd: fds[1]}
-	b, err := newNLBatcherOn(os.NewFile(uintptr(fds[0]), "fake-netlink"), opts)
+	f, fd := fakeKernelSocket(t)
+	k := &fakeKernel{t: t, fd: fd}
+	b, err := newNLBatcherOn(f, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,6 +273,21 @@ func newFakeKernelBatcher(t *testing.T, opts BatcherOptions) (*Batcher, *fakeKer
 		unix.Close(k.fd)
 	})
 	return b, k
+}
+
+// fakeKernelSocket returns the two ends of a datagram socket pair that stands in for a
+// netlink socket: a non-blocking file for the batcher or reader under test, and the end
+// the test answers on as the kernel would.
+func fakeKernelSocket(t *testing.T) (ours *os.File, kernel int) {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.SetNonblock(fds[0], true); err != nil {
+		t.Fatal(err)
+	}
+	return os.NewFile(uintptr(fds[0]), "fake-netlink"), fds[1]
 }
 
 // next reads the next request the batcher sent and returns its sequence number.

@@ -28,9 +28,16 @@ var ErrDumpInterrupted = errors.New("dump interrupted by a concurrent change")
 // filter route dumps by the protocol a request names. A request it gives up on (a
 // timeout, an ended context) may leave a dump half read, which would refuse the next
 // one (EBUSY): the next request opens a fresh socket.
+//
+// The timeout bounds each wait for the kernel: for a get or a dump's first answer, the
+// time since the request; for the rest of a dump, the time since its last datagram, so
+// that a long dump (the FDB of 100,000 endpoints, read while other dumps run) fails only
+// when the kernel stops sending, not when it is slow to finish.
 type Reader struct {
-	ns      *netns.NsHandle
 	timeout time.Duration
+	// open opens the reader's socket: a netlink socket in the reader's namespace, or in
+	// tests, a stand-in for the kernel.
+	open func() (*os.File, error)
 	// mu guards the fields below, and serializes requests.
 	mu   sync.Mutex
 	file *os.File
@@ -93,18 +100,25 @@ func answerKind(dump bool) int {
 }
 
 // NewReader opens a reader in namespace ns (nil: the calling process's) whose
-// requests wait at most timeout for the kernel.
+// requests wait at most timeout for the kernel: for a get's answer, or for each part of
+// a dump's.
 func NewReader(ns *netns.NsHandle, timeout time.Duration) (*Reader, error) {
-	d := &Reader{ns: ns, timeout: timeout}
+	return newReaderOn(func() (*os.File, error) { return openReaderSocket(ns) }, timeout)
+}
+
+// newReaderOn makes a reader whose sockets open opens: non-blocking sockets that deliver
+// the requests to the kernel, or in tests, to a stand-in for it.
+func newReaderOn(open func() (*os.File, error), timeout time.Duration) (*Reader, error) {
+	d := &Reader{timeout: timeout, open: open}
 	if err := d.openLocked(); err != nil {
 		return nil, err
 	}
 	return d, nil
 }
 
-// openLocked opens the reader's socket.
-func (d *Reader) openLocked() error {
-	f, err := OpenSocket(d.ns, unix.NETLINK_ROUTE, 4<<20, func(fd int) error {
+// openReaderSocket opens a reader's socket in namespace ns.
+func openReaderSocket(ns *netns.NsHandle) (*os.File, error) {
+	return OpenSocket(ns, unix.NETLINK_ROUTE, 4<<20, func(fd int) error {
 		if err := unix.Connect(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 			return fmt.Errorf("connecting netlink socket to the kernel: %w", err)
 		}
@@ -114,6 +128,11 @@ func (d *Reader) openLocked() error {
 		_ = unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_EXT_ACK, 1)
 		return nil
 	})
+}
+
+// openLocked opens the reader's socket.
+func (d *Reader) openLocked() error {
+	f, err := d.open()
 	if err != nil {
 		return err
 	}
@@ -187,12 +206,8 @@ func (d *Reader) request(ctx context.Context, msg []byte, dump bool, f func(typ 
 	ne.PutUint16(msg[6:8], ne.Uint16(msg[6:8])|flags)
 	ne.PutUint32(msg[8:12], seq)
 
-	deadline := time.Now().Add(d.timeout)
-	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
-		deadline = dl
-	}
-	if err := d.file.SetDeadline(deadline); err != nil {
-		return fmt.Errorf("setting netlink deadline: %w", err)
+	if err := d.extendDeadlineLocked(ctx); err != nil {
+		return err
 	}
 	// An ended context cuts a wait short.
 	file := d.file
@@ -210,6 +225,12 @@ func (d *Reader) request(ctx context.Context, msg []byte, dump bool, f func(typ 
 		n, err := reader.read(d.conn, true)
 		if err != nil {
 			return d.failed(ctx, "reading the kernel's answer", err)
+		}
+		if dump && n > 0 {
+			// The kernel is still answering: the dump has another timeout from now.
+			if err := d.extendDeadlineLocked(ctx); err != nil {
+				return err
+			}
 		}
 		for i := range n {
 			data, ok := reader.datagram(i)
@@ -246,6 +267,23 @@ func (d *Reader) request(ctx context.Context, msg []byte, dump bool, f func(typ 
 		result = ErrDumpInterrupted
 	}
 	return result
+}
+
+// extendDeadlineLocked sets the socket's deadline to the timeout from now, or to the
+// context's deadline when that comes first; once the context has ended, to now, so that
+// the next read returns at once (the context's AfterFunc may have run before).
+func (d *Reader) extendDeadlineLocked(ctx context.Context) error {
+	deadline := time.Now().Add(d.timeout)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+		deadline = dl
+	}
+	if err := d.file.SetDeadline(deadline); err != nil {
+		return fmt.Errorf("setting netlink deadline: %w", err)
+	}
+	if ctx.Err() != nil {
+		_ = d.file.SetDeadline(time.Now())
+	}
+	return nil
 }
 
 // failed describes an error of a request, the context's when it ended, and has the
