@@ -1031,7 +1031,7 @@ func (r *EndpointReconciler) syncMAC(ctx context.Context, ref macRef, id nimbusv
 			return nil
 		}
 	}
-	selfOK := want.local || (hasSelf && have.dst == wantDst)
+	selfOK := want.local || (hasSelf && have.dst == epAddrOf(wantDst))
 	masterOK := wantPort == 0 || (hasMaster && port.port == wantPort)
 	if selfOK && masterOK {
 		return nil
@@ -1041,7 +1041,7 @@ func (r *EndpointReconciler) syncMAC(ctx context.Context, ref macRef, id nimbusv
 		return nil
 	}
 	if !selfOK {
-		if err := r.writeFDB(ctx, self, fdbEntry{dst: wantDst}); err != nil {
+		if err := r.writeFDB(ctx, self, fdbEntry{dst: epAddrOf(wantDst)}); err != nil {
 			return err
 		}
 	}
@@ -1074,7 +1074,7 @@ func (r *EndpointReconciler) syncIP(ctx context.Context, ref ipRef, id nimbusv1.
 	if !ok {
 		return nil
 	}
-	k := neighKey{ifindex: br, ip: ref.ip}
+	k := neighKey{ifindex: br, ip: epAddrOf(ref.ip)}
 	have, has := r.neigh.m.Get(k)
 	switch {
 	case want == nil && has:
@@ -1184,7 +1184,7 @@ func (r *EndpointReconciler) describeFDB(k fdbKey, e fdbEntry) string {
 		return epMACString(k.mac) + " dev " + r.deviceName(e.port) + " master " + r.deviceName(k.ifindex) + " static"
 	}
 	s := epMACString(k.mac) + " dev " + r.deviceName(k.ifindex)
-	if e.dst.IsValid() {
+	if e.dst.valid() {
 		s += " dst " + e.dst.String()
 	}
 	return s + " self static"
@@ -1325,7 +1325,7 @@ func (r *EndpointReconciler) Sweep(ctx context.Context, enqueue func(nimbusv1.Ke
 	}
 	for k := range r.neigh.m.All() {
 		if network, bridge, _ := r.links.networkDevice(k.ifindex); bridge {
-			if err := r.syncIP(ctx, ipRef{network, k.ip}, nimbusv1.Key{}, nil, enqueue); err != nil {
+			if err := r.syncIP(ctx, ipRef{network, k.ip.addr()}, nimbusv1.Key{}, nil, enqueue); err != nil {
 				return err
 			}
 		}
@@ -1375,7 +1375,7 @@ func (r *EndpointReconciler) neighChanged(c tableChange[neighKey, neighEntry], e
 		return
 	}
 	if network, bridge, _ := r.links.networkDevice(c.key.ifindex); bridge {
-		r.enqueueOwner(endpointLock{network: network, ip: c.key.ip}, enqueue)
+		r.enqueueOwner(endpointLock{network: network, ip: c.key.ip.addr()}, enqueue)
 	}
 }
 

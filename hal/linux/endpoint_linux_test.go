@@ -903,3 +903,30 @@ func TestPackedRefs(t *testing.T) {
 		t.Errorf("an endpointRecord takes %d bytes; want it to fit the 128-byte size class", n)
 	}
 }
+
+// TestEPAddr checks that an epAddr gives back the address it was made of, zone aside,
+// with its kind, and that the FDB and neighbour mirrors' keys and entries stay small.
+func TestEPAddr(t *testing.T) {
+	for _, s := range []string{"", "192.0.2.1", "0.0.0.0", "2001:db8::1", "::ffff:192.0.2.1", "::", "fe80::1%eth0"} {
+		var a netip.Addr
+		if s != "" {
+			a = netip.MustParseAddr(s)
+		}
+		e := epAddrOf(a)
+		if got := e.addr(); got != a.WithZone("") {
+			t.Errorf("epAddrOf(%v).addr() = %v", a, got)
+		}
+		if e.valid() != a.IsValid() || e.is4() != a.Is4() || e.String() != a.WithZone("").String() {
+			t.Errorf("epAddrOf(%v): valid %v, is4 %v, %q", a, e.valid(), e.is4(), e.String())
+		}
+	}
+	if epAddrOf(netip.MustParseAddr("::ffff:192.0.2.1")) == epAddrOf(netip.MustParseAddr("192.0.2.1")) {
+		t.Error("an IPv4-mapped IPv6 address and its IPv4 address have one epAddr")
+	}
+	if n := unsafe.Sizeof(fdbKey{}) + unsafe.Sizeof(fdbEntry{}); n > 52 {
+		t.Errorf("an FDB entry takes %d bytes in the mirror; want at most 52", n)
+	}
+	if n := unsafe.Sizeof(neighKey{}) + unsafe.Sizeof(neighEntry{}); n > 30 {
+		t.Errorf("a neighbour takes %d bytes in the mirror; want at most 30", n)
+	}
+}
