@@ -833,6 +833,24 @@ func TestEntryHolders(t *testing.T) {
 	if h.records.Has(b) {
 		t.Error("the table keeps a record of b, which holds and programmed nothing any more")
 	}
+	// Once none of blue's MACs and addresses is held, its number goes to the next network,
+	// which finds none of blue's entries under it.
+	h.set(mac, nimbusv1.Key{})
+	if n := len(h.nets.byID); n != 0 {
+		t.Errorf("the table numbers %d networks after the last entry went; want none", n)
+	}
+	red := endpointLock{network: "red", ip: ip.ip}
+	h.set(red, b)
+	if _, held := h.get(mac); held {
+		t.Error("blue's MAC is held again after red took its number")
+	}
+	if got, held := h.get(red); got != b || !held {
+		t.Errorf("get(%+v) = %v, %v; want %v, true", red, got, held, b)
+	}
+	if n := unsafe.Sizeof(ipHolder{}) + unsafe.Sizeof(macHolder{}); n != 36 {
+		t.Errorf("an ipHolder and a macHolder take %d bytes; want 36, against %d for an ipRef and a macRef", n,
+			unsafe.Sizeof(ipRef{})+unsafe.Sizeof(macRef{}))
+	}
 }
 
 // TestEndpointTableRecords checks that an endpoint's record lasts while it programmed
