@@ -49,12 +49,12 @@ func sameEPLink(have, want kernelLink) bool {
 // and the MAC, with master set. A head-end replication entry (`bridge fdb append
 // 00:00:00:00:00:00 dev VXLAN dst VTEP self`), of which the kernel keeps one per device
 // and destination, is keyed by the device and its destination, dst, with the all-zeros
-// MAC; dst is the zero Addr in every other key.
+// MAC; dst is the zero epAddr in every other key.
 type fdbKey struct {
 	ifindex int32
 	mac     [6]byte
 	master  bool
-	dst     netip.Addr
+	dst     epAddr
 }
 
 // fdbEntry is what the mirror keeps of a static FDB entry: where a VXLAN device sends
@@ -62,18 +62,70 @@ type fdbKey struct {
 // head-end replication entry holds its destination too, and whether it is permanent
 // (NUD_PERMANENT), the state the overlay's entries have.
 type fdbEntry struct {
-	dst       netip.Addr
 	port      int32
+	dst       epAddr
 	permanent bool
 }
 
 // headEnd tells whether the key is a head-end replication entry's.
-func (k fdbKey) headEnd() bool { return k.dst.IsValid() }
+func (k fdbKey) headEnd() bool { return k.dst.valid() }
 
 // neighKey identifies a neighbour entry: its device and IP address.
 type neighKey struct {
 	ifindex int32
-	ip      netip.Addr
+	ip      epAddr
+}
+
+// epAddr is an IP address as the FDB and neighbour mirrors hold it: its 16 bytes (an
+// IPv4 address in the first four) and its kind, without netip.Addr's zone pointer, so
+// that a key or entry that holds one is smaller and holds no pointer for the garbage
+// collector to follow. The kernel's neighbours and FDB entries carry no zone. The zero
+// epAddr stands for the zero netip.Addr.
+type epAddr struct {
+	b [16]byte
+	// kind is 0 for no address, 4 for an IPv4 address, 6 for an IPv6 one (an IPv4-mapped
+	// IPv6 address among them).
+	kind uint8
+}
+
+// epAddrOf returns a's compact form, without its zone.
+func epAddrOf(a netip.Addr) epAddr {
+	switch {
+	case a.Is4():
+		e := epAddr{kind: 4}
+		a4 := a.As4()
+		copy(e.b[:], a4[:])
+		return e
+	case a.Is6():
+		return epAddr{b: a.As16(), kind: 6}
+	}
+	return epAddr{}
+}
+
+// addr returns the address as a netip.Addr: the zero Addr for the zero epAddr.
+func (a epAddr) addr() netip.Addr {
+	switch a.kind {
+	case 4:
+		return netip.AddrFrom4([4]byte(a.b[:4]))
+	case 6:
+		return netip.AddrFrom16(a.b)
+	}
+	return netip.Addr{}
+}
+
+// valid tells whether a holds an address, as netip.Addr.IsValid does.
+func (a epAddr) valid() bool { return a.kind != 0 }
+
+// is4 tells whether a is an IPv4 address, as netip.Addr.Is4 does.
+func (a epAddr) is4() bool { return a.kind == 4 }
+
+// String returns the address as netip.Addr.String does: "invalid IP" for none.
+func (a epAddr) String() string { return a.addr().String() }
+
+// hash returns a hash of the address's bytes and kind.
+func (a epAddr) hash() uint64 {
+	ne := binary.NativeEndian
+	return ne.Uint64(a.b[0:8])*31 ^ ne.Uint64(a.b[8:16]) ^ uint64(a.kind)<<56
 }
 
 // neighEntry is what the mirror keeps of a permanent neighbour: its link-layer address.
@@ -96,17 +148,14 @@ func (k fdbKey) hash() uint64 {
 	if k.master {
 		h ^= 1 << 63
 	}
-	if k.dst.IsValid() {
-		a := k.dst.As16()
-		h ^= binary.NativeEndian.Uint64(a[0:8])*31 ^ binary.NativeEndian.Uint64(a[8:16])
+	if k.dst.valid() {
+		h ^= k.dst.hash()
 	}
 	return epMix(h)
 }
 
 func (k neighKey) hash() uint64 {
-	a := k.ip.As16()
-	ne := binary.NativeEndian
-	return epMix(ne.Uint64(a[0:8]) ^ ne.Uint64(a[8:16])*31 ^ uint64(uint32(k.ifindex))<<17)
+	return epMix(k.ip.hash() ^ uint64(uint32(k.ifindex))<<17)
 }
 
 // epMACString formats a MAC address as ip(8) does: "02:00:00:00:00:01".
@@ -164,11 +213,12 @@ func parseNeighMsg(b []byte) (m neighMsg, ok bool) {
 // state. A bridge's entry is keyed by the bridge, with the port it names as its value; a
 // head-end replication entry by its device and destination.
 func (m *neighMsg) fdb() (fdbKey, fdbEntry, bool) {
-	if m.flags&unix.NTF_SELF != 0 && m.hasMAC && m.mac == [6]byte{} && m.dst.IsValid() {
-		return fdbKey{ifindex: m.ifindex, dst: m.dst}, fdbEntry{dst: m.dst, permanent: m.state&unix.NUD_PERMANENT != 0}, true
+	dst := epAddrOf(m.dst)
+	if m.flags&unix.NTF_SELF != 0 && m.hasMAC && m.mac == [6]byte{} && dst.valid() {
+		return fdbKey{ifindex: m.ifindex, dst: dst}, fdbEntry{dst: dst, permanent: m.state&unix.NUD_PERMANENT != 0}, true
 	}
 	k := fdbKey{ifindex: m.ifindex, mac: m.mac}
-	e := fdbEntry{dst: m.dst}
+	e := fdbEntry{dst: dst}
 	if m.master != 0 {
 		k.ifindex, k.master = m.master, true
 		e = fdbEntry{port: m.ifindex}
@@ -180,7 +230,7 @@ func (m *neighMsg) fdb() (fdbKey, fdbEntry, bool) {
 // neigh returns the neighbour an AF_INET or AF_INET6 message describes, and whether it
 // is a permanent one: the kind the mirror keeps.
 func (m *neighMsg) neigh() (neighKey, neighEntry, bool) {
-	k := neighKey{ifindex: m.ifindex, ip: m.dst}
+	k := neighKey{ifindex: m.ifindex, ip: epAddrOf(m.dst)}
 	return k, neighEntry{mac: m.mac}, m.state&unix.NUD_PERMANENT != 0 && m.hasMAC && m.dst.IsValid()
 }
 
@@ -206,7 +256,7 @@ func appendFDBRequest(b []byte, typ uint16, k fdbKey, e fdbEntry) []byte {
 		flags, state, e = 0, 0, fdbEntry{}
 	}
 	return rtnl.AppendNeighRequest(b, typ, flags, rtnl.Neigh{Family: unix.AF_BRIDGE, Index: ifindex, State: state, Flags: ntf,
-		Dst: e.dst, MAC: k.mac, HasMAC: true})
+		Dst: e.dst.addr(), MAC: k.mac, HasMAC: true})
 }
 
 // appendNeighborRequest appends to b a request that adds or replaces (RTM_NEWNEIGH, `ip
@@ -214,14 +264,14 @@ func appendFDBRequest(b []byte, typ uint16, k fdbKey, e fdbEntry) []byte {
 // del IP dev DEV`) a neighbour.
 func appendNeighborRequest(b []byte, typ uint16, k neighKey, e neighEntry) []byte {
 	family := uint8(unix.AF_INET6)
-	if k.ip.Is4() {
+	if k.ip.is4() {
 		family = unix.AF_INET
 	}
 	if typ == unix.RTM_DELNEIGH {
-		return rtnl.AppendNeighRequest(b, typ, 0, rtnl.Neigh{Family: family, Index: k.ifindex, Dst: k.ip})
+		return rtnl.AppendNeighRequest(b, typ, 0, rtnl.Neigh{Family: family, Index: k.ifindex, Dst: k.ip.addr()})
 	}
 	return rtnl.AppendNeighRequest(b, typ, unix.NLM_F_CREATE|unix.NLM_F_REPLACE, rtnl.Neigh{Family: family, Index: k.ifindex,
-		State: unix.NUD_PERMANENT, Dst: k.ip, MAC: e.mac, HasMAC: true})
+		State: unix.NUD_PERMANENT, Dst: k.ip.addr(), MAC: e.mac, HasMAC: true})
 }
 
 // appendSetLinkRequest appends to b a request that sets a link's master (0: none) and,

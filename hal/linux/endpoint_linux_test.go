@@ -833,6 +833,24 @@ func TestEntryHolders(t *testing.T) {
 	if h.records.Has(b) {
 		t.Error("the table keeps a record of b, which holds and programmed nothing any more")
 	}
+	// Once none of blue's MACs and addresses is held, its number goes to the next network,
+	// which finds none of blue's entries under it.
+	h.set(mac, nimbusv1.Key{})
+	if n := len(h.nets.byID); n != 0 {
+		t.Errorf("the table numbers %d networks after the last entry went; want none", n)
+	}
+	red := endpointLock{network: "red", ip: ip.ip}
+	h.set(red, b)
+	if _, held := h.get(mac); held {
+		t.Error("blue's MAC is held again after red took its number")
+	}
+	if got, held := h.get(red); got != b || !held {
+		t.Errorf("get(%+v) = %v, %v; want %v, true", red, got, held, b)
+	}
+	if n := unsafe.Sizeof(ipHolder{}) + unsafe.Sizeof(macHolder{}); n != 36 {
+		t.Errorf("an ipHolder and a macHolder take %d bytes; want 36, against %d for an ipRef and a macRef", n,
+			unsafe.Sizeof(ipRef{})+unsafe.Sizeof(macRef{}))
+	}
 }
 
 // TestEndpointTableRecords checks that an endpoint's record lasts while it programmed
@@ -901,5 +919,32 @@ func TestPackedRefs(t *testing.T) {
 	}
 	if n := unsafe.Sizeof(endpointRecord{}); n > 128 {
 		t.Errorf("an endpointRecord takes %d bytes; want it to fit the 128-byte size class", n)
+	}
+}
+
+// TestEPAddr checks that an epAddr gives back the address it was made of, zone aside,
+// with its kind, and that the FDB and neighbour mirrors' keys and entries stay small.
+func TestEPAddr(t *testing.T) {
+	for _, s := range []string{"", "192.0.2.1", "0.0.0.0", "2001:db8::1", "::ffff:192.0.2.1", "::", "fe80::1%eth0"} {
+		var a netip.Addr
+		if s != "" {
+			a = netip.MustParseAddr(s)
+		}
+		e := epAddrOf(a)
+		if got := e.addr(); got != a.WithZone("") {
+			t.Errorf("epAddrOf(%v).addr() = %v", a, got)
+		}
+		if e.valid() != a.IsValid() || e.is4() != a.Is4() || e.String() != a.WithZone("").String() {
+			t.Errorf("epAddrOf(%v): valid %v, is4 %v, %q", a, e.valid(), e.is4(), e.String())
+		}
+	}
+	if epAddrOf(netip.MustParseAddr("::ffff:192.0.2.1")) == epAddrOf(netip.MustParseAddr("192.0.2.1")) {
+		t.Error("an IPv4-mapped IPv6 address and its IPv4 address have one epAddr")
+	}
+	if n := unsafe.Sizeof(fdbKey{}) + unsafe.Sizeof(fdbEntry{}); n > 52 {
+		t.Errorf("an FDB entry takes %d bytes in the mirror; want at most 52", n)
+	}
+	if n := unsafe.Sizeof(neighKey{}) + unsafe.Sizeof(neighEntry{}); n > 30 {
+		t.Errorf("a neighbour takes %d bytes in the mirror; want at most 30", n)
 	}
 }

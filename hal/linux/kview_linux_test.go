@@ -456,7 +456,7 @@ func TestKernelViewOverlayTablesShared(t *testing.T) {
 	if !ok {
 		t.Fatal("the link table holds no VXLAN device of the network")
 	}
-	k := fdbKey{ifindex: vx, dst: netip.MustParseAddr(f.gw1)}
+	k := fdbKey{ifindex: vx, dst: epAddrOf(netip.MustParseAddr(f.gw1))}
 	if e, ok := view.neigh.fdb.m.Get(k); !ok || !e.permanent {
 		t.Errorf("the FDB table holds %v (%v) for the head-end replication entry %s; want a permanent entry", e, ok, k)
 	}

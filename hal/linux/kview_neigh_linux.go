@@ -140,7 +140,7 @@ func notifyNeigh(m *hal.Mirror[neighKey, neighEntry], typ uint16, payload []byte
 		return
 	}
 	k, e, permanent := msg.neigh()
-	if !k.ip.IsValid() {
+	if !k.ip.valid() {
 		return
 	}
 	if typ == unix.RTM_NEWNEIGH && permanent {

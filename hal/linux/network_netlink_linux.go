@@ -204,7 +204,7 @@ func appendOverlayRouteRequest(b []byte, typ, flags uint16, id routeID, rt kerne
 // (`bridge fdb del ...`) request for the head-end replication entry k (fdbKey.headEnd).
 func appendHERRequest(b []byte, typ, flags uint16, k fdbKey) []byte {
 	return rtnl.AppendNeighRequest(b, typ, flags, rtnl.Neigh{Family: unix.AF_BRIDGE, Index: k.ifindex, State: unix.NUD_PERMANENT,
-		Flags: unix.NTF_SELF, Dst: k.dst, HasMAC: true})
+		Flags: unix.NTF_SELF, Dst: k.dst.addr(), HasMAC: true})
 }
 
 // appendAddrRequest appends to b an RTM_NEWADDR (`ip addr add`) or RTM_DELADDR (`ip addr

@@ -835,7 +835,7 @@ func (r *NetworkReconciler) ensureReplication(ctx context.Context, want networkW
 		}
 	}
 	for k := range r.neigh.headEnds.Get(index) {
-		if !wanted[k.dst] {
+		if !wanted[k.dst.addr()] {
 			if err := r.deleteHER(ctx, want.vxlan, k); err != nil {
 				return nil, nil, err
 			}
@@ -843,12 +843,12 @@ func (r *NetworkReconciler) ensureReplication(ctx context.Context, want networkW
 	}
 	for _, a := range sortedKeys(wanted, netip.Addr.Compare) {
 		remotes = append(remotes, a)
-		k := fdbKey{ifindex: index, dst: a}
+		k := fdbKey{ifindex: index, dst: epAddrOf(a)}
 		if _, ok := r.neigh.fdb.m.Get(k); ok {
 			continue
 		}
 		msg := appendHERRequest(r.nl.Buffer(), unix.RTM_NEWNEIGH, unix.NLM_F_CREATE|unix.NLM_F_APPEND, k)
-		w := r.neigh.fdb.m.ExpectBy(r.fdbReader.writer(), k, fdbEntry{dst: a, permanent: true}, nil)
+		w := r.neigh.fdb.m.ExpectBy(r.fdbReader.writer(), k, fdbEntry{dst: k.dst, permanent: true}, nil)
 		if _, err := kernelWrite(ctx, r.rtnlConn, w, msg); err != nil {
 			return nil, nil, kernelErr(err, "adding head-end replication to %s on %s", a, want.vxlan)
 		}
