@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -113,11 +114,14 @@ type linkTable struct {
 	// of the name and have not read it back yet (expectCreate).
 	createMu sync.Mutex
 	creates  map[string]hal.Writers
+	// changed holds per link name a channel that the next change of a link of the name
+	// closes, for those that wait for it (awaitLink); createMu guards it too.
+	changed map[string]chan struct{}
 }
 
 // newLinkTable returns an empty link table.
 func newLinkTable() *linkTable {
-	t := &linkTable{hint: map[string]int32{}, creates: map[string]hal.Writers{}}
+	t := &linkTable{hint: map[string]int32{}, creates: map[string]hal.Writers{}, changed: map[string]chan struct{}{}}
 	t.viewTable = newViewTable(viewTableOptions[int32, kernelLink]{
 		groups: []uint{unix.RTNLGRP_LINK},
 		equal:  func(have, want kernelLink) bool { return have == want },
@@ -138,8 +142,9 @@ func newLinkTable() *linkTable {
 }
 
 // expectCreate records that the writer by is about to create a link of the name, and
-// returns the function that ends the expectation, which the writer calls once it has
-// read the link back and recorded what it read (hal.Mirror.ExpectBy). Until then every
+// returns the function that ends the expectation, which the writer calls once the table
+// holds the link as created (awaitLink), or it has read the link back and recorded what
+// it read (hal.Mirror.ExpectBy). Until then every
 // change of a link of the name is the echo of the create for by: the kernel reports a
 // link it creates in steps (registered down and without an alias, then up, then a port
 // of its master), each of which the writer's read answers, and the mirror cannot expect
@@ -172,8 +177,53 @@ func (t *linkTable) createEchoes(c hal.MirrorChange[int32, kernelLink]) hal.Writ
 	return t.creates[name]
 }
 
-// followNames keeps the hint of names current.
+// awaitLink waits, for at most wait, until the table holds a link of the name for which
+// ok is true, and returns it and its index. It reports false when the wait ends first,
+// or ctx does.
+func (t *linkTable) awaitLink(ctx context.Context, name string, wait time.Duration, ok func(kernelLink) bool) (int32, kernelLink, bool) {
+	var timer *time.Timer
+	for {
+		// The channel is taken before the table is read, so a change in between closes it.
+		t.createMu.Lock()
+		ch := t.changed[name]
+		if ch == nil {
+			ch = make(chan struct{})
+			t.changed[name] = ch
+		}
+		t.createMu.Unlock()
+		if i, l, found := t.byName(name); found && ok(l) {
+			return i, l, true
+		}
+		if timer == nil {
+			timer = time.NewTimer(wait)
+			defer timer.Stop()
+		}
+		select {
+		case <-ch:
+		case <-timer.C:
+			return 0, kernelLink{}, false
+		case <-ctx.Done():
+			return 0, kernelLink{}, false
+		}
+	}
+}
+
+// signalChanged wakes those waiting for a change of a link of the name (awaitLink).
+func (t *linkTable) signalChanged(name string) {
+	t.createMu.Lock()
+	defer t.createMu.Unlock()
+	if ch, ok := t.changed[name]; ok {
+		close(ch)
+		delete(t.changed, name)
+	}
+}
+
+// followNames keeps the hint of names current, and wakes those waiting for a change of
+// a link of the name (awaitLink).
 func (t *linkTable) followNames(c hal.MirrorChange[int32, kernelLink]) {
+	if c.Has {
+		t.signalChanged(c.New.name)
+	}
 	if c.Had && c.Has && c.Old.name == c.New.name {
 		return
 	}

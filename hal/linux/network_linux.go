@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -146,6 +147,9 @@ type NetworkReconciler struct {
 	// links is the view's table of links, which linkReader reads.
 	links      *linkTable
 	linkReader *tableReader[int32, kernelLink]
+	// linkGets counts the reconciler's reads of single links from the kernel
+	// (refreshLink).
+	linkGets atomic.Uint64
 
 	// addrs is the view's table of addresses, which addrReader reads; rules that of
 	// rules, which ruleReader reads (the network's are those of the overlay's shape,

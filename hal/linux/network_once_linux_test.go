@@ -59,3 +59,22 @@ func TestNetworkReconciledOnce(t *testing.T) {
 		})
 	}
 }
+
+// TestNetworkCreateReadsNoLink: adding a network reads none of the links it creates
+// back from the kernel: the view's link table holds each as created once the view has
+// read the kernel's reports of the create, which the kernel queues before its ack.
+func TestNetworkCreateReadsNoLink(t *testing.T) {
+	h := newOverlayHost(t)
+	h.run(t, "ip", "addr", "add", benchVTEPAddr+"/32", "dev", "lo")
+	obj := benchNetworkObj(0)
+	h.put(t, nodeObj(localNode, benchVTEPAddr), obj)
+	h.observeNetworks(t)
+	gets := h.rec.linkGets.Load()
+	h.mustReconcile(t, obj.Key())
+	if d := h.rec.linkGets.Load() - gets; d != 0 {
+		t.Errorf("adding a network read %d of the links it created back from the kernel, want 0", d)
+	}
+	if _, ok := h.rec.link(BridgeName(obj.Key().ID())); !ok {
+		t.Errorf("the link table holds no bridge %s", BridgeName(obj.Key().ID()))
+	}
+}

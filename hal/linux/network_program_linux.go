@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -151,7 +152,8 @@ func (r *NetworkReconciler) createLink(ctx context.Context, name string, target 
 
 	// The link has no index until the kernel creates it, so the link table's mirror
 	// cannot expect it: the table takes every change of a link of the name for the echo
-	// of the create until the reconciler has read the link back (expectCreate).
+	// of the create until the reconciler has found the link as created in the table or
+	// read it back (expectCreate).
 	done := r.links.expectCreate(r.linkReader.writer(), name)
 	defer done()
 	err := r.nl.Do(ctx, msg)
@@ -164,8 +166,35 @@ func (r *NetworkReconciler) createLink(ctx context.Context, name string, target 
 	}
 	r.writes.Add(1)
 	r.log.Info("link created", "key", ownerKey(target.alias), "link", name, "kind", target.kind)
+	if r.links.current() {
+		// The kernel queues its reports of the create on the view's subscription before
+		// it acks it on this socket, so the table holds the link as created as soon as the
+		// view has read them: no read of the link back.
+		if index, l, ok := r.links.awaitLink(ctx, name, createdLinkWait, func(l kernelLink) bool {
+			return createdLink(networkLinkOf(0, l), target)
+		}); ok {
+			return networkLinkOf(index, l), true, nil
+		}
+	}
 	l, err := r.refreshLink(ctx, name)
 	return l, err == nil, err
+}
+
+// createdLinkWait bounds how long createLink waits for the link table to show a link it
+// created before it asks the kernel for it.
+const createdLinkWait = 100 * time.Millisecond
+
+// createdLink reports whether the link have is in the state the kernel reports last of
+// a link that createLink created as target describes: naples's, of the kind, with its
+// MAC, up, a port of its master, and for a VXLAN device with its settings and MTU. Its
+// alias and a bridge's MTU are converge's to set.
+func createdLink(have, target networkLink) bool {
+	return have.group == LinkGroup && (have.alias == "" || have.alias == target.alias) &&
+		have.kind == target.kind && (target.mac == "" || have.mac == target.mac) && have.up &&
+		have.master == target.master && have.bridgePort == (target.master != 0) &&
+		(target.kind != "vxlan" || (have.vni == target.vni && have.local == target.local &&
+			have.port == target.port && have.learning == target.learning &&
+			(target.mtu == 0 || have.mtu == target.mtu)))
 }
 
 // createClash explains a create the kernel refused with EEXIST: a link of the name the
@@ -188,6 +217,7 @@ func (r *NetworkReconciler) createClash(ctx context.Context, name string, target
 // in the link table and returns it. The table shows the answer from then on and passes
 // over the kernel's older events of the link until they catch up with it.
 func (r *NetworkReconciler) refreshLink(ctx context.Context, name string) (networkLink, error) {
+	r.linkGets.Add(1)
 	msg := rtnl.AppendLinkRequest(make([]byte, 0, 64), unix.RTM_GETLINK, 0, rtnl.Link{Name: name}, 0, rtnl.LinkName)
 	var got kernelLink
 	var index int32
