@@ -147,6 +147,9 @@ type NetworkReconciler struct {
 	// links is the view's table of links, which linkReader reads.
 	links      *linkTable
 	linkReader *tableReader[int32, kernelLink]
+	// createdLinkWait bounds how long createLink waits for the link table to show a link
+	// it created before it reads the link back (defaultCreatedLinkWait).
+	createdLinkWait time.Duration
 	// linkGets counts the reconciler's reads of single links from the kernel
 	// (refreshLink).
 	linkGets atomic.Uint64
@@ -285,6 +288,7 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 		node:            opts.Node,
 		links:           c.view.links,
 		linkReader:      reader,
+		createdLinkWait: defaultCreatedLinkWait,
 		devices:         map[string]nimbusv1.Key{},
 		networksOfMark:  map[uint32]map[nimbusv1.Key]struct{}{},
 		gatewayNetworks: map[nimbusv1.Key]struct{}{},

@@ -2,6 +2,7 @@ package linux
 
 import (
 	"testing"
+	"time"
 
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -69,6 +70,8 @@ func TestNetworkCreateReadsNoLink(t *testing.T) {
 	obj := benchNetworkObj(0)
 	h.put(t, nodeObj(localNode, benchVTEPAddr), obj)
 	h.observeNetworks(t)
+	// However slow the machine, the view reads the create's reports in time.
+	h.rec.createdLinkWait = 30 * time.Second
 	gets := h.rec.linkGets.Load()
 	h.mustReconcile(t, obj.Key())
 	if d := h.rec.linkGets.Load() - gets; d != 0 {

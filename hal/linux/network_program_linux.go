@@ -170,7 +170,7 @@ func (r *NetworkReconciler) createLink(ctx context.Context, name string, target 
 		// The kernel queues its reports of the create on the view's subscription before
 		// it acks it on this socket, so the table holds the link as created as soon as the
 		// view has read them: no read of the link back.
-		if index, l, ok := r.links.awaitLink(ctx, name, createdLinkWait, func(l kernelLink) bool {
+		if index, l, ok := r.links.awaitLink(ctx, name, r.createdLinkWait, func(l kernelLink) bool {
 			return createdLink(networkLinkOf(0, l), target)
 		}); ok {
 			return networkLinkOf(index, l), true, nil
@@ -180,9 +180,9 @@ func (r *NetworkReconciler) createLink(ctx context.Context, name string, target 
 	return l, err == nil, err
 }
 
-// createdLinkWait bounds how long createLink waits for the link table to show a link it
-// created before it asks the kernel for it.
-const createdLinkWait = 100 * time.Millisecond
+// defaultCreatedLinkWait bounds how long createLink waits for the link table to show a
+// link it created before it asks the kernel for it (NetworkReconciler.createdLinkWait).
+const defaultCreatedLinkWait = 100 * time.Millisecond
 
 // createdLink reports whether the link have is in the state the kernel reports last of
 // a link that createLink created as target describes: naples's, of the kind, with its
