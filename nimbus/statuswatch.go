@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"hash/maphash"
 	"iter"
-	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -276,7 +275,12 @@ func (ss *statusStream) sendChanges() error {
 			}
 		}
 	}
-	for _, id := range slices.SortedFunc(maps.Keys(objects), nimbusv1.Key.Compare) {
+	ids := make([]nimbusv1.Key, 0, len(objects))
+	for id := range objects {
+		ids = append(ids, id)
+	}
+	slices.SortFunc(ids, nimbusv1.Key.Compare)
+	for _, id := range ids {
 		if rec := v.object(id); rec != nil {
 			if err := ss.put(v, rec); err != nil {
 				return err

@@ -75,6 +75,12 @@ func (k Key) LogValue() slog.Value { return slog.StringValue(k.String()) }
 // zero Key, which names no object, sorts before every other, so that it probes a table
 // ordered by something else first and then by key.
 func (k Key) Compare(o Key) int {
+	if k.Kind == o.Kind && k.Tenant == o.Tenant && k.Namespace == o.Namespace {
+		// Keys of one kind and namespace, as a table mostly holds, have String forms that
+		// agree up to their names, the last part: the names alone decide. A zero key's
+		// name is empty, so it sorts first here too.
+		return strings.Compare(k.Name, o.Name)
+	}
 	if k.IsZero() || o.IsZero() {
 		switch {
 		case k == o:
@@ -115,13 +121,8 @@ func comparePart(a, b string, last bool) int {
 		return 0
 	}
 	n := min(len(a), len(b))
-	for i := range n {
-		if a[i] != b[i] {
-			if a[i] < b[i] {
-				return -1
-			}
-			return +1
-		}
+	if c := strings.Compare(a[:n], b[:n]); c != 0 {
+		return c
 	}
 	sign := -1 // a is the shorter one
 	next := byte(0)
