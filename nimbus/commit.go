@@ -298,8 +298,8 @@ func finalStates(changes []stagedChange) (puts []*nimbusv1.Object, dels []string
 }
 
 // stageApply stores the write's object in txn as the change of revision rev, unless it
-// is what is stored already. It assigns uid, generation, revision and times as the package
-// documentation says, and drops the statuses of nodes a retarget leaves. The change is nil
+// is what is stored already. It assigns uid, generation, revision, generation revision and
+// times as the package documentation says, and drops the statuses of nodes a retarget leaves. The change is nil
 // when nothing changed; the outcome's rev is set only when something did. An object that
 // would take a value another object holds is not stored: the error, which wraps
 // ErrConflict, names both (see conflict.go).
@@ -310,6 +310,7 @@ func stageApply(txn *writeTxn, w write, rev uint64, now *timestamppb.Timestamp) 
 		old = rec.Object
 	}
 	m := obj.GetMeta()
+	m.GenerationRevision = rev
 	if old == nil {
 		m.Uid = newUUID()
 		m.Generation = 1
@@ -324,6 +325,8 @@ func stageApply(txn *writeTxn, w write, rev uint64, now *timestamppb.Timestamp) 
 		m.Uid, m.CreateTime, m.Generation = om.GetUid(), om.GetCreateTime(), om.GetGeneration()
 		if specChanged || retargeted {
 			m.Generation++
+		} else {
+			m.GenerationRevision = old.GenerationRevision()
 		}
 	}
 	if holdsClaims(obj) {

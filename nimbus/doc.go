@@ -22,7 +22,8 @@
 // ignored. It stores an empty tenant or namespace as "default" and the target nodes sorted
 // and without duplicates, so listing the same nodes in another order is no change. The generation starts at 1 and is bumped when the spec or the target nodes
 // change; a change of labels only takes a revision but keeps the generation, and applying
-// what is already stored changes nothing at all.
+// what is already stored changes nothing at all. meta.generation_revision is the revision
+// of the change that made the current generation, which a change of labels keeps too.
 //
 // ApplyBatch and DeleteBatch write many objects in one call, as that many Applies or
 // Deletes in a row would, but all or nothing: every entry is validated first, and one

@@ -780,6 +780,11 @@ func (e *etcdStore) decode(kv *mvccpb.KeyValue) (*nimbusv1.Object, error) {
 		return nil, fmt.Errorf("key %s: position %d in its transaction is out of range", kv.Key, sub)
 	}
 	m.Revision = eventRev(kv.ModRevision, sub)
+	if m.GetGenerationRevision() == sub {
+		// The write made the generation: stageApply stored its position, as it did the
+		// revision, which only etcd's revision completes.
+		m.GenerationRevision = m.Revision
+	}
 	return obj, nil
 }
 
@@ -1180,7 +1185,11 @@ func (e *etcdStore) commitChunk(b *batch, from, to int) (committed bool, err err
 			out := &outs[i]
 			out.rev = eventRev(rev, uint64(sub))
 			if out.obj != nil {
-				out.obj.Meta.Revision = out.rev
+				m := out.obj.Meta
+				if m.GenerationRevision == m.Revision {
+					m.GenerationRevision = out.rev
+				}
+				m.Revision = out.rev
 			}
 		}
 		copy(b.outcomes[from:to], outs)

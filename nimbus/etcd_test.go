@@ -105,9 +105,26 @@ func TestEtcdReplicasShareObjectsAndRevisions(t *testing.T) {
 	if updated.GetMeta().GetRevision() <= applied.GetMeta().GetRevision() {
 		t.Fatalf("revision went from %d to %d", applied.GetMeta().GetRevision(), updated.GetMeta().GetRevision())
 	}
-	// Applying the same again changes nothing, on either replica.
+	if gr := updated.GetMeta().GetGenerationRevision(); gr != updated.GetMeta().GetRevision() {
+		t.Fatalf("update through b: generation revision %d, want its revision %d", gr, updated.GetMeta().GetRevision())
+	}
+	// A change of labels alone, through a, keeps the generation and its revision, as both
+	// replicas hold it.
 	waitRev(t, a, updated.GetMeta().GetRevision())
-	again, err := a.client.Apply(testContext(t), &nimbusv1.ApplyRequest{Object: route("r1", nil, "192.0.2.2")})
+	relabel := route("r1", nil, "192.0.2.2")
+	relabel.Meta.Labels = map[string]string{"app": "web"}
+	relabeled := a.apply(t, relabel).GetObject()
+	waitRev(t, b, relabeled.GetMeta().GetRevision())
+	for name, got := range map[string]*nimbusv1.Object{"a's answer": relabeled, "a": a.get(t, routeKey("r1")).GetObject(), "b": b.get(t, routeKey("r1")).GetObject()} {
+		m := got.GetMeta()
+		if m.GetGeneration() != 2 || m.GetGenerationRevision() != updated.GetMeta().GetRevision() || m.GetRevision() <= updated.GetMeta().GetRevision() {
+			t.Errorf("after a change of labels, %s: generation %d, generation revision %d, revision %d; want 2, %d and more than %d",
+				name, m.GetGeneration(), m.GetGenerationRevision(), m.GetRevision(), updated.GetMeta().GetRevision(), updated.GetMeta().GetRevision())
+		}
+	}
+	updated = relabeled
+	// Applying the same again changes nothing, on either replica.
+	again, err := a.client.Apply(testContext(t), &nimbusv1.ApplyRequest{Object: relabel})
 	if err != nil || again.GetChanged() {
 		t.Fatalf("re-apply through a: changed=%v err=%v, want unchanged", again.GetChanged(), err)
 	}

@@ -102,6 +102,17 @@ func TestApplyAgain(t *testing.T) {
 			if m.GetRevision() <= fm.GetRevision() {
 				t.Errorf("revision = %d, want more than %d", m.GetRevision(), fm.GetRevision())
 			}
+			if fm.GetGenerationRevision() != fm.GetRevision() {
+				t.Errorf("created with generation revision %d, want its revision %d", fm.GetGenerationRevision(), fm.GetRevision())
+			}
+			// The generation revision is the revision of the change that made the generation.
+			wantGenRev := fm.GetRevision()
+			if tc.wantGen != fm.GetGeneration() {
+				wantGenRev = m.GetRevision()
+			}
+			if m.GetGenerationRevision() != wantGenRev {
+				t.Errorf("generation revision = %d, want %d", m.GetGenerationRevision(), wantGenRev)
+			}
 			if !proto.Equal(m.GetUpdateTime(), ts.clock.Timestamp()) {
 				t.Errorf("update time = %v, want %v", m.GetUpdateTime().AsTime(), ts.clock.Now())
 			}

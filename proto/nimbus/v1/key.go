@@ -82,3 +82,14 @@ func (o *Object) TargetsNode(node string) bool {
 	nodes := o.GetMeta().GetNodes()
 	return len(nodes) == 0 || slices.Contains(nodes, node)
 }
+
+// GenerationRevision returns the revision of the change that made the object's current
+// generation: meta.generation_revision, or meta.revision for an object stored before nimbus
+// set it, whose current generation was made at its last change or before.
+func (o *Object) GenerationRevision() uint64 {
+	m := o.GetMeta()
+	if r := m.GetGenerationRevision(); r != 0 {
+		return r
+	}
+	return m.GetRevision()
+}

@@ -566,11 +566,17 @@ type ObjectMeta struct {
 	Revision uint64            `protobuf:"varint,6,opt,name=revision,proto3" json:"revision,omitempty"`
 	Labels   map[string]string `protobuf:"bytes,7,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// nodes lists the target nodes by name; empty means every node.
-	Nodes         []string               `protobuf:"bytes,8,rep,name=nodes,proto3" json:"nodes,omitempty"`
-	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
-	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Nodes      []string               `protobuf:"bytes,8,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	// generation_revision is the revision of the change that made the current generation:
+	// the object's creation, or its last change of spec or target nodes. A change of labels
+	// only keeps it. A node's status watermark is compared with it (docs/status.md). An
+	// object stored before nimbus set it has 0 here, which means revision
+	// (Object.GenerationRevision).
+	GenerationRevision uint64 `protobuf:"varint,11,opt,name=generation_revision,json=generationRevision,proto3" json:"generation_revision,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *ObjectMeta) Reset() {
@@ -671,6 +677,13 @@ func (x *ObjectMeta) GetUpdateTime() *timestamppb.Timestamp {
 		return x.UpdateTime
 	}
 	return nil
+}
+
+func (x *ObjectMeta) GetGenerationRevision() uint64 {
+	if x != nil {
+		return x.GenerationRevision
+	}
+	return 0
 }
 
 // Object is one desired-state object: metadata and exactly one kind's spec.
@@ -4136,7 +4149,7 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\x04kind\x18\x01 \x01(\x0e2\x0f.nimbus.v1.KindR\x04kind\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x1c\n" +
 	"\tnamespace\x18\x03 \x01(\tR\tnamespace\x12\x12\n" +
-	"\x04name\x18\x04 \x01(\tR\x04name\"\xaa\x03\n" +
+	"\x04name\x18\x04 \x01(\tR\x04name\"\xdb\x03\n" +
 	"\n" +
 	"ObjectMeta\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1c\n" +
@@ -4153,7 +4166,8 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"createTime\x12;\n" +
 	"\vupdate_time\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"updateTime\x1a9\n" +
+	"updateTime\x12/\n" +
+	"\x13generation_revision\x18\v \x01(\x04R\x12generationRevision\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe0\x03\n" +

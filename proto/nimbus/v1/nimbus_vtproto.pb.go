@@ -110,6 +110,11 @@ func (m *ObjectMeta) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
+	if m.GenerationRevision != 0 {
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.GenerationRevision))
+		i--
+		dAtA[i] = 0x58
+	}
 	if m.UpdateTime != nil {
 		size, err := (*timestamppb.Timestamp)(m.UpdateTime).MarshalToSizedBufferVT(dAtA[:i])
 		if err != nil {
@@ -3353,6 +3358,9 @@ func (m *ObjectMeta) SizeVT() (n int) {
 		l = (*timestamppb.Timestamp)(m.UpdateTime).SizeVT()
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
+	if m.GenerationRevision != 0 {
+		n += 1 + protohelpers.SizeOfVarint(uint64(m.GenerationRevision))
+	}
 	n += len(m.unknownFields)
 	return n
 }
@@ -5238,6 +5246,25 @@ func (m *ObjectMeta) UnmarshalVT(dAtA []byte) error {
 				return err
 			}
 			iNdEx = postIndex
+		case 11:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field GenerationRevision", wireType)
+			}
+			m.GenerationRevision = 0
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				m.GenerationRevision |= uint64(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])
@@ -13313,6 +13340,25 @@ func (m *ObjectMeta) UnmarshalVTUnsafe(dAtA []byte) error {
 				return err
 			}
 			iNdEx = postIndex
+		case 11:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field GenerationRevision", wireType)
+			}
+			m.GenerationRevision = 0
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				m.GenerationRevision |= uint64(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])
