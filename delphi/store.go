@@ -755,15 +755,15 @@ func (s *Store) write(fn func(w *desiredWrite) error) error {
 		}
 	}
 	s.commitLocked(w.st)
-	s.notify(TableDesired, keys)
+	s.notify(TableDesired, keys, &resumePoint{w.st.epoch, w.st.revision})
 	s.metrics.commitDuration.WithLabelValues(string(TableDesired)).Observe(time.Since(start).Seconds())
 	s.metrics.commitSize.WithLabelValues(string(TableDesired)).Observe(float64(len(keys)))
 	return nil
 }
 
-// notify hands the keys of one table that a commit changed to the matching
-// subscriptions; the caller holds writeMu.
-func (s *Store) notify(table Table, keys []nimbusv1.Key) {
+// notify hands the keys of one table that a commit changed, and a desired-table commit's
+// resume point, to the matching subscriptions; the caller holds writeMu.
+func (s *Store) notify(table Table, keys []nimbusv1.Key, resume *resumePoint) {
 	if len(keys) == 0 {
 		return
 	}
@@ -771,7 +771,7 @@ func (s *Store) notify(table Table, keys []nimbusv1.Key) {
 	defer s.mu.Unlock()
 	for sub := range s.subs {
 		if slices.Contains(sub.opts.Tables, table) {
-			sub.add(keys)
+			sub.add(keys, resume)
 		}
 	}
 }
@@ -981,7 +981,7 @@ func (w *StatusWriter) Commit(t *StatusTxn) error {
 	}
 	s.statusMu.Unlock()
 	keys = changed
-	s.notify(TableStatus, keys)
+	s.notify(TableStatus, keys, nil)
 	s.metrics.commitDuration.WithLabelValues(string(TableStatus)).Observe(time.Since(start).Seconds())
 	s.metrics.commitSize.WithLabelValues(string(TableStatus)).Observe(float64(len(keys)))
 	return nil

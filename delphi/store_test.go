@@ -220,6 +220,49 @@ func TestSubscriptionCoalescesAndFilters(t *testing.T) {
 	}
 }
 
+// TestSubscriptionResumeIsWhatNextHandedOut checks that a subscription's resume point is
+// that of the last desired-table commit whose keys Next handed out, not of a commit it
+// has yet to hand out, which the store's own resume point may already be.
+func TestSubscriptionResumeIsWhatNextHandedOut(t *testing.T) {
+	s, d, _ := open(t)
+	commit(t, d, func(txn *DesiredTxn) {
+		txn.Put(route("a", 1, "10.0.0.0/8", "10.0.0.1"))
+		txn.SetResume("e1", 10)
+	})
+	sub, err := s.Subscribe(SubscribeOptions{Tables: []Table{TableDesired}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	wantResume := func(when, epoch string, rev uint64) {
+		t.Helper()
+		if e, r := sub.Resume(); e != epoch || r != rev {
+			t.Fatalf("%s: resume %s/%d, want %s/%d", when, e, r, epoch, rev)
+		}
+	}
+	wantResume("before the first Next", "", 0)
+	next(t, sub)
+	wantResume("after the first Next", "e1", 10)
+	commit(t, d, func(txn *DesiredTxn) {
+		txn.Put(route("b", 1, "10.0.0.0/8", "10.0.0.1"))
+		txn.SetResume("e1", 12)
+	})
+	if _, r := s.Resume(); r != 12 {
+		t.Fatalf("store's resume %d, want 12", r)
+	}
+	wantResume("before Next hands out b", "e1", 10)
+	// A commit that changes nothing a subscription hears of moves it with the next one.
+	commit(t, d, func(txn *DesiredTxn) { txn.SetResume("e1", 13) })
+	commit(t, d, func(txn *DesiredTxn) {
+		txn.Put(route("c", 1, "10.0.0.0/8", "10.0.0.1"))
+		txn.SetResume("e1", 15)
+	})
+	if got := next(t, sub); !slices.Equal(got, []string{"Route/default/default/b", "Route/default/default/c"}) {
+		t.Fatalf("Next = %v, want b and c", got)
+	}
+	wantResume("after Next", "e1", 15)
+}
+
 func TestSubscriptionCloseUnblocksNext(t *testing.T) {
 	s, _, _ := open(t)
 	sub, err := s.Subscribe(SubscribeOptions{Tables: []Table{TableDesired}})

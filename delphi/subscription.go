@@ -28,11 +28,20 @@ type Subscription struct {
 	key    nimbusv1.Key  // when set, only this key
 	signal chan struct{}
 
-	// mu guards order, pending and closed.
+	// mu guards order, pending, closed and the resume points.
 	mu      sync.Mutex
 	order   []nimbusv1.Key
 	pending map[nimbusv1.Key]struct{}
 	closed  bool
+	// queued is the resume point of the last desired-table commit whose keys are queued,
+	// and handed that of the last one whose keys Next has handed out.
+	queued, handed resumePoint
+}
+
+// resumePoint is a nimbus epoch and revision the desired table corresponds to.
+type resumePoint struct {
+	epoch    string
+	revision uint64
 }
 
 // Subscribe starts a subscription. Its first Next returns every selected key present now,
@@ -78,16 +87,21 @@ func (s *Store) Subscribe(opts SubscribeOptions) (*Subscription, error) {
 			s.statusMu.RUnlock()
 		}
 	}
-	sub.add(keys)
+	st := s.desired.Load()
+	sub.add(keys, &resumePoint{st.epoch, st.revision})
 	return sub, nil
 }
 
-// add queues changed keys; the caller holds s.mu or writeMu.
-func (sub *Subscription) add(keys []nimbusv1.Key) {
+// add queues changed keys, of a desired-table commit whose resume point is resume when
+// that is set; the caller holds s.mu or writeMu.
+func (sub *Subscription) add(keys []nimbusv1.Key, resume *resumePoint) {
 	sub.mu.Lock()
 	defer sub.mu.Unlock()
 	if sub.closed {
 		return
+	}
+	if resume != nil {
+		sub.queued = *resume
 	}
 	added := false
 	for _, key := range keys {
@@ -125,6 +139,7 @@ func (sub *Subscription) Next(ctx context.Context) ([]nimbusv1.Key, error) {
 			out := sub.order
 			sub.order = nil
 			sub.pending = map[nimbusv1.Key]struct{}{}
+			sub.handed = sub.queued
 			sub.mu.Unlock()
 			return out, nil
 		}
@@ -135,6 +150,17 @@ func (sub *Subscription) Next(ctx context.Context) ([]nimbusv1.Key, error) {
 		case <-sub.signal:
 		}
 	}
+}
+
+// Resume returns the nimbus epoch and revision of the desired table as of the last commit
+// whose changed keys Next has handed out, the first Next's keys being the table as of
+// Subscribe: every change of the table up to that revision is in what Next returned, which
+// Store.Resume, read apart from Next, does not promise. Before the first Next it returns
+// "" and 0.
+func (sub *Subscription) Resume() (epoch string, revision uint64) {
+	sub.mu.Lock()
+	defer sub.mu.Unlock()
+	return sub.handed.epoch, sub.handed.revision
 }
 
 // Close ends the subscription; a blocked Next returns ErrClosed. It is safe to call twice.
