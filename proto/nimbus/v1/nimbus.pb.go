@@ -3872,10 +3872,15 @@ func (x *StatusFrame) GetEvents() []*StatusEvent {
 	return nil
 }
 
+// StatusReport is one message of a node's status stream: the node's status of one object
+// (key and status), or the node's watermark.
 type StatusReport struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Key           *ObjectKey             `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	Status        *NodeStatus            `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Key    *ObjectKey             `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Status *NodeStatus            `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
+	// watermark, when set, is the reporting node's status watermark, and key and status are
+	// unset.
+	Watermark     *StatusWatermark `protobuf:"bytes,3,opt,name=watermark,proto3" json:"watermark,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3924,6 +3929,90 @@ func (x *StatusReport) GetStatus() *NodeStatus {
 	return nil
 }
 
+func (x *StatusReport) GetWatermark() *StatusWatermark {
+	if x != nil {
+		return x.Watermark
+	}
+	return nil
+}
+
+// StatusWatermark is how far a node has applied what it watches: every object meant for the
+// node whose meta.generation_revision is at or below revision is PROGRAMMED at its
+// generation on the node, but for the objects the node reports a status of on its own
+// (its exceptions). docs/status.md describes how nimbus derives statuses from it.
+type StatusWatermark struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// node is the reporting node.
+	Node string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// epoch is the nimbus epoch revision belongs to: a watermark of an epoch other than the
+	// server's says nothing.
+	Epoch    string `protobuf:"bytes,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Revision uint64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	// update_time is when the watermark last moved, as nimbus recorded it; agents leave it
+	// unset.
+	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatusWatermark) Reset() {
+	*x = StatusWatermark{}
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatusWatermark) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatusWatermark) ProtoMessage() {}
+
+func (x *StatusWatermark) ProtoReflect() protoreflect.Message {
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatusWatermark.ProtoReflect.Descriptor instead.
+func (*StatusWatermark) Descriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *StatusWatermark) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *StatusWatermark) GetEpoch() string {
+	if x != nil {
+		return x.Epoch
+	}
+	return ""
+}
+
+func (x *StatusWatermark) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *StatusWatermark) GetUpdateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdateTime
+	}
+	return nil
+}
+
 type ReportStatusResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -3932,7 +4021,7 @@ type ReportStatusResponse struct {
 
 func (x *ReportStatusResponse) Reset() {
 	*x = ReportStatusResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[44]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3944,7 +4033,7 @@ func (x *ReportStatusResponse) String() string {
 func (*ReportStatusResponse) ProtoMessage() {}
 
 func (x *ReportStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[44]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3957,7 +4046,7 @@ func (x *ReportStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportStatusResponse.ProtoReflect.Descriptor instead.
 func (*ReportStatusResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{44}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{45}
 }
 
 // PeerFrame is one frame of the stream on which a nimbus replica pushes to a peer replica
@@ -3977,14 +4066,16 @@ type PeerFrame struct {
 	// as the sender keeps it (update_time set).
 	Reports []*StatusReport `protobuf:"bytes,3,rep,name=reports,proto3" json:"reports,omitempty"`
 	// presence tells, per node, how many watch streams the node has open on the sender.
-	Presence      []*PeerPresence `protobuf:"bytes,4,rep,name=presence,proto3" json:"presence,omitempty"`
+	Presence []*PeerPresence `protobuf:"bytes,4,rep,name=presence,proto3" json:"presence,omitempty"`
+	// watermarks are the status watermarks the sender's agents reported, update_time set.
+	Watermarks    []*StatusWatermark `protobuf:"bytes,5,rep,name=watermarks,proto3" json:"watermarks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PeerFrame) Reset() {
 	*x = PeerFrame{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[45]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3996,7 +4087,7 @@ func (x *PeerFrame) String() string {
 func (*PeerFrame) ProtoMessage() {}
 
 func (x *PeerFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[45]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4009,7 +4100,7 @@ func (x *PeerFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerFrame.ProtoReflect.Descriptor instead.
 func (*PeerFrame) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{45}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *PeerFrame) GetReplica() string {
@@ -4040,6 +4131,13 @@ func (x *PeerFrame) GetPresence() []*PeerPresence {
 	return nil
 }
 
+func (x *PeerFrame) GetWatermarks() []*StatusWatermark {
+	if x != nil {
+		return x.Watermarks
+	}
+	return nil
+}
+
 // PeerPresence is whether, and since when, a node watches the sending replica.
 type PeerPresence struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -4055,7 +4153,7 @@ type PeerPresence struct {
 
 func (x *PeerPresence) Reset() {
 	*x = PeerPresence{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[46]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4067,7 +4165,7 @@ func (x *PeerPresence) String() string {
 func (*PeerPresence) ProtoMessage() {}
 
 func (x *PeerPresence) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[46]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4080,7 +4178,7 @@ func (x *PeerPresence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerPresence.ProtoReflect.Descriptor instead.
 func (*PeerPresence) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{46}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *PeerPresence) GetNode() string {
@@ -4112,7 +4210,7 @@ type PeerStatusResponse struct {
 
 func (x *PeerStatusResponse) Reset() {
 	*x = PeerStatusResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[47]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4124,7 +4222,7 @@ func (x *PeerStatusResponse) String() string {
 func (*PeerStatusResponse) ProtoMessage() {}
 
 func (x *PeerStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[47]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4137,7 +4235,7 @@ func (x *PeerStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerStatusResponse.ProtoReflect.Descriptor instead.
 func (*PeerStatusResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{47}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{48}
 }
 
 var File_nimbus_v1_nimbus_proto protoreflect.FileDescriptor
@@ -4429,16 +4527,26 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\vTYPE_DELETE\x10\x02\x12\x0f\n" +
 	"\vTYPE_SYNCED\x10\x03\"=\n" +
 	"\vStatusFrame\x12.\n" +
-	"\x06events\x18\x01 \x03(\v2\x16.nimbus.v1.StatusEventR\x06events\"e\n" +
+	"\x06events\x18\x01 \x03(\v2\x16.nimbus.v1.StatusEventR\x06events\"\x9f\x01\n" +
 	"\fStatusReport\x12&\n" +
 	"\x03key\x18\x01 \x01(\v2\x14.nimbus.v1.ObjectKeyR\x03key\x12-\n" +
-	"\x06status\x18\x02 \x01(\v2\x15.nimbus.v1.NodeStatusR\x06status\"\x16\n" +
-	"\x14ReportStatusResponse\"\xa9\x01\n" +
+	"\x06status\x18\x02 \x01(\v2\x15.nimbus.v1.NodeStatusR\x06status\x128\n" +
+	"\twatermark\x18\x03 \x01(\v2\x1a.nimbus.v1.StatusWatermarkR\twatermark\"\x94\x01\n" +
+	"\x0fStatusWatermark\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\tR\x05epoch\x12\x1a\n" +
+	"\brevision\x18\x03 \x01(\x04R\brevision\x12;\n" +
+	"\vupdate_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"updateTime\"\x16\n" +
+	"\x14ReportStatusResponse\"\xe5\x01\n" +
 	"\tPeerFrame\x12\x18\n" +
 	"\areplica\x18\x01 \x01(\tR\areplica\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x121\n" +
 	"\areports\x18\x03 \x03(\v2\x17.nimbus.v1.StatusReportR\areports\x123\n" +
-	"\bpresence\x18\x04 \x03(\v2\x17.nimbus.v1.PeerPresenceR\bpresence\"n\n" +
+	"\bpresence\x18\x04 \x03(\v2\x17.nimbus.v1.PeerPresenceR\bpresence\x12:\n" +
+	"\n" +
+	"watermarks\x18\x05 \x03(\v2\x1a.nimbus.v1.StatusWatermarkR\n" +
+	"watermarks\"n\n" +
 	"\fPeerPresence\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\astreams\x18\x02 \x01(\x05R\astreams\x120\n" +
@@ -4499,7 +4607,7 @@ func file_nimbus_v1_nimbus_proto_rawDescGZIP() []byte {
 }
 
 var file_nimbus_v1_nimbus_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_nimbus_v1_nimbus_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
+var file_nimbus_v1_nimbus_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
 var file_nimbus_v1_nimbus_proto_goTypes = []any{
 	(Kind)(0),                         // 0: nimbus.v1.Kind
 	(Phase)(0),                        // 1: nimbus.v1.Phase
@@ -4553,19 +4661,20 @@ var file_nimbus_v1_nimbus_proto_goTypes = []any{
 	(*StatusEvent)(nil),               // 49: nimbus.v1.StatusEvent
 	(*StatusFrame)(nil),               // 50: nimbus.v1.StatusFrame
 	(*StatusReport)(nil),              // 51: nimbus.v1.StatusReport
-	(*ReportStatusResponse)(nil),      // 52: nimbus.v1.ReportStatusResponse
-	(*PeerFrame)(nil),                 // 53: nimbus.v1.PeerFrame
-	(*PeerPresence)(nil),              // 54: nimbus.v1.PeerPresence
-	(*PeerStatusResponse)(nil),        // 55: nimbus.v1.PeerStatusResponse
-	nil,                               // 56: nimbus.v1.ObjectMeta.LabelsEntry
-	nil,                               // 57: nimbus.v1.NodeStatus.OperationalEntry
-	(*timestamppb.Timestamp)(nil),     // 58: google.protobuf.Timestamp
+	(*StatusWatermark)(nil),           // 52: nimbus.v1.StatusWatermark
+	(*ReportStatusResponse)(nil),      // 53: nimbus.v1.ReportStatusResponse
+	(*PeerFrame)(nil),                 // 54: nimbus.v1.PeerFrame
+	(*PeerPresence)(nil),              // 55: nimbus.v1.PeerPresence
+	(*PeerStatusResponse)(nil),        // 56: nimbus.v1.PeerStatusResponse
+	nil,                               // 57: nimbus.v1.ObjectMeta.LabelsEntry
+	nil,                               // 58: nimbus.v1.NodeStatus.OperationalEntry
+	(*timestamppb.Timestamp)(nil),     // 59: google.protobuf.Timestamp
 }
 var file_nimbus_v1_nimbus_proto_depIdxs = []int32{
 	0,  // 0: nimbus.v1.ObjectKey.kind:type_name -> nimbus.v1.Kind
-	56, // 1: nimbus.v1.ObjectMeta.labels:type_name -> nimbus.v1.ObjectMeta.LabelsEntry
-	58, // 2: nimbus.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
-	58, // 3: nimbus.v1.ObjectMeta.update_time:type_name -> google.protobuf.Timestamp
+	57, // 1: nimbus.v1.ObjectMeta.labels:type_name -> nimbus.v1.ObjectMeta.LabelsEntry
+	59, // 2: nimbus.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
+	59, // 3: nimbus.v1.ObjectMeta.update_time:type_name -> google.protobuf.Timestamp
 	9,  // 4: nimbus.v1.Object.meta:type_name -> nimbus.v1.ObjectMeta
 	11, // 5: nimbus.v1.Object.node:type_name -> nimbus.v1.NodeSpec
 	12, // 6: nimbus.v1.Object.network:type_name -> nimbus.v1.NetworkSpec
@@ -4580,8 +4689,8 @@ var file_nimbus_v1_nimbus_proto_depIdxs = []int32{
 	4,  // 15: nimbus.v1.PolicyRule.action:type_name -> nimbus.v1.PolicyRule.Action
 	19, // 16: nimbus.v1.RouteSpec.nexthops:type_name -> nimbus.v1.NextHop
 	1,  // 17: nimbus.v1.NodeStatus.phase:type_name -> nimbus.v1.Phase
-	58, // 18: nimbus.v1.NodeStatus.update_time:type_name -> google.protobuf.Timestamp
-	57, // 19: nimbus.v1.NodeStatus.operational:type_name -> nimbus.v1.NodeStatus.OperationalEntry
+	59, // 18: nimbus.v1.NodeStatus.update_time:type_name -> google.protobuf.Timestamp
+	58, // 19: nimbus.v1.NodeStatus.operational:type_name -> nimbus.v1.NodeStatus.OperationalEntry
 	22, // 20: nimbus.v1.NodeStatus.operational_data:type_name -> nimbus.v1.OperationalData
 	23, // 21: nimbus.v1.OperationalData.node:type_name -> nimbus.v1.NodeOperational
 	24, // 22: nimbus.v1.OperationalData.network:type_name -> nimbus.v1.NetworkOperational
@@ -4596,7 +4705,7 @@ var file_nimbus_v1_nimbus_proto_depIdxs = []int32{
 	5,  // 31: nimbus.v1.PolicyRuleCounters.direction:type_name -> nimbus.v1.PolicyRuleCounters.Direction
 	3,  // 32: nimbus.v1.InterfaceOperational.oper_state:type_name -> nimbus.v1.LinkOperState
 	21, // 33: nimbus.v1.ObjectStatus.nodes:type_name -> nimbus.v1.NodeStatus
-	58, // 34: nimbus.v1.ObjectStatus.caught_up_time:type_name -> google.protobuf.Timestamp
+	59, // 34: nimbus.v1.ObjectStatus.caught_up_time:type_name -> google.protobuf.Timestamp
 	10, // 35: nimbus.v1.ObjectWithStatus.object:type_name -> nimbus.v1.Object
 	31, // 36: nimbus.v1.ObjectWithStatus.status:type_name -> nimbus.v1.ObjectStatus
 	10, // 37: nimbus.v1.ApplyRequest.object:type_name -> nimbus.v1.Object
@@ -4621,34 +4730,37 @@ var file_nimbus_v1_nimbus_proto_depIdxs = []int32{
 	49, // 56: nimbus.v1.StatusFrame.events:type_name -> nimbus.v1.StatusEvent
 	8,  // 57: nimbus.v1.StatusReport.key:type_name -> nimbus.v1.ObjectKey
 	21, // 58: nimbus.v1.StatusReport.status:type_name -> nimbus.v1.NodeStatus
-	51, // 59: nimbus.v1.PeerFrame.reports:type_name -> nimbus.v1.StatusReport
-	54, // 60: nimbus.v1.PeerFrame.presence:type_name -> nimbus.v1.PeerPresence
-	58, // 61: nimbus.v1.PeerPresence.since:type_name -> google.protobuf.Timestamp
-	33, // 62: nimbus.v1.Nimbus.Apply:input_type -> nimbus.v1.ApplyRequest
-	37, // 63: nimbus.v1.Nimbus.ApplyBatch:input_type -> nimbus.v1.ApplyBatchRequest
-	35, // 64: nimbus.v1.Nimbus.Delete:input_type -> nimbus.v1.DeleteRequest
-	39, // 65: nimbus.v1.Nimbus.DeleteBatch:input_type -> nimbus.v1.DeleteBatchRequest
-	41, // 66: nimbus.v1.Nimbus.Get:input_type -> nimbus.v1.GetRequest
-	43, // 67: nimbus.v1.Nimbus.List:input_type -> nimbus.v1.ListRequest
-	45, // 68: nimbus.v1.Nimbus.Watch:input_type -> nimbus.v1.WatchRequest
-	48, // 69: nimbus.v1.Nimbus.WatchStatus:input_type -> nimbus.v1.WatchStatusRequest
-	51, // 70: nimbus.v1.Nimbus.ReportStatus:input_type -> nimbus.v1.StatusReport
-	53, // 71: nimbus.v1.Nimbus.PeerStatus:input_type -> nimbus.v1.PeerFrame
-	34, // 72: nimbus.v1.Nimbus.Apply:output_type -> nimbus.v1.ApplyResponse
-	38, // 73: nimbus.v1.Nimbus.ApplyBatch:output_type -> nimbus.v1.ApplyBatchResponse
-	36, // 74: nimbus.v1.Nimbus.Delete:output_type -> nimbus.v1.DeleteResponse
-	40, // 75: nimbus.v1.Nimbus.DeleteBatch:output_type -> nimbus.v1.DeleteBatchResponse
-	42, // 76: nimbus.v1.Nimbus.Get:output_type -> nimbus.v1.GetResponse
-	44, // 77: nimbus.v1.Nimbus.List:output_type -> nimbus.v1.ListResponse
-	47, // 78: nimbus.v1.Nimbus.Watch:output_type -> nimbus.v1.WatchFrame
-	50, // 79: nimbus.v1.Nimbus.WatchStatus:output_type -> nimbus.v1.StatusFrame
-	52, // 80: nimbus.v1.Nimbus.ReportStatus:output_type -> nimbus.v1.ReportStatusResponse
-	55, // 81: nimbus.v1.Nimbus.PeerStatus:output_type -> nimbus.v1.PeerStatusResponse
-	72, // [72:82] is the sub-list for method output_type
-	62, // [62:72] is the sub-list for method input_type
-	62, // [62:62] is the sub-list for extension type_name
-	62, // [62:62] is the sub-list for extension extendee
-	0,  // [0:62] is the sub-list for field type_name
+	52, // 59: nimbus.v1.StatusReport.watermark:type_name -> nimbus.v1.StatusWatermark
+	59, // 60: nimbus.v1.StatusWatermark.update_time:type_name -> google.protobuf.Timestamp
+	51, // 61: nimbus.v1.PeerFrame.reports:type_name -> nimbus.v1.StatusReport
+	55, // 62: nimbus.v1.PeerFrame.presence:type_name -> nimbus.v1.PeerPresence
+	52, // 63: nimbus.v1.PeerFrame.watermarks:type_name -> nimbus.v1.StatusWatermark
+	59, // 64: nimbus.v1.PeerPresence.since:type_name -> google.protobuf.Timestamp
+	33, // 65: nimbus.v1.Nimbus.Apply:input_type -> nimbus.v1.ApplyRequest
+	37, // 66: nimbus.v1.Nimbus.ApplyBatch:input_type -> nimbus.v1.ApplyBatchRequest
+	35, // 67: nimbus.v1.Nimbus.Delete:input_type -> nimbus.v1.DeleteRequest
+	39, // 68: nimbus.v1.Nimbus.DeleteBatch:input_type -> nimbus.v1.DeleteBatchRequest
+	41, // 69: nimbus.v1.Nimbus.Get:input_type -> nimbus.v1.GetRequest
+	43, // 70: nimbus.v1.Nimbus.List:input_type -> nimbus.v1.ListRequest
+	45, // 71: nimbus.v1.Nimbus.Watch:input_type -> nimbus.v1.WatchRequest
+	48, // 72: nimbus.v1.Nimbus.WatchStatus:input_type -> nimbus.v1.WatchStatusRequest
+	51, // 73: nimbus.v1.Nimbus.ReportStatus:input_type -> nimbus.v1.StatusReport
+	54, // 74: nimbus.v1.Nimbus.PeerStatus:input_type -> nimbus.v1.PeerFrame
+	34, // 75: nimbus.v1.Nimbus.Apply:output_type -> nimbus.v1.ApplyResponse
+	38, // 76: nimbus.v1.Nimbus.ApplyBatch:output_type -> nimbus.v1.ApplyBatchResponse
+	36, // 77: nimbus.v1.Nimbus.Delete:output_type -> nimbus.v1.DeleteResponse
+	40, // 78: nimbus.v1.Nimbus.DeleteBatch:output_type -> nimbus.v1.DeleteBatchResponse
+	42, // 79: nimbus.v1.Nimbus.Get:output_type -> nimbus.v1.GetResponse
+	44, // 80: nimbus.v1.Nimbus.List:output_type -> nimbus.v1.ListResponse
+	47, // 81: nimbus.v1.Nimbus.Watch:output_type -> nimbus.v1.WatchFrame
+	50, // 82: nimbus.v1.Nimbus.WatchStatus:output_type -> nimbus.v1.StatusFrame
+	53, // 83: nimbus.v1.Nimbus.ReportStatus:output_type -> nimbus.v1.ReportStatusResponse
+	56, // 84: nimbus.v1.Nimbus.PeerStatus:output_type -> nimbus.v1.PeerStatusResponse
+	75, // [75:85] is the sub-list for method output_type
+	65, // [65:75] is the sub-list for method input_type
+	65, // [65:65] is the sub-list for extension type_name
+	65, // [65:65] is the sub-list for extension extendee
+	0,  // [0:65] is the sub-list for field type_name
 }
 
 func init() { file_nimbus_v1_nimbus_proto_init() }
@@ -4679,7 +4791,7 @@ func file_nimbus_v1_nimbus_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nimbus_v1_nimbus_proto_rawDesc), len(file_nimbus_v1_nimbus_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   50,
+			NumMessages:   51,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
