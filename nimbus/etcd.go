@@ -800,7 +800,7 @@ func (e *etcdStore) replace(epoch string, objs []*nimbusv1.Object, rev int64) {
 		// The objects gone, and the claims of those kept, go first, so that what they held
 		// in the claims index is free for the objects that hold it now.
 		var gone []nimbusv1.Key
-		txn.objects.Scan(func(rec *objectRecord) bool {
+		txn.objects.Scan(func(_ string, rec *objectRecord) bool {
 			if !keep[rec.Key] {
 				gone = append(gone, rec.Key)
 			}
