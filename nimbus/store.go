@@ -157,7 +157,12 @@ func (t *tables) copy() *tables {
 
 // object returns the record of the object with the key, or nil.
 func (t *tables) object(key nimbusv1.Key) *objectRecord {
-	rec, _ := t.objects.Get(key.String())
+	return t.objectByID(key.String())
+}
+
+// objectByID returns the record of the object with the key ID, or nil.
+func (t *tables) objectByID(id string) *objectRecord {
+	rec, _ := t.objects.Get(id)
 	return rec
 }
 
