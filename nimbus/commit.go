@@ -173,7 +173,9 @@ func (s *Server) submit(b *batch) error {
 type stagedChange struct {
 	key *nimbusv1.ObjectKey
 	id  nimbusv1.Key
-	rev uint64
+	// objectID is id's String form, shared with the record stored or deleted.
+	objectID string
+	rev      uint64
 	// before is the object before the change, nil when the change created it; after is
 	// the object after it, nil for a deletion.
 	before, after *nimbusv1.Object
@@ -281,15 +283,15 @@ func (e *embeddedStore) commitLocked(group []*batch, base uint64, now *timestamp
 // stored, and the key IDs of those deleted. A key is in one of them only, however many
 // changes touch it.
 func finalStates(changes []stagedChange) (puts []*nimbusv1.Object, dels []string) {
-	last := make(map[nimbusv1.Key]int, len(changes))
+	last := make(map[string]int, len(changes))
 	for i, c := range changes {
-		last[c.id] = i
+		last[c.objectID] = i
 	}
 	for i, c := range changes {
 		switch {
-		case last[c.id] != i:
+		case last[c.objectID] != i:
 		case c.after == nil:
-			dels = append(dels, c.id.String())
+			dels = append(dels, c.objectID)
 		default:
 			puts = append(puts, c.after)
 		}
@@ -350,7 +352,7 @@ func storePut(txn *writeTxn, key *nimbusv1.ObjectKey, id nimbusv1.Key, old, obj 
 	if old != nil && !slices.Equal(old.GetMeta().GetNodes(), obj.GetMeta().GetNodes()) {
 		dropRetargetedStatuses(txn, rec.Key, obj)
 	}
-	return &stagedChange{key: key, id: id, rev: obj.GetMeta().GetRevision(), before: old, after: obj, put: put}
+	return &stagedChange{key: key, id: id, objectID: rec.id, rev: obj.GetMeta().GetRevision(), before: old, after: obj, put: put}
 }
 
 // dropRetargetedStatuses deletes the statuses of the object with the key, retargeted to
@@ -375,8 +377,8 @@ func stageDelete(txn *writeTxn, w write, rev uint64) (*stagedChange, outcome) {
 		return nil, outcome{}
 	}
 	old := rec.Object
-	txn.deleteObject(w.id)
-	recs := txn.statusesOf(w.id)
+	txn.deleteObjectID(rec.id)
+	recs := txn.statusesOfID(rec.id)
 	for _, r := range recs {
 		txn.deleteStatus(r)
 	}
@@ -394,7 +396,7 @@ func stageDelete(txn *writeTxn, w write, rev uint64) (*stagedChange, outcome) {
 		idle = append(idle, name)
 	}
 	forgetIdleNodes(txn, idle...)
-	c := &stagedChange{key: w.key, id: w.id, rev: rev, before: old}
+	c := &stagedChange{key: w.key, id: w.id, objectID: rec.id, rev: rev, before: old}
 	return c, outcome{changed: true, rev: rev}
 }
 

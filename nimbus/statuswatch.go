@@ -105,8 +105,8 @@ type statusWatcher struct {
 
 	// mu guards objects, nodes and all.
 	mu sync.Mutex
-	// objects holds the keys of the objects marked by key ID, which costs a quarter of a
-	// Key to hash and to sort.
+	// objects holds the keys of the objects marked, by key ID: a string is cheaper to hash
+	// and to sort than a Key.
 	objects map[string]nimbusv1.Key
 	// nodes holds the nodes marked: every object that targets one is recomputed.
 	nodes map[string]struct{}

@@ -201,8 +201,13 @@ func (t *tables) revision() uint64 { return t.rev }
 
 // statusesOf returns the statuses stored for the object with the key, ordered by node.
 func (t *tables) statusesOf(key nimbusv1.Key) []*statusRecord {
+	return t.statusesOfID(key.String())
+}
+
+// statusesOfID returns the statuses stored for the object with the key ID, ordered by
+// node.
+func (t *tables) statusesOfID(id string) []*statusRecord {
 	var recs []*statusRecord
-	id := key.String()
 	t.statuses.Ascend(&statusRecord{objectID: id}, func(rec *statusRecord) bool {
 		if rec.objectID != id {
 			return false
@@ -335,8 +340,11 @@ func (w *writeTxn) putObject(rec *objectRecord) {
 }
 
 // deleteObject deletes the object with the key and its claims, but not its statuses.
-func (w *writeTxn) deleteObject(key nimbusv1.Key) {
-	if old, deleted := w.objects.Delete(key.String()); deleted {
+func (w *writeTxn) deleteObject(key nimbusv1.Key) { w.deleteObjectID(key.String()) }
+
+// deleteObjectID deletes the object with the key ID and its claims, but not its statuses.
+func (w *writeTxn) deleteObjectID(id string) {
+	if old, deleted := w.objects.Delete(id); deleted {
 		w.releaseClaims(old)
 	}
 }
