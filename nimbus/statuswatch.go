@@ -63,9 +63,15 @@ func (h *statusHub) objectChanged(key *nimbusv1.ObjectKey) {
 	}
 	k := key.Key()
 	id := k.String()
+	// A DELETE names the object by its key with tenant and namespace defaulted: the key
+	// given when it has them, as a change's does, so that a mark allocates nothing more.
+	wire := key
+	if wire.GetTenant() != k.Tenant || wire.GetNamespace() != k.Namespace {
+		wire = k.Proto()
+	}
 	for w := range h.watchers {
 		if w.selects(key) {
-			w.markObject(id, k)
+			w.markObject(id, wire)
 		}
 	}
 }
@@ -105,9 +111,9 @@ type statusWatcher struct {
 
 	// mu guards objects, nodes and all.
 	mu sync.Mutex
-	// objects holds the keys of the objects marked, by key ID: a string is cheaper to hash
-	// and to sort than a Key.
-	objects map[string]nimbusv1.Key
+	// objects holds the keys of the objects marked, in their wire form, by key ID: a
+	// string is cheaper to hash and to sort than a Key, and a pointer cheaper to hold.
+	objects map[string]*nimbusv1.ObjectKey
 	// nodes holds the nodes marked: every object that targets one is recomputed.
 	nodes map[string]struct{}
 	// all asks for every selected object to be recomputed.
@@ -118,7 +124,7 @@ func newStatusWatcher(filter *nimbusv1.WatchStatusRequest) *statusWatcher {
 	return &statusWatcher{
 		filter:  filter,
 		wake:    make(chan struct{}, 1),
-		objects: map[string]nimbusv1.Key{},
+		objects: map[string]*nimbusv1.ObjectKey{},
 		nodes:   map[string]struct{}{},
 	}
 }
@@ -133,8 +139,9 @@ func (w *statusWatcher) selects(key *nimbusv1.ObjectKey) bool {
 		(f.GetName() == "" || f.GetName() == key.GetName())
 }
 
-// markObject marks the object with the key and key ID for a recompute.
-func (w *statusWatcher) markObject(id string, key nimbusv1.Key) {
+// markObject marks the object with the key ID for a recompute; key is its key, with
+// tenant and namespace defaulted, which the caller does not modify.
+func (w *statusWatcher) markObject(id string, key *nimbusv1.ObjectKey) {
 	w.mu.Lock()
 	w.objects[id] = key
 	w.mu.Unlock()
@@ -167,11 +174,11 @@ func (w *statusWatcher) signal() {
 
 // take returns what was marked and starts over. A view of the store taken after take
 // sees every change marked before it.
-func (w *statusWatcher) take() (objects map[string]nimbusv1.Key, nodes map[string]struct{}, all bool) {
+func (w *statusWatcher) take() (objects map[string]*nimbusv1.ObjectKey, nodes map[string]struct{}, all bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	objects, nodes, all = w.objects, w.nodes, w.all
-	w.objects, w.nodes, w.all = map[string]nimbusv1.Key{}, map[string]struct{}{}, false
+	w.objects, w.nodes, w.all = map[string]*nimbusv1.ObjectKey{}, map[string]struct{}{}, false
 	return objects, nodes, all
 }
 
@@ -293,7 +300,7 @@ func (ss *statusStream) sendChanges() error {
 			continue // created and deleted before the client heard of it
 		}
 		delete(ss.sent, id)
-		if err := ss.add(&nimbusv1.StatusEvent{Type: nimbusv1.StatusEvent_TYPE_DELETE, Key: objects[id].Proto()}); err != nil {
+		if err := ss.add(&nimbusv1.StatusEvent{Type: nimbusv1.StatusEvent_TYPE_DELETE, Key: objects[id]}); err != nil {
 			return err
 		}
 	}
