@@ -308,7 +308,8 @@ func finalStates(changes []stagedChange) (puts []*nimbusv1.Object, dels []string
 func stageApply(txn *writeTxn, w write, rev uint64, now *timestamppb.Timestamp) (*stagedChange, outcome, error) {
 	obj := w.obj
 	var old *nimbusv1.Object
-	if rec := txn.object(w.id); rec != nil {
+	objectID := w.id.String()
+	if rec := txn.objectByID(objectID); rec != nil {
 		old = rec.Object
 	}
 	m := obj.GetMeta()
@@ -335,17 +336,18 @@ func stageApply(txn *writeTxn, w write, rev uint64, now *timestamppb.Timestamp) 
 	}
 	m.Revision = rev
 	m.UpdateTime = now
-	c := storePut(txn, w.key, w.id, old, obj)
+	c := storePut(txn, w.key, w.id, objectID, old, obj)
 	return c, outcome{obj: obj, changed: true, created: old == nil, rev: rev}, nil
 }
 
-// storePut stores obj, whose meta is complete, in txn in place of old (nil when obj is
-// new), drops the statuses of nodes a retarget leaves, and returns the change.
-func storePut(txn *writeTxn, key *nimbusv1.ObjectKey, id nimbusv1.Key, old, obj *nimbusv1.Object) *stagedChange {
+// storePut stores obj, whose meta is complete and whose key is id, with key ID objectID,
+// in txn in place of old (nil when obj is new), drops the statuses of nodes a retarget
+// leaves, and returns the change.
+func storePut(txn *writeTxn, key *nimbusv1.ObjectKey, id nimbusv1.Key, objectID string, old, obj *nimbusv1.Object) *stagedChange {
 	// The record shares the change's PUT event, so that snapshots and status streams send
 	// the very bytes the change is sent as, encoded once. Its key shares the strings of
 	// the stored object.
-	rec := &objectRecord{Key: obj.TypedKey(), Object: obj}
+	rec := &objectRecord{Key: obj.TypedKey(), id: objectID, Object: obj}
 	put := newPutEvent(obj)
 	rec.put.Store(put)
 	txn.putObject(rec)

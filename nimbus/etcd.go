@@ -860,11 +860,12 @@ func (e *etcdStore) stageEvents(evs []*clientv3.Event) []stagedChange {
 				continue
 			}
 			id := obj.TypedKey()
+			objectID := id.String()
 			var old *nimbusv1.Object
-			if rec := txn.object(id); rec != nil {
+			if rec := txn.objectByID(objectID); rec != nil {
 				old = rec.Object
 			}
-			changes = append(changes, *storePut(txn, obj.Key(), id, old, obj))
+			changes = append(changes, *storePut(txn, obj.Key(), id, objectID, old, obj))
 		case mvccpb.DELETE:
 			// The etcd key is the key ID of the object it held.
 			id, err := nimbusv1.ParseKey(strings.TrimPrefix(string(kv.Key), e.objects))

@@ -161,7 +161,7 @@ func (s *Server) recordStatusIn(txn *writeTxn, r *nimbusv1.StatusReport, origin 
 	if st.GetUpdateTime() == nil {
 		st.UpdateTime = timestamppb.New(s.opts.Now())
 	}
-	if old := txn.nodeStatus(id, node); old != nil && old.Origin != origin &&
+	if old := txn.nodeStatusID(rec.id, node); old != nil && old.Origin != origin &&
 		old.Status.GetUpdateTime().AsTime().After(st.GetUpdateTime().AsTime()) {
 		s.log.Debug("dropping status report older than the one kept from another replica", "key", id, "node", node,
 			"origin", origin, "kept_origin", old.Origin)

@@ -344,7 +344,7 @@ func (ss *statusStream) selected(v *view) iter.Seq[*objectRecord] {
 // once per revision for watchers and status streams alike; only the key and the status
 // are encoded here.
 func (ss *statusStream) put(v *view, rec *objectRecord) error {
-	st := v.status(rec.Object)
+	st := v.status(rec)
 	wire, err := rec.putEvent().encoded(&ss.srv.encodes)
 	if err != nil {
 		return status.Errorf(codes.Internal, "encoding %s: %v", rec.Key, err)

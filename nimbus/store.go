@@ -233,7 +233,13 @@ func (t *tables) statusesBy(node string) []*statusRecord {
 
 // nodeStatus returns the status the node reported about the object with the key, or nil.
 func (t *tables) nodeStatus(key nimbusv1.Key, node string) *statusRecord {
-	rec, _ := t.statuses.Get(&statusRecord{objectID: key.String(), Node: node})
+	return t.nodeStatusID(key.String(), node)
+}
+
+// nodeStatusID returns the status the node reported about the object with the key ID,
+// or nil.
+func (t *tables) nodeStatusID(id, node string) *statusRecord {
+	rec, _ := t.statuses.Get(&statusRecord{objectID: id, Node: node})
 	return rec
 }
 
