@@ -173,7 +173,9 @@ func (s *Server) submit(b *batch) error {
 type stagedChange struct {
 	key *nimbusv1.ObjectKey
 	id  nimbusv1.Key
-	rev uint64
+	// objectID is id's String form, shared with the record stored or deleted.
+	objectID string
+	rev      uint64
 	// before is the object before the change, nil when the change created it; after is
 	// the object after it, nil for a deletion.
 	before, after *nimbusv1.Object
@@ -281,15 +283,15 @@ func (e *embeddedStore) commitLocked(group []*batch, base uint64, now *timestamp
 // stored, and the key IDs of those deleted. A key is in one of them only, however many
 // changes touch it.
 func finalStates(changes []stagedChange) (puts []*nimbusv1.Object, dels []string) {
-	last := make(map[nimbusv1.Key]int, len(changes))
+	last := make(map[string]int, len(changes))
 	for i, c := range changes {
-		last[c.id] = i
+		last[c.objectID] = i
 	}
 	for i, c := range changes {
 		switch {
-		case last[c.id] != i:
+		case last[c.objectID] != i:
 		case c.after == nil:
-			dels = append(dels, c.id.String())
+			dels = append(dels, c.objectID)
 		default:
 			puts = append(puts, c.after)
 		}
@@ -306,7 +308,8 @@ func finalStates(changes []stagedChange) (puts []*nimbusv1.Object, dels []string
 func stageApply(txn *writeTxn, w write, rev uint64, now *timestamppb.Timestamp) (*stagedChange, outcome, error) {
 	obj := w.obj
 	var old *nimbusv1.Object
-	if rec := txn.object(w.id); rec != nil {
+	objectID := w.id.String()
+	if rec := txn.objectByID(objectID); rec != nil {
 		old = rec.Object
 	}
 	m := obj.GetMeta()
@@ -336,24 +339,25 @@ func stageApply(txn *writeTxn, w write, rev uint64, now *timestamppb.Timestamp) 
 	}
 	m.Revision = rev
 	m.UpdateTime = now
-	c := storePut(txn, w.key, w.id, old, obj)
+	c := storePut(txn, w.key, w.id, objectID, old, obj)
 	return c, outcome{obj: obj, changed: true, created: old == nil, rev: rev}, nil
 }
 
-// storePut stores obj, whose meta is complete, in txn in place of old (nil when obj is
-// new), drops the statuses of nodes a retarget leaves, and returns the change.
-func storePut(txn *writeTxn, key *nimbusv1.ObjectKey, id nimbusv1.Key, old, obj *nimbusv1.Object) *stagedChange {
+// storePut stores obj, whose meta is complete and whose key is id, with key ID objectID,
+// in txn in place of old (nil when obj is new), drops the statuses of nodes a retarget
+// leaves, and returns the change.
+func storePut(txn *writeTxn, key *nimbusv1.ObjectKey, id nimbusv1.Key, objectID string, old, obj *nimbusv1.Object) *stagedChange {
 	// The record shares the change's PUT event, so that snapshots and status streams send
 	// the very bytes the change is sent as, encoded once. Its key shares the strings of
 	// the stored object.
-	rec := &objectRecord{Key: obj.TypedKey(), Object: obj}
+	rec := &objectRecord{Key: obj.TypedKey(), id: objectID, Object: obj}
 	put := newPutEvent(obj)
 	rec.put.Store(put)
 	txn.putObject(rec)
 	if old != nil && !slices.Equal(old.GetMeta().GetNodes(), obj.GetMeta().GetNodes()) {
 		dropRetargetedStatuses(txn, rec.Key, obj)
 	}
-	return &stagedChange{key: key, id: id, rev: obj.GetMeta().GetRevision(), before: old, after: obj, put: put}
+	return &stagedChange{key: key, id: id, objectID: rec.id, rev: obj.GetMeta().GetRevision(), before: old, after: obj, put: put}
 }
 
 // dropRetargetedStatuses deletes the statuses of the object with the key, retargeted to
@@ -378,8 +382,8 @@ func stageDelete(txn *writeTxn, w write, rev uint64) (*stagedChange, outcome) {
 		return nil, outcome{}
 	}
 	old := rec.Object
-	txn.deleteObject(w.id)
-	recs := txn.statusesOf(w.id)
+	txn.deleteObjectID(rec.id)
+	recs := txn.statusesOfID(rec.id)
 	for _, r := range recs {
 		txn.deleteStatus(r)
 	}
@@ -397,7 +401,7 @@ func stageDelete(txn *writeTxn, w write, rev uint64) (*stagedChange, outcome) {
 		idle = append(idle, name)
 	}
 	forgetIdleNodes(txn, idle...)
-	c := &stagedChange{key: w.key, id: w.id, rev: rev, before: old}
+	c := &stagedChange{key: w.key, id: w.id, objectID: rec.id, rev: rev, before: old}
 	return c, outcome{changed: true, rev: rev}
 }
 

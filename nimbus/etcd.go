@@ -805,7 +805,7 @@ func (e *etcdStore) replace(epoch string, objs []*nimbusv1.Object, rev int64) {
 		// The objects gone, and the claims of those kept, go first, so that what they held
 		// in the claims index is free for the objects that hold it now.
 		var gone []nimbusv1.Key
-		txn.objects.Scan(func(rec *objectRecord) bool {
+		txn.objects.Scan(func(_ string, rec *objectRecord) bool {
 			if !keep[rec.Key] {
 				gone = append(gone, rec.Key)
 			}
@@ -865,11 +865,12 @@ func (e *etcdStore) stageEvents(evs []*clientv3.Event) []stagedChange {
 				continue
 			}
 			id := obj.TypedKey()
+			objectID := id.String()
 			var old *nimbusv1.Object
-			if rec := txn.object(id); rec != nil {
+			if rec := txn.objectByID(objectID); rec != nil {
 				old = rec.Object
 			}
-			changes = append(changes, *storePut(txn, obj.Key(), id, old, obj))
+			changes = append(changes, *storePut(txn, obj.Key(), id, objectID, old, obj))
 		case mvccpb.DELETE:
 			// The etcd key is the key ID of the object it held.
 			id, err := nimbusv1.ParseKey(strings.TrimPrefix(string(kv.Key), e.objects))

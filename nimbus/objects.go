@@ -93,7 +93,7 @@ func (s *Server) Get(ctx context.Context, req *nimbusv1.GetRequest) (*nimbusv1.G
 	if rec == nil {
 		return nil, status.Errorf(codes.NotFound, "object %s not found", id)
 	}
-	return &nimbusv1.GetResponse{Item: v.withStatus(rec.Object)}, nil
+	return &nimbusv1.GetResponse{Item: v.withStatus(rec)}, nil
 }
 
 // List returns a page of the objects that match the request's filters with their status,
@@ -113,7 +113,7 @@ func (s *Server) List(ctx context.Context, req *nimbusv1.ListRequest) (*nimbusv1
 			(req.GetNamespace() != "" && m.GetNamespace() != req.GetNamespace()) {
 			continue
 		}
-		if !page.add(rec.Key, v.withStatus(rec.Object)) {
+		if !page.add(rec.Key, v.withStatus(rec)) {
 			s.metrics.listPagesCut.Inc()
 			break
 		}
@@ -185,18 +185,19 @@ func (v *view) everyNode() []string {
 	return v.every
 }
 
-// withStatus pairs the stored object with its aggregated status.
-func (v *view) withStatus(obj *nimbusv1.Object) *nimbusv1.ObjectWithStatus {
-	return &nimbusv1.ObjectWithStatus{Object: obj, Status: v.status(obj)}
+// withStatus pairs the record's object with its aggregated status.
+func (v *view) withStatus(rec *objectRecord) *nimbusv1.ObjectWithStatus {
+	return &nimbusv1.ObjectWithStatus{Object: rec.Object, Status: v.status(rec)}
 }
 
-// status aggregates what the nodes the object targets reported about it. The target nodes
-// are meta.nodes, or, for an object for every node, those everyNode returns: the nodes
-// with a Node object and the nodes watching now. Only target nodes count, in every field:
-// a status kept for a node that is no target now (it stopped watching and has no Node
-// object) is left out, and counts again once the node is a target again.
-func (v *view) status(obj *nimbusv1.Object) *nimbusv1.ObjectStatus {
-	recs := v.statusesOf(obj.TypedKey())
+// status aggregates what the nodes the record's object targets reported about it. The
+// target nodes are meta.nodes, or, for an object for every node, those everyNode returns:
+// the nodes with a Node object and the nodes watching now. Only target nodes count, in
+// every field: a status kept for a node that is no target now (it stopped watching and
+// has no Node object) is left out, and counts again once the node is a target again.
+func (v *view) status(rec *objectRecord) *nimbusv1.ObjectStatus {
+	obj := rec.Object
+	recs := v.statusesOfID(rec.id)
 	m := obj.GetMeta()
 	gen := m.GetGeneration()
 	// Only the target nodes' statuses are looked up below.

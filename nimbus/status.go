@@ -161,14 +161,14 @@ func (s *Server) recordStatusIn(txn *writeTxn, r *nimbusv1.StatusReport, origin 
 	if st.GetUpdateTime() == nil {
 		st.UpdateTime = timestamppb.New(s.opts.Now())
 	}
-	if old := txn.nodeStatus(id, node); old != nil && old.Origin != origin &&
+	if old := txn.nodeStatusID(rec.id, node); old != nil && old.Origin != origin &&
 		old.Status.GetUpdateTime().AsTime().After(st.GetUpdateTime().AsTime()) {
 		s.log.Debug("dropping status report older than the one kept from another replica", "key", id, "node", node,
 			"origin", origin, "kept_origin", old.Origin)
 		return nil
 	}
-	// The record's key shares the strings of the stored object's.
-	txn.putStatus(&statusRecord{Object: rec.Key, Node: node, Status: st, Origin: origin})
+	// The record's key and key ID share the strings of the stored object's.
+	txn.putStatus(&statusRecord{Object: rec.Key, objectID: rec.id, Node: node, Status: st, Origin: origin})
 	// A replica records every status of every node: the line's arguments are not even
 	// made unless it is logged.
 	if s.log.Enabled(context.Background(), slog.LevelDebug) {

@@ -61,10 +61,17 @@ func (h *statusHub) objectChanged(key *nimbusv1.ObjectKey) {
 	if len(h.watchers) == 0 {
 		return
 	}
-	id := key.Key()
+	k := key.Key()
+	id := k.String()
+	// A DELETE names the object by its key with tenant and namespace defaulted: the key
+	// given when it has them, as a change's does, so that a mark allocates nothing more.
+	wire := key
+	if wire.GetTenant() != k.Tenant || wire.GetNamespace() != k.Namespace {
+		wire = k.Proto()
+	}
 	for w := range h.watchers {
 		if w.selects(key) {
-			w.markObject(id)
+			w.markObject(id, wire)
 		}
 	}
 }
@@ -104,8 +111,9 @@ type statusWatcher struct {
 
 	// mu guards objects, nodes and all.
 	mu sync.Mutex
-	// objects holds the keys of the objects marked.
-	objects map[nimbusv1.Key]struct{}
+	// objects holds the keys of the objects marked, in their wire form, by key ID: a
+	// string is cheaper to hash and to sort than a Key, and a pointer cheaper to hold.
+	objects map[string]*nimbusv1.ObjectKey
 	// nodes holds the nodes marked: every object that targets one is recomputed.
 	nodes map[string]struct{}
 	// all asks for every selected object to be recomputed.
@@ -116,7 +124,7 @@ func newStatusWatcher(filter *nimbusv1.WatchStatusRequest) *statusWatcher {
 	return &statusWatcher{
 		filter:  filter,
 		wake:    make(chan struct{}, 1),
-		objects: map[nimbusv1.Key]struct{}{},
+		objects: map[string]*nimbusv1.ObjectKey{},
 		nodes:   map[string]struct{}{},
 	}
 }
@@ -131,10 +139,11 @@ func (w *statusWatcher) selects(key *nimbusv1.ObjectKey) bool {
 		(f.GetName() == "" || f.GetName() == key.GetName())
 }
 
-// markObject marks the object with the key for a recompute.
-func (w *statusWatcher) markObject(id nimbusv1.Key) {
+// markObject marks the object with the key ID for a recompute; key is its key, with
+// tenant and namespace defaulted, which the caller does not modify.
+func (w *statusWatcher) markObject(id string, key *nimbusv1.ObjectKey) {
 	w.mu.Lock()
-	w.objects[id] = struct{}{}
+	w.objects[id] = key
 	w.mu.Unlock()
 	w.signal()
 }
@@ -165,11 +174,11 @@ func (w *statusWatcher) signal() {
 
 // take returns what was marked and starts over. A view of the store taken after take
 // sees every change marked before it.
-func (w *statusWatcher) take() (objects map[nimbusv1.Key]struct{}, nodes map[string]struct{}, all bool) {
+func (w *statusWatcher) take() (objects map[string]*nimbusv1.ObjectKey, nodes map[string]struct{}, all bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	objects, nodes, all = w.objects, w.nodes, w.all
-	w.objects, w.nodes, w.all = map[nimbusv1.Key]struct{}{}, map[string]struct{}{}, false
+	w.objects, w.nodes, w.all = map[string]*nimbusv1.ObjectKey{}, map[string]struct{}{}, false
 	return objects, nodes, all
 }
 
@@ -192,7 +201,7 @@ func (s *Server) WatchStatus(req *nimbusv1.WatchStatusRequest, stream grpc.Serve
 	defer s.statusWatch.remove(w)
 	log := s.log.With("kind", req.GetKind().Name(), "tenant", req.GetTenant(), "namespace", req.GetNamespace(), "name", req.GetName())
 
-	ss := &statusStream{srv: s, w: w, stream: stream, seed: maphash.MakeSeed(), sent: map[nimbusv1.Key]uint64{}, knownStale: map[string]bool{}}
+	ss := &statusStream{srv: s, w: w, stream: stream, seed: maphash.MakeSeed(), sent: map[string]uint64{}, knownStale: map[string]bool{}}
 	err := ss.run()
 	log.Info("status watch ended", "reason", err)
 	return err
@@ -206,8 +215,8 @@ type statusStream struct {
 	// frame holds the encoded events not sent yet.
 	frame []byte
 	seed  maphash.Seed
-	// sent holds, per key of an object the client has, the hash of the last PUT sent.
-	sent map[nimbusv1.Key]uint64
+	// sent holds, per key ID of an object the client has, the hash of the last PUT sent.
+	sent map[string]uint64
 	// knownStale holds the nodes with a watch_nodes row, and whether their statuses were
 	// stale, as of the last look.
 	knownStale map[string]bool
@@ -266,22 +275,22 @@ func (ss *statusStream) sendChanges() error {
 	v := ss.srv.view()
 	if all || len(nodes) > 0 {
 		for rec := range ss.selected(v) {
-			if _, ok := objects[rec.Key]; !ok && !all && !targetsAny(rec.Object, nodes) {
+			if _, ok := objects[rec.id]; !ok && !all && !targetsAny(rec.Object, nodes) {
 				continue
 			}
-			delete(objects, rec.Key)
+			delete(objects, rec.id)
 			if err := ss.put(v, rec); err != nil {
 				return err
 			}
 		}
 	}
-	ids := make([]nimbusv1.Key, 0, len(objects))
+	ids := make([]string, 0, len(objects))
 	for id := range objects {
 		ids = append(ids, id)
 	}
-	slices.SortFunc(ids, nimbusv1.Key.Compare)
+	slices.Sort(ids)
 	for _, id := range ids {
-		if rec := v.object(id); rec != nil {
+		if rec := v.objectByID(id); rec != nil {
 			if err := ss.put(v, rec); err != nil {
 				return err
 			}
@@ -291,7 +300,7 @@ func (ss *statusStream) sendChanges() error {
 			continue // created and deleted before the client heard of it
 		}
 		delete(ss.sent, id)
-		if err := ss.add(&nimbusv1.StatusEvent{Type: nimbusv1.StatusEvent_TYPE_DELETE, Key: id.Proto()}); err != nil {
+		if err := ss.add(&nimbusv1.StatusEvent{Type: nimbusv1.StatusEvent_TYPE_DELETE, Key: objects[id]}); err != nil {
 			return err
 		}
 	}
@@ -335,7 +344,7 @@ func (ss *statusStream) selected(v *view) iter.Seq[*objectRecord] {
 // once per revision for watchers and status streams alike; only the key and the status
 // are encoded here.
 func (ss *statusStream) put(v *view, rec *objectRecord) error {
-	st := v.status(rec.Object)
+	st := v.status(rec)
 	wire, err := rec.putEvent().encoded(&ss.srv.encodes)
 	if err != nil {
 		return status.Errorf(codes.Internal, "encoding %s: %v", rec.Key, err)
@@ -368,10 +377,10 @@ func (ss *statusStream) put(v *view, rec *objectRecord) error {
 	b = protowire.AppendBytes(b, key)
 
 	h := maphash.Bytes(ss.seed, b)
-	if old, ok := ss.sent[rec.Key]; ok && old == h {
+	if old, ok := ss.sent[rec.id]; ok && old == h {
 		return nil
 	}
-	ss.sent[rec.Key] = h
+	ss.sent[rec.id] = h
 	return ss.addEncoded(b)
 }
 
