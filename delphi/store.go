@@ -278,7 +278,7 @@ func (s *Store) restore(r *restored) error {
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("restoring desired objects: %w", err)
 	}
-	slices.SortFunc(recs, func(a, b *record) int { return a.key.Compare(b.key) })
+	slices.SortFunc(recs, func(a, b *record) int { return compareKeys(&a.key, &b.key) })
 	for i := 1; i < len(recs); i++ {
 		if recs[i].key == recs[i-1].key {
 			return fmt.Errorf("restoring %s: %w: stored twice", recs[i].key, ErrCorrupt)
@@ -315,7 +315,7 @@ func (s *Store) buildState(recs []*record) *desiredState {
 			if c := strings.Compare(a.val, b.val); c != 0 {
 				return c
 			}
-			return a.rec.key.Compare(b.rec.key)
+			return compareKeys(&a.rec.key, &b.rec.key)
 		})
 		// An index that lists an object twice under one value holds it once.
 		es = slices.CompactFunc(es, func(a, b indexEntry) bool { return a.val == b.val && a.rec == b.rec })
@@ -604,8 +604,8 @@ func (s *Store) ClaimStatus() (*StatusWriter, error) {
 // newRecord makes the desired-table row of obj: its wire form, and the values of every
 // declared index.
 func (s *Store) newRecord(obj *nimbusv1.Object) (*record, error) {
-	// A copy: obj's strings may be views of a whole received frame.
-	key := obj.TypedKey().Clone()
+	// Strings of its own: obj's may be views of a whole received frame.
+	key := ownKey(obj.TypedKey())
 	data, err := proto.MarshalOptions{Deterministic: true}.Marshal(obj)
 	if err != nil {
 		return nil, fmt.Errorf("encoding %s: %w", key, err)
@@ -724,7 +724,7 @@ func (w *desiredWrite) merge() []desiredChange {
 			pos[i] = i
 		}
 		slices.SortFunc(pos, func(a, b int) int {
-			if c := cs[a].key.Compare(cs[b].key); c != 0 {
+			if c := compareKeys(&cs[a].key, &cs[b].key); c != 0 {
 				return c
 			}
 			return cmp.Compare(a, b)
