@@ -852,13 +852,19 @@ func (w *DesiredWriter) Commit(t *DesiredTxn) error {
 	return w.s.write(func(dw *desiredWrite) error {
 		// Room for a change a write, so that a batch of deletes does not grow it.
 		dw.changes = make([]desiredChange, 0, len(t.puts)+len(t.deletes))
-		put := map[nimbusv1.Key]bool{}
+		// The keys Put, which a sweep keeps; without one, nothing reads them.
+		var put map[nimbusv1.Key]bool
+		if t.sweep {
+			put = make(map[nimbusv1.Key]bool, len(t.puts))
+		}
 		for _, obj := range t.puts {
 			rec, err := w.s.newRecord(obj)
 			if err != nil {
 				return err
 			}
-			put[rec.key] = true
+			if put != nil {
+				put[rec.key] = true
+			}
 			if old, ok := dw.get(rec.key); ok && bytes.Equal(old.data, rec.data) {
 				continue
 			}
