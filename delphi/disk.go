@@ -53,16 +53,16 @@ func openDisk(path string, discard bool) (*disk, *restored, error) {
 	return &disk{file: f, path: path}, r, nil
 }
 
-// commit writes what a write transaction of the desired table changed, the keys, and its
-// resume point, in one file transaction: after it returns nil they are on disk; after an
-// error, or a crash, none are. The file keeps objects under their key IDs.
-func (d *disk) commit(w *desiredWrite, keys []nimbusv1.Key) error {
+// commit writes what a write transaction of the desired table changed, its changes, and
+// its resume point, in one file transaction: after it returns nil they are on disk; after
+// an error, or a crash, none are. The file keeps objects under their key IDs.
+func (d *disk) commit(w *desiredWrite, changes []desiredChange) error {
 	var b statefile.Batch
-	for _, key := range keys {
-		if c := w.changes[key]; c.after != nil {
+	for _, c := range changes {
+		if c.after != nil {
 			b.Put = append(b.Put, c.obj)
 		} else {
-			b.Delete = append(b.Delete, key.String())
+			b.Delete = append(b.Delete, c.key.String())
 		}
 	}
 	if w.resume {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -157,6 +158,65 @@ func TestSnapshotIsOneFileTransactionAndPersistsDeletions(t *testing.T) {
 	}
 	if epoch, rev := r.Resume(); epoch != "epoch-2" || rev != 9 {
 		t.Errorf("Resume() = %q, %d; want epoch-2, 9", epoch, rev)
+	}
+}
+
+// TestWritesOfOneKeyInATransaction checks that a transaction that writes a key several
+// times changes it once, from what it held before the first write to what the last one
+// left, in memory, for subscribers, in the order of each key's first write, and in the
+// file; and that a key created and deleted again does not change.
+func TestWritesOfOneKeyInATransaction(t *testing.T) {
+	dir := t.TempDir()
+	s, d := openDir(t, dir)
+	commit(t, d, func(txn *DesiredTxn) {
+		for _, name := range []string{"a", "b", "c"} {
+			txn.Put(route(name, 1, "10.0.0.0/8", "10.0.0.1"))
+		}
+	})
+	sub, err := s.Subscribe(SubscribeOptions{Tables: []Table{TableDesired}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	next(t, sub)
+	key := func(name string) *nimbusv1.ObjectKey {
+		return nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "", "", name)
+	}
+	before := commits(t, s)
+	commit(t, d, func(txn *DesiredTxn) {
+		txn.Put(route("c", 2, "10.0.0.0/8", "10.0.0.1"))
+		txn.Put(route("x", 1, "10.0.0.0/8", "10.0.0.1")) // created, then deleted
+		txn.Put(route("b", 2, "10.0.0.0/8", "10.0.0.1")) // changed, then deleted
+		txn.Put(route("a", 1, "10.0.0.0/8", "10.0.0.1")) // unchanged
+		txn.Put(route("d", 1, "10.0.0.0/8", "10.0.0.1")) // created
+		txn.Put(route("c", 3, "10.0.0.0/8", "10.0.0.1")) // changed again
+		txn.Delete(key("x"))
+		txn.Delete(key("b"))
+		txn.Delete(key("b"))
+		txn.Delete(key("y")) // never there
+	})
+	if got := commits(t, s) - before; got != 1 {
+		t.Errorf("the transaction took %d file commits, want 1", got)
+	}
+	want := []string{"Route/default/default/c", "Route/default/default/b", "Route/default/default/d"}
+	if got := next(t, sub); !slices.Equal(got, want) {
+		t.Errorf("Next = %v, want %v", got, want)
+	}
+	tables := func(s *Store) map[string]uint32 {
+		out := map[string]uint32{}
+		for _, o := range s.List(nimbusv1.Kind_KIND_ROUTE) {
+			out[o.GetMeta().GetName()] = o.GetRoute().GetTable()
+		}
+		return out
+	}
+	wantTables := map[string]uint32{"a": 1, "c": 3, "d": 1}
+	if got := tables(s); !maps.Equal(got, wantTables) {
+		t.Errorf("routes and their tables = %v, want %v", got, wantTables)
+	}
+	s.Close()
+	r, _ := openDir(t, dir)
+	if got := tables(r); !maps.Equal(got, wantTables) {
+		t.Errorf("after restart, routes and their tables = %v, want %v", got, wantTables)
 	}
 }
 

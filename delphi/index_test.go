@@ -341,6 +341,65 @@ func TestIndexValuesShared(t *testing.T) {
 	}
 }
 
+// TestKeysShareTenantAndNamespace: records of one tenant and namespace hold one string of
+// each, whether a transaction put them, from objects whose strings are views of received
+// bytes, or a restore read them; each holds its name apart.
+func TestKeysShareTenantAndNamespace(t *testing.T) {
+	dir := t.TempDir()
+	s, d := openDir(t, dir)
+	names := []string{"ep-1", "ep-2", "ep-3"}
+	var wires [][]byte
+	commit(t, d, func(txn *DesiredTxn) {
+		for _, name := range names {
+			wire, err := endpoint("acme", "prod", name, "blue", nil, "host-a").MarshalVT()
+			if err != nil {
+				t.Fatal(err)
+			}
+			received := &nimbusv1.Object{}
+			if err := received.UnmarshalVTUnsafe(wire); err != nil {
+				t.Fatal(err)
+			}
+			txn.PutOwned(received)
+			wires = append(wires, wire)
+		}
+	})
+	for _, wire := range wires {
+		clear(wire)
+	}
+	check := func(s *Store, when string) {
+		t.Helper()
+		var tenants, namespaces, ownNames []*byte
+		for _, name := range names {
+			key := nimbusv1.MakeKey(nimbusv1.Kind_KIND_ENDPOINT, "acme", "prod", name)
+			rec, ok := s.desired.Load().byID.Get(&record{key: key})
+			if !ok {
+				t.Fatalf("%s: no record of %s", when, key)
+			}
+			if rec.key != key {
+				t.Errorf("%s: the record of %s holds the key %s", when, key, rec.key)
+			}
+			tenants = append(tenants, unsafe.StringData(rec.key.Tenant))
+			namespaces = append(namespaces, unsafe.StringData(rec.key.Namespace))
+			ownNames = append(ownNames, unsafe.StringData(rec.key.Name))
+		}
+		distinct := func(ps []*byte) int {
+			set := map[*byte]bool{}
+			for _, p := range ps {
+				set[p] = true
+			}
+			return len(set)
+		}
+		got := [3]int{distinct(tenants), distinct(namespaces), distinct(ownNames)}
+		if want := [3]int{1, 1, len(names)}; got != want {
+			t.Errorf("%s: the records' keys hold %v strings of their tenants, namespaces and names, want %v", when, got, want)
+		}
+	}
+	check(s, "after the transaction")
+	s.Close()
+	s, _ = openDir(t, dir)
+	check(s, "after a restore")
+}
+
 // TestRecordGeneration: a record reads its object's generation from its wire form, and
 // fits the 112-byte size class without keeping it apart.
 func TestRecordGeneration(t *testing.T) {

@@ -2,6 +2,7 @@ package delphi
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -277,7 +278,7 @@ func (s *Store) restore(r *restored) error {
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("restoring desired objects: %w", err)
 	}
-	slices.SortFunc(recs, func(a, b *record) int { return a.key.Compare(b.key) })
+	slices.SortFunc(recs, func(a, b *record) int { return compareKeys(&a.key, &b.key) })
 	for i := 1; i < len(recs); i++ {
 		if recs[i].key == recs[i-1].key {
 			return fmt.Errorf("restoring %s: %w: stored twice", recs[i].key, ErrCorrupt)
@@ -314,7 +315,7 @@ func (s *Store) buildState(recs []*record) *desiredState {
 			if c := strings.Compare(a.val, b.val); c != 0 {
 				return c
 			}
-			return a.rec.key.Compare(b.rec.key)
+			return compareKeys(&a.rec.key, &b.rec.key)
 		})
 		// An index that lists an object twice under one value holds it once.
 		es = slices.CompactFunc(es, func(a, b indexEntry) bool { return a.val == b.val && a.rec == b.rec })
@@ -603,8 +604,8 @@ func (s *Store) ClaimStatus() (*StatusWriter, error) {
 // newRecord makes the desired-table row of obj: its wire form, and the values of every
 // declared index.
 func (s *Store) newRecord(obj *nimbusv1.Object) (*record, error) {
-	// A copy: obj's strings may be views of a whole received frame.
-	key := obj.TypedKey().Clone()
+	// Strings of its own: obj's may be views of a whole received frame.
+	key := ownKey(obj.TypedKey())
 	data, err := proto.MarshalOptions{Deterministic: true}.Marshal(obj)
 	if err != nil {
 		return nil, fmt.Errorf("encoding %s: %w", key, err)
@@ -623,6 +624,7 @@ func (s *Store) newRecord(obj *nimbusv1.Object) (*record, error) {
 // desiredChange is what a write transaction did to one key: the record before it (nil
 // when there was none) and after it (nil when there is none).
 type desiredChange struct {
+	key           nimbusv1.Key
 	before, after *record
 	// obj is after decoded, the object Put, for the state file.
 	obj *nimbusv1.Object
@@ -631,11 +633,12 @@ type desiredChange struct {
 // desiredWrite is a write transaction of the desired table in progress: the writer's
 // version of the table, which it changes, and what it changed.
 type desiredWrite struct {
-	s       *Store
-	st      *desiredState
-	changes map[nimbusv1.Key]*desiredChange
-	// order holds the changed keys in the order of their first change.
-	order []nimbusv1.Key
+	s  *Store
+	st *desiredState
+	// changes holds the writes that changed a key, in the order they were made, which
+	// merge makes one change a key. A slice, not a map by key: a batch of a thousand
+	// deletes then takes a third of the memory, and no hashing of keys.
+	changes []desiredChange
 	// persist tells that the transaction writes what the file keeps; resume that it
 	// records a resume point.
 	persist, resume bool
@@ -648,7 +651,7 @@ type desiredWrite struct {
 // newDesiredWriteLocked starts a write transaction on the writer's version of the
 // table; the caller holds writeMu.
 func (s *Store) newDesiredWriteLocked() *desiredWrite {
-	return &desiredWrite{s: s, st: s.work, changes: map[nimbusv1.Key]*desiredChange{}}
+	return &desiredWrite{s: s, st: s.work}
 }
 
 // probe returns the record that searches by key.
@@ -678,7 +681,7 @@ func (w *desiredWrite) put(r *record, obj *nimbusv1.Object) {
 		})
 		ix.Set(indexEntry{val: r.indexed[i].val, rec: r})
 	}
-	w.changed(r.key, old, r).obj = obj
+	w.changed(desiredChange{key: r.key, before: old, after: r, obj: obj})
 }
 
 // delete removes the record of key, if any.
@@ -688,7 +691,7 @@ func (w *desiredWrite) delete(key nimbusv1.Key) {
 		return
 	}
 	w.unindex(old)
-	w.changed(old.key, old, nil).obj = nil
+	w.changed(desiredChange{key: old.key, before: old})
 }
 
 // unindex removes the index entries of r, when not nil.
@@ -701,18 +704,43 @@ func (w *desiredWrite) unindex(r *record) {
 	}
 }
 
-// changed records a change of key from before to after, and returns the change of the
-// key within the transaction.
-func (w *desiredWrite) changed(key nimbusv1.Key, before, after *record) *desiredChange {
+// changed records a write that changed a key.
+func (w *desiredWrite) changed(c desiredChange) {
 	w.persist = true
-	c, ok := w.changes[key]
-	if !ok {
-		c = &desiredChange{before: before}
-		w.changes[key] = c
-		w.order = append(w.order, key)
+	w.changes = append(w.changes, c)
+}
+
+// merge returns what the transaction changed, one change a key, in the order of each
+// key's first write: the record before the key's first write and after its last. A key
+// created and deleted again, or changed back, within the transaction did not change and
+// is left out.
+func (w *desiredWrite) merge() []desiredChange {
+	cs := w.changes
+	if len(cs) > 1 {
+		// The writes by key, and those of one key in the order they were made. A batch
+		// of keys in order, as a snapshot or a sweep writes, is sorted in one pass.
+		pos := make([]int, len(cs))
+		for i := range pos {
+			pos[i] = i
+		}
+		slices.SortFunc(pos, func(a, b int) int {
+			if c := compareKeys(&cs[a].key, &cs[b].key); c != 0 {
+				return c
+			}
+			return cmp.Compare(a, b)
+		})
+		first := pos[0]
+		for _, p := range pos[1:] {
+			if cs[p].key != cs[first].key {
+				first = p
+				continue
+			}
+			// A later write of the key: the first takes its result, and it goes.
+			cs[first].after, cs[first].obj = cs[p].after, cs[p].obj
+			cs[p].before, cs[p].after = nil, nil
+		}
 	}
-	c.after = after
-	return c
+	return slices.DeleteFunc(cs, func(c desiredChange) bool { return c.before == c.after })
 }
 
 // setResume records the resume point.
@@ -742,19 +770,18 @@ func (s *Store) write(fn func(w *desiredWrite) error) error {
 		s.work = s.base.copy()
 		return err
 	}
-	// A key created and deleted again, or changed back, within the transaction did not
-	// change.
-	keys := slices.DeleteFunc(w.order, func(key nimbusv1.Key) bool {
-		c := w.changes[key]
-		return c.before == c.after
-	})
+	changes := w.merge()
 	if s.disk != nil && w.persist {
-		if err := s.disk.commit(w, keys); err != nil {
+		if err := s.disk.commit(w, changes); err != nil {
 			s.work = s.base.copy()
 			return fmt.Errorf("writing state file: %w", err)
 		}
 	}
 	s.commitLocked(w.st)
+	keys := make([]nimbusv1.Key, len(changes))
+	for i, c := range changes {
+		keys[i] = c.key
+	}
 	s.notify(TableDesired, keys, &resumePoint{w.st.epoch, w.st.revision})
 	s.metrics.commitDuration.WithLabelValues(string(TableDesired)).Observe(time.Since(start).Seconds())
 	s.metrics.commitSize.WithLabelValues(string(TableDesired)).Observe(float64(len(keys)))
@@ -823,13 +850,21 @@ func (t *DesiredTxn) SetResume(epoch string, revision uint64) {
 // rewritten, so subscribers hear only of real changes.
 func (w *DesiredWriter) Commit(t *DesiredTxn) error {
 	return w.s.write(func(dw *desiredWrite) error {
-		put := map[nimbusv1.Key]bool{}
+		// Room for a change a write, so that a batch of deletes does not grow it.
+		dw.changes = make([]desiredChange, 0, len(t.puts)+len(t.deletes))
+		// The keys Put, which a sweep keeps; without one, nothing reads them.
+		var put map[nimbusv1.Key]bool
+		if t.sweep {
+			put = make(map[nimbusv1.Key]bool, len(t.puts))
+		}
 		for _, obj := range t.puts {
 			rec, err := w.s.newRecord(obj)
 			if err != nil {
 				return err
 			}
-			put[rec.key] = true
+			if put != nil {
+				put[rec.key] = true
+			}
 			if old, ok := dw.get(rec.key); ok && bytes.Equal(old.data, rec.data) {
 				continue
 			}

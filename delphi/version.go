@@ -1,6 +1,9 @@
 package delphi
 
 import (
+	"strings"
+	"unique"
+
 	"github.com/tidwall/btree"
 
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -31,7 +34,7 @@ type idTree = btree.BTreeG[*record]
 type indexTree = btree.BTreeG[indexEntry]
 
 func newIDTree() *idTree {
-	return btree.NewBTreeGOptions(func(a, b *record) bool { return a.key.Compare(b.key) < 0 }, treeOptions)
+	return btree.NewBTreeGOptions(func(a, b *record) bool { return compareKeys(&a.key, &b.key) < 0 }, treeOptions)
 }
 
 func newIndexTree() *indexTree {
@@ -43,7 +46,7 @@ func newIndexTree() *indexTree {
 			// A probe without a record sorts before every entry of its value.
 			return a.rec == nil && b.rec != nil
 		}
-		return a.rec.key.Compare(b.rec.key) < 0
+		return compareKeys(&a.rec.key, &b.rec.key) < 0
 	}, treeOptions)
 }
 
@@ -51,14 +54,47 @@ func newIndexTree() *indexTree {
 // order alone (Load) would leave every node half full: a full node splits in two, and
 // only the right half takes more items. So load loads every other item, and then sets
 // the others, each of which lands in the free half of the node that holds its
-// neighbours, without a copy since the tree owns its nodes.
+// neighbours, without a copy since the tree owns its nodes. Each search starts where the
+// last one ended: a set then takes 6 comparisons, where one from the root took 10.
 func load[T any](tr *btree.BTreeG[T], items []T) {
 	for i := 0; i < len(items); i += 2 {
 		tr.Load(items[i])
 	}
+	var hint btree.PathHint
 	for i := 1; i < len(items); i += 2 {
-		tr.Set(items[i])
+		tr.SetHint(items[i], &hint)
 	}
+}
+
+// compareKeys orders keys as nimbusv1.Key.Compare does, by their key IDs. Keys of one
+// kind, tenant and namespace, as the tables mostly hold, compare by their names here
+// without a call, and without reading their tenants and namespaces, which ownKey makes
+// records share.
+func compareKeys(a, b *nimbusv1.Key) int {
+	if a.Kind == b.Kind && a.Tenant == b.Tenant && a.Namespace == b.Namespace {
+		return strings.Compare(a.Name, b.Name)
+	}
+	return a.Compare(*b)
+}
+
+// ownKey returns key with strings of its own, which keep none of the memory of the object
+// or frame it was taken from: a copy of its name, and a tenant and namespace that every
+// key ownKey returns shares with the others of that tenant and namespace (unique.Make),
+// so that a record holds only its name apart.
+func ownKey(key nimbusv1.Key) nimbusv1.Key {
+	key.Tenant = shared(key.Tenant, nimbusv1.DefaultTenant)
+	key.Namespace = shared(key.Namespace, nimbusv1.DefaultNamespace)
+	key.Name = strings.Clone(key.Name)
+	return key
+}
+
+// shared returns the one string of s's value that unique.Make keeps, or def when s
+// equals it.
+func shared(s, def string) string {
+	if s == def {
+		return def
+	}
+	return unique.Make(s).Value()
 }
 
 // probe returns a record to search the records by key with.
