@@ -1,7 +1,6 @@
 package delphi
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -59,7 +58,9 @@ type record struct {
 	// key is the object's key, with strings of its own.
 	key nimbusv1.Key
 	// data is the object, serialized deterministically: an equal object has equal data.
-	data []byte
+	// A string of the bytes the encoder made, which nothing else holds (16 bytes where a
+	// slice took 24, so that a record fits 96); wire reads it as bytes.
+	data string
 	// indexed holds the values the declared indexes list the object under, in one
 	// string: for each, the position of its index in Options.Indexes and its length as
 	// uvarints, and the value. The index entries hold their values as parts of it, so a
@@ -70,6 +71,9 @@ type record struct {
 	// them holds it, and the collector frees it once none does.
 	decoded atomic.Pointer[weak.Pointer[nimbusv1.Object]]
 }
+
+// wire returns the object's wire form, which the caller must not change.
+func (r *record) wire() []byte { return unsafe.Slice(unsafe.StringData(r.data), len(r.data)) }
 
 // indexedValues returns the values the record is listed under, each with the position
 // of its index in Options.Indexes, in that order; each value is a part of r.indexed.
@@ -391,7 +395,7 @@ func (s *Store) decode(r *record) *nimbusv1.Object {
 	// The generated decoder: the bytes are what newRecord's proto.Marshal made, so their
 	// strings were checked then.
 	obj := &nimbusv1.Object{}
-	if err := obj.UnmarshalVT(r.data); err != nil {
+	if err := obj.UnmarshalVT(r.wire()); err != nil {
 		s.log.Error("decoding a stored object", "key", r.key, "err", err)
 	}
 	wp := weak.Make(obj)
@@ -624,7 +628,7 @@ func (s *Store) newRecord(obj *nimbusv1.Object) (*record, error) {
 	if err != nil {
 		return nil, fmt.Errorf("encoding %s: %w", key, err)
 	}
-	r := &record{key: key, data: data}
+	r := &record{key: key, data: unsafe.String(unsafe.SliceData(data), len(data))}
 	var values [][]string
 	size := 0
 	for i, ix := range s.indexes {
@@ -867,7 +871,7 @@ func (w *DesiredWriter) Commit(t *DesiredTxn) error {
 				return err
 			}
 			put[rec.key] = true
-			if old, ok := dw.get(rec.key); ok && bytes.Equal(old.data, rec.data) {
+			if old, ok := dw.get(rec.key); ok && old.data == rec.data {
 				continue
 			}
 			dw.put(rec, obj)
