@@ -106,10 +106,11 @@ type Firewall struct {
 	accepted map[string]*nimbusv1.Object
 	// failed holds why the policies that did not fit were left out, by key ID.
 	failed map[string]string
-	// read holds the version (versionOf) of every object the last build read, with the
-	// interface index of every local endpoint it found: a reconcile of an object at that
-	// version needs no new build.
-	read nimbusv1.KeyMap[objectVersion]
+	// read holds the version (versionOf) of every object the last build read, and
+	// readLocal the interface index of every local endpoint it found: a reconcile of an
+	// object at that version needs no new build.
+	read      nimbusv1.KeyMap[objectVersion]
+	readLocal map[nimbusv1.Key]int32
 	// attached holds the interface index each local endpoint's links were attached to,
 	// or given this process's programs on, by this process, by endpoint key ID.
 	attached map[string]int
@@ -259,26 +260,22 @@ func (f *Firewall) ask() uint64 {
 func (f *Firewall) Changed() { f.ask() }
 
 // objectVersion is what tells one version of an object from another, as a build read
-// it: its uid and generation, and for a local endpoint the index of its interface (0
-// for any other object; the kernel numbers interfaces from 1). A uid as nimbus makes
-// them, a UUID in lower case, is held as its 16 bytes; any other as the first 16 bytes
-// of its SHA-256, marked apart, so that no two uids share a version. 32 bytes, without
-// a pointer, where a string of the uid and generation took 48 of its own.
+// it: its uid and generation. A uid as nimbus makes them, a UUID in lower case, is held
+// as its 16 bytes; any other as the first 16 bytes of its SHA-256, which equal those of
+// another uid only by a chance of 2^-128. 24 bytes, without a pointer, where a string
+// of the uid and generation took 48 of its own.
 type objectVersion struct {
-	uid     [16]byte
-	gen     int64
-	ifindex int32
-	digest  bool
+	uid [16]byte
+	gen int64
 }
 
-// versionOf returns the version of an object, with no interface.
+// versionOf returns the version of an object.
 func versionOf(obj *nimbusv1.Object) objectVersion {
 	m := obj.GetMeta()
 	v := objectVersion{gen: m.GetGeneration()}
 	if !parseUUID(&v.uid, m.GetUid()) {
 		sum := sha256.Sum256([]byte(m.GetUid()))
 		copy(v.uid[:], sum[:])
-		v.digest = true
 	}
 	return v
 }
@@ -327,9 +324,13 @@ func (f *Firewall) current(key nimbusv1.Key, obj *nimbusv1.Object, ifindex int) 
 	if obj == nil {
 		return !ok
 	}
-	want := versionOf(obj)
-	want.ifindex = int32(ifindex)
-	return ok && have == want
+	if !ok || have != versionOf(obj) {
+		return false
+	}
+	// A local endpoint is current only on the interface the build found it on, and any
+	// other object only for a reconcile that found no interface.
+	local, found := f.readLocal[key]
+	return found == (ifindex > 0) && int(local) == max(ifindex, 0)
 }
 
 // syncFor waits for a build that read the object with the key at the version of obj
@@ -414,18 +415,16 @@ func (f *Firewall) build() error {
 			read.Set(o.TypedKey(), versionOf(o))
 		}
 	}
+	readLocal := make(map[nimbusv1.Key]int32, len(in.Local))
 	for _, l := range in.Local {
-		// The key ID of a listed endpoint parses; were it not to, the endpoint's version
-		// would lack its interface, and its reconcile would only wait for another build.
-		if k, err := nimbusv1.ParseKey(l.Endpoint); err == nil {
-			if v, ok := read.Get(k); ok {
-				v.ifindex = int32(l.Ifindex)
-				read.Set(k, v)
-			}
+		// The key ID of a listed endpoint parses; were it not to, the endpoint would not
+		// be found local, and its reconcile would only wait for another build.
+		if k, err := nimbusv1.ParseKey(l.Endpoint); err == nil && read.Has(k) {
+			readLocal[k] = int32(l.Ifindex)
 		}
 	}
 	f.mu.Lock()
-	f.snap, f.accepted, f.failed, f.read = snap, enforced, failed, read
+	f.snap, f.accepted, f.failed, f.read, f.readLocal = snap, enforced, failed, read, readLocal
 	if !same {
 		f.installs++
 	}
