@@ -1,10 +1,11 @@
 package delphi
 
 import (
-	"bytes"
 	"cmp"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
 	"path/filepath"
 	"runtime"
@@ -13,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 	"weak"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -57,29 +59,54 @@ type record struct {
 	// key is the object's key, with strings of its own.
 	key nimbusv1.Key
 	// data is the object, serialized deterministically: an equal object has equal data.
-	data []byte
-	// indexed holds the values the declared indexes list the object under; nil when none.
-	indexed []indexedValue
+	// A string of the bytes the encoder made, which nothing else holds (16 bytes where a
+	// slice took 24, so that a record fits 96); wire reads it as bytes.
+	data string
+	// indexed holds the values the declared indexes list the object under, in one
+	// string: for each, the position of its index in Options.Indexes and its length as
+	// uvarints, and the value. The index entries hold their values as parts of it, so a
+	// record's values take one allocation, where a slice (24 bytes a value) and a string
+	// per value took several. "" when none.
+	indexed string
 	// decoded points weakly to the object as last decoded: readers share it while any of
 	// them holds it, and the collector frees it once none does.
 	decoded atomic.Pointer[weak.Pointer[nimbusv1.Object]]
 }
 
-// shareValue makes r, not yet published, hold val, equal to a value the pos-th index
-// lists it under, as that value.
-func (r *record) shareValue(pos int, val string) {
-	for i, v := range r.indexed {
-		if v.pos == pos && v.val == val {
-			r.indexed[i].val = val
+// wire returns the object's wire form, which the caller must not change.
+func (r *record) wire() []byte { return unsafe.Slice(unsafe.StringData(r.data), len(r.data)) }
+
+// indexedValues returns the values the record is listed under, each with the position
+// of its index in Options.Indexes, in that order; each value is a part of r.indexed.
+func (r *record) indexedValues() iter.Seq2[int, string] {
+	return func(yield func(int, string) bool) {
+		for rest := r.indexed; len(rest) > 0; {
+			pos, n := stringUvarint(rest)
+			size, m := stringUvarint(rest[n:])
+			rest = rest[n+m:]
+			if n == 0 || m == 0 || size > uint64(len(rest)) {
+				return // never: newRecord wrote it
+			}
+			if !yield(int(pos), rest[:size]) {
+				return
+			}
+			rest = rest[size:]
 		}
 	}
 }
 
-// indexedValue is a value a declared index, the pos-th of Options.Indexes, lists a
-// record under.
-type indexedValue struct {
-	pos int
-	val string
+// stringUvarint reads a uvarint at the start of s and returns it and its length, 0 when
+// s does not start with one.
+func stringUvarint(s string) (uint64, int) {
+	var v uint64
+	for i := 0; i < len(s) && i < binary.MaxVarintLen64; i++ {
+		b := s[i]
+		v |= uint64(b&0x7f) << (7 * i)
+		if b < 0x80 {
+			return v, i + 1
+		}
+	}
+	return 0, 0
 }
 
 // indexEntry is an entry of a declared index: the value it lists rec under. An index is
@@ -306,8 +333,8 @@ func (s *Store) buildState(recs []*record) *desiredState {
 	load(st.byID, recs)
 	entries := make([][]indexEntry, len(s.indexes))
 	for _, r := range recs {
-		for _, v := range r.indexed {
-			entries[v.pos] = append(entries[v.pos], indexEntry{val: v.val, rec: r})
+		for pos, val := range r.indexedValues() {
+			entries[pos] = append(entries[pos], indexEntry{val: val, rec: r})
 		}
 	}
 	for i, es := range entries {
@@ -319,14 +346,6 @@ func (s *Store) buildState(recs []*record) *desiredState {
 		})
 		// An index that lists an object twice under one value holds it once.
 		es = slices.CompactFunc(es, func(a, b indexEntry) bool { return a.val == b.val && a.rec == b.rec })
-		// A value several records are listed under (their network's, their node's) is
-		// kept once: each takes the string of the first, in its entry and its record.
-		for k := 1; k < len(es); k++ {
-			if es[k].val == es[k-1].val {
-				es[k].val = es[k-1].val
-				es[k].rec.shareValue(i, es[k].val)
-			}
-		}
 		st.indexes[i] = newIndexTree()
 		load(st.indexes[i], es)
 	}
@@ -377,7 +396,7 @@ func (s *Store) decode(r *record) *nimbusv1.Object {
 	// The generated decoder: the bytes are what newRecord's proto.Marshal made, so their
 	// strings were checked then.
 	obj := &nimbusv1.Object{}
-	if err := obj.UnmarshalVT(r.data); err != nil {
+	if err := obj.UnmarshalVT(r.wire()); err != nil {
 		s.log.Error("decoding a stored object", "key", r.key, "err", err)
 	}
 	wp := weak.Make(obj)
@@ -610,15 +629,46 @@ func (s *Store) newRecord(obj *nimbusv1.Object) (*record, error) {
 	if err != nil {
 		return nil, fmt.Errorf("encoding %s: %w", key, err)
 	}
-	r := &record{key: key, data: data}
+	r := &record{key: key, data: unsafe.String(unsafe.SliceData(data), len(data))}
+	var values [][]string
+	size := 0
 	for i, ix := range s.indexes {
-		for _, v := range ix.Values(obj) {
-			// A copy: obj's strings may be views of a whole received frame.
-			r.indexed = append(r.indexed, indexedValue{pos: i, val: strings.Clone(v)})
+		vals := ix.Values(obj)
+		if len(vals) == 0 {
+			continue
+		}
+		if values == nil {
+			values = make([][]string, len(s.indexes))
+		}
+		values[i] = vals
+		for _, v := range vals {
+			size += uvarintLen(uint64(i)) + uvarintLen(uint64(len(v))) + len(v)
 		}
 	}
-	r.indexed = slices.Clip(r.indexed)
+	if size == 0 {
+		return r, nil
+	}
+	// A copy: obj's strings may be views of a whole received frame. The bytes are the
+	// string's alone from here on.
+	b := make([]byte, 0, size)
+	for i, vals := range values {
+		for _, v := range vals {
+			b = binary.AppendUvarint(b, uint64(i))
+			b = binary.AppendUvarint(b, uint64(len(v)))
+			b = append(b, v...)
+		}
+	}
+	r.indexed = unsafe.String(unsafe.SliceData(b), len(b))
 	return r, nil
+}
+
+// uvarintLen returns the length of x as a uvarint.
+func uvarintLen(x uint64) int {
+	n := 1
+	for ; x >= 0x80; x >>= 7 {
+		n++
+	}
+	return n
 }
 
 // desiredChange is what a write transaction did to one key: the record before it (nil
@@ -669,17 +719,8 @@ func (w *desiredWrite) get(key nimbusv1.Key) (*record, bool) {
 func (w *desiredWrite) put(r *record, obj *nimbusv1.Object) {
 	old, _ := w.st.byID.SetHint(r, &w.hint)
 	w.unindex(old)
-	for i, v := range r.indexed {
-		ix := w.st.indexes[v.pos]
-		// A value other records are listed under (their network's, their node's) is kept
-		// once: r, new, takes their string.
-		ix.Ascend(indexEntry{val: v.val}, func(e indexEntry) bool {
-			if e.val == v.val {
-				r.indexed[i].val = e.val
-			}
-			return false
-		})
-		ix.Set(indexEntry{val: r.indexed[i].val, rec: r})
+	for pos, val := range r.indexedValues() {
+		w.st.indexes[pos].Set(indexEntry{val: val, rec: r})
 	}
 	w.changed(desiredChange{key: r.key, before: old, after: r, obj: obj})
 }
@@ -699,8 +740,8 @@ func (w *desiredWrite) unindex(r *record) {
 	if r == nil {
 		return
 	}
-	for _, v := range r.indexed {
-		w.st.indexes[v.pos].Delete(indexEntry{val: v.val, rec: r})
+	for pos, val := range r.indexedValues() {
+		w.st.indexes[pos].Delete(indexEntry{val: val, rec: r})
 	}
 }
 
@@ -865,7 +906,7 @@ func (w *DesiredWriter) Commit(t *DesiredTxn) error {
 			if put != nil {
 				put[rec.key] = true
 			}
-			if old, ok := dw.get(rec.key); ok && bytes.Equal(old.data, rec.data) {
+			if old, ok := dw.get(rec.key); ok && old.data == rec.data {
 				continue
 			}
 			dw.put(rec, obj)

@@ -891,6 +891,7 @@ func TestEndpointTableRecords(t *testing.T) {
 func TestPackedRefs(t *testing.T) {
 	mac := [6]byte{2, 0, 0, 0, 0, 1}
 	ip1, ip2 := netip.MustParseAddr("10.64.1.1"), netip.MustParseAddr("fd00::1")
+	mapped, zoned := netip.MustParseAddr("::ffff:10.64.1.1"), netip.MustParseAddr("fe80::1%eth0")
 	for _, tc := range []struct {
 		name   string
 		refs   endpointRefs
@@ -900,6 +901,8 @@ func TestPackedRefs(t *testing.T) {
 		{"a MAC", endpointRefs{macs: []macRef{{"blue", mac}}}, true},
 		{"a MAC and an address", endpointRefs{macs: []macRef{{"blue", mac}}, ips: []ipRef{{"blue", ip1}}}, true},
 		{"an address alone", endpointRefs{ips: []ipRef{{"blue", ip2}}}, true},
+		{"an IPv4-mapped address", endpointRefs{macs: []macRef{{"blue", mac}}, ips: []ipRef{{"blue", mapped}}}, true},
+		{"an address with a zone", endpointRefs{macs: []macRef{{"blue", mac}}, ips: []ipRef{{"blue", zoned}}}, false},
 		{"two addresses", endpointRefs{macs: []macRef{{"blue", mac}}, ips: []ipRef{{"blue", ip1}, {"blue", ip2}}}, false},
 		{"two networks", endpointRefs{macs: []macRef{{"blue", mac}}, ips: []ipRef{{"red", ip1}}}, false},
 		{"an interface", endpointRefs{ifaces: []string{"veth1"}, macs: []macRef{{"blue", mac}}}, false},
@@ -917,8 +920,8 @@ func TestPackedRefs(t *testing.T) {
 			}
 		})
 	}
-	if n := unsafe.Sizeof(endpointRecord{}); n > 128 {
-		t.Errorf("an endpointRecord takes %d bytes; want it to fit the 128-byte size class", n)
+	if n := unsafe.Sizeof(endpointRecord{}); n > 112 {
+		t.Errorf("an endpointRecord takes %d bytes; want it to fit the 112-byte size class", n)
 	}
 }
 

@@ -3,6 +3,7 @@ package linux
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -105,10 +106,11 @@ type Firewall struct {
 	accepted map[string]*nimbusv1.Object
 	// failed holds why the policies that did not fit were left out, by key ID.
 	failed map[string]string
-	// read holds the version (versionOf) of every object the last build read, by key ID,
-	// and the interface index of every local endpoint it found: a reconcile of an object
-	// at that version needs no new build.
-	read map[string]string
+	// read holds the version (versionOf) of every object the last build read, and
+	// readLocal the interface index of every local endpoint it found: a reconcile of an
+	// object at that version needs no new build.
+	read      nimbusv1.KeyMap[objectVersion]
+	readLocal map[nimbusv1.Key]int32
 	// attached holds the interface index each local endpoint's links were attached to,
 	// or given this process's programs on, by this process, by endpoint key ID.
 	attached map[string]int
@@ -159,7 +161,7 @@ func NewFirewall(opts FirewallOptions) (*Firewall, error) {
 	f := &Firewall{
 		objs: objs, store: opts.Store, node: opts.Node, ns: opts.Namespace, links: conn.view.links, conn: conn, opts: opts, log: opts.Logger,
 		wake: make(chan struct{}, 1), builtCh: make(chan struct{}),
-		accepted: map[string]*nimbusv1.Object{}, failed: map[string]string{}, read: map[string]string{},
+		accepted: map[string]*nimbusv1.Object{}, failed: map[string]string{},
 		attached: map[string]int{},
 		cancel:   cancel, done: make(chan struct{}),
 		buildTime: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -257,37 +259,84 @@ func (f *Firewall) ask() uint64 {
 // other nodes changed, say, whose addresses are peers.
 func (f *Firewall) Changed() { f.ask() }
 
-// versionOf returns what tells one version of an object from another: its uid and
-// generation.
-func versionOf(obj *nimbusv1.Object) string {
-	m := obj.GetMeta()
-	return m.GetUid() + "/" + strconv.FormatInt(m.GetGeneration(), 10)
+// objectVersion is what tells one version of an object from another, as a build read
+// it: its uid and generation. A uid as nimbus makes them, a UUID in lower case, is held
+// as its 16 bytes; any other as the first 16 bytes of its SHA-256, which equal those of
+// another uid only by a chance of 2^-128. 24 bytes, without a pointer, where a string
+// of the uid and generation took 48 of its own.
+type objectVersion struct {
+	uid [16]byte
+	gen int64
 }
 
-// current tells whether the last build read the object with the key ID at the version
-// of obj (nil: read none), and, with ifindex > 0, found it a local endpoint on that
+// versionOf returns the version of an object.
+func versionOf(obj *nimbusv1.Object) objectVersion {
+	m := obj.GetMeta()
+	v := objectVersion{gen: m.GetGeneration()}
+	if !parseUUID(&v.uid, m.GetUid()) {
+		sum := sha256.Sum256([]byte(m.GetUid()))
+		copy(v.uid[:], sum[:])
+	}
+	return v
+}
+
+// parseUUID sets uid to the bytes of s when s is a UUID in lower case
+// ("0f8fad5b-d9cb-469f-a165-70867728950e") and tells whether it was.
+func parseUUID(uid *[16]byte, s string) bool {
+	if len(s) != 36 || s[8] != '-' || s[13] != '-' || s[18] != '-' || s[23] != '-' {
+		return false
+	}
+	n := 0
+	for i := 0; i < len(s); i++ {
+		if i == 8 || i == 13 || i == 18 || i == 23 {
+			continue
+		}
+		c := s[i]
+		var d byte
+		switch {
+		case '0' <= c && c <= '9':
+			d = c - '0'
+		case 'a' <= c && c <= 'f':
+			d = c - 'a' + 10
+		default:
+			return false
+		}
+		if n%2 == 0 {
+			uid[n/2] = d << 4
+		} else {
+			uid[n/2] |= d
+		}
+		n++
+	}
+	return true
+}
+
+// current tells whether the last build read the object with the key at the version of
+// obj (nil: read none), and, with ifindex > 0, found it a local endpoint on that
 // interface; then a reconcile needs no new build.
-func (f *Firewall) current(keyID string, obj *nimbusv1.Object, ifindex int) bool {
+func (f *Firewall) current(key nimbusv1.Key, obj *nimbusv1.Object, ifindex int) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.snap == nil || f.buildErr != nil {
 		return false
 	}
-	have, ok := f.read[keyID]
+	have, ok := f.read.Get(key)
 	if obj == nil {
 		return !ok
 	}
-	want := versionOf(obj)
-	if ifindex > 0 {
-		want += "@" + strconv.Itoa(ifindex)
+	if !ok || have != versionOf(obj) {
+		return false
 	}
-	return ok && have == want
+	// A local endpoint is current only on the interface the build found it on, and any
+	// other object only for a reconcile that found no interface.
+	local, found := f.readLocal[key]
+	return found == (ifindex > 0) && int(local) == max(ifindex, 0)
 }
 
-// syncFor waits for a build that read the object with the key ID at the version of obj
+// syncFor waits for a build that read the object with the key at the version of obj
 // (see current), asking for one when the last did not.
-func (f *Firewall) syncFor(ctx context.Context, keyID string, obj *nimbusv1.Object, ifindex int) error {
-	if f.current(keyID, obj, ifindex) {
+func (f *Firewall) syncFor(ctx context.Context, key nimbusv1.Key, obj *nimbusv1.Object, ifindex int) error {
+	if f.current(key, obj, ifindex) {
 		return nil
 	}
 	return f.sync(ctx)
@@ -360,17 +409,22 @@ func (f *Firewall) build() error {
 	for _, p := range policies {
 		enforced[keyIDOf(p)] = p
 	}
-	read := make(map[string]string, len(in.Endpoints)+len(in.Groups)+len(in.Policies))
+	var read nimbusv1.KeyMap[objectVersion]
 	for _, list := range [][]*nimbusv1.Object{in.Endpoints, in.Groups, in.Policies} {
 		for _, o := range list {
-			read[keyIDOf(o)] = versionOf(o)
+			read.Set(o.TypedKey(), versionOf(o))
 		}
 	}
+	readLocal := make(map[nimbusv1.Key]int32, len(in.Local))
 	for _, l := range in.Local {
-		read[l.Endpoint] += "@" + strconv.FormatUint(uint64(l.Ifindex), 10)
+		// The key ID of a listed endpoint parses; were it not to, the endpoint would not
+		// be found local, and its reconcile would only wait for another build.
+		if k, err := nimbusv1.ParseKey(l.Endpoint); err == nil && read.Has(k) {
+			readLocal[k] = int32(l.Ifindex)
+		}
 	}
 	f.mu.Lock()
-	f.snap, f.accepted, f.failed, f.read = snap, enforced, failed, read
+	f.snap, f.accepted, f.failed, f.read, f.readLocal = snap, enforced, failed, read, readLocal
 	if !same {
 		f.installs++
 	}
@@ -495,7 +549,7 @@ func (f *Firewall) AttachEndpoint(ctx context.Context, key nimbusv1.Key, obj *ni
 		f.attached[keyID] = ifindex
 		f.mu.Unlock()
 	}
-	if err := f.syncFor(ctx, keyID, obj, ifindex); err != nil {
+	if err := f.syncFor(ctx, key, obj, ifindex); err != nil {
 		return nil, err
 	}
 	snap := f.Snapshot()
@@ -525,7 +579,7 @@ func (f *Firewall) DetachEndpoint(key nimbusv1.Key, obj *nimbusv1.Object) error 
 	f.mu.Lock()
 	delete(f.attached, keyID)
 	f.mu.Unlock()
-	if !f.current(keyID, obj, 0) {
+	if !f.current(key, obj, 0) {
 		f.Changed()
 	}
 	return err
@@ -639,7 +693,7 @@ func (policyReconciler) Kind() nimbusv1.Kind { return nimbusv1.Kind_KIND_NETWORK
 func (r policyReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (*nimbusv1.OperationalData, error) {
 	f := r.f
 	id := key.ID()
-	if err := f.syncFor(ctx, id, obj, 0); err != nil {
+	if err := f.syncFor(ctx, key.Key(), obj, 0); err != nil {
 		return nil, err
 	}
 	if obj == nil {
@@ -704,7 +758,7 @@ func (f *Firewall) missingGroups(ctx context.Context, obj *nimbusv1.Object) ([]f
 		if !ok {
 			missing = append(missing, r)
 		}
-		if !stale && !f.current(r.Group.ID(), g, 0) {
+		if !stale && !f.current(r.Group.Key(), g, 0) {
 			stale = true
 		}
 	}
@@ -794,7 +848,7 @@ func (groupReconciler) Kind() nimbusv1.Kind { return nimbusv1.Kind_KIND_SECURITY
 
 // Reconcile waits for a snapshot built after the group changed.
 func (r groupReconciler) Reconcile(ctx context.Context, key *nimbusv1.ObjectKey, obj *nimbusv1.Object) (*nimbusv1.OperationalData, error) {
-	if err := r.f.syncFor(ctx, key.ID(), obj, 0); err != nil {
+	if err := r.f.syncFor(ctx, key.Key(), obj, 0); err != nil {
 		return nil, err
 	}
 	return nil, nil
