@@ -407,7 +407,7 @@ func (s *Store) decode(r *record) *nimbusv1.Object {
 // Keys returns the keys of the desired objects of one kind, ordered; KIND_UNSPECIFIED
 // lists all. Unlike List it decodes no object.
 func (s *Store) Keys(kind nimbusv1.Kind) []nimbusv1.Key {
-	var out []nimbusv1.Key
+	out := make([]nimbusv1.Key, 0, s.desiredLen(kind))
 	s.desiredRecords(kind, func(r *record) { out = append(out, r.key) })
 	return out
 }
@@ -417,6 +417,16 @@ func (s *Store) List(kind nimbusv1.Kind) []*nimbusv1.Object {
 	var out []*nimbusv1.Object
 	s.desiredRecords(kind, func(r *record) { out = append(out, s.decode(r)) })
 	return out
+}
+
+// desiredLen returns the number of records in the committed desired table when kind is
+// KIND_UNSPECIFIED, what desiredRecords lists then, and 0 for a kind, whose records it
+// does not count.
+func (s *Store) desiredLen(kind nimbusv1.Kind) int {
+	if kind != nimbusv1.Kind_KIND_UNSPECIFIED {
+		return 0
+	}
+	return s.desired.Load().byID.Len()
 }
 
 // desiredRecords calls fn with every record of one kind in the committed desired table,

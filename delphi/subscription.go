@@ -2,6 +2,7 @@ package delphi
 
 import (
 	"context"
+	"slices"
 	"sync"
 
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -80,6 +81,7 @@ func (s *Store) Subscribe(opts SubscribeOptions) (*Subscription, error) {
 				keys = append(keys, sub.key)
 			}
 		case t == TableDesired:
+			keys = slices.Grow(keys, s.desiredLen(opts.Kind))
 			s.desiredRecords(opts.Kind, func(r *record) { keys = append(keys, r.key) })
 		case t == TableStatus:
 			s.statusMu.RLock()
@@ -102,6 +104,12 @@ func (sub *Subscription) add(keys []nimbusv1.Key, resume *resumePoint) {
 	}
 	if resume != nil {
 		sub.queued = *resume
+	}
+	if len(sub.order) == 0 && sub.kind == nimbusv1.Kind_KIND_UNSPECIFIED && sub.key.IsZero() {
+		// Every key is taken: the first listing of a whole table, or a commit of many
+		// keys, makes the set and the order to its size at once.
+		sub.pending = make(map[nimbusv1.Key]struct{}, len(keys))
+		sub.order = make([]nimbusv1.Key, 0, len(keys))
 	}
 	added := false
 	for _, key := range keys {

@@ -446,9 +446,13 @@ func (sh *mirrorShard[K, V]) dropLocked(w *Write[K, V]) {
 // changes anew calls Replace after subscribing.
 func (m *Mirror[K, V]) Replace(dump func(add func(K, V)) error) ([]K, error) {
 	run := &replaceRun[K]{}
+	// The dump holds about what the mirror holds: its maps are made to that size, so
+	// that a reload of many objects does not grow them step by step.
+	var fresh [mirrorShards]map[K]V
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
+		fresh[i] = make(map[K]V, len(sh.objs))
 		run.touched[i] = map[K]struct{}{}
 		sh.replacing[run] = struct{}{}
 		for k, p := range sh.pending {
@@ -471,10 +475,6 @@ func (m *Mirror[K, V]) Replace(dump func(add func(K, V)) error) ([]K, error) {
 		}
 	}()
 
-	var fresh [mirrorShards]map[K]V
-	for i := range fresh {
-		fresh[i] = map[K]V{}
-	}
 	if err := dump(func(k K, v V) { fresh[m.shard(k).index][k] = v }); err != nil {
 		return nil, err
 	}
@@ -483,6 +483,10 @@ func (m *Mirror[K, V]) Replace(dump func(add func(K, V)) error) ([]K, error) {
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
+		if len(sh.objs) == 0 {
+			// The first load: the shard's map takes the dump's size at once.
+			sh.objs = make(map[K]V, len(fresh[i]))
+		}
 		touched := run.touched[i]
 		settled := func(k K) bool {
 			_, changed := touched[k]

@@ -13,6 +13,9 @@ import (
 type Index[K comparable, V any, X comparable] struct {
 	m  *Mirror[K, V]
 	by func(K, V) (X, bool)
+	// attached is done once the index holds the mirror's objects and follows it: at
+	// NewIndex, or at the first Get or Len of an index NewLazyIndex made.
+	attached sync.Once
 	// mu guards keys.
 	mu sync.RWMutex
 	// keys holds the keys of the mirrored objects by their value.
@@ -30,7 +33,23 @@ type mirrorIndex[K comparable, V any] interface {
 // object alone, and be cheap: the mirror calls it on every change. The index holds the
 // objects m holds when it is made, and follows m from then on; it cannot be removed.
 func NewIndex[K comparable, V any, X comparable](m *Mirror[K, V], by func(K, V) (X, bool)) *Index[K, V, X] {
-	ix := &Index[K, V, X]{m: m, by: by, keys: map[X]map[K]struct{}{}}
+	ix := NewLazyIndex(m, by)
+	ix.attached.Do(ix.attach)
+	return ix
+}
+
+// NewLazyIndex is NewIndex for an index that few mirrors are read through: it costs the
+// mirror nothing until its first Get or Len, which takes the objects m holds then (a
+// walk of the whole mirror, once) and follows m from then on. Neither may then be
+// called while the mirror runs a follower (Follow), as no call of m may.
+func NewLazyIndex[K comparable, V any, X comparable](m *Mirror[K, V], by func(K, V) (X, bool)) *Index[K, V, X] {
+	return &Index[K, V, X]{m: m, by: by, keys: map[X]map[K]struct{}{}}
+}
+
+// attach makes the index hold the mirror's objects and follow its changes, a shard at
+// a time.
+func (ix *Index[K, V, X]) attach() {
+	m := ix.m
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
@@ -40,7 +59,6 @@ func NewIndex[K comparable, V any, X comparable](m *Mirror[K, V], by func(K, V) 
 		}
 		sh.mu.Unlock()
 	}
-	return ix
 }
 
 // changed moves k from the value of old to that of v in the index.
@@ -80,6 +98,7 @@ func (ix *Index[K, V, X]) changed(k K, old V, had bool, v V, has bool) {
 // the iteration reaches it, in no particular order. An object that changes meanwhile
 // shows in its new state if it still has the value x, and not at all otherwise.
 func (ix *Index[K, V, X]) Get(x X) iter.Seq2[K, V] {
+	ix.attached.Do(ix.attach)
 	ix.mu.RLock()
 	set := ix.keys[x]
 	keys := make([]K, 0, len(set))
@@ -105,6 +124,7 @@ func (ix *Index[K, V, X]) Get(x X) iter.Seq2[K, V] {
 
 // Len returns the number of mirrored objects whose value is x.
 func (ix *Index[K, V, X]) Len(x X) int {
+	ix.attached.Do(ix.attach)
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	return len(ix.keys[x])

@@ -37,11 +37,20 @@ func wantIndexed(t *testing.T, m *hal.Mirror[string, obj], ix *hal.Index[string,
 	}
 }
 
-// TestMirrorIndex: an index holds what the mirror held when it was made and follows
-// events, writes and dumps, moving an object whose value changes.
+// TestMirrorIndex: an index, made at once or lazily, holds what the mirror held when it
+// was made and follows events, writes and dumps, moving an object whose value changes.
 func TestMirrorIndex(t *testing.T) {
+	for name, newIndex := range map[string]func(*hal.Mirror[string, obj], func(string, obj) (int, bool)) *hal.Index[string, obj, int]{
+		"NewIndex":     hal.NewIndex[string, obj, int],
+		"NewLazyIndex": hal.NewLazyIndex[string, obj, int],
+	} {
+		t.Run(name, func(t *testing.T) { testMirrorIndex(t, newIndex) })
+	}
+}
+
+func testMirrorIndex(t *testing.T, newIndex func(*hal.Mirror[string, obj], func(string, obj) (int, bool)) *hal.Index[string, obj, int]) {
 	m := newMirror(t, map[string]obj{"a": {"gw", 1}, "b": {"gw", 1}, "c": {"gw", 2}})
-	ix := hal.NewIndex(m, byLink)
+	ix := newIndex(m, byLink)
 	wantIndexed(t, m, ix, map[int]map[string]obj{1: {"a": {"gw", 1}, "b": {"gw", 1}}, 2: {"c": {"gw", 2}}})
 
 	m.Update("a", obj{"gw", 2})
@@ -70,4 +79,26 @@ func TestMirrorIndex(t *testing.T) {
 		t.Errorf("Get(5), iterated after its objects left, yields %v", got)
 	}
 	wantIndexed(t, m, ix, map[int]map[string]obj{6: {"a": {"gw", 6}}})
+}
+
+// TestMirrorLazyIndex: a lazy index takes, at its first use, what the mirror holds then,
+// whatever changed since it was made, and follows the mirror from then on.
+func TestMirrorLazyIndex(t *testing.T) {
+	m := newMirror(t, map[string]obj{"a": {"gw", 1}, "b": {"gw", 1}})
+	ix := hal.NewLazyIndex(m, byLink)
+	m.Update("a", obj{"gw", 2})
+	m.Remove("b")
+	if _, err := m.Replace(dumpOf(map[string]obj{"a": {"gw", 2}, "c": {"gw", 3}})); err != nil {
+		t.Fatal(err)
+	}
+	w := m.Expect("d", obj{"gw", 3})
+	w.Done()
+	if n := ix.Len(3); n != 2 {
+		t.Errorf("Len(3) = %d at the first use; want 2", n)
+	}
+	wantIndexed(t, m, ix, map[int]map[string]obj{2: {"a": {"gw", 2}}, 3: {"c": {"gw", 3}, "d": {"gw", 3}}})
+	m.Update("c", obj{"gw", 2})
+	m.Update("d", obj{"gw", 3}) // the echo of the write
+	m.Remove("d")
+	wantIndexed(t, m, ix, map[int]map[string]obj{2: {"a": {"gw", 2}, "c": {"gw", 2}}})
 }

@@ -74,7 +74,9 @@ type routeTable struct {
 	// and OverlayRouteProtocol's.
 	protocols *hal.Index[routeID, kernelRoute, uint8]
 	// byLink finds the routes that lead out of an interface (kernelRoute.oif), bySrc
-	// those with a preferred source address.
+	// those with a preferred source address. The network reconciler alone reads them,
+	// so they are built at its first read (hal.NewLazyIndex): a host with many routes
+	// and no network does not index each.
 	byLink *hal.Index[routeID, kernelRoute, int32]
 	bySrc  *hal.Index[routeID, kernelRoute, netip.Addr]
 	// v4Mu guards v4Links, the number of next hops of IPv4 routes that go through each
@@ -98,8 +100,8 @@ func newRouteTable() *routeTable {
 		},
 	})}
 	t.protocols = hal.NewIndex(t.m, func(_ routeID, rt kernelRoute) (uint8, bool) { return rt.protocol, true })
-	t.byLink = hal.NewIndex(t.m, func(_ routeID, rt kernelRoute) (int32, bool) { return rt.oif, rt.oif != 0 })
-	t.bySrc = hal.NewIndex(t.m, func(_ routeID, rt kernelRoute) (netip.Addr, bool) { return rt.src, rt.src.IsValid() })
+	t.byLink = hal.NewLazyIndex(t.m, func(_ routeID, rt kernelRoute) (int32, bool) { return rt.oif, rt.oif != 0 })
+	t.bySrc = hal.NewLazyIndex(t.m, func(_ routeID, rt kernelRoute) (netip.Addr, bool) { return rt.src, rt.src.IsValid() })
 	t.v4Links = map[int32]int{}
 	t.m.Follow(t.followLinks)
 	return t

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -166,21 +167,90 @@ func dumpMirror[K comparable, V any](ctx context.Context, c *rtnlConn, m *hal.Mi
 		v V
 	}
 	return m.Replace(func(add func(K, V)) error {
-		got, err := dumpObjects(ctx, c, func(typ uint16, payload []byte) (entry, bool) {
-			if typ != answer {
-				return entry{}, false
+		var got dumpBuffer[entry]
+		for _, req := range reqs {
+			mark := got.len()
+			err := c.rtnl.Dump(ctx, req, func() {
+				c.dumps.Add(1)
+				got.truncate(mark)
+			}, func(typ uint16, payload []byte) {
+				if typ != answer {
+					return
+				}
+				if k, v, ok := parse(payload); ok {
+					got.push(entry{k, v})
+				}
+			})
+			if err != nil {
+				return fmt.Errorf("listing %s: %w", what, err)
 			}
-			k, v, ok := parse(payload)
-			return entry{k, v}, ok
-		}, reqs...)
-		if err != nil {
-			return fmt.Errorf("listing %s: %w", what, err)
 		}
-		for _, e := range got {
+		for e := range got.all() {
 			add(e.k, e.v)
 		}
 		return nil
 	})
+}
+
+// dumpChunk is the number of objects a dumpBuffer holds in one block.
+const dumpChunk = 256
+
+// dumpBuffer holds the objects of a dump in order, in blocks of dumpChunk, so that a
+// dump of many objects is not copied over and over as one slice would be while it
+// grows. The first block grows as a slice does, so a dump of a few objects takes
+// little.
+type dumpBuffer[T any] struct {
+	// chunks are full (dumpChunk objects) but the last.
+	chunks [][]T
+	n      int
+}
+
+// len returns the number of objects the buffer holds.
+func (b *dumpBuffer[T]) len() int { return b.n }
+
+// push appends v.
+func (b *dumpBuffer[T]) push(v T) {
+	switch last := len(b.chunks) - 1; {
+	case last < 0:
+		b.chunks = append(b.chunks, []T{v})
+	case len(b.chunks[last]) == dumpChunk:
+		b.chunks = append(b.chunks, append(make([]T, 0, dumpChunk), v))
+	default:
+		b.chunks[last] = append(b.chunks[last], v)
+	}
+	b.n++
+}
+
+// truncate drops the objects from the nth on, as a dump that starts over must.
+func (b *dumpBuffer[T]) truncate(n int) {
+	if n >= b.n {
+		return
+	}
+	for b.n > n {
+		last := len(b.chunks) - 1
+		c := b.chunks[last]
+		keep := max(0, len(c)-(b.n-n))
+		clear(c[keep:])
+		b.n -= len(c) - keep
+		if keep == 0 && last > 0 {
+			b.chunks = b.chunks[:last]
+		} else {
+			b.chunks[last] = c[:keep]
+		}
+	}
+}
+
+// all returns the objects in the order they were pushed.
+func (b *dumpBuffer[T]) all() iter.Seq[T] {
+	return func(yield func(T) bool) {
+		for _, c := range b.chunks {
+			for _, v := range c {
+				if !yield(v) {
+					return
+				}
+			}
+		}
+	}
 }
 
 // kernelWrite sends msg, the write of a mirrored object that w expects, through the
