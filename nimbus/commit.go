@@ -390,10 +390,12 @@ func stageDelete(txn *writeTxn, w write, rev uint64) (*stagedChange, outcome) {
 		idle = append(idle, r.Node)
 	}
 	if name := w.key.GetName(); w.key.GetKind() == nimbusv1.Kind_KIND_NODE {
-		// The node is gone: what it reported about any object goes with it.
+		// The node is gone: what it reported about any object goes with it, and so does
+		// its watermark.
 		for _, r := range txn.statusesBy(name) {
 			txn.deleteStatus(r)
 		}
+		txn.deleteWatermark(name)
 		idle = append(idle, name)
 	}
 	forgetIdleNodes(txn, idle...)
