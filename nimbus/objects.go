@@ -135,6 +135,8 @@ type view struct {
 	// started is when the Server was made, which counts as the last watch of a node that
 	// has never watched.
 	started time.Time
+	// epoch is the server's epoch: the nodes' watermarks of another say nothing.
+	epoch string
 	// detailsBytes is Limits.StatusDetailsBytes; see status.
 	detailsBytes int
 	metrics      *metrics
@@ -142,7 +144,7 @@ type view struct {
 
 // view starts a read of the current state of the store. It takes no lock.
 func (s *Server) view() *view {
-	v := &view{tables: s.store.read(), started: s.started, detailsBytes: s.opts.Limits.StatusDetailsBytes, metrics: s.metrics}
+	v := &view{tables: s.store.read(), epoch: s.Epoch(), started: s.started, detailsBytes: s.opts.Limits.StatusDetailsBytes, metrics: s.metrics}
 	if s.opts.StaleAfter > 0 {
 		v.staleSince = s.opts.Now().Add(-s.opts.StaleAfter)
 	}
@@ -195,10 +197,16 @@ func (v *view) withStatus(obj *nimbusv1.Object) *nimbusv1.ObjectWithStatus {
 // with a Node object and the nodes watching now. Only target nodes count, in every field:
 // a status kept for a node that is no target now (it stopped watching and has no Node
 // object) is left out, and counts again once the node is a target again.
+//
+// A node's status of the object is the record it reported, whatever its generation;
+// without one, PROGRAMMED at the object's generation when the node's watermark, of the
+// server's epoch, passes the object's generation revision, since the time it did
+// (derived); else nothing reported.
 func (v *view) status(obj *nimbusv1.Object) *nimbusv1.ObjectStatus {
 	recs := v.statusesOf(obj.TypedKey())
 	m := obj.GetMeta()
 	gen := m.GetGeneration()
+	genRev := obj.GenerationRevision()
 	// Only the target nodes' statuses are looked up below.
 	reported := make(map[string]*nimbusv1.NodeStatus, len(recs))
 	for _, r := range recs {
@@ -215,9 +223,16 @@ func (v *view) status(obj *nimbusv1.Object) *nimbusv1.ObjectStatus {
 	for _, n := range targets {
 		ns, ok := reported[n]
 		if !ok {
-			st.Pending = append(st.Pending, n)
-			caughtUp = false
-			continue
+			wm := v.watermark(n)
+			if !wm.passes(v.epoch, genRev) {
+				st.Pending = append(st.Pending, n)
+				caughtUp = false
+				continue
+			}
+			ns = &nimbusv1.NodeStatus{
+				Node: n, ObservedGeneration: gen, Phase: nimbusv1.Phase_PHASE_PROGRAMMED,
+				UpdateTime: timestamppb.New(wm.passedAt(genRev)),
+			}
 		}
 		// A node whose details would take the object's over the budget goes without
 		// them, so that the status of an object of any number of nodes stays readable.

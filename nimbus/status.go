@@ -18,16 +18,23 @@ import (
 )
 
 // ReportStatus takes the status reports a node streams and keeps each for its object and
-// node. Reports for objects that do not exist or do not target the reporting node are
-// dropped. It sends its headers at once, and answers when the client closes its side, and ends with codes.Unavailable
-// when the Server is closed.
+// node, and the node's watermark (see recordWatermarkIn). Reports for objects that do not
+// exist or do not target the reporting node are dropped, and so are statuses the node's
+// watermark says already. It sends its headers at once, saying that it takes watermarks
+// on a server that is no replica (nimbusv1.StatusWatermarkHeader), answers when the
+// client closes its side, and ends with codes.Unavailable when the Server is closed.
 func (s *Server) ReportStatus(stream grpc.ClientStreamingServer[nimbusv1.StatusReport, nimbusv1.ReportStatusResponse]) error {
 	if s.isClosed() {
 		return rpcError(fmt.Errorf("taking status reports: %w", ErrClosed))
 	}
 	// The headers tell the client at once that its stream is taken (it answers only at
-	// the end): the client starts its reconnect backoff over then.
-	if err := stream.SendHeader(metadata.MD{}); err != nil {
+	// the end): the client starts its reconnect backoff over then. They say the server
+	// takes watermarks, unless it is a replica: replicas do not share them yet.
+	md := metadata.MD{}
+	if s.opts.ReplicaName == "" {
+		md.Set(nimbusv1.StatusWatermarkHeader, "1")
+	}
+	if err := stream.SendHeader(md); err != nil {
 		return fmt.Errorf("taking status reports: sending headers: %w", err)
 	}
 	ctx := stream.Context()

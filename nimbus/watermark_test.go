@@ -1,6 +1,9 @@
 package nimbus
 
 import (
+	"slices"
+	"time"
+
 	"testing"
 
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -65,5 +68,114 @@ func TestWatermarkSteps(t *testing.T) {
 	}
 	if fresh := back.moved("a", "f", 3, "", ts.clock.Now()); len(fresh.steps) != 1 || fresh.Epoch != "f" {
 		t.Errorf("a new epoch kept steps %v", fresh.steps)
+	}
+}
+
+// nodePhase returns the phase, generation and staleness of the node's status in st, and
+// whether st has one.
+func nodePhase(st *nimbusv1.ObjectStatus, node string) (nimbusv1.Phase, int64, bool, bool) {
+	for _, ns := range st.GetNodes() {
+		if ns.GetNode() == node {
+			return ns.GetPhase(), ns.GetObservedGeneration(), ns.GetStale(), true
+		}
+	}
+	return 0, 0, false, false
+}
+
+func TestStatusDerivedFromWatermark(t *testing.T) {
+	const (
+		programmed = nimbusv1.Phase_PHASE_PROGRAMMED
+		failed     = nimbusv1.Phase_PHASE_FAILED
+	)
+	ts := start(t, Options{StaleAfter: 30 * time.Second})
+	ts.apply(t, nodeObject("a"))
+	ts.apply(t, nodeObject("b"))
+	every, listed := routeKey("every"), routeKey("listed")
+	r1 := ts.apply(t, route("every", nil, "192.0.2.1")).GetObject()
+	wantStatus(t, ts, every, 2, 0, 0)
+
+	// a's watermark passes every's generation revision: PROGRAMMED at its generation on a,
+	// since a's watermark got there; b reported nothing.
+	ts.clock.Advance(time.Second)
+	passed := ts.clock.Now()
+	ts.report(t, ts.watermarkReport("a", r1.GenerationRevision()))
+	st := wantStatus(t, ts, every, 2, 1, 0, "a")
+	if got := st.GetNodes()[0]; got.GetPhase() != programmed || got.GetObservedGeneration() != 1 || !got.GetUpdateTime().AsTime().Equal(passed) {
+		t.Fatalf("a's derived status = %v, want PROGRAMMED at 1 since %v", got, passed)
+	}
+	if !slices.Equal(st.GetPending(), []string{"b"}) {
+		t.Errorf("pending = %v, want [b]", st.GetPending())
+	}
+
+	// An object created after the watermark is pending on a until it passes it.
+	r2 := ts.apply(t, route("listed", []string{"a"}, "192.0.2.1")).GetObject()
+	wantStatus(t, ts, listed, 1, 0, 0)
+	ts.clock.Advance(time.Second)
+	ts.report(t, ts.watermarkReport("a", r2.GenerationRevision()))
+	wantStatus(t, ts, listed, 1, 1, 0, "a")
+	// Nor does a's watermark move every's time on a: it passed it before.
+	if got := wantStatus(t, ts, every, 2, 1, 0, "a").GetNodes()[0].GetUpdateTime().AsTime(); !got.Equal(passed) {
+		t.Errorf("a's derived status of every since %v after the watermark moved on, want %v", got, passed)
+	}
+
+	// A change of labels only keeps the generation and its revision: still PROGRAMMED.
+	relabeled := route("every", nil, "192.0.2.1")
+	relabeled.Meta.Labels = map[string]string{"tier": "web"}
+	ts.apply(t, relabeled)
+	wantStatus(t, ts, every, 2, 1, 0, "a")
+	// A change of spec is pending on a until the watermark passes it.
+	r1 = ts.apply(t, route("every", nil, "192.0.2.9")).GetObject()
+	wantStatus(t, ts, every, 2, 0, 0)
+
+	// A record wins over the watermark, whatever its generation: an exception.
+	ts.report(t, statusReport(listed, "a", 1, failed, "no route to host"))
+	wantStatus(t, ts, listed, 1, 0, 1, "a")
+	// Its clearing record is kept while the watermark does not pass the object, and
+	// dropped once it does, or at once when it does already.
+	ts.report(t, statusReport(every, "a", 2, programmed, ""), statusReport(listed, "a", 1, programmed, ""))
+	wantStatus(t, ts, every, 2, 1, 0, "a")
+	wantStatus(t, ts, listed, 1, 1, 0, "a")
+	wantMetrics(t, ts.srv, `naples_nimbus_statuses 1`)
+	ts.report(t, ts.watermarkReport("a", r1.GenerationRevision()))
+	wantStatus(t, ts, every, 2, 1, 0, "a")
+	wantMetrics(t, ts.srv, `naples_nimbus_statuses 0`)
+	// A record with operational data stays.
+	withData := statusReport(every, "a", 2, programmed, "")
+	withData.Status.Operational = map[string]string{"hits": "3"}
+	ts.report(t, withData)
+	wantMetrics(t, ts.srv, `naples_nimbus_statuses 1`)
+
+	// Derived statuses of a node gone stale are stale.
+	ts.clock.Advance(31 * time.Second)
+	st = wantStatus(t, ts, listed, 1, 1, 0, "a")
+	if _, _, stale, _ := nodePhase(st, "a"); !stale || st.GetStaleNodes() != 1 {
+		t.Errorf("a's derived status stale %v, stale nodes %d; want stale, 1", stale, st.GetStaleNodes())
+	}
+
+	// A watermark of another epoch says nothing.
+	ts.report(t, &nimbusv1.StatusReport{Watermark: &nimbusv1.StatusWatermark{Node: "a", Epoch: "another", Revision: 1 << 40}})
+	wantStatus(t, ts, listed, 1, 0, 0)
+}
+
+func TestReportStatusHeaderSaysWatermarks(t *testing.T) {
+	for _, tc := range []struct {
+		replica string
+		want    []string
+	}{{"", []string{"1"}}, {"r1", nil}} {
+		ts := start(t, Options{ReplicaName: tc.replica})
+		stream, err := ts.client.ReportStatus(testContext(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		md, err := stream.Header()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := md.Get(nimbusv1.StatusWatermarkHeader); !slices.Equal(got, tc.want) {
+			t.Errorf("replica %q: header %s = %v, want %v", tc.replica, nimbusv1.StatusWatermarkHeader, got, tc.want)
+		}
+		if _, err := stream.CloseAndRecv(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
