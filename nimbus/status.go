@@ -126,7 +126,8 @@ func (s *Server) recordStatuses(rs *reportStream, reports []*nimbusv1.StatusRepo
 		changed := make([]*nimbusv1.ObjectKey, 0, len(part))
 		nodes := make([]string, 0, len(part))
 		var deleted []nimbusv1.Key
-		var deletedNodes, moved []string
+		var deletedNodes []string
+		var moved []watermarkMove
 		epoch := s.Epoch()
 		for _, r := range part {
 			if wm := r.GetWatermark(); wm != nil {
@@ -136,8 +137,8 @@ func (s *Server) recordStatuses(rs *reportStream, reports []*nimbusv1.StatusRepo
 					continue
 				}
 				m, del := s.recordWatermarkIn(txn, rs, wm, s.opts.ReplicaName)
-				if m {
-					moved = append(moved, wm.GetNode())
+				if m.hi > m.lo {
+					moved = append(moved, watermarkMove{wm.GetNode(), m})
 				}
 				deleted = append(deleted, del...)
 				for range del {
@@ -175,10 +176,16 @@ func (s *Server) recordStatuses(rs *reportStream, reports []*nimbusv1.StatusRepo
 			s.statusWatch.objectChanged(id.Proto())
 			s.peers.statusChanged(id, deletedNodes[i])
 		}
-		for _, node := range moved {
-			s.statusWatch.nodeChanged(node)
+		for _, m := range moved {
+			s.statusWatch.watermarkMoved(m.node, m.span)
 		}
 	}
+}
+
+// watermarkMove is a move of a node's watermark across the revisions of span.
+type watermarkMove struct {
+	node string
+	span revSpan
 }
 
 // statusTxnReports bounds how many status reports one store transaction records: a peer's

@@ -153,13 +153,13 @@ func derivable(st *nimbusv1.NodeStatus, obj *nimbusv1.Object, wm *watermarkRecor
 // recordWatermarkIn stores a watermark the node reported on the stream rs in txn, and
 // deletes the node's records it makes redundant: on the stream's first watermark of the
 // node, the records the node did not report again on it; and the records derivable from
-// the watermark. It returns whether the watermark moved, and the keys of the objects whose
-// records it deleted.
-func (s *Server) recordWatermarkIn(txn *writeTxn, rs *reportStream, wm *nimbusv1.StatusWatermark, origin string) (moved bool, deleted []nimbusv1.Key) {
+// the watermark. It returns the span of revisions the watermark moved across (empty when
+// it did not move), and the keys of the objects whose records it deleted.
+func (s *Server) recordWatermarkIn(txn *writeTxn, rs *reportStream, wm *nimbusv1.StatusWatermark, origin string) (moved revSpan, deleted []nimbusv1.Key) {
 	node := wm.GetNode()
 	if node == "" {
 		s.log.Debug("dropping status watermark without a node")
-		return false, nil
+		return revSpan{}, nil
 	}
 	old := txn.watermark(node)
 	rec := old.moved(node, wm.GetEpoch(), wm.GetRevision(), origin, s.opts.Now())
@@ -171,8 +171,9 @@ func (s *Server) recordWatermarkIn(txn *writeTxn, rs *reportStream, wm *nimbusv1
 	sn.watermarked = true
 	seen := sn.seen
 	sn.seen = nil
+	moved = movedSpan(old, rec)
 	if !first && rec == old {
-		return false, nil
+		return moved, nil
 	}
 	epoch := s.Epoch()
 	for _, r := range txn.statusesBy(node) {
@@ -194,7 +195,23 @@ func (s *Server) recordWatermarkIn(txn *writeTxn, rs *reportStream, wm *nimbusv1
 	if rec != old {
 		s.log.Debug("status watermark recorded", "node", node, "epoch", rec.Epoch, "revision", rec.Revision)
 	}
-	return rec != old, deleted
+	return moved, deleted
+}
+
+// movedSpan returns the revisions a watermark moved across from old to rec, either nil:
+// those whose derived status may differ between the two.
+func movedSpan(old, rec *watermarkRecord) revSpan {
+	switch {
+	case old == rec:
+		return revSpan{}
+	case old == nil:
+		return revSpan{0, rec.Revision}
+	case rec == nil:
+		return revSpan{0, old.Revision}
+	case old.Epoch != rec.Epoch:
+		return revSpan{0, max(old.Revision, rec.Revision)}
+	}
+	return revSpan{min(old.Revision, rec.Revision), max(old.Revision, rec.Revision)}
 }
 
 // watermarkCount returns how many nodes have a status watermark stored.

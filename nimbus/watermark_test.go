@@ -1,6 +1,7 @@
 package nimbus
 
 import (
+	"context"
 	"slices"
 	"time"
 
@@ -178,4 +179,40 @@ func TestReportStatusHeaderSaysWatermarks(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// TestWatchStatusFollowsWatermarks moves a node's watermark: a status watch sends the
+// objects it passed on the node, as Get shows them, and only those.
+func TestWatchStatusFollowsWatermarks(t *testing.T) {
+	ts := start(t, Options{})
+	ts.apply(t, nodeObject("a"))
+	ts.apply(t, nodeObject("b"))
+	old := ts.apply(t, route("old", nil, "192.0.2.1")).GetObject()
+	mid := ts.apply(t, route("mid", []string{"a"}, "192.0.2.1")).GetObject()
+	ts.apply(t, route("other", []string{"b"}, "192.0.2.1"))
+	last := ts.apply(t, route("last", nil, "192.0.2.1")).GetObject()
+	ts.report(t, ts.watermarkReport("a", old.GenerationRevision()))
+
+	ctx, cancel := context.WithCancel(testContext(t))
+	defer cancel()
+	c := watchStatus(t, ctx, ts.client, &nimbusv1.WatchStatusRequest{Kind: nimbusv1.Kind_KIND_ROUTE})
+	items := c.synced()
+	wantCounts(t, items[routeKey("old").ID()], 2, 1, 0, "b")
+
+	// a passes mid and last: their PUTs, as Get has them; old and other are not sent.
+	ts.report(t, ts.watermarkReport("a", last.GenerationRevision()))
+	for _, key := range []*nimbusv1.ObjectKey{routeKey("last"), routeKey("mid")} {
+		item := c.nextPut(key)
+		wantAsGet(t, ts, item)
+		if item.GetStatus().GetProgrammedNodes() != 1 {
+			t.Fatalf("%s programmed on %d nodes, want 1", key.ID(), item.GetStatus().GetProgrammedNodes())
+		}
+	}
+	// b's first watermark, at mid's revision, passes old on b: mid targets a only, and
+	// other and last are beyond it.
+	ts.report(t, ts.watermarkReport("b", mid.GenerationRevision()))
+	wantCounts(t, c.nextPut(routeKey("old")), 2, 2, 0)
+	// A change the watch sees proves nothing else came before it.
+	ts.apply(t, route("other", []string{"b"}, "192.0.2.2"))
+	c.nextPut(routeKey("other"))
 }
