@@ -198,7 +198,8 @@ func (v *view) withStatus(obj *nimbusv1.Object) *nimbusv1.ObjectWithStatus {
 // a status kept for a node that is no target now (it stopped watching and has no Node
 // object) is left out, and counts again once the node is a target again.
 //
-// A node's status of the object is the record it reported, whatever its generation;
+// A node's status of the object is the record it reported, whatever its generation (one
+// without a phase is nothing reported);
 // without one, PROGRAMMED at the object's generation when the node's watermark, of the
 // server's epoch, passes the object's generation revision, since the time it did
 // (derived); else nothing reported.
@@ -222,6 +223,13 @@ func (v *view) status(obj *nimbusv1.Object) *nimbusv1.ObjectStatus {
 	details := 0
 	for _, n := range targets {
 		ns, ok := reported[n]
+		if ok && ns.GetPhase() == nimbusv1.Phase_PHASE_UNSPECIFIED {
+			// A node that reports no phase tells that it has nothing to tell yet, and
+			// that its watermark does not speak for the object.
+			st.Pending = append(st.Pending, n)
+			caughtUp = false
+			continue
+		}
 		if !ok {
 			wm := v.watermark(n)
 			if !wm.passes(v.epoch, genRev) {

@@ -158,6 +158,10 @@ func (s *Server) recordStatuses(rs *reportStream, reports []*nimbusv1.StatusRepo
 							txn.deleteStatus(old)
 							deleted, deletedNodes = append(deleted, old.Object), append(deletedNodes, node)
 						}
+						if s.log.Enabled(context.Background(), slog.LevelDebug) {
+							s.log.Debug("status said by the watermark", "key", id, "node", node,
+								"observed_generation", r.GetStatus().GetObservedGeneration())
+						}
 						continue
 					}
 				}

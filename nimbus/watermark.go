@@ -188,6 +188,7 @@ func (s *Server) recordWatermarkIn(txn *writeTxn, rs *reportStream, wm *nimbusv1
 			}
 		}
 		if drop {
+			s.log.Debug("status record dropped for the watermark", "key", r.Object, "node", node, "first", first)
 			txn.deleteStatus(r)
 			deleted = append(deleted, r.Object)
 		}

@@ -216,3 +216,29 @@ func TestWatchStatusFollowsWatermarks(t *testing.T) {
 	ts.apply(t, route("other", []string{"b"}, "192.0.2.2"))
 	c.nextPut(routeKey("other"))
 }
+
+// TestNewGenerationDropsClearingStatus keeps a PROGRAMMED status a node with a watermark
+// reported to clear an exception, which its watermark had not passed yet: a new
+// generation drops it, for the agent does not send it again, and it would otherwise
+// stand for the node's status of the new generation.
+func TestNewGenerationDropsClearingStatus(t *testing.T) {
+	ts := start(t, Options{})
+	ts.apply(t, nodeObject("a"))
+	key := routeKey("r1")
+	ts.apply(t, route("r1", []string{"a"}, "192.0.2.1"))
+	ts.report(t, ts.watermarkReport("a", 1), statusReport(key, "a", 1, nimbusv1.Phase_PHASE_PROGRAMMED, ""))
+	ts.apply(t, route("r2", []string{"a"}, "192.0.2.1"))
+	ts.report(t, statusReport(routeKey("r2"), "a", 1, nimbusv1.Phase_PHASE_FAILED, "kept"))
+	wantStatus(t, ts, key, 1, 1, 0, "a")
+	wantMetrics(t, ts.srv, `naples_nimbus_statuses 2`)
+
+	ts.apply(t, route("r1", []string{"a"}, "192.0.2.2"))
+	ts.apply(t, route("r2", []string{"a"}, "192.0.2.2"))
+	st := wantStatus(t, ts, key, 1, 0, 0)
+	if !slices.Equal(st.GetPending(), []string{"a"}) {
+		t.Errorf("pending = %v, want [a]", st.GetPending())
+	}
+	// A FAILED status stays: an agent sends its exceptions again with a new generation.
+	wantStatus(t, ts, routeKey("r2"), 1, 0, 0, "a")
+	wantMetrics(t, ts.srv, `naples_nimbus_statuses 1`)
+}
