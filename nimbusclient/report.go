@@ -138,9 +138,11 @@ func (c *Client) sendStatus(stream statusSender, id nimbusv1.Key) error {
 
 // reportWatermarks reports the node's watermark and, on their own, the statuses nimbus
 // cannot derive from it: the exceptions (watermark.Tracker) and the statuses that carry
-// operational data. Each change of one of those goes up, and so does the status of an
-// object that stops being one, which tells nimbus it is done; then the watermark, when it
-// moved. All of it goes up again when this node's Node object comes or changes.
+// operational data. Each change of one of those goes up, and so does each change of a
+// status nimbus holds from the stream, until one that is done (PROGRAMMED at the object's
+// generation) tells nimbus it may derive it again; an exception without a status goes up
+// as a status without a phase. Then the watermark, when it moved. All of it goes up again
+// when this node's Node object comes or changes.
 func (c *Client) reportWatermarks(ctx context.Context, stream statusSender, sub *delphi.Subscription) error {
 	tr := watermark.New(watermark.Options{ExceptionAfter: c.opts.StatusExceptionAfter, MaxExceptions: c.opts.StatusMaxExceptions})
 	// held are the keys whose status nimbus holds from this stream, as one it cannot derive.
@@ -181,17 +183,32 @@ func (c *Client) reportWatermarks(ctx context.Context, stream statusSender, sub 
 		ids = append(ids, tr.Changed()...)
 		slices.SortFunc(ids, nimbusv1.Key.Compare)
 		for _, id := range slices.Compact(ids) {
-			st, ok := c.store.Status(id.Proto())
+			key := id.Proto()
+			st, ok := c.store.Status(key)
+			obj, present := c.store.Get(key)
 			_, wasHeld := held[id]
-			own := ok && (tr.IsException(id) || hasOperational(st))
+			own := tr.IsException(id) || (ok && hasOperational(st))
+			if !own && !wasHeld {
+				continue
+			}
 			switch {
-			case own:
-				held[id] = struct{}{}
-			case wasHeld && ok:
-				delete(held, id) // its status says it is done: nimbus holds it no longer
-			default:
+			case !present:
+				// nimbus drops the statuses of an object gone from the node.
 				delete(held, id)
 				continue
+			case !ok:
+				// No status, and the watermark must not speak for the object: a status
+				// without a phase, which counts as nothing reported.
+				held[id] = struct{}{}
+				if err := c.sendNoStatus(stream, id); err != nil {
+					return err
+				}
+				continue
+			case own || !isDone(st, obj):
+				// nimbus holds what is sent until a status that is done clears it.
+				held[id] = struct{}{}
+			default:
+				delete(held, id) // its status says it is done: nimbus holds it no longer
 			}
 			if err := c.sendStatus(stream, id); err != nil {
 				return err
@@ -208,6 +225,22 @@ func (c *Client) reportWatermarks(ctx context.Context, stream statusSender, sub 
 		c.metrics.statusExceptions.Set(float64(tr.Exceptions()))
 		c.metrics.statusPending.Set(float64(tr.Pending()))
 	}
+}
+
+// sendNoStatus sends a status of the object with the key that has no phase: the node has
+// no status of it to tell, and nimbus is not to derive one.
+func (c *Client) sendNoStatus(stream statusSender, id nimbusv1.Key) error {
+	st := &nimbusv1.NodeStatus{Node: c.opts.Node}
+	if err := stream.Send(&nimbusv1.StatusReport{Key: id.Proto(), Status: st}); err != nil {
+		return fmt.Errorf("sending status of %s: %w", id, err)
+	}
+	c.metrics.statusReports.Inc()
+	return nil
+}
+
+// isDone tells whether the status is PROGRAMMED at the object's generation.
+func isDone(st *nimbusv1.NodeStatus, obj *nimbusv1.Object) bool {
+	return st.GetPhase() == nimbusv1.Phase_PHASE_PROGRAMMED && st.GetObservedGeneration() == obj.GetMeta().GetGeneration()
 }
 
 // hasOperational tells whether the status carries operational data, which nimbus cannot
