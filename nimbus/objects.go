@@ -129,6 +129,13 @@ type view struct {
 	// has read them, which everyRead tells.
 	every     []string
 	everyRead bool
+	// derived holds, by index in every, the status last derived for that node of an
+	// object for every node: the objects of a generation whose generation revisions the
+	// node's watermark passed in one move share it (see status).
+	derived []derivedStatus
+	// everyMarks holds, by index in every, the node's watermark or nil, once status has
+	// read them.
+	everyMarks []*watermarkRecord
 	// staleSince is the time a node must have had no open watch since for its statuses
 	// to be stale; zero when statuses never are.
 	staleSince time.Time
@@ -187,6 +194,13 @@ func (v *view) everyNode() []string {
 	return v.every
 }
 
+// derivedStatus is a status derived from a node's watermark: PROGRAMMED at gen since at.
+type derivedStatus struct {
+	gen int64
+	at  time.Time
+	ns  *nimbusv1.NodeStatus
+}
+
 // withStatus pairs the stored object with its aggregated status.
 func (v *view) withStatus(obj *nimbusv1.Object) *nimbusv1.ObjectWithStatus {
 	return &nimbusv1.ObjectWithStatus{Object: obj, Status: v.status(obj)}
@@ -214,14 +228,23 @@ func (v *view) status(obj *nimbusv1.Object) *nimbusv1.ObjectStatus {
 		reported[r.Node] = r.Status
 	}
 	targets := m.GetNodes()
+	var derived []derivedStatus
 	if len(targets) == 0 {
 		targets = v.everyNode()
+		if v.derived == nil {
+			v.derived = make([]derivedStatus, len(targets))
+			v.everyMarks = make([]*watermarkRecord, len(targets))
+			for i, n := range targets {
+				v.everyMarks[i] = v.watermark(n)
+			}
+		}
+		derived = v.derived
 	}
 	st := &nimbusv1.ObjectStatus{TargetNodes: int32(len(targets)), Generation: gen}
 	caughtUp := len(targets) > 0
 	var caughtUpTime *timestamppb.Timestamp
 	details := 0
-	for _, n := range targets {
+	for i, n := range targets {
 		ns, ok := reported[n]
 		if ok && ns.GetPhase() == nimbusv1.Phase_PHASE_UNSPECIFIED {
 			// A node that reports no phase tells that it has nothing to tell yet, and
@@ -231,15 +254,28 @@ func (v *view) status(obj *nimbusv1.Object) *nimbusv1.ObjectStatus {
 			continue
 		}
 		if !ok {
-			wm := v.watermark(n)
+			var wm *watermarkRecord
+			if derived != nil {
+				wm = v.everyMarks[i]
+			} else {
+				wm = v.watermark(n)
+			}
 			if !wm.passes(v.epoch, genRev) {
 				st.Pending = append(st.Pending, n)
 				caughtUp = false
 				continue
 			}
-			ns = &nimbusv1.NodeStatus{
-				Node: n, ObservedGeneration: gen, Phase: nimbusv1.Phase_PHASE_PROGRAMMED,
-				UpdateTime: timestamppb.New(wm.passedAt(genRev)),
+			at := wm.passedAt(genRev)
+			if derived != nil && derived[i].ns != nil && derived[i].gen == gen && derived[i].at.Equal(at) {
+				ns = derived[i].ns
+			} else {
+				ns = &nimbusv1.NodeStatus{
+					Node: n, ObservedGeneration: gen, Phase: nimbusv1.Phase_PHASE_PROGRAMMED,
+					UpdateTime: timestamppb.New(at),
+				}
+				if derived != nil {
+					derived[i] = derivedStatus{gen, at, ns}
+				}
 			}
 		}
 		// A node whose details would take the object's over the budget goes without
