@@ -149,8 +149,8 @@ func (s *Server) recordStatuses(rs *reportStream, reports []*nimbusv1.StatusRepo
 			node := r.GetStatus().GetNode()
 			if key := r.GetKey(); node != "" && key.Validate() == nil {
 				id := key.Key()
-				if sn := rs.node(node); !sn.watermarked {
-					sn.seen[id] = struct{}{}
+				if s.opts.ReplicaName == "" {
+					rs.node(node).saw(id)
 				}
 				if wm := txn.watermark(node); wm != nil {
 					if o := txn.object(id); o != nil && targetsNode(o.Object, node) && derivable(r.GetStatus(), o.Object, wm, epoch) {

@@ -123,8 +123,25 @@ type reportStreamNode struct {
 	watermarked bool
 	// seen holds, until then, the keys of the statuses the node reported on the stream:
 	// an agent reports every status it holds that nimbus cannot derive before its first
-	// watermark, and those are all the records nimbus keeps of it once that comes.
+	// watermark, and those are all the records nimbus keeps of it once that comes. nil
+	// once more than maxSeenReports came, as from an agent that sends no watermark: the
+	// first watermark then drops nothing for not being sent again.
 	seen map[nimbusv1.Key]struct{}
+}
+
+// maxSeenReports bounds the keys a status stream remembers before its first watermark.
+const maxSeenReports = 1 << 16
+
+// saw records that the node reported a status of the key on the stream.
+func (sn *reportStreamNode) saw(key nimbusv1.Key) {
+	if sn.watermarked || sn.seen == nil {
+		return
+	}
+	if len(sn.seen) >= maxSeenReports {
+		sn.seen = nil
+		return
+	}
+	sn.seen[key] = struct{}{}
 }
 
 // node returns the stream's state of the node, making it.
@@ -167,7 +184,7 @@ func (s *Server) recordWatermarkIn(txn *writeTxn, rs *reportStream, wm *nimbusv1
 		txn.putWatermark(rec)
 	}
 	sn := rs.node(node)
-	first := !sn.watermarked
+	first := !sn.watermarked && sn.seen != nil
 	sn.watermarked = true
 	seen := sn.seen
 	sn.seen = nil

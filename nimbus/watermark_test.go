@@ -28,6 +28,21 @@ func TestStatusWatermarkIntake(t *testing.T) {
 	ts.report(t, &nimbusv1.StatusReport{Watermark: &nimbusv1.StatusWatermark{Revision: 9}})
 	wantMetrics(t, ts.srv, `naples_nimbus_status_watermarks 1`)
 
+	// A stream's first watermark drops the node's statuses the stream did not send before
+	// it: they are of an earlier stream.
+	ts.apply(t, route("r1", []string{"a"}, "192.0.2.1"))
+	ts.apply(t, route("r2", []string{"a"}, "192.0.2.1"))
+	ts.report(t, statusReport(routeKey("r1"), "a", 1, nimbusv1.Phase_PHASE_FAILED, "old"),
+		statusReport(routeKey("r2"), "a", 1, nimbusv1.Phase_PHASE_FAILED, "old"))
+	wantMetrics(t, ts.srv, `naples_nimbus_statuses 2`)
+	ts.report(t, statusReport(routeKey("r2"), "a", 1, nimbusv1.Phase_PHASE_FAILED, "again"), ts.watermarkReport("a", 1))
+	wantStatus(t, ts, routeKey("r1"), 1, 0, 0)
+	wantStatus(t, ts, routeKey("r2"), 1, 0, 1, "a")
+	// Later watermarks on the stream drop nothing for that.
+	ts.report(t, statusReport(routeKey("r2"), "a", 1, nimbusv1.Phase_PHASE_FAILED, "again"), ts.watermarkReport("a", 1),
+		statusReport(routeKey("r1"), "a", 1, nimbusv1.Phase_PHASE_FAILED, "new"), ts.watermarkReport("a", 1))
+	wantMetrics(t, ts.srv, `naples_nimbus_statuses 2`)
+
 	// Deleting the Node object forgets the watermark, as it does the node's statuses.
 	if _, err := ts.client.Delete(testContext(t), &nimbusv1.DeleteRequest{Key: nodeObject("a").Key()}); err != nil {
 		t.Fatal(err)
