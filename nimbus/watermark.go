@@ -121,6 +121,9 @@ type reportStream struct {
 type reportStreamNode struct {
 	// watermarked is true once the node's first watermark came on the stream.
 	watermarked bool
+	// nodeUID is the uid of the node's Node object when a watermark of the node on the
+	// stream was last taken; empty when there was none.
+	nodeUID string
 	// seen holds, until then, the keys of the statuses the node reported on the stream:
 	// an agent reports every status it holds that nimbus cannot derive before its first
 	// watermark, and those are all the records nimbus keeps of it once that comes. nil
@@ -178,12 +181,24 @@ func (s *Server) recordWatermarkIn(txn *writeTxn, rs *reportStream, wm *nimbusv1
 		s.log.Debug("dropping status watermark without a node")
 		return revSpan{}, nil
 	}
+	sn := rs.node(node)
+	// The deletion of the node's Node object forgot what the node reported: its agent
+	// reports it all again when the Node object comes back. Until then its watermark,
+	// without the exceptions it reported, would speak for them.
+	uid := ""
+	if n := txn.object(nimbusv1.MakeKey(nimbusv1.Kind_KIND_NODE, "", "", node)); n != nil {
+		uid = n.Object.GetMeta().GetUid()
+	}
+	if sn.watermarked && sn.nodeUID != "" && uid == "" {
+		s.log.Debug("dropping status watermark of a node whose Node object was deleted", "node", node)
+		return revSpan{}, nil
+	}
+	sn.nodeUID = uid
 	old := txn.watermark(node)
 	rec := old.moved(node, wm.GetEpoch(), wm.GetRevision(), origin, s.opts.Now())
 	if rec != old {
 		txn.putWatermark(rec)
 	}
-	sn := rs.node(node)
 	first := !sn.watermarked && sn.seen != nil
 	sn.watermarked = true
 	seen := sn.seen

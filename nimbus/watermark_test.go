@@ -43,8 +43,24 @@ func TestStatusWatermarkIntake(t *testing.T) {
 		statusReport(routeKey("r1"), "a", 1, nimbusv1.Phase_PHASE_FAILED, "new"), ts.watermarkReport("a", 1))
 	wantMetrics(t, ts.srv, `naples_nimbus_statuses 2`)
 
-	// Deleting the Node object forgets the watermark, as it does the node's statuses.
+	// Deleting the Node object forgets the watermark, as it does the node's statuses, and
+	// the stream's later watermarks are not taken: the agent reports everything again
+	// when the Node object comes back.
+	stream, err := ts.client.ReportStatus(testContext(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(ts.watermarkReport("a", 2)); err != nil {
+		t.Fatal(err)
+	}
+	waitPeerCond(t, "the watermark at 2", func() bool { return ts.srv.store.read().watermark("a").Revision == 2 })
 	if _, err := ts.client.Delete(testContext(t), &nimbusv1.DeleteRequest{Key: nodeObject("a").Key()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(ts.watermarkReport("a", 3)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.CloseAndRecv(); err != nil {
 		t.Fatal(err)
 	}
 	wantMetrics(t, ts.srv, `naples_nimbus_status_watermarks 0`)
