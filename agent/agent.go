@@ -83,7 +83,7 @@ type Config struct {
 	// refreshed with the firewall's counters. Default: 10s.
 	FirewallStats time.Duration
 	// StatusExceptionAfter and StatusMaxExceptions tune the node's status watermark; see
-	// nimbusclient.Options. Defaults: those of nimbusclient/watermark.
+	// nimbusclient.Options. Defaults: those of internal/watermark.
 	StatusExceptionAfter time.Duration
 	StatusMaxExceptions  int
 

@@ -12,7 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/naplesnet/naples/delphi"
-	"github.com/naplesnet/naples/nimbusclient/watermark"
+	"github.com/naplesnet/naples/internal/watermark"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 

@@ -45,7 +45,7 @@ import (
 	"github.com/naplesnet/naples/internal/exitstatus"
 	"github.com/naplesnet/naples/internal/pki"
 	"github.com/naplesnet/naples/internal/version"
-	"github.com/naplesnet/naples/nimbusclient/watermark"
+	"github.com/naplesnet/naples/internal/watermark"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
