@@ -183,8 +183,9 @@
 // A server that is no replica says in ReportStatus's headers that it takes status
 // watermarks (nimbusv1.StatusWatermarkHeader), and agents then report a watermark and only
 // the statuses it does not say: their exceptions and statuses with operational data. A
-// node's watermark is kept, like its reports, until its Node object is deleted, after
-// which the streams open then have no more of it taken; one of another epoch than the
+// node's watermark is kept, like its reports, until its Node object is deleted; a stream
+// open then that sends the node's watermark again is ended with codes.Aborted, so that
+// the agent reports its exceptions again on a new one. One of another epoch than the
 // server's counts as none. A node's status of an object is then
 // the report it keeps, whatever its generation (one without a phase counts as nothing
 // reported); else PROGRAMMED at the object's generation when the watermark is at or past

@@ -22,7 +22,9 @@ import (
 // exist or do not target the reporting node are dropped, and so are statuses the node's
 // watermark says already. It sends its headers at once, saying that it takes watermarks
 // on a server that is no replica (nimbusv1.StatusWatermarkHeader), answers when the
-// client closes its side, and ends with codes.Unavailable when the Server is closed.
+// client closes its side, and ends with codes.Unavailable when the Server is closed, and
+// with codes.Aborted when it sends the watermark of a node whose Node object was deleted
+// after its first watermark on the stream.
 func (s *Server) ReportStatus(stream grpc.ClientStreamingServer[nimbusv1.StatusReport, nimbusv1.ReportStatusResponse]) error {
 	if s.isClosed() {
 		return rpcError(fmt.Errorf("taking status reports: %w", ErrClosed))
@@ -91,6 +93,9 @@ func (s *Server) ReportStatus(stream grpc.ClientStreamingServer[nimbusv1.StatusR
 			}
 			if len(batch) > 0 {
 				s.recordStatuses(rs, batch)
+			}
+			if rs.forgotten != "" {
+				return status.Errorf(codes.Aborted, "node %q's Node object was deleted, and what it reported with it: report again", rs.forgotten)
 			}
 			if errors.Is(rcv.err, io.EOF) {
 				return stream.SendAndClose(&nimbusv1.ReportStatusResponse{})

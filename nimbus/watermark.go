@@ -114,6 +114,9 @@ func (w *writeTxn) deleteWatermark(node string) { w.watermarks.Delete(node) }
 // for (one, with TLS).
 type reportStream struct {
 	nodes map[string]*reportStreamNode
+	// forgotten names a node whose Node object was deleted after the stream's first
+	// watermark of it: the stream must end, so that the agent reports again.
+	forgotten string
 }
 
 // reportStreamNode is what the server keeps of one node's reports on a ReportStatus
@@ -182,15 +185,17 @@ func (s *Server) recordWatermarkIn(txn *writeTxn, rs *reportStream, wm *nimbusv1
 		return revSpan{}, nil
 	}
 	sn := rs.node(node)
-	// The deletion of the node's Node object forgot what the node reported: its agent
-	// reports it all again when the Node object comes back. Until then its watermark,
-	// without the exceptions it reported, would speak for them.
+	// The deletion of the node's Node object forgot what the node reported. On this
+	// stream its watermark, without the exceptions sent before, would speak for them: it
+	// is dropped, and the stream ends (rs.forgotten), so that the agent reports them all
+	// again on a new one.
 	uid := ""
 	if n := txn.object(nimbusv1.MakeKey(nimbusv1.Kind_KIND_NODE, "", "", node)); n != nil {
 		uid = n.Object.GetMeta().GetUid()
 	}
 	if sn.watermarked && sn.nodeUID != "" && uid == "" {
 		s.log.Debug("dropping status watermark of a node whose Node object was deleted", "node", node)
+		rs.forgotten = node
 		return revSpan{}, nil
 	}
 	sn.nodeUID = uid

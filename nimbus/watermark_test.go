@@ -7,6 +7,9 @@ import (
 
 	"testing"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -43,9 +46,9 @@ func TestStatusWatermarkIntake(t *testing.T) {
 		statusReport(routeKey("r1"), "a", 1, nimbusv1.Phase_PHASE_FAILED, "new"), ts.watermarkReport("a", 1))
 	wantMetrics(t, ts.srv, `naples_nimbus_statuses 2`)
 
-	// Deleting the Node object forgets the watermark, as it does the node's statuses, and
-	// the stream's later watermarks are not taken: the agent reports everything again
-	// when the Node object comes back.
+	// Deleting the Node object forgets the watermark, as it does the node's statuses. The
+	// stream's next watermark is not taken: it ends the stream, so that the agent reports
+	// its exceptions again on a new one, whose watermark is taken.
 	stream, err := ts.client.ReportStatus(testContext(t))
 	if err != nil {
 		t.Fatal(err)
@@ -60,10 +63,13 @@ func TestStatusWatermarkIntake(t *testing.T) {
 	if err := stream.Send(ts.watermarkReport("a", 3)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := stream.CloseAndRecv(); err != nil {
-		t.Fatal(err)
+	if _, err := stream.CloseAndRecv(); status.Code(err) != codes.Aborted {
+		t.Fatalf("the stream that sent a forgotten node's watermark ended with %v, want Aborted", err)
 	}
 	wantMetrics(t, ts.srv, `naples_nimbus_status_watermarks 0`)
+	ts.report(t, statusReport(routeKey("r1"), "a", 1, nimbusv1.Phase_PHASE_FAILED, "again"), ts.watermarkReport("a", 3))
+	wantMetrics(t, ts.srv, `naples_nimbus_status_watermarks 1`)
+	wantStatus(t, ts, routeKey("r1"), 1, 0, 1, "a")
 }
 
 func TestWatermarkSteps(t *testing.T) {
