@@ -82,6 +82,10 @@ type Config struct {
 	// FirewallStats is how often the statuses of policies and local endpoints are
 	// refreshed with the firewall's counters. Default: 10s.
 	FirewallStats time.Duration
+	// StatusExceptionAfter and StatusMaxExceptions tune the node's status watermark; see
+	// nimbusclient.Options. Defaults: those of internal/watermark.
+	StatusExceptionAfter time.Duration
+	StatusMaxExceptions  int
 
 	// netns, when set, is the network namespace the HAL programs instead of the
 	// agent's own; tests use it to keep their hands off the machine's namespace.
@@ -124,7 +128,8 @@ func Run(ctx context.Context, cfg Config) error {
 	defer store.Close()
 	memory := newMemorySettler(log)
 	memory.release("restored")
-	client, err := nimbusclient.New(nimbusclient.Options{Node: cfg.Node, Address: cfg.Nimbus, TLS: cfg.TLS, Store: store, Logger: log, Registerer: reg})
+	client, err := nimbusclient.New(nimbusclient.Options{Node: cfg.Node, Address: cfg.Nimbus, TLS: cfg.TLS, Store: store, Logger: log, Registerer: reg,
+		StatusExceptionAfter: cfg.StatusExceptionAfter, StatusMaxExceptions: cfg.StatusMaxExceptions})
 	if err != nil {
 		return err
 	}

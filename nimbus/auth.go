@@ -109,6 +109,12 @@ func (s *Server) authorizeStream(srv any, ss grpc.ServerStream, info *grpc.Strea
 			if !ok {
 				return s.deny(ctx, id, info.FullMethod, "unexpected message %T", m)
 			}
+			if wm := r.GetWatermark(); wm != nil {
+				if node := wm.GetNode(); node != id.Name {
+					return s.deny(ctx, id, info.FullMethod, "%s may not report the status watermark of node %q", id, node)
+				}
+				return nil
+			}
 			if node := r.GetStatus().GetNode(); node != id.Name {
 				return s.deny(ctx, id, info.FullMethod, "%s may not report status for node %q (object %s)", id, node, r.GetKey().ID())
 			}

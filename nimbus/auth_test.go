@@ -162,6 +162,22 @@ func TestAuthStatusOnlyForOwnNode(t *testing.T) {
 	if got := st.GetNodes()[0]; got.GetPhase() != nimbusv1.Phase_PHASE_PROGRAMMED {
 		t.Errorf("host-a status = %v, want the PROGRAMMED report sent before the refusal", got)
 	}
+
+	// A watermark is checked as a status is: host-a may report its own, not host-b's.
+	reportWith(t, a, ts.watermarkReport("host-a", 1))
+	stream, err = a.ReportStatus(testContext(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = stream.Send(ts.watermarkReport("host-b", 1))
+	_, err = stream.CloseAndRecv()
+	wantDenied(t, err, `node "host-a"`, `node "host-b"`)
+	if ts.srv.store.read().watermark("host-b") != nil {
+		t.Error("host-b's forged watermark was kept")
+	}
+	if ts.srv.store.read().watermark("host-a") == nil {
+		t.Error("host-a's own watermark was not kept")
+	}
 }
 
 func TestAuthStatusNeedsNodeCertificate(t *testing.T) {

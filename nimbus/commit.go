@@ -357,6 +357,9 @@ func storePut(txn *writeTxn, key *nimbusv1.ObjectKey, id nimbusv1.Key, objectID 
 	if old != nil && !slices.Equal(old.GetMeta().GetNodes(), obj.GetMeta().GetNodes()) {
 		dropRetargetedStatuses(txn, rec.Key, obj)
 	}
+	if old != nil && old.GetMeta().GetGeneration() != obj.GetMeta().GetGeneration() {
+		dropClearedStatuses(txn, rec.Key)
+	}
 	return &stagedChange{key: key, id: id, objectID: rec.id, rev: obj.GetMeta().GetRevision(), before: old, after: obj, put: put}
 }
 
@@ -372,6 +375,25 @@ func dropRetargetedStatuses(txn *writeTxn, key nimbusv1.Key, obj *nimbusv1.Objec
 		}
 	}
 	forgetIdleNodes(txn, dropped...)
+}
+
+// dropClearedStatuses deletes, at a new generation of the object with the key, the
+// PROGRAMMED statuses without operational data that nodes with a watermark reported of an
+// older one. Such a node's agent sends its own statuses again when it gets the new
+// generation; a PROGRAMMED status it is not sending again is one it sent to clear an
+// exception, which the watermark would have dropped had it passed the old generation
+// before this change (see recordWatermarkIn), and which would otherwise outlive it.
+func dropClearedStatuses(txn *writeTxn, key nimbusv1.Key) {
+	if txn.watermarks.Len() == 0 {
+		return
+	}
+	for _, r := range txn.statusesOf(key) {
+		st := r.Status
+		if st.GetPhase() == nimbusv1.Phase_PHASE_PROGRAMMED && st.GetOperationalData() == nil &&
+			len(st.GetOperational()) == 0 && txn.watermark(r.Node) != nil {
+			txn.deleteStatus(r)
+		}
+	}
 }
 
 // stageDelete deletes the write's object and every status reported for it in txn as the
@@ -394,10 +416,12 @@ func stageDelete(txn *writeTxn, w write, rev uint64) (*stagedChange, outcome) {
 		idle = append(idle, r.Node)
 	}
 	if name := w.key.GetName(); w.key.GetKind() == nimbusv1.Kind_KIND_NODE {
-		// The node is gone: what it reported about any object goes with it.
+		// The node is gone: what it reported about any object goes with it, and so does
+		// its watermark.
 		for _, r := range txn.statusesBy(name) {
 			txn.deleteStatus(r)
 		}
+		txn.deleteWatermark(name)
 		idle = append(idle, name)
 	}
 	forgetIdleNodes(txn, idle...)

@@ -151,7 +151,8 @@
 // The server registers with Options.Registerer: naples_nimbus_watcher_resets_total,
 // naples_nimbus_watch_starts_total{mode="resume"|"snapshot"}, and the gauges
 // naples_nimbus_watchers (streams receiving changes), naples_nimbus_revision and
-// naples_nimbus_objects and naples_nimbus_statuses (node statuses held), the counter
+// naples_nimbus_objects and naples_nimbus_statuses (node statuses held) and
+// naples_nimbus_status_watermarks (nodes with a status watermark), the counter
 // naples_nimbus_commits_total (commits that changed objects, each one state-file commit
 // with a data directory) and the histogram naples_nimbus_commit_batch_size (object changes
 // per commit). The limits add the counters naples_nimbus_status_truncated_total{field},
@@ -178,6 +179,21 @@
 // failed and reporting it at all, the target nodes still pending (not PROGRAMMED or FAILED
 // at it, including those that reported nothing), and, once every target node is PROGRAMMED,
 // the time the last of them got there. An object with no target node is never caught up.
+//
+// A server that is no replica says in ReportStatus's headers that it takes status
+// watermarks (nimbusv1.StatusWatermarkHeader), and agents then report a watermark and only
+// the statuses it does not say: their exceptions and statuses with operational data. A
+// node's watermark is kept, like its reports, until its Node object is deleted; a stream
+// open then that sends the node's watermark again is ended with codes.Aborted, so that
+// the agent reports its exceptions again on a new one. One of another epoch than the
+// server's counts as none. A node's status of an object is then
+// the report it keeps, whatever its generation (one without a phase counts as nothing
+// reported); else PROGRAMMED at the object's generation when the watermark is at or past
+// the object's generation revision (meta.generation_revision), since the watermark got
+// there as far as the server keeps its last moves; else nothing reported. A report that
+// says no more than the watermark (PROGRAMMED at the current generation, no operational
+// data, the watermark past it) is not kept, and a stream's first watermark drops the
+// node's reports the stream did not send before it. docs/status.md describes it for users.
 //
 // The target nodes are meta.nodes, or for an object for every node (empty meta.nodes) the
 // nodes that have a Node object together with the nodes that have a Watch stream open now.
@@ -218,8 +234,9 @@
 // every selected object as a PUT, then SYNCED, then a PUT when an object's status may have
 // changed and a DELETE when a selected object the client has is deleted. Commits, status
 // reports and watch streams opening or ending only mark in each status watcher what may
-// have changed (an object; a node, whose objects are the ones targeting it); they never
-// wait for it. A watcher flushes as soon as something is marked and it is not busy
+// have changed (an object; a node, whose objects are the ones targeting it; a node's
+// watermark moving across revisions, whose objects are the ones targeting the node with
+// a generation revision among them); they never wait for it. A watcher flushes as soon as something is marked and it is not busy
 // sending: it recomputes each marked object once, in a read of the store taken after the
 // marks, and sends only those that differ from
 // what it last sent the client, in frames of about 1 MiB at most. What is marked while a

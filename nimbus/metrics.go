@@ -37,8 +37,9 @@ type metrics struct {
 }
 
 // newMetrics creates the metrics and registers them with reg; statuses tells how many node
-// statuses the store holds. On error nothing stays registered.
-func newMetrics(reg prometheus.Registerer, statuses func() float64) (*metrics, error) {
+// statuses the store holds, watermarks how many nodes have a status watermark. On error
+// nothing stays registered.
+func newMetrics(reg prometheus.Registerer, statuses, watermarks func() float64) (*metrics, error) {
 	const ns, sub = "naples", "nimbus"
 	m := &metrics{
 		resets: prometheus.NewCounter(prometheus.CounterOpts{
@@ -101,12 +102,16 @@ func newMetrics(reg prometheus.Registerer, statuses func() float64) (*metrics, e
 		Namespace: ns, Subsystem: sub, Name: "statuses",
 		Help: "Node statuses held: one per object and node that reported it.",
 	}, statuses)
+	watermarkGauge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: ns, Subsystem: sub, Name: "status_watermarks",
+		Help: "Nodes whose status watermark is held: statuses of theirs are derived from it.",
+	}, watermarks)
 	// Both modes are present from the start, so that rates work from the first watch.
 	m.watchStarts.WithLabelValues(watchModeResume)
 	m.watchStarts.WithLabelValues(watchModeSnapshot)
 	var err error
 	if m.unregister, err = telemetry.Register(reg, "Server", m.resets, m.watchStarts, m.watchers, m.revision, m.objects, m.commits, m.commitSize,
-		m.statusTruncated, m.detailsOmitted, statusGauge, m.objectsTooLarge, m.listPagesCut, m.handshakesRefused); err != nil {
+		m.statusTruncated, m.detailsOmitted, statusGauge, watermarkGauge, m.objectsTooLarge, m.listPagesCut, m.handshakesRefused); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -129,12 +129,21 @@ type view struct {
 	// has read them, which everyRead tells.
 	every     []string
 	everyRead bool
+	// derived holds, by index in every, the status last derived for that node of an
+	// object for every node: the objects of a generation whose generation revisions the
+	// node's watermark passed in one move share it (see status).
+	derived []derivedStatus
+	// everyMarks holds, by index in every, the node's watermark or nil, once status has
+	// read them.
+	everyMarks []*watermarkRecord
 	// staleSince is the time a node must have had no open watch since for its statuses
 	// to be stale; zero when statuses never are.
 	staleSince time.Time
 	// started is when the Server was made, which counts as the last watch of a node that
 	// has never watched.
 	started time.Time
+	// epoch is the server's epoch: the nodes' watermarks of another say nothing.
+	epoch string
 	// detailsBytes is Limits.StatusDetailsBytes; see status.
 	detailsBytes int
 	metrics      *metrics
@@ -142,7 +151,7 @@ type view struct {
 
 // view starts a read of the current state of the store. It takes no lock.
 func (s *Server) view() *view {
-	v := &view{tables: s.store.read(), started: s.started, detailsBytes: s.opts.Limits.StatusDetailsBytes, metrics: s.metrics}
+	v := &view{tables: s.store.read(), epoch: s.Epoch(), started: s.started, detailsBytes: s.opts.Limits.StatusDetailsBytes, metrics: s.metrics}
 	if s.opts.StaleAfter > 0 {
 		v.staleSince = s.opts.Now().Add(-s.opts.StaleAfter)
 	}
@@ -185,6 +194,13 @@ func (v *view) everyNode() []string {
 	return v.every
 }
 
+// derivedStatus is a status derived from a node's watermark: PROGRAMMED at gen since at.
+type derivedStatus struct {
+	gen int64
+	at  time.Time
+	ns  *nimbusv1.NodeStatus
+}
+
 // withStatus pairs the record's object with its aggregated status.
 func (v *view) withStatus(rec *objectRecord) *nimbusv1.ObjectWithStatus {
 	return &nimbusv1.ObjectWithStatus{Object: rec.Object, Status: v.status(rec)}
@@ -195,30 +211,73 @@ func (v *view) withStatus(rec *objectRecord) *nimbusv1.ObjectWithStatus {
 // the nodes with a Node object and the nodes watching now. Only target nodes count, in
 // every field: a status kept for a node that is no target now (it stopped watching and
 // has no Node object) is left out, and counts again once the node is a target again.
+//
+// A node's status of the object is the record it reported, whatever its generation (one
+// without a phase is nothing reported);
+// without one, PROGRAMMED at the object's generation when the node's watermark, of the
+// server's epoch, passes the object's generation revision, since the time it did
+// (derived); else nothing reported.
 func (v *view) status(rec *objectRecord) *nimbusv1.ObjectStatus {
 	obj := rec.Object
 	recs := v.statusesOfID(rec.id)
 	m := obj.GetMeta()
 	gen := m.GetGeneration()
+	genRev := obj.GenerationRevision()
 	// Only the target nodes' statuses are looked up below.
 	reported := make(map[string]*nimbusv1.NodeStatus, len(recs))
 	for _, r := range recs {
 		reported[r.Node] = r.Status
 	}
 	targets := m.GetNodes()
+	var derived []derivedStatus
 	if len(targets) == 0 {
 		targets = v.everyNode()
+		if v.derived == nil {
+			v.derived = make([]derivedStatus, len(targets))
+			v.everyMarks = make([]*watermarkRecord, len(targets))
+			for i, n := range targets {
+				v.everyMarks[i] = v.watermark(n)
+			}
+		}
+		derived = v.derived
 	}
 	st := &nimbusv1.ObjectStatus{TargetNodes: int32(len(targets)), Generation: gen}
 	caughtUp := len(targets) > 0
 	var caughtUpTime *timestamppb.Timestamp
 	details := 0
-	for _, n := range targets {
+	for i, n := range targets {
 		ns, ok := reported[n]
-		if !ok {
+		if ok && ns.GetPhase() == nimbusv1.Phase_PHASE_UNSPECIFIED {
+			// A node that reports no phase tells that it has nothing to tell yet, and
+			// that its watermark does not speak for the object.
 			st.Pending = append(st.Pending, n)
 			caughtUp = false
 			continue
+		}
+		if !ok {
+			var wm *watermarkRecord
+			if derived != nil {
+				wm = v.everyMarks[i]
+			} else {
+				wm = v.watermark(n)
+			}
+			if !wm.passes(v.epoch, genRev) {
+				st.Pending = append(st.Pending, n)
+				caughtUp = false
+				continue
+			}
+			at := wm.passedAt(genRev)
+			if derived != nil && derived[i].ns != nil && derived[i].gen == gen && derived[i].at.Equal(at) {
+				ns = derived[i].ns
+			} else {
+				ns = &nimbusv1.NodeStatus{
+					Node: n, ObservedGeneration: gen, Phase: nimbusv1.Phase_PHASE_PROGRAMMED,
+					UpdateTime: timestamppb.New(at),
+				}
+				if derived != nil {
+					derived[i] = derivedStatus{gen, at, ns}
+				}
+			}
 		}
 		// A node whose details would take the object's over the budget goes without
 		// them, so that the status of an object of any number of nodes stays readable.

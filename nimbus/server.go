@@ -262,7 +262,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s.backend = embedded
 	s.history.floor = s.rev
-	if s.metrics, err = newMetrics(opts.Registerer, s.statusCount); err != nil {
+	if s.metrics, err = newMetrics(opts.Registerer, s.statusCount, s.watermarkCount); err != nil {
 		embedded.close()
 		return nil, fmt.Errorf("creating nimbus server: %w", err)
 	}

@@ -18,19 +18,29 @@ import (
 )
 
 // ReportStatus takes the status reports a node streams and keeps each for its object and
-// node. Reports for objects that do not exist or do not target the reporting node are
-// dropped. It sends its headers at once, and answers when the client closes its side, and ends with codes.Unavailable
-// when the Server is closed.
+// node, and the node's watermark (see recordWatermarkIn). Reports for objects that do not
+// exist or do not target the reporting node are dropped, and so are statuses the node's
+// watermark says already. It sends its headers at once, saying that it takes watermarks
+// on a server that is no replica (nimbusv1.StatusWatermarkHeader), answers when the
+// client closes its side, and ends with codes.Unavailable when the Server is closed, and
+// with codes.Aborted when it sends the watermark of a node whose Node object was deleted
+// after its first watermark on the stream.
 func (s *Server) ReportStatus(stream grpc.ClientStreamingServer[nimbusv1.StatusReport, nimbusv1.ReportStatusResponse]) error {
 	if s.isClosed() {
 		return rpcError(fmt.Errorf("taking status reports: %w", ErrClosed))
 	}
 	// The headers tell the client at once that its stream is taken (it answers only at
-	// the end): the client starts its reconnect backoff over then.
-	if err := stream.SendHeader(metadata.MD{}); err != nil {
+	// the end): the client starts its reconnect backoff over then. They say the server
+	// takes watermarks, unless it is a replica: replicas do not share them yet.
+	md := metadata.MD{}
+	if s.opts.ReplicaName == "" {
+		md.Set(nimbusv1.StatusWatermarkHeader, "1")
+	}
+	if err := stream.SendHeader(md); err != nil {
 		return fmt.Errorf("taking status reports: sending headers: %w", err)
 	}
 	ctx := stream.Context()
+	rs := &reportStream{}
 	type received struct {
 		report *nimbusv1.StatusReport
 		err    error
@@ -82,7 +92,10 @@ func (s *Server) ReportStatus(stream grpc.ClientStreamingServer[nimbusv1.StatusR
 				break
 			}
 			if len(batch) > 0 {
-				s.recordStatuses(batch)
+				s.recordStatuses(rs, batch)
+			}
+			if rs.forgotten != "" {
+				return status.Errorf(codes.Aborted, "node %q's Node object was deleted, and what it reported with it: report again", rs.forgotten)
 			}
 			if errors.Is(rcv.err, io.EOF) {
 				return stream.SendAndClose(&nimbusv1.ReportStatusResponse{})
@@ -97,17 +110,67 @@ func (s *Server) ReportStatus(stream grpc.ClientStreamingServer[nimbusv1.StatusR
 // maxStatusBatch bounds how many status reports one transaction records.
 const maxStatusBatch = 1024
 
-// recordStatuses stores reports of the server's own agents, statusTxnReports per
-// transaction, dropping
-// those that do not belong to a stored object that targets the reporting node, and hands
-// those it stores to the pushers to the peer replicas.
-func (s *Server) recordStatuses(reports []*nimbusv1.StatusReport) {
-	s.backend.catchUpForReports(reports)
+// isWatermark tells whether the report is of its node's watermark rather than of one
+// object's status.
+func isWatermark(r *nimbusv1.StatusReport) bool { return r.GetWatermark() != nil }
+
+// recordStatuses stores reports of the server's own agents, received on the stream rs,
+// statusTxnReports per transaction, dropping those that do not belong to a stored object
+// that targets the reporting node, and hands those it stores to the pushers to the peer
+// replicas. A report of a watermark is recorded with recordWatermarkIn, in the order it
+// came among the statuses; a status the node's watermark says already (derivable) is not
+// stored, and deletes the record it replaces.
+func (s *Server) recordStatuses(rs *reportStream, reports []*nimbusv1.StatusReport) {
+	statuses := reports
+	if slices.ContainsFunc(reports, isWatermark) {
+		statuses = slices.DeleteFunc(slices.Clone(reports), isWatermark)
+	}
+	s.backend.catchUpForReports(statuses)
 	for part := range slices.Chunk(reports, statusTxnReports) {
 		txn := s.store.write()
 		changed := make([]*nimbusv1.ObjectKey, 0, len(part))
 		nodes := make([]string, 0, len(part))
+		var deleted []nimbusv1.Key
+		var deletedNodes []string
+		var moved []watermarkMove
+		epoch := s.Epoch()
 		for _, r := range part {
+			if wm := r.GetWatermark(); wm != nil {
+				if s.opts.ReplicaName != "" {
+					// Replicas do not share watermarks yet, and do not ask for them.
+					s.log.Debug("dropping status watermark on a replica", "node", wm.GetNode())
+					continue
+				}
+				m, del := s.recordWatermarkIn(txn, rs, wm, s.opts.ReplicaName)
+				if m.hi > m.lo {
+					moved = append(moved, watermarkMove{wm.GetNode(), m})
+				}
+				deleted = append(deleted, del...)
+				for range del {
+					deletedNodes = append(deletedNodes, wm.GetNode())
+				}
+				continue
+			}
+			node := r.GetStatus().GetNode()
+			if key := r.GetKey(); node != "" && key.Validate() == nil {
+				id := key.Key()
+				if s.opts.ReplicaName == "" {
+					rs.node(node).saw(id)
+				}
+				if wm := txn.watermark(node); wm != nil {
+					if o := txn.object(id); o != nil && targetsNode(o.Object, node) && derivable(r.GetStatus(), o.Object, wm, epoch) {
+						if old := txn.nodeStatus(id, node); old != nil {
+							txn.deleteStatus(old)
+							deleted, deletedNodes = append(deleted, old.Object), append(deletedNodes, node)
+						}
+						if s.log.Enabled(context.Background(), slog.LevelDebug) {
+							s.log.Debug("status said by the watermark", "key", id, "node", node,
+								"observed_generation", r.GetStatus().GetObservedGeneration())
+						}
+						continue
+					}
+				}
+			}
 			if key := s.recordStatusIn(txn, r, s.opts.ReplicaName); key != nil {
 				changed = append(changed, key)
 				nodes = append(nodes, r.GetStatus().GetNode())
@@ -118,7 +181,20 @@ func (s *Server) recordStatuses(reports []*nimbusv1.StatusReport) {
 			s.statusWatch.objectChanged(key)
 			s.peers.statusChanged(key.Key(), nodes[i])
 		}
+		for i, id := range deleted {
+			s.statusWatch.objectChanged(id.Proto())
+			s.peers.statusChanged(id, deletedNodes[i])
+		}
+		for _, m := range moved {
+			s.statusWatch.watermarkMoved(m.node, m.span)
+		}
 	}
+}
+
+// watermarkMove is a move of a node's watermark across the revisions of span.
+type watermarkMove struct {
+	node string
+	span revSpan
 }
 
 // statusTxnReports bounds how many status reports one store transaction records: a peer's

@@ -1,6 +1,7 @@
 package nimbus
 
 import (
+	"cmp"
 	"fmt"
 	"hash/maphash"
 	"iter"
@@ -88,6 +89,22 @@ func (h *statusHub) nodeChanged(node string) {
 	}
 }
 
+// watermarkMoved marks, in every watcher, the objects targeting the node whose generation
+// revision is in the span: the node's watermark moved across it.
+func (h *statusHub) watermarkMoved(node string, moved revSpan) {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	for w := range h.watchers {
+		w.markWatermark(node, moved)
+	}
+}
+
+// revSpan is the revisions in (lo, hi].
+type revSpan struct{ lo, hi uint64 }
+
+// holds tells whether rev is in the span.
+func (r revSpan) holds(rev uint64) bool { return rev > r.lo && rev <= r.hi }
+
 // published marks what a committed change may have changed: its object, and for a Node
 // object created or deleted, the node.
 func (h *statusHub) published(c *change) {
@@ -109,13 +126,17 @@ type statusWatcher struct {
 	// wake has room for one signal: something was marked since the last take.
 	wake chan struct{}
 
-	// mu guards objects, nodes and all.
+	// mu guards objects, nodes, moves and all.
 	mu sync.Mutex
 	// objects holds the keys of the objects marked, in their wire form, by key ID: a
 	// string is cheaper to hash and to sort than a Key, and a pointer cheaper to hold.
 	objects map[string]*nimbusv1.ObjectKey
 	// nodes holds the nodes marked: every object that targets one is recomputed.
 	nodes map[string]struct{}
+	// moves holds, per node whose watermark moved, the span of revisions it moved
+	// across (the hull of its moves): every object that targets the node with a
+	// generation revision in it is recomputed.
+	moves map[string]revSpan
 	// all asks for every selected object to be recomputed.
 	all bool
 }
@@ -126,6 +147,7 @@ func newStatusWatcher(filter *nimbusv1.WatchStatusRequest) *statusWatcher {
 		wake:    make(chan struct{}, 1),
 		objects: map[string]*nimbusv1.ObjectKey{},
 		nodes:   map[string]struct{}{},
+		moves:   map[string]revSpan{},
 	}
 }
 
@@ -156,6 +178,18 @@ func (w *statusWatcher) markNode(node string) {
 	w.signal()
 }
 
+// markWatermark marks the objects that target the node with a generation revision in
+// the span for a recompute.
+func (w *statusWatcher) markWatermark(node string, moved revSpan) {
+	w.mu.Lock()
+	if m, ok := w.moves[node]; ok {
+		moved = revSpan{min(m.lo, moved.lo), max(m.hi, moved.hi)}
+	}
+	w.moves[node] = moved
+	w.mu.Unlock()
+	w.signal()
+}
+
 // markAll marks every selected object for a recompute.
 func (w *statusWatcher) markAll() {
 	w.mu.Lock()
@@ -174,12 +208,12 @@ func (w *statusWatcher) signal() {
 
 // take returns what was marked and starts over. A view of the store taken after take
 // sees every change marked before it.
-func (w *statusWatcher) take() (objects map[string]*nimbusv1.ObjectKey, nodes map[string]struct{}, all bool) {
+func (w *statusWatcher) take() (objects map[string]*nimbusv1.ObjectKey, nodes map[string]struct{}, moves map[string]revSpan, all bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	objects, nodes, all = w.objects, w.nodes, w.all
-	w.objects, w.nodes, w.all = map[string]*nimbusv1.ObjectKey{}, map[string]struct{}{}, false
-	return objects, nodes, all
+	objects, nodes, moves, all = w.objects, w.nodes, w.moves, w.all
+	w.objects, w.nodes, w.moves, w.all = map[string]*nimbusv1.ObjectKey{}, map[string]struct{}{}, map[string]revSpan{}, false
+	return objects, nodes, moves, all
 }
 
 // WatchStatus streams the propagation status of the objects the request selects: first
@@ -271,11 +305,19 @@ func (ss *statusStream) run() error {
 // sendChanges recomputes what was marked, in a view of the store taken after the marks,
 // and sends what differs from what the client has.
 func (ss *statusStream) sendChanges() error {
-	objects, nodes, all := ss.w.take()
+	objects, nodes, moves, all := ss.w.take()
 	v := ss.srv.view()
-	if all || len(nodes) > 0 {
+	if all || len(nodes) > 0 || len(moves) > 0 {
+		// An object for every node targets every node whose watermark moved (or none
+		// of them, and gains nothing from a recompute): it is marked by the union of
+		// the spans.
+		spans := make([]revSpan, 0, len(moves))
+		for _, m := range moves {
+			spans = append(spans, m)
+		}
+		spans = mergeSpans(spans)
 		for rec := range ss.selected(v) {
-			if _, ok := objects[rec.id]; !ok && !all && !targetsAny(rec.Object, nodes) {
+			if _, ok := objects[rec.id]; !ok && !all && !targetsAny(rec.Object, nodes) && !movedUnder(rec.Object, moves, spans) {
 				continue
 			}
 			delete(objects, rec.id)
@@ -315,6 +357,54 @@ func targetsAny(obj *nimbusv1.Object, nodes map[string]struct{}) bool {
 	}
 	for _, n := range targets {
 		if _, ok := nodes[n]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// mergeSpans sorts the spans and merges those that overlap or touch.
+func mergeSpans(spans []revSpan) []revSpan {
+	slices.SortFunc(spans, func(a, b revSpan) int { return cmp.Compare(a.lo, b.lo) })
+	out := spans[:0]
+	for _, s := range spans {
+		if n := len(out); n > 0 && s.lo <= out[n-1].hi {
+			out[n-1].hi = max(out[n-1].hi, s.hi)
+			continue
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// movedUnder tells whether a watermark moved across the object's generation revision on
+// a node it targets: for an object for every node, whether the revision is in one of
+// the merged spans; for one of listed nodes, in the move of one of them.
+func movedUnder(obj *nimbusv1.Object, moves map[string]revSpan, merged []revSpan) bool {
+	if len(moves) == 0 {
+		return false
+	}
+	rev := obj.GenerationRevision()
+	targets := obj.GetMeta().GetNodes()
+	if len(targets) == 0 {
+		i, _ := slices.BinarySearchFunc(merged, rev, func(s revSpan, rev uint64) int {
+			if s.hi < rev {
+				return -1
+			}
+			return 1
+		})
+		return i < len(merged) && merged[i].holds(rev)
+	}
+	if len(moves) < len(targets) {
+		for n, m := range moves {
+			if m.holds(rev) && targetsNode(obj, n) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, n := range targets {
+		if m, ok := moves[n]; ok && m.holds(rev) {
 			return true
 		}
 	}

@@ -114,6 +114,8 @@ type tables struct {
 	statusesByNode *btree.BTreeG[*statusRecord]
 	// watchNodes holds the watch state of the nodes by name.
 	watchNodes *btree.Map[string, *watchNodeRecord]
+	// watermarks holds the status watermarks of the nodes that report one, by node name.
+	watermarks *btree.Map[string, *watermarkRecord]
 	// claims holds, by index key, the key of the object that holds each value only one
 	// object may hold (see conflict.go); putObject and deleteObject keep it current.
 	claims *btree.Map[string, nimbusv1.Key]
@@ -140,6 +142,7 @@ func newTables() *tables {
 		}, treeOptions),
 		watchNodes: btree.NewMap[string, *watchNodeRecord](0),
 		claims:     btree.NewMap[string, nimbusv1.Key](0),
+		watermarks: btree.NewMap[string, *watermarkRecord](0),
 	}
 }
 
@@ -152,6 +155,7 @@ func (t *tables) copy() *tables {
 	c.statusesByNode = t.statusesByNode.Copy()
 	c.watchNodes = t.watchNodes.Copy()
 	c.claims = t.claims.Copy()
+	c.watermarks = t.watermarks.Copy()
 	return &c
 }
 

@@ -455,16 +455,16 @@ func (s *Server) recordWatchEnd(node string) error {
 }
 
 // forgetIdleNodes deletes the rows of watch_nodes of those of the nodes that nothing keeps
-// one for: no open watch stream, no Node object and no stored status. Once a node's streams
-// have ended, its row only serves the staleness of its statuses, and those matter only
-// while it has statuses that count: as a target by its Node object, or by meta.nodes with
-// a status stored. Every commit that can end the last of the three calls it for the node,
-// so the rows are bounded by the nodes watching, the Node objects and the nodes with a
-// status.
+// one for: no open watch stream, no Node object, no stored status and no watermark. Once
+// a node's streams have ended, its row only serves the staleness of its statuses, and
+// those matter only while it has statuses that count: as a target by its Node object, or
+// by meta.nodes with a status or a watermark stored. Every commit that can end the last of
+// them calls it for the node, so the rows are bounded by the nodes watching, the Node
+// objects and the nodes with a status or a watermark.
 func forgetIdleNodes(txn *writeTxn, nodes ...string) {
 	var named map[string]bool // the names of the Node objects, read once when needed
 	for _, node := range nodes {
-		if rec := txn.watchNode(node); rec == nil || rec.Streams > 0 || txn.hasStatusFrom(node) {
+		if rec := txn.watchNode(node); rec == nil || rec.Streams > 0 || txn.hasStatusFrom(node) || txn.watermark(node) != nil {
 			continue
 		}
 		if named == nil {

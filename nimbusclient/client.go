@@ -5,9 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,7 +16,6 @@ import (
 	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/peer"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/internal/address"
@@ -94,6 +91,13 @@ type Options struct {
 	// DialOptions are added to the client's gRPC dial options, after the ones the client
 	// sets itself.
 	DialOptions []grpc.DialOption
+	// StatusExceptionAfter is how long an object may be short of PROGRAMMED at its
+	// generation, without failing, before its status is reported on its own rather than
+	// holding the node's status watermark back; StatusMaxExceptions bounds how many are
+	// reported so at once (docs/status.md). Defaults: watermark.DefaultExceptionAfter (2s)
+	// and watermark.DefaultMaxExceptions (1,000).
+	StatusExceptionAfter time.Duration
+	StatusMaxExceptions  int
 	// Logger receives the client's logs. Default: slog.Default().
 	Logger *slog.Logger
 	// Registerer takes the client's Prometheus metrics (see the package documentation);
@@ -554,87 +558,4 @@ func (w *watchStream) commit() error {
 	*p = pendingChanges{writes: p.writes[:0], index: p.index}
 	w.release()
 	return nil
-}
-
-// report runs one ReportStatus stream: every status first, then each change. It calls
-// taken once nimbus has sent the stream's headers, which it does when it takes the stream.
-func (c *Client) report(ctx context.Context, api nimbusv1.NimbusClient, taken func()) error {
-	ctx, cancel := context.WithCancel(ctx)
-	stream, err := api.ReportStatus(ctx, grpc.WaitForReady(true))
-	if err != nil {
-		cancel()
-		return fmt.Errorf("starting status stream: %w", err)
-	}
-	// gRPC ends a client stream's context only when the caller's ends, not when the
-	// connection breaks or nimbus ends the stream, and a status stream is idle while no
-	// status changes: it would be found dead only at the next Send, and the statuses would
-	// stay with a nimbus that is gone. A receive returns as soon as the stream ends (nimbus
-	// answers only once the client closes its side), so a goroutine receives and, when the
-	// stream ends, ends ctx, which ends the wait for changes below.
-	ended := make(chan error, 1)
-	var wg sync.WaitGroup
-	defer func() {
-		cancel()
-		wg.Wait()
-	}()
-	wg.Go(func() {
-		defer cancel()
-		if md, _ := stream.Header(); md != nil {
-			taken()
-		}
-		err := stream.RecvMsg(new(nimbusv1.ReportStatusResponse))
-		if err == nil {
-			err = errors.New("nimbus answered a status stream that was not closed")
-		}
-		ended <- err
-	})
-	// A fresh subscription hands out every key first: all status goes up again. A key's
-	// status also goes up again when its object changes, so a nimbus that lost an object
-	// and got it back (an ephemeral restart) hears the status of the object it has now.
-	// And all status goes up again when this node's Node object comes or changes: nimbus
-	// forgets the statuses of a node whose Node object is deleted, and must hear them
-	// again when it comes back.
-	selfKey := nimbusv1.NewKey(nimbusv1.Kind_KIND_NODE, "", "", c.opts.Node)
-	self := selfKey.Key()
-	sub, err := c.store.Subscribe(delphi.SubscribeOptions{Tables: []delphi.Table{delphi.TableStatus, delphi.TableDesired}})
-	if err != nil {
-		return fmt.Errorf("subscribing to status: %w", err)
-	}
-	defer sub.Close()
-	for {
-		ids, err := sub.Next(ctx)
-		if err != nil {
-			select {
-			case err := <-ended:
-				return fmt.Errorf("status stream ended: %w", err)
-			default:
-			}
-			return fmt.Errorf("waiting for status changes: %w", err)
-		}
-		if _, present := c.store.Get(selfKey); present && slices.Contains(ids, self) {
-			for _, e := range c.store.Statuses() {
-				ids = append(ids, e.Key)
-			}
-		}
-		// The statuses of one Next go out back to back, without waiting for anything in
-		// between: gRPC's transport writes the messages queued by then together and flushes
-		// once, so a burst of statuses costs a few writes, not one per status.
-		for _, id := range ids {
-			key := id.Proto()
-			st, ok := c.store.Status(key)
-			if !ok {
-				continue
-			}
-			st = proto.CloneOf(st) // stored objects are immutable
-			st.Node = c.opts.Node
-			if err := stream.Send(&nimbusv1.StatusReport{Key: key, Status: st}); err != nil {
-				if errors.Is(err, io.EOF) {
-					// The stream ended; the receive says why.
-					err = <-ended
-				}
-				return fmt.Errorf("sending status of %s: %w", id, err)
-			}
-			c.metrics.statusReports.Inc()
-		}
-	}
 }

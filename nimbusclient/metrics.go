@@ -26,6 +26,9 @@ type metrics struct {
 	reconnects    *prometheus.CounterVec
 	watchStarts   *prometheus.CounterVec
 	statusReports prometheus.Counter
+	// statusWatermark, statusExceptions and statusPending are the watermark last
+	// reported, and how many objects are exceptions and hold it back (reportWatermarks).
+	statusWatermark, statusExceptions, statusPending prometheus.Gauge
 }
 
 // newMetrics creates the client's metrics and registers them with reg. On error nothing
@@ -53,6 +56,18 @@ func newMetrics(c *Client, reg prometheus.Registerer) (*metrics, error) {
 			Namespace: ns, Subsystem: sub, Name: "status_reports_total",
 			Help: "Statuses sent to nimbus.",
 		}),
+		statusWatermark: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "status_watermark",
+			Help: "The status watermark last reported to nimbus: every object whose generation revision is at or below it is PROGRAMMED at its generation, or an exception.",
+		}),
+		statusExceptions: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "status_exceptions",
+			Help: "Objects short of PROGRAMMED at their generation whose status is reported on its own, not held back by the watermark; at most --status-max-exceptions.",
+		}),
+		statusPending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "status_pending",
+			Help: "Objects short of PROGRAMMED at their generation that hold the status watermark back: for less than --status-exception-after, or past the exceptions' limit.",
+		}),
 	}
 	// Every label value is present from the start, so that rates work from the first event.
 	m.reconnects.WithLabelValues(streamWatch)
@@ -64,7 +79,8 @@ func newMetrics(c *Client, reg prometheus.Registerer) (*metrics, error) {
 		Help: "Watch events received from nimbus, snapshot events and markers included.",
 	}, func() float64 { return float64(c.EventsReceived()) })
 	var err error
-	if m.unregister, err = telemetry.Register(reg, "Client", m.connected, m.server, m.reconnects, m.watchStarts, m.statusReports, received); err != nil {
+	if m.unregister, err = telemetry.Register(reg, "Client", m.connected, m.server, m.reconnects, m.watchStarts, m.statusReports,
+		m.statusWatermark, m.statusExceptions, m.statusPending, received); err != nil {
 		return nil, err
 	}
 	return m, nil

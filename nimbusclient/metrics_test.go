@@ -80,7 +80,8 @@ func TestMetrics(t *testing.T) {
 	b.apply(t, "r3", "a")
 	waitMetric(t, reg, seriesEvents, fmt.Sprintf("to grow past %v with r3", events), func(v float64) bool { return v > events })
 
-	if err := status.Set(routeKey("r1"), &nimbusv1.NodeStatus{ObservedGeneration: 1, Phase: nimbusv1.Phase_PHASE_PROGRAMMED}); err != nil {
+	// Operational data goes up as a status of its own, watermark or not.
+	if err := status.Set(routeKey("r1"), &nimbusv1.NodeStatus{ObservedGeneration: 1, Phase: nimbusv1.Phase_PHASE_PROGRAMMED, Operational: map[string]string{"hits": "1"}}); err != nil {
 		t.Fatal(err)
 	}
 	waitNodeStatus(t, b, "r1")

@@ -119,7 +119,8 @@ func TestIdleStatusStreamReconnects(t *testing.T) {
 	t.Cleanup(func() { c.Close() })
 	runClient(t, c)
 	waitMetric(t, reg, seriesConnected, "to be 1", func(v float64) bool { return v == 1 })
-	if err := a.status.Set(routeKey("r1"), &nimbusv1.NodeStatus{ObservedGeneration: 1, Phase: nimbusv1.Phase_PHASE_PROGRAMMED}); err != nil {
+	// Operational data goes up as a status of its own, watermark or not.
+	if err := a.status.Set(routeKey("r1"), &nimbusv1.NodeStatus{ObservedGeneration: 1, Phase: nimbusv1.Phase_PHASE_PROGRAMMED, Operational: map[string]string{"hits": "1"}}); err != nil {
 		t.Fatal(err)
 	}
 	waitNodeStatus(t, b, "r1")

@@ -1,11 +1,15 @@
 package test
 
 import (
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/encoding/protojson"
+
 	"github.com/naplesnet/naples/internal/testns"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
 const toDC2 = `kind: Route
@@ -102,12 +106,31 @@ func TestAgentRestart(t *testing.T) {
 	added := strings.NewReplacer("to-dc2", "added", "198.51.100.0/24", "192.0.2.0/24").Replace(toDC2)
 	c.apply(t, added)
 
-	h.startAgent(t)
+	h.startAgentWith(t, metricsFlags...)
+	tel := h.telemetry(t)
 	c.waitProgrammed(t, "route", "added", "host-a", 1)
 	c.waitProgrammed(t, "route", "to-dc2", "host-a", 1)
-	waitFor(t, "to-dc2 status reported again by the new agent", func() bool {
-		_, st, err := c.get(t, "route", "to-dc2")
-		return err == nil && nodeStatus(st, "host-a").GetUpdateTime().AsTime().After(before.GetUpdateTime().AsTime())
+	// nimbus takes watermarks: the new agent reports its status again as a watermark that
+	// passes both routes, which it has programmed (it sends no status of its own for them).
+	out, err := c.ctl(t, "", "get", "route", "added", "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Meta json.RawMessage `json:"meta"`
+	}
+	meta := &nimbusv1.ObjectMeta{}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("parsing %q: %v", out, err)
+	}
+	if err := protojson.Unmarshal(doc.Meta, meta); err != nil {
+		t.Fatalf("parsing meta %s: %v", doc.Meta, err)
+	}
+	if before.GetPhase() != nimbusv1.Phase_PHASE_PROGRAMMED || meta.GetGenerationRevision() == 0 {
+		t.Fatalf("to-dc2 before the restart: %v; added's generation revision %d", before, meta.GetGenerationRevision())
+	}
+	waitFor(t, "the new agent's status watermark to pass the route added while it was down", func() bool {
+		return tel.metrics(t)["naples_nimbusclient_status_watermark"] >= float64(meta.GetGenerationRevision())
 	})
 	waitFor(t, "the route deleted while the agent was down to leave the kernel", func() bool {
 		return !strings.Contains(h.routes(t, 100), "203.0.113.0/24")

@@ -75,3 +75,26 @@ func TestDeletedNodeIsNotWaitedFor(t *testing.T) {
 		t.Errorf("status of to-all with host-a back = %v; want host-a and host-b its targets", st)
 	}
 }
+
+// TestNodeDeletedWhileAgentRuns is the demo's sequence: host-a's Node object is deleted
+// while its agent runs (nimbus forgets what host-a reported, its watermark too), then a
+// route for host-a is applied with --wait, which must see host-a program it.
+func TestNodeDeletedWhileAgentRuns(t *testing.T) {
+	c := newCluster(t)
+	c.apply(t, nodeHostA)
+	a := c.newHost(t, "host-a")
+	c.apply(t, toDC2)
+	c.waitProgrammed(t, "route", "to-dc2", "host-a", 1)
+
+	c.mustCtl(t, "", "delete", "node", "host-a")
+	out, err := c.ctl(t, strings.NewReplacer("name: to-dc2", "name: to-dc3", "198.51.100.0/24", "203.0.113.0/24").Replace(toDC2), "apply", "-f", "-", "--wait", "--timeout", "20s")
+	if err != nil {
+		t.Fatalf("apply --wait of a route for host-a after its Node object was deleted: %v\n%s", err, out)
+	}
+	if want := "route/to-dc3 programmed on 1/1 nodes"; !strings.Contains(out, want) {
+		t.Errorf("apply --wait printed %q, want %q", out, want)
+	}
+	if got := a.routes(t, 100); !strings.Contains(got, "203.0.113.0/24 via 10.10.0.2") {
+		t.Errorf("route to-dc3 not in host-a's table 100:\n%s", got)
+	}
+}

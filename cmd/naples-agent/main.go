@@ -45,6 +45,7 @@ import (
 	"github.com/naplesnet/naples/internal/exitstatus"
 	"github.com/naplesnet/naples/internal/pki"
 	"github.com/naplesnet/naples/internal/version"
+	"github.com/naplesnet/naples/internal/watermark"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -100,6 +101,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	gatewayBridges := fs.Int("gateway-bridges", 4096, "network bridges the gateway programs mark for (their map's size); a network beyond is FAILED with CapacityExceeded")
 	gatewayCheck := fs.Duration("gateway-check-interval", 10*time.Second, "how often the gateway programs are checked to be still attached to the network bridges, and attached again where they are not (the kernel does not report a detach)")
 	fwStats := fs.Duration("fw-stats-interval", 10*time.Second, "how often the status of policies and endpoints is refreshed with the firewall's counters")
+	statusExceptionAfter := fs.Duration("status-exception-after", watermark.DefaultExceptionAfter, "how long an object may be short of PROGRAMMED, without failing, before its status goes to nimbus on its own instead of holding the node's status watermark back")
+	statusMaxExceptions := fs.Int("status-max-exceptions", watermark.DefaultMaxExceptions, "objects whose status goes to nimbus on their own at once; past it they hold the node's status watermark back")
 	interfaceStats := fs.Duration("interface-stats-interval", 10*time.Second, "how often the status of Interface objects is refreshed with their NIC's counters")
 	level := slog.LevelInfo
 	fs.Func("log-level", "log `level`: debug, info, warn or error (default info)", func(s string) error {
@@ -125,7 +128,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		fmt.Fprintln(os.Stdout, version.String("naples-agent"))
 		return nil
 	}
-	for name, d := range map[string]time.Duration{"interface-stats-interval": *interfaceStats, "fw-stats-interval": *fwStats, "gateway-check-interval": *gatewayCheck} {
+	for name, d := range map[string]time.Duration{"interface-stats-interval": *interfaceStats, "fw-stats-interval": *fwStats, "gateway-check-interval": *gatewayCheck,
+		"status-exception-after": *statusExceptionAfter} {
 		if d <= 0 {
 			fmt.Fprintf(stderr, "invalid value %q for flag -%s: must be positive\n", d.String(), name)
 			fs.Usage()
@@ -134,7 +138,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	for name, n := range map[string]int{"fw-snapshot-entries": caps.Snapshot, "fw-conntrack-entries": caps.Conntrack,
 		"fw-rule-counters": caps.Rules, "fw-endpoint-counters": caps.Endpoints, "fw-fragment-entries": caps.Fragments,
-		"local-api-page-bytes": *pageBytes, "gateway-bridges": *gatewayBridges} {
+		"local-api-page-bytes": *pageBytes, "gateway-bridges": *gatewayBridges, "status-max-exceptions": *statusMaxExceptions} {
 		if n <= 0 {
 			fmt.Fprintf(stderr, "invalid value %d for flag -%s: must be positive\n", n, name)
 			fs.Usage()
@@ -183,5 +187,6 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	return agent.Run(ctx, agent.Config{Node: *node, Nimbus: *nimbus, TLS: tlsConfig, StateDir: *stateDir, DiscardState: *discardState, Logger: log, Socket: *socket, LocalAPIPageBytes: *pageBytes, Metrics: metrics,
 		InterfaceStats: *interfaceStats, BPFDir: *bpfDir, FirewallCapacities: caps, FirewallStats: *fwStats,
-		GatewayBridges: *gatewayBridges, GatewayCheck: *gatewayCheck})
+		GatewayBridges: *gatewayBridges, GatewayCheck: *gatewayCheck,
+		StatusExceptionAfter: *statusExceptionAfter, StatusMaxExceptions: *statusMaxExceptions})
 }
