@@ -32,7 +32,10 @@ import (
 // holds the fewest agents, provided that peer holds fewer than its share: a replica never
 // receives more than its share, so no replica asks an agent to move back. It picks the
 // agent at random among those whose watch is caught up and that watch nowhere else, and
-// asks no node twice within a minute. It asks by ending the node's watch stream with
+// asks no node twice within a minute. An agent asked to move counts towards its peer
+// until a replica shows it watching, for up to 10 seconds; a peer that such an agent
+// does not watch after 10 seconds (it is up but not ready, or the agents do not list it)
+// is left out, as if it were down, for a minute. It asks by ending the node's watch stream with
 // codes.Unavailable and the trailer nimbusv1.MoveTrailer naming the peer's address.
 type RebalanceOptions struct {
 	// Rate is how many agents a second, on average, the replica asks at most to move; the
@@ -55,6 +58,15 @@ func (o RebalanceOptions) validate() error {
 	return nil
 }
 
+// Defaults of the nimbus command's rebalancing flags; RebalanceOptions' own defaults
+// are off.
+const (
+	// DefaultRebalanceRate is the default of --rebalance-rate: one agent a second.
+	DefaultRebalanceRate = 1.0
+	// DefaultRebalanceSlack is the default of --rebalance-slack.
+	DefaultRebalanceSlack = 1
+)
+
 const (
 	// moveCooldown is how long a replica does not ask a node it asked to move to move
 	// again.
@@ -75,26 +87,31 @@ type rebalancer struct {
 	opts RebalanceOptions
 	// moved counts the agents asked to move: naples_nimbus_rebalanced_total.
 	moved prometheus.Counter
-	// mu guards moves, peers and peersSince.
+	// mu guards moves, missed, peers and peersSince.
 	mu sync.Mutex
 	// moves holds the nodes asked to move within moveCooldown, by name.
-	moves map[string]agentMove
+	moves map[string]*agentMove
+	// missed holds the peers that an agent asked to move to did not reach, by name, with
+	// when that was found; they are left out for moveCooldown.
+	missed map[string]time.Time
 	// peers are the names of the live peers the last step saw, sorted, and peersSince
 	// is when it first saw them.
 	peers      []string
 	peersSince time.Time
 }
 
-// agentMove is a node asked to move: to which peer, and when.
+// agentMove is a node asked to move: to which peer, and when; checked tells that
+// checkArrivals looked whether it arrived.
 type agentMove struct {
-	to string
-	at time.Time
+	to      string
+	at      time.Time
+	checked bool
 }
 
 // newRebalancer returns the rebalancer of the replica s, with its metric registered, and
 // the function that unregisters it.
 func newRebalancer(s *Server) (*rebalancer, func(), error) {
-	r := &rebalancer{s: s, opts: s.opts.Rebalance, moves: map[string]agentMove{}}
+	r := &rebalancer{s: s, opts: s.opts.Rebalance, moves: map[string]*agentMove{}, missed: map[string]time.Time{}}
 	r.moved = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: "naples", Subsystem: "nimbus", Name: "rebalanced_total",
 		Help: "Agents this replica asked to watch another replica because it held more than its share of them (--rebalance-rate).",
@@ -145,18 +162,23 @@ func (r *rebalancer) step(now time.Time) bool {
 		return false
 	}
 	peers := s.peers.livePeers()
-	if len(peers) == 0 {
-		return false
-	}
+	v := s.store.read()
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.checkArrivals(v, now)
+	for p, at := range r.missed {
+		if now.Sub(at) >= moveCooldown {
+			delete(r.missed, p)
+		} else {
+			delete(peers, p)
+		}
+	}
 	if names := slices.Sorted(maps.Keys(peers)); !slices.Equal(names, r.peers) {
 		r.peers, r.peersSince = names, now
 	}
-	if now.Sub(r.peersSince) < peersSettle {
+	if len(peers) == 0 || now.Sub(r.peersSince) < peersSettle {
 		return false
 	}
-	v := s.store.read()
 	load := make(map[string]int, len(peers))
 	for p := range peers {
 		load[p] = 0
@@ -185,21 +207,7 @@ func (r *rebalancer) step(now time.Time) bool {
 			}
 		}
 	}
-	total := own
-	for _, n := range load {
-		total += n
-	}
-	replicas := len(peers) + 1
-	share := (total + replicas - 1) / replicas
-	if own <= share+r.opts.Slack {
-		return false
-	}
-	to := ""
-	for p, n := range load {
-		if n < share && (to == "" || n < load[to] || n == load[to] && p < to) {
-			to = p
-		}
-	}
+	to, share := planMove(own, load, r.opts.Slack)
 	if to == "" {
 		return false
 	}
@@ -208,10 +216,53 @@ func (r *rebalancer) step(now time.Time) bool {
 	if !ok {
 		return false
 	}
-	r.moves[node] = agentMove{to: to, at: now}
+	r.moves[node] = &agentMove{to: to, at: now}
 	r.moved.Inc()
 	s.log.Info("asked an agent to watch another replica", "node", node, "to", to, "agents", own, "share", share, "slack", r.opts.Slack)
 	return true
+}
+
+// planMove returns the peer a replica that holds own agents sends one to, given how
+// many each peer holds (load) and the slack, and the replicas' share: ceil(agents /
+// replicas). It returns no peer while the replica holds no more than its share plus
+// slack, or when every peer holds its share already; of the peers that hold fewer, the
+// one that holds the fewest, by name on a tie.
+func planMove(own int, load map[string]int, slack int) (to string, share int) {
+	total := own
+	for _, n := range load {
+		total += n
+	}
+	replicas := len(load) + 1
+	share = (total + replicas - 1) / replicas
+	if own <= share+slack {
+		return "", share
+	}
+	for p, n := range load {
+		if n < share && (to == "" || n < load[to] || n == load[to] && p < to) {
+			to = p
+		}
+	}
+	return to, share
+}
+
+// checkArrivals looks, once per move, whether the agents asked to move movePending ago
+// or more watch the peer they were sent to. A peer one of them does not watch is left out
+// for moveCooldown (missed): it is up but not ready, so agents skip it, or they do not
+// list it. r.mu is held.
+func (r *rebalancer) checkArrivals(v *tables, now time.Time) {
+	for node, m := range r.moves {
+		if m.checked || now.Sub(m.at) < movePending {
+			continue
+		}
+		m.checked = true
+		if rec := v.watchNode(node); rec == nil || rec.Peers[m.to] == 0 {
+			if _, ok := r.missed[m.to]; !ok {
+				r.s.log.Info("an agent asked to watch a peer replica did not; leaving that peer out of rebalancing for a while",
+					"node", node, "peer", m.to, "for", moveCooldown)
+			}
+			r.missed[m.to] = now
+		}
+	}
 }
 
 // moveOne ends the watch stream of one node picked at random with err, and the trailer
@@ -219,7 +270,7 @@ func (r *rebalancer) step(now time.Time) bool {
 // replica alone, with one stream, that is caught up (it received its snapshot or replayed
 // changes, so it resumes wherever it goes), and that are not among skip. It reports which
 // node, and false when there was none.
-func (s *Server) moveOne(skip map[string]agentMove, to string, err error) (string, bool) {
+func (s *Server) moveOne(skip map[string]*agentMove, to string, err error) (string, bool) {
 	v := s.store.read()
 	s.mu.Lock()
 	defer s.mu.Unlock()

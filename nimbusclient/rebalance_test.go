@@ -1,6 +1,7 @@
 package nimbusclient
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"github.com/naplesnet/naples/internal/telemetry/telemetrytest"
 	"github.com/naplesnet/naples/internal/testetcd"
 	"github.com/naplesnet/naples/nimbus"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
 const (
@@ -24,11 +26,29 @@ const (
 	seriesRebalanced = "naples_nimbus_rebalanced_total"
 )
 
+// programmed returns how many nodes the replica holds PROGRAMMED, and not stale, for the
+// route.
+func (r *replica) programmed(t *testing.T, name string) int {
+	t.Helper()
+	resp, err := r.api.Get(context.Background(), &nimbusv1.GetRequest{Key: routeKey(name)})
+	if err != nil {
+		t.Fatalf("Get %s from %s: %v", name, r.addr, err)
+	}
+	n := 0
+	for _, st := range resp.GetItem().GetStatus().GetNodes() {
+		if st.GetPhase() == nimbusv1.Phase_PHASE_PROGRAMMED && !st.GetStale() {
+			n++
+		}
+	}
+	return n
+}
+
 // TestRebalanceSpreadsAgentsWithoutResync runs nine agents that list three nimbus replicas
 // on one etcd, of which only the first serves when they start, so they all watch it. Once
 // the other two serve, the first asks agents to move until each replica serves three;
-// every agent that moved resumed (no second snapshot), none moved more than twice, the
-// spread holds (no agent bounces back), and a change reaches every agent.
+// every agent that moved resumed (no second snapshot) and started its status stream again,
+// none moved more than twice, the spread holds (no agent bounces back), every replica
+// holds every node's status, and a change reaches every agent.
 func TestRebalanceSpreadsAgentsWithoutResync(t *testing.T) {
 	c := testetcd.Start(t, 1)
 	dir := t.TempDir()
@@ -80,6 +100,12 @@ func TestRebalanceSpreadsAgentsWithoutResync(t *testing.T) {
 		waitFor(t, "the first snapshot", func() bool { return slices.Equal(r.a.names(), []string{"r1"}) })
 	}
 	waitFor(t, "every agent on the first replica", func() bool { return replicas[0].watchers(t) == agents })
+	for _, r := range all {
+		if err := r.a.status.Set(routeKey("r1"), &nimbusv1.NodeStatus{ObservedGeneration: 1, Phase: nimbusv1.Phase_PHASE_PROGRAMMED}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "r1 programmed on every node", func() bool { return replicas[0].programmed(t, "r1") == agents })
 
 	begin := time.Now()
 	replicas[1], replicas[2] = start(1), start(2)
@@ -109,8 +135,9 @@ func TestRebalanceSpreadsAgentsWithoutResync(t *testing.T) {
 		if v[seriesMoves] > 2 {
 			t.Errorf("agent n%d moved %v times, want at most 2", i+1, v[seriesMoves])
 		}
-		if v[seriesResumes] != v[seriesMoves] {
-			t.Errorf("agent n%d: %s = %v after %v moves, want as many", i+1, seriesResumes, v[seriesResumes], v[seriesMoves])
+		if v[seriesResumes] != v[seriesMoves] || v[seriesStatusReconnects] != v[seriesMoves] {
+			t.Errorf("agent n%d: %s = %v and %s = %v after %v moves, want as many: each move resumes the watch and starts the status stream again",
+				i+1, seriesResumes, v[seriesResumes], seriesStatusReconnects, v[seriesStatusReconnects], v[seriesMoves])
 		}
 		moves += v[seriesMoves]
 	}
@@ -122,6 +149,9 @@ func TestRebalanceSpreadsAgentsWithoutResync(t *testing.T) {
 		t.Errorf("agents moved %v times, replicas asked %v, want as many, from %d to %d", moves, rebalanced, agents-agents/3, agents)
 	}
 	t.Logf("%v moves", moves)
+	for i, r := range replicas {
+		waitFor(t, fmt.Sprintf("r1 programmed on every node at replica %d", i+1), func() bool { return r.programmed(t, "r1") == agents })
+	}
 
 	replicas[2].apply(t, "r2")
 	for i, r := range all {
