@@ -33,9 +33,9 @@ import (
 // receives more than its share, so no replica asks an agent to move back. It picks the
 // agent at random among those whose watch is caught up and that watch nowhere else, and
 // asks no node twice within a minute. An agent asked to move counts towards its peer
-// until a replica shows it watching, for up to 10 seconds; a peer that such an agent
-// does not watch after 10 seconds (it is up but not ready, or the agents do not list it)
-// is left out, as if it were down, for a minute. It asks by ending the node's watch stream with
+// until a replica shows it watching, for up to 10 seconds; a peer that three such agents
+// in a row do not watch after 10 seconds (it is up but not ready, or the agents do not
+// list it) is left out, as if it were down, for a minute. It asks by ending the node's watch stream with
 // codes.Unavailable and the trailer nimbusv1.MoveTrailer naming the peer's address.
 type RebalanceOptions struct {
 	// Rate is how many agents a second, on average, the replica asks at most to move; the
@@ -74,6 +74,10 @@ const (
 	// movePending is how long, at most, an agent asked to move counts towards the load
 	// of the peer it was sent to while no replica shows it watching.
 	movePending = 10 * time.Second
+	// missedAfter is how many agents in a row, sent to a peer, must not arrive there for
+	// the peer to be left out. An agent may go elsewhere when it does not know the peer's
+	// address (its list spells it otherwise than --advertise), and then chooses at random.
+	missedAfter = 3
 	// peersSettle is how long the set of live peers must stay the same before a replica
 	// asks agents to move: replicas that start one after the other are all counted, and
 	// each one's push stream has told which nodes watch it.
@@ -87,12 +91,14 @@ type rebalancer struct {
 	opts RebalanceOptions
 	// moved counts the agents asked to move: naples_nimbus_rebalanced_total.
 	moved prometheus.Counter
-	// mu guards moves, missed, peers and peersSince.
+	// mu guards moves, misses, missed, peers and peersSince.
 	mu sync.Mutex
 	// moves holds the nodes asked to move within moveCooldown, by name.
 	moves map[string]*agentMove
-	// missed holds the peers that an agent asked to move to did not reach, by name, with
-	// when that was found; they are left out for moveCooldown.
+	// misses counts, by peer, the agents sent to it in a row that did not arrive.
+	misses map[string]int
+	// missed holds the peers that missedAfter agents in a row did not reach, by name,
+	// with when that was found; they are left out for moveCooldown.
 	missed map[string]time.Time
 	// peers are the names of the live peers the last step saw, sorted, and peersSince
 	// is when it first saw them.
@@ -111,7 +117,8 @@ type agentMove struct {
 // newRebalancer returns the rebalancer of the replica s, with its metric registered, and
 // the function that unregisters it.
 func newRebalancer(s *Server) (*rebalancer, func(), error) {
-	r := &rebalancer{s: s, opts: s.opts.Rebalance, moves: map[string]*agentMove{}, missed: map[string]time.Time{}}
+	r := &rebalancer{s: s, opts: s.opts.Rebalance, moves: map[string]*agentMove{},
+		misses: map[string]int{}, missed: map[string]time.Time{}}
 	r.moved = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: "naples", Subsystem: "nimbus", Name: "rebalanced_total",
 		Help: "Agents this replica asked to watch another replica because it held more than its share of them (--rebalance-rate).",
@@ -246,22 +253,34 @@ func planMove(own int, load map[string]int, slack int) (to string, share int) {
 }
 
 // checkArrivals looks, once per move, whether the agents asked to move movePending ago
-// or more watch the peer they were sent to. A peer one of them does not watch is left out
-// for moveCooldown (missed): it is up but not ready, so agents skip it, or they do not
-// list it. r.mu is held.
+// or more watch the peer they were sent to. A peer that missedAfter of them in a row do
+// not watch is left out for moveCooldown (missed): it is up but not ready, so agents skip
+// it, or they do not list it. r.mu is held.
 func (r *rebalancer) checkArrivals(v *tables, now time.Time) {
+	var due []string
 	for node, m := range r.moves {
-		if m.checked || now.Sub(m.at) < movePending {
+		if !m.checked && now.Sub(m.at) >= movePending {
+			due = append(due, node)
+		}
+	}
+	// In the order the agents were asked, so that "in a row" means it.
+	slices.SortFunc(due, func(a, b string) int { return r.moves[a].at.Compare(r.moves[b].at) })
+	for _, node := range due {
+		m := r.moves[node]
+		m.checked = true
+		if rec := v.watchNode(node); rec != nil && rec.Peers[m.to] > 0 {
+			r.misses[m.to] = 0
 			continue
 		}
-		m.checked = true
-		if rec := v.watchNode(node); rec == nil || rec.Peers[m.to] == 0 {
-			if _, ok := r.missed[m.to]; !ok {
-				r.s.log.Info("an agent asked to watch a peer replica did not; leaving that peer out of rebalancing for a while",
-					"node", node, "peer", m.to, "for", moveCooldown)
-			}
-			r.missed[m.to] = now
+		if r.misses[m.to]++; r.misses[m.to] < missedAfter {
+			continue
 		}
+		r.misses[m.to] = 0
+		if _, ok := r.missed[m.to]; !ok {
+			r.s.log.Info("agents asked to watch a peer replica did not; leaving that peer out of rebalancing for a while",
+				"peer", m.to, "agents", missedAfter, "for", moveCooldown)
+		}
+		r.missed[m.to] = now
 	}
 }
 

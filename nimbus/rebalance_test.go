@@ -2,11 +2,15 @@ package nimbus
 
 import (
 	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
 	"testing"
+	"time"
 )
 
 func TestPlanMove(t *testing.T) {
@@ -95,5 +99,53 @@ func TestRebalanceOptionsRefused(t *testing.T) {
 		if _, err := New(Options{Rebalance: o}); !errors.Is(err, ErrInvalidOptions) {
 			t.Errorf("New with Rebalance %+v: err = %v, want ErrInvalidOptions", o, err)
 		}
+	}
+}
+
+// TestCheckArrivals sends agents to two peers: b, which each one reaches, and c, which
+// none reaches; a third, d, misses one agent and gets the next. Only c is left out, and
+// only once missedAfter agents in a row missed it, each looked at once.
+func TestCheckArrivals(t *testing.T) {
+	st := newStore()
+	r := &rebalancer{s: &Server{log: slog.New(slog.DiscardHandler)}, moves: map[string]*agentMove{},
+		misses: map[string]int{}, missed: map[string]time.Time{}}
+	start := time.Unix(1000, 0)
+	txn := st.write()
+	send := func(node, to, at string, i int) {
+		r.moves[node] = &agentMove{to: to, at: start.Add(time.Duration(i) * time.Second)}
+		if at != "" {
+			txn.putWatchNode(&watchNodeRecord{Name: node, Streams: 1, Peers: map[string]int{at: 1}})
+		}
+	}
+	for i := range missedAfter {
+		send(fmt.Sprintf("b%d", i), "b", "b", i)
+		send(fmt.Sprintf("c%d", i), "c", "b", i) // went to b instead
+	}
+	send("d0", "d", "", 0) // watches nowhere yet
+	send("d1", "d", "d", 1)
+	txn.commit()
+
+	r.checkArrivals(st.read(), start.Add(movePending-time.Second))
+	if len(r.missed) != 0 {
+		t.Fatalf("before movePending: missed %v, want none", r.missed)
+	}
+	now := start.Add(movePending + missedAfter*time.Second)
+	r.checkArrivals(st.read(), now)
+	if want := map[string]time.Time{"c": now}; !maps.Equal(r.missed, want) {
+		t.Fatalf("missed %v, want %v", r.missed, want)
+	}
+	if r.misses["b"] != 0 || r.misses["d"] != 0 {
+		t.Fatalf("misses %v, want none left for b and d", r.misses)
+	}
+	for node, m := range r.moves {
+		if !m.checked {
+			t.Errorf("the move of %s was not looked at", node)
+		}
+	}
+	// Looked at once: a second look changes nothing.
+	delete(r.missed, "c")
+	r.checkArrivals(st.read(), now.Add(time.Second))
+	if len(r.missed) != 0 {
+		t.Fatalf("a second look missed %v, want none", r.missed)
 	}
 }
