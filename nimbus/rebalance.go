@@ -27,16 +27,17 @@ import (
 //
 // A replica knows from the peers' push streams which nodes watch which replica. Its share
 // is ceil(agents / replicas), the replicas being itself and the peers whose push streams
-// to it are up, once that set has not changed for 2 seconds. While it is ready and holds more than its share plus Slack, it asks one
-// agent at a time, at about Rate a second at random moments, to move to the peer that
-// holds the fewest agents, provided that peer holds fewer than its share: a replica never
-// receives more than its share, so no replica asks an agent to move back. It picks the
-// agent at random among those whose watch is caught up and that watch nowhere else, and
-// asks no node twice within a minute. An agent asked to move counts towards its peer
-// until a replica shows it watching, for up to 10 seconds; a peer that three such agents
-// in a row do not watch after 10 seconds (it is up but not ready, or the agents do not
-// list it) is left out, as if it were down, for a minute. It asks by ending the node's watch stream with
-// codes.Unavailable and the trailer nimbusv1.MoveTrailer naming the peer's address.
+// to it are up, once that set has not changed for 2 seconds. While it is ready and holds
+// more than its share plus Slack, it asks one agent at a time, at about Rate a second at
+// random moments, to move to the peer that holds the fewest agents, provided that peer
+// holds fewer than its share: a replica never receives more than its share, so no
+// replica asks an agent to move back. It picks the agent at random among those whose
+// watch is caught up and that watch nowhere else, and asks no node twice within a minute.
+// An agent asked to move counts towards its peer until a replica shows it watching, for
+// up to 10 seconds; a peer that three such agents in a row do not watch after 10 seconds
+// (it is up but not ready, or the agents do not list it) is left out, as if it were
+// down, for a minute. It asks by ending the node's watch stream with codes.Unavailable
+// and the trailer nimbusv1.MoveTrailer, which names the peer's address.
 type RebalanceOptions struct {
 	// Rate is how many agents a second, on average, the replica asks at most to move; the
 	// moments are jittered (half to one and a half times 1/Rate apart). Default: 0, which
