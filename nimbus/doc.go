@@ -143,8 +143,9 @@
 // atomic up to etcd's transaction limit. Revisions mean the same on every replica, so a
 // watch resumes on any of them. See etcd.go. With Options.ReplicaName the replicas push the
 // statuses their agents report, and which nodes watch them, to each other, so every replica
-// answers Get, List and WatchStatus alike; see peer.go. docs/replicas.md describes both for
-// users.
+// answers Get, List and WatchStatus alike; see peer.go. With Options.Rebalance a replica
+// that holds more than its share of the agents asks some to watch another replica, where
+// they resume; see rebalance.go. docs/replicas.md describes all of it for users.
 //
 // # Metrics
 //
@@ -165,7 +166,8 @@
 // and naples_nimbus_status_throttled_seconds_total (rates.go), and the counter
 // naples_nimbus_tls_handshakes_refused_total{reason} (handshake.go); docs/limits.md lists
 // them with their limits. A replica adds
-// naples_nimbus_peers and naples_nimbus_peer_reports_total{direction} (peer.go), and with
+// naples_nimbus_peers and naples_nimbus_peer_reports_total{direction} (peer.go),
+// naples_nimbus_rebalanced_total (rebalance.go), and with
 // etcd naples_nimbus_etcd_loaded, naples_nimbus_etcd_txns_total,
 // naples_nimbus_etcd_txn_conflicts_total, naples_nimbus_etcd_watch_restarts_total,
 // naples_nimbus_etcd_cut_off and naples_nimbus_etcd_compacted_revision (etcd.go). Close unregisters them.

@@ -133,6 +133,10 @@ type Options struct {
 	// transport credentials of its replica certificate (internal/pki's IssueReplica and
 	// ClientConfig). Default: none, which dials in plaintext.
 	PeerDialOptions []grpc.DialOption
+	// Rebalance makes a replica that holds more than its share of the agents ask some to
+	// watch another replica; see RebalanceOptions. It does nothing on a Server that is no
+	// replica. Default: off.
+	Rebalance RebalanceOptions
 }
 
 // withDefaults returns the options with every unset field at its default.
@@ -163,6 +167,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Etcd != nil && o.DataDir != "" {
 		return o, fmt.Errorf("Etcd and DataDir %s: a server keeps its objects in one store: %w", o.DataDir, ErrInvalidOptions)
+	}
+	if err := o.Rebalance.validate(); err != nil {
+		return o, err
 	}
 	var err error
 	if o.Limits, err = o.Limits.withDefaults(); err != nil {
@@ -214,6 +221,9 @@ type Server struct {
 	// before PeerStatus takes the reports of a frame built at that revision; see
 	// peerHub.apply. Set before Serve, never changed after.
 	peerGate func(ctx context.Context, rev uint64) error
+	// rebalance asks agents to move to other replicas; nil unless Options.ReplicaName is
+	// set. Set by New, never changed after.
+	rebalance *rebalancer
 	// commits groups the writes of concurrent calls into shared commits.
 	commits committer
 	// serving is true while Serve serves.
@@ -283,6 +293,16 @@ func New(opts Options) (*Server, error) {
 			embedded.close()
 			return nil, fmt.Errorf("creating nimbus server: %w", err)
 		}
+		rebalance, unregisterRebalance, err := newRebalancer(s)
+		if err != nil {
+			s.peers.close()
+			s.metrics.unregister()
+			embedded.close()
+			return nil, fmt.Errorf("creating nimbus server: %w", err)
+		}
+		s.rebalance = rebalance
+		unregister := s.metrics.unregister
+		s.metrics.unregister = func() { unregister(); unregisterRebalance() }
 	}
 	if opts.Etcd != nil {
 		etcd, err := newEtcdStore(env, s.SetPeers, opts.Etcd)
@@ -381,6 +401,7 @@ func (s *Server) Serve(ctx context.Context, lis ...net.Listener) error {
 	defer wg.Wait()
 	s.serving.Store(true)
 	defer s.serving.Store(false)
+	defer s.rebalance.start()()
 
 	select {
 	case err := <-errc:

@@ -115,8 +115,15 @@ type watcher struct {
 	wake chan struct{}
 	// reset is closed by the commit that found the queue full, or by endWatches.
 	reset chan struct{}
-	// ended is the error the stream ends with when endWatches closed reset; set before.
+	// ended is the error the stream ends with when endWatches or moveOne closed reset;
+	// set before.
 	ended error
+	// moveTo is the address of the replica moveOne asked the agent to move to; set
+	// before reset is closed.
+	moveTo string
+	// caughtUp tells that the stream sent everything queued once: its snapshot or its
+	// replayed changes, so that its agent resumes wherever it watches next.
+	caughtUp atomic.Bool
 	// published is the revision of the last change handed to the watcher. A commit stores
 	// it after queueing its event, so a watcher that reads published and then finds the
 	// queue empty has sent everything up to published.
@@ -519,6 +526,7 @@ func (s *Server) Watch(req *nimbusv1.WatchRequest, stream grpc.ServerStreamingSe
 	if err == nil {
 		err = s.sendChanges(fw, sub.w)
 	}
+	setMoveTrailer(stream, sub.w)
 	log.Info("watch ended", "reason", err)
 	return err
 }
@@ -685,6 +693,7 @@ func (s *Server) sendChanges(fw *frameWriter, w *watcher) error {
 			idle = false
 			continue
 		}
+		w.caughtUp.Store(true)
 		select {
 		case <-ctx.Done():
 			return status.FromContextError(ctx.Err()).Err()

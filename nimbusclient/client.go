@@ -14,8 +14,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	grpcbackoff "google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 
 	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/internal/address"
@@ -73,8 +76,9 @@ type Options struct {
 	// comma-separated list of the addresses of nimbus replicas, which may mix the two:
 	// "tcp://10.0.0.1:7000,tcp://10.0.0.2:7000". The client watches one replica at a time,
 	// chosen at random among those that are ready, and moves to another when its
-	// connection fails or it stops serving. A tcp host name given alone stands for every
-	// address it resolves to. Required.
+	// connection fails, it stops serving, or it asks the client to move (see the package
+	// documentation). A tcp host name given alone stands for every address it resolves
+	// to. Required.
 	Address string
 	// Store is the local delphi store. Required.
 	Store Store
@@ -122,7 +126,18 @@ type Client struct {
 	received atomic.Uint64
 	// wait waits d before a stream is started again, or until ctx ends; tests replace it.
 	wait func(ctx context.Context, stream string, d time.Duration) error
+
+	// moveMu guards moveFrom, moveTo and endStatus.
+	moveMu sync.Mutex
+	// moveFrom is the address of the replica that last asked the client to watch another
+	// one, and moveTo the address it suggested, until a watch stream starts; see moved.
+	moveFrom, moveTo string
+	// endStatus ends the status stream under way.
+	endStatus context.CancelCauseFunc
 }
+
+// errMoved is why a stream ended when nimbus asked the client to watch another replica.
+var errMoved = errors.New("nimbus asked to watch another replica")
 
 // EventsReceived returns how many watch events the client has received from nimbus,
 // snapshot events and markers included.
@@ -228,7 +243,7 @@ func (c *Client) Run(ctx context.Context) error {
 		c.loop(ctx, streamWatch, func(ctx context.Context, taken func()) error { return c.watch(ctx, api, taken) })
 	})
 	wg.Go(func() {
-		c.loop(ctx, streamStatus, func(ctx context.Context, taken func()) error { return c.report(ctx, api, taken) })
+		c.loop(ctx, streamStatus, func(ctx context.Context, taken func()) error { return c.reportRouted(ctx, api, taken) })
 	})
 	wg.Go(func() { c.logConnectFailures(ctx, conn) })
 	wg.Wait()
@@ -254,12 +269,77 @@ func (c *Client) loop(ctx context.Context, stream string, run func(ctx context.C
 		if hint := pki.DialHint(err, c.opts.TLS != nil); hint != "" {
 			attrs = append(attrs, "hint", hint)
 		}
-		c.log.Warn("nimbus stream ended; reconnecting", attrs...)
+		if errors.Is(err, errMoved) {
+			c.log.Info("nimbus stream ended to move to another replica; reconnecting", attrs...)
+		} else {
+			c.log.Warn("nimbus stream ended; reconnecting", attrs...)
+		}
 		if c.wait(ctx, stream, delay) != nil {
 			return
 		}
 		c.metrics.reconnects.WithLabelValues(stream).Inc()
 	}
+}
+
+// route returns the Route of a stream about to start: one that moves the client off the
+// replica that asked it to, while it did not watch elsewhere yet.
+func (c *Client) route() *address.Route {
+	c.moveMu.Lock()
+	defer c.moveMu.Unlock()
+	return c.routeLocked()
+}
+
+// routeLocked is route with c.moveMu held.
+func (c *Client) routeLocked() *address.Route {
+	return &address.Route{Avoid: c.moveFrom, Prefer: c.moveTo}
+}
+
+// moved records that the replica at the address from asked the client to watch another
+// one, the one at to if it can, and ends the status stream, so that both streams start
+// again there.
+func (c *Client) moved(from, to string) {
+	c.moveMu.Lock()
+	c.moveFrom, c.moveTo = from, to
+	end := c.endStatus
+	c.moveMu.Unlock()
+	c.metrics.moves.Inc()
+	c.log.Info("nimbus asked to watch another replica", "from", from, "suggested", to)
+	if end != nil {
+		end(errMoved)
+	}
+}
+
+// watching records that a watch stream started: the move asked for, if any, is done.
+func (c *Client) watching() {
+	c.moveMu.Lock()
+	c.moveFrom, c.moveTo = "", ""
+	c.moveMu.Unlock()
+}
+
+// reportRouted runs one status stream (report) on the replica route picks; the stream
+// ends with errMoved when nimbus asks the client to move.
+func (c *Client) reportRouted(ctx context.Context, api nimbusv1.NimbusClient, taken func()) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	c.moveMu.Lock()
+	c.endStatus = cancel
+	route := c.routeLocked()
+	c.moveMu.Unlock()
+	err := c.report(address.WithRoute(ctx, route), api, taken)
+	if errors.Is(context.Cause(ctx), errMoved) {
+		return fmt.Errorf("status stream: %w", errMoved)
+	}
+	return err
+}
+
+// moveAsked returns the address a watch stream's trailer asks the client to move to, and
+// whether it asks at all.
+func moveAsked(trailer metadata.MD) (string, bool) {
+	v := trailer.Get(nimbusv1.MoveTrailer)
+	if len(v) == 0 {
+		return "", false
+	}
+	return v[0], true
 }
 
 // sleep waits d, or until ctx ends, and then returns ctx's error.
@@ -283,7 +363,8 @@ func sleep(ctx context.Context, _ string, d time.Duration) error {
 func (c *Client) watch(ctx context.Context, api nimbusv1.NimbusClient, taken func()) error {
 	ctx, cancel := context.WithCancel(ctx)
 	epoch, rev := c.store.Resume()
-	stream, err := api.Watch(ctx, &nimbusv1.WatchRequest{Node: c.opts.Node, Epoch: epoch, Revision: rev},
+	route := c.route()
+	stream, err := api.Watch(address.WithRoute(ctx, route), &nimbusv1.WatchRequest{Node: c.opts.Node, Epoch: epoch, Revision: rev},
 		grpc.WaitForReady(true), grpc.MaxCallRecvMsgSize(maxFrameBytes))
 	if err != nil {
 		cancel()
@@ -341,7 +422,14 @@ func (c *Client) watch(ctx context.Context, api nimbusv1.NimbusClient, taken fun
 			return err
 		}
 	}
-	// Frames are closed once receiving failed; recvErr is set by then.
+	// Frames are closed once receiving failed; recvErr is set by then. A status from
+	// nimbus comes with the stream's trailer.
+	if status.Code(recvErr) == codes.Unavailable {
+		if to, ok := moveAsked(stream.Trailer()); ok {
+			c.moved(route.Chosen(), to)
+			return fmt.Errorf("receiving watch events: %w: %w", errMoved, recvErr)
+		}
+	}
 	return fmt.Errorf("receiving watch events: %w", recvErr)
 }
 
@@ -455,6 +543,7 @@ func (w *watchStream) addEvent(ev *nimbusv1.WatchEvent) error {
 	if !w.started {
 		w.started = true
 		w.taken()
+		w.c.watching()
 		w.c.metrics.connected.Set(1)
 		w.c.metrics.server.WithLabelValues(w.server).Set(1)
 		if typ == nimbusv1.WatchEvent_TYPE_RESUMED {

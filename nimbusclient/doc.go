@@ -38,7 +38,11 @@
 // replicas that share a store (nimbus on etcd) share its epoch and revisions, so only the
 // changes missed come; a replica with another store sends a snapshot and the sweep. Each
 // watch logs the address it is up to ("resumed watch" or "synced with nimbus", with
-// server=).
+// server=). A replica that holds more than its share of the agents may ask the client to
+// move: it ends the watch stream with codes.Unavailable and the trailer
+// nimbusv1.MoveTrailer, which names the replica it suggests. The client then ends its
+// status stream too, and starts both on another replica than the one that asked (the one
+// suggested when it is in Options.Address and ready), where the watch resumes.
 //
 // # Metrics
 //
@@ -48,6 +52,7 @@
 // to, as "unix:///path" or "tcp://ip:port"),
 // naples_nimbusclient_reconnects_total{stream="watch"|"status"} (streams started again after
 // one ended), naples_nimbusclient_watch_starts_total{mode="resume"|"snapshot"},
-// naples_nimbusclient_events_received_total (watch events, snapshots and markers included)
-// and naples_nimbusclient_status_reports_total (statuses sent).
+// naples_nimbusclient_events_received_total (watch events, snapshots and markers included),
+// naples_nimbusclient_status_reports_total (statuses sent) and
+// naples_nimbusclient_moves_total (times a replica asked the client to move).
 package nimbusclient

@@ -26,6 +26,8 @@ type metrics struct {
 	reconnects    *prometheus.CounterVec
 	watchStarts   *prometheus.CounterVec
 	statusReports prometheus.Counter
+	// moves counts the times nimbus asked the client to watch another replica.
+	moves prometheus.Counter
 	// statusWatermark, statusExceptions and statusPending are the watermark last
 	// reported, and how many objects are exceptions and hold it back (reportWatermarks).
 	statusWatermark, statusExceptions, statusPending prometheus.Gauge
@@ -56,6 +58,10 @@ func newMetrics(c *Client, reg prometheus.Registerer) (*metrics, error) {
 			Namespace: ns, Subsystem: sub, Name: "status_reports_total",
 			Help: "Statuses sent to nimbus.",
 		}),
+		moves: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "moves_total",
+			Help: "Times a nimbus replica asked the client to watch another replica, because it held more than its share of the agents.",
+		}),
 		statusWatermark: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "status_watermark",
 			Help: "The status watermark last reported to nimbus: every object whose generation revision is at or below it is PROGRAMMED at its generation, or an exception.",
@@ -79,7 +85,7 @@ func newMetrics(c *Client, reg prometheus.Registerer) (*metrics, error) {
 		Help: "Watch events received from nimbus, snapshot events and markers included.",
 	}, func() float64 { return float64(c.EventsReceived()) })
 	var err error
-	if m.unregister, err = telemetry.Register(reg, "Client", m.connected, m.server, m.reconnects, m.watchStarts, m.statusReports,
+	if m.unregister, err = telemetry.Register(reg, "Client", m.connected, m.server, m.reconnects, m.watchStarts, m.statusReports, m.moves,
 		m.statusWatermark, m.statusExceptions, m.statusPending, received); err != nil {
 		return nil, err
 	}

@@ -33,7 +33,9 @@
 // and reach each other at --advertise (default the first --listen), share the statuses
 // agents report. A replica dials its peers with its own --tls-cert, which must then be a
 // replica certificate (`naplesctl certs --replicas NAME`). /readyz answers 503 until the
-// replica has read etcd. See docs/replicas.md.
+// replica has read etcd. A replica that holds more than its share of the agents (plus
+// --rebalance-slack, default 1) asks some, up to --rebalance-rate a second (default 1; 0
+// turns it off), to watch another replica, where they resume. See docs/replicas.md.
 //
 // Every size, count and rate a client could push without bound is limited; the flags of
 // the limits (--max-object-bytes, --max-streams-per-node, --max-status-message-bytes and
@@ -248,6 +250,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			return exitstatus.Mark(err)
 		}
 		opts.ReplicaName = cfg.replica.name
+		opts.Rebalance = cfg.replica.rebalance
 		// A replica dials its peers with its own certificate, which names it.
 		var peerTLS *tls.Config
 		if !cfg.insecure {

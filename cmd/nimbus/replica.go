@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"strings"
 	"time"
@@ -38,12 +39,16 @@ type replicaConfig struct {
 	// name is the replica's name among the replicas; advertise where they reach it.
 	name      string
 	advertise string
+	// rebalance is how a replica that holds more than its share of the agents asks some
+	// to move.
+	rebalance nimbus.RebalanceOptions
 }
 
 // addReplicaFlags defines the flags of the store and of replicas on fs.
 func addReplicaFlags(fs *flag.FlagSet, rc *replicaConfig) {
 	hostname, _ := os.Hostname()
 	rc.store, rc.name, rc.prefix = "embedded", hostname, nimbus.DefaultEtcdPrefix
+	rc.rebalance = nimbus.RebalanceOptions{Rate: nimbus.DefaultRebalanceRate, Slack: nimbus.DefaultRebalanceSlack}
 	fs.Func("store", "`kind` of store: embedded (objects in --data-dir, one nimbus) or etcd (objects in etcd, any number of replicas) (default embedded)", func(s string) error {
 		switch s {
 		case "embedded", "etcd":
@@ -81,6 +86,10 @@ func addReplicaFlags(fs *flag.FlagSet, rc *replicaConfig) {
 		rc.advertise = s
 		return nil
 	})
+	fs.Float64Var(&rc.rebalance.Rate, "rebalance-rate", rc.rebalance.Rate,
+		"`agents` a second, on average, a replica that holds more than its share of the agents asks at most to watch another replica, where they resume (with --store etcd); 0: never")
+	fs.IntVar(&rc.rebalance.Slack, "rebalance-slack", rc.rebalance.Slack,
+		"how many `agents` above its share (the agents over the replicas, rounded up) a replica may hold before it asks any to move")
 }
 
 // check checks the store flags together with the others.
@@ -106,6 +115,10 @@ func (rc *replicaConfig) check(dataDirSet, ephemeral bool) error {
 		return fmt.Errorf("--etcd-progress-timeout %v: must not be negative", rc.progressTimeout)
 	case rc.compactionRetention < 1:
 		return fmt.Errorf("--etcd-compaction-retention %d: want 1 or more", rc.compactionRetention)
+	case !(rc.rebalance.Rate >= 0) || math.IsInf(rc.rebalance.Rate, 1):
+		return fmt.Errorf("--rebalance-rate %v: want a finite number, 0 or more", rc.rebalance.Rate)
+	case rc.rebalance.Slack < 0:
+		return fmt.Errorf("--rebalance-slack %d: must not be negative", rc.rebalance.Slack)
 	}
 	return nil
 }

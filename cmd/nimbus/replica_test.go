@@ -34,6 +34,9 @@ func TestParseStoreFlags(t *testing.T) {
 		{name: "negative compaction interval", args: []string{"--store", "etcd", "--etcd-endpoints", "http://e:1", "--etcd-compaction-interval", "-1s"}, wantErr: "--etcd-compaction-interval -1s: must not be negative"},
 		{name: "no compaction retention", args: []string{"--store", "etcd", "--etcd-endpoints", "http://e:1", "--etcd-compaction-retention", "0"}, wantErr: "--etcd-compaction-retention 0: want 1 or more"},
 		{name: "negative progress timeout", args: []string{"--store", "etcd", "--etcd-endpoints", "http://e:1", "--etcd-progress-timeout", "-1s"}, wantErr: "--etcd-progress-timeout -1s: must not be negative"},
+		{name: "negative rebalance rate", args: []string{"--store", "etcd", "--etcd-endpoints", "http://e:1", "--rebalance-rate", "-1"}, wantErr: "--rebalance-rate -1: want a finite number, 0 or more"},
+		{name: "rebalance rate not a number", args: []string{"--store", "etcd", "--etcd-endpoints", "http://e:1", "--rebalance-rate", "NaN"}, wantErr: "--rebalance-rate NaN: want a finite number"},
+		{name: "negative rebalance slack", args: []string{"--store", "etcd", "--etcd-endpoints", "http://e:1", "--rebalance-slack", "-1"}, wantErr: "--rebalance-slack -1: must not be negative"},
 		{name: "bad advertise", args: []string{"--store", "etcd", "--etcd-endpoints", "http://e:1", "--advertise", "ftp://n1:7000"}, wantErr: `"ftp://n1:7000"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -50,6 +53,9 @@ func TestParseStoreFlags(t *testing.T) {
 			}
 			if cfg.dataDir != "" || cfg.replica.store != "etcd" || len(cfg.replica.endpoints) != 2 {
 				t.Fatalf("parseFlags(%q) = data dir %q store %q endpoints %q", tc.args, cfg.dataDir, cfg.replica.store, cfg.replica.endpoints)
+			}
+			if want := (nimbus.RebalanceOptions{Rate: nimbus.DefaultRebalanceRate, Slack: nimbus.DefaultRebalanceSlack}); cfg.replica.rebalance != want {
+				t.Fatalf("parseFlags(%q): rebalancing %+v, want the defaults %+v", tc.args, cfg.replica.rebalance, want)
 			}
 			// Flags at 0 turn compaction and the progress timeout off: the options' negative.
 			cfg.replica.compactionInterval, cfg.replica.progressTimeout = 0, 0

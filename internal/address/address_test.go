@@ -333,3 +333,53 @@ func TestListOverTLS(t *testing.T) {
 		t.Fatalf("after %s stopped the connection reached it again", first)
 	}
 }
+
+// TestListRouteMoves lists three servers: a call whose Route avoids the server calls go
+// to moves them to the server it prefers, once that one is ready, and the calls after it
+// stay there; a Route that avoids another server, or none, moves nothing.
+func TestListRouteMoves(t *testing.T) {
+	dir := t.TempDir()
+	var l List
+	for _, name := range []string{"a.sock", "b.sock", "c.sock"} {
+		l = append(l, newHealthServer(t, Address{Network: "unix", Addr: filepath.Join(dir, name)}).addr)
+	}
+	conn := dialList(t, l)
+	routed := func(r *Route) Address {
+		t.Helper()
+		var p peer.Peer
+		ctx, cancel := context.WithTimeout(WithRoute(context.Background(), r), 20*time.Second)
+		defer cancel()
+		if _, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true), grpc.Peer(&p)); err != nil {
+			t.Fatalf("health check over %s: %v", l, err)
+		}
+		got := Address{Network: p.Addr.Network(), Addr: p.Addr.String()}
+		if r.Chosen() != got.String() {
+			t.Fatalf("Route.Chosen() = %q, but the call reached %s", r.Chosen(), got)
+		}
+		return got
+	}
+	cur := routed(&Route{})
+	prefer := l[0]
+	if prefer == cur {
+		prefer = l[1]
+	}
+	// The other servers may not be connected yet: a call stays where it is while none is,
+	// goes to the third while the preferred one is not, and the next one tries again.
+	// Without a Route calls never leave the server they reach.
+	deadline := time.Now().Add(20 * time.Second)
+	for cur != prefer {
+		if time.Now().After(deadline) {
+			t.Fatalf("calls avoiding the current server never reached the preferred %s", prefer)
+		}
+		cur = routed(&Route{Avoid: cur.String(), Prefer: prefer.String()})
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, r := range []*Route{{}, {Avoid: l[2].String()}, {Avoid: "unix:///elsewhere", Prefer: l[2].String()}} {
+		if got := routed(r); got != prefer {
+			t.Fatalf("a call with Route{Avoid: %q, Prefer: %q} reached %s, want %s, where the move went", r.Avoid, r.Prefer, got, prefer)
+		}
+	}
+	if got := check(t, conn); got != prefer {
+		t.Fatalf("a call without a Route reached %s, want %s", got, prefer)
+	}
+}

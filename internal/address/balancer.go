@@ -25,7 +25,8 @@ func init() {
 // and every call sent to one child that is ready and healthy. The policy prefers the
 // child it sends to already; when that one is not ready and healthy it moves to the ready
 // one first in an order drawn at random for each client, so clients spread over the
-// addresses. A server that accepts connections but reports NOT_SERVING is skipped, which
+// addresses. A call whose Route (WithRoute) avoids that child moves it to another ready
+// one, the one the Route prefers if it can. A server that accepts connections but reports NOT_SERVING is skipped, which
 // pick_first alone, staying on the first address it connects to, does not do. When no
 // server is healthy and none is being connected to, calls go to one that is connected
 // but not serving, so that they fail with what that server says (such as why it is not
@@ -149,29 +150,72 @@ func (p subConnPicker) Pick(balancer.PickInfo) (balancer.PickResult, error) {
 	return balancer.PickResult{SubConn: p.sc}, nil
 }
 
-// choose returns the picker of the child calls should go to: the current one while it is
-// ready, else the ready one ranked first. It returns nil when no child is ready.
+// choose returns the picker of the children that are ready: calls go to the current one
+// while it is ready, else to the ready one ranked first, unless their Route moves them
+// (see routePicker). It returns nil when no child is ready.
 func (b *firstHealthy) choose(children []endpointsharding.ChildState) balancer.Picker {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	var best *endpointsharding.ChildState
-	bestKey := ""
+	ready := map[string]balancer.Picker{}
 	for i := range children {
 		c := &children[i]
-		if c.State.ConnectivityState != connectivity.Ready {
-			continue
-		}
-		k := endpointKey(c.Endpoint)
-		if k == b.current {
-			return c.State.Picker
-		}
-		if best == nil || b.rank[k] < b.rank[bestKey] {
-			best, bestKey = c, k
+		if c.State.ConnectivityState == connectivity.Ready {
+			ready[endpointKey(c.Endpoint)] = c.State.Picker
 		}
 	}
-	if best == nil {
+	if len(ready) == 0 {
 		return nil
 	}
-	b.current = bestKey
-	return best.State.Picker
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := ready[b.current]; !ok {
+		b.current = b.firstLocked(ready, "")
+	}
+	return &routePicker{b: b, ready: ready}
+}
+
+// firstLocked returns the key of the ready child ranked first, leaving out skip; empty
+// when there is none. b.mu is held.
+func (b *firstHealthy) firstLocked(ready map[string]balancer.Picker, skip string) string {
+	best := ""
+	for k := range ready {
+		if k != skip && (best == "" || b.rank[k] < b.rank[best]) {
+			best = k
+		}
+	}
+	return best
+}
+
+// routePicker sends a call to the current child, one of the children that were ready
+// when it was made. A call whose Route avoids the current child moves it: to the child
+// the Route prefers when that one is ready, else to the one ranked first among the
+// others; the calls after it go there too.
+type routePicker struct {
+	b     *firstHealthy
+	ready map[string]balancer.Picker
+}
+
+// Pick picks the current child, or moves it first as the call's Route asks, and records
+// in the Route where the call goes.
+func (p *routePicker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
+	r := routeFrom(info.Ctx)
+	b := p.b
+	b.mu.Lock()
+	key := b.current
+	if _, ok := p.ready[key]; !ok {
+		// A newer picker moved to a child this one does not know: keep to this one's.
+		key = b.firstLocked(p.ready, "")
+	}
+	if r != nil && r.Avoid != "" && r.Avoid == key {
+		next := r.Prefer
+		if _, ok := p.ready[next]; !ok || next == r.Avoid {
+			next = b.firstLocked(p.ready, r.Avoid)
+		}
+		if next != "" {
+			key, b.current = next, next
+		}
+	}
+	b.mu.Unlock()
+	if r != nil {
+		r.setChosen(key)
+	}
+	return p.ready[key].Pick(info)
 }
