@@ -223,6 +223,7 @@ type etcdStore struct {
 
 	txns, conflicts, watchRestarts prometheus.Counter
 	ready, compacted, cutOffGauge  prometheus.Gauge
+	cacheAge                       prometheus.GaugeFunc
 	unregister                     func()
 
 	// mu guards the fields below.
@@ -301,7 +302,10 @@ func (e *etcdStore) registerMetrics(reg prometheus.Registerer) error {
 		Help: "The etcd revision this replica last compacted etcd's history up to; 0 before its first compaction."})
 	e.cutOffGauge = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "cut_off",
 		Help: "1 while the etcd watch feeding the cache has heard nothing from etcd for longer than the progress timeout; the replica is not ready then."})
-	cs := []prometheus.Collector{e.txns, e.conflicts, e.watchRestarts, e.ready, e.compacted, e.cutOffGauge}
+	e.cacheAge = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "cache_age_seconds",
+		Help: "Seconds since the etcd watch feeding the cache last heard from etcd, a change or a progress notification: how stale the cache may be. 0 until the cache is first loaded."},
+		e.cacheAgeSeconds)
+	cs := []prometheus.Collector{e.txns, e.conflicts, e.watchRestarts, e.ready, e.compacted, e.cutOffGauge, e.cacheAge}
 	for i, c := range cs {
 		if err := reg.Register(c); err != nil {
 			for _, r := range cs[:i] {
@@ -399,6 +403,19 @@ func (e *etcdStore) heardFromEtcd() {
 		e.env.log.Info("etcd: the watch hears from etcd again; ready")
 		e.healthChanged()
 	}
+}
+
+// cacheAgeSeconds returns the seconds since the cache's watch last heard from etcd; 0
+// until the cache is first loaded.
+func (e *etcdStore) cacheAgeSeconds() float64 {
+	select {
+	case <-e.firstLoad:
+	default:
+		return 0
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return time.Since(e.heard).Seconds()
 }
 
 // cutOff returns why the replica is not ready although it serves: its watch has heard

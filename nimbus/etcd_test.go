@@ -634,10 +634,19 @@ func TestEtcdReplicaCutOffFromEtcdTurnsUnready(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
-	// Quiet, both stay ready: the progress notifications they ask for are their news.
+	// Quiet, both stay ready: the progress notifications they ask for are their news, and
+	// keep the age of their caches under the timeout.
 	time.Sleep(3 * timeout)
 	waitFor(a, healthA, true, 0)
 	waitFor(b, healthB, true, 0)
+	cacheAge := func(ts *testServer) time.Duration {
+		return time.Duration(testutil.ToFloat64(ts.srv.backend.(*etcdStore).cacheAge) * float64(time.Second))
+	}
+	for name, ts := range map[string]*testServer{"a": a, "b": b} {
+		if age := cacheAge(ts); age <= 0 || age > timeout {
+			t.Fatalf("naples_nimbus_etcd_cache_age_seconds of %s, quiet = %v, want above 0 and at most %v", name, age, timeout)
+		}
+	}
 
 	// b hears nothing more from etcd: it turns unready within the timeout and a quarter
 	// (plus a scheduling margin), a stays ready, and b still answers from its cache.
@@ -654,6 +663,9 @@ func TestEtcdReplicaCutOffFromEtcdTurnsUnready(t *testing.T) {
 	if g := testutil.ToFloat64(b.srv.backend.(*etcdStore).cutOffGauge); g != 1 {
 		t.Fatalf("naples_nimbus_etcd_cut_off of b = %v, want 1", g)
 	}
+	if age := cacheAge(b); age <= timeout {
+		t.Fatalf("naples_nimbus_etcd_cache_age_seconds of b, cut off = %v, want above %v", age, timeout)
+	}
 	waitFor(a, healthA, true, 0)
 	b.get(t, routeKey("r"))
 	// b ends its watch streams, so that their agents watch again on a ready replica.
@@ -667,5 +679,8 @@ func TestEtcdReplicaCutOffFromEtcdTurnsUnready(t *testing.T) {
 	t.Logf("back: ready after %v", took)
 	if g := testutil.ToFloat64(b.srv.backend.(*etcdStore).cutOffGauge); g != 0 {
 		t.Fatalf("naples_nimbus_etcd_cut_off of b = %v, want 0", g)
+	}
+	if age := cacheAge(b); age > timeout {
+		t.Fatalf("naples_nimbus_etcd_cache_age_seconds of b, back = %v, want at most %v", age, timeout)
 	}
 }
