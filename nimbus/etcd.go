@@ -67,7 +67,8 @@ import (
 // replica's cache behind; the client moves to another member. A replica whose watch
 // hears nothing from etcd, neither a change nor the progress notification it asks for,
 // for EtcdOptions.ProgressTimeout is cut off: not ready, and it ends its watch streams,
-// so that clients move, though it still answers them.
+// so that clients move, though it still answers them. It starts that watch again, from
+// the revision its cache holds, so that it hears from etcd once it reaches it again.
 
 const (
 	// subBits is how many low bits of a revision hold a change's position in its etcd
@@ -142,7 +143,8 @@ type EtcdOptions struct {
 	// may be stale, so it turns unready (Server.Ready says why, the health service says
 	// NOT_SERVING) until etcd answers again, and ends its watch streams with
 	// codes.Unavailable, so that clients move to another replica. It still answers the
-	// calls that reach it, as when etcd has no quorum and every replica is cut off.
+	// calls that reach it, as when etcd has no quorum and every replica is cut off. A watch
+	// silent for that long is started again.
 	// Default: DefaultEtcdProgressTimeout; negative: never.
 	ProgressTimeout time.Duration
 }
@@ -553,7 +555,7 @@ func (e *etcdStore) session() (err error) {
 	}()
 	ctx := e.ctx
 	e.mu.Lock()
-	loaded, from := e.loaded, e.applied+1
+	loaded, from := e.loaded, e.applied
 	e.mu.Unlock()
 	var caughtUp int64
 	if !e.txnOpsChecked {
@@ -567,11 +569,15 @@ func (e *etcdStore) session() (err error) {
 			return err
 		}
 	}
+	// The watch starts at the revision the cache holds everything of, not the one after,
+	// and skips the changes the cache holds: etcd answers no progress request of a watch
+	// that starts past its current revision until some write gets it there, so in a quiet
+	// etcd such a watch would never hear from it.
 	wctx, cancel := context.WithCancel(cacheWatchContext(ctx))
 	defer cancel()
 	wch := e.cli.Watch(wctx, e.objects, clientv3.WithPrefix(), clientv3.WithRev(from),
 		clientv3.WithProgressNotify(), clientv3.WithCreatedNotify())
-	if !loaded && caughtUp < from {
+	if !loaded && caughtUp <= from {
 		e.markLoaded()
 		caughtUp = 0
 	}
@@ -585,7 +591,11 @@ func (e *etcdStore) session() (err error) {
 		tick = t.C
 	}
 	// Once caught up, it asks every quarter of ProgressTimeout, so that a watch that hears
-	// nothing tells that the replica is cut off from etcd (progressLoop).
+	// nothing tells that the replica is cut off from etcd (progressLoop). A watch silent
+	// for longer is started again: the client resumes a watch whose connection broke at
+	// the revision after the last it heard of, past etcd's in a quiet etcd, and etcd then
+	// answers none of its progress requests, though it is connected again.
+	heard := time.Now()
 	var keep <-chan time.Time
 	if e.opts.ProgressTimeout > 0 {
 		t := time.NewTicker(e.opts.ProgressTimeout / 4)
@@ -604,10 +614,16 @@ func (e *etcdStore) session() (err error) {
 			}
 			continue
 		case <-keep:
+			if silent := time.Since(heard); silent > e.opts.ProgressTimeout {
+				return fmt.Errorf("etcd watch heard nothing for %v, not even the progress it asked for", silent.Round(time.Millisecond))
+			}
 			if tick == nil {
-				if err := e.cli.RequestProgress(wctx); err != nil {
+				// The client holds a progress request while it dials etcd again.
+				rctx, rcancel := context.WithTimeout(wctx, e.opts.ProgressTimeout/4)
+				if err := e.cli.RequestProgress(rctx); err != nil {
 					e.env.log.Debug("etcd: asking for watch progress", "error", err)
 				}
+				rcancel()
 			}
 			continue
 		case resp, ok = <-wch:
@@ -615,6 +631,7 @@ func (e *etcdStore) session() (err error) {
 		if !ok {
 			break
 		}
+		heard = time.Now()
 		e.heardFromEtcd()
 		switch {
 		case resp.CompactRevision != 0:
@@ -626,7 +643,9 @@ func (e *etcdStore) session() (err error) {
 		case resp.Err() != nil:
 			return fmt.Errorf("etcd watch: %w", resp.Err())
 		case len(resp.Events) > 0:
-			e.apply(resp.Events)
+			if evs := e.unapplied(resp.Events); len(evs) > 0 {
+				e.apply(evs)
+			}
 		case resp.IsProgressNotify():
 			e.progress(resp.Header.Revision)
 		}
@@ -719,8 +738,8 @@ func (e *etcdStore) markLoaded() {
 
 // load reads the epoch, making it when etcd has none, and every object as it was up to
 // HistoryWindow etcd revisions ago, so that the watch that follows replays the rest into
-// the history. It returns the etcd revision to watch from and the one the cache must
-// reach to be caught up.
+// the history. It returns the etcd revision the cache then holds everything of, which the
+// watch starts from, and the one the cache must reach to be caught up.
 func (e *etcdStore) load(ctx context.Context) (from, caughtUp int64, err error) {
 	rctx, cancel := context.WithTimeout(ctx, etcdWriteTimeout)
 	defer cancel()
@@ -756,7 +775,7 @@ func (e *etcdStore) load(ctx context.Context) (from, caughtUp int64, err error) 
 	}
 	e.replace(epoch, objs, at)
 	e.env.log.Info("etcd store read", "objects", len(objs), "etcd_revision", at, "etcd_current", now)
-	return at + 1, now, nil
+	return at, now, nil
 }
 
 // epoch returns the epoch kept in etcd, making one when there is none.
@@ -907,6 +926,18 @@ func (e *etcdStore) stageEvents(evs []*clientv3.Event) []stagedChange {
 	txn.setRevision(endRev(last))
 	txn.commit()
 	return changes
+}
+
+// unapplied returns the events of a watch response that the cache does not hold yet:
+// those past the etcd revision it holds everything of.
+func (e *etcdStore) unapplied(evs []*clientv3.Event) []*clientv3.Event {
+	applied := e.appliedRev()
+	for i, ev := range evs {
+		if ev.Kv.ModRevision > applied {
+			return evs[i:]
+		}
+	}
+	return nil
 }
 
 // progress records that etcd has nothing more for the cache up to rev.

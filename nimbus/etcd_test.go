@@ -605,6 +605,26 @@ func TestEtcdReplicaCompactsHistoryAndEveryReplicaServesAll(t *testing.T) {
 }
 
 func TestEtcdReplicaCutOffFromEtcdTurnsUnready(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// cut cuts a replica's etcd client off from etcd through its proxy; restore ends it.
+		cut, restore func(*testing.T, *testetcd.Proxy)
+	}{
+		// etcd's answers are held back, as by a partition that drops packets: the
+		// connection stays up and the client sees no error.
+		{"held back", func(_ *testing.T, p *testetcd.Proxy) { p.Pause() }, func(_ *testing.T, p *testetcd.Proxy) { p.Resume() }},
+		// The connection is closed and new ones are refused, until the proxy serves again:
+		// the client dials again with its backoff.
+		{"closed", func(_ *testing.T, p *testetcd.Proxy) { p.Cut() }, func(t *testing.T, p *testetcd.Proxy) { p.Reopen(t) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testCutOff(t, tc.cut, tc.restore) })
+	}
+}
+
+// testCutOff checks that a replica whose etcd client is cut off from etcd, by cut, turns
+// unready within its progress timeout and ends its watch streams, while another replica
+// stays ready, and that it is ready again once restore lets its client through again.
+func testCutOff(t *testing.T, cut, restore func(*testing.T, *testetcd.Proxy)) {
 	c := cluster(t)
 	const timeout = time.Second
 	opts := Options{Etcd: &EtcdOptions{MaxTxnOps: 128, ProgressTimeout: timeout}}
@@ -654,7 +674,7 @@ func TestEtcdReplicaCutOffFromEtcdTurnsUnready(t *testing.T) {
 	waitRev(t, b, obj.GetMeta().GetRevision())
 	w := watch(t, b.client, "n1")
 	recvUntilSynced(t, w)
-	proxy.Pause()
+	cut(t, proxy)
 	took := waitFor(b, healthB, false, timeout*5/4+2*time.Second)
 	t.Logf("cut off: unready after %v", took)
 	if why := strings.Join(b.srv.Ready(), "; "); !strings.Contains(why, "cut off from etcd") {
@@ -673,9 +693,11 @@ func TestEtcdReplicaCutOffFromEtcdTurnsUnready(t *testing.T) {
 		t.Fatalf("watch on b once it is cut off: %v, %v; want Unavailable saying it is cut off", ev, err)
 	}
 
-	// Once etcd's answers flow again, b is ready again.
-	proxy.Resume()
-	took = waitFor(b, healthB, true, 5*time.Second)
+	// Once etcd's answers flow again, b is ready again: at once when they were held back,
+	// once its client has dialed again when the connection was closed (gRPC's backoff
+	// waits 1s, then 1.6 times more each time, with a jitter of a fifth).
+	restore(t, proxy)
+	took = waitFor(b, healthB, true, 10*time.Second)
 	t.Logf("back: ready after %v", took)
 	if g := testutil.ToFloat64(b.srv.backend.(*etcdStore).cutOffGauge); g != 0 {
 		t.Fatalf("naples_nimbus_etcd_cut_off of b = %v, want 0", g)
