@@ -13,9 +13,11 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -56,7 +58,8 @@ import (
 // A transaction holds at most EtcdOptions.MaxTxnOps changes and about MaxTxnBytes of
 // objects; a larger batch is split into several transactions, which is logged, and it is
 // then atomic per transaction only: should one fail, the error says how many of the batch's
-// objects were committed before it.
+// objects were committed before it. A transaction etcd refuses as over one of its limits
+// fails the write with an error naming the limit, not wrapping ErrUnavailable.
 //
 // Availability. Until a replica has read the objects and caught up with etcd, it is not
 // ready (Ready says why) and refuses every call with codes.Unavailable; it keeps trying
@@ -1128,6 +1131,7 @@ func (e *etcdStore) commitChunk(b *batch, from, to int) (committed bool, err err
 		var (
 			cmps []clientv3.Cmp
 			ops  []clientv3.Op
+			size int                    // the bytes of the changes' keys and values
 			subs = make([]int, to-from) // the position of each write's change; -1: none
 			outs = make([]outcome, to-from)
 		)
@@ -1186,9 +1190,11 @@ func (e *etcdStore) commitChunk(b *batch, from, to int) (committed bool, err err
 						return cur, nil, fmt.Errorf("encoding %s: %w", w.id, err)
 					}
 					ops = append(ops, clientv3.OpPut(key, string(val)))
+					size += len(val)
 				} else {
 					ops = append(ops, clientv3.OpDelete(key))
 				}
+				size += len(key)
 				subs[i-from] = int(sub)
 				outs[i-from] = out
 			}
@@ -1203,6 +1209,9 @@ func (e *etcdStore) commitChunk(b *batch, from, to int) (committed bool, err err
 		resp, err := e.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
 		if err != nil {
 			cancel()
+			if lerr := e.overLimit(err, len(cmps), size); lerr != nil {
+				return false, lerr
+			}
 			return false, fmt.Errorf("etcd transaction of %d changes: %w: %w", len(ops), err, ErrUnavailable)
 		}
 		if resp.Succeeded && len(ops) == 0 {
@@ -1244,6 +1253,28 @@ func (e *etcdStore) commitChunk(b *batch, from, to int) (committed bool, err err
 		copy(b.outcomes[from:to], outs)
 		return true, nil
 	}
+}
+
+// overLimit returns, when etcd refused a transaction of ops operations and about size
+// bytes for exceeding one of its limits, an error that names the limit and what to raise
+// or lower, and logs it: trying again cannot mend it, so it does not wrap
+// ErrUnavailable. It returns nil for any other error.
+func (e *etcdStore) overLimit(err error, ops, size int) error {
+	switch {
+	case errors.Is(err, rpctypes.ErrTooManyOps):
+		// The check at start passed: etcd's limit was lowered since.
+		err = fmt.Errorf("etcd refused a transaction of %d operations (%w): its --max-txn-ops is below "+
+			"--etcd-max-txn-ops (EtcdOptions.MaxTxnOps) %d, which it took when this replica started; "+
+			"raise etcd's or lower nimbus's", ops, err, e.opts.MaxTxnOps)
+	case errors.Is(err, rpctypes.ErrRequestTooLarge), status.Code(err) == codes.ResourceExhausted:
+		err = fmt.Errorf("etcd refused a transaction of %d operations and about %d bytes as too large (%w): "+
+			"its --max-request-bytes is below the %d bytes of objects one transaction may hold "+
+			"(EtcdOptions.MaxTxnBytes); raise etcd's", ops, size, err, e.opts.MaxTxnBytes)
+	default:
+		return nil
+	}
+	e.env.log.Error("etcd: a transaction over etcd's limits; every such batch will fail", "error", err)
+	return err
 }
 
 // replicaLease is how long, in seconds, a replica's registration outlives it.

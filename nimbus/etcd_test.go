@@ -706,3 +706,30 @@ func testCutOff(t *testing.T, cut, restore func(*testing.T, *testetcd.Proxy)) {
 		t.Fatalf("naples_nimbus_etcd_cache_age_seconds of b, back = %v, want at most %v", age, timeout)
 	}
 }
+
+func TestEtcdTransactionOverEtcdsRequestLimitSaysWhich(t *testing.T) {
+	c := testetcd.Start(t, 1, testetcd.MaxRequestBytes(32<<10))
+	a := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
+	// 64 objects of about 1 KiB each fit one transaction of nimbus's (128 operations, 1 MiB)
+	// but not etcd's 32 KiB.
+	var objs []*nimbusv1.Object
+	for i := range 64 {
+		obj := route(fmt.Sprintf("r%02d", i), nil, "192.0.2.1")
+		obj.Meta.Labels = map[string]string{"note": strings.Repeat("x", 1<<10)}
+		objs = append(objs, obj)
+	}
+	_, err := a.client.ApplyBatch(testContext(t), &nimbusv1.ApplyBatchRequest{Objects: objs})
+	if code := status.Code(err); code == codes.OK || code == codes.Unavailable {
+		t.Fatalf("ApplyBatch over etcd's --max-request-bytes: %v; want an error that is not Unavailable, which clients retry", err)
+	}
+	for _, want := range []string{"--max-request-bytes", "too large"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Fatalf("ApplyBatch over etcd's --max-request-bytes: %v; want it to name %q", err, want)
+		}
+	}
+	// The replica stays ready and takes what fits.
+	if why := a.srv.Ready(); len(why) > 0 {
+		t.Fatalf("Ready() = %q after a refused transaction", why)
+	}
+	a.apply(t, objs[0])
+}
