@@ -88,9 +88,8 @@ const (
 	DefaultEtcdMaxTxnBytes = 1 << 20
 	// DefaultEtcdCompactionInterval is EtcdOptions.CompactionInterval's default.
 	DefaultEtcdCompactionInterval = 5 * time.Minute
-	// DefaultEtcdCompactionRetention is EtcdOptions.CompactionRetention's default: as many
-	// etcd revisions as DefaultHistoryWindow has changes, so that a replica that starts
-	// finds in etcd the history it replays into its window.
+	// DefaultEtcdCompactionRetention is EtcdOptions.CompactionRetention's default when
+	// Options.HistoryWindow keeps no change.
 	DefaultEtcdCompactionRetention = DefaultHistoryWindow
 	// DefaultEtcdProgressTimeout is EtcdOptions.ProgressTimeout's default.
 	DefaultEtcdProgressTimeout = 10 * time.Second
@@ -137,8 +136,10 @@ type EtcdOptions struct {
 	// etcd's own --auto-compaction-retention should.
 	CompactionInterval time.Duration
 	// CompactionRetention is how many of the latest etcd revisions a compaction always
-	// keeps; it should be no less than Options.HistoryWindow. Default:
-	// DefaultEtcdCompactionRetention.
+	// keeps; it should be no less than Options.HistoryWindow. Default: as many revisions
+	// as Options.HistoryWindow keeps changes, so that a replica that starts finds in etcd
+	// the history it replays into its window; DefaultEtcdCompactionRetention when that
+	// keeps none.
 	CompactionRetention int64
 	// ProgressTimeout is how long the replica's etcd watch may go without a word from
 	// etcd, an event or a progress notification, which the replica asks for every quarter
@@ -152,8 +153,9 @@ type EtcdOptions struct {
 	ProgressTimeout time.Duration
 }
 
-// withDefaults returns the options with every unset field at its default.
-func (o *EtcdOptions) withDefaults() (*EtcdOptions, error) {
+// withDefaults returns the options with every unset field at its default, for a Server
+// that keeps historyWindow changes.
+func (o *EtcdOptions) withDefaults(historyWindow int) (*EtcdOptions, error) {
 	c := *o
 	if len(c.Config.Endpoints) == 0 {
 		return nil, fmt.Errorf("Etcd.Config.Endpoints: no endpoint: %w", ErrInvalidOptions)
@@ -175,6 +177,8 @@ func (o *EtcdOptions) withDefaults() (*EtcdOptions, error) {
 		c.CompactionInterval = DefaultEtcdCompactionInterval
 	}
 	switch {
+	case c.CompactionRetention == 0 && historyWindow > 0:
+		c.CompactionRetention = int64(historyWindow)
 	case c.CompactionRetention == 0:
 		c.CompactionRetention = DefaultEtcdCompactionRetention
 	case c.CompactionRetention < 0:
@@ -258,7 +262,7 @@ type etcdStore struct {
 // newEtcdStore returns the etcd backend of the Server env names; setPeers takes the
 // replicas registered in etcd. start starts loading it.
 func newEtcdStore(env storeEnv, setPeers func([]Peer), o *EtcdOptions) (*etcdStore, error) {
-	opts, err := o.withDefaults()
+	opts, err := o.withDefaults(env.opts.HistoryWindow)
 	if err != nil {
 		return nil, err
 	}

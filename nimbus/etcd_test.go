@@ -733,3 +733,23 @@ func TestEtcdTransactionOverEtcdsRequestLimitSaysWhich(t *testing.T) {
 	}
 	a.apply(t, objs[0])
 }
+
+func TestEtcdCompactionRetentionFollowsTheHistoryWindow(t *testing.T) {
+	for _, tc := range []struct {
+		retention int64
+		window    int
+		want      int64
+	}{
+		{retention: 0, window: DefaultHistoryWindow, want: DefaultHistoryWindow},
+		// A replica that starts replays the window from etcd: a larger one keeps more.
+		{retention: 0, window: 250000, want: 250000},
+		{retention: 0, window: -1, want: DefaultEtcdCompactionRetention},
+		{retention: 7, window: 250000, want: 7},
+	} {
+		o := EtcdOptions{Config: clientv3.Config{Endpoints: []string{"http://e:1"}}, CompactionRetention: tc.retention}
+		got, err := o.withDefaults(tc.window)
+		if err != nil || got.CompactionRetention != tc.want {
+			t.Errorf("CompactionRetention %d with HistoryWindow %d: %v, %v; want %d", tc.retention, tc.window, got.CompactionRetention, err, tc.want)
+		}
+	}
+}

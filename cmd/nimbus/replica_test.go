@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/naplesnet/naples/internal/testetcd"
-	"github.com/naplesnet/naples/nimbus"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -32,7 +31,7 @@ func TestParseStoreFlags(t *testing.T) {
 		{name: "endpoints without etcd", args: []string{"--etcd-endpoints", "http://e:1"}, wantErr: "need --store etcd"},
 		{name: "cert without key", args: []string{"--store", "etcd", "--etcd-endpoints", "http://e:1", "--etcd-cert", "c.pem"}, wantErr: "go together"},
 		{name: "negative compaction interval", args: []string{"--store", "etcd", "--etcd-endpoints", "http://e:1", "--etcd-compaction-interval", "-1s"}, wantErr: "--etcd-compaction-interval -1s: must not be negative"},
-		{name: "no compaction retention", args: []string{"--store", "etcd", "--etcd-endpoints", "http://e:1", "--etcd-compaction-retention", "0"}, wantErr: "--etcd-compaction-retention 0: want 1 or more"},
+		{name: "negative compaction retention", args: []string{"--store", "etcd", "--etcd-endpoints", "http://e:1", "--etcd-compaction-retention", "-1"}, wantErr: "--etcd-compaction-retention -1: must not be negative"},
 		{name: "negative progress timeout", args: []string{"--store", "etcd", "--etcd-endpoints", "http://e:1", "--etcd-progress-timeout", "-1s"}, wantErr: "--etcd-progress-timeout -1s: must not be negative"},
 		{name: "bad advertise", args: []string{"--store", "etcd", "--etcd-endpoints", "http://e:1", "--advertise", "ftp://n1:7000"}, wantErr: `"ftp://n1:7000"`},
 	} {
@@ -52,9 +51,10 @@ func TestParseStoreFlags(t *testing.T) {
 				t.Fatalf("parseFlags(%q) = data dir %q store %q endpoints %q", tc.args, cfg.dataDir, cfg.replica.store, cfg.replica.endpoints)
 			}
 			// Flags at 0 turn compaction and the progress timeout off: the options' negative.
+			// The retention is left to the store, which takes the history window's.
 			cfg.replica.compactionInterval, cfg.replica.progressTimeout = 0, 0
 			eo, err := cfg.replica.etcdOptions(nil)
-			if err != nil || eo.CompactionInterval >= 0 || eo.ProgressTimeout >= 0 || eo.CompactionRetention != nimbus.DefaultEtcdCompactionRetention {
+			if err != nil || eo.CompactionInterval >= 0 || eo.ProgressTimeout >= 0 || eo.CompactionRetention != 0 {
 				t.Fatalf("etcd options with compaction and the progress timeout off: %+v, %v", eo, err)
 			}
 		})
