@@ -71,7 +71,8 @@ import (
 // hears nothing from etcd, neither a change nor the progress notification it asks for,
 // for EtcdOptions.ProgressTimeout is cut off: not ready, and it ends its watch streams,
 // so that clients move, though it still answers them. It starts that watch again, from
-// the revision its cache holds, so that it hears from etcd once it reaches it again.
+// the revision its cache holds, once it has heard nothing for half of that, so that it
+// hears from etcd as soon as it reaches it again.
 
 const (
 	// subBits is how many low bits of a revision hold a change's position in its etcd
@@ -148,7 +149,8 @@ type EtcdOptions struct {
 	// NOT_SERVING) until etcd answers again, and ends its watch streams with
 	// codes.Unavailable, so that clients move to another replica. It still answers the
 	// calls that reach it, as when etcd has no quorum and every replica is cut off. A watch
-	// silent for that long is started again.
+	// silent for half of it is started again, so that one whose connection broke and came
+	// back at once does not leave the replica cut off.
 	// Default: DefaultEtcdProgressTimeout; negative: never.
 	ProgressTimeout time.Duration
 }
@@ -599,9 +601,10 @@ func (e *etcdStore) session() (err error) {
 	}
 	// Once caught up, it asks every quarter of ProgressTimeout, so that a watch that hears
 	// nothing tells that the replica is cut off from etcd (progressLoop). A watch silent
-	// for longer is started again: the client resumes a watch whose connection broke at
-	// the revision after the last it heard of, past etcd's in a quiet etcd, and etcd then
-	// answers none of its progress requests, though it is connected again.
+	// for half of it is started again, before the replica counts as cut off: the client
+	// resumes a watch whose connection broke at the revision after the last it heard of,
+	// past etcd's in a quiet etcd, and etcd then answers none of its progress requests,
+	// though it is connected again.
 	heard := time.Now()
 	var keep <-chan time.Time
 	if e.opts.ProgressTimeout > 0 {
@@ -621,7 +624,7 @@ func (e *etcdStore) session() (err error) {
 			}
 			continue
 		case <-keep:
-			if silent := time.Since(heard); silent > e.opts.ProgressTimeout {
+			if silent := time.Since(heard); silent > e.opts.ProgressTimeout/2 {
 				return fmt.Errorf("etcd watch heard nothing for %v, not even the progress it asked for", silent.Round(time.Millisecond))
 			}
 			if tick == nil {

@@ -707,6 +707,38 @@ func testCutOff(t *testing.T, cut, restore func(*testing.T, *testetcd.Proxy)) {
 	}
 }
 
+func TestEtcdReplicaWhoseEtcdConnectionBreaksAndComesBackStaysReady(t *testing.T) {
+	c := cluster(t)
+	const timeout = 6 * time.Second
+	proxy := c.NewProxy(t, 0)
+	b := startReplica(t, []string{proxy.Endpoint()}, testPrefix(t), true,
+		Options{Etcd: &EtcdOptions{MaxTxnOps: 128, ProgressTimeout: timeout}})
+	// Quiet: the watch heard progress last, and the client resumes it past etcd's revision.
+	time.Sleep(timeout / 2)
+	w := watch(t, b.client, "n1")
+	recvUntilSynced(t, w)
+	e := b.srv.backend.(*etcdStore)
+	proxy.Reopen(t)
+	// The watch is started again before the timeout: b hears from etcd again and is never
+	// cut off, and its watch stream goes on.
+	var age float64
+	for end := time.Now().Add(timeout * 3 / 2); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if why := b.srv.Ready(); len(why) > 0 {
+			t.Fatalf("Ready() = %q after the etcd connection broke and came back at once", why)
+		}
+		age = max(age, testutil.ToFloat64(e.cacheAge))
+	}
+	t.Logf("cache age at most %.2fs", age)
+	if cur := testutil.ToFloat64(e.cacheAge); cur > timeout.Seconds()/2 {
+		t.Fatalf("naples_nimbus_etcd_cache_age_seconds = %v, want at most %v", cur, timeout/2)
+	}
+	obj := route("r", []string{"n1"}, "192.0.2.1")
+	b.apply(t, obj)
+	if ev := recv(t, w); ev.GetType() != nimbusv1.WatchEvent_TYPE_PUT || ev.GetObject().GetMeta().GetName() != "r" {
+		t.Fatalf("watch on b after the etcd connection came back: %v %s, want PUT r", ev.GetType(), ev.GetObject().GetMeta().GetName())
+	}
+}
+
 func TestEtcdTransactionOverEtcdsRequestLimitSaysWhich(t *testing.T) {
 	c := testetcd.Start(t, 1, testetcd.MaxRequestBytes(32<<10))
 	a := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
