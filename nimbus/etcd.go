@@ -224,6 +224,10 @@ type etcdStore struct {
 	// txnOpsChecked tells that etcd took a transaction of MaxTxnOps operations; only
 	// session uses it.
 	txnOpsChecked bool
+	// compactedTo is the revision etcd compacted its history up to when it refused a watch
+	// that started before, and the cache missed nothing of it: the next watch starts
+	// there. Only session uses it.
+	compactedTo int64
 	// healthMu guards hs, the health service reportHealth was given (nil before), and
 	// orders the statuses set on it.
 	healthMu sync.Mutex
@@ -564,7 +568,7 @@ func (e *etcdStore) session() (err error) {
 	}()
 	ctx := e.ctx
 	e.mu.Lock()
-	loaded, from := e.loaded, e.applied
+	loaded, from := e.loaded, max(e.applied, e.compactedTo)
 	e.mu.Unlock()
 	var caughtUp int64
 	if !e.txnOpsChecked {
@@ -574,6 +578,7 @@ func (e *etcdStore) session() (err error) {
 		e.txnOpsChecked = true
 	}
 	if !loaded {
+		e.compactedTo = 0
 		if from, caughtUp, err = e.load(ctx); err != nil {
 			return err
 		}
@@ -644,6 +649,11 @@ func (e *etcdStore) session() (err error) {
 		heard = time.Now()
 		e.heardFromEtcd()
 		switch {
+		case resp.CompactRevision != 0 && resp.CompactRevision <= e.appliedRev()+1:
+			// Only what the cache holds is gone, the revision the watch started at: start
+			// it again after that.
+			e.compactedTo = resp.CompactRevision
+			return fmt.Errorf("etcd compacted its history up to revision %d, which the cache holds; watching from there", resp.CompactRevision)
 		case resp.CompactRevision != 0:
 			// What the cache misses is gone from etcd: load everything again.
 			e.mu.Lock()

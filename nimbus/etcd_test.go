@@ -739,6 +739,36 @@ func TestEtcdReplicaWhoseEtcdConnectionBreaksAndComesBackStaysReady(t *testing.T
 	}
 }
 
+func TestEtcdCompactionOfOnlyWhatTheCacheHoldsKeepsItsWindow(t *testing.T) {
+	c := cluster(t)
+	a := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
+	proxy := c.NewProxy(t, 0)
+	const timeout = time.Second
+	b := startReplica(t, []string{proxy.Endpoint()}, testPrefix(t), true,
+		Options{Etcd: &EtcdOptions{MaxTxnOps: 128, ProgressTimeout: timeout}})
+	first := a.apply(t, route("first", []string{"n1"}, "192.0.2.1")).GetObject()
+	waitRev(t, b, first.GetMeta().GetRevision())
+
+	// While b is cut off, etcd compacts up to the one change b has not seen: b's next
+	// watch, from the revision its cache holds, finds that revision compacted.
+	proxy.Cut()
+	missed := a.apply(t, route("missed", []string{"n1"}, "192.0.2.1")).GetObject()
+	if _, err := c.Client(t).Compact(testContext(t), etcdRevOf(missed.GetMeta().GetRevision())); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * timeout) // b starts its watch again meanwhile
+	proxy.Reopen(t)
+	waitReady(t, b)
+	waitRev(t, b, missed.GetMeta().GetRevision())
+
+	// b lost nothing of its window: an agent resumes there from before the compaction.
+	w := watchFrom(t, testContext(t), b.client, "n1", b.srv.Epoch(), first.GetMeta().GetRevision())
+	wantResumed(t, b, w, first.GetMeta().GetRevision())
+	if ev := recv(t, w); ev.GetType() != nimbusv1.WatchEvent_TYPE_PUT || ev.GetRevision() != missed.GetMeta().GetRevision() {
+		t.Fatalf("resumed with %v at %d, want PUT missed at %d", ev.GetType(), ev.GetRevision(), missed.GetMeta().GetRevision())
+	}
+}
+
 func TestEtcdTransactionOverEtcdsRequestLimitSaysWhich(t *testing.T) {
 	c := testetcd.Start(t, 1, testetcd.MaxRequestBytes(32<<10))
 	a := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
