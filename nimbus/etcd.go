@@ -236,10 +236,10 @@ type etcdStore struct {
 	// compactLoop uses it.
 	compactedRev int64
 
-	txns, conflicts, watchRestarts prometheus.Counter
-	ready, compacted, cutOffGauge  prometheus.Gauge
-	cacheAge                       prometheus.GaugeFunc
-	unregister                     func()
+	txns, conflicts, watchRestarts, overLimits prometheus.Counter
+	ready, compacted, cutOffGauge              prometheus.Gauge
+	cacheAge                                   prometheus.GaugeFunc
+	unregister                                 func()
 
 	// mu guards the fields below.
 	mu sync.Mutex
@@ -309,6 +309,8 @@ func (e *etcdStore) registerMetrics(reg prometheus.Registerer) error {
 		Help: "etcd transactions that committed object changes."})
 	e.conflicts = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "txn_conflicts_total",
 		Help: "etcd transactions staged again because another replica changed one of their objects first."})
+	e.overLimits = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "txns_over_limit_total",
+		Help: "etcd transactions etcd refused as over its --max-txn-ops or --max-request-bytes; the writes of each failed."})
 	e.watchRestarts = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "watch_restarts_total",
 		Help: "Times the etcd watch feeding the cache was started again after it failed."})
 	e.ready = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "loaded",
@@ -320,7 +322,7 @@ func (e *etcdStore) registerMetrics(reg prometheus.Registerer) error {
 	e.cacheAge = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "cache_age_seconds",
 		Help: "Seconds since the etcd watch feeding the cache last heard from etcd, a change or a progress notification: how stale the cache may be. 0 until the cache is first loaded."},
 		e.cacheAgeSeconds)
-	cs := []prometheus.Collector{e.txns, e.conflicts, e.watchRestarts, e.ready, e.compacted, e.cutOffGauge, e.cacheAge}
+	cs := []prometheus.Collector{e.txns, e.conflicts, e.overLimits, e.watchRestarts, e.ready, e.compacted, e.cutOffGauge, e.cacheAge}
 	for i, c := range cs {
 		if err := reg.Register(c); err != nil {
 			for _, r := range cs[:i] {
@@ -1290,6 +1292,7 @@ func (e *etcdStore) overLimit(err error, ops, size int) error {
 	default:
 		return nil
 	}
+	e.overLimits.Inc()
 	e.env.log.Error("etcd: a transaction over etcd's limits; every such batch will fail", "error", err)
 	return err
 }

@@ -789,6 +789,9 @@ func TestEtcdTransactionOverEtcdsRequestLimitSaysWhich(t *testing.T) {
 			t.Fatalf("ApplyBatch over etcd's --max-request-bytes: %v; want it to name %q", err, want)
 		}
 	}
+	if n := testutil.ToFloat64(a.srv.backend.(*etcdStore).overLimits); n != 1 {
+		t.Fatalf("naples_nimbus_etcd_txns_over_limit_total = %v, want 1", n)
+	}
 	// The replica stays ready and takes what fits.
 	if why := a.srv.Ready(); len(why) > 0 {
 		t.Fatalf("Ready() = %q after a refused transaction", why)
