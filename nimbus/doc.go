@@ -169,8 +169,10 @@
 // naples_nimbus_peers and naples_nimbus_peer_reports_total{direction} (peer.go),
 // naples_nimbus_rebalanced_total (rebalance.go), and with
 // etcd naples_nimbus_etcd_loaded, naples_nimbus_etcd_txns_total,
-// naples_nimbus_etcd_txn_conflicts_total, naples_nimbus_etcd_watch_restarts_total,
-// naples_nimbus_etcd_cut_off and naples_nimbus_etcd_compacted_revision (etcd.go). Close unregisters them.
+// naples_nimbus_etcd_txn_conflicts_total, naples_nimbus_etcd_txns_over_limit_total,
+// naples_nimbus_etcd_watch_restarts_total, naples_nimbus_etcd_cut_off,
+// naples_nimbus_etcd_cache_age_seconds and naples_nimbus_etcd_compacted_revision
+// (etcd.go). Close unregisters them.
 //
 // # Status
 //

@@ -13,9 +13,11 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -56,7 +58,8 @@ import (
 // A transaction holds at most EtcdOptions.MaxTxnOps changes and about MaxTxnBytes of
 // objects; a larger batch is split into several transactions, which is logged, and it is
 // then atomic per transaction only: should one fail, the error says how many of the batch's
-// objects were committed before it.
+// objects were committed before it. A transaction etcd refuses as over one of its limits
+// fails the write with an error naming the limit, not wrapping ErrUnavailable.
 //
 // Availability. Until a replica has read the objects and caught up with etcd, it is not
 // ready (Ready says why) and refuses every call with codes.Unavailable; it keeps trying
@@ -67,7 +70,9 @@ import (
 // replica's cache behind; the client moves to another member. A replica whose watch
 // hears nothing from etcd, neither a change nor the progress notification it asks for,
 // for EtcdOptions.ProgressTimeout is cut off: not ready, and it ends its watch streams,
-// so that clients move, though it still answers them.
+// so that clients move, though it still answers them. It starts that watch again, from
+// the revision its cache holds, once it has heard nothing for half of that, so that it
+// hears from etcd as soon as it reaches it again.
 
 const (
 	// subBits is how many low bits of a revision hold a change's position in its etcd
@@ -84,9 +89,8 @@ const (
 	DefaultEtcdMaxTxnBytes = 1 << 20
 	// DefaultEtcdCompactionInterval is EtcdOptions.CompactionInterval's default.
 	DefaultEtcdCompactionInterval = 5 * time.Minute
-	// DefaultEtcdCompactionRetention is EtcdOptions.CompactionRetention's default: as many
-	// etcd revisions as DefaultHistoryWindow has changes, so that a replica that starts
-	// finds in etcd the history it replays into its window.
+	// DefaultEtcdCompactionRetention is EtcdOptions.CompactionRetention's default when
+	// Options.HistoryWindow keeps no change.
 	DefaultEtcdCompactionRetention = DefaultHistoryWindow
 	// DefaultEtcdProgressTimeout is EtcdOptions.ProgressTimeout's default.
 	DefaultEtcdProgressTimeout = 10 * time.Second
@@ -133,8 +137,10 @@ type EtcdOptions struct {
 	// etcd's own --auto-compaction-retention should.
 	CompactionInterval time.Duration
 	// CompactionRetention is how many of the latest etcd revisions a compaction always
-	// keeps; it should be no less than Options.HistoryWindow. Default:
-	// DefaultEtcdCompactionRetention.
+	// keeps; it should be no less than Options.HistoryWindow. Default: as many revisions
+	// as Options.HistoryWindow keeps changes, so that a replica that starts finds in etcd
+	// the history it replays into its window; DefaultEtcdCompactionRetention when that
+	// keeps none.
 	CompactionRetention int64
 	// ProgressTimeout is how long the replica's etcd watch may go without a word from
 	// etcd, an event or a progress notification, which the replica asks for every quarter
@@ -142,13 +148,16 @@ type EtcdOptions struct {
 	// may be stale, so it turns unready (Server.Ready says why, the health service says
 	// NOT_SERVING) until etcd answers again, and ends its watch streams with
 	// codes.Unavailable, so that clients move to another replica. It still answers the
-	// calls that reach it, as when etcd has no quorum and every replica is cut off.
+	// calls that reach it, as when etcd has no quorum and every replica is cut off. A watch
+	// silent for half of it is started again, so that one whose connection broke and came
+	// back at once does not leave the replica cut off.
 	// Default: DefaultEtcdProgressTimeout; negative: never.
 	ProgressTimeout time.Duration
 }
 
-// withDefaults returns the options with every unset field at its default.
-func (o *EtcdOptions) withDefaults() (*EtcdOptions, error) {
+// withDefaults returns the options with every unset field at its default, for a Server
+// that keeps historyWindow changes.
+func (o *EtcdOptions) withDefaults(historyWindow int) (*EtcdOptions, error) {
 	c := *o
 	if len(c.Config.Endpoints) == 0 {
 		return nil, fmt.Errorf("Etcd.Config.Endpoints: no endpoint: %w", ErrInvalidOptions)
@@ -170,6 +179,8 @@ func (o *EtcdOptions) withDefaults() (*EtcdOptions, error) {
 		c.CompactionInterval = DefaultEtcdCompactionInterval
 	}
 	switch {
+	case c.CompactionRetention == 0 && historyWindow > 0:
+		c.CompactionRetention = int64(historyWindow)
 	case c.CompactionRetention == 0:
 		c.CompactionRetention = DefaultEtcdCompactionRetention
 	case c.CompactionRetention < 0:
@@ -213,6 +224,10 @@ type etcdStore struct {
 	// txnOpsChecked tells that etcd took a transaction of MaxTxnOps operations; only
 	// session uses it.
 	txnOpsChecked bool
+	// compactedTo is the revision etcd compacted its history up to when it refused a watch
+	// that started before, and the cache missed nothing of it: the next watch starts
+	// there. Only session uses it.
+	compactedTo int64
 	// healthMu guards hs, the health service reportHealth was given (nil before), and
 	// orders the statuses set on it.
 	healthMu sync.Mutex
@@ -221,9 +236,10 @@ type etcdStore struct {
 	// compactLoop uses it.
 	compactedRev int64
 
-	txns, conflicts, watchRestarts prometheus.Counter
-	ready, compacted, cutOffGauge  prometheus.Gauge
-	unregister                     func()
+	txns, conflicts, watchRestarts, overLimits prometheus.Counter
+	ready, compacted, cutOffGauge              prometheus.Gauge
+	cacheAge                                   prometheus.GaugeFunc
+	unregister                                 func()
 
 	// mu guards the fields below.
 	mu sync.Mutex
@@ -252,7 +268,7 @@ type etcdStore struct {
 // newEtcdStore returns the etcd backend of the Server env names; setPeers takes the
 // replicas registered in etcd. start starts loading it.
 func newEtcdStore(env storeEnv, setPeers func([]Peer), o *EtcdOptions) (*etcdStore, error) {
-	opts, err := o.withDefaults()
+	opts, err := o.withDefaults(env.opts.HistoryWindow)
 	if err != nil {
 		return nil, err
 	}
@@ -293,6 +309,8 @@ func (e *etcdStore) registerMetrics(reg prometheus.Registerer) error {
 		Help: "etcd transactions that committed object changes."})
 	e.conflicts = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "txn_conflicts_total",
 		Help: "etcd transactions staged again because another replica changed one of their objects first."})
+	e.overLimits = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "txns_over_limit_total",
+		Help: "etcd transactions etcd refused as over its --max-txn-ops or --max-request-bytes; the writes of each failed."})
 	e.watchRestarts = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "watch_restarts_total",
 		Help: "Times the etcd watch feeding the cache was started again after it failed."})
 	e.ready = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "loaded",
@@ -301,7 +319,10 @@ func (e *etcdStore) registerMetrics(reg prometheus.Registerer) error {
 		Help: "The etcd revision this replica last compacted etcd's history up to; 0 before its first compaction."})
 	e.cutOffGauge = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "cut_off",
 		Help: "1 while the etcd watch feeding the cache has heard nothing from etcd for longer than the progress timeout; the replica is not ready then."})
-	cs := []prometheus.Collector{e.txns, e.conflicts, e.watchRestarts, e.ready, e.compacted, e.cutOffGauge}
+	e.cacheAge = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "cache_age_seconds",
+		Help: "Seconds since the etcd watch feeding the cache last heard from etcd, a change or a progress notification: how stale the cache may be. 0 until the cache is first loaded."},
+		e.cacheAgeSeconds)
+	cs := []prometheus.Collector{e.txns, e.conflicts, e.overLimits, e.watchRestarts, e.ready, e.compacted, e.cutOffGauge, e.cacheAge}
 	for i, c := range cs {
 		if err := reg.Register(c); err != nil {
 			for _, r := range cs[:i] {
@@ -399,6 +420,19 @@ func (e *etcdStore) heardFromEtcd() {
 		e.env.log.Info("etcd: the watch hears from etcd again; ready")
 		e.healthChanged()
 	}
+}
+
+// cacheAgeSeconds returns the seconds since the cache's watch last heard from etcd; 0
+// until the cache is first loaded.
+func (e *etcdStore) cacheAgeSeconds() float64 {
+	select {
+	case <-e.firstLoad:
+	default:
+		return 0
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return time.Since(e.heard).Seconds()
 }
 
 // cutOff returns why the replica is not ready although it serves: its watch has heard
@@ -536,7 +570,7 @@ func (e *etcdStore) session() (err error) {
 	}()
 	ctx := e.ctx
 	e.mu.Lock()
-	loaded, from := e.loaded, e.applied+1
+	loaded, from := e.loaded, max(e.applied, e.compactedTo)
 	e.mu.Unlock()
 	var caughtUp int64
 	if !e.txnOpsChecked {
@@ -546,15 +580,20 @@ func (e *etcdStore) session() (err error) {
 		e.txnOpsChecked = true
 	}
 	if !loaded {
+		e.compactedTo = 0
 		if from, caughtUp, err = e.load(ctx); err != nil {
 			return err
 		}
 	}
+	// The watch starts at the revision the cache holds everything of, not the one after,
+	// and skips the changes the cache holds: etcd answers no progress request of a watch
+	// that starts past its current revision until some write gets it there, so in a quiet
+	// etcd such a watch would never hear from it.
 	wctx, cancel := context.WithCancel(cacheWatchContext(ctx))
 	defer cancel()
 	wch := e.cli.Watch(wctx, e.objects, clientv3.WithPrefix(), clientv3.WithRev(from),
 		clientv3.WithProgressNotify(), clientv3.WithCreatedNotify())
-	if !loaded && caughtUp < from {
+	if !loaded && caughtUp <= from {
 		e.markLoaded()
 		caughtUp = 0
 	}
@@ -568,7 +607,12 @@ func (e *etcdStore) session() (err error) {
 		tick = t.C
 	}
 	// Once caught up, it asks every quarter of ProgressTimeout, so that a watch that hears
-	// nothing tells that the replica is cut off from etcd (progressLoop).
+	// nothing tells that the replica is cut off from etcd (progressLoop). A watch silent
+	// for half of it is started again, before the replica counts as cut off: the client
+	// resumes a watch whose connection broke at the revision after the last it heard of,
+	// past etcd's in a quiet etcd, and etcd then answers none of its progress requests,
+	// though it is connected again.
+	heard := time.Now()
 	var keep <-chan time.Time
 	if e.opts.ProgressTimeout > 0 {
 		t := time.NewTicker(e.opts.ProgressTimeout / 4)
@@ -587,10 +631,16 @@ func (e *etcdStore) session() (err error) {
 			}
 			continue
 		case <-keep:
+			if silent := time.Since(heard); silent > e.opts.ProgressTimeout/2 {
+				return fmt.Errorf("etcd watch heard nothing for %v, not even the progress it asked for", silent.Round(time.Millisecond))
+			}
 			if tick == nil {
-				if err := e.cli.RequestProgress(wctx); err != nil {
+				// The client holds a progress request while it dials etcd again.
+				rctx, rcancel := context.WithTimeout(wctx, e.opts.ProgressTimeout/4)
+				if err := e.cli.RequestProgress(rctx); err != nil {
 					e.env.log.Debug("etcd: asking for watch progress", "error", err)
 				}
+				rcancel()
 			}
 			continue
 		case resp, ok = <-wch:
@@ -598,8 +648,14 @@ func (e *etcdStore) session() (err error) {
 		if !ok {
 			break
 		}
+		heard = time.Now()
 		e.heardFromEtcd()
 		switch {
+		case resp.CompactRevision != 0 && resp.CompactRevision <= e.appliedRev()+1:
+			// Only what the cache holds is gone, the revision the watch started at: start
+			// it again after that.
+			e.compactedTo = resp.CompactRevision
+			return fmt.Errorf("etcd compacted its history up to revision %d, which the cache holds; watching from there", resp.CompactRevision)
 		case resp.CompactRevision != 0:
 			// What the cache misses is gone from etcd: load everything again.
 			e.mu.Lock()
@@ -609,7 +665,9 @@ func (e *etcdStore) session() (err error) {
 		case resp.Err() != nil:
 			return fmt.Errorf("etcd watch: %w", resp.Err())
 		case len(resp.Events) > 0:
-			e.apply(resp.Events)
+			if evs := e.unapplied(resp.Events); len(evs) > 0 {
+				e.apply(evs)
+			}
 		case resp.IsProgressNotify():
 			e.progress(resp.Header.Revision)
 		}
@@ -702,8 +760,8 @@ func (e *etcdStore) markLoaded() {
 
 // load reads the epoch, making it when etcd has none, and every object as it was up to
 // HistoryWindow etcd revisions ago, so that the watch that follows replays the rest into
-// the history. It returns the etcd revision to watch from and the one the cache must
-// reach to be caught up.
+// the history. It returns the etcd revision the cache then holds everything of, which the
+// watch starts from, and the one the cache must reach to be caught up.
 func (e *etcdStore) load(ctx context.Context) (from, caughtUp int64, err error) {
 	rctx, cancel := context.WithTimeout(ctx, etcdWriteTimeout)
 	defer cancel()
@@ -739,7 +797,7 @@ func (e *etcdStore) load(ctx context.Context) (from, caughtUp int64, err error) 
 	}
 	e.replace(epoch, objs, at)
 	e.env.log.Info("etcd store read", "objects", len(objs), "etcd_revision", at, "etcd_current", now)
-	return at + 1, now, nil
+	return at, now, nil
 }
 
 // epoch returns the epoch kept in etcd, making one when there is none.
@@ -890,6 +948,18 @@ func (e *etcdStore) stageEvents(evs []*clientv3.Event) []stagedChange {
 	txn.setRevision(endRev(last))
 	txn.commit()
 	return changes
+}
+
+// unapplied returns the events of a watch response that the cache does not hold yet:
+// those past the etcd revision it holds everything of.
+func (e *etcdStore) unapplied(evs []*clientv3.Event) []*clientv3.Event {
+	applied := e.appliedRev()
+	for i, ev := range evs {
+		if ev.Kv.ModRevision > applied {
+			return evs[i:]
+		}
+	}
+	return nil
 }
 
 // progress records that etcd has nothing more for the cache up to rev.
@@ -1080,6 +1150,7 @@ func (e *etcdStore) commitChunk(b *batch, from, to int) (committed bool, err err
 		var (
 			cmps []clientv3.Cmp
 			ops  []clientv3.Op
+			size int                    // the bytes of the changes' keys and values
 			subs = make([]int, to-from) // the position of each write's change; -1: none
 			outs = make([]outcome, to-from)
 		)
@@ -1138,9 +1209,11 @@ func (e *etcdStore) commitChunk(b *batch, from, to int) (committed bool, err err
 						return cur, nil, fmt.Errorf("encoding %s: %w", w.id, err)
 					}
 					ops = append(ops, clientv3.OpPut(key, string(val)))
+					size += len(val)
 				} else {
 					ops = append(ops, clientv3.OpDelete(key))
 				}
+				size += len(key)
 				subs[i-from] = int(sub)
 				outs[i-from] = out
 			}
@@ -1155,6 +1228,9 @@ func (e *etcdStore) commitChunk(b *batch, from, to int) (committed bool, err err
 		resp, err := e.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
 		if err != nil {
 			cancel()
+			if lerr := e.overLimit(err, len(cmps), size); lerr != nil {
+				return false, lerr
+			}
 			return false, fmt.Errorf("etcd transaction of %d changes: %w: %w", len(ops), err, ErrUnavailable)
 		}
 		if resp.Succeeded && len(ops) == 0 {
@@ -1196,6 +1272,29 @@ func (e *etcdStore) commitChunk(b *batch, from, to int) (committed bool, err err
 		copy(b.outcomes[from:to], outs)
 		return true, nil
 	}
+}
+
+// overLimit returns, when etcd refused a transaction of ops operations and about size
+// bytes for exceeding one of its limits, an error that names the limit and what to raise
+// or lower, and logs it: trying again cannot mend it, so it does not wrap
+// ErrUnavailable. It returns nil for any other error.
+func (e *etcdStore) overLimit(err error, ops, size int) error {
+	switch {
+	case errors.Is(err, rpctypes.ErrTooManyOps):
+		// The check at start passed: etcd's limit was lowered since.
+		err = fmt.Errorf("etcd refused a transaction of %d operations (%w): its --max-txn-ops is below "+
+			"--etcd-max-txn-ops (EtcdOptions.MaxTxnOps) %d, which it took when this replica started; "+
+			"raise etcd's or lower nimbus's", ops, err, e.opts.MaxTxnOps)
+	case errors.Is(err, rpctypes.ErrRequestTooLarge), status.Code(err) == codes.ResourceExhausted:
+		err = fmt.Errorf("etcd refused a transaction of %d operations and about %d bytes as too large (%w): "+
+			"its --max-request-bytes is below the %d bytes of objects one transaction may hold "+
+			"(EtcdOptions.MaxTxnBytes); raise etcd's", ops, size, err, e.opts.MaxTxnBytes)
+	default:
+		return nil
+	}
+	e.overLimits.Inc()
+	e.env.log.Error("etcd: a transaction over etcd's limits; every such batch will fail", "error", err)
+	return err
 }
 
 // replicaLease is how long, in seconds, a replica's registration outlives it.

@@ -605,6 +605,26 @@ func TestEtcdReplicaCompactsHistoryAndEveryReplicaServesAll(t *testing.T) {
 }
 
 func TestEtcdReplicaCutOffFromEtcdTurnsUnready(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// cut cuts a replica's etcd client off from etcd through its proxy; restore ends it.
+		cut, restore func(*testing.T, *testetcd.Proxy)
+	}{
+		// etcd's answers are held back, as by a partition that drops packets: the
+		// connection stays up and the client sees no error.
+		{"held back", func(_ *testing.T, p *testetcd.Proxy) { p.Pause() }, func(_ *testing.T, p *testetcd.Proxy) { p.Resume() }},
+		// The connection is closed and new ones are refused, until the proxy serves again:
+		// the client dials again with its backoff.
+		{"closed", func(_ *testing.T, p *testetcd.Proxy) { p.Cut() }, func(t *testing.T, p *testetcd.Proxy) { p.Reopen(t) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testCutOff(t, tc.cut, tc.restore) })
+	}
+}
+
+// testCutOff checks that a replica whose etcd client is cut off from etcd, by cut, turns
+// unready within its progress timeout and ends its watch streams, while another replica
+// stays ready, and that it is ready again once restore lets its client through again.
+func testCutOff(t *testing.T, cut, restore func(*testing.T, *testetcd.Proxy)) {
 	c := cluster(t)
 	const timeout = time.Second
 	opts := Options{Etcd: &EtcdOptions{MaxTxnOps: 128, ProgressTimeout: timeout}}
@@ -634,10 +654,19 @@ func TestEtcdReplicaCutOffFromEtcdTurnsUnready(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
-	// Quiet, both stay ready: the progress notifications they ask for are their news.
+	// Quiet, both stay ready: the progress notifications they ask for are their news, and
+	// keep the age of their caches under the timeout.
 	time.Sleep(3 * timeout)
 	waitFor(a, healthA, true, 0)
 	waitFor(b, healthB, true, 0)
+	cacheAge := func(ts *testServer) time.Duration {
+		return time.Duration(testutil.ToFloat64(ts.srv.backend.(*etcdStore).cacheAge) * float64(time.Second))
+	}
+	for name, ts := range map[string]*testServer{"a": a, "b": b} {
+		if age := cacheAge(ts); age <= 0 || age > timeout {
+			t.Fatalf("naples_nimbus_etcd_cache_age_seconds of %s, quiet = %v, want above 0 and at most %v", name, age, timeout)
+		}
+	}
 
 	// b hears nothing more from etcd: it turns unready within the timeout and a quarter
 	// (plus a scheduling margin), a stays ready, and b still answers from its cache.
@@ -645,7 +674,7 @@ func TestEtcdReplicaCutOffFromEtcdTurnsUnready(t *testing.T) {
 	waitRev(t, b, obj.GetMeta().GetRevision())
 	w := watch(t, b.client, "n1")
 	recvUntilSynced(t, w)
-	proxy.Pause()
+	cut(t, proxy)
 	took := waitFor(b, healthB, false, timeout*5/4+2*time.Second)
 	t.Logf("cut off: unready after %v", took)
 	if why := strings.Join(b.srv.Ready(), "; "); !strings.Contains(why, "cut off from etcd") {
@@ -654,6 +683,9 @@ func TestEtcdReplicaCutOffFromEtcdTurnsUnready(t *testing.T) {
 	if g := testutil.ToFloat64(b.srv.backend.(*etcdStore).cutOffGauge); g != 1 {
 		t.Fatalf("naples_nimbus_etcd_cut_off of b = %v, want 1", g)
 	}
+	if age := cacheAge(b); age <= timeout {
+		t.Fatalf("naples_nimbus_etcd_cache_age_seconds of b, cut off = %v, want above %v", age, timeout)
+	}
 	waitFor(a, healthA, true, 0)
 	b.get(t, routeKey("r"))
 	// b ends its watch streams, so that their agents watch again on a ready replica.
@@ -661,11 +693,128 @@ func TestEtcdReplicaCutOffFromEtcdTurnsUnready(t *testing.T) {
 		t.Fatalf("watch on b once it is cut off: %v, %v; want Unavailable saying it is cut off", ev, err)
 	}
 
-	// Once etcd's answers flow again, b is ready again.
-	proxy.Resume()
-	took = waitFor(b, healthB, true, 5*time.Second)
+	// Once etcd's answers flow again, b is ready again: at once when they were held back,
+	// once its client has dialed again when the connection was closed (gRPC's backoff
+	// waits 1s, then 1.6 times more each time, with a jitter of a fifth).
+	restore(t, proxy)
+	took = waitFor(b, healthB, true, 10*time.Second)
 	t.Logf("back: ready after %v", took)
 	if g := testutil.ToFloat64(b.srv.backend.(*etcdStore).cutOffGauge); g != 0 {
 		t.Fatalf("naples_nimbus_etcd_cut_off of b = %v, want 0", g)
+	}
+	if age := cacheAge(b); age > timeout {
+		t.Fatalf("naples_nimbus_etcd_cache_age_seconds of b, back = %v, want at most %v", age, timeout)
+	}
+}
+
+func TestEtcdReplicaWhoseEtcdConnectionBreaksAndComesBackStaysReady(t *testing.T) {
+	c := cluster(t)
+	const timeout = 6 * time.Second
+	proxy := c.NewProxy(t, 0)
+	b := startReplica(t, []string{proxy.Endpoint()}, testPrefix(t), true,
+		Options{Etcd: &EtcdOptions{MaxTxnOps: 128, ProgressTimeout: timeout}})
+	// Quiet: the watch heard progress last, and the client resumes it past etcd's revision.
+	time.Sleep(timeout / 2)
+	w := watch(t, b.client, "n1")
+	recvUntilSynced(t, w)
+	e := b.srv.backend.(*etcdStore)
+	proxy.Reopen(t)
+	// The watch is started again before the timeout: b hears from etcd again and is never
+	// cut off, and its watch stream goes on.
+	var age float64
+	for end := time.Now().Add(timeout * 3 / 2); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if why := b.srv.Ready(); len(why) > 0 {
+			t.Fatalf("Ready() = %q after the etcd connection broke and came back at once", why)
+		}
+		age = max(age, testutil.ToFloat64(e.cacheAge))
+	}
+	t.Logf("cache age at most %.2fs", age)
+	if cur := testutil.ToFloat64(e.cacheAge); cur > timeout.Seconds()/2 {
+		t.Fatalf("naples_nimbus_etcd_cache_age_seconds = %v, want at most %v", cur, timeout/2)
+	}
+	obj := route("r", []string{"n1"}, "192.0.2.1")
+	b.apply(t, obj)
+	if ev := recv(t, w); ev.GetType() != nimbusv1.WatchEvent_TYPE_PUT || ev.GetObject().GetMeta().GetName() != "r" {
+		t.Fatalf("watch on b after the etcd connection came back: %v %s, want PUT r", ev.GetType(), ev.GetObject().GetMeta().GetName())
+	}
+}
+
+func TestEtcdCompactionOfOnlyWhatTheCacheHoldsKeepsItsWindow(t *testing.T) {
+	c := cluster(t)
+	a := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
+	proxy := c.NewProxy(t, 0)
+	const timeout = time.Second
+	b := startReplica(t, []string{proxy.Endpoint()}, testPrefix(t), true,
+		Options{Etcd: &EtcdOptions{MaxTxnOps: 128, ProgressTimeout: timeout}})
+	first := a.apply(t, route("first", []string{"n1"}, "192.0.2.1")).GetObject()
+	waitRev(t, b, first.GetMeta().GetRevision())
+
+	// While b is cut off, etcd compacts up to the one change b has not seen: b's next
+	// watch, from the revision its cache holds, finds that revision compacted.
+	proxy.Cut()
+	missed := a.apply(t, route("missed", []string{"n1"}, "192.0.2.1")).GetObject()
+	if _, err := c.Client(t).Compact(testContext(t), etcdRevOf(missed.GetMeta().GetRevision())); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * timeout) // b starts its watch again meanwhile
+	proxy.Reopen(t)
+	waitReady(t, b)
+	waitRev(t, b, missed.GetMeta().GetRevision())
+
+	// b lost nothing of its window: an agent resumes there from before the compaction.
+	w := watchFrom(t, testContext(t), b.client, "n1", b.srv.Epoch(), first.GetMeta().GetRevision())
+	wantResumed(t, b, w, first.GetMeta().GetRevision())
+	if ev := recv(t, w); ev.GetType() != nimbusv1.WatchEvent_TYPE_PUT || ev.GetRevision() != missed.GetMeta().GetRevision() {
+		t.Fatalf("resumed with %v at %d, want PUT missed at %d", ev.GetType(), ev.GetRevision(), missed.GetMeta().GetRevision())
+	}
+}
+
+func TestEtcdTransactionOverEtcdsRequestLimitSaysWhich(t *testing.T) {
+	c := testetcd.Start(t, 1, testetcd.MaxRequestBytes(32<<10))
+	a := startReplica(t, c.Endpoints(), testPrefix(t), true, Options{})
+	// 64 objects of about 1 KiB each fit one transaction of nimbus's (128 operations, 1 MiB)
+	// but not etcd's 32 KiB.
+	var objs []*nimbusv1.Object
+	for i := range 64 {
+		obj := route(fmt.Sprintf("r%02d", i), nil, "192.0.2.1")
+		obj.Meta.Labels = map[string]string{"note": strings.Repeat("x", 1<<10)}
+		objs = append(objs, obj)
+	}
+	_, err := a.client.ApplyBatch(testContext(t), &nimbusv1.ApplyBatchRequest{Objects: objs})
+	if code := status.Code(err); code == codes.OK || code == codes.Unavailable {
+		t.Fatalf("ApplyBatch over etcd's --max-request-bytes: %v; want an error that is not Unavailable, which clients retry", err)
+	}
+	for _, want := range []string{"--max-request-bytes", "too large"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Fatalf("ApplyBatch over etcd's --max-request-bytes: %v; want it to name %q", err, want)
+		}
+	}
+	if n := testutil.ToFloat64(a.srv.backend.(*etcdStore).overLimits); n != 1 {
+		t.Fatalf("naples_nimbus_etcd_txns_over_limit_total = %v, want 1", n)
+	}
+	// The replica stays ready and takes what fits.
+	if why := a.srv.Ready(); len(why) > 0 {
+		t.Fatalf("Ready() = %q after a refused transaction", why)
+	}
+	a.apply(t, objs[0])
+}
+
+func TestEtcdCompactionRetentionFollowsTheHistoryWindow(t *testing.T) {
+	for _, tc := range []struct {
+		retention int64
+		window    int
+		want      int64
+	}{
+		{retention: 0, window: DefaultHistoryWindow, want: DefaultHistoryWindow},
+		// A replica that starts replays the window from etcd: a larger one keeps more.
+		{retention: 0, window: 250000, want: 250000},
+		{retention: 0, window: -1, want: DefaultEtcdCompactionRetention},
+		{retention: 7, window: 250000, want: 7},
+	} {
+		o := EtcdOptions{Config: clientv3.Config{Endpoints: []string{"http://e:1"}}, CompactionRetention: tc.retention}
+		got, err := o.withDefaults(tc.window)
+		if err != nil || got.CompactionRetention != tc.want {
+			t.Errorf("CompactionRetention %d with HistoryWindow %d: %v, %v; want %d", tc.retention, tc.window, got.CompactionRetention, err, tc.want)
+		}
 	}
 }

@@ -30,7 +30,8 @@ type replicaConfig struct {
 	// maxTxnOps bounds the changes of one etcd transaction.
 	maxTxnOps int
 	// compactionInterval is how often the replica compacts etcd, 0 never;
-	// compactionRetention how many etcd revisions a compaction keeps.
+	// compactionRetention how many etcd revisions a compaction keeps, 0 as many as the
+	// history window keeps changes.
 	compactionInterval  time.Duration
 	compactionRetention int64
 	// progressTimeout is how long the etcd watch may hear nothing before the replica
@@ -74,8 +75,8 @@ func addReplicaFlags(fs *flag.FlagSet, rc *replicaConfig) {
 	fs.IntVar(&rc.maxTxnOps, "etcd-max-txn-ops", nimbus.DefaultEtcdMaxTxnOps, "most object `changes` per etcd transaction, at most etcd's --max-txn-ops (checked at start: nimbus exits when etcd refuses it); larger batches are split")
 	fs.DurationVar(&rc.compactionInterval, "etcd-compaction-interval", nimbus.DefaultEtcdCompactionInterval,
 		"how often the replica compacts etcd's history (all of etcd's keys), keeping what it saw one `interval` ago; 0: never (leave it to etcd's --auto-compaction-retention)")
-	fs.Int64Var(&rc.compactionRetention, "etcd-compaction-retention", nimbus.DefaultEtcdCompactionRetention,
-		"how many of the latest etcd `revisions` a compaction keeps; no less than --history-window")
+	fs.Int64Var(&rc.compactionRetention, "etcd-compaction-retention", 0,
+		"how many of the latest etcd `revisions` a compaction keeps, no less than --history-window (default: as --history-window)")
 	fs.DurationVar(&rc.progressTimeout, "etcd-progress-timeout", nimbus.DefaultEtcdProgressTimeout,
 		"how long the replica's etcd watch may hear nothing (it asks for progress every quarter of it) before the replica is cut off from etcd and not ready, so that agents move; 0: never")
 	fs.StringVar(&rc.name, "replica-name", rc.name, "this replica's `name` among the replicas (default the hostname)")
@@ -113,8 +114,8 @@ func (rc *replicaConfig) check(dataDirSet, ephemeral bool) error {
 		return fmt.Errorf("--etcd-compaction-interval %v: must not be negative", rc.compactionInterval)
 	case rc.progressTimeout < 0:
 		return fmt.Errorf("--etcd-progress-timeout %v: must not be negative", rc.progressTimeout)
-	case rc.compactionRetention < 1:
-		return fmt.Errorf("--etcd-compaction-retention %d: want 1 or more", rc.compactionRetention)
+	case rc.compactionRetention < 0:
+		return fmt.Errorf("--etcd-compaction-retention %d: must not be negative", rc.compactionRetention)
 	case !(rc.rebalance.Rate >= 0) || math.IsInf(rc.rebalance.Rate, 1):
 		return fmt.Errorf("--rebalance-rate %v: want a finite number, 0 or more", rc.rebalance.Rate)
 	case rc.rebalance.Slack < 0:

@@ -32,7 +32,7 @@ func TestParseStoreFlags(t *testing.T) {
 		{name: "endpoints without etcd", args: []string{"--etcd-endpoints", "http://e:1"}, wantErr: "need --store etcd"},
 		{name: "cert without key", args: []string{"--store", "etcd", "--etcd-endpoints", "http://e:1", "--etcd-cert", "c.pem"}, wantErr: "go together"},
 		{name: "negative compaction interval", args: []string{"--store", "etcd", "--etcd-endpoints", "http://e:1", "--etcd-compaction-interval", "-1s"}, wantErr: "--etcd-compaction-interval -1s: must not be negative"},
-		{name: "no compaction retention", args: []string{"--store", "etcd", "--etcd-endpoints", "http://e:1", "--etcd-compaction-retention", "0"}, wantErr: "--etcd-compaction-retention 0: want 1 or more"},
+		{name: "negative compaction retention", args: []string{"--store", "etcd", "--etcd-endpoints", "http://e:1", "--etcd-compaction-retention", "-1"}, wantErr: "--etcd-compaction-retention -1: must not be negative"},
 		{name: "negative progress timeout", args: []string{"--store", "etcd", "--etcd-endpoints", "http://e:1", "--etcd-progress-timeout", "-1s"}, wantErr: "--etcd-progress-timeout -1s: must not be negative"},
 		{name: "negative rebalance rate", args: []string{"--store", "etcd", "--etcd-endpoints", "http://e:1", "--rebalance-rate", "-1"}, wantErr: "--rebalance-rate -1: want a finite number, 0 or more"},
 		{name: "rebalance rate not a number", args: []string{"--store", "etcd", "--etcd-endpoints", "http://e:1", "--rebalance-rate", "NaN"}, wantErr: "--rebalance-rate NaN: want a finite number"},
@@ -58,9 +58,10 @@ func TestParseStoreFlags(t *testing.T) {
 				t.Fatalf("parseFlags(%q): rebalancing %+v, want the defaults %+v", tc.args, cfg.replica.rebalance, want)
 			}
 			// Flags at 0 turn compaction and the progress timeout off: the options' negative.
+			// The retention is left to the store, which takes the history window's.
 			cfg.replica.compactionInterval, cfg.replica.progressTimeout = 0, 0
 			eo, err := cfg.replica.etcdOptions(nil)
-			if err != nil || eo.CompactionInterval >= 0 || eo.ProgressTimeout >= 0 || eo.CompactionRetention != nimbus.DefaultEtcdCompactionRetention {
+			if err != nil || eo.CompactionInterval >= 0 || eo.ProgressTimeout >= 0 || eo.CompactionRetention != 0 {
 				t.Fatalf("etcd options with compaction and the progress timeout off: %+v, %v", eo, err)
 			}
 		})

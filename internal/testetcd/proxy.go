@@ -13,10 +13,10 @@ import (
 // back or cut off what that member sends them while the cluster runs on. Its methods may
 // be called from any goroutine.
 type Proxy struct {
-	path string
-	lis  net.Listener
-	// mu guards gate, open and cut.
-	mu sync.Mutex
+	path, target string
+	// mu guards lis, gate, open and cut.
+	mu  sync.Mutex
+	lis net.Listener
 	// gate is closed while the proxy forwards; Pause replaces it with an open one.
 	gate chan struct{}
 	open []net.Conn
@@ -28,22 +28,35 @@ type Proxy struct {
 // or the end of the test.
 func (c *Cluster) NewProxy(tb testing.TB, i int) *Proxy {
 	tb.Helper()
-	target := strings.TrimPrefix(c.Endpoint(i), "unix://")
-	p := &Proxy{path: filepath.Join(tb.TempDir(), "proxy.sock"), gate: make(chan struct{})}
+	p := &Proxy{
+		path:   filepath.Join(tb.TempDir(), "proxy.sock"),
+		target: strings.TrimPrefix(c.Endpoint(i), "unix://"),
+		gate:   make(chan struct{}),
+	}
 	close(p.gate)
-	lis, err := net.Listen("unix", p.path)
-	if err != nil {
+	if err := p.listen(); err != nil {
 		tb.Fatalf("testetcd: proxy of member %s: %v", c.members[i].name, err)
 	}
-	p.lis = lis
 	tb.Cleanup(p.Cut)
+	return p
+}
+
+// listen serves the proxy's socket and forwards each connection it accepts.
+func (p *Proxy) listen() error {
+	lis, err := net.Listen("unix", p.path)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.lis, p.cut = lis, false
+	p.mu.Unlock()
 	p.wg.Go(func() {
 		for {
 			client, err := lis.Accept()
 			if err != nil {
 				return
 			}
-			server, err := net.Dial("unix", target)
+			server, err := net.Dial("unix", p.target)
 			if err != nil {
 				client.Close()
 				continue
@@ -62,7 +75,7 @@ func (c *Cluster) NewProxy(tb testing.TB, i int) *Proxy {
 			p.wg.Go(func() { p.copyGated(client, server); client.Close() })
 		}
 	})
-	return p
+	return nil
 }
 
 // Endpoint returns the proxy's client URL, a unix:///path URL.
@@ -111,13 +124,24 @@ func (p *Proxy) Resume() {
 // goroutines have returned: the clients reach the member no more. It is safe to call
 // twice.
 func (p *Proxy) Cut() {
-	p.lis.Close()
 	p.Resume()
 	p.mu.Lock()
+	p.lis.Close()
 	p.cut = true
 	for _, c := range p.open {
 		c.Close()
 	}
+	p.open = nil
 	p.mu.Unlock()
 	p.wg.Wait()
+}
+
+// Reopen serves the proxy again, at the same address, after Cut: the clients reach the
+// member again once they dial it again.
+func (p *Proxy) Reopen(tb testing.TB) {
+	tb.Helper()
+	p.Cut()
+	if err := p.listen(); err != nil {
+		tb.Fatalf("testetcd: reopening the proxy %s: %v", p.path, err)
+	}
 }
