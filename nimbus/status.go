@@ -21,10 +21,10 @@ import (
 // node, and the node's watermark (see recordWatermarkIn). Reports for objects that do not
 // exist or do not target the reporting node are dropped, and so are statuses the node's
 // watermark says already. It sends its headers at once, saying that it takes watermarks
-// (nimbusv1.StatusWatermarkHeader), answers when the
-// client closes its side, and ends with codes.Unavailable when the Server is closed, and
-// with codes.Aborted when it sends the watermark of a node whose Node object was deleted
-// after its first watermark on the stream.
+// (nimbusv1.StatusWatermarkHeader), answers when the client closes its side, and ends
+// with codes.Unavailable when the Server is closed, and with codes.Aborted when it sends
+// the watermark of a node whose Node object was deleted after its first watermark on the
+// stream.
 func (s *Server) ReportStatus(stream grpc.ClientStreamingServer[nimbusv1.StatusReport, nimbusv1.ReportStatusResponse]) error {
 	if s.isClosed() {
 		return rpcError(fmt.Errorf("taking status reports: %w", ErrClosed))
