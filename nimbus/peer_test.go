@@ -640,4 +640,22 @@ func TestPeerWatermarkNodeMoves(t *testing.T) {
 	for _, key := range []*nimbusv1.ObjectKey{r1, r2, r3, routeKey("all")} {
 		waitPeerStatus(t, key, b.statusOf(t, key), c)
 	}
+
+	// A frame of a's that was late, with the watermark n1 had there, does not take the
+	// node back: b's moved later.
+	stream, err := c.client.PeerStatus(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	late := &nimbusv1.StatusWatermark{Node: "n1", Epoch: c.srv.Epoch(), Revision: w, UpdateTime: timestamppb.New(a.clock.Now().Add(-time.Second))}
+	if err := stream.Send(&nimbusv1.PeerFrame{Replica: "a", Revision: c.revision(t), Watermarks: []*nimbusv1.StatusWatermark{late}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.CloseAndRecv(); err != nil {
+		t.Fatal(err)
+	}
+	if rev, origin := c.watermarkOf("n1"); rev != w || origin != "b" {
+		t.Errorf("c keeps n1's watermark at %d from %s after a's late one, want %d from b", rev, origin, w)
+	}
+	wantStatus(t, c.testServer, r2, 1, 0, 1, "n1")
 }
