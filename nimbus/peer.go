@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"sort"
 	"sync"
 	"time"
 
@@ -66,7 +67,8 @@ import (
 // watermark dropped it) is pushed as a report with the key and a watermark naming the
 // node and no status: the peer deletes its copy of that replica's record. A deletion of
 // the node's Node object drops its watermark and records on every replica through the
-// store. What a replica that starts receives is thus the nodes' watermarks and their
+// store, and a peer's frame built before the deletion and taken after brings none of them
+// back (nodesDeletedAfter). What a replica that starts receives is thus the nodes' watermarks and their
 // records, not a status per object; a node that moves sends its new replica its records
 // and its watermark again, not every status.
 //
@@ -850,6 +852,12 @@ func (h *peerHub) apply(ctx context.Context, sess *peerSession, f *nimbusv1.Peer
 			return status.Errorf(codes.Unavailable, "waiting for revision %d of replica %q: %v", f.GetRevision(), sess.replica, err)
 		}
 	}
+	// What the frame says of a node whose Node object was deleted after the sender built
+	// it was forgotten with it: the sender's agent reports it again.
+	var forgotten map[string]struct{}
+	if len(f.GetReports()) > 0 || len(f.GetWatermarks()) > 0 {
+		forgotten = s.nodesDeletedAfter(f.GetRevision())
+	}
 	// The reports go in transactions of statusTxnReports each, as an agent's do, and the
 	// watermarks and presence with the last of them.
 	var changed []*nimbusv1.ObjectKey
@@ -861,7 +869,7 @@ func (h *peerHub) apply(ctx context.Context, sess *peerSession, f *nimbusv1.Peer
 			txn.abort()
 			return errPeerReplaced
 		}
-		changed, dropped = h.applyReportsIn(txn, sess, reports[:statusTxnReports], changed, dropped)
+		changed, dropped = h.applyReportsIn(txn, sess, reports[:statusTxnReports], forgotten, changed, dropped)
 		txn.commit()
 		reports = reports[statusTxnReports:]
 	}
@@ -870,9 +878,13 @@ func (h *peerHub) apply(ctx context.Context, sess *peerSession, f *nimbusv1.Peer
 	if !h.current(sess) {
 		return errPeerReplaced
 	}
-	changed, dropped = h.applyReportsIn(txn, sess, reports, changed, dropped)
+	changed, dropped = h.applyReportsIn(txn, sess, reports, forgotten, changed, dropped)
 	var moved []watermarkMove
 	for _, wm := range f.GetWatermarks() {
+		if _, ok := forgotten[wm.GetNode()]; ok {
+			s.log.Debug("dropping a peer's status watermark of a node whose Node object was deleted since", "node", wm.GetNode(), "peer", sess.replica)
+			continue
+		}
 		m, del := s.recordPeerWatermarkIn(txn, wm, sess.replica)
 		if m.hi > m.lo {
 			moved = append(moved, watermarkMove{wm.GetNode(), m})
@@ -916,11 +928,15 @@ func (h *peerHub) apply(ctx context.Context, sess *peerSession, f *nimbusv1.Peer
 }
 
 // applyReportsIn records in txn the reports of the peer's frame, as reported to the
-// peer, and drops the records of the peer's own that a report says it dropped
-// (isDropped). It returns changed and dropped with the keys of the objects whose records
-// it stored, and the records it deleted, appended.
-func (h *peerHub) applyReportsIn(txn *writeTxn, sess *peerSession, reports []*nimbusv1.StatusReport, changed []*nimbusv1.ObjectKey, dropped []*statusRecord) ([]*nimbusv1.ObjectKey, []*statusRecord) {
+// peer, but those of the forgotten nodes, and drops the records of the peer's own that a
+// report says it dropped (isDropped). It returns changed and dropped with the keys of the
+// objects whose records it stored, and the records it deleted, appended.
+func (h *peerHub) applyReportsIn(txn *writeTxn, sess *peerSession, reports []*nimbusv1.StatusReport, forgotten map[string]struct{}, changed []*nimbusv1.ObjectKey, dropped []*statusRecord) ([]*nimbusv1.ObjectKey, []*statusRecord) {
 	for _, r := range reports {
+		if _, ok := forgotten[r.GetStatus().GetNode()]; ok && r.GetStatus() != nil {
+			h.s.log.Debug("dropping a peer's status report of a node whose Node object was deleted since", "key", r.GetKey().ID(), "node", r.GetStatus().GetNode(), "peer", sess.replica)
+			continue
+		}
 		if !isDropped(r) {
 			if key := h.s.recordStatusIn(txn, r, sess.replica); key != nil {
 				changed = append(changed, key)
@@ -936,6 +952,29 @@ func (h *peerHub) applyReportsIn(txn *writeTxn, sess *peerSession, reports []*ni
 		}
 	}
 	return changed, dropped
+}
+
+// nodesDeletedAfter returns the names of the nodes whose Node objects changes after
+// revision rev deleted, as far as the history of changes reaches back; nil when it does
+// not reach rev.
+func (s *Server) nodesDeletedAfter(rev uint64) map[string]struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := &s.history
+	if rev < h.floor || rev >= s.rev {
+		return nil
+	}
+	var nodes map[string]struct{}
+	first := sort.Search(len(h.ring), func(i int) bool { return h.at(i).rev > rev })
+	for i := first; i < len(h.ring); i++ {
+		if c := h.at(i); c.after == nil && c.key.GetKind() == nimbusv1.Kind_KIND_NODE {
+			if nodes == nil {
+				nodes = map[string]struct{}{}
+			}
+			nodes[c.key.GetName()] = struct{}{}
+		}
+	}
+	return nodes
 }
 
 // applyPeerPresence records in txn that the node has pr.streams watch streams open on the

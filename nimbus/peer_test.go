@@ -659,3 +659,38 @@ func TestPeerWatermarkNodeMoves(t *testing.T) {
 	}
 	wantStatus(t, c.testServer, r2, 1, 0, 1, "n1")
 }
+
+// TestPeerForgetsDeletedNode shows that a peer's frame built before a node's Node object
+// was deleted, and taken after, does not bring back the node's watermark and records,
+// which the deletion forgot; one built after the deletion is taken.
+func TestPeerForgetsDeletedNode(t *testing.T) {
+	b := startWatermarkPeers(t, Options{}, "b")[0]
+	r1 := routeKey("r1")
+	applyToPeers(t, []*nimbusv1.Object{nodeObject("n1"), route("r1", []string{"n1"}, "192.0.2.1")}, b)
+	built := b.revision(t)
+	if _, err := b.client.Delete(testContext(t), &nimbusv1.DeleteRequest{Key: nodeObject("n1").Key()}); err != nil {
+		t.Fatal(err)
+	}
+	// push sends a frame of replica x built at rev, with n1's failure of r1 and its
+	// watermark, and returns once b has taken it.
+	push := func(rev uint64) {
+		t.Helper()
+		stream, err := b.client.PeerStatus(testContext(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wm := &nimbusv1.StatusWatermark{Node: "n1", Epoch: b.srv.Epoch(), Revision: built, UpdateTime: b.clock.Timestamp()}
+		if err := stream.Send(&nimbusv1.PeerFrame{Replica: "x", Revision: rev,
+			Reports:    []*nimbusv1.StatusReport{peerReport(r1, "n1", 1, nimbusv1.Phase_PHASE_FAILED, b.clock.Now())},
+			Watermarks: []*nimbusv1.StatusWatermark{wm}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := stream.CloseAndRecv(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	push(built)
+	wantMetrics(t, b.srv, `naples_nimbus_status_watermarks 0`, `naples_nimbus_statuses 0`)
+	push(b.revision(t))
+	wantMetrics(t, b.srv, `naples_nimbus_status_watermarks 1`, `naples_nimbus_statuses 1`)
+}
