@@ -56,8 +56,9 @@ import (
 // that arrived last; a watermark that moves to another replica is updated then.
 //
 // Watermarks across replicas. A replica takes its agents' watermarks as a single nimbus
-// does (watermark.go) and pushes each with the time it last moved, in PeerFrame's
-// watermarks, after the records of the frame. A peer keeps it with the replica as its
+// does (watermark.go) and pushes each in PeerFrame's watermarks, after the records of the
+// frame, with its moves since the last frame (all those it keeps in the full state), each
+// with its time, so that every replica derives the same update times. A peer keeps it with the replica as its
 // origin and applies the rules the replica applied: it drops the node's records the
 // watermark says (derivable), and when the node comes from another replica, or had no
 // watermark there, the node's records of other origins, which the agent did not send
@@ -492,6 +493,9 @@ func (p *pusher) push(ctx context.Context) (up bool, err error) {
 
 	// The full state covers every mark made so far.
 	p.take()
+	// since is when the last frame's view was taken: the moves of a watermark after it are
+	// the ones its peer has not had.
+	since := h.s.opts.Now()
 	v := h.s.view()
 	fb := &peerFrameBuilder{send: send, frame: &nimbusv1.PeerFrame{Replica: h.name, Revision: v.revision()}}
 	reports := 0
@@ -511,7 +515,7 @@ func (p *pusher) push(ctx context.Context) (up bool, err error) {
 		if rec.Origin != h.name {
 			continue
 		}
-		if err := fb.addWatermark(rec); err != nil {
+		if err := fb.addWatermark(rec, time.Time{}); err != nil {
 			return false, err
 		}
 		watermarks++
@@ -553,6 +557,7 @@ func (p *pusher) push(ctx context.Context) (up bool, err error) {
 			}
 		case <-p.wake:
 			statuses, watermarks, nodes := p.take()
+			now := h.s.opts.Now()
 			v := h.s.view()
 			fb := &peerFrameBuilder{send: send, frame: &nimbusv1.PeerFrame{Revision: v.revision()}}
 			for k := range statuses {
@@ -574,11 +579,12 @@ func (p *pusher) push(ctx context.Context) (up bool, err error) {
 				// sees in the store too), or replaced by another replica's, is not this
 				// replica's to send.
 				if rec := v.watermark(node); rec != nil && rec.Origin == h.name {
-					if err := fb.addWatermark(rec); err != nil {
+					if err := fb.addWatermark(rec, since); err != nil {
 						return true, err
 					}
 				}
 			}
+			since = now
 			for node := range nodes {
 				rec := v.watchNode(node)
 				if rec == nil {
@@ -630,10 +636,24 @@ func (b *peerFrameBuilder) addDropped(k statusKey) error {
 // the object for the node (see addDropped).
 func isDropped(r *nimbusv1.StatusReport) bool { return r.GetKey() != nil && r.GetWatermark() != nil }
 
-// addWatermark adds the watermark, with its update time, sending the frame first when it
-// does not fit.
-func (b *peerFrameBuilder) addWatermark(rec *watermarkRecord) error {
-	wm := &nimbusv1.StatusWatermark{Node: rec.Node, Epoch: rec.Epoch, Revision: rec.Revision, UpdateTime: timestamppb.New(rec.UpdateTime)}
+// addWatermark adds the watermark, with its update time, and before it the moves it kept
+// that it made after since, each with its time, so that the peer derives the times at
+// which it passed each revision as this replica does. It sends the frame first when an
+// entry does not fit.
+func (b *peerFrameBuilder) addWatermark(rec *watermarkRecord, since time.Time) error {
+	for _, st := range rec.steps {
+		if st.rev < rec.Revision && st.at.After(since) {
+			if err := b.addWatermarkEntry(&nimbusv1.StatusWatermark{Node: rec.Node, Epoch: rec.Epoch, Revision: st.rev, UpdateTime: timestamppb.New(st.at)}); err != nil {
+				return err
+			}
+		}
+	}
+	return b.addWatermarkEntry(&nimbusv1.StatusWatermark{Node: rec.Node, Epoch: rec.Epoch, Revision: rec.Revision, UpdateTime: timestamppb.New(rec.UpdateTime)})
+}
+
+// addWatermarkEntry adds one entry of watermarks, sending the frame first when it does
+// not fit.
+func (b *peerFrameBuilder) addWatermarkEntry(wm *nimbusv1.StatusWatermark) error {
 	if err := b.room(wm.SizeVT()); err != nil {
 		return err
 	}
