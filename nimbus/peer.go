@@ -58,20 +58,20 @@ import (
 // Watermarks across replicas. A replica takes its agents' watermarks as a single nimbus
 // does (watermark.go) and pushes each in PeerFrame's watermarks, after the records of the
 // frame, with its moves since the last frame (all those it keeps in the full state), each
-// with its time, so that every replica derives the same update times. A peer keeps it with the replica as its
-// origin and applies the rules the replica applied: it drops the node's records the
-// watermark says (derivable), and when the node comes from another replica, or had no
-// watermark there, the node's records of other origins, which the agent did not send
-// again (the agent sends all of its records before its first watermark on a stream, and
-// the replica pushed them before the watermark). A record a replica deletes for another
-// cause than the shared store (a status its watermark says came, or a stream's first
-// watermark dropped it) is pushed as a report with the key and a watermark naming the
-// node and no status: the peer deletes its copy of that replica's record. A deletion of
-// the node's Node object drops its watermark and records on every replica through the
+// with its time, so that every replica derives the same update times. A peer keeps it with
+// the replica as its origin and applies the rules the replica applied: it drops the node's
+// records the watermark says (derivable), and when the node comes from another replica, or
+// had no watermark there, the node's records of other origins, which the agent did not
+// send again (the agent sends all of its records before its first watermark on a stream,
+// and the replica pushed them before the watermark). A record a replica deletes for
+// another cause than the shared store (a status its watermark says came, or a stream's
+// first watermark dropped it) is pushed as a report with the key and a watermark naming
+// the node and no status: the peer deletes its copy of that replica's record. A deletion
+// of the node's Node object drops its watermark and records on every replica through the
 // store, and a peer's frame built before the deletion and taken after brings none of them
-// back (nodesDeletedAfter). What a replica that starts receives is thus the nodes' watermarks and their
-// records, not a status per object; a node that moves sends its new replica its records
-// and its watermark again, not every status.
+// back (nodesDeletedAfter). What a replica that starts receives is thus the nodes'
+// watermarks and their records, not a status per object; a node that moves sends its new
+// replica its records and its watermark again, not every status.
 //
 // Which nodes watch. A node counts as watching, as a target of the objects for every node
 // and for staleness, when it has a watch stream open on this replica or on a peer whose
