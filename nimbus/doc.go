@@ -142,10 +142,11 @@
 // in its etcd transaction, so revisions are increasing but not consecutive, and a batch is
 // atomic up to etcd's transaction limit. Revisions mean the same on every replica, so a
 // watch resumes on any of them. See etcd.go. With Options.ReplicaName the replicas push the
-// statuses their agents report, and which nodes watch them, to each other, so every replica
-// answers Get, List and WatchStatus alike; see peer.go. With Options.Rebalance a replica
-// that holds more than its share of the agents asks some to watch another replica, where
-// they resume; see rebalance.go. docs/replicas.md describes all of it for users.
+// statuses and watermarks their agents report, and which nodes watch them, to each other,
+// so every replica answers Get, List and WatchStatus alike; see peer.go. With
+// Options.Rebalance a replica that holds more than its share of the agents asks some to
+// watch another replica, where they resume; see rebalance.go. docs/replicas.md describes
+// all of it for users.
 //
 // # Metrics
 //
@@ -184,8 +185,8 @@
 // at it, including those that reported nothing), and, once every target node is PROGRAMMED,
 // the time the last of them got there. An object with no target node is never caught up.
 //
-// A server that is no replica says in ReportStatus's headers that it takes status
-// watermarks (nimbusv1.StatusWatermarkHeader), and agents then report a watermark and only
+// A server says in ReportStatus's headers that it takes status watermarks
+// (nimbusv1.StatusWatermarkHeader), a replica too, and agents then report a watermark and only
 // the statuses it does not say: their exceptions and statuses with operational data. A
 // node's watermark is kept, like its reports, until its Node object is deleted; a stream
 // open then that sends the node's watermark again is ended with codes.Aborted, so that
@@ -197,7 +198,9 @@
 // there as far as the server keeps its last moves; else nothing reported. A report that
 // says no more than the watermark (PROGRAMMED at the current generation, no operational
 // data, the watermark past it) is not kept, and a stream's first watermark drops the
-// node's reports the stream did not send before it. docs/status.md describes it for users.
+// node's reports the stream did not send before it. Replicas push watermarks to each
+// other with the reports, and apply the same rules to what they receive (peer.go).
+// docs/status.md describes it for users.
 //
 // The target nodes are meta.nodes, or for an object for every node (empty meta.nodes) the
 // nodes that have a Node object together with the nodes that have a Watch stream open now.

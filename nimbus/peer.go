@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"sort"
 	"sync"
 	"time"
 
@@ -32,24 +33,45 @@ import (
 // objects are shared through the store they have in common). Each agent watches one
 // replica and reports its statuses to that one, but Get, List, WatchStatus and
 // `naplesctl wait` give the same answer on every replica, because every replica holds
-// every status, as a single nimbus does: the replicas push to each other what their own
-// agents report.
+// what every agent reported, as a single nimbus does: the replicas push to each other
+// what their own agents report.
 //
 // Where statuses live. Statuses never go to the shared store: at 10,000 nodes and 10,000
 // objects they are 100 million records, which change with every rollout; etcd would
-// take every one of them as a write. Each replica keeps all of them in memory, and each
-// status record says which replica its agent reported it to (its origin). A replica
-// opens one push stream (the PeerStatus call) to each of its peers and sends on it first
-// its full state, every status whose origin it is and which nodes watch it, then every
-// change of those as it happens. A replica sends only what its own agents told it, never
-// what it received from a peer, so nothing goes around in circles. A burst of changes
-// coalesces: what changes while a frame is being sent goes in the next one, as one entry
-// per status however often it changed, in frames of at most 1 MiB. Pushing never holds
-// up a write, a report or a watch: a peer that is slow or gone only delays its own stream.
-// A stream that fails is opened again with backoff (100ms doubling up to 10s), and starts
-// over with the full state. When two replicas hold reports for the same object and node
-// from different origins, as when the node moved from one to the other, the one with the
-// later update_time wins, and on a tie the one that arrived last.
+// take every one of them as a write. Each replica keeps in memory what its agents and its
+// peers' agents reported: per node its watermark and its records (exceptions, statuses
+// with operational data, and every status of an agent that sends no watermark), each
+// with the name of the replica its agent reported it to (its origin). A replica opens one
+// push stream (the PeerStatus call) to each of its peers and sends on it first its full
+// state, the records and the watermarks whose origin it is and which nodes watch it, then
+// every change of those as it happens. A replica sends only what its own agents told it,
+// never what it received from a peer, so nothing goes around in circles. A burst of
+// changes coalesces: what changes while a frame is being sent goes in the next one, as
+// one entry per status or watermark however often it changed, in frames of at most
+// 1 MiB. Pushing never holds up a write, a report or a watch: a peer that is slow or gone
+// only delays its own stream. A stream that fails is opened again with backoff (100ms
+// doubling up to 10s), and starts over with the full state. When two replicas hold
+// reports, or watermarks, of the same node from different origins, as when the node moved
+// from one to the other, the one with the later update_time wins, and on a tie the one
+// that arrived last; a watermark that moves to another replica is updated then.
+//
+// Watermarks across replicas. A replica takes its agents' watermarks as a single nimbus
+// does (watermark.go) and pushes each in PeerFrame's watermarks, after the records of the
+// frame, with its moves since the last frame (all those it keeps in the full state), each
+// with its time, so that every replica derives the same update times. A peer keeps it with
+// the replica as its origin and applies the rules the replica applied: it drops the node's
+// records the watermark says (derivable), and when the node comes from another replica, or
+// had no watermark there, the node's records of other origins, which the agent did not
+// send again (the agent sends all of its records before its first watermark on a stream,
+// and the replica pushed them before the watermark). A record a replica deletes for
+// another cause than the shared store (a status its watermark says came, or a stream's
+// first watermark dropped it) is pushed as a report with the key and a watermark naming
+// the node and no status: the peer deletes its copy of that replica's record. A deletion
+// of the node's Node object drops its watermark and records on every replica through the
+// store, and a peer's frame built before the deletion and taken after brings none of them
+// back (nodesDeletedAfter). What a replica that starts receives is thus the nodes'
+// watermarks and their records, not a status per object; a node that moves sends its new
+// replica its records and its watermark again, not every status.
 //
 // Which nodes watch. A node counts as watching, as a target of the objects for every node
 // and for staleness, when it has a watch stream open on this replica or on a peer whose
@@ -59,29 +81,16 @@ import (
 // replica by then, which their agents do as soon as they notice. A push stream that
 // carries nothing for 15s is taken for dead; an idle one carries a heartbeat every 5s.
 //
-// When a replica dies, nothing is lost: its peers hold a copy of every status its agents
-// reported. The agents connect to another replica, resume their watch, and report every
-// status again on their new status stream, which the new replica pushes to the others;
-// each of those reports replaces the dead replica's copy. When the replica comes back, it
-// starts empty and its peers push their full state to it.
+// When a replica dies, nothing is lost: its peers hold a copy of every record and
+// watermark its agents reported. The agents connect to another replica, resume their
+// watch, and report their records and watermark again on their new status stream, which
+// the new replica pushes to the others; each replaces the dead replica's copy. When the
+// replica comes back, it starts empty and its peers push their full state to it.
 //
-// Volumes, at 10,000 nodes and 10,000 objects with 3 replicas (R = 3). etcd takes no
-// write at all for a status. Each status change goes from the replica that took it to
-// each of its R-1 peers once, as about 70 bytes (the key, the node, the generation, the
-// phase, the time; a FAILED status carries its message besides). A rollout of one object
-// to every node is 10,000 reports, 20,000 pushed: 1.4 MB across all push streams, which
-// is 1.4 MB/s when the nodes program it within a second, 0.5 MB/s sent by each replica.
-// A full resync, every node reporting all of its statuses again, is 100 million reports:
-// each replica takes a third of them and pushes them to both peers, 2.3 GB to each,
-// 14 GB across the cluster, which at 1 Gbit/s per replica takes about 40s. A replica that
-// starts takes the full state of its peers, every status there is, 7 GB: about a minute
-// at 1 Gbit/s, 6s at 10 Gbit/s. Those streams go as fast as the network and gRPC's flow
-// control let them, and hold up no write, report or watch. When a replica dies, its
-// agents report their statuses again to the others, a third of all statuses (2.3 GB),
-// which each pushes on to the one peer left.
-//
-// Memory. Every replica keeps every status, as a single nimbus does: about 360 bytes
-// each in memory, so 100 million statuses take about 36 GB on every replica.
+// Volumes and memory: docs/replicas.md and docs/status.md. With agents that report
+// watermarks, each replica holds, and a replica that starts receives, the nodes'
+// watermarks and their records, not nodes × objects statuses; agents that send every
+// status (older ones) cost as before: about 360 bytes per status on every replica.
 //
 // Security. With TLS, PeerStatus takes only replica certificates (Organization
 // naples:replica, see internal/pki), whose name must be the name the stream's frames
@@ -282,6 +291,19 @@ func (h *peerHub) statusChanged(key nimbusv1.Key, node string) {
 	}
 }
 
+// watermarkChanged marks, in every pusher, the watermark the node reported to this
+// replica.
+func (h *peerHub) watermarkChanged(node string) {
+	if h == nil {
+		return
+	}
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	for _, p := range h.pushers {
+		p.markWatermark(node)
+	}
+}
+
 // presenceChanged marks, in every pusher, the node, whose watch streams on this replica
 // opened or ended.
 func (h *peerHub) presenceChanged(node string) {
@@ -315,10 +337,14 @@ type pusher struct {
 	// wake has room for one signal: something was marked since the last take.
 	wake chan struct{}
 
-	// mu guards statuses and nodes.
+	// mu guards statuses, watermarks and nodes.
 	mu sync.Mutex
-	// statuses holds the statuses marked: reported to this replica since the last take.
+	// statuses holds the statuses marked: reported to this replica, or deleted, since the
+	// last take.
 	statuses map[statusKey]struct{}
+	// watermarks holds the nodes whose watermarks were marked: reported to this replica
+	// since the last take.
+	watermarks map[string]struct{}
 	// nodes holds the nodes marked: their watch streams on this replica changed.
 	nodes map[string]struct{}
 }
@@ -327,15 +353,16 @@ type pusher struct {
 func newPusher(h *peerHub, peer Peer, target address.Address) *pusher {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &pusher{
-		hub:      h,
-		peer:     peer,
-		target:   target,
-		log:      h.s.log.With("peer", peer.Name, "address", peer.Address),
-		cancel:   cancel,
-		done:     make(chan struct{}),
-		wake:     make(chan struct{}, 1),
-		statuses: map[statusKey]struct{}{},
-		nodes:    map[string]struct{}{},
+		hub:        h,
+		peer:       peer,
+		target:     target,
+		log:        h.s.log.With("peer", peer.Name, "address", peer.Address),
+		cancel:     cancel,
+		done:       make(chan struct{}),
+		wake:       make(chan struct{}, 1),
+		statuses:   map[statusKey]struct{}{},
+		watermarks: map[string]struct{}{},
+		nodes:      map[string]struct{}{},
 	}
 	go p.run(ctx)
 	return p
@@ -351,6 +378,14 @@ func (p *pusher) stop() {
 func (p *pusher) markStatus(key nimbusv1.Key, node string) {
 	p.mu.Lock()
 	p.statuses[statusKey{key, node}] = struct{}{}
+	p.mu.Unlock()
+	p.signal()
+}
+
+// markWatermark marks the node's watermark.
+func (p *pusher) markWatermark(node string) {
+	p.mu.Lock()
+	p.watermarks[node] = struct{}{}
 	p.mu.Unlock()
 	p.signal()
 }
@@ -373,12 +408,12 @@ func (p *pusher) signal() {
 
 // take returns what was marked and starts over. A view of the store taken after take
 // sees every change marked before it.
-func (p *pusher) take() (statuses map[statusKey]struct{}, nodes map[string]struct{}) {
+func (p *pusher) take() (statuses map[statusKey]struct{}, watermarks, nodes map[string]struct{}) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	statuses, nodes = p.statuses, p.nodes
-	p.statuses, p.nodes = map[statusKey]struct{}{}, map[string]struct{}{}
-	return statuses, nodes
+	statuses, watermarks, nodes = p.statuses, p.watermarks, p.nodes
+	p.statuses, p.watermarks, p.nodes = map[statusKey]struct{}{}, map[string]struct{}{}, map[string]struct{}{}
+	return statuses, watermarks, nodes
 }
 
 // run pushes until ctx ends, opening a new stream with backoff whenever one fails.
@@ -458,6 +493,9 @@ func (p *pusher) push(ctx context.Context) (up bool, err error) {
 
 	// The full state covers every mark made so far.
 	p.take()
+	// since is when the last frame's view was taken: the moves of a watermark after it are
+	// the ones its peer has not had.
+	since := h.s.opts.Now()
 	v := h.s.view()
 	fb := &peerFrameBuilder{send: send, frame: &nimbusv1.PeerFrame{Replica: h.name, Revision: v.revision()}}
 	reports := 0
@@ -469,6 +507,18 @@ func (p *pusher) push(ctx context.Context) (up bool, err error) {
 			return false, err
 		}
 		reports++
+	}
+	// The watermarks come after the records: a receiver takes a node's watermark once it
+	// has the records the watermark does not say.
+	watermarks := 0
+	for rec := range v.allWatermarks() {
+		if rec.Origin != h.name {
+			continue
+		}
+		if err := fb.addWatermark(rec, time.Time{}); err != nil {
+			return false, err
+		}
+		watermarks++
 	}
 	for rec := range v.allWatchNodes() {
 		// A node that never watched this replica, and that this replica knows of no end
@@ -486,7 +536,7 @@ func (p *pusher) push(ctx context.Context) (up bool, err error) {
 	}
 	h.metrics.peers.Inc()
 	defer h.metrics.peers.Dec()
-	p.log.Info("push stream to peer replica up", "reports", reports, "revision", v.revision())
+	p.log.Info("push stream to peer replica up", "reports", reports, "watermarks", watermarks, "revision", v.revision())
 
 	heartbeat := time.NewTicker(peerHeartbeat)
 	defer heartbeat.Stop()
@@ -506,18 +556,35 @@ func (p *pusher) push(ctx context.Context) (up bool, err error) {
 				return true, err
 			}
 		case <-p.wake:
-			statuses, nodes := p.take()
+			statuses, watermarks, nodes := p.take()
+			now := h.s.opts.Now()
 			v := h.s.view()
 			fb := &peerFrameBuilder{send: send, frame: &nimbusv1.PeerFrame{Revision: v.revision()}}
 			for k := range statuses {
-				// A status gone since, or replaced by a newer one from another replica, is
-				// not this replica's to send.
-				if rec := v.nodeStatus(k.key, k.node); rec != nil && rec.Origin == h.name {
+				rec := v.nodeStatus(k.key, k.node)
+				if rec != nil && rec.Origin == h.name {
 					if err := fb.addStatus(rec); err != nil {
+						return true, err
+					}
+					continue
+				}
+				// A status gone since, or replaced by a newer one from another replica,
+				// is not this replica's any more: the peer drops the copy it holds.
+				if err := fb.addDropped(k); err != nil {
+					return true, err
+				}
+			}
+			for node := range watermarks {
+				// A watermark gone since (its Node object was deleted, which the peer
+				// sees in the store too), or replaced by another replica's, is not this
+				// replica's to send.
+				if rec := v.watermark(node); rec != nil && rec.Origin == h.name {
+					if err := fb.addWatermark(rec, since); err != nil {
 						return true, err
 					}
 				}
 			}
+			since = now
 			for node := range nodes {
 				rec := v.watchNode(node)
 				if rec == nil {
@@ -539,7 +606,7 @@ func (p *pusher) push(ctx context.Context) (up bool, err error) {
 type peerFrameBuilder struct {
 	send  func(*nimbusv1.PeerFrame) error
 	frame *nimbusv1.PeerFrame
-	// size is the encoded length of the frame's reports and presence.
+	// size is the encoded length of the frame's reports, presence and watermarks.
 	size int
 }
 
@@ -550,6 +617,47 @@ func (b *peerFrameBuilder) addStatus(rec *statusRecord) error {
 		return err
 	}
 	b.frame.Reports = append(b.frame.Reports, r)
+	return nil
+}
+
+// addDropped adds a report that the replica holds no status of its own for the object
+// and node of k any more: a report with the key and a watermark naming the node, and no
+// status. The node's status of the object is then what its watermark says.
+func (b *peerFrameBuilder) addDropped(k statusKey) error {
+	r := &nimbusv1.StatusReport{Key: k.key.Proto(), Watermark: &nimbusv1.StatusWatermark{Node: k.node}}
+	if err := b.room(r.SizeVT()); err != nil {
+		return err
+	}
+	b.frame.Reports = append(b.frame.Reports, r)
+	return nil
+}
+
+// isDropped tells whether the report of a peer says that the peer dropped its status of
+// the object for the node (see addDropped).
+func isDropped(r *nimbusv1.StatusReport) bool { return r.GetKey() != nil && r.GetWatermark() != nil }
+
+// addWatermark adds the watermark, with its update time, and before it the moves it kept
+// that it made after since, each with its time, so that the peer derives the times at
+// which it passed each revision as this replica does. It sends the frame first when an
+// entry does not fit.
+func (b *peerFrameBuilder) addWatermark(rec *watermarkRecord, since time.Time) error {
+	for _, st := range rec.steps {
+		if st.rev < rec.Revision && st.at.After(since) {
+			if err := b.addWatermarkEntry(&nimbusv1.StatusWatermark{Node: rec.Node, Epoch: rec.Epoch, Revision: st.rev, UpdateTime: timestamppb.New(st.at)}); err != nil {
+				return err
+			}
+		}
+	}
+	return b.addWatermarkEntry(&nimbusv1.StatusWatermark{Node: rec.Node, Epoch: rec.Epoch, Revision: rec.Revision, UpdateTime: timestamppb.New(rec.UpdateTime)})
+}
+
+// addWatermarkEntry adds one entry of watermarks, sending the frame first when it does
+// not fit.
+func (b *peerFrameBuilder) addWatermarkEntry(wm *nimbusv1.StatusWatermark) error {
+	if err := b.room(wm.SizeVT()); err != nil {
+		return err
+	}
+	b.frame.Watermarks = append(b.frame.Watermarks, wm)
 	return nil
 }
 
@@ -570,7 +678,7 @@ func (b *peerFrameBuilder) addPresence(rec *watchNodeRecord) error {
 // room makes room for an entry of n bytes: it sends the frame when the entry would take
 // it past maxPeerFrameBytes, and counts the entry in.
 func (b *peerFrameBuilder) room(n int) error {
-	// Reports and presence are fields 3 and 4: a one-byte tag, then the length.
+	// Reports, presence and watermarks are fields 3 to 5: a one-byte tag, then the length.
 	n = protowire.SizeTag(3) + protowire.SizeBytes(n)
 	if b.size > 0 && b.size+n > maxPeerFrameBytes {
 		if err := b.flush(false); err != nil {
@@ -585,7 +693,7 @@ func (b *peerFrameBuilder) room(n int) error {
 // and starts the next one at the same revision.
 func (b *peerFrameBuilder) flush(always bool) error {
 	f := b.frame
-	if len(f.GetReports()) == 0 && len(f.GetPresence()) == 0 && !always {
+	if len(f.GetReports()) == 0 && len(f.GetPresence()) == 0 && len(f.GetWatermarks()) == 0 && !always {
 		return nil
 	}
 	b.frame, b.size = &nimbusv1.PeerFrame{Revision: f.GetRevision()}, 0
@@ -753,20 +861,27 @@ func (h *peerHub) current(sess *peerSession) bool {
 }
 
 // apply takes one frame of the peer's stream: once the store has caught up with the
-// frame's revision (s.peerGate), its reports and presence.
+// frame's revision (s.peerGate), its reports, then its watermarks and presence.
 func (h *peerHub) apply(ctx context.Context, sess *peerSession, f *nimbusv1.PeerFrame) error {
 	s := h.s
-	if len(f.GetReports()) == 0 && len(f.GetPresence()) == 0 {
+	if len(f.GetReports()) == 0 && len(f.GetPresence()) == 0 && len(f.GetWatermarks()) == 0 {
 		return nil // a heartbeat
 	}
-	if len(f.GetReports()) > 0 && s.peerGate != nil {
+	if (len(f.GetReports()) > 0 || len(f.GetWatermarks()) > 0) && s.peerGate != nil {
 		if err := s.peerGate(ctx, f.GetRevision()); err != nil {
 			return status.Errorf(codes.Unavailable, "waiting for revision %d of replica %q: %v", f.GetRevision(), sess.replica, err)
 		}
 	}
+	// What the frame says of a node whose Node object was deleted after the sender built
+	// it was forgotten with it: the sender's agent reports it again.
+	var forgotten map[string]struct{}
+	if len(f.GetReports()) > 0 || len(f.GetWatermarks()) > 0 {
+		forgotten = s.nodesDeletedAfter(f.GetRevision())
+	}
 	// The reports go in transactions of statusTxnReports each, as an agent's do, and the
-	// presence with the last of them.
+	// watermarks and presence with the last of them.
 	var changed []*nimbusv1.ObjectKey
+	var dropped []*statusRecord
 	reports := f.GetReports()
 	for len(reports) > statusTxnReports {
 		txn := s.store.write()
@@ -774,11 +889,7 @@ func (h *peerHub) apply(ctx context.Context, sess *peerSession, f *nimbusv1.Peer
 			txn.abort()
 			return errPeerReplaced
 		}
-		for _, r := range reports[:statusTxnReports] {
-			if key := s.recordStatusIn(txn, r, sess.replica); key != nil {
-				changed = append(changed, key)
-			}
-		}
+		changed, dropped = h.applyReportsIn(txn, sess, reports[:statusTxnReports], forgotten, changed, dropped)
 		txn.commit()
 		reports = reports[statusTxnReports:]
 	}
@@ -787,10 +898,18 @@ func (h *peerHub) apply(ctx context.Context, sess *peerSession, f *nimbusv1.Peer
 	if !h.current(sess) {
 		return errPeerReplaced
 	}
-	for _, r := range reports {
-		if key := s.recordStatusIn(txn, r, sess.replica); key != nil {
-			changed = append(changed, key)
+	changed, dropped = h.applyReportsIn(txn, sess, reports, forgotten, changed, dropped)
+	var moved []watermarkMove
+	for _, wm := range f.GetWatermarks() {
+		if _, ok := forgotten[wm.GetNode()]; ok {
+			s.log.Debug("dropping a peer's status watermark of a node whose Node object was deleted since", "node", wm.GetNode(), "peer", sess.replica)
+			continue
 		}
+		m, del := s.recordPeerWatermarkIn(txn, wm, sess.replica)
+		if m.hi > m.lo {
+			moved = append(moved, watermarkMove{wm.GetNode(), m})
+		}
+		dropped = append(dropped, del...)
 	}
 	now := s.opts.Now()
 	var nodes, idle []string
@@ -812,10 +931,70 @@ func (h *peerHub) apply(ctx context.Context, sess *peerSession, f *nimbusv1.Peer
 	for _, key := range changed {
 		s.statusWatch.objectChanged(key)
 	}
+	for _, r := range dropped {
+		s.statusWatch.objectChanged(r.Object.Proto())
+		// The peers may hold a copy of a record of this replica's own: they drop it too.
+		if r.Origin == h.name {
+			h.statusChanged(r.Object, r.Node)
+		}
+	}
+	for _, m := range moved {
+		s.statusWatch.watermarkMoved(m.node, m.span)
+	}
 	for _, n := range nodes {
 		s.statusWatch.nodeChanged(n)
 	}
 	return nil
+}
+
+// applyReportsIn records in txn the reports of the peer's frame, as reported to the
+// peer, but those of the forgotten nodes, and drops the records of the peer's own that a
+// report says it dropped (isDropped). It returns changed and dropped with the keys of the
+// objects whose records it stored, and the records it deleted, appended.
+func (h *peerHub) applyReportsIn(txn *writeTxn, sess *peerSession, reports []*nimbusv1.StatusReport, forgotten map[string]struct{}, changed []*nimbusv1.ObjectKey, dropped []*statusRecord) ([]*nimbusv1.ObjectKey, []*statusRecord) {
+	for _, r := range reports {
+		if _, ok := forgotten[r.GetStatus().GetNode()]; ok && r.GetStatus() != nil {
+			h.s.log.Debug("dropping a peer's status report of a node whose Node object was deleted since", "key", r.GetKey().ID(), "node", r.GetStatus().GetNode(), "peer", sess.replica)
+			continue
+		}
+		if !isDropped(r) {
+			if key := h.s.recordStatusIn(txn, r, sess.replica); key != nil {
+				changed = append(changed, key)
+			}
+			continue
+		}
+		if r.GetKey().Validate() != nil {
+			continue
+		}
+		if rec := txn.nodeStatus(r.GetKey().Key(), r.GetWatermark().GetNode()); rec != nil && rec.Origin == sess.replica {
+			txn.deleteStatus(rec)
+			dropped = append(dropped, rec)
+		}
+	}
+	return changed, dropped
+}
+
+// nodesDeletedAfter returns the names of the nodes whose Node objects changes after
+// revision rev deleted, as far as the history of changes reaches back; nil when it does
+// not reach rev.
+func (s *Server) nodesDeletedAfter(rev uint64) map[string]struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := &s.history
+	if rev < h.floor || rev >= s.rev {
+		return nil
+	}
+	var nodes map[string]struct{}
+	first := sort.Search(len(h.ring), func(i int) bool { return h.at(i).rev > rev })
+	for i := first; i < len(h.ring); i++ {
+		if c := h.at(i); c.after == nil && c.key.GetKind() == nimbusv1.Kind_KIND_NODE {
+			if nodes == nil {
+				nodes = map[string]struct{}{}
+			}
+			nodes[c.key.GetName()] = struct{}{}
+		}
+	}
+	return nodes
 }
 
 // applyPeerPresence records in txn that the node has pr.streams watch streams open on the

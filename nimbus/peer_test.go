@@ -474,3 +474,221 @@ func TestPeerAuth(t *testing.T) {
 		t.Errorf("b: r1 failed on %d nodes, kept from %q; want a's report, no forged one", st.GetFailedNodes(), b.originOf(r1, "n1"))
 	}
 }
+
+// startWatermarkPeers serves a replica for each name, with opts, one clock and one epoch,
+// as replicas sharing an etcd have, and links them.
+func startWatermarkPeers(t *testing.T, opts Options, names ...string) []*testPeer {
+	t.Helper()
+	clock := &fakeClock{now: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
+	var rs []*testPeer
+	for _, name := range names {
+		rs = append(rs, startPeer(t, name, opts, clock, func(s *Server) { s.setEpoch("shared-epoch") }))
+	}
+	linkPeers(t, rs...)
+	return rs
+}
+
+// revision returns the replica's store revision.
+func (r *testPeer) revision(t *testing.T) uint64 {
+	t.Helper()
+	resp, err := r.client.List(testContext(t), &nimbusv1.ListRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.GetRevision()
+}
+
+// watermarkOf returns the revision and origin of the node's watermark as the replica
+// keeps it, or 0 and "none".
+func (r *testPeer) watermarkOf(node string) (uint64, string) {
+	wm := r.srv.store.read().watermark(node)
+	if wm == nil {
+		return 0, "none"
+	}
+	return wm.Revision, wm.Origin
+}
+
+// waitPeerWatermark waits until every replica keeps the node's watermark at rev from
+// origin.
+func waitPeerWatermark(t *testing.T, node string, rev uint64, origin string, rs ...*testPeer) {
+	t.Helper()
+	for _, r := range rs {
+		waitPeerCond(t, fmt.Sprintf("%s to keep %s's watermark at %d from %s", r.name, node, rev, origin), func() bool {
+			got, from := r.watermarkOf(node)
+			return got == rev && from == origin
+		})
+	}
+}
+
+// TestPeerWatermarksShared shows that a node's watermark and exceptions, reported to one
+// replica, are what every replica answers from, that a record the watermark makes
+// redundant goes on every replica, and that a replica that joins gets the watermarks and
+// the exceptions, not a status per object.
+func TestPeerWatermarksShared(t *testing.T) {
+	rs := startWatermarkPeers(t, Options{}, "a", "b", "c")
+	a, b, c := rs[0], rs[1], rs[2]
+	r1, r2, r3 := routeKey("r1"), routeKey("r2"), routeKey("r3")
+	objs := []*nimbusv1.Object{nodeObject("n1"), route("r1", []string{"n1"}, "192.0.2.1"),
+		route("r2", []string{"n1"}, "192.0.2.1"), route("r3", []string{"n1"}, "192.0.2.1")}
+	applyToPeers(t, objs, rs...)
+	w := a.revision(t)
+
+	// n1 has applied everything but r2, which failed, and r3, whose HAL has said nothing yet.
+	failed := statusReport(r2, "n1", 1, nimbusv1.Phase_PHASE_FAILED, "kernel says no")
+	a.report(t, failed, statusReport(r3, "n1", 1, nimbusv1.Phase_PHASE_PROGRAMMED, ""),
+		statusReport(r3, "n1", 1, nimbusv1.Phase_PHASE_UNSPECIFIED, ""), a.watermarkReport("n1", w))
+	waitPeerWatermark(t, "n1", w, "a", rs...)
+	wantStatus(t, a.testServer, r1, 1, 1, 0, "n1")
+	wantStatus(t, a.testServer, r2, 1, 0, 1, "n1")
+	wantStatus(t, a.testServer, r3, 1, 0, 0)
+	for _, key := range []*nimbusv1.ObjectKey{r1, r2, r3} {
+		waitPeerStatus(t, key, a.statusOf(t, key), b, c)
+	}
+	if msg := c.statusOf(t, r2).GetNodes()[0].GetMessage(); msg != "kernel says no" {
+		t.Errorf("c: n1's message of r2 = %q, want the one reported to a", msg)
+	}
+	for _, r := range rs {
+		wantMetrics(t, r.srv, `naples_nimbus_status_watermarks 1`, `naples_nimbus_statuses 2`)
+	}
+
+	// r2 and r3 are programmed now: a keeps no record of them, and neither do b and c.
+	a.clock.Advance(time.Second)
+	reportWith(t, a.client, statusReport(r2, "n1", 1, nimbusv1.Phase_PHASE_PROGRAMMED, ""),
+		statusReport(r3, "n1", 1, nimbusv1.Phase_PHASE_PROGRAMMED, ""), a.watermarkReport("n1", w))
+	for _, r := range rs {
+		waitPeerCond(t, r.name+" to drop n1's records", func() bool {
+			return metricValues(t, r.srv.Registry())["naples_nimbus_statuses"] == 0
+		})
+		wantStatus(t, r.testServer, r2, 1, 1, 0, "n1")
+		wantStatus(t, r.testServer, r3, 1, 1, 0, "n1")
+	}
+
+	// A watermark that moves moves everywhere; a record it passes goes everywhere.
+	a.apply(t, route("r4", []string{"n1"}, "192.0.2.4"))
+	b.apply(t, route("r4", []string{"n1"}, "192.0.2.4"))
+	c.apply(t, route("r4", []string{"n1"}, "192.0.2.4"))
+	r4 := routeKey("r4")
+	a.report(t, statusReport(r4, "n1", 1, nimbusv1.Phase_PHASE_PENDING, "waiting"), a.watermarkReport("n1", w))
+	waitPeerStatus(t, r4, a.statusOf(t, r4), b, c)
+	a.report(t, statusReport(r4, "n1", 1, nimbusv1.Phase_PHASE_PROGRAMMED, ""), a.watermarkReport("n1", w))
+	if got := metricValues(t, a.srv.Registry())["naples_nimbus_statuses"]; got != 1 {
+		t.Fatalf("a keeps %v records, want r4's, which the watermark does not pass", got)
+	}
+	waitPeerStatus(t, r4, a.statusOf(t, r4), b, c)
+	a.report(t, a.watermarkReport("n1", a.revision(t)))
+	for _, r := range rs {
+		waitPeerCond(t, r.name+" to drop n1's record of r4", func() bool {
+			return metricValues(t, r.srv.Registry())["naples_nimbus_statuses"] == 0
+		})
+		wantStatus(t, r.testServer, r4, 1, 1, 0, "n1")
+	}
+
+	// A replica that joins takes the watermark and the exception from a's full state.
+	a.report(t, failed, a.watermarkReport("n1", a.revision(t)))
+	d := startPeer(t, "d", Options{}, a.clock, func(s *Server) { s.setEpoch("shared-epoch") })
+	applyToPeers(t, append(objs, route("r4", []string{"n1"}, "192.0.2.4")), d)
+	linkPeers(t, a, b, c, d)
+	waitPeerWatermark(t, "n1", a.revision(t), "a", d)
+	// d gets the moves a kept of the watermark, and derives the same times.
+	for _, key := range []*nimbusv1.ObjectKey{r1, r2, r3, r4} {
+		waitPeerStatus(t, key, a.statusOf(t, key), d)
+	}
+	wantMetrics(t, d.srv, `naples_nimbus_status_watermarks 1`, `naples_nimbus_statuses 1`)
+}
+
+// TestPeerWatermarkNodeMoves shows a node that reported its watermark and exceptions to a
+// replica that stops, and moves to another: it reports its exceptions and watermark
+// again there, and every replica left answers as the node says, its failure's message
+// included, with no record of the first replica's left over.
+func TestPeerWatermarkNodeMoves(t *testing.T) {
+	rs := startWatermarkPeers(t, Options{}, "a", "b", "c")
+	a, b, c := rs[0], rs[1], rs[2]
+	r1, r2, r3 := routeKey("r1"), routeKey("r2"), routeKey("r3")
+	applyToPeers(t, []*nimbusv1.Object{nodeObject("n1"), route("r1", []string{"n1"}, "192.0.2.1"),
+		route("r2", []string{"n1"}, "192.0.2.1"), route("r3", []string{"n1"}, "192.0.2.1"), route("all", nil, "192.0.2.1")}, rs...)
+	w := a.revision(t)
+	ctx := testContext(t)
+	recvUntilSynced(t, watchFrom(t, ctx, a.client, "n1", "", 0))
+	failed := statusReport(r2, "n1", 1, nimbusv1.Phase_PHASE_FAILED, "kernel says no")
+	a.report(t, failed, statusReport(r3, "n1", 1, nimbusv1.Phase_PHASE_FAILED, "not yet"), a.watermarkReport("n1", w))
+	waitPeerWatermark(t, "n1", w, "a", rs...)
+	for _, key := range []*nimbusv1.ObjectKey{r1, r2, r3} {
+		waitPeerStatus(t, key, a.statusOf(t, key), b, c)
+	}
+
+	a.stop()
+	// n1 moves to b. r3 got programmed meanwhile: it is no exception any more, and the
+	// agent does not report it on its new stream.
+	a.clock.Advance(time.Second)
+	recvUntilSynced(t, watchFrom(t, ctx, b.client, "n1", "", 0))
+	b.report(t, failed, b.watermarkReport("n1", w))
+	waitPeerWatermark(t, "n1", w, "b", b, c)
+	for _, r := range []*testPeer{b, c} {
+		wantStatus(t, r.testServer, r1, 1, 1, 0, "n1")
+		wantStatus(t, r.testServer, r3, 1, 1, 0, "n1")
+		st := wantStatus(t, r.testServer, r2, 1, 0, 1, "n1")
+		if msg := st.GetNodes()[0].GetMessage(); msg != "kernel says no" {
+			t.Errorf("%s: n1's message of r2 = %q, want the one it reported", r.name, msg)
+		}
+		if got := r.originOf(r2, "n1"); got != "b" {
+			t.Errorf("%s keeps n1's status of r2 from %q, want b", r.name, got)
+		}
+		wantMetrics(t, r.srv, `naples_nimbus_status_watermarks 1`, `naples_nimbus_statuses 1`)
+	}
+	for _, key := range []*nimbusv1.ObjectKey{r1, r2, r3, routeKey("all")} {
+		waitPeerStatus(t, key, b.statusOf(t, key), c)
+	}
+
+	// A frame of a's that was late, with the watermark n1 had there, does not take the
+	// node back: b's moved later.
+	stream, err := c.client.PeerStatus(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	late := &nimbusv1.StatusWatermark{Node: "n1", Epoch: c.srv.Epoch(), Revision: w, UpdateTime: timestamppb.New(a.clock.Now().Add(-time.Second))}
+	if err := stream.Send(&nimbusv1.PeerFrame{Replica: "a", Revision: c.revision(t), Watermarks: []*nimbusv1.StatusWatermark{late}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.CloseAndRecv(); err != nil {
+		t.Fatal(err)
+	}
+	if rev, origin := c.watermarkOf("n1"); rev != w || origin != "b" {
+		t.Errorf("c keeps n1's watermark at %d from %s after a's late one, want %d from b", rev, origin, w)
+	}
+	wantStatus(t, c.testServer, r2, 1, 0, 1, "n1")
+}
+
+// TestPeerForgetsDeletedNode shows that a peer's frame built before a node's Node object
+// was deleted, and taken after, does not bring back the node's watermark and records,
+// which the deletion forgot; one built after the deletion is taken.
+func TestPeerForgetsDeletedNode(t *testing.T) {
+	b := startWatermarkPeers(t, Options{}, "b")[0]
+	r1 := routeKey("r1")
+	applyToPeers(t, []*nimbusv1.Object{nodeObject("n1"), route("r1", []string{"n1"}, "192.0.2.1")}, b)
+	built := b.revision(t)
+	if _, err := b.client.Delete(testContext(t), &nimbusv1.DeleteRequest{Key: nodeObject("n1").Key()}); err != nil {
+		t.Fatal(err)
+	}
+	// push sends a frame of replica x built at rev, with n1's failure of r1 and its
+	// watermark, and returns once b has taken it.
+	push := func(rev uint64) {
+		t.Helper()
+		stream, err := b.client.PeerStatus(testContext(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wm := &nimbusv1.StatusWatermark{Node: "n1", Epoch: b.srv.Epoch(), Revision: built, UpdateTime: b.clock.Timestamp()}
+		if err := stream.Send(&nimbusv1.PeerFrame{Replica: "x", Revision: rev,
+			Reports:    []*nimbusv1.StatusReport{peerReport(r1, "n1", 1, nimbusv1.Phase_PHASE_FAILED, b.clock.Now())},
+			Watermarks: []*nimbusv1.StatusWatermark{wm}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := stream.CloseAndRecv(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	push(built)
+	wantMetrics(t, b.srv, `naples_nimbus_status_watermarks 0`, `naples_nimbus_statuses 0`)
+	push(b.revision(t))
+	wantMetrics(t, b.srv, `naples_nimbus_status_watermarks 1`, `naples_nimbus_statuses 1`)
+}

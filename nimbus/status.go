@@ -21,21 +21,18 @@ import (
 // node, and the node's watermark (see recordWatermarkIn). Reports for objects that do not
 // exist or do not target the reporting node are dropped, and so are statuses the node's
 // watermark says already. It sends its headers at once, saying that it takes watermarks
-// on a server that is no replica (nimbusv1.StatusWatermarkHeader), answers when the
-// client closes its side, and ends with codes.Unavailable when the Server is closed, and
-// with codes.Aborted when it sends the watermark of a node whose Node object was deleted
-// after its first watermark on the stream.
+// (nimbusv1.StatusWatermarkHeader), answers when the client closes its side, and ends
+// with codes.Unavailable when the Server is closed, and with codes.Aborted when it sends
+// the watermark of a node whose Node object was deleted after its first watermark on the
+// stream.
 func (s *Server) ReportStatus(stream grpc.ClientStreamingServer[nimbusv1.StatusReport, nimbusv1.ReportStatusResponse]) error {
 	if s.isClosed() {
 		return rpcError(fmt.Errorf("taking status reports: %w", ErrClosed))
 	}
 	// The headers tell the client at once that its stream is taken (it answers only at
 	// the end): the client starts its reconnect backoff over then. They say the server
-	// takes watermarks, unless it is a replica: replicas do not share them yet.
-	md := metadata.MD{}
-	if s.opts.ReplicaName == "" {
-		md.Set(nimbusv1.StatusWatermarkHeader, "1")
-	}
+	// takes watermarks.
+	md := metadata.Pairs(nimbusv1.StatusWatermarkHeader, "1")
 	if err := stream.SendHeader(md); err != nil {
 		return fmt.Errorf("taking status reports: sending headers: %w", err)
 	}
@@ -116,10 +113,10 @@ func isWatermark(r *nimbusv1.StatusReport) bool { return r.GetWatermark() != nil
 
 // recordStatuses stores reports of the server's own agents, received on the stream rs,
 // statusTxnReports per transaction, dropping those that do not belong to a stored object
-// that targets the reporting node, and hands those it stores to the pushers to the peer
-// replicas. A report of a watermark is recorded with recordWatermarkIn, in the order it
-// came among the statuses; a status the node's watermark says already (derivable) is not
-// stored, and deletes the record it replaces.
+// that targets the reporting node, and hands those it stores or deletes, and the
+// watermarks, to the pushers to the peer replicas. A report of a watermark is recorded
+// with recordWatermarkIn, in the order it came among the statuses; a status the node's
+// watermark says already (derivable) is not stored, and deletes the record it replaces.
 func (s *Server) recordStatuses(rs *reportStream, reports []*nimbusv1.StatusReport) {
 	statuses := reports
 	if slices.ContainsFunc(reports, isWatermark) {
@@ -133,15 +130,14 @@ func (s *Server) recordStatuses(rs *reportStream, reports []*nimbusv1.StatusRepo
 		var deleted []nimbusv1.Key
 		var deletedNodes []string
 		var moved []watermarkMove
+		var watermarks []string
 		epoch := s.Epoch()
 		for _, r := range part {
 			if wm := r.GetWatermark(); wm != nil {
-				if s.opts.ReplicaName != "" {
-					// Replicas do not share watermarks yet, and do not ask for them.
-					s.log.Debug("dropping status watermark on a replica", "node", wm.GetNode())
-					continue
-				}
 				m, del := s.recordWatermarkIn(txn, rs, wm, s.opts.ReplicaName)
+				if wm.GetNode() != "" {
+					watermarks = append(watermarks, wm.GetNode())
+				}
 				if m.hi > m.lo {
 					moved = append(moved, watermarkMove{wm.GetNode(), m})
 				}
@@ -154,9 +150,7 @@ func (s *Server) recordStatuses(rs *reportStream, reports []*nimbusv1.StatusRepo
 			node := r.GetStatus().GetNode()
 			if key := r.GetKey(); node != "" && key.Validate() == nil {
 				id := key.Key()
-				if s.opts.ReplicaName == "" {
-					rs.node(node).saw(id)
-				}
+				rs.node(node).saw(id)
 				if wm := txn.watermark(node); wm != nil {
 					if o := txn.object(id); o != nil && targetsNode(o.Object, node) && derivable(r.GetStatus(), o.Object, wm, epoch) {
 						if old := txn.nodeStatus(id, node); old != nil {
@@ -187,6 +181,9 @@ func (s *Server) recordStatuses(rs *reportStream, reports []*nimbusv1.StatusRepo
 		}
 		for _, m := range moved {
 			s.statusWatch.watermarkMoved(m.node, m.span)
+		}
+		for _, node := range watermarks {
+			s.peers.watermarkChanged(node)
 		}
 	}
 }

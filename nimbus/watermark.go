@@ -74,7 +74,9 @@ func (r *watermarkRecord) moved(node, epoch string, rev uint64, origin string, n
 	case r == nil || r.Epoch != epoch:
 		next.steps = []watermarkStep{{rev, now}}
 	case rev == r.Revision:
-		next.UpdateTime, next.steps = r.UpdateTime, r.steps
+		// Another replica took it: the times of the revisions passed stay, and the move
+		// to that replica is the record's update, later than the one it replaces.
+		next.steps = r.steps
 	case rev > r.Revision:
 		keep := r.steps[max(0, len(r.steps)-watermarkSteps+1):]
 		next.steps = append(slices.Clip(keep), watermarkStep{rev, now})
@@ -212,28 +214,76 @@ func (s *Server) recordWatermarkIn(txn *writeTxn, rs *reportStream, wm *nimbusv1
 	if !first && rec == old {
 		return moved, nil
 	}
-	epoch := s.Epoch()
-	for _, r := range txn.statusesBy(node) {
-		if r.Origin != origin {
-			continue
-		}
+	if rec != old {
+		s.log.Debug("status watermark recorded", "node", node, "epoch", rec.Epoch, "revision", rec.Revision, "origin", origin)
+	}
+	// The agent sent every record it holds on the stream before its first watermark,
+	// whichever replica kept the earlier ones: the others are of an earlier stream.
+	for _, r := range s.dropForWatermarkIn(txn, rec, func(r *statusRecord) bool {
 		_, again := seen[r.Object]
-		drop := first && !again
+		return first && !again
+	}) {
+		deleted = append(deleted, r.Object)
+	}
+	return moved, deleted
+}
+
+// dropForWatermarkIn deletes in txn the records of the watermark's node that stale tells
+// are out of date, and those derivable from the watermark, whatever replica they came
+// from: they say what the watermark says. It returns the records it deleted.
+func (s *Server) dropForWatermarkIn(txn *writeTxn, rec *watermarkRecord, stale func(*statusRecord) bool) []*statusRecord {
+	var deleted []*statusRecord
+	epoch := s.Epoch()
+	for _, r := range txn.statusesBy(rec.Node) {
+		drop := stale(r)
 		if !drop {
 			if o := txn.object(r.Object); o != nil && derivable(r.Status, o.Object, rec, epoch) {
 				drop = true
 			}
 		}
 		if drop {
-			s.log.Debug("status record dropped for the watermark", "key", r.Object, "node", node, "first", first)
+			s.log.Debug("status record dropped for the watermark", "key", r.Object, "node", rec.Node, "origin", r.Origin)
 			txn.deleteStatus(r)
-			deleted = append(deleted, r.Object)
+			deleted = append(deleted, r)
 		}
 	}
-	if rec != old {
-		s.log.Debug("status watermark recorded", "node", node, "epoch", rec.Epoch, "revision", rec.Revision)
+	return deleted
+}
+
+// recordPeerWatermarkIn stores in txn a watermark a peer replica's agent reported to it,
+// with the peer as its origin, unless the watermark kept is from another replica and
+// moved later (the node moved from the peer to it). It deletes the node's records the
+// watermark makes redundant, as recordWatermarkIn does at the peer, and, when the node
+// comes from another replica (or had no watermark here), those of other replicas than
+// the peer: the agent sent the peer every record it holds before this watermark, and
+// the peer pushed them before it. It returns the span of revisions the watermark moved
+// across, and the records it deleted.
+func (s *Server) recordPeerWatermarkIn(txn *writeTxn, wm *nimbusv1.StatusWatermark, origin string) (moved revSpan, deleted []*statusRecord) {
+	node := wm.GetNode()
+	if err := validateNode(node); err != nil {
+		s.log.Debug("dropping a peer's status watermark of an invalid node", "peer", origin, "error", err)
+		return revSpan{}, nil
 	}
-	return moved, deleted
+	at := s.opts.Now()
+	if wm.GetUpdateTime() != nil {
+		at = wm.GetUpdateTime().AsTime()
+	}
+	old := txn.watermark(node)
+	if old != nil && old.Origin != origin && old.UpdateTime.After(at) {
+		s.log.Debug("dropping a peer's status watermark older than the one kept from another replica",
+			"node", node, "origin", origin, "kept_origin", old.Origin)
+		return revSpan{}, nil
+	}
+	rec := old.moved(node, wm.GetEpoch(), wm.GetRevision(), origin, at)
+	if rec == old {
+		return revSpan{}, nil
+	}
+	txn.putWatermark(rec)
+	s.log.Debug("status watermark recorded from a peer", "node", node, "epoch", rec.Epoch, "revision", rec.Revision, "origin", origin)
+	arrived := old == nil || old.Origin != origin
+	return movedSpan(old, rec), s.dropForWatermarkIn(txn, rec, func(r *statusRecord) bool {
+		return arrived && r.Origin != origin
+	})
 }
 
 // movedSpan returns the revisions a watermark moved across from old to rec, either nil:

@@ -195,11 +195,13 @@ func TestStatusDerivedFromWatermark(t *testing.T) {
 	wantStatus(t, ts, listed, 1, 0, 0)
 }
 
+// TestReportStatusHeaderSaysWatermarks shows that a nimbus takes watermarks, a replica
+// as well as one that is none.
 func TestReportStatusHeaderSaysWatermarks(t *testing.T) {
 	for _, tc := range []struct {
 		replica string
 		want    []string
-	}{{"", []string{"1"}}, {"r1", nil}} {
+	}{{"", []string{"1"}}, {"r1", []string{"1"}}} {
 		ts := start(t, Options{ReplicaName: tc.replica})
 		stream, err := ts.client.ReportStatus(testContext(t))
 		if err != nil {

@@ -12,18 +12,21 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+
 	"github.com/naplesnet/naples/internal/testlog"
 	"github.com/naplesnet/naples/nimbus"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
 // startStatusAgent runs a client of the node against the nimbus at addr, with its own
-// delphi store.
-func startStatusAgent(t *testing.T, node, addr string, exceptionAfter time.Duration) *agent {
+// delphi store, and more dial options.
+func startStatusAgent(t *testing.T, node, addr string, exceptionAfter time.Duration, dial ...grpc.DialOption) *agent {
 	t.Helper()
 	a := newAgent(t)
 	c, err := New(Options{Node: node, Address: addr, Store: a.store, Logger: quiet, MaxBackoff: 200 * time.Millisecond,
-		StatusExceptionAfter: exceptionAfter})
+		StatusExceptionAfter: exceptionAfter, DialOptions: dial})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,6 +45,32 @@ func unixNimbus(t *testing.T, opts nimbus.Options) *replica {
 		opts.Logger = quiet
 	}
 	return serveReplica(t, lis, opts)
+}
+
+// withoutWatermarks is a dial option that hides from the client that nimbus takes
+// watermarks (nimbusv1.StatusWatermarkHeader), as an older nimbus would: the client
+// reports every status.
+func withoutWatermarks() grpc.DialOption {
+	return grpc.WithStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		s, err := streamer(ctx, desc, cc, method, opts...)
+		if err != nil {
+			return nil, err
+		}
+		return headerless{s}, nil
+	})
+}
+
+// headerless is a client stream whose headers never say that nimbus takes watermarks.
+type headerless struct{ grpc.ClientStream }
+
+// Header returns the stream's headers without nimbusv1.StatusWatermarkHeader.
+func (h headerless) Header() (metadata.MD, error) {
+	md, err := h.ClientStream.Header()
+	if md != nil {
+		md = md.Copy()
+		md.Delete(nimbusv1.StatusWatermarkHeader)
+	}
+	return md, err
 }
 
 // statusSummary is what a status answer says, update times, uids and revisions aside:
@@ -76,21 +105,21 @@ type programmedKey struct {
 
 // TestWatermarkStatusesMatchEveryStatus is the differential test of watermark statuses.
 // Two nimbus servers get the same random objects: for every node and for listed nodes,
-// with new generations, changes of labels only, retargets and deletions. Each node has
-// an agent (the real client, with a delphi store) on each server: on the replica, which
-// takes no watermarks, the agent reports every status, as agents did before; on the
-// other it reports its watermark and exceptions. A simulated HAL per node programs the
-// objects both of the node's stores hold at the same generation in random order, some
-// failing, some pending, some never, and writes the same status into both. Once changes
-// stop, both servers answer List alike, update times aside; and at no time does the
-// watermark server show an object PROGRAMMED at a generation on a node before the node's
-// HAL wrote so.
+// with new generations, changes of labels only, retargets and deletions. Each node has an
+// agent (the real client, with a delphi store) on each server: on one, the agent is not
+// told that nimbus takes watermarks (withoutWatermarks) and reports every status, as
+// agents did before; on the other it reports its watermark and exceptions. A simulated HAL
+// per node programs the objects both of the node's stores hold at the same generation in
+// random order, some failing, some pending, some never, and writes the same status into
+// both. Once changes stop, both servers answer List alike, update times aside; and at no
+// time does the watermark server show an object PROGRAMMED at a generation on a node
+// before the node's HAL wrote so.
 func TestWatermarkStatusesMatchEveryStatus(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 22))
 	const exceptionAfter = 300 * time.Millisecond
-	every := unixNimbus(t, nimbus.Options{ReplicaName: "every"}) // no watermarks
+	every := unixNimbus(t, nimbus.Options{})
 	var logs testlog.Buffer
 	marks := unixNimbus(t, nimbus.Options{Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	servers := []*replica{every, marks}
@@ -105,7 +134,7 @@ func TestWatermarkStatusesMatchEveryStatus(t *testing.T) {
 	}
 	agents := map[string][2]*agent{}
 	for _, n := range nodes {
-		agents[n] = [2]*agent{startStatusAgent(t, n, every.addr, exceptionAfter), startStatusAgent(t, n, marks.addr, exceptionAfter)}
+		agents[n] = [2]*agent{startStatusAgent(t, n, every.addr, exceptionAfter, withoutWatermarks()), startStatusAgent(t, n, marks.addr, exceptionAfter)}
 	}
 
 	type object struct {

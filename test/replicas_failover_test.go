@@ -16,20 +16,28 @@ import (
 // statusReconnects is the agent's count of status streams started again.
 const statusReconnects = `naples_nimbusclient_reconnects_total{stream="status"}`
 
-// TestStatusesFollowAgentPastKilledReplica runs two replicas on a 3-member etcd and one
-// agent given both. Once a route is programmed, the replica the agent reports to is
-// SIGKILLed while the agent's status stream is idle: the agent opens its status stream
-// on the other replica at once and reports every status again there, so that the
-// replica, once restarted, hears of them from its peer and says 1/1 PROGRAMMED too.
-func TestStatusesFollowAgentPastKilledReplica(t *testing.T) {
+// startAgentOnReplicas runs n replicas on a 3-member etcd and host-a's agent given all
+// of them, and returns the index of the replica the agent watches.
+func startAgentOnReplicas(t *testing.T, n int) (*replicaCluster, *host, int) {
+	t.Helper()
 	testns.RequireRoot(t)
 	etcd := testetcd.Start(t, 3)
-	rc := newReplicaCluster(t, etcd, 2)
+	rc := newReplicaCluster(t, etcd, n)
 	h := rc.newHostOn(t, "host-a", nil)
 	victim := rc.replicaOf(h.waitWatching(t).server)
 	if victim < 0 {
 		t.Fatalf("host-a watches no replica's address")
 	}
+	return rc, h, victim
+}
+
+// TestStatusesFollowAgentPastKilledReplica runs two replicas on a 3-member etcd and one
+// agent given both. Once a route is programmed, the replica the agent reports to is
+// SIGKILLed while the agent's status stream is idle: the agent opens its status stream
+// on the other replica at once and reports its watermark again there, so that the
+// replica, once restarted, hears of it from its peer and says 1/1 PROGRAMMED too.
+func TestStatusesFollowAgentPastKilledReplica(t *testing.T) {
+	rc, h, victim := startAgentOnReplicas(t, 2)
 	if out := rc.mustCtl(t, toDC2, "apply", "-f", "-", "--wait", "--timeout", "30s"); !strings.Contains(out, "route/to-dc2 programmed on 1/1 nodes") {
 		t.Fatalf("apply --wait printed %q, want the route programmed on 1/1 nodes", out)
 	}
@@ -93,4 +101,57 @@ func TestClientsSkipReplicaNotReady(t *testing.T) {
 	if err != nil || !strings.Contains(out, "route/to-dc2 programmed on 1/1 nodes") {
 		t.Errorf("apply --wait through %s = %q, %v; want the route programmed on 1/1 nodes", rc.server, out, err)
 	}
+}
+
+// TestFailedStatusFollowsAgentPastKilledReplica runs three replicas on a 3-member etcd
+// and one agent given all of them, which reports a watermark and its one exception, a
+// route that fails. The replica the agent reports to is SIGKILLed: the agent reports its
+// exception and watermark to another one, and every replica, the killed one once
+// restarted too, counts the programmed route and the failed one, with the failure's
+// message, and holds the node's watermark.
+func TestFailedStatusFollowsAgentPastKilledReplica(t *testing.T) {
+	rc, h, victim := startAgentOnReplicas(t, 3)
+	// Someone else's route holds 203.0.113.0/24 in table 100: naples's route for it fails.
+	testns.Run(t, "ip", "-n", h.ns, "route", "add", "203.0.113.0/24", "via", "10.10.0.9", "table", "100")
+	taken := strings.NewReplacer("to-dc2", "taken", "198.51.100.0/24", "203.0.113.0/24").Replace(toDC2)
+	rc.mustCtl(t, toDC2+"---\n"+taken, "apply", "-f", "-")
+
+	var message string
+	// agree waits until replica i counts to-dc2 programmed and taken failed on host-a,
+	// with the message the first replica showed.
+	agree := func(i int) {
+		t.Helper()
+		var dc2, tk *nimbusv1.ObjectStatus
+		waitUntil(t, fmt.Sprintf("%s to count to-dc2 programmed and taken failed on host-a", rc.replicas[i].name), func() bool {
+			var err1, err2 error
+			_, dc2, err1 = rc.via(i).get(t, "route", "to-dc2")
+			_, tk, err2 = rc.via(i).get(t, "route", "taken")
+			if err1 != nil || err2 != nil || dc2.GetProgrammedNodes() != 1 || tk.GetFailedNodes() != 1 || tk.GetProgrammedNodes() != 0 {
+				return false
+			}
+			msg := nodeStatus(tk, "host-a").GetMessage()
+			if message == "" {
+				message = msg
+			}
+			return msg != "" && msg == message
+		}, func() string { return fmt.Sprintf("to-dc2 %v; taken %v", dc2, tk) })
+		if wm := rc.metrics(t, i)["naples_nimbus_status_watermarks"]; wm != 1 {
+			t.Errorf("%s holds %v watermarks, want host-a's", rc.replicas[i].name, wm)
+		}
+	}
+	for i := range rc.replicas {
+		agree(i)
+	}
+
+	tel := h.telemetry(t)
+	before := tel.metrics(t)[statusReconnects]
+	rc.kill(t, victim)
+	waitFor(t, "host-a's status stream to start again", func() bool { return tel.metrics(t)[statusReconnects] > before })
+	for i := range rc.replicas {
+		if i != victim {
+			agree(i)
+		}
+	}
+	rc.restart(t, victim)
+	agree(victim)
 }
