@@ -368,6 +368,42 @@ func TestIndexValuesInRecord(t *testing.T) {
 	check(s, "after a restore")
 }
 
+// TestLayoutIndexedShares: a record's values that another one holds, or that begin with
+// what another ends with, share their bytes, and read back as they were, in order.
+func TestLayoutIndexedShares(t *testing.T) {
+	const net = "Network/default/default/blue"
+	for _, tt := range []struct {
+		name   string
+		parts  []indexPart
+		values int // the length of the values laid out
+	}{
+		{"an endpoint's", []indexPart{{pos: 0, val: net}, {pos: 1, val: "node-3"},
+			{pos: 3, val: "02:00:00:00:00:01|" + net}, {pos: 4, val: net + "|10.64.1.1"}, {pos: 4, val: net + "|fd00::1"}},
+			len("02:00:00:00:00:01|" + net + "|10.64.1.1" + net + "|fd00::1" + "node-3")},
+		{"none shared", []indexPart{{pos: 0, val: "a"}, {pos: 1, val: "bc"}}, 3},
+		{"one held twice", []indexPart{{pos: 0, val: "abc"}, {pos: 1, val: "abc"}, {pos: 2, val: ""}}, 3},
+		{"ending with another's beginning", []indexPart{{pos: 0, val: "xyab"}, {pos: 1, val: "abcd"}}, 6},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := &record{indexed: layoutIndexed(slices.Clone(tt.parts))}
+			var got, want []string
+			for pos, val := range r.indexedValues() {
+				got = append(got, fmt.Sprint(pos, "=", val))
+			}
+			for _, p := range tt.parts {
+				want = append(want, fmt.Sprint(p.pos, "=", p.val))
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("values = %q, want %q", got, want)
+			}
+			size, n := stringUvarint(r.indexed)
+			if laid := len(r.indexed) - n - int(size); laid != tt.values {
+				t.Errorf("the values take %d bytes, want %d", laid, tt.values)
+			}
+		})
+	}
+}
+
 // TestKeysShareTenantAndNamespace: records of one tenant and namespace hold one string of
 // each, whether a transaction put them, from objects whose strings are views of received
 // bytes, or a restore read them; each holds its name apart.

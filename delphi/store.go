@@ -63,10 +63,13 @@ type record struct {
 	// slice took 24, so that a record fits 96); wire reads it as bytes.
 	data string
 	// indexed holds the values the declared indexes list the object under, in one
-	// string: for each, the position of its index in Options.Indexes and its length as
-	// uvarints, and the value. The index entries hold their values as parts of it, so a
-	// record's values take one allocation, where a slice (24 bytes a value) and a string
-	// per value took several. "" when none.
+	// string: the length of its header as a uvarint; the header, for each value the
+	// position of its index in Options.Indexes, its offset in the rest and its length,
+	// as uvarints; and the rest, where a value that another one holds, or begins with
+	// what another ends with, shares its bytes (see layoutIndexed). The index entries
+	// hold their values as parts of it, so a record's values take one allocation, and
+	// an endpoint's network key ID, part of three of its values, is held once. "" when
+	// none.
 	indexed string
 	// decoded points weakly to the object as last decoded: readers share it while any of
 	// them holds it, and the collector frees it once none does.
@@ -80,17 +83,27 @@ func (r *record) wire() []byte { return unsafe.Slice(unsafe.StringData(r.data), 
 // of its index in Options.Indexes, in that order; each value is a part of r.indexed.
 func (r *record) indexedValues() iter.Seq2[int, string] {
 	return func(yield func(int, string) bool) {
-		for rest := r.indexed; len(rest) > 0; {
-			pos, n := stringUvarint(rest)
-			size, m := stringUvarint(rest[n:])
-			rest = rest[n+m:]
-			if n == 0 || m == 0 || size > uint64(len(rest)) {
-				return // never: newRecord wrote it
+		size, n := stringUvarint(r.indexed)
+		if n == 0 || size > uint64(len(r.indexed)-n) {
+			return // none, or never: newRecord wrote it
+		}
+		header, values := r.indexed[n:n+int(size)], r.indexed[n+int(size):]
+		for len(header) > 0 {
+			var v [3]uint64
+			for i := range v {
+				x, m := stringUvarint(header)
+				if m == 0 {
+					return // never
+				}
+				v[i], header = x, header[m:]
 			}
-			if !yield(int(pos), rest[:size]) {
+			pos, off, size := v[0], v[1], v[2]
+			if off > uint64(len(values)) || size > uint64(len(values))-off {
+				return // never
+			}
+			if !yield(int(pos), values[off:off+size]) {
 				return
 			}
-			rest = rest[size:]
 		}
 	}
 }
@@ -640,36 +653,86 @@ func (s *Store) newRecord(obj *nimbusv1.Object) (*record, error) {
 		return nil, fmt.Errorf("encoding %s: %w", key, err)
 	}
 	r := &record{key: key, data: unsafe.String(unsafe.SliceData(data), len(data))}
-	var values [][]string
-	size := 0
+	var buf [8]indexPart
+	parts := buf[:0]
 	for i, ix := range s.indexes {
-		vals := ix.Values(obj)
-		if len(vals) == 0 {
-			continue
-		}
-		if values == nil {
-			values = make([][]string, len(s.indexes))
-		}
-		values[i] = vals
-		for _, v := range vals {
-			size += uvarintLen(uint64(i)) + uvarintLen(uint64(len(v))) + len(v)
+		for _, v := range ix.Values(obj) {
+			parts = append(parts, indexPart{pos: i, val: v})
 		}
 	}
-	if size == 0 {
-		return r, nil
+	if len(parts) > 0 {
+		r.indexed = layoutIndexed(parts)
 	}
-	// A copy: obj's strings may be views of a whole received frame. The bytes are the
-	// string's alone from here on.
-	b := make([]byte, 0, size)
-	for i, vals := range values {
-		for _, v := range vals {
-			b = binary.AppendUvarint(b, uint64(i))
-			b = binary.AppendUvarint(b, uint64(len(v)))
-			b = append(b, v...)
-		}
-	}
-	r.indexed = unsafe.String(unsafe.SliceData(b), len(b))
 	return r, nil
+}
+
+// indexPart is a value a record is listed under while layoutIndexed lays it out: the
+// position of its index in Options.Indexes, the value, and its offset among the values.
+type indexPart struct {
+	pos      int
+	val      string
+	off, end int
+}
+
+// layoutSearched is the length up to which layoutIndexed looks for a value among those
+// laid out already: an object's values are rarely longer, and the search then costs
+// little beside encoding the object.
+const layoutSearched = 512
+
+// layoutIndexed returns the string a record's indexed holds for parts, its values in
+// order. It lays the values out longest first: a value found among those laid out is not
+// added, and one that begins with what they end with adds only the rest. So an
+// endpoint's values "MAC|NETWORK", "NETWORK|IP" and "NETWORK" hold the network's key ID
+// once. A copy: the values may be views of a whole received frame.
+func layoutIndexed(parts []indexPart) string {
+	var orderBuf [8]int
+	order := orderBuf[:0]
+	total := 0
+	for i, p := range parts {
+		order = append(order, i)
+		total += len(p.val)
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return len(parts[b].val) - len(parts[a].val) })
+	var valuesBuf [256]byte
+	values := valuesBuf[:0]
+	if total > len(valuesBuf) {
+		values = make([]byte, 0, total)
+	}
+	for _, i := range order {
+		p := &parts[i]
+		laid := unsafe.String(unsafe.SliceData(values), len(values))
+		if len(laid) <= layoutSearched {
+			if at := strings.Index(laid, p.val); at >= 0 {
+				p.off = at
+				p.end = at + len(p.val)
+				continue
+			}
+		}
+		// The longest end of what is laid out that p.val begins with.
+		at := len(values)
+		for j := max(0, len(laid)-len(p.val), len(laid)-layoutSearched); j < len(laid); j++ {
+			if strings.HasPrefix(p.val, laid[j:]) {
+				at = j
+				break
+			}
+		}
+		p.off = at
+		p.end = at + len(p.val)
+		values = append(values, p.val[len(values)-at:]...)
+	}
+	header := 0
+	for _, p := range parts {
+		header += uvarintLen(uint64(p.pos)) + uvarintLen(uint64(p.off)) + uvarintLen(uint64(p.end-p.off))
+	}
+	b := make([]byte, 0, uvarintLen(uint64(header))+header+len(values))
+	b = binary.AppendUvarint(b, uint64(header))
+	for _, p := range parts {
+		b = binary.AppendUvarint(b, uint64(p.pos))
+		b = binary.AppendUvarint(b, uint64(p.off))
+		b = binary.AppendUvarint(b, uint64(p.end-p.off))
+	}
+	b = append(b, values...)
+	return unsafe.String(unsafe.SliceData(b), len(b))
 }
 
 // uvarintLen returns the length of x as a uvarint.
