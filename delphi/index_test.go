@@ -1,6 +1,7 @@
 package delphi
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"runtime"
@@ -402,6 +403,50 @@ func TestLayoutIndexedShares(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRecordLeavesOutKey: a record's data leaves out the meta's tenant, namespace and
+// name that equal its key's, and Get and a restore give back the object as it was put,
+// with those it did not leave out (an empty tenant, say) as they were.
+func TestRecordLeavesOutKey(t *testing.T) {
+	dir := t.TempDir()
+	s, d := openDir(t, dir)
+	objs := []*nimbusv1.Object{
+		endpoint("default", "default", "ep-1", "blue", []string{"web"}, "host-a"),
+		endpoint("", "prod", "ep-2", "blue", nil),
+		endpoint("acme", "", "ep-3", "blue", nil),
+		endpoint("", "", "ep-4", "", nil),
+		endpoint("acme", "prod", "ep-5", "", nil),
+	}
+	objs[0].Meta.Generation = 7
+	commit(t, d, func(txn *DesiredTxn) {
+		for _, o := range objs {
+			txn.Put(o)
+		}
+	})
+	check := func(s *Store, when string) {
+		t.Helper()
+		for _, want := range objs {
+			key := want.TypedKey()
+			got, ok := s.Get(key.Proto())
+			if !ok || !proto.Equal(got, want) {
+				t.Errorf("%s: Get(%s) = %v, %v; want %v", when, key, got, ok, want)
+			}
+		}
+		rec, _ := s.desired.Load().byID.Get(probe(objs[4].TypedKey()))
+		b, left := rec.wire()
+		if left != leftTenant|leftNamespace|leftName || len(rec.data) != 1+len(b) || bytes.Contains(b, []byte("ep-5")) {
+			t.Errorf("%s: the record of ep-5 holds %q, which leaves out %b; want its key left out", when, rec.data, left)
+		}
+		rec, _ = s.desired.Load().byID.Get(probe(objs[0].TypedKey()))
+		if gen := rec.generation(); gen != 7 {
+			t.Errorf("%s: the generation read from ep-1's data is %d, want 7", when, gen)
+		}
+	}
+	check(s, "after the transaction")
+	s.Close()
+	s, _ = openDir(t, dir)
+	check(s, "after a restore")
 }
 
 // TestKeysShareTenantAndNamespace: records of one tenant and namespace hold one string of

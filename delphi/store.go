@@ -19,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/tidwall/btree"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/naplesnet/naples/internal/statefile"
@@ -58,9 +59,10 @@ const (
 type record struct {
 	// key is the object's key, with strings of its own.
 	key nimbusv1.Key
-	// data is the object, serialized deterministically: an equal object has equal data.
-	// A string of the bytes the encoder made, which nothing else holds (16 bytes where a
-	// slice took 24, so that a record fits 96); wire reads it as bytes.
+	// data is the object, serialized deterministically, less what key gives back (see
+	// encodeObject): an equal object has equal data. A string of bytes that nothing else
+	// holds (16 bytes where a slice took 24, so that a record fits 96); unmarshal
+	// decodes it.
 	data string
 	// indexed holds the values the declared indexes list the object under, in one
 	// string: the length of its header as a uvarint; the header, for each value the
@@ -76,8 +78,106 @@ type record struct {
 	decoded atomic.Pointer[weak.Pointer[nimbusv1.Object]]
 }
 
-// wire returns the object's wire form, which the caller must not change.
-func (r *record) wire() []byte { return unsafe.Slice(unsafe.StringData(r.data), len(r.data)) }
+// The fields of an object's meta that a record's data may leave out, since its key gives
+// them back, as encodeObject marks them in the data's first byte.
+const (
+	leftTenant byte = 1 << iota
+	leftNamespace
+	leftName
+)
+
+// encodeObject returns the data of the record of obj, whose key is key: obj serialized
+// deterministically, less its meta's tenant, namespace and name where they equal key's,
+// and then after a byte that marks which it left out (1 to 7, where a wire form starts
+// with a field's tag, 8 at least). So the record does not hold its key twice: an
+// endpoint's data takes 128 bytes where it took 160.
+func encodeObject(obj *nimbusv1.Object, key *nimbusv1.Key) ([]byte, error) {
+	data, err := proto.MarshalOptions{Deterministic: true}.Marshal(obj)
+	if err != nil {
+		return nil, err
+	}
+	var left byte
+	m := obj.GetMeta()
+	for i, f := range [...][2]string{{m.GetTenant(), key.Tenant}, {m.GetNamespace(), key.Namespace}, {m.GetName(), key.Name}} {
+		if f[0] != "" && f[0] == f[1] {
+			left |= 1 << i
+		}
+	}
+	// The meta is the first field of the deterministic form, ObjectMeta's field 1 to 3
+	// the first of the meta's.
+	num, typ, n := protowire.ConsumeTag(data)
+	if left == 0 || num != 1 || typ != protowire.BytesType {
+		return data, nil
+	}
+	meta, k := protowire.ConsumeBytes(data[n:])
+	if k < 0 {
+		return data, nil // never: proto wrote it
+	}
+	rest := data[n+k:]
+	kept := func(yield func([]byte) bool) {
+		for b := meta; len(b) > 0; {
+			num, typ, n := protowire.ConsumeTag(b)
+			m := protowire.ConsumeFieldValue(num, typ, b[max(n, 0):])
+			if n < 0 || m < 0 {
+				return // never
+			}
+			if num > 3 || typ != protowire.BytesType || left&(1<<(num-1)) == 0 {
+				if !yield(b[:n+m]) {
+					return
+				}
+			}
+			b = b[n+m:]
+		}
+	}
+	size := 0
+	for f := range kept {
+		size += len(f)
+	}
+	out := make([]byte, 0, 1+n+protowire.SizeVarint(uint64(size))+size+len(rest))
+	out = append(out, left)
+	out = protowire.AppendTag(out, 1, protowire.BytesType)
+	out = protowire.AppendVarint(out, uint64(size))
+	for f := range kept {
+		out = append(out, f...)
+	}
+	return append(out, rest...), nil
+}
+
+// wire returns the wire form in the record's data, which the caller must not change,
+// and which of the meta's fields it leaves out.
+func (r *record) wire() ([]byte, byte) {
+	b := unsafe.Slice(unsafe.StringData(r.data), len(r.data))
+	if len(b) > 0 && b[0] <= leftTenant|leftNamespace|leftName {
+		return b[1:], b[0]
+	}
+	return b, 0
+}
+
+// unmarshal decodes the record's object into obj, which is empty.
+func (r *record) unmarshal(obj *nimbusv1.Object) error {
+	b, left := r.wire()
+	// The generated decoder: the bytes are what proto.Marshal made, so their strings were
+	// checked then.
+	if err := obj.UnmarshalVT(b); err != nil {
+		return err
+	}
+	if left == 0 {
+		return nil
+	}
+	if obj.Meta == nil {
+		obj.Meta = &nimbusv1.ObjectMeta{}
+	}
+	if left&leftTenant != 0 {
+		obj.Meta.Tenant = r.key.Tenant
+	}
+	if left&leftNamespace != 0 {
+		obj.Meta.Namespace = r.key.Namespace
+	}
+	if left&leftName != 0 {
+		obj.Meta.Name = r.key.Name
+	}
+	return nil
+}
 
 // indexedValues returns the values the record is listed under, each with the position
 // of its index in Options.Indexes, in that order; each value is a part of r.indexed.
@@ -406,10 +506,8 @@ func (s *Store) decode(r *record) *nimbusv1.Object {
 			return obj
 		}
 	}
-	// The generated decoder: the bytes are what newRecord's proto.Marshal made, so their
-	// strings were checked then.
 	obj := &nimbusv1.Object{}
-	if err := obj.UnmarshalVT(r.wire()); err != nil {
+	if err := r.unmarshal(obj); err != nil {
 		s.log.Error("decoding a stored object", "key", r.key, "err", err)
 	}
 	wp := weak.Make(obj)
@@ -648,7 +746,7 @@ func (s *Store) ClaimStatus() (*StatusWriter, error) {
 func (s *Store) newRecord(obj *nimbusv1.Object) (*record, error) {
 	// Strings of its own: obj's may be views of a whole received frame.
 	key := ownKey(obj.TypedKey())
-	data, err := proto.MarshalOptions{Deterministic: true}.Marshal(obj)
+	data, err := encodeObject(obj, &key)
 	if err != nil {
 		return nil, fmt.Errorf("encoding %s: %w", key, err)
 	}
