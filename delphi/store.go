@@ -59,39 +59,56 @@ const (
 type record struct {
 	// key is the object's key, with strings of its own.
 	key nimbusv1.Key
-	// data is the object, serialized deterministically, less what key gives back (see
-	// encodeObject): an equal object has equal data. A string of bytes that nothing else
-	// holds (16 bytes where a slice took 24, so that a record fits 96); unmarshal
-	// decodes it.
-	data string
-	// indexed holds the values the declared indexes list the object under, in one
-	// string: the length of its header as a uvarint; the header, for each value the
-	// position of its index in Options.Indexes, its offset in the rest and its length,
-	// as uvarints; and the rest, where a value that another one holds, or begins with
-	// what another ends with, shares its bytes (see layoutIndexed). The index entries
-	// hold their values as parts of it, so a record's values take one allocation, and
-	// an endpoint's network key ID, part of three of its values, is held once. "" when
-	// none.
-	indexed string
+	// row holds, in one string, the length of the object's data as a uvarint, the data
+	// and the values the declared indexes list the object under (see encodeRow): one
+	// allocation and 16 bytes of the record, so that a record fits 80 bytes, where a
+	// string of each took two and 32. data and indexed read it.
+	row string
 	// decoded points weakly to the object as last decoded: readers share it while any of
 	// them holds it, and the collector frees it once none does.
 	decoded atomic.Pointer[weak.Pointer[nimbusv1.Object]]
 }
 
+// data returns the object, serialized deterministically, less what the key gives back
+// (see encodeRow): an equal object has equal data. unmarshal decodes it.
+func (r *record) data() string {
+	size, n := stringUvarint(r.row)
+	if size > uint64(len(r.row)-n) {
+		return "" // never: encodeRow wrote it
+	}
+	return r.row[n : n+int(size)]
+}
+
+// indexed returns the values the declared indexes list the object under, in one string:
+// the length of its header as a uvarint; the header, for each value the position of its
+// index in Options.Indexes, its offset in the rest and its length, as uvarints; and the
+// rest, where a value that another one holds, or begins with what another ends with,
+// shares its bytes (see appendIndexed). The index entries hold their values as parts of
+// it, and an endpoint's network key ID, part of three of its values, is held once. ""
+// when none.
+func (r *record) indexed() string {
+	size, n := stringUvarint(r.row)
+	if size > uint64(len(r.row)-n) {
+		return "" // never: encodeRow wrote it
+	}
+	return r.row[n+int(size):]
+}
+
 // The fields of an object's meta that a record's data may leave out, since its key gives
-// them back, as encodeObject marks them in the data's first byte.
+// them back, as encodeRow marks them in the data's first byte.
 const (
 	leftTenant byte = 1 << iota
 	leftNamespace
 	leftName
 )
 
-// encodeObject returns the data of the record of obj, whose key is key: obj serialized
+// encodeRow returns the row of the record of obj, whose key is key, and whose index
+// values are laid out in indexed (see record.row). Its data is obj serialized
 // deterministically, less its meta's tenant, namespace and name where they equal key's,
-// and then after a byte that marks which it left out (1 to 7, where a wire form starts
-// with a field's tag, 8 at least). So the record does not hold its key twice: an
-// endpoint's data takes 128 bytes where it took 160.
-func encodeObject(obj *nimbusv1.Object, key *nimbusv1.Key) ([]byte, error) {
+// after a byte that marks which it left out (1 to 7, where a wire form starts with a
+// field's tag, 8 at least). So the record does not hold its key twice: an endpoint's
+// data takes some 125 bytes where it took 152.
+func encodeRow(obj *nimbusv1.Object, key *nimbusv1.Key, indexed []byte) ([]byte, error) {
 	data, err := proto.MarshalOptions{Deterministic: true}.Marshal(obj)
 	if err != nil {
 		return nil, err
@@ -106,14 +123,23 @@ func encodeObject(obj *nimbusv1.Object, key *nimbusv1.Key) ([]byte, error) {
 	// The meta is the first field of the deterministic form, ObjectMeta's field 1 to 3
 	// the first of the meta's.
 	num, typ, n := protowire.ConsumeTag(data)
-	if left == 0 || num != 1 || typ != protowire.BytesType {
-		return data, nil
+	if left != 0 && num == 1 && typ == protowire.BytesType {
+		if meta, k := protowire.ConsumeBytes(data[n:]); k >= 0 {
+			return leaveOut(data[:n], meta, data[n+k:], left, indexed), nil
+		}
 	}
-	meta, k := protowire.ConsumeBytes(data[n:])
-	if k < 0 {
-		return data, nil // never: proto wrote it
-	}
-	rest := data[n+k:]
+	return append(append(newRow(len(data), indexed), data...), indexed...), nil
+}
+
+// newRow returns a row made to hold data of a size and indexed, that holds the size.
+func newRow(size int, indexed []byte) []byte {
+	b := make([]byte, 0, uvarintLen(uint64(size))+size+len(indexed))
+	return binary.AppendUvarint(b, uint64(size))
+}
+
+// leaveOut returns the row of the object serialized as tag, meta and rest, where meta is
+// the value of the field of tag, less the fields of meta that left marks, and indexed.
+func leaveOut(tag, meta, rest []byte, left byte, indexed []byte) []byte {
 	kept := func(yield func([]byte) bool) {
 		for b := meta; len(b) > 0; {
 			num, typ, n := protowire.ConsumeTag(b)
@@ -133,20 +159,21 @@ func encodeObject(obj *nimbusv1.Object, key *nimbusv1.Key) ([]byte, error) {
 	for f := range kept {
 		size += len(f)
 	}
-	out := make([]byte, 0, 1+n+protowire.SizeVarint(uint64(size))+size+len(rest))
+	out := newRow(1+len(tag)+protowire.SizeVarint(uint64(size))+size+len(rest), indexed)
 	out = append(out, left)
-	out = protowire.AppendTag(out, 1, protowire.BytesType)
+	out = append(out, tag...)
 	out = protowire.AppendVarint(out, uint64(size))
 	for f := range kept {
 		out = append(out, f...)
 	}
-	return append(out, rest...), nil
+	return append(append(out, rest...), indexed...)
 }
 
 // wire returns the wire form in the record's data, which the caller must not change,
 // and which of the meta's fields it leaves out.
 func (r *record) wire() ([]byte, byte) {
-	b := unsafe.Slice(unsafe.StringData(r.data), len(r.data))
+	data := r.data()
+	b := unsafe.Slice(unsafe.StringData(data), len(data))
 	if len(b) > 0 && b[0] <= leftTenant|leftNamespace|leftName {
 		return b[1:], b[0]
 	}
@@ -180,14 +207,15 @@ func (r *record) unmarshal(obj *nimbusv1.Object) error {
 }
 
 // indexedValues returns the values the record is listed under, each with the position
-// of its index in Options.Indexes, in that order; each value is a part of r.indexed.
+// of its index in Options.Indexes, in that order; each value is a part of r.indexed().
 func (r *record) indexedValues() iter.Seq2[int, string] {
 	return func(yield func(int, string) bool) {
-		size, n := stringUvarint(r.indexed)
-		if n == 0 || size > uint64(len(r.indexed)-n) {
+		indexed := r.indexed()
+		size, n := stringUvarint(indexed)
+		if n == 0 || size > uint64(len(indexed)-n) {
 			return // none, or never: newRecord wrote it
 		}
-		header, values := r.indexed[n:n+int(size)], r.indexed[n+int(size):]
+		header, values := indexed[n:n+int(size)], indexed[n+int(size):]
 		for len(header) > 0 {
 			var v [3]uint64
 			for i := range v {
@@ -746,11 +774,6 @@ func (s *Store) ClaimStatus() (*StatusWriter, error) {
 func (s *Store) newRecord(obj *nimbusv1.Object) (*record, error) {
 	// Strings of its own: obj's may be views of a whole received frame.
 	key := ownKey(obj.TypedKey())
-	data, err := encodeObject(obj, &key)
-	if err != nil {
-		return nil, fmt.Errorf("encoding %s: %w", key, err)
-	}
-	r := &record{key: key, data: unsafe.String(unsafe.SliceData(data), len(data))}
 	var buf [8]indexPart
 	parts := buf[:0]
 	for i, ix := range s.indexes {
@@ -758,13 +781,19 @@ func (s *Store) newRecord(obj *nimbusv1.Object) (*record, error) {
 			parts = append(parts, indexPart{pos: i, val: v})
 		}
 	}
+	var indexedBuf [256]byte
+	indexed := indexedBuf[:0]
 	if len(parts) > 0 {
-		r.indexed = layoutIndexed(parts)
+		indexed = appendIndexed(indexed, parts)
 	}
-	return r, nil
+	row, err := encodeRow(obj, &key, indexed)
+	if err != nil {
+		return nil, fmt.Errorf("encoding %s: %w", key, err)
+	}
+	return &record{key: key, row: unsafe.String(unsafe.SliceData(row), len(row))}, nil
 }
 
-// indexPart is a value a record is listed under while layoutIndexed lays it out: the
+// indexPart is a value a record is listed under while appendIndexed lays it out: the
 // position of its index in Options.Indexes, the value, and its offset among the values.
 type indexPart struct {
 	pos      int
@@ -772,17 +801,17 @@ type indexPart struct {
 	off, end int
 }
 
-// layoutSearched is the length up to which layoutIndexed looks for a value among those
+// layoutSearched is the length up to which appendIndexed looks for a value among those
 // laid out already: an object's values are rarely longer, and the search then costs
 // little beside encoding the object.
 const layoutSearched = 512
 
-// layoutIndexed returns the string a record's indexed holds for parts, its values in
-// order. It lays the values out longest first: a value found among those laid out is not
-// added, and one that begins with what they end with adds only the rest. So an
-// endpoint's values "MAC|NETWORK", "NETWORK|IP" and "NETWORK" hold the network's key ID
-// once. A copy: the values may be views of a whole received frame.
-func layoutIndexed(parts []indexPart) string {
+// appendIndexed appends to b what a record's indexed holds for parts, its values in
+// order, and returns it. It lays the values out longest first: a value found among
+// those laid out is not added, and one that begins with what they end with adds only the
+// rest. So an endpoint's values "MAC|NETWORK", "NETWORK|IP" and "NETWORK" hold the
+// network's key ID once. A copy: the values may be views of a whole received frame.
+func appendIndexed(b []byte, parts []indexPart) []byte {
 	var orderBuf [8]int
 	order := orderBuf[:0]
 	total := 0
@@ -822,15 +851,13 @@ func layoutIndexed(parts []indexPart) string {
 	for _, p := range parts {
 		header += uvarintLen(uint64(p.pos)) + uvarintLen(uint64(p.off)) + uvarintLen(uint64(p.end-p.off))
 	}
-	b := make([]byte, 0, uvarintLen(uint64(header))+header+len(values))
 	b = binary.AppendUvarint(b, uint64(header))
 	for _, p := range parts {
 		b = binary.AppendUvarint(b, uint64(p.pos))
 		b = binary.AppendUvarint(b, uint64(p.off))
 		b = binary.AppendUvarint(b, uint64(p.end-p.off))
 	}
-	b = append(b, values...)
-	return unsafe.String(unsafe.SliceData(b), len(b))
+	return append(b, values...)
 }
 
 // uvarintLen returns the length of x as a uvarint.
@@ -1077,7 +1104,7 @@ func (w *DesiredWriter) Commit(t *DesiredTxn) error {
 			if put != nil {
 				put[rec.key] = true
 			}
-			if old, ok := dw.get(rec.key); ok && old.data == rec.data {
+			if old, ok := dw.get(rec.key); ok && old.data() == rec.data() {
 				continue
 			}
 			dw.put(rec, obj)
