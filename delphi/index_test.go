@@ -341,8 +341,8 @@ func TestIndexValuesInRecord(t *testing.T) {
 		for i, ix := range st.indexes {
 			ix.Scan(func(e indexEntry) bool {
 				entries++
-				if !within(e.val, e.rec.indexed()) {
-					t.Errorf("%s: index %s lists %s under %q, not a part of its record's values", when, testIndexes[i].Name, e.rec.key, e.val)
+				if !within(e.val(), e.rec.indexed()) {
+					t.Errorf("%s: index %s lists %s under %q, not a part of its record's values", when, testIndexes[i].Name, e.rec.key, e.val())
 				}
 				return true
 			})

@@ -83,8 +83,8 @@ func (r *record) data() string {
 // the length of its header as a uvarint; the header, for each value the position of its
 // index in Options.Indexes, its offset in the rest and its length, as uvarints; and the
 // rest, where a value that another one holds, or begins with what another ends with,
-// shares its bytes (see appendIndexed). The index entries hold their values as parts of
-// it, and an endpoint's network key ID, part of three of its values, is held once. ""
+// shares its bytes (see appendIndexed). The index entries find their values in it by
+// offset, and an endpoint's network key ID, part of three of its values, is held once. ""
 // when none.
 func (r *record) indexed() string {
 	size, n := stringUvarint(r.row)
@@ -210,12 +210,25 @@ func (r *record) unmarshal(obj *nimbusv1.Object) error {
 // of its index in Options.Indexes, in that order; each value is a part of r.indexed().
 func (r *record) indexedValues() iter.Seq2[int, string] {
 	return func(yield func(int, string) bool) {
+		for pos, e := range r.indexEntries() {
+			if !yield(pos, e.val()) {
+				return
+			}
+		}
+	}
+}
+
+// indexEntries returns the entries that list the record in the declared indexes, each
+// with the position of its index in Options.Indexes, in the order of its values.
+func (r *record) indexEntries() iter.Seq2[int, indexEntry] {
+	return func(yield func(int, indexEntry) bool) {
 		indexed := r.indexed()
 		size, n := stringUvarint(indexed)
 		if n == 0 || size > uint64(len(indexed)-n) {
 			return // none, or never: newRecord wrote it
 		}
 		header, values := indexed[n:n+int(size)], indexed[n+int(size):]
+		base := uint64(len(r.row) - len(values))
 		for len(header) > 0 {
 			var v [3]uint64
 			for i := range v {
@@ -229,7 +242,7 @@ func (r *record) indexedValues() iter.Seq2[int, string] {
 			if off > uint64(len(values)) || size > uint64(len(values))-off {
 				return // never
 			}
-			if !yield(int(pos), values[off:off+size]) {
+			if !yield(int(pos), indexEntry{rec: r, at: uint32(base + off), size: uint32(size)}) {
 				return
 			}
 		}
@@ -250,11 +263,30 @@ func stringUvarint(s string) (uint64, int) {
 	return 0, 0
 }
 
-// indexEntry is an entry of a declared index: the value it lists rec under. An index is
-// ordered by value and then by key.
+// indexEntry is an entry of a declared index: rec, and where the value it lists rec
+// under is in rec's row, 16 bytes where the value's string and rec took 24. An index is
+// ordered by value and then by key. A probe, which searches an index for a value, has a
+// record of its own whose row is the value (probeEntry).
 type indexEntry struct {
-	val string
-	rec *record
+	rec      *record
+	at, size uint32
+}
+
+// probeAt is the at of a probe.
+const probeAt = ^uint32(0)
+
+// probeEntry returns the entry that searches an index for value: it sorts before every
+// entry of the value.
+func probeEntry(value string) indexEntry {
+	return indexEntry{rec: &record{row: value}, at: probeAt}
+}
+
+// val returns the value the entry lists its record under.
+func (e indexEntry) val() string {
+	if e.at == probeAt {
+		return e.rec.row
+	}
+	return e.rec.row[e.at : e.at+e.size]
 }
 
 // desiredState is one committed state of the desired table, with the resume point: the
@@ -474,19 +506,19 @@ func (s *Store) buildState(recs []*record) *desiredState {
 	load(st.byID, recs)
 	entries := make([][]indexEntry, len(s.indexes))
 	for _, r := range recs {
-		for pos, val := range r.indexedValues() {
-			entries[pos] = append(entries[pos], indexEntry{val: val, rec: r})
+		for pos, e := range r.indexEntries() {
+			entries[pos] = append(entries[pos], e)
 		}
 	}
 	for i, es := range entries {
 		slices.SortFunc(es, func(a, b indexEntry) int {
-			if c := strings.Compare(a.val, b.val); c != 0 {
+			if c := strings.Compare(a.val(), b.val()); c != 0 {
 				return c
 			}
 			return compareKeys(&a.rec.key, &b.rec.key)
 		})
 		// An index that lists an object twice under one value holds it once.
-		es = slices.CompactFunc(es, func(a, b indexEntry) bool { return a.val == b.val && a.rec == b.rec })
+		es = slices.CompactFunc(es, func(a, b indexEntry) bool { return a.rec == b.rec && a.val() == b.val() })
 		st.indexes[i] = newIndexTree()
 		load(st.indexes[i], es)
 	}
@@ -606,8 +638,8 @@ func (s *Store) Lookup(index, value string) ([]*nimbusv1.Object, error) {
 		return nil, err
 	}
 	var out []*nimbusv1.Object
-	s.desired.Load().indexes[pos].Ascend(indexEntry{val: value}, func(e indexEntry) bool {
-		if e.val != value {
+	s.desired.Load().indexes[pos].Ascend(probeEntry(value), func(e indexEntry) bool {
+		if e.val() != value {
 			return false
 		}
 		out = append(out, s.decode(e.rec))
@@ -624,8 +656,8 @@ func (s *Store) LookupKeys(index, value string) ([]nimbusv1.Key, error) {
 		return nil, err
 	}
 	var out []nimbusv1.Key
-	s.desired.Load().indexes[pos].Ascend(indexEntry{val: value}, func(e indexEntry) bool {
-		if e.val != value {
+	s.desired.Load().indexes[pos].Ascend(probeEntry(value), func(e indexEntry) bool {
+		if e.val() != value {
 			return false
 		}
 		out = append(out, e.rec.key)
@@ -665,8 +697,8 @@ func (s *Store) lookupFirst(index, value string) (*record, error) {
 		return nil, err
 	}
 	var rec *record
-	s.desired.Load().indexes[pos].Ascend(indexEntry{val: value}, func(e indexEntry) bool {
-		if e.val == value {
+	s.desired.Load().indexes[pos].Ascend(probeEntry(value), func(e indexEntry) bool {
+		if e.val() == value {
 			rec = e.rec
 		}
 		return false
@@ -917,8 +949,8 @@ func (w *desiredWrite) get(key nimbusv1.Key) (*record, bool) {
 func (w *desiredWrite) put(r *record, obj *nimbusv1.Object) {
 	old, _ := w.st.byID.SetHint(r, &w.hint)
 	w.unindex(old)
-	for pos, val := range r.indexedValues() {
-		w.st.indexes[pos].Set(indexEntry{val: val, rec: r})
+	for pos, e := range r.indexEntries() {
+		w.st.indexes[pos].Set(e)
 	}
 	w.changed(desiredChange{key: r.key, before: old, after: r, obj: obj})
 }
@@ -938,8 +970,8 @@ func (w *desiredWrite) unindex(r *record) {
 	if r == nil {
 		return
 	}
-	for pos, val := range r.indexedValues() {
-		w.st.indexes[pos].Delete(indexEntry{val: val, rec: r})
+	for pos, e := range r.indexEntries() {
+		w.st.indexes[pos].Delete(e)
 	}
 }
 
