@@ -1,6 +1,7 @@
 package delphi
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"runtime"
@@ -340,8 +341,8 @@ func TestIndexValuesInRecord(t *testing.T) {
 		for i, ix := range st.indexes {
 			ix.Scan(func(e indexEntry) bool {
 				entries++
-				if !within(e.val, e.rec.indexed) {
-					t.Errorf("%s: index %s lists %s under %q, not a part of its record's values", when, testIndexes[i].Name, e.rec.key, e.val)
+				if !within(e.val(), e.rec.indexed()) {
+					t.Errorf("%s: index %s lists %s under %q, not a part of its record's values", when, testIndexes[i].Name, e.rec.key, e.val())
 				}
 				return true
 			})
@@ -363,6 +364,88 @@ func TestIndexValuesInRecord(t *testing.T) {
 		}
 	}
 	check(s, "after the transactions")
+	s.Close()
+	s, _ = openDir(t, dir)
+	check(s, "after a restore")
+}
+
+// TestLayoutIndexedShares: a record's values that another one holds, or that begin with
+// what another ends with, share their bytes, and read back as they were, in order.
+func TestLayoutIndexedShares(t *testing.T) {
+	const net = "Network/default/default/blue"
+	for _, tt := range []struct {
+		name   string
+		parts  []indexPart
+		values int // the length of the values laid out
+	}{
+		{"an endpoint's", []indexPart{{pos: 0, val: net}, {pos: 1, val: "node-3"},
+			{pos: 3, val: "02:00:00:00:00:01|" + net}, {pos: 4, val: net + "|10.64.1.1"}, {pos: 4, val: net + "|fd00::1"}},
+			len("02:00:00:00:00:01|" + net + "|10.64.1.1" + net + "|fd00::1" + "node-3")},
+		{"none shared", []indexPart{{pos: 0, val: "a"}, {pos: 1, val: "bc"}}, 3},
+		{"one held twice", []indexPart{{pos: 0, val: "abc"}, {pos: 1, val: "abc"}, {pos: 2, val: ""}}, 3},
+		{"ending with another's beginning", []indexPart{{pos: 0, val: "xyab"}, {pos: 1, val: "abcd"}}, 6},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			indexed := appendIndexed(nil, slices.Clone(tt.parts))
+			row := append(newRow(0, indexed), indexed...)
+			r := &record{row: string(row)}
+			var got, want []string
+			for pos, val := range r.indexedValues() {
+				got = append(got, fmt.Sprint(pos, "=", val))
+			}
+			for _, p := range tt.parts {
+				want = append(want, fmt.Sprint(p.pos, "=", p.val))
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("values = %q, want %q", got, want)
+			}
+			size, n := stringUvarint(r.indexed())
+			if laid := len(r.indexed()) - n - int(size); laid != tt.values {
+				t.Errorf("the values take %d bytes, want %d", laid, tt.values)
+			}
+		})
+	}
+}
+
+// TestRecordLeavesOutKey: a record's data leaves out the meta's tenant, namespace and
+// name that equal its key's, and Get and a restore give back the object as it was put,
+// with those it did not leave out (an empty tenant, say) as they were.
+func TestRecordLeavesOutKey(t *testing.T) {
+	dir := t.TempDir()
+	s, d := openDir(t, dir)
+	objs := []*nimbusv1.Object{
+		endpoint("default", "default", "ep-1", "blue", []string{"web"}, "host-a"),
+		endpoint("", "prod", "ep-2", "blue", nil),
+		endpoint("acme", "", "ep-3", "blue", nil),
+		endpoint("", "", "ep-4", "", nil),
+		endpoint("acme", "prod", "ep-5", "", nil),
+	}
+	objs[0].Meta.Generation = 7
+	commit(t, d, func(txn *DesiredTxn) {
+		for _, o := range objs {
+			txn.Put(o)
+		}
+	})
+	check := func(s *Store, when string) {
+		t.Helper()
+		for _, want := range objs {
+			key := want.TypedKey()
+			got, ok := s.Get(key.Proto())
+			if !ok || !proto.Equal(got, want) {
+				t.Errorf("%s: Get(%s) = %v, %v; want %v", when, key, got, ok, want)
+			}
+		}
+		rec, _ := s.desired.Load().byID.Get(probe(objs[4].TypedKey()))
+		b, left := rec.wire()
+		if left != leftTenant|leftNamespace|leftName || len(rec.data()) != 1+len(b) || bytes.Contains(b, []byte("ep-5")) {
+			t.Errorf("%s: the record of ep-5 holds %q, which leaves out %b; want its key left out", when, rec.data(), left)
+		}
+		rec, _ = s.desired.Load().byID.Get(probe(objs[0].TypedKey()))
+		if gen := rec.generation(); gen != 7 {
+			t.Errorf("%s: the generation read from ep-1's data is %d, want 7", when, gen)
+		}
+	}
+	check(s, "after the transaction")
 	s.Close()
 	s, _ = openDir(t, dir)
 	check(s, "after a restore")
@@ -442,7 +525,7 @@ func TestRecordGeneration(t *testing.T) {
 			t.Errorf("generation() of an object at generation %d = %d", gen, got)
 		}
 	}
-	if n := unsafe.Sizeof(record{}); n > 96 {
-		t.Errorf("a record takes %d bytes; want it to fit the 96-byte size class", n)
+	if n := unsafe.Sizeof(record{}); n > 80 {
+		t.Errorf("a record takes %d bytes; want it to fit the 80-byte size class", n)
 	}
 }

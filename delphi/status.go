@@ -116,7 +116,8 @@ func (r storedStatus) progress() (generation int64, phase nimbusv1.Phase) {
 // read from its wire form without decoding the rest: the record does not keep it apart.
 func (r *record) generation() int64 {
 	var gen int64
-	eachWireField(r.wire(), func(num protowire.Number, typ protowire.Type, v []byte) {
+	b, _ := r.wire()
+	eachWireField(b, func(num protowire.Number, typ protowire.Type, v []byte) {
 		if num != 1 || typ != protowire.BytesType {
 			return
 		}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/tidwall/btree"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/naplesnet/naples/internal/statefile"
@@ -58,39 +59,192 @@ const (
 type record struct {
 	// key is the object's key, with strings of its own.
 	key nimbusv1.Key
-	// data is the object, serialized deterministically: an equal object has equal data.
-	// A string of the bytes the encoder made, which nothing else holds (16 bytes where a
-	// slice took 24, so that a record fits 96); wire reads it as bytes.
-	data string
-	// indexed holds the values the declared indexes list the object under, in one
-	// string: for each, the position of its index in Options.Indexes and its length as
-	// uvarints, and the value. The index entries hold their values as parts of it, so a
-	// record's values take one allocation, where a slice (24 bytes a value) and a string
-	// per value took several. "" when none.
-	indexed string
+	// row holds, in one string, the length of the object's data as a uvarint, the data
+	// and the values the declared indexes list the object under (see encodeRow): one
+	// allocation and 16 bytes of the record, so that a record fits 80 bytes, where a
+	// string of each took two and 32. data and indexed read it.
+	row string
 	// decoded points weakly to the object as last decoded: readers share it while any of
 	// them holds it, and the collector frees it once none does.
 	decoded atomic.Pointer[weak.Pointer[nimbusv1.Object]]
 }
 
-// wire returns the object's wire form, which the caller must not change.
-func (r *record) wire() []byte { return unsafe.Slice(unsafe.StringData(r.data), len(r.data)) }
+// data returns the object, serialized deterministically, less what the key gives back
+// (see encodeRow): an equal object has equal data. unmarshal decodes it.
+func (r *record) data() string {
+	size, n := stringUvarint(r.row)
+	if size > uint64(len(r.row)-n) {
+		return "" // never: encodeRow wrote it
+	}
+	return r.row[n : n+int(size)]
+}
+
+// indexed returns the values the declared indexes list the object under, in one string:
+// the length of its header as a uvarint; the header, for each value the position of its
+// index in Options.Indexes, its offset in the rest and its length, as uvarints; and the
+// rest, where a value that another one holds, or begins with what another ends with,
+// shares its bytes (see appendIndexed). The index entries find their values in it by
+// offset, and an endpoint's network key ID, part of three of its values, is held once. ""
+// when none.
+func (r *record) indexed() string {
+	size, n := stringUvarint(r.row)
+	if size > uint64(len(r.row)-n) {
+		return "" // never: encodeRow wrote it
+	}
+	return r.row[n+int(size):]
+}
+
+// The fields of an object's meta that a record's data may leave out, since its key gives
+// them back, as encodeRow marks them in the data's first byte.
+const (
+	leftTenant byte = 1 << iota
+	leftNamespace
+	leftName
+)
+
+// encodeRow returns the row of the record of obj, whose key is key, and whose index
+// values are laid out in indexed (see record.row). Its data is obj serialized
+// deterministically, less its meta's tenant, namespace and name where they equal key's,
+// after a byte that marks which it left out (1 to 7, where a wire form starts with a
+// field's tag, 8 at least). So the record does not hold its key twice: an endpoint's
+// data takes some 125 bytes where it took 152.
+func encodeRow(obj *nimbusv1.Object, key *nimbusv1.Key, indexed []byte) ([]byte, error) {
+	data, err := proto.MarshalOptions{Deterministic: true}.Marshal(obj)
+	if err != nil {
+		return nil, err
+	}
+	var left byte
+	m := obj.GetMeta()
+	for i, f := range [...][2]string{{m.GetTenant(), key.Tenant}, {m.GetNamespace(), key.Namespace}, {m.GetName(), key.Name}} {
+		if f[0] != "" && f[0] == f[1] {
+			left |= 1 << i
+		}
+	}
+	// The meta is the first field of the deterministic form, ObjectMeta's field 1 to 3
+	// the first of the meta's.
+	num, typ, n := protowire.ConsumeTag(data)
+	if left != 0 && num == 1 && typ == protowire.BytesType {
+		if meta, k := protowire.ConsumeBytes(data[n:]); k >= 0 {
+			return leaveOut(data[:n], meta, data[n+k:], left, indexed), nil
+		}
+	}
+	return append(append(newRow(len(data), indexed), data...), indexed...), nil
+}
+
+// newRow returns a row made to hold data of a size and indexed, that holds the size.
+func newRow(size int, indexed []byte) []byte {
+	b := make([]byte, 0, uvarintLen(uint64(size))+size+len(indexed))
+	return binary.AppendUvarint(b, uint64(size))
+}
+
+// leaveOut returns the row of the object serialized as tag, meta and rest, where meta is
+// the value of the field of tag, less the fields of meta that left marks, and indexed.
+func leaveOut(tag, meta, rest []byte, left byte, indexed []byte) []byte {
+	kept := func(yield func([]byte) bool) {
+		for b := meta; len(b) > 0; {
+			num, typ, n := protowire.ConsumeTag(b)
+			m := protowire.ConsumeFieldValue(num, typ, b[max(n, 0):])
+			if n < 0 || m < 0 {
+				return // never
+			}
+			if num > 3 || typ != protowire.BytesType || left&(1<<(num-1)) == 0 {
+				if !yield(b[:n+m]) {
+					return
+				}
+			}
+			b = b[n+m:]
+		}
+	}
+	size := 0
+	for f := range kept {
+		size += len(f)
+	}
+	out := newRow(1+len(tag)+protowire.SizeVarint(uint64(size))+size+len(rest), indexed)
+	out = append(out, left)
+	out = append(out, tag...)
+	out = protowire.AppendVarint(out, uint64(size))
+	for f := range kept {
+		out = append(out, f...)
+	}
+	return append(append(out, rest...), indexed...)
+}
+
+// wire returns the wire form in the record's data, which the caller must not change,
+// and which of the meta's fields it leaves out.
+func (r *record) wire() ([]byte, byte) {
+	data := r.data()
+	b := unsafe.Slice(unsafe.StringData(data), len(data))
+	if len(b) > 0 && b[0] <= leftTenant|leftNamespace|leftName {
+		return b[1:], b[0]
+	}
+	return b, 0
+}
+
+// unmarshal decodes the record's object into obj, which is empty.
+func (r *record) unmarshal(obj *nimbusv1.Object) error {
+	b, left := r.wire()
+	// The generated decoder: the bytes are what proto.Marshal made, so their strings were
+	// checked then.
+	if err := obj.UnmarshalVT(b); err != nil {
+		return err
+	}
+	if left == 0 {
+		return nil
+	}
+	if obj.Meta == nil {
+		obj.Meta = &nimbusv1.ObjectMeta{}
+	}
+	if left&leftTenant != 0 {
+		obj.Meta.Tenant = r.key.Tenant
+	}
+	if left&leftNamespace != 0 {
+		obj.Meta.Namespace = r.key.Namespace
+	}
+	if left&leftName != 0 {
+		obj.Meta.Name = r.key.Name
+	}
+	return nil
+}
 
 // indexedValues returns the values the record is listed under, each with the position
-// of its index in Options.Indexes, in that order; each value is a part of r.indexed.
+// of its index in Options.Indexes, in that order; each value is a part of r.indexed().
 func (r *record) indexedValues() iter.Seq2[int, string] {
 	return func(yield func(int, string) bool) {
-		for rest := r.indexed; len(rest) > 0; {
-			pos, n := stringUvarint(rest)
-			size, m := stringUvarint(rest[n:])
-			rest = rest[n+m:]
-			if n == 0 || m == 0 || size > uint64(len(rest)) {
-				return // never: newRecord wrote it
-			}
-			if !yield(int(pos), rest[:size]) {
+		for pos, e := range r.indexEntries() {
+			if !yield(pos, e.val()) {
 				return
 			}
-			rest = rest[size:]
+		}
+	}
+}
+
+// indexEntries returns the entries that list the record in the declared indexes, each
+// with the position of its index in Options.Indexes, in the order of its values.
+func (r *record) indexEntries() iter.Seq2[int, indexEntry] {
+	return func(yield func(int, indexEntry) bool) {
+		indexed := r.indexed()
+		size, n := stringUvarint(indexed)
+		if n == 0 || size > uint64(len(indexed)-n) {
+			return // none, or never: newRecord wrote it
+		}
+		header, values := indexed[n:n+int(size)], indexed[n+int(size):]
+		base := uint64(len(r.row) - len(values))
+		for len(header) > 0 {
+			var v [3]uint64
+			for i := range v {
+				x, m := stringUvarint(header)
+				if m == 0 {
+					return // never
+				}
+				v[i], header = x, header[m:]
+			}
+			pos, off, size := v[0], v[1], v[2]
+			if off > uint64(len(values)) || size > uint64(len(values))-off {
+				return // never
+			}
+			if !yield(int(pos), indexEntry{rec: r, at: uint32(base + off), size: uint32(size)}) {
+				return
+			}
 		}
 	}
 }
@@ -109,11 +263,30 @@ func stringUvarint(s string) (uint64, int) {
 	return 0, 0
 }
 
-// indexEntry is an entry of a declared index: the value it lists rec under. An index is
-// ordered by value and then by key.
+// indexEntry is an entry of a declared index: rec, and where the value it lists rec
+// under is in rec's row, 16 bytes where the value's string and rec took 24. An index is
+// ordered by value and then by key. A probe, which searches an index for a value, has a
+// record of its own whose row is the value (probeEntry).
 type indexEntry struct {
-	val string
-	rec *record
+	rec      *record
+	at, size uint32
+}
+
+// probeAt is the at of a probe.
+const probeAt = ^uint32(0)
+
+// probeEntry returns the entry that searches an index for value: it sorts before every
+// entry of the value.
+func probeEntry(value string) indexEntry {
+	return indexEntry{rec: &record{row: value}, at: probeAt}
+}
+
+// val returns the value the entry lists its record under.
+func (e indexEntry) val() string {
+	if e.at == probeAt {
+		return e.rec.row
+	}
+	return e.rec.row[e.at : e.at+e.size]
 }
 
 // desiredState is one committed state of the desired table, with the resume point: the
@@ -333,19 +506,19 @@ func (s *Store) buildState(recs []*record) *desiredState {
 	load(st.byID, recs)
 	entries := make([][]indexEntry, len(s.indexes))
 	for _, r := range recs {
-		for pos, val := range r.indexedValues() {
-			entries[pos] = append(entries[pos], indexEntry{val: val, rec: r})
+		for pos, e := range r.indexEntries() {
+			entries[pos] = append(entries[pos], e)
 		}
 	}
 	for i, es := range entries {
 		slices.SortFunc(es, func(a, b indexEntry) int {
-			if c := strings.Compare(a.val, b.val); c != 0 {
+			if c := strings.Compare(a.val(), b.val()); c != 0 {
 				return c
 			}
 			return compareKeys(&a.rec.key, &b.rec.key)
 		})
 		// An index that lists an object twice under one value holds it once.
-		es = slices.CompactFunc(es, func(a, b indexEntry) bool { return a.val == b.val && a.rec == b.rec })
+		es = slices.CompactFunc(es, func(a, b indexEntry) bool { return a.rec == b.rec && a.val() == b.val() })
 		st.indexes[i] = newIndexTree()
 		load(st.indexes[i], es)
 	}
@@ -393,10 +566,8 @@ func (s *Store) decode(r *record) *nimbusv1.Object {
 			return obj
 		}
 	}
-	// The generated decoder: the bytes are what newRecord's proto.Marshal made, so their
-	// strings were checked then.
 	obj := &nimbusv1.Object{}
-	if err := obj.UnmarshalVT(r.wire()); err != nil {
+	if err := r.unmarshal(obj); err != nil {
 		s.log.Error("decoding a stored object", "key", r.key, "err", err)
 	}
 	wp := weak.Make(obj)
@@ -467,8 +638,8 @@ func (s *Store) Lookup(index, value string) ([]*nimbusv1.Object, error) {
 		return nil, err
 	}
 	var out []*nimbusv1.Object
-	s.desired.Load().indexes[pos].Ascend(indexEntry{val: value}, func(e indexEntry) bool {
-		if e.val != value {
+	s.desired.Load().indexes[pos].Ascend(probeEntry(value), func(e indexEntry) bool {
+		if e.val() != value {
 			return false
 		}
 		out = append(out, s.decode(e.rec))
@@ -485,8 +656,8 @@ func (s *Store) LookupKeys(index, value string) ([]nimbusv1.Key, error) {
 		return nil, err
 	}
 	var out []nimbusv1.Key
-	s.desired.Load().indexes[pos].Ascend(indexEntry{val: value}, func(e indexEntry) bool {
-		if e.val != value {
+	s.desired.Load().indexes[pos].Ascend(probeEntry(value), func(e indexEntry) bool {
+		if e.val() != value {
 			return false
 		}
 		out = append(out, e.rec.key)
@@ -526,8 +697,8 @@ func (s *Store) lookupFirst(index, value string) (*record, error) {
 		return nil, err
 	}
 	var rec *record
-	s.desired.Load().indexes[pos].Ascend(indexEntry{val: value}, func(e indexEntry) bool {
-		if e.val == value {
+	s.desired.Load().indexes[pos].Ascend(probeEntry(value), func(e indexEntry) bool {
+		if e.val() == value {
 			rec = e.rec
 		}
 		return false
@@ -635,41 +806,90 @@ func (s *Store) ClaimStatus() (*StatusWriter, error) {
 func (s *Store) newRecord(obj *nimbusv1.Object) (*record, error) {
 	// Strings of its own: obj's may be views of a whole received frame.
 	key := ownKey(obj.TypedKey())
-	data, err := proto.MarshalOptions{Deterministic: true}.Marshal(obj)
+	var buf [8]indexPart
+	parts := buf[:0]
+	for i, ix := range s.indexes {
+		for _, v := range ix.Values(obj) {
+			parts = append(parts, indexPart{pos: i, val: v})
+		}
+	}
+	var indexedBuf [256]byte
+	indexed := indexedBuf[:0]
+	if len(parts) > 0 {
+		indexed = appendIndexed(indexed, parts)
+	}
+	row, err := encodeRow(obj, &key, indexed)
 	if err != nil {
 		return nil, fmt.Errorf("encoding %s: %w", key, err)
 	}
-	r := &record{key: key, data: unsafe.String(unsafe.SliceData(data), len(data))}
-	var values [][]string
-	size := 0
-	for i, ix := range s.indexes {
-		vals := ix.Values(obj)
-		if len(vals) == 0 {
-			continue
-		}
-		if values == nil {
-			values = make([][]string, len(s.indexes))
-		}
-		values[i] = vals
-		for _, v := range vals {
-			size += uvarintLen(uint64(i)) + uvarintLen(uint64(len(v))) + len(v)
-		}
+	return &record{key: key, row: unsafe.String(unsafe.SliceData(row), len(row))}, nil
+}
+
+// indexPart is a value a record is listed under while appendIndexed lays it out: the
+// position of its index in Options.Indexes, the value, and its offset among the values.
+type indexPart struct {
+	pos      int
+	val      string
+	off, end int
+}
+
+// layoutSearched is the length up to which appendIndexed looks for a value among those
+// laid out already: an object's values are rarely longer, and the search then costs
+// little beside encoding the object.
+const layoutSearched = 512
+
+// appendIndexed appends to b what a record's indexed holds for parts, its values in
+// order, and returns it. It lays the values out longest first: a value found among
+// those laid out is not added, and one that begins with what they end with adds only the
+// rest. So an endpoint's values "MAC|NETWORK", "NETWORK|IP" and "NETWORK" hold the
+// network's key ID once. A copy: the values may be views of a whole received frame.
+func appendIndexed(b []byte, parts []indexPart) []byte {
+	var orderBuf [8]int
+	order := orderBuf[:0]
+	total := 0
+	for i, p := range parts {
+		order = append(order, i)
+		total += len(p.val)
 	}
-	if size == 0 {
-		return r, nil
+	slices.SortStableFunc(order, func(a, b int) int { return len(parts[b].val) - len(parts[a].val) })
+	var valuesBuf [256]byte
+	values := valuesBuf[:0]
+	if total > len(valuesBuf) {
+		values = make([]byte, 0, total)
 	}
-	// A copy: obj's strings may be views of a whole received frame. The bytes are the
-	// string's alone from here on.
-	b := make([]byte, 0, size)
-	for i, vals := range values {
-		for _, v := range vals {
-			b = binary.AppendUvarint(b, uint64(i))
-			b = binary.AppendUvarint(b, uint64(len(v)))
-			b = append(b, v...)
+	for _, i := range order {
+		p := &parts[i]
+		laid := unsafe.String(unsafe.SliceData(values), len(values))
+		if len(laid) <= layoutSearched {
+			if at := strings.Index(laid, p.val); at >= 0 {
+				p.off = at
+				p.end = at + len(p.val)
+				continue
+			}
 		}
+		// The longest end of what is laid out that p.val begins with.
+		at := len(values)
+		for j := max(0, len(laid)-len(p.val), len(laid)-layoutSearched); j < len(laid); j++ {
+			if strings.HasPrefix(p.val, laid[j:]) {
+				at = j
+				break
+			}
+		}
+		p.off = at
+		p.end = at + len(p.val)
+		values = append(values, p.val[len(values)-at:]...)
 	}
-	r.indexed = unsafe.String(unsafe.SliceData(b), len(b))
-	return r, nil
+	header := 0
+	for _, p := range parts {
+		header += uvarintLen(uint64(p.pos)) + uvarintLen(uint64(p.off)) + uvarintLen(uint64(p.end-p.off))
+	}
+	b = binary.AppendUvarint(b, uint64(header))
+	for _, p := range parts {
+		b = binary.AppendUvarint(b, uint64(p.pos))
+		b = binary.AppendUvarint(b, uint64(p.off))
+		b = binary.AppendUvarint(b, uint64(p.end-p.off))
+	}
+	return append(b, values...)
 }
 
 // uvarintLen returns the length of x as a uvarint.
@@ -729,8 +949,8 @@ func (w *desiredWrite) get(key nimbusv1.Key) (*record, bool) {
 func (w *desiredWrite) put(r *record, obj *nimbusv1.Object) {
 	old, _ := w.st.byID.SetHint(r, &w.hint)
 	w.unindex(old)
-	for pos, val := range r.indexedValues() {
-		w.st.indexes[pos].Set(indexEntry{val: val, rec: r})
+	for pos, e := range r.indexEntries() {
+		w.st.indexes[pos].Set(e)
 	}
 	w.changed(desiredChange{key: r.key, before: old, after: r, obj: obj})
 }
@@ -750,8 +970,8 @@ func (w *desiredWrite) unindex(r *record) {
 	if r == nil {
 		return
 	}
-	for pos, val := range r.indexedValues() {
-		w.st.indexes[pos].Delete(indexEntry{val: val, rec: r})
+	for pos, e := range r.indexEntries() {
+		w.st.indexes[pos].Delete(e)
 	}
 }
 
@@ -916,7 +1136,7 @@ func (w *DesiredWriter) Commit(t *DesiredTxn) error {
 			if put != nil {
 				put[rec.key] = true
 			}
-			if old, ok := dw.get(rec.key); ok && old.data == rec.data {
+			if old, ok := dw.get(rec.key); ok && old.data() == rec.data() {
 				continue
 			}
 			dw.put(rec, obj)

@@ -16,7 +16,7 @@ import (
 // up to 63 items (the library's default degree of 32) and a few dozen bytes of header;
 // load fills nodes almost full, and random writes leave them about two thirds full. So an
 // item costs its own size and up to as much again: 8 to 16 bytes for a record pointer,
-// 24 to 50 for an index entry, where go-memdb's radix trees spent several hundred per
+// 16 to 32 for an index entry, where go-memdb's radix trees spent several hundred per
 // item and index.
 //
 // Copy is also a write, of the tree it copies: it makes it a new owner that no longer
@@ -39,12 +39,12 @@ func newIDTree() *idTree {
 
 func newIndexTree() *indexTree {
 	return btree.NewBTreeGOptions(func(a, b indexEntry) bool {
-		switch {
-		case a.val != b.val:
-			return a.val < b.val
-		case a.rec == nil || b.rec == nil:
-			// A probe without a record sorts before every entry of its value.
-			return a.rec == nil && b.rec != nil
+		switch av, bv := a.val(), b.val(); {
+		case av != bv:
+			return av < bv
+		case a.at == probeAt || b.at == probeAt:
+			// A probe sorts before every entry of its value.
+			return a.at == probeAt && b.at != probeAt
 		}
 		return compareKeys(&a.rec.key, &b.rec.key) < 0
 	}, treeOptions)

@@ -41,7 +41,7 @@ func versionContents(t *testing.T, s *Store, st *desiredState) (tables map[strin
 	}
 	index = map[string][]string{}
 	st.indexes[0].Scan(func(e indexEntry) bool {
-		index[e.val] = append(index[e.val], e.rec.key.String())
+		index[e.val()] = append(index[e.val()], e.rec.key.String())
 		return true
 	})
 	return tables, index

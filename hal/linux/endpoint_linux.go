@@ -24,9 +24,11 @@ import (
 // to NewEndpointReconciler must declare them (delphi.Options.Indexes), with
 // EndpointNetworkIndex, EndpointNodeIndex and EndpointInterfaceIndex.
 var (
-	// EndpointMACIndex lists an Endpoint under "NETWORK|MAC": the key ID of its network
-	// and its MAC address as ip(8) writes it ("02:00:00:00:00:01"), so that spellings of
-	// one address find the same endpoint.
+	// EndpointMACIndex lists an Endpoint under "MAC|NETWORK": its MAC address as ip(8)
+	// writes it ("02:00:00:00:00:01"), so that spellings of one address find the same
+	// endpoint, and the key ID of its network. The network comes last so that delphi
+	// holds it once for an endpoint's values here and in EndpointIPIndex and
+	// EndpointNetworkIndex, which end and begin with it.
 	EndpointMACIndex = delphi.Index{Name: "endpoint_mac", Values: func(obj *nimbusv1.Object) []string {
 		k := NetworkKeyOf(obj)
 		mac, err := parseEndpointMAC(obj.GetEndpoint().GetMac())
@@ -55,7 +57,7 @@ var (
 
 // macIndexValue is the value EndpointMACIndex lists an endpoint with the MAC in the
 // network under.
-func macIndexValue(networkID string, mac [6]byte) string { return networkID + "|" + epMACString(mac) }
+func macIndexValue(networkID string, mac [6]byte) string { return epMACString(mac) + "|" + networkID }
 
 // ipIndexValue is the value EndpointIPIndex lists an endpoint with the address in the
 // network under.
