@@ -164,13 +164,12 @@ func (c *Client) reportWatermarks(ctx context.Context, stream statusSender, sub 
 		epoch, rev := sub.Resume()
 		for _, id := range ids {
 			key := id.Proto()
-			if obj, ok := c.store.Get(key); ok {
-				tr.SetObject(obj)
-			} else {
-				tr.DeleteObject(id)
+			obj, ok := c.store.Get(key)
+			if !ok {
+				obj = nil
 			}
 			st, _ := c.store.Status(key)
-			tr.SetStatus(id, st)
+			tr.Set(id, obj, st)
 		}
 		tr.SetPosition(epoch, rev)
 		epoch, w := tr.Watermark()

@@ -49,28 +49,24 @@ type Options struct {
 type state uint8
 
 const (
-	fresh     state = iota // just taken in, placed by the next place
-	done                   // PROGRAMMED at its generation, or not held
+	done      state = iota // PROGRAMMED at its generation, or not held
 	pending                // short of done, holding the watermark back
 	exception              // short of done, reported on its own
 )
 
-// entry is what the tracker holds of one object.
+// entry is what the tracker holds of one object that is short of done.
 type entry struct {
-	key      nimbusv1.Key
-	gen      int64
-	genRev   uint64
-	phase    nimbusv1.Phase
-	observed int64 // the generation the status refers to
-	held     bool  // the node holds the object (a status may come before it)
-	state    state
-	since    time.Time // when it last stopped being done
+	key    nimbusv1.Key
+	genRev uint64
+	state  state
+	since  time.Time // when it last stopped being done
 }
 
 // Tracker follows the objects a node holds and their statuses, and works out the
 // watermark and exceptions.
 type Tracker struct {
-	opts    Options
+	opts Options
+	// entries holds the objects that are pending or exceptions; a done object has none.
 	entries map[nimbusv1.Key]*entry
 	// pending holds the entries that hold the watermark back, by generation revision;
 	// aging holds the same by when they stopped being done.
@@ -127,50 +123,68 @@ func (t *Tracker) SetPosition(epoch string, rev uint64) {
 	t.rev = rev
 }
 
-// SetObject records that the node holds the object: its key, generation and the revision
-// that made the generation.
-func (t *Tracker) SetObject(obj *nimbusv1.Object) {
-	key := obj.TypedKey()
+// Set records what the node holds of the object with the key: the object, nil when the
+// node does not hold it, and the node's status of it, nil when there is none. The tracker
+// holds nothing of an object that is done: every object it has not seen since the start is
+// done or comes after the resume point.
+func (t *Tracker) Set(key nimbusv1.Key, obj *nimbusv1.Object, st *nimbusv1.NodeStatus) {
 	e := t.entries[key]
-	if e == nil {
-		e = &entry{key: key, state: fresh}
-		t.entries[key] = e
+	was := done
+	if e != nil {
+		was = e.state
+		t.leave(e)
 	}
-	t.leave(e)
-	e.held, e.gen, e.genRev = true, obj.GetMeta().GetGeneration(), obj.GenerationRevision()
-	t.place(e)
-}
-
-// DeleteObject records that the node no longer holds the object with the key.
-func (t *Tracker) DeleteObject(key nimbusv1.Key) {
-	e := t.entries[key]
-	if e == nil {
-		return
-	}
-	t.leave(e)
-	// The status was of the object deleted: one of the same name that comes later is
-	// another object, whose generations start over.
-	e.held, e.phase, e.observed = false, nimbusv1.Phase_PHASE_UNSPECIFIED, 0
-	t.place(e)
-}
-
-// SetStatus records the node's status of the object with the key; a nil status is none.
-func (t *Tracker) SetStatus(key nimbusv1.Key, st *nimbusv1.NodeStatus) {
-	e := t.entries[key]
-	if e == nil {
-		if st == nil {
-			return
+	now := done // nothing to report of an object the node does not hold
+	var genRev uint64
+	if obj != nil {
+		gen := obj.GetMeta().GetGeneration()
+		genRev = obj.GenerationRevision()
+		phase, observed := st.GetPhase(), st.GetObservedGeneration()
+		switch {
+		case phase == nimbusv1.Phase_PHASE_PROGRAMMED && observed == gen:
+			now = done
+		case was == exception:
+			// An exception stays one until it is done: its status is reported as it changes.
+			now = exception
+		case phase == nimbusv1.Phase_PHASE_FAILED && observed == gen,
+			was == done && t.handed != 0 && genRev <= t.handed:
+			// A failure does not hold the watermark back, nor does an object that stops
+			// being done below a watermark handed out already, which must not go back.
+			now = exception
+		default:
+			now = pending
 		}
-		e = &entry{key: key, state: fresh}
-		t.entries[key] = e
 	}
-	t.leave(e)
-	e.phase, e.observed = st.GetPhase(), st.GetObservedGeneration()
-	if !e.held && e.phase == nimbusv1.Phase_PHASE_UNSPECIFIED {
-		delete(t.entries, key)
+	if now == exception && was != exception && t.exceptions >= t.opts.MaxExceptions {
+		now = pending
+	}
+	switch {
+	case was == now:
+	case now == exception:
+		t.exceptions++
+		t.changed[key] = struct{}{}
+	case was == exception:
+		t.exceptions--
+		t.changed[key] = struct{}{}
+	}
+	if now == done {
+		if e != nil {
+			delete(t.entries, key)
+		}
 		return
 	}
-	t.place(e)
+	if e == nil {
+		e = &entry{key: key}
+		t.entries[key] = e
+	}
+	e.genRev, e.state = genRev, now
+	if now == pending {
+		if was == done {
+			e.since = t.opts.Now()
+		}
+		t.pending.Set(e)
+		t.aging.Set(e)
+	}
 }
 
 // leave takes the entry out of the sets its state puts it in, keeping its state.
@@ -178,48 +192,6 @@ func (t *Tracker) leave(e *entry) {
 	if e.state == pending {
 		t.pending.Delete(e)
 		t.aging.Delete(e)
-	}
-}
-
-// place puts the entry where its object and status put it now.
-func (t *Tracker) place(e *entry) {
-	was := e.state
-	switch {
-	case !e.held:
-		e.state = done // nothing to report of an object the node does not hold
-	case e.phase == nimbusv1.Phase_PHASE_PROGRAMMED && e.observed == e.gen:
-		e.state = done
-	case was == exception:
-		// An exception stays one until it is done: its status is reported as it changes.
-	case e.phase == nimbusv1.Phase_PHASE_FAILED && e.observed == e.gen,
-		was == done && t.handed != 0 && e.genRev <= t.handed:
-		// A failure does not hold the watermark back, nor does an object that stops
-		// being done below a watermark handed out already, which must not go back.
-		e.state = exception
-	default:
-		e.state = pending
-	}
-	if e.state == exception && was != exception && t.exceptions >= t.opts.MaxExceptions {
-		e.state = pending
-	}
-	if e.state == pending && (was == done || was == fresh) {
-		e.since = t.opts.Now()
-	}
-	if e.state == pending {
-		t.pending.Set(e)
-		t.aging.Set(e)
-	}
-	switch {
-	case was == e.state:
-	case e.state == exception:
-		t.exceptions++
-		t.changed[e.key] = struct{}{}
-	case was == exception:
-		t.exceptions--
-		t.changed[e.key] = struct{}{}
-	}
-	if !e.held && e.phase == nimbusv1.Phase_PHASE_UNSPECIFIED {
-		delete(t.entries, e.key)
 	}
 }
 

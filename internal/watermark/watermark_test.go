@@ -17,10 +17,37 @@ type clock struct{ now time.Time }
 func (c *clock) Now() time.Time          { return c.now }
 func (c *clock) Advance(d time.Duration) { c.now = c.now.Add(d) }
 
-func newTracker(opts Options) (*Tracker, *clock) {
+// node is a Tracker with the objects and statuses a node holds, as the agent's store
+// holds them, so that each change hands the tracker both.
+type node struct {
+	*Tracker
+	objs map[nimbusv1.Key]*nimbusv1.Object
+	sts  map[nimbusv1.Key]*nimbusv1.NodeStatus
+}
+
+func (n *node) SetObject(obj *nimbusv1.Object) {
+	key := obj.TypedKey()
+	n.objs[key] = obj
+	n.Set(key, obj, n.sts[key])
+}
+
+// DeleteObject drops the object and its status: one of the same name that comes later is
+// another object.
+func (n *node) DeleteObject(key nimbusv1.Key) {
+	delete(n.objs, key)
+	delete(n.sts, key)
+	n.Set(key, nil, nil)
+}
+
+func (n *node) SetStatus(key nimbusv1.Key, st *nimbusv1.NodeStatus) {
+	n.sts[key] = st
+	n.Set(key, n.objs[key], st)
+}
+
+func newTracker(opts Options) (*node, *clock) {
 	c := &clock{now: time.Unix(1700000000, 0)}
 	opts.Now = c.Now
-	return New(opts), c
+	return &node{Tracker: New(opts), objs: map[nimbusv1.Key]*nimbusv1.Object{}, sts: map[nimbusv1.Key]*nimbusv1.NodeStatus{}}, c
 }
 
 func route(name string, gen int64, genRev, rev uint64) *nimbusv1.Object {
@@ -44,7 +71,7 @@ var (
 	pendingPh  = nimbusv1.Phase_PHASE_PENDING
 )
 
-func wantWatermark(t *testing.T, tr *Tracker, want uint64) {
+func wantWatermark(t *testing.T, tr *node, want uint64) {
 	t.Helper()
 	if _, got := tr.Watermark(); got != want {
 		t.Fatalf("watermark %d, want %d (pending %d, exceptions %d)", got, want, tr.Pending(), tr.Exceptions())
