@@ -45,6 +45,9 @@ type Options struct {
 	Now func() time.Time
 }
 
+// smallRoom is how many entries a map may have had room for and still be kept once empty.
+const smallRoom = 64
+
 // state is where an object stands.
 type state uint8
 
@@ -68,6 +71,8 @@ type Tracker struct {
 	opts Options
 	// entries holds the objects that are pending or exceptions; a done object has none.
 	entries map[nimbusv1.Key]*entry
+	// room is the most entries held at once since entries was made.
+	room int
 	// pending holds the entries that hold the watermark back, by generation revision;
 	// aging holds the same by when they stopped being done.
 	pending *btree.BTreeG[*entry]
@@ -170,12 +175,19 @@ func (t *Tracker) Set(key nimbusv1.Key, obj *nimbusv1.Object, st *nimbusv1.NodeS
 	if now == done {
 		if e != nil {
 			delete(t.entries, key)
+			// A Go map keeps the room it once grew to: emptied after holding many
+			// objects (a first sync), it is made anew, so that a settled node holds
+			// nothing per object.
+			if len(t.entries) == 0 && t.room > smallRoom {
+				t.entries, t.room = map[nimbusv1.Key]*entry{}, 0
+			}
 		}
 		return
 	}
 	if e == nil {
 		e = &entry{key: key}
 		t.entries[key] = e
+		t.room = max(t.room, len(t.entries))
 	}
 	e.genRev, e.state = genRev, now
 	if now == pending {
@@ -251,7 +263,11 @@ func (t *Tracker) Changed() []nimbusv1.Key {
 	for key := range t.changed {
 		keys = append(keys, key)
 	}
-	clear(t.changed)
+	if len(keys) > smallRoom {
+		t.changed = map[nimbusv1.Key]struct{}{} // let go of the room, as entries does
+	} else {
+		clear(t.changed)
+	}
 	slices.SortFunc(keys, nimbusv1.Key.Compare)
 	return keys
 }
