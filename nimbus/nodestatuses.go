@@ -95,6 +95,9 @@ func (s *Server) ListNodeStatuses(ctx context.Context, req *nimbusv1.ListNodeSta
 		looked++
 		last = node
 	}
+	if resp.NextPageToken != "" {
+		s.metrics.nodeStatusPagesCut.Inc()
+	}
 	return resp, nil
 }
 

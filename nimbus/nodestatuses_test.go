@@ -269,6 +269,9 @@ func TestListNodeStatusesPaging(t *testing.T) {
 	if !slices.Equal(all, []string{"a", "b", "c", "f", "g"}) {
 		t.Errorf("pages of at most 200 bytes list %q, want [a b c f g]", all)
 	}
+	if metricValues(t, ts.srv.Registry())["naples_nimbus_node_status_pages_cut_total"] == 0 {
+		t.Error("naples_nimbus_node_status_pages_cut_total is 0 after pages were cut")
+	}
 
 	for name, tc := range map[string]struct {
 		req  *nimbusv1.ListNodeStatusesRequest
