@@ -75,10 +75,15 @@ func (s *Server) ListNodeStatuses(ctx context.Context, req *nimbusv1.ListNodeSta
 	resp := &nimbusv1.ListNodeStatusesResponse{Generation: gen, Revision: v.revision()}
 	scan := max(limit, nodeStatusesScan)
 	bytes, looked, last := 0, 0, ""
-	for node := range v.targetsAfter(rec, after) {
+	for node, target := range v.targetsAfter(rec, after) {
 		if looked == scan || len(resp.Entries) == limit {
 			resp.NextPageToken = nodePageToken(last)
 			break
+		}
+		if !target {
+			looked++
+			last = node
+			continue
 		}
 		ns, _ := v.nodeStatusOf(rec, node)
 		if keep(ns, gen) {
@@ -154,16 +159,19 @@ func (v *view) nodeStatusOf(rec *objectRecord, node string) (*nimbusv1.NodeStatu
 
 // targetsAfter iterates over the target nodes of the record's object whose names come
 // after the name after, in name order: those of meta.nodes, or, for an object for every
-// node, those everyNode returns, without reading all of them.
-func (v *view) targetsAfter(rec *objectRecord, after string) iter.Seq[string] {
+// node, those everyNode returns, without reading all of them. Each comes with true; a
+// name that comes with false is no target, but one the iteration went past: a node that
+// watched once and watches no more, which a page counts as looked at, so that a page
+// past many of them stays bounded.
+func (v *view) targetsAfter(rec *objectRecord, after string) iter.Seq2[string, bool] {
 	if nodes := rec.Object.GetMeta().GetNodes(); len(nodes) > 0 {
-		return func(yield func(string) bool) {
+		return func(yield func(string, bool) bool) {
 			i, found := slices.BinarySearch(nodes, after)
 			if found {
 				i++
 			}
 			for _, n := range nodes[i:] {
-				if !yield(n) {
+				if !yield(n, true) {
 					return
 				}
 			}
@@ -173,21 +181,22 @@ func (v *view) targetsAfter(rec *objectRecord, after string) iter.Seq[string] {
 }
 
 // everyNodeAfter iterates over the nodes everyNode returns whose names come after the
-// name after, in name order: it merges the names of the Node objects of each tenant and
-// namespace there are Node objects in, and those of the nodes watching now, each from
-// after on.
-func (v *view) everyNodeAfter(after string) iter.Seq[string] {
-	return func(yield func(string) bool) {
+// name after, in name order, each with true, and the nodes with a watch record but no
+// open watch stream and no Node object between them, with false. It merges the names of
+// the Node objects of each tenant and namespace there are Node objects in, and the names
+// of the watch records, each from after on.
+func (v *view) everyNodeAfter(after string) iter.Seq2[string, bool] {
+	return func(yield func(string, bool) bool) {
 		var heads []*nameHead
 		defer func() {
 			for _, h := range heads {
 				h.stop()
 			}
 		}()
-		for prefix := range v.nodeObjectPrefixes() {
+		for prefix := range v.nodeObjectsPrefixes() {
 			heads = append(heads, newNameHead(v.nodeObjectsAfter(prefix, after)))
 		}
-		heads = append(heads, newNameHead(v.watchingAfter(after)))
+		heads = append(heads, newNameHead(v.watchNodesAfter(after)))
 		for {
 			var next *nameHead
 			for _, h := range heads {
@@ -198,42 +207,45 @@ func (v *view) everyNodeAfter(after string) iter.Seq[string] {
 			if next == nil {
 				return
 			}
-			name := next.name
-			if !yield(name) {
-				return
-			}
+			name, target := next.name, false
 			for _, h := range heads {
 				for h.ok && h.name == name {
+					target = target || h.target
 					h.advance()
 				}
+			}
+			if !yield(name, target) {
+				return
 			}
 		}
 	}
 }
 
-// nameHead is the next name of a sequence of names in order, pulled one at a time.
+// nameHead is the next name of a sequence of names in order, pulled one at a time, with
+// whether it names a target node.
 type nameHead struct {
-	next func() (string, bool)
+	next func() (string, bool, bool)
 	stop func()
-	// name is the sequence's current name, while ok.
-	name string
-	ok   bool
+	// name is the sequence's current name, and target whether it names a target node,
+	// while ok.
+	name       string
+	target, ok bool
 }
 
 // newNameHead pulls the first name of seq.
-func newNameHead(seq iter.Seq[string]) *nameHead {
-	next, stop := iter.Pull(seq)
+func newNameHead(seq iter.Seq2[string, bool]) *nameHead {
+	next, stop := iter.Pull2(seq)
 	h := &nameHead{next: next, stop: stop}
 	h.advance()
 	return h
 }
 
 // advance pulls the sequence's next name.
-func (h *nameHead) advance() { h.name, h.ok = h.next() }
+func (h *nameHead) advance() { h.name, h.target, h.ok = h.next() }
 
-// nodeObjectPrefixes iterates over the key ID prefixes, "Node/tenant/namespace/", of
+// nodeObjectsPrefixes iterates over the key ID prefixes, "Node/tenant/namespace/", of
 // the tenants and namespaces there are Node objects in, seeking from one to the next.
-func (v *view) nodeObjectPrefixes() iter.Seq[string] {
+func (v *view) nodeObjectsPrefixes() iter.Seq[string] {
 	return func(yield func(string) bool) {
 		kind := nimbusv1.Kind_KIND_NODE.Name() + "/"
 		from := kind
@@ -256,28 +268,27 @@ func (v *view) nodeObjectPrefixes() iter.Seq[string] {
 }
 
 // nodeObjectsAfter iterates over the names of the Node objects whose key IDs start with
-// prefix and whose names come after the name after, in name order.
-func (v *view) nodeObjectsAfter(prefix, after string) iter.Seq[string] {
-	return func(yield func(string) bool) {
+// prefix and whose names come after the name after, in name order, each with true: a
+// Node object makes its node a target.
+func (v *view) nodeObjectsAfter(prefix, after string) iter.Seq2[string, bool] {
+	return func(yield func(string, bool) bool) {
 		from := prefix + after
 		v.objects.Ascend(from, func(id string, _ *objectRecord) bool {
 			if id == from {
 				return true
 			}
-			return strings.HasPrefix(id, prefix) && yield(id[len(prefix):])
+			return strings.HasPrefix(id, prefix) && yield(id[len(prefix):], true)
 		})
 	}
 }
 
-// watchingAfter iterates over the names of the nodes with a watch stream open now whose
-// names come after the name after, in name order.
-func (v *view) watchingAfter(after string) iter.Seq[string] {
-	return func(yield func(string) bool) {
+// watchNodesAfter iterates over the names of the nodes with a watch record whose names
+// come after the name after, in name order, each with whether the node has a watch
+// stream open now, which makes it a target.
+func (v *view) watchNodesAfter(after string) iter.Seq2[string, bool] {
+	return func(yield func(string, bool) bool) {
 		v.watchNodes.Ascend(after, func(name string, rec *watchNodeRecord) bool {
-			if name == after || rec.Streams <= 0 {
-				return true
-			}
-			return yield(name)
+			return name == after || yield(name, rec.Streams > 0)
 		})
 	}
 }

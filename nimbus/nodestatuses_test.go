@@ -1,6 +1,7 @@
 package nimbus
 
 import (
+	"context"
 	"encoding/base64"
 	"fmt"
 	"slices"
@@ -226,6 +227,18 @@ func TestListNodeStatusesPaging(t *testing.T) {
 	}
 	if got := names(resp.GetEntries()); !slices.Equal(got, []string{"f", "g"}) || resp.GetNextPageToken() != "" {
 		t.Fatalf("second page %q, token %q; want [f g], the last", got, resp.GetNextPageToken())
+	}
+
+	// A node that watched and watches no more, without a Node object, is no target.
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	recvUntilSynced(t, watchFrom(t, watchCtx, ts.client, "d", "", 0))
+	if entries, _ := ts.listNodeStatuses(t, key, 0, 0); !slices.Equal(names(entries), []string{"a", "b", "c", "d", "f", "g"}) {
+		t.Fatalf("with d watching: %q, want [a b c d f g]", names(entries))
+	}
+	stopWatch()
+	waitWatchers(t, ts, 0)
+	if entries, _ := ts.listNodeStatuses(t, key, 0, 0); !slices.Equal(names(entries), []string{"a", "b", "c", "f", "g"}) {
+		t.Fatalf("once d stopped watching: %q, want [a b c f g]", names(entries))
 	}
 
 	// Statuses with long messages: a page holds what fits in 200 bytes, at least one

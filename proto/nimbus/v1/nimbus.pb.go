@@ -3550,8 +3550,8 @@ func (x *ListResponse) GetNextPageToken() string {
 // some out. A page ends after limit entries, or before the entry that would take it over
 // the server's page size in bytes (--list-page-bytes, as List's; a page holds at least
 // one entry), or once the server has looked at as many nodes as it does for one page: a
-// page with a filter may hold fewer entries than limit, even none, and still have a
-// next_page_token. A client reads every node by asking again with page_token set to the
+// page may hold fewer entries than limit, even none, and still have a next_page_token
+// (with a filter, or past many nodes that watched once and watch no more). A client reads every node by asking again with page_token set to the
 // next_page_token of the answer, until that is empty.
 type ListNodeStatusesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
