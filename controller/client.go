@@ -11,7 +11,9 @@ import (
 
 	"google.golang.org/grpc"
 	grpcbackoff "google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/naplesnet/naples/internal/address"
@@ -28,7 +30,8 @@ var (
 	// ErrClosed is returned by the calls of a closed Client.
 	ErrClosed = errors.New("controller client closed")
 	// ErrNotFound is wrapped by the WaitError of an object that does not exist or was
-	// deleted during the wait.
+	// deleted during the wait, and by the error of NodeStatuses of an object that does
+	// not exist.
 	ErrNotFound = errors.New("object not found")
 	// ErrFailed is wrapped by the WaitError of an object a target node reported FAILED
 	// at the generation waited for or a later one.
@@ -287,6 +290,33 @@ func (c *Client) List(ctx context.Context, f Filter) ([]*nimbusv1.ObjectWithStat
 		return nil, fmt.Errorf("listing %s objects: %w", f.Kind.Name(), err)
 	}
 	return resp.GetItems(), nil
+}
+
+// NodeStatuses returns the status of the object with the key on each of its target nodes
+// that the filter selects (NODE_STATUS_FILTER_UNSPECIFIED: every one), in node name
+// order; an entry without a status is a node that has reported nothing. Where the object
+// status of List leaves nodes out, it lists every one. It asks nimbus for one page after
+// the other with ListNodeStatuses, each read at the store's revision of its time. Its
+// error wraps ErrNotFound when nimbus does not have the object.
+func (c *Client) NodeStatuses(ctx context.Context, key *nimbusv1.ObjectKey, filter nimbusv1.NodeStatusFilter) ([]*nimbusv1.NodeStatusEntry, error) {
+	if c.isClosed() {
+		return nil, fmt.Errorf("listing node statuses: %w", ErrClosed)
+	}
+	req := &nimbusv1.ListNodeStatusesRequest{Key: key, Filter: filter}
+	var entries []*nimbusv1.NodeStatusEntry
+	for {
+		resp, err := c.api.ListNodeStatuses(ctx, req, recvLimit())
+		if status.Code(err) == codes.NotFound {
+			return nil, fmt.Errorf("listing the node statuses of %s: %w", key.ID(), ErrNotFound)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("listing the node statuses of %s: %w", key.ID(), err)
+		}
+		entries = append(entries, resp.GetEntries()...)
+		if req.PageToken = resp.GetNextPageToken(); req.PageToken == "" {
+			return entries, nil
+		}
+	}
 }
 
 // Delete deletes the objects with the keys as DeleteWith does, with the default

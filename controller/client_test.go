@@ -352,3 +352,46 @@ func TestListPages(t *testing.T) {
 		}
 	}
 }
+
+// TestNodeStatuses pages through the status of a route for more nodes than one page of
+// ListNodeStatuses holds: every node, the one that failed, and the error of a route that
+// does not exist.
+func TestNodeStatuses(t *testing.T) {
+	socket := socketPath(t)
+	serve(t, socket, "")
+	c := newClient(t, socket, Options{})
+	var nodes []string
+	for i := range nimbus.DefaultNodeStatusesPage + 10 {
+		nodes = append(nodes, fmt.Sprintf("n%04d", i))
+	}
+	if _, err := c.Apply(testContext(t), route("r1", "192.0.2.1", nodes...)); err != nil {
+		t.Fatal(err)
+	}
+	api := rawClient(t, socket)
+	report(t, api, "r1", "n0003", 1, nimbusv1.Phase_PHASE_PROGRAMMED, "", "")
+	report(t, api, "r1", "n1005", 1, nimbusv1.Phase_PHASE_FAILED, "KernelError", "adding route: network is unreachable")
+
+	entries, err := c.NodeStatuses(testContext(t), routeKey("r1"), nimbusv1.NodeStatusFilter_NODE_STATUS_FILTER_UNSPECIFIED)
+	if err != nil {
+		t.Fatalf("NodeStatuses: %v", err)
+	}
+	if len(entries) != len(nodes) {
+		t.Fatalf("%d node statuses, want %d", len(entries), len(nodes))
+	}
+	for i, e := range entries {
+		reported := e.GetNode() == "n0003" || e.GetNode() == "n1005"
+		if e.GetNode() != nodes[i] || (e.GetStatus() != nil) != reported {
+			t.Fatalf("entry %d = %v, want %s with a status %v", i, e, nodes[i], reported)
+		}
+	}
+	failed, err := c.NodeStatuses(testContext(t), routeKey("r1"), nimbusv1.NodeStatusFilter_NODE_STATUS_FILTER_FAILED)
+	if err != nil {
+		t.Fatalf("NodeStatuses of the FAILED nodes: %v", err)
+	}
+	if len(failed) != 1 || failed[0].GetNode() != "n1005" || failed[0].GetStatus().GetMessage() != "adding route: network is unreachable" {
+		t.Errorf("FAILED nodes %v, want n1005 with its message", failed)
+	}
+	if _, err := c.NodeStatuses(testContext(t), routeKey("missing"), 0); !errors.Is(err, ErrNotFound) {
+		t.Errorf("NodeStatuses of a missing route: %v, want ErrNotFound", err)
+	}
+}

@@ -23,8 +23,9 @@ import (
 // that a CA of Options.TLS.ClientCAs issued, and its identity (see package internal/pki)
 // decides what it may call:
 //
-//   - Apply, ApplyBatch, Delete, DeleteBatch, Get and List: publishers only. Nodes learn
-//     their objects from Watch and have no need to read or change anyone else's.
+//   - Apply, ApplyBatch, Delete, DeleteBatch, Get, List and ListNodeStatuses: publishers
+//     only. Nodes learn their objects from Watch and have no need to read or change
+//     anyone else's.
 //   - WatchStatus: publishers only, as List.
 //   - Watch: a node for its own name only; a publisher for any node, which shows it no
 //     more than List does and lets tools watch what a node receives.
@@ -59,7 +60,8 @@ func (s *Server) authorizeUnary(ctx context.Context, req any, info *grpc.UnarySe
 	case healthpb.Health_Check_FullMethodName, healthpb.Health_List_FullMethodName:
 	case nimbusv1.Nimbus_Apply_FullMethodName, nimbusv1.Nimbus_ApplyBatch_FullMethodName,
 		nimbusv1.Nimbus_Delete_FullMethodName, nimbusv1.Nimbus_DeleteBatch_FullMethodName,
-		nimbusv1.Nimbus_Get_FullMethodName, nimbusv1.Nimbus_List_FullMethodName:
+		nimbusv1.Nimbus_Get_FullMethodName, nimbusv1.Nimbus_List_FullMethodName,
+		nimbusv1.Nimbus_ListNodeStatuses_FullMethodName:
 		if id.Role != pki.RolePublisher {
 			return nil, s.deny(ctx, id, info.FullMethod, "%s may not call %s: a publisher certificate is required", id, method)
 		}

@@ -208,6 +208,10 @@ func TestAuthPublisherOperations(t *testing.T) {
 		},
 		"Get":  func() error { _, err := a.Get(ctx, &nimbusv1.GetRequest{Key: routeKey("r1")}); return err },
 		"List": func() error { _, err := a.List(ctx, &nimbusv1.ListRequest{}); return err },
+		"ListNodeStatuses": func() error {
+			_, err := a.ListNodeStatuses(ctx, &nimbusv1.ListNodeStatusesRequest{Key: routeKey("r1")})
+			return err
+		},
 	} {
 		t.Run("node "+name, func(t *testing.T) {
 			wantDenied(t, call(), `node "host-a"`, name, "publisher certificate")

@@ -159,7 +159,8 @@
 // with a data directory) and the histogram naples_nimbus_commit_batch_size (object changes
 // per commit). The limits add the counters naples_nimbus_status_truncated_total{field},
 // naples_nimbus_status_details_omitted_total, naples_nimbus_objects_too_large_total and
-// naples_nimbus_list_pages_cut_total (limits.go), the gauge
+// naples_nimbus_list_pages_cut_total (limits.go), the counter
+// naples_nimbus_node_status_pages_cut_total (nodestatuses.go), the gauge
 // naples_nimbus_streams{role,method} and the counter
 // naples_nimbus_streams_refused_total{role,method,reason} and the gauge
 // naples_nimbus_stream_refusals_held (streams.go), the gauge

@@ -32,6 +32,9 @@ type metrics struct {
 	objectsTooLarge prometheus.Counter
 	// listPagesCut counts the List pages that ended before the last item.
 	listPagesCut prometheus.Counter
+	// nodeStatusPagesCut counts the ListNodeStatuses pages that ended before the last
+	// node.
+	nodeStatusPagesCut prometheus.Counter
 	// handshakesRefused counts the TLS handshakes refused, by reason.
 	handshakesRefused *prometheus.CounterVec
 }
@@ -88,6 +91,10 @@ func newMetrics(reg prometheus.Registerer, statuses, watermarks func() float64) 
 		Namespace: ns, Subsystem: sub, Name: "list_pages_cut_total",
 		Help: "List answers that ended before the last item, at the request's limit or --list-page-bytes, with a next_page_token.",
 	})
+	m.nodeStatusPagesCut = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "node_status_pages_cut_total",
+		Help: "ListNodeStatuses answers that ended before the last node, at the request's limit, --list-page-bytes or the nodes a page looks at, with a next_page_token.",
+	})
 	m.handshakesRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "tls_handshakes_refused_total",
 		Help: "TLS handshakes refused, by reason: plaintext, no_certificate, unknown_ca, client_refused or other.",
@@ -111,7 +118,8 @@ func newMetrics(reg prometheus.Registerer, statuses, watermarks func() float64) 
 	m.watchStarts.WithLabelValues(watchModeSnapshot)
 	var err error
 	if m.unregister, err = telemetry.Register(reg, "Server", m.resets, m.watchStarts, m.watchers, m.revision, m.objects, m.commits, m.commitSize,
-		m.statusTruncated, m.detailsOmitted, statusGauge, watermarkGauge, m.objectsTooLarge, m.listPagesCut, m.handshakesRefused); err != nil {
+		m.statusTruncated, m.detailsOmitted, statusGauge, watermarkGauge, m.objectsTooLarge, m.listPagesCut, m.nodeStatusPagesCut,
+		m.handshakesRefused); err != nil {
 		return nil, err
 	}
 	return m, nil

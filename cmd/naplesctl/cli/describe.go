@@ -20,6 +20,7 @@ import (
 // describeCommand returns the describe command.
 func (c *cli) describeCommand() *cobra.Command {
 	var tenant, namespace string
+	var nodesLimit int
 	cmd := &cobra.Command{
 		Use:   "describe KIND NAME",
 		Short: "Show one object's propagation to every target node",
@@ -30,7 +31,9 @@ have programmed it, failed, are still pending or report a stale status, and when
 last of them caught up. The table that follows has one row per target node: its
 phase, the generation it observed, whether its status is stale (its agent has been
 disconnected for longer than nimbus's grace period), when it last reported, and why.
-A target node that has reported nothing yet is shown with "-".`,
+A target node that has reported nothing yet is shown with "-". The table lists the
+first --nodes-limit nodes by name and every FAILED node after them; a line says how
+many more nodes it leaves out.`,
 		Example: `  naplesctl describe route to-dc2`,
 		Args:    cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -38,16 +41,28 @@ A target node that has reported nothing yet is shown with "-".`,
 			if err != nil {
 				return err
 			}
-			return c.describe(cmd.Context(), nimbusv1.NewKey(kind, tenant, namespace, args[1]))
+			if nodesLimit < 0 {
+				return fmt.Errorf("--nodes-limit %d: must not be negative", nodesLimit)
+			}
+			return c.describe(cmd.Context(), nimbusv1.NewKey(kind, tenant, namespace, args[1]), nodesLimit)
 		},
 	}
+	cmd.Flags().IntVar(&nodesLimit, "nodes-limit", defaultNodesLimit,
+		"the most nodes the node table lists before the FAILED nodes after them; 0 lists every node")
 	cmd.Flags().StringVar(&tenant, "tenant", "", `tenant of the object (default "default")`)
 	cmd.Flags().StringVarP(&namespace, "namespace", "n", "", `namespace of the object (default "default")`)
 	return cmd
 }
 
-// describe prints the object with key and its status on every target node.
-func (c *cli) describe(ctx context.Context, key *nimbusv1.ObjectKey) error {
+// defaultNodesLimit is the default of describe's --nodes-limit.
+const defaultNodesLimit = 1000
+
+// nodeStatusesPage is the most node statuses describe asks nimbus for in one page.
+const nodeStatusesPage = 1000
+
+// describe prints the object with key and its status on its target nodes: the first
+// nodesLimit of them by name (every one for 0) and the FAILED ones after those.
+func (c *cli) describe(ctx context.Context, key *nimbusv1.ObjectKey, nodesLimit int) error {
 	sess, err := c.connect()
 	if err != nil {
 		return err
@@ -57,7 +72,72 @@ func (c *cli) describe(ctx context.Context, key *nimbusv1.ObjectKey) error {
 	if err != nil {
 		return err
 	}
-	return c.writeDescription(c.stdout, item)
+	nodes, err := sess.nodeStatuses(ctx, key, nodesLimit)
+	if err != nil {
+		return err
+	}
+	return c.writeDescription(c.stdout, item, nodes)
+}
+
+// nodeRow is one row of describe's node table: a node and its status, nil when it has
+// reported nothing.
+type nodeRow struct {
+	name string
+	st   *nimbusv1.NodeStatus
+}
+
+// nodeTable is what describe lists of an object's target nodes.
+type nodeTable struct {
+	// rows are the nodes listed, by name.
+	rows []nodeRow
+	// cut is true when nodes were left out.
+	cut bool
+}
+
+// nodeStatuses reads the object's status on its target nodes with ListNodeStatuses, page
+// by page: the first limit nodes by name (every one for 0), then the FAILED nodes after
+// those, at most limit of them. It returns nil for a nimbus that does not have
+// ListNodeStatuses; its error wraps ErrNotFound when nimbus does not have the object.
+func (s *session) nodeStatuses(ctx context.Context, key *nimbusv1.ObjectKey, limit int) (*nodeTable, error) {
+	t := &nodeTable{}
+	req := &nimbusv1.ListNodeStatusesRequest{Key: key}
+	// read appends the nodes the filter selects, from req's page token on, until it has
+	// appended max of them (0: no bound) or none are left; it tells whether some are.
+	read := func(filter nimbusv1.NodeStatusFilter, max int) (bool, error) {
+		req.Filter = filter
+		for n := 0; max == 0 || n < max; {
+			req.Limit = nodeStatusesPage
+			if max > 0 {
+				req.Limit = int32(min(max-n, nodeStatusesPage))
+			}
+			resp, err := s.nimbus.ListNodeStatuses(ctx, req)
+			if err != nil {
+				return false, err
+			}
+			for _, e := range resp.GetEntries() {
+				t.rows = append(t.rows, nodeRow{e.GetNode(), e.GetStatus()})
+			}
+			n += len(resp.GetEntries())
+			if req.PageToken = resp.GetNextPageToken(); req.PageToken == "" {
+				return false, nil
+			}
+		}
+		return true, nil
+	}
+	more, err := read(nimbusv1.NodeStatusFilter_NODE_STATUS_FILTER_UNSPECIFIED, limit)
+	if err == nil && more {
+		t.cut = true
+		_, err = read(nimbusv1.NodeStatusFilter_NODE_STATUS_FILTER_FAILED, limit)
+	}
+	switch status.Code(err) {
+	case codes.OK:
+		return t, nil
+	case codes.Unimplemented:
+		return nil, nil
+	case codes.NotFound:
+		return nil, notFound(key)
+	}
+	return nil, fmt.Errorf("listing the node statuses of %s: %w", ref(key), s.rpcError(err))
 }
 
 // get returns the object with key and its status; its error wraps ErrNotFound when nimbus
@@ -83,8 +163,10 @@ func notFound(key *nimbusv1.ObjectKey) error {
 		kindArg(key.GetKind()), key.GetName(), ErrNotFound, key.GetTenant(), key.GetNamespace())
 }
 
-// writeDescription writes the human-readable description of item to w.
-func (c *cli) writeDescription(w io.Writer, item *nimbusv1.ObjectWithStatus) error {
+// writeDescription writes the human-readable description of item to w, with the node
+// table nodes, or, when nodes is nil, one made of the object status's nodes and pending
+// nodes.
+func (c *cli) writeDescription(w io.Writer, item *nimbusv1.ObjectWithStatus, nodes *nodeTable) error {
 	obj, st := item.GetObject(), item.GetStatus()
 	m := obj.GetMeta()
 	p := propagationOf(item, 0)
@@ -122,23 +204,23 @@ func (c *cli) writeDescription(w io.Writer, item *nimbusv1.ObjectWithStatus) err
 		return fmt.Errorf("writing description: %w", err)
 	}
 
-	// One row per node: those that reported, and the pending ones that have not.
-	type row struct {
-		name string
-		st   *nimbusv1.NodeStatus
-	}
-	var rows []row
-	reported := map[string]bool{}
-	for _, n := range st.GetNodes() {
-		rows = append(rows, row{n.GetNode(), n})
-		reported[n.GetNode()] = true
-	}
-	for _, name := range p.pending {
-		if !reported[name] {
-			rows = append(rows, row{name: name})
+	var rows []nodeRow
+	if nodes != nil {
+		rows = nodes.rows
+	} else {
+		// One row per node: those that reported, and the pending ones that have not.
+		reported := map[string]bool{}
+		for _, n := range st.GetNodes() {
+			rows = append(rows, nodeRow{n.GetNode(), n})
+			reported[n.GetNode()] = true
 		}
+		for _, name := range p.pending {
+			if !reported[name] {
+				rows = append(rows, nodeRow{name: name})
+			}
+		}
+		slices.SortFunc(rows, func(a, b nodeRow) int { return strings.Compare(a.name, b.name) })
 	}
-	slices.SortFunc(rows, func(a, b row) int { return strings.Compare(a.name, b.name) })
 
 	fmt.Fprintln(w)
 	tw = newTable(w, 3)
@@ -162,6 +244,11 @@ func (c *cli) writeDescription(w io.Writer, item *nimbusv1.ObjectWithStatus) err
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("writing node table: %w", err)
 	}
+	if nodes != nil && nodes.cut {
+		if n := int(st.GetTargetNodes()) - len(rows); n > 0 {
+			fmt.Fprintf(w, "... and %d more %s (--nodes-limit)\n", n, plural(n, "node", "nodes"))
+		}
+	}
 	// Then what each node reports of the object in operation: link state, counters.
 	for _, r := range rows {
 		op := operationalOf(r.st)
@@ -182,10 +269,10 @@ func (c *cli) writeDescription(w io.Writer, item *nimbusv1.ObjectWithStatus) err
 				n, plural(int(n), "entry was", "entries were"))
 		}
 	}
-	if p.unnamed > 0 {
+	if p.unnamed > 0 && nodes == nil {
 		fmt.Fprintf(w, "%d more target %s reported nothing yet.\n", p.unnamed, plural(p.unnamed, "node has", "nodes have"))
 	}
-	if n := int(st.GetDetailsOmitted()); n > 0 {
+	if n := int(st.GetDetailsOmitted()); n > 0 && nodes == nil {
 		fmt.Fprintf(w, "The messages and operational data of %d %s were left out: the object's statuses hold more than nimbus sends for one object (its --status-details-bytes).\n",
 			n, plural(n, "node", "nodes"))
 	}

@@ -1,13 +1,18 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -236,4 +241,115 @@ func TestDescribeTypedOperational(t *testing.T) {
 			t.Errorf("get -o yaml does not contain %q:\n%s", want, out)
 		}
 	}
+}
+
+// TestDescribePagesThroughNodes describes a route for more nodes than nimbus sends in
+// one page of ListNodeStatuses: describe lists every node, or the first --nodes-limit
+// with the FAILED nodes after them and a line of how many it left out, and every FAILED
+// node with its message.
+func TestDescribePagesThroughNodes(t *testing.T) {
+	const nodes = 2500
+	e := newEnv(t)
+	var names []string
+	for i := range nodes {
+		names = append(names, fmt.Sprintf("h%04d", i))
+	}
+	e.ok("apply", "-f", e.file("route.yaml", routeTo("wide", "198.51.100.0/24", "10.10.0.2", names...)))
+	stream, err := e.nimbus.ReportStatus(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	failing := map[string]string{}
+	for i, n := range names {
+		st := &nimbusv1.NodeStatus{Node: n, ObservedGeneration: 1, Phase: programmed}
+		if i%250 == 5 {
+			st.Phase, st.Reason, st.Message = failed, "KernelError", "adding route: network is unreachable on "+n
+			failing[n] = st.Message
+		}
+		if err := stream.Send(&nimbusv1.StatusReport{Key: nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "", "", "wide"), Status: st}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := stream.CloseAndRecv(); err != nil {
+		t.Fatal(err)
+	}
+
+	// rows returns the node names of the node table in out, and checks the FAILED ones.
+	rows := func(what, out string) []string {
+		t.Helper()
+		var got []string
+		seen := 0
+		for line := range strings.Lines(out) {
+			f := strings.Fields(line)
+			if len(f) < 2 || !strings.HasPrefix(f[0], "h") || len(f[0]) != 5 {
+				continue
+			}
+			got = append(got, f[0])
+			if msg, ok := failing[f[0]]; ok {
+				seen++
+				if f[1] != "FAILED" || !strings.HasSuffix(strings.TrimSpace(line), msg) {
+					t.Errorf("%s: the row of %s is %q, want FAILED with %q", what, f[0], line, msg)
+				}
+			} else if f[1] != "PROGRAMMED" {
+				t.Errorf("%s: the row of %s is %q, want PROGRAMMED", what, f[0], line)
+			}
+		}
+		if seen != len(failing) {
+			t.Errorf("%s lists %d FAILED nodes, want %d", what, seen, len(failing))
+		}
+		return got
+	}
+
+	out := e.ok("describe", "route", "wide", "--nodes-limit", "0")
+	if got := rows("describe of every node", out); !slices.Equal(got, names) {
+		t.Errorf("describe of every node lists %d nodes, want %d", len(got), len(names))
+	}
+	if strings.Contains(out, "more nodes") {
+		t.Errorf("describe of every node says it left some out:\n%s", out)
+	}
+	contains(t, "describe of every node", errors.New(out), "Programmed:  2490/2500\n", "Failed:      10\n")
+
+	out = e.ok("describe", "route", "wide")
+	want := slices.Clone(names[:defaultNodesLimit])
+	for _, n := range names[defaultNodesLimit:] {
+		if _, ok := failing[n]; ok {
+			want = append(want, n)
+		}
+	}
+	if got := rows("describe", out); !slices.Equal(got, want) {
+		t.Errorf("describe lists %d nodes, want the first %d and the %d FAILED after them", len(got), defaultNodesLimit, len(want)-defaultNodesLimit)
+	}
+	contains(t, "describe", errors.New(out), fmt.Sprintf("... and %d more nodes (--nodes-limit)\n", nodes-len(want)))
+
+	contains(t, "describe with a negative limit", e.fails("describe", "route", "wide", "--nodes-limit", "-1"), "--nodes-limit -1: must not be negative")
+}
+
+// TestDescribeWithoutListNodeStatuses describes an object as from a nimbus without
+// ListNodeStatuses: the node table is made of the object status's nodes, as it is the
+// same as the one describe pages through.
+func TestDescribeWithoutListNodeStatuses(t *testing.T) {
+	e := newEnv(t)
+	e.ok("apply", "-f", e.file("route.yaml", routeTo("to-dc2", "198.51.100.0/24", "10.10.0.2", "host-a", "host-b", "host-c")))
+	e.report("to-dc2", "host-a", 1, programmed, "", "route in table 100")
+	e.report("to-dc2", "host-b", 1, failed, "KernelError", "adding route: network is unreachable")
+
+	sess := &session{nimbus: unimplementedNodeStatuses{e.nimbus}}
+	key := nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "", "", "to-dc2")
+	nodes, err := sess.nodeStatuses(t.Context(), key, 0)
+	if err != nil || nodes != nil {
+		t.Fatalf("node statuses from a nimbus without ListNodeStatuses: %v, %v; want none, no error", nodes, err)
+	}
+	var buf strings.Builder
+	c := &cli{now: func() time.Time { return created.Add(90 * time.Second) }}
+	if err := c.writeDescription(&buf, e.get("to-dc2"), nil); err != nil {
+		t.Fatal(err)
+	}
+	equal(t, "describe without ListNodeStatuses", buf.String(), e.ok("describe", "route", "to-dc2"))
+}
+
+// unimplementedNodeStatuses is a Nimbus client of a nimbus without ListNodeStatuses.
+type unimplementedNodeStatuses struct{ nimbusv1.NimbusClient }
+
+func (unimplementedNodeStatuses) ListNodeStatuses(context.Context, *nimbusv1.ListNodeStatusesRequest, ...grpc.CallOption) (*nimbusv1.ListNodeStatusesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "unknown method ListNodeStatuses")
 }

@@ -64,7 +64,9 @@ func TestDelphiListsLargeObjects(t *testing.T) {
 }
 
 // TestDescribeSaysDetailsOmitted shows that describe says when nimbus left the messages
-// of some nodes out of an object's status, rather than showing them as empty.
+// of some nodes out of an object's status, rather than showing them as empty: from a
+// nimbus without ListNodeStatuses, whose node table is the object status's. Its pages
+// carry every node's message.
 func TestDescribeSaysDetailsOmitted(t *testing.T) {
 	e := newEnvWith(t, nimbus.Options{Now: func() time.Time { return created }, Limits: nimbus.Limits{StatusDetailsBytes: 100}})
 	route := &nimbusv1.Object{
@@ -76,8 +78,16 @@ func TestDescribeSaysDetailsOmitted(t *testing.T) {
 	}
 	e.report("r1", "n1", 1, nimbusv1.Phase_PHASE_FAILED, "KernelError", strings.Repeat("a", 80))
 	e.report("r1", "n2", 1, nimbusv1.Phase_PHASE_FAILED, "KernelError", strings.Repeat("b", 80))
+	var buf strings.Builder
+	c := &cli{now: func() time.Time { return created.Add(90 * time.Second) }}
+	if err := c.writeDescription(&buf, e.get("r1"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if out := buf.String(); !strings.Contains(out, "of 1 node were left out") || !strings.Contains(out, "--status-details-bytes") {
+		t.Errorf("describe without ListNodeStatuses does not say the details of 1 node were left out:\n%s", out)
+	}
 	out := e.ok("describe", "route", "r1")
-	if !strings.Contains(out, "of 1 node were left out") || !strings.Contains(out, "--status-details-bytes") {
-		t.Errorf("describe does not say the details of 1 node were left out:\n%s", out)
+	if !strings.Contains(out, strings.Repeat("a", 80)) || !strings.Contains(out, strings.Repeat("b", 80)) || strings.Contains(out, "left out") {
+		t.Errorf("describe does not show the messages of both nodes:\n%s", out)
 	}
 }

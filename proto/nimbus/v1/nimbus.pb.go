@@ -261,6 +261,61 @@ func (LinkOperState) EnumDescriptor() ([]byte, []int) {
 	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{3}
 }
 
+// NodeStatusFilter selects the target nodes a ListNodeStatuses page holds.
+type NodeStatusFilter int32
+
+const (
+	// NODE_STATUS_FILTER_UNSPECIFIED selects every target node.
+	NodeStatusFilter_NODE_STATUS_FILTER_UNSPECIFIED NodeStatusFilter = 0
+	// NODE_STATUS_FILTER_NOT_PROGRAMMED selects the target nodes not PROGRAMMED at the
+	// object's generation: FAILED or PENDING, at an older generation, or that reported
+	// nothing.
+	NodeStatusFilter_NODE_STATUS_FILTER_NOT_PROGRAMMED NodeStatusFilter = 1
+	// NODE_STATUS_FILTER_FAILED selects the target nodes FAILED at the object's generation.
+	NodeStatusFilter_NODE_STATUS_FILTER_FAILED NodeStatusFilter = 2
+)
+
+// Enum value maps for NodeStatusFilter.
+var (
+	NodeStatusFilter_name = map[int32]string{
+		0: "NODE_STATUS_FILTER_UNSPECIFIED",
+		1: "NODE_STATUS_FILTER_NOT_PROGRAMMED",
+		2: "NODE_STATUS_FILTER_FAILED",
+	}
+	NodeStatusFilter_value = map[string]int32{
+		"NODE_STATUS_FILTER_UNSPECIFIED":    0,
+		"NODE_STATUS_FILTER_NOT_PROGRAMMED": 1,
+		"NODE_STATUS_FILTER_FAILED":         2,
+	}
+)
+
+func (x NodeStatusFilter) Enum() *NodeStatusFilter {
+	p := new(NodeStatusFilter)
+	*p = x
+	return p
+}
+
+func (x NodeStatusFilter) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (NodeStatusFilter) Descriptor() protoreflect.EnumDescriptor {
+	return file_nimbus_v1_nimbus_proto_enumTypes[4].Descriptor()
+}
+
+func (NodeStatusFilter) Type() protoreflect.EnumType {
+	return &file_nimbus_v1_nimbus_proto_enumTypes[4]
+}
+
+func (x NodeStatusFilter) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use NodeStatusFilter.Descriptor instead.
+func (NodeStatusFilter) EnumDescriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{4}
+}
+
 type PolicyRule_Action int32
 
 const (
@@ -294,11 +349,11 @@ func (x PolicyRule_Action) String() string {
 }
 
 func (PolicyRule_Action) Descriptor() protoreflect.EnumDescriptor {
-	return file_nimbus_v1_nimbus_proto_enumTypes[4].Descriptor()
+	return file_nimbus_v1_nimbus_proto_enumTypes[5].Descriptor()
 }
 
 func (PolicyRule_Action) Type() protoreflect.EnumType {
-	return &file_nimbus_v1_nimbus_proto_enumTypes[4]
+	return &file_nimbus_v1_nimbus_proto_enumTypes[5]
 }
 
 func (x PolicyRule_Action) Number() protoreflect.EnumNumber {
@@ -346,11 +401,11 @@ func (x PolicyRuleCounters_Direction) String() string {
 }
 
 func (PolicyRuleCounters_Direction) Descriptor() protoreflect.EnumDescriptor {
-	return file_nimbus_v1_nimbus_proto_enumTypes[5].Descriptor()
+	return file_nimbus_v1_nimbus_proto_enumTypes[6].Descriptor()
 }
 
 func (PolicyRuleCounters_Direction) Type() protoreflect.EnumType {
-	return &file_nimbus_v1_nimbus_proto_enumTypes[5]
+	return &file_nimbus_v1_nimbus_proto_enumTypes[6]
 }
 
 func (x PolicyRuleCounters_Direction) Number() protoreflect.EnumNumber {
@@ -411,11 +466,11 @@ func (x WatchEvent_Type) String() string {
 }
 
 func (WatchEvent_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_nimbus_v1_nimbus_proto_enumTypes[6].Descriptor()
+	return file_nimbus_v1_nimbus_proto_enumTypes[7].Descriptor()
 }
 
 func (WatchEvent_Type) Type() protoreflect.EnumType {
-	return &file_nimbus_v1_nimbus_proto_enumTypes[6]
+	return &file_nimbus_v1_nimbus_proto_enumTypes[7]
 }
 
 func (x WatchEvent_Type) Number() protoreflect.EnumNumber {
@@ -424,7 +479,7 @@ func (x WatchEvent_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WatchEvent_Type.Descriptor instead.
 func (WatchEvent_Type) EnumDescriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{38, 0}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{41, 0}
 }
 
 type StatusEvent_Type int32
@@ -466,11 +521,11 @@ func (x StatusEvent_Type) String() string {
 }
 
 func (StatusEvent_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_nimbus_v1_nimbus_proto_enumTypes[7].Descriptor()
+	return file_nimbus_v1_nimbus_proto_enumTypes[8].Descriptor()
 }
 
 func (StatusEvent_Type) Type() protoreflect.EnumType {
-	return &file_nimbus_v1_nimbus_proto_enumTypes[7]
+	return &file_nimbus_v1_nimbus_proto_enumTypes[8]
 }
 
 func (x StatusEvent_Type) Number() protoreflect.EnumNumber {
@@ -479,7 +534,7 @@ func (x StatusEvent_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use StatusEvent_Type.Descriptor instead.
 func (StatusEvent_Type) EnumDescriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{41, 0}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{44, 0}
 }
 
 // ObjectKey identifies one object. Tenant and namespace default to "default".
@@ -3490,6 +3545,220 @@ func (x *ListResponse) GetNextPageToken() string {
 	return ""
 }
 
+// ListNodeStatusesRequest asks for one page of an object's status on each of its target
+// nodes, in node name order: every node, where ObjectStatus.nodes and .pending may leave
+// some out. A page ends after limit entries, or before the entry that would take it over
+// the server's page size in bytes (--list-page-bytes, as List's; a page holds at least
+// one entry), or once the server has looked at as many nodes as it does for one page: a
+// page may hold fewer entries than limit, even none, and still have a next_page_token
+// (with a filter, or past many nodes that watched once and watch no more). A client reads every node by asking again with page_token set to the
+// next_page_token of the answer, until that is empty.
+type ListNodeStatusesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   *ObjectKey             `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// page_token is the next_page_token of the previous page; empty for the first page.
+	PageToken string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// limit bounds the entries of the page; 0 asks for the server's default (1,000), and
+	// the server takes no more than its maximum (10,000). It may not be negative.
+	Limit int32 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	// filter selects the nodes; unspecified selects every target node.
+	Filter        NodeStatusFilter `protobuf:"varint,4,opt,name=filter,proto3,enum=nimbus.v1.NodeStatusFilter" json:"filter,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListNodeStatusesRequest) Reset() {
+	*x = ListNodeStatusesRequest{}
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListNodeStatusesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListNodeStatusesRequest) ProtoMessage() {}
+
+func (x *ListNodeStatusesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListNodeStatusesRequest.ProtoReflect.Descriptor instead.
+func (*ListNodeStatusesRequest) Descriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *ListNodeStatusesRequest) GetKey() *ObjectKey {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *ListNodeStatusesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+func (x *ListNodeStatusesRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *ListNodeStatusesRequest) GetFilter() NodeStatusFilter {
+	if x != nil {
+		return x.Filter
+	}
+	return NodeStatusFilter_NODE_STATUS_FILTER_UNSPECIFIED
+}
+
+// NodeStatusEntry is the status of an object on one of its target nodes.
+type NodeStatusEntry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// status is the node's status of the object, as ObjectStatus.nodes holds it: the one
+	// the node reported, or PROGRAMMED at the object's generation since its status
+	// watermark passed the object's generation revision; stale set as there. Unset when
+	// the node has reported nothing of the object (it is pending).
+	Status        *NodeStatus `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeStatusEntry) Reset() {
+	*x = NodeStatusEntry{}
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeStatusEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeStatusEntry) ProtoMessage() {}
+
+func (x *NodeStatusEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeStatusEntry.ProtoReflect.Descriptor instead.
+func (*NodeStatusEntry) Descriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *NodeStatusEntry) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *NodeStatusEntry) GetStatus() *NodeStatus {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
+type ListNodeStatusesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// entries are in node name order.
+	Entries []*NodeStatusEntry `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	// next_page_token continues after this page; empty on the last page. It names the
+	// last node the page looked at, so that paging goes on in name order while nodes
+	// come and go: a node that becomes a target between two pages is listed when its
+	// name comes after the page it arrived during.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// generation is the object's generation the page was computed at. Each page is read
+	// at its own revision: a page read after the object changed is of its newer
+	// generation, each entry correct for that generation.
+	Generation int64 `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	// revision is the store's revision the page was read at.
+	Revision      uint64 `protobuf:"varint,4,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListNodeStatusesResponse) Reset() {
+	*x = ListNodeStatusesResponse{}
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListNodeStatusesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListNodeStatusesResponse) ProtoMessage() {}
+
+func (x *ListNodeStatusesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListNodeStatusesResponse.ProtoReflect.Descriptor instead.
+func (*ListNodeStatusesResponse) Descriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *ListNodeStatusesResponse) GetEntries() []*NodeStatusEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+func (x *ListNodeStatusesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+func (x *ListNodeStatusesResponse) GetGeneration() int64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *ListNodeStatusesResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
 type WatchRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// node is the watching node's name; only objects targeted at it are sent.
@@ -3503,7 +3772,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[37]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3515,7 +3784,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[37]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3528,7 +3797,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{37}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *WatchRequest) GetNode() string {
@@ -3578,7 +3847,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[38]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3590,7 +3859,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[38]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3603,7 +3872,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{38}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *WatchEvent) GetType() WatchEvent_Type {
@@ -3662,7 +3931,7 @@ type WatchFrame struct {
 
 func (x *WatchFrame) Reset() {
 	*x = WatchFrame{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[39]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3674,7 +3943,7 @@ func (x *WatchFrame) String() string {
 func (*WatchFrame) ProtoMessage() {}
 
 func (x *WatchFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[39]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3687,7 +3956,7 @@ func (x *WatchFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchFrame.ProtoReflect.Descriptor instead.
 func (*WatchFrame) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{39}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *WatchFrame) GetEvents() []*WatchEvent {
@@ -3711,7 +3980,7 @@ type WatchStatusRequest struct {
 
 func (x *WatchStatusRequest) Reset() {
 	*x = WatchStatusRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[40]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3723,7 +3992,7 @@ func (x *WatchStatusRequest) String() string {
 func (*WatchStatusRequest) ProtoMessage() {}
 
 func (x *WatchStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[40]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3736,7 +4005,7 @@ func (x *WatchStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchStatusRequest.ProtoReflect.Descriptor instead.
 func (*WatchStatusRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{40}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *WatchStatusRequest) GetKind() Kind {
@@ -3778,7 +4047,7 @@ type StatusEvent struct {
 
 func (x *StatusEvent) Reset() {
 	*x = StatusEvent{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[41]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3790,7 +4059,7 @@ func (x *StatusEvent) String() string {
 func (*StatusEvent) ProtoMessage() {}
 
 func (x *StatusEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[41]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3803,7 +4072,7 @@ func (x *StatusEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusEvent.ProtoReflect.Descriptor instead.
 func (*StatusEvent) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{41}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *StatusEvent) GetType() StatusEvent_Type {
@@ -3837,7 +4106,7 @@ type StatusFrame struct {
 
 func (x *StatusFrame) Reset() {
 	*x = StatusFrame{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[42]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3849,7 +4118,7 @@ func (x *StatusFrame) String() string {
 func (*StatusFrame) ProtoMessage() {}
 
 func (x *StatusFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[42]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3862,7 +4131,7 @@ func (x *StatusFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusFrame.ProtoReflect.Descriptor instead.
 func (*StatusFrame) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{42}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *StatusFrame) GetEvents() []*StatusEvent {
@@ -3887,7 +4156,7 @@ type StatusReport struct {
 
 func (x *StatusReport) Reset() {
 	*x = StatusReport{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[43]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3899,7 +4168,7 @@ func (x *StatusReport) String() string {
 func (*StatusReport) ProtoMessage() {}
 
 func (x *StatusReport) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[43]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3912,7 +4181,7 @@ func (x *StatusReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusReport.ProtoReflect.Descriptor instead.
 func (*StatusReport) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{43}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *StatusReport) GetKey() *ObjectKey {
@@ -3957,7 +4226,7 @@ type StatusWatermark struct {
 
 func (x *StatusWatermark) Reset() {
 	*x = StatusWatermark{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[44]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3969,7 +4238,7 @@ func (x *StatusWatermark) String() string {
 func (*StatusWatermark) ProtoMessage() {}
 
 func (x *StatusWatermark) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[44]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3982,7 +4251,7 @@ func (x *StatusWatermark) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusWatermark.ProtoReflect.Descriptor instead.
 func (*StatusWatermark) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{44}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *StatusWatermark) GetNode() string {
@@ -4021,7 +4290,7 @@ type ReportStatusResponse struct {
 
 func (x *ReportStatusResponse) Reset() {
 	*x = ReportStatusResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[45]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4033,7 +4302,7 @@ func (x *ReportStatusResponse) String() string {
 func (*ReportStatusResponse) ProtoMessage() {}
 
 func (x *ReportStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[45]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4046,7 +4315,7 @@ func (x *ReportStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportStatusResponse.ProtoReflect.Descriptor instead.
 func (*ReportStatusResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{45}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{48}
 }
 
 // PeerFrame is one frame of the stream on which a nimbus replica pushes to a peer replica
@@ -4075,7 +4344,7 @@ type PeerFrame struct {
 
 func (x *PeerFrame) Reset() {
 	*x = PeerFrame{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[46]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4087,7 +4356,7 @@ func (x *PeerFrame) String() string {
 func (*PeerFrame) ProtoMessage() {}
 
 func (x *PeerFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[46]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4100,7 +4369,7 @@ func (x *PeerFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerFrame.ProtoReflect.Descriptor instead.
 func (*PeerFrame) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{46}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *PeerFrame) GetReplica() string {
@@ -4153,7 +4422,7 @@ type PeerPresence struct {
 
 func (x *PeerPresence) Reset() {
 	*x = PeerPresence{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[47]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4165,7 +4434,7 @@ func (x *PeerPresence) String() string {
 func (*PeerPresence) ProtoMessage() {}
 
 func (x *PeerPresence) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[47]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4178,7 +4447,7 @@ func (x *PeerPresence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerPresence.ProtoReflect.Descriptor instead.
 func (*PeerPresence) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{47}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *PeerPresence) GetNode() string {
@@ -4210,7 +4479,7 @@ type PeerStatusResponse struct {
 
 func (x *PeerStatusResponse) Reset() {
 	*x = PeerStatusResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[48]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4222,7 +4491,7 @@ func (x *PeerStatusResponse) String() string {
 func (*PeerStatusResponse) ProtoMessage() {}
 
 func (x *PeerStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[48]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4235,7 +4504,7 @@ func (x *PeerStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerStatusResponse.ProtoReflect.Descriptor instead.
 func (*PeerStatusResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{48}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{51}
 }
 
 var File_nimbus_v1_nimbus_proto protoreflect.FileDescriptor
@@ -4489,7 +4758,23 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\fListResponse\x121\n" +
 	"\x05items\x18\x01 \x03(\v2\x1b.nimbus.v1.ObjectWithStatusR\x05items\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12&\n" +
-	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"T\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"\xab\x01\n" +
+	"\x17ListNodeStatusesRequest\x12&\n" +
+	"\x03key\x18\x01 \x01(\v2\x14.nimbus.v1.ObjectKeyR\x03key\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\x05R\x05limit\x123\n" +
+	"\x06filter\x18\x04 \x01(\x0e2\x1b.nimbus.v1.NodeStatusFilterR\x06filter\"T\n" +
+	"\x0fNodeStatusEntry\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12-\n" +
+	"\x06status\x18\x02 \x01(\v2\x15.nimbus.v1.NodeStatusR\x06status\"\xb4\x01\n" +
+	"\x18ListNodeStatusesResponse\x124\n" +
+	"\aentries\x18\x01 \x03(\v2\x1a.nimbus.v1.NodeStatusEntryR\aentries\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\x03R\n" +
+	"generation\x12\x1a\n" +
+	"\brevision\x18\x04 \x01(\x04R\brevision\"T\n" +
 	"\fWatchRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\tR\x05epoch\x12\x1a\n" +
@@ -4579,7 +4864,11 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	" LINK_OPER_STATE_LOWER_LAYER_DOWN\x10\x04\x12\x1b\n" +
 	"\x17LINK_OPER_STATE_TESTING\x10\x05\x12\x1b\n" +
 	"\x17LINK_OPER_STATE_DORMANT\x10\x06\x12\x16\n" +
-	"\x12LINK_OPER_STATE_UP\x10\a2\x9f\x05\n" +
+	"\x12LINK_OPER_STATE_UP\x10\a*|\n" +
+	"\x10NodeStatusFilter\x12\"\n" +
+	"\x1eNODE_STATUS_FILTER_UNSPECIFIED\x10\x00\x12%\n" +
+	"!NODE_STATUS_FILTER_NOT_PROGRAMMED\x10\x01\x12\x1d\n" +
+	"\x19NODE_STATUS_FILTER_FAILED\x10\x022\xfc\x05\n" +
 	"\x06Nimbus\x12:\n" +
 	"\x05Apply\x12\x17.nimbus.v1.ApplyRequest\x1a\x18.nimbus.v1.ApplyResponse\x12I\n" +
 	"\n" +
@@ -4587,7 +4876,8 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\x06Delete\x12\x18.nimbus.v1.DeleteRequest\x1a\x19.nimbus.v1.DeleteResponse\x12L\n" +
 	"\vDeleteBatch\x12\x1d.nimbus.v1.DeleteBatchRequest\x1a\x1e.nimbus.v1.DeleteBatchResponse\x124\n" +
 	"\x03Get\x12\x15.nimbus.v1.GetRequest\x1a\x16.nimbus.v1.GetResponse\x127\n" +
-	"\x04List\x12\x16.nimbus.v1.ListRequest\x1a\x17.nimbus.v1.ListResponse\x129\n" +
+	"\x04List\x12\x16.nimbus.v1.ListRequest\x1a\x17.nimbus.v1.ListResponse\x12[\n" +
+	"\x10ListNodeStatuses\x12\".nimbus.v1.ListNodeStatusesRequest\x1a#.nimbus.v1.ListNodeStatusesResponse\x129\n" +
 	"\x05Watch\x12\x17.nimbus.v1.WatchRequest\x1a\x15.nimbus.v1.WatchFrame0\x01\x12F\n" +
 	"\vWatchStatus\x12\x1d.nimbus.v1.WatchStatusRequest\x1a\x16.nimbus.v1.StatusFrame0\x01\x12J\n" +
 	"\fReportStatus\x12\x17.nimbus.v1.StatusReport\x1a\x1f.nimbus.v1.ReportStatusResponse(\x01\x12C\n" +
@@ -4606,161 +4896,171 @@ func file_nimbus_v1_nimbus_proto_rawDescGZIP() []byte {
 	return file_nimbus_v1_nimbus_proto_rawDescData
 }
 
-var file_nimbus_v1_nimbus_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_nimbus_v1_nimbus_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
+var file_nimbus_v1_nimbus_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
+var file_nimbus_v1_nimbus_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
 var file_nimbus_v1_nimbus_proto_goTypes = []any{
 	(Kind)(0),                         // 0: nimbus.v1.Kind
 	(Phase)(0),                        // 1: nimbus.v1.Phase
 	(NodeRole)(0),                     // 2: nimbus.v1.NodeRole
 	(LinkOperState)(0),                // 3: nimbus.v1.LinkOperState
-	(PolicyRule_Action)(0),            // 4: nimbus.v1.PolicyRule.Action
-	(PolicyRuleCounters_Direction)(0), // 5: nimbus.v1.PolicyRuleCounters.Direction
-	(WatchEvent_Type)(0),              // 6: nimbus.v1.WatchEvent.Type
-	(StatusEvent_Type)(0),             // 7: nimbus.v1.StatusEvent.Type
-	(*ObjectKey)(nil),                 // 8: nimbus.v1.ObjectKey
-	(*ObjectMeta)(nil),                // 9: nimbus.v1.ObjectMeta
-	(*Object)(nil),                    // 10: nimbus.v1.Object
-	(*NodeSpec)(nil),                  // 11: nimbus.v1.NodeSpec
-	(*NetworkSpec)(nil),               // 12: nimbus.v1.NetworkSpec
-	(*Subnet)(nil),                    // 13: nimbus.v1.Subnet
-	(*EndpointSpec)(nil),              // 14: nimbus.v1.EndpointSpec
-	(*SecurityGroupSpec)(nil),         // 15: nimbus.v1.SecurityGroupSpec
-	(*NetworkSecurityPolicySpec)(nil), // 16: nimbus.v1.NetworkSecurityPolicySpec
-	(*PolicyRule)(nil),                // 17: nimbus.v1.PolicyRule
-	(*RouteSpec)(nil),                 // 18: nimbus.v1.RouteSpec
-	(*NextHop)(nil),                   // 19: nimbus.v1.NextHop
-	(*InterfaceSpec)(nil),             // 20: nimbus.v1.InterfaceSpec
-	(*NodeStatus)(nil),                // 21: nimbus.v1.NodeStatus
-	(*OperationalData)(nil),           // 22: nimbus.v1.OperationalData
-	(*NodeOperational)(nil),           // 23: nimbus.v1.NodeOperational
-	(*NetworkOperational)(nil),        // 24: nimbus.v1.NetworkOperational
-	(*EndpointOperational)(nil),       // 25: nimbus.v1.EndpointOperational
-	(*EndpointFirewall)(nil),          // 26: nimbus.v1.EndpointFirewall
-	(*EndpointFirewallCounters)(nil),  // 27: nimbus.v1.EndpointFirewallCounters
-	(*SecurityPolicyOperational)(nil), // 28: nimbus.v1.SecurityPolicyOperational
-	(*PolicyRuleCounters)(nil),        // 29: nimbus.v1.PolicyRuleCounters
-	(*InterfaceOperational)(nil),      // 30: nimbus.v1.InterfaceOperational
-	(*ObjectStatus)(nil),              // 31: nimbus.v1.ObjectStatus
-	(*ObjectWithStatus)(nil),          // 32: nimbus.v1.ObjectWithStatus
-	(*ApplyRequest)(nil),              // 33: nimbus.v1.ApplyRequest
-	(*ApplyResponse)(nil),             // 34: nimbus.v1.ApplyResponse
-	(*DeleteRequest)(nil),             // 35: nimbus.v1.DeleteRequest
-	(*DeleteResponse)(nil),            // 36: nimbus.v1.DeleteResponse
-	(*ApplyBatchRequest)(nil),         // 37: nimbus.v1.ApplyBatchRequest
-	(*ApplyBatchResponse)(nil),        // 38: nimbus.v1.ApplyBatchResponse
-	(*DeleteBatchRequest)(nil),        // 39: nimbus.v1.DeleteBatchRequest
-	(*DeleteBatchResponse)(nil),       // 40: nimbus.v1.DeleteBatchResponse
-	(*GetRequest)(nil),                // 41: nimbus.v1.GetRequest
-	(*GetResponse)(nil),               // 42: nimbus.v1.GetResponse
-	(*ListRequest)(nil),               // 43: nimbus.v1.ListRequest
-	(*ListResponse)(nil),              // 44: nimbus.v1.ListResponse
-	(*WatchRequest)(nil),              // 45: nimbus.v1.WatchRequest
-	(*WatchEvent)(nil),                // 46: nimbus.v1.WatchEvent
-	(*WatchFrame)(nil),                // 47: nimbus.v1.WatchFrame
-	(*WatchStatusRequest)(nil),        // 48: nimbus.v1.WatchStatusRequest
-	(*StatusEvent)(nil),               // 49: nimbus.v1.StatusEvent
-	(*StatusFrame)(nil),               // 50: nimbus.v1.StatusFrame
-	(*StatusReport)(nil),              // 51: nimbus.v1.StatusReport
-	(*StatusWatermark)(nil),           // 52: nimbus.v1.StatusWatermark
-	(*ReportStatusResponse)(nil),      // 53: nimbus.v1.ReportStatusResponse
-	(*PeerFrame)(nil),                 // 54: nimbus.v1.PeerFrame
-	(*PeerPresence)(nil),              // 55: nimbus.v1.PeerPresence
-	(*PeerStatusResponse)(nil),        // 56: nimbus.v1.PeerStatusResponse
-	nil,                               // 57: nimbus.v1.ObjectMeta.LabelsEntry
-	nil,                               // 58: nimbus.v1.NodeStatus.OperationalEntry
-	(*timestamppb.Timestamp)(nil),     // 59: google.protobuf.Timestamp
+	(NodeStatusFilter)(0),             // 4: nimbus.v1.NodeStatusFilter
+	(PolicyRule_Action)(0),            // 5: nimbus.v1.PolicyRule.Action
+	(PolicyRuleCounters_Direction)(0), // 6: nimbus.v1.PolicyRuleCounters.Direction
+	(WatchEvent_Type)(0),              // 7: nimbus.v1.WatchEvent.Type
+	(StatusEvent_Type)(0),             // 8: nimbus.v1.StatusEvent.Type
+	(*ObjectKey)(nil),                 // 9: nimbus.v1.ObjectKey
+	(*ObjectMeta)(nil),                // 10: nimbus.v1.ObjectMeta
+	(*Object)(nil),                    // 11: nimbus.v1.Object
+	(*NodeSpec)(nil),                  // 12: nimbus.v1.NodeSpec
+	(*NetworkSpec)(nil),               // 13: nimbus.v1.NetworkSpec
+	(*Subnet)(nil),                    // 14: nimbus.v1.Subnet
+	(*EndpointSpec)(nil),              // 15: nimbus.v1.EndpointSpec
+	(*SecurityGroupSpec)(nil),         // 16: nimbus.v1.SecurityGroupSpec
+	(*NetworkSecurityPolicySpec)(nil), // 17: nimbus.v1.NetworkSecurityPolicySpec
+	(*PolicyRule)(nil),                // 18: nimbus.v1.PolicyRule
+	(*RouteSpec)(nil),                 // 19: nimbus.v1.RouteSpec
+	(*NextHop)(nil),                   // 20: nimbus.v1.NextHop
+	(*InterfaceSpec)(nil),             // 21: nimbus.v1.InterfaceSpec
+	(*NodeStatus)(nil),                // 22: nimbus.v1.NodeStatus
+	(*OperationalData)(nil),           // 23: nimbus.v1.OperationalData
+	(*NodeOperational)(nil),           // 24: nimbus.v1.NodeOperational
+	(*NetworkOperational)(nil),        // 25: nimbus.v1.NetworkOperational
+	(*EndpointOperational)(nil),       // 26: nimbus.v1.EndpointOperational
+	(*EndpointFirewall)(nil),          // 27: nimbus.v1.EndpointFirewall
+	(*EndpointFirewallCounters)(nil),  // 28: nimbus.v1.EndpointFirewallCounters
+	(*SecurityPolicyOperational)(nil), // 29: nimbus.v1.SecurityPolicyOperational
+	(*PolicyRuleCounters)(nil),        // 30: nimbus.v1.PolicyRuleCounters
+	(*InterfaceOperational)(nil),      // 31: nimbus.v1.InterfaceOperational
+	(*ObjectStatus)(nil),              // 32: nimbus.v1.ObjectStatus
+	(*ObjectWithStatus)(nil),          // 33: nimbus.v1.ObjectWithStatus
+	(*ApplyRequest)(nil),              // 34: nimbus.v1.ApplyRequest
+	(*ApplyResponse)(nil),             // 35: nimbus.v1.ApplyResponse
+	(*DeleteRequest)(nil),             // 36: nimbus.v1.DeleteRequest
+	(*DeleteResponse)(nil),            // 37: nimbus.v1.DeleteResponse
+	(*ApplyBatchRequest)(nil),         // 38: nimbus.v1.ApplyBatchRequest
+	(*ApplyBatchResponse)(nil),        // 39: nimbus.v1.ApplyBatchResponse
+	(*DeleteBatchRequest)(nil),        // 40: nimbus.v1.DeleteBatchRequest
+	(*DeleteBatchResponse)(nil),       // 41: nimbus.v1.DeleteBatchResponse
+	(*GetRequest)(nil),                // 42: nimbus.v1.GetRequest
+	(*GetResponse)(nil),               // 43: nimbus.v1.GetResponse
+	(*ListRequest)(nil),               // 44: nimbus.v1.ListRequest
+	(*ListResponse)(nil),              // 45: nimbus.v1.ListResponse
+	(*ListNodeStatusesRequest)(nil),   // 46: nimbus.v1.ListNodeStatusesRequest
+	(*NodeStatusEntry)(nil),           // 47: nimbus.v1.NodeStatusEntry
+	(*ListNodeStatusesResponse)(nil),  // 48: nimbus.v1.ListNodeStatusesResponse
+	(*WatchRequest)(nil),              // 49: nimbus.v1.WatchRequest
+	(*WatchEvent)(nil),                // 50: nimbus.v1.WatchEvent
+	(*WatchFrame)(nil),                // 51: nimbus.v1.WatchFrame
+	(*WatchStatusRequest)(nil),        // 52: nimbus.v1.WatchStatusRequest
+	(*StatusEvent)(nil),               // 53: nimbus.v1.StatusEvent
+	(*StatusFrame)(nil),               // 54: nimbus.v1.StatusFrame
+	(*StatusReport)(nil),              // 55: nimbus.v1.StatusReport
+	(*StatusWatermark)(nil),           // 56: nimbus.v1.StatusWatermark
+	(*ReportStatusResponse)(nil),      // 57: nimbus.v1.ReportStatusResponse
+	(*PeerFrame)(nil),                 // 58: nimbus.v1.PeerFrame
+	(*PeerPresence)(nil),              // 59: nimbus.v1.PeerPresence
+	(*PeerStatusResponse)(nil),        // 60: nimbus.v1.PeerStatusResponse
+	nil,                               // 61: nimbus.v1.ObjectMeta.LabelsEntry
+	nil,                               // 62: nimbus.v1.NodeStatus.OperationalEntry
+	(*timestamppb.Timestamp)(nil),     // 63: google.protobuf.Timestamp
 }
 var file_nimbus_v1_nimbus_proto_depIdxs = []int32{
 	0,  // 0: nimbus.v1.ObjectKey.kind:type_name -> nimbus.v1.Kind
-	57, // 1: nimbus.v1.ObjectMeta.labels:type_name -> nimbus.v1.ObjectMeta.LabelsEntry
-	59, // 2: nimbus.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
-	59, // 3: nimbus.v1.ObjectMeta.update_time:type_name -> google.protobuf.Timestamp
-	9,  // 4: nimbus.v1.Object.meta:type_name -> nimbus.v1.ObjectMeta
-	11, // 5: nimbus.v1.Object.node:type_name -> nimbus.v1.NodeSpec
-	12, // 6: nimbus.v1.Object.network:type_name -> nimbus.v1.NetworkSpec
-	14, // 7: nimbus.v1.Object.endpoint:type_name -> nimbus.v1.EndpointSpec
-	15, // 8: nimbus.v1.Object.security_group:type_name -> nimbus.v1.SecurityGroupSpec
-	16, // 9: nimbus.v1.Object.network_security_policy:type_name -> nimbus.v1.NetworkSecurityPolicySpec
-	18, // 10: nimbus.v1.Object.route:type_name -> nimbus.v1.RouteSpec
-	20, // 11: nimbus.v1.Object.interface:type_name -> nimbus.v1.InterfaceSpec
-	13, // 12: nimbus.v1.NetworkSpec.subnets:type_name -> nimbus.v1.Subnet
-	17, // 13: nimbus.v1.NetworkSecurityPolicySpec.ingress:type_name -> nimbus.v1.PolicyRule
-	17, // 14: nimbus.v1.NetworkSecurityPolicySpec.egress:type_name -> nimbus.v1.PolicyRule
-	4,  // 15: nimbus.v1.PolicyRule.action:type_name -> nimbus.v1.PolicyRule.Action
-	19, // 16: nimbus.v1.RouteSpec.nexthops:type_name -> nimbus.v1.NextHop
+	61, // 1: nimbus.v1.ObjectMeta.labels:type_name -> nimbus.v1.ObjectMeta.LabelsEntry
+	63, // 2: nimbus.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
+	63, // 3: nimbus.v1.ObjectMeta.update_time:type_name -> google.protobuf.Timestamp
+	10, // 4: nimbus.v1.Object.meta:type_name -> nimbus.v1.ObjectMeta
+	12, // 5: nimbus.v1.Object.node:type_name -> nimbus.v1.NodeSpec
+	13, // 6: nimbus.v1.Object.network:type_name -> nimbus.v1.NetworkSpec
+	15, // 7: nimbus.v1.Object.endpoint:type_name -> nimbus.v1.EndpointSpec
+	16, // 8: nimbus.v1.Object.security_group:type_name -> nimbus.v1.SecurityGroupSpec
+	17, // 9: nimbus.v1.Object.network_security_policy:type_name -> nimbus.v1.NetworkSecurityPolicySpec
+	19, // 10: nimbus.v1.Object.route:type_name -> nimbus.v1.RouteSpec
+	21, // 11: nimbus.v1.Object.interface:type_name -> nimbus.v1.InterfaceSpec
+	14, // 12: nimbus.v1.NetworkSpec.subnets:type_name -> nimbus.v1.Subnet
+	18, // 13: nimbus.v1.NetworkSecurityPolicySpec.ingress:type_name -> nimbus.v1.PolicyRule
+	18, // 14: nimbus.v1.NetworkSecurityPolicySpec.egress:type_name -> nimbus.v1.PolicyRule
+	5,  // 15: nimbus.v1.PolicyRule.action:type_name -> nimbus.v1.PolicyRule.Action
+	20, // 16: nimbus.v1.RouteSpec.nexthops:type_name -> nimbus.v1.NextHop
 	1,  // 17: nimbus.v1.NodeStatus.phase:type_name -> nimbus.v1.Phase
-	59, // 18: nimbus.v1.NodeStatus.update_time:type_name -> google.protobuf.Timestamp
-	58, // 19: nimbus.v1.NodeStatus.operational:type_name -> nimbus.v1.NodeStatus.OperationalEntry
-	22, // 20: nimbus.v1.NodeStatus.operational_data:type_name -> nimbus.v1.OperationalData
-	23, // 21: nimbus.v1.OperationalData.node:type_name -> nimbus.v1.NodeOperational
-	24, // 22: nimbus.v1.OperationalData.network:type_name -> nimbus.v1.NetworkOperational
-	25, // 23: nimbus.v1.OperationalData.endpoint:type_name -> nimbus.v1.EndpointOperational
-	28, // 24: nimbus.v1.OperationalData.security_policy:type_name -> nimbus.v1.SecurityPolicyOperational
-	30, // 25: nimbus.v1.OperationalData.interface:type_name -> nimbus.v1.InterfaceOperational
+	63, // 18: nimbus.v1.NodeStatus.update_time:type_name -> google.protobuf.Timestamp
+	62, // 19: nimbus.v1.NodeStatus.operational:type_name -> nimbus.v1.NodeStatus.OperationalEntry
+	23, // 20: nimbus.v1.NodeStatus.operational_data:type_name -> nimbus.v1.OperationalData
+	24, // 21: nimbus.v1.OperationalData.node:type_name -> nimbus.v1.NodeOperational
+	25, // 22: nimbus.v1.OperationalData.network:type_name -> nimbus.v1.NetworkOperational
+	26, // 23: nimbus.v1.OperationalData.endpoint:type_name -> nimbus.v1.EndpointOperational
+	29, // 24: nimbus.v1.OperationalData.security_policy:type_name -> nimbus.v1.SecurityPolicyOperational
+	31, // 25: nimbus.v1.OperationalData.interface:type_name -> nimbus.v1.InterfaceOperational
 	2,  // 26: nimbus.v1.NodeOperational.role:type_name -> nimbus.v1.NodeRole
 	2,  // 27: nimbus.v1.EndpointOperational.role:type_name -> nimbus.v1.NodeRole
-	26, // 28: nimbus.v1.EndpointOperational.firewall:type_name -> nimbus.v1.EndpointFirewall
-	27, // 29: nimbus.v1.EndpointFirewall.counters:type_name -> nimbus.v1.EndpointFirewallCounters
-	29, // 30: nimbus.v1.SecurityPolicyOperational.rules:type_name -> nimbus.v1.PolicyRuleCounters
-	5,  // 31: nimbus.v1.PolicyRuleCounters.direction:type_name -> nimbus.v1.PolicyRuleCounters.Direction
+	27, // 28: nimbus.v1.EndpointOperational.firewall:type_name -> nimbus.v1.EndpointFirewall
+	28, // 29: nimbus.v1.EndpointFirewall.counters:type_name -> nimbus.v1.EndpointFirewallCounters
+	30, // 30: nimbus.v1.SecurityPolicyOperational.rules:type_name -> nimbus.v1.PolicyRuleCounters
+	6,  // 31: nimbus.v1.PolicyRuleCounters.direction:type_name -> nimbus.v1.PolicyRuleCounters.Direction
 	3,  // 32: nimbus.v1.InterfaceOperational.oper_state:type_name -> nimbus.v1.LinkOperState
-	21, // 33: nimbus.v1.ObjectStatus.nodes:type_name -> nimbus.v1.NodeStatus
-	59, // 34: nimbus.v1.ObjectStatus.caught_up_time:type_name -> google.protobuf.Timestamp
-	10, // 35: nimbus.v1.ObjectWithStatus.object:type_name -> nimbus.v1.Object
-	31, // 36: nimbus.v1.ObjectWithStatus.status:type_name -> nimbus.v1.ObjectStatus
-	10, // 37: nimbus.v1.ApplyRequest.object:type_name -> nimbus.v1.Object
-	10, // 38: nimbus.v1.ApplyResponse.object:type_name -> nimbus.v1.Object
-	8,  // 39: nimbus.v1.DeleteRequest.key:type_name -> nimbus.v1.ObjectKey
-	10, // 40: nimbus.v1.ApplyBatchRequest.objects:type_name -> nimbus.v1.Object
-	34, // 41: nimbus.v1.ApplyBatchResponse.results:type_name -> nimbus.v1.ApplyResponse
-	8,  // 42: nimbus.v1.DeleteBatchRequest.keys:type_name -> nimbus.v1.ObjectKey
-	36, // 43: nimbus.v1.DeleteBatchResponse.results:type_name -> nimbus.v1.DeleteResponse
-	8,  // 44: nimbus.v1.GetRequest.key:type_name -> nimbus.v1.ObjectKey
-	32, // 45: nimbus.v1.GetResponse.item:type_name -> nimbus.v1.ObjectWithStatus
+	22, // 33: nimbus.v1.ObjectStatus.nodes:type_name -> nimbus.v1.NodeStatus
+	63, // 34: nimbus.v1.ObjectStatus.caught_up_time:type_name -> google.protobuf.Timestamp
+	11, // 35: nimbus.v1.ObjectWithStatus.object:type_name -> nimbus.v1.Object
+	32, // 36: nimbus.v1.ObjectWithStatus.status:type_name -> nimbus.v1.ObjectStatus
+	11, // 37: nimbus.v1.ApplyRequest.object:type_name -> nimbus.v1.Object
+	11, // 38: nimbus.v1.ApplyResponse.object:type_name -> nimbus.v1.Object
+	9,  // 39: nimbus.v1.DeleteRequest.key:type_name -> nimbus.v1.ObjectKey
+	11, // 40: nimbus.v1.ApplyBatchRequest.objects:type_name -> nimbus.v1.Object
+	35, // 41: nimbus.v1.ApplyBatchResponse.results:type_name -> nimbus.v1.ApplyResponse
+	9,  // 42: nimbus.v1.DeleteBatchRequest.keys:type_name -> nimbus.v1.ObjectKey
+	37, // 43: nimbus.v1.DeleteBatchResponse.results:type_name -> nimbus.v1.DeleteResponse
+	9,  // 44: nimbus.v1.GetRequest.key:type_name -> nimbus.v1.ObjectKey
+	33, // 45: nimbus.v1.GetResponse.item:type_name -> nimbus.v1.ObjectWithStatus
 	0,  // 46: nimbus.v1.ListRequest.kind:type_name -> nimbus.v1.Kind
-	32, // 47: nimbus.v1.ListResponse.items:type_name -> nimbus.v1.ObjectWithStatus
-	6,  // 48: nimbus.v1.WatchEvent.type:type_name -> nimbus.v1.WatchEvent.Type
-	10, // 49: nimbus.v1.WatchEvent.object:type_name -> nimbus.v1.Object
-	8,  // 50: nimbus.v1.WatchEvent.key:type_name -> nimbus.v1.ObjectKey
-	46, // 51: nimbus.v1.WatchFrame.events:type_name -> nimbus.v1.WatchEvent
-	0,  // 52: nimbus.v1.WatchStatusRequest.kind:type_name -> nimbus.v1.Kind
-	7,  // 53: nimbus.v1.StatusEvent.type:type_name -> nimbus.v1.StatusEvent.Type
-	32, // 54: nimbus.v1.StatusEvent.item:type_name -> nimbus.v1.ObjectWithStatus
-	8,  // 55: nimbus.v1.StatusEvent.key:type_name -> nimbus.v1.ObjectKey
-	49, // 56: nimbus.v1.StatusFrame.events:type_name -> nimbus.v1.StatusEvent
-	8,  // 57: nimbus.v1.StatusReport.key:type_name -> nimbus.v1.ObjectKey
-	21, // 58: nimbus.v1.StatusReport.status:type_name -> nimbus.v1.NodeStatus
-	52, // 59: nimbus.v1.StatusReport.watermark:type_name -> nimbus.v1.StatusWatermark
-	59, // 60: nimbus.v1.StatusWatermark.update_time:type_name -> google.protobuf.Timestamp
-	51, // 61: nimbus.v1.PeerFrame.reports:type_name -> nimbus.v1.StatusReport
-	55, // 62: nimbus.v1.PeerFrame.presence:type_name -> nimbus.v1.PeerPresence
-	52, // 63: nimbus.v1.PeerFrame.watermarks:type_name -> nimbus.v1.StatusWatermark
-	59, // 64: nimbus.v1.PeerPresence.since:type_name -> google.protobuf.Timestamp
-	33, // 65: nimbus.v1.Nimbus.Apply:input_type -> nimbus.v1.ApplyRequest
-	37, // 66: nimbus.v1.Nimbus.ApplyBatch:input_type -> nimbus.v1.ApplyBatchRequest
-	35, // 67: nimbus.v1.Nimbus.Delete:input_type -> nimbus.v1.DeleteRequest
-	39, // 68: nimbus.v1.Nimbus.DeleteBatch:input_type -> nimbus.v1.DeleteBatchRequest
-	41, // 69: nimbus.v1.Nimbus.Get:input_type -> nimbus.v1.GetRequest
-	43, // 70: nimbus.v1.Nimbus.List:input_type -> nimbus.v1.ListRequest
-	45, // 71: nimbus.v1.Nimbus.Watch:input_type -> nimbus.v1.WatchRequest
-	48, // 72: nimbus.v1.Nimbus.WatchStatus:input_type -> nimbus.v1.WatchStatusRequest
-	51, // 73: nimbus.v1.Nimbus.ReportStatus:input_type -> nimbus.v1.StatusReport
-	54, // 74: nimbus.v1.Nimbus.PeerStatus:input_type -> nimbus.v1.PeerFrame
-	34, // 75: nimbus.v1.Nimbus.Apply:output_type -> nimbus.v1.ApplyResponse
-	38, // 76: nimbus.v1.Nimbus.ApplyBatch:output_type -> nimbus.v1.ApplyBatchResponse
-	36, // 77: nimbus.v1.Nimbus.Delete:output_type -> nimbus.v1.DeleteResponse
-	40, // 78: nimbus.v1.Nimbus.DeleteBatch:output_type -> nimbus.v1.DeleteBatchResponse
-	42, // 79: nimbus.v1.Nimbus.Get:output_type -> nimbus.v1.GetResponse
-	44, // 80: nimbus.v1.Nimbus.List:output_type -> nimbus.v1.ListResponse
-	47, // 81: nimbus.v1.Nimbus.Watch:output_type -> nimbus.v1.WatchFrame
-	50, // 82: nimbus.v1.Nimbus.WatchStatus:output_type -> nimbus.v1.StatusFrame
-	53, // 83: nimbus.v1.Nimbus.ReportStatus:output_type -> nimbus.v1.ReportStatusResponse
-	56, // 84: nimbus.v1.Nimbus.PeerStatus:output_type -> nimbus.v1.PeerStatusResponse
-	75, // [75:85] is the sub-list for method output_type
-	65, // [65:75] is the sub-list for method input_type
-	65, // [65:65] is the sub-list for extension type_name
-	65, // [65:65] is the sub-list for extension extendee
-	0,  // [0:65] is the sub-list for field type_name
+	33, // 47: nimbus.v1.ListResponse.items:type_name -> nimbus.v1.ObjectWithStatus
+	9,  // 48: nimbus.v1.ListNodeStatusesRequest.key:type_name -> nimbus.v1.ObjectKey
+	4,  // 49: nimbus.v1.ListNodeStatusesRequest.filter:type_name -> nimbus.v1.NodeStatusFilter
+	22, // 50: nimbus.v1.NodeStatusEntry.status:type_name -> nimbus.v1.NodeStatus
+	47, // 51: nimbus.v1.ListNodeStatusesResponse.entries:type_name -> nimbus.v1.NodeStatusEntry
+	7,  // 52: nimbus.v1.WatchEvent.type:type_name -> nimbus.v1.WatchEvent.Type
+	11, // 53: nimbus.v1.WatchEvent.object:type_name -> nimbus.v1.Object
+	9,  // 54: nimbus.v1.WatchEvent.key:type_name -> nimbus.v1.ObjectKey
+	50, // 55: nimbus.v1.WatchFrame.events:type_name -> nimbus.v1.WatchEvent
+	0,  // 56: nimbus.v1.WatchStatusRequest.kind:type_name -> nimbus.v1.Kind
+	8,  // 57: nimbus.v1.StatusEvent.type:type_name -> nimbus.v1.StatusEvent.Type
+	33, // 58: nimbus.v1.StatusEvent.item:type_name -> nimbus.v1.ObjectWithStatus
+	9,  // 59: nimbus.v1.StatusEvent.key:type_name -> nimbus.v1.ObjectKey
+	53, // 60: nimbus.v1.StatusFrame.events:type_name -> nimbus.v1.StatusEvent
+	9,  // 61: nimbus.v1.StatusReport.key:type_name -> nimbus.v1.ObjectKey
+	22, // 62: nimbus.v1.StatusReport.status:type_name -> nimbus.v1.NodeStatus
+	56, // 63: nimbus.v1.StatusReport.watermark:type_name -> nimbus.v1.StatusWatermark
+	63, // 64: nimbus.v1.StatusWatermark.update_time:type_name -> google.protobuf.Timestamp
+	55, // 65: nimbus.v1.PeerFrame.reports:type_name -> nimbus.v1.StatusReport
+	59, // 66: nimbus.v1.PeerFrame.presence:type_name -> nimbus.v1.PeerPresence
+	56, // 67: nimbus.v1.PeerFrame.watermarks:type_name -> nimbus.v1.StatusWatermark
+	63, // 68: nimbus.v1.PeerPresence.since:type_name -> google.protobuf.Timestamp
+	34, // 69: nimbus.v1.Nimbus.Apply:input_type -> nimbus.v1.ApplyRequest
+	38, // 70: nimbus.v1.Nimbus.ApplyBatch:input_type -> nimbus.v1.ApplyBatchRequest
+	36, // 71: nimbus.v1.Nimbus.Delete:input_type -> nimbus.v1.DeleteRequest
+	40, // 72: nimbus.v1.Nimbus.DeleteBatch:input_type -> nimbus.v1.DeleteBatchRequest
+	42, // 73: nimbus.v1.Nimbus.Get:input_type -> nimbus.v1.GetRequest
+	44, // 74: nimbus.v1.Nimbus.List:input_type -> nimbus.v1.ListRequest
+	46, // 75: nimbus.v1.Nimbus.ListNodeStatuses:input_type -> nimbus.v1.ListNodeStatusesRequest
+	49, // 76: nimbus.v1.Nimbus.Watch:input_type -> nimbus.v1.WatchRequest
+	52, // 77: nimbus.v1.Nimbus.WatchStatus:input_type -> nimbus.v1.WatchStatusRequest
+	55, // 78: nimbus.v1.Nimbus.ReportStatus:input_type -> nimbus.v1.StatusReport
+	58, // 79: nimbus.v1.Nimbus.PeerStatus:input_type -> nimbus.v1.PeerFrame
+	35, // 80: nimbus.v1.Nimbus.Apply:output_type -> nimbus.v1.ApplyResponse
+	39, // 81: nimbus.v1.Nimbus.ApplyBatch:output_type -> nimbus.v1.ApplyBatchResponse
+	37, // 82: nimbus.v1.Nimbus.Delete:output_type -> nimbus.v1.DeleteResponse
+	41, // 83: nimbus.v1.Nimbus.DeleteBatch:output_type -> nimbus.v1.DeleteBatchResponse
+	43, // 84: nimbus.v1.Nimbus.Get:output_type -> nimbus.v1.GetResponse
+	45, // 85: nimbus.v1.Nimbus.List:output_type -> nimbus.v1.ListResponse
+	48, // 86: nimbus.v1.Nimbus.ListNodeStatuses:output_type -> nimbus.v1.ListNodeStatusesResponse
+	51, // 87: nimbus.v1.Nimbus.Watch:output_type -> nimbus.v1.WatchFrame
+	54, // 88: nimbus.v1.Nimbus.WatchStatus:output_type -> nimbus.v1.StatusFrame
+	57, // 89: nimbus.v1.Nimbus.ReportStatus:output_type -> nimbus.v1.ReportStatusResponse
+	60, // 90: nimbus.v1.Nimbus.PeerStatus:output_type -> nimbus.v1.PeerStatusResponse
+	80, // [80:91] is the sub-list for method output_type
+	69, // [69:80] is the sub-list for method input_type
+	69, // [69:69] is the sub-list for extension type_name
+	69, // [69:69] is the sub-list for extension extendee
+	0,  // [0:69] is the sub-list for field type_name
 }
 
 func init() { file_nimbus_v1_nimbus_proto_init() }
@@ -4790,8 +5090,8 @@ func file_nimbus_v1_nimbus_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nimbus_v1_nimbus_proto_rawDesc), len(file_nimbus_v1_nimbus_proto_rawDesc)),
-			NumEnums:      8,
-			NumMessages:   51,
+			NumEnums:      9,
+			NumMessages:   54,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -21,16 +21,17 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Nimbus_Apply_FullMethodName        = "/nimbus.v1.Nimbus/Apply"
-	Nimbus_ApplyBatch_FullMethodName   = "/nimbus.v1.Nimbus/ApplyBatch"
-	Nimbus_Delete_FullMethodName       = "/nimbus.v1.Nimbus/Delete"
-	Nimbus_DeleteBatch_FullMethodName  = "/nimbus.v1.Nimbus/DeleteBatch"
-	Nimbus_Get_FullMethodName          = "/nimbus.v1.Nimbus/Get"
-	Nimbus_List_FullMethodName         = "/nimbus.v1.Nimbus/List"
-	Nimbus_Watch_FullMethodName        = "/nimbus.v1.Nimbus/Watch"
-	Nimbus_WatchStatus_FullMethodName  = "/nimbus.v1.Nimbus/WatchStatus"
-	Nimbus_ReportStatus_FullMethodName = "/nimbus.v1.Nimbus/ReportStatus"
-	Nimbus_PeerStatus_FullMethodName   = "/nimbus.v1.Nimbus/PeerStatus"
+	Nimbus_Apply_FullMethodName            = "/nimbus.v1.Nimbus/Apply"
+	Nimbus_ApplyBatch_FullMethodName       = "/nimbus.v1.Nimbus/ApplyBatch"
+	Nimbus_Delete_FullMethodName           = "/nimbus.v1.Nimbus/Delete"
+	Nimbus_DeleteBatch_FullMethodName      = "/nimbus.v1.Nimbus/DeleteBatch"
+	Nimbus_Get_FullMethodName              = "/nimbus.v1.Nimbus/Get"
+	Nimbus_List_FullMethodName             = "/nimbus.v1.Nimbus/List"
+	Nimbus_ListNodeStatuses_FullMethodName = "/nimbus.v1.Nimbus/ListNodeStatuses"
+	Nimbus_Watch_FullMethodName            = "/nimbus.v1.Nimbus/Watch"
+	Nimbus_WatchStatus_FullMethodName      = "/nimbus.v1.Nimbus/WatchStatus"
+	Nimbus_ReportStatus_FullMethodName     = "/nimbus.v1.Nimbus/ReportStatus"
+	Nimbus_PeerStatus_FullMethodName       = "/nimbus.v1.Nimbus/PeerStatus"
 )
 
 // NimbusClient is the client API for Nimbus service.
@@ -38,9 +39,9 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
 // Nimbus is the desired-state bus. Publishers call Apply, Delete, their batch forms, Get,
-// List and WatchStatus; agents call Watch for their node and stream status back with
-// ReportStatus; nimbus replicas push to each other what their agents report with
-// PeerStatus.
+// List, ListNodeStatuses and WatchStatus; agents call Watch for their node and stream
+// status back with ReportStatus; nimbus replicas push to each other what their agents
+// report with PeerStatus.
 type NimbusClient interface {
 	Apply(ctx context.Context, in *ApplyRequest, opts ...grpc.CallOption) (*ApplyResponse, error)
 	ApplyBatch(ctx context.Context, in *ApplyBatchRequest, opts ...grpc.CallOption) (*ApplyBatchResponse, error)
@@ -48,6 +49,7 @@ type NimbusClient interface {
 	DeleteBatch(ctx context.Context, in *DeleteBatchRequest, opts ...grpc.CallOption) (*DeleteBatchResponse, error)
 	Get(ctx context.Context, in *GetRequest, opts ...grpc.CallOption) (*GetResponse, error)
 	List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListResponse, error)
+	ListNodeStatuses(ctx context.Context, in *ListNodeStatusesRequest, opts ...grpc.CallOption) (*ListNodeStatusesResponse, error)
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchFrame], error)
 	WatchStatus(ctx context.Context, in *WatchStatusRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StatusFrame], error)
 	ReportStatus(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[StatusReport, ReportStatusResponse], error)
@@ -116,6 +118,16 @@ func (c *nimbusClient) List(ctx context.Context, in *ListRequest, opts ...grpc.C
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ListResponse)
 	err := c.cc.Invoke(ctx, Nimbus_List_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *nimbusClient) ListNodeStatuses(ctx context.Context, in *ListNodeStatusesRequest, opts ...grpc.CallOption) (*ListNodeStatusesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListNodeStatusesResponse)
+	err := c.cc.Invoke(ctx, Nimbus_ListNodeStatuses_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -191,9 +203,9 @@ type Nimbus_PeerStatusClient = grpc.ClientStreamingClient[PeerFrame, PeerStatusR
 // for forward compatibility.
 //
 // Nimbus is the desired-state bus. Publishers call Apply, Delete, their batch forms, Get,
-// List and WatchStatus; agents call Watch for their node and stream status back with
-// ReportStatus; nimbus replicas push to each other what their agents report with
-// PeerStatus.
+// List, ListNodeStatuses and WatchStatus; agents call Watch for their node and stream
+// status back with ReportStatus; nimbus replicas push to each other what their agents
+// report with PeerStatus.
 type NimbusServer interface {
 	Apply(context.Context, *ApplyRequest) (*ApplyResponse, error)
 	ApplyBatch(context.Context, *ApplyBatchRequest) (*ApplyBatchResponse, error)
@@ -201,6 +213,7 @@ type NimbusServer interface {
 	DeleteBatch(context.Context, *DeleteBatchRequest) (*DeleteBatchResponse, error)
 	Get(context.Context, *GetRequest) (*GetResponse, error)
 	List(context.Context, *ListRequest) (*ListResponse, error)
+	ListNodeStatuses(context.Context, *ListNodeStatusesRequest) (*ListNodeStatusesResponse, error)
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchFrame]) error
 	WatchStatus(*WatchStatusRequest, grpc.ServerStreamingServer[StatusFrame]) error
 	ReportStatus(grpc.ClientStreamingServer[StatusReport, ReportStatusResponse]) error
@@ -232,6 +245,9 @@ func (UnimplementedNimbusServer) Get(context.Context, *GetRequest) (*GetResponse
 }
 func (UnimplementedNimbusServer) List(context.Context, *ListRequest) (*ListResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method List not implemented")
+}
+func (UnimplementedNimbusServer) ListNodeStatuses(context.Context, *ListNodeStatusesRequest) (*ListNodeStatusesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListNodeStatuses not implemented")
 }
 func (UnimplementedNimbusServer) Watch(*WatchRequest, grpc.ServerStreamingServer[WatchFrame]) error {
 	return status.Error(codes.Unimplemented, "method Watch not implemented")
@@ -374,6 +390,24 @@ func _Nimbus_List_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Nimbus_ListNodeStatuses_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListNodeStatusesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NimbusServer).ListNodeStatuses(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Nimbus_ListNodeStatuses_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NimbusServer).ListNodeStatuses(ctx, req.(*ListNodeStatusesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Nimbus_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(WatchRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -440,6 +474,10 @@ var Nimbus_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "List",
 			Handler:    _Nimbus_List_Handler,
+		},
+		{
+			MethodName: "ListNodeStatuses",
+			Handler:    _Nimbus_ListNodeStatuses_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
