@@ -161,12 +161,17 @@ func (r *watermarkRates) wait(node string) time.Duration {
 	return time.Duration((1 - tokens) / float64(r.perSecond) * float64(time.Second))
 }
 
-// hold records that a stream holds a watermark of the node back; release that it no
-// longer does.
-func (r *watermarkRates) hold(node string) {
+// hold records that the stream with the id holds a watermark of the node back, the
+// node's latest unless another came since; release that it no longer does.
+func (r *watermarkRates) hold(node string, stream uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.nodeLocked(node, r.now()).holders++
+	n := r.nodeLocked(node, r.now())
+	n.holders++
+	if n.last == 0 {
+		// Forgotten since the watermark came, with no other since.
+		n.last = stream
+	}
 }
 
 func (r *watermarkRates) release(node string) {
@@ -272,7 +277,7 @@ func (s *Server) holdReports(rs *reportStream, reports []*nimbusv1.StatusReport,
 			if rs.heldWatermarks == nil {
 				rs.heldWatermarks = map[string]int{}
 			}
-			s.wmRates.hold(node)
+			s.wmRates.hold(node, rs.id)
 		}
 		rs.heldWatermarks[node] = len(rs.held)
 		rs.held = append(rs.held, r)
@@ -292,13 +297,14 @@ func (s *Server) releaseReports(rs *reportStream) {
 	rs.held, rs.heldFor = nil, ""
 	var superseded map[string]bool
 	for node := range rs.heldWatermarks {
-		s.wmRates.release(node)
+		// Asked before the hold ends: a node held for is never forgotten.
 		if !s.wmRates.latest(node, rs.id) {
 			if superseded == nil {
 				superseded = map[string]bool{}
 			}
 			superseded[node] = true
 		}
+		s.wmRates.release(node)
 	}
 	clear(rs.heldWatermarks)
 	reports := held[:0]
