@@ -303,6 +303,7 @@ func (s *Server) releaseReports(rs *reportStream) {
 				superseded = map[string]bool{}
 			}
 			superseded[node] = true
+			s.log.Debug("dropping the status reports held back for a node whose later watermark came on another stream", "node", node)
 		}
 		s.wmRates.release(node)
 	}
@@ -317,7 +318,6 @@ func (s *Server) releaseReports(rs *reportStream) {
 			node = wm.GetNode()
 		}
 		if superseded[node] {
-			s.log.Debug("dropping a status report held back for a node whose later watermark came on another stream", "node", node)
 			continue
 		}
 		reports = append(reports, r)

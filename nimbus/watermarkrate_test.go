@@ -194,3 +194,32 @@ func TestWatermarkMovesHeldDroppedForNewerStream(t *testing.T) {
 		t.Errorf("a's watermark = %d, want %d from the newer stream", got, burst)
 	}
 }
+
+// TestWatermarkMovesLimitedAtReplicaReportedTo floods one replica with a node's
+// watermark moves: the peer keeps what that replica recorded, the last move allowed while
+// the rest are held, and the last one sent once they are applied.
+func TestWatermarkMovesLimitedAtReplicaReportedTo(t *testing.T) {
+	rs := startWatermarkPeers(t, Options{Limits: Limits{StatusWatermarkMoves: 1}}, "a", "b")
+	a, b := rs[0], rs[1]
+	applyToPeers(t, []*nimbusv1.Object{nodeObject("n1"), route("r1", nil, "192.0.2.1")}, rs...)
+	burst := StatusWatermarkMoveBurstSeconds
+	stream, err := a.client.ReportStatus(testContext(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const moves = 100
+	for i := range moves {
+		if err := stream.Send(a.watermarkReport("n1", uint64(i+1))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitMetricUntil(t, a.testServer, delayedMoves, fmt.Sprint(moves-burst), func(v float64) bool { return v == float64(moves-burst) })
+	waitPeerWatermark(t, "n1", uint64(burst), "a", a, b)
+	wantMetrics(t, b.srv, delayedMoves+" 0")
+
+	a.clock.Advance(time.Second)
+	if _, err := stream.CloseAndRecv(); err != nil {
+		t.Fatal(err)
+	}
+	waitPeerWatermark(t, "n1", moves, "a", a, b)
+}
