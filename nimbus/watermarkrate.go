@@ -237,8 +237,10 @@ func (s *Server) applyReports(rs *reportStream, reports []*nimbusv1.StatusReport
 			s.recordStatuses(rs, reports[:i])
 		}
 		if fresh {
+			// INFO, not WARN: nothing is refused, and an agent applying a large snapshot
+			// may move its watermark this fast for a while too.
 			if logged, unlogged := s.refusals.allow("watermark-moves/" + node); logged {
-				s.log.Warn("holding back status watermark moves of a node over the limit (nimbus --status-watermark-moves)",
+				s.log.Info("holding back status watermark moves of a node over the limit (nimbus --status-watermark-moves)",
 					"node", node, "moves_per_second", s.opts.Limits.StatusWatermarkMoves, "unlogged", unlogged)
 			}
 		}
