@@ -223,3 +223,39 @@ func TestWatermarkMovesLimitedAtReplicaReportedTo(t *testing.T) {
 	}
 	waitPeerWatermark(t, "n1", moves, "a", a, b)
 }
+
+// TestWatermarkMovesHeldAnsweredAfterApplied closes a stream whose last watermark is
+// held: the answer waits until it is applied, so that a client that has its answer knows
+// nimbus took all it sent.
+func TestWatermarkMovesHeldAnsweredAfterApplied(t *testing.T) {
+	ts := start(t, Options{Limits: Limits{StatusWatermarkMoves: 1}})
+	ts.apply(t, nodeObject("a"))
+	burst := StatusWatermarkMoveBurstSeconds
+	stream, err := ts.client.ReportStatus(testContext(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range burst + 1 {
+		if err := stream.Send(ts.watermarkReport("a", uint64(i+1))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	answered := make(chan error, 1)
+	go func() {
+		_, err := stream.CloseAndRecv()
+		answered <- err
+	}()
+	waitMetricUntil(t, ts, delayedMoves, "1", func(v float64) bool { return v == 1 })
+	select {
+	case err := <-answered:
+		t.Fatalf("the stream was answered (%v) with a watermark held", err)
+	case <-time.After(1500 * time.Millisecond):
+	}
+	ts.clock.Advance(time.Second)
+	if err := <-answered; err != nil {
+		t.Fatal(err)
+	}
+	if got := ts.srv.store.read().watermark("a").Revision; got != uint64(burst+1) {
+		t.Errorf("a's watermark once answered = %d, want %d", got, burst+1)
+	}
+}
