@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -30,6 +32,22 @@ func statusFrames(ctx context.Context, c *statusClient) <-chan *nimbusv1.StatusF
 		}
 	}()
 	return frames
+}
+
+// sendMoves opens a ReportStatus stream and sends on it the node's watermarks 1 to n,
+// as fast as it can.
+func (ts *testServer) sendMoves(t *testing.T, node string, n int) grpc.ClientStreamingClient[nimbusv1.StatusReport, nimbusv1.ReportStatusResponse] {
+	t.Helper()
+	stream, err := ts.client.ReportStatus(testContext(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if err := stream.Send(ts.watermarkReport(node, uint64(i+1))); err != nil {
+			t.Fatalf("sending move %d: %v", i+1, err)
+		}
+	}
+	return stream
 }
 
 // TestWatermarkMovesRateLimited is a node that swings its watermark between 0 and the
@@ -174,15 +192,7 @@ func TestWatermarkMovesHeldDroppedForNewerStream(t *testing.T) {
 	ts := start(t, Options{Limits: Limits{StatusWatermarkMoves: 1}})
 	ts.apply(t, nodeObject("a"))
 	burst := StatusWatermarkMoveBurstSeconds
-	old, err := ts.client.ReportStatus(testContext(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range burst + 1 {
-		if err := old.Send(ts.watermarkReport("a", uint64(i+1))); err != nil {
-			t.Fatal(err)
-		}
-	}
+	old := ts.sendMoves(t, "a", burst+1)
 	waitMetricUntil(t, ts, delayedMoves, "1", func(v float64) bool { return v == 1 })
 	// The newer stream's watermark is no move: the one recorded.
 	ts.report(t, ts.watermarkReport("a", uint64(burst)))
@@ -203,16 +213,8 @@ func TestWatermarkMovesLimitedAtReplicaReportedTo(t *testing.T) {
 	a, b := rs[0], rs[1]
 	applyToPeers(t, []*nimbusv1.Object{nodeObject("n1"), route("r1", nil, "192.0.2.1")}, rs...)
 	burst := StatusWatermarkMoveBurstSeconds
-	stream, err := a.client.ReportStatus(testContext(t))
-	if err != nil {
-		t.Fatal(err)
-	}
 	const moves = 100
-	for i := range moves {
-		if err := stream.Send(a.watermarkReport("n1", uint64(i+1))); err != nil {
-			t.Fatal(err)
-		}
-	}
+	stream := a.sendMoves(t, "n1", moves)
 	waitMetricUntil(t, a.testServer, delayedMoves, fmt.Sprint(moves-burst), func(v float64) bool { return v == float64(moves-burst) })
 	waitPeerWatermark(t, "n1", uint64(burst), "a", a, b)
 	wantMetrics(t, b.srv, delayedMoves+" 0")
@@ -231,15 +233,7 @@ func TestWatermarkMovesHeldAnsweredAfterApplied(t *testing.T) {
 	ts := start(t, Options{Limits: Limits{StatusWatermarkMoves: 1}})
 	ts.apply(t, nodeObject("a"))
 	burst := StatusWatermarkMoveBurstSeconds
-	stream, err := ts.client.ReportStatus(testContext(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range burst + 1 {
-		if err := stream.Send(ts.watermarkReport("a", uint64(i+1))); err != nil {
-			t.Fatal(err)
-		}
-	}
+	stream := ts.sendMoves(t, "a", burst+1)
 	answered := make(chan error, 1)
 	go func() {
 		_, err := stream.CloseAndRecv()
