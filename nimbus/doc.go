@@ -165,7 +165,8 @@
 // naples_nimbus_streams_refused_total{role,method,reason} and the gauge
 // naples_nimbus_stream_refusals_held (streams.go), the gauge
 // naples_nimbus_stream_identities and the counters naples_nimbus_status_throttled_total
-// and naples_nimbus_status_throttled_seconds_total (rates.go), and the counter
+// and naples_nimbus_status_throttled_seconds_total (rates.go), the counter
+// naples_nimbus_status_watermark_moves_delayed_total (watermarkrate.go), and the counter
 // naples_nimbus_tls_handshakes_refused_total{reason} (handshake.go); docs/limits.md lists
 // them with their limits. A replica adds
 // naples_nimbus_peers and naples_nimbus_peer_reports_total{direction} (peer.go),

@@ -60,6 +60,11 @@ const (
 	MaxHeldRefusals = 64
 	// DefaultRefusalLogInterval is the default of Limits.RefusalLogInterval.
 	DefaultRefusalLogInterval = time.Minute
+	// DefaultStatusWatermarkMoves is the default of Limits.StatusWatermarkMoves.
+	DefaultStatusWatermarkMoves = 10
+	// StatusWatermarkMoveBurstSeconds is how many seconds' worth of watermark moves a
+	// node may make at once: its burst is this times Limits.StatusWatermarkMoves.
+	StatusWatermarkMoveBurstSeconds = 5
 )
 
 // Limits bound what one client can make a Server hold or send. Every limit has a default;
@@ -144,6 +149,14 @@ type Limits struct {
 	// status stays below 2.5 MiB up to some 10,000 nodes, and fits a 4 MiB message with
 	// a 1 MiB object. Default: DefaultStatusDetailsBytes (1 MiB).
 	StatusDetailsBytes int
+	// StatusWatermarkMoves bounds the moves of one node's status watermark, per second,
+	// StatusWatermarkMoveBurstSeconds' worth at once; see watermarkrate.go. A move beyond
+	// is neither refused nor lost: the stream's reports from that watermark on are held
+	// and applied, its latest watermark of the node with them, when the node's bucket
+	// allows, at most 1/StatusWatermarkMoves later. The limit is kept by the replica the
+	// node reports to; peer replicas apply what it recorded. Default:
+	// DefaultStatusWatermarkMoves (10).
+	StatusWatermarkMoves int
 }
 
 // withDefaults returns the limits with every zero field at its default, or an error naming
@@ -169,6 +182,7 @@ func (l Limits) withDefaults() (Limits, error) {
 		{"StatusOperationalValueBytes", &l.StatusOperationalValueBytes, DefaultStatusOperationalValueBytes},
 		{"StatusOperationalBytes", &l.StatusOperationalBytes, DefaultStatusOperationalBytes},
 		{"StatusDetailsBytes", &l.StatusDetailsBytes, DefaultStatusDetailsBytes},
+		{"StatusWatermarkMoves", &l.StatusWatermarkMoves, DefaultStatusWatermarkMoves},
 	} {
 		switch {
 		case *f.v < 0:

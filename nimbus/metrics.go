@@ -37,6 +37,9 @@ type metrics struct {
 	nodeStatusPagesCut prometheus.Counter
 	// handshakesRefused counts the TLS handshakes refused, by reason.
 	handshakesRefused *prometheus.CounterVec
+	// watermarkMovesDelayed counts the watermark reports held back by
+	// Limits.StatusWatermarkMoves.
+	watermarkMovesDelayed prometheus.Counter
 }
 
 // newMetrics creates the metrics and registers them with reg; statuses tells how many node
@@ -99,6 +102,10 @@ func newMetrics(reg prometheus.Registerer, statuses, watermarks func() float64) 
 		Namespace: ns, Subsystem: sub, Name: "tls_handshakes_refused_total",
 		Help: "TLS handshakes refused, by reason: plaintext, no_certificate, unknown_ca, client_refused or other.",
 	}, []string{"reason"})
+	m.watermarkMovesDelayed = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "status_watermark_moves_delayed_total",
+		Help: "Status watermarks a node reported that were held back, to be applied later with the reports after them, because the node moved its watermark faster than --status-watermark-moves.",
+	})
 	for _, r := range handshakeReasons {
 		m.handshakesRefused.WithLabelValues(r)
 	}
@@ -119,7 +126,7 @@ func newMetrics(reg prometheus.Registerer, statuses, watermarks func() float64) 
 	var err error
 	if m.unregister, err = telemetry.Register(reg, "Server", m.resets, m.watchStarts, m.watchers, m.revision, m.objects, m.commits, m.commitSize,
 		m.statusTruncated, m.detailsOmitted, statusGauge, watermarkGauge, m.objectsTooLarge, m.listPagesCut, m.nodeStatusPagesCut,
-		m.handshakesRefused); err != nil {
+		m.handshakesRefused, m.watermarkMovesDelayed); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -214,6 +214,8 @@ type Server struct {
 	refusals *logLimiter
 	// statusWatch holds the open WatchStatus streams; it has a lock of its own.
 	statusWatch statusHub
+	// wmRates holds the buckets of the nodes' watermark moves; it has a lock of its own.
+	wmRates *watermarkRates
 	// peers pushes statuses and watch presence to the peer replicas and takes theirs;
 	// nil unless Options.ReplicaName is set. It has locks of its own.
 	peers *peerHub
@@ -283,6 +285,7 @@ func New(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("creating nimbus server: %w", err)
 	}
 	s.streams, s.refusals = streams, newLogLimiter(opts.Limits.RefusalLogInterval, opts.Now)
+	s.wmRates = newWatermarkRates(&s.opts.Limits, opts.Now)
 	unregisterMetrics := s.metrics.unregister
 	s.metrics.unregister = func() { unregisterMetrics(); unregisterStreams() }
 	s.metrics.revision.Set(float64(s.rev))

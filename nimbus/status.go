@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -24,7 +25,9 @@ import (
 // (nimbusv1.StatusWatermarkHeader), answers when the client closes its side, and ends
 // with codes.Unavailable when the Server is closed, and with codes.Aborted when it sends
 // the watermark of a node whose Node object was deleted after its first watermark on the
-// stream.
+// stream. A watermark that moves its node's beyond Limits.StatusWatermarkMoves is held
+// back with the reports after it, and applied with them later (watermarkrate.go); the
+// answer waits for them.
 func (s *Server) ReportStatus(stream grpc.ClientStreamingServer[nimbusv1.StatusReport, nimbusv1.ReportStatusResponse]) error {
 	if s.isClosed() {
 		return rpcError(fmt.Errorf("taking status reports: %w", ErrClosed))
@@ -37,7 +40,8 @@ func (s *Server) ReportStatus(stream grpc.ClientStreamingServer[nimbusv1.StatusR
 		return fmt.Errorf("taking status reports: sending headers: %w", err)
 	}
 	ctx := stream.Context()
-	rs := &reportStream{}
+	rs := &reportStream{id: s.wmRates.newStream()}
+	defer s.dropHeld(rs)
 	type received struct {
 		report *nimbusv1.StatusReport
 		err    error
@@ -60,16 +64,50 @@ func (s *Server) ReportStatus(stream grpc.ClientStreamingServer[nimbusv1.StatusR
 		}
 	}()
 	errClosed := status.Error(codes.Unavailable, "nimbus is shutting down; report again")
+	// Reports held back for a watermark move beyond its node's rate wait for release;
+	// the client's end of the stream waits for them too (eof).
+	var release <-chan time.Time
+	var releaseTimer *time.Timer
+	defer func() {
+		if releaseTimer != nil {
+			releaseTimer.Stop()
+		}
+	}()
+	eof := false
 	for {
+		if len(rs.held) > 0 && release == nil {
+			releaseTimer = time.NewTimer(max(s.holdWait(rs), time.Millisecond))
+			release = releaseTimer.C
+		}
+		in := reports
+		if eof || len(rs.held) >= maxHeldReports {
+			in = nil
+		}
 		select {
 		case <-s.done:
 			return errClosed
 		case <-ctx.Done():
 			return status.FromContextError(ctx.Err()).Err()
-		case rcv := <-reports:
+		case <-release:
+			release = nil
+			if s.isClosed() {
+				return errClosed
+			}
+			s.releaseReports(rs)
+			if rs.forgotten != "" {
+				return status.Errorf(codes.Aborted, "node %q's Node object was deleted, and what it reported with it: report again", rs.forgotten)
+			}
+			if eof && len(rs.held) == 0 {
+				return stream.SendAndClose(&nimbusv1.ReportStatusResponse{})
+			}
+		case rcv := <-in:
 			// Close wins over reports that were ready at the same time.
 			if s.isClosed() {
 				return errClosed
+			}
+			if errors.Is(rcv.err, io.EOF) && len(rs.held) > 0 {
+				eof = true
+				continue
 			}
 			if errors.Is(rcv.err, io.EOF) {
 				return stream.SendAndClose(&nimbusv1.ReportStatusResponse{})
@@ -89,10 +127,14 @@ func (s *Server) ReportStatus(stream grpc.ClientStreamingServer[nimbusv1.StatusR
 				break
 			}
 			if len(batch) > 0 {
-				s.recordStatuses(rs, batch)
+				s.takeReports(rs, batch)
 			}
 			if rs.forgotten != "" {
 				return status.Errorf(codes.Aborted, "node %q's Node object was deleted, and what it reported with it: report again", rs.forgotten)
+			}
+			if errors.Is(rcv.err, io.EOF) && len(rs.held) > 0 {
+				eof = true
+				continue
 			}
 			if errors.Is(rcv.err, io.EOF) {
 				return stream.SendAndClose(&nimbusv1.ReportStatusResponse{})

@@ -119,6 +119,15 @@ type reportStream struct {
 	// forgotten names a node whose Node object was deleted after the stream's first
 	// watermark of it: the stream must end, so that the agent reports again.
 	forgotten string
+	// id tells the stream apart from the node's others (watermarkRates).
+	id uint64
+	// held holds, in order, the reports held back from a watermark move beyond its
+	// node's rate on (watermarkrate.go); nil where a later watermark of the same node
+	// replaced one. heldFor is the node whose bucket they wait for; heldWatermarks holds
+	// the index in held of each node's watermark held.
+	held           []*nimbusv1.StatusReport
+	heldFor        string
+	heldWatermarks map[string]int
 }
 
 // reportStreamNode is what the server keeps of one node's reports on a ReportStatus

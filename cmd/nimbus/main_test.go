@@ -43,6 +43,8 @@ func TestParseFlags(t *testing.T) {
 		{name: "bad limit", args: []string{"--status-details-bytes", "1M"}, wantUsage: true},
 		{name: "log interval", args: []string{"--refusal-log-interval", "10s"}, wantLevel: slog.LevelInfo, wantAddrs: []string{defaultListen}},
 		{name: "bad log interval", args: []string{"--refusal-log-interval", "-1s"}, wantUsage: true},
+		{name: "watermark moves", args: []string{"--status-watermark-moves", "20"}, wantLevel: slog.LevelInfo, wantAddrs: []string{defaultListen}},
+		{name: "zero watermark moves", args: []string{"--status-watermark-moves", "0"}, wantUsage: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stderr bytes.Buffer
