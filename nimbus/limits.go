@@ -34,6 +34,8 @@ const (
 	DefaultStatusOperationalBytes = 2 << 10
 	// DefaultStatusDetailsBytes is the default of Limits.StatusDetailsBytes.
 	DefaultStatusDetailsBytes = 1 << 20
+	// DefaultStatusNodes is the default of Limits.StatusNodes.
+	DefaultStatusNodes = 256
 	// DefaultObjectBytes is the default of Limits.ObjectBytes.
 	DefaultObjectBytes = 1 << 20
 	// DefaultListPageBytes is the default of Limits.ListPageBytes.
@@ -144,6 +146,14 @@ type Limits struct {
 	// status stays below 2.5 MiB up to some 10,000 nodes, and fits a 4 MiB message with
 	// a 1 MiB object. Default: DefaultStatusDetailsBytes (1 MiB).
 	StatusDetailsBytes int
+	// StatusNodes bounds the node statuses (ObjectStatus.nodes) and the pending nodes
+	// (ObjectStatus.pending) that one object's status lists in Get, List and
+	// WatchStatus; nodes_omitted and pending_omitted count the ones left out, and the
+	// counts always count every node. The nodes kept are those with something to tell
+	// first (FAILED, then the other statuses nodes reported and stale ones), then those
+	// PROGRAMMED at the generation; the pending ones kept are those furthest behind
+	// (docs/status.md). Default: DefaultStatusNodes (256).
+	StatusNodes int
 }
 
 // withDefaults returns the limits with every zero field at its default, or an error naming
@@ -169,6 +179,7 @@ func (l Limits) withDefaults() (Limits, error) {
 		{"StatusOperationalValueBytes", &l.StatusOperationalValueBytes, DefaultStatusOperationalValueBytes},
 		{"StatusOperationalBytes", &l.StatusOperationalBytes, DefaultStatusOperationalBytes},
 		{"StatusDetailsBytes", &l.StatusDetailsBytes, DefaultStatusDetailsBytes},
+		{"StatusNodes", &l.StatusNodes, DefaultStatusNodes},
 	} {
 		switch {
 		case *f.v < 0:
