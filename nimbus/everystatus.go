@@ -96,8 +96,7 @@ func (x *everyMarks) makeCaught() *caughtIndex {
 	for j := range next {
 		next[j] = int32(j)
 	}
-	var find func(j int32) int32
-	find = func(j int32) int32 {
+	find := func(j int32) int32 {
 		for next[j] != j {
 			next[j] = next[next[j]]
 			j = next[j]
@@ -212,20 +211,13 @@ func (v *view) everyStatus(rec *objectRecord, recs []*statusRecord) *nimbusv1.Ob
 	n := len(nodes)
 	st := &nimbusv1.ObjectStatus{TargetNodes: int32(n), Generation: gen}
 
-	// The records of target nodes, by index; of two of a node, the last.
+	// The records of target nodes, by index: recs are by node, one a node.
 	var own []everyRecord
 	for _, r := range recs {
-		i, found := slices.BinarySearch(nodes, r.Node)
-		if !found {
-			continue
+		if i, found := slices.BinarySearch(nodes, r.Node); found {
+			own = append(own, everyRecord{int32(i), r.Status})
 		}
-		if len(own) > 0 && own[len(own)-1].i == int32(i) {
-			own[len(own)-1].ns = r.Status
-			continue
-		}
-		own = append(own, everyRecord{int32(i), r.Status})
 	}
-	slices.SortFunc(own, func(a, b everyRecord) int { return cmp.Compare(a.i, b.i) })
 	isOwn := func(i int32) bool {
 		_, found := slices.BinarySearchFunc(own, i, func(r everyRecord, i int32) int { return cmp.Compare(r.i, i) })
 		return found

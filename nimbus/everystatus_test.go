@@ -105,6 +105,7 @@ func TestStatusMatchesReference(t *testing.T) {
 	}
 }
 
+// testStatusMatchesReference is TestStatusMatchesReference with one seed.
 func testStatusMatchesReference(t *testing.T, seed uint64) {
 	rnd := rand.New(rand.NewPCG(seed, 22))
 	ts := start(t, Options{Limits: Limits{StatusDetailsBytes: 300}})
