@@ -16,7 +16,14 @@ import (
 // nodes whose watermarks all passed them, each node with a few moves kept: one op is
 // every object's status in one view, as one List of them all or one status watch's
 // flush of them all makes them.
-func BenchmarkViewStatus(b *testing.B) {
+func BenchmarkViewStatus(b *testing.B) { benchmarkViewStatus(b, false) }
+
+// BenchmarkViewStatusBehind is BenchmarkViewStatus with every other node's watermark
+// halfway: the later half of the objects are pending on half the nodes.
+func BenchmarkViewStatusBehind(b *testing.B) { benchmarkViewStatus(b, true) }
+
+// benchmarkViewStatus is BenchmarkViewStatus, with half the nodes behind or not.
+func benchmarkViewStatus(b *testing.B, behind bool) {
 	const nodes, objects = 10000, 10000
 	srv, err := New(Options{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
@@ -62,6 +69,9 @@ func BenchmarkViewStatus(b *testing.B) {
 	for i := range nodes {
 		var rec *watermarkRecord
 		for step := uint64(1); step <= 4; step++ {
+			if behind && i%2 == 0 && step > 2 {
+				break
+			}
 			rec = rec.moved(fmt.Sprintf("n%05d", i), srv.Epoch(), rev-(4-step)*objects/4, "", t0.Add(time.Duration(int(step)*nodes+i)*time.Millisecond))
 		}
 		txn.putWatermark(rec)
@@ -75,8 +85,12 @@ func BenchmarkViewStatus(b *testing.B) {
 	for range b.N {
 		v := srv.view()
 		for _, rec := range recs {
-			if st := v.status(rec); st.GetProgrammedNodes() != nodes {
-				b.Fatalf("%s: %d nodes programmed, want %d", rec.Key, st.GetProgrammedNodes(), nodes)
+			want := int32(nodes)
+			if behind && rec.Object.GenerationRevision() > rev-objects/2 {
+				want = nodes / 2
+			}
+			if st := v.status(rec); st.GetProgrammedNodes() != want {
+				b.Fatalf("%s: %d nodes programmed, want %d", rec.Key, st.GetProgrammedNodes(), want)
 			}
 		}
 	}
