@@ -19,8 +19,10 @@ type RuleHits struct {
 // PolicyRuleHits returns the hits of the rules of a NetworkSecurityPolicy as its status
 // st reports them, summed over the nodes: ingress rules first, each direction by index.
 // A rule no node reports hits of is left out. Nodes whose details nimbus left out
-// (ObjectStatus.details_omitted) and nodes whose agent reports only the deprecated string
-// form of operational data count nothing.
+// (ObjectStatus.details_omitted), nodes the status does not list
+// (ObjectStatus.nodes_omitted: nimbus lists the nodes with operational data before the
+// nodes whose status it derives, up to its --status-nodes) and nodes whose agent reports
+// only the deprecated string form of operational data count nothing.
 func PolicyRuleHits(st *nimbusv1.ObjectStatus) []RuleHits {
 	var hits []RuleHits
 	for _, ns := range st.GetNodes() {
@@ -42,7 +44,8 @@ func PolicyRuleHits(st *nimbusv1.ObjectStatus) []RuleHits {
 
 // NodeOperational returns the typed operational data the node reports in the status st;
 // nil when it reports none: the node has not reported, its details were left out, the
-// object's kind has none, or its agent reports only the deprecated string form.
+// status does not list it (nimbus's --status-nodes), the object's kind has none, or its
+// agent reports only the deprecated string form.
 func NodeOperational(st *nimbusv1.ObjectStatus, node string) *nimbusv1.OperationalData {
 	for _, ns := range st.GetNodes() {
 		if ns.GetNode() == node {

@@ -34,14 +34,16 @@ type WaitError struct {
 	// was never seen.
 	Item *nimbusv1.ObjectWithStatus
 	// Failed holds the statuses of the target nodes that reported a terminal FAILED
-	// (NodeStatus.terminal) at the generation or a later one.
+	// (NodeStatus.terminal) at the generation or a later one, among those the status
+	// lists: nimbus lists FAILED nodes first, up to its --status-nodes.
 	Failed []*nimbusv1.NodeStatus
 	// Err is ErrNotFound or ErrFailed.
 	Err error
 }
 
 // Error says what happened to the target: "Route/default/default/r1: programming failed
-// on 1 of 3 nodes (generation 2): node host-b: KernelError: adding route: ...".
+// on 1 of 3 nodes (generation 2): node host-b: KernelError: adding route: ...". When
+// nimbus left FAILED nodes out of the status, it ends with "; and N more FAILED nodes".
 func (e *WaitError) Error() string {
 	id := e.Target.Key.ID()
 	if !errors.Is(e.Err, ErrFailed) {
@@ -63,7 +65,33 @@ func (e *WaitError) Error() string {
 		}
 		b.WriteString(n.GetMessage())
 	}
+	if more := unlistedFailed(e.Item.GetStatus()); more > 0 {
+		fmt.Fprintf(&b, "; and %d more FAILED %s", more, plural(more, "node", "nodes"))
+	}
 	return b.String()
+}
+
+// unlistedFailed returns how many of the nodes FAILED at the status's generation it does
+// not list (nimbus lists at most its --status-nodes nodes, FAILED ones first).
+func unlistedFailed(st *nimbusv1.ObjectStatus) int {
+	if st.GetNodesOmitted() == 0 {
+		return 0
+	}
+	listed := 0
+	for _, n := range st.GetNodes() {
+		if n.GetPhase() == nimbusv1.Phase_PHASE_FAILED && n.GetObservedGeneration() == st.GetGeneration() {
+			listed++
+		}
+	}
+	return max(0, int(st.GetFailedNodes())-listed)
+}
+
+// plural returns one when n is 1, else many.
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
 
 // Unwrap returns Err.
@@ -219,17 +247,26 @@ func (w *waiter) check() {
 
 // progress tells whether item is PROGRAMMED on every target node at generation gen or a
 // later one, and returns the statuses of the target nodes FAILED at it for good
-// (terminal); the FAILED ones that are being retried are still on their way.
+// (terminal); the FAILED ones that are being retried are still on their way. The nodes
+// PROGRAMMED at the status's generation are counted from programmed_nodes, which counts
+// them all, as the status lists only some of them (nimbus's --status-nodes); the ones at
+// another generation are records nimbus lists before them.
 func progress(item *nimbusv1.ObjectWithStatus, gen int64) (done bool, failed []*nimbusv1.NodeStatus) {
 	st := item.GetStatus()
 	var programmed int32
+	counted := st.GetGeneration() != 0 && st.GetGeneration() >= gen
+	if counted {
+		programmed = st.GetProgrammedNodes()
+	}
 	for _, n := range st.GetNodes() {
 		if n.GetObservedGeneration() < gen {
 			continue
 		}
 		switch n.GetPhase() {
 		case nimbusv1.Phase_PHASE_PROGRAMMED:
-			programmed++
+			if !counted || n.GetObservedGeneration() != st.GetGeneration() {
+				programmed++
+			}
 		case nimbusv1.Phase_PHASE_FAILED:
 			if n.GetTerminal() {
 				failed = append(failed, n)

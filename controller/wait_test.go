@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/naplesnet/naples/nimbus"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -183,5 +184,37 @@ func TestWaitEndsWithContext(t *testing.T) {
 	err := c.Wait(ctx, []Target{{Key: routeKey("r1")}}, WaitOptions{Progress: func(Target, *nimbusv1.ObjectWithStatus) { cancel() }})
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("Wait = %v after its context ended, want context.Canceled", err)
+	}
+}
+
+// TestWaitBeyondStatusNodes waits for objects of more nodes than nimbus lists in a
+// status (its --status-nodes): a wait counts them all and ends, and a failed one names
+// the FAILED nodes listed and says how many more failed.
+func TestWaitBeyondStatusNodes(t *testing.T) {
+	socket := socketPath(t)
+	serveWith(t, socket, nimbus.Options{Limits: nimbus.Limits{StatusNodes: 3}})
+	c := newClient(t, socket, Options{})
+	api := rawClient(t, socket)
+	var nodes []string
+	for i := range 8 {
+		nodes = append(nodes, fmt.Sprintf("n%d", i))
+	}
+	if _, err := c.Apply(testContext(t), route("r1", "192.0.2.1", nodes...), route("r2", "192.0.2.1", nodes...)); err != nil {
+		t.Fatal(err)
+	}
+	for i, n := range nodes {
+		report(t, api, "r1", n, 1, nimbusv1.Phase_PHASE_PROGRAMMED, "", "")
+		if i%2 == 0 {
+			reportStatus(t, api, "r2", &nimbusv1.NodeStatus{Node: n, ObservedGeneration: 1, Phase: nimbusv1.Phase_PHASE_FAILED,
+				Terminal: true, Reason: "InvalidSpec", Message: "no"})
+		}
+	}
+	if err := c.Wait(testContext(t), []Target{{Key: routeKey("r1")}}, WaitOptions{}); err != nil {
+		t.Fatalf("Wait for a route programmed on its 8 nodes, 3 of them listed: %v", err)
+	}
+	err := c.Wait(testContext(t), []Target{{Key: routeKey("r2")}}, WaitOptions{})
+	want := "Route/default/default/r2: programming failed on 3 of 8 nodes (generation 1): node n0: InvalidSpec: no; node n2: InvalidSpec: no; node n4: InvalidSpec: no; and 1 more FAILED node"
+	if !errors.Is(err, ErrFailed) || err.Error() != want {
+		t.Fatalf("Wait = %v, want %q", err, want)
 	}
 }

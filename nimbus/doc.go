@@ -235,8 +235,10 @@
 // and WatchStatus send it carries the messages and
 // operational data of its nodes up to Limits.StatusDetailsBytes, and counts the nodes
 // left without them in details_omitted, so that the status of an object of 10,000 nodes
-// still fits a client's default 4 MiB. Deleting an object deletes every status of it, on
-// every replica.
+// still fits a client's default 4 MiB. It lists at most Limits.StatusNodes nodes and
+// pending nodes, those with something to tell first, and counts the others in
+// nodes_omitted and pending_omitted; its counts count every node (docs/status.md).
+// Deleting an object deletes every status of it, on every replica.
 //
 // WatchStatus streams the same ObjectStatus, as Get aggregates it, for the objects a
 // publisher selects by kind, tenant, namespace and name (empty fields select all): first

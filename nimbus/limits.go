@@ -34,6 +34,8 @@ const (
 	DefaultStatusOperationalBytes = 2 << 10
 	// DefaultStatusDetailsBytes is the default of Limits.StatusDetailsBytes.
 	DefaultStatusDetailsBytes = 1 << 20
+	// DefaultStatusNodes is the default of Limits.StatusNodes.
+	DefaultStatusNodes = 256
 	// DefaultObjectBytes is the default of Limits.ObjectBytes.
 	DefaultObjectBytes = 1 << 20
 	// DefaultListPageBytes is the default of Limits.ListPageBytes.
@@ -157,6 +159,14 @@ type Limits struct {
 	// node reports to; peer replicas apply what it recorded. Default:
 	// DefaultStatusWatermarkMoves (10).
 	StatusWatermarkMoves int
+	// StatusNodes bounds the node statuses (ObjectStatus.nodes) and the pending nodes
+	// (ObjectStatus.pending) that one object's status lists in Get, List and
+	// WatchStatus; nodes_omitted and pending_omitted count the ones left out, and the
+	// counts always count every node. The nodes kept are those with something to tell
+	// first (FAILED, then the other statuses nodes reported and stale ones), then those
+	// PROGRAMMED at the generation; the pending ones kept are those furthest behind
+	// (docs/status.md). Default: DefaultStatusNodes (256).
+	StatusNodes int
 }
 
 // withDefaults returns the limits with every zero field at its default, or an error naming
@@ -183,6 +193,7 @@ func (l Limits) withDefaults() (Limits, error) {
 		{"StatusOperationalBytes", &l.StatusOperationalBytes, DefaultStatusOperationalBytes},
 		{"StatusDetailsBytes", &l.StatusDetailsBytes, DefaultStatusDetailsBytes},
 		{"StatusWatermarkMoves", &l.StatusWatermarkMoves, DefaultStatusWatermarkMoves},
+		{"StatusNodes", &l.StatusNodes, DefaultStatusNodes},
 	} {
 		switch {
 		case *f.v < 0:

@@ -285,15 +285,16 @@ func TestBoundStatusTwice(t *testing.T) {
 	}
 }
 
-// TestStatusOfManyNodesFits shows that with the default limits the status of an object
-// of 10,000 nodes, each of which reported as much as it may, still reaches a client with
-// gRPC's default 4 MiB receive limit, by Get and by List.
+// TestStatusOfManyNodesFits shows that with the default limits but StatusNodes, raised
+// to list every node, the status of an object of 10,000 nodes, each of which reported as
+// much as it may, still reaches a client with gRPC's default 4 MiB receive limit, by Get
+// and by List.
 func TestStatusOfManyNodesFits(t *testing.T) {
 	if testing.Short() {
 		t.Skip("reports 30 MB of statuses")
 	}
-	ts := start(t, Options{Logger: slog.New(slog.DiscardHandler)})
 	const n = 10000
+	ts := start(t, Options{Logger: slog.New(slog.DiscardHandler), Limits: Limits{StatusNodes: n}})
 	nodes := make([]string, n)
 	for i := range nodes {
 		nodes[i] = fmt.Sprintf("node-%05d.rack-%03d.example", i, i%100)

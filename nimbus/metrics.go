@@ -28,6 +28,9 @@ type metrics struct {
 	statusTruncated *prometheus.CounterVec
 	// detailsOmitted counts the object statuses sent without the details of some nodes.
 	detailsOmitted prometheus.Counter
+	// nodesOmitted counts the object statuses sent with some nodes left out of their
+	// lists of nodes or pending nodes.
+	nodesOmitted prometheus.Counter
 	// objectsTooLarge counts the objects refused for their size.
 	objectsTooLarge prometheus.Counter
 	// listPagesCut counts the List pages that ended before the last item.
@@ -86,6 +89,10 @@ func newMetrics(reg prometheus.Registerer, statuses, watermarks func() float64) 
 			Help: "Object statuses sent without the messages and operational data of some nodes, because they held more than --status-details-bytes.",
 		}),
 	}
+	m.nodesOmitted = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "status_nodes_omitted_total",
+		Help: "Object statuses sent with some nodes left out of their lists of node statuses or pending nodes, because they had more than --status-nodes.",
+	})
 	m.objectsTooLarge = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "objects_too_large_total",
 		Help: "Objects refused at Apply or ApplyBatch because they were larger than --max-object-bytes.",
@@ -125,8 +132,8 @@ func newMetrics(reg prometheus.Registerer, statuses, watermarks func() float64) 
 	m.watchStarts.WithLabelValues(watchModeSnapshot)
 	var err error
 	if m.unregister, err = telemetry.Register(reg, "Server", m.resets, m.watchStarts, m.watchers, m.revision, m.objects, m.commits, m.commitSize,
-		m.statusTruncated, m.detailsOmitted, statusGauge, watermarkGauge, m.objectsTooLarge, m.listPagesCut, m.nodeStatusPagesCut,
-		m.handshakesRefused, m.watermarkMovesDelayed); err != nil {
+		m.statusTruncated, m.detailsOmitted, m.nodesOmitted, statusGauge, watermarkGauge, m.objectsTooLarge, m.listPagesCut,
+		m.nodeStatusPagesCut, m.handshakesRefused, m.watermarkMovesDelayed); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -75,7 +75,7 @@ func wantEntries(t *testing.T, what string, got, want []*nimbusv1.NodeStatusEntr
 // object's status does, in every page size and with each filter.
 func TestListNodeStatuses(t *testing.T) {
 	const nodes = 1000
-	ts := start(t, Options{StaleAfter: 30 * time.Second})
+	ts := start(t, Options{StaleAfter: 30 * time.Second, Limits: Limits{StatusNodes: 1 << 20}})
 	name := func(i int) string { return fmt.Sprintf("n%04d", i) }
 	for from := 0; from < nodes; from += 250 {
 		var objs []*nimbusv1.Object

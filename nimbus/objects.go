@@ -1,9 +1,11 @@
 package nimbus
 
 import (
+	"cmp"
 	"context"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -129,13 +131,8 @@ type view struct {
 	// has read them, which everyRead tells.
 	every     []string
 	everyRead bool
-	// derived holds, by index in every, the status last derived for that node of an
-	// object for every node: the objects of a generation whose generation revisions the
-	// node's watermark passed in one move share it (see status).
-	derived []derivedStatus
-	// everyMarks holds, by index in every, the node's watermark or nil, once status has
-	// read them.
-	everyMarks []*watermarkRecord
+	// marks indexes the watermarks of the nodes of every, once everyMarks has read them.
+	marks *everyMarks
 	// staleSince is the time a node must have had no open watch since for its statuses
 	// to be stale; zero when statuses never are.
 	staleSince time.Time
@@ -144,14 +141,16 @@ type view struct {
 	started time.Time
 	// epoch is the server's epoch: the nodes' watermarks of another say nothing.
 	epoch string
-	// detailsBytes is Limits.StatusDetailsBytes; see status.
-	detailsBytes int
-	metrics      *metrics
+	// detailsBytes is Limits.StatusDetailsBytes, statusNodes Limits.StatusNodes; see
+	// capLists.
+	detailsBytes, statusNodes int
+	metrics                   *metrics
 }
 
 // view starts a read of the current state of the store. It takes no lock.
 func (s *Server) view() *view {
-	v := &view{tables: s.store.read(), epoch: s.Epoch(), started: s.started, detailsBytes: s.opts.Limits.StatusDetailsBytes, metrics: s.metrics}
+	v := &view{tables: s.store.read(), epoch: s.Epoch(), started: s.started, detailsBytes: s.opts.Limits.StatusDetailsBytes,
+		statusNodes: s.opts.Limits.StatusNodes, metrics: s.metrics}
 	if s.opts.StaleAfter > 0 {
 		v.staleSince = s.opts.Now().Add(-s.opts.StaleAfter)
 	}
@@ -217,70 +216,142 @@ func (v *view) withStatus(rec *objectRecord) *nimbusv1.ObjectWithStatus {
 // without one, PROGRAMMED at the object's generation when the node's watermark, of the
 // server's epoch, passes the object's generation revision, since the time it did
 // (derived); else nothing reported.
+//
+// The counts count every target node; the lists of nodes and of pending nodes hold at
+// most Limits.StatusNodes of them (see capLists). An object for every node takes
+// everyStatus, which counts without a walk of the nodes; an object that lists its nodes
+// walks them.
 func (v *view) status(rec *objectRecord) *nimbusv1.ObjectStatus {
 	obj := rec.Object
 	recs := v.statusesOfID(rec.id)
 	m := obj.GetMeta()
 	gen := m.GetGeneration()
 	genRev := obj.GenerationRevision()
+	targets := m.GetNodes()
+	if len(targets) == 0 {
+		return v.everyStatus(rec, recs)
+	}
 	// Only the target nodes' statuses are looked up below.
 	reported := make(map[string]*nimbusv1.NodeStatus, len(recs))
 	for _, r := range recs {
 		reported[r.Node] = r.Status
 	}
-	targets := m.GetNodes()
-	var derived []derivedStatus
-	if len(targets) == 0 {
-		targets = v.everyNode()
-		if v.derived == nil {
-			v.derived = make([]derivedStatus, len(targets))
-			v.everyMarks = make([]*watermarkRecord, len(targets))
-			for i, n := range targets {
-				v.everyMarks[i] = v.watermark(n)
-			}
-		}
-		derived = v.derived
-	}
 	st := &nimbusv1.ObjectStatus{TargetNodes: int32(len(targets)), Generation: gen}
-	caughtUp := len(targets) > 0
 	var caughtUpTime *timestamppb.Timestamp
-	details := 0
-	for i, n := range targets {
+	var nodes []listedNode
+	var pending []pendingNode
+	for _, n := range targets {
+		wm := v.watermark(n)
 		ns, ok := reported[n]
 		if ok && ns.GetPhase() == nimbusv1.Phase_PHASE_UNSPECIFIED {
 			// A node that reports no phase tells that it has nothing to tell yet, and
 			// that its watermark does not speak for the object.
-			st.Pending = append(st.Pending, n)
-			caughtUp = false
+			pending = append(pending, pendingNode{n, wm.mark(v.epoch)})
 			continue
 		}
+		tier := tierTold
+		if ok && ns.GetPhase() == nimbusv1.Phase_PHASE_FAILED {
+			tier = tierFailed
+		}
 		if !ok {
-			var wm *watermarkRecord
-			if derived != nil {
-				wm = v.everyMarks[i]
-			} else {
-				wm = v.watermark(n)
-			}
 			if !wm.passes(v.epoch, genRev) {
-				st.Pending = append(st.Pending, n)
-				caughtUp = false
+				pending = append(pending, pendingNode{n, wm.mark(v.epoch)})
 				continue
 			}
-			at := wm.passedAt(genRev)
-			if derived != nil && derived[i].ns != nil && derived[i].gen == gen && derived[i].at.Equal(at) {
-				ns = derived[i].ns
-			} else {
-				ns = &nimbusv1.NodeStatus{
-					Node: n, ObservedGeneration: gen, Phase: nimbusv1.Phase_PHASE_PROGRAMMED,
-					UpdateTime: timestamppb.New(at),
-				}
-				if derived != nil {
-					derived[i] = derivedStatus{gen, at, ns}
-				}
-			}
+			tier = tierProgrammed
+			ns = derivedNodeStatus(n, gen, wm.passedAt(genRev))
 		}
-		// A node whose details would take the object's over the budget goes without
-		// them, so that the status of an object of any number of nodes stays readable.
+		stale := v.stale(n)
+		if stale {
+			st.StaleNodes++
+			tier = min(tier, tierTold)
+		}
+		nodes = append(nodes, listedNode{ns, tier, stale})
+		if tally(st, ns, gen, &caughtUpTime) {
+			pending = append(pending, pendingNode{n, wm.mark(v.epoch)})
+		}
+	}
+	if int(st.ProgrammedNodes) == len(targets) {
+		st.CaughtUpTime = caughtUpTime
+	}
+	v.capLists(st, nodes, len(nodes), pending, len(pending))
+	return st
+}
+
+// tally counts the status ns of a target node of an object at generation gen in st's
+// counts but stale_nodes, moves *latest to its update time when it is PROGRAMMED at gen
+// and that is later, and tells whether the node is pending.
+func tally(st *nimbusv1.ObjectStatus, ns *nimbusv1.NodeStatus, gen int64, latest **timestamppb.Timestamp) (pending bool) {
+	current := ns.GetObservedGeneration() == gen
+	if current {
+		st.CurrentNodes++
+	}
+	switch {
+	case current && ns.GetPhase() == nimbusv1.Phase_PHASE_PROGRAMMED:
+		st.ProgrammedNodes++
+		if t := ns.GetUpdateTime(); *latest == nil || t.AsTime().After((*latest).AsTime()) {
+			*latest = t
+		}
+		return false
+	case current && ns.GetPhase() == nimbusv1.Phase_PHASE_FAILED:
+		st.FailedNodes++
+		return false
+	}
+	return true
+}
+
+// Tiers of the node statuses an object's status lists: when there are more than
+// Limits.StatusNodes, the lower tiers are kept first, by name within a tier.
+const (
+	// tierFailed is a status the node reported FAILED, at any generation.
+	tierFailed int8 = iota
+	// tierTold is another status the node reported (PENDING, an older generation,
+	// operational data), or the status of a stale node.
+	tierTold
+	// tierProgrammed is a status derived from the node's watermark: PROGRAMMED at the
+	// generation.
+	tierProgrammed
+)
+
+// listedNode is a node's status an object's status may list.
+type listedNode struct {
+	ns   *nimbusv1.NodeStatus
+	tier int8
+	// stale tells that the node's statuses are stale; ns is not marked yet.
+	stale bool
+}
+
+// pendingNode is a pending node an object's status may list, with its watermark.
+type pendingNode struct {
+	name string
+	// mark is the node's watermark (see watermarkRecord.mark).
+	mark uint64
+}
+
+// capLists sets st's nodes and pending from the candidates, of total nodes and
+// totalPending in all (the candidates hold at least Limits.StatusNodes of each, or all),
+// each at most Limits.StatusNodes, and the counts of the ones left out. The nodes kept
+// are those of the lowest tiers, by name within a tier; the pending ones those furthest
+// behind, the lowest watermark first, by name among equals. Both lists then go by name,
+// and the kept nodes get their stale mark and their details within
+// Limits.StatusDetailsBytes, in name order: a node whose details would take the sum over
+// it goes without them, so that the status of an object of any number of nodes stays
+// readable.
+func (v *view) capLists(st *nimbusv1.ObjectStatus, nodes []listedNode, total int, pending []pendingNode, totalPending int) {
+	limit := v.statusNodes
+	byName := func(a, b listedNode) int { return strings.Compare(a.ns.GetNode(), b.ns.GetNode()) }
+	if len(nodes) > limit {
+		slices.SortFunc(nodes, func(a, b listedNode) int { return cmp.Or(cmp.Compare(a.tier, b.tier), byName(a, b)) })
+		nodes = nodes[:limit]
+	}
+	slices.SortFunc(nodes, byName)
+	st.NodesOmitted = int32(total - len(nodes))
+	if len(nodes) > 0 {
+		st.Nodes = make([]*nimbusv1.NodeStatus, 0, len(nodes))
+	}
+	details := 0
+	for _, n := range nodes {
+		ns := n.ns
 		if d := statusDetailsSize(ns); d > 0 {
 			if details+d > v.detailsBytes {
 				ns = withoutDetails(ns)
@@ -289,36 +360,31 @@ func (v *view) status(rec *objectRecord) *nimbusv1.ObjectStatus {
 				details += d
 			}
 		}
-		if v.stale(n) {
+		if n.stale {
 			// Stored statuses are immutable; the stale mark goes on a copy.
 			ns = proto.Clone(ns).(*nimbusv1.NodeStatus)
 			ns.Stale = true
-			st.StaleNodes++
 		}
 		st.Nodes = append(st.Nodes, ns)
-		current := ns.GetObservedGeneration() == gen
-		if current {
-			st.CurrentNodes++
-		}
-		switch {
-		case current && ns.GetPhase() == nimbusv1.Phase_PHASE_PROGRAMMED:
-			st.ProgrammedNodes++
-			if t := ns.GetUpdateTime(); caughtUpTime == nil || t.AsTime().After(caughtUpTime.AsTime()) {
-				caughtUpTime = t
-			}
-		case current && ns.GetPhase() == nimbusv1.Phase_PHASE_FAILED:
-			st.FailedNodes++
-			caughtUp = false
-		default:
-			st.Pending = append(st.Pending, n)
-			caughtUp = false
-		}
 	}
-	if caughtUp {
-		st.CaughtUpTime = caughtUpTime
+	if len(pending) > limit {
+		slices.SortFunc(pending, func(a, b pendingNode) int {
+			return cmp.Or(cmp.Compare(a.mark, b.mark), strings.Compare(a.name, b.name))
+		})
+		pending = pending[:limit]
+	}
+	slices.SortFunc(pending, func(a, b pendingNode) int { return strings.Compare(a.name, b.name) })
+	st.PendingOmitted = int32(totalPending - len(pending))
+	if len(pending) > 0 {
+		st.Pending = make([]string, len(pending))
+		for i, p := range pending {
+			st.Pending[i] = p.name
+		}
 	}
 	if st.DetailsOmitted > 0 && v.metrics != nil {
 		v.metrics.detailsOmitted.Inc()
 	}
-	return st
+	if (st.NodesOmitted > 0 || st.PendingOmitted > 0) && v.metrics != nil {
+		v.metrics.nodesOmitted.Inc()
+	}
 }

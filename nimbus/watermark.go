@@ -44,6 +44,16 @@ func (r *watermarkRecord) passes(epoch string, rev uint64) bool {
 	return r != nil && r.Epoch == epoch && r.Revision >= rev
 }
 
+// mark returns the watermark as one number for the epoch, ordered as watermarks are:
+// 0 for none or one of another epoch, else Revision+1, so that it passes a revision rev
+// of the epoch iff mark > rev.
+func (r *watermarkRecord) mark(epoch string) uint64 {
+	if r == nil || r.Epoch != epoch {
+		return 0
+	}
+	return r.Revision + 1
+}
+
 // passedAt returns when the watermark reached rev, which it is at or past: the time of
 // the first move it keeps to rev or beyond.
 func (r *watermarkRecord) passedAt(rev uint64) time.Time {

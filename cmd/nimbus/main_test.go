@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/naplesnet/naples/nimbus"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -41,6 +42,8 @@ func TestParseFlags(t *testing.T) {
 		{name: "limit", args: []string{"--max-status-message-bytes", "4096"}, wantLevel: slog.LevelInfo, wantAddrs: []string{defaultListen}},
 		{name: "zero limit", args: []string{"--max-status-message-bytes", "0"}, wantUsage: true},
 		{name: "bad limit", args: []string{"--status-details-bytes", "1M"}, wantUsage: true},
+		{name: "status nodes", args: []string{"--status-nodes", "1000"}, wantLevel: slog.LevelInfo, wantAddrs: []string{defaultListen}},
+		{name: "zero status nodes", args: []string{"--status-nodes", "0"}, wantUsage: true},
 		{name: "log interval", args: []string{"--refusal-log-interval", "10s"}, wantLevel: slog.LevelInfo, wantAddrs: []string{defaultListen}},
 		{name: "bad log interval", args: []string{"--refusal-log-interval", "-1s"}, wantUsage: true},
 		{name: "watermark moves", args: []string{"--status-watermark-moves", "20"}, wantLevel: slog.LevelInfo, wantAddrs: []string{defaultListen}},
@@ -100,5 +103,25 @@ func TestRunServesUntilCanceled(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), "msg=serving") || !strings.Contains(stderr.String(), "unix://"+sock) {
 		t.Errorf("log does not say where it serves:\n%s", stderr.String())
+	}
+}
+
+func TestParseFlagsStatusNodes(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want int
+	}{
+		{nil, nimbus.DefaultStatusNodes},
+		{[]string{"--status-nodes", "10000"}, 10000},
+		{[]string{"--status-nodes=1"}, 1},
+	} {
+		var stderr bytes.Buffer
+		cfg, err := parseFlags(tc.args, &stderr)
+		if err != nil {
+			t.Fatalf("parseFlags(%q): %v", tc.args, err)
+		}
+		if cfg.limits.StatusNodes != tc.want {
+			t.Errorf("parseFlags(%q): StatusNodes = %d, want %d", tc.args, cfg.limits.StatusNodes, tc.want)
+		}
 	}
 }

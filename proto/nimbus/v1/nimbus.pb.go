@@ -2691,7 +2691,8 @@ func (x *InterfaceOperational) GetTxDropped() uint64 {
 // ObjectStatus is the propagation status of one object across its target nodes.
 type ObjectStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// nodes holds the status each node reported, ordered by node name.
+	// nodes holds the status each node reported, ordered by node name; at most nimbus's
+	// --status-nodes of them (see nodes_omitted).
 	Nodes []*NodeStatus `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
 	// target_nodes is the number of nodes the object targets.
 	TargetNodes int32 `protobuf:"varint,2,opt,name=target_nodes,json=targetNodes,proto3" json:"target_nodes,omitempty"`
@@ -2705,7 +2706,8 @@ type ObjectStatus struct {
 	// any phase.
 	CurrentNodes int32 `protobuf:"varint,6,opt,name=current_nodes,json=currentNodes,proto3" json:"current_nodes,omitempty"`
 	// pending lists, by name, the target nodes not yet PROGRAMMED or FAILED at the current
-	// generation (including nodes that have reported nothing).
+	// generation (including nodes that have reported nothing); at most nimbus's
+	// --status-nodes of them (see pending_omitted).
 	Pending []string `protobuf:"bytes,7,rep,name=pending,proto3" json:"pending,omitempty"`
 	// stale_nodes is the number of target nodes whose status is stale.
 	StaleNodes int32 `protobuf:"varint,8,opt,name=stale_nodes,json=staleNodes,proto3" json:"stale_nodes,omitempty"`
@@ -2716,6 +2718,17 @@ type ObjectStatus struct {
 	// were left out, because the object's statuses carry more of them than nimbus sends for
 	// one object (its --status-details-bytes).
 	DetailsOmitted int32 `protobuf:"varint,10,opt,name=details_omitted,json=detailsOmitted,proto3" json:"details_omitted,omitempty"`
+	// nodes_omitted is the number of node statuses left out of nodes, because the object
+	// has more than nimbus lists for one object (its --status-nodes). The nodes kept are
+	// those with something to tell first: FAILED ones, then the other statuses the nodes
+	// reported (PENDING, an older generation, operational data) and stale ones, then the
+	// nodes PROGRAMMED at the current generation; by name within each. The counts always
+	// count every node.
+	NodesOmitted int32 `protobuf:"varint,11,opt,name=nodes_omitted,json=nodesOmitted,proto3" json:"nodes_omitted,omitempty"`
+	// pending_omitted is the number of pending nodes left out of pending, at the same
+	// limit. The nodes kept are those furthest behind: the lowest status watermark first
+	// (none, or one of another epoch, lowest of all), by name among equals.
+	PendingOmitted int32 `protobuf:"varint,12,opt,name=pending_omitted,json=pendingOmitted,proto3" json:"pending_omitted,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -2816,6 +2829,20 @@ func (x *ObjectStatus) GetCaughtUpTime() *timestamppb.Timestamp {
 func (x *ObjectStatus) GetDetailsOmitted() int32 {
 	if x != nil {
 		return x.DetailsOmitted
+	}
+	return 0
+}
+
+func (x *ObjectStatus) GetNodesOmitted() int32 {
+	if x != nil {
+		return x.NodesOmitted
+	}
+	return 0
+}
+
+func (x *ObjectStatus) GetPendingOmitted() int32 {
+	if x != nil {
+		return x.PendingOmitted
 	}
 	return 0
 }
@@ -4700,7 +4727,7 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\n" +
 	"rx_dropped\x18\v \x01(\x04R\trxDropped\x12\x1d\n" +
 	"\n" +
-	"tx_dropped\x18\f \x01(\x04R\ttxDropped\"\x97\x03\n" +
+	"tx_dropped\x18\f \x01(\x04R\ttxDropped\"\xe5\x03\n" +
 	"\fObjectStatus\x12+\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x15.nimbus.v1.NodeStatusR\x05nodes\x12!\n" +
 	"\ftarget_nodes\x18\x02 \x01(\x05R\vtargetNodes\x12)\n" +
@@ -4715,7 +4742,9 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"staleNodes\x12@\n" +
 	"\x0ecaught_up_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\fcaughtUpTime\x12'\n" +
 	"\x0fdetails_omitted\x18\n" +
-	" \x01(\x05R\x0edetailsOmitted\"n\n" +
+	" \x01(\x05R\x0edetailsOmitted\x12#\n" +
+	"\rnodes_omitted\x18\v \x01(\x05R\fnodesOmitted\x12'\n" +
+	"\x0fpending_omitted\x18\f \x01(\x05R\x0ependingOmitted\"n\n" +
 	"\x10ObjectWithStatus\x12)\n" +
 	"\x06object\x18\x01 \x01(\v2\x11.nimbus.v1.ObjectR\x06object\x12/\n" +
 	"\x06status\x18\x02 \x01(\v2\x17.nimbus.v1.ObjectStatusR\x06status\"9\n" +

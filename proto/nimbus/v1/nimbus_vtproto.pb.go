@@ -1965,6 +1965,16 @@ func (m *ObjectStatus) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
+	if m.PendingOmitted != 0 {
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.PendingOmitted))
+		i--
+		dAtA[i] = 0x60
+	}
+	if m.NodesOmitted != 0 {
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.NodesOmitted))
+		i--
+		dAtA[i] = 0x58
+	}
 	if m.DetailsOmitted != 0 {
 		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.DetailsOmitted))
 		i--
@@ -4447,6 +4457,12 @@ func (m *ObjectStatus) SizeVT() (n int) {
 	}
 	if m.DetailsOmitted != 0 {
 		n += 1 + protohelpers.SizeOfVarint(uint64(m.DetailsOmitted))
+	}
+	if m.NodesOmitted != 0 {
+		n += 1 + protohelpers.SizeOfVarint(uint64(m.NodesOmitted))
+	}
+	if m.PendingOmitted != 0 {
+		n += 1 + protohelpers.SizeOfVarint(uint64(m.PendingOmitted))
 	}
 	n += len(m.unknownFields)
 	return n
@@ -10238,6 +10254,44 @@ func (m *ObjectStatus) UnmarshalVT(dAtA []byte) error {
 				b := dAtA[iNdEx]
 				iNdEx++
 				m.DetailsOmitted |= int32(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+		case 11:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field NodesOmitted", wireType)
+			}
+			m.NodesOmitted = 0
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				m.NodesOmitted |= int32(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+		case 12:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field PendingOmitted", wireType)
+			}
+			m.PendingOmitted = 0
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				m.PendingOmitted |= int32(b&0x7F) << shift
 				if b < 0x80 {
 					break
 				}
@@ -19191,6 +19245,44 @@ func (m *ObjectStatus) UnmarshalVTUnsafe(dAtA []byte) error {
 				b := dAtA[iNdEx]
 				iNdEx++
 				m.DetailsOmitted |= int32(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+		case 11:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field NodesOmitted", wireType)
+			}
+			m.NodesOmitted = 0
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				m.NodesOmitted |= int32(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+		case 12:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field PendingOmitted", wireType)
+			}
+			m.PendingOmitted = 0
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				m.PendingOmitted |= int32(b&0x7F) << shift
 				if b < 0x80 {
 					break
 				}
