@@ -714,10 +714,13 @@ type benchConn struct {
 	queue []*nimbusv1.StatusReport
 	// queued counts the reports queued, done those sent or dropped by a failed stream.
 	queued, done atomic.Int64
+	// sent counts the reports sent.
+	sent atomic.Int64
 	// wake tells the reporter that the queue has reports.
 	wake chan struct{}
-	// rep is the connection's reporter, made before any client runs.
-	rep *benchReporter
+	// repMu guards rep, the connection's reporter, made before any client runs.
+	repMu sync.Mutex
+	rep   *benchReporter
 }
 
 // benchReporter is one ReportStatus stream and the goroutine that sends what the
@@ -726,8 +729,8 @@ type benchReporter struct {
 	// stop asks the goroutine to send what is queued, close the stream and wait for
 	// nimbus's answer; done is closed once it has.
 	stop, done chan struct{}
-	// sent counts the reports sent.
-	sent atomic.Int64
+	// failed is set once the stream failed: the goroutine has ended.
+	failed atomic.Bool
 	// err is written by the goroutine and read once done is closed.
 	err error
 }
@@ -827,7 +830,11 @@ func newBenchFleet(b *testing.B, parent context.Context, rc *replicaCluster, siz
 				}
 				return s == connectivity.Ready
 			}, func() string { return c.conn.GetState().String() })
-			c.rep = c.newReporter(b, ctx)
+			rep, err := c.openReporter(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			c.rep = rep
 		}
 	}
 	failing := layout.failingNodes()
@@ -854,11 +861,13 @@ func (f *benchFleet) stop() {
 	f.wg.Wait()
 	for _, conns := range f.conns {
 		for _, c := range conns {
+			c.repMu.Lock()
 			if c.rep != nil {
 				close(c.rep.stop)
 				<-c.rep.done
 				c.rep = nil
 			}
+			c.repMu.Unlock()
 			c.conn.Close()
 		}
 	}
@@ -893,9 +902,7 @@ func (f *benchFleet) sent() int64 {
 	var n int64
 	for _, conns := range f.conns {
 		for _, c := range conns {
-			if c.rep != nil {
-				n += c.rep.sent.Load()
-			}
+			n += c.sent.Load()
 		}
 	}
 	return n
@@ -1163,9 +1170,9 @@ func (f *benchFleet) complete(c *benchClient) bool {
 // a new reporter, told every object the client holds.
 func (f *benchFleet) reportStatus(c *benchClient) {
 	bc := c.bc
-	if c.rep == nil || c.repStream != bc.rep {
+	if rs := bc.reporter(f.ctx); c.rep == nil || c.repStream != rs {
 		c.rep = watermark.NewReporter(c.node, watermark.Options{})
-		c.repStream = bc.rep
+		c.repStream = rs
 		c.reporters.Add(1)
 		for i, o := range c.objs {
 			if o.gen != 0 {
@@ -1324,22 +1331,22 @@ func (f *benchFleet) lastReported(b *testing.B, round int) time.Time {
 	return time.Unix(0, last)
 }
 
-// newReporter opens a status stream on the connection, checks that nimbus takes
+// openReporter opens a status stream on the connection, checks that nimbus takes
 // watermarks on it, as the agent does from its headers, and starts sending its queue on
-// it. A stream that fails drops what is queued.
-func (bc *benchConn) newReporter(b *testing.B, ctx context.Context) *benchReporter {
-	b.Helper()
+// it. A stream that fails drops the reports it took and stops taking more, until
+// reporter replaces it.
+func (bc *benchConn) openReporter(ctx context.Context) (*benchReporter, error) {
 	r := &benchReporter{stop: make(chan struct{}), done: make(chan struct{})}
 	stream, err := bc.api.ReportStatus(ctx)
 	if err != nil {
-		b.Fatalf("opening a status stream: %v", err)
+		return nil, fmt.Errorf("opening a status stream: %w", err)
 	}
 	md, err := stream.Header()
 	if err != nil {
-		b.Fatalf("opening a status stream: %v", err)
+		return nil, fmt.Errorf("opening a status stream: %w", err)
 	}
 	if !slices.Contains(md.Get(nimbusv1.StatusWatermarkHeader), "1") {
-		b.Fatalf("nimbus does not take status watermarks: headers %v", md)
+		return nil, fmt.Errorf("opening a status stream: nimbus does not take status watermarks: headers %v", md)
 	}
 	go func() {
 		defer close(r.done)
@@ -1361,14 +1368,32 @@ func (bc *benchConn) newReporter(b *testing.B, ctx context.Context) *benchReport
 			for _, rep := range batch {
 				if r.err == nil {
 					if r.err = stream.Send(rep); r.err == nil {
-						r.sent.Add(1)
+						bc.sent.Add(1)
 					}
 				}
 				bc.done.Add(1)
 			}
+			if r.err != nil {
+				r.failed.Store(true)
+				return
+			}
 		}
 	}()
-	return r
+	return r, nil
+}
+
+// reporter returns the connection's reporter, replacing it first with a new stream
+// when it failed, as an agent opens a new status stream; the failed one's if no new one
+// opens.
+func (bc *benchConn) reporter(ctx context.Context) *benchReporter {
+	bc.repMu.Lock()
+	defer bc.repMu.Unlock()
+	if bc.rep.failed.Load() && ctx.Err() == nil {
+		if r, err := bc.openReporter(ctx); err == nil {
+			bc.rep = r
+		}
+	}
+	return bc.rep
 }
 
 // take empties the queue and returns what it held.
