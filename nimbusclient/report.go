@@ -137,19 +137,21 @@ func (c *Client) sendStatus(stream statusSender, id nimbusv1.Key) error {
 }
 
 // reportWatermarks reports the node's watermark and, on their own, the statuses nimbus
-// cannot derive from it: the exceptions (watermark.Tracker) and the statuses that carry
-// operational data. Each change of one of those goes up, and so does each change of a
-// status nimbus holds from the stream, until one that is done (PROGRAMMED at the object's
-// generation) tells nimbus it may derive it again; an exception without a status goes up
-// as a status without a phase. Then the watermark, when it moved. All of it goes up again
+// cannot derive from it, as a watermark.Reporter works them out. All of it goes up again
 // when this node's Node object comes or changes.
 func (c *Client) reportWatermarks(ctx context.Context, stream statusSender, sub *delphi.Subscription) error {
-	tr := watermark.New(watermark.Options{ExceptionAfter: c.opts.StatusExceptionAfter, MaxExceptions: c.opts.StatusMaxExceptions})
-	// held are the keys whose status nimbus holds from this stream, as one it cannot derive.
-	held := map[nimbusv1.Key]struct{}{}
-	var sentEpoch string
-	var sentRev uint64
-	sentOnce := false
+	rep := watermark.NewReporter(c.opts.Node, watermark.Options{ExceptionAfter: c.opts.StatusExceptionAfter, MaxExceptions: c.opts.StatusMaxExceptions})
+	tr := rep.Tracker()
+	src := storeSource{c.store}
+	send := func(r *nimbusv1.StatusReport) error {
+		if err := stream.Send(r); err != nil {
+			return err
+		}
+		if r.GetWatermark() == nil {
+			c.metrics.statusReports.Inc()
+		}
+		return nil
+	}
 	for {
 		wait := ctx
 		var cancel context.CancelFunc = func() {}
@@ -162,63 +164,16 @@ func (c *Client) reportWatermarks(ctx context.Context, stream statusSender, sub 
 			return fmt.Errorf("waiting for status changes: %w", err)
 		}
 		epoch, rev := sub.Resume()
-		for _, id := range ids {
-			key := id.Proto()
-			obj, ok := c.store.Get(key)
-			if !ok {
-				obj = nil
-			}
-			st, _ := c.store.Status(key)
-			tr.Set(id, obj, st)
-		}
-		tr.SetPosition(epoch, rev)
-		epoch, w := tr.Watermark()
 		all := c.selfChanged(ids)
+		var again []nimbusv1.Key
 		if all {
 			for _, e := range c.store.Statuses() {
-				ids = append(ids, e.Key)
+				again = append(again, e.Key)
 			}
 		}
-		ids = append(ids, tr.Changed()...)
-		slices.SortFunc(ids, nimbusv1.Key.Compare)
-		for _, id := range slices.Compact(ids) {
-			key := id.Proto()
-			st, ok := c.store.Status(key)
-			obj, present := c.store.Get(key)
-			_, wasHeld := held[id]
-			own := tr.IsException(id) || (ok && hasOperational(st))
-			if !own && !wasHeld {
-				continue
-			}
-			switch {
-			case !present:
-				// nimbus drops the statuses of an object gone from the node.
-				delete(held, id)
-				continue
-			case !ok:
-				// No status, and the watermark must not speak for the object: a status
-				// without a phase, which counts as nothing reported.
-				held[id] = struct{}{}
-				if err := c.sendNoStatus(stream, id); err != nil {
-					return err
-				}
-				continue
-			case own || !isDone(st, obj):
-				// nimbus holds what is sent until a status that is done clears it.
-				held[id] = struct{}{}
-			default:
-				delete(held, id) // its status says it is done: nimbus holds it no longer
-			}
-			if err := c.sendStatus(stream, id); err != nil {
-				return err
-			}
-		}
-		if all || !sentOnce || epoch != sentEpoch || w != sentRev {
-			wm := &nimbusv1.StatusWatermark{Node: c.opts.Node, Epoch: epoch, Revision: w}
-			if err := stream.Send(&nimbusv1.StatusReport{Watermark: wm}); err != nil {
-				return fmt.Errorf("sending status watermark %s/%d: %w", epoch, w, err)
-			}
-			sentEpoch, sentRev, sentOnce = epoch, w, true
+		w, err := rep.Report(src, epoch, rev, ids, all, again, send)
+		if err != nil {
+			return err
 		}
 		c.metrics.statusWatermark.Set(float64(w))
 		c.metrics.statusExceptions.Set(float64(tr.Exceptions()))
@@ -226,24 +181,17 @@ func (c *Client) reportWatermarks(ctx context.Context, stream statusSender, sub 
 	}
 }
 
-// sendNoStatus sends a status of the object with the key that has no phase: the node has
-// no status of it to tell, and nimbus is not to derive one.
-func (c *Client) sendNoStatus(stream statusSender, id nimbusv1.Key) error {
-	st := &nimbusv1.NodeStatus{Node: c.opts.Node}
-	if err := stream.Send(&nimbusv1.StatusReport{Key: id.Proto(), Status: st}); err != nil {
-		return fmt.Errorf("sending status of %s: %w", id, err)
-	}
-	c.metrics.statusReports.Inc()
-	return nil
+// storeSource is a node's store as a watermark.Reporter reads it.
+type storeSource struct{ store Store }
+
+// Object returns the object with the key the store holds, or nil.
+func (s storeSource) Object(key nimbusv1.Key) *nimbusv1.Object {
+	obj, _ := s.store.Get(key.Proto())
+	return obj
 }
 
-// isDone tells whether the status is PROGRAMMED at the object's generation.
-func isDone(st *nimbusv1.NodeStatus, obj *nimbusv1.Object) bool {
-	return st.GetPhase() == nimbusv1.Phase_PHASE_PROGRAMMED && st.GetObservedGeneration() == obj.GetMeta().GetGeneration()
-}
-
-// hasOperational tells whether the status carries operational data, which nimbus cannot
-// derive from a watermark.
-func hasOperational(st *nimbusv1.NodeStatus) bool {
-	return st.GetOperationalData() != nil || len(st.GetOperational()) > 0
+// Status returns the status of the object with the key the store holds, or nil.
+func (s storeSource) Status(key nimbusv1.Key) *nimbusv1.NodeStatus {
+	st, _ := s.store.Status(key.Proto())
+	return st
 }

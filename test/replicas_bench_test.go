@@ -3,7 +3,10 @@ package test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"maps"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -22,7 +25,9 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/naplesnet/naples/controller"
 	"github.com/naplesnet/naples/internal/testetcd"
+	"github.com/naplesnet/naples/internal/watermark"
 	"github.com/naplesnet/naples/nimbusclient"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -41,51 +46,68 @@ import (
 // The layout, with the defaults: 10,000 agents (nodes n00000..n09999) and 10,000 Route
 // objects r00000..r09999. The first 100 are for every node (meta.nodes empty); each of
 // the others names one node, round robin, so every node receives 100 or 101 objects:
-// about a million events per snapshot, and as many statuses. Every object for every node
-// would be 100 million events and statuses, and statuses take about 360 bytes each in
-// every replica (docs/replicas.md): 36 GB per replica, which no 2-core test machine
-// holds.
+// about a million events per snapshot. The layout of the goals of status watermarks is
+// every object for every node, 100 million events and implied statuses:
 //
-// The clients are raw nimbus.v1 Watch streams, spread evenly over the replicas and
-// multiplexed over a few gRPC connections per replica (32 by default; see
+//	NAPLES_BENCH_GLOBAL=10000 go test -run '^$' -bench Replicas -benchtime 1x -timeout 120m ./test/
+//
+// The clients are simulated agents: raw nimbus.v1 Watch streams, spread evenly over the
+// replicas and multiplexed over a few gRPC connections per replica (32 by default; see
 // benchConnsDefault for why). Each decodes every frame with the agent's codec, keeps its
-// epoch and last revision, and reports PROGRAMMED for every object it receives on one
-// ReportStatus stream per connection, all the clients of that connection together.
-// When a stream fails, the client watches another replica with its epoch and revision,
-// as an agent does, and reports every status it holds there again.
+// epoch and last revision, and holds the generation of each object it received and the
+// revision that made it (16 bytes an object). It reconciles each frame's objects in a
+// shuffled order: most at once, some 10 or 30 ms later, and 1% after 1.5 times
+// watermark.DefaultExceptionAfter, so that they are exceptions first; and the nodes of
+// layout.failingNodes, 10 of them, fail benchFailObject, one for every node, with a
+// terminal FAILED and a message. It reports as the agent does, with the agent's
+// watermark.Reporter and Tracker, on one ReportStatus stream per connection, all the
+// clients of that connection together, after checking nimbus's headers say it takes
+// watermarks. When a stream fails, the client watches another replica with its epoch
+// and revision, as an agent does, and reports on that replica's status stream with a
+// new Reporter, everything again.
 //
 // It measures, per store:
 //   - apply-s: ApplyBatch of every object, 128 per call (nimbus's default transaction
 //     size on etcd);
 //   - snapshot-s: from the first Watch until the last client is SYNCED;
-//   - status-settled-s and status-reports/s: until every report is recorded by the
-//     replica it was sent to and by every peer of it; store-writes-from-status/s is
+//   - status-settled-s, from the first Watch, and status-settled-after-reports-s, from
+//     when no client has an object in flight and every report is sent, until every
+//     replica shows the right counts (generation, target, PROGRAMMED and FAILED nodes)
+//     of a sample of objects (layout.sample) and of the failing one; status-reports/s
+//     counts the reports sent, watermarks included; store-writes-from-status/s is
 //     etcd's revision delta over that time (nimbus's own revision with the embedded
 //     store), by design 0;
+//   - failing-named-by-get and failing-named-by-wait: the FAILED nodes of the failing
+//     object every replica's Get names, and the controller's Wait when it fails; the
+//     benchmark fails unless both name exactly the failing nodes with their messages;
 //   - update-p50-ms and update-p99-ms: one object for every node updated several times,
 //     from the Apply until each client has the change, over every (client, update);
 //     update-all-p50-ms is the median over updates of the time until the last client has
-//     it, and update-programmed-p50-ms until every replica shows it PROGRAMMED on every
-//     node (asked every 25 ms; the next update waits for that);
+//     it; update-programmed-p50-ms and -p99-ms until each replica shows it PROGRAMMED on
+//     every node (asked every 10 ms; the next update waits for that), over every
+//     (update, replica); update-last-report-p50-ms and -p99-ms until the last client
+//     queued the report that tells it, and update-over-report-p50-ms and -p99-ms the
+//     time from that report until each replica showed it;
 //   - rss-MiB/replica and heap-MiB/replica: VmRSS and go_memstats_heap_inuse_bytes of
 //     each nimbus once the statuses settled (mean over replicas; the maximum too);
 //   - etcd-db-MiB: etcd's database size (maintenance Status DbSize, largest member);
 //   - with replicas, one replica (not the publishers') is killed with SIGKILL:
 //     failover-s until every one of its clients watches another replica again (the
 //     log shows the distribution), failover-resumed and failover-snapshots counting how
-//     they started, and after-failover-update-p99-ms, an update that every client must
-//     then receive;
+//     they started, failover-counts-s until they reported again and every replica left
+//     shows the right counts, and after-failover-update-p99-ms, an update that every
+//     client must then receive;
 //   - nimbus-cpu-s, etcd-cpu-s and clients-cpu-s: CPU time of every nimbus, of every
 //     etcd member and of the benchmark process from the first Watch until the statuses
 //     settled.
 //
-// It fails when a client misses the snapshot, an update or the failover, when a replica
-// does not show every node PROGRAMMED, or when the reports do not match the events.
-// After both stores, it prints the figures side by side with their ratio.
+// It fails when a client misses the snapshot, an update or the failover, or when a
+// replica does not show the right counts. After both stores, it prints the figures side
+// by side with their ratio.
 //
-// The size can be set with the environment for a quick run: NAPLES_BENCH_AGENTS,
-// NAPLES_BENCH_OBJECTS, NAPLES_BENCH_GLOBAL (objects for every node),
-// NAPLES_BENCH_CONNS (connections per replica) and NAPLES_BENCH_UPDATES.
+// The size can be set with the environment: NAPLES_BENCH_AGENTS, NAPLES_BENCH_OBJECTS,
+// NAPLES_BENCH_GLOBAL (objects for every node), NAPLES_BENCH_CONNS (connections per
+// replica) and NAPLES_BENCH_UPDATES.
 func BenchmarkReplicas(b *testing.B) {
 	size := replicaBenchSizeFromEnv(b)
 	var results []*replicaBenchResult
@@ -178,6 +200,13 @@ const benchLongWait = 5 * time.Minute
 // --etcd-max-txn-ops, so that every call is one etcd transaction.
 const benchApplyBatch = 128
 
+// benchFailObject is the index of the object, one for every node, that benchFailNodes
+// nodes fail (FAILED, terminal, with a message), and benchFailNodes how many.
+const (
+	benchFailObject = 1
+	benchFailNodes  = 10
+)
+
 // benchUpdateObject is the index of the object the update rounds change, one for every
 // node.
 const benchUpdateObject = 0
@@ -199,9 +228,22 @@ type replicaBenchResult struct {
 	// p50 and p99 are over every (client, update); allP50 is the median over updates of
 	// the time until the last client had it.
 	p50, p99, allP50 time.Duration
-	// programmedP50 is the median over updates of the time until every replica showed
-	// the change PROGRAMMED on every node.
-	programmedP50 time.Duration
+	// settledAfterReports is from when every client had completed its objects and every
+	// report was sent until every replica showed the right counts.
+	settledAfterReports time.Duration
+	// programmedP50 and programmedP99 are over every (update, replica) of the time until
+	// the replica showed the change PROGRAMMED on every node; lastReport over updates of
+	// the time until the last client queued the report that tells it, and overReport
+	// over every (update, replica) of the time from that report until the replica
+	// showed it.
+	programmedP50, programmedP99 time.Duration
+	lastReportP50, lastReportP99 time.Duration
+	overReportP50, overReportP99 time.Duration
+	// failNamedGet is how many FAILED nodes of the failing object every replica's Get
+	// named (the fewest), failNamedWait how many the controller's Wait did, and
+	// failWait how long the Wait took to fail.
+	failNamedGet, failNamedWait int
+	failWait                    time.Duration
 	// rss and heap are per replica, in bytes.
 	rss, heap []float64
 	// cpu is the CPU time each nimbus used from the first Watch until the statuses
@@ -217,6 +259,9 @@ type replicaBenchResult struct {
 	failover, failoverP50   time.Duration
 	moved, resumed, resyncs int
 	afterFailoverP99        time.Duration
+	// failoverCounts is from the kill until the moved clients reported again and every
+	// replica left showed the right counts.
+	failoverCounts time.Duration
 }
 
 // report reports the figures with b.ReportMetric.
@@ -233,6 +278,14 @@ func (r *replicaBenchResult) report(b *testing.B) {
 	b.ReportMetric(msOf(r.p99), "update-p99-ms")
 	b.ReportMetric(msOf(r.allP50), "update-all-p50-ms")
 	b.ReportMetric(msOf(r.programmedP50), "update-programmed-p50-ms")
+	b.ReportMetric(msOf(r.programmedP99), "update-programmed-p99-ms")
+	b.ReportMetric(msOf(r.lastReportP50), "update-last-report-p50-ms")
+	b.ReportMetric(msOf(r.lastReportP99), "update-last-report-p99-ms")
+	b.ReportMetric(msOf(r.overReportP50), "update-over-report-p50-ms")
+	b.ReportMetric(msOf(r.overReportP99), "update-over-report-p99-ms")
+	b.ReportMetric(r.settledAfterReports.Seconds(), "status-settled-after-reports-s")
+	b.ReportMetric(float64(r.failNamedGet), "failing-named-by-get")
+	b.ReportMetric(float64(r.failNamedWait), "failing-named-by-wait")
 	b.ReportMetric(mean(r.rss)/(1<<20), "rss-MiB/replica")
 	b.ReportMetric(slices.Max(r.rss)/(1<<20), "rss-max-MiB")
 	b.ReportMetric(mean(r.heap)/(1<<20), "heap-MiB/replica")
@@ -255,6 +308,7 @@ func (r *replicaBenchResult) report(b *testing.B) {
 		b.ReportMetric(float64(r.resumed), "failover-resumed")
 		b.ReportMetric(float64(r.resyncs), "failover-snapshots")
 		b.ReportMetric(msOf(r.afterFailoverP99), "after-failover-update-p99-ms")
+		b.ReportMetric(r.failoverCounts.Seconds(), "failover-counts-s")
 	}
 }
 
@@ -304,12 +358,21 @@ func replicaBenchTable(rs []*replicaBenchResult) string {
 	row("apply all objects", "s", all, func(r *replicaBenchResult) float64 { return sec(r.apply) })
 	row("snapshot to all", "s", all, func(r *replicaBenchResult) float64 { return sec(r.snapshot) })
 	row("statuses settled", "s", all, func(r *replicaBenchResult) float64 { return sec(r.settled) })
+	row("statuses settled after the reports", "s", all, func(r *replicaBenchResult) float64 { return sec(r.settledAfterReports) })
 	row("status reports", "", all, func(r *replicaBenchResult) float64 { return float64(r.reports) })
 	row("store writes from status", "", all, func(r *replicaBenchResult) float64 { return float64(r.storeWrites) })
 	row("update p50", "ms", all, func(r *replicaBenchResult) float64 { return msOf(r.p50) })
 	row("update p99", "ms", all, func(r *replicaBenchResult) float64 { return msOf(r.p99) })
 	row("update to all, p50", "ms", all, func(r *replicaBenchResult) float64 { return msOf(r.allP50) })
 	row("update PROGRAMMED everywhere, p50", "ms", all, func(r *replicaBenchResult) float64 { return msOf(r.programmedP50) })
+	row("update PROGRAMMED everywhere, p99", "ms", all, func(r *replicaBenchResult) float64 { return msOf(r.programmedP99) })
+	row("update last agent's report, p50", "ms", all, func(r *replicaBenchResult) float64 { return msOf(r.lastReportP50) })
+	row("update last agent's report, p99", "ms", all, func(r *replicaBenchResult) float64 { return msOf(r.lastReportP99) })
+	row("update shown after last report, p50", "ms", all, func(r *replicaBenchResult) float64 { return msOf(r.overReportP50) })
+	row("update shown after last report, p99", "ms", all, func(r *replicaBenchResult) float64 { return msOf(r.overReportP99) })
+	row("failing nodes named by Get", "", all, func(r *replicaBenchResult) float64 { return float64(r.failNamedGet) })
+	row("failing nodes named by Wait", "", all, func(r *replicaBenchResult) float64 { return float64(r.failNamedWait) })
+	row("failing object's Wait", "ms", all, func(r *replicaBenchResult) float64 { return msOf(r.failWait) })
 	row("RSS per replica", "MiB", all, func(r *replicaBenchResult) float64 { return mean(r.rss) / (1 << 20) })
 	row("heap per replica", "MiB", all, func(r *replicaBenchResult) float64 { return mean(r.heap) / (1 << 20) })
 	row("nimbus CPU, all replicas", "s", all, func(r *replicaBenchResult) float64 {
@@ -326,6 +389,7 @@ func replicaBenchTable(rs []*replicaBenchResult) string {
 	row("failover, p50", "s", withReplicas, func(r *replicaBenchResult) float64 { return sec(r.failoverP50) })
 	row("failover resumed", "", withReplicas, func(r *replicaBenchResult) float64 { return float64(r.resumed) })
 	row("failover snapshots", "", withReplicas, func(r *replicaBenchResult) float64 { return float64(r.resyncs) })
+	row("failover, counts right again", "s", withReplicas, func(r *replicaBenchResult) float64 { return sec(r.failoverCounts) })
 	row("update after failover p99", "ms", withReplicas, func(r *replicaBenchResult) float64 { return msOf(r.afterFailoverP99) })
 	w.Flush()
 	return buf.String()
@@ -363,6 +427,11 @@ func runReplicaBench(b *testing.B, size replicaBenchSize, store string, replicas
 		apis[i] = nimbusv1.NewNimbusClient(conn)
 	}
 	layout := newBenchLayout(size)
+	// gens holds the generation every object has, by index.
+	gens := make([]int64, size.objects)
+	for i := range gens {
+		gens[i] = 1
+	}
 	start := time.Now()
 	for i := 0; i < size.objects; i += benchApplyBatch {
 		var objs []*nimbusv1.Object
@@ -387,54 +456,38 @@ func runReplicaBench(b *testing.B, size replicaBenchSize, store string, replicas
 		}
 		return int64(rc.metrics(b, 0)["naples_nimbus_revision"])
 	}
-	peersBefore := make([]float64, replicas)
-	for i := range peersBefore {
-		peersBefore[i] = rc.metrics(b, i)[`naples_nimbus_peer_reports_total{direction="received"}`]
-	}
 	rev0 := storeRev()
 	cpu0 := benchCPU(b, rc)
 	start = time.Now()
 	f.startAll()
-	benchWait(b, "every client to be SYNCED", func() bool { return f.synced.Load() == int64(size.agents) },
+	benchWaitUpTo(b, "every client to be SYNCED", benchSnapshotWait(size), 10*time.Millisecond,
+		func() bool { return f.synced.Load() == int64(size.agents) },
 		func() string { return fmt.Sprintf("%d of %d", f.synced.Load(), size.agents) })
 	res.snapshot = time.Duration(f.lastSynced.Load() - start.UnixNano())
 	res.events = f.events.Load()
 
-	// Every snapshot report is queued on its connection's stream before its client counts
-	// as SYNCED. Closing those streams returns once the replica has recorded all of them;
-	// the replicas have then pushed them to their peers, which count them on receipt.
-	sentTo := f.flushReports(b)
-	for i := range replicas {
-		var want int64
-		for j, n := range sentTo {
-			if j != i {
-				want += n
-			}
-			if i == 0 {
-				res.reports += n
-			}
-		}
-		benchWait(b, fmt.Sprintf("replica %s to receive %d reports from its peers", rc.replicas[i].name, want), func() bool {
-			got := rc.metrics(b, i)[`naples_nimbus_peer_reports_total{direction="received"}`] - peersBefore[i]
-			return int64(got) >= want
-		}, func() string {
-			return fmt.Sprintf("received %.0f", rc.metrics(b, i)[`naples_nimbus_peer_reports_total{direction="received"}`]-peersBefore[i])
-		})
+	// Every client reports its snapshot's objects as it completes them; once none has one
+	// in flight and every report is sent, every replica must show the right counts.
+	benchWait(b, "every client to complete its objects and every report to be sent", func() bool {
+		return f.unsettled.Load() == 0 && f.drained(-1)
+	}, func() string { return fmt.Sprintf("%d clients with objects in flight", f.unsettled.Load()) })
+	reported := time.Now()
+	every := make([]int, replicas)
+	for i := range every {
+		every[i] = i
 	}
+	benchWantCounts(b, ctx, apis, rc, every, layout, gens)
 	res.settled = time.Since(start)
+	res.settledAfterReports = time.Since(reported)
+	res.reports = f.sent()
 	res.storeWrites = storeRev() - rev0
 	cpu1 := benchCPU(b, rc)
 	for i := range replicas {
 		res.cpu = append(res.cpu, cpu1.nimbus[i]-cpu0.nimbus[i])
 	}
 	res.etcdCPU, res.selfCPU = cpu1.etcd-cpu0.etcd, cpu1.self-cpu0.self
-	if res.rewatches = f.rewatches.Load(); res.rewatches == 0 && res.reports != res.events {
-		b.Errorf("the clients reported %d statuses for the %d objects they received", res.reports, res.events)
-	}
-	// Every replica holds every status: the object for every node is PROGRAMMED on
-	// every node on each of them.
-	for i := range replicas {
-		benchWantProgrammed(b, ctx, apis[i], rc.replicas[i].name, layout.key(benchUpdateObject), 1, size.agents)
+	if n := f.unexpected.Load(); n > 0 {
+		b.Errorf("the clients received %d events they could not make sense of", n)
 	}
 	for i := range replicas {
 		res.rss = append(res.rss, float64(benchRSS(b, rc.replicas[i].proc.cmd.Process.Pid)))
@@ -443,24 +496,30 @@ func runReplicaBench(b *testing.B, size replicaBenchSize, store string, replicas
 	if etcdCli != nil {
 		res.etcdDB, res.etcdDBInUse = benchEtcdDBSize(b, ctx, etcd, etcdCli)
 	}
+	benchCheckFailing(b, ctx, apis, rc, layout, res)
 
 	// The updates: the object for every node changed, one change at a time. Each one
-	// waits until every replica shows the last one PROGRAMMED on every node, so that
-	// the statuses of one update do not delay the next.
-	f.openReports(b)
-	var lat, all, programmed []time.Duration
+	// waits until every replica shows it PROGRAMMED on every node, so that the statuses
+	// of one update do not delay the next.
+	var lat, all, programmed, lastReport, overReport []time.Duration
 	for round := range size.updates {
 		l, sent := f.update(b, ctx, apis[0], round)
 		all = append(all, slices.Max(l))
 		lat = append(lat, l...)
-		for i := range replicas {
-			benchWantProgrammed(b, ctx, apis[i], rc.replicas[i].name, layout.key(benchUpdateObject), int64(round)+2, size.agents)
+		gens[benchUpdateObject] = int64(round) + 2
+		shown := benchWantProgrammedAll(b, ctx, apis, rc, layout.key(benchUpdateObject), int64(round)+2, size.agents)
+		last := f.lastReported(b, round)
+		lastReport = append(lastReport, last.Sub(sent))
+		for _, at := range shown {
+			programmed = append(programmed, at.Sub(sent))
+			overReport = append(overReport, at.Sub(last))
 		}
-		programmed = append(programmed, time.Since(sent))
 	}
 	res.p50, res.p99 = benchPercentile(lat, 0.50), benchPercentile(lat, 0.99)
 	res.allP50 = benchPercentile(all, 0.50)
-	res.programmedP50 = benchPercentile(programmed, 0.50)
+	res.programmedP50, res.programmedP99 = benchPercentile(programmed, 0.50), benchPercentile(programmed, 0.99)
+	res.lastReportP50, res.lastReportP99 = benchPercentile(lastReport, 0.50), benchPercentile(lastReport, 0.99)
+	res.overReportP50, res.overReportP99 = benchPercentile(overReport, 0.50), benchPercentile(overReport, 0.99)
 	res.rewatches = f.rewatches.Load()
 
 	if replicas > 1 {
@@ -468,8 +527,10 @@ func runReplicaBench(b *testing.B, size replicaBenchSize, store string, replicas
 		const victim = 1
 		moved := f.clientsOn(victim)
 		before := make([]int32, len(moved))
+		reporters := make([]int32, len(moved))
 		for k, c := range moved {
 			before[k] = c.starts.Load()
+			reporters[k] = c.reporters.Load()
 		}
 		killed := time.Now()
 		rc.kill(b, victim)
@@ -506,6 +567,24 @@ func runReplicaBench(b *testing.B, size replicaBenchSize, store string, replicas
 		b.Logf("%s: %d clients of the killed replica watched another one after p10 %v, p50 %v, p90 %v, p99 %v, max %v",
 			store, len(moved), benchPercentile(took, 0.10), res.failoverP50, benchPercentile(took, 0.90),
 			benchPercentile(took, 0.99), res.failover)
+		// The moved clients report everything again on their new replica's status
+		// stream; then the counts must be right again on every replica left.
+		benchWait(b, "the moved clients to report on their new replica", func() bool {
+			for k, c := range moved {
+				if c.reporters.Load() == reporters[k] {
+					return false
+				}
+			}
+			return f.unsettled.Load() == 0 && f.drained(victim)
+		}, func() string { return fmt.Sprintf("%d clients with objects in flight", f.unsettled.Load()) })
+		var left []int
+		for i := range replicas {
+			if i != victim {
+				left = append(left, i)
+			}
+		}
+		benchWantCounts(b, ctx, apis, rc, left, layout, gens)
+		res.failoverCounts = time.Since(killed)
 		// Every client, moved or not, receives the next change.
 		l, _ := f.update(b, ctx, apis[0], size.updates)
 		res.afterFailoverP99 = benchPercentile(l, 0.99)
@@ -535,6 +614,7 @@ type benchLayout struct {
 	size  replicaBenchSize
 	names []string // object names by index
 	keys  []*nimbusv1.ObjectKey
+	ids   []nimbusv1.Key
 	dsts  []string
 	nodes []string // node names by client index
 }
@@ -545,6 +625,7 @@ func newBenchLayout(size replicaBenchSize) *benchLayout {
 		name := fmt.Sprintf("r%05d", i)
 		l.names = append(l.names, name)
 		l.keys = append(l.keys, &nimbusv1.ObjectKey{Kind: nimbusv1.Kind_KIND_ROUTE, Tenant: "default", Namespace: "default", Name: name})
+		l.ids = append(l.ids, l.keys[i].Key())
 	}
 	for i := range size.agents {
 		l.nodes = append(l.nodes, fmt.Sprintf("n%05d", i))
@@ -565,6 +646,20 @@ func (l *benchLayout) object(i, round int) *nimbusv1.Object {
 	}}}
 }
 
+// failingNodes returns the indexes of the nodes that fail benchFailObject: benchFailNodes
+// of them, spread over the nodes; none when benchFailObject is not for every node.
+func (l *benchLayout) failingNodes() []int {
+	if l.size.global <= benchFailObject {
+		return nil
+	}
+	n := min(benchFailNodes, l.size.agents)
+	out := make([]int, n)
+	for k := range out {
+		out[k] = k * l.size.agents / n
+	}
+	return out
+}
+
 // key returns the key of object i.
 func (l *benchLayout) key(i int) *nimbusv1.ObjectKey { return l.keys[i] }
 
@@ -577,7 +672,7 @@ func (l *benchLayout) index(name string) int {
 	return n
 }
 
-// benchFleet is the light clients, their connections and what they saw.
+// benchFleet is the simulated agents, their connections and what they saw.
 type benchFleet struct {
 	ctx     context.Context
 	cancel  context.CancelFunc
@@ -590,17 +685,21 @@ type benchFleet struct {
 	// of them was, in Unix nanoseconds.
 	synced     atomic.Int64
 	lastSynced atomic.Int64
-	// events counts the PUT events of the clients' first snapshots.
+	// events counts the PUT events of the clients' first complete snapshots.
 	events atomic.Int64
 	// rewatches counts watch streams that ended while the fleet ran.
 	rewatches atomic.Int64
 	// unexpected counts events the clients could not make sense of.
 	unexpected atomic.Int64
+	// unsettled counts the clients that have objects in flight.
+	unsettled atomic.Int64
 
 	// received is when each client got each update round, in Unix nanoseconds, by round
-	// then client; updateCount counts the clients that got each round.
+	// then client; updateCount counts the clients that got each round. reported is when
+	// each client queued the report that tells the round's change is done.
 	received    [][]atomic.Int64
 	updateCount []atomic.Int64
+	reported    [][]atomic.Int64
 }
 
 // benchConn is one gRPC connection to a replica, the streams of the clients it carries
@@ -614,10 +713,15 @@ type benchConn struct {
 	// mu guards queue.
 	mu    sync.Mutex
 	queue []*nimbusv1.StatusReport
+	// queued counts the reports queued, done those sent or dropped by a failed stream.
+	queued, done atomic.Int64
+	// sent counts the reports sent.
+	sent atomic.Int64
 	// wake tells the reporter that the queue has reports.
 	wake chan struct{}
-	// rep is the current reporter; only the benchmark's goroutine changes it.
-	rep *benchReporter
+	// repMu guards rep, the connection's reporter, made before any client runs.
+	repMu sync.Mutex
+	rep   *benchReporter
 }
 
 // benchReporter is one ReportStatus stream and the goroutine that sends what the
@@ -626,16 +730,33 @@ type benchReporter struct {
 	// stop asks the goroutine to send what is queued, close the stream and wait for
 	// nimbus's answer; done is closed once it has.
 	stop, done chan struct{}
-	// sent and err are written by the goroutine and read once done is closed.
-	sent int64
-	err  error
+	// failed is set once the stream failed: the goroutine has ended.
+	failed atomic.Bool
+	// err is written by the goroutine and read once done is closed.
+	err error
 }
 
-// benchClient is one light client: the watch of one node.
+// benchObj is what a simulated agent holds of one object: its generation, 0 when it
+// does not hold it, and the revision that made that generation.
+type benchObj struct {
+	gen    int64
+	genRev uint64
+}
+
+// benchDue is a set of objects in flight that a simulated agent completes at a time.
+type benchDue struct {
+	at   time.Time
+	objs []int32
+}
+
+// benchClient is one simulated agent: the watch of one node, what it holds and its
+// status reports.
 type benchClient struct {
 	idx  int
 	node string
 	home int // the replica it watches first
+	// fails tells whether the node fails benchFailObject.
+	fails bool
 	// replica is the replica of its current or last stream.
 	replica atomic.Int32
 	// starts counts its watch streams that started (RESUMED or SYNCED); startedAt is when
@@ -643,11 +764,25 @@ type benchClient struct {
 	starts      atomic.Int32
 	startedAt   atomic.Int64
 	lastResumed atomic.Bool
+	// reporters counts the status streams it reported on.
+	reporters atomic.Int32
 
-	// The watch's state, owned by the client's goroutine.
+	// The agent's state, owned by the client's goroutine.
 	epoch string
 	rev   uint64
-	held  map[int32]int64 // generation held, by object index
+	objs  []benchObj // by object index
+	// inFlight holds the objects not reconciled yet, which are PENDING; due says when
+	// each is.
+	inFlight  map[int32]struct{}
+	due       []benchDue
+	unsettled bool
+	// changed holds the keys changed since the last report.
+	changed []nimbusv1.Key
+	rng     *rand.Rand
+	// rep works out the reports of the status stream repStream, on connection bc.
+	rep       *watermark.Reporter
+	repStream *benchReporter
+	bc        *benchConn
 }
 
 // newBenchFleet dials the connections, with their status streams, and makes the
@@ -659,8 +794,10 @@ func newBenchFleet(b *testing.B, parent context.Context, rc *replicaCluster, siz
 	rounds := size.updates + 1
 	f.updateCount = make([]atomic.Int64, rounds)
 	f.received = make([][]atomic.Int64, rounds)
+	f.reported = make([][]atomic.Int64, rounds)
 	for i := range f.received {
 		f.received[i] = make([]atomic.Int64, size.agents)
+		f.reported[i] = make([]atomic.Int64, size.agents)
 	}
 	replicas := len(rc.replicas)
 	perConn := (size.agents + replicas*size.conns - 1) / (replicas * size.conns)
@@ -681,9 +818,7 @@ func newBenchFleet(b *testing.B, parent context.Context, rc *replicaCluster, siz
 				b.Fatal(err)
 			}
 			conn.Connect()
-			c := &benchConn{replica: i, conn: conn, api: nimbusv1.NewNimbusClient(conn), wake: make(chan struct{}, 1)}
-			c.rep = c.newReporter(ctx)
-			conns = append(conns, c)
+			conns = append(conns, &benchConn{replica: i, conn: conn, api: nimbusv1.NewNimbusClient(conn), wake: make(chan struct{}, 1)})
 		}
 		f.conns = append(f.conns, conns)
 	}
@@ -696,10 +831,20 @@ func newBenchFleet(b *testing.B, parent context.Context, rc *replicaCluster, siz
 				}
 				return s == connectivity.Ready
 			}, func() string { return c.conn.GetState().String() })
+			rep, err := c.openReporter(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			c.rep = rep
 		}
 	}
+	failing := layout.failingNodes()
 	for i := range size.agents {
-		f.clients = append(f.clients, &benchClient{idx: i, node: layout.nodes[i], home: i % replicas})
+		f.clients = append(f.clients, &benchClient{
+			idx: i, node: layout.nodes[i], home: i % replicas, fails: slices.Contains(failing, i),
+			objs: make([]benchObj, size.objects), inFlight: map[int32]struct{}{},
+			rng: rand.New(rand.NewPCG(uint64(i), 22)),
+		})
 	}
 	return f
 }
@@ -717,11 +862,13 @@ func (f *benchFleet) stop() {
 	f.wg.Wait()
 	for _, conns := range f.conns {
 		for _, c := range conns {
+			c.repMu.Lock()
 			if c.rep != nil {
 				close(c.rep.stop)
 				<-c.rep.done
 				c.rep = nil
 			}
+			c.repMu.Unlock()
 			c.conn.Close()
 		}
 	}
@@ -736,6 +883,30 @@ func (f *benchFleet) clientsOn(r int) []*benchClient {
 		}
 	}
 	return out
+}
+
+// drained tells whether every connection to a replica but skip has sent, or dropped,
+// every report queued on it.
+func (f *benchFleet) drained(skip int) bool {
+	for r, conns := range f.conns {
+		for _, c := range conns {
+			if r != skip && c.done.Load() != c.queued.Load() {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// sent returns how many reports the status streams sent.
+func (f *benchFleet) sent() int64 {
+	var n int64
+	for _, conns := range f.conns {
+		for _, c := range conns {
+			n += c.sent.Load()
+		}
+	}
+	return n
 }
 
 // run watches for client c until the fleet stops, moving to another replica whenever a
@@ -769,74 +940,128 @@ func (f *benchFleet) run(c *benchClient) {
 	}
 }
 
+// benchFrame is what a watch stream's receive returned.
+type benchFrame struct {
+	frame *nimbusv1.WatchFrame
+	err   error
+}
+
 // watch runs one watch stream of client c on replica r until it fails, and tells whether
-// it started (got RESUMED or SYNCED).
+// it started (got RESUMED or SYNCED). It receives on a goroutine of its own, and
+// completes the objects in flight as they are due meanwhile.
 func (f *benchFleet) watch(c *benchClient, r int) (started bool, err error) {
 	conns := f.conns[r]
 	bc := conns[(c.idx/len(f.conns))%len(conns)]
 	ctx, cancel := context.WithCancel(f.ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	defer cancel()
 	stream, err := bc.api.Watch(ctx, &nimbusv1.WatchRequest{Node: c.node, Epoch: c.epoch, Revision: c.rev})
 	if err != nil {
 		return false, err
 	}
 	c.replica.Store(int32(r))
-	var snap map[int32]int64 // the snapshot under way, until SYNCED
-	first := c.starts.Load() == 0
-	for {
-		frame, err := stream.Recv()
-		if err != nil {
-			return started, err
+	c.bc = bc
+	frames := make(chan benchFrame)
+	wg.Go(func() {
+		for {
+			frame, err := stream.Recv()
+			select {
+			case frames <- benchFrame{frame, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
 		}
-		var reports []*nimbusv1.StatusReport
-		for _, ev := range frame.GetEvents() {
+	})
+	// snap holds the snapshot under way when the client holds objects already: the
+	// objects missing from it are gone.
+	var snap []benchObj
+	var fresh []int32 // objects received that are not reconciled yet
+	first := c.starts.Load() == 0
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		timer.Reset(f.nextDue(c))
+		var in benchFrame
+		select {
+		case <-ctx.Done():
+			return started, ctx.Err()
+		case in = <-frames:
+		case <-timer.C:
+			if f.complete(c) {
+				f.reportStatus(c)
+			}
+			continue
+		}
+		if in.err != nil {
+			return started, in.err
+		}
+		for _, ev := range in.frame.GetEvents() {
 			switch ev.GetType() {
 			case nimbusv1.WatchEvent_TYPE_PUT:
-				if !started && snap == nil {
-					snap = map[int32]int64{}
-				}
-				meta := ev.GetObject().GetMeta()
+				obj := ev.GetObject()
+				meta := obj.GetMeta()
 				i := f.layout.index(meta.GetName())
 				if i < 0 {
 					f.unexpected.Add(1)
 					continue
 				}
-				gen := meta.GetGeneration()
-				reports = append(reports, f.report(c, i, gen))
+				o := benchObj{gen: meta.GetGeneration(), genRev: obj.GenerationRevision()}
+				if !started && len(fresh) == 0 && slices.ContainsFunc(c.objs, func(o benchObj) bool { return o.gen != 0 }) {
+					snap = make([]benchObj, len(c.objs))
+				}
+				fresh = append(fresh, int32(i))
 				if !started {
-					snap[int32(i)] = gen
-					if first {
-						f.events.Add(1)
+					if snap != nil {
+						snap[i] = o
+					} else {
+						c.objs[i] = o
 					}
 					continue
 				}
-				c.held[int32(i)] = gen
+				c.objs[i] = o
 				c.rev = ev.GetRevision()
 				if i == benchUpdateObject {
-					f.updated(c, gen)
+					f.updated(c, o.gen)
 				}
 			case nimbusv1.WatchEvent_TYPE_DELETE:
 				if i := f.layout.index(ev.GetKey().GetName()); i >= 0 && started {
-					delete(c.held, int32(i))
+					c.objs[i] = benchObj{}
+					c.changed = append(c.changed, f.layout.ids[i])
 					c.rev = ev.GetRevision()
 				}
 			case nimbusv1.WatchEvent_TYPE_SYNCED:
-				if snap == nil {
-					snap = map[int32]int64{}
+				if snap != nil {
+					for i := range c.objs {
+						if c.objs[i].gen != 0 && snap[i].gen == 0 {
+							c.changed = append(c.changed, f.layout.ids[i])
+						}
+					}
+					c.objs, snap = snap, nil
+				} else if len(fresh) == 0 {
+					// An empty snapshot: every object held is gone.
+					for i := range c.objs {
+						if c.objs[i].gen != 0 {
+							c.objs[i] = benchObj{}
+							c.changed = append(c.changed, f.layout.ids[i])
+						}
+					}
 				}
-				c.held, snap = snap, nil
 				c.epoch, c.rev = strings.Clone(ev.GetEpoch()), ev.GetRevision()
-				// The snapshot's reports go out before the client counts as SYNCED.
-				bc.report(reports)
-				reports = nil
+				if first {
+					f.events.Add(int64(len(fresh)))
+				}
+				// The snapshot's first reports go out before the client counts as SYNCED.
+				f.reconcile(c, fresh)
+				fresh = nil // let go of the snapshot's room
+				f.reportStatus(c)
 				started = true
 				f.started(c, false, first)
 			case nimbusv1.WatchEvent_TYPE_RESUMED:
 				c.epoch, c.rev = strings.Clone(ev.GetEpoch()), ev.GetRevision()
-				// A new status stream: report everything held again, as an agent does.
-				for i, gen := range c.held {
-					reports = append(reports, f.report(c, int(i), gen))
-				}
 				started = true
 				f.started(c, true, first)
 			case nimbusv1.WatchEvent_TYPE_BOOKMARK:
@@ -847,17 +1072,187 @@ func (f *benchFleet) watch(c *benchClient, r int) (started bool, err error) {
 				f.unexpected.Add(1)
 			}
 		}
-		if len(reports) > 0 {
-			bc.report(reports)
+		if started {
+			f.reconcile(c, fresh)
+			fresh = fresh[:0]
+			f.reportStatus(c)
 		}
 	}
 }
 
-// report returns client c's PROGRAMMED report for object i at generation gen.
-func (f *benchFleet) report(c *benchClient, i int, gen int64) *nimbusv1.StatusReport {
-	return &nimbusv1.StatusReport{Key: f.layout.key(i), Status: &nimbusv1.NodeStatus{
-		Node: c.node, ObservedGeneration: gen, Phase: nimbusv1.Phase_PHASE_PROGRAMMED,
-	}}
+// Delays of a simulated agent's reconciliation: of each frame's objects, in a shuffled
+// order, benchSoonPerMille complete after benchSoon, benchLaterPerMille after benchLater
+// and benchLagPerMille after benchLag, longer than watermark.DefaultExceptionAfter, so
+// that they become exceptions first; the others at once.
+const (
+	benchSoon          = 10 * time.Millisecond
+	benchSoonPerMille  = 200
+	benchLater         = 30 * time.Millisecond
+	benchLaterPerMille = 90
+	benchLag           = watermark.DefaultExceptionAfter * 3 / 2
+	benchLagPerMille   = 10
+)
+
+// reconcile starts the objects the client received: each is in flight until it is due,
+// in a shuffled order; benchFailObject fails at once on the nodes that fail it.
+func (f *benchFleet) reconcile(c *benchClient, fresh []int32) {
+	if len(fresh) == 0 {
+		return
+	}
+	c.rng.Shuffle(len(fresh), func(a, b int) { fresh[a], fresh[b] = fresh[b], fresh[a] })
+	now := time.Now()
+	var soon, later, lag []int32
+	for _, i := range fresh {
+		c.changed = append(c.changed, f.layout.ids[i])
+		if c.fails && i == benchFailObject {
+			continue
+		}
+		switch p := c.rng.IntN(1000); {
+		case p < benchLagPerMille:
+			lag = append(lag, i)
+		case p < benchLagPerMille+benchLaterPerMille:
+			later = append(later, i)
+		case p < benchLagPerMille+benchLaterPerMille+benchSoonPerMille:
+			soon = append(soon, i)
+		default:
+			delete(c.inFlight, i) // a change of an object still in flight completes it
+			continue
+		}
+		c.inFlight[i] = struct{}{}
+	}
+	for _, d := range []benchDue{{now.Add(benchSoon), soon}, {now.Add(benchLater), later}, {now.Add(benchLag), lag}} {
+		if len(d.objs) > 0 {
+			c.due = append(c.due, d)
+		}
+	}
+}
+
+// nextDue returns how long until the client has something to do: objects due, or the
+// next object in flight for its tracker to turn into an exception.
+func (f *benchFleet) nextDue(c *benchClient) time.Duration {
+	next := time.Hour
+	now := time.Now()
+	for _, d := range c.due {
+		next = min(next, d.at.Sub(now))
+	}
+	if c.rep != nil {
+		if at, ok := c.rep.Tracker().NextAging(); ok {
+			next = min(next, at.Sub(now))
+		}
+	}
+	return max(next, 0)
+}
+
+// complete completes the client's objects that are due, and tells whether it has
+// something to report: completed objects, or objects in flight its tracker may turn
+// into exceptions.
+func (f *benchFleet) complete(c *benchClient) bool {
+	now := time.Now()
+	c.due = slices.DeleteFunc(c.due, func(d benchDue) bool {
+		if d.at.After(now) {
+			return false
+		}
+		for _, i := range d.objs {
+			if _, ok := c.inFlight[i]; ok {
+				delete(c.inFlight, i)
+				c.changed = append(c.changed, f.layout.ids[i])
+			}
+		}
+		return true
+	})
+	if len(c.inFlight) == 0 && len(c.due) == 0 {
+		c.inFlight = map[int32]struct{}{} // let go of a snapshot's room
+	}
+	return c.epoch != "" && c.bc != nil
+}
+
+// reportStatus queues client c's reports since the last, as the agent's watermark
+// reporter works them out, on the status stream of its connection: a new stream starts
+// a new reporter, told every object the client holds.
+func (f *benchFleet) reportStatus(c *benchClient) {
+	bc := c.bc
+	if rs := bc.reporter(f.ctx); c.rep == nil || c.repStream != rs {
+		c.rep = watermark.NewReporter(c.node, watermark.Options{})
+		c.repStream = rs
+		c.reporters.Add(1)
+		for i, o := range c.objs {
+			if o.gen != 0 {
+				c.changed = append(c.changed, f.layout.ids[i])
+			}
+		}
+	}
+	var out []*nimbusv1.StatusReport
+	_, _ = c.rep.Report(benchSource{f.layout, c}, c.epoch, c.rev, c.changed, false, nil, func(r *nimbusv1.StatusReport) error {
+		out = append(out, r)
+		return nil
+	})
+	c.changed = c.changed[:0]
+	if cap(c.changed) > benchSmallRoom {
+		c.changed = nil // let go of a snapshot's room
+	}
+	if len(out) > 0 {
+		bc.report(out)
+	}
+	if o := c.objs[benchUpdateObject]; o.gen >= 2 {
+		if _, busy := c.inFlight[benchUpdateObject]; !busy {
+			f.reportedUpdate(c, o.gen)
+		}
+	}
+	switch busy := len(c.due) > 0; {
+	case busy && !c.unsettled:
+		c.unsettled = true
+		f.unsettled.Add(1)
+	case !busy && c.unsettled:
+		c.unsettled = false
+		f.unsettled.Add(-1)
+	}
+}
+
+// benchSource is what a simulated agent holds, as its watermark reporter reads it.
+type benchSource struct {
+	layout *benchLayout
+	c      *benchClient
+}
+
+// Object returns the object with the key as the client holds it, or nil.
+func (s benchSource) Object(key nimbusv1.Key) *nimbusv1.Object {
+	i := s.layout.index(key.Name)
+	if i < 0 || s.c.objs[i].gen == 0 {
+		return nil
+	}
+	o := s.c.objs[i]
+	return &nimbusv1.Object{Meta: &nimbusv1.ObjectMeta{Name: key.Name, Generation: o.gen, GenerationRevision: o.genRev}}
+}
+
+// Status returns the client's status of the object with the key: FAILED for
+// benchFailObject on a node that fails it, PENDING while it is in flight, PROGRAMMED
+// once it is done; nil when the client does not hold it.
+func (s benchSource) Status(key nimbusv1.Key) *nimbusv1.NodeStatus {
+	i := s.layout.index(key.Name)
+	if i < 0 || s.c.objs[i].gen == 0 {
+		return nil
+	}
+	gen := s.c.objs[i].gen
+	if s.c.fails && i == benchFailObject {
+		return &nimbusv1.NodeStatus{Phase: nimbusv1.Phase_PHASE_FAILED, ObservedGeneration: gen, Terminal: true,
+			Reason: benchFailReason, Message: benchFailMessage(s.c.node)}
+	}
+	if _, ok := s.c.inFlight[int32(i)]; ok {
+		return &nimbusv1.NodeStatus{Phase: nimbusv1.Phase_PHASE_PENDING, ObservedGeneration: gen}
+	}
+	return &nimbusv1.NodeStatus{Phase: nimbusv1.Phase_PHASE_PROGRAMMED, ObservedGeneration: gen}
+}
+
+// benchSmallRoom is how many entries a client's buffers may have room for and still be
+// kept: 10,000 clients must not each keep the room of a snapshot.
+const benchSmallRoom = 1024
+
+// benchFailReason is the reason of the failing object's FAILED statuses.
+const benchFailReason = "BenchRefused"
+
+// benchFailMessage returns the message of the failing object's FAILED status on node.
+func benchFailMessage(node string) string {
+	return "the benchmark refuses this route on " + node
 }
 
 // started records that client c's stream started, resumed or with a snapshot.
@@ -888,6 +1283,14 @@ func (f *benchFleet) updated(c *benchClient, gen int64) {
 	}
 }
 
+// reportedUpdate records that client c queued the report that tells generation gen of
+// the update object is done.
+func (f *benchFleet) reportedUpdate(c *benchClient, gen int64) {
+	if round := int(gen) - 2; round >= 0 && round < len(f.reported) {
+		f.reported[round][c.idx].CompareAndSwap(0, time.Now().UnixNano())
+	}
+}
+
 // update changes the update object for the given round through api, waits until every
 // client has the change and returns how long each took, and when the change was sent.
 func (f *benchFleet) update(b *testing.B, ctx context.Context, api nimbusv1.NimbusClient, round int) ([]time.Duration, time.Time) {
@@ -910,12 +1313,42 @@ func (f *benchFleet) update(b *testing.B, ctx context.Context, api nimbusv1.Nimb
 	return lat, sent
 }
 
-// newReporter opens a status stream on the connection and starts sending its queue on
-// it. A stream that cannot be opened, or fails, drops what is queued.
-func (bc *benchConn) newReporter(ctx context.Context) *benchReporter {
+// lastReported returns when the last client queued the report that tells the round's
+// change is done, once every client has.
+func (f *benchFleet) lastReported(b *testing.B, round int) time.Time {
+	b.Helper()
+	var last int64
+	benchWait(b, fmt.Sprintf("every client to report update %d", round), func() bool {
+		last = 0
+		for i := range f.reported[round] {
+			at := f.reported[round][i].Load()
+			if at == 0 {
+				return false
+			}
+			last = max(last, at)
+		}
+		return true
+	}, func() string { return "some have not" })
+	return time.Unix(0, last)
+}
+
+// openReporter opens a status stream on the connection, checks that nimbus takes
+// watermarks on it, as the agent does from its headers, and starts sending its queue on
+// it. A stream that fails drops the reports it took and stops taking more, until
+// reporter replaces it.
+func (bc *benchConn) openReporter(ctx context.Context) (*benchReporter, error) {
 	r := &benchReporter{stop: make(chan struct{}), done: make(chan struct{})}
 	stream, err := bc.api.ReportStatus(ctx)
-	r.err = err
+	if err != nil {
+		return nil, fmt.Errorf("opening a status stream: %w", err)
+	}
+	md, err := stream.Header()
+	if err != nil {
+		return nil, fmt.Errorf("opening a status stream: %w", err)
+	}
+	if !slices.Contains(md.Get(nimbusv1.StatusWatermarkHeader), "1") {
+		return nil, fmt.Errorf("opening a status stream: nimbus does not take status watermarks: headers %v", md)
+	}
 	go func() {
 		defer close(r.done)
 		for {
@@ -934,16 +1367,34 @@ func (bc *benchConn) newReporter(ctx context.Context) *benchReporter {
 				}
 			}
 			for _, rep := range batch {
-				if r.err != nil {
-					break
+				if r.err == nil {
+					if r.err = stream.Send(rep); r.err == nil {
+						bc.sent.Add(1)
+					}
 				}
-				if r.err = stream.Send(rep); r.err == nil {
-					r.sent++
-				}
+				bc.done.Add(1)
+			}
+			if r.err != nil {
+				r.failed.Store(true)
+				return
 			}
 		}
 	}()
-	return r
+	return r, nil
+}
+
+// reporter returns the connection's reporter, replacing it first with a new stream
+// when it failed, as an agent opens a new status stream; the failed one's if no new one
+// opens.
+func (bc *benchConn) reporter(ctx context.Context) *benchReporter {
+	bc.repMu.Lock()
+	defer bc.repMu.Unlock()
+	if bc.rep.failed.Load() && ctx.Err() == nil {
+		if r, err := bc.openReporter(ctx); err == nil {
+			bc.rep = r
+		}
+	}
+	return bc.rep
 }
 
 // take empties the queue and returns what it held.
@@ -959,45 +1410,11 @@ func (bc *benchConn) take() []*nimbusv1.StatusReport {
 func (bc *benchConn) report(reports []*nimbusv1.StatusReport) {
 	bc.mu.Lock()
 	bc.queue = append(bc.queue, reports...)
+	bc.queued.Add(int64(len(reports)))
 	bc.mu.Unlock()
 	select {
 	case bc.wake <- struct{}{}:
 	default:
-	}
-}
-
-// flushReports closes every connection's status stream once it has sent what is queued,
-// and waits for nimbus's answers, which come once nimbus has recorded every report of the
-// stream. It returns how many reports each replica took.
-func (f *benchFleet) flushReports(b *testing.B) []int64 {
-	b.Helper()
-	sent := make([]int64, len(f.conns))
-	for r, conns := range f.conns {
-		for _, c := range conns {
-			rep := c.rep
-			c.rep = nil
-			close(rep.stop)
-			select {
-			case <-rep.done:
-			case <-time.After(benchLongWait):
-				b.Fatalf("a status stream to replica %d did not close within %v", r, benchLongWait)
-			}
-			if rep.err != nil {
-				b.Fatalf("status stream to replica %d: %v", r, rep.err)
-			}
-			sent[r] += rep.sent
-		}
-	}
-	return sent
-}
-
-// openReports opens a status stream on every connection.
-func (f *benchFleet) openReports(b *testing.B) {
-	b.Helper()
-	for _, conns := range f.conns {
-		for _, c := range conns {
-			c.rep = c.newReporter(f.ctx)
-		}
 	}
 }
 
@@ -1011,30 +1428,159 @@ func benchWait(b *testing.B, what string, cond func() bool, diag func() string) 
 // benchWaitEvery is benchWait checking every poll.
 func benchWaitEvery(b *testing.B, what string, poll time.Duration, cond func() bool, diag func() string) {
 	b.Helper()
-	end := time.Now().Add(benchLongWait)
+	benchWaitUpTo(b, what, benchLongWait, poll, cond, diag)
+}
+
+// benchWaitUpTo is benchWaitEvery waiting up to limit.
+func benchWaitUpTo(b *testing.B, what string, limit, poll time.Duration, cond func() bool, diag func() string) {
+	b.Helper()
+	end := time.Now().Add(limit)
 	for !cond() {
 		if time.Now().After(end) {
-			b.Fatalf("timed out after %v waiting for %s: %s", benchLongWait, what, diag())
+			b.Fatalf("timed out after %v waiting for %s: %s", limit, what, diag())
 		}
 		time.Sleep(poll)
 	}
 }
 
-// benchWantProgrammed waits until the replica reports the object PROGRAMMED at the
-// generation on n nodes, of n target nodes. It asks every 25 ms: an answer holds a status
-// per node, which costs the replica a few milliseconds at 10,000 nodes.
-func benchWantProgrammed(b *testing.B, ctx context.Context, api nimbusv1.NimbusClient, replica string, key *nimbusv1.ObjectKey, gen int64, n int) {
+// benchSnapshotWait bounds the wait for every client's snapshot: benchLongWait, and 20
+// seconds more per million events, as the clients share the benchmark's cores (10,000 ×
+// 1,000 objects for every node took 77–111 s on a loaded 2-core machine).
+func benchSnapshotWait(size replicaBenchSize) time.Duration {
+	events := int64(size.agents)*int64(size.global) + int64(size.objects-size.global)
+	return benchLongWait + time.Duration(events/1_000_000)*20*time.Second
+}
+
+// benchWantProgrammedAll waits until every replica reports the object PROGRAMMED at the
+// generation on n nodes, of n target nodes, and returns when each first did. It asks
+// every replica every 10 ms: an answer holds a status per node it names.
+func benchWantProgrammedAll(b *testing.B, ctx context.Context, apis []nimbusv1.NimbusClient, rc *replicaCluster, key *nimbusv1.ObjectKey, gen int64, n int) []time.Time {
 	b.Helper()
-	var st *nimbusv1.ObjectStatus
-	var err error
-	benchWaitEvery(b, fmt.Sprintf("replica %s to show %s PROGRAMMED on %d nodes", replica, key.ID(), n), 25*time.Millisecond, func() bool {
-		var resp *nimbusv1.GetResponse
-		resp, err = api.Get(ctx, &nimbusv1.GetRequest{Key: key})
-		st = resp.GetItem().GetStatus()
-		return err == nil && st.GetGeneration() == gen && st.GetTargetNodes() == int32(n) && st.GetProgrammedNodes() == int32(n)
-	}, func() string {
-		return fmt.Sprintf("error %v, generation %d, %d target nodes, %d programmed", err, st.GetGeneration(), st.GetTargetNodes(), st.GetProgrammedNodes())
-	})
+	shown := make([]time.Time, len(apis))
+	var last string
+	benchWaitEvery(b, fmt.Sprintf("every replica to show %s PROGRAMMED at generation %d on %d nodes", key.ID(), gen, n), 10*time.Millisecond, func() bool {
+		left := 0
+		for i, api := range apis {
+			if !shown[i].IsZero() {
+				continue
+			}
+			resp, err := api.Get(ctx, &nimbusv1.GetRequest{Key: key})
+			st := resp.GetItem().GetStatus()
+			if err == nil && st.GetGeneration() == gen && st.GetTargetNodes() == int32(n) && st.GetProgrammedNodes() == int32(n) {
+				shown[i] = time.Now()
+				continue
+			}
+			left++
+			last = fmt.Sprintf("replica %s: error %v, generation %d, %d target nodes, %d programmed",
+				rc.replicas[i].name, err, st.GetGeneration(), st.GetTargetNodes(), st.GetProgrammedNodes())
+		}
+		return left == 0
+	}, func() string { return last })
+	return shown
+}
+
+// sample returns the indexes of the objects whose counts the benchmark checks: the
+// update object, the failing one, the first and last for every node, and some for one
+// node, spread.
+func (l *benchLayout) sample() []int {
+	s := []int{benchUpdateObject, benchFailObject, l.size.global - 1, l.size.global, l.size.objects - 1}
+	for k := 1; k <= 5; k++ {
+		s = append(s, k*7919%l.size.objects)
+	}
+	s = slices.DeleteFunc(s, func(i int) bool { return i < 0 || i >= l.size.objects })
+	slices.Sort(s)
+	return slices.Compact(s)
+}
+
+// wantCounts returns the counts every replica must show of object i: target nodes,
+// nodes PROGRAMMED and nodes FAILED.
+func (l *benchLayout) wantCounts(i int) (target, programmed, failed int32) {
+	target = 1
+	if i < l.size.global {
+		target = int32(l.size.agents)
+	}
+	if i == benchFailObject {
+		failed = int32(len(l.failingNodes()))
+	}
+	return target, target - failed, failed
+}
+
+// benchWantCounts waits until each of the replicas shows the right counts of every
+// object of the layout's sample at its generation in gens.
+func benchWantCounts(b *testing.B, ctx context.Context, apis []nimbusv1.NimbusClient, rc *replicaCluster, replicas []int, layout *benchLayout, gens []int64) {
+	b.Helper()
+	for _, r := range replicas {
+		for _, i := range layout.sample() {
+			target, programmed, failed := layout.wantCounts(i)
+			var st *nimbusv1.ObjectStatus
+			var err error
+			benchWait(b, fmt.Sprintf("replica %s to show %s with its counts", rc.replicas[r].name, layout.key(i).ID()), func() bool {
+				var resp *nimbusv1.GetResponse
+				resp, err = apis[r].Get(ctx, &nimbusv1.GetRequest{Key: layout.key(i)})
+				st = resp.GetItem().GetStatus()
+				return err == nil && st.GetGeneration() == gens[i] && st.GetTargetNodes() == target &&
+					st.GetProgrammedNodes() == programmed && st.GetFailedNodes() == failed
+			}, func() string {
+				return fmt.Sprintf("error %v, generation %d (want %d), %d target nodes (want %d), %d programmed (want %d), %d failed (want %d)",
+					err, st.GetGeneration(), gens[i], st.GetTargetNodes(), target, st.GetProgrammedNodes(), programmed, st.GetFailedNodes(), failed)
+			})
+		}
+	}
+}
+
+// benchCheckFailing checks that every replica's Get of benchFailObject names exactly the
+// nodes that fail it, with their messages, and that the controller's Wait for it fails
+// naming them, and records how many each named and how long the Wait took.
+func benchCheckFailing(b *testing.B, ctx context.Context, apis []nimbusv1.NimbusClient, rc *replicaCluster, layout *benchLayout, res *replicaBenchResult) {
+	b.Helper()
+	want := map[string]string{}
+	for _, i := range layout.failingNodes() {
+		want[layout.nodes[i]] = benchFailMessage(layout.nodes[i])
+	}
+	if len(want) == 0 {
+		return
+	}
+	key := layout.key(benchFailObject)
+	check := func(what string, failed []*nimbusv1.NodeStatus) int {
+		got := map[string]string{}
+		for _, n := range failed {
+			got[n.GetNode()] = n.GetMessage()
+		}
+		if !maps.Equal(got, want) {
+			b.Errorf("%s names the FAILED nodes %v of %s, want %v", what, got, key.ID(), want)
+		}
+		return len(got)
+	}
+	res.failNamedGet = len(want)
+	for i, api := range apis {
+		resp, err := api.Get(ctx, &nimbusv1.GetRequest{Key: key})
+		if err != nil {
+			b.Fatalf("getting %s from replica %s: %v", key.ID(), rc.replicas[i].name, err)
+		}
+		var failed []*nimbusv1.NodeStatus
+		for _, n := range resp.GetItem().GetStatus().GetNodes() {
+			if n.GetPhase() == nimbusv1.Phase_PHASE_FAILED {
+				failed = append(failed, n)
+			}
+		}
+		res.failNamedGet = min(res.failNamedGet, check("replica "+rc.replicas[i].name+"'s Get", failed))
+	}
+	ctl, err := controller.New(controller.Options{Address: rc.replicas[0].addr})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ctl.Close()
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	err = ctl.Wait(wctx, []controller.Target{{Key: key}}, controller.WaitOptions{})
+	res.failWait = time.Since(start)
+	var werr *controller.WaitError
+	if !errors.As(err, &werr) || !errors.Is(err, controller.ErrFailed) {
+		b.Errorf("waiting for %s: %v, want it to fail naming its FAILED nodes", key.ID(), err)
+		return
+	}
+	res.failNamedWait = check("the controller's Wait", werr.Failed)
 }
 
 // benchPercentile returns the q quantile of ds, nearest rank.
