@@ -75,7 +75,9 @@ func ExampleEncode() {
 	//     reason: ""
 	//     stale: false
 	//     terminal: false
+	//   nodesOmitted: 0
 	//   pending: []
+	//   pendingOmitted: 0
 	//   programmedNodes: 1
 	//   staleNodes: 0
 	//   targetNodes: 1

@@ -391,7 +391,7 @@ func TestMarshalShape(t *testing.T) {
 	const want = `{"kind":"Route","meta":{"name":"to-dc2","nodes":["host-a"]},` +
 		`"spec":{"table":100,"prefix":"198.51.100.0/24","nexthops":[{"gateway":"10.10.0.2"}]},` +
 		`"status":{"nodes":[{"node":"host-a","observedGeneration":"1","phase":"PHASE_PENDING","reason":"","message":"","operational":{},"stale":false,"terminal":false}],` +
-		`"targetNodes":1,"programmedNodes":0,"failedNodes":0,"generation":"0","currentNodes":0,"pending":[],"staleNodes":0,"detailsOmitted":0}}`
+		`"targetNodes":1,"programmedNodes":0,"failedNodes":0,"generation":"0","currentNodes":0,"pending":[],"staleNodes":0,"detailsOmitted":0,"nodesOmitted":0,"pendingOmitted":0}}`
 	if string(raw) != want {
 		t.Errorf("Marshal:\n got %s\nwant %s", raw, want)
 	}
