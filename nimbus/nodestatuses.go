@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -144,10 +143,7 @@ func (v *view) nodeStatusOf(rec *objectRecord, node string) (*nimbusv1.NodeStatu
 		if !wm.passes(v.epoch, genRev) {
 			return nil, false
 		}
-		ns = &nimbusv1.NodeStatus{
-			Node: node, ObservedGeneration: rec.Object.GetMeta().GetGeneration(), Phase: nimbusv1.Phase_PHASE_PROGRAMMED,
-			UpdateTime: timestamppb.New(wm.passedAt(genRev)),
-		}
+		ns = derivedNodeStatus(node, rec.Object.GetMeta().GetGeneration(), wm.passedAt(genRev))
 	}
 	if v.stale(node) {
 		// Stored statuses are immutable; the stale mark goes on a copy.

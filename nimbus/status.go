@@ -95,7 +95,7 @@ func (s *Server) ReportStatus(stream grpc.ClientStreamingServer[nimbusv1.StatusR
 			}
 			s.releaseReports(rs)
 			if rs.forgotten != "" {
-				return status.Errorf(codes.Aborted, "node %q's Node object was deleted, and what it reported with it: report again", rs.forgotten)
+				return rs.forgottenError()
 			}
 			if eof && len(rs.held) == 0 {
 				return stream.SendAndClose(&nimbusv1.ReportStatusResponse{})
@@ -130,7 +130,7 @@ func (s *Server) ReportStatus(stream grpc.ClientStreamingServer[nimbusv1.StatusR
 				s.takeReports(rs, batch)
 			}
 			if rs.forgotten != "" {
-				return status.Errorf(codes.Aborted, "node %q's Node object was deleted, and what it reported with it: report again", rs.forgotten)
+				return rs.forgottenError()
 			}
 			if errors.Is(rcv.err, io.EOF) && len(rs.held) > 0 {
 				eof = true

@@ -5,6 +5,9 @@ import (
 	"slices"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -138,6 +141,11 @@ type reportStream struct {
 	held           []*nimbusv1.StatusReport
 	heldFor        string
 	heldWatermarks map[string]int
+}
+
+// forgottenError is the error a stream ends with once its node is forgotten.
+func (rs *reportStream) forgottenError() error {
+	return status.Errorf(codes.Aborted, "node %q's Node object was deleted, and what it reported with it: report again", rs.forgotten)
 }
 
 // reportStreamNode is what the server keeps of one node's reports on a ReportStatus
