@@ -404,6 +404,9 @@ func runReplicaBench(b *testing.B, size replicaBenchSize, store string, replicas
 	var etcdCli *clientv3.Client
 	var rc *replicaCluster
 	quiet := []string{"--insecure", "--log-level", "info"}
+	if benchProfileDir() != "" {
+		quiet = append(quiet, "--pprof")
+	}
 	if res.etcd {
 		etcd = testetcd.Start(b, 3, testetcd.Durable())
 		etcdCli = etcd.Client(b)
@@ -459,6 +462,8 @@ func runReplicaBench(b *testing.B, size replicaBenchSize, store string, replicas
 	rev0 := storeRev()
 	cpu0 := benchCPU(b, rc)
 	start = time.Now()
+	snapProf := profilePhase(b, rc, store, "snapshot", benchSnapshotProfile(size), -1)
+	defer snapProf.wait()
 	f.startAll()
 	benchWaitUpTo(b, "every client to be SYNCED", benchSnapshotWait(size), 10*time.Millisecond,
 		func() bool { return f.synced.Load() == int64(size.agents) },
@@ -501,7 +506,9 @@ func runReplicaBench(b *testing.B, size replicaBenchSize, store string, replicas
 	// The updates: the object for every node changed, one change at a time. Each one
 	// waits until every replica shows it PROGRAMMED on every node, so that the statuses
 	// of one update do not delay the next.
+	snapProf.wait()
 	var lat, all, programmed, lastReport, overReport []time.Duration
+	updProf := profilePhase(b, rc, store, "update", 10*time.Second, -1)
 	for round := range size.updates {
 		l, sent := f.update(b, ctx, apis[0], round)
 		all = append(all, slices.Max(l))
@@ -521,6 +528,7 @@ func runReplicaBench(b *testing.B, size replicaBenchSize, store string, replicas
 	res.lastReportP50, res.lastReportP99 = benchPercentile(lastReport, 0.50), benchPercentile(lastReport, 0.99)
 	res.overReportP50, res.overReportP99 = benchPercentile(overReport, 0.50), benchPercentile(overReport, 0.99)
 	res.rewatches = f.rewatches.Load()
+	updProf.wait()
 
 	if replicas > 1 {
 		// A replica other than the publishers' dies; its clients move to the others.
@@ -532,8 +540,10 @@ func runReplicaBench(b *testing.B, size replicaBenchSize, store string, replicas
 			before[k] = c.starts.Load()
 			reporters[k] = c.reporters.Load()
 		}
+		failProf := profilePhase(b, rc, store, "failover", 6*time.Second, victim)
 		killed := time.Now()
 		rc.kill(b, victim)
+		defer failProf.wait()
 		benchWait(b, fmt.Sprintf("the %d clients of replica %s to watch another replica", len(moved), rc.replicas[victim].name), func() bool {
 			for k, c := range moved {
 				if c.starts.Load() == before[k] {
@@ -609,6 +619,14 @@ func newEmbeddedNimbus(b *testing.B, extra ...string) *replicaCluster {
 	return rc
 }
 
+// benchSnapshotProfile is how long the CPU profiles of the snapshot run: about as long as
+// a quiet machine takes to deliver it (47 s at 10,000 agents x 1,000 objects), at most 5
+// minutes.
+func benchSnapshotProfile(size replicaBenchSize) time.Duration {
+	events := float64(size.agents) * float64(size.global+(size.objects-size.global)/max(size.agents, 1))
+	return time.Duration(min(max(events/200_000, 5), 300)) * time.Second
+}
+
 // benchLayout is which objects exist and which nodes they target.
 type benchLayout struct {
 	size  replicaBenchSize
@@ -636,13 +654,19 @@ func newBenchLayout(size replicaBenchSize) *benchLayout {
 // object returns object i as the given update round left it: the first size.global
 // objects are for every node, each of the others names one node, round robin.
 func (l *benchLayout) object(i, round int) *nimbusv1.Object {
-	meta := &nimbusv1.ObjectMeta{Name: l.names[i]}
+	meta := &nimbusv1.ObjectMeta{Name: l.names[i], Labels: map[string]string{
+		"app": fmt.Sprintf("svc-%03d", i%500), "site": fmt.Sprintf("dc%d", 1+i%3), "tier": "backend",
+	}}
 	if i >= l.size.global {
 		meta.Nodes = []string{l.nodes[(i-l.size.global)%l.size.agents]}
 	}
+	// Two weighted next hops, as an ECMP route is written.
 	return &nimbusv1.Object{Meta: meta, Spec: &nimbusv1.Object_Route{Route: &nimbusv1.RouteSpec{
 		Table: 100, Prefix: l.dsts[i],
-		Nexthops: []*nimbusv1.NextHop{{Gateway: fmt.Sprintf("10.10.%d.%d", 1+round/250, 2+round%250)}},
+		Nexthops: []*nimbusv1.NextHop{
+			{Gateway: fmt.Sprintf("10.10.%d.%d", 1+round/250, 2+round%250), Weight: 2},
+			{Gateway: fmt.Sprintf("10.11.%d.%d", 1+round/250, 2+round%250), Weight: 1},
+		},
 	}}}
 }
 
@@ -783,6 +807,11 @@ type benchClient struct {
 	rep       *watermark.Reporter
 	repStream *benchReporter
 	bc        *benchConn
+	// scratch is what benchSource returns, filled in again on each call.
+	scratch struct {
+		obj    nimbusv1.Object
+		status nimbusv1.NodeStatus
+	}
 }
 
 // newBenchFleet dials the connections, with their status streams, and makes the
@@ -1214,14 +1243,20 @@ type benchSource struct {
 	c      *benchClient
 }
 
-// Object returns the object with the key as the client holds it, or nil.
+// Object returns the object with the key as the client holds it, or nil: the client's
+// scratch object, filled in again by the next call, which watermark.Source allows.
 func (s benchSource) Object(key nimbusv1.Key) *nimbusv1.Object {
 	i := s.layout.index(key.Name)
 	if i < 0 || s.c.objs[i].gen == 0 {
 		return nil
 	}
 	o := s.c.objs[i]
-	return &nimbusv1.Object{Meta: &nimbusv1.ObjectMeta{Name: key.Name, Generation: o.gen, GenerationRevision: o.genRev}}
+	obj := &s.c.scratch.obj
+	if obj.Meta == nil {
+		obj.Meta = &nimbusv1.ObjectMeta{}
+	}
+	obj.Meta.Name, obj.Meta.Generation, obj.Meta.GenerationRevision = key.Name, o.gen, o.genRev
+	return obj
 }
 
 // Status returns the client's status of the object with the key: FAILED for
@@ -1237,10 +1272,13 @@ func (s benchSource) Status(key nimbusv1.Key) *nimbusv1.NodeStatus {
 		return &nimbusv1.NodeStatus{Phase: nimbusv1.Phase_PHASE_FAILED, ObservedGeneration: gen, Terminal: true,
 			Reason: benchFailReason, Message: benchFailMessage(s.c.node)}
 	}
+	// The client's scratch status, filled in again by the next call.
+	st := &s.c.scratch.status
+	st.Phase, st.ObservedGeneration = nimbusv1.Phase_PHASE_PROGRAMMED, gen
 	if _, ok := s.c.inFlight[int32(i)]; ok {
-		return &nimbusv1.NodeStatus{Phase: nimbusv1.Phase_PHASE_PENDING, ObservedGeneration: gen}
+		st.Phase = nimbusv1.Phase_PHASE_PENDING
 	}
-	return &nimbusv1.NodeStatus{Phase: nimbusv1.Phase_PHASE_PROGRAMMED, ObservedGeneration: gen}
+	return st
 }
 
 // benchSmallRoom is how many entries a client's buffers may have room for and still be

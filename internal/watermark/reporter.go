@@ -19,6 +19,10 @@ type Source interface {
 	Status(key nimbusv1.Key) *nimbusv1.NodeStatus
 }
 
+// A Reporter reads what a Source's Object and Status return only until its next call of
+// the same method, and keeps none of it: a Source may return the same value each time,
+// filled in again.
+
 // Reporter works out what a node sends on one ReportStatus stream to a nimbus that takes
 // watermarks: its watermark and, on their own, the statuses nimbus cannot derive from it,
 // the exceptions (Tracker) and the statuses that carry operational data. Each change of
@@ -71,12 +75,12 @@ func (r *Reporter) Report(src Source, epoch string, rev uint64, changed []nimbus
 	slices.SortFunc(ids, nimbusv1.Key.Compare)
 	for _, id := range slices.Compact(ids) {
 		st := src.Status(id)
-		obj := src.Object(id)
 		_, wasHeld := r.held[id]
 		own := tr.IsException(id) || (st != nil && hasOperational(st))
 		if !own && !wasHeld {
 			continue
 		}
+		obj := src.Object(id)
 		var sent *nimbusv1.NodeStatus
 		switch {
 		case obj == nil:
