@@ -84,7 +84,8 @@ import (
 //     from the Apply until each client has the change, over every (client, update);
 //     update-all-p50-ms is the median over updates of the time until the last client has
 //     it; update-programmed-p50-ms and -p99-ms until each replica shows it PROGRAMMED on
-//     every node (asked every 10 ms; the next update waits for that), over every
+//     every node on a status watch (WatchStatus, as the controller's Wait and reactors
+//     see it; the next update waits for that), over every
 //     (update, replica); update-last-report-p50-ms and -p99-ms until the last client
 //     queued the report that tells it, and update-over-report-p50-ms and -p99-ms the
 //     time from that report until each replica showed it;
@@ -510,11 +511,12 @@ func runReplicaBench(b *testing.B, size replicaBenchSize, store string, replicas
 	var lat, all, programmed, lastReport, overReport []time.Duration
 	updProf := profilePhase(b, rc, store, "update", 10*time.Second, -1)
 	for round := range size.updates {
+		waitShown := benchShowProgrammed(b, ctx, apis, rc, layout.key(benchUpdateObject), int64(round)+2, size.agents)
 		l, sent := f.update(b, ctx, apis[0], round)
 		all = append(all, slices.Max(l))
 		lat = append(lat, l...)
 		gens[benchUpdateObject] = int64(round) + 2
-		shown := benchWantProgrammedAll(b, ctx, apis, rc, layout.key(benchUpdateObject), int64(round)+2, size.agents)
+		shown := waitShown()
 		last := f.lastReported(b, round)
 		lastReport = append(lastReport, last.Sub(sent))
 		for _, at := range shown {
@@ -1489,32 +1491,64 @@ func benchSnapshotWait(size replicaBenchSize) time.Duration {
 	return benchLongWait + time.Duration(events/1_000_000)*20*time.Second
 }
 
-// benchWantProgrammedAll waits until every replica reports the object PROGRAMMED at the
-// generation on n nodes, of n target nodes, and returns when each first did. It asks
-// every replica every 10 ms: an answer holds a status per node it names.
-func benchWantProgrammedAll(b *testing.B, ctx context.Context, apis []nimbusv1.NimbusClient, rc *replicaCluster, key *nimbusv1.ObjectKey, gen int64, n int) []time.Time {
+// benchShowProgrammed watches the object's status on every replica from now on, as the
+// controller's Wait and reactors do (WatchStatus), and returns a function that waits
+// until each replica showed it PROGRAMMED at the generation on n nodes, of n target
+// nodes, and returns when each first did.
+func benchShowProgrammed(b *testing.B, ctx context.Context, apis []nimbusv1.NimbusClient, rc *replicaCluster, key *nimbusv1.ObjectKey, gen int64, n int) func() []time.Time {
 	b.Helper()
+	ctx, cancel := context.WithCancel(ctx)
 	shown := make([]time.Time, len(apis))
-	var last string
-	benchWaitEvery(b, fmt.Sprintf("every replica to show %s PROGRAMMED at generation %d on %d nodes", key.ID(), gen, n), 10*time.Millisecond, func() bool {
-		left := 0
-		for i, api := range apis {
-			if !shown[i].IsZero() {
-				continue
-			}
-			resp, err := api.Get(ctx, &nimbusv1.GetRequest{Key: key})
-			st := resp.GetItem().GetStatus()
-			if err == nil && st.GetGeneration() == gen && st.GetTargetNodes() == int32(n) && st.GetProgrammedNodes() == int32(n) {
-				shown[i] = time.Now()
-				continue
-			}
-			left++
-			last = fmt.Sprintf("replica %s: error %v, generation %d, %d target nodes, %d programmed",
-				rc.replicas[i].name, err, st.GetGeneration(), st.GetTargetNodes(), st.GetProgrammedNodes())
+	errs := make([]error, len(apis))
+	last := make([]atomic.Pointer[nimbusv1.ObjectStatus], len(apis))
+	var wg sync.WaitGroup
+	for i, api := range apis {
+		stream, err := api.WatchStatus(ctx, &nimbusv1.WatchStatusRequest{Kind: key.GetKind(), Tenant: key.GetTenant(), Namespace: key.GetNamespace(), Name: key.GetName()})
+		if err != nil {
+			cancel()
+			b.Fatalf("replica %s: watching the status of %s: %v", rc.replicas[i].name, key.ID(), err)
 		}
-		return left == 0
-	}, func() string { return last })
-	return shown
+		wg.Go(func() {
+			for {
+				frame, err := stream.Recv()
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				for _, ev := range frame.GetEvents() {
+					st := ev.GetItem().GetStatus()
+					if ev.GetType() != nimbusv1.StatusEvent_TYPE_PUT || st == nil {
+						continue
+					}
+					last[i].Store(st)
+					if st.GetGeneration() == gen && st.GetTargetNodes() == int32(n) && st.GetProgrammedNodes() == int32(n) {
+						shown[i] = time.Now()
+						return
+					}
+				}
+			}
+		})
+	}
+	return func() []time.Time {
+		b.Helper()
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(benchLongWait):
+			cancel()
+			<-done
+		}
+		cancel()
+		for i := range apis {
+			if shown[i].IsZero() {
+				st := last[i].Load()
+				b.Fatalf("replica %s never showed %s PROGRAMMED at generation %d on %d nodes: stream ended with %v; last status: generation %d, %d target nodes, %d programmed",
+					rc.replicas[i].name, key.ID(), gen, n, errs[i], st.GetGeneration(), st.GetTargetNodes(), st.GetProgrammedNodes())
+			}
+		}
+		return shown
+	}
 }
 
 // sample returns the indexes of the objects whose counts the benchmark checks: the
