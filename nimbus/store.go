@@ -203,6 +203,12 @@ func (t *tables) objectsAfter(kind nimbusv1.Kind, after nimbusv1.Key) iter.Seq[*
 // revision returns the revision of the last committed change in t.
 func (t *tables) revision() uint64 { return t.rev }
 
+// objectsOnly returns a version with t's objects and revision alone, for a read that
+// needs nothing else and may last long, such as a watch's snapshot, which takes minutes
+// to reach a slow node: it keeps none of t's statuses, watermarks and watch state from
+// being freed meanwhile. Its other reads must not be used.
+func (t *tables) objectsOnly() *tables { return &tables{objects: t.objects, rev: t.rev} }
+
 // statusesOf returns the statuses stored for the object with the key, ordered by node.
 func (t *tables) statusesOf(key nimbusv1.Key) []*statusRecord {
 	return t.statusesOfID(key.String())

@@ -401,7 +401,9 @@ func (s *Server) subscribe(node string, target bool, epoch string, rev uint64) (
 	if sub.resumed {
 		s.metrics.watchStarts.WithLabelValues(watchModeResume).Inc()
 	} else {
-		sub.snap = s.store.read()
+		// Only the objects: the statuses reported while the snapshot is sent are not kept
+		// alive by it.
+		sub.snap = s.store.read().objectsOnly()
 		s.metrics.watchStarts.WithLabelValues(watchModeSnapshot).Inc()
 	}
 	s.metrics.watchers.Set(float64(len(s.watchers)))

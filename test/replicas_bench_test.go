@@ -108,7 +108,7 @@ import (
 //
 // The size can be set with the environment: NAPLES_BENCH_AGENTS, NAPLES_BENCH_OBJECTS,
 // NAPLES_BENCH_GLOBAL (objects for every node), NAPLES_BENCH_CONNS (connections per
-// replica) and NAPLES_BENCH_UPDATES.
+// replica), NAPLES_BENCH_UPDATES and NAPLES_BENCH_SYNCING (first snapshots at once).
 func BenchmarkReplicas(b *testing.B) {
 	size := replicaBenchSizeFromEnv(b)
 	var results []*replicaBenchResult
@@ -151,16 +151,27 @@ const (
 	// and transport state: 70 to 100 KiB per connection in a run with
 	// NAPLES_BENCH_CONNS=3334, which is a connection per agent.
 	benchConnsDefault = 32
+	// benchSyncingDefault is how many clients take their first snapshot at once, at most:
+	// the others wait for one of them to be SYNCED. Agents each decode their snapshot on
+	// a host of their own; here 10,000 of them share the benchmark's two cores with the
+	// replicas, and with every client decoding at once (10⁸ events at 10,000 objects for
+	// every node) the gRPC transports' reader goroutines wait so long behind the clients'
+	// that their connections miss nimbus's keepalive (a ping answered within 10 s) and
+	// close, and each client's stream window (1 MiB) fills: 10 GB held by the benchmark.
+	// Every client still watches at once after a failover, which resumes.
+	benchSyncingDefault = 1_000
 )
 
 // replicaBenchSize is the size of one run.
 type replicaBenchSize struct {
 	agents, objects, global, conns, updates int
+	// syncing is how many clients take their first snapshot at once, at most.
+	syncing int
 }
 
 func (s replicaBenchSize) String() string {
 	return fmt.Sprintf("%d agents, %d objects (%d for every node, the others for one node each), %d connections per replica, %d updates",
-		s.agents, s.objects, s.global, s.conns, s.updates)
+		s.agents, s.objects, s.global, s.conns, s.updates) + fmt.Sprintf(", %d first snapshots at once", s.syncing)
 }
 
 // replicaBenchSizeFromEnv reads the size from the environment, with the defaults.
@@ -183,6 +194,7 @@ func replicaBenchSizeFromEnv(b *testing.B) replicaBenchSize {
 		global:  get("NAPLES_BENCH_GLOBAL", benchGlobalDefault),
 		conns:   get("NAPLES_BENCH_CONNS", benchConnsDefault),
 		updates: get("NAPLES_BENCH_UPDATES", benchUpdatesDefault),
+		syncing: get("NAPLES_BENCH_SYNCING", benchSyncingDefault),
 	}
 	if s.global > s.objects {
 		b.Fatalf("$NAPLES_BENCH_GLOBAL=%d: more than the %d objects", s.global, s.objects)
@@ -719,6 +731,8 @@ type benchFleet struct {
 	unexpected atomic.Int64
 	// unsettled counts the clients that have objects in flight.
 	unsettled atomic.Int64
+	// syncing holds a token for each client taking its first snapshot.
+	syncing chan struct{}
 
 	// received is when each client got each update round, in Unix nanoseconds, by round
 	// then client; updateCount counts the clients that got each round. reported is when
@@ -792,6 +806,8 @@ type benchClient struct {
 	lastResumed atomic.Bool
 	// reporters counts the status streams it reported on.
 	reporters atomic.Int32
+	// syncing tells whether it holds a token of benchFleet.syncing, owned by its goroutine.
+	syncing bool
 
 	// The agent's state, owned by the client's goroutine.
 	epoch string
@@ -821,7 +837,7 @@ type benchClient struct {
 func newBenchFleet(b *testing.B, parent context.Context, rc *replicaCluster, size replicaBenchSize, layout *benchLayout) *benchFleet {
 	b.Helper()
 	ctx, cancel := context.WithCancel(parent)
-	f := &benchFleet{ctx: ctx, cancel: cancel, layout: layout}
+	f := &benchFleet{ctx: ctx, cancel: cancel, layout: layout, syncing: make(chan struct{}, size.syncing)}
 	rounds := size.updates + 1
 	f.updateCount = make([]atomic.Int64, rounds)
 	f.received = make([][]atomic.Int64, rounds)
@@ -943,6 +959,14 @@ func (f *benchFleet) sent() int64 {
 // run watches for client c until the fleet stops, moving to another replica whenever a
 // stream ends.
 func (f *benchFleet) run(c *benchClient) {
+	// A client takes its first snapshot once fewer than benchSyncing others are taking
+	// theirs; started lets the next one go.
+	select {
+	case f.syncing <- struct{}{}:
+		c.syncing = true
+	case <-f.ctx.Done():
+		return
+	}
 	r := c.home
 	failures := 0
 	for f.ctx.Err() == nil {
@@ -1301,6 +1325,10 @@ func (f *benchFleet) started(c *benchClient, resumed, first bool) {
 	c.lastResumed.Store(resumed)
 	c.startedAt.Store(now)
 	c.starts.Add(1)
+	if c.syncing {
+		c.syncing = false
+		<-f.syncing
+	}
 	if first {
 		for {
 			last := f.lastSynced.Load()
@@ -1416,11 +1444,38 @@ func (bc *benchConn) openReporter(ctx context.Context) (*benchReporter, error) {
 			}
 			if r.err != nil {
 				r.failed.Store(true)
+				bc.dropUntilReplaced(r)
 				return
 			}
 		}
 	}()
 	return r, nil
+}
+
+// dropUntilReplaced drops, as done, the reports queued on the connection after its
+// reporter r failed, until another replaces it or the fleet stops: they are of clients
+// that watch elsewhere by now, and report everything again there, as agents do on a
+// new status stream. A connection that stays down has nobody else to empty its queue.
+func (bc *benchConn) dropUntilReplaced(r *benchReporter) {
+	for {
+		bc.repMu.Lock()
+		if bc.rep != r {
+			bc.repMu.Unlock()
+			// The wake this took may have been the new reporter's.
+			select {
+			case bc.wake <- struct{}{}:
+			default:
+			}
+			return
+		}
+		bc.done.Add(int64(len(bc.take())))
+		bc.repMu.Unlock()
+		select {
+		case <-bc.wake:
+		case <-r.stop:
+			return
+		}
+	}
 }
 
 // reporter returns the connection's reporter, replacing it first with a new stream
