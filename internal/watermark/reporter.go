@@ -67,19 +67,25 @@ func (r *Reporter) Report(src Source, epoch string, rev uint64, changed []nimbus
 	}
 	tr.SetPosition(epoch, rev)
 	epoch, w := tr.Watermark()
-	ids := slices.Clone(changed)
-	if all {
-		ids = append(ids, again...)
+	// Only the keys with something to send are kept, then sorted: on a new stream every
+	// key the node holds is changed, and most are not sent.
+	var ids []nimbusv1.Key
+	keep := func(keys []nimbusv1.Key) {
+		for _, id := range keys {
+			if r.sends(src, id) {
+				ids = append(ids, id)
+			}
+		}
 	}
-	ids = append(ids, tr.Changed()...)
+	keep(changed)
+	if all {
+		keep(again)
+	}
+	keep(tr.Changed())
 	slices.SortFunc(ids, nimbusv1.Key.Compare)
 	for _, id := range slices.Compact(ids) {
 		st := src.Status(id)
-		_, wasHeld := r.held[id]
 		own := tr.IsException(id) || (st != nil && hasOperational(st))
-		if !own && !wasHeld {
-			continue
-		}
 		obj := src.Object(id)
 		var sent *nimbusv1.NodeStatus
 		switch {
@@ -114,6 +120,16 @@ func (r *Reporter) Report(src Source, epoch string, rev uint64, changed []nimbus
 		r.sentEpoch, r.sentRev, r.sentOnce = epoch, w, true
 	}
 	return w, nil
+}
+
+// sends tells whether the key has a status to send: its own (an exception, or one with
+// operational data) or one nimbus holds from the stream, which must be cleared.
+func (r *Reporter) sends(src Source, id nimbusv1.Key) bool {
+	if _, held := r.held[id]; held || r.tracker.IsException(id) {
+		return true
+	}
+	st := src.Status(id)
+	return st != nil && hasOperational(st)
 }
 
 // isDone tells whether the status is PROGRAMMED at the object's generation.
