@@ -131,6 +131,8 @@ type view struct {
 	// has read them, which everyRead tells.
 	every     []string
 	everyRead bool
+	// st is the store the view reads, whose cache of every's names views share.
+	st *store
 	// marks indexes the watermarks of the nodes of every, once everyMarks has read them.
 	marks *everyMarks
 	// staleSince is the time a node must have had no open watch since for its statuses
@@ -149,7 +151,7 @@ type view struct {
 
 // view starts a read of the current state of the store. It takes no lock.
 func (s *Server) view() *view {
-	v := &view{tables: s.store.read(), epoch: s.Epoch(), started: s.started, detailsBytes: s.opts.Limits.StatusDetailsBytes,
+	v := &view{tables: s.store.read(), st: s.store, epoch: s.Epoch(), started: s.started, detailsBytes: s.opts.Limits.StatusDetailsBytes,
 		statusNodes: s.opts.Limits.StatusNodes, metrics: s.metrics}
 	if s.opts.StaleAfter > 0 {
 		v.staleSince = s.opts.Now().Add(-s.opts.StaleAfter)
@@ -175,10 +177,17 @@ func (v *view) stale(node string) bool {
 
 // everyNode returns the target nodes of an object for every node, sorted: the nodes there
 // are Node objects for, together with the nodes that have a watch stream open now. A node
-// that only watched once, or only reported a status, is not among them.
+// that only watched once, or only reported a status, is not among them. The views of
+// versions with the same nodesGen share them: the caller must not modify them.
 func (v *view) everyNode() []string {
 	if v.everyRead {
 		return v.every
+	}
+	if v.st != nil {
+		if names, ok := v.st.cachedEveryNode(v.nodesGen); ok {
+			v.every, v.everyRead = names, true
+			return v.every
+		}
 	}
 	nodes := map[string]struct{}{}
 	for rec := range v.objectsOfKind(nimbusv1.Kind_KIND_NODE) {
@@ -190,6 +199,9 @@ func (v *view) everyNode() []string {
 		}
 	}
 	v.every, v.everyRead = slices.Sorted(maps.Keys(nodes)), true
+	if v.st != nil {
+		v.st.cacheEveryNode(v.nodesGen, v.every)
+	}
 	return v.every
 }
 

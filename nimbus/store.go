@@ -122,6 +122,11 @@ type tables struct {
 	// rev is the revision of the last committed change, kept with the objects so that a
 	// reader sees the revision that matches exactly the objects it reads.
 	rev uint64
+	// nodesGen counts the writes that may have changed the target nodes of the objects
+	// for every node or which nodes are stale: those of Node objects and of watch_nodes
+	// rows that changed whether a node has a watch open or when its last one ended. Two
+	// published versions with the same nodesGen have the same of both.
+	nodesGen uint64
 }
 
 func newTables() *tables {
@@ -296,6 +301,48 @@ type store struct {
 	base *tables
 	// published is the version reads see.
 	published atomic.Pointer[tables]
+	// everyNodes holds the target nodes of the objects for every node as the views of the
+	// latest nodesGen that read them found them; see view.everyNode.
+	everyNodes atomic.Pointer[everyNodeNames]
+	// everyCacheOff makes every view read the target nodes again, for the tests that
+	// compare the two.
+	everyCacheOff atomic.Bool
+}
+
+// everyNodeNames is the sorted target nodes of the objects for every node in the versions
+// with nodesGen gen. It is never modified.
+type everyNodeNames struct {
+	gen   uint64
+	names []string
+}
+
+// cachedEveryNode returns the target nodes cached for nodesGen gen, or nil.
+func (st *store) cachedEveryNode(gen uint64) ([]string, bool) {
+	if st.everyCacheOff.Load() {
+		return nil, false
+	}
+	if c := st.everyNodes.Load(); c != nil && c.gen == gen {
+		return c.names, true
+	}
+	return nil, false
+}
+
+// cacheEveryNode caches names as the target nodes for nodesGen gen, unless those of a
+// later gen are cached.
+func (st *store) cacheEveryNode(gen uint64, names []string) {
+	if st.everyCacheOff.Load() {
+		return
+	}
+	next := &everyNodeNames{gen: gen, names: names}
+	for {
+		cur := st.everyNodes.Load()
+		if cur != nil && cur.gen >= gen {
+			return
+		}
+		if st.everyNodes.CompareAndSwap(cur, next) {
+			return
+		}
+	}
 }
 
 func newStore() *store {
@@ -353,6 +400,9 @@ func (w *writeTxn) putObject(rec *objectRecord) {
 		w.releaseClaims(old)
 	}
 	w.addClaims(rec)
+	if rec.Key.Kind == nimbusv1.Kind_KIND_NODE {
+		w.nodesGen++
+	}
 }
 
 // deleteObject deletes the object with the key and its claims, but not its statuses.
@@ -362,6 +412,9 @@ func (w *writeTxn) deleteObject(key nimbusv1.Key) { w.deleteObjectID(key.String(
 func (w *writeTxn) deleteObjectID(id string) {
 	if old, deleted := w.objects.Delete(id); deleted {
 		w.releaseClaims(old)
+		if old.Key.Kind == nimbusv1.Kind_KIND_NODE {
+			w.nodesGen++
+		}
 	}
 }
 
@@ -387,10 +440,19 @@ func (w *writeTxn) deleteStatus(rec *statusRecord) {
 
 // putWatchNode stores the record, replacing the one of its node. The record must not be
 // modified afterwards.
-func (w *writeTxn) putWatchNode(rec *watchNodeRecord) { w.watchNodes.Set(rec.Name, rec) }
+func (w *writeTxn) putWatchNode(rec *watchNodeRecord) {
+	old, replaced := w.watchNodes.Set(rec.Name, rec)
+	if !replaced || (old.Streams > 0) != (rec.Streams > 0) || (rec.Streams == 0 && !old.Since.Equal(rec.Since)) {
+		w.nodesGen++
+	}
+}
 
 // deleteWatchNode deletes the watch_nodes row of the node.
-func (w *writeTxn) deleteWatchNode(node string) { w.watchNodes.Delete(node) }
+func (w *writeTxn) deleteWatchNode(node string) {
+	if _, deleted := w.watchNodes.Delete(node); deleted {
+		w.nodesGen++
+	}
+}
 
 // newUUID returns a random UUID, version 4, in its canonical text form.
 func newUUID() string {
