@@ -145,3 +145,45 @@ func TestEveryNodeCacheConcurrentReads(t *testing.T) {
 	close(done)
 	wg.Wait()
 }
+
+// TestNodesGenFollowsTheTargetNodes shows each write that changes which nodes the objects
+// for every node target, or when a node's statuses turn stale, moves nodesGen, and the
+// writes that change neither do not: the views' shared target nodes are read again after
+// exactly those.
+func TestNodesGenFollowsTheTargetNodes(t *testing.T) {
+	st := newStore()
+	gen := func() uint64 { return st.read().nodesGen }
+	t0 := time.Unix(1_000, 0)
+	nodeKey2 := nimbusv1.NewKey(nimbusv1.Kind_KIND_NODE, "", "", "n2").Key()
+	for _, step := range []struct {
+		what  string
+		write func(w *writeTxn)
+		moves bool
+	}{
+		{"a node's first watch record", func(w *writeTxn) { w.putWatchNode(&watchNodeRecord{Name: "n1", Since: t0}) }, true},
+		{"its watch opening", func(w *writeTxn) { w.putWatchNode(&watchNodeRecord{Name: "n1", Streams: 1, Since: t0}) }, true},
+		{"a second watch of it", func(w *writeTxn) { w.putWatchNode(&watchNodeRecord{Name: "n1", Streams: 2, Since: t0}) }, false},
+		{"one of them ending", func(w *writeTxn) { w.putWatchNode(&watchNodeRecord{Name: "n1", Streams: 1, Since: t0}) }, false},
+		{"the last one ending", func(w *writeTxn) { w.putWatchNode(&watchNodeRecord{Name: "n1", Since: t0.Add(time.Second)}) }, true},
+		{"the same record again", func(w *writeTxn) { w.putWatchNode(&watchNodeRecord{Name: "n1", Since: t0.Add(time.Second)}) }, false},
+		{"a later end", func(w *writeTxn) { w.putWatchNode(&watchNodeRecord{Name: "n1", Since: t0.Add(2 * time.Second)}) }, true},
+		{"the record deleted", func(w *writeTxn) { w.deleteWatchNode("n1") }, true},
+		{"a record that is not there deleted", func(w *writeTxn) { w.deleteWatchNode("n1") }, false},
+		{"a Node object", func(w *writeTxn) { w.putObject(&objectRecord{Key: nodeKey2, Object: nodeObject("n2")}) }, true},
+		{"a Route", func(w *writeTxn) {
+			w.putObject(&objectRecord{Key: routeKey("r1").Key(), Object: route("r1", nil, "192.0.2.1")})
+		}, false},
+		{"the Route deleted", func(w *writeTxn) {
+			w.deleteObject(routeKey("r1").Key())
+		}, false},
+		{"the Node object deleted", func(w *writeTxn) { w.deleteObject(nodeKey2) }, true},
+	} {
+		before := gen()
+		w := st.write()
+		step.write(w)
+		w.commit()
+		if moved := gen() != before; moved != step.moves {
+			t.Errorf("%s: nodesGen went from %d to %d; want it moved: %v", step.what, before, gen(), step.moves)
+		}
+	}
+}
