@@ -9,7 +9,9 @@ import (
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
-// Source is what a Reporter reads of what a node holds.
+// Source is what a Reporter reads of what a node holds. A Reporter reads what Object and
+// Status return only until its next call of the same method, and keeps none of it: a
+// Source may return the same value each time, filled in again.
 type Source interface {
 	// Object returns the object with the key as the node holds it, or nil when the node
 	// does not hold it.
@@ -18,10 +20,6 @@ type Source interface {
 	// none. The Reporter does not modify it.
 	Status(key nimbusv1.Key) *nimbusv1.NodeStatus
 }
-
-// A Reporter reads what a Source's Object and Status return only until its next call of
-// the same method, and keeps none of it: a Source may return the same value each time,
-// filled in again.
 
 // Reporter works out what a node sends on one ReportStatus stream to a nimbus that takes
 // watermarks: its watermark and, on their own, the statuses nimbus cannot derive from it,
