@@ -134,6 +134,10 @@ type Client struct {
 	moveFrom, moveTo string
 	// endStatus ends the status stream under way.
 	endStatus context.CancelCauseFunc
+
+	// marks is what the status streams to a nimbus that takes watermarks carry over from
+	// one to the next; only the status stream's loop uses it.
+	marks *markReport
 }
 
 // errMoved is why a stream ended when nimbus asked the client to watch another replica.
@@ -243,6 +247,7 @@ func (c *Client) Run(ctx context.Context) error {
 		c.loop(ctx, streamWatch, func(ctx context.Context, taken func()) error { return c.watch(ctx, api, taken) })
 	})
 	wg.Go(func() {
+		defer c.dropMarks()
 		c.loop(ctx, streamStatus, func(ctx context.Context, taken func()) error { return c.reportRouted(ctx, api, taken) })
 	})
 	wg.Go(func() { c.logConnectFailures(ctx, conn) })

@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/naplesnet/naples/internal/telemetry/telemetrytest"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -103,13 +104,10 @@ func TestBackoffStartsOverOnceStreamTaken(t *testing.T) {
 	}
 }
 
-// TestIdleStatusStreamReconnects cuts the client's connection while its status stream is
-// idle: the client notices at once, not at the next status change, opens a new status
-// stream and sends every status again on it.
-func TestIdleStatusStreamReconnects(t *testing.T) {
-	b := newBus(t)
-	proxy := newCutProxy(t, b.path)
-	b.apply(t, "r1", "a")
+// proxiedClient runs a client for node a that reaches nimbus through the proxy, and
+// returns its delphi store and status writer, and its metrics.
+func proxiedClient(t *testing.T, proxy *cutProxy) (*agent, *prometheus.Registry) {
+	t.Helper()
 	a := newAgent(t)
 	reg := prometheus.NewRegistry()
 	c, err := New(Options{Node: "a", Address: "unix://" + proxy.path, Store: a.store, Logger: quiet, MaxBackoff: 200 * time.Millisecond, Registerer: reg})
@@ -118,6 +116,17 @@ func TestIdleStatusStreamReconnects(t *testing.T) {
 	}
 	t.Cleanup(func() { c.Close() })
 	runClient(t, c)
+	return a, reg
+}
+
+// TestIdleStatusStreamReconnects cuts the client's connection while its status stream is
+// idle: the client notices at once, not at the next status change, opens a new status
+// stream and sends every status again on it.
+func TestIdleStatusStreamReconnects(t *testing.T) {
+	b := newBus(t)
+	proxy := newCutProxy(t, b.path)
+	b.apply(t, "r1", "a")
+	a, reg := proxiedClient(t, proxy)
 	waitMetric(t, reg, seriesConnected, "to be 1", func(v float64) bool { return v == 1 })
 	// Operational data goes up as a status of its own, watermark or not.
 	if err := a.status.Set(routeKey("r1"), &nimbusv1.NodeStatus{ObservedGeneration: 1, Phase: nimbusv1.Phase_PHASE_PROGRAMMED, Operational: map[string]string{"hits": "1"}}); err != nil {
@@ -129,4 +138,63 @@ func TestIdleStatusStreamReconnects(t *testing.T) {
 	proxy.cut()
 	waitMetric(t, reg, seriesStatusReconnects, "to count the status stream started again", func(v float64) bool { return v >= 1 })
 	waitMetric(t, reg, seriesReports, "to count r1's status sent again", func(v float64) bool { return v >= 2 })
+}
+
+// TestStatusStreamCarriesOverExceptions holds the client away from nimbus while statuses
+// change: an exception is cleared and another object fails. The next status stream, which
+// starts from what the last one left (the reporter and its subscription carry over), tells
+// nimbus both, and the objects that were done all along stay PROGRAMMED without their
+// statuses going up again.
+func TestStatusStreamCarriesOverExceptions(t *testing.T) {
+	b := newBus(t)
+	proxy := newCutProxy(t, b.path)
+	names := []string{"r1", "r2", "r3", "r4", "r5"}
+	for _, name := range names {
+		b.apply(t, name, "a")
+	}
+	a, reg := proxiedClient(t, proxy)
+	waitFor(t, "the client to hold every route", func() bool { return len(a.names()) >= len(names) })
+	set := func(name string, phase nimbusv1.Phase, msg string) {
+		t.Helper()
+		if err := a.status.Set(routeKey(name), &nimbusv1.NodeStatus{ObservedGeneration: 1, Phase: phase, Message: msg}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range names[:4] {
+		set(name, nimbusv1.Phase_PHASE_PROGRAMMED, "")
+	}
+	set("r5", nimbusv1.Phase_PHASE_FAILED, "r5 refused")
+	phases := func(want map[string]nimbusv1.Phase) func() bool {
+		return func() bool {
+			for name, phase := range want {
+				resp, err := b.api.Get(context.Background(), &nimbusv1.GetRequest{Key: routeKey(name)})
+				if err != nil {
+					return false
+				}
+				var got nimbusv1.Phase
+				for _, st := range resp.GetItem().GetStatus().GetNodes() {
+					if st.GetNode() == "a" {
+						got = st.GetPhase()
+					}
+				}
+				if got != phase {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	const done, failed = nimbusv1.Phase_PHASE_PROGRAMMED, nimbusv1.Phase_PHASE_FAILED
+	waitFor(t, "r1-r4 PROGRAMMED and r5 FAILED on node a", phases(map[string]nimbusv1.Phase{"r1": done, "r2": done, "r3": done, "r4": done, "r5": failed}))
+	waitMetric(t, reg, seriesReports, "to count r5's status", func(v float64) bool { return v == 1 })
+
+	proxy.hold()
+	set("r5", done, "")
+	set("r4", failed, "r4 refused")
+	proxy.release()
+	waitFor(t, "r4 FAILED and the others PROGRAMMED on node a after the reconnect", phases(map[string]nimbusv1.Phase{"r1": done, "r2": done, "r3": done, "r4": failed, "r5": done}))
+	// r5 failed and done, r4 failed, each at most once more: no status of r1-r3 went up.
+	if v := telemetrytest.Values(t, reg)[seriesReports]; v < 2 || v > 4 {
+		t.Errorf("%s = %v, want 2 to 4: r5's and r4's statuses, not every one", seriesReports, v)
+	}
 }

@@ -59,15 +59,12 @@ func (c *Client) report(ctx context.Context, api nimbusv1.NimbusClient, taken fu
 		}
 		ended <- err
 	})
-	sub, err := c.store.Subscribe(delphi.SubscribeOptions{Tables: []delphi.Table{delphi.TableStatus, delphi.TableDesired}})
-	if err != nil {
-		return fmt.Errorf("subscribing to status: %w", err)
-	}
-	defer sub.Close()
 	if slices.Contains(md.Get(nimbusv1.StatusWatermarkHeader), "1") {
-		err = c.reportWatermarks(ctx, stream, sub)
+		err = c.reportWatermarks(ctx, stream)
 	} else {
-		err = c.reportEvery(ctx, stream, sub)
+		// A nimbus that takes watermarks later hears everything again.
+		c.dropMarks()
+		err = c.reportEvery(ctx, stream)
 	}
 	// When the stream ended, the receive says why: a send finds the end first (io.EOF),
 	// or the wait for changes ends because the receive did.
@@ -98,7 +95,12 @@ func (c *Client) selfChanged(ids []nimbusv1.Key) bool {
 // change. A key's status also goes up again when its object changes, so a nimbus that lost
 // an object and got it back (an ephemeral restart) hears the status of the object it has
 // now; and all of them go up again when this node's Node object comes or changes.
-func (c *Client) reportEvery(ctx context.Context, stream statusSender, sub *delphi.Subscription) error {
+func (c *Client) reportEvery(ctx context.Context, stream statusSender) error {
+	sub, err := c.subscribeStatus()
+	if err != nil {
+		return err
+	}
+	defer sub.Close()
 	for {
 		ids, err := sub.Next(ctx)
 		if err != nil {
@@ -136,11 +138,57 @@ func (c *Client) sendStatus(stream statusSender, id nimbusv1.Key) error {
 	return nil
 }
 
+// subscribeStatus subscribes to the changes of delphi's statuses and objects; the first
+// Next returns every key.
+func (c *Client) subscribeStatus() (*delphi.Subscription, error) {
+	sub, err := c.store.Subscribe(delphi.SubscribeOptions{Tables: []delphi.Table{delphi.TableStatus, delphi.TableDesired}})
+	if err != nil {
+		return nil, fmt.Errorf("subscribing to status: %w", err)
+	}
+	return sub, nil
+}
+
+// markReport is what the status streams to a nimbus that takes watermarks carry over from
+// one to the next: the Reporter, which knows the node's exceptions and what nimbus held
+// from the last stream, and the subscription whose first Next told it every key. A new
+// stream sends the watermark and the exceptions again (watermark.Reporter.Restart), not a
+// status per object: at ten thousand objects a node, moving to another replica costs
+// kilobytes, not a walk of delphi.
+type markReport struct {
+	rep *watermark.Reporter
+	sub *delphi.Subscription
+}
+
+// dropMarks forgets what the status streams carried over; the next stream to a nimbus
+// that takes watermarks starts from every key.
+func (c *Client) dropMarks() {
+	if c.marks != nil {
+		c.marks.sub.Close()
+		c.marks = nil
+	}
+}
+
 // reportWatermarks reports the node's watermark and, on their own, the statuses nimbus
 // cannot derive from it, as a watermark.Reporter works them out. All of it goes up again
-// when this node's Node object comes or changes.
-func (c *Client) reportWatermarks(ctx context.Context, stream statusSender, sub *delphi.Subscription) error {
-	rep := watermark.NewReporter(c.opts.Node, watermark.Options{ExceptionAfter: c.opts.StatusExceptionAfter, MaxExceptions: c.opts.StatusMaxExceptions})
+// when this node's Node object comes or changes. The Reporter and the subscription carry
+// over to the next stream (markReport).
+func (c *Client) reportWatermarks(ctx context.Context, stream statusSender) error {
+	// A stream after the first starts with a Report at once: the watermark and the
+	// exceptions again. The first starts with the subscription's first Next, every key.
+	restarted := c.marks != nil
+	if !restarted {
+		sub, err := c.subscribeStatus()
+		if err != nil {
+			return err
+		}
+		c.marks = &markReport{
+			rep: watermark.NewReporter(c.opts.Node, watermark.Options{ExceptionAfter: c.opts.StatusExceptionAfter, MaxExceptions: c.opts.StatusMaxExceptions}),
+			sub: sub,
+		}
+	} else {
+		c.marks.rep.Restart()
+	}
+	rep, sub := c.marks.rep, c.marks.sub
 	tr := rep.Tracker()
 	src := storeSource{c.store}
 	send := func(r *nimbusv1.StatusReport) error {
@@ -158,7 +206,13 @@ func (c *Client) reportWatermarks(ctx context.Context, stream statusSender, sub 
 		if at, ok := tr.NextAging(); ok {
 			wait, cancel = context.WithDeadline(ctx, at)
 		}
-		ids, err := sub.Next(wait)
+		var ids []nimbusv1.Key
+		var err error
+		if restarted {
+			restarted = false
+		} else {
+			ids, err = sub.Next(wait)
+		}
 		cancel()
 		if err != nil && (ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded)) {
 			return fmt.Errorf("waiting for status changes: %w", err)

@@ -1222,16 +1222,21 @@ func (f *benchFleet) complete(c *benchClient) bool {
 }
 
 // reportStatus queues client c's reports since the last, as the agent's watermark
-// reporter works them out, on the status stream of its connection: a new stream starts
-// a new reporter, told every object the client holds.
+// reporter works them out, on the status stream of its connection. The client's first
+// reporter is told every object it holds; on a new stream it goes on (Restart), as the
+// agent's does, and sends its exceptions and watermark again.
 func (f *benchFleet) reportStatus(c *benchClient) {
 	bc := c.bc
 	changed := c.changed
 	if rs := bc.reporter(f.ctx); c.rep == nil || c.repStream != rs {
-		c.rep = watermark.NewReporter(c.node, watermark.Options{})
+		if c.rep == nil {
+			c.rep = watermark.NewReporter(c.node, watermark.Options{})
+			changed = f.heldKeys(c)
+		} else {
+			c.rep.Restart()
+		}
 		c.repStream = rs
 		c.reporters.Add(1)
-		changed = f.heldKeys(c)
 	}
 	var out []*nimbusv1.StatusReport
 	_, _ = c.rep.Report(benchSource{f.layout, c}, c.epoch, c.rev, changed, false, nil, func(r *nimbusv1.StatusReport) error {

@@ -29,14 +29,18 @@ type Source interface {
 // derive it again; an exception without a status goes up as a status without a phase.
 // Then the watermark, when it moved.
 //
-// A Reporter serves one stream: a new stream needs a new Reporter, told every key the
-// node holds. It is not safe for concurrent use.
+// A Reporter serves one stream at a time: its first is told every key the node holds;
+// Restart starts the next, which costs the exceptions and held statuses, not the objects.
+// It is not safe for concurrent use.
 type Reporter struct {
 	node    string
 	tracker *Tracker
 	// held are the keys whose status nimbus holds from the stream, as one it cannot
 	// derive.
-	held      map[nimbusv1.Key]struct{}
+	held map[nimbusv1.Key]struct{}
+	// unsent are the keys the next Report sends again: those a failed Report did not get
+	// to, and after Restart those whose status nimbus held from the stream before.
+	unsent    map[nimbusv1.Key]struct{}
 	sentEpoch string
 	sentRev   uint64
 	sentOnce  bool
@@ -44,7 +48,20 @@ type Reporter struct {
 
 // NewReporter returns a Reporter of the node's statuses whose Tracker has the options.
 func NewReporter(node string, opts Options) *Reporter {
-	return &Reporter{node: node, tracker: New(opts), held: map[nimbusv1.Key]struct{}{}}
+	return &Reporter{node: node, tracker: New(opts), held: map[nimbusv1.Key]struct{}{}, unsent: map[nimbusv1.Key]struct{}{}}
+}
+
+// Restart tells the Reporter that a new stream starts, to the same nimbus or another: the
+// next Report sends again every status nimbus held from the stream before (the exceptions
+// and the statuses with operational data among them), those a failed Report did not get to
+// send, and the watermark. Every other key the node holds is done and below the
+// watermark, which speaks for it on the new stream too: a node that moves to another
+// replica sends its watermark and exceptions, not a status per object.
+func (r *Reporter) Restart() {
+	for id := range r.held {
+		r.unsent[id] = struct{}{}
+	}
+	r.sentOnce = false
 }
 
 // Tracker returns the Reporter's Tracker, for its counts and NextAging; Report alone
@@ -80,8 +97,15 @@ func (r *Reporter) Report(src Source, epoch string, rev uint64, changed []nimbus
 		keep(again)
 	}
 	keep(tr.Changed())
+	// Whatever a stream before did not get to send goes, even a status that is done:
+	// nimbus may hold one that is not.
+	for id := range r.unsent {
+		ids = append(ids, id)
+	}
+	clear(r.unsent)
 	slices.SortFunc(ids, nimbusv1.Key.Compare)
-	for _, id := range slices.Compact(ids) {
+	ids = slices.Compact(ids)
+	for k, id := range ids {
 		st := src.Status(id)
 		own := tr.IsException(id) || (st != nil && hasOperational(st))
 		obj := src.Object(id)
@@ -107,12 +131,17 @@ func (r *Reporter) Report(src Source, epoch string, rev uint64, changed []nimbus
 			sent.Node = r.node
 		}
 		if err := send(&nimbusv1.StatusReport{Key: id.Proto(), Status: sent}); err != nil {
+			// The stream is broken: the next stream's first Report sends these.
+			for _, id := range ids[k:] {
+				r.unsent[id] = struct{}{}
+			}
 			return w, fmt.Errorf("sending status of %s: %w", id, err)
 		}
 	}
 	if all || !r.sentOnce || epoch != r.sentEpoch || w != r.sentRev {
 		wm := &nimbusv1.StatusWatermark{Node: r.node, Epoch: epoch, Revision: w}
 		if err := send(&nimbusv1.StatusReport{Watermark: wm}); err != nil {
+			r.sentOnce = false
 			return w, fmt.Errorf("sending status watermark %s/%d: %w", epoch, w, err)
 		}
 		r.sentEpoch, r.sentRev, r.sentOnce = epoch, w, true

@@ -1,6 +1,8 @@
 package watermark
 
 import (
+	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -49,7 +51,9 @@ func report(t *testing.T, r *Reporter, src *source, rev uint64, changed ...nimbu
 	return out
 }
 
-func TestReporter(t *testing.T) {
+// reporterFixture returns a clock, a Reporter of node n1 that reads it, and what the node
+// holds: routes a, b and f, made at revisions 10, 11 and 12; a and b PROGRAMMED, f FAILED.
+func reporterFixture() (*clock, *Reporter, *source) {
 	c := &clock{now: time.Unix(1700000000, 0)}
 	r := NewReporter("n1", Options{Now: c.Now, ExceptionAfter: time.Second})
 	a, b, f := key("a"), key("b"), key("f")
@@ -57,20 +61,26 @@ func TestReporter(t *testing.T) {
 		objs: map[nimbusv1.Key]*nimbusv1.Object{a: route("a", 1, 10, 10), b: route("b", 1, 11, 11), f: route("f", 1, 12, 12)},
 		sts: map[nimbusv1.Key]*nimbusv1.NodeStatus{
 			a: {Phase: nimbusv1.Phase_PHASE_PROGRAMMED, ObservedGeneration: 1},
+			b: {Phase: nimbusv1.Phase_PHASE_PROGRAMMED, ObservedGeneration: 1},
 			f: {Phase: nimbusv1.Phase_PHASE_FAILED, ObservedGeneration: 1, Message: "refused"},
 		},
 	}
-	check := func(got []sent, want ...sent) {
-		t.Helper()
-		if len(got) != len(want) {
-			t.Fatalf("sent %+v, want %+v", got, want)
-		}
-		for i := range got {
-			if got[i] != want[i] {
-				t.Fatalf("sent %+v, want %+v", got, want)
-			}
-		}
+	return c, r, src
+}
+
+// checkSent fails the test unless got is want.
+func checkSent(t *testing.T, got []sent, want ...sent) {
+	t.Helper()
+	if !slices.Equal(got, want) {
+		t.Fatalf("sent %+v, want %+v", got, want)
 	}
+}
+
+func TestReporter(t *testing.T) {
+	c, r, src := reporterFixture()
+	a, b, f := key("a"), key("b"), key("f")
+	delete(src.sts, b)
+	check := func(got []sent, want ...sent) { checkSent(t, got, want...) }
 	// b has no status: it holds the watermark back just below it; f failed: an
 	// exception, sent on its own.
 	check(report(t, r, src, 12, a, b, f),
@@ -96,4 +106,43 @@ func TestReporter(t *testing.T) {
 	if n := r.Tracker().Exceptions(); n != 0 {
 		t.Errorf("%d exceptions left, want 0", n)
 	}
+}
+
+// A new stream costs the exceptions: after Restart, the next Report sends the statuses
+// nimbus held from the stream before and the watermark, without being told every key
+// again, and it sends what a failed Report did not get to.
+func TestReporterRestart(t *testing.T) {
+	_, r, src := reporterFixture()
+	a, b, f := key("a"), key("b"), key("f")
+	check := func(got []sent, want ...sent) { checkSent(t, got, want...) }
+	// What a new stream hears while f is the only exception.
+	fAndMark := []sent{{key: "f", phase: nimbusv1.Phase_PHASE_FAILED}, {watermark: 12}}
+	check(report(t, r, src, 12, a, b, f), fAndMark...)
+	// A new stream: the exception and the watermark again, not a or b.
+	r.Restart()
+	check(report(t, r, src, 12), fAndMark...)
+	check(report(t, r, src, 12))
+
+	// b fails; then it is done while the stream breaks at the send that would clear it.
+	src.sts[b] = &nimbusv1.NodeStatus{Phase: nimbusv1.Phase_PHASE_FAILED, ObservedGeneration: 1, Message: "refused too"}
+	check(report(t, r, src, 12, b),
+		sent{key: "b", phase: nimbusv1.Phase_PHASE_FAILED})
+	src.sts[b] = &nimbusv1.NodeStatus{Phase: nimbusv1.Phase_PHASE_PROGRAMMED, ObservedGeneration: 1}
+	sends := 0
+	_, err := r.Report(src, "e1", 12, []nimbusv1.Key{b}, false, nil, func(*nimbusv1.StatusReport) error {
+		sends++
+		return errors.New("stream broken")
+	})
+	if err == nil || sends != 1 {
+		t.Fatalf("Report on a broken stream: %v after %d sends, want an error after 1", err, sends)
+	}
+	// The next stream hears what the broken one did not: b is done, which clears the
+	// FAILED status nimbus may still hold; and f.
+	r.Restart()
+	check(report(t, r, src, 12),
+		sent{key: "b", phase: nimbusv1.Phase_PHASE_PROGRAMMED},
+		sent{key: "f", phase: nimbusv1.Phase_PHASE_FAILED},
+		sent{watermark: 12})
+	r.Restart()
+	check(report(t, r, src, 12), fAndMark...)
 }
