@@ -40,9 +40,8 @@ func testEveryNodeCacheMatchesUncached(t *testing.T, seed uint64) {
 	check := func(step int) {
 		t.Helper()
 		for _, limit := range []int{1 << 30, 3} {
-			ts.srv.store.everyCacheOff.Store(true)
 			ref := ts.srv.view()
-			ts.srv.store.everyCacheOff.Store(false)
+			ref.st = nil // it reads every node's records itself, and shares nothing
 			ref.statusNodes = limit
 			for range 2 { // the second view reads the cache the first filled
 				v := ts.srv.view()
@@ -59,11 +58,21 @@ func testEveryNodeCacheMatchesUncached(t *testing.T, seed uint64) {
 						t.Fatalf("step %d, cap %d: %s: status\n%v\nwant (uncached)\n%v", step, limit, key.ID(), got, want)
 					}
 				}
+				if got, want := v.everyMarks().markIndex, ref.everyMarks().markIndex; !sameMarkIndex(got, want) {
+					t.Fatalf("step %d: watermark index\n%+v\nwant (read afresh)\n%+v", step, got, want)
+				}
 			}
 		}
 	}
+	// The nodes whose watches open and close have Node objects too, so that their
+	// statuses turn stale as the clock moves.
+	for _, n := range names[:20] {
+		ts.apply(t, nodeObject(n))
+	}
 	check(0)
+	updated := 0 // the steps whose shared watermark index was made from the one before
 	for step := 1; step <= 60; step++ {
+		before := ts.srv.store.marks.Load()
 		switch rnd.IntN(5) {
 		case 0, 1: // watermark moves
 			top := ts.srv.store.read().revision()
@@ -105,7 +114,21 @@ func testEveryNodeCacheMatchesUncached(t *testing.T, seed uint64) {
 			ts.clock.Advance(time.Duration(rnd.IntN(90)) * time.Second)
 		}
 		check(step)
+		// An index made from the one before shares its stale nodes.
+		if after := ts.srv.store.marks.Load(); before != nil && after != before && len(before.stale) > 0 && len(after.stale) > 0 && &after.stale[0] == &before.stale[0] {
+			updated++
+		}
 	}
+	if updated == 0 {
+		t.Errorf("no step made the shared watermark index from the one before")
+	}
+}
+
+// sameMarkIndex tells whether two indexes of watermarks say the same of the nodes.
+func sameMarkIndex(a, b *markIndex) bool {
+	return a.epoch == b.epoch && slices.Equal(a.marks, b.marks) && slices.Equal(a.wms, b.wms) &&
+		slices.Equal(a.byMark, b.byMark) && slices.Equal(a.sorted, b.sorted) && slices.Equal(a.stale, b.stale) &&
+		slices.Equal(a.staleIdx, b.staleIdx) && slices.Equal(a.staleSorted, b.staleSorted)
 }
 
 // TestEveryNodeCacheConcurrentReads reads the statuses of an object for every node from

@@ -11,30 +11,15 @@ import (
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
-// everyMarks indexes the watermarks of the target nodes of the objects for every node, as
-// one view holds them: how many of the nodes passed a revision is a binary search, and
-// so are the statuses of an object with few records (status's counts, without a walk
-// of the nodes).
+// everyMarks is the index of the watermarks of the target nodes of the objects for every
+// node as one view reads it: the index the views share (markIndex), with what this view
+// derived from it.
 type everyMarks struct {
-	// marks holds each node's watermark as watermarkRecord.mark gives it, by index in
-	// view.every; wms the records.
-	marks []uint64
-	wms   []*watermarkRecord
-	// byMark holds the indices of the nodes, ordered by mark, then by index (which is by
-	// name); sorted holds their marks in that order.
-	byMark []int32
-	sorted []uint64
-	// stale tells, by index, the nodes whose statuses are stale; staleIdx holds their
-	// indices in order, staleSorted their marks sorted.
-	stale       []bool
-	staleIdx    []int32
-	staleSorted []uint64
+	*markIndex
 	// derived holds, by index, the status last derived for that node of an object for
 	// every node: the objects of a generation whose generation revisions the node's
-	// watermark passed in one move share it.
+	// watermark passed in one move share it. Made on first use.
 	derived []derivedStatus
-	// epoch is the view's.
-	epoch string
 	// walks counts the walks of the nodes for the caught_up_time of an object without
 	// records; once there were caughtWalks of them, caught answers instead.
 	walks int
@@ -131,36 +116,13 @@ func (x *everyMarks) latestPassed(rev uint64) (time.Time, bool) {
 	return x.caught.at[j], true
 }
 
-// everyMarks returns the index of the watermarks of the nodes everyNode returns, made on
+// everyMarks returns the index of the watermarks of the nodes everyNode returns, read on
 // first use.
 func (v *view) everyMarks() *everyMarks {
-	if v.marks != nil {
-		return v.marks
+	if v.marks == nil {
+		v.marks = &everyMarks{markIndex: v.markIndex()}
 	}
-	nodes := v.everyNode()
-	n := len(nodes)
-	x := &everyMarks{
-		marks: make([]uint64, n), wms: make([]*watermarkRecord, n),
-		byMark: make([]int32, n), sorted: make([]uint64, n),
-		stale: make([]bool, n), derived: make([]derivedStatus, n), epoch: v.epoch,
-	}
-	for i, node := range nodes {
-		x.wms[i] = v.watermark(node)
-		x.marks[i] = x.wms[i].mark(v.epoch)
-		x.byMark[i] = int32(i)
-		if v.stale(node) {
-			x.stale[i] = true
-			x.staleIdx = append(x.staleIdx, int32(i))
-			x.staleSorted = append(x.staleSorted, x.marks[i])
-		}
-	}
-	slices.SortFunc(x.byMark, func(a, b int32) int { return cmp.Or(cmp.Compare(x.marks[a], x.marks[b]), cmp.Compare(a, b)) })
-	for j, i := range x.byMark {
-		x.sorted[j] = x.marks[i]
-	}
-	slices.Sort(x.staleSorted)
-	v.marks = x
-	return x
+	return v.marks
 }
 
 // passing returns how many of the sorted marks pass rev.
@@ -172,6 +134,9 @@ func passing(sorted []uint64, rev uint64) int {
 // generation revision its watermark passed at at, shared with the other objects of the
 // view it is the same for.
 func (x *everyMarks) derivedStatus(node string, i int, gen int64, at time.Time) *nimbusv1.NodeStatus {
+	if x.derived == nil {
+		x.derived = make([]derivedStatus, len(x.marks))
+	}
 	if d := x.derived[i]; d.ns != nil && d.gen == gen && d.at.Equal(at) {
 		return d.ns
 	}

@@ -162,17 +162,25 @@ func (s *Server) view() *view {
 // stale tells whether the node's statuses are stale: it has no open watch and has had
 // none since v.staleSince.
 func (v *view) stale(node string) bool {
+	stale, _, _ := v.staleness(node)
+	return stale
+}
+
+// staleness tells whether the node's statuses are stale, and, when it has no open watch
+// and statuses can be stale, when its last watch ended, which counts: its statuses are
+// stale in the views whose staleSince is at or after it.
+func (v *view) staleness(node string) (stale bool, last time.Time, counts bool) {
 	if v.staleSince.IsZero() {
-		return false
+		return false, time.Time{}, false
 	}
-	last := v.started
+	last = v.started
 	if rec := v.watchNode(node); rec != nil {
 		if rec.Streams > 0 {
-			return false
+			return false, time.Time{}, false
 		}
 		last = rec.Since
 	}
-	return !last.After(v.staleSince)
+	return !last.After(v.staleSince), last, true
 }
 
 // everyNode returns the target nodes of an object for every node, sorted: the nodes there

@@ -127,6 +127,11 @@ type tables struct {
 	// rows that changed whether a node has a watch open or when its last one ended. Two
 	// published versions with the same nodesGen have the same of both.
 	nodesGen uint64
+	// marksGen counts the writes of the watermarks table, and markLog journals the latest
+	// of them, for the views to update the index of the watermarks they share
+	// (markIndex) rather than read every node's again.
+	marksGen uint64
+	markLog  *markChange
 }
 
 func newTables() *tables {
@@ -304,9 +309,9 @@ type store struct {
 	// everyNodes holds the target nodes of the objects for every node as the views of the
 	// latest nodesGen that read them found them; see view.everyNode.
 	everyNodes atomic.Pointer[everyNodeNames]
-	// everyCacheOff makes every view read the target nodes again, for the tests that
-	// compare the two.
-	everyCacheOff atomic.Bool
+	// marks holds the latest index of the watermarks of those nodes that a view made;
+	// see view.markIndex.
+	marks atomic.Pointer[markIndex]
 }
 
 // everyNodeNames is the sorted target nodes of the objects for every node in the versions
@@ -318,9 +323,6 @@ type everyNodeNames struct {
 
 // cachedEveryNode returns the target nodes cached for nodesGen gen, or nil.
 func (st *store) cachedEveryNode(gen uint64) ([]string, bool) {
-	if st.everyCacheOff.Load() {
-		return nil, false
-	}
 	if c := st.everyNodes.Load(); c != nil && c.gen == gen {
 		return c.names, true
 	}
@@ -330,9 +332,6 @@ func (st *store) cachedEveryNode(gen uint64) ([]string, bool) {
 // cacheEveryNode caches names as the target nodes for nodesGen gen, unless those of a
 // later gen are cached.
 func (st *store) cacheEveryNode(gen uint64, names []string) {
-	if st.everyCacheOff.Load() {
-		return
-	}
 	next := &everyNodeNames{gen: gen, names: names}
 	for {
 		cur := st.everyNodes.Load()

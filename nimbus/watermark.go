@@ -120,10 +120,17 @@ func (t *tables) allWatermarks() iter.Seq[*watermarkRecord] {
 
 // putWatermark stores the record, replacing the one of its node. The record must not be
 // modified afterwards.
-func (w *writeTxn) putWatermark(rec *watermarkRecord) { w.watermarks.Set(rec.Node, rec) }
+func (w *writeTxn) putWatermark(rec *watermarkRecord) {
+	w.watermarks.Set(rec.Node, rec)
+	w.journalMark(rec.Node)
+}
 
 // deleteWatermark deletes the watermark of the node.
-func (w *writeTxn) deleteWatermark(node string) { w.watermarks.Delete(node) }
+func (w *writeTxn) deleteWatermark(node string) {
+	if _, deleted := w.watermarks.Delete(node); deleted {
+		w.journalMark(node)
+	}
+}
 
 // reportStream is what the server keeps of one ReportStatus stream, per node it reports
 // for (one, with TLS).
