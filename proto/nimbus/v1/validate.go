@@ -10,9 +10,35 @@ import (
 	"strings"
 )
 
-// namePattern is what names, tenants, namespaces and node names may look like: DNS-style
-// lower-case labels separated by dots.
-var namePattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$`)
+// isName tells whether s is what names, tenants, namespaces and node names may look
+// like: DNS-style labels separated by dots, each of 1 to 63 lower-case letters, digits
+// and '-', neither first nor last. nimbus checks the key of every status report a node or
+// a peer sends, millions at a fleet's size: a loop over the bytes, not a regular
+// expression, which took a twentieth of a replica's CPU.
+func isName(s string) bool {
+	label := 0 // the length of the label so far
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c >= 'a' && c <= 'z' || c >= '0' && c <= '9':
+		case c == '-':
+			if label == 0 || i+1 == len(s) || s[i+1] == '.' {
+				return false
+			}
+		case c == '.':
+			if label == 0 {
+				return false
+			}
+			label = 0
+			continue
+		default:
+			return false
+		}
+		if label++; label > 63 {
+			return false
+		}
+	}
+	return label > 0
+}
 
 // ifNamePattern is what a Linux interface name may look like.
 var ifNamePattern = regexp.MustCompile(`^[A-Za-z0-9_.:@-]{1,15}$`)
@@ -80,7 +106,7 @@ func (v *validator) name(field, s string, required bool) {
 	switch {
 	case s == "" && required:
 		v.add(field, s, "is required")
-	case s != "" && (len(s) > 253 || !namePattern.MatchString(s)):
+	case s != "" && (len(s) > 253 || !isName(s)):
 		v.add(field, s, "must be lower-case letters, digits, '-' and '.', at most 253 characters")
 	}
 }

@@ -2,6 +2,8 @@ package nimbusv1
 
 import (
 	"errors"
+	"math/rand/v2"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -163,6 +165,29 @@ func TestKeyIDRoundTrip(t *testing.T) {
 	for _, bad := range []string{"Route/x", "Rout/a/b/c"} {
 		if _, err := ParseKeyID(bad); err == nil {
 			t.Errorf("ParseKeyID(%q) succeeded", bad)
+		}
+	}
+}
+
+// TestIsNameMatchesThePattern checks isName against the regular expression of a DNS-style
+// name it replaces, on edge cases and on random strings of the bytes that matter.
+func TestIsNameMatchesThePattern(t *testing.T) {
+	pattern := regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$`)
+	cases := []string{"", "a", "-", ".", "a.", ".a", "a..b", "a-", "-a", "a-b", "a.-b", "a-.b", "a--b",
+		"host-a.example", "A", "a_b", "a b", "é", strings.Repeat("a", 63), strings.Repeat("a", 64),
+		strings.Repeat("a", 63) + "." + strings.Repeat("b", 63), strings.Repeat("a", 62) + "-"}
+	rnd := rand.New(rand.NewPCG(1, 2))
+	const bytes = "ab09-.-.Z_"
+	for range 200000 {
+		b := make([]byte, rnd.IntN(80))
+		for i := range b {
+			b[i] = bytes[rnd.IntN(len(bytes))]
+		}
+		cases = append(cases, string(b))
+	}
+	for _, s := range cases {
+		if got, want := isName(s), pattern.MatchString(s); got != want {
+			t.Errorf("isName(%q) = %v, want %v", s, got, want)
 		}
 	}
 }
