@@ -105,6 +105,23 @@
 #define FW_STAT_BAD_HEADERS 5	  /* see FW_PARSE_HOSTILE */
 #define FW_STATS 6
 
+/* Flow records (struct fw_flow), when the loader turned them on (fw_flows_on). */
+#define FW_FLOW_NEW 1  /* a connection was allowed and is tracked from this packet on */
+#define FW_FLOW_DENY 2 /* a packet was dropped, for reason */
+#define FW_FLOW_END 3  /* a tracked TCP connection saw its first FIN or RST */
+
+/* Reasons of a FW_FLOW_DENY record. */
+#define FW_REASON_POLICY 1    /* rule: the DENY rule, 0 when no rule allowed it */
+#define FW_REASON_SPOOFED 2   /* not from the endpoint's own addresses; no tuple */
+#define FW_REASON_MALFORMED 3 /* headers that cannot be read, or hostile ones */
+#define FW_REASON_FRAGMENT 4  /* a later fragment whose first was not seen (or expired) */
+
+/* Reasons of a FW_FLOW_END record. */
+#define FW_END_FIN 1
+#define FW_END_RST 2
+
+#define FW_FLOWS_BYTES (1 << 20)
+
 /* Default capacities of the maps; the agent may change them before loading. */
 #define FW_SNAPSHOT_ENTRIES 65536
 #define FW_CT_ENTRIES 262144
@@ -244,6 +261,29 @@ struct fw_frag_value {
 	__u8 verdict; /* FW_FRAG_* */
 };
 
+/* fw_flow is one flow record in fw_flows: what happened (type, reason), when
+ * (bpf_ktime_get_ns), to which packet (its interface, endpoint, direction, tuple and
+ * length) and the rule that decided, 0 for none. A FW_FLOW_END record carries the
+ * connection's original tuple and direction. */
+struct fw_flow {
+	__u64 time;
+	__u64 rule;
+	__u32 ifindex;
+	__u32 ep;
+	__u32 len;
+	__u8 type;
+	__u8 reason;
+	__u8 dir;
+	__u8 family; /* 4 or 6; 0 for a spoofed packet, whose tuple is not read */
+	__u8 proto;
+	__u8 pad;
+	__u16 sport; /* network byte order */
+	__u16 dport; /* network byte order */
+	__u16 pad2;
+	__u8 saddr[16]; /* IPv4 in bytes 0-3 */
+	__u8 daddr[16];
+};
+
 /* fw_rule_counters is a value of fw_rule_stats, per CPU. */
 struct fw_rule_counters {
 	__u64 packets;
@@ -323,6 +363,33 @@ struct {
 	__type(value, __u64);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } fw_stats SEC(".maps");
+
+/* fw_flows carries the flow records to the agent. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, FW_FLOWS_BYTES);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fw_flows SEC(".maps");
+
+/* fw_flow_type puts struct fw_flow into the object's BTF, for its Go binding: the
+ * records themselves are written through a pointer bpf_ringbuf_reserve returns. */
+const struct fw_flow *fw_flow_type __attribute__((unused));
+
+/* fw_flow_lost counts, per CPU, the flow records that found fw_flows full. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fw_flow_lost SEC(".maps");
+
+/* fw_flows_on is set by the loader: 0 writes no flow records. fw_flows_wakeup is how
+ * many bytes of records wake the reader up: waking it for every record (the ring's
+ * default once the reader has caught up) costs a record more than the rest of the
+ * program's run, so the reader also polls. */
+const volatile __u32 fw_flows_on = 0;
+const volatile __u64 fw_flows_wakeup = 0;
 
 /* fw_ep is what a packet needs of its interface's endpoint entry. */
 struct fw_ep {
@@ -443,6 +510,45 @@ static __always_inline int fw_spoofed_drop(__u32 ep_id, __u32 len)
 	}
 	fw_stat(FW_STAT_SPOOFED);
 	return FW_TCX_DROP;
+}
+
+/* fw_flow_emit writes a flow record of the packet with tuple t (NULL: none read), or
+ * counts it lost when fw_flows is full. */
+static __always_inline void fw_flow_emit(__u8 type, __u8 reason, __u8 dir, __u32 ifindex,
+					 const struct fw_ct_key *t, __u32 ep_id, __u64 rule, __u32 len)
+{
+	struct fw_flow *f;
+	__u32 zero = 0;
+
+	if (!fw_flows_on)
+		return;
+	f = bpf_ringbuf_reserve(&fw_flows, sizeof(*f), 0);
+	if (!f) {
+		__u64 *c = bpf_map_lookup_elem(&fw_flow_lost, &zero);
+
+		if (c)
+			*c += 1;
+		return;
+	}
+	__builtin_memset(f, 0, sizeof(*f));
+	f->time = bpf_ktime_get_ns();
+	f->rule = rule;
+	f->ifindex = ifindex;
+	f->ep = ep_id;
+	f->len = len;
+	f->type = type;
+	f->reason = reason;
+	f->dir = dir;
+	if (t) {
+		f->family = t->family;
+		f->proto = t->proto;
+		f->sport = t->sport;
+		f->dport = t->dport;
+		__builtin_memcpy(f->saddr, t->saddr, sizeof(f->saddr));
+		__builtin_memcpy(f->daddr, t->daddr, sizeof(f->daddr));
+	}
+	bpf_ringbuf_submit(f, bpf_ringbuf_query(&fw_flows, BPF_RB_AVAIL_DATA) >= fw_flows_wakeup ? BPF_RB_FORCE_WAKEUP
+											  : BPF_RB_NO_WAKEUP);
 }
 
 /* fw_put_be32 stores v big-endian at p, a byte at a time (p need not be aligned). */
@@ -914,6 +1020,12 @@ static __always_inline int fw_spoofed(struct __sk_buff *skb, void *snap, __u16 p
  * what the packet's later fragments get, were it a first fragment, and *deny_rule to the
  * rule that denied it.
  */
+/* fw_end_reason is the reason of the FW_FLOW_END record of a TCP packet with FIN or RST. */
+static __always_inline __u8 fw_end_reason(const struct fw_l4 *l4)
+{
+	return (l4->tcp_flags & FW_TCP_RST) ? FW_END_RST : FW_END_FIN;
+}
+
 static __always_inline int fw_decide(struct __sk_buff *skb, void *snap, const struct fw_ep *ep,
 				     const __u8 dir, __u8 family, struct fw_ct_key *t,
 				     const struct fw_l4 *l4, __u32 len, __u8 *pass, __u64 *deny_rule)
@@ -1004,6 +1116,7 @@ static __always_inline int fw_decide(struct __sk_buff *skb, void *snap, const st
 			fw_count_rule(v.rule, len);
 			*pass = FW_FRAG_DROP;
 			*deny_rule = v.rule;
+			fw_flow_emit(FW_FLOW_DENY, FW_REASON_POLICY, dir, t->ifindex, t, ep->id, v.rule, len);
 			return fw_deny(ep->id, len);
 		}
 		if (need && (e || r)) {
@@ -1016,13 +1129,17 @@ static __always_inline int fw_decide(struct __sk_buff *skb, void *snap, const st
 
 	if (e) {
 		e->last_seen = now;
-		if (closing)
+		if (closing && !(e->flags & FW_CT_CLOSING)) {
 			e->flags |= closing;
+			fw_flow_emit(FW_FLOW_END, fw_end_reason(l4), e->dir, t->ifindex, t, ep->id, e->rule, len);
+		}
 		fw_count_rule(e->rule, len);
 		return fw_allow(ep->id, len);
 	}
 	if (r) {
 		r->last_seen = now;
+		if (closing && !(r->flags & FW_CT_CLOSING))
+			fw_flow_emit(FW_FLOW_END, fw_end_reason(l4), r->dir, t->ifindex, &rev, ep->id, r->rule, len);
 		if ((r->flags & (FW_CT_REPLIED | closing)) != (FW_CT_REPLIED | closing))
 			r->flags |= FW_CT_REPLIED | closing;
 		return fw_allow(ep->id, len);
@@ -1037,8 +1154,10 @@ static __always_inline int fw_decide(struct __sk_buff *skb, void *snap, const st
 		nv.gen = ep->gen;
 		nv.dir = dir;
 		nv.flags = closing;
-		if (bpf_map_update_elem(&fw_ct, t, &nv, BPF_ANY) == 0)
+		if (bpf_map_update_elem(&fw_ct, t, &nv, BPF_ANY) == 0) {
 			fw_stat(FW_STAT_CT_CREATED);
+			fw_flow_emit(FW_FLOW_NEW, 0, dir, t->ifindex, t, ep->id, v.rule, len);
+		}
 	}
 	fw_count_rule(v.rule, len);
 	return fw_allow(ep->id, len);
@@ -1115,8 +1234,10 @@ static __always_inline int fw_handle(struct __sk_buff *skb, const __u8 dir)
 	ep.gen = epv->gen;
 	ep.scope = epv->scope;
 
-	if (dir == FW_DIR_EGRESS && (ep.flags & FW_EP_GUARD) && fw_spoofed(skb, snap, proto))
+	if (dir == FW_DIR_EGRESS && (ep.flags & FW_EP_GUARD) && fw_spoofed(skb, snap, proto)) {
+		fw_flow_emit(FW_FLOW_DENY, FW_REASON_SPOOFED, dir, skb->ifindex, NULL, ep.id, 0, len);
 		return fw_spoofed_drop(ep.id, len);
+	}
 	if (family == 0)
 		return FW_TCX_NEXT;
 
@@ -1126,6 +1247,7 @@ static __always_inline int fw_handle(struct __sk_buff *skb, const __u8 dir)
 	if (ret != FW_PARSE_OK) {
 		if (ret == FW_PARSE_HOSTILE)
 			fw_stat(FW_STAT_BAD_HEADERS);
+		fw_flow_emit(FW_FLOW_DENY, FW_REASON_MALFORMED, dir, skb->ifindex, &t, ep.id, 0, len);
 		return fw_deny(ep.id, len);
 	}
 
@@ -1140,16 +1262,22 @@ static __always_inline int fw_handle(struct __sk_buff *skb, const __u8 dir)
 		if (!fv || (now > fv->first_seen &&
 			    now - fv->first_seen > FW_FRAG_TIMEOUT * FW_NSEC_PER_SEC)) {
 			fw_stat(FW_STAT_FRAG_UNTRACKED);
+			fw_flow_emit(FW_FLOW_DENY, FW_REASON_FRAGMENT, dir, skb->ifindex, &t, ep.id, 0, len);
 			return fw_deny(ep.id, len);
 		}
 		if (l4.frag_off < fv->l4_end) {
 			fw_stat(FW_STAT_BAD_HEADERS); /* it overlaps the L4 header */
+			fw_flow_emit(FW_FLOW_DENY, FW_REASON_MALFORMED, dir, skb->ifindex, &t, ep.id, 0, len);
 			return fw_deny(ep.id, len);
 		}
 		if (fv->verdict == FW_FRAG_PASS)
 			return fw_allow(ep.id, len);
 		if (fv->verdict != FW_FRAG_CONN) {
 			fw_count_rule(fv->rule, len);
+			t.proto = fv->proto;
+			t.sport = fv->sport;
+			t.dport = fv->dport;
+			fw_flow_emit(FW_FLOW_DENY, FW_REASON_POLICY, dir, skb->ifindex, &t, ep.id, fv->rule, len);
 			return fw_deny(ep.id, len);
 		}
 		t.proto = fv->proto;

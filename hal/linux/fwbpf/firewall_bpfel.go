@@ -47,6 +47,26 @@ type firewallFwEpCounters struct {
 	SpoofedBytes   uint64
 }
 
+type firewallFwFlow struct {
+	_       structs.HostLayout
+	Time    uint64
+	Rule    uint64
+	Ifindex uint32
+	Ep      uint32
+	Len     uint32
+	Type    uint8
+	Reason  uint8
+	Dir     uint8
+	Family  uint8
+	Proto   uint8
+	Pad     uint8
+	Sport   uint16
+	Dport   uint16
+	Pad2    uint16
+	Saddr   [16]uint8
+	Daddr   [16]uint8
+}
+
 type firewallFwFragKey struct {
 	_       structs.HostLayout
 	Ifindex uint32
@@ -97,14 +117,19 @@ type firewallFwValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	firewallMapFwCt        = "fw_ct"
-	firewallMapFwEpStats   = "fw_ep_stats"
-	firewallMapFwFrag      = "fw_frag"
-	firewallMapFwRuleStats = "fw_rule_stats"
-	firewallMapFwSnapshots = "fw_snapshots"
-	firewallMapFwStats     = "fw_stats"
-	firewallProgFwEgress   = "fw_egress"
-	firewallProgFwIngress  = "fw_ingress"
+	firewallMapFwCt          = "fw_ct"
+	firewallMapFwEpStats     = "fw_ep_stats"
+	firewallMapFwFlowLost    = "fw_flow_lost"
+	firewallMapFwFlows       = "fw_flows"
+	firewallMapFwFrag        = "fw_frag"
+	firewallMapFwRuleStats   = "fw_rule_stats"
+	firewallMapFwSnapshots   = "fw_snapshots"
+	firewallMapFwStats       = "fw_stats"
+	firewallProgFwEgress     = "fw_egress"
+	firewallProgFwIngress    = "fw_ingress"
+	firewallVarFwFlowType    = "fw_flow_type"
+	firewallVarFwFlowsOn     = "fw_flows_on"
+	firewallVarFwFlowsWakeup = "fw_flows_wakeup"
 )
 
 // loadFirewall returns the embedded CollectionSpec for firewall.
@@ -159,6 +184,8 @@ type firewallProgramSpecs struct {
 type firewallMapSpecs struct {
 	FwCt        *ebpf.MapSpec `ebpf:"fw_ct"`
 	FwEpStats   *ebpf.MapSpec `ebpf:"fw_ep_stats"`
+	FwFlowLost  *ebpf.MapSpec `ebpf:"fw_flow_lost"`
+	FwFlows     *ebpf.MapSpec `ebpf:"fw_flows"`
 	FwFrag      *ebpf.MapSpec `ebpf:"fw_frag"`
 	FwRuleStats *ebpf.MapSpec `ebpf:"fw_rule_stats"`
 	FwSnapshots *ebpf.MapSpec `ebpf:"fw_snapshots"`
@@ -169,6 +196,9 @@ type firewallMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type firewallVariableSpecs struct {
+	FwFlowType    *ebpf.VariableSpec `ebpf:"fw_flow_type"`
+	FwFlowsOn     *ebpf.VariableSpec `ebpf:"fw_flows_on"`
+	FwFlowsWakeup *ebpf.VariableSpec `ebpf:"fw_flows_wakeup"`
 }
 
 // firewallObjects contains all objects after they have been loaded into the kernel.
@@ -193,6 +223,8 @@ func (o *firewallObjects) Close() error {
 type firewallMaps struct {
 	FwCt        *ebpf.Map `ebpf:"fw_ct"`
 	FwEpStats   *ebpf.Map `ebpf:"fw_ep_stats"`
+	FwFlowLost  *ebpf.Map `ebpf:"fw_flow_lost"`
+	FwFlows     *ebpf.Map `ebpf:"fw_flows"`
 	FwFrag      *ebpf.Map `ebpf:"fw_frag"`
 	FwRuleStats *ebpf.Map `ebpf:"fw_rule_stats"`
 	FwSnapshots *ebpf.Map `ebpf:"fw_snapshots"`
@@ -203,6 +235,8 @@ func (m *firewallMaps) Close() error {
 	return _FirewallClose(
 		m.FwCt,
 		m.FwEpStats,
+		m.FwFlowLost,
+		m.FwFlows,
 		m.FwFrag,
 		m.FwRuleStats,
 		m.FwSnapshots,
@@ -214,6 +248,9 @@ func (m *firewallMaps) Close() error {
 //
 // It can be passed to loadFirewallObjects or ebpf.CollectionSpec.LoadAndAssign.
 type firewallVariables struct {
+	FwFlowType    *ebpf.Variable `ebpf:"fw_flow_type"`
+	FwFlowsOn     *ebpf.Variable `ebpf:"fw_flows_on"`
+	FwFlowsWakeup *ebpf.Variable `ebpf:"fw_flows_wakeup"`
 }
 
 // firewallPrograms contains all programs after they have been loaded into the kernel.

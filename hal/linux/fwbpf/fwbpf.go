@@ -27,6 +27,17 @@ const (
 	// MapStats holds the program's own counters: a per-CPU array of NumStats uint64,
 	// indexed by the Stat constants.
 	MapStats = "fw_stats"
+	// MapFlows is the ring buffer of flow records (FlowRecord), written when the
+	// programs were loaded with flow records on (Capacities.FlowRing).
+	MapFlows = "fw_flows"
+	// MapFlowLost counts the flow records that found MapFlows full: a per-CPU array of
+	// one uint64.
+	MapFlowLost = "fw_flow_lost"
+	// varFlowsOn is the program's constant that turns the flow records on, and
+	// varFlowsWakeup the one that says how many bytes of records in the ring wake the
+	// reader: a share of the ring (flowWakeupShare), below which it polls.
+	varFlowsOn     = "fw_flows_on"
+	varFlowsWakeup = "fw_flows_wakeup"
 )
 
 // Directions of a conntrack entry (CTValue.Dir), seen from the endpoint; the same values

@@ -34,6 +34,10 @@ type Capacities struct {
 	// recently used is evicted, and the later fragments of an evicted datagram are
 	// dropped (StatFragUntrackedDrops). Default: 8192.
 	Fragments int
+	// FlowRing is the size in bytes of the ring of flow records (MapFlows): a power of 2,
+	// at least the page size. Records the reader did not take before the ring filled
+	// are counted (MapFlowLost), not written. 0, the default, writes no flow records.
+	FlowRing int
 }
 
 // WithDefaults returns c with every zero capacity set to its default.
@@ -65,8 +69,9 @@ type Objects struct {
 	// Snapshots is the array of one slot that holds the current snapshot.
 	Snapshots *ebpf.Map
 	// CT is the conntrack table; Frag the first fragments' verdicts; RuleStats,
-	// EndpointStats and Stats the counters.
-	CT, Frag, RuleStats, EndpointStats, Stats *ebpf.Map
+	// EndpointStats and Stats the counters; Flows the flow records and FlowLost the
+	// count of those lost (FlowReader).
+	CT, Frag, RuleStats, EndpointStats, Stats, Flows, FlowLost *ebpf.Map
 
 	dir   string
 	caps  Capacities
@@ -96,6 +101,9 @@ func Open(dir string, caps Capacities, log *slog.Logger) (*Objects, error) {
 	spec.Maps[MapRuleStats].MaxEntries = uint32(caps.Rules)
 	spec.Maps[MapEndpointStats].MaxEntries = uint32(caps.Endpoints)
 	spec.Maps[MapFrag].MaxEntries = uint32(caps.Fragments)
+	if err := setFlowRing(spec, caps.FlowRing); err != nil {
+		return nil, err
+	}
 	inner := spec.Maps[MapSnapshots].InnerMap.Copy()
 	inner.MaxEntries = uint32(caps.Snapshot)
 	spec.Maps[MapSnapshots].InnerMap = inner.Copy()
@@ -128,12 +136,35 @@ func Open(dir string, caps Capacities, log *slog.Logger) (*Objects, error) {
 		RuleStats:     coll.DetachMap(MapRuleStats),
 		EndpointStats: coll.DetachMap(MapEndpointStats),
 		Stats:         coll.DetachMap(MapStats),
+		Flows:         coll.DetachMap(MapFlows),
+		FlowLost:      coll.DetachMap(MapFlowLost),
 		dir:           dir,
 		caps:          caps,
 		inner:         inner,
 	}
 	coll.Close()
 	return o, nil
+}
+
+// setFlowRing sizes the ring of flow records of spec to bytes and turns the records on,
+// or, for 0, leaves them off with a ring of one page.
+func setFlowRing(spec *ebpf.CollectionSpec, bytes int) error {
+	page := os.Getpagesize()
+	if bytes == 0 {
+		spec.Maps[MapFlows].MaxEntries = uint32(page)
+		return nil
+	}
+	if bytes < page || bytes > 1<<30 || bytes&(bytes-1) != 0 {
+		return fmt.Errorf("flow ring of %d bytes: want a power of 2 from %d (the page size) to 1 GiB", bytes, page)
+	}
+	spec.Maps[MapFlows].MaxEntries = uint32(bytes)
+	if err := spec.Variables[varFlowsOn].Set(uint32(1)); err != nil {
+		return fmt.Errorf("turning the flow records on: %w", err)
+	}
+	if err := spec.Variables[varFlowsWakeup].Set(uint64(bytes / flowWakeupShare)); err != nil {
+		return fmt.Errorf("setting when flow records wake their reader: %w", err)
+	}
+	return nil
 }
 
 // incompatibleMap returns the name of the map the ErrMapIncompatible err is about, "" if
@@ -185,7 +216,7 @@ func (o *Objects) Close() error {
 	for _, p := range []*ebpf.Program{o.Ingress, o.Egress} {
 		p.Close()
 	}
-	for _, m := range []*ebpf.Map{o.Snapshots, o.CT, o.Frag, o.RuleStats, o.EndpointStats, o.Stats} {
+	for _, m := range []*ebpf.Map{o.Snapshots, o.CT, o.Frag, o.RuleStats, o.EndpointStats, o.Stats, o.Flows, o.FlowLost} {
 		if m != nil {
 			m.Close()
 		}

@@ -155,6 +155,9 @@ type fixture struct {
 	// ingress is fw_ingress (packets from the endpoint), egress fw_egress (to it).
 	ingress, egress                                *ebpf.Program
 	snapshots, ct, frag, ruleStats, epStats, stats *ebpf.Map
+	// flows and flowLost are the flow records' ring and lost count: every test runs with
+	// flow records on, in a ring of fixtureFlowRing bytes that only some read.
+	flows, flowLost *ebpf.Map
 	// ifA and ifB are interfaces of the namespace, the endpoints' in most tests; ifC
 	// one that no snapshot holds.
 	ifA, ifB, ifC uint32
@@ -162,9 +165,16 @@ type fixture struct {
 	inNS chan func()
 }
 
-// load loads the firewall with its maps unpinned, a snapshot capacity of snapshotCap
+// load loads the firewall, with flow records on, with its maps unpinned, a snapshot capacity of snapshotCap
 // entries and small other maps, and closes it when the test ends.
 func load(tb testing.TB, snapshotCap uint32) *fixture {
+	tb.Helper()
+	return loadRing(tb, snapshotCap, fixtureFlowRing)
+}
+
+// loadRing is load with a ring of flow records of flowRing bytes, or, for 0, flow
+// records off.
+func loadRing(tb testing.TB, snapshotCap uint32, flowRing int) *fixture {
 	tb.Helper()
 	testns.RequireRoot(tb)
 	spec, err := LoadSpec()
@@ -179,6 +189,9 @@ func load(tb testing.TB, snapshotCap uint32) *fixture {
 	spec.Maps[MapEndpointStats].MaxEntries = 64
 	spec.Maps[MapFrag].MaxEntries = 64
 	spec.Maps[MapSnapshots].InnerMap.MaxEntries = snapshotCap
+	if err := setFlowRing(spec, flowRing); err != nil {
+		tb.Fatal(err)
+	}
 	coll, err := ebpf.NewCollection(spec)
 	if err != nil {
 		var ve *ebpf.VerifierError
@@ -199,8 +212,13 @@ func load(tb testing.TB, snapshotCap uint32) *fixture {
 		ruleStats: coll.Maps[MapRuleStats],
 		epStats:   coll.Maps[MapEndpointStats],
 		stats:     coll.Maps[MapStats],
+		flows:     coll.Maps[MapFlows],
+		flowLost:  coll.Maps[MapFlowLost],
 	}
 }
+
+// fixtureFlowRing is the size of the ring of flow records of a fixture's programs.
+const fixtureFlowRing = 1 << 16
 
 // newFixture loads the firewall and makes a namespace with three veth interfaces.
 func newFixture(tb testing.TB) *fixture {
@@ -1218,6 +1236,10 @@ func TestConstantsMatchC(t *testing.T) {
 		"FW_CT_TIMEOUT_OTHER":       int64(CTTimeoutOther / time.Second),
 		"FW_STAT_CT_CREATED":        StatCTCreated, "FW_STAT_CT_DELETED": StatCTDeleted,
 		"FW_STAT_NO_SNAPSHOT": StatNoSnapshotDrops, "FW_STAT_SPOOFED": StatSpoofedDrops, "FW_STATS": NumStats,
+		"FW_FLOW_NEW": FlowNew, "FW_FLOW_DENY": FlowDeny, "FW_FLOW_END": FlowEnd,
+		"FW_REASON_POLICY": ReasonPolicy, "FW_REASON_SPOOFED": ReasonSpoofed,
+		"FW_REASON_MALFORMED": ReasonMalformed, "FW_REASON_FRAGMENT": ReasonFragment,
+		"FW_END_FIN": EndFIN, "FW_END_RST": EndRST,
 		// The prefix lengths of the keys hal/firewall builds.
 		"FW_ENDPOINT_PREFIXLEN": int64(firewall.EndpointKey(1).PrefixLen),
 		"FW_IDENTITY_PREFIXLEN": int64(firewall.IdentityKey(1, netip.MustParsePrefix("0.0.0.0/0")).PrefixLen),
@@ -1238,7 +1260,7 @@ func TestSpec(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{MapSnapshots, MapCT, MapRuleStats, MapEndpointStats, MapStats} {
+	for _, name := range []string{MapSnapshots, MapCT, MapRuleStats, MapEndpointStats, MapStats, MapFlows, MapFlowLost} {
 		m, ok := spec.Maps[name]
 		if !ok {
 			t.Errorf("no map %s", name)
@@ -1258,10 +1280,56 @@ func TestSpec(t *testing.T) {
 			t.Errorf("program %s is %v attached as %v, want %v, %v", name, p.Type, p.AttachType, ebpf.SchedCLS, want)
 		}
 	}
+	if m := spec.Maps[MapFlows]; m.Type != ebpf.RingBuf {
+		t.Errorf("map %s is a %v, want a ring buffer", MapFlows, m.Type)
+	}
+	if n := binary.Size(FlowRecord{}); n != flowRecordSize {
+		t.Errorf("a FlowRecord is %d bytes, want %d", n, flowRecordSize)
+	}
 	inner := spec.Maps[MapSnapshots].InnerMap
 	if inner == nil || inner.Type != ebpf.LPMTrie || inner.KeySize != 28 || inner.ValueSize != 32 || inner.Flags&1 == 0 {
 		t.Errorf("snapshot template %+v, want an LPM trie of 28-byte keys and 32-byte values, BPF_F_NO_PREALLOC", inner)
 	}
+}
+
+// benchSetup installs, for a benchmark's runs on loopback, a local endpoint there,
+// protected by the rules, each allowing one identity (of one address) one port, and
+// guarded against spoofing or not; it returns the frame of a TCP packet the last rule
+// allows and the conntrack key of its connection.
+func benchSetup(f *fixture, rules int, guard bool) ([]byte, CTKey) {
+	// Program.Benchmark runs without a context: the packet comes to loopback,
+	// ifindex 1, of the caller's namespace.
+	const lo = 1
+	fam := families[0]
+	var flags, subj uint32
+	if rules > 0 {
+		flags, subj = firewall.FlagEgress, subject
+	}
+	// A guarded endpoint (one with a MAC, as users write them) has its
+	// sources checked: the frame's MAC and address are its own.
+	entries := []entry{endpoint(lo, epA, subj, flags, gen1)}
+	if guard {
+		entries = []entry{endpoint(lo, epA, subj, flags|firewall.FlagGuard, gen1),
+			{firewall.SourceMACKey(lo, [6]byte(macB)), firewall.Value{ID: epA}},
+			{firewall.SourceKey(lo, fam.ep), firewall.Value{ID: epA}}}
+	}
+	dst := fam.peer
+	var port uint16 = 80
+	if rules > 0 {
+		for i := range rules {
+			addr := netip.AddrFrom4([4]byte{10, 100, byte(i >> 8), byte(i)})
+			entries = append(entries,
+				identity(scope1, hostPrefix(addr), uint32(0x1000+i)),
+				policy(firewall.DirEgress, firewall.ClassTCP, uint32(0x1000+i), uint16(1000+i), 16, firewall.VerdictAllow, uint64(i+1)))
+			dst, port = addr, uint16(1000+i)
+		}
+	}
+	f.install(entries...)
+	f.makeCounters([]uint64{uint64(rules)}, []uint32{epA})
+	p := tcp(fam.ep, 40000, dst, port, tcpACK)
+	frame := p.frame()
+	k := ctKey(lo, p)
+	return frame, k
 }
 
 // BenchmarkProgRun measures the firewall on a packet of a new connection and of an
@@ -1295,39 +1363,8 @@ func BenchmarkProgRun(b *testing.B) {
 		}
 		rules := c.rules
 		b.Run(fmt.Sprintf("rules=%d/guard=%s", rules, guard), func(b *testing.B) {
-			f := load(b, uint32(2*rules+16))
-			// Program.Benchmark runs without a context: the packet comes to loopback,
-			// ifindex 1, of the caller's namespace.
-			const lo = 1
-			fam := families[0]
-			var flags, subj uint32
-			if rules > 0 {
-				flags, subj = firewall.FlagEgress, subject
-			}
-			// A guarded endpoint (one with a MAC, as users write them) has its
-			// sources checked: the frame's MAC and address are its own.
-			entries := []entry{endpoint(lo, epA, subj, flags, gen1)}
-			if c.guard {
-				entries = []entry{endpoint(lo, epA, subj, flags|firewall.FlagGuard, gen1),
-					{firewall.SourceMACKey(lo, [6]byte(macB)), firewall.Value{ID: epA}},
-					{firewall.SourceKey(lo, fam.ep), firewall.Value{ID: epA}}}
-			}
-			dst := fam.peer
-			var port uint16 = 80
-			if rules > 0 {
-				for i := range rules {
-					addr := netip.AddrFrom4([4]byte{10, 100, byte(i >> 8), byte(i)})
-					entries = append(entries,
-						identity(scope1, hostPrefix(addr), uint32(0x1000+i)),
-						policy(firewall.DirEgress, firewall.ClassTCP, uint32(0x1000+i), uint16(1000+i), 16, firewall.VerdictAllow, uint64(i+1)))
-					dst, port = addr, uint16(1000+i)
-				}
-			}
-			f.install(entries...)
-			f.makeCounters([]uint64{uint64(rules)}, []uint32{epA})
-			p := tcp(fam.ep, 40000, dst, port, tcpACK)
-			frame := p.frame()
-			k := ctKey(lo, p)
+			f := loadRing(b, uint32(2*rules+16), 0) // flow records off, as by default
+			frame, k := benchSetup(f, rules, c.guard)
 
 			// runs is how many runs one iteration measures.
 			const runs = 200
