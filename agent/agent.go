@@ -295,4 +295,7 @@ type FirewallCapacities struct {
 	// 3 seconds) for their later fragments; when full the least recently used is
 	// evicted, and its later fragments are dropped. Default: 8192.
 	Fragments int
+	// FlowRing: bytes of the ring the firewall writes its flow records to, a power of 2
+	// of at least a page. Default: 0, no flow records.
+	FlowRing int
 }
