@@ -37,7 +37,7 @@ type FlowLog struct {
 	added chan struct{}
 
 	flows    *prometheus.CounterVec
-	lost     prometheus.GaugeFunc
+	lost     prometheus.CounterFunc
 	occupied prometheus.GaugeFunc
 }
 
@@ -51,8 +51,8 @@ func NewFlowLog(size int, reg prometheus.Registerer) (*FlowLog, error) {
 		Namespace: "naples", Subsystem: "agent", Name: "flows_total",
 		Help: "Flow records of the firewall the agent took, by verdict (allowed, denied) and event (started, denied, ended).",
 	}, []string{"verdict", "event"})
-	l.lost = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Namespace: "naples", Subsystem: "agent", Name: "flow_records_lost",
+	l.lost = prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Namespace: "naples", Subsystem: "agent", Name: "flow_records_lost_total",
 		Help: "Flow records the firewall could not write because the agent had not taken the ones before (its ring buffer, --fw-flow-ring-bytes, was full), since the ring was made.",
 	}, func() float64 {
 		l.mu.Lock()

@@ -127,7 +127,7 @@ func TestFlowsFilters(t *testing.T) {
 	for series, want := range map[string]float64{
 		`naples_agent_flows_total{event="started",verdict="allowed"}`: 3,
 		`naples_agent_flows_total{event="denied",verdict="denied"}`:   1,
-		"naples_agent_flow_records_lost":                              5,
+		"naples_agent_flow_records_lost_total":                        5,
 		"naples_agent_flow_log_records":                               4,
 	} {
 		if values[series] != want {
