@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -79,6 +80,10 @@ type Config struct {
 	// FirewallCapacities are the sizes of the firewall's maps. Default: those of
 	// FirewallCapacities' fields.
 	FirewallCapacities FirewallCapacities
+	// FlowLogSize is how many of the firewall's latest flow records the agent keeps for
+	// the local API's Flows, when the firewall writes them (FirewallCapacities.FlowRing).
+	// Default: DefaultFlowLogSize.
+	FlowLogSize int
 	// FirewallStats is how often the statuses of policies and local endpoints are
 	// refreshed with the firewall's counters. Default: 10s.
 	FirewallStats time.Duration
@@ -156,9 +161,16 @@ func Run(ctx context.Context, cfg Config) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	parts := map[string]func(context.Context) error{"nimbus client": client.Run, "hal": h.Run}
+	var flows *FlowLog
+	if fw != nil && cfg.FirewallCapacities.FlowRing > 0 {
+		if flows, err = NewFlowLog(cmp.Or(cfg.FlowLogSize, DefaultFlowLogSize), reg); err != nil {
+			return fmt.Errorf("agent: %w", err)
+		}
+		parts["flows"] = flowCollectorRun(cfg.BPFDir, cfg.Node, fw, view, flows, log)
+	}
 	if cfg.Socket != "" {
 		serve, err := serveLocalAPI(ctx, cfg.Socket, InspectorOptions{Store: store, Logger: log, Node: cfg.Node, Namespace: cfg.netns, View: view, BPFDir: cfg.BPFDir,
-			Firewall: fw, ListPageBytes: cfg.LocalAPIPageBytes, Registerer: reg})
+			Firewall: fw, Flows: flows, ListPageBytes: cfg.LocalAPIPageBytes, Registerer: reg})
 		if err != nil {
 			return err
 		}

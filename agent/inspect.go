@@ -81,6 +81,9 @@ type InspectorOptions struct {
 	// last names the ids Firewall reads from them. Default: nil, and Firewall names no
 	// id and says that no snapshot is installed.
 	Firewall InstalledFirewall
+	// Flows is the log of the firewall's flow records that Flows reads. Default: nil,
+	// and Flows fails.
+	Flows *FlowLog
 	// ListPageBytes bounds a page of List in bytes: a page ends before the entry that
 	// would take it beyond, and always holds at least one. Default: DefaultListPageBytes
 	// (2 MiB), which with the largest object nimbus takes stays below 4 MiB.
@@ -116,6 +119,8 @@ type Inspector struct {
 	view   *KernelView
 	bpfDir string
 	fw     InstalledFirewall
+	// flows is InspectorOptions.Flows.
+	flows *FlowLog
 	// pageBytes is InspectorOptions.ListPageBytes; pagesCut counts the pages it cut.
 	pageBytes int
 	pagesCut  prometheus.Counter
@@ -155,7 +160,7 @@ func NewInspector(opts InspectorOptions) (*Inspector, error) {
 		view = newKernelView(opts.Namespace)
 	}
 	return &Inspector{store: opts.Store, log: log, node: opts.Node, view: view, bpfDir: opts.BPFDir,
-		fw: opts.Firewall, pageBytes: opts.ListPageBytes, pagesCut: pagesCut, done: make(chan struct{})}, nil
+		fw: opts.Firewall, flows: opts.Flows, pageBytes: opts.ListPageBytes, pagesCut: pagesCut, done: make(chan struct{})}, nil
 }
 
 // Serve serves the API on lis until ctx ends or lis fails. When ctx ends it ends every

@@ -275,6 +275,10 @@ wait_for "host-b to report the rule's hits" sh -c "'$bin/naplesctl' describe net
 step "naplesctl --agent host-b.sock bpf policy: the firewall's maps on host-b"
 "$bin/naplesctl" --agent "$work/host-b.sock" bpf policy
 
+step "naplesctl --agent host-b.sock flows --to 10.1.0.11: what host-b's firewall saw of web-a's connections"
+wait_for "host-b to show the denied connection's flow" sh -c "'$bin/naplesctl' --agent '$work/host-b.sock' flows --to 10.1.0.11 --verdict denied | grep -q ':9090'"
+"$bin/naplesctl" --agent "$work/host-b.sock" flows --to 10.1.0.11
+
 step "naplesctl delete -f examples/firewall.yaml"
 "$bin/naplesctl" delete -f "$here/firewall.yaml"
 

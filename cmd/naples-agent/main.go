@@ -98,6 +98,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.IntVar(&caps.Rules, "fw-rule-counters", 65536, "policy rules whose hits the firewall counts")
 	fs.IntVar(&caps.Endpoints, "fw-endpoint-counters", 16384, "local endpoints whose packets the firewall counts")
 	fs.IntVar(&caps.Fragments, "fw-fragment-entries", 8192, "fragmented datagrams whose first fragment's verdict the firewall keeps at once for their later fragments; the least recently used is evicted when full")
+	fs.IntVar(&caps.FlowRing, "fw-flow-ring-bytes", 1<<20, "`bytes` of the ring the firewall writes its flow records to (new connections, denied packets, ends), a power of 2 of at least the page size; records that find it full are counted lost; 0 writes none")
+	flowLog := fs.Int("flows-ring", agent.DefaultFlowLogSize, "flow `records` the agent keeps for `naplesctl --agent SOCK flows`, the latest")
 	gatewayBridges := fs.Int("gateway-bridges", 4096, "network bridges the gateway programs mark for (their map's size); a network beyond is FAILED with CapacityExceeded")
 	gatewayCheck := fs.Duration("gateway-check-interval", 10*time.Second, "how often the gateway programs are checked to be still attached to the network bridges, and attached again where they are not (the kernel does not report a detach)")
 	fwStats := fs.Duration("fw-stats-interval", 10*time.Second, "how often the status of policies and endpoints is refreshed with the firewall's counters")
@@ -138,12 +140,18 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	for name, n := range map[string]int{"fw-snapshot-entries": caps.Snapshot, "fw-conntrack-entries": caps.Conntrack,
 		"fw-rule-counters": caps.Rules, "fw-endpoint-counters": caps.Endpoints, "fw-fragment-entries": caps.Fragments,
-		"local-api-page-bytes": *pageBytes, "gateway-bridges": *gatewayBridges, "status-max-exceptions": *statusMaxExceptions} {
+		"local-api-page-bytes": *pageBytes, "gateway-bridges": *gatewayBridges, "status-max-exceptions": *statusMaxExceptions,
+		"flows-ring": *flowLog} {
 		if n <= 0 {
 			fmt.Fprintf(stderr, "invalid value %d for flag -%s: must be positive\n", n, name)
 			fs.Usage()
 			return fmt.Errorf("parsing flags: %w", errUsage)
 		}
+	}
+	if n := caps.FlowRing; n != 0 && (n < os.Getpagesize() || n > 1<<30 || n&(n-1) != 0) {
+		fmt.Fprintf(stderr, "invalid value %d for flag -fw-flow-ring-bytes: want 0 or a power of 2 from %d (the page size) to 1073741824\n", n, os.Getpagesize())
+		fs.Usage()
+		return fmt.Errorf("parsing flags: %w", errUsage)
 	}
 	if err := nimbusv1.ValidateNodeName(*node); err != nil {
 		fmt.Fprintf(stderr, "invalid value %q for flag -node: %v\n", *node, err)
@@ -186,7 +194,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 	}
 	return agent.Run(ctx, agent.Config{Node: *node, Nimbus: *nimbus, TLS: tlsConfig, StateDir: *stateDir, DiscardState: *discardState, Logger: log, Socket: *socket, LocalAPIPageBytes: *pageBytes, Metrics: metrics,
-		InterfaceStats: *interfaceStats, BPFDir: *bpfDir, FirewallCapacities: caps, FirewallStats: *fwStats,
+		InterfaceStats: *interfaceStats, BPFDir: *bpfDir, FirewallCapacities: caps, FlowLogSize: *flowLog, FirewallStats: *fwStats,
 		GatewayBridges: *gatewayBridges, GatewayCheck: *gatewayCheck,
 		StatusExceptionAfter: *statusExceptionAfter, StatusMaxExceptions: *statusMaxExceptions})
 }

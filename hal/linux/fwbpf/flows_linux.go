@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -59,6 +61,10 @@ type FlowReader struct {
 	rec  ringbuf.Record
 	// deadline is SetDeadline's.
 	deadline time.Time
+	// owned are the maps the reader opened itself, which Close closes.
+	owned     []*ebpf.Map
+	closeOnce sync.Once
+	closeErr  error
 }
 
 // NewFlowReader reads the records of the ring flows (MapFlows) and counts the lost ones
@@ -135,5 +141,51 @@ func (r *FlowReader) Lost() (uint64, error) {
 	return n, nil
 }
 
-// Close ends the reader; a Read under way returns ringbuf.ErrClosed.
-func (r *FlowReader) Close() error { return r.rd.Close() }
+// Close ends the reader; a Read under way returns ringbuf.ErrClosed. It may be called
+// more than once, from any goroutine.
+func (r *FlowReader) Close() error {
+	r.closeOnce.Do(func() {
+		r.closeErr = r.rd.Close()
+		for _, m := range r.owned {
+			m.Close()
+		}
+	})
+	return r.closeErr
+}
+
+// OpenPinnedFlows reads the flow records of the firewall whose maps are pinned in dir, as
+// Open pinned them (an error wrapping os.ErrNotExist until it did). One reader takes the
+// records: two would each get some.
+func OpenPinnedFlows(dir string) (*FlowReader, error) {
+	spec, err := LoadSpec()
+	if err != nil {
+		return nil, fmt.Errorf("loading the firewall's program spec: %w", err)
+	}
+	var maps [2]*ebpf.Map
+	for i, name := range []string{MapFlows, MapFlowLost} {
+		path := filepath.Join(dir, name)
+		m, err := ebpf.LoadPinnedMap(path, nil)
+		if err != nil {
+			for _, m := range maps[:i] {
+				m.Close()
+			}
+			return nil, fmt.Errorf("opening pinned map %s: %w", path, err)
+		}
+		if want := spec.Maps[name]; m.Type() != want.Type || m.KeySize() != want.KeySize || m.ValueSize() != want.ValueSize {
+			m.Close()
+			for _, m := range maps[:i] {
+				m.Close()
+			}
+			return nil, fmt.Errorf("pinned map %s: %s, want the firewall's %s", path, m.Type(), want.Type)
+		}
+		maps[i] = m
+	}
+	r, err := NewFlowReader(maps[0], maps[1])
+	if err != nil {
+		maps[0].Close()
+		maps[1].Close()
+		return nil, err
+	}
+	r.owned = maps[:]
+	return r, nil
+}

@@ -429,7 +429,7 @@ var File_delphi_v1_delphi_proto protoreflect.FileDescriptor
 
 const file_delphi_v1_delphi_proto_rawDesc = "" +
 	"\n" +
-	"\x16delphi/v1/delphi.proto\x12\tdelphi.v1\x1a\x19delphi/v1/dataplane.proto\x1a\x18delphi/v1/firewall.proto\x1a\x16nimbus/v1/nimbus.proto\"\x89\x01\n" +
+	"\x16delphi/v1/delphi.proto\x12\tdelphi.v1\x1a\x19delphi/v1/dataplane.proto\x1a\x18delphi/v1/firewall.proto\x1a\x15delphi/v1/flows.proto\x1a\x16nimbus/v1/nimbus.proto\"\x89\x01\n" +
 	"\x05Entry\x12&\n" +
 	"\x03key\x18\x01 \x01(\v2\x14.nimbus.v1.ObjectKeyR\x03key\x12)\n" +
 	"\x06object\x18\x02 \x01(\v2\x11.nimbus.v1.ObjectR\x06object\x12-\n" +
@@ -455,13 +455,14 @@ const file_delphi_v1_delphi_proto_rawDesc = "" +
 	"\n" +
 	"WatchEvent\x12&\n" +
 	"\x05entry\x18\x01 \x01(\v2\x10.delphi.v1.EntryR\x05entry\x12\x18\n" +
-	"\adeleted\x18\x02 \x01(\bR\adeleted2\xbf\x02\n" +
+	"\adeleted\x18\x02 \x01(\bR\adeleted2\xfd\x02\n" +
 	"\x06Delphi\x127\n" +
 	"\x04List\x12\x16.delphi.v1.ListRequest\x1a\x17.delphi.v1.ListResponse\x124\n" +
 	"\x03Get\x12\x15.delphi.v1.GetRequest\x1a\x16.delphi.v1.GetResponse\x129\n" +
 	"\x05Watch\x12\x17.delphi.v1.WatchRequest\x1a\x15.delphi.v1.WatchEvent0\x01\x12F\n" +
 	"\tDataplane\x12\x1b.delphi.v1.DataplaneRequest\x1a\x1c.delphi.v1.DataplaneResponse\x12C\n" +
-	"\bFirewall\x12\x1a.delphi.v1.FirewallRequest\x1a\x1b.delphi.v1.FirewallResponseB6Z4github.com/naplesnet/naples/proto/delphi/v1;delphiv1b\x06proto3"
+	"\bFirewall\x12\x1a.delphi.v1.FirewallRequest\x1a\x1b.delphi.v1.FirewallResponse\x12<\n" +
+	"\x05Flows\x12\x17.delphi.v1.FlowsRequest\x1a\x18.delphi.v1.FlowsResponse0\x01B6Z4github.com/naplesnet/naples/proto/delphi/v1;delphiv1b\x06proto3"
 
 var (
 	file_delphi_v1_delphi_proto_rawDescOnce sync.Once
@@ -490,8 +491,10 @@ var file_delphi_v1_delphi_proto_goTypes = []any{
 	(v1.Kind)(0),              // 10: nimbus.v1.Kind
 	(*DataplaneRequest)(nil),  // 11: delphi.v1.DataplaneRequest
 	(*FirewallRequest)(nil),   // 12: delphi.v1.FirewallRequest
-	(*DataplaneResponse)(nil), // 13: delphi.v1.DataplaneResponse
-	(*FirewallResponse)(nil),  // 14: delphi.v1.FirewallResponse
+	(*FlowsRequest)(nil),      // 13: delphi.v1.FlowsRequest
+	(*DataplaneResponse)(nil), // 14: delphi.v1.DataplaneResponse
+	(*FirewallResponse)(nil),  // 15: delphi.v1.FirewallResponse
+	(*FlowsResponse)(nil),     // 16: delphi.v1.FlowsResponse
 }
 var file_delphi_v1_delphi_proto_depIdxs = []int32{
 	7,  // 0: delphi.v1.Entry.key:type_name -> nimbus.v1.ObjectKey
@@ -508,13 +511,15 @@ var file_delphi_v1_delphi_proto_depIdxs = []int32{
 	5,  // 11: delphi.v1.Delphi.Watch:input_type -> delphi.v1.WatchRequest
 	11, // 12: delphi.v1.Delphi.Dataplane:input_type -> delphi.v1.DataplaneRequest
 	12, // 13: delphi.v1.Delphi.Firewall:input_type -> delphi.v1.FirewallRequest
-	2,  // 14: delphi.v1.Delphi.List:output_type -> delphi.v1.ListResponse
-	4,  // 15: delphi.v1.Delphi.Get:output_type -> delphi.v1.GetResponse
-	6,  // 16: delphi.v1.Delphi.Watch:output_type -> delphi.v1.WatchEvent
-	13, // 17: delphi.v1.Delphi.Dataplane:output_type -> delphi.v1.DataplaneResponse
-	14, // 18: delphi.v1.Delphi.Firewall:output_type -> delphi.v1.FirewallResponse
-	14, // [14:19] is the sub-list for method output_type
-	9,  // [9:14] is the sub-list for method input_type
+	13, // 14: delphi.v1.Delphi.Flows:input_type -> delphi.v1.FlowsRequest
+	2,  // 15: delphi.v1.Delphi.List:output_type -> delphi.v1.ListResponse
+	4,  // 16: delphi.v1.Delphi.Get:output_type -> delphi.v1.GetResponse
+	6,  // 17: delphi.v1.Delphi.Watch:output_type -> delphi.v1.WatchEvent
+	14, // 18: delphi.v1.Delphi.Dataplane:output_type -> delphi.v1.DataplaneResponse
+	15, // 19: delphi.v1.Delphi.Firewall:output_type -> delphi.v1.FirewallResponse
+	16, // 20: delphi.v1.Delphi.Flows:output_type -> delphi.v1.FlowsResponse
+	15, // [15:21] is the sub-list for method output_type
+	9,  // [9:15] is the sub-list for method input_type
 	9,  // [9:9] is the sub-list for extension type_name
 	9,  // [9:9] is the sub-list for extension extendee
 	0,  // [0:9] is the sub-list for field type_name
@@ -527,6 +532,7 @@ func file_delphi_v1_delphi_proto_init() {
 	}
 	file_delphi_v1_dataplane_proto_init()
 	file_delphi_v1_firewall_proto_init()
+	file_delphi_v1_flows_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

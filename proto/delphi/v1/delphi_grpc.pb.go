@@ -27,6 +27,7 @@ const (
 	Delphi_Watch_FullMethodName     = "/delphi.v1.Delphi/Watch"
 	Delphi_Dataplane_FullMethodName = "/delphi.v1.Delphi/Dataplane"
 	Delphi_Firewall_FullMethodName  = "/delphi.v1.Delphi/Firewall"
+	Delphi_Flows_FullMethodName     = "/delphi.v1.Delphi/Flows"
 )
 
 // DelphiClient is the client API for Delphi service.
@@ -44,6 +45,9 @@ type DelphiClient interface {
 	// Firewall reads what the eBPF firewall's pinned maps hold: its snapshot, counters and
 	// connections, with names for the ids.
 	Firewall(ctx context.Context, in *FirewallRequest, opts ...grpc.CallOption) (*FirewallResponse, error)
+	// Flows sends the firewall's recent flow records the request selects, then, when it
+	// follows, each new one as it comes.
+	Flows(ctx context.Context, in *FlowsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FlowsResponse], error)
 }
 
 type delphiClient struct {
@@ -113,6 +117,25 @@ func (c *delphiClient) Firewall(ctx context.Context, in *FirewallRequest, opts .
 	return out, nil
 }
 
+func (c *delphiClient) Flows(ctx context.Context, in *FlowsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FlowsResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Delphi_ServiceDesc.Streams[1], Delphi_Flows_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[FlowsRequest, FlowsResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Delphi_FlowsClient = grpc.ServerStreamingClient[FlowsResponse]
+
 // DelphiServer is the server API for Delphi service.
 // All implementations must embed UnimplementedDelphiServer
 // for forward compatibility.
@@ -128,6 +151,9 @@ type DelphiServer interface {
 	// Firewall reads what the eBPF firewall's pinned maps hold: its snapshot, counters and
 	// connections, with names for the ids.
 	Firewall(context.Context, *FirewallRequest) (*FirewallResponse, error)
+	// Flows sends the firewall's recent flow records the request selects, then, when it
+	// follows, each new one as it comes.
+	Flows(*FlowsRequest, grpc.ServerStreamingServer[FlowsResponse]) error
 	mustEmbedUnimplementedDelphiServer()
 }
 
@@ -152,6 +178,9 @@ func (UnimplementedDelphiServer) Dataplane(context.Context, *DataplaneRequest) (
 }
 func (UnimplementedDelphiServer) Firewall(context.Context, *FirewallRequest) (*FirewallResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Firewall not implemented")
+}
+func (UnimplementedDelphiServer) Flows(*FlowsRequest, grpc.ServerStreamingServer[FlowsResponse]) error {
+	return status.Error(codes.Unimplemented, "method Flows not implemented")
 }
 func (UnimplementedDelphiServer) mustEmbedUnimplementedDelphiServer() {}
 func (UnimplementedDelphiServer) testEmbeddedByValue()                {}
@@ -257,6 +286,17 @@ func _Delphi_Firewall_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Delphi_Flows_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(FlowsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(DelphiServer).Flows(m, &grpc.GenericServerStream[FlowsRequest, FlowsResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Delphi_FlowsServer = grpc.ServerStreamingServer[FlowsResponse]
+
 // Delphi_ServiceDesc is the grpc.ServiceDesc for Delphi service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -285,6 +325,11 @@ var Delphi_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Watch",
 			Handler:       _Delphi_Watch_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "Flows",
+			Handler:       _Delphi_Flows_Handler,
 			ServerStreams: true,
 		},
 	},

@@ -1,0 +1,323 @@
+package agent
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	delphiv1 "github.com/naplesnet/naples/proto/delphi/v1"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// DefaultFlowLogSize is the default of the flow records the agent keeps (--flows-ring).
+const DefaultFlowLogSize = 8192
+
+// flowBatch bounds the records one response of Flows carries.
+const flowBatch = 256
+
+// FlowLog keeps the latest flow records of the host's firewall, named, for Flows: a ring
+// of a fixed number of records, oldest first, each with a sequence number, which
+// followers read from where they are. It counts the records the datapath lost and those
+// it let go of before a follower read them. It is safe for concurrent use.
+type FlowLog struct {
+	mu sync.Mutex
+	// ring holds the records, next is the sequence number of the next one: the record of
+	// sequence number s is ring[s%len(ring)] while s >= next-len(ring).
+	ring []*delphiv1.Flow
+	next uint64
+	// lostDatapath is the datapath's count of records it could not write.
+	lostDatapath uint64
+	// added is closed, and replaced, whenever records are added.
+	added chan struct{}
+
+	flows    *prometheus.CounterVec
+	lost     prometheus.CounterFunc
+	occupied prometheus.GaugeFunc
+}
+
+// NewFlowLog returns a FlowLog of size records whose metrics reg takes, if not nil.
+func NewFlowLog(size int, reg prometheus.Registerer) (*FlowLog, error) {
+	if size <= 0 {
+		return nil, fmt.Errorf("flow log of %d records: must be positive", size)
+	}
+	l := &FlowLog{ring: make([]*delphiv1.Flow, size), added: make(chan struct{})}
+	l.flows = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "naples", Subsystem: "agent", Name: "flows_total",
+		Help: "Flow records of the firewall the agent took, by verdict (allowed, denied) and event (started, denied, ended).",
+	}, []string{"verdict", "event"})
+	l.lost = prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Namespace: "naples", Subsystem: "agent", Name: "flow_records_lost_total",
+		Help: "Flow records the firewall could not write because the agent had not taken the ones before (its ring buffer, --fw-flow-ring-bytes, was full), since the ring was made.",
+	}, func() float64 {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return float64(l.lostDatapath)
+	})
+	l.occupied = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "naples", Subsystem: "agent", Name: "flow_log_records",
+		Help: "Flow records the agent keeps for the local API's Flows, at most --flows-ring.",
+	}, func() float64 {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return float64(min(l.next, uint64(len(l.ring))))
+	})
+	if reg != nil {
+		for _, c := range []prometheus.Collector{l.flows, l.lost, l.occupied} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("registering the flow log's metrics: %w", err)
+			}
+		}
+	}
+	return l, nil
+}
+
+// Add appends the records, which the log keeps and does not modify, and records the
+// datapath's count of lost records.
+func (l *FlowLog) Add(flows []*delphiv1.Flow, lostDatapath uint64) {
+	for _, f := range flows {
+		l.flows.WithLabelValues(f.GetVerdict(), flowEventName(f.GetEvent())).Inc()
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, f := range flows {
+		l.ring[l.next%uint64(len(l.ring))] = f
+		l.next++
+	}
+	l.lostDatapath = lostDatapath
+	if len(flows) > 0 {
+		close(l.added)
+		l.added = make(chan struct{})
+	}
+}
+
+// from returns the records from sequence number seq on, at most max of them, the
+// sequence number after the last returned, how many records from seq on the log let go
+// of already, the datapath's lost count, and a channel closed when records are added.
+func (l *FlowLog) from(seq uint64, max int) (flows []*delphiv1.Flow, next, skipped, lost uint64, added <-chan struct{}) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if oldest := l.next - min(l.next, uint64(len(l.ring))); seq < oldest {
+		skipped, seq = oldest-seq, oldest
+	}
+	for ; seq < l.next && len(flows) < max; seq++ {
+		flows = append(flows, l.ring[seq%uint64(len(l.ring))])
+	}
+	return flows, seq, skipped, l.lostDatapath, l.added
+}
+
+// flowEventName names the event as the metrics do: "started", "denied", "ended".
+func flowEventName(e delphiv1.FlowEvent) string {
+	return strings.ToLower(strings.TrimPrefix(e.String(), "FLOW_EVENT_"))
+}
+
+// flowFilter is a FlowsRequest's filters, checked.
+type flowFilter struct {
+	since      time.Time
+	from, to   flowPeer
+	verdict    string
+	policy     *nimbusv1.ObjectKey
+	hasPolicy  bool
+	policyName string
+}
+
+// flowPeer is a from or to filter: an endpoint's name, or an address.
+type flowPeer struct {
+	set  bool
+	addr netip.Addr
+	// name is the endpoint's name: tenant, namespace and name, the ones not given empty.
+	tenant, namespace, name string
+}
+
+// parseFlowPeer reads a from or to filter.
+func parseFlowPeer(field, s string) (flowPeer, error) {
+	if s == "" {
+		return flowPeer{}, nil
+	}
+	if a, err := netip.ParseAddr(s); err == nil {
+		return flowPeer{set: true, addr: a.Unmap()}, nil
+	}
+	p := flowPeer{set: true}
+	parts := strings.Split(s, "/")
+	switch len(parts) {
+	case 1:
+		p.name = parts[0]
+	case 2:
+		p.namespace, p.name = parts[0], parts[1]
+	case 3:
+		p.tenant, p.namespace, p.name = parts[0], parts[1], parts[2]
+	default:
+		return flowPeer{}, status.Errorf(codes.InvalidArgument, "%s %q: want an address or an endpoint's name, namespace/name or tenant/namespace/name", field, s)
+	}
+	if p.name == "" {
+		return flowPeer{}, status.Errorf(codes.InvalidArgument, "%s %q: the endpoint's name is empty", field, s)
+	}
+	return p, nil
+}
+
+// matches tells whether the side of a record, its address and, when it is the local
+// endpoint's, the endpoint's key, is the peer's.
+func (p flowPeer) matches(addr string, ep *nimbusv1.ObjectKey) bool {
+	if !p.set {
+		return true
+	}
+	if p.addr.IsValid() {
+		a, err := netip.ParseAddr(addr)
+		return err == nil && a.Unmap() == p.addr
+	}
+	return ep != nil && ep.GetName() == p.name &&
+		(p.namespace == "" || ep.GetNamespace() == p.namespace) && (p.tenant == "" || ep.GetTenant() == p.tenant)
+}
+
+// newFlowFilter checks the request's filters.
+func newFlowFilter(req *delphiv1.FlowsRequest, now time.Time) (*flowFilter, error) {
+	f := &flowFilter{}
+	var err error
+	if f.from, err = parseFlowPeer("from", req.GetFrom()); err != nil {
+		return nil, err
+	}
+	if f.to, err = parseFlowPeer("to", req.GetTo()); err != nil {
+		return nil, err
+	}
+	switch v := req.GetVerdict(); v {
+	case "", "allowed", "denied":
+		f.verdict = v
+	default:
+		return nil, status.Errorf(codes.InvalidArgument, "verdict %q: want allowed or denied", v)
+	}
+	if req.Since != nil {
+		d := req.GetSince().AsDuration()
+		if d < 0 || !req.GetSince().IsValid() {
+			return nil, status.Errorf(codes.InvalidArgument, "since %v: want a duration of zero or more", req.GetSince())
+		}
+		f.since = now.Add(-d)
+	}
+	if s := req.GetPolicy(); s != "" {
+		p, err := parseFlowPeer("policy", s)
+		if err != nil || p.addr.IsValid() {
+			return nil, status.Errorf(codes.InvalidArgument, "policy %q: want a NetworkSecurityPolicy's name, namespace/name or tenant/namespace/name", s)
+		}
+		f.hasPolicy = true
+		f.policy = &nimbusv1.ObjectKey{Tenant: p.tenant, Namespace: p.namespace, Name: p.name}
+	}
+	return f, nil
+}
+
+// matches tells whether the record passes the filters.
+func (f *flowFilter) matches(r *delphiv1.Flow) bool {
+	if f.verdict != "" && r.GetVerdict() != f.verdict {
+		return false
+	}
+	if !f.since.IsZero() && r.GetTime().AsTime().Before(f.since) {
+		return false
+	}
+	if f.hasPolicy {
+		p := r.GetPolicy()
+		if p == nil || p.GetName() != f.policy.GetName() ||
+			(f.policy.GetNamespace() != "" && p.GetNamespace() != f.policy.GetNamespace()) ||
+			(f.policy.GetTenant() != "" && p.GetTenant() != f.policy.GetTenant()) {
+			return false
+		}
+	}
+	// The local endpoint is the source of what it sends (egress) and the destination of
+	// what it receives.
+	var srcEP, dstEP *nimbusv1.ObjectKey
+	if r.GetDirection() == "egress" {
+		srcEP = r.GetEndpoint()
+	} else {
+		dstEP = r.GetEndpoint()
+	}
+	return f.from.matches(r.GetSource(), srcEP) && f.to.matches(r.GetDestination(), dstEP)
+}
+
+// errNoFlows is returned by Flows when the agent keeps no flow records.
+var errNoFlows = status.Error(codes.FailedPrecondition,
+	"the agent keeps no flow records: it runs without a firewall (--bpf-dir is empty) or with flow records off (--fw-flow-ring-bytes 0)")
+
+// Flows sends the recent flow records the request selects, oldest first, then, when it
+// follows, each new one as it comes, until the stream's context ends or the Inspector is
+// closed. Each response carries the counts of records lost, by the datapath and by the
+// agent for this stream.
+func (i *Inspector) Flows(req *delphiv1.FlowsRequest, stream delphiv1.Delphi_FlowsServer) error {
+	if i.flows == nil {
+		return errNoFlows
+	}
+	filter, err := newFlowFilter(req, time.Now())
+	if err != nil {
+		return err
+	}
+	ctx := stream.Context()
+	var seq, lostAgent, lost uint64
+	var added <-chan struct{}
+	// more is set when read stopped before the last record.
+	var more bool
+	// read returns the records selected from seq on, reading at most the log's size of
+	// them, so that a follower of a flood still sends what it read.
+	read := func() []*delphiv1.Flow {
+		var out []*delphiv1.Flow
+		more = false
+		for n := 0; ; {
+			if n >= len(i.flows.ring) {
+				more = true
+				break
+			}
+			batch, next, skipped, l, a := i.flows.from(seq, flowBatch)
+			lostAgent += skipped
+			lost, added, seq = l, a, next
+			n += len(batch)
+			for _, f := range batch {
+				if filter.matches(f) {
+					out = append(out, f)
+				}
+			}
+			if len(batch) < flowBatch {
+				break
+			}
+		}
+		return out
+	}
+	// send sends the records in responses of at most flowBatch, at least one.
+	send := func(flows []*delphiv1.Flow) error {
+		for first := true; first || len(flows) > 0; first = false {
+			n := min(len(flows), flowBatch)
+			if err := stream.Send(&delphiv1.FlowsResponse{Flows: flows[:n], LostDatapath: lost, LostAgent: lostAgent}); err != nil {
+				return err
+			}
+			flows = flows[n:]
+		}
+		return nil
+	}
+	// The recent records: the latest limit of those selected.
+	recent := read()
+	if n := int(req.GetLimit()); n > 0 && len(recent) > n {
+		recent = recent[len(recent)-n:]
+	}
+	if err := send(recent); err != nil || !req.GetFollow() {
+		return err
+	}
+	for {
+		if !more {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-i.done:
+				return nil
+			case <-added:
+			}
+		} else if ctx.Err() != nil {
+			return nil
+		}
+		sentLost, sentLostAgent := lost, lostAgent
+		// A change of the lost counts goes out even without a record selected.
+		if out := read(); len(out) > 0 || lost != sentLost || lostAgent != sentLostAgent {
+			if err := send(out); err != nil {
+				return err
+			}
+		}
+	}
+}

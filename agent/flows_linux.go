@@ -1,0 +1,186 @@
+package agent
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"time"
+
+	"github.com/cilium/ebpf/ringbuf"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/naplesnet/naples/hal/firewall"
+	"github.com/naplesnet/naples/hal/linux/fwbpf"
+	delphiv1 "github.com/naplesnet/naples/proto/delphi/v1"
+)
+
+// flowCollector takes the flow records of the firewall whose maps are pinned in bpfDir,
+// names them from the snapshot fw installed last and the links of view's namespace, and
+// adds them to log.
+type flowCollector struct {
+	bpfDir, node string
+	fw           InstalledFirewall
+	view         *KernelView
+	log          *FlowLog
+	logger       *slog.Logger
+
+	// names is the view of the snapshot names were last taken from, and links the names
+	// of the namespace's links, read again when a record names an unknown one, at most
+	// once per linkRefresh.
+	names     *firewallView
+	snap      *firewall.Snapshot
+	linksRead time.Time
+}
+
+// linkRefresh bounds how often the collector reads the namespace's links again.
+const linkRefresh = time.Second
+
+// run takes the records until ctx ends, opening the pinned ring once the firewall pinned
+// it. A batch is what the ring holds when the reader wakes, up to flowBatch records.
+func (c *flowCollector) run(ctx context.Context) error {
+	var r *fwbpf.FlowReader
+	for {
+		var err error
+		r, err = fwbpf.OpenPinnedFlows(c.bpfDir)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("reading the firewall's flow records: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	stop := context.AfterFunc(ctx, func() { r.Close() })
+	defer stop()
+	defer r.Close()
+	batch := make([]*delphiv1.Flow, 0, flowBatch)
+	for {
+		r.SetDeadline(time.Time{})
+		rec, err := r.Read()
+		for err == nil {
+			batch = append(batch, c.flow(ctx, rec))
+			if len(batch) == flowBatch {
+				break
+			}
+			r.SetDeadline(time.Now()) // the rest of what the ring holds now
+			rec, err = r.Read()
+		}
+		if err != nil && !errors.Is(err, fwbpf.ErrNoRecord) {
+			if ctx.Err() != nil || errors.Is(err, ringbuf.ErrClosed) {
+				return nil
+			}
+			return fmt.Errorf("reading the firewall's flow records: %w", err)
+		}
+		lost, err := r.Lost()
+		if err != nil {
+			return err
+		}
+		c.log.Add(batch, lost)
+		batch = make([]*delphiv1.Flow, 0, flowBatch) // the log keeps the records
+	}
+}
+
+// flow names the record.
+func (c *flowCollector) flow(ctx context.Context, rec fwbpf.FlowRecord) *delphiv1.Flow {
+	snap := c.fw.Snapshot()
+	if snap == nil {
+		snap = &firewall.Snapshot{}
+	}
+	if c.names == nil || snap != c.snap || (c.names.links[int(rec.Ifindex)] == "" && time.Since(c.linksRead) > linkRefresh) {
+		links := c.names.linksOr(nil)
+		if c.names == nil || time.Since(c.linksRead) > linkRefresh {
+			if l, err := readLinkNames(ctx, c.view); err == nil {
+				links, c.linksRead = l, time.Now()
+			} else {
+				c.logger.Debug("reading the links that name flow records", "err", err)
+			}
+		}
+		c.names, c.snap = newFirewallView(snap, links), snap
+	}
+	return c.names.flow(rec, c.node)
+}
+
+// linksOr returns the view's links, or def for no view.
+func (v *firewallView) linksOr(def map[int]string) map[int]string {
+	if v == nil {
+		return def
+	}
+	return v.links
+}
+
+// flow names a flow record of this node's firewall.
+func (v *firewallView) flow(rec fwbpf.FlowRecord, node string) *delphiv1.Flow {
+	f := &delphiv1.Flow{
+		Time:      timestamppb.New(ktimeToWall(rec.Time)),
+		Node:      node,
+		Ifindex:   rec.Ifindex,
+		Interface: v.links[int(rec.Ifindex)],
+		Direction: firewall.DirName(rec.Dir),
+		Rule:      rec.Rule,
+		RuleName:  v.ruleName(rec.Rule),
+		Bytes:     rec.Len,
+		Verdict:   "allowed",
+	}
+	switch rec.Type {
+	case fwbpf.FlowNew:
+		f.Event = delphiv1.FlowEvent_FLOW_EVENT_STARTED
+	case fwbpf.FlowDeny:
+		f.Event, f.Verdict = delphiv1.FlowEvent_FLOW_EVENT_DENIED, "denied"
+		f.Reason = map[uint8]string{fwbpf.ReasonPolicy: "policy", fwbpf.ReasonSpoofed: "spoofed",
+			fwbpf.ReasonMalformed: "malformed", fwbpf.ReasonFragment: "fragment"}[rec.Reason]
+	case fwbpf.FlowEnd:
+		f.Event = delphiv1.FlowEvent_FLOW_EVENT_ENDED
+		f.Reason = map[uint8]string{fwbpf.EndFIN: "fin", fwbpf.EndRST: "rst"}[rec.Reason]
+	}
+	if info, ok := v.epByID[rec.Ep]; ok {
+		f.Endpoint = info.Endpoint.Proto()
+	} else if info, ok := v.epByIfindex[rec.Ifindex]; ok {
+		f.Endpoint = info.Endpoint.Proto()
+	}
+	if r, ok := v.ruleByID[rec.Rule]; ok {
+		f.Policy = r.Policy.Proto()
+	}
+	if rec.Family == 4 || rec.Family == 6 {
+		f.Protocol = protocolName(rec.Family, rec.Proto)
+		src, dst := netip.AddrFrom16(rec.Saddr), netip.AddrFrom16(rec.Daddr)
+		if rec.Family == 4 {
+			src, dst = netip.AddrFrom4([4]byte(rec.Saddr[:4])), netip.AddrFrom4([4]byte(rec.Daddr[:4]))
+		}
+		f.Source, f.Destination = src.String(), dst.String()
+		f.SourcePort, f.DestinationPort = uint32(netOrder(rec.Sport)), uint32(netOrder(rec.Dport))
+	}
+	return f
+}
+
+// ktimeToWall converts a time of the clock the firewall stamps its records with
+// (CLOCK_MONOTONIC nanoseconds) to wall time.
+func ktimeToWall(t uint64) time.Time {
+	now := time.Now()
+	k, err := fwbpf.KtimeNow()
+	if err != nil || t > k {
+		return now
+	}
+	return now.Add(-time.Duration(k - t))
+}
+
+// netOrder returns the port whose bytes in network order the record holds.
+func netOrder(p uint16) uint16 {
+	var b [2]byte
+	binary.NativeEndian.PutUint16(b[:], p)
+	return binary.BigEndian.Uint16(b[:])
+}
+
+// flowCollectorRun returns the agent part that takes the flow records of the firewall
+// pinned in bpfDir into log.
+func flowCollectorRun(bpfDir, node string, fw InstalledFirewall, view *KernelView, log *FlowLog, logger *slog.Logger) func(context.Context) error {
+	c := &flowCollector{bpfDir: bpfDir, node: node, fw: fw, view: view, log: log, logger: logger}
+	return c.run
+}

@@ -1,0 +1,14 @@
+//go:build !linux
+
+package agent
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+)
+
+// flowCollectorRun returns a part that fails: only Linux hosts have a firewall.
+func flowCollectorRun(string, string, InstalledFirewall, *KernelView, *FlowLog, *slog.Logger) func(context.Context) error {
+	return func(context.Context) error { return errors.New("flow records are read on Linux hosts only") }
+}

@@ -1,0 +1,178 @@
+package test
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	delphiv1 "github.com/naplesnet/naples/proto/delphi/v1"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
+)
+
+// hostFlows returns the flow records the host's agent keeps that naplesctl flows, with
+// the arguments, prints as JSON, one per line.
+func (sc *fwSmallCluster) hostFlows(t *testing.T, host string, args ...string) []*delphiv1.Flow {
+	t.Helper()
+	h := sc.host(host)
+	sock := filepath.Join(h.c.dir, "agent-"+h.name+".sock")
+	out := sc.c.mustCtl(t, "", append([]string{"--agent", sock, "flows", "-o", "json"}, args...)...)
+	var flows []*delphiv1.Flow
+	for line := range strings.Lines(out) {
+		f := &delphiv1.Flow{}
+		if err := protojson.Unmarshal([]byte(line), f); err != nil {
+			t.Fatalf("naplesctl flows printed %q: %v", line, err)
+		}
+		flows = append(flows, f)
+	}
+	return flows
+}
+
+// flowText describes a flow record as the test compares it.
+func flowText(f *delphiv1.Flow) string {
+	ep := f.GetEndpoint().GetName()
+	pol := f.GetPolicy().GetName()
+	return fmt.Sprintf("%s %s %s/%s on %s %s (%s:%d > %s:%d) rule %q of %q, %s",
+		f.GetVerdict(), strings.ToLower(strings.TrimPrefix(f.GetEvent().String(), "FLOW_EVENT_")), f.GetReason(), f.GetDirection(),
+		f.GetNode(), ep, f.GetSource(), f.GetSourcePort(), f.GetDestination(), f.GetDestinationPort(), f.GetRuleName(), pol, f.GetProtocol())
+}
+
+// TestFirewallFlows sends real traffic between workloads, across the VXLAN tunnel and on
+// one host, allowed and denied, and checks the flow records each host's agent shows
+// through `naplesctl --agent SOCK flows`: each connection's start with the rule that
+// allowed it, its end, each denied datagram with the rule that denied it, on the host
+// whose firewall decided, and the filters.
+func TestFirewallFlows(t *testing.T) {
+	const denied = 3
+	defs := fwDefs("web1", "db1", "db2")
+	groups := map[string][]string{"web1": {"client"}, "db1": {"server"}, "db2": {"server"}}
+	sc := newFWSmallCluster(t, fwSmallSpec{
+		workloads: defs,
+		endpoints: fwEndpointsOf(defs, groups),
+		objs:      []*nimbusv1.Object{fwGroupObject("client"), fwGroupObject("server")},
+		tcp:       []uint16{7},
+		udp:       []uint16{10},
+	})
+	sc.apply(t, fwPolicyObject("servers", []string{"server"},
+		fwRules(
+			allowIn("tcp", fwPorts("7"), "group:client"),
+			denyIn("udp", fwPorts("10"), "group:client"),
+			allowMulticastReports()), nil))
+	sc.waitProgrammed(t)
+	web1, db1, db2 := sc.workload("web1"), sc.workload("db1"), sc.workload("db2")
+
+	// A connection across the tunnel and one on host-a, each an exchange and a close.
+	port := func(c net.Conn) uint32 { return uint32(netip.MustParseAddrPort(c.LocalAddr().String()).Port()) }
+	var ports [2]uint32
+	for i, dst := range []*fwWorkload{db2, db1} {
+		conn := web1.dial(t, "tcp", netip.AddrPortFrom(dst.addr(4), 7))
+		if err := conn.exchange(fwFlowWait); err != nil {
+			t.Fatalf("%s: %v", conn.name, err)
+		}
+		ports[i] = port(conn.c)
+		conn.c.Close()
+	}
+	// Datagrams the policy's ingress[1] denies on host-b.
+	udp := web1.dial(t, "udp", netip.AddrPortFrom(db2.addr(4), 10))
+	for i := range denied {
+		if _, err := udp.c.Write([]byte("a datagram ingress[1] denies")); err != nil {
+			t.Fatalf("datagram %d: %v", i, err)
+		}
+	}
+	udpPort := port(udp.c)
+
+	rule0 := "NetworkSecurityPolicy/default/default/servers ingress[0]"
+	rule1 := "NetworkSecurityPolicy/default/default/servers ingress[1]"
+	w, d1, d2 := web1.addr(4).String(), db1.addr(4).String(), db2.addr(4).String()
+	want := map[string][]string{
+		// host-b's firewall decides db2's ingress: the connection from web1 and its end,
+		// then the denied datagrams.
+		"host-b": {
+			fmt.Sprintf("allowed started /ingress on host-b db2 (%s:%d > %s:7) rule %q of %q, tcp", w, ports[0], d2, rule0, "servers"),
+			fmt.Sprintf("allowed ended fin/ingress on host-b db2 (%s:%d > %s:7) rule %q of %q, tcp", w, ports[0], d2, rule0, "servers"),
+		},
+		// host-a's: web1's egress, open, for both connections, and db1's ingress.
+		"host-a": {
+			fmt.Sprintf("allowed started /egress on host-a web1 (%s:%d > %s:7) rule %q of %q, tcp", w, ports[0], d2, "", ""),
+			fmt.Sprintf("allowed ended fin/egress on host-a web1 (%s:%d > %s:7) rule %q of %q, tcp", w, ports[0], d2, "", ""),
+			fmt.Sprintf("allowed started /egress on host-a web1 (%s:%d > %s:7) rule %q of %q, tcp", w, ports[1], d1, "", ""),
+			fmt.Sprintf("allowed started /ingress on host-a db1 (%s:%d > %s:7) rule %q of %q, tcp", w, ports[1], d1, rule0, "servers"),
+			fmt.Sprintf("allowed ended fin/egress on host-a web1 (%s:%d > %s:7) rule %q of %q, tcp", w, ports[1], d1, "", ""),
+			fmt.Sprintf("allowed ended fin/ingress on host-a db1 (%s:%d > %s:7) rule %q of %q, tcp", w, ports[1], d1, rule0, "servers"),
+			fmt.Sprintf("allowed started /egress on host-a web1 (%s:%d > %s:10) rule %q of %q, udp", w, udpPort, d2, "", ""),
+		},
+	}
+	for range denied {
+		want["host-b"] = append(want["host-b"],
+			fmt.Sprintf("denied denied policy/ingress on host-b db2 (%s:%d > %s:10) rule %q of %q, udp", w, udpPort, d2, rule1, "servers"))
+	}
+	// The flows of these connections alone: those of the probes before are left out.
+	ours := func(f *delphiv1.Flow) bool {
+		p := f.GetSourcePort()
+		return f.GetSource() == w && (p == ports[0] || p == ports[1] || p == udpPort)
+	}
+	for _, host := range []string{"host-a", "host-b"} {
+		var got []string
+		waitFor(t, fmt.Sprintf("%s's agent to show %d flow records of the test's connections", host, len(want[host])), func() bool {
+			got = got[:0]
+			for _, f := range sc.hostFlows(t, host, "--from", w) {
+				if ours(f) {
+					got = append(got, flowText(f))
+				}
+			}
+			return len(got) >= len(want[host])
+		})
+		// A host's records of one connection may interleave with another's; each is in
+		// order.
+		if !sameMultiset(got, want[host]) {
+			t.Errorf("%s's flow records:\n%s\nwant, in some order:\n%s", host, strings.Join(got, "\n"), strings.Join(want[host], "\n"))
+		}
+	}
+
+	// The filters: by verdict, by endpoint name as the destination, by policy.
+	deniedFlows := sc.hostFlows(t, "host-b", "--verdict", "denied", "--to", "db2")
+	var n int
+	for _, f := range deniedFlows {
+		if f.GetVerdict() != "denied" || f.GetEndpoint().GetName() != "db2" || f.GetDirection() != "ingress" {
+			t.Errorf("--verdict denied --to db2 printed %s", flowText(f))
+		}
+		if ours(f) {
+			n++
+		}
+	}
+	if n != denied {
+		t.Errorf("--verdict denied --to db2: %d records of the test's datagrams, want %d", n, denied)
+	}
+	for _, f := range sc.hostFlows(t, "host-a", "--policy", "servers") {
+		if f.GetPolicy().GetName() != "servers" || f.GetEndpoint().GetName() != "db1" {
+			t.Errorf("--policy servers on host-a printed %s", flowText(f))
+		}
+	}
+	// Bad input names the flag and the value.
+	h := sc.host("host-a")
+	_, err := sc.c.ctl(t, "", "--agent", filepath.Join(h.c.dir, "agent-"+h.name+".sock"), "flows", "--verdict", "maybe")
+	if err == nil || !strings.Contains(err.Error(), `verdict "maybe"`) {
+		t.Errorf("flows --verdict maybe: %v, want an error naming the verdict", err)
+	}
+}
+
+// sameMultiset tells whether a and b hold the same strings, as many times each.
+func sameMultiset(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	count := map[string]int{}
+	for _, s := range a {
+		count[s]++
+	}
+	for _, s := range b {
+		if count[s]--; count[s] < 0 {
+			return false
+		}
+	}
+	return true
+}
