@@ -84,7 +84,7 @@ func fwDefs(names ...string) []fwEndpointDef {
 // (10.1.0.0/24 and fd00:1::/64), the endpoints and the spec's objects, and waits until
 // they are PROGRAMMED and every workload reaches every other over TCP on the first of
 // the spec's TCP ports, IPv4 and IPv6.
-func newFWSmallCluster(t *testing.T, spec fwSmallSpec) *fwSmallCluster {
+func newFWSmallCluster(t testing.TB, spec fwSmallSpec) *fwSmallCluster {
 	t.Helper()
 	quickExit(t)
 	c := newCluster(t)

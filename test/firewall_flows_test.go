@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -16,7 +18,7 @@ import (
 
 // hostFlows returns the flow records the host's agent keeps that naplesctl flows, with
 // the arguments, prints as JSON, one per line.
-func (sc *fwSmallCluster) hostFlows(t *testing.T, host string, args ...string) []*delphiv1.Flow {
+func (sc *fwSmallCluster) hostFlows(t testing.TB, host string, args ...string) []*delphiv1.Flow {
 	t.Helper()
 	h := sc.host(host)
 	sock := filepath.Join(h.c.dir, "agent-"+h.name+".sock")
@@ -175,4 +177,88 @@ func sameMultiset(a, b []string) bool {
 		}
 	}
 	return true
+}
+
+// TestFirewallFlowsBurstAccounting floods host-b's firewall, whose flow ring holds one
+// page of records, with new connections faster than its agent takes their records: a
+// datagram from a port of its own for each. Every connection is then either a record the
+// agent shows or a record counted lost, exactly, and the loss shows in the agent's metric
+// and in naplesctl flows.
+func TestFirewallFlowsBurstAccounting(t *testing.T) {
+	const datagrams = 3000
+	sc := clientServerCluster(t, "9", "--fw-flow-ring-bytes", "4096")
+	web1, db2 := sc.workload("web1"), sc.workload("db2")
+	tel := sc.host("host-b").telemetry(t)
+	const lostSeries = "naples_agent_flow_records_lost_total"
+	lost0 := tel.metrics(t)[lostSeries]
+
+	// The sockets first, then the datagrams back to back.
+	dst := netip.AddrPortFrom(db2.addr(4), 9)
+	conns := make([]*fwConn, datagrams)
+	ports := map[uint32]bool{}
+	for i := range conns {
+		conns[i] = web1.dial(t, "udp", dst)
+		ports[uint32(netip.MustParseAddrPort(conns[i].c.LocalAddr().String()).Port())] = true
+	}
+	for i, c := range conns {
+		if _, err := c.c.Write([]byte("a new flow")); err != nil {
+			t.Fatalf("datagram %d: %v", i, err)
+		}
+	}
+	for _, c := range conns {
+		c.c.Close()
+	}
+
+	// Records shown plus records lost must come to the datagrams sent, exactly; the
+	// firewall's reply-less datagrams of other flows write none.
+	w := web1.addr(4).String()
+	var shown int
+	var lost float64
+	waitFor(t, fmt.Sprintf("host-b to account for every one of %d new flows", datagrams), func() bool {
+		shown = 0
+		for _, f := range sc.hostFlows(t, "host-b", "--from", w, "--to", dst.Addr().String()) {
+			if f.GetEvent() == delphiv1.FlowEvent_FLOW_EVENT_STARTED && f.GetDestinationPort() == 9 && ports[f.GetSourcePort()] {
+				shown++
+			}
+		}
+		lost = tel.metrics(t)[lostSeries] - lost0
+		return shown+int(lost) >= datagrams
+	})
+	t.Logf("%d new flows: %d records shown, %d counted lost", datagrams, shown, int(lost))
+	if shown+int(lost) != datagrams || lost == 0 {
+		t.Errorf("%d records shown and %v lost for %d new flows: want every one either, and some lost (a ring of one page)", shown, lost, datagrams)
+	}
+	// naplesctl says so too.
+	h := sc.host("host-b")
+	cmd := exec.Command(filepath.Join(bin, "naplesctl"), "--agent", filepath.Join(h.c.dir, "agent-"+h.name+".sock"), "flows", "--last", "1")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("naplesctl flows: %v: %s", err, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "lost") {
+		t.Errorf("naplesctl flows said nothing of the lost records on standard error: %q", stderr.String())
+	}
+}
+
+// clientServerCluster starts a small cluster of web1 on host-a, in group client, and db2
+// on host-b, in group server, which a policy lets the clients reach over UDP on the ports
+// (a port or a range); host-b's agent keeps 65,536 flow records, serves its metrics and
+// takes the extra flags.
+func clientServerCluster(t testing.TB, udpPorts string, hostBFlags ...string) *fwSmallCluster {
+	t.Helper()
+	defs := fwDefs("web1", "db2")
+	groups := map[string][]string{"web1": {"client"}, "db2": {"server"}}
+	sc := newFWSmallCluster(t, fwSmallSpec{
+		workloads:  defs,
+		endpoints:  fwEndpointsOf(defs, groups),
+		objs:       []*nimbusv1.Object{fwGroupObject("client"), fwGroupObject("server")},
+		tcp:        []uint16{7},
+		udp:        []uint16{9},
+		agentFlags: [][]string{nil, slices.Concat([]string{"--flows-ring", "65536"}, metricsFlags, hostBFlags)},
+	})
+	sc.apply(t, fwPolicyObject("servers", []string{"server"},
+		fwRules(allowIn("udp", fwPorts(udpPorts), "group:client"), allowMulticastReports()), nil))
+	sc.waitProgrammed(t)
+	return sc
 }

@@ -400,7 +400,7 @@ func newFWCluster(t *testing.T, endpoints []*nimbusv1.Object, objs ...*nimbusv1.
 
 // apply applies the objects at nimbus in one batch and records them as stored; it
 // returns the key IDs of those that changed.
-func (fc *fwCluster) apply(t *testing.T, objs ...*nimbusv1.Object) []string {
+func (fc *fwCluster) apply(t testing.TB, objs ...*nimbusv1.Object) []string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), deadline)
 	defer cancel()
@@ -431,7 +431,7 @@ func (fc *fwCluster) reference() *fwReference {
 // waitProgrammed waits until every object applied of the kinds (all kinds when none are
 // given) is PROGRAMMED at its generation on both hosts. It fails the test at once when a
 // host reports one FAILED at its generation.
-func (fc *fwCluster) waitProgrammed(t *testing.T, kinds ...nimbusv1.Kind) {
+func (fc *fwCluster) waitProgrammed(t testing.TB, kinds ...nimbusv1.Kind) {
 	t.Helper()
 	var waiting []string
 	end := time.Now().Add(deadline)

@@ -323,7 +323,7 @@ func stateDiff(want, got []string) string {
 // quickExit makes the race-enabled binaries that the test starts from now on exit at
 // once: the race detector otherwise sleeps a second before a process exits (GORACE
 // atexit_sleep_ms, 1000 by default), which every naplesctl call would pay.
-func quickExit(t *testing.T) {
+func quickExit(t testing.TB) {
 	t.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
 }
 

@@ -1,0 +1,80 @@
+package test
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	delphiv1 "github.com/naplesnet/naples/proto/delphi/v1"
+)
+
+// BenchmarkFlowsAgentCPU measures the CPU host-b's agent spends on flow records while its
+// firewall starts 10,000 new flows a second (datagrams from web1 on host-a to db2, each to
+// a destination port of its own, that the policy allows), for a few seconds, against the
+// same agent over as long with no traffic, in the same run: flows-agent-cpu-% is the
+// difference, in percent of one core. It checks that every flow was recorded or counted
+// lost.
+func BenchmarkFlowsAgentCPU(b *testing.B) {
+	const rate, seconds, firstPort = 10000, 5, 10000
+	sc := clientServerCluster(b, fmt.Sprintf("%d-%d", firstPort, firstPort+rate*seconds))
+	web1, db2 := sc.workload("web1"), sc.workload("db2")
+	agent := sc.host("host-b").agent.cmd.Process.Pid
+	tel := sc.host("host-b").telemetry(b)
+	const lostSeries = "naples_agent_flow_records_lost_total"
+
+	var sock net.PacketConn
+	if err := inNamespace(web1.handle, func() (err error) {
+		sock, err = net.ListenPacket("udp4", "0.0.0.0:0")
+		return err
+	}); err != nil {
+		b.Fatal(err)
+	}
+	defer sock.Close()
+	src := uint32(sock.LocalAddr().(*net.UDPAddr).Port)
+	dst := db2.addr(4)
+
+	for b.Loop() {
+		// The floor: the agent with no traffic, for as long.
+		idle0 := procCPU(b, agent)
+		time.Sleep(seconds * time.Second)
+		idle := procCPU(b, agent) - idle0
+
+		// The flood: rate new flows a second, paced every millisecond.
+		lost0 := tel.metrics(b)[lostSeries]
+		busy0 := procCPU(b, agent)
+		start := time.Now()
+		for i := range rate * seconds {
+			if i%(rate/1000) == 0 {
+				time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / rate)))
+			}
+			to := net.UDPAddrFromAddrPort(netip.AddrPortFrom(dst, uint16(firstPort+i)))
+			if _, err := sock.WriteTo([]byte("a new flow"), to); err != nil {
+				b.Fatalf("datagram %d: %v", i, err)
+			}
+		}
+		sent := time.Since(start)
+		// Until the agent took the last records: it looks every 50 ms.
+		time.Sleep(200 * time.Millisecond)
+		busy := procCPU(b, agent) - busy0
+		window := sent + 200*time.Millisecond
+
+		var shown int
+		for _, f := range sc.hostFlows(b, "host-b", "--to", dst.String()) {
+			if f.GetEvent() == delphiv1.FlowEvent_FLOW_EVENT_STARTED && f.GetSourcePort() == src && f.GetDestinationPort() >= firstPort {
+				shown++
+			}
+		}
+		lost := tel.metrics(b)[lostSeries] - lost0
+		if shown+int(lost) != rate*seconds {
+			b.Fatalf("%d records shown and %v lost for %d new flows: want every one either", shown, lost, rate*seconds)
+		}
+		b.ReportMetric(lost, "records-lost")
+		b.ReportMetric(float64(rate*seconds)/sent.Seconds(), "flows/s")
+		b.ReportMetric(float64(shown), "records-shown")
+		b.ReportMetric(100*(busy.Seconds()/window.Seconds()-idle.Seconds()/(seconds)), "flows-agent-cpu-%")
+		b.ReportMetric(100*busy.Seconds()/window.Seconds(), "busy-agent-cpu-%")
+		b.ReportMetric(100*idle.Seconds()/seconds, "idle-agent-cpu-%")
+	}
+}
