@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -76,5 +77,82 @@ func BenchmarkFlowsAgentCPU(b *testing.B) {
 		b.ReportMetric(100*(busy.Seconds()/window.Seconds()-idle.Seconds()/(seconds)), "flows-agent-cpu-%")
 		b.ReportMetric(100*busy.Seconds()/window.Seconds(), "busy-agent-cpu-%")
 		b.ReportMetric(100*idle.Seconds()/seconds, "idle-agent-cpu-%")
+	}
+}
+
+// BenchmarkFlowsDatapathCost measures what flow records cost the traffic between two
+// workloads: new TCP connections a second (web1 on host-a connects to db2's echo on
+// host-b, exchanges a message and resets it, one connection after the other) and the p99 of
+// a request and its answer over one established connection, with both hosts' agents
+// writing flow records and with both started again with --fw-flow-ring-bytes 0, in turn,
+// twice each, in one run. conn-rate-x is the rate with records ÷ without (goal ≥ 0.9),
+// rr-p99-x the p99 with ÷ without (goal ≤ 1.1).
+func BenchmarkFlowsDatapathCost(b *testing.B) {
+	const phase = 3 * time.Second
+	sc := clientServerCluster(b, "9")
+	web1, db2 := sc.workload("web1"), sc.workload("db2")
+	echo := netip.AddrPortFrom(db2.addr(4), 7)
+	restart := func(flows bool) {
+		for _, name := range []string{"host-a", "host-b"} {
+			h := sc.host(name)
+			h.agent.stop(b)
+			flags := []string{"--flows-ring", "65536"}
+			if !flows {
+				flags = []string{"--fw-flow-ring-bytes", "0"}
+			}
+			h.startAgentWith(b, append(flags, metricsFlags...)...)
+			h.telemetry(b).waitReady(b)
+		}
+	}
+	// rate returns the connections a second made during phase.
+	rate := func() float64 {
+		n, start := 0, time.Now()
+		for time.Since(start) < phase {
+			c := web1.dial(b, "tcp", echo)
+			if err := c.exchange(fwFlowWait); err != nil {
+				b.Fatalf("connection %d: %v", n, err)
+			}
+			// Reset, not closed: tens of thousands of connections in TIME_WAIT would
+			// slow every next connect down more than anything measured here.
+			c.c.(*net.TCPConn).SetLinger(0)
+			c.c.Close()
+			n++
+		}
+		return float64(n) / time.Since(start).Seconds()
+	}
+	// rr returns the p99 of an exchange over one connection, during phase.
+	rr := func() time.Duration {
+		c := web1.dial(b, "tcp", echo)
+		defer c.c.Close()
+		var lat []time.Duration
+		for start := time.Now(); time.Since(start) < phase; {
+			t0 := time.Now()
+			if err := c.exchange(fwFlowWait); err != nil {
+				b.Fatalf("exchange %d: %v", len(lat), err)
+			}
+			lat = append(lat, time.Since(t0))
+		}
+		slices.Sort(lat)
+		return lat[len(lat)*99/100]
+	}
+	for b.Loop() {
+		var rateOn, rateOff float64
+		var rrOn, rrOff time.Duration
+		for _, flows := range []bool{true, false, true, false} {
+			restart(flows)
+			r, p := rate(), rr()
+			b.Logf("flow records %v: %.0f connections/s, request-response p99 %v", flows, r, p)
+			if flows {
+				rateOn, rrOn = rateOn+r/2, rrOn+p/2
+			} else {
+				rateOff, rrOff = rateOff+r/2, rrOff+p/2
+			}
+		}
+		b.ReportMetric(rateOn, "conn/s-on")
+		b.ReportMetric(rateOff, "conn/s-off")
+		b.ReportMetric(rateOn/rateOff, "conn-rate-x")
+		b.ReportMetric(float64(rrOn.Microseconds()), "rr-p99-µs-on")
+		b.ReportMetric(float64(rrOff.Microseconds()), "rr-p99-µs-off")
+		b.ReportMetric(float64(rrOn)/float64(rrOff), "rr-p99-x")
 	}
 }

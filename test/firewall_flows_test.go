@@ -243,7 +243,7 @@ func TestFirewallFlowsBurstAccounting(t *testing.T) {
 
 // clientServerCluster starts a small cluster of web1 on host-a, in group client, and db2
 // on host-b, in group server, which a policy lets the clients reach over UDP on the ports
-// (a port or a range); host-b's agent keeps 65,536 flow records, serves its metrics and
+// (a port or a range) and over TCP on port 7, db2's echo; host-b's agent keeps 65,536 flow records, serves its metrics and
 // takes the extra flags.
 func clientServerCluster(t testing.TB, udpPorts string, hostBFlags ...string) *fwSmallCluster {
 	t.Helper()
@@ -258,7 +258,7 @@ func clientServerCluster(t testing.TB, udpPorts string, hostBFlags ...string) *f
 		agentFlags: [][]string{nil, slices.Concat([]string{"--flows-ring", "65536"}, metricsFlags, hostBFlags)},
 	})
 	sc.apply(t, fwPolicyObject("servers", []string{"server"},
-		fwRules(allowIn("udp", fwPorts(udpPorts), "group:client"), allowMulticastReports()), nil))
+		fwRules(allowIn("udp", fwPorts(udpPorts), "group:client"), allowIn("tcp", fwPorts("7"), "group:client"), allowMulticastReports()), nil))
 	sc.waitProgrammed(t)
 	return sc
 }

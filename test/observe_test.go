@@ -115,7 +115,7 @@ func (tel *telemetry) metrics(t testing.TB) map[string]float64 {
 
 // waitReady waits until /readyz answers 200, and returns the distinct bodies of the 503
 // answers before.
-func (tel *telemetry) waitReady(t *testing.T) []string {
+func (tel *telemetry) waitReady(t testing.TB) []string {
 	t.Helper()
 	end := time.Now().Add(deadline)
 	var before []string
