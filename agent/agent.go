@@ -166,7 +166,7 @@ func Run(ctx context.Context, cfg Config) error {
 		if flows, err = NewFlowLog(cmp.Or(cfg.FlowLogSize, DefaultFlowLogSize), reg); err != nil {
 			return fmt.Errorf("agent: %w", err)
 		}
-		parts["flows"] = flowCollectorRun(cfg.BPFDir, cfg.Node, fw, view, flows, log)
+		parts["flows"] = flowCollectorRun(store, cfg.BPFDir, cfg.Node, fw, view, flows, log)
 	}
 	if cfg.Socket != "" {
 		serve, err := serveLocalAPI(ctx, cfg.Socket, InspectorOptions{Store: store, Logger: log, Node: cfg.Node, Namespace: cfg.netns, View: view, BPFDir: cfg.BPFDir,

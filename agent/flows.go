@@ -225,12 +225,10 @@ func (f *flowFilter) matches(r *delphiv1.Flow) bool {
 		}
 	}
 	// The local endpoint is the source of what it sends (egress) and the destination of
-	// what it receives.
-	var srcEP, dstEP *nimbusv1.ObjectKey
+	// what it receives; the peer endpoint the other end.
+	srcEP, dstEP := r.GetPeerEndpoint(), r.GetEndpoint()
 	if r.GetDirection() == "egress" {
-		srcEP = r.GetEndpoint()
-	} else {
-		dstEP = r.GetEndpoint()
+		srcEP, dstEP = dstEP, srcEP
 	}
 	return f.from.matches(r.GetSource(), srcEP) && f.to.matches(r.GetDestination(), dstEP)
 }

@@ -13,9 +13,11 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/hal/firewall"
 	"github.com/naplesnet/naples/hal/linux/fwbpf"
 	delphiv1 "github.com/naplesnet/naples/proto/delphi/v1"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
 // flowCollector takes the flow records of the firewall whose maps are pinned in bpfDir,
@@ -34,6 +36,44 @@ type flowCollector struct {
 	names     *firewallView
 	snap      *firewall.Snapshot
 	linksRead time.Time
+	// store is delphi, whose Endpoints name the peers; peers indexes them by tenant and
+	// address as of delphi's revision peersRev, read again at most once per linkRefresh.
+	store     *delphi.Store
+	peers     map[tenantAddr]*nimbusv1.ObjectKey
+	peersRev  uint64
+	peersRead time.Time
+}
+
+// tenantAddr is an address in a tenant.
+type tenantAddr struct {
+	tenant string
+	addr   netip.Addr
+}
+
+// peer returns the Endpoint of the tenant with the address, nil when delphi holds none.
+func (c *flowCollector) peer(tenant, addr string) *nimbusv1.ObjectKey {
+	a, err := netip.ParseAddr(addr)
+	if err != nil || c.store == nil {
+		return nil
+	}
+	if _, rev := c.store.Resume(); c.peers == nil || (rev != c.peersRev && time.Since(c.peersRead) > linkRefresh) {
+		c.peers, c.peersRev, c.peersRead = map[tenantAddr]*nimbusv1.ObjectKey{}, rev, time.Now()
+		for _, obj := range c.store.List(nimbusv1.Kind_KIND_ENDPOINT) {
+			key := obj.Key()
+			for _, ip := range obj.GetEndpoint().GetIps() {
+				p, err := netip.ParsePrefix(ip)
+				if err != nil {
+					pa, err := netip.ParseAddr(ip)
+					if err != nil {
+						continue
+					}
+					p = netip.PrefixFrom(pa, pa.BitLen())
+				}
+				c.peers[tenantAddr{key.GetTenant(), p.Addr().Unmap()}] = key
+			}
+		}
+	}
+	return c.peers[tenantAddr{tenant, a.Unmap()}]
 }
 
 // linkRefresh bounds how often the collector reads the namespace's links again.
@@ -105,7 +145,15 @@ func (c *flowCollector) flow(ctx context.Context, rec fwbpf.FlowRecord) *delphiv
 		}
 		c.names, c.snap = newFirewallView(snap, links), snap
 	}
-	return c.names.flow(rec, c.node)
+	f := c.names.flow(rec, c.node)
+	if ep := f.GetEndpoint(); ep != nil {
+		other := f.GetDestination()
+		if f.GetDirection() == "ingress" {
+			other = f.GetSource()
+		}
+		f.PeerEndpoint = c.peer(ep.GetTenant(), other)
+	}
+	return f
 }
 
 // linksOr returns the view's links, or def for no view.
@@ -179,8 +227,8 @@ func netOrder(p uint16) uint16 {
 }
 
 // flowCollectorRun returns the agent part that takes the flow records of the firewall
-// pinned in bpfDir into log.
-func flowCollectorRun(bpfDir, node string, fw InstalledFirewall, view *KernelView, log *FlowLog, logger *slog.Logger) func(context.Context) error {
-	c := &flowCollector{bpfDir: bpfDir, node: node, fw: fw, view: view, log: log, logger: logger}
+// pinned in bpfDir into log, naming their peers from store's Endpoints.
+func flowCollectorRun(store *delphi.Store, bpfDir, node string, fw InstalledFirewall, view *KernelView, log *FlowLog, logger *slog.Logger) func(context.Context) error {
+	c := &flowCollector{store: store, bpfDir: bpfDir, node: node, fw: fw, view: view, log: log, logger: logger}
 	return c.run
 }

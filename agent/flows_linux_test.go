@@ -36,6 +36,13 @@ func testFlow(at time.Time, ep, dir, src, dst string, i int, denied bool) *delph
 	return f
 }
 
+// peerFlow returns f with the endpoint of f's tenant and namespace of the name as its
+// peer.
+func peerFlow(f *delphiv1.Flow, name string) *delphiv1.Flow {
+	f.PeerEndpoint = &nimbusv1.ObjectKey{Kind: nimbusv1.Kind_KIND_ENDPOINT, Tenant: "t1", Namespace: "ns1", Name: name}
+	return f
+}
+
 // flowsOf returns the source ports of the records of the responses, and the responses'
 // last lost counts.
 func flowsOf(resps []*delphiv1.FlowsResponse) (ports []uint32, lostDatapath, lostAgent uint64) {
@@ -69,7 +76,8 @@ func recent(t *testing.T, api delphiv1.DelphiClient, req *delphiv1.FlowsRequest)
 }
 
 // TestFlowsFilters fills a flow log by hand and reads it through the local API with
-// each filter: endpoint names as the source or destination (as the direction says),
+// each filter: endpoint names, local or peer, as the source or destination (as the
+// direction says),
 // addresses, verdict, policy, since and limit; and checks the metrics.
 func TestFlowsFilters(t *testing.T) {
 	reg := prometheus.NewRegistry()
@@ -89,21 +97,22 @@ func TestFlowsFilters(t *testing.T) {
 		testFlow(now, "web", "egress", "10.0.0.1", "10.0.0.3", 1, false),
 		testFlow(now, "db", "ingress", "10.0.0.1", "10.0.0.2", 2, true),
 		testFlow(now, "db", "ingress", "10.0.0.9", "10.0.0.2", 3, false),
+		peerFlow(testFlow(now, "db", "ingress", "10.0.0.5", "10.0.0.2", 4, false), "web"),
 	}, 5)
 	for _, c := range []struct {
 		req  *delphiv1.FlowsRequest
 		want string
 	}{
-		{&delphiv1.FlowsRequest{}, "[0 1 2 3]"},
-		{&delphiv1.FlowsRequest{From: "web"}, "[0 1]"},
-		{&delphiv1.FlowsRequest{From: "ns1/web"}, "[0 1]"},
+		{&delphiv1.FlowsRequest{}, "[0 1 2 3 4]"},
+		{&delphiv1.FlowsRequest{From: "web"}, "[0 1 4]"},
+		{&delphiv1.FlowsRequest{From: "ns1/web"}, "[0 1 4]"},
 		{&delphiv1.FlowsRequest{From: "t1/ns2/web"}, "[]"},
-		{&delphiv1.FlowsRequest{To: "db"}, "[2 3]"},
+		{&delphiv1.FlowsRequest{To: "db"}, "[2 3 4]"},
 		{&delphiv1.FlowsRequest{From: "10.0.0.1", To: "10.0.0.2"}, "[0 2]"},
 		{&delphiv1.FlowsRequest{Verdict: "denied"}, "[2]"},
 		{&delphiv1.FlowsRequest{Policy: "t1/ns1/web"}, "[2]"},
-		{&delphiv1.FlowsRequest{Since: durationpb.New(time.Minute)}, "[1 2 3]"},
-		{&delphiv1.FlowsRequest{Limit: 2}, "[2 3]"},
+		{&delphiv1.FlowsRequest{Since: durationpb.New(time.Minute)}, "[1 2 3 4]"},
+		{&delphiv1.FlowsRequest{Limit: 2}, "[3 4]"},
 	} {
 		resps, err := recent(t, api, c.req)
 		if err != nil {
@@ -125,10 +134,10 @@ func TestFlowsFilters(t *testing.T) {
 	}
 	values := telemetrytest.Values(t, reg)
 	for series, want := range map[string]float64{
-		`naples_agent_flows_total{event="started",verdict="allowed"}`: 3,
+		`naples_agent_flows_total{event="started",verdict="allowed"}`: 4,
 		`naples_agent_flows_total{event="denied",verdict="denied"}`:   1,
 		"naples_agent_flow_records_lost_total":                        5,
-		"naples_agent_flow_log_records":                               4,
+		"naples_agent_flow_log_records":                               5,
 	} {
 		if values[series] != want {
 			t.Errorf("%s = %v, want %v", series, values[series], want)

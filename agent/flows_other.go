@@ -6,9 +6,11 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+
+	"github.com/naplesnet/naples/delphi"
 )
 
 // flowCollectorRun returns a part that fails: only Linux hosts have a firewall.
-func flowCollectorRun(string, string, InstalledFirewall, *KernelView, *FlowLog, *slog.Logger) func(context.Context) error {
+func flowCollectorRun(*delphi.Store, string, string, InstalledFirewall, *KernelView, *FlowLog, *slog.Logger) func(context.Context) error {
 	return func(context.Context) error { return errors.New("flow records are read on Linux hosts only") }
 }

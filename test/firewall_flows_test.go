@@ -36,18 +36,18 @@ func (sc *fwSmallCluster) hostFlows(t testing.TB, host string, args ...string) [
 
 // flowText describes a flow record as the test compares it.
 func flowText(f *delphiv1.Flow) string {
-	ep := f.GetEndpoint().GetName()
+	ep, peer := f.GetEndpoint().GetName(), f.GetPeerEndpoint().GetName()
 	pol := f.GetPolicy().GetName()
-	return fmt.Sprintf("%s %s %s/%s on %s %s (%s:%d > %s:%d) rule %q of %q, %s",
+	return fmt.Sprintf("%s %s %s/%s on %s %s, peer %s (%s:%d > %s:%d) rule %q of %q, %s",
 		f.GetVerdict(), strings.ToLower(strings.TrimPrefix(f.GetEvent().String(), "FLOW_EVENT_")), f.GetReason(), f.GetDirection(),
-		f.GetNode(), ep, f.GetSource(), f.GetSourcePort(), f.GetDestination(), f.GetDestinationPort(), f.GetRuleName(), pol, f.GetProtocol())
+		f.GetNode(), ep, peer, f.GetSource(), f.GetSourcePort(), f.GetDestination(), f.GetDestinationPort(), f.GetRuleName(), pol, f.GetProtocol())
 }
 
 // TestFirewallFlows sends real traffic between workloads, across the VXLAN tunnel and on
 // one host, allowed and denied, and checks the flow records each host's agent shows
 // through `naplesctl --agent SOCK flows`: each connection's start with the rule that
 // allowed it, its end, each denied datagram with the rule that denied it, on the host
-// whose firewall decided, and the filters.
+// whose firewall decided, with the endpoints at both ends named, and the filters.
 func TestFirewallFlows(t *testing.T) {
 	const denied = 3
 	defs := fwDefs("web1", "db1", "db2")
@@ -94,23 +94,23 @@ func TestFirewallFlows(t *testing.T) {
 		// host-b's firewall decides db2's ingress: the connection from web1 and its end,
 		// then the denied datagrams.
 		"host-b": {
-			fmt.Sprintf("allowed started /ingress on host-b db2 (%s:%d > %s:7) rule %q of %q, tcp", w, ports[0], d2, rule0, "servers"),
-			fmt.Sprintf("allowed ended fin/ingress on host-b db2 (%s:%d > %s:7) rule %q of %q, tcp", w, ports[0], d2, rule0, "servers"),
+			fmt.Sprintf("allowed started /ingress on host-b db2, peer web1 (%s:%d > %s:7) rule %q of %q, tcp", w, ports[0], d2, rule0, "servers"),
+			fmt.Sprintf("allowed ended fin/ingress on host-b db2, peer web1 (%s:%d > %s:7) rule %q of %q, tcp", w, ports[0], d2, rule0, "servers"),
 		},
 		// host-a's: web1's egress, open, for both connections, and db1's ingress.
 		"host-a": {
-			fmt.Sprintf("allowed started /egress on host-a web1 (%s:%d > %s:7) rule %q of %q, tcp", w, ports[0], d2, "", ""),
-			fmt.Sprintf("allowed ended fin/egress on host-a web1 (%s:%d > %s:7) rule %q of %q, tcp", w, ports[0], d2, "", ""),
-			fmt.Sprintf("allowed started /egress on host-a web1 (%s:%d > %s:7) rule %q of %q, tcp", w, ports[1], d1, "", ""),
-			fmt.Sprintf("allowed started /ingress on host-a db1 (%s:%d > %s:7) rule %q of %q, tcp", w, ports[1], d1, rule0, "servers"),
-			fmt.Sprintf("allowed ended fin/egress on host-a web1 (%s:%d > %s:7) rule %q of %q, tcp", w, ports[1], d1, "", ""),
-			fmt.Sprintf("allowed ended fin/ingress on host-a db1 (%s:%d > %s:7) rule %q of %q, tcp", w, ports[1], d1, rule0, "servers"),
-			fmt.Sprintf("allowed started /egress on host-a web1 (%s:%d > %s:10) rule %q of %q, udp", w, udpPort, d2, "", ""),
+			fmt.Sprintf("allowed started /egress on host-a web1, peer db2 (%s:%d > %s:7) rule %q of %q, tcp", w, ports[0], d2, "", ""),
+			fmt.Sprintf("allowed ended fin/egress on host-a web1, peer db2 (%s:%d > %s:7) rule %q of %q, tcp", w, ports[0], d2, "", ""),
+			fmt.Sprintf("allowed started /egress on host-a web1, peer db1 (%s:%d > %s:7) rule %q of %q, tcp", w, ports[1], d1, "", ""),
+			fmt.Sprintf("allowed started /ingress on host-a db1, peer web1 (%s:%d > %s:7) rule %q of %q, tcp", w, ports[1], d1, rule0, "servers"),
+			fmt.Sprintf("allowed ended fin/egress on host-a web1, peer db1 (%s:%d > %s:7) rule %q of %q, tcp", w, ports[1], d1, "", ""),
+			fmt.Sprintf("allowed ended fin/ingress on host-a db1, peer web1 (%s:%d > %s:7) rule %q of %q, tcp", w, ports[1], d1, rule0, "servers"),
+			fmt.Sprintf("allowed started /egress on host-a web1, peer db2 (%s:%d > %s:10) rule %q of %q, udp", w, udpPort, d2, "", ""),
 		},
 	}
 	for range denied {
 		want["host-b"] = append(want["host-b"],
-			fmt.Sprintf("denied denied policy/ingress on host-b db2 (%s:%d > %s:10) rule %q of %q, udp", w, udpPort, d2, rule1, "servers"))
+			fmt.Sprintf("denied denied policy/ingress on host-b db2, peer web1 (%s:%d > %s:10) rule %q of %q, udp", w, udpPort, d2, rule1, "servers"))
 	}
 	// The flows of these connections alone: those of the probes before are left out.
 	ours := func(f *delphiv1.Flow) bool {
@@ -121,7 +121,7 @@ func TestFirewallFlows(t *testing.T) {
 		var got []string
 		waitFor(t, fmt.Sprintf("%s's agent to show %d flow records of the test's connections", host, len(want[host])), func() bool {
 			got = got[:0]
-			for _, f := range sc.hostFlows(t, host, "--from", w) {
+			for _, f := range sc.hostFlows(t, host, "--from", "web1") {
 				if ours(f) {
 					got = append(got, flowText(f))
 				}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/naplesnet/naples/internal/exitstatus"
 	delphiv1 "github.com/naplesnet/naples/proto/delphi/v1"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
 // flowsCommand returns the flows command.
@@ -35,7 +36,7 @@ connection's end (its first FIN or RST).
 The flows command talks to the agent's local API on the unix socket named by --agent. The
 agent keeps the latest records (its --flows-ring); -f prints them, then every new one
 until interrupted. Filters: --from and --to take an endpoint's name (name,
-namespace/name or tenant/namespace/name; an endpoint of this host) or an address,
+namespace/name or tenant/namespace/name; this host's or a peer's) or an address,
 --verdict allowed or denied, --policy a NetworkSecurityPolicy's name, --since a duration.
 
 Records are never lost silently: when the firewall's ring was full, or the agent let go
@@ -60,7 +61,7 @@ of records before this command read them, a line on standard error says how many
 		},
 	}
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "print new flows as they come, until interrupted")
-	cmd.Flags().StringVar(&req.From, "from", "", "only flows from this endpoint (name, namespace/name, tenant/namespace/name) or address")
+	cmd.Flags().StringVar(&req.From, "from", "", "only flows from this endpoint, local or peer (name, namespace/name, tenant/namespace/name), or address")
 	cmd.Flags().StringVar(&req.To, "to", "", "only flows to this endpoint or address")
 	cmd.Flags().StringVar(&req.Verdict, "verdict", "", "only flows with this verdict: allowed or denied")
 	cmd.Flags().StringVar(&req.Policy, "policy", "", "only flows a rule of this NetworkSecurityPolicy decided")
@@ -129,13 +130,15 @@ func (c *cli) flows(ctx context.Context, req *delphiv1.FlowsRequest, output stri
 }
 
 // flowHeader is the header of the flows table.
-const flowHeader = "TIME\tNODE\tVERDICT\tEVENT\tREASON\tDIR\tENDPOINT\tPROTO\tSOURCE\tDESTINATION\tRULE\tBYTES"
+const flowHeader = "TIME\tNODE\tVERDICT\tEVENT\tREASON\tDIR\tENDPOINT\tPEER\tPROTO\tSOURCE\tDESTINATION\tRULE\tBYTES"
 
 // flowLine is one flow as a line of the table.
 func flowLine(f *delphiv1.Flow) string {
-	ep := "-"
-	if k := f.GetEndpoint(); k != nil {
-		ep = strings.Trim(k.GetTenant()+"/"+k.GetNamespace()+"/"+k.GetName(), "/")
+	name := func(k *nimbusv1.ObjectKey) string {
+		if k == nil {
+			return "-"
+		}
+		return strings.Trim(k.GetTenant()+"/"+k.GetNamespace()+"/"+k.GetName(), "/")
 	}
 	rule := "-"
 	if f.GetRuleName() != "" {
@@ -145,7 +148,7 @@ func flowLine(f *delphiv1.Flow) string {
 	}
 	return strings.Join([]string{
 		f.GetTime().AsTime().Local().Format("15:04:05.000000"), f.GetNode(), f.GetVerdict(), flowEvent(f.GetEvent()),
-		orDash(f.GetReason()), f.GetDirection(), ep, orDash(f.GetProtocol()),
+		orDash(f.GetReason()), f.GetDirection(), name(f.GetEndpoint()), name(f.GetPeerEndpoint()), orDash(f.GetProtocol()),
 		hostPort(f.GetSource(), f.GetSourcePort()), hostPort(f.GetDestination(), f.GetDestinationPort()), rule,
 		strconv.FormatUint(uint64(f.GetBytes()), 10),
 	}, "\t")

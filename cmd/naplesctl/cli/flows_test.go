@@ -46,7 +46,8 @@ func serveFlowsAgent(t *testing.T, e *env, log *agent.FlowLog) {
 	e.vars[AgentEnv] = sock
 }
 
-// TestFlowsCommand prints an agent's flow records as a table and as JSON lines, says on
+// TestFlowsCommand prints an agent's flow records as a table (the local endpoint and the
+// peer named) and as JSON lines, says on
 // standard error how many were lost, and refuses a bad filter naming it.
 func TestFlowsCommand(t *testing.T) {
 	e := newEnv(t)
@@ -61,7 +62,8 @@ func TestFlowsCommand(t *testing.T) {
 	log.Add([]*delphiv1.Flow{
 		{Time: timestamppb.New(at), Event: delphiv1.FlowEvent_FLOW_EVENT_STARTED, Verdict: "allowed", Node: "host-b", Endpoint: db,
 			Direction: "ingress", Protocol: "tcp", Source: "10.1.0.11", SourcePort: 41234, Destination: "10.1.0.32", DestinationPort: 7,
-			Rule: 21, Policy: policy, RuleName: "NetworkSecurityPolicy/default/default/servers ingress[0]", Bytes: 74},
+			Rule: 21, Policy: policy, RuleName: "NetworkSecurityPolicy/default/default/servers ingress[0]", Bytes: 74,
+			PeerEndpoint: &nimbusv1.ObjectKey{Kind: nimbusv1.Kind_KIND_ENDPOINT, Tenant: "default", Namespace: "default", Name: "web"}},
 		{Time: timestamppb.New(at.Add(time.Millisecond)), Event: delphiv1.FlowEvent_FLOW_EVENT_DENIED, Verdict: "denied", Reason: "spoofed",
 			Node: "host-b", Endpoint: db, Direction: "egress", Bytes: 60},
 	}, 2)
@@ -70,9 +72,9 @@ func TestFlowsCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	equal(t, "flows", out, `TIME             NODE    VERDICT  EVENT    REASON   DIR      ENDPOINT            PROTO  SOURCE           DESTINATION  RULE                                                      BYTES
-`+local(0)+`  host-b  allowed  started  -        ingress  default/default/db  tcp    10.1.0.11:41234  10.1.0.32:7  NetworkSecurityPolicy/default/default/servers ingress[0]  74
-`+local(time.Millisecond)+`  host-b  denied   denied   spoofed  egress   default/default/db  -      -                -            -                                                         60
+	equal(t, "flows", out, `TIME             NODE    VERDICT  EVENT    REASON   DIR      ENDPOINT            PEER                 PROTO  SOURCE           DESTINATION  RULE                                                      BYTES
+`+local(0)+`  host-b  allowed  started  -        ingress  default/default/db  default/default/web  tcp    10.1.0.11:41234  10.1.0.32:7  NetworkSecurityPolicy/default/default/servers ingress[0]  74
+`+local(time.Millisecond)+`  host-b  denied   denied   spoofed  egress   default/default/db  -                    -      -                -            -                                                         60
 `)
 	if !strings.Contains(stderr, "lost 2 flow records") {
 		t.Errorf("flows said on standard error %q, want the 2 records lost", stderr)

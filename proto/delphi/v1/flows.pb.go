@@ -116,7 +116,11 @@ type Flow struct {
 	Policy   *v1.ObjectKey `protobuf:"bytes,16,opt,name=policy,proto3" json:"policy,omitempty"`
 	RuleName string        `protobuf:"bytes,17,opt,name=rule_name,json=ruleName,proto3" json:"rule_name,omitempty"`
 	// bytes is the length of the packet the record is of.
-	Bytes         uint32 `protobuf:"varint,18,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Bytes uint32 `protobuf:"varint,18,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// peer_endpoint is the Endpoint at the other end: the packet's source for ingress, its
+	// destination for egress, when this host's delphi holds an Endpoint of the local
+	// endpoint's tenant with that address; unset otherwise.
+	PeerEndpoint  *v1.ObjectKey `protobuf:"bytes,19,opt,name=peer_endpoint,json=peerEndpoint,proto3" json:"peer_endpoint,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -277,6 +281,13 @@ func (x *Flow) GetBytes() uint32 {
 	return 0
 }
 
+func (x *Flow) GetPeerEndpoint() *v1.ObjectKey {
+	if x != nil {
+		return x.PeerEndpoint
+	}
+	return nil
+}
+
 // FlowsRequest selects flow records. Every filter that is set must match.
 type FlowsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -286,7 +297,7 @@ type FlowsRequest struct {
 	// agent keeps.
 	Since *durationpb.Duration `protobuf:"bytes,2,opt,name=since,proto3" json:"since,omitempty"`
 	// from and to select the records whose source, or destination, is the endpoint named
-	// ("name", "namespace/name" or "tenant/namespace/name") or the address.
+	// ("name", "namespace/name" or "tenant/namespace/name"), local or peer, or the address.
 	From string `protobuf:"bytes,3,opt,name=from,proto3" json:"from,omitempty"`
 	To   string `protobuf:"bytes,4,opt,name=to,proto3" json:"to,omitempty"`
 	// verdict is "allowed" or "denied".
@@ -447,7 +458,7 @@ var File_delphi_v1_flows_proto protoreflect.FileDescriptor
 
 const file_delphi_v1_flows_proto_rawDesc = "" +
 	"\n" +
-	"\x15delphi/v1/flows.proto\x12\tdelphi.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16nimbus/v1/nimbus.proto\"\xc7\x04\n" +
+	"\x15delphi/v1/flows.proto\x12\tdelphi.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16nimbus/v1/nimbus.proto\"\x82\x05\n" +
 	"\x04Flow\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12*\n" +
 	"\x05event\x18\x02 \x01(\x0e2\x14.delphi.v1.FlowEventR\x05event\x12\x18\n" +
@@ -468,7 +479,8 @@ const file_delphi_v1_flows_proto_rawDesc = "" +
 	"\x04rule\x18\x0f \x01(\x04R\x04rule\x12,\n" +
 	"\x06policy\x18\x10 \x01(\v2\x14.nimbus.v1.ObjectKeyR\x06policy\x12\x1b\n" +
 	"\trule_name\x18\x11 \x01(\tR\bruleName\x12\x14\n" +
-	"\x05bytes\x18\x12 \x01(\rR\x05bytes\"\xc3\x01\n" +
+	"\x05bytes\x18\x12 \x01(\rR\x05bytes\x129\n" +
+	"\rpeer_endpoint\x18\x13 \x01(\v2\x14.nimbus.v1.ObjectKeyR\fpeerEndpoint\"\xc3\x01\n" +
 	"\fFlowsRequest\x12\x16\n" +
 	"\x06follow\x18\x01 \x01(\bR\x06follow\x12/\n" +
 	"\x05since\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x05since\x12\x12\n" +
@@ -516,13 +528,14 @@ var file_delphi_v1_flows_proto_depIdxs = []int32{
 	0, // 1: delphi.v1.Flow.event:type_name -> delphi.v1.FlowEvent
 	5, // 2: delphi.v1.Flow.endpoint:type_name -> nimbus.v1.ObjectKey
 	5, // 3: delphi.v1.Flow.policy:type_name -> nimbus.v1.ObjectKey
-	6, // 4: delphi.v1.FlowsRequest.since:type_name -> google.protobuf.Duration
-	1, // 5: delphi.v1.FlowsResponse.flows:type_name -> delphi.v1.Flow
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	5, // 4: delphi.v1.Flow.peer_endpoint:type_name -> nimbus.v1.ObjectKey
+	6, // 5: delphi.v1.FlowsRequest.since:type_name -> google.protobuf.Duration
+	1, // 6: delphi.v1.FlowsResponse.flows:type_name -> delphi.v1.Flow
+	7, // [7:7] is the sub-list for method output_type
+	7, // [7:7] is the sub-list for method input_type
+	7, // [7:7] is the sub-list for extension type_name
+	7, // [7:7] is the sub-list for extension extendee
+	0, // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_delphi_v1_flows_proto_init() }
