@@ -118,12 +118,12 @@ func flowEventName(e delphiv1.FlowEvent) string {
 
 // flowFilter is a FlowsRequest's filters, checked.
 type flowFilter struct {
-	since      time.Time
-	from, to   flowPeer
-	verdict    string
-	policy     *nimbusv1.ObjectKey
-	hasPolicy  bool
-	policyName string
+	since    time.Time
+	from, to flowPeer
+	verdict  string
+	// policy is the policy's tenant, namespace and name, those not given empty; nil
+	// selects every record.
+	policy *nimbusv1.ObjectKey
 }
 
 // flowPeer is a from or to filter: an endpoint's name, or an address.
@@ -202,7 +202,6 @@ func newFlowFilter(req *delphiv1.FlowsRequest, now time.Time) (*flowFilter, erro
 		if err != nil || p.addr.IsValid() {
 			return nil, status.Errorf(codes.InvalidArgument, "policy %q: want a NetworkSecurityPolicy's name, namespace/name or tenant/namespace/name", s)
 		}
-		f.hasPolicy = true
 		f.policy = &nimbusv1.ObjectKey{Tenant: p.tenant, Namespace: p.namespace, Name: p.name}
 	}
 	return f, nil
@@ -216,7 +215,7 @@ func (f *flowFilter) matches(r *delphiv1.Flow) bool {
 	if !f.since.IsZero() && r.GetTime().AsTime().Before(f.since) {
 		return false
 	}
-	if f.hasPolicy {
+	if f.policy != nil {
 		p := r.GetPolicy()
 		if p == nil || p.GetName() != f.policy.GetName() ||
 			(f.policy.GetNamespace() != "" && p.GetNamespace() != f.policy.GetNamespace()) ||
