@@ -75,13 +75,11 @@ func recent(t *testing.T, api delphiv1.DelphiClient, req *delphiv1.FlowsRequest)
 	}
 }
 
-// TestFlowsFilters fills a flow log by hand and reads it through the local API with
-// each filter: endpoint names, local or peer, as the source or destination (as the
-// direction says),
-// addresses, verdict, policy, since and limit; and checks the metrics.
-func TestFlowsFilters(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	log, err := NewFlowLog(100, reg)
+// serveFlows serves the local API with a flow log of size records, whose metrics reg
+// takes (nil: none), and returns the log and a client of the API.
+func serveFlows(t *testing.T, size int, reg prometheus.Registerer) (*FlowLog, delphiv1.DelphiClient) {
+	t.Helper()
+	log, err := NewFlowLog(size, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +88,15 @@ func TestFlowsFilters(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	api := serveInspector(t, InspectorOptions{Store: store, Flows: log})
+	return log, serveInspector(t, InspectorOptions{Store: store, Flows: log})
+}
+
+// TestFlowsFilters fills a flow log by hand and reads it through the local API with
+// each filter: endpoint names, local or peer, as the source or destination (as the
+// direction says), addresses, verdict, policy, since and limit; and checks the metrics.
+func TestFlowsFilters(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	log, api := serveFlows(t, 100, reg)
 	old, now := time.Now().Add(-time.Hour), time.Now()
 	log.Add([]*delphiv1.Flow{
 		testFlow(old, "web", "egress", "10.0.0.1", "10.0.0.2", 0, false),
@@ -149,16 +155,7 @@ func TestFlowsFilters(t *testing.T) {
 // ones, then each new one as it comes; when more come at once than the log keeps, those
 // it let go of before the follower read them are counted, not skipped silently.
 func TestFlowsFollow(t *testing.T) {
-	log, err := NewFlowLog(8, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := delphi.Open(delphi.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	api := serveInspector(t, InspectorOptions{Store: store, Flows: log})
+	log, api := serveFlows(t, 8, nil)
 	now := time.Now()
 	batch := func(from, n int) []*delphiv1.Flow {
 		var out []*delphiv1.Flow
