@@ -33,8 +33,13 @@ const (
 	FlowEvent_FLOW_EVENT_STARTED FlowEvent = 1
 	// FLOW_EVENT_DENIED: the firewall dropped a packet; reason says why.
 	FlowEvent_FLOW_EVENT_DENIED FlowEvent = 2
-	// FLOW_EVENT_ENDED: a tracked TCP connection saw its first FIN or RST, from either side.
+	// FLOW_EVENT_ENDED: a tracked connection ended: a TCP connection closed by both sides
+	// (the ACK of the last FIN) or reset, or any connection that saw no packet for its
+	// conntrack timeout. Its counts are the connection's totals.
 	FlowEvent_FLOW_EVENT_ENDED FlowEvent = 3
+	// FLOW_EVENT_ACTIVE: a tracked connection is still active, sent every active timeout
+	// (--flow-active-timeout) while packets flow, with its counts so far.
+	FlowEvent_FLOW_EVENT_ACTIVE FlowEvent = 4
 )
 
 // Enum value maps for FlowEvent.
@@ -44,12 +49,14 @@ var (
 		1: "FLOW_EVENT_STARTED",
 		2: "FLOW_EVENT_DENIED",
 		3: "FLOW_EVENT_ENDED",
+		4: "FLOW_EVENT_ACTIVE",
 	}
 	FlowEvent_value = map[string]int32{
 		"FLOW_EVENT_UNSPECIFIED": 0,
 		"FLOW_EVENT_STARTED":     1,
 		"FLOW_EVENT_DENIED":      2,
 		"FLOW_EVENT_ENDED":       3,
+		"FLOW_EVENT_ACTIVE":      4,
 	}
 )
 
@@ -90,7 +97,8 @@ type Flow struct {
 	Verdict string `protobuf:"bytes,3,opt,name=verdict,proto3" json:"verdict,omitempty"`
 	// reason says why a packet was denied: "policy", "spoofed" (not from the endpoint's own
 	// addresses), "malformed" (headers that cannot be read), "fragment" (a later fragment
-	// whose first was not seen); or how a connection ended: "fin", "rst". Empty for STARTED.
+	// whose first was not seen); or how a connection ended: "fin" (closed by both sides),
+	// "rst", "idle" (no packet for its conntrack timeout). Empty for STARTED and ACTIVE.
 	Reason string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
 	// node is this host's node name.
 	Node string `protobuf:"bytes,5,opt,name=node,proto3" json:"node,omitempty"`
@@ -99,12 +107,13 @@ type Flow struct {
 	Endpoint  *v1.ObjectKey `protobuf:"bytes,6,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
 	Interface string        `protobuf:"bytes,7,opt,name=interface,proto3" json:"interface,omitempty"`
 	Ifindex   uint32        `protobuf:"varint,8,opt,name=ifindex,proto3" json:"ifindex,omitempty"`
-	// direction is "egress" (from the endpoint) or "ingress" (to it); for ENDED, the
-	// direction of the connection's first packet.
+	// direction is "egress" (from the endpoint) or "ingress" (to it); for ACTIVE and
+	// ENDED, the direction of the connection's first packet.
 	Direction string `protobuf:"bytes,9,opt,name=direction,proto3" json:"direction,omitempty"`
 	// protocol is "tcp", "udp", "icmp", "icmpv6" or the IP protocol number; source,
 	// source_port, destination and destination_port the packet's tuple (for ENDED, the
-	// connection's first packet's), unset for a spoofed packet, whose headers are not read.
+	// connection's first packet's: its initiator is source), unset for a spoofed packet,
+	// whose headers are not read.
 	Protocol        string `protobuf:"bytes,10,opt,name=protocol,proto3" json:"protocol,omitempty"`
 	Source          string `protobuf:"bytes,11,opt,name=source,proto3" json:"source,omitempty"`
 	SourcePort      uint32 `protobuf:"varint,12,opt,name=source_port,json=sourcePort,proto3" json:"source_port,omitempty"`
@@ -120,9 +129,20 @@ type Flow struct {
 	// peer_endpoint is the Endpoint at the other end: the packet's source for ingress, its
 	// destination for egress, when this host's delphi holds an Endpoint of the local
 	// endpoint's tenant with that address; unset otherwise.
-	PeerEndpoint  *v1.ObjectKey `protobuf:"bytes,19,opt,name=peer_endpoint,json=peerEndpoint,proto3" json:"peer_endpoint,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	PeerEndpoint *v1.ObjectKey `protobuf:"bytes,19,opt,name=peer_endpoint,json=peerEndpoint,proto3" json:"peer_endpoint,omitempty"`
+	// start_time is when the connection's first packet was seen; set for STARTED, ACTIVE
+	// and ENDED.
+	StartTime *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	// initiator_packets and initiator_bytes count the connection's packets from its
+	// initiator (source), responder_packets and responder_bytes those from the responder,
+	// up to and including the record's packet; bytes are IP bytes (the IP header and what
+	// follows, as IPFIX's octet counts). Set for STARTED, ACTIVE and ENDED.
+	InitiatorPackets uint64 `protobuf:"varint,21,opt,name=initiator_packets,json=initiatorPackets,proto3" json:"initiator_packets,omitempty"`
+	InitiatorBytes   uint64 `protobuf:"varint,22,opt,name=initiator_bytes,json=initiatorBytes,proto3" json:"initiator_bytes,omitempty"`
+	ResponderPackets uint64 `protobuf:"varint,23,opt,name=responder_packets,json=responderPackets,proto3" json:"responder_packets,omitempty"`
+	ResponderBytes   uint64 `protobuf:"varint,24,opt,name=responder_bytes,json=responderBytes,proto3" json:"responder_bytes,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Flow) Reset() {
@@ -286,6 +306,41 @@ func (x *Flow) GetPeerEndpoint() *v1.ObjectKey {
 		return x.PeerEndpoint
 	}
 	return nil
+}
+
+func (x *Flow) GetStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartTime
+	}
+	return nil
+}
+
+func (x *Flow) GetInitiatorPackets() uint64 {
+	if x != nil {
+		return x.InitiatorPackets
+	}
+	return 0
+}
+
+func (x *Flow) GetInitiatorBytes() uint64 {
+	if x != nil {
+		return x.InitiatorBytes
+	}
+	return 0
+}
+
+func (x *Flow) GetResponderPackets() uint64 {
+	if x != nil {
+		return x.ResponderPackets
+	}
+	return 0
+}
+
+func (x *Flow) GetResponderBytes() uint64 {
+	if x != nil {
+		return x.ResponderBytes
+	}
+	return 0
 }
 
 // FlowsRequest selects flow records. Every filter that is set must match.
@@ -458,7 +513,7 @@ var File_delphi_v1_flows_proto protoreflect.FileDescriptor
 
 const file_delphi_v1_flows_proto_rawDesc = "" +
 	"\n" +
-	"\x15delphi/v1/flows.proto\x12\tdelphi.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16nimbus/v1/nimbus.proto\"\x82\x05\n" +
+	"\x15delphi/v1/flows.proto\x12\tdelphi.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16nimbus/v1/nimbus.proto\"\xe9\x06\n" +
 	"\x04Flow\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12*\n" +
 	"\x05event\x18\x02 \x01(\x0e2\x14.delphi.v1.FlowEventR\x05event\x12\x18\n" +
@@ -480,7 +535,13 @@ const file_delphi_v1_flows_proto_rawDesc = "" +
 	"\x06policy\x18\x10 \x01(\v2\x14.nimbus.v1.ObjectKeyR\x06policy\x12\x1b\n" +
 	"\trule_name\x18\x11 \x01(\tR\bruleName\x12\x14\n" +
 	"\x05bytes\x18\x12 \x01(\rR\x05bytes\x129\n" +
-	"\rpeer_endpoint\x18\x13 \x01(\v2\x14.nimbus.v1.ObjectKeyR\fpeerEndpoint\"\xc3\x01\n" +
+	"\rpeer_endpoint\x18\x13 \x01(\v2\x14.nimbus.v1.ObjectKeyR\fpeerEndpoint\x129\n" +
+	"\n" +
+	"start_time\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x12+\n" +
+	"\x11initiator_packets\x18\x15 \x01(\x04R\x10initiatorPackets\x12'\n" +
+	"\x0finitiator_bytes\x18\x16 \x01(\x04R\x0einitiatorBytes\x12+\n" +
+	"\x11responder_packets\x18\x17 \x01(\x04R\x10responderPackets\x12'\n" +
+	"\x0fresponder_bytes\x18\x18 \x01(\x04R\x0eresponderBytes\"\xc3\x01\n" +
 	"\fFlowsRequest\x12\x16\n" +
 	"\x06follow\x18\x01 \x01(\bR\x06follow\x12/\n" +
 	"\x05since\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x05since\x12\x12\n" +
@@ -493,12 +554,13 @@ const file_delphi_v1_flows_proto_rawDesc = "" +
 	"\x05flows\x18\x01 \x03(\v2\x0f.delphi.v1.FlowR\x05flows\x12#\n" +
 	"\rlost_datapath\x18\x02 \x01(\x04R\flostDatapath\x12\x1d\n" +
 	"\n" +
-	"lost_agent\x18\x03 \x01(\x04R\tlostAgent*l\n" +
+	"lost_agent\x18\x03 \x01(\x04R\tlostAgent*\x83\x01\n" +
 	"\tFlowEvent\x12\x1a\n" +
 	"\x16FLOW_EVENT_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12FLOW_EVENT_STARTED\x10\x01\x12\x15\n" +
 	"\x11FLOW_EVENT_DENIED\x10\x02\x12\x14\n" +
-	"\x10FLOW_EVENT_ENDED\x10\x03B6Z4github.com/naplesnet/naples/proto/delphi/v1;delphiv1b\x06proto3"
+	"\x10FLOW_EVENT_ENDED\x10\x03\x12\x15\n" +
+	"\x11FLOW_EVENT_ACTIVE\x10\x04B6Z4github.com/naplesnet/naples/proto/delphi/v1;delphiv1b\x06proto3"
 
 var (
 	file_delphi_v1_flows_proto_rawDescOnce sync.Once
@@ -529,13 +591,14 @@ var file_delphi_v1_flows_proto_depIdxs = []int32{
 	5, // 2: delphi.v1.Flow.endpoint:type_name -> nimbus.v1.ObjectKey
 	5, // 3: delphi.v1.Flow.policy:type_name -> nimbus.v1.ObjectKey
 	5, // 4: delphi.v1.Flow.peer_endpoint:type_name -> nimbus.v1.ObjectKey
-	6, // 5: delphi.v1.FlowsRequest.since:type_name -> google.protobuf.Duration
-	1, // 6: delphi.v1.FlowsResponse.flows:type_name -> delphi.v1.Flow
-	7, // [7:7] is the sub-list for method output_type
-	7, // [7:7] is the sub-list for method input_type
-	7, // [7:7] is the sub-list for extension type_name
-	7, // [7:7] is the sub-list for extension extendee
-	0, // [0:7] is the sub-list for field type_name
+	4, // 5: delphi.v1.Flow.start_time:type_name -> google.protobuf.Timestamp
+	6, // 6: delphi.v1.FlowsRequest.since:type_name -> google.protobuf.Duration
+	1, // 7: delphi.v1.FlowsResponse.flows:type_name -> delphi.v1.Flow
+	8, // [8:8] is the sub-list for method output_type
+	8, // [8:8] is the sub-list for method input_type
+	8, // [8:8] is the sub-list for extension type_name
+	8, // [8:8] is the sub-list for extension extendee
+	0, // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_delphi_v1_flows_proto_init() }
