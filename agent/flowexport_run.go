@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -137,7 +138,8 @@ func (r *FlowExportReconciler) start(id nimbusv1.Key, spec *nimbusv1.FlowExportP
 	r.metrics.connections.WithLabelValues(x.policy)
 	ctx, cancel := context.WithCancel(r.ctx)
 	x.cancel = cancel
-	go x.run(ctx)
+	// The exporter follows the log from the record after the last one it holds now.
+	go x.run(ctx, r.opts.Flows.tail())
 	return x, nil
 }
 
@@ -206,12 +208,11 @@ func (t *exportTarget) recover() bool {
 	return was != ""
 }
 
-// run follows the flow log until ctx ends.
-func (x *flowExporter) run(ctx context.Context) {
+// run follows the flow log from sequence number seq until ctx ends.
+func (x *flowExporter) run(ctx context.Context, seq uint64) {
 	defer close(x.done)
 	defer x.closeTargets()
 	log := x.r.opts.Flows
-	seq := log.tail()
 	tick := time.NewTicker(exportTick)
 	defer tick.Stop()
 	for {
@@ -520,21 +521,22 @@ func (x *flowExporter) maintain(ctx context.Context, now time.Time) {
 }
 
 // pendingError returns the error the socket holds, such as the ECONNREFUSED of an ICMP
-// port unreachable, without waiting: nil when there is none.
+// port unreachable, and clears it (getsockopt SO_ERROR): nil when there is none.
 func pendingError(c *net.UDPConn) error {
-	var buf [64]byte
-	for range 16 {
-		c.SetReadDeadline(time.Now())
-		_, err := c.Read(buf[:])
-		var ne net.Error
-		switch {
-		case err == nil:
-			continue // a collector does not answer; whatever came is discarded
-		case errors.As(err, &ne) && ne.Timeout():
-			return nil
-		default:
-			return err
-		}
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var soErr int
+	var gerr error
+	if err := raw.Control(func(fd uintptr) { soErr, gerr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ERROR) }); err != nil {
+		return err
+	}
+	if gerr != nil {
+		return fmt.Errorf("reading the socket's error: %w", gerr)
+	}
+	if soErr != 0 {
+		return &net.OpError{Op: "write", Net: "udp", Addr: c.RemoteAddr(), Err: os.NewSyscallError("write", syscall.Errno(soErr))}
 	}
 	return nil
 }
