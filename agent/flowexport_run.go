@@ -3,7 +3,6 @@ package agent
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
@@ -189,13 +188,19 @@ func (t *exportTarget) failing() (string, uint64) {
 // fail records that a send of n messages to the target failed with err, and tells
 // whether the target was healthy until then.
 func (t *exportTarget) fail(now time.Time, n int, err error) bool {
-	t.errors.Add(uint64(n))
-	t.mErrors.Add(float64(n))
+	t.lost(n)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	was := t.lastErr
 	t.lastErr, t.lastErrTime = err.Error(), now
 	return was == ""
+}
+
+// lost counts n messages that were not sent while the target waits for its retry after
+// a failure; its last error stays what it was.
+func (t *exportTarget) lost(n int) {
+	t.errors.Add(uint64(max(n, 1)))
+	t.mErrors.Add(float64(max(n, 1)))
 }
 
 // recover records that the target took what was sent, and tells whether it failed
@@ -417,12 +422,11 @@ func protocolNumber(p string) uint8 {
 func (x *flowExporter) send(ctx context.Context, now time.Time, t *exportTarget, msgs [][]byte, n int) {
 	if t.conn == nil {
 		if now.Before(t.retryAt) {
-			x.failed(now, t, len(msgs), errors.New("not sending until the next retry after the last error"), false)
+			t.lost(len(msgs))
 			return
 		}
 		if err := x.dial(ctx, t); err != nil {
-			t.retryAt = now.Add(exportTick)
-			x.failed(now, t, len(msgs), err, false)
+			x.failed(now, t, len(msgs), err)
 			return
 		}
 	}
@@ -432,7 +436,7 @@ func (x *flowExporter) send(ctx context.Context, now time.Time, t *exportTarget,
 	for i, m := range msgs {
 		t.conn.SetWriteDeadline(now.Add(exportWriteTimeout))
 		if _, err := t.conn.Write(m); err != nil {
-			x.failed(now, t, len(msgs)-i, err, !errors.Is(err, syscall.ECONNREFUSED))
+			x.failed(now, t, len(msgs)-i, err)
 			return
 		}
 		t.messages.Add(1)
@@ -476,15 +480,14 @@ func (x *flowExporter) dial(ctx context.Context, t *exportTarget) error {
 }
 
 // failed records that msgs messages (one at least: templates that were due, a check)
-// did not go to the target; with redial its socket
-// is closed, to be dialed (and its name resolved) again. The templates go again with the
-// next message that does: a collector that restarted needs them.
-func (x *flowExporter) failed(now time.Time, t *exportTarget, msgs int, err error, redial bool) {
-	t.templates, t.unverified = time.Time{}, time.Time{}
-	if redial && t.conn != nil {
+// did not go to the target, and closes its socket: the next send dials it again,
+// resolving its name afresh, a second later at the earliest, and sends the templates
+// first, which a collector that restarted needs.
+func (x *flowExporter) failed(now time.Time, t *exportTarget, msgs int, err error) {
+	t.templates, t.unverified, t.retryAt = time.Time{}, time.Time{}, now.Add(exportTick)
+	if t.conn != nil {
 		t.conn.Close()
 		t.conn = nil
-		t.retryAt = now.Add(exportTick)
 	}
 	if t.fail(now, max(msgs, 1), err) {
 		x.r.log.Warn("flow export target failing", "key", x.key, "target", t.name, "err", err)
@@ -510,7 +513,7 @@ func (x *flowExporter) maintain(ctx context.Context, now time.Time) {
 		}
 		t.unverified = time.Time{}
 		if err := pendingError(t.conn); err != nil {
-			x.failed(now, t, 1, err, !errors.Is(err, syscall.ECONNREFUSED))
+			x.failed(now, t, 1, err)
 			continue
 		}
 		if t.recover() {
@@ -548,12 +551,11 @@ func (x *flowExporter) writeJSON(now time.Time, flows []*delphiv1.Flow) {
 	if t.w == nil {
 		if !now.Before(t.retryAt) {
 			if err := x.open(t); err != nil {
-				t.retryAt = now.Add(exportTick)
-				x.failed(now, t, 1, err, false)
+				x.failed(now, t, 1, err)
 				return
 			}
 		} else {
-			x.failed(now, t, 1, errors.New("not writing until the next retry after the last error"), false)
+			t.lost(1)
 			return
 		}
 	}
@@ -567,7 +569,7 @@ func (x *flowExporter) writeJSON(now time.Time, flows []*delphiv1.Flow) {
 		b.WriteByte('\n')
 	}
 	if _, err := t.w.Write(b.Bytes()); err != nil {
-		x.failed(now, t, 1, err, false)
+		x.failed(now, t, 1, err)
 		if t.file != nil {
 			t.file.Close()
 			t.file, t.w = nil, nil
