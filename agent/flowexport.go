@@ -220,17 +220,26 @@ func (r *FlowExportReconciler) Reconcile(ctx context.Context, key *nimbusv1.Obje
 	r.mu.Lock()
 	x := r.exporters[id]
 	if x != nil && (obj == nil || !proto.Equal(x.spec, spec)) {
-		delete(r.exporters, id)
+		// The exporter stops without r.mu, which its goroutine takes to report a change;
+		// its entry stays meanwhile, so that a changed policy keeps its place under
+		// MaxPolicies, and goes with the object.
 		r.mu.Unlock()
 		x.stop()
 		r.metrics.forget(x.policy)
 		r.log.Info("flow exporter stopped", "key", id)
 		r.mu.Lock()
+		if obj == nil {
+			delete(r.exporters, id)
+		}
 		x = nil
 	}
 	defer r.mu.Unlock()
 	if obj == nil {
 		return nil, nil
+	}
+	// What fails below leaves no exporter behind.
+	if x == nil {
+		delete(r.exporters, id)
 	}
 	if r.opts.Flows == nil {
 		return nil, hal.Errorf(ReasonNoFlowRecords, "the agent has no flow records to export: it runs without a firewall (--bpf-dir is empty) or with flow records off (--fw-flow-ring-bytes 0)")
