@@ -53,8 +53,8 @@ func exportStatus(t *testing.T, c *cluster, name string) *nimbusv1.NodeStatus {
 	return nodeStatus(st, "host-b")
 }
 
-// TestFlowExportIPFIX makes real TCP connections from web1 on host-a to db2 on host-b
-// and checks that a collector in host-b's namespace, decoding with goflow2, receives one
+// TestFlowExportIPFIX makes real TCP connections, IPv4 and IPv6, from web1 on host-a
+// to db2 on host-b and checks that a collector in host-b's namespace, decoding with goflow2, receives one
 // IPFIX record a direction of every connection that ended, with the 5-tuple, times, end
 // reason, rule, names and counts of host-b's own flow records; that a target that
 // refuses fails its own policy's status, naming the refusal, and nothing else; and that
@@ -73,10 +73,15 @@ func TestFlowExportIPFIX(t *testing.T) {
 	})
 
 	web1, db2 := sc.workload("web1"), sc.workload("db2")
+	// connect makes n connections, every third over IPv6, and returns their source ports.
 	connect := func(n int) map[uint16]bool {
 		ports := map[uint16]bool{}
-		for range n {
-			conn := web1.dial(t, "tcp", netip.AddrPortFrom(db2.addr(4), 7))
+		for i := range n {
+			family := 4
+			if i%3 == 2 {
+				family = 6
+			}
+			conn := web1.dial(t, "tcp", netip.AddrPortFrom(db2.addr(family), 7))
 			if err := conn.exchange(fwFlowWait); err != nil {
 				t.Fatalf("%s: %v", conn.name, err)
 			}
@@ -117,7 +122,6 @@ func TestFlowExportIPFIX(t *testing.T) {
 			ended[uint16(f.GetSourcePort())] = f
 		}
 	}
-	w, d := web1.addr(4), db2.addr(4)
 	for p, recs := range recordsOf(coll, ports) {
 		f := ended[p]
 		if f == nil {
@@ -131,6 +135,14 @@ func TestFlowExportIPFIX(t *testing.T) {
 		init, resp := recs[0], recs[1]
 		if init.SourcePort != p {
 			init, resp = resp, init
+		}
+		w, d := netip.MustParseAddr(f.GetSource()), netip.MustParseAddr(f.GetDestination())
+		family := 4
+		if w.Is6() {
+			family = 6
+		}
+		if w != web1.addr(family) || d != db2.addr(family) {
+			t.Errorf("port %d: host-b's record is of %v > %v, not web1 > db2", p, w, d)
 		}
 		for _, c := range []struct {
 			what string
