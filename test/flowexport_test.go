@@ -54,12 +54,12 @@ func exportStatus(t *testing.T, c *cluster, name string) *nimbusv1.NodeStatus {
 }
 
 // TestFlowExportIPFIX makes real TCP connections, IPv4 and IPv6, from web1 on host-a
-// to db2 on host-b and checks that a collector in host-b's namespace, decoding with goflow2, receives one
-// IPFIX record a direction of every connection that ended, with the 5-tuple, times, end
-// reason, rule, names and counts of host-b's own flow records; that a target that
-// refuses fails its own policy's status, naming the refusal, and nothing else; and that
-// the status clears once a collector returns, which gets the templates again and the
-// records of what came after.
+// to db2 on host-b and checks that a collector in host-b's namespace, decoding with
+// goflow2, receives one IPFIX record a direction of every connection that ended, with
+// the 5-tuple, times, end reason, rule, names and counts of host-b's own flow records;
+// that a target that refuses fails its own policy's status, naming the refusal, and
+// nothing else; and that the status clears once a collector returns, which gets the
+// templates again and the records of what came after.
 func TestFlowExportIPFIX(t *testing.T) {
 	sc := clientServerCluster(t, "9")
 	c := sc.c
