@@ -1690,7 +1690,7 @@ type FlowExportPolicySpec struct {
 	// 1s to 1h; unset: 60s.
 	Interval *durationpb.Duration `protobuf:"bytes,7,opt,name=interval,proto3" json:"interval,omitempty"`
 	// template_interval is how often the IPFIX templates are sent again to every target,
-	// so that a collector that restarts learns them (RFC 7011 10.3.6); a target that
+	// so that a collector that restarts learns them (RFC 7011 8.4); a target that
 	// failed gets them again with the first message that goes through. 1s to 1h; unset:
 	// 600s.
 	TemplateInterval *durationpb.Duration `protobuf:"bytes,8,opt,name=template_interval,json=templateInterval,proto3" json:"template_interval,omitempty"`
