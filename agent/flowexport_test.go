@@ -253,6 +253,31 @@ func TestFlowExportIPFIX(t *testing.T) {
 	}
 }
 
+// TestFlowExportTemplateRefresh checks that the templates go again every template
+// interval, also while no record comes.
+func TestFlowExportTemplateRefresh(t *testing.T) {
+	e := newExportEnv(t, 64, FlowExportOptions{})
+	c := collector(t, "127.0.0.1:0")
+	spec := &nimbusv1.FlowExportPolicySpec{Targets: []string{c.Addr().String()}, TemplateInterval: durationpb.New(time.Second)}
+	if _, err := e.reconcile("refresh", exportPolicy("refresh", spec)); err != nil {
+		t.Fatal(err)
+	}
+	var times []uint32
+	eventually(t, "the templates three times", func() bool {
+		msgs, _ := c.Messages()
+		times = times[:0]
+		for _, m := range msgs {
+			if m.Templates == 2 {
+				times = append(times, m.ExportTime)
+			}
+		}
+		return len(times) >= 3
+	})
+	if times[2]-times[0] < 2 {
+		t.Errorf("templates sent at %v: want them a second apart at least", times)
+	}
+}
+
 func TestFlowExportSampling(t *testing.T) {
 	e := newExportEnv(t, 4096, FlowExportOptions{})
 	c := collector(t, "127.0.0.1:0")
