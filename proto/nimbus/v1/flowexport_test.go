@@ -1,6 +1,7 @@
 package nimbusv1
 
 import (
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -103,5 +104,24 @@ func TestFlowExportDefaults(t *testing.T) {
 	}
 	if !strings.Contains(validFlowExport().TypedKey().String(), "FlowExportPolicy/") {
 		t.Errorf("key %s does not name the kind", validFlowExport().TypedKey())
+	}
+}
+
+func TestFlowExportOperationalMap(t *testing.T) {
+	op := &OperationalData{Kind: &OperationalData_FlowExport{FlowExport: &FlowExportOperational{
+		RecordsSelected: 10, RecordsDropped: 2, Connections: 3,
+		Targets: []*FlowExportTarget{
+			{Target: "192.0.2.10:4739", RecordsSent: 8, MessagesSent: 2},
+			{Target: "collector:4739", Errors: 4, LastError: "connection refused"},
+		},
+	}}}
+	want := map[string]string{
+		"recordsSelected": "10", "recordsDropped": "2", "connections": "3",
+		"192.0.2.10:4739.recordsSent": "8", "192.0.2.10:4739.messagesSent": "2", "192.0.2.10:4739.errors": "0",
+		"collector:4739.recordsSent": "0", "collector:4739.messagesSent": "0", "collector:4739.errors": "4",
+		"collector:4739.lastError": "connection refused",
+	}
+	if got := op.Map(); !maps.Equal(got, want) {
+		t.Errorf("Map() = %v\nwant    %v", got, want)
 	}
 }

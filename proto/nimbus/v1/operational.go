@@ -184,6 +184,7 @@ func (e *FlowExportOperational) fill(m map[string]string) {
 	for _, t := range e.GetTargets() {
 		name := t.GetTarget()
 		m[name+".recordsSent"] = u(t.GetRecordsSent())
+		m[name+".messagesSent"] = u(t.GetMessagesSent())
 		m[name+".errors"] = u(t.GetErrors())
 		if t.GetLastError() != "" {
 			m[name+".lastError"] = t.GetLastError()
