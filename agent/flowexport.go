@@ -29,6 +29,8 @@ const (
 	DefaultFlowExportMaxConnections = 65536
 	// defaultFlowExportStats is the default of FlowExportOptions.StatsInterval.
 	defaultFlowExportStats = 10 * time.Second
+	// defaultFlowExportStopWait is the default of FlowExportOptions.StopWait.
+	defaultFlowExportStopWait = 5 * time.Second
 )
 
 // The reasons of the statuses of FlowExportPolicy objects.
@@ -100,6 +102,10 @@ type FlowExportOptions struct {
 	// exporters' counts; a target's failing or recovering refreshes its policy's status
 	// at once. Default: 10s.
 	StatsInterval time.Duration
+	// StopWait bounds how long stopping an exporter (its policy changed or went, or
+	// Close) waits for its goroutine, which a write to a standard output that nobody
+	// reads blocks; one that does not end then ends when its write returns. Default: 5s.
+	StopWait time.Duration
 	// Logger receives the exporters' logs. Default: slog.Default().
 	Logger *slog.Logger
 	// Registerer takes the exporters' metrics. Default: none.
@@ -158,6 +164,9 @@ func NewFlowExportReconciler(opts FlowExportOptions) (*FlowExportReconciler, err
 	}
 	if opts.StatsInterval <= 0 {
 		opts.StatsInterval = defaultFlowExportStats
+	}
+	if opts.StopWait <= 0 {
+		opts.StopWait = defaultFlowExportStopWait
 	}
 	if opts.MaxPolicies < 0 || opts.MaxConnections < 0 {
 		return nil, fmt.Errorf("flow export: max policies %d, max connections %d: must be positive", opts.MaxPolicies, opts.MaxConnections)
@@ -224,7 +233,9 @@ func (r *FlowExportReconciler) Reconcile(ctx context.Context, key *nimbusv1.Obje
 		// its entry stays meanwhile, so that a changed policy keeps its place under
 		// MaxPolicies, and goes with the object.
 		r.mu.Unlock()
-		x.stop()
+		if !x.stop() {
+			r.log.Warn("flow exporter still blocked in a write; it ends when the write returns", "key", id)
+		}
 		r.metrics.forget(x.policy)
 		r.log.Info("flow exporter stopped", "key", id)
 		r.mu.Lock()
@@ -318,8 +329,10 @@ func (r *FlowExportReconciler) Close() error {
 	r.exporters = map[nimbusv1.Key]*flowExporter{}
 	r.mu.Unlock()
 	r.cancel()
-	for _, x := range xs {
-		x.stop()
+	for id, x := range xs {
+		if !x.stop() {
+			r.log.Warn("flow exporter still blocked in a write; it ends when the write returns", "key", id)
+		}
 	}
 	return nil
 }

@@ -155,10 +155,18 @@ func set(names []string) map[string]bool {
 	return m
 }
 
-// stop stops the exporter and waits for its goroutine to end.
-func (x *flowExporter) stop() {
+// stop stops the exporter and waits for its goroutine to end, at most StopWait:
+// a write to a standard output that nobody reads blocks the goroutine for as long as
+// nobody does, and must not hold up a reconcile or the agent's stop. It tells whether the
+// goroutine ended; one that did not ends once its write returns.
+func (x *flowExporter) stop() bool {
 	x.cancel()
-	<-x.done
+	select {
+	case <-x.done:
+		return true
+	case <-time.After(x.r.opts.StopWait):
+		return false
+	}
 }
 
 // operational returns the exporter's counts, and an error naming the targets that fail.

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -539,6 +540,43 @@ func TestFlowExportJSONLines(t *testing.T) {
 		_, err := e.reconcile("bad", bad)
 		return err != nil && strings.Contains(err.Error(), `target "blocked/flows.jsonl"`) && strings.Contains(err.Error(), "not a directory")
 	})
+}
+
+// TestFlowExportBlockedOutput is a JSON exporter whose standard output nobody reads: it
+// holds up neither the flow log's writer, nor another policy's exporter, nor the
+// reconcile that deletes its policy.
+func TestFlowExportBlockedOutput(t *testing.T) {
+	pr, pw := io.Pipe()
+	e := newExportEnv(t, 2048, FlowExportOptions{Stdout: pw, StopWait: 50 * time.Millisecond})
+	t.Cleanup(func() { pr.Close() }) // the blocked write returns, and its goroutine ends
+	c := collector(t, "127.0.0.1:0")
+	for _, o := range []*nimbusv1.Object{
+		exportPolicy("blocked", &nimbusv1.FlowExportPolicySpec{Format: "json"}),
+		exportPolicy("ipfix", &nimbusv1.FlowExportPolicySpec{Targets: []string{c.Addr().String()}}),
+	} {
+		if _, err := e.reconcile(o.GetMeta().GetName(), o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 1000 {
+		f := denied("web", time.Now())
+		f.SourcePort = uint32(i)
+		e.flows.Add([]*delphiv1.Flow{f}, 0) // returns at once, whatever the exporters do
+	}
+	eventually(t, "the other policy's 1000 records", func() bool { return len(c.Records()) == 1000 })
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.r.Reconcile(context.Background(), nimbusv1.NewKey(nimbusv1.Kind_KIND_FLOW_EXPORT_POLICY, "t1", "ns1", "blocked"), nil)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("deleting the blocked policy: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("deleting the policy whose output blocks did not return")
+	}
 }
 
 func TestFlowExportNeeds(t *testing.T) {
