@@ -134,9 +134,9 @@ func (f *fixture) wantFlows(r *FlowReader, before uint64, want ...flowWant) {
 
 // TestFlowRecords runs the packets of two connections, denied packets and a malformed
 // one through the firewall, and checks the flow records it writes: a connection's start
-// with the rule that allowed it, its end at the first FIN or RST from either side (with
-// its original tuple), each denied packet with the reason and rule, and nothing for the
-// other packets of a connection.
+// with the rule that allowed it, its end at the ACK of the last FIN or at a RST from
+// either side (with its original tuple and its counts both ways), each denied packet with
+// the reason and rule, and nothing for the other packets of a connection.
 func TestFlowRecords(t *testing.T) {
 	forEachFamily(t, func(t *testing.T, f *fixture, fam family) {
 		f.install(
