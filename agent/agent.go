@@ -84,6 +84,10 @@ type Config struct {
 	// the local API's Flows, when the firewall writes them (FirewallCapacities.FlowRing).
 	// Default: DefaultFlowLogSize.
 	FlowLogSize int
+	// FlowSweep is how often the conntrack table is swept for the connections that
+	// expired without a packet, to write their ENDED flow records (reason idle) and free
+	// their entries. Default: DefaultFlowSweep.
+	FlowSweep time.Duration
 	// FirewallStats is how often the statuses of policies and local endpoints are
 	// refreshed with the firewall's counters. Default: 10s.
 	FirewallStats time.Duration
@@ -166,7 +170,7 @@ func Run(ctx context.Context, cfg Config) error {
 		if flows, err = NewFlowLog(cmp.Or(cfg.FlowLogSize, DefaultFlowLogSize), reg); err != nil {
 			return fmt.Errorf("agent: %w", err)
 		}
-		parts["flows"] = flowCollectorRun(store, cfg.BPFDir, cfg.Node, fw, view, flows, log)
+		parts["flows"] = flowCollectorRun(store, cfg.BPFDir, cfg.Node, cmp.Or(cfg.FlowSweep, DefaultFlowSweep), fw, view, flows, log)
 	}
 	if cfg.Socket != "" {
 		serve, err := serveLocalAPI(ctx, cfg.Socket, InspectorOptions{Store: store, Logger: log, Node: cfg.Node, Namespace: cfg.netns, View: view, BPFDir: cfg.BPFDir,
@@ -310,4 +314,7 @@ type FirewallCapacities struct {
 	// FlowRing: bytes of the ring the firewall writes its flow records to, a power of 2
 	// of at least a page. Default: 0, no flow records.
 	FlowRing int
+	// FlowActive: how long after its last record a connection that still sees packets
+	// gets an ACTIVE flow record, with its counts. Default: 0, none.
+	FlowActive time.Duration
 }

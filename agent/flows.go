@@ -18,6 +18,10 @@ import (
 // DefaultFlowLogSize is the default of the flow records the agent keeps (--flows-ring).
 const DefaultFlowLogSize = 8192
 
+// DefaultFlowSweep is the default of how often the conntrack table is swept for idle
+// connections (--flow-sweep-interval).
+const DefaultFlowSweep = 10 * time.Second
+
 // flowBatch bounds the records one response of Flows carries.
 const flowBatch = 256
 
@@ -49,7 +53,7 @@ func NewFlowLog(size int, reg prometheus.Registerer) (*FlowLog, error) {
 	l := &FlowLog{ring: make([]*delphiv1.Flow, size), added: make(chan struct{})}
 	l.flows = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "naples", Subsystem: "agent", Name: "flows_total",
-		Help: "Flow records of the firewall the agent took, by verdict (allowed, denied) and event (started, denied, ended).",
+		Help: "Flow records of the firewall the agent took, by verdict (allowed, denied) and event (started, denied, active, ended).",
 	}, []string{"verdict", "event"})
 	l.lost = prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Namespace: "naples", Subsystem: "agent", Name: "flow_records_lost_total",

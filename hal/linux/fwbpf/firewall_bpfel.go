@@ -33,8 +33,12 @@ type firewallFwCtValue struct {
 	Dir      uint8
 	Flags    uint8
 	Pad      uint16
-	Pad2     uint32
-	_        [4]byte
+	Fins     uint32
+	Ended    uint32
+	Start    uint64
+	Reported uint64
+	Packets  [2]uint64
+	Bytes    [2]uint64
 }
 
 type firewallFwEpCounters struct {
@@ -65,6 +69,9 @@ type firewallFwFlow struct {
 	Pad2    uint16
 	Saddr   [16]uint8
 	Daddr   [16]uint8
+	Start   uint64
+	Packets [2]uint64
+	Bytes   [2]uint64
 }
 
 type firewallFwFragKey struct {
@@ -117,19 +124,21 @@ type firewallFwValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	firewallMapFwCt          = "fw_ct"
-	firewallMapFwEpStats     = "fw_ep_stats"
-	firewallMapFwFlowLost    = "fw_flow_lost"
-	firewallMapFwFlows       = "fw_flows"
-	firewallMapFwFrag        = "fw_frag"
-	firewallMapFwRuleStats   = "fw_rule_stats"
-	firewallMapFwSnapshots   = "fw_snapshots"
-	firewallMapFwStats       = "fw_stats"
-	firewallProgFwEgress     = "fw_egress"
-	firewallProgFwIngress    = "fw_ingress"
-	firewallVarFwFlowType    = "fw_flow_type"
-	firewallVarFwFlowsOn     = "fw_flows_on"
-	firewallVarFwFlowsWakeup = "fw_flows_wakeup"
+	firewallMapFwCt            = "fw_ct"
+	firewallMapFwCtNew         = "fw_ct_new"
+	firewallMapFwEpStats       = "fw_ep_stats"
+	firewallMapFwFlowLost      = "fw_flow_lost"
+	firewallMapFwFlows         = "fw_flows"
+	firewallMapFwFrag          = "fw_frag"
+	firewallMapFwRuleStats     = "fw_rule_stats"
+	firewallMapFwSnapshots     = "fw_snapshots"
+	firewallMapFwStats         = "fw_stats"
+	firewallProgFwEgress       = "fw_egress"
+	firewallProgFwIngress      = "fw_ingress"
+	firewallVarFwFlowType      = "fw_flow_type"
+	firewallVarFwFlowsActiveNs = "fw_flows_active_ns"
+	firewallVarFwFlowsOn       = "fw_flows_on"
+	firewallVarFwFlowsWakeup   = "fw_flows_wakeup"
 )
 
 // loadFirewall returns the embedded CollectionSpec for firewall.
@@ -183,6 +192,7 @@ type firewallProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type firewallMapSpecs struct {
 	FwCt        *ebpf.MapSpec `ebpf:"fw_ct"`
+	FwCtNew     *ebpf.MapSpec `ebpf:"fw_ct_new"`
 	FwEpStats   *ebpf.MapSpec `ebpf:"fw_ep_stats"`
 	FwFlowLost  *ebpf.MapSpec `ebpf:"fw_flow_lost"`
 	FwFlows     *ebpf.MapSpec `ebpf:"fw_flows"`
@@ -196,9 +206,10 @@ type firewallMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type firewallVariableSpecs struct {
-	FwFlowType    *ebpf.VariableSpec `ebpf:"fw_flow_type"`
-	FwFlowsOn     *ebpf.VariableSpec `ebpf:"fw_flows_on"`
-	FwFlowsWakeup *ebpf.VariableSpec `ebpf:"fw_flows_wakeup"`
+	FwFlowType      *ebpf.VariableSpec `ebpf:"fw_flow_type"`
+	FwFlowsActiveNs *ebpf.VariableSpec `ebpf:"fw_flows_active_ns"`
+	FwFlowsOn       *ebpf.VariableSpec `ebpf:"fw_flows_on"`
+	FwFlowsWakeup   *ebpf.VariableSpec `ebpf:"fw_flows_wakeup"`
 }
 
 // firewallObjects contains all objects after they have been loaded into the kernel.
@@ -222,6 +233,7 @@ func (o *firewallObjects) Close() error {
 // It can be passed to loadFirewallObjects or ebpf.CollectionSpec.LoadAndAssign.
 type firewallMaps struct {
 	FwCt        *ebpf.Map `ebpf:"fw_ct"`
+	FwCtNew     *ebpf.Map `ebpf:"fw_ct_new"`
 	FwEpStats   *ebpf.Map `ebpf:"fw_ep_stats"`
 	FwFlowLost  *ebpf.Map `ebpf:"fw_flow_lost"`
 	FwFlows     *ebpf.Map `ebpf:"fw_flows"`
@@ -234,6 +246,7 @@ type firewallMaps struct {
 func (m *firewallMaps) Close() error {
 	return _FirewallClose(
 		m.FwCt,
+		m.FwCtNew,
 		m.FwEpStats,
 		m.FwFlowLost,
 		m.FwFlows,
@@ -248,9 +261,10 @@ func (m *firewallMaps) Close() error {
 //
 // It can be passed to loadFirewallObjects or ebpf.CollectionSpec.LoadAndAssign.
 type firewallVariables struct {
-	FwFlowType    *ebpf.Variable `ebpf:"fw_flow_type"`
-	FwFlowsOn     *ebpf.Variable `ebpf:"fw_flows_on"`
-	FwFlowsWakeup *ebpf.Variable `ebpf:"fw_flows_wakeup"`
+	FwFlowType      *ebpf.Variable `ebpf:"fw_flow_type"`
+	FwFlowsActiveNs *ebpf.Variable `ebpf:"fw_flows_active_ns"`
+	FwFlowsOn       *ebpf.Variable `ebpf:"fw_flows_on"`
+	FwFlowsWakeup   *ebpf.Variable `ebpf:"fw_flows_wakeup"`
 }
 
 // firewallPrograms contains all programs after they have been loaded into the kernel.

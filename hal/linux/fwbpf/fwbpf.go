@@ -38,6 +38,8 @@ const (
 	// reader: a share of the ring (flowWakeupShare), below which it polls.
 	varFlowsOn     = "fw_flows_on"
 	varFlowsWakeup = "fw_flows_wakeup"
+	// varFlowsActive is the program's constant of Capacities.FlowActive, in nanoseconds.
+	varFlowsActive = "fw_flows_active_ns"
 )
 
 // Directions of a conntrack entry (CTValue.Dir), seen from the endpoint; the same values
