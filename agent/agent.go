@@ -317,4 +317,8 @@ type FirewallCapacities struct {
 	// FlowActive: how long after its last record a connection that still sees packets
 	// gets an ACTIVE flow record, with its counts. Default: 0, none.
 	FlowActive time.Duration
+	// FlowEndpointRate: flow records a second each local endpoint may have written on
+	// each CPU, with a burst of as many; past it they are counted suppressed. Default: 0,
+	// no budget.
+	FlowEndpointRate int
 }

@@ -35,14 +35,16 @@ type FlowLog struct {
 	// sequence number s is ring[s%len(ring)] while s >= next-len(ring).
 	ring []*delphiv1.Flow
 	next uint64
-	// lostDatapath is the datapath's count of records it could not write.
-	lostDatapath uint64
+	// lostDatapath is the datapath's count of records it could not write, suppressed its
+	// count of those endpoints' budgets suppressed.
+	lostDatapath, suppressed uint64
 	// added is closed, and replaced, whenever records are added.
 	added chan struct{}
 
-	flows    *prometheus.CounterVec
-	lost     prometheus.CounterFunc
-	occupied prometheus.GaugeFunc
+	flows          *prometheus.CounterVec
+	lost           prometheus.CounterFunc
+	suppressedFunc prometheus.CounterFunc
+	occupied       prometheus.GaugeFunc
 }
 
 // NewFlowLog returns a FlowLog of size records whose metrics reg takes, if not nil.
@@ -55,14 +57,10 @@ func NewFlowLog(size int, reg prometheus.Registerer) (*FlowLog, error) {
 		Namespace: "naples", Subsystem: "agent", Name: "flows_total",
 		Help: "Flow records of the firewall the agent took, by verdict (allowed, denied) and event (started, denied, active, ended).",
 	}, []string{"verdict", "event"})
-	l.lost = prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Namespace: "naples", Subsystem: "agent", Name: "flow_records_lost_total",
-		Help: "Flow records the firewall could not write because the agent had not taken the ones before (its ring buffer, --fw-flow-ring-bytes, was full), since the ring was made.",
-	}, func() float64 {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		return float64(l.lostDatapath)
-	})
+	l.lost = l.counterOf(&l.lostDatapath, "flow_records_lost_total",
+		"Flow records the firewall could not write because the agent had not taken the ones before (its ring buffer, --fw-flow-ring-bytes, was full), since the ring was made.")
+	l.suppressedFunc = l.counterOf(&l.suppressed, "flow_records_suppressed_total",
+		"Flow records the firewall did not write because their endpoint had spent its budget of records (--fw-flow-endpoint-rate), since the budgets were made.")
 	l.occupied = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "naples", Subsystem: "agent", Name: "flow_log_records",
 		Help: "Flow records the agent keeps for the local API's Flows, at most --flows-ring.",
@@ -72,7 +70,7 @@ func NewFlowLog(size int, reg prometheus.Registerer) (*FlowLog, error) {
 		return float64(min(l.next, uint64(len(l.ring))))
 	})
 	if reg != nil {
-		for _, c := range []prometheus.Collector{l.flows, l.lost, l.occupied} {
+		for _, c := range []prometheus.Collector{l.flows, l.lost, l.suppressedFunc, l.occupied} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("registering the flow log's metrics: %w", err)
 			}
@@ -98,6 +96,36 @@ func (l *FlowLog) Add(flows []*delphiv1.Flow, lostDatapath uint64) {
 		close(l.added)
 		l.added = make(chan struct{})
 	}
+}
+
+// counterOf returns the agent's counter metric of the name and help that reads n, which
+// l.mu guards.
+func (l *FlowLog) counterOf(n *uint64, name, help string) prometheus.CounterFunc {
+	return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "naples", Subsystem: "agent", Name: name, Help: help},
+		func() float64 {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			return float64(*n)
+		})
+}
+
+// SetSuppressed records the datapath's count of records endpoints' budgets suppressed,
+// and wakes the followers when it changed.
+func (l *FlowLog) SetSuppressed(n uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if n != l.suppressed {
+		l.suppressed = n
+		close(l.added)
+		l.added = make(chan struct{})
+	}
+}
+
+// suppressedCount returns what SetSuppressed recorded last.
+func (l *FlowLog) suppressedCount() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.suppressed
 }
 
 // from returns the records from sequence number seq on, at most max of them, the
@@ -253,7 +281,7 @@ func (i *Inspector) Flows(req *delphiv1.FlowsRequest, stream delphiv1.Delphi_Flo
 		return err
 	}
 	ctx := stream.Context()
-	var seq, lostAgent, lost uint64
+	var seq, lostAgent, lost, suppressed uint64
 	var added <-chan struct{}
 	// more is set when read stopped before the last record.
 	var more bool
@@ -270,6 +298,7 @@ func (i *Inspector) Flows(req *delphiv1.FlowsRequest, stream delphiv1.Delphi_Flo
 			batch, next, skipped, l, a := i.flows.from(seq, flowBatch)
 			lostAgent += skipped
 			lost, added, seq = l, a, next
+			suppressed = i.flows.suppressedCount()
 			n += len(batch)
 			for _, f := range batch {
 				if filter.matches(f) {
@@ -286,7 +315,7 @@ func (i *Inspector) Flows(req *delphiv1.FlowsRequest, stream delphiv1.Delphi_Flo
 	send := func(flows []*delphiv1.Flow) error {
 		for first := true; first || len(flows) > 0; first = false {
 			n := min(len(flows), flowBatch)
-			if err := stream.Send(&delphiv1.FlowsResponse{Flows: flows[:n], LostDatapath: lost, LostAgent: lostAgent}); err != nil {
+			if err := stream.Send(&delphiv1.FlowsResponse{Flows: flows[:n], LostDatapath: lost, LostAgent: lostAgent, Suppressed: suppressed}); err != nil {
 				return err
 			}
 			flows = flows[n:]
@@ -313,9 +342,9 @@ func (i *Inspector) Flows(req *delphiv1.FlowsRequest, stream delphiv1.Delphi_Flo
 		} else if ctx.Err() != nil {
 			return nil
 		}
-		sentLost, sentLostAgent := lost, lostAgent
+		sentLost, sentLostAgent, sentSuppressed := lost, lostAgent, suppressed
 		// A change of the lost counts goes out even without a record selected.
-		if out := read(); len(out) > 0 || lost != sentLost || lostAgent != sentLostAgent {
+		if out := read(); len(out) > 0 || lost != sentLost || lostAgent != sentLostAgent || suppressed != sentSuppressed {
 			if err := send(out); err != nil {
 				return err
 			}

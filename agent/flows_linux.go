@@ -139,7 +139,12 @@ func (c *flowCollector) run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		suppressed, err := r.Suppressed()
+		if err != nil {
+			return err
+		}
 		c.log.Add(batch, lost)
+		c.log.SetSuppressed(suppressed)
 		batch = make([]*delphiv1.Flow, 0, flowBatch) // the log keeps the records
 	}
 }

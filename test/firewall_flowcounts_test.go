@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	delphiv1 "github.com/naplesnet/naples/proto/delphi/v1"
-	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
 // tupleCounts are the packets and IP bytes a capture saw of a TCP connection, from its
@@ -57,16 +56,8 @@ func countTuple(pkts []packet, src, dst netip.AddrPort) tupleCounts {
 // egress, the server's ingress) carries exactly the packets and IP bytes of both sides,
 // its end reason fin, its start before its end.
 func TestFirewallFlowCounts(t *testing.T) {
-	defs := fwDefs("web1", "db1", "db2")
-	groups := map[string][]string{"web1": {"client"}, "db1": {"server"}, "db2": {"server"}}
 	active := []string{"--fw-flow-active-timeout", "200ms"}
-	sc := newFWSmallCluster(t, fwSmallSpec{
-		workloads:  defs,
-		endpoints:  fwEndpointsOf(defs, groups),
-		objs:       []*nimbusv1.Object{fwGroupObject("client"), fwGroupObject("server")},
-		tcp:        []uint16{7},
-		agentFlags: [][]string{active, active},
-	})
+	sc := webDBCluster(t, "server", nil, [][]string{active, active})
 	sc.apply(t, fwPolicyObject("servers", []string{"server"},
 		fwRules(allowIn("tcp", fwPorts("7"), "group:client"), allowMulticastReports()), nil))
 	sc.waitProgrammed(t)

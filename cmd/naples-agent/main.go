@@ -100,6 +100,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.IntVar(&caps.Fragments, "fw-fragment-entries", 8192, "fragmented datagrams whose first fragment's verdict the firewall keeps at once for their later fragments; the least recently used is evicted when full")
 	fs.IntVar(&caps.FlowRing, "fw-flow-ring-bytes", 1<<20, "`bytes` of the ring the firewall writes its flow records to (new connections, denied packets, ends), a power of 2 of at least the page size; records that find it full are counted lost; 0 writes none")
 	fs.DurationVar(&caps.FlowActive, "fw-flow-active-timeout", time.Minute, "how long after its last flow record a connection that still sees packets gets an ACTIVE record with its packets and bytes both ways; whole milliseconds up to 24h, 0 for none")
+	fs.IntVar(&caps.FlowEndpointRate, "fw-flow-endpoint-rate", 5000, "flow `records` a second each local endpoint may have written on each CPU, with a burst of as many; past it they are counted suppressed (naples_agent_flow_records_suppressed_total), so one workload's flood of connections does not blind the others' records; 0 for no budget")
 	flowSweep := fs.Duration("flow-sweep-interval", agent.DefaultFlowSweep, "how often the firewall's conntrack table is swept for connections that expired without a packet, to write their ENDED flow records (reason idle) and free their entries")
 	flowLog := fs.Int("flows-ring", agent.DefaultFlowLogSize, "flow `records` the agent keeps for `naplesctl --agent SOCK flows`, the latest")
 	gatewayBridges := fs.Int("gateway-bridges", 4096, "network bridges the gateway programs mark for (their map's size); a network beyond is FAILED with CapacityExceeded")
@@ -152,6 +153,11 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	if n := caps.FlowRing; n != 0 && (n < os.Getpagesize() || n > 1<<30 || n&(n-1) != 0) {
 		fmt.Fprintf(stderr, "invalid value %d for flag -fw-flow-ring-bytes: want 0 or a power of 2 from %d (the page size) to 1073741824\n", n, os.Getpagesize())
+		fs.Usage()
+		return fmt.Errorf("parsing flags: %w", errUsage)
+	}
+	if n := caps.FlowEndpointRate; n < 0 || n > 1e9 {
+		fmt.Fprintf(stderr, "invalid value %d for flag -fw-flow-endpoint-rate: want 0 (no budget) to 1000000000\n", n)
 		fs.Usage()
 		return fmt.Errorf("parsing flags: %w", errUsage)
 	}

@@ -83,7 +83,7 @@ func (c *cli) flows(ctx context.Context, req *delphiv1.FlowsRequest, output stri
 	if err != nil {
 		return fmt.Errorf("reading the flows: %w", sess.rpcError(err))
 	}
-	var lostDatapath, lostAgent uint64
+	var lostDatapath, lostAgent, suppressed uint64
 	first := true
 	// Each response's lines are aligned, and printed before the next is waited for.
 	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
@@ -121,6 +121,10 @@ func (c *cli) flows(ctx context.Context, req *delphiv1.FlowsRequest, output stri
 		if d := resp.GetLostDatapath(); d != lostDatapath || (first && d > 0) {
 			fmt.Fprintf(c.stderr, "naplesctl: the firewall lost %d flow records in all: its ring (the agent's --fw-flow-ring-bytes) was full\n", d)
 			lostDatapath = d
+		}
+		if s := resp.GetSuppressed(); s != suppressed || (first && s > 0) {
+			fmt.Fprintf(c.stderr, "naplesctl: the firewall suppressed %d flow records in all: their endpoints wrote more than the agent's --fw-flow-endpoint-rate\n", s)
+			suppressed = s
 		}
 		if a := resp.GetLostAgent(); a != lostAgent {
 			fmt.Fprintf(c.stderr, "naplesctl: %d flow records were let go of by the agent before they were read (its --flows-ring is full)\n", a)

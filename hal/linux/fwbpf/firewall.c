@@ -400,6 +400,34 @@ struct {
  * records themselves are written through a pointer bpf_ringbuf_reserve returns. */
 const struct fw_flow *fw_flow_type __attribute__((unused));
 
+/* fw_flow_bucket is an endpoint's budget of flow records on one CPU: a token bucket whose
+ * tokens are nanoseconds, a record costing fw_flows_ep_cost_ns of them and the bucket
+ * holding at most fw_flows_ep_burst_ns; and the records it suppressed. */
+struct fw_flow_bucket {
+	__u64 tokens;
+	__u64 last; /* bpf_ktime_get_ns() of the last refill */
+	__u64 suppressed;
+};
+
+/* fw_flow_budget holds the local endpoints' budgets of flow records, per CPU, made by the
+ * program on an endpoint's first record; the loader sizes it as fw_ep_stats. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_PERCPU_HASH);
+	__uint(max_entries, FW_EP_STATS_ENTRIES);
+	__type(key, __u32);
+	__type(value, struct fw_flow_bucket);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fw_flow_budget SEC(".maps");
+
+/* fw_flow_suppressed counts, per CPU, the flow records an endpoint's budget suppressed. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fw_flow_suppressed SEC(".maps");
+
 /* fw_flow_lost counts, per CPU, the flow records that found fw_flows full. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -419,6 +447,12 @@ const volatile __u64 fw_flows_wakeup = 0;
 /* fw_flows_active_ns is how long after its last record a connection that still sees
  * packets gets a FW_FLOW_ACTIVE record; 0 writes none. */
 const volatile __u64 fw_flows_active_ns = 0;
+
+/* fw_flows_ep_cost_ns and fw_flows_ep_burst_ns set each local endpoint's budget of flow
+ * records per CPU (fw_flow_bucket): 1e9 / the records a second, and the most tokens it
+ * saves up; 0 cost leaves records unbudgeted. */
+const volatile __u64 fw_flows_ep_cost_ns = 0;
+const volatile __u64 fw_flows_ep_burst_ns = 0;
 
 /* fw_ep is what a packet needs of its interface's endpoint entry. */
 struct fw_ep {
@@ -541,6 +575,41 @@ static __always_inline int fw_spoofed_drop(__u32 ep_id, __u32 len)
 	return FW_TCX_DROP;
 }
 
+/* fw_flow_budget_take takes a record's cost from the budget of the endpoint ep_id on this
+ * CPU at now, and tells whether it could; a record it could not take is counted
+ * suppressed, for the endpoint and in all. An endpoint's first record makes its bucket,
+ * full. */
+static __always_inline int fw_flow_budget_take(__u32 ep_id, __u64 now)
+{
+	struct fw_flow_bucket *b = bpf_map_lookup_elem(&fw_flow_budget, &ep_id);
+	__u64 tokens;
+	__u32 zero = 0;
+
+	if (!b) {
+		struct fw_flow_bucket nb = {.tokens = fw_flows_ep_burst_ns - fw_flows_ep_cost_ns, .last = now};
+
+		bpf_map_update_elem(&fw_flow_budget, &ep_id, &nb, BPF_NOEXIST);
+		return 1;
+	}
+	tokens = b->tokens;
+	if (now > b->last)
+		tokens += now - b->last;
+	if (tokens > fw_flows_ep_burst_ns)
+		tokens = fw_flows_ep_burst_ns;
+	b->last = now;
+	if (tokens < fw_flows_ep_cost_ns) {
+		__u64 *c = bpf_map_lookup_elem(&fw_flow_suppressed, &zero);
+
+		b->tokens = tokens;
+		b->suppressed += 1;
+		if (c)
+			*c += 1;
+		return 0;
+	}
+	b->tokens = tokens - fw_flows_ep_cost_ns;
+	return 1;
+}
+
 /* fw_flow_emit writes a flow record of the packet with tuple t (NULL: none read) and, for
  * a connection's record, its conntrack entry c (NULL: none), or counts it lost when
  * fw_flows is full. */
@@ -552,6 +621,8 @@ static __always_inline void fw_flow_emit(__u8 type, __u8 reason, __u8 dir, __u32
 	__u32 zero = 0;
 
 	if (!fw_flows_on)
+		return;
+	if (fw_flows_ep_cost_ns && ep_id && !fw_flow_budget_take(ep_id, bpf_ktime_get_ns()))
 		return;
 	f = bpf_ringbuf_reserve(&fw_flows, sizeof(*f), 0);
 	if (!f) {

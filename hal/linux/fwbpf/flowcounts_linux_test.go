@@ -235,3 +235,43 @@ func TestOpenCarriesConntrackOver(t *testing.T) {
 		t.Errorf("after a capacity change the connection is %+v (%v), want it carried over", v, err)
 	}
 }
+
+// TestFlowEndpointBudget floods new connections from one endpoint, whose budget of flow
+// records runs out, and checks that every connection is either a record read or counted
+// suppressed, exactly, for that endpoint, and that another endpoint's records, which have
+// a budget of their own, are all written.
+func TestFlowEndpointBudget(t *testing.T) {
+	const rate, flood, others = 50, 400, 10
+	f := newFixtureOf(t, loadFlows(t, 1024, fixtureFlowRing, rate))
+	fam := families[0]
+	f.install(endpoint(f.ifA, epA, 0, 0, gen1), endpoint(f.ifB, epB, 0, 0, gen1))
+	r := f.flowReader()
+	for i := range flood {
+		f.from(f.ifA, udp(fam.ep, uint16(10000+i), fam.peer, 53), tcxNext)
+	}
+	read := len(drain(t, r))
+	suppressed, err := r.Suppressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if uint64(read)+suppressed != flood || read < rate || suppressed == 0 {
+		t.Errorf("%d records read and %d suppressed of %d connections: want every one either, at least a burst (%d) read, some suppressed",
+			read, suppressed, flood, rate)
+	}
+	for i := range others {
+		f.from(f.ifB, udp(fam.other, uint16(20000+i), fam.peer, 53), tcxNext)
+	}
+	if got := drain(t, r); len(got) != others {
+		t.Errorf("%d records of the other endpoint's %d connections, want every one", len(got), others)
+	}
+	byEP, err := r.SuppressedByEndpoint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(byEP) != 1 || byEP[epA] != suppressed {
+		t.Errorf("suppressed by endpoint: %v, want %d of endpoint %#x alone", byEP, suppressed, epA)
+	}
+	if lost, err := r.Lost(); err != nil || lost != 0 {
+		t.Errorf("lost flow records: %d, %v; want 0", lost, err)
+	}
+}

@@ -69,8 +69,7 @@ const flowRecordSize = 112
 // finds the connections that ended idle (SweepConntrack).
 type FlowReader struct {
 	rd   *ringbuf.Reader
-	lost *ebpf.Map
-	ct   *ebpf.Map
+	maps FlowMaps
 	rec  ringbuf.Record
 	// deadline is SetDeadline's.
 	deadline time.Time
@@ -80,19 +79,29 @@ type FlowReader struct {
 	closeErr  error
 }
 
-// NewFlowReader reads the records of the ring flows (MapFlows), counts the lost ones of
-// lost (MapFlowLost) and sweeps the conntrack table ct (MapCT).
-func NewFlowReader(flows, lost, ct *ebpf.Map) (*FlowReader, error) {
-	rd, err := ringbuf.NewReader(flows)
+// FlowMaps are the maps a FlowReader reads.
+type FlowMaps struct {
+	// Flows is the ring of records (MapFlows), Lost and Suppressed the counts of those
+	// lost (MapFlowLost) and suppressed (MapFlowSuppressed), Budget the endpoints' budgets
+	// (MapFlowBudget) and CT the conntrack table (MapCT), which SweepConntrack sweeps.
+	Flows, Lost, Suppressed, Budget, CT *ebpf.Map
+}
+
+// flowMapNames are the names of the maps of FlowMaps, in its order.
+var flowMapNames = []string{MapFlows, MapFlowLost, MapFlowSuppressed, MapFlowBudget, MapCT}
+
+// NewFlowReader reads the records of the maps' ring and their counts.
+func NewFlowReader(maps FlowMaps) (*FlowReader, error) {
+	rd, err := ringbuf.NewReader(maps.Flows)
 	if err != nil {
 		return nil, fmt.Errorf("reading the flow records: %w", err)
 	}
-	return &FlowReader{rd: rd, lost: lost, ct: ct}, nil
+	return &FlowReader{rd: rd, maps: maps}, nil
 }
 
 // FlowReader returns a reader of the flow records of the objects' programs.
 func (o *Objects) FlowReader() (*FlowReader, error) {
-	return NewFlowReader(o.Flows, o.FlowLost, o.CT)
+	return NewFlowReader(FlowMaps{Flows: o.Flows, Lost: o.FlowLost, Suppressed: o.FlowSuppressed, Budget: o.FlowBudget, CT: o.CT})
 }
 
 // ErrNoRecord is the error of Read when its deadline passed without a record.
@@ -143,9 +152,45 @@ func (r *FlowReader) SetDeadline(t time.Time) { r.deadline = t }
 // Lost returns how many flow records the programs could not write because the ring was
 // full, summed over CPUs, since the map was made.
 func (r *FlowReader) Lost() (uint64, error) {
+	return sumPerCPU(r.maps.Lost, "lost")
+}
+
+// Suppressed returns how many flow records the programs did not write because their
+// endpoint had spent its budget (Capacities.FlowEndpointRate), summed over CPUs, since the
+// map was made.
+func (r *FlowReader) Suppressed() (uint64, error) {
+	return sumPerCPU(r.maps.Suppressed, "suppressed")
+}
+
+// SuppressedByEndpoint returns, of the endpoints with a budget now (the table holds the
+// latest Capacities.Endpoints), the records each had suppressed, by endpoint id, those
+// with none left out.
+func (r *FlowReader) SuppressedByEndpoint() (map[uint32]uint64, error) {
+	out := map[uint32]uint64{}
+	var id uint32
+	var per []FlowBucket
+	it := r.maps.Budget.Iterate()
+	for it.Next(&id, &per) {
+		var n uint64
+		for _, b := range per {
+			n += b.Suppressed
+		}
+		if n > 0 {
+			out[id] = n
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("reading the endpoints' flow budgets: %w", err)
+	}
+	return out, nil
+}
+
+// sumPerCPU returns the sum over CPUs of the one uint64 of the per-CPU array m, of what
+// records.
+func sumPerCPU(m *ebpf.Map, what string) (uint64, error) {
 	var per []uint64
-	if err := r.lost.Lookup(uint32(0), &per); err != nil {
-		return 0, fmt.Errorf("reading the lost flow records: %w", err)
+	if err := m.Lookup(uint32(0), &per); err != nil {
+		return 0, fmt.Errorf("reading the %s flow records: %w", what, err)
 	}
 	var n uint64
 	for _, c := range per {
@@ -170,7 +215,7 @@ func (r *FlowReader) SweepConntrack() ([]FlowRecord, error) {
 	var k CTKey
 	var v CTValue
 	var expired []CTKey
-	it := r.ct.Iterate()
+	it := r.maps.CT.Iterate()
 	for it.Next(&k, &v) {
 		if CTExpired(&k, &v, now) {
 			expired = append(expired, k)
@@ -181,14 +226,14 @@ func (r *FlowReader) SweepConntrack() ([]FlowRecord, error) {
 	}
 	var ended []FlowRecord
 	for _, k := range expired {
-		if err := r.ct.LookupAndDelete(&k, &v); err != nil {
+		if err := r.maps.CT.LookupAndDelete(&k, &v); err != nil {
 			if errors.Is(err, ebpf.ErrKeyNotExist) {
 				continue
 			}
 			return ended, fmt.Errorf("taking an expired conntrack entry out: %w", err)
 		}
 		if !CTExpired(&k, &v, now) {
-			if err := r.ct.Update(&k, &v, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+			if err := r.maps.CT.Update(&k, &v, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
 				return ended, fmt.Errorf("putting a live conntrack entry back: %w", err)
 			}
 			continue
@@ -224,8 +269,8 @@ func OpenPinnedFlows(dir string) (*FlowReader, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loading the firewall's program spec: %w", err)
 	}
-	var maps [3]*ebpf.Map
-	for i, name := range []string{MapFlows, MapFlowLost, MapCT} {
+	maps := make([]*ebpf.Map, len(flowMapNames))
+	for i, name := range flowMapNames {
 		path := filepath.Join(dir, name)
 		m, err := ebpf.LoadPinnedMap(path, nil)
 		if err != nil {
@@ -243,13 +288,13 @@ func OpenPinnedFlows(dir string) (*FlowReader, error) {
 		}
 		maps[i] = m
 	}
-	r, err := NewFlowReader(maps[0], maps[1], maps[2])
+	r, err := NewFlowReader(FlowMaps{Flows: maps[0], Lost: maps[1], Suppressed: maps[2], Budget: maps[3], CT: maps[4]})
 	if err != nil {
 		for _, m := range maps {
 			m.Close()
 		}
 		return nil, err
 	}
-	r.owned = maps[:]
+	r.owned = maps
 	return r, nil
 }

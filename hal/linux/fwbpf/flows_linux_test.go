@@ -17,7 +17,7 @@ import (
 // flowReader returns a reader of the fixture's flow records, closed when the test ends.
 func (f *fixture) flowReader() *FlowReader {
 	f.tb.Helper()
-	r, err := NewFlowReader(f.flows, f.flowLost, f.ct)
+	r, err := NewFlowReader(f.flowMaps)
 	if err != nil {
 		f.tb.Fatal(err)
 	}

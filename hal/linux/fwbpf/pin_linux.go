@@ -44,6 +44,12 @@ type Capacities struct {
 	// gets a FlowActive record, with its counts; 0 writes none. Whole milliseconds, at
 	// most a day.
 	FlowActive time.Duration
+	// FlowEndpointRate is how many flow records a second each local endpoint may have
+	// written on each CPU, with a burst of as many; past it its records are suppressed
+	// and counted (MapFlowSuppressed, and per endpoint in MapFlowBudget), so that one
+	// endpoint's flood does not fill the ring that all share. 0 leaves records
+	// unbudgeted. At most 1e9.
+	FlowEndpointRate int
 }
 
 // WithDefaults returns c with every zero capacity set to its default.
@@ -78,6 +84,9 @@ type Objects struct {
 	// EndpointStats and Stats the counters; Flows the flow records and FlowLost the
 	// count of those lost (FlowReader).
 	CT, Frag, RuleStats, EndpointStats, Stats, Flows, FlowLost *ebpf.Map
+	// FlowBudget and FlowSuppressed are the endpoints' budgets of flow records and the
+	// count of those suppressed.
+	FlowBudget, FlowSuppressed *ebpf.Map
 
 	dir   string
 	caps  Capacities
@@ -107,8 +116,9 @@ func Open(dir string, caps Capacities, log *slog.Logger) (*Objects, error) {
 	spec.Maps[MapCT].MaxEntries = uint32(caps.Conntrack)
 	spec.Maps[MapRuleStats].MaxEntries = uint32(caps.Rules)
 	spec.Maps[MapEndpointStats].MaxEntries = uint32(caps.Endpoints)
+	spec.Maps[MapFlowBudget].MaxEntries = uint32(caps.Endpoints)
 	spec.Maps[MapFrag].MaxEntries = uint32(caps.Fragments)
-	if err := setFlowRing(spec, caps.FlowRing, caps.FlowActive); err != nil {
+	if err := setFlowRing(spec, caps.FlowRing, caps.FlowActive, caps.FlowEndpointRate); err != nil {
 		return nil, err
 	}
 	inner := spec.Maps[MapSnapshots].InnerMap.Copy()
@@ -151,19 +161,21 @@ func Open(dir string, caps Capacities, log *slog.Logger) (*Objects, error) {
 		}
 	}
 	o := &Objects{
-		Ingress:       coll.DetachProgram(ProgIngress),
-		Egress:        coll.DetachProgram(ProgEgress),
-		Snapshots:     coll.DetachMap(MapSnapshots),
-		CT:            coll.DetachMap(MapCT),
-		Frag:          coll.DetachMap(MapFrag),
-		RuleStats:     coll.DetachMap(MapRuleStats),
-		EndpointStats: coll.DetachMap(MapEndpointStats),
-		Stats:         coll.DetachMap(MapStats),
-		Flows:         coll.DetachMap(MapFlows),
-		FlowLost:      coll.DetachMap(MapFlowLost),
-		dir:           dir,
-		caps:          caps,
-		inner:         inner,
+		Ingress:        coll.DetachProgram(ProgIngress),
+		Egress:         coll.DetachProgram(ProgEgress),
+		Snapshots:      coll.DetachMap(MapSnapshots),
+		CT:             coll.DetachMap(MapCT),
+		Frag:           coll.DetachMap(MapFrag),
+		RuleStats:      coll.DetachMap(MapRuleStats),
+		EndpointStats:  coll.DetachMap(MapEndpointStats),
+		Stats:          coll.DetachMap(MapStats),
+		Flows:          coll.DetachMap(MapFlows),
+		FlowLost:       coll.DetachMap(MapFlowLost),
+		FlowBudget:     coll.DetachMap(MapFlowBudget),
+		FlowSuppressed: coll.DetachMap(MapFlowSuppressed),
+		dir:            dir,
+		caps:           caps,
+		inner:          inner,
 	}
 	coll.Close()
 	if oldCT != nil {
@@ -234,9 +246,9 @@ func migrateCT(from, to *ebpf.Map) (copied, skipped int, err error) {
 }
 
 // setFlowRing sizes the ring of flow records of spec to bytes and turns the records on,
-// with a FlowActive record every active, or, for 0 bytes, leaves them off with a ring of
-// one page.
-func setFlowRing(spec *ebpf.CollectionSpec, bytes int, active time.Duration) error {
+// with a FlowActive record every active and a budget of epRate records a second for each
+// endpoint on each CPU (0: none), or, for 0 bytes, leaves them off with a ring of one page.
+func setFlowRing(spec *ebpf.CollectionSpec, bytes int, active time.Duration, epRate int) error {
 	page := os.Getpagesize()
 	if bytes == 0 {
 		spec.Maps[MapFlows].MaxEntries = uint32(page)
@@ -247,6 +259,18 @@ func setFlowRing(spec *ebpf.CollectionSpec, bytes int, active time.Duration) err
 	}
 	if err := spec.Variables[varFlowsActive].Set(uint64(active)); err != nil {
 		return fmt.Errorf("setting the flow records' active timeout: %w", err)
+	}
+	if epRate < 0 || epRate > 1e9 {
+		return fmt.Errorf("flow records per endpoint per second %d: want 0 (no budget) to 1000000000", epRate)
+	}
+	if epRate > 0 {
+		cost := uint64(time.Second) / uint64(epRate)
+		if err := spec.Variables[varFlowsEPCost].Set(cost); err != nil {
+			return fmt.Errorf("setting the endpoints' budget of flow records: %w", err)
+		}
+		if err := spec.Variables[varFlowsEPBurst].Set(cost * uint64(epRate)); err != nil {
+			return fmt.Errorf("setting the endpoints' budget of flow records: %w", err)
+		}
 	}
 	if bytes < page || bytes > 1<<30 || bytes&(bytes-1) != 0 {
 		return fmt.Errorf("flow ring of %d bytes: want a power of 2 from %d (the page size) to 1 GiB", bytes, page)
@@ -310,7 +334,7 @@ func (o *Objects) Close() error {
 	for _, p := range []*ebpf.Program{o.Ingress, o.Egress} {
 		p.Close()
 	}
-	for _, m := range []*ebpf.Map{o.Snapshots, o.CT, o.Frag, o.RuleStats, o.EndpointStats, o.Stats, o.Flows, o.FlowLost} {
+	for _, m := range []*ebpf.Map{o.Snapshots, o.CT, o.Frag, o.RuleStats, o.EndpointStats, o.Stats, o.Flows, o.FlowLost, o.FlowBudget, o.FlowSuppressed} {
 		if m != nil {
 			m.Close()
 		}

@@ -158,6 +158,7 @@ type fixture struct {
 	// flows and flowLost are the flow records' ring and lost count: every test runs with
 	// flow records on, in a ring of fixtureFlowRing bytes that only some read.
 	flows, flowLost *ebpf.Map
+	flowMaps        FlowMaps
 	// ifA and ifB are interfaces of the namespace, the endpoints' in most tests; ifC
 	// one that no snapshot holds.
 	ifA, ifB, ifC uint32
@@ -176,6 +177,13 @@ func load(tb testing.TB, snapshotCap uint32) *fixture {
 // records off.
 func loadRing(tb testing.TB, snapshotCap uint32, flowRing int) *fixture {
 	tb.Helper()
+	return loadFlows(tb, snapshotCap, flowRing, 0)
+}
+
+// loadFlows is loadRing with a budget of epRate flow records a second per endpoint and
+// CPU (0: none).
+func loadFlows(tb testing.TB, snapshotCap uint32, flowRing, epRate int) *fixture {
+	tb.Helper()
 	testns.RequireRoot(tb)
 	spec, err := LoadSpec()
 	if err != nil {
@@ -189,7 +197,7 @@ func loadRing(tb testing.TB, snapshotCap uint32, flowRing int) *fixture {
 	spec.Maps[MapEndpointStats].MaxEntries = 64
 	spec.Maps[MapFrag].MaxEntries = 64
 	spec.Maps[MapSnapshots].InnerMap.MaxEntries = snapshotCap
-	if err := setFlowRing(spec, flowRing, fixtureFlowActive); err != nil {
+	if err := setFlowRing(spec, flowRing, fixtureFlowActive, epRate); err != nil {
 		tb.Fatal(err)
 	}
 	coll, err := ebpf.NewCollection(spec)
@@ -214,6 +222,8 @@ func loadRing(tb testing.TB, snapshotCap uint32, flowRing int) *fixture {
 		stats:     coll.Maps[MapStats],
 		flows:     coll.Maps[MapFlows],
 		flowLost:  coll.Maps[MapFlowLost],
+		flowMaps: FlowMaps{Flows: coll.Maps[MapFlows], Lost: coll.Maps[MapFlowLost], Suppressed: coll.Maps[MapFlowSuppressed],
+			Budget: coll.Maps[MapFlowBudget], CT: coll.Maps[MapCT]},
 	}
 }
 
@@ -227,7 +237,12 @@ const fixtureFlowActive = time.Hour
 // newFixture loads the firewall and makes a namespace with three veth interfaces.
 func newFixture(tb testing.TB) *fixture {
 	tb.Helper()
-	f := load(tb, 1024)
+	return newFixtureOf(tb, load(tb, 1024))
+}
+
+// newFixtureOf makes the namespace of the loaded fixture f.
+func newFixtureOf(tb testing.TB, f *fixture) *fixture {
+	tb.Helper()
 	ns := testns.Named(tb, "fwbpf")
 	testns.Run(tb, "ip", "-n", ns, "link", "add", "fwa", "type", "veth", "peer", "name", "fwb")
 	testns.Run(tb, "ip", "-n", ns, "link", "add", "fwc", "type", "veth", "peer", "name", "fwd")
