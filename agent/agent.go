@@ -56,6 +56,9 @@ type Config struct {
 	// LocalAPIPageBytes bounds a page of the local API's List in bytes (see
 	// InspectorOptions.ListPageBytes). Default: DefaultListPageBytes (2 MiB).
 	LocalAPIPageBytes int
+	// LocalAPIFlowStreams bounds the local API's Flows streams served at once. Default:
+	// DefaultFlowStreams.
+	LocalAPIFlowStreams int
 	// Metrics is the TCP address, host:port, the agent serves Prometheus metrics on
 	// (/metrics) together with its liveness (/healthz) and readiness (/readyz); port 0
 	// picks a free port, which the log's "serving metrics" line names. Default: empty,
@@ -174,7 +177,8 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	if cfg.Socket != "" {
 		serve, err := serveLocalAPI(ctx, cfg.Socket, InspectorOptions{Store: store, Logger: log, Node: cfg.Node, Namespace: cfg.netns, View: view, BPFDir: cfg.BPFDir,
-			Firewall: fw, Flows: flows, ListPageBytes: cfg.LocalAPIPageBytes, Registerer: reg})
+			Firewall: fw, Flows: flows, ListPageBytes: cfg.LocalAPIPageBytes,
+			FlowStreams: cfg.LocalAPIFlowStreams, Registerer: reg})
 		if err != nil {
 			return err
 		}

@@ -18,6 +18,10 @@ import (
 // DefaultFlowLogSize is the default of the flow records the agent keeps (--flows-ring).
 const DefaultFlowLogSize = 8192
 
+// DefaultFlowStreams is the default of the local API's Flows streams served at once
+// (--local-api-flow-streams).
+const DefaultFlowStreams = 16
+
 // DefaultFlowSweep is the default of how often the conntrack table is swept for idle
 // connections (--flow-sweep-interval).
 const DefaultFlowSweep = 10 * time.Second
@@ -279,6 +283,13 @@ func (i *Inspector) Flows(req *delphiv1.FlowsRequest, stream delphiv1.Delphi_Flo
 	filter, err := newFlowFilter(req, time.Now())
 	if err != nil {
 		return err
+	}
+	select {
+	case i.flowStreams <- struct{}{}:
+		defer func() { <-i.flowStreams }()
+	default:
+		i.flowStreamsRefused.Inc()
+		return status.Errorf(codes.ResourceExhausted, "the agent serves %d flows streams already (its --local-api-flow-streams): end one, or raise the limit", cap(i.flowStreams))
 	}
 	ctx := stream.Context()
 	var seq, lostAgent, lost, suppressed uint64

@@ -102,6 +102,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.DurationVar(&caps.FlowActive, "fw-flow-active-timeout", time.Minute, "how long after its last flow record a connection that still sees packets gets an ACTIVE record with its packets and bytes both ways; whole milliseconds up to 24h, 0 for none")
 	fs.IntVar(&caps.FlowEndpointRate, "fw-flow-endpoint-rate", 5000, "flow `records` a second each local endpoint may have written on each CPU, with a burst of as many; past it they are counted suppressed (naples_agent_flow_records_suppressed_total), so one workload's flood of connections does not blind the others' records; 0 for no budget")
 	flowSweep := fs.Duration("flow-sweep-interval", agent.DefaultFlowSweep, "how often the firewall's conntrack table is swept for connections that expired without a packet, to write their ENDED flow records (reason idle) and free their entries")
+	flowStreams := fs.Int("local-api-flow-streams", agent.DefaultFlowStreams, "`streams` of flow records (naplesctl flows) the local API serves at once; one more is refused")
 	flowLog := fs.Int("flows-ring", agent.DefaultFlowLogSize, "flow `records` the agent keeps for `naplesctl --agent SOCK flows`, the latest")
 	gatewayBridges := fs.Int("gateway-bridges", 4096, "network bridges the gateway programs mark for (their map's size); a network beyond is FAILED with CapacityExceeded")
 	gatewayCheck := fs.Duration("gateway-check-interval", 10*time.Second, "how often the gateway programs are checked to be still attached to the network bridges, and attached again where they are not (the kernel does not report a detach)")
@@ -144,7 +145,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	for name, n := range map[string]int{"fw-snapshot-entries": caps.Snapshot, "fw-conntrack-entries": caps.Conntrack,
 		"fw-rule-counters": caps.Rules, "fw-endpoint-counters": caps.Endpoints, "fw-fragment-entries": caps.Fragments,
 		"local-api-page-bytes": *pageBytes, "gateway-bridges": *gatewayBridges, "status-max-exceptions": *statusMaxExceptions,
-		"flows-ring": *flowLog} {
+		"flows-ring": *flowLog, "local-api-flow-streams": *flowStreams} {
 		if n <= 0 {
 			fmt.Fprintf(stderr, "invalid value %d for flag -%s: must be positive\n", n, name)
 			fs.Usage()
@@ -206,7 +207,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 				"certificate", *tlsCert, "identity", id.String(), "node", *node, "error", err)
 		}
 	}
-	return agent.Run(ctx, agent.Config{Node: *node, Nimbus: *nimbus, TLS: tlsConfig, StateDir: *stateDir, DiscardState: *discardState, Logger: log, Socket: *socket, LocalAPIPageBytes: *pageBytes, Metrics: metrics,
+	return agent.Run(ctx, agent.Config{Node: *node, Nimbus: *nimbus, TLS: tlsConfig, StateDir: *stateDir, DiscardState: *discardState, Logger: log, Socket: *socket, LocalAPIPageBytes: *pageBytes, LocalAPIFlowStreams: *flowStreams, Metrics: metrics,
 		InterfaceStats: *interfaceStats, BPFDir: *bpfDir, FirewallCapacities: caps, FlowLogSize: *flowLog, FlowSweep: *flowSweep, FirewallStats: *fwStats,
 		GatewayBridges: *gatewayBridges, GatewayCheck: *gatewayCheck,
 		StatusExceptionAfter: *statusExceptionAfter, StatusMaxExceptions: *statusMaxExceptions})
