@@ -79,6 +79,13 @@ func recent(t *testing.T, api delphiv1.DelphiClient, req *delphiv1.FlowsRequest)
 // takes (nil: none), and returns the log and a client of the API.
 func serveFlows(t *testing.T, size int, reg prometheus.Registerer) (*FlowLog, delphiv1.DelphiClient) {
 	t.Helper()
+	return serveFlowsLimited(t, size, reg, 0)
+}
+
+// serveFlowsLimited is serveFlows with a limit of streams (0: the default), the API's
+// metrics registered with reg too.
+func serveFlowsLimited(t *testing.T, size int, reg prometheus.Registerer, streams int) (*FlowLog, delphiv1.DelphiClient) {
+	t.Helper()
 	log, err := NewFlowLog(size, reg)
 	if err != nil {
 		t.Fatal(err)
@@ -88,7 +95,11 @@ func serveFlows(t *testing.T, size int, reg prometheus.Registerer) (*FlowLog, de
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	return log, serveInspector(t, InspectorOptions{Store: store, Flows: log})
+	opts := InspectorOptions{Store: store, Flows: log}
+	if streams > 0 {
+		opts.FlowStreams, opts.Registerer = streams, reg
+	}
+	return log, serveInspector(t, opts)
 }
 
 // TestFlowsFilters fills a flow log by hand and reads it through the local API with
@@ -203,17 +214,8 @@ func TestFlowsFollow(t *testing.T) {
 // TestFlowsStreamsLimit serves Flows with a limit of two streams: a third is refused with
 // ResourceExhausted naming the flag, and counted; once one ends, another is served.
 func TestFlowsStreamsLimit(t *testing.T) {
-	log, err := NewFlowLog(8, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := delphi.Open(delphi.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
 	reg := prometheus.NewRegistry()
-	api := serveInspector(t, InspectorOptions{Store: store, Flows: log, FlowStreams: 2, Registerer: reg})
+	log, api := serveFlowsLimited(t, 8, reg, 2)
 	log.Add([]*delphiv1.Flow{testFlow(time.Now(), "web", "egress", "10.0.0.1", "10.0.0.2", 1, false)}, 0)
 	follow := func(ctx context.Context) (delphiv1.Delphi_FlowsClient, error) {
 		stream, err := api.Flows(ctx, &delphiv1.FlowsRequest{Follow: true})
@@ -230,7 +232,7 @@ func TestFlowsStreamsLimit(t *testing.T) {
 			t.Fatalf("a stream within the limit: %v", err)
 		}
 	}
-	_, err = follow(t.Context())
+	_, err := follow(t.Context())
 	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "--local-api-flow-streams") {
 		t.Fatalf("a third stream: %v, want ResourceExhausted naming --local-api-flow-streams", err)
 	}
