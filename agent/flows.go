@@ -42,6 +42,9 @@ type FlowLog struct {
 	// lostDatapath is the datapath's count of records it could not write, suppressed its
 	// count of those endpoints' budgets suppressed.
 	lostDatapath, suppressed uint64
+	// ringPending and ringSize are the firewall's ring's bytes not read yet and its size,
+	// as the collector last saw them.
+	ringPending, ringSize int
 	// added is closed, and replaced, whenever records are added.
 	added chan struct{}
 
@@ -49,6 +52,7 @@ type FlowLog struct {
 	lost           prometheus.CounterFunc
 	suppressedFunc prometheus.CounterFunc
 	occupied       prometheus.GaugeFunc
+	ringGauges     []prometheus.Collector
 }
 
 // NewFlowLog returns a FlowLog of size records whose metrics reg takes, if not nil.
@@ -61,10 +65,10 @@ func NewFlowLog(size int, reg prometheus.Registerer) (*FlowLog, error) {
 		Namespace: "naples", Subsystem: "agent", Name: "flows_total",
 		Help: "Flow records of the firewall the agent took, by verdict (allowed, denied) and event (started, denied, active, ended).",
 	}, []string{"verdict", "event"})
-	l.lost = l.counterOf(&l.lostDatapath, "flow_records_lost_total",
-		"Flow records the firewall could not write because the agent had not taken the ones before (its ring buffer, --fw-flow-ring-bytes, was full), since the ring was made.")
-	l.suppressedFunc = l.counterOf(&l.suppressed, "flow_records_suppressed_total",
-		"Flow records the firewall did not write because their endpoint had spent its budget of records (--fw-flow-endpoint-rate), since the budgets were made.")
+	l.lost = prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "naples", Subsystem: "agent", Name: "flow_records_lost_total",
+		Help: "Flow records the firewall could not write because the agent had not taken the ones before (its ring buffer, --fw-flow-ring-bytes, was full), since the ring was made."}, lockedValue(l, &l.lostDatapath))
+	l.suppressedFunc = prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "naples", Subsystem: "agent", Name: "flow_records_suppressed_total",
+		Help: "Flow records the firewall did not write because their endpoint had spent its budget of records (--fw-flow-endpoint-rate), since the budgets were made."}, lockedValue(l, &l.suppressed))
 	l.occupied = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "naples", Subsystem: "agent", Name: "flow_log_records",
 		Help: "Flow records the agent keeps for the local API's Flows, at most --flows-ring.",
@@ -73,8 +77,14 @@ func NewFlowLog(size int, reg prometheus.Registerer) (*FlowLog, error) {
 		defer l.mu.Unlock()
 		return float64(min(l.next, uint64(len(l.ring))))
 	})
+	l.ringGauges = []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "naples", Subsystem: "agent", Name: "flow_ring_pending_bytes",
+			Help: "Bytes of flow records in the firewall's ring (--fw-flow-ring-bytes) that the agent has not read yet, as last seen."}, lockedValue(l, &l.ringPending)),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "naples", Subsystem: "agent", Name: "flow_ring_size_bytes",
+			Help: "The size of the firewall's ring of flow records in bytes (--fw-flow-ring-bytes)."}, lockedValue(l, &l.ringSize)),
+	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{l.flows, l.lost, l.suppressedFunc, l.occupied} {
+		for _, c := range append([]prometheus.Collector{l.flows, l.lost, l.suppressedFunc, l.occupied}, l.ringGauges...) {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("registering the flow log's metrics: %w", err)
 			}
@@ -102,15 +112,21 @@ func (l *FlowLog) Add(flows []*delphiv1.Flow, lostDatapath uint64) {
 	}
 }
 
-// counterOf returns the agent's counter metric of the name and help that reads n, which
-// l.mu guards.
-func (l *FlowLog) counterOf(n *uint64, name, help string) prometheus.CounterFunc {
-	return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "naples", Subsystem: "agent", Name: name, Help: help},
-		func() float64 {
-			l.mu.Lock()
-			defer l.mu.Unlock()
-			return float64(*n)
-		})
+// SetRing records how many bytes of records the firewall's ring holds that the collector
+// has not read yet, and the ring's size.
+func (l *FlowLog) SetRing(pending, size int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.ringPending, l.ringSize = pending, size
+}
+
+// lockedValue returns a function that reads n, which l.mu guards, for a metric.
+func lockedValue[T uint64 | int](l *FlowLog, n *T) func() float64 {
+	return func() float64 {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return float64(*n)
+	}
 }
 
 // SetSuppressed records the datapath's count of records endpoints' budgets suppressed,

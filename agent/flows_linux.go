@@ -145,6 +145,7 @@ func (c *flowCollector) run(ctx context.Context) error {
 		}
 		c.log.Add(batch, lost)
 		c.log.SetSuppressed(suppressed)
+		c.log.SetRing(r.Pending())
 		batch = make([]*delphiv1.Flow, 0, flowBatch) // the log keeps the records
 	}
 }

@@ -244,6 +244,11 @@ func TestFirewallFlowsBurstAccounting(t *testing.T) {
 	if shown+int(lost) != datagrams || lost == 0 {
 		t.Errorf("%d records shown and %v lost for %d new flows: want every one either, and some lost (a ring of one page)", shown, lost, datagrams)
 	}
+	// The ring's gauges: its size, and what the agent has not read of it, within it.
+	m := tel.metrics(t)
+	if size, pending := m["naples_agent_flow_ring_size_bytes"], m["naples_agent_flow_ring_pending_bytes"]; size != 4096 || pending < 0 || pending > size {
+		t.Errorf("the flow ring's gauges: size %v, pending %v; want 4096 and within it", size, pending)
+	}
 	// naplesctl says so too.
 	h := sc.host("host-b")
 	cmd := exec.Command(filepath.Join(bin, "naplesctl"), "--agent", filepath.Join(h.c.dir, "agent-"+h.name+".sock"), "flows", "--last", "1")

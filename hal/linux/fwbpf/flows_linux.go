@@ -149,6 +149,12 @@ func (r *FlowReader) Read() (FlowRecord, error) {
 // time waits for ever.
 func (r *FlowReader) SetDeadline(t time.Time) { r.deadline = t }
 
+// Pending returns how many bytes of records the ring holds that the reader has not read
+// yet, and the ring's size in bytes.
+func (r *FlowReader) Pending() (pending, size int) {
+	return r.rd.AvailableBytes(), r.rd.BufferSize()
+}
+
 // Lost returns how many flow records the programs could not write because the ring was
 // full, summed over CPUs, since the map was made.
 func (r *FlowReader) Lost() (uint64, error) {
