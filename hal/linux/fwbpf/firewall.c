@@ -1152,7 +1152,8 @@ static __always_inline void fw_ct_count(struct fw_ct_value *c, const int i, stru
  * fw_ct_seen counts a packet from side i of the tracked connection c, whose original
  * tuple is orig, and writes the connection's record it calls for: FW_FLOW_END for a
  * reset, or for the first packet without FIN after both sides' FINs (the ACK of the
- * last); FW_FLOW_ACTIVE when fw_flows_active_ns passed since its last record.
+ * last); FW_FLOW_ACTIVE when fw_flows_active_ns passed since its last record. With flow
+ * records off it does nothing: the counts are for the records.
  */
 static __always_inline void fw_ct_seen(struct fw_ct_value *c, const int i, struct __sk_buff *skb,
 				       const struct fw_ct_key *orig, const struct fw_l4 *l4,
@@ -1160,6 +1161,8 @@ static __always_inline void fw_ct_seen(struct fw_ct_value *c, const int i, struc
 {
 	__u64 last;
 
+	if (!fw_flows_on)
+		return;
 	fw_ct_count(c, i, skb, l4, len);
 	if (orig->proto == FW_PROTO_TCP) {
 		if (l4->tcp_flags & FW_TCP_RST) {
@@ -1320,7 +1323,8 @@ static __always_inline int fw_decide(struct __sk_buff *skb, void *snap, const st
 		nv->gen = ep->gen;
 		nv->dir = dir;
 		nv->flags = closing;
-		fw_ct_count(nv, 0, skb, l4, len);
+		if (fw_flows_on)
+			fw_ct_count(nv, 0, skb, l4, len);
 		if (bpf_map_update_elem(&fw_ct, t, nv, BPF_ANY) == 0) {
 			fw_stat(FW_STAT_CT_CREATED);
 			fw_flow_emit(FW_FLOW_NEW, 0, dir, t->ifindex, t, nv, ep->id, v.rule, len);
