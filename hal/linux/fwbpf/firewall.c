@@ -891,6 +891,23 @@ static __always_inline struct fw_ct_value *fw_ct_lookup(const struct fw_ct_key *
 	return v;
 }
 
+/* fw_ct_lookup_stale is fw_ct_lookup that also sets *stale to the entry of k when it
+ * expired (NULL otherwise). */
+static __always_inline struct fw_ct_value *fw_ct_lookup_stale(const struct fw_ct_key *k, __u64 now,
+							      struct fw_ct_value **stale)
+{
+	struct fw_ct_value *v = bpf_map_lookup_elem(&fw_ct, k);
+
+	*stale = NULL;
+	if (!v)
+		return NULL;
+	if (now > v->last_seen && now - v->last_seen > fw_ct_timeout(k->family, k->proto, v->flags)) {
+		*stale = v;
+		return NULL;
+	}
+	return v;
+}
+
 /*
  * fw_check decides a connection's first packet (or re-checks a connection) against the
  * snapshot: dir is the direction of its first packet, peer the address of the other end,
@@ -1192,7 +1209,7 @@ static __always_inline int fw_decide(struct __sk_buff *skb, void *snap, const st
 				     const struct fw_l4 *l4, __u32 len, __u8 *pass, __u64 *deny_rule)
 {
 	struct fw_ct_key rev;
-	struct fw_ct_value *e, *r = NULL;
+	struct fw_ct_value *e, *r = NULL, *stale;
 	struct fw_verdict v = {};
 	__u8 class, closing = 0;
 	__u64 now;
@@ -1243,7 +1260,7 @@ static __always_inline int fw_decide(struct __sk_buff *skb, void *snap, const st
 		closing = FW_CT_CLOSING;
 	now = bpf_ktime_get_ns();
 	fw_reverse(t, &rev);
-	e = fw_ct_lookup(t, now);
+	e = fw_ct_lookup_stale(t, now, &stale);
 	if (!e)
 		r = fw_ct_lookup(&rev, now);
 
@@ -1305,13 +1322,12 @@ static __always_inline int fw_decide(struct __sk_buff *skb, void *snap, const st
 	}
 
 	{
-		struct fw_ct_value *nv, *old;
+		struct fw_ct_value *nv;
 		__u32 zero = 0;
 
 		/* An expired entry of this tuple that no record ended yet ends now. */
-		old = bpf_map_lookup_elem(&fw_ct, t);
-		if (old && __sync_lock_test_and_set(&old->ended, 1) == 0)
-			fw_flow_emit(FW_FLOW_END, FW_END_IDLE, old->dir, t->ifindex, t, old, ep->id, old->rule, len);
+		if (stale && fw_flows_on && __sync_lock_test_and_set(&stale->ended, 1) == 0)
+			fw_flow_emit(FW_FLOW_END, FW_END_IDLE, stale->dir, t->ifindex, t, stale, ep->id, stale->rule, len);
 		nv = bpf_map_lookup_elem(&fw_ct_new, &zero);
 		if (!nv)
 			return fw_deny(ep->id, len);
