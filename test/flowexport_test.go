@@ -136,6 +136,7 @@ func TestFlowExportIPFIX(t *testing.T) {
 		if init.SourcePort != p {
 			init, resp = resp, init
 		}
+		t.Logf("port %d: initiator %d packets %d bytes, responder %d packets %d bytes", p, init.Packets, init.Octets, resp.Packets, resp.Octets)
 		w, d := netip.MustParseAddr(f.GetSource()), netip.MustParseAddr(f.GetDestination())
 		family := 4
 		if w.Is6() {
