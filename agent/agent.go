@@ -84,6 +84,13 @@ type Config struct {
 	// the local API's Flows, when the firewall writes them (FirewallCapacities.FlowRing).
 	// Default: DefaultFlowLogSize.
 	FlowLogSize int
+	// FlowTapSubscriptions bounds the subscriptions of nimbus's flow observers the agent
+	// serves at once on its flow tap; one more is refused, and its observer told why.
+	// Default: DefaultFlowTapSubscriptions (16).
+	FlowTapSubscriptions int
+	// FlowTapBatch bounds the flow records of one message of the flow tap. Default:
+	// DefaultFlowTapBatch (256).
+	FlowTapBatch int
 	// FirewallStats is how often the statuses of policies and local endpoints are
 	// refreshed with the firewall's counters. Default: 10s.
 	FirewallStats time.Duration
@@ -133,7 +140,12 @@ func Run(ctx context.Context, cfg Config) error {
 	defer store.Close()
 	memory := newMemorySettler(log)
 	memory.release("restored")
-	client, err := nimbusclient.New(nimbusclient.Options{Node: cfg.Node, Address: cfg.Nimbus, TLS: cfg.TLS, Store: store, Logger: log, Registerer: reg,
+	// The flow tap serves nimbus's flow observers from the flow log, once there is one.
+	tap, err := newFlowTap(cfg.FlowTapSubscriptions, cfg.FlowTapBatch, log, reg)
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	client, err := nimbusclient.New(nimbusclient.Options{Node: cfg.Node, Address: cfg.Nimbus, TLS: cfg.TLS, Store: store, Logger: log, Registerer: reg, FlowTap: tap,
 		StatusExceptionAfter: cfg.StatusExceptionAfter, StatusMaxExceptions: cfg.StatusMaxExceptions})
 	if err != nil {
 		return err
@@ -167,6 +179,7 @@ func Run(ctx context.Context, cfg Config) error {
 			return fmt.Errorf("agent: %w", err)
 		}
 		parts["flows"] = flowCollectorRun(store, cfg.BPFDir, cfg.Node, fw, view, flows, log)
+		tap.log = flows
 	}
 	if cfg.Socket != "" {
 		serve, err := serveLocalAPI(ctx, cfg.Socket, InspectorOptions{Store: store, Logger: log, Node: cfg.Node, Namespace: cfg.netns, View: view, BPFDir: cfg.BPFDir,

@@ -13,6 +13,7 @@ import (
 
 	"github.com/naplesnet/naples/internal/pki"
 	"github.com/naplesnet/naples/internal/telemetry"
+	flowsv1 "github.com/naplesnet/naples/proto/nimbus/flows/v1"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -239,11 +240,13 @@ func (l *streamLimiter) sweepLocked(now time.Time) {
 }
 
 // countedStream tells whether a stream of the method counts against its identity: the
-// Nimbus service's Watch, ReportStatus and WatchStatus, not the health service's Watch.
+// Nimbus service's Watch, ReportStatus and WatchStatus and the Flows service's FlowTap
+// and ObserveFlows, not the health service's Watch.
 func countedStream(fullMethod string) bool {
 	switch fullMethod {
 	case nimbusv1.Nimbus_Watch_FullMethodName, nimbusv1.Nimbus_ReportStatus_FullMethodName,
-		nimbusv1.Nimbus_WatchStatus_FullMethodName:
+		nimbusv1.Nimbus_WatchStatus_FullMethodName, flowsv1.Flows_FlowTap_FullMethodName,
+		flowsv1.Flows_ObserveFlows_FullMethodName:
 		return true
 	}
 	return false
