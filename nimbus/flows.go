@@ -1,6 +1,7 @@
 package nimbus
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -366,7 +367,7 @@ func (o *flowObserver) add(flows []*delphiv1.Flow, d nodeDelta, from string) {
 		o.dropped.Add(float64(lost))
 		droppedByNode = map[string]uint64{}
 		for _, f := range flows[len(kept):] {
-			droppedByNode[cmpNode(f.GetNode(), d.node)]++
+			droppedByNode[cmp.Or(f.GetNode(), d.node)]++
 		}
 	}
 	if d.node != "" {
@@ -396,14 +397,6 @@ func (o *flowObserver) add(flows []*delphiv1.Flow, d nodeDelta, from string) {
 	}
 	o.mu.Unlock()
 	o.signal()
-}
-
-// cmpNode returns a, or b when a is empty.
-func cmpNode(a, b string) string {
-	if a == "" {
-		return b
-	}
-	return a
 }
 
 // stateLocked returns the node's state, made when missing. o.mu is held.
@@ -442,19 +435,8 @@ func (o *flowObserver) take() (flows []*delphiv1.Flow, nodes []*flowsv1.NodeFlow
 		nodes = append(nodes, &flowsv1.NodeFlows{Node: node, LostDatapath: st.LostDatapath, LostAgent: st.LostAgent, LostNimbus: st.LostNimbus, Error: st.Error})
 	}
 	clear(o.changed)
-	slices.SortFunc(nodes, func(a, b *flowsv1.NodeFlows) int { return compareStrings(a.Node, b.Node) })
+	slices.SortFunc(nodes, func(a, b *flowsv1.NodeFlows) int { return cmp.Compare(a.Node, b.Node) })
 	return flows, nodes, len(o.queue) > 0
-}
-
-// compareStrings orders two strings.
-func compareStrings(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // notConnected returns the nodes asked for that no tap serves: none on this replica,
