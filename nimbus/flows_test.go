@@ -9,7 +9,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/naplesnet/naples/internal/pki"
@@ -20,13 +19,7 @@ import (
 // dialFlows connects a Flows client to the socket; the test's cleanup closes it.
 func dialFlows(t *testing.T, path string, opts ...grpc.DialOption) flowsv1.FlowsClient {
 	t.Helper()
-	opts = append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)
-	conn, err := grpc.NewClient("unix://"+path, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return flowsv1.NewFlowsClient(conn)
+	return flowsv1.NewFlowsClient(dialConn(t, path, opts...))
 }
 
 // testTap is a flow tap opened the way an agent opens it, driven by the test.
