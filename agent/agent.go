@@ -84,13 +84,11 @@ type Config struct {
 	// the local API's Flows, when the firewall writes them (FirewallCapacities.FlowRing).
 	// Default: DefaultFlowLogSize.
 	FlowLogSize int
-	// FlowTapSubscriptions bounds the subscriptions of nimbus's flow observers the agent
-	// serves at once on its flow tap; one more is refused, and its observer told why.
-	// Default: DefaultFlowTapSubscriptions (16).
+	// FlowTapSubscriptions and FlowTapBatch bound the agent's flow tap, which serves
+	// nimbus's flow observers; see FlowTapOptions' Subscriptions and Batch. Defaults:
+	// DefaultFlowTapSubscriptions (16), DefaultFlowTapBatch (256).
 	FlowTapSubscriptions int
-	// FlowTapBatch bounds the flow records of one message of the flow tap. Default:
-	// DefaultFlowTapBatch (256).
-	FlowTapBatch int
+	FlowTapBatch         int
 	// FirewallStats is how often the statuses of policies and local endpoints are
 	// refreshed with the firewall's counters. Default: 10s.
 	FirewallStats time.Duration
@@ -141,7 +139,7 @@ func Run(ctx context.Context, cfg Config) error {
 	memory := newMemorySettler(log)
 	memory.release("restored")
 	// The flow tap serves nimbus's flow observers from the flow log, once there is one.
-	tap, err := newFlowTap(cfg.FlowTapSubscriptions, cfg.FlowTapBatch, log, reg)
+	tap, err := NewFlowTap(FlowTapOptions{Subscriptions: cfg.FlowTapSubscriptions, Batch: cfg.FlowTapBatch, Logger: log, Registerer: reg})
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}

@@ -17,21 +17,37 @@ import (
 	flowsv1 "github.com/naplesnet/naples/proto/nimbus/flows/v1"
 )
 
-// Defaults of the flow tap's limits.
+// Defaults of FlowTapOptions.
 const (
-	// DefaultFlowTapSubscriptions is the default of Config.FlowTapSubscriptions.
+	// DefaultFlowTapSubscriptions is the default of FlowTapOptions.Subscriptions.
 	DefaultFlowTapSubscriptions = 16
-	// DefaultFlowTapBatch is the default of Config.FlowTapBatch.
+	// DefaultFlowTapBatch is the default of FlowTapOptions.Batch.
 	DefaultFlowTapBatch = flowBatch
 )
 
-// flowTap serves the subscriptions nimbus sends on the agent's flow tap from the flow
+// FlowTapOptions configures a FlowTap.
+type FlowTapOptions struct {
+	// Log is the flow log the subscriptions are served from. Default: nil, no flow log:
+	// every subscription is refused, saying so.
+	Log *FlowLog
+	// Subscriptions bounds the subscriptions served at once; one more is refused, and its
+	// observer told why. Default: DefaultFlowTapSubscriptions (16).
+	Subscriptions int
+	// Batch bounds the records of one message. Default: DefaultFlowTapBatch (256).
+	Batch int
+	// Logger receives the tap's logs. Default: slog.Default().
+	Logger *slog.Logger
+	// Registerer takes the tap's metrics. Default: nil, none are registered.
+	Registerer prometheus.Registerer
+}
+
+// FlowTap serves the subscriptions nimbus sends on the agent's flow tap from the flow
 // log: each subscription reads the log from where it is, filters at the agent with the
 // subscription's filters (so only matching records leave the host) and sends them in
 // batches. Readers of the log never hold up the collector that fills it: a subscription
 // that nimbus takes slower than records come falls behind the log's ring, and the records
 // it let go of are counted and sent as its lost_agent.
-type flowTap struct {
+type FlowTap struct {
 	// log is the flow log; nil when the agent keeps none, and every subscription is
 	// refused with errNoFlows. Set before the tap is served, never changed after.
 	log *FlowLog
@@ -45,19 +61,19 @@ type flowTap struct {
 	lost          prometheus.Counter
 }
 
-var _ nimbusclient.FlowTapper = (*flowTap)(nil)
+var _ nimbusclient.FlowTapper = (*FlowTap)(nil)
 
-// newFlowTap returns a tap of at most maxSubs subscriptions (0: the default) sending
-// batches of at most batch records (0: the default), whose metrics reg takes.
-func newFlowTap(maxSubs, batch int, logger *slog.Logger, reg prometheus.Registerer) (*flowTap, error) {
-	if maxSubs < 0 || batch < 0 {
-		return nil, fmt.Errorf("flow tap of %d subscriptions and batches of %d records: must not be negative", maxSubs, batch)
+// NewFlowTap returns a tap, its metrics registered; nimbusclient.Options.FlowTap takes it.
+func NewFlowTap(opts FlowTapOptions) (*FlowTap, error) {
+	if opts.Subscriptions < 0 || opts.Batch < 0 {
+		return nil, fmt.Errorf("flow tap of %d subscriptions and batches of %d records: must not be negative", opts.Subscriptions, opts.Batch)
 	}
 	const ns, sub = "naples", "agent"
-	t := &flowTap{
-		maxSubs: cmp.Or(maxSubs, DefaultFlowTapSubscriptions),
-		batch:   cmp.Or(batch, DefaultFlowTapBatch),
-		logger:  logger,
+	t := &FlowTap{
+		log:     opts.Log,
+		maxSubs: cmp.Or(opts.Subscriptions, DefaultFlowTapSubscriptions),
+		batch:   cmp.Or(opts.Batch, DefaultFlowTapBatch),
+		logger:  cmp.Or(opts.Logger, slog.Default()),
 		subscriptions: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "flow_tap_subscriptions",
 			Help: "Subscriptions of nimbus's flow observers the agent serves on its flow tap, at most --flow-tap-subscriptions.",
@@ -75,9 +91,9 @@ func newFlowTap(maxSubs, batch int, logger *slog.Logger, reg prometheus.Register
 			Help: "Flow records a subscription let go of before it sent them (the flow log's ring went round first, as when nimbus takes them slower than they come), reported as lost_agent.",
 		}),
 	}
-	if reg != nil {
+	if opts.Registerer != nil {
 		for _, c := range []prometheus.Collector{t.subscriptions, t.refused, t.sent, t.lost} {
-			if err := reg.Register(c); err != nil {
+			if err := opts.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("registering the flow tap's metrics: %w", err)
 			}
 		}
@@ -90,7 +106,7 @@ type tapStream = grpc.BidiStreamingClient[flowsv1.FlowTapUp, flowsv1.FlowTapDown
 
 // ServeFlowTap serves the subscriptions nimbus sends on the stream until it fails or ctx
 // ends; every subscription ends with it.
-func (t *flowTap) ServeFlowTap(ctx context.Context, stream tapStream) error {
+func (t *FlowTap) ServeFlowTap(ctx context.Context, stream tapStream) error {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	// mu guards subs and serializes the sends.
@@ -155,7 +171,7 @@ func (t *flowTap) ServeFlowTap(ctx context.Context, stream tapStream) error {
 
 // serve serves one subscription: the recent records its filter selects when it asks for
 // them, then, when it follows, each new one as it comes, until ctx ends.
-func (t *flowTap) serve(ctx context.Context, id uint64, req *delphiv1.FlowsRequest, send func(*flowsv1.FlowTapUp) error) error {
+func (t *FlowTap) serve(ctx context.Context, id uint64, req *delphiv1.FlowsRequest, send func(*flowsv1.FlowTapUp) error) error {
 	refuse := func(err error) error {
 		t.refused.Inc()
 		return send(&flowsv1.FlowTapUp{Subscription: id, Error: status.Convert(err).Message()})
