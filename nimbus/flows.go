@@ -253,11 +253,13 @@ func (h *flowHub) openTap(t *flowTap) {
 	h.mu.Lock()
 	old := h.taps[t.node]
 	h.taps[t.node] = t
-	var observers []*flowObserver
+	observers := 0
 	for _, o := range h.observers {
 		if o.wants(t.node) {
+			// Marked before the agent can answer, so that its answer counts.
+			o.tapped(t.node, true)
 			t.enqueue(&flowsv1.FlowTapDown{Subscription: o.id, Filter: o.filter})
-			observers = append(observers, o)
+			observers++
 		}
 	}
 	h.mu.Unlock()
@@ -266,10 +268,7 @@ func (h *flowHub) openTap(t *flowTap) {
 	} else {
 		h.metrics.taps.Inc()
 	}
-	for _, o := range observers {
-		o.tapped(t.node, true)
-	}
-	h.log.Debug("flow tap opened", "node", t.node, "observers", len(observers))
+	h.log.Debug("flow tap opened", "node", t.node, "observers", observers)
 }
 
 // closeTap removes t, unless a newer tap replaced it, and tells its node's observers.
@@ -280,17 +279,13 @@ func (h *flowHub) closeTap(t *flowTap) {
 		return
 	}
 	delete(h.taps, t.node)
-	var observers []*flowObserver
 	for _, o := range h.observers {
 		if o.wants(t.node) {
-			observers = append(observers, o)
+			o.tapped(t.node, false)
 		}
 	}
 	h.mu.Unlock()
 	h.metrics.taps.Dec()
-	for _, o := range observers {
-		o.tapped(t.node, false)
-	}
 	h.log.Debug("flow tap closed", "node", t.node)
 }
 
@@ -318,7 +313,7 @@ type flowObserver struct {
 	// wake has room for one signal: something changed.
 	wake chan struct{}
 
-	// mu guards the fields below.
+	// mu guards the fields below. The hub's lock, when held too, is taken first.
 	mu    sync.Mutex
 	queue []*delphiv1.Flow
 	// states holds what the observer is told of each node; changed the nodes whose state
@@ -410,7 +405,7 @@ func (o *flowObserver) stateLocked(node string) *flowsv1.NodeFlows {
 }
 
 // tapped records that the node's tap on this replica opened (with the observer's
-// subscription) or closed.
+// subscription) or closed. h.mu may be held: it comes before o.mu.
 func (o *flowObserver) tapped(node string, open bool) {
 	o.mu.Lock()
 	if open {
@@ -446,13 +441,17 @@ func (o *flowObserver) notConnected(isTapped func(node string) bool) []string {
 	if o.nodes == nil {
 		return nil
 	}
+	// isTapped takes the hub's lock, which comes before o.mu.
+	var untapped []string
+	for node := range o.nodes {
+		if !isTapped(node) {
+			untapped = append(untapped, node)
+		}
+	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	var out []string
-	for node := range o.nodes {
-		if isTapped(node) {
-			continue
-		}
+	for _, node := range untapped {
 		connected := false
 		for _, p := range o.peers {
 			if p.up && !slices.Contains(p.notConnected, node) {
@@ -605,18 +604,14 @@ func (h *flowHub) openObserver(o *flowObserver) error {
 	h.nextID++
 	o.id = h.nextID
 	h.observers[o.id] = o
-	var tapped []string
 	for node, t := range h.taps {
 		if o.wants(node) {
+			o.tapped(node, true)
 			t.enqueue(&flowsv1.FlowTapDown{Subscription: o.id, Filter: o.filter})
-			tapped = append(tapped, node)
 		}
 	}
 	h.mu.Unlock()
 	h.metrics.observers.Inc()
-	for _, node := range tapped {
-		o.tapped(node, true)
-	}
 	return nil
 }
 
@@ -640,16 +635,25 @@ func (h *flowHub) observePeer(ctx context.Context, o *flowObserver, p Peer, req 
 	bo := backoff.Backoff{Min: peerBackoffMin, Max: peerBackoffMax}
 	sub := &flowsv1.ObserveFlowsRequest{Filter: req.GetFilter(), Nodes: req.GetNodes(), LocalOnly: true}
 	for {
-		done, err := h.observePeerOnce(ctx, o, p, sub, bo.Reset)
+		ended, err := h.observePeerOnce(ctx, o, p, sub, bo.Reset)
+		// An observer that does not follow asks once: a peer that failed has nothing more
+		// to add to the records of now, and its nodes count as not connected. One whose
+		// stream ended of itself keeps what it last said of its nodes.
+		done := ended || !req.GetFilter().GetFollow()
 		o.mu.Lock()
 		po := o.peers[p.Name]
-		po.up, po.notConnected, po.counts = false, nil, nil
+		if !ended {
+			po.up, po.notConnected, po.counts = false, nil, nil
+		}
 		if done || ctx.Err() != nil {
 			po.ended = true
 		}
 		o.mu.Unlock()
 		o.signal()
 		if done || ctx.Err() != nil {
+			if err != nil && ctx.Err() == nil {
+				h.log.Warn("flow stream from peer replica failed", "peer", p.Name, "error", err)
+			}
 			return
 		}
 		delay := bo.Next()

@@ -323,4 +323,30 @@ func TestFlowsThroughReplicas(t *testing.T) {
 	if v := metricValues(t, rs[1].srv.Registry())["naples_nimbus_flow_observers"]; v != 1 {
 		t.Errorf("b's naples_nimbus_flow_observers = %v, want 1: a's local_only observer", v)
 	}
+
+	// An observer at b that does not follow, of n1 on a: it ends once a's stream ended,
+	// with n1's records, and n1 connected to the end.
+	once, err := b.ObserveFlows(ctx, &flowsv1.ObserveFlowsRequest{Filter: &delphiv1.FlowsRequest{}, Nodes: []string{"n1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub = n1a.subscription(t)
+	if err := n1a.stream.Send(&flowsv1.FlowTapUp{Subscription: sub.GetSubscription(), Flows: []*delphiv1.Flow{{Node: "n1"}}, Done: true}); err != nil {
+		t.Fatal(err)
+	}
+	var recent observed
+	for {
+		resp, err := once.Recv()
+		if err != nil {
+			if err.Error() != "EOF" {
+				t.Fatalf("the observer that does not follow ended with %v, want EOF", err)
+			}
+			break
+		}
+		recent.flows = append(recent.flows, resp.GetFlows()...)
+		recent.notConnected = resp.GetNotConnected()
+	}
+	if len(recent.flows) != 1 || len(recent.notConnected) != 0 {
+		t.Errorf("the observer that does not follow received %d flows, not connected %v; want n1's 1, none", len(recent.flows), recent.notConnected)
+	}
 }
