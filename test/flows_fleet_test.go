@@ -149,7 +149,7 @@ func fleetWant(web1, server *fwWorkload, serverHost string, port uint32) []strin
 // newFleetFlowsCluster starts web1 and db1 on host-a and db2 on host-b, whose agents
 // serve their metrics and take the extra flags, with a policy that lets web1 reach the
 // servers on TCP port 7, on the nimbus c (a new one when nil).
-func newFleetFlowsCluster(t *testing.T, c *cluster, hostFlags ...[]string) *fwSmallCluster {
+func newFleetFlowsCluster(t testing.TB, c *cluster, hostFlags ...[]string) *fwSmallCluster {
 	t.Helper()
 	defs := fwDefs("web1", "db1", "db2")
 	groups := map[string][]string{"web1": {"client"}, "db1": {"server"}, "db2": {"server"}}
