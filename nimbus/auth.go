@@ -36,8 +36,9 @@ import (
 //     stored, the ones before it are.
 //   - PeerStatus: replicas only, and every frame that names its sender must name the
 //     certificate's replica (PeerFrame.replica equal to its name), checked as for
-//     ReportStatus. A replica certificate may call nothing else but the health service:
-//     it is the one a replica serves with, on every host of the cluster.
+//     ReportStatus. A replica certificate may call nothing else but ObserveFlows with
+//     local_only and the health service: it is the one a replica serves with, on every
+//     host of the cluster.
 //   - ObserveFlows (nimbus.flows.v1.Flows): publishers; replicas too, with local_only
 //     set, which only they may set: it is how a replica asks its peers for their agents'
 //     flow records.

@@ -16,8 +16,8 @@ func addLimitFlags(fs *flag.FlagSet, l *nimbus.Limits) {
 		v           *int
 		def         int
 	}{
-		{"max-streams-per-node", "Watch and ReportStatus `streams` each that one node certificate may have open", &l.NodeStreams, nimbus.DefaultNodeStreams},
-		{"max-streams-per-publisher", "Watch and WatchStatus `streams` each that one publisher certificate may have open", &l.PublisherStreams, nimbus.DefaultPublisherStreams},
+		{"max-streams-per-node", "Watch, ReportStatus and FlowTap `streams` each that one node certificate may have open", &l.NodeStreams, nimbus.DefaultNodeStreams},
+		{"max-streams-per-publisher", "Watch, WatchStatus and ObserveFlows `streams` each that one publisher certificate may have open", &l.PublisherStreams, nimbus.DefaultPublisherStreams},
 		{"stream-starts-per-node", fmt.Sprintf("Watch and ReportStatus `streams` that one node certificate may start per second, %d seconds' worth at once", nimbus.StreamStartBurstSeconds), &l.NodeStreamStarts, nimbus.DefaultNodeStreamStarts},
 		{"stream-starts-per-publisher", fmt.Sprintf("Watch and WatchStatus `streams` that one publisher certificate may start per second, %d seconds' worth at once", nimbus.StreamStartBurstSeconds), &l.PublisherStreamStarts, nimbus.DefaultPublisherStreamStarts},
 		{"status-report-bytes-per-second", "`bytes` of status reports one node certificate may send per second over all its streams; beyond, its streams wait", &l.StatusReportBytesPerSecond, nimbus.DefaultStatusReportBytesPerSecond},
