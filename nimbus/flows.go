@@ -134,14 +134,24 @@ type flowTap struct {
 	subs map[uint64]uint64
 }
 
-// enqueue queues a message for the agent; it never waits.
+// enqueue queues a message for the agent; it never waits. The cancel of a subscription
+// not sent yet takes the subscription out instead, so that what waits for an agent that
+// reads slowly is bounded by the observers open, not by how many came and went.
 func (t *flowTap) enqueue(m *flowsv1.FlowTapDown) {
 	t.mu.Lock()
-	t.pending = append(t.pending, m)
+	id := m.GetSubscription()
+	queued := false
 	if m.GetCancel() {
-		delete(t.subs, m.GetSubscription())
+		delete(t.subs, id)
+		if i := slices.IndexFunc(t.pending, func(p *flowsv1.FlowTapDown) bool { return p.GetSubscription() == id }); i >= 0 {
+			t.pending = slices.Delete(t.pending, i, i+1)
+			queued = true
+		}
 	} else {
-		t.subs[m.GetSubscription()] = 0
+		t.subs[id] = 0
+	}
+	if !queued {
+		t.pending = append(t.pending, m)
 	}
 	t.mu.Unlock()
 	select {

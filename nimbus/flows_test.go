@@ -350,3 +350,17 @@ func TestFlowsThroughReplicas(t *testing.T) {
 		t.Errorf("the observer that does not follow received %d flows, not connected %v; want n1's 1, none", len(recent.flows), recent.notConnected)
 	}
 }
+
+// TestFlowTapQueueBounded shows that an observer that comes and goes before its
+// subscription was sent leaves nothing queued for the agent.
+func TestFlowTapQueueBounded(t *testing.T) {
+	tap := &flowTap{node: "n1", wake: make(chan struct{}, 1), subs: map[uint64]uint64{}}
+	for id := range uint64(100) {
+		tap.enqueue(&flowsv1.FlowTapDown{Subscription: id, Filter: &delphiv1.FlowsRequest{}})
+		tap.enqueue(&flowsv1.FlowTapDown{Subscription: id, Cancel: true})
+	}
+	tap.enqueue(&flowsv1.FlowTapDown{Subscription: 100, Filter: &delphiv1.FlowsRequest{}})
+	if len(tap.pending) != 1 || len(tap.subs) != 1 {
+		t.Errorf("%d messages queued and %d subscriptions after 100 observers came and went and one stayed, want 1 and 1", len(tap.pending), len(tap.subs))
+	}
+}
