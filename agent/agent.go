@@ -56,6 +56,9 @@ type Config struct {
 	// LocalAPIPageBytes bounds a page of the local API's List in bytes (see
 	// InspectorOptions.ListPageBytes). Default: DefaultListPageBytes (2 MiB).
 	LocalAPIPageBytes int
+	// LocalAPIFlowStreams bounds the local API's Flows streams served at once. Default:
+	// DefaultFlowStreams.
+	LocalAPIFlowStreams int
 	// Metrics is the TCP address, host:port, the agent serves Prometheus metrics on
 	// (/metrics) together with its liveness (/healthz) and readiness (/readyz); port 0
 	// picks a free port, which the log's "serving metrics" line names. Default: empty,
@@ -84,6 +87,10 @@ type Config struct {
 	// the local API's Flows, when the firewall writes them (FirewallCapacities.FlowRing).
 	// Default: DefaultFlowLogSize.
 	FlowLogSize int
+	// FlowSweep is how often the conntrack table is swept for the connections that
+	// expired without a packet, to write their ENDED flow records (reason idle) and free
+	// their entries. Default: DefaultFlowSweep.
+	FlowSweep time.Duration
 	// FlowTapSubscriptions and FlowTapBatch bound the agent's flow tap, which serves
 	// nimbus's flow observers; see FlowTapOptions' Subscriptions and Batch. Defaults:
 	// DefaultFlowTapSubscriptions (16), DefaultFlowTapBatch (256).
@@ -176,12 +183,13 @@ func Run(ctx context.Context, cfg Config) error {
 		if flows, err = NewFlowLog(cmp.Or(cfg.FlowLogSize, DefaultFlowLogSize), reg); err != nil {
 			return fmt.Errorf("agent: %w", err)
 		}
-		parts["flows"] = flowCollectorRun(store, cfg.BPFDir, cfg.Node, fw, view, flows, log)
+		parts["flows"] = flowCollectorRun(store, cfg.BPFDir, cfg.Node, cmp.Or(cfg.FlowSweep, DefaultFlowSweep), fw, view, flows, log)
 		tap.log = flows
 	}
 	if cfg.Socket != "" {
 		serve, err := serveLocalAPI(ctx, cfg.Socket, InspectorOptions{Store: store, Logger: log, Node: cfg.Node, Namespace: cfg.netns, View: view, BPFDir: cfg.BPFDir,
-			Firewall: fw, Flows: flows, ListPageBytes: cfg.LocalAPIPageBytes, Registerer: reg})
+			Firewall: fw, Flows: flows, ListPageBytes: cfg.LocalAPIPageBytes,
+			FlowStreams: cfg.LocalAPIFlowStreams, Registerer: reg})
 		if err != nil {
 			return err
 		}
@@ -321,4 +329,11 @@ type FirewallCapacities struct {
 	// FlowRing: bytes of the ring the firewall writes its flow records to, a power of 2
 	// of at least a page. Default: 0, no flow records.
 	FlowRing int
+	// FlowActive: how long after its last record a connection that still sees packets
+	// gets an ACTIVE flow record, with its counts. Default: 0, none.
+	FlowActive time.Duration
+	// FlowEndpointRate: flow records a second each local endpoint may have written on
+	// each CPU, with a burst of as many; past it they are counted suppressed. Default: 0,
+	// no budget.
+	FlowEndpointRate int
 }

@@ -18,6 +18,14 @@ import (
 // DefaultFlowLogSize is the default of the flow records the agent keeps (--flows-ring).
 const DefaultFlowLogSize = 8192
 
+// DefaultFlowStreams is the default of the local API's Flows streams served at once
+// (--local-api-flow-streams).
+const DefaultFlowStreams = 16
+
+// DefaultFlowSweep is the default of how often the conntrack table is swept for idle
+// connections (--flow-sweep-interval).
+const DefaultFlowSweep = 10 * time.Second
+
 // flowBatch bounds the records one response of Flows carries.
 const flowBatch = 256
 
@@ -31,14 +39,20 @@ type FlowLog struct {
 	// sequence number s is ring[s%len(ring)] while s >= next-len(ring).
 	ring []*delphiv1.Flow
 	next uint64
-	// lostDatapath is the datapath's count of records it could not write.
-	lostDatapath uint64
+	// lostDatapath is the datapath's count of records it could not write, suppressed its
+	// count of those endpoints' budgets suppressed.
+	lostDatapath, suppressed uint64
+	// ringPending and ringSize are the firewall's ring's bytes not read yet and its size,
+	// as the collector last saw them.
+	ringPending, ringSize int
 	// added is closed, and replaced, whenever records are added.
 	added chan struct{}
 
-	flows    *prometheus.CounterVec
-	lost     prometheus.CounterFunc
-	occupied prometheus.GaugeFunc
+	flows          *prometheus.CounterVec
+	lost           prometheus.CounterFunc
+	suppressedFunc prometheus.CounterFunc
+	occupied       prometheus.GaugeFunc
+	ringGauges     []prometheus.Collector
 }
 
 // NewFlowLog returns a FlowLog of size records whose metrics reg takes, if not nil.
@@ -49,16 +63,12 @@ func NewFlowLog(size int, reg prometheus.Registerer) (*FlowLog, error) {
 	l := &FlowLog{ring: make([]*delphiv1.Flow, size), added: make(chan struct{})}
 	l.flows = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "naples", Subsystem: "agent", Name: "flows_total",
-		Help: "Flow records of the firewall the agent took, by verdict (allowed, denied) and event (started, denied, ended).",
+		Help: "Flow records of the firewall the agent took, by verdict (allowed, denied) and event (started, denied, active, ended).",
 	}, []string{"verdict", "event"})
-	l.lost = prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Namespace: "naples", Subsystem: "agent", Name: "flow_records_lost_total",
-		Help: "Flow records the firewall could not write because the agent had not taken the ones before (its ring buffer, --fw-flow-ring-bytes, was full), since the ring was made.",
-	}, func() float64 {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		return float64(l.lostDatapath)
-	})
+	l.lost = prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "naples", Subsystem: "agent", Name: "flow_records_lost_total",
+		Help: "Flow records the firewall could not write because the agent had not taken the ones before (its ring buffer, --fw-flow-ring-bytes, was full), since the ring was made."}, lockedValue(l, &l.lostDatapath))
+	l.suppressedFunc = prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "naples", Subsystem: "agent", Name: "flow_records_suppressed_total",
+		Help: "Flow records the firewall did not write because their endpoint had spent its budget of records (--fw-flow-endpoint-rate), since the budgets were made."}, lockedValue(l, &l.suppressed))
 	l.occupied = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "naples", Subsystem: "agent", Name: "flow_log_records",
 		Help: "Flow records the agent keeps for the local API's Flows, at most --flows-ring.",
@@ -67,8 +77,14 @@ func NewFlowLog(size int, reg prometheus.Registerer) (*FlowLog, error) {
 		defer l.mu.Unlock()
 		return float64(min(l.next, uint64(len(l.ring))))
 	})
+	l.ringGauges = []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "naples", Subsystem: "agent", Name: "flow_ring_pending_bytes",
+			Help: "Bytes of flow records in the firewall's ring (--fw-flow-ring-bytes) that the agent has not read yet, as last seen."}, lockedValue(l, &l.ringPending)),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "naples", Subsystem: "agent", Name: "flow_ring_size_bytes",
+			Help: "The size of the firewall's ring of flow records in bytes (--fw-flow-ring-bytes)."}, lockedValue(l, &l.ringSize)),
+	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{l.flows, l.lost, l.occupied} {
+		for _, c := range append([]prometheus.Collector{l.flows, l.lost, l.suppressedFunc, l.occupied}, l.ringGauges...) {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("registering the flow log's metrics: %w", err)
 			}
@@ -94,6 +110,42 @@ func (l *FlowLog) Add(flows []*delphiv1.Flow, lostDatapath uint64) {
 		close(l.added)
 		l.added = make(chan struct{})
 	}
+}
+
+// SetRing records how many bytes of records the firewall's ring holds that the collector
+// has not read yet, and the ring's size.
+func (l *FlowLog) SetRing(pending, size int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.ringPending, l.ringSize = pending, size
+}
+
+// lockedValue returns a function that reads n, which l.mu guards, for a metric.
+func lockedValue[T uint64 | int](l *FlowLog, n *T) func() float64 {
+	return func() float64 {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return float64(*n)
+	}
+}
+
+// SetSuppressed records the datapath's count of records endpoints' budgets suppressed,
+// and wakes the followers when it changed.
+func (l *FlowLog) SetSuppressed(n uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if n != l.suppressed {
+		l.suppressed = n
+		close(l.added)
+		l.added = make(chan struct{})
+	}
+}
+
+// suppressedCount returns what SetSuppressed recorded last.
+func (l *FlowLog) suppressedCount() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.suppressed
 }
 
 // from returns the records from sequence number seq on, at most max of them, the
@@ -248,13 +300,20 @@ func (i *Inspector) Flows(req *delphiv1.FlowsRequest, stream delphiv1.Delphi_Flo
 	if err != nil {
 		return err
 	}
+	select {
+	case i.flowStreams <- struct{}{}:
+		defer func() { <-i.flowStreams }()
+	default:
+		i.flowStreamsRefused.Inc()
+		return status.Errorf(codes.ResourceExhausted, "the agent serves %d flows streams already (its --local-api-flow-streams): end one, or raise the limit", cap(i.flowStreams))
+	}
 	ctx := stream.Context()
 	c := &flowCursor{log: i.flows, filter: filter, batch: flowBatch}
 	// send sends the records in responses of at most flowBatch, at least one.
 	send := func(flows []*delphiv1.Flow) error {
 		for first := true; first || len(flows) > 0; first = false {
 			n := min(len(flows), flowBatch)
-			if err := stream.Send(&delphiv1.FlowsResponse{Flows: flows[:n], LostDatapath: c.lost, LostAgent: c.lostAgent}); err != nil {
+			if err := stream.Send(&delphiv1.FlowsResponse{Flows: flows[:n], LostDatapath: c.lost, LostAgent: c.lostAgent, Suppressed: c.suppressed}); err != nil {
 				return err
 			}
 			flows = flows[n:]
@@ -281,9 +340,9 @@ func (i *Inspector) Flows(req *delphiv1.FlowsRequest, stream delphiv1.Delphi_Flo
 		} else if ctx.Err() != nil {
 			return nil
 		}
-		sentLost, sentLostAgent := c.lost, c.lostAgent
+		sentLost, sentLostAgent, sentSuppressed := c.lost, c.lostAgent, c.suppressed
 		// A change of the lost counts goes out even without a record selected.
-		if out := c.read(); len(out) > 0 || c.lost != sentLost || c.lostAgent != sentLostAgent {
+		if out := c.read(); len(out) > 0 || c.lost != sentLost || c.lostAgent != sentLostAgent || c.suppressed != sentSuppressed {
 			if err := send(out); err != nil {
 				return err
 			}

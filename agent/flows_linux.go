@@ -25,10 +25,12 @@ import (
 // adds them to log.
 type flowCollector struct {
 	bpfDir, node string
-	fw           InstalledFirewall
-	view         *KernelView
-	log          *FlowLog
-	logger       *slog.Logger
+	// sweep is how often the conntrack table is swept for idle connections.
+	sweep  time.Duration
+	fw     InstalledFirewall
+	view   *KernelView
+	log    *FlowLog
+	logger *slog.Logger
 
 	// names is the view of the snapshot names were last taken from, and links the names
 	// of the namespace's links, read again when a record names an unknown one, at most
@@ -101,9 +103,23 @@ func (c *flowCollector) run(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, func() { r.Close() })
 	defer stop()
 	defer r.Close()
+	swept := make(chan []fwbpf.FlowRecord, 1)
+	sweepDone := make(chan struct{})
+	defer func() { <-sweepDone }()
+	go func() {
+		defer close(sweepDone)
+		c.sweepConntrack(ctx, r, swept)
+	}()
 	batch := make([]*delphiv1.Flow, 0, flowBatch)
 	for {
-		r.SetDeadline(time.Time{})
+		select {
+		case recs := <-swept:
+			for _, rec := range recs {
+				batch = append(batch, c.flow(ctx, rec))
+			}
+		default:
+		}
+		r.SetDeadline(time.Now().Add(min(c.sweep, time.Second))) // for what the sweep finds
 		rec, err := r.Read()
 		for err == nil {
 			batch = append(batch, c.flow(ctx, rec))
@@ -123,8 +139,40 @@ func (c *flowCollector) run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		suppressed, err := r.Suppressed()
+		if err != nil {
+			return err
+		}
 		c.log.Add(batch, lost)
+		c.log.SetSuppressed(suppressed)
+		c.log.SetRing(r.Pending())
 		batch = make([]*delphiv1.Flow, 0, flowBatch) // the log keeps the records
+	}
+}
+
+// sweepConntrack sweeps r's conntrack table every c.sweep until ctx ends, and sends the
+// idle ends it finds to swept, which the reader names and logs.
+func (c *flowCollector) sweepConntrack(ctx context.Context, r *fwbpf.FlowReader, swept chan<- []fwbpf.FlowRecord) {
+	t := time.NewTicker(c.sweep)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		recs, err := r.SweepConntrack()
+		if err != nil {
+			c.logger.Warn("sweeping the firewall's conntrack table for idle connections", "err", err)
+		}
+		if len(recs) == 0 {
+			continue
+		}
+		select {
+		case swept <- recs:
+		case <-ctx.Done():
+			return
+		}
 	}
 }
 
@@ -186,7 +234,16 @@ func (v *firewallView) flow(rec fwbpf.FlowRecord, node string) *delphiv1.Flow {
 			fwbpf.ReasonMalformed: "malformed", fwbpf.ReasonFragment: "fragment"}[rec.Reason]
 	case fwbpf.FlowEnd:
 		f.Event = delphiv1.FlowEvent_FLOW_EVENT_ENDED
-		f.Reason = map[uint8]string{fwbpf.EndFIN: "fin", fwbpf.EndRST: "rst"}[rec.Reason]
+		f.Reason = map[uint8]string{fwbpf.EndFIN: "fin", fwbpf.EndRST: "rst", fwbpf.EndIdle: "idle"}[rec.Reason]
+	case fwbpf.FlowActive:
+		f.Event = delphiv1.FlowEvent_FLOW_EVENT_ACTIVE
+	}
+	if rec.Type != fwbpf.FlowDeny {
+		if rec.Start != 0 {
+			f.StartTime = timestamppb.New(ktimeToWall(rec.Start))
+		}
+		f.InitiatorPackets, f.InitiatorBytes = rec.Packets[0], rec.Bytes[0]
+		f.ResponderPackets, f.ResponderBytes = rec.Packets[1], rec.Bytes[1]
 	}
 	if info, ok := v.epByID[rec.Ep]; ok {
 		f.Endpoint = info.Endpoint.Proto()
@@ -228,7 +285,7 @@ func netOrder(p uint16) uint16 {
 
 // flowCollectorRun returns the agent part that takes the flow records of the firewall
 // pinned in bpfDir into log, naming their peers from store's Endpoints.
-func flowCollectorRun(store *delphi.Store, bpfDir, node string, fw InstalledFirewall, view *KernelView, log *FlowLog, logger *slog.Logger) func(context.Context) error {
-	c := &flowCollector{store: store, bpfDir: bpfDir, node: node, fw: fw, view: view, log: log, logger: logger}
+func flowCollectorRun(store *delphi.Store, bpfDir, node string, sweep time.Duration, fw InstalledFirewall, view *KernelView, log *FlowLog, logger *slog.Logger) func(context.Context) error {
+	c := &flowCollector{store: store, bpfDir: bpfDir, node: node, sweep: sweep, fw: fw, view: view, log: log, logger: logger}
 	return c.run
 }

@@ -79,6 +79,13 @@ func recent(t *testing.T, api delphiv1.DelphiClient, req *delphiv1.FlowsRequest)
 // takes (nil: none), and returns the log and a client of the API.
 func serveFlows(t *testing.T, size int, reg prometheus.Registerer) (*FlowLog, delphiv1.DelphiClient) {
 	t.Helper()
+	return serveFlowsLimited(t, size, reg, 0)
+}
+
+// serveFlowsLimited is serveFlows with a limit of streams (0: the default), the API's
+// metrics registered with reg too.
+func serveFlowsLimited(t *testing.T, size int, reg prometheus.Registerer, streams int) (*FlowLog, delphiv1.DelphiClient) {
+	t.Helper()
 	log, err := NewFlowLog(size, reg)
 	if err != nil {
 		t.Fatal(err)
@@ -88,7 +95,11 @@ func serveFlows(t *testing.T, size int, reg prometheus.Registerer) (*FlowLog, de
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	return log, serveInspector(t, InspectorOptions{Store: store, Flows: log})
+	opts := InspectorOptions{Store: store, Flows: log}
+	if streams > 0 {
+		opts.FlowStreams, opts.Registerer = streams, reg
+	}
+	return log, serveInspector(t, opts)
 }
 
 // TestFlowsFilters fills a flow log by hand and reads it through the local API with
@@ -197,5 +208,51 @@ func TestFlowsFollow(t *testing.T) {
 	next("[15 16 17 18 19 20 21 22]")
 	if _, lost, lostAgent := flowsOf(got); lost != 3 || lostAgent != 12 {
 		t.Errorf("lost %d by the datapath and %d by the agent, want 3 and 12", lost, lostAgent)
+	}
+}
+
+// TestFlowsStreamsLimit serves Flows with a limit of two streams: a third is refused with
+// ResourceExhausted naming the flag, and counted; once one ends, another is served.
+func TestFlowsStreamsLimit(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	log, api := serveFlowsLimited(t, 8, reg, 2)
+	log.Add([]*delphiv1.Flow{testFlow(time.Now(), "web", "egress", "10.0.0.1", "10.0.0.2", 1, false)}, 0)
+	follow := func(ctx context.Context) (delphiv1.Delphi_FlowsClient, error) {
+		stream, err := api.Flows(ctx, &delphiv1.FlowsRequest{Follow: true})
+		if err != nil {
+			return nil, err
+		}
+		_, err = stream.Recv() // the recent records, or the refusal
+		return stream, err
+	}
+	ctx1, end1 := context.WithCancel(t.Context())
+	defer end1()
+	for _, ctx := range []context.Context{ctx1, t.Context()} {
+		if _, err := follow(ctx); err != nil {
+			t.Fatalf("a stream within the limit: %v", err)
+		}
+	}
+	_, err := follow(t.Context())
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "--local-api-flow-streams") {
+		t.Fatalf("a third stream: %v, want ResourceExhausted naming --local-api-flow-streams", err)
+	}
+	values := telemetrytest.Values(t, reg)
+	if got := values["naples_agent_local_api_flow_streams_refused_total"]; got != 1 {
+		t.Errorf("streams refused: %v, want 1", got)
+	}
+	if got := values["naples_agent_local_api_flow_streams"]; got != 2 {
+		t.Errorf("streams served: %v, want 2", got)
+	}
+	end1()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := follow(t.Context())
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a stream after one ended: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond) // the server sees the end a moment after the client
 	}
 }

@@ -237,9 +237,10 @@ type flowCursor struct {
 	// seq is the sequence number of the next record to read.
 	seq uint64
 	// lost is the datapath's count, lostAgent the records the log let go of before they
-	// were read, as of the last read; added is closed when records are added after it.
-	lost, lostAgent uint64
-	added           <-chan struct{}
+	// were read, and suppressed the datapath's count of records over the endpoints'
+	// budgets, as of the last read; added is closed when records are added after it.
+	lost, lostAgent, suppressed uint64
+	added                       <-chan struct{}
 	// more is set when the last read stopped before the last record.
 	more bool
 }
@@ -257,6 +258,7 @@ func (c *flowCursor) read() []*delphiv1.Flow {
 		batch, next, skipped, lost, added := c.log.from(c.seq, c.batch)
 		c.lostAgent += skipped
 		c.lost, c.added, c.seq = lost, added, next
+		c.suppressed = c.log.suppressedCount()
 		n += len(batch)
 		for _, f := range batch {
 			if c.filter.matches(f) {

@@ -84,6 +84,9 @@ type InspectorOptions struct {
 	// Flows is the log of the firewall's flow records that Flows reads. Default: nil,
 	// and Flows fails.
 	Flows *FlowLog
+	// FlowStreams bounds the Flows streams served at once; one more is refused with
+	// ResourceExhausted. Default: DefaultFlowStreams.
+	FlowStreams int
 	// ListPageBytes bounds a page of List in bytes: a page ends before the entry that
 	// would take it beyond, and always holds at least one. Default: DefaultListPageBytes
 	// (2 MiB), which with the largest object nimbus takes stays below 4 MiB.
@@ -119,8 +122,12 @@ type Inspector struct {
 	view   *KernelView
 	bpfDir string
 	fw     InstalledFirewall
-	// flows is InspectorOptions.Flows.
-	flows *FlowLog
+	// flows is InspectorOptions.Flows; flowStreams holds a token for each Flows stream
+	// served, at most InspectorOptions.FlowStreams; flowStreamsRefused counts those
+	// refused.
+	flows              *FlowLog
+	flowStreams        chan struct{}
+	flowStreamsRefused prometheus.Counter
 	// pageBytes is InspectorOptions.ListPageBytes; pagesCut counts the pages it cut.
 	pageBytes int
 	pagesCut  prometheus.Counter
@@ -146,13 +153,30 @@ func NewInspector(opts InspectorOptions) (*Inspector, error) {
 	case opts.ListPageBytes == 0:
 		opts.ListPageBytes = DefaultListPageBytes
 	}
+	switch {
+	case opts.FlowStreams < 0:
+		return nil, fmt.Errorf("creating the local api: FlowStreams %d: must not be negative", opts.FlowStreams)
+	case opts.FlowStreams == 0:
+		opts.FlowStreams = DefaultFlowStreams
+	}
 	pagesCut := prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: "naples", Subsystem: "agent", Name: "local_api_pages_cut_total",
 		Help: "Local API List answers that ended before the last entry, at the request's limit or --local-api-page-bytes, with a next_page_token.",
 	})
+	flowStreams := make(chan struct{}, opts.FlowStreams)
+	streamsServed := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "naples", Subsystem: "agent", Name: "local_api_flow_streams",
+		Help: "Local API Flows streams served now, at most --local-api-flow-streams.",
+	}, func() float64 { return float64(len(flowStreams)) })
+	streamsRefused := prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "naples", Subsystem: "agent", Name: "local_api_flow_streams_refused_total",
+		Help: "Local API Flows streams refused because --local-api-flow-streams were served already.",
+	})
 	if opts.Registerer != nil {
-		if err := opts.Registerer.Register(pagesCut); err != nil {
-			return nil, fmt.Errorf("creating the local api: registering its metric: %w", err)
+		for _, c := range []prometheus.Collector{pagesCut, streamsServed, streamsRefused} {
+			if err := opts.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("creating the local api: registering its metrics: %w", err)
+			}
 		}
 	}
 	view := opts.View
@@ -160,7 +184,8 @@ func NewInspector(opts InspectorOptions) (*Inspector, error) {
 		view = newKernelView(opts.Namespace)
 	}
 	return &Inspector{store: opts.Store, log: log, node: opts.Node, view: view, bpfDir: opts.BPFDir,
-		fw: opts.Firewall, flows: opts.Flows, pageBytes: opts.ListPageBytes, pagesCut: pagesCut, done: make(chan struct{})}, nil
+		fw: opts.Firewall, flows: opts.Flows, flowStreams: flowStreams, flowStreamsRefused: streamsRefused,
+		pageBytes: opts.ListPageBytes, pagesCut: pagesCut, done: make(chan struct{})}, nil
 }
 
 // Serve serves the API on lis until ctx ends or lis fails. When ctx ends it ends every

@@ -50,15 +50,7 @@ func flowText(f *delphiv1.Flow) string {
 // whose firewall decided, with the endpoints at both ends named, and the filters.
 func TestFirewallFlows(t *testing.T) {
 	const denied = 3
-	defs := fwDefs("web1", "db1", "db2")
-	groups := map[string][]string{"web1": {"client"}, "db1": {"server"}, "db2": {"server"}}
-	sc := newFWSmallCluster(t, fwSmallSpec{
-		workloads: defs,
-		endpoints: fwEndpointsOf(defs, groups),
-		objs:      []*nimbusv1.Object{fwGroupObject("client"), fwGroupObject("server")},
-		tcp:       []uint16{7},
-		udp:       []uint16{10},
-	})
+	sc := webDBCluster(t, "server", []uint16{10}, nil)
 	sc.apply(t, fwPolicyObject("servers", []string{"server"},
 		fwRules(
 			allowIn("tcp", fwPorts("7"), "group:client"),
@@ -162,6 +154,35 @@ func TestFirewallFlows(t *testing.T) {
 	}
 }
 
+// udpSockets returns n UDP sockets of the workload connected to dst, and their ports.
+func udpSockets(t testing.TB, w *fwWorkload, dst netip.AddrPort, n int) ([]*fwConn, map[uint32]bool) {
+	t.Helper()
+	conns := make([]*fwConn, n)
+	ports := map[uint32]bool{}
+	for i := range conns {
+		conns[i] = w.dial(t, "udp", dst)
+		ports[uint32(netip.MustParseAddrPort(conns[i].c.LocalAddr().String()).Port())] = true
+	}
+	return conns, ports
+}
+
+// webDBCluster starts a small cluster of web1 and db1 on host-a and db2 on host-b, web1
+// in group client, db2 in group server and db1 in db1Group, each serving TCP echo on
+// port 7 and UDP on the ports, the hosts' agents taking the flags, by host index.
+func webDBCluster(t testing.TB, db1Group string, udp []uint16, agentFlags [][]string) *fwSmallCluster {
+	t.Helper()
+	defs := fwDefs("web1", "db1", "db2")
+	groups := map[string][]string{"web1": {"client"}, "db1": {db1Group}, "db2": {"server"}}
+	return newFWSmallCluster(t, fwSmallSpec{
+		workloads:  defs,
+		endpoints:  fwEndpointsOf(defs, groups),
+		objs:       []*nimbusv1.Object{fwGroupObject("client"), fwGroupObject("server")},
+		tcp:        []uint16{7},
+		udp:        udp,
+		agentFlags: agentFlags,
+	})
+}
+
 // sameMultiset tells whether a and b hold the same strings, as many times each.
 func sameMultiset(a, b []string) bool {
 	if len(a) != len(b) {
@@ -194,12 +215,7 @@ func TestFirewallFlowsBurstAccounting(t *testing.T) {
 
 	// The sockets first, then the datagrams back to back.
 	dst := netip.AddrPortFrom(db2.addr(4), 9)
-	conns := make([]*fwConn, datagrams)
-	ports := map[uint32]bool{}
-	for i := range conns {
-		conns[i] = web1.dial(t, "udp", dst)
-		ports[uint32(netip.MustParseAddrPort(conns[i].c.LocalAddr().String()).Port())] = true
-	}
+	conns, ports := udpSockets(t, web1, dst, datagrams)
 	for i, c := range conns {
 		if _, err := c.c.Write([]byte("a new flow")); err != nil {
 			t.Fatalf("datagram %d: %v", i, err)
@@ -227,6 +243,11 @@ func TestFirewallFlowsBurstAccounting(t *testing.T) {
 	t.Logf("%d new flows: %d records shown, %d counted lost", datagrams, shown, int(lost))
 	if shown+int(lost) != datagrams || lost == 0 {
 		t.Errorf("%d records shown and %v lost for %d new flows: want every one either, and some lost (a ring of one page)", shown, lost, datagrams)
+	}
+	// The ring's gauges: its size, and what the agent has not read of it, within it.
+	m := tel.metrics(t)
+	if size, pending := m["naples_agent_flow_ring_size_bytes"], m["naples_agent_flow_ring_pending_bytes"]; size != 4096 || pending < 0 || pending > size {
+		t.Errorf("the flow ring's gauges: size %v, pending %v; want 4096 and within it", size, pending)
 	}
 	// naplesctl says so too.
 	h := sc.host("host-b")

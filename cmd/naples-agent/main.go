@@ -99,6 +99,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.IntVar(&caps.Endpoints, "fw-endpoint-counters", 16384, "local endpoints whose packets the firewall counts")
 	fs.IntVar(&caps.Fragments, "fw-fragment-entries", 8192, "fragmented datagrams whose first fragment's verdict the firewall keeps at once for their later fragments; the least recently used is evicted when full")
 	fs.IntVar(&caps.FlowRing, "fw-flow-ring-bytes", 1<<20, "`bytes` of the ring the firewall writes its flow records to (new connections, denied packets, ends), a power of 2 of at least the page size; records that find it full are counted lost; 0 writes none")
+	fs.DurationVar(&caps.FlowActive, "fw-flow-active-timeout", time.Minute, "how long after its last flow record a connection that still sees packets gets an ACTIVE record with its packets and bytes both ways; whole milliseconds up to 24h, 0 for none")
+	fs.IntVar(&caps.FlowEndpointRate, "fw-flow-endpoint-rate", 5000, "flow `records` a second each local endpoint may have written on each CPU, with a burst of as many; past it they are counted suppressed (naples_agent_flow_records_suppressed_total), so one workload's flood of connections does not blind the others' records; 0 for no budget")
+	flowSweep := fs.Duration("flow-sweep-interval", agent.DefaultFlowSweep, "how often the firewall's conntrack table is swept for connections that expired without a packet, to write their ENDED flow records (reason idle) and free their entries")
+	flowStreams := fs.Int("local-api-flow-streams", agent.DefaultFlowStreams, "`streams` of flow records (naplesctl flows) the local API serves at once; one more is refused")
 	flowLog := fs.Int("flows-ring", agent.DefaultFlowLogSize, "flow `records` the agent keeps for `naplesctl --agent SOCK flows`, the latest")
 	flowTapSubs := fs.Int("flow-tap-subscriptions", agent.DefaultFlowTapSubscriptions, "`subscriptions` of nimbus's flow observers (naplesctl flows through nimbus) the agent serves at once; one more is refused and its observer told")
 	flowTapBatch := fs.Int("flow-tap-batch", agent.DefaultFlowTapBatch, "flow `records` of one message the agent sends nimbus on its flow tap")
@@ -132,7 +136,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		fmt.Fprintln(os.Stdout, version.String("naples-agent"))
 		return nil
 	}
-	for name, d := range map[string]time.Duration{"interface-stats-interval": *interfaceStats, "fw-stats-interval": *fwStats, "gateway-check-interval": *gatewayCheck,
+	for name, d := range map[string]time.Duration{"interface-stats-interval": *interfaceStats, "fw-stats-interval": *fwStats, "gateway-check-interval": *gatewayCheck, "flow-sweep-interval": *flowSweep,
 		"status-exception-after": *statusExceptionAfter} {
 		if d <= 0 {
 			fmt.Fprintf(stderr, "invalid value %q for flag -%s: must be positive\n", d.String(), name)
@@ -143,7 +147,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	for name, n := range map[string]int{"fw-snapshot-entries": caps.Snapshot, "fw-conntrack-entries": caps.Conntrack,
 		"fw-rule-counters": caps.Rules, "fw-endpoint-counters": caps.Endpoints, "fw-fragment-entries": caps.Fragments,
 		"local-api-page-bytes": *pageBytes, "gateway-bridges": *gatewayBridges, "status-max-exceptions": *statusMaxExceptions,
-		"flows-ring": *flowLog, "flow-tap-subscriptions": *flowTapSubs, "flow-tap-batch": *flowTapBatch} {
+		"flows-ring": *flowLog, "local-api-flow-streams": *flowStreams, "flow-tap-subscriptions": *flowTapSubs, "flow-tap-batch": *flowTapBatch} {
 		if n <= 0 {
 			fmt.Fprintf(stderr, "invalid value %d for flag -%s: must be positive\n", n, name)
 			fs.Usage()
@@ -152,6 +156,16 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	if n := caps.FlowRing; n != 0 && (n < os.Getpagesize() || n > 1<<30 || n&(n-1) != 0) {
 		fmt.Fprintf(stderr, "invalid value %d for flag -fw-flow-ring-bytes: want 0 or a power of 2 from %d (the page size) to 1073741824\n", n, os.Getpagesize())
+		fs.Usage()
+		return fmt.Errorf("parsing flags: %w", errUsage)
+	}
+	if n := caps.FlowEndpointRate; n < 0 || n > 1e9 {
+		fmt.Fprintf(stderr, "invalid value %d for flag -fw-flow-endpoint-rate: want 0 (no budget) to 1000000000\n", n)
+		fs.Usage()
+		return fmt.Errorf("parsing flags: %w", errUsage)
+	}
+	if d := caps.FlowActive; d < 0 || d > 24*time.Hour || d%time.Millisecond != 0 {
+		fmt.Fprintf(stderr, "invalid value %q for flag -fw-flow-active-timeout: want whole milliseconds from 0 (none) to 24h\n", d.String())
 		fs.Usage()
 		return fmt.Errorf("parsing flags: %w", errUsage)
 	}
@@ -195,8 +209,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 				"certificate", *tlsCert, "identity", id.String(), "node", *node, "error", err)
 		}
 	}
-	return agent.Run(ctx, agent.Config{Node: *node, Nimbus: *nimbus, TLS: tlsConfig, StateDir: *stateDir, DiscardState: *discardState, Logger: log, Socket: *socket, LocalAPIPageBytes: *pageBytes, Metrics: metrics,
-		InterfaceStats: *interfaceStats, BPFDir: *bpfDir, FirewallCapacities: caps, FlowLogSize: *flowLog, FirewallStats: *fwStats,
+	return agent.Run(ctx, agent.Config{Node: *node, Nimbus: *nimbus, TLS: tlsConfig, StateDir: *stateDir, DiscardState: *discardState, Logger: log, Socket: *socket, LocalAPIPageBytes: *pageBytes, LocalAPIFlowStreams: *flowStreams, Metrics: metrics,
+		InterfaceStats: *interfaceStats, BPFDir: *bpfDir, FirewallCapacities: caps, FlowLogSize: *flowLog, FlowSweep: *flowSweep, FirewallStats: *fwStats,
 		FlowTapSubscriptions: *flowTapSubs, FlowTapBatch: *flowTapBatch,
 		GatewayBridges: *gatewayBridges, GatewayCheck: *gatewayCheck,
 		StatusExceptionAfter: *statusExceptionAfter, StatusMaxExceptions: *statusMaxExceptions})

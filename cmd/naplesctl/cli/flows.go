@@ -33,8 +33,9 @@ func (c *cli) flowsCommand() *cobra.Command {
 		Use:   "flows",
 		Short: "Show the flows the nodes' firewalls saw: connections allowed, packets denied",
 		Long: `Show the flows the nodes' firewalls saw: each connection allowed (with the rule
-that allowed it), each packet dropped (with the reason and the rule), and each
-connection's end.
+that allowed it), each packet dropped (with the reason and the rule), each connection
+still active every active timeout, and each connection's end (fin, rst or idle), with
+the connection's packets and bytes from its source and back.
 
 Without --agent (given on the command line or as $` + AgentEnv + `), the flows command asks
 nimbus (--server and the TLS flags, as the other nimbus commands), which relays the
@@ -104,7 +105,7 @@ func (c *cli) flows(ctx context.Context, req *delphiv1.FlowsRequest, output stri
 	if err != nil {
 		return fmt.Errorf("reading the flows: %w", sess.rpcError(err))
 	}
-	var lostDatapath, lostAgent uint64
+	var lostDatapath, lostAgent, suppressed uint64
 	p := c.newFlowPrinter(output)
 	for {
 		resp, err := stream.Recv()
@@ -125,6 +126,10 @@ func (c *cli) flows(ctx context.Context, req *delphiv1.FlowsRequest, output stri
 		if d := resp.GetLostDatapath(); d != lostDatapath || (first && d > 0) {
 			fmt.Fprintf(c.stderr, "naplesctl: the firewall lost %d flow records in all: its ring (the agent's --fw-flow-ring-bytes) was full\n", d)
 			lostDatapath = d
+		}
+		if s := resp.GetSuppressed(); s != suppressed || (first && s > 0) {
+			fmt.Fprintf(c.stderr, "naplesctl: the firewall suppressed %d flow records in all: their endpoints wrote more than the agent's --fw-flow-endpoint-rate\n", s)
+			suppressed = s
 		}
 		if a := resp.GetLostAgent(); a != lostAgent {
 			fmt.Fprintf(c.stderr, "naplesctl: %d flow records were let go of by the agent before they were read (its --flows-ring is full)\n", a)
@@ -241,7 +246,9 @@ func (p *flowPrinter) print(flows []*delphiv1.Flow) error {
 }
 
 // flowHeader is the header of the flows table.
-const flowHeader = "TIME\tNODE\tVERDICT\tEVENT\tREASON\tDIR\tENDPOINT\tPEER\tPROTO\tSOURCE\tDESTINATION\tRULE\tBYTES"
+// PACKETS and BYTES are a connection's, from its source and back ("12/10"), and a
+// denied packet's length.
+const flowHeader = "TIME\tNODE\tVERDICT\tEVENT\tREASON\tDIR\tENDPOINT\tPEER\tPROTO\tSOURCE\tDESTINATION\tRULE\tPACKETS\tBYTES"
 
 // flowLine is one flow as a line of the table.
 func flowLine(f *delphiv1.Flow) string {
@@ -257,11 +264,16 @@ func flowLine(f *delphiv1.Flow) string {
 	} else if f.GetRule() != 0 {
 		rule = strconv.FormatUint(f.GetRule(), 10)
 	}
+	packets, bytes := "1", strconv.FormatUint(uint64(f.GetBytes()), 10)
+	if f.GetEvent() != delphiv1.FlowEvent_FLOW_EVENT_DENIED {
+		packets = fmt.Sprintf("%d/%d", f.GetInitiatorPackets(), f.GetResponderPackets())
+		bytes = fmt.Sprintf("%d/%d", f.GetInitiatorBytes(), f.GetResponderBytes())
+	}
 	return strings.Join([]string{
 		f.GetTime().AsTime().Local().Format("15:04:05.000000"), f.GetNode(), f.GetVerdict(), flowEvent(f.GetEvent()),
 		orDash(f.GetReason()), f.GetDirection(), name(f.GetEndpoint()), name(f.GetPeerEndpoint()), orDash(f.GetProtocol()),
 		hostPort(f.GetSource(), f.GetSourcePort()), hostPort(f.GetDestination(), f.GetDestinationPort()), rule,
-		strconv.FormatUint(uint64(f.GetBytes()), 10),
+		packets, bytes,
 	}, "\t")
 }
 

@@ -66,6 +66,7 @@ func TestFlowsCommand(t *testing.T) {
 		{Time: timestamppb.New(at), Event: delphiv1.FlowEvent_FLOW_EVENT_STARTED, Verdict: "allowed", Node: "host-b", Endpoint: db,
 			Direction: "ingress", Protocol: "tcp", Source: "10.1.0.11", SourcePort: 41234, Destination: "10.1.0.32", DestinationPort: 7,
 			Rule: 21, Policy: policy, RuleName: "NetworkSecurityPolicy/default/default/servers ingress[0]", Bytes: 74,
+			InitiatorPackets: 1, InitiatorBytes: 60,
 			PeerEndpoint: &nimbusv1.ObjectKey{Kind: nimbusv1.Kind_KIND_ENDPOINT, Tenant: "default", Namespace: "default", Name: "web"}},
 		{Time: timestamppb.New(at.Add(time.Millisecond)), Event: delphiv1.FlowEvent_FLOW_EVENT_DENIED, Verdict: "denied", Reason: "spoofed",
 			Node: "host-b", Endpoint: db, Direction: "egress", Bytes: 60},
@@ -75,9 +76,9 @@ func TestFlowsCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	equal(t, "flows", out, `TIME             NODE    VERDICT  EVENT    REASON   DIR      ENDPOINT            PEER                 PROTO  SOURCE           DESTINATION  RULE                                                      BYTES
-`+local(0)+`  host-b  allowed  started  -        ingress  default/default/db  default/default/web  tcp    10.1.0.11:41234  10.1.0.32:7  NetworkSecurityPolicy/default/default/servers ingress[0]  74
-`+local(time.Millisecond)+`  host-b  denied   denied   spoofed  egress   default/default/db  -                    -      -                -            -                                                         60
+	equal(t, "flows", out, `TIME             NODE    VERDICT  EVENT    REASON   DIR      ENDPOINT            PEER                 PROTO  SOURCE           DESTINATION  RULE                                                      PACKETS  BYTES
+`+local(0)+`  host-b  allowed  started  -        ingress  default/default/db  default/default/web  tcp    10.1.0.11:41234  10.1.0.32:7  NetworkSecurityPolicy/default/default/servers ingress[0]  1/0      60/0
+`+local(time.Millisecond)+`  host-b  denied   denied   spoofed  egress   default/default/db  -                    -      -                -            -                                                         1        60
 `)
 	if !strings.Contains(stderr, "lost 2 flow records") {
 		t.Errorf("flows said on standard error %q, want the 2 records lost", stderr)
@@ -178,8 +179,8 @@ func TestFlowsThroughNimbus(t *testing.T) {
 		t.Fatalf("flows: %v\n%s", err, stderr)
 	}
 	local := at.Add(time.Millisecond).Local().Format("15:04:05.000000")
-	equal(t, "flows through nimbus", out, `TIME             NODE    VERDICT  EVENT   REASON  DIR     ENDPOINT  PEER  PROTO  SOURCE          DESTINATION   RULE  BYTES
-`+local+`  host-a  denied   denied  policy  egress  -         -     udp    10.1.0.11:5353  10.1.0.40:53  -     60
+	equal(t, "flows through nimbus", out, `TIME             NODE    VERDICT  EVENT   REASON  DIR     ENDPOINT  PEER  PROTO  SOURCE          DESTINATION   RULE  PACKETS  BYTES
+`+local+`  host-a  denied   denied  policy  egress  -         -     udp    10.1.0.11:5353  10.1.0.40:53  -     1        60
 `)
 	// Filtered at the agent: the allowed record never left it.
 	if sent := gauge(t, tapReg, "naples_agent_flow_tap_records_sent_total"); sent != 1 {

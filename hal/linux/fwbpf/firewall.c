@@ -108,7 +108,8 @@
 /* Flow records (struct fw_flow), when the loader turned them on (fw_flows_on). */
 #define FW_FLOW_NEW 1  /* a connection was allowed and is tracked from this packet on */
 #define FW_FLOW_DENY 2 /* a packet was dropped, for reason */
-#define FW_FLOW_END 3  /* a tracked TCP connection saw its first FIN or RST */
+#define FW_FLOW_END 3  /* a tracked connection ended, for reason (FW_END_*) */
+#define FW_FLOW_ACTIVE 4 /* a tracked connection is active: fw_flows_active_ns since its last record */
 
 /* Reasons of a FW_FLOW_DENY record. */
 #define FW_REASON_POLICY 1    /* rule: the DENY rule, 0 when no rule allowed it */
@@ -117,8 +118,10 @@
 #define FW_REASON_FRAGMENT 4  /* a later fragment whose first was not seen (or expired) */
 
 /* Reasons of a FW_FLOW_END record. */
-#define FW_END_FIN 1
-#define FW_END_RST 2
+#define FW_END_FIN 1  /* closed by both sides: the first packet after both FINs */
+#define FW_END_RST 2  /* reset */
+#define FW_END_IDLE 3 /* expired (no packet for its timeout); written by the agent's sweep, or
+		       * here when a new connection takes the expired one's entry */
 
 #define FW_FLOWS_BYTES (1 << 20)
 
@@ -225,7 +228,10 @@ struct fw_ct_key {
 	__u8 daddr[16];
 };
 
-/* fw_ct_value is the state of a connection. */
+/* fw_ct_value is the state of a connection. Index 0 of packets and bytes counts the
+ * packets from the connection's initiator (the key's direction), 1 those from the
+ * responder; bytes are IP bytes (the IP header and what follows). Fields several CPUs
+ * write at once are written with atomic operations. */
 struct fw_ct_value {
 	__u64 last_seen; /* bpf_ktime_get_ns() */
 	__u64 rule;	 /* the rule that allowed the first packet */
@@ -233,7 +239,12 @@ struct fw_ct_value {
 	__u8 dir;	 /* FW_DIR_* of the first packet */
 	__u8 flags;	 /* FW_CT_* */
 	__u16 pad;
-	__u32 pad2;
+	__u32 fins;	 /* bit i: a FIN seen from side i (0 initiator, 1 responder) */
+	__u32 ended;	 /* 1 once its FW_FLOW_END record is written */
+	__u64 start;	 /* bpf_ktime_get_ns() of its first packet */
+	__u64 reported;	 /* of its last FW_FLOW_NEW or FW_FLOW_ACTIVE record */
+	__u64 packets[2];
+	__u64 bytes[2];
 };
 
 /* fw_frag_key is a datagram being fragmented: the interface and direction that saw its
@@ -282,6 +293,11 @@ struct fw_flow {
 	__u16 pad2;
 	__u8 saddr[16]; /* IPv4 in bytes 0-3 */
 	__u8 daddr[16];
+	/* Of a connection's record (NEW, ACTIVE, END): its start and its counts, as
+	 * fw_ct_value's, up to and including this packet. */
+	__u64 start;
+	__u64 packets[2];
+	__u64 bytes[2];
 };
 
 /* fw_rule_counters is a value of fw_rule_stats, per CPU. */
@@ -317,6 +333,15 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__array(values, struct fw_snapshot);
 } fw_snapshots SEC(".maps");
+
+/* fw_ct_new is where a new connection's entry is made before it goes into fw_ct: it is
+ * too large for the stack beside the rest. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct fw_ct_value);
+} fw_ct_new SEC(".maps");
 
 /* fw_ct is the conntrack table. */
 struct {
@@ -375,6 +400,34 @@ struct {
  * records themselves are written through a pointer bpf_ringbuf_reserve returns. */
 const struct fw_flow *fw_flow_type __attribute__((unused));
 
+/* fw_flow_bucket is an endpoint's budget of flow records on one CPU: a token bucket whose
+ * tokens are nanoseconds, a record costing fw_flows_ep_cost_ns of them and the bucket
+ * holding at most fw_flows_ep_burst_ns; and the records it suppressed. */
+struct fw_flow_bucket {
+	__u64 tokens;
+	__u64 last; /* bpf_ktime_get_ns() of the last refill */
+	__u64 suppressed;
+};
+
+/* fw_flow_budget holds the local endpoints' budgets of flow records, per CPU, made by the
+ * program on an endpoint's first record; the loader sizes it as fw_ep_stats. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_PERCPU_HASH);
+	__uint(max_entries, FW_EP_STATS_ENTRIES);
+	__type(key, __u32);
+	__type(value, struct fw_flow_bucket);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fw_flow_budget SEC(".maps");
+
+/* fw_flow_suppressed counts, per CPU, the flow records an endpoint's budget suppressed. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fw_flow_suppressed SEC(".maps");
+
 /* fw_flow_lost counts, per CPU, the flow records that found fw_flows full. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -390,6 +443,16 @@ struct {
  * program's run, so the reader also polls. */
 const volatile __u32 fw_flows_on = 0;
 const volatile __u64 fw_flows_wakeup = 0;
+
+/* fw_flows_active_ns is how long after its last record a connection that still sees
+ * packets gets a FW_FLOW_ACTIVE record; 0 writes none. */
+const volatile __u64 fw_flows_active_ns = 0;
+
+/* fw_flows_ep_cost_ns and fw_flows_ep_burst_ns set each local endpoint's budget of flow
+ * records per CPU (fw_flow_bucket): 1e9 / the records a second, and the most tokens it
+ * saves up; 0 cost leaves records unbudgeted. */
+const volatile __u64 fw_flows_ep_cost_ns = 0;
+const volatile __u64 fw_flows_ep_burst_ns = 0;
 
 /* fw_ep is what a packet needs of its interface's endpoint entry. */
 struct fw_ep {
@@ -410,7 +473,7 @@ struct fw_l4 {
 	__u32 frag_id;	 /* a fragment's identification, as fw_frag_key.id */
 	__u16 frag_off;	 /* FIRST: fw_frag_value.l4_end; LATER: its offset, in bytes */
 	__u8 frag_proto; /* a fragment's fw_frag_key.proto */
-	__u8 pad;
+	__u8 l4_hlen;	 /* TCP, UDP: the L4 header's length in bytes */
 };
 
 /* fw_ext_head is the start of an IPv6 extension header: a fragment header whole. */
@@ -512,15 +575,54 @@ static __always_inline int fw_spoofed_drop(__u32 ep_id, __u32 len)
 	return FW_TCX_DROP;
 }
 
-/* fw_flow_emit writes a flow record of the packet with tuple t (NULL: none read), or
- * counts it lost when fw_flows is full. */
+/* fw_flow_budget_take takes a record's cost from the budget of the endpoint ep_id on this
+ * CPU at now, and tells whether it could; a record it could not take is counted
+ * suppressed, for the endpoint and in all. An endpoint's first record makes its bucket,
+ * full. */
+static __always_inline int fw_flow_budget_take(__u32 ep_id, __u64 now)
+{
+	struct fw_flow_bucket *b = bpf_map_lookup_elem(&fw_flow_budget, &ep_id);
+	__u64 tokens;
+	__u32 zero = 0;
+
+	if (!b) {
+		struct fw_flow_bucket nb = {.tokens = fw_flows_ep_burst_ns - fw_flows_ep_cost_ns, .last = now};
+
+		bpf_map_update_elem(&fw_flow_budget, &ep_id, &nb, BPF_NOEXIST);
+		return 1;
+	}
+	tokens = b->tokens;
+	if (now > b->last)
+		tokens += now - b->last;
+	if (tokens > fw_flows_ep_burst_ns)
+		tokens = fw_flows_ep_burst_ns;
+	b->last = now;
+	if (tokens < fw_flows_ep_cost_ns) {
+		__u64 *c = bpf_map_lookup_elem(&fw_flow_suppressed, &zero);
+
+		b->tokens = tokens;
+		b->suppressed += 1;
+		if (c)
+			*c += 1;
+		return 0;
+	}
+	b->tokens = tokens - fw_flows_ep_cost_ns;
+	return 1;
+}
+
+/* fw_flow_emit writes a flow record of the packet with tuple t (NULL: none read) and, for
+ * a connection's record, its conntrack entry c (NULL: none), or counts it lost when
+ * fw_flows is full. */
 static __always_inline void fw_flow_emit(__u8 type, __u8 reason, __u8 dir, __u32 ifindex,
-					 const struct fw_ct_key *t, __u32 ep_id, __u64 rule, __u32 len)
+					 const struct fw_ct_key *t, const struct fw_ct_value *c,
+					 __u32 ep_id, __u64 rule, __u32 len)
 {
 	struct fw_flow *f;
 	__u32 zero = 0;
 
 	if (!fw_flows_on)
+		return;
+	if (fw_flows_ep_cost_ns && ep_id && !fw_flow_budget_take(ep_id, bpf_ktime_get_ns()))
 		return;
 	f = bpf_ringbuf_reserve(&fw_flows, sizeof(*f), 0);
 	if (!f) {
@@ -546,6 +648,13 @@ static __always_inline void fw_flow_emit(__u8 type, __u8 reason, __u8 dir, __u32
 		f->dport = t->dport;
 		__builtin_memcpy(f->saddr, t->saddr, sizeof(f->saddr));
 		__builtin_memcpy(f->daddr, t->daddr, sizeof(f->daddr));
+	}
+	if (c) {
+		f->start = c->start;
+		f->packets[0] = c->packets[0];
+		f->packets[1] = c->packets[1];
+		f->bytes[0] = c->bytes[0];
+		f->bytes[1] = c->bytes[1];
 	}
 	bpf_ringbuf_submit(f, bpf_ringbuf_query(&fw_flows, BPF_RB_AVAIL_DATA) >= fw_flows_wakeup ? BPF_RB_FORCE_WAKEUP
 											  : BPF_RB_NO_WAKEUP);
@@ -715,6 +824,7 @@ static __always_inline int fw_parse(struct __sk_buff *skb, __u32 off, __u8 famil
 		}
 		k->sport = th.source;
 		k->dport = th.dest;
+		l4->l4_hlen = (th.doff >> 4) * 4;
 		l4->has_l4 = 1;
 	} else if (k->proto == FW_PROTO_UDP) {
 		struct udphdr uh;
@@ -723,6 +833,7 @@ static __always_inline int fw_parse(struct __sk_buff *skb, __u32 off, __u8 famil
 			return FW_PARSE_MALFORMED;
 		k->sport = uh.source;
 		k->dport = uh.dest;
+		l4->l4_hlen = sizeof(uh);
 		l4->has_l4 = 1;
 	} else if (fw_is_icmp(family, k->proto)) {
 		struct fw_icmp_head ih;
@@ -777,6 +888,23 @@ static __always_inline struct fw_ct_value *fw_ct_lookup(const struct fw_ct_key *
 		return NULL;
 	if (now > v->last_seen && now - v->last_seen > fw_ct_timeout(k->family, k->proto, v->flags))
 		return NULL;
+	return v;
+}
+
+/* fw_ct_lookup_stale is fw_ct_lookup that also sets *stale to the entry of k when it
+ * expired (NULL otherwise). */
+static __always_inline struct fw_ct_value *fw_ct_lookup_stale(const struct fw_ct_key *k, __u64 now,
+							      struct fw_ct_value **stale)
+{
+	struct fw_ct_value *v = bpf_map_lookup_elem(&fw_ct, k);
+
+	*stale = NULL;
+	if (!v)
+		return NULL;
+	if (now > v->last_seen && now - v->last_seen > fw_ct_timeout(k->family, k->proto, v->flags)) {
+		*stale = v;
+		return NULL;
+	}
 	return v;
 }
 
@@ -1020,10 +1148,60 @@ static __always_inline int fw_spoofed(struct __sk_buff *skb, void *snap, __u16 p
  * what the packet's later fragments get, were it a first fragment, and *deny_rule to the
  * rule that denied it.
  */
-/* fw_end_reason is the reason of the FW_FLOW_END record of a TCP packet with FIN or RST. */
-static __always_inline __u8 fw_end_reason(const struct fw_l4 *l4)
+/* fw_ct_count counts a packet of len bytes (with its Ethernet header) into side i of the
+ * connection c: a GSO packet stands for gso_segs packets on the wire, each with its own
+ * IP and L4 headers. */
+static __always_inline void fw_ct_count(struct fw_ct_value *c, const int i, struct __sk_buff *skb,
+					const struct fw_l4 *l4, __u32 len)
 {
-	return (l4->tcp_flags & FW_TCP_RST) ? FW_END_RST : FW_END_FIN;
+	__u64 bytes = len - ETH_HLEN;
+	__u32 segs = skb->gso_segs;
+
+	if (segs > 1 && l4->off >= ETH_HLEN)
+		bytes += (__u64)(segs - 1) * (l4->off - ETH_HLEN + l4->l4_hlen);
+	else
+		segs = 1;
+	__sync_fetch_and_add(&c->packets[i], segs);
+	__sync_fetch_and_add(&c->bytes[i], bytes);
+}
+
+/*
+ * fw_ct_seen counts a packet from side i of the tracked connection c, whose original
+ * tuple is orig, and writes the connection's record it calls for: FW_FLOW_END for a
+ * reset, or for the first packet without FIN after both sides' FINs (the ACK of the
+ * last); FW_FLOW_ACTIVE when fw_flows_active_ns passed since its last record. With flow
+ * records off it does nothing: the counts are for the records.
+ */
+static __always_inline void fw_ct_seen(struct fw_ct_value *c, const int i, struct __sk_buff *skb,
+				       const struct fw_ct_key *orig, const struct fw_l4 *l4,
+				       __u32 ep_id, __u32 len, __u64 now)
+{
+	__u64 last;
+
+	if (!fw_flows_on)
+		return;
+	fw_ct_count(c, i, skb, l4, len);
+	if (orig->proto == FW_PROTO_TCP) {
+		if (l4->tcp_flags & FW_TCP_RST) {
+			if (__sync_lock_test_and_set(&c->ended, 1) == 0)
+				fw_flow_emit(FW_FLOW_END, FW_END_RST, c->dir, orig->ifindex, orig, c, ep_id, c->rule, len);
+			return;
+		}
+		if (l4->tcp_flags & FW_TCP_FIN) {
+			if (!(c->fins & (1 << i)))
+				__sync_fetch_and_or(&c->fins, 1 << i);
+			return;
+		}
+		if (c->fins == 3) {
+			if (__sync_lock_test_and_set(&c->ended, 1) == 0)
+				fw_flow_emit(FW_FLOW_END, FW_END_FIN, c->dir, orig->ifindex, orig, c, ep_id, c->rule, len);
+			return;
+		}
+	}
+	last = c->reported;
+	if (fw_flows_active_ns && now > last && now - last >= fw_flows_active_ns && !c->ended &&
+	    __sync_val_compare_and_swap(&c->reported, last, now) == last)
+		fw_flow_emit(FW_FLOW_ACTIVE, 0, c->dir, orig->ifindex, orig, c, ep_id, c->rule, len);
 }
 
 static __always_inline int fw_decide(struct __sk_buff *skb, void *snap, const struct fw_ep *ep,
@@ -1031,7 +1209,7 @@ static __always_inline int fw_decide(struct __sk_buff *skb, void *snap, const st
 				     const struct fw_l4 *l4, __u32 len, __u8 *pass, __u64 *deny_rule)
 {
 	struct fw_ct_key rev;
-	struct fw_ct_value *e, *r = NULL;
+	struct fw_ct_value *e, *r = NULL, *stale;
 	struct fw_verdict v = {};
 	__u8 class, closing = 0;
 	__u64 now;
@@ -1082,7 +1260,7 @@ static __always_inline int fw_decide(struct __sk_buff *skb, void *snap, const st
 		closing = FW_CT_CLOSING;
 	now = bpf_ktime_get_ns();
 	fw_reverse(t, &rev);
-	e = fw_ct_lookup(t, now);
+	e = fw_ct_lookup_stale(t, now, &stale);
 	if (!e)
 		r = fw_ct_lookup(&rev, now);
 
@@ -1116,7 +1294,7 @@ static __always_inline int fw_decide(struct __sk_buff *skb, void *snap, const st
 			fw_count_rule(v.rule, len);
 			*pass = FW_FRAG_DROP;
 			*deny_rule = v.rule;
-			fw_flow_emit(FW_FLOW_DENY, FW_REASON_POLICY, dir, t->ifindex, t, ep->id, v.rule, len);
+			fw_flow_emit(FW_FLOW_DENY, FW_REASON_POLICY, dir, t->ifindex, t, NULL, ep->id, v.rule, len);
 			return fw_deny(ep->id, len);
 		}
 		if (need && (e || r)) {
@@ -1129,34 +1307,43 @@ static __always_inline int fw_decide(struct __sk_buff *skb, void *snap, const st
 
 	if (e) {
 		e->last_seen = now;
-		if (closing && !(e->flags & FW_CT_CLOSING)) {
+		if (closing && !(e->flags & FW_CT_CLOSING))
 			e->flags |= closing;
-			fw_flow_emit(FW_FLOW_END, fw_end_reason(l4), e->dir, t->ifindex, t, ep->id, e->rule, len);
-		}
+		fw_ct_seen(e, 0, skb, t, l4, ep->id, len, now);
 		fw_count_rule(e->rule, len);
 		return fw_allow(ep->id, len);
 	}
 	if (r) {
 		r->last_seen = now;
-		if (closing && !(r->flags & FW_CT_CLOSING))
-			fw_flow_emit(FW_FLOW_END, fw_end_reason(l4), r->dir, t->ifindex, &rev, ep->id, r->rule, len);
 		if ((r->flags & (FW_CT_REPLIED | closing)) != (FW_CT_REPLIED | closing))
 			r->flags |= FW_CT_REPLIED | closing;
+		fw_ct_seen(r, 1, skb, &rev, l4, ep->id, len, now);
 		return fw_allow(ep->id, len);
 	}
 
 	{
-		struct fw_ct_value nv;
+		struct fw_ct_value *nv;
+		__u32 zero = 0;
 
-		__builtin_memset(&nv, 0, sizeof(nv));
-		nv.last_seen = now;
-		nv.rule = v.rule;
-		nv.gen = ep->gen;
-		nv.dir = dir;
-		nv.flags = closing;
-		if (bpf_map_update_elem(&fw_ct, t, &nv, BPF_ANY) == 0) {
+		/* An expired entry of this tuple that no record ended yet ends now. */
+		if (stale && fw_flows_on && __sync_lock_test_and_set(&stale->ended, 1) == 0)
+			fw_flow_emit(FW_FLOW_END, FW_END_IDLE, stale->dir, t->ifindex, t, stale, ep->id, stale->rule, len);
+		nv = bpf_map_lookup_elem(&fw_ct_new, &zero);
+		if (!nv)
+			return fw_deny(ep->id, len);
+		__builtin_memset(nv, 0, sizeof(*nv));
+		nv->last_seen = now;
+		nv->start = now;
+		nv->reported = now;
+		nv->rule = v.rule;
+		nv->gen = ep->gen;
+		nv->dir = dir;
+		nv->flags = closing;
+		if (fw_flows_on)
+			fw_ct_count(nv, 0, skb, l4, len);
+		if (bpf_map_update_elem(&fw_ct, t, nv, BPF_ANY) == 0) {
 			fw_stat(FW_STAT_CT_CREATED);
-			fw_flow_emit(FW_FLOW_NEW, 0, dir, t->ifindex, t, ep->id, v.rule, len);
+			fw_flow_emit(FW_FLOW_NEW, 0, dir, t->ifindex, t, nv, ep->id, v.rule, len);
 		}
 	}
 	fw_count_rule(v.rule, len);
@@ -1235,7 +1422,7 @@ static __always_inline int fw_handle(struct __sk_buff *skb, const __u8 dir)
 	ep.scope = epv->scope;
 
 	if (dir == FW_DIR_EGRESS && (ep.flags & FW_EP_GUARD) && fw_spoofed(skb, snap, proto)) {
-		fw_flow_emit(FW_FLOW_DENY, FW_REASON_SPOOFED, dir, skb->ifindex, NULL, ep.id, 0, len);
+		fw_flow_emit(FW_FLOW_DENY, FW_REASON_SPOOFED, dir, skb->ifindex, NULL, NULL, ep.id, 0, len);
 		return fw_spoofed_drop(ep.id, len);
 	}
 	if (family == 0)
@@ -1247,7 +1434,7 @@ static __always_inline int fw_handle(struct __sk_buff *skb, const __u8 dir)
 	if (ret != FW_PARSE_OK) {
 		if (ret == FW_PARSE_HOSTILE)
 			fw_stat(FW_STAT_BAD_HEADERS);
-		fw_flow_emit(FW_FLOW_DENY, FW_REASON_MALFORMED, dir, skb->ifindex, &t, ep.id, 0, len);
+		fw_flow_emit(FW_FLOW_DENY, FW_REASON_MALFORMED, dir, skb->ifindex, &t, NULL, ep.id, 0, len);
 		return fw_deny(ep.id, len);
 	}
 
@@ -1262,12 +1449,12 @@ static __always_inline int fw_handle(struct __sk_buff *skb, const __u8 dir)
 		if (!fv || (now > fv->first_seen &&
 			    now - fv->first_seen > FW_FRAG_TIMEOUT * FW_NSEC_PER_SEC)) {
 			fw_stat(FW_STAT_FRAG_UNTRACKED);
-			fw_flow_emit(FW_FLOW_DENY, FW_REASON_FRAGMENT, dir, skb->ifindex, &t, ep.id, 0, len);
+			fw_flow_emit(FW_FLOW_DENY, FW_REASON_FRAGMENT, dir, skb->ifindex, &t, NULL, ep.id, 0, len);
 			return fw_deny(ep.id, len);
 		}
 		if (l4.frag_off < fv->l4_end) {
 			fw_stat(FW_STAT_BAD_HEADERS); /* it overlaps the L4 header */
-			fw_flow_emit(FW_FLOW_DENY, FW_REASON_MALFORMED, dir, skb->ifindex, &t, ep.id, 0, len);
+			fw_flow_emit(FW_FLOW_DENY, FW_REASON_MALFORMED, dir, skb->ifindex, &t, NULL, ep.id, 0, len);
 			return fw_deny(ep.id, len);
 		}
 		if (fv->verdict == FW_FRAG_PASS)
@@ -1277,7 +1464,7 @@ static __always_inline int fw_handle(struct __sk_buff *skb, const __u8 dir)
 			t.proto = fv->proto;
 			t.sport = fv->sport;
 			t.dport = fv->dport;
-			fw_flow_emit(FW_FLOW_DENY, FW_REASON_POLICY, dir, skb->ifindex, &t, ep.id, fv->rule, len);
+			fw_flow_emit(FW_FLOW_DENY, FW_REASON_POLICY, dir, skb->ifindex, &t, NULL, ep.id, fv->rule, len);
 			return fw_deny(ep.id, len);
 		}
 		t.proto = fv->proto;

@@ -33,8 +33,12 @@ type firewallFwCtValue struct {
 	Dir      uint8
 	Flags    uint8
 	Pad      uint16
-	Pad2     uint32
-	_        [4]byte
+	Fins     uint32
+	Ended    uint32
+	Start    uint64
+	Reported uint64
+	Packets  [2]uint64
+	Bytes    [2]uint64
 }
 
 type firewallFwEpCounters struct {
@@ -65,6 +69,16 @@ type firewallFwFlow struct {
 	Pad2    uint16
 	Saddr   [16]uint8
 	Daddr   [16]uint8
+	Start   uint64
+	Packets [2]uint64
+	Bytes   [2]uint64
+}
+
+type firewallFwFlowBucket struct {
+	_          structs.HostLayout
+	Tokens     uint64
+	Last       uint64
+	Suppressed uint64
 }
 
 type firewallFwFragKey struct {
@@ -117,19 +131,25 @@ type firewallFwValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	firewallMapFwCt          = "fw_ct"
-	firewallMapFwEpStats     = "fw_ep_stats"
-	firewallMapFwFlowLost    = "fw_flow_lost"
-	firewallMapFwFlows       = "fw_flows"
-	firewallMapFwFrag        = "fw_frag"
-	firewallMapFwRuleStats   = "fw_rule_stats"
-	firewallMapFwSnapshots   = "fw_snapshots"
-	firewallMapFwStats       = "fw_stats"
-	firewallProgFwEgress     = "fw_egress"
-	firewallProgFwIngress    = "fw_ingress"
-	firewallVarFwFlowType    = "fw_flow_type"
-	firewallVarFwFlowsOn     = "fw_flows_on"
-	firewallVarFwFlowsWakeup = "fw_flows_wakeup"
+	firewallMapFwCt             = "fw_ct"
+	firewallMapFwCtNew          = "fw_ct_new"
+	firewallMapFwEpStats        = "fw_ep_stats"
+	firewallMapFwFlowBudget     = "fw_flow_budget"
+	firewallMapFwFlowLost       = "fw_flow_lost"
+	firewallMapFwFlowSuppressed = "fw_flow_suppressed"
+	firewallMapFwFlows          = "fw_flows"
+	firewallMapFwFrag           = "fw_frag"
+	firewallMapFwRuleStats      = "fw_rule_stats"
+	firewallMapFwSnapshots      = "fw_snapshots"
+	firewallMapFwStats          = "fw_stats"
+	firewallProgFwEgress        = "fw_egress"
+	firewallProgFwIngress       = "fw_ingress"
+	firewallVarFwFlowType       = "fw_flow_type"
+	firewallVarFwFlowsActiveNs  = "fw_flows_active_ns"
+	firewallVarFwFlowsEpBurstNs = "fw_flows_ep_burst_ns"
+	firewallVarFwFlowsEpCostNs  = "fw_flows_ep_cost_ns"
+	firewallVarFwFlowsOn        = "fw_flows_on"
+	firewallVarFwFlowsWakeup    = "fw_flows_wakeup"
 )
 
 // loadFirewall returns the embedded CollectionSpec for firewall.
@@ -182,23 +202,29 @@ type firewallProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type firewallMapSpecs struct {
-	FwCt        *ebpf.MapSpec `ebpf:"fw_ct"`
-	FwEpStats   *ebpf.MapSpec `ebpf:"fw_ep_stats"`
-	FwFlowLost  *ebpf.MapSpec `ebpf:"fw_flow_lost"`
-	FwFlows     *ebpf.MapSpec `ebpf:"fw_flows"`
-	FwFrag      *ebpf.MapSpec `ebpf:"fw_frag"`
-	FwRuleStats *ebpf.MapSpec `ebpf:"fw_rule_stats"`
-	FwSnapshots *ebpf.MapSpec `ebpf:"fw_snapshots"`
-	FwStats     *ebpf.MapSpec `ebpf:"fw_stats"`
+	FwCt             *ebpf.MapSpec `ebpf:"fw_ct"`
+	FwCtNew          *ebpf.MapSpec `ebpf:"fw_ct_new"`
+	FwEpStats        *ebpf.MapSpec `ebpf:"fw_ep_stats"`
+	FwFlowBudget     *ebpf.MapSpec `ebpf:"fw_flow_budget"`
+	FwFlowLost       *ebpf.MapSpec `ebpf:"fw_flow_lost"`
+	FwFlowSuppressed *ebpf.MapSpec `ebpf:"fw_flow_suppressed"`
+	FwFlows          *ebpf.MapSpec `ebpf:"fw_flows"`
+	FwFrag           *ebpf.MapSpec `ebpf:"fw_frag"`
+	FwRuleStats      *ebpf.MapSpec `ebpf:"fw_rule_stats"`
+	FwSnapshots      *ebpf.MapSpec `ebpf:"fw_snapshots"`
+	FwStats          *ebpf.MapSpec `ebpf:"fw_stats"`
 }
 
 // firewallVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type firewallVariableSpecs struct {
-	FwFlowType    *ebpf.VariableSpec `ebpf:"fw_flow_type"`
-	FwFlowsOn     *ebpf.VariableSpec `ebpf:"fw_flows_on"`
-	FwFlowsWakeup *ebpf.VariableSpec `ebpf:"fw_flows_wakeup"`
+	FwFlowType       *ebpf.VariableSpec `ebpf:"fw_flow_type"`
+	FwFlowsActiveNs  *ebpf.VariableSpec `ebpf:"fw_flows_active_ns"`
+	FwFlowsEpBurstNs *ebpf.VariableSpec `ebpf:"fw_flows_ep_burst_ns"`
+	FwFlowsEpCostNs  *ebpf.VariableSpec `ebpf:"fw_flows_ep_cost_ns"`
+	FwFlowsOn        *ebpf.VariableSpec `ebpf:"fw_flows_on"`
+	FwFlowsWakeup    *ebpf.VariableSpec `ebpf:"fw_flows_wakeup"`
 }
 
 // firewallObjects contains all objects after they have been loaded into the kernel.
@@ -221,21 +247,27 @@ func (o *firewallObjects) Close() error {
 //
 // It can be passed to loadFirewallObjects or ebpf.CollectionSpec.LoadAndAssign.
 type firewallMaps struct {
-	FwCt        *ebpf.Map `ebpf:"fw_ct"`
-	FwEpStats   *ebpf.Map `ebpf:"fw_ep_stats"`
-	FwFlowLost  *ebpf.Map `ebpf:"fw_flow_lost"`
-	FwFlows     *ebpf.Map `ebpf:"fw_flows"`
-	FwFrag      *ebpf.Map `ebpf:"fw_frag"`
-	FwRuleStats *ebpf.Map `ebpf:"fw_rule_stats"`
-	FwSnapshots *ebpf.Map `ebpf:"fw_snapshots"`
-	FwStats     *ebpf.Map `ebpf:"fw_stats"`
+	FwCt             *ebpf.Map `ebpf:"fw_ct"`
+	FwCtNew          *ebpf.Map `ebpf:"fw_ct_new"`
+	FwEpStats        *ebpf.Map `ebpf:"fw_ep_stats"`
+	FwFlowBudget     *ebpf.Map `ebpf:"fw_flow_budget"`
+	FwFlowLost       *ebpf.Map `ebpf:"fw_flow_lost"`
+	FwFlowSuppressed *ebpf.Map `ebpf:"fw_flow_suppressed"`
+	FwFlows          *ebpf.Map `ebpf:"fw_flows"`
+	FwFrag           *ebpf.Map `ebpf:"fw_frag"`
+	FwRuleStats      *ebpf.Map `ebpf:"fw_rule_stats"`
+	FwSnapshots      *ebpf.Map `ebpf:"fw_snapshots"`
+	FwStats          *ebpf.Map `ebpf:"fw_stats"`
 }
 
 func (m *firewallMaps) Close() error {
 	return _FirewallClose(
 		m.FwCt,
+		m.FwCtNew,
 		m.FwEpStats,
+		m.FwFlowBudget,
 		m.FwFlowLost,
+		m.FwFlowSuppressed,
 		m.FwFlows,
 		m.FwFrag,
 		m.FwRuleStats,
@@ -248,9 +280,12 @@ func (m *firewallMaps) Close() error {
 //
 // It can be passed to loadFirewallObjects or ebpf.CollectionSpec.LoadAndAssign.
 type firewallVariables struct {
-	FwFlowType    *ebpf.Variable `ebpf:"fw_flow_type"`
-	FwFlowsOn     *ebpf.Variable `ebpf:"fw_flows_on"`
-	FwFlowsWakeup *ebpf.Variable `ebpf:"fw_flows_wakeup"`
+	FwFlowType       *ebpf.Variable `ebpf:"fw_flow_type"`
+	FwFlowsActiveNs  *ebpf.Variable `ebpf:"fw_flows_active_ns"`
+	FwFlowsEpBurstNs *ebpf.Variable `ebpf:"fw_flows_ep_burst_ns"`
+	FwFlowsEpCostNs  *ebpf.Variable `ebpf:"fw_flows_ep_cost_ns"`
+	FwFlowsOn        *ebpf.Variable `ebpf:"fw_flows_on"`
+	FwFlowsWakeup    *ebpf.Variable `ebpf:"fw_flows_wakeup"`
 }
 
 // firewallPrograms contains all programs after they have been loaded into the kernel.

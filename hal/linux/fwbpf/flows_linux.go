@@ -14,11 +14,13 @@ import (
 )
 
 // FlowRecord is one flow record the programs write to MapFlows (struct fw_flow): what
-// happened (Type, one of FlowNew, FlowDeny and FlowEnd, and Reason), when (Time, as
-// CTValue.LastSeen), to which packet (its interface, endpoint id, direction, family,
-// protocol, ports and addresses as CTKey holds them, and its length) and the rule that
-// decided, 0 for none. A FlowEnd record carries the connection's original tuple and
-// direction; a FlowDeny record of ReasonSpoofed no tuple (Family 0).
+// happened (Type, one of FlowNew, FlowDeny, FlowActive and FlowEnd, and Reason), when
+// (Time, as CTValue.LastSeen), to which packet (its interface, endpoint id, direction,
+// family, protocol, ports and addresses as CTKey holds them, and its length) and the rule
+// that decided, 0 for none. A FlowActive or FlowEnd record carries the connection's
+// original tuple and direction; a FlowDeny record of ReasonSpoofed no tuple (Family 0).
+// The records of a connection (FlowNew, FlowActive, FlowEnd) carry its start (as Time)
+// and its counts as CTValue holds them, up to and including the record's packet.
 type FlowRecord = firewallFwFlow
 
 // Types of a FlowRecord.
@@ -27,9 +29,11 @@ const (
 	FlowNew = 1
 	// FlowDeny: a packet was dropped, for Reason.
 	FlowDeny = 2
-	// FlowEnd: a tracked TCP connection saw its first FIN or RST (Reason EndFIN or
-	// EndRST).
+	// FlowEnd: a tracked connection ended, for Reason (EndFIN, EndRST, EndIdle).
 	FlowEnd = 3
+	// FlowActive: a tracked connection saw a packet FlowActive after its last record
+	// (Capacities.FlowActive).
+	FlowActive = 4
 )
 
 // Reasons of a FlowDeny record.
@@ -47,17 +51,25 @@ const (
 
 // Reasons of a FlowEnd record.
 const (
+	// EndFIN: both sides sent a FIN; the record is of the first packet after both, the
+	// ACK of the last.
 	EndFIN = 1
+	// EndRST: a side reset the connection.
 	EndRST = 2
+	// EndIdle: the connection saw no packet for its timeout (CTTimeout). The program
+	// writes it when a new connection of the same tuple takes the expired entry;
+	// SweepConntrack finds the others.
+	EndIdle = 3
 )
 
 // flowRecordSize is the size of struct fw_flow.
-const flowRecordSize = 72
+const flowRecordSize = 112
 
-// FlowReader reads the flow records the programs write, and how many they could not.
+// FlowReader reads the flow records the programs write, and how many they could not, and
+// finds the connections that ended idle (SweepConntrack).
 type FlowReader struct {
 	rd   *ringbuf.Reader
-	lost *ebpf.Map
+	maps FlowMaps
 	rec  ringbuf.Record
 	// deadline is SetDeadline's.
 	deadline time.Time
@@ -67,19 +79,29 @@ type FlowReader struct {
 	closeErr  error
 }
 
-// NewFlowReader reads the records of the ring flows (MapFlows) and counts the lost ones
-// of lost (MapFlowLost).
-func NewFlowReader(flows, lost *ebpf.Map) (*FlowReader, error) {
-	rd, err := ringbuf.NewReader(flows)
+// FlowMaps are the maps a FlowReader reads.
+type FlowMaps struct {
+	// Flows is the ring of records (MapFlows), Lost and Suppressed the counts of those
+	// lost (MapFlowLost) and suppressed (MapFlowSuppressed), Budget the endpoints' budgets
+	// (MapFlowBudget) and CT the conntrack table (MapCT), which SweepConntrack sweeps.
+	Flows, Lost, Suppressed, Budget, CT *ebpf.Map
+}
+
+// flowMapNames are the names of the maps of FlowMaps, in its order.
+var flowMapNames = []string{MapFlows, MapFlowLost, MapFlowSuppressed, MapFlowBudget, MapCT}
+
+// NewFlowReader reads the records of the maps' ring and their counts.
+func NewFlowReader(maps FlowMaps) (*FlowReader, error) {
+	rd, err := ringbuf.NewReader(maps.Flows)
 	if err != nil {
 		return nil, fmt.Errorf("reading the flow records: %w", err)
 	}
-	return &FlowReader{rd: rd, lost: lost}, nil
+	return &FlowReader{rd: rd, maps: maps}, nil
 }
 
 // FlowReader returns a reader of the flow records of the objects' programs.
 func (o *Objects) FlowReader() (*FlowReader, error) {
-	return NewFlowReader(o.Flows, o.FlowLost)
+	return NewFlowReader(FlowMaps{Flows: o.Flows, Lost: o.FlowLost, Suppressed: o.FlowSuppressed, Budget: o.FlowBudget, CT: o.CT})
 }
 
 // ErrNoRecord is the error of Read when its deadline passed without a record.
@@ -127,18 +149,110 @@ func (r *FlowReader) Read() (FlowRecord, error) {
 // time waits for ever.
 func (r *FlowReader) SetDeadline(t time.Time) { r.deadline = t }
 
+// Pending returns how many bytes of records the ring holds that the reader has not read
+// yet, and the ring's size in bytes.
+func (r *FlowReader) Pending() (pending, size int) {
+	return r.rd.AvailableBytes(), r.rd.BufferSize()
+}
+
 // Lost returns how many flow records the programs could not write because the ring was
 // full, summed over CPUs, since the map was made.
 func (r *FlowReader) Lost() (uint64, error) {
+	return sumPerCPU(r.maps.Lost, "lost")
+}
+
+// Suppressed returns how many flow records the programs did not write because their
+// endpoint had spent its budget (Capacities.FlowEndpointRate), summed over CPUs, since the
+// map was made.
+func (r *FlowReader) Suppressed() (uint64, error) {
+	return sumPerCPU(r.maps.Suppressed, "suppressed")
+}
+
+// SuppressedByEndpoint returns, of the endpoints with a budget now (the table holds the
+// latest Capacities.Endpoints), the records each had suppressed, by endpoint id, those
+// with none left out.
+func (r *FlowReader) SuppressedByEndpoint() (map[uint32]uint64, error) {
+	out := map[uint32]uint64{}
+	var id uint32
+	var per []FlowBucket
+	it := r.maps.Budget.Iterate()
+	for it.Next(&id, &per) {
+		var n uint64
+		for _, b := range per {
+			n += b.Suppressed
+		}
+		if n > 0 {
+			out[id] = n
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("reading the endpoints' flow budgets: %w", err)
+	}
+	return out, nil
+}
+
+// sumPerCPU returns the sum over CPUs of the one uint64 of the per-CPU array m, of what
+// records.
+func sumPerCPU(m *ebpf.Map, what string) (uint64, error) {
 	var per []uint64
-	if err := r.lost.Lookup(uint32(0), &per); err != nil {
-		return 0, fmt.Errorf("reading the lost flow records: %w", err)
+	if err := m.Lookup(uint32(0), &per); err != nil {
+		return 0, fmt.Errorf("reading the %s flow records: %w", what, err)
 	}
 	var n uint64
 	for _, c := range per {
 		n += c
 	}
 	return n, nil
+}
+
+// SweepConntrack deletes the expired entries of the conntrack table and returns the
+// FlowEnd records of EndIdle of those that had none yet, as the program writes them but
+// for the endpoint id (0: the interface names it) and the packet's length (0). Each
+// entry is taken out and checked at once (lookup and delete), so a packet that comes
+// while it is swept either is counted in its record or starts a new connection; one that
+// was not expired when taken out goes back, unless a packet made a new one meanwhile.
+// It may run beside Read, from another goroutine; it takes time in proportion to the
+// table's size (Capacities.Conntrack).
+func (r *FlowReader) SweepConntrack() ([]FlowRecord, error) {
+	now, err := KtimeNow()
+	if err != nil {
+		return nil, err
+	}
+	var k CTKey
+	var v CTValue
+	var expired []CTKey
+	it := r.maps.CT.Iterate()
+	for it.Next(&k, &v) {
+		if CTExpired(&k, &v, now) {
+			expired = append(expired, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("reading the conntrack table: %w", err)
+	}
+	var ended []FlowRecord
+	for _, k := range expired {
+		if err := r.maps.CT.LookupAndDelete(&k, &v); err != nil {
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				continue
+			}
+			return ended, fmt.Errorf("taking an expired conntrack entry out: %w", err)
+		}
+		if !CTExpired(&k, &v, now) {
+			if err := r.maps.CT.Update(&k, &v, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+				return ended, fmt.Errorf("putting a live conntrack entry back: %w", err)
+			}
+			continue
+		}
+		if v.Ended == 0 {
+			ended = append(ended, FlowRecord{
+				Time: now, Rule: v.Rule, Ifindex: k.Ifindex, Type: FlowEnd, Reason: EndIdle,
+				Dir: v.Dir, Family: k.Family, Proto: k.Proto, Sport: k.Sport, Dport: k.Dport,
+				Saddr: k.Saddr, Daddr: k.Daddr, Start: v.Start, Packets: v.Packets, Bytes: v.Bytes,
+			})
+		}
+	}
+	return ended, nil
 }
 
 // Close ends the reader; a Read under way returns ringbuf.ErrClosed. It may be called
@@ -161,8 +275,8 @@ func OpenPinnedFlows(dir string) (*FlowReader, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loading the firewall's program spec: %w", err)
 	}
-	var maps [2]*ebpf.Map
-	for i, name := range []string{MapFlows, MapFlowLost} {
+	maps := make([]*ebpf.Map, len(flowMapNames))
+	for i, name := range flowMapNames {
 		path := filepath.Join(dir, name)
 		m, err := ebpf.LoadPinnedMap(path, nil)
 		if err != nil {
@@ -180,12 +294,13 @@ func OpenPinnedFlows(dir string) (*FlowReader, error) {
 		}
 		maps[i] = m
 	}
-	r, err := NewFlowReader(maps[0], maps[1])
+	r, err := NewFlowReader(FlowMaps{Flows: maps[0], Lost: maps[1], Suppressed: maps[2], Budget: maps[3], CT: maps[4]})
 	if err != nil {
-		maps[0].Close()
-		maps[1].Close()
+		for _, m := range maps {
+			m.Close()
+		}
 		return nil, err
 	}
-	r.owned = maps[:]
+	r.owned = maps
 	return r, nil
 }

@@ -17,7 +17,7 @@ import (
 // flowReader returns a reader of the fixture's flow records, closed when the test ends.
 func (f *fixture) flowReader() *FlowReader {
 	f.tb.Helper()
-	r, err := NewFlowReader(f.flows, f.flowLost)
+	r, err := NewFlowReader(f.flowMaps)
 	if err != nil {
 		f.tb.Fatal(err)
 	}
@@ -51,6 +51,9 @@ type flowWant struct {
 	rule             uint64
 	// noTuple: the record carries no tuple (a spoofed packet's).
 	noTuple bool
+	// packets and bytes are a connection's counts, initiator first; unset for a
+	// FlowNew record, the one packet p.
+	packets, bytes [2]uint64
 }
 
 // describe returns what the record says, as the test reads it.
@@ -63,13 +66,27 @@ func describe(rec FlowRecord) string {
 		src, dst = netip.AddrFrom16(rec.Saddr).String(), netip.AddrFrom16(rec.Daddr).String()
 	}
 	port := func(p uint16) uint16 { return binary.BigEndian.Uint16(binary.NativeEndian.AppendUint16(nil, p)) }
-	return fmt.Sprintf("type %d reason %d dir %d if %d ep %#x rule %d len %d proto %d %s:%d > %s:%d",
-		rec.Type, rec.Reason, rec.Dir, rec.Ifindex, rec.Ep, rec.Rule, rec.Len, rec.Proto, src, port(rec.Sport), dst, port(rec.Dport))
+	return fmt.Sprintf("type %d reason %d dir %d if %d ep %#x rule %d len %d proto %d %s:%d > %s:%d packets %v bytes %v",
+		rec.Type, rec.Reason, rec.Dir, rec.Ifindex, rec.Ep, rec.Rule, rec.Len, rec.Proto, src, port(rec.Sport), dst, port(rec.Dport),
+		rec.Packets, rec.Bytes)
+}
+
+// ipBytes returns the IP bytes of the packets: their frames less the Ethernet header.
+func ipBytes(ps ...packet) uint64 {
+	var n uint64
+	for _, p := range ps {
+		n += uint64(len(p.frame()) - 14)
+	}
+	return n
 }
 
 // record returns the record the test wants, in describe's form.
 func (w flowWant) record() string {
-	rec := FlowRecord{Type: w.typ, Reason: w.reason, Dir: w.dir, Ifindex: w.ifindex, Ep: w.ep, Rule: w.rule, Len: uint32(len(w.p.frame()))}
+	rec := FlowRecord{Type: w.typ, Reason: w.reason, Dir: w.dir, Ifindex: w.ifindex, Ep: w.ep, Rule: w.rule, Len: uint32(len(w.p.frame())),
+		Packets: w.packets, Bytes: w.bytes}
+	if w.typ == FlowNew && w.packets == [2]uint64{} {
+		rec.Packets, rec.Bytes = [2]uint64{1, 0}, [2]uint64{ipBytes(w.p), 0}
+	}
 	if !w.noTuple {
 		rec.Proto = w.p.proto
 		rec.Family = 4
@@ -105,15 +122,21 @@ func (f *fixture) wantFlows(r *FlowReader, before uint64, want ...flowWant) {
 			f.tb.Errorf("flow record %d:\n got %s\nwant %s", i, describe(got[i]), want[i].record())
 		case got[i].Time < before || got[i].Time > now:
 			f.tb.Errorf("flow record %d written at %d, not between %d and %d", i, got[i].Time, before, now)
+		case got[i].Type != FlowDeny && (got[i].Start == 0 || got[i].Start > got[i].Time):
+			f.tb.Errorf("flow record %d of a connection that started at %d, after its record's %d", i, got[i].Start, got[i].Time)
+		case got[i].Type == FlowNew && got[i].Start < before:
+			f.tb.Errorf("flow record %d of a connection that started at %d, before %d", i, got[i].Start, before)
+		case got[i].Type == FlowDeny && got[i].Start != 0:
+			f.tb.Errorf("flow record %d of a denied packet with a start, %d", i, got[i].Start)
 		}
 	}
 }
 
 // TestFlowRecords runs the packets of two connections, denied packets and a malformed
 // one through the firewall, and checks the flow records it writes: a connection's start
-// with the rule that allowed it, its end at the first FIN or RST from either side (with
-// its original tuple), each denied packet with the reason and rule, and nothing for the
-// other packets of a connection.
+// with the rule that allowed it, its end at the ACK of the last FIN or at a RST from
+// either side (with its original tuple and its counts both ways), each denied packet with
+// the reason and rule, and nothing for the other packets of a connection.
 func TestFlowRecords(t *testing.T) {
 	forEachFamily(t, func(t *testing.T, f *fixture, fam family) {
 		f.install(
@@ -134,8 +157,14 @@ func TestFlowRecords(t *testing.T) {
 		fin := syn
 		fin.tcpFlags = tcpFIN | tcpACK
 		f.from(f.ifA, fin, tcxNext)
-		f.to(f.ifA, func() packet { p := synAck; p.tcpFlags = tcpFIN | tcpACK; return p }(), tcxNext)
-		f.from(f.ifA, fin, tcxNext) // closing already: no second end
+		peerFin := synAck
+		peerFin.tcpFlags = tcpFIN | tcpACK
+		f.to(f.ifA, peerFin, tcxNext)
+		f.from(f.ifA, fin, tcxNext) // a FIN again: not yet the end
+		ack := syn
+		ack.tcpFlags, ack.payload = tcpACK, 0
+		f.from(f.ifA, ack, tcxNext)   // the ACK of the last FIN: the end, with the counts so far
+		f.to(f.ifA, peerFin, tcxNext) // ended already: no second end
 
 		// The peer resets the second connection.
 		syn2 := tcp(fam.ep, 40001, fam.peer, 80, tcpSYN)
@@ -158,10 +187,12 @@ func TestFlowRecords(t *testing.T) {
 
 		f.wantFlows(r, before,
 			flowWant{typ: FlowNew, dir: DirEgress, p: syn, ifindex: f.ifA, ep: epA, rule: 21},
-			flowWant{typ: FlowEnd, reason: EndFIN, dir: DirEgress, p: fin, ifindex: f.ifA, ep: epA, rule: 21},
+			flowWant{typ: FlowEnd, reason: EndFIN, dir: DirEgress, p: withLen(syn, ack), ifindex: f.ifA, ep: epA, rule: 21,
+				packets: [2]uint64{4, 2}, bytes: [2]uint64{ipBytes(syn, fin, fin, ack), ipBytes(synAck, peerFin)}},
 			flowWant{typ: FlowNew, dir: DirEgress, p: syn2, ifindex: f.ifA, ep: epA, rule: 21},
 			// The end of a connection carries its original tuple, whichever side ended it.
-			flowWant{typ: FlowEnd, reason: EndRST, dir: DirEgress, p: withLen(syn2, rst), ifindex: f.ifA, ep: epA, rule: 21},
+			flowWant{typ: FlowEnd, reason: EndRST, dir: DirEgress, p: withLen(syn2, rst), ifindex: f.ifA, ep: epA, rule: 21,
+				packets: [2]uint64{1, 1}, bytes: [2]uint64{ipBytes(syn2), ipBytes(rst)}},
 			flowWant{typ: FlowDeny, reason: ReasonPolicy, dir: DirEgress, p: to81, ifindex: f.ifA, ep: epA},
 			flowWant{typ: FlowDeny, reason: ReasonPolicy, dir: DirEgress, p: dns, ifindex: f.ifA, ep: epA, rule: 23},
 			flowWant{typ: FlowDeny, reason: ReasonPolicy, dir: DirIngress, p: in, ifindex: f.ifA, ep: epA},
@@ -213,7 +244,7 @@ func TestFlowRecordsLostAreCounted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const conns = 2 * fixtureFlowRing / 80 // a record takes 80 bytes of the ring, with its header
+	const conns = 2 * fixtureFlowRing / (flowRecordSize + 8) // a record takes 8 bytes more of the ring, its header
 	for i := range conns {
 		f.from(f.ifA, udp(fam.ep, uint16(10000+i), fam.peer, 53), tcxNext)
 	}

@@ -33,11 +33,23 @@ const (
 	// MapFlowLost counts the flow records that found MapFlows full: a per-CPU array of
 	// one uint64.
 	MapFlowLost = "fw_flow_lost"
+	// MapFlowBudget holds each local endpoint's budget of flow records per CPU
+	// (Capacities.FlowEndpointRate): a per-CPU LRU hash of uint32 endpoint ids to
+	// FlowBucket, made by the programs. MapFlowSuppressed counts the records budgets
+	// suppressed: a per-CPU array of one uint64.
+	MapFlowBudget     = "fw_flow_budget"
+	MapFlowSuppressed = "fw_flow_suppressed"
 	// varFlowsOn is the program's constant that turns the flow records on, and
 	// varFlowsWakeup the one that says how many bytes of records in the ring wake the
 	// reader: a share of the ring (flowWakeupShare), below which it polls.
 	varFlowsOn     = "fw_flows_on"
 	varFlowsWakeup = "fw_flows_wakeup"
+	// varFlowsActive is the program's constant of Capacities.FlowActive, in nanoseconds.
+	varFlowsActive = "fw_flows_active_ns"
+	// varFlowsEPCost and varFlowsEPBurst are the constants of an endpoint's budget of
+	// flow records: nanoseconds of tokens a record costs, and the most it saves up.
+	varFlowsEPCost  = "fw_flows_ep_cost_ns"
+	varFlowsEPBurst = "fw_flows_ep_burst_ns"
 )
 
 // Directions of a conntrack entry (CTValue.Dir), seen from the endpoint; the same values

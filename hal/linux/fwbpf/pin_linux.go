@@ -1,6 +1,7 @@
 package fwbpf
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -8,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -16,7 +18,7 @@ import (
 	"github.com/naplesnet/naples/hal/linux/internal/tcxpin"
 )
 
-// Capacities are the sizes of the firewall's maps.
+// Capacities are the sizes of the firewall's maps, and how often its flow records come.
 type Capacities struct {
 	// Snapshot is the number of entries a snapshot holds (endpoints, identity prefixes
 	// and policy entries together). Default: 65536.
@@ -38,6 +40,16 @@ type Capacities struct {
 	// at least the page size. Records the reader did not take before the ring filled
 	// are counted (MapFlowLost), not written. 0, the default, writes no flow records.
 	FlowRing int
+	// FlowActive is how long after its last record a connection that still sees packets
+	// gets a FlowActive record, with its counts; 0 writes none. Whole milliseconds, at
+	// most a day.
+	FlowActive time.Duration
+	// FlowEndpointRate is how many flow records a second each local endpoint may have
+	// written on each CPU, with a burst of as many; past it its records are suppressed
+	// and counted (MapFlowSuppressed, and per endpoint in MapFlowBudget), so that one
+	// endpoint's flood does not fill the ring that all share. 0 leaves records
+	// unbudgeted. At most 1e9.
+	FlowEndpointRate int
 }
 
 // WithDefaults returns c with every zero capacity set to its default.
@@ -72,6 +84,9 @@ type Objects struct {
 	// EndpointStats and Stats the counters; Flows the flow records and FlowLost the
 	// count of those lost (FlowReader).
 	CT, Frag, RuleStats, EndpointStats, Stats, Flows, FlowLost *ebpf.Map
+	// FlowBudget and FlowSuppressed are the endpoints' budgets of flow records and the
+	// count of those suppressed.
+	FlowBudget, FlowSuppressed *ebpf.Map
 
 	dir   string
 	caps  Capacities
@@ -84,7 +99,8 @@ const bpffsMagic = 0xcafe4a11
 // Open loads the programs and maps with the capacities, reusing the maps pinned in dir (a
 // directory of bpffs, made when missing; bpffs is mounted on /sys/fs/bpf when dir is
 // under it and it is not mounted yet). A pinned map whose spec differs from the wanted one
-// (a capacity changed, say) is replaced, and the log says so: its content is lost.
+// (a capacity changed, say) is replaced, and the log says so: its content is lost, but
+// for the conntrack table's, which is carried over (migrateCT).
 func Open(dir string, caps Capacities, log *slog.Logger) (*Objects, error) {
 	caps = caps.WithDefaults()
 	if err := mountBPFFS(dir); err != nil {
@@ -100,8 +116,9 @@ func Open(dir string, caps Capacities, log *slog.Logger) (*Objects, error) {
 	spec.Maps[MapCT].MaxEntries = uint32(caps.Conntrack)
 	spec.Maps[MapRuleStats].MaxEntries = uint32(caps.Rules)
 	spec.Maps[MapEndpointStats].MaxEntries = uint32(caps.Endpoints)
+	spec.Maps[MapFlowBudget].MaxEntries = uint32(caps.Endpoints)
 	spec.Maps[MapFrag].MaxEntries = uint32(caps.Fragments)
-	if err := setFlowRing(spec, caps.FlowRing); err != nil {
+	if err := setFlowRing(spec, caps.FlowRing, caps.FlowActive, caps.FlowEndpointRate); err != nil {
 		return nil, err
 	}
 	inner := spec.Maps[MapSnapshots].InnerMap.Copy()
@@ -109,6 +126,12 @@ func Open(dir string, caps Capacities, log *slog.Logger) (*Objects, error) {
 	spec.Maps[MapSnapshots].InnerMap = inner.Copy()
 
 	var coll *ebpf.Collection
+	var oldCT *ebpf.Map // the conntrack table being replaced
+	defer func() {
+		if oldCT != nil {
+			oldCT.Close()
+		}
+	}()
 	for attempt := 0; ; attempt++ {
 		coll, err = ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: dir}})
 		if err == nil {
@@ -121,38 +144,133 @@ func Open(dir string, caps Capacities, log *slog.Logger) (*Objects, error) {
 		if name == "" {
 			return nil, fmt.Errorf("loading the firewall's programs and maps: %w", err)
 		}
-		log.Warn("a pinned firewall map differs from the one wanted (capacity changed?); replacing it, its content is lost",
-			"map", name, "err", err)
+		if name == MapCT && oldCT == nil {
+			if m, err := ebpf.LoadPinnedMap(filepath.Join(dir, name), nil); err == nil {
+				oldCT = m
+			}
+		}
+		if oldCT != nil && name == MapCT {
+			log.Info("the pinned conntrack table differs from the one wanted (capacity or layout changed); replacing it, its connections carried over",
+				"map", name, "err", err)
+		} else {
+			log.Warn("a pinned firewall map differs from the one wanted (capacity changed?); replacing it, its content is lost",
+				"map", name, "err", err)
+		}
 		if err := os.Remove(filepath.Join(dir, name)); err != nil {
 			return nil, fmt.Errorf("replacing pinned map %s: %w", name, err)
 		}
 	}
 	o := &Objects{
-		Ingress:       coll.DetachProgram(ProgIngress),
-		Egress:        coll.DetachProgram(ProgEgress),
-		Snapshots:     coll.DetachMap(MapSnapshots),
-		CT:            coll.DetachMap(MapCT),
-		Frag:          coll.DetachMap(MapFrag),
-		RuleStats:     coll.DetachMap(MapRuleStats),
-		EndpointStats: coll.DetachMap(MapEndpointStats),
-		Stats:         coll.DetachMap(MapStats),
-		Flows:         coll.DetachMap(MapFlows),
-		FlowLost:      coll.DetachMap(MapFlowLost),
-		dir:           dir,
-		caps:          caps,
-		inner:         inner,
+		Ingress:        coll.DetachProgram(ProgIngress),
+		Egress:         coll.DetachProgram(ProgEgress),
+		Snapshots:      coll.DetachMap(MapSnapshots),
+		CT:             coll.DetachMap(MapCT),
+		Frag:           coll.DetachMap(MapFrag),
+		RuleStats:      coll.DetachMap(MapRuleStats),
+		EndpointStats:  coll.DetachMap(MapEndpointStats),
+		Stats:          coll.DetachMap(MapStats),
+		Flows:          coll.DetachMap(MapFlows),
+		FlowLost:       coll.DetachMap(MapFlowLost),
+		FlowBudget:     coll.DetachMap(MapFlowBudget),
+		FlowSuppressed: coll.DetachMap(MapFlowSuppressed),
+		dir:            dir,
+		caps:           caps,
+		inner:          inner,
 	}
 	coll.Close()
+	if oldCT != nil {
+		n, skipped, err := migrateCT(oldCT, o.CT)
+		if err != nil {
+			log.Warn("carrying the conntrack table over: some connections are lost", "carried", n, "err", err)
+		} else {
+			log.Info("carried the conntrack table over", "connections", n, "skipped", skipped)
+		}
+	}
 	return o, nil
 }
 
+// ctValueSizeV1 is the size of the first layout of struct fw_ct_value: the fields up to
+// Pad, then 4 bytes of padding, without ends, start and counts.
+const ctValueSizeV1 = 32
+
+// migrateCT copies the entries of the conntrack table from, of this layout or the first,
+// into to, until to is full, and returns how many it copied and how many it left out as
+// expired or beyond to's capacity. An entry of the first layout starts with no counts,
+// its start unknown (0) and its last record at its last packet. It stops at the first
+// error but a full table.
+func migrateCT(from, to *ebpf.Map) (copied, skipped int, err error) {
+	if from.KeySize() != to.KeySize() || (from.ValueSize() != to.ValueSize() && from.ValueSize() != ctValueSizeV1) {
+		return 0, 0, fmt.Errorf("the old conntrack table's key and value (%d, %d bytes) are of no known layout",
+			from.KeySize(), from.ValueSize())
+	}
+	now, err := KtimeNow()
+	if err != nil {
+		return 0, 0, err
+	}
+	var k CTKey
+	var raw []byte
+	var v CTValue
+	it := from.Iterate()
+	for it.Next(&k, &raw) {
+		if len(raw) == int(to.ValueSize()) {
+			if _, err := binary.Decode(raw, binary.NativeEndian, &v); err != nil {
+				return copied, skipped, fmt.Errorf("decoding a conntrack entry: %w", err)
+			}
+		} else {
+			var old struct {
+				LastSeen, Rule uint64
+				Gen            uint32
+				Dir, Flags     uint8
+			}
+			if _, err := binary.Decode(raw, binary.NativeEndian, &old); err != nil {
+				return copied, skipped, fmt.Errorf("decoding a conntrack entry: %w", err)
+			}
+			v = CTValue{LastSeen: old.LastSeen, Rule: old.Rule, Gen: old.Gen, Dir: old.Dir, Flags: old.Flags, Reported: old.LastSeen}
+		}
+		if CTExpired(&k, &v, now) || copied >= int(to.MaxEntries()) {
+			skipped++
+			continue
+		}
+		if err := to.Update(&k, &v, ebpf.UpdateNoExist); err != nil {
+			if errors.Is(err, ebpf.ErrKeyExist) {
+				continue // the new programs tracked it already
+			}
+			return copied, skipped, fmt.Errorf("copying a conntrack entry: %w", err)
+		}
+		copied++
+	}
+	if err := it.Err(); err != nil {
+		return copied, skipped, fmt.Errorf("reading the old conntrack table: %w", err)
+	}
+	return copied, skipped, nil
+}
+
 // setFlowRing sizes the ring of flow records of spec to bytes and turns the records on,
-// or, for 0, leaves them off with a ring of one page.
-func setFlowRing(spec *ebpf.CollectionSpec, bytes int) error {
+// with a FlowActive record every active and a budget of epRate records a second for each
+// endpoint on each CPU (0: none), or, for 0 bytes, leaves them off with a ring of one page.
+func setFlowRing(spec *ebpf.CollectionSpec, bytes int, active time.Duration, epRate int) error {
 	page := os.Getpagesize()
 	if bytes == 0 {
 		spec.Maps[MapFlows].MaxEntries = uint32(page)
 		return nil
+	}
+	if active < 0 || active > 24*time.Hour || active%time.Millisecond != 0 {
+		return fmt.Errorf("flow active timeout %s: want whole milliseconds from 0 (none) to 24h", active)
+	}
+	if err := spec.Variables[varFlowsActive].Set(uint64(active)); err != nil {
+		return fmt.Errorf("setting the flow records' active timeout: %w", err)
+	}
+	if epRate < 0 || epRate > 1e9 {
+		return fmt.Errorf("flow records per endpoint per second %d: want 0 (no budget) to 1000000000", epRate)
+	}
+	if epRate > 0 {
+		cost := uint64(time.Second) / uint64(epRate)
+		if err := spec.Variables[varFlowsEPCost].Set(cost); err != nil {
+			return fmt.Errorf("setting the endpoints' budget of flow records: %w", err)
+		}
+		if err := spec.Variables[varFlowsEPBurst].Set(cost * uint64(epRate)); err != nil {
+			return fmt.Errorf("setting the endpoints' budget of flow records: %w", err)
+		}
 	}
 	if bytes < page || bytes > 1<<30 || bytes&(bytes-1) != 0 {
 		return fmt.Errorf("flow ring of %d bytes: want a power of 2 from %d (the page size) to 1 GiB", bytes, page)
@@ -216,7 +334,7 @@ func (o *Objects) Close() error {
 	for _, p := range []*ebpf.Program{o.Ingress, o.Egress} {
 		p.Close()
 	}
-	for _, m := range []*ebpf.Map{o.Snapshots, o.CT, o.Frag, o.RuleStats, o.EndpointStats, o.Stats, o.Flows, o.FlowLost} {
+	for _, m := range []*ebpf.Map{o.Snapshots, o.CT, o.Frag, o.RuleStats, o.EndpointStats, o.Stats, o.Flows, o.FlowLost, o.FlowBudget, o.FlowSuppressed} {
 		if m != nil {
 			m.Close()
 		}

@@ -158,6 +158,7 @@ type fixture struct {
 	// flows and flowLost are the flow records' ring and lost count: every test runs with
 	// flow records on, in a ring of fixtureFlowRing bytes that only some read.
 	flows, flowLost *ebpf.Map
+	flowMaps        FlowMaps
 	// ifA and ifB are interfaces of the namespace, the endpoints' in most tests; ifC
 	// one that no snapshot holds.
 	ifA, ifB, ifC uint32
@@ -176,6 +177,13 @@ func load(tb testing.TB, snapshotCap uint32) *fixture {
 // records off.
 func loadRing(tb testing.TB, snapshotCap uint32, flowRing int) *fixture {
 	tb.Helper()
+	return loadFlows(tb, snapshotCap, flowRing, 0)
+}
+
+// loadFlows is loadRing with a budget of epRate flow records a second per endpoint and
+// CPU (0: none).
+func loadFlows(tb testing.TB, snapshotCap uint32, flowRing, epRate int) *fixture {
+	tb.Helper()
 	testns.RequireRoot(tb)
 	spec, err := LoadSpec()
 	if err != nil {
@@ -189,7 +197,7 @@ func loadRing(tb testing.TB, snapshotCap uint32, flowRing int) *fixture {
 	spec.Maps[MapEndpointStats].MaxEntries = 64
 	spec.Maps[MapFrag].MaxEntries = 64
 	spec.Maps[MapSnapshots].InnerMap.MaxEntries = snapshotCap
-	if err := setFlowRing(spec, flowRing); err != nil {
+	if err := setFlowRing(spec, flowRing, fixtureFlowActive, epRate); err != nil {
 		tb.Fatal(err)
 	}
 	coll, err := ebpf.NewCollection(spec)
@@ -214,16 +222,27 @@ func loadRing(tb testing.TB, snapshotCap uint32, flowRing int) *fixture {
 		stats:     coll.Maps[MapStats],
 		flows:     coll.Maps[MapFlows],
 		flowLost:  coll.Maps[MapFlowLost],
+		flowMaps: FlowMaps{Flows: coll.Maps[MapFlows], Lost: coll.Maps[MapFlowLost], Suppressed: coll.Maps[MapFlowSuppressed],
+			Budget: coll.Maps[MapFlowBudget], CT: coll.Maps[MapCT]},
 	}
 }
 
 // fixtureFlowRing is the size of the ring of flow records of a fixture's programs.
 const fixtureFlowRing = 1 << 16
 
+// fixtureFlowActive is the active timeout of a fixture's connections: longer than any
+// test, which makes a connection due by setting its entry's Reported back.
+const fixtureFlowActive = time.Hour
+
 // newFixture loads the firewall and makes a namespace with three veth interfaces.
 func newFixture(tb testing.TB) *fixture {
 	tb.Helper()
-	f := load(tb, 1024)
+	return newFixtureOf(tb, load(tb, 1024))
+}
+
+// newFixtureOf makes the namespace of the loaded fixture f.
+func newFixtureOf(tb testing.TB, f *fixture) *fixture {
+	tb.Helper()
 	ns := testns.Named(tb, "fwbpf")
 	testns.Run(tb, "ip", "-n", ns, "link", "add", "fwa", "type", "veth", "peer", "name", "fwb")
 	testns.Run(tb, "ip", "-n", ns, "link", "add", "fwc", "type", "veth", "peer", "name", "fwd")
@@ -1186,7 +1205,8 @@ func TestLayoutMatchesFirewall(t *testing.T) {
 		want uintptr
 	}{
 		{"CTKey", unsafe.Sizeof(CTKey{}), 44},
-		{"CTValue", unsafe.Sizeof(CTValue{}), 32},
+		{"CTValue", unsafe.Sizeof(CTValue{}), 80},
+		{"FlowRecord", unsafe.Sizeof(FlowRecord{}), flowRecordSize},
 		{"RuleStats", unsafe.Sizeof(RuleStats{}), 16},
 		{"EndpointStats", unsafe.Sizeof(EndpointStats{}), 48},
 	} {
@@ -1236,10 +1256,10 @@ func TestConstantsMatchC(t *testing.T) {
 		"FW_CT_TIMEOUT_OTHER":       int64(CTTimeoutOther / time.Second),
 		"FW_STAT_CT_CREATED":        StatCTCreated, "FW_STAT_CT_DELETED": StatCTDeleted,
 		"FW_STAT_NO_SNAPSHOT": StatNoSnapshotDrops, "FW_STAT_SPOOFED": StatSpoofedDrops, "FW_STATS": NumStats,
-		"FW_FLOW_NEW": FlowNew, "FW_FLOW_DENY": FlowDeny, "FW_FLOW_END": FlowEnd,
+		"FW_FLOW_NEW": FlowNew, "FW_FLOW_DENY": FlowDeny, "FW_FLOW_END": FlowEnd, "FW_FLOW_ACTIVE": FlowActive,
 		"FW_REASON_POLICY": ReasonPolicy, "FW_REASON_SPOOFED": ReasonSpoofed,
 		"FW_REASON_MALFORMED": ReasonMalformed, "FW_REASON_FRAGMENT": ReasonFragment,
-		"FW_END_FIN": EndFIN, "FW_END_RST": EndRST,
+		"FW_END_FIN": EndFIN, "FW_END_RST": EndRST, "FW_END_IDLE": EndIdle,
 		// The prefix lengths of the keys hal/firewall builds.
 		"FW_ENDPOINT_PREFIXLEN": int64(firewall.EndpointKey(1).PrefixLen),
 		"FW_IDENTITY_PREFIXLEN": int64(firewall.IdentityKey(1, netip.MustParsePrefix("0.0.0.0/0")).PrefixLen),

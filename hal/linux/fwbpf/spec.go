@@ -45,6 +45,11 @@ type RuleStats = firewallFwRuleCounters
 // that the firewall let through and dropped.
 type EndpointStats = firewallFwEpCounters
 
+// FlowBucket is an endpoint's budget of flow records on one CPU in MapFlowBudget (struct
+// fw_flow_bucket): its tokens (nanoseconds), when it was last refilled, and the records it
+// suppressed.
+type FlowBucket = firewallFwFlowBucket
+
 // LoadSpec returns the programs and maps of the firewall, as compiled into the package.
 // Every map is pinned by name (ebpf.PinByName): loading it needs a pin path, or the
 // pinning cleared.

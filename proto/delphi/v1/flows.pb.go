@@ -452,8 +452,13 @@ type FlowsResponse struct {
 	// not taken the ones before (its ring buffer was full), since the agent started;
 	// lost_agent how many the agent took but let go of before this stream read them (a
 	// follower that fell more than the agent's ring behind).
-	LostDatapath  uint64 `protobuf:"varint,2,opt,name=lost_datapath,json=lostDatapath,proto3" json:"lost_datapath,omitempty"`
-	LostAgent     uint64 `protobuf:"varint,3,opt,name=lost_agent,json=lostAgent,proto3" json:"lost_agent,omitempty"`
+	LostDatapath uint64 `protobuf:"varint,2,opt,name=lost_datapath,json=lostDatapath,proto3" json:"lost_datapath,omitempty"`
+	LostAgent    uint64 `protobuf:"varint,3,opt,name=lost_agent,json=lostAgent,proto3" json:"lost_agent,omitempty"`
+	// suppressed is how many records the firewall did not write because their endpoint
+	// had spent its budget of records (the agent's --fw-flow-endpoint-rate), since the
+	// agent started: one workload's flood of new connections does not fill the ring the
+	// others' records share.
+	Suppressed    uint64 `protobuf:"varint,4,opt,name=suppressed,proto3" json:"suppressed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -509,6 +514,13 @@ func (x *FlowsResponse) GetLostAgent() uint64 {
 	return 0
 }
 
+func (x *FlowsResponse) GetSuppressed() uint64 {
+	if x != nil {
+		return x.Suppressed
+	}
+	return 0
+}
+
 var File_delphi_v1_flows_proto protoreflect.FileDescriptor
 
 const file_delphi_v1_flows_proto_rawDesc = "" +
@@ -549,12 +561,15 @@ const file_delphi_v1_flows_proto_rawDesc = "" +
 	"\x02to\x18\x04 \x01(\tR\x02to\x12\x18\n" +
 	"\averdict\x18\x05 \x01(\tR\averdict\x12\x16\n" +
 	"\x06policy\x18\x06 \x01(\tR\x06policy\x12\x14\n" +
-	"\x05limit\x18\a \x01(\rR\x05limit\"z\n" +
+	"\x05limit\x18\a \x01(\rR\x05limit\"\x9a\x01\n" +
 	"\rFlowsResponse\x12%\n" +
 	"\x05flows\x18\x01 \x03(\v2\x0f.delphi.v1.FlowR\x05flows\x12#\n" +
 	"\rlost_datapath\x18\x02 \x01(\x04R\flostDatapath\x12\x1d\n" +
 	"\n" +
-	"lost_agent\x18\x03 \x01(\x04R\tlostAgent*\x83\x01\n" +
+	"lost_agent\x18\x03 \x01(\x04R\tlostAgent\x12\x1e\n" +
+	"\n" +
+	"suppressed\x18\x04 \x01(\x04R\n" +
+	"suppressed*\x83\x01\n" +
 	"\tFlowEvent\x12\x1a\n" +
 	"\x16FLOW_EVENT_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12FLOW_EVENT_STARTED\x10\x01\x12\x15\n" +
