@@ -187,22 +187,24 @@ func (t *FlowTap) serve(ctx context.Context, id uint64, req *delphiv1.FlowsReque
 	if req.GetFollow() && req.GetSince() == nil && req.GetLimit() == 0 {
 		c.seq = t.log.head() // from now on
 	}
-	var sentLost, sentAgent uint64
+	var sentLost, sentAgent, sentSuppressed uint64
 	// flush sends the records, in batches, with the counts; at least one message when
 	// always is set.
 	flush := func(flows []*delphiv1.Flow, always, done bool) error {
 		if c.lostAgent > sentAgent {
 			t.lost.Add(float64(c.lostAgent - sentAgent))
 		}
-		for first := true; len(flows) > 0 || (first && (always || c.lost != sentLost || c.lostAgent != sentAgent)); first = false {
+		changed := c.lost != sentLost || c.lostAgent != sentAgent || c.suppressed != sentSuppressed
+		for first := true; len(flows) > 0 || (first && (always || changed)); first = false {
 			n := min(len(flows), t.batch)
-			m := &flowsv1.FlowTapUp{Subscription: id, Flows: flows[:n], LostDatapath: c.lost, LostAgent: c.lostAgent, Done: done && n == len(flows)}
+			m := &flowsv1.FlowTapUp{Subscription: id, Flows: flows[:n], LostDatapath: c.lost, LostAgent: c.lostAgent,
+				Suppressed: c.suppressed, Done: done && n == len(flows)}
 			if err := send(m); err != nil {
 				return err
 			}
 			t.sent.Add(float64(n))
 			flows = flows[n:]
-			sentLost, sentAgent = c.lost, c.lostAgent
+			sentLost, sentAgent, sentSuppressed = c.lost, c.lostAgent, c.suppressed
 		}
 		return nil
 	}

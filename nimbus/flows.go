@@ -253,7 +253,8 @@ func (h *flowHub) receiveTap(t *flowTap, stream grpc.BidiStreamingServer[flowsv1
 		if o == nil {
 			continue
 		}
-		o.add(up.GetFlows(), nodeDelta{node: t.node, datapath: up.GetLostDatapath(), agent: delta, err: up.GetError(), done: up.GetDone() || up.GetError() != ""}, "")
+		o.add(up.GetFlows(), nodeDelta{node: t.node, datapath: up.GetLostDatapath(), suppressed: up.GetSuppressed(), agent: delta,
+			err: up.GetError(), done: up.GetDone() || up.GetError() != ""}, "")
 	}
 }
 
@@ -299,15 +300,15 @@ func (h *flowHub) closeTap(t *flowTap) {
 	h.log.Debug("flow tap closed", "node", t.node)
 }
 
-// nodeDelta is what a batch tells of its node besides its records: the datapath's count,
-// the growth of the agent's and nimbus's counts, an error, and whether the node's
+// nodeDelta is what a batch tells of its node besides its records: the datapath's
+// counts, the growth of the agent's and nimbus's counts, an error, and whether the node's
 // subscription ended.
 type nodeDelta struct {
-	node          string
-	datapath      uint64
-	agent, nimbus uint64
-	err           string
-	done          bool
+	node                 string
+	datapath, suppressed uint64
+	agent, nimbus        uint64
+	err                  string
+	done                 bool
 }
 
 // flowObserver is one ObserveFlows stream: the records queued for it, bounded, and what
@@ -378,8 +379,8 @@ func (o *flowObserver) add(flows []*delphiv1.Flow, d nodeDelta, from string) {
 	if d.node != "" {
 		st := o.stateLocked(d.node)
 		changed := false
-		if st.LostDatapath != d.datapath {
-			st.LostDatapath, changed = d.datapath, true
+		if st.LostDatapath != d.datapath || st.Suppressed != d.suppressed {
+			st.LostDatapath, st.Suppressed, changed = d.datapath, d.suppressed, true
 		}
 		if d.agent > 0 || d.nimbus > 0 || st.Error != d.err {
 			st.LostAgent += d.agent
@@ -437,7 +438,8 @@ func (o *flowObserver) take() (flows []*delphiv1.Flow, nodes []*flowsv1.NodeFlow
 	o.queue = slices.Delete(o.queue, 0, n)
 	for node := range o.changed {
 		st := o.states[node]
-		nodes = append(nodes, &flowsv1.NodeFlows{Node: node, LostDatapath: st.LostDatapath, LostAgent: st.LostAgent, LostNimbus: st.LostNimbus, Error: st.Error})
+		nodes = append(nodes, &flowsv1.NodeFlows{Node: node, LostDatapath: st.LostDatapath, Suppressed: st.Suppressed,
+			LostAgent: st.LostAgent, LostNimbus: st.LostNimbus, Error: st.Error})
 	}
 	clear(o.changed)
 	slices.SortFunc(nodes, func(a, b *flowsv1.NodeFlows) int { return cmp.Compare(a.Node, b.Node) })
@@ -715,7 +717,7 @@ func (h *flowHub) observePeerOnce(ctx context.Context, o *flowObserver, p Peer, 
 			if last == nil {
 				last = &flowsv1.NodeFlows{}
 			}
-			deltas = append(deltas, nodeDelta{node: n.GetNode(), datapath: n.GetLostDatapath(),
+			deltas = append(deltas, nodeDelta{node: n.GetNode(), datapath: n.GetLostDatapath(), suppressed: n.GetSuppressed(),
 				agent: grown(last.GetLostAgent(), n.GetLostAgent()), nimbus: grown(last.GetLostNimbus(), n.GetLostNimbus()), err: n.GetError()})
 			po.counts[n.GetNode()] = n
 		}

@@ -65,7 +65,7 @@ func (tt *testTap) send(t *testing.T, sub uint64, first, n int, lostAgent uint64
 	for i := range n {
 		flows = append(flows, &delphiv1.Flow{Node: tt.node, Verdict: "allowed", SourcePort: uint32(first + i)})
 	}
-	if err := tt.stream.Send(&flowsv1.FlowTapUp{Subscription: sub, Flows: flows, LostDatapath: 7, LostAgent: lostAgent}); err != nil {
+	if err := tt.stream.Send(&flowsv1.FlowTapUp{Subscription: sub, Flows: flows, LostDatapath: 7, Suppressed: 5, LostAgent: lostAgent}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -126,8 +126,8 @@ func TestFlowsRelay(t *testing.T) {
 			t.Errorf("flow %d = node %q port %d, want n1 %d", i, f.GetNode(), f.GetSourcePort(), i)
 		}
 	}
-	if n := got.nodes["n1"]; n.GetLostDatapath() != 7 || n.GetLostAgent() != 3 || n.GetLostNimbus() != 0 {
-		t.Errorf("n1's losses = %v, want datapath 7, agent 3, nimbus 0", n)
+	if n := got.nodes["n1"]; n.GetLostDatapath() != 7 || n.GetSuppressed() != 5 || n.GetLostAgent() != 3 || n.GetLostNimbus() != 0 {
+		t.Errorf("n1's losses = %v, want datapath 7, suppressed 5, agent 3, nimbus 0", n)
 	}
 	// lost_agent is cumulative per subscription: 5 after 3 is 2 more.
 	n1.send(t, sub.GetSubscription(), 10, 1, 5)

@@ -197,6 +197,9 @@ func (c *cli) nodeFlowsChanged(was, now *flowsv1.NodeFlows) {
 	if d := now.GetLostDatapath(); d != was.GetLostDatapath() {
 		fmt.Fprintf(c.stderr, "naplesctl: node %s: the firewall lost %d flow records in all: its ring (the agent's --fw-flow-ring-bytes) was full\n", node, d)
 	}
+	if s := now.GetSuppressed(); s != was.GetSuppressed() {
+		fmt.Fprintf(c.stderr, "naplesctl: node %s: the firewall suppressed %d flow records in all: their endpoints wrote more than the agent's --fw-flow-endpoint-rate\n", node, s)
+	}
 	if a := now.GetLostAgent(); a != was.GetLostAgent() {
 		fmt.Fprintf(c.stderr, "naplesctl: node %s: %d flow records were let go of by the agent before nimbus took them (its --flows-ring went round)\n", node, a)
 	}

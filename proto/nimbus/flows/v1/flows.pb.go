@@ -112,7 +112,11 @@ type NodeFlows struct {
 	LostNimbus uint64 `protobuf:"varint,4,opt,name=lost_nimbus,json=lostNimbus,proto3" json:"lost_nimbus,omitempty"`
 	// error says why the node's agent does not serve this observation, such as a filter
 	// it refused or its limit of subscriptions; empty while it serves.
-	Error         string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	Error string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	// suppressed is the node's firewall's count of the records it did not write because
+	// their endpoint had spent its budget of records (the agent's
+	// --fw-flow-endpoint-rate), since its agent started.
+	Suppressed    uint64 `protobuf:"varint,6,opt,name=suppressed,proto3" json:"suppressed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -180,6 +184,13 @@ func (x *NodeFlows) GetError() string {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *NodeFlows) GetSuppressed() uint64 {
+	if x != nil {
+		return x.Suppressed
+	}
+	return 0
 }
 
 // ObserveFlowsResponse is a batch of flow records, each with its node, with what changed
@@ -265,7 +276,10 @@ type FlowTapUp struct {
 	// error, when set, ends the subscription: the agent refused or stopped serving it.
 	Error string `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
 	// done ends a subscription that does not follow, after its recent records.
-	Done          bool `protobuf:"varint,7,opt,name=done,proto3" json:"done,omitempty"`
+	Done bool `protobuf:"varint,7,opt,name=done,proto3" json:"done,omitempty"`
+	// suppressed is the firewall's count of records over their endpoints' budgets, since
+	// the agent started.
+	Suppressed    uint64 `protobuf:"varint,8,opt,name=suppressed,proto3" json:"suppressed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -349,6 +363,13 @@ func (x *FlowTapUp) GetDone() bool {
 	return false
 }
 
+func (x *FlowTapUp) GetSuppressed() uint64 {
+	if x != nil {
+		return x.Suppressed
+	}
+	return 0
+}
+
 // FlowTapDown is what nimbus sends on a flow tap: a subscription to serve, or one to end.
 type FlowTapDown struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -422,7 +443,7 @@ const file_nimbus_flows_v1_flows_proto_rawDesc = "" +
 	"\x06filter\x18\x01 \x01(\v2\x17.delphi.v1.FlowsRequestR\x06filter\x12\x14\n" +
 	"\x05nodes\x18\x02 \x03(\tR\x05nodes\x12\x1d\n" +
 	"\n" +
-	"local_only\x18\x03 \x01(\bR\tlocalOnly\"\x9a\x01\n" +
+	"local_only\x18\x03 \x01(\bR\tlocalOnly\"\xba\x01\n" +
 	"\tNodeFlows\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12#\n" +
 	"\rlost_datapath\x18\x02 \x01(\x04R\flostDatapath\x12\x1d\n" +
@@ -430,11 +451,14 @@ const file_nimbus_flows_v1_flows_proto_rawDesc = "" +
 	"lost_agent\x18\x03 \x01(\x04R\tlostAgent\x12\x1f\n" +
 	"\vlost_nimbus\x18\x04 \x01(\x04R\n" +
 	"lostNimbus\x12\x14\n" +
-	"\x05error\x18\x05 \x01(\tR\x05error\"\x94\x01\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\x12\x1e\n" +
+	"\n" +
+	"suppressed\x18\x06 \x01(\x04R\n" +
+	"suppressed\"\x94\x01\n" +
 	"\x14ObserveFlowsResponse\x12%\n" +
 	"\x05flows\x18\x01 \x03(\v2\x0f.delphi.v1.FlowR\x05flows\x120\n" +
 	"\x05nodes\x18\x02 \x03(\v2\x1a.nimbus.flows.v1.NodeFlowsR\x05nodes\x12#\n" +
-	"\rnot_connected\x18\x03 \x03(\tR\fnotConnected\"\xd8\x01\n" +
+	"\rnot_connected\x18\x03 \x03(\tR\fnotConnected\"\xf8\x01\n" +
 	"\tFlowTapUp\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\"\n" +
 	"\fsubscription\x18\x02 \x01(\x04R\fsubscription\x12%\n" +
@@ -443,7 +467,10 @@ const file_nimbus_flows_v1_flows_proto_rawDesc = "" +
 	"\n" +
 	"lost_agent\x18\x05 \x01(\x04R\tlostAgent\x12\x14\n" +
 	"\x05error\x18\x06 \x01(\tR\x05error\x12\x12\n" +
-	"\x04done\x18\a \x01(\bR\x04done\"z\n" +
+	"\x04done\x18\a \x01(\bR\x04done\x12\x1e\n" +
+	"\n" +
+	"suppressed\x18\b \x01(\x04R\n" +
+	"suppressed\"z\n" +
 	"\vFlowTapDown\x12\"\n" +
 	"\fsubscription\x18\x01 \x01(\x04R\fsubscription\x12/\n" +
 	"\x06filter\x18\x02 \x01(\v2\x17.delphi.v1.FlowsRequestR\x06filter\x12\x16\n" +
