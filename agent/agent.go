@@ -91,6 +91,11 @@ type Config struct {
 	// expired without a packet, to write their ENDED flow records (reason idle) and free
 	// their entries. Default: DefaultFlowSweep.
 	FlowSweep time.Duration
+	// FlowTapSubscriptions and FlowTapBatch bound the agent's flow tap, which serves
+	// nimbus's flow observers; see FlowTapOptions' Subscriptions and Batch. Defaults:
+	// DefaultFlowTapSubscriptions (16), DefaultFlowTapBatch (256).
+	FlowTapSubscriptions int
+	FlowTapBatch         int
 	// FlowExport configures the exporters of FlowExportPolicy objects. Defaults: those
 	// of FlowExportConfig's fields.
 	FlowExport FlowExportConfig
@@ -143,7 +148,12 @@ func Run(ctx context.Context, cfg Config) error {
 	defer store.Close()
 	memory := newMemorySettler(log)
 	memory.release("restored")
-	client, err := nimbusclient.New(nimbusclient.Options{Node: cfg.Node, Address: cfg.Nimbus, TLS: cfg.TLS, Store: store, Logger: log, Registerer: reg,
+	// The flow tap serves nimbus's flow observers from the flow log, once there is one.
+	tap, err := NewFlowTap(FlowTapOptions{Subscriptions: cfg.FlowTapSubscriptions, Batch: cfg.FlowTapBatch, Logger: log, Registerer: reg})
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	client, err := nimbusclient.New(nimbusclient.Options{Node: cfg.Node, Address: cfg.Nimbus, TLS: cfg.TLS, Store: store, Logger: log, Registerer: reg, FlowTap: tap,
 		StatusExceptionAfter: cfg.StatusExceptionAfter, StatusMaxExceptions: cfg.StatusMaxExceptions})
 	if err != nil {
 		return err
@@ -187,6 +197,7 @@ func Run(ctx context.Context, cfg Config) error {
 	parts := map[string]func(context.Context) error{"nimbus client": client.Run, "hal": h.Run}
 	if flows != nil {
 		parts["flows"] = flowCollectorRun(store, cfg.BPFDir, cfg.Node, cmp.Or(cfg.FlowSweep, DefaultFlowSweep), fw, view, flows, log)
+		tap.log = flows
 	}
 	if cfg.Socket != "" {
 		serve, err := serveLocalAPI(ctx, cfg.Socket, InspectorOptions{Store: store, Logger: log, Node: cfg.Node, Namespace: cfg.netns, View: view, BPFDir: cfg.BPFDir,

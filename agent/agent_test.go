@@ -44,8 +44,19 @@ func hostNamespace(t *testing.T, prefix string) (string, netns.NsHandle) {
 // cleanup calls it too).
 func startNimbus(t *testing.T, dir string) (string, nimbusv1.NimbusClient, func()) {
 	t.Helper()
+	addr, conn, stop := startNimbusWith(t, dir, nimbus.Options{})
+	return addr, nimbusv1.NewNimbusClient(conn), stop
+}
+
+// startNimbusWith is startNimbus with the options (an unset Logger discards) and the
+// client's connection.
+func startNimbusWith(t *testing.T, dir string, opts nimbus.Options) (string, *grpc.ClientConn, func()) {
+	t.Helper()
 	sock := filepath.Join(dir, "nimbus.sock")
-	srv, err := nimbus.New(nimbus.Options{Logger: quiet})
+	if opts.Logger == nil {
+		opts.Logger = quiet
+	}
+	srv, err := nimbus.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +80,7 @@ func startNimbus(t *testing.T, dir string) (string, nimbusv1.NimbusClient, func(
 		srv.Close()
 	})
 	t.Cleanup(stop)
-	return "unix://" + sock, nimbusv1.NewNimbusClient(conn), stop
+	return "unix://" + sock, conn, stop
 }
 
 // TestRunReportsAndStops runs a whole agent, programming a fresh network namespace,

@@ -308,41 +308,12 @@ func (i *Inspector) Flows(req *delphiv1.FlowsRequest, stream delphiv1.Delphi_Flo
 		return status.Errorf(codes.ResourceExhausted, "the agent serves %d flows streams already (its --local-api-flow-streams): end one, or raise the limit", cap(i.flowStreams))
 	}
 	ctx := stream.Context()
-	var seq, lostAgent, lost, suppressed uint64
-	var added <-chan struct{}
-	// more is set when read stopped before the last record.
-	var more bool
-	// read returns the records selected from seq on, reading at most the log's size of
-	// them, so that a follower of a flood still sends what it read.
-	read := func() []*delphiv1.Flow {
-		var out []*delphiv1.Flow
-		more = false
-		for n := 0; ; {
-			if n >= len(i.flows.ring) {
-				more = true
-				break
-			}
-			batch, next, skipped, l, a := i.flows.from(seq, flowBatch)
-			lostAgent += skipped
-			lost, added, seq = l, a, next
-			suppressed = i.flows.suppressedCount()
-			n += len(batch)
-			for _, f := range batch {
-				if filter.matches(f) {
-					out = append(out, f)
-				}
-			}
-			if len(batch) < flowBatch {
-				break
-			}
-		}
-		return out
-	}
+	c := &flowCursor{log: i.flows, filter: filter, batch: flowBatch}
 	// send sends the records in responses of at most flowBatch, at least one.
 	send := func(flows []*delphiv1.Flow) error {
 		for first := true; first || len(flows) > 0; first = false {
 			n := min(len(flows), flowBatch)
-			if err := stream.Send(&delphiv1.FlowsResponse{Flows: flows[:n], LostDatapath: lost, LostAgent: lostAgent, Suppressed: suppressed}); err != nil {
+			if err := stream.Send(&delphiv1.FlowsResponse{Flows: flows[:n], LostDatapath: c.lost, LostAgent: c.lostAgent, Suppressed: c.suppressed}); err != nil {
 				return err
 			}
 			flows = flows[n:]
@@ -350,7 +321,7 @@ func (i *Inspector) Flows(req *delphiv1.FlowsRequest, stream delphiv1.Delphi_Flo
 		return nil
 	}
 	// The recent records: the latest limit of those selected.
-	recent := read()
+	recent := c.read()
 	if n := int(req.GetLimit()); n > 0 && len(recent) > n {
 		recent = recent[len(recent)-n:]
 	}
@@ -358,20 +329,20 @@ func (i *Inspector) Flows(req *delphiv1.FlowsRequest, stream delphiv1.Delphi_Flo
 		return err
 	}
 	for {
-		if !more {
+		if !c.more {
 			select {
 			case <-ctx.Done():
 				return nil
 			case <-i.done:
 				return nil
-			case <-added:
+			case <-c.added:
 			}
 		} else if ctx.Err() != nil {
 			return nil
 		}
-		sentLost, sentLostAgent, sentSuppressed := lost, lostAgent, suppressed
+		sentLost, sentLostAgent, sentSuppressed := c.lost, c.lostAgent, c.suppressed
 		// A change of the lost counts goes out even without a record selected.
-		if out := read(); len(out) > 0 || lost != sentLost || lostAgent != sentLostAgent || suppressed != sentSuppressed {
+		if out := c.read(); len(out) > 0 || c.lost != sentLost || c.lostAgent != sentLostAgent || c.suppressed != sentSuppressed {
 			if err := send(out); err != nil {
 				return err
 			}

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/naplesnet/naples/internal/pki"
+	flowsv1 "github.com/naplesnet/naples/proto/nimbus/flows/v1"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -35,8 +36,15 @@ import (
 //     stored, the ones before it are.
 //   - PeerStatus: replicas only, and every frame that names its sender must name the
 //     certificate's replica (PeerFrame.replica equal to its name), checked as for
-//     ReportStatus. A replica certificate may call nothing else but the health service:
-//     it is the one a replica serves with, on every host of the cluster.
+//     ReportStatus. A replica certificate may call nothing else but ObserveFlows with
+//     local_only and the health service: it is the one a replica serves with, on every
+//     host of the cluster.
+//   - ObserveFlows (nimbus.flows.v1.Flows): publishers; replicas too, with local_only
+//     set, which only they may set: it is how a replica asks its peers for their agents'
+//     flow records.
+//   - FlowTap (nimbus.flows.v1.Flows): nodes only, and every message that names a node
+//     must name the certificate's (FlowTapUp.node equal to its node name), checked as
+//     for ReportStatus.
 //   - The standard health service (grpc.health.v1.Health): anyone with a certificate the
 //     CAs issued, so probes need no role.
 //   - Any other method: nobody.
@@ -133,6 +141,37 @@ func (s *Server) authorizeStream(srv any, ss grpc.ServerStream, info *grpc.Strea
 			}
 			if r := f.GetReplica(); r != "" && r != id.Name {
 				return s.deny(ctx, id, info.FullMethod, "%s may not push as replica %q", id, r)
+			}
+			return nil
+		}
+	case flowsv1.Flows_ObserveFlows_FullMethodName:
+		if id.Role != pki.RolePublisher && id.Role != pki.RoleReplica {
+			return s.deny(ctx, id, info.FullMethod, "%s may not observe flows: a publisher certificate is required", id)
+		}
+		check = func(m any) error {
+			req, ok := m.(*flowsv1.ObserveFlowsRequest)
+			if !ok {
+				return s.deny(ctx, id, info.FullMethod, "unexpected message %T", m)
+			}
+			if id.Role == pki.RoleReplica && !req.GetLocalOnly() {
+				return s.deny(ctx, id, info.FullMethod, "%s may observe flows with local_only only", id)
+			}
+			if id.Role != pki.RoleReplica && req.GetLocalOnly() {
+				return s.deny(ctx, id, info.FullMethod, "%s may not set local_only: a replica certificate is required", id)
+			}
+			return nil
+		}
+	case flowsv1.Flows_FlowTap_FullMethodName:
+		if id.Role != pki.RoleNode {
+			return s.deny(ctx, id, info.FullMethod, "%s may not tap flows: a node certificate is required", id)
+		}
+		check = func(m any) error {
+			up, ok := m.(*flowsv1.FlowTapUp)
+			if !ok {
+				return s.deny(ctx, id, info.FullMethod, "unexpected message %T", m)
+			}
+			if node := up.GetNode(); node != "" && node != id.Name {
+				return s.deny(ctx, id, info.FullMethod, "%s may not tap the flows of node %q", id, node)
 			}
 			return nil
 		}

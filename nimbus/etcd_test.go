@@ -15,9 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -456,17 +454,6 @@ func TestEtcdRevisionGaugeAgreesAcrossReplicas(t *testing.T) {
 	if g := testutil.ToFloat64(cr.srv.metrics.revision); g != want {
 		t.Fatalf("naples_nimbus_revision of a new replica: %v, want %v", g, want)
 	}
-}
-
-// dialConn connects a new client connection to the socket; the test's cleanup closes it.
-func dialConn(t *testing.T, path string) *grpc.ClientConn {
-	t.Helper()
-	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return conn
 }
 
 func TestEtcdApplyUnchangedOnAStaleCacheIsNotLost(t *testing.T) {

@@ -64,6 +64,10 @@ const (
 	DefaultRefusalLogInterval = time.Minute
 	// DefaultStatusWatermarkMoves is the default of Limits.StatusWatermarkMoves.
 	DefaultStatusWatermarkMoves = 10
+	// DefaultFlowObservers is the default of Limits.FlowObservers.
+	DefaultFlowObservers = 64
+	// DefaultFlowObserverBuffer is the default of Limits.FlowObserverBuffer.
+	DefaultFlowObserverBuffer = 4096
 	// StatusWatermarkMoveBurstSeconds is how many seconds' worth of watermark moves a
 	// node may make at once: its burst is this times Limits.StatusWatermarkMoves.
 	StatusWatermarkMoveBurstSeconds = 5
@@ -167,6 +171,14 @@ type Limits struct {
 	// PROGRAMMED at the generation; the pending ones kept are those furthest behind
 	// (docs/status.md). Default: DefaultStatusNodes (256).
 	StatusNodes int
+	// FlowObservers bounds the ObserveFlows streams open at once, those of the peer
+	// replicas included; one more is refused with codes.ResourceExhausted (see flows.go).
+	// Default: DefaultFlowObservers (64).
+	FlowObservers int
+	// FlowObserverBuffer bounds the flow records queued for one observer: the records
+	// that come while it is full are dropped for that observer alone, counted and
+	// reported to it as lost_nimbus. Default: DefaultFlowObserverBuffer (4096).
+	FlowObserverBuffer int
 }
 
 // withDefaults returns the limits with every zero field at its default, or an error naming
@@ -194,6 +206,8 @@ func (l Limits) withDefaults() (Limits, error) {
 		{"StatusDetailsBytes", &l.StatusDetailsBytes, DefaultStatusDetailsBytes},
 		{"StatusWatermarkMoves", &l.StatusWatermarkMoves, DefaultStatusWatermarkMoves},
 		{"StatusNodes", &l.StatusNodes, DefaultStatusNodes},
+		{"FlowObservers", &l.FlowObservers, DefaultFlowObservers},
+		{"FlowObserverBuffer", &l.FlowObserverBuffer, DefaultFlowObserverBuffer},
 	} {
 		switch {
 		case *f.v < 0:

@@ -69,13 +69,20 @@ func start(t *testing.T, opts Options) *testServer {
 // dial connects a new client to the socket; the test's cleanup closes it.
 func dial(t *testing.T, path string, opts ...grpc.DialOption) nimbusv1.NimbusClient {
 	t.Helper()
+	return nimbusv1.NewNimbusClient(dialConn(t, path, opts...))
+}
+
+// dialConn connects to the socket, in plaintext unless opts say otherwise; the test's
+// cleanup closes the connection.
+func dialConn(t *testing.T, path string, opts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
 	opts = append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)
 	conn, err := grpc.NewClient("unix://"+path, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return nimbusv1.NewNimbusClient(conn)
+	return conn
 }
 
 // testContext returns a context that ends with the test or after a minute: a bound on a

@@ -27,6 +27,7 @@ import (
 	wirecodec "github.com/naplesnet/naples/internal/codec"
 	"github.com/naplesnet/naples/internal/grpcserver"
 	"github.com/naplesnet/naples/internal/pki"
+	flowsv1 "github.com/naplesnet/naples/proto/nimbus/flows/v1"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -226,6 +227,9 @@ type Server struct {
 	// rebalance asks agents to move to other replicas; nil unless Options.ReplicaName is
 	// set. Set by New, never changed after.
 	rebalance *rebalancer
+	// flows relays flow records from the agents' taps to the observers; it has a lock of
+	// its own. Set by New, never changed after.
+	flows *flowHub
 	// commits groups the writes of concurrent calls into shared commits.
 	commits committer
 	// serving is true while Serve serves.
@@ -288,6 +292,13 @@ func New(opts Options) (*Server, error) {
 	s.wmRates = newWatermarkRates(&s.opts.Limits, opts.Now)
 	unregisterMetrics := s.metrics.unregister
 	s.metrics.unregister = func() { unregisterMetrics(); unregisterStreams() }
+	if s.flows, err = newFlowHub(s); err != nil {
+		s.metrics.unregister()
+		embedded.close()
+		return nil, fmt.Errorf("creating nimbus server: %w", err)
+	}
+	unregisterFlows := s.metrics.unregister
+	s.metrics.unregister = func() { unregisterFlows(); s.flows.metrics.unregister() }
 	s.metrics.revision.Set(float64(s.rev))
 	s.metrics.objects.Set(float64(objects))
 	if opts.ReplicaName != "" {
@@ -384,6 +395,7 @@ func (s *Server) Serve(ctx context.Context, lis ...net.Listener) error {
 		grpc.ChainStreamInterceptor(s.authorizeStream, s.gateStream),
 	)
 	nimbusv1.RegisterNimbusServer(gs, s)
+	flowsv1.RegisterFlowsServer(gs, s.flows)
 	// The standard health service, so stock probes work: SERVING for the whole server and
 	// for nimbus.v1.Nimbus until Serve stops (with etcd, from when the store is loaded).
 	hs := health.NewServer()

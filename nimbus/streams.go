@@ -13,20 +13,22 @@ import (
 
 	"github.com/naplesnet/naples/internal/pki"
 	"github.com/naplesnet/naples/internal/telemetry"
+	flowsv1 "github.com/naplesnet/naples/proto/nimbus/flows/v1"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
 // Streams per identity
 //
-// With TLS, every long-lived stream a client opens (Watch, ReportStatus, WatchStatus)
-// counts against its certificate's identity, per method: a node certificate may have
+// With TLS, every long-lived stream a client opens (Watch, ReportStatus, WatchStatus,
+// and the Flows service's FlowTap and ObserveFlows) counts against its certificate's identity, per method: a node certificate may have
 // Limits.NodeStreams of each open at once, a publisher certificate Limits.PublisherStreams.
 // One more is refused with codes.ResourceExhausted naming the limit and the flag that
 // sets it; closing a stream frees its slot at once. An agent holds one watch and one
 // status stream, and for a while after a reconnect the ones the server has not yet seen
 // end, so 16 per node leaves room for many quick reconnects; a publisher certificate is
 // often shared by the operators' naplesctl and the controllers, hence 64. Replicas'
-// push streams (PeerStatus) are not counted: a replica has one per peer. Without TLS no
+// push streams (PeerStatus) and flow streams (ObserveFlows with local_only) are not
+// counted: a replica has one per peer, and one per observer of a peer. Without TLS no
 // client has an identity and nothing is counted, as nothing is authorized.
 //
 // Refusals, of a stream over the limit or of a call the identity may not make, are logged
@@ -87,7 +89,7 @@ func newStreamLimiter(limits *Limits, now func() time.Time, reg prometheus.Regis
 		swept:  now(),
 		gauge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "streams",
-			Help: "Streams open with a client certificate, by the certificate's role and the method: Watch, ReportStatus or WatchStatus.",
+			Help: "Streams open with a client certificate, by the certificate's role and the method: Watch, ReportStatus, WatchStatus, FlowTap or ObserveFlows.",
 		}, []string{"role", "method"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "streams_refused_total",
@@ -239,11 +241,13 @@ func (l *streamLimiter) sweepLocked(now time.Time) {
 }
 
 // countedStream tells whether a stream of the method counts against its identity: the
-// Nimbus service's Watch, ReportStatus and WatchStatus, not the health service's Watch.
+// Nimbus service's Watch, ReportStatus and WatchStatus and the Flows service's FlowTap
+// and ObserveFlows, not the health service's Watch.
 func countedStream(fullMethod string) bool {
 	switch fullMethod {
 	case nimbusv1.Nimbus_Watch_FullMethodName, nimbusv1.Nimbus_ReportStatus_FullMethodName,
-		nimbusv1.Nimbus_WatchStatus_FullMethodName:
+		nimbusv1.Nimbus_WatchStatus_FullMethodName, flowsv1.Flows_FlowTap_FullMethodName,
+		flowsv1.Flows_ObserveFlows_FullMethodName:
 		return true
 	}
 	return false

@@ -104,6 +104,9 @@ type Options struct {
 	StatusMaxExceptions  int
 	// Logger receives the client's logs. Default: slog.Default().
 	Logger *slog.Logger
+	// FlowTap, when set, serves the flow tap: the client keeps one open to the replica it
+	// watches, alongside the watch and status streams. Default: nil, no tap.
+	FlowTap FlowTapper
 	// Registerer takes the client's Prometheus metrics (see the package documentation);
 	// Close unregisters them. Default: a private prometheus.Registry.
 	Registerer prometheus.Registerer
@@ -127,13 +130,14 @@ type Client struct {
 	// wait waits d before a stream is started again, or until ctx ends; tests replace it.
 	wait func(ctx context.Context, stream string, d time.Duration) error
 
-	// moveMu guards moveFrom, moveTo and endStatus.
+	// moveMu guards moveFrom, moveTo, endStatus and endTap.
 	moveMu sync.Mutex
 	// moveFrom is the address of the replica that last asked the client to watch another
 	// one, and moveTo the address it suggested, until a watch stream starts; see moved.
 	moveFrom, moveTo string
-	// endStatus ends the status stream under way.
+	// endStatus ends the status stream under way, endTap the flow tap.
 	endStatus context.CancelCauseFunc
+	endTap    context.CancelCauseFunc
 
 	// marks is what the status streams to a nimbus that takes watermarks carry over from
 	// one to the next; only the status stream's loop uses it.
@@ -250,6 +254,11 @@ func (c *Client) Run(ctx context.Context) error {
 		defer c.dropMarks()
 		c.loop(ctx, streamStatus, func(ctx context.Context, taken func()) error { return c.reportRouted(ctx, api, taken) })
 	})
+	if c.opts.FlowTap != nil {
+		wg.Go(func() {
+			c.loop(ctx, streamFlowTap, func(ctx context.Context, taken func()) error { return c.tapRouted(ctx, conn, taken) })
+		})
+	}
 	wg.Go(func() { c.logConnectFailures(ctx, conn) })
 	wg.Wait()
 	return nil
@@ -300,17 +309,20 @@ func (c *Client) routeLocked() *address.Route {
 }
 
 // moved records that the replica at the address from asked the client to watch another
-// one, the one at to if it can, and ends the status stream, so that both streams start
-// again there.
+// one, the one at to if it can, and ends the status stream and the flow tap, so that
+// every stream starts again there.
 func (c *Client) moved(from, to string) {
 	c.moveMu.Lock()
 	c.moveFrom, c.moveTo = from, to
-	end := c.endStatus
+	end, endTap := c.endStatus, c.endTap
 	c.moveMu.Unlock()
 	c.metrics.moves.Inc()
 	c.log.Info("nimbus asked to watch another replica", "from", from, "suggested", to)
 	if end != nil {
 		end(errMoved)
+	}
+	if endTap != nil {
+		endTap(errMoved)
 	}
 }
 
@@ -324,15 +336,22 @@ func (c *Client) watching() {
 // reportRouted runs one status stream (report) on the replica route picks; the stream
 // ends with errMoved when nimbus asks the client to move.
 func (c *Client) reportRouted(ctx context.Context, api nimbusv1.NimbusClient, taken func()) error {
+	return c.routed(ctx, &c.endStatus, "status stream", func(ctx context.Context) error { return c.report(ctx, api, taken) })
+}
+
+// routed runs a stream that follows the watch, run, on the replica route picks, with
+// *end set to what ends it (under c.moveMu), so that moved can; it ends with errMoved,
+// wrapped in what, when nimbus asks the client to move.
+func (c *Client) routed(ctx context.Context, end *context.CancelCauseFunc, what string, run func(ctx context.Context) error) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	c.moveMu.Lock()
-	c.endStatus = cancel
+	*end = cancel
 	route := c.routeLocked()
 	c.moveMu.Unlock()
-	err := c.report(address.WithRoute(ctx, route), api, taken)
+	err := run(address.WithRoute(ctx, route))
 	if errors.Is(context.Cause(ctx), errMoved) {
-		return fmt.Errorf("status stream: %w", errMoved)
+		return fmt.Errorf("%s: %w", what, errMoved)
 	}
 	return err
 }

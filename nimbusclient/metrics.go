@@ -14,6 +14,8 @@ const (
 	// streams of naples_nimbusclient_reconnects_total.
 	streamWatch  = "watch"
 	streamStatus = "status"
+	// streamFlowTap is the flow tap (Options.FlowTap).
+	streamFlowTap = "flowtap"
 )
 
 // metrics are the Prometheus metrics of one Client.

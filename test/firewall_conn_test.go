@@ -46,6 +46,9 @@ type fwSmallSpec struct {
 	tcp, udp []uint16
 	// agentFlags are extra flags of each host's agent, by host index.
 	agentFlags [][]string
+	// cluster, when set, is the nimbus the hosts' agents and the test talk to; unset, a
+	// new one is started.
+	cluster *cluster
 }
 
 // fwSmallCluster is a firewall cluster of two hosts with only the workloads a test
@@ -87,7 +90,10 @@ func fwDefs(names ...string) []fwEndpointDef {
 func newFWSmallCluster(t testing.TB, spec fwSmallSpec) *fwSmallCluster {
 	t.Helper()
 	quickExit(t)
-	c := newCluster(t)
+	c := spec.cluster
+	if c == nil {
+		c = newCluster(t)
+	}
 	u := newUnderlay(t)
 	fc := &fwCluster{c: c, api: c.publisherAPI(t), desired: map[string]*nimbusv1.Object{}}
 	var infra []*nimbusv1.Object

@@ -105,6 +105,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	flowSweep := fs.Duration("flow-sweep-interval", agent.DefaultFlowSweep, "how often the firewall's conntrack table is swept for connections that expired without a packet, to write their ENDED flow records (reason idle) and free their entries")
 	flowStreams := fs.Int("local-api-flow-streams", agent.DefaultFlowStreams, "`streams` of flow records (naplesctl flows) the local API serves at once; one more is refused")
 	flowLog := fs.Int("flows-ring", agent.DefaultFlowLogSize, "flow `records` the agent keeps for `naplesctl --agent SOCK flows`, the latest")
+	flowTapSubs := fs.Int("flow-tap-subscriptions", agent.DefaultFlowTapSubscriptions, "`subscriptions` of nimbus's flow observers (naplesctl flows through nimbus) the agent serves at once; one more is refused and its observer told")
+	flowTapBatch := fs.Int("flow-tap-batch", agent.DefaultFlowTapBatch, "flow `records` of one message the agent sends nimbus on its flow tap")
 	var export agent.FlowExportConfig
 	fs.StringVar(&export.Dir, "flow-export-dir", "", "`directory` FlowExportPolicy objects of format json write their files in (spec.file); empty refuses them a file")
 	fs.IntVar(&export.MaxPolicies, "flow-export-max-policies", agent.DefaultFlowExportMaxPolicies, "FlowExportPolicy objects the node exports for at once; one more is FAILED with LimitExceeded")
@@ -151,8 +153,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	for name, n := range map[string]int{"fw-snapshot-entries": caps.Snapshot, "fw-conntrack-entries": caps.Conntrack,
 		"fw-rule-counters": caps.Rules, "fw-endpoint-counters": caps.Endpoints, "fw-fragment-entries": caps.Fragments,
 		"local-api-page-bytes": *pageBytes, "gateway-bridges": *gatewayBridges, "status-max-exceptions": *statusMaxExceptions,
-		"flows-ring": *flowLog, "local-api-flow-streams": *flowStreams, "flow-export-max-policies": export.MaxPolicies,
-		"flow-export-max-connections": export.MaxConnections} {
+		"flows-ring": *flowLog, "local-api-flow-streams": *flowStreams, "flow-tap-subscriptions": *flowTapSubs, "flow-tap-batch": *flowTapBatch,
+		"flow-export-max-policies": export.MaxPolicies, "flow-export-max-connections": export.MaxConnections} {
 		if n <= 0 {
 			fmt.Fprintf(stderr, "invalid value %d for flag -%s: must be positive\n", n, name)
 			fs.Usage()
@@ -220,7 +222,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 	}
 	return agent.Run(ctx, agent.Config{Node: *node, Nimbus: *nimbus, TLS: tlsConfig, StateDir: *stateDir, DiscardState: *discardState, Logger: log, Socket: *socket, LocalAPIPageBytes: *pageBytes, LocalAPIFlowStreams: *flowStreams, Metrics: metrics,
-		InterfaceStats: *interfaceStats, BPFDir: *bpfDir, FirewallCapacities: caps, FlowLogSize: *flowLog, FlowSweep: *flowSweep, FirewallStats: *fwStats, FlowExport: export,
+		InterfaceStats: *interfaceStats, BPFDir: *bpfDir, FirewallCapacities: caps, FlowLogSize: *flowLog, FlowSweep: *flowSweep, FirewallStats: *fwStats,
+		FlowTapSubscriptions: *flowTapSubs, FlowTapBatch: *flowTapBatch, FlowExport: export,
 		GatewayBridges: *gatewayBridges, GatewayCheck: *gatewayCheck,
 		StatusExceptionAfter: *statusExceptionAfter, StatusMaxExceptions: *statusMaxExceptions})
 }

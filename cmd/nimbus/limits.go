@@ -16,8 +16,8 @@ func addLimitFlags(fs *flag.FlagSet, l *nimbus.Limits) {
 		v           *int
 		def         int
 	}{
-		{"max-streams-per-node", "Watch and ReportStatus `streams` each that one node certificate may have open", &l.NodeStreams, nimbus.DefaultNodeStreams},
-		{"max-streams-per-publisher", "Watch and WatchStatus `streams` each that one publisher certificate may have open", &l.PublisherStreams, nimbus.DefaultPublisherStreams},
+		{"max-streams-per-node", "Watch, ReportStatus and FlowTap `streams` each that one node certificate may have open", &l.NodeStreams, nimbus.DefaultNodeStreams},
+		{"max-streams-per-publisher", "Watch, WatchStatus and ObserveFlows `streams` each that one publisher certificate may have open", &l.PublisherStreams, nimbus.DefaultPublisherStreams},
 		{"stream-starts-per-node", fmt.Sprintf("Watch and ReportStatus `streams` that one node certificate may start per second, %d seconds' worth at once", nimbus.StreamStartBurstSeconds), &l.NodeStreamStarts, nimbus.DefaultNodeStreamStarts},
 		{"stream-starts-per-publisher", fmt.Sprintf("Watch and WatchStatus `streams` that one publisher certificate may start per second, %d seconds' worth at once", nimbus.StreamStartBurstSeconds), &l.PublisherStreamStarts, nimbus.DefaultPublisherStreamStarts},
 		{"status-report-bytes-per-second", "`bytes` of status reports one node certificate may send per second over all its streams; beyond, its streams wait", &l.StatusReportBytesPerSecond, nimbus.DefaultStatusReportBytesPerSecond},
@@ -32,6 +32,8 @@ func addLimitFlags(fs *flag.FlagSet, l *nimbus.Limits) {
 		{"max-status-operational-bytes", "`bytes` of a node status's operational keys and values together, entries beyond dropped, and of its encoded typed operational data, whose lists keep the first entries that fit", &l.StatusOperationalBytes, nimbus.DefaultStatusOperationalBytes},
 		{"status-details-bytes", "`bytes` of node messages and operational data one object's status carries in Get, List and WatchStatus; further nodes go without", &l.StatusDetailsBytes, nimbus.DefaultStatusDetailsBytes},
 		{"status-watermark-moves", fmt.Sprintf("`moves` of its status watermark one node may make per second, %d seconds' worth at once; beyond, its reports from the move on are held and applied later, with its latest watermark", nimbus.StatusWatermarkMoveBurstSeconds), &l.StatusWatermarkMoves, nimbus.DefaultStatusWatermarkMoves},
+		{"max-flow-observers", "ObserveFlows `streams` open at once, those of peer replicas included; one more is refused", &l.FlowObservers, nimbus.DefaultFlowObservers},
+		{"flow-observer-buffer", "flow `records` queued for one ObserveFlows stream; those that come while it is full are dropped for it alone and reported as lost_nimbus", &l.FlowObserverBuffer, nimbus.DefaultFlowObserverBuffer},
 		{"status-nodes", "node statuses, and pending nodes, one object's status lists in Get, List and WatchStatus; the counts count every node", &l.StatusNodes, nimbus.DefaultStatusNodes},
 	} {
 		*f.v = f.def

@@ -37,6 +37,7 @@ const (
 // addAgentFlag adds the global --agent flag to root.
 func (c *cli) addAgentFlag(root *cobra.Command, getenv func(string) string) {
 	agent := getenv(AgentEnv)
+	c.agentEnv = agent != ""
 	if agent == "" {
 		agent = DefaultAgent
 	}

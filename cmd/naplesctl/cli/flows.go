@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/naplesnet/naples/internal/exitstatus"
 	delphiv1 "github.com/naplesnet/naples/proto/delphi/v1"
+	flowsv1 "github.com/naplesnet/naples/proto/nimbus/flows/v1"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -25,27 +27,35 @@ func (c *cli) flowsCommand() *cobra.Command {
 	output := outputTable
 	var follow bool
 	var since time.Duration
+	var nodes []string
 	req := &delphiv1.FlowsRequest{}
 	cmd := &cobra.Command{
 		Use:   "flows",
-		Short: "Show the flows the firewall of this host saw: connections allowed, packets denied",
-		Long: `Show the flows the firewall of this host saw: each connection it allowed (with the
-rule that allowed it), each packet it dropped (with the reason and the rule), each
-connection still active every active timeout, and each connection's end (fin, rst or
-idle), with the connection's packets and bytes from its source and back.
+		Short: "Show the flows the nodes' firewalls saw: connections allowed, packets denied",
+		Long: `Show the flows the nodes' firewalls saw: each connection allowed (with the rule
+that allowed it), each packet dropped (with the reason and the rule), each connection
+still active every active timeout, and each connection's end (fin, rst or idle), with
+the connection's packets and bytes from its source and back.
 
-The flows command talks to the agent's local API on the unix socket named by --agent. The
-agent keeps the latest records (its --flows-ring); -f prints them, then every new one
-until interrupted. Filters: --from and --to take an endpoint's name (name,
-namespace/name or tenant/namespace/name; this host's or a peer's) or an address,
---verdict allowed or denied, --policy a NetworkSecurityPolicy's name, --since a duration.
+Without --agent (given on the command line or as $` + AgentEnv + `), the flows command asks
+nimbus (--server and the TLS flags, as the other nimbus commands), which relays the
+records of every node's agent, or of the nodes named by --node, through any replica.
+The filters are applied at each agent, so only the records that match leave a host.
+With --agent it talks to that host's agent's local API instead.
 
-Records are never lost silently: when the firewall's ring was full, or the agent let go
-of records before this command read them, a line on standard error says how many.
--o json prints one record per line, as the agent sends it.`,
-		Example: `  naplesctl --agent /run/naples/agent.sock flows
-  naplesctl flows -f --verdict denied
-  naplesctl flows --from web-1 --to 10.1.0.7 --since 5m -o json`,
+Each agent keeps its latest records (its --flows-ring); -f prints them (with --since or
+--last; through nimbus, -f alone starts from now), then every new one until interrupted.
+Filters: --from and --to take an endpoint's name (name, namespace/name or
+tenant/namespace/name; the host's or a peer's) or an address, --verdict allowed or
+denied, --policy a NetworkSecurityPolicy's name, --since a duration.
+
+Records are never lost silently: when a firewall's ring was full, an agent let go of
+records before they were read, or nimbus dropped some because this command read too
+slowly, a line on standard error says how many, per node; so does a line naming the
+nodes asked for that are not connected. -o json prints one record per line.`,
+		Example: `  naplesctl flows -f
+  naplesctl flows -f --node host-a --node host-b --verdict denied
+  naplesctl --agent /run/naples/agent.sock flows --from web-1 --to 10.1.0.7 --since 5m -o json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkOutput(output, outputTable, outputJSON); err != nil {
@@ -58,7 +68,18 @@ of records before this command read them, a line on standard error says how many
 				req.Since = durationpb.New(since)
 			}
 			req.Follow = follow
-			return c.flows(cmd.Context(), req, output)
+			if cmd.Flag("agent").Changed || c.agentEnv {
+				if len(nodes) > 0 {
+					return exitstatus.Mark(fmt.Errorf("--node %s: the agent's local API shows its own node's flows only; leave --agent out to ask nimbus", strings.Join(nodes, ",")))
+				}
+				return c.flows(cmd.Context(), req, output)
+			}
+			for _, n := range nodes {
+				if err := nimbusv1.ValidateNodeName(n); err != nil {
+					return exitstatus.Mark(fmt.Errorf("--node %q: %w", n, err))
+				}
+			}
+			return c.flowsFromNimbus(cmd.Context(), &flowsv1.ObserveFlowsRequest{Filter: req, Nodes: nodes}, output)
 		},
 	}
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "print new flows as they come, until interrupted")
@@ -68,6 +89,7 @@ of records before this command read them, a line on standard error says how many
 	cmd.Flags().StringVar(&req.Policy, "policy", "", "only flows a rule of this NetworkSecurityPolicy decided")
 	cmd.Flags().DurationVar(&since, "since", 0, "only flows of this long ago or later, e.g. 5m")
 	cmd.Flags().Uint32Var(&req.Limit, "last", 0, "only the latest N of the recent flows (0: all the agent keeps)")
+	cmd.Flags().StringArrayVar(&nodes, "node", nil, "through nimbus, only the flows of this node (repeat for more; default every node)")
 	cmd.Flags().StringVarP(&output, "output", "o", output, "output format: table or json")
 	return cmd
 }
@@ -84,9 +106,7 @@ func (c *cli) flows(ctx context.Context, req *delphiv1.FlowsRequest, output stri
 		return fmt.Errorf("reading the flows: %w", sess.rpcError(err))
 	}
 	var lostDatapath, lostAgent, suppressed uint64
-	first := true
-	// Each response's lines are aligned, and printed before the next is waited for.
-	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	p := c.newFlowPrinter(output)
 	for {
 		resp, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
@@ -98,23 +118,8 @@ func (c *cli) flows(ctx context.Context, req *delphiv1.FlowsRequest, output stri
 			}
 			return fmt.Errorf("reading the flows: %w", sess.rpcError(err))
 		}
-		if output == outputTable && first {
-			fmt.Fprintln(tw, flowHeader)
-		}
-		for _, f := range resp.GetFlows() {
-			if output == outputJSON {
-				raw, err := protojson.Marshal(f)
-				if err != nil {
-					return fmt.Errorf("encoding a flow: %w", err)
-				}
-				if err := writeDoc(c.stdout, outputJSON, raw, true); err != nil {
-					return err
-				}
-				continue
-			}
-			fmt.Fprintln(tw, flowLine(f))
-		}
-		if err := tw.Flush(); err != nil {
+		first := p.first
+		if err := p.print(resp.GetFlows()); err != nil {
 			return err
 		}
 		// Loss is told as it grows, the first time as it is.
@@ -130,8 +135,117 @@ func (c *cli) flows(ctx context.Context, req *delphiv1.FlowsRequest, output stri
 			fmt.Fprintf(c.stderr, "naplesctl: %d flow records were let go of by the agent before they were read (its --flows-ring is full)\n", a)
 			lostAgent = a
 		}
-		first = false
 	}
+}
+
+// flowsFromNimbus prints the flows nimbus relays from the nodes' agents for the request,
+// and on standard error each node's losses as they grow, its errors and the nodes asked
+// for that are not connected.
+func (c *cli) flowsFromNimbus(ctx context.Context, req *flowsv1.ObserveFlowsRequest, output string) error {
+	sess, err := c.connect()
+	if err != nil {
+		return err
+	}
+	defer sess.Close()
+	stream, err := flowsv1.NewFlowsClient(sess.conn).ObserveFlows(ctx, req)
+	if err != nil {
+		return fmt.Errorf("observing the flows: %w", sess.rpcError(err))
+	}
+	p := c.newFlowPrinter(output)
+	nodes := map[string]*flowsv1.NodeFlows{}
+	var notConnected []string
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			if p.first {
+				return p.print(nil) // the header alone
+			}
+			return nil
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("observing the flows: %w", sess.rpcError(err))
+		}
+		// The table's header goes with the first records, so that they are aligned:
+		// nimbus's first response comes at once, before any.
+		if len(resp.GetFlows()) > 0 {
+			if err := p.print(resp.GetFlows()); err != nil {
+				return err
+			}
+		}
+		for _, n := range resp.GetNodes() {
+			c.nodeFlowsChanged(nodes[n.GetNode()], n)
+			nodes[n.GetNode()] = n
+		}
+		if nc := resp.GetNotConnected(); !slices.Equal(nc, notConnected) {
+			if len(nc) > 0 {
+				fmt.Fprintf(c.stderr, "naplesctl: no flows from %s: not connected to nimbus\n", strings.Join(nc, ", "))
+			} else if len(notConnected) > 0 {
+				fmt.Fprintln(c.stderr, "naplesctl: every node asked for is connected")
+			}
+			notConnected = nc
+		}
+	}
+}
+
+// nodeFlowsChanged says on standard error what changed of a node's losses and error
+// since was (nil: nothing told yet).
+func (c *cli) nodeFlowsChanged(was, now *flowsv1.NodeFlows) {
+	node := now.GetNode()
+	if d := now.GetLostDatapath(); d != was.GetLostDatapath() {
+		fmt.Fprintf(c.stderr, "naplesctl: node %s: the firewall lost %d flow records in all: its ring (the agent's --fw-flow-ring-bytes) was full\n", node, d)
+	}
+	if s := now.GetSuppressed(); s != was.GetSuppressed() {
+		fmt.Fprintf(c.stderr, "naplesctl: node %s: the firewall suppressed %d flow records in all: their endpoints wrote more than the agent's --fw-flow-endpoint-rate\n", node, s)
+	}
+	if a := now.GetLostAgent(); a != was.GetLostAgent() {
+		fmt.Fprintf(c.stderr, "naplesctl: node %s: %d flow records were let go of by the agent before nimbus took them (its --flows-ring went round)\n", node, a)
+	}
+	if n := now.GetLostNimbus(); n != was.GetLostNimbus() {
+		fmt.Fprintf(c.stderr, "naplesctl: node %s: %d flow records were dropped by nimbus because this command read them too slowly (nimbus --flow-observer-buffer)\n", node, n)
+	}
+	if e := now.GetError(); e != "" && e != was.GetError() {
+		fmt.Fprintf(c.stderr, "naplesctl: node %s: %s\n", node, e)
+	}
+}
+
+// flowPrinter prints flows as a table, whose lines it aligns per batch, or as JSON lines.
+type flowPrinter struct {
+	c      *cli
+	output string
+	tw     *tabwriter.Writer
+	// first is set until the first batch is printed.
+	first bool
+}
+
+// newFlowPrinter returns a printer of the output format.
+func (c *cli) newFlowPrinter(output string) *flowPrinter {
+	return &flowPrinter{c: c, output: output, tw: tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0), first: true}
+}
+
+// print prints a batch of flows, the table's header before the first: each batch's lines
+// are aligned, and printed before the next is waited for.
+func (p *flowPrinter) print(flows []*delphiv1.Flow) error {
+	if p.output == outputTable && p.first {
+		fmt.Fprintln(p.tw, flowHeader)
+	}
+	p.first = false
+	for _, f := range flows {
+		if p.output == outputJSON {
+			raw, err := protojson.Marshal(f)
+			if err != nil {
+				return fmt.Errorf("encoding a flow: %w", err)
+			}
+			if err := writeDoc(p.c.stdout, outputJSON, raw, true); err != nil {
+				return err
+			}
+			continue
+		}
+		fmt.Fprintln(p.tw, flowLine(f))
+	}
+	return p.tw.Flush()
 }
 
 // flowHeader is the header of the flows table.

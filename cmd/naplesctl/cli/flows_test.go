@@ -2,16 +2,19 @@ package cli
 
 import (
 	"context"
+	"log/slog"
 	"net"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/naplesnet/naples/agent"
 	"github.com/naplesnet/naples/delphi"
+	"github.com/naplesnet/naples/nimbusclient"
 	delphiv1 "github.com/naplesnet/naples/proto/delphi/v1"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -92,5 +95,115 @@ func TestFlowsCommand(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), strings.TrimPrefix(args[0], "--")) {
 			t.Errorf("flows %v: %v, want an error naming %s", args, err, args[0])
 		}
+	}
+}
+
+// tapAgent runs a nimbus client for the node against e's nimbus, with a flow tap served
+// from log, as the agent does, until the test ends; it waits until nimbus has the tap.
+// The tap's metrics go to tapReg.
+func tapAgent(t *testing.T, e *batchEnv, node string, log *agent.FlowLog, tapReg *prometheus.Registry) {
+	t.Helper()
+	store, err := delphi.Open(delphi.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	tap, err := agent.NewFlowTap(agent.FlowTapOptions{Log: log, Registerer: tapReg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := nimbusclient.New(nimbusclient.Options{Node: node, Address: e.server, Store: store, FlowTap: tap, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- client.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-ran; err != nil {
+			t.Errorf("nimbus client of %s: %v", node, err)
+		}
+		client.Close()
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for gauge(t, e.reg, "naples_nimbus_flow_taps") < 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("nimbus has no flow tap of %s after 30s", node)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// gauge returns the value of the registry's metric of that name without labels, summed
+// over its series; 0 when it has none.
+func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatalf("gathering metrics: %v", err)
+	}
+	var v float64
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			v += m.GetGauge().GetValue() + m.GetCounter().GetValue()
+		}
+	}
+	return v
+}
+
+// TestFlowsThroughNimbus runs naplesctl flows without --agent: nimbus relays the records
+// of a node's agent, filtered at the agent, with a NODE column, and says which nodes
+// asked for are not connected; --node with --agent is refused.
+func TestFlowsThroughNimbus(t *testing.T) {
+	e := newBatchEnv(t)
+	log, err := agent.NewFlowLog(16, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 11, 28, 10, 18, 41, 0, time.UTC)
+	log.Add([]*delphiv1.Flow{
+		{Time: timestamppb.New(at), Event: delphiv1.FlowEvent_FLOW_EVENT_STARTED, Verdict: "allowed", Node: "host-a",
+			Direction: "egress", Protocol: "tcp", Source: "10.1.0.11", SourcePort: 41234, Destination: "10.1.0.32", DestinationPort: 7, Bytes: 74},
+		{Time: timestamppb.New(at.Add(time.Millisecond)), Event: delphiv1.FlowEvent_FLOW_EVENT_DENIED, Verdict: "denied", Reason: "policy", Node: "host-a",
+			Direction: "egress", Protocol: "udp", Source: "10.1.0.11", SourcePort: 5353, Destination: "10.1.0.40", DestinationPort: 53, Bytes: 60},
+	}, 0)
+	tapReg := prometheus.NewRegistry()
+	tapAgent(t, e, "host-a", log, tapReg)
+
+	out, stderr, err := e.run("", "flows", "--verdict", "denied")
+	if err != nil {
+		t.Fatalf("flows: %v\n%s", err, stderr)
+	}
+	local := at.Add(time.Millisecond).Local().Format("15:04:05.000000")
+	equal(t, "flows through nimbus", out, `TIME             NODE    VERDICT  EVENT   REASON  DIR     ENDPOINT  PEER  PROTO  SOURCE          DESTINATION   RULE  PACKETS  BYTES
+`+local+`  host-a  denied   denied  policy  egress  -         -     udp    10.1.0.11:5353  10.1.0.40:53  -     1        60
+`)
+	// Filtered at the agent: the allowed record never left it.
+	if sent := gauge(t, tapReg, "naples_agent_flow_tap_records_sent_total"); sent != 1 {
+		t.Errorf("the agent sent %v records on its tap, want the 1 that matched", sent)
+	}
+
+	out, stderr, err = e.run("", "flows", "--node", "host-a", "--node", "host-b", "-o", "json")
+	if err != nil {
+		t.Fatalf("flows --node: %v\n%s", err, stderr)
+	}
+	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 2 || !strings.Contains(lines[0], `"node":"host-a"`) {
+		t.Errorf("flows --node host-a --node host-b -o json printed %q, want host-a's 2 records", out)
+	}
+	if !strings.Contains(stderr, "no flows from host-b: not connected") {
+		t.Errorf("flows said on standard error %q, want host-b not connected", stderr)
+	}
+	out, _, err = e.run("", "flows", "--node", "host-b")
+	if err != nil || strings.Count(out, "\n") != 1 {
+		t.Errorf("flows --node host-b: %v, printed %q; want the header alone", err, out)
+	}
+
+	e.vars[AgentEnv] = filepath.Join(e.dir, "agent.sock")
+	if _, _, err := e.run("", "flows", "--node", "host-a"); err == nil || !strings.Contains(err.Error(), "--node host-a") {
+		t.Errorf("flows --node with an agent: %v, want an error naming --node", err)
 	}
 }

@@ -67,8 +67,9 @@ type cli struct {
 	server string
 	// tls holds the --tls-* and --insecure flags.
 	tls tlsFlags
-	// agent is the --agent flag.
-	agent string
+	// agent is the --agent flag; agentEnv tells that $NAPLES_AGENT set its default.
+	agent    string
+	agentEnv bool
 	// started is set when cobra has parsed the command line and runs a command: an error
 	// before that is a usage error.
 	started bool
