@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/cilium/ebpf v0.22.0
 	github.com/hashicorp/go-memdb v1.3.5
+	github.com/netsampler/goflow2/v2 v2.2.6
 	github.com/planetscale/vtprotobuf v0.6.1-0.20250313105119-ba97887b0a25
 	github.com/prometheus/client_golang v1.25.0
 	github.com/spf13/cobra v1.10.2

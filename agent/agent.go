@@ -96,6 +96,9 @@ type Config struct {
 	// DefaultFlowTapSubscriptions (16), DefaultFlowTapBatch (256).
 	FlowTapSubscriptions int
 	FlowTapBatch         int
+	// FlowExport configures the exporters of FlowExportPolicy objects. Defaults: those
+	// of FlowExportConfig's fields.
+	FlowExport FlowExportConfig
 	// FirewallStats is how often the statuses of policies and local endpoints are
 	// refreshed with the firewall's counters. Default: 10s.
 	FirewallStats time.Duration
@@ -164,6 +167,20 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer closeBackend()
+	var flows *FlowLog
+	if fw != nil && cfg.FirewallCapacities.FlowRing > 0 {
+		if flows, err = NewFlowLog(cmp.Or(cfg.FlowLogSize, DefaultFlowLogSize), reg); err != nil {
+			return fmt.Errorf("agent: %w", err)
+		}
+	}
+	exporters, err := NewFlowExportReconciler(FlowExportOptions{Store: store, Flows: flows, Node: cfg.Node, Dir: cfg.FlowExport.Dir,
+		MaxPolicies: cfg.FlowExport.MaxPolicies, MaxConnections: cfg.FlowExport.MaxConnections, MessageBytes: cfg.FlowExport.MessageBytes,
+		StatsInterval: cfg.FlowExport.StatsInterval, Logger: log, Registerer: reg})
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	defer exporters.Close()
+	reconcilers = append(reconcilers, exporters)
 	halStore, err := halstore.New(store)
 	if err != nil {
 		return err
@@ -178,11 +195,7 @@ func Run(ctx context.Context, cfg Config) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	parts := map[string]func(context.Context) error{"nimbus client": client.Run, "hal": h.Run}
-	var flows *FlowLog
-	if fw != nil && cfg.FirewallCapacities.FlowRing > 0 {
-		if flows, err = NewFlowLog(cmp.Or(cfg.FlowLogSize, DefaultFlowLogSize), reg); err != nil {
-			return fmt.Errorf("agent: %w", err)
-		}
+	if flows != nil {
 		parts["flows"] = flowCollectorRun(store, cfg.BPFDir, cfg.Node, cmp.Or(cfg.FlowSweep, DefaultFlowSweep), fw, view, flows, log)
 		tap.log = flows
 	}

@@ -11,4 +11,10 @@
 // otherwise 503 with the reasons, one a line, such as "1234 desired objects not reconciled
 // yet since start". A host whose nimbus is unreachable thus becomes ready on its restored
 // state, while a host that starts empty stays unready until it has reached nimbus.
+//
+// With the firewall's flow records on, the agent keeps the latest in a FlowLog for the
+// local API's Flows, and a FlowExportReconciler runs an exporter for each
+// FlowExportPolicy of the node: a goroutine that follows the log and sends what its
+// policy selects as IPFIX over UDP or as JSON lines, and never holds up the log's writer
+// (docs/flows.md).
 package agent

@@ -100,8 +100,8 @@ func (c *flowCollector) run(ctx context.Context) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	stop := context.AfterFunc(ctx, func() { r.Close() })
-	defer stop()
+	// The reader is closed once the sweep has ended, which reads its conntrack map: the
+	// loop below sees ctx end within a read's deadline, a second at most.
 	defer r.Close()
 	swept := make(chan []fwbpf.FlowRecord, 1)
 	sweepDone := make(chan struct{})
@@ -134,6 +134,9 @@ func (c *flowCollector) run(ctx context.Context) error {
 				return nil
 			}
 			return fmt.Errorf("reading the firewall's flow records: %w", err)
+		}
+		if ctx.Err() != nil {
+			return nil
 		}
 		lost, err := r.Lost()
 		if err != nil {

@@ -43,6 +43,7 @@ import (
 	"github.com/naplesnet/naples/agent"
 	"github.com/naplesnet/naples/internal/address"
 	"github.com/naplesnet/naples/internal/exitstatus"
+	"github.com/naplesnet/naples/internal/ipfix"
 	"github.com/naplesnet/naples/internal/pki"
 	"github.com/naplesnet/naples/internal/version"
 	"github.com/naplesnet/naples/internal/watermark"
@@ -106,6 +107,11 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	flowLog := fs.Int("flows-ring", agent.DefaultFlowLogSize, "flow `records` the agent keeps for `naplesctl --agent SOCK flows`, the latest")
 	flowTapSubs := fs.Int("flow-tap-subscriptions", agent.DefaultFlowTapSubscriptions, "`subscriptions` of nimbus's flow observers (naplesctl flows through nimbus) the agent serves at once; one more is refused and its observer told")
 	flowTapBatch := fs.Int("flow-tap-batch", agent.DefaultFlowTapBatch, "flow `records` of one message the agent sends nimbus on its flow tap")
+	var export agent.FlowExportConfig
+	fs.StringVar(&export.Dir, "flow-export-dir", "", "`directory` FlowExportPolicy objects of format json write their files in (spec.file); empty refuses them a file")
+	fs.IntVar(&export.MaxPolicies, "flow-export-max-policies", agent.DefaultFlowExportMaxPolicies, "FlowExportPolicy objects the node exports for at once; one more is FAILED with LimitExceeded")
+	fs.IntVar(&export.MaxConnections, "flow-export-max-connections", agent.DefaultFlowExportMaxConnections, "connections one flow exporter tracks for their delta counts; one beyond is exported only when it ends")
+	fs.IntVar(&export.MessageBytes, "flow-export-message-bytes", ipfix.DefaultMessageBytes, fmt.Sprintf("`bytes` of an IPFIX message at most, %d to %d", ipfix.MinMessageBytes, ipfix.MaxMessageBytes))
 	gatewayBridges := fs.Int("gateway-bridges", 4096, "network bridges the gateway programs mark for (their map's size); a network beyond is FAILED with CapacityExceeded")
 	gatewayCheck := fs.Duration("gateway-check-interval", 10*time.Second, "how often the gateway programs are checked to be still attached to the network bridges, and attached again where they are not (the kernel does not report a detach)")
 	fwStats := fs.Duration("fw-stats-interval", 10*time.Second, "how often the status of policies and endpoints is refreshed with the firewall's counters")
@@ -147,12 +153,18 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	for name, n := range map[string]int{"fw-snapshot-entries": caps.Snapshot, "fw-conntrack-entries": caps.Conntrack,
 		"fw-rule-counters": caps.Rules, "fw-endpoint-counters": caps.Endpoints, "fw-fragment-entries": caps.Fragments,
 		"local-api-page-bytes": *pageBytes, "gateway-bridges": *gatewayBridges, "status-max-exceptions": *statusMaxExceptions,
-		"flows-ring": *flowLog, "local-api-flow-streams": *flowStreams, "flow-tap-subscriptions": *flowTapSubs, "flow-tap-batch": *flowTapBatch} {
+		"flows-ring": *flowLog, "local-api-flow-streams": *flowStreams, "flow-tap-subscriptions": *flowTapSubs, "flow-tap-batch": *flowTapBatch,
+		"flow-export-max-policies": export.MaxPolicies, "flow-export-max-connections": export.MaxConnections} {
 		if n <= 0 {
 			fmt.Fprintf(stderr, "invalid value %d for flag -%s: must be positive\n", n, name)
 			fs.Usage()
 			return fmt.Errorf("parsing flags: %w", errUsage)
 		}
+	}
+	if n := export.MessageBytes; n < ipfix.MinMessageBytes || n > ipfix.MaxMessageBytes {
+		fmt.Fprintf(stderr, "invalid value %d for flag -flow-export-message-bytes: want %d to %d\n", n, ipfix.MinMessageBytes, ipfix.MaxMessageBytes)
+		fs.Usage()
+		return fmt.Errorf("parsing flags: %w", errUsage)
 	}
 	if n := caps.FlowRing; n != 0 && (n < os.Getpagesize() || n > 1<<30 || n&(n-1) != 0) {
 		fmt.Fprintf(stderr, "invalid value %d for flag -fw-flow-ring-bytes: want 0 or a power of 2 from %d (the page size) to 1073741824\n", n, os.Getpagesize())
@@ -211,7 +223,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	return agent.Run(ctx, agent.Config{Node: *node, Nimbus: *nimbus, TLS: tlsConfig, StateDir: *stateDir, DiscardState: *discardState, Logger: log, Socket: *socket, LocalAPIPageBytes: *pageBytes, LocalAPIFlowStreams: *flowStreams, Metrics: metrics,
 		InterfaceStats: *interfaceStats, BPFDir: *bpfDir, FirewallCapacities: caps, FlowLogSize: *flowLog, FlowSweep: *flowSweep, FirewallStats: *fwStats,
-		FlowTapSubscriptions: *flowTapSubs, FlowTapBatch: *flowTapBatch,
+		FlowTapSubscriptions: *flowTapSubs, FlowTapBatch: *flowTapBatch, FlowExport: export,
 		GatewayBridges: *gatewayBridges, GatewayCheck: *gatewayCheck,
 		StatusExceptionAfter: *statusExceptionAfter, StatusMaxExceptions: *statusMaxExceptions})
 }

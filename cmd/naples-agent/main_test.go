@@ -27,6 +27,8 @@ func TestRunRefusesBadCommandLines(t *testing.T) {
 		{name: "empty nimbus list", args: []string{"--nimbus", ""}, want: []string{"-nimbus", "no address"}},
 		{name: "zero gateway check", args: []string{"--gateway-check-interval", "0s"}, want: []string{"-gateway-check-interval", `"0s"`, "positive"}},
 		{name: "zero gateway bridges", args: []string{"--gateway-bridges", "0"}, want: []string{"-gateway-bridges", "0", "positive"}},
+		{name: "zero flow export policies", args: []string{"--flow-export-max-policies", "0"}, want: []string{"-flow-export-max-policies", "0", "positive"}},
+		{name: "tiny IPFIX messages", args: []string{"--flow-export-message-bytes", "100"}, want: []string{"-flow-export-message-bytes", "100", "1024 to 65507"}},
 		{name: "bad gc percent", args: []string{"--gc-percent", "half"}, want: []string{"gc-percent", `"half"`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

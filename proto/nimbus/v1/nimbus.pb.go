@@ -11,6 +11,7 @@ package nimbusv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -37,6 +38,7 @@ const (
 	Kind_KIND_NETWORK_SECURITY_POLICY Kind = 5
 	Kind_KIND_ROUTE                   Kind = 6
 	Kind_KIND_INTERFACE               Kind = 7
+	Kind_KIND_FLOW_EXPORT_POLICY      Kind = 8
 )
 
 // Enum value maps for Kind.
@@ -50,6 +52,7 @@ var (
 		5: "KIND_NETWORK_SECURITY_POLICY",
 		6: "KIND_ROUTE",
 		7: "KIND_INTERFACE",
+		8: "KIND_FLOW_EXPORT_POLICY",
 	}
 	Kind_value = map[string]int32{
 		"KIND_UNSPECIFIED":             0,
@@ -60,6 +63,7 @@ var (
 		"KIND_NETWORK_SECURITY_POLICY": 5,
 		"KIND_ROUTE":                   6,
 		"KIND_INTERFACE":               7,
+		"KIND_FLOW_EXPORT_POLICY":      8,
 	}
 )
 
@@ -414,7 +418,7 @@ func (x PolicyRuleCounters_Direction) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PolicyRuleCounters_Direction.Descriptor instead.
 func (PolicyRuleCounters_Direction) EnumDescriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{21, 0}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{22, 0}
 }
 
 type WatchEvent_Type int32
@@ -479,7 +483,7 @@ func (x WatchEvent_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WatchEvent_Type.Descriptor instead.
 func (WatchEvent_Type) EnumDescriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{41, 0}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{44, 0}
 }
 
 type StatusEvent_Type int32
@@ -534,7 +538,7 @@ func (x StatusEvent_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use StatusEvent_Type.Descriptor instead.
 func (StatusEvent_Type) EnumDescriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{44, 0}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{47, 0}
 }
 
 // ObjectKey identifies one object. Tenant and namespace default to "default".
@@ -754,6 +758,7 @@ type Object struct {
 	//	*Object_NetworkSecurityPolicy
 	//	*Object_Route
 	//	*Object_Interface
+	//	*Object_FlowExportPolicy
 	Spec          isObject_Spec `protobuf_oneof:"spec"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -866,6 +871,15 @@ func (x *Object) GetInterface() *InterfaceSpec {
 	return nil
 }
 
+func (x *Object) GetFlowExportPolicy() *FlowExportPolicySpec {
+	if x != nil {
+		if x, ok := x.Spec.(*Object_FlowExportPolicy); ok {
+			return x.FlowExportPolicy
+		}
+	}
+	return nil
+}
+
 type isObject_Spec interface {
 	isObject_Spec()
 }
@@ -898,6 +912,10 @@ type Object_Interface struct {
 	Interface *InterfaceSpec `protobuf:"bytes,16,opt,name=interface,proto3,oneof"`
 }
 
+type Object_FlowExportPolicy struct {
+	FlowExportPolicy *FlowExportPolicySpec `protobuf:"bytes,17,opt,name=flow_export_policy,json=flowExportPolicy,proto3,oneof"`
+}
+
 func (*Object_Node) isObject_Spec() {}
 
 func (*Object_Network) isObject_Spec() {}
@@ -911,6 +929,8 @@ func (*Object_NetworkSecurityPolicy) isObject_Spec() {}
 func (*Object_Route) isObject_Spec() {}
 
 func (*Object_Interface) isObject_Spec() {}
+
+func (*Object_FlowExportPolicy) isObject_Spec() {}
 
 // NodeSpec describes one host running a naples agent.
 type NodeSpec struct {
@@ -1640,6 +1660,141 @@ func (x *InterfaceSpec) GetAddresses() []string {
 	return nil
 }
 
+// FlowExportPolicySpec exports the flow records of the firewall of the nodes it targets
+// to collectors: IPFIX (RFC 7011) over UDP, or JSON lines for log shippers. A node exports
+// the records of its local endpoints of the object's tenant that the selection names.
+// docs/flows.md ("Export") describes the records, the IPFIX template and what is lost.
+type FlowExportPolicySpec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// endpoints selects, by name, Endpoints of the object's tenant and namespace; with
+	// security_groups, an endpoint either names is selected. Neither selects every
+	// endpoint of the tenant.
+	Endpoints []string `protobuf:"bytes,1,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
+	// security_groups selects the endpoints that are members of one of these
+	// SecurityGroups of the object's tenant (spec.securityGroups of the Endpoint).
+	SecurityGroups []string `protobuf:"bytes,2,rep,name=security_groups,json=securityGroups,proto3" json:"security_groups,omitempty"`
+	// verdicts selects records by verdict, "allowed" or "denied"; empty selects both.
+	Verdicts []string `protobuf:"bytes,3,rep,name=verdicts,proto3" json:"verdicts,omitempty"`
+	// format is "ipfix" (the default when empty) or "json".
+	Format string `protobuf:"bytes,4,opt,name=format,proto3" json:"format,omitempty"`
+	// targets are the collectors IPFIX goes to, "host:port", a host name or address and
+	// a UDP port: 1 to 8 of them with format "ipfix", none with "json". A name is resolved
+	// on the node, again after every failure.
+	Targets []string `protobuf:"bytes,5,rep,name=targets,proto3" json:"targets,omitempty"`
+	// file is where format "json" writes: a file name, relative to the agent's
+	// --flow-export-dir, that records are appended to; empty writes to the agent's
+	// standard output. Only with format "json".
+	File string `protobuf:"bytes,6,opt,name=file,proto3" json:"file,omitempty"`
+	// interval is the active export interval: a connection that lasts is exported at most
+	// this often with what it carried since its last export, and once more when it ends.
+	// 1s to 1h; unset: 60s.
+	Interval *durationpb.Duration `protobuf:"bytes,7,opt,name=interval,proto3" json:"interval,omitempty"`
+	// template_interval is how often the IPFIX templates are sent again to every target,
+	// so that a collector that restarts learns them (RFC 7011 8.4); a target that
+	// failed gets them again with the first message that goes through. 1s to 1h; unset:
+	// 600s.
+	TemplateInterval *durationpb.Duration `protobuf:"bytes,8,opt,name=template_interval,json=templateInterval,proto3" json:"template_interval,omitempty"`
+	// sampling exports 1 connection in sampling, chosen by a hash of the connection's
+	// addresses, ports and protocol, so that every record of a connection is exported or
+	// none; 0 and 1 export every connection. At most 65535.
+	Sampling      uint32 `protobuf:"varint,9,opt,name=sampling,proto3" json:"sampling,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FlowExportPolicySpec) Reset() {
+	*x = FlowExportPolicySpec{}
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FlowExportPolicySpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FlowExportPolicySpec) ProtoMessage() {}
+
+func (x *FlowExportPolicySpec) ProtoReflect() protoreflect.Message {
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FlowExportPolicySpec.ProtoReflect.Descriptor instead.
+func (*FlowExportPolicySpec) Descriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *FlowExportPolicySpec) GetEndpoints() []string {
+	if x != nil {
+		return x.Endpoints
+	}
+	return nil
+}
+
+func (x *FlowExportPolicySpec) GetSecurityGroups() []string {
+	if x != nil {
+		return x.SecurityGroups
+	}
+	return nil
+}
+
+func (x *FlowExportPolicySpec) GetVerdicts() []string {
+	if x != nil {
+		return x.Verdicts
+	}
+	return nil
+}
+
+func (x *FlowExportPolicySpec) GetFormat() string {
+	if x != nil {
+		return x.Format
+	}
+	return ""
+}
+
+func (x *FlowExportPolicySpec) GetTargets() []string {
+	if x != nil {
+		return x.Targets
+	}
+	return nil
+}
+
+func (x *FlowExportPolicySpec) GetFile() string {
+	if x != nil {
+		return x.File
+	}
+	return ""
+}
+
+func (x *FlowExportPolicySpec) GetInterval() *durationpb.Duration {
+	if x != nil {
+		return x.Interval
+	}
+	return nil
+}
+
+func (x *FlowExportPolicySpec) GetTemplateInterval() *durationpb.Duration {
+	if x != nil {
+		return x.TemplateInterval
+	}
+	return nil
+}
+
+func (x *FlowExportPolicySpec) GetSampling() uint32 {
+	if x != nil {
+		return x.Sampling
+	}
+	return 0
+}
+
 // NodeStatus is what one node reports about one object.
 type NodeStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1673,7 +1828,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[13]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1685,7 +1840,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[13]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1698,7 +1853,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{13}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *NodeStatus) GetNode() string {
@@ -1782,6 +1937,7 @@ type OperationalData struct {
 	//	*OperationalData_Endpoint
 	//	*OperationalData_SecurityPolicy
 	//	*OperationalData_Interface
+	//	*OperationalData_FlowExport
 	Kind isOperationalData_Kind `protobuf_oneof:"kind"`
 	// entries_omitted is the number of list entries (rule counters, VTEP addresses, node
 	// and group names) that nimbus left out because the data were larger than it keeps
@@ -1794,7 +1950,7 @@ type OperationalData struct {
 
 func (x *OperationalData) Reset() {
 	*x = OperationalData{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[14]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1806,7 +1962,7 @@ func (x *OperationalData) String() string {
 func (*OperationalData) ProtoMessage() {}
 
 func (x *OperationalData) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[14]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1819,7 +1975,7 @@ func (x *OperationalData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperationalData.ProtoReflect.Descriptor instead.
 func (*OperationalData) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{14}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *OperationalData) GetKind() isOperationalData_Kind {
@@ -1874,6 +2030,15 @@ func (x *OperationalData) GetInterface() *InterfaceOperational {
 	return nil
 }
 
+func (x *OperationalData) GetFlowExport() *FlowExportOperational {
+	if x != nil {
+		if x, ok := x.Kind.(*OperationalData_FlowExport); ok {
+			return x.FlowExport
+		}
+	}
+	return nil
+}
+
 func (x *OperationalData) GetEntriesOmitted() uint32 {
 	if x != nil {
 		return x.EntriesOmitted
@@ -1910,6 +2075,11 @@ type OperationalData_Interface struct {
 	Interface *InterfaceOperational `protobuf:"bytes,5,opt,name=interface,proto3,oneof"`
 }
 
+type OperationalData_FlowExport struct {
+	// flow_export is a FlowExportPolicy's operational data.
+	FlowExport *FlowExportOperational `protobuf:"bytes,7,opt,name=flow_export,json=flowExport,proto3,oneof"`
+}
+
 func (*OperationalData_Node) isOperationalData_Kind() {}
 
 func (*OperationalData_Network) isOperationalData_Kind() {}
@@ -1919,6 +2089,8 @@ func (*OperationalData_Endpoint) isOperationalData_Kind() {}
 func (*OperationalData_SecurityPolicy) isOperationalData_Kind() {}
 
 func (*OperationalData_Interface) isOperationalData_Kind() {}
+
+func (*OperationalData_FlowExport) isOperationalData_Kind() {}
 
 // NodeOperational is a Node's operational data on one node. A node reports its own Node
 // PROGRAMMED once one of its interfaces holds the VTEP address, usable (not tentative);
@@ -1936,7 +2108,7 @@ type NodeOperational struct {
 
 func (x *NodeOperational) Reset() {
 	*x = NodeOperational{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[15]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1948,7 +2120,7 @@ func (x *NodeOperational) String() string {
 func (*NodeOperational) ProtoMessage() {}
 
 func (x *NodeOperational) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[15]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1961,7 +2133,7 @@ func (x *NodeOperational) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeOperational.ProtoReflect.Descriptor instead.
 func (*NodeOperational) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{15}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *NodeOperational) GetRole() NodeRole {
@@ -2025,7 +2197,7 @@ type NetworkOperational struct {
 
 func (x *NetworkOperational) Reset() {
 	*x = NetworkOperational{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[16]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2037,7 +2209,7 @@ func (x *NetworkOperational) String() string {
 func (*NetworkOperational) ProtoMessage() {}
 
 func (x *NetworkOperational) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[16]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2050,7 +2222,7 @@ func (x *NetworkOperational) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkOperational.ProtoReflect.Descriptor instead.
 func (*NetworkOperational) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{16}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *NetworkOperational) GetBridge() string {
@@ -2167,7 +2339,7 @@ type EndpointOperational struct {
 
 func (x *EndpointOperational) Reset() {
 	*x = EndpointOperational{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[17]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2179,7 +2351,7 @@ func (x *EndpointOperational) String() string {
 func (*EndpointOperational) ProtoMessage() {}
 
 func (x *EndpointOperational) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[17]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2192,7 +2364,7 @@ func (x *EndpointOperational) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointOperational.ProtoReflect.Descriptor instead.
 func (*EndpointOperational) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{17}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *EndpointOperational) GetRole() NodeRole {
@@ -2259,7 +2431,7 @@ type EndpointFirewall struct {
 
 func (x *EndpointFirewall) Reset() {
 	*x = EndpointFirewall{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[18]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2271,7 +2443,7 @@ func (x *EndpointFirewall) String() string {
 func (*EndpointFirewall) ProtoMessage() {}
 
 func (x *EndpointFirewall) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[18]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2284,7 +2456,7 @@ func (x *EndpointFirewall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointFirewall.ProtoReflect.Descriptor instead.
 func (*EndpointFirewall) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{18}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *EndpointFirewall) GetIngressProtected() bool {
@@ -2342,7 +2514,7 @@ type EndpointFirewallCounters struct {
 
 func (x *EndpointFirewallCounters) Reset() {
 	*x = EndpointFirewallCounters{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[19]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2354,7 +2526,7 @@ func (x *EndpointFirewallCounters) String() string {
 func (*EndpointFirewallCounters) ProtoMessage() {}
 
 func (x *EndpointFirewallCounters) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[19]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2367,7 +2539,7 @@ func (x *EndpointFirewallCounters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointFirewallCounters.ProtoReflect.Descriptor instead.
 func (*EndpointFirewallCounters) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{19}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *EndpointFirewallCounters) GetAllowedPackets() uint64 {
@@ -2427,7 +2599,7 @@ type SecurityPolicyOperational struct {
 
 func (x *SecurityPolicyOperational) Reset() {
 	*x = SecurityPolicyOperational{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[20]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2439,7 +2611,7 @@ func (x *SecurityPolicyOperational) String() string {
 func (*SecurityPolicyOperational) ProtoMessage() {}
 
 func (x *SecurityPolicyOperational) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[20]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2452,7 +2624,7 @@ func (x *SecurityPolicyOperational) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SecurityPolicyOperational.ProtoReflect.Descriptor instead.
 func (*SecurityPolicyOperational) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{20}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SecurityPolicyOperational) GetProtectedEndpoints() uint32 {
@@ -2486,7 +2658,7 @@ type PolicyRuleCounters struct {
 
 func (x *PolicyRuleCounters) Reset() {
 	*x = PolicyRuleCounters{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[21]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2498,7 +2670,7 @@ func (x *PolicyRuleCounters) String() string {
 func (*PolicyRuleCounters) ProtoMessage() {}
 
 func (x *PolicyRuleCounters) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[21]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2511,7 +2683,7 @@ func (x *PolicyRuleCounters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PolicyRuleCounters.ProtoReflect.Descriptor instead.
 func (*PolicyRuleCounters) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{21}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PolicyRuleCounters) GetDirection() PolicyRuleCounters_Direction {
@@ -2576,7 +2748,7 @@ type InterfaceOperational struct {
 
 func (x *InterfaceOperational) Reset() {
 	*x = InterfaceOperational{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[22]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2588,7 +2760,7 @@ func (x *InterfaceOperational) String() string {
 func (*InterfaceOperational) ProtoMessage() {}
 
 func (x *InterfaceOperational) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[22]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2601,7 +2773,7 @@ func (x *InterfaceOperational) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InterfaceOperational.ProtoReflect.Descriptor instead.
 func (*InterfaceOperational) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{22}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *InterfaceOperational) GetOperState() LinkOperState {
@@ -2688,6 +2860,176 @@ func (x *InterfaceOperational) GetTxDropped() uint64 {
 	return 0
 }
 
+// FlowExportOperational is a FlowExportPolicy's operational data on one node: what its
+// exporter sent, lost and failed at, since it started with the object's current spec.
+type FlowExportOperational struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// records_selected is the number of flow records the selection and sampling took.
+	RecordsSelected uint64 `protobuf:"varint,1,opt,name=records_selected,json=recordsSelected,proto3" json:"records_selected,omitempty"`
+	// records_dropped is the number of flow records the exporter did not read before the
+	// agent's flow log let go of them: an exporter that fell behind loses records rather
+	// than slow the agent.
+	RecordsDropped uint64 `protobuf:"varint,2,opt,name=records_dropped,json=recordsDropped,proto3" json:"records_dropped,omitempty"`
+	// connections is the number of connections the exporter tracks for their delta counts.
+	Connections uint32 `protobuf:"varint,3,opt,name=connections,proto3" json:"connections,omitempty"`
+	// targets are the states of the targets, in spec order (one for format "json": its
+	// file, or "stdout").
+	Targets       []*FlowExportTarget `protobuf:"bytes,4,rep,name=targets,proto3" json:"targets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FlowExportOperational) Reset() {
+	*x = FlowExportOperational{}
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FlowExportOperational) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FlowExportOperational) ProtoMessage() {}
+
+func (x *FlowExportOperational) ProtoReflect() protoreflect.Message {
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FlowExportOperational.ProtoReflect.Descriptor instead.
+func (*FlowExportOperational) Descriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *FlowExportOperational) GetRecordsSelected() uint64 {
+	if x != nil {
+		return x.RecordsSelected
+	}
+	return 0
+}
+
+func (x *FlowExportOperational) GetRecordsDropped() uint64 {
+	if x != nil {
+		return x.RecordsDropped
+	}
+	return 0
+}
+
+func (x *FlowExportOperational) GetConnections() uint32 {
+	if x != nil {
+		return x.Connections
+	}
+	return 0
+}
+
+func (x *FlowExportOperational) GetTargets() []*FlowExportTarget {
+	if x != nil {
+		return x.Targets
+	}
+	return nil
+}
+
+// FlowExportTarget is the state of one target of a flow exporter.
+type FlowExportTarget struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// target is the target as the spec names it.
+	Target string `protobuf:"bytes,1,opt,name=target,proto3" json:"target,omitempty"`
+	// records_sent is the number of records sent to the target (IPFIX data records, or
+	// JSON lines written).
+	RecordsSent uint64 `protobuf:"varint,2,opt,name=records_sent,json=recordsSent,proto3" json:"records_sent,omitempty"`
+	// messages_sent is the number of IPFIX messages, or writes, that went out.
+	MessagesSent uint64 `protobuf:"varint,3,opt,name=messages_sent,json=messagesSent,proto3" json:"messages_sent,omitempty"`
+	// errors is the number of sends that failed; the records of a failed send are lost.
+	Errors uint64 `protobuf:"varint,4,opt,name=errors,proto3" json:"errors,omitempty"`
+	// last_error is the error of the latest send when it failed: empty while the target
+	// takes what is sent.
+	LastError string `protobuf:"bytes,5,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	// last_error_time is when last_error happened.
+	LastErrorTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=last_error_time,json=lastErrorTime,proto3" json:"last_error_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FlowExportTarget) Reset() {
+	*x = FlowExportTarget{}
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FlowExportTarget) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FlowExportTarget) ProtoMessage() {}
+
+func (x *FlowExportTarget) ProtoReflect() protoreflect.Message {
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FlowExportTarget.ProtoReflect.Descriptor instead.
+func (*FlowExportTarget) Descriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *FlowExportTarget) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *FlowExportTarget) GetRecordsSent() uint64 {
+	if x != nil {
+		return x.RecordsSent
+	}
+	return 0
+}
+
+func (x *FlowExportTarget) GetMessagesSent() uint64 {
+	if x != nil {
+		return x.MessagesSent
+	}
+	return 0
+}
+
+func (x *FlowExportTarget) GetErrors() uint64 {
+	if x != nil {
+		return x.Errors
+	}
+	return 0
+}
+
+func (x *FlowExportTarget) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
+func (x *FlowExportTarget) GetLastErrorTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastErrorTime
+	}
+	return nil
+}
+
 // ObjectStatus is the propagation status of one object across its target nodes.
 type ObjectStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2735,7 +3077,7 @@ type ObjectStatus struct {
 
 func (x *ObjectStatus) Reset() {
 	*x = ObjectStatus{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[23]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2747,7 +3089,7 @@ func (x *ObjectStatus) String() string {
 func (*ObjectStatus) ProtoMessage() {}
 
 func (x *ObjectStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[23]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2760,7 +3102,7 @@ func (x *ObjectStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectStatus.ProtoReflect.Descriptor instead.
 func (*ObjectStatus) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{23}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ObjectStatus) GetNodes() []*NodeStatus {
@@ -2858,7 +3200,7 @@ type ObjectWithStatus struct {
 
 func (x *ObjectWithStatus) Reset() {
 	*x = ObjectWithStatus{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[24]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2870,7 +3212,7 @@ func (x *ObjectWithStatus) String() string {
 func (*ObjectWithStatus) ProtoMessage() {}
 
 func (x *ObjectWithStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[24]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2883,7 +3225,7 @@ func (x *ObjectWithStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectWithStatus.ProtoReflect.Descriptor instead.
 func (*ObjectWithStatus) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{24}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ObjectWithStatus) GetObject() *Object {
@@ -2909,7 +3251,7 @@ type ApplyRequest struct {
 
 func (x *ApplyRequest) Reset() {
 	*x = ApplyRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[25]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2921,7 +3263,7 @@ func (x *ApplyRequest) String() string {
 func (*ApplyRequest) ProtoMessage() {}
 
 func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[25]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2934,7 +3276,7 @@ func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyRequest.ProtoReflect.Descriptor instead.
 func (*ApplyRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{25}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ApplyRequest) GetObject() *Object {
@@ -2958,7 +3300,7 @@ type ApplyResponse struct {
 
 func (x *ApplyResponse) Reset() {
 	*x = ApplyResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[26]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2970,7 +3312,7 @@ func (x *ApplyResponse) String() string {
 func (*ApplyResponse) ProtoMessage() {}
 
 func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[26]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2983,7 +3325,7 @@ func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyResponse.ProtoReflect.Descriptor instead.
 func (*ApplyResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{26}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ApplyResponse) GetObject() *Object {
@@ -3016,7 +3358,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[27]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3028,7 +3370,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[27]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3041,7 +3383,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{27}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *DeleteRequest) GetKey() *ObjectKey {
@@ -3062,7 +3404,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[28]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3074,7 +3416,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[28]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3087,7 +3429,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{28}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *DeleteResponse) GetFound() bool {
@@ -3120,7 +3462,7 @@ type ApplyBatchRequest struct {
 
 func (x *ApplyBatchRequest) Reset() {
 	*x = ApplyBatchRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[29]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3132,7 +3474,7 @@ func (x *ApplyBatchRequest) String() string {
 func (*ApplyBatchRequest) ProtoMessage() {}
 
 func (x *ApplyBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[29]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3145,7 +3487,7 @@ func (x *ApplyBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyBatchRequest.ProtoReflect.Descriptor instead.
 func (*ApplyBatchRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{29}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ApplyBatchRequest) GetObjects() []*Object {
@@ -3178,7 +3520,7 @@ type ApplyBatchResponse struct {
 
 func (x *ApplyBatchResponse) Reset() {
 	*x = ApplyBatchResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[30]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3190,7 +3532,7 @@ func (x *ApplyBatchResponse) String() string {
 func (*ApplyBatchResponse) ProtoMessage() {}
 
 func (x *ApplyBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[30]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3203,7 +3545,7 @@ func (x *ApplyBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyBatchResponse.ProtoReflect.Descriptor instead.
 func (*ApplyBatchResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{30}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ApplyBatchResponse) GetResults() []*ApplyResponse {
@@ -3237,7 +3579,7 @@ type DeleteBatchRequest struct {
 
 func (x *DeleteBatchRequest) Reset() {
 	*x = DeleteBatchRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[31]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3249,7 +3591,7 @@ func (x *DeleteBatchRequest) String() string {
 func (*DeleteBatchRequest) ProtoMessage() {}
 
 func (x *DeleteBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[31]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3262,7 +3604,7 @@ func (x *DeleteBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBatchRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBatchRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{31}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DeleteBatchRequest) GetKeys() []*ObjectKey {
@@ -3286,7 +3628,7 @@ type DeleteBatchResponse struct {
 
 func (x *DeleteBatchResponse) Reset() {
 	*x = DeleteBatchResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[32]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3298,7 +3640,7 @@ func (x *DeleteBatchResponse) String() string {
 func (*DeleteBatchResponse) ProtoMessage() {}
 
 func (x *DeleteBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[32]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3311,7 +3653,7 @@ func (x *DeleteBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBatchResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBatchResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{32}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *DeleteBatchResponse) GetResults() []*DeleteResponse {
@@ -3344,7 +3686,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[33]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3356,7 +3698,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[33]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3369,7 +3711,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{33}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetRequest) GetKey() *ObjectKey {
@@ -3388,7 +3730,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[34]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3400,7 +3742,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[34]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3413,7 +3755,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{34}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GetResponse) GetItem() *ObjectWithStatus {
@@ -3446,7 +3788,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[35]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3458,7 +3800,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[35]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3471,7 +3813,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{35}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListRequest) GetKind() Kind {
@@ -3523,7 +3865,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[36]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3535,7 +3877,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[36]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3548,7 +3890,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{36}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListResponse) GetItems() []*ObjectWithStatus {
@@ -3596,7 +3938,7 @@ type ListNodeStatusesRequest struct {
 
 func (x *ListNodeStatusesRequest) Reset() {
 	*x = ListNodeStatusesRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[37]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3608,7 +3950,7 @@ func (x *ListNodeStatusesRequest) String() string {
 func (*ListNodeStatusesRequest) ProtoMessage() {}
 
 func (x *ListNodeStatusesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[37]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3621,7 +3963,7 @@ func (x *ListNodeStatusesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodeStatusesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodeStatusesRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{37}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListNodeStatusesRequest) GetKey() *ObjectKey {
@@ -3667,7 +4009,7 @@ type NodeStatusEntry struct {
 
 func (x *NodeStatusEntry) Reset() {
 	*x = NodeStatusEntry{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[38]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3679,7 +4021,7 @@ func (x *NodeStatusEntry) String() string {
 func (*NodeStatusEntry) ProtoMessage() {}
 
 func (x *NodeStatusEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[38]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3692,7 +4034,7 @@ func (x *NodeStatusEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatusEntry.ProtoReflect.Descriptor instead.
 func (*NodeStatusEntry) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{38}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *NodeStatusEntry) GetNode() string {
@@ -3730,7 +4072,7 @@ type ListNodeStatusesResponse struct {
 
 func (x *ListNodeStatusesResponse) Reset() {
 	*x = ListNodeStatusesResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[39]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3742,7 +4084,7 @@ func (x *ListNodeStatusesResponse) String() string {
 func (*ListNodeStatusesResponse) ProtoMessage() {}
 
 func (x *ListNodeStatusesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[39]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3755,7 +4097,7 @@ func (x *ListNodeStatusesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodeStatusesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodeStatusesResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{39}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListNodeStatusesResponse) GetEntries() []*NodeStatusEntry {
@@ -3799,7 +4141,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[40]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3811,7 +4153,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[40]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3824,7 +4166,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{40}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *WatchRequest) GetNode() string {
@@ -3874,7 +4216,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[41]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3886,7 +4228,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[41]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3899,7 +4241,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{41}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *WatchEvent) GetType() WatchEvent_Type {
@@ -3958,7 +4300,7 @@ type WatchFrame struct {
 
 func (x *WatchFrame) Reset() {
 	*x = WatchFrame{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[42]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3970,7 +4312,7 @@ func (x *WatchFrame) String() string {
 func (*WatchFrame) ProtoMessage() {}
 
 func (x *WatchFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[42]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3983,7 +4325,7 @@ func (x *WatchFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchFrame.ProtoReflect.Descriptor instead.
 func (*WatchFrame) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{42}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *WatchFrame) GetEvents() []*WatchEvent {
@@ -4007,7 +4349,7 @@ type WatchStatusRequest struct {
 
 func (x *WatchStatusRequest) Reset() {
 	*x = WatchStatusRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[43]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4019,7 +4361,7 @@ func (x *WatchStatusRequest) String() string {
 func (*WatchStatusRequest) ProtoMessage() {}
 
 func (x *WatchStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[43]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4032,7 +4374,7 @@ func (x *WatchStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchStatusRequest.ProtoReflect.Descriptor instead.
 func (*WatchStatusRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{43}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *WatchStatusRequest) GetKind() Kind {
@@ -4074,7 +4416,7 @@ type StatusEvent struct {
 
 func (x *StatusEvent) Reset() {
 	*x = StatusEvent{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[44]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4086,7 +4428,7 @@ func (x *StatusEvent) String() string {
 func (*StatusEvent) ProtoMessage() {}
 
 func (x *StatusEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[44]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4099,7 +4441,7 @@ func (x *StatusEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusEvent.ProtoReflect.Descriptor instead.
 func (*StatusEvent) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{44}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *StatusEvent) GetType() StatusEvent_Type {
@@ -4133,7 +4475,7 @@ type StatusFrame struct {
 
 func (x *StatusFrame) Reset() {
 	*x = StatusFrame{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[45]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4145,7 +4487,7 @@ func (x *StatusFrame) String() string {
 func (*StatusFrame) ProtoMessage() {}
 
 func (x *StatusFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[45]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4158,7 +4500,7 @@ func (x *StatusFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusFrame.ProtoReflect.Descriptor instead.
 func (*StatusFrame) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{45}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *StatusFrame) GetEvents() []*StatusEvent {
@@ -4183,7 +4525,7 @@ type StatusReport struct {
 
 func (x *StatusReport) Reset() {
 	*x = StatusReport{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[46]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4195,7 +4537,7 @@ func (x *StatusReport) String() string {
 func (*StatusReport) ProtoMessage() {}
 
 func (x *StatusReport) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[46]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4208,7 +4550,7 @@ func (x *StatusReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusReport.ProtoReflect.Descriptor instead.
 func (*StatusReport) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{46}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *StatusReport) GetKey() *ObjectKey {
@@ -4253,7 +4595,7 @@ type StatusWatermark struct {
 
 func (x *StatusWatermark) Reset() {
 	*x = StatusWatermark{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[47]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4265,7 +4607,7 @@ func (x *StatusWatermark) String() string {
 func (*StatusWatermark) ProtoMessage() {}
 
 func (x *StatusWatermark) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[47]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4278,7 +4620,7 @@ func (x *StatusWatermark) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusWatermark.ProtoReflect.Descriptor instead.
 func (*StatusWatermark) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{47}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *StatusWatermark) GetNode() string {
@@ -4317,7 +4659,7 @@ type ReportStatusResponse struct {
 
 func (x *ReportStatusResponse) Reset() {
 	*x = ReportStatusResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[48]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4329,7 +4671,7 @@ func (x *ReportStatusResponse) String() string {
 func (*ReportStatusResponse) ProtoMessage() {}
 
 func (x *ReportStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[48]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4342,7 +4684,7 @@ func (x *ReportStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportStatusResponse.ProtoReflect.Descriptor instead.
 func (*ReportStatusResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{48}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{51}
 }
 
 // PeerFrame is one frame of the stream on which a nimbus replica pushes to a peer replica
@@ -4371,7 +4713,7 @@ type PeerFrame struct {
 
 func (x *PeerFrame) Reset() {
 	*x = PeerFrame{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[49]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4383,7 +4725,7 @@ func (x *PeerFrame) String() string {
 func (*PeerFrame) ProtoMessage() {}
 
 func (x *PeerFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[49]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4396,7 +4738,7 @@ func (x *PeerFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerFrame.ProtoReflect.Descriptor instead.
 func (*PeerFrame) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{49}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *PeerFrame) GetReplica() string {
@@ -4449,7 +4791,7 @@ type PeerPresence struct {
 
 func (x *PeerPresence) Reset() {
 	*x = PeerPresence{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[50]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4461,7 +4803,7 @@ func (x *PeerPresence) String() string {
 func (*PeerPresence) ProtoMessage() {}
 
 func (x *PeerPresence) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[50]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4474,7 +4816,7 @@ func (x *PeerPresence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerPresence.ProtoReflect.Descriptor instead.
 func (*PeerPresence) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{50}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *PeerPresence) GetNode() string {
@@ -4506,7 +4848,7 @@ type PeerStatusResponse struct {
 
 func (x *PeerStatusResponse) Reset() {
 	*x = PeerStatusResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[51]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4518,7 +4860,7 @@ func (x *PeerStatusResponse) String() string {
 func (*PeerStatusResponse) ProtoMessage() {}
 
 func (x *PeerStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[51]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4531,14 +4873,14 @@ func (x *PeerStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerStatusResponse.ProtoReflect.Descriptor instead.
 func (*PeerStatusResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{51}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{54}
 }
 
 var File_nimbus_v1_nimbus_proto protoreflect.FileDescriptor
 
 const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\n" +
-	"\x16nimbus/v1/nimbus.proto\x12\tnimbus.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"z\n" +
+	"\x16nimbus/v1/nimbus.proto\x12\tnimbus.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"z\n" +
 	"\tObjectKey\x12#\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x0f.nimbus.v1.KindR\x04kind\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x1c\n" +
@@ -4564,7 +4906,7 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\x13generation_revision\x18\v \x01(\x04R\x12generationRevision\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe0\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb1\x04\n" +
 	"\x06Object\x12)\n" +
 	"\x04meta\x18\x01 \x01(\v2\x15.nimbus.v1.ObjectMetaR\x04meta\x12)\n" +
 	"\x04node\x18\n" +
@@ -4574,7 +4916,8 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\x0esecurity_group\x18\r \x01(\v2\x1c.nimbus.v1.SecurityGroupSpecH\x00R\rsecurityGroup\x12^\n" +
 	"\x17network_security_policy\x18\x0e \x01(\v2$.nimbus.v1.NetworkSecurityPolicySpecH\x00R\x15networkSecurityPolicy\x12,\n" +
 	"\x05route\x18\x0f \x01(\v2\x14.nimbus.v1.RouteSpecH\x00R\x05route\x128\n" +
-	"\tinterface\x18\x10 \x01(\v2\x18.nimbus.v1.InterfaceSpecH\x00R\tinterfaceB\x06\n" +
+	"\tinterface\x18\x10 \x01(\v2\x18.nimbus.v1.InterfaceSpecH\x00R\tinterface\x12O\n" +
+	"\x12flow_export_policy\x18\x11 \x01(\v2\x1f.nimbus.v1.FlowExportPolicySpecH\x00R\x10flowExportPolicyB\x06\n" +
 	"\x04spec\"I\n" +
 	"\bNodeSpec\x12\x1a\n" +
 	"\bhostname\x18\x01 \x01(\tR\bhostname\x12!\n" +
@@ -4632,7 +4975,17 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\badmin_up\x18\x02 \x01(\bH\x00R\aadminUp\x88\x01\x01\x12\x10\n" +
 	"\x03mtu\x18\x03 \x01(\rR\x03mtu\x12\x1c\n" +
 	"\taddresses\x18\x04 \x03(\tR\taddressesB\v\n" +
-	"\t_admin_up\"\xeb\x03\n" +
+	"\t_admin_up\"\xda\x02\n" +
+	"\x14FlowExportPolicySpec\x12\x1c\n" +
+	"\tendpoints\x18\x01 \x03(\tR\tendpoints\x12'\n" +
+	"\x0fsecurity_groups\x18\x02 \x03(\tR\x0esecurityGroups\x12\x1a\n" +
+	"\bverdicts\x18\x03 \x03(\tR\bverdicts\x12\x16\n" +
+	"\x06format\x18\x04 \x01(\tR\x06format\x12\x18\n" +
+	"\atargets\x18\x05 \x03(\tR\atargets\x12\x12\n" +
+	"\x04file\x18\x06 \x01(\tR\x04file\x125\n" +
+	"\binterval\x18\a \x01(\v2\x19.google.protobuf.DurationR\binterval\x12F\n" +
+	"\x11template_interval\x18\b \x01(\v2\x19.google.protobuf.DurationR\x10templateInterval\x12\x1a\n" +
+	"\bsampling\x18\t \x01(\rR\bsampling\"\xeb\x03\n" +
 	"\n" +
 	"NodeStatus\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12/\n" +
@@ -4649,13 +5002,15 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	" \x01(\v2\x1a.nimbus.v1.OperationalDataR\x0foperationalData\x1a>\n" +
 	"\x10OperationalEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xff\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc4\x03\n" +
 	"\x0fOperationalData\x120\n" +
 	"\x04node\x18\x01 \x01(\v2\x1a.nimbus.v1.NodeOperationalH\x00R\x04node\x129\n" +
 	"\anetwork\x18\x02 \x01(\v2\x1d.nimbus.v1.NetworkOperationalH\x00R\anetwork\x12<\n" +
 	"\bendpoint\x18\x03 \x01(\v2\x1e.nimbus.v1.EndpointOperationalH\x00R\bendpoint\x12O\n" +
 	"\x0fsecurity_policy\x18\x04 \x01(\v2$.nimbus.v1.SecurityPolicyOperationalH\x00R\x0esecurityPolicy\x12?\n" +
-	"\tinterface\x18\x05 \x01(\v2\x1f.nimbus.v1.InterfaceOperationalH\x00R\tinterface\x12'\n" +
+	"\tinterface\x18\x05 \x01(\v2\x1f.nimbus.v1.InterfaceOperationalH\x00R\tinterface\x12C\n" +
+	"\vflow_export\x18\a \x01(\v2 .nimbus.v1.FlowExportOperationalH\x00R\n" +
+	"flowExport\x12'\n" +
 	"\x0fentries_omitted\x18\x06 \x01(\rR\x0eentriesOmittedB\x06\n" +
 	"\x04kind\"N\n" +
 	"\x0fNodeOperational\x12'\n" +
@@ -4727,7 +5082,20 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\n" +
 	"rx_dropped\x18\v \x01(\x04R\trxDropped\x12\x1d\n" +
 	"\n" +
-	"tx_dropped\x18\f \x01(\x04R\ttxDropped\"\xe5\x03\n" +
+	"tx_dropped\x18\f \x01(\x04R\ttxDropped\"\xc4\x01\n" +
+	"\x15FlowExportOperational\x12)\n" +
+	"\x10records_selected\x18\x01 \x01(\x04R\x0frecordsSelected\x12'\n" +
+	"\x0frecords_dropped\x18\x02 \x01(\x04R\x0erecordsDropped\x12 \n" +
+	"\vconnections\x18\x03 \x01(\rR\vconnections\x125\n" +
+	"\atargets\x18\x04 \x03(\v2\x1b.nimbus.v1.FlowExportTargetR\atargets\"\xed\x01\n" +
+	"\x10FlowExportTarget\x12\x16\n" +
+	"\x06target\x18\x01 \x01(\tR\x06target\x12!\n" +
+	"\frecords_sent\x18\x02 \x01(\x04R\vrecordsSent\x12#\n" +
+	"\rmessages_sent\x18\x03 \x01(\x04R\fmessagesSent\x12\x16\n" +
+	"\x06errors\x18\x04 \x01(\x04R\x06errors\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\x05 \x01(\tR\tlastError\x12B\n" +
+	"\x0flast_error_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\rlastErrorTime\"\xe5\x03\n" +
 	"\fObjectStatus\x12+\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x15.nimbus.v1.NodeStatusR\x05nodes\x12!\n" +
 	"\ftarget_nodes\x18\x02 \x01(\x05R\vtargetNodes\x12)\n" +
@@ -4865,7 +5233,7 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\astreams\x18\x02 \x01(\x05R\astreams\x120\n" +
 	"\x05since\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\"\x14\n" +
-	"\x12PeerStatusResponse*\xaf\x01\n" +
+	"\x12PeerStatusResponse*\xcc\x01\n" +
 	"\x04Kind\x12\x14\n" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tKIND_NODE\x10\x01\x12\x10\n" +
@@ -4875,7 +5243,8 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\x1cKIND_NETWORK_SECURITY_POLICY\x10\x05\x12\x0e\n" +
 	"\n" +
 	"KIND_ROUTE\x10\x06\x12\x12\n" +
-	"\x0eKIND_INTERFACE\x10\a*Y\n" +
+	"\x0eKIND_INTERFACE\x10\a\x12\x1b\n" +
+	"\x17KIND_FLOW_EXPORT_POLICY\x10\b*Y\n" +
 	"\x05Phase\x12\x15\n" +
 	"\x11PHASE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rPHASE_PENDING\x10\x01\x12\x14\n" +
@@ -4926,7 +5295,7 @@ func file_nimbus_v1_nimbus_proto_rawDescGZIP() []byte {
 }
 
 var file_nimbus_v1_nimbus_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_nimbus_v1_nimbus_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
+var file_nimbus_v1_nimbus_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
 var file_nimbus_v1_nimbus_proto_goTypes = []any{
 	(Kind)(0),                         // 0: nimbus.v1.Kind
 	(Phase)(0),                        // 1: nimbus.v1.Phase
@@ -4950,54 +5319,58 @@ var file_nimbus_v1_nimbus_proto_goTypes = []any{
 	(*RouteSpec)(nil),                 // 19: nimbus.v1.RouteSpec
 	(*NextHop)(nil),                   // 20: nimbus.v1.NextHop
 	(*InterfaceSpec)(nil),             // 21: nimbus.v1.InterfaceSpec
-	(*NodeStatus)(nil),                // 22: nimbus.v1.NodeStatus
-	(*OperationalData)(nil),           // 23: nimbus.v1.OperationalData
-	(*NodeOperational)(nil),           // 24: nimbus.v1.NodeOperational
-	(*NetworkOperational)(nil),        // 25: nimbus.v1.NetworkOperational
-	(*EndpointOperational)(nil),       // 26: nimbus.v1.EndpointOperational
-	(*EndpointFirewall)(nil),          // 27: nimbus.v1.EndpointFirewall
-	(*EndpointFirewallCounters)(nil),  // 28: nimbus.v1.EndpointFirewallCounters
-	(*SecurityPolicyOperational)(nil), // 29: nimbus.v1.SecurityPolicyOperational
-	(*PolicyRuleCounters)(nil),        // 30: nimbus.v1.PolicyRuleCounters
-	(*InterfaceOperational)(nil),      // 31: nimbus.v1.InterfaceOperational
-	(*ObjectStatus)(nil),              // 32: nimbus.v1.ObjectStatus
-	(*ObjectWithStatus)(nil),          // 33: nimbus.v1.ObjectWithStatus
-	(*ApplyRequest)(nil),              // 34: nimbus.v1.ApplyRequest
-	(*ApplyResponse)(nil),             // 35: nimbus.v1.ApplyResponse
-	(*DeleteRequest)(nil),             // 36: nimbus.v1.DeleteRequest
-	(*DeleteResponse)(nil),            // 37: nimbus.v1.DeleteResponse
-	(*ApplyBatchRequest)(nil),         // 38: nimbus.v1.ApplyBatchRequest
-	(*ApplyBatchResponse)(nil),        // 39: nimbus.v1.ApplyBatchResponse
-	(*DeleteBatchRequest)(nil),        // 40: nimbus.v1.DeleteBatchRequest
-	(*DeleteBatchResponse)(nil),       // 41: nimbus.v1.DeleteBatchResponse
-	(*GetRequest)(nil),                // 42: nimbus.v1.GetRequest
-	(*GetResponse)(nil),               // 43: nimbus.v1.GetResponse
-	(*ListRequest)(nil),               // 44: nimbus.v1.ListRequest
-	(*ListResponse)(nil),              // 45: nimbus.v1.ListResponse
-	(*ListNodeStatusesRequest)(nil),   // 46: nimbus.v1.ListNodeStatusesRequest
-	(*NodeStatusEntry)(nil),           // 47: nimbus.v1.NodeStatusEntry
-	(*ListNodeStatusesResponse)(nil),  // 48: nimbus.v1.ListNodeStatusesResponse
-	(*WatchRequest)(nil),              // 49: nimbus.v1.WatchRequest
-	(*WatchEvent)(nil),                // 50: nimbus.v1.WatchEvent
-	(*WatchFrame)(nil),                // 51: nimbus.v1.WatchFrame
-	(*WatchStatusRequest)(nil),        // 52: nimbus.v1.WatchStatusRequest
-	(*StatusEvent)(nil),               // 53: nimbus.v1.StatusEvent
-	(*StatusFrame)(nil),               // 54: nimbus.v1.StatusFrame
-	(*StatusReport)(nil),              // 55: nimbus.v1.StatusReport
-	(*StatusWatermark)(nil),           // 56: nimbus.v1.StatusWatermark
-	(*ReportStatusResponse)(nil),      // 57: nimbus.v1.ReportStatusResponse
-	(*PeerFrame)(nil),                 // 58: nimbus.v1.PeerFrame
-	(*PeerPresence)(nil),              // 59: nimbus.v1.PeerPresence
-	(*PeerStatusResponse)(nil),        // 60: nimbus.v1.PeerStatusResponse
-	nil,                               // 61: nimbus.v1.ObjectMeta.LabelsEntry
-	nil,                               // 62: nimbus.v1.NodeStatus.OperationalEntry
-	(*timestamppb.Timestamp)(nil),     // 63: google.protobuf.Timestamp
+	(*FlowExportPolicySpec)(nil),      // 22: nimbus.v1.FlowExportPolicySpec
+	(*NodeStatus)(nil),                // 23: nimbus.v1.NodeStatus
+	(*OperationalData)(nil),           // 24: nimbus.v1.OperationalData
+	(*NodeOperational)(nil),           // 25: nimbus.v1.NodeOperational
+	(*NetworkOperational)(nil),        // 26: nimbus.v1.NetworkOperational
+	(*EndpointOperational)(nil),       // 27: nimbus.v1.EndpointOperational
+	(*EndpointFirewall)(nil),          // 28: nimbus.v1.EndpointFirewall
+	(*EndpointFirewallCounters)(nil),  // 29: nimbus.v1.EndpointFirewallCounters
+	(*SecurityPolicyOperational)(nil), // 30: nimbus.v1.SecurityPolicyOperational
+	(*PolicyRuleCounters)(nil),        // 31: nimbus.v1.PolicyRuleCounters
+	(*InterfaceOperational)(nil),      // 32: nimbus.v1.InterfaceOperational
+	(*FlowExportOperational)(nil),     // 33: nimbus.v1.FlowExportOperational
+	(*FlowExportTarget)(nil),          // 34: nimbus.v1.FlowExportTarget
+	(*ObjectStatus)(nil),              // 35: nimbus.v1.ObjectStatus
+	(*ObjectWithStatus)(nil),          // 36: nimbus.v1.ObjectWithStatus
+	(*ApplyRequest)(nil),              // 37: nimbus.v1.ApplyRequest
+	(*ApplyResponse)(nil),             // 38: nimbus.v1.ApplyResponse
+	(*DeleteRequest)(nil),             // 39: nimbus.v1.DeleteRequest
+	(*DeleteResponse)(nil),            // 40: nimbus.v1.DeleteResponse
+	(*ApplyBatchRequest)(nil),         // 41: nimbus.v1.ApplyBatchRequest
+	(*ApplyBatchResponse)(nil),        // 42: nimbus.v1.ApplyBatchResponse
+	(*DeleteBatchRequest)(nil),        // 43: nimbus.v1.DeleteBatchRequest
+	(*DeleteBatchResponse)(nil),       // 44: nimbus.v1.DeleteBatchResponse
+	(*GetRequest)(nil),                // 45: nimbus.v1.GetRequest
+	(*GetResponse)(nil),               // 46: nimbus.v1.GetResponse
+	(*ListRequest)(nil),               // 47: nimbus.v1.ListRequest
+	(*ListResponse)(nil),              // 48: nimbus.v1.ListResponse
+	(*ListNodeStatusesRequest)(nil),   // 49: nimbus.v1.ListNodeStatusesRequest
+	(*NodeStatusEntry)(nil),           // 50: nimbus.v1.NodeStatusEntry
+	(*ListNodeStatusesResponse)(nil),  // 51: nimbus.v1.ListNodeStatusesResponse
+	(*WatchRequest)(nil),              // 52: nimbus.v1.WatchRequest
+	(*WatchEvent)(nil),                // 53: nimbus.v1.WatchEvent
+	(*WatchFrame)(nil),                // 54: nimbus.v1.WatchFrame
+	(*WatchStatusRequest)(nil),        // 55: nimbus.v1.WatchStatusRequest
+	(*StatusEvent)(nil),               // 56: nimbus.v1.StatusEvent
+	(*StatusFrame)(nil),               // 57: nimbus.v1.StatusFrame
+	(*StatusReport)(nil),              // 58: nimbus.v1.StatusReport
+	(*StatusWatermark)(nil),           // 59: nimbus.v1.StatusWatermark
+	(*ReportStatusResponse)(nil),      // 60: nimbus.v1.ReportStatusResponse
+	(*PeerFrame)(nil),                 // 61: nimbus.v1.PeerFrame
+	(*PeerPresence)(nil),              // 62: nimbus.v1.PeerPresence
+	(*PeerStatusResponse)(nil),        // 63: nimbus.v1.PeerStatusResponse
+	nil,                               // 64: nimbus.v1.ObjectMeta.LabelsEntry
+	nil,                               // 65: nimbus.v1.NodeStatus.OperationalEntry
+	(*timestamppb.Timestamp)(nil),     // 66: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),       // 67: google.protobuf.Duration
 }
 var file_nimbus_v1_nimbus_proto_depIdxs = []int32{
 	0,  // 0: nimbus.v1.ObjectKey.kind:type_name -> nimbus.v1.Kind
-	61, // 1: nimbus.v1.ObjectMeta.labels:type_name -> nimbus.v1.ObjectMeta.LabelsEntry
-	63, // 2: nimbus.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
-	63, // 3: nimbus.v1.ObjectMeta.update_time:type_name -> google.protobuf.Timestamp
+	64, // 1: nimbus.v1.ObjectMeta.labels:type_name -> nimbus.v1.ObjectMeta.LabelsEntry
+	66, // 2: nimbus.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
+	66, // 3: nimbus.v1.ObjectMeta.update_time:type_name -> google.protobuf.Timestamp
 	10, // 4: nimbus.v1.Object.meta:type_name -> nimbus.v1.ObjectMeta
 	12, // 5: nimbus.v1.Object.node:type_name -> nimbus.v1.NodeSpec
 	13, // 6: nimbus.v1.Object.network:type_name -> nimbus.v1.NetworkSpec
@@ -5006,90 +5379,96 @@ var file_nimbus_v1_nimbus_proto_depIdxs = []int32{
 	17, // 9: nimbus.v1.Object.network_security_policy:type_name -> nimbus.v1.NetworkSecurityPolicySpec
 	19, // 10: nimbus.v1.Object.route:type_name -> nimbus.v1.RouteSpec
 	21, // 11: nimbus.v1.Object.interface:type_name -> nimbus.v1.InterfaceSpec
-	14, // 12: nimbus.v1.NetworkSpec.subnets:type_name -> nimbus.v1.Subnet
-	18, // 13: nimbus.v1.NetworkSecurityPolicySpec.ingress:type_name -> nimbus.v1.PolicyRule
-	18, // 14: nimbus.v1.NetworkSecurityPolicySpec.egress:type_name -> nimbus.v1.PolicyRule
-	5,  // 15: nimbus.v1.PolicyRule.action:type_name -> nimbus.v1.PolicyRule.Action
-	20, // 16: nimbus.v1.RouteSpec.nexthops:type_name -> nimbus.v1.NextHop
-	1,  // 17: nimbus.v1.NodeStatus.phase:type_name -> nimbus.v1.Phase
-	63, // 18: nimbus.v1.NodeStatus.update_time:type_name -> google.protobuf.Timestamp
-	62, // 19: nimbus.v1.NodeStatus.operational:type_name -> nimbus.v1.NodeStatus.OperationalEntry
-	23, // 20: nimbus.v1.NodeStatus.operational_data:type_name -> nimbus.v1.OperationalData
-	24, // 21: nimbus.v1.OperationalData.node:type_name -> nimbus.v1.NodeOperational
-	25, // 22: nimbus.v1.OperationalData.network:type_name -> nimbus.v1.NetworkOperational
-	26, // 23: nimbus.v1.OperationalData.endpoint:type_name -> nimbus.v1.EndpointOperational
-	29, // 24: nimbus.v1.OperationalData.security_policy:type_name -> nimbus.v1.SecurityPolicyOperational
-	31, // 25: nimbus.v1.OperationalData.interface:type_name -> nimbus.v1.InterfaceOperational
-	2,  // 26: nimbus.v1.NodeOperational.role:type_name -> nimbus.v1.NodeRole
-	2,  // 27: nimbus.v1.EndpointOperational.role:type_name -> nimbus.v1.NodeRole
-	27, // 28: nimbus.v1.EndpointOperational.firewall:type_name -> nimbus.v1.EndpointFirewall
-	28, // 29: nimbus.v1.EndpointFirewall.counters:type_name -> nimbus.v1.EndpointFirewallCounters
-	30, // 30: nimbus.v1.SecurityPolicyOperational.rules:type_name -> nimbus.v1.PolicyRuleCounters
-	6,  // 31: nimbus.v1.PolicyRuleCounters.direction:type_name -> nimbus.v1.PolicyRuleCounters.Direction
-	3,  // 32: nimbus.v1.InterfaceOperational.oper_state:type_name -> nimbus.v1.LinkOperState
-	22, // 33: nimbus.v1.ObjectStatus.nodes:type_name -> nimbus.v1.NodeStatus
-	63, // 34: nimbus.v1.ObjectStatus.caught_up_time:type_name -> google.protobuf.Timestamp
-	11, // 35: nimbus.v1.ObjectWithStatus.object:type_name -> nimbus.v1.Object
-	32, // 36: nimbus.v1.ObjectWithStatus.status:type_name -> nimbus.v1.ObjectStatus
-	11, // 37: nimbus.v1.ApplyRequest.object:type_name -> nimbus.v1.Object
-	11, // 38: nimbus.v1.ApplyResponse.object:type_name -> nimbus.v1.Object
-	9,  // 39: nimbus.v1.DeleteRequest.key:type_name -> nimbus.v1.ObjectKey
-	11, // 40: nimbus.v1.ApplyBatchRequest.objects:type_name -> nimbus.v1.Object
-	35, // 41: nimbus.v1.ApplyBatchResponse.results:type_name -> nimbus.v1.ApplyResponse
-	9,  // 42: nimbus.v1.DeleteBatchRequest.keys:type_name -> nimbus.v1.ObjectKey
-	37, // 43: nimbus.v1.DeleteBatchResponse.results:type_name -> nimbus.v1.DeleteResponse
-	9,  // 44: nimbus.v1.GetRequest.key:type_name -> nimbus.v1.ObjectKey
-	33, // 45: nimbus.v1.GetResponse.item:type_name -> nimbus.v1.ObjectWithStatus
-	0,  // 46: nimbus.v1.ListRequest.kind:type_name -> nimbus.v1.Kind
-	33, // 47: nimbus.v1.ListResponse.items:type_name -> nimbus.v1.ObjectWithStatus
-	9,  // 48: nimbus.v1.ListNodeStatusesRequest.key:type_name -> nimbus.v1.ObjectKey
-	4,  // 49: nimbus.v1.ListNodeStatusesRequest.filter:type_name -> nimbus.v1.NodeStatusFilter
-	22, // 50: nimbus.v1.NodeStatusEntry.status:type_name -> nimbus.v1.NodeStatus
-	47, // 51: nimbus.v1.ListNodeStatusesResponse.entries:type_name -> nimbus.v1.NodeStatusEntry
-	7,  // 52: nimbus.v1.WatchEvent.type:type_name -> nimbus.v1.WatchEvent.Type
-	11, // 53: nimbus.v1.WatchEvent.object:type_name -> nimbus.v1.Object
-	9,  // 54: nimbus.v1.WatchEvent.key:type_name -> nimbus.v1.ObjectKey
-	50, // 55: nimbus.v1.WatchFrame.events:type_name -> nimbus.v1.WatchEvent
-	0,  // 56: nimbus.v1.WatchStatusRequest.kind:type_name -> nimbus.v1.Kind
-	8,  // 57: nimbus.v1.StatusEvent.type:type_name -> nimbus.v1.StatusEvent.Type
-	33, // 58: nimbus.v1.StatusEvent.item:type_name -> nimbus.v1.ObjectWithStatus
-	9,  // 59: nimbus.v1.StatusEvent.key:type_name -> nimbus.v1.ObjectKey
-	53, // 60: nimbus.v1.StatusFrame.events:type_name -> nimbus.v1.StatusEvent
-	9,  // 61: nimbus.v1.StatusReport.key:type_name -> nimbus.v1.ObjectKey
-	22, // 62: nimbus.v1.StatusReport.status:type_name -> nimbus.v1.NodeStatus
-	56, // 63: nimbus.v1.StatusReport.watermark:type_name -> nimbus.v1.StatusWatermark
-	63, // 64: nimbus.v1.StatusWatermark.update_time:type_name -> google.protobuf.Timestamp
-	55, // 65: nimbus.v1.PeerFrame.reports:type_name -> nimbus.v1.StatusReport
-	59, // 66: nimbus.v1.PeerFrame.presence:type_name -> nimbus.v1.PeerPresence
-	56, // 67: nimbus.v1.PeerFrame.watermarks:type_name -> nimbus.v1.StatusWatermark
-	63, // 68: nimbus.v1.PeerPresence.since:type_name -> google.protobuf.Timestamp
-	34, // 69: nimbus.v1.Nimbus.Apply:input_type -> nimbus.v1.ApplyRequest
-	38, // 70: nimbus.v1.Nimbus.ApplyBatch:input_type -> nimbus.v1.ApplyBatchRequest
-	36, // 71: nimbus.v1.Nimbus.Delete:input_type -> nimbus.v1.DeleteRequest
-	40, // 72: nimbus.v1.Nimbus.DeleteBatch:input_type -> nimbus.v1.DeleteBatchRequest
-	42, // 73: nimbus.v1.Nimbus.Get:input_type -> nimbus.v1.GetRequest
-	44, // 74: nimbus.v1.Nimbus.List:input_type -> nimbus.v1.ListRequest
-	46, // 75: nimbus.v1.Nimbus.ListNodeStatuses:input_type -> nimbus.v1.ListNodeStatusesRequest
-	49, // 76: nimbus.v1.Nimbus.Watch:input_type -> nimbus.v1.WatchRequest
-	52, // 77: nimbus.v1.Nimbus.WatchStatus:input_type -> nimbus.v1.WatchStatusRequest
-	55, // 78: nimbus.v1.Nimbus.ReportStatus:input_type -> nimbus.v1.StatusReport
-	58, // 79: nimbus.v1.Nimbus.PeerStatus:input_type -> nimbus.v1.PeerFrame
-	35, // 80: nimbus.v1.Nimbus.Apply:output_type -> nimbus.v1.ApplyResponse
-	39, // 81: nimbus.v1.Nimbus.ApplyBatch:output_type -> nimbus.v1.ApplyBatchResponse
-	37, // 82: nimbus.v1.Nimbus.Delete:output_type -> nimbus.v1.DeleteResponse
-	41, // 83: nimbus.v1.Nimbus.DeleteBatch:output_type -> nimbus.v1.DeleteBatchResponse
-	43, // 84: nimbus.v1.Nimbus.Get:output_type -> nimbus.v1.GetResponse
-	45, // 85: nimbus.v1.Nimbus.List:output_type -> nimbus.v1.ListResponse
-	48, // 86: nimbus.v1.Nimbus.ListNodeStatuses:output_type -> nimbus.v1.ListNodeStatusesResponse
-	51, // 87: nimbus.v1.Nimbus.Watch:output_type -> nimbus.v1.WatchFrame
-	54, // 88: nimbus.v1.Nimbus.WatchStatus:output_type -> nimbus.v1.StatusFrame
-	57, // 89: nimbus.v1.Nimbus.ReportStatus:output_type -> nimbus.v1.ReportStatusResponse
-	60, // 90: nimbus.v1.Nimbus.PeerStatus:output_type -> nimbus.v1.PeerStatusResponse
-	80, // [80:91] is the sub-list for method output_type
-	69, // [69:80] is the sub-list for method input_type
-	69, // [69:69] is the sub-list for extension type_name
-	69, // [69:69] is the sub-list for extension extendee
-	0,  // [0:69] is the sub-list for field type_name
+	22, // 12: nimbus.v1.Object.flow_export_policy:type_name -> nimbus.v1.FlowExportPolicySpec
+	14, // 13: nimbus.v1.NetworkSpec.subnets:type_name -> nimbus.v1.Subnet
+	18, // 14: nimbus.v1.NetworkSecurityPolicySpec.ingress:type_name -> nimbus.v1.PolicyRule
+	18, // 15: nimbus.v1.NetworkSecurityPolicySpec.egress:type_name -> nimbus.v1.PolicyRule
+	5,  // 16: nimbus.v1.PolicyRule.action:type_name -> nimbus.v1.PolicyRule.Action
+	20, // 17: nimbus.v1.RouteSpec.nexthops:type_name -> nimbus.v1.NextHop
+	67, // 18: nimbus.v1.FlowExportPolicySpec.interval:type_name -> google.protobuf.Duration
+	67, // 19: nimbus.v1.FlowExportPolicySpec.template_interval:type_name -> google.protobuf.Duration
+	1,  // 20: nimbus.v1.NodeStatus.phase:type_name -> nimbus.v1.Phase
+	66, // 21: nimbus.v1.NodeStatus.update_time:type_name -> google.protobuf.Timestamp
+	65, // 22: nimbus.v1.NodeStatus.operational:type_name -> nimbus.v1.NodeStatus.OperationalEntry
+	24, // 23: nimbus.v1.NodeStatus.operational_data:type_name -> nimbus.v1.OperationalData
+	25, // 24: nimbus.v1.OperationalData.node:type_name -> nimbus.v1.NodeOperational
+	26, // 25: nimbus.v1.OperationalData.network:type_name -> nimbus.v1.NetworkOperational
+	27, // 26: nimbus.v1.OperationalData.endpoint:type_name -> nimbus.v1.EndpointOperational
+	30, // 27: nimbus.v1.OperationalData.security_policy:type_name -> nimbus.v1.SecurityPolicyOperational
+	32, // 28: nimbus.v1.OperationalData.interface:type_name -> nimbus.v1.InterfaceOperational
+	33, // 29: nimbus.v1.OperationalData.flow_export:type_name -> nimbus.v1.FlowExportOperational
+	2,  // 30: nimbus.v1.NodeOperational.role:type_name -> nimbus.v1.NodeRole
+	2,  // 31: nimbus.v1.EndpointOperational.role:type_name -> nimbus.v1.NodeRole
+	28, // 32: nimbus.v1.EndpointOperational.firewall:type_name -> nimbus.v1.EndpointFirewall
+	29, // 33: nimbus.v1.EndpointFirewall.counters:type_name -> nimbus.v1.EndpointFirewallCounters
+	31, // 34: nimbus.v1.SecurityPolicyOperational.rules:type_name -> nimbus.v1.PolicyRuleCounters
+	6,  // 35: nimbus.v1.PolicyRuleCounters.direction:type_name -> nimbus.v1.PolicyRuleCounters.Direction
+	3,  // 36: nimbus.v1.InterfaceOperational.oper_state:type_name -> nimbus.v1.LinkOperState
+	34, // 37: nimbus.v1.FlowExportOperational.targets:type_name -> nimbus.v1.FlowExportTarget
+	66, // 38: nimbus.v1.FlowExportTarget.last_error_time:type_name -> google.protobuf.Timestamp
+	23, // 39: nimbus.v1.ObjectStatus.nodes:type_name -> nimbus.v1.NodeStatus
+	66, // 40: nimbus.v1.ObjectStatus.caught_up_time:type_name -> google.protobuf.Timestamp
+	11, // 41: nimbus.v1.ObjectWithStatus.object:type_name -> nimbus.v1.Object
+	35, // 42: nimbus.v1.ObjectWithStatus.status:type_name -> nimbus.v1.ObjectStatus
+	11, // 43: nimbus.v1.ApplyRequest.object:type_name -> nimbus.v1.Object
+	11, // 44: nimbus.v1.ApplyResponse.object:type_name -> nimbus.v1.Object
+	9,  // 45: nimbus.v1.DeleteRequest.key:type_name -> nimbus.v1.ObjectKey
+	11, // 46: nimbus.v1.ApplyBatchRequest.objects:type_name -> nimbus.v1.Object
+	38, // 47: nimbus.v1.ApplyBatchResponse.results:type_name -> nimbus.v1.ApplyResponse
+	9,  // 48: nimbus.v1.DeleteBatchRequest.keys:type_name -> nimbus.v1.ObjectKey
+	40, // 49: nimbus.v1.DeleteBatchResponse.results:type_name -> nimbus.v1.DeleteResponse
+	9,  // 50: nimbus.v1.GetRequest.key:type_name -> nimbus.v1.ObjectKey
+	36, // 51: nimbus.v1.GetResponse.item:type_name -> nimbus.v1.ObjectWithStatus
+	0,  // 52: nimbus.v1.ListRequest.kind:type_name -> nimbus.v1.Kind
+	36, // 53: nimbus.v1.ListResponse.items:type_name -> nimbus.v1.ObjectWithStatus
+	9,  // 54: nimbus.v1.ListNodeStatusesRequest.key:type_name -> nimbus.v1.ObjectKey
+	4,  // 55: nimbus.v1.ListNodeStatusesRequest.filter:type_name -> nimbus.v1.NodeStatusFilter
+	23, // 56: nimbus.v1.NodeStatusEntry.status:type_name -> nimbus.v1.NodeStatus
+	50, // 57: nimbus.v1.ListNodeStatusesResponse.entries:type_name -> nimbus.v1.NodeStatusEntry
+	7,  // 58: nimbus.v1.WatchEvent.type:type_name -> nimbus.v1.WatchEvent.Type
+	11, // 59: nimbus.v1.WatchEvent.object:type_name -> nimbus.v1.Object
+	9,  // 60: nimbus.v1.WatchEvent.key:type_name -> nimbus.v1.ObjectKey
+	53, // 61: nimbus.v1.WatchFrame.events:type_name -> nimbus.v1.WatchEvent
+	0,  // 62: nimbus.v1.WatchStatusRequest.kind:type_name -> nimbus.v1.Kind
+	8,  // 63: nimbus.v1.StatusEvent.type:type_name -> nimbus.v1.StatusEvent.Type
+	36, // 64: nimbus.v1.StatusEvent.item:type_name -> nimbus.v1.ObjectWithStatus
+	9,  // 65: nimbus.v1.StatusEvent.key:type_name -> nimbus.v1.ObjectKey
+	56, // 66: nimbus.v1.StatusFrame.events:type_name -> nimbus.v1.StatusEvent
+	9,  // 67: nimbus.v1.StatusReport.key:type_name -> nimbus.v1.ObjectKey
+	23, // 68: nimbus.v1.StatusReport.status:type_name -> nimbus.v1.NodeStatus
+	59, // 69: nimbus.v1.StatusReport.watermark:type_name -> nimbus.v1.StatusWatermark
+	66, // 70: nimbus.v1.StatusWatermark.update_time:type_name -> google.protobuf.Timestamp
+	58, // 71: nimbus.v1.PeerFrame.reports:type_name -> nimbus.v1.StatusReport
+	62, // 72: nimbus.v1.PeerFrame.presence:type_name -> nimbus.v1.PeerPresence
+	59, // 73: nimbus.v1.PeerFrame.watermarks:type_name -> nimbus.v1.StatusWatermark
+	66, // 74: nimbus.v1.PeerPresence.since:type_name -> google.protobuf.Timestamp
+	37, // 75: nimbus.v1.Nimbus.Apply:input_type -> nimbus.v1.ApplyRequest
+	41, // 76: nimbus.v1.Nimbus.ApplyBatch:input_type -> nimbus.v1.ApplyBatchRequest
+	39, // 77: nimbus.v1.Nimbus.Delete:input_type -> nimbus.v1.DeleteRequest
+	43, // 78: nimbus.v1.Nimbus.DeleteBatch:input_type -> nimbus.v1.DeleteBatchRequest
+	45, // 79: nimbus.v1.Nimbus.Get:input_type -> nimbus.v1.GetRequest
+	47, // 80: nimbus.v1.Nimbus.List:input_type -> nimbus.v1.ListRequest
+	49, // 81: nimbus.v1.Nimbus.ListNodeStatuses:input_type -> nimbus.v1.ListNodeStatusesRequest
+	52, // 82: nimbus.v1.Nimbus.Watch:input_type -> nimbus.v1.WatchRequest
+	55, // 83: nimbus.v1.Nimbus.WatchStatus:input_type -> nimbus.v1.WatchStatusRequest
+	58, // 84: nimbus.v1.Nimbus.ReportStatus:input_type -> nimbus.v1.StatusReport
+	61, // 85: nimbus.v1.Nimbus.PeerStatus:input_type -> nimbus.v1.PeerFrame
+	38, // 86: nimbus.v1.Nimbus.Apply:output_type -> nimbus.v1.ApplyResponse
+	42, // 87: nimbus.v1.Nimbus.ApplyBatch:output_type -> nimbus.v1.ApplyBatchResponse
+	40, // 88: nimbus.v1.Nimbus.Delete:output_type -> nimbus.v1.DeleteResponse
+	44, // 89: nimbus.v1.Nimbus.DeleteBatch:output_type -> nimbus.v1.DeleteBatchResponse
+	46, // 90: nimbus.v1.Nimbus.Get:output_type -> nimbus.v1.GetResponse
+	48, // 91: nimbus.v1.Nimbus.List:output_type -> nimbus.v1.ListResponse
+	51, // 92: nimbus.v1.Nimbus.ListNodeStatuses:output_type -> nimbus.v1.ListNodeStatusesResponse
+	54, // 93: nimbus.v1.Nimbus.Watch:output_type -> nimbus.v1.WatchFrame
+	57, // 94: nimbus.v1.Nimbus.WatchStatus:output_type -> nimbus.v1.StatusFrame
+	60, // 95: nimbus.v1.Nimbus.ReportStatus:output_type -> nimbus.v1.ReportStatusResponse
+	63, // 96: nimbus.v1.Nimbus.PeerStatus:output_type -> nimbus.v1.PeerStatusResponse
+	86, // [86:97] is the sub-list for method output_type
+	75, // [75:86] is the sub-list for method input_type
+	75, // [75:75] is the sub-list for extension type_name
+	75, // [75:75] is the sub-list for extension extendee
+	0,  // [0:75] is the sub-list for field type_name
 }
 
 func init() { file_nimbus_v1_nimbus_proto_init() }
@@ -5105,14 +5484,16 @@ func file_nimbus_v1_nimbus_proto_init() {
 		(*Object_NetworkSecurityPolicy)(nil),
 		(*Object_Route)(nil),
 		(*Object_Interface)(nil),
+		(*Object_FlowExportPolicy)(nil),
 	}
 	file_nimbus_v1_nimbus_proto_msgTypes[12].OneofWrappers = []any{}
-	file_nimbus_v1_nimbus_proto_msgTypes[14].OneofWrappers = []any{
+	file_nimbus_v1_nimbus_proto_msgTypes[15].OneofWrappers = []any{
 		(*OperationalData_Node)(nil),
 		(*OperationalData_Network)(nil),
 		(*OperationalData_Endpoint)(nil),
 		(*OperationalData_SecurityPolicy)(nil),
 		(*OperationalData_Interface)(nil),
+		(*OperationalData_FlowExport)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -5120,7 +5501,7 @@ func file_nimbus_v1_nimbus_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nimbus_v1_nimbus_proto_rawDesc), len(file_nimbus_v1_nimbus_proto_rawDesc)),
 			NumEnums:      9,
-			NumMessages:   54,
+			NumMessages:   57,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -25,6 +25,8 @@ func (o *OperationalData) Map() map[string]string {
 		k.SecurityPolicy.fill(m)
 	case *OperationalData_Interface:
 		k.Interface.fill(m)
+	case *OperationalData_FlowExport:
+		k.FlowExport.fill(m)
 	}
 	return m
 }
@@ -171,4 +173,21 @@ func (s LinkOperState) mapString() string {
 		return "up"
 	}
 	return "unknown"
+}
+
+// fill adds the flow exporter's entries of the operational map to m.
+func (e *FlowExportOperational) fill(m map[string]string) {
+	u := func(v uint64) string { return strconv.FormatUint(v, 10) }
+	m["recordsSelected"] = u(e.GetRecordsSelected())
+	m["recordsDropped"] = u(e.GetRecordsDropped())
+	m["connections"] = u(uint64(e.GetConnections()))
+	for _, t := range e.GetTargets() {
+		name := t.GetTarget()
+		m[name+".recordsSent"] = u(t.GetRecordsSent())
+		m[name+".messagesSent"] = u(t.GetMessagesSent())
+		m[name+".errors"] = u(t.GetErrors())
+		if t.GetLastError() != "" {
+			m[name+".lastError"] = t.GetLastError()
+		}
+	}
 }

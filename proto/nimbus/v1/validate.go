@@ -86,6 +86,8 @@ func (o *Object) Validate() error {
 		v.route(s.Route)
 	case *Object_Interface:
 		v.iface(s.Interface)
+	case *Object_FlowExportPolicy:
+		v.flowExport(s.FlowExportPolicy)
 	}
 	return v.err()
 }
