@@ -23,6 +23,24 @@ func TestFirewallFlowsEndpointBudget(t *testing.T) {
 		fwRules(allowIn("udp", fwPorts("9"), "group:client"), allowIn("tcp", fwPorts("7"), "group:client"), allowMulticastReports()), nil))
 	sc.waitProgrammed(t)
 	web1, db1, db2 := sc.workload("web1"), sc.workload("db1"), sc.workload("db2")
+	// The probes' connections end first: an end record of one of web1's would otherwise
+	// spend, or be suppressed by, the budget the flood is counted against.
+	waitFor(t, "host-a to record the end of every TCP connection of web1", func() bool {
+		open := map[string]bool{}
+		for _, f := range sc.hostFlows(t, "host-a") {
+			if f.GetEndpoint().GetName() != "web1" || f.GetProtocol() != "tcp" {
+				continue
+			}
+			conn := fmt.Sprintf("%s:%d>%s:%d", f.GetSource(), f.GetSourcePort(), f.GetDestination(), f.GetDestinationPort())
+			switch f.GetEvent() {
+			case delphiv1.FlowEvent_FLOW_EVENT_STARTED:
+				open[conn] = true
+			case delphiv1.FlowEvent_FLOW_EVENT_ENDED:
+				delete(open, conn)
+			}
+		}
+		return len(open) == 0
+	})
 	tel := sc.host("host-a").telemetry(t)
 	const suppressedSeries, lostSeries = "naples_agent_flow_records_suppressed_total", "naples_agent_flow_records_lost_total"
 	m0 := tel.metrics(t)
