@@ -16,22 +16,37 @@ type tupleCounts struct {
 	largest        int
 }
 
-// countTuple counts the IPv4 TCP packets between src and dst, either way, among the
-// frames.
+// countTuple counts the TCP packets between src and dst, either way, among the frames:
+// IPv4, or IPv6 without extension headers.
 func countTuple(pkts []packet, src, dst netip.AddrPort) tupleCounts {
 	var c tupleCounts
 	for _, p := range pkts {
 		f := p.frame
-		if len(f) < 14+20+4 || binary.BigEndian.Uint16(f[12:14]) != 0x0800 || f[14+9] != 6 {
+		if len(f) < 14+40+4 {
 			continue
 		}
 		ip := f[14:]
-		ihl := int(ip[0]&0x0f) * 4
-		if len(ip) < ihl+4 {
+		var s, d netip.AddrPort
+		var size uint64
+		switch binary.BigEndian.Uint16(f[12:14]) {
+		case 0x0800:
+			ihl := int(ip[0]&0x0f) * 4
+			if ip[9] != 6 || len(ip) < ihl+4 {
+				continue
+			}
+			s = netip.AddrPortFrom(netip.AddrFrom4([4]byte(ip[12:16])), binary.BigEndian.Uint16(ip[ihl:]))
+			d = netip.AddrPortFrom(netip.AddrFrom4([4]byte(ip[16:20])), binary.BigEndian.Uint16(ip[ihl+2:]))
+			size = uint64(binary.BigEndian.Uint16(ip[2:4]))
+		case 0x86dd:
+			if ip[6] != 6 {
+				continue
+			}
+			s = netip.AddrPortFrom(netip.AddrFrom16([16]byte(ip[8:24])), binary.BigEndian.Uint16(ip[40:]))
+			d = netip.AddrPortFrom(netip.AddrFrom16([16]byte(ip[24:40])), binary.BigEndian.Uint16(ip[42:]))
+			size = 40 + uint64(binary.BigEndian.Uint16(ip[4:6]))
+		default:
 			continue
 		}
-		s := netip.AddrPortFrom(netip.AddrFrom4([4]byte(ip[12:16])), binary.BigEndian.Uint16(ip[ihl:]))
-		d := netip.AddrPortFrom(netip.AddrFrom4([4]byte(ip[16:20])), binary.BigEndian.Uint16(ip[ihl+2:]))
 		side := -1
 		switch {
 		case s == src && d == dst:
@@ -43,7 +58,7 @@ func countTuple(pkts []packet, src, dst netip.AddrPort) tupleCounts {
 			continue
 		}
 		c.packets[side]++
-		c.bytes[side] += uint64(binary.BigEndian.Uint16(ip[2:4]))
+		c.bytes[side] += size
 		c.largest = max(c.largest, len(f))
 	}
 	return c

@@ -56,7 +56,8 @@ func exportStatus(t *testing.T, c *cluster, name string) *nimbusv1.NodeStatus {
 // TestFlowExportIPFIX makes real TCP connections, IPv4 and IPv6, from web1 on host-a
 // to db2 on host-b and checks that a collector in host-b's namespace, decoding with
 // goflow2, receives one IPFIX record a direction of every connection that ended, with
-// the 5-tuple, times, end reason, rule, names and counts of host-b's own flow records;
+// the 5-tuple, times, end reason, rule, names and counts of host-b's own flow records,
+// the counts exactly the packets and IP bytes a capture in web1's namespace saw each way;
 // that a target that refuses fails its own policy's status, naming the refusal, and
 // nothing else; and that the status clears once a collector returns, which gets the
 // templates again and the records of what came after.
@@ -73,6 +74,8 @@ func TestFlowExportIPFIX(t *testing.T) {
 	})
 
 	web1, db2 := sc.workload("web1"), sc.workload("db2")
+	// What the workload sent and received, counted from the wire.
+	capture := newCapture(t, web1.ns)
 	// connect makes n connections, every third over IPv6, and returns their source ports.
 	connect := func(n int) map[uint16]bool {
 		ports := map[uint16]bool{}
@@ -171,9 +174,18 @@ func TestFlowExportIPFIX(t *testing.T) {
 			if r.Start.UnixMilli() != f.GetStartTime().AsTime().UnixMilli() || r.End.UnixMilli() != f.GetTime().AsTime().UnixMilli() {
 				t.Errorf("port %d %s: from %v to %v, want %v to %v", p, c.what, r.Start, r.End, f.GetStartTime().AsTime(), f.GetTime().AsTime())
 			}
-			// The connection's counts are exported as the datapath has them, exactly.
+			// The connection's counts are exported as the datapath has them, exactly, and
+			// those are what crossed the wire.
 			if r.Packets != c.pkts || r.Octets != c.oct {
 				t.Errorf("port %d %s: %d packets %d bytes, want host-b's %d and %d", p, c.what, r.Packets, r.Octets, c.pkts, c.oct)
+			}
+			wire := countTuple(capture.packets(t, 0), c.src, c.dst)
+			if wire.largest > 1514 {
+				t.Errorf("port %d: the capture saw a frame of %d bytes: a GSO packet, which the test cannot count", p, wire.largest)
+			}
+			if r.Packets != wire.packets[0] || r.Octets != wire.bytes[0] {
+				t.Errorf("port %d %s: %d packets %d bytes exported, the capture in web1's namespace saw %d and %d",
+					p, c.what, r.Packets, r.Octets, wire.packets[0], wire.bytes[0])
 			}
 		}
 	}
