@@ -15,6 +15,7 @@ import (
 
 	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/hal/firewall"
+	"github.com/naplesnet/naples/hal/linux"
 	"github.com/naplesnet/naples/hal/linux/fwbpf"
 	delphiv1 "github.com/naplesnet/naples/proto/delphi/v1"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -38,10 +39,12 @@ type flowCollector struct {
 	names     *firewallView
 	snap      *firewall.Snapshot
 	linksRead time.Time
-	// store is delphi, whose Endpoints name the peers; peers indexes them by tenant and
-	// address as of delphi's revision peersRev, read again at most once per linkRefresh.
+	// store is delphi, whose Endpoints name the peers and the networks; peers indexes
+	// them by tenant and address, networks their Networks by their key's ID, as of
+	// delphi's revision peersRev, read again at most once per linkRefresh.
 	store     *delphi.Store
 	peers     map[tenantAddr]*nimbusv1.ObjectKey
+	networks  map[string]*nimbusv1.ObjectKey
 	peersRev  uint64
 	peersRead time.Time
 }
@@ -58,10 +61,30 @@ func (c *flowCollector) peer(tenant, addr string) *nimbusv1.ObjectKey {
 	if err != nil || c.store == nil {
 		return nil
 	}
+	c.readEndpoints()
+	return c.peers[tenantAddr{tenant, a.Unmap()}]
+}
+
+// network returns the Network of the Endpoint, nil when delphi holds neither.
+func (c *flowCollector) network(endpoint *nimbusv1.ObjectKey) *nimbusv1.ObjectKey {
+	if endpoint == nil || c.store == nil {
+		return nil
+	}
+	c.readEndpoints()
+	return c.networks[endpoint.ID()]
+}
+
+// readEndpoints indexes delphi's Endpoints again when delphi changed, at most once per
+// linkRefresh.
+func (c *flowCollector) readEndpoints() {
 	if _, rev := c.store.Resume(); c.peers == nil || (rev != c.peersRev && time.Since(c.peersRead) > linkRefresh) {
 		c.peers, c.peersRev, c.peersRead = map[tenantAddr]*nimbusv1.ObjectKey{}, rev, time.Now()
+		c.networks = map[string]*nimbusv1.ObjectKey{}
 		for _, obj := range c.store.List(nimbusv1.Kind_KIND_ENDPOINT) {
 			key := obj.Key()
+			if n := linux.NetworkKeyOf(obj); n != nil {
+				c.networks[key.ID()] = n
+			}
 			for _, ip := range obj.GetEndpoint().GetIps() {
 				p, err := netip.ParsePrefix(ip)
 				if err != nil {
@@ -75,7 +98,6 @@ func (c *flowCollector) peer(tenant, addr string) *nimbusv1.ObjectKey {
 			}
 		}
 	}
-	return c.peers[tenantAddr{tenant, a.Unmap()}]
 }
 
 // linkRefresh bounds how often the collector reads the namespace's links again.
@@ -203,6 +225,7 @@ func (c *flowCollector) flow(ctx context.Context, rec fwbpf.FlowRecord) *delphiv
 			other = f.GetSource()
 		}
 		f.PeerEndpoint = c.peer(ep.GetTenant(), other)
+		f.Network, f.PeerNetwork = c.network(ep), c.network(f.PeerEndpoint)
 	}
 	return f
 }

@@ -120,6 +120,18 @@ func TestFirewallFlows(t *testing.T) {
 			}
 			return len(got) >= len(want[host])
 		})
+		// Each record names the networks of its endpoint and its peer.
+		for _, f := range sc.hostFlows(t, host, "--from", "web1") {
+			if !ours(f) {
+				continue
+			}
+			if n := f.GetNetwork(); n.GetName() != fwNetwork || n.GetKind() != nimbusv1.Kind_KIND_NETWORK {
+				t.Errorf("%s: the record %s names network %v, want %s", host, flowText(f), n, fwNetwork)
+			}
+			if f.GetPeerEndpoint() != nil && f.GetPeerNetwork().GetName() != fwNetwork {
+				t.Errorf("%s: the record %s names the peer's network %v, want %s", host, flowText(f), f.GetPeerNetwork(), fwNetwork)
+			}
+		}
 		// A host's records of one connection may interleave with another's; each is in
 		// order.
 		if !sameMultiset(got, want[host]) {

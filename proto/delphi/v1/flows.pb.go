@@ -141,8 +141,12 @@ type Flow struct {
 	InitiatorBytes   uint64 `protobuf:"varint,22,opt,name=initiator_bytes,json=initiatorBytes,proto3" json:"initiator_bytes,omitempty"`
 	ResponderPackets uint64 `protobuf:"varint,23,opt,name=responder_packets,json=responderPackets,proto3" json:"responder_packets,omitempty"`
 	ResponderBytes   uint64 `protobuf:"varint,24,opt,name=responder_bytes,json=responderBytes,proto3" json:"responder_bytes,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// network is the Network endpoint is attached to, peer_network peer_endpoint's, when
+	// this host's delphi holds the Endpoint; unset otherwise.
+	Network       *v1.ObjectKey `protobuf:"bytes,25,opt,name=network,proto3" json:"network,omitempty"`
+	PeerNetwork   *v1.ObjectKey `protobuf:"bytes,26,opt,name=peer_network,json=peerNetwork,proto3" json:"peer_network,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Flow) Reset() {
@@ -343,6 +347,20 @@ func (x *Flow) GetResponderBytes() uint64 {
 	return 0
 }
 
+func (x *Flow) GetNetwork() *v1.ObjectKey {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
+func (x *Flow) GetPeerNetwork() *v1.ObjectKey {
+	if x != nil {
+		return x.PeerNetwork
+	}
+	return nil
+}
+
 // FlowsRequest selects flow records. Every filter that is set must match.
 type FlowsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -525,7 +543,7 @@ var File_delphi_v1_flows_proto protoreflect.FileDescriptor
 
 const file_delphi_v1_flows_proto_rawDesc = "" +
 	"\n" +
-	"\x15delphi/v1/flows.proto\x12\tdelphi.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16nimbus/v1/nimbus.proto\"\xe9\x06\n" +
+	"\x15delphi/v1/flows.proto\x12\tdelphi.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16nimbus/v1/nimbus.proto\"\xd2\a\n" +
 	"\x04Flow\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12*\n" +
 	"\x05event\x18\x02 \x01(\x0e2\x14.delphi.v1.FlowEventR\x05event\x12\x18\n" +
@@ -553,7 +571,9 @@ const file_delphi_v1_flows_proto_rawDesc = "" +
 	"\x11initiator_packets\x18\x15 \x01(\x04R\x10initiatorPackets\x12'\n" +
 	"\x0finitiator_bytes\x18\x16 \x01(\x04R\x0einitiatorBytes\x12+\n" +
 	"\x11responder_packets\x18\x17 \x01(\x04R\x10responderPackets\x12'\n" +
-	"\x0fresponder_bytes\x18\x18 \x01(\x04R\x0eresponderBytes\"\xc3\x01\n" +
+	"\x0fresponder_bytes\x18\x18 \x01(\x04R\x0eresponderBytes\x12.\n" +
+	"\anetwork\x18\x19 \x01(\v2\x14.nimbus.v1.ObjectKeyR\anetwork\x127\n" +
+	"\fpeer_network\x18\x1a \x01(\v2\x14.nimbus.v1.ObjectKeyR\vpeerNetwork\"\xc3\x01\n" +
 	"\fFlowsRequest\x12\x16\n" +
 	"\x06follow\x18\x01 \x01(\bR\x06follow\x12/\n" +
 	"\x05since\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x05since\x12\x12\n" +
@@ -601,19 +621,21 @@ var file_delphi_v1_flows_proto_goTypes = []any{
 	(*durationpb.Duration)(nil),   // 6: google.protobuf.Duration
 }
 var file_delphi_v1_flows_proto_depIdxs = []int32{
-	4, // 0: delphi.v1.Flow.time:type_name -> google.protobuf.Timestamp
-	0, // 1: delphi.v1.Flow.event:type_name -> delphi.v1.FlowEvent
-	5, // 2: delphi.v1.Flow.endpoint:type_name -> nimbus.v1.ObjectKey
-	5, // 3: delphi.v1.Flow.policy:type_name -> nimbus.v1.ObjectKey
-	5, // 4: delphi.v1.Flow.peer_endpoint:type_name -> nimbus.v1.ObjectKey
-	4, // 5: delphi.v1.Flow.start_time:type_name -> google.protobuf.Timestamp
-	6, // 6: delphi.v1.FlowsRequest.since:type_name -> google.protobuf.Duration
-	1, // 7: delphi.v1.FlowsResponse.flows:type_name -> delphi.v1.Flow
-	8, // [8:8] is the sub-list for method output_type
-	8, // [8:8] is the sub-list for method input_type
-	8, // [8:8] is the sub-list for extension type_name
-	8, // [8:8] is the sub-list for extension extendee
-	0, // [0:8] is the sub-list for field type_name
+	4,  // 0: delphi.v1.Flow.time:type_name -> google.protobuf.Timestamp
+	0,  // 1: delphi.v1.Flow.event:type_name -> delphi.v1.FlowEvent
+	5,  // 2: delphi.v1.Flow.endpoint:type_name -> nimbus.v1.ObjectKey
+	5,  // 3: delphi.v1.Flow.policy:type_name -> nimbus.v1.ObjectKey
+	5,  // 4: delphi.v1.Flow.peer_endpoint:type_name -> nimbus.v1.ObjectKey
+	4,  // 5: delphi.v1.Flow.start_time:type_name -> google.protobuf.Timestamp
+	5,  // 6: delphi.v1.Flow.network:type_name -> nimbus.v1.ObjectKey
+	5,  // 7: delphi.v1.Flow.peer_network:type_name -> nimbus.v1.ObjectKey
+	6,  // 8: delphi.v1.FlowsRequest.since:type_name -> google.protobuf.Duration
+	1,  // 9: delphi.v1.FlowsResponse.flows:type_name -> delphi.v1.Flow
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_delphi_v1_flows_proto_init() }
