@@ -71,11 +71,19 @@ type connKey struct {
 	src, dst         string
 	srcPort, dstPort uint32
 	endpoint         nimbusv1.Key
-	start            int64
 }
+
+// sameStart bounds how far apart the start times of two records may be that are of one
+// connection: a record's times are converted from the firewall's clock to wall time as it
+// is read, and may move by as much as the wall clock was adjusted in between. Records of
+// one tuple further apart are of a new connection, which took the tuple after the old one
+// ended.
+const sameStart = time.Second
 
 // connState is what an exporter exported of a connection so far.
 type connState struct {
+	// start is when the connection started, as its first record said.
+	start time.Time
 	// last is when the connection was last exported, or started.
 	last time.Time
 	// the counts exported so far.
@@ -361,10 +369,14 @@ func (x *flowExporter) records(recs []ipfix.Record, now time.Time, f *delphiv1.F
 	}
 	ep := f.GetEndpoint()
 	key := connKey{protocol: f.GetProtocol(), src: f.GetSource(), dst: f.GetDestination(), srcPort: f.GetSourcePort(), dstPort: f.GetDestinationPort(),
-		endpoint: nimbusv1.MakeKey(nimbusv1.Kind_KIND_ENDPOINT, ep.GetTenant(), ep.GetNamespace(), ep.GetName()), start: f.GetStartTime().AsTime().UnixNano()}
+		endpoint: nimbusv1.MakeKey(nimbusv1.Kind_KIND_ENDPOINT, ep.GetTenant(), ep.GetNamespace(), ep.GetName())}
 	c := x.conns[key]
+	if c != nil && (r.Start.Sub(c.start) > sameStart || c.start.Sub(r.Start) > sameStart) {
+		c = nil // a new connection of the tuple: the old one's end was not seen
+		delete(x.conns, key)
+	}
 	if c == nil && len(x.conns) < x.r.opts.MaxConnections && f.GetEvent() != delphiv1.FlowEvent_FLOW_EVENT_ENDED {
-		c = &connState{last: r.Start}
+		c = &connState{start: r.Start, last: r.Start}
 		x.conns[key] = c
 	}
 	switch f.GetEvent() {

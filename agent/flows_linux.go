@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/cilium/ebpf/ringbuf"
@@ -291,15 +292,36 @@ func (v *firewallView) flow(rec fwbpf.FlowRecord, node string) *delphiv1.Flow {
 	return f
 }
 
+// wallClock is the offset of wall time from the clock the firewall stamps its records
+// with, kept from one conversion to the next so that the times of a connection's records
+// agree to the nanosecond, and measured again when the two clocks moved apart by more than
+// wallStep (the wall clock was set).
+var wallClock struct {
+	mu     sync.Mutex
+	offset int64 // wall time less the firewall's clock, in nanoseconds
+	set    bool
+}
+
+// wallStep is how far the wall clock may move from the firewall's before ktimeToWall
+// measures its offset again.
+const wallStep = 100 * time.Millisecond
+
 // ktimeToWall converts a time of the clock the firewall stamps its records with
 // (CLOCK_MONOTONIC nanoseconds) to wall time.
 func ktimeToWall(t uint64) time.Time {
 	now := time.Now()
 	k, err := fwbpf.KtimeNow()
-	if err != nil || t > k {
+	if err != nil {
 		return now
 	}
-	return now.Add(-time.Duration(k - t))
+	off := now.UnixNano() - int64(k)
+	wallClock.mu.Lock()
+	if d := off - wallClock.offset; !wallClock.set || d > int64(wallStep) || d < -int64(wallStep) {
+		wallClock.offset, wallClock.set = off, true
+	}
+	off = wallClock.offset
+	wallClock.mu.Unlock()
+	return time.Unix(0, off+int64(t))
 }
 
 // netOrder returns the port whose bytes in network order the record holds.

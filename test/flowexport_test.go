@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/naplesnet/naples/internal/ipfix"
 	"github.com/naplesnet/naples/internal/ipfix/ipfixtest"
@@ -253,5 +254,76 @@ func TestFlowExportIPFIX(t *testing.T) {
 	// describe shows the policy with its node's status.
 	if out := c.mustCtl(t, "", "describe", "FlowExportPolicy", "refused"); !strings.Contains(out, "connection refused") {
 		t.Errorf("describe FlowExportPolicy refused does not show the refusal:\n%s", out)
+	}
+}
+
+// TestFlowExportActiveDeltas keeps a TCP connection from web1 to db2 busy for a few
+// export intervals, with host-b's firewall writing ACTIVE records every 200 ms, and checks
+// that the collector receives the connection while it lasts (records of end reason
+// active timeout, at most one a direction per interval) and at its end, and that each
+// direction's records add up, packet for packet and byte for byte, to what a capture in
+// web1's namespace saw of the connection.
+func TestFlowExportActiveDeltas(t *testing.T) {
+	sc := clientServerCluster(t, "9", "--fw-flow-active-timeout", "200ms")
+	coll := listenCollector(t, sc.host("host-b"), "127.0.0.1:0")
+	sc.c.apply(t, strings.Replace(flowExportManifest("busy", coll.Addr().String()), "interval: 60s", "interval: 1s", 1))
+	sc.c.waitProgrammed(t, "FlowExportPolicy", "busy", "host-b", 1)
+	web1, db2 := sc.workload("web1"), sc.workload("db2")
+	capture := newCapture(t, web1.ns)
+
+	dst := netip.AddrPortFrom(db2.addr(4), 7)
+	conn := web1.dial(t, "tcp", dst)
+	src := netip.MustParseAddrPort(conn.c.LocalAddr().String())
+	ofConn := func() (active, ended []ipfix.Record) {
+		for _, r := range coll.Records() {
+			if (r.SourcePort != src.Port() || r.Source != src.Addr()) && (r.DestinationPort != src.Port() || r.Destination != src.Addr()) {
+				continue
+			}
+			if r.EndReason == ipfix.EndActiveTimeout {
+				active = append(active, r)
+			} else {
+				ended = append(ended, r)
+			}
+		}
+		return active, ended
+	}
+	// Exchanges until the collector has records of the connection while it lasts, from
+	// two intervals at least.
+	waitFor(t, "active-timeout records of the busy connection at the collector", func() bool {
+		if err := conn.exchange(fwFlowWait); err != nil {
+			t.Fatalf("%s: %v", conn.name, err)
+		}
+		active, _ := ofConn()
+		return len(active) >= 4
+	})
+	conn.c.Close()
+	var active, ended []ipfix.Record
+	waitFor(t, "the busy connection's end at the collector", func() bool {
+		active, ended = ofConn()
+		return len(ended) == 2
+	})
+
+	wire := countTuple(capture.packets(t, 0), src, dst)
+	var sums [2]struct{ packets, octets uint64 }
+	for _, r := range append(active, ended...) {
+		side := 0
+		if r.Source != src.Addr() || r.SourcePort != src.Port() {
+			side = 1
+		}
+		sums[side].packets += r.Packets
+		sums[side].octets += r.Octets
+	}
+	t.Logf("%d active-timeout records and %d at the end; exported %+v, the capture saw %v packets and %v bytes",
+		len(active), len(ended), sums, wire.packets, wire.bytes)
+	for side, what := range []string{"from web1", "from db2"} {
+		if sums[side].packets != wire.packets[side] || sums[side].octets != wire.bytes[side] {
+			t.Errorf("%s: the records add up to %d packets and %d bytes, the capture saw %d and %d",
+				what, sums[side].packets, sums[side].octets, wire.packets[side], wire.bytes[side])
+		}
+	}
+	// At most one record a direction per interval (1 s) of the connection's life.
+	life := ended[0].End.Sub(ended[0].Start)
+	if n := len(active) / 2; n > int(life/time.Second)+1 {
+		t.Errorf("%d active-timeout records a direction in the %v the connection lasted, want one a second at most", n, life)
 	}
 }
