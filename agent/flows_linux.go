@@ -123,8 +123,9 @@ func (c *flowCollector) run(ctx context.Context) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	// The reader is closed once the sweep has ended, which reads its conntrack map: the
-	// loop below sees ctx end within a read's deadline, a second at most.
+	// Closing the reader ends a Read under way at once, and waits for a sweep under way.
+	stop := context.AfterFunc(ctx, func() { r.Close() })
+	defer stop()
 	defer r.Close()
 	swept := make(chan []fwbpf.FlowRecord, 1)
 	sweepDone := make(chan struct{})
@@ -158,19 +159,20 @@ func (c *flowCollector) run(ctx context.Context) error {
 			}
 			return fmt.Errorf("reading the firewall's flow records: %w", err)
 		}
-		if ctx.Err() != nil {
-			return nil
-		}
 		lost, err := r.Lost()
-		if err != nil {
-			return err
+		if err == nil {
+			var suppressed uint64
+			if suppressed, err = r.Suppressed(); err == nil {
+				c.log.SetSuppressed(suppressed)
+			}
 		}
-		suppressed, err := r.Suppressed()
+		if errors.Is(err, fwbpf.ErrReaderClosed) {
+			return nil // ctx ended
+		}
 		if err != nil {
 			return err
 		}
 		c.log.Add(batch, lost)
-		c.log.SetSuppressed(suppressed)
 		c.log.SetRing(r.Pending())
 		batch = make([]*delphiv1.Flow, 0, flowBatch) // the log keeps the records
 	}
@@ -188,6 +190,9 @@ func (c *flowCollector) sweepConntrack(ctx context.Context, r *fwbpf.FlowReader,
 		case <-t.C:
 		}
 		recs, err := r.SweepConntrack()
+		if errors.Is(err, fwbpf.ErrReaderClosed) {
+			return
+		}
 		if err != nil {
 			c.logger.Warn("sweeping the firewall's conntrack table for idle connections", "err", err)
 		}

@@ -2,16 +2,20 @@ package fwbpf
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/naplesnet/naples/internal/testns"
 )
@@ -294,5 +298,61 @@ func TestDecodeFlowRecord(t *testing.T) {
 		if got := decodeFlowRecord(b); got != want {
 			t.Fatalf("decoded %+v, want %+v", got, want)
 		}
+	}
+}
+
+// TestFlowReaderCloseDuringCalls closes a reader while another goroutine sweeps, counts
+// and reads it: Close waits for the calls under way, which then return
+// ErrReaderClosed, and a Read under way returns ringbuf.ErrClosed, none of them reading
+// what Close let go of.
+func TestFlowReaderCloseDuringCalls(t *testing.T) {
+	f := newFixture(t)
+	f.install(endpoint(f.ifA, epA, 0, 0, gen1))
+	for i := range 100 {
+		f.from(f.ifA, udp(families[0].ep, uint16(10000+i), families[0].peer, 53), tcxNext)
+	}
+	r, err := NewFlowReader(f.flowMaps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := make(chan error, 1)
+	var rounds atomic.Int64
+	go func() {
+		for {
+			rounds.Add(1)
+			r.Pending()
+			_, err := r.SweepConntrack()
+			if err == nil {
+				_, err = r.Lost()
+			}
+			if err == nil {
+				_, err = r.Suppressed()
+			}
+			if err != nil {
+				calls <- err
+				return
+			}
+		}
+	}()
+	reads := make(chan error, 1)
+	go func() {
+		for {
+			if _, err := r.Read(); err != nil {
+				reads <- err
+				return
+			}
+		}
+	}()
+	for rounds.Load() < 3 {
+		runtime.Gosched()
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-calls; !errors.Is(err, ErrReaderClosed) {
+		t.Errorf("the calls after Close: %v, want ErrReaderClosed", err)
+	}
+	if err := <-reads; !errors.Is(err, ringbuf.ErrClosed) {
+		t.Errorf("a Read after Close: %v, want ringbuf.ErrClosed", err)
 	}
 }

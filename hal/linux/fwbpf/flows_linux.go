@@ -74,7 +74,12 @@ type FlowReader struct {
 	// deadline is SetDeadline's.
 	deadline time.Time
 	// owned are the maps the reader opened itself, which Close closes.
-	owned     []*ebpf.Map
+	owned []*ebpf.Map
+	// mu guards closed, the maps and the ring against Close: the calls that read them,
+	// but Read, hold it shared, Close alone, so that Close, from any goroutine, waits for
+	// them rather than closes what they read.
+	mu        sync.RWMutex
+	closed    bool
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -103,6 +108,10 @@ func NewFlowReader(maps FlowMaps) (*FlowReader, error) {
 func (o *Objects) FlowReader() (*FlowReader, error) {
 	return NewFlowReader(FlowMaps{Flows: o.Flows, Lost: o.FlowLost, Suppressed: o.FlowSuppressed, Budget: o.FlowBudget, CT: o.CT})
 }
+
+// ErrReaderClosed is the error of a FlowReader's calls after Close, but Read's, which is
+// ringbuf.ErrClosed.
+var ErrReaderClosed = errors.New("the flow reader is closed")
 
 // ErrNoRecord is the error of Read when its deadline passed without a record.
 var ErrNoRecord = errors.New("no flow record before the deadline")
@@ -168,26 +177,36 @@ func (r *FlowReader) SetDeadline(t time.Time) { r.deadline = t }
 // Pending returns how many bytes of records the ring holds that the reader has not read
 // yet, and the ring's size in bytes.
 func (r *FlowReader) Pending() (pending, size int) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if r.closed {
+		return 0, r.rd.BufferSize()
+	}
 	return r.rd.AvailableBytes(), r.rd.BufferSize()
 }
 
 // Lost returns how many flow records the programs could not write because the ring was
 // full, summed over CPUs, since the map was made.
 func (r *FlowReader) Lost() (uint64, error) {
-	return sumPerCPU(r.maps.Lost, "lost")
+	return r.sumPerCPU(r.maps.Lost, "lost")
 }
 
 // Suppressed returns how many flow records the programs did not write because their
 // endpoint had spent its budget (Capacities.FlowEndpointRate), summed over CPUs, since the
 // map was made.
 func (r *FlowReader) Suppressed() (uint64, error) {
-	return sumPerCPU(r.maps.Suppressed, "suppressed")
+	return r.sumPerCPU(r.maps.Suppressed, "suppressed")
 }
 
 // SuppressedByEndpoint returns, of the endpoints with a budget now (the table holds the
 // latest Capacities.Endpoints), the records each had suppressed, by endpoint id, those
 // with none left out.
 func (r *FlowReader) SuppressedByEndpoint() (map[uint32]uint64, error) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if r.closed {
+		return nil, ErrReaderClosed
+	}
 	out := map[uint32]uint64{}
 	var id uint32
 	var per []FlowBucket
@@ -209,7 +228,12 @@ func (r *FlowReader) SuppressedByEndpoint() (map[uint32]uint64, error) {
 
 // sumPerCPU returns the sum over CPUs of the one uint64 of the per-CPU array m, of what
 // records.
-func sumPerCPU(m *ebpf.Map, what string) (uint64, error) {
+func (r *FlowReader) sumPerCPU(m *ebpf.Map, what string) (uint64, error) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if r.closed {
+		return 0, ErrReaderClosed
+	}
 	var per []uint64
 	if err := m.Lookup(uint32(0), &per); err != nil {
 		return 0, fmt.Errorf("reading the %s flow records: %w", what, err)
@@ -233,6 +257,11 @@ const sweepBatch = 4096
 // It may run beside Read, from another goroutine; it takes time in proportion to the
 // table's size (Capacities.Conntrack).
 func (r *FlowReader) SweepConntrack() ([]FlowRecord, error) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if r.closed {
+		return nil, ErrReaderClosed
+	}
 	now, err := KtimeNow()
 	if err != nil {
 		return nil, err
@@ -281,10 +310,14 @@ func (r *FlowReader) SweepConntrack() ([]FlowRecord, error) {
 	return ended, nil
 }
 
-// Close ends the reader; a Read under way returns ringbuf.ErrClosed. It may be called
-// more than once, from any goroutine.
+// Close ends the reader; a Read under way returns ringbuf.ErrClosed, the other calls
+// ErrReaderClosed once those under way have returned, which Close waits for. It may be
+// called more than once, from any goroutine.
 func (r *FlowReader) Close() error {
 	r.closeOnce.Do(func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.closed = true
 		r.closeErr = r.rd.Close()
 		for _, m := range r.owned {
 			m.Close()
