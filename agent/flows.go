@@ -49,6 +49,7 @@ type FlowLog struct {
 	added chan struct{}
 
 	flows          *prometheus.CounterVec
+	drops          *prometheus.CounterVec
 	lost           prometheus.CounterFunc
 	suppressedFunc prometheus.CounterFunc
 	occupied       prometheus.GaugeFunc
@@ -65,6 +66,10 @@ func NewFlowLog(size int, reg prometheus.Registerer) (*FlowLog, error) {
 		Namespace: "naples", Subsystem: "agent", Name: "flows_total",
 		Help: "Flow records of the firewall the agent took, by verdict (allowed, denied) and event (started, denied, active, ended).",
 	}, []string{"verdict", "event"})
+	l.drops = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "naples", Subsystem: "agent", Name: "flow_drops_total",
+		Help: "Packets the firewall dropped that the agent took a record of, by reason (policy, spoofed, malformed, fragment, vlan); naplesctl monitor --type drop shows them.",
+	}, []string{"reason"})
 	l.lost = prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "naples", Subsystem: "agent", Name: "flow_records_lost_total",
 		Help: "Flow records the firewall could not write because the agent had not taken the ones before (its ring buffer, --fw-flow-ring-bytes, was full), since the ring was made."}, lockedValue(l, &l.lostDatapath))
 	l.suppressedFunc = prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "naples", Subsystem: "agent", Name: "flow_records_suppressed_total",
@@ -84,7 +89,7 @@ func NewFlowLog(size int, reg prometheus.Registerer) (*FlowLog, error) {
 			Help: "The size of the firewall's ring of flow records in bytes (--fw-flow-ring-bytes)."}, lockedValue(l, &l.ringSize)),
 	}
 	if reg != nil {
-		for _, c := range append([]prometheus.Collector{l.flows, l.lost, l.suppressedFunc, l.occupied}, l.ringGauges...) {
+		for _, c := range append([]prometheus.Collector{l.flows, l.drops, l.lost, l.suppressedFunc, l.occupied}, l.ringGauges...) {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("registering the flow log's metrics: %w", err)
 			}
@@ -98,6 +103,9 @@ func NewFlowLog(size int, reg prometheus.Registerer) (*FlowLog, error) {
 func (l *FlowLog) Add(flows []*delphiv1.Flow, lostDatapath uint64) {
 	for _, f := range flows {
 		l.flows.WithLabelValues(f.GetVerdict(), flowEventName(f.GetEvent())).Inc()
+		if f.GetEvent() == delphiv1.FlowEvent_FLOW_EVENT_DENIED {
+			l.drops.WithLabelValues(f.GetReason()).Inc()
+		}
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -263,7 +263,7 @@ func (v *firewallView) flow(rec fwbpf.FlowRecord, node string) *delphiv1.Flow {
 	case fwbpf.FlowDeny:
 		f.Event, f.Verdict = delphiv1.FlowEvent_FLOW_EVENT_DENIED, "denied"
 		f.Reason = map[uint8]string{fwbpf.ReasonPolicy: "policy", fwbpf.ReasonSpoofed: "spoofed",
-			fwbpf.ReasonMalformed: "malformed", fwbpf.ReasonFragment: "fragment"}[rec.Reason]
+			fwbpf.ReasonMalformed: "malformed", fwbpf.ReasonFragment: "fragment", fwbpf.ReasonVLAN: "vlan"}[rec.Reason]
 	case fwbpf.FlowEnd:
 		f.Event = delphiv1.FlowEvent_FLOW_EVENT_ENDED
 		f.Reason = map[uint8]string{fwbpf.EndFIN: "fin", fwbpf.EndRST: "rst", fwbpf.EndIdle: "idle"}[rec.Reason]

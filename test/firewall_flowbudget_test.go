@@ -14,9 +14,9 @@ import (
 // web1 while db1, on the same host, makes connections of its own: web1's budget of flow
 // records runs out, db1's does not, and host-a's small ring never fills, so every one of
 // db1's connections is recorded, start and end, and every one of web1's flood is either
-// a record shown or a record counted suppressed, exactly, in the metrics.
+// a record shown or a record counted suppressed in the metrics.
 func TestFirewallFlowsEndpointBudget(t *testing.T) {
-	const datagrams, victims = 2000, 10
+	const datagrams, victims, slack = 2000, 10, 8
 	sc := webDBCluster(t, "client", []uint16{9}, [][]string{slices.Concat([]string{"--fw-flow-endpoint-rate", "50",
 		"--fw-flow-ring-bytes", "16384", "--flows-ring", "65536"}, metricsFlags)})
 	sc.apply(t, fwPolicyObject("servers", []string{"server"},
@@ -93,8 +93,12 @@ func TestFirewallFlowsEndpointBudget(t *testing.T) {
 	})
 	t.Logf("web1's %d new flows: %d records shown, %d suppressed; db1's %d connections: %d started, %d ended", datagrams, shown, int(suppressed),
 		victims, started, ended)
-	if shown+int(suppressed) != datagrams || suppressed == 0 {
-		t.Errorf("web1's %d new flows: %d records shown and %v suppressed, want every one either, and some suppressed", datagrams, shown, suppressed)
+	// The host's suppressed count may also hold a record or two of the host's other
+	// traffic that came while a budget was spent (a loaded CI machine showed 2 of 2,002);
+	// the datapath's own test, TestFlowEndpointBudget, counts one endpoint's exactly.
+	if n := shown + int(suppressed); n < datagrams || n > datagrams+slack || suppressed == 0 {
+		t.Errorf("web1's %d new flows: %d records shown and %v suppressed, want every one either (and at most %d more), and some suppressed",
+			datagrams, shown, suppressed, slack)
 	}
 	if lost := tel.metrics(t)[lostSeries] - m0[lostSeries]; lost != 0 {
 		t.Errorf("host-a lost %v flow records: the budget should have kept its ring from filling", lost)

@@ -96,6 +96,12 @@ nodes asked for that are not connected. -o json prints one record per line.`,
 
 // flows prints the flows the agent sends for the request.
 func (c *cli) flows(ctx context.Context, req *delphiv1.FlowsRequest, output string) error {
+	return c.agentFlows(ctx, req, c.newFlowPrinter(output))
+}
+
+// agentFlows prints with p the flows the agent sends for the request, and on standard
+// error the records lost as the count grows.
+func (c *cli) agentFlows(ctx context.Context, req *delphiv1.FlowsRequest, p *flowPrinter) error {
 	sess, err := c.connectAgent()
 	if err != nil {
 		return err
@@ -106,7 +112,6 @@ func (c *cli) flows(ctx context.Context, req *delphiv1.FlowsRequest, output stri
 		return fmt.Errorf("reading the flows: %w", sess.rpcError(err))
 	}
 	var lostDatapath, lostAgent, suppressed uint64
-	p := c.newFlowPrinter(output)
 	for {
 		resp, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
@@ -216,20 +221,24 @@ type flowPrinter struct {
 	c      *cli
 	output string
 	tw     *tabwriter.Writer
+	// header is the table's first line ("" for none), line a flow's line of it.
+	header string
+	line   func(*delphiv1.Flow) string
 	// first is set until the first batch is printed.
 	first bool
 }
 
 // newFlowPrinter returns a printer of the output format.
 func (c *cli) newFlowPrinter(output string) *flowPrinter {
-	return &flowPrinter{c: c, output: output, tw: tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0), first: true}
+	return &flowPrinter{c: c, output: output, tw: tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0), first: true,
+		header: flowHeader, line: flowLine}
 }
 
 // print prints a batch of flows, the table's header before the first: each batch's lines
 // are aligned, and printed before the next is waited for.
 func (p *flowPrinter) print(flows []*delphiv1.Flow) error {
-	if p.output == outputTable && p.first {
-		fmt.Fprintln(p.tw, flowHeader)
+	if p.output == outputTable && p.first && p.header != "" {
+		fmt.Fprintln(p.tw, p.header)
 	}
 	p.first = false
 	for _, f := range flows {
@@ -243,7 +252,7 @@ func (p *flowPrinter) print(flows []*delphiv1.Flow) error {
 			}
 			continue
 		}
-		fmt.Fprintln(p.tw, flowLine(f))
+		fmt.Fprintln(p.tw, p.line(f))
 	}
 	return p.tw.Flush()
 }

@@ -108,7 +108,7 @@ Objects are written as YAML or JSON manifests:
 	c.addTLSFlags(root, getenv)
 	root.AddCommand(c.certsCommand(getenv))
 	c.addVersion(root)
-	root.AddCommand(c.applyCommand(), c.getCommand(), c.deleteCommand(), c.describeCommand(), c.waitCommand(), c.delphiCommand(), c.dataplaneCommand(), c.bpfCommand(), c.flowsCommand())
+	root.AddCommand(c.applyCommand(), c.getCommand(), c.deleteCommand(), c.describeCommand(), c.waitCommand(), c.delphiCommand(), c.dataplaneCommand(), c.bpfCommand(), c.flowsCommand(), c.monitorCommand())
 
 	if args == nil {
 		args = []string{} // nil makes cobra read os.Args

@@ -116,6 +116,7 @@
 #define FW_REASON_SPOOFED 2   /* not from the endpoint's own addresses; no tuple */
 #define FW_REASON_MALFORMED 3 /* headers that cannot be read, or hostile ones */
 #define FW_REASON_FRAGMENT 4  /* a later fragment whose first was not seen (or expired) */
+#define FW_REASON_VLAN 5      /* VLAN-tagged, on an endpoint's untagged port; no tuple */
 
 /* Reasons of a FW_FLOW_END record. */
 #define FW_END_FIN 1  /* closed by both sides: the first packet after both FINs */
@@ -1364,13 +1365,42 @@ static __always_inline void fw_frag_key_of(struct fw_frag_key *fk, const struct 
 	__builtin_memcpy(fk->daddr, t->daddr, 16);
 }
 
+/* fw_endpoint_of returns the snapshot's entry of the local endpoint of the interface,
+ * NULL when it has none. */
+static __always_inline const struct fw_value *fw_endpoint_of(void *snap, __u32 ifindex)
+{
+	struct fw_key lk;
+
+	__builtin_memset(&lk, 0, sizeof(lk));
+	lk.prefixlen = FW_ENDPOINT_PREFIXLEN;
+	lk.data[0] = FW_T_ENDPOINT;
+	fw_put_be32(&lk.data[1], ifindex);
+	return fw_snap_lookup(snap, &lk);
+}
+
+/* fw_drop_tagged drops a VLAN-tagged frame seen in dir, counted and recorded (reason
+ * FW_REASON_VLAN) as a local endpoint's when its interface is one's. */
+static __always_inline int fw_drop_tagged(struct __sk_buff *skb, const __u8 dir)
+{
+	const struct fw_value *epv;
+	__u32 zero = 0;
+	void *snap = bpf_map_lookup_elem(&fw_snapshots, &zero);
+
+	if (!snap)
+		return FW_TCX_DROP;
+	epv = fw_endpoint_of(snap, skb->ifindex);
+	if (!epv)
+		return FW_TCX_DROP;
+	fw_flow_emit(FW_FLOW_DENY, FW_REASON_VLAN, dir, skb->ifindex, NULL, NULL, epv->id, 0, skb->len);
+	return fw_deny(epv->id, skb->len);
+}
+
 /* fw_handle filters one packet; dir is the direction of the hook (FW_DIR_*). */
 static __always_inline int fw_handle(struct __sk_buff *skb, const __u8 dir)
 {
 	struct fw_ct_key t;
 	struct fw_l4 l4 = {};
 	const struct fw_value *epv;
-	struct fw_key lk;
 	struct fw_ep ep;
 	void *snap;
 	__u32 zero = 0, len = skb->len;
@@ -1382,7 +1412,7 @@ static __always_inline int fw_handle(struct __sk_buff *skb, const __u8 dir)
 	/* An endpoint's interface is an untagged port: a VLAN tag, in the frame or taken
 	 * out of it into the skb, would carry traffic past the checks below. */
 	if (skb->vlan_present)
-		return FW_TCX_DROP;
+		return fw_drop_tagged(skb, dir);
 	if (bpf_skb_load_bytes(skb, offsetof(struct ethhdr, h_proto), &proto, sizeof(proto)) < 0)
 		return FW_TCX_NEXT;
 	if (proto == bpf_htons(ETH_P_IP))
@@ -1390,7 +1420,7 @@ static __always_inline int fw_handle(struct __sk_buff *skb, const __u8 dir)
 	else if (proto == bpf_htons(ETH_P_IPV6))
 		family = 6;
 	else if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD))
-		return FW_TCX_DROP;
+		return fw_drop_tagged(skb, dir);
 	else if (dir == FW_DIR_INGRESS)
 		return FW_TCX_NEXT; /* ARP and other frames to the endpoint */
 	else
@@ -1404,11 +1434,7 @@ static __always_inline int fw_handle(struct __sk_buff *skb, const __u8 dir)
 		fw_stat(FW_STAT_NO_SNAPSHOT);
 		return FW_TCX_DROP;
 	}
-	__builtin_memset(&lk, 0, sizeof(lk));
-	lk.prefixlen = FW_ENDPOINT_PREFIXLEN;
-	lk.data[0] = FW_T_ENDPOINT;
-	fw_put_be32(&lk.data[1], skb->ifindex);
-	epv = fw_snap_lookup(snap, &lk);
+	epv = fw_endpoint_of(snap, skb->ifindex);
 	if (!epv) {
 		if (family == 0)
 			return FW_TCX_NEXT;

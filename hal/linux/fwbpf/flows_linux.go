@@ -47,6 +47,8 @@ const (
 	ReasonMalformed = 3
 	// ReasonFragment: a later fragment whose first was not seen, or expired.
 	ReasonFragment = 4
+	// ReasonVLAN: a VLAN-tagged frame, on an endpoint's untagged port; no tuple.
+	ReasonVLAN = 5
 )
 
 // Reasons of a FlowEnd record.

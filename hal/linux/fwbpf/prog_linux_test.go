@@ -599,9 +599,12 @@ func TestNonIPPasses(t *testing.T) {
 func TestVLANTaggedDrops(t *testing.T) {
 	f := newFixture(t)
 	f.install(endpoint(f.ifA, epA, 0, 0, gen1)) // open: everything untagged passes
+	r := f.flowReader()
+	var want []flowWant
 	for _, fam := range families {
 		p := udp(fam.ep, 40000, fam.peer, 53)
 		f.from(f.ifA, p, tcxNext)
+		want = append(want, flowWant{typ: FlowNew, dir: DirEgress, p: p, ifindex: f.ifA, ep: epA})
 		for _, tpid := range []uint16{0x8100, 0x88a8} {
 			if got := f.run(f.ingress, f.ifA, tagged(p.frame(), tpid)); got != tcxDrop {
 				t.Errorf("%s tagged %#x from the endpoint: %s, want TCX_DROP", p, tpid, verdict(got))
@@ -609,7 +612,21 @@ func TestVLANTaggedDrops(t *testing.T) {
 			if got := f.run(f.egress, f.ifA, tagged(p.reply().frame(), tpid)); got != tcxDrop {
 				t.Errorf("%s tagged %#x to the endpoint: %s, want TCX_DROP", p.reply(), tpid, verdict(got))
 			}
+			// Each is a record of its endpoint, of the tagged frame's length, without a
+			// tuple.
+			out, in := p, p.reply()
+			out.payload, in.payload = out.payload+4, in.payload+4
+			want = append(want, flowWant{typ: FlowDeny, reason: ReasonVLAN, dir: DirEgress, p: out, ifindex: f.ifA, ep: epA, noTuple: true},
+				flowWant{typ: FlowDeny, reason: ReasonVLAN, dir: DirIngress, p: in, ifindex: f.ifA, ep: epA, noTuple: true})
 		}
+	}
+	f.wantFlows(r, 0, want...)
+	// A tagged frame on an interface no endpoint has is dropped without a record.
+	if got := f.run(f.ingress, f.ifC, tagged(udp(families[0].ep, 40000, families[0].peer, 53).frame(), 0x8100)); got != tcxDrop {
+		t.Errorf("a tagged frame on an interface of no endpoint: %s, want TCX_DROP", verdict(got))
+	}
+	if got := drain(t, r); len(got) != 0 {
+		t.Errorf("records of a tagged frame on an interface of no endpoint: %d, want none", len(got))
 	}
 }
 
@@ -1258,7 +1275,7 @@ func TestConstantsMatchC(t *testing.T) {
 		"FW_STAT_NO_SNAPSHOT": StatNoSnapshotDrops, "FW_STAT_SPOOFED": StatSpoofedDrops, "FW_STATS": NumStats,
 		"FW_FLOW_NEW": FlowNew, "FW_FLOW_DENY": FlowDeny, "FW_FLOW_END": FlowEnd, "FW_FLOW_ACTIVE": FlowActive,
 		"FW_REASON_POLICY": ReasonPolicy, "FW_REASON_SPOOFED": ReasonSpoofed,
-		"FW_REASON_MALFORMED": ReasonMalformed, "FW_REASON_FRAGMENT": ReasonFragment,
+		"FW_REASON_MALFORMED": ReasonMalformed, "FW_REASON_FRAGMENT": ReasonFragment, "FW_REASON_VLAN": ReasonVLAN,
 		"FW_END_FIN": EndFIN, "FW_END_RST": EndRST, "FW_END_IDLE": EndIdle,
 		// The prefix lengths of the keys hal/firewall builds.
 		"FW_ENDPOINT_PREFIXLEN": int64(firewall.EndpointKey(1).PrefixLen),

@@ -97,7 +97,8 @@ type Flow struct {
 	Verdict string `protobuf:"bytes,3,opt,name=verdict,proto3" json:"verdict,omitempty"`
 	// reason says why a packet was denied: "policy", "spoofed" (not from the endpoint's own
 	// addresses), "malformed" (headers that cannot be read), "fragment" (a later fragment
-	// whose first was not seen); or how a connection ended: "fin" (closed by both sides),
+	// whose first was not seen), "vlan" (VLAN-tagged, on an endpoint's untagged port; no
+	// tuple); or how a connection ended: "fin" (closed by both sides),
 	// "rst", "idle" (no packet for its conntrack timeout). Empty for STARTED and ACTIVE.
 	Reason string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
 	// node is this host's node name.
