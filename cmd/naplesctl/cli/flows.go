@@ -68,18 +68,7 @@ nodes asked for that are not connected. -o json prints one record per line.`,
 				req.Since = durationpb.New(since)
 			}
 			req.Follow = follow
-			if cmd.Flag("agent").Changed || c.agentEnv {
-				if len(nodes) > 0 {
-					return exitstatus.Mark(fmt.Errorf("--node %s: the agent's local API shows its own node's flows only; leave --agent out to ask nimbus", strings.Join(nodes, ",")))
-				}
-				return c.flows(cmd.Context(), req, output)
-			}
-			for _, n := range nodes {
-				if err := nimbusv1.ValidateNodeName(n); err != nil {
-					return exitstatus.Mark(fmt.Errorf("--node %q: %w", n, err))
-				}
-			}
-			return c.flowsFromNimbus(cmd.Context(), &flowsv1.ObserveFlowsRequest{Filter: req, Nodes: nodes}, output)
+			return c.streamFlows(cmd, req, nodes, c.newFlowPrinter(output), "flows")
 		},
 	}
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "print new flows as they come, until interrupted")
@@ -94,9 +83,22 @@ nodes asked for that are not connected. -o json prints one record per line.`,
 	return cmd
 }
 
-// flows prints the flows the agent sends for the request.
-func (c *cli) flows(ctx context.Context, req *delphiv1.FlowsRequest, output string) error {
-	return c.agentFlows(ctx, req, c.newFlowPrinter(output))
+// streamFlows prints with p the flows of the request, what they are called in errors:
+// from the agent's local API when --agent (or its variable) is given, else through nimbus
+// from the nodes, every node's for none.
+func (c *cli) streamFlows(cmd *cobra.Command, req *delphiv1.FlowsRequest, nodes []string, p *flowPrinter, what string) error {
+	if cmd.Flag("agent").Changed || c.agentEnv {
+		if len(nodes) > 0 {
+			return exitstatus.Mark(fmt.Errorf("--node %s: the agent's local API shows its own node's %s only; leave --agent out to ask nimbus", strings.Join(nodes, ","), what))
+		}
+		return c.agentFlows(cmd.Context(), req, p)
+	}
+	for _, n := range nodes {
+		if err := nimbusv1.ValidateNodeName(n); err != nil {
+			return exitstatus.Mark(fmt.Errorf("--node %q: %w", n, err))
+		}
+	}
+	return c.nimbusFlows(cmd.Context(), &flowsv1.ObserveFlowsRequest{Filter: req, Nodes: nodes}, p)
 }
 
 // agentFlows prints with p the flows the agent sends for the request, and on standard
@@ -143,10 +145,10 @@ func (c *cli) agentFlows(ctx context.Context, req *delphiv1.FlowsRequest, p *flo
 	}
 }
 
-// flowsFromNimbus prints the flows nimbus relays from the nodes' agents for the request,
+// nimbusFlows prints with p the flows nimbus relays from the nodes' agents for the request,
 // and on standard error each node's losses as they grow, its errors and the nodes asked
 // for that are not connected.
-func (c *cli) flowsFromNimbus(ctx context.Context, req *flowsv1.ObserveFlowsRequest, output string) error {
+func (c *cli) nimbusFlows(ctx context.Context, req *flowsv1.ObserveFlowsRequest, p *flowPrinter) error {
 	sess, err := c.connect()
 	if err != nil {
 		return err
@@ -156,7 +158,6 @@ func (c *cli) flowsFromNimbus(ctx context.Context, req *flowsv1.ObserveFlowsRequ
 	if err != nil {
 		return fmt.Errorf("observing the flows: %w", sess.rpcError(err))
 	}
-	p := c.newFlowPrinter(output)
 	nodes := map[string]*flowsv1.NodeFlows{}
 	var notConnected []string
 	for {

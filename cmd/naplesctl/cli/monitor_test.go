@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/naplesnet/naples/agent"
@@ -54,5 +55,36 @@ func TestMonitorDrops(t *testing.T) {
 
 	if err := e.fails("monitor", "--type", "trace"); err == nil || !strings.Contains(err.Error(), `--type "trace": want drop`) {
 		t.Errorf("monitor --type trace: %v, want an error naming the type", err)
+	}
+}
+
+// TestMonitorThroughNimbus streams the drops of an agent tapped to a real nimbus, without
+// --agent: the denied records alone, with their node, filtered at the agent.
+func TestMonitorThroughNimbus(t *testing.T) {
+	e := newBatchEnv(t)
+	log, err := agent.NewFlowLog(16, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tapReg := prometheus.NewRegistry()
+	tapAgent(t, e, "host-a", log, tapReg)
+	// Stamped a minute ahead: after the monitor's start, whenever its agent reads them.
+	at := time.Now().Add(time.Minute)
+	log.Add([]*delphiv1.Flow{
+		{Time: timestamppb.New(at), Event: delphiv1.FlowEvent_FLOW_EVENT_STARTED, Verdict: "allowed", Node: "host-a",
+			Direction: "egress", Protocol: "tcp", Source: "10.1.0.11", SourcePort: 41234, Destination: "10.1.0.32", DestinationPort: 7, Bytes: 74},
+		{Time: timestamppb.New(at), Event: delphiv1.FlowEvent_FLOW_EVENT_DENIED, Verdict: "denied", Reason: "policy", Node: "host-a",
+			Direction: "egress", Protocol: "udp", Source: "10.1.0.11", SourcePort: 5353, Destination: "10.1.0.40", DestinationPort: 53, Bytes: 60},
+	}, 0)
+	r := e.start("monitor", "--node", "host-a")
+	eventually(t, "the drop on standard output", func() bool { return strings.Contains(r.stdout.String(), "\n") })
+	r.cancel()
+	if err := r.result(t); err != nil {
+		t.Fatalf("monitor: %v", err)
+	}
+	equal(t, "monitor through nimbus", r.stdout.String(), at.Local().Format("15:04:05.000000")+
+		"  host-a  drop policy  egress -  udp 10.1.0.11:5353 > 10.1.0.40:53  rule -  60 bytes\n")
+	if sent := gauge(t, tapReg, "naples_agent_flow_tap_records_sent_total"); sent != 1 {
+		t.Errorf("the agent sent %v records on its tap, want the 1 drop", sent)
 	}
 }
