@@ -317,43 +317,19 @@ func (i *Inspector) Flows(req *delphiv1.FlowsRequest, stream delphiv1.Delphi_Flo
 	}
 	ctx := stream.Context()
 	c := &flowCursor{log: i.flows, filter: filter, batch: flowBatch}
-	// send sends the records in responses of at most flowBatch, at least one.
-	send := func(flows []*delphiv1.Flow) error {
-		for first := true; first || len(flows) > 0; first = false {
+	var sentLost, sentLostAgent, sentSuppressed uint64
+	// The records go in responses of at most flowBatch; the first response goes out
+	// even without records, and so does a change of the lost counts.
+	return c.follow(ctx, i.done, req, func(flows []*delphiv1.Flow, first bool) error {
+		changed := c.lost != sentLost || c.lostAgent != sentLostAgent || c.suppressed != sentSuppressed
+		for one := first || changed; one || len(flows) > 0; one = false {
 			n := min(len(flows), flowBatch)
 			if err := stream.Send(&delphiv1.FlowsResponse{Flows: flows[:n], LostDatapath: c.lost, LostAgent: c.lostAgent, Suppressed: c.suppressed}); err != nil {
 				return err
 			}
 			flows = flows[n:]
 		}
+		sentLost, sentLostAgent, sentSuppressed = c.lost, c.lostAgent, c.suppressed
 		return nil
-	}
-	// The recent records: the latest limit of those selected.
-	recent := c.read()
-	if n := int(req.GetLimit()); n > 0 && len(recent) > n {
-		recent = recent[len(recent)-n:]
-	}
-	if err := send(recent); err != nil || !req.GetFollow() {
-		return err
-	}
-	for {
-		if !c.more {
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-i.done:
-				return nil
-			case <-c.added:
-			}
-		} else if ctx.Err() != nil {
-			return nil
-		}
-		sentLost, sentLostAgent, sentSuppressed := c.lost, c.lostAgent, c.suppressed
-		// A change of the lost counts goes out even without a record selected.
-		if out := c.read(); len(out) > 0 || c.lost != sentLost || c.lostAgent != sentLostAgent || c.suppressed != sentSuppressed {
-			if err := send(out); err != nil {
-				return err
-			}
-		}
-	}
+	})
 }

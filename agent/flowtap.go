@@ -208,11 +208,21 @@ func (t *FlowTap) serve(ctx context.Context, id uint64, req *delphiv1.FlowsReque
 		}
 		return nil
 	}
+	return c.follow(ctx, nil, req, func(flows []*delphiv1.Flow, first bool) error {
+		end := first && !req.GetFollow()
+		return flush(flows, end, end)
+	})
+}
+
+// follow emits the recent records the cursor selects, the latest req.Limit of them
+// (first set), then, when req follows, the records that come after, as they come (first
+// unset), until ctx ends or done is closed (nil: never).
+func (c *flowCursor) follow(ctx context.Context, done <-chan struct{}, req *delphiv1.FlowsRequest, emit func(flows []*delphiv1.Flow, first bool) error) error {
 	recent := c.read()
 	if n := int(req.GetLimit()); n > 0 && len(recent) > n {
 		recent = recent[len(recent)-n:]
 	}
-	if err := flush(recent, !req.GetFollow(), !req.GetFollow()); err != nil || !req.GetFollow() {
+	if err := emit(recent, true); err != nil || !req.GetFollow() {
 		return err
 	}
 	for {
@@ -220,12 +230,14 @@ func (t *FlowTap) serve(ctx context.Context, id uint64, req *delphiv1.FlowsReque
 			select {
 			case <-ctx.Done():
 				return nil
+			case <-done:
+				return nil
 			case <-c.added:
 			}
 		} else if ctx.Err() != nil {
 			return nil
 		}
-		if err := flush(c.read(), false, false); err != nil {
+		if err := emit(c.read(), false); err != nil {
 			return err
 		}
 	}
