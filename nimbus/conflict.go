@@ -105,11 +105,11 @@ func claimKeys(obj *nimbusv1.Object) []string {
 	return nil
 }
 
-// holdsClaims tells whether objects of the kind hold claims, and are checked for
-// conflicts.
+// holdsClaims tells whether objects of the kind hold claims, or name other objects
+// that must exist (Trace), and are checked for conflicts.
 func holdsClaims(obj *nimbusv1.Object) bool {
 	switch obj.GetSpec().(type) {
-	case *nimbusv1.Object_Endpoint, *nimbusv1.Object_Network, *nimbusv1.Object_Interface:
+	case *nimbusv1.Object_Endpoint, *nimbusv1.Object_Network, *nimbusv1.Object_Interface, *nimbusv1.Object_Trace:
 		return true
 	}
 	return false
@@ -221,6 +221,8 @@ func (t *tables) checkConflicts(id nimbusv1.Key, obj *nimbusv1.Object) error {
 		c.network(s.Network)
 	case *nimbusv1.Object_Interface:
 		c.iface()
+	case *nimbusv1.Object_Trace:
+		c.trace(s.Trace)
 	}
 	return errors.Join(c.errs...)
 }
@@ -428,6 +430,27 @@ func (c *conflictCheck) iface() {
 		}
 		c.add("spec.device", dev, "is already used by %s %s", describe(h.Key()), where)
 		return
+	}
+}
+
+// trace checks that a Trace's endpoints exist in its tenant and namespace, and that its
+// source is on a node, which injects the packet. A Trace is short-lived and acts at
+// once: one that names what is not there would only time out.
+func (c *conflictCheck) trace(t *nimbusv1.TraceSpec) {
+	m := c.obj.GetMeta()
+	endpoint := func(field, name string) *nimbusv1.Object {
+		rec := c.t.object(nimbusv1.MakeKey(nimbusv1.Kind_KIND_ENDPOINT, m.GetTenant(), m.GetNamespace(), name))
+		if rec == nil {
+			c.add(field, name, "names no Endpoint in tenant %q, namespace %q", m.GetTenant(), m.GetNamespace())
+			return nil
+		}
+		return rec.Object
+	}
+	if src := endpoint("spec.source", t.GetSource()); src != nil && src.GetEndpoint().GetNode() == "" {
+		c.add("spec.source", t.GetSource(), "is on no node (its spec.node is empty): no node can inject the packet")
+	}
+	if t.GetDestination() != "" {
+		endpoint("spec.destination", t.GetDestination())
 	}
 }
 

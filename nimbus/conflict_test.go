@@ -93,6 +93,32 @@ var conflictCases = []struct {
 	{"nic other node", hostInterface("nic", "eth1", "host-a"), ""},
 	{"endpoint update", endpoint("web-a", "net1", "host-a", "veth-a", "02:00:00:00:01:0a", "10.1.0.5", "10.1.0.7"), ""},
 	{"network update", network("net1", 100, "10.1.0.0/16"), ""},
+	{"trace", trace("t1", "web-a", "web-a2", ""), `trace "default/t1": spec.destination "web-a2" names no Endpoint in tenant "default", namespace "default"`},
+	{"trace to an address", trace("t1", "web-a", "", "10.9.0.1"), ""},
+	{"trace from nowhere", trace("t1", "web-z", "", "10.9.0.1"),
+		`trace "default/t1": spec.source "web-z" names no Endpoint in tenant "default", namespace "default"`},
+	{"trace other tenant", inTenant("t2", trace("t1", "web-a", "", "10.9.0.1")),
+		`trace "t2/default/t1": spec.source "web-a" names no Endpoint in tenant "t2", namespace "default"`},
+}
+
+// trace returns a Trace of tcp to port 80 from the endpoint to the endpoint or address.
+func trace(name, source, destination, address string) *nimbusv1.Object {
+	return &nimbusv1.Object{
+		Meta: &nimbusv1.ObjectMeta{Name: name},
+		Spec: &nimbusv1.Object_Trace{Trace: &nimbusv1.TraceSpec{
+			Source: source, Destination: destination, DestinationAddress: address, DestinationPort: 80,
+		}},
+	}
+}
+
+// TestApplyRefusesTraceFromNoNode checks that a Trace whose source endpoint is on no
+// node is refused: no node would inject its packet.
+func TestApplyRefusesTraceFromNoNode(t *testing.T) {
+	t.Parallel()
+	ts := startWithWebA(t, Options{})
+	ts.apply(t, endpoint("nowhere", "net1", "", "", "02:00:00:00:01:0c", "10.1.0.9"))
+	wantConflict(t, ts, trace("t1", "nowhere", "web-a", ""),
+		`trace "default/t1": spec.source "nowhere" is on no node (its spec.node is empty): no node can inject the packet`)
 }
 
 // startWithWebA starts a server holding net1, web-a and eth1 (see conflictCases).

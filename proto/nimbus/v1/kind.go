@@ -15,6 +15,7 @@ var kindNames = map[Kind]string{
 	Kind_KIND_ROUTE:                   "Route",
 	Kind_KIND_INTERFACE:               "Interface",
 	Kind_KIND_FLOW_EXPORT_POLICY:      "FlowExportPolicy",
+	Kind_KIND_TRACE:                   "Trace",
 }
 
 // Kinds lists every known kind in enum order.
@@ -22,7 +23,7 @@ func Kinds() []Kind {
 	return []Kind{
 		Kind_KIND_NODE, Kind_KIND_NETWORK, Kind_KIND_ENDPOINT, Kind_KIND_SECURITY_GROUP,
 		Kind_KIND_NETWORK_SECURITY_POLICY, Kind_KIND_ROUTE, Kind_KIND_INTERFACE,
-		Kind_KIND_FLOW_EXPORT_POLICY,
+		Kind_KIND_FLOW_EXPORT_POLICY, Kind_KIND_TRACE,
 	}
 }
 
@@ -82,6 +83,8 @@ func (o *Object) Kind() Kind {
 		return Kind_KIND_INTERFACE
 	case *Object_FlowExportPolicy:
 		return Kind_KIND_FLOW_EXPORT_POLICY
+	case *Object_Trace:
+		return Kind_KIND_TRACE
 	}
 	return Kind_KIND_UNSPECIFIED
 }

@@ -39,6 +39,7 @@ const (
 	Kind_KIND_ROUTE                   Kind = 6
 	Kind_KIND_INTERFACE               Kind = 7
 	Kind_KIND_FLOW_EXPORT_POLICY      Kind = 8
+	Kind_KIND_TRACE                   Kind = 9
 )
 
 // Enum value maps for Kind.
@@ -53,6 +54,7 @@ var (
 		6: "KIND_ROUTE",
 		7: "KIND_INTERFACE",
 		8: "KIND_FLOW_EXPORT_POLICY",
+		9: "KIND_TRACE",
 	}
 	Kind_value = map[string]int32{
 		"KIND_UNSPECIFIED":             0,
@@ -64,6 +66,7 @@ var (
 		"KIND_ROUTE":                   6,
 		"KIND_INTERFACE":               7,
 		"KIND_FLOW_EXPORT_POLICY":      8,
+		"KIND_TRACE":                   9,
 	}
 )
 
@@ -265,6 +268,158 @@ func (LinkOperState) EnumDescriptor() ([]byte, []int) {
 	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{3}
 }
 
+// TraceStage is where along the datapath an observation was made.
+type TraceStage int32
+
+const (
+	TraceStage_TRACE_STAGE_UNSPECIFIED TraceStage = 0
+	// TRACE_STAGE_INJECTED: the node of the source made the packet and injected it at the
+	// source's host interface.
+	TraceStage_TRACE_STAGE_INJECTED TraceStage = 1
+	// TRACE_STAGE_SOURCE: the source endpoint's egress policy, at its host interface.
+	TraceStage_TRACE_STAGE_SOURCE TraceStage = 2
+	// TRACE_STAGE_FORWARD: the bridge's forwarding decision for the packet's destination
+	// MAC, read from the bridge's FDB: a local port, or the VXLAN device and the VTEP of
+	// the FDB entry, or none (flooded).
+	TraceStage_TRACE_STAGE_FORWARD TraceStage = 3
+	// TRACE_STAGE_GATEWAY: the packet went up to the network's gateway, to be routed in
+	// its tenant's table.
+	TraceStage_TRACE_STAGE_GATEWAY TraceStage = 4
+	// TRACE_STAGE_ROUTED: the gateway routed the packet into a network's bridge.
+	TraceStage_TRACE_STAGE_ROUTED TraceStage = 5
+	// TRACE_STAGE_TUNNEL_OUT: the packet entered a network's VXLAN device, to a VTEP.
+	TraceStage_TRACE_STAGE_TUNNEL_OUT TraceStage = 6
+	// TRACE_STAGE_TUNNEL_IN: the packet came out of a network's VXLAN device, received
+	// from another node.
+	TraceStage_TRACE_STAGE_TUNNEL_IN TraceStage = 7
+	// TRACE_STAGE_DESTINATION: an endpoint's ingress policy, at its host interface.
+	TraceStage_TRACE_STAGE_DESTINATION TraceStage = 8
+)
+
+// Enum value maps for TraceStage.
+var (
+	TraceStage_name = map[int32]string{
+		0: "TRACE_STAGE_UNSPECIFIED",
+		1: "TRACE_STAGE_INJECTED",
+		2: "TRACE_STAGE_SOURCE",
+		3: "TRACE_STAGE_FORWARD",
+		4: "TRACE_STAGE_GATEWAY",
+		5: "TRACE_STAGE_ROUTED",
+		6: "TRACE_STAGE_TUNNEL_OUT",
+		7: "TRACE_STAGE_TUNNEL_IN",
+		8: "TRACE_STAGE_DESTINATION",
+	}
+	TraceStage_value = map[string]int32{
+		"TRACE_STAGE_UNSPECIFIED": 0,
+		"TRACE_STAGE_INJECTED":    1,
+		"TRACE_STAGE_SOURCE":      2,
+		"TRACE_STAGE_FORWARD":     3,
+		"TRACE_STAGE_GATEWAY":     4,
+		"TRACE_STAGE_ROUTED":      5,
+		"TRACE_STAGE_TUNNEL_OUT":  6,
+		"TRACE_STAGE_TUNNEL_IN":   7,
+		"TRACE_STAGE_DESTINATION": 8,
+	}
+)
+
+func (x TraceStage) Enum() *TraceStage {
+	p := new(TraceStage)
+	*p = x
+	return p
+}
+
+func (x TraceStage) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TraceStage) Descriptor() protoreflect.EnumDescriptor {
+	return file_nimbus_v1_nimbus_proto_enumTypes[4].Descriptor()
+}
+
+func (TraceStage) Type() protoreflect.EnumType {
+	return &file_nimbus_v1_nimbus_proto_enumTypes[4]
+}
+
+func (x TraceStage) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TraceStage.Descriptor instead.
+func (TraceStage) EnumDescriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{4}
+}
+
+// TraceAction is what happened to the packet at a stage.
+type TraceAction int32
+
+const (
+	TraceAction_TRACE_ACTION_UNSPECIFIED TraceAction = 0
+	// TRACE_ACTION_ALLOWED: a policy allowed it (rule names the rule, none for an open
+	// direction).
+	TraceAction_TRACE_ACTION_ALLOWED TraceAction = 1
+	// TRACE_ACTION_DENIED: dropped by the firewall (reason says why: Policy, Spoofed, ...).
+	TraceAction_TRACE_ACTION_DENIED TraceAction = 2
+	// TRACE_ACTION_FORWARDED: passed on.
+	TraceAction_TRACE_ACTION_FORWARDED TraceAction = 3
+	// TRACE_ACTION_DELIVERED: it reached the destination endpoint's interface, allowed.
+	TraceAction_TRACE_ACTION_DELIVERED TraceAction = 4
+	// TRACE_ACTION_DROPPED: dropped by the kernel's forwarding (reason: MTU, NoFDBEntry,
+	// NoRoute).
+	TraceAction_TRACE_ACTION_DROPPED TraceAction = 5
+	// TRACE_ACTION_FLOODED: a copy reached a port it was not for (the bridge had no FDB
+	// entry of its MAC and flooded it); the copy was discarded there.
+	TraceAction_TRACE_ACTION_FLOODED TraceAction = 6
+)
+
+// Enum value maps for TraceAction.
+var (
+	TraceAction_name = map[int32]string{
+		0: "TRACE_ACTION_UNSPECIFIED",
+		1: "TRACE_ACTION_ALLOWED",
+		2: "TRACE_ACTION_DENIED",
+		3: "TRACE_ACTION_FORWARDED",
+		4: "TRACE_ACTION_DELIVERED",
+		5: "TRACE_ACTION_DROPPED",
+		6: "TRACE_ACTION_FLOODED",
+	}
+	TraceAction_value = map[string]int32{
+		"TRACE_ACTION_UNSPECIFIED": 0,
+		"TRACE_ACTION_ALLOWED":     1,
+		"TRACE_ACTION_DENIED":      2,
+		"TRACE_ACTION_FORWARDED":   3,
+		"TRACE_ACTION_DELIVERED":   4,
+		"TRACE_ACTION_DROPPED":     5,
+		"TRACE_ACTION_FLOODED":     6,
+	}
+)
+
+func (x TraceAction) Enum() *TraceAction {
+	p := new(TraceAction)
+	*p = x
+	return p
+}
+
+func (x TraceAction) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TraceAction) Descriptor() protoreflect.EnumDescriptor {
+	return file_nimbus_v1_nimbus_proto_enumTypes[5].Descriptor()
+}
+
+func (TraceAction) Type() protoreflect.EnumType {
+	return &file_nimbus_v1_nimbus_proto_enumTypes[5]
+}
+
+func (x TraceAction) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TraceAction.Descriptor instead.
+func (TraceAction) EnumDescriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{5}
+}
+
 // NodeStatusFilter selects the target nodes a ListNodeStatuses page holds.
 type NodeStatusFilter int32
 
@@ -304,11 +459,11 @@ func (x NodeStatusFilter) String() string {
 }
 
 func (NodeStatusFilter) Descriptor() protoreflect.EnumDescriptor {
-	return file_nimbus_v1_nimbus_proto_enumTypes[4].Descriptor()
+	return file_nimbus_v1_nimbus_proto_enumTypes[6].Descriptor()
 }
 
 func (NodeStatusFilter) Type() protoreflect.EnumType {
-	return &file_nimbus_v1_nimbus_proto_enumTypes[4]
+	return &file_nimbus_v1_nimbus_proto_enumTypes[6]
 }
 
 func (x NodeStatusFilter) Number() protoreflect.EnumNumber {
@@ -317,7 +472,7 @@ func (x NodeStatusFilter) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use NodeStatusFilter.Descriptor instead.
 func (NodeStatusFilter) EnumDescriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{4}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{6}
 }
 
 type PolicyRule_Action int32
@@ -353,11 +508,11 @@ func (x PolicyRule_Action) String() string {
 }
 
 func (PolicyRule_Action) Descriptor() protoreflect.EnumDescriptor {
-	return file_nimbus_v1_nimbus_proto_enumTypes[5].Descriptor()
+	return file_nimbus_v1_nimbus_proto_enumTypes[7].Descriptor()
 }
 
 func (PolicyRule_Action) Type() protoreflect.EnumType {
-	return &file_nimbus_v1_nimbus_proto_enumTypes[5]
+	return &file_nimbus_v1_nimbus_proto_enumTypes[7]
 }
 
 func (x PolicyRule_Action) Number() protoreflect.EnumNumber {
@@ -405,11 +560,11 @@ func (x PolicyRuleCounters_Direction) String() string {
 }
 
 func (PolicyRuleCounters_Direction) Descriptor() protoreflect.EnumDescriptor {
-	return file_nimbus_v1_nimbus_proto_enumTypes[6].Descriptor()
+	return file_nimbus_v1_nimbus_proto_enumTypes[8].Descriptor()
 }
 
 func (PolicyRuleCounters_Direction) Type() protoreflect.EnumType {
-	return &file_nimbus_v1_nimbus_proto_enumTypes[6]
+	return &file_nimbus_v1_nimbus_proto_enumTypes[8]
 }
 
 func (x PolicyRuleCounters_Direction) Number() protoreflect.EnumNumber {
@@ -418,7 +573,7 @@ func (x PolicyRuleCounters_Direction) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PolicyRuleCounters_Direction.Descriptor instead.
 func (PolicyRuleCounters_Direction) EnumDescriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{22, 0}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{23, 0}
 }
 
 type WatchEvent_Type int32
@@ -470,11 +625,11 @@ func (x WatchEvent_Type) String() string {
 }
 
 func (WatchEvent_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_nimbus_v1_nimbus_proto_enumTypes[7].Descriptor()
+	return file_nimbus_v1_nimbus_proto_enumTypes[9].Descriptor()
 }
 
 func (WatchEvent_Type) Type() protoreflect.EnumType {
-	return &file_nimbus_v1_nimbus_proto_enumTypes[7]
+	return &file_nimbus_v1_nimbus_proto_enumTypes[9]
 }
 
 func (x WatchEvent_Type) Number() protoreflect.EnumNumber {
@@ -483,7 +638,7 @@ func (x WatchEvent_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WatchEvent_Type.Descriptor instead.
 func (WatchEvent_Type) EnumDescriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{44, 0}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{47, 0}
 }
 
 type StatusEvent_Type int32
@@ -525,11 +680,11 @@ func (x StatusEvent_Type) String() string {
 }
 
 func (StatusEvent_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_nimbus_v1_nimbus_proto_enumTypes[8].Descriptor()
+	return file_nimbus_v1_nimbus_proto_enumTypes[10].Descriptor()
 }
 
 func (StatusEvent_Type) Type() protoreflect.EnumType {
-	return &file_nimbus_v1_nimbus_proto_enumTypes[8]
+	return &file_nimbus_v1_nimbus_proto_enumTypes[10]
 }
 
 func (x StatusEvent_Type) Number() protoreflect.EnumNumber {
@@ -538,7 +693,7 @@ func (x StatusEvent_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use StatusEvent_Type.Descriptor instead.
 func (StatusEvent_Type) EnumDescriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{47, 0}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{50, 0}
 }
 
 // ObjectKey identifies one object. Tenant and namespace default to "default".
@@ -759,6 +914,7 @@ type Object struct {
 	//	*Object_Route
 	//	*Object_Interface
 	//	*Object_FlowExportPolicy
+	//	*Object_Trace
 	Spec          isObject_Spec `protobuf_oneof:"spec"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -880,6 +1036,15 @@ func (x *Object) GetFlowExportPolicy() *FlowExportPolicySpec {
 	return nil
 }
 
+func (x *Object) GetTrace() *TraceSpec {
+	if x != nil {
+		if x, ok := x.Spec.(*Object_Trace); ok {
+			return x.Trace
+		}
+	}
+	return nil
+}
+
 type isObject_Spec interface {
 	isObject_Spec()
 }
@@ -916,6 +1081,10 @@ type Object_FlowExportPolicy struct {
 	FlowExportPolicy *FlowExportPolicySpec `protobuf:"bytes,17,opt,name=flow_export_policy,json=flowExportPolicy,proto3,oneof"`
 }
 
+type Object_Trace struct {
+	Trace *TraceSpec `protobuf:"bytes,18,opt,name=trace,proto3,oneof"`
+}
+
 func (*Object_Node) isObject_Spec() {}
 
 func (*Object_Network) isObject_Spec() {}
@@ -931,6 +1100,8 @@ func (*Object_Route) isObject_Spec() {}
 func (*Object_Interface) isObject_Spec() {}
 
 func (*Object_FlowExportPolicy) isObject_Spec() {}
+
+func (*Object_Trace) isObject_Spec() {}
 
 // NodeSpec describes one host running a naples agent.
 type NodeSpec struct {
@@ -1795,6 +1966,150 @@ func (x *FlowExportPolicySpec) GetSampling() uint32 {
 	return 0
 }
 
+// TraceSpec follows one packet from a source endpoint through the datapath of every node
+// it passes: the node of the source injects a synthetic packet at the source's host
+// interface, as if the workload had sent it, tagged so that every observation point
+// recognises it (also behind the VXLAN tunnel) and the destination consumes it before
+// the workload sees it; each node reports what happened to it in the Trace's status
+// (TraceOperational). With live set, no packet is made: the next real packet of the
+// 5-tuple is followed instead. A Trace is short-lived: its nodes stop observing after
+// its timeout, and `naplesctl trace` deletes it. docs/trace.md describes the stages.
+type TraceSpec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// source names the Endpoint, in the object's tenant and namespace, the packet comes
+	// from. Required; nimbus refuses a Trace whose source does not exist or is on no node.
+	Source string `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
+	// destination names the Endpoint, in the object's tenant and namespace, the packet
+	// goes to. Exactly one of destination and destination_address is required.
+	Destination string `protobuf:"bytes,2,opt,name=destination,proto3" json:"destination,omitempty"`
+	// destination_address is an IP address the packet goes to, instead of an endpoint:
+	// another network's address, routed through the gateway.
+	DestinationAddress string `protobuf:"bytes,3,opt,name=destination_address,json=destinationAddress,proto3" json:"destination_address,omitempty"`
+	// protocol is "tcp" (the default when empty; a SYN), "udp" or "icmp" (an echo request,
+	// ICMPv6 for IPv6).
+	Protocol string `protobuf:"bytes,4,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	// source_port is the packet's source port for tcp and udp; 0 picks one from the
+	// Trace's uid, in 32768-60999.
+	SourcePort uint32 `protobuf:"varint,5,opt,name=source_port,json=sourcePort,proto3" json:"source_port,omitempty"`
+	// destination_port is the packet's destination port: required for tcp and udp, none
+	// for icmp.
+	DestinationPort uint32 `protobuf:"varint,6,opt,name=destination_port,json=destinationPort,proto3" json:"destination_port,omitempty"`
+	// payload_size is the packet's L4 payload in bytes: at least the 24 of the trace tag
+	// (0 means 24), at most 9000. A large one finds where the MTU drops it.
+	PayloadSize uint32 `protobuf:"varint,7,opt,name=payload_size,json=payloadSize,proto3" json:"payload_size,omitempty"`
+	// live follows the next real packet from the source with the 5-tuple (source_port
+	// then required) within the timeout, instead of injecting one; it is delivered as
+	// usual.
+	Live bool `protobuf:"varint,8,opt,name=live,proto3" json:"live,omitempty"`
+	// timeout is how long the nodes observe: 1s to 60s (to 10m with live); unset: 5s.
+	Timeout *durationpb.Duration `protobuf:"bytes,9,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	// family is "ipv4" or "ipv6", the family of the addresses used when destination names
+	// an endpoint; empty: IPv4 when both endpoints have an IPv4 address, else IPv6.
+	Family        string `protobuf:"bytes,10,opt,name=family,proto3" json:"family,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TraceSpec) Reset() {
+	*x = TraceSpec{}
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TraceSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TraceSpec) ProtoMessage() {}
+
+func (x *TraceSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TraceSpec.ProtoReflect.Descriptor instead.
+func (*TraceSpec) Descriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *TraceSpec) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *TraceSpec) GetDestination() string {
+	if x != nil {
+		return x.Destination
+	}
+	return ""
+}
+
+func (x *TraceSpec) GetDestinationAddress() string {
+	if x != nil {
+		return x.DestinationAddress
+	}
+	return ""
+}
+
+func (x *TraceSpec) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
+func (x *TraceSpec) GetSourcePort() uint32 {
+	if x != nil {
+		return x.SourcePort
+	}
+	return 0
+}
+
+func (x *TraceSpec) GetDestinationPort() uint32 {
+	if x != nil {
+		return x.DestinationPort
+	}
+	return 0
+}
+
+func (x *TraceSpec) GetPayloadSize() uint32 {
+	if x != nil {
+		return x.PayloadSize
+	}
+	return 0
+}
+
+func (x *TraceSpec) GetLive() bool {
+	if x != nil {
+		return x.Live
+	}
+	return false
+}
+
+func (x *TraceSpec) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+func (x *TraceSpec) GetFamily() string {
+	if x != nil {
+		return x.Family
+	}
+	return ""
+}
+
 // NodeStatus is what one node reports about one object.
 type NodeStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1828,7 +2143,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[14]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1840,7 +2155,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[14]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1853,7 +2168,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{14}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *NodeStatus) GetNode() string {
@@ -1938,6 +2253,7 @@ type OperationalData struct {
 	//	*OperationalData_SecurityPolicy
 	//	*OperationalData_Interface
 	//	*OperationalData_FlowExport
+	//	*OperationalData_Trace
 	Kind isOperationalData_Kind `protobuf_oneof:"kind"`
 	// entries_omitted is the number of list entries (rule counters, VTEP addresses, node
 	// and group names) that nimbus left out because the data were larger than it keeps
@@ -1950,7 +2266,7 @@ type OperationalData struct {
 
 func (x *OperationalData) Reset() {
 	*x = OperationalData{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[15]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1962,7 +2278,7 @@ func (x *OperationalData) String() string {
 func (*OperationalData) ProtoMessage() {}
 
 func (x *OperationalData) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[15]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1975,7 +2291,7 @@ func (x *OperationalData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperationalData.ProtoReflect.Descriptor instead.
 func (*OperationalData) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{15}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *OperationalData) GetKind() isOperationalData_Kind {
@@ -2039,6 +2355,15 @@ func (x *OperationalData) GetFlowExport() *FlowExportOperational {
 	return nil
 }
 
+func (x *OperationalData) GetTrace() *TraceOperational {
+	if x != nil {
+		if x, ok := x.Kind.(*OperationalData_Trace); ok {
+			return x.Trace
+		}
+	}
+	return nil
+}
+
 func (x *OperationalData) GetEntriesOmitted() uint32 {
 	if x != nil {
 		return x.EntriesOmitted
@@ -2080,6 +2405,11 @@ type OperationalData_FlowExport struct {
 	FlowExport *FlowExportOperational `protobuf:"bytes,7,opt,name=flow_export,json=flowExport,proto3,oneof"`
 }
 
+type OperationalData_Trace struct {
+	// trace is a Trace's operational data: what the node saw of its packet.
+	Trace *TraceOperational `protobuf:"bytes,8,opt,name=trace,proto3,oneof"`
+}
+
 func (*OperationalData_Node) isOperationalData_Kind() {}
 
 func (*OperationalData_Network) isOperationalData_Kind() {}
@@ -2091,6 +2421,8 @@ func (*OperationalData_SecurityPolicy) isOperationalData_Kind() {}
 func (*OperationalData_Interface) isOperationalData_Kind() {}
 
 func (*OperationalData_FlowExport) isOperationalData_Kind() {}
+
+func (*OperationalData_Trace) isOperationalData_Kind() {}
 
 // NodeOperational is a Node's operational data on one node. A node reports its own Node
 // PROGRAMMED once one of its interfaces holds the VTEP address, usable (not tentative);
@@ -2108,7 +2440,7 @@ type NodeOperational struct {
 
 func (x *NodeOperational) Reset() {
 	*x = NodeOperational{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[16]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2120,7 +2452,7 @@ func (x *NodeOperational) String() string {
 func (*NodeOperational) ProtoMessage() {}
 
 func (x *NodeOperational) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[16]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2133,7 +2465,7 @@ func (x *NodeOperational) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeOperational.ProtoReflect.Descriptor instead.
 func (*NodeOperational) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{16}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *NodeOperational) GetRole() NodeRole {
@@ -2197,7 +2529,7 @@ type NetworkOperational struct {
 
 func (x *NetworkOperational) Reset() {
 	*x = NetworkOperational{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[17]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2209,7 +2541,7 @@ func (x *NetworkOperational) String() string {
 func (*NetworkOperational) ProtoMessage() {}
 
 func (x *NetworkOperational) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[17]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2222,7 +2554,7 @@ func (x *NetworkOperational) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkOperational.ProtoReflect.Descriptor instead.
 func (*NetworkOperational) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{17}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *NetworkOperational) GetBridge() string {
@@ -2339,7 +2671,7 @@ type EndpointOperational struct {
 
 func (x *EndpointOperational) Reset() {
 	*x = EndpointOperational{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[18]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2351,7 +2683,7 @@ func (x *EndpointOperational) String() string {
 func (*EndpointOperational) ProtoMessage() {}
 
 func (x *EndpointOperational) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[18]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2364,7 +2696,7 @@ func (x *EndpointOperational) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointOperational.ProtoReflect.Descriptor instead.
 func (*EndpointOperational) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{18}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *EndpointOperational) GetRole() NodeRole {
@@ -2431,7 +2763,7 @@ type EndpointFirewall struct {
 
 func (x *EndpointFirewall) Reset() {
 	*x = EndpointFirewall{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[19]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2443,7 +2775,7 @@ func (x *EndpointFirewall) String() string {
 func (*EndpointFirewall) ProtoMessage() {}
 
 func (x *EndpointFirewall) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[19]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2456,7 +2788,7 @@ func (x *EndpointFirewall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointFirewall.ProtoReflect.Descriptor instead.
 func (*EndpointFirewall) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{19}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *EndpointFirewall) GetIngressProtected() bool {
@@ -2514,7 +2846,7 @@ type EndpointFirewallCounters struct {
 
 func (x *EndpointFirewallCounters) Reset() {
 	*x = EndpointFirewallCounters{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[20]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2526,7 +2858,7 @@ func (x *EndpointFirewallCounters) String() string {
 func (*EndpointFirewallCounters) ProtoMessage() {}
 
 func (x *EndpointFirewallCounters) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[20]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2539,7 +2871,7 @@ func (x *EndpointFirewallCounters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointFirewallCounters.ProtoReflect.Descriptor instead.
 func (*EndpointFirewallCounters) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{20}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *EndpointFirewallCounters) GetAllowedPackets() uint64 {
@@ -2599,7 +2931,7 @@ type SecurityPolicyOperational struct {
 
 func (x *SecurityPolicyOperational) Reset() {
 	*x = SecurityPolicyOperational{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[21]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2611,7 +2943,7 @@ func (x *SecurityPolicyOperational) String() string {
 func (*SecurityPolicyOperational) ProtoMessage() {}
 
 func (x *SecurityPolicyOperational) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[21]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2624,7 +2956,7 @@ func (x *SecurityPolicyOperational) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SecurityPolicyOperational.ProtoReflect.Descriptor instead.
 func (*SecurityPolicyOperational) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{21}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SecurityPolicyOperational) GetProtectedEndpoints() uint32 {
@@ -2658,7 +2990,7 @@ type PolicyRuleCounters struct {
 
 func (x *PolicyRuleCounters) Reset() {
 	*x = PolicyRuleCounters{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[22]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2670,7 +3002,7 @@ func (x *PolicyRuleCounters) String() string {
 func (*PolicyRuleCounters) ProtoMessage() {}
 
 func (x *PolicyRuleCounters) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[22]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2683,7 +3015,7 @@ func (x *PolicyRuleCounters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PolicyRuleCounters.ProtoReflect.Descriptor instead.
 func (*PolicyRuleCounters) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{22}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PolicyRuleCounters) GetDirection() PolicyRuleCounters_Direction {
@@ -2748,7 +3080,7 @@ type InterfaceOperational struct {
 
 func (x *InterfaceOperational) Reset() {
 	*x = InterfaceOperational{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[23]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2760,7 +3092,7 @@ func (x *InterfaceOperational) String() string {
 func (*InterfaceOperational) ProtoMessage() {}
 
 func (x *InterfaceOperational) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[23]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2773,7 +3105,7 @@ func (x *InterfaceOperational) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InterfaceOperational.ProtoReflect.Descriptor instead.
 func (*InterfaceOperational) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{23}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *InterfaceOperational) GetOperState() LinkOperState {
@@ -2881,7 +3213,7 @@ type FlowExportOperational struct {
 
 func (x *FlowExportOperational) Reset() {
 	*x = FlowExportOperational{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[24]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2893,7 +3225,7 @@ func (x *FlowExportOperational) String() string {
 func (*FlowExportOperational) ProtoMessage() {}
 
 func (x *FlowExportOperational) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[24]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2906,7 +3238,7 @@ func (x *FlowExportOperational) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlowExportOperational.ProtoReflect.Descriptor instead.
 func (*FlowExportOperational) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{24}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *FlowExportOperational) GetRecordsSelected() uint64 {
@@ -2960,7 +3292,7 @@ type FlowExportTarget struct {
 
 func (x *FlowExportTarget) Reset() {
 	*x = FlowExportTarget{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[25]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2972,7 +3304,7 @@ func (x *FlowExportTarget) String() string {
 func (*FlowExportTarget) ProtoMessage() {}
 
 func (x *FlowExportTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[25]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2985,7 +3317,7 @@ func (x *FlowExportTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlowExportTarget.ProtoReflect.Descriptor instead.
 func (*FlowExportTarget) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{25}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *FlowExportTarget) GetTarget() string {
@@ -3028,6 +3360,253 @@ func (x *FlowExportTarget) GetLastErrorTime() *timestamppb.Timestamp {
 		return x.LastErrorTime
 	}
 	return nil
+}
+
+// TraceOperational is what one node saw of a Trace's packet, in the order it saw it.
+type TraceOperational struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// observations are the stages the packet passed on this node, at most 32.
+	Observations []*TraceObservation `protobuf:"bytes,1,rep,name=observations,proto3" json:"observations,omitempty"`
+	// done is set once the node observes no more: the timeout passed, or, on the node of
+	// the source, the packet's fate is known there (denied, delivered, or dropped before
+	// it left).
+	Done bool `protobuf:"varint,2,opt,name=done,proto3" json:"done,omitempty"`
+	// packet describes the packet the node of the source injected ("tcp
+	// 10.1.0.2:40001 > 10.1.0.3:8080, 78 bytes"); empty on the other nodes.
+	Packet string `protobuf:"bytes,3,opt,name=packet,proto3" json:"packet,omitempty"`
+	// injected_time is when the node of the source injected the packet.
+	InjectedTime *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=injected_time,json=injectedTime,proto3" json:"injected_time,omitempty"`
+	// events_lost counts observations the node's datapath had no room to report.
+	EventsLost    uint64 `protobuf:"varint,5,opt,name=events_lost,json=eventsLost,proto3" json:"events_lost,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TraceOperational) Reset() {
+	*x = TraceOperational{}
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TraceOperational) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TraceOperational) ProtoMessage() {}
+
+func (x *TraceOperational) ProtoReflect() protoreflect.Message {
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TraceOperational.ProtoReflect.Descriptor instead.
+func (*TraceOperational) Descriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *TraceOperational) GetObservations() []*TraceObservation {
+	if x != nil {
+		return x.Observations
+	}
+	return nil
+}
+
+func (x *TraceOperational) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
+func (x *TraceOperational) GetPacket() string {
+	if x != nil {
+		return x.Packet
+	}
+	return ""
+}
+
+func (x *TraceOperational) GetInjectedTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.InjectedTime
+	}
+	return nil
+}
+
+func (x *TraceOperational) GetEventsLost() uint64 {
+	if x != nil {
+		return x.EventsLost
+	}
+	return 0
+}
+
+// TraceObservation is one stage the packet passed on one node.
+type TraceObservation struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Stage  TraceStage             `protobuf:"varint,1,opt,name=stage,proto3,enum=nimbus.v1.TraceStage" json:"stage,omitempty"`
+	Action TraceAction            `protobuf:"varint,2,opt,name=action,proto3,enum=nimbus.v1.TraceAction" json:"action,omitempty"`
+	// reason is a short CamelCase cause of a denial or drop: "Policy", "Spoofed",
+	// "Malformed", "MTU", "NoFDBEntry", "NoRoute".
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// endpoint is the endpoint whose interface the stage is at, or whose FDB entry the
+	// bridge used.
+	Endpoint string `protobuf:"bytes,4,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	// interface is the kernel interface of the stage: an endpoint's host interface, a
+	// bridge, a VXLAN device.
+	Interface string `protobuf:"bytes,5,opt,name=interface,proto3" json:"interface,omitempty"`
+	// network is the network of the stage.
+	Network string `protobuf:"bytes,6,opt,name=network,proto3" json:"network,omitempty"`
+	// policy and rule name the rule that decided at a policy stage, when one did.
+	Policy *ObjectKey `protobuf:"bytes,7,opt,name=policy,proto3" json:"policy,omitempty"`
+	Rule   string     `protobuf:"bytes,8,opt,name=rule,proto3" json:"rule,omitempty"`
+	// vtep is the remote VTEP address at TRACE_STAGE_FORWARD and TRACE_STAGE_TUNNEL_OUT.
+	Vtep string `protobuf:"bytes,9,opt,name=vtep,proto3" json:"vtep,omitempty"`
+	// peer_node is the node of vtep, or of the endpoint at a stage on another node.
+	PeerNode string `protobuf:"bytes,10,opt,name=peer_node,json=peerNode,proto3" json:"peer_node,omitempty"`
+	// table is the policy-routing table the gateway routes in (TRACE_STAGE_GATEWAY).
+	Table uint32 `protobuf:"varint,11,opt,name=table,proto3" json:"table,omitempty"`
+	// message says what happened, in a sentence.
+	Message string                 `protobuf:"bytes,12,opt,name=message,proto3" json:"message,omitempty"`
+	Time    *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=time,proto3" json:"time,omitempty"`
+	// length is the frame's length in bytes at the stage.
+	Length        uint32 `protobuf:"varint,14,opt,name=length,proto3" json:"length,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TraceObservation) Reset() {
+	*x = TraceObservation{}
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TraceObservation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TraceObservation) ProtoMessage() {}
+
+func (x *TraceObservation) ProtoReflect() protoreflect.Message {
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TraceObservation.ProtoReflect.Descriptor instead.
+func (*TraceObservation) Descriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *TraceObservation) GetStage() TraceStage {
+	if x != nil {
+		return x.Stage
+	}
+	return TraceStage_TRACE_STAGE_UNSPECIFIED
+}
+
+func (x *TraceObservation) GetAction() TraceAction {
+	if x != nil {
+		return x.Action
+	}
+	return TraceAction_TRACE_ACTION_UNSPECIFIED
+}
+
+func (x *TraceObservation) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *TraceObservation) GetEndpoint() string {
+	if x != nil {
+		return x.Endpoint
+	}
+	return ""
+}
+
+func (x *TraceObservation) GetInterface() string {
+	if x != nil {
+		return x.Interface
+	}
+	return ""
+}
+
+func (x *TraceObservation) GetNetwork() string {
+	if x != nil {
+		return x.Network
+	}
+	return ""
+}
+
+func (x *TraceObservation) GetPolicy() *ObjectKey {
+	if x != nil {
+		return x.Policy
+	}
+	return nil
+}
+
+func (x *TraceObservation) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *TraceObservation) GetVtep() string {
+	if x != nil {
+		return x.Vtep
+	}
+	return ""
+}
+
+func (x *TraceObservation) GetPeerNode() string {
+	if x != nil {
+		return x.PeerNode
+	}
+	return ""
+}
+
+func (x *TraceObservation) GetTable() uint32 {
+	if x != nil {
+		return x.Table
+	}
+	return 0
+}
+
+func (x *TraceObservation) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *TraceObservation) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *TraceObservation) GetLength() uint32 {
+	if x != nil {
+		return x.Length
+	}
+	return 0
 }
 
 // ObjectStatus is the propagation status of one object across its target nodes.
@@ -3077,7 +3656,7 @@ type ObjectStatus struct {
 
 func (x *ObjectStatus) Reset() {
 	*x = ObjectStatus{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[26]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3089,7 +3668,7 @@ func (x *ObjectStatus) String() string {
 func (*ObjectStatus) ProtoMessage() {}
 
 func (x *ObjectStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[26]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3102,7 +3681,7 @@ func (x *ObjectStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectStatus.ProtoReflect.Descriptor instead.
 func (*ObjectStatus) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{26}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ObjectStatus) GetNodes() []*NodeStatus {
@@ -3200,7 +3779,7 @@ type ObjectWithStatus struct {
 
 func (x *ObjectWithStatus) Reset() {
 	*x = ObjectWithStatus{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[27]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3212,7 +3791,7 @@ func (x *ObjectWithStatus) String() string {
 func (*ObjectWithStatus) ProtoMessage() {}
 
 func (x *ObjectWithStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[27]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3225,7 +3804,7 @@ func (x *ObjectWithStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectWithStatus.ProtoReflect.Descriptor instead.
 func (*ObjectWithStatus) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{27}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ObjectWithStatus) GetObject() *Object {
@@ -3251,7 +3830,7 @@ type ApplyRequest struct {
 
 func (x *ApplyRequest) Reset() {
 	*x = ApplyRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[28]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3263,7 +3842,7 @@ func (x *ApplyRequest) String() string {
 func (*ApplyRequest) ProtoMessage() {}
 
 func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[28]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3276,7 +3855,7 @@ func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyRequest.ProtoReflect.Descriptor instead.
 func (*ApplyRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{28}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ApplyRequest) GetObject() *Object {
@@ -3300,7 +3879,7 @@ type ApplyResponse struct {
 
 func (x *ApplyResponse) Reset() {
 	*x = ApplyResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[29]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3312,7 +3891,7 @@ func (x *ApplyResponse) String() string {
 func (*ApplyResponse) ProtoMessage() {}
 
 func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[29]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3325,7 +3904,7 @@ func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyResponse.ProtoReflect.Descriptor instead.
 func (*ApplyResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{29}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ApplyResponse) GetObject() *Object {
@@ -3358,7 +3937,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[30]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3370,7 +3949,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[30]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3383,7 +3962,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{30}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DeleteRequest) GetKey() *ObjectKey {
@@ -3404,7 +3983,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[31]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3416,7 +3995,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[31]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3429,7 +4008,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{31}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DeleteResponse) GetFound() bool {
@@ -3462,7 +4041,7 @@ type ApplyBatchRequest struct {
 
 func (x *ApplyBatchRequest) Reset() {
 	*x = ApplyBatchRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[32]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3474,7 +4053,7 @@ func (x *ApplyBatchRequest) String() string {
 func (*ApplyBatchRequest) ProtoMessage() {}
 
 func (x *ApplyBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[32]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3487,7 +4066,7 @@ func (x *ApplyBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyBatchRequest.ProtoReflect.Descriptor instead.
 func (*ApplyBatchRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{32}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ApplyBatchRequest) GetObjects() []*Object {
@@ -3520,7 +4099,7 @@ type ApplyBatchResponse struct {
 
 func (x *ApplyBatchResponse) Reset() {
 	*x = ApplyBatchResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[33]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3532,7 +4111,7 @@ func (x *ApplyBatchResponse) String() string {
 func (*ApplyBatchResponse) ProtoMessage() {}
 
 func (x *ApplyBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[33]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3545,7 +4124,7 @@ func (x *ApplyBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyBatchResponse.ProtoReflect.Descriptor instead.
 func (*ApplyBatchResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{33}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ApplyBatchResponse) GetResults() []*ApplyResponse {
@@ -3579,7 +4158,7 @@ type DeleteBatchRequest struct {
 
 func (x *DeleteBatchRequest) Reset() {
 	*x = DeleteBatchRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[34]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3591,7 +4170,7 @@ func (x *DeleteBatchRequest) String() string {
 func (*DeleteBatchRequest) ProtoMessage() {}
 
 func (x *DeleteBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[34]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3604,7 +4183,7 @@ func (x *DeleteBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBatchRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBatchRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{34}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DeleteBatchRequest) GetKeys() []*ObjectKey {
@@ -3628,7 +4207,7 @@ type DeleteBatchResponse struct {
 
 func (x *DeleteBatchResponse) Reset() {
 	*x = DeleteBatchResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[35]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3640,7 +4219,7 @@ func (x *DeleteBatchResponse) String() string {
 func (*DeleteBatchResponse) ProtoMessage() {}
 
 func (x *DeleteBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[35]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3653,7 +4232,7 @@ func (x *DeleteBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBatchResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBatchResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{35}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *DeleteBatchResponse) GetResults() []*DeleteResponse {
@@ -3686,7 +4265,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[36]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3698,7 +4277,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[36]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3711,7 +4290,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{36}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *GetRequest) GetKey() *ObjectKey {
@@ -3730,7 +4309,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[37]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3742,7 +4321,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[37]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3755,7 +4334,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{37}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *GetResponse) GetItem() *ObjectWithStatus {
@@ -3788,7 +4367,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[38]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3800,7 +4379,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[38]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3813,7 +4392,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{38}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListRequest) GetKind() Kind {
@@ -3865,7 +4444,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[39]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3877,7 +4456,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[39]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3890,7 +4469,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{39}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListResponse) GetItems() []*ObjectWithStatus {
@@ -3938,7 +4517,7 @@ type ListNodeStatusesRequest struct {
 
 func (x *ListNodeStatusesRequest) Reset() {
 	*x = ListNodeStatusesRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[40]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3950,7 +4529,7 @@ func (x *ListNodeStatusesRequest) String() string {
 func (*ListNodeStatusesRequest) ProtoMessage() {}
 
 func (x *ListNodeStatusesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[40]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3963,7 +4542,7 @@ func (x *ListNodeStatusesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodeStatusesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodeStatusesRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{40}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListNodeStatusesRequest) GetKey() *ObjectKey {
@@ -4009,7 +4588,7 @@ type NodeStatusEntry struct {
 
 func (x *NodeStatusEntry) Reset() {
 	*x = NodeStatusEntry{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[41]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4021,7 +4600,7 @@ func (x *NodeStatusEntry) String() string {
 func (*NodeStatusEntry) ProtoMessage() {}
 
 func (x *NodeStatusEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[41]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4034,7 +4613,7 @@ func (x *NodeStatusEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatusEntry.ProtoReflect.Descriptor instead.
 func (*NodeStatusEntry) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{41}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *NodeStatusEntry) GetNode() string {
@@ -4072,7 +4651,7 @@ type ListNodeStatusesResponse struct {
 
 func (x *ListNodeStatusesResponse) Reset() {
 	*x = ListNodeStatusesResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[42]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4084,7 +4663,7 @@ func (x *ListNodeStatusesResponse) String() string {
 func (*ListNodeStatusesResponse) ProtoMessage() {}
 
 func (x *ListNodeStatusesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[42]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4097,7 +4676,7 @@ func (x *ListNodeStatusesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodeStatusesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodeStatusesResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{42}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListNodeStatusesResponse) GetEntries() []*NodeStatusEntry {
@@ -4141,7 +4720,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[43]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4153,7 +4732,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[43]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4166,7 +4745,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{43}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *WatchRequest) GetNode() string {
@@ -4216,7 +4795,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[44]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4228,7 +4807,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[44]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4241,7 +4820,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{44}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *WatchEvent) GetType() WatchEvent_Type {
@@ -4300,7 +4879,7 @@ type WatchFrame struct {
 
 func (x *WatchFrame) Reset() {
 	*x = WatchFrame{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[45]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4312,7 +4891,7 @@ func (x *WatchFrame) String() string {
 func (*WatchFrame) ProtoMessage() {}
 
 func (x *WatchFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[45]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4325,7 +4904,7 @@ func (x *WatchFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchFrame.ProtoReflect.Descriptor instead.
 func (*WatchFrame) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{45}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *WatchFrame) GetEvents() []*WatchEvent {
@@ -4349,7 +4928,7 @@ type WatchStatusRequest struct {
 
 func (x *WatchStatusRequest) Reset() {
 	*x = WatchStatusRequest{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[46]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4361,7 +4940,7 @@ func (x *WatchStatusRequest) String() string {
 func (*WatchStatusRequest) ProtoMessage() {}
 
 func (x *WatchStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[46]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4374,7 +4953,7 @@ func (x *WatchStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchStatusRequest.ProtoReflect.Descriptor instead.
 func (*WatchStatusRequest) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{46}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *WatchStatusRequest) GetKind() Kind {
@@ -4416,7 +4995,7 @@ type StatusEvent struct {
 
 func (x *StatusEvent) Reset() {
 	*x = StatusEvent{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[47]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4428,7 +5007,7 @@ func (x *StatusEvent) String() string {
 func (*StatusEvent) ProtoMessage() {}
 
 func (x *StatusEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[47]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4441,7 +5020,7 @@ func (x *StatusEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusEvent.ProtoReflect.Descriptor instead.
 func (*StatusEvent) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{47}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *StatusEvent) GetType() StatusEvent_Type {
@@ -4475,7 +5054,7 @@ type StatusFrame struct {
 
 func (x *StatusFrame) Reset() {
 	*x = StatusFrame{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[48]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4487,7 +5066,7 @@ func (x *StatusFrame) String() string {
 func (*StatusFrame) ProtoMessage() {}
 
 func (x *StatusFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[48]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4500,7 +5079,7 @@ func (x *StatusFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusFrame.ProtoReflect.Descriptor instead.
 func (*StatusFrame) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{48}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *StatusFrame) GetEvents() []*StatusEvent {
@@ -4525,7 +5104,7 @@ type StatusReport struct {
 
 func (x *StatusReport) Reset() {
 	*x = StatusReport{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[49]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4537,7 +5116,7 @@ func (x *StatusReport) String() string {
 func (*StatusReport) ProtoMessage() {}
 
 func (x *StatusReport) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[49]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4550,7 +5129,7 @@ func (x *StatusReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusReport.ProtoReflect.Descriptor instead.
 func (*StatusReport) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{49}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *StatusReport) GetKey() *ObjectKey {
@@ -4595,7 +5174,7 @@ type StatusWatermark struct {
 
 func (x *StatusWatermark) Reset() {
 	*x = StatusWatermark{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[50]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4607,7 +5186,7 @@ func (x *StatusWatermark) String() string {
 func (*StatusWatermark) ProtoMessage() {}
 
 func (x *StatusWatermark) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[50]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4620,7 +5199,7 @@ func (x *StatusWatermark) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusWatermark.ProtoReflect.Descriptor instead.
 func (*StatusWatermark) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{50}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *StatusWatermark) GetNode() string {
@@ -4659,7 +5238,7 @@ type ReportStatusResponse struct {
 
 func (x *ReportStatusResponse) Reset() {
 	*x = ReportStatusResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[51]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4671,7 +5250,7 @@ func (x *ReportStatusResponse) String() string {
 func (*ReportStatusResponse) ProtoMessage() {}
 
 func (x *ReportStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[51]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4684,7 +5263,7 @@ func (x *ReportStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportStatusResponse.ProtoReflect.Descriptor instead.
 func (*ReportStatusResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{51}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{54}
 }
 
 // PeerFrame is one frame of the stream on which a nimbus replica pushes to a peer replica
@@ -4713,7 +5292,7 @@ type PeerFrame struct {
 
 func (x *PeerFrame) Reset() {
 	*x = PeerFrame{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[52]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4725,7 +5304,7 @@ func (x *PeerFrame) String() string {
 func (*PeerFrame) ProtoMessage() {}
 
 func (x *PeerFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[52]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4738,7 +5317,7 @@ func (x *PeerFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerFrame.ProtoReflect.Descriptor instead.
 func (*PeerFrame) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{52}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *PeerFrame) GetReplica() string {
@@ -4791,7 +5370,7 @@ type PeerPresence struct {
 
 func (x *PeerPresence) Reset() {
 	*x = PeerPresence{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[53]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4803,7 +5382,7 @@ func (x *PeerPresence) String() string {
 func (*PeerPresence) ProtoMessage() {}
 
 func (x *PeerPresence) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[53]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4816,7 +5395,7 @@ func (x *PeerPresence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerPresence.ProtoReflect.Descriptor instead.
 func (*PeerPresence) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{53}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *PeerPresence) GetNode() string {
@@ -4848,7 +5427,7 @@ type PeerStatusResponse struct {
 
 func (x *PeerStatusResponse) Reset() {
 	*x = PeerStatusResponse{}
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[54]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4860,7 +5439,7 @@ func (x *PeerStatusResponse) String() string {
 func (*PeerStatusResponse) ProtoMessage() {}
 
 func (x *PeerStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nimbus_v1_nimbus_proto_msgTypes[54]
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4873,7 +5452,7 @@ func (x *PeerStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerStatusResponse.ProtoReflect.Descriptor instead.
 func (*PeerStatusResponse) Descriptor() ([]byte, []int) {
-	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{54}
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{57}
 }
 
 var File_nimbus_v1_nimbus_proto protoreflect.FileDescriptor
@@ -4906,7 +5485,7 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\x13generation_revision\x18\v \x01(\x04R\x12generationRevision\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb1\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xdf\x04\n" +
 	"\x06Object\x12)\n" +
 	"\x04meta\x18\x01 \x01(\v2\x15.nimbus.v1.ObjectMetaR\x04meta\x12)\n" +
 	"\x04node\x18\n" +
@@ -4917,7 +5496,8 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\x17network_security_policy\x18\x0e \x01(\v2$.nimbus.v1.NetworkSecurityPolicySpecH\x00R\x15networkSecurityPolicy\x12,\n" +
 	"\x05route\x18\x0f \x01(\v2\x14.nimbus.v1.RouteSpecH\x00R\x05route\x128\n" +
 	"\tinterface\x18\x10 \x01(\v2\x18.nimbus.v1.InterfaceSpecH\x00R\tinterface\x12O\n" +
-	"\x12flow_export_policy\x18\x11 \x01(\v2\x1f.nimbus.v1.FlowExportPolicySpecH\x00R\x10flowExportPolicyB\x06\n" +
+	"\x12flow_export_policy\x18\x11 \x01(\v2\x1f.nimbus.v1.FlowExportPolicySpecH\x00R\x10flowExportPolicy\x12,\n" +
+	"\x05trace\x18\x12 \x01(\v2\x14.nimbus.v1.TraceSpecH\x00R\x05traceB\x06\n" +
 	"\x04spec\"I\n" +
 	"\bNodeSpec\x12\x1a\n" +
 	"\bhostname\x18\x01 \x01(\tR\bhostname\x12!\n" +
@@ -4985,7 +5565,20 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\x04file\x18\x06 \x01(\tR\x04file\x125\n" +
 	"\binterval\x18\a \x01(\v2\x19.google.protobuf.DurationR\binterval\x12F\n" +
 	"\x11template_interval\x18\b \x01(\v2\x19.google.protobuf.DurationR\x10templateInterval\x12\x1a\n" +
-	"\bsampling\x18\t \x01(\rR\bsampling\"\xeb\x03\n" +
+	"\bsampling\x18\t \x01(\rR\bsampling\"\xe2\x02\n" +
+	"\tTraceSpec\x12\x16\n" +
+	"\x06source\x18\x01 \x01(\tR\x06source\x12 \n" +
+	"\vdestination\x18\x02 \x01(\tR\vdestination\x12/\n" +
+	"\x13destination_address\x18\x03 \x01(\tR\x12destinationAddress\x12\x1a\n" +
+	"\bprotocol\x18\x04 \x01(\tR\bprotocol\x12\x1f\n" +
+	"\vsource_port\x18\x05 \x01(\rR\n" +
+	"sourcePort\x12)\n" +
+	"\x10destination_port\x18\x06 \x01(\rR\x0fdestinationPort\x12!\n" +
+	"\fpayload_size\x18\a \x01(\rR\vpayloadSize\x12\x12\n" +
+	"\x04live\x18\b \x01(\bR\x04live\x123\n" +
+	"\atimeout\x18\t \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12\x16\n" +
+	"\x06family\x18\n" +
+	" \x01(\tR\x06family\"\xeb\x03\n" +
 	"\n" +
 	"NodeStatus\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12/\n" +
@@ -5002,7 +5595,7 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	" \x01(\v2\x1a.nimbus.v1.OperationalDataR\x0foperationalData\x1a>\n" +
 	"\x10OperationalEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc4\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf9\x03\n" +
 	"\x0fOperationalData\x120\n" +
 	"\x04node\x18\x01 \x01(\v2\x1a.nimbus.v1.NodeOperationalH\x00R\x04node\x129\n" +
 	"\anetwork\x18\x02 \x01(\v2\x1d.nimbus.v1.NetworkOperationalH\x00R\anetwork\x12<\n" +
@@ -5010,7 +5603,8 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\x0fsecurity_policy\x18\x04 \x01(\v2$.nimbus.v1.SecurityPolicyOperationalH\x00R\x0esecurityPolicy\x12?\n" +
 	"\tinterface\x18\x05 \x01(\v2\x1f.nimbus.v1.InterfaceOperationalH\x00R\tinterface\x12C\n" +
 	"\vflow_export\x18\a \x01(\v2 .nimbus.v1.FlowExportOperationalH\x00R\n" +
-	"flowExport\x12'\n" +
+	"flowExport\x123\n" +
+	"\x05trace\x18\b \x01(\v2\x1b.nimbus.v1.TraceOperationalH\x00R\x05trace\x12'\n" +
 	"\x0fentries_omitted\x18\x06 \x01(\rR\x0eentriesOmittedB\x06\n" +
 	"\x04kind\"N\n" +
 	"\x0fNodeOperational\x12'\n" +
@@ -5095,7 +5689,30 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\x06errors\x18\x04 \x01(\x04R\x06errors\x12\x1d\n" +
 	"\n" +
 	"last_error\x18\x05 \x01(\tR\tlastError\x12B\n" +
-	"\x0flast_error_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\rlastErrorTime\"\xe5\x03\n" +
+	"\x0flast_error_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\rlastErrorTime\"\xe1\x01\n" +
+	"\x10TraceOperational\x12?\n" +
+	"\fobservations\x18\x01 \x03(\v2\x1b.nimbus.v1.TraceObservationR\fobservations\x12\x12\n" +
+	"\x04done\x18\x02 \x01(\bR\x04done\x12\x16\n" +
+	"\x06packet\x18\x03 \x01(\tR\x06packet\x12?\n" +
+	"\rinjected_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\finjectedTime\x12\x1f\n" +
+	"\vevents_lost\x18\x05 \x01(\x04R\n" +
+	"eventsLost\"\xc6\x03\n" +
+	"\x10TraceObservation\x12+\n" +
+	"\x05stage\x18\x01 \x01(\x0e2\x15.nimbus.v1.TraceStageR\x05stage\x12.\n" +
+	"\x06action\x18\x02 \x01(\x0e2\x16.nimbus.v1.TraceActionR\x06action\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x1a\n" +
+	"\bendpoint\x18\x04 \x01(\tR\bendpoint\x12\x1c\n" +
+	"\tinterface\x18\x05 \x01(\tR\tinterface\x12\x18\n" +
+	"\anetwork\x18\x06 \x01(\tR\anetwork\x12,\n" +
+	"\x06policy\x18\a \x01(\v2\x14.nimbus.v1.ObjectKeyR\x06policy\x12\x12\n" +
+	"\x04rule\x18\b \x01(\tR\x04rule\x12\x12\n" +
+	"\x04vtep\x18\t \x01(\tR\x04vtep\x12\x1b\n" +
+	"\tpeer_node\x18\n" +
+	" \x01(\tR\bpeerNode\x12\x14\n" +
+	"\x05table\x18\v \x01(\rR\x05table\x12\x18\n" +
+	"\amessage\x18\f \x01(\tR\amessage\x12.\n" +
+	"\x04time\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x16\n" +
+	"\x06length\x18\x0e \x01(\rR\x06length\"\xe5\x03\n" +
 	"\fObjectStatus\x12+\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x15.nimbus.v1.NodeStatusR\x05nodes\x12!\n" +
 	"\ftarget_nodes\x18\x02 \x01(\x05R\vtargetNodes\x12)\n" +
@@ -5233,7 +5850,7 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\astreams\x18\x02 \x01(\x05R\astreams\x120\n" +
 	"\x05since\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\"\x14\n" +
-	"\x12PeerStatusResponse*\xcc\x01\n" +
+	"\x12PeerStatusResponse*\xdc\x01\n" +
 	"\x04Kind\x12\x14\n" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tKIND_NODE\x10\x01\x12\x10\n" +
@@ -5244,7 +5861,9 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\n" +
 	"KIND_ROUTE\x10\x06\x12\x12\n" +
 	"\x0eKIND_INTERFACE\x10\a\x12\x1b\n" +
-	"\x17KIND_FLOW_EXPORT_POLICY\x10\b*Y\n" +
+	"\x17KIND_FLOW_EXPORT_POLICY\x10\b\x12\x0e\n" +
+	"\n" +
+	"KIND_TRACE\x10\t*Y\n" +
 	"\x05Phase\x12\x15\n" +
 	"\x11PHASE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rPHASE_PENDING\x10\x01\x12\x14\n" +
@@ -5262,7 +5881,26 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	" LINK_OPER_STATE_LOWER_LAYER_DOWN\x10\x04\x12\x1b\n" +
 	"\x17LINK_OPER_STATE_TESTING\x10\x05\x12\x1b\n" +
 	"\x17LINK_OPER_STATE_DORMANT\x10\x06\x12\x16\n" +
-	"\x12LINK_OPER_STATE_UP\x10\a*|\n" +
+	"\x12LINK_OPER_STATE_UP\x10\a*\xf9\x01\n" +
+	"\n" +
+	"TraceStage\x12\x1b\n" +
+	"\x17TRACE_STAGE_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14TRACE_STAGE_INJECTED\x10\x01\x12\x16\n" +
+	"\x12TRACE_STAGE_SOURCE\x10\x02\x12\x17\n" +
+	"\x13TRACE_STAGE_FORWARD\x10\x03\x12\x17\n" +
+	"\x13TRACE_STAGE_GATEWAY\x10\x04\x12\x16\n" +
+	"\x12TRACE_STAGE_ROUTED\x10\x05\x12\x1a\n" +
+	"\x16TRACE_STAGE_TUNNEL_OUT\x10\x06\x12\x19\n" +
+	"\x15TRACE_STAGE_TUNNEL_IN\x10\a\x12\x1b\n" +
+	"\x17TRACE_STAGE_DESTINATION\x10\b*\xca\x01\n" +
+	"\vTraceAction\x12\x1c\n" +
+	"\x18TRACE_ACTION_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14TRACE_ACTION_ALLOWED\x10\x01\x12\x17\n" +
+	"\x13TRACE_ACTION_DENIED\x10\x02\x12\x1a\n" +
+	"\x16TRACE_ACTION_FORWARDED\x10\x03\x12\x1a\n" +
+	"\x16TRACE_ACTION_DELIVERED\x10\x04\x12\x18\n" +
+	"\x14TRACE_ACTION_DROPPED\x10\x05\x12\x18\n" +
+	"\x14TRACE_ACTION_FLOODED\x10\x06*|\n" +
 	"\x10NodeStatusFilter\x12\"\n" +
 	"\x1eNODE_STATUS_FILTER_UNSPECIFIED\x10\x00\x12%\n" +
 	"!NODE_STATUS_FILTER_NOT_PROGRAMMED\x10\x01\x12\x1d\n" +
@@ -5294,181 +5932,195 @@ func file_nimbus_v1_nimbus_proto_rawDescGZIP() []byte {
 	return file_nimbus_v1_nimbus_proto_rawDescData
 }
 
-var file_nimbus_v1_nimbus_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_nimbus_v1_nimbus_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
+var file_nimbus_v1_nimbus_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
+var file_nimbus_v1_nimbus_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
 var file_nimbus_v1_nimbus_proto_goTypes = []any{
 	(Kind)(0),                         // 0: nimbus.v1.Kind
 	(Phase)(0),                        // 1: nimbus.v1.Phase
 	(NodeRole)(0),                     // 2: nimbus.v1.NodeRole
 	(LinkOperState)(0),                // 3: nimbus.v1.LinkOperState
-	(NodeStatusFilter)(0),             // 4: nimbus.v1.NodeStatusFilter
-	(PolicyRule_Action)(0),            // 5: nimbus.v1.PolicyRule.Action
-	(PolicyRuleCounters_Direction)(0), // 6: nimbus.v1.PolicyRuleCounters.Direction
-	(WatchEvent_Type)(0),              // 7: nimbus.v1.WatchEvent.Type
-	(StatusEvent_Type)(0),             // 8: nimbus.v1.StatusEvent.Type
-	(*ObjectKey)(nil),                 // 9: nimbus.v1.ObjectKey
-	(*ObjectMeta)(nil),                // 10: nimbus.v1.ObjectMeta
-	(*Object)(nil),                    // 11: nimbus.v1.Object
-	(*NodeSpec)(nil),                  // 12: nimbus.v1.NodeSpec
-	(*NetworkSpec)(nil),               // 13: nimbus.v1.NetworkSpec
-	(*Subnet)(nil),                    // 14: nimbus.v1.Subnet
-	(*EndpointSpec)(nil),              // 15: nimbus.v1.EndpointSpec
-	(*SecurityGroupSpec)(nil),         // 16: nimbus.v1.SecurityGroupSpec
-	(*NetworkSecurityPolicySpec)(nil), // 17: nimbus.v1.NetworkSecurityPolicySpec
-	(*PolicyRule)(nil),                // 18: nimbus.v1.PolicyRule
-	(*RouteSpec)(nil),                 // 19: nimbus.v1.RouteSpec
-	(*NextHop)(nil),                   // 20: nimbus.v1.NextHop
-	(*InterfaceSpec)(nil),             // 21: nimbus.v1.InterfaceSpec
-	(*FlowExportPolicySpec)(nil),      // 22: nimbus.v1.FlowExportPolicySpec
-	(*NodeStatus)(nil),                // 23: nimbus.v1.NodeStatus
-	(*OperationalData)(nil),           // 24: nimbus.v1.OperationalData
-	(*NodeOperational)(nil),           // 25: nimbus.v1.NodeOperational
-	(*NetworkOperational)(nil),        // 26: nimbus.v1.NetworkOperational
-	(*EndpointOperational)(nil),       // 27: nimbus.v1.EndpointOperational
-	(*EndpointFirewall)(nil),          // 28: nimbus.v1.EndpointFirewall
-	(*EndpointFirewallCounters)(nil),  // 29: nimbus.v1.EndpointFirewallCounters
-	(*SecurityPolicyOperational)(nil), // 30: nimbus.v1.SecurityPolicyOperational
-	(*PolicyRuleCounters)(nil),        // 31: nimbus.v1.PolicyRuleCounters
-	(*InterfaceOperational)(nil),      // 32: nimbus.v1.InterfaceOperational
-	(*FlowExportOperational)(nil),     // 33: nimbus.v1.FlowExportOperational
-	(*FlowExportTarget)(nil),          // 34: nimbus.v1.FlowExportTarget
-	(*ObjectStatus)(nil),              // 35: nimbus.v1.ObjectStatus
-	(*ObjectWithStatus)(nil),          // 36: nimbus.v1.ObjectWithStatus
-	(*ApplyRequest)(nil),              // 37: nimbus.v1.ApplyRequest
-	(*ApplyResponse)(nil),             // 38: nimbus.v1.ApplyResponse
-	(*DeleteRequest)(nil),             // 39: nimbus.v1.DeleteRequest
-	(*DeleteResponse)(nil),            // 40: nimbus.v1.DeleteResponse
-	(*ApplyBatchRequest)(nil),         // 41: nimbus.v1.ApplyBatchRequest
-	(*ApplyBatchResponse)(nil),        // 42: nimbus.v1.ApplyBatchResponse
-	(*DeleteBatchRequest)(nil),        // 43: nimbus.v1.DeleteBatchRequest
-	(*DeleteBatchResponse)(nil),       // 44: nimbus.v1.DeleteBatchResponse
-	(*GetRequest)(nil),                // 45: nimbus.v1.GetRequest
-	(*GetResponse)(nil),               // 46: nimbus.v1.GetResponse
-	(*ListRequest)(nil),               // 47: nimbus.v1.ListRequest
-	(*ListResponse)(nil),              // 48: nimbus.v1.ListResponse
-	(*ListNodeStatusesRequest)(nil),   // 49: nimbus.v1.ListNodeStatusesRequest
-	(*NodeStatusEntry)(nil),           // 50: nimbus.v1.NodeStatusEntry
-	(*ListNodeStatusesResponse)(nil),  // 51: nimbus.v1.ListNodeStatusesResponse
-	(*WatchRequest)(nil),              // 52: nimbus.v1.WatchRequest
-	(*WatchEvent)(nil),                // 53: nimbus.v1.WatchEvent
-	(*WatchFrame)(nil),                // 54: nimbus.v1.WatchFrame
-	(*WatchStatusRequest)(nil),        // 55: nimbus.v1.WatchStatusRequest
-	(*StatusEvent)(nil),               // 56: nimbus.v1.StatusEvent
-	(*StatusFrame)(nil),               // 57: nimbus.v1.StatusFrame
-	(*StatusReport)(nil),              // 58: nimbus.v1.StatusReport
-	(*StatusWatermark)(nil),           // 59: nimbus.v1.StatusWatermark
-	(*ReportStatusResponse)(nil),      // 60: nimbus.v1.ReportStatusResponse
-	(*PeerFrame)(nil),                 // 61: nimbus.v1.PeerFrame
-	(*PeerPresence)(nil),              // 62: nimbus.v1.PeerPresence
-	(*PeerStatusResponse)(nil),        // 63: nimbus.v1.PeerStatusResponse
-	nil,                               // 64: nimbus.v1.ObjectMeta.LabelsEntry
-	nil,                               // 65: nimbus.v1.NodeStatus.OperationalEntry
-	(*timestamppb.Timestamp)(nil),     // 66: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),       // 67: google.protobuf.Duration
+	(TraceStage)(0),                   // 4: nimbus.v1.TraceStage
+	(TraceAction)(0),                  // 5: nimbus.v1.TraceAction
+	(NodeStatusFilter)(0),             // 6: nimbus.v1.NodeStatusFilter
+	(PolicyRule_Action)(0),            // 7: nimbus.v1.PolicyRule.Action
+	(PolicyRuleCounters_Direction)(0), // 8: nimbus.v1.PolicyRuleCounters.Direction
+	(WatchEvent_Type)(0),              // 9: nimbus.v1.WatchEvent.Type
+	(StatusEvent_Type)(0),             // 10: nimbus.v1.StatusEvent.Type
+	(*ObjectKey)(nil),                 // 11: nimbus.v1.ObjectKey
+	(*ObjectMeta)(nil),                // 12: nimbus.v1.ObjectMeta
+	(*Object)(nil),                    // 13: nimbus.v1.Object
+	(*NodeSpec)(nil),                  // 14: nimbus.v1.NodeSpec
+	(*NetworkSpec)(nil),               // 15: nimbus.v1.NetworkSpec
+	(*Subnet)(nil),                    // 16: nimbus.v1.Subnet
+	(*EndpointSpec)(nil),              // 17: nimbus.v1.EndpointSpec
+	(*SecurityGroupSpec)(nil),         // 18: nimbus.v1.SecurityGroupSpec
+	(*NetworkSecurityPolicySpec)(nil), // 19: nimbus.v1.NetworkSecurityPolicySpec
+	(*PolicyRule)(nil),                // 20: nimbus.v1.PolicyRule
+	(*RouteSpec)(nil),                 // 21: nimbus.v1.RouteSpec
+	(*NextHop)(nil),                   // 22: nimbus.v1.NextHop
+	(*InterfaceSpec)(nil),             // 23: nimbus.v1.InterfaceSpec
+	(*FlowExportPolicySpec)(nil),      // 24: nimbus.v1.FlowExportPolicySpec
+	(*TraceSpec)(nil),                 // 25: nimbus.v1.TraceSpec
+	(*NodeStatus)(nil),                // 26: nimbus.v1.NodeStatus
+	(*OperationalData)(nil),           // 27: nimbus.v1.OperationalData
+	(*NodeOperational)(nil),           // 28: nimbus.v1.NodeOperational
+	(*NetworkOperational)(nil),        // 29: nimbus.v1.NetworkOperational
+	(*EndpointOperational)(nil),       // 30: nimbus.v1.EndpointOperational
+	(*EndpointFirewall)(nil),          // 31: nimbus.v1.EndpointFirewall
+	(*EndpointFirewallCounters)(nil),  // 32: nimbus.v1.EndpointFirewallCounters
+	(*SecurityPolicyOperational)(nil), // 33: nimbus.v1.SecurityPolicyOperational
+	(*PolicyRuleCounters)(nil),        // 34: nimbus.v1.PolicyRuleCounters
+	(*InterfaceOperational)(nil),      // 35: nimbus.v1.InterfaceOperational
+	(*FlowExportOperational)(nil),     // 36: nimbus.v1.FlowExportOperational
+	(*FlowExportTarget)(nil),          // 37: nimbus.v1.FlowExportTarget
+	(*TraceOperational)(nil),          // 38: nimbus.v1.TraceOperational
+	(*TraceObservation)(nil),          // 39: nimbus.v1.TraceObservation
+	(*ObjectStatus)(nil),              // 40: nimbus.v1.ObjectStatus
+	(*ObjectWithStatus)(nil),          // 41: nimbus.v1.ObjectWithStatus
+	(*ApplyRequest)(nil),              // 42: nimbus.v1.ApplyRequest
+	(*ApplyResponse)(nil),             // 43: nimbus.v1.ApplyResponse
+	(*DeleteRequest)(nil),             // 44: nimbus.v1.DeleteRequest
+	(*DeleteResponse)(nil),            // 45: nimbus.v1.DeleteResponse
+	(*ApplyBatchRequest)(nil),         // 46: nimbus.v1.ApplyBatchRequest
+	(*ApplyBatchResponse)(nil),        // 47: nimbus.v1.ApplyBatchResponse
+	(*DeleteBatchRequest)(nil),        // 48: nimbus.v1.DeleteBatchRequest
+	(*DeleteBatchResponse)(nil),       // 49: nimbus.v1.DeleteBatchResponse
+	(*GetRequest)(nil),                // 50: nimbus.v1.GetRequest
+	(*GetResponse)(nil),               // 51: nimbus.v1.GetResponse
+	(*ListRequest)(nil),               // 52: nimbus.v1.ListRequest
+	(*ListResponse)(nil),              // 53: nimbus.v1.ListResponse
+	(*ListNodeStatusesRequest)(nil),   // 54: nimbus.v1.ListNodeStatusesRequest
+	(*NodeStatusEntry)(nil),           // 55: nimbus.v1.NodeStatusEntry
+	(*ListNodeStatusesResponse)(nil),  // 56: nimbus.v1.ListNodeStatusesResponse
+	(*WatchRequest)(nil),              // 57: nimbus.v1.WatchRequest
+	(*WatchEvent)(nil),                // 58: nimbus.v1.WatchEvent
+	(*WatchFrame)(nil),                // 59: nimbus.v1.WatchFrame
+	(*WatchStatusRequest)(nil),        // 60: nimbus.v1.WatchStatusRequest
+	(*StatusEvent)(nil),               // 61: nimbus.v1.StatusEvent
+	(*StatusFrame)(nil),               // 62: nimbus.v1.StatusFrame
+	(*StatusReport)(nil),              // 63: nimbus.v1.StatusReport
+	(*StatusWatermark)(nil),           // 64: nimbus.v1.StatusWatermark
+	(*ReportStatusResponse)(nil),      // 65: nimbus.v1.ReportStatusResponse
+	(*PeerFrame)(nil),                 // 66: nimbus.v1.PeerFrame
+	(*PeerPresence)(nil),              // 67: nimbus.v1.PeerPresence
+	(*PeerStatusResponse)(nil),        // 68: nimbus.v1.PeerStatusResponse
+	nil,                               // 69: nimbus.v1.ObjectMeta.LabelsEntry
+	nil,                               // 70: nimbus.v1.NodeStatus.OperationalEntry
+	(*timestamppb.Timestamp)(nil),     // 71: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),       // 72: google.protobuf.Duration
 }
 var file_nimbus_v1_nimbus_proto_depIdxs = []int32{
 	0,  // 0: nimbus.v1.ObjectKey.kind:type_name -> nimbus.v1.Kind
-	64, // 1: nimbus.v1.ObjectMeta.labels:type_name -> nimbus.v1.ObjectMeta.LabelsEntry
-	66, // 2: nimbus.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
-	66, // 3: nimbus.v1.ObjectMeta.update_time:type_name -> google.protobuf.Timestamp
-	10, // 4: nimbus.v1.Object.meta:type_name -> nimbus.v1.ObjectMeta
-	12, // 5: nimbus.v1.Object.node:type_name -> nimbus.v1.NodeSpec
-	13, // 6: nimbus.v1.Object.network:type_name -> nimbus.v1.NetworkSpec
-	15, // 7: nimbus.v1.Object.endpoint:type_name -> nimbus.v1.EndpointSpec
-	16, // 8: nimbus.v1.Object.security_group:type_name -> nimbus.v1.SecurityGroupSpec
-	17, // 9: nimbus.v1.Object.network_security_policy:type_name -> nimbus.v1.NetworkSecurityPolicySpec
-	19, // 10: nimbus.v1.Object.route:type_name -> nimbus.v1.RouteSpec
-	21, // 11: nimbus.v1.Object.interface:type_name -> nimbus.v1.InterfaceSpec
-	22, // 12: nimbus.v1.Object.flow_export_policy:type_name -> nimbus.v1.FlowExportPolicySpec
-	14, // 13: nimbus.v1.NetworkSpec.subnets:type_name -> nimbus.v1.Subnet
-	18, // 14: nimbus.v1.NetworkSecurityPolicySpec.ingress:type_name -> nimbus.v1.PolicyRule
-	18, // 15: nimbus.v1.NetworkSecurityPolicySpec.egress:type_name -> nimbus.v1.PolicyRule
-	5,  // 16: nimbus.v1.PolicyRule.action:type_name -> nimbus.v1.PolicyRule.Action
-	20, // 17: nimbus.v1.RouteSpec.nexthops:type_name -> nimbus.v1.NextHop
-	67, // 18: nimbus.v1.FlowExportPolicySpec.interval:type_name -> google.protobuf.Duration
-	67, // 19: nimbus.v1.FlowExportPolicySpec.template_interval:type_name -> google.protobuf.Duration
-	1,  // 20: nimbus.v1.NodeStatus.phase:type_name -> nimbus.v1.Phase
-	66, // 21: nimbus.v1.NodeStatus.update_time:type_name -> google.protobuf.Timestamp
-	65, // 22: nimbus.v1.NodeStatus.operational:type_name -> nimbus.v1.NodeStatus.OperationalEntry
-	24, // 23: nimbus.v1.NodeStatus.operational_data:type_name -> nimbus.v1.OperationalData
-	25, // 24: nimbus.v1.OperationalData.node:type_name -> nimbus.v1.NodeOperational
-	26, // 25: nimbus.v1.OperationalData.network:type_name -> nimbus.v1.NetworkOperational
-	27, // 26: nimbus.v1.OperationalData.endpoint:type_name -> nimbus.v1.EndpointOperational
-	30, // 27: nimbus.v1.OperationalData.security_policy:type_name -> nimbus.v1.SecurityPolicyOperational
-	32, // 28: nimbus.v1.OperationalData.interface:type_name -> nimbus.v1.InterfaceOperational
-	33, // 29: nimbus.v1.OperationalData.flow_export:type_name -> nimbus.v1.FlowExportOperational
-	2,  // 30: nimbus.v1.NodeOperational.role:type_name -> nimbus.v1.NodeRole
-	2,  // 31: nimbus.v1.EndpointOperational.role:type_name -> nimbus.v1.NodeRole
-	28, // 32: nimbus.v1.EndpointOperational.firewall:type_name -> nimbus.v1.EndpointFirewall
-	29, // 33: nimbus.v1.EndpointFirewall.counters:type_name -> nimbus.v1.EndpointFirewallCounters
-	31, // 34: nimbus.v1.SecurityPolicyOperational.rules:type_name -> nimbus.v1.PolicyRuleCounters
-	6,  // 35: nimbus.v1.PolicyRuleCounters.direction:type_name -> nimbus.v1.PolicyRuleCounters.Direction
-	3,  // 36: nimbus.v1.InterfaceOperational.oper_state:type_name -> nimbus.v1.LinkOperState
-	34, // 37: nimbus.v1.FlowExportOperational.targets:type_name -> nimbus.v1.FlowExportTarget
-	66, // 38: nimbus.v1.FlowExportTarget.last_error_time:type_name -> google.protobuf.Timestamp
-	23, // 39: nimbus.v1.ObjectStatus.nodes:type_name -> nimbus.v1.NodeStatus
-	66, // 40: nimbus.v1.ObjectStatus.caught_up_time:type_name -> google.protobuf.Timestamp
-	11, // 41: nimbus.v1.ObjectWithStatus.object:type_name -> nimbus.v1.Object
-	35, // 42: nimbus.v1.ObjectWithStatus.status:type_name -> nimbus.v1.ObjectStatus
-	11, // 43: nimbus.v1.ApplyRequest.object:type_name -> nimbus.v1.Object
-	11, // 44: nimbus.v1.ApplyResponse.object:type_name -> nimbus.v1.Object
-	9,  // 45: nimbus.v1.DeleteRequest.key:type_name -> nimbus.v1.ObjectKey
-	11, // 46: nimbus.v1.ApplyBatchRequest.objects:type_name -> nimbus.v1.Object
-	38, // 47: nimbus.v1.ApplyBatchResponse.results:type_name -> nimbus.v1.ApplyResponse
-	9,  // 48: nimbus.v1.DeleteBatchRequest.keys:type_name -> nimbus.v1.ObjectKey
-	40, // 49: nimbus.v1.DeleteBatchResponse.results:type_name -> nimbus.v1.DeleteResponse
-	9,  // 50: nimbus.v1.GetRequest.key:type_name -> nimbus.v1.ObjectKey
-	36, // 51: nimbus.v1.GetResponse.item:type_name -> nimbus.v1.ObjectWithStatus
-	0,  // 52: nimbus.v1.ListRequest.kind:type_name -> nimbus.v1.Kind
-	36, // 53: nimbus.v1.ListResponse.items:type_name -> nimbus.v1.ObjectWithStatus
-	9,  // 54: nimbus.v1.ListNodeStatusesRequest.key:type_name -> nimbus.v1.ObjectKey
-	4,  // 55: nimbus.v1.ListNodeStatusesRequest.filter:type_name -> nimbus.v1.NodeStatusFilter
-	23, // 56: nimbus.v1.NodeStatusEntry.status:type_name -> nimbus.v1.NodeStatus
-	50, // 57: nimbus.v1.ListNodeStatusesResponse.entries:type_name -> nimbus.v1.NodeStatusEntry
-	7,  // 58: nimbus.v1.WatchEvent.type:type_name -> nimbus.v1.WatchEvent.Type
-	11, // 59: nimbus.v1.WatchEvent.object:type_name -> nimbus.v1.Object
-	9,  // 60: nimbus.v1.WatchEvent.key:type_name -> nimbus.v1.ObjectKey
-	53, // 61: nimbus.v1.WatchFrame.events:type_name -> nimbus.v1.WatchEvent
-	0,  // 62: nimbus.v1.WatchStatusRequest.kind:type_name -> nimbus.v1.Kind
-	8,  // 63: nimbus.v1.StatusEvent.type:type_name -> nimbus.v1.StatusEvent.Type
-	36, // 64: nimbus.v1.StatusEvent.item:type_name -> nimbus.v1.ObjectWithStatus
-	9,  // 65: nimbus.v1.StatusEvent.key:type_name -> nimbus.v1.ObjectKey
-	56, // 66: nimbus.v1.StatusFrame.events:type_name -> nimbus.v1.StatusEvent
-	9,  // 67: nimbus.v1.StatusReport.key:type_name -> nimbus.v1.ObjectKey
-	23, // 68: nimbus.v1.StatusReport.status:type_name -> nimbus.v1.NodeStatus
-	59, // 69: nimbus.v1.StatusReport.watermark:type_name -> nimbus.v1.StatusWatermark
-	66, // 70: nimbus.v1.StatusWatermark.update_time:type_name -> google.protobuf.Timestamp
-	58, // 71: nimbus.v1.PeerFrame.reports:type_name -> nimbus.v1.StatusReport
-	62, // 72: nimbus.v1.PeerFrame.presence:type_name -> nimbus.v1.PeerPresence
-	59, // 73: nimbus.v1.PeerFrame.watermarks:type_name -> nimbus.v1.StatusWatermark
-	66, // 74: nimbus.v1.PeerPresence.since:type_name -> google.protobuf.Timestamp
-	37, // 75: nimbus.v1.Nimbus.Apply:input_type -> nimbus.v1.ApplyRequest
-	41, // 76: nimbus.v1.Nimbus.ApplyBatch:input_type -> nimbus.v1.ApplyBatchRequest
-	39, // 77: nimbus.v1.Nimbus.Delete:input_type -> nimbus.v1.DeleteRequest
-	43, // 78: nimbus.v1.Nimbus.DeleteBatch:input_type -> nimbus.v1.DeleteBatchRequest
-	45, // 79: nimbus.v1.Nimbus.Get:input_type -> nimbus.v1.GetRequest
-	47, // 80: nimbus.v1.Nimbus.List:input_type -> nimbus.v1.ListRequest
-	49, // 81: nimbus.v1.Nimbus.ListNodeStatuses:input_type -> nimbus.v1.ListNodeStatusesRequest
-	52, // 82: nimbus.v1.Nimbus.Watch:input_type -> nimbus.v1.WatchRequest
-	55, // 83: nimbus.v1.Nimbus.WatchStatus:input_type -> nimbus.v1.WatchStatusRequest
-	58, // 84: nimbus.v1.Nimbus.ReportStatus:input_type -> nimbus.v1.StatusReport
-	61, // 85: nimbus.v1.Nimbus.PeerStatus:input_type -> nimbus.v1.PeerFrame
-	38, // 86: nimbus.v1.Nimbus.Apply:output_type -> nimbus.v1.ApplyResponse
-	42, // 87: nimbus.v1.Nimbus.ApplyBatch:output_type -> nimbus.v1.ApplyBatchResponse
-	40, // 88: nimbus.v1.Nimbus.Delete:output_type -> nimbus.v1.DeleteResponse
-	44, // 89: nimbus.v1.Nimbus.DeleteBatch:output_type -> nimbus.v1.DeleteBatchResponse
-	46, // 90: nimbus.v1.Nimbus.Get:output_type -> nimbus.v1.GetResponse
-	48, // 91: nimbus.v1.Nimbus.List:output_type -> nimbus.v1.ListResponse
-	51, // 92: nimbus.v1.Nimbus.ListNodeStatuses:output_type -> nimbus.v1.ListNodeStatusesResponse
-	54, // 93: nimbus.v1.Nimbus.Watch:output_type -> nimbus.v1.WatchFrame
-	57, // 94: nimbus.v1.Nimbus.WatchStatus:output_type -> nimbus.v1.StatusFrame
-	60, // 95: nimbus.v1.Nimbus.ReportStatus:output_type -> nimbus.v1.ReportStatusResponse
-	63, // 96: nimbus.v1.Nimbus.PeerStatus:output_type -> nimbus.v1.PeerStatusResponse
-	86, // [86:97] is the sub-list for method output_type
-	75, // [75:86] is the sub-list for method input_type
-	75, // [75:75] is the sub-list for extension type_name
-	75, // [75:75] is the sub-list for extension extendee
-	0,  // [0:75] is the sub-list for field type_name
+	69, // 1: nimbus.v1.ObjectMeta.labels:type_name -> nimbus.v1.ObjectMeta.LabelsEntry
+	71, // 2: nimbus.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
+	71, // 3: nimbus.v1.ObjectMeta.update_time:type_name -> google.protobuf.Timestamp
+	12, // 4: nimbus.v1.Object.meta:type_name -> nimbus.v1.ObjectMeta
+	14, // 5: nimbus.v1.Object.node:type_name -> nimbus.v1.NodeSpec
+	15, // 6: nimbus.v1.Object.network:type_name -> nimbus.v1.NetworkSpec
+	17, // 7: nimbus.v1.Object.endpoint:type_name -> nimbus.v1.EndpointSpec
+	18, // 8: nimbus.v1.Object.security_group:type_name -> nimbus.v1.SecurityGroupSpec
+	19, // 9: nimbus.v1.Object.network_security_policy:type_name -> nimbus.v1.NetworkSecurityPolicySpec
+	21, // 10: nimbus.v1.Object.route:type_name -> nimbus.v1.RouteSpec
+	23, // 11: nimbus.v1.Object.interface:type_name -> nimbus.v1.InterfaceSpec
+	24, // 12: nimbus.v1.Object.flow_export_policy:type_name -> nimbus.v1.FlowExportPolicySpec
+	25, // 13: nimbus.v1.Object.trace:type_name -> nimbus.v1.TraceSpec
+	16, // 14: nimbus.v1.NetworkSpec.subnets:type_name -> nimbus.v1.Subnet
+	20, // 15: nimbus.v1.NetworkSecurityPolicySpec.ingress:type_name -> nimbus.v1.PolicyRule
+	20, // 16: nimbus.v1.NetworkSecurityPolicySpec.egress:type_name -> nimbus.v1.PolicyRule
+	7,  // 17: nimbus.v1.PolicyRule.action:type_name -> nimbus.v1.PolicyRule.Action
+	22, // 18: nimbus.v1.RouteSpec.nexthops:type_name -> nimbus.v1.NextHop
+	72, // 19: nimbus.v1.FlowExportPolicySpec.interval:type_name -> google.protobuf.Duration
+	72, // 20: nimbus.v1.FlowExportPolicySpec.template_interval:type_name -> google.protobuf.Duration
+	72, // 21: nimbus.v1.TraceSpec.timeout:type_name -> google.protobuf.Duration
+	1,  // 22: nimbus.v1.NodeStatus.phase:type_name -> nimbus.v1.Phase
+	71, // 23: nimbus.v1.NodeStatus.update_time:type_name -> google.protobuf.Timestamp
+	70, // 24: nimbus.v1.NodeStatus.operational:type_name -> nimbus.v1.NodeStatus.OperationalEntry
+	27, // 25: nimbus.v1.NodeStatus.operational_data:type_name -> nimbus.v1.OperationalData
+	28, // 26: nimbus.v1.OperationalData.node:type_name -> nimbus.v1.NodeOperational
+	29, // 27: nimbus.v1.OperationalData.network:type_name -> nimbus.v1.NetworkOperational
+	30, // 28: nimbus.v1.OperationalData.endpoint:type_name -> nimbus.v1.EndpointOperational
+	33, // 29: nimbus.v1.OperationalData.security_policy:type_name -> nimbus.v1.SecurityPolicyOperational
+	35, // 30: nimbus.v1.OperationalData.interface:type_name -> nimbus.v1.InterfaceOperational
+	36, // 31: nimbus.v1.OperationalData.flow_export:type_name -> nimbus.v1.FlowExportOperational
+	38, // 32: nimbus.v1.OperationalData.trace:type_name -> nimbus.v1.TraceOperational
+	2,  // 33: nimbus.v1.NodeOperational.role:type_name -> nimbus.v1.NodeRole
+	2,  // 34: nimbus.v1.EndpointOperational.role:type_name -> nimbus.v1.NodeRole
+	31, // 35: nimbus.v1.EndpointOperational.firewall:type_name -> nimbus.v1.EndpointFirewall
+	32, // 36: nimbus.v1.EndpointFirewall.counters:type_name -> nimbus.v1.EndpointFirewallCounters
+	34, // 37: nimbus.v1.SecurityPolicyOperational.rules:type_name -> nimbus.v1.PolicyRuleCounters
+	8,  // 38: nimbus.v1.PolicyRuleCounters.direction:type_name -> nimbus.v1.PolicyRuleCounters.Direction
+	3,  // 39: nimbus.v1.InterfaceOperational.oper_state:type_name -> nimbus.v1.LinkOperState
+	37, // 40: nimbus.v1.FlowExportOperational.targets:type_name -> nimbus.v1.FlowExportTarget
+	71, // 41: nimbus.v1.FlowExportTarget.last_error_time:type_name -> google.protobuf.Timestamp
+	39, // 42: nimbus.v1.TraceOperational.observations:type_name -> nimbus.v1.TraceObservation
+	71, // 43: nimbus.v1.TraceOperational.injected_time:type_name -> google.protobuf.Timestamp
+	4,  // 44: nimbus.v1.TraceObservation.stage:type_name -> nimbus.v1.TraceStage
+	5,  // 45: nimbus.v1.TraceObservation.action:type_name -> nimbus.v1.TraceAction
+	11, // 46: nimbus.v1.TraceObservation.policy:type_name -> nimbus.v1.ObjectKey
+	71, // 47: nimbus.v1.TraceObservation.time:type_name -> google.protobuf.Timestamp
+	26, // 48: nimbus.v1.ObjectStatus.nodes:type_name -> nimbus.v1.NodeStatus
+	71, // 49: nimbus.v1.ObjectStatus.caught_up_time:type_name -> google.protobuf.Timestamp
+	13, // 50: nimbus.v1.ObjectWithStatus.object:type_name -> nimbus.v1.Object
+	40, // 51: nimbus.v1.ObjectWithStatus.status:type_name -> nimbus.v1.ObjectStatus
+	13, // 52: nimbus.v1.ApplyRequest.object:type_name -> nimbus.v1.Object
+	13, // 53: nimbus.v1.ApplyResponse.object:type_name -> nimbus.v1.Object
+	11, // 54: nimbus.v1.DeleteRequest.key:type_name -> nimbus.v1.ObjectKey
+	13, // 55: nimbus.v1.ApplyBatchRequest.objects:type_name -> nimbus.v1.Object
+	43, // 56: nimbus.v1.ApplyBatchResponse.results:type_name -> nimbus.v1.ApplyResponse
+	11, // 57: nimbus.v1.DeleteBatchRequest.keys:type_name -> nimbus.v1.ObjectKey
+	45, // 58: nimbus.v1.DeleteBatchResponse.results:type_name -> nimbus.v1.DeleteResponse
+	11, // 59: nimbus.v1.GetRequest.key:type_name -> nimbus.v1.ObjectKey
+	41, // 60: nimbus.v1.GetResponse.item:type_name -> nimbus.v1.ObjectWithStatus
+	0,  // 61: nimbus.v1.ListRequest.kind:type_name -> nimbus.v1.Kind
+	41, // 62: nimbus.v1.ListResponse.items:type_name -> nimbus.v1.ObjectWithStatus
+	11, // 63: nimbus.v1.ListNodeStatusesRequest.key:type_name -> nimbus.v1.ObjectKey
+	6,  // 64: nimbus.v1.ListNodeStatusesRequest.filter:type_name -> nimbus.v1.NodeStatusFilter
+	26, // 65: nimbus.v1.NodeStatusEntry.status:type_name -> nimbus.v1.NodeStatus
+	55, // 66: nimbus.v1.ListNodeStatusesResponse.entries:type_name -> nimbus.v1.NodeStatusEntry
+	9,  // 67: nimbus.v1.WatchEvent.type:type_name -> nimbus.v1.WatchEvent.Type
+	13, // 68: nimbus.v1.WatchEvent.object:type_name -> nimbus.v1.Object
+	11, // 69: nimbus.v1.WatchEvent.key:type_name -> nimbus.v1.ObjectKey
+	58, // 70: nimbus.v1.WatchFrame.events:type_name -> nimbus.v1.WatchEvent
+	0,  // 71: nimbus.v1.WatchStatusRequest.kind:type_name -> nimbus.v1.Kind
+	10, // 72: nimbus.v1.StatusEvent.type:type_name -> nimbus.v1.StatusEvent.Type
+	41, // 73: nimbus.v1.StatusEvent.item:type_name -> nimbus.v1.ObjectWithStatus
+	11, // 74: nimbus.v1.StatusEvent.key:type_name -> nimbus.v1.ObjectKey
+	61, // 75: nimbus.v1.StatusFrame.events:type_name -> nimbus.v1.StatusEvent
+	11, // 76: nimbus.v1.StatusReport.key:type_name -> nimbus.v1.ObjectKey
+	26, // 77: nimbus.v1.StatusReport.status:type_name -> nimbus.v1.NodeStatus
+	64, // 78: nimbus.v1.StatusReport.watermark:type_name -> nimbus.v1.StatusWatermark
+	71, // 79: nimbus.v1.StatusWatermark.update_time:type_name -> google.protobuf.Timestamp
+	63, // 80: nimbus.v1.PeerFrame.reports:type_name -> nimbus.v1.StatusReport
+	67, // 81: nimbus.v1.PeerFrame.presence:type_name -> nimbus.v1.PeerPresence
+	64, // 82: nimbus.v1.PeerFrame.watermarks:type_name -> nimbus.v1.StatusWatermark
+	71, // 83: nimbus.v1.PeerPresence.since:type_name -> google.protobuf.Timestamp
+	42, // 84: nimbus.v1.Nimbus.Apply:input_type -> nimbus.v1.ApplyRequest
+	46, // 85: nimbus.v1.Nimbus.ApplyBatch:input_type -> nimbus.v1.ApplyBatchRequest
+	44, // 86: nimbus.v1.Nimbus.Delete:input_type -> nimbus.v1.DeleteRequest
+	48, // 87: nimbus.v1.Nimbus.DeleteBatch:input_type -> nimbus.v1.DeleteBatchRequest
+	50, // 88: nimbus.v1.Nimbus.Get:input_type -> nimbus.v1.GetRequest
+	52, // 89: nimbus.v1.Nimbus.List:input_type -> nimbus.v1.ListRequest
+	54, // 90: nimbus.v1.Nimbus.ListNodeStatuses:input_type -> nimbus.v1.ListNodeStatusesRequest
+	57, // 91: nimbus.v1.Nimbus.Watch:input_type -> nimbus.v1.WatchRequest
+	60, // 92: nimbus.v1.Nimbus.WatchStatus:input_type -> nimbus.v1.WatchStatusRequest
+	63, // 93: nimbus.v1.Nimbus.ReportStatus:input_type -> nimbus.v1.StatusReport
+	66, // 94: nimbus.v1.Nimbus.PeerStatus:input_type -> nimbus.v1.PeerFrame
+	43, // 95: nimbus.v1.Nimbus.Apply:output_type -> nimbus.v1.ApplyResponse
+	47, // 96: nimbus.v1.Nimbus.ApplyBatch:output_type -> nimbus.v1.ApplyBatchResponse
+	45, // 97: nimbus.v1.Nimbus.Delete:output_type -> nimbus.v1.DeleteResponse
+	49, // 98: nimbus.v1.Nimbus.DeleteBatch:output_type -> nimbus.v1.DeleteBatchResponse
+	51, // 99: nimbus.v1.Nimbus.Get:output_type -> nimbus.v1.GetResponse
+	53, // 100: nimbus.v1.Nimbus.List:output_type -> nimbus.v1.ListResponse
+	56, // 101: nimbus.v1.Nimbus.ListNodeStatuses:output_type -> nimbus.v1.ListNodeStatusesResponse
+	59, // 102: nimbus.v1.Nimbus.Watch:output_type -> nimbus.v1.WatchFrame
+	62, // 103: nimbus.v1.Nimbus.WatchStatus:output_type -> nimbus.v1.StatusFrame
+	65, // 104: nimbus.v1.Nimbus.ReportStatus:output_type -> nimbus.v1.ReportStatusResponse
+	68, // 105: nimbus.v1.Nimbus.PeerStatus:output_type -> nimbus.v1.PeerStatusResponse
+	95, // [95:106] is the sub-list for method output_type
+	84, // [84:95] is the sub-list for method input_type
+	84, // [84:84] is the sub-list for extension type_name
+	84, // [84:84] is the sub-list for extension extendee
+	0,  // [0:84] is the sub-list for field type_name
 }
 
 func init() { file_nimbus_v1_nimbus_proto_init() }
@@ -5485,23 +6137,25 @@ func file_nimbus_v1_nimbus_proto_init() {
 		(*Object_Route)(nil),
 		(*Object_Interface)(nil),
 		(*Object_FlowExportPolicy)(nil),
+		(*Object_Trace)(nil),
 	}
 	file_nimbus_v1_nimbus_proto_msgTypes[12].OneofWrappers = []any{}
-	file_nimbus_v1_nimbus_proto_msgTypes[15].OneofWrappers = []any{
+	file_nimbus_v1_nimbus_proto_msgTypes[16].OneofWrappers = []any{
 		(*OperationalData_Node)(nil),
 		(*OperationalData_Network)(nil),
 		(*OperationalData_Endpoint)(nil),
 		(*OperationalData_SecurityPolicy)(nil),
 		(*OperationalData_Interface)(nil),
 		(*OperationalData_FlowExport)(nil),
+		(*OperationalData_Trace)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nimbus_v1_nimbus_proto_rawDesc), len(file_nimbus_v1_nimbus_proto_rawDesc)),
-			NumEnums:      9,
-			NumMessages:   57,
+			NumEnums:      11,
+			NumMessages:   60,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

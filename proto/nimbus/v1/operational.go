@@ -27,6 +27,8 @@ func (o *OperationalData) Map() map[string]string {
 		k.Interface.fill(m)
 	case *OperationalData_FlowExport:
 		k.FlowExport.fill(m)
+	case *OperationalData_Trace:
+		k.Trace.fill(m)
 	}
 	return m
 }

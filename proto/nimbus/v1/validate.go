@@ -88,6 +88,8 @@ func (o *Object) Validate() error {
 		v.iface(s.Interface)
 	case *Object_FlowExportPolicy:
 		v.flowExport(s.FlowExportPolicy)
+	case *Object_Trace:
+		v.trace(s.Trace)
 	}
 	return v.err()
 }
