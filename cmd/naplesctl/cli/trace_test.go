@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/naplesnet/naples/internal/exitstatus"
+	"github.com/naplesnet/naples/nimbus"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -45,7 +46,12 @@ spec: {network: blue, interface: veth-nowhere, mac: "02:00:00:00:01:0c", ips: [1
 // newTraceEnv is newEnv with traceFixture applied.
 func newTraceEnv(t *testing.T) *env {
 	t.Helper()
-	e := newEnv(t)
+	return withTraceFixture(newEnv(t))
+}
+
+// withTraceFixture applies traceFixture in e and returns e.
+func withTraceFixture(e *env) *env {
+	e.t.Helper()
 	e.ok("apply", "-f", e.file("fixture.yaml", traceFixture))
 	return e
 }
@@ -160,6 +166,36 @@ func TestTraceDelivered(t *testing.T) {
 		"delivered\n")
 	if names := e.traces(); len(names) != 0 {
 		t.Errorf("traces left after trace: %v", names)
+	}
+}
+
+// TestTraceStatusCut follows a Trace through a nimbus that lists one node's status and
+// leaves the operational data out of its object statuses: trace reads every node's
+// status and finds the whole path.
+func TestTraceStatusCut(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		limits nimbus.Limits
+	}{
+		{"nodes", nimbus.Limits{StatusNodes: 1}},
+		{"details", nimbus.Limits{StatusDetailsBytes: 100}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			e := withTraceFixture(newEnvWith(t, nimbus.Options{Now: func() time.Time { return created }, Limits: tt.limits}))
+			r := e.start("trace", "--from", "web-a", "--to", "db-b", "--port", "5432", "--name", "t1", "-o", "json")
+			e.waitTrace("t1")
+			e.reportDelivered("t1")
+			if err := r.result(t); err != nil {
+				t.Fatalf("trace: %v\nstderr:\n%s", err, r.stderr)
+			}
+			var doc struct {
+				Result string
+				Hops   []struct{ Node string }
+			}
+			if err := json.Unmarshal([]byte(r.stdout.String()), &doc); err != nil || doc.Result != "delivered" || len(doc.Hops) != 6 {
+				t.Errorf("trace: want delivered after 6 hops (%v):\n%s", err, r.stdout)
+			}
+		})
 	}
 }
 
