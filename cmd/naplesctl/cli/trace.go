@@ -179,7 +179,7 @@ func flagError(err error) error {
 	var fe *nimbusv1.FieldError
 	if errors.As(err, &fe) {
 		if flag, ok := traceFlags[fe.Field]; ok {
-			return fmt.Errorf("%s %q: %s: %w", flag, fe.Value, fe.Reason, nimbusv1.ErrInvalid)
+			return &nimbusv1.FieldError{Field: flag, Value: fe.Value, Reason: fe.Reason}
 		}
 	}
 	return err
@@ -273,19 +273,21 @@ func scopeFlags(key *nimbusv1.ObjectKey) string {
 	return s
 }
 
-// applyRefused returns the error of an Apply of the Trace with key: the server's message
-// for each refused field, marked as a usage error when nimbus refused the Trace for what
+// applyRefused returns the error of an Apply of the Trace with key: nimbus's message for
+// each refused field, as it is, marked as a usage error when nimbus refused the Trace for what
 // the flags said (invalid, or naming an endpoint that is not there).
 func applyRefused(sess *session, key *nimbusv1.ObjectKey, err error) error {
 	var be *controller.BatchError
 	if errors.As(err, &be) && len(be.Entries) > 0 {
+		// nimbus's messages name the Trace and the field already.
 		msgs := make([]string, len(be.Entries))
 		for i, e := range be.Entries {
 			msgs[i] = e.Message
 		}
-		err = status.Error(status.Code(be.Err), strings.Join(msgs, "\n"))
+		err = sess.rpcError(status.Error(status.Code(be.Err), strings.Join(msgs, "\n")))
+	} else {
+		err = fmt.Errorf("applying %s: %w", ref(key), sess.rpcError(err))
 	}
-	err = fmt.Errorf("applying %s: %w", ref(key), sess.rpcError(err))
 	switch status.Code(err) {
 	case codes.InvalidArgument, codes.FailedPrecondition, codes.AlreadyExists:
 		return exitstatus.Mark(err)
