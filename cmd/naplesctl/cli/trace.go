@@ -274,8 +274,8 @@ func scopeFlags(key *nimbusv1.ObjectKey) string {
 }
 
 // applyRefused returns the error of an Apply of the Trace with key: nimbus's message for
-// each refused field, as it is, marked as a usage error when nimbus refused the Trace for what
-// the flags said (invalid, or naming an endpoint that is not there).
+// each refused field, as it is, marked as a usage error when nimbus refused the Trace for
+// what the flags said (invalid, or naming an endpoint that is not there).
 func applyRefused(sess *session, key *nimbusv1.ObjectKey, err error) error {
 	var be *controller.BatchError
 	if errors.As(err, &be) && len(be.Entries) > 0 {
@@ -296,8 +296,8 @@ func applyRefused(sess *session, key *nimbusv1.ObjectKey, err error) error {
 }
 
 // follow follows the status of run's Trace over a status stream until its outcome is
-// complete, the Trace is deleted, or timeout passes; it returns an error
-// only when ctx ends first, or the stream fails for good.
+// complete, the Trace is deleted, or timeout passes; it returns an error only when ctx
+// ends first, or the stream fails for good.
 func (c *cli) follow(ctx context.Context, kit *controller.Client, run *traceRun, timeout time.Duration) error {
 	fctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
