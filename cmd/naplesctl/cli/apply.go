@@ -87,16 +87,11 @@ func (c *cli) apply(ctx context.Context, files []string, wait bool, timeout time
 		return fmt.Errorf("validating objects, nothing applied:\n%w", errors.Join(invalid...))
 	}
 
-	sess, err := c.connect()
+	sess, kit, closeAll, err := c.connectController()
 	if err != nil {
 		return err
 	}
-	defer sess.Close()
-	kit, err := sess.controller()
-	if err != nil {
-		return err
-	}
-	defer kit.Close()
+	defer closeAll()
 	objs := make([]*nimbusv1.Object, len(srcs))
 	for i, s := range srcs {
 		objs[i] = s.obj

@@ -105,16 +105,11 @@ deleted. The keys are then sent in order, in as few batches as their size allows
 // deleted or not found. where names a key's place in errors, describe the keys [first,
 // end) of a batch.
 func (c *cli) delete(ctx context.Context, keys []*nimbusv1.ObjectKey, where func(i int) string, describe func(first, end int) string) error {
-	sess, err := c.connect()
+	sess, kit, closeAll, err := c.connectController()
 	if err != nil {
 		return err
 	}
-	defer sess.Close()
-	kit, err := sess.controller()
-	if err != nil {
-		return err
-	}
-	defer kit.Close()
+	defer closeAll()
 	_, err = kit.DeleteWith(ctx, keys, controller.DeleteOptions{
 		Deleted: func(first int, results []*nimbusv1.DeleteResponse) error {
 			// The lines of a batch go out in one write, not one per key.

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -256,7 +257,7 @@ func (c *cli) writeDescription(w io.Writer, item *nimbusv1.ObjectWithStatus, nod
 			continue
 		}
 		fmt.Fprintf(w, "\nOperational on %s:\n", r.name)
-		keys := slices.Sorted(maps.Keys(op))
+		keys := slices.SortedFunc(maps.Keys(op), compareOperational)
 		tw = newTable(w, 1)
 		for _, k := range keys {
 			fmt.Fprintf(tw, "  %s:\t%s\n", k, op[k])
@@ -277,6 +278,32 @@ func (c *cli) writeDescription(w io.Writer, item *nimbusv1.ObjectWithStatus, nod
 			n, plural(n, "node", "nodes"))
 	}
 	return nil
+}
+
+// compareOperational orders the keys of operational data by name, and the entries of
+// one list by their index, so that "observations[2]" comes before "observations[10]".
+func compareOperational(a, b string) int {
+	an, ai, arest, aok := listEntry(a)
+	bn, bi, brest, bok := listEntry(b)
+	if aok && bok && an == bn {
+		return cmp.Or(cmp.Compare(ai, bi), strings.Compare(arest, brest))
+	}
+	return strings.Compare(a, b)
+}
+
+// listEntry splits the key of a list's entry, "observations[3]" or "rules[3].hits",
+// into the list's name, the index and what follows; ok is false for any other key.
+func listEntry(key string) (name string, index int, rest string, ok bool) {
+	name, after, found := strings.Cut(key, "[")
+	if !found {
+		return "", 0, "", false
+	}
+	digits, rest, found := strings.Cut(after, "]")
+	index, err := strconv.Atoi(digits)
+	if !found || err != nil {
+		return "", 0, "", false
+	}
+	return name, index, rest, true
 }
 
 // operationalOf returns a node's operational data as keys and values: the typed data in

@@ -353,3 +353,12 @@ type unimplementedNodeStatuses struct{ nimbusv1.NimbusClient }
 func (unimplementedNodeStatuses) ListNodeStatuses(context.Context, *nimbusv1.ListNodeStatusesRequest, ...grpc.CallOption) (*nimbusv1.ListNodeStatusesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "unknown method ListNodeStatuses")
 }
+
+// TestCompareOperational checks the order describe lists operational data in: by name,
+// and the entries of a list by their index.
+func TestCompareOperational(t *testing.T) {
+	keys := []string{"packet", "observations[10]", "done", "observations[2]", "observations[1]", "rules[2].hits", "rules[10].hits", "rules[2].bytes", "observations"}
+	slices.SortFunc(keys, compareOperational)
+	equal(t, "order", strings.Join(keys, " "),
+		"done observations observations[1] observations[2] observations[10] packet rules[2].bytes rules[2].hits rules[10].hits")
+}

@@ -42,6 +42,12 @@ var (
 	// ErrWaitTimeout is wrapped by the error of a wait whose --timeout passed before every
 	// target node reported PROGRAMMED.
 	ErrWaitTimeout = errors.New("timed out")
+	// ErrTraceDropped is wrapped by the error of a trace whose packet was denied or
+	// dropped.
+	ErrTraceDropped = errors.New("dropped")
+	// ErrTraceTimedOut is wrapped by the error of a trace whose packet's fate was not
+	// known when its time passed.
+	ErrTraceTimedOut = errors.New("timed out")
 )
 
 // Run runs naplesctl with args, the command line without the program name, reading
@@ -108,7 +114,7 @@ Objects are written as YAML or JSON manifests:
 	c.addTLSFlags(root, getenv)
 	root.AddCommand(c.certsCommand(getenv))
 	c.addVersion(root)
-	root.AddCommand(c.applyCommand(), c.getCommand(), c.deleteCommand(), c.describeCommand(), c.waitCommand(), c.delphiCommand(), c.dataplaneCommand(), c.bpfCommand(), c.flowsCommand(), c.monitorCommand())
+	root.AddCommand(c.applyCommand(), c.getCommand(), c.deleteCommand(), c.describeCommand(), c.waitCommand(), c.delphiCommand(), c.dataplaneCommand(), c.bpfCommand(), c.flowsCommand(), c.monitorCommand(), c.traceCommand())
 
 	if args == nil {
 		args = []string{} // nil makes cobra read os.Args
@@ -182,6 +188,21 @@ func (s *session) controller() (*controller.Client, error) {
 		return nil, fmt.Errorf("creating the controller client: %w", err)
 	}
 	return kit, nil
+}
+
+// connectController returns a session, as connect does, and a controller client on it;
+// call closeAll when done, which closes both.
+func (c *cli) connectController() (sess *session, kit *controller.Client, closeAll func(), err error) {
+	sess, err = c.connect()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	kit, err = sess.controller()
+	if err != nil {
+		sess.Close()
+		return nil, nil, nil, err
+	}
+	return sess, kit, func() { kit.Close(); sess.Close() }, nil
 }
 
 // rpcError turns the error of a call into one that reads well: the server's message, which

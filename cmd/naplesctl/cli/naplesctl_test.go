@@ -143,7 +143,13 @@ func (e *env) file(name, content string) string {
 // routes returns the names of the routes stored in nimbus.
 func (e *env) routes() []string {
 	e.t.Helper()
-	resp, err := e.nimbus.List(e.t.Context(), &nimbusv1.ListRequest{Kind: nimbusv1.Kind_KIND_ROUTE})
+	return e.names(nimbusv1.Kind_KIND_ROUTE)
+}
+
+// names returns the names of the objects of kind stored in nimbus.
+func (e *env) names(kind nimbusv1.Kind) []string {
+	e.t.Helper()
+	resp, err := e.nimbus.List(e.t.Context(), &nimbusv1.ListRequest{Kind: kind})
 	if err != nil {
 		e.t.Fatalf("List: %v", err)
 	}

@@ -112,14 +112,18 @@ func (e *env) report(name, node string, gen int64, phase nimbusv1.Phase, reason,
 // does.
 func (e *env) reportStatus(name string, st *nimbusv1.NodeStatus) {
 	e.t.Helper()
+	e.reportFor(nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "", "", name), st)
+}
+
+// reportFor sends st as st.Node's status report for the object with key, through the
+// real ReportStatus stream, as the node's agent does.
+func (e *env) reportFor(key *nimbusv1.ObjectKey, st *nimbusv1.NodeStatus) {
+	e.t.Helper()
 	stream, err := e.nimbus.ReportStatus(e.t.Context())
 	if err != nil {
 		e.t.Fatalf("ReportStatus: %v", err)
 	}
-	err = stream.Send(&nimbusv1.StatusReport{
-		Key:    nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "", "", name),
-		Status: st,
-	})
+	err = stream.Send(&nimbusv1.StatusReport{Key: key, Status: st})
 	if err != nil {
 		e.t.Fatalf("sending a status report: %v", err)
 	}
