@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -87,6 +88,17 @@ type Objects struct {
 	// FlowBudget and FlowSuppressed are the endpoints' budgets of flow records and the
 	// count of those suppressed.
 	FlowBudget, FlowSuppressed *ebpf.Map
+	// TraceTunnelOut, TraceTunnelIn, TraceGatewayOut and TraceGatewayIn are the trace
+	// observers (AttachTraceObserver); TraceInject puts trace packets into the stack
+	// (InjectTrace).
+	TraceTunnelOut, TraceTunnelIn, TraceGatewayOut, TraceGatewayIn, TraceInject *ebpf.Program
+	// TraceCtl counts the installed traces, Traces holds them (StartTrace), TraceEvents
+	// is the ring of trace events and TraceLost the count of those lost (TraceReader).
+	TraceCtl, Traces, TraceEvents, TraceLost *ebpf.Map
+
+	// traceMu serialises StartTrace and StopTrace, which keep TraceCtl's count equal to
+	// Traces' entries.
+	traceMu sync.Mutex
 
 	dir   string
 	caps  Capacities
@@ -102,6 +114,18 @@ const bpffsMagic = 0xcafe4a11
 // (a capacity changed, say) is replaced, and the log says so: its content is lost, but
 // for the conntrack table's, which is carried over (migrateCT).
 func Open(dir string, caps Capacities, log *slog.Logger) (*Objects, error) {
+	return openWith(dir, caps, log, openOptions{})
+}
+
+// openOptions are the ways of loading the programs that only tests and benchmarks want.
+type openOptions struct {
+	// traceOff loads the programs with fw_trace_enabled 0: without any trace check, the
+	// baseline of their cost (BenchmarkTraceInactiveCost).
+	traceOff bool
+}
+
+// openWith is Open with the options.
+func openWith(dir string, caps Capacities, log *slog.Logger, opts openOptions) (*Objects, error) {
 	caps = caps.WithDefaults()
 	if err := mountBPFFS(dir); err != nil {
 		return nil, err
@@ -120,6 +144,11 @@ func Open(dir string, caps Capacities, log *slog.Logger) (*Objects, error) {
 	spec.Maps[MapFrag].MaxEntries = uint32(caps.Fragments)
 	if err := setFlowRing(spec, caps.FlowRing, caps.FlowActive, caps.FlowEndpointRate); err != nil {
 		return nil, err
+	}
+	if opts.traceOff {
+		if err := spec.Variables[varTraceEnabled].Set(uint8(0)); err != nil {
+			return nil, fmt.Errorf("turning the trace checks off: %w", err)
+		}
 	}
 	inner := spec.Maps[MapSnapshots].InnerMap.Copy()
 	inner.MaxEntries = uint32(caps.Snapshot)
@@ -161,21 +190,30 @@ func Open(dir string, caps Capacities, log *slog.Logger) (*Objects, error) {
 		}
 	}
 	o := &Objects{
-		Ingress:        coll.DetachProgram(ProgIngress),
-		Egress:         coll.DetachProgram(ProgEgress),
-		Snapshots:      coll.DetachMap(MapSnapshots),
-		CT:             coll.DetachMap(MapCT),
-		Frag:           coll.DetachMap(MapFrag),
-		RuleStats:      coll.DetachMap(MapRuleStats),
-		EndpointStats:  coll.DetachMap(MapEndpointStats),
-		Stats:          coll.DetachMap(MapStats),
-		Flows:          coll.DetachMap(MapFlows),
-		FlowLost:       coll.DetachMap(MapFlowLost),
-		FlowBudget:     coll.DetachMap(MapFlowBudget),
-		FlowSuppressed: coll.DetachMap(MapFlowSuppressed),
-		dir:            dir,
-		caps:           caps,
-		inner:          inner,
+		Ingress:         coll.DetachProgram(ProgIngress),
+		Egress:          coll.DetachProgram(ProgEgress),
+		Snapshots:       coll.DetachMap(MapSnapshots),
+		CT:              coll.DetachMap(MapCT),
+		Frag:            coll.DetachMap(MapFrag),
+		RuleStats:       coll.DetachMap(MapRuleStats),
+		EndpointStats:   coll.DetachMap(MapEndpointStats),
+		Stats:           coll.DetachMap(MapStats),
+		Flows:           coll.DetachMap(MapFlows),
+		FlowLost:        coll.DetachMap(MapFlowLost),
+		FlowBudget:      coll.DetachMap(MapFlowBudget),
+		FlowSuppressed:  coll.DetachMap(MapFlowSuppressed),
+		TraceTunnelOut:  coll.DetachProgram(ProgTraceTunnelOut),
+		TraceTunnelIn:   coll.DetachProgram(ProgTraceTunnelIn),
+		TraceGatewayOut: coll.DetachProgram(ProgTraceGatewayOut),
+		TraceGatewayIn:  coll.DetachProgram(ProgTraceGatewayIn),
+		TraceInject:     coll.DetachProgram(ProgTraceInject),
+		TraceCtl:        coll.DetachMap(MapTraceCtl),
+		Traces:          coll.DetachMap(MapTraces),
+		TraceEvents:     coll.DetachMap(MapTraceEvents),
+		TraceLost:       coll.DetachMap(MapTraceLost),
+		dir:             dir,
+		caps:            caps,
+		inner:           inner,
 	}
 	coll.Close()
 	if oldCT != nil {
@@ -331,10 +369,13 @@ func (o *Objects) Dir() string { return o.dir }
 // Close releases the process's references to the programs and maps; pinned maps and
 // links stay.
 func (o *Objects) Close() error {
-	for _, p := range []*ebpf.Program{o.Ingress, o.Egress} {
-		p.Close()
+	for _, p := range []*ebpf.Program{o.Ingress, o.Egress, o.TraceTunnelOut, o.TraceTunnelIn, o.TraceGatewayOut, o.TraceGatewayIn, o.TraceInject} {
+		if p != nil {
+			p.Close()
+		}
 	}
-	for _, m := range []*ebpf.Map{o.Snapshots, o.CT, o.Frag, o.RuleStats, o.EndpointStats, o.Stats, o.Flows, o.FlowLost, o.FlowBudget, o.FlowSuppressed} {
+	for _, m := range []*ebpf.Map{o.Snapshots, o.CT, o.Frag, o.RuleStats, o.EndpointStats, o.Stats, o.Flows, o.FlowLost, o.FlowBudget, o.FlowSuppressed,
+		o.TraceCtl, o.Traces, o.TraceEvents, o.TraceLost} {
 		if m != nil {
 			m.Close()
 		}
