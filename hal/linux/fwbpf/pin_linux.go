@@ -114,18 +114,6 @@ const bpffsMagic = 0xcafe4a11
 // (a capacity changed, say) is replaced, and the log says so: its content is lost, but
 // for the conntrack table's, which is carried over (migrateCT).
 func Open(dir string, caps Capacities, log *slog.Logger) (*Objects, error) {
-	return openWith(dir, caps, log, openOptions{})
-}
-
-// openOptions are the ways of loading the programs that only tests and benchmarks want.
-type openOptions struct {
-	// traceOff loads the programs with fw_trace_enabled 0: without any trace check, the
-	// baseline of their cost (BenchmarkTraceInactiveCost).
-	traceOff bool
-}
-
-// openWith is Open with the options.
-func openWith(dir string, caps Capacities, log *slog.Logger, opts openOptions) (*Objects, error) {
 	caps = caps.WithDefaults()
 	if err := mountBPFFS(dir); err != nil {
 		return nil, err
@@ -144,11 +132,6 @@ func openWith(dir string, caps Capacities, log *slog.Logger, opts openOptions) (
 	spec.Maps[MapFrag].MaxEntries = uint32(caps.Fragments)
 	if err := setFlowRing(spec, caps.FlowRing, caps.FlowActive, caps.FlowEndpointRate); err != nil {
 		return nil, err
-	}
-	if opts.traceOff {
-		if err := spec.Variables[varTraceEnabled].Set(uint8(0)); err != nil {
-			return nil, fmt.Errorf("turning the trace checks off: %w", err)
-		}
 	}
 	inner := spec.Maps[MapSnapshots].InnerMap.Copy()
 	inner.MaxEntries = uint32(caps.Snapshot)
@@ -319,6 +302,16 @@ func setFlowRing(spec *ebpf.CollectionSpec, bytes int, active time.Duration, epR
 	}
 	if err := spec.Variables[varFlowsWakeup].Set(uint64(bytes / flowWakeupShare)); err != nil {
 		return fmt.Errorf("setting when flow records wake their reader: %w", err)
+	}
+	return nil
+}
+
+// disableTrace makes the programs of spec leave every trace check out (fw_trace_enabled
+// 0): no packet is a trace packet. For benchmarks, the baseline of the checks' cost
+// (BenchmarkTraceInactiveCost); Open always loads them on.
+func disableTrace(spec *ebpf.CollectionSpec) error {
+	if err := spec.Variables[varTraceEnabled].Set(uint8(0)); err != nil {
+		return fmt.Errorf("turning the trace checks off: %w", err)
 	}
 	return nil
 }

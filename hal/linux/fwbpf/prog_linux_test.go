@@ -184,6 +184,12 @@ func loadRing(tb testing.TB, snapshotCap uint32, flowRing int) *fixture {
 // CPU (0: none).
 func loadFlows(tb testing.TB, snapshotCap uint32, flowRing, epRate int) *fixture {
 	tb.Helper()
+	return loadWith(tb, snapshotCap, flowRing, epRate, nil)
+}
+
+// loadWith is loadFlows with edit, when not nil, applied to the spec before loading.
+func loadWith(tb testing.TB, snapshotCap uint32, flowRing, epRate int, edit func(*ebpf.CollectionSpec) error) *fixture {
+	tb.Helper()
 	testns.RequireRoot(tb)
 	spec, err := LoadSpec()
 	if err != nil {
@@ -199,6 +205,11 @@ func loadFlows(tb testing.TB, snapshotCap uint32, flowRing, epRate int) *fixture
 	spec.Maps[MapSnapshots].InnerMap.MaxEntries = snapshotCap
 	if err := setFlowRing(spec, flowRing, fixtureFlowActive, epRate); err != nil {
 		tb.Fatal(err)
+	}
+	if edit != nil {
+		if err := edit(spec); err != nil {
+			tb.Fatal(err)
+		}
 	}
 	coll, err := ebpf.NewCollection(spec)
 	if err != nil {
