@@ -599,3 +599,67 @@ func BenchmarkTraceInactiveCost(b *testing.B) {
 	b.ReportMetric(float64(d[0].Nanoseconds())/float64(b.N*10), "off-ns/op")
 	b.ReportMetric(float64(d[1])/float64(d[0]), "x-trace-off")
 }
+
+// TestTraceSpoofed checks a trace packet from a guarded endpoint that does not own its
+// source: DENIED for ReasonSpoofed, dropped, nothing after it.
+func TestTraceSpoofed(t *testing.T) {
+	bed := newTraceBed(t)
+	flags := uint32(firewall.FlagIngress | firewall.FlagEgress | firewall.FlagGuard)
+	if err := bed.o.Install([]firewall.Entry{
+		{Key: firewall.EndpointKey(uint32(bed.hA)), Value: firewall.Value{ID: epA, Subject: subject, Flags: flags, Gen: gen2, Scope: scope1}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := bed.o.StartTrace(traceTestID, traceTestNonce); err != nil {
+		t.Fatal(err)
+	}
+	bed.inject(bed.frame(traceTestID, traceTestNonce, traceTestSrcPort, tracePortOK))
+	bed.wantEvents(traceTestID,
+		TraceEvent{Stage: TraceStageFromEndpoint, Verdict: TraceVerdictDenied, Reason: ReasonSpoofed, Ifindex: uint32(bed.hA), Endpoint: epA})
+	var per []EndpointStats
+	if err := bed.o.EndpointStats.Lookup(uint32(epA), &per); err == nil {
+		for _, s := range per {
+			if s != (EndpointStats{}) {
+				t.Errorf("the spoofed trace packet was counted for endpoint A: %+v", s)
+			}
+		}
+	}
+}
+
+// TestOpenAddsTraceMaps opens a pin directory that lacks the trace maps, as one of an
+// older firewall does: Open makes and pins them, and tracing works.
+func TestOpenAddsTraceMaps(t *testing.T) {
+	testns.RequireRoot(t)
+	dir := filepath.Join("/sys/fs/bpf", fmt.Sprintf("naples-fwbpf-traceup-%d", os.Getpid()))
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	caps := Capacities{Conntrack: 64, Rules: 64, Endpoints: 16, Fragments: 32}
+	o, err := Open(dir, caps, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Close()
+	names := []string{MapTraceCtl, MapTraces, MapTraceEvents, MapTraceLost}
+	for _, name := range names {
+		if err := os.Remove(filepath.Join(dir, name)); err != nil {
+			t.Fatalf("the first Open did not pin %s: %v", name, err)
+		}
+	}
+	o, err = Open(dir, caps, quiet)
+	if err != nil {
+		t.Fatalf("opening a pin directory without the trace maps: %v", err)
+	}
+	defer o.Close()
+	for _, name := range names {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			t.Errorf("Open did not pin %s anew: %v", name, err)
+		}
+	}
+	if err := o.StartTrace(1, 2); err != nil {
+		t.Fatal(err)
+	}
+	var ctl uint32
+	if err := o.TraceCtl.Lookup(uint32(0), &ctl); err != nil || ctl != 1 {
+		t.Errorf("the count of active traces is %d (%v), want 1", ctl, err)
+	}
+}
