@@ -50,6 +50,32 @@ const (
 	// flow records: nanoseconds of tokens a record costs, and the most it saves up.
 	varFlowsEPCost  = "fw_flows_ep_cost_ns"
 	varFlowsEPBurst = "fw_flows_ep_burst_ns"
+
+	// ProgTraceTunnelOut and ProgTraceTunnelIn observe trace packets at a tunnel
+	// device's tcx egress (before encapsulation) and ingress (after decapsulation);
+	// ProgTraceGatewayIn and ProgTraceGatewayOut at a bridge's tcx ingress (up to the
+	// host's routing) and egress (routed into the bridge's network). They never change a
+	// packet's fate.
+	ProgTraceTunnelOut  = "fw_trace_tunnel_out"
+	ProgTraceTunnelIn   = "fw_trace_tunnel_in"
+	ProgTraceGatewayIn  = "fw_trace_gateway_in"
+	ProgTraceGatewayOut = "fw_trace_gateway_out"
+	// ProgTraceInject is an XDP program that passes its packet: run with live frames, it
+	// puts a trace packet into the stack as if an interface received it.
+	ProgTraceInject = "fw_trace_inject"
+	// MapTraceCtl holds, in its one entry, how many traces are installed: an array of
+	// one uint32 (and nothing else, for now).
+	MapTraceCtl = "fw_trace_ctl"
+	// MapTraces holds the installed traces: a hash of uint32 trace ids to TraceEntry,
+	// at most MaxTraces.
+	MapTraces = "fw_traces"
+	// MapTraceEvents is the ring buffer of trace events (TraceEvent).
+	MapTraceEvents = "fw_trace_events"
+	// MapTraceLost counts the trace events that found MapTraceEvents full: a per-CPU
+	// array of one uint64.
+	MapTraceLost = "fw_trace_lost"
+	// varTraceEnabled is the program's constant that, 0, leaves the trace checks out.
+	varTraceEnabled = "fw_trace_enabled"
 )
 
 // Directions of a conntrack entry (CTValue.Dir), seen from the endpoint; the same values

@@ -1,0 +1,233 @@
+package fwbpf
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
+	"golang.org/x/sys/unix"
+)
+
+// TraceEntry is an installed trace in MapTraces (struct fw_trace): the nonce its packets
+// carry; Flags and Pad are 0.
+type TraceEntry = firewallFwTrace
+
+// TraceEvent is what a hook saw of a trace packet (struct fw_trace_event): when (Time, as
+// CTValue.LastSeen), where (Stage, one of the TraceStage constants, and the interface),
+// of which trace (ID), at which local endpoint (Endpoint, the snapshot's id; 0 at an
+// observer), the packet's length and Ethernet addresses there, what became of it
+// (Verdict, one of the TraceVerdict constants, and Reason, a FlowDeny reason, when
+// denied) and the deciding rule (0 for none). Live is false: synthetic packets only.
+type TraceEvent struct {
+	Time, Rule                 uint64
+	ID, Ifindex, Endpoint, Len uint32
+	Stage, Verdict, Reason     uint8
+	Live                       bool
+	SrcMAC, DstMAC             net.HardwareAddr
+}
+
+// traceEventSize is the size of struct fw_trace_event.
+const traceEventSize = 48
+
+// decodeTraceEvent decodes struct fw_trace_event field by field, as decodeFlowRecord.
+func decodeTraceEvent(b []byte) TraceEvent {
+	e := binary.NativeEndian
+	return TraceEvent{
+		Time: e.Uint64(b[0:]), Rule: e.Uint64(b[8:]),
+		ID: e.Uint32(b[16:]), Ifindex: e.Uint32(b[20:]), Endpoint: e.Uint32(b[24:]), Len: e.Uint32(b[28:]),
+		Stage: b[32], Verdict: b[33], Reason: b[34], Live: b[35] != 0,
+		SrcMAC: net.HardwareAddr(append([]byte(nil), b[36:42]...)),
+		DstMAC: net.HardwareAddr(append([]byte(nil), b[42:48]...)),
+	}
+}
+
+// StartTrace installs the trace id with its nonce (replacing the nonce of an installed
+// trace id): from then on the packets that carry both are trace packets. At most
+// MaxTraces are installed at once.
+func (o *Objects) StartTrace(id uint32, nonce uint64) error {
+	o.traceMu.Lock()
+	defer o.traceMu.Unlock()
+	err := o.Traces.Update(id, TraceEntry{Nonce: nonce}, ebpf.UpdateAny)
+	if errors.Is(err, unix.E2BIG) {
+		return fmt.Errorf("starting trace %d: %d traces are installed, the limit", id, MaxTraces)
+	}
+	if err != nil {
+		return fmt.Errorf("starting trace %d: %w", id, err)
+	}
+	return o.countTracesLocked()
+}
+
+// StopTrace removes the trace id; a trace that is not installed is no error.
+func (o *Objects) StopTrace(id uint32) error {
+	o.traceMu.Lock()
+	defer o.traceMu.Unlock()
+	if err := o.Traces.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("stopping trace %d: %w", id, err)
+	}
+	return o.countTracesLocked()
+}
+
+// countTracesLocked sets MapTraceCtl's count to the number of installed traces.
+func (o *Objects) countTracesLocked() error {
+	n := uint32(0)
+	var id uint32
+	var v TraceEntry
+	it := o.Traces.Iterate()
+	for it.Next(&id, &v) {
+		n++
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("counting the installed traces: %w", err)
+	}
+	if err := o.TraceCtl.Put(uint32(0), n); err != nil {
+		return fmt.Errorf("setting the count of installed traces to %d: %w", n, err)
+	}
+	return nil
+}
+
+// AttachTraceObserver attaches the observers of a tunnel device (TraceTunnelIn and
+// TraceTunnelOut) or, gateway, of a bridge (TraceGatewayIn and TraceGatewayOut) to both
+// tcx hooks of the interface with the index, after the programs there, as links of this
+// process (not pinned): closing the result detaches both. It must run in the
+// interface's network namespace.
+func (o *Objects) AttachTraceObserver(ifindex int, gateway bool) (io.Closer, error) {
+	in, out := o.TraceTunnelIn, o.TraceTunnelOut
+	if gateway {
+		in, out = o.TraceGatewayIn, o.TraceGatewayOut
+	}
+	obs := &traceObserver{}
+	for _, h := range []struct {
+		prog *ebpf.Program
+		at   ebpf.AttachType
+	}{{in, ebpf.AttachTCXIngress}, {out, ebpf.AttachTCXEgress}} {
+		l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: h.prog, Attach: h.at, Anchor: link.Tail()})
+		if err != nil {
+			obs.Close()
+			return nil, fmt.Errorf("attaching the trace observer to interface %d: %w", ifindex, err)
+		}
+		obs.links = append(obs.links, l)
+	}
+	return obs, nil
+}
+
+// traceObserver is an attached pair of observers.
+type traceObserver struct {
+	links []link.Link
+}
+
+// Close detaches the observers; a second Close does nothing.
+func (t *traceObserver) Close() error {
+	var errs []error
+	for _, l := range t.links {
+		errs = append(errs, l.Close())
+	}
+	t.links = nil
+	return errors.Join(errs...)
+}
+
+// xdpMD is the context of an XDP program's test run (struct xdp_md).
+type xdpMD struct {
+	Data, DataEnd, DataMeta, IngressIfindex, RxQueueIndex, EgressIfindex uint32
+}
+
+// InjectTrace puts the frame into the stack as if the interface with the index had
+// received it (an XDP_PASS of TraceInject run with BPF_F_TEST_XDP_LIVE_FRAMES): its tcx
+// ingress hook, the firewall of an endpoint's interface, sees it first. It must run in
+// the interface's network namespace.
+func (o *Objects) InjectTrace(ifindex int, frame []byte) error {
+	if len(frame) < 14 {
+		return fmt.Errorf("injecting a trace frame of %d bytes: want an Ethernet frame", len(frame))
+	}
+	_, err := o.TraceInject.Run(&ebpf.RunOptions{
+		Data:    frame,
+		Context: xdpMD{DataEnd: uint32(len(frame)), IngressIfindex: uint32(ifindex)},
+		Repeat:  1,
+		Flags:   unix.BPF_F_TEST_XDP_LIVE_FRAMES,
+	})
+	if err != nil {
+		return fmt.Errorf("injecting a trace frame on interface %d: %w", ifindex, err)
+	}
+	return nil
+}
+
+// ErrNoTraceEvent is the error of TraceReader.Read when its deadline passed without an
+// event.
+var ErrNoTraceEvent = errors.New("no trace event before the deadline")
+
+// TraceReader reads the trace events the programs write, and how many they could not.
+type TraceReader struct {
+	rd       *ringbuf.Reader
+	lost     *ebpf.Map
+	rec      ringbuf.Record
+	deadline time.Time
+	// mu guards closed against Close: Lost holds it shared, Close alone.
+	mu        sync.RWMutex
+	closed    bool
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// TraceReader returns a reader of the trace events of the objects' programs. One reader
+// takes the events: two would each get some.
+func (o *Objects) TraceReader() (*TraceReader, error) {
+	rd, err := ringbuf.NewReader(o.TraceEvents)
+	if err != nil {
+		return nil, fmt.Errorf("reading the trace events: %w", err)
+	}
+	return &TraceReader{rd: rd, lost: o.TraceLost}, nil
+}
+
+// Read returns the next trace event, waiting until one comes, the deadline passes
+// (ErrNoTraceEvent) or the reader is closed (ringbuf.ErrClosed). An event comes at once:
+// every one wakes the reader.
+func (r *TraceReader) Read() (TraceEvent, error) {
+	if err := readRing(r.rd, &r.rec, r.deadline, ErrNoTraceEvent); err != nil {
+		return TraceEvent{}, err
+	}
+	if len(r.rec.RawSample) < traceEventSize {
+		return TraceEvent{}, fmt.Errorf("a trace event of %d bytes, want %d", len(r.rec.RawSample), traceEventSize)
+	}
+	return decodeTraceEvent(r.rec.RawSample[:traceEventSize]), nil
+}
+
+// SetDeadline makes Read return ErrNoTraceEvent once t passed and no event is left; the
+// zero time waits for ever.
+func (r *TraceReader) SetDeadline(t time.Time) { r.deadline = t }
+
+// Lost returns how many trace events the programs could not write because the ring was
+// full, summed over CPUs, since the map was made.
+func (r *TraceReader) Lost() (uint64, error) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if r.closed {
+		return 0, ErrReaderClosed
+	}
+	var per []uint64
+	if err := r.lost.Lookup(uint32(0), &per); err != nil {
+		return 0, fmt.Errorf("reading the lost trace events: %w", err)
+	}
+	var n uint64
+	for _, c := range per {
+		n += c
+	}
+	return n, nil
+}
+
+// Close stops the reader: a Read waiting in another goroutine returns ringbuf.ErrClosed.
+// It is safe to call twice.
+func (r *TraceReader) Close() error {
+	r.closeOnce.Do(func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.closed = true
+		r.closeErr = r.rd.Close()
+	})
+	return r.closeErr
+}
