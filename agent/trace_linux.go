@@ -776,6 +776,27 @@ func (r *TraceReconciler) observation(run *traceRun, ev fwbpf.TraceEvent, names 
 	return o
 }
 
+// Sweep uninstalls the traces the datapath holds that the node does not run: those of an
+// agent that stopped while they ran.
+func (r *TraceReconciler) Sweep(ctx context.Context, enqueue func(key nimbusv1.Key)) error {
+	ids, err := r.opts.Firewall.InstalledTraces()
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, id := range ids {
+		if r.byID[id] != nil {
+			continue
+		}
+		if err := r.opts.Firewall.StopTrace(id); err != nil {
+			return fmt.Errorf("uninstalling trace %#x: %w", id, err)
+		}
+		r.log.Info("uninstalled a trace no object runs", "id", fmt.Sprintf("%#x", id))
+	}
+	return nil
+}
+
 // Observe takes the function that enqueues keys, with which the trace's observations and
 // timeouts are reported, until ctx ends.
 func (r *TraceReconciler) Observe(ctx context.Context, enqueue func(key nimbusv1.Key), subscribed func()) error {

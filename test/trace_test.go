@@ -228,6 +228,24 @@ func TestTrace(t *testing.T) {
 		waitFor(t, h.name+"'s trace state to go after the delete", func() bool { return traceLeftovers(t, h) == "" })
 	}
 
+	// An agent killed while a trace runs leaves the trace installed in its firewall's
+	// pinned maps; the trace deleted meanwhile, the agent removes it when it starts.
+	resp, err = sc.api.Apply(context.Background(), &nimbusv1.ApplyRequest{Object: traceObject("killed", long)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ha := sc.host("host-a")
+	waitFor(t, "host-a to observe the trace", func() bool { return strings.Contains(traceLeftovers(t, ha), "traces installed") })
+	ha.agent.kill(t)
+	if _, err := sc.api.Delete(context.Background(), &nimbusv1.DeleteRequest{Key: resp.GetObject().Key()}); err != nil {
+		t.Fatal(err)
+	}
+	if left := traceLeftovers(t, ha); !strings.Contains(left, "1 traces installed") {
+		t.Fatalf("host-a's agent killed during a trace left %q, want the trace installed", left)
+	}
+	ha.startAgent(t)
+	waitFor(t, "host-a's restarted agent to remove the trace", func() bool { return traceLeftovers(t, ha) == "" })
+
 	// An endpoint that does not exist: refused, nothing stored.
 	_, err = sc.api.Apply(context.Background(), &nimbusv1.ApplyRequest{Object: traceObject("nowhere", udp9("no-such"))})
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), `spec.destination "no-such" names no Endpoint`) {

@@ -148,3 +148,18 @@ func nodeOfVTEP(store OverlayStore, vtep netip.Addr) string {
 	}
 	return ""
 }
+
+// InstalledTraces returns the ids of the traces installed in the firewall's datapath.
+func (f *Firewall) InstalledTraces() ([]uint32, error) {
+	var ids []uint32
+	var id uint32
+	var entry fwbpf.TraceEntry
+	it := f.objs.Traces.Iterate()
+	for it.Next(&id, &entry) {
+		ids = append(ids, id)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("reading the installed traces: %w", err)
+	}
+	return ids, nil
+}

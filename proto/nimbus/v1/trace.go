@@ -13,8 +13,10 @@ import (
 const (
 	// MinTracePayload is the smallest payload of a trace packet: its tag.
 	MinTracePayload = 24
-	// MaxTracePayload bounds spec.payloadSize.
-	MaxTracePayload = 9000
+	// MaxTracePayload bounds spec.payloadSize: the injected frame, with its headers, must
+	// fit the page BPF_PROG_RUN's live frames take (4096 bytes less the XDP headroom and
+	// the skb's shared info).
+	MaxTracePayload = 3400
 	// DefaultTraceTimeout is spec.timeout when unset.
 	DefaultTraceTimeout = 5 * time.Second
 	// MinTraceTimeout and MaxTraceTimeout bound spec.timeout; MaxLiveTraceTimeout bounds
@@ -102,6 +104,9 @@ func (v *validator) trace(s *TraceSpec) {
 	}
 	if s.GetLive() && s.GetPayloadSize() != 0 {
 		v.add("spec.payloadSize", strconv.FormatUint(uint64(s.GetPayloadSize()), 10), "must be 0 with spec.live: a live trace injects no packet")
+	}
+	if s.GetLive() && proto == TraceICMP {
+		v.add("spec.protocol", proto, `must be "tcp" or "udp" with spec.live: a live trace names the packet by its ports`)
 	}
 	if s.GetLive() && proto != TraceICMP && s.GetSourcePort() == 0 {
 		v.add("spec.sourcePort", "0", "is required with spec.live: the 5-tuple names the real packet to follow")
