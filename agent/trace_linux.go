@@ -725,8 +725,11 @@ func (r *TraceReconciler) observation(run *traceRun, ev fwbpf.TraceEvent, names 
 		o.Policy, o.Rule = rule.Policy.Proto(), fmt.Sprintf("%s[%d]", firewall.DirName(rule.Dir), rule.Index)
 	}
 	decided := func() string {
-		if o.Policy != nil {
+		switch {
+		case o.Policy != nil:
 			return fmt.Sprintf("rule %s of policy %s/%s", o.Rule, o.Policy.GetNamespace(), o.Policy.GetName())
+		case ev.Verdict == fwbpf.TraceVerdictDenied:
+			return "no rule allows it"
 		}
 		return "no rule (the direction is open)"
 	}
