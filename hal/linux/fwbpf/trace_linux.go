@@ -274,8 +274,8 @@ func (o *Objects) TraceReader() (*TraceReader, error) {
 }
 
 // Read returns the next trace event, waiting until one comes, the deadline passes
-// (ErrNoTraceEvent) or the reader is closed (ringbuf.ErrClosed). An event comes at once:
-// every one wakes the reader.
+// (ErrNoTraceEvent) or the reader is closed (ringbuf.ErrClosed). An event wakes a reader
+// that has caught up (the ring's default); it polls too, as FlowReader does.
 func (r *TraceReader) Read() (TraceEvent, error) {
 	if err := readRing(r.rd, &r.rec, r.deadline, ErrNoTraceEvent); err != nil {
 		return TraceEvent{}, err
