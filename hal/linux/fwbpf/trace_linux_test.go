@@ -401,6 +401,19 @@ func TestTraceDenied(t *testing.T) {
 		TraceEvent{Stage: TraceStageFromEndpoint, Verdict: TraceVerdictAllowed, Rule: traceRuleOut7000, Ifindex: uint32(bed.hA), Endpoint: epA},
 		TraceEvent{Stage: TraceStageToEndpoint, Verdict: TraceVerdictDenied, Reason: ReasonPolicy, Rule: traceRuleDenyIn, Ifindex: uint32(bed.hB), Endpoint: epB})
 	marker()
+	// TCP and ICMP trace packets are recognised too (the tag after TCP's header and
+	// ICMP's); the policy allows neither: DENIED by default, rule 0.
+	for _, proto := range []uint8{6, 1} {
+		frame, err := TracePacket{ID: traceTestID, Nonce: traceTestNonce, SrcMAC: traceMACA, DstMAC: traceMACB, Src: traceAddrA,
+			Dst: traceAddrB, Proto: proto, SrcPort: traceTestSrcPort, DstPort: tracePortOK, PayloadSize: 100}.Frame()
+		if err != nil {
+			t.Fatal(err)
+		}
+		bed.inject(frame)
+		bed.wantEvents(traceTestID,
+			TraceEvent{Stage: TraceStageFromEndpoint, Verdict: TraceVerdictDenied, Reason: ReasonPolicy, Ifindex: uint32(bed.hA), Endpoint: epA})
+	}
+	marker()
 	if n := bed.ctEntries(); n != 0 {
 		t.Errorf("the trace packets left %d conntrack entries, want none", n)
 	}
