@@ -62,8 +62,10 @@
 // denied and passes on when allowed; to the endpoint it is dropped either way, delivered
 // or denied, so that no workload receives it. The observers (ProgTraceTunnelOut and the
 // rest, AttachTraceObserver) record the trace packets that pass a tunnel device or a
-// bridge; InjectTrace puts one into the stack. With no trace installed, the cost to
-// every other packet is one array lookup (BenchmarkTraceInactiveCost).
+// bridge; InjectTrace puts one into the stack. A live trace (StartLiveTrace) records
+// instead the first real packet of a tuple at each hook, with its real verdict, and
+// changes nothing about it. With no trace installed, the cost to every other packet is
+// two lookups of a one-entry array (BenchmarkTraceInactiveCost).
 //
 // Conntrack entries expire after CTTimeout of idleness (CTExpired): the program treats
 // an expired entry as absent, and the agent's garbage collector deletes them, using the

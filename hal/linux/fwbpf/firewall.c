@@ -24,9 +24,12 @@
  * FW_IPV6_EXT_MAX. Everything is inlined into the two programs but fw_snap_lookup, a
  * static subprogram verified at each call; the policy check (fw_check) has two call
  * sites, fw_decide's and the trace path's (fw_trace_endpoint). fw_trace_match is inlined
- * too: as a subprogram its frame on top of fw_handle's (472 bytes) passed the 512 allowed. On kernel 6.18 fw_egress takes about 59k verifier steps of the million allowed
- * and fw_ingress, which also runs the anti-spoofing checks (fw_spoofed), about 69k: the
- * walk, run for the packet and for the one an ICMP error embeds, multiplies the paths.
+ * too: as a subprogram its frame on top of fw_handle's (472 bytes) passed the 512 allowed.
+ * On kernel 6.18 fw_egress takes about 108k verifier steps of the million allowed and
+ * fw_ingress, which also runs the anti-spoofing checks (fw_spoofed), about
+ * 119k (59k and 69k before traceflow: the trace path and the live-trace recording at the
+ * end of every path roughly double them); the walk, run for the packet and for the one
+ * an ICMP error embeds, multiplies the paths.
  */
 
 #include <linux/bpf.h>
@@ -493,10 +496,12 @@ struct fw_trace_tag {
 	__u64 nonce;
 };
 
-/* fw_trace_ctl holds how many traces fw_traces holds: 0 lets every packet skip
- * the rest of the recognition. */
+/* fw_trace_ctl holds how many traces are installed: 0 lets every packet skip the rest
+ * of the recognition; and how many of them are live traces (fw_trace_live), 0 letting
+ * every packet skip the tuple lookup. */
 struct fw_trace_ctl {
-	__u32 active;
+	__u32 active; /* traces installed: fw_traces' entries and fw_trace_live's */
+	__u32 live;   /* fw_trace_live's entries */
 };
 
 /* fw_trace is an installed trace: the nonce its packets carry. */
@@ -517,7 +522,7 @@ struct fw_trace_event {
 	__u8 stage;   /* FW_TRACE_FROM_ENDPOINT... */
 	__u8 verdict; /* FW_TRACE_ALLOWED... */
 	__u8 reason;  /* DENIED: FW_REASON_* */
-	__u8 live;    /* a real packet of a live trace (reserved: 0) */
+	__u8 live;    /* a real packet of a live trace (fw_trace_live) */
 	__u8 smac[6];
 	__u8 dmac[6];
 };
@@ -539,6 +544,24 @@ struct {
 	__type(value, struct fw_trace);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } fw_traces SEC(".maps");
+
+/* fw_trace_live_value is a live trace: its id, and the stages (bits 1 << FW_TRACE_*)
+ * where a packet of its tuple was recorded already. */
+struct fw_trace_live_value {
+	__u32 id;
+	__u32 seen;
+};
+
+/* fw_trace_live holds the live traces by tuple: a struct fw_ct_key whose ifindex is 0.
+ * A real packet of the tuple is recorded once per stage, with the verdict the firewall
+ * gave it, and otherwise treated as always. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, FW_TRACES);
+	__type(key, struct fw_ct_key);
+	__type(value, struct fw_trace_live_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fw_trace_live SEC(".maps");
 
 /* fw_trace_events carries the trace events to the agent. */
 struct {
@@ -1503,8 +1526,12 @@ static __always_inline int fw_drop_tagged(struct __sk_buff *skb, const __u8 dir)
 	return fw_deny(epv->id, skb->len);
 }
 
-/* fw_trace_active tells whether any trace is installed: one array lookup. */
-static __always_inline int fw_trace_active(void)
+#define FW_TRACING_ANY 1  /* some trace is installed */
+#define FW_TRACING_LIVE 2 /* some live trace is installed */
+
+/* fw_tracing tells whether any trace is installed, and any live trace (FW_TRACING_*):
+ * one array lookup. */
+static __always_inline int fw_tracing(void)
 {
 	__u32 zero = 0;
 	struct fw_trace_ctl *ctl;
@@ -1512,7 +1539,9 @@ static __always_inline int fw_trace_active(void)
 	if (!fw_trace_enabled)
 		return 0;
 	ctl = bpf_map_lookup_elem(&fw_trace_ctl, &zero);
-	return ctl && ctl->active > 0;
+	if (!ctl || !ctl->active)
+		return 0;
+	return ctl->live ? FW_TRACING_ANY | FW_TRACING_LIVE : FW_TRACING_ANY;
 }
 
 /*
@@ -1574,7 +1603,7 @@ static __always_inline int fw_trace_match(struct __sk_buff *skb, __u16 proto, __
 /* fw_trace_emit writes a trace event of the packet of skb, a full ring counted in
  * fw_trace_lost. */
 static __always_inline void fw_trace_emit(struct __sk_buff *skb, __u32 id, __u8 stage, __u8 verdict,
-					  __u8 reason, __u64 rule, __u32 ep_id)
+					  __u8 reason, __u64 rule, __u32 ep_id, __u8 live)
 {
 	struct fw_trace_event *ev;
 	__u32 zero = 0;
@@ -1597,6 +1626,7 @@ static __always_inline void fw_trace_emit(struct __sk_buff *skb, __u32 id, __u8 
 	ev->stage = stage;
 	ev->verdict = verdict;
 	ev->reason = reason;
+	ev->live = live;
 	if (bpf_skb_load_bytes(skb, 0, ev->dmac, 6) < 0 || bpf_skb_load_bytes(skb, 6, ev->smac, 6) < 0) {
 		bpf_ringbuf_discard(ev, 0);
 		return;
@@ -1621,30 +1651,56 @@ static __always_inline int fw_trace_endpoint(struct __sk_buff *skb, void *snap, 
 	fw_check(snap, ep, dir, family, dir == FW_DIR_EGRESS ? t->daddr : t->saddr, class,
 		 class == FW_CLASS_TCP || class == FW_CLASS_UDP ? t->dport : 0, &v);
 	if (v.verdict != FW_ALLOW) {
-		fw_trace_emit(skb, id, stage, FW_TRACE_DENIED, FW_REASON_POLICY, v.rule, ep->id);
+		fw_trace_emit(skb, id, stage, FW_TRACE_DENIED, FW_REASON_POLICY, v.rule, ep->id, 0);
 		return FW_TCX_DROP;
 	}
 	if (dir == FW_DIR_EGRESS) {
-		fw_trace_emit(skb, id, stage, FW_TRACE_ALLOWED, 0, v.rule, ep->id);
+		fw_trace_emit(skb, id, stage, FW_TRACE_ALLOWED, 0, v.rule, ep->id, 0);
 		return FW_TCX_NEXT;
 	}
-	fw_trace_emit(skb, id, stage, FW_TRACE_DELIVERED, 0, v.rule, ep->id);
+	fw_trace_emit(skb, id, stage, FW_TRACE_DELIVERED, 0, v.rule, ep->id, 0);
 	return FW_TCX_DROP;
+}
+
+/* fw_trace_live_seen records the packet of skb, whose tuple is k (its ifindex 0), at
+ * stage when it belongs to a live trace that did not record this stage yet. */
+static __always_inline void fw_trace_live_seen(struct __sk_buff *skb, const struct fw_ct_key *k, __u8 stage,
+					       __u8 verdict, __u8 reason, __u64 rule, __u32 ep_id)
+{
+	struct fw_trace_live_value *lv = bpf_map_lookup_elem(&fw_trace_live, k);
+	__u32 bit = 1U << stage;
+
+	if (!lv || (__sync_fetch_and_or(&lv->seen, bit) & bit))
+		return;
+	fw_trace_emit(skb, lv->id, stage, verdict, reason, rule, ep_id, 1);
 }
 
 /* fw_trace_observe writes a SEEN event of stage when the packet of skb is a trace packet;
  * it never changes the packet's fate. */
 static __always_inline int fw_trace_observe(struct __sk_buff *skb, __u8 stage)
 {
+	struct fw_ct_key k;
+	struct fw_l4 l4 = {};
 	__u16 proto;
 	__u32 id = 0;
+	int tracing = fw_tracing();
 
-	if (!fw_trace_active() || skb->vlan_present)
+	if (!tracing || skb->vlan_present)
 		return FW_TCX_NEXT;
 	if (bpf_skb_load_bytes(skb, offsetof(struct ethhdr, h_proto), &proto, sizeof(proto)) < 0)
 		return FW_TCX_NEXT;
-	if (fw_trace_match(skb, proto, &id))
-		fw_trace_emit(skb, id, stage, FW_TRACE_SEEN, 0, 0, 0);
+	if (proto != bpf_htons(ETH_P_IP) && proto != bpf_htons(ETH_P_IPV6))
+		return FW_TCX_NEXT;
+	if (fw_trace_match(skb, proto, &id)) {
+		fw_trace_emit(skb, id, stage, FW_TRACE_SEEN, 0, 0, 0, 0);
+		return FW_TCX_NEXT;
+	}
+	if (!(tracing & FW_TRACING_LIVE))
+		return FW_TCX_NEXT;
+	__builtin_memset(&k, 0, sizeof(k));
+	if (fw_parse(skb, ETH_HLEN, proto == bpf_htons(ETH_P_IP) ? 4 : 6, &k, &l4, 0) == FW_PARSE_OK &&
+	    l4.frag != FW_FRAG_LATER)
+		fw_trace_live_seen(skb, &k, stage, FW_TRACE_SEEN, 0, 0, 0);
 	return FW_TCX_NEXT;
 }
 
@@ -1702,12 +1758,12 @@ static __always_inline int fw_handle(struct __sk_buff *skb, const __u8 dir)
 	ep.scope = epv->scope;
 
 	/* A trace packet: checked, recorded and dropped or passed on, changing no state. */
-	if (family != 0 && fw_trace_active() && fw_trace_match(skb, proto, &trace_id))
+	if (family != 0 && fw_tracing() && fw_trace_match(skb, proto, &trace_id))
 		trace = 1;
 
 	if (dir == FW_DIR_EGRESS && (ep.flags & FW_EP_GUARD) && fw_spoofed(skb, snap, proto)) {
 		if (trace) {
-			fw_trace_emit(skb, trace_id, FW_TRACE_FROM_ENDPOINT, FW_TRACE_DENIED, FW_REASON_SPOOFED, 0, ep.id);
+			fw_trace_emit(skb, trace_id, FW_TRACE_FROM_ENDPOINT, FW_TRACE_DENIED, FW_REASON_SPOOFED, 0, ep.id, 0);
 			return FW_TCX_DROP;
 		}
 		fw_flow_emit(FW_FLOW_DENY, FW_REASON_SPOOFED, dir, skb->ifindex, NULL, NULL, ep.id, 0, len);
@@ -1723,7 +1779,7 @@ static __always_inline int fw_handle(struct __sk_buff *skb, const __u8 dir)
 		if (ret == FW_PARSE_OK)
 			return fw_trace_endpoint(skb, snap, &ep, dir, family, &t, trace_id);
 		fw_trace_emit(skb, trace_id, dir == FW_DIR_EGRESS ? FW_TRACE_FROM_ENDPOINT : FW_TRACE_TO_ENDPOINT,
-			      FW_TRACE_DENIED, FW_REASON_MALFORMED, 0, ep.id);
+			      FW_TRACE_DENIED, FW_REASON_MALFORMED, 0, ep.id, 0);
 		return FW_TCX_DROP;
 	}
 	if (ret != FW_PARSE_OK) {
@@ -1784,6 +1840,20 @@ static __always_inline int fw_handle(struct __sk_buff *skb, const __u8 dir)
 		fv.proto = t.proto;
 		fv.verdict = pass;
 		bpf_map_update_elem(&fw_frag, &fk, &fv, BPF_ANY);
+	}
+
+	/* A packet of a live trace is recorded with its verdict (its tuple's last use). The
+	 * trace control is looked up again rather than kept from the start: a flag live
+	 * across fw_decide multiplies the states the verifier walks past its limit. */
+	if (fw_tracing() & FW_TRACING_LIVE) {
+		__u8 stage = dir == FW_DIR_EGRESS ? FW_TRACE_FROM_ENDPOINT : FW_TRACE_TO_ENDPOINT;
+
+		t.ifindex = 0;
+		if (ret == FW_TCX_DROP)
+			fw_trace_live_seen(skb, &t, stage, FW_TRACE_DENIED, FW_REASON_POLICY, deny_rule, ep.id);
+		else
+			fw_trace_live_seen(skb, &t, stage, dir == FW_DIR_EGRESS ? FW_TRACE_ALLOWED : FW_TRACE_DELIVERED, 0, 0,
+					   ep.id);
 	}
 	return ret;
 }

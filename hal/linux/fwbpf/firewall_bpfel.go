@@ -126,6 +126,7 @@ type firewallFwTrace struct {
 type firewallFwTraceCtl struct {
 	_      structs.HostLayout
 	Active uint32
+	Live   uint32
 }
 
 type firewallFwTraceEvent struct {
@@ -142,6 +143,12 @@ type firewallFwTraceEvent struct {
 	Live     uint8
 	Smac     [6]uint8
 	Dmac     [6]uint8
+}
+
+type firewallFwTraceLiveValue struct {
+	_    structs.HostLayout
+	Id   uint32
+	Seen uint32
 }
 
 type firewallFwValue struct {
@@ -172,6 +179,7 @@ const (
 	firewallMapFwStats            = "fw_stats"
 	firewallMapFwTraceCtl         = "fw_trace_ctl"
 	firewallMapFwTraceEvents      = "fw_trace_events"
+	firewallMapFwTraceLive        = "fw_trace_live"
 	firewallMapFwTraceLost        = "fw_trace_lost"
 	firewallMapFwTraces           = "fw_traces"
 	firewallProgFwEgress          = "fw_egress"
@@ -259,6 +267,7 @@ type firewallMapSpecs struct {
 	FwStats          *ebpf.MapSpec `ebpf:"fw_stats"`
 	FwTraceCtl       *ebpf.MapSpec `ebpf:"fw_trace_ctl"`
 	FwTraceEvents    *ebpf.MapSpec `ebpf:"fw_trace_events"`
+	FwTraceLive      *ebpf.MapSpec `ebpf:"fw_trace_live"`
 	FwTraceLost      *ebpf.MapSpec `ebpf:"fw_trace_lost"`
 	FwTraces         *ebpf.MapSpec `ebpf:"fw_traces"`
 }
@@ -310,6 +319,7 @@ type firewallMaps struct {
 	FwStats          *ebpf.Map `ebpf:"fw_stats"`
 	FwTraceCtl       *ebpf.Map `ebpf:"fw_trace_ctl"`
 	FwTraceEvents    *ebpf.Map `ebpf:"fw_trace_events"`
+	FwTraceLive      *ebpf.Map `ebpf:"fw_trace_live"`
 	FwTraceLost      *ebpf.Map `ebpf:"fw_trace_lost"`
 	FwTraces         *ebpf.Map `ebpf:"fw_traces"`
 }
@@ -329,6 +339,7 @@ func (m *firewallMaps) Close() error {
 		m.FwStats,
 		m.FwTraceCtl,
 		m.FwTraceEvents,
+		m.FwTraceLive,
 		m.FwTraceLost,
 		m.FwTraces,
 	)

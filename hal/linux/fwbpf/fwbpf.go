@@ -63,8 +63,8 @@ const (
 	// ProgTraceInject is an XDP program that passes its packet: run with live frames, it
 	// puts a trace packet into the stack as if an interface received it.
 	ProgTraceInject = "fw_trace_inject"
-	// MapTraceCtl holds, in its one entry, how many traces are installed: an array of
-	// one uint32 (and nothing else, for now).
+	// MapTraceCtl holds, in its one entry, how many traces are installed and how many
+	// of them are live: an array of one pair of uint32.
 	MapTraceCtl = "fw_trace_ctl"
 	// MapTraces holds the installed traces: a hash of uint32 trace ids to TraceEntry,
 	// at most MaxTraces.
@@ -74,6 +74,9 @@ const (
 	// MapTraceLost counts the trace events that found MapTraceEvents full: a per-CPU
 	// array of one uint64.
 	MapTraceLost = "fw_trace_lost"
+	// MapTraceLive holds the live traces: a hash of their tuples (a CTKey of interface
+	// 0) to their id and the stages that recorded a packet, at most MaxTraces.
+	MapTraceLive = "fw_trace_live"
 	// varTraceEnabled is the program's constant that, 0, leaves the trace checks out.
 	varTraceEnabled = "fw_trace_enabled"
 )

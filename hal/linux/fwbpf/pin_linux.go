@@ -95,6 +95,8 @@ type Objects struct {
 	// TraceCtl counts the installed traces, Traces holds them (StartTrace), TraceEvents
 	// is the ring of trace events and TraceLost the count of those lost (TraceReader).
 	TraceCtl, Traces, TraceEvents, TraceLost *ebpf.Map
+	// TraceLive holds the live traces (StartLiveTrace).
+	TraceLive *ebpf.Map
 
 	// traceMu serialises StartTrace and StopTrace, which keep TraceCtl's count equal to
 	// Traces' entries.
@@ -194,6 +196,7 @@ func Open(dir string, caps Capacities, log *slog.Logger) (*Objects, error) {
 		Traces:          coll.DetachMap(MapTraces),
 		TraceEvents:     coll.DetachMap(MapTraceEvents),
 		TraceLost:       coll.DetachMap(MapTraceLost),
+		TraceLive:       coll.DetachMap(MapTraceLive),
 		dir:             dir,
 		caps:            caps,
 		inner:           inner,
@@ -368,7 +371,7 @@ func (o *Objects) Close() error {
 		}
 	}
 	for _, m := range []*ebpf.Map{o.Snapshots, o.CT, o.Frag, o.RuleStats, o.EndpointStats, o.Stats, o.Flows, o.FlowLost, o.FlowBudget, o.FlowSuppressed,
-		o.TraceCtl, o.Traces, o.TraceEvents, o.TraceLost} {
+		o.TraceCtl, o.Traces, o.TraceEvents, o.TraceLost, o.TraceLive} {
 		if m != nil {
 			m.Close()
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -24,7 +25,8 @@ type TraceEntry = firewallFwTrace
 // of which trace (ID), at which local endpoint (Endpoint, the snapshot's id; 0 at an
 // observer), the packet's length and Ethernet addresses there, what became of it
 // (Verdict, one of the TraceVerdict constants, and Reason, a FlowDeny reason, when
-// denied) and the deciding rule (0 for none). Live is false: synthetic packets only.
+// denied) and the deciding rule (0 for none). Live marks a real packet of a live trace
+// (StartLiveTrace), whose event carries a DENY rule but no ALLOW rule (0).
 type TraceEvent struct {
 	Time, Rule                 uint64
 	ID, Ifindex, Endpoint, Len uint32
@@ -64,30 +66,117 @@ func (o *Objects) StartTrace(id uint32, nonce uint64) error {
 	return o.countTracesLocked()
 }
 
-// StopTrace removes the trace id; a trace that is not installed is no error.
+// TraceTuple is the tuple of the real packets a live trace records, as the firewall
+// sees them at an endpoint's interface: the protocol, the addresses (both IPv4 or both
+// IPv6) and the TCP or UDP ports, or an ICMP echo request's identifier as SrcPort (a
+// reply's as DstPort), 0 otherwise.
+type TraceTuple struct {
+	Proto            uint8
+	Src, Dst         netip.Addr
+	SrcPort, DstPort uint16
+}
+
+// key returns the tuple as a key of MapTraceLive: a CTKey of interface 0.
+func (t TraceTuple) key() (CTKey, error) {
+	if !t.Src.IsValid() || !t.Dst.IsValid() || t.Src.Is4() != t.Dst.Is4() || t.Src.Is4In6() || t.Dst.Is4In6() {
+		return CTKey{}, fmt.Errorf("live trace tuple addresses %v and %v: want two IPv4 or two IPv6 addresses", t.Src, t.Dst)
+	}
+	k := CTKey{Family: 6, Proto: t.Proto, Saddr: t.Src.As16(), Daddr: t.Dst.As16()}
+	if t.Src.Is4() {
+		k.Family = 4
+		k.Saddr, k.Daddr = [16]byte{}, [16]byte{}
+		a, b := t.Src.As4(), t.Dst.As4()
+		copy(k.Saddr[:], a[:])
+		copy(k.Daddr[:], b[:])
+	}
+	var p [2]byte
+	binary.BigEndian.PutUint16(p[:], t.SrcPort)
+	k.Sport = binary.NativeEndian.Uint16(p[:])
+	binary.BigEndian.PutUint16(p[:], t.DstPort)
+	k.Dport = binary.NativeEndian.Uint16(p[:])
+	return k, nil
+}
+
+// traceLiveValue is a value of MapTraceLive (struct fw_trace_live_value): the trace's id
+// and the stages (bits 1 << TraceStage*) that recorded a packet already.
+type traceLiveValue struct {
+	ID, Seen uint32
+}
+
+// StartLiveTrace installs the live trace id: from then on the first real packet of the
+// tuple that each stage sees is recorded (TraceEvent.Live), with the verdict the firewall
+// gave it at an endpoint's hook, and treated as always. It replaces a live trace of the
+// same tuple, and counts against MaxTraces. StopTrace removes it.
+func (o *Objects) StartLiveTrace(id uint32, t TraceTuple) error {
+	k, err := t.key()
+	if err != nil {
+		return fmt.Errorf("starting live trace %d: %w", id, err)
+	}
+	o.traceMu.Lock()
+	defer o.traceMu.Unlock()
+	err = o.TraceLive.Update(&k, traceLiveValue{ID: id}, ebpf.UpdateAny)
+	if errors.Is(err, unix.E2BIG) {
+		return fmt.Errorf("starting live trace %d: %d live traces are installed, the limit", id, MaxTraces)
+	}
+	if err != nil {
+		return fmt.Errorf("starting live trace %d: %w", id, err)
+	}
+	return o.countTracesLocked()
+}
+
+// StopTrace removes the trace id, and the live traces of the id; a trace that is not
+// installed is no error.
 func (o *Objects) StopTrace(id uint32) error {
 	o.traceMu.Lock()
 	defer o.traceMu.Unlock()
 	if err := o.Traces.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("stopping trace %d: %w", id, err)
 	}
+	var k CTKey
+	var v traceLiveValue
+	var live []CTKey
+	it := o.TraceLive.Iterate()
+	for it.Next(&k, &v) {
+		if v.ID == id {
+			live = append(live, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("stopping trace %d: reading the live traces: %w", id, err)
+	}
+	for i := range live {
+		if err := o.TraceLive.Delete(&live[i]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("stopping live trace %d: %w", id, err)
+		}
+	}
 	return o.countTracesLocked()
 }
 
-// countTracesLocked sets MapTraceCtl's count to the number of installed traces.
+// countTracesLocked sets MapTraceCtl's counts to the number of installed traces, and
+// of live ones.
 func (o *Objects) countTracesLocked() error {
-	n := uint32(0)
+	var ctl struct{ Active, Live uint32 }
 	var id uint32
 	var v TraceEntry
 	it := o.Traces.Iterate()
 	for it.Next(&id, &v) {
-		n++
+		ctl.Active++
 	}
 	if err := it.Err(); err != nil {
 		return fmt.Errorf("counting the installed traces: %w", err)
 	}
-	if err := o.TraceCtl.Put(uint32(0), n); err != nil {
-		return fmt.Errorf("setting the count of installed traces to %d: %w", n, err)
+	var k CTKey
+	var lv traceLiveValue
+	lit := o.TraceLive.Iterate()
+	for lit.Next(&k, &lv) {
+		ctl.Live++
+	}
+	if err := lit.Err(); err != nil {
+		return fmt.Errorf("counting the live traces: %w", err)
+	}
+	ctl.Active += ctl.Live
+	if err := o.TraceCtl.Put(uint32(0), ctl); err != nil {
+		return fmt.Errorf("setting the count of installed traces to %d (%d live): %w", ctl.Active, ctl.Live, err)
 	}
 	return nil
 }
@@ -185,8 +274,8 @@ func (o *Objects) TraceReader() (*TraceReader, error) {
 }
 
 // Read returns the next trace event, waiting until one comes, the deadline passes
-// (ErrNoTraceEvent) or the reader is closed (ringbuf.ErrClosed). An event comes at once:
-// every one wakes the reader.
+// (ErrNoTraceEvent) or the reader is closed (ringbuf.ErrClosed). An event wakes a reader
+// that has caught up (the ring's default); it polls too, as FlowReader does.
 func (r *TraceReader) Read() (TraceEvent, error) {
 	if err := readRing(r.rd, &r.rec, r.deadline, ErrNoTraceEvent); err != nil {
 		return TraceEvent{}, err

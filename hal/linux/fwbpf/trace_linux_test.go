@@ -53,17 +53,17 @@ const (
 // two endpoints' veths, each endpoint in a namespace of its own; the firewall is open with
 // its maps pinned in a directory of its own and attached to hA and hB.
 type traceBed struct {
-	t       testing.TB
-	o       *Objects
-	host    netns.NsHandle
-	nsB     netns.NsHandle
-	hA, hB  int
-	br      int
-	brMAC   net.HardwareAddr
-	events  *TraceReader
-	flows   *FlowReader
-	udpB    int // a UDP socket of B on tracePortOK
-	packetB int // an AF_PACKET socket on B's interface
+	t        testing.TB
+	o        *Objects
+	host     netns.NsHandle
+	nsA, nsB netns.NsHandle
+	hA, hB   int
+	br       int
+	brMAC    net.HardwareAddr
+	events   *TraceReader
+	flows    *FlowReader
+	udpB     int // a UDP socket of B on tracePortOK
+	packetB  int // an AF_PACKET socket on B's interface
 }
 
 // inNS runs fn on a thread in the namespace; the thread is not reused afterwards.
@@ -104,7 +104,8 @@ func newTraceBed(t *testing.T) *traceBed {
 	// The endpoints know each other's MAC: no ARP, which the firewall passes anyway.
 	testns.Run(t, "ip", "-n", b, "neigh", "replace", traceAddrA.String(), "lladdr", traceMACA.String(), "dev", "wB")
 
-	bed := &traceBed{t: t, host: testns.Handle(t, host), nsB: testns.Handle(t, b)}
+	testns.Run(t, "ip", "-n", a, "neigh", "replace", traceAddrB.String(), "lladdr", traceMACB.String(), "dev", "wA")
+	bed := &traceBed{t: t, host: testns.Handle(t, host), nsA: testns.Handle(t, a), nsB: testns.Handle(t, b)}
 	h, err := netlink.NewHandleAt(bed.host)
 	if err != nil {
 		t.Fatal(err)
@@ -219,8 +220,8 @@ func (bed *traceBed) wantEvents(id uint32, want ...TraceEvent) {
 		if err != nil {
 			bed.t.Fatalf("trace event %d of %d: %v", i+1, len(want), err)
 		}
-		got := fmt.Sprintf("id %#x stage %d verdict %d reason %d rule %d ifindex %d endpoint %d", ev.ID, ev.Stage, ev.Verdict, ev.Reason, ev.Rule, ev.Ifindex, ev.Endpoint)
-		exp := fmt.Sprintf("id %#x stage %d verdict %d reason %d rule %d ifindex %d endpoint %d", id, w.Stage, w.Verdict, w.Reason, w.Rule, w.Ifindex, w.Endpoint)
+		got := fmt.Sprintf("id %#x stage %d verdict %d reason %d rule %d ifindex %d endpoint %d live %t", ev.ID, ev.Stage, ev.Verdict, ev.Reason, ev.Rule, ev.Ifindex, ev.Endpoint, ev.Live)
+		exp := fmt.Sprintf("id %#x stage %d verdict %d reason %d rule %d ifindex %d endpoint %d live %t", id, w.Stage, w.Verdict, w.Reason, w.Rule, w.Ifindex, w.Endpoint, w.Live)
 		if got != exp {
 			bed.t.Errorf("trace event %d: %s, want %s", i+1, got, exp)
 		}
@@ -400,6 +401,19 @@ func TestTraceDenied(t *testing.T) {
 		TraceEvent{Stage: TraceStageFromEndpoint, Verdict: TraceVerdictAllowed, Rule: traceRuleOut7000, Ifindex: uint32(bed.hA), Endpoint: epA},
 		TraceEvent{Stage: TraceStageToEndpoint, Verdict: TraceVerdictDenied, Reason: ReasonPolicy, Rule: traceRuleDenyIn, Ifindex: uint32(bed.hB), Endpoint: epB})
 	marker()
+	// TCP and ICMP trace packets are recognised too (the tag after TCP's header and
+	// ICMP's); the policy allows neither: DENIED by default, rule 0.
+	for _, proto := range []uint8{6, 1} {
+		frame, err := TracePacket{ID: traceTestID, Nonce: traceTestNonce, SrcMAC: traceMACA, DstMAC: traceMACB, Src: traceAddrA,
+			Dst: traceAddrB, Proto: proto, SrcPort: traceTestSrcPort, DstPort: tracePortOK, PayloadSize: 100}.Frame()
+		if err != nil {
+			t.Fatal(err)
+		}
+		bed.inject(frame)
+		bed.wantEvents(traceTestID,
+			TraceEvent{Stage: TraceStageFromEndpoint, Verdict: TraceVerdictDenied, Reason: ReasonPolicy, Ifindex: uint32(bed.hA), Endpoint: epA})
+	}
+	marker()
 	if n := bed.ctEntries(); n != 0 {
 		t.Errorf("the trace packets left %d conntrack entries, want none", n)
 	}
@@ -463,9 +477,9 @@ func TestTraceLimit(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), fmt.Sprint(MaxTraces)) {
 		t.Fatalf("trace %d past the limit: %v, want an error naming %d", MaxTraces, err, MaxTraces)
 	}
-	var ctl uint32
-	if err := bed.o.TraceCtl.Lookup(uint32(0), &ctl); err != nil || ctl != MaxTraces {
-		t.Errorf("the count of active traces is %d (%v), want %d", ctl, err, MaxTraces)
+	var ctl struct{ Active, Live uint32 }
+	if err := bed.o.TraceCtl.Lookup(uint32(0), &ctl); err != nil || ctl.Active != MaxTraces || ctl.Live != 0 {
+		t.Errorf("the count of active traces is %+v (%v), want %d, none live", ctl, err, MaxTraces)
 	}
 	if err := bed.o.StopTrace(3); err != nil {
 		t.Fatal(err)
@@ -639,7 +653,7 @@ func TestOpenAddsTraceMaps(t *testing.T) {
 		t.Fatal(err)
 	}
 	o.Close()
-	names := []string{MapTraceCtl, MapTraces, MapTraceEvents, MapTraceLost}
+	names := []string{MapTraceCtl, MapTraces, MapTraceEvents, MapTraceLost, MapTraceLive}
 	for _, name := range names {
 		if err := os.Remove(filepath.Join(dir, name)); err != nil {
 			t.Fatalf("the first Open did not pin %s: %v", name, err)
@@ -658,8 +672,77 @@ func TestOpenAddsTraceMaps(t *testing.T) {
 	if err := o.StartTrace(1, 2); err != nil {
 		t.Fatal(err)
 	}
-	var ctl uint32
-	if err := o.TraceCtl.Lookup(uint32(0), &ctl); err != nil || ctl != 1 {
-		t.Errorf("the count of active traces is %d (%v), want 1", ctl, err)
+	var ctl struct{ Active, Live uint32 }
+	if err := o.TraceCtl.Lookup(uint32(0), &ctl); err != nil || ctl.Active != 1 {
+		t.Errorf("the count of active traces is %+v (%v), want 1", ctl, err)
+	}
+}
+
+// TestTraceLive checks a live trace: the first real datagram of its tuple from A to B is
+// recorded at A's egress (allowed), at the tunnel observer on A's interface (seen) and at
+// B's ingress (delivered), marked live, and B receives it; the second is not recorded;
+// stopped, the trace leaves its count at zero.
+func TestTraceLive(t *testing.T) {
+	bed := newTraceBed(t)
+	const livePort = 40003
+	tuple := TraceTuple{Proto: 17, Src: traceAddrA, Dst: traceAddrB, SrcPort: livePort, DstPort: tracePortOK}
+	if err := bed.o.StartLiveTrace(traceTestID, tuple); err != nil {
+		t.Fatal(err)
+	}
+	if err := bed.o.StartTrace(traceTestID+1, traceTestNonce); err != nil {
+		t.Fatal(err)
+	}
+	if err := bed.o.StartLiveTrace(1, TraceTuple{Proto: 17, Src: traceAddrA, Dst: netip.MustParseAddr("fd00::1")}); err == nil ||
+		!strings.Contains(err.Error(), "10.77.0.1 and fd00::1") {
+		t.Errorf("a live trace of mixed families: %v, want an error naming the addresses", err)
+	}
+	var obs io.Closer
+	inNS(t, bed.host, func() error {
+		var err error
+		obs, err = bed.o.AttachTraceObserver(bed.hA, false)
+		return err
+	})
+	defer obs.Close()
+
+	send := func() {
+		inNS(t, bed.nsA, func() error {
+			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				return err
+			}
+			defer unix.Close(fd)
+			if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
+				return err
+			}
+			if err := unix.Bind(fd, &unix.SockaddrInet4{Port: livePort, Addr: traceAddrA.As4()}); err != nil {
+				return err
+			}
+			return unix.Sendto(fd, []byte("live"), 0, &unix.SockaddrInet4{Port: tracePortOK, Addr: traceAddrB.As4()})
+		})
+		if got := bed.receiveB(livePort); string(got) != "live" {
+			t.Fatalf("B received %q, want \"live\"", got)
+		}
+	}
+	send()
+	bed.wantEvents(traceTestID,
+		TraceEvent{Stage: TraceStageFromEndpoint, Verdict: TraceVerdictAllowed, Ifindex: uint32(bed.hA), Endpoint: epA, Live: true},
+		TraceEvent{Stage: TraceStageTunnelIn, Verdict: TraceVerdictSeen, Ifindex: uint32(bed.hA), Live: true},
+		TraceEvent{Stage: TraceStageToEndpoint, Verdict: TraceVerdictDelivered, Ifindex: uint32(bed.hB), Endpoint: epB, Live: true})
+	send()
+	// The second datagram is not recorded: the next events are a synthetic trace's.
+	bed.inject(bed.frame(traceTestID+1, traceTestNonce, traceTestSrcPort, tracePortOK))
+	bed.wantEvents(traceTestID+1,
+		TraceEvent{Stage: TraceStageFromEndpoint, Verdict: TraceVerdictAllowed, Rule: traceRuleOut, Ifindex: uint32(bed.hA), Endpoint: epA},
+		TraceEvent{Stage: TraceStageTunnelIn, Verdict: TraceVerdictSeen, Ifindex: uint32(bed.hA)},
+		TraceEvent{Stage: TraceStageToEndpoint, Verdict: TraceVerdictDelivered, Rule: traceRuleIn, Ifindex: uint32(bed.hB), Endpoint: epB})
+
+	for _, id := range []uint32{traceTestID, traceTestID + 1} {
+		if err := bed.o.StopTrace(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var ctl struct{ Active, Live uint32 }
+	if err := bed.o.TraceCtl.Lookup(uint32(0), &ctl); err != nil || ctl.Active != 0 || ctl.Live != 0 {
+		t.Errorf("after StopTrace the counts are %+v (%v), want none", ctl, err)
 	}
 }
