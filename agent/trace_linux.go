@@ -122,8 +122,10 @@ type traceRun struct {
 	dst    netip.Addr
 	srcNet *nimbusv1.ObjectKey
 	dstNet *nimbusv1.ObjectKey
-	// source holds what the node of the source injects; nil on the other nodes.
-	source *traceSource
+	// atSource is set on the node of the source endpoint; source holds what it injects
+	// (nil with spec.live, and on the other nodes).
+	atSource bool
+	source   *traceSource
 	op     *nimbusv1.TraceOperational
 	// seen are the stages reported, by stage, interface and action: each once.
 	seen map[[3]uint32]bool
@@ -133,7 +135,6 @@ type traceRun struct {
 type traceSource struct {
 	ifindex  int
 	frame    []byte
-	dstMAC   net.HardwareAddr
 	tunneled bool
 	timers   []*time.Timer
 }
@@ -273,8 +274,9 @@ func (r *TraceReconciler) startLocked(ctx context.Context, id nimbusv1.Key, obj 
 	if dstEP == nil {
 		run.dstNet = r.networkOf(k.GetTenant(), k.GetNamespace(), dstIP)
 	}
-	if err := r.opts.Firewall.StartTrace(run.id, run.nonce); err != nil {
-		return nil, fmt.Errorf("installing trace %#x in the firewall: %w", run.id, err)
+	run.atSource = src.GetEndpoint().GetNode() == r.opts.Node
+	if err := r.install(run, srcIP, dstIP); err != nil {
+		return nil, err
 	}
 	r.byID[run.id] = run
 	r.runs[id] = run
@@ -286,7 +288,7 @@ func (r *TraceReconciler) startLocked(ctx context.Context, id nimbusv1.Key, obj 
 	r.observeNetworksLocked(ctx, run)
 	key := id
 	run.timer = time.AfterFunc(time.Until(run.deadline), func() { r.changed(key) })
-	if src.GetEndpoint().GetNode() == r.opts.Node && !spec.GetLive() {
+	if run.atSource && !spec.GetLive() {
 		if err := r.injectLocked(ctx, run, src, dstEP, srcIP, dstIP); err != nil {
 			r.stopLocked(run)
 			delete(r.runs, id)
@@ -295,6 +297,26 @@ func (r *TraceReconciler) startLocked(ctx context.Context, id nimbusv1.Key, obj 
 	}
 	r.log.Info("trace started", "key", id, "id", fmt.Sprintf("%#x", run.id), "source", spec.GetSource(), "destination", dstIP, "until", run.deadline)
 	return run, nil
+}
+
+// install installs the trace in the firewall: its tag, or with spec.live the 5-tuple of
+// the real packet to follow.
+func (r *TraceReconciler) install(run *traceRun, src, dst netip.Addr) error {
+	if !run.spec.GetLive() {
+		if err := r.opts.Firewall.StartTrace(run.id, run.nonce); err != nil {
+			return fmt.Errorf("installing trace %#x in the firewall: %w", run.id, err)
+		}
+		return nil
+	}
+	tuple := fwbpf.TraceTuple{Proto: unix.IPPROTO_TCP, Src: src, Dst: dst,
+		SrcPort: uint16(run.spec.GetSourcePort()), DstPort: uint16(run.spec.GetDestinationPort())}
+	if run.spec.TraceProtocol() == nimbusv1.TraceUDP {
+		tuple.Proto = unix.IPPROTO_UDP
+	}
+	if err := r.opts.Firewall.StartLiveTrace(run.id, tuple); err != nil {
+		return fmt.Errorf("installing live trace %#x in the firewall: %w", run.id, err)
+	}
+	return nil
 }
 
 // endpoint returns the Endpoint with the name in the tenant and namespace of the key.
@@ -460,7 +482,7 @@ func (r *TraceReconciler) injectLocked(ctx context.Context, run *traceRun, src, 
 	if err != nil {
 		return hal.Errorf(hal.ReasonInvalid, "making the packet: %v", err)
 	}
-	run.source = &traceSource{ifindex: ifindex, frame: frame, dstMAC: dstMAC}
+	run.source = &traceSource{ifindex: ifindex, frame: frame}
 	what := fmt.Sprintf("%s %s > %s, %d bytes", spec.TraceProtocol(), netip.AddrPortFrom(srcIP, pkt.SrcPort), netip.AddrPortFrom(dstIP, pkt.DstPort), len(frame))
 	if pkt.SrcPort == 0 {
 		what = fmt.Sprintf("%s %s > %s, %d bytes", spec.TraceProtocol(), srcIP, dstIP, len(frame))
@@ -582,10 +604,10 @@ func (r *TraceReconciler) observe(ev fwbpf.TraceEvent) {
 	if !r.addLocked(run, ev.Ifindex, o) {
 		return
 	}
-	if run.source != nil {
+	if run.atSource {
 		switch {
 		case o.GetStage() == nimbusv1.TraceStage_TRACE_STAGE_SOURCE && o.GetAction() == nimbusv1.TraceAction_TRACE_ACTION_ALLOWED:
-			r.forwardLocked(run, run.srcNet, run.source.dstMAC, ev.Len, o.GetTime().AsTime())
+			r.forwardLocked(run, run.srcNet, ev.DstMAC, ev.Len, o.GetTime().AsTime())
 		case o.GetAction() == nimbusv1.TraceAction_TRACE_ACTION_DELIVERED,
 			o.GetAction() == nimbusv1.TraceAction_TRACE_ACTION_DENIED && o.GetStage() != nimbusv1.TraceStage_TRACE_STAGE_DESTINATION:
 			run.op.Done = true
@@ -730,6 +752,8 @@ func (r *TraceReconciler) observation(run *traceRun, ev fwbpf.TraceEvent, names 
 			return fmt.Sprintf("rule %s of policy %s/%s", o.Rule, o.Policy.GetNamespace(), o.Policy.GetName())
 		case ev.Verdict == fwbpf.TraceVerdictDenied:
 			return "no rule allows it"
+		case ev.Live:
+			return "a real packet's verdict, which names only a denying rule"
 		}
 		return "no rule (the direction is open)"
 	}

@@ -210,6 +210,37 @@ func TestTrace(t *testing.T) {
 		waitFor(t, h.name+"'s trace state to go", func() bool { return traceLeftovers(t, h) == "" })
 	}
 
+	// Live: the next real datagram of the 5-tuple, followed and delivered as data.
+	live := &nimbusv1.TraceSpec{Source: "web1", Destination: "db2", Protocol: "udp", SourcePort: 40009, DestinationPort: 9,
+		Live: true, Timeout: durationpb.New(deadline)}
+	liveRun := make(chan traceRun, 1)
+	go func() {
+		var r traceRun
+		defer func() { liveRun <- r }() // also when trace fails the test
+		r = sc.trace(t, "live", live)
+	}()
+	for _, h := range sc.hosts {
+		waitFor(t, h.name+" to install the live trace", func() bool { return strings.Contains(traceLeftovers(t, h), "1 live traces installed") })
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	c, err := dialWith(ctx, sc.workload("web1").handle, net.Dialer{LocalAddr: &net.UDPAddr{Port: 40009}}, "udp", "10.1.0.32:9")
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := &fwConn{name: "udp web1:40009→db2:9", proto: "udp", c: c}
+	if err := conn.exchange(deadline); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	r = <-liveRun
+	wantPath(t, "web1:40009 → db2 udp 9, live", r, nimbusv1.TraceDelivered,
+		"host-a source allowed", "host-a forward forwarded", "host-a tunnel-out forwarded",
+		"host-b tunnel-in forwarded", "host-b destination delivered")
+	if n := sc.echo["db2"].received(9); n != 1 {
+		t.Errorf("db2 received %d datagrams on port 9, want the live trace's one", n)
+	}
+
 	// A Trace deleted while it runs leaves nothing behind either; its observers are
 	// seen attached first, so that the check above sees what it looks for.
 	long := udp9("db2")
@@ -277,6 +308,16 @@ func traceLeftovers(t testing.TB, h *host) string {
 	}
 	if len(entries) > 0 {
 		left = append(left, fmt.Sprintf("%d traces installed", len(entries)))
+	}
+	out, err = exec.Command("bpftool", "-j", "map", "dump", "pinned", h.bpf+"/fw_trace_live").Output()
+	if err != nil {
+		t.Fatalf("bpftool map dump of %s's fw_trace_live: %v", h.name, err)
+	}
+	if err := json.Unmarshal(out, &entries); err != nil {
+		t.Fatalf("bpftool map dump of %s's fw_trace_live: %v: %s", h.name, err, out)
+	}
+	if len(entries) > 0 {
+		left = append(left, fmt.Sprintf("%d live traces installed", len(entries)))
 	}
 	return strings.Join(left, "; ")
 }

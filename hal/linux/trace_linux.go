@@ -22,6 +22,10 @@ import (
 // (fwbpf.Objects.StartTrace).
 func (f *Firewall) StartTrace(id uint32, nonce uint64) error { return f.objs.StartTrace(id, nonce) }
 
+// StartLiveTrace makes the firewall follow the next real packet of the tuple as the
+// trace with the id (fwbpf.Objects.StartLiveTrace).
+func (f *Firewall) StartLiveTrace(id uint32, t fwbpf.TraceTuple) error { return f.objs.StartLiveTrace(id, t) }
+
 // StopTrace makes the firewall forget the trace with the id; it is idempotent.
 func (f *Firewall) StopTrace(id uint32) error { return f.objs.StopTrace(id) }
 
@@ -149,7 +153,8 @@ func nodeOfVTEP(store OverlayStore, vtep netip.Addr) string {
 	return ""
 }
 
-// InstalledTraces returns the ids of the traces installed in the firewall's datapath.
+// InstalledTraces returns the ids of the traces installed in the firewall's datapath,
+// live ones included.
 func (f *Firewall) InstalledTraces() ([]uint32, error) {
 	var ids []uint32
 	var id uint32
@@ -160,6 +165,15 @@ func (f *Firewall) InstalledTraces() ([]uint32, error) {
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("reading the installed traces: %w", err)
+	}
+	var tuple fwbpf.CTKey
+	var live struct{ ID, Seen uint32 } // struct fw_trace_live_value
+	it = f.objs.TraceLive.Iterate()
+	for it.Next(&tuple, &live) {
+		ids = append(ids, live.ID)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("reading the installed live traces: %w", err)
 	}
 	return ids, nil
 }
