@@ -24,7 +24,9 @@ func (f *Firewall) StartTrace(id uint32, nonce uint64) error { return f.objs.Sta
 
 // StartLiveTrace makes the firewall follow the next real packet of the tuple as the
 // trace with the id (fwbpf.Objects.StartLiveTrace).
-func (f *Firewall) StartLiveTrace(id uint32, t fwbpf.TraceTuple) error { return f.objs.StartLiveTrace(id, t) }
+func (f *Firewall) StartLiveTrace(id uint32, t fwbpf.TraceTuple) error {
+	return f.objs.StartLiveTrace(id, t)
+}
 
 // StopTrace makes the firewall forget the trace with the id; it is idempotent.
 func (f *Firewall) StopTrace(id uint32) error { return f.objs.StopTrace(id) }

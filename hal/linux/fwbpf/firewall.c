@@ -107,7 +107,8 @@
 #define FW_STAT_SPOOFED 3
 #define FW_STAT_FRAG_UNTRACKED 4 /* later fragments whose first was not seen (or expired) */
 #define FW_STAT_BAD_HEADERS 5	  /* see FW_PARSE_HOSTILE */
-#define FW_STATS 6
+#define FW_STAT_TRACE_STRAY 6	  /* trace packets to an endpoint of no installed trace */
+#define FW_STATS 7
 
 /* Flow records (struct fw_flow), when the loader turned them on (fw_flows_on). */
 #define FW_FLOW_NEW 1  /* a connection was allowed and is tracked from this packet on */
@@ -1548,8 +1549,12 @@ static __always_inline int fw_tracing(void)
  * fw_trace_match tells whether the IP packet (proto, the Ethernet type) of skb is a trace
  * packet of an installed trace, and writes its id: DSCP FW_TRACE_DSCP, not a later
  * fragment, TCP, UDP, ICMP or ICMPv6 right after the IP header (trace packets carry no
- * IPv6 extension header), and a tag whose id and nonce are an installed trace's.
+ * IPv6 extension header), and a tag whose id and nonce are an installed trace's
+ * (FW_TRACE_MATCH); FW_TRACE_STRAY for a tagged packet of no installed trace, 0 for any
+ * other.
  */
+#define FW_TRACE_MATCH 1 /* fw_trace_match: the packet of an installed trace */
+#define FW_TRACE_STRAY 2 /* fw_trace_match: tagged, but of no installed trace */
 static __always_inline int fw_trace_match(struct __sk_buff *skb, __u16 proto, __u32 *id)
 {
 	struct fw_trace_tag tag;
@@ -1597,7 +1602,7 @@ static __always_inline int fw_trace_match(struct __sk_buff *skb, __u16 proto, __
 		return 0;
 	*id = bpf_ntohl(tag.id);
 	tr = bpf_map_lookup_elem(&fw_traces, id);
-	return tr && tr->nonce == tag.nonce;
+	return tr && tr->nonce == tag.nonce ? FW_TRACE_MATCH : FW_TRACE_STRAY;
 }
 
 /* fw_trace_emit writes a trace event of the packet of skb, a full ring counted in
@@ -1691,7 +1696,7 @@ static __always_inline int fw_trace_observe(struct __sk_buff *skb, __u8 stage)
 		return FW_TCX_NEXT;
 	if (proto != bpf_htons(ETH_P_IP) && proto != bpf_htons(ETH_P_IPV6))
 		return FW_TCX_NEXT;
-	if (fw_trace_match(skb, proto, &id)) {
+	if (fw_trace_match(skb, proto, &id) == FW_TRACE_MATCH) {
 		fw_trace_emit(skb, id, stage, FW_TRACE_SEEN, 0, 0, 0, 0);
 		return FW_TCX_NEXT;
 	}
@@ -1758,7 +1763,7 @@ static __always_inline int fw_handle(struct __sk_buff *skb, const __u8 dir)
 	ep.scope = epv->scope;
 
 	/* A trace packet: checked, recorded and dropped or passed on, changing no state. */
-	if (family != 0 && fw_tracing() && fw_trace_match(skb, proto, &trace_id))
+	if (family != 0 && fw_tracing() && fw_trace_match(skb, proto, &trace_id) == FW_TRACE_MATCH)
 		trace = 1;
 
 	if (dir == FW_DIR_EGRESS && (ep.flags & FW_EP_GUARD) && fw_spoofed(skb, snap, proto)) {
@@ -1865,10 +1870,92 @@ int fw_ingress(struct __sk_buff *skb)
 	return fw_handle(skb, FW_DIR_EGRESS);
 }
 
+/*
+ * fw_trace_stray tells whether the packet of skb carries a trace tag (DSCP FW_TRACE_DSCP
+ * and the magic) but is no installed trace's packet: one that reaches a node before the
+ * node installed its trace, or after it ended. Counted in FW_STAT_TRACE_STRAY, it is
+ * dropped before an endpoint receives it: a workload never receives a trace packet.
+ * fw_egress calls it for packets of the DSCP alone (fw_trace_dscp); a global function,
+ * it is verified once, apart from fw_handle.
+ */
+__attribute__((noinline)) int fw_trace_stray(struct __sk_buff *skb)
+{
+	void *data, *end;
+	struct fw_trace_tag *tag;
+	struct fw_trace *tr;
+	__u8 *ip, *l4, proto;
+	__u32 id, hlen = 8;
+
+	if (!skb)
+		return 0;
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	ip = data + ETH_HLEN;
+	if ((void *)(ip + 40) > end)
+		return 0;
+	/* Everything is read in place: the stack is fw_egress's too. */
+	if (((struct ethhdr *)data)->h_proto == bpf_htons(ETH_P_IP)) {
+		if ((ip[1] >> 2) != FW_TRACE_DSCP || (ip[0] >> 4) != 4 || (ip[0] & 0x0f) < 5 ||
+		    (((ip[6] << 8) | ip[7]) & FW_IP_OFFSET))
+			return 0;
+		proto = ip[9];
+		if (proto != FW_PROTO_TCP && proto != FW_PROTO_UDP && proto != FW_PROTO_ICMP)
+			return 0;
+		l4 = ip + (ip[0] & 0x0f) * 4;
+	} else if (((struct ethhdr *)data)->h_proto == bpf_htons(ETH_P_IPV6)) {
+		if ((((ip[0] & 0x0f) << 2) | (ip[1] >> 6)) != FW_TRACE_DSCP || (ip[0] >> 4) != 6)
+			return 0;
+		proto = ip[6];
+		if (proto != FW_PROTO_TCP && proto != FW_PROTO_UDP && proto != FW_PROTO_ICMPV6)
+			return 0;
+		l4 = ip + 40;
+	} else {
+		return 0;
+	}
+	if ((void *)(l4 + 20) > end)
+		return 0;
+	if (proto == FW_PROTO_TCP) {
+		hlen = (l4[12] >> 4) * 4;
+		if (hlen < 20)
+			return 0;
+	}
+	tag = (struct fw_trace_tag *)(l4 + hlen);
+	if ((void *)(tag + 1) > end)
+		return 0;
+	if (*(__u64 *)tag->magic != FW_TRACE_MAGIC || tag->zero != 0)
+		return 0;
+	id = bpf_ntohl(tag->id);
+	tr = bpf_map_lookup_elem(&fw_traces, &id);
+	if (tr && tr->nonce == tag->nonce)
+		return 0; /* an installed trace's: fw_handle takes it */
+	fw_stat(FW_STAT_TRACE_STRAY);
+	return 1;
+}
+
+/* fw_trace_dscp tells whether the packet of skb is IP with DSCP FW_TRACE_DSCP, as a
+ * trace packet: read in place, a few instructions for every packet to an endpoint. */
+static __always_inline int fw_trace_dscp(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
+	__u8 *ip = data + ETH_HLEN;
+	__u16 proto;
+
+	if ((void *)(ip + 2) > end)
+		return 0;
+	proto = ((struct ethhdr *)data)->h_proto;
+	if (proto == bpf_htons(ETH_P_IP))
+		return (ip[1] >> 2) == FW_TRACE_DSCP;
+	if (proto == bpf_htons(ETH_P_IPV6))
+		return (((ip[0] & 0x0f) << 2) | (ip[1] >> 6)) == FW_TRACE_DSCP;
+	return 0;
+}
+
 /* fw_egress runs at the tcx egress hook of an endpoint's interface: packets to it. */
 SEC("tcx/egress")
 int fw_egress(struct __sk_buff *skb)
 {
+	if (fw_trace_enabled && fw_trace_dscp(skb) && fw_trace_stray(skb))
+		return FW_TCX_DROP;
 	return fw_handle(skb, FW_DIR_INGRESS);
 }
 

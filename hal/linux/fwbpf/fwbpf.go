@@ -155,8 +155,12 @@ const (
 	// fragment headers, a first fragment too short for its L4 header, a later fragment
 	// that overlaps it (RFC 1858), neighbour discovery behind an extension header.
 	StatBadHeaderDrops = 5
+	// StatTraceStrayDrops counts the trace packets (TraceDSCP and the tag) of no
+	// installed trace dropped before an endpoint received them: those that came before
+	// their node installed the trace, or after it ended.
+	StatTraceStrayDrops = 6
 	// NumStats is the number of counters in MapStats.
-	NumStats = 6
+	NumStats = 7
 )
 
 // Bounds of the IPv6 extension-header walk: a chain of more headers (hop-by-hop, routing,

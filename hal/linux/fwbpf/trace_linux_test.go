@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -295,15 +296,21 @@ func (bed *traceBed) ctEntries() int {
 
 // TestTraceDelivered injects a trace packet from A to B: it is allowed out of A and
 // delivered to B, which never receives it, and leaves no conntrack entry, flow record or
-// count behind; the same packet with a wrong nonce, or with no trace active, is ordinary
-// traffic that B's socket receives.
+// count behind. The same packet with a wrong nonce, with no trace installed, or after
+// the trace stopped, is ordinary traffic from A but a stray trace packet to B: dropped
+// and counted, never received. Untagged (DSCP 0), it is B's like any datagram.
 func TestTraceDelivered(t *testing.T) {
 	bed := newTraceBed(t)
 
-	// No trace active: a tagged packet is ordinary traffic.
+	// No trace installed: tagged, the packet leaves A as ordinary traffic, and B's
+	// interface drops it as a stray.
 	bed.inject(bed.frame(traceTestID, traceTestNonce, traceMarkerSource, tracePortOK))
+	bed.wantStrays(1)
+	// Untagged, the same packet is ordinary traffic that B's socket receives: the
+	// kernel takes its checksums.
+	bed.inject(untagged(bed.frame(traceTestID, traceTestNonce, traceMarkerSource, tracePortOK)))
 	if got := bed.receiveB(traceMarkerSource); !bytes.HasPrefix(got, []byte(traceMagic)) {
-		t.Fatalf("B received %x, want the tag", got)
+		t.Fatalf("B received %x, want the tag's bytes", got)
 	}
 	if err := bed.o.CT.Delete(ctKey(uint32(bed.hA), udp(traceAddrA, traceMarkerSource, traceAddrB, tracePortOK))); err != nil {
 		t.Fatalf("the untraced packet made no conntrack entry on A's interface: %v", err)
@@ -316,7 +323,7 @@ func TestTraceDelivered(t *testing.T) {
 		bed.o.CT.Delete(&k)
 	}
 	bed.flows.SetDeadline(time.Now().Add(5 * time.Second))
-	for range 2 { // FlowNew at A's egress and at B's ingress
+	for range 2 { // FlowNew at A's egress (the stray's) and at B's ingress (the untagged's)
 		if _, err := bed.flows.Read(); err != nil {
 			t.Fatal(err)
 		}
@@ -338,9 +345,10 @@ func TestTraceDelivered(t *testing.T) {
 		t.Errorf("rule counters went from %d, %d to %d, %d; want them unchanged", outBefore, inBefore, out, in)
 	}
 
-	// A wrong nonce: ordinary traffic, delivered, and the first flow record since is its.
+	// A wrong nonce: ordinary traffic from A, the first flow record since is its; a
+	// stray to B.
 	bed.inject(bed.frame(traceTestID, traceTestNonce+1, traceMarkerSource, tracePortOK))
-	bed.receiveB(traceMarkerSource)
+	bed.wantStrays(2)
 	rec, err := bed.flows.Read()
 	if err != nil {
 		t.Fatal(err)
@@ -348,30 +356,62 @@ func TestTraceDelivered(t *testing.T) {
 	if rec.Sport != netPort(traceMarkerSource) || rec.Type != FlowNew {
 		t.Errorf("the first flow record after the trace is type %d from port %d, want the wrong-nonce packet's FlowNew (port %d)", rec.Type, netPort(rec.Sport), traceMarkerSource)
 	}
-	// B's interface saw the wrong-nonce packet after the trace's moment, and never the
-	// trace packet.
+	// Untagged, it reaches B; B's interface saw that, and never a tagged packet.
+	bed.inject(untagged(bed.frame(traceTestID, traceTestNonce+2, traceMarkerSource, tracePortOK)))
+	bed.receiveB(traceMarkerSource)
 	sawMarker := false
 	for _, n := range bed.capturedTags() {
-		if n == traceTestNonce {
-			t.Errorf("B's interface saw the trace packet")
+		if n != traceTestNonce+2 {
+			t.Errorf("B's interface saw a tagged packet of nonce %#x", n)
 		}
-		sawMarker = sawMarker || n == traceTestNonce+1
+		sawMarker = sawMarker || n == traceTestNonce+2
 	}
 	if !sawMarker {
-		t.Errorf("B's interface did not see the wrong-nonce packet: the capture sees nothing")
+		t.Errorf("B's interface did not see the untagged packet: the capture sees nothing")
 	}
 	if lost, err := bed.events.Lost(); err != nil || lost != 0 {
 		t.Errorf("lost trace events: %d, %v; want 0", lost, err)
 	}
 
-	// Stopped, the trace's packets are ordinary traffic again; stopping twice is fine.
+	// Stopped, the trace's packets are strays to B again; stopping twice is fine.
 	for range 2 {
 		if err := bed.o.StopTrace(traceTestID); err != nil {
 			t.Fatal(err)
 		}
 	}
 	bed.inject(bed.frame(traceTestID, traceTestNonce, traceTestSrcPort, tracePortOK))
-	bed.receiveB(traceTestSrcPort)
+	bed.wantStrays(3)
+}
+
+// untagged returns the IPv4 frame with DSCP 0 and its header checksum made anew: not a
+// trace packet, whatever its payload.
+func untagged(frame []byte) []byte {
+	f := bytes.Clone(frame)
+	ip := f[14:34]
+	ip[1] = 0
+	ip[10], ip[11] = 0, 0
+	binary.BigEndian.PutUint16(ip[10:], checksum(ip))
+	return f
+}
+
+// wantStrays waits until the firewall counted n stray trace packets, and fails the test
+// when it counts more, or fewer before the deadline.
+func (bed *traceBed) wantStrays(n uint64) {
+	bed.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st, err := bed.o.ProgramStats()
+		if err != nil {
+			bed.t.Fatal(err)
+		}
+		if st.TraceStrayDrops == n {
+			return
+		}
+		if st.TraceStrayDrops > n || time.Now().After(deadline) {
+			bed.t.Fatalf("stray trace packets: %d, want %d", st.TraceStrayDrops, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // TestTraceDenied checks a trace packet that A's egress policy denies and one that B's
@@ -587,31 +627,44 @@ func TestTraceEventLayout(t *testing.T) {
 func BenchmarkTraceInactiveCost(b *testing.B) {
 	off := loadWith(b, 16, 0, 0, disableTrace)
 	on := loadRing(b, 16, 0)
-	var frames [2][]byte
+	// The connection's packet from the endpoint (fw_ingress) and its reply to it
+	// (fw_egress, which looks for stray trace packets first).
+	var frames [2][2][]byte
+	reply := tcp(netip.AddrFrom4([4]byte{10, 100, 0, 0}), 1000, families[0].ep, 40000, tcpACK).frame()
 	for i, f := range []*fixture{off, on} {
-		frames[i], _ = benchSetup(f, 1, false)
-		if ret, _, err := f.ingress.Benchmark(frames[i], 1, nil); err != nil || ret != tcxNext {
+		frames[i][0], _ = benchSetup(f, 1, false)
+		frames[i][1] = reply
+		if ret, _, err := f.ingress.Benchmark(frames[i][0], 1, nil); err != nil || ret != tcxNext {
 			b.Fatalf("making the connection: %s, %v", verdict(ret), err)
+		}
+		if ret, _, err := f.egress.Benchmark(reply, 1, nil); err != nil || ret != tcxNext {
+			b.Fatalf("the connection's reply: %s, %v", verdict(ret), err)
 		}
 	}
 	const runs = 1 << 20
-	var d [2]time.Duration
+	var d [2][2]time.Duration
 	for b.Loop() {
 		for round := range 10 {
 			for j := range 2 {
 				i := (j + round) % 2 // alternate which goes first
 				f := []*fixture{off, on}[i]
-				ret, per, err := f.ingress.Benchmark(frames[i], runs, nil)
-				if err != nil || ret != tcxNext {
-					b.Fatalf("benchmark: %s, %v", verdict(ret), err)
+				for hook, prog := range []*ebpf.Program{f.ingress, f.egress} {
+					ret, per, err := prog.Benchmark(frames[i][hook], runs, nil)
+					if err != nil || ret != tcxNext {
+						b.Fatalf("benchmark: %s, %v", verdict(ret), err)
+					}
+					d[i][hook] += per
 				}
-				d[i] += per
 			}
 		}
 	}
-	b.ReportMetric(float64(d[1].Nanoseconds())/float64(b.N*10), "on-ns/op")
-	b.ReportMetric(float64(d[0].Nanoseconds())/float64(b.N*10), "off-ns/op")
-	b.ReportMetric(float64(d[1])/float64(d[0]), "x-trace-off")
+	n := float64(b.N * 10)
+	b.ReportMetric(float64(d[1][0].Nanoseconds())/n, "on-ns/op")
+	b.ReportMetric(float64(d[0][0].Nanoseconds())/n, "off-ns/op")
+	b.ReportMetric(float64(d[1][0])/float64(d[0][0]), "x-trace-off")
+	b.ReportMetric(float64(d[1][1].Nanoseconds())/n, "egress-on-ns/op")
+	b.ReportMetric(float64(d[0][1].Nanoseconds())/n, "egress-off-ns/op")
+	b.ReportMetric(float64(d[1][1])/float64(d[0][1]), "egress-x-trace-off")
 }
 
 // TestTraceSpoofed checks a trace packet from a guarded endpoint that does not own its
