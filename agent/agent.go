@@ -352,4 +352,8 @@ type FirewallCapacities struct {
 	// each CPU, with a burst of as many; past it they are counted suppressed. Default: 0,
 	// no budget.
 	FlowEndpointRate int
+	// NoTraces: the firewall's programs leave out the checks of Trace packets, which no
+	// packet then pays for; Trace objects are FAILED with ReasonTracesOff. Default:
+	// false.
+	NoTraces bool
 }

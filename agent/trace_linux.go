@@ -32,6 +32,9 @@ const (
 	// ReasonEndpointNotFound: an endpoint the Trace names is not in the node's store, or
 	// its interface is not on the node.
 	ReasonEndpointNotFound = "EndpointNotFound"
+	// ReasonTracesOff: the agent runs its firewall without the checks of Trace packets
+	// (--fw-traces=false).
+	ReasonTracesOff = "TracesOff"
 	// ReasonNoAddress: the endpoints have no addresses of one family to make the packet
 	// with, or the source has no MAC address.
 	ReasonNoAddress = "NoAddress"
@@ -275,7 +278,9 @@ func (r *TraceReconciler) startLocked(ctx context.Context, id nimbusv1.Key, obj 
 		run.dstNet = r.networkOf(k.GetTenant(), k.GetNamespace(), dstIP)
 	}
 	run.atSource = src.GetEndpoint().GetNode() == r.opts.Node
-	if err := r.install(run, srcIP, dstIP); err != nil {
+	if err := r.install(run, srcIP, dstIP); errors.Is(err, fwbpf.ErrTracesOff) {
+		return nil, hal.Errorf(ReasonTracesOff, "the node's agent runs its firewall without the checks of Trace packets (--fw-traces=false)")
+	} else if err != nil {
 		return nil, err
 	}
 	r.byID[run.id] = run

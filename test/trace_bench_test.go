@@ -32,3 +32,11 @@ func BenchmarkTraceApplyToPath(b *testing.B) {
 		b.ReportMetric(ms(took[len(took)*99/100]), "p99-ms")
 	}
 }
+
+// BenchmarkTraceDatapathCost measures what the trace checks cost real traffic while no
+// trace runs: connections a second and request-response p99 between two workloads across
+// the tunnel (datapathCost), with the agents' firewalls built with the checks (the
+// default) and without (--fw-traces=false). Goal: conn-rate-x ≥ 1/1.02, rr-p99-x ≤ 1.02.
+func BenchmarkTraceDatapathCost(b *testing.B) {
+	datapathCost(b, "trace checks", nil, []string{"--fw-traces=false"})
+}

@@ -51,6 +51,9 @@ type Capacities struct {
 	// endpoint's flood does not fill the ring that all share. 0 leaves records
 	// unbudgeted. At most 1e9.
 	FlowEndpointRate int
+	// NoTraces leaves the trace checks out of the programs (the verifier prunes them):
+	// no trace can be installed (ErrTracesOff), and no packet pays for them.
+	NoTraces bool
 }
 
 // WithDefaults returns c with every zero capacity set to its default.
@@ -134,6 +137,11 @@ func Open(dir string, caps Capacities, log *slog.Logger) (*Objects, error) {
 	spec.Maps[MapFrag].MaxEntries = uint32(caps.Fragments)
 	if err := setFlowRing(spec, caps.FlowRing, caps.FlowActive, caps.FlowEndpointRate); err != nil {
 		return nil, err
+	}
+	if caps.NoTraces {
+		if err := disableTrace(spec); err != nil {
+			return nil, err
+		}
 	}
 	inner := spec.Maps[MapSnapshots].InnerMap.Copy()
 	inner.MaxEntries = uint32(caps.Snapshot)

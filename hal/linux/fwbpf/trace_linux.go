@@ -54,6 +54,9 @@ func decodeTraceEvent(b []byte) TraceEvent {
 // trace id): from then on the packets that carry both are trace packets. At most
 // MaxTraces are installed at once.
 func (o *Objects) StartTrace(id uint32, nonce uint64) error {
+	if o.caps.NoTraces {
+		return ErrTracesOff
+	}
 	o.traceMu.Lock()
 	defer o.traceMu.Unlock()
 	err := o.Traces.Update(id, TraceEntry{Nonce: nonce}, ebpf.UpdateAny)
@@ -108,6 +111,9 @@ type traceLiveValue struct {
 // gave it at an endpoint's hook, and treated as always. It replaces a live trace of the
 // same tuple, and counts against MaxTraces. StopTrace removes it.
 func (o *Objects) StartLiveTrace(id uint32, t TraceTuple) error {
+	if o.caps.NoTraces {
+		return ErrTracesOff
+	}
 	k, err := t.key()
 	if err != nil {
 		return fmt.Errorf("starting live trace %d: %w", id, err)
@@ -245,6 +251,10 @@ func (o *Objects) InjectTrace(ifindex int, frame []byte) error {
 	}
 	return nil
 }
+
+// ErrTracesOff is the error of StartTrace and StartLiveTrace when the programs were loaded
+// without their trace checks (Capacities.NoTraces).
+var ErrTracesOff = errors.New("the firewall runs without its trace checks")
 
 // ErrNoTraceEvent is the error of TraceReader.Read when its deadline passed without an
 // event.

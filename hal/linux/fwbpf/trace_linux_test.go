@@ -3,6 +3,7 @@ package fwbpf
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -797,5 +798,48 @@ func TestTraceLive(t *testing.T) {
 	var ctl struct{ Active, Live uint32 }
 	if err := bed.o.TraceCtl.Lookup(uint32(0), &ctl); err != nil || ctl.Active != 0 || ctl.Live != 0 {
 		t.Errorf("after StopTrace the counts are %+v (%v), want none", ctl, err)
+	}
+}
+
+// TestOpenWithoutTraces opens the firewall without its trace checks: no trace can be
+// installed, live or not, and the programs' trace checks are gone (fewer instructions).
+func TestOpenWithoutTraces(t *testing.T) {
+	testns.RequireRoot(t)
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	caps := Capacities{Conntrack: 64, Rules: 64, Endpoints: 16, Fragments: 32}
+	size := func(o *Objects) int {
+		info, err := o.Egress.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		insns, err := info.Instructions()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(insns)
+	}
+	dir := filepath.Join("/sys/fs/bpf", fmt.Sprintf("naples-fwbpf-notraces-%d", os.Getpid()))
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	with, err := Open(dir, caps, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := size(with)
+	with.Close()
+	caps.NoTraces = true
+	o, err := Open(dir, caps, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	if err := o.StartTrace(1, 2); !errors.Is(err, ErrTracesOff) {
+		t.Errorf("StartTrace = %v, want ErrTracesOff", err)
+	}
+	tuple := TraceTuple{Proto: 17, Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("10.0.0.2"), SrcPort: 1, DstPort: 2}
+	if err := o.StartLiveTrace(1, tuple); !errors.Is(err, ErrTracesOff) {
+		t.Errorf("StartLiveTrace = %v, want ErrTracesOff", err)
+	}
+	if without := size(o); without >= full {
+		t.Errorf("fw_egress has %d instructions without the trace checks, %d with: want fewer", without, full)
 	}
 }
