@@ -82,6 +82,12 @@ func TestTraceOutcome(t *testing.T) {
 		{"delivered remotely, reported first", []*NodeStatus{
 			observed("b", false, obs(0, TraceStage_TRACE_STAGE_DESTINATION, TraceAction_TRACE_ACTION_DELIVERED, "")),
 			observed("a", false, inj, src, out)}, TraceDelivered, "", 4},
+		{"delivered remotely, the source's report not whole yet", []*NodeStatus{
+			observed("b", false, obs(0, TraceStage_TRACE_STAGE_DESTINATION, TraceAction_TRACE_ACTION_DELIVERED, "")),
+			observed("a", false, inj, src)}, TraceRunning, "", 3},
+		{"denied remotely, the source done", []*NodeStatus{
+			observed("b", false, obs(4, TraceStage_TRACE_STAGE_DESTINATION, TraceAction_TRACE_ACTION_DENIED, "Policy")),
+			observed("a", true, inj, src)}, TraceDropped, "Policy", 3},
 		{"denied", []*NodeStatus{observed("a", true, inj, obs(2, TraceStage_TRACE_STAGE_SOURCE, TraceAction_TRACE_ACTION_DENIED, "Policy"))},
 			TraceDropped, "Policy", 2},
 		{"flooded, not done", []*NodeStatus{observed("a", false, inj, src,
