@@ -87,6 +87,9 @@ type Config struct {
 	// the local API's Flows, when the firewall writes them (FirewallCapacities.FlowRing).
 	// Default: DefaultFlowLogSize.
 	FlowLogSize int
+	// MaxTraces bounds the Trace objects the node runs at once (--max-traces). Default:
+	// DefaultMaxTraces.
+	MaxTraces int
 	// FlowSweep is how often the conntrack table is swept for the connections that
 	// expired without a packet, to write their ENDED flow records (reason idle) and free
 	// their entries. Default: DefaultFlowSweep.
@@ -349,4 +352,8 @@ type FirewallCapacities struct {
 	// each CPU, with a burst of as many; past it they are counted suppressed. Default: 0,
 	// no budget.
 	FlowEndpointRate int
+	// NoTraces: the firewall's programs leave out the checks of Trace packets, which no
+	// packet then pays for; Trace objects are FAILED with ReasonTracesOff. Default:
+	// false.
+	NoTraces bool
 }

@@ -86,6 +86,12 @@ func backend(store *delphi.Store, cfg Config, view *KernelView, log *slog.Logger
 	if fw == nil {
 		return recs, nil, closeAll, nil
 	}
-	recs = append(recs, fw.PolicyReconciler(), fw.GroupReconciler())
+	traces, err := NewTraceReconciler(TraceOptions{Store: store, Firewall: fw, View: view, Node: cfg.Node, MaxTraces: cfg.MaxTraces, Logger: log, Registerer: reg})
+	if err != nil {
+		closeAll()
+		return nil, nil, nil, err
+	}
+	made = append(made, traces)
+	recs = append(recs, fw.PolicyReconciler(), fw.GroupReconciler(), traces)
 	return recs, fw, closeAll, nil
 }

@@ -11,6 +11,10 @@
 # Part 2, a route: applies examples/route.yaml to host-a, shows the route in its kernel and
 # its status at nimbus, deletes it and shows it gone.
 #
+# Part 3, traces: applies the overlay and the firewall again and follows two packets from
+# web-a to web-b with naplesctl trace, hop by hop across both hosts: TCP 8080, which the
+# firewall lets through, and TCP 9090, which web-b's ingress policy drops.
+#
 # Everything it created is removed when it exits, also when interrupted.
 set -euo pipefail
 
@@ -317,3 +321,19 @@ ip -n "$host_a" route show table 100
 
 step "naplesctl get routes (none)"
 "$bin/naplesctl" get routes
+
+echo
+echo "Part 3: traces from web-a to web-b"
+
+step "naplesctl apply -f examples/overlay.yaml --wait; naplesctl apply -f examples/firewall.yaml --wait"
+apply_wait "$here/overlay.yaml"
+apply_wait "$here/firewall.yaml"
+
+step "naplesctl trace --from web-a --to web-b --proto tcp --port 8080: allowed, delivered"
+"$bin/naplesctl" trace --from web-a --to web-b --proto tcp --port 8080
+
+step "naplesctl trace --from web-a --to web-b --proto tcp --port 9090: denied by web-b's ingress policy (exit status 1)"
+if "$bin/naplesctl" trace --from web-a --to web-b --proto tcp --port 9090; then
+	echo "demo: the trace to 9090 should be dropped" >&2
+	exit 1
+fi

@@ -83,26 +83,33 @@ func BenchmarkFlowsAgentCPU(b *testing.B) {
 }
 
 // BenchmarkFlowsDatapathCost measures what flow records cost the traffic between two
-// workloads: new TCP connections a second (web1 on host-a connects to db2's echo on
-// host-b, exchanges a message and resets it, one connection after the other) and the p99 of
-// a request and its answer over one established connection, with both hosts' agents
-// writing flow records and with both started again with --fw-flow-ring-bytes 0, in turn,
-// twice each, in one run. conn-rate-x is the rate with records ÷ without (goal ≥ 0.9),
-// rr-p99-x the p99 with ÷ without (goal ≤ 1.1).
+// workloads (datapathCost): with both hosts' agents writing flow records and with both
+// started again with --fw-flow-ring-bytes 0. conn-rate-x is the rate with records ÷
+// without (goal ≥ 0.9), rr-p99-x the p99 with ÷ without (goal ≤ 1.1).
 func BenchmarkFlowsDatapathCost(b *testing.B) {
+	datapathCost(b, "flow records", []string{"--flows-ring", "65536"}, []string{"--fw-flow-ring-bytes", "0"})
+}
+
+// datapathCost measures what a feature of the firewall costs the traffic between two
+// workloads: new TCP connections a second (web1 on host-a connects to db2's echo on
+// host-b, exchanges a message and resets it, one connection after the other) and the p99
+// of a request and its answer over one established connection, with both hosts' agents
+// started with the flags on and with the flags off, in turn, twice each, in one run. It
+// reports conn-rate-x, the rate on ÷ off, and rr-p99-x, the p99 on ÷ off.
+func datapathCost(b *testing.B, feature string, on, off []string) {
 	const phase = 3 * time.Second
 	sc := clientServerCluster(b, "9")
 	web1, db2 := sc.workload("web1"), sc.workload("db2")
 	echo := netip.AddrPortFrom(db2.addr(4), 7)
-	restart := func(flows bool) {
+	restart := func(enabled bool) {
 		for _, name := range []string{"host-a", "host-b"} {
 			h := sc.host(name)
 			h.agent.stop(b)
-			flags := []string{"--flows-ring", "65536"}
-			if !flows {
-				flags = []string{"--fw-flow-ring-bytes", "0"}
+			flags := on
+			if !enabled {
+				flags = off
 			}
-			h.startAgentWith(b, append(flags, metricsFlags...)...)
+			h.startAgentWith(b, slices.Concat(flags, metricsFlags)...)
 			h.telemetry(b).waitReady(b)
 		}
 	}
@@ -140,11 +147,11 @@ func BenchmarkFlowsDatapathCost(b *testing.B) {
 	for b.Loop() {
 		var rateOn, rateOff float64
 		var rrOn, rrOff time.Duration
-		for _, flows := range []bool{true, false, true, false} {
-			restart(flows)
+		for _, enabled := range []bool{true, false, true, false} {
+			restart(enabled)
 			r, p := rate(), rr()
-			b.Logf("flow records %v: %.0f connections/s, request-response p99 %v", flows, r, p)
-			if flows {
+			b.Logf("%s %v: %.0f connections/s, request-response p99 %v", feature, enabled, r, p)
+			if enabled {
 				rateOn, rrOn = rateOn+r/2, rrOn+p/2
 			} else {
 				rateOff, rrOff = rateOff+r/2, rrOff+p/2

@@ -670,7 +670,8 @@ func fwDescribe(objs []*nimbusv1.Object) string {
 // random group memberships of the endpoints, random CIDRs in three groups, three
 // policies with random attachments and rules. After each scenario is applied and
 // PROGRAMMED on both hosts, every kind of probe between every ordered pair of
-// workloads must do what the reference evaluator says. The seed is logged;
+// workloads must do what the reference evaluator says, and so must a Trace of a random
+// sample of them (the traces' differential test). The seed is logged;
 // NAPLES_TEST_SEED replays a run.
 func TestFirewallRandom(t *testing.T) {
 	rng := rand.New(rand.NewPCG(testrand.Seed(t), 0))
@@ -707,5 +708,6 @@ func TestFirewallRandom(t *testing.T) {
 			t.Errorf("scenario %d: %d of %d probes differ from the reference:\n%s\nthe scenario:\n%s",
 				i, len(bad), len(cases), strings.Join(bad, "\n"), fwDescribe(objs))
 		}
+		fc.wantTracesAgree(t, fmt.Sprintf("scenario %d", i), cases, rng)
 	}
 }

@@ -64,6 +64,11 @@ func (h *host) telemetry(t testing.TB) *telemetry {
 // dialIn dials addr from inside the network namespace ns: the socket is made in ns and
 // stays there, while the test's thread goes back to its own namespace.
 func dialIn(ctx context.Context, ns netns.NsHandle, network, addr string) (net.Conn, error) {
+	return dialWith(ctx, ns, net.Dialer{}, network, addr)
+}
+
+// dialWith is dialIn with the dialer d: from a local address of its own, say.
+func dialWith(ctx context.Context, ns netns.NsHandle, d net.Dialer, network, addr string) (net.Conn, error) {
 	runtime.LockOSThread()
 	own, err := netns.Get()
 	if err != nil {
@@ -75,7 +80,6 @@ func dialIn(ctx context.Context, ns netns.NsHandle, network, addr string) (net.C
 		runtime.UnlockOSThread()
 		return nil, fmt.Errorf("entering the host's namespace: %w", err)
 	}
-	var d net.Dialer
 	conn, dialErr := d.DialContext(ctx, network, addr)
 	if err := netns.Set(own); err != nil {
 		// The thread stays locked, so the runtime retires it with this goroutine.

@@ -101,7 +101,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.IntVar(&caps.Fragments, "fw-fragment-entries", 8192, "fragmented datagrams whose first fragment's verdict the firewall keeps at once for their later fragments; the least recently used is evicted when full")
 	fs.IntVar(&caps.FlowRing, "fw-flow-ring-bytes", 1<<20, "`bytes` of the ring the firewall writes its flow records to (new connections, denied packets, ends), a power of 2 of at least the page size; records that find it full are counted lost; 0 writes none")
 	fs.DurationVar(&caps.FlowActive, "fw-flow-active-timeout", time.Minute, "how long after its last flow record a connection that still sees packets gets an ACTIVE record with its packets and bytes both ways; whole milliseconds up to 24h, 0 for none")
+	fwTraces := fs.Bool("fw-traces", true, "build the firewall's programs with the checks of Trace packets; false leaves them out (no packet pays for them) and fails Trace objects with TracesOff")
 	fs.IntVar(&caps.FlowEndpointRate, "fw-flow-endpoint-rate", 5000, "flow `records` a second each local endpoint may have written on each CPU, with a burst of as many; past it they are counted suppressed (naples_agent_flow_records_suppressed_total), so one workload's flood of connections does not blind the others' records; 0 for no budget")
+	maxTraces := fs.Int("max-traces", agent.DefaultMaxTraces, fmt.Sprintf("Trace objects the node runs at once, at most %d; one more is FAILED with LimitExceeded until one ends", agent.MaxTraces))
 	flowSweep := fs.Duration("flow-sweep-interval", agent.DefaultFlowSweep, "how often the firewall's conntrack table is swept for connections that expired without a packet, to write their ENDED flow records (reason idle) and free their entries")
 	flowStreams := fs.Int("local-api-flow-streams", agent.DefaultFlowStreams, "`streams` of flow records (naplesctl flows) the local API serves at once; one more is refused")
 	flowLog := fs.Int("flows-ring", agent.DefaultFlowLogSize, "flow `records` the agent keeps for `naplesctl --agent SOCK flows`, the latest")
@@ -150,6 +152,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			return fmt.Errorf("parsing flags: %w", errUsage)
 		}
 	}
+	caps.NoTraces = !*fwTraces
 	for name, n := range map[string]int{"fw-snapshot-entries": caps.Snapshot, "fw-conntrack-entries": caps.Conntrack,
 		"fw-rule-counters": caps.Rules, "fw-endpoint-counters": caps.Endpoints, "fw-fragment-entries": caps.Fragments,
 		"local-api-page-bytes": *pageBytes, "gateway-bridges": *gatewayBridges, "status-max-exceptions": *statusMaxExceptions,
@@ -222,7 +225,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 	}
 	return agent.Run(ctx, agent.Config{Node: *node, Nimbus: *nimbus, TLS: tlsConfig, StateDir: *stateDir, DiscardState: *discardState, Logger: log, Socket: *socket, LocalAPIPageBytes: *pageBytes, LocalAPIFlowStreams: *flowStreams, Metrics: metrics,
-		InterfaceStats: *interfaceStats, BPFDir: *bpfDir, FirewallCapacities: caps, FlowLogSize: *flowLog, FlowSweep: *flowSweep, FirewallStats: *fwStats,
+		InterfaceStats: *interfaceStats, BPFDir: *bpfDir, FirewallCapacities: caps, FlowLogSize: *flowLog, FlowSweep: *flowSweep, MaxTraces: *maxTraces, FirewallStats: *fwStats,
 		FlowTapSubscriptions: *flowTapSubs, FlowTapBatch: *flowTapBatch, FlowExport: export,
 		GatewayBridges: *gatewayBridges, GatewayCheck: *gatewayCheck,
 		StatusExceptionAfter: *statusExceptionAfter, StatusMaxExceptions: *statusMaxExceptions})

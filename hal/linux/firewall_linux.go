@@ -886,6 +886,8 @@ var (
 		"Fragmented datagrams whose first fragment's verdict the firewall keeps at once (--fw-fragment-entries).", nil, nil)
 	fwBadHeaders = prometheus.NewDesc("naples_firewall_bad_header_drops_total",
 		"Packets dropped for hostile headers: an IPv6 extension-header chain over its bounds, a first fragment too short for its L4 header, a later fragment overlapping it.", nil, nil)
+	fwTraceStray = prometheus.NewDesc("naples_firewall_trace_stray_drops_total",
+		"Trace packets of no trace the node runs (they came before it installed the trace, or after it ended) dropped before an endpoint received them.", nil, nil)
 	fwRulePackets = prometheus.NewDesc("naples_firewall_rule_packets_total",
 		"Packets of the connections a rule decided, in their original direction.", []string{"policy", "direction", "rule", "action"}, nil)
 	fwRuleBytes = prometheus.NewDesc("naples_firewall_rule_bytes_total",
@@ -899,7 +901,7 @@ var (
 // Describe sends the descriptions of the firewall's metrics.
 func (f *Firewall) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{fwSnapshotEntries, fwSnapshotCapacity, fwInstalls, fwOverflows, fwFailed, fwCTLive,
-		fwCTCreated, fwCTDenied, fwCTExpired, fwCTEvicted, fwNoSnapshot, fwSpoofed, fwFragUntracked, fwFragCapacity, fwBadHeaders, fwRulePackets, fwRuleBytes, fwEndpointPackets, fwEndpointBytes} {
+		fwCTCreated, fwCTDenied, fwCTExpired, fwCTEvicted, fwNoSnapshot, fwSpoofed, fwFragUntracked, fwFragCapacity, fwBadHeaders, fwTraceStray, fwRulePackets, fwRuleBytes, fwEndpointPackets, fwEndpointBytes} {
 		ch <- d
 	}
 	f.buildTime.Describe(ch)
@@ -931,6 +933,7 @@ func (f *Firewall) Collect(ch chan<- prometheus.Metric) {
 		counter(fwSpoofed, st.SpoofedDrops)
 		counter(fwFragUntracked, st.FragUntrackedDrops)
 		counter(fwBadHeaders, st.BadHeaderDrops)
+		counter(fwTraceStray, st.TraceStrayDrops)
 	}
 	counter(fwCTEvicted, evicted)
 	if snap == nil {

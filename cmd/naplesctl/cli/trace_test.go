@@ -297,7 +297,7 @@ func TestTraceRefused(t *testing.T) {
 		{"other namespace", []string{"--from", "web-a", "--to", "db-b", "--port", "80", "-n", "prod"},
 			`spec.source "web-a" names no Endpoint in tenant "default", namespace "prod"`},
 		{"no port", []string{"--from", "web-a", "--to", "db-b"}, `--port "0": must be 1 to 65535 with protocol "tcp"`},
-		{"payload", []string{"--from", "web-a", "--to", "db-b", "--port", "80", "--payload-size", "9001"}, `--payload-size "9001": must be 24 to 9000`},
+		{"payload", []string{"--from", "web-a", "--to", "db-b", "--port", "80", "--payload-size", "3401"}, `--payload-size "3401": must be 24 to 3400`},
 		{"timeout", []string{"--from", "web-a", "--to", "db-b", "--port", "80", "--timeout", "2m"}, `--timeout "2m0s": must be 1s to 1m0s`},
 		{"no source", []string{"--to", "db-b", "--port", "80"}, "--from is required"},
 		{"no destination", []string{"--from", "web-a", "--port", "80"}, "--to (an endpoint) or --to-address"},

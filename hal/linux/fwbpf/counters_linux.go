@@ -113,13 +113,17 @@ type Stats struct {
 	FragUntrackedDrops uint64
 	// BadHeaderDrops counts the packets dropped for hostile headers (StatBadHeaderDrops).
 	BadHeaderDrops uint64
+	// TraceStrayDrops counts the trace packets of no installed trace dropped before an
+	// endpoint received them (StatTraceStrayDrops).
+	TraceStrayDrops uint64
 }
 
 // ProgramStats returns the program's counters.
 func (o *Objects) ProgramStats() (Stats, error) {
 	var s Stats
 	for i, dst := range map[uint32]*uint64{StatCTCreated: &s.CTCreated, StatCTDeleted: &s.CTDeleted, StatNoSnapshotDrops: &s.NoSnapshotDrops,
-		StatSpoofedDrops: &s.SpoofedDrops, StatFragUntrackedDrops: &s.FragUntrackedDrops, StatBadHeaderDrops: &s.BadHeaderDrops} {
+		StatSpoofedDrops: &s.SpoofedDrops, StatFragUntrackedDrops: &s.FragUntrackedDrops, StatBadHeaderDrops: &s.BadHeaderDrops,
+		StatTraceStrayDrops: &s.TraceStrayDrops} {
 		var per []uint64
 		if err := o.Stats.Lookup(i, &per); err != nil {
 			return Stats{}, fmt.Errorf("reading counter %d: %w", i, err)

@@ -53,6 +53,20 @@
 // dropped packet under the DENY rule, if any). The agent creates the counters; the
 // program only increments those that exist.
 //
+// Traceflow: a packet whose DSCP is TraceDSCP and whose L4 payload starts with the trace
+// tag of an installed trace (StartTrace; TracePacket.Frame builds one) is a trace packet.
+// After the checks above up to the anti-spoofing one (a spoofed trace packet is recorded
+// denied), it is checked against the policy as a new connection's first packet, changes
+// no state (no conntrack entry, flow record, counter or fragment entry) and writes a
+// TraceEvent to fw_trace_events (MapTraceEvents): from the endpoint it is dropped when
+// denied and passes on when allowed; to the endpoint it is dropped either way, delivered
+// or denied, so that no workload receives it. The observers (ProgTraceTunnelOut and the
+// rest, AttachTraceObserver) record the trace packets that pass a tunnel device or a
+// bridge; InjectTrace puts one into the stack. A live trace (StartLiveTrace) records
+// instead the first real packet of a tuple at each hook, with its real verdict, and
+// changes nothing about it. With no trace installed, the cost to every other packet is
+// two lookups of a one-entry array (BenchmarkTraceInactiveCost).
+//
 // Conntrack entries expire after CTTimeout of idleness (CTExpired): the program treats
 // an expired entry as absent, and the agent's garbage collector deletes them, using the
 // same rule.

@@ -22,10 +22,14 @@
  * aligned or byte-sized stores (stack accesses must be aligned, and the big-endian fields
  * of struct fw_key are not); the one loop is the IPv6 extension-header walk, bounded by
  * FW_IPV6_EXT_MAX. Everything is inlined into the two programs but fw_snap_lookup, a
- * static subprogram verified at each call; the policy check (fw_check) has a single call
- * site. On kernel 6.18 fw_egress takes about 59k verifier steps of the million allowed
- * and fw_ingress, which also runs the anti-spoofing checks (fw_spoofed), about 69k: the
- * walk, run for the packet and for the one an ICMP error embeds, multiplies the paths.
+ * static subprogram verified at each call; the policy check (fw_check) has two call
+ * sites, fw_decide's and the trace path's (fw_trace_endpoint). fw_trace_match is inlined
+ * too: as a subprogram its frame on top of fw_handle's (472 bytes) passed the 512 allowed.
+ * On kernel 6.18 fw_egress takes about 108k verifier steps of the million allowed and
+ * fw_ingress, which also runs the anti-spoofing checks (fw_spoofed), about
+ * 119k (59k and 69k before traceflow: the trace path and the live-trace recording at the
+ * end of every path roughly double them); the walk, run for the packet and for the one
+ * an ICMP error embeds, multiplies the paths.
  */
 
 #include <linux/bpf.h>
@@ -103,7 +107,8 @@
 #define FW_STAT_SPOOFED 3
 #define FW_STAT_FRAG_UNTRACKED 4 /* later fragments whose first was not seen (or expired) */
 #define FW_STAT_BAD_HEADERS 5	  /* see FW_PARSE_HOSTILE */
-#define FW_STATS 6
+#define FW_STAT_TRACE_STRAY 6	  /* trace packets to an endpoint of no installed trace */
+#define FW_STATS 7
 
 /* Flow records (struct fw_flow), when the loader turned them on (fw_flows_on). */
 #define FW_FLOW_NEW 1  /* a connection was allowed and is tracked from this packet on */
@@ -454,6 +459,133 @@ const volatile __u64 fw_flows_active_ns = 0;
  * saves up; 0 cost leaves records unbudgeted. */
 const volatile __u64 fw_flows_ep_cost_ns = 0;
 const volatile __u64 fw_flows_ep_burst_ns = 0;
+
+/*
+ * Traceflow. The agent injects a synthetic packet as if a workload sent it, tagged: its
+ * DSCP is FW_TRACE_DSCP (43, 0x2b: no standard or common use) and its L4 payload starts
+ * with struct fw_trace_tag, whose id names an installed trace (fw_traces) and whose nonce
+ * is that trace's. Such a packet is checked against the policy but changes no state
+ * (fw_trace_endpoint), and every hook that sees it writes a struct fw_trace_event to
+ * fw_trace_events: the endpoint hooks and the observers (fw_trace_tunnel_*,
+ * fw_trace_gateway_*). A tagged packet whose id or nonce matches no trace is ordinary
+ * traffic.
+ */
+#define FW_TRACE_DSCP 0x2b
+#define FW_TRACES 64
+#define FW_TRACE_EVENTS_BYTES (64 * 1024)
+#define FW_TRACE_MAGIC 0x525453454c50414eULL /* "NAPLESTR" read as a little-endian __u64 */
+
+/* Verdicts of a trace event. */
+#define FW_TRACE_ALLOWED 1   /* the policy let it through: it goes on */
+#define FW_TRACE_DENIED 2    /* dropped, for reason (FW_REASON_POLICY, FW_REASON_SPOOFED) */
+#define FW_TRACE_SEEN 3	     /* an observer saw it */
+#define FW_TRACE_DELIVERED 4 /* the policy let it into the endpoint; dropped before it */
+
+/* Stages of a trace event: where it was seen. */
+#define FW_TRACE_FROM_ENDPOINT 1 /* tcx ingress of an endpoint's interface */
+#define FW_TRACE_TO_ENDPOINT 2	 /* tcx egress of an endpoint's interface */
+#define FW_TRACE_TUNNEL_OUT 3	 /* tcx egress of a tunnel device, before encapsulation */
+#define FW_TRACE_TUNNEL_IN 4	 /* tcx ingress of a tunnel device, after decapsulation */
+#define FW_TRACE_GATEWAY_IN 5	 /* tcx ingress of a bridge: up to the host's routing */
+#define FW_TRACE_GATEWAY_OUT 6	 /* tcx egress of a bridge: routed into its network */
+
+/* fw_trace_tag starts the L4 payload of a trace packet; id is big-endian, zero is 0. */
+struct fw_trace_tag {
+	__u8 magic[8];
+	__be32 id;
+	__u32 zero;
+	__u64 nonce;
+};
+
+/* fw_trace_ctl holds how many traces are installed: 0 lets every packet skip the rest
+ * of the recognition; and how many of them are live traces (fw_trace_live), 0 letting
+ * every packet skip the tuple lookup. */
+struct fw_trace_ctl {
+	__u32 active; /* traces installed: fw_traces' entries and fw_trace_live's */
+	__u32 live;   /* fw_trace_live's entries */
+};
+
+/* fw_trace is an installed trace: the nonce its packets carry. */
+struct fw_trace {
+	__u64 nonce;
+	__u32 flags;
+	__u32 pad;
+};
+
+/* fw_trace_event is what a hook saw of a trace packet. */
+struct fw_trace_event {
+	__u64 time; /* bpf_ktime_get_ns */
+	__u64 rule; /* the deciding rule, 0 for none */
+	__u32 id;
+	__u32 ifindex;
+	__u32 endpoint; /* the snapshot's endpoint id; 0 at observers */
+	__u32 len;
+	__u8 stage;   /* FW_TRACE_FROM_ENDPOINT... */
+	__u8 verdict; /* FW_TRACE_ALLOWED... */
+	__u8 reason;  /* DENIED: FW_REASON_* */
+	__u8 live;    /* a real packet of a live trace (fw_trace_live) */
+	__u8 smac[6];
+	__u8 dmac[6];
+};
+
+/* fw_trace_ctl holds, in its one entry, how many traces are installed. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct fw_trace_ctl);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fw_trace_ctl SEC(".maps");
+
+/* fw_traces holds the installed traces by id. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, FW_TRACES);
+	__type(key, __u32);
+	__type(value, struct fw_trace);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fw_traces SEC(".maps");
+
+/* fw_trace_live_value is a live trace: its id, and the stages (bits 1 << FW_TRACE_*)
+ * where a packet of its tuple was recorded already. */
+struct fw_trace_live_value {
+	__u32 id;
+	__u32 seen;
+};
+
+/* fw_trace_live holds the live traces by tuple: a struct fw_ct_key whose ifindex is 0.
+ * A real packet of the tuple is recorded once per stage, with the verdict the firewall
+ * gave it, and otherwise treated as always. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, FW_TRACES);
+	__type(key, struct fw_ct_key);
+	__type(value, struct fw_trace_live_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fw_trace_live SEC(".maps");
+
+/* fw_trace_events carries the trace events to the agent. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, FW_TRACE_EVENTS_BYTES);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fw_trace_events SEC(".maps");
+
+/* fw_trace_lost counts, per CPU, the trace events that found fw_trace_events full. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fw_trace_lost SEC(".maps");
+
+/* fw_trace_event_type puts struct fw_trace_event into the object's BTF. */
+const struct fw_trace_event *fw_trace_event_type __attribute__((unused));
+
+/* fw_trace_enabled is set by the loader: 0 leaves every trace check out of the programs
+ * (the verifier prunes them), the baseline of their cost. */
+const volatile __u8 fw_trace_enabled = 1;
 
 /* fw_ep is what a packet needs of its interface's endpoint entry. */
 struct fw_ep {
@@ -1395,6 +1527,188 @@ static __always_inline int fw_drop_tagged(struct __sk_buff *skb, const __u8 dir)
 	return fw_deny(epv->id, skb->len);
 }
 
+#define FW_TRACING_ANY 1  /* some trace is installed */
+#define FW_TRACING_LIVE 2 /* some live trace is installed */
+
+/* fw_tracing tells whether any trace is installed, and any live trace (FW_TRACING_*):
+ * one array lookup. */
+static __always_inline int fw_tracing(void)
+{
+	__u32 zero = 0;
+	struct fw_trace_ctl *ctl;
+
+	if (!fw_trace_enabled)
+		return 0;
+	ctl = bpf_map_lookup_elem(&fw_trace_ctl, &zero);
+	if (!ctl || !ctl->active)
+		return 0;
+	return ctl->live ? FW_TRACING_ANY | FW_TRACING_LIVE : FW_TRACING_ANY;
+}
+
+/*
+ * fw_trace_match tells whether the IP packet (proto, the Ethernet type) of skb is a trace
+ * packet of an installed trace, and writes its id: DSCP FW_TRACE_DSCP, not a later
+ * fragment, TCP, UDP, ICMP or ICMPv6 right after the IP header (trace packets carry no
+ * IPv6 extension header), and a tag whose id and nonce are an installed trace's
+ * (FW_TRACE_MATCH); FW_TRACE_STRAY for a tagged packet of no installed trace, 0 for any
+ * other.
+ */
+#define FW_TRACE_MATCH 1 /* fw_trace_match: the packet of an installed trace */
+#define FW_TRACE_STRAY 2 /* fw_trace_match: tagged, but of no installed trace */
+static __always_inline int fw_trace_match(struct __sk_buff *skb, __u16 proto, __u32 *id)
+{
+	struct fw_trace_tag tag;
+	struct fw_trace *tr;
+	__u32 l4off, hlen;
+	__u8 l4proto, b;
+
+	if (proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr ip;
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0)
+			return 0;
+		if (ip.version != 4 || ip.ihl < 5 || (ip.tos >> 2) != FW_TRACE_DSCP ||
+		    (ip.frag_off & bpf_htons(FW_IP_OFFSET)))
+			return 0;
+		l4off = ETH_HLEN + ip.ihl * 4;
+		l4proto = ip.protocol;
+		if (l4proto != FW_PROTO_TCP && l4proto != FW_PROTO_UDP && l4proto != FW_PROTO_ICMP)
+			return 0;
+	} else if (proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr ip6;
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip6, sizeof(ip6)) < 0)
+			return 0;
+		if (ip6.version != 6 || (((ip6.priority << 4) | (ip6.flow_lbl[0] >> 4)) >> 2) != FW_TRACE_DSCP)
+			return 0;
+		l4off = ETH_HLEN + sizeof(ip6);
+		l4proto = ip6.nexthdr;
+		if (l4proto != FW_PROTO_TCP && l4proto != FW_PROTO_UDP && l4proto != FW_PROTO_ICMPV6)
+			return 0;
+	} else {
+		return 0;
+	}
+	hlen = 8;
+	if (l4proto == FW_PROTO_TCP) {
+		if (bpf_skb_load_bytes(skb, l4off + 12, &b, 1) < 0)
+			return 0;
+		hlen = (b >> 4) * 4;
+		if (hlen < 20)
+			return 0;
+	}
+	if (bpf_skb_load_bytes(skb, l4off + hlen, &tag, sizeof(tag)) < 0)
+		return 0;
+	if (*(__u64 *)tag.magic != FW_TRACE_MAGIC || tag.zero != 0)
+		return 0;
+	*id = bpf_ntohl(tag.id);
+	tr = bpf_map_lookup_elem(&fw_traces, id);
+	return tr && tr->nonce == tag.nonce ? FW_TRACE_MATCH : FW_TRACE_STRAY;
+}
+
+/* fw_trace_emit writes a trace event of the packet of skb, a full ring counted in
+ * fw_trace_lost. */
+static __always_inline void fw_trace_emit(struct __sk_buff *skb, __u32 id, __u8 stage, __u8 verdict,
+					  __u8 reason, __u64 rule, __u32 ep_id, __u8 live)
+{
+	struct fw_trace_event *ev;
+	__u32 zero = 0;
+
+	ev = bpf_ringbuf_reserve(&fw_trace_events, sizeof(*ev), 0);
+	if (!ev) {
+		__u64 *lost = bpf_map_lookup_elem(&fw_trace_lost, &zero);
+
+		if (lost)
+			*lost += 1;
+		return;
+	}
+	__builtin_memset(ev, 0, sizeof(*ev));
+	ev->time = bpf_ktime_get_ns();
+	ev->rule = rule;
+	ev->id = id;
+	ev->ifindex = skb->ifindex;
+	ev->endpoint = ep_id;
+	ev->len = skb->len;
+	ev->stage = stage;
+	ev->verdict = verdict;
+	ev->reason = reason;
+	ev->live = live;
+	if (bpf_skb_load_bytes(skb, 0, ev->dmac, 6) < 0 || bpf_skb_load_bytes(skb, 6, ev->smac, 6) < 0) {
+		bpf_ringbuf_discard(ev, 0);
+		return;
+	}
+	bpf_ringbuf_submit(ev, 0);
+}
+
+/*
+ * fw_trace_endpoint handles the trace packet id, of tuple t, at an endpoint hook of dir: checks it
+ * against the policy as a new connection's first packet, changing no state (no
+ * conntrack entry, flow record, counter or fragment), writes its event and returns its
+ * fate: from the endpoint, dropped when denied, else on its way; to the endpoint, dropped
+ * either way (DELIVERED when the policy let it in).
+ */
+static __always_inline int fw_trace_endpoint(struct __sk_buff *skb, void *snap, const struct fw_ep *ep,
+					     const __u8 dir, __u8 family, const struct fw_ct_key *t, __u32 id)
+{
+	struct fw_verdict v;
+	__u8 stage = dir == FW_DIR_EGRESS ? FW_TRACE_FROM_ENDPOINT : FW_TRACE_TO_ENDPOINT;
+	__u8 class = fw_class(family, t->proto);
+
+	fw_check(snap, ep, dir, family, dir == FW_DIR_EGRESS ? t->daddr : t->saddr, class,
+		 class == FW_CLASS_TCP || class == FW_CLASS_UDP ? t->dport : 0, &v);
+	if (v.verdict != FW_ALLOW) {
+		fw_trace_emit(skb, id, stage, FW_TRACE_DENIED, FW_REASON_POLICY, v.rule, ep->id, 0);
+		return FW_TCX_DROP;
+	}
+	if (dir == FW_DIR_EGRESS) {
+		fw_trace_emit(skb, id, stage, FW_TRACE_ALLOWED, 0, v.rule, ep->id, 0);
+		return FW_TCX_NEXT;
+	}
+	fw_trace_emit(skb, id, stage, FW_TRACE_DELIVERED, 0, v.rule, ep->id, 0);
+	return FW_TCX_DROP;
+}
+
+/* fw_trace_live_seen records the packet of skb, whose tuple is k (its ifindex 0), at
+ * stage when it belongs to a live trace that did not record this stage yet. */
+static __always_inline void fw_trace_live_seen(struct __sk_buff *skb, const struct fw_ct_key *k, __u8 stage,
+					       __u8 verdict, __u8 reason, __u64 rule, __u32 ep_id)
+{
+	struct fw_trace_live_value *lv = bpf_map_lookup_elem(&fw_trace_live, k);
+	__u32 bit = 1U << stage;
+
+	if (!lv || (__sync_fetch_and_or(&lv->seen, bit) & bit))
+		return;
+	fw_trace_emit(skb, lv->id, stage, verdict, reason, rule, ep_id, 1);
+}
+
+/* fw_trace_observe writes a SEEN event of stage when the packet of skb is a trace packet;
+ * it never changes the packet's fate. */
+static __always_inline int fw_trace_observe(struct __sk_buff *skb, __u8 stage)
+{
+	struct fw_ct_key k;
+	struct fw_l4 l4 = {};
+	__u16 proto;
+	__u32 id = 0;
+	int tracing = fw_tracing();
+
+	if (!tracing || skb->vlan_present)
+		return FW_TCX_NEXT;
+	if (bpf_skb_load_bytes(skb, offsetof(struct ethhdr, h_proto), &proto, sizeof(proto)) < 0)
+		return FW_TCX_NEXT;
+	if (proto != bpf_htons(ETH_P_IP) && proto != bpf_htons(ETH_P_IPV6))
+		return FW_TCX_NEXT;
+	if (fw_trace_match(skb, proto, &id) == FW_TRACE_MATCH) {
+		fw_trace_emit(skb, id, stage, FW_TRACE_SEEN, 0, 0, 0, 0);
+		return FW_TCX_NEXT;
+	}
+	if (!(tracing & FW_TRACING_LIVE))
+		return FW_TCX_NEXT;
+	__builtin_memset(&k, 0, sizeof(k));
+	if (fw_parse(skb, ETH_HLEN, proto == bpf_htons(ETH_P_IP) ? 4 : 6, &k, &l4, 0) == FW_PARSE_OK &&
+	    l4.frag != FW_FRAG_LATER)
+		fw_trace_live_seen(skb, &k, stage, FW_TRACE_SEEN, 0, 0, 0);
+	return FW_TCX_NEXT;
+}
+
 /* fw_handle filters one packet; dir is the direction of the hook (FW_DIR_*). */
 static __always_inline int fw_handle(struct __sk_buff *skb, const __u8 dir)
 {
@@ -1407,7 +1721,8 @@ static __always_inline int fw_handle(struct __sk_buff *skb, const __u8 dir)
 	__u64 deny_rule = 0;
 	__u16 proto;
 	__u8 family, pass = FW_FRAG_CONN;
-	int ret;
+	__u32 trace_id = 0;
+	int ret, trace = 0;
 
 	/* An endpoint's interface is an untagged port: a VLAN tag, in the frame or taken
 	 * out of it into the skb, would carry traffic past the checks below. */
@@ -1447,7 +1762,15 @@ static __always_inline int fw_handle(struct __sk_buff *skb, const __u8 dir)
 	ep.gen = epv->gen;
 	ep.scope = epv->scope;
 
+	/* A trace packet: checked, recorded and dropped or passed on, changing no state. */
+	if (family != 0 && fw_tracing() && fw_trace_match(skb, proto, &trace_id) == FW_TRACE_MATCH)
+		trace = 1;
+
 	if (dir == FW_DIR_EGRESS && (ep.flags & FW_EP_GUARD) && fw_spoofed(skb, snap, proto)) {
+		if (trace) {
+			fw_trace_emit(skb, trace_id, FW_TRACE_FROM_ENDPOINT, FW_TRACE_DENIED, FW_REASON_SPOOFED, 0, ep.id, 0);
+			return FW_TCX_DROP;
+		}
 		fw_flow_emit(FW_FLOW_DENY, FW_REASON_SPOOFED, dir, skb->ifindex, NULL, NULL, ep.id, 0, len);
 		return fw_spoofed_drop(ep.id, len);
 	}
@@ -1457,6 +1780,13 @@ static __always_inline int fw_handle(struct __sk_buff *skb, const __u8 dir)
 	__builtin_memset(&t, 0, sizeof(t));
 	t.ifindex = skb->ifindex;
 	ret = fw_parse(skb, ETH_HLEN, family, &t, &l4, 0);
+	if (trace) {
+		if (ret == FW_PARSE_OK)
+			return fw_trace_endpoint(skb, snap, &ep, dir, family, &t, trace_id);
+		fw_trace_emit(skb, trace_id, dir == FW_DIR_EGRESS ? FW_TRACE_FROM_ENDPOINT : FW_TRACE_TO_ENDPOINT,
+			      FW_TRACE_DENIED, FW_REASON_MALFORMED, 0, ep.id, 0);
+		return FW_TCX_DROP;
+	}
 	if (ret != FW_PARSE_OK) {
 		if (ret == FW_PARSE_HOSTILE)
 			fw_stat(FW_STAT_BAD_HEADERS);
@@ -1516,6 +1846,20 @@ static __always_inline int fw_handle(struct __sk_buff *skb, const __u8 dir)
 		fv.verdict = pass;
 		bpf_map_update_elem(&fw_frag, &fk, &fv, BPF_ANY);
 	}
+
+	/* A packet of a live trace is recorded with its verdict (its tuple's last use). The
+	 * trace control is looked up again rather than kept from the start: a flag live
+	 * across fw_decide multiplies the states the verifier walks past its limit. */
+	if (fw_tracing() & FW_TRACING_LIVE) {
+		__u8 stage = dir == FW_DIR_EGRESS ? FW_TRACE_FROM_ENDPOINT : FW_TRACE_TO_ENDPOINT;
+
+		t.ifindex = 0;
+		if (ret == FW_TCX_DROP)
+			fw_trace_live_seen(skb, &t, stage, FW_TRACE_DENIED, FW_REASON_POLICY, deny_rule, ep.id);
+		else
+			fw_trace_live_seen(skb, &t, stage, dir == FW_DIR_EGRESS ? FW_TRACE_ALLOWED : FW_TRACE_DELIVERED, 0, 0,
+					   ep.id);
+	}
 	return ret;
 }
 
@@ -1526,11 +1870,134 @@ int fw_ingress(struct __sk_buff *skb)
 	return fw_handle(skb, FW_DIR_EGRESS);
 }
 
+/*
+ * fw_trace_stray tells whether the packet of skb carries a trace tag (DSCP FW_TRACE_DSCP
+ * and the magic) but is no installed trace's packet: one that reaches a node before the
+ * node installed its trace, or after it ended. Counted in FW_STAT_TRACE_STRAY, it is
+ * dropped before an endpoint receives it: a workload never receives a trace packet.
+ * fw_egress calls it for packets of the DSCP alone (fw_trace_dscp); a global function,
+ * it is verified once, apart from fw_handle.
+ */
+__attribute__((noinline)) int fw_trace_stray(struct __sk_buff *skb)
+{
+	void *data, *end;
+	struct fw_trace_tag *tag;
+	struct fw_trace *tr;
+	__u8 *ip, *l4, proto;
+	__u32 id, hlen = 8;
+
+	if (!skb)
+		return 0;
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	ip = data + ETH_HLEN;
+	if ((void *)(ip + 40) > end)
+		return 0;
+	/* Everything is read in place: the stack is fw_egress's too. */
+	if (((struct ethhdr *)data)->h_proto == bpf_htons(ETH_P_IP)) {
+		if ((ip[1] >> 2) != FW_TRACE_DSCP || (ip[0] >> 4) != 4 || (ip[0] & 0x0f) < 5 ||
+		    (((ip[6] << 8) | ip[7]) & FW_IP_OFFSET))
+			return 0;
+		proto = ip[9];
+		if (proto != FW_PROTO_TCP && proto != FW_PROTO_UDP && proto != FW_PROTO_ICMP)
+			return 0;
+		l4 = ip + (ip[0] & 0x0f) * 4;
+	} else if (((struct ethhdr *)data)->h_proto == bpf_htons(ETH_P_IPV6)) {
+		if ((((ip[0] & 0x0f) << 2) | (ip[1] >> 6)) != FW_TRACE_DSCP || (ip[0] >> 4) != 6)
+			return 0;
+		proto = ip[6];
+		if (proto != FW_PROTO_TCP && proto != FW_PROTO_UDP && proto != FW_PROTO_ICMPV6)
+			return 0;
+		l4 = ip + 40;
+	} else {
+		return 0;
+	}
+	if ((void *)(l4 + 20) > end)
+		return 0;
+	if (proto == FW_PROTO_TCP) {
+		hlen = (l4[12] >> 4) * 4;
+		if (hlen < 20)
+			return 0;
+	}
+	tag = (struct fw_trace_tag *)(l4 + hlen);
+	if ((void *)(tag + 1) > end)
+		return 0;
+	if (*(__u64 *)tag->magic != FW_TRACE_MAGIC || tag->zero != 0)
+		return 0;
+	id = bpf_ntohl(tag->id);
+	tr = bpf_map_lookup_elem(&fw_traces, &id);
+	if (tr && tr->nonce == tag->nonce)
+		return 0; /* an installed trace's: fw_handle takes it */
+	fw_stat(FW_STAT_TRACE_STRAY);
+	return 1;
+}
+
+/* fw_trace_dscp tells whether the packet of skb is IP with DSCP FW_TRACE_DSCP, as a
+ * trace packet: read in place, a few instructions for every packet to an endpoint. */
+static __always_inline int fw_trace_dscp(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
+	__u8 *ip = data + ETH_HLEN;
+	__u16 proto;
+
+	if ((void *)(ip + 2) > end)
+		return 0;
+	proto = ((struct ethhdr *)data)->h_proto;
+	if (proto == bpf_htons(ETH_P_IP))
+		return (ip[1] >> 2) == FW_TRACE_DSCP;
+	if (proto == bpf_htons(ETH_P_IPV6))
+		return (((ip[0] & 0x0f) << 2) | (ip[1] >> 6)) == FW_TRACE_DSCP;
+	return 0;
+}
+
 /* fw_egress runs at the tcx egress hook of an endpoint's interface: packets to it. */
 SEC("tcx/egress")
 int fw_egress(struct __sk_buff *skb)
 {
+	if (fw_trace_enabled && fw_trace_dscp(skb) && fw_trace_stray(skb))
+		return FW_TCX_DROP;
 	return fw_handle(skb, FW_DIR_INGRESS);
+}
+
+/* fw_trace_tunnel_out runs at the tcx egress hook of a tunnel device: trace packets
+ * leaving the node, before encapsulation. */
+SEC("tcx/egress")
+int fw_trace_tunnel_out(struct __sk_buff *skb)
+{
+	return fw_trace_observe(skb, FW_TRACE_TUNNEL_OUT);
+}
+
+/* fw_trace_tunnel_in runs at the tcx ingress hook of a tunnel device: trace packets
+ * coming into the node, decapsulated. */
+SEC("tcx/ingress")
+int fw_trace_tunnel_in(struct __sk_buff *skb)
+{
+	return fw_trace_observe(skb, FW_TRACE_TUNNEL_IN);
+}
+
+/* fw_trace_gateway_in runs at the tcx ingress hook of a bridge: trace packets going up
+ * to the host's routing, the network's gateway. */
+SEC("tcx/ingress")
+int fw_trace_gateway_in(struct __sk_buff *skb)
+{
+	return fw_trace_observe(skb, FW_TRACE_GATEWAY_IN);
+}
+
+/* fw_trace_gateway_out runs at the tcx egress hook of a bridge: trace packets routed
+ * into its network. */
+SEC("tcx/egress")
+int fw_trace_gateway_out(struct __sk_buff *skb)
+{
+	return fw_trace_observe(skb, FW_TRACE_GATEWAY_OUT);
+}
+
+/* fw_trace_inject only passes its packet on: run with BPF_PROG_RUN and
+ * BPF_F_TEST_XDP_LIVE_FRAMES, it puts a trace packet into the stack as if the interface
+ * had received it. */
+SEC("xdp")
+int fw_trace_inject(struct xdp_md *ctx)
+{
+	return XDP_PASS;
 }
 
 char _license[] SEC("license") = "Dual BSD/GPL";

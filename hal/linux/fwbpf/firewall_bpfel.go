@@ -116,6 +116,41 @@ type firewallFwRuleCounters struct {
 	Bytes   uint64
 }
 
+type firewallFwTrace struct {
+	_     structs.HostLayout
+	Nonce uint64
+	Flags uint32
+	Pad   uint32
+}
+
+type firewallFwTraceCtl struct {
+	_      structs.HostLayout
+	Active uint32
+	Live   uint32
+}
+
+type firewallFwTraceEvent struct {
+	_        structs.HostLayout
+	Time     uint64
+	Rule     uint64
+	Id       uint32
+	Ifindex  uint32
+	Endpoint uint32
+	Len      uint32
+	Stage    uint8
+	Verdict  uint8
+	Reason   uint8
+	Live     uint8
+	Smac     [6]uint8
+	Dmac     [6]uint8
+}
+
+type firewallFwTraceLiveValue struct {
+	_    structs.HostLayout
+	Id   uint32
+	Seen uint32
+}
+
 type firewallFwValue struct {
 	_       structs.HostLayout
 	Id      uint32
@@ -131,25 +166,37 @@ type firewallFwValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	firewallMapFwCt             = "fw_ct"
-	firewallMapFwCtNew          = "fw_ct_new"
-	firewallMapFwEpStats        = "fw_ep_stats"
-	firewallMapFwFlowBudget     = "fw_flow_budget"
-	firewallMapFwFlowLost       = "fw_flow_lost"
-	firewallMapFwFlowSuppressed = "fw_flow_suppressed"
-	firewallMapFwFlows          = "fw_flows"
-	firewallMapFwFrag           = "fw_frag"
-	firewallMapFwRuleStats      = "fw_rule_stats"
-	firewallMapFwSnapshots      = "fw_snapshots"
-	firewallMapFwStats          = "fw_stats"
-	firewallProgFwEgress        = "fw_egress"
-	firewallProgFwIngress       = "fw_ingress"
-	firewallVarFwFlowType       = "fw_flow_type"
-	firewallVarFwFlowsActiveNs  = "fw_flows_active_ns"
-	firewallVarFwFlowsEpBurstNs = "fw_flows_ep_burst_ns"
-	firewallVarFwFlowsEpCostNs  = "fw_flows_ep_cost_ns"
-	firewallVarFwFlowsOn        = "fw_flows_on"
-	firewallVarFwFlowsWakeup    = "fw_flows_wakeup"
+	firewallMapFwCt               = "fw_ct"
+	firewallMapFwCtNew            = "fw_ct_new"
+	firewallMapFwEpStats          = "fw_ep_stats"
+	firewallMapFwFlowBudget       = "fw_flow_budget"
+	firewallMapFwFlowLost         = "fw_flow_lost"
+	firewallMapFwFlowSuppressed   = "fw_flow_suppressed"
+	firewallMapFwFlows            = "fw_flows"
+	firewallMapFwFrag             = "fw_frag"
+	firewallMapFwRuleStats        = "fw_rule_stats"
+	firewallMapFwSnapshots        = "fw_snapshots"
+	firewallMapFwStats            = "fw_stats"
+	firewallMapFwTraceCtl         = "fw_trace_ctl"
+	firewallMapFwTraceEvents      = "fw_trace_events"
+	firewallMapFwTraceLive        = "fw_trace_live"
+	firewallMapFwTraceLost        = "fw_trace_lost"
+	firewallMapFwTraces           = "fw_traces"
+	firewallProgFwEgress          = "fw_egress"
+	firewallProgFwIngress         = "fw_ingress"
+	firewallProgFwTraceGatewayIn  = "fw_trace_gateway_in"
+	firewallProgFwTraceGatewayOut = "fw_trace_gateway_out"
+	firewallProgFwTraceInject     = "fw_trace_inject"
+	firewallProgFwTraceTunnelIn   = "fw_trace_tunnel_in"
+	firewallProgFwTraceTunnelOut  = "fw_trace_tunnel_out"
+	firewallVarFwFlowType         = "fw_flow_type"
+	firewallVarFwFlowsActiveNs    = "fw_flows_active_ns"
+	firewallVarFwFlowsEpBurstNs   = "fw_flows_ep_burst_ns"
+	firewallVarFwFlowsEpCostNs    = "fw_flows_ep_cost_ns"
+	firewallVarFwFlowsOn          = "fw_flows_on"
+	firewallVarFwFlowsWakeup      = "fw_flows_wakeup"
+	firewallVarFwTraceEnabled     = "fw_trace_enabled"
+	firewallVarFwTraceEventType   = "fw_trace_event_type"
 )
 
 // loadFirewall returns the embedded CollectionSpec for firewall.
@@ -194,8 +241,13 @@ type firewallSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type firewallProgramSpecs struct {
-	FwEgress  *ebpf.ProgramSpec `ebpf:"fw_egress"`
-	FwIngress *ebpf.ProgramSpec `ebpf:"fw_ingress"`
+	FwEgress          *ebpf.ProgramSpec `ebpf:"fw_egress"`
+	FwIngress         *ebpf.ProgramSpec `ebpf:"fw_ingress"`
+	FwTraceGatewayIn  *ebpf.ProgramSpec `ebpf:"fw_trace_gateway_in"`
+	FwTraceGatewayOut *ebpf.ProgramSpec `ebpf:"fw_trace_gateway_out"`
+	FwTraceInject     *ebpf.ProgramSpec `ebpf:"fw_trace_inject"`
+	FwTraceTunnelIn   *ebpf.ProgramSpec `ebpf:"fw_trace_tunnel_in"`
+	FwTraceTunnelOut  *ebpf.ProgramSpec `ebpf:"fw_trace_tunnel_out"`
 }
 
 // firewallMapSpecs contains maps before they are loaded into the kernel.
@@ -213,6 +265,11 @@ type firewallMapSpecs struct {
 	FwRuleStats      *ebpf.MapSpec `ebpf:"fw_rule_stats"`
 	FwSnapshots      *ebpf.MapSpec `ebpf:"fw_snapshots"`
 	FwStats          *ebpf.MapSpec `ebpf:"fw_stats"`
+	FwTraceCtl       *ebpf.MapSpec `ebpf:"fw_trace_ctl"`
+	FwTraceEvents    *ebpf.MapSpec `ebpf:"fw_trace_events"`
+	FwTraceLive      *ebpf.MapSpec `ebpf:"fw_trace_live"`
+	FwTraceLost      *ebpf.MapSpec `ebpf:"fw_trace_lost"`
+	FwTraces         *ebpf.MapSpec `ebpf:"fw_traces"`
 }
 
 // firewallVariableSpecs contains global variables before they are loaded into the kernel.
@@ -225,6 +282,8 @@ type firewallVariableSpecs struct {
 	FwFlowsEpCostNs  *ebpf.VariableSpec `ebpf:"fw_flows_ep_cost_ns"`
 	FwFlowsOn        *ebpf.VariableSpec `ebpf:"fw_flows_on"`
 	FwFlowsWakeup    *ebpf.VariableSpec `ebpf:"fw_flows_wakeup"`
+	FwTraceEnabled   *ebpf.VariableSpec `ebpf:"fw_trace_enabled"`
+	FwTraceEventType *ebpf.VariableSpec `ebpf:"fw_trace_event_type"`
 }
 
 // firewallObjects contains all objects after they have been loaded into the kernel.
@@ -258,6 +317,11 @@ type firewallMaps struct {
 	FwRuleStats      *ebpf.Map `ebpf:"fw_rule_stats"`
 	FwSnapshots      *ebpf.Map `ebpf:"fw_snapshots"`
 	FwStats          *ebpf.Map `ebpf:"fw_stats"`
+	FwTraceCtl       *ebpf.Map `ebpf:"fw_trace_ctl"`
+	FwTraceEvents    *ebpf.Map `ebpf:"fw_trace_events"`
+	FwTraceLive      *ebpf.Map `ebpf:"fw_trace_live"`
+	FwTraceLost      *ebpf.Map `ebpf:"fw_trace_lost"`
+	FwTraces         *ebpf.Map `ebpf:"fw_traces"`
 }
 
 func (m *firewallMaps) Close() error {
@@ -273,6 +337,11 @@ func (m *firewallMaps) Close() error {
 		m.FwRuleStats,
 		m.FwSnapshots,
 		m.FwStats,
+		m.FwTraceCtl,
+		m.FwTraceEvents,
+		m.FwTraceLive,
+		m.FwTraceLost,
+		m.FwTraces,
 	)
 }
 
@@ -286,20 +355,32 @@ type firewallVariables struct {
 	FwFlowsEpCostNs  *ebpf.Variable `ebpf:"fw_flows_ep_cost_ns"`
 	FwFlowsOn        *ebpf.Variable `ebpf:"fw_flows_on"`
 	FwFlowsWakeup    *ebpf.Variable `ebpf:"fw_flows_wakeup"`
+	FwTraceEnabled   *ebpf.Variable `ebpf:"fw_trace_enabled"`
+	FwTraceEventType *ebpf.Variable `ebpf:"fw_trace_event_type"`
 }
 
 // firewallPrograms contains all programs after they have been loaded into the kernel.
 //
 // It can be passed to loadFirewallObjects or ebpf.CollectionSpec.LoadAndAssign.
 type firewallPrograms struct {
-	FwEgress  *ebpf.Program `ebpf:"fw_egress"`
-	FwIngress *ebpf.Program `ebpf:"fw_ingress"`
+	FwEgress          *ebpf.Program `ebpf:"fw_egress"`
+	FwIngress         *ebpf.Program `ebpf:"fw_ingress"`
+	FwTraceGatewayIn  *ebpf.Program `ebpf:"fw_trace_gateway_in"`
+	FwTraceGatewayOut *ebpf.Program `ebpf:"fw_trace_gateway_out"`
+	FwTraceInject     *ebpf.Program `ebpf:"fw_trace_inject"`
+	FwTraceTunnelIn   *ebpf.Program `ebpf:"fw_trace_tunnel_in"`
+	FwTraceTunnelOut  *ebpf.Program `ebpf:"fw_trace_tunnel_out"`
 }
 
 func (p *firewallPrograms) Close() error {
 	return _FirewallClose(
 		p.FwEgress,
 		p.FwIngress,
+		p.FwTraceGatewayIn,
+		p.FwTraceGatewayOut,
+		p.FwTraceInject,
+		p.FwTraceTunnelIn,
+		p.FwTraceTunnelOut,
 	)
 }
 

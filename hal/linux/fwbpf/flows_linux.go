@@ -130,27 +130,35 @@ const (
 // flowPoll after it was written, or as soon as records fill an eighth of the ring.
 func (r *FlowReader) Read() (FlowRecord, error) {
 	var f FlowRecord
-	for {
-		wait := time.Now().Add(flowPoll)
-		if !r.deadline.IsZero() && r.deadline.Before(wait) {
-			wait = r.deadline
-		}
-		r.rd.SetDeadline(wait)
-		err := r.rd.ReadInto(&r.rec)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, os.ErrDeadlineExceeded) {
-			return f, err
-		}
-		if !r.deadline.IsZero() && !time.Now().Before(r.deadline) {
-			return f, ErrNoRecord
-		}
+	if err := readRing(r.rd, &r.rec, r.deadline, ErrNoRecord); err != nil {
+		return f, err
 	}
 	if len(r.rec.RawSample) < flowRecordSize {
 		return f, fmt.Errorf("a flow record of %d bytes, want %d", len(r.rec.RawSample), flowRecordSize)
 	}
 	return decodeFlowRecord(r.rec.RawSample[:flowRecordSize]), nil
+}
+
+// readRing reads the next record of rd into rec, polling every flowPoll, until the
+// deadline (the zero time: none) passed, when it returns none, or rd is closed.
+func readRing(rd *ringbuf.Reader, rec *ringbuf.Record, deadline time.Time, none error) error {
+	for {
+		wait := time.Now().Add(flowPoll)
+		if !deadline.IsZero() && deadline.Before(wait) {
+			wait = deadline
+		}
+		rd.SetDeadline(wait)
+		err := rd.ReadInto(rec)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			return err
+		}
+		if !deadline.IsZero() && !time.Now().Before(deadline) {
+			return none
+		}
+	}
 }
 
 // decodeFlowRecord decodes struct fw_flow field by field: binary.Decode's reflection took

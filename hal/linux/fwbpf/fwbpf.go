@@ -50,6 +50,35 @@ const (
 	// flow records: nanoseconds of tokens a record costs, and the most it saves up.
 	varFlowsEPCost  = "fw_flows_ep_cost_ns"
 	varFlowsEPBurst = "fw_flows_ep_burst_ns"
+
+	// ProgTraceTunnelOut and ProgTraceTunnelIn observe trace packets at a tunnel
+	// device's tcx egress (before encapsulation) and ingress (after decapsulation);
+	// ProgTraceGatewayIn and ProgTraceGatewayOut at a bridge's tcx ingress (up to the
+	// host's routing) and egress (routed into the bridge's network). They never change a
+	// packet's fate.
+	ProgTraceTunnelOut  = "fw_trace_tunnel_out"
+	ProgTraceTunnelIn   = "fw_trace_tunnel_in"
+	ProgTraceGatewayIn  = "fw_trace_gateway_in"
+	ProgTraceGatewayOut = "fw_trace_gateway_out"
+	// ProgTraceInject is an XDP program that passes its packet: run with live frames, it
+	// puts a trace packet into the stack as if an interface received it.
+	ProgTraceInject = "fw_trace_inject"
+	// MapTraceCtl holds, in its one entry, how many traces are installed and how many
+	// of them are live: an array of one pair of uint32.
+	MapTraceCtl = "fw_trace_ctl"
+	// MapTraces holds the installed traces: a hash of uint32 trace ids to TraceEntry,
+	// at most MaxTraces.
+	MapTraces = "fw_traces"
+	// MapTraceEvents is the ring buffer of trace events (TraceEvent).
+	MapTraceEvents = "fw_trace_events"
+	// MapTraceLost counts the trace events that found MapTraceEvents full: a per-CPU
+	// array of one uint64.
+	MapTraceLost = "fw_trace_lost"
+	// MapTraceLive holds the live traces: a hash of their tuples (a CTKey of interface
+	// 0) to their id and the stages that recorded a packet, at most MaxTraces.
+	MapTraceLive = "fw_trace_live"
+	// varTraceEnabled is the program's constant that, 0, leaves the trace checks out.
+	varTraceEnabled = "fw_trace_enabled"
 )
 
 // Directions of a conntrack entry (CTValue.Dir), seen from the endpoint; the same values
@@ -126,8 +155,12 @@ const (
 	// fragment headers, a first fragment too short for its L4 header, a later fragment
 	// that overlaps it (RFC 1858), neighbour discovery behind an extension header.
 	StatBadHeaderDrops = 5
+	// StatTraceStrayDrops counts the trace packets (TraceDSCP and the tag) of no
+	// installed trace dropped before an endpoint received them: those that came before
+	// their node installed the trace, or after it ended.
+	StatTraceStrayDrops = 6
 	// NumStats is the number of counters in MapStats.
-	NumStats = 6
+	NumStats = 7
 )
 
 // Bounds of the IPv6 extension-header walk: a chain of more headers (hop-by-hop, routing,

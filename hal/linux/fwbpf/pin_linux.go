@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -50,6 +51,9 @@ type Capacities struct {
 	// endpoint's flood does not fill the ring that all share. 0 leaves records
 	// unbudgeted. At most 1e9.
 	FlowEndpointRate int
+	// NoTraces leaves the trace checks out of the programs (the verifier prunes them):
+	// no trace can be installed (ErrTracesOff), and no packet pays for them.
+	NoTraces bool
 }
 
 // WithDefaults returns c with every zero capacity set to its default.
@@ -87,6 +91,19 @@ type Objects struct {
 	// FlowBudget and FlowSuppressed are the endpoints' budgets of flow records and the
 	// count of those suppressed.
 	FlowBudget, FlowSuppressed *ebpf.Map
+	// TraceTunnelOut, TraceTunnelIn, TraceGatewayOut and TraceGatewayIn are the trace
+	// observers (AttachTraceObserver); TraceInject puts trace packets into the stack
+	// (InjectTrace).
+	TraceTunnelOut, TraceTunnelIn, TraceGatewayOut, TraceGatewayIn, TraceInject *ebpf.Program
+	// TraceCtl counts the installed traces, Traces holds them (StartTrace), TraceEvents
+	// is the ring of trace events and TraceLost the count of those lost (TraceReader).
+	TraceCtl, Traces, TraceEvents, TraceLost *ebpf.Map
+	// TraceLive holds the live traces (StartLiveTrace).
+	TraceLive *ebpf.Map
+
+	// traceMu serialises StartTrace and StopTrace, which keep TraceCtl's count equal to
+	// Traces' entries.
+	traceMu sync.Mutex
 
 	dir   string
 	caps  Capacities
@@ -120,6 +137,11 @@ func Open(dir string, caps Capacities, log *slog.Logger) (*Objects, error) {
 	spec.Maps[MapFrag].MaxEntries = uint32(caps.Fragments)
 	if err := setFlowRing(spec, caps.FlowRing, caps.FlowActive, caps.FlowEndpointRate); err != nil {
 		return nil, err
+	}
+	if caps.NoTraces {
+		if err := disableTrace(spec); err != nil {
+			return nil, err
+		}
 	}
 	inner := spec.Maps[MapSnapshots].InnerMap.Copy()
 	inner.MaxEntries = uint32(caps.Snapshot)
@@ -161,21 +183,31 @@ func Open(dir string, caps Capacities, log *slog.Logger) (*Objects, error) {
 		}
 	}
 	o := &Objects{
-		Ingress:        coll.DetachProgram(ProgIngress),
-		Egress:         coll.DetachProgram(ProgEgress),
-		Snapshots:      coll.DetachMap(MapSnapshots),
-		CT:             coll.DetachMap(MapCT),
-		Frag:           coll.DetachMap(MapFrag),
-		RuleStats:      coll.DetachMap(MapRuleStats),
-		EndpointStats:  coll.DetachMap(MapEndpointStats),
-		Stats:          coll.DetachMap(MapStats),
-		Flows:          coll.DetachMap(MapFlows),
-		FlowLost:       coll.DetachMap(MapFlowLost),
-		FlowBudget:     coll.DetachMap(MapFlowBudget),
-		FlowSuppressed: coll.DetachMap(MapFlowSuppressed),
-		dir:            dir,
-		caps:           caps,
-		inner:          inner,
+		Ingress:         coll.DetachProgram(ProgIngress),
+		Egress:          coll.DetachProgram(ProgEgress),
+		Snapshots:       coll.DetachMap(MapSnapshots),
+		CT:              coll.DetachMap(MapCT),
+		Frag:            coll.DetachMap(MapFrag),
+		RuleStats:       coll.DetachMap(MapRuleStats),
+		EndpointStats:   coll.DetachMap(MapEndpointStats),
+		Stats:           coll.DetachMap(MapStats),
+		Flows:           coll.DetachMap(MapFlows),
+		FlowLost:        coll.DetachMap(MapFlowLost),
+		FlowBudget:      coll.DetachMap(MapFlowBudget),
+		FlowSuppressed:  coll.DetachMap(MapFlowSuppressed),
+		TraceTunnelOut:  coll.DetachProgram(ProgTraceTunnelOut),
+		TraceTunnelIn:   coll.DetachProgram(ProgTraceTunnelIn),
+		TraceGatewayOut: coll.DetachProgram(ProgTraceGatewayOut),
+		TraceGatewayIn:  coll.DetachProgram(ProgTraceGatewayIn),
+		TraceInject:     coll.DetachProgram(ProgTraceInject),
+		TraceCtl:        coll.DetachMap(MapTraceCtl),
+		Traces:          coll.DetachMap(MapTraces),
+		TraceEvents:     coll.DetachMap(MapTraceEvents),
+		TraceLost:       coll.DetachMap(MapTraceLost),
+		TraceLive:       coll.DetachMap(MapTraceLive),
+		dir:             dir,
+		caps:            caps,
+		inner:           inner,
 	}
 	coll.Close()
 	if oldCT != nil {
@@ -285,6 +317,16 @@ func setFlowRing(spec *ebpf.CollectionSpec, bytes int, active time.Duration, epR
 	return nil
 }
 
+// disableTrace makes the programs of spec leave every trace check out (fw_trace_enabled
+// 0): no packet is a trace packet. For benchmarks, the baseline of the checks' cost
+// (BenchmarkTraceInactiveCost); Open always loads them on.
+func disableTrace(spec *ebpf.CollectionSpec) error {
+	if err := spec.Variables[varTraceEnabled].Set(uint8(0)); err != nil {
+		return fmt.Errorf("turning the trace checks off: %w", err)
+	}
+	return nil
+}
+
 // incompatibleMap returns the name of the map the ErrMapIncompatible err is about, "" if
 // it names none of spec's.
 func incompatibleMap(err error, spec *ebpf.CollectionSpec) string {
@@ -331,10 +373,13 @@ func (o *Objects) Dir() string { return o.dir }
 // Close releases the process's references to the programs and maps; pinned maps and
 // links stay.
 func (o *Objects) Close() error {
-	for _, p := range []*ebpf.Program{o.Ingress, o.Egress} {
-		p.Close()
+	for _, p := range []*ebpf.Program{o.Ingress, o.Egress, o.TraceTunnelOut, o.TraceTunnelIn, o.TraceGatewayOut, o.TraceGatewayIn, o.TraceInject} {
+		if p != nil {
+			p.Close()
+		}
 	}
-	for _, m := range []*ebpf.Map{o.Snapshots, o.CT, o.Frag, o.RuleStats, o.EndpointStats, o.Stats, o.Flows, o.FlowLost, o.FlowBudget, o.FlowSuppressed} {
+	for _, m := range []*ebpf.Map{o.Snapshots, o.CT, o.Frag, o.RuleStats, o.EndpointStats, o.Stats, o.Flows, o.FlowLost, o.FlowBudget, o.FlowSuppressed,
+		o.TraceCtl, o.Traces, o.TraceEvents, o.TraceLost, o.TraceLive} {
 		if m != nil {
 			m.Close()
 		}

@@ -184,6 +184,12 @@ func loadRing(tb testing.TB, snapshotCap uint32, flowRing int) *fixture {
 // CPU (0: none).
 func loadFlows(tb testing.TB, snapshotCap uint32, flowRing, epRate int) *fixture {
 	tb.Helper()
+	return loadWith(tb, snapshotCap, flowRing, epRate, nil)
+}
+
+// loadWith is loadFlows with edit, when not nil, applied to the spec before loading.
+func loadWith(tb testing.TB, snapshotCap uint32, flowRing, epRate int, edit func(*ebpf.CollectionSpec) error) *fixture {
+	tb.Helper()
 	testns.RequireRoot(tb)
 	spec, err := LoadSpec()
 	if err != nil {
@@ -199,6 +205,11 @@ func loadFlows(tb testing.TB, snapshotCap uint32, flowRing, epRate int) *fixture
 	spec.Maps[MapSnapshots].InnerMap.MaxEntries = snapshotCap
 	if err := setFlowRing(spec, flowRing, fixtureFlowActive, epRate); err != nil {
 		tb.Fatal(err)
+	}
+	if edit != nil {
+		if err := edit(spec); err != nil {
+			tb.Fatal(err)
+		}
 	}
 	coll, err := ebpf.NewCollection(spec)
 	if err != nil {
@@ -1226,6 +1237,8 @@ func TestLayoutMatchesFirewall(t *testing.T) {
 		{"FlowRecord", unsafe.Sizeof(FlowRecord{}), flowRecordSize},
 		{"RuleStats", unsafe.Sizeof(RuleStats{}), 16},
 		{"EndpointStats", unsafe.Sizeof(EndpointStats{}), 48},
+		{"TraceEntry", unsafe.Sizeof(TraceEntry{}), 16},
+		{"struct fw_trace_event", unsafe.Sizeof(firewallFwTraceEvent{}), traceEventSize},
 	} {
 		if s.got != s.want {
 			t.Errorf("%s is %d bytes, want %d", s.name, s.got, s.want)
@@ -1277,6 +1290,12 @@ func TestConstantsMatchC(t *testing.T) {
 		"FW_REASON_POLICY": ReasonPolicy, "FW_REASON_SPOOFED": ReasonSpoofed,
 		"FW_REASON_MALFORMED": ReasonMalformed, "FW_REASON_FRAGMENT": ReasonFragment, "FW_REASON_VLAN": ReasonVLAN,
 		"FW_END_FIN": EndFIN, "FW_END_RST": EndRST, "FW_END_IDLE": EndIdle,
+		"FW_TRACE_DSCP": TraceDSCP, "FW_TRACES": MaxTraces,
+		"FW_TRACE_ALLOWED": TraceVerdictAllowed, "FW_TRACE_DENIED": TraceVerdictDenied,
+		"FW_TRACE_SEEN": TraceVerdictSeen, "FW_TRACE_DELIVERED": TraceVerdictDelivered,
+		"FW_TRACE_FROM_ENDPOINT": TraceStageFromEndpoint, "FW_TRACE_TO_ENDPOINT": TraceStageToEndpoint,
+		"FW_TRACE_TUNNEL_OUT": TraceStageTunnelOut, "FW_TRACE_TUNNEL_IN": TraceStageTunnelIn,
+		"FW_TRACE_GATEWAY_IN": TraceStageGatewayIn, "FW_TRACE_GATEWAY_OUT": TraceStageGatewayOut,
 		// The prefix lengths of the keys hal/firewall builds.
 		"FW_ENDPOINT_PREFIXLEN": int64(firewall.EndpointKey(1).PrefixLen),
 		"FW_IDENTITY_PREFIXLEN": int64(firewall.IdentityKey(1, netip.MustParsePrefix("0.0.0.0/0")).PrefixLen),

@@ -1995,11 +1995,12 @@ type TraceSpec struct {
 	// for icmp.
 	DestinationPort uint32 `protobuf:"varint,6,opt,name=destination_port,json=destinationPort,proto3" json:"destination_port,omitempty"`
 	// payload_size is the packet's L4 payload in bytes: at least the 24 of the trace tag
-	// (0 means 24), at most 9000. A large one finds where the MTU drops it.
+	// (0 means 24), at most 3400: the injected frame fits one page. A large one finds
+	// where the MTU drops it.
 	PayloadSize uint32 `protobuf:"varint,7,opt,name=payload_size,json=payloadSize,proto3" json:"payload_size,omitempty"`
-	// live follows the next real packet from the source with the 5-tuple (source_port
-	// then required) within the timeout, instead of injecting one; it is delivered as
-	// usual.
+	// live follows the next real packet from the source with the 5-tuple (tcp or udp,
+	// source_port then required) within the timeout, instead of injecting one; it is
+	// delivered as usual.
 	Live bool `protobuf:"varint,8,opt,name=live,proto3" json:"live,omitempty"`
 	// timeout is how long the nodes observe: 1s to 60s (to 10m with live); unset: 5s.
 	Timeout *durationpb.Duration `protobuf:"bytes,9,opt,name=timeout,proto3" json:"timeout,omitempty"`

@@ -13,8 +13,10 @@ import (
 const (
 	// MinTracePayload is the smallest payload of a trace packet: its tag.
 	MinTracePayload = 24
-	// MaxTracePayload bounds spec.payloadSize.
-	MaxTracePayload = 9000
+	// MaxTracePayload bounds spec.payloadSize: the injected frame, with its headers, must
+	// fit the page BPF_PROG_RUN's live frames take (4096 bytes less the XDP headroom and
+	// the skb's shared info).
+	MaxTracePayload = 3400
 	// DefaultTraceTimeout is spec.timeout when unset.
 	DefaultTraceTimeout = 5 * time.Second
 	// MinTraceTimeout and MaxTraceTimeout bound spec.timeout; MaxLiveTraceTimeout bounds
@@ -102,6 +104,9 @@ func (v *validator) trace(s *TraceSpec) {
 	}
 	if s.GetLive() && s.GetPayloadSize() != 0 {
 		v.add("spec.payloadSize", strconv.FormatUint(uint64(s.GetPayloadSize()), 10), "must be 0 with spec.live: a live trace injects no packet")
+	}
+	if s.GetLive() && proto == TraceICMP {
+		v.add("spec.protocol", proto, `must be "tcp" or "udp" with spec.live: a live trace names the packet by its ports`)
 	}
 	if s.GetLive() && proto != TraceICMP && s.GetSourcePort() == 0 {
 		v.add("spec.sourcePort", "0", "is required with spec.live: the 5-tuple names the real packet to follow")
@@ -213,7 +218,9 @@ type TraceOutcome struct {
 // Trace's source endpoint. The packet is delivered when some node saw it delivered;
 // otherwise dropped when a node saw it denied or dropped, or, once the node of the
 // source is done, flooded for want of an FDB entry; otherwise it timed out once the
-// node of the source is done.
+// node of the source is done. A fate another node saw counts once the node of the
+// source reported the packet going into the tunnel (or is done), so that the path is
+// whole.
 func Outcome(st *ObjectStatus, gen int64, source string) TraceOutcome {
 	var out TraceOutcome
 	sourceDone := false
@@ -238,27 +245,42 @@ func Outcome(st *ObjectStatus, gen int64, source string) TraceOutcome {
 		}
 		return a.GetTime().AsTime().Compare(b.GetTime().AsTime())
 	})
-	decide := func(i int, r TraceResult, reason string) {
+	// A fate seen on another node is the outcome once the node of the source reported
+	// the packet leaving through the tunnel: its report of the first stages may come
+	// after the other node's, and the path would miss them. Once that node is done, what
+	// it reported is all there is.
+	left := sourceDone
+	for _, h := range out.Hops {
+		left = left || h.Node == source && h.GetStage() == TraceStage_TRACE_STAGE_TUNNEL_OUT
+	}
+	decide := func(i int, r TraceResult, reason string) bool {
+		if out.Hops[i].Node != source && !left {
+			return false
+		}
 		out.Result, out.Reason, out.Decided = r, reason, &out.Hops[i]
+		return true
 	}
 	for i, h := range out.Hops {
 		if h.GetAction() == TraceAction_TRACE_ACTION_DELIVERED {
-			decide(i, TraceDelivered, "")
-			return out
+			if decide(i, TraceDelivered, "") {
+				return out
+			}
+			break
 		}
 	}
 	for i, h := range out.Hops {
 		if a := h.GetAction(); a == TraceAction_TRACE_ACTION_DENIED || a == TraceAction_TRACE_ACTION_DROPPED {
-			decide(i, TraceDropped, h.GetReason())
-			return out
+			if decide(i, TraceDropped, h.GetReason()) {
+				return out
+			}
+			break
 		}
 	}
 	if !sourceDone {
 		return out
 	}
 	for i, h := range out.Hops {
-		if h.GetStage() == TraceStage_TRACE_STAGE_FORWARD && h.GetAction() == TraceAction_TRACE_ACTION_FLOODED {
-			decide(i, TraceDropped, h.GetReason())
+		if h.GetStage() == TraceStage_TRACE_STAGE_FORWARD && h.GetAction() == TraceAction_TRACE_ACTION_FLOODED && decide(i, TraceDropped, h.GetReason()) {
 			return out
 		}
 	}

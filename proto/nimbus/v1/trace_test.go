@@ -33,9 +33,11 @@ func TestValidateTrace(t *testing.T) {
 		{name: "no port", mutate: func(s *TraceSpec) { s.DestinationPort = 0 }, want: `spec.destinationPort "0": must be 1 to 65535 with protocol "tcp"`},
 		{name: "port", mutate: func(s *TraceSpec) { s.Protocol, s.DestinationPort = "udp", 70000 }, want: `spec.destinationPort "70000": must be 1 to 65535 with protocol "udp"`},
 		{name: "icmp port", mutate: func(s *TraceSpec) { s.Protocol = "icmp" }, want: `spec.destinationPort "8080": must be 0 with protocol "icmp", as spec.sourcePort`},
-		{name: "payload", mutate: func(s *TraceSpec) { s.PayloadSize = 10 }, want: `spec.payloadSize "10": must be 24 to 9000 (the trace's tag takes 24 bytes)`},
+		{name: "payload", mutate: func(s *TraceSpec) { s.PayloadSize = 10 }, want: `spec.payloadSize "10": must be 24 to 3400 (the trace's tag takes 24 bytes)`},
 		{name: "live payload", mutate: func(s *TraceSpec) { s.Live, s.SourcePort, s.PayloadSize = true, 40000, 100 },
 			want: `spec.payloadSize "100": must be 0 with spec.live: a live trace injects no packet`},
+		{name: "live icmp", mutate: func(s *TraceSpec) { s.Live, s.Protocol, s.DestinationPort = true, "icmp", 0 },
+			want: `spec.protocol "icmp": must be "tcp" or "udp" with spec.live: a live trace names the packet by its ports`},
 		{name: "live without port", mutate: func(s *TraceSpec) { s.Live = true }, want: `spec.sourcePort "0": is required with spec.live: the 5-tuple names the real packet to follow`},
 		{name: "timeout", mutate: func(s *TraceSpec) { s.Timeout = durationpb.New(2 * time.Minute) }, want: `spec.timeout "2m0s": must be 1s to 1m0s`},
 	} {
@@ -80,6 +82,12 @@ func TestTraceOutcome(t *testing.T) {
 		{"delivered remotely, reported first", []*NodeStatus{
 			observed("b", false, obs(0, TraceStage_TRACE_STAGE_DESTINATION, TraceAction_TRACE_ACTION_DELIVERED, "")),
 			observed("a", false, inj, src, out)}, TraceDelivered, "", 4},
+		{"delivered remotely, the source's report not whole yet", []*NodeStatus{
+			observed("b", false, obs(0, TraceStage_TRACE_STAGE_DESTINATION, TraceAction_TRACE_ACTION_DELIVERED, "")),
+			observed("a", false, inj, src)}, TraceRunning, "", 3},
+		{"denied remotely, the source done", []*NodeStatus{
+			observed("b", false, obs(4, TraceStage_TRACE_STAGE_DESTINATION, TraceAction_TRACE_ACTION_DENIED, "Policy")),
+			observed("a", true, inj, src)}, TraceDropped, "Policy", 3},
 		{"denied", []*NodeStatus{observed("a", true, inj, obs(2, TraceStage_TRACE_STAGE_SOURCE, TraceAction_TRACE_ACTION_DENIED, "Policy"))},
 			TraceDropped, "Policy", 2},
 		{"flooded, not done", []*NodeStatus{observed("a", false, inj, src,
