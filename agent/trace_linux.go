@@ -613,6 +613,9 @@ func (r *TraceReconciler) observe(ev fwbpf.TraceEvent) {
 		switch {
 		case o.GetStage() == nimbusv1.TraceStage_TRACE_STAGE_SOURCE && o.GetAction() == nimbusv1.TraceAction_TRACE_ACTION_ALLOWED:
 			r.forwardLocked(run, run.srcNet, ev.DstMAC, ev.Len, o.GetTime().AsTime())
+		case o.GetStage() == nimbusv1.TraceStage_TRACE_STAGE_ROUTED && r.observers[int(ev.Ifindex)] != nil:
+			// Routed into another network's bridge, to the MAC of its next hop.
+			r.forwardLocked(run, r.observers[int(ev.Ifindex)].network, ev.DstMAC, ev.Len, o.GetTime().AsTime())
 		case o.GetAction() == nimbusv1.TraceAction_TRACE_ACTION_DELIVERED,
 			o.GetAction() == nimbusv1.TraceAction_TRACE_ACTION_DENIED && o.GetStage() != nimbusv1.TraceStage_TRACE_STAGE_DESTINATION:
 			run.op.Done = true

@@ -186,9 +186,43 @@ func TestTrace(t *testing.T) {
 			"host-b tunnel-in forwarded", "host-b destination delivered")
 	}
 
-	// An endpoint on a node that is gone has no FDB entry on host-a: the bridge floods
-	// the packet, to db1 and through the tunnel to host-b, and nobody takes it.
-	sc.apply(t, fwEndpointObject("ghost", fwNetwork, "host-gone", "02:00:00:00:f0:99", []string{"10.1.0.99"}, "server"))
+	// Through the gateway: db3, in network backs on host-b, is routed to in the tenant's
+	// table, out of host-a through backs' bridge and tunnel.
+	newWorkload(t, sc.host("host-b"), "db3", "02:00:00:00:f0:33", []string{"10.2.0.33/24"}, "10.2.0.1")
+	sc.apply(t, &nimbusv1.Object{Meta: &nimbusv1.ObjectMeta{Name: "backs"}, Spec: &nimbusv1.Object_Network{Network: &nimbusv1.NetworkSpec{
+		Vni: 200, Subnets: []*nimbusv1.Subnet{{Cidr: "10.2.0.0/24", Gateway: "10.2.0.1"}}}}},
+		fwEndpointObject("db3", "backs", "host-b", "02:00:00:00:f0:33", []string{"10.2.0.33"}, "server"))
+	sc.waitProgrammed(t, nimbusv1.Kind_KIND_NETWORK, nimbusv1.Kind_KIND_ENDPOINT)
+	r = sc.trace(t, "gateway", udp9("db3"))
+	wantPath(t, "web1 → db3 udp 9, in another network", r, nimbusv1.TraceDelivered,
+		"host-a injected forwarded", "host-a source allowed", "host-a forward forwarded", "host-a gateway forwarded",
+		"host-a routed forwarded", "host-a forward forwarded", "host-a tunnel-out forwarded", "host-b tunnel-in forwarded",
+		"host-b destination delivered")
+	if len(r.outcome.Hops) == 9 {
+		if gw := r.outcome.Hops[3]; gw.GetTable() != linux.TenantTable("default") || gw.GetNetwork() != fwNetwork {
+			t.Errorf("web1 → db3: the gateway hop routes in table %d of network %q, want the default tenant's %d of %q", gw.GetTable(), gw.GetNetwork(), linux.TenantTable("default"), fwNetwork)
+		}
+		if routed := r.outcome.Hops[4]; routed.GetNetwork() != "backs" {
+			t.Errorf("web1 → db3: routed into network %q, want backs", routed.GetNetwork())
+		}
+		if fwd := r.outcome.Hops[5]; fwd.GetEndpoint() != "db3" || fwd.GetPeerNode() != "host-b" {
+			t.Errorf("web1 → db3: backs' bridge forwards by the FDB entry of %q to node %q, want db3's to host-b", fwd.GetEndpoint(), fwd.GetPeerNode())
+		}
+	}
+
+	// An endpoint on a node that is gone (its Node object deleted) has no FDB entry on
+	// host-a any more: the bridge floods the packet, to db1 and through the tunnel to
+	// host-b, and nobody takes it.
+	gone := &nimbusv1.Object{Meta: &nimbusv1.ObjectMeta{Name: "host-gone"},
+		Spec: &nimbusv1.Object_Node{Node: &nimbusv1.NodeSpec{Hostname: "host-gone", VtepAddress: "192.168.77.9"}}}
+	sc.apply(t, gone, fwEndpointObject("ghost", fwNetwork, "host-gone", "02:00:00:00:f0:99", []string{"10.1.0.99"}, "server"))
+	sc.c.waitProgrammed(t, "endpoint", "ghost", "host-a", 1)
+	if _, err := sc.api.Delete(context.Background(), &nimbusv1.DeleteRequest{Key: gone.Key()}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "host-a to forget ghost's FDB entry", func() bool {
+		return !strings.Contains(testns.Run(t, "bridge", "-n", sc.host("host-a").ns, "fdb", "show"), "02:00:00:00:f0:99")
+	})
 	spec := udp9("ghost")
 	spec.Timeout = durationpb.New(2 * time.Second)
 	r = sc.trace(t, "no-fdb", spec)
