@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os/exec"
@@ -16,6 +17,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -411,6 +413,11 @@ func tcxProgramNames(t testing.TB, h *host, dev string) []string {
 		}
 		for _, at := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
 			res, err := link.QueryPrograms(link.QueryOptions{Target: ifi.Index, Attach: at})
+			// ENOSPC: a program was attached between the query's count and its read of
+			// the ids (the agent attaches observers as traces start); ask again.
+			for try := 0; errors.Is(err, unix.ENOSPC) && try < 100; try++ {
+				res, err = link.QueryPrograms(link.QueryOptions{Target: ifi.Index, Attach: at})
+			}
 			if err != nil {
 				errc <- err
 				return
