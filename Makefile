@@ -84,8 +84,8 @@ clean:
 
 # release builds static binaries (CGO_ENABLED=0) of the three commands for each platform of
 # RELEASE_PLATFORMS into $(DIST)/naples-VERSION-OS-ARCH/, packs each directory into
-# $(DIST)/naples-VERSION-OS-ARCH.tar.gz, and writes the SHA-256 sums of the archives and of
-# the binaries to $(DIST)/SHA256SUMS (check them with `cd dist && sha256sum -c SHA256SUMS`).
+# $(DIST)/naples-VERSION-OS-ARCH.tar.gz, builds a .deb and an .rpm of each (nfpm-packages),
+# and writes the SHA-256 sums of the archives, the packages and the binaries to $(DIST)/SHA256SUMS (check them with `cd dist && sha256sum -c SHA256SUMS`).
 # VERSION, which every binary prints with --version, defaults to `git describe`. Archive
 # entries carry the time of the last commit, SOURCE_DATE_EPOCH, so a release built twice
 # from one commit is the same bytes.
@@ -99,7 +99,7 @@ SOURCE_DATE_EPOCH := $(SOURCE_DATE_EPOCH)
 
 release:
 	@test -n "$(VERSION)" || { echo "release: VERSION is empty (no git? set VERSION=...)" >&2; exit 1; }
-	rm -rf $(DIST)/naples-$(VERSION)-* $(DIST)/SHA256SUMS
+	rm -rf $(DIST)/naples-$(VERSION)-* $(DIST)/naples_*.deb $(DIST)/naples-*.rpm $(DIST)/SHA256SUMS
 	set -e; for p in $(RELEASE_PLATFORMS); do \
 		os=$${p%/*}; arch=$${p#*/}; name=naples-$(VERSION)-$$os-$$arch; \
 		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath \
@@ -110,7 +110,7 @@ release:
 		gzip -n -f $(DIST)/$$name.tar; \
 	done
 	set -e; for p in $(RELEASE_PLATFORMS); do \
-		$(MAKE) --no-print-directory nfpm-packages PKG_ARCH=$${p#*/} PKG_BINDIR=$(DIST)/naples-$(VERSION)-$$p; \
+		$(MAKE) --no-print-directory nfpm-packages PKG_ARCH=$${p#*/} PKG_BINDIR=$(DIST)/naples-$(VERSION)-$${p%/*}-$${p#*/}; \
 	done
 	cd $(DIST) && sha256sum naples-$(VERSION)-*.tar.gz naples_*.deb naples-*.rpm naples-$(VERSION)-*/* > SHA256SUMS
 
