@@ -6,7 +6,7 @@ TOOLS_BIN := $(BIN)/tools
 CMDS      := nimbus naples-agent naplesctl
 GOTEST    ?= $(GO) test -race -count=1 -timeout 20m
 
-.PHONY: all build test bench fuzz demo proto proto-check bpf bpf-check tools vet clean release
+.PHONY: all build test bench fuzz demo proto proto-check bpf bpf-check tools vet clean release package
 
 all: build
 
@@ -50,10 +50,11 @@ fuzz:
 demo: build
 	./examples/demo.sh
 
-# tools builds the pinned code generators from tools/go.mod.
+# tools builds the pinned code generators and the packager nfpm from tools/go.mod.
 tools:
 	cd tools && GOBIN=$(TOOLS_BIN) $(GO) install \
 		github.com/bufbuild/buf/cmd/buf \
+		github.com/goreleaser/nfpm/v2/cmd/nfpm \
 		google.golang.org/protobuf/cmd/protoc-gen-go \
 		google.golang.org/grpc/cmd/protoc-gen-go-grpc \
 		github.com/planetscale/vtprotobuf/cmd/protoc-gen-go-vtproto \
@@ -83,8 +84,8 @@ clean:
 
 # release builds static binaries (CGO_ENABLED=0) of the three commands for each platform of
 # RELEASE_PLATFORMS into $(DIST)/naples-VERSION-OS-ARCH/, packs each directory into
-# $(DIST)/naples-VERSION-OS-ARCH.tar.gz, and writes the SHA-256 sums of the archives and of
-# the binaries to $(DIST)/SHA256SUMS (check them with `cd dist && sha256sum -c SHA256SUMS`).
+# $(DIST)/naples-VERSION-OS-ARCH.tar.gz, builds a .deb and an .rpm of each (nfpm-packages),
+# and writes the SHA-256 sums of the archives, the packages and the binaries to $(DIST)/SHA256SUMS (check them with `cd dist && sha256sum -c SHA256SUMS`).
 # VERSION, which every binary prints with --version, defaults to `git describe`. Archive
 # entries carry the time of the last commit, SOURCE_DATE_EPOCH, so a release built twice
 # from one commit is the same bytes.
@@ -98,7 +99,7 @@ SOURCE_DATE_EPOCH := $(SOURCE_DATE_EPOCH)
 
 release:
 	@test -n "$(VERSION)" || { echo "release: VERSION is empty (no git? set VERSION=...)" >&2; exit 1; }
-	rm -rf $(DIST)/naples-$(VERSION)-* $(DIST)/SHA256SUMS
+	rm -rf $(DIST)/naples-$(VERSION)-* $(DIST)/naples_*.deb $(DIST)/naples-*.rpm $(DIST)/SHA256SUMS
 	set -e; for p in $(RELEASE_PLATFORMS); do \
 		os=$${p%/*}; arch=$${p#*/}; name=naples-$(VERSION)-$$os-$$arch; \
 		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath \
@@ -108,4 +109,34 @@ release:
 			--mtime=@$(SOURCE_DATE_EPOCH) $$name; \
 		gzip -n -f $(DIST)/$$name.tar; \
 	done
-	cd $(DIST) && sha256sum naples-$(VERSION)-*.tar.gz naples-$(VERSION)-*/* > SHA256SUMS
+	set -e; for p in $(RELEASE_PLATFORMS); do \
+		$(MAKE) --no-print-directory nfpm-packages PKG_ARCH=$${p#*/} PKG_BINDIR=$(DIST)/naples-$(VERSION)-$${p%/*}-$${p#*/}; \
+	done
+	cd $(DIST) && sha256sum naples-$(VERSION)-*.tar.gz naples_*.deb naples-*.rpm naples-$(VERSION)-*/* > SHA256SUMS
+
+# package builds the .deb and .rpm of the build machine's architecture from freshly built
+# static binaries into $(DIST)/pkg/, faster than a whole release; the package test installs it.
+PKG_DIST ?= $(DIST)/pkg
+package:
+	@test -n "$(VERSION)" || { echo "package: VERSION is empty (no git? set VERSION=...)" >&2; exit 1; }
+	rm -rf $(PKG_DIST)
+	CGO_ENABLED=0 $(GO) build -trimpath \
+		-ldflags "-s -w -X github.com/naplesnet/naples/internal/version.Version=$(VERSION)" \
+		-o $(PKG_DIST)/bin/ $(addprefix ./cmd/,$(CMDS))
+	$(MAKE) --no-print-directory nfpm-packages PKG_ARCH=$$($(GO) env GOARCH) PKG_BINDIR=$(PKG_DIST)/bin PKG_OUT=$(PKG_DIST)
+
+# nfpm-packages packs the binaries of PKG_BINDIR (architecture PKG_ARCH) with the units, the
+# defaults, the dashboard and the docs into a .deb and an .rpm in PKG_OUT, as deploy/nfpm.yaml
+# lists them. Package entries carry SOURCE_DATE_EPOCH, as the archives do.
+PKG_OUT ?= $(DIST)
+PKG_MTIME = $(shell date -u -d @$(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ)
+nfpm-packages: tools
+	mkdir -p $(PKG_OUT)
+	sed -e 's|$${VERSION}|$(VERSION)|g' -e 's|$${GOARCH}|$(PKG_ARCH)|g' -e 's|$${BINDIR}|$(PKG_BINDIR)|g' \
+		-e 's|$${MTIME}|$(PKG_MTIME)|g' \
+		deploy/nfpm.yaml > $(PKG_OUT)/nfpm-$(PKG_ARCH).yaml
+	set -e; for f in deb rpm; do \
+		SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(TOOLS_BIN)/nfpm package \
+			--config $(PKG_OUT)/nfpm-$(PKG_ARCH).yaml --packager $$f --target $(PKG_OUT)/; \
+	done
+	rm $(PKG_OUT)/nfpm-$(PKG_ARCH).yaml

@@ -1,0 +1,147 @@
+package deploy
+
+import (
+	"bufio"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// packageVersion is the version the package test builds its packages with, which the
+// installed binaries must print.
+const packageVersion = "0.0.0-pkgtest"
+
+// packagedUnits are the systemd units the packages install.
+var packagedUnits = []string{
+	"/usr/lib/systemd/system/nimbus.service",
+	"/usr/lib/systemd/system/naples-agent.service",
+}
+
+// TestPackageInstalls builds the packages of this machine's architecture with `make
+// package`, installs the .deb with dpkg, runs the three installed binaries, verifies the
+// installed units with systemd-analyze, and checks that the .rpm holds the same files. It
+// purges the package again, so the machine is left as found.
+func TestPackageInstalls(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "" {
+			t.Skip("installing a package needs root")
+		}
+		t.Fatal("installing a package needs root, and CI is set")
+	}
+	for _, tool := range []string{"make", "dpkg", "dpkg-deb"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s: %v", tool, err)
+		}
+	}
+	if out, err := exec.Command("dpkg-query", "-W", "naples").CombinedOutput(); err == nil {
+		t.Fatalf("package naples is already installed (%s); the test installs and purges it", strings.TrimSpace(string(out)))
+	}
+
+	dist := t.TempDir()
+	run(t, "make", "-C", moduleRoot, "--no-print-directory", "package", "VERSION="+packageVersion, "DIST="+dist)
+	debs, _ := filepath.Glob(filepath.Join(dist, "pkg", "*.deb"))
+	rpms, _ := filepath.Glob(filepath.Join(dist, "pkg", "*.rpm"))
+	if len(debs) != 1 || len(rpms) != 1 {
+		t.Fatalf("make package built debs %q and rpms %q, want one of each", debs, rpms)
+	}
+
+	t.Cleanup(func() {
+		if out, err := exec.Command("dpkg", "--purge", "naples").CombinedOutput(); err != nil {
+			t.Errorf("dpkg --purge naples: %v\n%s", err, out)
+		}
+	})
+	run(t, "dpkg", "-i", debs[0])
+
+	for _, cmd := range []string{"naples-agent", "nimbus", "naplesctl"} {
+		out := run(t, "/usr/bin/"+cmd, "--version")
+		if !strings.HasPrefix(out, cmd+" "+packageVersion+" ") {
+			t.Errorf("/usr/bin/%s --version printed %q, want %q first", cmd, out, cmd+" "+packageVersion)
+		}
+	}
+	for _, unit := range packagedUnits {
+		for _, exe := range execStartPaths(t, unit) {
+			if _, err := os.Stat(exe); err != nil {
+				t.Errorf("unit %s starts %s: %v", unit, exe, err)
+			}
+		}
+	}
+	if _, err := exec.LookPath("systemd-analyze"); err != nil {
+		t.Errorf("systemd-analyze: %v", err)
+	} else {
+		run(t, "systemd-analyze", append([]string{"verify"}, packagedUnits...)...)
+	}
+	for _, path := range []string{
+		"/usr/lib/sysusers.d/naples.conf", "/etc/default/nimbus", "/etc/default/naples-agent",
+		"/usr/share/naples/grafana/naples.json", "/usr/share/doc/naples/LICENSE",
+		"/usr/share/doc/naples/README.md", "/usr/share/doc/naples/deploy.md",
+	} {
+		if _, err := os.Stat(path); err != nil {
+			t.Errorf("installed package: %v", err)
+		}
+	}
+	if out := run(t, "dpkg-query", "--showformat=${Conffiles}", "-W", "naples"); !strings.Contains(out, "/etc/default/nimbus") ||
+		!strings.Contains(out, "/etc/default/naples-agent") {
+		t.Errorf("package conffiles %q, want /etc/default/nimbus and /etc/default/naples-agent", out)
+	}
+
+	if _, err := exec.LookPath("rpm"); err != nil {
+		t.Errorf("rpm: %v (the .rpm's file list is unchecked)", err)
+		return
+	}
+	rpmFiles := strings.Fields(run(t, "rpm", "-qpl", rpms[0]))
+	for _, path := range strings.Fields(run(t, "dpkg-query", "-L", "naples")) {
+		if fi, err := os.Stat(path); err == nil && !fi.IsDir() && !slices.Contains(rpmFiles, path) {
+			t.Errorf("the .deb installs %s, the .rpm %s does not hold it", path, filepath.Base(rpms[0]))
+		}
+	}
+	for _, path := range rpmFiles {
+		if _, err := os.Stat(path); err != nil {
+			t.Errorf("the .rpm holds %s, the .deb did not install it: %v", path, err)
+		}
+	}
+}
+
+// run runs name with args, fails the test when it fails, and returns its standard output.
+func run(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s%s", name, strings.Join(args, " "), err, out, stderr.String())
+	}
+	return string(out)
+}
+
+// execStartPaths returns the executables the ExecStart= and ExecStartPre= lines of the
+// unit file start, without the prefixes systemd allows before them ("+", "-", ...).
+func execStartPaths(t *testing.T, unit string) []string {
+	t.Helper()
+	f, err := os.Open(unit)
+	if err != nil {
+		t.Fatalf("unit %s: %v", unit, err)
+	}
+	defer f.Close()
+	var paths []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		key, value, ok := strings.Cut(strings.TrimSpace(sc.Text()), "=")
+		if !ok || (key != "ExecStart" && key != "ExecStartPre") {
+			continue
+		}
+		if fields := strings.Fields(strings.TrimLeft(value, "+-@:!")); len(fields) > 0 {
+			paths = append(paths, fields[0])
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatalf("unit %s: %v", unit, err)
+	}
+	if len(paths) == 0 {
+		t.Fatalf("unit %s has no ExecStart=", unit)
+	}
+	return paths
+}
