@@ -129,7 +129,7 @@ type traceRun struct {
 	// (nil with spec.live, and on the other nodes).
 	atSource bool
 	source   *traceSource
-	op     *nimbusv1.TraceOperational
+	op       *nimbusv1.TraceOperational
 	// seen are the stages reported, by stage, interface and action: each once.
 	seen map[[3]uint32]bool
 }

@@ -17,7 +17,7 @@ func TestValidateTrace(t *testing.T) {
 		{name: "valid", mutate: func(*TraceSpec) {}},
 		{name: "to an address", mutate: func(s *TraceSpec) { s.Destination, s.DestinationAddress, s.Family = "", "10.2.0.5", "ipv4" }},
 		{name: "icmp", mutate: func(s *TraceSpec) { s.Protocol, s.DestinationPort = "icmp", 0 }},
-		{name: "live", mutate: func(s *TraceSpec) { s.Live, s.SourcePort, s.Timeout = true, 40000, durationpb.New(10 * time.Minute) }},
+		{name: "live", mutate: func(s *TraceSpec) { s.Live, s.SourcePort, s.Timeout = true, 40000, durationpb.New(10*time.Minute) }},
 		{name: "no source", mutate: func(s *TraceSpec) { s.Source = "" }, want: `spec.source "": is required`},
 		{name: "no destination", mutate: func(s *TraceSpec) { s.Destination = "" },
 			want: `spec.destination "": is required (an endpoint's name), or spec.destinationAddress`},
