@@ -1,16 +1,16 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"strconv"
 	"time"
 
+	"github.com/naplesnet/naples/internal/cmdline"
 	"github.com/naplesnet/naples/nimbus"
 )
 
 // addLimitFlags adds the flags of nimbus's limits (docs/limits.md) to fs, setting l.
-func addLimitFlags(fs *flag.FlagSet, l *nimbus.Limits) {
+func addLimitFlags(fs *cmdline.FlagSet, l *nimbus.Limits) {
 	for _, f := range []struct {
 		name, usage string
 		v           *int

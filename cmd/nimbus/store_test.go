@@ -42,7 +42,7 @@ func TestParseStoreAndMetricsFlags(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stderr bytes.Buffer
-			cfg, err := parseFlags(tc.args, &stderr)
+			cfg, err := parseFlags(tc.args, &stderr, noEnv)
 			if tc.wantUsage {
 				if !errors.Is(err, errUsage) || stderr.Len() == 0 {
 					t.Fatalf("parseFlags(%q) = %v with output %q, want a usage error explained on stderr", tc.args, err, stderr.String())
