@@ -20,4 +20,9 @@
 // configured (with its new generation) or unchanged; an object nimbus refuses is named by
 // its document too. delete is idempotent: an
 // object that is already gone is reported as not found, which is not an error.
+//
+// apply --dry-run=server and diff have nimbus check the objects as apply would and answer
+// what it would store, storing nothing (nimbus's dry_run): apply prints what would happen
+// to each object, diff a unified diff of each object apply would change. version asks
+// nimbus for its version too.
 package cli

@@ -57,6 +57,8 @@ var (
 // errors are returned too. A usage error (an unknown command or flag, a bad flag value or
 // argument, flags that do not go together, TLS files that cannot be loaded, a manifest
 // file that does not exist) is marked for exit status 2 (exitstatus.Of), any other for 1.
+// diff returns ErrDiffers, which is no failure to print, when it found differences, and
+// marks every failure for exit status 2.
 func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) error {
 	c := &cli{stdin: stdin, stdout: stdout, stderr: stderr, now: time.Now}
 	return c.run(ctx, args, getenv)
@@ -115,6 +117,7 @@ Objects are written as YAML or JSON manifests:
 	root.AddCommand(c.certsCommand(getenv))
 	c.addVersion(root)
 	root.AddCommand(c.applyCommand(), c.getCommand(), c.deleteCommand(), c.describeCommand(), c.waitCommand(), c.delphiCommand(), c.dataplaneCommand(), c.bpfCommand(), c.flowsCommand(), c.monitorCommand(), c.traceCommand())
+	root.AddCommand(c.diffCommand())
 
 	if args == nil {
 		args = []string{} // nil makes cobra read os.Args
