@@ -115,6 +115,7 @@ Objects are written as YAML or JSON manifests:
 	root.AddCommand(c.certsCommand(getenv))
 	c.addVersion(root)
 	root.AddCommand(c.applyCommand(), c.getCommand(), c.deleteCommand(), c.describeCommand(), c.waitCommand(), c.delphiCommand(), c.dataplaneCommand(), c.bpfCommand(), c.flowsCommand(), c.monitorCommand(), c.traceCommand())
+	root.AddCommand(c.apiResourcesCommand())
 
 	if args == nil {
 		args = []string{} // nil makes cobra read os.Args
@@ -242,13 +243,13 @@ func (e *statusError) Error() string {
 func (e *statusError) GRPCStatus() *status.Status { return e.st }
 
 // parseKind parses a kind given on the command line; its error, a usage error (see
-// Run), lists the valid kinds.
+// Run), lists the valid kinds with their short names.
 func parseKind(s string) (nimbusv1.Kind, error) {
 	kind, err := nimbusv1.ParseKind(s)
 	if err != nil {
 		names := make([]string, 0, len(nimbusv1.Kinds()))
 		for _, k := range nimbusv1.Kinds() {
-			names = append(names, k.Name())
+			names = append(names, k.Name()+" ("+k.ShortName()+")")
 		}
 		return kind, exitstatus.Mark(fmt.Errorf("%w (valid kinds: %s)", err, strings.Join(names, ", ")))
 	}
