@@ -41,6 +41,7 @@ on stderr shows each change of progress, and apply fails as soon as a node repor
 FAILED, or when --timeout passes.`,
 		Example: `  naplesctl apply -f route.yaml
   cat route.yaml | naplesctl apply -f -
+  naplesctl apply -f manifests/ -R
   naplesctl apply -f route.yaml --wait --timeout 30s`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -56,7 +57,8 @@ FAILED, or when --timeout passes.`,
 			return c.apply(cmd.Context(), files, wait, timeout)
 		},
 	}
-	cmd.Flags().StringArrayVarP(&files, "filename", "f", nil, `manifest file to apply, "-" for stdin; repeatable`)
+	cmd.Flags().StringArrayVarP(&files, "filename", "f", nil, filenameUsage("to apply"))
+	c.addRecursiveFlag(cmd)
 	cmd.Flags().BoolVar(&wait, "wait", false, "wait until every object is programmed on every target node")
 	o.addTimeoutFlag(cmd, "with --wait")
 	_ = cmd.MarkFlagRequired("filename") // cannot fail: the flag exists

@@ -76,6 +76,8 @@ type cli struct {
 	// agent is the --agent flag; agentEnv tells that $NAPLES_AGENT set its default.
 	agent    string
 	agentEnv bool
+	// recursive is the -R flag of a command that reads manifests (addRecursiveFlag).
+	recursive bool
 	// started is set when cobra has parsed the command line and runs a command: an error
 	// before that is a usage error.
 	started bool
@@ -273,10 +275,15 @@ type source struct {
 // String names where the object was read: "route.yaml: document 2".
 func (s source) String() string { return fmt.Sprintf("%s: document %d", s.file, s.doc) }
 
-// readManifests reads every object of files, in order; "-" is stdin.
+// readManifests reads every object of files, in order; "-" is stdin, and a directory
+// stands for its manifest files (manifestPaths).
 func (c *cli) readManifests(files []string) ([]source, error) {
+	paths, err := c.manifestPaths(files)
+	if err != nil {
+		return nil, err
+	}
 	var srcs []source
-	for _, f := range files {
+	for _, f := range paths {
 		var (
 			objs []*nimbusv1.Object
 			err  error
