@@ -117,7 +117,7 @@ Objects are written as YAML or JSON manifests:
 	root.AddCommand(c.certsCommand(getenv))
 	c.addVersion(root)
 	root.AddCommand(c.applyCommand(), c.getCommand(), c.deleteCommand(), c.describeCommand(), c.waitCommand(), c.delphiCommand(), c.dataplaneCommand(), c.bpfCommand(), c.flowsCommand(), c.monitorCommand(), c.traceCommand())
-	root.AddCommand(c.apiResourcesCommand())
+	root.AddCommand(c.apiResourcesCommand(), c.explainCommand())
 
 	if args == nil {
 		args = []string{} // nil makes cobra read os.Args
