@@ -42,6 +42,9 @@ deleted. The keys are then sent in order, in as few batches as their size allows
 			if len(args) < 2 {
 				return errors.New("delete needs KIND and NAME, or -f FILE")
 			}
+			if c.recursive {
+				return errors.New("-R reads the directories given to -f: it needs -f")
+			}
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -106,6 +106,7 @@ func TestManifestSourceErrors(t *testing.T) {
 	}{
 		{name: "directory without manifests", args: []string{"apply", "-f", empty}, parts: []string{"directory " + empty, "no *.yaml, *.yml or *.json files", "-R reads its subdirectories"}},
 		{name: "stdin twice", stdin: routeYAML("a", "192.0.2.0/27", "10.0.0.1"), args: []string{"apply", "-f", "-", "-f", "-"}, parts: []string{`-f "-"`, "twice"}},
+		{name: "-R without -f", args: []string{"delete", "route", "a", "-R"}, parts: []string{"-R", "needs -f"}},
 		{name: "missing file in a list", args: []string{"delete", "-f", empty, "-R", "-f", filepath.Join(e.dir, "nothing.yaml")}, parts: []string{filepath.Join(e.dir, "nothing.yaml")}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
