@@ -40,8 +40,8 @@ on every target node at the generation apply stored, as the wait command does: a
 on stderr shows each change of progress, and apply fails as soon as a node reports
 FAILED, or when --timeout passes.`,
 		Example: `  naplesctl apply -f route.yaml
-  cat route.yaml | naplesctl apply -f -
   naplesctl apply -f manifests/ -R
+  cat route.yaml | naplesctl apply -f -
   naplesctl apply -f route.yaml --wait --timeout 30s`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

@@ -115,9 +115,9 @@ Objects are written as YAML or JSON manifests:
 	c.addAgentFlag(root, getenv)
 	c.addTLSFlags(root, getenv)
 	root.AddCommand(c.certsCommand(getenv))
+	root.AddCommand(c.apiResourcesCommand(), c.explainCommand())
 	c.addVersion(root)
 	root.AddCommand(c.applyCommand(), c.getCommand(), c.deleteCommand(), c.describeCommand(), c.waitCommand(), c.delphiCommand(), c.dataplaneCommand(), c.bpfCommand(), c.flowsCommand(), c.monitorCommand(), c.traceCommand())
-	root.AddCommand(c.apiResourcesCommand(), c.explainCommand())
 
 	if args == nil {
 		args = []string{} // nil makes cobra read os.Args
