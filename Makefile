@@ -50,7 +50,8 @@ fuzz:
 demo: build
 	./examples/demo.sh
 
-# tools builds the pinned code generators and the packager nfpm from tools/go.mod.
+# tools builds the pinned code generators and the packager nfpm from tools/go.mod, and
+# protoc-gen-naples-comments, which keeps the .proto comments for naplesctl explain.
 tools:
 	cd tools && GOBIN=$(TOOLS_BIN) $(GO) install \
 		github.com/bufbuild/buf/cmd/buf \
@@ -58,7 +59,8 @@ tools:
 		google.golang.org/protobuf/cmd/protoc-gen-go \
 		google.golang.org/grpc/cmd/protoc-gen-go-grpc \
 		github.com/planetscale/vtprotobuf/cmd/protoc-gen-go-vtproto \
-		github.com/cilium/ebpf/cmd/bpf2go
+		github.com/cilium/ebpf/cmd/bpf2go \
+		./protoc-gen-naples-comments
 
 proto: tools
 	PATH="$(TOOLS_BIN):$$PATH" $(TOOLS_BIN)/buf generate

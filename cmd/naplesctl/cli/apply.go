@@ -47,6 +47,7 @@ endpoint outside its network), refuses them as apply would, and otherwise says f
 what apply would do, "route/to-dc2 created (server dry run)"; it stores nothing. With
 --dry-run=client, naplesctl only validates the objects, without asking nimbus.`,
 		Example: `  naplesctl apply -f route.yaml
+  naplesctl apply -f manifests/ -R
   cat route.yaml | naplesctl apply -f -
   naplesctl apply -f route.yaml --wait --timeout 30s
   naplesctl apply -f route.yaml --dry-run=server`,
@@ -70,7 +71,8 @@ what apply would do, "route/to-dc2 created (server dry run)"; it stores nothing.
 			return c.apply(cmd.Context(), files, wait, timeout)
 		},
 	}
-	cmd.Flags().StringArrayVarP(&files, "filename", "f", nil, `manifest file to apply, "-" for stdin; repeatable`)
+	cmd.Flags().StringArrayVarP(&files, "filename", "f", nil, filenameUsage("to apply"))
+	c.addRecursiveFlag(cmd)
 	cmd.Flags().BoolVar(&wait, "wait", false, "wait until every object is programmed on every target node")
 	o.addTimeoutFlag(cmd, "with --wait")
 	addDryRunFlag(cmd, &dryRun)
