@@ -43,6 +43,7 @@ Exit status: 0 when apply would change nothing, 1 when it would change something
 the diff could not be made (a bad manifest, an object nimbus would refuse, nimbus out of
 reach), as kubectl diff.`,
 		Example: `  naplesctl diff -f overlay.yaml
+  naplesctl diff -R -f manifests/
   naplesctl diff -f overlay.yaml && echo "nothing to apply"`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -54,7 +55,8 @@ reach), as kubectl diff.`,
 			return exitstatus.Mark(err)
 		},
 	}
-	cmd.Flags().StringArrayVarP(&files, "filename", "f", nil, `manifest file to compare, "-" for stdin; repeatable`)
+	cmd.Flags().StringArrayVarP(&files, "filename", "f", nil, filenameUsage("to compare"))
+	c.addRecursiveFlag(cmd)
 	_ = cmd.MarkFlagRequired("filename") // cannot fail: the flag exists
 	return cmd
 }

@@ -3,6 +3,8 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -53,6 +55,17 @@ func TestDiff(t *testing.T) {
 	out, code = e.diffRun("-f", path)
 	if out != "" || code != 0 {
 		t.Errorf("diff after apply printed %q and exited %d, want nothing and 0", out, code)
+	}
+	// The same manifest in a subdirectory, read with -R.
+	sub := filepath.Join(e.dir, "manifests", "routes")
+	if err := os.MkdirAll(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(sub, "route.yaml"), []byte(routeYAML("to-dc2", "198.51.100.0/24", "10.10.0.2")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := e.diffRun("-R", "-f", filepath.Join(e.dir, "manifests")); out != "" || code != 0 {
+		t.Errorf("diff -R of a directory holding the applied route printed %q and exited %d, want nothing and 0", out, code)
 	}
 
 	edited := e.file("edited.yaml", routeYAML("to-dc2", "198.51.100.0/24", "10.10.0.9")+"---\n"+routeYAML("to-dc3", "203.0.113.0/24", "10.10.0.3"))
