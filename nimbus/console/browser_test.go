@@ -12,6 +12,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/naplesnet/naples/internal/manifest"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -201,6 +202,14 @@ func TestScreenshots(t *testing.T) {
 		"adding route 198.51.100.0/24 via 10.10.0.2: network is unreachable")
 	d.fail(t, nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "", "", "to-backup"), "host-c", "KernelError",
 		"adding route 203.0.113.0/24 via 10.10.0.3: network is unreachable")
+	// A route applied after the nodes last reported is PENDING everywhere.
+	lab, err := manifest.Decode(strings.NewReader("kind: Route\nmeta: {name: to-lab}\nspec: {table: 100, prefix: 192.0.2.0/24, nexthops: [{gateway: 10.10.0.5}]}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.client.Apply(t.Context(), &nimbusv1.ApplyRequest{Object: lab[0]}); err != nil {
+		t.Fatal(err)
+	}
 
 	shots := []struct {
 		file, path, ready string
