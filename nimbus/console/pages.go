@@ -22,7 +22,6 @@ import (
 var templateFuncs = template.FuncMap{
 	"ago":   ago,
 	"stamp": stamp,
-	"lower": func(s string) string { return string(bytes.ToLower([]byte(s))) },
 }
 
 // ago says how long before now t was, "never" for the zero time.
