@@ -107,6 +107,10 @@ type NodeSummary struct {
 	// Failed is the number of objects the node reports FAILED, Reported the number of
 	// objects it reported a status of on its own (the exceptions to its watermark).
 	Failed, Reported int
+	// AgentVersion is the version of the node's agent while it watches this server, as
+	// its gRPC user agent says (nimbusv1.AgentUserAgent); empty when it watches none
+	// here or does not say.
+	AgentVersion string
 }
 
 // Connected tells whether the node has a watch stream open.
@@ -114,8 +118,10 @@ func (n NodeSummary) Connected() bool { return n.Streams > 0 }
 
 // Nodes returns what the Server knows of every node it knows of, by name: the nodes
 // that have a Node object, a watch stream, a watch ended, a watermark or a status. It reads
-// one consistent state of the store, without a lock; its cost grows with the nodes and
-// the statuses they reported on their own, not with the objects.
+// one consistent state of the store, without a lock, and the agent versions of the
+// watches open on this server under the lock of commits, briefly; its cost grows with
+// the nodes, their watches and the statuses they reported on their own, not with the
+// objects.
 func (s *Server) Nodes() []NodeSummary {
 	v := s.view()
 	nodes := map[string]*NodeSummary{}
@@ -155,6 +161,13 @@ func (s *Server) Nodes() []NodeSummary {
 			n.LastReport = t.AsTime()
 		}
 	}
+	s.mu.Lock()
+	for w := range s.watchers {
+		if a := w.agent.Load(); w.target && a != nil && *a != "" {
+			get(w.node).AgentVersion = *a
+		}
+	}
+	s.mu.Unlock()
 	out := make([]NodeSummary, 0, len(nodes))
 	for _, name := range slices.Sorted(maps.Keys(nodes)) {
 		n := nodes[name]
@@ -162,6 +175,18 @@ func (s *Server) Nodes() []NodeSummary {
 		out = append(out, *n)
 	}
 	return out
+}
+
+// agentVersionOf returns the agent version the gRPC user agent of the call whose context
+// is ctx names, "" for none.
+func agentVersionOf(ctx context.Context) string {
+	md, _ := metadata.FromIncomingContext(ctx)
+	for _, ua := range md.Get("user-agent") {
+		if v := nimbusv1.AgentVersion(ua); v != "" {
+			return v
+		}
+	}
+	return ""
 }
 
 // Revision returns the revision of the latest committed change.

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -17,7 +18,9 @@ func TestNodesSummarizesWhatTheServerKnows(t *testing.T) {
 	ts.apply(t, route("r1", []string{"a", "b", "c"}, "192.0.2.1"))
 	ts.apply(t, route("r2", []string{"b"}, "192.0.2.1"))
 	endA := openWatch(t, ts, "a")
-	openWatch(t, ts, "b")
+	// b's agent says its version in its user agent, as nimbusclient does.
+	agent := dial(t, ts.path, grpc.WithUserAgent(nimbusv1.AgentUserAgent("v1.2.3")))
+	recvUntilSynced(t, watchFrom(t, testContext(t), agent, "b", "", 0))
 	ts.report(t,
 		&nimbusv1.StatusReport{Watermark: &nimbusv1.StatusWatermark{Node: "b", Epoch: ts.srv.Epoch(), Revision: ts.srv.Revision()}},
 		statusReport(routeKey("r1"), "b", 1, nimbusv1.Phase_PHASE_FAILED, "file exists"),
@@ -34,11 +37,12 @@ func TestNodesSummarizesWhatTheServerKnows(t *testing.T) {
 		t.Errorf("Nodes = %v, want a and b", got)
 	}
 	a, b := got["a"], got["b"]
-	if !a.Declared || a.Connected() || !a.Stale || a.Since.IsZero() || a.Watermark != 0 || !a.LastReport.IsZero() {
+	if !a.Declared || a.Connected() || !a.Stale || a.Since.IsZero() || a.Watermark != 0 || !a.LastReport.IsZero() || a.AgentVersion != "" {
 		t.Errorf("a = %+v, want declared, disconnected, stale, without reports", a)
 	}
-	if b.Declared || !b.Connected() || b.Stale || b.Watermark != ts.srv.Revision() || b.Failed != 1 || b.Reported != 1 || b.LastReport.IsZero() {
-		t.Errorf("b = %+v, want connected, at the latest revision, one FAILED report", b)
+	if b.Declared || !b.Connected() || b.Stale || b.Watermark != ts.srv.Revision() || b.Failed != 1 || b.Reported != 1 || b.LastReport.IsZero() ||
+		b.AgentVersion != "v1.2.3" {
+		t.Errorf("b = %+v, want connected, agent v1.2.3, at the latest revision, one FAILED report", b)
 	}
 }
 

@@ -151,8 +151,8 @@ func TestBrowserNodesObjectAndFlowsPages(t *testing.T) {
 	if err := chromedp.Do(ctx, chromedp.Navigate(d.url+"nodes"), chromedp.WaitVisible("#nodes")); err != nil {
 		t.Fatal(err)
 	}
-	rows := eval[[]string](t, ctx, `[...document.querySelectorAll("#nodes tbody tr")].map(tr => tr.dataset.node + " " + tr.querySelector(".state").textContent.trim() + " " + tr.querySelector(".ready").textContent)`)
-	want := []string{"host-a connected ready", "host-b connected ready", "host-c connected ready"}
+	rows := eval[[]string](t, ctx, `[...document.querySelectorAll("#nodes tbody tr")].map(tr => tr.dataset.node + " " + tr.querySelector(".state").textContent.trim() + " " + tr.querySelector(".ready").textContent + " " + tr.querySelector(".agent").textContent)`)
+	want := []string{"host-a connected ready v1.4.2", "host-b connected ready v1.4.2", "host-c connected ready v1.4.1"}
 	if strings.Join(rows, "|") != strings.Join(want, "|") {
 		t.Errorf("nodes page rows = %q, want %q", rows, want)
 	}

@@ -21,8 +21,9 @@ import (
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
-// demoNodes are the hosts of the demo state, each with an agent that the test plays.
-var demoNodes = []string{"host-a", "host-b", "host-c"}
+// demoNodes are the hosts of the demo state, each with an agent that the test plays, by
+// name, with the version of its agent.
+var demoNodes = map[string]string{"host-a": "v1.4.2", "host-b": "v1.4.2", "host-c": "v1.4.1"}
 
 // demoManifest is a realistic small fleet: three hosts, two networks of two tenants,
 // endpoints, security groups, a policy and routes.
@@ -162,8 +163,8 @@ func startDemo(t *testing.T, opts Options) *demo {
 	if _, err := d.client.ApplyBatch(t.Context(), &nimbusv1.ApplyBatchRequest{Objects: objs, OmitObjects: true}); err != nil {
 		t.Fatalf("applying the demo state: %v", err)
 	}
-	for _, n := range demoNodes {
-		d.watch(t, n)
+	for n, version := range demoNodes {
+		d.watch(t, "unix://"+sock, n, version)
 	}
 	waitFor(t, "every node connected", func() bool {
 		connected := 0
@@ -175,18 +176,25 @@ func startDemo(t *testing.T, opts Options) *demo {
 		return connected == len(demoNodes)
 	})
 	var marks []*nimbusv1.StatusReport
-	for _, n := range demoNodes {
+	for n := range demoNodes {
 		marks = append(marks, &nimbusv1.StatusReport{Watermark: &nimbusv1.StatusWatermark{Node: n, Epoch: srv.Epoch(), Revision: srv.Revision()}})
 	}
 	d.report(t, marks...)
 	return d
 }
 
-// watch opens the watch stream of an agent of the node and reads it until the test ends.
-func (d *demo) watch(t *testing.T, node string) {
+// watch opens the watch stream of an agent of the node, of the version, on a connection
+// of its own to target, and reads it until the test ends.
+func (d *demo) watch(t *testing.T, target, node, version string) {
 	t.Helper()
+	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithUserAgent(nimbusv1.AgentUserAgent(version)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
 	ctx, cancel := context.WithCancel(context.Background())
-	stream, err := d.client.Watch(ctx, &nimbusv1.WatchRequest{Node: node})
+	stream, err := nimbusv1.NewNimbusClient(conn).Watch(ctx, &nimbusv1.WatchRequest{Node: node})
 	if err != nil {
 		cancel()
 		t.Fatal(err)

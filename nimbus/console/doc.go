@@ -9,8 +9,8 @@
 //     filterable by kind, tenant and phase, with a failing node's reason and message on
 //     hover and on click. The page subscribes to /events, a server-sent-events stream fed
 //     by the Server's status stream (WatchStatusLocal), and updates its cells in place.
-//   - /nodes: every node the Server knows of, connected or stale, its watermark, its last
-//     report and how many objects it reports FAILED.
+//   - /nodes: every node the Server knows of, connected or stale, its agent's version, its
+//     watermark, its last report and how many objects it reports FAILED.
 //   - /object?key=Kind/tenant/namespace/name: one object's spec as YAML (as naplesctl get
 //     -o yaml prints it), its generation and the generations its nodes report, and every
 //     node's status.
