@@ -174,3 +174,31 @@ func TestUpdatesAreCoalesced(t *testing.T) {
 	}
 	t.Logf("10 reports in %d updates", updates)
 }
+
+func TestMatrixPages(t *testing.T) {
+	// 16 objects on 3 nodes, in pages of 5 rows and 2 columns.
+	d := startDemo(t, Options{MaxObjects: 5, MaxNodes: 2})
+	for _, tc := range []struct {
+		query            string
+		rows, columns    int
+		nextRows, nextNs bool
+	}{
+		{query: "", rows: 5, columns: 2, nextRows: true, nextNs: true},
+		{query: "?page=2", rows: 5, columns: 2, nextRows: true, nextNs: true},
+		{query: "?page=3", rows: 1, columns: 2, nextNs: true},
+		{query: "?page=4", rows: 0, columns: 2, nextNs: true},
+		{query: "?npage=1", rows: 5, columns: 1, nextRows: true},
+		{query: "?kind=Route&npage=1", rows: 2, columns: 1},
+	} {
+		code, body := fetch(t, http.MethodGet, d.url+tc.query)
+		rows, columns := strings.Count(body, "<tr data-key="), strings.Count(body, `<th class="node"`)
+		if tc.rows == 0 {
+			columns = tc.columns // no table at all
+		}
+		nextRows, nextNs := strings.Contains(body, "next objects"), strings.Contains(body, "next nodes")
+		if code != http.StatusOK || rows != tc.rows || columns != tc.columns || nextRows != tc.nextRows || nextNs != tc.nextNs {
+			t.Errorf("GET %s = %d, %d rows, %d columns, next rows %v, next nodes %v; want 200, %d, %d, %v, %v",
+				tc.query, code, rows, columns, nextRows, nextNs, tc.rows, tc.columns, tc.nextRows, tc.nextNs)
+		}
+	}
+}
