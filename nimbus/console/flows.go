@@ -308,11 +308,14 @@ func (c *Console) serveFlowTable(w http.ResponseWriter, r *http.Request) {
 // serveFlowEvents streams an "update" event, at most every UpdateInterval, whenever
 // records came, observing the Server's flows while it is open.
 func (c *Console) serveFlowEvents(w http.ResponseWriter, r *http.Request) {
-	release, ok := c.openStream(w)
+	release, ok := c.acquireStream(w)
 	if !ok {
 		return
 	}
 	defer release()
+	if !c.startStream(w) {
+		return
+	}
 	wake, stop := c.flows.listen()
 	defer stop()
 	c.pump(r.Context(), w, wake, nil, func() bool {

@@ -320,7 +320,7 @@ func (c *Console) serveMatrixEvents(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	release, ok := c.openStream(w)
+	release, ok := c.acquireStream(w)
 	if !ok {
 		return
 	}
@@ -328,6 +328,9 @@ func (c *Console) serveMatrixEvents(w http.ResponseWriter, r *http.Request) {
 	m, err := c.buildMatrix(r.Context(), q)
 	if err != nil {
 		c.serverError(w, r, err)
+		return
+	}
+	if !c.startStream(w) {
 		return
 	}
 	shown := make(map[string]bool, len(m.Rows))
@@ -446,23 +449,25 @@ func (c *Console) pump(ctx context.Context, w http.ResponseWriter, wake <-chan s
 	}
 }
 
-// openStream starts an event stream on w, unless MaxClients are open: then it answers
-// 503 and returns false. release closes the stream's place.
-func (c *Console) openStream(w http.ResponseWriter) (release func(), ok bool) {
+// acquireStream takes the place of an event stream, unless MaxClients are open: then
+// it answers 503 and returns false. release gives the place back.
+func (c *Console) acquireStream(w http.ResponseWriter) (release func(), ok bool) {
 	if n := c.clients.Add(1); n > int64(c.opts.MaxClients) {
 		c.clients.Add(-1)
 		c.metrics.refused.Inc()
 		http.Error(w, fmt.Sprintf("too many open event streams (%d, --ui-max-clients)", c.opts.MaxClients), http.StatusServiceUnavailable)
 		return nil, false
 	}
+	return func() { c.clients.Add(-1) }, true
+}
+
+// startStream answers 200 with the headers of an event stream and a first comment;
+// false means the client is gone.
+func (c *Console) startStream(w http.ResponseWriter) bool {
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
-	if !c.send(w, ": open\n\n") {
-		c.clients.Add(-1)
-		return nil, false
-	}
-	return func() { c.clients.Add(-1) }, true
+	return c.send(w, ": open\n\n")
 }
 
 // send writes s to the event stream and flushes it; false means the client is gone.
