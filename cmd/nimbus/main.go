@@ -5,7 +5,7 @@
 //
 //	nimbus [--listen ADDR]... [--log-level debug|info|warn|error]
 //	       [--tls-cert FILE --tls-key FILE --tls-ca FILE | --insecure]
-//	       [--data-dir DIR | --ephemeral] [--metrics HOST:PORT [--pprof]]
+//	       [--data-dir DIR | --ephemeral] [--metrics HOST:PORT [--pprof]] [--ui HOST:PORT]
 //	nimbus --store etcd --etcd-endpoints URL,... [--etcd-cacert FILE] [--etcd-cert FILE --etcd-key FILE]
 //	       [--etcd-prefix PREFIX] [--etcd-max-txn-ops N] [--etcd-compaction-interval D] [--replica-name NAME] [--advertise ADDR] ...
 //
@@ -40,6 +40,11 @@
 // Every size, count and rate a client could push without bound is limited; the flags of
 // the limits (--max-object-bytes, --max-streams-per-node, --max-status-message-bytes and
 // more) and the metrics that show them being hit are listed in docs/limits.md.
+//
+// --ui serves a read-only web console on http(s)://HOST:PORT/ui/: the propagation matrix
+// of objects × nodes, live, the nodes, one object, and the flows. It serves HTTPS and asks
+// for a client certificate under the same rules as the gRPC API (any role may read), or
+// plain HTTP with --insecure. See docs/ui.md.
 //
 // nimbus --version prints the version, the Go release and the platform, and exits 0.
 package main
@@ -126,6 +131,8 @@ type config struct {
 	replica replicaConfig
 	// limits are nimbus's limits (docs/limits.md).
 	limits nimbus.Limits
+	// ui is the web console (docs/ui.md).
+	ui uiConfig
 }
 
 // description is what --help says nimbus is, above its flags.
@@ -153,6 +160,7 @@ func parseFlags(args []string, stderr io.Writer, getenv func(string) string) (co
 	})
 	addReplicaFlags(fs, &cfg.replica)
 	addLimitFlags(fs, &cfg.limits)
+	addUIFlags(fs, &cfg.ui)
 	fs.IntVar(&cfg.watchBuffer, "watch-buffer", nimbus.DefaultWatchBuffer, "how many `events` a watcher may fall behind before it is reset and must resume")
 	fs.IntVar(&cfg.historyWindow, "history-window", nimbus.DefaultHistoryWindow, "how many of the latest `changes` are kept so that a watch can resume after them; negative keeps none")
 	fs.BoolVar(&ephemeral, "ephemeral", false, "keep objects in memory only: a restart loses them and every agent resyncs")
@@ -278,6 +286,13 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 		defer m.Close()
 		log.Info("serving metrics", "url", "http://"+m.Addr()+"/metrics", "probes", []string{"/healthz", "/readyz"})
+	}
+	if cfg.ui.addr != "" {
+		ui, err := serveUI(ctx, cfg.ui, srv, tlsConfig, reg, log)
+		if err != nil {
+			return err
+		}
+		defer ui.Close()
 	}
 
 	var listeners []net.Listener
