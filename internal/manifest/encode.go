@@ -80,19 +80,25 @@ func Encode(w io.Writer, f Format, obj *nimbusv1.Object, status *nimbusv1.Object
 // EncodeList writes items in manifest shape to w as one document, {"items": [...]}, which
 // Decode reads as the list of objects it holds.
 func EncodeList(w io.Writer, f Format, items []*nimbusv1.ObjectWithStatus) error {
-	l := list{Items: make([]json.RawMessage, 0, len(items))}
-	for _, it := range items {
-		raw, err := Marshal(it.GetObject(), it.GetStatus())
-		if err != nil {
-			return err
-		}
-		l.Items = append(l.Items, raw)
-	}
-	raw, err := compactJSON(l)
+	raw, err := MarshalList(items)
 	if err != nil {
 		return err
 	}
 	return write(w, f, raw)
+}
+
+// MarshalList returns items in manifest shape as compact JSON, {"items": [...]}, each as
+// Marshal returns it: the document EncodeList writes.
+func MarshalList(items []*nimbusv1.ObjectWithStatus) (json.RawMessage, error) {
+	l := list{Items: make([]json.RawMessage, 0, len(items))}
+	for _, it := range items {
+		raw, err := Marshal(it.GetObject(), it.GetStatus())
+		if err != nil {
+			return nil, err
+		}
+		l.Items = append(l.Items, raw)
+	}
+	return compactJSON(l)
 }
 
 // write writes the compact JSON raw to w in format f.

@@ -384,7 +384,7 @@ func TestUsageErrors(t *testing.T) {
 			is:    nimbusv1.ErrUnknownKind,
 		},
 		{name: "unknown kind on delete", args: []string{"delete", "rout", "a"}, parts: []string{`kind "rout": unknown kind`}, is: nimbusv1.ErrUnknownKind},
-		{name: "bad output", args: []string{"get", "routes", "-o", "xml"}, parts: []string{`--output "xml"`, "table, json or yaml"}},
+		{name: "bad output", args: []string{"get", "routes", "-o", "xml"}, parts: []string{`--output "xml"`, "table, wide, name, json, yaml, jsonpath=TEMPLATE"}},
 		{name: "apply without -f", args: []string{"apply"}, parts: []string{`"filename"`}},
 		{name: "apply of a missing file", args: []string{"apply", "-f", "/nonexistent.yaml"}, parts: []string{"/nonexistent.yaml"}, is: os.ErrNotExist},
 		{name: "apply of an empty file", args: []string{"apply", "-f", e.file("empty.yaml", "# nothing\n")}, parts: []string{"no objects found"}},
