@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/naplesnet/naples/controller"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -18,6 +19,8 @@ type getOptions struct {
 	output    string
 	tenant    string
 	namespace string
+	// watch is the --watch flag.
+	watch bool
 }
 
 // getCommand returns the get command.
@@ -53,11 +56,20 @@ describe lists every node.
   custom-columns=HEADER:PATH,...
                            a table with a column per HEADER, holding what PATH, a JSONPath
                            in kubectl's relaxed form (.meta.name), finds in each object's
-                           -o json document; <none> when it finds nothing`,
+                           -o json document; <none> when it finds nothing
+
+--watch (-w) prints the objects, then every change to them or to their status as nimbus
+streams it (a node's report, a new generation), until interrupted: a row per change in
+the table formats (when the row changes), a line with -o name, a document with -o json
+(one after the other), -o yaml (separated by ---) and -o jsonpath (the template over
+each object). A deleted object prints its last row or line followed by DELETED, or its
+last document with "deleted": true.`,
 		Example: `  naplesctl get routes
   naplesctl get routes -o wide
   naplesctl get route to-dc2 -o yaml
   naplesctl get routes -o name
+  naplesctl get routes -w
+  naplesctl get route to-dc2 -w -o yaml
   naplesctl get routes -o jsonpath='{range .items[*]}{.meta.name}{"\t"}{.spec.prefix}{"\n"}{end}'
   naplesctl get routes -o custom-columns=NAME:.meta.name,PREFIX:.spec.prefix,PROGRAMMED:.status.programmedNodes`,
 		Args: cobra.RangeArgs(1, 2),
@@ -71,13 +83,23 @@ describe lists every node.
 				return err
 			}
 			if len(args) == 2 {
-				return c.getOne(cmd.Context(), nimbusv1.NewKey(kind, o.tenant, o.namespace, args[1]), out)
+				key := nimbusv1.NewKey(kind, o.tenant, o.namespace, args[1])
+				if o.watch {
+					f := controller.Filter{Kind: kind, Tenant: key.GetTenant(), Namespace: key.GetNamespace(), Name: key.GetName()}
+					return c.watchObjects(cmd.Context(), kind, f, true, out)
+				}
+				return c.getOne(cmd.Context(), key, out)
+			}
+			if o.watch {
+				return c.watchObjects(cmd.Context(), kind, controller.Filter{Kind: kind, Tenant: o.tenant, Namespace: o.namespace}, false, out)
 			}
 			return c.list(cmd.Context(), kind, o, out)
 		},
 	}
 	cmd.Flags().StringVarP(&o.output, "output", "o", outputTable,
 		"output format: table, wide, name, json, yaml, jsonpath=TEMPLATE or custom-columns=HEADER:PATH,...")
+	cmd.Flags().BoolVarP(&o.watch, "watch", "w", false,
+		"after the objects, print every change to them or to their status until interrupted")
 	cmd.Flags().StringVar(&o.tenant, "tenant", "", "tenant of the objects (default: all when listing, \"default\" with NAME)")
 	cmd.Flags().StringVarP(&o.namespace, "namespace", "n", "", "namespace of the objects (default: all when listing, \"default\" with NAME)")
 	return cmd

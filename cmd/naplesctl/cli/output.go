@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"k8s.io/client-go/util/jsonpath"
 
@@ -148,24 +150,21 @@ func (c *cli) printObjects(kind nimbusv1.Kind, items []*nimbusv1.ObjectWithStatu
 		fmt.Fprintln(c.stderr, "No resources found.")
 		return nil
 	}
-	switch o.format {
-	case outputName:
+	if o.format == outputName {
 		for _, it := range items {
 			fmt.Fprintln(c.stdout, ref(it.GetObject().Key()))
 		}
 		return nil
-	case outputColumns:
-		return c.customColumns(o.columns, items)
 	}
-	tw := newTable(c.stdout, 3)
-	fmt.Fprintln(tw, strings.Join(tableHeader(kind, o.format == outputWide), "\t"))
+	rows := [][]string{headerOf(kind, o)}
 	for _, it := range items {
-		fmt.Fprintln(tw, strings.Join(c.tableRow(it, o.format == outputWide), "\t"))
+		row, err := c.rowOf(it, o)
+		if err != nil {
+			return err
+		}
+		rows = append(rows, row)
 	}
-	if err := tw.Flush(); err != nil {
-		return fmt.Errorf("writing table: %w", err)
-	}
-	return nil
+	return (&alignedRows{w: c.stdout}).write(rows)
 }
 
 // executeJSONPath writes what the template p finds in the JSON document raw.
@@ -180,45 +179,98 @@ func (c *cli) executeJSONPath(p *jsonpath.JSONPath, raw json.RawMessage) error {
 	return nil
 }
 
-// customColumns prints items as a table of the columns, one row per object: each cell
-// holds the values the column's path finds in the object's JSON document, separated by
-// commas, or "<none>".
-func (c *cli) customColumns(columns []customColumn, items []*nimbusv1.ObjectWithStatus) error {
-	tw := newTable(c.stdout, 3)
-	headers := make([]string, len(columns))
-	for i, col := range columns {
+// headerOf returns the header row of the table format o: table, wide or custom-columns.
+func headerOf(kind nimbusv1.Kind, o output) []string {
+	if o.format != outputColumns {
+		return tableHeader(kind, o.format == outputWide)
+	}
+	headers := make([]string, len(o.columns))
+	for i, col := range o.columns {
 		headers[i] = col.header
 	}
-	fmt.Fprintln(tw, strings.Join(headers, "\t"))
-	for _, it := range items {
-		raw, err := manifest.Marshal(it.GetObject(), it.GetStatus())
-		if err != nil {
-			return err
-		}
-		data, err := jsonValue(raw)
-		if err != nil {
-			return err
-		}
-		cells := make([]string, len(columns))
-		for i, col := range columns {
-			results, err := col.path.FindResults(data)
-			if err != nil {
-				return fmt.Errorf("--output custom-columns: column %s of %s: %w", col.header, ref(it.GetObject().Key()), err)
-			}
-			var values []string
-			for _, rs := range results {
-				for _, r := range rs {
-					values = append(values, oneLine(fmt.Sprint(r.Interface())))
-				}
-			}
-			cells[i] = "<none>"
-			if len(values) > 0 {
-				cells[i] = strings.Join(values, ",")
-			}
-		}
-		fmt.Fprintln(tw, strings.Join(cells, "\t"))
+	return headers
+}
+
+// rowOf returns the cells of item's row in the table format o: table, wide or
+// custom-columns.
+func (c *cli) rowOf(item *nimbusv1.ObjectWithStatus, o output) ([]string, error) {
+	if o.format != outputColumns {
+		return c.tableRow(item, o.format == outputWide), nil
 	}
-	if err := tw.Flush(); err != nil {
+	return columnCells(o.columns, item)
+}
+
+// columnCells returns the cells of item's row of -o custom-columns: each holds the values
+// the column's path finds in the object's JSON document, separated by commas, or
+// "<none>".
+func columnCells(columns []customColumn, item *nimbusv1.ObjectWithStatus) ([]string, error) {
+	raw, err := manifest.Marshal(item.GetObject(), item.GetStatus())
+	if err != nil {
+		return nil, err
+	}
+	data, err := jsonValue(raw)
+	if err != nil {
+		return nil, err
+	}
+	cells := make([]string, len(columns))
+	for i, col := range columns {
+		results, err := col.path.FindResults(data)
+		if err != nil {
+			return nil, fmt.Errorf("--output custom-columns: column %s of %s: %w", col.header, ref(item.GetObject().Key()), err)
+		}
+		var values []string
+		for _, rs := range results {
+			for _, r := range rs {
+				values = append(values, oneLine(fmt.Sprint(r.Interface())))
+			}
+		}
+		cells[i] = "<none>"
+		if len(values) > 0 {
+			cells[i] = strings.Join(values, ",")
+		}
+	}
+	return cells, nil
+}
+
+// alignedRows writes rows of cells in columns three spaces apart, as a text/tabwriter
+// table does, each cell escaped by Printable. It keeps the columns' widths from one write
+// to the next, so that rows written later, as changes come in a watch, line up with
+// those before them; a column only widens.
+type alignedRows struct {
+	w io.Writer
+	// widths are the widths of the columns so far, in runes.
+	widths []int
+}
+
+// alignedPadding is the number of spaces between columns.
+const alignedPadding = 3
+
+// write writes rows. The last cell of a row is not padded, and does not widen its
+// column.
+func (a *alignedRows) write(rows [][]string) error {
+	for _, row := range rows {
+		for i := range row {
+			row[i] = Printable(row[i])
+			if i == len(row)-1 {
+				break
+			}
+			if i == len(a.widths) {
+				a.widths = append(a.widths, 0)
+			}
+			a.widths[i] = max(a.widths[i], utf8.RuneCountInString(row[i]))
+		}
+	}
+	var b strings.Builder
+	for _, row := range rows {
+		for i, cell := range row {
+			b.WriteString(cell)
+			if i < len(row)-1 {
+				b.WriteString(strings.Repeat(" ", a.widths[i]-utf8.RuneCountInString(cell)+alignedPadding))
+			}
+		}
+		b.WriteByte('\n')
+	}
+	if _, err := io.WriteString(a.w, b.String()); err != nil {
 		return fmt.Errorf("writing table: %w", err)
 	}
 	return nil
