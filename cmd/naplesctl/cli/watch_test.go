@@ -50,7 +50,9 @@ func TestGetWatchTable(t *testing.T) {
 			}
 			step(func() {})
 			step(func() { e.report("to-dc2", "host-a", 1, programmed, "", "") })
-			step(func() { e.ok("apply", "-f", e.file("dc3.yaml", routeTo("to-dc3", "203.0.113.0/24", "10.10.0.3", "host-a"))) })
+			step(func() {
+				e.ok("apply", "-f", e.file("dc3.yaml", routeTo("to-dc3", "203.0.113.0/24", "10.10.0.3", "host-a")))
+			})
 			step(func() {
 				e.ok("apply", "-f", e.file("dc2.yaml", routeTo("to-dc2", "198.51.100.0/24", "10.10.0.12", "host-a", "host-b")))
 			})
