@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -54,14 +53,14 @@ func (c *cli) addCompletions(root *cobra.Command) {
 // addFlagCompletions registers the completion of node flags and --output on cmd and every
 // command under it.
 func (c *cli) addFlagCompletions(cmd *cobra.Command) {
-	cmd.Flags().VisitAll(func(f *pflag.Flag) {
-		switch {
-		case slices.Contains(nodeFlags, f.Name):
-			_ = cmd.RegisterFlagCompletionFunc(f.Name, c.completeNodes)
-		case f.Name == "output":
-			_ = cmd.RegisterFlagCompletionFunc(f.Name, completeOutput(outputChoices(cmd, f)))
+	for _, name := range nodeFlags {
+		if cmd.Flags().Lookup(name) != nil {
+			_ = cmd.RegisterFlagCompletionFunc(name, c.completeNodes)
 		}
-	})
+	}
+	if f := cmd.Flags().Lookup("output"); f != nil {
+		_ = cmd.RegisterFlagCompletionFunc(f.Name, completeOutput(outputChoices(cmd, f.Usage)))
+	}
 	for _, sub := range cmd.Commands() {
 		c.addFlagCompletions(sub)
 	}
@@ -122,13 +121,13 @@ func completeOutput(values []string) cobra.CompletionFunc {
 	}
 }
 
-// outputChoices returns the values of the --output flag f of cmd: get's, or those its
-// usage lists ("output format: table, json or yaml").
-func outputChoices(cmd *cobra.Command, f *pflag.Flag) []string {
+// outputChoices returns the values of cmd's --output flag, whose usage is usage: get's,
+// or those the usage lists ("output format: table, json or yaml").
+func outputChoices(cmd *cobra.Command, usage string) []string {
 	if cmd.Name() == "get" && cmd.Parent() != nil && !cmd.Parent().HasParent() {
 		return outputValues
 	}
-	_, list, ok := strings.Cut(f.Usage, "output format: ")
+	_, list, ok := strings.Cut(usage, "output format: ")
 	if !ok {
 		return nil
 	}
