@@ -5,11 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"strings"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
 	"sigs.k8s.io/yaml"
 
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -140,155 +138,11 @@ func marshalProto(o protojson.MarshalOptions, m proto.Message) (json.RawMessage,
 	if err != nil {
 		return nil, err
 	}
-	var buf bytes.Buffer
-	if err := int64Numbers(&buf, b, m.ProtoReflect().Descriptor()); err != nil {
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, b); err != nil {
 		return nil, err
 	}
-	return buf.Bytes(), nil
-}
-
-// int64Numbers writes raw, the protojson encoding of a message of type md, to buf as
-// compact JSON, with the values of its 64-bit integer fields (int64, uint64, sint64,
-// fixed64, sfixed64), which protojson writes as strings, written as the numbers they
-// hold: "generation": 3 rather than "generation": "3". The digits are copied as they are,
-// so no precision is lost, however large the value; protojson reads both forms, so the
-// manifest still decodes. The order of the fields is kept.
-func int64Numbers(buf *bytes.Buffer, raw []byte, md protoreflect.MessageDescriptor) error {
-	if isWellKnown(md) {
-		return json.Compact(buf, raw) // Timestamp, Duration: strings of their own
-	}
-	return eachMember(buf, raw, func(key string, value []byte) error {
-		fd := md.Fields().ByJSONName(key)
-		if fd == nil {
-			fd = md.Fields().ByTextName(key)
-		}
-		if fd == nil {
-			return json.Compact(buf, value)
-		}
-		switch {
-		case fd.IsMap():
-			return eachMember(buf, value, func(_ string, v []byte) error { return singularNumbers(buf, v, fd.MapValue()) })
-		case fd.IsList():
-			return eachElement(buf, value, func(v []byte) error { return singularNumbers(buf, v, fd) })
-		}
-		return singularNumbers(buf, value, fd)
-	})
-}
-
-// singularNumbers writes raw, the JSON of one value of the field fd (one element of a
-// list, one value of a map), to buf as int64Numbers does.
-func singularNumbers(buf *bytes.Buffer, raw []byte, fd protoreflect.FieldDescriptor) error {
-	switch fd.Kind() {
-	case protoreflect.MessageKind, protoreflect.GroupKind:
-		return int64Numbers(buf, raw, fd.Message())
-	case protoreflect.Int64Kind, protoreflect.Uint64Kind, protoreflect.Sint64Kind,
-		protoreflect.Fixed64Kind, protoreflect.Sfixed64Kind:
-		var s string
-		if json.Unmarshal(raw, &s) == nil && isInteger(s) {
-			buf.WriteString(s)
-			return nil
-		}
-	}
-	return json.Compact(buf, raw)
-}
-
-// isInteger reports whether s is a decimal integer as JSON writes one: an optional minus
-// sign and digits without leading zeros.
-func isInteger(s string) bool {
-	digits := strings.TrimPrefix(s, "-")
-	if digits == "" || (digits[0] == '0' && len(digits) > 1) {
-		return false
-	}
-	for i := 0; i < len(digits); i++ {
-		if digits[i] < '0' || digits[i] > '9' {
-			return false
-		}
-	}
-	return true
-}
-
-// eachMember writes the JSON object raw to buf, compact, calling member to write the
-// value of each member after its key. A raw that is not an object is written as it is.
-func eachMember(buf *bytes.Buffer, raw []byte, member func(key string, value []byte) error) error {
-	var members orderedObject
-	if err := json.Unmarshal(raw, &members); err != nil || members == nil {
-		return json.Compact(buf, raw)
-	}
-	buf.WriteByte('{')
-	for i, m := range members {
-		if i > 0 {
-			buf.WriteByte(',')
-		}
-		key, err := compactJSON(m.key)
-		if err != nil {
-			return err
-		}
-		buf.Write(key)
-		buf.WriteByte(':')
-		if err := member(m.key, m.value); err != nil {
-			return err
-		}
-	}
-	buf.WriteByte('}')
-	return nil
-}
-
-// eachElement writes the JSON array raw to buf, compact, calling element to write each
-// element. A raw that is not an array is written as it is.
-func eachElement(buf *bytes.Buffer, raw []byte, element func(value []byte) error) error {
-	var elems []json.RawMessage
-	if err := json.Unmarshal(raw, &elems); err != nil || elems == nil {
-		return json.Compact(buf, raw)
-	}
-	buf.WriteByte('[')
-	for i, e := range elems {
-		if i > 0 {
-			buf.WriteByte(',')
-		}
-		if err := element(e); err != nil {
-			return err
-		}
-	}
-	buf.WriteByte(']')
-	return nil
-}
-
-// orderedObject is a JSON object's members in the order they are written.
-type orderedObject []member
-
-// member is one member of a JSON object.
-type member struct {
-	key   string
-	value json.RawMessage
-}
-
-// UnmarshalJSON reads a JSON object's members in order; null leaves o nil.
-func (o *orderedObject) UnmarshalJSON(b []byte) error {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	tok, err := dec.Token()
-	if err != nil {
-		return err
-	}
-	if tok == nil {
-		return nil
-	}
-	if d, ok := tok.(json.Delim); !ok || d != '{' {
-		return fmt.Errorf("want a JSON object, got %v", tok)
-	}
-	members := orderedObject{}
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return err
-		}
-		var value json.RawMessage
-		if err := dec.Decode(&value); err != nil {
-			return err
-		}
-		members = append(members, member{key: tok.(string), value: value})
-	}
-	*o = members
-	return nil
+	return int64Numbers(compact.Bytes(), m.ProtoReflect().Descriptor())
 }
 
 // compactJSON encodes v without escaping <, > and &, which may appear in messages.

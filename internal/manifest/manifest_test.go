@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -423,16 +424,31 @@ func TestInt64Numbers(t *testing.T) {
 	obj.Meta.Generation = 1<<53 + 1 // not a float64
 	obj.Meta.Revision = 1<<64 - 1
 	obj.Meta.GenerationRevision = 7
+	// Strings that look like JSON, and an escaped quote, must not confuse the rewriting.
+	obj.Meta.Labels = map[string]string{`a"},{"generation":"1`: `"x\\":[1,{"`, "b": "}]"}
 	status := &nimbusv1.ObjectStatus{
 		TargetNodes: 1, Generation: 9007199254740993,
-		Nodes: []*nimbusv1.NodeStatus{{Node: "host-a", ObservedGeneration: 3, Phase: nimbusv1.Phase_PHASE_PROGRAMMED}},
+		Nodes: []*nimbusv1.NodeStatus{{
+			Node: "host-a", ObservedGeneration: 3, Phase: nimbusv1.Phase_PHASE_PROGRAMMED, Message: `"observedGeneration":"4"`,
+			UpdateTime: timestamppb.New(time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)),
+			OperationalData: &nimbusv1.OperationalData{Kind: &nimbusv1.OperationalData_SecurityPolicy{
+				SecurityPolicy: &nimbusv1.SecurityPolicyOperational{Rules: []*nimbusv1.PolicyRuleCounters{
+					{Index: 1, Packets: 12, Bytes: 1500}, {Index: 2, Packets: 1 << 62},
+				}},
+			}},
+		}},
 	}
 	raw, err := manifest.Marshal(obj, status)
 	if err != nil {
 		t.Fatalf("Marshal: %v", err)
 	}
+	if !json.Valid(raw) {
+		t.Fatalf("Marshal returned invalid JSON:\n%s", raw)
+	}
 	for _, want := range []string{`"generation":9007199254740993,`, `"revision":18446744073709551615,`,
-		`"generationRevision":7}`, `"observedGeneration":3,`, `"generation":9007199254740993,"currentNodes"`} {
+		`"generationRevision":7}`, `"observedGeneration":3,`, `"generation":9007199254740993,"currentNodes"`,
+		`"message":"\"observedGeneration\":\"4\""`, `"updateTime":"2026-11-21T10:00:00Z"`,
+		`"index":1,"packets":12,"bytes":1500}`, `"packets":4611686018427387904`, `"b":"}]"`} {
 		if !strings.Contains(string(raw), want) {
 			t.Errorf("Marshal does not write %s:\n%s", want, raw)
 		}
