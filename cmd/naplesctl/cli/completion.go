@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -22,28 +23,30 @@ const (
 // with how many names each takes; -1 is any number.
 var objectArgs = map[string]int{"get": 1, "describe": 1, "delete": -1, "wait": -1}
 
-// kindArgs are the delphi commands whose first argument is a KIND.
-var kindArgs = []string{"list", "get", "watch"}
+// kindArgs are the commands whose first argument is a KIND and that take no object
+// names from nimbus: explain, and delphi's commands.
+var kindArgs = []string{"explain", "delphi list", "delphi get", "delphi watch"}
 
 // nodeFlags are the flags whose values are node names.
 var nodeFlags = []string{"node", "nodes"}
 
 // addCompletions teaches shell completion (cobra's completion command, and the hidden
 // __complete command its scripts call) naplesctl's arguments and flag values: kinds, in
-// lower case, singular and plural; object names, asked from nimbus, of the kind given
+// lower case, singular, plural and short; object names, asked from nimbus, of the kind given
 // before them; node names (Node objects) for --node and --nodes; and the values of
 // --output. What cannot be asked, when nimbus is unreachable or slow, completes to
 // nothing, silently.
 func (c *cli) addCompletions(root *cobra.Command) {
 	for _, cmd := range root.Commands() {
-		switch {
-		case objectArgs[cmd.Name()] != 0:
-			cmd.ValidArgsFunction = c.completeObjects(objectArgs[cmd.Name()])
-		case cmd.Name() == "delphi":
-			for _, sub := range cmd.Commands() {
-				if slices.Contains(kindArgs, sub.Name()) {
-					sub.ValidArgsFunction = completeKindOnly
-				}
+		if n, ok := objectArgs[cmd.Name()]; ok {
+			cmd.ValidArgsFunction = c.completeObjects(n)
+		}
+		if slices.Contains(kindArgs, cmd.Name()) {
+			cmd.ValidArgsFunction = completeKindOnly
+		}
+		for _, sub := range cmd.Commands() {
+			if slices.Contains(kindArgs, cmd.Name()+" "+sub.Name()) {
+				sub.ValidArgsFunction = completeKindOnly
 			}
 		}
 	}
@@ -122,7 +125,8 @@ func completeOutput(values []string) cobra.CompletionFunc {
 }
 
 // outputChoices returns the values of cmd's --output flag, whose usage is usage: get's,
-// or those the usage lists ("output format: table, json or yaml").
+// or those the usage lists up to a semicolon, without what parentheses hold ("output
+// format: table, json or yaml", "output format: wide (with ...) or name (...); ...").
 func outputChoices(cmd *cobra.Command, usage string) []string {
 	if cmd.Name() == "get" && cmd.Parent() != nil && !cmd.Parent().HasParent() {
 		return outputValues
@@ -131,8 +135,13 @@ func outputChoices(cmd *cobra.Command, usage string) []string {
 	if !ok {
 		return nil
 	}
+	list, _, _ = strings.Cut(list, ";")
+	list = parenthesized.ReplaceAllString(list, "")
 	return strings.FieldsFunc(strings.ReplaceAll(list, " or ", ", "), func(r rune) bool { return r == ',' || r == ' ' })
 }
+
+// parenthesized matches what parentheses hold in a flag's usage, with them.
+var parenthesized = regexp.MustCompile(`\([^)]*\)`)
 
 // objectNames returns the names of the objects of kind in nimbus, in tenant and namespace
 // when they are set, sorted and without duplicates, but those in given; nothing when
@@ -162,17 +171,12 @@ func (c *cli) objectNames(ctx context.Context, kind nimbusv1.Kind, tenant, names
 	return slices.Compact(names)
 }
 
-// kindSpellings returns every kind's name in lower case, singular and plural, as
-// ParseKind takes them: "route", "routes".
+// kindSpellings returns every kind's names as ParseKind takes them, in lower case:
+// singular, plural and short ("route", "routes", "rt").
 func kindSpellings() []string {
 	var out []string
 	for _, k := range nimbusv1.Kinds() {
-		name := kindArg(k)
-		plural := name + "s"
-		if strings.HasSuffix(name, "y") {
-			plural = strings.TrimSuffix(name, "y") + "ies"
-		}
-		out = append(out, name, plural)
+		out = append(out, kindArg(k), k.Plural(), k.ShortName())
 	}
 	return out
 }

@@ -35,8 +35,10 @@ spec: {table: 100, prefix: 192.0.2.0/24, nexthops: [{gateway: 10.10.0.4}]}
 		directive string
 	}{
 		{"kind", []string{"get", "rou"}, "route routes", noFiles},
-		{"kind in upper case", []string{"describe", "Net"}, "network networks networksecuritypolicy networksecuritypolicies", noFiles},
-		{"kind of delete", []string{"delete", "e"}, "endpoint endpoints", noFiles},
+		{"kind, short name", []string{"get", "r"}, "route routes rt", noFiles},
+		{"kind in upper case", []string{"describe", "Net"}, "network networks net networksecuritypolicy networksecuritypolicies", noFiles},
+		{"kind of explain", []string{"explain", "if"}, "if", noFiles},
+		{"kind of delete", []string{"delete", "e"}, "endpoint endpoints ep", noFiles},
 		{"kind of wait", []string{"wait", "flow"}, "flowexportpolicy flowexportpolicies", noFiles},
 		{"kind of delphi list", []string{"delphi", "list", "sec"}, "securitygroup securitygroups", noFiles},
 		{"names of every tenant", []string{"get", "routes", ""}, "to-acme to-dc2 to-dc3", noFiles},
@@ -56,6 +58,7 @@ spec: {table: 100, prefix: 192.0.2.0/24, nexthops: [{gateway: 10.10.0.4}]}
 		{"get -o c takes a template", []string{"get", "routes", "-o", "c"}, "custom-columns=", noSpace},
 		{"delphi list -o", []string{"delphi", "list", "-o", ""}, "table json yaml", noFiles},
 		{"flows -o", []string{"flows", "-o", ""}, "table json", noFiles},
+		{"api-resources -o", []string{"api-resources", "-o", ""}, "wide name", noFiles},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -67,13 +70,13 @@ spec: {table: 100, prefix: 192.0.2.0/24, nexthops: [{gateway: 10.10.0.4}]}
 
 	// Every kind completes, in every spelling offered, and each spelling parses.
 	got, _ := e.complete("get", "")
-	if len(got) != 2*len(nimbusv1.Kinds()) {
-		t.Errorf("__complete get '': %d kinds, want %d (singular and plural of each): %q", len(got), 2*len(nimbusv1.Kinds()), got)
+	if len(got) != 3*len(nimbusv1.Kinds()) {
+		t.Errorf("__complete get '': %d kinds, want %d (singular, plural and short of each): %q", len(got), 3*len(nimbusv1.Kinds()), got)
 	}
 	for i, s := range got {
 		k, err := nimbusv1.ParseKind(s)
-		if err != nil || k != nimbusv1.Kinds()[i/2] {
-			t.Errorf("completed kind %q parses to %v, %v; want %v", s, k, err, nimbusv1.Kinds()[i/2])
+		if err != nil || k != nimbusv1.Kinds()[i/3] {
+			t.Errorf("completed kind %q parses to %v, %v; want %v", s, k, err, nimbusv1.Kinds()[i/3])
 		}
 	}
 
