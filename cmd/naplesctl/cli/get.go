@@ -52,7 +52,8 @@ describe lists every node.
   json, yaml               the objects in manifest shape with their per-node status, which
                            can be applied again; 64-bit integers are numbers
   jsonpath=TEMPLATE        what a kubectl JSONPath template finds in the document -o json
-                           prints: the object, or {"items": [...]} when listing
+                           prints: the object, or {"items": [...]} when listing; as
+                           kubectl, no newline is added ({"\n"} writes one)
   custom-columns=HEADER:PATH,...
                            a table with a column per HEADER, holding what PATH, a JSONPath
                            in kubectl's relaxed form (.meta.name), finds in each object's

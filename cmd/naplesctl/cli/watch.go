@@ -22,7 +22,8 @@ const deletedMarker = "DELETED"
 // which is a clean exit. With one set the filter names a single object: it must exist
 // when the watch starts, and its JSON document is the object rather than a list.
 //
-// Each change prints one row (table, wide, custom-columns; only when the row differs
+// When there are none, "No resources found." on stderr says so, and the table's header
+// waits for the first row. Each change prints one row (table, wide, custom-columns; only when the row differs
 // from the object's last one), one line (name) or one document (json, yaml, jsonpath: the
 // object's document; YAML documents after the first start with "---"). An object deleted
 // prints its last row or line followed by DELETED, or its last document with
@@ -84,6 +85,10 @@ func (c *cli) watchObjects(ctx context.Context, kind nimbusv1.Kind, f controller
 			}
 			items := slices.SortedFunc(maps.Values(initial), compareItems)
 			initial = nil
+			if len(items) == 0 {
+				fmt.Fprintln(c.stderr, "No resources found.")
+				return
+			}
 			fail(w.print(items, false))
 		},
 	}

@@ -98,6 +98,23 @@ func TestGetWatchDocuments(t *testing.T) {
 	}
 }
 
+// TestGetWatchEmpty watches a kind of which there are no objects: stderr says so, and
+// the table, header included, starts with the first object.
+func TestGetWatchEmpty(t *testing.T) {
+	e := newEnv(t)
+	r := e.start("get", "routes", "-w")
+	r.waitStderr(t, "No resources found.\n")
+	if out := r.stdout.String(); out != "" {
+		t.Errorf("get -w of no routes printed %q before any route", out)
+	}
+	e.ok("apply", "-f", e.file("dc2.yaml", routeYAML("to-dc2", "198.51.100.0/24", "10.10.0.2")))
+	r.waitStdout(t, "to-dc2")
+	r.stop(t)
+	equal(t, "get -w from no routes", r.stdout.String(), ""+
+		"NAME     TENANT    NAMESPACE   GENERATION   PROGRAMMED   FAILED   PENDING   STALE   AGE\n"+
+		"to-dc2   default   default     1            0/1          0        1         0       90s\n")
+}
+
 // TestGetWatchErrors: a watch of an object that does not exist, or of a nimbus that
 // cannot be reached, fails at once rather than waiting.
 func TestGetWatchErrors(t *testing.T) {
