@@ -72,7 +72,7 @@ func revisions(t *testing.T, out string) map[string]string {
 	var doc struct {
 		Items []struct {
 			Meta struct {
-				Name     string `json:"name"`
+				Name     string      `json:"name"`
 				Revision json.Number `json:"revision"`
 			} `json:"meta"`
 		} `json:"items"`
