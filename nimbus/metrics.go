@@ -3,6 +3,7 @@ package nimbus
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/naplesnet/naples/internal/pki"
 	"github.com/naplesnet/naples/internal/telemetry"
 )
 
@@ -43,6 +44,8 @@ type metrics struct {
 	// watermarkMovesDelayed counts the watermark reports held back by
 	// Limits.StatusWatermarkMoves.
 	watermarkMovesDelayed prometheus.Counter
+	// certificateExpiry is when each certificate of Options.Certificates expires.
+	certificateExpiry *prometheus.GaugeVec
 }
 
 // newMetrics creates the metrics and registers them with reg; statuses tells how many node
@@ -113,6 +116,10 @@ func newMetrics(reg prometheus.Registerer, statuses, watermarks func() float64) 
 		Namespace: ns, Subsystem: sub, Name: "status_watermark_moves_delayed_total",
 		Help: "Status watermarks a node reported that were held back, to be applied later with the reports after them, because the node moved its watermark faster than --status-watermark-moves.",
 	})
+	m.certificateExpiry = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: ns, Subsystem: sub, Name: "tls_certificate_expiry_seconds",
+		Help: "When each certificate nimbus loaded expires (its NotAfter), in seconds since the Unix epoch, by certificate (server or ca) and file; for a file of several CAs, the first to expire.",
+	}, []string{"certificate", "file"})
 	for _, r := range handshakeReasons {
 		m.handshakesRefused.WithLabelValues(r)
 	}
@@ -133,8 +140,15 @@ func newMetrics(reg prometheus.Registerer, statuses, watermarks func() float64) 
 	var err error
 	if m.unregister, err = telemetry.Register(reg, "Server", m.resets, m.watchStarts, m.watchers, m.revision, m.objects, m.commits, m.commitSize,
 		m.statusTruncated, m.detailsOmitted, m.nodesOmitted, statusGauge, watermarkGauge, m.objectsTooLarge, m.listPagesCut,
-		m.nodeStatusPagesCut, m.handshakesRefused, m.watermarkMovesDelayed); err != nil {
+		m.nodeStatusPagesCut, m.handshakesRefused, m.watermarkMovesDelayed, m.certificateExpiry); err != nil {
 		return nil, err
 	}
 	return m, nil
+}
+
+// setCertificates sets the expiry gauge of each certificate file.
+func (m *metrics) setCertificates(e *pki.Expiry) {
+	for _, c := range e.Certificates() {
+		m.certificateExpiry.WithLabelValues(c.Use, c.Path).Set(float64(c.NotAfter.Unix()))
+	}
 }

@@ -122,6 +122,14 @@ type Options struct {
 	// publisher certificates; internal/pki's ServerConfig builds one. Default: nil, which
 	// serves plaintext and lets every client call everything.
 	TLS *tls.Config
+	// Certificates are the certificate files TLS was loaded from (internal/pki's
+	// ReadExpiry): naples_nimbus_tls_certificate_expiry_seconds tells when each expires,
+	// and Warnings warns of those that expire within CertificateWarning. Default: nil,
+	// none.
+	Certificates *pki.Expiry
+	// CertificateWarning is how long before one of Certificates expires Warnings warns of
+	// it. Default: internal/pki's DefaultExpiryWarning (30 days).
+	CertificateWarning time.Duration
 	// ReplicaName, when set, makes the Server a replica among peers that share their
 	// objects: it is the name the Server goes by among them, and it pushes to the peers
 	// SetPeers names the statuses its own agents report and which nodes watch it, and
@@ -165,6 +173,12 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.StaleAfter == 0 {
 		o.StaleAfter = DefaultStaleAfter
+	}
+	switch {
+	case o.CertificateWarning < 0:
+		return o, fmt.Errorf("CertificateWarning %v: must not be negative: %w", o.CertificateWarning, ErrInvalidOptions)
+	case o.CertificateWarning == 0:
+		o.CertificateWarning = pki.DefaultExpiryWarning
 	}
 	if o.Etcd != nil && o.DataDir != "" {
 		return o, fmt.Errorf("Etcd and DataDir %s: a server keeps its objects in one store: %w", o.DataDir, ErrInvalidOptions)
@@ -282,6 +296,7 @@ func New(opts Options) (*Server, error) {
 		embedded.close()
 		return nil, fmt.Errorf("creating nimbus server: %w", err)
 	}
+	s.metrics.setCertificates(opts.Certificates)
 	streams, unregisterStreams, err := newStreamLimiter(&s.opts.Limits, opts.Now, opts.Registerer)
 	if err != nil {
 		s.metrics.unregister()
@@ -487,6 +502,13 @@ func (s *Server) Ready() []string {
 		return []string{why}
 	}
 	return nil
+}
+
+// Warnings returns what an operator should act on soon, though the server is ready: a
+// line for each of Options.Certificates that expires within Options.CertificateWarning.
+// /readyz lists them after its answer.
+func (s *Server) Warnings() []string {
+	return s.opts.Certificates.Warnings(s.opts.Now(), s.opts.CertificateWarning)
 }
 
 // available returns why the Server cannot serve calls yet, with codes.Unavailable: a

@@ -132,6 +132,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	tlsCA := fs.String("tls-ca", "/etc/naples/pki/ca.crt", "`file` of the CA certificates that verify nimbus")
 	tlsServerName := fs.String("tls-server-name", pki.DefaultServerName, "`name` nimbus's certificate is verified for")
 	insecure := fs.Bool("insecure", false, "dial nimbus in plaintext, without TLS")
+	tlsExpiryWarning := fs.Duration("tls-expiry-warning", pki.DefaultExpiryWarning, "warn on /readyz of a certificate (--tls-cert, --tls-ca) that expires within `duration`")
 	gcPercent := fs.Int("gc-percent", defaultGCPercent, "the garbage collector's target: a collection starts once the heap has grown by this `percent` of the live data, as GOGC (which is used when set and this flag is not given); lower holds less memory for more CPU, negative turns collection off")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
@@ -199,6 +200,11 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		fs.Usage()
 		return fmt.Errorf("parsing flags: %w", errUsage)
 	}
+	if *tlsExpiryWarning <= 0 {
+		fmt.Fprintf(stderr, "invalid value %v for flag -tls-expiry-warning: must be positive\n", *tlsExpiryWarning)
+		fs.Usage()
+		return fmt.Errorf("parsing flags: %w", errUsage)
+	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "unexpected arguments: %q\n", fs.Args())
 		fs.Usage()
@@ -213,9 +219,13 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	var tlsConfig *tls.Config
+	var certs *pki.Expiry
 	if !*insecure {
 		var err error
 		tlsConfig, err = pki.ClientConfig(*tlsCert, *tlsKey, *tlsCA, *tlsServerName)
+		if err == nil {
+			certs, err = pki.ReadExpiry(pki.CertFile{Use: pki.UseClient, Path: *tlsCert}, pki.CertFile{Use: pki.UseCA, Path: *tlsCA})
+		}
 		if err != nil {
 			return exitstatus.Mark(fmt.Errorf("loading TLS credentials (--insecure dials plaintext): %w", err))
 		}
@@ -224,7 +234,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 				"certificate", *tlsCert, "identity", id.String(), "node", *node, "error", err)
 		}
 	}
-	return agent.Run(ctx, agent.Config{Node: *node, Nimbus: *nimbus, TLS: tlsConfig, StateDir: *stateDir, DiscardState: *discardState, Logger: log, Socket: *socket, LocalAPIPageBytes: *pageBytes, LocalAPIFlowStreams: *flowStreams, Metrics: metrics,
+	return agent.Run(ctx, agent.Config{Node: *node, Nimbus: *nimbus, TLS: tlsConfig, Certificates: certs, CertificateWarning: *tlsExpiryWarning, StateDir: *stateDir, DiscardState: *discardState, Logger: log, Socket: *socket, LocalAPIPageBytes: *pageBytes, LocalAPIFlowStreams: *flowStreams, Metrics: metrics,
 		InterfaceStats: *interfaceStats, BPFDir: *bpfDir, FirewallCapacities: caps, FlowLogSize: *flowLog, FlowSweep: *flowSweep, MaxTraces: *maxTraces, FirewallStats: *fwStats,
 		FlowTapSubscriptions: *flowTapSubs, FlowTapBatch: *flowTapBatch, FlowExport: export,
 		GatewayBridges: *gatewayBridges, GatewayCheck: *gatewayCheck,

@@ -126,6 +126,8 @@ type config struct {
 	replica replicaConfig
 	// limits are nimbus's limits (docs/limits.md).
 	limits nimbus.Limits
+	// certs says how nimbus watches its certificates.
+	certs certConfig
 }
 
 // parseFlags parses the command line. The flag package reports a bad flag on stderr
@@ -144,6 +146,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	})
 	addReplicaFlags(fs, &cfg.replica)
 	addLimitFlags(fs, &cfg.limits)
+	addCertFlags(fs, &cfg.certs)
 	fs.IntVar(&cfg.watchBuffer, "watch-buffer", nimbus.DefaultWatchBuffer, "how many `events` a watcher may fall behind before it is reset and must resume")
 	fs.IntVar(&cfg.historyWindow, "history-window", nimbus.DefaultHistoryWindow, "how many of the latest `changes` are kept so that a watch can resume after them; negative keeps none")
 	fs.BoolVar(&ephemeral, "ephemeral", false, "keep objects in memory only: a restart loses them and every agent resyncs")
@@ -245,6 +248,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	opts := nimbus.Options{Logger: log, TLS: tlsConfig, DataDir: cfg.dataDir, Registerer: reg, WatchBuffer: cfg.watchBuffer,
 		HistoryWindow: cfg.historyWindow, Limits: cfg.limits}
+	if err := certOptions(cfg, &opts); err != nil {
+		return exitstatus.Mark(err)
+	}
 	if cfg.replica.store == "etcd" {
 		if opts.Etcd, err = cfg.replica.etcdOptions(cfg.listen); err != nil {
 			return exitstatus.Mark(err)
@@ -277,7 +283,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		log.Info("store is ephemeral: a restart loses every object")
 	}
 	if cfg.metrics != "" {
-		m, err := telemetry.Serve(ctx, cfg.metrics, telemetry.Options{Gatherer: reg, Ready: srv.Ready, Logger: log, Pprof: cfg.pprof})
+		m, err := telemetry.Serve(ctx, cfg.metrics, telemetry.Options{Gatherer: reg, Ready: srv.Ready, Warnings: srv.Warnings, Logger: log, Pprof: cfg.pprof})
 		if err != nil {
 			return err
 		}

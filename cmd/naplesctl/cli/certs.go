@@ -78,14 +78,22 @@ func defaultPKIDir(getenv func(string) string) string {
 }
 
 // transportCredentials returns the credentials of the connection to nimbus: TLS with the
-// files of the TLS flags, or plaintext with --insecure.
+// files of the TLS flags, or plaintext with --insecure. It warns on stderr when the
+// client certificate expires within pki.DefaultExpiryWarning.
 func (c *cli) transportCredentials() (credentials.TransportCredentials, error) {
 	if c.tls.insecure {
 		return pki.TransportCredentials(nil), nil
 	}
 	cfg, err := pki.ClientConfig(c.tls.cert, c.tls.key, c.tls.ca, c.tls.serverName)
+	var certs *pki.Expiry
+	if err == nil {
+		certs, err = pki.ReadExpiry(pki.CertFile{Use: pki.UseClient, Path: c.tls.cert})
+	}
 	if err != nil {
 		return nil, exitstatus.Mark(fmt.Errorf("loading TLS credentials (naplesctl certs makes them; --insecure talks plaintext): %w", err))
+	}
+	for _, w := range certs.Warnings(c.now(), pki.DefaultExpiryWarning) {
+		fmt.Fprintf(c.stderr, "%s; naplesctl certs --renew renews it\n", w)
 	}
 	return pki.TransportCredentials(cfg), nil
 }
