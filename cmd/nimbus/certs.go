@@ -14,6 +14,10 @@ import (
 type certConfig struct {
 	// expiryWarning is how long before a certificate expires /readyz warns of it.
 	expiryWarning time.Duration
+	// crl is the revocation list's file; empty for none.
+	crl string
+	// crlInterval is how often nimbus looks whether crl changed.
+	crlInterval time.Duration
 }
 
 // addCertFlags adds the flags of certConfig to fs.
@@ -31,13 +35,37 @@ func addCertFlags(fs *flag.FlagSet, c *certConfig) {
 			c.expiryWarning = d
 			return nil
 		})
+	fs.StringVar(&c.crl, "tls-crl", "", "`file` of the revocation list (naplesctl certs --revoke writes DIR/ca.crl) that client certificates are checked against; read again when it changes, and the connections of a certificate it comes to revoke are closed (default: none)")
+	c.crlInterval = nimbus.DefaultCRLInterval
+	fs.Func("tls-crl-interval", fmt.Sprintf("how often to look whether the --tls-crl file changed, a `duration` (default %v)", nimbus.DefaultCRLInterval),
+		func(s string) error {
+			d, err := time.ParseDuration(s)
+			switch {
+			case err != nil:
+				return fmt.Errorf("%q: want a duration such as 5s: %w", s, err)
+			case d < 100*time.Millisecond:
+				return fmt.Errorf("%v: must be 100ms at least", d)
+			}
+			c.crlInterval = d
+			return nil
+		})
 }
 
 // certOptions sets the certificate options of opts from cfg: the certificate files nimbus
-// serves with, for their expiry.
+// serves with, for their expiry, and the revocation list.
 func certOptions(cfg config, opts *nimbus.Options) error {
 	if cfg.insecure {
+		if cfg.certs.crl != "" {
+			return fmt.Errorf("--tls-crl %s: --insecure checks no certificates", cfg.certs.crl)
+		}
 		return nil
+	}
+	if cfg.certs.crl != "" {
+		crl, err := pki.LoadRevocationFile(cfg.certs.crl, cfg.tlsCA)
+		if err != nil {
+			return fmt.Errorf("--tls-crl: %w (naplesctl certs --revoke writes one)", err)
+		}
+		opts.CRL, opts.CRLInterval = crl, cfg.certs.crlInterval
 	}
 	e, err := pki.ReadExpiry(pki.CertFile{Use: pki.UseServer, Path: cfg.tlsCert}, pki.CertFile{Use: pki.UseCA, Path: cfg.tlsCA})
 	if err != nil {

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"crypto/x509"
 	"net/http"
 	"path/filepath"
 	"strconv"
@@ -8,8 +10,14 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+
 	"github.com/naplesnet/naples/internal/pki"
 	"github.com/naplesnet/naples/internal/telemetry/telemetrytest"
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
 // TestCertificateExpiry serves with a server certificate that expires in 10 days: the
@@ -78,5 +86,127 @@ func TestCertificateExpiry(t *testing.T) {
 			t.Fatalf("/readyz = %d %q, want 200 within 10s", code, body)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestRevocation serves with --tls-crl: once a node's certificate is added to the list,
+// its open watch ends within the reload interval and its new handshakes are refused,
+// while another node's watch goes on.
+func TestRevocation(t *testing.T) {
+	dir := t.TempDir()
+	p := func(name string) string { return filepath.Join(dir, name) }
+	writePKI(t, dir, "host-a")
+	ca, err := pki.LoadCA(p("ca.crt"), p("ca.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostB, err := ca.IssueNode("host-b", pki.CertOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := hostB.WriteFiles(p("host-b.crt"), p("host-b.key")); err != nil {
+		t.Fatal(err)
+	}
+	crl, err := ca.RevocationList(nil, nil, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pki.WriteRevocationList(p("ca.crl"), crl); err != nil {
+		t.Fatal(err)
+	}
+	sock := p("n.sock")
+	url, _ := runNimbus(t, "--listen", "unix://"+sock, "--ephemeral", "--metrics", "127.0.0.1:0",
+		"--tls-cert", p("nimbus.crt"), "--tls-key", p("nimbus.key"), "--tls-ca", p("ca.crt"),
+		"--tls-crl", p("ca.crl"), "--tls-crl-interval", "100ms")
+
+	// watch opens a watch as node and returns the error that ends it.
+	watch := func(node string) <-chan error {
+		cfg, err := pki.ClientConfig(p(node+".crt"), p(node+".key"), p("ca.crt"), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		stream, err := nimbusv1.NewNimbusClient(conn).Watch(ctx, &nimbusv1.WatchRequest{Node: node}, grpc.WaitForReady(true))
+		if err != nil {
+			t.Fatalf("Watch as %s: %v", node, err)
+		}
+		if _, err := stream.Recv(); err != nil {
+			t.Fatalf("Watch as %s: first frame: %v", node, err)
+		}
+		ended := make(chan error, 1)
+		go func() {
+			for {
+				if _, err := stream.Recv(); err != nil {
+					ended <- err
+					return
+				}
+			}
+		}()
+		return ended
+	}
+	endedA, endedB := watch("host-a"), watch("host-b")
+
+	hostA, err := pki.ReadCertificates(p("host-a.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prev, err := pki.ReadRevocationList(p("ca.crl"), []*x509.Certificate{ca.Cert})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if crl, err = ca.RevocationList(prev, hostA[:1], time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := pki.WriteRevocationList(p("ca.crl"), crl); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-endedA:
+		if status.Code(err) != codes.Unavailable {
+			t.Errorf("host-a's watch ended with %v, want Unavailable (its connection closed)", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("host-a's watch still runs 10s after its certificate was revoked")
+	}
+	select {
+	case err := <-endedB:
+		t.Fatalf("host-b's watch ended with %v; only host-a's certificate is revoked", err)
+	default:
+	}
+
+	// host-a's new connections are refused at the handshake; its client sees why.
+	cfg, err := pki.ClientConfig(p("host-a.crt"), p("host-a.key"), p("ca.crt"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	_, err = nimbusv1.NewNimbusClient(conn).Watch(ctx, &nimbusv1.WatchRequest{Node: "host-a"})
+	if err == nil {
+		stream, _ := nimbusv1.NewNimbusClient(conn).Watch(ctx, &nimbusv1.WatchRequest{Node: "host-a"})
+		_, err = stream.Recv()
+	}
+	if status.Code(err) != codes.Unavailable {
+		t.Errorf("a new watch as host-a = %v, want Unavailable (handshake refused)", err)
+	}
+
+	_, body := telemetrytest.Get(t, url)
+	m := telemetrytest.Parse(t, body)
+	if v := m["naples_nimbus_tls_revoked_connections_closed_total"]; v != 1 {
+		t.Errorf("naples_nimbus_tls_revoked_connections_closed_total = %v, want 1", v)
+	}
+	if v := m[`naples_nimbus_tls_handshakes_refused_total{reason="revoked"}`]; v < 1 {
+		t.Errorf(`naples_nimbus_tls_handshakes_refused_total{reason="revoked"} = %v, want 1 at least`, v)
 	}
 }

@@ -9,7 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/naplesnet/naples/internal/pki"
+	"github.com/naplesnet/naples/nimbus"
 )
 
 // mode returns the permission bits of path.
@@ -186,4 +190,66 @@ func loadPair(t *testing.T, dir, name string) pki.KeyPair {
 // equalStrings reports whether a and b hold the same strings in the same order.
 func equalStrings(a, b []string) bool {
 	return strings.Join(a, "\x00") == strings.Join(b, "\x00")
+}
+
+// TestCertsRevoke adds certificates to DIR/ca.crl: the list is signed by the CA, keeps
+// what it revoked before and counts up; nimbus refuses a revoked publisher.
+func TestCertsRevoke(t *testing.T) {
+	home := t.TempDir()
+	dir := filepath.Join(home, DefaultPKIDir)
+	vars := map[string]string{"HOME": home}
+	if _, err := tlsCtl(t, vars, "", "certs", "--nodes", "host-a,host-b"); err != nil {
+		t.Fatal(err)
+	}
+	crlPath := filepath.Join(dir, "ca.crl")
+	serial := func(name string) string { return loadPair(t, dir, name).Cert.SerialNumber.String() }
+	out, err := tlsCtl(t, vars, "", "certs", "--revoke", "host-a")
+	if err != nil || !strings.Contains(out, "revoked "+filepath.Join(dir, "host-a.crt")+`: node "host-a" certificate, serial `+serial("host-a")) ||
+		!strings.Contains(out, "--tls-crl "+crlPath) {
+		t.Fatalf("certs --revoke host-a = %q, %v; want it to name the certificate, its serial and --tls-crl %s", out, err, crlPath)
+	}
+	ca := loadPair(t, dir, "ca")
+	revoked := func() (*x509.RevocationList, []string) {
+		t.Helper()
+		crl, err := pki.ReadRevocationList(crlPath, []*x509.Certificate{ca.Cert})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var serials []string
+		for _, e := range crl.RevokedCertificateEntries {
+			serials = append(serials, e.SerialNumber.String())
+		}
+		return crl, serials
+	}
+	if crl, serials := revoked(); crl.Number.Int64() != 1 || !equalStrings(serials, []string{serial("host-a")}) {
+		t.Errorf("ca.crl number %v revokes %q, want number 1 revoking host-a's %s", crl.Number, serials, serial("host-a"))
+	}
+	if mode(t, crlPath) != 0o644 {
+		t.Errorf("ca.crl has mode %04o, want 0644", mode(t, crlPath))
+	}
+	out, err = tlsCtl(t, vars, "", "certs", "--revoke", "host-a,publisher")
+	if err != nil || !strings.Contains(out, "revoked already") {
+		t.Fatalf("certs --revoke host-a,publisher = %q, %v; want host-a revoked already", out, err)
+	}
+	if crl, serials := revoked(); crl.Number.Int64() != 2 || !equalStrings(serials, []string{serial("host-a"), serial("publisher")}) {
+		t.Errorf("ca.crl number %v revokes %q, want number 2 revoking host-a and the publisher", crl.Number, serials)
+	}
+	for _, bad := range []string{"ca", "../x", "nope"} {
+		if _, err := tlsCtl(t, vars, "", "certs", "--revoke", bad); err == nil || !strings.Contains(err.Error(), bad) {
+			t.Errorf("certs --revoke %s = %v, want an error naming it", bad, err)
+		}
+	}
+
+	// nimbus with the list refuses the revoked publisher certificate.
+	crl, err := pki.LoadRevocationFile(crlPath, filepath.Join(dir, "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vars[ServerEnv] = startTLSNimbusAs(t, dir, "nimbus", nimbus.Options{CRL: crl})
+	if _, err := tlsCtl(t, vars, "", "get", "routes"); status.Code(err) != codes.Unavailable {
+		t.Errorf("get routes with a revoked publisher certificate = %v, want Unavailable", err)
+	}
+	if _, err := tlsCtl(t, vars, "", "get", "routes", "--tls-cert", filepath.Join(dir, "host-b.crt"), "--tls-key", filepath.Join(dir, "host-b.key")); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("get routes with host-b's certificate = %v, want PermissionDenied (verified, not revoked, not a publisher)", err)
+	}
 }
