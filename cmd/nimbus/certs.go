@@ -22,33 +22,10 @@ type certConfig struct {
 
 // addCertFlags adds the flags of certConfig to fs.
 func addCertFlags(fs *flag.FlagSet, c *certConfig) {
-	c.expiryWarning = pki.DefaultExpiryWarning
-	fs.Func("tls-expiry-warning", fmt.Sprintf("warn on /readyz of a certificate (--tls-cert, --tls-ca) that expires within `duration` (default %v)", pki.DefaultExpiryWarning),
-		func(s string) error {
-			d, err := time.ParseDuration(s)
-			switch {
-			case err != nil:
-				return fmt.Errorf("%q: want a duration such as 720h: %w", s, err)
-			case d <= 0:
-				return fmt.Errorf("%v: must be positive", d)
-			}
-			c.expiryWarning = d
-			return nil
-		})
+	durationFlag(fs, "tls-expiry-warning", "warn on /readyz of a certificate (--tls-cert, --tls-ca) that expires within `duration`",
+		&c.expiryWarning, pki.DefaultExpiryWarning, 0)
 	fs.StringVar(&c.crl, "tls-crl", "", "`file` of the revocation list (naplesctl certs --revoke writes DIR/ca.crl) that client certificates are checked against; read again when it changes, and the connections of a certificate it comes to revoke are closed (default: none)")
-	c.crlInterval = nimbus.DefaultCRLInterval
-	fs.Func("tls-crl-interval", fmt.Sprintf("how often to look whether the --tls-crl file changed, a `duration` (default %v)", nimbus.DefaultCRLInterval),
-		func(s string) error {
-			d, err := time.ParseDuration(s)
-			switch {
-			case err != nil:
-				return fmt.Errorf("%q: want a duration such as 5s: %w", s, err)
-			case d < 100*time.Millisecond:
-				return fmt.Errorf("%v: must be 100ms at least", d)
-			}
-			c.crlInterval = d
-			return nil
-		})
+	durationFlag(fs, "tls-crl-interval", "how often to look whether the --tls-crl file changed, a `duration`", &c.crlInterval, nimbus.DefaultCRLInterval, 100*time.Millisecond)
 }
 
 // certOptions sets the certificate options of opts from cfg: the certificate files nimbus

@@ -121,15 +121,7 @@ func TestRevocation(t *testing.T) {
 
 	// watch opens a watch as node and returns the error that ends it.
 	watch := func(node string) <-chan error {
-		cfg, err := pki.ClientConfig(p(node+".crt"), p(node+".key"), p("ca.crt"), "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { conn.Close() })
+		conn := dialAs(t, dir, sock, node)
 		ctx, cancel := context.WithCancel(context.Background())
 		t.Cleanup(cancel)
 		stream, err := nimbusv1.NewNimbusClient(conn).Watch(ctx, &nimbusv1.WatchRequest{Node: node}, grpc.WaitForReady(true))
@@ -181,15 +173,7 @@ func TestRevocation(t *testing.T) {
 	}
 
 	// host-a's new connections are refused at the handshake; its client sees why.
-	cfg, err := pki.ClientConfig(p("host-a.crt"), p("host-a.key"), p("ca.crt"), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dialAs(t, dir, sock, "host-a")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	_, err = nimbusv1.NewNimbusClient(conn).Watch(ctx, &nimbusv1.WatchRequest{Node: "host-a"})
@@ -209,4 +193,20 @@ func TestRevocation(t *testing.T) {
 	if v := m[`naples_nimbus_tls_handshakes_refused_total{reason="revoked"}`]; v < 1 {
 		t.Errorf(`naples_nimbus_tls_handshakes_refused_total{reason="revoked"} = %v, want 1 at least`, v)
 	}
+}
+
+// dialAs returns a client of the nimbus on the unix socket sock that presents the
+// certificate name.crt of dir, closed when the test ends.
+func dialAs(t *testing.T, dir, sock, name string) *grpc.ClientConn {
+	t.Helper()
+	cfg, err := pki.ClientConfig(filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key"), filepath.Join(dir, "ca.crt"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }
