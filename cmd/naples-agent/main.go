@@ -15,6 +15,9 @@
 // synced with nimbus, and every desired object has been reconciled at least once since
 // start, programmed or failed; 503 with the reasons otherwise. Port 0 takes a free port,
 // which the log line "serving metrics" names. Without --metrics there is no HTTP endpoint.
+// naples_agent_tls_certificate_expiry_seconds tells when the certificates of --tls-cert and
+// --tls-ca expire, and /readyz, still 200, adds a warning line for each that expires within
+// --tls-expiry-warning (default 720h).
 //
 // --gc-percent sets the Go garbage collector's target, as GOGC does: a collection starts
 // once the heap has grown by that percentage of what the last one left live. The default,
