@@ -34,6 +34,8 @@ type metrics struct {
 	nodesOmitted prometheus.Counter
 	// objectsTooLarge counts the objects refused for their size.
 	objectsTooLarge prometheus.Counter
+	// dryRuns counts the Apply and ApplyBatch calls with dry_run that reached the store.
+	dryRuns prometheus.Counter
 	// listPagesCut counts the List pages that ended before the last item.
 	listPagesCut prometheus.Counter
 	// nodeStatusPagesCut counts the ListNodeStatuses pages that ended before the last
@@ -103,6 +105,10 @@ func newMetrics(reg prometheus.Registerer, statuses, watermarks func() float64) 
 		Namespace: ns, Subsystem: sub, Name: "objects_too_large_total",
 		Help: "Objects refused at Apply or ApplyBatch because they were larger than --max-object-bytes.",
 	})
+	m.dryRuns = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "dry_runs_total",
+		Help: "Apply and ApplyBatch calls with dry_run checked against the store, which stored nothing.",
+	})
 	m.listPagesCut = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "list_pages_cut_total",
 		Help: "List answers that ended before the last item, at the request's limit or --list-page-bytes, with a next_page_token.",
@@ -146,7 +152,7 @@ func newMetrics(reg prometheus.Registerer, statuses, watermarks func() float64) 
 	m.watchStarts.WithLabelValues(watchModeSnapshot)
 	var err error
 	if m.unregister, err = telemetry.Register(reg, "Server", m.resets, m.watchStarts, m.watchers, m.revision, m.objects, m.commits, m.commitSize,
-		m.statusTruncated, m.detailsOmitted, m.nodesOmitted, statusGauge, watermarkGauge, m.objectsTooLarge, m.listPagesCut,
+		m.statusTruncated, m.detailsOmitted, m.nodesOmitted, statusGauge, watermarkGauge, m.objectsTooLarge, m.dryRuns, m.listPagesCut,
 		m.nodeStatusPagesCut, m.handshakesRefused, m.watermarkMovesDelayed, m.certificateExpiry, m.revokedClosed); err != nil {
 		return nil, err
 	}

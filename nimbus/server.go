@@ -553,9 +553,9 @@ func (s *Server) available() error {
 }
 
 // gateUnary refuses the nimbus calls of a Server that cannot serve yet (see available);
-// the health service always answers.
+// the health service and Version always answer.
 func (s *Server) gateUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if strings.HasPrefix(info.FullMethod, nimbusMethodPrefix) {
+	if strings.HasPrefix(info.FullMethod, nimbusMethodPrefix) && info.FullMethod != nimbusv1.Nimbus_Version_FullMethodName {
 		if err := s.available(); err != nil {
 			return nil, err
 		}

@@ -32,7 +32,6 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -45,6 +44,7 @@ import (
 
 	"github.com/naplesnet/naples/agent"
 	"github.com/naplesnet/naples/internal/address"
+	"github.com/naplesnet/naples/internal/cmdline"
 	"github.com/naplesnet/naples/internal/exitstatus"
 	"github.com/naplesnet/naples/internal/ipfix"
 	"github.com/naplesnet/naples/internal/pki"
@@ -58,16 +58,25 @@ import (
 // 100, lets the heap grow to twice them between collections.
 const defaultGCPercent = 50
 
-// errUsage marks errors in the command line that the flag package, or run, has reported
-// on stderr already. They exit with status 2, as configuration errors do.
-var errUsage = exitstatus.Mark(errors.New("usage"))
+// errUsage marks errors in the command line or the environment that run has reported on
+// stderr already. They exit with status 2, as configuration errors do.
+var errUsage = cmdline.ErrUsage
+
+// description is what --help says the agent is, above its flags.
+const description = `naples-agent runs the naples agent of one host: it watches nimbus for the host's
+objects, keeps them in delphi and programs the kernel from there, until SIGINT or SIGTERM.
+It dials nimbus with mutual TLS, presenting the node certificate of --tls-cert, which must
+name --node; --insecure dials plaintext. Bad flags and configuration exit with status 2.
+
+Every flag can also be set with the environment variable named after it in its help
+($NAPLES_AGENT_ and the flag's name in upper case); the command line wins.`
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stderr)
 	stop()
 	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
+	case err == nil, errors.Is(err, cmdline.ErrHelp):
 		return
 	case !errors.Is(err, errUsage):
 		fmt.Fprintf(os.Stderr, "naples-agent: %v\n", err)
@@ -75,12 +84,12 @@ func main() {
 	os.Exit(exitstatus.Of(err))
 }
 
-// run runs the agent until ctx ends. The flag package reports a bad flag on stderr
-// itself, so the error run returns for one only marks the failure as errUsage.
+// run runs the agent until ctx ends, with the flags of args and the environment. It
+// reports a bad flag or variable on stderr itself, so the error it returns for one only
+// marks the failure as errUsage.
 func run(ctx context.Context, args []string, stderr io.Writer) error {
 	hostname, _ := os.Hostname()
-	fs := flag.NewFlagSet("naples-agent", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := cmdline.New("naples-agent [flags]", description, "NAPLES_AGENT_", stderr)
 	node := fs.String("node", hostname, "this host's node `name` at nimbus")
 	nimbus := fs.String("nimbus", "unix:///run/naples/nimbus.sock", "nimbus `address`: unix:///path or tcp://host:port, or a comma-separated list of the replicas' addresses")
 	stateDir := fs.String("state-dir", "/var/lib/naples", "`directory` for the agent's state")
@@ -138,11 +147,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	tlsExpiryWarning := fs.Duration("tls-expiry-warning", pki.DefaultExpiryWarning, "warn on /readyz of a certificate (--tls-cert, --tls-ca) that expires within `duration`")
 	gcPercent := fs.Int("gc-percent", defaultGCPercent, "the garbage collector's target: a collection starts once the heap has grown by this `percent` of the live data, as GOGC (which is used when set and this flag is not given); lower holds less memory for more CPU, negative turns collection off")
 	showVersion := fs.Bool("version", false, "print the version and exit")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return fmt.Errorf("parsing flags: %w: %w", errUsage, err)
+	if err := fs.Parse(args, os.Getenv); err != nil {
+		return err
 	}
 	if *showVersion {
 		fmt.Fprintln(os.Stdout, version.String("naples-agent"))
@@ -151,9 +157,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	for name, d := range map[string]time.Duration{"interface-stats-interval": *interfaceStats, "fw-stats-interval": *fwStats, "gateway-check-interval": *gatewayCheck, "flow-sweep-interval": *flowSweep,
 		"status-exception-after": *statusExceptionAfter} {
 		if d <= 0 {
-			fmt.Fprintf(stderr, "invalid value %q for flag -%s: must be positive\n", d.String(), name)
-			fs.Usage()
-			return fmt.Errorf("parsing flags: %w", errUsage)
+			return fs.Fail(fmt.Sprintf("invalid value %q for flag --%s: must be positive", d.String(), name))
 		}
 	}
 	caps.NoTraces = !*fwTraces
@@ -163,59 +167,35 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		"flows-ring": *flowLog, "local-api-flow-streams": *flowStreams, "flow-tap-subscriptions": *flowTapSubs, "flow-tap-batch": *flowTapBatch,
 		"flow-export-max-policies": export.MaxPolicies, "flow-export-max-connections": export.MaxConnections} {
 		if n <= 0 {
-			fmt.Fprintf(stderr, "invalid value %d for flag -%s: must be positive\n", n, name)
-			fs.Usage()
-			return fmt.Errorf("parsing flags: %w", errUsage)
+			return fs.Fail(fmt.Sprintf("invalid value %d for flag --%s: must be positive", n, name))
 		}
 	}
 	if n := export.MessageBytes; n < ipfix.MinMessageBytes || n > ipfix.MaxMessageBytes {
-		fmt.Fprintf(stderr, "invalid value %d for flag -flow-export-message-bytes: want %d to %d\n", n, ipfix.MinMessageBytes, ipfix.MaxMessageBytes)
-		fs.Usage()
-		return fmt.Errorf("parsing flags: %w", errUsage)
+		return fs.Fail(fmt.Sprintf("invalid value %d for flag --flow-export-message-bytes: want %d to %d", n, ipfix.MinMessageBytes, ipfix.MaxMessageBytes))
 	}
 	if n := caps.FlowRing; n != 0 && (n < os.Getpagesize() || n > 1<<30 || n&(n-1) != 0) {
-		fmt.Fprintf(stderr, "invalid value %d for flag -fw-flow-ring-bytes: want 0 or a power of 2 from %d (the page size) to 1073741824\n", n, os.Getpagesize())
-		fs.Usage()
-		return fmt.Errorf("parsing flags: %w", errUsage)
+		return fs.Fail(fmt.Sprintf("invalid value %d for flag --fw-flow-ring-bytes: want 0 or a power of 2 from %d (the page size) to 1073741824", n, os.Getpagesize()))
 	}
 	if n := caps.FlowEndpointRate; n < 0 || n > 1e9 {
-		fmt.Fprintf(stderr, "invalid value %d for flag -fw-flow-endpoint-rate: want 0 (no budget) to 1000000000\n", n)
-		fs.Usage()
-		return fmt.Errorf("parsing flags: %w", errUsage)
+		return fs.Fail(fmt.Sprintf("invalid value %d for flag --fw-flow-endpoint-rate: want 0 (no budget) to 1000000000", n))
 	}
 	if d := caps.FlowActive; d < 0 || d > 24*time.Hour || d%time.Millisecond != 0 {
-		fmt.Fprintf(stderr, "invalid value %q for flag -fw-flow-active-timeout: want whole milliseconds from 0 (none) to 24h\n", d.String())
-		fs.Usage()
-		return fmt.Errorf("parsing flags: %w", errUsage)
+		return fs.Fail(fmt.Sprintf("invalid value %q for flag --fw-flow-active-timeout: want whole milliseconds from 0 (none) to 24h", d.String()))
 	}
 	if err := nimbusv1.ValidateNodeName(*node); err != nil {
-		fmt.Fprintf(stderr, "invalid value %q for flag -node: %v\n", *node, err)
-		fs.Usage()
-		return fmt.Errorf("parsing flags: %w", errUsage)
+		return fs.Fail(fmt.Sprintf("invalid value %q for flag --node: %v", *node, err))
 	}
 	if *stateDir == "" {
-		fmt.Fprintln(stderr, "invalid value \"\" for flag -state-dir: the agent needs a directory for its state")
-		fs.Usage()
-		return fmt.Errorf("parsing flags: %w", errUsage)
+		return fs.Fail("invalid value \"\" for flag --state-dir: the agent needs a directory for its state")
 	}
 	if _, err := address.ParseList(*nimbus); err != nil {
-		fmt.Fprintf(stderr, "invalid value %q for flag -nimbus: %v\n", *nimbus, err)
-		fs.Usage()
-		return fmt.Errorf("parsing flags: %w", errUsage)
+		return fs.Fail(fmt.Sprintf("invalid value %q for flag --nimbus: %v", *nimbus, err))
 	}
 	if *tlsExpiryWarning <= 0 {
-		fmt.Fprintf(stderr, "invalid value %v for flag -tls-expiry-warning: must be positive\n", *tlsExpiryWarning)
-		fs.Usage()
-		return fmt.Errorf("parsing flags: %w", errUsage)
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "unexpected arguments: %q\n", fs.Args())
-		fs.Usage()
-		return fmt.Errorf("parsing flags: %w", errUsage)
+		return fs.Fail(fmt.Sprintf("invalid value %v for flag --tls-expiry-warning: must be positive", *tlsExpiryWarning))
 	}
 
-	gcPercentSet := false
-	fs.Visit(func(f *flag.Flag) { gcPercentSet = gcPercentSet || f.Name == "gc-percent" })
+	gcPercentSet := fs.Changed("gc-percent") // by the command line or $NAPLES_AGENT_GC_PERCENT
 	if _, env := os.LookupEnv("GOGC"); gcPercentSet || !env {
 		debug.SetGCPercent(*gcPercent)
 	}

@@ -4,11 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"flag"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/naplesnet/naples/internal/cmdline"
 	"github.com/naplesnet/naples/internal/exitstatus"
 )
 
@@ -23,14 +23,15 @@ func TestRunRefusesBadCommandLines(t *testing.T) {
 		{name: "bad log level", args: []string{"--log-level", "loud"}, want: []string{"log-level", `"loud"`}},
 		{name: "argument", args: []string{"run"}, want: []string{`"run"`}},
 		{name: "metrics without port", args: []string{"--metrics", "localhost"}, want: []string{"metrics", `"localhost"`, "host:port"}},
-		{name: "expiry warning not positive", args: []string{"--tls-expiry-warning", "0s"}, want: []string{"tls-expiry-warning", "0s", "positive"}},
-		{name: "bad nimbus in a list", args: []string{"--nimbus", "unix:///run/a.sock,ftp://x:1"}, want: []string{"-nimbus", `"ftp://x:1"`}},
-		{name: "empty nimbus list", args: []string{"--nimbus", ""}, want: []string{"-nimbus", "no address"}},
-		{name: "zero gateway check", args: []string{"--gateway-check-interval", "0s"}, want: []string{"-gateway-check-interval", `"0s"`, "positive"}},
-		{name: "zero gateway bridges", args: []string{"--gateway-bridges", "0"}, want: []string{"-gateway-bridges", "0", "positive"}},
-		{name: "zero flow export policies", args: []string{"--flow-export-max-policies", "0"}, want: []string{"-flow-export-max-policies", "0", "positive"}},
-		{name: "tiny IPFIX messages", args: []string{"--flow-export-message-bytes", "100"}, want: []string{"-flow-export-message-bytes", "100", "1024 to 65507"}},
+		{name: "expiry warning not positive", args: []string{"--tls-expiry-warning", "0s"}, want: []string{"--tls-expiry-warning", "0s", "positive"}},
+		{name: "bad nimbus in a list", args: []string{"--nimbus", "unix:///run/a.sock,ftp://x:1"}, want: []string{"--nimbus", `"ftp://x:1"`}},
+		{name: "empty nimbus list", args: []string{"--nimbus", ""}, want: []string{"--nimbus", "no address"}},
+		{name: "zero gateway check", args: []string{"--gateway-check-interval", "0s"}, want: []string{"--gateway-check-interval", `"0s"`, "positive"}},
+		{name: "zero gateway bridges", args: []string{"--gateway-bridges", "0"}, want: []string{"--gateway-bridges", "0", "positive"}},
+		{name: "zero flow export policies", args: []string{"--flow-export-max-policies", "0"}, want: []string{"--flow-export-max-policies", "0", "positive"}},
+		{name: "tiny IPFIX messages", args: []string{"--flow-export-message-bytes", "100"}, want: []string{"--flow-export-message-bytes", "100", "1024 to 65507"}},
 		{name: "bad gc percent", args: []string{"--gc-percent", "half"}, want: []string{"gc-percent", `"half"`}},
+		{name: "one dash", args: []string{"-state-dir", "/x"}, want: []string{"long flags take two dashes: --state-dir"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stderr bytes.Buffer
@@ -53,11 +54,13 @@ func TestRunRefusesBadCommandLines(t *testing.T) {
 func TestRunHelpIsNoError(t *testing.T) {
 	var stderr bytes.Buffer
 	err := run(context.Background(), []string{"--help"}, &stderr)
-	if !errors.Is(err, flag.ErrHelp) || errors.Is(err, errUsage) {
-		t.Errorf("run(--help) = %v, want flag.ErrHelp, which exits 0", err)
+	if !errors.Is(err, cmdline.ErrHelp) || errors.Is(err, errUsage) {
+		t.Errorf("run(--help) = %v, want cmdline.ErrHelp, which exits 0", err)
 	}
-	if !strings.Contains(stderr.String(), "-discard-state") {
-		t.Errorf("run(--help) printed no usage:\n%s", stderr.String())
+	for _, want := range []string{"Usage:\n  naples-agent [flags]\n\nFlags:\n", "--discard-state", "($NAPLES_AGENT_DISCARD_STATE)", "--node name", "($NAPLES_AGENT_NODE)"} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("run(--help) does not say %q:\n%s", want, stderr.String())
+		}
 	}
 }
 
@@ -67,5 +70,22 @@ func TestRunWithoutCredentials(t *testing.T) {
 	err := run(context.Background(), []string{"--tls-cert", missing, "--log-level", "debug"}, &stderr)
 	if exitstatus.Of(err) != exitstatus.Config || errors.Is(err, errUsage) || !strings.Contains(err.Error(), missing) || !strings.Contains(err.Error(), "--insecure") {
 		t.Errorf("run with a missing certificate = %v, want a configuration error (exit status 2) naming %s and --insecure", err, missing)
+	}
+}
+
+// TestRunTakesTheEnvironment shows a flag set by its variable, named in the help, and a
+// bad value of one refused naming the variable, before the agent starts.
+func TestRunTakesTheEnvironment(t *testing.T) {
+	t.Setenv("NAPLES_AGENT_NODE", "Not_A_Node")
+	var stderr bytes.Buffer
+	err := run(context.Background(), []string{"--insecure"}, &stderr)
+	if !errors.Is(err, errUsage) || !strings.Contains(stderr.String(), `invalid value "Not_A_Node" for flag --node`) {
+		t.Errorf("run with $NAPLES_AGENT_NODE=Not_A_Node = %v, printed %q; want the node name refused", err, stderr.String())
+	}
+	t.Setenv("NAPLES_AGENT_GATEWAY_BRIDGES", "many")
+	stderr.Reset()
+	err = run(context.Background(), []string{"--insecure", "--node", "host-a"}, &stderr)
+	if !errors.Is(err, errUsage) || !strings.Contains(stderr.String(), `invalid value "many" of $NAPLES_AGENT_GATEWAY_BRIDGES (--gateway-bridges)`) {
+		t.Errorf("run with $NAPLES_AGENT_GATEWAY_BRIDGES=many = %v, printed %q; want the variable named", err, stderr.String())
 	}
 }

@@ -30,7 +30,7 @@ func TestExitStatus(t *testing.T) {
 		// says is what stderr must hold.
 		says string
 	}{
-		{[]string{"--node", "Host_A", "--insecure"}, 2, `invalid value "Host_A" for flag -node`},
+		{[]string{"--node", "Host_A", "--insecure"}, 2, `invalid value "Host_A" for flag --node`},
 		{[]string{"--no-such-flag"}, 2, "no-such-flag"},
 		{[]string{"--node", "host-a", "--state-dir", ""}, 2, "-state-dir"},
 		{[]string{"--node", "host-a", "--tls-cert", filepath.Join(dir, "missing.crt")}, 2, "missing.crt"},

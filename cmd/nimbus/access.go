@@ -2,7 +2,7 @@ package main
 
 import (
 	"errors"
-	"flag"
+
 	"fmt"
 	"log/slog"
 	"os"
@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/naplesnet/naples/internal/address"
+	"github.com/naplesnet/naples/internal/cmdline"
 	"github.com/naplesnet/naples/internal/pki"
 	"github.com/naplesnet/naples/nimbus"
 )
@@ -40,7 +41,7 @@ type accessConfig struct {
 }
 
 // addAccessFlags adds the flags of accessConfig to fs.
-func addAccessFlags(fs *flag.FlagSet, c *accessConfig) {
+func addAccessFlags(fs *cmdline.FlagSet, c *accessConfig) {
 	c.socketGroup = defaultSocketGroup
 	fs.Func("socket-group", "`group` that may reach the unix sockets of --listen: they are made mode 0660 and this group's; "+
 		"empty leaves them to nimbus's user alone (default "+defaultSocketGroup+", when that group exists)", func(s string) error {

@@ -1,16 +1,16 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"strconv"
 	"time"
 
+	"github.com/naplesnet/naples/internal/cmdline"
 	"github.com/naplesnet/naples/nimbus"
 )
 
 // addLimitFlags adds the flags of nimbus's limits (docs/limits.md) to fs, setting l.
-func addLimitFlags(fs *flag.FlagSet, l *nimbus.Limits) {
+func addLimitFlags(fs *cmdline.FlagSet, l *nimbus.Limits) {
 	for _, f := range []struct {
 		name, usage string
 		v           *int
@@ -62,7 +62,7 @@ func addLimitFlags(fs *flag.FlagSet, l *nimbus.Limits) {
 }
 
 // durationFlag adds a flag of a duration above min to fs, setting v, which starts at def.
-func durationFlag(fs *flag.FlagSet, name, usage string, v *time.Duration, def, min time.Duration) {
+func durationFlag(fs *cmdline.FlagSet, name, usage string, v *time.Duration, def, min time.Duration) {
 	*v = def
 	fs.Func(name, fmt.Sprintf("%s (default %v)", usage, def), func(s string) error {
 		d, err := time.ParseDuration(s)

@@ -5,7 +5,7 @@
 //
 //	nimbus [--listen ADDR]... [--log-level debug|info|warn|error]
 //	       [--tls-cert FILE --tls-key FILE --tls-ca FILE | --insecure]
-//	       [--data-dir DIR | --ephemeral] [--metrics HOST:PORT [--pprof]]
+//	       [--data-dir DIR | --ephemeral] [--metrics HOST:PORT [--pprof]] [--ui HOST:PORT]
 //	nimbus --store etcd --etcd-endpoints URL,... [--etcd-cacert FILE] [--etcd-cert FILE --etcd-key FILE]
 //	       [--etcd-prefix PREFIX] [--etcd-max-txn-ops N] [--etcd-compaction-interval D] [--replica-name NAME] [--advertise ADDR] ...
 //
@@ -50,6 +50,11 @@
 // the limits (--max-object-bytes, --max-streams-per-node, --max-status-message-bytes and
 // more) and the metrics that show them being hit are listed in docs/limits.md.
 //
+// --ui serves a read-only web console on http(s)://HOST:PORT/ui/: the propagation matrix
+// of objects × nodes, live, the nodes, one object, and the flows. It serves HTTPS and asks
+// for a client certificate under the same rules as the gRPC API (any role may read), or
+// plain HTTP with --insecure. See docs/ui.md.
+//
 // nimbus --version prints the version, the Go release and the platform, and exits 0.
 package main
 
@@ -57,7 +62,6 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -72,6 +76,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/naplesnet/naples/internal/address"
+	"github.com/naplesnet/naples/internal/cmdline"
 	"github.com/naplesnet/naples/internal/exitstatus"
 	"github.com/naplesnet/naples/internal/pki"
 	"github.com/naplesnet/naples/internal/telemetry"
@@ -93,16 +98,16 @@ const (
 	defaultTLSCA   = "/etc/naples/pki/ca.crt"
 )
 
-// errUsage marks errors in the command line that the flag package, or run, has reported
-// on stderr already. They exit with status 2, as configuration errors do.
-var errUsage = exitstatus.Mark(errors.New("usage"))
+// errUsage marks errors in the command line or the environment that parseFlags has
+// reported on stderr already. They exit with status 2, as configuration errors do.
+var errUsage = cmdline.ErrUsage
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stderr)
 	stop()
 	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
+	case err == nil, errors.Is(err, cmdline.ErrHelp):
 		return
 	case !errors.Is(err, errUsage):
 		fmt.Fprintf(os.Stderr, "nimbus: %v\n", err)
@@ -137,14 +142,25 @@ type config struct {
 	limits nimbus.Limits
 	// access says who may reach nimbus, and how it checks their certificates and its own.
 	access accessConfig
+	// ui is the web console (docs/ui.md).
+	ui uiConfig
 }
 
-// parseFlags parses the command line. The flag package reports a bad flag on stderr
-// itself, so the error it returns only marks the failure.
-func parseFlags(args []string, stderr io.Writer) (config, error) {
+// description is what --help says nimbus is, above its flags.
+const description = `nimbus runs the naples desired-state bus: it serves the nimbus.v1.Nimbus API on the
+addresses given with --listen until SIGINT or SIGTERM, then drains and exits 0. It serves
+mutual TLS with --tls-cert and --tls-key and lets nodes and publishers do only what their
+certificates allow; --insecure serves plaintext. Bad flags and configuration exit with
+status 2. See docs/replicas.md for replicas over etcd and docs/limits.md for the limits.
+
+Every flag can also be set with the environment variable named after it in its help
+($NIMBUS_ and the flag's name in upper case); the command line wins.`
+
+// parseFlags parses the command line and the environment, read with getenv. It reports a
+// bad flag or variable on stderr itself, so the error it returns only marks the failure.
+func parseFlags(args []string, stderr io.Writer, getenv func(string) string) (config, error) {
 	cfg := config{logLevel: slog.LevelInfo, dataDir: defaultDataDir}
-	fs := flag.NewFlagSet("nimbus", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := cmdline.New("nimbus [flags]", description, "NIMBUS_", stderr)
 	dataDirSet, ephemeral := false, false
 	fs.Func("data-dir", "`directory` of the durable store, DIR/nimbus.db (default "+defaultDataDir+")", func(s string) error {
 		if s == "" {
@@ -156,6 +172,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	addReplicaFlags(fs, &cfg.replica)
 	addLimitFlags(fs, &cfg.limits)
 	addAccessFlags(fs, &cfg.access)
+	addUIFlags(fs, &cfg.ui)
 	fs.IntVar(&cfg.watchBuffer, "watch-buffer", nimbus.DefaultWatchBuffer, "how many `events` a watcher may fall behind before it is reset and must resume")
 	fs.IntVar(&cfg.historyWindow, "history-window", nimbus.DefaultHistoryWindow, "how many of the latest `changes` are kept so that a watch can resume after them; negative keeps none")
 	fs.BoolVar(&ephemeral, "ephemeral", false, "keep objects in memory only: a restart loses them and every agent resyncs")
@@ -196,31 +213,17 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		}
 		return nil
 	})
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return cfg, err
-		}
-		return cfg, fmt.Errorf("parsing flags: %w: %w", errUsage, err)
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "unexpected arguments: %q\n", fs.Args())
-		fs.Usage()
-		return cfg, fmt.Errorf("parsing flags: %w", errUsage)
+	if err := fs.Parse(args, getenv); err != nil {
+		return cfg, err
 	}
 	if cfg.pprof && cfg.metrics == "" {
-		fmt.Fprintln(stderr, "--pprof serves on the --metrics endpoint: give --metrics too")
-		fs.Usage()
-		return cfg, fmt.Errorf("parsing flags: %w", errUsage)
+		return cfg, fs.Fail("--pprof serves on the --metrics endpoint: give --metrics too")
 	}
 	if ephemeral && dataDirSet {
-		fmt.Fprintln(stderr, "--ephemeral and --data-dir are mutually exclusive")
-		fs.Usage()
-		return cfg, fmt.Errorf("parsing flags: %w", errUsage)
+		return cfg, fs.Fail("--ephemeral and --data-dir are mutually exclusive")
 	}
 	if err := cfg.replica.check(dataDirSet, ephemeral); err != nil {
-		fmt.Fprintln(stderr, err)
-		fs.Usage()
-		return cfg, fmt.Errorf("parsing flags: %w", errUsage)
+		return cfg, fs.Fail(err.Error())
 	}
 	if ephemeral || cfg.replica.store == "etcd" {
 		cfg.dataDir = ""
@@ -237,7 +240,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 
 // run serves nimbus until ctx ends.
 func run(ctx context.Context, args []string, stderr io.Writer) error {
-	cfg, err := parseFlags(args, stderr)
+	cfg, err := parseFlags(args, stderr, os.Getenv)
 	if err != nil {
 		return err
 	}
@@ -298,6 +301,13 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 		defer m.Close()
 		log.Info("serving metrics", "url", "http://"+m.Addr()+"/metrics", "probes", []string{"/healthz", "/readyz"})
+	}
+	if cfg.ui.addr != "" {
+		ui, err := serveUI(ctx, cfg.ui, srv, tlsConfig, reg, log)
+		if err != nil {
+			return err
+		}
+		defer ui.Close()
 	}
 
 	var listeners []net.Listener

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/naplesnet/naples/internal/cmdline"
 	"github.com/naplesnet/naples/nimbus"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -51,7 +52,7 @@ func TestParseFlags(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stderr bytes.Buffer
-			cfg, err := parseFlags(tc.args, &stderr)
+			cfg, err := parseFlags(tc.args, &stderr, noEnv)
 			if tc.wantUsage {
 				if !errors.Is(err, errUsage) || stderr.Len() == 0 {
 					t.Fatalf("parseFlags(%q) = %v with output %q, want a usage error explained on stderr", tc.args, err, stderr.String())
@@ -116,12 +117,61 @@ func TestParseFlagsStatusNodes(t *testing.T) {
 		{[]string{"--status-nodes=1"}, 1},
 	} {
 		var stderr bytes.Buffer
-		cfg, err := parseFlags(tc.args, &stderr)
+		cfg, err := parseFlags(tc.args, &stderr, noEnv)
 		if err != nil {
 			t.Fatalf("parseFlags(%q): %v", tc.args, err)
 		}
 		if cfg.limits.StatusNodes != tc.want {
 			t.Errorf("parseFlags(%q): StatusNodes = %d, want %d", tc.args, cfg.limits.StatusNodes, tc.want)
 		}
+	}
+}
+
+// noEnv is an environment without variables.
+func noEnv(string) string { return "" }
+
+// TestParseFlagsEnvironment shows nimbus taking its flags as naplesctl does: from the
+// environment variable named in the help when the command line leaves them, the command
+// line winning, and a bad variable or a one-dash long flag refused with a message that
+// names it.
+func TestParseFlagsEnvironment(t *testing.T) {
+	env := map[string]string{"NIMBUS_LOG_LEVEL": "debug", "NIMBUS_STATUS_NODES": "77", "NIMBUS_LISTEN": "unix:///tmp/env.sock"}
+	getenv := func(k string) string { return env[k] }
+	var stderr bytes.Buffer
+	cfg, err := parseFlags([]string{"--status-nodes", "5"}, &stderr, getenv)
+	if err != nil {
+		t.Fatalf("parseFlags: %v\n%s", err, stderr.String())
+	}
+	if cfg.logLevel != slog.LevelDebug || cfg.limits.StatusNodes != 5 || len(cfg.listen) != 1 || cfg.listen[0].String() != "unix:///tmp/env.sock" {
+		t.Errorf("parseFlags = level %v, status nodes %d, listen %v; want debug from $NIMBUS_LOG_LEVEL, 5 from the command line, unix:///tmp/env.sock from $NIMBUS_LISTEN",
+			cfg.logLevel, cfg.limits.StatusNodes, cfg.listen)
+	}
+
+	env = map[string]string{"NIMBUS_STATUS_NODES": "many"}
+	stderr.Reset()
+	if _, err := parseFlags(nil, &stderr, getenv); !errors.Is(err, errUsage) || !strings.Contains(stderr.String(), `invalid value "many" of $NIMBUS_STATUS_NODES (--status-nodes)`) {
+		t.Errorf("parseFlags with $NIMBUS_STATUS_NODES=many = %v, printed %q; want a usage error naming the variable and the value", err, stderr.String())
+	}
+
+	stderr.Reset()
+	if _, err := parseFlags([]string{"-log-level", "debug"}, &stderr, noEnv); !errors.Is(err, errUsage) || !strings.Contains(stderr.String(), "long flags take two dashes: --log-level") {
+		t.Errorf("parseFlags(-log-level) = %v, printed %q; want a usage error saying to write --log-level", err, stderr.String())
+	}
+}
+
+// TestHelp shows nimbus's help in naplesctl's layout, every flag with its variable.
+func TestHelp(t *testing.T) {
+	var stderr bytes.Buffer
+	_, err := parseFlags([]string{"--help"}, &stderr, noEnv)
+	if !errors.Is(err, cmdline.ErrHelp) {
+		t.Fatalf("parseFlags(--help) = %v, want cmdline.ErrHelp, which exits 0", err)
+	}
+	for _, want := range []string{"Usage:\n  nimbus [flags]\n\nFlags:\n", "--data-dir directory", "($NIMBUS_DATA_DIR)", "--etcd-endpoints URLs", "($NIMBUS_ETCD_ENDPOINTS)", "--max-status-message-bytes"} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("help does not say %q:\n%s", want, stderr.String())
+		}
+	}
+	if strings.Contains(stderr.String(), "$NIMBUS_VERSION") || strings.Contains(stderr.String(), "$NIMBUS_HELP") {
+		t.Errorf("help names a variable for --version or --help, which no variable sets:\n%s", stderr.String())
 	}
 }

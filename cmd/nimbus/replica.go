@@ -2,7 +2,6 @@ package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"math"
 	"os"
@@ -13,6 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/naplesnet/naples/internal/address"
+	"github.com/naplesnet/naples/internal/cmdline"
 	"github.com/naplesnet/naples/nimbus"
 )
 
@@ -46,7 +46,7 @@ type replicaConfig struct {
 }
 
 // addReplicaFlags defines the flags of the store and of replicas on fs.
-func addReplicaFlags(fs *flag.FlagSet, rc *replicaConfig) {
+func addReplicaFlags(fs *cmdline.FlagSet, rc *replicaConfig) {
 	hostname, _ := os.Hostname()
 	rc.store, rc.name, rc.prefix = "embedded", hostname, nimbus.DefaultEtcdPrefix
 	rc.rebalance = nimbus.RebalanceOptions{Rate: nimbus.DefaultRebalanceRate, Slack: nimbus.DefaultRebalanceSlack}

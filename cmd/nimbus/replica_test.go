@@ -41,7 +41,7 @@ func TestParseStoreFlags(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stderr bytes.Buffer
-			cfg, err := parseFlags(tc.args, &stderr)
+			cfg, err := parseFlags(tc.args, &stderr, noEnv)
 			if tc.wantErr != "" {
 				if !errors.Is(err, errUsage) || !strings.Contains(stderr.String(), tc.wantErr) {
 					t.Fatalf("parseFlags(%q) = %v with output %q, want a usage error saying %q", tc.args, err, stderr.String(), tc.wantErr)

@@ -37,7 +37,8 @@ func (c *cli) getCommand() *cobra.Command {
 		Short: "Show objects of a kind and how far their programming has come",
 		Long: `Show objects of a kind and how far their programming has come.
 
-KIND is a kind name in any case, singular or plural: route, Routes, securitygroups.
+KIND is a kind name in any case, singular, plural or short: route, Routes, rt, sg
+(naplesctl api-resources lists them).
 Without NAME every object of the kind is listed, in every tenant and namespace unless
 --tenant or --namespace narrow it; with NAME tenant and namespace default to "default".
 

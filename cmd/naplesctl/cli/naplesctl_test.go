@@ -379,7 +379,7 @@ func TestUsageErrors(t *testing.T) {
 		{
 			name:  "unknown kind",
 			args:  []string{"get", "rout"},
-			parts: []string{`kind "rout": unknown kind`, "valid kinds: Node, Network, Endpoint, SecurityGroup, NetworkSecurityPolicy, Route, Interface, FlowExportPolicy"},
+			parts: []string{`kind "rout": unknown kind`, "valid kinds: Node (no), Network (net), Endpoint (ep), SecurityGroup (sg), NetworkSecurityPolicy (nsp), Route (rt), Interface (if), FlowExportPolicy (fep), Trace (tr)"},
 			is:    nimbusv1.ErrUnknownKind,
 		},
 		{name: "unknown kind on delete", args: []string{"delete", "rout", "a"}, parts: []string{`kind "rout": unknown kind`}, is: nimbusv1.ErrUnknownKind},
