@@ -34,4 +34,9 @@
 // what it would store, storing nothing (nimbus's dry_run): apply prints what would happen
 // to each object, diff a unified diff of each object apply would change. version asks
 // nimbus for its version too.
+//
+// get prints as kubectl does: a table, -o wide, name, json, yaml, jsonpath=TEMPLATE and
+// custom-columns=HEADER:PATH,... (output.go), and with --watch follows the objects and
+// their status through nimbus's status stream (watch.go). Shell completion asks nimbus
+// for object and node names (completion.go).
 package cli

@@ -121,6 +121,7 @@ Objects are written as YAML or JSON manifests:
 	c.addVersion(root)
 	root.AddCommand(c.applyCommand(), c.getCommand(), c.deleteCommand(), c.describeCommand(), c.waitCommand(), c.delphiCommand(), c.dataplaneCommand(), c.bpfCommand(), c.flowsCommand(), c.monitorCommand(), c.traceCommand())
 	root.AddCommand(c.diffCommand())
+	c.addCompletions(root)
 
 	if args == nil {
 		args = []string{} // nil makes cobra read os.Args
