@@ -37,6 +37,15 @@
 // --rebalance-slack, default 1) asks some, up to --rebalance-rate a second (default 1; 0
 // turns it off), to watch another replica, where they resume. See docs/replicas.md.
 //
+// A unix socket of --listen is made mode 0660 and given to the group --socket-group
+// (default naples, when it exists; empty leaves it nimbus's user's alone), so that its
+// members reach nimbus with naplesctl. /readyz and the gauge
+// naples_nimbus_tls_certificate_expiry_seconds warn of a certificate that expires within
+// --tls-expiry-warning (default 720h). --tls-crl FILE, a revocation list signed by the CA
+// (naplesctl certs --revoke writes one), refuses the client certificates it revokes;
+// nimbus reads it again when it changes (looking every --tls-crl-interval, default 5s)
+// and closes the open connections of certificates it comes to revoke.
+//
 // Every size, count and rate a client could push without bound is limited; the flags of
 // the limits (--max-object-bytes, --max-streams-per-node, --max-status-message-bytes and
 // more) and the metrics that show them being hit are listed in docs/limits.md.
@@ -131,6 +140,8 @@ type config struct {
 	replica replicaConfig
 	// limits are nimbus's limits (docs/limits.md).
 	limits nimbus.Limits
+	// access says who may reach nimbus, and how it checks their certificates and its own.
+	access accessConfig
 	// ui is the web console (docs/ui.md).
 	ui uiConfig
 }
@@ -160,6 +171,7 @@ func parseFlags(args []string, stderr io.Writer, getenv func(string) string) (co
 	})
 	addReplicaFlags(fs, &cfg.replica)
 	addLimitFlags(fs, &cfg.limits)
+	addAccessFlags(fs, &cfg.access)
 	addUIFlags(fs, &cfg.ui)
 	fs.IntVar(&cfg.watchBuffer, "watch-buffer", nimbus.DefaultWatchBuffer, "how many `events` a watcher may fall behind before it is reset and must resume")
 	fs.IntVar(&cfg.historyWindow, "history-window", nimbus.DefaultHistoryWindow, "how many of the latest `changes` are kept so that a watch can resume after them; negative keeps none")
@@ -248,6 +260,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	opts := nimbus.Options{Logger: log, TLS: tlsConfig, DataDir: cfg.dataDir, Registerer: reg, WatchBuffer: cfg.watchBuffer,
 		HistoryWindow: cfg.historyWindow, Limits: cfg.limits}
+	if err := certOptions(cfg, &opts); err != nil {
+		return exitstatus.Mark(err)
+	}
 	if cfg.replica.store == "etcd" {
 		if opts.Etcd, err = cfg.replica.etcdOptions(cfg.listen); err != nil {
 			return exitstatus.Mark(err)
@@ -280,7 +295,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		log.Info("store is ephemeral: a restart loses every object")
 	}
 	if cfg.metrics != "" {
-		m, err := telemetry.Serve(ctx, cfg.metrics, telemetry.Options{Gatherer: reg, Ready: srv.Ready, Logger: log, Pprof: cfg.pprof})
+		m, err := telemetry.Serve(ctx, cfg.metrics, telemetry.Options{Gatherer: reg, Ready: srv.Ready, Warnings: srv.Warnings, Logger: log, Pprof: cfg.pprof})
 		if err != nil {
 			return err
 		}
@@ -309,6 +324,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			return err
 		}
 		listeners = append(listeners, l)
+		if err := cfg.access.shareSocket(a, log); err != nil {
+			return exitstatus.Mark(err)
+		}
 		// The listener's address, so that tcp://host:0 logs the port it got.
 		addrs = append(addrs, address.Address{Network: a.Network, Addr: l.Addr().String()}.String())
 	}

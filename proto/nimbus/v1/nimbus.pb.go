@@ -1174,8 +1174,9 @@ type NetworkSpec struct {
 	// endpoints' interfaces), 68 to 65535. 0, the default, is the most the node's underlay
 	// carries: the MTU of the link that holds the node's VTEP address less VXLAN's
 	// overhead, 50 bytes over IPv4 and 70 over IPv6 (1450 and 1430 over a 1500-byte
-	// link). A node whose underlay carries less sets a larger mtu all the same and flags
-	// it in its status (operational_data.network.mtu_warning).
+	// link). On a node whose underlay link carries less, a larger mtu is FAILED, naming
+	// the link and its MTU; a node with no link holding its VTEP address sets it all the
+	// same and flags it in its status (operational_data.network.mtu_warning).
 	Mtu uint32 `protobuf:"varint,4,opt,name=mtu,proto3" json:"mtu,omitempty"`
 	// subnets are the network's subnets, which must not overlap.
 	Subnets       []*Subnet `protobuf:"bytes,5,rep,name=subnets,proto3" json:"subnets,omitempty"`
@@ -2509,9 +2510,11 @@ type NetworkOperational struct {
 	// underlay says what the MTU is derived from, the link that holds this node's VTEP
 	// address: "eth0 mtu 1500 carries at most 1450 with VXLAN over IPv4".
 	Underlay string `protobuf:"bytes,9,opt,name=underlay,proto3" json:"underlay,omitempty"`
-	// mtu_warning is set when spec.mtu is larger than the underlay carries: "spec.mtu 9000:
-	// does not fit the underlay (eth0 mtu 1500 carries at most 1450 with VXLAN over IPv4)".
-	// The devices have spec.mtu all the same.
+	// mtu_warning is set when no link holds this node's VTEP address and spec.mtu is
+	// larger than a 1500-byte underlay carries: "spec.mtu 9000: does not fit the underlay
+	// (no link holds VTEP 192.0.2.1; a 1500-byte underlay carries at most 1450 with VXLAN
+	// over IPv4)". The devices have spec.mtu all the same. Over a link that carries less,
+	// the network is FAILED instead.
 	MtuWarning string `protobuf:"bytes,10,opt,name=mtu_warning,json=mtuWarning,proto3" json:"mtu_warning,omitempty"`
 	// gateway_mark is the mark the network's bridge gives what comes up into the host (the
 	// tenant's table); 0 when gateway_unavailable is set.
