@@ -44,12 +44,14 @@ var layers = []layer{
 	{"delphi", under("delphi"), []string{"proto", "internal"}},
 	{"hal", under("hal"), []string{"proto", "internal", "delphi", "hal"}},
 	{"nimbusclient", under("nimbusclient"), []string{"proto", "internal", "delphi"}},
+	// nimbus's web console reads the server in-process, above it.
+	{"console", under("nimbus/console"), []string{"proto", "internal", "nimbus"}},
 	{"nimbus", under("nimbus"), []string{"proto", "internal"}},
 	{"controller", under("controller"), []string{"proto", "internal"}},
 	{"agent", under("agent"), []string{"proto", "internal", "delphi", "hal", "halstore", "nimbusclient", "agent"}},
 	{"naplesctl", under("cmd/naplesctl"), []string{"proto", "internal", "controller", "naplesctl"}},
 	{"cmd/naples-agent", under("cmd/naples-agent"), []string{"proto", "internal", "agent"}},
-	{"cmd/nimbus", under("cmd/nimbus"), []string{"proto", "internal", "nimbus"}},
+	{"cmd/nimbus", under("cmd/nimbus"), []string{"proto", "internal", "nimbus", "console"}},
 	{"deploy", under("deploy"), nil},
 	{"test", under("test", "bench"), nil}, // anything
 }
