@@ -36,9 +36,15 @@ at all. For each object a line says whether it was created, configured (with its
 generation) or unchanged.
 
 With --wait, apply then waits until every applied object, changed or not, is PROGRAMMED
-on every target node at the generation apply stored, as the wait command does: a line
-on stderr shows each change of progress, and apply fails as soon as a node reports
-FAILED, or when --timeout passes.`,
+on every target node at the generation apply stored, as the wait command does, and
+fails as soon as a node reports a terminal FAILED, or when --timeout passes, naming the
+objects (the first 20 of them when it timed out). Made for manifests of thousands of
+objects, it shows its progress on stderr in one line, "1200 of 2000 programmed, 2
+failing (host-a, host-c)": rewritten in place a few times a second when stderr is a
+terminal, printed every 5s when not; an object that FAILED on a node and is being
+retried gets a line of its own, once, naming the nodes and their messages. Once every
+object is programmed, a last line on stdout says so ("2000 of 2000 programmed on every
+target node").`,
 		Example: `  naplesctl apply -f route.yaml
   cat route.yaml | naplesctl apply -f -
   naplesctl apply -f route.yaml --wait --timeout 30s`,
@@ -124,7 +130,7 @@ func (c *cli) apply(ctx context.Context, files []string, wait bool, timeout time
 	if !wait {
 		return nil
 	}
-	return c.wait(ctx, sess, targets, timeout)
+	return c.wait(ctx, sess, targets, timeout, c.bulkProgress())
 }
 
 // applyResult says what an apply did: "created", "configured (generation 2)" or

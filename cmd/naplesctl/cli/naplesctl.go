@@ -58,7 +58,7 @@ var (
 // argument, flags that do not go together, TLS files that cannot be loaded, a manifest
 // file that does not exist) is marked for exit status 2 (exitstatus.Of), any other for 1.
 func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) error {
-	c := &cli{stdin: stdin, stdout: stdout, stderr: stderr, now: time.Now}
+	c := &cli{stdin: stdin, stdout: stdout, stderr: stderr, now: time.Now, terminal: isTerminal(stderr)}
 	return c.run(ctx, args, getenv)
 }
 
@@ -69,6 +69,10 @@ type cli struct {
 	stderr io.Writer
 	// now tells the time that AGE is counted to.
 	now func() time.Time
+	// terminal tells that stderr is a terminal, where apply --wait rewrites its progress
+	// line in place; tick, when set, stands in for time.NewTicker in its progress.
+	terminal bool
+	tick     func(d time.Duration) (<-chan time.Time, func())
 	// server is the --server flag.
 	server string
 	// tls holds the --tls-* and --insecure flags.
