@@ -2,6 +2,8 @@ package manifest
 
 import (
 	"encoding/json"
+	"maps"
+	"slices"
 	"strings"
 )
 
@@ -63,13 +65,62 @@ func simpleYAMLFields(doc []byte) (map[string]json.RawMessage, bool) {
 	}
 	fields := make(map[string]json.RawMessage, len(m))
 	for k, v := range m {
-		raw, err := json.Marshal(v)
-		if err != nil {
+		raw, ok := appendJSON(nil, v)
+		if !ok {
 			return nil, false
 		}
 		fields[k] = raw
 	}
 	return fields, true
+}
+
+// appendJSON appends v, a value of the subset (a string, a json.Number, a []any or a
+// map[string]any of them), to b as json.Marshal writes it: keys in order, and <, > and &
+// escaped. It does without json.Marshal's reflection, as the subset's strings are
+// printable ASCII without quotes or backslashes. It reports false for any other value.
+func appendJSON(b []byte, v any) ([]byte, bool) {
+	ok := true
+	switch v := v.(type) {
+	case string:
+		b = append(b, '"')
+		for i := 0; i < len(v); i++ {
+			switch c := v[i]; c {
+			case '<', '>', '&':
+				b = append(b, `\u00`...)
+				b = append(b, "0123456789abcdef"[c>>4], "0123456789abcdef"[c&0xf])
+			default:
+				b = append(b, c)
+			}
+		}
+		return append(b, '"'), true
+	case json.Number:
+		return append(b, v...), true
+	case []any:
+		b = append(b, '[')
+		for i, e := range v {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			if b, ok = appendJSON(b, e); !ok {
+				return nil, false
+			}
+		}
+		return append(b, ']'), true
+	case map[string]any:
+		b = append(b, '{')
+		for i, k := range slices.Sorted(maps.Keys(v)) {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b, _ = appendJSON(b, k)
+			b = append(b, ':')
+			if b, ok = appendJSON(b, v[k]); !ok {
+				return nil, false
+			}
+		}
+		return append(b, '}'), true
+	}
+	return nil, false
 }
 
 // yamlSubset parses the lines of one document in the subset simpleYAMLToJSON takes.
