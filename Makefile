@@ -6,7 +6,7 @@ TOOLS_BIN := $(BIN)/tools
 CMDS      := nimbus naples-agent naplesctl
 GOTEST    ?= $(GO) test -race -count=1 -timeout 20m
 
-.PHONY: all build test bench fuzz demo proto proto-check bpf bpf-check tools vet clean release package
+.PHONY: all build test bench fuzz demo proto proto-check bpf bpf-check tools vet clean release package screenshots
 
 all: build
 
@@ -50,7 +50,13 @@ fuzz:
 demo: build
 	./examples/demo.sh
 
-# tools builds the pinned code generators and the packager nfpm from tools/go.mod.
+# screenshots rewrites the web console's screenshots, docs/ui-*.png, from a demo state in
+# headless Chromium (Debian: chromium). Only this target writes them; make test does not.
+screenshots:
+	NAPLES_SCREENSHOTS=$(CURDIR)/docs $(GO) test -count=1 -run '^TestScreenshots$$' ./nimbus/console/
+
+# tools builds the pinned code generators and the packager nfpm from tools/go.mod, and
+# protoc-gen-naples-comments, which keeps the .proto comments for naplesctl explain.
 tools:
 	cd tools && GOBIN=$(TOOLS_BIN) $(GO) install \
 		github.com/bufbuild/buf/cmd/buf \
@@ -58,7 +64,8 @@ tools:
 		google.golang.org/protobuf/cmd/protoc-gen-go \
 		google.golang.org/grpc/cmd/protoc-gen-go-grpc \
 		github.com/planetscale/vtprotobuf/cmd/protoc-gen-go-vtproto \
-		github.com/cilium/ebpf/cmd/bpf2go
+		github.com/cilium/ebpf/cmd/bpf2go \
+		./protoc-gen-naples-comments
 
 proto: tools
 	PATH="$(TOOLS_BIN):$$PATH" $(TOOLS_BIN)/buf generate

@@ -20,6 +20,7 @@ import (
 
 	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/hal"
+	"github.com/naplesnet/naples/internal/pki"
 	"github.com/naplesnet/naples/internal/telemetry"
 	"github.com/naplesnet/naples/nimbusclient"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -35,6 +36,13 @@ type Config struct {
 	// TLS is the TLS configuration the agent dials nimbus with, presenting this node's
 	// certificate, which must name Node. Default: nil, which dials plaintext.
 	TLS *tls.Config
+	// Certificates are the certificate files TLS was loaded from (internal/pki's
+	// ReadExpiry): naples_agent_tls_certificate_expiry_seconds tells when each expires,
+	// and /readyz warns of those that expire within CertificateWarning. Default: nil, none.
+	Certificates *pki.Expiry
+	// CertificateWarning is how long before one of Certificates expires /readyz warns of
+	// it. Default: internal/pki's DefaultExpiryWarning (30 days).
+	CertificateWarning time.Duration
 	// StateDir holds the agent's state; one agent at a time may use it. Delphi keeps the
 	// desired objects and the nimbus resume point there, so a restarted agent enforces
 	// them before nimbus is reachable; the interface reconciler keeps in interfaces.json
@@ -232,11 +240,20 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		return 1
 	})
-	if err := reg.Register(readyGauge); err != nil {
-		return fmt.Errorf("agent: registering metrics: %w", err)
+	certGauge := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: "naples", Subsystem: "agent", Name: "tls_certificate_expiry_seconds",
+		Help: "When each certificate the agent loaded expires (its NotAfter), in seconds since the Unix epoch, by certificate (client or ca) and file; for a file of several CAs, the first to expire.",
+	}, []string{"certificate", "file"})
+	for _, c := range cfg.Certificates.Certificates() {
+		certGauge.WithLabelValues(c.Use, c.Path).Set(float64(c.NotAfter.Unix()))
 	}
+	if _, err := telemetry.Register(reg, "agent", readyGauge, certGauge); err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	certWarning := cmp.Or(cfg.CertificateWarning, pki.DefaultExpiryWarning)
+	warnings := func() []string { return cfg.Certificates.Warnings(time.Now(), certWarning) }
 	if cfg.Metrics != "" {
-		m, err := telemetry.Serve(ctx, cfg.Metrics, telemetry.Options{Gatherer: reg, Healthy: healthy, Ready: ready, Logger: log})
+		m, err := telemetry.Serve(ctx, cfg.Metrics, telemetry.Options{Gatherer: reg, Healthy: healthy, Ready: ready, Warnings: warnings, Logger: log})
 		if err != nil {
 			return fmt.Errorf("agent: %w", err)
 		}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"io"
 	"log/slog"
 	"net/http"
 	"path/filepath"
@@ -14,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/naplesnet/naples/internal/pki"
 	"github.com/naplesnet/naples/internal/telemetry/telemetrytest"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -37,21 +37,6 @@ func (b *logBuffer) String() string {
 	return b.buf.String()
 }
 
-// httpGet returns the status code and body of GET url, or fails the test.
-func httpGet(t *testing.T, url string) (int, string) {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, string(body)
-}
-
 // TestRunServesTelemetry runs an agent with Config.Metrics against a real nimbus: it logs
 // where it serves, /readyz answers 200 once the route is reconciled, /metrics shows the
 // route programmed and the parts' metrics in one registry, and once Run returns nothing is
@@ -67,10 +52,28 @@ func TestRunServesTelemetry(t *testing.T) {
 	if _, err := api.Apply(context.Background(), &nimbusv1.ApplyRequest{Object: route}); err != nil {
 		t.Fatal(err)
 	}
+	// A certificate that expires in 10 days is warned of; the agent dials in plaintext, so
+	// it only lends its file to Config.Certificates.
+	ca, err := pki.NewCA(pki.CAOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	soon, err := ca.IssueNode("host-a", pki.CertOptions{Validity: 10*24*time.Hour + time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile := filepath.Join(dir, "host-a.crt")
+	if err := soon.WriteFiles(certFile, filepath.Join(dir, "host-a.key")); err != nil {
+		t.Fatal(err)
+	}
+	certs, err := pki.ReadExpiry(pki.CertFile{Use: pki.UseClient, Path: certFile})
+	if err != nil {
+		t.Fatal(err)
+	}
 	var logs logBuffer
 	stop := sync.OnceFunc(runAgent(t, Config{
 		Node: "host-a", Nimbus: addr, StateDir: filepath.Join(dir, "state"), Metrics: "127.0.0.1:0",
-		Logger: slog.New(slog.NewTextHandler(&logs, nil)), netns: &ns,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)), netns: &ns, Certificates: certs,
 	}))
 	defer stop()
 
@@ -88,8 +91,12 @@ func TestRunServesTelemetry(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	for {
-		code, body := httpGet(t, base+"/readyz")
+		code, body := telemetrytest.Get(t, base+"/readyz")
 		if code == http.StatusOK {
+			want := "warning: certificate " + certFile + " expires in 10 days"
+			if !strings.HasPrefix(body, "ready\n") || !strings.Contains(body, want) {
+				t.Errorf("GET /readyz = %q, want ready and %q", body, want)
+			}
 			break
 		}
 		if code != http.StatusServiceUnavailable || time.Now().After(deadline) {
@@ -97,16 +104,17 @@ func TestRunServesTelemetry(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if code, body := httpGet(t, base+"/healthz"); code != http.StatusOK {
+	if code, body := telemetrytest.Get(t, base+"/healthz"); code != http.StatusOK {
 		t.Errorf("GET /healthz = %d %q, want 200", code, body)
 	}
-	code, body := httpGet(t, base+"/metrics")
+	code, body := telemetrytest.Get(t, base+"/metrics")
 	if code != http.StatusOK {
 		t.Fatalf("GET /metrics = %d", code)
 	}
 	m := telemetrytest.Parse(t, body)
 	for series, want := range map[string]float64{
-		"naples_agent_ready":   1,
+		"naples_agent_ready": 1,
+		`naples_agent_tls_certificate_expiry_seconds{certificate="client",file="` + certFile + `"}`: float64(soon.Cert.NotAfter.Unix()),
 		"naples_delphi_synced": 1,
 		`naples_nimbusclient_watch_starts_total{mode="snapshot"}`: 1,
 	} {

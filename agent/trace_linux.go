@@ -251,15 +251,10 @@ func (r *TraceReconciler) startLocked(ctx context.Context, id nimbusv1.Key, obj 
 		r.runs[id] = run
 		return run, nil
 	}
-	// Traces that ended hold nothing in the datapath: only running ones count.
-	running := 0
-	for _, other := range r.runs {
-		if !other.op.GetDone() {
-			running++
-		}
-	}
-	if running >= r.opts.MaxTraces {
-		return nil, hal.Errorf(ReasonLimitExceeded, "the node runs %d traces already, the most --max-traces allows", running)
+	// Only traces installed in the datapath count: one that ended (kept, or applied by
+	// hand and not deleted) holds nothing there.
+	if n := len(r.byID); n >= r.opts.MaxTraces {
+		return nil, hal.Errorf(ReasonLimitExceeded, "the node runs %d traces already, the most --max-traces allows", n)
 	}
 	if other := r.byID[run.id]; other != nil {
 		return nil, hal.Errorf(hal.ReasonConflict, "trace %s has the same trace id %#x; apply this one again", other.key, run.id)

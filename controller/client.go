@@ -42,6 +42,10 @@ var (
 const (
 	// DefaultMaxBatchBytes is the default of Options.MaxBatchBytes.
 	DefaultMaxBatchBytes = 4 << 20
+	// DryRunBatchBytes bounds the size of one ApplyBatch call of a dry run (see
+	// ApplyOptions.DryRun), as Options.MaxBatchBytes does for an apply: nimbus takes
+	// 16 MiB in one call, and the margin keeps the request within it.
+	DryRunBatchBytes = 12 << 20
 	// DefaultMinBackoff and DefaultMaxBackoff are the defaults of Options.MinBackoff and
 	// Options.MaxBackoff.
 	DefaultMinBackoff = 100 * time.Millisecond
@@ -216,6 +220,15 @@ type ApplyOptions struct {
 	// goroutine that called ApplyWith and before the next call. An error it returns ends
 	// ApplyWith, which returns it as it is. Default: nil.
 	Applied func(first int, results []*nimbusv1.ApplyResponse) error
+	// DryRun asks nimbus to check the objects as the apply would, cross-object checks
+	// included, and to answer what it would do without storing anything: each result
+	// says whether the object would be created, changed or left unchanged, and carries
+	// the object as it would be stored, without what only a commit assigns (uid,
+	// revision, times). A refusal is the one the apply would meet. The objects travel in
+	// calls of up to DryRunBatchBytes, or Options.MaxBatchBytes when that is larger, so
+	// that nimbus checks them against each other; objects of two calls are not checked
+	// against each other, since the first call stores nothing. Default: false.
+	DryRun bool
 }
 
 // ApplyWith creates or updates the objects, in order, and returns what nimbus stored for
@@ -257,8 +270,13 @@ func (c *Client) ApplyWith(ctx context.Context, objs []*nimbusv1.Object, opts Ap
 		return nil, err
 	}
 	results := make([]*nimbusv1.ApplyResponse, 0, len(objs))
-	for lo, hi := range chunks(sizes, c.opts.MaxBatchBytes) {
-		resp, err := c.api.ApplyBatch(ctx, &nimbusv1.ApplyBatchRequest{Objects: objs[lo:hi], OmitObjects: opts.OmitObjects}, recvLimit())
+	batchBytes := c.opts.MaxBatchBytes
+	if opts.DryRun {
+		batchBytes = max(batchBytes, DryRunBatchBytes)
+	}
+	for lo, hi := range chunks(sizes, batchBytes) {
+		req := &nimbusv1.ApplyBatchRequest{Objects: objs[lo:hi], OmitObjects: opts.OmitObjects, DryRun: opts.DryRun}
+		resp, err := c.api.ApplyBatch(ctx, req, recvLimit())
 		if err != nil {
 			return results, callError(fmt.Sprintf("applying objects[%d:%d], %d of %d applied before", lo, hi, lo, len(objs)), "objects", lo, hi, err)
 		}
@@ -267,7 +285,7 @@ func (c *Client) ApplyWith(ctx context.Context, objs []*nimbusv1.Object, opts Ap
 				Err: fmt.Errorf("nimbus answered %d results", len(resp.GetResults()))}
 		}
 		results = append(results, resp.GetResults()...)
-		c.log.Debug("objects applied", "objects", hi-lo, "revision", resp.GetRevision())
+		c.log.Debug("objects applied", "objects", hi-lo, "revision", resp.GetRevision(), "dry_run", opts.DryRun)
 		if opts.Applied != nil {
 			if err := opts.Applied(lo, resp.GetResults()); err != nil {
 				return results, err

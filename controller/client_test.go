@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -393,5 +394,52 @@ func TestNodeStatuses(t *testing.T) {
 	}
 	if _, err := c.NodeStatuses(testContext(t), routeKey("missing"), 0); !errors.Is(err, ErrNotFound) {
 		t.Errorf("NodeStatuses of a missing route: %v, want ErrNotFound", err)
+	}
+}
+
+// TestApplyDryRunInOneCall dry-runs objects that an apply would send in many calls of
+// Options.MaxBatchBytes: they go in one, so that nimbus checks them against each other,
+// and two networks of one VNI far apart among them are refused, the second named by its
+// index; nothing is stored.
+func TestApplyDryRunInOneCall(t *testing.T) {
+	socket := socketPath(t)
+	reg := prometheus.NewRegistry()
+	serveWith(t, socket, nimbus.Options{Registerer: reg})
+	c := newClient(t, socket, Options{MaxBatchBytes: 512})
+	network := func(name, subnet string) *nimbusv1.Object {
+		return &nimbusv1.Object{Meta: &nimbusv1.ObjectMeta{Name: name},
+			Spec: &nimbusv1.Object_Network{Network: &nimbusv1.NetworkSpec{Vni: 100, Subnet: subnet}}}
+	}
+	objs := []*nimbusv1.Object{network("blue", "10.1.0.0/24")}
+	for i := range 20 {
+		objs = append(objs, route(fmt.Sprintf("r%d", i), "192.0.2.1"))
+	}
+	ok, err := c.ApplyWith(testContext(t), objs, ApplyOptions{DryRun: true})
+	if err != nil || len(ok) != len(objs) || !ok[0].GetCreated() || ok[0].GetObject().GetNetwork().GetVni() != 100 {
+		t.Fatalf("dry run of %d objects = %v; want each created, with its object", len(objs), err)
+	}
+	objs = append(objs, network("green", "10.2.0.0/24"))
+	_, err = c.ApplyWith(testContext(t), objs, ApplyOptions{DryRun: true})
+	wantEntries(t, err, 0, len(objs), 0, BatchEntry{len(objs) - 1, "spec.vni",
+		`network "default/green": spec.vni "100" is already used by network "default/blue"`})
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dryRuns float64
+	for _, f := range families {
+		if f.GetName() == "naples_nimbus_dry_runs_total" {
+			dryRuns = f.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	if dryRuns != 2 {
+		t.Errorf("nimbus counted %v dry runs, want the 2 calls", dryRuns)
+	}
+	list, err := nimbusv1.ListAll(testContext(t), rawClient(t, socket), &nimbusv1.ListRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list.GetItems()) != 0 || list.GetRevision() != 0 {
+		t.Fatalf("nimbus holds %d objects at revision %d after dry runs, want none at 0", len(list.GetItems()), list.GetRevision())
 	}
 }

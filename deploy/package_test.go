@@ -48,12 +48,26 @@ func TestPackageInstalls(t *testing.T) {
 		t.Fatalf("make package built debs %q and rpms %q, want one of each", debs, rpms)
 	}
 
+	hadUser := exec.Command("getent", "passwd", "naples").Run() == nil
 	t.Cleanup(func() {
 		if out, err := exec.Command("dpkg", "--purge", "naples").CombinedOutput(); err != nil {
 			t.Errorf("dpkg --purge naples: %v\n%s", err, out)
 		}
+		// The package leaves the user it made, as packages do; the test does not.
+		if !hadUser {
+			if out, err := exec.Command("userdel", "naples").CombinedOutput(); err != nil {
+				t.Errorf("userdel naples: %v\n%s", err, out)
+			}
+			exec.Command("groupdel", "naples").Run() // gone with the user where userdel removes it
+		}
 	})
 	run(t, "dpkg", "-i", debs[0])
+
+	// The package's script made the user nimbus runs as.
+	if fields := strings.Split(strings.TrimSpace(run(t, "getent", "passwd", "naples")), ":"); len(fields) != 7 || fields[5] != "/var/lib/naples/nimbus" {
+		t.Errorf("user naples after installing: %q, want one with home /var/lib/naples/nimbus", fields)
+	}
+	run(t, "getent", "group", "naples")
 
 	for _, cmd := range []string{"naples-agent", "nimbus", "naplesctl"} {
 		out := run(t, "/usr/bin/"+cmd, "--version")
@@ -90,6 +104,10 @@ func TestPackageInstalls(t *testing.T) {
 	if _, err := exec.LookPath("rpm"); err != nil {
 		t.Errorf("rpm: %v (the .rpm's file list is unchecked)", err)
 		return
+	}
+	if scripts := run(t, "rpm", "-qp", "--scripts", rpms[0]); !strings.Contains(scripts, "systemd-sysusers naples.conf") ||
+		!strings.Contains(scripts, "systemctl disable --now nimbus.service") {
+		t.Errorf("the .rpm's scripts do not make the user and stop the units on removal:\n%s", scripts)
 	}
 	rpmFiles := strings.Fields(run(t, "rpm", "-qpl", rpms[0]))
 	for _, path := range strings.Fields(run(t, "dpkg-query", "-L", "naples")) {

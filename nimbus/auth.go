@@ -24,8 +24,8 @@ import (
 // that a CA of Options.TLS.ClientCAs issued, and its identity (see package internal/pki)
 // decides what it may call:
 //
-//   - Apply, ApplyBatch, Delete, DeleteBatch, Get, List and ListNodeStatuses: publishers
-//     only. Nodes learn their objects from Watch and have no need to read or change
+//   - Apply, ApplyBatch (dry runs too), Delete, DeleteBatch, Get, List and
+//     ListNodeStatuses: publishers only. Nodes learn their objects from Watch and have no need to read or change
 //     anyone else's.
 //   - WatchStatus: publishers only, as List.
 //   - Watch: a node for its own name only; a publisher for any node, which shows it no
@@ -37,16 +37,16 @@ import (
 //   - PeerStatus: replicas only, and every frame that names its sender must name the
 //     certificate's replica (PeerFrame.replica equal to its name), checked as for
 //     ReportStatus. A replica certificate may call nothing else but ObserveFlows with
-//     local_only and the health service: it is the one a replica serves with, on every
-//     host of the cluster.
+//     local_only, Version and the health service: it is the one a replica serves with,
+//     on every host of the cluster.
 //   - ObserveFlows (nimbus.flows.v1.Flows): publishers; replicas too, with local_only
 //     set, which only they may set: it is how a replica asks its peers for their agents'
 //     flow records.
 //   - FlowTap (nimbus.flows.v1.Flows): nodes only, and every message that names a node
 //     must name the certificate's (FlowTapUp.node equal to its node name), checked as
 //     for ReportStatus.
-//   - The standard health service (grpc.health.v1.Health): anyone with a certificate the
-//     CAs issued, so probes need no role.
+//   - The standard health service (grpc.health.v1.Health) and Version: anyone with a
+//     certificate the CAs issued, so probes need no role.
 //   - Any other method: nobody.
 //
 // Refusals are codes.PermissionDenied with a message naming who asked for what, such as
@@ -65,7 +65,7 @@ func (s *Server) authorizeUnary(ctx context.Context, req any, info *grpc.UnarySe
 	}
 	method := path.Base(info.FullMethod)
 	switch info.FullMethod {
-	case healthpb.Health_Check_FullMethodName, healthpb.Health_List_FullMethodName:
+	case healthpb.Health_Check_FullMethodName, healthpb.Health_List_FullMethodName, nimbusv1.Nimbus_Version_FullMethodName:
 	case nimbusv1.Nimbus_Apply_FullMethodName, nimbusv1.Nimbus_ApplyBatch_FullMethodName,
 		nimbusv1.Nimbus_Delete_FullMethodName, nimbusv1.Nimbus_DeleteBatch_FullMethodName,
 		nimbusv1.Nimbus_Get_FullMethodName, nimbusv1.Nimbus_List_FullMethodName,

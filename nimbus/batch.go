@@ -30,7 +30,9 @@ const maxReportedInvalid = 10
 // durable. The results are in the order of the objects; each carries the stored object,
 // so the response is larger than the request, and a client sending a large batch raises
 // its receive limit (grpc.MaxCallRecvMsgSize) to match, or sets omit_objects to receive
-// only each object's generation and revision. A request is at most 16 MiB.
+// only each object's generation and revision. A request is at most 16 MiB. With dry_run it
+// answers what the batch would do, refused as it would be, and stores nothing (see
+// dryrun.go).
 func (s *Server) ApplyBatch(ctx context.Context, req *nimbusv1.ApplyBatchRequest) (*nimbusv1.ApplyBatchResponse, error) {
 	objs := req.GetObjects()
 	b := &batch{writes: make([]write, 0, len(objs)), positions: true}
@@ -63,7 +65,7 @@ func (s *Server) ApplyBatch(ctx context.Context, req *nimbusv1.ApplyBatchRequest
 	if err := bad.err(); err != nil {
 		return nil, err
 	}
-	if err := s.submit(b); err != nil {
+	if err := s.submitOrDryRun(b, req.GetDryRun()); err != nil {
 		return nil, rpcError(err)
 	}
 	resp := &nimbusv1.ApplyBatchResponse{Results: make([]*nimbusv1.ApplyResponse, len(b.outcomes)), Revision: b.rev, Transactions: uint32(b.txns)}

@@ -224,31 +224,7 @@ func (e *embeddedStore) commitLocked(group []*batch, base uint64, now *timestamp
 		}
 		revBefore, changesBefore := rev, len(changes)
 		var conflicts refusal
-		b.outcomes = make([]outcome, len(b.writes))
-		for i, w := range b.writes {
-			var (
-				c   *stagedChange
-				out outcome
-				err error
-			)
-			if w.obj != nil {
-				c, out, err = stageApply(txn, w, rev+1, now)
-			} else {
-				c, out = stageDelete(txn, w, rev+1)
-			}
-			if err != nil {
-				pos, id := b.at(i)
-				conflicts.add(pos, id, err)
-				continue
-			}
-			if c != nil {
-				rev++
-				changes = append(changes, *c)
-			} else {
-				out.rev = rev
-			}
-			b.outcomes[i] = out
-		}
+		rev, changes, conflicts = stageBatch(txn, b, rev, changes, now)
 		if conflicts.any() {
 			txn.tables = before
 			rev, changes = revBefore, changes[:changesBefore]
@@ -277,6 +253,41 @@ func (e *embeddedStore) commitLocked(group []*batch, base uint64, now *timestamp
 	}
 	txn.commit()
 	return rev, changes, nil
+}
+
+// stageBatch makes the writes of the batch in txn, after revision rev, as a commit makes
+// them: each write sees the ones before it. It sets the batch's outcomes, and returns the
+// revision after its last change, changes with the batch's changes appended in revision
+// order, and the refusal of the writes that would take a value another object holds,
+// which the caller must not commit when it has any.
+func stageBatch(txn *writeTxn, b *batch, rev uint64, changes []stagedChange, now *timestamppb.Timestamp) (uint64, []stagedChange, refusal) {
+	var conflicts refusal
+	b.outcomes = make([]outcome, len(b.writes))
+	for i, w := range b.writes {
+		var (
+			c   *stagedChange
+			out outcome
+			err error
+		)
+		if w.obj != nil {
+			c, out, err = stageApply(txn, w, rev+1, now)
+		} else {
+			c, out = stageDelete(txn, w, rev+1)
+		}
+		if err != nil {
+			pos, id := b.at(i)
+			conflicts.add(pos, id, err)
+			continue
+		}
+		if c != nil {
+			rev++
+			changes = append(changes, *c)
+		} else {
+			out.rev = rev
+		}
+		b.outcomes[i] = out
+	}
+	return rev, changes, conflicts
 }
 
 // finalStates returns what the changes leave of each object they touch: the objects

@@ -50,6 +50,11 @@
 // and the batch's earlier writes; a batch with such an entry stores nothing. See
 // conflict.go.
 //
+// An Apply or ApplyBatch with dry_run is checked as the apply would be, the cross-object
+// checks included, and answers what the apply would do, but stores nothing: no revision,
+// no watch event, nothing on disk or in etcd. It needs the rights of an apply, and
+// naples_nimbus_dry_runs_total counts it. See dryrun.go.
+//
 // Where the objects are kept is the store's business, behind one small interface the
 // Server declares (backend.go): commit a group of batches and hand their changes to the
 // watchers, catch up with a revision or with the objects status reports name, say whether

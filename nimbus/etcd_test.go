@@ -306,6 +306,13 @@ func TestEtcdReplicaNotReadyUntilEtcdAnswers(t *testing.T) {
 	wantCode(t, err, codes.Unavailable)
 	_, err = ts.client.Apply(testContext(t), &nimbusv1.ApplyRequest{Object: route("r", nil, "192.0.2.1")})
 	wantCode(t, err, codes.Unavailable)
+	// A dry run would check against a cache not loaded yet.
+	_, err = ts.client.Apply(testContext(t), &nimbusv1.ApplyRequest{Object: route("r", nil, "192.0.2.1"), DryRun: true})
+	wantCode(t, err, codes.Unavailable)
+	// Which version runs is no business of the store's.
+	if v, err := ts.client.Version(testContext(t), &nimbusv1.VersionRequest{}); err != nil || v.GetVersion() == "" {
+		t.Errorf("Version before etcd runs = %v, %v; want an answer", v, err)
+	}
 
 	health := healthpb.NewHealthClient(dialConn(t, ts.path))
 	wantHealth := func(want healthpb.HealthCheckResponse_ServingStatus) {

@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	"google.golang.org/grpc/credentials"
+
+	"github.com/naplesnet/naples/internal/pki"
 )
 
 // Refused handshakes
@@ -22,11 +24,12 @@ const (
 	handshakeNoCertificate = "no_certificate"
 	handshakeUnknownCA     = "unknown_ca"
 	handshakeClientRefused = "client_refused"
+	handshakeRevoked       = "revoked"
 	handshakeOther         = "other"
 )
 
 // handshakeReasons are the values of the reason label, each present from the start.
-var handshakeReasons = []string{handshakePlaintext, handshakeNoCertificate, handshakeUnknownCA, handshakeClientRefused, handshakeOther}
+var handshakeReasons = []string{handshakePlaintext, handshakeNoCertificate, handshakeUnknownCA, handshakeClientRefused, handshakeRevoked, handshakeOther}
 
 // handshakeReason returns the reason label of a failed server handshake, and what it
 // means for the log.
@@ -37,6 +40,8 @@ func handshakeReason(err error) (label, why string) {
 		return handshakePlaintext, "the client speaks plaintext (its --insecure) to a nimbus that serves TLS"
 	case strings.Contains(msg, "didn't provide a certificate"), strings.Contains(msg, "certificate required"):
 		return handshakeNoCertificate, "the client sent no certificate (its --tls-cert and --tls-key)"
+	case strings.Contains(msg, pki.ErrRevoked.Error()):
+		return handshakeRevoked, "the client's certificate is in the revocation list (--tls-crl)"
 	case strings.Contains(msg, "unknown authority"), strings.Contains(msg, "failed to verify certificate"):
 		return handshakeUnknownCA, "the client's certificate is not issued by a CA of --tls-ca"
 	case strings.Contains(msg, "remote error"):
@@ -56,6 +61,10 @@ func (h handshakeLogger) ServerHandshake(conn net.Conn) (net.Conn, credentials.A
 	out, info, err := h.TransportCredentials.ServerHandshake(conn)
 	if err != nil {
 		h.s.handshakeRefused(conn.RemoteAddr(), err)
+		return out, info, err
+	}
+	if h.s.opts.CRL != nil {
+		out = h.s.tlsConns.track(out, info)
 	}
 	return out, info, err
 }

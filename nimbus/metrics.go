@@ -3,6 +3,7 @@ package nimbus
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/naplesnet/naples/internal/pki"
 	"github.com/naplesnet/naples/internal/telemetry"
 )
 
@@ -33,6 +34,8 @@ type metrics struct {
 	nodesOmitted prometheus.Counter
 	// objectsTooLarge counts the objects refused for their size.
 	objectsTooLarge prometheus.Counter
+	// dryRuns counts the Apply and ApplyBatch calls with dry_run that reached the store.
+	dryRuns prometheus.Counter
 	// listPagesCut counts the List pages that ended before the last item.
 	listPagesCut prometheus.Counter
 	// nodeStatusPagesCut counts the ListNodeStatuses pages that ended before the last
@@ -43,6 +46,11 @@ type metrics struct {
 	// watermarkMovesDelayed counts the watermark reports held back by
 	// Limits.StatusWatermarkMoves.
 	watermarkMovesDelayed prometheus.Counter
+	// revokedClosed counts the connections closed because Options.CRL came to revoke
+	// their client certificate.
+	revokedClosed prometheus.Counter
+	// certificateExpiry is when each certificate of Options.Certificates expires.
+	certificateExpiry *prometheus.GaugeVec
 }
 
 // newMetrics creates the metrics and registers them with reg; statuses tells how many node
@@ -97,6 +105,10 @@ func newMetrics(reg prometheus.Registerer, statuses, watermarks func() float64) 
 		Namespace: ns, Subsystem: sub, Name: "objects_too_large_total",
 		Help: "Objects refused at Apply or ApplyBatch because they were larger than --max-object-bytes.",
 	})
+	m.dryRuns = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "dry_runs_total",
+		Help: "Apply and ApplyBatch calls with dry_run checked against the store, which stored nothing.",
+	})
 	m.listPagesCut = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "list_pages_cut_total",
 		Help: "List answers that ended before the last item, at the request's limit or --list-page-bytes, with a next_page_token.",
@@ -107,12 +119,20 @@ func newMetrics(reg prometheus.Registerer, statuses, watermarks func() float64) 
 	})
 	m.handshakesRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "tls_handshakes_refused_total",
-		Help: "TLS handshakes refused, by reason: plaintext, no_certificate, unknown_ca, client_refused or other.",
+		Help: "TLS handshakes refused, by reason: plaintext, no_certificate, unknown_ca, client_refused, revoked or other.",
 	}, []string{"reason"})
 	m.watermarkMovesDelayed = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "status_watermark_moves_delayed_total",
 		Help: "Status watermarks a node reported that were held back, to be applied later with the reports after them, because the node moved its watermark faster than --status-watermark-moves.",
 	})
+	m.revokedClosed = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "tls_revoked_connections_closed_total",
+		Help: "Open connections closed because a revocation list read again (--tls-crl) revokes their client certificate.",
+	})
+	m.certificateExpiry = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: ns, Subsystem: sub, Name: "tls_certificate_expiry_seconds",
+		Help: "When each certificate nimbus loaded expires (its NotAfter), in seconds since the Unix epoch, by certificate (server or ca) and file; for a file of several CAs, the first to expire.",
+	}, []string{"certificate", "file"})
 	for _, r := range handshakeReasons {
 		m.handshakesRefused.WithLabelValues(r)
 	}
@@ -132,9 +152,16 @@ func newMetrics(reg prometheus.Registerer, statuses, watermarks func() float64) 
 	m.watchStarts.WithLabelValues(watchModeSnapshot)
 	var err error
 	if m.unregister, err = telemetry.Register(reg, "Server", m.resets, m.watchStarts, m.watchers, m.revision, m.objects, m.commits, m.commitSize,
-		m.statusTruncated, m.detailsOmitted, m.nodesOmitted, statusGauge, watermarkGauge, m.objectsTooLarge, m.listPagesCut,
-		m.nodeStatusPagesCut, m.handshakesRefused, m.watermarkMovesDelayed); err != nil {
+		m.statusTruncated, m.detailsOmitted, m.nodesOmitted, statusGauge, watermarkGauge, m.objectsTooLarge, m.dryRuns, m.listPagesCut,
+		m.nodeStatusPagesCut, m.handshakesRefused, m.watermarkMovesDelayed, m.certificateExpiry, m.revokedClosed); err != nil {
 		return nil, err
 	}
 	return m, nil
+}
+
+// setCertificates sets the expiry gauge of each certificate file.
+func (m *metrics) setCertificates(e *pki.Expiry) {
+	for _, c := range e.Certificates() {
+		m.certificateExpiry.WithLabelValues(c.Use, c.Path).Set(float64(c.NotAfter.Unix()))
+	}
 }

@@ -19,6 +19,7 @@ import (
 // Apply creates or updates an object. An invalid object is refused with
 // codes.InvalidArgument naming the bad fields, and nothing is stored. It returns once the
 // change is durable; concurrent writes share commits (see the package documentation).
+// With dry_run it answers what the apply would do and stores nothing (see dryrun.go).
 func (s *Server) Apply(ctx context.Context, req *nimbusv1.ApplyRequest) (*nimbusv1.ApplyResponse, error) {
 	in := req.GetObject()
 	if in == nil {
@@ -31,7 +32,7 @@ func (s *Server) Apply(ctx context.Context, req *nimbusv1.ApplyRequest) (*nimbus
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	b := &batch{writes: []write{applyWrite(in)}}
-	if err := s.submit(b); err != nil {
+	if err := s.submitOrDryRun(b, req.GetDryRun()); err != nil {
 		return nil, rpcError(err)
 	}
 	return applyResponse(b.outcomes[0]), nil

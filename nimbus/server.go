@@ -122,6 +122,21 @@ type Options struct {
 	// publisher certificates; internal/pki's ServerConfig builds one. Default: nil, which
 	// serves plaintext and lets every client call everything.
 	TLS *tls.Config
+	// Certificates are the certificate files TLS was loaded from (internal/pki's
+	// ReadExpiry): naples_nimbus_tls_certificate_expiry_seconds tells when each expires,
+	// and Warnings warns of those that expire within CertificateWarning. Default: nil,
+	// none.
+	Certificates *pki.Expiry
+	// CRL, when set with TLS, is the revocation list client certificates are checked
+	// against: a certificate it revokes is refused at the handshake, and the connections
+	// of one it comes to revoke are closed (see revocation.go). Default: nil, none.
+	CRL *pki.RevocationFile
+	// CRLInterval is how often Serve looks whether CRL's file changed. Default:
+	// DefaultCRLInterval (5s).
+	CRLInterval time.Duration
+	// CertificateWarning is how long before one of Certificates expires Warnings warns of
+	// it. Default: internal/pki's DefaultExpiryWarning (30 days).
+	CertificateWarning time.Duration
 	// ReplicaName, when set, makes the Server a replica among peers that share their
 	// objects: it is the name the Server goes by among them, and it pushes to the peers
 	// SetPeers names the statuses its own agents report and which nodes watch it, and
@@ -165,6 +180,21 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.StaleAfter == 0 {
 		o.StaleAfter = DefaultStaleAfter
+	}
+	switch {
+	case o.CRLInterval < 0:
+		return o, fmt.Errorf("CRLInterval %v: must not be negative: %w", o.CRLInterval, ErrInvalidOptions)
+	case o.CRLInterval == 0:
+		o.CRLInterval = DefaultCRLInterval
+	}
+	if o.CRL != nil && o.TLS == nil {
+		return o, fmt.Errorf("CRL %s without TLS: there are no certificates to check: %w", o.CRL.Path(), ErrInvalidOptions)
+	}
+	switch {
+	case o.CertificateWarning < 0:
+		return o, fmt.Errorf("CertificateWarning %v: must not be negative: %w", o.CertificateWarning, ErrInvalidOptions)
+	case o.CertificateWarning == 0:
+		o.CertificateWarning = pki.DefaultExpiryWarning
 	}
 	if o.Etcd != nil && o.DataDir != "" {
 		return o, fmt.Errorf("Etcd and DataDir %s: a server keeps its objects in one store: %w", o.DataDir, ErrInvalidOptions)
@@ -234,6 +264,9 @@ type Server struct {
 	commits committer
 	// serving is true while Serve serves.
 	serving atomic.Bool
+	// tlsConns holds the open TLS connections with their client certificates, for
+	// Options.CRL; it has a lock of its own.
+	tlsConns tlsConns
 
 	// mu serializes object commits with the hand-over of their change to the watchers and
 	// with watcher registration. It guards rev, history, watchers and closed, and the
@@ -282,6 +315,7 @@ func New(opts Options) (*Server, error) {
 		embedded.close()
 		return nil, fmt.Errorf("creating nimbus server: %w", err)
 	}
+	s.metrics.setCertificates(opts.Certificates)
 	streams, unregisterStreams, err := newStreamLimiter(&s.opts.Limits, opts.Now, opts.Registerer)
 	if err != nil {
 		s.metrics.unregister()
@@ -416,6 +450,13 @@ func (s *Server) Serve(ctx context.Context, lis ...net.Listener) error {
 	defer wg.Wait()
 	s.serving.Store(true)
 	defer s.serving.Store(false)
+	if s.opts.CRL != nil {
+		crlCtx, stopCRL := context.WithCancel(ctx)
+		var crlDone sync.WaitGroup
+		crlDone.Go(func() { s.watchCRL(crlCtx) })
+		defer crlDone.Wait()
+		defer stopCRL()
+	}
 	defer s.rebalance.start()()
 
 	select {
@@ -443,8 +484,13 @@ func (s *Server) Serve(ctx context.Context, lis ...net.Listener) error {
 // credentials returns the transport credentials Serve serves with: TLS with Options.TLS,
 // logging refused handshakes, or plaintext.
 func (s *Server) credentials() credentials.TransportCredentials {
-	creds := pki.TransportCredentials(s.opts.TLS)
-	if s.opts.TLS == nil {
+	cfg := s.opts.TLS
+	if cfg != nil && s.opts.CRL != nil {
+		cfg = cfg.Clone()
+		cfg.VerifyPeerCertificate = s.opts.CRL.VerifyPeerCertificate
+	}
+	creds := pki.TransportCredentials(cfg)
+	if cfg == nil {
 		return creds
 	}
 	return handshakeLogger{TransportCredentials: creds, s: s}
@@ -489,6 +535,13 @@ func (s *Server) Ready() []string {
 	return nil
 }
 
+// Warnings returns what an operator should act on soon, though the server is ready: a
+// line for each of Options.Certificates that expires within Options.CertificateWarning.
+// /readyz lists them after its answer.
+func (s *Server) Warnings() []string {
+	return s.opts.Certificates.Warnings(s.opts.Now(), s.opts.CertificateWarning)
+}
+
 // available returns why the Server cannot serve calls yet, with codes.Unavailable: a
 // store not ready yet, such as an etcd-backed one not loaded yet, which would otherwise
 // hand out an empty store.
@@ -500,9 +553,9 @@ func (s *Server) available() error {
 }
 
 // gateUnary refuses the nimbus calls of a Server that cannot serve yet (see available);
-// the health service always answers.
+// the health service and Version always answer.
 func (s *Server) gateUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if strings.HasPrefix(info.FullMethod, nimbusMethodPrefix) {
+	if strings.HasPrefix(info.FullMethod, nimbusMethodPrefix) && info.FullMethod != nimbusv1.Nimbus_Version_FullMethodName {
 		if err := s.available(); err != nil {
 			return nil, err
 		}

@@ -124,6 +124,10 @@ type watcher struct {
 	// caughtUp tells that the stream sent everything queued once: its snapshot or its
 	// replayed changes, so that its agent resumes wherever it watches next.
 	caughtUp atomic.Bool
+	// agent is the version of the watching agent, as its gRPC user agent says
+	// (nimbusv1.AgentVersion), empty when it says none; set once after subscribe, read by
+	// Nodes.
+	agent atomic.Pointer[string]
 	// published is the revision of the last change handed to the watcher. A commit stores
 	// it after queueing its event, so a watcher that reads published and then finds the
 	// queue empty has sent everything up to published.
@@ -510,6 +514,7 @@ func (s *Server) Watch(req *nimbusv1.WatchRequest, stream grpc.ServerStreamingSe
 		return rpcError(err)
 	}
 	defer s.unsubscribe(sub.w)
+	sub.w.agent.Store(new(agentVersionOf(stream.Context())))
 	log := s.log.With("node", node)
 	fw := &frameWriter{stream: stream, node: node, encodes: &s.encodes}
 	if sub.resumed {

@@ -25,6 +25,7 @@ import (
 	"github.com/naplesnet/naples/internal/backoff"
 	"github.com/naplesnet/naples/internal/codec"
 	"github.com/naplesnet/naples/internal/pki"
+	"github.com/naplesnet/naples/internal/version"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -231,6 +232,8 @@ func WindowOptions() []grpc.DialOption {
 func (c *Client) Run(ctx context.Context) error {
 	dial := append(append([]grpc.DialOption{
 		CodecOption(),
+		// nimbus shows the agent's version (its web console's nodes page).
+		grpc.WithUserAgent(nimbusv1.AgentUserAgent(version.Get())),
 		grpc.WithTransportCredentials(pki.TransportCredentials(c.opts.TLS)),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.WithConnectParams(grpc.ConnectParams{

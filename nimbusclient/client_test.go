@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/naplesnet/naples/delphi"
+	"github.com/naplesnet/naples/internal/version"
 	"github.com/naplesnet/naples/nimbus"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -31,6 +32,8 @@ type bus struct {
 	path string
 	stop func()
 	api  nimbusv1.NimbusClient
+	// srv is the server serving now.
+	srv *nimbus.Server
 }
 
 func newBus(t *testing.T) *bus {
@@ -56,6 +59,7 @@ func (b *bus) restart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	b.srv = srv
 	lis, err := net.Listen("unix", b.path)
 	if err != nil {
 		t.Fatal(err)
@@ -181,6 +185,16 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+func TestWatchSaysTheAgentVersion(t *testing.T) {
+	b := newBus(t)
+	startClient(t, b)
+	want := version.Get()
+	waitFor(t, "nimbus to know the agent's version", func() bool {
+		nodes := b.srv.Nodes()
+		return len(nodes) == 1 && nodes[0].Name == "a" && nodes[0].AgentVersion == want
+	})
 }
 
 func TestWatchFillsDelphi(t *testing.T) {

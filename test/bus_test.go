@@ -72,8 +72,8 @@ func revisions(t *testing.T, out string) map[string]string {
 	var doc struct {
 		Items []struct {
 			Meta struct {
-				Name     string `json:"name"`
-				Revision string `json:"revision"`
+				Name     string      `json:"name"`
+				Revision json.Number `json:"revision"`
 			} `json:"meta"`
 		} `json:"items"`
 	}
@@ -82,7 +82,7 @@ func revisions(t *testing.T, out string) map[string]string {
 	}
 	revs := map[string]string{}
 	for _, it := range doc.Items {
-		revs[it.Meta.Name] = it.Meta.Revision
+		revs[it.Meta.Name] = it.Meta.Revision.String()
 	}
 	return revs
 }

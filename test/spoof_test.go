@@ -274,14 +274,14 @@ func TestOverlayAntiSpoofing(t *testing.T) {
 	out := c.mustCtl(t, "", "--agent", filepath.Join(c.dir, "agent-"+a.name+".sock"), "bpf", "policy", "-o", "json")
 	var view struct {
 		Stats struct {
-			SpoofedDrops string `json:"spoofedDrops"`
+			SpoofedDrops json.Number `json:"spoofedDrops"`
 		} `json:"stats"`
 		Endpoints []struct {
 			Interface string   `json:"interface"`
 			Guarded   bool     `json:"guarded"`
 			Sources   []string `json:"sources"`
 			Counters  struct {
-				SpoofedPackets string `json:"spoofedPackets"`
+				SpoofedPackets json.Number `json:"spoofedPackets"`
 			} `json:"counters"`
 		} `json:"endpoints"`
 	}
@@ -295,7 +295,7 @@ func TestOverlayAntiSpoofing(t *testing.T) {
 		}
 		found = true
 		var n int
-		fmt.Sscan(e.Counters.SpoofedPackets, &n)
+		fmt.Sscan(e.Counters.SpoofedPackets.String(), &n)
 		want := []string{wa1.mac, wa1.ip(4), wa1.ip(6)}
 		if !e.Guarded || n < drops || !sameSet(e.Sources, want) {
 			t.Errorf("naplesctl bpf policy, wa1: guarded %v, %d spoofed packets, sources %v; want guarded, at least %d, %v",
@@ -303,7 +303,7 @@ func TestOverlayAntiSpoofing(t *testing.T) {
 		}
 	}
 	var total int
-	fmt.Sscan(view.Stats.SpoofedDrops, &total)
+	fmt.Sscan(view.Stats.SpoofedDrops.String(), &total)
 	if !found || total < drops {
 		t.Errorf("naplesctl bpf policy: wa1 found %v, %d spoofed drops in all; want at least %d:\n%s", found, total, drops, out)
 	}

@@ -310,14 +310,66 @@ func TestTrace(t *testing.T) {
 	if left := traceLeftovers(t, ha); !strings.Contains(left, "1 traces installed") {
 		t.Fatalf("host-a's agent killed during a trace left %q, want the trace installed", left)
 	}
-	ha.startAgent(t)
+	ha.startAgentWith(t, "--max-traces", "1")
 	waitFor(t, "host-a's restarted agent to remove the trace", func() bool { return traceLeftovers(t, ha) == "" })
+
+	// With --max-traces 1, a trace that ended and is kept holds no place: the next one
+	// runs. One installed holds it until it ends: the next is FAILED with LimitExceeded.
+	short := udp9("db1")
+	short.Timeout = durationpb.New(time.Second)
+	kept := applyTrace(t, sc, "kept", short)
+	waitFor(t, "host-a to end the kept trace and uninstall it", func() bool {
+		return traceNodeStatus(t, sc, kept, "host-a").GetOperationalData().GetTrace().GetDone() && traceLeftovers(t, ha) == ""
+	})
+	r = sc.trace(t, "after-kept", udp9("db1"))
+	wantPath(t, "web1 → db1 udp 9 with a kept trace and --max-traces 1", r, nimbusv1.TraceDelivered,
+		"host-a injected forwarded", "host-a source allowed", "host-a forward forwarded", "host-a destination delivered")
+	running := applyTrace(t, sc, "running", long)
+	waitFor(t, "host-a to install the running trace", func() bool { return strings.Contains(traceLeftovers(t, ha), "1 traces installed") })
+	over := applyTrace(t, sc, "over-limit", udp9("db1"))
+	waitFor(t, "host-a to refuse the trace over --max-traces", func() bool {
+		st := traceNodeStatus(t, sc, over, "host-a")
+		return st.GetPhase() == nimbusv1.Phase_PHASE_FAILED && st.GetReason() == "LimitExceeded" && strings.Contains(st.GetMessage(), "--max-traces")
+	})
+	for _, key := range []*nimbusv1.ObjectKey{kept, running, over} {
+		if _, err := sc.api.Delete(context.Background(), &nimbusv1.DeleteRequest{Key: key}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "host-a's trace state to go after the deletes", func() bool { return traceLeftovers(t, ha) == "" })
 
 	// An endpoint that does not exist: refused, nothing stored.
 	_, err = sc.api.Apply(context.Background(), &nimbusv1.ApplyRequest{Object: traceObject("nowhere", udp9("no-such"))})
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), `spec.destination "no-such" names no Endpoint`) {
 		t.Errorf("a trace to endpoint no-such: %v, want it refused naming spec.destination", err)
 	}
+}
+
+// applyTrace applies a Trace with the name and spec, and returns its key; the caller
+// deletes it.
+func applyTrace(t testing.TB, sc *fwSmallCluster, name string, spec *nimbusv1.TraceSpec) *nimbusv1.ObjectKey {
+	t.Helper()
+	resp, err := sc.api.Apply(context.Background(), &nimbusv1.ApplyRequest{Object: traceObject(name, spec)})
+	if err != nil {
+		t.Fatalf("applying trace %s: %v", name, err)
+	}
+	return resp.GetObject().Key()
+}
+
+// traceNodeStatus returns the status the node reported for the Trace with key, nil
+// while it reported none.
+func traceNodeStatus(t testing.TB, sc *fwSmallCluster, key *nimbusv1.ObjectKey, node string) *nimbusv1.NodeStatus {
+	t.Helper()
+	got, err := sc.api.Get(context.Background(), &nimbusv1.GetRequest{Key: key})
+	if err != nil {
+		t.Fatalf("getting %s: %v", key, err)
+	}
+	for _, n := range got.GetItem().GetStatus().GetNodes() {
+		if n.GetNode() == node {
+			return n
+		}
+	}
+	return nil
 }
 
 // traceLeftovers returns what of the host's traces is left in its kernel: trace

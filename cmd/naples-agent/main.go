@@ -15,6 +15,9 @@
 // synced with nimbus, and every desired object has been reconciled at least once since
 // start, programmed or failed; 503 with the reasons otherwise. Port 0 takes a free port,
 // which the log line "serving metrics" names. Without --metrics there is no HTTP endpoint.
+// naples_agent_tls_certificate_expiry_seconds tells when the certificates of --tls-cert and
+// --tls-ca expire, and /readyz, still 200, adds a warning line for each that expires within
+// --tls-expiry-warning (default 720h).
 //
 // --gc-percent sets the Go garbage collector's target, as GOGC does: a collection starts
 // once the heap has grown by that percentage of what the last one left live. The default,
@@ -141,6 +144,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	tlsCA := fs.String("tls-ca", "/etc/naples/pki/ca.crt", "`file` of the CA certificates that verify nimbus")
 	tlsServerName := fs.String("tls-server-name", pki.DefaultServerName, "`name` nimbus's certificate is verified for")
 	insecure := fs.Bool("insecure", false, "dial nimbus in plaintext, without TLS")
+	tlsExpiryWarning := fs.Duration("tls-expiry-warning", pki.DefaultExpiryWarning, "warn on /readyz of a certificate (--tls-cert, --tls-ca) that expires within `duration`")
 	gcPercent := fs.Int("gc-percent", defaultGCPercent, "the garbage collector's target: a collection starts once the heap has grown by this `percent` of the live data, as GOGC (which is used when set and this flag is not given); lower holds less memory for more CPU, negative turns collection off")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args, os.Getenv); err != nil {
@@ -187,6 +191,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if _, err := address.ParseList(*nimbus); err != nil {
 		return fs.Fail(fmt.Sprintf("invalid value %q for flag --nimbus: %v", *nimbus, err))
 	}
+	if *tlsExpiryWarning <= 0 {
+		return fs.Fail(fmt.Sprintf("invalid value %v for flag --tls-expiry-warning: must be positive", *tlsExpiryWarning))
+	}
 
 	gcPercentSet := fs.Changed("gc-percent") // by the command line or $NAPLES_AGENT_GC_PERCENT
 	if _, env := os.LookupEnv("GOGC"); gcPercentSet || !env {
@@ -195,9 +202,13 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	var tlsConfig *tls.Config
+	var certs *pki.Expiry
 	if !*insecure {
 		var err error
 		tlsConfig, err = pki.ClientConfig(*tlsCert, *tlsKey, *tlsCA, *tlsServerName)
+		if err == nil {
+			certs, err = pki.ReadExpiry(pki.CertFile{Use: pki.UseClient, Path: *tlsCert}, pki.CertFile{Use: pki.UseCA, Path: *tlsCA})
+		}
 		if err != nil {
 			return exitstatus.Mark(fmt.Errorf("loading TLS credentials (--insecure dials plaintext): %w", err))
 		}
@@ -206,7 +217,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 				"certificate", *tlsCert, "identity", id.String(), "node", *node, "error", err)
 		}
 	}
-	return agent.Run(ctx, agent.Config{Node: *node, Nimbus: *nimbus, TLS: tlsConfig, StateDir: *stateDir, DiscardState: *discardState, Logger: log, Socket: *socket, LocalAPIPageBytes: *pageBytes, LocalAPIFlowStreams: *flowStreams, Metrics: metrics,
+	return agent.Run(ctx, agent.Config{Node: *node, Nimbus: *nimbus, TLS: tlsConfig, Certificates: certs, CertificateWarning: *tlsExpiryWarning, StateDir: *stateDir, DiscardState: *discardState, Logger: log, Socket: *socket, LocalAPIPageBytes: *pageBytes, LocalAPIFlowStreams: *flowStreams, Metrics: metrics,
 		InterfaceStats: *interfaceStats, BPFDir: *bpfDir, FirewallCapacities: caps, FlowLogSize: *flowLog, FlowSweep: *flowSweep, MaxTraces: *maxTraces, FirewallStats: *fwStats,
 		FlowTapSubscriptions: *flowTapSubs, FlowTapBatch: *flowTapBatch, FlowExport: export,
 		GatewayBridges: *gatewayBridges, GatewayCheck: *gatewayCheck,

@@ -23,6 +23,7 @@ func TestRunRefusesBadCommandLines(t *testing.T) {
 		{name: "bad log level", args: []string{"--log-level", "loud"}, want: []string{"log-level", `"loud"`}},
 		{name: "argument", args: []string{"run"}, want: []string{`"run"`}},
 		{name: "metrics without port", args: []string{"--metrics", "localhost"}, want: []string{"metrics", `"localhost"`, "host:port"}},
+		{name: "expiry warning not positive", args: []string{"--tls-expiry-warning", "0s"}, want: []string{"--tls-expiry-warning", "0s", "positive"}},
 		{name: "bad nimbus in a list", args: []string{"--nimbus", "unix:///run/a.sock,ftp://x:1"}, want: []string{"--nimbus", `"ftp://x:1"`}},
 		{name: "empty nimbus list", args: []string{"--nimbus", ""}, want: []string{"--nimbus", "no address"}},
 		{name: "zero gateway check", args: []string{"--gateway-check-interval", "0s"}, want: []string{"--gateway-check-interval", `"0s"`, "positive"}},

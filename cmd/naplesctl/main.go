@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -18,8 +19,11 @@ func main() {
 	err := cli.Run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.Getenv)
 	stop()
 	if err != nil {
-		// The error may quote what nimbus or a node said: escaped, as all output is.
-		fmt.Fprintf(os.Stderr, "naplesctl: %s\n", cli.Printable(err.Error()))
+		// diff has said what differs: its exit status 1 says the rest.
+		if !errors.Is(err, cli.ErrDiffers) {
+			// The error may quote what nimbus or a node said: escaped, as all output is.
+			fmt.Fprintf(os.Stderr, "naplesctl: %s\n", cli.Printable(err.Error()))
+		}
 		// 2 for a usage error, 1 for any other.
 		os.Exit(exitstatus.Of(err))
 	}

@@ -57,17 +57,24 @@ func addLimitFlags(fs *cmdline.FlagSet, l *nimbus.Limits) {
 		{"refusal-delay", fmt.Sprintf("wait `duration` before answering a stream refused for its certificate's count or rate of streams, up to %d refusals of a certificate at once", nimbus.MaxHeldRefusals), &l.RefusalDelay, nimbus.DefaultRefusalDelay},
 		{"refusal-log-interval", "log a refused stream, call or TLS handshake at most once per client and `interval`, counting the rest", &l.RefusalLogInterval, nimbus.DefaultRefusalLogInterval},
 	} {
-		*f.v = f.def
-		fs.Func(f.name, fmt.Sprintf("%s (default %v)", f.usage, f.def), func(s string) error {
-			d, err := time.ParseDuration(s)
-			switch {
-			case err != nil:
-				return fmt.Errorf("%q: want a duration such as %v: %w", s, f.def, err)
-			case d <= 0:
-				return fmt.Errorf("%v: must be positive", d)
-			}
-			*f.v = d
-			return nil
-		})
+		durationFlag(fs, f.name, f.usage, f.v, f.def, 0)
 	}
+}
+
+// durationFlag adds a flag of a duration above min to fs, setting v, which starts at def.
+func durationFlag(fs *cmdline.FlagSet, name, usage string, v *time.Duration, def, min time.Duration) {
+	*v = def
+	fs.Func(name, fmt.Sprintf("%s (default %v)", usage, def), func(s string) error {
+		d, err := time.ParseDuration(s)
+		switch {
+		case err != nil:
+			return fmt.Errorf("%q: want a duration such as %v: %w", s, def, err)
+		case d <= 0:
+			return fmt.Errorf("%v: must be positive", d)
+		case d < min:
+			return fmt.Errorf("%v: must be %v at least", d, min)
+		}
+		*v = d
+		return nil
+	})
 }

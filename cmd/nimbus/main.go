@@ -5,7 +5,7 @@
 //
 //	nimbus [--listen ADDR]... [--log-level debug|info|warn|error]
 //	       [--tls-cert FILE --tls-key FILE --tls-ca FILE | --insecure]
-//	       [--data-dir DIR | --ephemeral] [--metrics HOST:PORT [--pprof]]
+//	       [--data-dir DIR | --ephemeral] [--metrics HOST:PORT [--pprof]] [--ui HOST:PORT]
 //	nimbus --store etcd --etcd-endpoints URL,... [--etcd-cacert FILE] [--etcd-cert FILE --etcd-key FILE]
 //	       [--etcd-prefix PREFIX] [--etcd-max-txn-ops N] [--etcd-compaction-interval D] [--replica-name NAME] [--advertise ADDR] ...
 //
@@ -37,9 +37,23 @@
 // --rebalance-slack, default 1) asks some, up to --rebalance-rate a second (default 1; 0
 // turns it off), to watch another replica, where they resume. See docs/replicas.md.
 //
+// A unix socket of --listen is made mode 0660 and given to the group --socket-group
+// (default naples, when it exists; empty leaves it nimbus's user's alone), so that its
+// members reach nimbus with naplesctl. /readyz and the gauge
+// naples_nimbus_tls_certificate_expiry_seconds warn of a certificate that expires within
+// --tls-expiry-warning (default 720h). --tls-crl FILE, a revocation list signed by the CA
+// (naplesctl certs --revoke writes one), refuses the client certificates it revokes;
+// nimbus reads it again when it changes (looking every --tls-crl-interval, default 5s)
+// and closes the open connections of certificates it comes to revoke.
+//
 // Every size, count and rate a client could push without bound is limited; the flags of
 // the limits (--max-object-bytes, --max-streams-per-node, --max-status-message-bytes and
 // more) and the metrics that show them being hit are listed in docs/limits.md.
+//
+// --ui serves a read-only web console on http(s)://HOST:PORT/ui/: the propagation matrix
+// of objects × nodes, live, the nodes, one object, and the flows. It serves HTTPS and asks
+// for a client certificate under the same rules as the gRPC API (any role may read), or
+// plain HTTP with --insecure. See docs/ui.md.
 //
 // nimbus --version prints the version, the Go release and the platform, and exits 0.
 package main
@@ -126,6 +140,10 @@ type config struct {
 	replica replicaConfig
 	// limits are nimbus's limits (docs/limits.md).
 	limits nimbus.Limits
+	// access says who may reach nimbus, and how it checks their certificates and its own.
+	access accessConfig
+	// ui is the web console (docs/ui.md).
+	ui uiConfig
 }
 
 // description is what --help says nimbus is, above its flags.
@@ -153,6 +171,8 @@ func parseFlags(args []string, stderr io.Writer, getenv func(string) string) (co
 	})
 	addReplicaFlags(fs, &cfg.replica)
 	addLimitFlags(fs, &cfg.limits)
+	addAccessFlags(fs, &cfg.access)
+	addUIFlags(fs, &cfg.ui)
 	fs.IntVar(&cfg.watchBuffer, "watch-buffer", nimbus.DefaultWatchBuffer, "how many `events` a watcher may fall behind before it is reset and must resume")
 	fs.IntVar(&cfg.historyWindow, "history-window", nimbus.DefaultHistoryWindow, "how many of the latest `changes` are kept so that a watch can resume after them; negative keeps none")
 	fs.BoolVar(&ephemeral, "ephemeral", false, "keep objects in memory only: a restart loses them and every agent resyncs")
@@ -240,6 +260,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	opts := nimbus.Options{Logger: log, TLS: tlsConfig, DataDir: cfg.dataDir, Registerer: reg, WatchBuffer: cfg.watchBuffer,
 		HistoryWindow: cfg.historyWindow, Limits: cfg.limits}
+	if err := certOptions(cfg, &opts); err != nil {
+		return exitstatus.Mark(err)
+	}
 	if cfg.replica.store == "etcd" {
 		if opts.Etcd, err = cfg.replica.etcdOptions(cfg.listen); err != nil {
 			return exitstatus.Mark(err)
@@ -272,12 +295,19 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		log.Info("store is ephemeral: a restart loses every object")
 	}
 	if cfg.metrics != "" {
-		m, err := telemetry.Serve(ctx, cfg.metrics, telemetry.Options{Gatherer: reg, Ready: srv.Ready, Logger: log, Pprof: cfg.pprof})
+		m, err := telemetry.Serve(ctx, cfg.metrics, telemetry.Options{Gatherer: reg, Ready: srv.Ready, Warnings: srv.Warnings, Logger: log, Pprof: cfg.pprof})
 		if err != nil {
 			return err
 		}
 		defer m.Close()
 		log.Info("serving metrics", "url", "http://"+m.Addr()+"/metrics", "probes", []string{"/healthz", "/readyz"})
+	}
+	if cfg.ui.addr != "" {
+		ui, err := serveUI(ctx, cfg.ui, srv, tlsConfig, reg, log)
+		if err != nil {
+			return err
+		}
+		defer ui.Close()
 	}
 
 	var listeners []net.Listener
@@ -294,6 +324,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			return err
 		}
 		listeners = append(listeners, l)
+		if err := cfg.access.shareSocket(a, log); err != nil {
+			return exitstatus.Mark(err)
+		}
 		// The listener's address, so that tcp://host:0 logs the port it got.
 		addrs = append(addrs, address.Address{Network: a.Network, Addr: l.Addr().String()}.String())
 	}

@@ -63,6 +63,13 @@ func TestParseStoreAndMetricsFlags(t *testing.T) {
 // is called, and returns the URL of its metrics endpoint, which the arguments must ask for.
 func runNimbus(t *testing.T, args ...string) (metricsURL string, stop func()) {
 	t.Helper()
+	return runNimbusLogging(t, "serving metrics", args...)
+}
+
+// runNimbusLogging runs the command as runNimbus does and returns the URL its log line
+// with the message msg names, once it logged it.
+func runNimbusLogging(t *testing.T, msg string, args ...string) (url string, stop func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	r, w := io.Pipe()
 	done := make(chan error, 1)
@@ -77,7 +84,7 @@ func runNimbus(t *testing.T, args ...string) (metricsURL string, stop func()) {
 	go func() {
 		var all strings.Builder
 		sc := bufio.NewScanner(r)
-		re := regexp.MustCompile(`msg="serving metrics" url=(\S+)`)
+		re := regexp.MustCompile(`msg="` + regexp.QuoteMeta(msg) + `" url=(\S+)`)
 		for sc.Scan() {
 			all.WriteString(sc.Text() + "\n")
 			if m := re.FindStringSubmatch(sc.Text()); m != nil {
@@ -108,9 +115,9 @@ func runNimbus(t *testing.T, args ...string) (metricsURL string, stop func()) {
 	case u := <-urls:
 		return u, stop
 	case err := <-done:
-		t.Fatalf("run = %v before serving metrics", err)
+		t.Fatalf("run = %v before logging %q", err, msg)
 	case <-time.After(10 * time.Second):
-		t.Fatal("nimbus did not serve metrics within 10s")
+		t.Fatalf("nimbus did not log %q within 10s", msg)
 	}
 	return "", stop
 }

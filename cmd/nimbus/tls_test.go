@@ -10,7 +10,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
 	"github.com/naplesnet/naples/internal/pki"
@@ -63,19 +62,11 @@ func TestRunServesTLS(t *testing.T) {
 			"--tls-ca", filepath.Join(dir, "ca.crt")}, &stderr)
 	}()
 
-	cfg, err := pki.ClientConfig(filepath.Join(dir, "host-a.crt"), filepath.Join(dir, "host-a.key"), filepath.Join(dir, "ca.crt"), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dialAs(t, dir, sock, "host-a")
 	callCtx, callCancel := context.WithTimeout(ctx, 10*time.Second)
 	defer callCancel()
 	// A node's certificate is verified and then refused a publisher's call.
-	_, err = nimbusv1.NewNimbusClient(conn).List(callCtx, &nimbusv1.ListRequest{}, grpc.WaitForReady(true))
+	_, err := nimbusv1.NewNimbusClient(conn).List(callCtx, &nimbusv1.ListRequest{}, grpc.WaitForReady(true))
 	if status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("List with a node certificate = %v, want PermissionDenied", err)
 	}

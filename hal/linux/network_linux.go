@@ -108,8 +108,10 @@ type NetworkOptions struct {
 // does) less VXLAN's overhead, VXLANOverheadIPv4 or VXLANOverheadIPv6 by the VTEP's
 // family. So spec.mtu set back to 0 puts that default back, and a change of the
 // underlay's MTU, or of the link that holds the VTEP address, reaches every network. A
-// spec.mtu larger than the underlay carries is set as asked and flagged: the status's
-// mtu_warning names the underlay and the largest MTU that fits.
+// spec.mtu larger than the underlay link carries is FAILED (hal.ReasonInvalid), naming
+// spec.mtu, the link and its MTU, and leaves the network's devices as they were; with
+// no link holding the VTEP address it is set as asked and flagged: the status's
+// mtu_warning names the assumed underlay and the largest MTU that fits.
 //
 // A link of the bridge's or VXLAN device's name without the network's alias, or a VNI
 // that another Network has, is a conflict. Deleting the network removes all of the

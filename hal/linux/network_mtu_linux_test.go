@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/naplesnet/naples/hal"
 	"github.com/naplesnet/naples/internal/testns"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -39,8 +40,8 @@ func (h *overlayHost) wantMTU(t *testing.T, what string, key *nimbusv1.ObjectKey
 // link that holds the VTEP address) less VXLAN's overhead, 50 bytes over IPv4 and 70
 // over IPv6, and follows a change of the underlay's MTU, which the observer reports;
 // spec.mtu set and then set back to 0 puts the default back; a spec.mtu that does not
-// fit is set as asked, and the status flags it, naming the underlay and the largest MTU
-// that fits.
+// fit is FAILED, naming the underlay and the largest MTU that fits, and leaves the
+// devices as they were.
 func TestNetworkMTUFromUnderlay(t *testing.T) {
 	for _, c := range []struct {
 		name, vtep, addr string
@@ -92,19 +93,12 @@ func TestNetworkMTUFromUnderlay(t *testing.T) {
 			h.mustReconcile(t, key)
 			h.wantMTU(t, "spec.mtu back to 0", key, def)
 
-			// A spec.mtu that does not fit: set as asked, and flagged with what fits.
+			// A spec.mtu that does not fit: FAILED, naming what fits, the devices as they were.
 			h.put(t, networkObj("acme", "blue", 100, 9000, subnet("10.1.0.0/24", "10.1.0.1")))
-			op = h.mustReconcile(t, key)
-			wantWarning := fmt.Sprintf("spec.mtu 9000: does not fit the underlay (uplink mtu 9000 carries at most %d with VXLAN over %s)", def, c.family)
-			if n := op.GetNetwork(); n.GetMtuWarning() != wantWarning || n.GetMtu() != 9000 {
-				t.Errorf("operational mtu_warning %q, mtu %d with spec.mtu 9000; want %q, 9000", n.GetMtuWarning(), n.GetMtu(), wantWarning)
-			}
-			if m := op.Map(); m["mtuWarning"] != wantWarning || m["mtu"] != "9000" {
-				t.Errorf("operational map mtuWarning %q, mtu %q with spec.mtu 9000; want %q, 9000", m["mtuWarning"], m["mtu"], wantWarning)
-			}
-			h.wantMTU(t, "spec.mtu 9000 that does not fit", key, 9000)
+			wantFailed(t, h, key, fmt.Sprintf("spec.mtu 9000: does not fit the underlay: uplink mtu 9000 carries at most %d with VXLAN over %s; set spec.mtu %d or less, or raise uplink's MTU", def, c.family, def))
+			h.wantMTU(t, "spec.mtu 9000 that does not fit", key, def)
 
-			// The underlay shrinks under a network with a spec.mtu that fitted: flagged.
+			// The underlay shrinks under a network with a spec.mtu that fitted: FAILED.
 			h.put(t, networkObj("acme", "blue", 100, 8000, subnet("10.1.0.0/24", "10.1.0.1")))
 			if op := h.mustReconcile(t, key); op.GetNetwork().GetMtuWarning() != "" {
 				t.Errorf("operational mtu_warning %q with a spec.mtu that fits", op.GetNetwork().GetMtuWarning())
@@ -112,10 +106,7 @@ func TestNetworkMTUFromUnderlay(t *testing.T) {
 			drain(enqueued)
 			h.run(t, "ip", "link", "set", "uplink", "mtu", "1500")
 			epAwaitEnqueued(t, enqueued, key.ID(), "the underlay's MTU shrank")
-			op = h.mustReconcile(t, key)
-			if !strings.HasPrefix(op.GetNetwork().GetMtuWarning(), "spec.mtu 8000: does not fit the underlay (uplink mtu 1500 ") {
-				t.Errorf("operational mtu_warning %q with spec.mtu 8000 over a 1500-byte underlay; want it flagged", op.GetNetwork().GetMtuWarning())
-			}
+			wantFailed(t, h, key, "spec.mtu 8000: does not fit the underlay: uplink mtu 1500 ")
 			h.wantMTU(t, "spec.mtu 8000 over a 1500-byte underlay", key, 8000)
 		})
 	}
@@ -288,4 +279,56 @@ func TestNetworkSweepSeesUnderlayMTU(t *testing.T) {
 	}
 	h.mustReconcile(t, obj.Key())
 	h.wantMTU(t, "over a 2000-byte underlay", obj.Key(), 1950)
+}
+
+// wantFailed fails the test unless reconciling the network fails for good
+// (hal.ReasonInvalid, which the HAL reports as FAILED and terminal) with a message that
+// starts with want.
+func wantFailed(t *testing.T, h *overlayHost, key *nimbusv1.ObjectKey, want string) {
+	t.Helper()
+	_, err := h.reconcile(t, key)
+	if !hal.IsTerminal(err) || !strings.HasPrefix(err.Error(), want) {
+		t.Fatalf("reconcile = %v (reason %s), want FAILED for good with %q", err, hal.ReasonOf(err), want)
+	}
+}
+
+// TestNetworkMTUMustFitUnderlay: over an underlay of MTU 1400, a network asking for MTU
+// 1400 is FAILED, naming spec.mtu, its value and the underlay link's MTU, and programs
+// nothing, while a network beside it runs on; asking for 1350, what fits, programs it.
+func TestNetworkMTUMustFitUnderlay(t *testing.T) {
+	h := newOverlayHost(t)
+	h.run(t, "ip", "link", "add", "uplink", "mtu", "1400", "type", "veth", "peer", "name", "uplinkp")
+	h.run(t, "ip", "addr", "add", "192.0.2.1/24", "dev", "uplink", "nodad")
+	h.run(t, "ip", "link", "set", "uplink", "up")
+	other := networkObj("acme", "red", 200, 0, subnet("10.2.0.0/24", "10.2.0.1"))
+	blue := networkObj("acme", "blue", 100, 1400, subnet("10.1.0.0/24", "10.1.0.1"))
+	h.put(t, nodeObj(localNode, "192.0.2.1"), other, blue)
+	h.mustReconcile(t, other.Key())
+	h.wantMTU(t, "a network without spec.mtu", other.Key(), 1350)
+	before := h.state(t, other.Key(), 0)
+	writes := h.rec.KernelWrites()
+
+	wantFailed(t, h, blue.Key(), "spec.mtu 1400: does not fit the underlay: uplink mtu 1400 carries at most 1350 with VXLAN over IPv4")
+	for _, name := range []string{BridgeName(blue.Key().ID()), VXLANName(blue.Key().ID())} {
+		if h.hasLink(t, name) {
+			t.Errorf("the FAILED network made %s", name)
+		}
+	}
+	// The FAILED network wrote nothing to the kernel; the other network's rules, tenant
+	// routes and FDB are as they were (links and addresses are not compared: their timers
+	// and IPv6 duplicate address detection move on by themselves).
+	if d := h.rec.KernelWrites() - writes; d != 0 {
+		t.Errorf("the FAILED network wrote the kernel %d times", d)
+	}
+	after := h.state(t, other.Key(), 0)
+	if after.rules != before.rules || after.fdb != before.fdb || after.table != before.table {
+		t.Errorf("the FAILED network disturbed the other one:\nbefore %+v\nafter  %+v", before, after)
+	}
+
+	h.put(t, networkObj("acme", "blue", 100, 1350, subnet("10.1.0.0/24", "10.1.0.1")))
+	if op := h.mustReconcile(t, blue.Key()); op.GetNetwork().GetMtu() != 1350 || op.GetNetwork().GetMtuWarning() != "" {
+		t.Errorf("spec.mtu 1350: operational mtu %d, warning %q; want 1350 and none", op.GetNetwork().GetMtu(), op.GetNetwork().GetMtuWarning())
+	}
+	h.wantMTU(t, "spec.mtu 1350 over a 1400-byte underlay", blue.Key(), 1350)
+	h.wantMTU(t, "the other network", other.Key(), 1350)
 }

@@ -78,14 +78,20 @@ func (u underlayLink) describe(vtep netip.Addr) string {
 }
 
 // networkMTU returns the MTU the network's devices get over the underlay u: spec.mtu
-// when the network has one, otherwise the largest the underlay carries. misfit, when not
-// "", says that spec.mtu is larger than the underlay carries, naming the underlay and the
-// largest MTU that fits: the network has the MTU it asks for all the same, and its larger
-// frames are left to the underlay to fragment or drop. An underlay that carries less than
-// the smallest MTU is an error when the network has no spec.mtu.
+// when the network has one, otherwise the largest the underlay carries. A spec.mtu larger
+// than a link of this host carries (its MTU less VXLAN's overhead) is an error of
+// hal.ReasonInvalid that names spec.mtu, its value, the link and its MTU: the network is
+// FAILED on this host, its devices are left as they were, and the underlay's next change
+// of MTU reconciles it again. Without an underlay link, whose MTU is then unknown, misfit
+// says instead that spec.mtu is larger than a 1500-byte underlay carries, and the network
+// has the MTU it asks for. An underlay that carries less than the smallest MTU is an
+// error when the network has no spec.mtu.
 func networkMTU(spec uint32, u underlayLink, vtep netip.Addr) (mtu uint32, misfit string, err error) {
 	limit := u.carries(vtep)
 	switch {
+	case spec != 0 && spec > limit && u.name != "":
+		return 0, "", hal.Errorf(hal.ReasonInvalid, "spec.mtu %d: does not fit the underlay: %s; set spec.mtu %d or less, or raise %s's MTU",
+			spec, u.describe(vtep), limit, u.name)
 	case spec != 0 && spec > limit:
 		return spec, fmt.Sprintf("spec.mtu %d: does not fit the underlay (%s)", spec, u.describe(vtep)), nil
 	case spec != 0:

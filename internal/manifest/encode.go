@@ -38,10 +38,12 @@ type list struct {
 }
 
 // Marshal returns obj in manifest shape as compact JSON, with a "status" key holding status
-// when status is not nil. Meta, spec and status are in their protobuf JSON mapping: camelCase
-// field names, enum value names, 64-bit integers as strings. Meta and spec hold only the
-// fields that are set, as a person would write them; status holds zero counts and empty
-// messages too, so that every node's phase, observedGeneration and message are there to read.
+// when status is not nil. Meta, spec and status are in their protobuf JSON mapping
+// (camelCase field names, enum value names), but for 64-bit integers, which are JSON
+// numbers rather than the strings protojson writes ("generation": 2); both read back.
+// Meta and spec hold only the fields that are set, as a person would write them; status
+// holds zero counts and empty messages too, so that every node's phase,
+// observedGeneration and message are there to read.
 func Marshal(obj *nimbusv1.Object, status *nimbusv1.ObjectStatus) (json.RawMessage, error) {
 	m := obj.ProtoReflect()
 	fd := m.WhichOneof(m.Descriptor().Oneofs().ByName("spec"))
@@ -76,19 +78,25 @@ func Encode(w io.Writer, f Format, obj *nimbusv1.Object, status *nimbusv1.Object
 // EncodeList writes items in manifest shape to w as one document, {"items": [...]}, which
 // Decode reads as the list of objects it holds.
 func EncodeList(w io.Writer, f Format, items []*nimbusv1.ObjectWithStatus) error {
-	l := list{Items: make([]json.RawMessage, 0, len(items))}
-	for _, it := range items {
-		raw, err := Marshal(it.GetObject(), it.GetStatus())
-		if err != nil {
-			return err
-		}
-		l.Items = append(l.Items, raw)
-	}
-	raw, err := compactJSON(l)
+	raw, err := MarshalList(items)
 	if err != nil {
 		return err
 	}
 	return write(w, f, raw)
+}
+
+// MarshalList returns items in manifest shape as compact JSON, {"items": [...]}, each as
+// Marshal returns it: the document EncodeList writes.
+func MarshalList(items []*nimbusv1.ObjectWithStatus) (json.RawMessage, error) {
+	l := list{Items: make([]json.RawMessage, 0, len(items))}
+	for _, it := range items {
+		raw, err := Marshal(it.GetObject(), it.GetStatus())
+		if err != nil {
+			return nil, err
+		}
+		l.Items = append(l.Items, raw)
+	}
+	return compactJSON(l)
 }
 
 // write writes the compact JSON raw to w in format f.
@@ -116,17 +124,25 @@ func write(w io.Writer, f Format, raw json.RawMessage) error {
 	return nil
 }
 
-// marshalProto encodes m with o, compacted: protojson varies its spacing on purpose.
+// MarshalMessage returns m in its protobuf JSON mapping as compact JSON, zero values
+// included, with 64-bit integers as JSON numbers, as Marshal writes a status: for messages
+// shown next to manifests, such as one node's status.
+func MarshalMessage(m proto.Message) (json.RawMessage, error) {
+	return marshalProto(protojson.MarshalOptions{EmitDefaultValues: true}, m)
+}
+
+// marshalProto encodes m with o, compacted (protojson varies its spacing on purpose), with
+// its 64-bit integers as JSON numbers (see int64Numbers).
 func marshalProto(o protojson.MarshalOptions, m proto.Message) (json.RawMessage, error) {
 	b, err := o.Marshal(m)
 	if err != nil {
 		return nil, err
 	}
-	var buf bytes.Buffer
-	if err := json.Compact(&buf, b); err != nil {
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, b); err != nil {
 		return nil, err
 	}
-	return buf.Bytes(), nil
+	return int64Numbers(compact.Bytes(), m.ProtoReflect().Descriptor())
 }
 
 // compactJSON encodes v without escaping <, > and &, which may appear in messages.

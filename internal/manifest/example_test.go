@@ -52,7 +52,7 @@ func ExampleEncode() {
 	// Output:
 	// kind: Route
 	// meta:
-	//   generation: "1"
+	//   generation: 1
 	//   name: to-dc2
 	//   nodes:
 	//   - host-a
@@ -65,11 +65,11 @@ func ExampleEncode() {
 	//   currentNodes: 0
 	//   detailsOmitted: 0
 	//   failedNodes: 0
-	//   generation: "0"
+	//   generation: 0
 	//   nodes:
 	//   - message: ""
 	//     node: host-a
-	//     observedGeneration: "1"
+	//     observedGeneration: 1
 	//     operational: {}
 	//     phase: PHASE_PROGRAMMED
 	//     reason: ""

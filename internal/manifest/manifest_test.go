@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -390,8 +391,8 @@ func TestMarshalShape(t *testing.T) {
 	}
 	const want = `{"kind":"Route","meta":{"name":"to-dc2","nodes":["host-a"]},` +
 		`"spec":{"table":100,"prefix":"198.51.100.0/24","nexthops":[{"gateway":"10.10.0.2"}]},` +
-		`"status":{"nodes":[{"node":"host-a","observedGeneration":"1","phase":"PHASE_PENDING","reason":"","message":"","operational":{},"stale":false,"terminal":false}],` +
-		`"targetNodes":1,"programmedNodes":0,"failedNodes":0,"generation":"0","currentNodes":0,"pending":[],"staleNodes":0,"detailsOmitted":0,"nodesOmitted":0,"pendingOmitted":0}}`
+		`"status":{"nodes":[{"node":"host-a","observedGeneration":1,"phase":"PHASE_PENDING","reason":"","message":"","operational":{},"stale":false,"terminal":false}],` +
+		`"targetNodes":1,"programmedNodes":0,"failedNodes":0,"generation":0,"currentNodes":0,"pending":[],"staleNodes":0,"detailsOmitted":0,"nodesOmitted":0,"pendingOmitted":0}}`
 	if string(raw) != want {
 		t.Errorf("Marshal:\n got %s\nwant %s", raw, want)
 	}
@@ -412,6 +413,59 @@ func TestMarshalShape(t *testing.T) {
 	}
 	if err := manifest.Encode(&bytes.Buffer{}, "xml", securityGroup("a"), nil); err == nil {
 		t.Errorf("Encode in format xml: no error")
+	}
+}
+
+// TestInt64Numbers: 64-bit integers, which protojson writes as strings, are JSON numbers
+// in -o json and YAML integers in -o yaml, every digit kept however large, and read back
+// to the same values.
+func TestInt64Numbers(t *testing.T) {
+	obj := route("to-dc2", "198.51.100.0/24", "10.10.0.2", "host-a")
+	obj.Meta.Generation = 1<<53 + 1 // not a float64
+	obj.Meta.Revision = 1<<64 - 1
+	obj.Meta.GenerationRevision = 7
+	// Strings that look like JSON, and an escaped quote, must not confuse the rewriting.
+	obj.Meta.Labels = map[string]string{`a"},{"generation":"1`: `"x\\":[1,{"`, "b": "}]"}
+	status := &nimbusv1.ObjectStatus{
+		TargetNodes: 1, Generation: 9007199254740993,
+		Nodes: []*nimbusv1.NodeStatus{{
+			Node: "host-a", ObservedGeneration: 3, Phase: nimbusv1.Phase_PHASE_PROGRAMMED, Message: `"observedGeneration":"4"`,
+			UpdateTime: timestamppb.New(time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)),
+			OperationalData: &nimbusv1.OperationalData{Kind: &nimbusv1.OperationalData_SecurityPolicy{
+				SecurityPolicy: &nimbusv1.SecurityPolicyOperational{Rules: []*nimbusv1.PolicyRuleCounters{
+					{Index: 1, Packets: 12, Bytes: 1500}, {Index: 2, Packets: 1 << 62},
+				}},
+			}},
+		}},
+	}
+	raw, err := manifest.Marshal(obj, status)
+	if err != nil {
+		t.Fatalf("Marshal: %v", err)
+	}
+	if !json.Valid(raw) {
+		t.Fatalf("Marshal returned invalid JSON:\n%s", raw)
+	}
+	for _, want := range []string{`"generation":9007199254740993,`, `"revision":18446744073709551615,`,
+		`"generationRevision":7}`, `"observedGeneration":3,`, `"generation":9007199254740993,"currentNodes"`,
+		`"message":"\"observedGeneration\":\"4\""`, `"updateTime":"2026-11-21T10:00:00Z"`,
+		`"index":1,"packets":12,"bytes":1500}`, `"packets":4611686018427387904`, `"b":"}]"`} {
+		if !strings.Contains(string(raw), want) {
+			t.Errorf("Marshal does not write %s:\n%s", want, raw)
+		}
+	}
+	for _, f := range []manifest.Format{manifest.JSON, manifest.YAML} {
+		var buf bytes.Buffer
+		if err := manifest.Encode(&buf, f, obj, status); err != nil {
+			t.Fatalf("Encode %s: %v", f, err)
+		}
+		if f == manifest.YAML && !strings.Contains(buf.String(), "\n  generation: 9007199254740993\n") {
+			t.Errorf("Encode yaml does not write generation as an integer:\n%s", buf.String())
+		}
+		got, err := manifest.Decode(&buf)
+		if err != nil {
+			t.Fatalf("Decode of what Encode %s wrote: %v", f, err)
+		}
+		assertEqual(t, got, []*nimbusv1.Object{obj})
 	}
 }
 

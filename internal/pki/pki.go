@@ -357,3 +357,18 @@ func serial() *big.Int {
 	rand.Read(b[:]) // never fails; see crypto/rand.Read
 	return new(big.Int).SetBytes(b[:])
 }
+
+// Renew issues a certificate that replaces cert, which the CA issued: a fresh key, a new
+// serial and validity from opts, and cert's subject, names (DNS names and IP addresses)
+// and extended key usages.
+func (ca *CA) Renew(cert *x509.Certificate, opts CertOptions) (KeyPair, error) {
+	if err := cert.CheckSignatureFrom(ca.Cert); err != nil {
+		return KeyPair{}, fmt.Errorf("renewing certificate %q: not issued by CA %q: %w", cert.Subject.CommonName, ca.Cert.Subject.CommonName, err)
+	}
+	return ca.issue(&x509.Certificate{
+		Subject:     cert.Subject,
+		DNSNames:    slices.Clone(cert.DNSNames),
+		IPAddresses: slices.Clone(cert.IPAddresses),
+		ExtKeyUsage: slices.Clone(cert.ExtKeyUsage),
+	}, opts)
+}

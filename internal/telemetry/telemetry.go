@@ -32,6 +32,10 @@ type Options struct {
 	// answers 200 when there are none and 503 listing them, one a line, otherwise.
 	// Default: always ready.
 	Ready func() []string
+	// Warnings returns what an operator should act on soon though the process is ready,
+	// such as a certificate about to expire: /readyz lists them, one a line, after its
+	// answer, with the status code Ready decides. Default: none.
+	Warnings func() []string
 	// Logger receives the server's logs. Default: slog.Default().
 	Logger *slog.Logger
 	// Pprof serves the Go runtime's profiles under /debug/pprof/, as net/http/pprof does:
@@ -81,13 +85,20 @@ func Serve(ctx context.Context, addr string, opts Options) (*Server, error) {
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		var warnings []string
+		if opts.Warnings != nil {
+			warnings = opts.Warnings()
+		}
 		if opts.Ready != nil {
 			if reasons := opts.Ready(); len(reasons) > 0 {
-				http.Error(w, strings.Join(reasons, "\n"), http.StatusServiceUnavailable)
+				http.Error(w, strings.Join(append(reasons, warnings...), "\n"), http.StatusServiceUnavailable)
 				return
 			}
 		}
 		fmt.Fprintln(w, "ready")
+		for _, line := range warnings {
+			fmt.Fprintln(w, line)
+		}
 	})
 	s := &Server{
 		addr: l.Addr().String(),

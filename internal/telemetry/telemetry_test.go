@@ -118,3 +118,31 @@ func TestRegisterAllOrNone(t *testing.T) {
 		t.Errorf("unregister left a registered: %v", err)
 	}
 }
+
+// TestReadyzWarnings shows the warnings after /readyz's answer, ready or not.
+func TestReadyzWarnings(t *testing.T) {
+	var ready atomic.Bool
+	s, err := Serve(context.Background(), "127.0.0.1:0", Options{
+		Gatherer: prometheus.NewRegistry(),
+		Ready: func() []string {
+			if ready.Load() {
+				return nil
+			}
+			return []string{"not serving yet"}
+		},
+		Warnings: func() []string {
+			return []string{"warning: certificate a.crt expires in 3 days (2026-12-01T00:00:00Z)"}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if code, body := get(t, "http://"+s.Addr()+"/readyz"); code != 503 || body != "not serving yet\nwarning: certificate a.crt expires in 3 days (2026-12-01T00:00:00Z)\n" {
+		t.Errorf("/readyz while not ready = %d %q, want 503 with the reason, then the warning", code, body)
+	}
+	ready.Store(true)
+	if code, body := get(t, "http://"+s.Addr()+"/readyz"); code != 200 || body != "ready\nwarning: certificate a.crt expires in 3 days (2026-12-01T00:00:00Z)\n" {
+		t.Errorf("/readyz when ready = %d %q, want 200 with the warning after ready", code, body)
+	}
+}

@@ -20,12 +20,13 @@ import (
 // applyCommand returns the apply command.
 func (c *cli) applyCommand() *cobra.Command {
 	var (
-		files []string
-		wait  bool
-		o     waitOptions
+		files  []string
+		wait   bool
+		o      waitOptions
+		dryRun dryRunMode
 	)
 	cmd := &cobra.Command{
-		Use:   "apply -f FILE... [--wait [--timeout D]]",
+		Use:   "apply -f FILE... [--wait [--timeout D] | --dry-run=client|server]",
 		Short: "Create or update the objects in manifest files",
 		Long: `Create or update the objects in manifest files.
 
@@ -44,12 +45,26 @@ failing (host-a, host-c)": rewritten in place a few times a second when stderr i
 terminal, printed every 5s when not; an object that FAILED on a node and is being
 retried gets a line of its own, once, naming the nodes and their messages. Once every
 object is programmed, a last line on stdout says so ("2000 of 2000 programmed on every
-target node").`,
+target node").
+
+With --dry-run=server, nimbus checks the objects as apply would, field by field and
+against the objects it holds and each other (an address or VNI another object holds, an
+endpoint outside its network), refuses them as apply would, and otherwise says for each
+what apply would do, "route/to-dc2 created (server dry run)"; it stores nothing. With
+--dry-run=client, naplesctl only validates the objects, without asking nimbus.`,
 		Example: `  naplesctl apply -f route.yaml
+  naplesctl apply -f manifests/ -R
   cat route.yaml | naplesctl apply -f -
-  naplesctl apply -f route.yaml --wait --timeout 30s`,
+  naplesctl apply -f route.yaml --wait --timeout 30s
+  naplesctl apply -f route.yaml --dry-run=server`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if dryRun != dryRunNone {
+				if wait {
+					return exitstatus.Mark(errors.New("--dry-run does not go with --wait: a dry run stores nothing to wait for"))
+				}
+				return c.applyDryRun(cmd.Context(), files, dryRun)
+			}
 			var timeout time.Duration
 			if wait {
 				var err error
@@ -62,9 +77,11 @@ target node").`,
 			return c.apply(cmd.Context(), files, wait, timeout)
 		},
 	}
-	cmd.Flags().StringArrayVarP(&files, "filename", "f", nil, `manifest file to apply, "-" for stdin; repeatable`)
+	cmd.Flags().StringArrayVarP(&files, "filename", "f", nil, filenameUsage("to apply"))
+	c.addRecursiveFlag(cmd)
 	cmd.Flags().BoolVar(&wait, "wait", false, "wait until every object is programmed on every target node")
 	o.addTimeoutFlag(cmd, "with --wait")
+	addDryRunFlag(cmd, &dryRun)
 	_ = cmd.MarkFlagRequired("filename") // cannot fail: the flag exists
 	return cmd
 }
@@ -72,25 +89,9 @@ target node").`,
 // apply validates every object of files and, when all are valid and none appears twice,
 // applies them in order, in batches; with wait, it then waits for them for up to timeout.
 func (c *cli) apply(ctx context.Context, files []string, wait bool, timeout time.Duration) error {
-	srcs, err := c.readManifests(files)
+	srcs, err := c.validManifests(files, "nothing applied")
 	if err != nil {
 		return err
-	}
-	var invalid []error
-	for _, s := range srcs {
-		if err := s.obj.Validate(); err != nil {
-			for _, fe := range fieldErrors(err) {
-				invalid = append(invalid, fmt.Errorf("%v: %s: %w", s, ref(s.obj.Key()), fe))
-			}
-		}
-	}
-	keys := make([]*nimbusv1.ObjectKey, len(srcs))
-	for i, s := range srcs {
-		keys[i] = s.obj.Key()
-	}
-	invalid = append(invalid, duplicates(keys, "meta.name", func(i int) string { return srcs[i].String() })...)
-	if len(invalid) > 0 {
-		return fmt.Errorf("validating objects, nothing applied:\n%w", errors.Join(invalid...))
 	}
 
 	sess, kit, closeAll, err := c.connectController()
@@ -131,6 +132,33 @@ func (c *cli) apply(ctx context.Context, files []string, wait bool, timeout time
 		return nil
 	}
 	return c.wait(ctx, sess, targets, timeout, c.bulkProgress())
+}
+
+// validManifests reads every object of files, in order, and validates them: when one is
+// invalid or appears twice, its error names each bad field by where it was read, after
+// "validating objects, " and nothing ("nothing applied").
+func (c *cli) validManifests(files []string, nothing string) ([]source, error) {
+	srcs, err := c.readManifests(files)
+	if err != nil {
+		return nil, err
+	}
+	var invalid []error
+	for _, s := range srcs {
+		if err := s.obj.Validate(); err != nil {
+			for _, fe := range fieldErrors(err) {
+				invalid = append(invalid, fmt.Errorf("%v: %s: %w", s, ref(s.obj.Key()), fe))
+			}
+		}
+	}
+	keys := make([]*nimbusv1.ObjectKey, len(srcs))
+	for i, s := range srcs {
+		keys[i] = s.obj.Key()
+	}
+	invalid = append(invalid, duplicates(keys, "meta.name", func(i int) string { return srcs[i].String() })...)
+	if len(invalid) > 0 {
+		return nil, fmt.Errorf("validating objects, %s:\n%w", nothing, errors.Join(invalid...))
+	}
+	return srcs, nil
 }
 
 // applyResult says what an apply did: "created", "configured (generation 2)" or

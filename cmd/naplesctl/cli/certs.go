@@ -78,14 +78,22 @@ func defaultPKIDir(getenv func(string) string) string {
 }
 
 // transportCredentials returns the credentials of the connection to nimbus: TLS with the
-// files of the TLS flags, or plaintext with --insecure.
+// files of the TLS flags, or plaintext with --insecure. It warns on stderr when the
+// client certificate expires within pki.DefaultExpiryWarning.
 func (c *cli) transportCredentials() (credentials.TransportCredentials, error) {
 	if c.tls.insecure {
 		return pki.TransportCredentials(nil), nil
 	}
 	cfg, err := pki.ClientConfig(c.tls.cert, c.tls.key, c.tls.ca, c.tls.serverName)
+	var certs *pki.Expiry
+	if err == nil {
+		certs, err = pki.ReadExpiry(pki.CertFile{Use: pki.UseClient, Path: c.tls.cert})
+	}
 	if err != nil {
 		return nil, exitstatus.Mark(fmt.Errorf("loading TLS credentials (naplesctl certs makes them; --insecure talks plaintext): %w", err))
+	}
+	for _, w := range certs.Warnings(c.now(), pki.DefaultExpiryWarning) {
+		fmt.Fprintf(c.stderr, "%s; naplesctl certs --renew renews it\n", w)
 	}
 	return pki.TransportCredentials(cfg), nil
 }
@@ -99,6 +107,14 @@ type certsOptions struct {
 	serverHosts []string
 	// etcdMembers are NAME or NAME=HOST.
 	etcdMembers []string
+	// fixPermissions makes a group- or world-writable dir, or a key others may read,
+	// private instead of refusing it.
+	fixPermissions bool
+	// renew reissues the certificates that expire within renewWithin.
+	renew       bool
+	renewWithin time.Duration
+	// revoke names the pairs whose certificates go into the CA's revocation list.
+	revoke []string
 }
 
 // Files certs writes besides one pair per node and per replica.
@@ -121,7 +137,7 @@ const (
 func (c *cli) certsCommand(getenv func(string) string) *cobra.Command {
 	var o certsOptions
 	cmd := &cobra.Command{
-		Use:   "certs [--dir DIR] [--nodes NODE,...] [--replicas NAME,...] [--publisher NAME] [--server-hosts HOST,...] [--etcd-members NAME[=HOST],...]",
+		Use:   "certs [--dir DIR] [--fix-permissions] [--nodes NODE,...] [--replicas NAME,...] [--publisher NAME] [--server-hosts HOST,...] [--etcd-members NAME[=HOST],...] | --renew [--renew-within DURATION] | --revoke NAME,...",
 		Short: "Make a CA and the certificates of nimbus, its replicas, a publisher and nodes",
 		Long: `Make a CA and the certificates nimbus, naplesctl and the agents speak mutual TLS with,
 for tests and small deployments. It writes into --dir:
@@ -149,13 +165,46 @@ for tests and small deployments. It writes into --dir:
 
 A certificate and key that already exist, were issued by the CA and are what was asked
 for are kept, so certs can run again to add nodes; one that differs is an error until it
-is removed. Keys are written with mode 0600. certs talks to no server.`,
+is removed. Keys are written with mode 0600. certs talks to no server.
+
+certs refuses a --dir (or DIR/etcd) that group or others may write, a key they may read
+or write, and a certificate they may write, naming each and its mode;
+--fix-permissions makes them private instead (directories 0700, or 0750 when the group
+reads them; keys 0600).
+
+--renew reissues every certificate of --dir (and of DIR/etcd, with etcd's CA) that
+expires within --renew-within (default 720h): the same names and usages, a new key
+pair, the same CA. It prints what it renewed; restart nimbus and the agents that use a
+renewed certificate to load it.
+
+--revoke NAME,... adds the certificates of NAME.crt to DIR/ca.crl, the revocation list
+signed by the CA that nimbus reads with --tls-crl and checks again every few seconds:
+it refuses those certificates' handshakes and closes their open connections.`,
 		Example: `  naplesctl certs --dir /etc/naples/pki --nodes host-a,host-b --server-hosts nimbus.example,10.0.0.1
   naplesctl certs --dir ./pki --nodes host-c   # adds host-c's certificate, keeps the rest
   naplesctl certs --dir ./pki --replicas nimbus-1,nimbus-2,nimbus-3 --server-hosts nimbus.example
-  naplesctl certs --dir ./pki --etcd-members etcd-1=10.0.0.11,etcd-2=10.0.0.12,etcd-3=10.0.0.13`,
+  naplesctl certs --dir ./pki --etcd-members etcd-1=10.0.0.11,etcd-2=10.0.0.12,etcd-3=10.0.0.13
+  naplesctl certs --dir /etc/naples/pki --renew --renew-within 720h
+  naplesctl certs --dir /etc/naples/pki --revoke host-b`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkPermissions(c.stdout, o.dir, o.fixPermissions); err != nil {
+				return err
+			}
+			switch {
+			case o.renew || len(o.revoke) > 0:
+				for _, f := range []string{"nodes", "replicas", "publisher", "server-hosts", "etcd-members"} {
+					if cmd.Flags().Changed(f) {
+						return exitstatus.Mark(fmt.Errorf("--%s: --renew and --revoke work on what --dir holds; make new certificates in a run of their own", f))
+					}
+				}
+				if len(o.revoke) > 0 {
+					return c.revokeCerts(o)
+				}
+				return c.renewCerts(o)
+			case cmd.Flags().Changed("renew-within"):
+				return exitstatus.Mark(errors.New("--renew-within: goes with --renew"))
+			}
 			return c.certs(o)
 		},
 	}
@@ -164,6 +213,10 @@ is removed. Keys are written with mode 0600. certs talks to no server.`,
 	cmd.Flags().StringSliceVar(&o.replicas, "replicas", nil, "names of nimbus replicas (their --replica-name) to make replica certificates for")
 	cmd.Flags().StringVar(&o.publisher, "publisher", "admin", "name of the publisher certificate")
 	cmd.Flags().StringSliceVar(&o.serverHosts, "server-hosts", nil, "further DNS names and IP addresses of nimbus's certificate")
+	cmd.Flags().BoolVar(&o.fixPermissions, "fix-permissions", false, "make --dir and its keys private (directories 0700, or 0750 when the group may read them; keys 0600) instead of refusing them")
+	cmd.Flags().BoolVar(&o.renew, "renew", false, "reissue the certificates of --dir that expire within --renew-within: same names, a new key, the same CA")
+	cmd.Flags().DurationVar(&o.renewWithin, "renew-within", pki.DefaultExpiryWarning, "with --renew, renew the certificates that expire within this `duration`")
+	cmd.Flags().StringSliceVar(&o.revoke, "revoke", nil, "`names` of pairs in --dir (host-a for host-a.crt) whose certificates to add to DIR/ca.crl, the revocation list nimbus reads with --tls-crl")
 	cmd.Flags().StringSliceVar(&o.etcdMembers, "etcd-members", nil, "etcd members to make certificates for, with etcd's own CA, in DIR/etcd: NAME, or NAME=HOST with a DNS name or IP address it is reached by")
 	return cmd
 }

@@ -30,7 +30,8 @@ checked first, and an object may be named only once; if any key is bad, nothing 
 deleted. The keys are then sent in order, in as few batches as their size allows (up to
 4 MiB each); nimbus deletes each batch whole or not at all.`,
 		Example: `  naplesctl delete route to-dc2
-  naplesctl delete -f route.yaml`,
+  naplesctl delete -f route.yaml
+  naplesctl delete -f manifests/ -R`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(files) > 0 {
 				if len(args) > 0 {
@@ -40,6 +41,9 @@ deleted. The keys are then sent in order, in as few batches as their size allows
 			}
 			if len(args) < 2 {
 				return errors.New("delete needs KIND and NAME, or -f FILE")
+			}
+			if c.recursive {
+				return errors.New("-R reads the directories given to -f: it needs -f")
 			}
 			return nil
 		},
@@ -95,7 +99,8 @@ deleted. The keys are then sent in order, in as few batches as their size allows
 			return c.delete(cmd.Context(), keys, where, describe)
 		},
 	}
-	cmd.Flags().StringArrayVarP(&files, "filename", "f", nil, `manifest file whose objects to delete, "-" for stdin; repeatable`)
+	cmd.Flags().StringArrayVarP(&files, "filename", "f", nil, filenameUsage("whose objects to delete"))
+	c.addRecursiveFlag(cmd)
 	cmd.Flags().StringVar(&tenant, "tenant", "", `tenant of the objects (default "default")`)
 	cmd.Flags().StringVarP(&namespace, "namespace", "n", "", `namespace of the objects (default "default")`)
 	return cmd

@@ -15,7 +15,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protojson"
 	"sigs.k8s.io/yaml"
 
 	"github.com/naplesnet/naples/internal/address"
@@ -379,7 +378,7 @@ func entryJSON(e *delphiv1.Entry, deleted bool) (json.RawMessage, error) {
 		}
 	}
 	if st := e.GetStatus(); st != nil {
-		raw, err := protojson.MarshalOptions{EmitDefaultValues: true}.Marshal(st)
+		raw, err := manifest.MarshalMessage(st)
 		if err != nil {
 			return nil, fmt.Errorf("encoding status of %s: %w", key.ID(), err)
 		}

@@ -131,10 +131,16 @@ func TestDelphiList(t *testing.T) {
 		Synced   bool
 		Items    []struct {
 			Kind string
-			Meta struct{ Name, Generation string }
+			Meta struct {
+				Name       string
+				Generation int64
+			}
 			Spec struct{ Prefix string }
 			// Status is this node's status: a NodeStatus, not an ObjectStatus.
-			Status *struct{ Node, Phase, ObservedGeneration, Message string }
+			Status *struct {
+				Node, Phase, Message string
+				ObservedGeneration   int64
+			}
 		}
 	}
 	out = a.ok("delphi", "list", "routes", "-o", "json")
@@ -148,8 +154,8 @@ func TestDelphiList(t *testing.T) {
 	if gone.Meta.Name != "gone" || gone.Kind != "Route" || gone.Status == nil || gone.Status.Phase != "PHASE_FAILED" || gone.Spec.Prefix != "" {
 		t.Errorf("delphi list -o json: status-only entry %+v", gone)
 	}
-	if dc2.Meta.Name != "to-dc2" || dc2.Meta.Generation != "2" || dc2.Spec.Prefix != "198.51.100.0/24" || dc2.Status == nil ||
-		dc2.Status.Node != "host-a" || dc2.Status.ObservedGeneration != "2" || dc2.Status.Message != "route in table 100" {
+	if dc2.Meta.Name != "to-dc2" || dc2.Meta.Generation != 2 || dc2.Spec.Prefix != "198.51.100.0/24" || dc2.Status == nil ||
+		dc2.Status.Node != "host-a" || dc2.Status.ObservedGeneration != 2 || dc2.Status.Message != "route in table 100" {
 		t.Errorf("delphi list -o json: to-dc2 %+v", dc2)
 	}
 	if dc3.Meta.Name != "to-dc3" || dc3.Status != nil {
@@ -165,7 +171,7 @@ func TestDelphiGet(t *testing.T) {
 	a.fill()
 	equal(t, "delphi get", a.ok("delphi", "get", "route", "to-dc2"), `kind: Route
 meta:
-  generation: "2"
+  generation: 2
   name: to-dc2
   namespace: default
   nodes:
@@ -179,7 +185,7 @@ spec:
 status:
   message: route in table 100
   node: host-a
-  observedGeneration: "2"
+  observedGeneration: 2
   operational: {}
   phase: PHASE_PROGRAMMED
   reason: ""

@@ -219,7 +219,7 @@ func TestDescribeTypedOperational(t *testing.T) {
 						Rules              []struct {
 							Direction      string
 							Index          int
-							Packets, Bytes string // 64-bit integers are strings in JSON
+							Packets, Bytes int64 // numbers, not protojson's strings
 						}
 					}
 				}
@@ -232,11 +232,11 @@ func TestDescribeTypedOperational(t *testing.T) {
 	}
 	p := doc.Status.Nodes[0].OperationalData.SecurityPolicy
 	if p.ProtectedEndpoints != 2 || len(p.Rules) != 1 || p.Rules[0].Direction != "DIRECTION_EGRESS" || p.Rules[0].Index != 1 ||
-		p.Rules[0].Packets != "12" || p.Rules[0].Bytes != "1500" {
+		p.Rules[0].Packets != 12 || p.Rules[0].Bytes != 1500 {
 		t.Errorf("get -o json: operational data %+v:\n%s", p, out)
 	}
 	out = e.ok("get", "route", "to-dc2", "-o", "yaml")
-	for _, want := range []string{"operationalData:", "securityPolicy:", "direction: DIRECTION_EGRESS", `packets: "12"`} {
+	for _, want := range []string{"operationalData:", "securityPolicy:", "direction: DIRECTION_EGRESS", "packets: 12"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("get -o yaml does not contain %q:\n%s", want, out)
 		}

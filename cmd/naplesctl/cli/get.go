@@ -10,16 +10,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/naplesnet/naples/internal/exitstatus"
-	"github.com/naplesnet/naples/internal/manifest"
+	"github.com/naplesnet/naples/controller"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
-)
-
-// The values of get's --output flag.
-const (
-	outputTable = "table"
-	outputJSON  = "json"
-	outputYAML  = "yaml"
 )
 
 // getOptions are the flags of get.
@@ -27,6 +19,8 @@ type getOptions struct {
 	output    string
 	tenant    string
 	namespace string
+	// watch is the --watch flag.
+	watch bool
 }
 
 // getCommand returns the get command.
@@ -37,7 +31,8 @@ func (c *cli) getCommand() *cobra.Command {
 		Short: "Show objects of a kind and how far their programming has come",
 		Long: `Show objects of a kind and how far their programming has come.
 
-KIND is a kind name in any case, singular or plural: route, Routes, securitygroups.
+KIND is a kind name in any case, singular, plural or short: route, Routes, rt, sg
+(naplesctl api-resources lists them).
 Without NAME every object of the kind is listed, in every tenant and namespace unless
 --tenant or --namespace narrow it; with NAME tenant and namespace default to "default".
 
@@ -45,36 +40,74 @@ The table's GENERATION is the object's current generation. PROGRAMMED counts the
 nodes that run it, out of all target nodes; FAILED counts those that failed to program
 it and PENDING those that have done neither yet; STALE counts the target nodes whose
 status is stale because their agent has been disconnected for a while. naplesctl
-describe lists every node. -o json and
--o yaml print objects in manifest shape with their per-node status, and can be applied
-again.`,
+describe lists every node.
+
+--output (-o) chooses another format:
+  wide                     the table and NODES (the target nodes, <all> for every node)
+                           and columns of the kind: a Route's TABLE, PREFIX and NEXTHOPS
+                           (gateway@device), a Network's VNI, SUBNETS and MTU, an
+                           Endpoint's NETWORK, NODE, ADDRESSES and MAC...
+  name                     kind/name, one per line: route/to-dc2 (as apply prints it;
+                           tenant and namespace are left out)
+  json, yaml               the objects in manifest shape with their per-node status, which
+                           can be applied again; 64-bit integers are numbers
+  jsonpath=TEMPLATE        what a kubectl JSONPath template finds in the document -o json
+                           prints: the object, or {"items": [...]} when listing; as
+                           kubectl, no newline is added ({"\n"} writes one)
+  custom-columns=HEADER:PATH,...
+                           a table with a column per HEADER, holding what PATH, a JSONPath
+                           in kubectl's relaxed form (.meta.name), finds in each object's
+                           -o json document; <none> when it finds nothing
+
+--watch (-w) prints the objects, then every change to them or to their status as nimbus
+streams it (a node's report, a new generation), until interrupted: a row per change in
+the table formats (when the row changes), a line with -o name, a document with -o json
+(one after the other), -o yaml (separated by ---) and -o jsonpath (the template over
+each object). A deleted object prints its last row or line followed by DELETED, or its
+last document with "deleted": true.`,
 		Example: `  naplesctl get routes
-  naplesctl get route to-dc2 -o yaml`,
+  naplesctl get routes -o wide
+  naplesctl get route to-dc2 -o yaml
+  naplesctl get routes -o name
+  naplesctl get routes -w
+  naplesctl get route to-dc2 -w -o yaml
+  naplesctl get routes -o jsonpath='{range .items[*]}{.meta.name}{"\t"}{.spec.prefix}{"\n"}{end}'
+  naplesctl get routes -o custom-columns=NAME:.meta.name,PREFIX:.spec.prefix,PROGRAMMED:.status.programmedNodes`,
 		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			kind, err := parseKind(args[0])
 			if err != nil {
 				return err
 			}
-			switch o.output {
-			case outputTable, outputJSON, outputYAML:
-			default:
-				return exitstatus.Mark(fmt.Errorf("--output %q: want %s, %s or %s", o.output, outputTable, outputJSON, outputYAML))
+			out, err := parseOutput(o.output)
+			if err != nil {
+				return err
 			}
 			if len(args) == 2 {
-				return c.getOne(cmd.Context(), nimbusv1.NewKey(kind, o.tenant, o.namespace, args[1]), o)
+				key := nimbusv1.NewKey(kind, o.tenant, o.namespace, args[1])
+				if o.watch {
+					f := controller.Filter{Kind: kind, Tenant: key.GetTenant(), Namespace: key.GetNamespace(), Name: key.GetName()}
+					return c.watchObjects(cmd.Context(), kind, f, true, out)
+				}
+				return c.getOne(cmd.Context(), key, out)
 			}
-			return c.list(cmd.Context(), kind, o)
+			if o.watch {
+				return c.watchObjects(cmd.Context(), kind, controller.Filter{Kind: kind, Tenant: o.tenant, Namespace: o.namespace}, false, out)
+			}
+			return c.list(cmd.Context(), kind, o, out)
 		},
 	}
-	cmd.Flags().StringVarP(&o.output, "output", "o", outputTable, "output format: table, json or yaml")
+	cmd.Flags().StringVarP(&o.output, "output", "o", outputTable,
+		"output format: table, wide, name, json, yaml, jsonpath=TEMPLATE or custom-columns=HEADER:PATH,...")
+	cmd.Flags().BoolVarP(&o.watch, "watch", "w", false,
+		"after the objects, print every change to them or to their status until interrupted")
 	cmd.Flags().StringVar(&o.tenant, "tenant", "", "tenant of the objects (default: all when listing, \"default\" with NAME)")
 	cmd.Flags().StringVarP(&o.namespace, "namespace", "n", "", "namespace of the objects (default: all when listing, \"default\" with NAME)")
 	return cmd
 }
 
-// getOne prints the object with key.
-func (c *cli) getOne(ctx context.Context, key *nimbusv1.ObjectKey, o getOptions) error {
+// getOne prints the object with key in format out.
+func (c *cli) getOne(ctx context.Context, key *nimbusv1.ObjectKey, out output) error {
 	sess, err := c.connect()
 	if err != nil {
 		return err
@@ -84,17 +117,12 @@ func (c *cli) getOne(ctx context.Context, key *nimbusv1.ObjectKey, o getOptions)
 	if err != nil {
 		return err
 	}
-	switch o.output {
-	case outputJSON:
-		return manifest.Encode(c.stdout, manifest.JSON, item.GetObject(), item.GetStatus())
-	case outputYAML:
-		return manifest.Encode(c.stdout, manifest.YAML, item.GetObject(), item.GetStatus())
-	}
-	return c.table([]*nimbusv1.ObjectWithStatus{item})
+	return c.printObjects(key.GetKind(), []*nimbusv1.ObjectWithStatus{item}, out, true)
 }
 
-// list prints every object of kind, filtered by tenant and namespace when they are set.
-func (c *cli) list(ctx context.Context, kind nimbusv1.Kind, o getOptions) error {
+// list prints every object of kind, filtered by tenant and namespace when they are set,
+// in format out.
+func (c *cli) list(ctx context.Context, kind nimbusv1.Kind, o getOptions, out output) error {
 	sess, err := c.connect()
 	if err != nil {
 		return err
@@ -109,25 +137,18 @@ func (c *cli) list(ctx context.Context, kind nimbusv1.Kind, o getOptions) error 
 	for _, it := range resp.GetItems() {
 		items = append(items, withStatus(it))
 	}
-	slices.SortFunc(items, func(a, b *nimbusv1.ObjectWithStatus) int {
-		am, bm := a.GetObject().GetMeta(), b.GetObject().GetMeta()
-		return cmp.Or(
-			cmp.Compare(am.GetTenant(), bm.GetTenant()),
-			cmp.Compare(am.GetNamespace(), bm.GetNamespace()),
-			cmp.Compare(am.GetName(), bm.GetName()),
-		)
-	})
-	switch o.output {
-	case outputJSON:
-		return manifest.EncodeList(c.stdout, manifest.JSON, items)
-	case outputYAML:
-		return manifest.EncodeList(c.stdout, manifest.YAML, items)
-	}
-	if len(items) == 0 {
-		fmt.Fprintln(c.stderr, "No resources found.")
-		return nil
-	}
-	return c.table(items)
+	slices.SortFunc(items, compareItems)
+	return c.printObjects(kind, items, out, false)
+}
+
+// compareItems orders objects by tenant, namespace and name.
+func compareItems(a, b *nimbusv1.ObjectWithStatus) int {
+	am, bm := a.GetObject().GetMeta(), b.GetObject().GetMeta()
+	return cmp.Or(
+		cmp.Compare(am.GetTenant(), bm.GetTenant()),
+		cmp.Compare(am.GetNamespace(), bm.GetNamespace()),
+		cmp.Compare(am.GetName(), bm.GetName()),
+	)
 }
 
 // withStatus returns item with an empty status when it has none, so that output always
@@ -137,27 +158,6 @@ func withStatus(item *nimbusv1.ObjectWithStatus) *nimbusv1.ObjectWithStatus {
 		return item
 	}
 	return &nimbusv1.ObjectWithStatus{Object: item.GetObject(), Status: &nimbusv1.ObjectStatus{}}
-}
-
-// table prints items as a table, one row per object.
-func (c *cli) table(items []*nimbusv1.ObjectWithStatus) error {
-	tw := newTable(c.stdout, 3)
-	fmt.Fprintln(tw, "NAME\tTENANT\tNAMESPACE\tGENERATION\tPROGRAMMED\tFAILED\tPENDING\tSTALE\tAGE")
-	now := c.now()
-	for _, it := range items {
-		m, p := it.GetObject().GetMeta(), propagationOf(it, 0)
-		age := "<unknown>"
-		if m.GetCreateTime() != nil {
-			age = humanDuration(now.Sub(m.GetCreateTime().AsTime()))
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d/%d\t%d\t%d\t%d\t%s\n",
-			m.GetName(), m.GetTenant(), m.GetNamespace(), m.GetGeneration(),
-			p.programmed, p.target, p.failed, p.pendingCount(), p.stale, age)
-	}
-	if err := tw.Flush(); err != nil {
-		return fmt.Errorf("writing table: %w", err)
-	}
-	return nil
 }
 
 // humanDuration formats an age the way kubectl does, with two significant units at most:

@@ -57,6 +57,8 @@ var (
 // errors are returned too. A usage error (an unknown command or flag, a bad flag value or
 // argument, flags that do not go together, TLS files that cannot be loaded, a manifest
 // file that does not exist) is marked for exit status 2 (exitstatus.Of), any other for 1.
+// diff returns ErrDiffers, which is no failure to print, when it found differences, and
+// marks every failure for exit status 2.
 func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) error {
 	c := &cli{stdin: stdin, stdout: stdout, stderr: stderr, now: time.Now, terminal: isTerminal(stderr)}
 	return c.run(ctx, args, getenv)
@@ -80,6 +82,8 @@ type cli struct {
 	// agent is the --agent flag; agentEnv tells that $NAPLES_AGENT set its default.
 	agent    string
 	agentEnv bool
+	// recursive is the -R flag of a command that reads manifests (addRecursiveFlag).
+	recursive bool
 	// started is set when cobra has parsed the command line and runs a command: an error
 	// before that is a usage error.
 	started bool
@@ -117,8 +121,11 @@ Objects are written as YAML or JSON manifests:
 	c.addAgentFlag(root, getenv)
 	c.addTLSFlags(root, getenv)
 	root.AddCommand(c.certsCommand(getenv))
+	root.AddCommand(c.apiResourcesCommand(), c.explainCommand())
 	c.addVersion(root)
 	root.AddCommand(c.applyCommand(), c.getCommand(), c.deleteCommand(), c.describeCommand(), c.waitCommand(), c.delphiCommand(), c.dataplaneCommand(), c.bpfCommand(), c.flowsCommand(), c.monitorCommand(), c.traceCommand())
+	root.AddCommand(c.diffCommand())
+	c.addCompletions(root)
 
 	if args == nil {
 		args = []string{} // nil makes cobra read os.Args
@@ -246,13 +253,13 @@ func (e *statusError) Error() string {
 func (e *statusError) GRPCStatus() *status.Status { return e.st }
 
 // parseKind parses a kind given on the command line; its error, a usage error (see
-// Run), lists the valid kinds.
+// Run), lists the valid kinds with their short names.
 func parseKind(s string) (nimbusv1.Kind, error) {
 	kind, err := nimbusv1.ParseKind(s)
 	if err != nil {
 		names := make([]string, 0, len(nimbusv1.Kinds()))
 		for _, k := range nimbusv1.Kinds() {
-			names = append(names, k.Name())
+			names = append(names, k.Name()+" ("+k.ShortName()+")")
 		}
 		return kind, exitstatus.Mark(fmt.Errorf("%w (valid kinds: %s)", err, strings.Join(names, ", ")))
 	}
@@ -276,10 +283,15 @@ type source struct {
 // String names where the object was read: "route.yaml: document 2".
 func (s source) String() string { return fmt.Sprintf("%s: document %d", s.file, s.doc) }
 
-// readManifests reads every object of files, in order; "-" is stdin.
+// readManifests reads every object of files, in order; "-" is stdin, and a directory
+// stands for its manifest files (manifestPaths).
 func (c *cli) readManifests(files []string) ([]source, error) {
+	paths, err := c.manifestPaths(files)
+	if err != nil {
+		return nil, err
+	}
 	var srcs []source
-	for _, f := range files {
+	for _, f := range paths {
 		var (
 			objs []*nimbusv1.Object
 			err  error

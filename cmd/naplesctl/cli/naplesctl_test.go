@@ -218,7 +218,7 @@ func TestApplyGetDelete(t *testing.T) {
 		Kind string
 		Meta struct {
 			UID        string
-			Generation string
+			Generation int64
 		}
 		Spec   struct{ Prefix string }
 		Status struct{ TargetNodes int }
@@ -228,7 +228,7 @@ func TestApplyGetDelete(t *testing.T) {
 		t.Fatalf("get -o json: %v\n%s", err, out)
 	}
 	if doc.Kind != "Route" || doc.Meta.UID == "" || doc.Meta.UID != e.get("to-dc2").GetObject().GetMeta().GetUid() ||
-		doc.Meta.Generation != "1" || doc.Spec.Prefix != "198.51.100.0/24" || doc.Status.TargetNodes != 1 {
+		doc.Meta.Generation != 1 || doc.Spec.Prefix != "198.51.100.0/24" || doc.Status.TargetNodes != 1 {
 		t.Errorf("get -o json: unexpected content %+v:\n%s", doc, out)
 	}
 
@@ -346,7 +346,8 @@ func TestStatus(t *testing.T) {
 		Status struct {
 			ProgrammedNodes int
 			Nodes           []struct {
-				Node, Phase, ObservedGeneration, Message string
+				Node, Phase, Message string
+				ObservedGeneration   int64
 			}
 		}
 	}
@@ -356,12 +357,12 @@ func TestStatus(t *testing.T) {
 	}
 	st := doc.Status
 	if st.ProgrammedNodes != 1 || len(st.Nodes) != 1 || st.Nodes[0].Node != "host-a" || st.Nodes[0].Phase != "PHASE_PROGRAMMED" ||
-		st.Nodes[0].ObservedGeneration != "1" || st.Nodes[0].Message != "route in table 100" {
+		st.Nodes[0].ObservedGeneration != 1 || st.Nodes[0].Message != "route in table 100" {
 		t.Errorf("get -o json: status %+v:\n%s", st, out)
 	}
 
 	out = e.ok("get", "route", "to-dc2", "-o", "yaml")
-	for _, want := range []string{"phase: PHASE_PROGRAMMED", `observedGeneration: "1"`, "message: route in table 100", "programmedNodes: 1"} {
+	for _, want := range []string{"phase: PHASE_PROGRAMMED", "observedGeneration: 1", "message: route in table 100", "programmedNodes: 1"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("get -o yaml does not contain %q:\n%s", want, out)
 		}
@@ -379,11 +380,11 @@ func TestUsageErrors(t *testing.T) {
 		{
 			name:  "unknown kind",
 			args:  []string{"get", "rout"},
-			parts: []string{`kind "rout": unknown kind`, "valid kinds: Node, Network, Endpoint, SecurityGroup, NetworkSecurityPolicy, Route, Interface, FlowExportPolicy"},
+			parts: []string{`kind "rout": unknown kind`, "valid kinds: Node (no), Network (net), Endpoint (ep), SecurityGroup (sg), NetworkSecurityPolicy (nsp), Route (rt), Interface (if), FlowExportPolicy (fep), Trace (tr)"},
 			is:    nimbusv1.ErrUnknownKind,
 		},
 		{name: "unknown kind on delete", args: []string{"delete", "rout", "a"}, parts: []string{`kind "rout": unknown kind`}, is: nimbusv1.ErrUnknownKind},
-		{name: "bad output", args: []string{"get", "routes", "-o", "xml"}, parts: []string{`--output "xml"`, "table, json or yaml"}},
+		{name: "bad output", args: []string{"get", "routes", "-o", "xml"}, parts: []string{`--output "xml"`, "table, wide, name, json, yaml, jsonpath=TEMPLATE"}},
 		{name: "apply without -f", args: []string{"apply"}, parts: []string{`"filename"`}},
 		{name: "apply of a missing file", args: []string{"apply", "-f", "/nonexistent.yaml"}, parts: []string{"/nonexistent.yaml"}, is: os.ErrNotExist},
 		{name: "apply of an empty file", args: []string{"apply", "-f", e.file("empty.yaml", "# nothing\n")}, parts: []string{"no objects found"}},

@@ -37,14 +37,6 @@ func (r *running) tick(t *testing.T, ticks fakeTicker) {
 	}
 }
 
-// waitStdout waits until the command has written want to stdout.
-func (r *running) waitStdout(t *testing.T, want string) {
-	t.Helper()
-	eventually(t, "stdout to contain "+want+"; it holds:\n"+r.stdout.String(), func() bool {
-		return strings.Contains(r.stdout.String(), want)
-	})
-}
-
 // reportMany sends st as st.Node's status report for each of the routes called names,
 // over one ReportStatus stream, as the node's agent does.
 func (e *env) reportMany(names []string, st *nimbusv1.NodeStatus) {

@@ -5,6 +5,8 @@ package telemetrytest
 
 import (
 	"fmt"
+	"io"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -72,4 +74,20 @@ func Parse(t testing.TB, text string) map[string]float64 {
 		out[line[:i]] = v
 	}
 	return out
+}
+
+// Get returns the status code and body of a GET of url, such as a /readyz or /metrics
+// endpoint, or fails the test.
+func Get(t testing.TB, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	return resp.StatusCode, string(body)
 }

@@ -3,6 +3,9 @@ package nimbusv1
 import (
 	"fmt"
 	"strings"
+	"sync"
+
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // kindNames maps every known kind to its CamelCase manifest name.
@@ -16,6 +19,20 @@ var kindNames = map[Kind]string{
 	Kind_KIND_INTERFACE:               "Interface",
 	Kind_KIND_FLOW_EXPORT_POLICY:      "FlowExportPolicy",
 	Kind_KIND_TRACE:                   "Trace",
+}
+
+// kindShortNames maps every known kind to its short name, which ParseKind accepts too: the
+// one kubectl would give it, where kubectl has one ("no" for Node, "ep" for Endpoint).
+var kindShortNames = map[Kind]string{
+	Kind_KIND_NODE:                    "no",
+	Kind_KIND_NETWORK:                 "net",
+	Kind_KIND_ENDPOINT:                "ep",
+	Kind_KIND_SECURITY_GROUP:          "sg",
+	Kind_KIND_NETWORK_SECURITY_POLICY: "nsp",
+	Kind_KIND_ROUTE:                   "rt",
+	Kind_KIND_INTERFACE:               "if",
+	Kind_KIND_FLOW_EXPORT_POLICY:      "fep",
+	Kind_KIND_TRACE:                   "tr",
 }
 
 // Kinds lists every known kind in enum order.
@@ -35,8 +52,22 @@ func (k Kind) Name() string {
 	return k.String()
 }
 
-// ParseKind parses a kind name case-insensitively, singular or plural: "route", "Route",
-// "routes", "networksecuritypolicies" and "network-security-policy" all work.
+// ShortName returns the kind's short name, such as "rt" for Route, or "" for an unknown
+// kind.
+func (k Kind) ShortName() string { return kindShortNames[k] }
+
+// Plural returns the kind's lower-case plural name, such as "routes" or
+// "networksecuritypolicies", or "" for an unknown kind.
+func (k Kind) Plural() string {
+	if n, ok := kindNames[k]; ok {
+		return plural(strings.ToLower(n))
+	}
+	return ""
+}
+
+// ParseKind parses a kind name case-insensitively, singular, plural or short: "route",
+// "Route", "routes", "rt", "networksecuritypolicies", "nsp" and "network-security-policy"
+// all work.
 func ParseKind(s string) (Kind, error) {
 	if k, ok := kindsBySpelling[kindSeparators.Replace(strings.ToLower(strings.TrimSpace(s)))]; ok {
 		return k, nil
@@ -47,16 +78,24 @@ func ParseKind(s string) (Kind, error) {
 // kindSeparators drops the separators ParseKind ignores.
 var kindSeparators = strings.NewReplacer("-", "", "_", "")
 
-// kindsBySpelling maps the lower-case singular and plural names of every kind to it.
+// kindsBySpelling maps the lower-case singular, plural and short names of every kind to
+// it. A spelling that two kinds would share panics here, at package initialisation, so
+// that no name can silently mean two kinds.
 var kindsBySpelling = func() map[string]Kind {
-	m := make(map[string]Kind, 2*len(kindNames))
+	m := make(map[string]Kind, 3*len(kindNames))
 	for k, n := range kindNames {
 		name := strings.ToLower(n)
-		m[name], m[plural(name)] = k, k
+		for _, s := range []string{name, plural(name), kindShortNames[k]} {
+			if other, ok := m[s]; ok && other != k {
+				panic(fmt.Sprintf("kind name %q names both %s and %s", s, kindNames[other], n))
+			}
+			m[s] = k
+		}
 	}
 	return m
 }()
 
+// plural returns the plural of a lower-case kind name.
 func plural(name string) string {
 	if strings.HasSuffix(name, "y") {
 		return strings.TrimSuffix(name, "y") + "ies"
@@ -87,4 +126,29 @@ func (o *Object) Kind() Kind {
 		return Kind_KIND_TRACE
 	}
 	return Kind_KIND_UNSPECIFIED
+}
+
+// specFields maps every known kind to the field of Object's spec oneof that carries its
+// spec, read from the descriptors so that it cannot drift from Object.Kind. It is built
+// on first use: the descriptors exist only once the package's init functions have run.
+var specFields = sync.OnceValue(func() map[Kind]protoreflect.FieldDescriptor {
+	fields := (&Object{}).ProtoReflect().Descriptor().Oneofs().ByName("spec").Fields()
+	m := make(map[Kind]protoreflect.FieldDescriptor, fields.Len())
+	for i := range fields.Len() {
+		f := fields.Get(i)
+		o := &Object{}
+		r := o.ProtoReflect()
+		r.Set(f, r.NewField(f))
+		m[o.Kind()] = f
+	}
+	return m
+})
+
+// SpecDescriptor returns the descriptor of the kind's spec message, such as RouteSpec's
+// for Route, or nil for an unknown kind.
+func (k Kind) SpecDescriptor() protoreflect.MessageDescriptor {
+	if f, ok := specFields()[k]; ok {
+		return f.Message()
+	}
+	return nil
 }

@@ -1174,8 +1174,9 @@ type NetworkSpec struct {
 	// endpoints' interfaces), 68 to 65535. 0, the default, is the most the node's underlay
 	// carries: the MTU of the link that holds the node's VTEP address less VXLAN's
 	// overhead, 50 bytes over IPv4 and 70 over IPv6 (1450 and 1430 over a 1500-byte
-	// link). A node whose underlay carries less sets a larger mtu all the same and flags
-	// it in its status (operational_data.network.mtu_warning).
+	// link). On a node whose underlay link carries less, a larger mtu is FAILED, naming
+	// the link and its MTU; a node with no link holding its VTEP address sets it all the
+	// same and flags it in its status (operational_data.network.mtu_warning).
 	Mtu uint32 `protobuf:"varint,4,opt,name=mtu,proto3" json:"mtu,omitempty"`
 	// subnets are the network's subnets, which must not overlap.
 	Subnets       []*Subnet `protobuf:"bytes,5,rep,name=subnets,proto3" json:"subnets,omitempty"`
@@ -2509,9 +2510,11 @@ type NetworkOperational struct {
 	// underlay says what the MTU is derived from, the link that holds this node's VTEP
 	// address: "eth0 mtu 1500 carries at most 1450 with VXLAN over IPv4".
 	Underlay string `protobuf:"bytes,9,opt,name=underlay,proto3" json:"underlay,omitempty"`
-	// mtu_warning is set when spec.mtu is larger than the underlay carries: "spec.mtu 9000:
-	// does not fit the underlay (eth0 mtu 1500 carries at most 1450 with VXLAN over IPv4)".
-	// The devices have spec.mtu all the same.
+	// mtu_warning is set when no link holds this node's VTEP address and spec.mtu is
+	// larger than a 1500-byte underlay carries: "spec.mtu 9000: does not fit the underlay
+	// (no link holds VTEP 192.0.2.1; a 1500-byte underlay carries at most 1450 with VXLAN
+	// over IPv4)". The devices have spec.mtu all the same. Over a link that carries less,
+	// the network is FAILED instead.
 	MtuWarning string `protobuf:"bytes,10,opt,name=mtu_warning,json=mtuWarning,proto3" json:"mtu_warning,omitempty"`
 	// gateway_mark is the mark the network's bridge gives what comes up into the host (the
 	// tenant's table); 0 when gateway_unavailable is set.
@@ -3823,8 +3826,14 @@ func (x *ObjectWithStatus) GetStatus() *ObjectStatus {
 }
 
 type ApplyRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Object        *Object                `protobuf:"bytes,1,opt,name=object,proto3" json:"object,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Object *Object                `protobuf:"bytes,1,opt,name=object,proto3" json:"object,omitempty"`
+	// dry_run validates the object as the apply would, against the store as it is now,
+	// cross-object checks included, and answers what the apply would do, but stores
+	// nothing: no revision, generation or watch event comes of it. See
+	// ApplyBatchRequest.dry_run for what the answer holds. It needs the same rights as an
+	// apply.
+	DryRun        bool `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3864,6 +3873,13 @@ func (x *ApplyRequest) GetObject() *Object {
 		return x.Object
 	}
 	return nil
+}
+
+func (x *ApplyRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
 }
 
 type ApplyResponse struct {
@@ -4035,7 +4051,18 @@ type ApplyBatchRequest struct {
 	// omit_objects leaves the stored objects out of the answer: each result's object then
 	// carries only meta.generation and meta.revision as stored, beside changed and created.
 	// A caller that does not need the stored objects sets it to keep the answer small.
-	OmitObjects   bool `protobuf:"varint,2,opt,name=omit_objects,json=omitObjects,proto3" json:"omit_objects,omitempty"`
+	OmitObjects bool `protobuf:"varint,2,opt,name=omit_objects,json=omitObjects,proto3" json:"omit_objects,omitempty"`
+	// dry_run validates the objects as the apply would, against the store as it is now,
+	// with the cross-object checks among the batch's objects too, and answers what the
+	// apply would do: the same refusal a real apply meets, or each object's result
+	// (created, changed at a new generation, or unchanged) with the object as it would be
+	// stored. Nothing is stored: no revision, generation or watch event comes of it, and
+	// nothing is written to disk or to etcd. A result's object lacks only what a commit
+	// assigns: a created object has no uid and no times, and a changed one no revision,
+	// update time and, at a new generation, no generation revision. The response's
+	// revision is the store's, which the dry run does not move. It needs the same rights
+	// as an apply.
+	DryRun        bool `protobuf:"varint,3,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4080,6 +4107,13 @@ func (x *ApplyBatchRequest) GetObjects() []*Object {
 func (x *ApplyBatchRequest) GetOmitObjects() bool {
 	if x != nil {
 		return x.OmitObjects
+	}
+	return false
+}
+
+func (x *ApplyBatchRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
 	}
 	return false
 }
@@ -5456,6 +5490,107 @@ func (*PeerStatusResponse) Descriptor() ([]byte, []int) {
 	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{57}
 }
 
+type VersionRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VersionRequest) Reset() {
+	*x = VersionRequest{}
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VersionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VersionRequest) ProtoMessage() {}
+
+func (x *VersionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VersionRequest.ProtoReflect.Descriptor instead.
+func (*VersionRequest) Descriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{58}
+}
+
+// VersionResponse is the version of the nimbus that answers.
+type VersionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// version is the naples version nimbus was built as, "v1.2.0", or "dev" for a build
+	// that records none.
+	Version string `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
+	// go_version is the Go release nimbus was built with: "go1.26.0".
+	GoVersion string `protobuf:"bytes,2,opt,name=go_version,json=goVersion,proto3" json:"go_version,omitempty"`
+	// platform is the system and architecture nimbus runs on: "linux/amd64".
+	Platform      string `protobuf:"bytes,3,opt,name=platform,proto3" json:"platform,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VersionResponse) Reset() {
+	*x = VersionResponse{}
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VersionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VersionResponse) ProtoMessage() {}
+
+func (x *VersionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_nimbus_v1_nimbus_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VersionResponse.ProtoReflect.Descriptor instead.
+func (*VersionResponse) Descriptor() ([]byte, []int) {
+	return file_nimbus_v1_nimbus_proto_rawDescGZIP(), []int{59}
+}
+
+func (x *VersionResponse) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *VersionResponse) GetGoVersion() string {
+	if x != nil {
+		return x.GoVersion
+	}
+	return ""
+}
+
+func (x *VersionResponse) GetPlatform() string {
+	if x != nil {
+		return x.Platform
+	}
+	return ""
+}
+
 var File_nimbus_v1_nimbus_proto protoreflect.FileDescriptor
 
 const file_nimbus_v1_nimbus_proto_rawDesc = "" +
@@ -5733,9 +5868,10 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\x0fpending_omitted\x18\f \x01(\x05R\x0ependingOmitted\"n\n" +
 	"\x10ObjectWithStatus\x12)\n" +
 	"\x06object\x18\x01 \x01(\v2\x11.nimbus.v1.ObjectR\x06object\x12/\n" +
-	"\x06status\x18\x02 \x01(\v2\x17.nimbus.v1.ObjectStatusR\x06status\"9\n" +
+	"\x06status\x18\x02 \x01(\v2\x17.nimbus.v1.ObjectStatusR\x06status\"R\n" +
 	"\fApplyRequest\x12)\n" +
-	"\x06object\x18\x01 \x01(\v2\x11.nimbus.v1.ObjectR\x06object\"n\n" +
+	"\x06object\x18\x01 \x01(\v2\x11.nimbus.v1.ObjectR\x06object\x12\x17\n" +
+	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"n\n" +
 	"\rApplyResponse\x12)\n" +
 	"\x06object\x18\x01 \x01(\v2\x11.nimbus.v1.ObjectR\x06object\x12\x18\n" +
 	"\achanged\x18\x02 \x01(\bR\achanged\x12\x18\n" +
@@ -5744,10 +5880,11 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\v2\x14.nimbus.v1.ObjectKeyR\x03key\"B\n" +
 	"\x0eDeleteResponse\x12\x14\n" +
 	"\x05found\x18\x01 \x01(\bR\x05found\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x04R\brevision\"c\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\"|\n" +
 	"\x11ApplyBatchRequest\x12+\n" +
 	"\aobjects\x18\x01 \x03(\v2\x11.nimbus.v1.ObjectR\aobjects\x12!\n" +
-	"\fomit_objects\x18\x02 \x01(\bR\vomitObjects\"\x88\x01\n" +
+	"\fomit_objects\x18\x02 \x01(\bR\vomitObjects\x12\x17\n" +
+	"\adry_run\x18\x03 \x01(\bR\x06dryRun\"\x88\x01\n" +
 	"\x12ApplyBatchResponse\x122\n" +
 	"\aresults\x18\x01 \x03(\v2\x18.nimbus.v1.ApplyResponseR\aresults\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12\"\n" +
@@ -5851,7 +5988,13 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\astreams\x18\x02 \x01(\x05R\astreams\x120\n" +
 	"\x05since\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\"\x14\n" +
-	"\x12PeerStatusResponse*\xdc\x01\n" +
+	"\x12PeerStatusResponse\"\x10\n" +
+	"\x0eVersionRequest\"f\n" +
+	"\x0fVersionResponse\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\tR\aversion\x12\x1d\n" +
+	"\n" +
+	"go_version\x18\x02 \x01(\tR\tgoVersion\x12\x1a\n" +
+	"\bplatform\x18\x03 \x01(\tR\bplatform*\xdc\x01\n" +
 	"\x04Kind\x12\x14\n" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tKIND_NODE\x10\x01\x12\x10\n" +
@@ -5905,7 +6048,7 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\x10NodeStatusFilter\x12\"\n" +
 	"\x1eNODE_STATUS_FILTER_UNSPECIFIED\x10\x00\x12%\n" +
 	"!NODE_STATUS_FILTER_NOT_PROGRAMMED\x10\x01\x12\x1d\n" +
-	"\x19NODE_STATUS_FILTER_FAILED\x10\x022\xfc\x05\n" +
+	"\x19NODE_STATUS_FILTER_FAILED\x10\x022\xbe\x06\n" +
 	"\x06Nimbus\x12:\n" +
 	"\x05Apply\x12\x17.nimbus.v1.ApplyRequest\x1a\x18.nimbus.v1.ApplyResponse\x12I\n" +
 	"\n" +
@@ -5919,7 +6062,8 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\vWatchStatus\x12\x1d.nimbus.v1.WatchStatusRequest\x1a\x16.nimbus.v1.StatusFrame0\x01\x12J\n" +
 	"\fReportStatus\x12\x17.nimbus.v1.StatusReport\x1a\x1f.nimbus.v1.ReportStatusResponse(\x01\x12C\n" +
 	"\n" +
-	"PeerStatus\x12\x14.nimbus.v1.PeerFrame\x1a\x1d.nimbus.v1.PeerStatusResponse(\x01B6Z4github.com/naplesnet/naples/proto/nimbus/v1;nimbusv1b\x06proto3"
+	"PeerStatus\x12\x14.nimbus.v1.PeerFrame\x1a\x1d.nimbus.v1.PeerStatusResponse(\x01\x12@\n" +
+	"\aVersion\x12\x19.nimbus.v1.VersionRequest\x1a\x1a.nimbus.v1.VersionResponseB6Z4github.com/naplesnet/naples/proto/nimbus/v1;nimbusv1b\x06proto3"
 
 var (
 	file_nimbus_v1_nimbus_proto_rawDescOnce sync.Once
@@ -5934,7 +6078,7 @@ func file_nimbus_v1_nimbus_proto_rawDescGZIP() []byte {
 }
 
 var file_nimbus_v1_nimbus_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
-var file_nimbus_v1_nimbus_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
+var file_nimbus_v1_nimbus_proto_msgTypes = make([]protoimpl.MessageInfo, 62)
 var file_nimbus_v1_nimbus_proto_goTypes = []any{
 	(Kind)(0),                         // 0: nimbus.v1.Kind
 	(Phase)(0),                        // 1: nimbus.v1.Phase
@@ -6005,16 +6149,18 @@ var file_nimbus_v1_nimbus_proto_goTypes = []any{
 	(*PeerFrame)(nil),                 // 66: nimbus.v1.PeerFrame
 	(*PeerPresence)(nil),              // 67: nimbus.v1.PeerPresence
 	(*PeerStatusResponse)(nil),        // 68: nimbus.v1.PeerStatusResponse
-	nil,                               // 69: nimbus.v1.ObjectMeta.LabelsEntry
-	nil,                               // 70: nimbus.v1.NodeStatus.OperationalEntry
-	(*timestamppb.Timestamp)(nil),     // 71: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),       // 72: google.protobuf.Duration
+	(*VersionRequest)(nil),            // 69: nimbus.v1.VersionRequest
+	(*VersionResponse)(nil),           // 70: nimbus.v1.VersionResponse
+	nil,                               // 71: nimbus.v1.ObjectMeta.LabelsEntry
+	nil,                               // 72: nimbus.v1.NodeStatus.OperationalEntry
+	(*timestamppb.Timestamp)(nil),     // 73: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),       // 74: google.protobuf.Duration
 }
 var file_nimbus_v1_nimbus_proto_depIdxs = []int32{
 	0,  // 0: nimbus.v1.ObjectKey.kind:type_name -> nimbus.v1.Kind
-	69, // 1: nimbus.v1.ObjectMeta.labels:type_name -> nimbus.v1.ObjectMeta.LabelsEntry
-	71, // 2: nimbus.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
-	71, // 3: nimbus.v1.ObjectMeta.update_time:type_name -> google.protobuf.Timestamp
+	71, // 1: nimbus.v1.ObjectMeta.labels:type_name -> nimbus.v1.ObjectMeta.LabelsEntry
+	73, // 2: nimbus.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
+	73, // 3: nimbus.v1.ObjectMeta.update_time:type_name -> google.protobuf.Timestamp
 	12, // 4: nimbus.v1.Object.meta:type_name -> nimbus.v1.ObjectMeta
 	14, // 5: nimbus.v1.Object.node:type_name -> nimbus.v1.NodeSpec
 	15, // 6: nimbus.v1.Object.network:type_name -> nimbus.v1.NetworkSpec
@@ -6030,12 +6176,12 @@ var file_nimbus_v1_nimbus_proto_depIdxs = []int32{
 	20, // 16: nimbus.v1.NetworkSecurityPolicySpec.egress:type_name -> nimbus.v1.PolicyRule
 	7,  // 17: nimbus.v1.PolicyRule.action:type_name -> nimbus.v1.PolicyRule.Action
 	22, // 18: nimbus.v1.RouteSpec.nexthops:type_name -> nimbus.v1.NextHop
-	72, // 19: nimbus.v1.FlowExportPolicySpec.interval:type_name -> google.protobuf.Duration
-	72, // 20: nimbus.v1.FlowExportPolicySpec.template_interval:type_name -> google.protobuf.Duration
-	72, // 21: nimbus.v1.TraceSpec.timeout:type_name -> google.protobuf.Duration
+	74, // 19: nimbus.v1.FlowExportPolicySpec.interval:type_name -> google.protobuf.Duration
+	74, // 20: nimbus.v1.FlowExportPolicySpec.template_interval:type_name -> google.protobuf.Duration
+	74, // 21: nimbus.v1.TraceSpec.timeout:type_name -> google.protobuf.Duration
 	1,  // 22: nimbus.v1.NodeStatus.phase:type_name -> nimbus.v1.Phase
-	71, // 23: nimbus.v1.NodeStatus.update_time:type_name -> google.protobuf.Timestamp
-	70, // 24: nimbus.v1.NodeStatus.operational:type_name -> nimbus.v1.NodeStatus.OperationalEntry
+	73, // 23: nimbus.v1.NodeStatus.update_time:type_name -> google.protobuf.Timestamp
+	72, // 24: nimbus.v1.NodeStatus.operational:type_name -> nimbus.v1.NodeStatus.OperationalEntry
 	27, // 25: nimbus.v1.NodeStatus.operational_data:type_name -> nimbus.v1.OperationalData
 	28, // 26: nimbus.v1.OperationalData.node:type_name -> nimbus.v1.NodeOperational
 	29, // 27: nimbus.v1.OperationalData.network:type_name -> nimbus.v1.NetworkOperational
@@ -6052,15 +6198,15 @@ var file_nimbus_v1_nimbus_proto_depIdxs = []int32{
 	8,  // 38: nimbus.v1.PolicyRuleCounters.direction:type_name -> nimbus.v1.PolicyRuleCounters.Direction
 	3,  // 39: nimbus.v1.InterfaceOperational.oper_state:type_name -> nimbus.v1.LinkOperState
 	37, // 40: nimbus.v1.FlowExportOperational.targets:type_name -> nimbus.v1.FlowExportTarget
-	71, // 41: nimbus.v1.FlowExportTarget.last_error_time:type_name -> google.protobuf.Timestamp
+	73, // 41: nimbus.v1.FlowExportTarget.last_error_time:type_name -> google.protobuf.Timestamp
 	39, // 42: nimbus.v1.TraceOperational.observations:type_name -> nimbus.v1.TraceObservation
-	71, // 43: nimbus.v1.TraceOperational.injected_time:type_name -> google.protobuf.Timestamp
+	73, // 43: nimbus.v1.TraceOperational.injected_time:type_name -> google.protobuf.Timestamp
 	4,  // 44: nimbus.v1.TraceObservation.stage:type_name -> nimbus.v1.TraceStage
 	5,  // 45: nimbus.v1.TraceObservation.action:type_name -> nimbus.v1.TraceAction
 	11, // 46: nimbus.v1.TraceObservation.policy:type_name -> nimbus.v1.ObjectKey
-	71, // 47: nimbus.v1.TraceObservation.time:type_name -> google.protobuf.Timestamp
+	73, // 47: nimbus.v1.TraceObservation.time:type_name -> google.protobuf.Timestamp
 	26, // 48: nimbus.v1.ObjectStatus.nodes:type_name -> nimbus.v1.NodeStatus
-	71, // 49: nimbus.v1.ObjectStatus.caught_up_time:type_name -> google.protobuf.Timestamp
+	73, // 49: nimbus.v1.ObjectStatus.caught_up_time:type_name -> google.protobuf.Timestamp
 	13, // 50: nimbus.v1.ObjectWithStatus.object:type_name -> nimbus.v1.Object
 	40, // 51: nimbus.v1.ObjectWithStatus.status:type_name -> nimbus.v1.ObjectStatus
 	13, // 52: nimbus.v1.ApplyRequest.object:type_name -> nimbus.v1.Object
@@ -6090,11 +6236,11 @@ var file_nimbus_v1_nimbus_proto_depIdxs = []int32{
 	11, // 76: nimbus.v1.StatusReport.key:type_name -> nimbus.v1.ObjectKey
 	26, // 77: nimbus.v1.StatusReport.status:type_name -> nimbus.v1.NodeStatus
 	64, // 78: nimbus.v1.StatusReport.watermark:type_name -> nimbus.v1.StatusWatermark
-	71, // 79: nimbus.v1.StatusWatermark.update_time:type_name -> google.protobuf.Timestamp
+	73, // 79: nimbus.v1.StatusWatermark.update_time:type_name -> google.protobuf.Timestamp
 	63, // 80: nimbus.v1.PeerFrame.reports:type_name -> nimbus.v1.StatusReport
 	67, // 81: nimbus.v1.PeerFrame.presence:type_name -> nimbus.v1.PeerPresence
 	64, // 82: nimbus.v1.PeerFrame.watermarks:type_name -> nimbus.v1.StatusWatermark
-	71, // 83: nimbus.v1.PeerPresence.since:type_name -> google.protobuf.Timestamp
+	73, // 83: nimbus.v1.PeerPresence.since:type_name -> google.protobuf.Timestamp
 	42, // 84: nimbus.v1.Nimbus.Apply:input_type -> nimbus.v1.ApplyRequest
 	46, // 85: nimbus.v1.Nimbus.ApplyBatch:input_type -> nimbus.v1.ApplyBatchRequest
 	44, // 86: nimbus.v1.Nimbus.Delete:input_type -> nimbus.v1.DeleteRequest
@@ -6106,19 +6252,21 @@ var file_nimbus_v1_nimbus_proto_depIdxs = []int32{
 	60, // 92: nimbus.v1.Nimbus.WatchStatus:input_type -> nimbus.v1.WatchStatusRequest
 	63, // 93: nimbus.v1.Nimbus.ReportStatus:input_type -> nimbus.v1.StatusReport
 	66, // 94: nimbus.v1.Nimbus.PeerStatus:input_type -> nimbus.v1.PeerFrame
-	43, // 95: nimbus.v1.Nimbus.Apply:output_type -> nimbus.v1.ApplyResponse
-	47, // 96: nimbus.v1.Nimbus.ApplyBatch:output_type -> nimbus.v1.ApplyBatchResponse
-	45, // 97: nimbus.v1.Nimbus.Delete:output_type -> nimbus.v1.DeleteResponse
-	49, // 98: nimbus.v1.Nimbus.DeleteBatch:output_type -> nimbus.v1.DeleteBatchResponse
-	51, // 99: nimbus.v1.Nimbus.Get:output_type -> nimbus.v1.GetResponse
-	53, // 100: nimbus.v1.Nimbus.List:output_type -> nimbus.v1.ListResponse
-	56, // 101: nimbus.v1.Nimbus.ListNodeStatuses:output_type -> nimbus.v1.ListNodeStatusesResponse
-	59, // 102: nimbus.v1.Nimbus.Watch:output_type -> nimbus.v1.WatchFrame
-	62, // 103: nimbus.v1.Nimbus.WatchStatus:output_type -> nimbus.v1.StatusFrame
-	65, // 104: nimbus.v1.Nimbus.ReportStatus:output_type -> nimbus.v1.ReportStatusResponse
-	68, // 105: nimbus.v1.Nimbus.PeerStatus:output_type -> nimbus.v1.PeerStatusResponse
-	95, // [95:106] is the sub-list for method output_type
-	84, // [84:95] is the sub-list for method input_type
+	69, // 95: nimbus.v1.Nimbus.Version:input_type -> nimbus.v1.VersionRequest
+	43, // 96: nimbus.v1.Nimbus.Apply:output_type -> nimbus.v1.ApplyResponse
+	47, // 97: nimbus.v1.Nimbus.ApplyBatch:output_type -> nimbus.v1.ApplyBatchResponse
+	45, // 98: nimbus.v1.Nimbus.Delete:output_type -> nimbus.v1.DeleteResponse
+	49, // 99: nimbus.v1.Nimbus.DeleteBatch:output_type -> nimbus.v1.DeleteBatchResponse
+	51, // 100: nimbus.v1.Nimbus.Get:output_type -> nimbus.v1.GetResponse
+	53, // 101: nimbus.v1.Nimbus.List:output_type -> nimbus.v1.ListResponse
+	56, // 102: nimbus.v1.Nimbus.ListNodeStatuses:output_type -> nimbus.v1.ListNodeStatusesResponse
+	59, // 103: nimbus.v1.Nimbus.Watch:output_type -> nimbus.v1.WatchFrame
+	62, // 104: nimbus.v1.Nimbus.WatchStatus:output_type -> nimbus.v1.StatusFrame
+	65, // 105: nimbus.v1.Nimbus.ReportStatus:output_type -> nimbus.v1.ReportStatusResponse
+	68, // 106: nimbus.v1.Nimbus.PeerStatus:output_type -> nimbus.v1.PeerStatusResponse
+	70, // 107: nimbus.v1.Nimbus.Version:output_type -> nimbus.v1.VersionResponse
+	96, // [96:108] is the sub-list for method output_type
+	84, // [84:96] is the sub-list for method input_type
 	84, // [84:84] is the sub-list for extension type_name
 	84, // [84:84] is the sub-list for extension extendee
 	0,  // [0:84] is the sub-list for field type_name
@@ -6156,7 +6304,7 @@ func file_nimbus_v1_nimbus_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nimbus_v1_nimbus_proto_rawDesc), len(file_nimbus_v1_nimbus_proto_rawDesc)),
 			NumEnums:      11,
-			NumMessages:   60,
+			NumMessages:   62,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

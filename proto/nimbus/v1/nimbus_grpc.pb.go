@@ -32,6 +32,7 @@ const (
 	Nimbus_WatchStatus_FullMethodName      = "/nimbus.v1.Nimbus/WatchStatus"
 	Nimbus_ReportStatus_FullMethodName     = "/nimbus.v1.Nimbus/ReportStatus"
 	Nimbus_PeerStatus_FullMethodName       = "/nimbus.v1.Nimbus/PeerStatus"
+	Nimbus_Version_FullMethodName          = "/nimbus.v1.Nimbus/Version"
 )
 
 // NimbusClient is the client API for Nimbus service.
@@ -54,6 +55,9 @@ type NimbusClient interface {
 	WatchStatus(ctx context.Context, in *WatchStatusRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StatusFrame], error)
 	ReportStatus(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[StatusReport, ReportStatusResponse], error)
 	PeerStatus(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[PeerFrame, PeerStatusResponse], error)
+	// Version answers which naples version the nimbus serving the call runs. Anyone
+	// with a certificate nimbus accepts may call it.
+	Version(ctx context.Context, in *VersionRequest, opts ...grpc.CallOption) (*VersionResponse, error)
 }
 
 type nimbusClient struct {
@@ -198,6 +202,16 @@ func (c *nimbusClient) PeerStatus(ctx context.Context, opts ...grpc.CallOption) 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Nimbus_PeerStatusClient = grpc.ClientStreamingClient[PeerFrame, PeerStatusResponse]
 
+func (c *nimbusClient) Version(ctx context.Context, in *VersionRequest, opts ...grpc.CallOption) (*VersionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(VersionResponse)
+	err := c.cc.Invoke(ctx, Nimbus_Version_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NimbusServer is the server API for Nimbus service.
 // All implementations must embed UnimplementedNimbusServer
 // for forward compatibility.
@@ -218,6 +232,9 @@ type NimbusServer interface {
 	WatchStatus(*WatchStatusRequest, grpc.ServerStreamingServer[StatusFrame]) error
 	ReportStatus(grpc.ClientStreamingServer[StatusReport, ReportStatusResponse]) error
 	PeerStatus(grpc.ClientStreamingServer[PeerFrame, PeerStatusResponse]) error
+	// Version answers which naples version the nimbus serving the call runs. Anyone
+	// with a certificate nimbus accepts may call it.
+	Version(context.Context, *VersionRequest) (*VersionResponse, error)
 	mustEmbedUnimplementedNimbusServer()
 }
 
@@ -260,6 +277,9 @@ func (UnimplementedNimbusServer) ReportStatus(grpc.ClientStreamingServer[StatusR
 }
 func (UnimplementedNimbusServer) PeerStatus(grpc.ClientStreamingServer[PeerFrame, PeerStatusResponse]) error {
 	return status.Error(codes.Unimplemented, "method PeerStatus not implemented")
+}
+func (UnimplementedNimbusServer) Version(context.Context, *VersionRequest) (*VersionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Version not implemented")
 }
 func (UnimplementedNimbusServer) mustEmbedUnimplementedNimbusServer() {}
 func (UnimplementedNimbusServer) testEmbeddedByValue()                {}
@@ -444,6 +464,24 @@ func _Nimbus_PeerStatus_Handler(srv interface{}, stream grpc.ServerStream) error
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Nimbus_PeerStatusServer = grpc.ClientStreamingServer[PeerFrame, PeerStatusResponse]
 
+func _Nimbus_Version_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(VersionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NimbusServer).Version(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Nimbus_Version_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NimbusServer).Version(ctx, req.(*VersionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Nimbus_ServiceDesc is the grpc.ServiceDesc for Nimbus service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -478,6 +516,10 @@ var Nimbus_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListNodeStatuses",
 			Handler:    _Nimbus_ListNodeStatuses_Handler,
+		},
+		{
+			MethodName: "Version",
+			Handler:    _Nimbus_Version_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
