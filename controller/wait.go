@@ -114,7 +114,7 @@ func (c *Client) Wait(ctx context.Context, targets []Target, opts WaitOptions) e
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	w := &waiter{opts: opts, byID: map[string][]*waitState{}, stop: cancel}
+	w := &waiter{opts: opts, byID: map[string][]*waitState{}, stop: cancel, open: len(targets)}
 	for _, t := range targets {
 		t.Key = t.Key.Defaulted()
 		s := &waitState{target: t}
@@ -166,6 +166,9 @@ type waiter struct {
 	opts   WaitOptions
 	states []*waitState
 	byID   map[string][]*waitState
+	// open counts the targets neither done nor given up on, failed those given up on,
+	// so that a status costs no walk over every target.
+	open, failed int
 	// synced is true once the state of every target has been seen.
 	synced bool
 	// stop ends the wait's status watch.
@@ -193,9 +196,10 @@ func (w *waiter) OnStatus(item *nimbusv1.ObjectWithStatus) {
 		done, failed := progress(item, s.target.Generation)
 		switch {
 		case len(failed) > 0:
-			s.err = &WaitError{Target: s.target, Item: item, Failed: failed, Err: ErrFailed}
+			w.giveUp(s, &WaitError{Target: s.target, Item: item, Failed: failed, Err: ErrFailed})
 		case done:
 			s.done = true
+			w.open--
 		}
 	}
 	w.check()
@@ -205,7 +209,7 @@ func (w *waiter) OnStatus(item *nimbusv1.ObjectWithStatus) {
 func (w *waiter) OnDelete(key *nimbusv1.ObjectKey) {
 	for _, s := range w.byID[key.ID()] {
 		if !s.done && s.err == nil {
-			s.err = &WaitError{Target: s.target, Item: s.item, Err: ErrNotFound}
+			w.giveUp(s, &WaitError{Target: s.target, Item: s.item, Err: ErrNotFound})
 		}
 	}
 	w.check()
@@ -219,27 +223,30 @@ func (w *waiter) OnSynced() {
 	w.synced = true
 	for _, s := range w.states {
 		if s.item == nil && s.err == nil {
-			s.err = &WaitError{Target: s.target, Err: ErrNotFound}
+			w.giveUp(s, &WaitError{Target: s.target, Err: ErrNotFound})
 		}
 	}
 	w.check()
 }
 
-// check ends the wait once its result is known.
+// giveUp gives up on the open target s with err.
+func (w *waiter) giveUp(s *waitState, err *WaitError) {
+	s.err = err
+	w.open--
+	w.failed++
+}
+
+// check ends the wait once its result is known: a target was given up on, or every
+// target is done.
 func (w *waiter) check() {
-	if !w.synced || w.finished {
+	if !w.synced || w.finished || (w.failed == 0 && w.open > 0) {
 		return
 	}
 	var errs []error
-	done := true
 	for _, s := range w.states {
 		if s.err != nil {
 			errs = append(errs, s.err)
 		}
-		done = done && s.done
-	}
-	if len(errs) == 0 && !done {
-		return
 	}
 	w.finished, w.result = true, errors.Join(errs...)
 	w.stop()

@@ -164,7 +164,9 @@ func (sw *statusWatch) stream(ctx context.Context, api nimbusv1.NimbusClient, re
 					seen[id] = true
 				}
 				item := ev.GetItem()
-				if old, ok := sw.delivered[id]; ok && proto.Equal(old, item) {
+				// The status, which is what changes, first: most often the comparison
+				// ends there, before the whole object.
+				if old, ok := sw.delivered[id]; ok && proto.Equal(old.GetStatus(), item.GetStatus()) && proto.Equal(old, item) {
 					continue
 				}
 				sw.delivered[id] = item

@@ -63,16 +63,7 @@ func bulkRoutes(b *testing.B, n int) {
 	b.StopTimer()
 	dsts := bulkPrefixes(n)
 
-	// The floor: ip -batch in a namespace set up like the agent's host.
-	floorNS := testns.Named(b, "naples-floor")
-	for _, args := range [][]string{
-		{"link", "add", "eth0", "type", "veth", "peer", "name", "eth1"},
-		{"addr", "add", "10.10.0.1/24", "dev", "eth0"},
-		{"link", "set", "eth0", "up"},
-		{"link", "set", "eth1", "up"},
-	} {
-		testns.Run(b, "ip", append([]string{"-n", floorNS}, args...)...)
-	}
+	floorNS := floorNamespace(b)
 	floorAdd := ipBatch(b, floorNS, dsts, "add")
 	if got := countRoutes(b, floorNS); got != n {
 		b.Fatalf("ip -batch added %d routes, want %d", got, n)
@@ -119,6 +110,22 @@ func bulkRoutes(b *testing.B, n int) {
 	b.ReportMetric(float64(settled)/float64(n), "agent-settled-rss-B/route")
 }
 
+// floorNamespace returns a fresh namespace set up like the agent's host, for the floor:
+// ip -batch.
+func floorNamespace(b *testing.B) string {
+	b.Helper()
+	ns := testns.Named(b, "naples-floor")
+	for _, args := range [][]string{
+		{"link", "add", "eth0", "type", "veth", "peer", "name", "eth1"},
+		{"addr", "add", "10.10.0.1/24", "dev", "eth0"},
+		{"link", "set", "eth0", "up"},
+		{"link", "set", "eth1", "up"},
+	} {
+		testns.Run(b, "ip", append([]string{"-n", ns}, args...)...)
+	}
+	return ns
+}
+
 // bulkPrefixes returns n /32 destinations from 100.64.0.0/10.
 func bulkPrefixes(n int) []string {
 	base := netip.MustParseAddr("100.64.0.0")
@@ -135,14 +142,25 @@ func bulkPrefixes(n int) []string {
 // returns how long it took.
 func ipBatch(b *testing.B, ns string, dsts []string, op string) time.Duration {
 	b.Helper()
-	path := filepath.Join(b.TempDir(), "ip-"+op+".batch")
+	lines := make([]string, len(dsts))
+	for i, d := range dsts {
+		lines[i] = fmt.Sprintf("route %s %s via 10.10.0.2 table 100 proto 241", op, d)
+	}
+	return ipBatchLines(b, ns, op, lines)
+}
+
+// ipBatchLines runs `ip -n NS -batch FILE` with lines, named by what, and returns how
+// long it took.
+func ipBatchLines(b *testing.B, ns, what string, lines []string) time.Duration {
+	b.Helper()
+	path := filepath.Join(b.TempDir(), "ip-"+what+".batch")
 	f, err := os.Create(path)
 	if err != nil {
 		b.Fatal(err)
 	}
 	w := bufio.NewWriter(f)
-	for _, d := range dsts {
-		fmt.Fprintf(w, "route %s %s via 10.10.0.2 table 100 proto 241\n", op, d)
+	for _, l := range lines {
+		fmt.Fprintln(w, l)
 	}
 	if err := w.Flush(); err != nil {
 		b.Fatal(err)
@@ -150,7 +168,7 @@ func ipBatch(b *testing.B, ns string, dsts []string, op string) time.Duration {
 	f.Close()
 	start := time.Now()
 	if out, err := exec.Command("ip", "-n", ns, "-batch", path).CombinedOutput(); err != nil {
-		b.Fatalf("ip -batch %s: %v\n%s", op, err, out)
+		b.Fatalf("ip -batch %s: %v\n%s", what, err, out)
 	}
 	return time.Since(start)
 }

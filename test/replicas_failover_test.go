@@ -38,8 +38,8 @@ func startAgentOnReplicas(t *testing.T, n int) (*replicaCluster, *host, int) {
 // replica, once restarted, hears of it from its peer and says 1/1 PROGRAMMED too.
 func TestStatusesFollowAgentPastKilledReplica(t *testing.T) {
 	rc, h, victim := startAgentOnReplicas(t, 2)
-	if out := rc.mustCtl(t, toDC2, "apply", "-f", "-", "--wait", "--timeout", "30s"); !strings.Contains(out, "route/to-dc2 programmed on 1/1 nodes") {
-		t.Fatalf("apply --wait printed %q, want the route programmed on 1/1 nodes", out)
+	if out := rc.mustCtl(t, toDC2, "apply", "-f", "-", "--wait", "--timeout", "30s"); !strings.Contains(out, "1 of 1 programmed on every target node") {
+		t.Fatalf("apply --wait printed %q, want the route programmed on its node", out)
 	}
 	tel := h.telemetry(t)
 	before := tel.metrics(t)[statusReconnects]
@@ -98,8 +98,8 @@ func TestClientsSkipReplicaNotReady(t *testing.T) {
 		t.Errorf("%d of %d calls of naplesctl get routes failed", failed, calls)
 	}
 	out, err := rc.ctl(t, toDC2, "apply", "-f", "-", "--wait", "--timeout", "30s")
-	if err != nil || !strings.Contains(out, "route/to-dc2 programmed on 1/1 nodes") {
-		t.Errorf("apply --wait through %s = %q, %v; want the route programmed on 1/1 nodes", rc.server, out, err)
+	if err != nil || !strings.Contains(out, "1 of 1 programmed on every target node") {
+		t.Errorf("apply --wait through %s = %q, %v; want the route programmed on its node", rc.server, out, err)
 	}
 }
 

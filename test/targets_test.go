@@ -46,7 +46,7 @@ func TestDeletedNodeIsNotWaitedFor(t *testing.T) {
 	if err != nil {
 		t.Fatalf("apply --wait of a route for every node with host-a gone: %v", err)
 	}
-	if want := "route/to-all programmed on 1/1 nodes"; !strings.Contains(out, want) {
+	if want := "1 of 1 programmed on every target node"; !strings.Contains(out, want) {
 		t.Errorf("apply --wait printed %q, want %q", out, want)
 	}
 	if got := b.routes(t, 100); !strings.Contains(got, "203.0.113.0/24 via 10.10.0.2") {
@@ -91,7 +91,7 @@ func TestNodeDeletedWhileAgentRuns(t *testing.T) {
 	if err != nil {
 		t.Fatalf("apply --wait of a route for host-a after its Node object was deleted: %v\n%s", err, out)
 	}
-	if want := "route/to-dc3 programmed on 1/1 nodes"; !strings.Contains(out, want) {
+	if want := "1 of 1 programmed on every target node"; !strings.Contains(out, want) {
 		t.Errorf("apply --wait printed %q, want %q", out, want)
 	}
 	if got := a.routes(t, 100); !strings.Contains(got, "203.0.113.0/24 via 10.10.0.2") {

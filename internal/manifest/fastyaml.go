@@ -2,6 +2,8 @@ package manifest
 
 import (
 	"encoding/json"
+	"maps"
+	"slices"
 	"strings"
 )
 
@@ -19,11 +21,12 @@ func simpleYAMLToJSON(doc []byte) ([]byte, bool) {
 // simpleYAMLFields converts a YAML document whose top level is a mapping to the JSON of
 // each of its fields, as yaml.YAMLToJSONStrict and then json.Unmarshal into a map of
 // json.RawMessage do, when the document keeps to the plain subset most manifests are
-// written in: block mappings and sequences indented with spaces, flow sequences of
-// scalars, plain scalars that are unmistakably strings or decimal integers, and quoted
-// strings without escapes. It reports false, and YAMLToJSONStrict is to be used, for
-// anything else: comments after a value, anchors, tags, flow mappings, multi-line
-// scalars, booleans, nulls, floats, duplicate keys. It is the same conversion at a
+// written in: block mappings and sequences indented with spaces, flow mappings and
+// sequences within one line (a document may be one such mapping), plain scalars that are
+// unmistakably strings or decimal integers, and quoted strings without escapes. It
+// reports false, and YAMLToJSONStrict is to be used, for anything else: comments after a
+// value, anchors, tags, flow collections over several lines, multi-line scalars,
+// booleans, nulls, floats, duplicate keys. It is the same conversion at a
 // fraction of the cost.
 func simpleYAMLFields(doc []byte) (map[string]json.RawMessage, bool) {
 	p := &yamlSubset{}
@@ -46,19 +49,78 @@ func simpleYAMLFields(doc []byte) (map[string]json.RawMessage, bool) {
 	if len(p.lines) == 0 || p.lines[0].indent != 0 {
 		return nil, false
 	}
-	m, ok := p.mapping(0)
-	if !ok || p.pos != len(p.lines) {
+	var (
+		m  map[string]any
+		ok bool
+	)
+	if p.lines[0].text[0] == '{' {
+		// A document that is one flow mapping.
+		var v any
+		v, ok = inlineValue(p.lines[0].text)
+		if m, _ = v.(map[string]any); !ok || m == nil || len(p.lines) != 1 {
+			return nil, false
+		}
+	} else if m, ok = p.mapping(0); !ok || p.pos != len(p.lines) {
 		return nil, false
 	}
 	fields := make(map[string]json.RawMessage, len(m))
 	for k, v := range m {
-		raw, err := json.Marshal(v)
-		if err != nil {
+		raw, ok := appendJSON(nil, v)
+		if !ok {
 			return nil, false
 		}
 		fields[k] = raw
 	}
 	return fields, true
+}
+
+// appendJSON appends v, a value of the subset (a string, a json.Number, a []any or a
+// map[string]any of them), to b as json.Marshal writes it: keys in order, and <, > and &
+// escaped. It does without json.Marshal's reflection, as the subset's strings are
+// printable ASCII without quotes or backslashes. It reports false for any other value.
+func appendJSON(b []byte, v any) ([]byte, bool) {
+	ok := true
+	switch v := v.(type) {
+	case string:
+		b = append(b, '"')
+		for i := 0; i < len(v); i++ {
+			switch c := v[i]; c {
+			case '<', '>', '&':
+				b = append(b, `\u00`...)
+				b = append(b, "0123456789abcdef"[c>>4], "0123456789abcdef"[c&0xf])
+			default:
+				b = append(b, c)
+			}
+		}
+		return append(b, '"'), true
+	case json.Number:
+		return append(b, v...), true
+	case []any:
+		b = append(b, '[')
+		for i, e := range v {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			if b, ok = appendJSON(b, e); !ok {
+				return nil, false
+			}
+		}
+		return append(b, ']'), true
+	case map[string]any:
+		b = append(b, '{')
+		for i, k := range slices.Sorted(maps.Keys(v)) {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b, _ = appendJSON(b, k)
+			b = append(b, ':')
+			if b, ok = appendJSON(b, v[k]); !ok {
+				return nil, false
+			}
+		}
+		return append(b, '}'), true
+	}
+	return nil, false
 }
 
 // yamlSubset parses the lines of one document in the subset simpleYAMLToJSON takes.
@@ -169,29 +231,135 @@ func (p *yamlSubset) sequence(indent int) ([]any, bool) {
 	return s, true
 }
 
-// inlineValue parses a value written on the line of its key or dash: a scalar or a flow
-// sequence of scalars.
+// inlineValue parses a value written on the line of its key or dash: a scalar, or a
+// flow mapping or sequence on that one line (`{name: r1, nodes: [host-a]}`, as
+// generators write them) of scalars and of flow collections.
 func inlineValue(text string) (any, bool) {
-	if inner, ok := strings.CutPrefix(text, "["); ok {
-		inner, ok = strings.CutSuffix(inner, "]")
-		// A colon inside a flow sequence makes a mapping in YAML, even without a space.
-		if !ok || strings.ContainsAny(inner, "[]{}:") {
-			return nil, false
-		}
-		s := []any{}
-		if strings.TrimSpace(inner) == "" {
-			return s, true
-		}
-		for e := range strings.SplitSeq(inner, ",") {
-			v, ok := scalar(strings.TrimSpace(e))
-			if !ok {
-				return nil, false
-			}
-			s = append(s, v)
+	if text[0] != '[' && text[0] != '{' {
+		return scalar(text)
+	}
+	f := flow{text: text}
+	v, ok := f.node()
+	f.space()
+	return v, ok && f.i == len(text)
+}
+
+// maxFlowDepth bounds how deep flow collections nest in the subset.
+const maxFlowDepth = 16
+
+// flow parses flow collections within one line, the subset of them whose keys are plain
+// keys followed by ": ", whose plain scalars hold no colon, and whose collections end
+// without a trailing comma; anything else is left to YAMLToJSONStrict.
+type flow struct {
+	text string
+	// i is the position of the next byte to read; depth the number of collections open.
+	i, depth int
+}
+
+// space skips spaces.
+func (f *flow) space() {
+	for f.i < len(f.text) && f.text[f.i] == ' ' {
+		f.i++
+	}
+}
+
+// node parses a flow mapping, a flow sequence or a scalar, from the current position.
+func (f *flow) node() (any, bool) {
+	f.space()
+	if f.i == len(f.text) {
+		return nil, false
+	}
+	switch f.text[f.i] {
+	case '{':
+		return f.collection('}')
+	case '[':
+		return f.collection(']')
+	}
+	return f.scalar()
+}
+
+// collection parses the flow mapping or sequence that starts at the current position and
+// ends with end.
+func (f *flow) collection(end byte) (any, bool) {
+	if f.depth++; f.depth > maxFlowDepth {
+		return nil, false
+	}
+	defer func() { f.depth-- }()
+	f.i++ // the opening bracket
+	m, s := map[string]any{}, []any{}
+	f.space()
+	if f.i < len(f.text) && f.text[f.i] == end {
+		f.i++
+		if end == '}' {
+			return m, true
 		}
 		return s, true
 	}
-	return scalar(text)
+	for {
+		f.space()
+		var key string
+		if end == '}' {
+			start := f.i
+			for f.i < len(f.text) && (isLetter(f.text[f.i]) || isDigit(f.text[f.i]) || f.text[f.i] == '_') {
+				f.i++
+			}
+			key = f.text[start:f.i]
+			if !plainKey(key) || !strings.HasPrefix(f.text[f.i:], ": ") {
+				return nil, false
+			}
+			if _, dup := m[key]; dup {
+				return nil, false
+			}
+			f.i += 2
+		}
+		v, ok := f.node()
+		if !ok {
+			return nil, false
+		}
+		if end == '}' {
+			m[key] = v
+		} else {
+			s = append(s, v)
+		}
+		f.space()
+		if f.i == len(f.text) {
+			return nil, false
+		}
+		switch f.text[f.i] {
+		case ',':
+			f.i++
+		case end:
+			f.i++
+			if end == '}' {
+				return m, true
+			}
+			return s, true
+		default:
+			return nil, false
+		}
+	}
+}
+
+// scalar parses a scalar within a flow collection: quoted, up to its closing quote, or
+// plain, up to the next comma or bracket.
+func (f *flow) scalar() (any, bool) {
+	start := f.i
+	if q := f.text[f.i]; q == '"' || q == '\'' {
+		n := strings.IndexByte(f.text[f.i+1:], q)
+		if n < 0 {
+			return nil, false
+		}
+		f.i += n + 2
+		return scalar(f.text[start:f.i])
+	}
+	for f.i < len(f.text) && strings.IndexByte(",[]{}", f.text[f.i]) < 0 {
+		if f.text[f.i] == ':' {
+			// A key, or a colon YAML reads differently in flow context.
+			return nil, false
+		}
+		f.i++
+	}
+	return scalar(strings.TrimRight(f.text[start:f.i], " "))
 }
 
 // scalar parses a scalar: a quoted string without escapes, a decimal integer, or a plain
@@ -252,7 +420,7 @@ func plainKey(key string) bool {
 		return false
 	}
 	for i := 0; i < len(key); i++ {
-		if c := key[i]; !isLetter(c) && !(c >= '0' && c <= '9') && c != '_' {
+		if c := key[i]; !isLetter(c) && !isDigit(c) && c != '_' {
 			return false
 		}
 	}
@@ -278,6 +446,9 @@ func plainByte(c byte) bool {
 func isLetter(c byte) bool {
 	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
 }
+
+// isDigit reports whether c is a decimal digit.
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
 
 // isDigits reports whether s is all decimal digits.
 func isDigits(s string) bool {

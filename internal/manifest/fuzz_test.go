@@ -2,6 +2,7 @@ package manifest_test
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -13,7 +14,8 @@ import (
 )
 
 // FuzzDecode decodes any input as a manifest, YAML (through the fast subset or the general
-// converter, whichever takes the document) or JSON. Decode must not panic, and every
+// converter, whichever takes the document) or JSON. Decode must not panic, must return the
+// same objects and the same error as decoding with the general converter alone, and every
 // object it returns that has a spec must come back the same from Encode, in both formats,
 // and Decode again. FuzzSimpleYAMLToJSON checks the fast subset against the general
 // converter on its own.
@@ -35,13 +37,31 @@ func FuzzDecode(f *testing.F) {
 		"kind: NetworkSecurityPolicy\nmeta:\n  name: p\nspec:\n  ingress:\n  - action: ACTION_ALLOW\n    protocol: tcp\n    ports: [\"80\"]\n",
 		"kind: Route\nspec:\n  stateful: yes\n",
 		"\xef\xbb\xbfkind: Node\n",
+		"kind: Route\nmeta: {name: dc2-web-0042, labels: {app: web, tier: frontend}, nodes: [host-a]}\n" +
+			"spec: {table: 100, prefix: 10.0.42.0/24, nexthops: [{gateway: 10.10.0.2}, {gateway: 10.10.0.3, weight: 2}]}\n",
+		"kind: Route\nmeta: {name: r1, nodes: [host-a]}\nspec: {table: 100, prefix: 10.0.0.0/33, nexthop: [{gateway: x}]}\n---\n" +
+			"{kind: Route, meta: {name: r2}, spec: {table: 7, nexthops: []}}\n",
+		"kind: Route\nmeta: {name: r1, nodes: host-a}\n",
+		"kind: Route\nspec: {table: '100', nexthops: [{gateway: [a]}]}\n",
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		objs, err := manifest.Decode(bytes.NewReader(data))
+		general, generalErr := manifest.DecodeGeneral(bytes.NewReader(data))
+		if fmt.Sprint(err) != fmt.Sprint(generalErr) {
+			t.Fatalf("Decode fails with %v, the general converter with %v", err, generalErr)
+		}
 		if err != nil {
 			return
+		}
+		if len(objs) != len(general) {
+			t.Fatalf("Decode returns %d objects, the general converter %d", len(objs), len(general))
+		}
+		for i := range objs {
+			if !proto.Equal(objs[i], general[i]) {
+				t.Fatalf("Decode's object %d is\n%v\nthe general converter's\n%v", i+1, objs[i], general[i])
+			}
 		}
 		for _, obj := range objs {
 			if obj.GetSpec() == nil {

@@ -37,9 +37,15 @@ at all. For each object a line says whether it was created, configured (with its
 generation) or unchanged.
 
 With --wait, apply then waits until every applied object, changed or not, is PROGRAMMED
-on every target node at the generation apply stored, as the wait command does: a line
-on stderr shows each change of progress, and apply fails as soon as a node reports
-FAILED, or when --timeout passes.
+on every target node at the generation apply stored, as the wait command does, and
+fails as soon as a node reports a terminal FAILED, or when --timeout passes, naming the
+objects (the first 20 of them when it timed out). Made for manifests of thousands of
+objects, it shows its progress on stderr in one line, "1200 of 2000 programmed, 2
+failing (host-a, host-c)": rewritten in place a few times a second when stderr is a
+terminal, printed every 5s when not; an object that FAILED on a node and is being
+retried gets a line of its own, once, naming the nodes and their messages. Once every
+object is programmed, a last line on stdout says so ("2000 of 2000 programmed on every
+target node").
 
 With --dry-run=server, nimbus checks the objects as apply would, field by field and
 against the objects it holds and each other (an address or VNI another object holds, an
@@ -125,7 +131,7 @@ func (c *cli) apply(ctx context.Context, files []string, wait bool, timeout time
 	if !wait {
 		return nil
 	}
-	return c.wait(ctx, sess, targets, timeout)
+	return c.wait(ctx, sess, targets, timeout, c.bulkProgress())
 }
 
 // validManifests reads every object of files, in order, and validates them: when one is

@@ -60,7 +60,7 @@ var (
 // diff returns ErrDiffers, which is no failure to print, when it found differences, and
 // marks every failure for exit status 2.
 func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) error {
-	c := &cli{stdin: stdin, stdout: stdout, stderr: stderr, now: time.Now}
+	c := &cli{stdin: stdin, stdout: stdout, stderr: stderr, now: time.Now, terminal: isTerminal(stderr)}
 	return c.run(ctx, args, getenv)
 }
 
@@ -71,6 +71,10 @@ type cli struct {
 	stderr io.Writer
 	// now tells the time that AGE is counted to.
 	now func() time.Time
+	// terminal tells that stderr is a terminal, where apply --wait rewrites its progress
+	// line in place; tick, when set, stands in for time.NewTicker in its progress.
+	terminal bool
+	tick     func(d time.Duration) (<-chan time.Time, func())
 	// server is the --server flag.
 	server string
 	// tls holds the --tls-* and --insecure flags.

@@ -97,6 +97,15 @@ func printable(w io.Writer) io.Writer {
 	return printableWriter{w}
 }
 
+// raw returns the writer w escapes for, or w when it is no printableWriter: for what
+// naplesctl itself writes to drive a terminal, as apply --wait's progress line does.
+func raw(w io.Writer) io.Writer {
+	if pw, ok := w.(printableWriter); ok {
+		return pw.w
+	}
+	return w
+}
+
 // Write writes p, escaped, and returns len(p) when all of it was written.
 func (pw printableWriter) Write(p []byte) (int, error) {
 	s := Printable(string(p))

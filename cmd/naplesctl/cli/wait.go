@@ -84,7 +84,7 @@ message, and when --timeout passes, naming the nodes still pending, waiting or f
 				return err
 			}
 			defer sess.Close()
-			return c.wait(cmd.Context(), sess, targets, timeout)
+			return c.wait(cmd.Context(), sess, targets, timeout, &objectLines{c: c})
 		},
 	}
 	o.addTimeoutFlag(cmd, "")
@@ -104,21 +104,59 @@ type waitTarget struct {
 // waitState is where the wait for one target stands.
 type waitState struct {
 	waitTarget
-	// line is the last progress line printed.
-	line string
-	// last is the last propagation read.
+	// seen tells that nimbus sent the target's status at least once; last is the last
+	// propagation read from it.
+	seen bool
 	last propagation
+	// done tells that the target is PROGRAMMED on every target node and FAILED on none.
 	done bool
+	// line is the last progress line objectLines printed; shown tells that bulkProgress
+	// printed the target's failure.
+	line  string
+	shown bool
+}
+
+// waitPrinter shows a wait's progress. Its methods are called on the goroutine of the
+// wait.
+type waitPrinter interface {
+	// start is called before the wait, with its targets.
+	start(states []*waitState)
+	// observed is called when the status of the target s changed: s.last and s.done
+	// are new.
+	observed(s *waitState)
+	// end is called once the wait ended; ok tells that every target is programmed.
+	end(ok bool)
+}
+
+// objectLines is the waitPrinter of wait: a line on stderr for each change of an
+// object's progress and one on stdout when an object is programmed.
+type objectLines struct{ c *cli }
+
+// start does nothing: objectLines prints as the statuses come.
+func (p *objectLines) start([]*waitState) {}
+
+// end does nothing: objectLines printed all as the statuses came.
+func (p *objectLines) end(bool) {}
+
+// observed prints the target's progress when it changed, and a line on stdout when the
+// target is done.
+func (p *objectLines) observed(s *waitState) {
+	if line := s.last.progress(s.key); line != s.line {
+		fmt.Fprintln(p.c.stderr, line)
+		s.line = line
+	}
+	if s.done {
+		fmt.Fprintf(p.c.stdout, "%s programmed on %d/%d nodes (generation %d)\n",
+			ref(s.key), s.last.programmed, s.last.target, s.generation)
+	}
 }
 
 // wait follows nimbus's status stream until every target is PROGRAMMED on all its target
-// nodes at its generation or later, printing progress to stderr whenever it changes (a
-// line per target, and one per node FAILED and being retried) and a line to stdout when
-// a target is done. It returns an error wrapping ErrProgrammingFailed as soon as a target
+// nodes at its generation or later, showing its progress with printer. It returns an error wrapping ErrProgrammingFailed as soon as a target
 // node reports a terminal FAILED at that generation, one
 // wrapping ErrNotFound when a target does not exist or is deleted, and one wrapping
 // ErrWaitTimeout that names the pending nodes when timeout passes first.
-func (c *cli) wait(ctx context.Context, sess *session, targets []waitTarget, timeout time.Duration) error {
+func (c *cli) wait(ctx context.Context, sess *session, targets []waitTarget, timeout time.Duration, printer waitPrinter) error {
 	waitCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	kit, err := sess.controller()
@@ -140,11 +178,16 @@ func (c *cli) wait(ctx context.Context, sess *session, targets []waitTarget, tim
 		for _, s := range byID[t.Key.ID()] {
 			if !s.done && (s.generation == 0 || s.generation == t.Generation) {
 				s.generation = t.Generation
-				c.observe(s, item)
+				s.last = propagationOf(withStatus(item), s.generation)
+				s.seen = true
+				s.done = s.last.done() && len(s.last.failures) == 0
+				printer.observed(s)
 			}
 		}
 	}
+	printer.start(states)
 	err = kit.Wait(waitCtx, kitTargets, controller.WaitOptions{Progress: progress})
+	printer.end(err == nil)
 	switch {
 	case err == nil:
 		return nil
@@ -204,21 +247,6 @@ func waitErrors(err error) []*controller.WaitError {
 	return out
 }
 
-// observe takes the target's object and status as the status stream sent them and prints
-// what changed.
-func (c *cli) observe(s *waitState, item *nimbusv1.ObjectWithStatus) {
-	s.last = propagationOf(withStatus(item), s.generation)
-	if line := s.last.progress(s.key); line != s.line {
-		fmt.Fprintln(c.stderr, line)
-		s.line = line
-	}
-	if s.last.done() && len(s.last.failures) == 0 {
-		s.done = true
-		fmt.Fprintf(c.stdout, "%s programmed on %d/%d nodes (generation %d)\n",
-			ref(s.key), s.last.programmed, s.last.target, s.generation)
-	}
-}
-
 // progress is the progress of an object: "route/to-dc2: 3/4 nodes programmed
 // (generation 2)", followed by a line per node FAILED and being retried: "  host-b:
 // FAILED KernelError (retrying): <message>".
@@ -251,17 +279,26 @@ func failure(s *waitState) error {
 		ref(s.key), ErrProgrammingFailed, len(s.last.terminal), s.last.target, s.generation, b.String())
 }
 
-// timedOut returns the error for a wait whose timeout passed: per target not done, how
-// many nodes are programmed and which are pending.
+// maxTimedOut is how many of the targets not done the error of a wait that timed out
+// names; it counts the others.
+const maxTimedOut = 20
+
+// timedOut returns the error for a wait whose timeout passed: per target not done, up to
+// maxTimedOut of them, how many nodes are programmed and which are pending.
 func timedOut(states []*waitState, timeout time.Duration) error {
 	var errs []error
+	more := 0
 	for _, s := range states {
 		if s.done {
 			continue
 		}
+		if len(errs) == maxTimedOut {
+			more++
+			continue
+		}
 		key := ref(s.key)
 		switch {
-		case s.line == "":
+		case !s.seen:
 			errs = append(errs, fmt.Errorf("%s: %w after %v before nimbus answered", key, ErrWaitTimeout, timeout))
 		case s.last.target == 0:
 			errs = append(errs, fmt.Errorf("%s: %w after %v: the object targets no nodes (generation %d)",
@@ -288,6 +325,10 @@ func timedOut(states []*waitState, timeout time.Duration) error {
 			errs = append(errs, fmt.Errorf("%s: %w after %v: %d/%d nodes programmed (generation %d)%s",
 				key, ErrWaitTimeout, timeout, s.last.programmed, s.last.target, s.generation, tail))
 		}
+	}
+	if more > 0 {
+		errs = append(errs, fmt.Errorf("and %d more %s %w after %v, not programmed on every target node",
+			more, plural(more, "object", "objects"), ErrWaitTimeout, timeout))
 	}
 	return errors.Join(errs...)
 }

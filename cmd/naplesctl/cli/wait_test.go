@@ -52,6 +52,13 @@ type running struct {
 // start runs naplesctl with args in the background until it returns or the test ends.
 func (e *env) start(args ...string) *running {
 	e.t.Helper()
+	return e.startWith(nil, args...)
+}
+
+// startWith runs naplesctl with args in the background, as start does, on a cli that
+// setup, when not nil, adjusted.
+func (e *env) startWith(setup func(*cli), args ...string) *running {
+	e.t.Helper()
 	ctx, cancel := context.WithCancel(e.t.Context())
 	r := &running{stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan error, 1), cancel: cancel}
 	c := &cli{
@@ -59,6 +66,9 @@ func (e *env) start(args ...string) *running {
 		stdout: r.stdout,
 		stderr: r.stderr,
 		now:    func() time.Time { return created.Add(90 * time.Second) },
+	}
+	if setup != nil {
+		setup(c)
 	}
 	go func() { r.done <- c.run(ctx, args, func(k string) string { return e.vars[k] }) }()
 	e.t.Cleanup(func() {
@@ -142,59 +152,6 @@ const (
 	failed     = nimbusv1.Phase_PHASE_FAILED
 	pending    = nimbusv1.Phase_PHASE_PENDING
 )
-
-// TestApplyWait applies a route for two nodes with --wait: the progress lines follow the
-// nodes' reports, and apply exits 0 once both are PROGRAMMED.
-func TestApplyWait(t *testing.T) {
-	e := newEnv(t)
-	f := e.file("route.yaml", routeTo("to-dc2", "198.51.100.0/24", "10.10.0.2", "host-a", "host-b"))
-	r := e.start("apply", "-f", f, "--wait", "--timeout", "20s")
-	r.waitStderr(t, "route/to-dc2: 0/2 nodes programmed (generation 1)\n")
-	e.report("to-dc2", "host-a", 1, pending, "Queued", "")
-	e.report("to-dc2", "host-a", 1, programmed, "", "route in table 100")
-	r.waitStderr(t, "route/to-dc2: 1/2 nodes programmed (generation 1)\n")
-	e.report("to-dc2", "host-b", 1, programmed, "", "route in table 100")
-	if err := r.result(t); err != nil {
-		t.Fatalf("apply --wait: %v\nstderr:\n%s", err, r.stderr)
-	}
-	equal(t, "apply --wait stdout", r.stdout.String(),
-		"route/to-dc2 created\nroute/to-dc2 programmed on 2/2 nodes (generation 1)\n")
-	equal(t, "apply --wait stderr", r.stderr.String(), ""+
-		"route/to-dc2: 0/2 nodes programmed (generation 1)\n"+
-		"route/to-dc2: 1/2 nodes programmed (generation 1)\n"+
-		"route/to-dc2: 2/2 nodes programmed (generation 1)\n")
-}
-
-// TestApplyWaitNewGeneration changes a route both nodes programmed: their reports of the
-// old generation do not count, so apply --wait waits for reports of the new one. An
-// unchanged object in the same apply is waited on at its generation, which is done.
-func TestApplyWaitNewGeneration(t *testing.T) {
-	e := newEnv(t)
-	other := routeTo("to-dc3", "203.0.113.0/24", "10.10.0.3", "host-a")
-	e.ok("apply", "-f", e.file("v1.yaml", routeTo("to-dc2", "198.51.100.0/24", "10.10.0.2", "host-a", "host-b")+"---\n"+other))
-	for _, n := range []string{"host-a", "host-b"} {
-		e.report("to-dc2", n, 1, programmed, "", "")
-	}
-	e.report("to-dc3", "host-a", 1, programmed, "", "")
-
-	f := e.file("v2.yaml", routeTo("to-dc2", "198.51.100.0/24", "10.10.0.12", "host-a", "host-b")+"---\n"+other)
-	r := e.start("apply", "-f", f, "--wait")
-	r.waitStderr(t, "route/to-dc2: 0/2 nodes programmed (generation 2)\n")
-	r.waitStderr(t, "route/to-dc3: 1/1 nodes programmed (generation 1)\n")
-	e.report("to-dc2", "host-a", 2, programmed, "", "")
-	e.report("to-dc2", "host-b", 2, programmed, "", "")
-	if err := r.result(t); err != nil {
-		t.Fatalf("apply --wait: %v\nstderr:\n%s", err, r.stderr)
-	}
-	equal(t, "apply --wait stdout", r.stdout.String(), ""+
-		"route/to-dc2 configured (generation 2)\nroute/to-dc3 unchanged\n"+
-		"route/to-dc3 programmed on 1/1 nodes (generation 1)\n"+
-		"route/to-dc2 programmed on 2/2 nodes (generation 2)\n")
-
-	// wait alone on an object that is programmed returns at once.
-	equal(t, "wait", e.ok("wait", "route", "to-dc2", "to-dc3"),
-		"route/to-dc2 programmed on 2/2 nodes (generation 2)\nroute/to-dc3 programmed on 1/1 nodes (generation 1)\n")
-}
 
 // TestWaitSucceedsWhenStatusArrives runs wait alone, before any node reported.
 func TestWaitSucceedsWhenStatusArrives(t *testing.T) {
