@@ -505,7 +505,7 @@ func (ss *statusStream) put(v *view, rec *objectRecord) error {
 // omit objects.
 func (ss *statusStream) objectWire(rec *objectRecord) ([]byte, error) {
 	if ss.w.filter.GetOmitObjects() {
-		b, err := rec.Object.Skeleton().MarshalVT()
+		b, err := rec.skeletonWire()
 		if err != nil {
 			return nil, status.Errorf(codes.Internal, "encoding %s: %v", rec.Key, err)
 		}

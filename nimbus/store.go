@@ -30,6 +30,23 @@ type objectRecord struct {
 	// record a commit stores has it from the start; one restored from disk gets it when
 	// first needed (see putEvent), once and atomically.
 	put atomic.Pointer[sharedEvent]
+	// skeleton is the encoded skeleton of Object (see nimbusv1.Object.Skeleton), which
+	// status streams that omit objects send, made when first needed.
+	skeleton atomic.Pointer[[]byte]
+}
+
+// skeletonWire returns the encoded skeleton of the record's object, making it when no
+// status stream has yet.
+func (r *objectRecord) skeletonWire() ([]byte, error) {
+	if b := r.skeleton.Load(); b != nil {
+		return *b, nil
+	}
+	b, err := r.Object.Skeleton().MarshalVT()
+	if err != nil {
+		return nil, err
+	}
+	r.skeleton.CompareAndSwap(nil, &b)
+	return *r.skeleton.Load(), nil
 }
 
 // putEvent returns the PUT event of the record's object, making it when no change and no
