@@ -473,7 +473,7 @@ func (ss *statusStream) put(v *view, rec *objectRecord) error {
 	if err != nil {
 		return status.Errorf(codes.Internal, "encoding the key of %s: %v", rec.Key, err)
 	}
-	stWire, err := proto.MarshalOptions{Deterministic: true}.Marshal(st)
+	stWire, err := marshalStatus(st)
 	if err != nil {
 		return status.Errorf(codes.Internal, "encoding status of %s: %v", rec.Key, err)
 	}
@@ -520,6 +520,18 @@ func (ss *statusStream) objectWire(rec *objectRecord) ([]byte, error) {
 		return nil, status.Errorf(codes.Internal, "reading the event of %s: %v", rec.Key, err)
 	}
 	return object, nil
+}
+
+// marshalStatus encodes st deterministically, as the hash of what a client has needs:
+// with the generated encoder, which writes a map's entries in random order, unless a
+// node's status holds more than one operational entry.
+func marshalStatus(st *nimbusv1.ObjectStatus) ([]byte, error) {
+	for _, n := range st.GetNodes() {
+		if len(n.GetOperational()) > 1 {
+			return proto.MarshalOptions{Deterministic: true}.Marshal(st)
+		}
+	}
+	return st.MarshalVT()
 }
 
 // eventObject returns the encoded object of an encoded WatchEvent: its field 2.
