@@ -229,6 +229,11 @@ type ApplyOptions struct {
 	// that nimbus checks them against each other; objects of two calls are not checked
 	// against each other, since the first call stores nothing. Default: false.
 	DryRun bool
+	// Validated tells that the caller has validated every object (Object.Validate), as
+	// naplesctl does to name each bad field by the file and line it was read from:
+	// ApplyWith does not validate them again, and nimbus validates them all the same.
+	// Default: false, ApplyWith validates them.
+	Validated bool
 }
 
 // ApplyWith creates or updates the objects, in order, and returns what nimbus stored for
@@ -255,9 +260,11 @@ func (c *Client) ApplyWith(ctx context.Context, objs []*nimbusv1.Object, opts Ap
 		}
 		id := o.Key().ID()
 		at := fmt.Sprintf("objects[%d] (%s)", i, id)
-		if err := o.Validate(); err != nil {
-			bad.add(i, at, err)
-			continue
+		if !opts.Validated {
+			if err := o.Validate(); err != nil {
+				bad.add(i, at, err)
+				continue
+			}
 		}
 		if j, ok := seen[id]; ok {
 			bad.add(i, at, fmt.Errorf("the key of objects[%d] again: %w", j, nimbusv1.ErrInvalid))

@@ -175,6 +175,34 @@ func TestApplyRefusesBadObjectsWhole(t *testing.T) {
 	wantEntries(t, err, 0, 0, 0, BatchEntry{1, "name", `key.name "R 1": must be lower-case letters, digits, '-' and '.', at most 253 characters`})
 }
 
+// TestApplyValidatedLeavesChecksToNimbus checks that ApplyOptions.Validated skips the
+// client's validation and nothing else: an invalid object then reaches nimbus, which
+// refuses its call whole and names it, and a key given twice is still refused first.
+func TestApplyValidatedLeavesChecksToNimbus(t *testing.T) {
+	socket := socketPath(t)
+	serve(t, socket, "")
+	c := newClient(t, socket, Options{})
+	bad := route("r2", "192.0.2.1")
+	bad.GetRoute().Prefix = "10.0.0.0/33"
+	var calls int
+	_, err := c.ApplyWith(testContext(t), []*nimbusv1.Object{route("r1", "192.0.2.1"), bad}, ApplyOptions{Validated: true,
+		Applied: func(int, []*nimbusv1.ApplyResponse) error { calls++; return nil }})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), `spec.prefix "10.0.0.0/33"`) || calls != 0 {
+		t.Fatalf("ApplyWith(Validated) of a bad object: %v (code %v) after %d calls answered; want nimbus's refusal of the call (InvalidArgument) naming spec.prefix",
+			err, status.Code(err), calls)
+	}
+	wantEntries(t, err, 0, 2, 0, BatchEntry{1, "spec.prefix", `spec.prefix "10.0.0.0/33": prefix length out of range`})
+	_, err = c.ApplyWith(testContext(t), []*nimbusv1.Object{route("r1", "192.0.2.1"), route("r1", "192.0.2.9")}, ApplyOptions{Validated: true})
+	wantEntries(t, err, 0, 0, 0, BatchEntry{1, "", "the key of objects[0] again: invalid object"})
+	list, err := nimbusv1.ListAll(testContext(t), rawClient(t, socket), &nimbusv1.ListRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list.GetItems()) != 0 {
+		t.Fatalf("nimbus holds %d objects after refused applies, want none", len(list.GetItems()))
+	}
+}
+
 // wantEntries fails the test unless err is a *BatchError of the call carrying entries
 // [first, end), with the entries and omitting as many.
 func wantEntries(t *testing.T, err error, first, end, omitted int, entries ...BatchEntry) *BatchError {

@@ -20,7 +20,7 @@ type Target struct {
 // WaitOptions configures Wait.
 type WaitOptions struct {
 	// Progress, when set, is called with a target, its Generation set, and the target's
-	// object and status, when the wait first sees the object and whenever the object or
+	// object, its kind, key and generations only (see Filter.StatusOnly), and status, when the wait first sees the object and whenever the object or
 	// its status changes, until the target is done. It is called on the goroutine that
 	// called Wait. Default: nil.
 	Progress func(t Target, item *nimbusv1.ObjectWithStatus)
@@ -30,8 +30,8 @@ type WaitOptions struct {
 type WaitError struct {
 	// Target is the target, its Generation set when the wait saw the object.
 	Target Target
-	// Item is the target's object and status when the wait gave up; nil when the object
-	// was never seen.
+	// Item is the target's object, its kind, key and generations only, and status when
+	// the wait gave up; nil when the object was never seen.
 	Item *nimbusv1.ObjectWithStatus
 	// Failed holds the statuses of the target nodes that reported a terminal FAILED
 	// (NodeStatus.terminal) at the generation or a later one, among those the status
@@ -134,7 +134,7 @@ func (c *Client) Wait(ctx context.Context, targets []Target, opts WaitOptions) e
 // filterOf returns the narrowest filter that selects every target.
 func filterOf(targets []Target) Filter {
 	first := targets[0].Key.Defaulted()
-	f := Filter{Kind: first.GetKind(), Tenant: first.GetTenant(), Namespace: first.GetNamespace(), Name: first.GetName()}
+	f := Filter{Kind: first.GetKind(), Tenant: first.GetTenant(), Namespace: first.GetNamespace(), Name: first.GetName(), StatusOnly: true}
 	for _, t := range targets[1:] {
 		k := t.Key.Defaulted()
 		if k.GetKind() != f.Kind {

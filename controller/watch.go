@@ -23,6 +23,10 @@ type Filter struct {
 	Tenant    string
 	Namespace string
 	Name      string
+	// StatusOnly asks for the objects' statuses alone: the items handed to OnStatus then
+	// carry each object's kind, key and generations, not its labels and spec (see
+	// nimbusv1.Object.Skeleton), which keeps the stream small.
+	StatusOnly bool
 }
 
 // Reactor is what WatchStatus hands changes to. Its methods are called one at a time, on
@@ -87,7 +91,7 @@ func (f ReactorFuncs) OnSynced() {
 // watch status (codes.PermissionDenied) or nimbus does not know the call; and ErrClosed
 // when the Client is closed.
 func (c *Client) WatchStatus(ctx context.Context, f Filter, r Reactor) error {
-	req := &nimbusv1.WatchStatusRequest{Kind: f.Kind, Tenant: f.Tenant, Namespace: f.Namespace, Name: f.Name}
+	req := &nimbusv1.WatchStatusRequest{Kind: f.Kind, Tenant: f.Tenant, Namespace: f.Namespace, Name: f.Name, OmitObjects: f.StatusOnly}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {

@@ -382,3 +382,31 @@ func TestReadsDecodeStoredObjects(t *testing.T) {
 		t.Error("putting an equal object announced a change")
 	}
 }
+
+// TestVersionReadsTheStoredMeta checks that Version reads the generation, revision and
+// generation_revision Get decodes, for objects whose tenant, namespace and name the
+// record leaves out and objects that keep them, with labels and nodes between the fields.
+func TestVersionReadsTheStoredMeta(t *testing.T) {
+	s, d, _ := open(t)
+	a := route("a", 1, "10.0.0.0/8", "10.0.0.1")
+	a.Meta.Labels = map[string]string{"app": "web", "tier": "frontend", "site": "dc1"}
+	a.Meta.Nodes = []string{"host-a", "host-b"}
+	a.Meta.Generation, a.Meta.Revision, a.Meta.GenerationRevision = 7, 1<<40, 12345
+	b := route("b", 2, "10.1.0.0/16", "10.0.0.1")
+	b.Meta.Tenant, b.Meta.Namespace = "t1", "ns1"
+	b.Meta.Revision = 99 // no generation_revision: a reader falls back to the revision
+	c := route("c", 3, "10.2.0.0/16", "10.0.0.1")
+	c.Meta = nil
+	commit(t, d, func(txn *DesiredTxn) { txn.Put(a); txn.Put(b); txn.Put(c) })
+	for _, obj := range []*nimbusv1.Object{a, b, c} {
+		got, ok := s.Version(obj.Key())
+		m := obj.GetMeta()
+		want := Version{Generation: m.GetGeneration(), Revision: m.GetRevision(), GenerationRevision: m.GetGenerationRevision()}
+		if !ok || got != want {
+			t.Errorf("Version(%s) = %+v, %v; want %+v", obj.Key().ID(), got, ok, want)
+		}
+	}
+	if v, ok := s.Version(route("gone", 1, "10.3.0.0/16", "10.0.0.1").Key()); ok {
+		t.Errorf("Version of an object never stored = %+v, true", v)
+	}
+}

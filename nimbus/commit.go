@@ -28,7 +28,7 @@ type write struct {
 // applyWrite returns the write that stores a clone of the valid object in.
 func applyWrite(in *nimbusv1.Object) write {
 	key := in.Key()
-	obj := proto.Clone(in).(*nimbusv1.Object)
+	obj := in.CloneVT()
 	m := obj.GetMeta()
 	m.Tenant, m.Namespace = key.GetTenant(), key.GetNamespace()
 	m.Nodes = normalizeNodes(m.GetNodes())

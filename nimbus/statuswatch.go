@@ -6,6 +6,7 @@ import (
 	"hash/maphash"
 	"iter"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -161,6 +162,16 @@ func (w *statusWatcher) selects(key *nimbusv1.ObjectKey) bool {
 		(f.GetName() == "" || f.GetName() == key.GetName())
 }
 
+// selectsObject tells whether the filter selects the object, whose meta has tenant and
+// namespace defaulted.
+func (w *statusWatcher) selectsObject(obj *nimbusv1.Object) bool {
+	f, m := w.filter, obj.GetMeta()
+	return (f.GetKind() == nimbusv1.Kind_KIND_UNSPECIFIED || f.GetKind() == obj.Kind()) &&
+		(f.GetTenant() == "" || f.GetTenant() == m.GetTenant()) &&
+		(f.GetNamespace() == "" || f.GetNamespace() == m.GetNamespace()) &&
+		(f.GetName() == "" || f.GetName() == m.GetName())
+}
+
 // markObject marks the object with the key ID for a recompute; key is its key, with
 // tenant and namespace defaulted, which the caller does not modify.
 func (w *statusWatcher) markObject(id string, key *nimbusv1.ObjectKey) {
@@ -307,46 +318,72 @@ func (ss *statusStream) run() error {
 func (ss *statusStream) sendChanges() error {
 	objects, nodes, moves, all := ss.w.take()
 	v := ss.srv.view()
-	if all || len(nodes) > 0 || len(moves) > 0 {
-		// An object for every node targets every node whose watermark moved (or none
-		// of them, and gains nothing from a recompute): it is marked by the union of
-		// the spans.
-		spans := make([]revSpan, 0, len(moves))
-		for _, m := range moves {
-			spans = append(spans, m)
-		}
-		spans = mergeSpans(spans)
+	var recs []*objectRecord
+	switch {
+	case all || len(nodes) > 0:
+		// Every selected object is looked at: a node joined or left the targets, or
+		// its statuses became stale, which is rare.
+		spans := ss.spans(moves)
 		for rec := range ss.selected(v) {
-			if _, ok := objects[rec.id]; !ok && !all && !targetsAny(rec.Object, nodes) && !movedUnder(rec.Object, moves, spans) {
-				continue
-			}
-			delete(objects, rec.id)
-			if err := ss.put(v, rec); err != nil {
-				return err
+			if _, ok := objects[rec.id]; ok || all || targetsAny(rec.Object, nodes) || movedUnder(rec.Object, moves, spans) {
+				recs = append(recs, rec)
 			}
 		}
+	case len(moves) > 0:
+		// A watermark moved: only the objects whose generation revision it moved across
+		// may have changed, which the objects by generation revision give without a
+		// walk of all. An object for every node targets every node whose watermark
+		// moved (or none of them, and gains nothing from a recompute): it is marked by
+		// the union of the spans.
+		spans := ss.spans(moves)
+		for rec := range v.objectsInSpans(spans) {
+			if _, ok := objects[rec.id]; !ok && ss.w.selectsObject(rec.Object) && movedUnder(rec.Object, moves, spans) {
+				recs = append(recs, rec)
+			}
+		}
+	}
+	for _, rec := range recs {
+		delete(objects, rec.id)
 	}
 	ids := make([]string, 0, len(objects))
 	for id := range objects {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
+	var deleted []string
 	for _, id := range ids {
 		if rec := v.objectByID(id); rec != nil {
-			if err := ss.put(v, rec); err != nil {
-				return err
-			}
+			recs = append(recs, rec)
 			continue
 		}
-		if _, ok := ss.sent[id]; !ok {
-			continue // created and deleted before the client heard of it
+		if _, ok := ss.sent[id]; ok {
+			deleted = append(deleted, id)
 		}
+		// Otherwise created and deleted before the client heard of it.
+	}
+	// Objects go out in key ID order, then the deletions.
+	slices.SortFunc(recs, func(a, b *objectRecord) int { return strings.Compare(a.id, b.id) })
+	for _, rec := range recs {
+		if err := ss.put(v, rec); err != nil {
+			return err
+		}
+	}
+	for _, id := range deleted {
 		delete(ss.sent, id)
 		if err := ss.add(&nimbusv1.StatusEvent{Type: nimbusv1.StatusEvent_TYPE_DELETE, Key: objects[id]}); err != nil {
 			return err
 		}
 	}
 	return ss.flush()
+}
+
+// spans returns the spans of the watermark moves, sorted and merged.
+func (ss *statusStream) spans(moves map[string]revSpan) []revSpan {
+	spans := make([]revSpan, 0, len(moves))
+	for _, m := range moves {
+		spans = append(spans, m)
+	}
+	return mergeSpans(spans)
 }
 
 // targetsAny tells whether the object targets one of the nodes.
@@ -413,16 +450,9 @@ func movedUnder(obj *nimbusv1.Object, moves map[string]revSpan, merged []revSpan
 
 // selected iterates over the objects of v the watcher selects, in key ID order.
 func (ss *statusStream) selected(v *view) iter.Seq[*objectRecord] {
-	f := ss.w.filter
 	return func(yield func(*objectRecord) bool) {
-		for rec := range v.objectsOfKind(f.GetKind()) {
-			m := rec.Object.GetMeta()
-			if (f.GetTenant() != "" && m.GetTenant() != f.GetTenant()) ||
-				(f.GetNamespace() != "" && m.GetNamespace() != f.GetNamespace()) ||
-				(f.GetName() != "" && m.GetName() != f.GetName()) {
-				continue
-			}
-			if !yield(rec) {
+		for rec := range v.objectsOfKind(ss.w.filter.GetKind()) {
+			if ss.w.selectsObject(rec.Object) && !yield(rec) {
 				return
 			}
 		}
@@ -435,19 +465,15 @@ func (ss *statusStream) selected(v *view) iter.Seq[*objectRecord] {
 // are encoded here.
 func (ss *statusStream) put(v *view, rec *objectRecord) error {
 	st := v.status(rec)
-	wire, err := rec.putEvent().encoded(&ss.srv.encodes)
+	object, err := ss.objectWire(rec)
 	if err != nil {
-		return status.Errorf(codes.Internal, "encoding %s: %v", rec.Key, err)
-	}
-	object, err := eventObject(wire)
-	if err != nil {
-		return status.Errorf(codes.Internal, "reading the event of %s: %v", rec.Key, err)
+		return err
 	}
 	key, err := rec.Object.Key().MarshalVT()
 	if err != nil {
 		return status.Errorf(codes.Internal, "encoding the key of %s: %v", rec.Key, err)
 	}
-	stWire, err := proto.MarshalOptions{Deterministic: true}.Marshal(st)
+	stWire, err := marshalStatus(st)
 	if err != nil {
 		return status.Errorf(codes.Internal, "encoding status of %s: %v", rec.Key, err)
 	}
@@ -472,6 +498,40 @@ func (ss *statusStream) put(v *view, rec *objectRecord) error {
 	}
 	ss.sent[rec.id] = h
 	return ss.addEncoded(b)
+}
+
+// objectWire returns the encoded object of the record as the stream sends it: whole, as
+// the bytes of the record's shared watch event, or its skeleton when the client asked to
+// omit objects.
+func (ss *statusStream) objectWire(rec *objectRecord) ([]byte, error) {
+	if ss.w.filter.GetOmitObjects() {
+		b, err := rec.skeletonWire()
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "encoding %s: %v", rec.Key, err)
+		}
+		return b, nil
+	}
+	wire, err := rec.putEvent().encoded(&ss.srv.encodes)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "encoding %s: %v", rec.Key, err)
+	}
+	object, err := eventObject(wire)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "reading the event of %s: %v", rec.Key, err)
+	}
+	return object, nil
+}
+
+// marshalStatus encodes st deterministically, as the hash of what a client has needs:
+// with the generated encoder, which writes a map's entries in random order, unless a
+// node's status holds more than one operational entry.
+func marshalStatus(st *nimbusv1.ObjectStatus) ([]byte, error) {
+	for _, n := range st.GetNodes() {
+		if len(n.GetOperational()) > 1 {
+			return proto.MarshalOptions{Deterministic: true}.Marshal(st)
+		}
+	}
+	return st.MarshalVT()
 }
 
 // eventObject returns the encoded object of an encoded WatchEvent: its field 2.

@@ -173,6 +173,45 @@ func TestWatchStatusFollowsReportsAndChanges(t *testing.T) {
 	}
 }
 
+// TestWatchStatusOmitObjects follows a status watch that omits objects: each item's
+// object is the stored object's skeleton (kind, key and generations, no labels, no spec),
+// and its status is Get's, before and after reports and a new generation.
+func TestWatchStatusOmitObjects(t *testing.T) {
+	ts := start(t, Options{})
+	key := routeKey("r1")
+	obj := route("r1", []string{"a", "b"}, "192.0.2.1")
+	obj.Meta.Labels = map[string]string{"app": "web"}
+	ts.apply(t, obj)
+	w := watchStatus(t, testContext(t), ts.client, &nimbusv1.WatchStatusRequest{Kind: nimbusv1.Kind_KIND_ROUTE, OmitObjects: true})
+	wantSkeleton := func(item *nimbusv1.ObjectWithStatus, generation int64) {
+		t.Helper()
+		got := ts.get(t, key)
+		if !proto.Equal(item.GetObject(), got.GetObject().Skeleton()) || !proto.Equal(item.GetStatus(), got.GetStatus()) {
+			t.Fatalf("item %v, want the skeleton and status of Get's %v", item, got)
+		}
+		if g := item.GetObject().GetMeta().GetGeneration(); g != generation || item.GetObject().GetRoute() == nil ||
+			len(item.GetObject().GetMeta().GetLabels()) > 0 || len(item.GetObject().GetRoute().GetNexthops()) > 0 {
+			t.Fatalf("item's object %v: want generation %d, an empty route spec and no labels", item.GetObject(), generation)
+		}
+		if item.GetObject().Key().ID() != key.ID() {
+			t.Fatalf("item's object has key %s, want %s", item.GetObject().Key().ID(), key.ID())
+		}
+	}
+	item := w.synced()[key.ID()]
+	wantCounts(t, item, 2, 0, 0, "a", "b")
+	wantSkeleton(item, 1)
+
+	ts.report(t, statusReport(key, "a", 1, nimbusv1.Phase_PHASE_PROGRAMMED, ""))
+	item = w.nextPut(key)
+	wantCounts(t, item, 2, 1, 0, "b")
+	wantSkeleton(item, 1)
+
+	ts.apply(t, route("r1", []string{"a", "b"}, "192.0.2.2"))
+	item = w.nextPut(key)
+	wantCounts(t, item, 2, 0, 0, "a", "b")
+	wantSkeleton(item, 2)
+}
+
 // TestWatchStatusFollowsTargetNodes follows an object for every node as nodes join and
 // leave its targets: by watching and by their Node objects.
 func TestWatchStatusFollowsTargetNodes(t *testing.T) {

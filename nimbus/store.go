@@ -22,11 +22,31 @@ type objectRecord struct {
 	// status tables (see tables). putObject sets it when it is empty.
 	id     string
 	Object *nimbusv1.Object
+	// genRev is Object's GenerationRevision, which orders the objects by generation
+	// revision (see tables.byGenRev); putObject sets it.
+	genRev uint64
 	// put is the PUT event of Object, shared by the change that stored it, every snapshot
 	// that sends it and every status stream, so that its wire form is encoded once. A
 	// record a commit stores has it from the start; one restored from disk gets it when
 	// first needed (see putEvent), once and atomically.
 	put atomic.Pointer[sharedEvent]
+	// skeleton is the encoded skeleton of Object (see nimbusv1.Object.Skeleton), which
+	// status streams that omit objects send, made when first needed.
+	skeleton atomic.Pointer[[]byte]
+}
+
+// skeletonWire returns the encoded skeleton of the record's object, making it when no
+// status stream has yet.
+func (r *objectRecord) skeletonWire() ([]byte, error) {
+	if b := r.skeleton.Load(); b != nil {
+		return *b, nil
+	}
+	b, err := r.Object.Skeleton().MarshalVT()
+	if err != nil {
+		return nil, err
+	}
+	r.skeleton.CompareAndSwap(nil, &b)
+	return *r.skeleton.Load(), nil
 }
 
 // putEvent returns the PUT event of the record's object, making it when no change and no
@@ -107,6 +127,10 @@ var treeOptions = btree.Options{NoLocks: true}
 type tables struct {
 	// objects holds the objects by key ID.
 	objects *btree.Map[string, *objectRecord]
+	// byGenRev holds the same records by generation revision, then key ID: a status
+	// watch finds there the objects a node's watermark moved across without a walk of
+	// every object.
+	byGenRev *btree.BTreeG[*objectRecord]
 	// statuses holds the statuses by object key ID, then node: the statuses of an object
 	// are adjacent, ordered by node.
 	statuses *btree.BTreeG[*statusRecord]
@@ -137,6 +161,12 @@ type tables struct {
 func newTables() *tables {
 	return &tables{
 		objects: btree.NewMap[string, *objectRecord](0),
+		byGenRev: btree.NewBTreeGOptions(func(a, b *objectRecord) bool {
+			if a.genRev != b.genRev {
+				return a.genRev < b.genRev
+			}
+			return a.id < b.id
+		}, treeOptions),
 		// One comparison of each string: a status lookup is most of a replica's work.
 		statuses: btree.NewBTreeGOptions(func(a, b *statusRecord) bool {
 			if c := strings.Compare(a.objectID, b.objectID); c != 0 {
@@ -161,6 +191,7 @@ func newTables() *tables {
 func (t *tables) copy() *tables {
 	c := *t
 	c.objects = t.objects.Copy()
+	c.byGenRev = t.byGenRev.Copy()
 	c.statuses = t.statuses.Copy()
 	c.statusesByNode = t.statusesByNode.Copy()
 	c.watchNodes = t.watchNodes.Copy()
@@ -207,6 +238,27 @@ func (t *tables) objectsAfter(kind nimbusv1.Kind, after nimbusv1.Key) iter.Seq[*
 			}
 			return strings.HasPrefix(id, prefix) && yield(rec)
 		})
+	}
+}
+
+// objectsInSpans iterates over the objects whose generation revision is in one of the
+// spans, which are sorted and do not overlap (see mergeSpans), in generation revision
+// order.
+func (t *tables) objectsInSpans(spans []revSpan) iter.Seq[*objectRecord] {
+	return func(yield func(*objectRecord) bool) {
+		for _, span := range spans {
+			more := true
+			t.byGenRev.Ascend(&objectRecord{genRev: span.lo + 1}, func(rec *objectRecord) bool {
+				if rec.genRev > span.hi {
+					return false
+				}
+				more = yield(rec)
+				return more
+			})
+			if !more {
+				return
+			}
+		}
 	}
 }
 
@@ -395,9 +447,12 @@ func (w *writeTxn) putObject(rec *objectRecord) {
 	if rec.id == "" {
 		rec.id = rec.Key.String()
 	}
+	rec.genRev = rec.Object.GenerationRevision()
 	if old, replaced := w.objects.Set(rec.id, rec); replaced {
+		w.byGenRev.Delete(old)
 		w.releaseClaims(old)
 	}
+	w.byGenRev.Set(rec)
 	w.addClaims(rec)
 	if rec.Key.Kind == nimbusv1.Kind_KIND_NODE {
 		w.nodesGen++
@@ -410,6 +465,7 @@ func (w *writeTxn) deleteObject(key nimbusv1.Key) { w.deleteObjectID(key.String(
 // deleteObjectID deletes the object with the key ID and its claims, but not its statuses.
 func (w *writeTxn) deleteObjectID(id string) {
 	if old, deleted := w.objects.Delete(id); deleted {
+		w.byGenRev.Delete(old)
 		w.releaseClaims(old)
 		if old.Key.Kind == nimbusv1.Kind_KIND_NODE {
 			w.nodesGen++

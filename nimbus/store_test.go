@@ -265,3 +265,48 @@ func TestStoreConcurrentReads(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestObjectsInSpans checks the objects by generation revision: an object is found in
+// the span that holds its generation revision, at its latest generation only, and no
+// more once deleted.
+func TestObjectsInSpans(t *testing.T) {
+	st := newStore()
+	put := func(name string, rev uint64) {
+		txn := st.write()
+		defer txn.abort()
+		r := route(name, nil)
+		r.Meta.GenerationRevision = rev
+		txn.putObject(&objectRecord{Key: r.TypedKey(), Object: r})
+		txn.setRevision(rev)
+		txn.commit()
+	}
+	for i, name := range []string{"a", "b", "c", "d", "e"} {
+		put(name, uint64(10+i)) // a@10 b@11 c@12 d@13 e@14
+	}
+	put("b", 20)
+	txn := st.write()
+	txn.deleteObject(route("d", nil).TypedKey())
+	txn.setRevision(21)
+	txn.commit()
+
+	names := func(spans ...revSpan) []string {
+		var got []string
+		for rec := range st.read().objectsInSpans(spans) {
+			got = append(got, fmt.Sprintf("%s@%d", rec.Key.Name, rec.genRev))
+		}
+		return got
+	}
+	for _, c := range []struct {
+		spans []revSpan
+		want  []string
+	}{
+		{[]revSpan{{0, 100}}, []string{"a@10", "c@12", "e@14", "b@20"}},
+		{[]revSpan{{10, 12}}, []string{"c@12"}},                          // (10, 12]: b moved on, a is below
+		{[]revSpan{{9, 10}, {13, 20}}, []string{"a@10", "e@14", "b@20"}}, // d is gone
+		{[]revSpan{{14, 19}}, nil},
+	} {
+		if got := names(c.spans...); !slices.Equal(got, c.want) {
+			t.Errorf("objects in %v: %q, want %q", c.spans, got, c.want)
+		}
+	}
+}

@@ -190,7 +190,7 @@ func (c *Client) reportWatermarks(ctx context.Context, stream statusSender) erro
 	}
 	rep, sub := c.marks.rep, c.marks.sub
 	tr := rep.Tracker()
-	src := storeSource{c.store}
+	src := &storeSource{store: c.store}
 	send := func(r *nimbusv1.StatusReport) error {
 		if err := stream.Send(r); err != nil {
 			return err
@@ -236,16 +236,30 @@ func (c *Client) reportWatermarks(ctx context.Context, stream statusSender) erro
 }
 
 // storeSource is a node's store as a watermark.Reporter reads it.
-type storeSource struct{ store Store }
+type storeSource struct {
+	store Store
+	// scratch is the object Object returns, filled in again each time.
+	scratch nimbusv1.Object
+}
 
-// Object returns the object with the key the store holds, or nil.
-func (s storeSource) Object(key nimbusv1.Key) *nimbusv1.Object {
-	obj, _ := s.store.Get(key.Proto())
-	return obj
+// Object returns the object with the key the store holds, or nil: only its meta's
+// generation, revision and generation_revision, which is what a Reporter reads, read
+// without decoding the stored object.
+func (s *storeSource) Object(key nimbusv1.Key) *nimbusv1.Object {
+	v, ok := s.store.Version(key.Proto())
+	if !ok {
+		return nil
+	}
+	if s.scratch.Meta == nil {
+		s.scratch.Meta = &nimbusv1.ObjectMeta{}
+	}
+	m := s.scratch.Meta
+	m.Generation, m.Revision, m.GenerationRevision = v.Generation, v.Revision, v.GenerationRevision
+	return &s.scratch
 }
 
 // Status returns the status of the object with the key the store holds, or nil.
-func (s storeSource) Status(key nimbusv1.Key) *nimbusv1.NodeStatus {
+func (s *storeSource) Status(key nimbusv1.Key) *nimbusv1.NodeStatus {
 	st, _ := s.store.Status(key.Proto())
 	return st
 }

@@ -299,12 +299,13 @@ type routeStatus struct {
 	errs    chan error
 }
 
-// watchRouteStatus opens a WatchStatus stream of Routes as the publisher.
+// watchRouteStatus opens a WatchStatus stream of Routes as the publisher, without the
+// objects: it needs their names and statuses only.
 func (c *cluster) watchRouteStatus(t testing.TB) *routeStatus {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	stream, err := c.publisherAPI(t).WatchStatus(ctx, &nimbusv1.WatchStatusRequest{Kind: nimbusv1.Kind_KIND_ROUTE},
+	stream, err := c.publisherAPI(t).WatchStatus(ctx, &nimbusv1.WatchStatusRequest{Kind: nimbusv1.Kind_KIND_ROUTE, OmitObjects: true},
 		grpc.WaitForReady(true), grpc.MaxCallRecvMsgSize(64<<20))
 	if err != nil {
 		t.Fatal(err)

@@ -8,13 +8,23 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 
 	"github.com/naplesnet/naples/cmd/naplesctl/cli"
 	"github.com/naplesnet/naples/internal/exitstatus"
 )
 
+// gcPercent is the garbage collector's target (GOGC) unless GOGC is set. naplesctl lives
+// for seconds, and its live data are the objects it applies or prints: collecting a
+// quarter as often as Go's default, 100, costs memory it hands back when it exits and
+// saves CPU that nimbus and the agent, often on the same host, need for the same objects.
+const gcPercent = 400
+
 func main() {
+	if _, ok := os.LookupEnv("GOGC"); !ok {
+		debug.SetGCPercent(gcPercent)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := cli.Run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.Getenv)
 	stop()

@@ -113,10 +113,11 @@ func jsonSyntaxError(data []byte, err error) error {
 	return fmt.Errorf("invalid JSON: %w", err)
 }
 
-// decodeYAML splits data into YAML documents and decodes each. The documents are
-// converted to JSON, and those that hold one object decoded, on every core at once, as
-// that is most of the work in a large manifest; documents are then counted, and errors
-// reported, in order.
+// decodeYAML splits data into YAML documents and decodes each. A document of the fast
+// subset that holds one object is made into it directly (directObject), or else through
+// its JSON; any other is converted to JSON, and decoded when it holds one object. That is
+// done on every core at once, as it is most of the work in a large manifest; documents
+// are then counted, and errors reported, in order.
 func (d *decoder) decodeYAML(data []byte) error {
 	d.yaml = true
 	docs := splitYAML(data)
@@ -139,10 +140,16 @@ func (d *decoder) decodeYAML(data []byte) error {
 					continue
 				}
 				c := &out[i]
-				if fields, ok := simpleYAMLFields(docs[i].data); ok && !d.general && !isItemList(fields) {
-					c.single = true
-					c.obj, c.objErr = decodeObject(fields)
-					continue
+				if m, ok := simpleYAMLMapping(docs[i].data); ok && !d.general && !isItems(m) {
+					if obj, ok := directObject(m); ok {
+						c.single, c.obj = true, obj
+						continue
+					}
+					if fields, ok := jsonFields(m); ok {
+						c.single = true
+						c.obj, c.objErr = decodeObject(fields)
+						continue
+					}
 				}
 				if c.raw, c.err = yaml.YAMLToJSONStrict(docs[i].data); c.err == nil {
 					if c.obj, c.single, c.objErr = decodeSingle(c.raw); c.single {
@@ -191,6 +198,13 @@ func decodeSingle(raw []byte) (obj *nimbusv1.Object, single bool, err error) {
 	}
 	obj, err = decodeObject(fields)
 	return obj, true, err
+}
+
+// isItems reports whether a mapping of the fast subset is only "items", a list of
+// objects.
+func isItems(m map[string]any) bool {
+	_, ok := m["items"]
+	return ok && len(m) == 1
 }
 
 // isItemList reports whether the fields of a mapping are only "items", a list of objects.

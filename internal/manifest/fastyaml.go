@@ -20,15 +20,27 @@ func simpleYAMLToJSON(doc []byte) ([]byte, bool) {
 
 // simpleYAMLFields converts a YAML document whose top level is a mapping to the JSON of
 // each of its fields, as yaml.YAMLToJSONStrict and then json.Unmarshal into a map of
-// json.RawMessage do, when the document keeps to the plain subset most manifests are
-// written in: block mappings and sequences indented with spaces, flow mappings and
-// sequences within one line (a document may be one such mapping), plain scalars that are
-// unmistakably strings or decimal integers, and quoted strings without escapes. It
-// reports false, and YAMLToJSONStrict is to be used, for anything else: comments after a
-// value, anchors, tags, flow collections over several lines, multi-line scalars,
-// booleans, nulls, floats, duplicate keys. It is the same conversion at a
-// fraction of the cost.
+// json.RawMessage do, when the document keeps to the subset simpleYAMLMapping takes, and
+// reports whether it did.
 func simpleYAMLFields(doc []byte) (map[string]json.RawMessage, bool) {
+	m, ok := simpleYAMLMapping(doc)
+	if !ok {
+		return nil, false
+	}
+	return jsonFields(m)
+}
+
+// simpleYAMLMapping parses a YAML document whose top level is a mapping, when the
+// document keeps to the plain subset most manifests are written in: block mappings and
+// sequences indented with spaces, flow mappings and sequences within one line (a document
+// may be one such mapping), plain scalars that are unmistakably strings or decimal
+// integers, and quoted strings without escapes. Its values are strings, json.Numbers,
+// []any and map[string]any of them, which mean what yaml.YAMLToJSONStrict would convert
+// them to. It reports false, and YAMLToJSONStrict is to be used, for anything else:
+// comments after a value, anchors, tags, flow collections over several lines,
+// multi-line scalars, booleans, nulls, floats, duplicate keys. It is the same conversion
+// at a fraction of the cost.
+func simpleYAMLMapping(doc []byte) (map[string]any, bool) {
 	p := &yamlSubset{}
 	for line := range strings.Lines(string(doc)) {
 		text := strings.TrimSuffix(line, "\n")
@@ -49,20 +61,25 @@ func simpleYAMLFields(doc []byte) (map[string]json.RawMessage, bool) {
 	if len(p.lines) == 0 || p.lines[0].indent != 0 {
 		return nil, false
 	}
-	var (
-		m  map[string]any
-		ok bool
-	)
 	if p.lines[0].text[0] == '{' {
 		// A document that is one flow mapping.
-		var v any
-		v, ok = inlineValue(p.lines[0].text)
-		if m, _ = v.(map[string]any); !ok || m == nil || len(p.lines) != 1 {
+		v, ok := inlineValue(p.lines[0].text)
+		m, _ := v.(map[string]any)
+		if !ok || m == nil || len(p.lines) != 1 {
 			return nil, false
 		}
-	} else if m, ok = p.mapping(0); !ok || p.pos != len(p.lines) {
+		return m, true
+	}
+	m, ok := p.mapping(0)
+	if !ok || p.pos != len(p.lines) {
 		return nil, false
 	}
+	return m, true
+}
+
+// jsonFields returns the JSON of each value of a mapping of the subset, and false when a
+// value is not one of the subset's.
+func jsonFields(m map[string]any) (map[string]json.RawMessage, bool) {
 	fields := make(map[string]json.RawMessage, len(m))
 	for k, v := range m {
 		raw, ok := appendJSON(nil, v)

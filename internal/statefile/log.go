@@ -13,7 +13,6 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 )
 
 // The commit log. bbolt makes a transaction durable with two fdatasyncs (the pages, then
@@ -83,7 +82,9 @@ func encodeBatch(b Batch) ([]byte, error) {
 	var put []byte
 	for _, obj := range b.Put {
 		id := obj.Key().ID()
-		v, err := proto.Marshal(obj)
+		// The generated encoder: a batch need not be deterministic, as nothing compares
+		// its bytes.
+		v, err := obj.MarshalVT()
 		if err != nil {
 			return nil, fmt.Errorf("encoding %s: %w", id, err)
 		}

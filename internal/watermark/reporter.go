@@ -14,7 +14,8 @@ import (
 // Source may return the same value each time, filled in again.
 type Source interface {
 	// Object returns the object with the key as the node holds it, or nil when the node
-	// does not hold it.
+	// does not hold it. A Reporter reads only its meta's generation, revision and
+	// generation_revision: a Source may return an object that holds only those.
 	Object(key nimbusv1.Key) *nimbusv1.Object
 	// Status returns the node's status of the object with the key, or nil when it has
 	// none. The Reporter does not modify it.

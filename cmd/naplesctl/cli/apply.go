@@ -108,6 +108,8 @@ func (c *cli) apply(ctx context.Context, files []string, wait bool, timeout time
 		// apply needs only the generation of each stored object, so nimbus leaves the
 		// objects out of its answer.
 		OmitObjects: true,
+		// validManifests has validated them, naming each bad field by its file.
+		Validated: true,
 		Applied: func(first int, results []*nimbusv1.ApplyResponse) error {
 			// The lines of a batch go out in one write, not one per object.
 			var out bytes.Buffer

@@ -357,7 +357,15 @@ func propagationOf(item *nimbusv1.ObjectWithStatus, gen int64) propagation {
 		gen = obj.GetMeta().GetGeneration()
 	}
 	p := propagation{generation: gen, target: int(st.GetTargetNodes())}
-	settled := map[string]bool{}
+	// settled is made when a node is: a status whose generation nimbus aggregated, as a
+	// wait's most often is, never reads it.
+	var settled map[string]bool
+	settle := func(node string) {
+		if settled == nil {
+			settled = map[string]bool{}
+		}
+		settled[node] = true
+	}
 	var latest time.Time
 	for _, n := range st.GetNodes() {
 		if n.GetStale() {
@@ -372,13 +380,13 @@ func propagationOf(item *nimbusv1.ObjectWithStatus, gen int64) propagation {
 		switch n.GetPhase() {
 		case nimbusv1.Phase_PHASE_PROGRAMMED:
 			p.programmed++
-			settled[n.GetNode()] = true
+			settle(n.GetNode())
 			if t := n.GetUpdateTime(); t != nil && t.AsTime().After(latest) {
 				latest = t.AsTime()
 			}
 		case nimbusv1.Phase_PHASE_FAILED:
 			p.failed++
-			settled[n.GetNode()] = true
+			settle(n.GetNode())
 			p.failures = append(p.failures, n)
 			if n.GetTerminal() {
 				p.terminal = append(p.terminal, n)

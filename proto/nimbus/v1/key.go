@@ -59,8 +59,7 @@ func (k *ObjectKey) Defaulted() *ObjectKey {
 // ID returns the key's canonical string form, "Kind/tenant/namespace/name", which is unique
 // per object and stable: tables, queues and kernel identifiers derive from it.
 func (k *ObjectKey) ID() string {
-	d := k.Defaulted()
-	return d.GetKind().Name() + "/" + d.GetTenant() + "/" + d.GetNamespace() + "/" + d.GetName()
+	return k.Key().String()
 }
 
 // ParseKeyID parses the form ID returns.

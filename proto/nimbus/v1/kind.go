@@ -152,3 +152,17 @@ func (k Kind) SpecDescriptor() protoreflect.MessageDescriptor {
 	}
 	return nil
 }
+
+// Skeleton returns the object without its labels and spec: its kind (an empty spec of
+// it), its meta's tenant, namespace and name, generation, revision and
+// generation_revision. It is what a status stream that omits objects sends.
+func (o *Object) Skeleton() *Object {
+	m := o.GetMeta()
+	s := &Object{Meta: &ObjectMeta{Tenant: m.GetTenant(), Namespace: m.GetNamespace(), Name: m.GetName(),
+		Generation: m.GetGeneration(), Revision: m.GetRevision(), GenerationRevision: m.GetGenerationRevision()}}
+	if f, ok := specFields()[o.Kind()]; ok {
+		r := s.ProtoReflect()
+		r.Set(f, r.NewField(f))
+	}
+	return s
+}

@@ -4952,11 +4952,16 @@ func (x *WatchFrame) GetEvents() []*WatchEvent {
 // WatchStatusRequest selects the objects whose propagation status to stream; empty fields
 // select everything.
 type WatchStatusRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Kind          Kind                   `protobuf:"varint,1,opt,name=kind,proto3,enum=nimbus.v1.Kind" json:"kind,omitempty"`
-	Tenant        string                 `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
-	Namespace     string                 `protobuf:"bytes,3,opt,name=namespace,proto3" json:"namespace,omitempty"`
-	Name          string                 `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Kind      Kind                   `protobuf:"varint,1,opt,name=kind,proto3,enum=nimbus.v1.Kind" json:"kind,omitempty"`
+	Tenant    string                 `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Namespace string                 `protobuf:"bytes,3,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Name      string                 `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	// omit_objects leaves the objects' labels and specs out of the PUT events: each item's
+	// object then carries only its kind (an empty spec of it), its meta's tenant, namespace
+	// and name, generation, revision and generation_revision. A client that follows
+	// statuses alone, as a wait does, sets it to keep the stream small.
+	OmitObjects   bool `protobuf:"varint,5,opt,name=omit_objects,json=omitObjects,proto3" json:"omit_objects,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5017,6 +5022,13 @@ func (x *WatchStatusRequest) GetName() string {
 		return x.Name
 	}
 	return ""
+}
+
+func (x *WatchStatusRequest) GetOmitObjects() bool {
+	if x != nil {
+		return x.OmitObjects
+	}
+	return false
 }
 
 type StatusEvent struct {
@@ -5948,12 +5960,13 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\fTYPE_RESUMED\x10\x05\";\n" +
 	"\n" +
 	"WatchFrame\x12-\n" +
-	"\x06events\x18\x01 \x03(\v2\x15.nimbus.v1.WatchEventR\x06events\"\x83\x01\n" +
+	"\x06events\x18\x01 \x03(\v2\x15.nimbus.v1.WatchEventR\x06events\"\xa6\x01\n" +
 	"\x12WatchStatusRequest\x12#\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x0f.nimbus.v1.KindR\x04kind\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x1c\n" +
 	"\tnamespace\x18\x03 \x01(\tR\tnamespace\x12\x12\n" +
-	"\x04name\x18\x04 \x01(\tR\x04name\"\xe5\x01\n" +
+	"\x04name\x18\x04 \x01(\tR\x04name\x12!\n" +
+	"\fomit_objects\x18\x05 \x01(\bR\vomitObjects\"\xe5\x01\n" +
 	"\vStatusEvent\x12/\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x1b.nimbus.v1.StatusEvent.TypeR\x04type\x12/\n" +
 	"\x04item\x18\x02 \x01(\v2\x1b.nimbus.v1.ObjectWithStatusR\x04item\x12&\n" +

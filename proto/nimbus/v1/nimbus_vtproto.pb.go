@@ -7,11 +7,12 @@ package nimbusv1
 import (
 	fmt "fmt"
 	protohelpers "github.com/planetscale/vtprotobuf/protohelpers"
-	durationpb "github.com/planetscale/vtprotobuf/types/known/durationpb"
-	timestamppb "github.com/planetscale/vtprotobuf/types/known/timestamppb"
+	durationpb1 "github.com/planetscale/vtprotobuf/types/known/durationpb"
+	timestamppb1 "github.com/planetscale/vtprotobuf/types/known/timestamppb"
+	proto "google.golang.org/protobuf/proto"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
-	durationpb1 "google.golang.org/protobuf/types/known/durationpb"
-	timestamppb1 "google.golang.org/protobuf/types/known/timestamppb"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	io "io"
 	unsafe "unsafe"
 )
@@ -22,6 +23,1578 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
+
+func (m *ObjectKey) CloneVT() *ObjectKey {
+	if m == nil {
+		return (*ObjectKey)(nil)
+	}
+	r := new(ObjectKey)
+	r.Kind = m.Kind
+	r.Tenant = m.Tenant
+	r.Namespace = m.Namespace
+	r.Name = m.Name
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ObjectKey) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ObjectMeta) CloneVT() *ObjectMeta {
+	if m == nil {
+		return (*ObjectMeta)(nil)
+	}
+	r := new(ObjectMeta)
+	r.Tenant = m.Tenant
+	r.Namespace = m.Namespace
+	r.Name = m.Name
+	r.Uid = m.Uid
+	r.Generation = m.Generation
+	r.Revision = m.Revision
+	r.CreateTime = (*timestamppb.Timestamp)((*timestamppb1.Timestamp)(m.CreateTime).CloneVT())
+	r.UpdateTime = (*timestamppb.Timestamp)((*timestamppb1.Timestamp)(m.UpdateTime).CloneVT())
+	r.GenerationRevision = m.GenerationRevision
+	if rhs := m.Labels; rhs != nil {
+		tmpContainer := make(map[string]string, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v
+		}
+		r.Labels = tmpContainer
+	}
+	if rhs := m.Nodes; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.Nodes = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ObjectMeta) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *Object) CloneVT() *Object {
+	if m == nil {
+		return (*Object)(nil)
+	}
+	r := new(Object)
+	r.Meta = m.Meta.CloneVT()
+	if m.Spec != nil {
+		r.Spec = m.Spec.(interface{ CloneVT() isObject_Spec }).CloneVT()
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *Object) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *Object_Node) CloneVT() isObject_Spec {
+	if m == nil {
+		return (*Object_Node)(nil)
+	}
+	r := new(Object_Node)
+	r.Node = m.Node.CloneVT()
+	return r
+}
+
+func (m *Object_Network) CloneVT() isObject_Spec {
+	if m == nil {
+		return (*Object_Network)(nil)
+	}
+	r := new(Object_Network)
+	r.Network = m.Network.CloneVT()
+	return r
+}
+
+func (m *Object_Endpoint) CloneVT() isObject_Spec {
+	if m == nil {
+		return (*Object_Endpoint)(nil)
+	}
+	r := new(Object_Endpoint)
+	r.Endpoint = m.Endpoint.CloneVT()
+	return r
+}
+
+func (m *Object_SecurityGroup) CloneVT() isObject_Spec {
+	if m == nil {
+		return (*Object_SecurityGroup)(nil)
+	}
+	r := new(Object_SecurityGroup)
+	r.SecurityGroup = m.SecurityGroup.CloneVT()
+	return r
+}
+
+func (m *Object_NetworkSecurityPolicy) CloneVT() isObject_Spec {
+	if m == nil {
+		return (*Object_NetworkSecurityPolicy)(nil)
+	}
+	r := new(Object_NetworkSecurityPolicy)
+	r.NetworkSecurityPolicy = m.NetworkSecurityPolicy.CloneVT()
+	return r
+}
+
+func (m *Object_Route) CloneVT() isObject_Spec {
+	if m == nil {
+		return (*Object_Route)(nil)
+	}
+	r := new(Object_Route)
+	r.Route = m.Route.CloneVT()
+	return r
+}
+
+func (m *Object_Interface) CloneVT() isObject_Spec {
+	if m == nil {
+		return (*Object_Interface)(nil)
+	}
+	r := new(Object_Interface)
+	r.Interface = m.Interface.CloneVT()
+	return r
+}
+
+func (m *Object_FlowExportPolicy) CloneVT() isObject_Spec {
+	if m == nil {
+		return (*Object_FlowExportPolicy)(nil)
+	}
+	r := new(Object_FlowExportPolicy)
+	r.FlowExportPolicy = m.FlowExportPolicy.CloneVT()
+	return r
+}
+
+func (m *Object_Trace) CloneVT() isObject_Spec {
+	if m == nil {
+		return (*Object_Trace)(nil)
+	}
+	r := new(Object_Trace)
+	r.Trace = m.Trace.CloneVT()
+	return r
+}
+
+func (m *NodeSpec) CloneVT() *NodeSpec {
+	if m == nil {
+		return (*NodeSpec)(nil)
+	}
+	r := new(NodeSpec)
+	r.Hostname = m.Hostname
+	r.VtepAddress = m.VtepAddress
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *NodeSpec) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *NetworkSpec) CloneVT() *NetworkSpec {
+	if m == nil {
+		return (*NetworkSpec)(nil)
+	}
+	r := new(NetworkSpec)
+	r.Vni = m.Vni
+	r.Subnet = m.Subnet
+	r.Gateway = m.Gateway
+	r.Mtu = m.Mtu
+	if rhs := m.Subnets; rhs != nil {
+		tmpContainer := make([]*Subnet, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Subnets = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *NetworkSpec) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *Subnet) CloneVT() *Subnet {
+	if m == nil {
+		return (*Subnet)(nil)
+	}
+	r := new(Subnet)
+	r.Cidr = m.Cidr
+	r.Gateway = m.Gateway
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *Subnet) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *EndpointSpec) CloneVT() *EndpointSpec {
+	if m == nil {
+		return (*EndpointSpec)(nil)
+	}
+	r := new(EndpointSpec)
+	r.Network = m.Network
+	r.Node = m.Node
+	r.Interface = m.Interface
+	r.Mac = m.Mac
+	if rhs := m.Ips; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.Ips = tmpContainer
+	}
+	if rhs := m.SecurityGroups; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.SecurityGroups = tmpContainer
+	}
+	if rhs := m.AllowedSourcePrefixes; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.AllowedSourcePrefixes = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *EndpointSpec) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *SecurityGroupSpec) CloneVT() *SecurityGroupSpec {
+	if m == nil {
+		return (*SecurityGroupSpec)(nil)
+	}
+	r := new(SecurityGroupSpec)
+	if rhs := m.Cidrs; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.Cidrs = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *SecurityGroupSpec) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *NetworkSecurityPolicySpec) CloneVT() *NetworkSecurityPolicySpec {
+	if m == nil {
+		return (*NetworkSecurityPolicySpec)(nil)
+	}
+	r := new(NetworkSecurityPolicySpec)
+	if rhs := m.AttachGroups; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.AttachGroups = tmpContainer
+	}
+	if rhs := m.Ingress; rhs != nil {
+		tmpContainer := make([]*PolicyRule, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Ingress = tmpContainer
+	}
+	if rhs := m.Egress; rhs != nil {
+		tmpContainer := make([]*PolicyRule, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Egress = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *NetworkSecurityPolicySpec) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *PolicyRule) CloneVT() *PolicyRule {
+	if m == nil {
+		return (*PolicyRule)(nil)
+	}
+	r := new(PolicyRule)
+	r.Action = m.Action
+	r.Protocol = m.Protocol
+	if rhs := m.FromGroups; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.FromGroups = tmpContainer
+	}
+	if rhs := m.FromCidrs; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.FromCidrs = tmpContainer
+	}
+	if rhs := m.ToGroups; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.ToGroups = tmpContainer
+	}
+	if rhs := m.ToCidrs; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.ToCidrs = tmpContainer
+	}
+	if rhs := m.Ports; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.Ports = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *PolicyRule) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *RouteSpec) CloneVT() *RouteSpec {
+	if m == nil {
+		return (*RouteSpec)(nil)
+	}
+	r := new(RouteSpec)
+	r.Table = m.Table
+	r.Prefix = m.Prefix
+	r.Metric = m.Metric
+	r.TenantTable = m.TenantTable
+	if rhs := m.Nexthops; rhs != nil {
+		tmpContainer := make([]*NextHop, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Nexthops = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *RouteSpec) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *NextHop) CloneVT() *NextHop {
+	if m == nil {
+		return (*NextHop)(nil)
+	}
+	r := new(NextHop)
+	r.Gateway = m.Gateway
+	r.Device = m.Device
+	r.Weight = m.Weight
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *NextHop) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *InterfaceSpec) CloneVT() *InterfaceSpec {
+	if m == nil {
+		return (*InterfaceSpec)(nil)
+	}
+	r := new(InterfaceSpec)
+	r.Device = m.Device
+	r.Mtu = m.Mtu
+	if rhs := m.AdminUp; rhs != nil {
+		tmpVal := *rhs
+		r.AdminUp = &tmpVal
+	}
+	if rhs := m.Addresses; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.Addresses = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *InterfaceSpec) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *FlowExportPolicySpec) CloneVT() *FlowExportPolicySpec {
+	if m == nil {
+		return (*FlowExportPolicySpec)(nil)
+	}
+	r := new(FlowExportPolicySpec)
+	r.Format = m.Format
+	r.File = m.File
+	r.Interval = (*durationpb.Duration)((*durationpb1.Duration)(m.Interval).CloneVT())
+	r.TemplateInterval = (*durationpb.Duration)((*durationpb1.Duration)(m.TemplateInterval).CloneVT())
+	r.Sampling = m.Sampling
+	if rhs := m.Endpoints; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.Endpoints = tmpContainer
+	}
+	if rhs := m.SecurityGroups; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.SecurityGroups = tmpContainer
+	}
+	if rhs := m.Verdicts; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.Verdicts = tmpContainer
+	}
+	if rhs := m.Targets; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.Targets = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *FlowExportPolicySpec) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *TraceSpec) CloneVT() *TraceSpec {
+	if m == nil {
+		return (*TraceSpec)(nil)
+	}
+	r := new(TraceSpec)
+	r.Source = m.Source
+	r.Destination = m.Destination
+	r.DestinationAddress = m.DestinationAddress
+	r.Protocol = m.Protocol
+	r.SourcePort = m.SourcePort
+	r.DestinationPort = m.DestinationPort
+	r.PayloadSize = m.PayloadSize
+	r.Live = m.Live
+	r.Timeout = (*durationpb.Duration)((*durationpb1.Duration)(m.Timeout).CloneVT())
+	r.Family = m.Family
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *TraceSpec) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *NodeStatus) CloneVT() *NodeStatus {
+	if m == nil {
+		return (*NodeStatus)(nil)
+	}
+	r := new(NodeStatus)
+	r.Node = m.Node
+	r.ObservedGeneration = m.ObservedGeneration
+	r.Phase = m.Phase
+	r.Reason = m.Reason
+	r.Message = m.Message
+	r.UpdateTime = (*timestamppb.Timestamp)((*timestamppb1.Timestamp)(m.UpdateTime).CloneVT())
+	r.Stale = m.Stale
+	r.Terminal = m.Terminal
+	r.OperationalData = m.OperationalData.CloneVT()
+	if rhs := m.Operational; rhs != nil {
+		tmpContainer := make(map[string]string, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v
+		}
+		r.Operational = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *NodeStatus) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *OperationalData) CloneVT() *OperationalData {
+	if m == nil {
+		return (*OperationalData)(nil)
+	}
+	r := new(OperationalData)
+	r.EntriesOmitted = m.EntriesOmitted
+	if m.Kind != nil {
+		r.Kind = m.Kind.(interface{ CloneVT() isOperationalData_Kind }).CloneVT()
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *OperationalData) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *OperationalData_Node) CloneVT() isOperationalData_Kind {
+	if m == nil {
+		return (*OperationalData_Node)(nil)
+	}
+	r := new(OperationalData_Node)
+	r.Node = m.Node.CloneVT()
+	return r
+}
+
+func (m *OperationalData_Network) CloneVT() isOperationalData_Kind {
+	if m == nil {
+		return (*OperationalData_Network)(nil)
+	}
+	r := new(OperationalData_Network)
+	r.Network = m.Network.CloneVT()
+	return r
+}
+
+func (m *OperationalData_Endpoint) CloneVT() isOperationalData_Kind {
+	if m == nil {
+		return (*OperationalData_Endpoint)(nil)
+	}
+	r := new(OperationalData_Endpoint)
+	r.Endpoint = m.Endpoint.CloneVT()
+	return r
+}
+
+func (m *OperationalData_SecurityPolicy) CloneVT() isOperationalData_Kind {
+	if m == nil {
+		return (*OperationalData_SecurityPolicy)(nil)
+	}
+	r := new(OperationalData_SecurityPolicy)
+	r.SecurityPolicy = m.SecurityPolicy.CloneVT()
+	return r
+}
+
+func (m *OperationalData_Interface) CloneVT() isOperationalData_Kind {
+	if m == nil {
+		return (*OperationalData_Interface)(nil)
+	}
+	r := new(OperationalData_Interface)
+	r.Interface = m.Interface.CloneVT()
+	return r
+}
+
+func (m *OperationalData_FlowExport) CloneVT() isOperationalData_Kind {
+	if m == nil {
+		return (*OperationalData_FlowExport)(nil)
+	}
+	r := new(OperationalData_FlowExport)
+	r.FlowExport = m.FlowExport.CloneVT()
+	return r
+}
+
+func (m *OperationalData_Trace) CloneVT() isOperationalData_Kind {
+	if m == nil {
+		return (*OperationalData_Trace)(nil)
+	}
+	r := new(OperationalData_Trace)
+	r.Trace = m.Trace.CloneVT()
+	return r
+}
+
+func (m *NodeOperational) CloneVT() *NodeOperational {
+	if m == nil {
+		return (*NodeOperational)(nil)
+	}
+	r := new(NodeOperational)
+	r.Role = m.Role
+	r.Vtep = m.Vtep
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *NodeOperational) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *NetworkOperational) CloneVT() *NetworkOperational {
+	if m == nil {
+		return (*NetworkOperational)(nil)
+	}
+	r := new(NetworkOperational)
+	r.Bridge = m.Bridge
+	r.Vxlan = m.Vxlan
+	r.Vni = m.Vni
+	r.Vtep = m.Vtep
+	r.TenantTable = m.TenantTable
+	r.Mtu = m.Mtu
+	r.Underlay = m.Underlay
+	r.MtuWarning = m.MtuWarning
+	r.GatewayMark = m.GatewayMark
+	r.GatewayUnavailable = m.GatewayUnavailable
+	r.Ipv6ForwardingUnavailable = m.Ipv6ForwardingUnavailable
+	if rhs := m.RemoteVteps; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.RemoteVteps = tmpContainer
+	}
+	if rhs := m.NodesWithoutVtep; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.NodesWithoutVtep = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *NetworkOperational) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *EndpointOperational) CloneVT() *EndpointOperational {
+	if m == nil {
+		return (*EndpointOperational)(nil)
+	}
+	r := new(EndpointOperational)
+	r.Role = m.Role
+	r.Bridge = m.Bridge
+	r.Interface = m.Interface
+	r.Vtep = m.Vtep
+	r.Mac = m.Mac
+	r.Firewall = m.Firewall.CloneVT()
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *EndpointOperational) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *EndpointFirewall) CloneVT() *EndpointFirewall {
+	if m == nil {
+		return (*EndpointFirewall)(nil)
+	}
+	r := new(EndpointFirewall)
+	r.IngressProtected = m.IngressProtected
+	r.EgressProtected = m.EgressProtected
+	r.SourcesGuarded = m.SourcesGuarded
+	r.Counters = m.Counters.CloneVT()
+	if rhs := m.MissingGroups; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.MissingGroups = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *EndpointFirewall) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *EndpointFirewallCounters) CloneVT() *EndpointFirewallCounters {
+	if m == nil {
+		return (*EndpointFirewallCounters)(nil)
+	}
+	r := new(EndpointFirewallCounters)
+	r.AllowedPackets = m.AllowedPackets
+	r.AllowedBytes = m.AllowedBytes
+	r.DeniedPackets = m.DeniedPackets
+	r.DeniedBytes = m.DeniedBytes
+	r.SpoofedPackets = m.SpoofedPackets
+	r.SpoofedBytes = m.SpoofedBytes
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *EndpointFirewallCounters) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *SecurityPolicyOperational) CloneVT() *SecurityPolicyOperational {
+	if m == nil {
+		return (*SecurityPolicyOperational)(nil)
+	}
+	r := new(SecurityPolicyOperational)
+	r.ProtectedEndpoints = m.ProtectedEndpoints
+	if rhs := m.Rules; rhs != nil {
+		tmpContainer := make([]*PolicyRuleCounters, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Rules = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *SecurityPolicyOperational) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *PolicyRuleCounters) CloneVT() *PolicyRuleCounters {
+	if m == nil {
+		return (*PolicyRuleCounters)(nil)
+	}
+	r := new(PolicyRuleCounters)
+	r.Direction = m.Direction
+	r.Index = m.Index
+	r.Packets = m.Packets
+	r.Bytes = m.Bytes
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *PolicyRuleCounters) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *InterfaceOperational) CloneVT() *InterfaceOperational {
+	if m == nil {
+		return (*InterfaceOperational)(nil)
+	}
+	r := new(InterfaceOperational)
+	r.OperState = m.OperState
+	r.Carrier = m.Carrier
+	r.AdminUp = m.AdminUp
+	r.Mtu = m.Mtu
+	r.RxBytes = m.RxBytes
+	r.TxBytes = m.TxBytes
+	r.RxPackets = m.RxPackets
+	r.TxPackets = m.TxPackets
+	r.RxErrors = m.RxErrors
+	r.TxErrors = m.TxErrors
+	r.RxDropped = m.RxDropped
+	r.TxDropped = m.TxDropped
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *InterfaceOperational) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *FlowExportOperational) CloneVT() *FlowExportOperational {
+	if m == nil {
+		return (*FlowExportOperational)(nil)
+	}
+	r := new(FlowExportOperational)
+	r.RecordsSelected = m.RecordsSelected
+	r.RecordsDropped = m.RecordsDropped
+	r.Connections = m.Connections
+	if rhs := m.Targets; rhs != nil {
+		tmpContainer := make([]*FlowExportTarget, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Targets = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *FlowExportOperational) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *FlowExportTarget) CloneVT() *FlowExportTarget {
+	if m == nil {
+		return (*FlowExportTarget)(nil)
+	}
+	r := new(FlowExportTarget)
+	r.Target = m.Target
+	r.RecordsSent = m.RecordsSent
+	r.MessagesSent = m.MessagesSent
+	r.Errors = m.Errors
+	r.LastError = m.LastError
+	r.LastErrorTime = (*timestamppb.Timestamp)((*timestamppb1.Timestamp)(m.LastErrorTime).CloneVT())
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *FlowExportTarget) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *TraceOperational) CloneVT() *TraceOperational {
+	if m == nil {
+		return (*TraceOperational)(nil)
+	}
+	r := new(TraceOperational)
+	r.Done = m.Done
+	r.Packet = m.Packet
+	r.InjectedTime = (*timestamppb.Timestamp)((*timestamppb1.Timestamp)(m.InjectedTime).CloneVT())
+	r.EventsLost = m.EventsLost
+	if rhs := m.Observations; rhs != nil {
+		tmpContainer := make([]*TraceObservation, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Observations = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *TraceOperational) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *TraceObservation) CloneVT() *TraceObservation {
+	if m == nil {
+		return (*TraceObservation)(nil)
+	}
+	r := new(TraceObservation)
+	r.Stage = m.Stage
+	r.Action = m.Action
+	r.Reason = m.Reason
+	r.Endpoint = m.Endpoint
+	r.Interface = m.Interface
+	r.Network = m.Network
+	r.Policy = m.Policy.CloneVT()
+	r.Rule = m.Rule
+	r.Vtep = m.Vtep
+	r.PeerNode = m.PeerNode
+	r.Table = m.Table
+	r.Message = m.Message
+	r.Time = (*timestamppb.Timestamp)((*timestamppb1.Timestamp)(m.Time).CloneVT())
+	r.Length = m.Length
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *TraceObservation) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ObjectStatus) CloneVT() *ObjectStatus {
+	if m == nil {
+		return (*ObjectStatus)(nil)
+	}
+	r := new(ObjectStatus)
+	r.TargetNodes = m.TargetNodes
+	r.ProgrammedNodes = m.ProgrammedNodes
+	r.FailedNodes = m.FailedNodes
+	r.Generation = m.Generation
+	r.CurrentNodes = m.CurrentNodes
+	r.StaleNodes = m.StaleNodes
+	r.CaughtUpTime = (*timestamppb.Timestamp)((*timestamppb1.Timestamp)(m.CaughtUpTime).CloneVT())
+	r.DetailsOmitted = m.DetailsOmitted
+	r.NodesOmitted = m.NodesOmitted
+	r.PendingOmitted = m.PendingOmitted
+	if rhs := m.Nodes; rhs != nil {
+		tmpContainer := make([]*NodeStatus, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Nodes = tmpContainer
+	}
+	if rhs := m.Pending; rhs != nil {
+		tmpContainer := make([]string, len(rhs))
+		copy(tmpContainer, rhs)
+		r.Pending = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ObjectStatus) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ObjectWithStatus) CloneVT() *ObjectWithStatus {
+	if m == nil {
+		return (*ObjectWithStatus)(nil)
+	}
+	r := new(ObjectWithStatus)
+	r.Object = m.Object.CloneVT()
+	r.Status = m.Status.CloneVT()
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ObjectWithStatus) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ApplyRequest) CloneVT() *ApplyRequest {
+	if m == nil {
+		return (*ApplyRequest)(nil)
+	}
+	r := new(ApplyRequest)
+	r.Object = m.Object.CloneVT()
+	r.DryRun = m.DryRun
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ApplyRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ApplyResponse) CloneVT() *ApplyResponse {
+	if m == nil {
+		return (*ApplyResponse)(nil)
+	}
+	r := new(ApplyResponse)
+	r.Object = m.Object.CloneVT()
+	r.Changed = m.Changed
+	r.Created = m.Created
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ApplyResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *DeleteRequest) CloneVT() *DeleteRequest {
+	if m == nil {
+		return (*DeleteRequest)(nil)
+	}
+	r := new(DeleteRequest)
+	r.Key = m.Key.CloneVT()
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *DeleteRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *DeleteResponse) CloneVT() *DeleteResponse {
+	if m == nil {
+		return (*DeleteResponse)(nil)
+	}
+	r := new(DeleteResponse)
+	r.Found = m.Found
+	r.Revision = m.Revision
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *DeleteResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ApplyBatchRequest) CloneVT() *ApplyBatchRequest {
+	if m == nil {
+		return (*ApplyBatchRequest)(nil)
+	}
+	r := new(ApplyBatchRequest)
+	r.OmitObjects = m.OmitObjects
+	r.DryRun = m.DryRun
+	if rhs := m.Objects; rhs != nil {
+		tmpContainer := make([]*Object, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Objects = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ApplyBatchRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ApplyBatchResponse) CloneVT() *ApplyBatchResponse {
+	if m == nil {
+		return (*ApplyBatchResponse)(nil)
+	}
+	r := new(ApplyBatchResponse)
+	r.Revision = m.Revision
+	r.Transactions = m.Transactions
+	if rhs := m.Results; rhs != nil {
+		tmpContainer := make([]*ApplyResponse, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Results = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ApplyBatchResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *DeleteBatchRequest) CloneVT() *DeleteBatchRequest {
+	if m == nil {
+		return (*DeleteBatchRequest)(nil)
+	}
+	r := new(DeleteBatchRequest)
+	if rhs := m.Keys; rhs != nil {
+		tmpContainer := make([]*ObjectKey, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Keys = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *DeleteBatchRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *DeleteBatchResponse) CloneVT() *DeleteBatchResponse {
+	if m == nil {
+		return (*DeleteBatchResponse)(nil)
+	}
+	r := new(DeleteBatchResponse)
+	r.Revision = m.Revision
+	r.Transactions = m.Transactions
+	if rhs := m.Results; rhs != nil {
+		tmpContainer := make([]*DeleteResponse, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Results = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *DeleteBatchResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *GetRequest) CloneVT() *GetRequest {
+	if m == nil {
+		return (*GetRequest)(nil)
+	}
+	r := new(GetRequest)
+	r.Key = m.Key.CloneVT()
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *GetRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *GetResponse) CloneVT() *GetResponse {
+	if m == nil {
+		return (*GetResponse)(nil)
+	}
+	r := new(GetResponse)
+	r.Item = m.Item.CloneVT()
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *GetResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ListRequest) CloneVT() *ListRequest {
+	if m == nil {
+		return (*ListRequest)(nil)
+	}
+	r := new(ListRequest)
+	r.Kind = m.Kind
+	r.Tenant = m.Tenant
+	r.Namespace = m.Namespace
+	r.Limit = m.Limit
+	r.PageToken = m.PageToken
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ListRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ListResponse) CloneVT() *ListResponse {
+	if m == nil {
+		return (*ListResponse)(nil)
+	}
+	r := new(ListResponse)
+	r.Revision = m.Revision
+	r.NextPageToken = m.NextPageToken
+	if rhs := m.Items; rhs != nil {
+		tmpContainer := make([]*ObjectWithStatus, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Items = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ListResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ListNodeStatusesRequest) CloneVT() *ListNodeStatusesRequest {
+	if m == nil {
+		return (*ListNodeStatusesRequest)(nil)
+	}
+	r := new(ListNodeStatusesRequest)
+	r.Key = m.Key.CloneVT()
+	r.PageToken = m.PageToken
+	r.Limit = m.Limit
+	r.Filter = m.Filter
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ListNodeStatusesRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *NodeStatusEntry) CloneVT() *NodeStatusEntry {
+	if m == nil {
+		return (*NodeStatusEntry)(nil)
+	}
+	r := new(NodeStatusEntry)
+	r.Node = m.Node
+	r.Status = m.Status.CloneVT()
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *NodeStatusEntry) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ListNodeStatusesResponse) CloneVT() *ListNodeStatusesResponse {
+	if m == nil {
+		return (*ListNodeStatusesResponse)(nil)
+	}
+	r := new(ListNodeStatusesResponse)
+	r.NextPageToken = m.NextPageToken
+	r.Generation = m.Generation
+	r.Revision = m.Revision
+	if rhs := m.Entries; rhs != nil {
+		tmpContainer := make([]*NodeStatusEntry, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Entries = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ListNodeStatusesResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *WatchRequest) CloneVT() *WatchRequest {
+	if m == nil {
+		return (*WatchRequest)(nil)
+	}
+	r := new(WatchRequest)
+	r.Node = m.Node
+	r.Epoch = m.Epoch
+	r.Revision = m.Revision
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *WatchRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *WatchEvent) CloneVT() *WatchEvent {
+	if m == nil {
+		return (*WatchEvent)(nil)
+	}
+	r := new(WatchEvent)
+	r.Type = m.Type
+	r.Object = m.Object.CloneVT()
+	r.Key = m.Key.CloneVT()
+	r.Revision = m.Revision
+	r.Epoch = m.Epoch
+	r.Snapshot = m.Snapshot
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *WatchEvent) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *WatchFrame) CloneVT() *WatchFrame {
+	if m == nil {
+		return (*WatchFrame)(nil)
+	}
+	r := new(WatchFrame)
+	if rhs := m.Events; rhs != nil {
+		tmpContainer := make([]*WatchEvent, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Events = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *WatchFrame) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *WatchStatusRequest) CloneVT() *WatchStatusRequest {
+	if m == nil {
+		return (*WatchStatusRequest)(nil)
+	}
+	r := new(WatchStatusRequest)
+	r.Kind = m.Kind
+	r.Tenant = m.Tenant
+	r.Namespace = m.Namespace
+	r.Name = m.Name
+	r.OmitObjects = m.OmitObjects
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *WatchStatusRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *StatusEvent) CloneVT() *StatusEvent {
+	if m == nil {
+		return (*StatusEvent)(nil)
+	}
+	r := new(StatusEvent)
+	r.Type = m.Type
+	r.Item = m.Item.CloneVT()
+	r.Key = m.Key.CloneVT()
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *StatusEvent) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *StatusFrame) CloneVT() *StatusFrame {
+	if m == nil {
+		return (*StatusFrame)(nil)
+	}
+	r := new(StatusFrame)
+	if rhs := m.Events; rhs != nil {
+		tmpContainer := make([]*StatusEvent, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Events = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *StatusFrame) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *StatusReport) CloneVT() *StatusReport {
+	if m == nil {
+		return (*StatusReport)(nil)
+	}
+	r := new(StatusReport)
+	r.Key = m.Key.CloneVT()
+	r.Status = m.Status.CloneVT()
+	r.Watermark = m.Watermark.CloneVT()
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *StatusReport) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *StatusWatermark) CloneVT() *StatusWatermark {
+	if m == nil {
+		return (*StatusWatermark)(nil)
+	}
+	r := new(StatusWatermark)
+	r.Node = m.Node
+	r.Epoch = m.Epoch
+	r.Revision = m.Revision
+	r.UpdateTime = (*timestamppb.Timestamp)((*timestamppb1.Timestamp)(m.UpdateTime).CloneVT())
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *StatusWatermark) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *ReportStatusResponse) CloneVT() *ReportStatusResponse {
+	if m == nil {
+		return (*ReportStatusResponse)(nil)
+	}
+	r := new(ReportStatusResponse)
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *ReportStatusResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *PeerFrame) CloneVT() *PeerFrame {
+	if m == nil {
+		return (*PeerFrame)(nil)
+	}
+	r := new(PeerFrame)
+	r.Replica = m.Replica
+	r.Revision = m.Revision
+	if rhs := m.Reports; rhs != nil {
+		tmpContainer := make([]*StatusReport, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Reports = tmpContainer
+	}
+	if rhs := m.Presence; rhs != nil {
+		tmpContainer := make([]*PeerPresence, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Presence = tmpContainer
+	}
+	if rhs := m.Watermarks; rhs != nil {
+		tmpContainer := make([]*StatusWatermark, len(rhs))
+		for k, v := range rhs {
+			tmpContainer[k] = v.CloneVT()
+		}
+		r.Watermarks = tmpContainer
+	}
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *PeerFrame) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *PeerPresence) CloneVT() *PeerPresence {
+	if m == nil {
+		return (*PeerPresence)(nil)
+	}
+	r := new(PeerPresence)
+	r.Node = m.Node
+	r.Streams = m.Streams
+	r.Since = (*timestamppb.Timestamp)((*timestamppb1.Timestamp)(m.Since).CloneVT())
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *PeerPresence) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *PeerStatusResponse) CloneVT() *PeerStatusResponse {
+	if m == nil {
+		return (*PeerStatusResponse)(nil)
+	}
+	r := new(PeerStatusResponse)
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *PeerStatusResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *VersionRequest) CloneVT() *VersionRequest {
+	if m == nil {
+		return (*VersionRequest)(nil)
+	}
+	r := new(VersionRequest)
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *VersionRequest) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
+
+func (m *VersionResponse) CloneVT() *VersionResponse {
+	if m == nil {
+		return (*VersionResponse)(nil)
+	}
+	r := new(VersionResponse)
+	r.Version = m.Version
+	r.GoVersion = m.GoVersion
+	r.Platform = m.Platform
+	if len(m.unknownFields) > 0 {
+		r.unknownFields = make([]byte, len(m.unknownFields))
+		copy(r.unknownFields, m.unknownFields)
+	}
+	return r
+}
+
+func (m *VersionResponse) CloneMessageVT() proto.Message {
+	return m.CloneVT()
+}
 
 func (m *ObjectKey) MarshalVT() (dAtA []byte, err error) {
 	if m == nil {
@@ -118,7 +1691,7 @@ func (m *ObjectMeta) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		dAtA[i] = 0x58
 	}
 	if m.UpdateTime != nil {
-		size, err := (*timestamppb.Timestamp)(m.UpdateTime).MarshalToSizedBufferVT(dAtA[:i])
+		size, err := (*timestamppb1.Timestamp)(m.UpdateTime).MarshalToSizedBufferVT(dAtA[:i])
 		if err != nil {
 			return 0, err
 		}
@@ -128,7 +1701,7 @@ func (m *ObjectMeta) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		dAtA[i] = 0x52
 	}
 	if m.CreateTime != nil {
-		size, err := (*timestamppb.Timestamp)(m.CreateTime).MarshalToSizedBufferVT(dAtA[:i])
+		size, err := (*timestamppb1.Timestamp)(m.CreateTime).MarshalToSizedBufferVT(dAtA[:i])
 		if err != nil {
 			return 0, err
 		}
@@ -1150,7 +2723,7 @@ func (m *FlowExportPolicySpec) MarshalToSizedBufferVT(dAtA []byte) (int, error) 
 		dAtA[i] = 0x48
 	}
 	if m.TemplateInterval != nil {
-		size, err := (*durationpb.Duration)(m.TemplateInterval).MarshalToSizedBufferVT(dAtA[:i])
+		size, err := (*durationpb1.Duration)(m.TemplateInterval).MarshalToSizedBufferVT(dAtA[:i])
 		if err != nil {
 			return 0, err
 		}
@@ -1160,7 +2733,7 @@ func (m *FlowExportPolicySpec) MarshalToSizedBufferVT(dAtA []byte) (int, error) 
 		dAtA[i] = 0x42
 	}
 	if m.Interval != nil {
-		size, err := (*durationpb.Duration)(m.Interval).MarshalToSizedBufferVT(dAtA[:i])
+		size, err := (*durationpb1.Duration)(m.Interval).MarshalToSizedBufferVT(dAtA[:i])
 		if err != nil {
 			return 0, err
 		}
@@ -1260,7 +2833,7 @@ func (m *TraceSpec) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		dAtA[i] = 0x52
 	}
 	if m.Timeout != nil {
-		size, err := (*durationpb.Duration)(m.Timeout).MarshalToSizedBufferVT(dAtA[:i])
+		size, err := (*durationpb1.Duration)(m.Timeout).MarshalToSizedBufferVT(dAtA[:i])
 		if err != nil {
 			return 0, err
 		}
@@ -1405,7 +2978,7 @@ func (m *NodeStatus) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		}
 	}
 	if m.UpdateTime != nil {
-		size, err := (*timestamppb.Timestamp)(m.UpdateTime).MarshalToSizedBufferVT(dAtA[:i])
+		size, err := (*timestamppb1.Timestamp)(m.UpdateTime).MarshalToSizedBufferVT(dAtA[:i])
 		if err != nil {
 			return 0, err
 		}
@@ -2339,7 +3912,7 @@ func (m *FlowExportTarget) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		copy(dAtA[i:], m.unknownFields)
 	}
 	if m.LastErrorTime != nil {
-		size, err := (*timestamppb.Timestamp)(m.LastErrorTime).MarshalToSizedBufferVT(dAtA[:i])
+		size, err := (*timestamppb1.Timestamp)(m.LastErrorTime).MarshalToSizedBufferVT(dAtA[:i])
 		if err != nil {
 			return 0, err
 		}
@@ -2416,7 +3989,7 @@ func (m *TraceOperational) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		dAtA[i] = 0x28
 	}
 	if m.InjectedTime != nil {
-		size, err := (*timestamppb.Timestamp)(m.InjectedTime).MarshalToSizedBufferVT(dAtA[:i])
+		size, err := (*timestamppb1.Timestamp)(m.InjectedTime).MarshalToSizedBufferVT(dAtA[:i])
 		if err != nil {
 			return 0, err
 		}
@@ -2493,7 +4066,7 @@ func (m *TraceObservation) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		dAtA[i] = 0x70
 	}
 	if m.Time != nil {
-		size, err := (*timestamppb.Timestamp)(m.Time).MarshalToSizedBufferVT(dAtA[:i])
+		size, err := (*timestamppb1.Timestamp)(m.Time).MarshalToSizedBufferVT(dAtA[:i])
 		if err != nil {
 			return 0, err
 		}
@@ -2632,7 +4205,7 @@ func (m *ObjectStatus) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		dAtA[i] = 0x50
 	}
 	if m.CaughtUpTime != nil {
-		size, err := (*timestamppb.Timestamp)(m.CaughtUpTime).MarshalToSizedBufferVT(dAtA[:i])
+		size, err := (*timestamppb1.Timestamp)(m.CaughtUpTime).MarshalToSizedBufferVT(dAtA[:i])
 		if err != nil {
 			return 0, err
 		}
@@ -3761,6 +5334,16 @@ func (m *WatchStatusRequest) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
+	if m.OmitObjects {
+		i--
+		if m.OmitObjects {
+			dAtA[i] = 1
+		} else {
+			dAtA[i] = 0
+		}
+		i--
+		dAtA[i] = 0x28
+	}
 	if len(m.Name) > 0 {
 		i -= len(m.Name)
 		copy(dAtA[i:], m.Name)
@@ -3987,7 +5570,7 @@ func (m *StatusWatermark) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		copy(dAtA[i:], m.unknownFields)
 	}
 	if m.UpdateTime != nil {
-		size, err := (*timestamppb.Timestamp)(m.UpdateTime).MarshalToSizedBufferVT(dAtA[:i])
+		size, err := (*timestamppb1.Timestamp)(m.UpdateTime).MarshalToSizedBufferVT(dAtA[:i])
 		if err != nil {
 			return 0, err
 		}
@@ -4163,7 +5746,7 @@ func (m *PeerPresence) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		copy(dAtA[i:], m.unknownFields)
 	}
 	if m.Since != nil {
-		size, err := (*timestamppb.Timestamp)(m.Since).MarshalToSizedBufferVT(dAtA[:i])
+		size, err := (*timestamppb1.Timestamp)(m.Since).MarshalToSizedBufferVT(dAtA[:i])
 		if err != nil {
 			return 0, err
 		}
@@ -4375,11 +5958,11 @@ func (m *ObjectMeta) SizeVT() (n int) {
 		}
 	}
 	if m.CreateTime != nil {
-		l = (*timestamppb.Timestamp)(m.CreateTime).SizeVT()
+		l = (*timestamppb1.Timestamp)(m.CreateTime).SizeVT()
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	if m.UpdateTime != nil {
-		l = (*timestamppb.Timestamp)(m.UpdateTime).SizeVT()
+		l = (*timestamppb1.Timestamp)(m.UpdateTime).SizeVT()
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	if m.GenerationRevision != 0 {
@@ -4848,11 +6431,11 @@ func (m *FlowExportPolicySpec) SizeVT() (n int) {
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	if m.Interval != nil {
-		l = (*durationpb.Duration)(m.Interval).SizeVT()
+		l = (*durationpb1.Duration)(m.Interval).SizeVT()
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	if m.TemplateInterval != nil {
-		l = (*durationpb.Duration)(m.TemplateInterval).SizeVT()
+		l = (*durationpb1.Duration)(m.TemplateInterval).SizeVT()
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	if m.Sampling != 0 {
@@ -4897,7 +6480,7 @@ func (m *TraceSpec) SizeVT() (n int) {
 		n += 2
 	}
 	if m.Timeout != nil {
-		l = (*durationpb.Duration)(m.Timeout).SizeVT()
+		l = (*durationpb1.Duration)(m.Timeout).SizeVT()
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	l = len(m.Family)
@@ -4933,7 +6516,7 @@ func (m *NodeStatus) SizeVT() (n int) {
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	if m.UpdateTime != nil {
-		l = (*timestamppb.Timestamp)(m.UpdateTime).SizeVT()
+		l = (*timestamppb1.Timestamp)(m.UpdateTime).SizeVT()
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	if len(m.Operational) > 0 {
@@ -5377,7 +6960,7 @@ func (m *FlowExportTarget) SizeVT() (n int) {
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	if m.LastErrorTime != nil {
-		l = (*timestamppb.Timestamp)(m.LastErrorTime).SizeVT()
+		l = (*timestamppb1.Timestamp)(m.LastErrorTime).SizeVT()
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	n += len(m.unknownFields)
@@ -5404,7 +6987,7 @@ func (m *TraceOperational) SizeVT() (n int) {
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	if m.InjectedTime != nil {
-		l = (*timestamppb.Timestamp)(m.InjectedTime).SizeVT()
+		l = (*timestamppb1.Timestamp)(m.InjectedTime).SizeVT()
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	if m.EventsLost != 0 {
@@ -5466,7 +7049,7 @@ func (m *TraceObservation) SizeVT() (n int) {
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	if m.Time != nil {
-		l = (*timestamppb.Timestamp)(m.Time).SizeVT()
+		l = (*timestamppb1.Timestamp)(m.Time).SizeVT()
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	if m.Length != 0 {
@@ -5513,7 +7096,7 @@ func (m *ObjectStatus) SizeVT() (n int) {
 		n += 1 + protohelpers.SizeOfVarint(uint64(m.StaleNodes))
 	}
 	if m.CaughtUpTime != nil {
-		l = (*timestamppb.Timestamp)(m.CaughtUpTime).SizeVT()
+		l = (*timestamppb1.Timestamp)(m.CaughtUpTime).SizeVT()
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	if m.DetailsOmitted != 0 {
@@ -5932,6 +7515,9 @@ func (m *WatchStatusRequest) SizeVT() (n int) {
 	if l > 0 {
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
+	if m.OmitObjects {
+		n += 2
+	}
 	n += len(m.unknownFields)
 	return n
 }
@@ -6013,7 +7599,7 @@ func (m *StatusWatermark) SizeVT() (n int) {
 		n += 1 + protohelpers.SizeOfVarint(uint64(m.Revision))
 	}
 	if m.UpdateTime != nil {
-		l = (*timestamppb.Timestamp)(m.UpdateTime).SizeVT()
+		l = (*timestamppb1.Timestamp)(m.UpdateTime).SizeVT()
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	n += len(m.unknownFields)
@@ -6079,7 +7665,7 @@ func (m *PeerPresence) SizeVT() (n int) {
 		n += 1 + protohelpers.SizeOfVarint(uint64(m.Streams))
 	}
 	if m.Since != nil {
-		l = (*timestamppb.Timestamp)(m.Since).SizeVT()
+		l = (*timestamppb1.Timestamp)(m.Since).SizeVT()
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	n += len(m.unknownFields)
@@ -6678,9 +8264,9 @@ func (m *ObjectMeta) UnmarshalVT(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.CreateTime == nil {
-				m.CreateTime = &timestamppb1.Timestamp{}
+				m.CreateTime = &timestamppb.Timestamp{}
 			}
-			if err := (*timestamppb.Timestamp)(m.CreateTime).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*timestamppb1.Timestamp)(m.CreateTime).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex
@@ -6714,9 +8300,9 @@ func (m *ObjectMeta) UnmarshalVT(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.UpdateTime == nil {
-				m.UpdateTime = &timestamppb1.Timestamp{}
+				m.UpdateTime = &timestamppb.Timestamp{}
 			}
-			if err := (*timestamppb.Timestamp)(m.UpdateTime).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*timestamppb1.Timestamp)(m.UpdateTime).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex
@@ -9120,9 +10706,9 @@ func (m *FlowExportPolicySpec) UnmarshalVT(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.Interval == nil {
-				m.Interval = &durationpb1.Duration{}
+				m.Interval = &durationpb.Duration{}
 			}
-			if err := (*durationpb.Duration)(m.Interval).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*durationpb1.Duration)(m.Interval).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex
@@ -9156,9 +10742,9 @@ func (m *FlowExportPolicySpec) UnmarshalVT(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.TemplateInterval == nil {
-				m.TemplateInterval = &durationpb1.Duration{}
+				m.TemplateInterval = &durationpb.Duration{}
 			}
-			if err := (*durationpb.Duration)(m.TemplateInterval).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*durationpb1.Duration)(m.TemplateInterval).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex
@@ -9467,9 +11053,9 @@ func (m *TraceSpec) UnmarshalVT(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.Timeout == nil {
-				m.Timeout = &durationpb1.Duration{}
+				m.Timeout = &durationpb.Duration{}
 			}
-			if err := (*durationpb.Duration)(m.Timeout).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*durationpb1.Duration)(m.Timeout).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex
@@ -9720,9 +11306,9 @@ func (m *NodeStatus) UnmarshalVT(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.UpdateTime == nil {
-				m.UpdateTime = &timestamppb1.Timestamp{}
+				m.UpdateTime = &timestamppb.Timestamp{}
 			}
-			if err := (*timestamppb.Timestamp)(m.UpdateTime).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*timestamppb1.Timestamp)(m.UpdateTime).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex
@@ -12237,9 +13823,9 @@ func (m *FlowExportTarget) UnmarshalVT(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.LastErrorTime == nil {
-				m.LastErrorTime = &timestamppb1.Timestamp{}
+				m.LastErrorTime = &timestamppb.Timestamp{}
 			}
-			if err := (*timestamppb.Timestamp)(m.LastErrorTime).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*timestamppb1.Timestamp)(m.LastErrorTime).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex
@@ -12410,9 +13996,9 @@ func (m *TraceOperational) UnmarshalVT(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.InjectedTime == nil {
-				m.InjectedTime = &timestamppb1.Timestamp{}
+				m.InjectedTime = &timestamppb.Timestamp{}
 			}
-			if err := (*timestamppb.Timestamp)(m.InjectedTime).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*timestamppb1.Timestamp)(m.InjectedTime).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex
@@ -12865,9 +14451,9 @@ func (m *TraceObservation) UnmarshalVT(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.Time == nil {
-				m.Time = &timestamppb1.Timestamp{}
+				m.Time = &timestamppb.Timestamp{}
 			}
-			if err := (*timestamppb.Timestamp)(m.Time).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*timestamppb1.Timestamp)(m.Time).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex
@@ -13151,9 +14737,9 @@ func (m *ObjectStatus) UnmarshalVT(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.CaughtUpTime == nil {
-				m.CaughtUpTime = &timestamppb1.Timestamp{}
+				m.CaughtUpTime = &timestamppb.Timestamp{}
 			}
-			if err := (*timestamppb.Timestamp)(m.CaughtUpTime).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*timestamppb1.Timestamp)(m.CaughtUpTime).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex
@@ -15728,6 +17314,26 @@ func (m *WatchStatusRequest) UnmarshalVT(dAtA []byte) error {
 			}
 			m.Name = string(dAtA[iNdEx:postIndex])
 			iNdEx = postIndex
+		case 5:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field OmitObjects", wireType)
+			}
+			var v int
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				v |= int(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			m.OmitObjects = bool(v != 0)
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])
@@ -16278,9 +17884,9 @@ func (m *StatusWatermark) UnmarshalVT(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.UpdateTime == nil {
-				m.UpdateTime = &timestamppb1.Timestamp{}
+				m.UpdateTime = &timestamppb.Timestamp{}
 			}
-			if err := (*timestamppb.Timestamp)(m.UpdateTime).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*timestamppb1.Timestamp)(m.UpdateTime).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex
@@ -16671,9 +18277,9 @@ func (m *PeerPresence) UnmarshalVT(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.Since == nil {
-				m.Since = &timestamppb1.Timestamp{}
+				m.Since = &timestamppb.Timestamp{}
 			}
-			if err := (*timestamppb.Timestamp)(m.Since).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*timestamppb1.Timestamp)(m.Since).UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex
@@ -17538,9 +19144,9 @@ func (m *ObjectMeta) UnmarshalVTUnsafe(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.CreateTime == nil {
-				m.CreateTime = &timestamppb1.Timestamp{}
+				m.CreateTime = &timestamppb.Timestamp{}
 			}
-			if err := (*timestamppb.Timestamp)(m.CreateTime).UnmarshalVTUnsafe(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*timestamppb1.Timestamp)(m.CreateTime).UnmarshalVTUnsafe(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex
@@ -17574,9 +19180,9 @@ func (m *ObjectMeta) UnmarshalVTUnsafe(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.UpdateTime == nil {
-				m.UpdateTime = &timestamppb1.Timestamp{}
+				m.UpdateTime = &timestamppb.Timestamp{}
 			}
-			if err := (*timestamppb.Timestamp)(m.UpdateTime).UnmarshalVTUnsafe(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*timestamppb1.Timestamp)(m.UpdateTime).UnmarshalVTUnsafe(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex
@@ -20108,9 +21714,9 @@ func (m *FlowExportPolicySpec) UnmarshalVTUnsafe(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.Interval == nil {
-				m.Interval = &durationpb1.Duration{}
+				m.Interval = &durationpb.Duration{}
 			}
-			if err := (*durationpb.Duration)(m.Interval).UnmarshalVTUnsafe(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*durationpb1.Duration)(m.Interval).UnmarshalVTUnsafe(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex
@@ -20144,9 +21750,9 @@ func (m *FlowExportPolicySpec) UnmarshalVTUnsafe(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.TemplateInterval == nil {
-				m.TemplateInterval = &durationpb1.Duration{}
+				m.TemplateInterval = &durationpb.Duration{}
 			}
-			if err := (*durationpb.Duration)(m.TemplateInterval).UnmarshalVTUnsafe(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*durationpb1.Duration)(m.TemplateInterval).UnmarshalVTUnsafe(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex
@@ -20471,9 +22077,9 @@ func (m *TraceSpec) UnmarshalVTUnsafe(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.Timeout == nil {
-				m.Timeout = &durationpb1.Duration{}
+				m.Timeout = &durationpb.Duration{}
 			}
-			if err := (*durationpb.Duration)(m.Timeout).UnmarshalVTUnsafe(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*durationpb1.Duration)(m.Timeout).UnmarshalVTUnsafe(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex
@@ -20740,9 +22346,9 @@ func (m *NodeStatus) UnmarshalVTUnsafe(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.UpdateTime == nil {
-				m.UpdateTime = &timestamppb1.Timestamp{}
+				m.UpdateTime = &timestamppb.Timestamp{}
 			}
-			if err := (*timestamppb.Timestamp)(m.UpdateTime).UnmarshalVTUnsafe(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*timestamppb1.Timestamp)(m.UpdateTime).UnmarshalVTUnsafe(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex
@@ -23333,9 +24939,9 @@ func (m *FlowExportTarget) UnmarshalVTUnsafe(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.LastErrorTime == nil {
-				m.LastErrorTime = &timestamppb1.Timestamp{}
+				m.LastErrorTime = &timestamppb.Timestamp{}
 			}
-			if err := (*timestamppb.Timestamp)(m.LastErrorTime).UnmarshalVTUnsafe(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*timestamppb1.Timestamp)(m.LastErrorTime).UnmarshalVTUnsafe(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex
@@ -23510,9 +25116,9 @@ func (m *TraceOperational) UnmarshalVTUnsafe(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.InjectedTime == nil {
-				m.InjectedTime = &timestamppb1.Timestamp{}
+				m.InjectedTime = &timestamppb.Timestamp{}
 			}
-			if err := (*timestamppb.Timestamp)(m.InjectedTime).UnmarshalVTUnsafe(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*timestamppb1.Timestamp)(m.InjectedTime).UnmarshalVTUnsafe(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex
@@ -23997,9 +25603,9 @@ func (m *TraceObservation) UnmarshalVTUnsafe(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.Time == nil {
-				m.Time = &timestamppb1.Timestamp{}
+				m.Time = &timestamppb.Timestamp{}
 			}
-			if err := (*timestamppb.Timestamp)(m.Time).UnmarshalVTUnsafe(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*timestamppb1.Timestamp)(m.Time).UnmarshalVTUnsafe(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex
@@ -24287,9 +25893,9 @@ func (m *ObjectStatus) UnmarshalVTUnsafe(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.CaughtUpTime == nil {
-				m.CaughtUpTime = &timestamppb1.Timestamp{}
+				m.CaughtUpTime = &timestamppb.Timestamp{}
 			}
-			if err := (*timestamppb.Timestamp)(m.CaughtUpTime).UnmarshalVTUnsafe(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*timestamppb1.Timestamp)(m.CaughtUpTime).UnmarshalVTUnsafe(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex
@@ -26916,6 +28522,26 @@ func (m *WatchStatusRequest) UnmarshalVTUnsafe(dAtA []byte) error {
 			}
 			m.Name = stringValue
 			iNdEx = postIndex
+		case 5:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field OmitObjects", wireType)
+			}
+			var v int
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				v |= int(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			m.OmitObjects = bool(v != 0)
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])
@@ -27474,9 +29100,9 @@ func (m *StatusWatermark) UnmarshalVTUnsafe(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.UpdateTime == nil {
-				m.UpdateTime = &timestamppb1.Timestamp{}
+				m.UpdateTime = &timestamppb.Timestamp{}
 			}
-			if err := (*timestamppb.Timestamp)(m.UpdateTime).UnmarshalVTUnsafe(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*timestamppb1.Timestamp)(m.UpdateTime).UnmarshalVTUnsafe(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex
@@ -27875,9 +29501,9 @@ func (m *PeerPresence) UnmarshalVTUnsafe(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.Since == nil {
-				m.Since = &timestamppb1.Timestamp{}
+				m.Since = &timestamppb.Timestamp{}
 			}
-			if err := (*timestamppb.Timestamp)(m.Since).UnmarshalVTUnsafe(dAtA[iNdEx:postIndex]); err != nil {
+			if err := (*timestamppb1.Timestamp)(m.Since).UnmarshalVTUnsafe(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex
