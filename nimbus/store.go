@@ -2,7 +2,7 @@ package nimbus
 
 import (
 	"crypto/rand"
-	"fmt"
+	"encoding/hex"
 	"iter"
 	"strings"
 	"sync"
@@ -587,5 +587,12 @@ func newUUID() string {
 	rand.Read(b[:]) // never fails; see crypto/rand.Read
 	b[6] = b[6]&0x0f | 0x40
 	b[8] = b[8]&0x3f | 0x80
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+	var out [36]byte
+	hex.Encode(out[0:8], b[0:4])
+	hex.Encode(out[9:13], b[4:6])
+	hex.Encode(out[14:18], b[6:8])
+	hex.Encode(out[19:23], b[8:10])
+	hex.Encode(out[24:36], b[10:16])
+	out[8], out[13], out[18], out[23] = '-', '-', '-', '-'
+	return string(out[:])
 }

@@ -2,6 +2,7 @@ package nimbus
 
 import (
 	"fmt"
+	"regexp"
 	"slices"
 	"sync"
 	"testing"
@@ -338,5 +339,19 @@ func TestSkeletonWire(t *testing.T) {
 		if want := obj.Skeleton(); !proto.Equal(&got, want) {
 			t.Errorf("skeletonWire of %v decodes to\n%v\nwant\n%v", obj, &got, want)
 		}
+	}
+}
+
+// TestNewUUID checks that newUUID returns distinct version 4 UUIDs in their canonical text
+// form.
+func TestNewUUID(t *testing.T) {
+	form := regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
+	seen := map[string]bool{}
+	for range 100 {
+		u := newUUID()
+		if !form.MatchString(u) || seen[u] {
+			t.Fatalf("newUUID() = %q: want a new version 4 UUID in canonical form", u)
+		}
+		seen[u] = true
 	}
 }
