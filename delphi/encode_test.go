@@ -69,3 +69,37 @@ func TestHoldsMap(t *testing.T) {
 		t.Error("holdsMap finds a map in RouteSpec, which has none")
 	}
 }
+
+// TestObjectHoldsNoBytes checks what reading records with UnmarshalVTUnsafe relies on:
+// no field of an object, at any depth, is bytes, which would be a view of the record's
+// row that a reader could write through.
+func TestObjectHoldsNoBytes(t *testing.T) {
+	seen := map[protoreflect.FullName]bool{}
+	var walk func(md protoreflect.MessageDescriptor)
+	walk = func(md protoreflect.MessageDescriptor) {
+		if seen[md.FullName()] {
+			return
+		}
+		seen[md.FullName()] = true
+		fields := md.Fields()
+		for i := range fields.Len() {
+			fd := fields.Get(i)
+			if fd.Kind() == protoreflect.BytesKind || (fd.IsMap() && fd.MapValue().Kind() == protoreflect.BytesKind) {
+				t.Errorf("%s is bytes: decode records with UnmarshalVT, which copies", fd.FullName())
+			}
+			if fd.IsMap() {
+				if vd := fd.MapValue().Message(); vd != nil {
+					walk(vd)
+				}
+				continue
+			}
+			if fd.Message() != nil {
+				walk(fd.Message())
+			}
+		}
+	}
+	walk((&nimbusv1.Object{}).ProtoReflect().Descriptor())
+	if len(seen) < 10 {
+		t.Fatalf("walked %d messages of an object, want its meta, every spec and what they hold", len(seen))
+	}
+}

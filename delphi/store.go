@@ -301,9 +301,11 @@ func (r *record) wire() ([]byte, byte) {
 // unmarshal decodes the record's object into obj, which is empty.
 func (r *record) unmarshal(obj *nimbusv1.Object) error {
 	b, left := r.wire()
-	// The generated decoder: the bytes are what proto.Marshal made, so their strings were
-	// checked then.
-	if err := obj.UnmarshalVT(b); err != nil {
+	// The generated decoder, its strings views of the row rather than copies: the row is a
+	// string, never changed, which they keep alive while they live; and the bytes are what
+	// newRecord encoded, so their strings were checked then. An object has no bytes
+	// field, which would be a view readers could write through.
+	if err := obj.UnmarshalVTUnsafe(b); err != nil {
 		return err
 	}
 	if left == 0 {

@@ -465,13 +465,9 @@ func (ss *statusStream) selected(v *view) iter.Seq[*objectRecord] {
 // are encoded here.
 func (ss *statusStream) put(v *view, rec *objectRecord) error {
 	st := v.status(rec)
-	object, err := ss.objectWire(rec)
+	object, key, err := ss.objectWire(rec)
 	if err != nil {
 		return err
-	}
-	key, err := rec.Object.Key().MarshalVT()
-	if err != nil {
-		return status.Errorf(codes.Internal, "encoding the key of %s: %v", rec.Key, err)
 	}
 	stWire, err := marshalStatus(st)
 	if err != nil {
@@ -500,26 +496,28 @@ func (ss *statusStream) put(v *view, rec *objectRecord) error {
 	return ss.addEncoded(b)
 }
 
-// objectWire returns the encoded object of the record as the stream sends it: whole, as
+// objectWire returns the encoded object of the record as the stream sends it, whole, as
 // the bytes of the record's shared watch event, or its skeleton when the client asked to
-// omit objects.
-func (ss *statusStream) objectWire(rec *objectRecord) ([]byte, error) {
+// omit objects; and its encoded key.
+func (ss *statusStream) objectWire(rec *objectRecord) (object, key []byte, err error) {
 	if ss.w.filter.GetOmitObjects() {
-		b, err := rec.skeletonWire()
+		w, err := rec.statusWires(&ss.srv.encodes)
 		if err != nil {
-			return nil, status.Errorf(codes.Internal, "encoding %s: %v", rec.Key, err)
+			return nil, nil, status.Errorf(codes.Internal, "encoding %s: %v", rec.Key, err)
 		}
-		return b, nil
+		return w.skeleton, w.key, nil
 	}
 	wire, err := rec.putEvent().encoded(&ss.srv.encodes)
 	if err != nil {
-		return nil, status.Errorf(codes.Internal, "encoding %s: %v", rec.Key, err)
+		return nil, nil, status.Errorf(codes.Internal, "encoding %s: %v", rec.Key, err)
 	}
-	object, err := eventObject(wire)
-	if err != nil {
-		return nil, status.Errorf(codes.Internal, "reading the event of %s: %v", rec.Key, err)
+	if object, err = eventObject(wire); err != nil {
+		return nil, nil, status.Errorf(codes.Internal, "reading the event of %s: %v", rec.Key, err)
 	}
-	return object, nil
+	if key, err = rec.Object.Key().MarshalVT(); err != nil {
+		return nil, nil, status.Errorf(codes.Internal, "encoding the key of %s: %v", rec.Key, err)
+	}
+	return object, key, nil
 }
 
 // marshalStatus encodes st deterministically, as the hash of what a client has needs:

@@ -2,7 +2,7 @@ package nimbus
 
 import (
 	"crypto/rand"
-	"fmt"
+	"encoding/hex"
 	"iter"
 	"strings"
 	"sync"
@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/tidwall/btree"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -30,23 +32,93 @@ type objectRecord struct {
 	// record a commit stores has it from the start; one restored from disk gets it when
 	// first needed (see putEvent), once and atomically.
 	put atomic.Pointer[sharedEvent]
-	// skeleton is the encoded skeleton of Object (see nimbusv1.Object.Skeleton), which
-	// status streams that omit objects send, made when first needed.
-	skeleton atomic.Pointer[[]byte]
+	// statusWires holds what status streams that omit objects send of the record, made
+	// when first needed.
+	wires atomic.Pointer[statusWires]
 }
 
-// skeletonWire returns the encoded skeleton of the record's object, making it when no
-// status stream has yet.
-func (r *objectRecord) skeletonWire() ([]byte, error) {
-	if b := r.skeleton.Load(); b != nil {
-		return *b, nil
+// statusWires is a record's key and the skeleton of its object (see
+// nimbusv1.Object.Skeleton), encoded.
+type statusWires struct{ key, skeleton []byte }
+
+// statusWires returns the encoded key and skeleton of the record's object, making them
+// when no status stream has yet: the skeleton from the object's encoded form, which the
+// record's PUT event holds, without decoding it.
+func (r *objectRecord) statusWires(encodes *atomic.Uint64) (*statusWires, error) {
+	if w := r.wires.Load(); w != nil {
+		return w, nil
 	}
-	b, err := r.Object.Skeleton().MarshalVT()
+	key, err := r.Key.Proto().MarshalVT()
 	if err != nil {
 		return nil, err
 	}
-	r.skeleton.CompareAndSwap(nil, &b)
-	return *r.skeleton.Load(), nil
+	event, err := r.putEvent().encoded(encodes)
+	if err != nil {
+		return nil, err
+	}
+	object, err := eventObject(event)
+	if err != nil {
+		return nil, err
+	}
+	w := &statusWires{key: key, skeleton: skeletonWire(object)}
+	r.wires.CompareAndSwap(nil, w)
+	return r.wires.Load(), nil
+}
+
+// skeletonFields are the field numbers of Object that its skeleton keeps: meta, with the
+// fields of ObjectMeta in meta, and the spec oneof's, whose value it empties.
+var skeletonFields = sync.OnceValue(func() (f struct{ meta, spec, metaKept map[protowire.Number]bool }) {
+	od := (&nimbusv1.Object{}).ProtoReflect().Descriptor()
+	f.meta = map[protowire.Number]bool{od.Fields().ByName("meta").Number(): true}
+	f.spec = map[protowire.Number]bool{}
+	specs := od.Oneofs().ByName("spec").Fields()
+	for i := range specs.Len() {
+		f.spec[specs.Get(i).Number()] = true
+	}
+	md := (&nimbusv1.ObjectMeta{}).ProtoReflect().Descriptor()
+	f.metaKept = map[protowire.Number]bool{}
+	for _, name := range []protoreflect.Name{"tenant", "namespace", "name", "generation", "revision", "generation_revision"} {
+		f.metaKept[md.Fields().ByName(name).Number()] = true
+	}
+	return f
+})
+
+// skeletonWire returns the encoded skeleton of an encoded object (what
+// nimbusv1.Object.Skeleton returns, encoded): its meta's key and generation fields, and
+// its spec field, empty.
+func skeletonWire(object []byte) []byte {
+	f := skeletonFields()
+	var out []byte
+	for b := object; len(b) > 0; {
+		num, typ, n := protowire.ConsumeTag(b)
+		m := protowire.ConsumeFieldValue(num, typ, b[max(n, 0):])
+		if n < 0 || m < 0 {
+			break // never: the event was encoded from the object
+		}
+		switch {
+		case f.meta[num] && typ == protowire.BytesType:
+			meta, _ := protowire.ConsumeBytes(b[n:])
+			var kept []byte
+			for mb := meta; len(mb) > 0; {
+				mnum, mtyp, mn := protowire.ConsumeTag(mb)
+				mm := protowire.ConsumeFieldValue(mnum, mtyp, mb[max(mn, 0):])
+				if mn < 0 || mm < 0 {
+					break
+				}
+				if f.metaKept[mnum] {
+					kept = append(kept, mb[:mn+mm]...)
+				}
+				mb = mb[mn+mm:]
+			}
+			out = protowire.AppendTag(out, num, protowire.BytesType)
+			out = protowire.AppendBytes(out, kept)
+		case f.spec[num] && typ == protowire.BytesType:
+			out = protowire.AppendTag(out, num, protowire.BytesType)
+			out = protowire.AppendVarint(out, 0)
+		}
+		b = b[n+m:]
+	}
+	return out
 }
 
 // putEvent returns the PUT event of the record's object, making it when no change and no
@@ -515,5 +587,12 @@ func newUUID() string {
 	rand.Read(b[:]) // never fails; see crypto/rand.Read
 	b[6] = b[6]&0x0f | 0x40
 	b[8] = b[8]&0x3f | 0x80
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+	var out [36]byte
+	hex.Encode(out[0:8], b[0:4])
+	hex.Encode(out[9:13], b[4:6])
+	hex.Encode(out[14:18], b[6:8])
+	hex.Encode(out[19:23], b[8:10])
+	hex.Encode(out[24:36], b[10:16])
+	out[8], out[13], out[18], out[23] = '-', '-', '-', '-'
+	return string(out[:])
 }

@@ -2,9 +2,13 @@ package nimbus
 
 import (
 	"fmt"
+	"regexp"
 	"slices"
 	"sync"
 	"testing"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -308,5 +312,46 @@ func TestObjectsInSpans(t *testing.T) {
 		if got := names(c.spans...); !slices.Equal(got, c.want) {
 			t.Errorf("objects in %v: %q, want %q", c.spans, got, c.want)
 		}
+	}
+}
+
+// TestSkeletonWire checks that the skeleton status streams make from an encoded object
+// decodes to the object's Skeleton, for objects of several kinds with every field of the
+// meta set.
+func TestSkeletonWire(t *testing.T) {
+	for _, obj := range []*nimbusv1.Object{route("r1", []string{"a", "b"}, "192.0.2.1", "192.0.2.2"), nodeObject("n1"), {}} {
+		if obj.Meta == nil {
+			obj.Meta = &nimbusv1.ObjectMeta{}
+		}
+		m := obj.Meta
+		m.Tenant, m.Namespace, m.Uid = "t1", "ns1", "u-1"
+		m.Generation, m.Revision, m.GenerationRevision = 3, 1<<40, 1<<39
+		m.Labels = map[string]string{"app": "web", "tier": "frontend"}
+		m.CreateTime, m.UpdateTime = timestamppb.Now(), timestamppb.Now()
+		wire, err := obj.MarshalVT()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got nimbusv1.Object
+		if err := got.UnmarshalVT(skeletonWire(wire)); err != nil {
+			t.Fatal(err)
+		}
+		if want := obj.Skeleton(); !proto.Equal(&got, want) {
+			t.Errorf("skeletonWire of %v decodes to\n%v\nwant\n%v", obj, &got, want)
+		}
+	}
+}
+
+// TestNewUUID checks that newUUID returns distinct version 4 UUIDs in their canonical text
+// form.
+func TestNewUUID(t *testing.T) {
+	form := regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
+	seen := map[string]bool{}
+	for range 100 {
+		u := newUUID()
+		if !form.MatchString(u) || seen[u] {
+			t.Fatalf("newUUID() = %q: want a new version 4 UUID in canonical form", u)
+		}
+		seen[u] = true
 	}
 }

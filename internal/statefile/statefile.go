@@ -167,6 +167,13 @@ func (f *File) openAndLoad(o Options) (*Contents, error) {
 	return c, nil
 }
 
+// initialMmapSize is how much of the bbolt file is mapped from the start. bbolt maps the
+// file anew each time it outgrows the mapping, doubling it, and a commit that does copies
+// every page the transaction holds first: filling a fresh file with 20,000 objects took
+// nine of those, 10 % of nimbus's CPU. The mapping reserves address space, not memory,
+// and the file still grows only as it is written (etcd maps 10 GiB).
+const initialMmapSize = 1 << 30
+
 // open opens the bbolt file at path and classifies what goes wrong: a held lock is the
 // locked error, a file that cannot be opened at all is reported as such, and anything
 // bbolt finds wrong with the content, by error or by panic, is the corrupt error.
@@ -184,7 +191,8 @@ func (o Options) open(path string) (db *bolt.DB, err error) {
 		}
 	}()
 	db, err = bolt.Open(path, 0o600, &bolt.Options{
-		Timeout: o.LockTimeout,
+		Timeout:         o.LockTimeout,
+		InitialMmapSize: initialMmapSize,
 		OpenFile: func(name string, flag int, perm fs.FileMode) (*os.File, error) {
 			f, err := os.OpenFile(name, flag, perm)
 			file = f
