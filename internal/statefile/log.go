@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 
 	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -72,28 +73,43 @@ const (
 	fieldRevision = 4
 )
 
-// encodeBatch returns b in the form the log and the checkpoints take.
+// encodeBatch returns b in the form the log and the checkpoints take. It sizes the whole
+// first and encodes each object in place, with the generated encoder: a batch need not be
+// deterministic, as nothing compares its bytes.
 func encodeBatch(b Batch) ([]byte, error) {
-	var out []byte
+	ids := make([]string, len(b.Put))
+	sizes := make([]int, len(b.Put))
+	total := 0
+	for _, id := range b.Delete {
+		total += protowire.SizeTag(fieldDelete) + protowire.SizeBytes(len(id))
+	}
+	for i, obj := range b.Put {
+		ids[i], sizes[i] = obj.Key().ID(), obj.SizeVT()
+		total += protowire.SizeTag(fieldPut) + protowire.SizeBytes(putSize(ids[i], sizes[i]))
+	}
+	if p := b.Position; p != nil {
+		total += protowire.SizeTag(fieldEpoch) + protowire.SizeBytes(len(p.Epoch)) +
+			protowire.SizeTag(fieldRevision) + protowire.SizeVarint(p.Revision)
+	}
+	out := make([]byte, 0, total)
 	for _, id := range b.Delete {
 		out = protowire.AppendTag(out, fieldDelete, protowire.BytesType)
 		out = protowire.AppendString(out, id)
 	}
-	var put []byte
-	for _, obj := range b.Put {
-		id := obj.Key().ID()
-		// The generated encoder: a batch need not be deterministic, as nothing compares
-		// its bytes.
-		v, err := obj.MarshalVT()
-		if err != nil {
-			return nil, fmt.Errorf("encoding %s: %w", id, err)
-		}
-		put = protowire.AppendTag(put[:0], 1, protowire.BytesType)
-		put = protowire.AppendString(put, id)
-		put = protowire.AppendTag(put, 2, protowire.BytesType)
-		put = protowire.AppendBytes(put, v)
+	for i, obj := range b.Put {
+		id, size := ids[i], sizes[i]
 		out = protowire.AppendTag(out, fieldPut, protowire.BytesType)
-		out = protowire.AppendBytes(out, put)
+		out = protowire.AppendVarint(out, uint64(putSize(id, size)))
+		out = protowire.AppendTag(out, 1, protowire.BytesType)
+		out = protowire.AppendString(out, id)
+		out = protowire.AppendTag(out, 2, protowire.BytesType)
+		out = protowire.AppendVarint(out, uint64(size))
+		out = slices.Grow(out, size) // room there is: total counted it
+		n, err := obj.MarshalToSizedBufferVT(out[len(out) : len(out)+size])
+		if err != nil || n != size {
+			return nil, fmt.Errorf("encoding %s: %d bytes of %d: %v", id, n, size, err)
+		}
+		out = out[:len(out)+size]
 	}
 	if p := b.Position; p != nil {
 		out = protowire.AppendTag(out, fieldEpoch, protowire.BytesType)
@@ -102,6 +118,12 @@ func encodeBatch(b Batch) ([]byte, error) {
 		out = protowire.AppendVarint(out, p.Revision)
 	}
 	return out, nil
+}
+
+// putSize returns the size of the encoded put of an object with the key ID whose
+// encoded form has size bytes: field 1 the ID, field 2 the object.
+func putSize(id string, size int) int {
+	return protowire.SizeTag(1) + protowire.SizeBytes(len(id)) + protowire.SizeTag(2) + protowire.SizeBytes(size)
 }
 
 // applyBatch writes the encoded batch b in tx: the deletions, the puts, the position.

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -297,5 +298,52 @@ func TestLogThatCannotBeOpened(t *testing.T) {
 	_, c := open(t, path, Options{})
 	if got := names(c.Objects); !slices.Equal(got, []string{"a"}) {
 		t.Errorf("reopened: %v, want [a]", got)
+	}
+}
+
+// TestEncodeBatchSizesExactly checks that encodeBatch sizes its output exactly, with
+// deletions, objects of several sizes and a position, and that it decodes back to them.
+func TestEncodeBatchSizesExactly(t *testing.T) {
+	b := Batch{Delete: []string{"Route/default/default/gone", "Node/default/default/n9"}, Position: &Position{Epoch: "e1", Revision: 1 << 40}}
+	for i := range 50 {
+		obj := &nimbusv1.Object{
+			Meta: &nimbusv1.ObjectMeta{Name: fmt.Sprintf("r%d", i), Labels: map[string]string{"app": strings.Repeat("w", i*7)}},
+			Spec: &nimbusv1.Object_Route{Route: &nimbusv1.RouteSpec{Table: uint32(i), Prefix: "10.0.0.0/8"}},
+		}
+		b.Put = append(b.Put, obj)
+	}
+	enc, err := encodeBatch(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(enc) != cap(enc) {
+		t.Errorf("encodeBatch wrote %d bytes into room for %d: its count is off", len(enc), cap(enc))
+	}
+	var puts, deletes int
+	for rest := enc; len(rest) > 0; {
+		num, typ, n := protowire.ConsumeTag(rest)
+		m := protowire.ConsumeFieldValue(num, typ, rest[max(n, 0):])
+		if n < 0 || m < 0 {
+			t.Fatalf("the encoded batch does not parse at byte %d", len(enc)-len(rest))
+		}
+		switch num {
+		case fieldPut:
+			put, _ := protowire.ConsumeBytes(rest[n:])
+			_, _, k := protowire.ConsumeTag(put)
+			id, l := protowire.ConsumeString(put[k:])
+			_, _, k2 := protowire.ConsumeTag(put[k+l:])
+			v, _ := protowire.ConsumeBytes(put[k+l+k2:])
+			var got nimbusv1.Object
+			if err := got.UnmarshalVT(v); err != nil || !proto.Equal(&got, b.Put[puts]) || id != b.Put[puts].Key().ID() {
+				t.Fatalf("put %d decodes to %s %v (%v), want %s %v", puts, id, &got, err, b.Put[puts].Key().ID(), b.Put[puts])
+			}
+			puts++
+		case fieldDelete:
+			deletes++
+		}
+		rest = rest[n+m:]
+	}
+	if puts != len(b.Put) || deletes != len(b.Delete) {
+		t.Errorf("decoded %d puts and %d deletions, want %d and %d", puts, deletes, len(b.Put), len(b.Delete))
 	}
 }
