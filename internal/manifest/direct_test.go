@@ -255,3 +255,22 @@ func BenchmarkDecodeRoutes(b *testing.B) {
 		})
 	}
 }
+
+// TestSmallSet checks that smallSet finds every number it was given again, below 64 and
+// above, and no other.
+func TestSmallSet(t *testing.T) {
+	var s smallSet
+	for _, n := range []int{0, 1, 63, 64, 65, 536870911} {
+		if !s.add(n) {
+			t.Errorf("add(%d) to a set without it reported it there", n)
+		}
+		if s.add(n) {
+			t.Errorf("add(%d) again reported it new", n)
+		}
+	}
+	for _, n := range []int{2, 62, 66, 1000} {
+		if !s.add(n) {
+			t.Errorf("add(%d) reported it there, never added", n)
+		}
+	}
+}
