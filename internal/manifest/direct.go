@@ -65,34 +65,47 @@ func setMessage(msg protoreflect.Message, m map[string]any) bool {
 		return false
 	}
 	fields := md.Fields()
-	var seen, oneofs map[protoreflect.FieldNumber]bool
+	var seen, oneofs smallSet
 	for name, v := range m {
 		fd := fields.ByJSONName(name)
 		if fd == nil {
 			fd = fields.ByTextName(name)
 		}
-		if fd == nil {
+		if fd == nil || !seen.add(int(fd.Number())) {
 			return false
 		}
-		if seen == nil {
-			seen, oneofs = map[protoreflect.FieldNumber]bool{}, map[protoreflect.FieldNumber]bool{}
-		}
-		if seen[fd.Number()] {
+		if od := fd.ContainingOneof(); od != nil && !fd.IsList() && !fd.IsMap() && !oneofs.add(od.Index()) {
 			return false
-		}
-		seen[fd.Number()] = true
-		if od := fd.ContainingOneof(); od != nil && !fd.IsList() && !fd.IsMap() {
-			// The oneof by its first field's number.
-			first := od.Fields().Get(0).Number()
-			if oneofs[first] {
-				return false
-			}
-			oneofs[first] = true
 		}
 		if !setField(msg, fd, v) {
 			return false
 		}
 	}
+	return true
+}
+
+// smallSet is a set of small non-negative integers, field numbers and oneof indexes: a
+// bit each below 64, which is all of them in most messages, and a map above, made only
+// when needed.
+type smallSet struct {
+	low  uint64
+	high map[int]bool
+}
+
+// add adds n to the set and reports whether it was not there yet.
+func (s *smallSet) add(n int) bool {
+	if n >= 0 && n < 64 {
+		had := s.low&(1<<n) != 0
+		s.low |= 1 << n
+		return !had
+	}
+	if s.high[n] {
+		return false
+	}
+	if s.high == nil {
+		s.high = map[int]bool{}
+	}
+	s.high[n] = true
 	return true
 }
 

@@ -1,54 +1,86 @@
 package manifest
 
 import (
+	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+
+	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
 // directCases are documents of the fast subset, each with whether directObject takes it
-// (true) or leaves it to decodeObject (false).
+// (true) or leaves it to decodeObject (false), and for one it leaves, the error Decode
+// reports for it, as it did before directObject, or "" when the JSON path decodes it.
 var directCases = []struct {
 	doc    string
 	direct bool
+	err    string
 }{
 	{"kind: Route\nmeta:\n  name: dc2-web-0042\n  labels:\n    app: web\n    tier: frontend\n    site: dc2\n  nodes:\n    - host-a\n" +
-		"spec:\n  table: 100\n  prefix: 100.64.0.42/32\n  nexthops:\n    - gateway: 10.10.0.2\n    - gateway: 10.10.0.3\n", true},
+		"spec:\n  table: 100\n  prefix: 100.64.0.42/32\n  nexthops:\n    - gateway: 10.10.0.2\n    - gateway: 10.10.0.3\n", true, ""},
 	{"kind: Route\nmeta: {name: dc2-web-0042, labels: {app: web, tier: frontend, site: dc2}, nodes: [host-a]}\n" +
-		"spec: {table: 100, prefix: 100.64.0.42/32, nexthops: [{gateway: 10.10.0.2}, {gateway: 10.10.0.3, weight: 2}]}\n", true},
-	{"{kind: Route, meta: {name: r1}, spec: {table: 7, nexthops: []}}\n", true},
-	{"kind: rt\nmeta: {name: r1, generation: 922337203685477580, generation_revision: 7}\nspec: {metric: 4294967295}\n", true},
-	{"kind: Route\nspec: {metric: 4294967296}\n", false}, // out of uint32's range
-	{"kind: Route\nspec: {table: '100'}\n", false},       // a number as a string
-	{"kind: Route\nspec: {prefix: 10}\n", false},         // a number for a string
-	{"kind: Route\nspec: {tenantTable: maybe}\n", false}, // a boolean, left to protojson
-	{"kind: Route\nspec: {nextHops: [{gateway: x}]}\n", false},
-	{"kind: Route\nspec: {nexthops: [{gateway: x}], next_hops: []}\n", false},
-	{"kind: Route\nspec: {nexthops: {gateway: x}}\n", false},
-	{"kind: Route\nspec: [a]\n", false},
-	{"kind: Route\nmeta: [a]\n", false},
-	{"kind: Route\nmeta: {labels: {app: [web]}}\n", false},
-	{"kind: Route\nmeta: {name: r1, nodes: host-a}\n", false},
-	{"kind: Router\n", false},
-	{"kind: [Route]\n", false},
-	{"kind: Route\nextra: {}\n", false},
-	{"meta: {name: r1}\n", false},
-	{"kind: Route\nstatus: {whatever: [1, 2]}\n", true},
-	{"kind: Route\nmeta: {name: a, generation: 1, generation_revision: 2, generationRevision: 3}\n", false},
+		"spec: {table: 100, prefix: 100.64.0.42/32, nexthops: [{gateway: 10.10.0.2}, {gateway: 10.10.0.3, weight: 2}]}\n", true, ""},
+	{"{kind: Route, meta: {name: r1}, spec: {table: 7, nexthops: []}}\n", true, ""},
+	{"kind: rt\nmeta: {name: r1, generation: 922337203685477580, generation_revision: 7}\nspec: {metric: 4294967295}\n", true, ""},
+	{"kind: Route\nmeta: {name: r1, generation: 999999999999999999, revision: 999999999999999999, labels: {}, nodes: []}\n" +
+		"spec: {metric: 0, table: 4294967295, nexthops: [{weight: 0}, {device: eth1, weight: 4294967295}]}\n", true, ""},
+	{"kind: Route\nspec: {metric: 4294967296}\n", false, "document 1: spec: invalid value for uint32 field metric: 4294967296"},
+	{"kind: Route\nspec: {nexthops: [{weight: 4294967296}]}\n", false, "document 1: spec: invalid value for uint32 field weight: 4294967296"},
+	{"kind: Route\nspec: {table: '100'}\n", false, ""}, // a number as a string, which protojson takes
+	{"kind: Route\nspec: {prefix: 10}\n", false, "document 1: spec: invalid value for string field prefix: 10"},
+	{"kind: Route\nspec: {tenantTable: maybe}\n", false, `document 1: spec: invalid value for bool field tenantTable: "maybe"`},
+	{"kind: Route\nspec: {nextHops: [{gateway: x}]}\n", false, `document 1: spec: unknown field "nextHops"`},
+	{"kind: Route\nspec: {nexthops: [{gateway: x}], next_hops: []}\n", false, `document 1: spec: unknown field "next_hops"`},
+	{"kind: Route\nspec: {nexthops: {gateway: x}}\n", false, "document 1: spec: syntax error (line 1:13): unexpected token {"},
+	{"kind: Route\nspec: {nexthops: [x]}\n", false, `document 1: spec: syntax error (line 1:14): unexpected token "x"`},
+	{"kind: Route\nspec: {nexthops: [[x]]}\n", false, "document 1: spec: syntax error (line 1:14): unexpected token ["},
+	{"kind: Route\nspec: [a]\n", false, "document 1: spec: syntax error (line 1:1): unexpected token ["},
+	{"kind: Route\nspec: a\n", false, `document 1: spec: syntax error (line 1:1): unexpected token "a"`},
+	{"kind: Route\nmeta: [a]\n", false, "document 1: meta: syntax error (line 1:1): unexpected token ["},
+	{"kind: Route\nmeta: {labels: {app: [web]}}\n", false, "document 1: meta: invalid value for string field value: ["},
+	{"kind: Route\nmeta: {labels: {app: 5}}\n", false, "document 1: meta: invalid value for string field value: 5"},
+	{"kind: Route\nmeta: {labels: [app]}\n", false, "document 1: meta: syntax error (line 1:11): unexpected token ["},
+	{"kind: Route\nmeta: {name: r1, nodes: host-a}\n", false, `document 1: meta: syntax error (line 1:22): unexpected token "host-a"`},
+	{"kind: Route\nmeta: {nodes: [7]}\n", false, "document 1: meta: invalid value for string field nodes: 7"},
+	{"kind: Route\nmeta: {createTime: '2026-11-21T10:00:00Z'}\n", false, ""}, // a well-known type, left to protojson
+	{"kind: Route\nmeta: {generation: x}\n", false, `document 1: meta: invalid value for int64 field generation: "x"`},
+	{"kind: Router\n", false, `document 1: kind "Router": unknown kind`},
+	{"kind: [Route]\n", false, `document 1: kind ["Route"]: must be a string`},
+	{"kind: 7\n", false, "document 1: kind 7: must be a string"},
+	{"kind: Route\nextra: {}\n", false, `document 1: unknown field "extra" (want kind, meta and spec)`},
+	{"meta: {name: r1}\n", false, "document 1: missing kind"},
+	{"kind: Route\nstatus: {whatever: [1, 2]}\n", true, ""},
+	{"kind: Route\nmeta: {name: a, generation: 1, generation_revision: 2, generationRevision: 3}\n", false,
+		`document 1: meta: duplicate field "generation_revision"`},
 	{"kind: NetworkSecurityPolicy\nmeta: {name: p}\nspec:\n  attachGroups: [web]\n  ingress:\n    - action: ACTION_ALLOW\n      fromGroups: [client]\n" +
-		"      protocol: tcp\n      ports: [\"8080\"]\n    - action: 2\n      protocol: udp\n", true},
-	{"kind: NetworkSecurityPolicy\nspec: {ingress: [{action: ALLOW}]}\n", false},
-	{"kind: NetworkSecurityPolicy\nspec: {ingress: [{action: 2147483648}]}\n", false},
-	{"kind: Interface\nmeta: {name: eth1}\nspec: {mtu: 9000}\n", true},
-	{"kind: Network\nmeta: {name: net1}\nspec: {vni: 7, subnet: 10.0.0.0/24}\n", true},
+		"      protocol: tcp\n      ports: [\"8080\"]\n    - action: 2\n      protocol: udp\n", true, ""},
+	{"kind: NetworkSecurityPolicy\nspec: {egress: [{action: 2147483647, to_cidrs: [10.0.0.0/8]}, {action: 0}, {action: 7}]}\n", true, ""},
+	{"kind: NetworkSecurityPolicy\nspec: {ingress: [{action: ALLOW}]}\n", false, `document 1: spec: invalid value for enum field action: "ALLOW"`},
+	{"kind: NetworkSecurityPolicy\nspec: {ingress: [{action: action_allow}]}\n", false, `document 1: spec: invalid value for enum field action: "action_allow"`},
+	{"kind: NetworkSecurityPolicy\nspec: {ingress: [{action: 2147483648}]}\n", false, "document 1: spec: invalid value for enum field action: 2147483648"},
+	{"kind: NetworkSecurityPolicy\nspec: {ingress: [{action: [ACTION_ALLOW]}]}\n", false, "document 1: spec: invalid value for enum field action: ["},
+	{"kind: Interface\nmeta: {name: eth1}\nspec: {mtu: 9000}\n", true, ""},
+	{"kind: Interface\nspec: {adminUp: x}\n", false, `document 1: spec: invalid value for bool field adminUp: "x"`},
+	{"kind: Network\nmeta: {name: net1}\nspec: {vni: 7, subnet: 10.0.0.0/24}\n", true, ""},
+	{"kind: Network\nspec: {vni: 7, subnets: [{cidr: 10.0.0.0/24, gateway: 10.0.0.1}, {cidr: 10.1.0.0/24}]}\n", true, ""},
+	{"kind: Endpoint\nmeta: {name: ep}\nspec: {network: net1, node: host-a, mac: '02:00:00:00:00:01', ips: [10.1.0.5], securityGroups: [web]}\n", true, ""},
+	{"kind: Endpoint\nspec: {ips: 10.1.0.5}\n", false, `document 1: spec: syntax error (line 1:8): unexpected token "10.1.0.5"`},
+	{"kind: FlowExportPolicy\nspec: {interval: '10s'}\n", false, ""}, // a Duration, left to protojson
 }
 
 // TestDirectObjectAsProtojson checks that directObject takes the documents it should, and
 // that what it makes of them is what decodeObject makes through JSON and protojson,
-// with no error; what it leaves, decodeObject decodes or refuses as before.
+// with no error; what it leaves, Decode decodes or refuses as before, with the same
+// error as the general converter's path.
 func TestDirectObjectAsProtojson(t *testing.T) {
 	for _, c := range directCases {
 		m, ok := simpleYAMLMapping([]byte(c.doc))
@@ -60,52 +92,115 @@ func TestDirectObjectAsProtojson(t *testing.T) {
 			t.Errorf("directObject(%q) took it %v, want %v", c.doc, ok, c.direct)
 		}
 		if !ok {
+			_, err := Decode(strings.NewReader(c.doc))
+			_, generalErr := DecodeGeneral(strings.NewReader(c.doc))
+			if got := fmt.Sprint(err); got != fmt.Sprint(generalErr) || (c.err == "") != (err == nil) || (err != nil && got != c.err) {
+				t.Errorf("Decode(%q) fails with\n%v\nthe general converter with\n%v\nwant %q", c.doc, err, generalErr, c.err)
+			}
 			continue
 		}
-		fields, ok := jsonFields(m)
-		if !ok {
-			t.Fatalf("jsonFields(%q) failed", c.doc)
+		sameAsJSONPath(t, c.doc, m, direct)
+	}
+}
+
+// sameAsJSONPath checks that direct, what directObject made of m, is what decodeObject
+// makes of m's JSON, with no error.
+func sameAsJSONPath(t *testing.T, where string, m map[string]any, direct *nimbusv1.Object) {
+	t.Helper()
+	fields, ok := jsonFields(m)
+	if !ok {
+		t.Fatalf("%s: jsonFields failed", where)
+	}
+	if want, err := decodeObject(fields); err != nil || !proto.Equal(direct, want) {
+		t.Errorf("%s: directObject made\n%v\ndecodeObject\n%v, %v", where, direct, want, err)
+	}
+}
+
+// TestSetMessageAsProtojson checks setMessage on messages of shapes the specs do not
+// have, a oneof of messages and a map of strings among them, against protojson.
+func TestSetMessageAsProtojson(t *testing.T) {
+	for _, c := range []struct {
+		m    map[string]any
+		msg  proto.Message
+		want bool
+	}{
+		{map[string]any{"node": map[string]any{"vtep": "192.0.2.1", "role": "NODE_ROLE_LOCAL"}, "entriesOmitted": json.Number("3")}, &nimbusv1.OperationalData{}, true},
+		{map[string]any{"network": map[string]any{"vni": json.Number("7"), "remote_vteps": []any{"192.0.2.2"}}}, &nimbusv1.OperationalData{}, true},
+		{map[string]any{"node": map[string]any{"role": json.Number("2")}, "network": map[string]any{}}, &nimbusv1.OperationalData{}, false},
+		{map[string]any{"securityPolicy": map[string]any{}, "security_policy": map[string]any{}}, &nimbusv1.OperationalData{}, false},
+		{map[string]any{"node": map[string]any{"role": "LOCAL"}}, &nimbusv1.OperationalData{}, false},
+		{map[string]any{"node": "host-a", "reason": "ok", "operational": map[string]any{"vtep": "192.0.2.1", "bridge": "br7"}}, &nimbusv1.NodeStatus{}, true},
+		{map[string]any{"operational": map[string]any{"vtep": json.Number("1")}}, &nimbusv1.NodeStatus{}, false},
+		{map[string]any{"observedGeneration": json.Number("999999999999999999"), "phase": json.Number("1")}, &nimbusv1.NodeStatus{}, true},
+		{map[string]any{"updateTime": "2026-11-21T10:00:00Z"}, &nimbusv1.NodeStatus{}, false},
+	} {
+		msg := c.msg.ProtoReflect().New()
+		ok := setMessage(msg, c.m)
+		if ok != c.want {
+			t.Errorf("setMessage(%v, %v) took it %v, want %v", msg.Descriptor().FullName(), c.m, ok, c.want)
 		}
-		want, err := decodeObject(fields)
-		if err != nil || !proto.Equal(direct, want) {
-			t.Errorf("%q: directObject made\n%v\ndecodeObject\n%v, %v", c.doc, direct, want, err)
+		raw, _ := appendJSON(nil, c.m)
+		want := c.msg.ProtoReflect().New().Interface()
+		err := protojson.Unmarshal(raw, want)
+		if ok && (err != nil || !proto.Equal(msg.Interface(), want)) {
+			t.Errorf("setMessage made of %s\n%v\nprotojson\n%v, %v", raw, msg.Interface(), want, err)
 		}
 	}
 }
 
-// TestDirectObjectTakesExamples checks that every document of the examples that is in the
-// fast subset is made directly, and the same as through JSON.
-func TestDirectObjectTakesExamples(t *testing.T) {
-	files, err := filepath.Glob("../../examples/*.yaml")
-	if err != nil || len(files) == 0 {
+// TestDirectObjectTakesManifests checks every document of the examples, of the manifests
+// among the tests' data and of FuzzDecode's corpus that is in the fast subset: what
+// directObject makes of it is what decodeObject makes through JSON. Every such document
+// of the examples it must take.
+func TestDirectObjectTakesManifests(t *testing.T) {
+	examples, err := filepath.Glob("../../examples/*.yaml")
+	if err != nil || len(examples) == 0 {
 		t.Fatalf("no example manifests: %v", err)
 	}
-	n := 0
-	for _, f := range files {
+	others, _ := filepath.Glob("../../deploy/*.yaml")
+	data, _ := filepath.Glob("../../*/*/*/testdata/*.yaml")
+	others = append(others, data...)
+	corpus, _ := filepath.Glob("testdata/fuzz/FuzzDecode/*")
+	inputs := map[string][]byte{}
+	for _, f := range slices.Concat(examples, others, corpus) {
 		data, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for i, doc := range splitYAML(data) {
+		if slices.Contains(corpus, f) {
+			// A corpus file is "go test fuzz v1" and a line []byte("...").
+			_, arg, _ := strings.Cut(string(data), "\n[]byte(")
+			s, err := strconv.Unquote(strings.TrimSuffix(strings.TrimSpace(arg), ")"))
+			if err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			data = []byte(s)
+		}
+		inputs[f] = data
+	}
+	taken, left := 0, 0
+	for _, f := range slices.Sorted(maps.Keys(inputs)) {
+		for i, doc := range splitYAML(inputs[f]) {
 			m, ok := simpleYAMLMapping(doc.data)
 			if !ok {
 				continue
 			}
-			where := fmt.Sprintf("%s document %d", filepath.Base(f), i)
+			where := fmt.Sprintf("%s document %d", f, i)
 			direct, ok := directObject(m)
-			if !ok {
+			switch {
+			case ok:
+				sameAsJSONPath(t, where, m, direct)
+				taken++
+			case slices.Contains(examples, f):
 				t.Errorf("%s: directObject left it to decodeObject", where)
-				continue
+			default:
+				left++
 			}
-			fields, _ := jsonFields(m)
-			if want, err := decodeObject(fields); err != nil || !proto.Equal(direct, want) {
-				t.Errorf("%s: directObject made\n%v\ndecodeObject\n%v, %v", where, direct, want, err)
-			}
-			n++
 		}
 	}
-	if n < 5 {
-		t.Errorf("only %d documents of the examples are in the fast subset", n)
+	t.Logf("%d files: %d documents made directly, %d left to the JSON path", len(inputs), taken, left)
+	if taken < 5 {
+		t.Errorf("only %d documents are made directly", taken)
 	}
 }
 
@@ -158,5 +253,24 @@ func BenchmarkDecodeRoutes(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/20_000, "ns/route")
 		})
+	}
+}
+
+// TestSmallSet checks that smallSet finds every number it was given again, below 64 and
+// above, and no other.
+func TestSmallSet(t *testing.T) {
+	var s smallSet
+	for _, n := range []int{0, 1, 63, 64, 65, 536870911} {
+		if !s.add(n) {
+			t.Errorf("add(%d) to a set without it reported it there", n)
+		}
+		if s.add(n) {
+			t.Errorf("add(%d) again reported it new", n)
+		}
+	}
+	for _, n := range []int{2, 62, 66, 1000} {
+		if !s.add(n) {
+			t.Errorf("add(%d) reported it there, never added", n)
+		}
 	}
 }

@@ -43,6 +43,28 @@ func FuzzDecode(f *testing.F) {
 			"{kind: Route, meta: {name: r2}, spec: {table: 7, nexthops: []}}\n",
 		"kind: Route\nmeta: {name: r1, nodes: host-a}\n",
 		"kind: Route\nspec: {table: '100', nexthops: [{gateway: [a]}]}\n",
+		// Documents of the fast subset that Decode makes into objects directly, and their
+		// neighbours that it leaves to protojson: every kind of field, in block and flow
+		// style, with values at the limits of their types and of the wrong type.
+		"kind: Route\nmeta:\n  name: dc2-web-0042\n  labels:\n    app: web\n    site: dc2\n  nodes:\n    - host-a\n    - host-b\n" +
+			"spec:\n  table: 4294967295\n  metric: 0\n  prefix: 100.64.0.42/32\n  nexthops:\n    - gateway: 10.10.0.2\n      weight: 2\n    - device: eth1\n",
+		"kind: rt\nmeta: {name: r, generation: 999999999999999999, generation_revision: 7, revision: 1}\nspec: {metric: 4294967296}\n",
+		"kind: Route\nmeta: {generation: 9223372036854775807, revision: 18446744073709551615}\n---\nkind: Route\nmeta: {generation: -9223372036854775808}\n",
+		"kind: Route\nmeta: {generation: 9223372036854775808, revision: -1}\n",
+		"kind: Route\nmeta: {name: a, generation_revision: 2, generationRevision: 3, labels: {app: 5}}\nspec: {nexthops: {gateway: x}}\n",
+		"kind: Route\nmeta: {labels: {app: [web]}, nodes: [7]}\nspec: {prefix: 10, table: x, nextHops: []}\n",
+		"kind: Network\nmeta:\n  name: net1\nspec:\n  vni: 7\n  mtu: 1450\n  subnets:\n    - cidr: 10.0.0.0/24\n      gateway: 10.0.0.1\n    - cidr: fd00::/64\n",
+		"{kind: Network, meta: {name: net1}, spec: {vni: 4294967295, subnet: 10.0.0.0/24, subnets: [{cidr: 10.1.0.0/24}]}}\n",
+		"kind: Endpoint\nmeta:\n  name: ep\nspec:\n  network: net1\n  node: host-a\n  mac: '02:00:00:00:00:01'\n  ips:\n    - 10.1.0.5\n" +
+			"  securityGroups: [web]\n  allowed_source_prefixes: [10.1.0.0/24]\n",
+		"kind: Endpoint\nspec: {ips: 10.1.0.5, security_groups: [web], securityGroups: [db]}\n",
+		"kind: NetworkSecurityPolicy\nmeta: {name: p}\nspec:\n  attachGroups: [web]\n  ingress:\n    - action: ACTION_ALLOW\n      fromGroups: [client]\n" +
+			"      protocol: tcp\n      ports: [\"8080\"]\n    - action: 2\n      from_cidrs: [10.0.0.0/8]\n  egress:\n    - action: 2147483647\n",
+		"{kind: NetworkSecurityPolicy, spec: {ingress: [{action: ALLOW}, {action: 2147483648}, {action: -2147483648}, {action: action_deny}]}}\n",
+		"kind: Interface\nmeta: {name: eth1}\nspec: {device: eth1, mtu: 9000, adminUp: false, addresses: [192.0.2.1/24]}\n",
+		"kind: FlowExportPolicy\nspec: {interval: '10s', sampling: 100, targets: [192.0.2.9:4739]}\n",
+		"kind: Route\nmeta: {createTime: '2026-11-21T10:00:00Z'}\nstatus: {nodes: [a]}\n",
+		"kind: 7\n---\nkind: Router\n---\nkind: Route\nextra: {}\n",
 	} {
 		f.Add([]byte(s))
 	}
