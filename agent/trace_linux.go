@@ -132,6 +132,11 @@ type traceRun struct {
 	op       *nimbusv1.TraceOperational
 	// seen are the stages reported, by stage, interface and action: each once.
 	seen map[[3]uint32]bool
+	// arrived is set on a node other than the source's once it saw a copy of the packet
+	// come out of the tunnel. Until then it reports nothing: a copy that passed the
+	// tunnel before the node installed the trace would show its later stages without
+	// their start, and stand for the copy sent again after it.
+	arrived bool
 }
 
 // traceSource is what the node of a trace's source injected.
@@ -608,6 +613,12 @@ func (r *TraceReconciler) observe(ev fwbpf.TraceEvent) {
 		return
 	}
 	o := r.observation(run, ev, names)
+	if !run.atSource && !run.arrived {
+		if o.GetStage() != nimbusv1.TraceStage_TRACE_STAGE_TUNNEL_IN {
+			return
+		}
+		run.arrived = true
+	}
 	if !r.addLocked(run, ev.Ifindex, o) {
 		return
 	}

@@ -219,8 +219,8 @@ type TraceOutcome struct {
 // otherwise dropped when a node saw it denied or dropped, or, once the node of the
 // source is done, flooded for want of an FDB entry; otherwise it timed out once the
 // node of the source is done. A fate another node saw counts once the node of the
-// source reported the packet going into the tunnel (or is done), so that the path is
-// whole.
+// source reported the packet going into the tunnel and that node reported it coming
+// out of it (or the node of the source is done), so that the path is whole.
 func Outcome(st *ObjectStatus, gen int64, source string) TraceOutcome {
 	var out TraceOutcome
 	sourceDone := false
@@ -246,15 +246,24 @@ func Outcome(st *ObjectStatus, gen int64, source string) TraceOutcome {
 		return a.GetTime().AsTime().Compare(b.GetTime().AsTime())
 	})
 	// A fate seen on another node is the outcome once the node of the source reported
-	// the packet leaving through the tunnel: its report of the first stages may come
-	// after the other node's, and the path would miss them. Once that node is done, what
-	// it reported is all there is.
-	left := sourceDone
+	// the packet leaving through the tunnel and that node reported it coming out of the
+	// tunnel: either report may come after the fate's, and the path would miss its
+	// stages. (The node of the source sends the packet again for a while, as the other
+	// node may install the trace only after the first copy passed its tunnel; a copy
+	// that passed the tunnel before and reached the workload after leaves a fate
+	// without its arrival, until the next copy's.) Once the node of the source is done,
+	// what was reported is all there is.
+	left, arrived := false, map[string]bool{}
 	for _, h := range out.Hops {
-		left = left || h.Node == source && h.GetStage() == TraceStage_TRACE_STAGE_TUNNEL_OUT
+		switch {
+		case h.Node == source && h.GetStage() == TraceStage_TRACE_STAGE_TUNNEL_OUT:
+			left = true
+		case h.Node != source && h.GetStage() == TraceStage_TRACE_STAGE_TUNNEL_IN:
+			arrived[h.Node] = true
+		}
 	}
 	decide := func(i int, r TraceResult, reason string) bool {
-		if out.Hops[i].Node != source && !left {
+		if n := out.Hops[i].Node; n != source && !sourceDone && !(left && arrived[n]) {
 			return false
 		}
 		out.Result, out.Reason, out.Decided = r, reason, &out.Hops[i]

@@ -80,8 +80,15 @@ func TestTraceOutcome(t *testing.T) {
 		{"nothing yet", nil, TraceRunning, "", 0},
 		{"on its way", []*NodeStatus{observed("a", false, inj, src, out)}, TraceRunning, "", 3},
 		{"delivered remotely, reported first", []*NodeStatus{
-			observed("b", false, obs(0, TraceStage_TRACE_STAGE_DESTINATION, TraceAction_TRACE_ACTION_DELIVERED, "")),
-			observed("a", false, inj, src, out)}, TraceDelivered, "", 4},
+			observed("b", false, obs(0, TraceStage_TRACE_STAGE_TUNNEL_IN, TraceAction_TRACE_ACTION_FORWARDED, ""),
+				obs(0, TraceStage_TRACE_STAGE_DESTINATION, TraceAction_TRACE_ACTION_DELIVERED, "")),
+			observed("a", false, inj, src, out)}, TraceDelivered, "", 5},
+		{"delivered remotely, its arrival not reported yet", []*NodeStatus{
+			observed("b", false, obs(4, TraceStage_TRACE_STAGE_DESTINATION, TraceAction_TRACE_ACTION_DELIVERED, "")),
+			observed("a", false, inj, src, out)}, TraceRunning, "", 4},
+		{"delivered remotely, its arrival never reported, the source done", []*NodeStatus{
+			observed("b", false, obs(4, TraceStage_TRACE_STAGE_DESTINATION, TraceAction_TRACE_ACTION_DELIVERED, "")),
+			observed("a", true, inj, src, out)}, TraceDelivered, "", 4},
 		{"delivered remotely, the source's report not whole yet", []*NodeStatus{
 			observed("b", false, obs(0, TraceStage_TRACE_STAGE_DESTINATION, TraceAction_TRACE_ACTION_DELIVERED, "")),
 			observed("a", false, inj, src)}, TraceRunning, "", 3},
