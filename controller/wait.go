@@ -114,12 +114,12 @@ func (c *Client) Wait(ctx context.Context, targets []Target, opts WaitOptions) e
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	w := &waiter{opts: opts, byID: map[string][]*waitState{}, stop: cancel, open: len(targets)}
+	w := &waiter{opts: opts, byKey: map[nimbusv1.Key][]*waitState{}, stop: cancel, open: len(targets)}
 	for _, t := range targets {
 		t.Key = t.Key.Defaulted()
 		s := &waitState{target: t}
 		w.states = append(w.states, s)
-		w.byID[t.Key.ID()] = append(w.byID[t.Key.ID()], s)
+		w.byKey[t.Key.Key()] = append(w.byKey[t.Key.Key()], s)
 	}
 	err := c.WatchStatus(ctx, filterOf(targets), w)
 	if w.finished {
@@ -165,7 +165,7 @@ type waitState struct {
 type waiter struct {
 	opts   WaitOptions
 	states []*waitState
-	byID   map[string][]*waitState
+	byKey  map[nimbusv1.Key][]*waitState
 	// open counts the targets neither done nor given up on, failed those given up on,
 	// so that a status costs no walk over every target.
 	open, failed int
@@ -182,7 +182,7 @@ var _ SyncReactor = (*waiter)(nil)
 
 // OnStatus moves the targets of the item's object on.
 func (w *waiter) OnStatus(item *nimbusv1.ObjectWithStatus) {
-	for _, s := range w.byID[item.GetObject().Key().ID()] {
+	for _, s := range w.byKey[item.GetObject().TypedKey()] {
 		if s.done || s.err != nil {
 			continue
 		}
@@ -207,7 +207,7 @@ func (w *waiter) OnStatus(item *nimbusv1.ObjectWithStatus) {
 
 // OnDelete gives up on the targets of the deleted object.
 func (w *waiter) OnDelete(key *nimbusv1.ObjectKey) {
-	for _, s := range w.byID[key.ID()] {
+	for _, s := range w.byKey[key.Key()] {
 		if !s.done && s.err == nil {
 			w.giveUp(s, &WaitError{Target: s.target, Item: s.item, Err: ErrNotFound})
 		}

@@ -101,7 +101,7 @@ func (c *Client) WatchStatus(ctx context.Context, f Filter, r Reactor) error {
 		case <-ctx.Done():
 		}
 	}()
-	sw := &statusWatch{r: r, delivered: map[string]*nimbusv1.ObjectWithStatus{}}
+	sw := &statusWatch{r: r, delivered: map[nimbusv1.Key]*nimbusv1.ObjectWithStatus{}}
 	syncer, _ := r.(SyncReactor)
 	b := backoff.Backoff{Min: c.opts.MinBackoff, Max: c.opts.MaxBackoff}
 	for {
@@ -140,9 +140,9 @@ func permanent(err error) bool {
 // statusWatch is what one WatchStatus call has handed its reactor, across streams.
 type statusWatch struct {
 	r Reactor
-	// delivered holds, by key ID, the last item handed to OnStatus of every object not
+	// delivered holds, by key, the last item handed to OnStatus of every object not
 	// deleted since.
-	delivered map[string]*nimbusv1.ObjectWithStatus
+	delivered map[nimbusv1.Key]*nimbusv1.ObjectWithStatus
 }
 
 // stream runs one status stream until it breaks, and tells whether it got to SYNCED.
@@ -154,7 +154,7 @@ func (sw *statusWatch) stream(ctx context.Context, api nimbusv1.NimbusClient, re
 		return false, fmt.Errorf("opening status stream: %w", err)
 	}
 	// seen holds the objects of the current state until SYNCED; nil after.
-	seen := map[string]bool{}
+	seen := map[nimbusv1.Key]bool{}
 	for {
 		frame, err := stream.Recv()
 		if err != nil {
@@ -163,7 +163,7 @@ func (sw *statusWatch) stream(ctx context.Context, api nimbusv1.NimbusClient, re
 		for _, ev := range frame.GetEvents() {
 			switch ev.GetType() {
 			case nimbusv1.StatusEvent_TYPE_PUT:
-				id := ev.GetKey().ID()
+				id := ev.GetKey().Key()
 				if seen != nil {
 					seen[id] = true
 				}
@@ -176,7 +176,7 @@ func (sw *statusWatch) stream(ctx context.Context, api nimbusv1.NimbusClient, re
 				sw.delivered[id] = item
 				sw.r.OnStatus(item)
 			case nimbusv1.StatusEvent_TYPE_DELETE:
-				sw.deleted(ev.GetKey().ID(), ev.GetKey())
+				sw.deleted(ev.GetKey().Key(), ev.GetKey())
 			case nimbusv1.StatusEvent_TYPE_SYNCED:
 				if seen == nil {
 					return true, errors.New("receiving status: SYNCED twice")
@@ -199,7 +199,7 @@ func (sw *statusWatch) stream(ctx context.Context, api nimbusv1.NimbusClient, re
 }
 
 // deleted hands the deletion of an object delivered to OnDelete.
-func (sw *statusWatch) deleted(id string, key *nimbusv1.ObjectKey) {
+func (sw *statusWatch) deleted(id nimbusv1.Key, key *nimbusv1.ObjectKey) {
 	if _, ok := sw.delivered[id]; !ok {
 		return
 	}

@@ -686,8 +686,8 @@ type Version struct {
 // Version returns the version of the desired object with the given key, read from its
 // stored bytes without decoding the object: a reader that needs no more, such as the
 // status reporter, pays for no labels and no spec.
-func (s *Store) Version(key *nimbusv1.ObjectKey) (Version, bool) {
-	r, ok := s.desired.Load().byID.Get(probe(key.Key()))
+func (s *Store) Version(key nimbusv1.Key) (Version, bool) {
+	r, ok := s.desired.Load().byID.Get(probe(key))
 	if !ok {
 		return Version{}, false
 	}
@@ -927,8 +927,13 @@ func (s *Store) Resume() (epoch string, revision uint64) {
 
 // Status returns the status the HAL reported for the object with the given key.
 func (s *Store) Status(key *nimbusv1.ObjectKey) (*nimbusv1.NodeStatus, bool) {
+	return s.StatusOf(key.Key())
+}
+
+// StatusOf is Status for a key in its comparable form.
+func (s *Store) StatusOf(key nimbusv1.Key) (*nimbusv1.NodeStatus, bool) {
 	s.statusMu.RLock()
-	r, ok := s.statuses.Get(key.Key())
+	r, ok := s.statuses.Get(key)
 	s.statusMu.RUnlock()
 	if !ok {
 		return nil, false

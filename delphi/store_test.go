@@ -399,14 +399,14 @@ func TestVersionReadsTheStoredMeta(t *testing.T) {
 	c.Meta = nil
 	commit(t, d, func(txn *DesiredTxn) { txn.Put(a); txn.Put(b); txn.Put(c) })
 	for _, obj := range []*nimbusv1.Object{a, b, c} {
-		got, ok := s.Version(obj.Key())
+		got, ok := s.Version(obj.TypedKey())
 		m := obj.GetMeta()
 		want := Version{Generation: m.GetGeneration(), Revision: m.GetRevision(), GenerationRevision: m.GetGenerationRevision()}
 		if !ok || got != want {
 			t.Errorf("Version(%s) = %+v, %v; want %+v", obj.Key().ID(), got, ok, want)
 		}
 	}
-	if v, ok := s.Version(route("gone", 1, "10.3.0.0/16", "10.0.0.1").Key()); ok {
+	if v, ok := s.Version(route("gone", 1, "10.3.0.0/16", "10.0.0.1").TypedKey()); ok {
 		t.Errorf("Version of an object never stored = %+v, true", v)
 	}
 }

@@ -34,8 +34,8 @@ type Store interface {
 	ClaimDesired() (*delphi.DesiredWriter, error)
 	Resume() (epoch string, revision uint64)
 	Get(key *nimbusv1.ObjectKey) (*nimbusv1.Object, bool)
-	Version(key *nimbusv1.ObjectKey) (delphi.Version, bool)
-	Status(key *nimbusv1.ObjectKey) (*nimbusv1.NodeStatus, bool)
+	Version(key nimbusv1.Key) (delphi.Version, bool)
+	StatusOf(key nimbusv1.Key) (*nimbusv1.NodeStatus, bool)
 	Statuses() []delphi.StatusEntry
 	Subscribe(opts delphi.SubscribeOptions) (*delphi.Subscription, error)
 }

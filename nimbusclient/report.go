@@ -124,11 +124,11 @@ func (c *Client) reportEvery(ctx context.Context, stream statusSender) error {
 
 // sendStatus sends the status delphi holds of the object with the key, if it holds one.
 func (c *Client) sendStatus(stream statusSender, id nimbusv1.Key) error {
-	key := id.Proto()
-	st, ok := c.store.Status(key)
+	st, ok := c.store.StatusOf(id)
 	if !ok {
 		return nil
 	}
+	key := id.Proto()
 	st = proto.CloneOf(st) // stored objects are immutable
 	st.Node = c.opts.Node
 	if err := stream.Send(&nimbusv1.StatusReport{Key: key, Status: st}); err != nil {
@@ -246,7 +246,7 @@ type storeSource struct {
 // generation, revision and generation_revision, which is what a Reporter reads, read
 // without decoding the stored object.
 func (s *storeSource) Object(key nimbusv1.Key) *nimbusv1.Object {
-	v, ok := s.store.Version(key.Proto())
+	v, ok := s.store.Version(key)
 	if !ok {
 		return nil
 	}
@@ -260,6 +260,6 @@ func (s *storeSource) Object(key nimbusv1.Key) *nimbusv1.Object {
 
 // Status returns the status of the object with the key the store holds, or nil.
 func (s *storeSource) Status(key nimbusv1.Key) *nimbusv1.NodeStatus {
-	st, _ := s.store.Status(key.Proto())
+	st, _ := s.store.StatusOf(key)
 	return st
 }

@@ -165,17 +165,17 @@ func (c *cli) wait(ctx context.Context, sess *session, targets []waitTarget, tim
 	}
 	defer kit.Close()
 	states := make([]*waitState, len(targets))
-	byID := map[string][]*waitState{}
+	byKey := map[nimbusv1.Key][]*waitState{}
 	kitTargets := make([]controller.Target, len(targets))
 	for i, t := range targets {
 		states[i] = &waitState{waitTarget: t}
-		id := t.key.ID()
-		byID[id] = append(byID[id], states[i])
+		k := t.key.Key()
+		byKey[k] = append(byKey[k], states[i])
 		kitTargets[i] = controller.Target{Key: t.key, Generation: t.generation}
 	}
 	// Progress is called on this goroutine, and never after Wait returned.
 	progress := func(t controller.Target, item *nimbusv1.ObjectWithStatus) {
-		for _, s := range byID[t.Key.ID()] {
+		for _, s := range byKey[t.Key.Key()] {
 			if !s.done && (s.generation == 0 || s.generation == t.Generation) {
 				s.generation = t.Generation
 				s.last = propagationOf(withStatus(item), s.generation)
@@ -201,7 +201,7 @@ func (c *cli) wait(ctx context.Context, sess *session, targets []waitTarget, tim
 			case errors.Is(we, controller.ErrNotFound):
 				errs = append(errs, fmt.Errorf("waiting for %s: %w: it was deleted", ref(key), notFound(key)))
 			default:
-				errs = append(errs, failureOf(byID[key.ID()], we))
+				errs = append(errs, failureOf(byKey[key.Key()], we))
 			}
 		}
 		return errors.Join(errs...)
