@@ -324,6 +324,9 @@ func stageApply(txn *writeTxn, w write, rev uint64, now *timestamppb.Timestamp) 
 		old = rec.Object
 	}
 	m := obj.GetMeta()
+	if tr := obj.GetTrace(); tr != nil && len(m.GetNodes()) == 0 {
+		m.Nodes = txn.traceNodes(m.GetTenant(), m.GetNamespace(), tr)
+	}
 	m.GenerationRevision = rev
 	if old == nil {
 		m.Uid = newUUID()

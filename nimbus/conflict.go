@@ -454,6 +454,41 @@ func (c *conflictCheck) trace(t *nimbusv1.TraceSpec) {
 	}
 }
 
+// traceNodes returns the nodes a Trace of the tenant and namespace targets when its
+// meta.nodes is empty: the node of its source endpoint, and the node of its destination,
+// the endpoint it names or the one that holds its destination address in the tenant, in
+// t. Only those can see its packet: the source's node makes it and routes it, and the
+// tunnel takes it to the destination's. A Trace for every node would take a trace slot
+// of every agent's firewall (--max-traces), and every node's report of it would be a
+// status record of its own. An endpoint that does not exist or is on no node adds none;
+// nil when neither does.
+func (t *tables) traceNodes(tenant, namespace string, tr *nimbusv1.TraceSpec) []string {
+	var nodes []string
+	add := func(rec *objectRecord) {
+		if rec == nil {
+			return
+		}
+		if n := rec.Object.GetEndpoint().GetNode(); n != "" {
+			nodes = append(nodes, n)
+		}
+	}
+	endpoint := func(name string) *objectRecord {
+		return t.object(nimbusv1.MakeKey(nimbusv1.Kind_KIND_ENDPOINT, tenant, namespace, name))
+	}
+	add(endpoint(tr.GetSource()))
+	switch {
+	case tr.GetDestination() != "":
+		add(endpoint(tr.GetDestination()))
+	case tr.GetDestinationAddress() != "":
+		if a, err := netip.ParseAddr(tr.GetDestinationAddress()); err == nil {
+			if owner, ok := t.claims.Get(claimIP + tenant + claimKeySep + a.Unmap().String()); ok {
+				add(t.object(owner))
+			}
+		}
+	}
+	return normalizeNodes(nodes)
+}
+
 // describe names an object in a conflict: its kind in lower case and
 // "namespace/name", with the tenant first when it is not the default one:
 // `endpoint "default/web-a"`.

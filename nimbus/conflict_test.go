@@ -2,6 +2,7 @@ package nimbus
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -119,6 +120,44 @@ func TestApplyRefusesTraceFromNoNode(t *testing.T) {
 	ts.apply(t, endpoint("nowhere", "net1", "", "", "02:00:00:00:01:0c", "10.1.0.9"))
 	wantConflict(t, ts, trace("t1", "nowhere", "web-a", ""),
 		`trace "default/t1": spec.source "nowhere" is on no node (its spec.node is empty): no node can inject the packet`)
+}
+
+// TestTraceTargetsItsNodes checks that a Trace without target nodes targets the nodes
+// of its source and destination endpoints, the destination named or holding its
+// address, and no others; that one with target nodes keeps them; and that applying the
+// same Trace again changes nothing.
+func TestTraceTargetsItsNodes(t *testing.T) {
+	t.Parallel()
+	ts := startWithWebA(t, Options{})
+	ts.apply(t, endpoint("db-b", "net1", "host-b", "veth-b", "02:00:00:00:01:0b", "10.1.0.6"))
+	ts.apply(t, endpoint("db-a", "net1", "host-a", "veth-c", "02:00:00:00:01:0c", "10.1.0.7"))
+	ts.apply(t, endpoint("off", "net1", "", "", "02:00:00:00:01:0d", "10.1.0.8"))
+	targeted := trace("t5", "web-a", "db-b", "")
+	targeted.Meta.Nodes = []string{"host-c", "host-a"}
+	for _, tc := range []struct {
+		name string
+		obj  *nimbusv1.Object
+		want []string
+	}{
+		{"across", trace("t1", "web-a", "db-b", ""), []string{"host-a", "host-b"}},
+		{"same node", trace("t2", "web-a", "db-a", ""), []string{"host-a"}},
+		{"to an endpoint's address", trace("t3", "web-a", "", "10.1.0.6"), []string{"host-a", "host-b"}},
+		{"to an address nobody holds", trace("t4", "web-a", "", "10.9.0.1"), []string{"host-a"}},
+		{"to an endpoint on no node", trace("t6", "web-a", "off", ""), []string{"host-a"}},
+		{"targeted", targeted, []string{"host-a", "host-c"}},
+	} {
+		resp := ts.apply(t, tc.obj)
+		if got := resp.GetObject().GetMeta().GetNodes(); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: the Trace targets %q, want %q", tc.name, got, tc.want)
+		}
+		again := ts.apply(t, proto.CloneOf(tc.obj))
+		if again.GetChanged() || again.GetObject().GetMeta().GetGeneration() != 1 {
+			t.Errorf("%s: applied again, changed %v at generation %d; want unchanged at 1", tc.name, again.GetChanged(), again.GetObject().GetMeta().GetGeneration())
+		}
+		if got := ts.get(t, tc.obj.Key()).GetStatus().GetTargetNodes(); got != int32(len(tc.want)) {
+			t.Errorf("%s: the status counts %d target nodes, want %d", tc.name, got, len(tc.want))
+		}
+	}
 }
 
 // startWithWebA starts a server holding net1, web-a and eth1 (see conflictCases).

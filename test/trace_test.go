@@ -321,6 +321,15 @@ func TestTrace(t *testing.T) {
 	waitFor(t, "host-a to end the kept trace and uninstall it", func() bool {
 		return traceNodeStatus(t, sc, kept, "host-a").GetOperationalData().GetTrace().GetDone() && traceLeftovers(t, ha) == ""
 	})
+	// A Trace between endpoints of one node targets that node alone: no other agent
+	// takes a trace slot for it or reports on it.
+	got, err := sc.api.Get(context.Background(), &nimbusv1.GetRequest{Key: kept})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nodes, st := got.GetItem().GetObject().GetMeta().GetNodes(), got.GetItem().GetStatus(); !slices.Equal(nodes, []string{"host-a"}) || st.GetTargetNodes() != 1 || traceNodeStatus(t, sc, kept, "host-b") != nil {
+		t.Errorf("a trace web1 → db1 targets %q (%d target nodes; host-b's status %v), want host-a alone", nodes, st.GetTargetNodes(), traceNodeStatus(t, sc, kept, "host-b"))
+	}
 	r = sc.trace(t, "after-kept", udp9("db1"))
 	wantPath(t, "web1 → db1 udp 9 with a kept trace and --max-traces 1", r, nimbusv1.TraceDelivered,
 		"host-a injected forwarded", "host-a source allowed", "host-a forward forwarded", "host-a destination delivered")
