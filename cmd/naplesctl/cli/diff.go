@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc/codes"
@@ -78,6 +79,10 @@ func (c *cli) diff(ctx context.Context, files []string) error {
 	if err != nil {
 		return err
 	}
+	lives, err := liveObjects(ctx, sess, srcs, results)
+	if err != nil {
+		return err
+	}
 	differs := false
 	var out bytes.Buffer
 	for i, r := range results {
@@ -85,19 +90,7 @@ func (c *cli) diff(ctx context.Context, files []string) error {
 			continue
 		}
 		key := srcs[i].obj.Key()
-		var live *nimbusv1.Object
-		if !r.GetCreated() {
-			resp, err := sess.nimbus.Get(ctx, &nimbusv1.GetRequest{Key: key})
-			switch {
-			case status.Code(err) == codes.NotFound:
-				// Deleted since the dry run: it would be created.
-			case err != nil:
-				return fmt.Errorf("getting %s: %w", ref(key), sess.rpcError(err))
-			default:
-				live = resp.GetItem().GetObject()
-			}
-		}
-		a, err := diffLines(live)
+		a, err := diffLines(lives[i])
 		if err != nil {
 			return err
 		}
@@ -127,6 +120,58 @@ func (c *cli) diff(ctx context.Context, files []string) error {
 		return ErrDiffers
 	}
 	return nil
+}
+
+// diffGets is how many Gets diff has in flight at once.
+const diffGets = 8
+
+// liveObjects returns, by the index of results, the objects nimbus holds that the dry
+// run's results say apply would change (nil for those it would create, and for those
+// deleted since), asked for diffGets at a time: one Get after the other made the diff
+// of a bulk manifest wait a round trip per object. Its error is the first failed Get's
+// in manifest order.
+func liveObjects(ctx context.Context, sess *session, srcs []source, results []*nimbusv1.ApplyResponse) ([]*nimbusv1.Object, error) {
+	lives := make([]*nimbusv1.Object, len(results))
+	errs := make([]error, len(results))
+	cancelled := make([]bool, len(results))
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	slots := make(chan struct{}, diffGets)
+	var wg sync.WaitGroup
+	for i, r := range results {
+		if !r.GetChanged() || r.GetCreated() {
+			continue
+		}
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			key := srcs[i].obj.Key()
+			resp, err := sess.nimbus.Get(ctx, &nimbusv1.GetRequest{Key: key})
+			switch {
+			case status.Code(err) == codes.NotFound:
+				// Deleted since the dry run: it would be created.
+			case err != nil:
+				errs[i] = fmt.Errorf("getting %s: %w", ref(key), sess.rpcError(err))
+				cancelled[i] = status.Code(err) == codes.Canceled
+				cancel()
+			default:
+				lives[i] = resp.GetItem().GetObject()
+			}
+		})
+	}
+	wg.Wait()
+	// A Get the first failure cancelled does not hide it.
+	var first error
+	firstCancelled := false
+	for i, err := range errs {
+		if err != nil && (first == nil || firstCancelled && !cancelled[i]) {
+			first, firstCancelled = err, cancelled[i]
+		}
+	}
+	if first != nil {
+		return nil, first
+	}
+	return lives, nil
 }
 
 // diffLines returns the lines of the YAML manifest of obj as diff compares it: kind,

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -84,6 +85,41 @@ diff -u -N live/route/default/default/to-dc3 merged/route/default/default/to-dc3
 	}
 	if got := e.get("to-dc2").GetObject().GetRoute().GetNexthops()[0].GetGateway(); got != "10.10.0.2" {
 		t.Errorf("diff changed the stored gateway to %s", got)
+	}
+}
+
+// TestDiffManyInOrder checks that diff of a manifest that changes many stored objects,
+// whose live objects it asks for several at a time, prints each object's diff once, in
+// the manifest's order, leaving out the unchanged ones.
+func TestDiffManyInOrder(t *testing.T) {
+	e := newEnv(t)
+	var applied, edited strings.Builder
+	const n = 3 * diffGets
+	for i := range n {
+		name, prefix := fmt.Sprintf("r-%02d", n-i), fmt.Sprintf("198.51.%d.0/24", i)
+		applied.WriteString("---\n" + routeYAML(name, prefix, "10.10.0.2"))
+		gw := "10.10.0.2"
+		if i%3 != 0 {
+			gw = "10.10.0.9"
+		}
+		edited.WriteString("---\n" + routeYAML(name, prefix, gw))
+	}
+	e.ok("apply", "-f", e.file("applied.yaml", applied.String()))
+	out, code := e.diffRun("-f", e.file("edited.yaml", edited.String()))
+	var got, want []string
+	for line := range strings.SplitSeq(out, "\n") {
+		if name, ok := strings.CutPrefix(line, "diff -u -N live/route/default/default/"); ok {
+			got = append(got, strings.Fields(name)[0])
+		}
+	}
+	for i := range n {
+		if i%3 != 0 {
+			want = append(want, fmt.Sprintf("r-%02d", n-i))
+		}
+	}
+	if code != 1 || !slices.Equal(got, want) || strings.Count(out, "+  - gateway: 10.10.0.9") != len(want) ||
+		strings.Count(out, "-  - gateway: 10.10.0.2") != len(want) || strings.Contains(out, "+kind: Route") {
+		t.Errorf("diff of %d edited routes exited %d and printed the diffs of %q, want %q:\n%s", len(want), code, got, want, out)
 	}
 }
 
