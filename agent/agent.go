@@ -244,9 +244,13 @@ func Run(ctx context.Context, cfg Config) error {
 		Namespace: "naples", Subsystem: "agent", Name: "tls_certificate_expiry_seconds",
 		Help: "When each certificate the agent loaded expires (its NotAfter), in seconds since the Unix epoch, by certificate (client or ca) and file; for a file of several CAs, the first to expire.",
 	}, []string{"certificate", "file"})
-	for _, c := range cfg.Certificates.Certificates() {
-		certGauge.WithLabelValues(c.Use, c.Path).Set(float64(c.NotAfter.Unix()))
+	setCerts := func() {
+		for _, c := range cfg.Certificates.Certificates() {
+			certGauge.WithLabelValues(c.Use, c.Path).Set(float64(c.NotAfter.Unix()))
+		}
 	}
+	setCerts()
+	cfg.Certificates.OnChange(setCerts)
 	if _, err := telemetry.Register(reg, "agent", readyGauge, certGauge); err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}

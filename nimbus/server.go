@@ -316,6 +316,7 @@ func New(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("creating nimbus server: %w", err)
 	}
 	s.metrics.setCertificates(opts.Certificates)
+	opts.Certificates.OnChange(func() { s.metrics.setCertificates(opts.Certificates) })
 	streams, unregisterStreams, err := newStreamLimiter(&s.opts.Limits, opts.Now, opts.Registerer)
 	if err != nil {
 		s.metrics.unregister()

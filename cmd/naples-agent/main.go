@@ -17,7 +17,9 @@
 // which the log line "serving metrics" names. Without --metrics there is no HTTP endpoint.
 // naples_agent_tls_certificate_expiry_seconds tells when the certificates of --tls-cert and
 // --tls-ca expire, and /readyz, still 200, adds a warning line for each that expires within
-// --tls-expiry-warning (default 720h).
+// --tls-expiry-warning (default 720h). A certificate and key renewed over the files of
+// --tls-cert and --tls-key are presented from the next connection on, within a second,
+// without a restart; the CA file of --tls-ca is read at start.
 //
 // --gc-percent sets the Go garbage collector's target, as GOGC does: a collection starts
 // once the heap has grown by that percentage of what the last one left live. The default,
@@ -31,6 +33,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -205,17 +208,33 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	var certs *pki.Expiry
 	if !*insecure {
 		var err error
-		tlsConfig, err = pki.ClientConfig(*tlsCert, *tlsKey, *tlsCA, *tlsServerName)
+		keyPair, err := pki.LoadKeyPairFile(*tlsCert, *tlsKey)
+		if err == nil {
+			tlsConfig, err = pki.ClientConfigOf(keyPair, *tlsCA, *tlsServerName)
+		}
 		if err == nil {
 			certs, err = pki.ReadExpiry(pki.CertFile{Use: pki.UseClient, Path: *tlsCert}, pki.CertFile{Use: pki.UseCA, Path: *tlsCA})
 		}
 		if err != nil {
 			return exitstatus.Mark(fmt.Errorf("loading TLS credentials (--insecure dials plaintext): %w", err))
 		}
-		if id, err := pki.IdentityOf(tlsConfig.Certificates[0].Leaf); err != nil || id != (pki.Identity{Role: pki.RoleNode, Name: *node}) {
-			log.Warn("the certificate does not name this node; nimbus will refuse its watch and status",
-				"certificate", *tlsCert, "identity", id.String(), "node", *node, "error", err)
+		checkIdentity := func(leaf *x509.Certificate) {
+			if id, err := pki.IdentityOf(leaf); err != nil || id != (pki.Identity{Role: pki.RoleNode, Name: *node}) {
+				log.Warn("the certificate does not name this node; nimbus will refuse its watch and status",
+					"certificate", *tlsCert, "identity", id.String(), "node", *node, "error", err)
+			}
 		}
+		checkIdentity(keyPair.Leaf())
+		keyPair.OnReload(func(leaf *x509.Certificate, err error) {
+			if err != nil {
+				log.Warn("the certificate files changed but do not load; the certificate loaded before stays in use", "certificate", *tlsCert, "key", *tlsKey, "error", err)
+				return
+			}
+			log.Info("certificate loaded again", "certificate", *tlsCert, "serial", leaf.SerialNumber.String(), "not_after", leaf.NotAfter)
+			checkIdentity(leaf)
+			certs.Renewed(*tlsCert, leaf.NotAfter)
+		})
+		go keyPair.Watch(ctx)
 	}
 	return agent.Run(ctx, agent.Config{Node: *node, Nimbus: *nimbus, TLS: tlsConfig, Certificates: certs, CertificateWarning: *tlsExpiryWarning, StateDir: *stateDir, DiscardState: *discardState, Logger: log, Socket: *socket, LocalAPIPageBytes: *pageBytes, LocalAPIFlowStreams: *flowStreams, Metrics: metrics,
 		InterfaceStats: *interfaceStats, BPFDir: *bpfDir, FirewallCapacities: caps, FlowLogSize: *flowLog, FlowSweep: *flowSweep, MaxTraces: *maxTraces, FirewallStats: *fwStats,

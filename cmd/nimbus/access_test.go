@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"io"
 	"net/http"
@@ -91,6 +92,85 @@ func TestCertificateExpiry(t *testing.T) {
 			t.Fatalf("/readyz = %d %q, want 200 within 10s", code, body)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestCertificateRenewedInPlace serves with a server certificate that expires in 10 days,
+// writes a renewed one over its files, and checks that new connections get the new one
+// without a restart, and that the expiry gauge and /readyz follow it.
+func TestCertificateRenewedInPlace(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := pki.NewCA(pki.CAOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := func(name string) string { return filepath.Join(dir, name) }
+	if err := ca.WriteFiles(p("ca.crt"), p("ca.key")); err != nil {
+		t.Fatal(err)
+	}
+	old, err := ca.IssueServer(nil, pki.CertOptions{Validity: 10 * 24 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	renewed, err := ca.IssueServer(nil, pki.CertOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := ca.IssueNode("host-a", pki.CertOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for kp, name := range map[*pki.KeyPair]string{&old: "nimbus", &node: "host-a"} {
+		if err := kp.WriteFiles(p(name+".crt"), p(name+".key")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	url, _ := runNimbus(t, "--listen", "unix://"+p("n.sock"), "--ephemeral", "--metrics", "127.0.0.1:0",
+		"--tls-cert", p("nimbus.crt"), "--tls-key", p("nimbus.key"), "--tls-ca", p("ca.crt"))
+	// served returns the serial of the certificate nimbus presents to a new connection,
+	// once it listens.
+	served := func() string {
+		cfg, err := pki.ClientConfig(p("host-a.crt"), p("host-a.key"), p("ca.crt"), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.NextProtos = []string{"h2"}
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			conn, err := tls.Dial("unix", p("n.sock"), cfg)
+			if err == nil {
+				defer conn.Close()
+				return conn.ConnectionState().PeerCertificates[0].SerialNumber.String()
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("handshake with nimbus: %v", err)
+			}
+		}
+	}
+	if got := served(); got != old.Cert.SerialNumber.String() {
+		t.Fatalf("nimbus serves serial %s, want %s", got, old.Cert.SerialNumber)
+	}
+	if err := renewed.WriteFiles(p("nimbus.crt"), p("nimbus.key")); err != nil {
+		t.Fatal(err)
+	}
+	later := time.Now().Add(time.Hour) // a file system's coarse clock must not hide the change
+	for _, f := range []string{"nimbus.crt", "nimbus.key"} {
+		if err := os.Chtimes(p(f), later, later); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gauge := `naples_nimbus_tls_certificate_expiry_seconds{certificate="server",file="` + p("nimbus.crt") + `"}`
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		got := served()
+		_, body := telemetrytest.Get(t, url)
+		expiry := telemetrytest.Parse(t, body)[gauge]
+		code, ready := telemetrytest.Get(t, strings.TrimSuffix(url, "/metrics")+"/readyz")
+		if got == renewed.Cert.SerialNumber.String() && expiry == float64(renewed.Cert.NotAfter.Unix()) && code == http.StatusOK && ready == "ready\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("10s after the renewal nimbus serves serial %s (want %s), %s = %v (want %d), /readyz %d %q (want 200 without a warning)",
+				got, renewed.Cert.SerialNumber, gauge, expiry, renewed.Cert.NotAfter.Unix(), code, ready)
+		}
 	}
 }
 

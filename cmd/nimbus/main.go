@@ -14,7 +14,9 @@
 // --tls-cert and --tls-key (defaults /etc/naples/pki/nimbus.crt and nimbus.key), requires
 // every client to present a certificate issued by a CA of --tls-ca (default
 // /etc/naples/pki/ca.crt), and lets nodes and publishers do only what their certificates
-// allow; `naplesctl certs` makes such certificates. --insecure serves plaintext instead
+// allow; `naplesctl certs` makes such certificates. A certificate and key renewed over
+// those files are served (and presented to peer replicas) from the next connection on,
+// within a second, without a restart; the CA file is read at start. --insecure serves plaintext instead
 // and checks nothing. Bad flags and configuration (certificate files that cannot be
 // loaded) exit with status 2, which the systemd unit does not restart; other errors with 1.
 //
@@ -61,6 +63,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -250,8 +253,12 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
 	var tlsConfig *tls.Config
+	var keyPair *pki.KeyPairFile
 	if !cfg.insecure {
-		tlsConfig, err = pki.ServerConfig(cfg.tlsCert, cfg.tlsKey, cfg.tlsCA)
+		keyPair, err = pki.LoadKeyPairFile(cfg.tlsCert, cfg.tlsKey)
+		if err == nil {
+			tlsConfig, err = pki.ServerConfigOf(keyPair, cfg.tlsCA)
+		}
 		if err != nil {
 			return exitstatus.Mark(fmt.Errorf("loading TLS credentials (--insecure serves plaintext): %w", err))
 		}
@@ -263,6 +270,17 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err := certOptions(cfg, &opts); err != nil {
 		return exitstatus.Mark(err)
 	}
+	if keyPair != nil {
+		keyPair.OnReload(func(leaf *x509.Certificate, err error) {
+			if err != nil {
+				log.Warn("the certificate files changed but do not load; the certificate loaded before stays in use", "certificate", cfg.tlsCert, "key", cfg.tlsKey, "error", err)
+				return
+			}
+			log.Info("certificate loaded again", "certificate", cfg.tlsCert, "serial", leaf.SerialNumber.String(), "not_after", leaf.NotAfter)
+			opts.Certificates.Renewed(cfg.tlsCert, leaf.NotAfter)
+		})
+		go keyPair.Watch(ctx)
+	}
 	if cfg.replica.store == "etcd" {
 		if opts.Etcd, err = cfg.replica.etcdOptions(cfg.listen); err != nil {
 			return exitstatus.Mark(err)
@@ -272,7 +290,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		// A replica dials its peers with its own certificate, which names it.
 		var peerTLS *tls.Config
 		if !cfg.insecure {
-			if peerTLS, err = pki.ClientConfig(cfg.tlsCert, cfg.tlsKey, cfg.tlsCA, ""); err != nil {
+			if peerTLS, err = pki.ClientConfigOf(keyPair, cfg.tlsCA, ""); err != nil {
 				return exitstatus.Mark(fmt.Errorf("loading the replica's client credentials: %w", err))
 			}
 		}

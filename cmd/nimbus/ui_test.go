@@ -71,7 +71,7 @@ func TestRunServesUIWithClientCertificates(t *testing.T) {
 	}
 	// Without a certificate the handshake fails.
 	noCert := cfg.Clone()
-	noCert.Certificates = nil
+	noCert.Certificates, noCert.GetClientCertificate = nil, nil
 	bare := &http.Client{Transport: &http.Transport{TLSClientConfig: noCert}, Timeout: 10 * time.Second}
 	defer bare.CloseIdleConnections()
 	if code, _, err := get(t, bare, url); err == nil {
@@ -85,7 +85,7 @@ func TestRunServesUIWithClientCertificates(t *testing.T) {
 		t.Fatal(err)
 	}
 	foreign := cfg.Clone()
-	foreign.Certificates = []tls.Certificate{stranger}
+	foreign.Certificates, foreign.GetClientCertificate = []tls.Certificate{stranger}, nil
 	alien := &http.Client{Transport: &http.Transport{TLSClientConfig: foreign}, Timeout: 10 * time.Second}
 	defer alien.CloseIdleConnections()
 	if code, _, err := get(t, alien, url); err == nil {

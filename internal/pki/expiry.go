@@ -3,6 +3,8 @@ package pki
 import (
 	"fmt"
 	"math"
+	"slices"
+	"sync"
 	"time"
 )
 
@@ -38,9 +40,12 @@ type ExpiringCert struct {
 }
 
 // Expiry is when the certificates a process loaded expire. It holds what the files held
-// when ReadExpiry read them, which is what the process uses until it loads them again.
+// when ReadExpiry read them, which is what the process uses until it loads them again
+// (Renewed).
 type Expiry struct {
-	certs []ExpiringCert
+	mu       sync.Mutex
+	certs    []ExpiringCert
+	onChange []func()
 }
 
 // ReadExpiry reads the certificate files a process uses. Its error names the file that
@@ -70,7 +75,38 @@ func (e *Expiry) Certificates() []ExpiringCert {
 	if e == nil {
 		return nil
 	}
-	return e.certs
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.certs)
+}
+
+// Renewed records that the process loaded the certificate of the file path again, which
+// expires at notAfter, and calls the functions of OnChange. A nil Expiry ignores it.
+func (e *Expiry) Renewed(path string, notAfter time.Time) {
+	if e == nil {
+		return
+	}
+	e.mu.Lock()
+	for i := range e.certs {
+		if e.certs[i].Path == path && e.certs[i].Use != UseCA {
+			e.certs[i].NotAfter = notAfter
+		}
+	}
+	callbacks := e.onChange
+	e.mu.Unlock()
+	for _, f := range callbacks {
+		f()
+	}
+}
+
+// OnChange calls f after each Renewed from then on. A nil Expiry never calls it.
+func (e *Expiry) OnChange(f func()) {
+	if e == nil {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.onChange = append(e.onChange, f)
 }
 
 // Warnings returns a line for each file whose certificate expires within the duration

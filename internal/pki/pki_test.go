@@ -370,7 +370,7 @@ func TestTLSConfigs(t *testing.T) {
 	})
 	t.Run("no client certificate", func(t *testing.T) {
 		client := must[*tls.Config](t)(ClientConfig(p("host-a.crt"), p("host-a.key"), p("ca.crt"), ""))
-		client.Certificates = nil
+		client.Certificates, client.GetClientCertificate = nil, nil
 		if peer, err := handshake(t, server, client); err == nil || peer != nil {
 			t.Fatalf("handshake without a client certificate: err %v, server verified %v; want refused", err, peer)
 		}

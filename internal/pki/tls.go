@@ -8,34 +8,45 @@ import (
 )
 
 // ServerConfig returns the tls.Config nimbus serves with: its certificate and key from
-// certFile and keyFile, TLS 1.3 at least, and a verified client certificate issued by a CA
-// of caFile required from every client.
+// certFile and keyFile, read again when they change (KeyPairFile), TLS 1.3 at least, and a
+// verified client certificate issued by a CA of caFile required from every client.
 func ServerConfig(certFile, keyFile, caFile string) (*tls.Config, error) {
-	cert, err := loadTLSCertificate(certFile, keyFile)
+	kp, err := LoadKeyPairFile(certFile, keyFile)
 	if err != nil {
 		return nil, err
 	}
+	return ServerConfigOf(kp, caFile)
+}
+
+// ServerConfigOf is ServerConfig with the key pair loaded already.
+func ServerConfigOf(kp *KeyPairFile, caFile string) (*tls.Config, error) {
 	pool, err := ReadCertPool(caFile)
 	if err != nil {
 		return nil, err
 	}
 	return &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{cert},
-		ClientAuth:   tls.RequireAndVerifyClientCert,
-		ClientCAs:    pool,
+		MinVersion:     tls.VersionTLS13,
+		GetCertificate: kp.getCertificate,
+		ClientAuth:     tls.RequireAndVerifyClientCert,
+		ClientCAs:      pool,
 	}, nil
 }
 
 // ClientConfig returns the tls.Config a client of nimbus dials with: its certificate and
-// key from certFile and keyFile, TLS 1.3 at least, and the server's certificate verified
-// against the CAs of caFile for serverName. An empty serverName is DefaultServerName
-// ("nimbus"), which every server certificate this package issues carries.
+// key from certFile and keyFile, read again when they change (KeyPairFile), TLS 1.3 at
+// least, and the server's certificate verified against the CAs of caFile for serverName.
+// An empty serverName is DefaultServerName ("nimbus"), which every server certificate
+// this package issues carries.
 func ClientConfig(certFile, keyFile, caFile, serverName string) (*tls.Config, error) {
-	cert, err := loadTLSCertificate(certFile, keyFile)
+	kp, err := LoadKeyPairFile(certFile, keyFile)
 	if err != nil {
 		return nil, err
 	}
+	return ClientConfigOf(kp, caFile, serverName)
+}
+
+// ClientConfigOf is ClientConfig with the key pair loaded already.
+func ClientConfigOf(kp *KeyPairFile, caFile, serverName string) (*tls.Config, error) {
 	pool, err := ReadCertPool(caFile)
 	if err != nil {
 		return nil, err
@@ -44,10 +55,10 @@ func ClientConfig(certFile, keyFile, caFile, serverName string) (*tls.Config, er
 		serverName = DefaultServerName
 	}
 	return &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{cert},
-		RootCAs:      pool,
-		ServerName:   serverName,
+		MinVersion:           tls.VersionTLS13,
+		GetClientCertificate: kp.getClientCertificate,
+		RootCAs:              pool,
+		ServerName:           serverName,
 	}, nil
 }
 
