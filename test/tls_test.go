@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/naplesnet/naples/internal/pki"
 	"github.com/naplesnet/naples/internal/testns"
 )
 
@@ -100,4 +101,45 @@ func TestNimbusPlaintextNeedsInsecure(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), "created") {
 		t.Fatalf("plaintext apply to an --insecure nimbus: %v\n%s", err, out)
 	}
+}
+
+// TestAgentLoadsRenewedCertificate writes a renewed certificate over host-a's files while
+// its agent runs: the agent loads it without a restart, says so, and its expiry gauge
+// follows; a new watch, after nimbus restarts, is made with it and programs a route.
+func TestAgentLoadsRenewedCertificate(t *testing.T) {
+	c := newCluster(t)
+	h := c.newHostWith(t, "host-a", metricsFlags...)
+	tel := h.telemetry(t)
+	gauge := `naples_agent_tls_certificate_expiry_seconds{certificate="client",file="` + c.file("host-a.crt") + `"}`
+	before := tel.metrics(t)[gauge]
+	ca, err := pki.LoadCA(c.file("ca.crt"), c.file("ca.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	renewed, err := ca.IssueNode("host-a", pki.CertOptions{Validity: 48 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if float64(renewed.Cert.NotAfter.Unix()) == before {
+		t.Fatalf("the renewed certificate expires when the old one does (%v)", before)
+	}
+	if err := renewed.WriteFiles(c.file("host-a.crt"), c.file("host-a.key")); err != nil {
+		t.Fatal(err)
+	}
+	later := time.Now().Add(time.Hour) // a file system's coarse clock must not hide the change
+	for _, f := range []string{"host-a.crt", "host-a.key"} {
+		if err := os.Chtimes(c.file(f), later, later); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the agent's expiry gauge to follow the renewed certificate", func() bool {
+		return tel.metrics(t)[gauge] == float64(renewed.Cert.NotAfter.Unix())
+	})
+	if log, _ := os.ReadFile(h.agent.log); !strings.Contains(string(log), `msg="certificate loaded again"`) || !strings.Contains(string(log), "serial="+renewed.Cert.SerialNumber.String()) {
+		t.Errorf("the agent's log does not say it loaded serial %s:\n%s", renewed.Cert.SerialNumber, log)
+	}
+	c.nimbus.stop(t)
+	c.startNimbus(t)
+	c.apply(t, toDC2)
+	c.waitProgrammed(t, "route", "to-dc2", "host-a", 1)
 }
