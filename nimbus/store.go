@@ -3,7 +3,9 @@ package nimbus
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"hash/maphash"
 	"iter"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -203,11 +205,13 @@ type tables struct {
 	// watch finds there the objects a node's watermark moved across without a walk of
 	// every object.
 	byGenRev *btree.BTreeG[*objectRecord]
-	// statuses holds the statuses by object key ID, then node: the statuses of an object
-	// are adjacent, ordered by node.
-	statuses *btree.BTreeG[*statusRecord]
-	// statusesByNode holds the same records by node, then object key ID.
-	statusesByNode *btree.BTreeG[*statusRecord]
+	// statuses holds the statuses by the hash of their object key ID, then of their node
+	// (statusItem): the statuses of an object are adjacent, with those of any other key ID
+	// of the same hash.
+	statuses *btree.BTreeG[statusItem]
+	// statusesByNode holds the same records by the hash of their node, then of their
+	// object key ID.
+	statusesByNode *btree.BTreeG[statusItem]
 	// watchNodes holds the watch state of the nodes by name.
 	watchNodes *btree.Map[string, *watchNodeRecord]
 	// watermarks holds the status watermarks of the nodes that report one, by node name.
@@ -239,18 +243,26 @@ func newTables() *tables {
 			}
 			return a.id < b.id
 		}, treeOptions),
-		// One comparison of each string: a status lookup is most of a replica's work.
-		statuses: btree.NewBTreeGOptions(func(a, b *statusRecord) bool {
-			if c := strings.Compare(a.objectID, b.objectID); c != 0 {
+		// A status lookup is most of a replica's work. The items hold hashes of the
+		// strings they order by, which most comparisons end at, in the tree's nodes,
+		// so that they need not load each record.
+		statuses: btree.NewBTreeGOptions(func(a, b statusItem) bool {
+			if a.first != b.first || a.second != b.second {
+				return a.first < b.first || a.first == b.first && a.second < b.second
+			}
+			if c := strings.Compare(a.rec.objectID, b.rec.objectID); c != 0 {
 				return c < 0
 			}
-			return a.Node < b.Node
+			return a.rec.Node < b.rec.Node
 		}, treeOptions),
-		statusesByNode: btree.NewBTreeGOptions(func(a, b *statusRecord) bool {
-			if c := strings.Compare(a.Node, b.Node); c != 0 {
+		statusesByNode: btree.NewBTreeGOptions(func(a, b statusItem) bool {
+			if a.first != b.first || a.second != b.second {
+				return a.first < b.first || a.first == b.first && a.second < b.second
+			}
+			if c := strings.Compare(a.rec.Node, b.rec.Node); c != 0 {
 				return c < 0
 			}
-			return a.objectID < b.objectID
+			return a.rec.objectID < b.rec.objectID
 		}, treeOptions),
 		watchNodes: btree.NewMap[string, *watchNodeRecord](0),
 		claims:     btree.NewMap[string, nimbusv1.Key](0),
@@ -352,26 +364,36 @@ func (t *tables) statusesOf(key nimbusv1.Key) []*statusRecord {
 // node.
 func (t *tables) statusesOfID(id string) []*statusRecord {
 	var recs []*statusRecord
-	t.statuses.Ascend(&statusRecord{objectID: id}, func(rec *statusRecord) bool {
-		if rec.objectID != id {
+	h := stringHash(id)
+	t.statuses.Ascend(statusItem{first: h, rec: &statusRecord{}}, func(it statusItem) bool {
+		if it.first != h {
 			return false
 		}
-		recs = append(recs, rec)
+		if it.rec.objectID == id { // not another key ID of the same hash
+			recs = append(recs, it.rec)
+		}
 		return true
 	})
+	// By node: the table holds an object's records by their nodes' hashes.
+	slices.SortFunc(recs, func(a, b *statusRecord) int { return strings.Compare(a.Node, b.Node) })
 	return recs
 }
 
 // statusesBy returns the statuses the node reported, ordered by object key.
 func (t *tables) statusesBy(node string) []*statusRecord {
 	var recs []*statusRecord
-	t.statusesByNode.Ascend(&statusRecord{Node: node}, func(rec *statusRecord) bool {
-		if rec.Node != node {
+	h := stringHash(node)
+	t.statusesByNode.Ascend(statusItem{first: h, rec: &statusRecord{}}, func(it statusItem) bool {
+		if it.first != h {
 			return false
 		}
-		recs = append(recs, rec)
+		if it.rec.Node == node { // not another node of the same hash
+			recs = append(recs, it.rec)
+		}
 		return true
 	})
+	// By object key: the table holds a node's records by their key IDs' hashes.
+	slices.SortFunc(recs, func(a, b *statusRecord) int { return strings.Compare(a.objectID, b.objectID) })
 	return recs
 }
 
@@ -383,23 +405,24 @@ func (t *tables) nodeStatus(key nimbusv1.Key, node string) *statusRecord {
 // nodeStatusID returns the status the node reported about the object with the key ID,
 // or nil.
 func (t *tables) nodeStatusID(id, node string) *statusRecord {
-	rec, _ := t.statuses.Get(&statusRecord{objectID: id, Node: node})
-	return rec
+	it, _ := t.statuses.Get(statusItem{first: stringHash(id), second: stringHash(node), rec: &statusRecord{objectID: id, Node: node}})
+	return it.rec
 }
 
-// allStatuses iterates over every stored status, ordered by object key, then node.
+// allStatuses iterates over every stored status, an object's together.
 func (t *tables) allStatuses() iter.Seq[*statusRecord] {
 	return func(yield func(*statusRecord) bool) {
-		t.statuses.Scan(yield)
+		t.statuses.Scan(func(it statusItem) bool { return yield(it.rec) })
 	}
 }
 
 // hasStatusFrom tells whether a status the node reported is stored.
 func (t *tables) hasStatusFrom(node string) bool {
 	found := false
-	t.statusesByNode.Ascend(&statusRecord{Node: node}, func(rec *statusRecord) bool {
-		found = rec.Node == node
-		return false
+	h := stringHash(node)
+	t.statusesByNode.Ascend(statusItem{first: h, rec: &statusRecord{}}, func(it statusItem) bool {
+		found = it.rec.Node == node
+		return it.first == h && !found
 	})
 	return found
 }
@@ -548,6 +571,30 @@ func (w *writeTxn) deleteObjectID(id string) {
 // setRevision records rev as the revision of the transaction's last change.
 func (w *writeTxn) setRevision(rev uint64) { w.rev = rev }
 
+// statusItem is a status record as the status tables hold it: with the hashes of the
+// strings it is ordered by, first and second, beside it.
+type statusItem struct {
+	first, second uint64
+	rec           *statusRecord
+}
+
+// byObject returns the record's item of the statuses table, by object then node.
+func byObject(rec *statusRecord) statusItem {
+	return statusItem{first: stringHash(rec.objectID), second: stringHash(rec.Node), rec: rec}
+}
+
+// byNode returns the record's item of the statusesByNode table, by node then object.
+func byNode(rec *statusRecord) statusItem {
+	return statusItem{first: stringHash(rec.Node), second: stringHash(rec.objectID), rec: rec}
+}
+
+// statusSeed seeds stringHash: the order it gives the status tables lasts as long as the
+// process, as the tables do.
+var statusSeed = maphash.MakeSeed()
+
+// stringHash returns the hash of s that orders the status tables.
+func stringHash(s string) uint64 { return maphash.String(statusSeed, s) }
+
 // putStatus stores the record, replacing the one of its object and node. It sets the
 // record's objectID when it is empty. The record and its status must not be modified
 // afterwards.
@@ -555,14 +602,14 @@ func (w *writeTxn) putStatus(rec *statusRecord) {
 	if rec.objectID == "" {
 		rec.objectID = rec.Object.String()
 	}
-	w.statuses.Set(rec)
-	w.statusesByNode.Set(rec)
+	w.statuses.Set(byObject(rec))
+	w.statusesByNode.Set(byNode(rec))
 }
 
 // deleteStatus deletes the status of the record's object and node.
 func (w *writeTxn) deleteStatus(rec *statusRecord) {
-	w.statuses.Delete(rec)
-	w.statusesByNode.Delete(rec)
+	w.statuses.Delete(byObject(rec))
+	w.statusesByNode.Delete(byNode(rec))
 }
 
 // putWatchNode stores the record, replacing the one of its node. The record must not be
