@@ -379,7 +379,8 @@ func (t *tables) statusesOfID(id string) []*statusRecord {
 	return recs
 }
 
-// statusesBy returns the statuses the node reported, ordered by object key.
+// statusesBy returns the statuses the node reported, in no particular order: its callers
+// delete them, and it runs at every move of the node's watermark.
 func (t *tables) statusesBy(node string) []*statusRecord {
 	var recs []*statusRecord
 	h := stringHash(node)
@@ -392,8 +393,6 @@ func (t *tables) statusesBy(node string) []*statusRecord {
 		}
 		return true
 	})
-	// By object key: the table holds a node's records by their key IDs' hashes.
-	slices.SortFunc(recs, func(a, b *statusRecord) int { return strings.Compare(a.objectID, b.objectID) })
 	return recs
 }
 

@@ -19,7 +19,7 @@ type storeContents struct {
 	objects    []string // key IDs, in the order objectsOfKind returns them
 	routes     []string // key IDs of the routes
 	statuses   []string // "keyID@node", by object then node
-	byNode     []string // "node:keyID", by node then object
+	byNode     []string // "node:keyID", by node, then sorted by object (statusesBy has no order)
 	watchNodes []string // "name/streams"
 }
 
@@ -40,9 +40,12 @@ func contentsOf(tb *tables) storeContents {
 	}
 	for rec := range tb.allWatchNodes() {
 		c.watchNodes = append(c.watchNodes, fmt.Sprintf("%s/%d", rec.Name, rec.Streams))
+		var mine []string
 		for _, st := range tb.statusesBy(rec.Name) {
-			c.byNode = append(c.byNode, st.Node+":"+st.Object.String())
+			mine = append(mine, st.Node+":"+st.Object.String())
 		}
+		slices.Sort(mine)
+		c.byNode = append(c.byNode, mine...)
 	}
 	return c
 }

@@ -271,13 +271,14 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return exitstatus.Mark(err)
 	}
 	if keyPair != nil {
+		certs := opts.Certificates
 		keyPair.OnReload(func(leaf *x509.Certificate, err error) {
 			if err != nil {
 				log.Warn("the certificate files changed but do not load; the certificate loaded before stays in use", "certificate", cfg.tlsCert, "key", cfg.tlsKey, "error", err)
 				return
 			}
 			log.Info("certificate loaded again", "certificate", cfg.tlsCert, "serial", leaf.SerialNumber.String(), "not_after", leaf.NotAfter)
-			opts.Certificates.Renewed(cfg.tlsCert, leaf.NotAfter)
+			certs.Renewed(cfg.tlsCert, leaf.NotAfter)
 		})
 		go keyPair.Watch(ctx)
 	}
