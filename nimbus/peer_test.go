@@ -290,14 +290,15 @@ func TestPeerNoLoops(t *testing.T) {
 	b.report(t, peerReport(r2, "n2", 1, nimbusv1.Phase_PHASE_PROGRAMMED, a.clock.Now()))
 	waitPeerStatus(t, r2, b.statusOf(t, r2), a, c)
 	// A replica that passed a's report on would have done so before b's own report, on
-	// the same stream, which has arrived: the counts are final.
+	// the same stream, which has arrived: the counts are final once counted. A replica
+	// counts a frame just after sending or committing it, so the counts are waited for;
+	// one report passed on would leave them above the wanted values for good.
 	for _, tc := range []struct {
 		r              *testPeer
 		sent, received float64
 	}{{a, 2, 1}, {b, 2, 1}, {c, 0, 2}} {
-		wantMetrics(t, tc.r.srv,
-			fmt.Sprintf(`naples_nimbus_peer_reports_total{direction="sent"} %v`, tc.sent),
-			fmt.Sprintf(`naples_nimbus_peer_reports_total{direction="received"} %v`, tc.received))
+		waitPeerMetric(t, tc.r, `naples_nimbus_peer_reports_total{direction="sent"}`, tc.sent)
+		waitPeerMetric(t, tc.r, `naples_nimbus_peer_reports_total{direction="received"}`, tc.received)
 	}
 }
 
