@@ -202,9 +202,8 @@ func decodeSingle(raw []byte) (obj *nimbusv1.Object, single bool, err error) {
 
 // isItems reports whether a mapping of the fast subset is only "items", a list of
 // objects.
-func isItems(m map[string]any) bool {
-	_, ok := m["items"]
-	return ok && len(m) == 1
+func isItems(m yamlMap) bool {
+	return len(m) == 1 && m[0].key == "items"
 }
 
 // isItemList reports whether the fields of a mapping are only "items", a list of objects.

@@ -15,15 +15,22 @@ import (
 // read again. It takes only what it is sure protojson takes the same way, and reports
 // false for anything else, an error included: decodeObject then decodes the document and
 // says what is wrong, with its own words. FuzzDecode holds the two to the same objects.
-func directObject(m map[string]any) (*nimbusv1.Object, bool) {
-	for k := range m {
-		switch k {
-		case "kind", "meta", "spec", "status":
+func directObject(m yamlMap) (*nimbusv1.Object, bool) {
+	var kindV, metaV, specV any
+	for _, p := range m {
+		switch p.key {
+		case "kind":
+			kindV = p.val
+		case "meta":
+			metaV = p.val
+		case "spec":
+			specV = p.val
+		case "status":
 		default:
 			return nil, false
 		}
 	}
-	name, ok := m["kind"].(string)
+	name, ok := kindV.(string)
 	if !ok {
 		return nil, false
 	}
@@ -36,8 +43,8 @@ func directObject(m map[string]any) (*nimbusv1.Object, bool) {
 	if err != nil {
 		return nil, false
 	}
-	if v, ok := m["meta"]; ok {
-		meta, ok := v.(map[string]any)
+	if metaV != nil {
+		meta, ok := metaV.(yamlMap)
 		if !ok {
 			return nil, false
 		}
@@ -46,8 +53,8 @@ func directObject(m map[string]any) (*nimbusv1.Object, bool) {
 			return nil, false
 		}
 	}
-	if v, ok := m["spec"]; ok {
-		fields, ok := v.(map[string]any)
+	if specV != nil {
+		fields, ok := specV.(yamlMap)
 		if !ok || !setMessage(spec.ProtoReflect(), fields) {
 			return nil, false
 		}
@@ -59,17 +66,17 @@ func directObject(m map[string]any) (*nimbusv1.Object, bool) {
 // them from the mapping's JSON: each key names a field by its JSON or its .proto name;
 // a field named twice, two fields of one oneof and an unknown name are errors. The
 // well-known types, which protojson maps to JSON values of their own, are left to it.
-func setMessage(msg protoreflect.Message, m map[string]any) bool {
+func setMessage(msg protoreflect.Message, m yamlMap) bool {
 	md := msg.Descriptor()
 	if isWellKnown(md) {
 		return false
 	}
 	fields := md.Fields()
 	var seen, oneofs smallSet
-	for name, v := range m {
-		fd := fields.ByJSONName(name)
+	for _, p := range m {
+		fd := fields.ByJSONName(p.key)
 		if fd == nil {
-			fd = fields.ByTextName(name)
+			fd = fields.ByTextName(p.key)
 		}
 		if fd == nil || !seen.add(int(fd.Number())) {
 			return false
@@ -77,7 +84,7 @@ func setMessage(msg protoreflect.Message, m map[string]any) bool {
 		if od := fd.ContainingOneof(); od != nil && !fd.IsList() && !fd.IsMap() && !oneofs.add(od.Index()) {
 			return false
 		}
-		if !setField(msg, fd, v) {
+		if !setField(msg, fd, p.val) {
 			return false
 		}
 	}
@@ -121,7 +128,7 @@ func setField(msg protoreflect.Message, fd protoreflect.FieldDescriptor, v any) 
 		for _, item := range items {
 			if fd.Message() != nil {
 				elem := list.NewElement()
-				fields, ok := item.(map[string]any)
+				fields, ok := item.(yamlMap)
 				if !ok || !setMessage(elem.Message(), fields) {
 					return false
 				}
@@ -136,31 +143,31 @@ func setField(msg protoreflect.Message, fd protoreflect.FieldDescriptor, v any) 
 		}
 		return true
 	case fd.IsMap():
-		entries, ok := v.(map[string]any)
+		entries, ok := v.(yamlMap)
 		if !ok || fd.MapKey().Kind() != protoreflect.StringKind {
 			return false
 		}
 		mp := msg.Mutable(fd).Map()
 		vd := fd.MapValue()
-		for k, e := range entries {
+		for _, e := range entries {
 			if vd.Message() != nil {
 				val := mp.NewValue()
-				fields, ok := e.(map[string]any)
+				fields, ok := e.val.(yamlMap)
 				if !ok || !setMessage(val.Message(), fields) {
 					return false
 				}
-				mp.Set(protoreflect.ValueOfString(k).MapKey(), val)
+				mp.Set(protoreflect.ValueOfString(e.key).MapKey(), val)
 				continue
 			}
-			val, ok := scalarValue(vd, e)
+			val, ok := scalarValue(vd, e.val)
 			if !ok {
 				return false
 			}
-			mp.Set(protoreflect.ValueOfString(k).MapKey(), val)
+			mp.Set(protoreflect.ValueOfString(e.key).MapKey(), val)
 		}
 		return true
 	case fd.Message() != nil:
-		fields, ok := v.(map[string]any)
+		fields, ok := v.(yamlMap)
 		if !ok {
 			return false
 		}
