@@ -2,7 +2,10 @@ package manifest
 
 import (
 	"encoding/json"
+	"reflect"
 	"strconv"
+	"strings"
+	"sync"
 
 	"google.golang.org/protobuf/reflect/protoreflect"
 
@@ -124,6 +127,11 @@ func setField(msg protoreflect.Message, fd protoreflect.FieldDescriptor, v any) 
 		if !ok {
 			return false
 		}
+		if fd.Kind() == protoreflect.StringKind {
+			if p := goField[[]string](msg, fd); p != nil {
+				return appendStrings(p, items)
+			}
+		}
 		list := msg.Mutable(fd).List()
 		for _, item := range items {
 			if fd.Message() != nil {
@@ -147,8 +155,13 @@ func setField(msg protoreflect.Message, fd protoreflect.FieldDescriptor, v any) 
 		if !ok || fd.MapKey().Kind() != protoreflect.StringKind {
 			return false
 		}
-		mp := msg.Mutable(fd).Map()
 		vd := fd.MapValue()
+		if vd.Kind() == protoreflect.StringKind {
+			if p := goField[map[string]string](msg, fd); p != nil {
+				return putStrings(p, entries)
+			}
+		}
+		mp := msg.Mutable(fd).Map()
 		for _, e := range entries {
 			if vd.Message() != nil {
 				val := mp.NewValue()
@@ -177,12 +190,92 @@ func setField(msg protoreflect.Message, fd protoreflect.FieldDescriptor, v any) 
 		}
 		msg.Set(fd, val)
 		return true
+	case fd.Kind() == protoreflect.StringKind:
+		if p := goField[string](msg, fd); p != nil {
+			s, ok := v.(string)
+			*p = s
+			return ok
+		}
 	}
 	val, ok := scalarValue(fd, v)
 	if !ok {
 		return false
 	}
 	msg.Set(fd, val)
+	return true
+}
+
+// Strings, lists of strings and maps of strings to strings, the fields of most objects,
+// are set in the Go fields of the generated messages: through protoreflect, each string
+// is boxed twice, two thirds of what decoding a route allocated.
+
+// goField returns the Go field of msg, a generated message, that holds field fd, when
+// its Go type is T; nil when msg is not a generated message or the field is of another
+// type, as a field with presence or in a oneof is.
+func goField[T any](msg protoreflect.Message, fd protoreflect.FieldDescriptor) *T {
+	rv := reflect.ValueOf(msg.Interface())
+	if rv.Kind() != reflect.Pointer || rv.Elem().Kind() != reflect.Struct {
+		return nil
+	}
+	i, ok := goFieldIndexes(rv.Type().Elem())[fd.Number()]
+	if !ok {
+		return nil
+	}
+	p, _ := rv.Elem().Field(i).Addr().Interface().(*T)
+	return p
+}
+
+// goFieldCache holds goFieldIndexes's answers, by the struct's type.
+var goFieldCache sync.Map
+
+// goFieldIndexes returns the index in t, the struct of a generated message, of the Go
+// field of each field number, as its protobuf tag ("bytes,2,rep,name=labels,proto3")
+// gives it. A oneof's fields have none.
+func goFieldIndexes(t reflect.Type) map[protoreflect.FieldNumber]int {
+	if m, ok := goFieldCache.Load(t); ok {
+		return m.(map[protoreflect.FieldNumber]int)
+	}
+	m := map[protoreflect.FieldNumber]int{}
+	for i := range t.NumField() {
+		parts := strings.Split(t.Field(i).Tag.Get("protobuf"), ",")
+		if len(parts) < 2 {
+			continue
+		}
+		if n, err := strconv.Atoi(parts[1]); err == nil {
+			m[protoreflect.FieldNumber(n)] = i
+		}
+	}
+	goFieldCache.Store(t, m)
+	return m
+}
+
+// appendStrings appends items, which must all be strings, to the list at p.
+func appendStrings(p *[]string, items []any) bool {
+	if len(items) > 0 {
+		*p = make([]string, 0, len(items))
+	}
+	for _, item := range items {
+		s, ok := item.(string)
+		if !ok {
+			return false
+		}
+		*p = append(*p, s)
+	}
+	return true
+}
+
+// putStrings puts entries, whose values must all be strings, in the map at p.
+func putStrings(p *map[string]string, entries yamlMap) bool {
+	if *p == nil {
+		*p = make(map[string]string, len(entries))
+	}
+	for _, e := range entries {
+		s, ok := e.val.(string)
+		if !ok {
+			return false
+		}
+		(*p)[e.key] = s
+	}
 	return true
 }
 

@@ -513,6 +513,9 @@ func plainKey(key string) bool {
 // yamlWord reports whether a letter-led plain scalar is one YAML 1.1 reads as a boolean or
 // null, in any case.
 func yamlWord(s string) bool {
+	if len(s) > len("false") {
+		return false
+	}
 	switch strings.ToLower(s) {
 	case "y", "yes", "n", "no", "true", "false", "on", "off", "null":
 		return true
