@@ -202,9 +202,8 @@ func decodeSingle(raw []byte) (obj *nimbusv1.Object, single bool, err error) {
 
 // isItems reports whether a mapping of the fast subset is only "items", a list of
 // objects.
-func isItems(m map[string]any) bool {
-	_, ok := m["items"]
-	return ok && len(m) == 1
+func isItems(m yamlMap) bool {
+	return len(m) == 1 && m[0].key == "items"
 }
 
 // isItemList reports whether the fields of a mapping are only "items", a list of objects.
@@ -234,21 +233,29 @@ func (doc yamlDoc) empty() bool {
 // blank line of the next document, so line and column numbers within a document stay those
 // of the file once the document's start line is added.
 func splitYAML(data []byte) []yamlDoc {
-	var (
-		docs []yamlDoc
-		cur  = yamlDoc{line: 1}
-		n    = 0
-	)
+	var docs []yamlDoc
+	// The current document starts on line first of the file, and at start in data; marked
+	// tells that it follows a marker, whose three dashes become spaces. Each document is
+	// copied once, in one allocation.
+	first, start, marked := 1, 0, false
+	done := func(end int) {
+		d := make([]byte, 0, 3+end-start)
+		if marked {
+			d = append(d, "   "...)
+		}
+		docs = append(docs, yamlDoc{line: first, data: append(d, data[start:end]...)})
+	}
+	n, off := 0, 0
 	for line := range bytes.Lines(data) {
 		n++
 		if rest, ok := bytes.CutPrefix(line, []byte("---")); ok && (len(rest) == 0 || strings.ContainsRune(" \t\r\n", rune(rest[0]))) {
-			docs = append(docs, cur)
-			cur = yamlDoc{line: n, data: append([]byte("   "), rest...)}
-			continue
+			done(off)
+			first, start, marked = n, off+3, true
 		}
-		cur.data = append(cur.data, line...)
+		off += len(line)
 	}
-	return append(docs, cur)
+	done(off)
+	return docs
 }
 
 // yamlLine matches the line numbers in the YAML parser's messages.
@@ -361,9 +368,9 @@ func decodeObject(fields map[string]json.RawMessage) (*nimbusv1.Object, error) {
 // field of a kind is named after the kind: KIND_SECURITY_GROUP's is security_group.
 func setSpec(obj *nimbusv1.Object, kind nimbusv1.Kind) (proto.Message, error) {
 	m := obj.ProtoReflect()
-	name := protoreflect.Name(strings.ToLower(strings.TrimPrefix(kind.String(), "KIND_")))
-	fd := m.Descriptor().Oneofs().ByName("spec").Fields().ByName(name)
+	fd := kind.SpecField()
 	if fd == nil || fd.Message() == nil {
+		name := strings.ToLower(strings.TrimPrefix(kind.String(), "KIND_"))
 		return nil, fmt.Errorf("kind %q: no spec field %q in nimbus.v1.Object", kind.Name(), name)
 	}
 	spec := m.NewField(fd)

@@ -105,7 +105,7 @@ func TestDirectObjectAsProtojson(t *testing.T) {
 
 // sameAsJSONPath checks that direct, what directObject made of m, is what decodeObject
 // makes of m's JSON, with no error.
-func sameAsJSONPath(t *testing.T, where string, m map[string]any, direct *nimbusv1.Object) {
+func sameAsJSONPath(t *testing.T, where string, m yamlMap, direct *nimbusv1.Object) {
 	t.Helper()
 	fields, ok := jsonFields(m)
 	if !ok {
@@ -114,6 +114,31 @@ func sameAsJSONPath(t *testing.T, where string, m map[string]any, direct *nimbus
 	if want, err := decodeObject(fields); err != nil || !proto.Equal(direct, want) {
 		t.Errorf("%s: directObject made\n%v\ndecodeObject\n%v, %v", where, direct, want, err)
 	}
+}
+
+// asYAMLMap returns m as the subset's parser would hold it, the values of m's maps in
+// key order, as a yamlMap each.
+func asYAMLMap(m map[string]any) yamlMap {
+	var out yamlMap
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		out = append(out, yamlPair{k, asYAMLValue(m[k])})
+	}
+	return out
+}
+
+// asYAMLValue returns v with its maps as yamlMaps, as asYAMLMap does.
+func asYAMLValue(v any) any {
+	switch v := v.(type) {
+	case map[string]any:
+		return asYAMLMap(v)
+	case []any:
+		out := make([]any, len(v))
+		for i, e := range v {
+			out[i] = asYAMLValue(e)
+		}
+		return out
+	}
+	return v
 }
 
 // TestSetMessageAsProtojson checks setMessage on messages of shapes the specs do not
@@ -134,12 +159,13 @@ func TestSetMessageAsProtojson(t *testing.T) {
 		{map[string]any{"observedGeneration": json.Number("999999999999999999"), "phase": json.Number("1")}, &nimbusv1.NodeStatus{}, true},
 		{map[string]any{"updateTime": "2026-11-21T10:00:00Z"}, &nimbusv1.NodeStatus{}, false},
 	} {
+		m := asYAMLMap(c.m)
 		msg := c.msg.ProtoReflect().New()
-		ok := setMessage(msg, c.m)
+		ok := setMessage(msg, m)
 		if ok != c.want {
 			t.Errorf("setMessage(%v, %v) took it %v, want %v", msg.Descriptor().FullName(), c.m, ok, c.want)
 		}
-		raw, _ := appendJSON(nil, c.m)
+		raw, _ := appendJSON(nil, m)
 		want := c.msg.ProtoReflect().New().Interface()
 		err := protojson.Unmarshal(raw, want)
 		if ok && (err != nil || !proto.Equal(msg.Interface(), want)) {

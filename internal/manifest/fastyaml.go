@@ -1,8 +1,8 @@
 package manifest
 
 import (
+	"bytes"
 	"encoding/json"
-	"maps"
 	"slices"
 	"strings"
 )
@@ -35,13 +35,13 @@ func simpleYAMLFields(doc []byte) (map[string]json.RawMessage, bool) {
 // sequences indented with spaces, flow mappings and sequences within one line (a document
 // may be one such mapping), plain scalars that are unmistakably strings or decimal
 // integers, and quoted strings without escapes. Its values are strings, json.Numbers,
-// []any and map[string]any of them, which mean what yaml.YAMLToJSONStrict would convert
-// them to. It reports false, and YAMLToJSONStrict is to be used, for anything else:
+// []any and yamlMap of them, which mean what yaml.YAMLToJSONStrict would convert them
+// to. It reports false, and YAMLToJSONStrict is to be used, for anything else:
 // comments after a value, anchors, tags, flow collections over several lines,
 // multi-line scalars, booleans, nulls, floats, duplicate keys. It is the same conversion
 // at a fraction of the cost.
-func simpleYAMLMapping(doc []byte) (map[string]any, bool) {
-	p := &yamlSubset{}
+func simpleYAMLMapping(doc []byte) (yamlMap, bool) {
+	p := &yamlSubset{lines: make([]subsetLine, 0, bytes.Count(doc, []byte{'\n'})+1)}
 	for line := range strings.Lines(string(doc)) {
 		text := strings.TrimSuffix(line, "\n")
 		for i := 0; i < len(text); i++ {
@@ -64,8 +64,8 @@ func simpleYAMLMapping(doc []byte) (map[string]any, bool) {
 	if p.lines[0].text[0] == '{' {
 		// A document that is one flow mapping.
 		v, ok := inlineValue(p.lines[0].text)
-		m, _ := v.(map[string]any)
-		if !ok || m == nil || len(p.lines) != 1 {
+		m, isMap := v.(yamlMap)
+		if !ok || !isMap || len(p.lines) != 1 {
 			return nil, false
 		}
 		return m, true
@@ -79,20 +79,20 @@ func simpleYAMLMapping(doc []byte) (map[string]any, bool) {
 
 // jsonFields returns the JSON of each value of a mapping of the subset, and false when a
 // value is not one of the subset's.
-func jsonFields(m map[string]any) (map[string]json.RawMessage, bool) {
+func jsonFields(m yamlMap) (map[string]json.RawMessage, bool) {
 	fields := make(map[string]json.RawMessage, len(m))
-	for k, v := range m {
-		raw, ok := appendJSON(nil, v)
+	for _, p := range m {
+		raw, ok := appendJSON(nil, p.val)
 		if !ok {
 			return nil, false
 		}
-		fields[k] = raw
+		fields[p.key] = raw
 	}
 	return fields, true
 }
 
 // appendJSON appends v, a value of the subset (a string, a json.Number, a []any or a
-// map[string]any of them), to b as json.Marshal writes it: keys in order, and <, > and &
+// yamlMap of them), to b as json.Marshal writes it: keys in order, and <, > and &
 // escaped. It does without json.Marshal's reflection, as the subset's strings are
 // printable ASCII without quotes or backslashes. It reports false for any other value.
 func appendJSON(b []byte, v any) ([]byte, bool) {
@@ -123,21 +123,79 @@ func appendJSON(b []byte, v any) ([]byte, bool) {
 			}
 		}
 		return append(b, ']'), true
-	case map[string]any:
+	case yamlMap:
 		b = append(b, '{')
-		for i, k := range slices.Sorted(maps.Keys(v)) {
+		sorted := slices.SortedFunc(slices.Values(v), func(x, y yamlPair) int { return strings.Compare(x.key, y.key) })
+		for i, p := range sorted {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			b, _ = appendJSON(b, k)
+			b, _ = appendJSON(b, p.key)
 			b = append(b, ':')
-			if b, ok = appendJSON(b, v[k]); !ok {
+			if b, ok = appendJSON(b, p.val); !ok {
 				return nil, false
 			}
 		}
 		return append(b, '}'), true
 	}
 	return nil, false
+}
+
+// yamlMap is a mapping of the subset: its keys with their values, in the order written.
+// The subset's mappings are small (an object's fields, a few labels), which a slice holds
+// in less memory than a map, and searches as fast.
+type yamlMap []yamlPair
+
+// yamlPair is a key of a mapping and its value.
+type yamlPair struct {
+	key string
+	val any
+}
+
+// get returns the value of key.
+func (m yamlMap) get(key string) (any, bool) {
+	for _, p := range m {
+		if p.key == key {
+			return p.val, true
+		}
+	}
+	return nil, false
+}
+
+// mapBuilder collects the pairs of a mapping and refuses a duplicate key: it scans the
+// pairs while they are few, and keeps an index of the keys once they are more than
+// indexKeysAbove, so that a long mapping costs no more than a map would.
+type mapBuilder struct {
+	m    yamlMap
+	keys map[string]struct{}
+}
+
+// indexKeysAbove is how many keys a mapping holds before mapBuilder indexes them.
+const indexKeysAbove = 16
+
+// has reports whether the mapping has key already.
+func (b *mapBuilder) has(key string) bool {
+	if b.keys != nil {
+		_, ok := b.keys[key]
+		return ok
+	}
+	_, ok := b.m.get(key)
+	return ok
+}
+
+// add adds key, which the mapping does not have, with its value.
+func (b *mapBuilder) add(key string, v any) {
+	switch {
+	case b.keys != nil:
+		b.keys[key] = struct{}{}
+	case len(b.m) == indexKeysAbove:
+		b.keys = make(map[string]struct{}, 2*indexKeysAbove)
+		for _, p := range b.m {
+			b.keys[p.key] = struct{}{}
+		}
+		b.keys[key] = struct{}{}
+	}
+	b.m = append(b.m, yamlPair{key, v})
 }
 
 // yamlSubset parses the lines of one document in the subset simpleYAMLToJSON takes.
@@ -154,8 +212,10 @@ type subsetLine struct {
 }
 
 // mapping parses the block mapping whose keys start at column indent, from the current line.
-func (p *yamlSubset) mapping(indent int) (map[string]any, bool) {
-	m := make(map[string]any)
+func (p *yamlSubset) mapping(indent int) (yamlMap, bool) {
+	// Most mappings of the subset have a few keys: room for four at once saves the
+	// first growths.
+	b := mapBuilder{m: make(yamlMap, 0, 4)}
 	for p.pos < len(p.lines) {
 		l := p.lines[p.pos]
 		if l.indent < indent {
@@ -168,7 +228,7 @@ func (p *yamlSubset) mapping(indent int) (map[string]any, bool) {
 		if !found || !plainKey(key) || (rest != "" && rest[0] != ' ') {
 			return nil, false
 		}
-		if _, dup := m[key]; dup {
+		if b.has(key) {
 			return nil, false
 		}
 		p.pos++
@@ -185,9 +245,9 @@ func (p *yamlSubset) mapping(indent int) (map[string]any, bool) {
 		if !ok {
 			return nil, false
 		}
-		m[key] = v
+		b.add(key, v)
 	}
-	return m, true
+	return b.m, true
 }
 
 // nested parses the value of a key at column indent whose line ends after the colon: a
@@ -303,12 +363,18 @@ func (f *flow) collection(end byte) (any, bool) {
 	}
 	defer func() { f.depth-- }()
 	f.i++ // the opening bracket
-	m, s := map[string]any{}, []any{}
+	var (
+		m mapBuilder
+		s = []any{}
+	)
+	if end == '}' {
+		m.m = make(yamlMap, 0, 4)
+	}
 	f.space()
 	if f.i < len(f.text) && f.text[f.i] == end {
 		f.i++
 		if end == '}' {
-			return m, true
+			return yamlMap{}, true
 		}
 		return s, true
 	}
@@ -324,7 +390,7 @@ func (f *flow) collection(end byte) (any, bool) {
 			if !plainKey(key) || !strings.HasPrefix(f.text[f.i:], ": ") {
 				return nil, false
 			}
-			if _, dup := m[key]; dup {
+			if m.has(key) {
 				return nil, false
 			}
 			f.i += 2
@@ -334,7 +400,7 @@ func (f *flow) collection(end byte) (any, bool) {
 			return nil, false
 		}
 		if end == '}' {
-			m[key] = v
+			m.add(key, v)
 		} else {
 			s = append(s, v)
 		}
@@ -348,7 +414,7 @@ func (f *flow) collection(end byte) (any, bool) {
 		case end:
 			f.i++
 			if end == '}' {
-				return m, true
+				return m.m, true
 			}
 			return s, true
 		default:
@@ -447,6 +513,9 @@ func plainKey(key string) bool {
 // yamlWord reports whether a letter-led plain scalar is one YAML 1.1 reads as a boolean or
 // null, in any case.
 func yamlWord(s string) bool {
+	if len(s) > len("false") {
+		return false
+	}
 	switch strings.ToLower(s) {
 	case "y", "yes", "n", "no", "true", "false", "on", "off", "null":
 		return true

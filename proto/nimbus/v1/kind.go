@@ -153,6 +153,10 @@ func (k Kind) SpecDescriptor() protoreflect.MessageDescriptor {
 	return nil
 }
 
+// SpecField returns the field of Object's spec oneof that carries the kind's spec, such
+// as route for Route, or nil for an unknown kind.
+func (k Kind) SpecField() protoreflect.FieldDescriptor { return specFields()[k] }
+
 // Skeleton returns the object without its labels and spec: its kind (an empty spec of
 // it), its meta's tenant, namespace and name, generation, revision and
 // generation_revision. It is what a status stream that omits objects sends.
