@@ -1,6 +1,7 @@
 package delphi
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/binary"
 	"errors"
@@ -163,11 +164,13 @@ const labelsField = 7
 // nothing, when the entries are not all in one run, as the generated encoder writes them.
 func sortLabels(meta []byte) bool {
 	type entry struct {
-		key  string
+		key  []byte
 		wire []byte
 	}
+	// A few labels, as most objects have, sort without a heap allocation.
 	var (
-		entries    []entry
+		room       [8]entry
+		entries    = room[:0]
 		start, end = -1, -1
 	)
 	for off := 0; off < len(meta); {
@@ -194,8 +197,15 @@ func sortLabels(meta []byte) bool {
 	if len(entries) < 2 {
 		return true
 	}
-	slices.SortFunc(entries, func(a, b entry) int { return strings.Compare(a.key, b.key) })
-	sorted := make([]byte, 0, end-start)
+	if slices.IsSortedFunc(entries, func(a, b entry) int { return bytes.Compare(a.key, b.key) }) {
+		return true
+	}
+	slices.SortFunc(entries, func(a, b entry) int { return bytes.Compare(a.key, b.key) })
+	var buf [512]byte
+	sorted := buf[:0]
+	if end-start > len(buf) {
+		sorted = make([]byte, 0, end-start)
+	}
 	for _, e := range entries {
 		sorted = append(sorted, e.wire...)
 	}
@@ -204,23 +214,23 @@ func sortLabels(meta []byte) bool {
 }
 
 // entryKey returns the key, field 1, of an encoded map entry.
-func entryKey(e []byte) string {
+func entryKey(e []byte) []byte {
 	for len(e) > 0 {
 		num, typ, n := protowire.ConsumeTag(e)
 		if n < 0 {
-			return ""
+			return nil
 		}
 		if num == 1 && typ == protowire.BytesType {
-			k, _ := protowire.ConsumeString(e[n:])
+			k, _ := protowire.ConsumeBytes(e[n:])
 			return k
 		}
 		m := protowire.ConsumeFieldValue(num, typ, e[n:])
 		if m < 0 {
-			return ""
+			return nil
 		}
 		e = e[n+m:]
 	}
-	return ""
+	return nil
 }
 
 // specHasMap tells, per kind, whether its spec holds a map field, at any depth.
