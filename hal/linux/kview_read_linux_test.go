@@ -228,3 +228,62 @@ func readLinksAndAddrs(t *testing.T, read *KernelRead) (links, ports, addrs []st
 	slices.Sort(addrs)
 	return links, ports, addrs
 }
+
+// TestTableReaderQueueOrder checks that a reader's queue hands its watcher the changes in
+// the order they came, whatever the interleaving of pushes and takes, as its array is
+// used again, compacted and grown; and that a detach leaves exactly the changes not
+// taken in the backlog.
+func TestTableReaderQueueOrder(t *testing.T) {
+	r := &tableReader[int, int]{backlog: map[int]*tableChange[int, int]{}}
+	w := &viewWatcher{limit: 1 << 30, wake: make(chan struct{}, 1)}
+	r.w = w
+	var got []int
+	src := &tableSource[int, int]{r: r, handle: func(c tableChange[int, int]) { got = append(got, c.key) }}
+	pushed := 0
+	push := func(n int) {
+		for range n {
+			r.push(tableChange[int, int]{key: pushed, new: pushed, has: true})
+			pushed++
+		}
+	}
+	take := func(n int) {
+		for range n {
+			src.next()
+		}
+	}
+	// Pushes ahead of takes, by a little and by a lot, a drain, then more than
+	// keptQueue at once.
+	for range 50 {
+		push(3)
+		take(2)
+	}
+	for range 20 {
+		push(100)
+		take(1)
+	}
+	take(pushed)
+	push(keptQueue + 10)
+	take(keptQueue + 10)
+	if r.queue != nil {
+		t.Errorf("a drained queue of %d changes keeps room for %d, want none above %d", keptQueue+10, cap(r.queue), keptQueue)
+	}
+	push(7)
+	take(3)
+	for i, k := range got {
+		if k != i {
+			t.Fatalf("change %d taken was %d, want them in the order pushed", i, k)
+		}
+	}
+	if len(got) != pushed-4 {
+		t.Fatalf("took %d changes of %d pushed, want all but the last 4", len(got), pushed)
+	}
+	src.detach()
+	if len(r.backlog) != 4 {
+		t.Fatalf("the backlog after detach holds %d changes, want the 4 not taken", len(r.backlog))
+	}
+	for k := pushed - 4; k < pushed; k++ {
+		if _, ok := r.backlog[k]; !ok {
+			t.Errorf("the backlog after detach misses change %d", k)
+		}
+	}
+}

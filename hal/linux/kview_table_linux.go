@@ -242,7 +242,7 @@ type tableReader[K comparable, V any] struct {
 	// bit names the reconciler among the table's writers.
 	bit hal.Writers
 
-	// mu guards w, slot, handle, queue and backlog.
+	// mu guards w, slot, handle, queue, head and backlog.
 	mu sync.Mutex
 	// w is the observer's watcher while it watches (attach), nil otherwise; slot is the
 	// reader's place among the watcher's tables, and handle what the observer does with
@@ -250,8 +250,12 @@ type tableReader[K comparable, V any] struct {
 	w      *viewWatcher
 	slot   int
 	handle func(tableChange[K, V])
-	// queue holds the changes queued for the watcher, which holds a mark for each.
+	// queue holds, from head on, the changes queued for the watcher, which holds a mark
+	// for each. Its array is used again once drained, up to keptQueue changes: a burst of
+	// route changes used to allocate it anew as it grew, three quarters of a kilobyte
+	// per route.
 	queue []tableChange[K, V]
+	head  int
 	// backlog holds the changes made while no watcher takes them, coalesced by key.
 	backlog map[K]*tableChange[K, V]
 }
@@ -271,11 +275,28 @@ func (r *tableReader[K, V]) close() {
 	t.mu.Unlock()
 }
 
+// keptQueue is how many changes a drained queue keeps room for.
+const keptQueue = 4096
+
 // push queues a change for the watcher, or in the backlog when none takes it.
 func (r *tableReader[K, V]) push(c tableChange[K, V]) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.w != nil && r.w.mark(r.slot) {
+		if r.head > 0 && len(r.queue) == cap(r.queue) {
+			// A full array: its drained front makes room when it is half of it at
+			// least, or else the queued changes move to an array twice their number,
+			// so that a change moves a bounded number of times on average.
+			live := r.queue[r.head:]
+			if r.head >= len(live) {
+				n := copy(r.queue, live)
+				clear(r.queue[n:])
+				r.queue = r.queue[:n]
+			} else {
+				r.queue = append(make([]tableChange[K, V], 0, 2*len(live)), live...)
+			}
+			r.head = 0
+		}
 		r.queue = append(r.queue, c)
 		return
 	}
@@ -353,29 +374,34 @@ func (s *tableSource[K, V]) detach() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	later := r.backlog
-	r.backlog = make(map[K]*tableChange[K, V], len(r.queue)+len(later))
-	for _, c := range r.queue {
+	queued := r.queue[r.head:]
+	r.backlog = make(map[K]*tableChange[K, V], len(queued)+len(later))
+	for _, c := range queued {
 		r.coalesceLocked(c)
 	}
 	for _, c := range later {
 		r.coalesceLocked(*c)
 	}
-	r.w, r.handle, r.queue = nil, nil, nil
+	r.w, r.handle, r.queue, r.head = nil, nil, nil, 0
 }
 
 func (s *tableSource[K, V]) next() {
 	r := s.r
 	r.mu.Lock()
-	if len(r.queue) == 0 {
+	if r.head == len(r.queue) {
 		r.mu.Unlock()
 		return
 	}
-	c := r.queue[0]
+	c := r.queue[r.head]
 	var zero tableChange[K, V]
-	r.queue[0] = zero
-	r.queue = r.queue[1:]
-	if len(r.queue) == 0 {
-		r.queue = nil
+	r.queue[r.head] = zero
+	r.head++
+	if r.head == len(r.queue) {
+		r.head = 0
+		r.queue = r.queue[:0]
+		if cap(r.queue) > keptQueue {
+			r.queue = nil
+		}
 	}
 	r.mu.Unlock()
 	s.handle(c)
