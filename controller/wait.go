@@ -131,7 +131,9 @@ func (c *Client) Wait(ctx context.Context, targets []Target, opts WaitOptions) e
 	return fmt.Errorf("waiting: %w", context.Cause(ctx))
 }
 
-// filterOf returns the narrowest filter that selects every target.
+// filterOf returns the narrowest filter that selects every target: the fields they have
+// in common, and their keys when they are several, so that a wait for some objects of a
+// kind does not follow every object of it.
 func filterOf(targets []Target) Filter {
 	first := targets[0].Key.Defaulted()
 	f := Filter{Kind: first.GetKind(), Tenant: first.GetTenant(), Namespace: first.GetNamespace(), Name: first.GetName(), StatusOnly: true}
@@ -150,8 +152,25 @@ func filterOf(targets []Target) Filter {
 			f.Name = ""
 		}
 	}
+	if len(targets) > 1 {
+		size := 0
+		f.Keys = make([]*nimbusv1.ObjectKey, len(targets))
+		for i, t := range targets {
+			f.Keys[i] = t.Key.Defaulted()
+			size += f.Keys[i].SizeVT() + 4 // the tag and length
+		}
+		if size > maxWaitKeyBytes {
+			// A request nimbus would refuse as too large: the fields select the
+			// targets all the same.
+			f.Keys = nil
+		}
+	}
 	return f
 }
+
+// maxWaitKeyBytes bounds the keys a wait's status watch names, a quarter of the request
+// size nimbus takes: some 90,000 keys. A wait for more watches what they have in common.
+const maxWaitKeyBytes = 4 << 20
 
 // waitState is where the wait for one target stands.
 type waitState struct {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/naplesnet/naples/nimbus"
@@ -216,5 +217,34 @@ func TestWaitBeyondStatusNodes(t *testing.T) {
 	want := "Route/default/default/r2: programming failed on 3 of 8 nodes (generation 1): node n0: InvalidSpec: no; node n2: InvalidSpec: no; node n4: InvalidSpec: no; and 1 more FAILED node"
 	if !errors.Is(err, ErrFailed) || err.Error() != want {
 		t.Fatalf("Wait = %v, want %q", err, want)
+	}
+}
+
+// TestFilterOfNamesTargets: a wait for several objects watches their keys, not every
+// object of what they have in common; a wait for one watches it by its fields.
+func TestFilterOfNamesTargets(t *testing.T) {
+	r2 := &nimbusv1.ObjectKey{Kind: nimbusv1.Kind_KIND_ROUTE, Tenant: "t1", Name: "r2"}
+	f := filterOf([]Target{{Key: routeKey("r1")}, {Key: r2}})
+	if f.Kind != nimbusv1.Kind_KIND_ROUTE || f.Tenant != "" || f.Namespace != nimbusv1.DefaultNamespace || f.Name != "" || !f.StatusOnly {
+		t.Errorf("filter of r1 and t1's r2 = %+v, want routes of any tenant in the default namespace, statuses only", f)
+	}
+	var ids []string
+	for _, k := range f.Keys {
+		ids = append(ids, k.ID())
+	}
+	if want := []string{"Route/default/default/r1", "Route/t1/default/r2"}; !slices.Equal(ids, want) {
+		t.Errorf("filter of r1 and t1's r2 names keys %q, want %q", ids, want)
+	}
+	f = filterOf([]Target{{Key: routeKey("r1")}})
+	if f.Keys != nil || f.Name != "r1" || f.Kind != nimbusv1.Kind_KIND_ROUTE {
+		t.Errorf("filter of r1 alone = %+v, want route r1 by its fields, no keys", f)
+	}
+	// Keys that would make a request larger than nimbus takes are left out.
+	many := make([]Target, 150_000)
+	for i := range many {
+		many[i] = Target{Key: routeKey(fmt.Sprintf("dc2-web-frontend-%06d", i))}
+	}
+	if f = filterOf(many); f.Keys != nil || f.Kind != nimbusv1.Kind_KIND_ROUTE {
+		t.Errorf("filter of 150,000 routes names %d keys, kind %v; want routes, no keys", len(f.Keys), f.Kind)
 	}
 }

@@ -27,6 +27,9 @@ type Filter struct {
 	// carry each object's kind, key and generations, not its labels and spec (see
 	// nimbusv1.Object.Skeleton), which keeps the stream small.
 	StatusOnly bool
+	// Keys, when set, narrows the selection to these objects, among those the other
+	// fields select.
+	Keys []*nimbusv1.ObjectKey
 }
 
 // Reactor is what WatchStatus hands changes to. Its methods are called one at a time, on
@@ -91,7 +94,7 @@ func (f ReactorFuncs) OnSynced() {
 // watch status (codes.PermissionDenied) or nimbus does not know the call; and ErrClosed
 // when the Client is closed.
 func (c *Client) WatchStatus(ctx context.Context, f Filter, r Reactor) error {
-	req := &nimbusv1.WatchStatusRequest{Kind: f.Kind, Tenant: f.Tenant, Namespace: f.Namespace, Name: f.Name, OmitObjects: f.StatusOnly}
+	req := &nimbusv1.WatchStatusRequest{Kind: f.Kind, Tenant: f.Tenant, Namespace: f.Namespace, Name: f.Name, OmitObjects: f.StatusOnly, Keys: f.Keys}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {

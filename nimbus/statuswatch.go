@@ -124,6 +124,9 @@ func (h *statusHub) published(c *change) {
 // nodes there are, however many changes come and however slowly its client reads.
 type statusWatcher struct {
 	filter *nimbusv1.WatchStatusRequest
+	// keys holds the filter's keys, nil when it names none; ids their key IDs, sorted.
+	keys map[nimbusv1.Key]struct{}
+	ids  []string
 	// wake has room for one signal: something was marked since the last take.
 	wake chan struct{}
 
@@ -143,13 +146,34 @@ type statusWatcher struct {
 }
 
 func newStatusWatcher(filter *nimbusv1.WatchStatusRequest) *statusWatcher {
-	return &statusWatcher{
+	w := &statusWatcher{
 		filter:  filter,
 		wake:    make(chan struct{}, 1),
 		objects: map[string]*nimbusv1.ObjectKey{},
 		nodes:   map[string]struct{}{},
 		moves:   map[string]revSpan{},
 	}
+	if keys := filter.GetKeys(); len(keys) > 0 {
+		w.keys = make(map[nimbusv1.Key]struct{}, len(keys))
+		for _, k := range keys {
+			key := k.Key()
+			if _, ok := w.keys[key]; !ok {
+				w.keys[key] = struct{}{}
+				w.ids = append(w.ids, key.String())
+			}
+		}
+		slices.Sort(w.ids)
+	}
+	return w
+}
+
+// named tells whether the filter names no keys, or names key.
+func (w *statusWatcher) named(key nimbusv1.Key) bool {
+	if w.keys == nil {
+		return true
+	}
+	_, ok := w.keys[key]
+	return ok
 }
 
 // selects tells whether the filter selects the key, which has tenant and namespace
@@ -159,7 +183,8 @@ func (w *statusWatcher) selects(key *nimbusv1.ObjectKey) bool {
 	return (f.GetKind() == nimbusv1.Kind_KIND_UNSPECIFIED || f.GetKind() == key.GetKind()) &&
 		(f.GetTenant() == "" || f.GetTenant() == key.GetTenant()) &&
 		(f.GetNamespace() == "" || f.GetNamespace() == key.GetNamespace()) &&
-		(f.GetName() == "" || f.GetName() == key.GetName())
+		(f.GetName() == "" || f.GetName() == key.GetName()) &&
+		w.named(key.Key())
 }
 
 // selectsObject tells whether the filter selects the object, whose meta has tenant and
@@ -169,7 +194,8 @@ func (w *statusWatcher) selectsObject(obj *nimbusv1.Object) bool {
 	return (f.GetKind() == nimbusv1.Kind_KIND_UNSPECIFIED || f.GetKind() == obj.Kind()) &&
 		(f.GetTenant() == "" || f.GetTenant() == m.GetTenant()) &&
 		(f.GetNamespace() == "" || f.GetNamespace() == m.GetNamespace()) &&
-		(f.GetName() == "" || f.GetName() == m.GetName())
+		(f.GetName() == "" || f.GetName() == m.GetName()) &&
+		w.named(obj.TypedKey())
 }
 
 // markObject marks the object with the key ID for a recompute; key is its key, with
@@ -237,6 +263,11 @@ func (s *Server) WatchStatus(req *nimbusv1.WatchStatusRequest, stream grpc.Serve
 	if k := req.GetKind(); k != nimbusv1.Kind_KIND_UNSPECIFIED && !slices.Contains(nimbusv1.Kinds(), k) {
 		return status.Error(codes.InvalidArgument, (&nimbusv1.FieldError{Field: "kind", Value: k.String(), Reason: "unknown kind"}).Error())
 	}
+	for i, k := range req.GetKeys() {
+		if err := k.Validate(); err != nil {
+			return status.Errorf(codes.InvalidArgument, "keys[%d]: %v", i, err)
+		}
+	}
 	if s.isClosed() {
 		return rpcError(fmt.Errorf("watching status: %w", ErrClosed))
 	}
@@ -244,7 +275,7 @@ func (s *Server) WatchStatus(req *nimbusv1.WatchStatusRequest, stream grpc.Serve
 	// Registered before the first read: every change after that read is marked.
 	s.statusWatch.add(w)
 	defer s.statusWatch.remove(w)
-	log := s.log.With("kind", req.GetKind().Name(), "tenant", req.GetTenant(), "namespace", req.GetNamespace(), "name", req.GetName())
+	log := s.log.With("kind", req.GetKind().Name(), "tenant", req.GetTenant(), "namespace", req.GetNamespace(), "name", req.GetName(), "keys", len(req.GetKeys()))
 
 	ss := &statusStream{srv: s, w: w, stream: stream, seed: maphash.MakeSeed(), sent: map[string]uint64{}, knownStale: map[string]bool{}}
 	err := ss.run()
@@ -448,9 +479,18 @@ func movedUnder(obj *nimbusv1.Object, moves map[string]revSpan, merged []revSpan
 	return false
 }
 
-// selected iterates over the objects of v the watcher selects, in key ID order.
+// selected iterates over the objects of v the watcher selects, in key ID order: those of
+// its keys that exist, when it names keys, without a walk of the kind.
 func (ss *statusStream) selected(v *view) iter.Seq[*objectRecord] {
 	return func(yield func(*objectRecord) bool) {
+		if ss.w.keys != nil {
+			for _, id := range ss.w.ids {
+				if rec := v.objectByID(id); rec != nil && ss.w.selectsObject(rec.Object) && !yield(rec) {
+					return
+				}
+			}
+			return
+		}
 		for rec := range v.objectsOfKind(ss.w.filter.GetKind()) {
 			if ss.w.selectsObject(rec.Object) && !yield(rec) {
 				return

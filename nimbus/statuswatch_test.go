@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -305,6 +307,13 @@ func TestWatchStatusFilters(t *testing.T) {
 		{"name", &nimbusv1.WatchStatusRequest{Name: "r2"}, []string{r2}},
 		{"all four", &nimbusv1.WatchStatusRequest{Kind: nimbusv1.Kind_KIND_ROUTE, Tenant: "t1", Namespace: "n2", Name: "r3"}, []string{r3}},
 		{"kind and name", &nimbusv1.WatchStatusRequest{Kind: nimbusv1.Kind_KIND_NODE, Name: "r1"}, nil},
+		{"keys", &nimbusv1.WatchStatusRequest{Keys: []*nimbusv1.ObjectKey{
+			routeKey("r1"), {Kind: nimbusv1.Kind_KIND_ROUTE, Tenant: "t1", Name: "r2"}, routeKey("r9"), routeKey("r1"),
+		}}, []string{r1, r2}},
+		{"keys and kind", &nimbusv1.WatchStatusRequest{Kind: nimbusv1.Kind_KIND_NODE, Keys: []*nimbusv1.ObjectKey{
+			routeKey("r1"), {Kind: nimbusv1.Kind_KIND_NODE, Name: "n1"},
+		}}, []string{n1}},
+		{"keys none there", &nimbusv1.WatchStatusRequest{Keys: []*nimbusv1.ObjectKey{routeKey("r9")}}, nil},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			w := watchStatus(t, testContext(t), ts.client, tt.req)
@@ -437,6 +446,26 @@ func TestWatchStatusRefusesUnknownKind(t *testing.T) {
 	ts := start(t, Options{})
 	_, err := watchStatus(t, testContext(t), ts.client, &nimbusv1.WatchStatusRequest{Kind: 99}).recv()
 	wantCode(t, err, codes.InvalidArgument)
+}
+
+// TestWatchStatusRefusesBadKeys: a key without a name or of an unknown kind is refused,
+// naming its place among the keys and the field.
+func TestWatchStatusRefusesBadKeys(t *testing.T) {
+	ts := start(t, Options{})
+	for _, tt := range []struct {
+		key  *nimbusv1.ObjectKey
+		want string
+	}{
+		{&nimbusv1.ObjectKey{Kind: nimbusv1.Kind_KIND_ROUTE}, "keys[1]: key.name"},
+		{&nimbusv1.ObjectKey{Kind: 99, Name: "r1"}, "keys[1]: key.kind"},
+	} {
+		req := &nimbusv1.WatchStatusRequest{Keys: []*nimbusv1.ObjectKey{routeKey("r1"), tt.key}}
+		_, err := watchStatus(t, testContext(t), ts.client, req).recv()
+		wantCode(t, err, codes.InvalidArgument)
+		if !strings.Contains(status.Convert(err).Message(), tt.want) {
+			t.Errorf("WatchStatus with key %v: %v, want it to name %q", tt.key, err, tt.want)
+		}
+	}
 }
 
 func TestAuthWatchStatusPublishersOnly(t *testing.T) {

@@ -4961,7 +4961,13 @@ type WatchStatusRequest struct {
 	// object then carries only its kind (an empty spec of it), its meta's tenant, namespace
 	// and name, generation, revision and generation_revision. A client that follows
 	// statuses alone, as a wait does, sets it to keep the stream small.
-	OmitObjects   bool `protobuf:"varint,5,opt,name=omit_objects,json=omitObjects,proto3" json:"omit_objects,omitempty"`
+	OmitObjects bool `protobuf:"varint,5,opt,name=omit_objects,json=omitObjects,proto3" json:"omit_objects,omitempty"`
+	// keys, when set, narrows the selection to these objects: an object is selected when
+	// the fields above select it and its key (tenant and namespace defaulted) is one of
+	// these. A wait for some objects of a kind names them, instead of following every
+	// object of the kind. Each key needs a known kind and a name; the request's size bounds
+	// how many there may be.
+	Keys          []*ObjectKey `protobuf:"bytes,6,rep,name=keys,proto3" json:"keys,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5029,6 +5035,13 @@ func (x *WatchStatusRequest) GetOmitObjects() bool {
 		return x.OmitObjects
 	}
 	return false
+}
+
+func (x *WatchStatusRequest) GetKeys() []*ObjectKey {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
 }
 
 type StatusEvent struct {
@@ -5960,13 +5973,14 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\fTYPE_RESUMED\x10\x05\";\n" +
 	"\n" +
 	"WatchFrame\x12-\n" +
-	"\x06events\x18\x01 \x03(\v2\x15.nimbus.v1.WatchEventR\x06events\"\xa6\x01\n" +
+	"\x06events\x18\x01 \x03(\v2\x15.nimbus.v1.WatchEventR\x06events\"\xd0\x01\n" +
 	"\x12WatchStatusRequest\x12#\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x0f.nimbus.v1.KindR\x04kind\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x1c\n" +
 	"\tnamespace\x18\x03 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x04 \x01(\tR\x04name\x12!\n" +
-	"\fomit_objects\x18\x05 \x01(\bR\vomitObjects\"\xe5\x01\n" +
+	"\fomit_objects\x18\x05 \x01(\bR\vomitObjects\x12(\n" +
+	"\x04keys\x18\x06 \x03(\v2\x14.nimbus.v1.ObjectKeyR\x04keys\"\xe5\x01\n" +
 	"\vStatusEvent\x12/\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x1b.nimbus.v1.StatusEvent.TypeR\x04type\x12/\n" +
 	"\x04item\x18\x02 \x01(\v2\x1b.nimbus.v1.ObjectWithStatusR\x04item\x12&\n" +
@@ -6242,47 +6256,48 @@ var file_nimbus_v1_nimbus_proto_depIdxs = []int32{
 	11, // 69: nimbus.v1.WatchEvent.key:type_name -> nimbus.v1.ObjectKey
 	58, // 70: nimbus.v1.WatchFrame.events:type_name -> nimbus.v1.WatchEvent
 	0,  // 71: nimbus.v1.WatchStatusRequest.kind:type_name -> nimbus.v1.Kind
-	10, // 72: nimbus.v1.StatusEvent.type:type_name -> nimbus.v1.StatusEvent.Type
-	41, // 73: nimbus.v1.StatusEvent.item:type_name -> nimbus.v1.ObjectWithStatus
-	11, // 74: nimbus.v1.StatusEvent.key:type_name -> nimbus.v1.ObjectKey
-	61, // 75: nimbus.v1.StatusFrame.events:type_name -> nimbus.v1.StatusEvent
-	11, // 76: nimbus.v1.StatusReport.key:type_name -> nimbus.v1.ObjectKey
-	26, // 77: nimbus.v1.StatusReport.status:type_name -> nimbus.v1.NodeStatus
-	64, // 78: nimbus.v1.StatusReport.watermark:type_name -> nimbus.v1.StatusWatermark
-	73, // 79: nimbus.v1.StatusWatermark.update_time:type_name -> google.protobuf.Timestamp
-	63, // 80: nimbus.v1.PeerFrame.reports:type_name -> nimbus.v1.StatusReport
-	67, // 81: nimbus.v1.PeerFrame.presence:type_name -> nimbus.v1.PeerPresence
-	64, // 82: nimbus.v1.PeerFrame.watermarks:type_name -> nimbus.v1.StatusWatermark
-	73, // 83: nimbus.v1.PeerPresence.since:type_name -> google.protobuf.Timestamp
-	42, // 84: nimbus.v1.Nimbus.Apply:input_type -> nimbus.v1.ApplyRequest
-	46, // 85: nimbus.v1.Nimbus.ApplyBatch:input_type -> nimbus.v1.ApplyBatchRequest
-	44, // 86: nimbus.v1.Nimbus.Delete:input_type -> nimbus.v1.DeleteRequest
-	48, // 87: nimbus.v1.Nimbus.DeleteBatch:input_type -> nimbus.v1.DeleteBatchRequest
-	50, // 88: nimbus.v1.Nimbus.Get:input_type -> nimbus.v1.GetRequest
-	52, // 89: nimbus.v1.Nimbus.List:input_type -> nimbus.v1.ListRequest
-	54, // 90: nimbus.v1.Nimbus.ListNodeStatuses:input_type -> nimbus.v1.ListNodeStatusesRequest
-	57, // 91: nimbus.v1.Nimbus.Watch:input_type -> nimbus.v1.WatchRequest
-	60, // 92: nimbus.v1.Nimbus.WatchStatus:input_type -> nimbus.v1.WatchStatusRequest
-	63, // 93: nimbus.v1.Nimbus.ReportStatus:input_type -> nimbus.v1.StatusReport
-	66, // 94: nimbus.v1.Nimbus.PeerStatus:input_type -> nimbus.v1.PeerFrame
-	69, // 95: nimbus.v1.Nimbus.Version:input_type -> nimbus.v1.VersionRequest
-	43, // 96: nimbus.v1.Nimbus.Apply:output_type -> nimbus.v1.ApplyResponse
-	47, // 97: nimbus.v1.Nimbus.ApplyBatch:output_type -> nimbus.v1.ApplyBatchResponse
-	45, // 98: nimbus.v1.Nimbus.Delete:output_type -> nimbus.v1.DeleteResponse
-	49, // 99: nimbus.v1.Nimbus.DeleteBatch:output_type -> nimbus.v1.DeleteBatchResponse
-	51, // 100: nimbus.v1.Nimbus.Get:output_type -> nimbus.v1.GetResponse
-	53, // 101: nimbus.v1.Nimbus.List:output_type -> nimbus.v1.ListResponse
-	56, // 102: nimbus.v1.Nimbus.ListNodeStatuses:output_type -> nimbus.v1.ListNodeStatusesResponse
-	59, // 103: nimbus.v1.Nimbus.Watch:output_type -> nimbus.v1.WatchFrame
-	62, // 104: nimbus.v1.Nimbus.WatchStatus:output_type -> nimbus.v1.StatusFrame
-	65, // 105: nimbus.v1.Nimbus.ReportStatus:output_type -> nimbus.v1.ReportStatusResponse
-	68, // 106: nimbus.v1.Nimbus.PeerStatus:output_type -> nimbus.v1.PeerStatusResponse
-	70, // 107: nimbus.v1.Nimbus.Version:output_type -> nimbus.v1.VersionResponse
-	96, // [96:108] is the sub-list for method output_type
-	84, // [84:96] is the sub-list for method input_type
-	84, // [84:84] is the sub-list for extension type_name
-	84, // [84:84] is the sub-list for extension extendee
-	0,  // [0:84] is the sub-list for field type_name
+	11, // 72: nimbus.v1.WatchStatusRequest.keys:type_name -> nimbus.v1.ObjectKey
+	10, // 73: nimbus.v1.StatusEvent.type:type_name -> nimbus.v1.StatusEvent.Type
+	41, // 74: nimbus.v1.StatusEvent.item:type_name -> nimbus.v1.ObjectWithStatus
+	11, // 75: nimbus.v1.StatusEvent.key:type_name -> nimbus.v1.ObjectKey
+	61, // 76: nimbus.v1.StatusFrame.events:type_name -> nimbus.v1.StatusEvent
+	11, // 77: nimbus.v1.StatusReport.key:type_name -> nimbus.v1.ObjectKey
+	26, // 78: nimbus.v1.StatusReport.status:type_name -> nimbus.v1.NodeStatus
+	64, // 79: nimbus.v1.StatusReport.watermark:type_name -> nimbus.v1.StatusWatermark
+	73, // 80: nimbus.v1.StatusWatermark.update_time:type_name -> google.protobuf.Timestamp
+	63, // 81: nimbus.v1.PeerFrame.reports:type_name -> nimbus.v1.StatusReport
+	67, // 82: nimbus.v1.PeerFrame.presence:type_name -> nimbus.v1.PeerPresence
+	64, // 83: nimbus.v1.PeerFrame.watermarks:type_name -> nimbus.v1.StatusWatermark
+	73, // 84: nimbus.v1.PeerPresence.since:type_name -> google.protobuf.Timestamp
+	42, // 85: nimbus.v1.Nimbus.Apply:input_type -> nimbus.v1.ApplyRequest
+	46, // 86: nimbus.v1.Nimbus.ApplyBatch:input_type -> nimbus.v1.ApplyBatchRequest
+	44, // 87: nimbus.v1.Nimbus.Delete:input_type -> nimbus.v1.DeleteRequest
+	48, // 88: nimbus.v1.Nimbus.DeleteBatch:input_type -> nimbus.v1.DeleteBatchRequest
+	50, // 89: nimbus.v1.Nimbus.Get:input_type -> nimbus.v1.GetRequest
+	52, // 90: nimbus.v1.Nimbus.List:input_type -> nimbus.v1.ListRequest
+	54, // 91: nimbus.v1.Nimbus.ListNodeStatuses:input_type -> nimbus.v1.ListNodeStatusesRequest
+	57, // 92: nimbus.v1.Nimbus.Watch:input_type -> nimbus.v1.WatchRequest
+	60, // 93: nimbus.v1.Nimbus.WatchStatus:input_type -> nimbus.v1.WatchStatusRequest
+	63, // 94: nimbus.v1.Nimbus.ReportStatus:input_type -> nimbus.v1.StatusReport
+	66, // 95: nimbus.v1.Nimbus.PeerStatus:input_type -> nimbus.v1.PeerFrame
+	69, // 96: nimbus.v1.Nimbus.Version:input_type -> nimbus.v1.VersionRequest
+	43, // 97: nimbus.v1.Nimbus.Apply:output_type -> nimbus.v1.ApplyResponse
+	47, // 98: nimbus.v1.Nimbus.ApplyBatch:output_type -> nimbus.v1.ApplyBatchResponse
+	45, // 99: nimbus.v1.Nimbus.Delete:output_type -> nimbus.v1.DeleteResponse
+	49, // 100: nimbus.v1.Nimbus.DeleteBatch:output_type -> nimbus.v1.DeleteBatchResponse
+	51, // 101: nimbus.v1.Nimbus.Get:output_type -> nimbus.v1.GetResponse
+	53, // 102: nimbus.v1.Nimbus.List:output_type -> nimbus.v1.ListResponse
+	56, // 103: nimbus.v1.Nimbus.ListNodeStatuses:output_type -> nimbus.v1.ListNodeStatusesResponse
+	59, // 104: nimbus.v1.Nimbus.Watch:output_type -> nimbus.v1.WatchFrame
+	62, // 105: nimbus.v1.Nimbus.WatchStatus:output_type -> nimbus.v1.StatusFrame
+	65, // 106: nimbus.v1.Nimbus.ReportStatus:output_type -> nimbus.v1.ReportStatusResponse
+	68, // 107: nimbus.v1.Nimbus.PeerStatus:output_type -> nimbus.v1.PeerStatusResponse
+	70, // 108: nimbus.v1.Nimbus.Version:output_type -> nimbus.v1.VersionResponse
+	97, // [97:109] is the sub-list for method output_type
+	85, // [85:97] is the sub-list for method input_type
+	85, // [85:85] is the sub-list for extension type_name
+	85, // [85:85] is the sub-list for extension extendee
+	0,  // [0:85] is the sub-list for field type_name
 }
 
 func init() { file_nimbus_v1_nimbus_proto_init() }
