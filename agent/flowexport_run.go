@@ -336,15 +336,22 @@ func (x *flowExporter) selects(f *delphiv1.Flow) bool {
 			return false
 		}
 	}
-	if n := x.spec.GetSampling(); n > 1 {
-		h := fnv.New32a()
-		for _, s := range []string{f.GetProtocol(), f.GetSource(), strconv.FormatUint(uint64(f.GetSourcePort()), 10), f.GetDestination(), strconv.FormatUint(uint64(f.GetDestinationPort()), 10)} {
-			h.Write([]byte(s))
-			h.Write([]byte{0})
-		}
-		return h.Sum32()%n == 0
+	return sampled(f, x.spec.GetSampling())
+}
+
+// sampled tells whether sampling 1 in n takes the flow record: by a hash of its 5-tuple,
+// so that a connection's records are all taken or none. Every record is taken when n is
+// 0 or 1.
+func sampled(f *delphiv1.Flow, n uint32) bool {
+	if n <= 1 {
+		return true
 	}
-	return true
+	h := fnv.New32a()
+	for _, s := range []string{f.GetProtocol(), f.GetSource(), strconv.FormatUint(uint64(f.GetSourcePort()), 10), f.GetDestination(), strconv.FormatUint(uint64(f.GetDestinationPort()), 10)} {
+		h.Write([]byte(s))
+		h.Write([]byte{0})
+	}
+	return h.Sum32()%n == 0
 }
 
 // records appends the IPFIX records of the flow record to recs: a denied packet's one
