@@ -251,9 +251,9 @@ type tableReader[K comparable, V any] struct {
 	slot   int
 	handle func(tableChange[K, V])
 	// queue holds, from head on, the changes queued for the watcher, which holds a mark
-	// for each. Its array is used again once drained, up to keptQueue changes: a burst of
-	// route changes used to allocate it anew as it grew, three quarters of a kilobyte
-	// per route.
+	// for each. Its array is used again as it drains, and once drained up to keptQueue
+	// changes: a burst of route changes used to allocate it anew as it grew, three
+	// quarters of a kilobyte per route.
 	queue []tableChange[K, V]
 	head  int
 	// backlog holds the changes made while no watcher takes them, coalesced by key.
@@ -275,8 +275,10 @@ func (r *tableReader[K, V]) close() {
 	t.mu.Unlock()
 }
 
-// keptQueue is how many changes a drained queue keeps room for.
-const keptQueue = 4096
+// keptQueue is how many changes a drained queue keeps room for: some 100 KB for a
+// link table's, whose changes are the largest, so that a reader does not hold the room
+// of a burst once idle. Within a burst the array is used again however large it grew.
+const keptQueue = 256
 
 // push queues a change for the watcher, or in the backlog when none takes it.
 func (r *tableReader[K, V]) push(c tableChange[K, V]) {
