@@ -184,7 +184,7 @@ func (w *statusWatcher) selects(key *nimbusv1.ObjectKey) bool {
 		(f.GetTenant() == "" || f.GetTenant() == key.GetTenant()) &&
 		(f.GetNamespace() == "" || f.GetNamespace() == key.GetNamespace()) &&
 		(f.GetName() == "" || f.GetName() == key.GetName()) &&
-		w.named(key.Key())
+		(w.keys == nil || w.named(key.Key()))
 }
 
 // selectsObject tells whether the filter selects the object, whose meta has tenant and
@@ -195,7 +195,7 @@ func (w *statusWatcher) selectsObject(obj *nimbusv1.Object) bool {
 		(f.GetTenant() == "" || f.GetTenant() == m.GetTenant()) &&
 		(f.GetNamespace() == "" || f.GetNamespace() == m.GetNamespace()) &&
 		(f.GetName() == "" || f.GetName() == m.GetName()) &&
-		w.named(obj.TypedKey())
+		(w.keys == nil || w.named(obj.TypedKey()))
 }
 
 // markObject marks the object with the key ID for a recompute; key is its key, with

@@ -1,6 +1,7 @@
 package manifest
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -69,6 +70,41 @@ var subsetCases = []struct {
 	{"kind: Route\nspec:\n  x: \"<&>\"\n", true},
 	{"kind: Route\nspec:\n  x: 123456789012345678\n", true},
 	{"kind: Route\nspec:\n  x: 1234567890123456789\n", false},
+}
+
+// TestSimpleYAMLLongMappings: a mapping of more keys than mapBuilder scans is still
+// taken, and a key written twice still refused, whether the two are among the first keys
+// or the second comes after the index was made; in block and in flow style.
+func TestSimpleYAMLLongMappings(t *testing.T) {
+	const n = 3 * indexKeysAbove
+	for _, tt := range []struct {
+		name     string
+		dup      int // index of the key written again as the last one, -1 for none
+		wantTake bool
+	}{{"distinct", -1, true}, {"first key again", 0, false}, {"a late key again", n - 2, false}} {
+		var block, flow []string
+		for i := range n {
+			block = append(block, fmt.Sprintf("    k%d: v%d\n", i, i))
+			flow = append(flow, fmt.Sprintf("k%d: v%d", i, i))
+		}
+		if tt.dup >= 0 {
+			block = append(block, fmt.Sprintf("    k%d: again\n", tt.dup))
+			flow = append(flow, fmt.Sprintf("k%d: again", tt.dup))
+		}
+		for style, doc := range map[string]string{
+			"block": "kind: Route\nmeta:\n  name: r1\n  labels:\n" + strings.Join(block, ""),
+			"flow":  "kind: Route\nmeta: {name: r1, labels: {" + strings.Join(flow, ", ") + "}}\n",
+		} {
+			got, ok := simpleYAMLToJSON([]byte(doc))
+			if ok != tt.wantTake {
+				t.Errorf("%s, %s style: taken %v, want %v", tt.name, style, ok, tt.wantTake)
+				continue
+			}
+			if ok {
+				sameAsYAMLToJSON(t, []byte(doc), got)
+			}
+		}
+	}
 }
 
 func TestSimpleYAMLToJSON(t *testing.T) {
