@@ -45,22 +45,12 @@ func BenchmarkChain(b *testing.B) {
 func runChain(b *testing.B, objs []*nimbusv1.Object) (add, del time.Duration, resets int64) {
 	b.StopTimer()
 	defer b.StartTimer()
-	srv, err := nimbus.New(nimbus.Options{Logger: slog.New(slog.DiscardHandler), DataDir: b.TempDir()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	lis := listen(b)
+	_, addr, stopServer := serveNimbus(b, nimbus.Options{Logger: slog.New(slog.DiscardHandler), DataDir: b.TempDir()})
+	defer stopServer()
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, lis) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			b.Error(err)
-		}
-	}()
+	defer cancel()
 	dialAPI := func() nimbusv1.NimbusClient {
-		conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
 		if err != nil {
 			b.Fatal(err)

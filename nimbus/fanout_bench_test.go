@@ -112,8 +112,10 @@ func listen(b *testing.B) net.Listener {
 	return lis
 }
 
-func nimbusTarget(b *testing.B) fanoutTarget {
-	srv, err := nimbus.New(nimbus.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), WatchBuffer: 1 << 16})
+// serveNimbus starts a nimbus with opts on loopback TCP and returns it, its address and
+// a function that stops it, which fails the benchmark when Serve failed.
+func serveNimbus(b *testing.B, opts nimbus.Options) (srv *nimbus.Server, addr string, stop func()) {
+	srv, err := nimbus.New(opts)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -121,7 +123,18 @@ func nimbusTarget(b *testing.B) fanoutTarget {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx, lis) }()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	return srv, lis.Addr().String(), func() {
+		cancel()
+		if err := <-done; err != nil {
+			b.Error(err)
+		}
+	}
+}
+
+func nimbusTarget(b *testing.B) fanoutTarget {
+	_, addr, stopNimbus := serveNimbus(b, nimbus.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), WatchBuffer: 1 << 16})
+	ctx, cancel := context.WithCancel(context.Background())
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -136,7 +149,7 @@ func nimbusTarget(b *testing.B) fanoutTarget {
 		}
 	}
 	return fanoutTarget{
-		addr:   lis.Addr().String(),
+		addr:   addr,
 		method: "/nimbus.v1.Nimbus/Watch",
 		update: func(i int) {
 			if _, err := api.Apply(ctx, &nimbusv1.ApplyRequest{Object: benchObject(0, fmt.Sprintf("192.0.2.%d", 2+i%200))}); err != nil {
@@ -146,7 +159,7 @@ func nimbusTarget(b *testing.B) fanoutTarget {
 		stop: func() {
 			conn.Close()
 			cancel()
-			<-done
+			stopNimbus()
 		},
 		heapMiB: heapMiB,
 	}

@@ -205,6 +205,10 @@ type tables struct {
 	// watch finds there the objects a node's watermark moved across without a walk of
 	// every object.
 	byGenRev *btree.BTreeG[*objectRecord]
+	// byTarget holds the objects meant for some nodes only (meta.nodes), once for each of
+	// their nodes, by node then key ID: a node's snapshot reads its own objects there
+	// rather than walk every object, which at fleet scale is most of them another node's.
+	byTarget *btree.BTreeG[targetItem]
 	// statuses holds the statuses by the hash of their object key ID, then of their node
 	// (statusItem): the statuses of an object are adjacent, with those of any other key ID
 	// of the same hash.
@@ -243,6 +247,9 @@ func newTables() *tables {
 			}
 			return a.id < b.id
 		}, treeOptions),
+		byTarget: btree.NewBTreeGOptions(func(a, b targetItem) bool {
+			return a.node < b.node || a.node == b.node && a.id < b.id
+		}, treeOptions),
 		// A status lookup is most of a replica's work. The items hold hashes of the
 		// strings they order by, which most comparisons end at, in the tree's nodes,
 		// so that they need not load each record.
@@ -276,6 +283,7 @@ func (t *tables) copy() *tables {
 	c := *t
 	c.objects = t.objects.Copy()
 	c.byGenRev = t.byGenRev.Copy()
+	c.byTarget = t.byTarget.Copy()
 	c.statuses = t.statuses.Copy()
 	c.statusesByNode = t.statusesByNode.Copy()
 	c.watchNodes = t.watchNodes.Copy()
@@ -353,7 +361,26 @@ func (t *tables) revision() uint64 { return t.rev }
 // needs nothing else and may last long, such as a watch's snapshot, which takes minutes
 // to reach a slow node: it keeps none of t's statuses, watermarks and watch state from
 // being freed meanwhile. Its other reads must not be used.
-func (t *tables) objectsOnly() *tables { return &tables{objects: t.objects, rev: t.rev} }
+func (t *tables) objectsOnly() *tables {
+	return &tables{objects: t.objects, byTarget: t.byTarget, rev: t.rev}
+}
+
+// targetItem is an entry of the byTarget table: an object meant for the node, with its
+// key ID, which orders the table with the node.
+type targetItem struct {
+	node, id string
+	rec      *objectRecord
+}
+
+// objectsFor iterates over the objects whose meta.nodes names the node, in key ID order.
+// The objects meant for every node are not among them.
+func (t *tables) objectsFor(node string) iter.Seq[*objectRecord] {
+	return func(yield func(*objectRecord) bool) {
+		t.byTarget.Ascend(targetItem{node: node}, func(it targetItem) bool {
+			return it.node == node && yield(it.rec)
+		})
+	}
+}
 
 // statusesOf returns the statuses stored for the object with the key, ordered by node.
 func (t *tables) statusesOf(key nimbusv1.Key) []*statusRecord {
@@ -542,12 +569,20 @@ func (w *writeTxn) putObject(rec *objectRecord) {
 		rec.id = rec.Key.String()
 	}
 	rec.genRev = rec.Object.GenerationRevision()
+	nodes := rec.Object.GetMeta().GetNodes()
 	if old, replaced := w.objects.Set(rec.id, rec); replaced {
 		w.byGenRev.Delete(old)
 		w.releaseClaims(old)
+		if oldNodes := old.Object.GetMeta().GetNodes(); !slices.Equal(oldNodes, nodes) {
+			w.untarget(old)
+		}
 	}
 	w.byGenRev.Set(rec)
 	w.addClaims(rec)
+	// Setting an item replaces the one of the same node and key ID.
+	for _, n := range nodes {
+		w.byTarget.Set(targetItem{node: n, id: rec.id, rec: rec})
+	}
 	if rec.Key.Kind == nimbusv1.Kind_KIND_NODE {
 		w.nodesGen++
 	}
@@ -561,9 +596,17 @@ func (w *writeTxn) deleteObjectID(id string) {
 	if old, deleted := w.objects.Delete(id); deleted {
 		w.byGenRev.Delete(old)
 		w.releaseClaims(old)
+		w.untarget(old)
 		if old.Key.Kind == nimbusv1.Kind_KIND_NODE {
 			w.nodesGen++
 		}
+	}
+}
+
+// untarget deletes the record's entries of the byTarget table.
+func (w *writeTxn) untarget(rec *objectRecord) {
+	for _, n := range rec.Object.GetMeta().GetNodes() {
+		w.byTarget.Delete(targetItem{node: n, id: rec.id})
 	}
 }
 

@@ -358,3 +358,63 @@ func TestNewUUID(t *testing.T) {
 		seen[u] = true
 	}
 }
+
+// TestObjectsFor checks the index of the objects by the nodes they name: a node finds
+// the objects that name it, in key ID order, and none meant for every node; a change of
+// an object's nodes, or of anything else, and its deletion show in the versions after,
+// and a version read before keeps what it held, as objectsOnly's does.
+func TestObjectsFor(t *testing.T) {
+	st := newStore()
+	put := func(txn *writeTxn, name string, nodes ...string) {
+		r := route(name, nodes)
+		txn.putObject(&objectRecord{Key: r.TypedKey(), Object: r})
+	}
+	names := func(tb *tables, node string) []string {
+		var got []string
+		for rec := range tb.objectsFor(node) {
+			got = append(got, rec.Key.Name)
+		}
+		return got
+	}
+	txn := st.write()
+	put(txn, "c", "n1", "n2")
+	put(txn, "a", "n2")
+	put(txn, "b") // every node
+	put(txn, "d", "n10", "n1")
+	txn.commit()
+	before := st.read().objectsOnly()
+
+	txn = st.write()
+	put(txn, "c", "n2", "n3") // leaves n1
+	r := route("a", []string{"n2"})
+	r.Spec = &nimbusv1.Object_Route{Route: &nimbusv1.RouteSpec{Table: 100, Prefix: "10.9.0.0/16"}}
+	txn.putObject(&objectRecord{Key: r.TypedKey(), Object: r}) // the same nodes, a new spec
+	txn.deleteObject(route("d", nil).TypedKey())
+	txn.commit()
+	after := st.read()
+
+	for _, c := range []struct {
+		tb   *tables
+		node string
+		want []string
+	}{
+		{before, "n1", []string{"c", "d"}},
+		{before, "n2", []string{"a", "c"}},
+		{before, "n10", []string{"d"}},
+		{before, "n3", nil},
+		{after, "n1", nil},
+		{after, "n2", []string{"a", "c"}},
+		{after, "n3", []string{"c"}},
+		{after, "n10", nil},
+		{after, "n", nil}, // a prefix of other nodes' names
+	} {
+		if got := names(c.tb, c.node); !slices.Equal(got, c.want) {
+			t.Errorf("objects for %s: %q, want %q", c.node, got, c.want)
+		}
+	}
+	for rec := range after.objectsFor("n2") {
+		if rec != after.object(rec.Key) {
+			t.Errorf("objects for n2: %s is not the stored record", rec.Key.Name)
+		}
+	}
+}

@@ -576,10 +576,7 @@ func (s *Server) sendSnapshot(fw *frameWriter, snap *tables, node string, rev ui
 			return err
 		}
 	}
-	for rec := range snap.objectsOfKind(nimbusv1.Kind_KIND_UNSPECIFIED) {
-		if len(rec.Object.GetMeta().GetNodes()) == 0 || !targetsNode(rec.Object, node) {
-			continue
-		}
+	for rec := range snap.objectsFor(node) {
 		if err := fw.add(rec.putEvent()); err != nil {
 			return err
 		}
