@@ -367,6 +367,10 @@ func propagationOf(item *nimbusv1.ObjectWithStatus, gen int64) propagation {
 		settled[node] = true
 	}
 	var latest time.Time
+	// later tells that nimbus aggregated a later generation than gen; listedLater counts
+	// the nodes the status lists PROGRAMMED and FAILED at that one.
+	later := st.GetGeneration() > gen
+	var listedLater struct{ programmed, failed int }
 	for _, n := range st.GetNodes() {
 		if n.GetStale() {
 			p.stale++
@@ -376,6 +380,14 @@ func propagationOf(item *nimbusv1.ObjectWithStatus, gen int64) propagation {
 		}
 		if n.GetObservedGeneration() < gen {
 			continue
+		}
+		if later && n.GetObservedGeneration() == st.GetGeneration() {
+			switch n.GetPhase() {
+			case nimbusv1.Phase_PHASE_PROGRAMMED:
+				listedLater.programmed++
+			case nimbusv1.Phase_PHASE_FAILED:
+				listedLater.failed++
+			}
 		}
 		switch n.GetPhase() {
 		case nimbusv1.Phase_PHASE_PROGRAMMED:
@@ -397,7 +409,8 @@ func propagationOf(item *nimbusv1.ObjectWithStatus, gen int64) propagation {
 			}
 		}
 	}
-	if st.GetGeneration() != 0 && st.GetGeneration() == gen {
+	switch {
+	case st.GetGeneration() != 0 && st.GetGeneration() == gen:
 		// Nimbus aggregated this very generation: its counts and names are authoritative,
 		// and it knows the target nodes that have reported nothing.
 		p.programmed, p.failed, p.current = int(st.GetProgrammedNodes()), int(st.GetFailedNodes()), int(st.GetCurrentNodes())
@@ -407,7 +420,27 @@ func propagationOf(item *nimbusv1.ObjectWithStatus, gen int64) propagation {
 		if t := st.GetCaughtUpTime(); t != nil {
 			p.caughtUp = t.AsTime()
 		}
-	} else {
+	case later:
+		// Nimbus aggregated a later generation: its counts count every node at that one,
+		// of which the status lists only some (its --status-nodes); the nodes listed at
+		// gen or later but short of that one count beside them. Its pending nodes are
+		// short of that one, and of gen unless they are listed as settled at it.
+		p.programmed += int(st.GetProgrammedNodes()) - listedLater.programmed
+		p.failed += int(st.GetFailedNodes()) - listedLater.failed
+		p.stale = int(st.GetStaleNodes())
+		for _, name := range st.GetPending() {
+			if !settled[name] {
+				p.pending = append(p.pending, name)
+			}
+		}
+		slices.Sort(p.pending)
+		if p.done() {
+			p.caughtUp = latest
+			if t := st.GetCaughtUpTime(); t != nil && t.AsTime().After(latest) {
+				p.caughtUp = t.AsTime()
+			}
+		}
+	default:
 		names := obj.GetMeta().GetNodes()
 		if len(names) == 0 {
 			for _, n := range st.GetNodes() {
@@ -432,6 +465,11 @@ func propagationOf(item *nimbusv1.ObjectWithStatus, gen int64) propagation {
 // done reports whether every target node, and at least one, is PROGRAMMED at the
 // generation.
 func (p propagation) done() bool { return p.target > 0 && p.programmed >= p.target }
+
+// unlistedFailed returns how many of the nodes FAILED at the generation or later the
+// object's status does not list (nimbus lists at most its --status-nodes nodes, FAILED
+// ones first).
+func (p propagation) unlistedFailed() int { return max(0, p.failed-len(p.failures)) }
 
 // pendingCount returns the number of target nodes neither PROGRAMMED nor FAILED at the
 // generation.

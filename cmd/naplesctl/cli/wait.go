@@ -265,7 +265,8 @@ func (p propagation) progress(key *nimbusv1.ObjectKey) string {
 }
 
 // failure returns the error for a target that a node reported FAILED for good, one line
-// per such node: "node host-b: InvalidSpec: <message>".
+// per such node: "node host-b: InvalidSpec: <message>", and one that counts the FAILED
+// nodes the object's status does not list.
 func failure(s *waitState) error {
 	var b strings.Builder
 	for _, n := range s.last.terminal {
@@ -274,6 +275,9 @@ func failure(s *waitState) error {
 			b.WriteString(r + ": ")
 		}
 		b.WriteString(orDash(oneLine(n.GetMessage())))
+	}
+	if more := s.last.unlistedFailed(); more > 0 {
+		fmt.Fprintf(&b, "\n  and %d more FAILED %s", more, plural(more, "node", "nodes"))
 	}
 	return fmt.Errorf("%s: %w on %d of %d nodes (generation %d):%s",
 		ref(s.key), ErrProgrammingFailed, len(s.last.terminal), s.last.target, s.generation, b.String())
@@ -314,6 +318,9 @@ func timedOut(states []*waitState, timeout time.Duration) error {
 			}
 			if len(failing) > 0 {
 				tail += "; failing, being retried: " + strings.Join(failing, ", ")
+				if more := s.last.unlistedFailed(); more > 0 {
+					tail += fmt.Sprintf(" and %d more", more)
+				}
 			}
 			var waiting []string
 			for _, n := range s.last.waiting {
