@@ -33,8 +33,8 @@ last of them caught up. The table that follows has one row per target node: its
 phase, the generation it observed, whether its status is stale (its agent has been
 disconnected for longer than nimbus's grace period), when it last reported, and why.
 A target node that has reported nothing yet is shown with "-". The table lists the
-first --nodes-limit nodes by name and every FAILED node after them; a line says how
-many more nodes it leaves out.`,
+first --nodes-limit nodes by name and, after them, as many FAILED nodes at the most; a
+line says how many more nodes it leaves out, and how many of those FAILED.`,
 		Example: `  naplesctl describe route to-dc2`,
 		Args:    cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -49,7 +49,7 @@ many more nodes it leaves out.`,
 		},
 	}
 	cmd.Flags().IntVar(&nodesLimit, "nodes-limit", defaultNodesLimit,
-		"the most nodes the node table lists before the FAILED nodes after them; 0 lists every node")
+		"the most nodes the node table lists, and the most FAILED nodes it lists after them; 0 lists every node")
 	cmd.Flags().StringVar(&tenant, "tenant", "", `tenant of the object (default "default")`)
 	cmd.Flags().StringVarP(&namespace, "namespace", "n", "", `namespace of the object (default "default")`)
 	return cmd
@@ -247,7 +247,19 @@ func (c *cli) writeDescription(w io.Writer, item *nimbusv1.ObjectWithStatus, nod
 	}
 	if nodes != nil && nodes.cut {
 		if n := int(st.GetTargetNodes()) - len(rows); n > 0 {
-			fmt.Fprintf(w, "... and %d more %s (--nodes-limit)\n", n, plural(n, "node", "nodes"))
+			// As many FAILED nodes as --nodes-limit are listed after the first ones: the
+			// line says how many more FAILED.
+			failedLeft := p.failed
+			for _, r := range rows {
+				if r.st.GetPhase() == nimbusv1.Phase_PHASE_FAILED && r.st.GetObservedGeneration() == p.generation {
+					failedLeft--
+				}
+			}
+			var failedMore string
+			if failedLeft > 0 {
+				failedMore = fmt.Sprintf(", %d of them FAILED", failedLeft)
+			}
+			fmt.Fprintf(w, "... and %d more %s (--nodes-limit)%s\n", n, plural(n, "node", "nodes"), failedMore)
 		}
 	}
 	// Then what each node reports of the object in operation: link state, counters.

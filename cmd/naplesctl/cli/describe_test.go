@@ -321,6 +321,20 @@ func TestDescribePagesThroughNodes(t *testing.T) {
 	}
 	contains(t, "describe", errors.New(out), fmt.Sprintf("... and %d more nodes (--nodes-limit)\n", nodes-len(want)))
 
+	// With a limit below the FAILED nodes, it lists as many of them and says how many
+	// more FAILED.
+	out = e.ok("describe", "route", "wide", "--nodes-limit", "1")
+	if got, want := slices.Collect(func(yield func(string) bool) {
+		for line := range strings.Lines(out) {
+			if f := strings.Fields(line); len(f) > 1 && strings.HasPrefix(f[0], "h") && !yield(f[0]) {
+				return
+			}
+		}
+	}), []string{"h0000", "h0005"}; !slices.Equal(got, want) {
+		t.Errorf("describe --nodes-limit 1 lists %q, want %q", got, want)
+	}
+	contains(t, "describe --nodes-limit 1", errors.New(out), "... and 2498 more nodes (--nodes-limit), 9 of them FAILED\n")
+
 	contains(t, "describe with a negative limit", e.fails("describe", "route", "wide", "--nodes-limit", "-1"), "--nodes-limit -1: must not be negative")
 }
 
