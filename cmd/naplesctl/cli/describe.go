@@ -359,6 +359,9 @@ type propagation struct {
 	// caughtUp is when the last target node reported PROGRAMMED at generation; zero while
 	// any has not.
 	caughtUp time.Time
+	// detailsOmitted counts the nodes listed without their messages and operational data
+	// (ObjectStatus.details_omitted).
+	detailsOmitted int
 }
 
 // propagationOf returns how far item has come at generation gen; 0 means the object's
@@ -368,7 +371,7 @@ func propagationOf(item *nimbusv1.ObjectWithStatus, gen int64) propagation {
 	if gen == 0 {
 		gen = obj.GetMeta().GetGeneration()
 	}
-	p := propagation{generation: gen, target: int(st.GetTargetNodes())}
+	p := propagation{generation: gen, target: int(st.GetTargetNodes()), detailsOmitted: int(st.GetDetailsOmitted())}
 	// settled is made when a node is: a status whose generation nimbus aggregated, as a
 	// wait's most often is, never reads it.
 	var settled map[string]bool

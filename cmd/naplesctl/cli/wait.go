@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -265,8 +266,8 @@ func (p propagation) progress(key *nimbusv1.ObjectKey) string {
 }
 
 // failure returns the error for a target that a node reported FAILED for good, one line
-// per such node: "node host-b: InvalidSpec: <message>", and one that counts the FAILED
-// nodes the object's status does not list.
+// per such node: "node host-b: InvalidSpec: <message>", one that counts the FAILED nodes
+// the object's status does not list, and one that says when it left messages out.
 func failure(s *waitState) error {
 	var b strings.Builder
 	for _, n := range s.last.terminal {
@@ -278,6 +279,11 @@ func failure(s *waitState) error {
 	}
 	if more := s.last.unlistedFailed(); more > 0 {
 		fmt.Fprintf(&b, "\n  and %d more FAILED %s", more, plural(more, "node", "nodes"))
+	}
+	if n := s.last.detailsOmitted; n > 0 && slices.ContainsFunc(s.last.terminal, func(n *nimbusv1.NodeStatus) bool { return n.GetMessage() == "" }) {
+		fmt.Fprintf(&b, "\n  (the %s of %d %s left out: the object's statuses hold more than nimbus sends for one object, "+
+			"its --status-details-bytes; naplesctl describe shows %s)",
+			plural(n, "message", "messages"), n, plural(n, "node was", "nodes were"), plural(n, "it", "them"))
 	}
 	return fmt.Errorf("%s: %w on %d of %d nodes (generation %d):%s",
 		ref(s.key), ErrProgrammingFailed, len(s.last.terminal), s.last.target, s.generation, b.String())
