@@ -158,6 +158,15 @@ func TestPropagation(t *testing.T) {
 			want: want{programmed: 2, current: 1, done: true, caughtUp: at(9)},
 		},
 		{
+			name: "waiting on an older generation, nimbus listing some nodes",
+			item: &nimbusv1.ObjectWithStatus{Object: route(3, "a", "b", "c", "d"), Status: &nimbusv1.ObjectStatus{
+				TargetNodes: 4, ProgrammedNodes: 3, Generation: 3, CurrentNodes: 3, Pending: []string{"b"}, NodesOmitted: 2,
+				Nodes: []*nimbusv1.NodeStatus{node("a", 3, programmed, false, 5), node("b", 2, programmed, false, 9)},
+			}},
+			gen:  2,
+			want: want{programmed: 4, current: 1, done: true, caughtUp: at(9)},
+		},
+		{
 			name: "no target nodes is never done",
 			item: &nimbusv1.ObjectWithStatus{Object: route(1), Status: &nimbusv1.ObjectStatus{}},
 			want: want{},
