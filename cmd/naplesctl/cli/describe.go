@@ -33,8 +33,8 @@ last of them caught up. The table that follows has one row per target node: its
 phase, the generation it observed, whether its status is stale (its agent has been
 disconnected for longer than nimbus's grace period), when it last reported, and why.
 A target node that has reported nothing yet is shown with "-". The table lists the
-first --nodes-limit nodes by name and every FAILED node after them; a line says how
-many more nodes it leaves out.`,
+first --nodes-limit nodes by name and, after them, as many FAILED nodes at the most; a
+line says how many more nodes it leaves out, and how many of those FAILED.`,
 		Example: `  naplesctl describe route to-dc2`,
 		Args:    cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -49,7 +49,7 @@ many more nodes it leaves out.`,
 		},
 	}
 	cmd.Flags().IntVar(&nodesLimit, "nodes-limit", defaultNodesLimit,
-		"the most nodes the node table lists before the FAILED nodes after them; 0 lists every node")
+		"the most nodes the node table lists, and the most FAILED nodes it lists after them; 0 lists every node")
 	cmd.Flags().StringVar(&tenant, "tenant", "", `tenant of the object (default "default")`)
 	cmd.Flags().StringVarP(&namespace, "namespace", "n", "", `namespace of the object (default "default")`)
 	return cmd
@@ -247,7 +247,19 @@ func (c *cli) writeDescription(w io.Writer, item *nimbusv1.ObjectWithStatus, nod
 	}
 	if nodes != nil && nodes.cut {
 		if n := int(st.GetTargetNodes()) - len(rows); n > 0 {
-			fmt.Fprintf(w, "... and %d more %s (--nodes-limit)\n", n, plural(n, "node", "nodes"))
+			// As many FAILED nodes as --nodes-limit are listed after the first ones: the
+			// line says how many more FAILED.
+			failedLeft := p.failed
+			for _, r := range rows {
+				if r.st.GetPhase() == nimbusv1.Phase_PHASE_FAILED && r.st.GetObservedGeneration() == p.generation {
+					failedLeft--
+				}
+			}
+			var failedMore string
+			if failedLeft > 0 {
+				failedMore = fmt.Sprintf(", %d of them FAILED", failedLeft)
+			}
+			fmt.Fprintf(w, "... and %d more %s (--nodes-limit)%s\n", n, plural(n, "node", "nodes"), failedMore)
 		}
 	}
 	// Then what each node reports of the object in operation: link state, counters.
@@ -347,6 +359,9 @@ type propagation struct {
 	// caughtUp is when the last target node reported PROGRAMMED at generation; zero while
 	// any has not.
 	caughtUp time.Time
+	// detailsOmitted counts the nodes listed without their messages and operational data
+	// (ObjectStatus.details_omitted).
+	detailsOmitted int
 }
 
 // propagationOf returns how far item has come at generation gen; 0 means the object's
@@ -356,7 +371,7 @@ func propagationOf(item *nimbusv1.ObjectWithStatus, gen int64) propagation {
 	if gen == 0 {
 		gen = obj.GetMeta().GetGeneration()
 	}
-	p := propagation{generation: gen, target: int(st.GetTargetNodes())}
+	p := propagation{generation: gen, target: int(st.GetTargetNodes()), detailsOmitted: int(st.GetDetailsOmitted())}
 	// settled is made when a node is: a status whose generation nimbus aggregated, as a
 	// wait's most often is, never reads it.
 	var settled map[string]bool
@@ -367,6 +382,10 @@ func propagationOf(item *nimbusv1.ObjectWithStatus, gen int64) propagation {
 		settled[node] = true
 	}
 	var latest time.Time
+	// later tells that nimbus aggregated a later generation than gen; listedLater counts
+	// the nodes the status lists PROGRAMMED and FAILED at that one.
+	later := st.GetGeneration() > gen
+	var listedLater struct{ programmed, failed int }
 	for _, n := range st.GetNodes() {
 		if n.GetStale() {
 			p.stale++
@@ -376,6 +395,14 @@ func propagationOf(item *nimbusv1.ObjectWithStatus, gen int64) propagation {
 		}
 		if n.GetObservedGeneration() < gen {
 			continue
+		}
+		if later && n.GetObservedGeneration() == st.GetGeneration() {
+			switch n.GetPhase() {
+			case nimbusv1.Phase_PHASE_PROGRAMMED:
+				listedLater.programmed++
+			case nimbusv1.Phase_PHASE_FAILED:
+				listedLater.failed++
+			}
 		}
 		switch n.GetPhase() {
 		case nimbusv1.Phase_PHASE_PROGRAMMED:
@@ -397,7 +424,8 @@ func propagationOf(item *nimbusv1.ObjectWithStatus, gen int64) propagation {
 			}
 		}
 	}
-	if st.GetGeneration() != 0 && st.GetGeneration() == gen {
+	switch {
+	case st.GetGeneration() != 0 && st.GetGeneration() == gen:
 		// Nimbus aggregated this very generation: its counts and names are authoritative,
 		// and it knows the target nodes that have reported nothing.
 		p.programmed, p.failed, p.current = int(st.GetProgrammedNodes()), int(st.GetFailedNodes()), int(st.GetCurrentNodes())
@@ -407,7 +435,27 @@ func propagationOf(item *nimbusv1.ObjectWithStatus, gen int64) propagation {
 		if t := st.GetCaughtUpTime(); t != nil {
 			p.caughtUp = t.AsTime()
 		}
-	} else {
+	case later:
+		// Nimbus aggregated a later generation: its counts count every node at that one,
+		// of which the status lists only some (its --status-nodes); the nodes listed at
+		// gen or later but short of that one count beside them. Its pending nodes are
+		// short of that one, and of gen unless they are listed as settled at it.
+		p.programmed += int(st.GetProgrammedNodes()) - listedLater.programmed
+		p.failed += int(st.GetFailedNodes()) - listedLater.failed
+		p.stale = int(st.GetStaleNodes())
+		for _, name := range st.GetPending() {
+			if !settled[name] {
+				p.pending = append(p.pending, name)
+			}
+		}
+		slices.Sort(p.pending)
+		if p.done() {
+			p.caughtUp = latest
+			if t := st.GetCaughtUpTime(); t != nil && t.AsTime().After(latest) {
+				p.caughtUp = t.AsTime()
+			}
+		}
+	default:
 		names := obj.GetMeta().GetNodes()
 		if len(names) == 0 {
 			for _, n := range st.GetNodes() {
@@ -432,6 +480,11 @@ func propagationOf(item *nimbusv1.ObjectWithStatus, gen int64) propagation {
 // done reports whether every target node, and at least one, is PROGRAMMED at the
 // generation.
 func (p propagation) done() bool { return p.target > 0 && p.programmed >= p.target }
+
+// unlistedFailed returns how many of the nodes FAILED at the generation or later the
+// object's status does not list (nimbus lists at most its --status-nodes nodes, FAILED
+// ones first).
+func (p propagation) unlistedFailed() int { return max(0, p.failed-len(p.failures)) }
 
 // pendingCount returns the number of target nodes neither PROGRAMMED nor FAILED at the
 // generation.

@@ -158,6 +158,15 @@ func TestPropagation(t *testing.T) {
 			want: want{programmed: 2, current: 1, done: true, caughtUp: at(9)},
 		},
 		{
+			name: "waiting on an older generation, nimbus listing some nodes",
+			item: &nimbusv1.ObjectWithStatus{Object: route(3, "a", "b", "c", "d"), Status: &nimbusv1.ObjectStatus{
+				TargetNodes: 4, ProgrammedNodes: 3, Generation: 3, CurrentNodes: 3, Pending: []string{"b"}, NodesOmitted: 2,
+				Nodes: []*nimbusv1.NodeStatus{node("a", 3, programmed, false, 5), node("b", 2, programmed, false, 9)},
+			}},
+			gen:  2,
+			want: want{programmed: 4, current: 1, done: true, caughtUp: at(9)},
+		},
+		{
 			name: "no target nodes is never done",
 			item: &nimbusv1.ObjectWithStatus{Object: route(1), Status: &nimbusv1.ObjectStatus{}},
 			want: want{},
@@ -320,6 +329,20 @@ func TestDescribePagesThroughNodes(t *testing.T) {
 		t.Errorf("describe lists %d nodes, want the first %d and the %d FAILED after them", len(got), defaultNodesLimit, len(want)-defaultNodesLimit)
 	}
 	contains(t, "describe", errors.New(out), fmt.Sprintf("... and %d more nodes (--nodes-limit)\n", nodes-len(want)))
+
+	// With a limit below the FAILED nodes, it lists as many of them and says how many
+	// more FAILED.
+	out = e.ok("describe", "route", "wide", "--nodes-limit", "1")
+	if got, want := slices.Collect(func(yield func(string) bool) {
+		for line := range strings.Lines(out) {
+			if f := strings.Fields(line); len(f) > 1 && strings.HasPrefix(f[0], "h") && !yield(f[0]) {
+				return
+			}
+		}
+	}), []string{"h0000", "h0005"}; !slices.Equal(got, want) {
+		t.Errorf("describe --nodes-limit 1 lists %q, want %q", got, want)
+	}
+	contains(t, "describe --nodes-limit 1", errors.New(out), "... and 2498 more nodes (--nodes-limit), 9 of them FAILED\n")
 
 	contains(t, "describe with a negative limit", e.fails("describe", "route", "wide", "--nodes-limit", "-1"), "--nodes-limit -1: must not be negative")
 }

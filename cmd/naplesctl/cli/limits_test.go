@@ -91,3 +91,21 @@ func TestDescribeSaysDetailsOmitted(t *testing.T) {
 		t.Errorf("describe does not show the messages of both nodes:\n%s", out)
 	}
 }
+
+// TestWaitSaysDetailsOmitted has two nodes fail for good with messages longer than
+// nimbus sends for one object: wait's error shows the message it has and says that the
+// other was left out, rather than show it as empty.
+func TestWaitSaysDetailsOmitted(t *testing.T) {
+	e := newEnvWith(t, nimbus.Options{Now: func() time.Time { return created }, Limits: nimbus.Limits{StatusDetailsBytes: 100}})
+	e.ok("apply", "-f", e.file("route.yaml", routeTo("r1", "198.51.100.0/24", "10.10.0.2", "n1", "n2")))
+	for _, n := range []string{"n1", "n2"} {
+		e.reportStatus("r1", &nimbusv1.NodeStatus{Node: n, ObservedGeneration: 1, Phase: nimbusv1.Phase_PHASE_FAILED, Terminal: true,
+			Reason: "InvalidSpec", Message: n + ": " + strings.Repeat("x", 80)})
+	}
+	err := e.fails("wait", "route", "r1", "--timeout", "20s")
+	equal(t, "wait error", err.Error(), "route/r1: programming failed on 2 of 2 nodes (generation 1):\n"+
+		"  node n1: InvalidSpec: n1: "+strings.Repeat("x", 80)+"\n"+
+		"  node n2: InvalidSpec: -\n"+
+		"  (the message of 1 node was left out: the object's statuses hold more than nimbus sends for one object, "+
+		"its --status-details-bytes; naplesctl describe shows it)")
+}

@@ -181,15 +181,20 @@ func (p *bulkProgress) observed(s *waitState) {
 }
 
 // failingLine says on which nodes the target FAILED: "route/r1: FAILED on 1 of 2 nodes
-// (generation 1): host-b: KernelError (retrying): adding route: ...".
+// (generation 1): host-b: KernelError (retrying): adding route: ...", ending with "; and
+// N more" when the object's status does not list them all.
 func failingLine(s *waitState) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s: FAILED on %d of %d nodes (generation %d):", ref(s.key), len(s.last.failures), s.last.target, s.generation)
+	more := s.last.unlistedFailed()
+	fmt.Fprintf(&b, "%s: FAILED on %d of %d nodes (generation %d):", ref(s.key), len(s.last.failures)+more, s.last.target, s.generation)
 	for i, n := range s.last.failures {
 		if i > 0 {
 			b.WriteString(";")
 		}
 		fmt.Fprintf(&b, " %s: %s: %s", n.GetNode(), reasonOf(n), orDash(oneLine(n.GetMessage())))
+	}
+	if more > 0 {
+		fmt.Fprintf(&b, "; and %d more", more)
 	}
 	return b.String()
 }

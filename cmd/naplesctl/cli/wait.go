@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -75,9 +76,21 @@ message, and when --timeout passes, naming the nodes still pending, waiting or f
 			if err != nil {
 				return err
 			}
+			// A name nimbus would refuse is named here, by its argument, as delete does:
+			// a wait for one object asks nimbus by its fields and would only find nothing.
 			var targets []waitTarget
-			for _, name := range args[1:] {
-				targets = append(targets, waitTarget{key: nimbusv1.NewKey(kind, tenant, namespace, name)})
+			var invalid []error
+			for i, name := range args[1:] {
+				key := nimbusv1.NewKey(kind, tenant, namespace, name)
+				if err := key.Validate(); err != nil {
+					for _, fe := range fieldErrors(err) {
+						invalid = append(invalid, fmt.Errorf("argument %d: %w", i+2, fe))
+					}
+				}
+				targets = append(targets, waitTarget{key: key})
+			}
+			if len(invalid) > 0 {
+				return errors.Join(invalid...)
 			}
 			sess, err := c.connect()
 			if err != nil {
@@ -265,7 +278,8 @@ func (p propagation) progress(key *nimbusv1.ObjectKey) string {
 }
 
 // failure returns the error for a target that a node reported FAILED for good, one line
-// per such node: "node host-b: InvalidSpec: <message>".
+// per such node: "node host-b: InvalidSpec: <message>", one that counts the FAILED nodes
+// the object's status does not list, and one that says when it left messages out.
 func failure(s *waitState) error {
 	var b strings.Builder
 	for _, n := range s.last.terminal {
@@ -274,6 +288,14 @@ func failure(s *waitState) error {
 			b.WriteString(r + ": ")
 		}
 		b.WriteString(orDash(oneLine(n.GetMessage())))
+	}
+	if more := s.last.unlistedFailed(); more > 0 {
+		fmt.Fprintf(&b, "\n  and %d more FAILED %s", more, plural(more, "node", "nodes"))
+	}
+	if n := s.last.detailsOmitted; n > 0 && slices.ContainsFunc(s.last.terminal, func(n *nimbusv1.NodeStatus) bool { return n.GetMessage() == "" }) {
+		fmt.Fprintf(&b, "\n  (the %s of %d %s left out: the object's statuses hold more than nimbus sends for one object, "+
+			"its --status-details-bytes; naplesctl describe shows %s)",
+			plural(n, "message", "messages"), n, plural(n, "node was", "nodes were"), plural(n, "it", "them"))
 	}
 	return fmt.Errorf("%s: %w on %d of %d nodes (generation %d):%s",
 		ref(s.key), ErrProgrammingFailed, len(s.last.terminal), s.last.target, s.generation, b.String())
@@ -314,6 +336,9 @@ func timedOut(states []*waitState, timeout time.Duration) error {
 			}
 			if len(failing) > 0 {
 				tail += "; failing, being retried: " + strings.Join(failing, ", ")
+				if more := s.last.unlistedFailed(); more > 0 {
+					tail += fmt.Sprintf(" and %d more", more)
+				}
 			}
 			var waiting []string
 			for _, n := range s.last.waiting {

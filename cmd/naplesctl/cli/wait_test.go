@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/naplesnet/naples/internal/address"
+	"github.com/naplesnet/naples/nimbus"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -301,6 +302,8 @@ func TestWaitUsageErrors(t *testing.T) {
 		{[]string{"wait", "route", "to-dc2", "--timeout", "0s"}, []string{`--timeout "0s"`, "positive"}, nil},
 		{[]string{"wait", "route"}, []string{"requires at least 2 arg(s)"}, nil},
 		{[]string{"wait", "route", "missing"}, []string{`route "missing" not found`}, ErrNotFound},
+		{[]string{"wait", "route", "a b"}, []string{`argument 2: key.name "a b": must be lower-case`}, nil},
+		{[]string{"wait", "route", "to-dc2", "--tenant", "x y"}, []string{`argument 2: key.tenant "x y": must be lower-case`}, nil},
 		{[]string{"apply", "-f", f, "--wait", "--timeout", "-1s"}, []string{`--timeout "-1s"`}, nil},
 		{[]string{"apply", "-f", f, "--timeout", "5s"}, []string{"--timeout needs --wait"}, nil},
 	} {
@@ -452,3 +455,67 @@ func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
 }
 
 func (rawCodec) Name() string { return "proto" }
+
+// TestWaitBeyondStatusNodes waits on routes of more nodes than nimbus lists in a status
+// (its --status-nodes): the counts count every node, and a wait says so. A route that
+// moves on to a newer generation, programmed on every node, ends wait and apply --wait
+// as programmed; the FAILED nodes left out of the list are counted in the error, the
+// line of a failure being retried and the error of a timeout.
+func TestWaitBeyondStatusNodes(t *testing.T) {
+	e := newEnvWith(t, nimbus.Options{Now: func() time.Time { return created }, Limits: nimbus.Limits{StatusNodes: 2}})
+	nodes := []string{"n1", "n2", "n3", "n4", "n5"}
+	reportAll := func(name string, gen int64) {
+		for _, n := range nodes {
+			e.report(name, n, gen, programmed, "", "")
+		}
+	}
+
+	// wait on generation 1 while the route moves on to generation 2.
+	e.ok("apply", "-f", e.file("r1.yaml", routeTo("r1", "198.51.100.0/24", "10.10.0.2", nodes...)))
+	r := e.start("wait", "route", "r1", "--timeout", "20s")
+	r.waitStderr(t, "route/r1: 0/5 nodes programmed (generation 1)\n")
+	e.ok("apply", "-f", e.file("r1v2.yaml", routeTo("r1", "198.51.100.0/24", "10.10.0.3", nodes...)))
+	reportAll("r1", 2)
+	if err := r.result(t); err != nil {
+		t.Fatalf("wait: %v\nstderr:\n%s", err, r.stderr)
+	}
+	equal(t, "wait stdout", r.stdout.String(), "route/r1 programmed on 5/5 nodes (generation 1)\n")
+
+	// apply --wait of a route that moves on to generation 2 while it waits on 1.
+	a := e.start("apply", "-f", e.file("r2.yaml", routeTo("r2", "198.51.101.0/24", "10.10.0.2", nodes...)), "--wait", "--timeout", "20s")
+	a.waitStdout(t, "route/r2 created\n")
+	e.ok("apply", "-f", e.file("r2v2.yaml", routeTo("r2", "198.51.101.0/24", "10.10.0.3", nodes...)))
+	reportAll("r2", 2)
+	if err := a.result(t); err != nil {
+		t.Fatalf("apply --wait: %v\nstderr:\n%s", err, a.stderr)
+	}
+	equal(t, "apply --wait stdout", a.stdout.String(), "route/r2 created\n1 of 1 programmed on every target node\n")
+
+	// Three nodes FAILED for good, two of them listed.
+	e.ok("apply", "-f", e.file("r3.yaml", routeTo("r3", "198.51.102.0/24", "10.10.0.2", nodes...)))
+	for _, n := range nodes[:3] {
+		e.reportStatus("r3", &nimbusv1.NodeStatus{Node: n, ObservedGeneration: 1, Phase: failed, Terminal: true,
+			Reason: "InvalidSpec", Message: "no"})
+	}
+	err := e.fails("wait", "route", "r3", "--timeout", "20s")
+	equal(t, "wait error", err.Error(), "route/r3: programming failed on 2 of 5 nodes (generation 1):\n"+
+		"  node n1: InvalidSpec: no\n  node n2: InvalidSpec: no\n  and 1 more FAILED node")
+
+	// Three nodes FAILED and being retried, two of them listed.
+	e.ok("apply", "-f", e.file("r4.yaml", routeTo("r4", "198.51.103.0/24", "10.10.0.2", nodes...)))
+	for _, n := range nodes[:3] {
+		e.report("r4", n, 1, failed, "KernelError", "file exists")
+	}
+	err = e.fails("wait", "route", "r4", "--timeout", "300ms")
+	equal(t, "wait error", err.Error(), "route/r4: timed out after 300ms: 0/5 nodes programmed (generation 1); "+
+		"pending: n4, n5; failing, being retried: n1 (KernelError: file exists), n2 (KernelError: file exists) and 1 more")
+	_, stderr, err := e.run("", "apply", "-f", e.file("r4.yaml", routeTo("r4", "198.51.103.0/24", "10.10.0.2", nodes...)),
+		"--wait", "--timeout", "300ms")
+	if !errors.Is(err, ErrWaitTimeout) {
+		t.Fatalf("apply --wait of r4: %v; want a timeout", err)
+	}
+	if want := "route/r4: FAILED on 3 of 5 nodes (generation 1): n1: KernelError (retrying): file exists; " +
+		"n2: KernelError (retrying): file exists; and 1 more\n"; !strings.Contains(stderr, want) {
+		t.Errorf("apply --wait stderr does not hold %q:\n%s", want, stderr)
+	}
+}
