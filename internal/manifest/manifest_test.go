@@ -199,17 +199,32 @@ func TestDecodeErrors(t *testing.T) {
 		{
 			name: "wrong value type",
 			in:   "kind: Route\nspec: {table: hundred}\n",
-			want: `document 1: spec: invalid value for uint32 field table: "hundred"`,
+			want: `document 1: spec.table "hundred": want a whole number from 0 to 4294967295`,
 		},
 		{
 			name: "yaml boolean for a string",
 			in:   "kind: Route\nmeta: {name: a, nodes: [host-a, on]}\n",
-			want: `document 1: meta: invalid value for string field nodes: true (YAML reads unquoted y, yes, on, n, no and off as booleans: quote the value)`,
+			want: `document 1: meta.nodes[1] true: want a string (YAML reads unquoted y, yes, on, n, no and off as booleans: quote the value)`,
+		},
+		{
+			name: "one value for a list",
+			in:   "kind: Endpoint\nmeta: {name: e}\nspec: {ips: 10.1.0.5}\n",
+			want: `document 1: spec.ips "10.1.0.5": want a list`,
+		},
+		{
+			name: "wrong value type in a list",
+			in:   "kind: Route\nspec: {nexthops: [{gateway: 10.10.0.2}, {weight: heavy}]}\n",
+			want: `document 1: spec.nexthops[1].weight "heavy": want a whole number from 0 to 4294967295`,
+		},
+		{
+			name: "number for a duration",
+			in:   "kind: Trace\nspec: {source: a, timeout: 5}\n",
+			want: `document 1: spec.timeout 5: want a duration such as "5s"`,
 		},
 		{
 			name: "json boolean for a string",
 			in:   `{"kind": "Route", "meta": {"name": true}}`,
-			want: `document 1: meta: invalid value for string field name: true`,
+			want: `document 1: meta.name true: want a string`,
 		},
 		{
 			name: "bad yaml reports the file line",
