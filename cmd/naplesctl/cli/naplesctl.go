@@ -134,6 +134,10 @@ Objects are written as YAML or JSON manifests:
 	root.SetIn(c.stdin)
 	root.SetOut(c.stdout)
 	root.SetErr(c.stderr)
+	// Added now, once it has the streams, rather than when cobra executes, so that it
+	// refuses a shell it does not know.
+	root.InitDefaultCompletionCmd(args...)
+	refuseUnknownSubcommands(root)
 	c.markStart(root)
 	err := root.ExecuteContext(ctx)
 	if err != nil && !c.started {
@@ -142,6 +146,20 @@ Objects are written as YAML or JSON manifests:
 		return exitstatus.Mark(err)
 	}
 	return err
+}
+
+// refuseUnknownSubcommands makes every command under cmd that only groups commands
+// (delphi, bpf, completion) refuse an argument that names none of them as a usage error,
+// as naplesctl itself does, where cobra would print its help and succeed: `naplesctl
+// delphi lst` must not exit 0. Alone, such a command still prints its help.
+func refuseUnknownSubcommands(cmd *cobra.Command) {
+	for _, sub := range cmd.Commands() {
+		if sub.HasSubCommands() && !sub.Runnable() {
+			sub.Args = cobra.NoArgs
+			sub.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
+		}
+		refuseUnknownSubcommands(sub)
+	}
 }
 
 // markStart makes every command of the tree under cmd set started when it runs.

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/naplesnet/naples/internal/address"
+	"github.com/naplesnet/naples/internal/exitstatus"
 	"github.com/naplesnet/naples/internal/manifest"
 	"github.com/naplesnet/naples/nimbus"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -415,6 +416,25 @@ func TestUsageErrors(t *testing.T) {
 				t.Errorf("error %v is not %v", err, tt.is)
 			}
 		})
+	}
+}
+
+// TestUnknownSubcommand checks that a command that only groups commands refuses one it
+// does not have as a usage error, as naplesctl does, rather than printing its help and
+// exiting 0, and that alone it still prints its help.
+func TestUnknownSubcommand(t *testing.T) {
+	e := newEnv(t)
+	for _, args := range [][]string{{"delphi", "lst"}, {"bpf", "maps"}, {"completion", "tcsh"}} {
+		err := e.fails(args...)
+		contains(t, strings.Join(args, " "), err, fmt.Sprintf("unknown command %q for %q", args[1], "naplesctl "+args[0]))
+		if got := exitstatus.Of(err); got != exitstatus.Config {
+			t.Errorf("naplesctl %s: exit status %d, want %d (usage)", strings.Join(args, " "), got, exitstatus.Config)
+		}
+	}
+	for _, group := range []string{"delphi", "bpf", "completion"} {
+		if out := e.ok(group); !strings.Contains(out, "Available Commands:") {
+			t.Errorf("naplesctl %s printed\n%s\nwant its help", group, out)
+		}
 	}
 }
 
