@@ -72,8 +72,12 @@ deleted. The keys are then sent in order, in as few batches as their size allows
 				if err != nil {
 					return err
 				}
-				for _, name := range args[1:] {
-					keys = append(keys, nimbusv1.NewKey(kind, tenant, namespace, name))
+				for i, name := range args[1:] {
+					key, err := argKey(kind, tenant, namespace, name, i+2)
+					if err != nil {
+						return fmt.Errorf("reading keys, nothing deleted:\n%w", err)
+					}
+					keys = append(keys, key)
 				}
 				// The names are arguments 2 on, after KIND.
 				where = func(i int) string { return fmt.Sprintf("argument %d", i+2) }
@@ -94,7 +98,11 @@ deleted. The keys are then sent in order, in as few batches as their size allows
 			}
 			invalid = append(invalid, duplicates(keys, "key.name", where)...)
 			if len(invalid) > 0 {
-				return fmt.Errorf("reading keys, nothing deleted:\n%w", errors.Join(invalid...))
+				err := fmt.Errorf("reading keys, nothing deleted:\n%w", errors.Join(invalid...))
+				if len(files) == 0 {
+					err = exitstatus.Mark(err) // a name given twice: a usage error
+				}
+				return err
 			}
 			return c.delete(cmd.Context(), keys, where, describe)
 		},

@@ -284,6 +284,29 @@ func parseKind(s string) (nimbusv1.Kind, error) {
 	return kind, nil
 }
 
+// argKey returns the key of the object of kind called name, argument arg of the command
+// line (KIND is argument 1), in tenant and namespace as the --tenant and --namespace
+// flags give them. A name, tenant or namespace no object can have is a usage error (see
+// Run) naming the argument or the flag: `argument 2: key.name "Web": ...`, `--tenant
+// "Blue": ...`.
+func argKey(kind nimbusv1.Kind, tenant, namespace, name string, arg int) (*nimbusv1.ObjectKey, error) {
+	key := nimbusv1.NewKey(kind, tenant, namespace, name)
+	err := key.Validate()
+	if err == nil {
+		return key, nil
+	}
+	var errs []error
+	for _, fe := range fieldErrors(err) {
+		var f *nimbusv1.FieldError
+		if errors.As(fe, &f) && f.Field != "key.name" {
+			errs = append(errs, &nimbusv1.FieldError{Field: "--" + strings.TrimPrefix(f.Field, "key."), Value: f.Value, Reason: f.Reason})
+			continue
+		}
+		errs = append(errs, fmt.Errorf("argument %d: %w", arg, fe))
+	}
+	return nil, exitstatus.Mark(errors.Join(errs...))
+}
+
 // kindArg is how a kind is named in output: "route", "networksecuritypolicy".
 func kindArg(k nimbusv1.Kind) string { return strings.ToLower(k.Name()) }
 

@@ -438,6 +438,38 @@ func TestUnknownSubcommand(t *testing.T) {
 	}
 }
 
+// TestBadKeyArguments checks that a name, tenant or namespace on the command line that no
+// object can have is a usage error naming the argument or the flag, before nimbus is
+// asked, and that delete then deletes nothing.
+func TestBadKeyArguments(t *testing.T) {
+	e := newEnv(t)
+	e.ok("apply", "-f", e.file("route.yaml", routeYAML("to-dc2", "198.51.100.0/24", "10.10.0.2")))
+	tests := []struct {
+		args []string
+		says string
+	}{
+		{[]string{"get", "route", "To_DC2"}, `argument 2: key.name "To_DC2": must be lower-case`},
+		{[]string{"get", "route", "to-dc2", "--tenant", "Blue"}, `--tenant "Blue": must be lower-case`},
+		{[]string{"describe", "route", "To_DC2"}, `argument 2: key.name "To_DC2"`},
+		{[]string{"describe", "route", "to-dc2", "-n", "NS"}, `--namespace "NS"`},
+		{[]string{"describe", "route", "to-dc2", "--nodes-limit", "-1"}, "--nodes-limit -1: must not be negative"},
+		{[]string{"wait", "route", "to-dc2", ""}, `argument 3: key.name "": is required`},
+		{[]string{"delete", "route", "x", "To_DC2"}, `argument 3: key.name "To_DC2"`},
+		{[]string{"delete", "route", "to-dc2", "--tenant", "Blue"}, `--tenant "Blue"`},
+		{[]string{"delete", "route", "to-dc2", "to-dc2"}, "argument 3: route/to-dc2: key.name \"to-dc2\": the same object as argument 2"},
+	}
+	for _, tt := range tests {
+		err := e.fails(tt.args...)
+		contains(t, strings.Join(tt.args, " "), err, tt.says)
+		if got := exitstatus.Of(err); got != exitstatus.Config {
+			t.Errorf("naplesctl %q: exit status %d, want %d (usage)", tt.args, got, exitstatus.Config)
+		}
+	}
+	if got := e.routes(); !slices.Equal(got, []string{"to-dc2"}) {
+		t.Errorf("routes after the refused deletes: %v, want [to-dc2]", got)
+	}
+}
+
 // TestServerFlag checks that --server overrides NAPLES_SERVER and that the default is used
 // when neither is set.
 func TestServerFlag(t *testing.T) {
