@@ -28,12 +28,23 @@ import (
 // DecodeFile reads every object in the manifest file at path, as Decode does. Its errors
 // start with the path.
 func DecodeFile(path string) ([]*nimbusv1.Object, error) {
+	return decodeFile(path, &decoder{})
+}
+
+// DecodeKeysFile reads the manifest file at path as DecodeKeys does. Its errors start with
+// the path.
+func DecodeKeysFile(path string) ([]*nimbusv1.Object, error) {
+	return decodeFile(path, &decoder{keyOnly: true})
+}
+
+// decodeFile decodes the manifest file at path with d.
+func decodeFile(path string, d *decoder) ([]*nimbusv1.Object, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("reading manifest: %w", err)
 	}
 	defer f.Close()
-	objs, err := Decode(f)
+	objs, err := decodeReader(f, d)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
@@ -44,11 +55,24 @@ func DecodeFile(path string) ([]*nimbusv1.Object, error) {
 // are skipped. It stops at the first bad document and returns an error naming it and, where
 // known, the field. The objects are not validated.
 func Decode(r io.Reader) ([]*nimbusv1.Object, error) {
+	return decodeReader(r, &decoder{})
+}
+
+// DecodeKeys reads the objects in r as Decode does, but of each only what names it: its
+// kind and its meta's tenant, namespace and name, with an empty spec of its kind. The rest
+// of a document is not read, so a field that is not known (any longer), or a value its
+// field cannot hold, is no error: it is for deleting the objects a manifest names.
+func DecodeKeys(r io.Reader) ([]*nimbusv1.Object, error) {
+	return decodeReader(r, &decoder{keyOnly: true})
+}
+
+// decodeReader decodes what r holds with d.
+func decodeReader(r io.Reader, d *decoder) ([]*nimbusv1.Object, error) {
 	data, err := io.ReadAll(r)
 	if err != nil {
 		return nil, fmt.Errorf("reading manifest: %w", err)
 	}
-	return decodeBytes(data, &decoder{})
+	return decodeBytes(data, d)
 }
 
 // decodeBytes decodes data with d, as Decode does.
@@ -75,6 +99,8 @@ type decoder struct {
 	// general makes every YAML document go through YAMLToJSONStrict, never the fast
 	// subset: for the tests that hold the two to the same result.
 	general bool
+	// keyOnly makes it read of each object only what names it (DecodeKeys).
+	keyOnly bool
 	objs    []*nimbusv1.Object
 }
 
@@ -143,18 +169,18 @@ func (d *decoder) decodeYAML(data []byte) error {
 				}
 				c := &out[i]
 				if m, ok := simpleYAMLMapping(docs[i].data); ok && !d.general && !isItems(m) {
-					if obj, ok := directObject(m); ok {
+					if obj, ok := d.directObject(m); ok {
 						c.single, c.obj = true, obj
 						continue
 					}
 					if fields, ok := jsonFields(m); ok {
 						c.single = true
-						c.obj, c.objErr = decodeObject(fields)
+						c.obj, c.objErr = decodeObject(fields, d.keyOnly)
 						continue
 					}
 				}
 				if c.raw, c.err = yaml.YAMLToJSONStrict(docs[i].data); c.err == nil {
-					if c.obj, c.single, c.objErr = decodeSingle(c.raw); c.single {
+					if c.obj, c.single, c.objErr = decodeSingle(c.raw, d.keyOnly); c.single {
 						c.raw = nil
 					}
 				}
@@ -184,9 +210,19 @@ func (d *decoder) decodeYAML(data []byte) error {
 	return nil
 }
 
+// directObject makes the object of m, a document of the fast subset, as directObject
+// does, unless d reads keys only, which it leaves to decodeObject.
+func (d *decoder) directObject(m yamlMap) (*nimbusv1.Object, bool) {
+	if d.keyOnly {
+		return nil, false
+	}
+	return directObject(m)
+}
+
 // decodeSingle decodes raw when it is one object, as value would: a mapping that is not a
-// list of items. It reports with single whether it was; when not, value decodes raw.
-func decodeSingle(raw []byte) (obj *nimbusv1.Object, single bool, err error) {
+// list of items, whole or only its key (keyOnly). It reports with single whether it was;
+// when not, value decodes raw.
+func decodeSingle(raw []byte, keyOnly bool) (obj *nimbusv1.Object, single bool, err error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || raw[0] != '{' {
 		return nil, false, nil
@@ -198,7 +234,7 @@ func decodeSingle(raw []byte) (obj *nimbusv1.Object, single bool, err error) {
 	if isItemList(fields) {
 		return nil, false, nil
 	}
-	obj, err = decodeObject(fields)
+	obj, err = decodeObject(fields, keyOnly)
 	return obj, true, err
 }
 
@@ -309,7 +345,7 @@ func (d *decoder) value(raw json.RawMessage) error {
 		return d.value(items)
 	}
 	d.n++
-	return d.add(decodeObject(fields))
+	return d.add(decodeObject(fields, d.keyOnly))
 }
 
 // add appends obj, the object of document d.n, or returns err, what decoding it found
@@ -327,7 +363,8 @@ func (d *decoder) add(obj *nimbusv1.Object, err error) error {
 
 // decodeObject turns the top-level fields of one document into an object. The object always
 // carries its kind's spec, empty when the document has none, so that its kind is kept.
-func decodeObject(fields map[string]json.RawMessage) (*nimbusv1.Object, error) {
+// With keyOnly it reads only what names the object (DecodeKeys).
+func decodeObject(fields map[string]json.RawMessage, keyOnly bool) (*nimbusv1.Object, error) {
 	for _, k := range sortedKeys(fields) {
 		switch k {
 		case "kind", "meta", "spec", "status":
@@ -354,11 +391,16 @@ func decodeObject(fields map[string]json.RawMessage) (*nimbusv1.Object, error) {
 	}
 	if raw, ok := fields["meta"]; ok && !isNull(raw) {
 		obj.Meta = &nimbusv1.ObjectMeta{}
-		if err := unmarshalField("meta", raw, obj.Meta); err != nil {
+		if keyOnly {
+			err = unmarshalKey(raw, obj.Meta)
+		} else {
+			err = unmarshalField("meta", raw, obj.Meta)
+		}
+		if err != nil {
 			return nil, err
 		}
 	}
-	if raw, ok := fields["spec"]; ok && !isNull(raw) {
+	if raw, ok := fields["spec"]; ok && !isNull(raw) && !keyOnly {
 		if err := unmarshalField("spec", raw, spec); err != nil {
 			return nil, err
 		}
@@ -398,6 +440,30 @@ func unmarshalField(path string, raw json.RawMessage, m proto.Message) error {
 		return err
 	}
 	return &rewordedError{msg: path + ": " + protoMessage(perr), err: perr}
+}
+
+// unmarshalKey sets the tenant, namespace and name of meta from raw, the JSON of a
+// document's meta, and reads nothing else of it.
+func unmarshalKey(raw json.RawMessage, meta *nimbusv1.ObjectMeta) error {
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return fmt.Errorf("meta: %w", err)
+	}
+	fields, ok := v.(map[string]any)
+	if !ok {
+		return &valueError{path: "meta", value: v, want: "a mapping"}
+	}
+	for _, f := range []struct {
+		name string
+		to   *string
+	}{{"tenant", &meta.Tenant}, {"namespace", &meta.Namespace}, {"name", &meta.Name}} {
+		s, ok := fields[f.name].(string)
+		if !ok && fields[f.name] != nil {
+			return &valueError{path: "meta." + f.name, value: fields[f.name], want: wantString}
+		}
+		*f.to = s
+	}
+	return nil
 }
 
 // checkFields reports the first field in v, the JSON form of a message md at path, that md

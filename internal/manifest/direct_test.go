@@ -111,7 +111,7 @@ func sameAsJSONPath(t *testing.T, where string, m yamlMap, direct *nimbusv1.Obje
 	if !ok {
 		t.Fatalf("%s: jsonFields failed", where)
 	}
-	if want, err := decodeObject(fields); err != nil || !proto.Equal(direct, want) {
+	if want, err := decodeObject(fields, false); err != nil || !proto.Equal(direct, want) {
 		t.Errorf("%s: directObject made\n%v\ndecodeObject\n%v, %v", where, direct, want, err)
 	}
 }
@@ -271,7 +271,7 @@ func BenchmarkDecodeRoutes(b *testing.B) {
 				for _, doc := range docs {
 					if m, ok := simpleYAMLMapping(doc.data); ok {
 						fields, _ := jsonFields(m)
-						if _, err := decodeObject(fields); err != nil {
+						if _, err := decodeObject(fields, false); err != nil {
 							b.Fatal(err)
 						}
 					}

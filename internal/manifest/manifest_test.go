@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -514,6 +516,39 @@ func TestInterfaceAdminUpPresence(t *testing.T) {
 		}
 		if !proto.Equal(again[0], objs[0]) {
 			t.Errorf("%q read back as %s; want %v", tt.in, b, objs[0])
+		}
+	}
+}
+
+// TestDecodeKeys checks that DecodeKeys reads of each document only its kind and what
+// names it, so that a manifest whose spec or labels no longer decode still names its
+// objects, and that it refuses a document whose kind or name it cannot read.
+func TestDecodeKeys(t *testing.T) {
+	in := "kind: Route\nmeta: {name: a, tenant: t1, labels: {x: [1]}}\nspec: {prefx: 10.0.0.0/8, table: hundred}\n---\n" +
+		"kind: rt\nmeta:\n  name: b\n  namespace: n1\n  nodes: host-a\nspec:\n  nexthops: x  # a comment\n"
+	objs, err := manifest.DecodeKeys(strings.NewReader(in))
+	if err != nil {
+		t.Fatalf("DecodeKeys: %v", err)
+	}
+	var got []string
+	for _, o := range objs {
+		got = append(got, o.Key().ID())
+	}
+	want := []string{
+		nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "t1", "", "a").ID(),
+		nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "", "n1", "b").ID(),
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("DecodeKeys read keys %q, want %q", got, want)
+	}
+	for _, tc := range []struct{ in, want string }{
+		{"kind: Rout\nmeta: {name: a}\n", `document 1: kind "Rout": unknown kind`},
+		{"kind: Route\nmeta: {name: [a]}\n", `document 1: meta.name ["a"]: want a string`},
+		{"kind: Route\nmeta: {name: no}\n", "document 1: meta.name false: want a string (YAML reads unquoted y, yes, on, n, no and off as booleans: quote the value)"},
+		{`{"kind": "Route", "meta": "a"}`, `document 1: meta "a": want a mapping`},
+	} {
+		if _, err := manifest.DecodeKeys(strings.NewReader(tc.in)); fmt.Sprint(err) != tc.want {
+			t.Errorf("DecodeKeys(%q): error %v, want %s", tc.in, err, tc.want)
 		}
 	}
 }

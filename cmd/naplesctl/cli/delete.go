@@ -58,7 +58,7 @@ deleted. The keys are then sent in order, in as few batches as their size allows
 				if tenant != "" || namespace != "" {
 					return exitstatus.Mark(errors.New("--tenant and --namespace cannot be used with -f: the manifest names them"))
 				}
-				srcs, err := c.readManifests(files)
+				srcs, err := c.readManifests(files, true)
 				if err != nil {
 					return err
 				}

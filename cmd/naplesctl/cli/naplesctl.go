@@ -325,8 +325,13 @@ type source struct {
 func (s source) String() string { return fmt.Sprintf("%s: document %d", s.file, s.doc) }
 
 // readManifests reads every object of files, in order; "-" is stdin, and a directory
-// stands for its manifest files (manifestPaths).
-func (c *cli) readManifests(files []string) ([]source, error) {
+// stands for its manifest files (manifestPaths). With keyOnly it reads of each object
+// only what names it (manifest.DecodeKeys).
+func (c *cli) readManifests(files []string, keyOnly bool) ([]source, error) {
+	decode, decodeFile := manifest.Decode, manifest.DecodeFile
+	if keyOnly {
+		decode, decodeFile = manifest.DecodeKeys, manifest.DecodeKeysFile
+	}
 	paths, err := c.manifestPaths(files)
 	if err != nil {
 		return nil, err
@@ -338,13 +343,13 @@ func (c *cli) readManifests(files []string) ([]source, error) {
 			err  error
 		)
 		if f == "-" {
-			objs, err = manifest.Decode(c.stdin)
+			objs, err = decode(c.stdin)
 			if err != nil {
 				err = fmt.Errorf("stdin: %w", err)
 			}
 			f = "stdin"
 		} else {
-			objs, err = manifest.DecodeFile(f)
+			objs, err = decodeFile(f)
 			if errors.Is(err, fs.ErrNotExist) {
 				err = exitstatus.Mark(err) // -f names no file: a usage error
 			}

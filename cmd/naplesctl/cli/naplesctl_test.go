@@ -296,6 +296,24 @@ func TestApplyGetDelete(t *testing.T) {
 	equal(t, "get -o json of no routes", e.ok("get", "routes", "-o", "json"), "{\n  \"items\": []\n}\n")
 }
 
+// TestDeleteReadsOnlyKeys checks that delete -f reads of each object only what names it,
+// as its help says: a manifest whose spec no longer decodes (a field renamed, a value of
+// another type) still deletes its objects, while one whose name cannot be read deletes
+// nothing.
+func TestDeleteReadsOnlyKeys(t *testing.T) {
+	e := newEnv(t)
+	e.ok("apply", "-f", e.file("routes.yaml", routeYAML("to-dc2", "198.51.100.0/24", "10.10.0.2")+"---\n"+
+		routeYAML("to-dc3", "203.0.113.0/24", "10.10.0.3")))
+	old := e.file("old.yaml", "kind: Route\nmeta: {name: to-dc2, labels: {tier: [1]}}\nspec: {next_hop: 10.10.0.2, table: main}\n")
+	contains(t, "apply of the old manifest", e.fails("apply", "-f", old), "old.yaml: document 1")
+	equal(t, "delete -f of the old manifest", e.ok("delete", "-f", old), "route/to-dc2 deleted\n")
+	bad := e.file("bad.yaml", "kind: Route\nmeta: {name: to-dc3}\n---\nkind: Route\nmeta: {name: [to-dc4]}\n")
+	contains(t, "delete -f of a manifest with a bad name", e.fails("delete", "-f", bad), `bad.yaml: document 2: meta.name ["to-dc4"]: want a string`)
+	if got := e.routes(); !slices.Equal(got, []string{"to-dc3"}) {
+		t.Errorf("routes after the deletes: %q, want [to-dc3]", got)
+	}
+}
+
 func TestApplyStdin(t *testing.T) {
 	e := newEnv(t)
 	in := `{"kind":"Route","meta":{"name":"a","nodes":["host-a"]},"spec":{"table":100,"prefix":"192.0.2.0/24","nexthops":[{"gateway":"10.0.0.1"}]}}`
