@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -88,15 +89,23 @@ deleted. The keys are then sent in order, in as few batches as their size allows
 					return ref(keys[first]) + " to " + ref(keys[end-1])
 				}
 			}
+			// A key read from a manifest is named by the fields that hold it there.
+			field := func(f string) string { return f }
+			if len(files) > 0 {
+				field = func(f string) string { return "meta." + strings.TrimPrefix(f, "key.") }
+			}
 			var invalid []error
 			for i, k := range keys {
 				if err := k.Validate(); err != nil {
 					for _, fe := range fieldErrors(err) {
-						invalid = append(invalid, fmt.Errorf("%s: %w", where(i), fe))
+						if f := (*nimbusv1.FieldError)(nil); errors.As(fe, &f) {
+							fe = &nimbusv1.FieldError{Field: field(f.Field), Value: f.Value, Reason: f.Reason}
+						}
+						invalid = append(invalid, fmt.Errorf("%s: %s: %w", where(i), ref(k), fe))
 					}
 				}
 			}
-			invalid = append(invalid, duplicates(keys, "key.name", where)...)
+			invalid = append(invalid, duplicates(keys, field("key.name"), where)...)
 			if len(invalid) > 0 {
 				err := fmt.Errorf("reading keys, nothing deleted:\n%w", errors.Join(invalid...))
 				if len(files) == 0 {

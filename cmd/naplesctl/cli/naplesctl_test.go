@@ -309,6 +309,11 @@ func TestDeleteReadsOnlyKeys(t *testing.T) {
 	equal(t, "delete -f of the old manifest", e.ok("delete", "-f", old), "route/to-dc2 deleted\n")
 	bad := e.file("bad.yaml", "kind: Route\nmeta: {name: to-dc3}\n---\nkind: Route\nmeta: {name: [to-dc4]}\n")
 	contains(t, "delete -f of a manifest with a bad name", e.fails("delete", "-f", bad), `bad.yaml: document 2: meta.name ["to-dc4"]: want a string`)
+	bad = e.file("invalid.yaml", "kind: Route\nmeta: {name: to-dc3}\n---\nkind: Route\nmeta: {name: To_DC4, tenant: Blue}\n---\nkind: rt\nmeta: {name: to-dc3, tenant: default}\n")
+	contains(t, "delete -f of a manifest with invalid names", e.fails("delete", "-f", bad),
+		`invalid.yaml: document 2: route/To_DC4: meta.name "To_DC4": must be lower-case`,
+		`invalid.yaml: document 2: route/To_DC4: meta.tenant "Blue": must be lower-case`,
+		`invalid.yaml: document 3: route/to-dc3: meta.name "to-dc3": the same object as `+bad+": document 1")
 	if got := e.routes(); !slices.Equal(got, []string{"to-dc3"}) {
 		t.Errorf("routes after the deletes: %q, want [to-dc3]", got)
 	}
