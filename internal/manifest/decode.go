@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"regexp"
 	"runtime"
@@ -18,6 +19,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/dynamicpb"
 	"sigs.k8s.io/yaml"
 
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -26,12 +28,23 @@ import (
 // DecodeFile reads every object in the manifest file at path, as Decode does. Its errors
 // start with the path.
 func DecodeFile(path string) ([]*nimbusv1.Object, error) {
+	return decodeFile(path, &decoder{})
+}
+
+// DecodeKeysFile reads the manifest file at path as DecodeKeys does. Its errors start with
+// the path.
+func DecodeKeysFile(path string) ([]*nimbusv1.Object, error) {
+	return decodeFile(path, &decoder{keyOnly: true})
+}
+
+// decodeFile decodes the manifest file at path with d.
+func decodeFile(path string, d *decoder) ([]*nimbusv1.Object, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("reading manifest: %w", err)
 	}
 	defer f.Close()
-	objs, err := Decode(f)
+	objs, err := decodeReader(f, d)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
@@ -42,11 +55,24 @@ func DecodeFile(path string) ([]*nimbusv1.Object, error) {
 // are skipped. It stops at the first bad document and returns an error naming it and, where
 // known, the field. The objects are not validated.
 func Decode(r io.Reader) ([]*nimbusv1.Object, error) {
+	return decodeReader(r, &decoder{})
+}
+
+// DecodeKeys reads the objects in r as Decode does, but of each only what names it: its
+// kind and its meta's tenant, namespace and name, with an empty spec of its kind. The rest
+// of a document is not read, so a field that is not known (any longer), or a value its
+// field cannot hold, is no error: it is for deleting the objects a manifest names.
+func DecodeKeys(r io.Reader) ([]*nimbusv1.Object, error) {
+	return decodeReader(r, &decoder{keyOnly: true})
+}
+
+// decodeReader decodes what r holds with d.
+func decodeReader(r io.Reader, d *decoder) ([]*nimbusv1.Object, error) {
 	data, err := io.ReadAll(r)
 	if err != nil {
 		return nil, fmt.Errorf("reading manifest: %w", err)
 	}
-	return decodeBytes(data, &decoder{})
+	return decodeBytes(data, d)
 }
 
 // decodeBytes decodes data with d, as Decode does.
@@ -73,6 +99,8 @@ type decoder struct {
 	// general makes every YAML document go through YAMLToJSONStrict, never the fast
 	// subset: for the tests that hold the two to the same result.
 	general bool
+	// keyOnly makes it read of each object only what names it (DecodeKeys).
+	keyOnly bool
 	objs    []*nimbusv1.Object
 }
 
@@ -141,18 +169,18 @@ func (d *decoder) decodeYAML(data []byte) error {
 				}
 				c := &out[i]
 				if m, ok := simpleYAMLMapping(docs[i].data); ok && !d.general && !isItems(m) {
-					if obj, ok := directObject(m); ok {
+					if obj, ok := d.directObject(m); ok {
 						c.single, c.obj = true, obj
 						continue
 					}
 					if fields, ok := jsonFields(m); ok {
 						c.single = true
-						c.obj, c.objErr = decodeObject(fields)
+						c.obj, c.objErr = decodeObject(fields, d.keyOnly)
 						continue
 					}
 				}
 				if c.raw, c.err = yaml.YAMLToJSONStrict(docs[i].data); c.err == nil {
-					if c.obj, c.single, c.objErr = decodeSingle(c.raw); c.single {
+					if c.obj, c.single, c.objErr = decodeSingle(c.raw, d.keyOnly); c.single {
 						c.raw = nil
 					}
 				}
@@ -182,9 +210,19 @@ func (d *decoder) decodeYAML(data []byte) error {
 	return nil
 }
 
+// directObject makes the object of m, a document of the fast subset, as directObject
+// does, unless d reads keys only, which it leaves to decodeObject.
+func (d *decoder) directObject(m yamlMap) (*nimbusv1.Object, bool) {
+	if d.keyOnly {
+		return nil, false
+	}
+	return directObject(m)
+}
+
 // decodeSingle decodes raw when it is one object, as value would: a mapping that is not a
-// list of items. It reports with single whether it was; when not, value decodes raw.
-func decodeSingle(raw []byte) (obj *nimbusv1.Object, single bool, err error) {
+// list of items, whole or only its key (keyOnly). It reports with single whether it was;
+// when not, value decodes raw.
+func decodeSingle(raw []byte, keyOnly bool) (obj *nimbusv1.Object, single bool, err error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || raw[0] != '{' {
 		return nil, false, nil
@@ -196,7 +234,7 @@ func decodeSingle(raw []byte) (obj *nimbusv1.Object, single bool, err error) {
 	if isItemList(fields) {
 		return nil, false, nil
 	}
-	obj, err = decodeObject(fields)
+	obj, err = decodeObject(fields, keyOnly)
 	return obj, true, err
 }
 
@@ -307,14 +345,14 @@ func (d *decoder) value(raw json.RawMessage) error {
 		return d.value(items)
 	}
 	d.n++
-	return d.add(decodeObject(fields))
+	return d.add(decodeObject(fields, d.keyOnly))
 }
 
 // add appends obj, the object of document d.n, or returns err, what decoding it found
 // wrong, naming the document.
 func (d *decoder) add(obj *nimbusv1.Object, err error) error {
 	if err != nil {
-		if d.yaml && yamlBool.MatchString(err.Error()) {
+		if ve := (*valueError)(nil); d.yaml && errors.As(err, &ve) && ve.boolForString() {
 			err = fmt.Errorf("%w (YAML reads unquoted y, yes, on, n, no and off as booleans: quote the value)", err)
 		}
 		return fmt.Errorf("document %d: %w", d.n, err)
@@ -325,7 +363,8 @@ func (d *decoder) add(obj *nimbusv1.Object, err error) error {
 
 // decodeObject turns the top-level fields of one document into an object. The object always
 // carries its kind's spec, empty when the document has none, so that its kind is kept.
-func decodeObject(fields map[string]json.RawMessage) (*nimbusv1.Object, error) {
+// With keyOnly it reads only what names the object (DecodeKeys).
+func decodeObject(fields map[string]json.RawMessage, keyOnly bool) (*nimbusv1.Object, error) {
 	for _, k := range sortedKeys(fields) {
 		switch k {
 		case "kind", "meta", "spec", "status":
@@ -352,11 +391,16 @@ func decodeObject(fields map[string]json.RawMessage) (*nimbusv1.Object, error) {
 	}
 	if raw, ok := fields["meta"]; ok && !isNull(raw) {
 		obj.Meta = &nimbusv1.ObjectMeta{}
-		if err := unmarshalField("meta", raw, obj.Meta); err != nil {
+		if keyOnly {
+			err = unmarshalKey(raw, obj.Meta)
+		} else {
+			err = unmarshalField("meta", raw, obj.Meta)
+		}
+		if err != nil {
 			return nil, err
 		}
 	}
-	if raw, ok := fields["spec"]; ok && !isNull(raw) {
+	if raw, ok := fields["spec"]; ok && !isNull(raw) && !keyOnly {
 		if err := unmarshalField("spec", raw, spec); err != nil {
 			return nil, err
 		}
@@ -398,13 +442,38 @@ func unmarshalField(path string, raw json.RawMessage, m proto.Message) error {
 	return &rewordedError{msg: path + ": " + protoMessage(perr), err: perr}
 }
 
-// checkFields reports the first field in v, the JSON form of a message md, that md does not
-// have. It accepts what protojson accepts: the JSON (camelCase) name or the .proto name.
-// Values of the wrong type are left for protojson to report.
+// unmarshalKey sets the tenant, namespace and name of meta from raw, the JSON of a
+// document's meta, and reads nothing else of it.
+func unmarshalKey(raw json.RawMessage, meta *nimbusv1.ObjectMeta) error {
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return fmt.Errorf("meta: %w", err)
+	}
+	fields, ok := v.(map[string]any)
+	if !ok {
+		return &valueError{path: "meta", value: v, want: "a mapping"}
+	}
+	for _, f := range []struct {
+		name string
+		to   *string
+	}{{"tenant", &meta.Tenant}, {"namespace", &meta.Namespace}, {"name", &meta.Name}} {
+		s, ok := fields[f.name].(string)
+		if !ok && fields[f.name] != nil {
+			return &valueError{path: "meta." + f.name, value: fields[f.name], want: wantString}
+		}
+		*f.to = s
+	}
+	return nil
+}
+
+// checkFields reports the first field in v, the JSON form of a message md at path, that md
+// does not have, or whose value the field cannot hold (valueError), in key order. It
+// accepts what protojson accepts: the JSON (camelCase) name or the .proto name, and for a
+// scalar or a well-known type whatever protojson takes for that field alone.
 func checkFields(path string, v any, md protoreflect.MessageDescriptor) error {
 	obj, ok := v.(map[string]any)
-	if !ok || isWellKnown(md) {
-		return nil
+	if !ok {
+		return &valueError{path: path, value: v, want: "a mapping"}
 	}
 	for _, k := range sortedKeys(obj) {
 		fd := md.Fields().ByJSONName(k)
@@ -421,33 +490,120 @@ func checkFields(path string, v any, md protoreflect.MessageDescriptor) error {
 	return nil
 }
 
-// checkField checks v, the JSON form of field fd at path, for unknown fields.
+// checkField checks v, the JSON form of field fd at path, as checkFields does. null is
+// any field's zero value.
 func checkField(path string, v any, fd protoreflect.FieldDescriptor) error {
 	switch {
+	case v == nil:
+		return nil
 	case fd.IsMap():
-		vd := fd.MapValue().Message()
-		m, _ := v.(map[string]any)
-		if vd == nil {
-			return nil
+		m, ok := v.(map[string]any)
+		if !ok {
+			return &valueError{path: path, value: v, want: "a mapping"}
 		}
 		for _, k := range sortedKeys(m) {
-			if err := checkFields(fmt.Sprintf("%s[%q]", path, k), m[k], vd); err != nil {
+			wrap := func(e any) any { return map[string]any{k: e} }
+			if err := checkValue(fmt.Sprintf("%s[%q]", path, k), m[k], fd, fd.MapValue(), wrap); err != nil {
 				return err
 			}
 		}
-	case fd.Message() == nil:
-		return nil
 	case fd.IsList():
-		list, _ := v.([]any)
+		list, ok := v.([]any)
+		if !ok {
+			return &valueError{path: path, value: v, want: "a list"}
+		}
 		for i, e := range list {
-			if err := checkFields(fmt.Sprintf("%s[%d]", path, i), e, fd.Message()); err != nil {
+			if err := checkValue(fmt.Sprintf("%s[%d]", path, i), e, fd, fd, func(e any) any { return []any{e} }); err != nil {
 				return err
 			}
 		}
 	default:
-		return checkFields(path, v, fd.Message())
+		return checkValue(path, v, fd, fd, func(e any) any { return e })
 	}
 	return nil
+}
+
+// checkValue checks v, one value at path of field fd of type vd (fd itself, or the value
+// of fd's map): a message's fields as checkFields does, and any other value by having
+// protojson decode fd holding it alone, wrap(v).
+func checkValue(path string, v any, fd, vd protoreflect.FieldDescriptor, wrap func(any) any) error {
+	if md := vd.Message(); md != nil && !isWellKnown(md) {
+		return checkFields(path, v, md)
+	}
+	raw, err := json.Marshal(map[string]any{fd.JSONName(): wrap(v)})
+	if err == nil && protojson.Unmarshal(raw, dynamicpb.NewMessage(fd.ContainingMessage())) != nil {
+		return &valueError{path: path, value: v, want: wantOf(vd)}
+	}
+	return nil
+}
+
+// valueError is a value in a manifest that its field cannot hold, a word where a number
+// belongs or one value where a list does: `meta.nodes "host-a": want a list`.
+type valueError struct {
+	// path is the field's path, "spec.nexthops[0].weight".
+	path string
+	// value is the value as decoded from JSON.
+	value any
+	// want says what the field holds: "a list", "true or false".
+	want string
+}
+
+// Error names the field, the value and what the field holds.
+func (e *valueError) Error() string {
+	text, _ := json.Marshal(e.value)
+	if len(text) > maxValueText {
+		text = append(text[:maxValueText:maxValueText], "..."...)
+	}
+	return fmt.Sprintf("%s %s: want %s", e.path, text, e.want)
+}
+
+// boolForString reports whether the value is a boolean where a string belongs, which in
+// YAML is most often an unquoted word such as "no" or "on".
+func (e *valueError) boolForString() bool {
+	_, isBool := e.value.(bool)
+	return isBool && e.want == wantString
+}
+
+// maxValueText is how many bytes of a refused value a valueError quotes.
+const maxValueText = 64
+
+// wantString is what a valueError wants of a string field.
+const wantString = "a string"
+
+// wantOf says what a field of type fd holds, for a valueError.
+func wantOf(fd protoreflect.FieldDescriptor) string {
+	switch fd.Kind() {
+	case protoreflect.MessageKind, protoreflect.GroupKind:
+		switch fd.Message().FullName() {
+		case "google.protobuf.Duration":
+			return `a duration such as "5s"`
+		case "google.protobuf.Timestamp":
+			return `a time such as "2026-01-02T15:04:05Z"`
+		}
+		return "a " + string(fd.Message().Name())
+	case protoreflect.BoolKind:
+		return "true or false"
+	case protoreflect.StringKind:
+		return wantString
+	case protoreflect.BytesKind:
+		return "base64"
+	case protoreflect.EnumKind:
+		values := fd.Enum().Values()
+		names := make([]string, values.Len())
+		for i := range names {
+			names[i] = string(values.Get(i).Name())
+		}
+		return "one of " + strings.Join(names, ", ")
+	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Sfixed32Kind:
+		return fmt.Sprintf("a whole number from %d to %d", math.MinInt32, math.MaxInt32)
+	case protoreflect.Uint32Kind, protoreflect.Fixed32Kind:
+		return fmt.Sprintf("a whole number from 0 to %d", uint64(math.MaxUint32))
+	case protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind:
+		return fmt.Sprintf("a whole number from %d to %d", math.MinInt64, math.MaxInt64)
+	case protoreflect.Uint64Kind, protoreflect.Fixed64Kind:
+		return fmt.Sprintf("a whole number from 0 to %d", uint64(math.MaxUint64))
+	}
+	return "a number"
 }
 
 // isWellKnown reports whether md is a google.protobuf type, which protojson maps to JSON
@@ -455,10 +611,6 @@ func checkField(path string, v any, fd protoreflect.FieldDescriptor) error {
 func isWellKnown(md protoreflect.MessageDescriptor) bool {
 	return strings.HasPrefix(string(md.FullName()), "google.protobuf.")
 }
-
-// yamlBool matches protojson's error for a boolean where a string belongs, which in YAML is
-// most often an unquoted word such as "no" or "on".
-var yamlBool = regexp.MustCompile(`invalid value for string .*: (true|false)$`)
 
 // protoPosition matches the prefix of protojson's messages: "proto: (line 1:15): ". The
 // position is in JSON made from the manifest, not in the manifest, so it is dropped.

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -199,17 +201,32 @@ func TestDecodeErrors(t *testing.T) {
 		{
 			name: "wrong value type",
 			in:   "kind: Route\nspec: {table: hundred}\n",
-			want: `document 1: spec: invalid value for uint32 field table: "hundred"`,
+			want: `document 1: spec.table "hundred": want a whole number from 0 to 4294967295`,
 		},
 		{
 			name: "yaml boolean for a string",
 			in:   "kind: Route\nmeta: {name: a, nodes: [host-a, on]}\n",
-			want: `document 1: meta: invalid value for string field nodes: true (YAML reads unquoted y, yes, on, n, no and off as booleans: quote the value)`,
+			want: `document 1: meta.nodes[1] true: want a string (YAML reads unquoted y, yes, on, n, no and off as booleans: quote the value)`,
+		},
+		{
+			name: "one value for a list",
+			in:   "kind: Endpoint\nmeta: {name: e}\nspec: {ips: 10.1.0.5}\n",
+			want: `document 1: spec.ips "10.1.0.5": want a list`,
+		},
+		{
+			name: "wrong value type in a list",
+			in:   "kind: Route\nspec: {nexthops: [{gateway: 10.10.0.2}, {weight: heavy}]}\n",
+			want: `document 1: spec.nexthops[1].weight "heavy": want a whole number from 0 to 4294967295`,
+		},
+		{
+			name: "number for a duration",
+			in:   "kind: Trace\nspec: {source: a, timeout: 5}\n",
+			want: `document 1: spec.timeout 5: want a duration such as "5s"`,
 		},
 		{
 			name: "json boolean for a string",
 			in:   `{"kind": "Route", "meta": {"name": true}}`,
-			want: `document 1: meta: invalid value for string field name: true`,
+			want: `document 1: meta.name true: want a string`,
 		},
 		{
 			name: "bad yaml reports the file line",
@@ -499,6 +516,39 @@ func TestInterfaceAdminUpPresence(t *testing.T) {
 		}
 		if !proto.Equal(again[0], objs[0]) {
 			t.Errorf("%q read back as %s; want %v", tt.in, b, objs[0])
+		}
+	}
+}
+
+// TestDecodeKeys checks that DecodeKeys reads of each document only its kind and what
+// names it, so that a manifest whose spec or labels no longer decode still names its
+// objects, and that it refuses a document whose kind or name it cannot read.
+func TestDecodeKeys(t *testing.T) {
+	in := "kind: Route\nmeta: {name: a, tenant: t1, labels: {x: [1]}}\nspec: {prefx: 10.0.0.0/8, table: hundred}\n---\n" +
+		"kind: rt\nmeta:\n  name: b\n  namespace: n1\n  nodes: host-a\nspec:\n  nexthops: x  # a comment\n"
+	objs, err := manifest.DecodeKeys(strings.NewReader(in))
+	if err != nil {
+		t.Fatalf("DecodeKeys: %v", err)
+	}
+	var got []string
+	for _, o := range objs {
+		got = append(got, o.Key().ID())
+	}
+	want := []string{
+		nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "t1", "", "a").ID(),
+		nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "", "n1", "b").ID(),
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("DecodeKeys read keys %q, want %q", got, want)
+	}
+	for _, tc := range []struct{ in, want string }{
+		{"kind: Rout\nmeta: {name: a}\n", `document 1: kind "Rout": unknown kind`},
+		{"kind: Route\nmeta: {name: [a]}\n", `document 1: meta.name ["a"]: want a string`},
+		{"kind: Route\nmeta: {name: no}\n", "document 1: meta.name false: want a string (YAML reads unquoted y, yes, on, n, no and off as booleans: quote the value)"},
+		{`{"kind": "Route", "meta": "a"}`, `document 1: meta "a": want a mapping`},
+	} {
+		if _, err := manifest.DecodeKeys(strings.NewReader(tc.in)); fmt.Sprint(err) != tc.want {
+			t.Errorf("DecodeKeys(%q): error %v, want %s", tc.in, err, tc.want)
 		}
 	}
 }

@@ -140,7 +140,7 @@ func (c *cli) apply(ctx context.Context, files []string, wait bool, timeout time
 // invalid or appears twice, its error names each bad field by where it was read, after
 // "validating objects, " and nothing ("nothing applied").
 func (c *cli) validManifests(files []string, nothing string) ([]source, error) {
-	srcs, err := c.readManifests(files)
+	srcs, err := c.readManifests(files, false)
 	if err != nil {
 		return nil, err
 	}

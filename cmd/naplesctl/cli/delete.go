@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -58,7 +59,7 @@ deleted. The keys are then sent in order, in as few batches as their size allows
 				if tenant != "" || namespace != "" {
 					return exitstatus.Mark(errors.New("--tenant and --namespace cannot be used with -f: the manifest names them"))
 				}
-				srcs, err := c.readManifests(files)
+				srcs, err := c.readManifests(files, true)
 				if err != nil {
 					return err
 				}
@@ -72,8 +73,12 @@ deleted. The keys are then sent in order, in as few batches as their size allows
 				if err != nil {
 					return err
 				}
-				for _, name := range args[1:] {
-					keys = append(keys, nimbusv1.NewKey(kind, tenant, namespace, name))
+				for i, name := range args[1:] {
+					key, err := argKey(kind, tenant, namespace, name, i+2)
+					if err != nil {
+						return fmt.Errorf("reading keys, nothing deleted:\n%w", err)
+					}
+					keys = append(keys, key)
 				}
 				// The names are arguments 2 on, after KIND.
 				where = func(i int) string { return fmt.Sprintf("argument %d", i+2) }
@@ -84,17 +89,29 @@ deleted. The keys are then sent in order, in as few batches as their size allows
 					return ref(keys[first]) + " to " + ref(keys[end-1])
 				}
 			}
+			// A key read from a manifest is named by the fields that hold it there.
+			field := func(f string) string { return f }
+			if len(files) > 0 {
+				field = func(f string) string { return "meta." + strings.TrimPrefix(f, "key.") }
+			}
 			var invalid []error
 			for i, k := range keys {
 				if err := k.Validate(); err != nil {
 					for _, fe := range fieldErrors(err) {
-						invalid = append(invalid, fmt.Errorf("%s: %w", where(i), fe))
+						if f := (*nimbusv1.FieldError)(nil); errors.As(fe, &f) {
+							fe = &nimbusv1.FieldError{Field: field(f.Field), Value: f.Value, Reason: f.Reason}
+						}
+						invalid = append(invalid, fmt.Errorf("%s: %s: %w", where(i), ref(k), fe))
 					}
 				}
 			}
-			invalid = append(invalid, duplicates(keys, "key.name", where)...)
+			invalid = append(invalid, duplicates(keys, field("key.name"), where)...)
 			if len(invalid) > 0 {
-				return fmt.Errorf("reading keys, nothing deleted:\n%w", errors.Join(invalid...))
+				err := fmt.Errorf("reading keys, nothing deleted:\n%w", errors.Join(invalid...))
+				if len(files) == 0 {
+					err = exitstatus.Mark(err) // a name given twice: a usage error
+				}
+				return err
 			}
 			return c.delete(cmd.Context(), keys, where, describe)
 		},

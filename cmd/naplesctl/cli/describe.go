@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/naplesnet/naples/internal/exitstatus"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
 
@@ -43,9 +44,13 @@ line says how many more nodes it leaves out, and how many of those FAILED.`,
 				return err
 			}
 			if nodesLimit < 0 {
-				return fmt.Errorf("--nodes-limit %d: must not be negative", nodesLimit)
+				return exitstatus.Mark(fmt.Errorf("--nodes-limit %d: must not be negative", nodesLimit))
 			}
-			return c.describe(cmd.Context(), nimbusv1.NewKey(kind, tenant, namespace, args[1]), nodesLimit)
+			key, err := argKey(kind, tenant, namespace, args[1], 2)
+			if err != nil {
+				return err
+			}
+			return c.describe(cmd.Context(), key, nodesLimit)
 		},
 	}
 	cmd.Flags().IntVar(&nodesLimit, "nodes-limit", defaultNodesLimit,

@@ -84,7 +84,10 @@ last document with "deleted": true.`,
 				return err
 			}
 			if len(args) == 2 {
-				key := nimbusv1.NewKey(kind, o.tenant, o.namespace, args[1])
+				key, err := argKey(kind, o.tenant, o.namespace, args[1], 2)
+				if err != nil {
+					return err
+				}
 				if o.watch {
 					f := controller.Filter{Kind: kind, Tenant: key.GetTenant(), Namespace: key.GetNamespace(), Name: key.GetName()}
 					return c.watchObjects(cmd.Context(), kind, f, true, out)

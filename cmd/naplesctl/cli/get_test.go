@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -117,6 +118,25 @@ func TestGetFormats(t *testing.T) {
 		}
 	}
 	equal(t, "jsonpath over no objects", e.ok("get", "interfaces", "-o", "jsonpath={.items}"), "[]")
+}
+
+// TestGetInterfacesWide checks that -o wide shows the device of each Interface: the one
+// spec.device names, or the object's name when it names none, as the agent programs it.
+func TestGetInterfacesWide(t *testing.T) {
+	e := newEnv(t)
+	e.ok("apply", "-f", e.file("interfaces.yaml", "kind: Interface\nmeta: {name: eth1, nodes: [host-a]}\nspec: {mtu: 9000}\n"+
+		"---\nkind: Interface\nmeta: {name: uplink, nodes: [host-a]}\nspec: {device: eth2}\n"))
+	rows := strings.Split(strings.TrimSpace(e.ok("get", "interfaces", "-o", "wide")), "\n")
+	header := strings.Fields(rows[0])
+	col := slices.Index(header, "DEVICE")
+	if col < 0 || len(rows) != 3 {
+		t.Fatalf("get interfaces -o wide printed\n%s\nwant a DEVICE column and two rows", strings.Join(rows, "\n"))
+	}
+	for i, want := range map[int]string{1: "eth1", 2: "eth2"} {
+		if got := strings.Fields(rows[i])[col]; got != want {
+			t.Errorf("row %d %q: DEVICE %q, want %q", i, rows[i], got, want)
+		}
+	}
 }
 
 // TestGetBadOutput: a bad format or template is a usage error naming --output and the

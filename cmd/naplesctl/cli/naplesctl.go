@@ -134,6 +134,10 @@ Objects are written as YAML or JSON manifests:
 	root.SetIn(c.stdin)
 	root.SetOut(c.stdout)
 	root.SetErr(c.stderr)
+	// Added now, once it has the streams, rather than when cobra executes, so that it
+	// refuses a shell it does not know.
+	root.InitDefaultCompletionCmd(args...)
+	refuseUnknownSubcommands(root)
 	c.markStart(root)
 	err := root.ExecuteContext(ctx)
 	if err != nil && !c.started {
@@ -142,6 +146,20 @@ Objects are written as YAML or JSON manifests:
 		return exitstatus.Mark(err)
 	}
 	return err
+}
+
+// refuseUnknownSubcommands makes every command under cmd that only groups commands
+// (delphi, bpf, completion) refuse an argument that names none of them as a usage error,
+// as naplesctl itself does, where cobra would print its help and succeed: `naplesctl
+// delphi lst` must not exit 0. Alone, such a command still prints its help.
+func refuseUnknownSubcommands(cmd *cobra.Command) {
+	for _, sub := range cmd.Commands() {
+		if sub.HasSubCommands() && !sub.Runnable() {
+			sub.Args = cobra.NoArgs
+			sub.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
+		}
+		refuseUnknownSubcommands(sub)
+	}
 }
 
 // markStart makes every command of the tree under cmd set started when it runs.
@@ -266,6 +284,29 @@ func parseKind(s string) (nimbusv1.Kind, error) {
 	return kind, nil
 }
 
+// argKey returns the key of the object of kind called name, argument arg of the command
+// line (KIND is argument 1), in tenant and namespace as the --tenant and --namespace
+// flags give them. A name, tenant or namespace no object can have is a usage error (see
+// Run) naming the argument or the flag: `argument 2: key.name "Web": ...`, `--tenant
+// "Blue": ...`.
+func argKey(kind nimbusv1.Kind, tenant, namespace, name string, arg int) (*nimbusv1.ObjectKey, error) {
+	key := nimbusv1.NewKey(kind, tenant, namespace, name)
+	err := key.Validate()
+	if err == nil {
+		return key, nil
+	}
+	var errs []error
+	for _, fe := range fieldErrors(err) {
+		var f *nimbusv1.FieldError
+		if errors.As(fe, &f) && f.Field != "key.name" {
+			errs = append(errs, &nimbusv1.FieldError{Field: "--" + strings.TrimPrefix(f.Field, "key."), Value: f.Value, Reason: f.Reason})
+			continue
+		}
+		errs = append(errs, fmt.Errorf("argument %d: %w", arg, fe))
+	}
+	return nil, exitstatus.Mark(errors.Join(errs...))
+}
+
 // kindArg is how a kind is named in output: "route", "networksecuritypolicy".
 func kindArg(k nimbusv1.Kind) string { return strings.ToLower(k.Name()) }
 
@@ -284,8 +325,13 @@ type source struct {
 func (s source) String() string { return fmt.Sprintf("%s: document %d", s.file, s.doc) }
 
 // readManifests reads every object of files, in order; "-" is stdin, and a directory
-// stands for its manifest files (manifestPaths).
-func (c *cli) readManifests(files []string) ([]source, error) {
+// stands for its manifest files (manifestPaths). With keyOnly it reads of each object
+// only what names it (manifest.DecodeKeys).
+func (c *cli) readManifests(files []string, keyOnly bool) ([]source, error) {
+	decode, decodeFile := manifest.Decode, manifest.DecodeFile
+	if keyOnly {
+		decode, decodeFile = manifest.DecodeKeys, manifest.DecodeKeysFile
+	}
 	paths, err := c.manifestPaths(files)
 	if err != nil {
 		return nil, err
@@ -297,13 +343,13 @@ func (c *cli) readManifests(files []string) ([]source, error) {
 			err  error
 		)
 		if f == "-" {
-			objs, err = manifest.Decode(c.stdin)
+			objs, err = decode(c.stdin)
 			if err != nil {
 				err = fmt.Errorf("stdin: %w", err)
 			}
 			f = "stdin"
 		} else {
-			objs, err = manifest.DecodeFile(f)
+			objs, err = decodeFile(f)
 			if errors.Is(err, fs.ErrNotExist) {
 				err = exitstatus.Mark(err) // -f names no file: a usage error
 			}

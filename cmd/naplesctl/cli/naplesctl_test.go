@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/naplesnet/naples/internal/address"
+	"github.com/naplesnet/naples/internal/exitstatus"
 	"github.com/naplesnet/naples/internal/manifest"
 	"github.com/naplesnet/naples/nimbus"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -295,6 +296,29 @@ func TestApplyGetDelete(t *testing.T) {
 	equal(t, "get -o json of no routes", e.ok("get", "routes", "-o", "json"), "{\n  \"items\": []\n}\n")
 }
 
+// TestDeleteReadsOnlyKeys checks that delete -f reads of each object only what names it,
+// as its help says: a manifest whose spec no longer decodes (a field renamed, a value of
+// another type) still deletes its objects, while one whose name cannot be read deletes
+// nothing.
+func TestDeleteReadsOnlyKeys(t *testing.T) {
+	e := newEnv(t)
+	e.ok("apply", "-f", e.file("routes.yaml", routeYAML("to-dc2", "198.51.100.0/24", "10.10.0.2")+"---\n"+
+		routeYAML("to-dc3", "203.0.113.0/24", "10.10.0.3")))
+	old := e.file("old.yaml", "kind: Route\nmeta: {name: to-dc2, labels: {tier: [1]}}\nspec: {next_hop: 10.10.0.2, table: main}\n")
+	contains(t, "apply of the old manifest", e.fails("apply", "-f", old), "old.yaml: document 1")
+	equal(t, "delete -f of the old manifest", e.ok("delete", "-f", old), "route/to-dc2 deleted\n")
+	bad := e.file("bad.yaml", "kind: Route\nmeta: {name: to-dc3}\n---\nkind: Route\nmeta: {name: [to-dc4]}\n")
+	contains(t, "delete -f of a manifest with a bad name", e.fails("delete", "-f", bad), `bad.yaml: document 2: meta.name ["to-dc4"]: want a string`)
+	bad = e.file("invalid.yaml", "kind: Route\nmeta: {name: to-dc3}\n---\nkind: Route\nmeta: {name: To_DC4, tenant: Blue}\n---\nkind: rt\nmeta: {name: to-dc3, tenant: default}\n")
+	contains(t, "delete -f of a manifest with invalid names", e.fails("delete", "-f", bad),
+		`invalid.yaml: document 2: route/To_DC4: meta.name "To_DC4": must be lower-case`,
+		`invalid.yaml: document 2: route/To_DC4: meta.tenant "Blue": must be lower-case`,
+		`invalid.yaml: document 3: route/to-dc3: meta.name "to-dc3": the same object as `+bad+": document 1")
+	if got := e.routes(); !slices.Equal(got, []string{"to-dc3"}) {
+		t.Errorf("routes after the deletes: %q, want [to-dc3]", got)
+	}
+}
+
 func TestApplyStdin(t *testing.T) {
 	e := newEnv(t)
 	in := `{"kind":"Route","meta":{"name":"a","nodes":["host-a"]},"spec":{"table":100,"prefix":"192.0.2.0/24","nexthops":[{"gateway":"10.0.0.1"}]}}`
@@ -415,6 +439,57 @@ func TestUsageErrors(t *testing.T) {
 				t.Errorf("error %v is not %v", err, tt.is)
 			}
 		})
+	}
+}
+
+// TestUnknownSubcommand checks that a command that only groups commands refuses one it
+// does not have as a usage error, as naplesctl does, rather than printing its help and
+// exiting 0, and that alone it still prints its help.
+func TestUnknownSubcommand(t *testing.T) {
+	e := newEnv(t)
+	for _, args := range [][]string{{"delphi", "lst"}, {"bpf", "maps"}, {"completion", "tcsh"}} {
+		err := e.fails(args...)
+		contains(t, strings.Join(args, " "), err, fmt.Sprintf("unknown command %q for %q", args[1], "naplesctl "+args[0]))
+		if got := exitstatus.Of(err); got != exitstatus.Config {
+			t.Errorf("naplesctl %s: exit status %d, want %d (usage)", strings.Join(args, " "), got, exitstatus.Config)
+		}
+	}
+	for _, group := range []string{"delphi", "bpf", "completion"} {
+		if out := e.ok(group); !strings.Contains(out, "Available Commands:") {
+			t.Errorf("naplesctl %s printed\n%s\nwant its help", group, out)
+		}
+	}
+}
+
+// TestBadKeyArguments checks that a name, tenant or namespace on the command line that no
+// object can have is a usage error naming the argument or the flag, before nimbus is
+// asked, and that delete then deletes nothing.
+func TestBadKeyArguments(t *testing.T) {
+	e := newEnv(t)
+	e.ok("apply", "-f", e.file("route.yaml", routeYAML("to-dc2", "198.51.100.0/24", "10.10.0.2")))
+	tests := []struct {
+		args []string
+		says string
+	}{
+		{[]string{"get", "route", "To_DC2"}, `argument 2: key.name "To_DC2": must be lower-case`},
+		{[]string{"get", "route", "to-dc2", "--tenant", "Blue"}, `--tenant "Blue": must be lower-case`},
+		{[]string{"describe", "route", "To_DC2"}, `argument 2: key.name "To_DC2"`},
+		{[]string{"describe", "route", "to-dc2", "-n", "NS"}, `--namespace "NS"`},
+		{[]string{"describe", "route", "to-dc2", "--nodes-limit", "-1"}, "--nodes-limit -1: must not be negative"},
+		{[]string{"wait", "route", "to-dc2", ""}, `argument 3: key.name "": is required`},
+		{[]string{"delete", "route", "x", "To_DC2"}, `argument 3: key.name "To_DC2"`},
+		{[]string{"delete", "route", "to-dc2", "--tenant", "Blue"}, `--tenant "Blue"`},
+		{[]string{"delete", "route", "to-dc2", "to-dc2"}, "argument 3: route/to-dc2: key.name \"to-dc2\": the same object as argument 2"},
+	}
+	for _, tt := range tests {
+		err := e.fails(tt.args...)
+		contains(t, strings.Join(tt.args, " "), err, tt.says)
+		if got := exitstatus.Of(err); got != exitstatus.Config {
+			t.Errorf("naplesctl %q: exit status %d, want %d (usage)", tt.args, got, exitstatus.Config)
+		}
+	}
+	if got := e.routes(); !slices.Equal(got, []string{"to-dc2"}) {
+		t.Errorf("routes after the refused deletes: %v, want [to-dc2]", got)
 	}
 }
 

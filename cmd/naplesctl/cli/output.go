@@ -405,9 +405,14 @@ var summaries = map[nimbusv1.Kind]summary{
 		}
 		return []string{table, s.GetPrefix(), cellList(hops)}
 	}},
+	// An Interface's device is the object's name unless spec.device names another.
 	nimbusv1.Kind_KIND_INTERFACE: {[]string{"DEVICE", "MTU", "ADDRESSES"}, func(o *nimbusv1.Object) []string {
 		s := o.GetInterface()
-		return []string{s.GetDevice(), uintCell(s.GetMtu()), cellList(s.GetAddresses())}
+		device := s.GetDevice()
+		if device == "" {
+			device = o.GetMeta().GetName()
+		}
+		return []string{device, uintCell(s.GetMtu()), cellList(s.GetAddresses())}
 	}},
 	nimbusv1.Kind_KIND_FLOW_EXPORT_POLICY: {[]string{"FORMAT", "TARGETS"}, func(o *nimbusv1.Object) []string {
 		s := o.GetFlowExportPolicy()

@@ -79,18 +79,12 @@ message, and when --timeout passes, naming the nodes still pending, waiting or f
 			// A name nimbus would refuse is named here, by its argument, as delete does:
 			// a wait for one object asks nimbus by its fields and would only find nothing.
 			var targets []waitTarget
-			var invalid []error
 			for i, name := range args[1:] {
-				key := nimbusv1.NewKey(kind, tenant, namespace, name)
-				if err := key.Validate(); err != nil {
-					for _, fe := range fieldErrors(err) {
-						invalid = append(invalid, fmt.Errorf("argument %d: %w", i+2, fe))
-					}
+				key, err := argKey(kind, tenant, namespace, name, i+2)
+				if err != nil {
+					return err
 				}
 				targets = append(targets, waitTarget{key: key})
-			}
-			if len(invalid) > 0 {
-				return errors.Join(invalid...)
 			}
 			sess, err := c.connect()
 			if err != nil {

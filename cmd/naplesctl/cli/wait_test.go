@@ -303,7 +303,7 @@ func TestWaitUsageErrors(t *testing.T) {
 		{[]string{"wait", "route"}, []string{"requires at least 2 arg(s)"}, nil},
 		{[]string{"wait", "route", "missing"}, []string{`route "missing" not found`}, ErrNotFound},
 		{[]string{"wait", "route", "a b"}, []string{`argument 2: key.name "a b": must be lower-case`}, nil},
-		{[]string{"wait", "route", "to-dc2", "--tenant", "x y"}, []string{`argument 2: key.tenant "x y": must be lower-case`}, nil},
+		{[]string{"wait", "route", "to-dc2", "--tenant", "x y"}, []string{`--tenant "x y": must be lower-case`}, nil},
 		{[]string{"apply", "-f", f, "--wait", "--timeout", "-1s"}, []string{`--timeout "-1s"`}, nil},
 		{[]string{"apply", "-f", f, "--timeout", "5s"}, []string{"--timeout needs --wait"}, nil},
 	} {
