@@ -31,7 +31,7 @@ type waitOptions struct {
 // addTimeoutFlag adds --timeout to cmd.
 func (o *waitOptions) addTimeoutFlag(cmd *cobra.Command, what string) {
 	cmd.Flags().StringVar(&o.timeout, "timeout", defaultWaitTimeout,
-		"how long to wait "+what+", a duration such as 30s or 2m")
+		strings.TrimSpace("how long to wait "+what)+", a duration such as 30s or 2m")
 }
 
 // parseTimeout returns the --timeout duration; its error names the flag and the value.
@@ -79,12 +79,19 @@ message, and when --timeout passes, naming the nodes still pending, waiting or f
 			// A name nimbus would refuse is named here, by its argument, as delete does:
 			// a wait for one object asks nimbus by its fields and would only find nothing.
 			var targets []waitTarget
+			var keys []*nimbusv1.ObjectKey
 			for i, name := range args[1:] {
 				key, err := argKey(kind, tenant, namespace, name, i+2)
 				if err != nil {
 					return err
 				}
 				targets = append(targets, waitTarget{key: key})
+				keys = append(keys, key)
+			}
+			// A name given twice is refused, as delete refuses it, rather than waited on
+			// and shown twice.
+			if dups := duplicates(keys, "key.name", func(i int) string { return fmt.Sprintf("argument %d", i+2) }); len(dups) > 0 {
+				return exitstatus.Mark(errors.Join(dups...))
 			}
 			sess, err := c.connect()
 			if err != nil {

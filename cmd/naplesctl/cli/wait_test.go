@@ -304,6 +304,7 @@ func TestWaitUsageErrors(t *testing.T) {
 		{[]string{"wait", "route", "missing"}, []string{`route "missing" not found`}, ErrNotFound},
 		{[]string{"wait", "route", "a b"}, []string{`argument 2: key.name "a b": must be lower-case`}, nil},
 		{[]string{"wait", "route", "to-dc2", "--tenant", "x y"}, []string{`--tenant "x y": must be lower-case`}, nil},
+		{[]string{"wait", "route", "to-dc2", "to-dc3", "to-dc2"}, []string{`argument 4: route/to-dc2: key.name "to-dc2": the same object as argument 2`}, nil},
 		{[]string{"apply", "-f", f, "--wait", "--timeout", "-1s"}, []string{`--timeout "-1s"`}, nil},
 		{[]string{"apply", "-f", f, "--timeout", "5s"}, []string{"--timeout needs --wait"}, nil},
 	} {

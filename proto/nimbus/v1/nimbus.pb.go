@@ -1762,10 +1762,10 @@ type InterfaceSpec struct {
 	// device is the kernel interface name; empty means the object's name.
 	Device string `protobuf:"bytes,1,opt,name=device,proto3" json:"device,omitempty"`
 	// admin_up is the administrative state to set (`ip link set DEV up|down`); unset
-	// leaves the state as naples found it. It is optional (field presence) on the wire
-	// number it always had, so objects written before it was are read as they were, with
-	// one difference: false was never written then, so an object stored with admin_up
-	// false reads as unset, and must be applied again to take its link down.
+	// leaves the state as naples found it. The field keeps its wire number from before it
+	// had presence, so older objects still read, with one difference: false was not
+	// written then, so an object stored with admin_up false before reads as unset, and
+	// must be applied again to take its link down.
 	AdminUp *bool `protobuf:"varint,2,opt,name=admin_up,json=adminUp,proto3,oneof" json:"admin_up,omitempty"`
 	// mtu is the MTU to set; 0 leaves the MTU as naples found it.
 	Mtu           uint32   `protobuf:"varint,3,opt,name=mtu,proto3" json:"mtu,omitempty"`
