@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -362,7 +363,11 @@ func (c *cli) readManifests(files []string, keyOnly bool) ([]source, error) {
 		}
 	}
 	if len(srcs) == 0 {
-		return nil, fmt.Errorf("reading %s: no objects found", strings.Join(files, ", "))
+		names := slices.Clone(files)
+		if i := slices.Index(names, "-"); i >= 0 {
+			names[i] = "stdin" // as its other errors name it
+		}
+		return nil, fmt.Errorf("reading %s: no objects found", strings.Join(names, ", "))
 	}
 	return srcs, nil
 }

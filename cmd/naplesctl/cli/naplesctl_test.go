@@ -431,6 +431,10 @@ func TestUsageErrors(t *testing.T) {
 		},
 		{name: "unknown command", args: []string{"frobnicate"}, parts: []string{`unknown command "frobnicate"`}},
 	}
+	// An empty stdin is named as its other errors name it.
+	if _, _, err := e.run("# nothing\n", "apply", "-f", "-"); err == nil || !strings.Contains(err.Error(), "reading stdin: no objects found") {
+		t.Errorf("apply -f - of nothing: %v; want reading stdin: no objects found", err)
+	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			err := e.fails(tt.args...)
