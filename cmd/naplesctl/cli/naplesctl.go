@@ -184,6 +184,9 @@ type session struct {
 	addr address.List
 	// tls tells whether the connection is TLS, not --insecure.
 	tls bool
+	// stderr receives the controller client's warnings: a status stream that broke and
+	// is watched again, which a wait or a get --watch would otherwise keep quiet about.
+	stderr io.Writer
 }
 
 // connect returns a session with the server named by --server, or with one of the
@@ -204,7 +207,7 @@ func (c *cli) connect() (*session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connecting to nimbus at %s: %w", addr, err)
 	}
-	return &session{nimbus: nimbusv1.NewNimbusClient(conn), conn: conn, addr: addr, tls: !c.tls.insecure}, nil
+	return &session{nimbus: nimbusv1.NewNimbusClient(conn), conn: conn, addr: addr, tls: !c.tls.insecure, stderr: c.stderr}, nil
 }
 
 // Close closes the connection.
@@ -213,12 +216,58 @@ func (s *session) Close() error { return s.conn.Close() }
 // controller returns a controller client on the session's connection; Close it when done,
 // before the session.
 func (s *session) controller() (*controller.Client, error) {
-	kit, err := controller.New(controller.Options{Conn: s.conn, Logger: slog.New(slog.DiscardHandler)})
+	log := slog.New(slog.DiscardHandler)
+	if s.stderr != nil {
+		log = slog.New(warnings{w: s.stderr})
+	}
+	kit, err := controller.New(controller.Options{Conn: s.conn, Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("creating the controller client: %w", err)
 	}
 	return kit, nil
 }
+
+// warnings is a slog.Handler that writes the warnings and errors of the controller
+// client on a line each, for an operator: "naplesctl: status stream ended; watching
+// again (error: ..., in: 1.6s)". It drops everything below slog.LevelWarn.
+type warnings struct {
+	w     io.Writer
+	attrs []slog.Attr
+}
+
+// Enabled tells whether level is a warning or worse.
+func (warnings) Enabled(_ context.Context, level slog.Level) bool { return level >= slog.LevelWarn }
+
+// Handle writes the record's message and attributes on one line.
+func (h warnings) Handle(_ context.Context, r slog.Record) error {
+	var b strings.Builder
+	b.WriteString("naplesctl: ")
+	b.WriteString(r.Message)
+	sep := " ("
+	add := func(a slog.Attr) bool {
+		fmt.Fprintf(&b, "%s%s: %v", sep, a.Key, a.Value)
+		sep = ", "
+		return true
+	}
+	for _, a := range h.attrs {
+		add(a)
+	}
+	r.Attrs(add)
+	if sep == ", " {
+		b.WriteString(")")
+	}
+	b.WriteString("\n")
+	_, err := io.WriteString(h.w, b.String())
+	return err
+}
+
+// WithAttrs returns a handler that writes attrs with every record.
+func (h warnings) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return warnings{w: h.w, attrs: append(slices.Clip(h.attrs), attrs...)}
+}
+
+// WithGroup returns h: the controller client logs no groups.
+func (h warnings) WithGroup(string) slog.Handler { return h }
 
 // connectController returns a session, as connect does, and a controller client on it;
 // call closeAll when done, which closes both.

@@ -362,6 +362,26 @@ func TestWaitRefusedForGood(t *testing.T) {
 type callCounter struct {
 	mu    sync.Mutex
 	calls map[string]int
+	// open ends each call under way; breakCalls calls them.
+	open map[int]context.CancelFunc
+	next int
+}
+
+// breakCalls ends every call under way through the proxy, as a connection that breaks
+// ends them.
+func (c *callCounter) breakCalls() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, cancel := range c.open {
+		cancel()
+	}
+}
+
+// count returns how many calls of the method were made.
+func (c *callCounter) count(method string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.calls[method]
 }
 
 // String lists the calls: "/nimbus.v1.Nimbus/Get: 3, /nimbus.v1.Nimbus/List: 1".
@@ -387,14 +407,22 @@ func (e *env) proxy() *callCounter {
 		e.t.Fatal(err)
 	}
 	e.t.Cleanup(func() { upstream.Close() })
-	counter := &callCounter{calls: map[string]int{}}
+	counter := &callCounter{calls: map[string]int{}, open: map[int]context.CancelFunc{}}
 	srv := grpc.NewServer(grpc.ForceServerCodecV2(rawCodec{}), grpc.UnknownServiceHandler(func(_ any, down grpc.ServerStream) error {
 		method, _ := grpc.MethodFromServerStream(down)
-		counter.mu.Lock()
-		counter.calls[method]++
-		counter.mu.Unlock()
 		ctx, cancel := context.WithCancel(down.Context())
 		defer cancel()
+		counter.mu.Lock()
+		counter.calls[method]++
+		id := counter.next
+		counter.next++
+		counter.open[id] = cancel
+		counter.mu.Unlock()
+		defer func() {
+			counter.mu.Lock()
+			delete(counter.open, id)
+			counter.mu.Unlock()
+		}()
 		up, err := upstream.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}, method)
 		if err != nil {
 			return err
@@ -438,6 +466,25 @@ func (e *env) proxy() *callCounter {
 	})
 	e.vars[ServerEnv] = addr.String()
 	return counter
+}
+
+// TestWaitSaysWhenStreamBreaks breaks the status stream of a wait: naplesctl says on
+// stderr that it watches again, and the wait goes on and succeeds on the new stream.
+func TestWaitSaysWhenStreamBreaks(t *testing.T) {
+	e := newEnv(t)
+	e.ok("apply", "-f", e.file("route.yaml", routeTo("to-dc2", "198.51.100.0/24", "10.10.0.2", "host-a")))
+	calls := e.proxy()
+	r := e.start("wait", "route", "to-dc2", "--timeout", "20s")
+	r.waitStderr(t, "route/to-dc2: 0/1 nodes programmed (generation 1)\n")
+	calls.breakCalls()
+	r.waitStderr(t, "naplesctl: status stream ended; watching again (error: ")
+	e.report("to-dc2", "host-a", 1, programmed, "", "")
+	if err := r.result(t); err != nil {
+		t.Fatalf("wait after its stream broke: %v", err)
+	}
+	if got := calls.count("/nimbus.v1.Nimbus/WatchStatus"); got < 2 {
+		t.Errorf("%d WatchStatus calls; want the wait to watch again", got)
+	}
 }
 
 // rawMessage is a message in wire form, which rawCodec passes on as it is.
