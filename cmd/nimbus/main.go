@@ -322,7 +322,13 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		log.Info("serving metrics", "url", "http://"+m.Addr()+"/metrics", "probes", []string{"/healthz", "/readyz"})
 	}
 	if cfg.ui.addr != "" {
-		ui, err := serveUI(ctx, cfg.ui, srv, tlsConfig, reg, log)
+		// The console refuses the certificates --tls-crl revokes, as the API does.
+		uiTLS := tlsConfig
+		if uiTLS != nil && opts.CRL != nil {
+			uiTLS = uiTLS.Clone()
+			uiTLS.VerifyPeerCertificate = opts.CRL.VerifyPeerCertificate
+		}
+		ui, err := serveUI(ctx, cfg.ui, srv, uiTLS, reg, log)
 		if err != nil {
 			return err
 		}

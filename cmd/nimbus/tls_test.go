@@ -48,6 +48,24 @@ func writePKI(t *testing.T, dir, node string) {
 	}
 }
 
+// addNode writes a certificate for node into dir, issued by the CA writePKI wrote
+// there, and returns that CA.
+func addNode(t *testing.T, dir, node string) *pki.CA {
+	t.Helper()
+	ca, err := pki.LoadCA(filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kp, err := ca.IssueNode(node, pki.CertOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kp.WriteFiles(filepath.Join(dir, node+".crt"), filepath.Join(dir, node+".key")); err != nil {
+		t.Fatal(err)
+	}
+	return ca
+}
+
 func TestRunServesTLS(t *testing.T) {
 	dir := t.TempDir()
 	writePKI(t, dir, "host-a")
