@@ -257,6 +257,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if !cfg.insecure {
 		keyPair, err = pki.LoadKeyPairFile(cfg.tlsCert, cfg.tlsKey)
 		if err == nil {
+			err = serverCertificate(cfg.tlsCert, keyPair.Leaf())
+		}
+		if err == nil {
 			tlsConfig, err = pki.ServerConfigOf(keyPair, cfg.tlsCA)
 		}
 		if err != nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/naplesnet/naples/internal/exitstatus"
 	"github.com/naplesnet/naples/internal/pki"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -64,6 +66,23 @@ func addNode(t *testing.T, dir, node string) *pki.CA {
 		t.Fatal(err)
 	}
 	return ca
+}
+
+// TestRunRefusesClientCertificateAsServer starts nimbus with a node's certificate as its
+// own, which every client would refuse: it exits with a configuration error naming the
+// file.
+func TestRunRefusesClientCertificateAsServer(t *testing.T) {
+	dir := t.TempDir()
+	writePKI(t, dir, "host-a")
+	crt := filepath.Join(dir, "host-a.crt")
+	// Without the check nimbus would serve until the context ends.
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	err := run(ctx, []string{"--listen", "unix://" + filepath.Join(dir, "n.sock"), "--ephemeral",
+		"--tls-cert", crt, "--tls-key", filepath.Join(dir, "host-a.key"), "--tls-ca", filepath.Join(dir, "ca.crt")}, io.Discard)
+	if exitstatus.Of(err) != 2 || !strings.Contains(err.Error(), "--tls-cert "+crt) || !strings.Contains(err.Error(), `node "host-a" is not a server certificate`) {
+		t.Errorf("run with host-a's certificate as --tls-cert = %v (exit status %d), want exit status 2 and an error naming the file and the node", err, exitstatus.Of(err))
+	}
 }
 
 func TestRunServesTLS(t *testing.T) {
