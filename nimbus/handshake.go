@@ -42,8 +42,14 @@ func handshakeReason(err error) (label, why string) {
 		return handshakeNoCertificate, "the client sent no certificate (its --tls-cert and --tls-key)"
 	case strings.Contains(msg, pki.ErrRevoked.Error()):
 		return handshakeRevoked, "the client's certificate is in the revocation list (--tls-crl)"
-	case strings.Contains(msg, "unknown authority"), strings.Contains(msg, "failed to verify certificate"):
+	case strings.Contains(msg, "unknown authority"):
 		return handshakeUnknownCA, "the client's certificate is not issued by a CA of --tls-ca"
+	case strings.Contains(msg, "certificate has expired or is not yet valid"):
+		return handshakeOther, "the client's certificate has expired or is not valid yet (naplesctl certs --renew)"
+	case strings.Contains(msg, "incompatible key usage"):
+		return handshakeOther, "the client's certificate is not one for a client (its extended key usage)"
+	case strings.Contains(msg, "failed to verify certificate"):
+		return handshakeOther, "the client's certificate does not verify against --tls-ca"
 	case strings.Contains(msg, "remote error"):
 		return handshakeClientRefused, "the client refused nimbus's certificate (its --tls-ca or --tls-server-name)"
 	}
@@ -75,7 +81,8 @@ func (h handshakeLogger) Clone() credentials.TransportCredentials {
 }
 
 // handshakeRefused counts and, unless one was logged for the peer's host and the reason
-// within Limits.RefusalLogInterval, logs a refused TLS handshake.
+// within Limits.RefusalLogInterval, logs a refused TLS handshake. Reasons that share a
+// label (those of "other") are logged each on its own.
 func (s *Server) handshakeRefused(addr net.Addr, err error) {
 	label, why := handshakeReason(err)
 	s.metrics.handshakesRefused.WithLabelValues(label).Inc()
@@ -86,7 +93,7 @@ func (s *Server) handshakeRefused(addr net.Addr, err error) {
 			host = h
 		}
 	}
-	ok, held := s.refusals.allow("handshake/" + host + "/" + label)
+	ok, held := s.refusals.allow("handshake/" + host + "/" + why)
 	if !ok {
 		return
 	}

@@ -32,6 +32,14 @@ func TestRefusedHandshakesLogged(t *testing.T) {
 		t.Fatal(err)
 	}
 	strangerTLS := p.clientTLS(stranger) // trusts nimbus; nimbus does not trust it
+	expired, err := p.ca.IssuePublisher("admin", pki.CertOptions{Validity: time.Hour, Now: func() time.Time { return time.Now().Add(-2 * time.Hour) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	server, err := p.ca.IssueServer(nil, pki.CertOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name   string
 		creds  grpc.DialOption
@@ -42,6 +50,8 @@ func TestRefusedHandshakesLogged(t *testing.T) {
 		{"plaintext again", nil, handshakePlaintext, ""},
 		{"no certificate", grpc.WithTransportCredentials(credentials.NewTLS(p.clientTLS(pki.KeyPair{}))), handshakeNoCertificate, "the client sent no certificate"},
 		{"unknown CA", grpc.WithTransportCredentials(credentials.NewTLS(strangerTLS)), handshakeUnknownCA, "not issued by a CA of --tls-ca"},
+		{"expired certificate", grpc.WithTransportCredentials(credentials.NewTLS(p.clientTLS(expired))), handshakeOther, "the client's certificate has expired"},
+		{"server certificate as a client's", grpc.WithTransportCredentials(credentials.NewTLS(p.clientTLS(server))), handshakeOther, "not one for a client"},
 		{"nimbus not trusted", grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
 			MinVersion: tls.VersionTLS13, RootCAs: other.roots, ServerName: pki.DefaultServerName,
 			Certificates: []tls.Certificate{tlsCertificate(admin)},

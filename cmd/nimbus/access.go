@@ -1,12 +1,14 @@
 package main
 
 import (
+	"crypto/x509"
 	"errors"
 
 	"fmt"
 	"log/slog"
 	"os"
 	"os/user"
+	"slices"
 	"strconv"
 	"time"
 
@@ -105,4 +107,19 @@ func (c accessConfig) shareSocket(a address.Address, log *slog.Logger) error {
 		return fmt.Errorf("--socket-group %q: setting the mode of %s: %w", c.socketGroup, a.Addr, err)
 	}
 	return nil
+}
+
+// serverCertificate returns an error naming path when leaf, nimbus's certificate, is not
+// one for a server: a node's or publisher's certificate, which every client refuses.
+func serverCertificate(path string, leaf *x509.Certificate) error {
+	if len(leaf.ExtKeyUsage) == 0 || slices.ContainsFunc(leaf.ExtKeyUsage, func(u x509.ExtKeyUsage) bool {
+		return u == x509.ExtKeyUsageServerAuth || u == x509.ExtKeyUsageAny
+	}) {
+		return nil
+	}
+	what := fmt.Sprintf("%q", leaf.Subject.CommonName)
+	if id, err := pki.IdentityOf(leaf); err == nil {
+		what = id.String()
+	}
+	return fmt.Errorf("--tls-cert %s: the certificate of %s is not a server certificate (its extended key usage lacks server authentication); give nimbus.crt or replica-NAME.crt of naplesctl certs", path, what)
 }

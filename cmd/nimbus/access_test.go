@@ -181,17 +181,7 @@ func TestRevocation(t *testing.T) {
 	dir := t.TempDir()
 	p := func(name string) string { return filepath.Join(dir, name) }
 	writePKI(t, dir, "host-a")
-	ca, err := pki.LoadCA(p("ca.crt"), p("ca.key"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hostB, err := ca.IssueNode("host-b", pki.CertOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := hostB.WriteFiles(p("host-b.crt"), p("host-b.key")); err != nil {
-		t.Fatal(err)
-	}
+	ca := addNode(t, dir, "host-b")
 	crl, err := ca.RevocationList(nil, nil, time.Now())
 	if err != nil {
 		t.Fatal(err)

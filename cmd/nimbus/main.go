@@ -257,6 +257,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if !cfg.insecure {
 		keyPair, err = pki.LoadKeyPairFile(cfg.tlsCert, cfg.tlsKey)
 		if err == nil {
+			err = serverCertificate(cfg.tlsCert, keyPair.Leaf())
+		}
+		if err == nil {
 			tlsConfig, err = pki.ServerConfigOf(keyPair, cfg.tlsCA)
 		}
 		if err != nil {
@@ -322,7 +325,13 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		log.Info("serving metrics", "url", "http://"+m.Addr()+"/metrics", "probes", []string{"/healthz", "/readyz"})
 	}
 	if cfg.ui.addr != "" {
-		ui, err := serveUI(ctx, cfg.ui, srv, tlsConfig, reg, log)
+		// The console refuses the certificates --tls-crl revokes, as the API does.
+		uiTLS := tlsConfig
+		if uiTLS != nil && opts.CRL != nil {
+			uiTLS = uiTLS.Clone()
+			uiTLS.VerifyPeerCertificate = opts.CRL.VerifyPeerCertificate
+		}
+		ui, err := serveUI(ctx, cfg.ui, srv, uiTLS, reg, log)
 		if err != nil {
 			return err
 		}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/naplesnet/naples/internal/exitstatus"
 	"github.com/naplesnet/naples/internal/pki"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -45,6 +47,41 @@ func writePKI(t *testing.T, dir, node string) {
 		if err := kp.WriteFiles(filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// addNode writes a certificate for node into dir, issued by the CA writePKI wrote
+// there, and returns that CA.
+func addNode(t *testing.T, dir, node string) *pki.CA {
+	t.Helper()
+	ca, err := pki.LoadCA(filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kp, err := ca.IssueNode(node, pki.CertOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kp.WriteFiles(filepath.Join(dir, node+".crt"), filepath.Join(dir, node+".key")); err != nil {
+		t.Fatal(err)
+	}
+	return ca
+}
+
+// TestRunRefusesClientCertificateAsServer starts nimbus with a node's certificate as its
+// own, which every client would refuse: it exits with a configuration error naming the
+// file.
+func TestRunRefusesClientCertificateAsServer(t *testing.T) {
+	dir := t.TempDir()
+	writePKI(t, dir, "host-a")
+	crt := filepath.Join(dir, "host-a.crt")
+	// Without the check nimbus would serve until the context ends.
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	err := run(ctx, []string{"--listen", "unix://" + filepath.Join(dir, "n.sock"), "--ephemeral",
+		"--tls-cert", crt, "--tls-key", filepath.Join(dir, "host-a.key"), "--tls-ca", filepath.Join(dir, "ca.crt")}, io.Discard)
+	if exitstatus.Of(err) != 2 || !strings.Contains(err.Error(), "--tls-cert "+crt) || !strings.Contains(err.Error(), `node "host-a" is not a server certificate`) {
+		t.Errorf("run with host-a's certificate as --tls-cert = %v (exit status %d), want exit status 2 and an error naming the file and the node", err, exitstatus.Of(err))
 	}
 }
 

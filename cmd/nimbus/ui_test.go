@@ -93,6 +93,47 @@ func TestRunServesUIWithClientCertificates(t *testing.T) {
 	}
 }
 
+// TestRunUIRefusesRevokedCertificates serves the console with --tls-crl: a certificate
+// the list revokes is refused, as the API refuses it, and another is served.
+func TestRunUIRefusesRevokedCertificates(t *testing.T) {
+	dir := t.TempDir()
+	p := func(name string) string { return filepath.Join(dir, name) }
+	writePKI(t, dir, "host-a")
+	ca := addNode(t, dir, "host-b")
+	hostA, err := pki.ReadCertificates(p("host-a.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	crl, err := ca.RevocationList(nil, hostA[:1], time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pki.WriteRevocationList(p("ca.crl"), crl); err != nil {
+		t.Fatal(err)
+	}
+	url, _ := runNimbusLogging(t, "serving the web console", "--listen", "unix://"+p("n.sock"), "--ephemeral",
+		"--tls-cert", p("nimbus.crt"), "--tls-key", p("nimbus.key"), "--tls-ca", p("ca.crt"),
+		"--tls-crl", p("ca.crl"), "--ui", "127.0.0.1:0")
+	for _, tc := range []struct {
+		node    string
+		refused bool
+	}{{"host-a", true}, {"host-b", false}} {
+		cfg, err := pki.ClientConfig(p(tc.node+".crt"), p(tc.node+".key"), p("ca.crt"), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		client := &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}, Timeout: 10 * time.Second}
+		code, _, err := get(t, client, url)
+		client.CloseIdleConnections()
+		switch {
+		case tc.refused && err == nil:
+			t.Errorf("GET %s with %s's revoked certificate = %d, want the handshake refused", url, tc.node, code)
+		case !tc.refused && (err != nil || code != http.StatusOK):
+			t.Errorf("GET %s with %s's certificate = %d %v, want 200", url, tc.node, code, err)
+		}
+	}
+}
+
 func TestRunServesUIPlainWithInsecure(t *testing.T) {
 	dir := t.TempDir()
 	url, _ := runNimbusLogging(t, "serving the web console", "--listen", "unix://"+filepath.Join(dir, "n.sock"), "--ephemeral",

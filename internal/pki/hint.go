@@ -33,8 +33,13 @@ func DialHint(err error, usingTLS bool) string {
 		return "nimbus's certificate is not issued by a CA of --tls-ca: give the CA that issued it with --tls-ca"
 	case has("certificate is valid for", "certificate is not valid for"):
 		return "nimbus's certificate does not carry the name this client verifies: set --tls-server-name to one it carries"
-	case has("unknown certificate authority", "bad certificate", "certificate unknown"):
+	case has("unknown certificate authority", "certificate unknown"):
 		return "nimbus does not trust this client's certificate: --tls-cert must be issued by a CA of nimbus's --tls-ca"
+	case has("expired certificate"):
+		return "nimbus refused this client's certificate as expired or not valid yet: renew --tls-cert (naplesctl certs --renew)"
+	case has("bad certificate"):
+		return "nimbus refused this client's certificate: it is revoked (nimbus's --tls-crl) or not a client certificate; " +
+			"give a --tls-cert that naplesctl certs issued for a node or publisher and did not revoke"
 	case has("certificate required", "broken pipe", "error reading server preface", "connection reset by peer"):
 		return "nimbus closed the connection during the TLS handshake, as it does when a client sends no certificate " +
 			"or one it does not trust: give --tls-cert and --tls-key issued by a CA of nimbus's --tls-ca"

@@ -17,6 +17,8 @@ func TestDialHint(t *testing.T) {
 		{`transport: authentication handshake failed: tls: first record does not look like a TLS handshake`, true, "give --insecure here too"},
 		{`transport: failed to write client preface: write unix @->/run/n.sock: write: broken pipe`, true, "--tls-cert and --tls-key"},
 		{`error reading server preface: remote error: tls: unknown certificate authority`, true, "--tls-cert must be issued by a CA of nimbus's --tls-ca"},
+		{`error reading server preface: remote error: tls: bad certificate`, true, "revoked (nimbus's --tls-crl)"},
+		{`error reading server preface: remote error: tls: expired certificate`, true, "naplesctl certs --renew"},
 		{`tls: failed to verify certificate: x509: certificate signed by unknown authority`, true, "with --tls-ca"},
 		{`x509: certificate is valid for nimbus, not other`, true, "--tls-server-name"},
 		{`connection refused`, true, ""},

@@ -174,8 +174,8 @@ reads them; keys 0600).
 
 --renew reissues every certificate of --dir (and of DIR/etcd, with etcd's CA) that
 expires within --renew-within (default 720h): the same names and usages, a new key
-pair, the same CA. It prints what it renewed; restart nimbus and the agents that use a
-renewed certificate to load it.
+pair, the same CA. It prints what it renewed; copy the renewed files over the old ones
+(the key last) and nimbus and the agents load them within a second, without a restart.
 
 --revoke NAME,... adds the certificates of NAME.crt to DIR/ca.crl, the revocation list
 signed by the CA that nimbus reads with --tls-crl and checks again every few seconds:
@@ -199,6 +199,13 @@ it refuses those certificates' handshakes and closes their open connections.`,
 					}
 				}
 				if len(o.revoke) > 0 {
+					// --revoke writes the revocation list only: --renew and --renew-within
+					// given with it would be ignored, so they are refused.
+					for _, f := range []string{"renew", "renew-within"} {
+						if cmd.Flags().Changed(f) {
+							return exitstatus.Mark(fmt.Errorf("--%s: goes with --renew, not with --revoke; renew and revoke in runs of their own", f))
+						}
+					}
 					return c.revokeCerts(o)
 				}
 				return c.renewCerts(o)

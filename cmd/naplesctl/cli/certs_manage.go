@@ -183,7 +183,7 @@ func (c *cli) renewDir(dir string, within time.Duration) error {
 		fmt.Fprintf(c.stdout, "renewed %s, %s: %s, valid until %s (was %s)\n", certPath, keyPath, describeCert(fresh.Cert),
 			fresh.Cert.NotAfter.Format(time.DateOnly), kp.Cert.NotAfter.Format(time.DateOnly))
 	}
-	fmt.Fprintf(c.stdout, "renewed %d of %d certificates in %s, those that expire within %v; restart what uses them to load them\n", renewed, total, dir, within)
+	fmt.Fprintf(c.stdout, "renewed %d of %d certificates in %s, those that expire within %v; copy them over the old ones (the key last): nimbus and the agents load them without a restart\n", renewed, total, dir, within)
 	return nil
 }
 

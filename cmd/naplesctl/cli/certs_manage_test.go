@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -119,6 +120,7 @@ func TestCertsRenew(t *testing.T) {
 		"renewed " + filepath.Join(dir, "nimbus.crt"),
 		"renewed " + filepath.Join(dir, "publisher.crt") + ", " + filepath.Join(dir, "publisher.key") + `: publisher "admin" certificate`,
 		"renewed 3 of 4 certificates in " + dir,
+		"nimbus and the agents load them without a restart",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("certs --renew output lacks %q:\n%s", want, out)
@@ -233,6 +235,17 @@ func TestCertsRevoke(t *testing.T) {
 	}
 	if crl, serials := revoked(); crl.Number.Int64() != 2 || !equalStrings(serials, []string{serial("host-a"), serial("publisher")}) {
 		t.Errorf("ca.crl number %v revokes %q, want number 2 revoking host-a and the publisher", crl.Number, serials)
+	}
+	// --renew and --renew-within with --revoke are refused rather than ignored, and the
+	// list stays as it was.
+	for _, extra := range [][]string{{"--renew"}, {"--renew-within", "48h"}} {
+		args := append([]string{"certs", "--revoke", "host-b"}, extra...)
+		if _, err := tlsCtl(t, vars, "", args...); err == nil || !strings.Contains(err.Error(), extra[0]) {
+			t.Errorf("%s = %v, want an error naming %s", strings.Join(args, " "), err, extra[0])
+		}
+		if crl, serials := revoked(); crl.Number.Int64() != 2 || slices.Contains(serials, serial("host-b")) {
+			t.Errorf("%s changed ca.crl: number %v revokes %q", strings.Join(args, " "), crl.Number, serials)
+		}
 	}
 	for _, bad := range []string{"ca", "../x", "nope"} {
 		if _, err := tlsCtl(t, vars, "", "certs", "--revoke", bad); err == nil || !strings.Contains(err.Error(), bad) {
