@@ -142,7 +142,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 		return nil
 	})
-	tlsCert := fs.String("tls-cert", "/etc/naples/pki/node.crt", "`file` of this node's certificate, which must name --node")
+	tlsCert := fs.String("tls-cert", "/etc/naples/pki/node.crt", "`file` of this node's certificate, which must name --node: nimbus refuses another node's (the agent warns, and keeps trying until a certificate copied in its place names it)")
 	tlsKey := fs.String("tls-key", "/etc/naples/pki/node.key", "`file` of this node's private key")
 	tlsCA := fs.String("tls-ca", "/etc/naples/pki/ca.crt", "`file` of the CA certificates that verify nimbus")
 	tlsServerName := fs.String("tls-server-name", pki.DefaultServerName, "`name` nimbus's certificate is verified for")
@@ -219,9 +219,14 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			return exitstatus.Mark(fmt.Errorf("loading TLS credentials (--insecure dials plaintext): %w", err))
 		}
 		checkIdentity := func(leaf *x509.Certificate) {
-			if id, err := pki.IdentityOf(leaf); err != nil || id != (pki.Identity{Role: pki.RoleNode, Name: *node}) {
+			id, err := pki.IdentityOf(leaf)
+			switch {
+			case err != nil:
+				log.Warn("the certificate names no node; nimbus will refuse its watch and status",
+					"certificate", *tlsCert, "node", *node, "error", err)
+			case id != (pki.Identity{Role: pki.RoleNode, Name: *node}):
 				log.Warn("the certificate does not name this node; nimbus will refuse its watch and status",
-					"certificate", *tlsCert, "identity", id.String(), "node", *node, "error", err)
+					"certificate", *tlsCert, "identity", id.String(), "node", *node)
 			}
 		}
 		checkIdentity(keyPair.Leaf())
