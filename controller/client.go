@@ -18,6 +18,7 @@ import (
 
 	"github.com/naplesnet/naples/internal/address"
 	"github.com/naplesnet/naples/internal/codec"
+	"github.com/naplesnet/naples/internal/connfail"
 	"github.com/naplesnet/naples/internal/pki"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -85,8 +86,10 @@ type Options struct {
 	// Conn, when set, is the connection to nimbus the client uses instead of dialing
 	// Address; Address, TLS and DialOptions are then ignored, and Close leaves Conn open.
 	// Calls then use Conn's codec, gRPC's proto codec unless Conn was made with another;
-	// the client dials Address with the faster one nimbus's agents use. Default: nil,
-	// which dials Address.
+	// the client dials Address with the faster one nimbus's agents use. Nor does the
+	// client then warn of why Conn fails to connect, which its status watches and waits
+	// wait for without a word: that is for Conn's owner to say. Default: nil, which
+	// dials Address.
 	Conn grpc.ClientConnInterface
 	// Logger receives the client's logs. Default: slog.Default().
 	Logger *slog.Logger
@@ -137,9 +140,13 @@ type Client struct {
 	// conn is the connection the client dialed and closes; nil when Options.Conn is used.
 	conn *grpc.ClientConn
 	// done is closed by Close.
-	done      chan struct{}
-	closeOnce sync.Once
-	closeErr  error
+	done chan struct{}
+	// stopConnLog ends the goroutine that says why conn fails, and connLogged is closed
+	// when it has returned; both nil when Options.Conn is used.
+	stopConnLog context.CancelFunc
+	connLogged  chan struct{}
+	closeOnce   sync.Once
+	closeErr    error
 }
 
 // New returns a Client of the nimbus at Options.Address. It does not wait for nimbus: the
@@ -178,6 +185,14 @@ func New(opts Options) (*Client, error) {
 	}
 	c.conn, c.api = conn, nimbusv1.NewNimbusClient(conn)
 	c.log = opts.Logger.With("nimbus", addr.String())
+	// Status watches and waits wait for the connection, so they would not say why it
+	// fails: this does, as a warning.
+	ctx, cancel := context.WithCancel(context.Background())
+	c.stopConnLog, c.connLogged = cancel, make(chan struct{})
+	go func() {
+		defer close(c.connLogged)
+		connfail.Log(ctx, conn, c.log, opts.TLS != nil)
+	}()
 	return c, nil
 }
 
@@ -187,6 +202,8 @@ func (c *Client) Close() error {
 	c.closeOnce.Do(func() {
 		close(c.done)
 		if c.conn != nil {
+			c.stopConnLog()
+			<-c.connLogged
 			c.closeErr = c.conn.Close()
 		}
 	})

@@ -1,14 +1,19 @@
 package controller
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
+	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
 	"github.com/naplesnet/naples/internal/pki"
+	"github.com/naplesnet/naples/internal/testlog"
 	"github.com/naplesnet/naples/nimbus"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -120,5 +125,36 @@ func TestWaitNotHeldByAPublisherWatch(t *testing.T) {
 	w.wantProgress(t, "r1@1: 1/1")
 	if err := w.result(t); err != nil {
 		t.Fatalf("Wait: %v", err)
+	}
+}
+
+// TestWaitSaysWhyItCannotConnect: a status watch waits for the connection, so a Wait
+// whose certificate nimbus does not trust would otherwise time out without a word. The
+// client logs a warning naming the failure and the flag that mends it, and the Wait
+// still ends with its context.
+func TestWaitSaysWhyItCannotConnect(t *testing.T) {
+	socket := socketPath(t)
+	ca, other := newTestCA(t), newTestCA(t)
+	serveWith(t, socket, nimbus.Options{TLS: ca.server(t)})
+	kp, err := other.ca.IssuePublisher("admin", pki.CertOptions{})
+	var logs testlog.Buffer
+	c := newClient(t, socket, Options{TLS: ca.client(certificate(t, kp, err)), Logger: logs.Logger()})
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- c.Wait(ctx, []Target{{Key: routeKey("r1")}}, WaitOptions{}) }()
+	for !strings.Contains(logs.String(), "cannot connect to nimbus") {
+		select {
+		case err := <-done:
+			t.Fatalf("Wait returned %v before the client said why it cannot connect; log:\n%s", err, logs.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if want := "issued by a CA of nimbus's --tls-ca"; !strings.Contains(logs.String(), want) {
+		t.Errorf("log %q does not give the hint %q", logs.String(), want)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("Wait = %v, want the context's cancellation", err)
 	}
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/naplesnet/naples/internal/address"
 	"github.com/naplesnet/naples/internal/backoff"
 	"github.com/naplesnet/naples/internal/codec"
+	"github.com/naplesnet/naples/internal/connfail"
 	"github.com/naplesnet/naples/internal/pki"
 	"github.com/naplesnet/naples/internal/version"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -263,7 +264,7 @@ func (c *Client) Run(ctx context.Context) error {
 			c.loop(ctx, streamFlowTap, func(ctx context.Context, taken func()) error { return c.tapRouted(ctx, conn, taken) })
 		})
 	}
-	wg.Go(func() { c.logConnectFailures(ctx, conn) })
+	wg.Go(func() { connfail.Log(ctx, conn, c.log.With("server", c.opts.Address), c.opts.TLS != nil) })
 	wg.Wait()
 	return nil
 }

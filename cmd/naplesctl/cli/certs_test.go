@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -427,5 +428,17 @@ func TestHandshakeErrorsNameTheFlag(t *testing.T) {
 		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: get routes = %v, want Unavailable saying %q", tc.name, err, tc.want)
 		}
+		// A wait's status stream waits for the connection, so the wait itself only
+		// times out: it must say on stderr why it cannot connect, with the same hint.
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var errOut bytes.Buffer
+			c := &cli{stdin: strings.NewReader(""), stdout: io.Discard, stderr: &errOut, now: time.Now}
+			err := c.run(t.Context(), append([]string{"wait", "route", "r1", "--timeout", "2s"}, tc.args...),
+				func(k string) string { return tc.vars[k] })
+			if err == nil || !strings.Contains(errOut.String(), "cannot connect to nimbus") || !strings.Contains(errOut.String(), tc.want) {
+				t.Errorf("wait = %v, stderr %q: want it to say it cannot connect, with %q", err, errOut.String(), tc.want)
+			}
+		})
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/naplesnet/naples/controller"
 	"github.com/naplesnet/naples/internal/address"
 	"github.com/naplesnet/naples/internal/codec"
+	"github.com/naplesnet/naples/internal/connfail"
 	"github.com/naplesnet/naples/internal/exitstatus"
 	"github.com/naplesnet/naples/internal/manifest"
 	"github.com/naplesnet/naples/internal/pki"
@@ -185,8 +186,13 @@ type session struct {
 	// tls tells whether the connection is TLS, not --insecure.
 	tls bool
 	// stderr receives the controller client's warnings: a status stream that broke and
-	// is watched again, which a wait or a get --watch would otherwise keep quiet about.
+	// is watched again, which a wait or a get --watch would otherwise keep quiet about,
+	// and why the connection fails, for which its streams wait without a word.
 	stderr io.Writer
+	// stopConnLog ends the goroutine that writes why the connection fails, and
+	// connLogged is closed when it has returned; nil until controller starts it.
+	stopConnLog context.CancelFunc
+	connLogged  chan struct{}
 }
 
 // connect returns a session with the server named by --server, or with one of the
@@ -211,7 +217,13 @@ func (c *cli) connect() (*session, error) {
 }
 
 // Close closes the connection.
-func (s *session) Close() error { return s.conn.Close() }
+func (s *session) Close() error {
+	if s.stopConnLog != nil {
+		s.stopConnLog()
+		<-s.connLogged
+	}
+	return s.conn.Close()
+}
 
 // controller returns a controller client on the session's connection; Close it when done,
 // before the session.
@@ -219,6 +231,14 @@ func (s *session) controller() (*controller.Client, error) {
 	log := slog.New(slog.DiscardHandler)
 	if s.stderr != nil {
 		log = slog.New(warnings{w: s.stderr})
+		if s.stopConnLog == nil {
+			ctx, cancel := context.WithCancel(context.Background())
+			s.stopConnLog, s.connLogged = cancel, make(chan struct{})
+			go func() {
+				defer close(s.connLogged)
+				connfail.Log(ctx, s.conn, log, s.tls)
+			}()
+		}
 	}
 	kit, err := controller.New(controller.Options{Conn: s.conn, Logger: log})
 	if err != nil {
