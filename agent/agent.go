@@ -72,6 +72,9 @@ type Config struct {
 	// picks a free port, which the log's "serving metrics" line names. Default: empty,
 	// nothing is served.
 	Metrics string
+	// Pprof serves the Go runtime's profiles under /debug/pprof/ on the Metrics
+	// endpoint too. Default: false.
+	Pprof bool
 	// InterfaceStats is how often the status of Interface objects is refreshed with
 	// their NIC's counters; a change of a NIC's state refreshes it at once. A status goes
 	// upstream only when it changed. Default: 10s.
@@ -257,7 +260,7 @@ func Run(ctx context.Context, cfg Config) error {
 	certWarning := cmp.Or(cfg.CertificateWarning, pki.DefaultExpiryWarning)
 	warnings := func() []string { return cfg.Certificates.Warnings(time.Now(), certWarning) }
 	if cfg.Metrics != "" {
-		m, err := telemetry.Serve(ctx, cfg.Metrics, telemetry.Options{Gatherer: reg, Healthy: healthy, Ready: ready, Warnings: warnings, Logger: log})
+		m, err := telemetry.Serve(ctx, cfg.Metrics, telemetry.Options{Gatherer: reg, Healthy: healthy, Ready: ready, Warnings: warnings, Logger: log, Pprof: cfg.Pprof})
 		if err != nil {
 			return fmt.Errorf("agent: %w", err)
 		}

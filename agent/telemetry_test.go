@@ -72,7 +72,7 @@ func TestRunServesTelemetry(t *testing.T) {
 	}
 	var logs logBuffer
 	stop := sync.OnceFunc(runAgent(t, Config{
-		Node: "host-a", Nimbus: addr, StateDir: filepath.Join(dir, "state"), Metrics: "127.0.0.1:0",
+		Node: "host-a", Nimbus: addr, StateDir: filepath.Join(dir, "state"), Metrics: "127.0.0.1:0", Pprof: true,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil)), netns: &ns, Certificates: certs,
 	}))
 	defer stop()
@@ -127,6 +127,9 @@ func TestRunServesTelemetry(t *testing.T) {
 	}
 	if _, ok := m["go_goroutines"]; !ok {
 		t.Errorf("/metrics lacks the Go runtime's metrics")
+	}
+	if code, body := telemetrytest.Get(t, base+"/debug/pprof/goroutine?debug=1"); code != http.StatusOK || !strings.Contains(body, "goroutine profile") {
+		t.Errorf("GET /debug/pprof/goroutine with Pprof = %d %.200q, want 200 and the profile", code, body)
 	}
 
 	stop()

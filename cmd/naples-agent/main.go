@@ -17,7 +17,8 @@
 // which the log line "serving metrics" names. Without --metrics there is no HTTP endpoint.
 // naples_agent_tls_certificate_expiry_seconds tells when the certificates of --tls-cert and
 // --tls-ca expire, and /readyz, still 200, adds a warning line for each that expires within
-// --tls-expiry-warning (default 720h). A certificate and key renewed over the files of
+// --tls-expiry-warning (default 720h). With --pprof the same endpoint serves the Go
+// runtime's profiles under /debug/pprof/ too, as nimbus's does. A certificate and key renewed over the files of
 // --tls-cert and --tls-key are presented from the next connection on, within a second,
 // without a restart; the CA file of --tls-ca is read at start.
 //
@@ -107,6 +108,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		metrics = s
 		return nil
 	})
+	pprof := fs.Bool("pprof", false, "serve the Go runtime's profiles under /debug/pprof/ on the --metrics endpoint")
 	bpfDir := fs.String("bpf-dir", "/sys/fs/bpf/naples", "bpffs `directory` the firewall pins its programs' maps and links in (bpffs is mounted on /sys/fs/bpf when missing); empty disables the firewall")
 	var caps agent.FirewallCapacities
 	fs.IntVar(&caps.Snapshot, "fw-snapshot-entries", 65536, "capacity of a firewall snapshot: endpoints, peer prefixes and policy entries together")
@@ -194,6 +196,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if _, err := address.ParseList(*nimbus); err != nil {
 		return fs.Fail(fmt.Sprintf("invalid value %q for flag --nimbus: %v", *nimbus, err))
 	}
+	if *pprof && metrics == "" {
+		return fs.Fail("--pprof serves on the --metrics endpoint: give --metrics too")
+	}
 	if *tlsExpiryWarning <= 0 {
 		return fs.Fail(fmt.Sprintf("invalid value %v for flag --tls-expiry-warning: must be positive", *tlsExpiryWarning))
 	}
@@ -241,7 +246,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		})
 		go keyPair.Watch(ctx)
 	}
-	return agent.Run(ctx, agent.Config{Node: *node, Nimbus: *nimbus, TLS: tlsConfig, Certificates: certs, CertificateWarning: *tlsExpiryWarning, StateDir: *stateDir, DiscardState: *discardState, Logger: log, Socket: *socket, LocalAPIPageBytes: *pageBytes, LocalAPIFlowStreams: *flowStreams, Metrics: metrics,
+	return agent.Run(ctx, agent.Config{Node: *node, Nimbus: *nimbus, TLS: tlsConfig, Certificates: certs, CertificateWarning: *tlsExpiryWarning, StateDir: *stateDir, DiscardState: *discardState, Logger: log, Socket: *socket, LocalAPIPageBytes: *pageBytes, LocalAPIFlowStreams: *flowStreams, Metrics: metrics, Pprof: *pprof,
 		InterfaceStats: *interfaceStats, BPFDir: *bpfDir, FirewallCapacities: caps, FlowLogSize: *flowLog, FlowSweep: *flowSweep, MaxTraces: *maxTraces, FirewallStats: *fwStats,
 		FlowTapSubscriptions: *flowTapSubs, FlowTapBatch: *flowTapBatch, FlowExport: export,
 		GatewayBridges: *gatewayBridges, GatewayCheck: *gatewayCheck,

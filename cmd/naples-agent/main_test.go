@@ -30,6 +30,7 @@ func TestRunRefusesBadCommandLines(t *testing.T) {
 		{name: "zero gateway bridges", args: []string{"--gateway-bridges", "0"}, want: []string{"--gateway-bridges", "0", "positive"}},
 		{name: "zero flow export policies", args: []string{"--flow-export-max-policies", "0"}, want: []string{"--flow-export-max-policies", "0", "positive"}},
 		{name: "tiny IPFIX messages", args: []string{"--flow-export-message-bytes", "100"}, want: []string{"--flow-export-message-bytes", "100", "1024 to 65507"}},
+		{name: "pprof without metrics", args: []string{"--pprof"}, want: []string{"--pprof", "give --metrics too"}},
 		{name: "bad gc percent", args: []string{"--gc-percent", "half"}, want: []string{"gc-percent", `"half"`}},
 		{name: "one dash", args: []string{"-state-dir", "/x"}, want: []string{"long flags take two dashes: --state-dir"}},
 	} {
