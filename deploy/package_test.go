@@ -5,10 +5,14 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
+
+	"sigs.k8s.io/yaml"
 )
 
 // packageVersion is the version the package test builds its packages with, which the
@@ -91,7 +95,8 @@ func TestPackageInstalls(t *testing.T) {
 	for _, path := range []string{
 		"/usr/lib/sysusers.d/naples.conf", "/etc/default/nimbus", "/etc/default/naples-agent",
 		"/usr/share/naples/grafana/naples.json", "/usr/share/doc/naples/LICENSE",
-		"/usr/share/doc/naples/README.md", "/usr/share/doc/naples/deploy.md",
+		"/usr/share/doc/naples/README.md", "/usr/share/doc/naples/deploy/README.md",
+		"/usr/share/doc/naples/docs/ui.md", "/usr/share/doc/naples/docs/ui-matrix.png",
 	} {
 		if _, err := os.Stat(path); err != nil {
 			t.Errorf("installed package: %v", err)
@@ -260,5 +265,64 @@ func TestUnitsVerify(t *testing.T) {
 	}
 	if text := strings.Join(problems, "\n"); !strings.Contains(text, "Restrat") || !strings.Contains(text, "strcit") {
 		t.Errorf("systemd-analyze verify of a unit with Restrat= and ProtectSystem=strcit reported %q, want both", problems)
+	}
+}
+
+// docLink matches a Markdown link or image and captures its target.
+var docLink = regexp.MustCompile(`\]\(([^)\s]+)\)`)
+
+// TestPackagedDocsLinksResolve reads what nfpm.yaml installs and checks that every
+// relative link and image of the Markdown files it installs names a file it installs
+// too, so that the docs read on an installed machine lead somewhere.
+func TestPackagedDocsLinksResolve(t *testing.T) {
+	b, err := os.ReadFile("nfpm.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var config struct {
+		Contents []struct{ Src, Dst string }
+	}
+	if err := yaml.Unmarshal(b, &config); err != nil {
+		t.Fatalf("nfpm.yaml: %v", err)
+	}
+	installed := map[string]string{} // installed path: its source file
+	for _, c := range config.Contents {
+		if strings.Contains(c.Src, "${") {
+			continue // the binaries, which the Makefile names
+		}
+		srcs, err := filepath.Glob(filepath.Join(moduleRoot, c.Src))
+		if err != nil || len(srcs) == 0 {
+			t.Fatalf("nfpm.yaml: src %q matches no file (%v)", c.Src, err)
+		}
+		for _, src := range srcs {
+			dst := c.Dst
+			if strings.HasSuffix(dst, "/") {
+				dst = path.Join(dst, filepath.Base(src))
+			}
+			installed[dst] = src
+		}
+	}
+	docs := 0
+	for dst, src := range installed {
+		if path.Ext(dst) != ".md" {
+			continue
+		}
+		docs++
+		text, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range docLink.FindAllStringSubmatch(string(text), -1) {
+			target, _, _ := strings.Cut(m[1], "#")
+			if target == "" || strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			if _, ok := installed[path.Join(path.Dir(dst), target)]; !ok {
+				t.Errorf("%s (from %s) links to %s, which the package does not install at %s", dst, src, m[1], path.Join(path.Dir(dst), target))
+			}
+		}
+	}
+	if docs < 3 {
+		t.Errorf("nfpm.yaml installs %d Markdown files, want README.md, deploy/README.md and docs/", docs)
 	}
 }
