@@ -175,8 +175,10 @@ private instead (directories 0700, or 0750 when the group reads them; keys 0600,
 
 --renew reissues every certificate of --dir (and of DIR/etcd, with etcd's CA) that
 expires within --renew-within (default 720h): the same names and usages, a new key
-pair, the same CA. It prints what it renewed; copy the renewed files over the old ones
-(the key last) and nimbus and the agents load them within a second, without a restart.
+pair, the same CA, each file keeping its group (and a key its group's read permission,
+as nimbus's key needs). It prints what it renewed; copy the renewed files over the old
+ones (the key last) and nimbus and the agents load them within a second, without a
+restart.
 
 --revoke NAME,... adds the certificates of NAME.crt to DIR/ca.crl, the revocation list
 signed by the CA that nimbus reads with --tls-crl and checks again every few seconds:

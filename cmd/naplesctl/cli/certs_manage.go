@@ -188,7 +188,7 @@ func (c *cli) renewDir(dir string, within time.Duration) error {
 		if err != nil {
 			return fmt.Errorf("renewing %s: %w", certPath, err)
 		}
-		if err := fresh.WriteFiles(certPath, keyPath); err != nil {
+		if err := fresh.ReplaceFiles(certPath, keyPath); err != nil {
 			return err
 		}
 		renewed++
