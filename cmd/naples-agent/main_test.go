@@ -10,6 +10,7 @@ import (
 
 	"github.com/naplesnet/naples/internal/cmdline"
 	"github.com/naplesnet/naples/internal/exitstatus"
+	"github.com/naplesnet/naples/internal/version/versiontest"
 )
 
 func TestRunRefusesBadCommandLines(t *testing.T) {
@@ -52,15 +53,18 @@ func TestRunRefusesBadCommandLines(t *testing.T) {
 	}
 }
 
+// TestRunHelpIsNoError shows the agent's help in naplesctl's layout on standard output,
+// every flag with its variable before its default.
 func TestRunHelpIsNoError(t *testing.T) {
 	var stderr bytes.Buffer
 	err := run(context.Background(), []string{"--help"}, &stderr)
-	if !errors.Is(err, cmdline.ErrHelp) || errors.Is(err, errUsage) {
-		t.Errorf("run(--help) = %v, want cmdline.ErrHelp, which exits 0", err)
+	if !errors.Is(err, cmdline.ErrHelp) || errors.Is(err, errUsage) || stderr.Len() != 0 {
+		t.Errorf("run(--help) = %v, printing %q on stderr; want cmdline.ErrHelp, which exits 0, and nothing", err, stderr.String())
 	}
-	for _, want := range []string{"Usage:\n  naples-agent [flags]\n\nFlags:\n", "--discard-state", "($NAPLES_AGENT_DISCARD_STATE)", "--node name", "($NAPLES_AGENT_NODE)"} {
-		if !strings.Contains(stderr.String(), want) {
-			t.Errorf("run(--help) does not say %q:\n%s", want, stderr.String())
+	help := versiontest.Help(t, "naples-agent")
+	for _, want := range []string{"--discard-state", "($NAPLES_AGENT_DISCARD_STATE)", "--node name", "($NAPLES_AGENT_NODE)", "debug, info, warn or error ($NAPLES_AGENT_LOG_LEVEL) (default info)\n"} {
+		if !strings.Contains(help, want) {
+			t.Errorf("naples-agent --help does not say %q:\n%s", want, help)
 		}
 	}
 }

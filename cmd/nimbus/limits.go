@@ -34,7 +34,7 @@ func addLimitFlags(fs *cmdline.FlagSet, l *nimbus.Limits) {
 		{"status-watermark-moves", fmt.Sprintf("`moves` of its status watermark one node may make per second, %d seconds' worth at once; beyond, its reports from the move on are held and applied later, with its latest watermark", nimbus.StatusWatermarkMoveBurstSeconds), &l.StatusWatermarkMoves, nimbus.DefaultStatusWatermarkMoves},
 		{"max-flow-observers", "ObserveFlows `streams` open at once, those of peer replicas included; one more is refused", &l.FlowObservers, nimbus.DefaultFlowObservers},
 		{"flow-observer-buffer", "flow `records` queued for one ObserveFlows stream; those that come while it is full are dropped for it alone and reported as lost_nimbus", &l.FlowObserverBuffer, nimbus.DefaultFlowObserverBuffer},
-		{"status-nodes", "node statuses, and pending nodes, one object's status lists in Get, List and WatchStatus; the counts count every node", &l.StatusNodes, nimbus.DefaultStatusNodes},
+		{"status-nodes", "node statuses, and pending `nodes`, one object's status lists in Get, List and WatchStatus; the counts count every node", &l.StatusNodes, nimbus.DefaultStatusNodes},
 	} {
 		*f.v = f.def
 		fs.Func(f.name, fmt.Sprintf("%s (default %d)", f.usage, f.def), func(s string) error {

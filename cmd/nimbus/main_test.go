@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/naplesnet/naples/internal/cmdline"
+	"github.com/naplesnet/naples/internal/version/versiontest"
 	"github.com/naplesnet/naples/nimbus"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -159,19 +160,30 @@ func TestParseFlagsEnvironment(t *testing.T) {
 	}
 }
 
-// TestHelp shows nimbus's help in naplesctl's layout, every flag with its variable.
+// TestHelp shows nimbus's help in naplesctl's layout on standard output, every flag with
+// its variable before its default, and each default once.
 func TestHelp(t *testing.T) {
 	var stderr bytes.Buffer
 	_, err := parseFlags([]string{"--help"}, &stderr, noEnv)
-	if !errors.Is(err, cmdline.ErrHelp) {
-		t.Fatalf("parseFlags(--help) = %v, want cmdline.ErrHelp, which exits 0", err)
+	if !errors.Is(err, cmdline.ErrHelp) || stderr.Len() != 0 {
+		t.Fatalf("parseFlags(--help) = %v, printing %q on stderr; want cmdline.ErrHelp, which exits 0, and nothing", err, stderr.String())
 	}
-	for _, want := range []string{"Usage:\n  nimbus [flags]\n\nFlags:\n", "--data-dir directory", "($NIMBUS_DATA_DIR)", "--etcd-endpoints URLs", "($NIMBUS_ETCD_ENDPOINTS)", "--max-status-message-bytes"} {
-		if !strings.Contains(stderr.String(), want) {
-			t.Errorf("help does not say %q:\n%s", want, stderr.String())
+	help := versiontest.Help(t, "nimbus")
+	for _, want := range []string{
+		"--data-dir directory", "($NIMBUS_DATA_DIR)", "--etcd-endpoints URLs", "($NIMBUS_ETCD_ENDPOINTS)", "--max-status-message-bytes",
+		"debug, info, warn or error ($NIMBUS_LOG_LEVEL) (default info)\n", "--status-nodes nodes ",
+		"the host name when not given ($NIMBUS_REPLICA_NAME) (default ",
+	} {
+		if !strings.Contains(help, want) {
+			t.Errorf("help does not say %q:\n%s", want, help)
 		}
 	}
-	if strings.Contains(stderr.String(), "$NIMBUS_VERSION") || strings.Contains(stderr.String(), "$NIMBUS_HELP") {
-		t.Errorf("help names a variable for --version or --help, which no variable sets:\n%s", stderr.String())
+	if strings.Contains(help, "$NIMBUS_VERSION") || strings.Contains(help, "$NIMBUS_HELP") {
+		t.Errorf("help names a variable for --version or --help, which no variable sets:\n%s", help)
+	}
+	for line := range strings.Lines(help) {
+		if strings.Count(line, "(default") > 1 {
+			t.Errorf("help gives a flag two defaults: %s", line)
+		}
 	}
 }

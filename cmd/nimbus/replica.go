@@ -79,7 +79,7 @@ func addReplicaFlags(fs *cmdline.FlagSet, rc *replicaConfig) {
 		"how many of the latest etcd `revisions` a compaction keeps, no less than --history-window (default: as --history-window)")
 	fs.DurationVar(&rc.progressTimeout, "etcd-progress-timeout", nimbus.DefaultEtcdProgressTimeout,
 		"how long the replica's etcd watch may hear nothing (it asks for progress every quarter of it) before the replica is cut off from etcd and not ready, so that agents move; 0: never")
-	fs.StringVar(&rc.name, "replica-name", rc.name, "this replica's `name` among the replicas (default the hostname)")
+	fs.StringVar(&rc.name, "replica-name", rc.name, "this replica's `name` among the replicas, which its certificate names; the host name when not given")
 	fs.Func("advertise", "`address` the other replicas reach this one at, unix:///path or tcp://host:port (with --store etcd; default the first --listen)", func(s string) error {
 		if _, err := address.Parse(s); err != nil {
 			return err

@@ -3,7 +3,7 @@
 # It makes the system user and group nimbus runs as, from /usr/lib/sysusers.d/naples.conf,
 # and has systemd read the units again. It enables and starts nothing: that is the
 # operator's choice, after setting the flags in /etc/default. An upgrade does not restart
-# a running nimbus or agent either (deploy.md, "Upgrades", says in which order to).
+# a running nimbus or agent either (deploy/README.md, "Upgrades", says in which order to).
 set -e
 case "$1" in
 configure | 1 | 2 | "") ;;

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Runs before the naples package is removed (.deb: "remove"; .rpm: 0), not before an
 # upgrade: it stops nimbus and the agent, whose binaries are about to go. The agent
-# leaves what it programmed in the kernel (deploy.md, "Decommissioning a host").
+# leaves what it programmed in the kernel (deploy/README.md, "Decommissioning a host").
 set -e
 case "$1" in
 remove | 0) ;;

@@ -1,7 +1,8 @@
 // Package cmdline parses the command lines of nimbus and naples-agent the way naplesctl
 // parses its own, so that the three commands read as one product: GNU-style flags
-// (--flag value, --flag=value, -h), help in cobra's layout (a description, Usage:, Flags:),
-// and an environment variable for every flag, named in the help next to the flag.
+// (--flag value, --flag=value, -h), help in cobra's layout (a description, Usage:, Flags:)
+// on standard output when asked for, so that it can be piped into a pager or grep, and an
+// environment variable for every flag, named in the help next to the flag.
 //
 // A flag's variable is the command's prefix and the flag's name in upper case with "-"
 // written "_": nimbus's --data-dir is $NIMBUS_DATA_DIR. The command line wins over the
@@ -12,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 
 	"github.com/spf13/pflag"
@@ -37,20 +39,26 @@ type FlagSet struct {
 	use, long string
 	// prefix starts the name of every flag's environment variable.
 	prefix string
-	out    io.Writer
+	// out takes the errors, with the help after them; helpOut the help asked for.
+	out, helpOut io.Writer
 }
 
 // New returns the flag set of the command whose synopsis is use ("nimbus [flags]") and
 // whose description is long, with environment variables named prefix+FLAG, writing its
-// help and errors to out.
+// errors to out and the help -h and --help ask for to standard output, as naplesctl does
+// (SetHelpOutput changes it).
 func New(use, long, prefix string, out io.Writer) *FlagSet {
 	name, _, _ := strings.Cut(use, " ")
-	fs := &FlagSet{FlagSet: pflag.NewFlagSet(name, pflag.ContinueOnError), use: use, long: long, prefix: prefix, out: out}
+	fs := &FlagSet{FlagSet: pflag.NewFlagSet(name, pflag.ContinueOnError), use: use, long: long, prefix: prefix, out: out, helpOut: os.Stdout}
 	fs.SetOutput(out)
 	fs.SortFlags = true
-	fs.Usage = fs.printUsage
+	// pflag calls Usage only for -h and --help, with ContinueOnError.
+	fs.Usage = func() { fs.printUsage(fs.helpOut) }
 	return fs
 }
+
+// SetHelpOutput makes the help that -h and --help ask for go to w.
+func (fs *FlagSet) SetHelpOutput(w io.Writer) { fs.helpOut = w }
 
 // EnvName returns the environment variable that sets the flag name.
 func (fs *FlagSet) EnvName(name string) string {
@@ -64,7 +72,7 @@ func (fs *FlagSet) EnvName(name string) string {
 func (fs *FlagSet) Parse(args []string, getenv func(string) string) error {
 	fs.VisitAll(func(f *pflag.Flag) {
 		if !noEnv[f.Name] {
-			f.Usage += " ($" + fs.EnvName(f.Name) + ")"
+			f.Usage = withEnv(f.Usage, fs.EnvName(f.Name))
 		}
 	})
 	if err := fs.singleDash(args); err != nil {
@@ -100,6 +108,18 @@ func (fs *FlagSet) Parse(args []string, getenv func(string) string) error {
 	return nil
 }
 
+// withEnv returns a flag's usage with its variable env added, before the default when the
+// usage states it itself ("... (default 10s)"), as pflag puts the defaults it prints after
+// the usage: every flag's help reads the same, what it does, its variable, its default.
+func withEnv(usage, env string) string {
+	note := " ($" + env + ")"
+	i := strings.LastIndex(usage, " (default")
+	if i < 0 || !strings.HasSuffix(usage, ")") || strings.Contains(usage[i+1:len(usage)-1], ")") {
+		return usage + note
+	}
+	return usage[:i] + note + usage[i:]
+}
+
 // singleDash refuses a long flag written with one dash (-state-dir), which the commands
 // took before they took GNU-style flags, with a message that says how to write it.
 func (fs *FlagSet) singleDash(args []string) error {
@@ -122,11 +142,11 @@ func (fs *FlagSet) singleDash(args []string) error {
 // checks of their flags' values call it.
 func (fs *FlagSet) Fail(msg string) error {
 	fmt.Fprintln(fs.out, msg)
-	fs.Usage()
+	fs.printUsage(fs.out)
 	return fmt.Errorf("parsing flags: %w: %s", ErrUsage, msg)
 }
 
-// printUsage writes the help in cobra's layout, as naplesctl's.
-func (fs *FlagSet) printUsage() {
-	fmt.Fprintf(fs.out, "%s\n\nUsage:\n  %s\n\nFlags:\n%s", strings.TrimSpace(fs.long), fs.use, fs.FlagUsages())
+// printUsage writes the help to w in cobra's layout, as naplesctl's.
+func (fs *FlagSet) printUsage(w io.Writer) {
+	fmt.Fprintf(w, "%s\n\nUsage:\n  %s\n\nFlags:\n%s", strings.TrimSpace(fs.long), fs.use, fs.FlagUsages())
 }

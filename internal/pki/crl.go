@@ -65,7 +65,7 @@ func (ca *CA) RevocationList(prev *x509.RevocationList, certs []*x509.Certificat
 // WriteRevocationList replaces the file at path with data, a CRL from RevocationList,
 // with mode 0644: a reader sees the old file or the new one.
 func WriteRevocationList(path string, data []byte) error {
-	return writeFile(path, data, 0o644)
+	return writeFile(path, data, 0o644, false)
 }
 
 // ReadRevocationList reads the CRL of the file at path, PEM or DER, and checks that one

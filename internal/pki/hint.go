@@ -6,7 +6,8 @@ import "strings"
 // mends it, for an error that gRPC reports when the TLS handshake between a client and
 // nimbus fails or one side speaks plaintext to the other: `error reading server preface:
 // EOF`, `broken pipe`, `first record does not look like a TLS handshake`, a TLS alert or
-// a certificate that does not verify. It returns "" for any other error. usingTLS tells
+// a certificate that does not verify; and when the client may not open nimbus's unix
+// socket, which group lets it. It returns "" for any other error. usingTLS tells
 // whether the client dialed with TLS. The flags are those naplesctl and naples-agent
 // share: --insecure, --tls-cert, --tls-key, --tls-ca and --tls-server-name.
 func DialHint(err error, usingTLS bool) string {
@@ -23,6 +24,9 @@ func DialHint(err error, usingTLS bool) string {
 		return false
 	}
 	switch {
+	case has("connect: permission denied"):
+		return "this user may not open nimbus's unix socket, which nimbus gives to the group of its --socket-group " +
+			"(naples by default): join that group (usermod -aG naples USER, effective at the next login)"
 	case !usingTLS && has("error reading server preface", "broken pipe", "connection reset by peer", "failed to write client preface"):
 		return "nimbus closed this plaintext connection, as one that serves TLS does: drop --insecure and give " +
 			"--tls-cert, --tls-key and --tls-ca (or serve nimbus with --insecure)"

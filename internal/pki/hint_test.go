@@ -21,6 +21,8 @@ func TestDialHint(t *testing.T) {
 		{`error reading server preface: remote error: tls: expired certificate`, true, "naplesctl certs --renew"},
 		{`tls: failed to verify certificate: x509: certificate signed by unknown authority`, true, "with --tls-ca"},
 		{`x509: certificate is valid for nimbus, not other`, true, "--tls-server-name"},
+		{`transport: Error while dialing: dial unix /run/naples/nimbus.sock: connect: permission denied`, true, "usermod -aG naples"},
+		{`transport: Error while dialing: dial unix /run/naples/nimbus.sock: connect: permission denied`, false, "--socket-group"},
 		{`connection refused`, true, ""},
 		{`connection refused`, false, ""},
 	} {

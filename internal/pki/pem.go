@@ -34,23 +34,45 @@ func EncodeKey(key crypto.Signer) ([]byte, error) {
 // WriteFiles writes the certificate to certPath with mode 0644 and the key to keyPath
 // with mode 0600. Each file is replaced whole: a reader sees the old file or the new one.
 func (kp KeyPair) WriteFiles(certPath, keyPath string) error {
+	return kp.writeFiles(certPath, keyPath, false)
+}
+
+// ReplaceFiles writes the pair over the files of the pair it renews, as WriteFiles does,
+// but keeps the group of each file there, and the group's permission to read the key
+// where it had it (mode 0640): a renewed key stays readable by the group a service reads
+// it as, as deploy/README.md has nimbus's.
+func (kp KeyPair) ReplaceFiles(certPath, keyPath string) error {
+	return kp.writeFiles(certPath, keyPath, true)
+}
+
+// writeFiles writes the pair as WriteFiles does, and with keep as ReplaceFiles does.
+func (kp KeyPair) writeFiles(certPath, keyPath string, keep bool) error {
 	keyPEM, err := EncodeKey(kp.Key)
 	if err != nil {
 		return fmt.Errorf("writing %s: %w", keyPath, err)
 	}
-	if err := writeFile(keyPath, keyPEM, 0o600); err != nil {
+	if err := writeFile(keyPath, keyPEM, 0o600, keep); err != nil {
 		return err
 	}
-	return writeFile(certPath, EncodeCertificate(kp.Cert), 0o644)
+	return writeFile(certPath, EncodeCertificate(kp.Cert), 0o644, keep)
 }
 
-// writeFile replaces path with data through a temporary file in the same directory.
-func writeFile(path string, data []byte, mode os.FileMode) error {
+// writeFile replaces path with data through a temporary file in the same directory. With
+// keep, the new file takes the group of the file it replaces, and the group's read
+// permission where that had it.
+func writeFile(path string, data []byte, mode os.FileMode, keep bool) error {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
 	if err != nil {
 		return fmt.Errorf("writing %s: %w", path, err)
 	}
 	defer os.Remove(f.Name()) // fails harmlessly once renamed
+	if old, err := os.Stat(path); err == nil && keep {
+		mode |= old.Mode().Perm() & 0o040
+		if err := setGroupOf(f, old); err != nil {
+			f.Close()
+			return fmt.Errorf("writing %s: keeping its group: %w", path, err)
+		}
+	}
 	if err := f.Chmod(mode); err != nil {
 		f.Close()
 		return fmt.Errorf("writing %s: %w", path, err)

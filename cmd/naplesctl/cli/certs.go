@@ -167,15 +167,18 @@ A certificate and key that already exist, were issued by the CA and are what was
 for are kept, so certs can run again to add nodes; one that differs is an error until it
 is removed. Keys are written with mode 0600. certs talks to no server.
 
-certs refuses a --dir (or DIR/etcd) that group or others may write, a key they may read
-or write, and a certificate they may write, naming each and its mode;
---fix-permissions makes them private instead (directories 0700, or 0750 when the group
-reads them; keys 0600).
+certs refuses a --dir (or DIR/etcd) that group or others may write, a CA key they may
+read or write, another key others may read or write or the group write, and a
+certificate they may write, naming each and its mode; --fix-permissions makes them
+private instead (directories 0700, or 0750 when the group reads them; keys 0600, or
+0640 when the group reads them, which lets nimbus's group read its key; CA keys 0600).
 
 --renew reissues every certificate of --dir (and of DIR/etcd, with etcd's CA) that
 expires within --renew-within (default 720h): the same names and usages, a new key
-pair, the same CA. It prints what it renewed; copy the renewed files over the old ones
-(the key last) and nimbus and the agents load them within a second, without a restart.
+pair, the same CA, each file keeping its group (and a key its group's read permission,
+as nimbus's key needs). It prints what it renewed; copy the renewed files over the old
+ones (the key last) and nimbus and the agents load them within a second, without a
+restart.
 
 --revoke NAME,... adds the certificates of NAME.crt to DIR/ca.crl, the revocation list
 signed by the CA that nimbus reads with --tls-crl and checks again every few seconds:
@@ -220,7 +223,7 @@ it refuses those certificates' handshakes and closes their open connections.`,
 	cmd.Flags().StringSliceVar(&o.replicas, "replicas", nil, "names of nimbus replicas (their --replica-name) to make replica certificates for")
 	cmd.Flags().StringVar(&o.publisher, "publisher", "admin", "name of the publisher certificate")
 	cmd.Flags().StringSliceVar(&o.serverHosts, "server-hosts", nil, "further DNS names and IP addresses of nimbus's certificate")
-	cmd.Flags().BoolVar(&o.fixPermissions, "fix-permissions", false, "make --dir and its keys private (directories 0700, or 0750 when the group may read them; keys 0600) instead of refusing them")
+	cmd.Flags().BoolVar(&o.fixPermissions, "fix-permissions", false, "make --dir and its keys private (directories 0700, or 0750 when the group may read them; keys 0600, or 0640 when the group may read them, but CA keys) instead of refusing them")
 	cmd.Flags().BoolVar(&o.renew, "renew", false, "reissue the certificates of --dir that expire within --renew-within: same names, a new key, the same CA")
 	cmd.Flags().DurationVar(&o.renewWithin, "renew-within", pki.DefaultExpiryWarning, "with --renew, renew the certificates that expire within this `duration`")
 	cmd.Flags().StringSliceVar(&o.revoke, "revoke", nil, "`names` of pairs in --dir (host-a for host-a.crt) whose certificates to add to DIR/ca.crl, the revocation list nimbus reads with --tls-crl")

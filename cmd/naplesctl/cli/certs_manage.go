@@ -23,20 +23,26 @@ const crlFile = "ca.crl"
 const (
 	// writableByOthers are the bits that let group or others write.
 	writableByOthers = 0o022
-	// keyPrivate are the bits a key must not have: any access by group or others.
-	keyPrivate = 0o077
+	// caKeyPrivate are the bits a CA's key must not have: any access by group or others.
+	// keyPrivate are those of another key: any access by others, and the group's but
+	// reading, which lets nimbus's group read its key where it runs (deploy/README.md).
+	caKeyPrivate = 0o077
+	keyPrivate   = 0o037
 	// dirMode is a private directory's mode, and dirGroupMode that of one whose group
 	// reads it.
 	dirMode      = 0o700
 	dirGroupMode = 0o750
-	// keyMode is a key's mode.
-	keyMode = 0o600
+	// keyMode is a key's mode, and keyGroupMode that of one, not a CA's, whose group
+	// reads it.
+	keyMode      = 0o600
+	keyGroupMode = 0o640
 )
 
 // checkPermissions refuses, or with fix mends, a --dir (or its etcd subdirectory) that
-// group or others may write, a key they may read or write, and a certificate or
-// revocation list they may write: whoever can replace them can impersonate nimbus or a
-// node. It says what it mended on w. A dir that does not exist yet is fine: certs
+// group or others may write, a CA key they may read or write, another key others may
+// read or write or the group write, and a certificate or revocation list they may write:
+// whoever can read a key or replace a file can impersonate nimbus or a node. A key the
+// group may read keeps that when mended, as a directory does, unless it is a CA's. It says what it mended on w. A dir that does not exist yet is fine: certs
 // creates it private.
 func checkPermissions(w io.Writer, dir string, fix bool) error {
 	var problems []string
@@ -85,10 +91,16 @@ func checkPermissions(w io.Writer, dir string, fix bool) error {
 			if err != nil {
 				return fmt.Errorf("checking %s: %w", path, err)
 			}
-			switch filepath.Ext(e.Name()) {
-			case ".key":
-				err = check(path, fi.Mode(), keyPrivate, keyMode, "key")
-			case ".crt", ".crl":
+			switch {
+			case e.Name() == caFile+".key":
+				err = check(path, fi.Mode(), caKeyPrivate, keyMode, "CA key")
+			case filepath.Ext(e.Name()) == ".key":
+				want := fs.FileMode(keyMode)
+				if fi.Mode().Perm()&0o040 != 0 {
+					want = keyGroupMode
+				}
+				err = check(path, fi.Mode(), keyPrivate, want, "key")
+			case filepath.Ext(e.Name()) == ".crt", filepath.Ext(e.Name()) == ".crl":
 				err = check(path, fi.Mode(), writableByOthers, fi.Mode().Perm()&^writableByOthers, "certificate file")
 			}
 			if err != nil {
@@ -112,7 +124,7 @@ func whoMay(mode, bad fs.FileMode) string {
 		who = append(who, "others")
 	}
 	what := "write"
-	if bad == keyPrivate {
+	if mode.Perm()&bad&0o044 != 0 {
 		what = "read or write"
 	}
 	return fmt.Sprintf("%s may %s it", strings.Join(who, " and "), what)
@@ -176,7 +188,7 @@ func (c *cli) renewDir(dir string, within time.Duration) error {
 		if err != nil {
 			return fmt.Errorf("renewing %s: %w", certPath, err)
 		}
-		if err := fresh.WriteFiles(certPath, keyPath); err != nil {
+		if err := fresh.ReplaceFiles(certPath, keyPath); err != nil {
 			return err
 		}
 		renewed++

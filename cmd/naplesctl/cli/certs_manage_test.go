@@ -38,7 +38,9 @@ func TestCertsRefusesLoosePermissions(t *testing.T) {
 		{name: "world-writable dir", loosen: func(t *testing.T, dir string) string { return chmod(t, dir, 0o777) }, want: "has mode 0777: group and others may write it", wantFix: 0o750},
 		{name: "group-writable dir", loosen: func(t *testing.T, dir string) string { return chmod(t, dir, 0o770) }, want: "has mode 0770: group may write it", wantFix: 0o750},
 		{name: "dir writable by others only", loosen: func(t *testing.T, dir string) string { return chmod(t, dir, 0o703) }, want: "has mode 0703: others may write it", wantFix: 0o700},
-		{name: "group-readable key", loosen: func(t *testing.T, dir string) string { return chmod(t, filepath.Join(dir, "host-a.key"), 0o640) }, want: "has mode 0640: group may read or write it", wantFix: 0o600},
+		{name: "group-writable key", loosen: func(t *testing.T, dir string) string { return chmod(t, filepath.Join(dir, "host-a.key"), 0o660) }, want: "has mode 0660: group may write it", wantFix: 0o640},
+		{name: "world-readable key", loosen: func(t *testing.T, dir string) string { return chmod(t, filepath.Join(dir, "nimbus.key"), 0o604) }, want: "has mode 0604: others may read or write it", wantFix: 0o600},
+		{name: "group-readable CA key", loosen: func(t *testing.T, dir string) string { return chmod(t, filepath.Join(dir, "ca.key"), 0o640) }, want: "has mode 0640: group may read or write it", wantFix: 0o600},
 		{name: "world-readable CA key", loosen: func(t *testing.T, dir string) string { return chmod(t, filepath.Join(dir, "ca.key"), 0o644) }, want: "has mode 0644: group and others may read or write it", wantFix: 0o600},
 		{name: "group-writable certificate", loosen: func(t *testing.T, dir string) string { return chmod(t, filepath.Join(dir, "ca.crt"), 0o664) }, want: "has mode 0664: group may write it", wantFix: 0o644},
 	} {
@@ -70,6 +72,32 @@ func TestCertsRefusesLoosePermissions(t *testing.T) {
 				t.Errorf("certs --fix-permissions did not go on to write host-b.crt: %v", err)
 			}
 		})
+	}
+}
+
+// TestCertsKeepsGroupReadableKeys runs certs on a directory laid out as deploy/README.md
+// lays out one on a nimbus machine, the directory 0750 and nimbus's key 0640 for the
+// group nimbus runs as: certs adds a node without refusing it, and --fix-permissions
+// leaves both as they are, while it makes a group-readable CA key private.
+func TestCertsKeepsGroupReadableKeys(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "pki")
+	if _, err := tlsCtl(t, nil, "", "certs", "--dir", dir); err != nil {
+		t.Fatal(err)
+	}
+	chmod(t, dir, 0o750)
+	key := chmod(t, filepath.Join(dir, "nimbus.key"), 0o640)
+	if out, err := tlsCtl(t, nil, "", "certs", "--dir", dir, "--nodes", "host-a"); err != nil || strings.Contains(out, "fixed") {
+		t.Fatalf("certs with a group-readable nimbus.key = %q, %v; want it to add host-a and fix nothing", out, err)
+	}
+	caKey := chmod(t, filepath.Join(dir, "ca.key"), 0o640)
+	out, err := tlsCtl(t, nil, "", "certs", "--dir", dir, "--fix-permissions")
+	if err != nil || strings.Contains(out, "fixed   "+key) || !strings.Contains(out, "fixed   "+caKey) {
+		t.Fatalf("certs --fix-permissions = %q, %v; want %s fixed and %s not", out, err, caKey, key)
+	}
+	for path, want := range map[string]os.FileMode{dir: 0o750, key: 0o640, caKey: 0o600, filepath.Join(dir, "host-a.key"): 0o600} {
+		if got := mode(t, path); got != want {
+			t.Errorf("%s has mode %04o, want %04o", path, got, want)
+		}
 	}
 }
 
@@ -105,6 +133,10 @@ func TestCertsRenew(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+
+	// nimbus's key is its group's to read, as deploy/README.md has it on a nimbus machine:
+	// the renewed one stays so.
+	chmod(t, filepath.Join(dir, "nimbus.key"), 0o640)
 
 	// Nothing expires within a day.
 	out, err := tlsCtl(t, vars, "", "certs", "--renew", "--renew-within", "24h")
@@ -153,8 +185,12 @@ func TestCertsRenew(t *testing.T) {
 		if _, err := kp.Cert.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: kp.Cert.ExtKeyUsage}); err != nil {
 			t.Errorf("%s: renewed certificate does not verify against the CA: %v", name, err)
 		}
-		if mode(t, filepath.Join(dir, name+".key")) != 0o600 {
-			t.Errorf("%s.key: mode %04o, want 0600", name, mode(t, filepath.Join(dir, name+".key")))
+		want := os.FileMode(0o600)
+		if name == "nimbus" {
+			want = 0o640
+		}
+		if got := mode(t, filepath.Join(dir, name+".key")); got != want {
+			t.Errorf("%s.key: mode %04o, want %04o", name, got, want)
 		}
 	}
 	if kp := loadPair(t, dir, "host-b"); kp.Cert.SerialNumber.Cmp(hostB.Cert.SerialNumber) != 0 {

@@ -1,5 +1,5 @@
-// Package versiontest checks the --version flag of a command, and the exit status of a
-// command line: the test binary of the command's main package runs main itself, with the
+// Package versiontest checks the --version and --help flags of a command, and the exit
+// status of a command line: the test binary of the command's main package runs main itself, with the
 // arguments, as the command would run.
 package versiontest
 
@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -34,6 +35,14 @@ func Main(m *testing.M, main func()) {
 	os.Exit(m.Run())
 }
 
+// mainCommand returns the command that runs the test binary as the command, with args
+// and the version v1.2.3-test.
+func mainCommand(ctx context.Context, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, os.Args[0], args...)
+	cmd.Env = append(os.Environ(), runMainEnv+"=v1.2.3-test", "GORACE=atexit_sleep_ms=0")
+	return cmd
+}
+
 // Flag runs the test binary as the command name with args and --version, and fails the
 // test unless it exits 0 having printed the version line, and nothing else. args should
 // hold a flag that configures a run, to show that --version wins over it.
@@ -41,8 +50,7 @@ func Flag(t *testing.T, name string, args ...string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], append(args, "--version")...)
-	cmd.Env = append(os.Environ(), runMainEnv+"=v1.2.3-test", "GORACE=atexit_sleep_ms=0")
+	cmd := mainCommand(ctx, append(args, "--version")...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
@@ -54,6 +62,26 @@ func Flag(t *testing.T, name string, args ...string) {
 	}
 }
 
+// Help runs the test binary as the command name with --help, as Flag does, and fails the
+// test unless it exits 0 having printed its help, in naplesctl's layout, on standard
+// output, where a pager or grep reads it, and nothing on standard error. It returns the
+// help.
+func Help(t *testing.T, name string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := mainCommand(ctx, "--help")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("%s --help: %v, want exit status 0; stderr:\n%s", name, err, stderr.String())
+	}
+	if want := "\n\nUsage:\n  " + name + " [flags]\n\nFlags:\n"; !strings.Contains(stdout.String(), want) || stderr.Len() != 0 {
+		t.Errorf("%s --help printed %q on stdout and %q on stderr, want the help, with %q, on stdout only", name, stdout.String(), stderr.String(), want)
+	}
+	return stdout.String()
+}
+
 // ExitStatus runs the test binary as the command with args, as Flag does, and returns
 // its exit status and what it wrote on stderr. It fails the test when the command does
 // not end within a minute.
@@ -61,8 +89,7 @@ func ExitStatus(t *testing.T, args ...string) (status int, stderr string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], args...)
-	cmd.Env = append(os.Environ(), runMainEnv+"=v1.2.3-test", "GORACE=atexit_sleep_ms=0")
+	cmd := mainCommand(ctx, args...)
 	var errBuf bytes.Buffer
 	cmd.Stderr = &errBuf
 	err := cmd.Run()
