@@ -42,8 +42,9 @@ const (
 // group or others may write, a CA key they may read or write, another key others may
 // read or write or the group write, and a certificate or revocation list they may write:
 // whoever can read a key or replace a file can impersonate nimbus or a node. A key the
-// group may read keeps that when mended, as a directory does, unless it is a CA's. It says what it mended on w. A dir that does not exist yet is fine: certs
-// creates it private.
+// group may read keeps that when mended, as a directory does, unless it is a CA's. It
+// says what it mended on w. A dir that does not exist yet is fine: certs creates it
+// private.
 func checkPermissions(w io.Writer, dir string, fix bool) error {
 	var problems []string
 	check := func(path string, mode fs.FileMode, bad fs.FileMode, want fs.FileMode, what string) error {
