@@ -28,6 +28,9 @@ const (
 	TLSKeyEnv = "NAPLES_TLS_KEY"
 	// TLSCAEnv names the environment variable that sets the default of --tls-ca.
 	TLSCAEnv = "NAPLES_TLS_CA"
+	// TLSServerNameEnv names the environment variable that sets the default of
+	// --tls-server-name.
+	TLSServerNameEnv = "NAPLES_TLS_SERVER_NAME"
 	// InsecureEnv names the environment variable that, set to 1 or true, makes --insecure
 	// the default.
 	InsecureEnv = "NAPLES_INSECURE"
@@ -62,8 +65,12 @@ func (c *cli) addTLSFlags(root *cobra.Command, getenv func(string) string) {
 		"file of the client certificate's private key; $"+TLSKeyEnv+" sets the default")
 	f.StringVar(&c.tls.ca, "tls-ca", def(TLSCAEnv, "ca.crt"),
 		"file of the CA certificates that verify nimbus; $"+TLSCAEnv+" sets the default")
-	f.StringVar(&c.tls.serverName, "tls-server-name", pki.DefaultServerName,
-		"name nimbus's certificate is verified for")
+	serverName := getenv(TLSServerNameEnv)
+	if serverName == "" {
+		serverName = pki.DefaultServerName
+	}
+	f.StringVar(&c.tls.serverName, "tls-server-name", serverName,
+		"name nimbus's certificate is verified for; $"+TLSServerNameEnv+" sets the default")
 	f.BoolVar(&c.tls.insecure, "insecure", insecure,
 		"talk to nimbus in plaintext, without TLS; $"+InsecureEnv+"=1 sets the default")
 }

@@ -442,3 +442,23 @@ func TestHandshakeErrorsNameTheFlag(t *testing.T) {
 		})
 	}
 }
+
+// TestServerNameFromEnvironment: $NAPLES_TLS_SERVER_NAME sets --tls-server-name's
+// default, as the other TLS flags' variables set theirs, and the flag wins over it.
+func TestServerNameFromEnvironment(t *testing.T) {
+	home := t.TempDir()
+	if _, err := tlsCtl(t, map[string]string{"HOME": home}, "", "certs"); err != nil {
+		t.Fatalf("certs: %v", err)
+	}
+	vars := map[string]string{"HOME": home, ServerEnv: startTLSNimbus(t, filepath.Join(home, DefaultPKIDir)), TLSServerNameEnv: "elsewhere.example"}
+	if _, err := tlsCtl(t, vars, "", "get", "routes"); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "--tls-server-name") {
+		t.Errorf("get routes with $%s=elsewhere.example = %v, want Unavailable naming --tls-server-name", TLSServerNameEnv, err)
+	}
+	if _, err := tlsCtl(t, vars, "", "get", "routes", "--tls-server-name", "localhost"); err != nil {
+		t.Errorf("get routes with --tls-server-name localhost over the variable: %v", err)
+	}
+	vars[TLSServerNameEnv] = "localhost"
+	if _, err := tlsCtl(t, vars, "", "get", "routes"); err != nil {
+		t.Errorf("get routes with $%s=localhost: %v", TLSServerNameEnv, err)
+	}
+}
