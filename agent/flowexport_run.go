@@ -19,10 +19,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/naplesnet/naples/internal/ipfix"
+	"github.com/naplesnet/naples/internal/manifest"
 	delphiv1 "github.com/naplesnet/naples/proto/delphi/v1"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -588,7 +588,7 @@ func (x *flowExporter) writeJSON(now time.Time, flows []*delphiv1.Flow) {
 	}
 	var b bytes.Buffer
 	for _, f := range flows {
-		raw, err := protojson.Marshal(f)
+		raw, err := manifest.MarshalRecord(f) // as naplesctl flows -o json prints it
 		if err != nil {
 			continue
 		}

@@ -532,6 +532,10 @@ func TestFlowExportJSONLines(t *testing.T) {
 			t.Errorf("file line %d = %v, want %v", i, f, want)
 		}
 	}
+	// The counts are JSON numbers, as naplesctl flows -o json prints them.
+	if !bytes.Contains(b, []byte(`"initiatorPackets":1,"initiatorBytes":60`)) {
+		t.Errorf("file %s = %s, want the counts as numbers", path, b)
+	}
 	for i, f := range read([]byte(stdout.String())) {
 		if want := flows[1+i]; !proto.Equal(f, want) {
 			t.Errorf("stdout line %d = %v, want %v", i, f, want)

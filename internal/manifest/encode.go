@@ -131,6 +131,13 @@ func MarshalMessage(m proto.Message) (json.RawMessage, error) {
 	return marshalProto(protojson.MarshalOptions{EmitDefaultValues: true}, m)
 }
 
+// MarshalRecord returns m in its protobuf JSON mapping as compact JSON, zero values left
+// out, with 64-bit integers as JSON numbers: for records written one a line, such as flow
+// records.
+func MarshalRecord(m proto.Message) (json.RawMessage, error) {
+	return marshalProto(protojson.MarshalOptions{}, m)
+}
+
 // marshalProto encodes m with o, compacted (protojson varies its spacing on purpose), with
 // its 64-bit integers as JSON numbers (see int64Numbers).
 func marshalProto(o protojson.MarshalOptions, m proto.Message) (json.RawMessage, error) {

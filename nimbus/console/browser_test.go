@@ -157,9 +157,33 @@ func TestBrowserNodesObjectAndFlowsPages(t *testing.T) {
 		t.Errorf("nodes page rows = %q, want %q", rows, want)
 	}
 
-	// One object: its spec as YAML and its nodes.
+	// Each node's last report, and a node whose agent stopped watching: disconnected,
+	// since when, and not ready.
+	if got := eval[string](t, ctx, `document.querySelector('#nodes tr[data-node="host-a"] td.lastreport').textContent`); !strings.HasSuffix(got, " ago") {
+		t.Errorf("last report of host-a = %q, want how long ago", got)
+	}
+	stop := d.watch(t, d.target, "host-d", "v1.4.2")
+	waitFor(t, "host-d connected", func() bool { return d.connected("host-d") })
+	d.report(t, &nimbusv1.StatusReport{Watermark: &nimbusv1.StatusWatermark{Node: "host-d", Epoch: d.srv.Epoch(), Revision: d.srv.Revision()}})
+	stop()
+	waitFor(t, "host-d disconnected", func() bool { return !d.connected("host-d") })
+	if err := chromedp.Do(ctx, chromedp.Navigate(d.url+"nodes"), chromedp.WaitVisible("#nodes")); err != nil {
+		t.Fatal(err)
+	}
+	if got := eval[string](t, ctx, `(r => r.querySelector(".state").textContent.trim() + " " + r.querySelector(".ready").textContent)(document.querySelector('#nodes tr[data-node="host-d"]'))`); !strings.HasPrefix(got, "disconnected since ") || !strings.HasSuffix(got, " not ready") {
+		t.Errorf("nodes page row of host-d after its watch ended = %q, want disconnected since ..., not ready", got)
+	}
+
+	// One object: its spec as YAML, the generations its nodes run and each node's status.
+	d.fail(t, nimbusv1.NewKey(nimbusv1.Kind_KIND_ROUTE, "", "", "to-backup"), "host-c", "KernelError", "network is unreachable")
 	if err := chromedp.Do(ctx, chromedp.Navigate(d.url+"object?key=Route/default/default/to-backup"), chromedp.WaitVisible("#spec")); err != nil {
 		t.Fatal(err)
+	}
+	if got := eval[string](t, ctx, `document.querySelector('#nodestatus tr[data-node="host-c"]').textContent`); !strings.Contains(got, "FAILED") || !strings.Contains(got, "KernelError") || !strings.Contains(got, "network is unreachable") {
+		t.Errorf("object page status of host-c = %q, want FAILED with its reason and message", got)
+	}
+	if got := eval[string](t, ctx, `document.querySelector("#generations tbody").textContent.trim()`); got != "1 (current)2" {
+		t.Errorf("object page generations = %q, want generation 1 (current) run by its 2 nodes", got)
 	}
 	spec := eval[string](t, ctx, `document.getElementById("spec").textContent`)
 	for _, w := range []string{"kind: Route", "prefix: 203.0.113.0/24", "gateway: 10.10.0.4", "- host-b"} {
@@ -187,6 +211,37 @@ func TestBrowserNodesObjectAndFlowsPages(t *testing.T) {
 	}
 }
 
+// screenshots are the pictures of the console's pages in docs/, one a page, that
+// TestScreenshots takes: the file, the page's path, what is visible once it is ready.
+var screenshots = []struct {
+	file, path, ready string
+	// prepare runs before the screenshot, after ready is visible.
+	prepare chromedp.Action[chromedp.Void]
+}{
+	{"ui-matrix.png", "", "#matrix", chromedp.Click(`tr[data-key="Route/default/default/to-dc2"] td[data-node="host-c"]`)},
+	{"ui-nodes.png", "nodes", "#nodes", nil},
+	{"ui-object.png", "object?key=Route/default/default/to-backup", "#spec", nil},
+	{"ui-flows.png", "flows", "#flowtable", chromedp.Poll[chromedp.Void](`document.querySelectorAll("#flows tbody tr").length === 4`)},
+}
+
+// TestScreenshotsShownInReadme: the screenshot of each page is committed in docs/, a PNG,
+// and README.md shows it.
+func TestScreenshotsShownInReadme(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range screenshots {
+		b, err := os.ReadFile(filepath.Join("../../docs", s.file))
+		if err != nil || !strings.HasPrefix(string(b), "\x89PNG\r\n\x1a\n") {
+			t.Errorf("docs/%s: not a PNG (%v); make screenshots writes it", s.file, err)
+		}
+		if !strings.Contains(string(readme), "](docs/"+s.file+")") {
+			t.Errorf("README.md does not show docs/%s", s.file)
+		}
+	}
+}
+
 // TestScreenshots writes docs/ui-*.png from the demo state with host-c failing, when
 // NAPLES_SCREENSHOTS names the directory to write them to (make screenshots); it skips
 // otherwise, so that tests never rewrite the committed images.
@@ -211,17 +266,7 @@ func TestScreenshots(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	shots := []struct {
-		file, path, ready string
-		// prepare runs before the screenshot, after ready is visible.
-		prepare chromedp.Action[chromedp.Void]
-	}{
-		{"ui-matrix.png", "", "#matrix", chromedp.Click(`tr[data-key="Route/default/default/to-dc2"] td[data-node="host-c"]`)},
-		{"ui-nodes.png", "nodes", "#nodes", nil},
-		{"ui-object.png", "object?key=Route/default/default/to-backup", "#spec", nil},
-		{"ui-flows.png", "flows", "#flowtable", chromedp.Poll[chromedp.Void](`document.querySelectorAll("#flows tbody tr").length === 4`)},
-	}
-	for _, s := range shots {
+	for _, s := range screenshots {
 		steps := []chromedp.Action[chromedp.Void]{chromedp.Navigate(d.url + s.path), chromedp.WaitVisible(s.ready)}
 		if s.prepare != nil {
 			steps = append(steps, s.prepare)

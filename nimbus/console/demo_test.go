@@ -6,6 +6,7 @@ import (
 	"net"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -109,6 +110,8 @@ type demo struct {
 	reg     *prometheus.Registry
 	// url is the console's root, ending in /ui/.
 	url string
+	// target is nimbus's gRPC address, for more agents.
+	target string
 }
 
 // startDemo serves a Server and its console for the test, applies the demo state and
@@ -155,7 +158,7 @@ func startDemo(t *testing.T, opts Options) *demo {
 	t.Cleanup(func() { hs.Close() })
 
 	d := &demo{srv: srv, client: nimbusv1.NewNimbusClient(conn), flows: flowsv1.NewFlowsClient(conn), console: c, reg: reg,
-		url: "http://" + hs.Addr() + "/ui/"}
+		url: "http://" + hs.Addr() + "/ui/", target: "unix://" + sock}
 	objs, err := manifest.Decode(strings.NewReader(demoManifest))
 	if err != nil {
 		t.Fatal(err)
@@ -164,7 +167,7 @@ func startDemo(t *testing.T, opts Options) *demo {
 		t.Fatalf("applying the demo state: %v", err)
 	}
 	for n, version := range demoNodes {
-		d.watch(t, "unix://"+sock, n, version)
+		d.watch(t, d.target, n, version)
 	}
 	waitFor(t, "every node connected", func() bool {
 		connected := 0
@@ -184,8 +187,8 @@ func startDemo(t *testing.T, opts Options) *demo {
 }
 
 // watch opens the watch stream of an agent of the node, of the version, on a connection
-// of its own to target, and reads it until the test ends.
-func (d *demo) watch(t *testing.T, target, node, version string) {
+// of its own to target, and reads it until the test ends or stop is called.
+func (d *demo) watch(t *testing.T, target, node, version string) (stop func()) {
 	t.Helper()
 	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithUserAgent(nimbusv1.AgentUserAgent(version)))
@@ -208,10 +211,25 @@ func (d *demo) watch(t *testing.T, target, node, version string) {
 			}
 		}
 	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			<-done
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// connected reports whether nimbus has a watch stream of the node open.
+func (d *demo) connected(node string) bool {
+	for _, n := range d.srv.Nodes() {
+		if n.Name == node {
+			return n.Connected()
+		}
+	}
+	return false
 }
 
 // report sends the reports in one ReportStatus call; when it returns, nimbus has taken

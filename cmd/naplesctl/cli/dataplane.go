@@ -1,9 +1,7 @@
 package cli
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"slices"
@@ -11,8 +9,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
-	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/naplesnet/naples/internal/manifest"
 	delphiv1 "github.com/naplesnet/naples/proto/delphi/v1"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -72,15 +70,11 @@ func (c *cli) dataplane(ctx context.Context, output string) error {
 		return fmt.Errorf("reading the dataplane: %w", sess.rpcError(err))
 	}
 	if output != outputTree {
-		raw, err := protojson.MarshalOptions{EmitDefaultValues: true}.Marshal(resp)
+		raw, err := manifest.MarshalMessage(resp) // 64-bit integers as numbers
 		if err != nil {
 			return fmt.Errorf("encoding the dataplane: %w", err)
 		}
-		var compact bytes.Buffer
-		if err := json.Compact(&compact, raw); err != nil {
-			return fmt.Errorf("encoding the dataplane: %w", err)
-		}
-		return writeDoc(c.stdout, output, compact.Bytes(), false)
+		return writeDoc(c.stdout, output, raw, false)
 	}
 	if len(resp.GetNetworks()) == 0 {
 		fmt.Fprintln(c.stderr, "No networks found.")

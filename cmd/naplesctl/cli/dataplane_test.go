@@ -160,7 +160,7 @@ network default/default/green: vni 200, no status yet
 		Node     string
 		Networks []struct {
 			Key         struct{ Name string }
-			Generation  string
+			Generation  int64
 			Vni         int
 			Bridge      struct{ Name, Mac string }
 			Vxlan       struct{ Present, Up bool }
@@ -187,7 +187,7 @@ network default/default/green: vni 200, no status yet
 		t.Fatalf("dataplane -o json: %+v\n%s", doc, out)
 	}
 	blue := doc.Networks[0]
-	if blue.Key.Name != "blue" || blue.Generation != "2" || blue.Vni != 100 || blue.Bridge.Name != "nbr1b71817d" ||
+	if blue.Key.Name != "blue" || blue.Generation != 2 || blue.Vni != 100 || blue.Bridge.Name != "nbr1b71817d" ||
 		!blue.Vxlan.Present || blue.Vxlan.Up || len(blue.RemoteVteps) != 3 || !blue.RemoteVteps[1].Wanted || blue.RemoteVteps[1].Present {
 		t.Errorf("dataplane -o json: blue %+v", blue)
 	}

@@ -1,9 +1,7 @@
 package cli
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/netip"
@@ -12,8 +10,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
-	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/naplesnet/naples/internal/manifest"
 	delphiv1 "github.com/naplesnet/naples/proto/delphi/v1"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -156,15 +154,11 @@ func (c *cli) bpf(ctx context.Context, view delphiv1.FirewallView, output, text 
 		return fmt.Errorf("reading the firewall: %w", sess.rpcError(err))
 	}
 	if output != text {
-		raw, err := protojson.MarshalOptions{EmitDefaultValues: true}.Marshal(resp)
+		raw, err := manifest.MarshalMessage(resp) // 64-bit integers as numbers
 		if err != nil {
 			return fmt.Errorf("encoding the firewall: %w", err)
 		}
-		var compact bytes.Buffer
-		if err := json.Compact(&compact, raw); err != nil {
-			return fmt.Errorf("encoding the firewall: %w", err)
-		}
-		return writeDoc(c.stdout, output, compact.Bytes(), false)
+		return writeDoc(c.stdout, output, raw, false)
 	}
 	return write(c.stdout, c.stderr, resp)
 }

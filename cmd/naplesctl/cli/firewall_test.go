@@ -204,13 +204,13 @@ ifindex 9      unknown               icmp    10.2.0.2 id 7       10.2.0.1       
 		Endpoints []struct {
 			Key      *struct{ Name string }
 			Id       uint32
-			Counters *struct{ AllowedPackets string }
+			Counters *struct{ AllowedPackets uint64 }
 		}
 		Subjects []struct {
 			Id      uint32
 			Entries []struct {
 				AnyPeer  bool
-				Rule     string
+				Rule     uint64
 				RuleName string
 			}
 		}
@@ -230,13 +230,13 @@ ifindex 9      unknown               icmp    10.2.0.2 id 7       10.2.0.1       
 	if len(doc.Connections) != 3 || doc.Connections[0].SourcePort != 40000 || doc.Connections[0].Idle != "2.300s" || !doc.Connections[0].Replied {
 		t.Errorf("bpf ct -o json: connections %+v", doc.Connections)
 	}
-	if len(doc.Endpoints) != 2 || doc.Endpoints[0].Key == nil || doc.Endpoints[0].Key.Name != "web" || doc.Endpoints[0].Counters.AllowedPackets != "12" ||
+	if len(doc.Endpoints) != 2 || doc.Endpoints[0].Key == nil || doc.Endpoints[0].Key.Name != "web" || doc.Endpoints[0].Counters.AllowedPackets != 12 ||
 		doc.Endpoints[1].Key != nil || doc.Endpoints[1].Id != 0xdead0001 || doc.Endpoints[1].Counters != nil {
 		t.Errorf("bpf ct -o json: endpoints %+v", doc.Endpoints)
 	}
 	// Every field is there, false ones too.
 	if len(doc.Subjects) != 2 || doc.Subjects[0].Entries[2].RuleName != cannedPolicy+" egress[1]" || !doc.Subjects[0].Entries[2].AnyPeer ||
-		doc.Subjects[1].Entries[0].Rule != "4660" || !strings.Contains(out, `"anyPeer": false`) {
+		doc.Subjects[1].Entries[0].Rule != 4660 || !strings.Contains(out, `"anyPeer": false`) {
 		t.Errorf("bpf ct -o json: subjects %+v", doc.Subjects)
 	}
 	out = e.ok("bpf", "identities", "-o", "yaml")

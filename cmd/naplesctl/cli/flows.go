@@ -13,10 +13,10 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/naplesnet/naples/internal/exitstatus"
+	"github.com/naplesnet/naples/internal/manifest"
 	delphiv1 "github.com/naplesnet/naples/proto/delphi/v1"
 	flowsv1 "github.com/naplesnet/naples/proto/nimbus/flows/v1"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -244,7 +244,7 @@ func (p *flowPrinter) print(flows []*delphiv1.Flow) error {
 	p.first = false
 	for _, f := range flows {
 		if p.output == outputJSON {
-			raw, err := protojson.Marshal(f)
+			raw, err := manifest.MarshalRecord(f) // 64-bit integers as numbers
 			if err != nil {
 				return fmt.Errorf("encoding a flow: %w", err)
 			}

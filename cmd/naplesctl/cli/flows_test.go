@@ -90,6 +90,14 @@ func TestFlowsCommand(t *testing.T) {
 	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 1 || !strings.Contains(lines[0], `"reason":"spoofed"`) {
 		t.Errorf("flows --verdict denied -o json printed %q, want the spoofed record's line", out)
 	}
+	// 64-bit integers are JSON numbers, as in get -o json.
+	out, _, err = e.run("", "flows", "--verdict", "allowed", "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, `"rule":21,`) || !strings.Contains(out, `"initiatorPackets":1,`) || !strings.Contains(out, `"initiatorBytes":60`) {
+		t.Errorf("flows --verdict allowed -o json printed %q, want the rule and counts as numbers", out)
+	}
 	for _, args := range [][]string{{"--verdict", "maybe"}, {"--since", "-1s"}, {"-o", "yaml"}} {
 		_, _, err := e.run("", append([]string{"flows"}, args...)...)
 		if err == nil || !strings.Contains(err.Error(), strings.TrimPrefix(args[0], "--")) {
