@@ -14,6 +14,7 @@ import (
 
 	"github.com/naplesnet/naples/agent"
 	"github.com/naplesnet/naples/delphi"
+	"github.com/naplesnet/naples/internal/exitstatus"
 	"github.com/naplesnet/naples/nimbusclient"
 	delphiv1 "github.com/naplesnet/naples/proto/delphi/v1"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -200,6 +201,12 @@ func TestFlowsThroughNimbus(t *testing.T) {
 	out, _, err = e.run("", "flows", "--node", "host-b")
 	if err != nil || strings.Count(out, "\n") != 1 {
 		t.Errorf("flows --node host-b: %v, printed %q; want the header alone", err, out)
+	}
+	// A filter the agent refuses fails the command, naming the node and the filter.
+	_, stderr, err = e.run("", "flows", "--from", "a/b/c/d")
+	if err == nil || exitstatus.Of(err) != exitstatus.Failure || !strings.Contains(err.Error(), `no flows from host-a: from "a/b/c/d"`) ||
+		!strings.Contains(stderr, `node host-a: from "a/b/c/d"`) {
+		t.Errorf("flows --from a/b/c/d: %v (exit status %d), said %q; want it failed naming host-a and the filter", err, exitstatus.Of(err), stderr)
 	}
 
 	e.vars[AgentEnv] = filepath.Join(e.dir, "agent.sock")
