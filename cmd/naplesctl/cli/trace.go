@@ -166,6 +166,11 @@ func (o *traceOptions) object() (*nimbusv1.Object, error) {
 	if err := obj.Validate(); err != nil {
 		var errs []error
 		for _, fe := range fieldErrors(err) {
+			// A name made of a bad --from is bad for that alone, which is told.
+			var nameErr *nimbusv1.FieldError
+			if o.name == "" && errors.As(fe, &nameErr) && nameErr.Field == "meta.name" {
+				continue
+			}
 			errs = append(errs, flagError(fe))
 		}
 		return nil, exitstatus.Mark(errors.Join(errs...))

@@ -316,6 +316,11 @@ func TestTraceRefused(t *testing.T) {
 			}
 		})
 	}
+	// A bad --from is told as itself, not as the name made of it.
+	err := e.fails("trace", "--from", "web/a", "--to", "db-b", "--port", "80")
+	if err == nil || !strings.Contains(err.Error(), `--from "web/a": must be lower-case letters`) || strings.Contains(err.Error(), "--name") {
+		t.Errorf("trace --from web/a: %v, want --from refused alone", err)
+	}
 }
 
 // TestTraceKeep checks that --keep leaves the Trace in nimbus and says its name, that
