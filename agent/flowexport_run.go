@@ -354,6 +354,19 @@ func sampled(f *delphiv1.Flow, n uint32) bool {
 	return h.Sum32()%n == 0
 }
 
+// ethernetHeaderBytes is the length of the Ethernet header of a frame at an endpoint's
+// interface, which carries no VLAN tag (the firewall drops tagged frames, without a tuple).
+const ethernetHeaderBytes = 14
+
+// ipBytes returns the IP bytes of a denied packet whose record has its frame's length,
+// as IPFIX counts octets and the connections' counts do: the IP header and what follows.
+func ipBytes(frame uint32) uint64 {
+	if frame < ethernetHeaderBytes {
+		return 0
+	}
+	return uint64(frame - ethernetHeaderBytes)
+}
+
 // records appends the IPFIX records of the flow record to recs: a denied packet's one
 // record; for a connection that ends, or that is active and was last exported an
 // interval ago or more, one record a direction with the packets and bytes since it was
@@ -371,7 +384,7 @@ func (x *flowExporter) records(recs []ipfix.Record, now time.Time, f *delphiv1.F
 	}
 	if f.GetEvent() == delphiv1.FlowEvent_FLOW_EVENT_DENIED {
 		r.Verdict, r.EndReason, r.Start = ipfix.VerdictDenied, ipfix.EndOfFlow, r.End
-		r.Packets, r.Octets = 1, uint64(f.GetBytes())
+		r.Packets, r.Octets = 1, ipBytes(f.GetBytes())
 		return append(recs, r)
 	}
 	ep := f.GetEndpoint()

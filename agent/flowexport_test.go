@@ -217,8 +217,9 @@ func TestFlowExportIPFIX(t *testing.T) {
 		with(reverse(base), now, ipfix.EndActiveTimeout, 8, 5000),
 		with(base, now.Add(time.Second), ipfix.EndOfFlow, 2, 100),
 		with(reverse(base), now.Add(time.Second), ipfix.EndOfFlow, 1, 100),
+		// The denied packet's IP bytes: its frame's 76 less the Ethernet header.
 		{Source: netip.MustParseAddr("fd00::9"), Destination: netip.MustParseAddr("fd00::1"), SourcePort: 5353, DestinationPort: 53, Protocol: 17,
-			Start: now, End: now, EndReason: ipfix.EndOfFlow, Packets: 1, Octets: 76, Verdict: ipfix.VerdictDenied, Rule: 3,
+			Start: now, End: now, EndReason: ipfix.EndOfFlow, Packets: 1, Octets: 62, Verdict: ipfix.VerdictDenied, Rule: 3,
 			Policy: "t1/ns1/db", RuleName: "ingress[1]", Endpoint: "t1/ns1/db-1"},
 	}
 	eventually(t, "5 records at the collector", func() bool { return len(c.Records()) >= len(want) })

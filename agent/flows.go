@@ -199,25 +199,11 @@ func parseFlowPeer(field, s string) (flowPeer, error) {
 	if s == "" {
 		return flowPeer{}, nil
 	}
-	if a, err := netip.ParseAddr(s); err == nil {
-		return flowPeer{set: true, addr: a.Unmap()}, nil
+	a, n, err := delphiv1.ParseFlowPeer(s)
+	if err != nil {
+		return flowPeer{}, status.Errorf(codes.InvalidArgument, "%s %q: %v", field, s, err)
 	}
-	p := flowPeer{set: true}
-	parts := strings.Split(s, "/")
-	switch len(parts) {
-	case 1:
-		p.name = parts[0]
-	case 2:
-		p.namespace, p.name = parts[0], parts[1]
-	case 3:
-		p.tenant, p.namespace, p.name = parts[0], parts[1], parts[2]
-	default:
-		return flowPeer{}, status.Errorf(codes.InvalidArgument, "%s %q: want an address or an endpoint's name, namespace/name or tenant/namespace/name", field, s)
-	}
-	if p.name == "" {
-		return flowPeer{}, status.Errorf(codes.InvalidArgument, "%s %q: the endpoint's name is empty", field, s)
-	}
-	return p, nil
+	return flowPeer{set: true, addr: a, tenant: n.Tenant, namespace: n.Namespace, name: n.Name}, nil
 }
 
 // matches tells whether the side of a record, its address and, when it is the local
@@ -258,11 +244,11 @@ func newFlowFilter(req *delphiv1.FlowsRequest, now time.Time) (*flowFilter, erro
 		f.since = now.Add(-d)
 	}
 	if s := req.GetPolicy(); s != "" {
-		p, err := parseFlowPeer("policy", s)
-		if err != nil || p.addr.IsValid() {
-			return nil, status.Errorf(codes.InvalidArgument, "policy %q: want a NetworkSecurityPolicy's name, namespace/name or tenant/namespace/name", s)
+		p, err := delphiv1.ParseFlowPolicy(s)
+		if err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "policy %q: %v", s, err)
 		}
-		f.policy = &nimbusv1.ObjectKey{Tenant: p.tenant, Namespace: p.namespace, Name: p.name}
+		f.policy = &nimbusv1.ObjectKey{Tenant: p.Tenant, Namespace: p.Namespace, Name: p.Name}
 	}
 	return f, nil
 }

@@ -406,6 +406,26 @@ func (r *TraceReconciler) networkOf(tenant, namespace string, a netip.Addr) *nim
 	return nil
 }
 
+// endpointHolding returns the Endpoint attached to the network that holds the address,
+// nil when none does.
+func (r *TraceReconciler) endpointHolding(network *nimbusv1.ObjectKey, a netip.Addr) *nimbusv1.Object {
+	for _, k := range r.opts.Store.Keys(nimbusv1.Kind_KIND_ENDPOINT) {
+		if k.Tenant != network.GetTenant() {
+			continue
+		}
+		obj, ok := r.opts.Store.Get(k.Proto())
+		if !ok || !proto.Equal(linux.NetworkKeyOf(obj), network) {
+			continue
+		}
+		for _, s := range obj.GetEndpoint().GetIps() {
+			if ip, err := netip.ParseAddr(s); err == nil && ip.Unmap() == a {
+				return obj
+			}
+		}
+	}
+	return nil
+}
+
 // observeNetworksLocked attaches the trace observers to the VXLAN devices and bridges of
 // the trace's networks that this node has.
 func (r *TraceReconciler) observeNetworksLocked(ctx context.Context, run *traceRun) {
@@ -454,8 +474,13 @@ func (r *TraceReconciler) injectLocked(ctx context.Context, run *traceRun, src, 
 		return hal.Errorf(ReasonNoAddress, "spec.source %q: the endpoint has no MAC address (spec.mac %q) to make the packet with", spec.GetSource(), src.GetEndpoint().GetMac())
 	}
 	// The packet goes to the destination's MAC in the source's network, to the
-	// gateway's otherwise.
+	// gateway's otherwise. An address in the source's network is the MAC of the
+	// Endpoint that holds it, as the workload would learn it by ARP or neighbour
+	// discovery, when one does.
 	dstMAC := linux.GatewayMAC(run.srcNet.ID())
+	if dst == nil && proto.Equal(run.dstNet, run.srcNet) {
+		dst = r.endpointHolding(run.srcNet, run.dst)
+	}
 	if dst != nil && proto.Equal(run.dstNet, run.srcNet) {
 		if mac, err := net.ParseMAC(dst.GetEndpoint().GetMac()); err == nil {
 			dstMAC = mac

@@ -114,6 +114,9 @@ func (c *Client) WatchStatus(ctx context.Context, f Filter, r Reactor) error {
 			return fmt.Errorf("watching status: %w", ErrClosed)
 		case ctx.Err() != nil:
 			return nil
+		case atDeadline(ctx, err):
+			<-ctx.Done()
+			return nil
 		case permanent(err):
 			return fmt.Errorf("watching status: %w", err)
 		}
@@ -129,6 +132,17 @@ func (c *Client) WatchStatus(ctx context.Context, f Filter, r Reactor) error {
 		case <-t.C:
 		}
 	}
+}
+
+// deadlineSlack is how long before ctx's deadline a stream's DeadlineExceeded is taken
+// for that deadline: nimbus's end of the stream, which the deadline went to with the call
+// (rounded down), and gRPC's own timer may end the stream a moment before ctx ends.
+const deadlineSlack = time.Second
+
+// atDeadline tells whether err ended a stream at ctx's deadline, as ctx is about to end.
+func atDeadline(ctx context.Context, err error) bool {
+	dl, ok := ctx.Deadline()
+	return ok && status.Code(err) == codes.DeadlineExceeded && time.Until(dl) < deadlineSlack
 }
 
 // permanent tells whether a stream's error will not go away by watching again.

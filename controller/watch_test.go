@@ -1,11 +1,15 @@
 package controller
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -118,5 +122,26 @@ func TestWatchStatusReturnsWhenContextEnds(t *testing.T) {
 	err := c.WatchStatus(ctx, Filter{}, ReactorFuncs{Synced: cancel})
 	if err != nil {
 		t.Fatalf("WatchStatus = %v once its context ended, want nil", err)
+	}
+}
+
+// TestWatchStatusEndsQuietlyAtDeadline ends many watches at their contexts' deadline:
+// nimbus, which the deadline goes to with the call, may end the stream a moment before
+// the context ends, and that is the watch's end, not a break to watch again after.
+func TestWatchStatusEndsQuietlyAtDeadline(t *testing.T) {
+	socket := socketPath(t)
+	serve(t, socket, "")
+	var logs bytes.Buffer
+	c := newClient(t, socket, Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	for range 300 {
+		ctx, cancel := context.WithTimeout(testContext(t), 10*time.Millisecond)
+		err := c.WatchStatus(ctx, Filter{}, ReactorFuncs{})
+		cancel()
+		if err != nil {
+			t.Fatalf("WatchStatus = %v at its deadline, want nil", err)
+		}
+	}
+	if strings.Contains(logs.String(), "watching again") {
+		t.Errorf("WatchStatus logged at its deadline:\n%s", logs.String())
 	}
 }

@@ -522,6 +522,19 @@ func checkObserveRequest(req *flowsv1.ObserveFlowsRequest) error {
 	if s := f.GetSince(); s != nil && (!s.IsValid() || s.AsDuration() < 0) {
 		return status.Errorf(codes.InvalidArgument, "filter.since %v: want a duration of zero or more", s)
 	}
+	for _, p := range []struct{ field, value string }{{"from", f.GetFrom()}, {"to", f.GetTo()}} {
+		if p.value == "" {
+			continue
+		}
+		if _, _, err := delphiv1.ParseFlowPeer(p.value); err != nil {
+			return status.Errorf(codes.InvalidArgument, "filter.%s %q: %v", p.field, p.value, err)
+		}
+	}
+	if s := f.GetPolicy(); s != "" {
+		if _, err := delphiv1.ParseFlowPolicy(s); err != nil {
+			return status.Errorf(codes.InvalidArgument, "filter.policy %q: %v", s, err)
+		}
+	}
 	return nil
 }
 

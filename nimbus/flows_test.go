@@ -228,6 +228,9 @@ func TestFlowsObserverLimit(t *testing.T) {
 	}{
 		{&flowsv1.ObserveFlowsRequest{Filter: &delphiv1.FlowsRequest{Verdict: "maybe"}}, `filter.verdict "maybe"`},
 		{&flowsv1.ObserveFlowsRequest{Nodes: []string{"Bad Node"}}, `nodes: "Bad Node"`},
+		{&flowsv1.ObserveFlowsRequest{Filter: &delphiv1.FlowsRequest{Follow: true, From: "a/b/c/d"}}, `filter.from "a/b/c/d"`},
+		{&flowsv1.ObserveFlowsRequest{Filter: &delphiv1.FlowsRequest{To: "default/"}}, `filter.to "default/": the endpoint's name is empty`},
+		{&flowsv1.ObserveFlowsRequest{Filter: &delphiv1.FlowsRequest{Policy: "10.0.0.1"}}, `filter.policy "10.0.0.1"`},
 	} {
 		s, err := client.ObserveFlows(ctx, tc.req)
 		if err == nil {

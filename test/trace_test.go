@@ -132,9 +132,9 @@ func traceCluster(t testing.TB) *fwSmallCluster {
 }
 
 // TestTrace traces packets between the workloads of traceCluster, checked hop by hop:
-// delivered on one host and across the tunnel (and never received by the workload),
-// denied by the destination's ingress and the source's egress policy, dropped for the
-// MTU, flooded for want of an FDB entry of an endpoint whose node is gone, and one that
+// delivered on one host and across the tunnel (and never received by the workload), also
+// to an address of the source's network, denied by the destination's ingress and the
+// source's egress policy, dropped for the MTU, flooded for want of an FDB entry of an endpoint whose node is gone, and one that
 // never comes back, which times out and leaves nothing behind; two at once between the
 // same endpoints; one naming an endpoint that does not exist.
 func TestTrace(t *testing.T) {
@@ -156,6 +156,12 @@ func TestTrace(t *testing.T) {
 	if fwd := r.outcome.Hops[2]; fwd.GetVtep() == "" || fwd.GetPeerNode() != "host-b" || fwd.GetEndpoint() != "db2" {
 		t.Errorf("web1 → db2: the forwarding hop names VTEP %q of node %q and endpoint %q, want host-b's and db2", fwd.GetVtep(), fwd.GetPeerNode(), fwd.GetEndpoint())
 	}
+	// An address in the source's own network: to the MAC of the endpoint that holds it,
+	// as the workload would send it, not up to the gateway.
+	r = sc.trace(t, "to-address", &nimbusv1.TraceSpec{Source: "web1", DestinationAddress: "10.1.0.32", Protocol: "udp", DestinationPort: 9})
+	wantPath(t, "web1 → 10.1.0.32 (db2's) udp 9", r, nimbusv1.TraceDelivered,
+		"host-a injected forwarded", "host-a source allowed", "host-a forward forwarded", "host-a tunnel-out forwarded",
+		"host-b tunnel-in forwarded", "host-b destination delivered")
 	if n := sc.echo["db2"].received(9) + sc.echo["db1"].received(9); n != 0 {
 		t.Errorf("the workloads received %d trace packets as data, want none", n)
 	}

@@ -184,6 +184,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if n := caps.FlowEndpointRate; n < 0 || n > 1e9 {
 		return fs.Fail(fmt.Sprintf("invalid value %d for flag --fw-flow-endpoint-rate: want 0 (no budget) to 1000000000", n))
 	}
+	if n := *maxTraces; n < 1 || n > agent.MaxTraces {
+		return fs.Fail(fmt.Sprintf("invalid value %d for flag --max-traces: want 1 to %d (the firewall's fw_traces)", n, agent.MaxTraces))
+	}
 	if d := caps.FlowActive; d < 0 || d > 24*time.Hour || d%time.Millisecond != 0 {
 		return fs.Fail(fmt.Sprintf("invalid value %q for flag --fw-flow-active-timeout: want whole milliseconds from 0 (none) to 24h", d.String()))
 	}

@@ -30,6 +30,8 @@ func TestRunRefusesBadCommandLines(t *testing.T) {
 		{name: "zero gateway check", args: []string{"--gateway-check-interval", "0s"}, want: []string{"--gateway-check-interval", `"0s"`, "positive"}},
 		{name: "zero gateway bridges", args: []string{"--gateway-bridges", "0"}, want: []string{"--gateway-bridges", "0", "positive"}},
 		{name: "zero flow export policies", args: []string{"--flow-export-max-policies", "0"}, want: []string{"--flow-export-max-policies", "0", "positive"}},
+		{name: "too many traces", args: []string{"--max-traces", "65"}, want: []string{"--max-traces", "65", "1 to 64"}},
+		{name: "no traces", args: []string{"--max-traces", "0"}, want: []string{"--max-traces", "0", "1 to 64"}},
 		{name: "tiny IPFIX messages", args: []string{"--flow-export-message-bytes", "100"}, want: []string{"--flow-export-message-bytes", "100", "1024 to 65507"}},
 		{name: "pprof without metrics", args: []string{"--pprof"}, want: []string{"--pprof", "give --metrics too"}},
 		{name: "bad gc percent", args: []string{"--gc-percent", "half"}, want: []string{"gc-percent", `"half"`}},

@@ -115,6 +115,27 @@ func (es *eventStream) next(t *testing.T) string {
 	return ""
 }
 
+// TestFlowTableCounts shows a connection's record with its bytes both ways, as naplesctl
+// flows does, and a denied packet's with its length.
+func TestFlowTableCounts(t *testing.T) {
+	d := startDemo(t, Options{})
+	d.fakeTap(t, "host-b", demoFlows(time.Now()))
+	openEvents(t, t.Context(), d.url+"flows/events")
+	var body string
+	waitFor(t, "the flows table to show the records", func() bool {
+		_, body = fetch(t, http.MethodGet, d.url+"flows/table")
+		return strings.Count(body, "<tr class=") == 4
+	})
+	for _, want := range []string{"<td>383/279</td>", "<td>60</td>"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("the flows table does not show %s:\n%s", want, body)
+		}
+	}
+	if strings.Contains(body, "<td>52</td>") {
+		t.Errorf("the flows table shows the ended record's packet length as its bytes:\n%s", body)
+	}
+}
+
 func TestEventStreamsAreLimited(t *testing.T) {
 	d := startDemo(t, Options{MaxClients: 2})
 	ctx, cancel := context.WithCancel(t.Context())

@@ -272,16 +272,18 @@ func demoFlows(now time.Time) []*delphiv1.Flow {
 	return []*delphiv1.Flow{
 		{Time: timestamppb.New(now.Add(-3 * time.Second)), Event: delphiv1.FlowEvent_FLOW_EVENT_STARTED, Verdict: "allowed", Node: "host-b",
 			Endpoint: ep("web-b"), PeerEndpoint: ep("web-a"), Direction: "ingress", Protocol: "tcp", Source: "10.1.0.10", SourcePort: 40112,
-			Destination: "10.1.0.11", DestinationPort: 8080, Rule: 1, Policy: policy, RuleName: "ingress[0]", Bytes: 60},
+			Destination: "10.1.0.11", DestinationPort: 8080, Rule: 1, Policy: policy, RuleName: "ingress[0]", Bytes: 60,
+			InitiatorPackets: 1, InitiatorBytes: 60},
 		{Time: timestamppb.New(now.Add(-2 * time.Second)), Event: delphiv1.FlowEvent_FLOW_EVENT_ENDED, Verdict: "allowed", Reason: "fin", Node: "host-b",
 			Endpoint: ep("web-b"), PeerEndpoint: ep("web-a"), Direction: "ingress", Protocol: "tcp", Source: "10.1.0.10", SourcePort: 40112,
-			Destination: "10.1.0.11", DestinationPort: 8080, Rule: 1, Policy: policy, RuleName: "ingress[0]", Bytes: 52},
+			Destination: "10.1.0.11", DestinationPort: 8080, Rule: 1, Policy: policy, RuleName: "ingress[0]", Bytes: 52,
+			InitiatorPackets: 6, InitiatorBytes: 383, ResponderPackets: 4, ResponderBytes: 279},
 		{Time: timestamppb.New(now.Add(-time.Second)), Event: delphiv1.FlowEvent_FLOW_EVENT_DENIED, Verdict: "denied", Reason: "policy", Node: "host-b",
 			Endpoint: ep("web-b"), PeerEndpoint: ep("db-c"), Direction: "egress", Protocol: "tcp", Source: "10.1.0.11", SourcePort: 51000,
 			Destination: "10.1.0.12", DestinationPort: 22, Bytes: 60},
 		{Time: timestamppb.New(now), Event: delphiv1.FlowEvent_FLOW_EVENT_STARTED, Verdict: "allowed", Node: "host-b",
 			Endpoint: ep("web-b"), PeerEndpoint: ep("db-c"), Direction: "egress", Protocol: "tcp", Source: "10.1.0.11", SourcePort: 51002,
-			Destination: "10.1.0.12", DestinationPort: 5432, Bytes: 60},
+			Destination: "10.1.0.12", DestinationPort: 5432, Bytes: 60, InitiatorPackets: 1, InitiatorBytes: 60},
 	}
 }
 

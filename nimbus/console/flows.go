@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -155,7 +156,9 @@ type flowRow struct {
 	Policy, Rule         string
 	Denied               bool
 	SourcePort, DestPort uint32
-	Bytes                uint64
+	// Bytes is a denied packet's length, or a connection's IP bytes from its initiator
+	// and from the responder, "initiator/responder", as naplesctl flows shows them.
+	Bytes string
 }
 
 // vertex is an endpoint of the graph, at X, Y.
@@ -219,7 +222,10 @@ func (f *flowRecorder) view() flowView {
 		denied := fl.GetEvent() == delphiv1.FlowEvent_FLOW_EVENT_DENIED
 		row := flowRow{Time: fl.GetTime().AsTime(), Node: fl.GetNode(), Event: eventName(fl.GetEvent()), Verdict: fl.GetVerdict(),
 			Reason: fl.GetReason(), Protocol: fl.GetProtocol(), From: from, To: to, Denied: denied,
-			SourcePort: fl.GetSourcePort(), DestPort: fl.GetDestinationPort(), Bytes: uint64(fl.GetBytes())}
+			SourcePort: fl.GetSourcePort(), DestPort: fl.GetDestinationPort(), Bytes: strconv.FormatUint(uint64(fl.GetBytes()), 10)}
+		if !denied {
+			row.Bytes = fmt.Sprintf("%d/%d", fl.GetInitiatorBytes(), fl.GetResponderBytes())
+		}
 		if p := fl.GetPolicy(); p.GetName() != "" {
 			row.Policy = p.GetName()
 			row.Rule = fl.GetRuleName()

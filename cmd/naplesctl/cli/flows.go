@@ -164,9 +164,11 @@ func (c *cli) nimbusFlows(ctx context.Context, req *flowsv1.ObserveFlowsRequest,
 		resp, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
 			if p.first {
-				return p.print(nil) // the header alone
+				if err := p.print(nil); err != nil { // the header alone
+					return err
+				}
 			}
-			return nil
+			return nodesFailed(nodes)
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -194,6 +196,23 @@ func (c *cli) nimbusFlows(ctx context.Context, req *flowsv1.ObserveFlowsRequest,
 			notConnected = nc
 		}
 	}
+}
+
+// nodesFailed returns an error naming the nodes whose part ended with an error (a
+// filter their agent refused, a subscription over its limit), each told on standard
+// error as it came; nil when none did. A node that is not connected is no failure.
+func nodesFailed(nodes map[string]*flowsv1.NodeFlows) error {
+	var failed []string
+	for node, n := range nodes {
+		if n.GetError() != "" {
+			failed = append(failed, node)
+		}
+	}
+	if len(failed) == 0 {
+		return nil
+	}
+	slices.Sort(failed)
+	return fmt.Errorf("no flows from %s: %s", strings.Join(failed, ", "), nodes[failed[0]].GetError())
 }
 
 // nodeFlowsChanged says on standard error what changed of a node's losses and error

@@ -14,6 +14,7 @@ import (
 
 	"github.com/naplesnet/naples/agent"
 	"github.com/naplesnet/naples/delphi"
+	"github.com/naplesnet/naples/internal/exitstatus"
 	"github.com/naplesnet/naples/nimbusclient"
 	delphiv1 "github.com/naplesnet/naples/proto/delphi/v1"
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -107,7 +108,8 @@ func TestFlowsCommand(t *testing.T) {
 }
 
 // tapAgent runs a nimbus client for the node against e's nimbus, with a flow tap served
-// from log, as the agent does, until the test ends; it waits until nimbus has the tap.
+// from log (nil: none, and every subscription is refused), as the agent does, until the
+// test ends; it waits until nimbus has the tap.
 // The tap's metrics go to tapReg.
 func tapAgent(t *testing.T, e *batchEnv, node string, log *agent.FlowLog, tapReg *prometheus.Registry) {
 	t.Helper()
@@ -124,6 +126,8 @@ func tapAgent(t *testing.T, e *batchEnv, node string, log *agent.FlowLog, tapReg
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The taps nimbus has before this one, read before it may connect.
+	taps := gauge(t, e.reg, "naples_nimbus_flow_taps")
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
 	go func() { ran <- client.Run(ctx) }()
@@ -135,7 +139,7 @@ func tapAgent(t *testing.T, e *batchEnv, node string, log *agent.FlowLog, tapReg
 		client.Close()
 	})
 	deadline := time.Now().Add(30 * time.Second)
-	for gauge(t, e.reg, "naples_nimbus_flow_taps") < 1 {
+	for gauge(t, e.reg, "naples_nimbus_flow_taps") <= taps {
 		if time.Now().After(deadline) {
 			t.Fatalf("nimbus has no flow tap of %s after 30s", node)
 		}
@@ -208,6 +212,17 @@ func TestFlowsThroughNimbus(t *testing.T) {
 	out, _, err = e.run("", "flows", "--node", "host-b")
 	if err != nil || strings.Count(out, "\n") != 1 {
 		t.Errorf("flows --node host-b: %v, printed %q; want the header alone", err, out)
+	}
+	// A filter that names nothing is refused by nimbus at once, naming it.
+	if _, _, err := e.run("", "flows", "-f", "--from", "a/b/c/d"); err == nil || !strings.Contains(err.Error(), `filter.from "a/b/c/d": want an address or an endpoint's name`) {
+		t.Errorf("flows -f --from a/b/c/d: %v, want it refused naming filter.from", err)
+	}
+	// A node whose agent refuses the subscription fails the command, naming the node.
+	tapAgent(t, e, "host-c", nil, prometheus.NewRegistry())
+	_, stderr, err = e.run("", "flows", "--node", "host-c")
+	if err == nil || exitstatus.Of(err) != exitstatus.Failure || !strings.Contains(err.Error(), "no flows from host-c: ") ||
+		!strings.Contains(stderr, "node host-c: ") {
+		t.Errorf("flows --node host-c, whose agent keeps no flows: %v (exit status %d), said %q; want it failed naming host-c", err, exitstatus.Of(err), stderr)
 	}
 
 	e.vars[AgentEnv] = filepath.Join(e.dir, "agent.sock")

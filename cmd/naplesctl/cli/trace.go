@@ -166,6 +166,11 @@ func (o *traceOptions) object() (*nimbusv1.Object, error) {
 	if err := obj.Validate(); err != nil {
 		var errs []error
 		for _, fe := range fieldErrors(err) {
+			// A name made of a bad --from is bad for that alone, which is told.
+			var nameErr *nimbusv1.FieldError
+			if o.name == "" && errors.As(fe, &nameErr) && nameErr.Field == "meta.name" {
+				continue
+			}
 			errs = append(errs, flagError(fe))
 		}
 		return nil, exitstatus.Mark(errors.Join(errs...))
@@ -312,7 +317,7 @@ func (c *cli) follow(ctx context.Context, kit *controller.Client, run *traceRun,
 			}
 			run.status = st
 			run.outcome = nimbusv1.Outcome(st, run.generation, run.sourceNode)
-			if run.complete() {
+			if run.complete() || run.sourceFailed() {
 				cancel()
 			}
 		},
@@ -347,6 +352,13 @@ func (run *traceRun) complete() bool {
 	return src.GetDone() || len(src.GetObservations()) > 0
 }
 
+// sourceFailed tells whether the node of the source failed the Trace at run's
+// generation (no trace slot left, its firewall without trace checks, no address to make
+// the packet with): it injects nothing, and nothing more is to come.
+func (run *traceRun) sourceFailed() bool {
+	return run.sourceStatus().GetPhase() == nimbusv1.Phase_PHASE_FAILED
+}
+
 // sourceStatus returns the status the node of the source reported at run's generation,
 // nil when it has reported none.
 func (run *traceRun) sourceStatus() *nimbusv1.NodeStatus {
@@ -379,14 +391,16 @@ func fullStatus(ctx context.Context, kit *controller.Client, key *nimbusv1.Objec
 }
 
 // timedOut makes run's outcome TraceTimedOut, for a Trace whose time passed before its
-// packet's fate was known: the reason says when the node of the source never reported,
-// else where the packet was last seen.
+// packet's fate was known: the reason says when the node of the source never reported
+// or failed the Trace, else where the packet was last seen.
 func (run *traceRun) timedOut() {
 	out := &run.outcome
 	out.Result = nimbusv1.TraceTimedOut
-	switch {
-	case run.sourceStatus() == nil:
+	switch src := run.sourceStatus(); {
+	case src == nil:
 		out.Reason = "no report from the source's node " + run.sourceNode
+	case run.sourceFailed():
+		out.Reason = fmt.Sprintf("the source's node %s failed the trace: %s: %s", run.sourceNode, src.GetReason(), oneLine(src.GetMessage()))
 	case len(out.Hops) > 0:
 		last := out.Hops[len(out.Hops)-1]
 		out.Reason = "last seen at " + last.GetStage().StageName() + " on " + last.Node

@@ -281,6 +281,26 @@ func TestTraceTimedOut(t *testing.T) {
 	}
 }
 
+// TestTraceSourceFailed checks that a trace the source's node fails ends at once, saying
+// the node's reason, rather than timing out with nothing seen.
+func TestTraceSourceFailed(t *testing.T) {
+	e := newTraceEnv(t)
+	start := time.Now()
+	r := e.start("trace", "--from", "web-a", "--to", "db-b", "--port", "5432", "--name", "t7", "--timeout", "30s")
+	e.waitTrace("t7")
+	e.reportFor(traceKey("t7"), &nimbusv1.NodeStatus{Node: "host-a", ObservedGeneration: 1, Phase: nimbusv1.Phase_PHASE_FAILED,
+		Reason: "LimitExceeded", Message: "the node runs 16 traces already, the most --max-traces allows"})
+	err := r.result(t)
+	if !errors.Is(err, ErrTraceTimedOut) || exitstatus.Of(err) != exitstatus.Failure {
+		t.Fatalf("trace: error %v (exit status %d), want ErrTraceTimedOut and %d", err, exitstatus.Of(err), exitstatus.Failure)
+	}
+	if d := time.Since(start); d > 20*time.Second {
+		t.Errorf("trace the source's node failed took %v, want it to end at once", d)
+	}
+	equal(t, "trace stdout", r.stdout.String(),
+		"timed out: the source's node host-a failed the trace: LimitExceeded: the node runs 16 traces already, the most --max-traces allows\n")
+}
+
 // TestTraceRefused checks that a Trace nimbus refuses prints nimbus's message, exits
 // with the usage status and stores nothing; and that bad flags are named as flags.
 func TestTraceRefused(t *testing.T) {
@@ -315,6 +335,11 @@ func TestTraceRefused(t *testing.T) {
 				t.Errorf("traces stored after a refusal: %v", names)
 			}
 		})
+	}
+	// A bad --from is told as itself, not as the name made of it.
+	err := e.fails("trace", "--from", "web/a", "--to", "db-b", "--port", "80")
+	if err == nil || !strings.Contains(err.Error(), `--from "web/a": must be lower-case letters`) || strings.Contains(err.Error(), "--name") {
+		t.Errorf("trace --from web/a: %v, want --from refused alone", err)
 	}
 }
 

@@ -93,8 +93,11 @@ func (v *validator) trace(s *TraceSpec) {
 			v.add("spec.sourcePort", strconv.FormatUint(uint64(s.GetSourcePort()), 10), "must be 0 to 65535")
 		}
 	case TraceICMP:
-		if s.GetDestinationPort() != 0 || s.GetSourcePort() != 0 {
-			v.add("spec.destinationPort", strconv.FormatUint(uint64(s.GetDestinationPort()), 10), `must be 0 with protocol "icmp", as spec.sourcePort`)
+		if s.GetDestinationPort() != 0 {
+			v.add("spec.destinationPort", strconv.FormatUint(uint64(s.GetDestinationPort()), 10), `must be 0 with protocol "icmp"`)
+		}
+		if s.GetSourcePort() != 0 {
+			v.add("spec.sourcePort", strconv.FormatUint(uint64(s.GetSourcePort()), 10), `must be 0 with protocol "icmp"`)
 		}
 	default:
 		v.add("spec.protocol", proto, `must be "tcp", "udp" or "icmp"`)
