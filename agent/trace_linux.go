@@ -651,6 +651,8 @@ func (r *TraceReconciler) observe(ev fwbpf.TraceEvent) {
 		switch {
 		case o.GetStage() == nimbusv1.TraceStage_TRACE_STAGE_SOURCE && o.GetAction() == nimbusv1.TraceAction_TRACE_ACTION_ALLOWED:
 			r.forwardLocked(run, run.srcNet, ev.DstMAC, ev.Len, o.GetTime().AsTime())
+		case o.GetStage() == nimbusv1.TraceStage_TRACE_STAGE_GATEWAY && o.GetAction() == nimbusv1.TraceAction_TRACE_ACTION_FORWARDED && run.source != nil:
+			r.routeLocked(run, ev.Ifindex, o)
 		case o.GetStage() == nimbusv1.TraceStage_TRACE_STAGE_ROUTED && r.observers[int(ev.Ifindex)] != nil:
 			// Routed into another network's bridge, to the MAC of its next hop.
 			r.forwardLocked(run, r.observers[int(ev.Ifindex)].network, ev.DstMAC, ev.Len, o.GetTime().AsTime())
@@ -726,6 +728,53 @@ func (r *TraceReconciler) forwardLocked(run *traceRun, network *nimbusv1.ObjectK
 		o.Message = fmt.Sprintf("to port %s, by the FDB entry of endpoint %s", f.Port, owner)
 	}
 	r.addLocked(run, uint32(f.BridgeIndex), o)
+}
+
+// routeLocked adds the gateway's drop of the packet the source's node injected, which
+// came up to the gateway as gw observed, when the kernel has no route for it: no stage
+// observes that drop, which happens in the kernel's routing before any hook. It asks the
+// kernel for the route from the packet's source to its destination, in from the bridge.
+func (r *TraceReconciler) routeLocked(run *traceRun, ifindex uint32, gw *nimbusv1.TraceObservation) {
+	src, ok := frameSource(run.source.frame)
+	if !ok || !run.dst.IsValid() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	routed, err := linux.TraceRouted(ctx, r.opts.View, int32(ifindex), src, run.dst)
+	if err != nil {
+		r.log.Debug("looking up the route of a trace's packet", "trace", run.key, "err", err)
+		return
+	}
+	if routed {
+		return
+	}
+	o := &nimbusv1.TraceObservation{Stage: nimbusv1.TraceStage_TRACE_STAGE_GATEWAY, Action: nimbusv1.TraceAction_TRACE_ACTION_DROPPED,
+		Reason: "NoRoute", Network: gw.GetNetwork(), Interface: gw.GetInterface(), Table: gw.GetTable(),
+		Time: timestamppb.New(gw.GetTime().AsTime().Add(time.Microsecond)), Length: gw.GetLength(),
+		Message: fmt.Sprintf("no route from %s to %s (tenant %s's table %d): the gateway drops it", src, run.dst, run.tenant, gw.GetTable())}
+	r.addLocked(run, ifindex, o)
+	run.op.Done = true
+}
+
+// frameSource returns the source address of the IPv4 or IPv6 packet in the Ethernet
+// frame.
+func frameSource(frame []byte) (netip.Addr, bool) {
+	const eth = 14
+	if len(frame) < eth {
+		return netip.Addr{}, false
+	}
+	switch binary.BigEndian.Uint16(frame[12:14]) {
+	case unix.ETH_P_IP:
+		if len(frame) >= eth+20 {
+			return netip.AddrFrom4([4]byte(frame[eth+12 : eth+16])), true
+		}
+	case unix.ETH_P_IPV6:
+		if len(frame) >= eth+40 {
+			return netip.AddrFrom16([16]byte(frame[eth+8 : eth+24])), true
+		}
+	}
+	return netip.Addr{}, false
 }
 
 // bridgeFrameSlack is how much longer than its port's MTU a frame the bridge forwards may

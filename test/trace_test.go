@@ -243,11 +243,20 @@ func TestTrace(t *testing.T) {
 	spec = &nimbusv1.TraceSpec{Source: "web1", DestinationAddress: "10.1.0.98", Protocol: "udp", DestinationPort: 9, Timeout: durationpb.New(2 * time.Second)}
 	sc.apply(t, fwPolicyObject("clients", []string{"client"}, nil,
 		fwRules(denyOut("tcp", fwPorts("22")), allowOut("tcp", fwPorts("7", "8080"), "group:server"),
-			allowOut("udp", fwPorts("9"), "group:server", "10.1.0.98/32"))))
+			allowOut("udp", fwPorts("9"), "group:server", "10.1.0.98/32", "10.9.9.0/24"))))
 	sc.waitProgrammed(t, nimbusv1.Kind_KIND_NETWORK_SECURITY_POLICY)
 	r = sc.trace(t, "no-answer", spec)
 	wantPath(t, "web1 → 10.1.0.98 udp 9", r, nimbusv1.TraceTimedOut,
 		"host-a injected forwarded", "host-a source allowed", "host-a forward forwarded", "host-a gateway forwarded")
+	// A packet to an address no route covers: the kernel's routing drops it at the
+	// gateway, where no stage observes it; the source's node asks the kernel for the route.
+	spec = &nimbusv1.TraceSpec{Source: "web1", DestinationAddress: "10.9.9.9", Protocol: "udp", DestinationPort: 9, Timeout: durationpb.New(2 * time.Second)}
+	r = sc.trace(t, "no-route", spec)
+	wantPath(t, "web1 → 10.9.9.9 udp 9", r, nimbusv1.TraceDropped,
+		"host-a injected forwarded", "host-a source allowed", "host-a forward forwarded", "host-a gateway forwarded", "host-a gateway dropped NoRoute")
+	if r.outcome.Reason != "NoRoute" {
+		t.Errorf("web1 → 10.9.9.9: outcome %s, want dropped for NoRoute", r)
+	}
 	for _, h := range sc.hosts {
 		waitFor(t, h.name+"'s trace state to go", func() bool { return traceLeftovers(t, h) == "" })
 	}

@@ -2,10 +2,12 @@ package linux
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -79,6 +81,34 @@ type Forwarding struct {
 	Node   string
 	// Endpoints are the endpoints of the network with the MAC.
 	Endpoints []nimbusv1.Key
+}
+
+// traceRouteTimeout bounds TraceRouted's wait for the kernel's answer.
+const traceRouteTimeout = 5 * time.Second
+
+// TraceRouted tells whether the kernel routes a packet from src to dst that came up from
+// the bridge with index iif, as the network's gateway routes it: an input route lookup,
+// through the policy rules and the tenant's table. It answers false for a packet the
+// kernel would drop for want of a route (ENETUNREACH or EHOSTUNREACH), or at a rule or
+// route that prohibits it (EACCES), as the rule that keeps a tenant's packets out of the
+// host's tables does.
+func TraceRouted(ctx context.Context, view *KernelView, iif int32, src, dst netip.Addr) (bool, error) {
+	if !src.IsValid() || !dst.IsValid() || src.Is4() != dst.Is4() {
+		return false, fmt.Errorf("route lookup from %v to %v: want two addresses of one family", src, dst)
+	}
+	nl, release, err := view.writer(traceRouteTimeout)
+	if err != nil {
+		return false, fmt.Errorf("route lookup from %v to %v: %w", src, dst, err)
+	}
+	defer release()
+	switch err := nl.Do(ctx, rtnl.RouteGetRequest(src, dst, iif)); {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, unix.ENETUNREACH), errors.Is(err, unix.EHOSTUNREACH), errors.Is(err, unix.EACCES):
+		return false, nil
+	default:
+		return false, fmt.Errorf("route lookup from %v to %v: %w", src, dst, err)
+	}
 }
 
 // TraceForwarding reads where the bridge of the network with the key ID sends a frame for

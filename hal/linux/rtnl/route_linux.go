@@ -180,3 +180,21 @@ func RouteProtocolName(p uint8) string {
 	}
 	return strconv.Itoa(int(p))
 }
+
+// RouteGetRequest returns an RTM_GETROUTE request for the route the kernel would give a
+// packet from src to dst received on the interface with index iif: an input route
+// lookup, through the policy rules, as `ip route get DST from SRC iif DEV` asks it. The
+// kernel answers with the route and an acknowledgement, or with ENETUNREACH (or
+// EHOSTUNREACH) when it has none.
+func RouteGetRequest(src, dst netip.Addr, iif int32) []byte {
+	family, bits := byte(unix.AF_INET), byte(32)
+	if dst.Is6() {
+		family, bits = unix.AF_INET6, 128
+	}
+	b := Message(nil, unix.RTM_GETROUTE, 0)
+	// struct rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags.
+	b = append(b, family, bits, bits, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+	b = AppendAttrAddr(b, unix.RTA_DST, dst)
+	b = AppendAttrAddr(b, unix.RTA_SRC, src)
+	return AppendAttrUint32(b, unix.RTA_IIF, uint32(iif))
+}

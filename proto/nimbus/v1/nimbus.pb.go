@@ -363,7 +363,8 @@ const (
 	TraceAction_TRACE_ACTION_FORWARDED TraceAction = 3
 	// TRACE_ACTION_DELIVERED: it reached the destination endpoint's interface, allowed.
 	TraceAction_TRACE_ACTION_DELIVERED TraceAction = 4
-	// TRACE_ACTION_DROPPED: dropped by the kernel's forwarding (reason: MTU, NoBridge).
+	// TRACE_ACTION_DROPPED: dropped by the kernel's forwarding (reason: MTU, NoBridge,
+	// NoRoute).
 	TraceAction_TRACE_ACTION_DROPPED TraceAction = 5
 	// TRACE_ACTION_FLOODED: a copy reached a port it was not for (the bridge had no FDB
 	// entry of its MAC and flooded it); the copy was discarded there.
@@ -3456,7 +3457,7 @@ type TraceObservation struct {
 	Stage  TraceStage             `protobuf:"varint,1,opt,name=stage,proto3,enum=nimbus.v1.TraceStage" json:"stage,omitempty"`
 	Action TraceAction            `protobuf:"varint,2,opt,name=action,proto3,enum=nimbus.v1.TraceAction" json:"action,omitempty"`
 	// reason is a short CamelCase cause of a denial, drop or flood: "Policy", "Spoofed",
-	// "Malformed", "MTU", "NoBridge", "NoFDBEntry".
+	// "Malformed", "MTU", "NoBridge", "NoRoute", "NoFDBEntry".
 	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
 	// endpoint is the endpoint whose interface the stage is at, or whose FDB entry the
 	// bridge used.
