@@ -87,6 +87,9 @@ nodes asked for that are not connected. -o json prints one record per line.`,
 // from the agent's local API when --agent (or its variable) is given, else through nimbus
 // from the nodes, every node's for none.
 func (c *cli) streamFlows(cmd *cobra.Command, req *delphiv1.FlowsRequest, nodes []string, p *flowPrinter, what string) error {
+	if err := checkFlowFilter(req); err != nil {
+		return err
+	}
 	if cmd.Flag("agent").Changed || c.agentEnv {
 		if len(nodes) > 0 {
 			return exitstatus.Mark(fmt.Errorf("--node %s: the agent's local API shows its own node's %s only; leave --agent out to ask nimbus", strings.Join(nodes, ","), what))
@@ -324,4 +327,29 @@ func hostPort(addr string, port uint32) string {
 		return a.String()
 	}
 	return netip.AddrPortFrom(a, uint16(port)).String()
+}
+
+// checkFlowFilter refuses, as a usage error naming the flag, a --from, --to, --verdict or
+// --policy that neither the agent nor nimbus would take, before asking either: a bad
+// filter is the same mistake whichever answers.
+func checkFlowFilter(req *delphiv1.FlowsRequest) error {
+	for _, f := range []struct{ flag, v string }{{"from", req.GetFrom()}, {"to", req.GetTo()}} {
+		if f.v == "" {
+			continue
+		}
+		if _, _, err := delphiv1.ParseFlowPeer(f.v); err != nil {
+			return exitstatus.Mark(fmt.Errorf("--%s %q: %w", f.flag, f.v, err))
+		}
+	}
+	switch req.GetVerdict() {
+	case "", "allowed", "denied":
+	default:
+		return exitstatus.Mark(fmt.Errorf("--verdict %q: want allowed or denied", req.GetVerdict()))
+	}
+	if p := req.GetPolicy(); p != "" {
+		if _, err := delphiv1.ParseFlowPolicy(p); err != nil {
+			return exitstatus.Mark(fmt.Errorf("--policy %q: %w", p, err))
+		}
+	}
+	return nil
 }

@@ -213,9 +213,10 @@ func TestFlowsThroughNimbus(t *testing.T) {
 	if err != nil || strings.Count(out, "\n") != 1 {
 		t.Errorf("flows --node host-b: %v, printed %q; want the header alone", err, out)
 	}
-	// A filter that names nothing is refused by nimbus at once, naming it.
-	if _, _, err := e.run("", "flows", "-f", "--from", "a/b/c/d"); err == nil || !strings.Contains(err.Error(), `filter.from "a/b/c/d": want an address or an endpoint's name`) {
-		t.Errorf("flows -f --from a/b/c/d: %v, want it refused naming filter.from", err)
+	// A filter that names nothing is refused at once, naming it: by naplesctl, before
+	// nimbus (which refuses it too, naming filter.from: TestFlowsObserverLimit).
+	if _, _, err := e.run("", "flows", "-f", "--from", "a/b/c/d"); exitstatus.Of(err) != exitstatus.Config || !strings.Contains(err.Error(), `--from "a/b/c/d": want an address or an endpoint's name`) {
+		t.Errorf("flows -f --from a/b/c/d: %v, want a usage error naming --from", err)
 	}
 	// A node whose agent refuses the subscription fails the command, naming the node.
 	tapAgent(t, e, "host-c", nil, prometheus.NewRegistry())
@@ -228,5 +229,27 @@ func TestFlowsThroughNimbus(t *testing.T) {
 	e.vars[AgentEnv] = filepath.Join(e.dir, "agent.sock")
 	if _, _, err := e.run("", "flows", "--node", "host-a"); err == nil || !strings.Contains(err.Error(), "--node host-a") {
 		t.Errorf("flows --node with an agent: %v, want an error naming --node", err)
+	}
+}
+
+// TestFlowsFilterUsageErrors: a filter neither the agent nor nimbus would take is a usage
+// error (exit status 2) naming the flag, through either, before asking.
+func TestFlowsFilterUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--verdict", "maybe"}, `--verdict "maybe"`},
+		{[]string{"--from", "a/b/c/d"}, `--from "a/b/c/d"`},
+		{[]string{"--to", "ns/"}, `--to "ns/"`},
+		{[]string{"--policy", "10.0.0.1"}, `--policy "10.0.0.1"`},
+	} {
+		for _, via := range [][]string{nil, {"--agent", "unix:///nonexistent/agent.sock"}} {
+			args := append(append([]string{"flows"}, tc.args...), via...)
+			_, _, err := runWithoutNimbus(args...)
+			if exitstatus.Of(err) != exitstatus.Config || err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("naplesctl %s = %v (exit status %d), want a usage error naming %s", strings.Join(args, " "), err, exitstatus.Of(err), tc.want)
+			}
+		}
 	}
 }
