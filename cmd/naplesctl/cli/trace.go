@@ -250,6 +250,7 @@ func (c *cli) trace(ctx context.Context, obj *nimbusv1.Object, o traceOptions) (
 	if run.outcome.Result == nimbusv1.TraceRunning {
 		run.timedOut()
 	}
+	run.noteFailedNodes()
 	if err := c.printTrace(run, o.output); err != nil {
 		return err
 	}
@@ -406,6 +407,21 @@ func (run *traceRun) timedOut() {
 		out.Reason = "last seen at " + last.GetStage().StageName() + " on " + last.Node
 	default:
 		out.Reason = "no node saw the packet"
+	}
+}
+
+// noteFailedNodes adds to the reason of run's outcome, when it timed out after the source's
+// node injected the packet, which other nodes failed the Trace and why: such a node did
+// not follow the packet, and its reason may be why the fate is unknown.
+func (run *traceRun) noteFailedNodes() {
+	out := &run.outcome
+	if out.Result != nimbusv1.TraceTimedOut || run.sourceStatus() == nil || run.sourceFailed() {
+		return
+	}
+	for _, n := range run.status.GetNodes() {
+		if n.GetNode() != run.sourceNode && n.GetObservedGeneration() == run.generation && n.GetPhase() == nimbusv1.Phase_PHASE_FAILED {
+			out.Reason += fmt.Sprintf("; node %s failed the trace: %s: %s", n.GetNode(), n.GetReason(), oneLine(n.GetMessage()))
+		}
 	}
 }
 

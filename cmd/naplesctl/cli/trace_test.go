@@ -281,6 +281,26 @@ func TestTraceTimedOut(t *testing.T) {
 	}
 }
 
+// TestTraceOtherNodeFailed: a trace that times out after the packet left for a node
+// that failed the Trace says that node's reason after where the packet was last seen.
+func TestTraceOtherNodeFailed(t *testing.T) {
+	e := newTraceEnv(t)
+	r := e.start("trace", "--from", "web-a", "--to", "db-b", "--port", "5432", "--name", "t8")
+	e.waitTrace("t8")
+	e.reportFor(traceKey("t8"), &nimbusv1.NodeStatus{Node: "host-b", ObservedGeneration: 1, Phase: nimbusv1.Phase_PHASE_FAILED,
+		Reason: "LimitExceeded", Message: "the node runs 16 traces already, the most --max-traces allows"})
+	e.reportTrace("t8", "host-a", true, samplePacket,
+		seen(1, injected, forwarded, &nimbusv1.TraceObservation{Interface: "veth-web-a"}),
+		seen(4, tunnelOut, forwarded, &nimbusv1.TraceObservation{Interface: "vxlan100", Network: "blue", Vtep: "192.0.2.2", PeerNode: "host-b"}))
+	if err := r.result(t); !errors.Is(err, ErrTraceTimedOut) {
+		t.Fatalf("trace: error %v, want ErrTraceTimedOut", err)
+	}
+	want := "\ntimed out: last seen at tunnel-out on host-a; node host-b failed the trace: LimitExceeded: the node runs 16 traces already, the most --max-traces allows\n"
+	if out := r.stdout.String(); !strings.HasSuffix(out, want) {
+		t.Errorf("trace stdout does not end with %q:\n%s", want, out)
+	}
+}
+
 // TestTraceSourceFailed checks that a trace the source's node fails ends at once, saying
 // the node's reason, rather than timing out with nothing seen.
 func TestTraceSourceFailed(t *testing.T) {
