@@ -227,6 +227,9 @@ type metrics struct {
 	// dropped counts the updates an event stream could not send, its client being gone
 	// or too slow.
 	dropped prometheus.Counter
+	// evicted counts the flow records the flows page let go, the oldest, to keep at most
+	// MaxFlows.
+	evicted prometheus.Counter
 }
 
 // newMetrics creates the metrics and registers them with reg, when it is not nil; clients
@@ -250,6 +253,10 @@ func newMetrics(reg prometheus.Registerer, clients func() float64) (*metrics, er
 			Namespace: ns, Subsystem: sub, Name: "updates_dropped_total",
 			Help: "Updates a console event stream could not send, its page being gone or too slow.",
 		}),
+		evicted: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "flows_evicted_total",
+			Help: "Flow records the console's flows page let go, the oldest, to keep at most --ui-max-flows.",
+		}),
 	}
 	gauge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: ns, Subsystem: sub, Name: "event_streams",
@@ -259,7 +266,7 @@ func newMetrics(reg prometheus.Registerer, clients func() float64) (*metrics, er
 	if reg == nil {
 		return m, nil
 	}
-	unregister, err := telemetry.Register(reg, "console", m.requests, m.refused, m.coalesced, m.dropped, gauge)
+	unregister, err := telemetry.Register(reg, "console", m.requests, m.refused, m.coalesced, m.dropped, m.evicted, gauge)
 	if err != nil {
 		return nil, err
 	}

@@ -136,6 +136,19 @@ func TestFlowTableCounts(t *testing.T) {
 	}
 }
 
+// TestFlowsAreLimited keeps the latest MaxFlows records and counts those let go.
+func TestFlowsAreLimited(t *testing.T) {
+	d := startDemo(t, Options{MaxFlows: 2})
+	d.fakeTap(t, "host-b", demoFlows(time.Now()))
+	openEvents(t, t.Context(), d.url+"flows/events")
+	waitFor(t, "the flows page to let the oldest records go", func() bool {
+		return testutil.ToFloat64(d.console.metrics.evicted) == 2
+	})
+	if _, body := fetch(t, http.MethodGet, d.url+"flows/table"); strings.Count(body, "<tr class=") != 2 {
+		t.Errorf("the flows table with MaxFlows 2 shows %d records, want 2:\n%s", strings.Count(body, "<tr class="), body)
+	}
+}
+
 func TestEventStreamsAreLimited(t *testing.T) {
 	d := startDemo(t, Options{MaxClients: 2})
 	ctx, cancel := context.WithCancel(t.Context())

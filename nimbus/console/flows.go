@@ -112,6 +112,7 @@ func (f *flowRecorder) add(resp *flowsv1.ObserveFlowsResponse) error {
 	f.flows = append(f.flows, resp.GetFlows()...)
 	if over := len(f.flows) - f.c.opts.MaxFlows; over > 0 {
 		f.flows = slices.Delete(f.flows, 0, over)
+		f.c.metrics.evicted.Add(float64(over))
 	}
 	f.notConnected, f.err = resp.GetNotConnected(), ""
 	f.mu.Unlock()
