@@ -1253,7 +1253,9 @@ type Subnet struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// cidr is the subnet, with no host bits set.
 	Cidr string `protobuf:"bytes,1,opt,name=cidr,proto3" json:"cidr,omitempty"`
-	// gateway is the subnet's gateway address, inside cidr; empty: no gateway, no routing.
+	// gateway is the subnet's gateway address, a host address inside cidr (not an IPv4
+	// subnet's network or broadcast address, nor any endpoint's address); empty: no gateway,
+	// no routing.
 	Gateway       string `protobuf:"bytes,2,opt,name=gateway,proto3" json:"gateway,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

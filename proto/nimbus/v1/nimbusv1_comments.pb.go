@@ -53,7 +53,7 @@ var protoComments = map[protoreflect.FullName]string{
 	"nimbus.v1.NetworkSpec.subnets":                            "subnets are the network's subnets, which must not overlap.",
 	"nimbus.v1.Subnet":                                         "Subnet is one subnet of a network.",
 	"nimbus.v1.Subnet.cidr":                                    "cidr is the subnet, with no host bits set.",
-	"nimbus.v1.Subnet.gateway":                                 "gateway is the subnet's gateway address, inside cidr; empty: no gateway, no routing.",
+	"nimbus.v1.Subnet.gateway":                                 "gateway is the subnet's gateway address, a host address inside cidr (not an IPv4\nsubnet's network or broadcast address, nor any endpoint's address); empty: no gateway,\nno routing.",
 	"nimbus.v1.EndpointSpec":                                   "EndpointSpec describes a workload interface attached to a network on one node.",
 	"nimbus.v1.EndpointSpec.allowed_source_prefixes":           "allowed_source_prefixes are CIDRs the workload of a local endpoint may send from\nbesides its ips: a workload that routes for others, or serves an address behind it\n(as the next hop of a Route). Anti-spoofing drops what a local endpoint with a mac\nsends from any other address (docs/firewall.md).",
 	"nimbus.v1.SecurityGroupSpec":                              "SecurityGroupSpec is a named group; endpoints join it by listing it, and CIDRs may be members.\ndocs/firewall.md says exactly how groups and policies are enforced.",

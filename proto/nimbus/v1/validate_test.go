@@ -72,6 +72,17 @@ func TestValidate(t *testing.T) {
 				{Cidr: "10.1.0.0/24", Gateway: "10.1.0.1"}, {Cidr: "fd00:1::/64", Gateway: "fd00:1::1"}, {Cidr: "10.2.0.0/24"},
 			}}}
 		}},
+		{name: "network gateway at the network address", mutate: func(o *Object) {
+			o.Spec = &Object_Network{Network: &NetworkSpec{Vni: 100, Subnet: "10.1.0.0/24", Gateway: "10.1.0.0"}}
+		}, want: `spec.gateway "10.1.0.0": the network address of spec.subnet 10.1.0.0/24; a gateway needs a host address`},
+		{name: "network gateway at the broadcast address", mutate: func(o *Object) {
+			o.Spec = &Object_Network{Network: &NetworkSpec{Vni: 100, Subnets: []*Subnet{{Cidr: "10.1.0.0/22", Gateway: "10.1.3.255"}}}}
+		}, want: `spec.subnets[0].gateway "10.1.3.255": the broadcast address of spec.subnets[0].cidr 10.1.0.0/22; a gateway needs a host address`},
+		{name: "network gateway of a point-to-point subnet", mutate: func(o *Object) {
+			o.Spec = &Object_Network{Network: &NetworkSpec{Vni: 100, Subnets: []*Subnet{
+				{Cidr: "10.1.0.0/31", Gateway: "10.1.0.1"}, {Cidr: "fd00:1::/64", Gateway: "fd00:1::"}, {Cidr: "10.2.0.0/30", Gateway: "10.2.0.2"},
+			}}}
+		}},
 		{name: "network without subnet", mutate: func(o *Object) { o.Spec = &Object_Network{Network: &NetworkSpec{Vni: 100}} },
 			want: `spec.subnets "": at least one subnet is required (spec.subnet or spec.subnets)`},
 		{name: "network gateway without subnet", mutate: func(o *Object) {
