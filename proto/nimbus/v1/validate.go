@@ -183,7 +183,12 @@ func (v *validator) mtu(field string, mtu uint32) {
 }
 
 func (v *validator) node(s *NodeSpec) {
-	v.addr("spec.vtepAddress", s.GetVtepAddress(), false)
+	a, ok := v.addr("spec.vtepAddress", s.GetVtepAddress(), false)
+	if ok && (a.IsUnspecified() || a.IsMulticast() || a.IsLoopback() || a == netip.AddrFrom4([4]byte{255, 255, 255, 255})) {
+		// VXLAN tunnels to the node are sent to its VTEP address, so it names one
+		// host: a tunnel to any of these would not reach the node.
+		v.add("spec.vtepAddress", s.GetVtepAddress(), "not a unicast address of a host; tunnels to the node need one")
+	}
 }
 
 func (v *validator) network(s *NetworkSpec) {

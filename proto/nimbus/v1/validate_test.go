@@ -15,6 +15,11 @@ func validRoute() *Object {
 	}
 }
 
+// nodeWithVTEP makes the object a Node with the VTEP address.
+func nodeWithVTEP(vtep string) func(o *Object) {
+	return func(o *Object) { o.Spec = &Object_Node{Node: &NodeSpec{VtepAddress: vtep}} }
+}
+
 // endpointWithMAC makes the object an Endpoint with the MAC address.
 func endpointWithMAC(mac string) func(o *Object) {
 	return func(o *Object) {
@@ -83,6 +88,16 @@ func TestValidate(t *testing.T) {
 				{Cidr: "10.1.0.0/31", Gateway: "10.1.0.1"}, {Cidr: "fd00:1::/64", Gateway: "fd00:1::"}, {Cidr: "10.2.0.0/30", Gateway: "10.2.0.2"},
 			}}}
 		}},
+		{name: "node", mutate: nodeWithVTEP("192.0.2.1")},
+		{name: "node ipv6", mutate: nodeWithVTEP("2001:db8::1")},
+		{name: "node multicast vtep", mutate: nodeWithVTEP("239.1.1.1"),
+			want: `spec.vtepAddress "239.1.1.1": not a unicast address of a host; tunnels to the node need one`},
+		{name: "node unspecified vtep", mutate: nodeWithVTEP("::"),
+			want: `spec.vtepAddress "::": not a unicast address of a host; tunnels to the node need one`},
+		{name: "node loopback vtep", mutate: nodeWithVTEP("127.0.0.1"),
+			want: `spec.vtepAddress "127.0.0.1": not a unicast address of a host; tunnels to the node need one`},
+		{name: "node broadcast vtep", mutate: nodeWithVTEP("255.255.255.255"),
+			want: `spec.vtepAddress "255.255.255.255": not a unicast address of a host; tunnels to the node need one`},
 		{name: "network without subnet", mutate: func(o *Object) { o.Spec = &Object_Network{Network: &NetworkSpec{Vni: 100}} },
 			want: `spec.subnets "": at least one subnet is required (spec.subnet or spec.subnets)`},
 		{name: "network gateway without subnet", mutate: func(o *Object) {
