@@ -22,7 +22,8 @@ import (
 // an Interface object's device on each node it targets, or on every node), a network's
 // VNI, and the address space of a tenant's subnets. Apply refuses an object that takes
 // such a value from another object, and an endpoint address outside the subnets of its
-// network, checked both ways: an endpoint applied when its network exists, a network
+// network or equal to one of its gateway addresses (which every node of the network holds
+// on its bridge), checked both ways: an endpoint applied when its network exists, a network
 // applied when endpoints of it exist; an endpoint applied before its network is accepted,
 // and the network that would leave its addresses outside is then refused. The later
 // object is refused, never the one that holds the value, and the error names both.
@@ -302,6 +303,7 @@ func (c *conflictCheck) endpoint(ep *nimbusv1.EndpointSpec) {
 	}
 	var subnets []netip.Prefix
 	var cidrs []string
+	var gateways map[netip.Addr]bool
 	netRec := c.t.object(endpointNetwork(c.obj))
 	if netRec != nil {
 		for _, sn := range netRec.Object.GetNetwork().AllSubnets() {
@@ -310,6 +312,7 @@ func (c *conflictCheck) endpoint(ep *nimbusv1.EndpointSpec) {
 				cidrs = append(cidrs, sn.GetCidr())
 			}
 		}
+		gateways = networkGateways(netRec.Object.GetNetwork())
 	}
 	for _, s := range ep.GetIps() {
 		a, err := netip.ParseAddr(s)
@@ -323,7 +326,21 @@ func (c *conflictCheck) endpoint(ep *nimbusv1.EndpointSpec) {
 		if netRec != nil && !slices.ContainsFunc(subnets, func(p netip.Prefix) bool { return p.Contains(a) }) {
 			c.add("spec.ips", s, "is outside every subnet of network %q (%s)", ep.GetNetwork(), strings.Join(cidrs, ", "))
 		}
+		if gateways[a] {
+			c.add("spec.ips", s, "is the gateway address of network %q, which every node of it holds", ep.GetNetwork())
+		}
 	}
+}
+
+// networkGateways returns the gateway addresses of the network's subnets.
+func networkGateways(n *nimbusv1.NetworkSpec) map[netip.Addr]bool {
+	gateways := make(map[netip.Addr]bool)
+	for _, sn := range n.AllSubnets() {
+		if a, err := netip.ParseAddr(sn.GetGateway()); err == nil {
+			gateways[a.Unmap()] = true
+		}
+	}
+	return gateways
 }
 
 // networkName names the network of the endpoint h to the endpoint with the key: by name
@@ -362,7 +379,9 @@ func (c *conflictCheck) network(n *nimbusv1.NetworkSpec) {
 			c.add(field, sn.GetCidr(), "overlaps subnet %s of %s in tenant %q", other, describe(h.Key()), key.GetTenant())
 		}
 	}
-	// The endpoints of this network applied before it must be inside its subnets.
+	// The endpoints of this network applied before it must be inside its subnets, and
+	// none may hold one of its gateway addresses.
+	gateways := networkGateways(n)
 	prefix := claimMember + key.ID() + claimKeySep
 	c.t.claims.Ascend(prefix, func(k string, epID nimbusv1.Key) bool {
 		if !strings.HasPrefix(k, prefix) {
@@ -381,9 +400,27 @@ func (c *conflictCheck) network(n *nimbusv1.NetworkSpec) {
 				c.add("spec.subnets", strings.Join(cidrs, ", "), "leaves out address %q of %s", s, describe(rec.Object.Key()))
 				return len(c.errs) < maxReportedInvalid
 			}
+			if gateways[a.Unmap()] {
+				c.add(gatewayField(n, a.Unmap()), s, "is the address of %s", describe(rec.Object.Key()))
+				return len(c.errs) < maxReportedInvalid
+			}
 		}
 		return true
 	})
+}
+
+// gatewayField returns the path of the field of the network that gives the gateway
+// address a: spec.gateway, or spec.subnets[i].gateway.
+func gatewayField(n *nimbusv1.NetworkSpec, a netip.Addr) string {
+	if g, err := netip.ParseAddr(n.GetGateway()); err == nil && g.Unmap() == a && n.GetSubnet() != "" {
+		return "spec.gateway"
+	}
+	for i, sn := range n.GetSubnets() {
+		if g, err := netip.ParseAddr(sn.GetGateway()); err == nil && g.Unmap() == a {
+			return fmt.Sprintf("spec.subnets[%d].gateway", i)
+		}
+	}
+	return "spec.gateway"
 }
 
 // overlap returns a subnet of another network of the tenant that overlaps p, and that

@@ -212,6 +212,32 @@ func wantConflict(t *testing.T, ts *testServer, obj *nimbusv1.Object, want strin
 	}
 }
 
+// withGateway gives the network's subnet i the gateway address.
+func withGateway(obj *nimbusv1.Object, i int, gateway string) *nimbusv1.Object {
+	obj.GetNetwork().Subnets[i].Gateway = gateway
+	return obj
+}
+
+// TestApplyRefusesGatewayAddress checks that an endpoint may not take an address its
+// network's gateway has, which every node of the network holds on its bridge, nor a
+// network take a gateway address an endpoint of it holds, both ways as other conflicts.
+func TestApplyRefusesGatewayAddress(t *testing.T) {
+	t.Parallel()
+	ts := startWithWebA(t, Options{})
+	ts.apply(t, withGateway(network("net5", 500, "10.5.0.0/24", "fd05::/64"), 1, "fd05::1"))
+	short := &nimbusv1.Object{Meta: &nimbusv1.ObjectMeta{Name: "net6"}, Spec: &nimbusv1.Object_Network{
+		Network: &nimbusv1.NetworkSpec{Vni: 600, Subnet: "10.6.0.0/24", Gateway: "10.6.0.1"}}}
+	ts.apply(t, short)
+	wantConflict(t, ts, endpoint("aaa", "net5", "host-b", "veth-b", "02:00:00:00:05:0b", "10.5.0.7", "fd05::1"),
+		`endpoint "default/aaa": spec.ips "fd05::1" is the gateway address of network "net5", which every node of it holds`)
+	wantConflict(t, ts, endpoint("aaa", "net6", "host-b", "veth-b", "02:00:00:00:06:0b", "10.6.0.1"),
+		`endpoint "default/aaa": spec.ips "10.6.0.1" is the gateway address of network "net6", which every node of it holds`)
+	wantConflict(t, ts, withGateway(network("net1", 100, "10.1.0.0/24"), 0, "10.1.0.5"),
+		`network "default/net1": spec.subnets[0].gateway "10.1.0.5" is the address of endpoint "default/web-a"`)
+	wantConflict(t, ts, endpoint("aaa", "net5", "host-b", "veth-b", "02:00:00:00:05:0b", "10.5.0.7", "fd05::2"), "")
+	wantConflict(t, ts, withGateway(network("net1", 100, "10.1.0.0/24"), 0, "10.1.0.1"), "")
+}
+
 // TestApplyConflictFreedByDelete checks that a value is free again once the object that
 // held it is deleted, and that the endpoint of a network applied before it keeps the
 // network from leaving its address out.

@@ -1107,7 +1107,8 @@ func (*Object_Trace) isObject_Spec() {}
 type NodeSpec struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Hostname string                 `protobuf:"bytes,1,opt,name=hostname,proto3" json:"hostname,omitempty"`
-	// vtep_address is the underlay address VXLAN tunnels to this node use.
+	// vtep_address is the underlay address VXLAN tunnels to this node use: a unicast address
+	// of the node (not multicast, broadcast, loopback or unspecified).
 	VtepAddress   string `protobuf:"bytes,2,opt,name=vtep_address,json=vtepAddress,proto3" json:"vtep_address,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1254,7 +1255,9 @@ type Subnet struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// cidr is the subnet, with no host bits set.
 	Cidr string `protobuf:"bytes,1,opt,name=cidr,proto3" json:"cidr,omitempty"`
-	// gateway is the subnet's gateway address, inside cidr; empty: no gateway, no routing.
+	// gateway is the subnet's gateway address, a host address inside cidr (not an IPv4
+	// subnet's network or broadcast address, nor any endpoint's address); empty: no gateway,
+	// no routing.
 	Gateway       string `protobuf:"bytes,2,opt,name=gateway,proto3" json:"gateway,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -183,7 +183,12 @@ func (v *validator) mtu(field string, mtu uint32) {
 }
 
 func (v *validator) node(s *NodeSpec) {
-	v.addr("spec.vtepAddress", s.GetVtepAddress(), false)
+	a, ok := v.addr("spec.vtepAddress", s.GetVtepAddress(), false)
+	if ok && (a.IsUnspecified() || a.IsMulticast() || a.IsLoopback() || a == netip.AddrFrom4([4]byte{255, 255, 255, 255})) {
+		// VXLAN tunnels to the node are sent to its VTEP address, so it names one
+		// host: a tunnel to any of these would not reach the node.
+		v.add("spec.vtepAddress", s.GetVtepAddress(), "not a unicast address of a host; tunnels to the node need one")
+	}
 }
 
 func (v *validator) network(s *NetworkSpec) {
@@ -203,8 +208,15 @@ func (v *validator) network(s *NetworkSpec) {
 	var subnets []seen
 	check := func(field, cidr, gwField, gateway string) {
 		subnet, ok := v.prefix(field, cidr)
-		if gw, gok := v.addr(gwField, gateway, false); gok && ok && !subnet.Contains(gw) {
-			v.add(gwField, gateway, "not inside %s %s", field, subnet)
+		if gw, gok := v.addr(gwField, gateway, false); gok && ok {
+			switch {
+			case !subnet.Contains(gw):
+				v.add(gwField, gateway, "not inside %s %s", field, subnet)
+			case subnet.Addr().Is4() && subnet.Bits() <= 30 && gw == subnet.Addr():
+				v.add(gwField, gateway, "the network address of %s %s; a gateway needs a host address", field, subnet)
+			case subnet.Addr().Is4() && subnet.Bits() <= 30 && gw == broadcast4(subnet):
+				v.add(gwField, gateway, "the broadcast address of %s %s; a gateway needs a host address", field, subnet)
+			}
 		}
 		if !ok {
 			return
@@ -225,6 +237,15 @@ func (v *validator) network(s *NetworkSpec) {
 		check(f+".cidr", sn.GetCidr(), f+".gateway", sn.GetGateway())
 	}
 	v.mtu("spec.mtu", s.GetMtu())
+}
+
+// broadcast4 returns the broadcast address of the IPv4 prefix p: its last address.
+func broadcast4(p netip.Prefix) netip.Addr {
+	b := p.Masked().Addr().As4()
+	for i := p.Bits(); i < 32; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	return netip.AddrFrom4(b)
 }
 
 func (v *validator) endpoint(s *EndpointSpec) {

@@ -15,6 +15,11 @@ func validRoute() *Object {
 	}
 }
 
+// nodeWithVTEP makes the object a Node with the VTEP address.
+func nodeWithVTEP(vtep string) func(o *Object) {
+	return func(o *Object) { o.Spec = &Object_Node{Node: &NodeSpec{VtepAddress: vtep}} }
+}
+
 // endpointWithMAC makes the object an Endpoint with the MAC address.
 func endpointWithMAC(mac string) func(o *Object) {
 	return func(o *Object) {
@@ -72,6 +77,27 @@ func TestValidate(t *testing.T) {
 				{Cidr: "10.1.0.0/24", Gateway: "10.1.0.1"}, {Cidr: "fd00:1::/64", Gateway: "fd00:1::1"}, {Cidr: "10.2.0.0/24"},
 			}}}
 		}},
+		{name: "network gateway at the network address", mutate: func(o *Object) {
+			o.Spec = &Object_Network{Network: &NetworkSpec{Vni: 100, Subnet: "10.1.0.0/24", Gateway: "10.1.0.0"}}
+		}, want: `spec.gateway "10.1.0.0": the network address of spec.subnet 10.1.0.0/24; a gateway needs a host address`},
+		{name: "network gateway at the broadcast address", mutate: func(o *Object) {
+			o.Spec = &Object_Network{Network: &NetworkSpec{Vni: 100, Subnets: []*Subnet{{Cidr: "10.1.0.0/22", Gateway: "10.1.3.255"}}}}
+		}, want: `spec.subnets[0].gateway "10.1.3.255": the broadcast address of spec.subnets[0].cidr 10.1.0.0/22; a gateway needs a host address`},
+		{name: "network gateway of a point-to-point subnet", mutate: func(o *Object) {
+			o.Spec = &Object_Network{Network: &NetworkSpec{Vni: 100, Subnets: []*Subnet{
+				{Cidr: "10.1.0.0/31", Gateway: "10.1.0.1"}, {Cidr: "fd00:1::/64", Gateway: "fd00:1::"}, {Cidr: "10.2.0.0/30", Gateway: "10.2.0.2"},
+			}}}
+		}},
+		{name: "node", mutate: nodeWithVTEP("192.0.2.1")},
+		{name: "node ipv6", mutate: nodeWithVTEP("2001:db8::1")},
+		{name: "node multicast vtep", mutate: nodeWithVTEP("239.1.1.1"),
+			want: `spec.vtepAddress "239.1.1.1": not a unicast address of a host; tunnels to the node need one`},
+		{name: "node unspecified vtep", mutate: nodeWithVTEP("::"),
+			want: `spec.vtepAddress "::": not a unicast address of a host; tunnels to the node need one`},
+		{name: "node loopback vtep", mutate: nodeWithVTEP("127.0.0.1"),
+			want: `spec.vtepAddress "127.0.0.1": not a unicast address of a host; tunnels to the node need one`},
+		{name: "node broadcast vtep", mutate: nodeWithVTEP("255.255.255.255"),
+			want: `spec.vtepAddress "255.255.255.255": not a unicast address of a host; tunnels to the node need one`},
 		{name: "network without subnet", mutate: func(o *Object) { o.Spec = &Object_Network{Network: &NetworkSpec{Vni: 100}} },
 			want: `spec.subnets "": at least one subnet is required (spec.subnet or spec.subnets)`},
 		{name: "network gateway without subnet", mutate: func(o *Object) {
