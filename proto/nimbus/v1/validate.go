@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -265,7 +266,14 @@ func (v *validator) endpoint(s *EndpointSpec) {
 		}
 	}
 	for i, ip := range s.GetIps() {
-		v.addr(fmt.Sprintf("spec.ips[%d]", i), ip, true)
+		if _, ok := v.addr(fmt.Sprintf("spec.ips[%d]", i), ip, true); !ok {
+			continue
+		}
+		// An address listed twice is a typo. Addresses are in canonical form, so equal
+		// addresses are equal strings.
+		if j := slices.Index(s.GetIps()[:i], ip); j >= 0 {
+			v.add(fmt.Sprintf("spec.ips[%d]", i), ip, "repeats spec.ips[%d]", j)
+		}
 	}
 	for i, p := range s.GetAllowedSourcePrefixes() {
 		v.prefix(fmt.Sprintf("spec.allowedSourcePrefixes[%d]", i), p)

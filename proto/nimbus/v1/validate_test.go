@@ -127,6 +127,9 @@ func TestValidate(t *testing.T) {
 			o.Spec = &Object_Endpoint{Endpoint: &EndpointSpec{Network: "blue", Mac: "02:00:00:00:00:01", Ips: []string{"10.1.0.5"},
 				AllowedSourcePrefixes: []string{"172.16.0.0/24", "fd00:99::/64"}}}
 		}},
+		{name: "endpoint address twice", mutate: func(o *Object) {
+			o.Spec = &Object_Endpoint{Endpoint: &EndpointSpec{Network: "blue", Mac: "02:00:00:00:00:01", Ips: []string{"10.1.0.5", "fd00::5", "10.1.0.5"}}}
+		}, want: `spec.ips[2] "10.1.0.5": repeats spec.ips[0]`},
 		{name: "endpoint allowed source prefix", mutate: func(o *Object) {
 			o.Spec = &Object_Endpoint{Endpoint: &EndpointSpec{Network: "blue", AllowedSourcePrefixes: []string{"172.16.0.0/24", "172.16.0.5/24"}}}
 		}, want: `spec.allowedSourcePrefixes[1] "172.16.0.5/24": host bits set; did you mean 172.16.0.0/24?`},
