@@ -249,6 +249,9 @@ func broadcast4(p netip.Prefix) netip.Addr {
 	return netip.AddrFrom4(b)
 }
 
+// shortList is the length up to which a list is searched for repeats rather than indexed.
+const shortList = 8
+
 func (v *validator) endpoint(s *EndpointSpec) {
 	v.name("spec.network", s.GetNetwork(), true)
 	v.name("spec.node", s.GetNode(), false)
@@ -265,13 +268,28 @@ func (v *validator) endpoint(s *EndpointSpec) {
 			v.add("spec.mac", s.GetMac(), "the all-zero address; an endpoint needs a unicast MAC")
 		}
 	}
-	for i, ip := range s.GetIps() {
+	// An address listed twice is a typo. Addresses are in canonical form, so equal
+	// addresses are equal strings. A short list, as endpoints have, is searched; a long
+	// one (an object may be as large as nimbus's --max-object-bytes) is indexed, so that
+	// checking it stays linear.
+	ips := s.GetIps()
+	var first map[string]int
+	if len(ips) > shortList {
+		first = make(map[string]int, len(ips))
+	}
+	for i, ip := range ips {
 		if _, ok := v.addr(fmt.Sprintf("spec.ips[%d]", i), ip, true); !ok {
 			continue
 		}
-		// An address listed twice is a typo. Addresses are in canonical form, so equal
-		// addresses are equal strings.
-		if j := slices.Index(s.GetIps()[:i], ip); j >= 0 {
+		j := -1
+		if first == nil {
+			j = slices.Index(ips[:i], ip)
+		} else if k, seen := first[ip]; seen {
+			j = k
+		} else {
+			first[ip] = i
+		}
+		if j >= 0 {
 			v.add(fmt.Sprintf("spec.ips[%d]", i), ip, "repeats spec.ips[%d]", j)
 		}
 	}

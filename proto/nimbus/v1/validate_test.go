@@ -2,6 +2,7 @@ package nimbusv1
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"regexp"
 	"strings"
@@ -130,6 +131,14 @@ func TestValidate(t *testing.T) {
 		{name: "endpoint address twice", mutate: func(o *Object) {
 			o.Spec = &Object_Endpoint{Endpoint: &EndpointSpec{Network: "blue", Mac: "02:00:00:00:00:01", Ips: []string{"10.1.0.5", "fd00::5", "10.1.0.5"}}}
 		}, want: `spec.ips[2] "10.1.0.5": repeats spec.ips[0]`},
+		{name: "endpoint address twice in a long list", mutate: func(o *Object) {
+			ips := make([]string, 20)
+			for i := range ips {
+				ips[i] = fmt.Sprintf("10.1.0.%d", 10+i)
+			}
+			ips[17] = "10.1.0.13"
+			o.Spec = &Object_Endpoint{Endpoint: &EndpointSpec{Network: "blue", Mac: "02:00:00:00:00:01", Ips: ips}}
+		}, want: `spec.ips[17] "10.1.0.13": repeats spec.ips[3]`},
 		{name: "endpoint allowed source prefix", mutate: func(o *Object) {
 			o.Spec = &Object_Endpoint{Endpoint: &EndpointSpec{Network: "blue", AllowedSourcePrefixes: []string{"172.16.0.0/24", "172.16.0.5/24"}}}
 		}, want: `spec.allowedSourcePrefixes[1] "172.16.0.5/24": host bits set; did you mean 172.16.0.0/24?`},
