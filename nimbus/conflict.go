@@ -303,7 +303,7 @@ func (c *conflictCheck) endpoint(ep *nimbusv1.EndpointSpec) {
 	}
 	var subnets []netip.Prefix
 	var cidrs []string
-	var gateways map[netip.Addr]bool
+	var gateways []netip.Addr
 	netRec := c.t.object(endpointNetwork(c.obj))
 	if netRec != nil {
 		for _, sn := range netRec.Object.GetNetwork().AllSubnets() {
@@ -326,18 +326,19 @@ func (c *conflictCheck) endpoint(ep *nimbusv1.EndpointSpec) {
 		if netRec != nil && !slices.ContainsFunc(subnets, func(p netip.Prefix) bool { return p.Contains(a) }) {
 			c.add("spec.ips", s, "is outside every subnet of network %q (%s)", ep.GetNetwork(), strings.Join(cidrs, ", "))
 		}
-		if gateways[a] {
+		if slices.Contains(gateways, a) {
 			c.add("spec.ips", s, "is the gateway address of network %q, which every node of it holds", ep.GetNetwork())
 		}
 	}
 }
 
-// networkGateways returns the gateway addresses of the network's subnets.
-func networkGateways(n *nimbusv1.NetworkSpec) map[netip.Addr]bool {
-	gateways := make(map[netip.Addr]bool)
+// networkGateways returns the gateway addresses of the network's subnets: a few, so a
+// slice, which an endpoint's apply searches without allocating a map.
+func networkGateways(n *nimbusv1.NetworkSpec) []netip.Addr {
+	var gateways []netip.Addr
 	for _, sn := range n.AllSubnets() {
 		if a, err := netip.ParseAddr(sn.GetGateway()); err == nil {
-			gateways[a.Unmap()] = true
+			gateways = append(gateways, a.Unmap())
 		}
 	}
 	return gateways
@@ -400,7 +401,7 @@ func (c *conflictCheck) network(n *nimbusv1.NetworkSpec) {
 				c.add("spec.subnets", strings.Join(cidrs, ", "), "leaves out address %q of %s", s, describe(rec.Object.Key()))
 				return len(c.errs) < maxReportedInvalid
 			}
-			if gateways[a.Unmap()] {
+			if slices.Contains(gateways, a.Unmap()) {
 				c.add(gatewayField(n, a.Unmap()), s, "is the address of %s", describe(rec.Object.Key()))
 				return len(c.errs) < maxReportedInvalid
 			}
