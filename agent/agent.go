@@ -75,6 +75,12 @@ type Config struct {
 	// Pprof serves the Go runtime's profiles under /debug/pprof/ on the Metrics
 	// endpoint too. Default: false.
 	Pprof bool
+	// BurstGCPercent is the garbage collector's target (GOGC) while the agent works
+	// through a burst, such as a bulk apply or delete or the restore at start: fewer
+	// collections, for a heap that may grow further until the burst ends, when the
+	// target the process ran with comes back and the agent releases what the burst left.
+	// Default: 0, which keeps the process's target, as does any value not above it.
+	BurstGCPercent int
 	// InterfaceStats is how often the status of Interface objects is refreshed with
 	// their NIC's counters; a change of a NIC's state refreshes it at once. A status goes
 	// upstream only when it changed. Default: 10s.
@@ -151,6 +157,10 @@ func Run(ctx context.Context, cfg Config) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
+	// Start-up is a burst: restoring the stored state and reconciling it.
+	memory := newMemorySettler(log, cfg.BurstGCPercent)
+	memory.startBurst()
+	defer memory.endBurst()
 	// Delphi restores the stored desired state before the nimbus client starts.
 	store, err := delphi.Open(delphi.Options{Dir: cfg.StateDir, Discard: cfg.DiscardState, Indexes: indexes(), Logger: log, Registerer: reg})
 	if errors.Is(err, delphi.ErrCorrupt) {
@@ -160,7 +170,6 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("agent: opening delphi: %w", err)
 	}
 	defer store.Close()
-	memory := newMemorySettler(log)
 	memory.release("restored")
 	// The flow tap serves nimbus's flow observers from the flow log, once there is one.
 	tap, err := NewFlowTap(FlowTapOptions{Subscriptions: cfg.FlowTapSubscriptions, Batch: cfg.FlowTapBatch, Logger: log, Registerer: reg})

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -152,4 +153,71 @@ func TestMemorySettlesAfterBursts(t *testing.T) {
 	none("after less than a burst")
 	cancel()
 	<-done
+}
+
+// TestMemoryBurstRaisesGCTarget checks that the garbage collector's target is the
+// burst's during start-up, until the agent is first ready, and from a tick that
+// allocated burstRateBytes or more until an idle one; and that a process whose
+// collector is off, or a burst target not above the base, is left alone.
+func TestMemoryBurstRaisesGCTarget(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		base, burst int
+		want        []int
+	}{
+		{name: "raised", base: 50, burst: 200, want: []int{200, 50, 200, 50}},
+		{name: "collector off", base: -1, burst: 200},
+		{name: "burst not above", base: 100, burst: 100},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var mu sync.Mutex
+			var set []int
+			var allocated atomic.Uint64
+			reads := make(chan struct{}, 10)
+			m := &memorySettler{log: quiet, free: func() {}, base: tc.base, burst: tc.burst,
+				setGCPercent: func(p int) int {
+					mu.Lock()
+					defer mu.Unlock()
+					set = append(set, p)
+					return 0
+				},
+				allocated: func() uint64 {
+					v := allocated.Load()
+					reads <- struct{}{}
+					return v
+				}}
+			targets := func() []int {
+				mu.Lock()
+				defer mu.Unlock()
+				return slices.Clone(set)
+			}
+			m.startBurst() // start-up
+			ctx, cancel := context.WithCancel(context.Background())
+			ticks := make(chan time.Time)
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				m.watch(ctx, ticks, func() []string { return nil })
+			}()
+			tick := func(alloc uint64) {
+				allocated.Add(alloc)
+				ticks <- time.Time{}
+				<-reads
+			}
+			tick(0) // ready: the start-up's burst ends
+			for _, alloc := range []uint64{burstRateBytes, burstRateBytes, idleBytes} {
+				tick(alloc) // a burst, then less but not idle: the target stays
+			}
+			if got, want := targets(), tc.want[:min(3, len(tc.want))]; !slices.Equal(got, want) {
+				t.Errorf("during the burst the targets set were %v, want %v", got, want)
+			}
+			tick(0) // idle
+			tick(0)
+			cancel()
+			<-done
+			if got := targets(); !slices.Equal(got, tc.want) {
+				t.Errorf("the targets set were %v, want %v", got, tc.want)
+			}
+		})
+	}
 }

@@ -35,6 +35,7 @@ func TestRunRefusesBadCommandLines(t *testing.T) {
 		{name: "tiny IPFIX messages", args: []string{"--flow-export-message-bytes", "100"}, want: []string{"--flow-export-message-bytes", "100", "1024 to 65507"}},
 		{name: "pprof without metrics", args: []string{"--pprof"}, want: []string{"--pprof", "give --metrics too"}},
 		{name: "bad gc percent", args: []string{"--gc-percent", "half"}, want: []string{"gc-percent", `"half"`}},
+		{name: "negative burst gc percent", args: []string{"--gc-percent-burst", "-1"}, want: []string{"--gc-percent-burst", "-1", "0 or more"}},
 		{name: "one dash", args: []string{"-state-dir", "/x"}, want: []string{"long flags take two dashes: --state-dir"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
