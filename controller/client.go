@@ -42,7 +42,7 @@ var (
 // Defaults of Options.
 const (
 	// DefaultMaxBatchBytes is the default of Options.MaxBatchBytes.
-	DefaultMaxBatchBytes = 4 << 20
+	DefaultMaxBatchBytes = 1 << 20
 	// DryRunBatchBytes bounds the size of one ApplyBatch call of a dry run (see
 	// ApplyOptions.DryRun), as Options.MaxBatchBytes does for an apply: nimbus takes
 	// 16 MiB in one call, and the margin keeps the request within it.
@@ -97,9 +97,9 @@ type Options struct {
 	// objects or keys it carries, each counted with a margin for its framing and for what
 	// its result adds to the answer (256 bytes an object, 32 a key). Apply and Delete send
 	// more in several calls. An object larger than that travels alone. Default:
-	// DefaultMaxBatchBytes (4 MiB), a quarter of what nimbus takes in one call, so that
-	// nimbus commits, and the agents start on, the first objects of a large batch while
-	// the next are on their way. Negative values are refused.
+	// DefaultMaxBatchBytes (1 MiB, some 5,000 routes), a sixteenth of what nimbus takes
+	// in one call, so that nimbus commits, and the agents start on, the first objects of
+	// a large batch while the next are on their way. Negative values are refused.
 	MaxBatchBytes int
 	// MinBackoff and MaxBackoff bound the delay before a broken status stream is opened
 	// again: it starts at MinBackoff, doubles with each attempt that fails before the

@@ -32,7 +32,7 @@ func (c *cli) applyCommand() *cobra.Command {
 
 Every object of every file is validated first, and an object may appear only once; if
 any is invalid, nothing is applied. The objects are then sent in order, in as few
-batches as their size allows (up to 4 MiB each); nimbus applies each batch whole or not
+batches as their size allows (up to 1 MiB each); nimbus applies each batch whole or not
 at all. For each object a line says whether it was created, configured (with its new
 generation) or unchanged.
 

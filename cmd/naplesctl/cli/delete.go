@@ -29,7 +29,7 @@ Deleting an object that does not exist is not an error: it is reported as not fo
 With -f only the kind, tenant, namespace and name of each object are read. Every key is
 checked first, and an object may be named only once; if any key is bad, nothing is
 deleted. The keys are then sent in order, in as few batches as their size allows (up to
-4 MiB each); nimbus deletes each batch whole or not at all.`,
+1 MiB each); nimbus deletes each batch whole or not at all.`,
 		Example: `  naplesctl delete route to-dc2
   naplesctl delete -f route.yaml
   naplesctl delete -f manifests/ -R`,
