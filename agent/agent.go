@@ -20,6 +20,7 @@ import (
 
 	"github.com/naplesnet/naples/delphi"
 	"github.com/naplesnet/naples/hal"
+	"github.com/naplesnet/naples/internal/memsettle"
 	"github.com/naplesnet/naples/internal/pki"
 	"github.com/naplesnet/naples/internal/telemetry"
 	"github.com/naplesnet/naples/nimbusclient"
@@ -158,9 +159,9 @@ func Run(ctx context.Context, cfg Config) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	// Start-up is a burst: restoring the stored state and reconciling it.
-	memory := newMemorySettler(log, cfg.BurstGCPercent)
-	memory.startBurst()
-	defer memory.endBurst()
+	memory := memsettle.New(log, cfg.BurstGCPercent)
+	memory.StartBurst()
+	defer memory.EndBurst()
 	// Delphi restores the stored desired state before the nimbus client starts.
 	store, err := delphi.Open(delphi.Options{Dir: cfg.StateDir, Discard: cfg.DiscardState, Indexes: indexes(), Logger: log, Registerer: reg})
 	if errors.Is(err, delphi.ErrCorrupt) {
@@ -170,7 +171,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("agent: opening delphi: %w", err)
 	}
 	defer store.Close()
-	memory.release("restored")
+	memory.Release("restored")
 	// The flow tap serves nimbus's flow observers from the flow log, once there is one.
 	tap, err := NewFlowTap(FlowTapOptions{Subscriptions: cfg.FlowTapSubscriptions, Batch: cfg.FlowTapBatch, Logger: log, Registerer: reg})
 	if err != nil {
@@ -239,7 +240,7 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		reasons := h.Ready()
 		if len(reasons) == 0 {
-			memory.readyNow()
+			memory.ReadyNow()
 		}
 		return reasons
 	}
@@ -290,9 +291,9 @@ func Run(ctx context.Context, cfg Config) error {
 	settled := make(chan struct{})
 	go func() {
 		defer close(settled)
-		t := time.NewTicker(settleInterval)
+		t := time.NewTicker(memsettle.Interval)
 		defer t.Stop()
-		memory.watch(ctx, t.C, ready)
+		memory.Watch(ctx, t.C, ready)
 	}()
 	log.Info("agent started", "nimbus", cfg.Nimbus, "state_dir", cfg.StateDir)
 	wg.Wait()

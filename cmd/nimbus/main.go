@@ -73,6 +73,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -81,6 +82,7 @@ import (
 	"github.com/naplesnet/naples/internal/address"
 	"github.com/naplesnet/naples/internal/cmdline"
 	"github.com/naplesnet/naples/internal/exitstatus"
+	"github.com/naplesnet/naples/internal/memsettle"
 	"github.com/naplesnet/naples/internal/pki"
 	"github.com/naplesnet/naples/internal/telemetry"
 	"github.com/naplesnet/naples/internal/version"
@@ -93,6 +95,10 @@ const defaultListen = "unix:///run/naples/nimbus.sock"
 // defaultDataDir is where nimbus keeps its store when neither --data-dir nor --ephemeral
 // is given.
 const defaultDataDir = "/var/lib/naples/nimbus"
+
+// defaultBurstGCPercent is --gc-percent-burst's default: half the collections of Go's
+// default target while a burst lasts.
+const defaultBurstGCPercent = 200
 
 // Defaults of the TLS flags.
 const (
@@ -133,6 +139,8 @@ type config struct {
 	metrics string
 	// pprof serves the Go runtime's profiles on the metrics endpoint too.
 	pprof bool
+	// burstGCPercent is the garbage collector's target during bursts (memsettle).
+	burstGCPercent int
 	// watchBuffer is how many events a watcher may fall behind before it is reset.
 	watchBuffer int
 	// historyWindow is how many of the latest changes are kept for watches to resume.
@@ -187,6 +195,7 @@ func parseFlags(args []string, stderr io.Writer, getenv func(string) string) (co
 		return nil
 	})
 	fs.BoolVar(&cfg.pprof, "pprof", false, "serve the Go runtime's profiles under /debug/pprof/ on the --metrics endpoint")
+	fs.IntVar(&cfg.burstGCPercent, "gc-percent-burst", defaultBurstGCPercent, "the garbage collector's target while nimbus works through a burst of changes (a bulk apply, its start-up), in `percent`; the heap may grow further until the burst ends, when the target nimbus started with (GOGC, or 100) comes back and nimbus releases what the burst left; 0, or a value not above that target, keeps it")
 	fs.StringVar(&cfg.tlsCert, "tls-cert", defaultTLSCert, "`file` of nimbus's TLS certificate")
 	fs.StringVar(&cfg.tlsKey, "tls-key", defaultTLSKey, "`file` of nimbus's TLS private key")
 	fs.StringVar(&cfg.tlsCA, "tls-ca", defaultTLSCA, "`file` of the CA certificates that client certificates must chain to")
@@ -218,6 +227,9 @@ func parseFlags(args []string, stderr io.Writer, getenv func(string) string) (co
 	})
 	if err := fs.Parse(args, getenv); err != nil {
 		return cfg, err
+	}
+	if cfg.burstGCPercent < 0 {
+		return cfg, fs.Fail(fmt.Sprintf("invalid value %d for flag --gc-percent-burst: must be 0 or more", cfg.burstGCPercent))
 	}
 	if cfg.pprof && cfg.metrics == "" {
 		return cfg, fs.Fail("--pprof serves on the --metrics endpoint: give --metrics too")
@@ -300,6 +312,11 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 		opts.PeerDialOptions = []grpc.DialOption{grpc.WithTransportCredentials(pki.TransportCredentials(peerTLS))}
 	}
+	// Start-up is a burst: loading the stored objects, or reading etcd. The settler
+	// ends it once nimbus is ready, and raises the target again for later bursts.
+	memory := memsettle.New(log, cfg.burstGCPercent)
+	memory.StartBurst()
+	defer memory.EndBurst()
 	srv, err := nimbus.New(opts)
 	switch {
 	case errors.Is(err, nimbus.ErrCorrupt):
@@ -310,6 +327,16 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	defer srv.Close()
+	settled := make(chan struct{})
+	defer func() { <-settled }()
+	settleCtx, stopSettling := context.WithCancel(ctx)
+	defer stopSettling()
+	go func() {
+		defer close(settled)
+		t := time.NewTicker(memsettle.Interval)
+		defer t.Stop()
+		memory.Watch(settleCtx, t.C, srv.Ready)
+	}()
 	switch {
 	case opts.Etcd != nil:
 		log.Info("store is etcd", "endpoints", cfg.replica.endpoints, "prefix", cfg.replica.prefix, "replica", cfg.replica.name)

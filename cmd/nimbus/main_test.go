@@ -50,6 +50,8 @@ func TestParseFlags(t *testing.T) {
 		{name: "bad log interval", args: []string{"--refusal-log-interval", "-1s"}, wantUsage: true},
 		{name: "watermark moves", args: []string{"--status-watermark-moves", "20"}, wantLevel: slog.LevelInfo, wantAddrs: []string{defaultListen}},
 		{name: "zero watermark moves", args: []string{"--status-watermark-moves", "0"}, wantUsage: true},
+		{name: "burst gc percent", args: []string{"--gc-percent-burst", "0"}, wantLevel: slog.LevelInfo, wantAddrs: []string{defaultListen}},
+		{name: "negative burst gc percent", args: []string{"--gc-percent-burst", "-1"}, wantUsage: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stderr bytes.Buffer

@@ -1,7 +1,9 @@
-package agent
+package memsettle
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -9,13 +11,16 @@ import (
 	"time"
 )
 
-// TestMemorySettlesOnceWhenReady checks that the agent releases its start-up memory once,
+// quiet discards the settler's logs.
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// TestMemorySettlesOnceWhenReady checks that the process releases its start-up memory once,
 // when it first becomes ready, however many probes ask, and that a probe answering ready
 // waits for the release.
 func TestMemorySettlesOnceWhenReady(t *testing.T) {
 	var frees atomic.Int32
 	started, release := make(chan struct{}, 1), make(chan struct{})
-	m := &memorySettler{log: quiet, free: func() {
+	m := &Settler{log: quiet, free: func() {
 		frees.Add(1)
 		started <- struct{}{}
 		<-release
@@ -32,14 +37,14 @@ func TestMemorySettlesOnceWhenReady(t *testing.T) {
 	watched := make(chan struct{})
 	go func() {
 		defer close(watched)
-		m.watch(ctx, time.NewTicker(time.Millisecond).C, ready)
+		m.Watch(ctx, time.NewTicker(time.Millisecond).C, ready)
 	}()
-	// A probe that finds the agent ready while the release runs waits for it.
+	// A probe that finds the process ready while the release runs waits for it.
 	var probes sync.WaitGroup
 	answered := make(chan struct{}, 3)
 	for range 3 {
 		probes.Go(func() {
-			m.readyNow()
+			m.ReadyNow()
 			answered <- struct{}{}
 		})
 	}
@@ -61,17 +66,17 @@ func TestMemorySettlesOnceWhenReady(t *testing.T) {
 	}
 }
 
-// TestMemorySettlerStopsWithContext checks that watch returns when the agent stops
+// TestMemorySettlerStopsWithContext checks that Watch returns when the process stops
 // before it was ever ready, without releasing anything.
 func TestMemorySettlerStopsWithContext(t *testing.T) {
 	var frees atomic.Int32
-	m := &memorySettler{log: quiet, free: func() { frees.Add(1) }, allocated: func() uint64 { return 0 }}
+	m := &Settler{log: quiet, free: func() { frees.Add(1) }, allocated: func() uint64 { return 0 }}
 	ctx, cancel := context.WithCancel(context.Background())
 	checked := make(chan struct{}, 1)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		m.watch(ctx, time.NewTicker(time.Millisecond).C, func() []string {
+		m.Watch(ctx, time.NewTicker(time.Millisecond).C, func() []string {
 			select {
 			case checked <- struct{}{}:
 			default:
@@ -83,11 +88,11 @@ func TestMemorySettlerStopsWithContext(t *testing.T) {
 	cancel()
 	<-done
 	if n := frees.Load(); n != 0 {
-		t.Errorf("released memory %d times for an agent never ready, want 0", n)
+		t.Errorf("released memory %d times for a process never ready, want 0", n)
 	}
 }
 
-// TestMemorySettlesAfterBursts checks that, once ready, the agent releases memory when it
+// TestMemorySettlesAfterBursts checks that, once ready, the process releases memory when it
 // is idle after allocating burstBytes or more, not during the burst, and not after less.
 func TestMemorySettlesAfterBursts(t *testing.T) {
 	var allocated atomic.Uint64
@@ -95,7 +100,7 @@ func TestMemorySettlesAfterBursts(t *testing.T) {
 	// what was allocated, which watch does once per tick and once after each release.
 	frees := make(chan uint64, 10)
 	reads := make(chan struct{}, 10)
-	m := &memorySettler{log: quiet, free: func() { frees <- allocated.Load() }, allocated: func() uint64 {
+	m := &Settler{log: quiet, free: func() { frees <- allocated.Load() }, allocated: func() uint64 {
 		v := allocated.Load()
 		reads <- struct{}{}
 		return v
@@ -105,7 +110,7 @@ func TestMemorySettlesAfterBursts(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		m.watch(ctx, ticks, func() []string { return nil })
+		m.Watch(ctx, ticks, func() []string { return nil })
 	}()
 	// tick allocates, ticks, and waits until watch has read what was allocated.
 	tick := func(alloc uint64) {
@@ -156,7 +161,7 @@ func TestMemorySettlesAfterBursts(t *testing.T) {
 }
 
 // TestMemoryBurstRaisesGCTarget checks that the garbage collector's target is the
-// burst's during start-up, until the agent is first ready, and from a tick that
+// burst's during start-up, until the process is first ready, and from a tick that
 // allocated burstRateBytes or more until an idle one; and that a process whose
 // collector is off, or a burst target not above the base, is left alone.
 func TestMemoryBurstRaisesGCTarget(t *testing.T) {
@@ -174,7 +179,7 @@ func TestMemoryBurstRaisesGCTarget(t *testing.T) {
 			var set []int
 			var allocated atomic.Uint64
 			reads := make(chan struct{}, 10)
-			m := &memorySettler{log: quiet, free: func() {}, base: tc.base, burst: tc.burst,
+			m := &Settler{log: quiet, free: func() {}, base: tc.base, burst: tc.burst,
 				setGCPercent: func(p int) int {
 					mu.Lock()
 					defer mu.Unlock()
@@ -191,13 +196,13 @@ func TestMemoryBurstRaisesGCTarget(t *testing.T) {
 				defer mu.Unlock()
 				return slices.Clone(set)
 			}
-			m.startBurst() // start-up
+			m.StartBurst() // start-up
 			ctx, cancel := context.WithCancel(context.Background())
 			ticks := make(chan time.Time)
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
-				m.watch(ctx, ticks, func() []string { return nil })
+				m.Watch(ctx, ticks, func() []string { return nil })
 			}()
 			tick := func(alloc uint64) {
 				allocated.Add(alloc)
