@@ -162,6 +162,9 @@ func Run(ctx context.Context, cfg Config) error {
 	memory := memsettle.New(log, cfg.BurstGCPercent)
 	memory.StartBurst()
 	defer memory.EndBurst()
+	// The firewall's programs load while delphi restores.
+	firewall := loadFirewall(cfg, log)
+	defer firewall.close()
 	// Delphi restores the stored desired state before the nimbus client starts.
 	store, err := delphi.Open(delphi.Options{Dir: cfg.StateDir, Discard: cfg.DiscardState, Indexes: indexes(), Logger: log, Registerer: reg})
 	if errors.Is(err, delphi.ErrCorrupt) {
@@ -186,7 +189,7 @@ func Run(ctx context.Context, cfg Config) error {
 	// One view of the namespace's kernel, one subscription, for every reconciler's
 	// observer and for the local api's reads.
 	view := newKernelView(cfg.netns)
-	reconcilers, fw, closeBackend, err := backend(store, cfg, view, log, reg)
+	reconcilers, fw, closeBackend, err := backend(store, cfg, view, firewall, log, reg)
 	if err != nil {
 		return err
 	}

@@ -24,11 +24,52 @@ type closingReconciler interface {
 	Close() error
 }
 
+// firewallLoad is the firewall's programs and maps, loading in the background.
+type firewallLoad struct {
+	done  chan struct{}
+	objs  *fwbpf.Objects
+	err   error
+	taken bool
+}
+
+// loadFirewall starts loading the firewall's programs and maps (nil when cfg.BPFDir is
+// empty): the kernel's verifier takes a second or more over them, which a restart spends
+// while delphi restores the stored state rather than after it.
+func loadFirewall(cfg Config, log *slog.Logger) *firewallLoad {
+	if cfg.BPFDir == "" {
+		return nil
+	}
+	l := &firewallLoad{done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		l.objs, l.err = fwbpf.Open(cfg.BPFDir, fwbpf.Capacities(cfg.FirewallCapacities), log)
+	}()
+	return l
+}
+
+// take waits for the load and hands what it loaded over.
+func (l *firewallLoad) take() (*fwbpf.Objects, error) {
+	<-l.done
+	l.taken = true
+	return l.objs, l.err
+}
+
+// close waits for the load and closes what it loaded, unless it was taken.
+func (l *firewallLoad) close() {
+	if l == nil {
+		return
+	}
+	<-l.done
+	if !l.taken && l.objs != nil {
+		l.objs.Close()
+	}
+}
+
 // backend returns the reconcilers that program this host's kernel, in cfg.netns (nil: the
 // agent's own network namespace), whose observers watch through view, that namespace's
-// kernel view, the firewall among them (nil when cfg.BPFDir is empty) and a function that
-// releases them.
-func backend(store *delphi.Store, cfg Config, view *KernelView, log *slog.Logger, reg prometheus.Registerer) ([]hal.Reconciler, InstalledFirewall, func(), error) {
+// kernel view, the firewall among them, with the programs and maps of load (nil when
+// cfg.BPFDir is empty, and no firewall), and a function that releases them.
+func backend(store *delphi.Store, cfg Config, view *KernelView, load *firewallLoad, log *slog.Logger, reg prometheus.Registerer) ([]hal.Reconciler, InstalledFirewall, func(), error) {
 	var made []closingReconciler
 	var fw *linux.Firewall
 	closeAll := func() {
@@ -40,12 +81,16 @@ func backend(store *delphi.Store, cfg Config, view *KernelView, log *slog.Logger
 			fw.Close()
 		}
 	}
-	if cfg.BPFDir != "" {
-		var err error
-		fw, err = linux.NewFirewall(linux.FirewallOptions{
-			Store: store, Node: cfg.Node, Namespace: cfg.netns, View: view, Dir: cfg.BPFDir, StatsInterval: cfg.FirewallStats, Logger: log, Registerer: reg,
-			Capacities: fwbpf.Capacities(cfg.FirewallCapacities),
-		})
+	if load != nil {
+		objs, err := load.take()
+		if err == nil {
+			fw, err = linux.NewFirewall(linux.FirewallOptions{
+				Store: store, Node: cfg.Node, Namespace: cfg.netns, View: view, Dir: cfg.BPFDir, StatsInterval: cfg.FirewallStats, Logger: log, Registerer: reg,
+				Capacities: fwbpf.Capacities(cfg.FirewallCapacities), Objects: objs,
+			})
+		} else {
+			err = fmt.Errorf("firewall: %w", err)
+		}
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("starting the firewall (an empty --bpf-dir runs the agent without one): %w", err)
 		}

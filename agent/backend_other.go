@@ -15,7 +15,16 @@ import (
 // indexes returns no indexes: there is no backend to declare them.
 func indexes() []delphi.Index { return nil }
 
+// firewallLoad is nothing to load: there is no firewall but on Linux.
+type firewallLoad struct{}
+
+// loadFirewall loads nothing.
+func loadFirewall(Config, *slog.Logger) *firewallLoad { return nil }
+
+// close does nothing.
+func (*firewallLoad) close() {}
+
 // backend reports that only Linux hosts can be programmed.
-func backend(*delphi.Store, Config, *KernelView, *slog.Logger, prometheus.Registerer) ([]hal.Reconciler, InstalledFirewall, func(), error) {
+func backend(*delphi.Store, Config, *KernelView, *firewallLoad, *slog.Logger, prometheus.Registerer) ([]hal.Reconciler, InstalledFirewall, func(), error) {
 	return nil, nil, nil, errors.New("agent: the HAL programs Linux kernels only")
 }

@@ -63,6 +63,11 @@ type FirewallOptions struct {
 	Dir string
 	// Capacities are the sizes of the maps (fwbpf.Capacities for the defaults).
 	Capacities fwbpf.Capacities
+	// Objects are the programs and maps, loaded already by fwbpf.Open with Dir,
+	// Capacities and Logger: the kernel's verifier takes a second or more, which a caller
+	// may spend on something else meanwhile. NewFirewall takes them over, and closes them
+	// when it fails. Default: nil, which loads them.
+	Objects *fwbpf.Objects
 	// StatsInterval is how often the statuses of policies and local endpoints are
 	// refreshed with their counters. Default: 10s.
 	StatsInterval time.Duration
@@ -150,12 +155,17 @@ func NewFirewall(opts FirewallOptions) (*Firewall, error) {
 	}
 	conn, err := openRTNLConn(rtnlConnOptions{Namespace: opts.Namespace, View: opts.View, Logger: opts.Logger})
 	if err != nil {
+		if opts.Objects != nil {
+			opts.Objects.Close()
+		}
 		return nil, fmt.Errorf("firewall: opening netlink: %w", err)
 	}
-	objs, err := fwbpf.Open(opts.Dir, opts.Capacities, opts.Logger)
-	if err != nil {
-		conn.close()
-		return nil, fmt.Errorf("firewall: %w", err)
+	objs := opts.Objects
+	if objs == nil {
+		if objs, err = fwbpf.Open(opts.Dir, opts.Capacities, opts.Logger); err != nil {
+			conn.close()
+			return nil, fmt.Errorf("firewall: %w", err)
+		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	f := &Firewall{
