@@ -47,7 +47,7 @@ func TestFlowActiveRecord(t *testing.T) {
 		f.from(f.ifA, out, tcxNext)
 		drain(t, r)
 		before := f.now()
-		f.setConn(f.ifA, out, func(v *CTValue) { v.Reported -= uint64(fixtureFlowActive) })
+		f.setConn(f.ifA, out, func(v *CTValue) { f.setBack(&v.Reported, fixtureFlowActive) })
 		f.to(f.ifA, back, tcxNext)
 		f.to(f.ifA, back, tcxNext) // the record was just written: no other
 		f.wantFlows(r, before, flowWant{typ: FlowActive, dir: DirEgress, p: withLen(out, back), ifindex: f.ifA, ep: epA,
@@ -127,8 +127,13 @@ func TestSweepConntrackEndsIdle(t *testing.T) {
 	f.from(f.ifA, retaken, tcxNext)
 	drain(t, r)
 	before := f.now()
-	for _, p := range []packet{idle, ended, retaken} {
-		f.setConn(f.ifA, p, func(v *CTValue) { v.LastSeen -= uint64(CTTimeoutTCP + time.Second) })
+	// Each is idle for its timeout (the TCP connection is closing, after its RST) and a
+	// second more.
+	for _, c := range []struct {
+		p       packet
+		timeout time.Duration
+	}{{idle, CTTimeoutUDP}, {ended, CTTimeoutTCPClosing}, {retaken, CTTimeoutUDP}} {
+		f.setConn(f.ifA, c.p, func(v *CTValue) { f.setBack(&v.LastSeen, c.timeout+time.Second) })
 	}
 
 	f.from(f.ifA, retaken, tcxNext)

@@ -242,8 +242,9 @@ func loadWith(tb testing.TB, snapshotCap uint32, flowRing, epRate int, edit func
 const fixtureFlowRing = 1 << 16
 
 // fixtureFlowActive is the active timeout of a fixture's connections: longer than any
-// test, which makes a connection due by setting its entry's Reported back.
-const fixtureFlowActive = time.Hour
+// test, which makes a connection due by setting its entry's Reported back (setBack), and
+// shorter than a machine that just booted has been up.
+const fixtureFlowActive = 30 * time.Second
 
 // newFixture loads the firewall and makes a namespace with three veth interfaces.
 func newFixture(tb testing.TB) *fixture {
@@ -531,6 +532,23 @@ func (f *fixture) epCount(id uint32) EndpointStats {
 }
 
 // now returns bpf_ktime_get_ns's clock.
+// setBack sets the timestamp *t, nanoseconds since boot as bpf_ktime_get_ns counts
+// them, to d before now. The program takes a timestamp after now for a fresh one, so a
+// time before boot cannot be set: on a machine up for less than d it waits, for two
+// minutes at most.
+func (f *fixture) setBack(t *uint64, d time.Duration) {
+	f.tb.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	now := f.now()
+	for ; now <= uint64(d) && time.Now().Before(deadline); now = f.now() {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if now <= uint64(d) {
+		f.tb.Fatalf("the monotonic clock reads %v, not past %v", time.Duration(now), d)
+	}
+	*t = now - uint64(d)
+}
+
 func (f *fixture) now() uint64 {
 	f.tb.Helper()
 	n, err := KtimeNow()
