@@ -45,7 +45,7 @@ const (
 // nearly all of it garbage within milliseconds, and at the agent's target of 50 the
 // collections of a 20,000-route apply took a fifth of its CPU. The heap may grow further
 // until the burst ends; then the target goes back and the release returns what the burst
-// left. Start-up, from StartBurst until the process is first ready, is one.
+// left. Start-up, from StartBurst until the process first idles or is ready, is one.
 type Settler struct {
 	log *slog.Logger
 	// free collects garbage and returns the free heap to the operating system; tests
@@ -78,7 +78,8 @@ func New(log *slog.Logger, burstPercent int) *Settler {
 }
 
 // StartBurst raises the garbage collector's target to the burst's: at start-up, before
-// the process restores what it holds. Watch sets it back once the process is ready.
+// the process restores what it holds. Watch sets it back at its first idle tick, or
+// once the process is ready.
 func (m *Settler) StartBurst() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -127,31 +128,22 @@ func (m *Settler) ReadyNow() {
 	})
 }
 
-// Watch calls ReadyNow once ready reports no reason, checking at every tick (every
-// Interval), and then raises the garbage collector's target at a tick that allocated
-// burstRateBytes or more, and at an idle tick sets it back and, after a burst, releases
-// memory, until ctx ends: the process settles also when nobody probes its readiness.
+// Watch, at every tick (every Interval), raises the garbage collector's target when the
+// tick allocated burstRateBytes or more and sets it back when it was idle; calls
+// ReadyNow once ready reports no reason; and from then on releases memory at an idle
+// tick after a burst, until ctx ends: the process settles also when nobody probes its
+// readiness. A start-up that idles before it is ready (waiting for a server, say) ends
+// its burst then.
 func (m *Settler) Watch(ctx context.Context, ticks <-chan time.Time, ready func() []string) {
-	tick := func() bool {
+	last := m.allocated()
+	var released uint64
+	isReady := false
+	for {
 		select {
 		case <-ctx.Done():
-			return false
-		case <-ticks:
-			return true
-		}
-	}
-	for {
-		if !tick() {
 			return
+		case <-ticks:
 		}
-		if len(ready()) == 0 {
-			m.ReadyNow()
-			break
-		}
-	}
-	released := m.allocated()
-	last := released
-	for tick() {
 		now := m.allocated()
 		rate := now - last
 		last = now
@@ -160,11 +152,19 @@ func (m *Settler) Watch(ctx context.Context, ticks <-chan time.Time, ready func(
 			m.StartBurst()
 		case rate < idleBytes:
 			m.EndBurst()
-			if now-released >= burstBytes {
-				m.Release("idle after a burst")
+		}
+		switch {
+		case !isReady:
+			if len(ready()) == 0 {
+				isReady = true
+				m.ReadyNow()
 				released = m.allocated()
 				last = released
 			}
+		case rate < idleBytes && now-released >= burstBytes:
+			m.Release("idle after a burst")
+			released = m.allocated()
+			last = released
 		}
 	}
 }

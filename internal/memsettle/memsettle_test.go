@@ -112,6 +112,7 @@ func TestMemorySettlesAfterBursts(t *testing.T) {
 		defer close(done)
 		m.Watch(ctx, ticks, func() []string { return nil })
 	}()
+	<-reads // what was allocated when Watch started
 	// tick allocates, ticks, and waits until watch has read what was allocated.
 	tick := func(alloc uint64) {
 		allocated.Add(alloc)
@@ -143,6 +144,7 @@ func TestMemorySettlesAfterBursts(t *testing.T) {
 	if got := <-frees; got != 0 {
 		t.Fatalf("the release on ready saw %d bytes allocated, want 0", got)
 	}
+	<-reads
 	const steps = 21
 	for range steps {
 		tick(8 << 20) // a burst: more than idleBytes at every tick
@@ -204,12 +206,14 @@ func TestMemoryBurstRaisesGCTarget(t *testing.T) {
 				defer close(done)
 				m.Watch(ctx, ticks, func() []string { return nil })
 			}()
+			<-reads // what was allocated when Watch started
 			tick := func(alloc uint64) {
 				allocated.Add(alloc)
 				ticks <- time.Time{}
 				<-reads
 			}
 			tick(0) // ready: the start-up's burst ends
+			<-reads // after the release
 			for _, alloc := range []uint64{burstRateBytes, burstRateBytes, idleBytes} {
 				tick(alloc) // a burst, then less but not idle: the target stays
 			}
@@ -224,5 +228,75 @@ func TestMemoryBurstRaisesGCTarget(t *testing.T) {
 				t.Errorf("the targets set were %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestMemoryStartUpIdlesBeforeReady checks that a start-up that idles before the process
+// is ready (waiting for its server, say) ends its burst at the idle tick, takes a burst
+// up again when one comes, and releases memory only once ready.
+func TestMemoryStartUpIdlesBeforeReady(t *testing.T) {
+	var mu sync.Mutex
+	var set []int
+	var allocated atomic.Uint64
+	var isReady atomic.Bool
+	reads := make(chan struct{}, 10)
+	frees := make(chan struct{}, 10)
+	m := &Settler{log: quiet, free: func() { frees <- struct{}{} }, base: 50, burst: 200,
+		setGCPercent: func(p int) int {
+			mu.Lock()
+			defer mu.Unlock()
+			set = append(set, p)
+			return 0
+		},
+		allocated: func() uint64 {
+			v := allocated.Load()
+			reads <- struct{}{}
+			return v
+		}}
+	targets := func() []int {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(set)
+	}
+	m.StartBurst()
+	ctx, cancel := context.WithCancel(context.Background())
+	ticks := make(chan time.Time)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		m.Watch(ctx, ticks, func() []string {
+			if isReady.Load() {
+				return nil
+			}
+			return []string{"nimbus unreachable"}
+		})
+	}()
+	<-reads
+	tick := func(alloc uint64) {
+		allocated.Add(alloc)
+		ticks <- time.Time{}
+		<-reads
+	}
+	tick(0) // idle, not ready: the start-up's burst ends
+	if got, want := targets(), []int{200, 50}; !slices.Equal(got, want) {
+		t.Errorf("after an idle tick before ready the targets set were %v, want %v", got, want)
+	}
+	tick(burstRateBytes) // a burst before ready
+	if got, want := targets(), []int{200, 50, 200}; !slices.Equal(got, want) {
+		t.Errorf("after a busy tick before ready the targets set were %v, want %v", got, want)
+	}
+	select {
+	case <-frees:
+		t.Fatal("released memory before ready")
+	default:
+	}
+	isReady.Store(true)
+	tick(0) // idle and ready: the burst ends, and the release on ready
+	<-frees
+	<-reads
+	cancel()
+	<-done
+	if got, want := targets(), []int{200, 50, 200, 50}; !slices.Equal(got, want) {
+		t.Errorf("the targets set were %v, want %v", got, want)
 	}
 }
