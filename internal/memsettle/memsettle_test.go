@@ -162,6 +162,74 @@ func TestMemorySettlesAfterBursts(t *testing.T) {
 	<-done
 }
 
+// watched is a Settler whose Watch runs on ticks the test sends, with the allocations,
+// the releases and the garbage collector's targets faked and recorded.
+type watched struct {
+	m         *Settler
+	ticks     chan time.Time
+	allocated atomic.Uint64
+	// reads receives a value at each reading of what was allocated; frees at each release.
+	reads, frees chan struct{}
+	mu           sync.Mutex
+	targets      []int
+	cancel       func()
+	done         chan struct{}
+}
+
+// watch starts a Settler of the targets base and burst, in its start-up's burst, and its
+// Watch with ready, which the test stops with stop.
+func watch(base, burst int, ready func() []string) *watched {
+	w := &watched{ticks: make(chan time.Time), reads: make(chan struct{}, 10), frees: make(chan struct{}, 10), done: make(chan struct{})}
+	w.m = &Settler{log: quiet, base: base, burst: burst,
+		free: func() { w.frees <- struct{}{} },
+		setGCPercent: func(p int) int {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			w.targets = append(w.targets, p)
+			return 0
+		},
+		allocated: func() uint64 {
+			v := w.allocated.Load()
+			w.reads <- struct{}{}
+			return v
+		}}
+	w.m.StartBurst()
+	ctx, cancel := context.WithCancel(context.Background())
+	w.cancel = cancel
+	go func() {
+		defer close(w.done)
+		w.m.Watch(ctx, w.ticks, ready)
+	}()
+	<-w.reads // what was allocated when Watch started
+	return w
+}
+
+// tick allocates, ticks, and waits until Watch has read what was allocated.
+func (w *watched) tick(alloc uint64) {
+	w.allocated.Add(alloc)
+	w.ticks <- time.Time{}
+	<-w.reads
+}
+
+// released waits for a release and for Watch's reading after it.
+func (w *watched) released() {
+	<-w.frees
+	<-w.reads
+}
+
+// set returns the targets set so far.
+func (w *watched) set() []int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.targets)
+}
+
+// stop ends Watch.
+func (w *watched) stop() {
+	w.cancel()
+	<-w.done
+}
+
 // TestMemoryBurstRaisesGCTarget checks that the garbage collector's target is the
 // burst's during start-up, until the process is first ready, and from a tick that
 // allocated burstRateBytes or more until an idle one; and that a process whose
@@ -177,54 +245,19 @@ func TestMemoryBurstRaisesGCTarget(t *testing.T) {
 		{name: "burst not above", base: 100, burst: 100},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var mu sync.Mutex
-			var set []int
-			var allocated atomic.Uint64
-			reads := make(chan struct{}, 10)
-			m := &Settler{log: quiet, free: func() {}, base: tc.base, burst: tc.burst,
-				setGCPercent: func(p int) int {
-					mu.Lock()
-					defer mu.Unlock()
-					set = append(set, p)
-					return 0
-				},
-				allocated: func() uint64 {
-					v := allocated.Load()
-					reads <- struct{}{}
-					return v
-				}}
-			targets := func() []int {
-				mu.Lock()
-				defer mu.Unlock()
-				return slices.Clone(set)
-			}
-			m.StartBurst() // start-up
-			ctx, cancel := context.WithCancel(context.Background())
-			ticks := make(chan time.Time)
-			done := make(chan struct{})
-			go func() {
-				defer close(done)
-				m.Watch(ctx, ticks, func() []string { return nil })
-			}()
-			<-reads // what was allocated when Watch started
-			tick := func(alloc uint64) {
-				allocated.Add(alloc)
-				ticks <- time.Time{}
-				<-reads
-			}
-			tick(0) // ready: the start-up's burst ends
-			<-reads // after the release
+			w := watch(tc.base, tc.burst, func() []string { return nil })
+			w.tick(0) // ready: the start-up's burst ends
+			w.released()
 			for _, alloc := range []uint64{burstRateBytes, burstRateBytes, idleBytes} {
-				tick(alloc) // a burst, then less but not idle: the target stays
+				w.tick(alloc) // a burst, then less but not idle: the target stays
 			}
-			if got, want := targets(), tc.want[:min(3, len(tc.want))]; !slices.Equal(got, want) {
+			if got, want := w.set(), tc.want[:min(3, len(tc.want))]; !slices.Equal(got, want) {
 				t.Errorf("during the burst the targets set were %v, want %v", got, want)
 			}
-			tick(0) // idle
-			tick(0)
-			cancel()
-			<-done
-			if got := targets(); !slices.Equal(got, tc.want) {
+			w.tick(0) // idle
+			w.tick(0)
+			w.stop()
+			if got := w.set(); !slices.Equal(got, tc.want) {
 				t.Errorf("the targets set were %v, want %v", got, tc.want)
 			}
 		})
@@ -235,68 +268,31 @@ func TestMemoryBurstRaisesGCTarget(t *testing.T) {
 // is ready (waiting for its server, say) ends its burst at the idle tick, takes a burst
 // up again when one comes, and releases memory only once ready.
 func TestMemoryStartUpIdlesBeforeReady(t *testing.T) {
-	var mu sync.Mutex
-	var set []int
-	var allocated atomic.Uint64
 	var isReady atomic.Bool
-	reads := make(chan struct{}, 10)
-	frees := make(chan struct{}, 10)
-	m := &Settler{log: quiet, free: func() { frees <- struct{}{} }, base: 50, burst: 200,
-		setGCPercent: func(p int) int {
-			mu.Lock()
-			defer mu.Unlock()
-			set = append(set, p)
-			return 0
-		},
-		allocated: func() uint64 {
-			v := allocated.Load()
-			reads <- struct{}{}
-			return v
-		}}
-	targets := func() []int {
-		mu.Lock()
-		defer mu.Unlock()
-		return slices.Clone(set)
-	}
-	m.StartBurst()
-	ctx, cancel := context.WithCancel(context.Background())
-	ticks := make(chan time.Time)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		m.Watch(ctx, ticks, func() []string {
-			if isReady.Load() {
-				return nil
-			}
-			return []string{"nimbus unreachable"}
-		})
-	}()
-	<-reads
-	tick := func(alloc uint64) {
-		allocated.Add(alloc)
-		ticks <- time.Time{}
-		<-reads
-	}
-	tick(0) // idle, not ready: the start-up's burst ends
-	if got, want := targets(), []int{200, 50}; !slices.Equal(got, want) {
+	w := watch(50, 200, func() []string {
+		if isReady.Load() {
+			return nil
+		}
+		return []string{"nimbus unreachable"}
+	})
+	w.tick(0) // idle, not ready: the start-up's burst ends
+	if got, want := w.set(), []int{200, 50}; !slices.Equal(got, want) {
 		t.Errorf("after an idle tick before ready the targets set were %v, want %v", got, want)
 	}
-	tick(burstRateBytes) // a burst before ready
-	if got, want := targets(), []int{200, 50, 200}; !slices.Equal(got, want) {
+	w.tick(burstRateBytes) // a burst before ready
+	if got, want := w.set(), []int{200, 50, 200}; !slices.Equal(got, want) {
 		t.Errorf("after a busy tick before ready the targets set were %v, want %v", got, want)
 	}
 	select {
-	case <-frees:
+	case <-w.frees:
 		t.Fatal("released memory before ready")
 	default:
 	}
 	isReady.Store(true)
-	tick(0) // idle and ready: the burst ends, and the release on ready
-	<-frees
-	<-reads
-	cancel()
-	<-done
-	if got, want := targets(), []int{200, 50, 200, 50}; !slices.Equal(got, want) {
+	w.tick(0) // idle and ready: the burst ends, and the release on ready
+	w.released()
+	w.stop()
+	if got, want := w.set(), []int{200, 50, 200, 50}; !slices.Equal(got, want) {
 		t.Errorf("the targets set were %v, want %v", got, want)
 	}
 }
