@@ -147,6 +147,11 @@ func Open(dir string, caps Capacities, log *slog.Logger) (*Objects, error) {
 	inner.MaxEntries = uint32(caps.Snapshot)
 	spec.Maps[MapSnapshots].InnerMap = inner.Copy()
 
+	// The maps first, then the programs, each on a goroutine of its own: the kernel
+	// verifies the programs of one collection one after the other, and the two largest
+	// take the best part of a second each.
+	maps := spec.Copy()
+	maps.Programs = map[string]*ebpf.ProgramSpec{}
 	var coll *ebpf.Collection
 	var oldCT *ebpf.Map // the conntrack table being replaced
 	defer func() {
@@ -155,16 +160,16 @@ func Open(dir string, caps Capacities, log *slog.Logger) (*Objects, error) {
 		}
 	}()
 	for attempt := 0; ; attempt++ {
-		coll, err = ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: dir}})
+		coll, err = ebpf.NewCollectionWithOptions(maps, ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: dir}})
 		if err == nil {
 			break
 		}
 		if !errors.Is(err, ebpf.ErrMapIncompatible) || attempt > len(spec.Maps) {
-			return nil, fmt.Errorf("loading the firewall's programs and maps: %w", err)
+			return nil, fmt.Errorf("loading the firewall's maps: %w", err)
 		}
 		name := incompatibleMap(err, spec)
 		if name == "" {
-			return nil, fmt.Errorf("loading the firewall's programs and maps: %w", err)
+			return nil, fmt.Errorf("loading the firewall's maps: %w", err)
 		}
 		if name == MapCT && oldCT == nil {
 			if m, err := ebpf.LoadPinnedMap(filepath.Join(dir, name), nil); err == nil {
@@ -182,9 +187,14 @@ func Open(dir string, caps Capacities, log *slog.Logger) (*Objects, error) {
 			return nil, fmt.Errorf("replacing pinned map %s: %w", name, err)
 		}
 	}
+	defer coll.Close()
+	progs, err := loadPrograms(spec, coll.Maps)
+	if err != nil {
+		return nil, fmt.Errorf("loading the firewall's programs: %w", err)
+	}
 	o := &Objects{
-		Ingress:         coll.DetachProgram(ProgIngress),
-		Egress:          coll.DetachProgram(ProgEgress),
+		Ingress:         progs[ProgIngress],
+		Egress:          progs[ProgEgress],
 		Snapshots:       coll.DetachMap(MapSnapshots),
 		CT:              coll.DetachMap(MapCT),
 		Frag:            coll.DetachMap(MapFrag),
@@ -195,11 +205,11 @@ func Open(dir string, caps Capacities, log *slog.Logger) (*Objects, error) {
 		FlowLost:        coll.DetachMap(MapFlowLost),
 		FlowBudget:      coll.DetachMap(MapFlowBudget),
 		FlowSuppressed:  coll.DetachMap(MapFlowSuppressed),
-		TraceTunnelOut:  coll.DetachProgram(ProgTraceTunnelOut),
-		TraceTunnelIn:   coll.DetachProgram(ProgTraceTunnelIn),
-		TraceGatewayOut: coll.DetachProgram(ProgTraceGatewayOut),
-		TraceGatewayIn:  coll.DetachProgram(ProgTraceGatewayIn),
-		TraceInject:     coll.DetachProgram(ProgTraceInject),
+		TraceTunnelOut:  progs[ProgTraceTunnelOut],
+		TraceTunnelIn:   progs[ProgTraceTunnelIn],
+		TraceGatewayOut: progs[ProgTraceGatewayOut],
+		TraceGatewayIn:  progs[ProgTraceGatewayIn],
+		TraceInject:     progs[ProgTraceInject],
 		TraceCtl:        coll.DetachMap(MapTraceCtl),
 		Traces:          coll.DetachMap(MapTraces),
 		TraceEvents:     coll.DetachMap(MapTraceEvents),
@@ -209,7 +219,6 @@ func Open(dir string, caps Capacities, log *slog.Logger) (*Objects, error) {
 		caps:            caps,
 		inner:           inner,
 	}
-	coll.Close()
 	if oldCT != nil {
 		n, skipped, err := migrateCT(oldCT, o.CT)
 		if err != nil {
@@ -219,6 +228,38 @@ func Open(dir string, caps Capacities, log *slog.Logger) (*Objects, error) {
 		}
 	}
 	return o, nil
+}
+
+// loadPrograms loads the programs of spec with maps, made already, each on a goroutine of
+// its own, and returns them by name.
+func loadPrograms(spec *ebpf.CollectionSpec, maps map[string]*ebpf.Map) (map[string]*ebpf.Program, error) {
+	var mu sync.Mutex
+	progs := make(map[string]*ebpf.Program, len(spec.Programs))
+	var errs []error
+	var wg sync.WaitGroup
+	for name := range spec.Programs {
+		one := spec.Copy()
+		one.Programs = map[string]*ebpf.ProgramSpec{name: one.Programs[name]}
+		wg.Go(func() {
+			coll, err := ebpf.NewCollectionWithOptions(one, ebpf.CollectionOptions{MapReplacements: maps})
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			progs[name] = coll.DetachProgram(name)
+			coll.Close()
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for _, p := range progs {
+			p.Close()
+		}
+		return nil, err
+	}
+	return progs, nil
 }
 
 // ctValueSizeV1 is the size of the first layout of struct fw_ct_value: the fields up to
