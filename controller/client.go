@@ -273,7 +273,6 @@ func (c *Client) ApplyWith(ctx context.Context, objs []*nimbusv1.Object, opts Ap
 	}
 	var bad checks
 	seen := make(map[nimbusv1.Key]int, len(objs))
-	sizes := make([]int, len(objs))
 	for i, o := range objs {
 		if o == nil {
 			bad.add(i, fmt.Sprintf("objects[%d]", i), &nimbusv1.FieldError{Field: "object", Reason: "is required"})
@@ -293,7 +292,6 @@ func (c *Client) ApplyWith(ctx context.Context, objs []*nimbusv1.Object, opts Ap
 			continue
 		}
 		seen[key] = i
-		sizes[i] = o.SizeVT() + applyEntryOverhead
 	}
 	if err := bad.err("checking objects, nothing applied"); err != nil {
 		return nil, err
@@ -305,7 +303,9 @@ func (c *Client) ApplyWith(ctx context.Context, objs []*nimbusv1.Object, opts Ap
 	}
 	// The first calls are smaller, so that nimbus, and the nodes after it, start on the
 	// first objects while the others are on their way.
-	for lo, hi := range chunks(sizes, batchBytes/firstBatchShare, batchBytes) {
+	// Each object's size is taken as its call is made up, not all before the first.
+	size := func(i int) int { return objs[i].SizeVT() + applyEntryOverhead }
+	for lo, hi := range chunks(len(objs), size, batchBytes/firstBatchShare, batchBytes) {
 		req := &nimbusv1.ApplyBatchRequest{Objects: objs[lo:hi], OmitObjects: opts.OmitObjects, DryRun: opts.DryRun}
 		resp, err := c.api.ApplyBatch(ctx, req, recvLimit())
 		if err != nil {
@@ -415,7 +415,7 @@ func (c *Client) DeleteWith(ctx context.Context, keys []*nimbusv1.ObjectKey, opt
 		return nil, err
 	}
 	results := make([]*nimbusv1.DeleteResponse, 0, len(keys))
-	for lo, hi := range chunks(sizes, c.opts.MaxBatchBytes, c.opts.MaxBatchBytes) {
+	for lo, hi := range chunks(len(sizes), func(i int) int { return sizes[i] }, c.opts.MaxBatchBytes, c.opts.MaxBatchBytes) {
 		resp, err := c.api.DeleteBatch(ctx, &nimbusv1.DeleteBatchRequest{Keys: keys[lo:hi]}, recvLimit())
 		if err != nil {
 			return results, callError(fmt.Sprintf("deleting keys[%d:%d], %d of %d deleted before", lo, hi, lo, len(keys)), "keys", lo, hi, err)
@@ -435,26 +435,27 @@ func (c *Client) DeleteWith(ctx context.Context, keys []*nimbusv1.ObjectKey, opt
 	return results, nil
 }
 
-// chunks yields the bounds [lo, hi) of consecutive entries, of the encoded sizes, whose
-// encoding as a repeated field is at most first bytes for the first chunk, twice the
-// bound of the one before for each next one, and max at most; an entry larger than its
-// chunk's bound is a chunk of its own.
-func chunks(sizes []int, first, max int) func(yield func(lo, hi int) bool) {
+// chunks yields the bounds [lo, hi) of consecutive entries of the n, of the encoded
+// sizes size(i), whose encoding as a repeated field is at most first bytes for the first
+// chunk, twice the bound of the one before for each next one, and max at most; an entry
+// larger than its chunk's bound is a chunk of its own.
+func chunks(n int, size func(i int) int, first, max int) func(yield func(lo, hi int) bool) {
 	return func(yield func(lo, hi int) bool) {
 		lo, total, bound := 0, 0, min(first, max)
-		for i, n := range sizes {
+		for i := range n {
+			sz := size(i)
 			// A repeated message field: a one-byte tag, the length, the message.
-			n += 1 + protowire.SizeVarint(uint64(n))
-			if i > lo && total+n > bound {
+			sz += 1 + protowire.SizeVarint(uint64(sz))
+			if i > lo && total+sz > bound {
 				if !yield(lo, i) {
 					return
 				}
 				lo, total, bound = i, 0, min(2*bound, max)
 			}
-			total += n
+			total += sz
 		}
-		if lo < len(sizes) {
-			yield(lo, len(sizes))
+		if lo < n {
+			yield(lo, n)
 		}
 	}
 }

@@ -314,7 +314,7 @@ func TestChunks(t *testing.T) {
 			first = tt.max
 		}
 		var got [][2]int
-		for lo, hi := range chunks(tt.sizes, first, tt.max) {
+		for lo, hi := range chunks(len(tt.sizes), func(i int) int { return tt.sizes[i] }, first, tt.max) {
 			got = append(got, [2]int{lo, hi})
 		}
 		if !slices.Equal(got, tt.want) {

@@ -203,9 +203,9 @@ func applyResult(r *nimbusv1.ApplyResponse) (string, int64) {
 // (key.name).
 func duplicates(keys []*nimbusv1.ObjectKey, field string, where func(i int) string) []error {
 	var errs []error
-	first := make(map[string]int, len(keys))
+	first := make(map[nimbusv1.Key]int, len(keys))
 	for i, k := range keys {
-		id := k.ID()
+		id := k.Key()
 		if j, ok := first[id]; ok {
 			fe := &nimbusv1.FieldError{Field: field, Value: k.GetName(),
 				Reason: "the same object as " + where(j) + " (an object may appear once)"}
