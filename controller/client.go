@@ -43,6 +43,9 @@ var (
 const (
 	// DefaultMaxBatchBytes is the default of Options.MaxBatchBytes.
 	DefaultMaxBatchBytes = 1 << 20
+	// firstBatchShare is the share of Options.MaxBatchBytes the first ApplyBatch call of
+	// ApplyWith carries at most: 1/8, then 1/4, 1/2 and the whole.
+	firstBatchShare = 8
 	// DryRunBatchBytes bounds the size of one ApplyBatch call of a dry run (see
 	// ApplyOptions.DryRun), as Options.MaxBatchBytes does for an apply: nimbus takes
 	// 16 MiB in one call, and the margin keeps the request within it.
@@ -97,9 +100,11 @@ type Options struct {
 	// objects or keys it carries, each counted with a margin for its framing and for what
 	// its result adds to the answer (256 bytes an object, 32 a key). Apply and Delete send
 	// more in several calls. An object larger than that travels alone. Default:
-	// DefaultMaxBatchBytes (1 MiB, some 5,000 routes), a sixteenth of what nimbus takes
+	// DefaultMaxBatchBytes (1 MiB, some 2,500 routes), a sixteenth of what nimbus takes
 	// in one call, so that nimbus commits, and the agents start on, the first objects of
-	// a large batch while the next are on their way. Negative values are refused.
+	// a large batch while the next are on their way; for that, too, Apply's first call
+	// carries at most an eighth of it, and each next one twice the one before. Negative
+	// values are refused.
 	MaxBatchBytes int
 	// MinBackoff and MaxBackoff bound the delay before a broken status stream is opened
 	// again: it starts at MinBackoff, doubles with each attempt that fails before the
@@ -267,28 +272,26 @@ func (c *Client) ApplyWith(ctx context.Context, objs []*nimbusv1.Object, opts Ap
 		return nil, fmt.Errorf("applying objects: %w", ErrClosed)
 	}
 	var bad checks
-	seen := make(map[string]int, len(objs))
-	sizes := make([]int, len(objs))
+	seen := make(map[nimbusv1.Key]int, len(objs))
 	for i, o := range objs {
 		if o == nil {
 			bad.add(i, fmt.Sprintf("objects[%d]", i), &nimbusv1.FieldError{Field: "object", Reason: "is required"})
 			bad.entries[len(bad.entries)-1].Field = "" // the entry as a whole
 			continue
 		}
-		id := o.Key().ID()
-		at := fmt.Sprintf("objects[%d] (%s)", i, id)
+		at := func() string { return fmt.Sprintf("objects[%d] (%s)", i, o.Key().ID()) }
 		if !opts.Validated {
 			if err := o.Validate(); err != nil {
-				bad.add(i, at, err)
+				bad.add(i, at(), err)
 				continue
 			}
 		}
-		if j, ok := seen[id]; ok {
-			bad.add(i, at, fmt.Errorf("the key of objects[%d] again: %w", j, nimbusv1.ErrInvalid))
+		key := o.TypedKey()
+		if j, ok := seen[key]; ok {
+			bad.add(i, at(), fmt.Errorf("the key of objects[%d] again: %w", j, nimbusv1.ErrInvalid))
 			continue
 		}
-		seen[id] = i
-		sizes[i] = o.SizeVT() + applyEntryOverhead
+		seen[key] = i
 	}
 	if err := bad.err("checking objects, nothing applied"); err != nil {
 		return nil, err
@@ -298,7 +301,11 @@ func (c *Client) ApplyWith(ctx context.Context, objs []*nimbusv1.Object, opts Ap
 	if opts.DryRun {
 		batchBytes = max(batchBytes, DryRunBatchBytes)
 	}
-	for lo, hi := range chunks(sizes, batchBytes) {
+	// The first calls are smaller, so that nimbus, and the nodes after it, start on the
+	// first objects while the others are on their way.
+	// Each object's size is taken as its call is made up, not all before the first.
+	size := func(i int) int { return objs[i].SizeVT() + applyEntryOverhead }
+	for lo, hi := range chunks(len(objs), size, batchBytes/firstBatchShare, batchBytes) {
 		req := &nimbusv1.ApplyBatchRequest{Objects: objs[lo:hi], OmitObjects: opts.OmitObjects, DryRun: opts.DryRun}
 		resp, err := c.api.ApplyBatch(ctx, req, recvLimit())
 		if err != nil {
@@ -408,7 +415,7 @@ func (c *Client) DeleteWith(ctx context.Context, keys []*nimbusv1.ObjectKey, opt
 		return nil, err
 	}
 	results := make([]*nimbusv1.DeleteResponse, 0, len(keys))
-	for lo, hi := range chunks(sizes, c.opts.MaxBatchBytes) {
+	for lo, hi := range chunks(len(sizes), func(i int) int { return sizes[i] }, c.opts.MaxBatchBytes, c.opts.MaxBatchBytes) {
 		resp, err := c.api.DeleteBatch(ctx, &nimbusv1.DeleteBatchRequest{Keys: keys[lo:hi]}, recvLimit())
 		if err != nil {
 			return results, callError(fmt.Sprintf("deleting keys[%d:%d], %d of %d deleted before", lo, hi, lo, len(keys)), "keys", lo, hi, err)
@@ -428,25 +435,27 @@ func (c *Client) DeleteWith(ctx context.Context, keys []*nimbusv1.ObjectKey, opt
 	return results, nil
 }
 
-// chunks yields the bounds [lo, hi) of consecutive entries, of the encoded sizes, whose
-// encoding as a repeated field is at most max bytes; an entry larger than that is a chunk
-// of its own.
-func chunks(sizes []int, max int) func(yield func(lo, hi int) bool) {
+// chunks yields the bounds [lo, hi) of consecutive entries of the n, of the encoded
+// sizes size(i), whose encoding as a repeated field is at most first bytes for the first
+// chunk, twice the bound of the one before for each next one, and max at most; an entry
+// larger than its chunk's bound is a chunk of its own.
+func chunks(n int, size func(i int) int, first, max int) func(yield func(lo, hi int) bool) {
 	return func(yield func(lo, hi int) bool) {
-		lo, total := 0, 0
-		for i, n := range sizes {
+		lo, total, bound := 0, 0, min(first, max)
+		for i := range n {
+			sz := size(i)
 			// A repeated message field: a one-byte tag, the length, the message.
-			n += 1 + protowire.SizeVarint(uint64(n))
-			if i > lo && total+n > max {
+			sz += 1 + protowire.SizeVarint(uint64(sz))
+			if i > lo && total+sz > bound {
 				if !yield(lo, i) {
 					return
 				}
-				lo, total = i, 0
+				lo, total, bound = i, 0, min(2*bound, max)
 			}
-			total += n
+			total += sz
 		}
-		if lo < len(sizes) {
-			yield(lo, len(sizes))
+		if lo < n {
+			yield(lo, n)
 		}
 	}
 }

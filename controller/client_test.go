@@ -295,23 +295,30 @@ func TestApplyStopsWhenAppliedFails(t *testing.T) {
 func TestChunks(t *testing.T) {
 	for _, tt := range []struct {
 		sizes []int
-		max   int
-		want  [][2]int
+		// first is the bound of the first chunk; 0 stands for max.
+		first, max int
+		want       [][2]int
 	}{
-		{nil, 100, nil},
-		{[]int{10, 10, 10}, 100, [][2]int{{0, 3}}},
+		{nil, 0, 100, nil},
+		{[]int{10, 10, 10}, 0, 100, [][2]int{{0, 3}}},
 		// Each entry takes 12 bytes with its tag and length.
-		{[]int{10, 10, 10}, 24, [][2]int{{0, 2}, {2, 3}}},
-		{[]int{10, 10, 10}, 23, [][2]int{{0, 1}, {1, 2}, {2, 3}}},
+		{[]int{10, 10, 10}, 0, 24, [][2]int{{0, 2}, {2, 3}}},
+		{[]int{10, 10, 10}, 0, 23, [][2]int{{0, 1}, {1, 2}, {2, 3}}},
 		// Too large for any chunk: alone.
-		{[]int{10, 500, 10}, 100, [][2]int{{0, 1}, {1, 2}, {2, 3}}},
+		{[]int{10, 500, 10}, 0, 100, [][2]int{{0, 1}, {1, 2}, {2, 3}}},
+		// Bounds rising from 12: 12, 24, 48, then 50.
+		{[]int{10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10}, 12, 50, [][2]int{{0, 1}, {1, 3}, {3, 7}, {7, 11}, {11, 12}}},
 	} {
+		first := tt.first
+		if first == 0 {
+			first = tt.max
+		}
 		var got [][2]int
-		for lo, hi := range chunks(tt.sizes, tt.max) {
+		for lo, hi := range chunks(len(tt.sizes), func(i int) int { return tt.sizes[i] }, first, tt.max) {
 			got = append(got, [2]int{lo, hi})
 		}
 		if !slices.Equal(got, tt.want) {
-			t.Errorf("chunks(%v, %d) = %v, want %v", tt.sizes, tt.max, got, tt.want)
+			t.Errorf("chunks(%v, %d, %d) = %v, want %v", tt.sizes, first, tt.max, got, tt.want)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
@@ -24,6 +25,13 @@ type WaitOptions struct {
 	// its status changes, until the target is done. It is called on the goroutine that
 	// called Wait. Default: nil.
 	Progress func(t Target, item *nimbusv1.ObjectWithStatus)
+	// Brief keeps the status stream to what a wait for thousands of objects needs (see
+	// nimbusv1.WatchStatusRequest.brief): nimbus then sends of an object whose status
+	// has nothing to tell but its counts (no node FAILED, none with a reason or a
+	// message) only its generation and counts, and Progress is handed an item with just
+	// those: its object a skeleton (nimbusv1.ObjectKey.Skeleton), its status the
+	// generation, target_nodes and programmed_nodes, no nodes listed. Default: false.
+	Brief bool
 }
 
 // WaitError is why Wait gave up on one target.
@@ -114,14 +122,27 @@ func (c *Client) Wait(ctx context.Context, targets []Target, opts WaitOptions) e
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	w := &waiter{opts: opts, byKey: map[nimbusv1.Key][]*waitState{}, stop: cancel, open: len(targets)}
+	w := &waiter{opts: opts, byKey: make(map[nimbusv1.Key][]*waitState, len(targets)), stop: cancel, open: len(targets)}
 	for _, t := range targets {
 		t.Key = t.Key.Defaulted()
 		s := &waitState{target: t}
 		w.states = append(w.states, s)
 		w.byKey[t.Key.Key()] = append(w.byKey[t.Key.Key()], s)
 	}
-	err := c.WatchStatus(ctx, filterOf(targets), w)
+	f := filterOf(targets)
+	req := &nimbusv1.WatchStatusRequest{Kind: f.Kind, Tenant: f.Tenant, Namespace: f.Namespace, Name: f.Name, OmitObjects: f.StatusOnly, Keys: f.Keys}
+	sw := newStatusWatch(w)
+	if opts.Brief && len(targets) <= maxBriefTargets {
+		// A brief stream names its objects by their indexes in the keys, which it
+		// needs even for one target.
+		req.Keys = make([]*nimbusv1.ObjectKey, len(targets))
+		for i, s := range w.states {
+			req.Keys[i] = s.target.Key
+		}
+		req.Brief = true
+		sw = newBriefWatch(w, req.Keys)
+	}
+	err := c.watchStatus(ctx, req, sw)
 	if w.finished {
 		return w.result
 	}
@@ -172,6 +193,11 @@ func filterOf(targets []Target) Filter {
 // size nimbus takes: some 90,000 keys. A wait for more watches what they have in common.
 const maxWaitKeyBytes = 4 << 20
 
+// maxBriefTargets bounds the targets of a brief wait: its keys must fit in a request
+// nimbus takes, which they do at the most keys maxWaitKeyBytes holds, of the shortest
+// names. A brief wait for more falls back to full statuses.
+const maxBriefTargets = maxWaitKeyBytes / 16
+
 // waitState is where the wait for one target stands.
 type waitState struct {
 	target Target
@@ -201,7 +227,12 @@ var _ SyncReactor = (*waiter)(nil)
 
 // OnStatus moves the targets of the item's object on.
 func (w *waiter) OnStatus(item *nimbusv1.ObjectWithStatus) {
-	for _, s := range w.byKey[item.GetObject().TypedKey()] {
+	w.moveOn(w.byKey[item.GetObject().TypedKey()], item)
+}
+
+// moveOn moves the targets of item's object, states, on.
+func (w *waiter) moveOn(states []*waitState, item *nimbusv1.ObjectWithStatus) {
+	for _, s := range states {
 		if s.done || s.err != nil {
 			continue
 		}
@@ -222,6 +253,17 @@ func (w *waiter) OnStatus(item *nimbusv1.ObjectWithStatus) {
 		}
 	}
 	w.check()
+}
+
+// onBrief moves the targets of the object with the key index i on, from a brief entry.
+func (w *waiter) onBrief(i int, generation int64, target, programmed int32) {
+	key := w.states[i].target.Key
+	states := w.byKey[key.Key()]
+	if !slices.ContainsFunc(states, func(s *waitState) bool { return !s.done && s.err == nil }) {
+		return
+	}
+	w.moveOn(states, &nimbusv1.ObjectWithStatus{Object: key.Skeleton(generation),
+		Status: &nimbusv1.ObjectStatus{Generation: generation, TargetNodes: target, ProgrammedNodes: programmed}})
 }
 
 // OnDelete gives up on the targets of the deleted object.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"testing"
 
@@ -20,14 +21,23 @@ type waiting struct {
 // startWait runs c.Wait for the targets in the background.
 func startWait(t *testing.T, c *Client, targets ...Target) *waiting {
 	t.Helper()
+	return startWaitWith(t, c, WaitOptions{}, targets...)
+}
+
+// startWaitWith runs c.Wait for the targets in the background with opts, its Progress
+// set.
+func startWaitWith(t *testing.T, c *Client, opts WaitOptions, targets ...Target) *waiting {
+	t.Helper()
 	w := &waiting{done: make(chan error, 1), progress: make(chan string, 100)}
 	ctx := testContext(t)
-	go func() {
-		w.done <- c.Wait(ctx, targets, WaitOptions{Progress: func(tg Target, item *nimbusv1.ObjectWithStatus) {
-			w.progress <- fmt.Sprintf("%s@%d: %d/%d", tg.Key.GetName(), tg.Generation,
-				item.GetStatus().GetProgrammedNodes(), item.GetStatus().GetTargetNodes())
-		}})
-	}()
+	opts.Progress = func(tg Target, item *nimbusv1.ObjectWithStatus) {
+		if got := item.GetObject().Key().ID(); got != tg.Key.ID() {
+			t.Errorf("progress of %s handed an item of %s", tg.Key.ID(), got)
+		}
+		w.progress <- fmt.Sprintf("%s@%d: %d/%d", tg.Key.GetName(), tg.Generation,
+			item.GetStatus().GetProgrammedNodes(), item.GetStatus().GetTargetNodes())
+	}
+	go func() { w.done <- c.Wait(ctx, targets, opts) }()
 	t.Cleanup(func() { <-w.done })
 	return w
 }
@@ -48,7 +58,17 @@ func (w *waiting) result(t *testing.T) error {
 	return err
 }
 
-func TestWaitUntilProgrammed(t *testing.T) {
+// forEachWait runs test with a wait that follows whole statuses and with a brief one
+// (WaitOptions.Brief): the two must end alike and show the same progress.
+func forEachWait(t *testing.T, test func(t *testing.T, opts WaitOptions)) {
+	for _, brief := range []bool{false, true} {
+		t.Run(fmt.Sprintf("brief=%v", brief), func(t *testing.T) { test(t, WaitOptions{Brief: brief}) })
+	}
+}
+
+func TestWaitUntilProgrammed(t *testing.T) { forEachWait(t, testWaitUntilProgrammed) }
+
+func testWaitUntilProgrammed(t *testing.T, opts WaitOptions) {
 	socket := socketPath(t)
 	serve(t, socket, "")
 	c := newClient(t, socket, Options{})
@@ -58,7 +78,7 @@ func TestWaitUntilProgrammed(t *testing.T) {
 	}
 	report(t, api, "r2", "a", 1, nimbusv1.Phase_PHASE_PROGRAMMED, "", "")
 
-	w := startWait(t, c, Target{Key: routeKey("r1")}, Target{Key: routeKey("r2")})
+	w := startWaitWith(t, c, opts, Target{Key: routeKey("r1")}, Target{Key: routeKey("r2")})
 	w.wantProgress(t, "r1@1: 0/2")
 	w.wantProgress(t, "r2@1: 1/1")
 	report(t, api, "r1", "a", 1, nimbusv1.Phase_PHASE_PROGRAMMED, "", "")
@@ -76,7 +96,9 @@ func TestWaitUntilProgrammed(t *testing.T) {
 
 // TestWaitForGeneration waits for a generation not programmed yet: statuses of the one
 // before do not count.
-func TestWaitForGeneration(t *testing.T) {
+func TestWaitForGeneration(t *testing.T) { forEachWait(t, testWaitForGeneration) }
+
+func testWaitForGeneration(t *testing.T, opts WaitOptions) {
 	socket := socketPath(t)
 	serve(t, socket, "")
 	c := newClient(t, socket, Options{})
@@ -90,7 +112,7 @@ func TestWaitForGeneration(t *testing.T) {
 		t.Fatal(err)
 	}
 	gen := res[0].GetObject().GetMeta().GetGeneration()
-	w := startWait(t, c, Target{Key: routeKey("r1"), Generation: gen})
+	w := startWaitWith(t, c, opts, Target{Key: routeKey("r1"), Generation: gen})
 	w.wantProgress(t, "r1@2: 0/1")
 	report(t, api, "r1", "a", 2, nimbusv1.Phase_PHASE_PROGRAMMED, "", "")
 	if err := w.result(t); err != nil {
@@ -98,7 +120,9 @@ func TestWaitForGeneration(t *testing.T) {
 	}
 }
 
-func TestWaitFailsFast(t *testing.T) {
+func TestWaitFailsFast(t *testing.T) { forEachWait(t, testWaitFailsFast) }
+
+func testWaitFailsFast(t *testing.T, opts WaitOptions) {
 	socket := socketPath(t)
 	serve(t, socket, "")
 	c := newClient(t, socket, Options{})
@@ -106,7 +130,7 @@ func TestWaitFailsFast(t *testing.T) {
 	if _, err := c.Apply(testContext(t), route("r1", "192.0.2.1", "a", "b", "c")); err != nil {
 		t.Fatal(err)
 	}
-	w := startWait(t, c, Target{Key: routeKey("r1")})
+	w := startWaitWith(t, c, opts, Target{Key: routeKey("r1")})
 	w.wantProgress(t, "r1@1: 0/3")
 	reportStatus(t, api, "r1", &nimbusv1.NodeStatus{Node: "b", ObservedGeneration: 1, Phase: nimbusv1.Phase_PHASE_FAILED,
 		Terminal: true, Reason: "InvalidSpec", Message: "spec.table 255: reserved"})
@@ -126,7 +150,9 @@ func TestWaitFailsFast(t *testing.T) {
 
 // TestWaitThroughRetriedFailure: a FAILED status that the agent retries (not terminal)
 // is progress; Wait waits on, and succeeds once the node reports PROGRAMMED.
-func TestWaitThroughRetriedFailure(t *testing.T) {
+func TestWaitThroughRetriedFailure(t *testing.T) { forEachWait(t, testWaitThroughRetriedFailure) }
+
+func testWaitThroughRetriedFailure(t *testing.T, opts WaitOptions) {
 	socket := socketPath(t)
 	serve(t, socket, "")
 	c := newClient(t, socket, Options{})
@@ -134,7 +160,7 @@ func TestWaitThroughRetriedFailure(t *testing.T) {
 	if _, err := c.Apply(testContext(t), route("r1", "192.0.2.1", "a")); err != nil {
 		t.Fatal(err)
 	}
-	w := startWait(t, c, Target{Key: routeKey("r1")})
+	w := startWaitWith(t, c, opts, Target{Key: routeKey("r1")})
 	w.wantProgress(t, "r1@1: 0/1")
 	report(t, api, "r1", "a", 1, nimbusv1.Phase_PHASE_FAILED, "KernelError", "adding route: network is unreachable")
 	w.wantProgress(t, "r1@1: 0/1") // the failure, seen
@@ -150,20 +176,22 @@ func TestWaitThroughRetriedFailure(t *testing.T) {
 	}
 }
 
-func TestWaitNotFound(t *testing.T) {
+func TestWaitNotFound(t *testing.T) { forEachWait(t, testWaitNotFound) }
+
+func testWaitNotFound(t *testing.T, opts WaitOptions) {
 	socket := socketPath(t)
 	serve(t, socket, "")
 	c := newClient(t, socket, Options{})
 	if _, err := c.Apply(testContext(t), route("r1", "192.0.2.1", "a")); err != nil {
 		t.Fatal(err)
 	}
-	err := c.Wait(testContext(t), []Target{{Key: routeKey("r1")}, {Key: routeKey("missing")}}, WaitOptions{})
+	err := c.Wait(testContext(t), []Target{{Key: routeKey("r1")}, {Key: routeKey("missing")}}, opts)
 	if !errors.Is(err, ErrNotFound) || err.Error() != "Route/default/default/missing: object not found" {
 		t.Fatalf("Wait for a missing object = %v, want it not found", err)
 	}
 
 	// Deleted while waited for.
-	w := startWait(t, c, Target{Key: routeKey("r1")})
+	w := startWaitWith(t, c, opts, Target{Key: routeKey("r1")})
 	w.wantProgress(t, "r1@1: 0/1")
 	if _, err := c.Delete(testContext(t), routeKey("r1")); err != nil {
 		t.Fatal(err)
@@ -191,7 +219,9 @@ func TestWaitEndsWithContext(t *testing.T) {
 // TestWaitBeyondStatusNodes waits for objects of more nodes than nimbus lists in a
 // status (its --status-nodes): a wait counts them all and ends, and a failed one names
 // the FAILED nodes listed and says how many more failed.
-func TestWaitBeyondStatusNodes(t *testing.T) {
+func TestWaitBeyondStatusNodes(t *testing.T) { forEachWait(t, testWaitBeyondStatusNodes) }
+
+func testWaitBeyondStatusNodes(t *testing.T, opts WaitOptions) {
 	socket := socketPath(t)
 	serveWith(t, socket, nimbus.Options{Limits: nimbus.Limits{StatusNodes: 3}})
 	c := newClient(t, socket, Options{})
@@ -210,10 +240,10 @@ func TestWaitBeyondStatusNodes(t *testing.T) {
 				Terminal: true, Reason: "InvalidSpec", Message: "no"})
 		}
 	}
-	if err := c.Wait(testContext(t), []Target{{Key: routeKey("r1")}}, WaitOptions{}); err != nil {
+	if err := c.Wait(testContext(t), []Target{{Key: routeKey("r1")}}, opts); err != nil {
 		t.Fatalf("Wait for a route programmed on its 8 nodes, 3 of them listed: %v", err)
 	}
-	err := c.Wait(testContext(t), []Target{{Key: routeKey("r2")}}, WaitOptions{})
+	err := c.Wait(testContext(t), []Target{{Key: routeKey("r2")}}, opts)
 	want := "Route/default/default/r2: programming failed on 3 of 8 nodes (generation 1): node n0: InvalidSpec: no; node n2: InvalidSpec: no; node n4: InvalidSpec: no; and 1 more FAILED node"
 	if !errors.Is(err, ErrFailed) || err.Error() != want {
 		t.Fatalf("Wait = %v, want %q", err, want)
@@ -246,5 +276,55 @@ func TestFilterOfNamesTargets(t *testing.T) {
 	}
 	if f = filterOf(many); f.Keys != nil || f.Kind != nimbusv1.Kind_KIND_ROUTE {
 		t.Errorf("filter of 150,000 routes names %d keys, kind %v; want routes, no keys", len(f.Keys), f.Kind)
+	}
+}
+
+// TestBriefWaitResumesAcrossRestart restarts nimbus, on the same data directory, while a
+// brief wait runs, and changes and deletes objects while it is down: after the reconnect
+// the wait hears of those changes only, and gives up on the deleted object.
+func TestBriefWaitResumesAcrossRestart(t *testing.T) {
+	socket, dataDir := socketPath(t), t.TempDir()
+	first := serve(t, socket, dataDir)
+	c := newClient(t, socket, Options{})
+	if _, err := c.Apply(testContext(t), route("a", "192.0.2.1", "x"), route("b", "192.0.2.1", "x"), route("c", "192.0.2.1", "x")); err != nil {
+		t.Fatal(err)
+	}
+	var pending []string
+	progress := make(chan string, 100)
+	done := make(chan error, 1)
+	go func() {
+		done <- c.Wait(testContext(t), []Target{{Key: routeKey("a")}, {Key: routeKey("b")}, {Key: routeKey("c")}}, WaitOptions{Brief: true,
+			Progress: func(tg Target, item *nimbusv1.ObjectWithStatus) {
+				// A brief entry names no pending node, where a whole status would.
+				pending = append(pending, item.GetStatus().GetPending()...)
+				progress <- fmt.Sprintf("%s@%d: gen %d %d/%d", tg.Key.GetName(), tg.Generation, item.GetObject().GetMeta().GetGeneration(),
+					item.GetStatus().GetProgrammedNodes(), item.GetStatus().GetTargetNodes())
+			}})
+	}()
+	recorder(progress).wantLines(t, "a@1: gen 1 0/1", "b@1: gen 1 0/1", "c@1: gen 1 0/1")
+
+	first.stop()
+	otherSocket := filepath.Join(t.TempDir(), "other.sock")
+	other := serve(t, otherSocket, dataDir)
+	o := newClient(t, otherSocket, Options{})
+	if _, err := o.Apply(testContext(t), route("b", "192.0.2.2", "x")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o.Delete(testContext(t), routeKey("c")); err != nil {
+		t.Fatal(err)
+	}
+	other.stop()
+
+	serve(t, socket, dataDir)
+	recorder(progress).wantNext(t, "b@1: gen 2 0/1")
+	err := <-done
+	if !errors.Is(err, ErrNotFound) || err.Error() != "Route/default/default/c: object not found: it was deleted" {
+		t.Fatalf("Wait = %v, want c deleted", err)
+	}
+	if len(progress) > 0 {
+		t.Errorf("progress after the reconnect: %q more", <-progress)
+	}
+	if len(pending) > 0 {
+		t.Errorf("progress named pending nodes %q: the wait was not brief", pending)
 	}
 }

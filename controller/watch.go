@@ -95,6 +95,11 @@ func (f ReactorFuncs) OnSynced() {
 // when the Client is closed.
 func (c *Client) WatchStatus(ctx context.Context, f Filter, r Reactor) error {
 	req := &nimbusv1.WatchStatusRequest{Kind: f.Kind, Tenant: f.Tenant, Namespace: f.Namespace, Name: f.Name, OmitObjects: f.StatusOnly, Keys: f.Keys}
+	return c.watchStatus(ctx, req, newStatusWatch(r))
+}
+
+// watchStatus runs WatchStatus's streams of req, which sw follows.
+func (c *Client) watchStatus(ctx context.Context, req *nimbusv1.WatchStatusRequest, sw *statusWatch) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
@@ -104,8 +109,7 @@ func (c *Client) WatchStatus(ctx context.Context, f Filter, r Reactor) error {
 		case <-ctx.Done():
 		}
 	}()
-	sw := &statusWatch{r: r, delivered: map[nimbusv1.Key]*nimbusv1.ObjectWithStatus{}}
-	syncer, _ := r.(SyncReactor)
+	syncer, _ := sw.r.(SyncReactor)
 	b := backoff.Backoff{Min: c.opts.MinBackoff, Max: c.opts.MaxBackoff}
 	for {
 		synced, err := sw.stream(ctx, c.api, req, syncer)
@@ -158,8 +162,50 @@ func permanent(err error) bool {
 type statusWatch struct {
 	r Reactor
 	// delivered holds, by key, the last item handed to OnStatus of every object not
-	// deleted since.
+	// deleted since, and not handed as a brief entry since.
 	delivered map[nimbusv1.Key]*nimbusv1.ObjectWithStatus
+
+	// For a brief stream (WatchStatusRequest.brief): brief takes its brief entries, keys
+	// are the request's keys and index their indexes, by key (the first, when a key
+	// repeats); briefed holds, by index, the last brief entry handed of each object, when
+	// it was last handed as one and not deleted since.
+	brief   briefReactor
+	keys    []*nimbusv1.ObjectKey
+	index   map[nimbusv1.Key]int
+	briefed []briefEntry
+}
+
+// briefEntry is a brief entry handed to a brief reactor; the zero briefEntry is none.
+type briefEntry struct {
+	handed             bool
+	generation         int64
+	target, programmed int32
+}
+
+// briefReactor is a Reactor that takes the brief entries of a brief stream.
+type briefReactor interface {
+	Reactor
+	// onBrief is called with a brief entry: the index of the object's key, its
+	// generation and the counts of its status.
+	onBrief(i int, generation int64, target, programmed int32)
+}
+
+// newStatusWatch returns the statusWatch of a stream that is not brief.
+func newStatusWatch(r Reactor) *statusWatch {
+	return &statusWatch{r: r, delivered: map[nimbusv1.Key]*nimbusv1.ObjectWithStatus{}}
+}
+
+// newBriefWatch returns the statusWatch of a brief stream of the keys.
+func newBriefWatch(r briefReactor, keys []*nimbusv1.ObjectKey) *statusWatch {
+	sw := newStatusWatch(r)
+	sw.brief, sw.keys, sw.briefed = r, keys, make([]briefEntry, len(keys))
+	sw.index = make(map[nimbusv1.Key]int, len(keys))
+	for i, k := range keys {
+		if _, ok := sw.index[k.Key()]; !ok {
+			sw.index[k.Key()] = i
+		}
+	}
+	return sw
 }
 
 // stream runs one status stream until it breaks, and tells whether it got to SYNCED.
@@ -170,12 +216,20 @@ func (sw *statusWatch) stream(ctx context.Context, api nimbusv1.NimbusClient, re
 	if err != nil {
 		return false, fmt.Errorf("opening status stream: %w", err)
 	}
-	// seen holds the objects of the current state until SYNCED; nil after.
+	// seen holds the objects of the current state until SYNCED, and seenBrief those of
+	// them in brief entries, by index; nil after.
 	seen := map[nimbusv1.Key]bool{}
+	var seenBrief []bool
+	if sw.brief != nil {
+		seenBrief = make([]bool, len(sw.keys))
+	}
 	for {
 		frame, err := stream.Recv()
 		if err != nil {
 			return seen == nil, fmt.Errorf("receiving status: %w", err)
+		}
+		if err := sw.briefEntries(frame, seenBrief); err != nil {
+			return seen == nil, err
 		}
 		for _, ev := range frame.GetEvents() {
 			switch ev.GetType() {
@@ -183,6 +237,9 @@ func (sw *statusWatch) stream(ctx context.Context, api nimbusv1.NimbusClient, re
 				id := ev.GetKey().Key()
 				if seen != nil {
 					seen[id] = true
+				}
+				if i, ok := sw.index[id]; ok {
+					sw.briefed[i] = briefEntry{}
 				}
 				item := ev.GetItem()
 				// The status, which is what changes, first: most often the comparison
@@ -203,7 +260,12 @@ func (sw *statusWatch) stream(ctx context.Context, api nimbusv1.NimbusClient, re
 						sw.deleted(id, item.GetObject().Key())
 					}
 				}
-				seen = nil
+				for i, b := range sw.briefed {
+					if b.handed && !seenBrief[i] {
+						sw.deleted(sw.keys[i].Key(), sw.keys[i])
+					}
+				}
+				seen, seenBrief = nil, nil
 				if syncer != nil {
 					syncer.OnSynced()
 				}
@@ -215,11 +277,52 @@ func (sw *statusWatch) stream(ctx context.Context, api nimbusv1.NimbusClient, re
 	}
 }
 
-// deleted hands the deletion of an object delivered to OnDelete.
+// deleted hands the deletion of an object delivered or briefed to OnDelete.
 func (sw *statusWatch) deleted(id nimbusv1.Key, key *nimbusv1.ObjectKey) {
+	if i, ok := sw.index[id]; ok && sw.briefed[i].handed {
+		sw.briefed[i] = briefEntry{}
+		sw.r.OnDelete(key)
+		return
+	}
 	if _, ok := sw.delivered[id]; !ok {
 		return
 	}
 	delete(sw.delivered, id)
 	sw.r.OnDelete(key)
+}
+
+// briefEntries hands the frame's brief entries to the brief reactor, but those it was
+// handed last already, and marks them in seen, by index, when it is not nil. An entry
+// that does not name a key, or lists that differ in length, end the stream.
+func (sw *statusWatch) briefEntries(frame *nimbusv1.StatusFrame, seen []bool) error {
+	keys, gens, targets, programmed := frame.GetBriefKeys(), frame.GetBriefGenerations(), frame.GetBriefTargetNodes(), frame.GetBriefProgrammedNodes()
+	if len(keys) == 0 {
+		return nil
+	}
+	if sw.brief == nil {
+		return errors.New("receiving status: brief entries on a stream that is not brief")
+	}
+	if len(gens) != len(keys) || len(targets) != len(keys) || len(programmed) != len(keys) {
+		return fmt.Errorf("receiving status: brief entries' lists of %d keys, %d generations, %d target counts and %d programmed counts",
+			len(keys), len(gens), len(targets), len(programmed))
+	}
+	for j, k := range keys {
+		i := int(k)
+		if i >= len(sw.keys) {
+			return fmt.Errorf("receiving status: brief entry for key %d of %d", i, len(sw.keys))
+		}
+		if seen != nil {
+			seen[i] = true
+		}
+		e := briefEntry{handed: true, generation: gens[j], target: targets[j], programmed: programmed[j]}
+		if sw.briefed[i] == e {
+			continue
+		}
+		sw.briefed[i] = e
+		if len(sw.delivered) > 0 {
+			delete(sw.delivered, sw.keys[i].Key())
+		}
+		sw.brief.onBrief(i, e.generation, e.target, e.programmed)
+	}
+	return nil
 }

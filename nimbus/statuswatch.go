@@ -72,7 +72,7 @@ func (h *statusHub) objectChanged(key *nimbusv1.ObjectKey) {
 		wire = k.Proto()
 	}
 	for w := range h.watchers {
-		if w.selects(key) {
+		if w.selects(id, key) {
 			w.markObject(id, wire)
 		}
 	}
@@ -124,9 +124,10 @@ func (h *statusHub) published(c *change) {
 // nodes there are, however many changes come and however slowly its client reads.
 type statusWatcher struct {
 	filter *nimbusv1.WatchStatusRequest
-	// keys holds the filter's keys, nil when it names none; ids their key IDs, sorted.
-	keys map[nimbusv1.Key]struct{}
-	ids  []string
+	// index holds, by key ID, the index of each of the filter's keys (the first, when a
+	// key repeats); nil when it names none. ids are its key IDs, sorted.
+	index map[string]uint32
+	ids   []string
 	// wake has room for one signal: something was marked since the last take.
 	wake chan struct{}
 
@@ -154,12 +155,12 @@ func newStatusWatcher(filter *nimbusv1.WatchStatusRequest) *statusWatcher {
 		moves:   map[string]revSpan{},
 	}
 	if keys := filter.GetKeys(); len(keys) > 0 {
-		w.keys = make(map[nimbusv1.Key]struct{}, len(keys))
-		for _, k := range keys {
-			key := k.Key()
-			if _, ok := w.keys[key]; !ok {
-				w.keys[key] = struct{}{}
-				w.ids = append(w.ids, key.String())
+		w.index = make(map[string]uint32, len(keys))
+		for i, k := range keys {
+			id := k.Key().String()
+			if _, ok := w.index[id]; !ok {
+				w.ids = append(w.ids, id)
+				w.index[id] = uint32(i)
 			}
 		}
 		slices.Sort(w.ids)
@@ -167,35 +168,39 @@ func newStatusWatcher(filter *nimbusv1.WatchStatusRequest) *statusWatcher {
 	return w
 }
 
-// named tells whether the filter names no keys, or names key.
-func (w *statusWatcher) named(key nimbusv1.Key) bool {
-	if w.keys == nil {
+// named tells whether the filter names no keys, or names the key with the key ID.
+func (w *statusWatcher) named(id string) bool {
+	if w.index == nil {
 		return true
 	}
-	_, ok := w.keys[key]
+	_, ok := w.index[id]
 	return ok
 }
 
 // selects tells whether the filter selects the key, which has tenant and namespace
-// defaulted.
-func (w *statusWatcher) selects(key *nimbusv1.ObjectKey) bool {
+// defaulted and the key ID id.
+func (w *statusWatcher) selects(id string, key *nimbusv1.ObjectKey) bool {
 	f := w.filter
 	return (f.GetKind() == nimbusv1.Kind_KIND_UNSPECIFIED || f.GetKind() == key.GetKind()) &&
 		(f.GetTenant() == "" || f.GetTenant() == key.GetTenant()) &&
 		(f.GetNamespace() == "" || f.GetNamespace() == key.GetNamespace()) &&
 		(f.GetName() == "" || f.GetName() == key.GetName()) &&
-		(w.keys == nil || w.named(key.Key()))
+		w.named(id)
 }
 
-// selectsObject tells whether the filter selects the object, whose meta has tenant and
-// namespace defaulted.
-func (w *statusWatcher) selectsObject(obj *nimbusv1.Object) bool {
+// selectsRecord tells whether the filter selects the record's object.
+func (w *statusWatcher) selectsRecord(rec *objectRecord) bool {
+	return w.named(rec.id) && w.selectsFields(rec.Object)
+}
+
+// selectsFields tells whether the filter's fields other than its keys select the
+// object, whose meta has tenant and namespace defaulted.
+func (w *statusWatcher) selectsFields(obj *nimbusv1.Object) bool {
 	f, m := w.filter, obj.GetMeta()
 	return (f.GetKind() == nimbusv1.Kind_KIND_UNSPECIFIED || f.GetKind() == obj.Kind()) &&
 		(f.GetTenant() == "" || f.GetTenant() == m.GetTenant()) &&
 		(f.GetNamespace() == "" || f.GetNamespace() == m.GetNamespace()) &&
-		(f.GetName() == "" || f.GetName() == m.GetName()) &&
-		(w.keys == nil || w.named(obj.TypedKey()))
+		(f.GetName() == "" || f.GetName() == m.GetName())
 }
 
 // markObject marks the object with the key ID for a recompute; key is its key, with
@@ -257,8 +262,9 @@ func (w *statusWatcher) take() (objects map[string]*nimbusv1.ObjectKey, nodes ma
 // every selected object with its status, as Get aggregates it, then SYNCED, then a PUT
 // whenever an object's status or the object itself changed and a DELETE when it was
 // deleted. Changes are coalesced: an object is sent at most once per flush, at its state
-// when it is sent. It returns when the client goes away, and ends with codes.Unavailable
-// when the Server is closed.
+// when it is sent. A brief stream (WatchStatusRequest.brief) sends an object whose status
+// has nothing to tell but its counts as a brief entry instead of a PUT. It returns when
+// the client goes away, and ends with codes.Unavailable when the Server is closed.
 func (s *Server) WatchStatus(req *nimbusv1.WatchStatusRequest, stream grpc.ServerStreamingServer[nimbusv1.StatusFrame]) error {
 	if k := req.GetKind(); k != nimbusv1.Kind_KIND_UNSPECIFIED && !slices.Contains(nimbusv1.Kinds(), k) {
 		return status.Error(codes.InvalidArgument, (&nimbusv1.FieldError{Field: "kind", Value: k.String(), Reason: "unknown kind"}).Error())
@@ -267,6 +273,9 @@ func (s *Server) WatchStatus(req *nimbusv1.WatchStatusRequest, stream grpc.Serve
 		if err := k.Validate(); err != nil {
 			return status.Errorf(codes.InvalidArgument, "keys[%d]: %v", i, err)
 		}
+	}
+	if req.GetBrief() && len(req.GetKeys()) == 0 {
+		return status.Error(codes.InvalidArgument, (&nimbusv1.FieldError{Field: "brief", Value: "true", Reason: "a brief stream names its objects by their index in keys, and keys is empty"}).Error())
 	}
 	if s.isClosed() {
 		return rpcError(fmt.Errorf("watching status: %w", ErrClosed))
@@ -288,8 +297,9 @@ type statusStream struct {
 	srv    *Server
 	w      *statusWatcher
 	stream grpc.ServerStreamingServer[nimbusv1.StatusFrame]
-	// frame holds the encoded events not sent yet.
+	// frame holds the encoded events not sent yet, and brief the brief entries.
 	frame []byte
+	brief briefEntries
 	seed  maphash.Seed
 	// sent holds, per key ID of an object the client has, the hash of the last PUT sent.
 	sent map[string]uint64
@@ -368,7 +378,7 @@ func (ss *statusStream) sendChanges() error {
 		// the union of the spans.
 		spans := ss.spans(moves)
 		for rec := range v.objectsInSpans(spans) {
-			if _, ok := objects[rec.id]; !ok && ss.w.selectsObject(rec.Object) && movedUnder(rec.Object, moves, spans) {
+			if _, ok := objects[rec.id]; !ok && ss.w.selectsRecord(rec) && movedUnder(rec.Object, moves, spans) {
 				recs = append(recs, rec)
 			}
 		}
@@ -483,16 +493,16 @@ func movedUnder(obj *nimbusv1.Object, moves map[string]revSpan, merged []revSpan
 // its keys that exist, when it names keys, without a walk of the kind.
 func (ss *statusStream) selected(v *view) iter.Seq[*objectRecord] {
 	return func(yield func(*objectRecord) bool) {
-		if ss.w.keys != nil {
+		if ss.w.index != nil {
 			for _, id := range ss.w.ids {
-				if rec := v.objectByID(id); rec != nil && ss.w.selectsObject(rec.Object) && !yield(rec) {
+				if rec := v.objectByID(id); rec != nil && ss.w.selectsFields(rec.Object) && !yield(rec) {
 					return
 				}
 			}
 			return
 		}
 		for rec := range v.objectsOfKind(ss.w.filter.GetKind()) {
-			if ss.w.selectsObject(rec.Object) && !yield(rec) {
+			if ss.w.selectsFields(rec.Object) && !yield(rec) {
 				return
 			}
 		}
@@ -505,6 +515,9 @@ func (ss *statusStream) selected(v *view) iter.Seq[*objectRecord] {
 // are encoded here.
 func (ss *statusStream) put(v *view, rec *objectRecord) error {
 	st := v.status(rec)
+	if ss.w.filter.GetBrief() && quiet(st) {
+		return ss.putBrief(rec, st)
+	}
 	object, key, err := ss.objectWire(rec)
 	if err != nil {
 		return err
@@ -534,6 +547,86 @@ func (ss *statusStream) put(v *view, rec *objectRecord) error {
 	}
 	ss.sent[rec.id] = h
 	return ss.addEncoded(b)
+}
+
+// quiet tells whether st has nothing to tell but its counts: no node FAILED, none with
+// a reason or a message.
+func quiet(st *nimbusv1.ObjectStatus) bool {
+	if st.GetFailedNodes() > 0 {
+		return false
+	}
+	for _, n := range st.GetNodes() {
+		if n.GetPhase() == nimbusv1.Phase_PHASE_FAILED || n.GetReason() != "" || n.GetMessage() != "" {
+			return false
+		}
+	}
+	return true
+}
+
+// briefEntry is what a brief entry tells of an object; a brief stream hashes it as it
+// hashes the PUT events it sends.
+type briefEntry struct {
+	generation         int64
+	target, programmed int32
+}
+
+// putBrief queues the brief entry of the record's object, whose status is st, unless the
+// client has it just so.
+func (ss *statusStream) putBrief(rec *objectRecord, st *nimbusv1.ObjectStatus) error {
+	e := briefEntry{generation: st.GetGeneration(), target: st.GetTargetNodes(), programmed: st.GetProgrammedNodes()}
+	h := maphash.Comparable(ss.seed, e)
+	if old, ok := ss.sent[rec.id]; ok && old == h {
+		return nil
+	}
+	ss.sent[rec.id] = h
+	if ss.queued()+maxBriefEntryBytes > maxStatusFrameBytes {
+		if err := ss.flush(); err != nil {
+			return err
+		}
+	}
+	ss.brief.add(ss.w.index[rec.id], e)
+	return nil
+}
+
+// maxBriefEntryBytes bounds the encoded size of one brief entry: four varints.
+const maxBriefEntryBytes = 5 + 10 + 5 + 5
+
+// briefEntries are the brief entries of a frame, each list encoded packed.
+type briefEntries struct {
+	keys, generations, targets, programmed []byte
+}
+
+// add appends the entry of the object with the key index i.
+func (b *briefEntries) add(i uint32, e briefEntry) {
+	b.keys = protowire.AppendVarint(b.keys, uint64(i))
+	b.generations = protowire.AppendVarint(b.generations, uint64(e.generation))
+	// An int32 goes on the wire as its int64 would.
+	b.targets = protowire.AppendVarint(b.targets, uint64(int64(e.target)))
+	b.programmed = protowire.AppendVarint(b.programmed, uint64(int64(e.programmed)))
+}
+
+// size returns the encoded size of the entries as fields of a StatusFrame.
+func (b *briefEntries) size() int {
+	n := 0
+	for _, l := range [][]byte{b.keys, b.generations, b.targets, b.programmed} {
+		if len(l) > 0 {
+			n += 1 + protowire.SizeBytes(len(l))
+		}
+	}
+	return n
+}
+
+// appendTo appends the entries to an encoded StatusFrame, as its fields 2 to 5, and
+// empties them.
+func (b *briefEntries) appendTo(frame []byte) []byte {
+	for i, l := range [][]byte{b.keys, b.generations, b.targets, b.programmed} {
+		if len(l) > 0 {
+			frame = protowire.AppendTag(frame, protowire.Number(2+i), protowire.BytesType)
+			frame = protowire.AppendBytes(frame, l)
+		}
+	}
+	b.keys, b.generations, b.targets, b.programmed = b.keys[:0], b.generations[:0], b.targets[:0], b.programmed[:0]
+	return frame
 }
 
 // objectWire returns the encoded object of the record as the stream sends it, whole, as
@@ -605,7 +698,7 @@ func (ss *statusStream) add(ev *nimbusv1.StatusEvent) error {
 
 // addEncoded queues an encoded event, first sending the frame it would overfill.
 func (ss *statusStream) addEncoded(ev []byte) error {
-	if len(ss.frame) > 0 && len(ss.frame)+len(ev)+protowire.SizeVarint(uint64(len(ev)))+1 > maxStatusFrameBytes {
+	if n := ss.queued(); n > 0 && n+len(ev)+protowire.SizeVarint(uint64(len(ev)))+1 > maxStatusFrameBytes {
 		if err := ss.flush(); err != nil {
 			return err
 		}
@@ -617,13 +710,16 @@ func (ss *statusStream) addEncoded(ev []byte) error {
 	return nil
 }
 
-// flush sends the queued events as one frame. gRPC may hold on to the frame's bytes
-// after SendMsg returns, so the next frame is a new slice.
+// queued returns the encoded size of the frame queued.
+func (ss *statusStream) queued() int { return len(ss.frame) + ss.brief.size() }
+
+// flush sends the queued events and brief entries as one frame. gRPC may hold on to the
+// frame's bytes after SendMsg returns, so the next frame is a new slice.
 func (ss *statusStream) flush() error {
-	if len(ss.frame) == 0 {
+	if ss.queued() == 0 {
 		return nil
 	}
-	frame := ss.frame
+	frame := ss.brief.appendTo(ss.frame)
 	ss.frame = nil
 	if err := ss.stream.SendMsg(preEncoded(frame)); err != nil {
 		return fmt.Errorf("sending status frame: %w", err)

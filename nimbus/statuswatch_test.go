@@ -477,3 +477,94 @@ func TestAuthWatchStatusPublishersOnly(t *testing.T) {
 	_, err := watchStatus(t, testContext(t), p.node(t, ts, "host-a"), &nimbusv1.WatchStatusRequest{}).recv()
 	wantDenied(t, err, `node "host-a"`, "may not watch status")
 }
+
+// briefFrame is what a brief status frame told: its brief entries, "INDEX gen G T/P"
+// (generation, target and programmed nodes), and its events, "PUT ID", "DELETE ID" or
+// "SYNCED".
+type briefFrame struct{ entries, events []string }
+
+// recvBrief returns what the next frame of a brief stream told.
+func recvBrief(t *testing.T, stream grpc.ServerStreamingClient[nimbusv1.StatusFrame]) (briefFrame, []*nimbusv1.StatusEvent) {
+	t.Helper()
+	f, err := stream.Recv()
+	if err != nil {
+		t.Fatalf("receiving a brief status frame: %v", err)
+	}
+	var bf briefFrame
+	for i, k := range f.GetBriefKeys() {
+		bf.entries = append(bf.entries, fmt.Sprintf("%d gen %d %d/%d", k, f.GetBriefGenerations()[i],
+			f.GetBriefTargetNodes()[i], f.GetBriefProgrammedNodes()[i]))
+	}
+	for _, ev := range f.GetEvents() {
+		switch ev.GetType() {
+		case nimbusv1.StatusEvent_TYPE_SYNCED:
+			bf.events = append(bf.events, "SYNCED")
+		default:
+			bf.events = append(bf.events, strings.TrimPrefix(ev.GetType().String(), "TYPE_")+" "+ev.GetKey().GetName())
+		}
+	}
+	return bf, f.GetEvents()
+}
+
+// TestWatchStatusBrief: a brief stream sends an object whose status has nothing to tell
+// but its counts as a brief entry by its index among the keys, and one with a FAILED
+// node or a message as a PUT, whole; the current state is every selected object in one
+// form or the other, and a change of either form goes out again.
+func TestWatchStatusBrief(t *testing.T) {
+	ts := start(t, Options{})
+	r1, r2, r3 := routeKey("r1"), routeKey("r2"), routeKey("r3")
+	ts.apply(t, route("r1", []string{"a", "b"}, "192.0.2.1"))
+	ts.apply(t, route("r2", []string{"a"}, "192.0.2.1"))
+	ts.apply(t, route("r3", []string{"a"}, "192.0.2.1"))
+	ts.report(t, statusReport(r2, "a", 1, nimbusv1.Phase_PHASE_PROGRAMMED, ""))
+	failed := statusReport(r3, "a", 1, nimbusv1.Phase_PHASE_FAILED, "adding route: no such table")
+	failed.Status.Reason = "KernelError"
+	ts.report(t, failed)
+
+	// r1 repeats: its entries carry its first index.
+	req := &nimbusv1.WatchStatusRequest{Brief: true, OmitObjects: true, Keys: []*nimbusv1.ObjectKey{r3, r1, r2, r1, routeKey("missing")}}
+	stream, err := ts.client.WatchStatus(testContext(t), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, events := recvBrief(t, stream)
+	want := briefFrame{entries: []string{"1 gen 1 2/0", "2 gen 1 1/1"}, events: []string{"PUT r3", "SYNCED"}}
+	if !slices.Equal(got.entries, want.entries) || !slices.Equal(got.events, want.events) {
+		t.Fatalf("current state = %+v, want %+v", got, want)
+	}
+	if st, get := events[0].GetItem().GetStatus(), ts.get(t, r3).GetStatus(); !proto.Equal(st, get) {
+		t.Fatalf("r3's PUT carries status\n%v\nGet returns\n%v", st, get)
+	}
+
+	// A node's progress is an entry; a failure that clears, an entry; an object that
+	// fails, a PUT; a deletion, a DELETE.
+	ts.report(t, statusReport(r1, "a", 1, nimbusv1.Phase_PHASE_PROGRAMMED, ""))
+	if got, _ := recvBrief(t, stream); !slices.Equal(got.entries, []string{"1 gen 1 2/1"}) || len(got.events) != 0 {
+		t.Fatalf("after r1 programmed on a: %+v, want its entry alone", got)
+	}
+	ts.report(t, statusReport(r3, "a", 1, nimbusv1.Phase_PHASE_PROGRAMMED, ""))
+	if got, _ := recvBrief(t, stream); !slices.Equal(got.entries, []string{"0 gen 1 1/1"}) || len(got.events) != 0 {
+		t.Fatalf("after r3 programmed: %+v, want its entry alone", got)
+	}
+	ts.report(t, statusReport(r2, "a", 1, nimbusv1.Phase_PHASE_PENDING, "waiting for SecurityGroup sg1"))
+	if got, _ := recvBrief(t, stream); len(got.entries) != 0 || !slices.Equal(got.events, []string{"PUT r2"}) {
+		t.Fatalf("after r2 pending with a message: %+v, want its PUT alone", got)
+	}
+	if _, err := ts.client.Delete(testContext(t), &nimbusv1.DeleteRequest{Key: r1}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := recvBrief(t, stream); len(got.entries) != 0 || !slices.Equal(got.events, []string{"DELETE r1"}) {
+		t.Fatalf("after r1 deleted: %+v, want its DELETE alone", got)
+	}
+}
+
+// TestWatchStatusBriefNeedsKeys: a brief stream names its objects by their indexes in
+// the keys, so one without keys is refused, naming the field.
+func TestWatchStatusBriefNeedsKeys(t *testing.T) {
+	ts := start(t, Options{})
+	_, err := watchStatus(t, testContext(t), ts.client, &nimbusv1.WatchStatusRequest{Kind: nimbusv1.Kind_KIND_ROUTE, Brief: true}).recv()
+	wantCode(t, err, codes.InvalidArgument)
+	if !strings.Contains(status.Convert(err).Message(), "brief") {
+		t.Errorf("WatchStatus brief without keys: %v, want it to name the field brief", err)
+	}
+}

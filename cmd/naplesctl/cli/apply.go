@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -145,8 +147,9 @@ func (c *cli) validManifests(files []string, nothing string) ([]source, error) {
 		return nil, err
 	}
 	var invalid []error
-	for _, s := range srcs {
-		if err := s.obj.Validate(); err != nil {
+	for i, err := range validateAll(srcs) {
+		if err != nil {
+			s := srcs[i]
 			for _, fe := range fieldErrors(err) {
 				invalid = append(invalid, fmt.Errorf("%v: %s: %w", s, ref(s.obj.Key()), fe))
 			}
@@ -161,6 +164,24 @@ func (c *cli) validManifests(files []string, nothing string) ([]source, error) {
 		return nil, fmt.Errorf("validating objects, %s:\n%w", nothing, errors.Join(invalid...))
 	}
 	return srcs, nil
+}
+
+// validateAll returns the error of each object's Validate, by index: the objects are
+// validated on every CPU, as a manifest of thousands waits for it before anything is
+// sent.
+func validateAll(srcs []source) []error {
+	errs := make([]error, len(srcs))
+	workers := min(runtime.GOMAXPROCS(0), len(srcs))
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := w * len(srcs) / workers; i < (w+1)*len(srcs)/workers; i++ {
+				errs[i] = srcs[i].obj.Validate()
+			}
+		})
+	}
+	wg.Wait()
+	return errs
 }
 
 // applyResult says what an apply did: "created", "configured (generation 2)" or
@@ -182,9 +203,9 @@ func applyResult(r *nimbusv1.ApplyResponse) (string, int64) {
 // (key.name).
 func duplicates(keys []*nimbusv1.ObjectKey, field string, where func(i int) string) []error {
 	var errs []error
-	first := make(map[string]int, len(keys))
+	first := make(map[nimbusv1.Key]int, len(keys))
 	for i, k := range keys {
-		id := k.ID()
+		id := k.Key()
 		if j, ok := first[id]; ok {
 			fe := &nimbusv1.FieldError{Field: field, Value: k.GetName(),
 				Reason: "the same object as " + where(j) + " (an object may appear once)"}

@@ -124,7 +124,13 @@ func TestApplyLargeManifestInBatches(t *testing.T) {
 	for _, o := range objs {
 		counted += proto.Size(o) + 256
 	}
-	fewest := uint64((counted + controller.DefaultMaxBatchBytes - 1) / controller.DefaultMaxBatchBytes)
+	// The first call carries up to an eighth of the most a call carries, each next one
+	// twice the one before.
+	var fewest uint64
+	for left, bound := counted, controller.DefaultMaxBatchBytes/8; left > 0; bound = min(2*bound, controller.DefaultMaxBatchBytes) {
+		left -= bound
+		fewest++
+	}
 
 	out := e.ok("apply", "-f", path)
 	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
@@ -137,7 +143,7 @@ func TestApplyLargeManifestInBatches(t *testing.T) {
 	// Every call is one commit here, as nothing else writes.
 	calls, changes := e.commits()
 	if calls < fewest || calls > fewest+1 || changes != n {
-		t.Errorf("apply made %d calls carrying %v objects; want %d or %d calls (%d bytes in calls of up to %d) carrying %d",
+		t.Errorf("apply made %d calls carrying %v objects; want %d or %d calls (%d bytes in calls of up to %d, rising from an eighth of it) carrying %d",
 			calls, changes, fewest, fewest+1, counted, controller.DefaultMaxBatchBytes, n)
 	}
 	t.Logf("%d routes in %d calls", n, calls)

@@ -199,6 +199,10 @@ func failingLine(s *waitState) string {
 	return b.String()
 }
 
+// brief is true: the progress line counts the objects programmed, and names the nodes
+// FAILED only.
+func (p *bulkProgress) brief() bool { return true }
+
 // end stops the ticks and prints the progress line a last time: on stdout when every
 // object is programmed, on stderr when not.
 func (p *bulkProgress) end(ok bool) {

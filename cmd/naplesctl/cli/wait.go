@@ -140,6 +140,10 @@ type waitPrinter interface {
 	observed(s *waitState)
 	// end is called once the wait ended; ok tells that every target is programmed.
 	end(ok bool)
+	// brief tells that the printer shows of an object whose status has nothing to tell
+	// but its counts only those counts, so that the wait may follow a brief status
+	// stream (controller.WaitOptions.Brief).
+	brief() bool
 }
 
 // objectLines is the waitPrinter of wait: a line on stderr for each change of an
@@ -151,6 +155,9 @@ func (p *objectLines) start([]*waitState) {}
 
 // end does nothing: objectLines printed all as the statuses came.
 func (p *objectLines) end(bool) {}
+
+// brief is false: a progress line names the pending nodes.
+func (p *objectLines) brief() bool { return false }
 
 // observed prints the target's progress when it changed, and a line on stdout when the
 // target is done.
@@ -179,7 +186,7 @@ func (c *cli) wait(ctx context.Context, sess *session, targets []waitTarget, tim
 	}
 	defer kit.Close()
 	states := make([]*waitState, len(targets))
-	byKey := map[nimbusv1.Key][]*waitState{}
+	byKey := make(map[nimbusv1.Key][]*waitState, len(targets))
 	kitTargets := make([]controller.Target, len(targets))
 	for i, t := range targets {
 		states[i] = &waitState{waitTarget: t}
@@ -200,7 +207,12 @@ func (c *cli) wait(ctx context.Context, sess *session, targets []waitTarget, tim
 		}
 	}
 	printer.start(states)
-	err = kit.Wait(waitCtx, kitTargets, controller.WaitOptions{Progress: progress})
+	err = kit.Wait(waitCtx, kitTargets, controller.WaitOptions{Progress: progress, Brief: printer.brief()})
+	if err != nil && printer.brief() && ctx.Err() == nil && waitCtx.Err() != nil {
+		// A brief stream told of a pending object its counts only: the error of the
+		// timeout names the pending nodes of those it names, as Get tells them.
+		refreshPending(ctx, sess, states)
+	}
 	printer.end(err == nil)
 	switch {
 	case err == nil:
@@ -232,6 +244,33 @@ func (c *cli) wait(ctx context.Context, sess *session, targets []waitTarget, tim
 		}
 	}
 	return fmt.Errorf("waiting: %w", err)
+}
+
+// refreshGetTimeout bounds each Get of refreshPending.
+const refreshGetTimeout = 5 * time.Second
+
+// refreshPending reads again the status of each target seen and not done, as many as
+// timedOut names, to have its pending nodes; a target whose Get fails keeps what the
+// wait last saw.
+func refreshPending(ctx context.Context, sess *session, states []*waitState) {
+	n := 0
+	for _, s := range states {
+		if s.done {
+			continue
+		}
+		if n++; n > maxTimedOut {
+			return
+		}
+		if !s.seen {
+			continue
+		}
+		getCtx, cancel := context.WithTimeout(ctx, refreshGetTimeout)
+		resp, err := sess.nimbus.Get(getCtx, &nimbusv1.GetRequest{Key: s.key})
+		cancel()
+		if err == nil {
+			s.last = propagationOf(withStatus(resp.GetItem()), s.generation)
+		}
+	}
 }
 
 // failureOf returns the error for the failed target of we, from the state of the

@@ -3,6 +3,8 @@ package nimbusv1
 import (
 	"errors"
 	"testing"
+
+	"google.golang.org/protobuf/proto"
 )
 
 func TestParseKindShortNames(t *testing.T) {
@@ -57,5 +59,22 @@ func TestSpecDescriptor(t *testing.T) {
 	}
 	if d := Kind_KIND_UNSPECIFIED.SpecDescriptor(); d != nil {
 		t.Errorf("KIND_UNSPECIFIED.SpecDescriptor() = %v, want nil", d.FullName())
+	}
+}
+
+// TestKeySkeleton checks that a key's skeleton is the skeleton of the object with the key
+// for every kind, as the descriptors make it.
+func TestKeySkeleton(t *testing.T) {
+	for _, k := range append(Kinds(), Kind_KIND_UNSPECIFIED) {
+		key := NewKey(k, "t1", "ns1", "o1")
+		obj := &Object{Meta: &ObjectMeta{Tenant: "t1", Namespace: "ns1", Name: "o1", Generation: 7}}
+		if f := k.SpecField(); f != nil {
+			r := obj.ProtoReflect()
+			r.Set(f, r.NewField(f))
+		}
+		got := key.Skeleton(7)
+		if !proto.Equal(got, obj.Skeleton()) || got.Kind() != k {
+			t.Errorf("NewKey(%v, ...).Skeleton(7) = %v (kind %v), want %v", k, got, got.Kind(), obj.Skeleton())
+		}
 	}
 }

@@ -4970,7 +4970,15 @@ type WatchStatusRequest struct {
 	// these. A wait for some objects of a kind names them, instead of following every
 	// object of the kind. Each key needs a known kind and a name; the request's size bounds
 	// how many there may be.
-	Keys          []*ObjectKey `protobuf:"bytes,6,rep,name=keys,proto3" json:"keys,omitempty"`
+	Keys []*ObjectKey `protobuf:"bytes,6,rep,name=keys,proto3" json:"keys,omitempty"`
+	// brief, with keys, keeps the stream to what a wait for thousands of objects needs:
+	// an object whose status has nothing to tell but its counts (no node FAILED, none
+	// with a reason or a message) goes out as a brief entry of StatusFrame, by its index
+	// in keys, instead of a PUT event; the others go out as PUT events, as without brief.
+	// The current state is then every selected object in one form or the other, and an
+	// object goes out again when its entry or its event would change. Without keys it
+	// is refused.
+	Brief         bool `protobuf:"varint,7,opt,name=brief,proto3" json:"brief,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5047,6 +5055,13 @@ func (x *WatchStatusRequest) GetKeys() []*ObjectKey {
 	return nil
 }
 
+func (x *WatchStatusRequest) GetBrief() bool {
+	if x != nil {
+		return x.Brief
+	}
+	return false
+}
+
 type StatusEvent struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Type          StatusEvent_Type       `protobuf:"varint,1,opt,name=type,proto3,enum=nimbus.v1.StatusEvent_Type" json:"type,omitempty"`
@@ -5109,10 +5124,19 @@ func (x *StatusEvent) GetKey() *ObjectKey {
 
 // StatusFrame carries consecutive status events.
 type StatusFrame struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Events        []*StatusEvent         `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Events []*StatusEvent         `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	// The brief entries of a brief stream (WatchStatusRequest.brief), one per object, in
+	// four lists of one length: the object's index in the request's keys (its first, when
+	// a key repeats), its generation, and the counts of its status at that generation
+	// (ObjectStatus's target_nodes and programmed_nodes). A frame's brief entries come
+	// before its events: the current state's SYNCED follows them.
+	BriefKeys            []uint32 `protobuf:"varint,2,rep,packed,name=brief_keys,json=briefKeys,proto3" json:"brief_keys,omitempty"`
+	BriefGenerations     []int64  `protobuf:"varint,3,rep,packed,name=brief_generations,json=briefGenerations,proto3" json:"brief_generations,omitempty"`
+	BriefTargetNodes     []int32  `protobuf:"varint,4,rep,packed,name=brief_target_nodes,json=briefTargetNodes,proto3" json:"brief_target_nodes,omitempty"`
+	BriefProgrammedNodes []int32  `protobuf:"varint,5,rep,packed,name=brief_programmed_nodes,json=briefProgrammedNodes,proto3" json:"brief_programmed_nodes,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *StatusFrame) Reset() {
@@ -5148,6 +5172,34 @@ func (*StatusFrame) Descriptor() ([]byte, []int) {
 func (x *StatusFrame) GetEvents() []*StatusEvent {
 	if x != nil {
 		return x.Events
+	}
+	return nil
+}
+
+func (x *StatusFrame) GetBriefKeys() []uint32 {
+	if x != nil {
+		return x.BriefKeys
+	}
+	return nil
+}
+
+func (x *StatusFrame) GetBriefGenerations() []int64 {
+	if x != nil {
+		return x.BriefGenerations
+	}
+	return nil
+}
+
+func (x *StatusFrame) GetBriefTargetNodes() []int32 {
+	if x != nil {
+		return x.BriefTargetNodes
+	}
+	return nil
+}
+
+func (x *StatusFrame) GetBriefProgrammedNodes() []int32 {
+	if x != nil {
+		return x.BriefProgrammedNodes
 	}
 	return nil
 }
@@ -5976,14 +6028,15 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\fTYPE_RESUMED\x10\x05\";\n" +
 	"\n" +
 	"WatchFrame\x12-\n" +
-	"\x06events\x18\x01 \x03(\v2\x15.nimbus.v1.WatchEventR\x06events\"\xd0\x01\n" +
+	"\x06events\x18\x01 \x03(\v2\x15.nimbus.v1.WatchEventR\x06events\"\xe6\x01\n" +
 	"\x12WatchStatusRequest\x12#\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x0f.nimbus.v1.KindR\x04kind\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x1c\n" +
 	"\tnamespace\x18\x03 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x04 \x01(\tR\x04name\x12!\n" +
 	"\fomit_objects\x18\x05 \x01(\bR\vomitObjects\x12(\n" +
-	"\x04keys\x18\x06 \x03(\v2\x14.nimbus.v1.ObjectKeyR\x04keys\"\xe5\x01\n" +
+	"\x04keys\x18\x06 \x03(\v2\x14.nimbus.v1.ObjectKeyR\x04keys\x12\x14\n" +
+	"\x05brief\x18\a \x01(\bR\x05brief\"\xe5\x01\n" +
 	"\vStatusEvent\x12/\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x1b.nimbus.v1.StatusEvent.TypeR\x04type\x12/\n" +
 	"\x04item\x18\x02 \x01(\v2\x1b.nimbus.v1.ObjectWithStatusR\x04item\x12&\n" +
@@ -5992,9 +6045,14 @@ const file_nimbus_v1_nimbus_proto_rawDesc = "" +
 	"\x10TYPE_UNSPECIFIED\x10\x00\x12\f\n" +
 	"\bTYPE_PUT\x10\x01\x12\x0f\n" +
 	"\vTYPE_DELETE\x10\x02\x12\x0f\n" +
-	"\vTYPE_SYNCED\x10\x03\"=\n" +
+	"\vTYPE_SYNCED\x10\x03\"\xed\x01\n" +
 	"\vStatusFrame\x12.\n" +
-	"\x06events\x18\x01 \x03(\v2\x16.nimbus.v1.StatusEventR\x06events\"\x9f\x01\n" +
+	"\x06events\x18\x01 \x03(\v2\x16.nimbus.v1.StatusEventR\x06events\x12\x1d\n" +
+	"\n" +
+	"brief_keys\x18\x02 \x03(\rR\tbriefKeys\x12+\n" +
+	"\x11brief_generations\x18\x03 \x03(\x03R\x10briefGenerations\x12,\n" +
+	"\x12brief_target_nodes\x18\x04 \x03(\x05R\x10briefTargetNodes\x124\n" +
+	"\x16brief_programmed_nodes\x18\x05 \x03(\x05R\x14briefProgrammedNodes\"\x9f\x01\n" +
 	"\fStatusReport\x12&\n" +
 	"\x03key\x18\x01 \x01(\v2\x14.nimbus.v1.ObjectKeyR\x03key\x12-\n" +
 	"\x06status\x18\x02 \x01(\v2\x15.nimbus.v1.NodeStatusR\x06status\x128\n" +
