@@ -1,6 +1,7 @@
 package nimbus
 
 import (
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -323,13 +324,38 @@ func (c *conflictCheck) endpoint(ep *nimbusv1.EndpointSpec) {
 		if h := c.holder(claimIP + key.GetTenant() + claimKeySep + a.String()); h != nil {
 			c.add("spec.ips", s, "is already used by %s in network %q", describe(h.Key()), networkName(h, key))
 		}
-		if netRec != nil && !slices.ContainsFunc(subnets, func(p netip.Prefix) bool { return p.Contains(a) }) {
+		in := slices.IndexFunc(subnets, func(p netip.Prefix) bool { return p.Contains(a) })
+		if netRec != nil && in < 0 {
 			c.add("spec.ips", s, "is outside every subnet of network %q (%s)", ep.GetNetwork(), strings.Join(cidrs, ", "))
+		}
+		if in >= 0 {
+			if what := reservedAddr(subnets[in], a); what != "" {
+				c.add("spec.ips", s, "is the %s address of subnet %s of network %q; an endpoint needs a host address", what, subnets[in], ep.GetNetwork())
+			}
 		}
 		if slices.Contains(gateways, a) {
 			c.add("spec.ips", s, "is the gateway address of network %q, which every node of it holds", ep.GetNetwork())
 		}
 	}
+}
+
+// reservedAddr names what the address a of the subnet p is when no host may hold it: the
+// network or the broadcast address of an IPv4 subnet of more than two addresses. It
+// returns "" for a host address.
+func reservedAddr(p netip.Prefix, a netip.Addr) string {
+	if !a.Is4() || p.Bits() > 30 {
+		return ""
+	}
+	b := a.As4()
+	n := binary.BigEndian.Uint32(b[:])
+	host := n &^ (^uint32(0) << (32 - p.Bits()))
+	switch {
+	case host == 0:
+		return "network"
+	case host == ^uint32(0)>>p.Bits():
+		return "broadcast"
+	}
+	return ""
 }
 
 // networkGateways returns the gateway addresses of the network's subnets: a few, so a
@@ -397,8 +423,13 @@ func (c *conflictCheck) network(n *nimbusv1.NetworkSpec) {
 			if err != nil {
 				continue
 			}
-			if !slices.ContainsFunc(subnets, func(p netip.Prefix) bool { return p.Contains(a.Unmap()) }) {
+			in := slices.IndexFunc(subnets, func(p netip.Prefix) bool { return p.Contains(a.Unmap()) })
+			if in < 0 {
 				c.add("spec.subnets", strings.Join(cidrs, ", "), "leaves out address %q of %s", s, describe(rec.Object.Key()))
+				return len(c.errs) < maxReportedInvalid
+			}
+			if what := reservedAddr(subnets[in], a.Unmap()); what != "" {
+				c.add("spec.subnets", strings.Join(cidrs, ", "), "makes address %q of %s the %s address of %s", s, describe(rec.Object.Key()), what, subnets[in])
 				return len(c.errs) < maxReportedInvalid
 			}
 			if slices.Contains(gateways, a.Unmap()) {

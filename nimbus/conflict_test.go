@@ -238,6 +238,24 @@ func TestApplyRefusesGatewayAddress(t *testing.T) {
 	wantConflict(t, ts, withGateway(network("net1", 100, "10.1.0.0/24"), 0, "10.1.0.1"), "")
 }
 
+// TestApplyRefusesReservedAddress: an endpoint may not take its IPv4 subnet's network or
+// broadcast address, which no host holds, nor may a network make an endpoint's address
+// one of those; a /31 has neither, and IPv6 has no broadcast.
+func TestApplyRefusesReservedAddress(t *testing.T) {
+	t.Parallel()
+	ts := startWithWebA(t, Options{})
+	ts.apply(t, network("net5", 500, "10.5.0.0/24", "10.55.0.0/31", "fd05::/64"))
+	wantConflict(t, ts, endpoint("aaa", "net5", "host-b", "veth-b", "02:00:00:00:05:0b", "10.5.0.0"),
+		`endpoint "default/aaa": spec.ips "10.5.0.0" is the network address of subnet 10.5.0.0/24 of network "net5"; an endpoint needs a host address`)
+	wantConflict(t, ts, endpoint("aaa", "net5", "host-b", "veth-b", "02:00:00:00:05:0b", "10.5.0.255"),
+		`endpoint "default/aaa": spec.ips "10.5.0.255" is the broadcast address of subnet 10.5.0.0/24 of network "net5"; an endpoint needs a host address`)
+	wantConflict(t, ts, endpoint("aaa", "net5", "host-b", "veth-b", "02:00:00:00:05:0b", "10.5.0.128", "10.55.0.0", "10.55.0.1", "fd05::"), "")
+
+	// A network whose subnets make the endpoint's 10.5.0.128 a network address is refused.
+	wantConflict(t, ts, network("net5", 500, "10.5.0.128/25", "10.55.0.0/31", "fd05::/64"),
+		`network "default/net5": spec.subnets "10.5.0.128/25, 10.55.0.0/31, fd05::/64" makes address "10.5.0.128" of endpoint "default/aaa" the network address of 10.5.0.128/25`)
+}
+
 // TestApplyConflictFreedByDelete checks that a value is free again once the object that
 // held it is deleted, and that the endpoint of a network applied before it keeps the
 // network from leaving its address out.
