@@ -21,10 +21,11 @@ import (
 // Some values belong to one object at a time: an endpoint's address in its tenant, its MAC
 // in its network, a host interface on a node (an Endpoint's spec.interface on spec.node,
 // an Interface object's device on each node it targets, or on every node), a network's
-// VNI, and the address space of a tenant's subnets. Apply refuses an object that takes
-// such a value from another object, and an endpoint address outside the subnets of its
-// network or equal to one of its gateway addresses (which every node of the network holds
-// on its bridge), checked both ways: an endpoint applied when its network exists, a network
+// VNI, a node's VTEP address (which the other nodes' tunnels reach it at), and the
+// address space of a tenant's subnets. Apply refuses an object that takes such a value
+// from another object, and an endpoint address outside the subnets of its network, equal
+// to one of its gateway addresses (which every node of the network holds on its bridge)
+// or to an IPv4 subnet's network or broadcast address, checked both ways: an endpoint applied when its network exists, a network
 // applied when endpoints of it exist; an endpoint applied before its network is accepted,
 // and the network that would leave its addresses outside is then refused. The later
 // object is refused, never the one that holds the value, and the error names both.
@@ -55,6 +56,7 @@ const (
 	claimIP     = "ip\x00"     // TENANT IP: Endpoint
 	claimMAC    = "mac\x00"    // NETWORK-ID MAC: Endpoint
 	claimVNI    = "vni\x00"    // VNI: Network
+	claimVTEP   = "vtep\x00"   // ADDRESS: Node
 	claimSubnet = "subnet\x00" // TENANT FAMILY+ADDRESS/BITS: Network
 	claimMember = "member\x00" // NETWORK-ID ENDPOINT-ID: Endpoint
 	claimKeySep = "\x00"
@@ -93,6 +95,11 @@ func claimKeys(obj *nimbusv1.Object) []string {
 			}
 		}
 		return keys
+	case *nimbusv1.Object_Node:
+		if a, ok := vtepAddr(s.Node); ok {
+			return []string{claimVTEP + a.String()}
+		}
+		return nil
 	case *nimbusv1.Object_Interface:
 		dev := interfaceDevice(obj)
 		if len(m.GetNodes()) == 0 {
@@ -111,10 +118,16 @@ func claimKeys(obj *nimbusv1.Object) []string {
 // that must exist (Trace), and are checked for conflicts.
 func holdsClaims(obj *nimbusv1.Object) bool {
 	switch obj.GetSpec().(type) {
-	case *nimbusv1.Object_Endpoint, *nimbusv1.Object_Network, *nimbusv1.Object_Interface, *nimbusv1.Object_Trace:
+	case *nimbusv1.Object_Endpoint, *nimbusv1.Object_Network, *nimbusv1.Object_Interface, *nimbusv1.Object_Trace, *nimbusv1.Object_Node:
 		return true
 	}
 	return false
+}
+
+// vtepAddr returns the node's VTEP address, when it has a valid one.
+func vtepAddr(n *nimbusv1.NodeSpec) (netip.Addr, bool) {
+	a, err := netip.ParseAddr(n.GetVtepAddress())
+	return a.Unmap(), err == nil
 }
 
 func deviceKey(device, node string) string { return claimDevice + device + claimKeySep + node }
@@ -225,6 +238,8 @@ func (t *tables) checkConflicts(id nimbusv1.Key, obj *nimbusv1.Object) error {
 		c.iface()
 	case *nimbusv1.Object_Trace:
 		c.trace(s.Trace)
+	case *nimbusv1.Object_Node:
+		c.node(s.Node)
 	}
 	return errors.Join(c.errs...)
 }
@@ -356,6 +371,16 @@ func reservedAddr(p netip.Prefix, a netip.Addr) string {
 		return "broadcast"
 	}
 	return ""
+}
+
+// node refuses a VTEP address another node holds: the other nodes would tunnel both
+// nodes' traffic to one host.
+func (c *conflictCheck) node(n *nimbusv1.NodeSpec) {
+	if a, ok := vtepAddr(n); ok {
+		if h := c.holder(claimVTEP + a.String()); h != nil {
+			c.add("spec.vtepAddress", n.GetVtepAddress(), "is already used by %s; tunnels to both nodes would reach one host", describe(h.Key()))
+		}
+	}
 }
 
 // networkGateways returns the gateway addresses of the network's subnets: a few, so a

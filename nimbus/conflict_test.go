@@ -256,6 +256,33 @@ func TestApplyRefusesReservedAddress(t *testing.T) {
 		`network "default/net5": spec.subnets "10.5.0.128/25, 10.55.0.0/31, fd05::/64" makes address "10.5.0.128" of endpoint "default/aaa" the network address of 10.5.0.128/25`)
 }
 
+// TestApplyRefusesSharedVTEP: two nodes may not share a VTEP address, in any of its
+// spellings, or the other nodes would tunnel both nodes' traffic to one host; a node
+// keeps its own, and one that moves frees it for another in the same batch.
+func TestApplyRefusesSharedVTEP(t *testing.T) {
+	t.Parallel()
+	ts := start(t, Options{})
+	node := func(name, vtep string) *nimbusv1.Object {
+		return &nimbusv1.Object{Meta: &nimbusv1.ObjectMeta{Name: name}, Spec: &nimbusv1.Object_Node{Node: &nimbusv1.NodeSpec{VtepAddress: vtep}}}
+	}
+	ts.apply(t, node("n1", "192.0.2.10"))
+	want := `node "default/n2": spec.vtepAddress "%s" is already used by node "default/n1"; tunnels to both nodes would reach one host`
+	wantConflict(t, ts, node("n2", "192.0.2.10"), fmt.Sprintf(want, "192.0.2.10"))
+	wantConflict(t, ts, node("n2", "::ffff:192.0.2.10"), fmt.Sprintf(want, "::ffff:192.0.2.10"))
+	wantConflict(t, ts, node("n1", "192.0.2.10"), "") // its own
+	wantConflict(t, ts, node("n2", "192.0.2.20"), "")
+
+	_, err := ts.client.ApplyBatch(testContext(t), &nimbusv1.ApplyBatchRequest{Objects: []*nimbusv1.Object{
+		node("n1", "192.0.2.11"), node("n2", "192.0.2.10")}})
+	if err != nil {
+		t.Fatalf("a batch that moves n1 off 192.0.2.10 and n2 onto it: %v", err)
+	}
+	if _, err := ts.client.Delete(testContext(t), &nimbusv1.DeleteRequest{Key: nimbusv1.NewKey(nimbusv1.Kind_KIND_NODE, "", "", "n2")}); err != nil {
+		t.Fatal(err)
+	}
+	wantConflict(t, ts, node("n3", "192.0.2.10"), "") // freed by the delete
+}
+
 // TestApplyConflictFreedByDelete checks that a value is free again once the object that
 // held it is deleted, and that the endpoint of a network applied before it keeps the
 // network from leaving its address out.

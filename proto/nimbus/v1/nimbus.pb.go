@@ -1108,7 +1108,8 @@ type NodeSpec struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Hostname string                 `protobuf:"bytes,1,opt,name=hostname,proto3" json:"hostname,omitempty"`
 	// vtep_address is the underlay address VXLAN tunnels to this node use: a unicast address
-	// of the node (not multicast, broadcast, loopback or unspecified).
+	// of the node (not multicast, broadcast, loopback or unspecified), which no other Node
+	// holds.
 	VtepAddress   string `protobuf:"bytes,2,opt,name=vtep_address,json=vtepAddress,proto3" json:"vtep_address,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
