@@ -1,6 +1,7 @@
 package nimbus
 
 import (
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -20,10 +21,11 @@ import (
 // Some values belong to one object at a time: an endpoint's address in its tenant, its MAC
 // in its network, a host interface on a node (an Endpoint's spec.interface on spec.node,
 // an Interface object's device on each node it targets, or on every node), a network's
-// VNI, and the address space of a tenant's subnets. Apply refuses an object that takes
-// such a value from another object, and an endpoint address outside the subnets of its
-// network or equal to one of its gateway addresses (which every node of the network holds
-// on its bridge), checked both ways: an endpoint applied when its network exists, a network
+// VNI, a node's VTEP address (which the other nodes' tunnels reach it at), and the
+// address space of a tenant's subnets. Apply refuses an object that takes such a value
+// from another object, and an endpoint address outside the subnets of its network, equal
+// to one of its gateway addresses (which every node of the network holds on its bridge)
+// or to an IPv4 subnet's network or broadcast address, checked both ways: an endpoint applied when its network exists, a network
 // applied when endpoints of it exist; an endpoint applied before its network is accepted,
 // and the network that would leave its addresses outside is then refused. The later
 // object is refused, never the one that holds the value, and the error names both.
@@ -54,6 +56,7 @@ const (
 	claimIP     = "ip\x00"     // TENANT IP: Endpoint
 	claimMAC    = "mac\x00"    // NETWORK-ID MAC: Endpoint
 	claimVNI    = "vni\x00"    // VNI: Network
+	claimVTEP   = "vtep\x00"   // ADDRESS: Node
 	claimSubnet = "subnet\x00" // TENANT FAMILY+ADDRESS/BITS: Network
 	claimMember = "member\x00" // NETWORK-ID ENDPOINT-ID: Endpoint
 	claimKeySep = "\x00"
@@ -92,6 +95,11 @@ func claimKeys(obj *nimbusv1.Object) []string {
 			}
 		}
 		return keys
+	case *nimbusv1.Object_Node:
+		if a, ok := vtepAddr(s.Node); ok {
+			return []string{claimVTEP + a.String()}
+		}
+		return nil
 	case *nimbusv1.Object_Interface:
 		dev := interfaceDevice(obj)
 		if len(m.GetNodes()) == 0 {
@@ -110,10 +118,16 @@ func claimKeys(obj *nimbusv1.Object) []string {
 // that must exist (Trace), and are checked for conflicts.
 func holdsClaims(obj *nimbusv1.Object) bool {
 	switch obj.GetSpec().(type) {
-	case *nimbusv1.Object_Endpoint, *nimbusv1.Object_Network, *nimbusv1.Object_Interface, *nimbusv1.Object_Trace:
+	case *nimbusv1.Object_Endpoint, *nimbusv1.Object_Network, *nimbusv1.Object_Interface, *nimbusv1.Object_Trace, *nimbusv1.Object_Node:
 		return true
 	}
 	return false
+}
+
+// vtepAddr returns the node's VTEP address, when it has a valid one.
+func vtepAddr(n *nimbusv1.NodeSpec) (netip.Addr, bool) {
+	a, err := netip.ParseAddr(n.GetVtepAddress())
+	return a.Unmap(), err == nil
 }
 
 func deviceKey(device, node string) string { return claimDevice + device + claimKeySep + node }
@@ -224,6 +238,8 @@ func (t *tables) checkConflicts(id nimbusv1.Key, obj *nimbusv1.Object) error {
 		c.iface()
 	case *nimbusv1.Object_Trace:
 		c.trace(s.Trace)
+	case *nimbusv1.Object_Node:
+		c.node(s.Node)
 	}
 	return errors.Join(c.errs...)
 }
@@ -323,11 +339,46 @@ func (c *conflictCheck) endpoint(ep *nimbusv1.EndpointSpec) {
 		if h := c.holder(claimIP + key.GetTenant() + claimKeySep + a.String()); h != nil {
 			c.add("spec.ips", s, "is already used by %s in network %q", describe(h.Key()), networkName(h, key))
 		}
-		if netRec != nil && !slices.ContainsFunc(subnets, func(p netip.Prefix) bool { return p.Contains(a) }) {
+		in := slices.IndexFunc(subnets, func(p netip.Prefix) bool { return p.Contains(a) })
+		if netRec != nil && in < 0 {
 			c.add("spec.ips", s, "is outside every subnet of network %q (%s)", ep.GetNetwork(), strings.Join(cidrs, ", "))
+		}
+		if in >= 0 {
+			if what := reservedAddr(subnets[in], a); what != "" {
+				c.add("spec.ips", s, "is the %s address of subnet %s of network %q; an endpoint needs a host address", what, subnets[in], ep.GetNetwork())
+			}
 		}
 		if slices.Contains(gateways, a) {
 			c.add("spec.ips", s, "is the gateway address of network %q, which every node of it holds", ep.GetNetwork())
+		}
+	}
+}
+
+// reservedAddr names what the address a of the subnet p is when no host may hold it: the
+// network or the broadcast address of an IPv4 subnet of more than two addresses. It
+// returns "" for a host address.
+func reservedAddr(p netip.Prefix, a netip.Addr) string {
+	if !a.Is4() || p.Bits() > 30 {
+		return ""
+	}
+	b := a.As4()
+	n := binary.BigEndian.Uint32(b[:])
+	host := n &^ (^uint32(0) << (32 - p.Bits()))
+	switch {
+	case host == 0:
+		return "network"
+	case host == ^uint32(0)>>p.Bits():
+		return "broadcast"
+	}
+	return ""
+}
+
+// node refuses a VTEP address another node holds: the other nodes would tunnel both
+// nodes' traffic to one host.
+func (c *conflictCheck) node(n *nimbusv1.NodeSpec) {
+	if a, ok := vtepAddr(n); ok {
+		if h := c.holder(claimVTEP + a.String()); h != nil {
+			c.add("spec.vtepAddress", n.GetVtepAddress(), "is already used by %s; tunnels to both nodes would reach one host", describe(h.Key()))
 		}
 	}
 }
@@ -397,8 +448,13 @@ func (c *conflictCheck) network(n *nimbusv1.NetworkSpec) {
 			if err != nil {
 				continue
 			}
-			if !slices.ContainsFunc(subnets, func(p netip.Prefix) bool { return p.Contains(a.Unmap()) }) {
+			in := slices.IndexFunc(subnets, func(p netip.Prefix) bool { return p.Contains(a.Unmap()) })
+			if in < 0 {
 				c.add("spec.subnets", strings.Join(cidrs, ", "), "leaves out address %q of %s", s, describe(rec.Object.Key()))
+				return len(c.errs) < maxReportedInvalid
+			}
+			if what := reservedAddr(subnets[in], a.Unmap()); what != "" {
+				c.add("spec.subnets", strings.Join(cidrs, ", "), "makes address %q of %s the %s address of %s", s, describe(rec.Object.Key()), what, subnets[in])
 				return len(c.errs) < maxReportedInvalid
 			}
 			if slices.Contains(gateways, a.Unmap()) {

@@ -238,6 +238,51 @@ func TestApplyRefusesGatewayAddress(t *testing.T) {
 	wantConflict(t, ts, withGateway(network("net1", 100, "10.1.0.0/24"), 0, "10.1.0.1"), "")
 }
 
+// TestApplyRefusesReservedAddress: an endpoint may not take its IPv4 subnet's network or
+// broadcast address, which no host holds, nor may a network make an endpoint's address
+// one of those; a /31 has neither, and IPv6 has no broadcast.
+func TestApplyRefusesReservedAddress(t *testing.T) {
+	t.Parallel()
+	ts := startWithWebA(t, Options{})
+	ts.apply(t, network("net5", 500, "10.5.0.0/24", "10.55.0.0/31", "fd05::/64"))
+	wantConflict(t, ts, endpoint("aaa", "net5", "host-b", "veth-b", "02:00:00:00:05:0b", "10.5.0.0"),
+		`endpoint "default/aaa": spec.ips "10.5.0.0" is the network address of subnet 10.5.0.0/24 of network "net5"; an endpoint needs a host address`)
+	wantConflict(t, ts, endpoint("aaa", "net5", "host-b", "veth-b", "02:00:00:00:05:0b", "10.5.0.255"),
+		`endpoint "default/aaa": spec.ips "10.5.0.255" is the broadcast address of subnet 10.5.0.0/24 of network "net5"; an endpoint needs a host address`)
+	wantConflict(t, ts, endpoint("aaa", "net5", "host-b", "veth-b", "02:00:00:00:05:0b", "10.5.0.128", "10.55.0.0", "10.55.0.1", "fd05::"), "")
+
+	// A network whose subnets make the endpoint's 10.5.0.128 a network address is refused.
+	wantConflict(t, ts, network("net5", 500, "10.5.0.128/25", "10.55.0.0/31", "fd05::/64"),
+		`network "default/net5": spec.subnets "10.5.0.128/25, 10.55.0.0/31, fd05::/64" makes address "10.5.0.128" of endpoint "default/aaa" the network address of 10.5.0.128/25`)
+}
+
+// TestApplyRefusesSharedVTEP: two nodes may not share a VTEP address, in any of its
+// spellings, or the other nodes would tunnel both nodes' traffic to one host; a node
+// keeps its own, and one that moves frees it for another in the same batch.
+func TestApplyRefusesSharedVTEP(t *testing.T) {
+	t.Parallel()
+	ts := start(t, Options{})
+	node := func(name, vtep string) *nimbusv1.Object {
+		return &nimbusv1.Object{Meta: &nimbusv1.ObjectMeta{Name: name}, Spec: &nimbusv1.Object_Node{Node: &nimbusv1.NodeSpec{VtepAddress: vtep}}}
+	}
+	ts.apply(t, node("n1", "192.0.2.10"))
+	want := `node "default/n2": spec.vtepAddress "%s" is already used by node "default/n1"; tunnels to both nodes would reach one host`
+	wantConflict(t, ts, node("n2", "192.0.2.10"), fmt.Sprintf(want, "192.0.2.10"))
+	wantConflict(t, ts, node("n2", "::ffff:192.0.2.10"), fmt.Sprintf(want, "::ffff:192.0.2.10"))
+	wantConflict(t, ts, node("n1", "192.0.2.10"), "") // its own
+	wantConflict(t, ts, node("n2", "192.0.2.20"), "")
+
+	_, err := ts.client.ApplyBatch(testContext(t), &nimbusv1.ApplyBatchRequest{Objects: []*nimbusv1.Object{
+		node("n1", "192.0.2.11"), node("n2", "192.0.2.10")}})
+	if err != nil {
+		t.Fatalf("a batch that moves n1 off 192.0.2.10 and n2 onto it: %v", err)
+	}
+	if _, err := ts.client.Delete(testContext(t), &nimbusv1.DeleteRequest{Key: nimbusv1.NewKey(nimbusv1.Kind_KIND_NODE, "", "", "n2")}); err != nil {
+		t.Fatal(err)
+	}
+	wantConflict(t, ts, node("n3", "192.0.2.10"), "") // freed by the delete
+}
+
 // TestApplyConflictFreedByDelete checks that a value is free again once the object that
 // held it is deleted, and that the endpoint of a network applied before it keeps the
 // network from leaving its address out.

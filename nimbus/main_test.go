@@ -2,9 +2,12 @@ package nimbus
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
+	"hash/fnv"
 	"log/slog"
 	"net"
+	"net/netip"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -126,12 +129,23 @@ func route(name string, nodes []string, gateways ...string) *nimbusv1.Object {
 	}
 }
 
-// nodeObject returns a Node object for the named host.
+// nodeObject returns a Node object for the named host, with a VTEP address of its own.
 func nodeObject(name string) *nimbusv1.Object {
 	return &nimbusv1.Object{
 		Meta: &nimbusv1.ObjectMeta{Name: name},
-		Spec: &nimbusv1.Object_Node{Node: &nimbusv1.NodeSpec{Hostname: name, VtepAddress: "192.0.2.1"}},
+		Spec: &nimbusv1.Object_Node{Node: &nimbusv1.NodeSpec{Hostname: name, VtepAddress: vtepOf(name)}},
 	}
+}
+
+// vtepOf returns a VTEP address for the named node, the same for a name every time and a
+// different one for each name: an IPv6 unique local address made of a hash of the name.
+func vtepOf(name string) string {
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	var b [16]byte
+	b[0] = 0xfd
+	binary.BigEndian.PutUint64(b[8:], h.Sum64())
+	return netip.AddrFrom16(b).String()
 }
 
 func routeKey(name string) *nimbusv1.ObjectKey {

@@ -125,8 +125,9 @@ func TestWatermarkStatusesMatchEveryStatus(t *testing.T) {
 	servers := []*replica{every, marks}
 	nodes := []string{"n0", "n1", "n2", "n3"}
 	for _, s := range servers {
-		for _, n := range nodes {
-			node := &nimbusv1.Object{Meta: &nimbusv1.ObjectMeta{Name: n}, Spec: &nimbusv1.Object_Node{Node: &nimbusv1.NodeSpec{VtepAddress: "192.0.2.1"}}}
+		for i, n := range nodes {
+			vtep := fmt.Sprintf("192.0.2.%d", i+1)
+			node := &nimbusv1.Object{Meta: &nimbusv1.ObjectMeta{Name: n}, Spec: &nimbusv1.Object_Node{Node: &nimbusv1.NodeSpec{VtepAddress: vtep}}}
 			if _, err := s.api.Apply(context.Background(), &nimbusv1.ApplyRequest{Object: node}); err != nil {
 				t.Fatal(err)
 			}

@@ -78,14 +78,22 @@ func (r *Reporter) Tracker() *Tracker { return r.tracker }
 // wrapped.
 func (r *Reporter) Report(src Source, epoch string, rev uint64, changed []nimbusv1.Key, all bool, again []nimbusv1.Key, send func(*nimbusv1.StatusReport) error) (uint64, error) {
 	tr := r.tracker
-	for _, id := range changed {
-		tr.Set(id, src.Object(id), src.Status(id))
+	// The statuses of the keys changed, read once: whether one is sent depends on it.
+	statuses := make([]*nimbusv1.NodeStatus, len(changed))
+	for i, id := range changed {
+		statuses[i] = src.Status(id)
+		tr.Set(id, src.Object(id), statuses[i])
 	}
 	tr.SetPosition(epoch, rev)
 	epoch, w := tr.Watermark()
 	// Only the keys with something to send are kept, then sorted: on a new stream every
 	// key the node holds is changed, and most are not sent.
 	var ids []nimbusv1.Key
+	for i, id := range changed {
+		if r.owes(id) || hasOperational(statuses[i]) {
+			ids = append(ids, id)
+		}
+	}
 	keep := func(keys []nimbusv1.Key) {
 		for _, id := range keys {
 			if r.sends(src, id) {
@@ -93,7 +101,6 @@ func (r *Reporter) Report(src Source, epoch string, rev uint64, changed []nimbus
 			}
 		}
 	}
-	keep(changed)
 	if all {
 		keep(again)
 	}
@@ -153,11 +160,14 @@ func (r *Reporter) Report(src Source, epoch string, rev uint64, changed []nimbus
 // sends tells whether the key has a status to send: its own (an exception, or one with
 // operational data) or one nimbus holds from the stream, which must be cleared.
 func (r *Reporter) sends(src Source, id nimbusv1.Key) bool {
-	if _, held := r.held[id]; held || r.tracker.IsException(id) {
-		return true
-	}
-	st := src.Status(id)
-	return st != nil && hasOperational(st)
+	return r.owes(id) || hasOperational(src.Status(id))
+}
+
+// owes tells whether the key's status is sent whatever it is: it is an exception, or
+// nimbus holds one from the stream, which must be cleared.
+func (r *Reporter) owes(id nimbusv1.Key) bool {
+	_, held := r.held[id]
+	return held || r.tracker.IsException(id)
 }
 
 // isDone tells whether the status is PROGRAMMED at the object's generation.

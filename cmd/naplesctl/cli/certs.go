@@ -60,19 +60,19 @@ func (c *cli) addTLSFlags(root *cobra.Command, getenv func(string) string) {
 	insecure, _ := strconv.ParseBool(getenv(InsecureEnv)) // anything else is false
 	f := root.PersistentFlags()
 	f.StringVar(&c.tls.cert, "tls-cert", def(TLSCertEnv, "publisher.crt"),
-		"file of the client certificate naplesctl presents to nimbus; $"+TLSCertEnv+" sets the default")
+		"`file` of the client certificate naplesctl presents to nimbus ($"+TLSCertEnv+")")
 	f.StringVar(&c.tls.key, "tls-key", def(TLSKeyEnv, "publisher.key"),
-		"file of the client certificate's private key; $"+TLSKeyEnv+" sets the default")
+		"`file` of the client certificate's private key ($"+TLSKeyEnv+")")
 	f.StringVar(&c.tls.ca, "tls-ca", def(TLSCAEnv, "ca.crt"),
-		"file of the CA certificates that verify nimbus; $"+TLSCAEnv+" sets the default")
+		"`file` of the CA certificates that verify nimbus ($"+TLSCAEnv+")")
 	serverName := getenv(TLSServerNameEnv)
 	if serverName == "" {
 		serverName = pki.DefaultServerName
 	}
 	f.StringVar(&c.tls.serverName, "tls-server-name", serverName,
-		"name nimbus's certificate is verified for; $"+TLSServerNameEnv+" sets the default")
+		"`name` nimbus's certificate is verified for ($"+TLSServerNameEnv+")")
 	f.BoolVar(&c.tls.insecure, "insecure", insecure,
-		"talk to nimbus in plaintext, without TLS; $"+InsecureEnv+"=1 sets the default")
+		"talk to nimbus in plaintext, without TLS ($"+InsecureEnv+")")
 }
 
 // defaultPKIDir returns ~/.naples/pki, or .naples/pki when there is no home directory.

@@ -41,7 +41,7 @@ func (c *cli) addAgentFlag(root *cobra.Command, getenv func(string) string) {
 		agent = DefaultAgent
 	}
 	root.PersistentFlags().StringVar(&c.agent, "agent", agent,
-		"unix socket of the local agent's read-only API, for the delphi commands; $"+AgentEnv+" sets the default")
+		"unix `socket` of the local agent's read-only API, for the delphi commands ($"+AgentEnv+")")
 }
 
 // delphiCommand returns the delphi command and its subcommands.

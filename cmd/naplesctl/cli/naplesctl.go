@@ -110,7 +110,10 @@ Objects are written as YAML or JSON manifests:
     table: 100
     prefix: 198.51.100.0/24
     nexthops:
-      - gateway: 10.10.0.2`,
+      - gateway: 10.10.0.2
+
+Every global flag can also be set with the environment variable named after it in its
+help ($NAPLES_ and the flag's name in upper case); the command line wins.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -119,7 +122,7 @@ Objects are written as YAML or JSON manifests:
 		server = DefaultServer
 	}
 	root.PersistentFlags().StringVar(&c.server, "server", server,
-		"nimbus address, unix:///path or tcp://host:port, or a comma-separated list of the replicas' addresses; $"+ServerEnv+" sets the default")
+		"nimbus `address`, unix:///path or tcp://host:port, or a comma-separated list of the replicas' addresses ($"+ServerEnv+")")
 	c.addAgentFlag(root, getenv)
 	c.addTLSFlags(root, getenv)
 	root.AddCommand(c.certsCommand(getenv))

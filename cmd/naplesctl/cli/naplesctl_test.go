@@ -571,3 +571,42 @@ func TestHumanDuration(t *testing.T) {
 		}
 	}
 }
+
+// TestGlobalFlagsNameTheirVariables: every global flag's help names its environment
+// variable as nimbus's and naples-agent's do ("($NAPLES_SERVER)", the prefix and the
+// flag's name in upper case), and that variable sets the flag's default.
+func TestGlobalFlagsNameTheirVariables(t *testing.T) {
+	vars := map[string]string{}
+	for _, name := range []string{"agent", "server", "tls-ca", "tls-cert", "tls-key", "tls-server-name"} {
+		vars["NAPLES_"+strings.ToUpper(strings.ReplaceAll(name, "-", "_"))] = "/from/env/" + name
+	}
+	vars["NAPLES_INSECURE"] = "1"
+	var out, errOut bytes.Buffer
+	if err := Run(t.Context(), []string{"--help"}, strings.NewReader(""), &out, &errOut, func(k string) string { return vars[k] }); err != nil {
+		t.Fatalf("naplesctl --help: %v\n%s", err, errOut.String())
+	}
+	help := out.String()
+	if !strings.Contains(help, "($NAPLES_ and the flag's name in upper case); the command line wins") {
+		t.Errorf("the help does not say how the variables are named:\n%s", help)
+	}
+	flags := 0
+	for line := range strings.Lines(help) {
+		f := strings.Fields(line)
+		if len(f) < 2 || !strings.HasPrefix(f[0], "--") || f[0] == "--help" || f[0] == "--version" {
+			continue
+		}
+		flags++
+		name := strings.TrimPrefix(f[0], "--")
+		env := "NAPLES_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+		want := fmt.Sprintf("($%s) (default %q)", env, vars[env])
+		if name == "insecure" {
+			want = fmt.Sprintf("($%s) (default true)", env)
+		}
+		if !strings.HasSuffix(strings.TrimSpace(line), want) {
+			t.Errorf("help of --%s = %q, want it to end %q", name, strings.TrimSpace(line), want)
+		}
+	}
+	if flags != len(vars) {
+		t.Errorf("the help lists %d global flags, want %d:\n%s", flags, len(vars), help)
+	}
+}

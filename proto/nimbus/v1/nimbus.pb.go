@@ -1108,7 +1108,8 @@ type NodeSpec struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Hostname string                 `protobuf:"bytes,1,opt,name=hostname,proto3" json:"hostname,omitempty"`
 	// vtep_address is the underlay address VXLAN tunnels to this node use: a unicast address
-	// of the node (not multicast, broadcast, loopback or unspecified).
+	// of the node (not multicast, broadcast, loopback or unspecified), which no other Node
+	// holds.
 	VtepAddress   string `protobuf:"bytes,2,opt,name=vtep_address,json=vtepAddress,proto3" json:"vtep_address,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1309,13 +1310,16 @@ func (x *Subnet) GetGateway() string {
 
 // EndpointSpec describes a workload interface attached to a network on one node.
 type EndpointSpec struct {
-	state          protoimpl.MessageState `protogen:"open.v1"`
-	Network        string                 `protobuf:"bytes,1,opt,name=network,proto3" json:"network,omitempty"`
-	Node           string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
-	Interface      string                 `protobuf:"bytes,3,opt,name=interface,proto3" json:"interface,omitempty"`
-	Mac            string                 `protobuf:"bytes,4,opt,name=mac,proto3" json:"mac,omitempty"`
-	Ips            []string               `protobuf:"bytes,5,rep,name=ips,proto3" json:"ips,omitempty"`
-	SecurityGroups []string               `protobuf:"bytes,6,rep,name=security_groups,json=securityGroups,proto3" json:"security_groups,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Network   string                 `protobuf:"bytes,1,opt,name=network,proto3" json:"network,omitempty"`
+	Node      string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	Interface string                 `protobuf:"bytes,3,opt,name=interface,proto3" json:"interface,omitempty"`
+	// mac is the workload interface's unicast MAC address. An endpoint with ips or
+	// allowed_source_prefixes needs one: anti-spoofing binds its addresses to it
+	// (docs/firewall.md).
+	Mac            string   `protobuf:"bytes,4,opt,name=mac,proto3" json:"mac,omitempty"`
+	Ips            []string `protobuf:"bytes,5,rep,name=ips,proto3" json:"ips,omitempty"`
+	SecurityGroups []string `protobuf:"bytes,6,rep,name=security_groups,json=securityGroups,proto3" json:"security_groups,omitempty"`
 	// allowed_source_prefixes are CIDRs the workload of a local endpoint may send from
 	// besides its ips: a workload that routes for others, or serves an address behind it
 	// (as the next hop of a Route). Anti-spoofing drops what a local endpoint with a mac

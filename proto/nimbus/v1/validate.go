@@ -293,6 +293,16 @@ func (v *validator) endpoint(s *EndpointSpec) {
 			v.add(fmt.Sprintf("spec.ips[%d]", i), ip, "repeats spec.ips[%d]", j)
 		}
 	}
+	// Anti-spoofing binds an endpoint's addresses to its MAC, and the other nodes answer
+	// for its addresses with its MAC: addresses without one would go unguarded.
+	if s.GetMac() == "" {
+		if len(ips) > 0 {
+			v.add("spec.ips", strings.Join(ips, ","), "an endpoint with addresses needs spec.mac, which its addresses are bound to")
+		}
+		if len(s.GetAllowedSourcePrefixes()) > 0 {
+			v.add("spec.allowedSourcePrefixes", strings.Join(s.GetAllowedSourcePrefixes(), ","), "an endpoint with addresses needs spec.mac, which its addresses are bound to")
+		}
+	}
 	for i, p := range s.GetAllowedSourcePrefixes() {
 		v.prefix(fmt.Sprintf("spec.allowedSourcePrefixes[%d]", i), p)
 	}

@@ -140,8 +140,16 @@ func TestValidate(t *testing.T) {
 			o.Spec = &Object_Endpoint{Endpoint: &EndpointSpec{Network: "blue", Mac: "02:00:00:00:00:01", Ips: ips}}
 		}, want: `spec.ips[17] "10.1.0.13": repeats spec.ips[3]`},
 		{name: "endpoint allowed source prefix", mutate: func(o *Object) {
-			o.Spec = &Object_Endpoint{Endpoint: &EndpointSpec{Network: "blue", AllowedSourcePrefixes: []string{"172.16.0.0/24", "172.16.0.5/24"}}}
+			o.Spec = &Object_Endpoint{Endpoint: &EndpointSpec{Network: "blue", Mac: "02:00:00:00:00:01", AllowedSourcePrefixes: []string{"172.16.0.0/24", "172.16.0.5/24"}}}
 		}, want: `spec.allowedSourcePrefixes[1] "172.16.0.5/24": host bits set; did you mean 172.16.0.0/24?`},
+		// Anti-spoofing binds an endpoint's addresses to its MAC.
+		{name: "endpoint addresses without a mac", mutate: func(o *Object) {
+			o.Spec = &Object_Endpoint{Endpoint: &EndpointSpec{Network: "blue", Ips: []string{"10.1.0.5", "fd00::5"}, AllowedSourcePrefixes: []string{"172.16.0.0/24"}}}
+		}, want: `spec.ips "10.1.0.5,fd00::5": an endpoint with addresses needs spec.mac, which its addresses are bound to` + "\n" +
+			`spec.allowedSourcePrefixes "172.16.0.0/24": an endpoint with addresses needs spec.mac, which its addresses are bound to`},
+		{name: "endpoint without a mac or addresses", mutate: func(o *Object) {
+			o.Spec = &Object_Endpoint{Endpoint: &EndpointSpec{Network: "blue", Node: "host-a", Interface: "veth1"}}
+		}},
 		{name: "policy ports", mutate: func(o *Object) {
 			o.Spec = &Object_NetworkSecurityPolicy{NetworkSecurityPolicy: &NetworkSecurityPolicySpec{
 				Ingress: []*PolicyRule{{Action: PolicyRule_ACTION_ALLOW, Protocol: "tcp", Ports: []string{"80", "9000-8000"}}},
