@@ -132,12 +132,13 @@ func (c *Client) Wait(ctx context.Context, targets []Target, opts WaitOptions) e
 	f := filterOf(targets)
 	req := &nimbusv1.WatchStatusRequest{Kind: f.Kind, Tenant: f.Tenant, Namespace: f.Namespace, Name: f.Name, OmitObjects: f.StatusOnly, Keys: f.Keys}
 	sw := newStatusWatch(w)
-	if opts.Brief && len(targets) <= maxBriefTargets {
-		// A brief stream names its objects by their indexes in the keys, which it
-		// needs even for one target.
-		req.Keys = make([]*nimbusv1.ObjectKey, len(targets))
-		for i, s := range w.states {
-			req.Keys[i] = s.target.Key
+	// A brief stream names its objects by their indexes in the keys, which it needs
+	// even for one target; a wait whose keys are too many to name watches whole
+	// statuses of what they have in common.
+	if opts.Brief && (len(targets) == 1 || req.Keys != nil) {
+		req.Keys = []*nimbusv1.ObjectKey{w.states[0].target.Key}
+		if len(targets) > 1 {
+			req.Keys = f.Keys
 		}
 		req.Brief = true
 		sw = newBriefWatch(w, req.Keys)
@@ -192,11 +193,6 @@ func filterOf(targets []Target) Filter {
 // maxWaitKeyBytes bounds the keys a wait's status watch names, a quarter of the request
 // size nimbus takes: some 90,000 keys. A wait for more watches what they have in common.
 const maxWaitKeyBytes = 4 << 20
-
-// maxBriefTargets bounds the targets of a brief wait: its keys must fit in a request
-// nimbus takes, which they do at the most keys maxWaitKeyBytes holds, of the shortest
-// names. A brief wait for more falls back to full statuses.
-const maxBriefTargets = maxWaitKeyBytes / 16
 
 // waitState is where the wait for one target stands.
 type waitState struct {

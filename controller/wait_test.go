@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/naplesnet/naples/nimbus"
@@ -326,5 +327,32 @@ func TestBriefWaitResumesAcrossRestart(t *testing.T) {
 	}
 	if len(pending) > 0 {
 		t.Errorf("progress named pending nodes %q: the wait was not brief", pending)
+	}
+}
+
+// TestBriefWaitForMoreKeysThanARequestTakes waits briefly for more objects than their keys
+// fit in a request nimbus takes: the wait watches what they have in common, with whole
+// statuses, and still tells each target's fate.
+func TestBriefWaitForMoreKeysThanARequestTakes(t *testing.T) {
+	socket := socketPath(t)
+	serve(t, socket, "")
+	c := newClient(t, socket, Options{})
+	if _, err := c.Apply(testContext(t), route("r1", "192.0.2.1", "a")); err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("x", 200)
+	targets := []Target{{Key: routeKey("r1")}}
+	// More than the 16 MiB of a request nimbus takes.
+	for i := range (16<<20)/200 + 1000 {
+		targets = append(targets, Target{Key: routeKey(fmt.Sprintf("%s-%06d", long, i))})
+	}
+	err := c.Wait(testContext(t), targets, WaitOptions{Brief: true})
+	joined, ok := err.(interface{ Unwrap() []error })
+	if !ok || len(joined.Unwrap()) != len(targets)-1 || !errors.Is(err, ErrNotFound) {
+		n := 0
+		if ok {
+			n = len(joined.Unwrap())
+		}
+		t.Fatalf("brief Wait for %d missing routes and r1: %d errors, want one not found for each missing route", len(targets)-1, n)
 	}
 }
