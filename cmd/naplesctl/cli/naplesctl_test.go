@@ -28,6 +28,10 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if socket := os.Getenv(nimbusChildSocket); socket != "" {
+		serveNimbusChild(socket)
+		return
+	}
 	goleak.VerifyTestMain(m)
 }
 

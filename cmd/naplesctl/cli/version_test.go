@@ -4,12 +4,20 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/naplesnet/naples/internal/address"
 	"github.com/naplesnet/naples/internal/exitstatus"
 	"github.com/naplesnet/naples/internal/version"
+	"github.com/naplesnet/naples/nimbus"
 )
 
 // setVersion sets the version of the binary for the test.
@@ -53,13 +61,74 @@ func TestVersion(t *testing.T) {
 }
 
 // TestVersionAsksNimbus checks that version prints naplesctl's line, then the version
-// nimbus answers over the connection.
+// nimbus answers over the connection. nimbus runs in a process of its own, this test
+// binary started again, with a version other than naplesctl's: the Server line can only
+// come from it.
 func TestVersionAsksNimbus(t *testing.T) {
 	setVersion(t, "v1.2.3-test")
-	e := newEnv(t)
+	socket := filepath.Join(t.TempDir(), "nimbus.sock")
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	child := exec.Command(exe)
+	child.Env = append(os.Environ(), nimbusChildSocket+"="+socket, nimbusChildVersion+"=v9.8.7-nimbus")
+	child.Stdout, child.Stderr = os.Stderr, os.Stderr
+	// The child ends when its standard input does: with this process, whatever ends it.
+	if _, err := child.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		child.Process.Kill()
+		child.Wait()
+	})
+	// The child listens once it has started.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(socket); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the nimbus child does not listen on %s after 30s", socket)
+		}
+	}
+	e := &env{t: t, vars: map[string]string{ServerEnv: "unix://" + socket, InsecureEnv: "1"}}
 	platform := fmt.Sprintf("(%s, %s/%s)", runtime.Version(), runtime.GOOS, runtime.GOARCH)
-	// nimbus runs in the test binary: it has the same version.
-	equal(t, "naplesctl version", e.ok("version"), "naplesctl v1.2.3-test "+platform+"\nServer: nimbus v1.2.3-test "+platform+"\n")
+	want := "naplesctl v1.2.3-test " + platform + "\nServer: nimbus v9.8.7-nimbus " + platform + "\n"
+	equal(t, "naplesctl version", e.ok("version"), want)
+}
+
+// The environment of the test binary started again as a nimbus: the socket it serves on
+// and its version.
+const (
+	nimbusChildSocket  = "NAPLESCTL_TEST_NIMBUS_SOCKET"
+	nimbusChildVersion = "NAPLESCTL_TEST_NIMBUS_VERSION"
+)
+
+// serveNimbusChild serves nimbus on the unix socket, with the version of the
+// environment, until its standard input ends or the process is killed.
+func serveNimbusChild(socket string) {
+	go func() {
+		io.Copy(io.Discard, os.Stdin)
+		os.Exit(0)
+	}()
+	version.Version = os.Getenv(nimbusChildVersion)
+	srv, err := nimbus.New(nimbus.Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "nimbus.New:", err)
+		os.Exit(1)
+	}
+	lis, err := (address.Address{Network: "unix", Addr: socket}).Listen(context.Background())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "listening:", err)
+		os.Exit(1)
+	}
+	if err := srv.Serve(context.Background(), lis); err != nil {
+		fmt.Fprintln(os.Stderr, "Serve:", err)
+		os.Exit(1)
+	}
 }
 
 // TestVersionWithoutNimbus checks that version prints naplesctl's line when nimbus cannot
