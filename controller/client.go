@@ -302,10 +302,15 @@ func (c *Client) ApplyWith(ctx context.Context, objs []*nimbusv1.Object, opts Ap
 		batchBytes = max(batchBytes, DryRunBatchBytes)
 	}
 	// The first calls are smaller, so that nimbus, and the nodes after it, start on the
-	// first objects while the others are on their way.
+	// first objects while the others are on their way; but for a dry run, whose objects
+	// are checked against each other only within a call, and which no node waits for.
 	// Each object's size is taken as its call is made up, not all before the first.
+	first := batchBytes / firstBatchShare
+	if opts.DryRun {
+		first = batchBytes
+	}
 	size := func(i int) int { return objs[i].SizeVT() + applyEntryOverhead }
-	for lo, hi := range chunks(len(objs), size, batchBytes/firstBatchShare, batchBytes) {
+	for lo, hi := range chunks(len(objs), size, first, batchBytes) {
 		req := &nimbusv1.ApplyBatchRequest{Objects: objs[lo:hi], OmitObjects: opts.OmitObjects, DryRun: opts.DryRun}
 		resp, err := c.api.ApplyBatch(ctx, req, recvLimit())
 		if err != nil {

@@ -433,9 +433,9 @@ func TestNodeStatuses(t *testing.T) {
 }
 
 // TestApplyDryRunInOneCall dry-runs objects that an apply would send in many calls of
-// Options.MaxBatchBytes: they go in one, so that nimbus checks them against each other,
-// and two networks of one VNI far apart among them are refused, the second named by its
-// index; nothing is stored.
+// Options.MaxBatchBytes, more than the first call of an apply carries: they go in one, so
+// that nimbus checks them against each other, and two networks of one VNI far apart
+// among them are refused, the second named by its index; nothing is stored.
 func TestApplyDryRunInOneCall(t *testing.T) {
 	socket := socketPath(t)
 	reg := prometheus.NewRegistry()
@@ -446,7 +446,9 @@ func TestApplyDryRunInOneCall(t *testing.T) {
 			Spec: &nimbusv1.Object_Network{Network: &nimbusv1.NetworkSpec{Vni: 100, Subnet: subnet}}}
 	}
 	objs := []*nimbusv1.Object{network("blue", "10.1.0.0/24")}
-	for i := range 20 {
+	// Counted with its margin, each route takes some 320 bytes: 6,000 are more than an
+	// eighth of DryRunBatchBytes.
+	for i := range 6000 {
 		objs = append(objs, route(fmt.Sprintf("r%d", i), "192.0.2.1"))
 	}
 	ok, err := c.ApplyWith(testContext(t), objs, ApplyOptions{DryRun: true})
