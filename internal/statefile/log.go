@@ -10,9 +10,9 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"time"
 	"path/filepath"
 	"slices"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/encoding/protowire"
