@@ -3,9 +3,9 @@
 // its own file with Open, reads back what the last run committed, and writes every change
 // with Commit, in one commit that is on disk when Commit returns: a record appended to the
 // file's log with one fdatasync when the change is small, one bbolt transaction (two) when
-// it is large. The log goes into bbolt when it is full, at Close, and at Open, which
-// replays what a run that crashed left in it (log.go describes it, with the log file's
-// layout).
+// it is large. The log goes into bbolt when it is full, a second after the last commit,
+// at Close, and at Open, which replays what a run that crashed left in it (log.go
+// describes it, with the log file's layout).
 //
 // # Layout
 //

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -50,13 +51,20 @@ const (
 	recordHeader = 16
 )
 
-// logSize is the size of the log file, written with zeros when the log is created; tests
-// make it smaller. A record larger than a quarter of it goes into bbolt directly
-// (maxLogged), where the two flushes count for little next to writing it.
-var logSize int64 = 4 << 20
+// logSize is the size of a new log file, written with zeros when the log is created;
+// tests make it smaller. It holds a burst of some 20,000 objects as users write them, so
+// that a burst that comes while the log is empty is made durable by appends alone, and
+// goes into bbolt once it is over (idleCheckpoint). A record larger than a quarter of the
+// log goes into bbolt directly (maxLogged), where the two flushes count for little next
+// to writing it. A log made with another size keeps its own.
+var logSize int64 = 8 << 20
 
-// maxLogged returns the size of the largest record the log takes.
-func maxLogged() int64 { return logSize / 4 }
+// idleCheckpoint is how long after the last commit the log goes into bbolt, when it holds
+// anything: a checkpoint costs a burst of commits nothing while it lasts, and the log is
+// empty again, ready for the next one, soon after. Zero makes no checkpoint for idleness
+// (tests). A checkpoint that fails leaves the log as it was, for the next one, when the
+// log is full or at Close, to retry and report.
+var idleCheckpoint = time.Second
 
 var (
 	keyLog    = []byte(KeyLog)
@@ -245,9 +253,14 @@ type commitLog struct {
 	// seq is the sequence number of the last commit, base that of the last commit bbolt
 	// has: the log holds those in between.
 	seq, base uint64
+	// size is the size of the log file: logSize, or the size of a log made with another.
+	size int64
 	// fresh tells that the log must be made anew (newLog) before it takes a record.
 	fresh bool
 }
+
+// maxLogged returns the size of the largest record the log takes.
+func (l *commitLog) maxLogged() int64 { return l.size / 4 }
 
 // openLog opens the log of the state file f and replays into bbolt what it holds past
 // the last commit bbolt has. A log that is missing, damaged or not the file's own is
@@ -277,7 +290,10 @@ func (f *File) openLog(o Options) error {
 	if err != nil {
 		return fmt.Errorf("opening the log of %s: %w", f.path, err)
 	}
-	f.log = &commitLog{file: file, off: logStart, seq: logged, base: logged}
+	f.log = &commitLog{file: file, off: logStart, seq: logged, base: logged, size: logSize}
+	if st, err := file.Stat(); err == nil && st.Size() >= logStart+recordHeader {
+		f.log.size = st.Size()
+	}
 	header := make([]byte, logStart)
 	if _, err := io.ReadFull(file, header); err == nil && hasID &&
 		string(header[:8]) == logMagic && binary.BigEndian.Uint64(header[8:]) == id {
@@ -294,6 +310,7 @@ func (f *File) newLog() error {
 	if _, err := rand.Read(idBytes[:]); err != nil {
 		return fmt.Errorf("choosing a log ID: %w", err)
 	}
+	f.log.size = logSize
 	buf := make([]byte, logSize)
 	copy(buf, logMagic)
 	copy(buf[8:], idBytes[:])
@@ -342,7 +359,7 @@ func syncDir(dir string) error {
 // replay finds the records that follow the last commit bbolt has and puts them into
 // bbolt in one transaction.
 func (f *File) replay() error {
-	buf := make([]byte, logSize)
+	buf := make([]byte, f.log.size)
 	n, err := f.log.file.ReadAt(buf, 0)
 	if err != nil && !errors.Is(err, io.EOF) {
 		return fmt.Errorf("reading the log of %s: %w", f.path, err)
@@ -385,13 +402,13 @@ func readRecord(buf []byte, off int64, seq uint64) (batch []byte, next int64, ok
 func (f *File) logCommit(b []byte) error {
 	l := f.log
 	size := int64(recordHeader + len(b))
-	if size > maxLogged() {
+	if size > l.maxLogged() {
 		if err := f.checkpoint(); err != nil {
 			return err
 		}
 		return f.checkpointBatches([][]byte{b}, l.seq+1)
 	}
-	if l.off+size > logSize {
+	if l.off+size > l.size {
 		if err := f.checkpoint(); err != nil {
 			return err
 		}

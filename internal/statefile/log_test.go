@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -119,7 +120,7 @@ func TestLogFullAndLargeBatches(t *testing.T) {
 		case i%100 == 50:
 			// Too large for the log; its deletion of the last small put comes first.
 			b := largeBatch(fmt.Sprintf("l%d-", i), 300)
-			if int64(recordHeader+len(mustEncode(t, b))) <= maxLogged() {
+			if int64(recordHeader+len(mustEncode(t, b))) <= f.log.maxLogged() {
 				t.Fatalf("a batch of %d routes fits the log", len(b.Put))
 			}
 			b.Delete = []string{routeID(name)}
@@ -128,7 +129,7 @@ func TestLogFullAndLargeBatches(t *testing.T) {
 		case i%5 == 2:
 			// About a sixth of the log: a few fill it.
 			b := largeBatch(fmt.Sprintf("m%d-", i%40), 40)
-			if n := int64(recordHeader + len(mustEncode(t, b))); n > maxLogged() || n < logSize/10 {
+			if n := int64(recordHeader + len(mustEncode(t, b))); n > f.log.maxLogged() || n < logSize/10 {
 				t.Fatalf("a batch of %d routes is %d bytes, for a log of %d", len(b.Put), n, logSize)
 			}
 			commit(b)
@@ -433,5 +434,72 @@ func BenchmarkCommitRoutes(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(routes)), "ns/route")
 		})
+	}
+}
+
+// TestIdleCheckpoint checks that the log goes into bbolt once commits stop: after a
+// pause, the log is empty, and bbolt alone holds every commit, its position included.
+func TestIdleCheckpoint(t *testing.T) {
+	defer func(d time.Duration) { idleCheckpoint = d }(idleCheckpoint)
+	idleCheckpoint = 20 * time.Millisecond
+	path := filepath.Join(t.TempDir(), "state.db")
+	f, _ := open(t, path, Options{})
+	for i := range 5 {
+		mustCommit(t, f, Batch{Put: []*nimbusv1.Object{route(fmt.Sprintf("r%d", i), "192.0.2.1")}, Position: &Position{"e1", uint64(i + 1)}})
+	}
+	logged := func() int64 {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.log.off - logStart
+	}
+	for start := time.Now(); logged() > 0; time.Sleep(5 * time.Millisecond) {
+		if time.Since(start) > 10*time.Second {
+			t.Fatalf("the log still holds %d bytes 10s after the last commit", logged())
+		}
+	}
+	crash(t, f)
+	if err := os.Remove(path + LogSuffix); err != nil {
+		t.Fatal(err)
+	}
+	_, c := open(t, path, Options{})
+	if got := names(c.Objects); !slices.Equal(got, []string{"r0", "r1", "r2", "r3", "r4"}) || c.Position != (Position{"e1", 5}) {
+		t.Errorf("bbolt alone holds %v at %+v, want r0 to r4 at e1 5", got, c.Position)
+	}
+}
+
+// TestLogKeepsItsSize checks that a log made with another size, by an earlier version,
+// keeps it: it starts over when that size is full rather than growing, and a crash
+// loses nothing.
+func TestLogKeepsItsSize(t *testing.T) {
+	defer func(size int64) { logSize = size }(logSize)
+	logSize = 64 << 10
+	path := filepath.Join(t.TempDir(), "state.db")
+	f, _ := open(t, path, Options{})
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	logSize = 256 << 10
+	f, _ = open(t, path, Options{})
+	if f.log.size != 64<<10 {
+		t.Fatalf("a log of 64 KiB opened with a size of %d", f.log.size)
+	}
+	starts := 0
+	for i := range 400 {
+		before := f.log.off
+		mustCommit(t, f, Batch{Put: []*nimbusv1.Object{route(fmt.Sprintf("r%03d", i), "192.0.2.1")}})
+		if f.log.off < before {
+			starts++
+		}
+	}
+	if starts == 0 {
+		t.Fatal("400 commits never filled a log of 64 KiB")
+	}
+	crash(t, f)
+	if st, err := os.Stat(path + LogSuffix); err != nil || st.Size() != 64<<10 {
+		t.Fatalf("the log: %v, size %d, want 64 KiB", err, st.Size())
+	}
+	_, c := open(t, path, Options{})
+	if len(c.Objects) != 400 {
+		t.Errorf("after a crash: %d objects, want 400", len(c.Objects))
 	}
 }

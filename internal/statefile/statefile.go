@@ -123,6 +123,10 @@ type File struct {
 	log *commitLog
 	// commits counts the commits since Open.
 	commits int
+	// idle runs checkpointIdle idleCheckpoint after the last commit; lastCommit is when
+	// that was.
+	idle       *time.Timer
+	lastCommit time.Time
 }
 
 // Open opens the state file at path, creating it and its directory when absent, and reads
@@ -320,7 +324,8 @@ func (f *File) Path() string { return f.path }
 
 // Commit writes b durably: after it returns nil the whole batch is on disk; after an
 // error, or a crash, none of it is. A small batch is appended to the file's log, with one
-// fdatasync; a large one, and the log when it is full, go into bbolt (see log.go).
+// fdatasync; a large one, and the log when it is full, go into bbolt (see log.go). The
+// log also goes into bbolt once commits stop for a while (idleCheckpoint).
 func (f *File) Commit(b Batch) error {
 	enc, err := encodeBatch(b)
 	if err != nil {
@@ -335,7 +340,27 @@ func (f *File) Commit(b Batch) error {
 		return fmt.Errorf("writing %s: %w", f.path, err)
 	}
 	f.commits++
+	if idleCheckpoint > 0 && f.log.off > logStart {
+		f.lastCommit = time.Now()
+		if f.idle == nil {
+			f.idle = time.AfterFunc(idleCheckpoint, f.checkpointIdle)
+		} else {
+			f.idle.Reset(idleCheckpoint)
+		}
+	}
 	return nil
+}
+
+// checkpointIdle puts the log into bbolt once no commit has come for idleCheckpoint. A
+// commit that came since the timer fired has set it again. A failure is left to the next
+// checkpoint to report: the log holds every commit until one succeeds.
+func (f *File) checkpointIdle() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.log == nil || time.Since(f.lastCommit) < idleCheckpoint {
+		return
+	}
+	_ = f.checkpoint()
 }
 
 // Commits returns the number of commits since Open.
@@ -372,6 +397,9 @@ func (f *File) Close() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var errs []error
+	if f.idle != nil {
+		f.idle.Stop()
+	}
 	if f.log != nil {
 		if err := f.checkpoint(); err != nil {
 			errs = append(errs, fmt.Errorf("writing %s: %w", f.path, err))

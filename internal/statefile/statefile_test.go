@@ -325,3 +325,10 @@ func TestCallerSentinels(t *testing.T) {
 		t.Errorf("Remove of a file in use: err = %v, want it to wrap %q", err, errHeld)
 	}
 }
+
+// TestMain turns the checkpoint after idleness off, so that what a test leaves in the log
+// stays there however slowly it runs; TestIdleCheckpoint turns it on.
+func TestMain(m *testing.M) {
+	idleCheckpoint = 0
+	os.Exit(m.Run())
+}
