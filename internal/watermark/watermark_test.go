@@ -296,3 +296,28 @@ func TestWatermarkRandom(t *testing.T) {
 		}
 	}
 }
+
+// TestQueuesStayBounded checks that an object that comes and goes many times while
+// another holds the watermark back leaves no trail: the places it left behind are
+// dropped, and the queues stay the size of what is pending.
+func TestQueuesStayBounded(t *testing.T) {
+	tr, _ := newTracker(Options{})
+	tr.SetPosition("e", 100_000)
+	tr.SetObject(route("stuck", 1, 2, 2))
+	for i := range 10_000 {
+		// A new generation each time, pending, then done.
+		gen := int64(i + 1)
+		tr.SetObject(route("flapping", gen, uint64(10+i), uint64(10+i)))
+		tr.SetStatus(key("flapping"), status(programmed, gen))
+		if i%100 == 0 {
+			wantWatermark(t, tr, 1) // the stuck object holds it back
+		}
+	}
+	wantWatermark(t, tr, 1)
+	if tr.Pending() != 1 {
+		t.Errorf("%d pending, want 1", tr.Pending())
+	}
+	if n := max(len(tr.pending.items), len(tr.aging.items)); n > 2+smallRoom {
+		t.Errorf("the queues hold %d places for one pending object", n)
+	}
+}
