@@ -212,7 +212,7 @@ func (d *decoder) decodeYAML(data []byte) error {
 
 // directObject makes the object of m, a document of the fast subset, as directObject
 // does, unless d reads keys only, which it leaves to decodeObject.
-func (d *decoder) directObject(m yamlMap) (*nimbusv1.Object, bool) {
+func (d *decoder) directObject(m yamlValue) (*nimbusv1.Object, bool) {
 	if d.keyOnly {
 		return nil, false
 	}
@@ -240,8 +240,13 @@ func decodeSingle(raw []byte, keyOnly bool) (obj *nimbusv1.Object, single bool, 
 
 // isItems reports whether a mapping of the fast subset is only "items", a list of
 // objects.
-func isItems(m yamlMap) bool {
-	return len(m) == 1 && m[0].key == "items"
+func isItems(m yamlValue) bool {
+	n, items := 0, false
+	for v := range m.values() {
+		n++
+		items = v.key() == "items"
+	}
+	return n == 1 && items
 }
 
 // isItemList reports whether the fields of a mapping are only "items", a list of objects.

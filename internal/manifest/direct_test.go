@@ -13,6 +13,8 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/dynamicpb"
 
 	nimbusv1 "github.com/naplesnet/naples/proto/nimbus/v1"
 )
@@ -105,7 +107,7 @@ func TestDirectObjectAsProtojson(t *testing.T) {
 
 // sameAsJSONPath checks that direct, what directObject made of m, is what decodeObject
 // makes of m's JSON, with no error.
-func sameAsJSONPath(t *testing.T, where string, m yamlMap, direct *nimbusv1.Object) {
+func sameAsJSONPath(t *testing.T, where string, m yamlValue, direct *nimbusv1.Object) {
 	t.Helper()
 	fields, ok := jsonFields(m)
 	if !ok {
@@ -117,32 +119,58 @@ func sameAsJSONPath(t *testing.T, where string, m yamlMap, direct *nimbusv1.Obje
 }
 
 // asYAMLMap returns m as the subset's parser would hold it, the values of m's maps in
-// key order, as a yamlMap each.
-func asYAMLMap(m map[string]any) yamlMap {
-	var out yamlMap
-	for _, k := range slices.Sorted(maps.Keys(m)) {
-		out = append(out, yamlPair{k, asYAMLValue(m[k])})
-	}
-	return out
+// key order. Its values are strings, json.Numbers (integers), []any and maps of them.
+// The keys and texts are written one after the other as the document's text.
+func asYAMLMap(m map[string]any) yamlValue {
+	var b yamlValueBuilder
+	b.add("", m)
+	return yamlValue{doc: string(b.doc), nodes: b.t.nodes}
 }
 
-// asYAMLValue returns v with its maps as yamlMaps, as asYAMLMap does.
-func asYAMLValue(v any) any {
+// yamlValueBuilder makes a yamlValue for asYAMLMap.
+type yamlValueBuilder struct {
+	t   treeBuilder
+	doc []byte
+}
+
+// span appends s to the text and returns its span.
+func (b *yamlValueBuilder) span(s string) span {
+	at := len(b.doc)
+	b.doc = append(b.doc, s...)
+	return spanAt(at, len(s))
+}
+
+// add appends v, with its key, as asYAMLMap does.
+func (b *yamlValueBuilder) add(key string, v any) {
+	i := len(b.t.nodes)
 	switch v := v.(type) {
 	case map[string]any:
-		return asYAMLMap(v)
-	case []any:
-		out := make([]any, len(v))
-		for i, e := range v {
-			out[i] = asYAMLValue(e)
+		b.t.open(yamlMapping)
+		for _, k := range slices.Sorted(maps.Keys(v)) {
+			b.add(k, v[k])
 		}
-		return out
+		b.t.close(i)
+	case []any:
+		b.t.open(yamlSeq)
+		for _, e := range v {
+			b.add("", e)
+		}
+		b.t.close(i)
+	case string:
+		b.t.nodes = append(b.t.nodes, yamlNode{text: b.span(v), size: 1, kind: yamlString})
+	case json.Number:
+		b.t.nodes = append(b.t.nodes, yamlNode{text: b.span(string(v)), size: 1, kind: yamlInt})
+	default:
+		panic(fmt.Sprintf("asYAMLMap: %T is not a value of the subset", v))
 	}
-	return v
+	b.t.setKey(i, b.span(key))
 }
 
 // TestSetMessageAsProtojson checks setMessage on messages of shapes the specs do not
-// have, a oneof of messages and a map of strings among them, against protojson.
+// have, a oneof of messages and a map of strings among them, and on a spec and a meta,
+// against protojson: on the generated messages, whose fields it mostly sets in their Go
+// fields, and on dynamic ones (dynamicpb), whose every field it sets through
+// protoreflect.
 func TestSetMessageAsProtojson(t *testing.T) {
 	for _, c := range []struct {
 		m    map[string]any
@@ -158,18 +186,40 @@ func TestSetMessageAsProtojson(t *testing.T) {
 		{map[string]any{"operational": map[string]any{"vtep": json.Number("1")}}, &nimbusv1.NodeStatus{}, false},
 		{map[string]any{"observedGeneration": json.Number("999999999999999999"), "phase": json.Number("1")}, &nimbusv1.NodeStatus{}, true},
 		{map[string]any{"updateTime": "2026-11-21T10:00:00Z"}, &nimbusv1.NodeStatus{}, false},
+		{map[string]any{"table": json.Number("4294967295"), "prefix": "10.0.0.0/8", "nexthops": []any{
+			map[string]any{"gateway": "10.1.0.1", "weight": json.Number("2")}, map[string]any{"device": "eth1"}}}, &nimbusv1.RouteSpec{}, true},
+		{map[string]any{"nexthops": []any{}, "metric": json.Number("0")}, &nimbusv1.RouteSpec{}, true},
+		{map[string]any{"nexthops": []any{map[string]any{"weight": json.Number("4294967296")}}}, &nimbusv1.RouteSpec{}, false},
+		{map[string]any{"ingress": []any{map[string]any{"action": "ACTION_DENY", "ports": []any{"80"}}, map[string]any{"action": json.Number("7")}},
+			"attach_groups": []any{"web"}}, &nimbusv1.NetworkSecurityPolicySpec{}, true},
+		{map[string]any{"name": "r1", "labels": map[string]any{"app": "web"}, "nodes": []any{"a", "b"}, "generation": json.Number("7")}, &nimbusv1.ObjectMeta{}, true},
+		{map[string]any{"labels": map[string]any{}, "nodes": []any{}}, &nimbusv1.ObjectMeta{}, true},
+		{map[string]any{"labels": map[string]any{"app": json.Number("5")}}, &nimbusv1.ObjectMeta{}, false},
 	} {
 		m := asYAMLMap(c.m)
-		msg := c.msg.ProtoReflect().New()
-		ok := setMessage(msg, m)
-		if ok != c.want {
-			t.Errorf("setMessage(%v, %v) took it %v, want %v", msg.Descriptor().FullName(), c.m, ok, c.want)
-		}
 		raw, _ := appendJSON(nil, m)
 		want := c.msg.ProtoReflect().New().Interface()
 		err := protojson.Unmarshal(raw, want)
-		if ok && (err != nil || !proto.Equal(msg.Interface(), want)) {
-			t.Errorf("setMessage made of %s\n%v\nprotojson\n%v, %v", raw, msg.Interface(), want, err)
+		for _, msg := range []protoreflect.Message{c.msg.ProtoReflect().New(), dynamicpb.NewMessage(c.msg.ProtoReflect().Descriptor())} {
+			ok := setMessage(msg, m)
+			if ok != c.want {
+				t.Errorf("setMessage(%T %v, %v) took it %v, want %v", msg.Interface(), msg.Descriptor().FullName(), c.m, ok, c.want)
+			}
+			if ok && (err != nil || !proto.Equal(msg.Interface(), want)) {
+				t.Errorf("setMessage made of %s\n%v\nprotojson\n%v, %v", raw, msg.Interface(), want, err)
+			}
+		}
+	}
+}
+
+// TestSpecTypes checks that directObject knows the spec of every kind, to set its fields.
+func TestSpecTypes(t *testing.T) {
+	for _, kind := range nimbusv1.Kinds() {
+		if specTypes()[kind] == nil {
+			t.Errorf("no spec type for %v", kind)
+		}
+		if k, ok := parseKind(kind.Name()); !ok || k != kind {
+			t.Errorf("parseKind(%q) = %v, %v", kind.Name(), k, ok)
 		}
 	}
 }

@@ -72,7 +72,7 @@ var subsetCases = []struct {
 	{"kind: Route\nspec:\n  x: 1234567890123456789\n", false},
 }
 
-// TestSimpleYAMLLongMappings: a mapping of more keys than mapBuilder scans is still
+// TestSimpleYAMLLongMappings: a mapping of more keys than mappingKeys scans is still
 // taken, and a key written twice still refused, whether the two are among the first keys
 // or the second comes after the index was made; in block and in flow style.
 func TestSimpleYAMLLongMappings(t *testing.T) {
