@@ -129,6 +129,9 @@ func (c *Client) Wait(ctx context.Context, targets []Target, opts WaitOptions) e
 		w.states = append(w.states, s)
 		w.byKey[t.Key.Key()] = append(w.byKey[t.Key.Key()], s)
 	}
+	for _, s := range w.states {
+		s.same = w.byKey[s.target.Key.Key()]
+	}
 	f := filterOf(targets)
 	req := &nimbusv1.WatchStatusRequest{Kind: f.Kind, Tenant: f.Tenant, Namespace: f.Namespace, Name: f.Name, OmitObjects: f.StatusOnly, Keys: f.Keys}
 	sw := newStatusWatch(w)
@@ -200,6 +203,10 @@ type waitState struct {
 	item   *nimbusv1.ObjectWithStatus
 	done   bool
 	err    *WaitError
+	// same holds the targets of the same object, this one among them, as byKey does: a
+	// brief entry names its object by the index of a target, and finds them without a
+	// lookup by key.
+	same []*waitState
 }
 
 // waiter is the SyncReactor of one Wait.
@@ -254,7 +261,7 @@ func (w *waiter) moveOn(states []*waitState, item *nimbusv1.ObjectWithStatus) {
 // onBrief moves the targets of the object with the key index i on, from a brief entry.
 func (w *waiter) onBrief(i int, generation int64, target, programmed int32) {
 	key := w.states[i].target.Key
-	states := w.byKey[key.Key()]
+	states := w.states[i].same
 	if !slices.ContainsFunc(states, func(s *waitState) bool { return !s.done && s.err == nil }) {
 		return
 	}

@@ -287,6 +287,9 @@ func (s *Server) WatchStatus(req *nimbusv1.WatchStatusRequest, stream grpc.Serve
 	log := s.log.With("kind", req.GetKind().Name(), "tenant", req.GetTenant(), "namespace", req.GetNamespace(), "name", req.GetName(), "keys", len(req.GetKeys()))
 
 	ss := &statusStream{srv: s, w: w, stream: stream, seed: maphash.MakeSeed(), sent: map[string]uint64{}, knownStale: map[string]bool{}}
+	if w.index != nil {
+		ss.sentAt = make([]uint64, len(req.GetKeys()))
+	}
 	err := ss.run()
 	log.Info("status watch ended", "reason", err)
 	return err
@@ -301,8 +304,12 @@ type statusStream struct {
 	frame []byte
 	brief briefEntries
 	seed  maphash.Seed
-	// sent holds, per key ID of an object the client has, the hash of the last PUT sent.
-	sent map[string]uint64
+	// sent holds, per key ID of an object the client has, the hash of the last event
+	// sent of it. When the watcher names keys, sentAt holds it instead, by the index of
+	// the object's key, with its lowest bit set (0 for none): the index is looked up
+	// anyway, and a key ID costs more to hash (markSent).
+	sent   map[string]uint64
+	sentAt []uint64
 	// knownStale holds the nodes with a watch_nodes row, and whether their statuses were
 	// stale, as of the last look.
 	knownStale map[string]bool
@@ -397,7 +404,7 @@ func (ss *statusStream) sendChanges() error {
 			recs = append(recs, rec)
 			continue
 		}
-		if _, ok := ss.sent[id]; ok {
+		if ss.wasSent(id) {
 			deleted = append(deleted, id)
 		}
 		// Otherwise created and deleted before the client heard of it.
@@ -410,7 +417,7 @@ func (ss *statusStream) sendChanges() error {
 		}
 	}
 	for _, id := range deleted {
-		delete(ss.sent, id)
+		ss.forgetSent(id)
 		if err := ss.add(&nimbusv1.StatusEvent{Type: nimbusv1.StatusEvent_TYPE_DELETE, Key: objects[id]}); err != nil {
 			return err
 		}
@@ -541,11 +548,9 @@ func (ss *statusStream) put(v *view, rec *objectRecord) error {
 	b = protowire.AppendTag(b, 3, protowire.BytesType)
 	b = protowire.AppendBytes(b, key)
 
-	h := maphash.Bytes(ss.seed, b)
-	if old, ok := ss.sent[rec.id]; ok && old == h {
+	if unchanged, _ := ss.markSent(rec.id, maphash.Bytes(ss.seed, b)); unchanged {
 		return nil
 	}
-	ss.sent[rec.id] = h
 	return ss.addEncoded(b)
 }
 
@@ -574,18 +579,51 @@ type briefEntry struct {
 // client has it just so.
 func (ss *statusStream) putBrief(rec *objectRecord, st *nimbusv1.ObjectStatus) error {
 	e := briefEntry{generation: st.GetGeneration(), target: st.GetTargetNodes(), programmed: st.GetProgrammedNodes()}
-	h := maphash.Comparable(ss.seed, e)
-	if old, ok := ss.sent[rec.id]; ok && old == h {
+	unchanged, i := ss.markSent(rec.id, maphash.Comparable(ss.seed, e))
+	if unchanged {
 		return nil
 	}
-	ss.sent[rec.id] = h
 	if ss.queued()+maxBriefEntryBytes > maxStatusFrameBytes {
 		if err := ss.flush(); err != nil {
 			return err
 		}
 	}
-	ss.brief.add(ss.w.index[rec.id], e)
+	ss.brief.add(i, e)
 	return nil
+}
+
+// markSent records h as the hash of the last event sent of the object with the key ID,
+// and reports whether it was that already, and the index of the object's key when the
+// watcher names keys.
+func (ss *statusStream) markSent(id string, h uint64) (unchanged bool, i uint32) {
+	i, named := ss.w.index[id]
+	if !named {
+		old, ok := ss.sent[id]
+		ss.sent[id] = h
+		return ok && old == h, 0
+	}
+	h |= 1
+	unchanged = ss.sentAt[i] == h
+	ss.sentAt[i] = h
+	return unchanged, i
+}
+
+// wasSent tells whether the client has the object with the key ID.
+func (ss *statusStream) wasSent(id string) bool {
+	if i, named := ss.w.index[id]; named {
+		return ss.sentAt[i] != 0
+	}
+	_, ok := ss.sent[id]
+	return ok
+}
+
+// forgetSent records that the client no longer has the object with the key ID.
+func (ss *statusStream) forgetSent(id string) {
+	if i, named := ss.w.index[id]; named {
+		ss.sentAt[i] = 0
+		return
+	}
+	delete(ss.sent, id)
 }
 
 // maxBriefEntryBytes bounds the encoded size of one brief entry: four varints.
