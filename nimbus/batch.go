@@ -38,6 +38,7 @@ func (s *Server) ApplyBatch(ctx context.Context, req *nimbusv1.ApplyBatchRequest
 	b := &batch{writes: make([]write, 0, len(objs)), positions: true}
 	var bad refusal
 	seen := make(map[nimbusv1.Key]int, len(objs))
+	owned := ownsRequest(ctx)
 	for i, in := range objs {
 		if in == nil {
 			bad.add(fmt.Sprintf("objects[%d]", i), "", errors.New(`object "": is required`))
@@ -59,7 +60,7 @@ func (s *Server) ApplyBatch(ctx context.Context, req *nimbusv1.ApplyBatchRequest
 		}
 		seen[id] = i
 		if !bad.any() {
-			b.writes = append(b.writes, applyWrite(in))
+			b.writes = append(b.writes, applyWrite(in, owned))
 		}
 	}
 	if err := bad.err(); err != nil {

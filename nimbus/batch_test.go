@@ -1,7 +1,9 @@
 package nimbus
 
 import (
+	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -454,4 +456,39 @@ func TestApplyBatchOmitObjects(t *testing.T) {
 		}
 	}
 	wantStored(t, ts, 4, "new", "same", "spec")
+}
+
+// TestApplyKeepsCallersObjects checks that Apply and ApplyBatch called in the same
+// process leave the caller's objects as they were, tenant, namespace and nodes not
+// normalized into them, and store objects of their own; over gRPC, where the request is
+// the call's own, the stored objects are the same.
+func TestApplyKeepsCallersObjects(t *testing.T) {
+	ts := start(t, Options{})
+	ctx := context.Background()
+	one := route("r1", []string{"host-b", "host-a", "host-b"}, "192.0.2.1")
+	two := route("r2", []string{"host-b", "host-a"}, "192.0.2.2")
+	wantOne, wantTwo := proto.CloneOf(one), proto.CloneOf(two)
+	if _, err := ts.srv.Apply(ctx, &nimbusv1.ApplyRequest{Object: one}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ts.srv.ApplyBatch(ctx, &nimbusv1.ApplyBatchRequest{Objects: []*nimbusv1.Object{two}}); err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(one, wantOne) || !proto.Equal(two, wantTwo) {
+		t.Errorf("the caller's objects changed: %v and %v, want %v and %v", one, two, wantOne, wantTwo)
+	}
+	three := route("r3", []string{"host-b", "host-a", "host-b"}, "192.0.2.3")
+	if _, err := ts.client.ApplyBatch(ctx, &nimbusv1.ApplyBatchRequest{Objects: []*nimbusv1.Object{three}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"r1", "r2", "r3"} {
+		got, err := ts.client.Get(ctx, &nimbusv1.GetRequest{Key: &nimbusv1.ObjectKey{Kind: nimbusv1.Kind_KIND_ROUTE, Name: name}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := got.GetItem().GetObject().GetMeta()
+		if m.GetTenant() != "default" || m.GetNamespace() != "default" || !slices.Equal(m.GetNodes(), []string{"host-a", "host-b"}) {
+			t.Errorf("%s stored with tenant %q, namespace %q, nodes %v; want default, default, [host-a host-b]", name, m.GetTenant(), m.GetNamespace(), m.GetNodes())
+		}
+	}
 }

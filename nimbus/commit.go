@@ -25,10 +25,14 @@ type write struct {
 	obj *nimbusv1.Object
 }
 
-// applyWrite returns the write that stores a clone of the valid object in.
-func applyWrite(in *nimbusv1.Object) write {
+// applyWrite returns the write that stores the valid object in: in itself when the call
+// owns it (ownsRequest), a clone otherwise.
+func applyWrite(in *nimbusv1.Object, owned bool) write {
 	key := in.Key()
-	obj := in.CloneVT()
+	obj := in
+	if !owned {
+		obj = in.CloneVT()
+	}
 	m := obj.GetMeta()
 	m.Tenant, m.Namespace = key.GetTenant(), key.GetNamespace()
 	m.Nodes = normalizeNodes(m.GetNodes())

@@ -413,9 +413,9 @@ func TestConflictRefusesOneBatchOfAGroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	rev := before.GetRevision()
-	first := &batch{writes: []write{applyWrite(route("r1", nil, "192.0.2.1"))}}
-	refused := &batch{writes: []write{applyWrite(route("r2", nil, "192.0.2.1")), applyWrite(conflictCases[0].obj)}, positions: true}
-	last := &batch{writes: []write{applyWrite(endpoint("aab", "net1", "host-b", "veth-b", "02:00:00:00:01:0b", "10.1.0.6"))}}
+	first := &batch{writes: []write{applyWrite(route("r1", nil, "192.0.2.1"), false)}}
+	refused := &batch{writes: []write{applyWrite(route("r2", nil, "192.0.2.1"), false), applyWrite(conflictCases[0].obj, false)}, positions: true}
+	last := &batch{writes: []write{applyWrite(endpoint("aab", "net1", "host-b", "veth-b", "02:00:00:00:01:0b", "10.1.0.6"), false)}}
 	group := []*batch{first, refused, last}
 	for _, b := range group {
 		b.done = make(chan struct{})

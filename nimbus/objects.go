@@ -31,7 +31,7 @@ func (s *Server) Apply(ctx context.Context, req *nimbusv1.ApplyRequest) (*nimbus
 	if err := s.checkObjectSize(in); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	b := &batch{writes: []write{applyWrite(in)}}
+	b := &batch{writes: []write{applyWrite(in, ownsRequest(ctx))}}
 	if err := s.submitOrDryRun(b, req.GetDryRun()); err != nil {
 		return nil, rpcError(err)
 	}
