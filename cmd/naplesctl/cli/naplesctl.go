@@ -343,6 +343,12 @@ func (e *statusError) Error() string {
 // GRPCStatus returns the status, for status.FromError and status.Code.
 func (e *statusError) GRPCStatus() *status.Status { return e.st }
 
+// Is makes a call that ended because its context was canceled, an interrupt, count as
+// context.Canceled, whichever call it was: gRPC reports it as a status of its own.
+func (e *statusError) Is(target error) bool {
+	return target == context.Canceled && e.st.Code() == codes.Canceled
+}
+
 // parseKind parses a kind given on the command line; its error, a usage error (see
 // Run), lists the valid kinds with their short names.
 func parseKind(s string) (nimbusv1.Kind, error) {

@@ -550,6 +550,26 @@ func TestStatusErrorKeepsMessage(t *testing.T) {
 	equal(t, "internal", err.Error(), "boom (Internal)")
 }
 
+// TestInterruptedCallIsCanceled checks that a call ended by its canceled context, which
+// gRPC reports as a status of code Canceled, counts as context.Canceled wherever it is
+// wrapped: an interrupt is told the same way whichever call it cut short.
+func TestInterruptedCallIsCanceled(t *testing.T) {
+	s := &session{addr: address.List{{Network: "unix", Addr: "/run/n.sock"}}}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	// The status gRPC returns for a call whose context was canceled.
+	err := fmt.Errorf("getting endpoint/web-a: %w", s.rpcError(status.FromContextError(ctx.Err()).Err()))
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("errors.Is(%v, context.Canceled) = false", err)
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("errors.Is(%v, context.DeadlineExceeded) = true", err)
+	}
+	if err := s.rpcError(status.Error(codes.Internal, "boom")); errors.Is(err, context.Canceled) {
+		t.Errorf("errors.Is(%v, context.Canceled) = true for an Internal status", err)
+	}
+}
+
 func TestHumanDuration(t *testing.T) {
 	tests := []struct {
 		d    time.Duration
