@@ -311,7 +311,9 @@ func (q *queue) push(x queuedEntry) {
 	q.up(len(q.items) - 1)
 }
 
-// min returns the entry of the first live place, dropping those before it.
+// min returns the entry of the first live place, dropping those before it. A queue
+// emptied lets go of its room when that is large, as Tracker.entries does: a settled node
+// holds nothing per object.
 func (q *queue) min() (*entry, bool) {
 	for len(q.items) > 0 {
 		if q.items[0].live() {
@@ -322,6 +324,9 @@ func (q *queue) min() (*entry, bool) {
 		q.items[last] = queuedEntry{}
 		q.items = q.items[:last]
 		q.down(0)
+	}
+	if cap(q.items) > smallRoom {
+		q.items = nil
 	}
 	return nil, false
 }

@@ -320,4 +320,18 @@ func TestQueuesStayBounded(t *testing.T) {
 	if n := max(len(tr.pending.items), len(tr.aging.items)); n > 2+smallRoom {
 		t.Errorf("the queues hold %d places for one pending object", n)
 	}
+	// Once nothing is pending, the queues let go of their room.
+	tr.SetStatus(key("stuck"), status(programmed, 1))
+	wantWatermark(t, tr, 100_000)
+	for i := range 1000 {
+		tr.SetObject(route(fmt.Sprintf("burst-%d", i), 1, uint64(200_000+i), uint64(200_000+i)))
+	}
+	for i := range 1000 {
+		tr.SetStatus(key(fmt.Sprintf("burst-%d", i)), status(programmed, 1))
+	}
+	tr.SetPosition("e", 300_000)
+	wantWatermark(t, tr, 300_000)
+	if c := max(cap(tr.pending.items), cap(tr.aging.items)); c > smallRoom {
+		t.Errorf("the queues keep room for %d places with nothing pending", c)
+	}
 }
