@@ -493,9 +493,9 @@ func (p *pusher) push(ctx context.Context) (up bool, err error) {
 
 	// The full state covers every mark made so far.
 	p.take()
-	// since is when the last frame's view was taken: the moves of a watermark after it are
-	// the ones its peer has not had.
-	since := h.s.opts.Now()
+	// sent holds the watermark record last sent of each node: the moves a record made
+	// past it are the ones the peer has not had.
+	sent := make(map[string]*watermarkRecord)
 	v := h.s.view()
 	fb := &peerFrameBuilder{send: send, frame: &nimbusv1.PeerFrame{Replica: h.name, Revision: v.revision()}}
 	reports := 0
@@ -515,9 +515,10 @@ func (p *pusher) push(ctx context.Context) (up bool, err error) {
 		if rec.Origin != h.name {
 			continue
 		}
-		if err := fb.addWatermark(rec, time.Time{}); err != nil {
+		if err := fb.addWatermark(rec, nil); err != nil {
 			return false, err
 		}
+		sent[rec.Node] = rec
 		watermarks++
 	}
 	for rec := range v.allWatchNodes() {
@@ -557,7 +558,6 @@ func (p *pusher) push(ctx context.Context) (up bool, err error) {
 			}
 		case <-p.wake:
 			statuses, watermarks, nodes := p.take()
-			now := h.s.opts.Now()
 			v := h.s.view()
 			fb := &peerFrameBuilder{send: send, frame: &nimbusv1.PeerFrame{Revision: v.revision()}}
 			for k := range statuses {
@@ -578,13 +578,16 @@ func (p *pusher) push(ctx context.Context) (up bool, err error) {
 				// A watermark gone since (its Node object was deleted, which the peer
 				// sees in the store too), or replaced by another replica's, is not this
 				// replica's to send.
-				if rec := v.watermark(node); rec != nil && rec.Origin == h.name {
-					if err := fb.addWatermark(rec, since); err != nil {
-						return true, err
-					}
+				rec := v.watermark(node)
+				if rec == nil || rec.Origin != h.name {
+					delete(sent, node)
+					continue
 				}
+				if err := fb.addWatermark(rec, sent[node]); err != nil {
+					return true, err
+				}
+				sent[node] = rec
 			}
-			since = now
 			for node := range nodes {
 				rec := v.watchNode(node)
 				if rec == nil {
@@ -637,12 +640,19 @@ func (b *peerFrameBuilder) addDropped(k statusKey) error {
 func isDropped(r *nimbusv1.StatusReport) bool { return r.GetKey() != nil && r.GetWatermark() != nil }
 
 // addWatermark adds the watermark, with its update time, and before it the moves it kept
-// that it made after since, each with its time, so that the peer derives the times at
-// which it passed each revision as this replica does. It sends the frame first when an
-// entry does not fit.
-func (b *peerFrameBuilder) addWatermark(rec *watermarkRecord, since time.Time) error {
+// that it made since last, the record of the node last sent (nil for none), each with its
+// time, so that the peer derives the times at which it passed each revision as this
+// replica does. It sends the frame first when an entry does not fit.
+//
+// The moves are told apart by revision, not by time: a move's time is taken in the
+// write that makes it, which a view taken after that time may not hold yet.
+func (b *peerFrameBuilder) addWatermark(rec, last *watermarkRecord) error {
+	from := uint64(0)
+	if last != nil && last.Epoch == rec.Epoch {
+		from = last.Revision
+	}
 	for _, st := range rec.steps {
-		if st.rev < rec.Revision && st.at.After(since) {
+		if st.rev > from && st.rev < rec.Revision {
 			if err := b.addWatermarkEntry(&nimbusv1.StatusWatermark{Node: rec.Node, Epoch: rec.Epoch, Revision: st.rev, UpdateTime: timestamppb.New(st.at)}); err != nil {
 				return err
 			}

@@ -693,3 +693,52 @@ func TestPeerForgetsDeletedNode(t *testing.T) {
 	push(b.revision(t))
 	wantMetrics(t, b.srv, `naples_nimbus_status_watermarks 1`, `naples_nimbus_statuses 1`)
 }
+
+// TestPeerWatermarkMovesByRevision shows that a watermark pushed to a peer carries every
+// move the peer has not had, whatever the times of the moves: a move's time is taken in
+// the write that makes it, before a frame's view may hold it, so a move can be older than
+// the view of the frame before it. The peer, replaying the entries onto the record it
+// had, then derives the same time for every revision as the replica.
+func TestPeerWatermarkMovesByRevision(t *testing.T) {
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	var first *watermarkRecord
+	first = first.moved("n1", "e", 3, "a", at(0))
+	for _, tc := range []struct {
+		name string
+		// last is what the peer had; rec what the replica holds now.
+		last, rec *watermarkRecord
+	}{
+		{"two moves in one frame", first, first.moved("n1", "e", 5, "a", at(1)).moved("n1", "e", 7, "a", at(2))},
+		{"a move back", first.moved("n1", "e", 5, "a", at(1)), first.moved("n1", "e", 5, "a", at(1)).moved("n1", "e", 4, "a", at(2))},
+		{"a new epoch", first, first.moved("n1", "f", 2, "a", at(1)).moved("n1", "f", 6, "a", at(2))},
+		{"nothing sent before", nil, first.moved("n1", "e", 5, "a", at(1)).moved("n1", "e", 7, "a", at(2))},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var frames []*nimbusv1.PeerFrame
+			fb := &peerFrameBuilder{send: func(f *nimbusv1.PeerFrame) error { frames = append(frames, f); return nil },
+				frame: &nimbusv1.PeerFrame{}}
+			if err := fb.addWatermark(tc.rec, tc.last); err != nil {
+				t.Fatal(err)
+			}
+			if err := fb.flush(false); err != nil {
+				t.Fatal(err)
+			}
+			got := tc.last
+			for _, f := range frames {
+				for _, wm := range f.GetWatermarks() {
+					got = got.moved(wm.GetNode(), wm.GetEpoch(), wm.GetRevision(), "a", wm.GetUpdateTime().AsTime())
+				}
+			}
+			if got.Epoch != tc.rec.Epoch || got.Revision != tc.rec.Revision || !got.UpdateTime.Equal(tc.rec.UpdateTime) {
+				t.Fatalf("peer's watermark = %s %d at %v, want %s %d at %v", got.Epoch, got.Revision, got.UpdateTime,
+					tc.rec.Epoch, tc.rec.Revision, tc.rec.UpdateTime)
+			}
+			for rev := uint64(1); rev <= tc.rec.Revision; rev++ {
+				if g, w := got.passedAt(rev), tc.rec.passedAt(rev); !g.Equal(w) {
+					t.Errorf("peer: passed revision %d at %v, replica at %v", rev, g, w)
+				}
+			}
+		})
+	}
+}
