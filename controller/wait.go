@@ -20,11 +20,12 @@ type Target struct {
 
 // WaitOptions configures Wait.
 type WaitOptions struct {
-	// Progress, when set, is called with a target, its Generation set, and the target's
-	// object, its kind, key and generations only (see Filter.StatusOnly), and status, when the wait first sees the object and whenever the object or
-	// its status changes, until the target is done. It is called on the goroutine that
-	// called Wait. Default: nil.
-	Progress func(t Target, item *nimbusv1.ObjectWithStatus)
+	// Progress, when set, is called with the index of a target in Wait's targets, the
+	// target, its Generation set, and the target's object, its kind, key and generations
+	// only (see Filter.StatusOnly), and status, when the wait first sees the object and
+	// whenever the object or its status changes, until the target is done. It is called
+	// on the goroutine that called Wait. Default: nil.
+	Progress func(i int, t Target, item *nimbusv1.ObjectWithStatus)
 	// Brief keeps the status stream to what a wait for thousands of objects needs (see
 	// nimbusv1.WatchStatusRequest.brief): nimbus then sends of an object whose status
 	// has nothing to tell but its counts (no node FAILED, none with a reason or a
@@ -123,9 +124,9 @@ func (c *Client) Wait(ctx context.Context, targets []Target, opts WaitOptions) e
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	w := &waiter{opts: opts, byKey: make(map[nimbusv1.Key][]*waitState, len(targets)), stop: cancel, open: len(targets)}
-	for _, t := range targets {
+	for i, t := range targets {
 		t.Key = t.Key.Defaulted()
-		s := &waitState{target: t}
+		s := &waitState{index: i, target: t}
 		w.states = append(w.states, s)
 		w.byKey[t.Key.Key()] = append(w.byKey[t.Key.Key()], s)
 	}
@@ -199,6 +200,8 @@ const maxWaitKeyBytes = 4 << 20
 
 // waitState is where the wait for one target stands.
 type waitState struct {
+	// index is the target's index in Wait's targets.
+	index  int
 	target Target
 	item   *nimbusv1.ObjectWithStatus
 	done   bool
@@ -244,7 +247,7 @@ func (w *waiter) moveOn(states []*waitState, item *nimbusv1.ObjectWithStatus) {
 		}
 		s.item = item
 		if w.opts.Progress != nil {
-			w.opts.Progress(s.target, item)
+			w.opts.Progress(s.index, s.target, item)
 		}
 		done, failed := progress(item, s.target.Generation)
 		switch {

@@ -31,9 +31,12 @@ func startWaitWith(t *testing.T, c *Client, opts WaitOptions, targets ...Target)
 	t.Helper()
 	w := &waiting{done: make(chan error, 1), progress: make(chan string, 100)}
 	ctx := testContext(t)
-	opts.Progress = func(tg Target, item *nimbusv1.ObjectWithStatus) {
+	opts.Progress = func(i int, tg Target, item *nimbusv1.ObjectWithStatus) {
 		if got := item.GetObject().Key().ID(); got != tg.Key.ID() {
 			t.Errorf("progress of %s handed an item of %s", tg.Key.ID(), got)
+		}
+		if want := targets[i].Key.Defaulted().ID(); tg.Key.ID() != want {
+			t.Errorf("progress of target %d handed %s, want %s", i, tg.Key.ID(), want)
 		}
 		w.progress <- fmt.Sprintf("%s@%d: %d/%d", tg.Key.GetName(), tg.Generation,
 			item.GetStatus().GetProgrammedNodes(), item.GetStatus().GetTargetNodes())
@@ -211,7 +214,7 @@ func TestWaitEndsWithContext(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(testContext(t))
-	err := c.Wait(ctx, []Target{{Key: routeKey("r1")}}, WaitOptions{Progress: func(Target, *nimbusv1.ObjectWithStatus) { cancel() }})
+	err := c.Wait(ctx, []Target{{Key: routeKey("r1")}}, WaitOptions{Progress: func(int, Target, *nimbusv1.ObjectWithStatus) { cancel() }})
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("Wait = %v after its context ended, want context.Canceled", err)
 	}
@@ -295,7 +298,7 @@ func TestBriefWaitResumesAcrossRestart(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- c.Wait(testContext(t), []Target{{Key: routeKey("a")}, {Key: routeKey("b")}, {Key: routeKey("c")}}, WaitOptions{Brief: true,
-			Progress: func(tg Target, item *nimbusv1.ObjectWithStatus) {
+			Progress: func(_ int, tg Target, item *nimbusv1.ObjectWithStatus) {
 				// A brief entry names no pending node, where a whole status would.
 				pending = append(pending, item.GetStatus().GetPending()...)
 				progress <- fmt.Sprintf("%s@%d: gen %d %d/%d", tg.Key.GetName(), tg.Generation, item.GetObject().GetMeta().GetGeneration(),

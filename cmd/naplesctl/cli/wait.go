@@ -195,15 +195,13 @@ func (c *cli) wait(ctx context.Context, sess *session, targets []waitTarget, tim
 		kitTargets[i] = controller.Target{Key: t.key, Generation: t.generation}
 	}
 	// Progress is called on this goroutine, and never after Wait returned.
-	progress := func(t controller.Target, item *nimbusv1.ObjectWithStatus) {
-		for _, s := range byKey[t.Key.Key()] {
-			if !s.done && (s.generation == 0 || s.generation == t.Generation) {
-				s.generation = t.Generation
-				s.last = propagationOf(withStatus(item), s.generation)
-				s.seen = true
-				s.done = s.last.done() && len(s.last.failures) == 0
-				printer.observed(s)
-			}
+	progress := func(i int, t controller.Target, item *nimbusv1.ObjectWithStatus) {
+		if s := states[i]; !s.done {
+			s.generation = t.Generation
+			s.last = propagationOf(withStatus(item), s.generation)
+			s.seen = true
+			s.done = s.last.done() && len(s.last.failures) == 0
+			printer.observed(s)
 		}
 	}
 	printer.start(states)

@@ -39,6 +39,18 @@ func TestValidate(t *testing.T) {
 			o.GetRoute().Prefix = "2001:db8::/32"
 			o.GetRoute().Nexthops = []*NextHop{{Gateway: "fe80::1", Device: "eth0"}, {Gateway: "2001:db8:1::1", Weight: 3}}
 		}},
+		{name: "a bad weight and device past the names made once", mutate: func(o *Object) {
+			for i := range 11 {
+				o.GetRoute().Nexthops = append(o.GetRoute().Nexthops, &NextHop{Gateway: fmt.Sprintf("10.10.0.%d", 3+i)})
+			}
+			o.GetRoute().Nexthops[1].Weight = 300
+			o.GetRoute().Nexthops[7].Device = "a/b"
+			o.GetRoute().Nexthops[8].Weight = 257
+			o.GetRoute().Nexthops[11].Gateway = "2001:db8::1"
+		}, want: `spec.nexthops[1].weight "300": must be between 1 and 256` + "\n" +
+			`spec.nexthops[7].device "a/b": not a Linux interface name (1 to 15 characters, no '/' or spaces)` + "\n" +
+			`spec.nexthops[8].weight "257": must be between 1 and 256` + "\n" +
+			`spec.nexthops[11].gateway "2001:db8::1": address family differs from spec.prefix 198.51.100.0/24`},
 		{name: "prefix length", mutate: func(o *Object) { o.GetRoute().Prefix = "10.0.0.0/33" },
 			want: `spec.prefix "10.0.0.0/33": prefix length out of range`},
 		{name: "host bits", mutate: func(o *Object) { o.GetRoute().Prefix = "10.0.0.1/24" },
@@ -234,6 +246,23 @@ func TestIsNameMatchesThePattern(t *testing.T) {
 	for _, s := range cases {
 		if got, want := isName(s), pattern.MatchString(s); got != want {
 			t.Errorf("isName(%q) = %v, want %v", s, got, want)
+		}
+	}
+}
+
+// BenchmarkValidateRoute validates a route as operators write them: labels, two nodes
+// and three next hops.
+func BenchmarkValidateRoute(b *testing.B) {
+	o := &Object{
+		Meta: &ObjectMeta{Name: "dc1-web-0042", Labels: map[string]string{"app": "web", "tier": "frontend", "site": "dc1"},
+			Nodes: []string{"host-a", "host-b"}},
+		Spec: &Object_Route{Route: &RouteSpec{Table: 100, Prefix: "100.64.0.42/32",
+			Nexthops: []*NextHop{{Gateway: "10.10.0.2"}, {Gateway: "10.10.0.3"}, {Gateway: "10.10.0.4"}}}},
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := o.Validate(); err != nil {
+			b.Fatal(err)
 		}
 	}
 }
