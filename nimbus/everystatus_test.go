@@ -99,14 +99,32 @@ func referenceStatus(v *view, rec *objectRecord) *nimbusv1.ObjectStatus {
 // an older generation, with operational data, of nodes that are no target), to the walk
 // of every node it was: equal without a cap; with a small one, the same counts, and
 // lists that are the documented part of the full ones.
+//
+// It holds the brief entries of objects for listed nodes, counted without the status, to
+// the status too.
 func TestStatusMatchesReference(t *testing.T) {
+	briefs := 0
 	for seed := range uint64(12) {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) { testStatusMatchesReference(t, seed) })
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { briefs += testStatusMatchesReference(t, seed) })
+	}
+	if briefs == 0 {
+		t.Error("no object had a brief entry: the brief entries went untested")
 	}
 }
 
-// testStatusMatchesReference is TestStatusMatchesReference with one seed.
-func testStatusMatchesReference(t *testing.T, seed uint64) {
+// anyTold tells whether one of the records is FAILED or has a reason or a message.
+func anyTold(recs []*statusRecord) bool {
+	for _, r := range recs {
+		if r.Status.GetPhase() == nimbusv1.Phase_PHASE_FAILED || r.Status.GetReason() != "" || r.Status.GetMessage() != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// testStatusMatchesReference is TestStatusMatchesReference with one seed; it returns how
+// many objects had a brief entry.
+func testStatusMatchesReference(t *testing.T, seed uint64) (briefs int) {
 	rnd := rand.New(rand.NewPCG(seed, 22))
 	ts := start(t, Options{Limits: Limits{StatusDetailsBytes: 300}})
 	// The nodes that never watched are stale from the start.
@@ -225,6 +243,16 @@ func testStatusMatchesReference(t *testing.T, seed uint64) {
 		if !proto.Equal(got, want) {
 			t.Fatalf("%s: status\n%v\nwant (the walk of every node)\n%v", key.ID(), got, want)
 		}
+		// A brief entry counted without the status has the status's counts, and is
+		// given only for a quiet status.
+		if e, ok := v.briefStatus(rec); ok {
+			if !quiet(got) || e.generation != got.GetGeneration() || e.target != got.GetTargetNodes() || e.programmed != got.GetProgrammedNodes() {
+				t.Fatalf("%s: brief entry %+v for the status\n%v", key.ID(), e, got)
+			}
+			briefs++
+		} else if len(rec.Object.GetMeta().GetNodes()) > 0 && quiet(got) && !anyTold(v.statusesOfID(rec.id)) {
+			t.Fatalf("%s: no brief entry for a quiet status without a record that tells more\n%v", key.ID(), got)
+		}
 	}
 	// The same with the index of the times the watermarks passed each revision, which a
 	// view makes once it walked the nodes for caught_up_time many times.
@@ -247,6 +275,7 @@ func testStatusMatchesReference(t *testing.T, seed uint64) {
 			checkCapped(t, v, rec, referenceStatus(ref, rec), v.status(rec), limit)
 		}
 	}
+	return briefs
 }
 
 // checkCapped fails the test unless got, the status of rec with Limits.StatusNodes at

@@ -299,6 +299,46 @@ func (v *view) status(rec *objectRecord) *nimbusv1.ObjectStatus {
 	return st
 }
 
+// briefStatus returns the brief entry of the record's object, an object with target
+// nodes, and true when no target node's record is FAILED or has a reason or a message:
+// then status(rec) is quiet and has the entry's counts, which briefStatus counts without
+// making it. It returns false for an object for every node, and for one whose records
+// may tell more than counts: its status must be made.
+func (v *view) briefStatus(rec *objectRecord) (briefEntry, bool) {
+	m := rec.Object.GetMeta()
+	targets := m.GetNodes()
+	if len(targets) == 0 {
+		return briefEntry{}, false
+	}
+	recs := v.statusesOfID(rec.id)
+	for _, r := range recs {
+		if ns := r.Status; ns.GetPhase() == nimbusv1.Phase_PHASE_FAILED || ns.GetReason() != "" || ns.GetMessage() != "" {
+			return briefEntry{}, false
+		}
+	}
+	gen, genRev := m.GetGeneration(), rec.Object.GenerationRevision()
+	e := briefEntry{generation: gen, target: int32(len(targets))}
+	for _, n := range targets {
+		var ns *nimbusv1.NodeStatus
+		for _, r := range recs {
+			if r.Node == n {
+				ns = r.Status
+				break
+			}
+		}
+		switch {
+		case ns == nil:
+			// Derived from the watermark: PROGRAMMED at gen once it passed genRev.
+			if v.watermark(n).passes(v.epoch, genRev) {
+				e.programmed++
+			}
+		case ns.GetPhase() == nimbusv1.Phase_PHASE_PROGRAMMED && ns.GetObservedGeneration() == gen:
+			e.programmed++
+		}
+	}
+	return e, true
+}
+
 // tally counts the status ns of a target node of an object at generation gen in st's
 // counts but stale_nodes, moves *latest to its update time when it is PROGRAMMED at gen
 // and that is later, and tells whether the node is pending.

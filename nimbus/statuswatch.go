@@ -521,9 +521,15 @@ func (ss *statusStream) selected(v *view) iter.Seq[*objectRecord] {
 // once per revision for watchers and status streams alike; only the key and the status
 // are encoded here.
 func (ss *statusStream) put(v *view, rec *objectRecord) error {
+	brief := ss.w.filter.GetBrief()
+	if brief {
+		if e, ok := v.briefStatus(rec); ok {
+			return ss.putBrief(rec, e)
+		}
+	}
 	st := v.status(rec)
-	if ss.w.filter.GetBrief() && quiet(st) {
-		return ss.putBrief(rec, st)
+	if brief && quiet(st) {
+		return ss.putBrief(rec, briefEntry{generation: st.GetGeneration(), target: st.GetTargetNodes(), programmed: st.GetProgrammedNodes()})
 	}
 	object, key, err := ss.objectWire(rec)
 	if err != nil {
@@ -575,10 +581,9 @@ type briefEntry struct {
 	target, programmed int32
 }
 
-// putBrief queues the brief entry of the record's object, whose status is st, unless the
-// client has it just so.
-func (ss *statusStream) putBrief(rec *objectRecord, st *nimbusv1.ObjectStatus) error {
-	e := briefEntry{generation: st.GetGeneration(), target: st.GetTargetNodes(), programmed: st.GetProgrammedNodes()}
+// putBrief queues the brief entry e of the record's object, unless the client has it
+// just so.
+func (ss *statusStream) putBrief(rec *objectRecord, e briefEntry) error {
 	unchanged, i := ss.markSent(rec.id, maphash.Comparable(ss.seed, e))
 	if unchanged {
 		return nil
