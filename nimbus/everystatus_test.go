@@ -384,3 +384,53 @@ func TestStatusCapKeepsFailedNodes(t *testing.T) {
 		})
 	}
 }
+
+// TestBriefStatusOfManyRecords holds the brief entry of an object of many target nodes,
+// more of whose records than briefStatus searches one by one are clean (PENDING, or
+// PROGRAMMED at the generation or an older one), to the object's status: the counts of
+// the records and of the nodes whose watermarks passed it.
+func TestBriefStatusOfManyRecords(t *testing.T) {
+	ts := start(t, Options{})
+	var nodes []string
+	for i := range 4 * briefScan {
+		nodes = append(nodes, fmt.Sprintf("n%02d", i))
+	}
+	ts.apply(t, route("r1", nodes, "192.0.2.1"))
+	top := ts.srv.store.read().revision()
+	txn := ts.srv.store.write()
+	recorded := 3 * briefScan
+	for i, n := range nodes[:recorded] {
+		ns := &nimbusv1.NodeStatus{Node: n, Phase: nimbusv1.Phase_PHASE_PENDING, ObservedGeneration: 1,
+			UpdateTime: timestamppb.New(ts.clock.Now())}
+		switch i % 3 {
+		case 1:
+			ns.Phase = nimbusv1.Phase_PHASE_PROGRAMMED
+		case 2:
+			ns.Phase, ns.ObservedGeneration = nimbusv1.Phase_PHASE_PROGRAMMED, 0 // an older generation
+		}
+		txn.putStatus(&statusRecord{Object: routeKey("r1").Key(), Node: n, Status: ns})
+	}
+	// The nodes without a record: half have a watermark past the route, half none.
+	for i, n := range nodes[recorded:] {
+		if i%2 == 0 {
+			var wm *watermarkRecord
+			txn.putWatermark(wm.moved(n, ts.srv.Epoch(), top, "", ts.clock.Now()))
+		}
+	}
+	txn.commit()
+
+	v := ts.srv.view()
+	rec := v.object(routeKey("r1").Key())
+	st := v.status(rec)
+	e, ok := v.briefStatus(rec)
+	if !ok {
+		t.Fatalf("no brief entry for the status\n%v", st)
+	}
+	wantProgrammed := int32(recorded/3 + (len(nodes)-recorded+1)/2)
+	if !quiet(st) || st.GetProgrammedNodes() != wantProgrammed || st.GetTargetNodes() != int32(len(nodes)) {
+		t.Fatalf("status = %v, want quiet, %d of %d programmed", st, wantProgrammed, len(nodes))
+	}
+	if e != (briefEntry{generation: 1, target: int32(len(nodes)), programmed: wantProgrammed}) {
+		t.Errorf("brief entry = %+v, want generation 1, %d of %d programmed", e, wantProgrammed, len(nodes))
+	}
+}

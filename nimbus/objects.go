@@ -300,10 +300,10 @@ func (v *view) status(rec *objectRecord) *nimbusv1.ObjectStatus {
 }
 
 // briefStatus returns the brief entry of the record's object, an object with target
-// nodes, and true when no target node's record is FAILED or has a reason or a message:
-// then status(rec) is quiet and has the entry's counts, which briefStatus counts without
-// making it. It returns false for an object for every node, and for one whose records
-// may tell more than counts: its status must be made.
+// nodes, and true when none of the object's records is FAILED or has a reason or a
+// message: then status(rec) is quiet and has the entry's counts, which briefStatus counts
+// without making it. It returns false for an object for every node, and for one whose
+// records may tell more than counts: its status must be made.
 func (v *view) briefStatus(rec *objectRecord) (briefEntry, bool) {
 	m := rec.Object.GetMeta()
 	targets := m.GetNodes()
@@ -316,14 +316,27 @@ func (v *view) briefStatus(rec *objectRecord) (briefEntry, bool) {
 			return briefEntry{}, false
 		}
 	}
+	// A node's record is searched for among a few, and looked up among many, so that an
+	// object of thousands of target nodes with as many records costs no walk for each.
+	var reported map[string]*nimbusv1.NodeStatus
+	if len(recs) > briefScan {
+		reported = make(map[string]*nimbusv1.NodeStatus, len(recs))
+		for _, r := range recs {
+			reported[r.Node] = r.Status
+		}
+	}
 	gen, genRev := m.GetGeneration(), rec.Object.GenerationRevision()
 	e := briefEntry{generation: gen, target: int32(len(targets))}
 	for _, n := range targets {
 		var ns *nimbusv1.NodeStatus
-		for _, r := range recs {
-			if r.Node == n {
-				ns = r.Status
-				break
+		if reported != nil {
+			ns = reported[n]
+		} else {
+			for _, r := range recs {
+				if r.Node == n {
+					ns = r.Status
+					break
+				}
 			}
 		}
 		switch {
@@ -338,6 +351,10 @@ func (v *view) briefStatus(rec *objectRecord) (briefEntry, bool) {
 	}
 	return e, true
 }
+
+// briefScan is the number of an object's records up to which briefStatus searches them
+// for a node's rather than index them.
+const briefScan = 8
 
 // tally counts the status ns of a target node of an object at generation gen in st's
 // counts but stale_nodes, moves *latest to its update time when it is PROGRAMMED at gen
