@@ -350,3 +350,38 @@ func TestSmallSet(t *testing.T) {
 		}
 	}
 }
+
+// TestSplitYAML holds the documents of a stream to their lines and text: a marker line
+// is a blank first line of the document after it, with its dashes as spaces where more
+// follows on it, and only "---" at a line's start followed by a blank or the end is one.
+func TestSplitYAML(t *testing.T) {
+	type doc struct {
+		line int
+		data string
+	}
+	for _, c := range []struct {
+		name string
+		in   string
+		want []doc
+	}{
+		{"no marker", "kind: Route\nmeta: {}\n", []doc{{1, "kind: Route\nmeta: {}\n"}}},
+		{"leading marker", "---\nkind: Route\n", []doc{{1, ""}, {1, "\nkind: Route\n"}}},
+		{"two documents", "a: 1\n---\nb: 2\n---\nc: 3", []doc{{1, "a: 1\n"}, {2, "\nb: 2\n"}, {4, "\nc: 3"}}},
+		{"more on the marker's line", "a: 1\n--- # next\nb: 2\n", []doc{{1, "a: 1\n"}, {2, "    # next\nb: 2\n"}}},
+		{"content on the marker's line", "--- b: 2\n", []doc{{1, ""}, {1, "    b: 2\n"}}},
+		{"CRLF", "a: 1\r\n---\r\nb: 2\r\n", []doc{{1, "a: 1\r\n"}, {2, "\r\nb: 2\r\n"}}},
+		{"marker at the end", "a: 1\n---", []doc{{1, "a: 1\n"}, {2, ""}}},
+		{"not markers", "a: ---\n----\n --- \nb: '\n---x'\n", []doc{{1, "a: ---\n----\n --- \nb: '\n---x'\n"}}},
+		{"empty", "", []doc{{1, ""}}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var got []doc
+			for _, d := range splitYAML([]byte(c.in)) {
+				got = append(got, doc{d.line, string(d.data)})
+			}
+			if !slices.Equal(got, c.want) {
+				t.Errorf("splitYAML(%q) = %+v, want %+v", c.in, got, c.want)
+			}
+		})
+	}
+}
