@@ -52,8 +52,8 @@ import (
 //	NAPLES_BENCH_GLOBAL=10000 go test -run '^$' -bench Replicas -benchtime 1x -timeout 120m ./test/
 //
 // The clients are simulated agents: raw nimbus.v1 Watch streams, spread evenly over the
-// replicas and multiplexed over a few gRPC connections per replica (32 by default; see
-// benchConnsDefault for why). Each decodes every frame with the agent's codec, keeps its
+// replicas and multiplexed over a few gRPC connections (96 in all by default, 32 per
+// replica of three; see benchConnsDefault for why). Each decodes every frame with the agent's codec, keeps its
 // epoch and last revision, and holds the generation of each object it received and the
 // revision that made it (16 bytes an object). It reconciles each frame's objects in a
 // shuffled order: most at once, some 10 or 30 ms later, and 1% after 1.5 times
@@ -107,8 +107,8 @@ import (
 // by side with their ratio.
 //
 // The size can be set with the environment: NAPLES_BENCH_AGENTS, NAPLES_BENCH_OBJECTS,
-// NAPLES_BENCH_GLOBAL (objects for every node), NAPLES_BENCH_CONNS (connections per
-// replica), NAPLES_BENCH_UPDATES and NAPLES_BENCH_SYNCING (first snapshots at once).
+// NAPLES_BENCH_GLOBAL (objects for every node), NAPLES_BENCH_CONNS (connections in all,
+// shared by the replicas), NAPLES_BENCH_UPDATES and NAPLES_BENCH_SYNCING (first snapshots at once).
 func BenchmarkReplicas(b *testing.B) {
 	size := replicaBenchSizeFromEnv(b)
 	var results []*replicaBenchResult
@@ -137,20 +137,26 @@ const (
 	benchObjectsDefault = 10_000
 	benchGlobalDefault  = 100
 	benchUpdatesDefault = 10
-	// benchConnsDefault is how many gRPC connections per replica carry the clients'
-	// streams. Agents have a connection each, but 10,000 connections would make the
+	// benchConnsDefault is how many gRPC connections in all carry the clients' streams,
+	// shared evenly by the replicas: so each connection carries as many clients, and its
+	// status stream as many clients' reports, with one nimbus as with three replicas, as
+	// it does in a fleet, where every agent has a connection and a stream of its own
+	// whatever serves it. (With as many connections per replica, one nimbus's streams
+	// each carried three times the reports, which it handled in fewer, larger messages:
+	// 13 % less CPU than with the replicas' share per connection, at 10,000 agents.)
+	// Agents have a connection each, but 10,000 connections would make the
 	// benchmark process hold 10,000 HTTP/2 transports (a reader and a writer goroutine,
 	// read and write buffers, flow control) next to the clients on the same 2 cores, and
 	// each replica as many: that measures connection handling, which has nothing to do with
-	// the store. 32 connections per replica are still more than there are cores on either
-	// side, so no single connection's reader or writer is the bottleneck, and each carries
-	// about a hundred streams. Each stream keeps the 1 MiB window an agent's has, and each
+	// the store. 32 connections a replica (96 for one nimbus) are still more than there
+	// are cores on either side, so no single connection's reader or writer is the
+	// bottleneck, and each carries about a hundred streams. Each stream keeps the 1 MiB window an agent's has, and each
 	// connection's window is that times its streams, so sharing a connection does not
 	// slow a stream down by flow control. A replica's memory thus leaves out what a
 	// connection per agent adds, gRPC's read and write buffers (32 KiB each by default)
-	// and transport state: 70 to 100 KiB per connection in a run with
-	// NAPLES_BENCH_CONNS=3334, which is a connection per agent.
-	benchConnsDefault = 32
+	// and transport state: 70 to 100 KiB per connection in a run with a connection per
+	// agent, 3,334 on each replica.
+	benchConnsDefault = 96
 	// benchSyncingDefault is how many clients take their first snapshot at once, at most:
 	// the others wait for one of them to be SYNCED. Agents each decode their snapshot on
 	// a host of their own; here 10,000 of them share the benchmark's two cores with the
@@ -170,7 +176,7 @@ type replicaBenchSize struct {
 }
 
 func (s replicaBenchSize) String() string {
-	return fmt.Sprintf("%d agents, %d objects (%d for every node, the others for one node each), %d connections per replica, %d updates",
+	return fmt.Sprintf("%d agents, %d objects (%d for every node, the others for one node each), %d connections in all, %d updates",
 		s.agents, s.objects, s.global, s.conns, s.updates) + fmt.Sprintf(", %d first snapshots at once", s.syncing)
 }
 
@@ -847,11 +853,12 @@ func newBenchFleet(b *testing.B, parent context.Context, rc *replicaCluster, siz
 		f.reported[i] = make([]atomic.Int64, size.agents)
 	}
 	replicas := len(rc.replicas)
-	perConn := (size.agents + replicas*size.conns - 1) / (replicas * size.conns)
+	connsPer := max(1, size.conns/replicas)
+	perConn := (size.agents + replicas*connsPer - 1) / (replicas * connsPer)
 	window := int32(min(int64(perConn)<<20, 1<<30))
 	for i, r := range rc.replicas {
 		var conns []*benchConn
-		for range size.conns {
+		for range connsPer {
 			conn, err := grpc.NewClient(r.addr,
 				grpc.WithTransportCredentials(insecure.NewCredentials()),
 				nimbusclient.CodecOption(),
