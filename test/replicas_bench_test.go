@@ -53,18 +53,18 @@ import (
 //
 // The clients are simulated agents: raw nimbus.v1 Watch streams, spread evenly over the
 // replicas and multiplexed over a few gRPC connections (96 in all by default, 32 per
-// replica of three; see benchConnsDefault for why). Each decodes every frame with the agent's codec, keeps its
-// epoch and last revision, and holds the generation of each object it received and the
-// revision that made it (16 bytes an object). It reconciles each frame's objects in a
-// shuffled order: most at once, some 10 or 30 ms later, and 1% after 1.5 times
-// watermark.DefaultExceptionAfter, so that they are exceptions first; and the nodes of
-// layout.failingNodes, 10 of them, fail benchFailObject, one for every node, with a
-// terminal FAILED and a message. It reports as the agent does, with the agent's
+// replica of three; see benchConnsDefault for why). Each decodes every frame with the
+// agent's codec, keeps its epoch and last revision, and holds the generation of each
+// object it received and the revision that made it (16 bytes an object). It reconciles
+// each frame's objects in a shuffled order: most at once, some 10 or 30 ms later, and 1%
+// after 1.5 times watermark.DefaultExceptionAfter, so that they are exceptions first; and
+// the nodes of layout.failingNodes, 10 of them, fail benchFailObject, one for every node,
+// with a terminal FAILED and a message. It reports as the agent does, with the agent's
 // watermark.Reporter and Tracker, on one ReportStatus stream per connection, all the
 // clients of that connection together, after checking nimbus's headers say it takes
-// watermarks. When a stream fails, the client watches another replica with its epoch
-// and revision, as an agent does, and reports on that replica's status stream with a
-// new Reporter, everything again.
+// watermarks. When a stream fails, the client watches another replica with its epoch and
+// revision, as an agent does, and reports on that replica's status stream with a new
+// Reporter, everything again.
 //
 // It measures, per store:
 //   - apply-s: ApplyBatch of every object, 128 per call (nimbus's default transaction
@@ -108,7 +108,8 @@ import (
 //
 // The size can be set with the environment: NAPLES_BENCH_AGENTS, NAPLES_BENCH_OBJECTS,
 // NAPLES_BENCH_GLOBAL (objects for every node), NAPLES_BENCH_CONNS (connections in all,
-// shared by the replicas), NAPLES_BENCH_UPDATES and NAPLES_BENCH_SYNCING (first snapshots at once).
+// shared by the replicas), NAPLES_BENCH_UPDATES and NAPLES_BENCH_SYNCING (first
+// snapshots at once).
 func BenchmarkReplicas(b *testing.B) {
 	size := replicaBenchSizeFromEnv(b)
 	var results []*replicaBenchResult
@@ -141,18 +142,18 @@ const (
 	// shared evenly by the replicas: so each connection carries as many clients, and its
 	// status stream as many clients' reports, with one nimbus as with three replicas, as
 	// it does in a fleet, where every agent has a connection and a stream of its own
-	// whatever serves it. (With as many connections per replica, one nimbus's streams
-	// each carried three times the reports, which it handled in fewer, larger messages:
-	// 13 % less CPU than with the replicas' share per connection, at 10,000 agents.)
-	// Agents have a connection each, but 10,000 connections would make the
-	// benchmark process hold 10,000 HTTP/2 transports (a reader and a writer goroutine,
-	// read and write buffers, flow control) next to the clients on the same 2 cores, and
-	// each replica as many: that measures connection handling, which has nothing to do with
-	// the store. 32 connections a replica (96 for one nimbus) are still more than there
-	// are cores on either side, so no single connection's reader or writer is the
-	// bottleneck, and each carries about a hundred streams. Each stream keeps the 1 MiB window an agent's has, and each
-	// connection's window is that times its streams, so sharing a connection does not
-	// slow a stream down by flow control. A replica's memory thus leaves out what a
+	// whatever serves it. (With as many connections per replica, one nimbus's streams each
+	// carried three times the reports, which it handled in fewer, larger messages: 13 %
+	// less CPU than with the replicas' share per connection, at 10,000 agents.) Agents
+	// have a connection each, but 10,000 connections would make the benchmark process hold
+	// 10,000 HTTP/2 transports (a reader and a writer goroutine, read and write buffers,
+	// flow control) next to the clients on the same 2 cores, and each replica as many:
+	// that measures connection handling, which has nothing to do with the store. 32
+	// connections a replica (96 for one nimbus) are still more than there are cores on
+	// either side, so no single connection's reader or writer is the bottleneck, and each
+	// carries about a hundred streams. Each stream keeps the 1 MiB window an agent's has,
+	// and each connection's window is that times its streams, so sharing a connection does
+	// not slow a stream down by flow control. A replica's memory thus leaves out what a
 	// connection per agent adds, gRPC's read and write buffers (32 KiB each by default)
 	// and transport state: 70 to 100 KiB per connection in a run with a connection per
 	// agent, 3,334 on each replica.
