@@ -27,8 +27,10 @@ const (
 	// the nodes' last reports before it gives up.
 	traceGrace = 2 * time.Second
 	// traceDeleteTimeout bounds the deletion of the Trace when the command ends,
-	// interrupted or not.
+	// interrupted or not, and traceApplyTimeout its storing, which an interrupt does not
+	// cut short.
 	traceDeleteTimeout = 5 * time.Second
+	traceApplyTimeout  = 10 * time.Second
 )
 
 // traceOptions are the flags of trace.
@@ -220,7 +222,11 @@ func (c *cli) trace(ctx context.Context, obj *nimbusv1.Object, o traceOptions) (
 	} else if !errors.Is(err, ErrNotFound) {
 		return err
 	}
-	results, err := kit.Apply(ctx, obj)
+	// The Apply runs to its end even when ctx ends meanwhile: an interrupt while nimbus
+	// stores the Trace would otherwise leave it stored, unknown to the deletion below.
+	actx, cancelApply := context.WithTimeout(context.WithoutCancel(ctx), traceApplyTimeout)
+	results, err := kit.Apply(actx, obj)
+	cancelApply()
 	if err != nil {
 		return applyRefused(sess, key, err)
 	}
@@ -234,6 +240,9 @@ func (c *cli) trace(ctx context.Context, obj *nimbusv1.Object, o traceOptions) (
 				err = errors.Join(err, fmt.Errorf("deleting %s: %w", ref(key), sess.rpcError(derr)))
 			}
 		}()
+	}
+	if err := ctx.Err(); err != nil {
+		return err // interrupted while the Trace was stored; it goes at once
 	}
 	src, err := sess.get(ctx, nimbusv1.NewKey(nimbusv1.Kind_KIND_ENDPOINT, key.GetTenant(), key.GetNamespace(), obj.GetTrace().GetSource()))
 	if err != nil {
