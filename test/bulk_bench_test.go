@@ -265,8 +265,9 @@ func rusageCPU(b testing.TB, who int) time.Duration {
 }
 
 // settleTime is how long after the last route is programmed the agent's memory counts as
-// settled: the agent returns a burst's garbage to the OS once it has been idle for a tick
-// (100 ms), so right after the last status its resident set still holds that garbage.
+// settled: the agent returns a burst's garbage to the OS once it has been idle for half a
+// second (memsettle), so right after the last status its resident set still holds that
+// garbage.
 const settleTime = 3 * time.Second
 
 // settledRSS returns the agent's resident set size settleTime after since.

@@ -28,6 +28,12 @@ const (
 	// allocates for some 700 routes, a rate a bulk apply or delete reaches and steady
 	// churn does not.
 	burstRateBytes = 8 << 20
+	// idleTicks is how many ticks in a row must each allocate less than idleBytes for
+	// the process to count as idle: half a second. Work that passes from one process to
+	// the next (a bulk apply, whose last part is the agent's while nimbus waits for its
+	// statuses) leaves a process quiet for a tick or two before it is done, and a
+	// collection then takes a core from the process still working.
+	idleTicks = 5
 )
 
 // Settler releases the heap that bursts of work used and no longer need: start-up (for
@@ -129,15 +135,16 @@ func (m *Settler) ReadyNow() {
 }
 
 // Watch, at every tick (every Interval), raises the garbage collector's target when the
-// tick allocated burstRateBytes or more and sets it back when it was idle; calls
-// ReadyNow once ready reports no reason; and from then on releases memory at an idle
-// tick after a burst, until ctx ends: the process settles also when nobody probes its
-// readiness. A start-up that idles before it is ready (waiting for a server, say) ends
-// its burst then.
+// tick allocated burstRateBytes or more and sets it back once the process is idle
+// (idleTicks); calls ReadyNow once ready reports no reason; and from then on releases
+// memory once idle after a burst, until ctx ends: the process settles also when nobody
+// probes its readiness. A start-up that idles before it is ready (waiting for a server,
+// say) ends its burst then.
 func (m *Settler) Watch(ctx context.Context, ticks <-chan time.Time, ready func() []string) {
 	last := m.allocated()
 	var released uint64
 	isReady := false
+	quiet := 0 // ticks in a row that allocated less than idleBytes
 	for {
 		select {
 		case <-ctx.Done():
@@ -147,10 +154,15 @@ func (m *Settler) Watch(ctx context.Context, ticks <-chan time.Time, ready func(
 		now := m.allocated()
 		rate := now - last
 		last = now
+		quiet++
+		if rate >= idleBytes {
+			quiet = 0
+		}
+		idle := quiet >= idleTicks
 		switch {
 		case rate >= burstRateBytes:
 			m.StartBurst()
-		case rate < idleBytes:
+		case idle:
 			m.EndBurst()
 		}
 		switch {
@@ -161,7 +173,7 @@ func (m *Settler) Watch(ctx context.Context, ticks <-chan time.Time, ready func(
 				released = m.allocated()
 				last = released
 			}
-		case rate < idleBytes && now-released >= burstBytes:
+		case idle && now-released >= burstBytes:
 			m.Release("idle after a burst")
 			released = m.allocated()
 			last = released

@@ -93,7 +93,8 @@ func TestMemorySettlerStopsWithContext(t *testing.T) {
 }
 
 // TestMemorySettlesAfterBursts checks that, once ready, the process releases memory when it
-// is idle after allocating burstBytes or more, not during the burst, and not after less.
+// is idle after allocating burstBytes or more, not during the burst nor in a pause of it
+// shorter than idleTicks, and not after less.
 func TestMemorySettlesAfterBursts(t *testing.T) {
 	var allocated atomic.Uint64
 	// frees receives what was allocated at each release; reads signals every reading of
@@ -150,13 +151,21 @@ func TestMemorySettlesAfterBursts(t *testing.T) {
 		tick(8 << 20) // a burst: more than idleBytes at every tick
 	}
 	none("during the burst")
-	tick(0) // idle
-	if got := freed(); got != steps*8<<20 {
-		t.Errorf("released at %d bytes allocated, want %d: once idle after the burst", got, steps*8<<20)
+	for range idleTicks - 1 {
+		tick(0) // a pause, shorter than idle
+	}
+	none("in a pause of the burst")
+	tick(8 << 20) // the burst goes on
+	for range idleTicks {
+		tick(0) // idle
+	}
+	if got := freed(); got != (steps+1)*8<<20 {
+		t.Errorf("released at %d bytes allocated, want %d: once idle after the burst", got, (steps+1)*8<<20)
 	}
 	tick(burstBytes / 2) // less than a burst, then idle
-	tick(0)
-	tick(0)
+	for range 2 * idleTicks {
+		tick(0)
+	}
 	none("after less than a burst")
 	cancel()
 	<-done
@@ -254,6 +263,12 @@ func TestMemoryBurstRaisesGCTarget(t *testing.T) {
 			if got, want := w.set(), tc.want[:min(3, len(tc.want))]; !slices.Equal(got, want) {
 				t.Errorf("during the burst the targets set were %v, want %v", got, want)
 			}
+			for range idleTicks - 1 {
+				w.tick(0) // a pause: the target stays
+			}
+			if got, want := w.set(), tc.want[:min(3, len(tc.want))]; !slices.Equal(got, want) {
+				t.Errorf("in a pause of the burst the targets set were %v, want %v", got, want)
+			}
 			w.tick(0) // idle
 			w.tick(0)
 			w.stop()
@@ -265,7 +280,7 @@ func TestMemoryBurstRaisesGCTarget(t *testing.T) {
 }
 
 // TestMemoryStartUpIdlesBeforeReady checks that a start-up that idles before the process
-// is ready (waiting for its server, say) ends its burst at the idle tick, takes a burst
+// is ready (waiting for its server, say) ends its burst once idle, takes a burst
 // up again when one comes, and releases memory only once ready.
 func TestMemoryStartUpIdlesBeforeReady(t *testing.T) {
 	var isReady atomic.Bool
@@ -275,7 +290,9 @@ func TestMemoryStartUpIdlesBeforeReady(t *testing.T) {
 		}
 		return []string{"nimbus unreachable"}
 	})
-	w.tick(0) // idle, not ready: the start-up's burst ends
+	for range idleTicks {
+		w.tick(0) // idle, not ready: the start-up's burst ends
+	}
 	if got, want := w.set(), []int{200, 50}; !slices.Equal(got, want) {
 		t.Errorf("after an idle tick before ready the targets set were %v, want %v", got, want)
 	}
