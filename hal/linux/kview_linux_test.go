@@ -3,6 +3,7 @@ package linux
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -334,6 +335,54 @@ func TestViewTableReaders(t *testing.T) {
 	}
 	if _, _, ok := links.byName("uplink"); ok {
 		t.Error("the table finds a link by the name of one that is gone")
+	}
+}
+
+// TestViewTableReaderConcerns checks that a reader made with what concerns it hears of
+// those changes alone, its backlog holding no others, while the other readers hear of
+// every change: the network reconciler's route reader hears of a route of
+// OverlayRouteProtocol before or after a change, not of the routes of Route objects.
+func TestViewTableReaderConcerns(t *testing.T) {
+	routes := newRouteTable()
+	all, overlay := routes.reader(nil), routes.readerOf(nil, overlayRouteChange)
+	defer all.close()
+	defer overlay.close()
+	writer := routes.reader(nil)
+	defer writer.close()
+	heard := func(r *tableReader[routeID, kernelRoute]) map[routeID]tableChange[routeID, kernelRoute] {
+		got := map[routeID]tableChange[routeID, kernelRoute]{}
+		r.drainMissed(func(c tableChange[routeID, kernelRoute]) { got[c.key] = c })
+		return got
+	}
+	ids := make([]routeID, 3)
+	for i := range ids {
+		ids[i] = mustID(t, 100, fmt.Sprintf("192.0.2.%d/32", i+1))
+	}
+	// A thousand routes of Route objects, written and echoed, then one overlay route,
+	// and a route that moves from the overlay's protocol to RouteProtocol.
+	for i := range 1000 {
+		id := mustID(t, 100, fmt.Sprintf("198.51.%d.%d/32", i/256, i%256))
+		r := kernelRoute{protocol: RouteProtocol, oif: 2}
+		routes.m.ExpectBy(writer.writer(), id, r, sameRoute).Done()
+		routes.m.Update(id, r)
+	}
+	routes.m.Update(ids[0], kernelRoute{protocol: OverlayRouteProtocol, oif: 3})
+	routes.m.Update(ids[1], kernelRoute{protocol: OverlayRouteProtocol, oif: 3})
+	routes.m.Update(ids[1], kernelRoute{protocol: RouteProtocol, oif: 3})
+	routes.m.Update(ids[2], kernelRoute{protocol: RouteProtocol, oif: 3})
+
+	if got := heard(all); len(got) != 1003 {
+		t.Errorf("the reader of every change heard of %d routes; want 1003", len(got))
+	}
+	got := heard(overlay)
+	if len(got) != 2 {
+		t.Errorf("the overlay's reader heard of %d routes; want 2", len(got))
+	}
+	if c, ok := got[ids[0]]; !ok || !c.has || c.new.protocol != OverlayRouteProtocol {
+		t.Errorf("the overlay's reader heard %+v of the overlay route; want it added", c)
+	}
+	if c, ok := got[ids[1]]; !ok || !c.has || c.new.protocol != RouteProtocol {
+		t.Errorf("the overlay's reader heard %+v of the route that left the overlay; want it of RouteProtocol now", c)
 	}
 }
 

@@ -184,17 +184,27 @@ func (t *viewTable[K, V]) follow(c hal.MirrorChange[K, V]) {
 		if c.Wrote&r.bit != 0 {
 			continue
 		}
-		r.push(tableChange[K, V]{key: c.Key, old: c.Old, new: c.New, had: c.Had, has: c.Has,
-			echo: echoes&r.bit != 0, fields: fields})
+		tc := tableChange[K, V]{key: c.Key, old: c.Old, new: c.New, had: c.Had, has: c.Has,
+			echo: echoes&r.bit != 0, fields: fields}
+		if r.concerns != nil && !r.concerns(&tc) {
+			continue
+		}
+		r.push(tc)
 	}
 }
 
 // reader returns a new reader of the table for a reconciler that dumps through c, or nil
 // when 64 readers hold the table already. The reconciler closes it when it closes.
-func (t *viewTable[K, V]) reader(c *rtnlConn) *tableReader[K, V] {
+func (t *viewTable[K, V]) reader(c *rtnlConn) *tableReader[K, V] { return t.readerOf(c, nil) }
+
+// readerOf is reader for a reconciler that hears only of the changes concerns reports
+// true for, unless concerns is nil: the others never reach its queue, its backlog or
+// its observer. concerns runs as the table follows its mirror, with a shard of the
+// mirror locked: it must be quick.
+func (t *viewTable[K, V]) readerOf(c *rtnlConn, concerns func(*tableChange[K, V]) bool) *tableReader[K, V] {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	r := &tableReader[K, V]{t: t, conn: c, backlog: map[K]*tableChange[K, V]{}}
+	r := &tableReader[K, V]{t: t, conn: c, concerns: concerns, backlog: map[K]*tableChange[K, V]{}}
 	for bit := hal.Writers(1); bit != 0; bit <<= 1 {
 		if t.used&bit == 0 {
 			r.bit = bit
@@ -241,6 +251,8 @@ type tableReader[K comparable, V any] struct {
 	conn *rtnlConn
 	// bit names the reconciler among the table's writers.
 	bit hal.Writers
+	// concerns, when set, tells the changes the reconciler hears of (readerOf).
+	concerns func(*tableChange[K, V]) bool
 
 	// mu guards w, slot, handle, queue, head and backlog.
 	mu sync.Mutex

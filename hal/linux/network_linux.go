@@ -261,8 +261,11 @@ func NewNetworkReconciler(opts NetworkOptions) (*NetworkReconciler, error) {
 	if gw.checkInterval <= 0 {
 		gw.checkInterval = 10 * time.Second
 	}
-	addrReader, ruleReader, routeReader := c.view.addrs.reader(c), c.view.rules.reader(c), c.view.routes.reader(c)
-	fdbReader := c.view.neigh.fdb.reader(c)
+	// Of the routes and the FDB entries the reconciler hears only of the overlay's (see
+	// routeChanged and fdbChanged): not of every route and endpoint the others program.
+	addrReader, ruleReader := c.view.addrs.reader(c), c.view.rules.reader(c)
+	routeReader := c.view.routes.readerOf(c, overlayRouteChange)
+	fdbReader := c.view.neigh.fdb.readerOf(c, headEndChange)
 	if addrReader == nil || ruleReader == nil || routeReader == nil || fdbReader == nil {
 		reader.close()
 		if addrReader != nil {

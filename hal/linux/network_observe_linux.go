@@ -234,10 +234,20 @@ func (r *NetworkReconciler) routeChanged(c tableChange[routeID, kernelRoute], en
 	}
 }
 
+// overlayRouteChange reports whether c is a change of an overlay route, before or after:
+// the only routes the network reconciler reads changes of.
+func overlayRouteChange(c *tableChange[routeID, kernelRoute]) bool {
+	return c.has && c.new.protocol == OverlayRouteProtocol || c.had && c.old.protocol == OverlayRouteProtocol
+}
+
+// headEndChange reports whether c is a change of a head-end replication entry: the only
+// FDB entries the network reconciler reads changes of.
+func headEndChange(c *tableChange[fdbKey, fdbEntry]) bool { return c.key.headEnd() }
+
 // fdbChanged enqueues the network whose VXLAN device a head-end replication entry is on
 // when the entry changed other than by the reconciler's own write.
 func (r *NetworkReconciler) fdbChanged(c tableChange[fdbKey, fdbEntry], enqueue func(nimbusv1.Key)) {
-	if c.echo || !c.key.headEnd() {
+	if c.echo || !headEndChange(&c) {
 		return
 	}
 	r.drifted(r.ownerOfIndex(c.key.ifindex), enqueue, "head-end replication", c.key.dst.String())
