@@ -181,7 +181,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("agent: %w", err)
 	}
 	client, err := nimbusclient.New(nimbusclient.Options{Node: cfg.Node, Address: cfg.Nimbus, TLS: cfg.TLS, Store: store, Logger: log, Registerer: reg, FlowTap: tap,
-		StatusExceptionAfter: cfg.StatusExceptionAfter, StatusMaxExceptions: cfg.StatusMaxExceptions})
+		StatusExceptionAfter: cfg.StatusExceptionAfter, StatusMaxExceptions: cfg.StatusMaxExceptions, Burst: memory.StartBurst})
 	if err != nil {
 		return err
 	}

@@ -35,6 +35,9 @@ const maxReportedInvalid = 10
 // dryrun.go).
 func (s *Server) ApplyBatch(ctx context.Context, req *nimbusv1.ApplyBatchRequest) (*nimbusv1.ApplyBatchResponse, error) {
 	objs := req.GetObjects()
+	if len(objs) >= BurstObjects && s.opts.Burst != nil {
+		s.opts.Burst()
+	}
 	b := &batch{writes: make([]write, 0, len(objs)), positions: true}
 	var bad refusal
 	seen := make(map[nimbusv1.Key]int, len(objs))

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -241,6 +242,24 @@ func TestApplyBatchCommitsOnce(t *testing.T) {
 		names = append(names, o.GetMeta().GetName())
 	}
 	wantStored(t, again, batchSize, names...)
+}
+
+// TestApplyBatchCallsBurst checks that an ApplyBatch of BurstObjects objects or more
+// calls Options.Burst as it starts, and a smaller one does not.
+func TestApplyBatchCallsBurst(t *testing.T) {
+	var bursts atomic.Int32
+	ts := start(t, Options{Burst: func() { bursts.Add(1) }})
+	for _, tc := range []struct {
+		objects int
+		want    int32
+	}{{BurstObjects - 1, 0}, {BurstObjects, 1}, {4 * BurstObjects, 2}} {
+		if _, err := ts.client.ApplyBatch(testContext(t), &nimbusv1.ApplyBatchRequest{Objects: numberedRoutes(tc.objects)}); err != nil {
+			t.Fatalf("ApplyBatch of %d objects: %v", tc.objects, err)
+		}
+		if n := bursts.Load(); n != tc.want {
+			t.Errorf("after an ApplyBatch of %d objects Burst was called %d times in all; want %d", tc.objects, n, tc.want)
+		}
+	}
 }
 
 func TestDeleteBatchCommitsOnce(t *testing.T) {

@@ -153,7 +153,15 @@ type Options struct {
 	// watch another replica; see RebalanceOptions. It does nothing on a Server that is no
 	// replica. Default: off.
 	Rebalance RebalanceOptions
+	// Burst, when set, is called as an ApplyBatch of BurstObjects objects or more starts:
+	// a burst of changes, for which the process raises its garbage collector's target
+	// (memsettle's StartBurst) at once rather than at its settler's next tick. It must be
+	// quick. Default: nil.
+	Burst func()
 }
+
+// BurstObjects is how many objects a batch holds at least for Options.Burst to be called.
+const BurstObjects = 256
 
 // withDefaults returns the options with every unset field at its default.
 func (o Options) withDefaults() (Options, error) {

@@ -113,7 +113,16 @@ type Options struct {
 	// Registerer takes the client's Prometheus metrics (see the package documentation);
 	// Close unregisters them. Default: a private prometheus.Registry.
 	Registerer prometheus.Registerer
+	// Burst, when set, is called as the client receives a frame of BurstEvents events or
+	// more: a burst of changes (a bulk apply, a snapshot), for which the process raises
+	// its garbage collector's target (memsettle's StartBurst) at once rather than at its
+	// settler's next tick. It must be quick. Default: nil.
+	Burst func()
 }
+
+// BurstEvents is how many events a frame of the watch holds at least for Options.Burst
+// to be called: steady changes come a few to a frame.
+const BurstEvents = 64
 
 // Client keeps delphi's desired table in step with nimbus and reports status upstream.
 type Client struct {
@@ -418,6 +427,9 @@ func (c *Client) watch(ctx context.Context, api nimbusv1.NimbusClient, taken fun
 				return
 			}
 			c.received.Add(uint64(len(f.Events())))
+			if len(f.Events()) >= BurstEvents && c.opts.Burst != nil {
+				c.opts.Burst()
+			}
 			select {
 			case frames <- receivedFrame{frame: f, events: f.Events(), size: f.Size()}:
 			case <-ctx.Done():

@@ -207,6 +207,35 @@ func waitRevision(t *testing.T, store *delphi.Store, rev uint64) {
 // exactly as nimbus was at the commit's resume revision. While the last batches are
 // published, delphi's commits are held up, so that the client gathers several batches
 // into a commit: deletions and the same objects created again, moved away and not meant
+// TestWatchCallsBurst checks that the client calls Options.Burst as it receives the
+// frames of a bulk apply, and not for a change that comes alone.
+func TestWatchCallsBurst(t *testing.T) {
+	b, _ := newServedBus(t, nimbus.Options{BookmarkInterval: -1})
+	log := &changeLog{changes: map[uint64]logEntry{}}
+	store, c := newClient(t, "a", "unix://"+b.path)
+	var bursts atomic.Int32
+	c.opts.Burst = func() { bursts.Add(1) }
+	runClient(t, c)
+	<-store.Synced()
+
+	rev := log.applyBatch(t, b, "a", routes("one", 1, 1))
+	waitRevision(t, store, rev)
+	if n := bursts.Load(); n != 0 {
+		t.Fatalf("Burst called %d times for one change; want none", n)
+	}
+	rev = log.applyBatch(t, b, "a", routes("bulk", 1000, 1))
+	waitRevision(t, store, rev)
+	if n := bursts.Load(); n == 0 {
+		t.Fatal("Burst not called for a bulk apply of 1000 routes")
+	}
+	called := bursts.Load()
+	rev = log.applyBatch(t, b, "a", routes("one", 1, 2))
+	waitRevision(t, store, rev)
+	if n := bursts.Load(); n != called {
+		t.Errorf("Burst called %d times more for one change after the bulk apply; want none", n-called)
+	}
+}
+
 // for the node at all.
 func TestGroupCommit(t *testing.T) {
 	b, _ := newServedBus(t, nimbus.Options{BookmarkInterval: -1})

@@ -317,6 +317,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	memory := memsettle.New(log, cfg.burstGCPercent)
 	memory.StartBurst()
 	defer memory.EndBurst()
+	opts.Burst = memory.StartBurst
 	srv, err := nimbus.New(opts)
 	switch {
 	case errors.Is(err, nimbus.ErrCorrupt):
