@@ -294,7 +294,7 @@ func TestMemoryStartUpIdlesBeforeReady(t *testing.T) {
 		w.tick(0) // idle, not ready: the start-up's burst ends
 	}
 	if got, want := w.set(), []int{200, 50}; !slices.Equal(got, want) {
-		t.Errorf("after an idle tick before ready the targets set were %v, want %v", got, want)
+		t.Errorf("once idle before ready the targets set were %v, want %v", got, want)
 	}
 	w.tick(burstRateBytes) // a burst before ready
 	if got, want := w.set(), []int{200, 50, 200}; !slices.Equal(got, want) {
