@@ -407,12 +407,17 @@ func (p *pusher) signal() {
 }
 
 // take returns what was marked and starts over. A view of the store taken after take
-// sees every change marked before it.
+// sees every change marked before it. The sets that start over are made as large as the
+// ones taken: during a burst each frame's marks are about as many as the last's, and a
+// set grown mark by mark from nothing rehashed its way up for every frame (a sixth of
+// a replica's CPU on its agents' reports, at 10,000 agents).
 func (p *pusher) take() (statuses map[statusKey]struct{}, watermarks, nodes map[string]struct{}) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	statuses, watermarks, nodes = p.statuses, p.watermarks, p.nodes
-	p.statuses, p.watermarks, p.nodes = map[statusKey]struct{}{}, map[string]struct{}{}, map[string]struct{}{}
+	p.statuses = make(map[statusKey]struct{}, len(statuses))
+	p.watermarks = make(map[string]struct{}, len(watermarks))
+	p.nodes = make(map[string]struct{}, len(nodes))
 	return statuses, watermarks, nodes
 }
 
