@@ -202,11 +202,6 @@ func waitRevision(t *testing.T, store *delphi.Store, rev uint64) {
 	})
 }
 
-// TestGroupCommit publishes a snapshot and thousands of changes in batches: the client
-// commits them to delphi in far fewer commits than events, and every commit leaves delphi
-// exactly as nimbus was at the commit's resume revision. While the last batches are
-// published, delphi's commits are held up, so that the client gathers several batches
-// into a commit: deletions and the same objects created again, moved away and not meant
 // TestWatchCallsBurst checks that the client calls Options.Burst as it receives the
 // frames of a bulk apply, and not for a change that comes alone.
 func TestWatchCallsBurst(t *testing.T) {
@@ -236,6 +231,11 @@ func TestWatchCallsBurst(t *testing.T) {
 	}
 }
 
+// TestGroupCommit publishes a snapshot and thousands of changes in batches: the client
+// commits them to delphi in far fewer commits than events, and every commit leaves delphi
+// exactly as nimbus was at the commit's resume revision. While the last batches are
+// published, delphi's commits are held up, so that the client gathers several batches
+// into a commit: deletions and the same objects created again, moved away and not meant
 // for the node at all.
 func TestGroupCommit(t *testing.T) {
 	b, _ := newServedBus(t, nimbus.Options{BookmarkInterval: -1})
