@@ -358,8 +358,9 @@ func TestViewTableReaderConcerns(t *testing.T) {
 	for i := range ids {
 		ids[i] = mustID(t, 100, fmt.Sprintf("192.0.2.%d/32", i+1))
 	}
-	// A thousand routes of Route objects, written and echoed, then one overlay route,
-	// and a route that moves from the overlay's protocol to RouteProtocol.
+	// A thousand routes of Route objects, written and echoed, then one overlay route, a
+	// route that moves from the overlay's protocol to RouteProtocol, and one never in
+	// the overlay.
 	for i := range 1000 {
 		id := mustID(t, 100, fmt.Sprintf("198.51.%d.%d/32", i/256, i%256))
 		r := kernelRoute{protocol: RouteProtocol, oif: 2}
