@@ -274,11 +274,10 @@ func (doc yamlDoc) empty() bool {
 
 // splitYAML splits a YAML stream at its "---" document markers. A marker line becomes a
 // blank line of the next document, so line and column numbers within a document stay those
-// of the file once the document's start line is added. The documents are views of data,
-// found by searching it for markers rather than reading it line by line: a manifest of
-// 20,000 objects is split in a millisecond, where nothing else can start before it is.
-// Only a document whose marker has more on its line is copied, with the marker's three
-// dashes as spaces.
+// of the file once the document's start line is added. The markers are found by
+// searching data, not by reading it line by line, and the documents are views of data:
+// nothing else can start before the split is done. Only a document whose marker has more
+// on its line is copied, with the marker's three dashes as spaces.
 func splitYAML(data []byte) []yamlDoc {
 	var docs []yamlDoc
 	// The current document starts on line first of the file and at start in data; padded
